@@ -1,0 +1,6 @@
+# Settings split by concern; each module reads the environment through config.env.
+from .base import *  # noqa: F401,F403
+from .database import *  # noqa: F401,F403
+from .queue import *  # noqa: F401,F403
+from .provider import *  # noqa: F401,F403
+from .api import *  # noqa: F401,F403

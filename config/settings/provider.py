@@ -1,0 +1,16 @@
+from config.env import env
+
+STRIPE_API_KEY = env("STRIPE_API_KEY", default="sk_test_verity_local")
+# None = api.stripe.com; `make run`/tests point this at localstripe on loopback.
+STRIPE_API_BASE = env("STRIPE_API_BASE", default="http://127.0.0.1:8420")
+STRIPE_ACCOUNT = env("STRIPE_ACCOUNT", default="")  # platform account id if known
+# Several secrets allow rotation: an event signed by any of them is accepted.
+STRIPE_WEBHOOK_SECRETS = env.list("STRIPE_WEBHOOK_SECRETS", default=["whsec_verity_local"])
+STRIPE_WEBHOOK_TOLERANCE = env.int("STRIPE_WEBHOOK_TOLERANCE", default=300)
+STRIPE_CONNECT_TIMEOUT = env.float("STRIPE_CONNECT_TIMEOUT", default=3.0)
+STRIPE_READ_TIMEOUT = env.float("STRIPE_READ_TIMEOUT", default=20.0)
+# Whether the provider dedupes idempotency keys (Stripe does, localstripe does not).
+# Replay is only offered where it does.
+STRIPE_DEDUPES_KEYS = env.bool("STRIPE_DEDUPES_KEYS", default=False)
+# Fault drills: test-mode keys only; refused for live keys at start-up of a drill.
+FAULT_DRILLS_ENABLED = env.bool("FAULT_DRILLS_ENABLED", default=True)

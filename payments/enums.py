@@ -1,0 +1,151 @@
+"""Stable vocabularies. The string values are part of the API and never change."""
+from django.db import models
+
+
+class OperationKind(models.TextChoices):
+    CHARGE = "charge"
+    AUTHORIZE = "authorize"
+    CAPTURE = "capture"
+    VOID = "void"
+    REFUND = "refund"
+
+
+# Kinds that bring money in (a purchase may have at most one of these succeed).
+PAYMENT_KINDS = (OperationKind.CHARGE, OperationKind.AUTHORIZE)
+
+
+class Outcome(models.TextChoices):
+    PENDING = "pending"
+    DISPATCHING = "dispatching"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    AWAITING_PROVIDER = "awaiting_provider"
+    AWAITING_BUYER = "awaiting_buyer"
+    AWAITING_APPROVAL = "awaiting_approval"
+
+
+TERMINAL_OUTCOMES = (Outcome.SUCCEEDED, Outcome.FAILED)
+# Outcomes that hold the purchase's slot: no other money movement may start meanwhile.
+SLOT_HOLDING_OUTCOMES = (
+    Outcome.PENDING,
+    Outcome.DISPATCHING,
+    Outcome.UNKNOWN,
+    Outcome.AWAITING_PROVIDER,
+    Outcome.AWAITING_BUYER,
+)
+
+
+class Stage(models.TextChoices):
+    QUEUED = "queued"
+    DISPATCHING = "dispatching"
+    RECONCILING = "reconciling"
+    SETTLED = "settled"
+    ESCALATED = "escalated"
+
+
+class Grade(models.TextChoices):
+    NONE = ""
+    CONFIRMED = "confirmed"
+    ACKNOWLEDGED = "acknowledged"
+
+
+class Verification(models.TextChoices):
+    UNVERIFIED = "unverified"
+    PROVIDER = "provider"
+    WEBHOOK = "webhook"
+    MANUAL = "manual"
+
+
+class PurchaseStatus(models.TextChoices):
+    AWAITING_PAYMENT = "awaiting_payment"
+    PAYMENT_PENDING = "payment_pending"
+    PAYMENT_UNKNOWN = "payment_unknown"
+    PAYMENT_FAILED = "payment_failed"
+    ACTION_REQUIRED = "action_required"
+    PAID = "paid"
+    FULFILLING = "fulfilling"
+    COMPLETED = "completed"
+    MANUAL_REVIEW = "manual_review"
+    REFUND_PENDING = "refund_pending"
+    REFUNDED = "refunded"
+    VOIDED = "voided"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+# A customer with a purchase in one of these cannot silently start another one.
+UNRESOLVED_STATUSES = (
+    PurchaseStatus.PAYMENT_PENDING,
+    PurchaseStatus.PAYMENT_UNKNOWN,
+    PurchaseStatus.ACTION_REQUIRED,
+    PurchaseStatus.MANUAL_REVIEW,
+)
+
+
+class Owner(models.TextChoices):
+    BUYER = "buyer"
+    RECONCILIATION = "reconciliation"
+    SUPPORT = "support"
+    NONE = "none"
+
+
+class RetryAdvice(models.TextChoices):
+    FORBIDDEN = "forbidden"
+    SAME_KEY = "same_key"
+    NEW_OPERATION = "new_operation"
+    NEW_QUOTE = "new_quote"
+
+
+class CallPurpose(models.TextChoices):
+    DISPATCH = "dispatch"
+    RECONCILE = "reconcile"
+    REPLAY = "replay"
+
+
+class CallStep(models.TextChoices):
+    CREATE = "create"
+    CONFIRM = "confirm"
+    CAPTURE = "capture"
+    CANCEL = "cancel"
+    REFUND = "refund"
+    RETRIEVE = "retrieve"
+    LIST = "list"
+
+
+class Classification(models.TextChoices):
+    """How one provider request ended (a ProviderCall result, not an outcome)."""
+
+    OK = "ok"
+    DECLINED = "declined"
+    REJECTED = "rejected"
+    NOT_SENT = "not_sent"
+    UNKNOWN = "unknown"
+    RETRYABLE = "retryable"
+    NOT_FOUND = "not_found"
+    IN_FLIGHT = "in_flight"
+
+
+class HoldState(models.TextChoices):
+    RESERVED = "reserved"
+    CONSUMED = "consumed"
+    RELEASED = "released"
+
+
+class LimitPeriod(models.TextChoices):
+    NONE = "none"
+    DAY = "day"
+    MONTH = "month"
+
+
+class Reason(models.TextChoices):
+    """Stable failure reason codes."""
+
+    CARD_DECLINED = "card_declined"
+    INVALID_REQUEST = "invalid_request"
+    NOT_CONFIRMED = "not_confirmed"
+    PROVIDER_UNREACHABLE = "provider_unreachable"
+    PROVIDER_CANCELED = "provider_canceled"
+    PROVIDER_FAILED = "provider_failed"
+    MANUAL = "manual"
+    MISMATCH = "mismatch"

@@ -1,0 +1,375 @@
+"""Payments domain. Only payments.services writes Purchase and PaymentOperation."""
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+from rest_framework_api_key.models import AbstractAPIKey
+
+from .enums import (
+    PAYMENT_KINDS,
+    SLOT_HOLDING_OUTCOMES,
+    CallPurpose,
+    CallStep,
+    Classification,
+    Grade,
+    HoldState,
+    LimitPeriod,
+    OperationKind,
+    Outcome,
+    Owner,
+    PurchaseStatus,
+    Stage,
+    Verification,
+)
+
+
+def _opaque(prefix: str) -> str:
+    # Opaque, never sequential: ids appear in URLs and support tickets.
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def new_purchase_id() -> str:
+    return _opaque("pur")
+
+
+def new_operation_id() -> str:
+    return _opaque("op")
+
+
+def new_quote_id() -> str:
+    return _opaque("quo")
+
+
+def new_status_token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def new_provider_key() -> str:
+    # Server-generated provider idempotency key base; each write sends "<key>:<step>".
+    return f"vk_{secrets.token_hex(16)}"
+
+
+class ApiClient(AbstractAPIKey):
+    """A storefront credential: hashed key (djangorestframework-api-key), scopes, limit."""
+
+    scopes = models.JSONField(default=list)
+    spending_limit = models.BigIntegerField(default=0, help_text="minor units; 0 = no limit")
+    currency = models.CharField(max_length=3, default="usd")
+    limit_period = models.CharField(
+        max_length=8, choices=LimitPeriod.choices, default=LimitPeriod.NONE
+    )
+    auto_refund_limit = models.BigIntegerField(
+        default=0, help_text="API refunds up to this amount skip approval; 0 = always approve"
+    )
+
+    class Meta(AbstractAPIKey.Meta):
+        verbose_name = "API client"
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in (self.scopes or [])
+
+
+class Product(models.Model):
+    class Kind(models.TextChoices):
+        PHYSICAL = "physical"
+        DIGITAL = "digital"
+
+    sku = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    price = models.BigIntegerField(help_text="minor units")
+    currency = models.CharField(max_length=3, default="usd")
+    stock = models.IntegerField(default=0)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.PHYSICAL)
+    # Per-product override of recovery.StepPolicy defaults, e.g. {"order": "manual"}.
+    step_policy = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(price__gte=0), name="product_price_nonneg")]
+
+    def __str__(self) -> str:
+        return self.sku
+
+
+class Quote(models.Model):
+    id = models.CharField(primary_key=True, max_length=40, default=new_quote_id, editable=False)
+    api_client = models.ForeignKey(ApiClient, null=True, blank=True, on_delete=models.PROTECT)
+    items = models.JSONField(help_text="[{sku, name, quantity, unit_price}]")
+    amount = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    version = models.PositiveIntegerField(default=1)
+    expires_at = models.DateTimeField()
+    superseded_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(amount__gt=0), name="quote_amount_pos")]
+
+
+class Purchase(ConcurrentTransitionMixin, models.Model):
+    id = models.CharField(primary_key=True, max_length=40, default=new_purchase_id, editable=False)
+    quote = models.ForeignKey(Quote, on_delete=models.PROTECT, related_name="purchases")
+    api_client = models.ForeignKey(ApiClient, null=True, blank=True, on_delete=models.PROTECT)
+    amount = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    customer_reference = models.CharField(max_length=200, db_index=True)
+    customer_email = models.EmailField(blank=True, db_index=True)
+    status = FSMField(
+        max_length=32, choices=PurchaseStatus.choices, default=PurchaseStatus.AWAITING_PAYMENT,
+        protected=True,
+    )
+    status_token = models.CharField(max_length=64, unique=True, default=new_status_token)
+    recovery_owner = models.CharField(max_length=100, blank=True)
+    acknowledged_unresolved = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    # Transitions set fields only (no side effects); services lock, transition, save.
+    S = PurchaseStatus
+
+    @transition(field=status, source=[S.AWAITING_PAYMENT, S.PAYMENT_FAILED, S.PAYMENT_UNKNOWN,
+                                      S.ACTION_REQUIRED, S.MANUAL_REVIEW], target=S.PAYMENT_PENDING)
+    def mark_payment_pending(self): ...
+
+    @transition(field=status, source=[S.PAYMENT_PENDING, S.AWAITING_PAYMENT, S.MANUAL_REVIEW],
+                target=S.PAYMENT_UNKNOWN)
+    def mark_payment_unknown(self): ...
+
+    @transition(field=status, source=[S.PAYMENT_PENDING, S.PAYMENT_UNKNOWN, S.AWAITING_PAYMENT,
+                                      S.MANUAL_REVIEW], target=S.ACTION_REQUIRED)
+    def mark_action_required(self): ...
+
+    @transition(field=status, source=[S.PAYMENT_PENDING, S.PAYMENT_UNKNOWN, S.ACTION_REQUIRED,
+                                      S.AWAITING_PAYMENT, S.MANUAL_REVIEW], target=S.PAYMENT_FAILED)
+    def mark_payment_failed(self): ...
+
+    @transition(field=status, source=[S.PAYMENT_PENDING, S.PAYMENT_UNKNOWN, S.ACTION_REQUIRED,
+                                      S.AWAITING_PAYMENT, S.PAYMENT_FAILED, S.MANUAL_REVIEW],
+                target=S.PAID)
+    def mark_paid(self): ...
+
+    @transition(field=status, source=[S.PAID, S.MANUAL_REVIEW], target=S.FULFILLING)
+    def mark_fulfilling(self): ...
+
+    @transition(field=status, source=[S.PAID, S.FULFILLING, S.MANUAL_REVIEW], target=S.COMPLETED)
+    def mark_completed(self): ...
+
+    @transition(field=status, source="*", target=S.MANUAL_REVIEW)
+    def mark_manual_review(self): ...
+
+    @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
+                                      S.REFUND_PENDING], target=S.REFUND_PENDING)
+    def mark_refund_pending(self): ...
+
+    @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
+                                      S.REFUND_PENDING], target=S.REFUNDED)
+    def mark_refunded(self): ...
+
+    @transition(field=status, source=[S.PAID, S.FULFILLING, S.MANUAL_REVIEW, S.REFUND_PENDING],
+                target=S.VOIDED)
+    def mark_voided(self): ...
+
+    @transition(field=status, source=[S.AWAITING_PAYMENT, S.PAYMENT_FAILED, S.VOIDED],
+                target=S.CANCELLED)
+    def mark_cancelled(self): ...
+
+    @transition(field=status, source=[S.AWAITING_PAYMENT, S.PAYMENT_FAILED], target=S.EXPIRED)
+    def mark_expired(self): ...
+
+    del S
+
+
+class PaymentOperation(ConcurrentTransitionMixin, models.Model):
+    id = models.CharField(primary_key=True, max_length=40, default=new_operation_id, editable=False)
+    purchase = models.ForeignKey(Purchase, on_delete=models.PROTECT, related_name="operations")
+    kind = models.CharField(max_length=16, choices=OperationKind.choices)
+    amount = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    # Created once, persisted before the first provider request; never the client's key.
+    idempotency_key = models.CharField(max_length=64, unique=True, default=new_provider_key)
+    request_fingerprint = models.CharField(max_length=64, blank=True)
+    provider_reference = models.CharField(max_length=100, blank=True, db_index=True)
+    provider_charge = models.CharField(max_length=100, blank=True, db_index=True)
+    provider_account = models.CharField(max_length=100, blank=True)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT,
+                               related_name="children")
+    retry_of = models.OneToOneField("self", null=True, blank=True, on_delete=models.PROTECT,
+                                    related_name="retried_by")
+    payment_method = models.CharField(max_length=100, blank=True, help_text="a provider token")
+    capture_method = models.CharField(max_length=16, default="automatic")
+    outcome = FSMField(max_length=24, choices=Outcome.choices, default=Outcome.PENDING,
+                       protected=True)
+    stage = models.CharField(max_length=16, choices=Stage.choices, default=Stage.QUEUED)
+    grade = models.CharField(max_length=16, choices=Grade.choices, default=Grade.NONE, blank=True)
+    verification = models.CharField(max_length=16, choices=Verification.choices,
+                                    default=Verification.UNVERIFIED)
+    reason = models.CharField(max_length=40, blank=True)
+    next_action_owner = models.CharField(max_length=16, choices=Owner.choices, default=Owner.NONE)
+    provider_status = models.CharField(max_length=40, blank=True)
+    requested_by_client = models.ForeignKey(ApiClient, null=True, blank=True,
+                                            on_delete=models.PROTECT)
+    requested_by_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                          on_delete=models.PROTECT, related_name="+")
+    approved_by_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                         on_delete=models.PROTECT, related_name="+")
+    confirm_claimed_at = models.DateTimeField(null=True, blank=True)
+    dispatch_deadline = models.DateTimeField(null=True, blank=True, db_index=True)
+    reconcile_attempts = models.PositiveIntegerField(default=0)
+    next_reconcile_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    reconcile_deadline = models.DateTimeField(null=True, blank=True)
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    is_compensation = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="op_amount_pos"),
+            # Invariant 1: one money movement at a time per purchase, enforced by PostgreSQL.
+            models.UniqueConstraint(
+                fields=["purchase"],
+                condition=Q(outcome__in=[o.value for o in SLOT_HOLDING_OUTCOMES]),
+                name="op_one_active_per_purchase",
+            ),
+            # Invariant 1: at most one successful charge/authorization per purchase.
+            models.UniqueConstraint(
+                fields=["purchase"],
+                condition=Q(outcome=Outcome.SUCCEEDED.value,
+                            kind__in=[k.value for k in PAYMENT_KINDS]),
+                name="op_one_success_payment_per_purchase",
+            ),
+        ]
+
+    O = Outcome
+    _SETTLEABLE = [O.DISPATCHING, O.UNKNOWN, O.AWAITING_PROVIDER, O.AWAITING_BUYER]
+
+    @transition(field=outcome, source=O.AWAITING_APPROVAL, target=O.PENDING)
+    def approve(self):
+        self.stage = Stage.QUEUED
+
+    @transition(field=outcome, source=[O.PENDING, O.DISPATCHING], target=O.DISPATCHING)
+    def start_dispatch(self):
+        self.stage = Stage.DISPATCHING
+
+    @transition(field=outcome, source=_SETTLEABLE + [O.PENDING], target=O.SUCCEEDED)
+    def settle_succeeded(self):
+        self.stage = Stage.SETTLED
+
+    @transition(field=outcome, source=_SETTLEABLE + [O.PENDING, O.AWAITING_APPROVAL],
+                target=O.FAILED)
+    def settle_failed(self):
+        self.stage = Stage.SETTLED
+
+    @transition(field=outcome, source=[O.PENDING, O.DISPATCHING, O.AWAITING_PROVIDER,
+                                       O.AWAITING_BUYER], target=O.UNKNOWN)
+    def mark_unknown(self):
+        self.stage = Stage.RECONCILING
+
+    @transition(field=outcome, source=[O.DISPATCHING, O.UNKNOWN, O.AWAITING_BUYER,
+                                       O.AWAITING_PROVIDER], target=O.AWAITING_PROVIDER)
+    def mark_awaiting_provider(self):
+        self.stage = Stage.RECONCILING
+
+    @transition(field=outcome, source=[O.DISPATCHING, O.UNKNOWN, O.AWAITING_PROVIDER,
+                                       O.AWAITING_BUYER], target=O.AWAITING_BUYER)
+    def mark_awaiting_buyer(self):
+        self.stage = Stage.RECONCILING
+
+    del O
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
+
+    def provider_key(self, step: str) -> str:
+        return f"{self.idempotency_key}:{step}"
+
+
+class ProviderCall(models.Model):
+    """Every request to the provider. Safe fields only: no card data, no secrets."""
+
+    operation = models.ForeignKey(PaymentOperation, on_delete=models.PROTECT,
+                                  related_name="provider_calls")
+    purpose = models.CharField(max_length=16, choices=CallPurpose.choices)
+    step = models.CharField(max_length=16, choices=CallStep.choices)
+    attempt = models.PositiveSmallIntegerField(default=1)
+    key = models.CharField(max_length=100, blank=True)
+    request_id = models.CharField(max_length=100, blank=True)
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    classification = models.CharField(max_length=16, choices=Classification.choices, blank=True)
+    safe_fields = models.JSONField(default=dict, blank=True)
+    error_code = models.CharField(max_length=64, blank=True)
+    fault_drill = models.CharField(max_length=40, blank=True)
+    started_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # Invariant 2: one claim per (operation, write step, attempt); the claim row of
+            # attempt 1 is written in the same transaction as the dispatching transition.
+            models.UniqueConstraint(
+                fields=["operation", "step", "attempt"],
+                condition=Q(purpose=CallPurpose.DISPATCH.value),
+                name="providercall_one_dispatch_per_step_attempt",
+            ),
+        ]
+        ordering = ["started_at", "id"]
+
+
+class Hold(models.Model):
+    """A spending reservation of one operation against an API client's limit."""
+
+    api_client = models.ForeignKey(ApiClient, on_delete=models.PROTECT, related_name="holds")
+    operation = models.OneToOneField(PaymentOperation, on_delete=models.PROTECT,
+                                     related_name="hold")
+    amount = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    state = models.CharField(max_length=16, choices=HoldState.choices, default=HoldState.RESERVED)
+    # The period the reservation counts in, fixed at reservation time.
+    period_start = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+
+class OperationTransition(models.Model):
+    """Append-only history of every operation or purchase transition (the timeline)."""
+
+    purchase = models.ForeignKey(Purchase, on_delete=models.PROTECT, related_name="transitions")
+    operation = models.ForeignKey(PaymentOperation, null=True, blank=True,
+                                  on_delete=models.PROTECT, related_name="transitions")
+    field = models.CharField(max_length=16)  # "outcome" | "status"
+    source = models.CharField(max_length=32)
+    target = models.CharField(max_length=32)
+    cause = models.CharField(max_length=64)
+    evidence = models.JSONField(default=dict, blank=True)
+    actor = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+
+class IdempotencyRecord(models.Model):
+    """The storefront's Idempotency-Key, scoped to (API client, route)."""
+
+    class State(models.TextChoices):
+        IN_FLIGHT = "in_flight"
+        DONE = "done"
+
+    api_client = models.ForeignKey(ApiClient, on_delete=models.CASCADE)
+    route = models.CharField(max_length=120)
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.IN_FLIGHT)
+    lease_until = models.DateTimeField()
+    resource_type = models.CharField(max_length=32, blank=True)
+    resource_id = models.CharField(max_length=64, blank=True)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["api_client", "route", "key"], name="idem_scope_unique"),
+        ]

@@ -1,0 +1,110 @@
+"""Provider-neutral types. Only payments/providers/stripe.py imports the SDK."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from payments.enums import Classification, Outcome
+
+
+@dataclass(frozen=True)
+class ProviderObject:
+    """The safe fields of a provider object (PaymentIntent or Refund). Never card data."""
+
+    object_type: str  # "payment_intent" | "refund"
+    id: str
+    status: str
+    amount: int
+    currency: str
+    metadata: dict = field(default_factory=dict)
+    account: str = ""
+    latest_charge: str = ""
+    payment_intent: str = ""  # for refunds
+    failure_code: str = ""  # last_payment_error.code / refund failure_reason
+    has_payment_error: bool = False
+    capture_method: str = ""
+
+    def safe_fields(self) -> dict:
+        return {
+            "object": self.object_type, "id": self.id, "status": self.status,
+            "amount": self.amount, "currency": self.currency,
+            "latest_charge": self.latest_charge, "payment_intent": self.payment_intent,
+            "failure_code": self.failure_code,
+            "metadata": {k: v for k, v in self.metadata.items()
+                         if k in ("operation_id", "purchase_id", "customer_reference")},
+        }
+
+
+def outcome_from_object(obj: ProviderObject, *, kind: str) -> Outcome | None:
+    """DESIGN §10.3: the outcome the provider's own record states, or None (no verdict).
+
+    `kind` is the operation kind: for a capture, `requires_capture` is not yet success;
+    for a void, only `canceled` is success.
+    """
+    s = obj.status
+    if obj.object_type == "refund":
+        return {"succeeded": Outcome.SUCCEEDED, "pending": Outcome.AWAITING_PROVIDER,
+                "requires_action": Outcome.AWAITING_PROVIDER, "failed": Outcome.FAILED,
+                "canceled": Outcome.FAILED}.get(s)
+    if kind == "void":
+        if s == "canceled":
+            return Outcome.SUCCEEDED
+        if s == "succeeded":
+            return Outcome.FAILED  # already captured: it can no longer be voided
+        return None
+    if kind == "capture":
+        if s == "succeeded":
+            return Outcome.SUCCEEDED
+        if s == "canceled":
+            return Outcome.FAILED
+        return None  # requires_capture: the capture has not happened (yet)
+    if s in ("succeeded", "requires_capture"):
+        return Outcome.SUCCEEDED
+    if s == "processing":
+        return Outcome.AWAITING_PROVIDER
+    if s == "requires_action":
+        return Outcome.AWAITING_BUYER
+    if s == "canceled":
+        return Outcome.FAILED
+    if s == "requires_payment_method" and obj.has_payment_error:
+        return Outcome.FAILED
+    # requires_confirmation / requires_payment_method without an error: confirm never
+    # applied (yet). Absence of evidence is not failure.
+    return None
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """How one provider request ended, with whatever safe fields came back."""
+
+    classification: Classification
+    http_status: int | None = None
+    request_id: str = ""
+    error_code: str = ""
+    object: ProviderObject | None = None
+    fault_drill: str = ""
+    detail: str = ""
+
+
+class PaymentProvider(Protocol):
+    def create_payment_intent(self, *, key: str, amount: int, currency: str,
+                              payment_method: str, capture_method: str,
+                              metadata: dict) -> CallResult: ...
+
+    def confirm_payment_intent(self, *, key: str, intent_id: str) -> CallResult: ...
+
+    def capture_payment_intent(self, *, key: str, intent_id: str,
+                               amount: int | None) -> CallResult: ...
+
+    def cancel_payment_intent(self, *, key: str, intent_id: str) -> CallResult: ...
+
+    def create_refund(self, *, key: str, intent_id: str, amount: int,
+                      metadata: dict) -> CallResult: ...
+
+    def retrieve_payment_intent(self, intent_id: str) -> CallResult: ...
+
+    def retrieve_refund(self, refund_id: str) -> CallResult: ...
+
+    def find_by_metadata(self, *, object_type: str, operation_id: str) -> CallResult: ...
+
+    def list_balance_transactions(self, *, limit: int = 100) -> list[dict]: ...

@@ -1,0 +1,172 @@
+"""Recovery: transactional outbox, downstream steps, halts, settlement discrepancies."""
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class OutboxCategory(models.IntegerChoices):
+    # Stable small integers: stored in rows, NEVER renumber or reuse a value.
+    PROCESS_EVENT = 1  # payload {"event": id}: apply a webhook event
+    OPERATION_SETTLED = 2  # payload {"operation": id}: resume downstream work
+    RECONCILE = 3  # payload {"operation": id}: read the provider back
+    DISPATCH = 4  # payload {"operation": id}: send an approved/queued operation
+    RUN_STEPS = 5  # payload {"purchase": id}: orchestrate downstream steps
+    NOOP = 99  # benchmarks and tests
+
+
+class OutboxMessage(models.Model):
+    category = models.PositiveSmallIntegerField(choices=OutboxCategory.choices)
+    payload = models.JSONField(help_text="ids only")
+    dedupe_key = models.CharField(max_length=200)
+    available_at = models.DateTimeField(default=timezone.now)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    processed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["dedupe_key"], condition=Q(processed_at__isnull=True),
+                name="outbox_dedupe_unprocessed",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["available_at"], condition=Q(processed_at__isnull=True),
+                         name="outbox_due_idx"),
+        ]
+
+
+class StepName(models.TextChoices):
+    ORDER = "order"
+    INVENTORY = "inventory"
+    LEDGER = "ledger"
+    CONFIRMATION = "confirmation"
+    CRM = "crm"
+    DELIVERABLE = "deliverable"
+
+
+STEP_ORDER = [StepName.ORDER, StepName.INVENTORY, StepName.LEDGER, StepName.CONFIRMATION,
+              StepName.CRM]
+
+
+class StepState(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    UNKNOWN = "unknown"  # e.g. an e-mail whose send may have happened: never resent blindly
+    COMPENSATED = "compensated"
+    MANUAL = "manual"
+
+
+class StepRun(models.Model):
+    purchase_id = models.CharField(max_length=40, db_index=True)
+    step = models.CharField(max_length=16, choices=StepName.choices)
+    state = models.CharField(max_length=16, choices=StepState.choices, default=StepState.PENDING)
+    key = models.CharField(max_length=100)
+    attempts = models.PositiveIntegerField(default=0)
+    external_reference = models.CharField(max_length=100, blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    last_error = models.TextField(blank=True)
+    result_expires_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["purchase_id", "step"], name="steprun_once"),
+            models.UniqueConstraint(fields=["key"], name="steprun_key_unique"),
+        ]
+
+
+class Order(models.Model):
+    """The order writer's effect (one per purchase)."""
+
+    purchase_id = models.CharField(max_length=40, unique=True)
+    reference = models.CharField(max_length=40, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class InventoryCommit(models.Model):
+    purchase_id = models.CharField(max_length=40)
+    sku = models.CharField(max_length=64)
+    quantity = models.IntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["purchase_id", "sku"],
+                                               name="inventory_once")]
+
+
+class LedgerEntry(models.Model):
+    purchase_id = models.CharField(max_length=40)
+    operation_id = models.CharField(max_length=40)
+    provider_reference = models.CharField(max_length=100, blank=True)
+    entry_type = models.CharField(max_length=16)  # "sale" | "refund" | "void"
+    amount = models.BigIntegerField(help_text="signed minor units")
+    currency = models.CharField(max_length=3)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["operation_id", "entry_type"],
+                                               name="ledger_once_per_operation")]
+
+
+class EmailMessage(models.Model):
+    """Outgoing mail log: the attempt is recorded before sending (an e-mail can't be unsent)."""
+
+    purchase_id = models.CharField(max_length=40)
+    kind = models.CharField(max_length=32)
+    to = models.EmailField()
+    subject = models.CharField(max_length=200)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["purchase_id", "kind"], name="email_once")]
+
+
+class CrmUpdate(models.Model):
+    purchase_id = models.CharField(max_length=40, unique=True)
+    customer_reference = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class RecoveryDecision(models.Model):
+    class Decision(models.TextChoices):
+        COMPLETED_FORWARD = "completed_forward"
+        COMPENSATED = "compensated"
+        MANUAL = "manual"
+
+    purchase_id = models.CharField(max_length=40, db_index=True)
+    decision = models.CharField(max_length=24, choices=Decision.choices)
+    detail = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class WorkflowHalt(models.Model):
+    """A halted workflow (`checkout`, `refunds`) or step (`step:order`)."""
+
+    name = models.CharField(max_length=40, unique=True)
+    reason = models.TextField()
+    halted_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class SettlementDiscrepancy(models.Model):
+    provider_reference = models.CharField(max_length=100)
+    kind = models.CharField(max_length=40)
+    provider_amount = models.BigIntegerField(null=True)
+    ledger_amount = models.BigIntegerField(null=True)
+    currency = models.CharField(max_length=3, blank=True)
+    detail = models.TextField(blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(
+            fields=["provider_reference", "kind"], condition=Q(resolved_at__isnull=True),
+            name="discrepancy_open_once")]

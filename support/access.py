@@ -1,0 +1,65 @@
+"""The one permission module: every console view and action asks here.
+
+Roles are Django groups. The matrix below is the whole policy; tests check it as a
+matrix (every action x role).
+"""
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied
+from django.db import models
+
+
+class Role(models.TextChoices):
+    SUPPORT = "support"
+    OPERATOR = "operator"
+    FINANCE = "finance"
+
+
+class Action(models.TextChoices):
+    VIEW = "view"  # queues, timelines, safe fields, search
+    ADD_NOTE = "add_note"
+    RECONCILE = "reconcile"  # on-demand read-back (read-only at the provider)
+    REQUEST_REFUND = "request_refund"
+    RESOLVE = "resolve"  # manual resolution of an unknown operation
+    REPLAY = "replay"
+    HALT = "halt"  # pause/resume workflows
+    TRIAGE_QUARANTINE = "triage_quarantine"
+    VIEW_REDACTED_PAYLOAD = "view_redacted_payload"
+    MANAGE_INCIDENTS = "manage_incidents"
+    APPROVE_REFUND = "approve_refund"
+    VIEW_SETTLEMENT = "view_settlement"
+
+
+_SUPPORT = {Action.VIEW, Action.ADD_NOTE, Action.RECONCILE, Action.REQUEST_REFUND}
+_OPERATOR = _SUPPORT | {Action.RESOLVE, Action.REPLAY, Action.HALT, Action.TRIAGE_QUARANTINE,
+                        Action.VIEW_REDACTED_PAYLOAD, Action.MANAGE_INCIDENTS}
+_FINANCE = _SUPPORT | {Action.APPROVE_REFUND, Action.VIEW_SETTLEMENT}
+
+MATRIX: dict[Role, frozenset[Action]] = {
+    Role.SUPPORT: frozenset(_SUPPORT),
+    Role.OPERATOR: frozenset(_OPERATOR),
+    Role.FINANCE: frozenset(_FINANCE),
+}
+
+
+def roles_of(user) -> set[Role]:
+    if not getattr(user, "is_authenticated", False) or not user.is_active:
+        return set()
+    names = set(user.groups.values_list("name", flat=True))
+    return {r for r in Role if r.value in names}
+
+
+def can(user, action: Action) -> bool:
+    return any(action in MATRIX[r] for r in roles_of(user))
+
+
+def require(user, action: Action) -> None:
+    if not can(user, action):
+        raise PermissionDenied(f"role lacks permission: {action}")
+
+
+def ensure_groups() -> None:
+    from django.contrib.auth.models import Group
+
+    for role in Role:
+        Group.objects.get_or_create(name=role.value)

@@ -1,0 +1,97 @@
+"""Shared fixtures: real PostgreSQL, Redis and localstripe come from tests.stack."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config):
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        raise pytest.UsageError("tests run on PostgreSQL only: use `make test`")
+    if not os.environ.get("STRIPE_API_BASE", "").startswith("http://127.0.0.1"):
+        raise pytest.UsageError("tests need localstripe on loopback: use `make test`")
+
+
+class Localstripe:
+    """Counts objects at the fake provider over plain HTTP (not through Verity's adapter)."""
+
+    def __init__(self, base: str, key: str) -> None:
+        self.base = base.rstrip("/")
+        self.auth = (key, "")
+
+    def list(self, resource: str, **params) -> list[dict]:
+        params.setdefault("limit", 100)
+        out, starting_after = [], None
+        while True:
+            if starting_after:
+                params["starting_after"] = starting_after
+            r = requests.get(f"{self.base}/v1/{resource}", params=params, auth=self.auth,
+                             timeout=10)
+            r.raise_for_status()
+            body = r.json()
+            out.extend(body["data"])
+            if not body.get("has_more") or not body["data"]:
+                return out
+            starting_after = body["data"][-1]["id"]
+
+    def payment_intents_for(self, purchase_id: str) -> list[dict]:
+        return [pi for pi in self.list("payment_intents")
+                if (pi.get("metadata") or {}).get("purchase_id") == purchase_id]
+
+    def succeeded_charges_for(self, purchase_id: str) -> list[dict]:
+        return [pi for pi in self.payment_intents_for(purchase_id)
+                if pi["status"] in ("succeeded", "requires_capture")]
+
+    def refunds_for(self, payment_intent_id: str) -> list[dict]:
+        return [r for r in self.list("refunds") if r.get("payment_intent") == payment_intent_id]
+
+    def flush(self) -> None:
+        requests.delete(f"{self.base}/_config/data", timeout=10)
+
+
+@pytest.fixture
+def localstripe() -> Localstripe:
+    return Localstripe(settings.STRIPE_API_BASE, settings.STRIPE_API_KEY)
+
+
+@pytest.fixture(scope="session")
+def celery_worker(django_db_setup, django_db_blocker):
+    """A real Celery worker process on the throwaway Redis, using the test database."""
+    db = settings.DATABASES["default"]
+    url = (f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}")
+    env = {**os.environ, "DATABASE_URL": url, "CELERY_DB_REUSE_MAX": "1000"}
+    log = open(Path(os.environ.get("VERITY_STACK_DIR", "/tmp")) / "worker.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
+         "--concurrency", "2", "--pool", "threads", "--without-gossip", "--without-mingle",
+         "--without-heartbeat"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    time.sleep(0.5)
+    yield proc
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1):
+    """Poll a condition with a deadline (tests never sleep for a fixed long time)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
