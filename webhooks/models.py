@@ -9,6 +9,11 @@ class EventResult(models.TextChoices):
     QUARANTINED = "quarantined"
 
 
+# Results after which processing never runs again on its own (a person may release a
+# quarantined event; see webhooks.services.event_quarantine_release).
+FINAL_RESULTS = (EventResult.APPLIED, EventResult.IGNORED, EventResult.QUARANTINED)
+
+
 class ProviderEvent(models.Model):
     event_id = models.CharField(max_length=100, unique=True)
     type = models.CharField(max_length=100)
@@ -21,5 +26,14 @@ class ProviderEvent(models.Model):
                               default=EventResult.PENDING)
     result_reason = models.CharField(max_length=200, blank=True)
     operation_id = models.CharField(max_length=40, blank=True, db_index=True)
+    # From the object's metadata at ingestion (unverified until matched): lets a
+    # purchase timeline show events that were quarantined before matching an operation.
+    purchase_id = models.CharField(max_length=40, blank=True, db_index=True)
     attempts = models.PositiveIntegerField(default=0)
     processed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["received_at"], condition=models.Q(result="quarantined"),
+                         name="providerevent_quarantine_idx"),
+        ]

@@ -1,0 +1,169 @@
+"""Stripe webhook verification and normalisation.
+
+Besides the adapter (payments/providers/stripe.py) this is the only module that imports
+`stripe`: signature checking is the SDK's (`WebhookSignature.verify_header`), so a
+constant-time compare and the header grammar are Stripe's, not ours.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import stripe
+from django.conf import settings
+
+from .base import ProviderObject
+
+
+class WebhookVerificationError(Exception):
+    """A delivery Verity must refuse without writing anything.
+
+    `reason` is a stable label (also the metrics label): missing_signature,
+    bad_signature, stale_signature, malformed.
+    """
+
+    def __init__(self, reason: str, message: str = "") -> None:
+        super().__init__(message or reason)
+        self.reason = reason
+
+
+def _header_timestamp(sig_header: str) -> int | None:
+    for item in sig_header.split(","):
+        key, _, value = item.strip().partition("=")
+        if key == "t":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def verify_and_parse(payload: bytes, sig_header: str | None, secrets: list[str],
+                     tolerance: int) -> dict:
+    """Verify `Stripe-Signature` against every configured secret (rotation); parse.
+
+    The signature is checked first without the time window and then with it, so a
+    correctly signed but old delivery is told apart (stale) from a forged one (bad).
+    Stripe's own check only refuses old timestamps; a timestamp further than the
+    tolerance in the future is refused too (it would extend a captured delivery's
+    replay window).
+    """
+    if not sig_header:
+        raise WebhookVerificationError("missing_signature")
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WebhookVerificationError("malformed", "body is not UTF-8") from None
+    signed_by = None
+    for secret in secrets:
+        if not secret or not secret.strip():
+            continue
+        try:
+            stripe.WebhookSignature.verify_header(text, sig_header, secret, None)
+        except stripe.SignatureVerificationError:
+            continue
+        signed_by = secret
+        break
+    if signed_by is None:
+        raise WebhookVerificationError("bad_signature")
+    try:
+        stripe.WebhookSignature.verify_header(text, sig_header, signed_by, tolerance)
+    except stripe.SignatureVerificationError:
+        raise WebhookVerificationError("stale_signature") from None
+    ts = _header_timestamp(sig_header)
+    if ts is None or (tolerance and ts > time.time() + tolerance):
+        raise WebhookVerificationError("stale_signature")
+    try:
+        event = json.loads(text)
+    except ValueError:
+        raise WebhookVerificationError("malformed", "body is not JSON") from None
+    if (not isinstance(event, dict) or not isinstance(event.get("id"), str) or not event["id"]
+            or not isinstance(event.get("type"), str)
+            or not isinstance((event.get("data") or {}).get("object"), dict)):
+        raise WebhookVerificationError("malformed", "not a Stripe event")
+    return event
+
+
+# -- normalisation -------------------------------------------------------------------
+
+_SAFE_METADATA = ("operation_id", "purchase_id", "customer_reference")
+
+
+def _id_of(value) -> str:
+    """`latest_charge`/`payment_intent`/`charge` are embedded objects on localstripe
+    and ids on Stripe (unless expanded)."""
+    if isinstance(value, dict):
+        return str(value.get("id") or "")
+    return str(value or "")
+
+
+def event_account(event: dict) -> str:
+    """A missing `account` means the platform account (DESIGN §10.9)."""
+    return event.get("account") or getattr(settings, "STRIPE_ACCOUNT", "") or ""
+
+
+def safe_event_payload(event: dict) -> dict:
+    """The fields Verity stores of an event. Never card details, billing details,
+    customer PII or client secrets: only ids, status, money and our own metadata."""
+    obj = event["data"]["object"]
+    error = obj.get("last_payment_error") or {}
+    safe_obj = {
+        "id": str(obj.get("id") or ""),
+        "object": str(obj.get("object") or ""),
+        "status": str(obj.get("status") or ""),
+        "amount": obj.get("amount") if isinstance(obj.get("amount"), int) else None,
+        "currency": str(obj.get("currency") or ""),
+        "metadata": {k: str(v) for k, v in (obj.get("metadata") or {}).items()
+                     if k in _SAFE_METADATA},
+        "payment_intent": _id_of(obj.get("payment_intent")),
+        "latest_charge": _id_of(obj.get("latest_charge")),
+        "last_payment_error": ({"code": str(error.get("code") or "")}
+                               if isinstance(error, dict) and error else None),
+    }
+    if safe_obj["object"] == "refund":
+        safe_obj["failure_reason"] = str(obj.get("failure_reason") or "")
+        safe_obj["charge"] = _id_of(obj.get("charge"))
+    if safe_obj["object"] == "payment_intent":
+        safe_obj["capture_method"] = str(obj.get("capture_method") or "")
+    if safe_obj["object"] == "charge":
+        amount_refunded = obj.get("amount_refunded")
+        safe_obj["amount_refunded"] = amount_refunded if isinstance(amount_refunded, int) else None
+    return {
+        "id": event["id"],
+        "type": event["type"],
+        "account": event_account(event),
+        "created": event.get("created") if isinstance(event.get("created"), int) else None,
+        "data": {"object": safe_obj},
+    }
+
+
+def object_from_event_payload(event: dict) -> ProviderObject:
+    """Normalise `data.object` (a PaymentIntent or Refund) of a raw or stored-safe event.
+
+    Works on both the raw delivery and `safe_event_payload`'s output, so processing in
+    the worker reads only what was stored.
+    """
+    obj = event["data"]["object"]
+    kind = str(obj.get("object") or "")
+    error = obj.get("last_payment_error") or {}
+    failure_code = ""
+    if isinstance(error, dict) and error:
+        failure_code = str(error.get("code") or error.get("decline_code") or "")
+    if kind == "refund":
+        failure_code = str(obj.get("failure_reason") or "")
+    amount = obj.get("amount")
+    return ProviderObject(
+        object_type=kind,
+        id=str(obj.get("id") or ""),
+        status=str(obj.get("status") or ""),
+        amount=amount if isinstance(amount, int) else -1,
+        currency=str(obj.get("currency") or "").lower(),
+        metadata={k: str(v) for k, v in (obj.get("metadata") or {}).items()
+                  if k in _SAFE_METADATA},
+        account=event_account(event),
+        latest_charge=_id_of(obj.get("latest_charge")),
+        payment_intent=_id_of(obj.get("payment_intent")),
+        failure_code=failure_code,
+        has_payment_error=bool(error),
+        capture_method=str(obj.get("capture_method") or ""),
+    )

@@ -1,0 +1,348 @@
+"""Webhook services: ingest a verified event once, process it through the one function
+that applies provider observations, and quarantine triage.
+
+Lock order (never reversed anywhere): ProviderEvent row, then the operation row (taken
+inside `payments.services.operation_apply_observation`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from payments.enums import OperationKind, Verification
+from payments.providers.base import ProviderObject, outcome_from_object
+from payments.providers.stripe_webhooks import object_from_event_payload, safe_event_payload
+from recovery.models import OutboxCategory
+from recovery.outbox import outbox_put
+
+from . import selectors
+from .metrics import WEBHOOK_RESULTS
+from .models import FINAL_RESULTS, EventResult, ProviderEvent
+
+log = logging.getLogger(__name__)
+
+# An event whose object Verity does not know yet (the webhook beat the synchronous
+# response, or the operation row is not committed yet) is retried this many times with
+# capped exponential backoff, then quarantined `unmatched` for a person.
+HELD_MAX_ATTEMPTS = getattr(settings, "WEBHOOK_HELD_MAX_ATTEMPTS", 10)
+HELD_BASE_DELAY_SECONDS = getattr(settings, "WEBHOOK_HELD_BASE_DELAY_SECONDS", 2.0)
+HELD_MAX_DELAY_SECONDS = getattr(settings, "WEBHOOK_HELD_MAX_DELAY_SECONDS", 300.0)
+
+REFUND_EVENT_TYPES = frozenset({
+    "refund.created", "refund.updated", "refund.failed", "charge.refund.updated",
+})
+CHARGE_REFUND_EVENT_TYPES = frozenset({"charge.refunded"})
+
+
+# -- ingestion -----------------------------------------------------------------------
+
+_INSERT_SQL = """
+INSERT INTO webhooks_providerevent
+    (event_id, type, account, object_id, created, received_at, payload, result,
+     result_reason, operation_id, purchase_id, attempts)
+VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, '', '', %s, 0)
+ON CONFLICT (event_id) DO NOTHING
+RETURNING id
+"""
+
+
+def event_ingest(*, event: dict) -> bool:
+    """Store a verified event once and queue its processing. True if it was new.
+
+    One `INSERT … ON CONFLICT DO NOTHING RETURNING id` and, only when a row came back,
+    one outbox insert, in one transaction: a duplicate delivery (also concurrent ones)
+    writes nothing, and no check-then-insert window exists (dj-stripe #1239).
+    """
+    safe = safe_event_payload(event)
+    obj = safe["data"]["object"]
+    created = (datetime.fromtimestamp(safe["created"], tz=UTC)
+               if safe["created"] is not None else None)
+    params = [
+        safe["id"][:100], safe["type"][:100], safe["account"][:100], obj["id"][:100],
+        created, timezone.now(), json.dumps(safe), EventResult.PENDING.value,
+        obj["metadata"].get("purchase_id", "")[:40],
+    ]
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(_INSERT_SQL, params)
+            row = cursor.fetchone()
+        if row is None:
+            return False
+        outbox_put(category=OutboxCategory.PROCESS_EVENT, payload={"event": row[0]},
+                   dedupe_key=f"event:{safe['id']}")
+    return True
+
+
+# -- processing ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Verdict:
+    result: EventResult
+    reason: str = ""
+    operation_id: str = ""
+    purchase_id: str = ""
+    # set when the observation conflicts with a terminal outcome: decide after a
+    # canonical read at the provider (outside any transaction)
+    conflict: bool = False
+
+
+def event_process(*, event_id: int) -> str:
+    """Apply one stored event. Idempotent: an event already applied, ignored or
+    quarantined returns its result untouched. Returns the result value."""
+    with transaction.atomic():
+        event = ProviderEvent.objects.select_for_update().get(pk=event_id)
+        if event.result in FINAL_RESULTS:
+            return event.result
+        verdict = _evaluate_locked(event)
+        if not verdict.conflict:
+            _event_finish_locked(event, verdict)
+            return verdict.result
+    # A conflict (an event says failed, Verity holds succeeded, or the reverse): the
+    # provider's canonical object decides. The read is network I/O, so it happens with
+    # no transaction open; the event stays pending meanwhile (a concurrent run would
+    # only repeat the read).
+    verdict = _resolve_conflict_outside_transaction(event, verdict)
+    with transaction.atomic():
+        event = ProviderEvent.objects.select_for_update().get(pk=event_id)
+        if event.result in FINAL_RESULTS:
+            return event.result
+        _event_finish_locked(event, verdict)
+    return verdict.result
+
+
+def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> None:
+    event.attempts += 1
+    result, reason = verdict.result, verdict.reason
+    fields = ["result", "result_reason", "attempts", "processed_at"]
+    if result == EventResult.HELD:
+        if event.attempts >= HELD_MAX_ATTEMPTS:
+            result, reason = EventResult.QUARANTINED, "unmatched"
+        else:
+            delay = min(HELD_BASE_DELAY_SECONDS * 2 ** (event.attempts - 1),
+                        HELD_MAX_DELAY_SECONDS)
+            # A new dedupe key per attempt: the message being handled right now is still
+            # unprocessed and would absorb a re-put under the original key.
+            outbox_put(category=OutboxCategory.PROCESS_EVENT, payload={"event": event.pk},
+                       dedupe_key=f"event:{event.event_id}:held:{event.attempts}",
+                       delay_seconds=delay)
+    event.result, event.result_reason = result, reason[:200]
+    event.processed_at = None if result == EventResult.HELD else timezone.now()
+    if verdict.operation_id:
+        event.operation_id = verdict.operation_id
+        fields.append("operation_id")
+    if verdict.purchase_id:
+        event.purchase_id = verdict.purchase_id
+        fields.append("purchase_id")
+    event.save(update_fields=fields)
+    transaction.on_commit(lambda: WEBHOOK_RESULTS.labels(result=result).inc())
+    log.info("webhook processed event=%s type=%s result=%s reason=%s operation=%s",
+             event.event_id, event.type, result, reason, event.operation_id)
+
+
+def _evaluate_locked(event: ProviderEvent) -> _Verdict:
+    obj = object_from_event_payload(event.payload)
+    if obj.object_type == "payment_intent" and event.type.startswith("payment_intent."):
+        op = selectors.operation_for_payment_intent(obj)
+    elif obj.object_type == "refund" and event.type in REFUND_EVENT_TYPES:
+        op = selectors.operation_for_refund(obj)
+    elif obj.object_type == "charge" and event.type in CHARGE_REFUND_EVENT_TYPES:
+        return _evaluate_charge_refunded(event, obj)
+    else:
+        return _Verdict(EventResult.IGNORED, "unhandled_type")
+    if op is None:
+        return _Verdict(EventResult.HELD, "no_matching_operation")
+    mismatch = _mismatch(op, obj)
+    if mismatch:
+        return _Verdict(EventResult.QUARANTINED, f"mismatch:{mismatch}", op.pk, op.purchase_id)
+    return _apply(event, op, obj)
+
+
+def _apply(event: ProviderEvent, op, obj: ProviderObject) -> _Verdict:
+    from payments.services import operation_apply_observation
+
+    applied = operation_apply_observation(
+        operation_id=op.pk, obj=obj, source=Verification.WEBHOOK,
+        cause=f"webhook:{event.type}"[:64], actor=f"webhook:{event.event_id}"[:150],
+    )
+    value = str(getattr(applied, "value", applied))
+    if value == "applied":
+        return _Verdict(EventResult.APPLIED, "", op.pk, op.purchase_id)
+    if value in ("no_change", "stale"):
+        return _Verdict(EventResult.IGNORED, value, op.pk, op.purchase_id)
+    if value == "mismatch":
+        return _Verdict(EventResult.QUARANTINED, "mismatch", op.pk, op.purchase_id)
+    if value == "conflict":
+        return _Verdict(EventResult.QUARANTINED, "conflict", op.pk, op.purchase_id,
+                        conflict=True)
+    raise ValueError(f"unexpected apply result {value!r}")
+
+
+def _mismatch(op, obj: ProviderObject) -> str:
+    """The first field on which a signed object disagrees with the operation it claims
+    to be about, or "" (DESIGN §10.9). Never applied when non-empty."""
+    if op.kind == OperationKind.REFUND:
+        payment = op.parent or op
+        expected_ref, expected_amount = op.provider_reference, op.amount
+    elif op.kind in (OperationKind.CAPTURE, OperationKind.VOID):
+        # capture/void act on the parent's PaymentIntent, which keeps the authorized
+        # amount and the parent's metadata
+        payment = op.parent or op
+        expected_ref = payment.provider_reference or op.provider_reference
+        expected_amount = payment.amount
+    else:
+        payment = op
+        expected_ref, expected_amount = op.provider_reference, op.amount
+    expected_account = (payment.provider_account or getattr(settings, "STRIPE_ACCOUNT", "")
+                        or "")
+    if obj.account != expected_account:
+        return "account"
+    if expected_ref and obj.id != expected_ref:
+        return "reference"
+    if (op.kind == OperationKind.REFUND and obj.payment_intent and payment.provider_reference
+            and obj.payment_intent != payment.provider_reference):
+        return "reference"
+    if obj.metadata.get("purchase_id") != op.purchase_id:
+        return "purchase"
+    if obj.metadata.get("customer_reference") != op.purchase.customer_reference:
+        return "customer_reference"
+    meta_op = obj.metadata.get("operation_id")
+    if meta_op and meta_op not in (op.pk, op.parent_id):
+        return "operation"
+    if obj.amount != expected_amount:
+        return "amount"
+    if obj.currency.lower() != (op.currency or "").lower():
+        return "currency"
+    return ""
+
+
+def _evaluate_charge_refunded(event: ProviderEvent, obj: ProviderObject) -> _Verdict:
+    """`charge.refunded` carries a Charge, not the Refund (and Stripe no longer embeds
+    the refunds list): it is only a prompt. The refund operations under that payment
+    are settled by their own refund events or by the reconciler's read-back."""
+    payment = selectors.payment_operation_for_intent(obj.payment_intent)
+    if payment is None:
+        return _Verdict(EventResult.HELD, "no_matching_operation")
+    expected_account = (payment.provider_account or getattr(settings, "STRIPE_ACCOUNT", "")
+                        or "")
+    if obj.account != expected_account:
+        return _Verdict(EventResult.QUARANTINED, "mismatch:account", payment.pk,
+                        payment.purchase_id)
+    if obj.metadata.get("purchase_id") not in (None, payment.purchase_id):
+        return _Verdict(EventResult.QUARANTINED, "mismatch:purchase", payment.pk,
+                        payment.purchase_id)
+    if obj.currency and obj.currency.lower() != payment.currency.lower():
+        return _Verdict(EventResult.QUARANTINED, "mismatch:currency", payment.pk,
+                        payment.purchase_id)
+    return _Verdict(EventResult.IGNORED, "charge_refunded_prompt", payment.pk,
+                    payment.purchase_id)
+
+
+def _resolve_conflict_outside_transaction(event: ProviderEvent, verdict: _Verdict) -> _Verdict:
+    """Terminal vs a different terminal: read the canonical object at the provider.
+
+    - canonical agrees with what Verity holds: the event described an earlier state
+      (e.g. a decline before a successful retry of the same PaymentIntent) -> ignored;
+    - Verity now agrees with the event (a read-back settled it) -> applied;
+    - otherwise (the provider says what the event says, Verity holds the opposite, or
+      the read failed) -> quarantined `conflict` for a person. Never overwritten here.
+    """
+    from payments.models import PaymentOperation
+    from payments.services import DomainError, operation_reconcile
+
+    obj = object_from_event_payload(event.payload)
+    op = PaymentOperation.objects.get(pk=verdict.operation_id)
+    event_outcome = outcome_from_object(obj, kind=op.kind)
+    canonical_outcome = None
+    if not op.is_terminal:
+        try:
+            op = operation_reconcile(operation_id=op.pk, actor="webhook-conflict")
+        except DomainError:
+            op = PaymentOperation.objects.get(pk=op.pk)
+    if op.outcome == event_outcome:
+        return _Verdict(EventResult.APPLIED, "readback_agrees", op.pk, op.purchase_id)
+    canonical = _read_canonical_outside_transaction(op, obj)
+    if canonical is not None:
+        canonical_outcome = outcome_from_object(canonical, kind=op.kind)
+    if canonical_outcome is not None and canonical_outcome == op.outcome:
+        return _Verdict(EventResult.IGNORED, "superseded_by_readback", op.pk, op.purchase_id)
+    return _Verdict(EventResult.QUARANTINED, "conflict", op.pk, op.purchase_id)
+
+
+def _read_canonical_outside_transaction(op, obj: ProviderObject) -> ProviderObject | None:
+    """Read-only retrieve through the lead's adapter (the only code that calls Stripe)."""
+    assert not transaction.get_connection().in_atomic_block, "provider read inside a transaction"
+    try:
+        from payments.providers.stripe import get_provider
+    except ImportError:  # adapter not available: no canonical verdict, quarantine
+        log.warning("webhook conflict: provider adapter unavailable operation=%s", op.pk)
+        return None
+    provider = get_provider()
+    if obj.object_type == "refund":
+        result = provider.retrieve_refund(obj.id)
+    else:
+        result = provider.retrieve_payment_intent(obj.id)
+    return result.object
+
+
+# -- quarantine triage ---------------------------------------------------------------
+
+def _audit(*, acting_user, action: str, event: ProviderEvent, reason: str, detail: dict):
+    from support.models import AuditEntry
+
+    return AuditEntry.objects.create(
+        actor=acting_user.get_username(), action=action, target_type="provider_event",
+        target_id=str(event.pk), purchase_id=event.purchase_id, reason=reason, detail=detail,
+    )
+
+
+def _triage_locked(*, event_id: int, acting_user, reason: str) -> ProviderEvent:
+    from payments.services import DomainError
+    from support.access import Action, require
+
+    require(acting_user, Action.TRIAGE_QUARANTINE)
+    if not (reason or "").strip():
+        raise DomainError("reason_required", "A reason is required.", status=422,
+                          owner="support")
+    event = ProviderEvent.objects.select_for_update().get(pk=event_id)
+    if event.result != EventResult.QUARANTINED:
+        raise DomainError("event_not_quarantined", "This event is not quarantined.",
+                          status=409, owner="support")
+    return event
+
+
+def event_quarantine_release(*, event_id: int, acting_user, reason: str) -> ProviderEvent:
+    """Send a quarantined event through processing again (e.g. after the operation it
+    names was corrected). Matching rules still apply: a mismatched event is quarantined
+    again, never forced through."""
+    with transaction.atomic():
+        event = _triage_locked(event_id=event_id, acting_user=acting_user, reason=reason)
+        previous = event.result_reason
+        event.result, event.result_reason, event.attempts = EventResult.PENDING, "", 0
+        event.processed_at = None
+        event.save(update_fields=["result", "result_reason", "attempts", "processed_at"])
+        audit = _audit(acting_user=acting_user, action="webhook_event_release", event=event,
+                       reason=reason, detail={"event": event.event_id,
+                                              "previous_reason": previous})
+        outbox_put(category=OutboxCategory.PROCESS_EVENT, payload={"event": event.pk},
+                   dedupe_key=f"event:{event.event_id}:release:{audit.pk}")
+    return event
+
+
+def event_quarantine_dismiss(*, event_id: int, acting_user, reason: str) -> ProviderEvent:
+    """Close a quarantined event without applying it (recorded as ignored)."""
+    with transaction.atomic():
+        event = _triage_locked(event_id=event_id, acting_user=acting_user, reason=reason)
+        previous = event.result_reason
+        event.result = EventResult.IGNORED
+        event.result_reason = f"dismissed:{previous}"[:200]
+        event.processed_at = timezone.now()
+        event.save(update_fields=["result", "result_reason", "processed_at"])
+        _audit(acting_user=acting_user, action="webhook_event_dismiss", event=event,
+               reason=reason, detail={"event": event.event_id, "previous_reason": previous})
+    return event

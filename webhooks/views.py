@@ -1,0 +1,44 @@
+"""The one provider ingestion endpoint: verify, insert once, hand to the outbox, answer.
+
+A plain Django view (not DRF: the signature is over the exact bytes of the body, which
+must be read before anything parses it) and CSRF-exempt (the caller is Stripe, the
+signature is the authentication). It is NOT wrapped in a request-wide transaction:
+verification writes nothing, and the only writes (the event row and its outbox row)
+are one explicit `atomic()` in `event_ingest`, so a refused delivery never opens one
+and an accepted one commits before the 200 is sent.
+"""
+import logging
+
+from django.conf import settings
+from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from payments.providers.stripe_webhooks import WebhookVerificationError, verify_and_parse
+
+from .metrics import WEBHOOK_RESULTS
+from .services import event_ingest
+
+log = logging.getLogger(__name__)
+
+
+@csrf_exempt
+@require_POST
+def stripe_webhook(request):
+    try:
+        event = verify_and_parse(
+            request.body,
+            request.headers.get("Stripe-Signature"),
+            settings.STRIPE_WEBHOOK_SECRETS,
+            settings.STRIPE_WEBHOOK_TOLERANCE,
+        )
+    except WebhookVerificationError as exc:
+        WEBHOOK_RESULTS.labels(result=exc.reason).inc()
+        # Neither the body nor the header is logged: a forged body may carry anything.
+        log.warning("webhook refused reason=%s", exc.reason)
+        return JsonResponse({"error": exc.reason}, status=400)
+    inserted = event_ingest(event=event)
+    WEBHOOK_RESULTS.labels(result="received" if inserted else "duplicate").inc()
+    log.info("webhook accepted event=%s type=%s duplicate=%s", event["id"], event["type"],
+             not inserted)
+    return JsonResponse({"received": True, "duplicate": not inserted}, status=200)
