@@ -25,3 +25,1065 @@ class DomainError(Exception):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+
+# --------------------------------------------------------------------------------------
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+from datetime import timedelta  # noqa: E402
+from enum import Enum  # noqa: E402
+
+from django.conf import settings  # noqa: E402
+from django.db import IntegrityError, transaction  # noqa: E402
+from django.db.models import Q, Sum  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from recovery.models import OutboxCategory  # noqa: E402
+from recovery.outbox import outbox_put  # noqa: E402
+
+from .enums import (  # noqa: E402
+    PAYMENT_KINDS,
+    SLOT_HOLDING_OUTCOMES,
+    UNRESOLVED_STATUSES,
+    CallPurpose,
+    CallStep,
+    Classification,
+    Grade,
+    HoldState,
+    LimitPeriod,
+    OperationKind,
+    Outcome,
+    PurchaseStatus,
+    Reason,
+    Stage,
+    Verification,
+)
+from .locks import (  # noqa: E402
+    assert_no_transaction_outside_transaction,
+    lock_client,
+    lock_operation,
+    lock_purchase,
+)
+from .models import (  # noqa: E402
+    ApiClient,
+    Hold,
+    OperationTransition,
+    PaymentOperation,
+    Product,
+    ProviderCall,
+    Purchase,
+    Quote,
+)
+from .providers.base import CallResult, ProviderObject, outcome_from_object  # noqa: E402
+
+log = logging.getLogger("verity.payments")
+
+QUOTE_TTL = timedelta(minutes=30)
+NOT_SENT_RESENDS = 2  # DESIGN §10.4: resend a not_sent step at most twice
+RETRYABLE_RESENDS = 2
+
+
+class ApplyResult(str, Enum):
+    APPLIED = "applied"
+    NO_CHANGE = "no_change"
+    STALE = "stale"
+    CONFLICT = "conflict"
+    MISMATCH = "mismatch"
+
+
+def _halted(name: str) -> bool:
+    try:
+        from recovery.selectors import is_halted
+    except ImportError:  # recovery selectors not installed yet
+        from recovery.models import WorkflowHalt
+
+        return WorkflowHalt.objects.filter(name=name).exists()
+    return is_halted(name)
+
+
+def _fingerprint(params: dict) -> str:
+    return hashlib.sha256(json.dumps(params, sort_keys=True, separators=(",", ":"))
+                          .encode()).hexdigest()
+
+
+# -- history -----------------------------------------------------------------------------
+def _history(*, purchase_id: str, operation: PaymentOperation | None, field: str, source: str,
+             target: str, cause: str, evidence: dict | None = None, actor: str = "") -> None:
+    OperationTransition.objects.create(
+        purchase_id=purchase_id, operation=operation, field=field, source=source,
+        target=target, cause=cause, evidence=evidence or {}, actor=actor)
+
+
+def _purchase_to(purchase: Purchase, name: str, *, cause: str, actor: str = "",
+                 evidence: dict | None = None) -> bool:
+    """Apply a purchase FSM transition if allowed; record it. Caller holds the lock."""
+    method = getattr(purchase, name)
+    from django_fsm import can_proceed
+
+    if not can_proceed(method):
+        return False
+    source = purchase.status
+    method()
+    if purchase.status == source:
+        return False
+    purchase.save(update_fields=["status", "updated_at"])
+    _history(purchase_id=purchase.id, operation=None, field="status", source=source,
+             target=purchase.status, cause=cause, evidence=evidence, actor=actor)
+    return True
+
+
+def _op_to(op: PaymentOperation, name: str, *, cause: str, actor: str = "",
+           evidence: dict | None = None, fields: tuple = ()) -> None:
+    source = op.outcome
+    getattr(op, name)()
+    op.save(update_fields=["outcome", "stage", "updated_at", *fields])
+    _history(purchase_id=op.purchase_id, operation=op, field="outcome", source=source,
+             target=op.outcome, cause=cause, evidence=evidence, actor=actor)
+
+
+# -- quotes and purchases -----------------------------------------------------------------
+def quote_create(*, api_client: ApiClient | None, items: list[dict], currency: str) -> Quote:
+    currency = (currency or "").lower()
+    if not items:
+        raise DomainError("invalid_items", "A quote needs at least one item.", status=422,
+                          retry=RetryAdvice.NEW_OPERATION)
+    lines, amount = [], 0
+    skus = [str(i.get("sku", "")) for i in items]
+    products = {p.sku: p for p in Product.objects.filter(sku__in=skus)}
+    for item in items:
+        sku, qty = str(item.get("sku", "")), item.get("quantity")
+        product = products.get(sku)
+        if product is None:
+            raise DomainError("unknown_sku", f"No product with sku {sku!r}.", status=422,
+                              retry=RetryAdvice.NEW_OPERATION)
+        if not isinstance(qty, int) or isinstance(qty, bool) or not 1 <= qty <= 1000:
+            raise DomainError("invalid_quantity", "Quantity must be an integer 1-1000.",
+                              status=422, retry=RetryAdvice.NEW_OPERATION)
+        if product.currency != currency:
+            raise DomainError("currency_mismatch",
+                              f"{sku} is priced in {product.currency}, not {currency}.",
+                              status=422, retry=RetryAdvice.NEW_OPERATION)
+        if product.stock < qty:
+            raise DomainError("out_of_stock", f"{sku} has {product.stock} in stock.",
+                              status=409, retry=RetryAdvice.NEW_OPERATION)
+        lines.append({"sku": sku, "name": product.name, "quantity": qty,
+                      "unit_price": product.price})
+        amount += product.price * qty
+    if amount <= 0:
+        raise DomainError("invalid_items", "A quote must have a positive amount.", status=422,
+                          retry=RetryAdvice.NEW_OPERATION)
+    return Quote.objects.create(api_client=api_client, items=lines, amount=amount,
+                                currency=currency, expires_at=timezone.now() + QUOTE_TTL)
+
+
+def _customer_lock(reference: str) -> None:
+    # Serialises "is there an unresolved purchase?" + insert for one customer reference,
+    # across processes (SQLite's IMMEDIATE transactions already serialise writers).
+    conn = transaction.get_connection()
+    if conn.vendor == "postgresql":
+        key = int.from_bytes(hashlib.sha256(reference.encode()).digest()[:8], "big", signed=True)
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+
+
+def purchase_create(*, api_client: ApiClient | None, quote_id: str, quote_version: int,
+                    customer_reference: str, customer_email: str = "",
+                    acknowledge_unresolved=()) -> Purchase:
+    if not customer_reference:
+        raise DomainError("invalid_request", "customer.reference is required.", status=400,
+                          retry=RetryAdvice.NEW_OPERATION)
+    with transaction.atomic():
+        quote = Quote.objects.select_for_update().filter(id=quote_id).first()
+        if quote is None or (api_client is not None and quote.api_client_id not in
+                             (None, api_client.id)):
+            raise DomainError("quote_not_found", "No such quote.", status=404,
+                              retry=RetryAdvice.NEW_QUOTE)
+        if quote.superseded_at or quote.version != quote_version:
+            raise DomainError("quote_superseded", "This quote was superseded; get a new quote.",
+                              status=409, retry=RetryAdvice.NEW_QUOTE)
+        if quote.expires_at <= timezone.now():
+            raise DomainError("quote_expired", "This quote expired; get a new quote.",
+                              status=409, retry=RetryAdvice.NEW_QUOTE)
+        _customer_lock(customer_reference)
+        unresolved = list(
+            Purchase.objects.filter(customer_reference=customer_reference,
+                                    status__in=UNRESOLVED_STATUSES)
+            .exclude(id__in=list(acknowledge_unresolved or []))
+            .order_by("created_at").values_list("id", flat=True))
+        if unresolved:
+            raise DomainError(
+                "customer_has_unresolved_purchase",
+                "This customer has a purchase whose payment is not settled yet. Check it "
+                "first; to start another anyway, list it in acknowledge_unresolved.",
+                status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.BUYER,
+                purchase=unresolved[0], extra={"unresolved": unresolved})
+        purchase = Purchase.objects.create(
+            quote=quote, api_client=api_client, amount=quote.amount, currency=quote.currency,
+            customer_reference=customer_reference, customer_email=customer_email or "",
+            recovery_owner=settings.RECOVERY_OWNER_DEFAULT,
+            acknowledged_unresolved=list(acknowledge_unresolved or []))
+        _history(purchase_id=purchase.id, operation=None, field="status", source="",
+                 target=purchase.status, cause="purchase_created",
+                 evidence={"quote": quote.id, "version": quote.version},
+                 actor=api_client.name if api_client else "")
+    return purchase
+
+
+def purchase_transition(*, purchase_id: str, name: str, cause: str, actor: str = "") -> Purchase:
+    with transaction.atomic():
+        purchase = lock_purchase(purchase_id)
+        _purchase_to(purchase, name, cause=cause, actor=actor)
+    return purchase
+
+
+def purchases_expire_stale() -> int:
+    """`expired`: the quote expired before any payment was claimed (DESIGN §10.12)."""
+    count = 0
+    ids = Purchase.objects.filter(status=PurchaseStatus.AWAITING_PAYMENT,
+                                  quote__expires_at__lt=timezone.now()).values_list("id", flat=True)
+    for pid in list(ids[:500]):
+        with transaction.atomic():
+            purchase = lock_purchase(pid)
+            if purchase.operations.exists():
+                continue
+            count += _purchase_to(purchase, "mark_expired", cause="quote_expired")
+    return count
+
+
+# -- creating operations -------------------------------------------------------------------
+def _active_op(purchase: Purchase) -> PaymentOperation | None:
+    return purchase.operations.filter(outcome__in=SLOT_HOLDING_OUTCOMES).first()
+
+
+def _create_op(**fields) -> PaymentOperation:
+    """Insert under a savepoint: the partial unique indexes are the real guard."""
+    try:
+        with transaction.atomic():
+            return PaymentOperation.objects.create(**fields)
+    except IntegrityError as exc:
+        purchase_id = fields["purchase"].id
+        raise DomainError(
+            "payment_unresolved", "Another payment operation on this purchase is in progress.",
+            status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.RECONCILIATION,
+            purchase=purchase_id) from exc
+
+
+def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_method: str,
+                   capture_method: str = "automatic", retry_of: str | None = None,
+                   amount: int | None = None) -> PaymentOperation:
+    if _halted("checkout"):
+        raise DomainError("workflow_halted", "Checkout is paused by an operator; try later with "
+                          "the same Idempotency-Key.", status=503, retry=RetryAdvice.SAME_KEY,
+                          owner=Owner.SUPPORT, purchase=purchase_id)
+    if capture_method not in ("automatic", "manual"):
+        raise DomainError("invalid_request", "capture must be automatic or manual.", status=400,
+                          retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
+    if not payment_method or len(payment_method) > 100:
+        raise DomainError("invalid_request", "payment_method is required (a provider token).",
+                          status=400, retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
+    with transaction.atomic():
+        purchase = Purchase.objects.select_for_update(of=("self",)).filter(id=purchase_id).first()
+        if purchase is None or (api_client is not None and purchase.api_client_id not in
+                                (None, api_client.id)):
+            raise DomainError("not_found", "No such purchase.", status=404,
+                              retry=RetryAdvice.FORBIDDEN)
+        if amount is not None and amount != purchase.amount:
+            raise DomainError("amount_mismatch",
+                              f"The amount comes from the accepted quote ({purchase.amount} "
+                              f"{purchase.currency}); a different amount is refused.",
+                              status=422, retry=RetryAdvice.FORBIDDEN, purchase=purchase.id)
+        paid = purchase.operations.filter(kind__in=PAYMENT_KINDS,
+                                          outcome=Outcome.SUCCEEDED).first()
+        if paid:
+            raise DomainError("already_paid", "This purchase is already paid.", status=409,
+                              retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                              purchase=purchase.id, operation=paid.id)
+        active = _active_op(purchase)
+        if active:
+            raise DomainError(
+                "payment_unresolved",
+                "A payment on this purchase is not settled yet; the provider may have applied "
+                "it. Do not retry: poll the operation.", status=409,
+                retry=RetryAdvice.FORBIDDEN, owner=Owner.RECONCILIATION,
+                purchase=purchase.id, operation=active.id)
+        if purchase.status in (PurchaseStatus.EXPIRED, PurchaseStatus.CANCELLED) or (
+                purchase.quote.expires_at <= timezone.now()):
+            raise DomainError("quote_expired", "The quote behind this purchase expired; get a "
+                              "new quote.", status=409, retry=RetryAdvice.NEW_QUOTE,
+                              purchase=purchase.id)
+        last_failed = (purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.FAILED)
+                       .order_by("-created_at").first())
+        original = None
+        if retry_of:
+            original = purchase.operations.filter(id=retry_of).first()
+            if original is None or original.kind not in PAYMENT_KINDS:
+                raise DomainError("retry_of_not_found", "retry_of must name a payment "
+                                  "operation of this purchase.", status=422,
+                                  retry=RetryAdvice.FORBIDDEN, purchase=purchase.id)
+            if original.outcome != Outcome.FAILED:
+                raise DomainError("retry_not_allowed", "Only a failed operation can be retried.",
+                                  status=409, retry=RetryAdvice.FORBIDDEN,
+                                  purchase=purchase.id, operation=original.id)
+            if PaymentOperation.objects.filter(retry_of=original).exists():
+                raise DomainError("already_retried", "This operation was already retried once.",
+                                  status=409, retry=RetryAdvice.FORBIDDEN,
+                                  purchase=purchase.id, operation=original.id)
+            if (original.reason == Reason.CARD_DECLINED
+                    and original.payment_method == payment_method):
+                raise DomainError("retry_needs_new_method", "The card was declined; retry with "
+                                  "a different payment_method.", status=422,
+                                  retry=RetryAdvice.NEW_OPERATION, purchase=purchase.id,
+                                  operation=original.id)
+        elif last_failed is not None:
+            raise DomainError("retry_of_required", "The last payment failed; name it in "
+                              "retry_of to try again on purpose.", status=409,
+                              retry=RetryAdvice.NEW_OPERATION, purchase=purchase.id,
+                              operation=last_failed.id)
+        _check_limit(api_client, purchase.amount)
+        kind = OperationKind.AUTHORIZE if capture_method == "manual" else OperationKind.CHARGE
+        op = _create_op(
+            purchase=purchase, kind=kind, amount=purchase.amount, currency=purchase.currency,
+            payment_method=payment_method, capture_method=capture_method, retry_of=original,
+            requested_by_client=api_client,
+            request_fingerprint=_fingerprint({"purchase": purchase.id, "kind": kind,
+                                              "amount": purchase.amount,
+                                              "currency": purchase.currency,
+                                              "payment_method": payment_method}))
+        _history(purchase_id=purchase.id, operation=op, field="outcome", source="",
+                 target=op.outcome, cause="operation_created",
+                 actor=api_client.name if api_client else "")
+        _purchase_to(purchase, "mark_payment_pending", cause="payment_started")
+    return op
+
+
+def _captured_amount(purchase: Purchase) -> int:
+    total = 0
+    for op in purchase.operations.filter(outcome=Outcome.SUCCEEDED):
+        if op.kind == OperationKind.CHARGE or op.kind == OperationKind.CAPTURE:
+            total += op.amount
+    return total
+
+
+def _linked_create(*, purchase_id: str, kind: str, api_client, acting_user,
+                   halt: str) -> PaymentOperation:
+    if _halted(halt):
+        raise DomainError("workflow_halted", f"The {halt} workflow is paused.", status=503,
+                          retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT, purchase=purchase_id)
+    with transaction.atomic():
+        purchase = lock_purchase(purchase_id)
+        if api_client is not None and purchase.api_client_id not in (None, api_client.id):
+            raise DomainError("not_found", "No such purchase.", status=404)
+        auth = purchase.operations.filter(kind=OperationKind.AUTHORIZE,
+                                          outcome=Outcome.SUCCEEDED).first()
+        done = purchase.operations.filter(kind__in=[OperationKind.CAPTURE, OperationKind.VOID],
+                                          outcome=Outcome.SUCCEEDED).first()
+        if auth is None or done is not None:
+            raise DomainError("not_capturable" if kind == OperationKind.CAPTURE else
+                              "not_voidable", "There is no open authorization on this "
+                              "purchase.", status=409, retry=RetryAdvice.FORBIDDEN,
+                              owner=Owner.NONE, purchase=purchase.id,
+                              operation=done.id if done else None)
+        active = _active_op(purchase)
+        if active:
+            raise DomainError("payment_unresolved", "Another operation on this purchase is "
+                              "not settled yet.", status=409, retry=RetryAdvice.FORBIDDEN,
+                              owner=Owner.RECONCILIATION, purchase=purchase.id,
+                              operation=active.id)
+        op = _create_op(purchase=purchase, kind=kind, amount=auth.amount, currency=auth.currency,
+                        parent=auth, provider_reference=auth.provider_reference,
+                        requested_by_client=api_client, requested_by_user=acting_user,
+                        is_compensation=False)
+        _history(purchase_id=purchase.id, operation=op, field="outcome", source="",
+                 target=op.outcome, cause="operation_created", actor=_actor(api_client,
+                                                                           acting_user))
+    return op
+
+
+def capture_create(*, purchase_id: str, api_client=None, acting_user=None) -> PaymentOperation:
+    return _linked_create(purchase_id=purchase_id, kind=OperationKind.CAPTURE,
+                          api_client=api_client, acting_user=acting_user, halt="checkout")
+
+
+def void_create(*, purchase_id: str, api_client=None, acting_user=None,
+                compensation: bool = False) -> PaymentOperation:
+    op = _linked_create(purchase_id=purchase_id, kind=OperationKind.VOID, api_client=api_client,
+                        acting_user=acting_user, halt="refunds")
+    if compensation:
+        PaymentOperation.objects.filter(id=op.id).update(is_compensation=True)
+        op.is_compensation = True
+    return op
+
+
+def _actor(api_client, acting_user) -> str:
+    if acting_user is not None:
+        return acting_user.get_username()
+    return api_client.name if api_client is not None else "system"
+
+
+def refund_request(*, purchase_id: str, amount: int | None = None, api_client=None,
+                   acting_user=None, compensation: bool = False) -> PaymentOperation:
+    """A refund starts `awaiting_approval` unless it is a compensation or within the
+    client's automatic-refund allowance (DESIGN §10.8)."""
+    if _halted("refunds"):
+        raise DomainError("workflow_halted", "Refunds are paused by an operator.", status=503,
+                          retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT, purchase=purchase_id)
+    with transaction.atomic():
+        purchase = lock_purchase(purchase_id)
+        if api_client is not None and purchase.api_client_id not in (None, api_client.id):
+            raise DomainError("not_found", "No such purchase.", status=404)
+        payment = purchase.operations.filter(kind__in=PAYMENT_KINDS,
+                                             outcome=Outcome.SUCCEEDED).first()
+        captured = _captured_amount(purchase)
+        refunded = (purchase.operations.filter(kind=OperationKind.REFUND)
+                    .exclude(outcome=Outcome.FAILED).aggregate(s=Sum("amount"))["s"] or 0)
+        refundable = captured - refunded
+        amount = refundable if amount is None else amount
+        if payment is None or captured <= 0:
+            raise DomainError("not_refundable", "Nothing was captured on this purchase.",
+                              status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                              purchase=purchase.id)
+        if not isinstance(amount, int) or amount <= 0 or amount > refundable:
+            raise DomainError("refund_exceeds_refundable",
+                              f"Refundable now: {refundable} {purchase.currency}.", status=422,
+                              retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                              purchase=purchase.id, extra={"refundable": refundable})
+        auto = compensation or (api_client is not None and acting_user is None
+                                and 0 < amount <= api_client.auto_refund_limit)
+        op = _create_op(purchase=purchase, kind=OperationKind.REFUND, amount=amount,
+                        currency=purchase.currency, parent=payment,
+                        requested_by_client=api_client, requested_by_user=acting_user,
+                        is_compensation=compensation,
+                        outcome=Outcome.PENDING if auto else Outcome.AWAITING_APPROVAL)
+        _history(purchase_id=purchase.id, operation=op, field="outcome", source="",
+                 target=op.outcome, cause="refund_requested",
+                 evidence={"compensation": compensation}, actor=_actor(api_client, acting_user))
+    return op
+
+
+def refund_approve(*, operation_id: str, acting_user, reason: str) -> PaymentOperation:
+    if not (reason or "").strip():
+        raise DomainError("reason_required", "A reason is required.", status=422)
+    with transaction.atomic():
+        purchase_id = (PaymentOperation.objects.filter(id=operation_id)
+                       .values_list("purchase_id", flat=True).first())
+        if purchase_id is None:
+            raise DomainError("not_found", "No such operation.", status=404)
+        purchase = lock_purchase(purchase_id)
+        op = lock_operation(operation_id)
+        if op.outcome != Outcome.AWAITING_APPROVAL:
+            raise DomainError("not_awaiting_approval", "This refund is not awaiting approval.",
+                              status=409, operation=op.id, purchase=purchase.id)
+        if acting_user is None or op.requested_by_user_id == acting_user.id:
+            raise DomainError("approver_is_requester", "The person who requested a refund "
+                              "cannot approve it.", status=403, operation=op.id,
+                              purchase=purchase.id, owner=Owner.SUPPORT)
+        if _active_op(purchase):
+            raise DomainError("payment_unresolved", "Another operation on this purchase is "
+                              "not settled yet.", status=409, operation=op.id,
+                              purchase=purchase.id, owner=Owner.RECONCILIATION)
+        op.approved_by_user = acting_user
+        _op_to(op, "approve", cause="refund_approved", actor=acting_user.get_username(),
+               evidence={"reason": reason}, fields=("approved_by_user",))
+        _audit(actor=acting_user.get_username(), action="refund_approve", op=op, reason=reason)
+    return op
+
+
+def _audit(*, actor: str, action: str, op: PaymentOperation, reason: str,
+           detail: dict | None = None) -> None:
+    from support.models import AuditEntry
+
+    AuditEntry.objects.create(actor=actor, action=action, target_type="operation",
+                              target_id=op.id, purchase_id=op.purchase_id, reason=reason,
+                              detail=detail or {})
+
+
+# -- spending limits ---------------------------------------------------------------------
+def _period_start(client: ApiClient, now=None):
+    now = now or timezone.now()
+    if client.limit_period == LimitPeriod.DAY:
+        return now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if client.limit_period == LimitPeriod.MONTH:
+        return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return None
+
+
+def client_limits(client: ApiClient) -> dict:
+    """limit, consumed, reserved, unknown_exposure (current period; a hold counts in the
+    period it was reserved in until it settles)."""
+    start = _period_start(client)
+    holds = Hold.objects.filter(api_client=client)
+    consumed_q = holds.filter(state=HoldState.CONSUMED)
+    if start is not None:
+        consumed_q = consumed_q.filter(period_start=start)
+    reserved_q = holds.filter(state=HoldState.RESERVED)
+    consumed = consumed_q.aggregate(s=Sum("amount"))["s"] or 0
+    reserved = reserved_q.aggregate(s=Sum("amount"))["s"] or 0
+    unknown = (reserved_q.filter(operation__outcome=Outcome.UNKNOWN)
+               .aggregate(s=Sum("amount"))["s"] or 0)
+    return {"limit": client.spending_limit, "currency": client.currency, "consumed": consumed,
+            "reserved": reserved, "unknown_exposure": unknown,
+            "available": (max(client.spending_limit - consumed - reserved, 0)
+                          if client.spending_limit else None),
+            "period": client.limit_period}
+
+
+def _check_limit(client: ApiClient | None, amount: int) -> None:
+    if client is None or not client.spending_limit:
+        return
+    figures = client_limits(client)
+    if figures["consumed"] + figures["reserved"] + amount > client.spending_limit:
+        raise DomainError("spending_limit_exceeded", "This API client's spending limit does not "
+                          "cover this amount.", status=409, retry=RetryAdvice.FORBIDDEN,
+                          owner=Owner.SUPPORT, extra={"limits": figures})
+
+
+def _hold_client(op: PaymentOperation) -> ApiClient | None:
+    if op.requested_by_client_id:
+        return op.requested_by_client
+    if op.kind != OperationKind.REFUND:
+        return op.purchase.api_client
+    return None
+
+
+def _hold_reserve(op: PaymentOperation) -> bool:
+    """Reserve at the claim, under the client's row lock. False = limit exceeded."""
+    client = _hold_client(op)
+    if client is None:
+        return True
+    client = lock_client(client.id)
+    if client.spending_limit:
+        figures = client_limits(client)
+        if figures["consumed"] + figures["reserved"] + op.amount > client.spending_limit:
+            return False
+    Hold.objects.bulk_create([Hold(api_client=client, operation=op, amount=op.amount,
+                                   currency=op.currency, period_start=_period_start(client))],
+                             ignore_conflicts=True)
+    return True
+
+
+def _hold_settle(op: PaymentOperation, *, succeeded: bool) -> None:
+    """consume on charge/capture success; release on failure, void, or manual failed."""
+    if op.kind in (OperationKind.CHARGE, OperationKind.REFUND):
+        Hold.objects.filter(operation=op, state=HoldState.RESERVED).update(
+            state=HoldState.CONSUMED if succeeded else HoldState.RELEASED,
+            updated_at=timezone.now())
+    elif op.kind == OperationKind.AUTHORIZE and not succeeded:
+        Hold.objects.filter(operation=op, state=HoldState.RESERVED).update(
+            state=HoldState.RELEASED, updated_at=timezone.now())
+    elif op.kind == OperationKind.CAPTURE and succeeded:
+        Hold.objects.filter(operation_id=op.parent_id, state=HoldState.RESERVED).update(
+            state=HoldState.CONSUMED, updated_at=timezone.now())
+    elif op.kind == OperationKind.VOID and succeeded:
+        Hold.objects.filter(operation_id=op.parent_id, state=HoldState.RESERVED).update(
+            state=HoldState.RELEASED, updated_at=timezone.now())
+
+
+# -- applying what the provider said -----------------------------------------------------
+def _expected_amount(op: PaymentOperation) -> int:
+    if op.kind in (OperationKind.CAPTURE, OperationKind.VOID) and op.parent_id:
+        return op.parent.amount
+    return op.amount
+
+
+def _mismatch(op: PaymentOperation, obj: ProviderObject) -> str:
+    """Why this provider object cannot be this operation's, or ''."""
+    expected_type = "refund" if op.kind == OperationKind.REFUND else "payment_intent"
+    if obj.object_type != expected_type:
+        return f"object type {obj.object_type}"
+    if op.provider_reference and obj.id != op.provider_reference:
+        return "provider reference"
+    meta = obj.metadata or {}
+    allowed_ops = {op.id, op.parent_id} if op.parent_id else {op.id}
+    if meta.get("operation_id") and meta["operation_id"] not in allowed_ops:
+        return "operation metadata"
+    if meta.get("purchase_id") and meta["purchase_id"] != op.purchase_id:
+        return "purchase"
+    if (meta.get("customer_reference")
+            and meta["customer_reference"] != op.purchase.customer_reference):
+        return "customer reference"
+    if obj.amount != _expected_amount(op):
+        return "amount"
+    if obj.currency.lower() != op.currency.lower():
+        return "currency"
+    expected_accounts = {"", settings.STRIPE_ACCOUNT or "", op.provider_account or ""}
+    if (obj.account or "") not in expected_accounts:
+        return "account"
+    return ""
+
+
+_FAIL_REASONS = {"card_declined": Reason.CARD_DECLINED, "generic_decline": Reason.CARD_DECLINED,
+                 "insufficient_funds": Reason.CARD_DECLINED}
+
+
+def _settle_effects(purchase: Purchase, op: PaymentOperation, *, cause: str, actor: str) -> None:
+    """What follows an outcome change: holds, purchase status, outbox. Same transaction."""
+    o = op.outcome
+    if o in (Outcome.SUCCEEDED, Outcome.FAILED):
+        _hold_settle(op, succeeded=o == Outcome.SUCCEEDED)
+        outbox_put(category=OutboxCategory.OPERATION_SETTLED, payload={"operation": op.id},
+                   dedupe_key=f"settled:{op.id}")
+    if op.kind in PAYMENT_KINDS:
+        name = {Outcome.SUCCEEDED: "mark_paid", Outcome.FAILED: "mark_payment_failed",
+                Outcome.UNKNOWN: "mark_payment_unknown",
+                Outcome.AWAITING_BUYER: "mark_action_required",
+                Outcome.AWAITING_PROVIDER: "mark_payment_pending"}.get(o)
+        if name and _purchase_to(purchase, name, cause=cause, actor=actor) and o == Outcome.SUCCEEDED:
+            outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase.id},
+                       dedupe_key=f"steps:{purchase.id}")
+    elif op.kind == OperationKind.VOID and o == Outcome.SUCCEEDED:
+        _purchase_to(purchase, "mark_voided", cause=cause, actor=actor)
+    elif op.kind == OperationKind.REFUND:
+        if o == Outcome.SUCCEEDED:
+            refunded = (purchase.operations.filter(kind=OperationKind.REFUND,
+                                                   outcome=Outcome.SUCCEEDED)
+                        .aggregate(s=Sum("amount"))["s"] or 0)
+            if refunded >= _captured_amount(purchase):
+                _purchase_to(purchase, "mark_refunded", cause=cause, actor=actor)
+        elif o == Outcome.AWAITING_PROVIDER:
+            _purchase_to(purchase, "mark_refund_pending", cause=cause, actor=actor)
+
+
+def _schedule_reconcile(op: PaymentOperation, *, first: bool) -> None:
+    schedule = settings.RECONCILE_SCHEDULE_SECONDS
+    now = timezone.now()
+    if first:
+        op.reconcile_attempts = 0
+        op.reconcile_deadline = now + timedelta(seconds=settings.RECONCILE_DEADLINE_SECONDS)
+    delay = schedule[min(op.reconcile_attempts, len(schedule) - 1)]
+    op.next_reconcile_at = now + timedelta(seconds=delay)
+    op.next_action_owner = Owner.RECONCILIATION
+    op.save(update_fields=["reconcile_attempts", "reconcile_deadline", "next_reconcile_at",
+                           "next_action_owner", "updated_at"])
+    outbox_put(category=OutboxCategory.RECONCILE, payload={"operation": op.id},
+               dedupe_key=f"reconcile:{op.id}", delay_seconds=delay)
+
+
+def _apply_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *, grade: str,
+                  verification: str, cause: str, actor: str, evidence: dict,
+                  reason: str = "", obj: ProviderObject | None = None) -> ApplyResult:
+    current = op.outcome
+    if current in (Outcome.SUCCEEDED, Outcome.FAILED):
+        if target == current:
+            if op.grade == Grade.ACKNOWLEDGED and grade == Grade.CONFIRMED:
+                op.grade, op.verification = grade, verification  # evidence upgrades a manual
+                op.save(update_fields=["grade", "verification", "updated_at"])
+                return ApplyResult.APPLIED
+            return ApplyResult.NO_CHANGE
+        if target in (Outcome.SUCCEEDED, Outcome.FAILED):
+            return ApplyResult.CONFLICT
+        return ApplyResult.STALE  # a late non-terminal never regresses a terminal outcome
+    if target == current:
+        return ApplyResult.NO_CHANGE
+    fields = ["grade", "verification", "reason", "provider_status", "provider_reference",
+              "provider_charge", "next_action_owner", "settled_at"]
+    if obj is not None:
+        op.provider_status = obj.status
+        op.provider_reference = op.provider_reference or obj.id
+        op.provider_charge = obj.latest_charge or op.provider_charge
+    if target in (Outcome.SUCCEEDED, Outcome.FAILED):
+        op.grade, op.verification = grade, verification
+        op.settled_at = timezone.now()
+        op.next_action_owner = Owner.NONE
+        op.next_reconcile_at = None
+        fields.append("next_reconcile_at")
+        if target == Outcome.FAILED:
+            op.reason = reason or _FAIL_REASONS.get(obj.failure_code if obj else "",
+                                                    Reason.PROVIDER_FAILED)
+            if op.kind in PAYMENT_KINDS:
+                op.next_action_owner = Owner.BUYER
+        name = "settle_succeeded" if target == Outcome.SUCCEEDED else "settle_failed"
+    elif target == Outcome.AWAITING_BUYER:
+        op.next_action_owner, name = Owner.BUYER, "mark_awaiting_buyer"
+    elif target == Outcome.AWAITING_PROVIDER:
+        op.next_action_owner, name = Owner.RECONCILIATION, "mark_awaiting_provider"
+    elif target == Outcome.UNKNOWN:
+        op.next_action_owner, name = Owner.RECONCILIATION, "mark_unknown"
+    else:
+        return ApplyResult.NO_CHANGE
+    _op_to(op, name, cause=cause, actor=actor, evidence=evidence, fields=tuple(fields))
+    if target in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER):
+        _schedule_reconcile(op, first=current not in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER,
+                                                      Outcome.AWAITING_BUYER))
+    _settle_effects(purchase, op, cause=cause, actor=actor)
+    return ApplyResult.APPLIED
+
+
+def operation_apply_observation(*, operation_id: str, obj: ProviderObject, source: str,
+                                cause: str, actor: str = "") -> ApplyResult:
+    """THE one place a provider observation (sync answer, read-back, webhook) changes an
+    operation. Checks that the object is this operation's before anything is applied."""
+    with transaction.atomic():
+        purchase_id = (PaymentOperation.objects.filter(id=operation_id)
+                       .values_list("purchase_id", flat=True).get())
+        purchase = lock_purchase(purchase_id)
+        op = lock_operation(operation_id)
+        why = _mismatch(op, obj)
+        if why:
+            _history(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
+                     target=op.outcome, cause=f"mismatch:{why}", evidence=obj.safe_fields(),
+                     actor=actor)
+            return ApplyResult.MISMATCH
+        target = outcome_from_object(obj, kind=op.kind)
+        if target is None:
+            return ApplyResult.NO_CHANGE
+        return _apply_locked(purchase, op, target, grade=Grade.CONFIRMED, verification=source,
+                             cause=cause, actor=actor, evidence=obj.safe_fields(), obj=obj)
+
+
+def _settle_without_object(operation_id: str, target: Outcome, *, reason: str, cause: str,
+                           evidence: dict | None = None,
+                           verification: str = Verification.UNVERIFIED) -> None:
+    """failed with evidence that is not an object (not_sent thrice, declined without
+    object, never confirmed) or unknown."""
+    with transaction.atomic():
+        purchase_id = (PaymentOperation.objects.filter(id=operation_id)
+                       .values_list("purchase_id", flat=True).get())
+        purchase = lock_purchase(purchase_id)
+        op = lock_operation(operation_id)
+        grade = Grade.CONFIRMED if target == Outcome.FAILED else Grade.NONE
+        _apply_locked(purchase, op, target, grade=grade, verification=verification,
+                      cause=cause, actor="dispatcher", evidence=evidence or {}, reason=reason)
+
+
+# -- dispatch: claim in a transaction, call outside, apply in a transaction ---------------
+def _provider():
+    from .providers.stripe import get_provider
+
+    return get_provider()
+
+
+def _claim(operation_id: str, step: str, *, attempt: int = 1, from_pending: bool = False,
+           confirm: bool = False) -> ProviderCall | None:
+    """Phase 1. Returns the claimed ProviderCall, or None if someone else owns the step or
+    the operation moved on (e.g. the dead-dispatch sweep settled it)."""
+    with transaction.atomic():
+        purchase_id = (PaymentOperation.objects.filter(id=operation_id)
+                       .values_list("purchase_id", flat=True).get())
+        purchase = lock_purchase(purchase_id)
+        op = lock_operation(operation_id)
+        if from_pending:
+            if op.outcome != Outcome.PENDING:
+                return None
+            op.dispatch_deadline = timezone.now() + timedelta(
+                seconds=settings.DISPATCH_LEASE_SECONDS)
+            _op_to(op, "start_dispatch", cause=f"claim:{step}", actor="dispatcher",
+                   fields=("dispatch_deadline",))
+        elif op.outcome != Outcome.DISPATCHING:
+            return None
+        try:
+            with transaction.atomic():
+                call = ProviderCall.objects.create(
+                    operation=op, purpose=CallPurpose.DISPATCH, step=step, attempt=attempt,
+                    key=op.provider_key(step))
+        except IntegrityError:
+            return None  # invariant 2: this step was already claimed
+        if confirm or (from_pending and op.kind == OperationKind.REFUND):
+            if not _hold_reserve(op):
+                _apply_locked(purchase, op, Outcome.FAILED, grade=Grade.CONFIRMED,
+                              verification=Verification.UNVERIFIED, cause="limit_at_claim",
+                              actor="dispatcher", evidence={},
+                              reason="spending_limit_exceeded")
+                call.delete()
+                return None
+        if confirm:
+            op.confirm_claimed_at = timezone.now()
+            op.save(update_fields=["confirm_claimed_at", "updated_at"])
+        return call
+
+
+def _record_call(call: ProviderCall, result: CallResult) -> None:
+    ProviderCall.objects.filter(id=call.id).update(
+        http_status=result.http_status, classification=result.classification,
+        request_id=result.request_id[:100], error_code=result.error_code[:64],
+        fault_drill=result.fault_drill, finished_at=timezone.now(),
+        safe_fields=result.object.safe_fields() if result.object else {"detail": result.detail})
+
+
+def _send(operation_id: str, step: str, first_call: ProviderCall, fn) -> CallResult:
+    """Phase 2, outside any transaction. Resends the same step key only for answers that
+    prove nothing was applied (not_sent, 429/should-retry), each resend claimed anew."""
+    call, attempt = first_call, 1
+    while True:
+        assert_no_transaction_outside_transaction()
+        result = fn()
+        _record_call(call, result)
+        resend = (result.classification == Classification.NOT_SENT and attempt <= NOT_SENT_RESENDS
+                  ) or (result.classification == Classification.RETRYABLE
+                        and attempt <= RETRYABLE_RESENDS)
+        if not resend:
+            return result
+        attempt += 1
+        call = _claim(operation_id, step, attempt=attempt)
+        if call is None:
+            return CallResult(Classification.IN_FLIGHT)
+
+
+def _outcome_after_call(op: PaymentOperation, step: str, result: CallResult) -> None:
+    """Phase 3 for a money-moving step's answer."""
+    cls = result.classification
+    if cls == Classification.IN_FLIGHT:
+        return
+    if cls == Classification.OK and result.object is not None:
+        applied = operation_apply_observation(operation_id=op.id, obj=result.object,
+                                              source=Verification.PROVIDER,
+                                              cause=f"{step}_answer")
+        current = PaymentOperation.objects.values_list("outcome", flat=True).get(id=op.id)
+        if applied == ApplyResult.MISMATCH or current == Outcome.DISPATCHING:
+            _settle_without_object(op.id, Outcome.UNKNOWN, reason="", cause=f"{step}_no_verdict",
+                                   evidence=result.object.safe_fields())
+        return
+    if cls == Classification.DECLINED:
+        if result.object is not None:
+            operation_apply_observation(operation_id=op.id, obj=result.object,
+                                        source=Verification.PROVIDER, cause=f"{step}_declined")
+        current = PaymentOperation.objects.values_list("outcome", flat=True).get(id=op.id)
+        if current == Outcome.DISPATCHING:
+            _settle_without_object(op.id, Outcome.FAILED, reason=Reason.CARD_DECLINED,
+                                   cause=f"{step}_declined", verification=Verification.PROVIDER,
+                                   evidence={"http_status": result.http_status,
+                                             "code": result.error_code})
+        return
+    if cls in (Classification.NOT_SENT, Classification.RETRYABLE):
+        # Provably not applied, resends exhausted: fail with evidence (retry: new_operation).
+        _settle_without_object(op.id, Outcome.FAILED, reason=Reason.PROVIDER_UNREACHABLE,
+                               cause=f"{step}_{cls}", evidence={"classification": cls})
+        return
+    if cls == Classification.REJECTED:
+        # A 4xx on a non-create step: the object decides (e.g. a second confirm is a bare
+        # 400 at localstripe, yet the first may have succeeded).
+        read = _read_back(PaymentOperation.objects.get(id=op.id))
+        if read.classification == Classification.OK and read.object is not None:
+            operation_apply_observation(operation_id=op.id, obj=read.object,
+                                        source=Verification.PROVIDER, cause=f"{step}_readback")
+        current = PaymentOperation.objects.values_list("outcome", flat=True).get(id=op.id)
+        if current == Outcome.DISPATCHING:
+            _settle_without_object(op.id, Outcome.UNKNOWN, reason="",
+                                   cause=f"{step}_rejected_no_verdict",
+                                   evidence={"http_status": result.http_status})
+        return
+    _settle_without_object(op.id, Outcome.UNKNOWN, reason="", cause=f"{step}_{cls}",
+                           evidence={"http_status": result.http_status,
+                                     "fault_drill": result.fault_drill, "detail": result.detail})
+
+
+def _metadata(op: PaymentOperation) -> dict:
+    return {"operation_id": op.id, "purchase_id": op.purchase_id,
+            "customer_reference": op.purchase.customer_reference}
+
+
+def _dispatch_payment(op: PaymentOperation) -> None:
+    provider = _provider()
+    call = _claim(op.id, CallStep.CREATE, from_pending=True)
+    if call is None:
+        return
+    result = _send(op.id, CallStep.CREATE, call, lambda: provider.create_payment_intent(
+        key=op.provider_key(CallStep.CREATE), amount=op.amount, currency=op.currency,
+        payment_method=op.payment_method, capture_method=op.capture_method,
+        metadata=_metadata(op)))
+    if result.classification == Classification.IN_FLIGHT:
+        return
+    if result.classification != Classification.OK or result.object is None:
+        # Create never moves money and confirm was never claimed: whatever happened, this
+        # operation cannot have charged (DESIGN §10.2).
+        reason = {Classification.DECLINED: Reason.CARD_DECLINED,
+                  Classification.REJECTED: Reason.INVALID_REQUEST,
+                  Classification.NOT_SENT: Reason.PROVIDER_UNREACHABLE,
+                  Classification.RETRYABLE: Reason.PROVIDER_UNREACHABLE}.get(
+            result.classification, Reason.NOT_CONFIRMED)
+        _settle_without_object(op.id, Outcome.FAILED, reason=reason, cause="create_failed",
+                               evidence={"classification": result.classification,
+                                         "http_status": result.http_status})
+        return
+    with transaction.atomic():
+        locked = lock_operation(op.id)
+        if _mismatch(locked, result.object) in ("", "provider reference"):
+            locked.provider_reference = result.object.id
+            locked.save(update_fields=["provider_reference", "updated_at"])
+    call = _claim(op.id, CallStep.CONFIRM, confirm=True)
+    if call is None:
+        return
+    intent_id = result.object.id
+    result = _send(op.id, CallStep.CONFIRM, call, lambda: provider.confirm_payment_intent(
+        key=op.provider_key(CallStep.CONFIRM), intent_id=intent_id))
+    _outcome_after_call(op, CallStep.CONFIRM, result)
+
+
+_LINKED_STEP = {OperationKind.CAPTURE: CallStep.CAPTURE, OperationKind.VOID: CallStep.CANCEL,
+                OperationKind.REFUND: CallStep.REFUND}
+
+
+def _dispatch_linked(op: PaymentOperation) -> None:
+    provider = _provider()
+    step = _LINKED_STEP[op.kind]
+    call = _claim(op.id, step, from_pending=True)
+    if call is None:
+        return
+    parent_ref = op.parent.provider_reference if op.parent_id else op.provider_reference
+    key = op.provider_key(step)
+    if op.kind == OperationKind.CAPTURE:
+        fn = lambda: provider.capture_payment_intent(key=key, intent_id=parent_ref)  # noqa: E731
+    elif op.kind == OperationKind.VOID:
+        fn = lambda: provider.cancel_payment_intent(key=key, intent_id=parent_ref)  # noqa: E731
+    else:
+        fn = lambda: provider.create_refund(key=key, intent_id=parent_ref, amount=op.amount,  # noqa: E731
+                                            metadata=_metadata(op))
+    result = _send(op.id, step, call, fn)
+    _outcome_after_call(op, step, result)
+
+
+def operation_dispatch(*, operation_id: str) -> PaymentOperation:
+    """Send one operation to the provider, at most once. No transaction may be open."""
+    assert_no_transaction_outside_transaction()
+    op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
+    if op.outcome == Outcome.PENDING:
+        if op.kind in PAYMENT_KINDS:
+            _dispatch_payment(op)
+        else:
+            _dispatch_linked(op)
+    return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
+# -- read-back -----------------------------------------------------------------------------
+def _read_back(op: PaymentOperation) -> CallResult:
+    """Read-only: by provider reference, else by metadata. Records a reconcile call."""
+    provider = _provider()
+    if op.kind == OperationKind.REFUND:
+        if op.provider_reference:
+            step, result = CallStep.RETRIEVE, provider.retrieve_refund(op.provider_reference)
+        else:
+            step, result = CallStep.LIST, provider.find_by_metadata(object_type="refund",
+                                                                    operation_id=op.id)
+    else:
+        ref = op.provider_reference or (op.parent.provider_reference if op.parent_id else "")
+        if ref:
+            step, result = CallStep.RETRIEVE, provider.retrieve_payment_intent(ref)
+        else:
+            step, result = CallStep.LIST, provider.find_by_metadata(
+                object_type="payment_intent", operation_id=op.parent_id or op.id)
+    attempt = op.provider_calls.filter(purpose=CallPurpose.RECONCILE).count() + 1
+    call = ProviderCall.objects.create(operation=op, purpose=CallPurpose.RECONCILE, step=step,
+                                       attempt=attempt)
+    _record_call(call, result)
+    return result
+
+
+def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> PaymentOperation:
+    """Read the provider's record and apply it. Never writes to the provider. Nothing
+    found or provider unavailable keeps `unknown` (absence of evidence is not failure)."""
+    assert_no_transaction_outside_transaction()
+    op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
+    if op.is_terminal:
+        raise DomainError("already_settled", f"This operation is already {op.outcome}.",
+                          status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                          purchase=op.purchase_id, operation=op.id)
+    if op.outcome in (Outcome.PENDING, Outcome.AWAITING_APPROVAL):
+        raise DomainError("not_dispatched", "This operation was never sent to the provider.",
+                          status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                          purchase=op.purchase_id, operation=op.id)
+    result = _read_back(op)
+    if result.classification == Classification.OK and result.object is not None:
+        operation_apply_observation(operation_id=op.id, obj=result.object,
+                                    source=Verification.PROVIDER, cause="reconcile",
+                                    actor=actor)
+    with transaction.atomic():
+        purchase = lock_purchase(op.purchase_id)
+        op = lock_operation(operation_id)
+        if op.outcome in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER):
+            op.reconcile_attempts += 1
+            _schedule_reconcile(op, first=False)
+            if (op.reconcile_deadline and timezone.now() >= op.reconcile_deadline
+                    and op.escalated_at is None):
+                op.stage, op.escalated_at = Stage.ESCALATED, timezone.now()
+                op.next_action_owner = Owner.SUPPORT
+                op.save(update_fields=["stage", "escalated_at", "next_action_owner",
+                                       "updated_at"])
+                _history(purchase_id=purchase.id, operation=op, field="outcome",
+                         source=op.outcome, target=op.outcome, cause="escalated",
+                         evidence={"recovery_owner": purchase.recovery_owner}, actor=actor)
+    return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
+def operations_sweep_dead_dispatches() -> int:
+    """A dispatch with no recorded outcome past its lease: its worker died. Never resend:
+    confirm claimed -> unknown (reconcile); confirm never claimed -> failed not_confirmed."""
+    count = 0
+    stale = PaymentOperation.objects.filter(outcome=Outcome.DISPATCHING,
+                                            dispatch_deadline__lt=timezone.now())
+    for op_id, purchase_id in list(stale.values_list("id", "purchase_id")[:500]):
+        with transaction.atomic():
+            purchase = lock_purchase(purchase_id)
+            op = lock_operation(op_id)
+            if op.outcome != Outcome.DISPATCHING or op.dispatch_deadline >= timezone.now():
+                continue
+            never_confirmed = op.kind in PAYMENT_KINDS and op.confirm_claimed_at is None
+            target = Outcome.FAILED if never_confirmed else Outcome.UNKNOWN
+            _apply_locked(purchase, op, target, grade=Grade.CONFIRMED if never_confirmed
+                          else Grade.NONE, verification=Verification.UNVERIFIED,
+                          cause="dead_dispatch", actor="sweeper", evidence={},
+                          reason=Reason.NOT_CONFIRMED if never_confirmed else "")
+            count += 1
+    return count
+
+
+# -- people --------------------------------------------------------------------------------
+def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, actor: str,
+                             acting_user=None, acting_client=None) -> PaymentOperation:
+    """A person settles what machines could not: grade acknowledged, verification manual."""
+    if not (reason or "").strip():
+        raise DomainError("reason_required", "A reason is required.", status=422)
+    if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):
+        raise DomainError("invalid_outcome", "outcome must be succeeded or failed.", status=422)
+    with transaction.atomic():
+        purchase_id = (PaymentOperation.objects.filter(id=operation_id)
+                       .values_list("purchase_id", flat=True).first())
+        if purchase_id is None:
+            raise DomainError("not_found", "No such operation.", status=404)
+        purchase = lock_purchase(purchase_id)
+        op = lock_operation(operation_id)
+        if (acting_client is not None and op.requested_by_client_id == acting_client.id) or (
+                acting_user is not None and op.requested_by_user_id == acting_user.id):
+            raise DomainError("resolver_is_requester", "The requester of an operation cannot "
+                              "resolve it.", status=403, operation=op.id, purchase=purchase.id,
+                              owner=Owner.SUPPORT)
+        if op.outcome not in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER):
+            raise DomainError("not_resolvable", f"An operation that is {op.outcome} cannot be "
+                              "resolved by hand.", status=409, operation=op.id,
+                              purchase=purchase.id, owner=Owner.NONE)
+        _apply_locked(purchase, op, Outcome(outcome), grade=Grade.ACKNOWLEDGED,
+                      verification=Verification.MANUAL, cause="manual_resolution", actor=actor,
+                      evidence={"reason": reason},
+                      reason=Reason.MANUAL if outcome == Outcome.FAILED else "")
+        from support.models import Resolution
+
+        Resolution.objects.create(operation_id=op.id, purchase_id=purchase.id, outcome=outcome,
+                                  reason=reason, actor=actor)
+        _audit(actor=actor, action="operation_resolve", op=op, reason=reason,
+               detail={"outcome": outcome})
+    return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
+def operation_replay(*, operation_id: str, actor: str, acting_client=None,
+                     acting_user=None) -> PaymentOperation:
+    """Resend the last write with the same provider key: only where the provider dedupes
+    keys (Stripe does, within its window; localstripe does not)."""
+    op = PaymentOperation.objects.filter(id=operation_id).first()
+    if op is None:
+        raise DomainError("not_found", "No such operation.", status=404)
+    if (acting_client is not None and op.requested_by_client_id == acting_client.id) or (
+            acting_user is not None and op.requested_by_user_id == acting_user.id):
+        raise DomainError("replayer_is_requester", "The requester cannot replay its own "
+                          "operation.", status=403, operation=op.id, purchase=op.purchase_id)
+    if not settings.STRIPE_DEDUPES_KEYS:
+        raise DomainError("replay_unsupported", "This provider does not deduplicate "
+                          "idempotency keys, so a replay could charge twice. Reconcile "
+                          "instead.", status=409, retry=RetryAdvice.FORBIDDEN,
+                          owner=Owner.RECONCILIATION, operation=op.id, purchase=op.purchase_id)
+    if op.outcome != Outcome.UNKNOWN:
+        raise DomainError("not_replayable", "Only an unknown operation can be replayed.",
+                          status=409, operation=op.id, purchase=op.purchase_id)
+    if op.created_at < timezone.now() - timedelta(hours=23):
+        raise DomainError("replay_window_closed", "The provider's idempotency window is over.",
+                          status=409, operation=op.id, purchase=op.purchase_id)
+    # With a deduplicating provider, the same key returns the original result: a read.
+    return operation_reconcile(operation_id=op.id, actor=actor)

@@ -1,0 +1,111 @@
+"""`Authorization: Api-Key <key>` -> the ApiClient, plus scope permissions and throttling.
+
+djangorestframework-api-key ships a *permission* class only; this authentication class
+returns the ApiClient as both `request.user` and `request.auth`, so throttles, audit rows
+and ownership checks key on the client (DESIGN §11).
+"""
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from rest_framework import exceptions
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.permissions import BasePermission
+from rest_framework.throttling import SimpleRateThrottle
+
+from .models import ApiClient
+
+logger = logging.getLogger(__name__)
+
+KEYWORD = "Api-Key"
+
+
+class ApiKeyAuthentication(BaseAuthentication):
+    keyword = KEYWORD
+
+    def authenticate(self, request):
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        if not header:
+            return None
+        scheme, _, key = header.partition(" ")
+        key = key.strip()
+        if scheme.lower() != self.keyword.lower() or not key:
+            raise exceptions.AuthenticationFailed()
+        try:
+            # get_from_key checks the hash, revocation and expiry (is_valid).
+            client = ApiClient.objects.get_from_key(key)
+        except ApiClient.DoesNotExist:
+            raise exceptions.AuthenticationFailed() from None
+        return (client, client)
+
+    def authenticate_header(self, request):
+        # Makes DRF answer 401 (not 403) when the header is missing or wrong.
+        return f'{self.keyword} realm="api"'
+
+
+def api_client_of(request) -> ApiClient | None:
+    auth = getattr(request, "auth", None)
+    return auth if isinstance(auth, ApiClient) else None
+
+
+class HasScope(BasePermission):
+    """Requires an authenticated ApiClient holding `view.required_scopes[method]`.
+
+    Views declare e.g. `required_scopes = {"GET": "purchases:read"}`; a method missing from
+    the map needs only authentication.
+    """
+
+    message = "This API key lacks the scope required for this request."
+
+    def has_permission(self, request, view) -> bool:
+        client = api_client_of(request)
+        if client is None:
+            return False  # DRF raises NotAuthenticated (no successful authenticator)
+        scope = getattr(view, "required_scopes", {}).get(request.method)
+        if scope and not client.has_scope(scope):
+            self.message = f"This API key lacks the '{scope}' scope."
+            return False
+        return True
+
+
+class ApiClientRateThrottle(SimpleRateThrottle):
+    """Per API client (or per address before authentication), in the shared cache.
+
+    The default throttle cache is per process; CACHES["default"] is Redis when REDIS_URL is
+    set, so every web process counts against the same window.
+    """
+
+    scope = "api_client"
+
+    def get_rate(self):
+        return settings.API_THROTTLE_RATE
+
+    def allow_request(self, request, view):
+        # Read the rate on every request so it can be changed by settings (and in tests).
+        self.rate = self.get_rate()
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+        try:
+            return super().allow_request(request, view)
+        except Exception:  # noqa: BLE001 - the cache is Redis; an outage must not 500
+            logger.warning("throttle cache unavailable; request allowed", exc_info=True)
+            return True
+
+    def get_cache_key(self, request, view):
+        client = api_client_of(request)
+        ident = f"client:{client.pk}" if client is not None else f"ip:{self.get_ident(request)}"
+        return self.cache_format % {"scope": self.scope, "ident": ident}
+
+
+try:  # documents the scheme in /api/schema/ (registration happens on import)
+    from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+    class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+        target_class = "payments.authentication.ApiKeyAuthentication"
+        name = "ApiKey"
+
+        def get_security_definition(self, auto_schema):
+            return {"type": "apiKey", "in": "header", "name": "Authorization",
+                    "description": "`Api-Key <key>` (keys are shown once at creation)."}
+except ImportError:  # pragma: no cover - drf-spectacular is a dependency
+    pass

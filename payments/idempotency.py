@@ -1,0 +1,183 @@
+"""The storefront's `Idempotency-Key` contract (DESIGN §6, §10.7).
+
+Scope: (API client, route name). The first request inserts its record with one
+`INSERT … ON CONFLICT DO NOTHING RETURNING id` (no read-then-write: two racing requests
+cannot both win), state `in_flight` with a lease. Then:
+
+- same key, same canonical body, record `done`  -> replay: 200 with the resource's
+  *current* state and `Idempotent-Replayed: true`;
+- same key, different body                     -> 422 `idempotency_key_reused`;
+- same key, in flight, lease running           -> 409 `request_in_progress` + Retry-After;
+- same key, in flight, lease expired           -> the request is taken over (a crashed
+  request's key is not stuck forever); the record's bound resource, if any, is resumed.
+
+A refusal made before any effect deletes the record so it does not bind the key. Once
+the effect exists the record names it (`resource_type`, `resource_id`) and is never
+deleted by a refusal again.
+
+The provider never sees this key: operations carry their own server-generated keys.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from .enums import RetryAdvice
+from .models import ApiClient, IdempotencyRecord
+from .problems import Problem
+
+HEADER = "Idempotency-Key"
+MAX_KEY_LENGTH = 255
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+def canonical_json(data) -> str:
+    """Key order and whitespace do not matter; values and types do."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def request_fingerprint(*, path: str, body) -> str:
+    # The route name is the scope; the concrete path (which purchase, which operation) is
+    # part of the request, so one key reused for another purchase is a different request.
+    return hashlib.sha256(f"{path}\n{canonical_json(body)}".encode()).hexdigest()
+
+
+def key_from_headers(headers) -> str:
+    key = (headers.get(HEADER) or "").strip()
+    if not key:
+        raise Problem(
+            code="idempotency_key_required", status=400, retry=RetryAdvice.SAME_KEY,
+            detail=f"This request creates an effect: send an {HEADER} header (a unique "
+                   "value per intended effect, reused only to retry that same request).",
+            action_message=f"Generate one {HEADER} for this intent, send it, and reuse it "
+                           "only when retrying this exact request.")
+    if len(key) > MAX_KEY_LENGTH or not key.isprintable():
+        raise Problem(code="invalid_request", status=400,
+                      detail=f"{HEADER} must be 1-{MAX_KEY_LENGTH} printable characters.")
+    return key
+
+
+@dataclass
+class Claim:
+    record: IdempotencyRecord
+    replay: bool = False       # a finished request: answer with the resource's current state
+    taken_over: bool = False   # the previous holder's lease expired; resume its resource
+
+    @property
+    def resource_id(self) -> str:
+        return self.record.resource_id
+
+
+def _lease_until():
+    return timezone.now() + timedelta(seconds=settings.IDEMPOTENCY_LEASE_SECONDS)
+
+
+def _insert_unsafe(*, api_client: ApiClient, route: str, key: str, fingerprint: str):
+    """INSERT … ON CONFLICT DO NOTHING RETURNING id -> new id, or None if the key exists.
+
+    bulk_create(ignore_conflicts=True) cannot tell us whether *this* request inserted the
+    row (no id comes back on conflict), which is the whole point; hence one raw statement.
+    """
+    table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
+    q = connection.ops.quote_name
+    now = timezone.now()
+    sql = (
+        f"INSERT INTO {table} ({q('api_client_id')}, {q('route')}, {q('key')}, "
+        f"{q('fingerprint')}, {q('state')}, {q('lease_until')}, {q('resource_type')}, "
+        f"{q('resource_id')}, {q('created_at')}) "
+        f"VALUES (%s, %s, %s, %s, %s, %s, '', '', %s) "
+        f"ON CONFLICT ({q('api_client_id')}, {q('route')}, {q('key')}) DO NOTHING "
+        f"RETURNING {q('id')}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [api_client.pk, route, key, fingerprint,
+                             IdempotencyRecord.State.IN_FLIGHT, _lease_until(), now])
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def idempotency_claim(*, api_client: ApiClient, route: str, key: str, path: str, body) -> Claim:
+    """Claim the key for this request, or raise the Problem the contract prescribes."""
+    fingerprint = request_fingerprint(path=path, body=body)
+    for _ in range(5):
+        new_id = _insert_unsafe(api_client=api_client, route=route, key=key,
+                                fingerprint=fingerprint)
+        if new_id is not None:
+            return Claim(record=IdempotencyRecord.objects.get(pk=new_id))
+        record = IdempotencyRecord.objects.filter(
+            api_client=api_client, route=route, key=key).first()
+        if record is None:
+            continue  # released by a refusal between our insert and read: try again
+        if record.fingerprint != fingerprint:
+            raise Problem(
+                code="idempotency_key_reused", status=422, retry=RetryAdvice.FORBIDDEN,
+                detail=f"This {HEADER} was already used for a different request body. "
+                       "A key names one intended effect; changing the body does not make "
+                       "it a new request.",
+                action_message="If this is a new intent, use a new key; if it is a retry, "
+                               "send the original body unchanged.",
+                extra={"resource": _resource_ref(record)})
+        if record.state == IdempotencyRecord.State.DONE:
+            return Claim(record=record, replay=True)
+        now = timezone.now()
+        if record.lease_until > now:
+            wait = max(1, math.ceil((record.lease_until - now).total_seconds()))
+            raise Problem(
+                code="request_in_progress", status=409, retry=RetryAdvice.SAME_KEY,
+                detail="A request with this Idempotency-Key is still being processed.",
+                action_message=f"Wait {wait} s and send the same request with the same key; "
+                               "do not use a new key.",
+                headers={"Retry-After": str(wait)}, extra={"resource": _resource_ref(record)})
+        # The holder's lease expired (it crashed or hung): compare-and-set takes it over.
+        taken = IdempotencyRecord.objects.filter(
+            pk=record.pk, state=IdempotencyRecord.State.IN_FLIGHT,
+            lease_until=record.lease_until,
+        ).update(lease_until=_lease_until())
+        if taken:
+            record.refresh_from_db()
+            return Claim(record=record, taken_over=True)
+    raise Problem(code="request_in_progress", status=409, retry=RetryAdvice.SAME_KEY,
+                  detail="A request with this Idempotency-Key is still being processed.",
+                  headers={"Retry-After": "1"})
+
+
+def idempotency_bind(claim: Claim, *, resource_type: str, resource_id: str) -> None:
+    """Name the effect. Call in the same transaction that creates it."""
+    IdempotencyRecord.objects.filter(pk=claim.record.pk).update(
+        resource_type=resource_type, resource_id=resource_id)
+    claim.record.resource_type = resource_type
+    claim.record.resource_id = resource_id
+
+
+def idempotency_complete(claim: Claim, *, status: int) -> None:
+    IdempotencyRecord.objects.filter(pk=claim.record.pk).update(
+        state=IdempotencyRecord.State.DONE, response_status=status)
+    claim.record.state = IdempotencyRecord.State.DONE
+    claim.record.response_status = status
+
+
+def idempotency_release(claim: Claim) -> None:
+    """A refusal before any effect: the key stays free for a corrected request."""
+    IdempotencyRecord.objects.filter(
+        pk=claim.record.pk, state=IdempotencyRecord.State.IN_FLIGHT, resource_id="",
+    ).delete()
+
+
+def _resource_ref(record: IdempotencyRecord) -> dict | None:
+    if not record.resource_id:
+        return None
+    return {"type": record.resource_type, "id": record.resource_id}
+
+
+__all__ = [
+    "HEADER", "REPLAYED_HEADER", "Claim", "canonical_json", "idempotency_bind",
+    "idempotency_claim", "idempotency_complete", "idempotency_release", "key_from_headers",
+    "request_fingerprint",
+]

@@ -1,0 +1,30 @@
+"""Row-lock helpers. Lock order, always: Purchase -> PaymentOperation -> ApiClient.
+
+Two code paths never lock the same rows in a different order, so they cannot deadlock.
+`of=("self",)` keeps PostgreSQL from locking joined rows.
+"""
+from __future__ import annotations
+
+from django.db import transaction
+
+from .models import ApiClient, PaymentOperation, Purchase
+
+
+def lock_purchase(purchase_id: str) -> Purchase:
+    return Purchase.objects.select_for_update(of=("self",)).get(id=purchase_id)
+
+
+def lock_operation(operation_id: str) -> PaymentOperation:
+    # django-fsm protected fields: reload with select_for_update().get(), never
+    # refresh_from_db.
+    return PaymentOperation.objects.select_for_update(of=("self",)).get(id=operation_id)
+
+
+def lock_client(client_id: int) -> ApiClient:
+    return ApiClient.objects.select_for_update(of=("self",)).get(id=client_id)
+
+
+def assert_no_transaction_outside_transaction() -> None:
+    """Provider calls are network I/O: never inside a database transaction."""
+    if transaction.get_connection().in_atomic_block:
+        raise RuntimeError("provider call attempted inside a database transaction")

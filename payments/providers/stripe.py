@@ -1,0 +1,332 @@
+"""The Stripe adapter: the only module that calls the Stripe SDK for money movements.
+
+It maps SDK answers and errors to Verity's own classification (DESIGN §4, §10.3):
+  - 2xx                                   -> OK with the object's safe fields
+  - 402 card error                        -> DECLINED
+  - other 4xx                             -> REJECTED (the service reads back on non-create)
+  - no connection was ever established    -> NOT_SENT (safe to resend with the same key)
+  - timeout/reset after writing, 5xx, 409, idempotency error -> UNKNOWN
+  - 429 / Stripe-Should-Retry: true       -> RETRYABLE (nothing applied)
+The SDK's own retries are off (max_network_retries=0): Verity decides what is resent.
+
+Fault drills (`FaultDrillHTTPClient`) wrap the SDK's HTTP client; they are armed per
+provider key and refused for live keys.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+
+import requests
+import stripe
+import urllib3
+from django.conf import settings
+
+from payments.enums import Classification
+
+from .base import CallResult, ProviderObject
+
+LIST_PAGE_LIMIT = 100
+LIST_MAX_PAGES = 20
+
+
+class DrillMode:
+    DROP_RESPONSE_AFTER_SEND = "drop_response_after_send"
+    TIMEOUT_BEFORE_SEND = "timeout_before_send"
+    RESET_AFTER_WRITE = "reset_after_write"
+    HTTP_500 = "http_500"
+    HTTP_409 = "http_409"
+    ALL = (DROP_RESPONSE_AFTER_SEND, TIMEOUT_BEFORE_SEND, RESET_AFTER_WRITE, HTTP_500, HTTP_409)
+
+
+class DrillRefused(Exception):
+    pass
+
+
+@dataclass
+class _ArmedDrill:
+    mode: str
+    times: int
+
+
+class FaultDrillHTTPClient(stripe.HTTPClient):
+    """Wraps the real HTTP client; injects one failure mode on matching requests.
+
+    A drill is armed for a provider key prefix (an operation's key) and a step; it fires
+    `times` times. Nothing is faked about the provider itself: "after send" modes really
+    send the request, and the provider really applies it.
+    """
+
+    name = "verity-fault-drill"
+
+    def __init__(self, inner: stripe.HTTPClient) -> None:
+        super().__init__()
+        self._inner = inner
+        self._lock = threading.Lock()
+        self._armed: dict[tuple[str, str], _ArmedDrill] = {}
+
+    def arm(self, *, key_prefix: str, step: str, mode: str, times: int = 1) -> None:
+        if mode not in DrillMode.ALL:
+            raise ValueError(f"unknown drill {mode}")
+        with self._lock:
+            self._armed[(key_prefix, step)] = _ArmedDrill(mode, times)
+
+    def disarm_all(self) -> None:
+        with self._lock:
+            self._armed.clear()
+
+    def _take(self, headers) -> str:
+        key = (headers or {}).get("Idempotency-Key", "")
+        if ":" not in key:
+            return ""
+        prefix, step = key.rsplit(":", 1)
+        with self._lock:
+            armed = self._armed.get((prefix, step))
+            if not armed or armed.times <= 0:
+                return ""
+            armed.times -= 1
+            return armed.mode
+
+    def request(self, method, url, headers, post_data=None, *, _usage=None):
+        mode = self._take(headers)
+        drill_header = {"Verity-Fault-Drill": mode} if mode else {}
+        if mode == DrillMode.TIMEOUT_BEFORE_SEND:
+            raise stripe.APIConnectionError("fault drill: connect timeout",
+                                            should_retry=False) from requests.exceptions.ConnectTimeout(
+                urllib3.exceptions.ConnectTimeoutError(None, "fault drill"))
+        if mode == DrillMode.HTTP_409:
+            body = json.dumps({"error": {"type": "invalid_request_error",
+                                         "code": "idempotency_key_in_use",
+                                         "message": "fault drill: key in use"}})
+            return body, 409, drill_header
+        body, status, resp_headers = self._inner.request(method, url, headers, post_data)
+        if mode == DrillMode.DROP_RESPONSE_AFTER_SEND:
+            raise stripe.APIConnectionError("fault drill: response dropped",
+                                            should_retry=False) from requests.exceptions.ReadTimeout()
+        if mode == DrillMode.RESET_AFTER_WRITE:
+            raise stripe.APIConnectionError("fault drill: connection reset",
+                                            should_retry=False) from requests.exceptions.ConnectionError(
+                urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError()))
+        if mode == DrillMode.HTTP_500:
+            body = json.dumps({"error": {"type": "api_error", "message": "fault drill"}})
+            return body, 500, {**dict(resp_headers or {}), **drill_header}
+        return body, status, resp_headers
+
+    def close(self):
+        self._inner.close()
+
+
+def _never_connected(exc: stripe.APIConnectionError) -> bool:
+    """True only when the request provably never left: no connection was established."""
+    cause = exc.__cause__
+    if isinstance(cause, requests.exceptions.ConnectTimeout):
+        return True
+    if isinstance(cause, requests.exceptions.ConnectionError) and cause.args:
+        reason = getattr(cause.args[0], "reason", cause.args[0])
+        return isinstance(reason, (urllib3.exceptions.NewConnectionError,
+                                   urllib3.exceptions.ConnectTimeoutError,
+                                   urllib3.exceptions.NameResolutionError))
+    return False
+
+
+def _as_dict(value):
+    return value.to_dict() if hasattr(value, "to_dict") else value
+
+
+def _str(value) -> str:
+    value = _as_dict(value)
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return str(getattr(value, "id", "") or (value.get("id", "") if hasattr(value, "get") else ""))
+
+
+def normalise(data, *, account: str = "") -> ProviderObject:
+    """Safe fields of a PaymentIntent or Refund (SDK object or plain dict)."""
+    data = _as_dict(data)
+    get = data.get
+    object_type = get("object") or ""
+    error = get("last_payment_error") or None
+    failure_code = ""
+    if error:
+        failure_code = (error.get("decline_code") or error.get("code") or "card_error")
+    elif object_type == "refund":
+        failure_code = get("failure_reason") or ""
+    metadata = get("metadata") or {}
+    return ProviderObject(
+        object_type=object_type,
+        id=get("id") or "",
+        status=get("status") or "",
+        amount=int(get("amount") or 0),
+        currency=(get("currency") or "").lower(),
+        metadata={str(k): str(v) for k, v in dict(metadata).items()},
+        account=account or "",
+        # latest_charge is an embedded object on localstripe and an id on Stripe.
+        latest_charge=_str(get("latest_charge")) or _first_charge_id(data),
+        payment_intent=_str(get("payment_intent")),
+        failure_code=str(failure_code),
+        has_payment_error=bool(error),
+        capture_method=get("capture_method") or "",
+    )
+
+
+def _first_charge_id(data) -> str:
+    charges = data.get("charges") if hasattr(data, "get") else None
+    try:
+        return charges["data"][0]["id"] if charges and charges["data"] else ""
+    except (KeyError, TypeError, IndexError):
+        return ""
+
+
+class StripeProvider:
+    def __init__(self, *, api_key: str, api_base: str | None, drills: bool) -> None:
+        inner = stripe.RequestsClient(
+            timeout=(settings.STRIPE_CONNECT_TIMEOUT, settings.STRIPE_READ_TIMEOUT))
+        self.live = api_key.startswith(("sk_live", "rk_live"))
+        self.drill_client: FaultDrillHTTPClient | None = None
+        http_client = inner
+        if drills and not self.live:
+            self.drill_client = FaultDrillHTTPClient(inner)
+            http_client = self.drill_client
+        base = {"api": api_base} if api_base else None
+        self.client = stripe.StripeClient(api_key, base_addresses=base, http_client=http_client,
+                                          max_network_retries=0)
+        self.account = settings.STRIPE_ACCOUNT
+
+    # -- fault drills ---------------------------------------------------------------
+    def arm_drill(self, *, key_prefix: str, step: str, mode: str, times: int = 1) -> None:
+        if self.live:
+            raise DrillRefused("fault drills are refused for live keys")
+        if self.drill_client is None:
+            raise DrillRefused("fault drills are disabled for this provider")
+        self.drill_client.arm(key_prefix=key_prefix, step=step, mode=mode, times=times)
+
+    # -- classification -------------------------------------------------------------
+    def _call(self, fn, *, step: str) -> CallResult:
+        try:
+            obj = fn()
+        except stripe.APIConnectionError as exc:
+            cls = Classification.NOT_SENT if _never_connected(exc) else Classification.UNKNOWN
+            return CallResult(cls, detail=type(exc.__cause__).__name__)
+        except stripe.CardError as exc:
+            body = (exc.json_body or {}).get("error", {}) if exc.json_body else {}
+            pi = body.get("payment_intent")
+            return CallResult(Classification.DECLINED, http_status=exc.http_status,
+                              request_id=exc.request_id or "",
+                              error_code=exc.code or "card_declined",
+                              object=normalise(pi, account=self.account) if pi else None)
+        except stripe.RateLimitError as exc:
+            return CallResult(Classification.RETRYABLE, http_status=exc.http_status,
+                              request_id=exc.request_id or "", error_code="rate_limited")
+        except stripe.IdempotencyError as exc:
+            return CallResult(Classification.UNKNOWN, http_status=exc.http_status,
+                              request_id=exc.request_id or "", error_code="idempotency_error")
+        except stripe.StripeError as exc:
+            status = exc.http_status or 0
+            headers = exc.headers or {}
+            drill = headers.get("Verity-Fault-Drill", "") if hasattr(headers, "get") else ""
+            should_retry = str(headers.get("Stripe-Should-Retry", "")).lower() == "true"
+            if status == 409 or status >= 500:
+                cls = Classification.UNKNOWN
+            elif should_retry:
+                cls = Classification.RETRYABLE
+            elif 400 <= status < 500:
+                cls = Classification.REJECTED
+            else:
+                cls = Classification.UNKNOWN
+            return CallResult(cls, http_status=status or None, request_id=exc.request_id or "",
+                              error_code=exc.code or type(exc).__name__, fault_drill=drill)
+        response = getattr(obj, "last_response", None)
+        return CallResult(
+            Classification.OK, http_status=getattr(response, "code", 200),
+            request_id=getattr(response, "request_id", "") or "",
+            object=normalise(obj, account=self.account))
+
+    # -- writes (each with its own "<key>:<step>" idempotency key) -------------------
+    def create_payment_intent(self, *, key, amount, currency, payment_method, capture_method,
+                              metadata) -> CallResult:
+        # Never confirm=true on create: the id must be stored before money can move.
+        params = {"amount": amount, "currency": currency, "payment_method": payment_method,
+                  "capture_method": capture_method, "metadata": metadata}
+        return self._call(lambda: self.client.v1.payment_intents.create(
+            params=params, options={"idempotency_key": key}), step="create")
+
+    def confirm_payment_intent(self, *, key, intent_id) -> CallResult:
+        return self._call(lambda: self.client.v1.payment_intents.confirm(
+            intent_id, options={"idempotency_key": key}), step="confirm")
+
+    def capture_payment_intent(self, *, key, intent_id, amount=None) -> CallResult:
+        params = {"amount_to_capture": amount} if amount else {}
+        return self._call(lambda: self.client.v1.payment_intents.capture(
+            intent_id, params=params, options={"idempotency_key": key}), step="capture")
+
+    def cancel_payment_intent(self, *, key, intent_id) -> CallResult:
+        return self._call(lambda: self.client.v1.payment_intents.cancel(
+            intent_id, options={"idempotency_key": key}), step="cancel")
+
+    def create_refund(self, *, key, intent_id, amount, metadata) -> CallResult:
+        params = {"payment_intent": intent_id, "amount": amount, "metadata": metadata}
+        return self._call(lambda: self.client.v1.refunds.create(
+            params=params, options={"idempotency_key": key}), step="refund")
+
+    # -- reads ----------------------------------------------------------------------
+    def retrieve_payment_intent(self, intent_id) -> CallResult:
+        return self._read(lambda: self.client.v1.payment_intents.retrieve(intent_id))
+
+    def retrieve_refund(self, refund_id) -> CallResult:
+        return self._read(lambda: self.client.v1.refunds.retrieve(refund_id))
+
+    def _read(self, fn) -> CallResult:
+        result = self._call(fn, step="retrieve")
+        if result.classification == Classification.REJECTED and result.http_status == 404:
+            return CallResult(Classification.NOT_FOUND, http_status=404,
+                              request_id=result.request_id)
+        return result
+
+    def find_by_metadata(self, *, object_type: str, operation_id: str) -> CallResult:
+        """No search API at localstripe (and no `created` filter): page through, bounded."""
+        service = (self.client.v1.payment_intents if object_type == "payment_intent"
+                   else self.client.v1.refunds)
+        params: dict = {"limit": LIST_PAGE_LIMIT}
+        for _ in range(LIST_MAX_PAGES):
+            pages: list = []
+
+            def fetch():
+                pages.append(service.list(params=dict(params)))
+                return {"object": "list"}
+
+            result = self._call(fetch, step="list")
+            if result.classification != Classification.OK:
+                return result
+            page = pages[0]
+            for item in map(_as_dict, page.data):
+                if (item.get("metadata") or {}).get("operation_id") == operation_id:
+                    return CallResult(Classification.OK, http_status=200,
+                                      object=normalise(item, account=self.account))
+            if not page.data or not page.has_more:
+                break
+            params["starting_after"] = page.data[-1].id
+        return CallResult(Classification.NOT_FOUND)
+
+    def list_balance_transactions(self, *, limit: int = 100) -> list[dict]:
+        out, params = [], {"limit": min(limit, LIST_PAGE_LIMIT)}
+        for _ in range(LIST_MAX_PAGES):
+            page = self.client.v1.balance_transactions.list(params=dict(params))
+            data = [dict(amount=b.get("amount"), currency=b.get("currency"),
+                         source=_str(b.get("source")), type=b.get("type"), id=b.get("id"))
+                    for b in map(_as_dict, page.data)]
+            out.extend(data)
+            if not page.has_more or not page.data or len(out) >= limit:
+                break
+            params["starting_after"] = page.data[-1].id
+        return out
+
+
+@lru_cache(maxsize=1)
+def get_provider() -> StripeProvider:
+    """One provider per process (the SDK client is thread-safe; sessions are per thread)."""
+    return StripeProvider(api_key=settings.STRIPE_API_KEY, api_base=settings.STRIPE_API_BASE,
+                          drills=settings.FAULT_DRILLS_ENABLED)

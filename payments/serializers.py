@@ -1,0 +1,217 @@
+"""Request parsing and response documentation for the storefront API.
+
+Input serializers only validate shapes (no business rules: those are the services');
+output serializers exist to document the dicts built by payments.selectors in the
+OpenAPI schema — views render the selector dicts directly.
+"""
+from __future__ import annotations
+
+from django.core.validators import RegexValidator
+from rest_framework import serializers
+
+from .enums import Grade, Outcome, Owner, PurchaseStatus, RetryAdvice, Stage, Verification
+
+# Verity never collects card data: a payment method is a provider token, never a number.
+payment_method_token = RegexValidator(
+    r"^(pm|tok|src|card)_[A-Za-z0-9_]{1,96}$",
+    "Send a provider payment-method token (for example pm_…), never card details.",
+)
+currency_code = RegexValidator(r"^[A-Za-z]{3}$", "An ISO 4217 currency code, e.g. usd.")
+
+
+# -- requests -----------------------------------------------------------------------
+
+
+class QuoteItemIn(serializers.Serializer):
+    sku = serializers.CharField(max_length=64)
+    quantity = serializers.IntegerField(min_value=1, max_value=10_000)
+
+
+class QuoteCreateIn(serializers.Serializer):
+    items = QuoteItemIn(many=True, allow_empty=False, max_length=50)
+    currency = serializers.CharField(min_length=3, max_length=3, validators=[currency_code])
+
+
+class CustomerIn(serializers.Serializer):
+    reference = serializers.CharField(max_length=200)
+    email = serializers.EmailField(required=False, allow_blank=True, default="")
+
+
+class PurchaseCreateIn(serializers.Serializer):
+    quote_id = serializers.CharField(max_length=40)
+    quote_version = serializers.IntegerField(min_value=1, max_value=2_147_483_647)
+    customer = CustomerIn()
+    acknowledge_unresolved = serializers.ListField(
+        child=serializers.CharField(max_length=40), required=False, default=list,
+        max_length=20,
+        help_text="Ids of this customer's unresolved purchases the buyer knowingly leaves "
+                  "open; without them a second purchase is refused.")
+
+
+class PaymentCreateIn(serializers.Serializer):
+    payment_method = serializers.CharField(max_length=100, validators=[payment_method_token])
+    capture = serializers.ChoiceField(choices=["automatic", "manual"], default="automatic")
+    retry_of = serializers.CharField(
+        max_length=40, required=False, allow_null=True, default=None,
+        help_text="A failed payment operation of this purchase this payment deliberately "
+                  "retries (once, with a new key and a new payment method after a decline).")
+    amount = serializers.IntegerField(
+        min_value=1, max_value=10**12, required=False, allow_null=True, default=None,
+        help_text="Optional; the amount comes from the quote and any other value is refused.")
+
+
+class RefundCreateIn(serializers.Serializer):
+    amount = serializers.IntegerField(min_value=1, max_value=10**12, required=False,
+                                      allow_null=True, default=None,
+                                      help_text="Minor units; default: all that is refundable.")
+
+
+class ResolveIn(serializers.Serializer):
+    outcome = serializers.ChoiceField(choices=[Outcome.SUCCEEDED.value, Outcome.FAILED.value])
+    reason = serializers.CharField(max_length=2000, help_text="Required: why (audited).")
+
+
+class EmptyIn(serializers.Serializer):
+    """No fields: the path says everything."""
+
+
+# -- responses ----------------------------------------------------------------------
+
+
+class NextActionOut(serializers.Serializer):
+    owner = serializers.ChoiceField(choices=Owner.choices)
+    retry = serializers.ChoiceField(choices=RetryAdvice.choices)
+    code = serializers.CharField()
+    message = serializers.CharField()
+
+
+class ProblemOut(serializers.Serializer):
+    """RFC 9457 problem details (application/problem+json)."""
+
+    type = serializers.CharField()
+    title = serializers.CharField()
+    status = serializers.IntegerField()
+    detail = serializers.CharField()
+    code = serializers.CharField(help_text="Stable machine-readable code.")
+    purchase = serializers.CharField(allow_null=True)
+    operation = serializers.CharField(allow_null=True)
+    next_action = NextActionOut()
+    errors = serializers.DictField(child=serializers.ListField(child=serializers.CharField()),
+                                   required=False, help_text="Field errors (invalid_request).")
+
+
+class ProductOut(serializers.Serializer):
+    sku = serializers.CharField()
+    name = serializers.CharField()
+    price = serializers.IntegerField(help_text="minor units")
+    currency = serializers.CharField()
+    stock = serializers.IntegerField()
+    kind = serializers.CharField()
+
+
+class ProductListOut(serializers.Serializer):
+    products = ProductOut(many=True)
+
+
+class QuoteItemOut(serializers.Serializer):
+    sku = serializers.CharField()
+    name = serializers.CharField(allow_null=True)
+    quantity = serializers.IntegerField()
+    unit_price = serializers.IntegerField(allow_null=True)
+
+
+class QuoteOut(serializers.Serializer):
+    id = serializers.CharField()
+    version = serializers.IntegerField()
+    items = QuoteItemOut(many=True)
+    amount = serializers.IntegerField()
+    currency = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+    next_action = NextActionOut()
+
+
+class QuoteRefOut(serializers.Serializer):
+    id = serializers.CharField()
+    version = serializers.IntegerField()
+
+
+class CustomerOut(serializers.Serializer):
+    reference = serializers.CharField()
+    email = serializers.CharField(allow_blank=True)
+
+
+class PaymentSummaryOut(serializers.Serializer):
+    operation = serializers.CharField()
+    outcome = serializers.ChoiceField(choices=Outcome.choices)
+    grade = serializers.CharField(allow_null=True)
+
+
+class FulfillmentOut(serializers.Serializer):
+    order = serializers.CharField()
+    inventory = serializers.CharField()
+    ledger = serializers.CharField()
+    confirmation = serializers.CharField()
+    crm = serializers.CharField()
+    deliverable = serializers.CharField(required=False)
+
+
+class PurchaseOut(serializers.Serializer):
+    id = serializers.CharField()
+    status = serializers.ChoiceField(choices=PurchaseStatus.choices)
+    amount = serializers.IntegerField()
+    currency = serializers.CharField()
+    quote = QuoteRefOut()
+    customer = CustomerOut()
+    payment = PaymentSummaryOut(allow_null=True)
+    fulfillment = FulfillmentOut()
+    order_reference = serializers.CharField(allow_null=True)
+    next_action = NextActionOut()
+    customer_message = serializers.CharField()
+    status_url = serializers.URLField()
+    created_at = serializers.DateTimeField()
+
+
+class AttemptsOut(serializers.Serializer):
+    dispatch = serializers.IntegerField()
+    reconcile = serializers.IntegerField()
+
+
+class HoldOut(serializers.Serializer):
+    amount = serializers.IntegerField()
+    currency = serializers.CharField()
+    state = serializers.CharField()
+
+
+class OperationOut(serializers.Serializer):
+    id = serializers.CharField()
+    purchase = serializers.CharField()
+    purchase_status = serializers.ChoiceField(choices=PurchaseStatus.choices)
+    kind = serializers.CharField()
+    amount = serializers.IntegerField()
+    currency = serializers.CharField()
+    capture = serializers.CharField()
+    outcome = serializers.ChoiceField(choices=Outcome.choices)
+    stage = serializers.ChoiceField(choices=Stage.choices)
+    grade = serializers.ChoiceField(choices=[g for g in Grade.values if g], allow_null=True)
+    verification = serializers.ChoiceField(choices=Verification.choices)
+    reason = serializers.CharField(allow_null=True)
+    attempts = AttemptsOut()
+    hold = HoldOut(allow_null=True)
+    parent = serializers.CharField(allow_null=True)
+    retry_of = serializers.CharField(allow_null=True)
+    retried_by = serializers.CharField(allow_null=True)
+    next_action = NextActionOut()
+    created_at = serializers.DateTimeField()
+    settled_at = serializers.DateTimeField(allow_null=True)
+
+
+class LimitsOut(serializers.Serializer):
+    currency = serializers.CharField()
+    limit = serializers.IntegerField(allow_null=True, help_text="null = no limit")
+    period = serializers.CharField()
+    period_start = serializers.DateTimeField(allow_null=True)
+    consumed = serializers.IntegerField()
+    reserved = serializers.IntegerField()
+    unknown_exposure = serializers.IntegerField(
+        help_text="Reserved amounts of operations whose outcome is unknown.")
+    available = serializers.IntegerField(allow_null=True)
