@@ -8,14 +8,11 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import Q, Sum
 from django.utils import timezone
 
 from .enums import (
     PAYMENT_KINDS,
     CallPurpose,
-    HoldState,
-    LimitPeriod,
     Outcome,
     Owner,
     PurchaseStatus,
@@ -297,43 +294,23 @@ def product_view(product: Product) -> dict:
 # -- limits -------------------------------------------------------------------------
 
 
-def limit_period_start(period: str, at: datetime | None = None) -> datetime | None:
-    at = at or timezone.now()
-    if period == LimitPeriod.DAY:
-        return at.replace(hour=0, minute=0, second=0, microsecond=0)
-    if period == LimitPeriod.MONTH:
-        return at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    return None
-
-
 def client_limits(api_client: ApiClient) -> dict:
     """limit, consumed, reserved, unknown_exposure (minor units, the client's currency).
 
-    A reservation counts until it settles, whatever period it was made in; consumption
-    counts in the period it was reserved in (DESIGN §10.6).
+    The figures are the very ones the core's limit check uses (services.client_limits), so
+    what a client reads is what it will be held to.
     """
-    start = limit_period_start(api_client.limit_period)
-    holds = Hold.objects.filter(api_client=api_client)
-    reserved_q = Q(state=HoldState.RESERVED)
-    consumed_q = Q(state=HoldState.CONSUMED)
-    if start is not None:
-        consumed_q &= Q(period_start__gte=start) | Q(period_start__isnull=True,
-                                                    created_at__gte=start)
-    agg = holds.aggregate(
-        reserved=Sum("amount", filter=reserved_q),
-        consumed=Sum("amount", filter=consumed_q),
-        unknown=Sum("amount", filter=reserved_q & Q(operation__outcome=Outcome.UNKNOWN)),
-    )
-    limit = api_client.spending_limit
-    reserved = agg["reserved"] or 0
-    consumed = agg["consumed"] or 0
+    from .services import _period_start, client_limits as figures_for
+
+    figures = figures_for(api_client)
+    limit = figures["limit"] or None
     return {
-        "currency": api_client.currency,
-        "limit": limit or None,
-        "period": api_client.limit_period,
-        "period_start": _iso(start),
-        "consumed": consumed,
-        "reserved": reserved,
-        "unknown_exposure": agg["unknown"] or 0,
-        "available": max(0, limit - consumed - reserved) if limit else None,
+        "currency": figures["currency"],
+        "limit": limit,
+        "period": figures["period"],
+        "period_start": _iso(_period_start(api_client)),
+        "consumed": figures["consumed"],
+        "reserved": figures["reserved"],
+        "unknown_exposure": figures["unknown_exposure"],
+        "available": figures["available"] if limit else None,
     }

@@ -1,3 +1,26 @@
-from django.urls import path  # noqa: F401
+"""Storefront API routes (mounted at /api/v1/). Route names are the idempotency scope."""
+from django.urls import path
 
-urlpatterns = []
+from . import apis
+
+urlpatterns = [
+    path("products", apis.ProductListApi.as_view(), name="api-products"),
+    path("quotes", apis.QuoteCreateApi.as_view(), name="api-quotes"),
+    path("purchases", apis.PurchaseCreateApi.as_view(), name="api-purchases"),
+    path("purchases/<str:purchase_id>", apis.PurchaseDetailApi.as_view(), name="api-purchase"),
+    path("purchases/<str:purchase_id>/payments", apis.PaymentCreateApi.as_view(),
+         name="api-purchase-payments"),
+    path("purchases/<str:purchase_id>/capture", apis.CaptureApi.as_view(),
+         name="api-purchase-capture"),
+    path("purchases/<str:purchase_id>/void", apis.VoidApi.as_view(), name="api-purchase-void"),
+    path("purchases/<str:purchase_id>/refunds", apis.RefundApi.as_view(),
+         name="api-purchase-refunds"),
+    path("operations/<str:operation_id>", apis.OperationDetailApi.as_view(), name="api-operation"),
+    path("operations/<str:operation_id>/reconcile", apis.OperationReconcileApi.as_view(),
+         name="api-operation-reconcile"),
+    path("operations/<str:operation_id>/replay", apis.OperationReplayApi.as_view(),
+         name="api-operation-replay"),
+    path("operations/<str:operation_id>/resolve", apis.OperationResolveApi.as_view(),
+         name="api-operation-resolve"),
+    path("clients/me/limits", apis.ClientLimitsApi.as_view(), name="api-client-limits"),
+]

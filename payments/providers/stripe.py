@@ -38,7 +38,10 @@ class DrillMode:
     RESET_AFTER_WRITE = "reset_after_write"
     HTTP_500 = "http_500"
     HTTP_409 = "http_409"
-    ALL = (DROP_RESPONSE_AFTER_SEND, TIMEOUT_BEFORE_SEND, RESET_AFTER_WRITE, HTTP_500, HTTP_409)
+    # Sends, then never returns: the process is expected to be killed (dead-worker drill).
+    HANG_AFTER_SEND = "hang_after_send"
+    ALL = (DROP_RESPONSE_AFTER_SEND, TIMEOUT_BEFORE_SEND, RESET_AFTER_WRITE, HTTP_500, HTTP_409,
+           HANG_AFTER_SEND)
 
 
 class DrillRefused(Exception):
@@ -102,6 +105,8 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
                                          "message": "fault drill: key in use"}})
             return body, 409, drill_header
         body, status, resp_headers = self._inner.request(method, url, headers, post_data)
+        if mode == DrillMode.HANG_AFTER_SEND:
+            threading.Event().wait()
         if mode == DrillMode.DROP_RESPONSE_AFTER_SEND:
             raise stripe.APIConnectionError("fault drill: response dropped",
                                             should_retry=False) from requests.exceptions.ReadTimeout()
@@ -310,6 +315,20 @@ class StripeProvider:
                 break
             params["starting_after"] = page.data[-1].id
         return CallResult(Classification.NOT_FOUND)
+
+    def count_succeeded_for_purchase(self, purchase_id: str) -> int:
+        """Drill/soak evidence: PaymentIntents at the provider that moved money."""
+        count, params = 0, {"limit": LIST_PAGE_LIMIT}
+        for _ in range(LIST_MAX_PAGES):
+            page = self.client.v1.payment_intents.list(params=dict(params))
+            for item in map(_as_dict, page.data):
+                if ((item.get("metadata") or {}).get("purchase_id") == purchase_id
+                        and item.get("status") in ("succeeded", "requires_capture")):
+                    count += 1
+            if not page.data or not page.has_more:
+                break
+            params["starting_after"] = page.data[-1].id
+        return count
 
     def list_balance_transactions(self, *, limit: int = 100) -> list[dict]:
         out, params = [], {"limit": min(limit, LIST_PAGE_LIMIT)}

@@ -1,0 +1,622 @@
+"""Storefront REST API (`/api/v1/`): thin views over payments.services / selectors.
+
+Views parse, call one service, render a selector's view. None of them is atomic
+(ATOMIC_REQUESTS is off): a payment's provider call happens in `operation_dispatch`,
+which must run with no transaction open. Each effect is created in a short transaction
+together with its idempotency binding, so a crash leaves either nothing or a bound,
+resumable resource.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from django.db import transaction
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+)
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from . import selectors, services
+from .enums import PAYMENT_KINDS, Outcome
+from .idempotency import (
+    REPLAYED_HEADER,
+    Claim,
+    idempotency_bind,
+    idempotency_claim,
+    idempotency_complete,
+    idempotency_release,
+    key_from_headers,
+)
+from .locks import assert_no_transaction_outside_transaction
+from .models import PaymentOperation, Purchase, Quote
+from .problems import PROBLEM_CONTENT_TYPE, Problem, problem_body
+from .serializers import (
+    EmptyIn,
+    LimitsOut,
+    OperationOut,
+    PaymentCreateIn,
+    ProblemOut,
+    ProductListOut,
+    PurchaseCreateIn,
+    PurchaseOut,
+    QuoteCreateIn,
+    QuoteOut,
+    RefundCreateIn,
+    ResolveIn,
+)
+
+READ = "purchases:read"
+WRITE = "purchases:write"
+REFUNDS = "refunds:write"
+RESOLVE = "operations:resolve"
+
+_PAYMENT_KIND_VALUES = [k.value for k in PAYMENT_KINDS]
+
+
+# -- helpers ------------------------------------------------------------------------
+
+
+def _validated(serializer_class, data) -> dict:
+    serializer = serializer_class(data=data if data is not None else {})
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def _not_found(what: str) -> Problem:
+    return Problem(code="not_found", status=404, detail=f"No such {what} for this API client.")
+
+
+def _purchase_or_404(request, purchase_id: str) -> Purchase:
+    purchase = selectors.purchase_get_for_client(purchase_id=purchase_id, api_client=request.auth)
+    if purchase is None:
+        raise _not_found("purchase")
+    return purchase
+
+
+def _operation_or_404(request, operation_id: str) -> PaymentOperation:
+    op = selectors.operation_get_for_client(operation_id=operation_id, api_client=request.auth)
+    if op is None:
+        raise _not_found("operation")
+    return op
+
+
+def _actor(request) -> str:
+    return f"api:{request.auth.name}:{request.auth.prefix}"
+
+
+def _assert_no_transaction_open() -> None:
+    # Provider calls must not sit inside a transaction (row locks held across the network,
+    # evidence of a send rolled back); the view is not atomic and says so here.
+    assert_no_transaction_outside_transaction()
+
+
+def _load_operation(operation_id: str) -> PaymentOperation:
+    return PaymentOperation.objects.select_related("purchase", "purchase__quote").get(
+        pk=operation_id)
+
+
+def _render_current(resource_type: str, resource_id: str) -> dict:
+    """The resource's *current* state, as a replay must answer."""
+    if resource_type == "operation":
+        return selectors.operation_view(_load_operation(resource_id))
+    if resource_type == "purchase":
+        return selectors.purchase_view(
+            Purchase.objects.select_related("quote").get(pk=resource_id))
+    if resource_type == "quote":
+        return selectors.quote_view(Quote.objects.get(pk=resource_id))
+    raise ValueError(resource_type)
+
+
+def _location(resource_type: str, resource_id: str) -> str:
+    return {"operation": f"/api/v1/operations/{resource_id}",
+            "purchase": f"/api/v1/purchases/{resource_id}",
+            "quote": f"/api/v1/quotes/{resource_id}"}[resource_type]
+
+
+def _run_idempotent(request, *, route: str, create: Callable[[Claim], Response],
+                    resume: Callable[[Claim], Response] | None = None) -> Response:
+    """The Idempotency-Key contract around one effect (see payments.idempotency).
+
+    `create(claim)` makes the effect and binds it inside one transaction, then answers.
+    `resume(claim)` continues a request whose holder died after binding (lease expired).
+    """
+    from .services import DomainError
+
+    key = key_from_headers(request.headers)
+    claim = idempotency_claim(api_client=request.auth, route=route, key=key, path=request.path,
+                              body=request.data)
+    if claim.replay:
+        body = _render_current(claim.record.resource_type, claim.record.resource_id)
+        return Response(body, status=200, headers={REPLAYED_HEADER: "true"})
+    try:
+        if claim.taken_over and claim.resource_id:
+            if resume is not None:
+                return resume(claim)
+            body = _render_current(claim.record.resource_type, claim.resource_id)
+            idempotency_complete(claim, status=201)
+            return Response(body, status=201)
+        return create(claim)
+    except (DomainError, Problem) as exc:
+        if claim.resource_id:
+            # The effect exists: the key stays bound to it; a replay shows its state.
+            idempotency_complete(claim, status=exc.status)
+        else:
+            # Refused before any effect: the key must not be bound (DESIGN §10.7).
+            idempotency_release(claim)
+        raise
+    except Exception:
+        if not claim.resource_id:
+            # The effect's transaction rolled back with the binding: nothing happened.
+            idempotency_release(claim)
+        # else: keep the lease; the same key resumes the bound resource once it expires.
+        raise
+
+
+def _operation_answer(op: PaymentOperation) -> Response:
+    """201 succeeded; 202 pending/awaiting/unknown; 402 a failed payment (a decline)."""
+    body = selectors.operation_view(op)
+    headers = {"Location": _location("operation", op.id)}
+    if op.outcome == Outcome.SUCCEEDED:
+        return Response(body, status=201, headers=headers)
+    if op.outcome == Outcome.FAILED:
+        action = body["next_action"]
+        is_payment = op.kind in _PAYMENT_KIND_VALUES
+        status = 402 if is_payment else 409
+        code = op.reason or ("payment_failed" if is_payment else f"{op.kind}_failed")
+        detail = ("The payment was declined; no money moved." if code == "card_declined"
+                  else f"The {op.kind} failed at the provider ({code}).")
+        problem = problem_body(code=code, detail=detail, status=status,
+                               retry=action["retry"], owner=action["owner"],
+                               purchase=op.purchase_id, operation=op.id,
+                               action_message=action["message"])
+        problem["next_action"]["code"] = action["code"]
+        return Response(problem, status=status, headers=headers,
+                        content_type=PROBLEM_CONTENT_TYPE)
+    return Response(body, status=202, headers=headers)
+
+
+def _dispatch_and_answer(claim: Claim, operation_id: str) -> Response:
+    _assert_no_transaction_open()
+    op = _load_operation(operation_id)
+    if op.outcome == Outcome.PENDING:
+        services.operation_dispatch(operation_id=operation_id)
+        op = _load_operation(operation_id)
+    response = _operation_answer(op)
+    idempotency_complete(claim, status=response.status_code)
+    return response
+
+
+# -- OpenAPI helpers ----------------------------------------------------------------
+
+IDEMPOTENCY_HEADER = OpenApiParameter(
+    name="Idempotency-Key", location=OpenApiParameter.HEADER, required=True, type=str,
+    description="One key per intended effect (max 255 characters). Reuse it only to retry "
+                "the same request with the same body.",
+)
+
+
+def _problems(*statuses: int, **described: str) -> dict:
+    base = {
+        400: "invalid_request / idempotency_key_required",
+        401: "unauthenticated",
+        403: "forbidden_scope",
+        404: "not_found",
+        405: "method_not_allowed",
+        406: "not_acceptable",
+        415: "unsupported_media_type",
+        429: "rate_limited (Retry-After)",
+        500: "internal_error",
+    }
+    out = {}
+    for status in sorted(set(statuses) | set(base)):
+        text = described.get(f"s{status}", base.get(status, "problem"))
+        out[(status, PROBLEM_CONTENT_TYPE)] = OpenApiResponse(ProblemOut, description=text)
+    return out
+
+
+def _ok(status: int, serializer, description: str, examples=None) -> dict:
+    return {(status, "application/json"): OpenApiResponse(serializer, description=description,
+                                                         examples=examples or [])}
+
+
+EXAMPLE_UNKNOWN = OpenApiExample(
+    "Outcome unknown (202)", status_codes=["202"], response_only=True,
+    value={"id": "op_6f1c2d", "purchase": "pur_9a8b7c", "purchase_status": "payment_unknown",
+           "kind": "charge", "amount": 2500, "currency": "usd", "capture": "automatic",
+           "outcome": "unknown", "stage": "reconciling", "grade": None,
+           "verification": "unverified", "reason": None,
+           "attempts": {"dispatch": 2, "reconcile": 0},
+           "hold": {"amount": 2500, "currency": "usd", "state": "reserved"},
+           "parent": None, "retry_of": None, "retried_by": None,
+           "next_action": {"owner": "reconciliation", "retry": "forbidden",
+                           "code": "payment_unknown",
+                           "message": selectors.UNKNOWN_MESSAGE.format(
+                               operation_url="/api/v1/operations/op_6f1c2d")},
+           "created_at": "2026-11-30T08:00:00Z", "settled_at": None},
+)
+EXAMPLE_DECLINE = OpenApiExample(
+    "Declined (402)", status_codes=["402"], response_only=True,
+    value={"type": "urn:verity:problem:card_declined", "title": "Payment declined",
+           "status": 402, "detail": "The payment was declined; no money moved.",
+           "code": "card_declined", "purchase": "pur_9a8b7c", "operation": "op_6f1c2d",
+           "next_action": {"owner": "buyer", "retry": "new_operation", "code": "card_declined",
+                           "message": "The card was declined; no money moved. To try again, "
+                                      "ask the buyer for a different payment method and POST "
+                                      "/api/v1/purchases/pur_9a8b7c/payments with "
+                                      "retry_of=op_6f1c2d and a new Idempotency-Key."}},
+)
+EXAMPLE_ALREADY_PAID = OpenApiExample(
+    "Already paid (409)", status_codes=["409"], response_only=True,
+    value={"type": "urn:verity:problem:already_paid", "title": "Conflict", "status": 409,
+           "detail": "This purchase is already paid.", "code": "already_paid",
+           "purchase": "pur_9a8b7c", "operation": "op_6f1c2d",
+           "next_action": {"owner": "none", "retry": "forbidden", "code": "already_paid",
+                           "message": "This purchase is already paid; do not pay again."}},
+)
+EXAMPLE_REUSED = OpenApiExample(
+    "Key reused with another body (422)", status_codes=["422"], response_only=True,
+    value={"type": "urn:verity:problem:idempotency_key_reused",
+           "title": "Unprocessable request", "status": 422,
+           "detail": "This Idempotency-Key was already used for a different request body.",
+           "code": "idempotency_key_reused", "purchase": None, "operation": None,
+           "next_action": {"owner": "buyer", "retry": "forbidden",
+                           "code": "idempotency_key_reused",
+                           "message": "If this is a new intent, use a new key; if it is a "
+                                      "retry, send the original body unchanged."}},
+)
+IDEMPOTENT_NOTE = (
+    " Requires `Idempotency-Key`. A replay of a finished request answers 200 with the "
+    "resource's current state and `Idempotent-Replayed: true`; the same key with another body "
+    "is 422 `idempotency_key_reused`; while the first request runs, 409 `request_in_progress` "
+    "with `Retry-After`."
+)
+
+
+# -- views --------------------------------------------------------------------------
+
+
+class ApiView(APIView):
+    required_scopes: dict[str, str] = {}
+
+
+class ProductListApi(ApiView):
+    required_scopes = {"GET": READ}
+
+    @extend_schema(operation_id="products_list", summary="The catalogue",
+                   responses={**_ok(200, ProductListOut, "Products"), **_problems()})
+    def get(self, request):
+        return Response({"products": [selectors.product_view(p)
+                                      for p in selectors.products_list()]})
+
+
+class QuoteCreateApi(ApiView):
+    required_scopes = {"POST": WRITE}
+
+    @extend_schema(
+        operation_id="quotes_create", summary="Price items",
+        description="Quote items at current prices; a quote expires." + IDEMPOTENT_NOTE,
+        request=QuoteCreateIn, parameters=[IDEMPOTENCY_HEADER],
+        examples=[OpenApiExample("Two teas", request_only=True,
+                                 value={"items": [{"sku": "TEA-001", "quantity": 2}],
+                                        "currency": "usd"})],
+        responses={**_ok(201, QuoteOut, "Quote created"),
+                   **_ok(200, QuoteOut, "Replay of a finished request"),
+                   **_problems(409, 422, s409="request_in_progress", s422="idempotency_key_"
+                               "reused / unknown sku / unsupported currency")},
+    )
+    def post(self, request):
+        key_from_headers(request.headers)
+        data = _validated(QuoteCreateIn, request.data)
+
+        def create(claim):
+            with transaction.atomic():
+                quote = services.quote_create(
+                    api_client=request.auth, currency=data["currency"].lower(),
+                    items=[{"sku": i["sku"], "quantity": i["quantity"]} for i in data["items"]])
+                idempotency_bind(claim, resource_type="quote", resource_id=quote.id)
+            idempotency_complete(claim, status=201)
+            return Response(selectors.quote_view(quote), status=201)
+
+        return _run_idempotent(request, route="quotes_create", create=create)
+
+
+class PurchaseCreateApi(ApiView):
+    required_scopes = {"POST": WRITE}
+
+    @extend_schema(
+        operation_id="purchases_create", summary="Open a purchase for an accepted quote",
+        description=(
+            "Creates the purchase's durable identity before any money moves. While the "
+            "customer reference has an unresolved purchase, another one is refused (409 "
+            "`customer_has_unresolved_purchase`) unless `acknowledge_unresolved` names it."
+            + IDEMPOTENT_NOTE),
+        request=PurchaseCreateIn, parameters=[IDEMPOTENCY_HEADER],
+        examples=[OpenApiExample("Purchase", request_only=True, value={
+            "quote_id": "quo_1a2b3c", "quote_version": 1,
+            "customer": {"reference": "cust-42", "email": "ada@example.com"}})],
+        responses={**_ok(201, PurchaseOut, "Purchase created"),
+                   **_ok(200, PurchaseOut, "Replay of a finished request"),
+                   **_problems(409, 422, s409="quote_expired / quote_superseded / "
+                               "customer_has_unresolved_purchase / request_in_progress",
+                               s422="idempotency_key_reused / quote_not_found")},
+    )
+    def post(self, request):
+        key_from_headers(request.headers)
+        data = _validated(PurchaseCreateIn, request.data)
+
+        def create(claim):
+            with transaction.atomic():
+                purchase = services.purchase_create(
+                    api_client=request.auth, quote_id=data["quote_id"],
+                    quote_version=data["quote_version"],
+                    customer_reference=data["customer"]["reference"],
+                    customer_email=data["customer"].get("email", ""),
+                    acknowledge_unresolved=tuple(data["acknowledge_unresolved"]))
+                idempotency_bind(claim, resource_type="purchase", resource_id=purchase.id)
+            idempotency_complete(claim, status=201)
+            purchase = Purchase.objects.select_related("quote").get(pk=purchase.pk)
+            return Response(selectors.purchase_view(purchase), status=201,
+                            headers={"Location": _location("purchase", purchase.id)})
+
+        return _run_idempotent(request, route="purchases_create", create=create)
+
+
+class PurchaseDetailApi(ApiView):
+    required_scopes = {"GET": READ}
+
+    @extend_schema(operation_id="purchases_retrieve", summary="The purchase view",
+                   responses={**_ok(200, PurchaseOut, "Purchase"), **_problems()})
+    def get(self, request, purchase_id: str):
+        return Response(selectors.purchase_view(_purchase_or_404(request, purchase_id)))
+
+
+class PaymentCreateApi(ApiView):
+    required_scopes = {"POST": WRITE}
+
+    @extend_schema(
+        operation_id="purchases_payments_create", summary="Pay for a purchase",
+        description=(
+            "Charges (capture `automatic`) or authorizes (capture `manual`) the quote's "
+            "amount. 201 succeeded; 202 pending, awaiting or **unknown** — unknown means the "
+            "provider may have applied it: do not retry, poll the operation; 402 declined. "
+            "A purchase with a succeeded payment answers 409 `already_paid`, one with an "
+            "unresolved payment 409 `payment_unresolved`, whatever key is used."
+            + IDEMPOTENT_NOTE),
+        request=PaymentCreateIn, parameters=[IDEMPOTENCY_HEADER],
+        examples=[
+            OpenApiExample("Charge", request_only=True,
+                           value={"payment_method": "pm_card_visa", "capture": "automatic"}),
+            OpenApiExample("Deliberate retry after a decline", request_only=True,
+                           value={"payment_method": "pm_card_mastercard",
+                                  "capture": "automatic", "retry_of": "op_6f1c2d"}),
+            EXAMPLE_UNKNOWN, EXAMPLE_DECLINE, EXAMPLE_ALREADY_PAID, EXAMPLE_REUSED,
+        ],
+        responses={
+            **_ok(201, OperationOut, "Succeeded (charged, or authorized for manual capture)"),
+            **_ok(202, OperationOut, "Pending, awaiting or unknown: follow next_action",
+                  examples=[EXAMPLE_UNKNOWN]),
+            **_ok(200, OperationOut, "Replay of a finished request: current state"),
+            **_problems(402, 409, 422, 503, s402="declined (card_declined, ...)",
+                        s409="already_paid / payment_unresolved / retry_not_allowed / "
+                             "request_in_progress",
+                        s422="amount_mismatch / idempotency_key_reused / "
+                             "retry_needs_new_method",
+                        s503="workflow_halted"),
+        },
+    )
+    def post(self, request, purchase_id: str):
+        key_from_headers(request.headers)
+        purchase = _purchase_or_404(request, purchase_id)
+        data = _validated(PaymentCreateIn, request.data)
+
+        def create(claim):
+            with transaction.atomic():
+                op = services.payment_create(
+                    purchase_id=purchase.id, api_client=request.auth,
+                    payment_method=data["payment_method"], capture_method=data["capture"],
+                    retry_of=data["retry_of"], amount=data["amount"])
+                idempotency_bind(claim, resource_type="operation", resource_id=op.id)
+            # Outside the transaction on purpose: the provider call (DESIGN §10, STYLE 5).
+            return _dispatch_and_answer(claim, op.id)
+
+        def resume(claim):
+            return _dispatch_and_answer(claim, claim.resource_id)
+
+        return _run_idempotent(request, route="purchases_payments_create", create=create,
+                               resume=resume)
+
+
+class _LinkedOperationApi(ApiView):
+    """capture / void / refunds: a new operation linked to the purchase's payment."""
+
+    route = ""
+
+    def _start(self, request, purchase: Purchase, data: dict) -> PaymentOperation:
+        raise NotImplementedError
+
+    def post(self, request, purchase_id: str):
+        key_from_headers(request.headers)
+        purchase = _purchase_or_404(request, purchase_id)
+        data = _validated(self.input_serializer, request.data)
+
+        def create(claim):
+            with transaction.atomic():
+                op = self._start(request, purchase, data)
+                idempotency_bind(claim, resource_type="operation", resource_id=op.id)
+            return _dispatch_and_answer(claim, op.id)
+
+        def resume(claim):
+            return _dispatch_and_answer(claim, claim.resource_id)
+
+        return _run_idempotent(request, route=self.route, create=create, resume=resume)
+
+
+def _linked_schema(operation_id: str, summary: str, description: str, request_serializer):
+    return extend_schema(
+        operation_id=operation_id, summary=summary, description=description + IDEMPOTENT_NOTE,
+        request=request_serializer, parameters=[IDEMPOTENCY_HEADER],
+        responses={
+            **_ok(201, OperationOut, "Succeeded at the provider"),
+            **_ok(202, OperationOut, "Pending, awaiting approval/provider, or unknown"),
+            **_ok(200, OperationOut, "Replay of a finished request: current state"),
+            **_problems(409, 422, 503, s409="nothing_to_capture / not_refundable / "
+                        "operation failed / request_in_progress",
+                        s422="idempotency_key_reused / amount too large",
+                        s503="workflow_halted"),
+        },
+    )
+
+
+class CaptureApi(_LinkedOperationApi):
+    required_scopes = {"POST": WRITE}
+    route = "purchases_capture_create"
+    input_serializer = EmptyIn
+
+    def _start(self, request, purchase, data):
+        return services.capture_create(purchase_id=purchase.id, api_client=request.auth)
+
+    @_linked_schema("purchases_capture_create", "Capture an authorization",
+                    "Captures the purchase's authorized payment.", EmptyIn)
+    def post(self, request, purchase_id: str):
+        return super().post(request, purchase_id)
+
+
+class VoidApi(_LinkedOperationApi):
+    required_scopes = {"POST": WRITE}
+    route = "purchases_void_create"
+    input_serializer = EmptyIn
+
+    def _start(self, request, purchase, data):
+        return services.void_create(purchase_id=purchase.id, api_client=request.auth)
+
+    @_linked_schema("purchases_void_create", "Void an authorization",
+                    "Cancels the purchase's uncaptured authorization.", EmptyIn)
+    def post(self, request, purchase_id: str):
+        return super().post(request, purchase_id)
+
+
+class RefundApi(_LinkedOperationApi):
+    required_scopes = {"POST": REFUNDS}
+    route = "purchases_refunds_create"
+    input_serializer = RefundCreateIn
+
+    def _start(self, request, purchase, data):
+        return services.refund_request(purchase_id=purchase.id, amount=data["amount"],
+                                       api_client=request.auth)
+
+    @_linked_schema("purchases_refunds_create", "Refund a captured payment",
+                    "Needs `refunds:write`. Starts `awaiting_approval` unless the client's "
+                    "automatic-refund allowance covers it; shown as refunded only once the "
+                    "provider confirms.", RefundCreateIn)
+    def post(self, request, purchase_id: str):
+        return super().post(request, purchase_id)
+
+
+class OperationDetailApi(ApiView):
+    required_scopes = {"GET": READ}
+
+    @extend_schema(operation_id="operations_retrieve", summary="One money movement",
+                   responses={**_ok(200, OperationOut, "Operation", examples=[EXAMPLE_UNKNOWN]),
+                              **_problems()})
+    def get(self, request, operation_id: str):
+        return Response(selectors.operation_view(_operation_or_404(request, operation_id)))
+
+
+class OperationReconcileApi(ApiView):
+    required_scopes = {"POST": WRITE}
+
+    @extend_schema(
+        operation_id="operations_reconcile", summary="Read the provider's record now",
+        description="Read-only at the provider; settles an unknown operation if the provider "
+                    "has a record of it. 409 `already_settled` if it is settled. Works while "
+                    "workflows are halted. Naturally idempotent: no key needed.",
+        request=None,
+        responses={**_ok(200, OperationOut, "Current state after the read-back"),
+                   **_problems(409, 503, s409="already_settled")},
+    )
+    def post(self, request, operation_id: str):
+        op = _operation_or_404(request, operation_id)
+        _assert_no_transaction_open()
+        services.operation_reconcile(operation_id=op.id, actor=_actor(request))
+        return Response(selectors.operation_view(_load_operation(op.id)))
+
+
+class OperationReplayApi(ApiView):
+    required_scopes = {"POST": RESOLVE}
+
+    @extend_schema(
+        operation_id="operations_replay", summary="Resend with the same provider key",
+        description="Needs `operations:resolve`, never by the client that requested the "
+                    "operation; only inside the provider's key window and only where the "
+                    "provider deduplicates keys (otherwise 409 `replay_unsupported`)."
+                    + IDEMPOTENT_NOTE,
+        request=None, parameters=[IDEMPOTENCY_HEADER],
+        responses={**_ok(201, OperationOut, "Succeeded"),
+                   **_ok(202, OperationOut, "Still unsettled"),
+                   **_ok(200, OperationOut, "Replay of a finished request"),
+                   **_problems(402, 409, 422, 503, s409="replay_unsupported / "
+                               "already_settled / request_in_progress",
+                               s403="forbidden_scope / replayer_is_requester")},
+    )
+    def post(self, request, operation_id: str):
+        key_from_headers(request.headers)
+        op = _operation_or_404(request, operation_id)
+
+        def create(claim):
+            _assert_no_transaction_open()
+            # Refusals (requester, unsupported provider, window closed) come before any
+            # provider request and release the key.
+            services.operation_replay(operation_id=op.id, actor=_actor(request),
+                                      acting_client=request.auth)
+            idempotency_bind(claim, resource_type="operation", resource_id=op.id)
+            response = _operation_answer(_load_operation(op.id))
+            idempotency_complete(claim, status=response.status_code)
+            return response
+
+        return _run_idempotent(request, route="operations_replay", create=create)
+
+
+class OperationResolveApi(ApiView):
+    required_scopes = {"POST": RESOLVE}
+
+    @extend_schema(
+        operation_id="operations_resolve", summary="Manual resolution",
+        description="Needs `operations:resolve`; never by the client that requested the "
+                    "operation (403 `resolver_is_requester`); `reason` is required and "
+                    "audited." + IDEMPOTENT_NOTE,
+        request=ResolveIn, parameters=[IDEMPOTENCY_HEADER],
+        examples=[OpenApiExample("Resolve", request_only=True, value={
+            "outcome": "failed", "reason": "Provider support confirmed no charge exists."})],
+        responses={**_ok(200, OperationOut, "Resolved (or replay)"),
+                   **_problems(409, 422, s403="forbidden_scope / resolver_is_requester",
+                               s409="already_settled / request_in_progress")},
+    )
+    def post(self, request, operation_id: str):
+        key_from_headers(request.headers)
+        op = _operation_or_404(request, operation_id)
+        data = _validated(ResolveIn, request.data)
+
+        def create(claim):
+            with transaction.atomic():
+                services.operation_resolve_manual(
+                    operation_id=op.id, outcome=data["outcome"], reason=data["reason"],
+                    actor=_actor(request), acting_client=request.auth)
+                idempotency_bind(claim, resource_type="operation", resource_id=op.id)
+            idempotency_complete(claim, status=200)
+            return Response(selectors.operation_view(_load_operation(op.id)), status=200)
+
+        return _run_idempotent(request, route="operations_resolve", create=create)
+
+
+class ClientLimitsApi(ApiView):
+    required_scopes = {"GET": READ}
+
+    @extend_schema(operation_id="clients_me_limits", summary="Spending limit and exposure",
+                   responses={**_ok(200, LimitsOut, "Limits"), **_problems()})
+    def get(self, request):
+        return Response(selectors.client_limits(request.auth))
+

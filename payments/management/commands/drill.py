@@ -1,0 +1,26 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from payments.drills import drills_run
+from payments.providers.stripe import DrillRefused
+
+
+class Command(BaseCommand):
+    help = ("Run every fault drill against the configured test-mode provider, one fresh "
+            "purchase each; exit non-zero on any double charge or evidence-free settlement.")
+
+    def handle(self, *args, **options):
+        try:
+            rows = drills_run()
+        except DrillRefused as exc:
+            raise CommandError(str(exc)) from exc
+        header = f"{'drill':26} {'recorded':10} {'charges':>7}  {'after reconcile':16} verification"
+        self.stdout.write(header)
+        self.stdout.write("-" * len(header))
+        for r in rows:
+            self.stdout.write(f"{r.drill:26} {r.recorded:10} {r.charges:>7}  "
+                              f"{r.after_reconcile:16} {r.verification}"
+                              + (f"   VIOLATION: {r.violation}" if r.violation else ""))
+        bad = [r for r in rows if r.violation]
+        if bad:
+            raise CommandError(f"{len(bad)} drill(s) violated an invariant")
+        self.stdout.write("one charge at most per purchase; no unknown settled without evidence")

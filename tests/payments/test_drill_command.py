@@ -1,0 +1,19 @@
+import pytest
+from django.core.management import call_command
+
+from payments.models import PaymentOperation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_drill_command_prints_one_row_per_drill_and_one_charge_at_most(capsys, localstripe):
+    call_command("drill")
+    out = capsys.readouterr().out
+    for mode in ("drop_response_after_send", "timeout_before_send", "reset_after_write",
+                 "http_500", "http_409"):
+        assert mode in out
+    assert "VIOLATION" not in out
+    purchases = set(PaymentOperation.objects.values_list("purchase_id", flat=True))
+    assert len(purchases) == 5
+    for pid in purchases:
+        assert len(localstripe.succeeded_charges_for(pid)) <= 1
