@@ -4,13 +4,51 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["payments.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["payments.authentication.HasScope"],
+    "DEFAULT_THROTTLE_CLASSES": ["payments.authentication.ApiClientRateThrottle"],
+    "EXCEPTION_HANDLER": "payments.problems.exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
+# Generous: a storefront agent polls; tests hammer the API.
+API_THROTTLE_RATE = env("API_THROTTLE_RATE", default="6000/min")
+
+# The throttle (and anything else cached) must be shared by every web process: Redis when
+# REDIS_URL is set (compose, tests, production); per-process memory for `make run`.
+_REDIS_URL = env("REDIS_URL", default="")
+if _REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": _REDIS_URL,
+            "KEY_PREFIX": "verity",
+            "TIMEOUT": 300,
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "Verity storefront API",
-    "DESCRIPTION": "Purchases that stay honest when a payment's outcome is uncertain.",
+    "DESCRIPTION": (
+        "Purchases that stay honest when a payment's outcome is uncertain. Every POST that "
+        "creates an effect needs an `Idempotency-Key` header; every error is an RFC 9457 "
+        "problem document with a stable `code` and a `next_action` to follow literally."
+    ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "OutcomeEnum": "payments.enums.Outcome",
+        "PurchaseStatusEnum": "payments.enums.PurchaseStatus",
+        "ResolutionOutcomeEnum": [("succeeded", "succeeded"), ("failed", "failed")],
+        "OwnerEnum": "payments.enums.Owner",
+        "RetryAdviceEnum": "payments.enums.RetryAdvice",
+        "StageEnum": "payments.enums.Stage",
+        "VerificationEnum": "payments.enums.Verification",
+    },
 }
 API_KEY_CUSTOM_HEADER = "HTTP_AUTHORIZATION"
 IDEMPOTENCY_LEASE_SECONDS = env.int("IDEMPOTENCY_LEASE_SECONDS", default=30)

@@ -1,0 +1,92 @@
+"""Storefront API fixtures: API clients with keys, a catalogue, and small request helpers."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from rest_framework.test import APIClient
+
+from tests.factories import ProductFactory, make_client
+
+ALL_SCOPES = ("purchases:read", "purchases:write", "refunds:write")
+
+
+def new_key() -> str:
+    return f"test-{uuid.uuid4()}"
+
+
+class Api:
+    """A DRF test client speaking as one API client (in-process, same DB connection)."""
+
+    def __init__(self, key: str, client_obj=None) -> None:
+        self.key = key
+        self.client = client_obj
+        self.http = APIClient()
+        self.http.credentials(HTTP_AUTHORIZATION=f"Api-Key {key}")
+
+    def get(self, path: str, **headers):
+        return self.http.get(f"/api/v1/{path}", **headers)
+
+    def post(self, path: str, body=None, *, key: str | None = "auto", **headers):
+        extra = dict(headers)
+        if key == "auto":
+            key = new_key()
+        if key is not None:
+            extra["HTTP_IDEMPOTENCY_KEY"] = key
+        return self.http.post(f"/api/v1/{path}", body if body is not None else {},
+                              format="json", **extra)
+
+    # -- the happy path in three calls ------------------------------------------------
+    def quote(self, sku: str, quantity: int = 1, **kw):
+        return self.post("quotes", {"items": [{"sku": sku, "quantity": quantity}],
+                                    "currency": "usd"}, **kw)
+
+    def purchase(self, quote: dict, customer: str | None = None, **kw):
+        body = {"quote_id": quote["id"], "quote_version": quote["version"],
+                "customer": {"reference": customer or f"cust-{uuid.uuid4().hex[:10]}",
+                             "email": "buyer@example.com"}}
+        body.update(kw.pop("extra", {}))
+        return self.post("purchases", body, **kw)
+
+    def new_purchase(self, sku: str, customer: str | None = None) -> dict:
+        q = self.quote(sku)
+        assert q.status_code == 201, q.content
+        p = self.purchase(q.json(), customer)
+        assert p.status_code == 201, p.content
+        return p.json()
+
+    def pay(self, purchase_id: str, method: str = "pm_card_visa", **kw):
+        body = {"payment_method": method, "capture": kw.pop("capture", "automatic")}
+        body.update(kw.pop("extra", {}))
+        return self.post(f"purchases/{purchase_id}/payments", body, **kw)
+
+
+@pytest.fixture
+def product(db):
+    return ProductFactory(price=2500, stock=1000)
+
+
+@pytest.fixture
+def storefront(db):
+    client, key = make_client(scopes=ALL_SCOPES, limit=10_000_000, name="storefront",
+                              auto_refund_limit=100_000)
+    return Api(key, client)
+
+
+@pytest.fixture
+def other_storefront(db):
+    client, key = make_client(scopes=ALL_SCOPES, limit=10_000_000, name="other")
+    return Api(key, client)
+
+
+@pytest.fixture
+def reader(db):
+    client, key = make_client(scopes=("purchases:read",), name="reader")
+    return Api(key, client)
+
+
+@pytest.fixture
+def resolver(db):
+    client, key = make_client(scopes=("purchases:read", "purchases:write",
+                                      "operations:resolve"), name="ops-tool")
+    return Api(key, client)
