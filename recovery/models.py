@@ -70,6 +70,8 @@ class StepRun(models.Model):
     external_reference = models.CharField(max_length=100, blank=True)
     result = models.JSONField(default=dict, blank=True)
     last_error = models.TextField(blank=True)
+    # The linked refund/void started when this step's policy compensated.
+    compensation_operation_id = models.CharField(max_length=40, blank=True, db_index=True)
     result_expires_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
@@ -101,18 +103,27 @@ class InventoryCommit(models.Model):
                                                name="inventory_once")]
 
 
+class LedgerAccount(models.TextChoices):
+    # Double entry: every movement writes one row per side; per operation they sum to 0.
+    PROVIDER_BALANCE = "provider_balance"  # what the provider holds for us (settlement)
+    AUTHORIZED = "authorized"  # authorized at the provider, not captured yet
+    REVENUE = "revenue"
+
+
 class LedgerEntry(models.Model):
-    purchase_id = models.CharField(max_length=40)
+    purchase_id = models.CharField(max_length=40, db_index=True)
     operation_id = models.CharField(max_length=40)
-    provider_reference = models.CharField(max_length=100, blank=True)
+    provider_reference = models.CharField(max_length=100, blank=True, db_index=True)
     entry_type = models.CharField(max_length=16)  # "sale" | "refund" | "void"
+    account = models.CharField(max_length=24, choices=LedgerAccount.choices,
+                               default=LedgerAccount.PROVIDER_BALANCE)
     amount = models.BigIntegerField(help_text="signed minor units")
     currency = models.CharField(max_length=3)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["operation_id", "entry_type"],
-                                               name="ledger_once_per_operation")]
+        constraints = [models.UniqueConstraint(fields=["operation_id", "entry_type", "account"],
+                                               name="ledger_once_per_operation_account")]
 
 
 class EmailMessage(models.Model):
@@ -145,6 +156,11 @@ class RecoveryDecision(models.Model):
     decision = models.CharField(max_length=24, choices=Decision.choices)
     detail = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        # Each decision is recorded once per purchase even under redelivery.
+        constraints = [models.UniqueConstraint(fields=["purchase_id", "decision"],
+                                               name="decision_once")]
 
 
 class WorkflowHalt(models.Model):

@@ -1,5 +1,182 @@
-"""Outbox relay: claim due rows with FOR UPDATE SKIP LOCKED, handle outside the claim."""
+"""Outbox relay: claim due rows with FOR UPDATE SKIP LOCKED, handle outside the claim.
+
+Shape (after sentry's hybridcloud outbox):
+  1. a short transaction claims up to `batch` due rows — SKIP LOCKED so concurrent
+     drainers never wait on each other nor take the same row — and stamps
+     `claimed_until = now + lease`, `attempts + 1`;
+  2. after commit, each message's handler runs with NO transaction open (handlers call
+     the provider through payments.services, which refuses an open transaction);
+  3. success sets `processed_at`; failure records `last_error` and moves `available_at`
+     by capped exponential backoff. Backoff lives only in `available_at` — never in a
+     Celery countdown/eta, which a lost Redis would forget.
+A worker that dies between 1 and 3 leaves the row claimed: once the lease passes, the
+next drain (the on-commit kick or the beat sweep) claims it again. Every handler is
+idempotent, so a message handled twice is harmless; the lease only keeps that rare.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from .models import OutboxCategory, OutboxMessage
+
+log = logging.getLogger(__name__)
+
+# DomainError codes that mean "the follow-up is already done": the message is processed.
+_DONE_CODES = frozenset({"already_settled", "already_dispatched", "not_dispatchable"})
 
 
-def relay_drain_once() -> int:  # replaced by the recovery implementation
-    return 0
+def _assert_no_transaction_outside() -> None:
+    if transaction.get_connection().in_atomic_block:
+        raise RuntimeError("relay handlers run outside any transaction (they may call the "
+                           "provider); do not call relay_drain_once inside atomic()")
+
+
+# -- handlers (each takes the ids-only payload) ---------------------------------------
+
+
+def _handle_process_event(payload: dict) -> None:
+    from webhooks.services import event_process
+
+    event_process(event_id=payload["event"])
+
+
+def _handle_operation_settled(payload: dict) -> None:
+    from .orchestrator import operation_settled
+
+    operation_settled(operation_id=payload["operation"])
+
+
+def _handle_reconcile(payload: dict) -> None:
+    from payments.services import operation_reconcile
+
+    operation_reconcile(operation_id=payload["operation"], actor="reconciler")
+
+
+def _handle_dispatch(payload: dict) -> None:
+    from payments.services import operation_dispatch
+
+    operation_dispatch(operation_id=payload["operation"])
+
+
+def _handle_run_steps(payload: dict) -> None:
+    from .orchestrator import purchase_fulfil
+
+    purchase_fulfil(purchase_id=payload["purchase"])
+
+
+def _handle_noop(payload: dict) -> None:
+    return None
+
+
+HANDLERS: dict[int, Callable[[dict], None]] = {
+    OutboxCategory.PROCESS_EVENT: _handle_process_event,
+    OutboxCategory.OPERATION_SETTLED: _handle_operation_settled,
+    OutboxCategory.RECONCILE: _handle_reconcile,
+    OutboxCategory.DISPATCH: _handle_dispatch,
+    OutboxCategory.RUN_STEPS: _handle_run_steps,
+    OutboxCategory.NOOP: _handle_noop,
+}
+
+
+# -- backoff --------------------------------------------------------------------------
+
+
+def backoff_seconds(attempts: int) -> float:
+    """Capped exponential backoff with a little jitter (attempts counts from 1)."""
+    base = settings.OUTBOX_BACKOFF_BASE_SECONDS
+    cap = settings.OUTBOX_BACKOFF_CAP_SECONDS
+    delay = min(cap, base * (2 ** max(0, attempts - 1)))
+    return delay * (1 + random.random() * 0.1)
+
+
+# -- the relay ------------------------------------------------------------------------
+
+
+def _claim(batch: int) -> list[OutboxMessage]:
+    now = timezone.now()
+    claimed_until = now + timedelta(seconds=settings.OUTBOX_LEASE_SECONDS)
+    with transaction.atomic():
+        rows = list(
+            OutboxMessage.objects.select_for_update(skip_locked=True)
+            .filter(processed_at__isnull=True, available_at__lte=now)
+            .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+            .order_by("available_at", "id")[:batch]
+        )
+        if not rows:
+            return []
+        OutboxMessage.objects.filter(id__in=[r.id for r in rows]).update(
+            claimed_until=claimed_until, attempts=F("attempts") + 1)
+    for row in rows:
+        row.claimed_until = claimed_until
+        row.attempts += 1
+    return rows
+
+
+def _succeed(message: OutboxMessage) -> None:
+    OutboxMessage.objects.filter(id=message.id, processed_at__isnull=True).update(
+        processed_at=timezone.now(), claimed_until=None, last_error="")
+
+
+def _fail(message: OutboxMessage, exc: BaseException) -> None:
+    delay = backoff_seconds(message.attempts)
+    # Type and message only: handlers raise DomainError/ORM errors, never provider payloads.
+    error = f"{type(exc).__name__}: {exc}"[:1000]
+    OutboxMessage.objects.filter(id=message.id, processed_at__isnull=True).update(
+        available_at=timezone.now() + timedelta(seconds=delay), claimed_until=None,
+        last_error=error)
+    log.warning("outbox message failed id=%s category=%s attempts=%s retry_in=%.1fs error=%s",
+                message.id, message.category, message.attempts, delay, error)
+
+
+def handle_message(message: OutboxMessage) -> bool:
+    """Run one claimed message's handler outside any transaction. True on success."""
+    from payments.services import DomainError
+
+    handler = HANDLERS.get(message.category)
+    try:
+        if handler is None:
+            raise LookupError(f"no handler for outbox category {message.category}")
+        handler(message.payload)
+    except DomainError as exc:
+        if exc.code in _DONE_CODES:
+            _succeed(message)
+            return True
+        _fail(message, exc)
+        return False
+    except Exception as exc:  # any handler failure backs off; the row keeps the error
+        _fail(message, exc)
+        return False
+    _succeed(message)
+    return True
+
+
+def relay_drain_once(batch: int = 100) -> int:
+    """Claim up to `batch` due messages and handle them; returns how many were claimed."""
+    _assert_no_transaction_outside()
+    messages = _claim(batch)
+    for message in messages:
+        # A message whose lease ran out while earlier ones were handled may already be
+        # claimed by another drainer: leave it to that one.
+        if message.claimed_until < timezone.now():
+            continue
+        handle_message(message)
+    return len(messages)
+
+
+def relay_drain(*, batch: int = 100, max_batches: int = 50) -> int:
+    """Drain until nothing is due (bounded, so one task never runs forever)."""
+    total = 0
+    for _ in range(max_batches):
+        n = relay_drain_once(batch)
+        total += n
+        if n < batch:
+            break
+    return total

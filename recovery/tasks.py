@@ -1,9 +1,57 @@
-"""Thin Celery tasks: take ids, call one service. (Filled in by the recovery work.)"""
+"""Thin Celery tasks: take ids, call one service, own nothing else.
+
+acks_late / reject_on_worker_lost come from settings. Tasks never carry backoff in a
+countdown/eta: a failure is recorded on the outbox row (available_at), which survives a
+lost broker; the beat sweep re-kicks the relay.
+"""
 from celery import shared_task
 
 
 @shared_task(name="recovery.relay_drain", ignore_result=True)
 def relay_drain() -> int:
-    from recovery.relay import relay_drain_once
+    from recovery.relay import relay_drain as drain
 
-    return relay_drain_once()
+    return drain()
+
+
+@shared_task(name="recovery.reconcile_due", ignore_result=True)
+def reconcile_due() -> int:
+    from recovery.reconciler import reconcile_due as run
+
+    return run()
+
+
+@shared_task(name="recovery.sweep_dead_dispatches", ignore_result=True)
+def sweep_dead_dispatches() -> int:
+    from recovery.reconciler import sweep_dead_dispatches as run
+
+    return run()
+
+
+@shared_task(name="recovery.resume_stalled_fulfilment", ignore_result=True)
+def resume_stalled_fulfilment() -> int:
+    from recovery.reconciler import resume_stalled_fulfilment as run
+
+    return run()
+
+
+@shared_task(name="recovery.expire_stale_purchases", ignore_result=True)
+def expire_stale_purchases() -> int:
+    from recovery.reconciler import expire_stale_purchases as run
+
+    return run()
+
+
+@shared_task(name="recovery.settlement_compare", ignore_result=True)
+def settlement_compare() -> int:
+    from recovery.settlement import settlement_compare as run
+
+    return run().discrepancies
+
+
+@shared_task(name="recovery.purchase_fulfil", ignore_result=True)
+def purchase_fulfil(purchase_id: str) -> str:
+    """On-demand resume (console); normal runs come through RUN_STEPS outbox messages."""
+    from recovery.orchestrator import purchase_fulfil as run
+
+    return run(purchase_id=purchase_id)

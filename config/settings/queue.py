@@ -25,7 +25,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # (~650 -> ~200 tasks/s for a one-query task, DESIGN §2).
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 CELERY_TASK_ALWAYS_EAGER = False
-CELERY_BEAT_SCHEDULE = {}  # filled by recovery.schedule (imported in recovery.apps)
+# CELERY_BEAT_SCHEDULE: at the end of this file (recovery jobs).
 
 # Outbox / recovery timing (seconds).
 OUTBOX_SWEEP_SECONDS = env.float("OUTBOX_SWEEP_SECONDS", default=5.0)
@@ -36,3 +36,45 @@ RECONCILE_SCHEDULE_SECONDS = env.list(
 )
 RECONCILE_DEADLINE_SECONDS = env.int("RECONCILE_DEADLINE_SECONDS", default=3 * 86400)
 RECOVERY_OWNER_DEFAULT = env("RECOVERY_OWNER_DEFAULT", default="payments-oncall")
+OUTBOX_BACKOFF_BASE_SECONDS = env.float("OUTBOX_BACKOFF_BASE_SECONDS", default=1.0)
+OUTBOX_BACKOFF_CAP_SECONDS = env.float("OUTBOX_BACKOFF_CAP_SECONDS", default=300.0)
+# Console "stuck outbox" queue: retried this often, or unprocessed for this long.
+OUTBOX_STUCK_ATTEMPTS = env.int("OUTBOX_STUCK_ATTEMPTS", default=3)
+OUTBOX_STUCK_SECONDS = env.int("OUTBOX_STUCK_SECONDS", default=600)
+
+# Orchestrator (recovery.orchestrator).
+# A step found `running` longer than this was abandoned by a dead worker (for the
+# confirmation e-mail that means "maybe sent": unknown, never resent without review).
+STEP_LEASE_SECONDS = env.int("STEP_LEASE_SECONDS", default=120)
+STEP_MAX_ATTEMPTS = env.int("STEP_MAX_ATTEMPTS", default=3)  # order/inventory/ledger/e-mail
+STEP_RETRY_LIMIT = env.int("STEP_RETRY_LIMIT", default=10)  # crm/deliverable ("retry")
+DELIVERABLE_RETENTION_DAYS = env.int("DELIVERABLE_RETENTION_DAYS", default=30)
+# Paid/fulfilling purchases untouched this long get a RUN_STEPS message (paid-without-order).
+PAID_WITHOUT_ORDER_SECONDS = env.int("PAID_WITHOUT_ORDER_SECONDS", default=300)
+
+# Settlement comparison (recovery.settlement).
+SETTLEMENT_WINDOW_HOURS = env.int("SETTLEMENT_WINDOW_HOURS", default=72)
+SETTLEMENT_GRACE_SECONDS = env.int("SETTLEMENT_GRACE_SECONDS", default=900)
+SETTLEMENT_MAX_TRANSACTIONS = env.int("SETTLEMENT_MAX_TRANSACTIONS", default=2000)
+
+# Confirmation e-mails are sent by recovery workers through Django's mail API. Default:
+# the console backend (no SMTP server in `make run`/tests); production sets SMTP.
+EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="orders@verity.example")
+
+# Exactly one beat process runs this (Procfile.dev `beat`). Tasks only find work and
+# write outbox rows; the relay does it.
+CELERY_BEAT_SCHEDULE = {
+    "outbox-sweep": {"task": "recovery.relay_drain", "schedule": OUTBOX_SWEEP_SECONDS},
+    "reconcile-due": {"task": "recovery.reconcile_due",
+                      "schedule": env.float("RECONCILE_SWEEP_SECONDS", default=10.0)},
+    "dead-dispatches": {"task": "recovery.sweep_dead_dispatches",
+                        "schedule": env.float("DEAD_DISPATCH_SWEEP_SECONDS", default=15.0)},
+    "stalled-fulfilment": {"task": "recovery.resume_stalled_fulfilment",
+                           "schedule": env.float("STALLED_FULFILMENT_SWEEP_SECONDS",
+                                                 default=60.0)},
+    "expire-stale-purchases": {"task": "recovery.expire_stale_purchases",
+                               "schedule": env.float("EXPIRE_SWEEP_SECONDS", default=60.0)},
+    "settlement-compare": {"task": "recovery.settlement_compare",
+                           "schedule": env.float("SETTLEMENT_SWEEP_SECONDS", default=3600.0)},
+}

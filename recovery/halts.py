@@ -1,0 +1,84 @@
+"""Workflow halts: `checkout`, `refunds` and per-step `step:<name>`.
+
+A halt is a row; `recovery.selectors.is_halted` reads it on every use. Setting or clearing
+one is a manual action: it writes its AuditEntry in the same transaction.
+"""
+from __future__ import annotations
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from .models import OutboxCategory, StepName, StepRun, StepState, WorkflowHalt
+from .outbox import outbox_put
+
+WORKFLOW_HALTS = ("checkout", "refunds")
+STEP_HALT_PREFIX = "step:"
+
+
+class HaltError(ValueError):
+    pass
+
+
+def valid_halt_names() -> list[str]:
+    return [*WORKFLOW_HALTS, *(f"{STEP_HALT_PREFIX}{s.value}" for s in StepName)]
+
+
+def _validate(name: str, reason: str, actor: str) -> None:
+    if name not in valid_halt_names():
+        raise HaltError(f"unknown halt {name!r}; one of {', '.join(valid_halt_names())}")
+    if not (reason or "").strip():
+        raise HaltError("a reason is required")
+    if not (actor or "").strip():
+        raise HaltError("an actor is required")
+
+
+def _audit(*, actor: str, action: str, name: str, reason: str) -> None:
+    from support.models import AuditEntry
+
+    AuditEntry.objects.create(actor=actor, action=action, target_type="workflow_halt",
+                              target_id=name, reason=reason)
+
+
+def halt_set(*, name: str, reason: str, actor: str) -> WorkflowHalt:
+    """Halt a workflow or step. Setting an existing halt again is a no-op (no new audit)."""
+    _validate(name, reason, actor)
+    with transaction.atomic():
+        # INSERT ... ON CONFLICT DO NOTHING RETURNING: tells whether this call set it.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {WorkflowHalt._meta.db_table} (name, reason, halted_by, created_at)"
+                " VALUES (%s, %s, %s, %s) ON CONFLICT (name) DO NOTHING RETURNING id",
+                [name, reason, actor, timezone.now()])
+            inserted = cursor.fetchone() is not None
+        if inserted:
+            _audit(actor=actor, action="halt_set", name=name, reason=reason)
+        halt = WorkflowHalt.objects.get(name=name)
+    return halt
+
+
+def halt_clear(*, name: str, actor: str, reason: str) -> bool:
+    """Clear a halt; returns False if it was not set. Resumes purchases waiting on a step."""
+    _validate(name, reason, actor)
+    with transaction.atomic():
+        deleted, _ = WorkflowHalt.objects.filter(name=name).delete()
+        if not deleted:
+            return False
+        _audit(actor=actor, action="halt_clear", name=name, reason=reason)
+        if name.startswith(STEP_HALT_PREFIX):
+            _resume_waiting_on_step(name[len(STEP_HALT_PREFIX):])
+    return True
+
+
+def _resume_waiting_on_step(step: str) -> None:
+    # Purchases whose step is still pending get a RUN_STEPS message in this transaction;
+    # the beat's stalled-fulfilment sweep would find them later anyway.
+    if step not in [s.value for s in StepName]:
+        return
+    purchase_ids = (StepRun.objects.filter(step=step, state__in=(StepState.PENDING,
+                                                                 StepState.FAILED))
+                    .values_list("purchase_id", flat=True)[:2000])
+    for purchase_id in purchase_ids:
+        outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase_id},
+                   dedupe_key=f"run_steps:{purchase_id}")
+
+

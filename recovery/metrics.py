@@ -1,0 +1,144 @@
+"""Prometheus metrics (DESIGN §9), served at /metrics from the default registry.
+
+Two kinds:
+- counters other apps increment where the event happens (module-level, import them:
+  `from recovery.metrics import IDEMPOTENT_REPLAYS`). They are per process: web-process
+  events (replays, blocked duplicates) are complete at the web's /metrics; for several
+  gunicorn workers set PROMETHEUS_MULTIPROC_DIR (prometheus_client multiprocess mode).
+- figures computed from PostgreSQL at scrape time by `DatabaseCollector`, so they are
+  right whichever process did the work (unknown operations and oldest age, compensation
+  needed, outbox backlog, escalations, discrepancies, operation and webhook results,
+  manual resolutions, time from provider success to order, notification delay).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from django.db.models import Count
+from django.utils import timezone
+from prometheus_client import REGISTRY, Counter
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+
+log = logging.getLogger(__name__)
+
+# -- counters (increment at the event) -------------------------------------------------
+IDEMPOTENT_REPLAYS = Counter(
+    "verity_idempotent_replays", "Requests answered from an Idempotency-Key record", ["route"])
+BLOCKED_DUPLICATES = Counter(
+    "verity_blocked_duplicates",
+    "Attempts refused because they would duplicate a money movement or an in-flight request",
+    ["reason"])
+MANUAL_RESOLUTIONS = Counter(
+    "verity_manual_resolutions", "Operations settled by a person", ["outcome"])
+REFUND_OUTCOMES = Counter(
+    "verity_refund_outcomes", "Refund/void operations reaching an outcome", ["kind", "outcome"])
+STEP_RUNS = Counter(
+    "verity_step_runs", "Orchestrator step executions by final state", ["step", "state"])
+
+_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 900, 1800, 3600, 4 * 3600, 86400)
+_WINDOW_HOURS = 24
+
+
+def _histogram(name: str, doc: str, values: list[float]) -> HistogramMetricFamily:
+    counts = []
+    ordered = sorted(values)
+    i = 0
+    for bound in _BUCKETS:
+        while i < len(ordered) and ordered[i] <= bound:
+            i += 1
+        counts.append((str(float(bound)), i))
+    counts.append(("+Inf", len(ordered)))
+    cumulative = sum(ordered)
+    return HistogramMetricFamily(name, doc, buckets=counts, sum_value=cumulative)
+
+
+class DatabaseCollector:
+    """Gauges read from the database on every scrape (cheap indexed counts)."""
+
+    def collect(self):
+        try:
+            yield from self._collect()
+        except Exception:  # a scrape must never 500 because one query failed
+            log.exception("metrics collection from the database failed")
+
+    def _collect(self):
+        from payments.models import PaymentOperation
+        from support.models import Resolution
+        from webhooks.models import ProviderEvent
+
+        from . import selectors
+        from .models import EmailMessage, Order, SettlementDiscrepancy
+
+        count, age = selectors.unknown_operations_stats()
+        yield GaugeMetricFamily("verity_unknown_operations",
+                                "Operations whose outcome is unknown", value=count)
+        yield GaugeMetricFamily("verity_unknown_oldest_age_seconds",
+                                "Age of the oldest unknown operation", value=age)
+        yield GaugeMetricFamily("verity_compensation_needed",
+                                "Steps waiting for a person or for a compensation to settle",
+                                value=selectors.compensation_needed_count())
+        yield GaugeMetricFamily("verity_outbox_backlog", "Unprocessed outbox messages",
+                                value=selectors.outbox_backlog())
+        yield GaugeMetricFamily("verity_outbox_stuck",
+                                "Outbox messages retried repeatedly or old",
+                                value=selectors.queue_stuck_outbox(limit=100000).count())
+        yield GaugeMetricFamily(
+            "verity_escalated_operations", "Open operations escalated to a recovery owner",
+            value=PaymentOperation.objects.filter(
+                escalated_at__isnull=False,
+                outcome__in=("unknown", "awaiting_provider", "awaiting_buyer")).count())
+        yield GaugeMetricFamily(
+            "verity_settlement_discrepancies_open", "Open settlement discrepancies",
+            value=SettlementDiscrepancy.objects.filter(resolved_at__isnull=True).count())
+
+        ops = GaugeMetricFamily("verity_operations", "Operations by kind and outcome",
+                                labels=["kind", "outcome"])
+        for row in PaymentOperation.objects.values("kind", "outcome").annotate(n=Count("id")):
+            ops.add_metric([row["kind"], row["outcome"]], row["n"])
+        yield ops
+
+        events = GaugeMetricFamily("verity_webhook_events", "Stored webhook events by result",
+                                   labels=["result"])
+        for row in ProviderEvent.objects.values("result").annotate(n=Count("id")):
+            events.add_metric([row["result"]], row["n"])
+        yield events
+
+        yield GaugeMetricFamily("verity_manual_resolutions_recorded",
+                                "Manual resolutions recorded (all time)",
+                                value=Resolution.objects.count())
+
+        # Time from provider success to order (and to the confirmation e-mail), over the
+        # last day; computed here so it does not matter which worker did the step.
+        since = timezone.now() - timedelta(hours=_WINDOW_HOURS)
+        settled = dict(PaymentOperation.objects.filter(
+            kind__in=("charge", "authorize"), outcome="succeeded", settled_at__gte=since)
+            .values_list("purchase_id", "settled_at"))
+        order_delays = [
+            max(0.0, (created - settled[pid]).total_seconds())
+            for pid, created in Order.objects.filter(purchase_id__in=list(settled))
+            .values_list("purchase_id", "created_at")]
+        yield _histogram("verity_order_after_payment_seconds",
+                         "Provider success to order row (last 24 h)", order_delays)
+        mail_delays = [
+            max(0.0, (sent - settled[pid]).total_seconds())
+            for pid, sent in EmailMessage.objects.filter(
+                purchase_id__in=list(settled), kind="confirmation", sent_at__isnull=False)
+            .values_list("purchase_id", "sent_at")]
+        yield _histogram("verity_notification_delay_seconds",
+                         "Provider success to confirmation e-mail sent (last 24 h)",
+                         mail_delays)
+
+
+_collector: DatabaseCollector | None = None
+_collector_lock = threading.Lock()
+
+
+def register_database_collector() -> None:
+    """Idempotent; called by the /metrics view (web processes only)."""
+    global _collector
+    with _collector_lock:
+        if _collector is None:
+            _collector = DatabaseCollector()
+            REGISTRY.register(_collector)

@@ -1,0 +1,486 @@
+"""The orchestrator: resume a paid purchase from its first incomplete step. Never charges.
+
+Rules (DESIGN §7, §10.11):
+- runs only when the purchase is `paid`/`fulfilling` AND its charge/authorization
+  succeeded at the provider: an unknown payment never satisfies a dependency;
+- one StepRun per (purchase, step), created with INSERT ... ON CONFLICT DO NOTHING;
+- a step runs under its StepRun row lock, so a redelivered or concurrent run waits and
+  then finds it done; its effect is a row with its own unique constraint besides;
+- the confirmation e-mail is recorded before it is sent and sent outside any
+  transaction; a send found `running` after its lease (the worker died mid-send) becomes
+  `unknown` and goes to a person — an e-mail cannot be unsent, so it is never resent blindly;
+- a step that cannot complete follows its policy: retry (bounded, backoff in the outbox),
+  compensate (void before capture, refund after: a new linked operation with its own
+  key, dispatched through the outbox and reconciled like any other) or manual review;
+- the decision (completed_forward, compensated, manual) is recorded once.
+Lock order in recovery: StepRun -> (payments) Purchase -> PaymentOperation.
+"""
+from __future__ import annotations
+
+import logging
+import smtplib
+import socket
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import transaction
+from django.utils import timezone
+
+from .models import (
+    EmailMessage,
+    OutboxCategory,
+    RecoveryDecision,
+    StepName,
+    StepRun,
+    StepState,
+)
+from .outbox import outbox_put
+from .selectors import is_halted, step_halt_name
+from .steps import (
+    DB_STEPS,
+    PaymentInfo,
+    Policy,
+    PurchaseContext,
+    StepRejected,
+    deliverable_execute,
+    deliverable_expiry,
+    deliverable_job_reference,
+    ledger_record_refund,
+    ledger_record_sale,
+    ledger_record_void,
+    step_key,
+)
+
+log = logging.getLogger(__name__)
+ACTOR = "orchestrator"
+
+# Pseudo-states returned (never stored) when a run stops without an outcome.
+HALTED = "halted"
+BUSY = "busy"  # another worker holds this step's lease right now
+NOT_READY = "not_ready"  # not paid (or payment not succeeded): nothing may run
+COMPLETED = "completed"
+
+_WAITING_FOR_PERSON = (StepState.MANUAL, StepState.UNKNOWN)
+
+
+class StepRetryLater(Exception):
+    """A transient step failure: the outbox message backs off and runs again."""
+
+
+def run_steps_message_put(purchase_id: str) -> None:
+    """Call inside atomic(). Same dedupe key as the core's, so the two absorb each other."""
+    outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase_id},
+               dedupe_key=f"steps:{purchase_id}")
+
+
+# -- context --------------------------------------------------------------------------
+
+
+def _info(op) -> PaymentInfo:
+    return PaymentInfo(id=op.id, kind=op.kind, amount=op.amount, currency=op.currency,
+                       provider_reference=op.provider_reference or "",
+                       provider_charge=op.provider_charge or "")
+
+
+def load_context(purchase_id: str) -> PurchaseContext | None:
+    """None unless the purchase is paid/fulfilling with a succeeded payment operation."""
+    from payments.enums import PAYMENT_KINDS, OperationKind, Outcome, PurchaseStatus
+    from payments.models import Product, Purchase
+
+    purchase = Purchase.objects.select_related("quote").get(id=purchase_id)
+    if purchase.status not in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
+        return None
+    payment = (purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED)
+               .first())
+    if payment is None:
+        return None  # unknown/pending never satisfies a dependency (invariant 5)
+    capture = purchase.operations.filter(kind=OperationKind.CAPTURE,
+                                         outcome=Outcome.SUCCEEDED).first()
+    items = [i for i in (purchase.quote.items or []) if i.get("sku")]
+    products = Product.objects.filter(sku__in=[i["sku"] for i in items])
+    return PurchaseContext(
+        purchase_id=purchase.id, customer_reference=purchase.customer_reference,
+        customer_email=purchase.customer_email, amount=purchase.amount,
+        currency=purchase.currency, items=items, payment=_info(payment),
+        product_kinds={p.sku: p.kind for p in products},
+        product_policies={p.sku: p.step_policy or {} for p in products},
+        captured=_info(capture) if capture else None,
+    )
+
+
+def _status_url(purchase_id: str) -> str:
+    from payments.models import Purchase
+
+    token = Purchase.objects.filter(id=purchase_id).values_list("status_token", flat=True).get()
+    return f"{settings.PUBLIC_BASE_URL.rstrip('/')}/status/{token}/"
+
+
+def _ensure_step_runs(ctx: PurchaseContext) -> None:
+    StepRun.objects.bulk_create(
+        [StepRun(purchase_id=ctx.purchase_id, step=step, key=step_key(ctx.purchase_id, step))
+         for step in ctx.steps],
+        ignore_conflicts=True)
+
+
+def _lock_run(purchase_id: str, step: str) -> StepRun:
+    return StepRun.objects.select_for_update().get(purchase_id=purchase_id, step=step)
+
+
+def _decide(purchase_id: str, decision: str, detail: str = "") -> None:
+    RecoveryDecision.objects.bulk_create(
+        [RecoveryDecision(purchase_id=purchase_id, decision=decision, detail=detail[:2000])],
+        ignore_conflicts=True)
+
+
+def _manual_review(purchase_id: str, detail: str) -> None:
+    """Inside the caller's atomic(): the purchase goes to a person; decision `manual`."""
+    from payments.services import purchase_transition
+
+    purchase_transition(purchase_id=purchase_id, name="mark_manual_review",
+                        cause="step_needs_review", actor=ACTOR)
+    _decide(purchase_id, RecoveryDecision.Decision.MANUAL, detail)
+
+
+def _give_up_locked(ctx: PurchaseContext, run: StepRun, error: str) -> None:
+    """The step will not complete by retrying: apply its policy (caller holds the lock)."""
+    run.last_error = error[:1000]
+    if ctx.policy(run.step) == Policy.COMPENSATE:
+        # Claim the compensation under the lock; the operation itself is created after
+        # commit by _compensate (which is re-entrant if we crash in between).
+        run.state = StepState.COMPENSATED
+    else:
+        run.state = StepState.MANUAL
+        _manual_review(ctx.purchase_id, f"{run.step}: {error}")
+
+
+# -- the steps ------------------------------------------------------------------------
+
+
+def _run_db_step(ctx: PurchaseContext, step: str) -> str:
+    retry_error: Exception | None = None
+    with transaction.atomic():
+        run = _lock_run(ctx.purchase_id, step)
+        if run.state in (StepState.DONE, StepState.COMPENSATED, *_WAITING_FOR_PERSON):
+            return run.state
+        if is_halted(step_halt_name(step)):
+            return HALTED
+        now = timezone.now()
+        run.attempts += 1
+        run.started_at = run.started_at or now
+        try:
+            with transaction.atomic():  # a savepoint: a failed effect rolls back alone
+                result = DB_STEPS[step](ctx, run)
+        except StepRejected as exc:
+            _give_up_locked(ctx, run, str(exc))
+        except Exception as exc:  # transient: bounded retries, then the policy
+            run.state = StepState.FAILED
+            run.last_error = f"{type(exc).__name__}: {exc}"[:1000]
+            if run.attempts >= ctx.max_attempts(step):
+                _give_up_locked(ctx, run, run.last_error)
+            else:
+                retry_error = exc
+        else:
+            run.state, run.result, run.last_error = StepState.DONE, result, ""
+            run.completed_at = now
+        run.save(update_fields=["state", "attempts", "started_at", "completed_at", "result",
+                                "last_error"])
+        state = run.state
+    if retry_error is not None:
+        raise StepRetryLater(f"{step}: {retry_error}") from retry_error
+    return state
+
+
+def _definitely_not_sent(exc: BaseException) -> bool:
+    # Refused before any message data was accepted: safe to send again later.
+    return isinstance(exc, (ConnectionRefusedError, socket.gaierror, smtplib.SMTPConnectError,
+                            smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused,
+                            smtplib.SMTPHeloError))
+
+
+def _confirmation_text(ctx: PurchaseContext) -> tuple[str, str]:
+    from .models import Order
+
+    order = Order.objects.filter(purchase_id=ctx.purchase_id).values_list("reference",
+                                                                          flat=True).first()
+    amount = f"{ctx.payment.amount / 100:.2f} {ctx.payment.currency.upper()}"
+    subject = f"Order {order or ctx.purchase_id} confirmed"
+    body = (f"Thank you. Your payment of {amount} is confirmed and your order "
+            f"{order or ''} is being prepared.\n\nPurchase: {ctx.purchase_id}\n"
+            f"Status: {_status_url(ctx.purchase_id)}\n"
+            f"Questions: {settings.SUPPORT_CONTACT}\n")
+    return subject, body
+
+
+def _run_confirmation(ctx: PurchaseContext) -> str:
+    step = StepName.CONFIRMATION
+    with transaction.atomic():
+        run = _lock_run(ctx.purchase_id, step)
+        if run.state in (StepState.DONE, *_WAITING_FOR_PERSON):
+            return run.state
+        now = timezone.now()
+        if run.state == StepState.RUNNING:
+            lease = timedelta(seconds=settings.STEP_LEASE_SECONDS)
+            if run.started_at and run.started_at > now - lease:
+                return BUSY
+            # The sender died mid-send: the e-mail may or may not have left. Never resend
+            # without review (DESIGN §10.11).
+            run.state = StepState.UNKNOWN
+            run.last_error = "send outcome unknown: the worker stopped while sending"
+            run.save(update_fields=["state", "last_error"])
+            _manual_review(ctx.purchase_id, "confirmation e-mail: send outcome unknown")
+            return run.state
+        if is_halted(step_halt_name(step)):
+            return HALTED
+        if not ctx.customer_email:
+            run.state, run.result, run.completed_at = StepState.DONE, {"skipped": "no_email"}, now
+            run.save(update_fields=["state", "result", "completed_at"])
+            return run.state
+        subject, body = _confirmation_text(ctx)
+        # The attempt is recorded before sending (an e-mail cannot be unsent).
+        EmailMessage.objects.bulk_create(
+            [EmailMessage(purchase_id=ctx.purchase_id, kind="confirmation",
+                          to=ctx.customer_email, subject=subject[:200])],
+            ignore_conflicts=True)
+        email = EmailMessage.objects.get(purchase_id=ctx.purchase_id, kind="confirmation")
+        if email.sent_at is not None:  # the effect exists already
+            run.state, run.completed_at = StepState.DONE, now
+            run.save(update_fields=["state", "completed_at"])
+            return run.state
+        run.state, run.started_at = StepState.RUNNING, now
+        run.attempts += 1
+        run.save(update_fields=["state", "started_at", "attempts"])
+
+    # Outside any transaction: a slow mail server holds no row lock.
+    try:
+        send_mail(subject, body, settings.DEFAULT_FROM_EMAIL, [email.to], fail_silently=False)
+    except Exception as exc:
+        retry = False
+        with transaction.atomic():
+            run = _lock_run(ctx.purchase_id, step)
+            run.last_error = f"{type(exc).__name__}: {exc}"[:1000]
+            if _definitely_not_sent(exc) and run.attempts < ctx.max_attempts(step):
+                run.state, retry = StepState.FAILED, True
+            elif _definitely_not_sent(exc):
+                run.state = StepState.MANUAL
+                _manual_review(ctx.purchase_id, f"confirmation e-mail: {run.last_error}")
+            else:
+                run.state = StepState.UNKNOWN
+                _manual_review(ctx.purchase_id, f"confirmation e-mail unknown: {run.last_error}")
+            run.save(update_fields=["state", "last_error"])
+            state = run.state
+        if retry:
+            raise StepRetryLater(f"confirmation: {exc}") from exc
+        return state
+
+    with transaction.atomic():
+        run = _lock_run(ctx.purchase_id, step)
+        sent_at = timezone.now()
+        EmailMessage.objects.filter(id=email.id, sent_at__isnull=True).update(sent_at=sent_at)
+        if run.state == StepState.RUNNING:
+            run.state, run.completed_at, run.last_error = StepState.DONE, sent_at, ""
+            run.result = {"email": email.id}
+            run.save(update_fields=["state", "completed_at", "last_error", "result"])
+        return run.state
+
+
+def _run_deliverable(ctx: PurchaseContext) -> str:
+    """Claimed by one worker under the lock; the job reference is stored before the job
+    starts; the result is kept for the redelivery period."""
+    step = StepName.DELIVERABLE
+    with transaction.atomic():
+        run = _lock_run(ctx.purchase_id, step)
+        if run.state in (StepState.DONE, StepState.COMPENSATED, *_WAITING_FOR_PERSON):
+            return run.state
+        now = timezone.now()
+        lease = timedelta(seconds=settings.STEP_LEASE_SECONDS)
+        if run.state == StepState.RUNNING and run.started_at and run.started_at > now - lease:
+            return BUSY
+        if is_halted(step_halt_name(step)):
+            return HALTED
+        if not run.external_reference:
+            run.external_reference = deliverable_job_reference(run)
+        run.state, run.started_at = StepState.RUNNING, now
+        run.attempts += 1
+        run.save(update_fields=["external_reference", "state", "started_at", "attempts"])
+        reference = run.external_reference
+    try:
+        result = deliverable_execute(ctx, reference)
+    except Exception as exc:
+        retry = False
+        with transaction.atomic():
+            run = _lock_run(ctx.purchase_id, step)
+            run.state = StepState.FAILED
+            run.last_error = f"{type(exc).__name__}: {exc}"[:1000]
+            if run.attempts >= ctx.max_attempts(step):
+                _give_up_locked(ctx, run, run.last_error)
+            else:
+                retry = True
+            run.save(update_fields=["state", "last_error"])
+            state = run.state
+        if retry:
+            raise StepRetryLater(f"deliverable: {exc}") from exc
+        return state
+    with transaction.atomic():
+        run = _lock_run(ctx.purchase_id, step)
+        if run.state == StepState.RUNNING:
+            run.state, run.result = StepState.DONE, result
+            run.completed_at, run.result_expires_at = timezone.now(), deliverable_expiry()
+            run.save(update_fields=["state", "result", "completed_at", "result_expires_at"])
+        return run.state
+
+
+# -- compensation ---------------------------------------------------------------------
+
+
+def _existing_compensation(purchase_id: str):
+    from payments.enums import Outcome
+    from payments.models import PaymentOperation
+
+    return (PaymentOperation.objects.filter(purchase_id=purchase_id, is_compensation=True)
+            .exclude(outcome=Outcome.FAILED).order_by("created_at").first())
+
+
+def _compensate(ctx: PurchaseContext, step: str) -> str:
+    """Start (or find) the linked void/refund for a compensated step. Re-entrant: the
+    core refuses a second refund beyond the refundable amount and a second active
+    operation on the purchase, so two runners cannot compensate twice."""
+    from payments.services import DomainError, refund_request, void_create
+
+    run = StepRun.objects.get(purchase_id=ctx.purchase_id, step=step)
+    if run.compensation_operation_id:
+        return StepState.COMPENSATED
+    op = _existing_compensation(ctx.purchase_id)
+    if op is None:
+        if is_halted("refunds"):
+            raise StepRetryLater("compensation waits: the refunds workflow is halted")
+        try:
+            if ctx.payment.kind == "authorize" and ctx.captured is None:
+                op = void_create(purchase_id=ctx.purchase_id, compensation=True)
+            else:
+                op = refund_request(purchase_id=ctx.purchase_id, compensation=True)
+        except DomainError as exc:
+            op = _existing_compensation(ctx.purchase_id)
+            if op is None:
+                if exc.code in ("workflow_halted", "payment_unresolved"):
+                    raise StepRetryLater(f"compensation waits: {exc.code}") from exc
+                with transaction.atomic():
+                    run = _lock_run(ctx.purchase_id, step)
+                    run.state = StepState.MANUAL
+                    run.last_error = f"compensation refused: {exc.code}"
+                    run.save(update_fields=["state", "last_error"])
+                    _manual_review(ctx.purchase_id, f"{step}: compensation refused ({exc.code})")
+                return StepState.MANUAL
+    with transaction.atomic():
+        StepRun.objects.filter(id=run.id, compensation_operation_id="").update(
+            compensation_operation_id=op.id)
+        # Compensations need no approval: dispatch through the outbox (a second dispatch
+        # of the same operation is a no-op in the core).
+        outbox_put(category=OutboxCategory.DISPATCH, payload={"operation": op.id},
+                   dedupe_key=f"dispatch:{op.id}")
+    log.info("compensation started purchase=%s step=%s operation=%s kind=%s",
+             ctx.purchase_id, step, op.id, op.kind)
+    return StepState.COMPENSATED
+
+
+# -- entry points ---------------------------------------------------------------------
+
+
+def purchase_fulfil(*, purchase_id: str) -> str:
+    """Run the purchase's steps from the first incomplete one. Idempotent; never charges.
+
+    Returns `completed`, or the state where it stopped (a StepState value, `halted`,
+    `busy`, `not_ready`). Raises StepRetryLater for a transient failure (the outbox
+    backs the message off and runs it again).
+    """
+    from payments.services import purchase_transition
+
+    ctx = load_context(purchase_id)
+    if ctx is None:
+        return NOT_READY
+    _ensure_step_runs(ctx)
+    purchase_transition(purchase_id=purchase_id, name="mark_fulfilling",
+                        cause="fulfilment_started", actor=ACTOR)
+    for step in ctx.steps:
+        if step == StepName.CONFIRMATION:
+            state = _run_confirmation(ctx)
+        elif step == StepName.DELIVERABLE:
+            state = _run_deliverable(ctx)
+        else:
+            state = _run_db_step(ctx, step)
+        if state == StepState.COMPENSATED:
+            return _compensate(ctx, step)
+        if state != StepState.DONE:
+            return state
+    with transaction.atomic():
+        purchase = purchase_transition(purchase_id=purchase_id, name="mark_completed",
+                                       cause="fulfilment_completed", actor=ACTOR)
+        if purchase.status == "completed":
+            _decide(purchase_id, RecoveryDecision.Decision.COMPLETED_FORWARD)
+    return COMPLETED
+
+
+def operation_settled(*, operation_id: str) -> None:
+    """Follow-up of a settled operation (the core already moved holds and status)."""
+    from payments.enums import PAYMENT_KINDS, OperationKind, Outcome
+    from payments.models import PaymentOperation
+
+    op = PaymentOperation.objects.get(id=operation_id)
+    info = _info(op)
+    with transaction.atomic():
+        if op.outcome == Outcome.SUCCEEDED:
+            if op.kind in PAYMENT_KINDS:
+                run_steps_message_put(op.purchase_id)
+            elif op.kind == OperationKind.CAPTURE:
+                ledger_record_sale(purchase_id=op.purchase_id, payment=info)
+            elif op.kind == OperationKind.REFUND:
+                ledger_record_refund(purchase_id=op.purchase_id, refund=info)
+            elif op.kind == OperationKind.VOID:
+                ledger_record_void(purchase_id=op.purchase_id, void=info, amount=op.amount)
+        runs = list(StepRun.objects.select_for_update()
+                    .filter(compensation_operation_id=op.id))
+        if not (op.is_compensation or runs):
+            return
+        if op.outcome == Outcome.SUCCEEDED:
+            steps = ", ".join(r.step for r in runs) or "step"
+            _decide(op.purchase_id, RecoveryDecision.Decision.COMPENSATED,
+                    f"{steps}: {op.kind} {op.id} confirmed by the provider")
+        elif op.outcome == Outcome.FAILED:
+            for run in runs:
+                run.state = StepState.MANUAL
+                run.last_error = f"compensation {op.kind} {op.id} failed: {op.reason}"[:1000]
+                run.save(update_fields=["state", "last_error"])
+            _manual_review(op.purchase_id, f"compensation {op.kind} {op.id} failed")
+
+
+def step_resolve(*, purchase_id: str, step: str, resolution: str, actor: str,
+                 reason: str) -> StepRun:
+    """A person settles a step waiting for review: `done` (it did happen / was done by
+    hand) or `retry` (safe to run again, e.g. the e-mail provably never left).
+    Writes its AuditEntry in the same transaction, then resumes the purchase."""
+    from payments.services import purchase_transition
+    from support.models import AuditEntry
+
+    if resolution not in ("done", "retry"):
+        raise ValueError("resolution must be 'done' or 'retry'")
+    if not (reason or "").strip() or not (actor or "").strip():
+        raise ValueError("actor and reason are required")
+    with transaction.atomic():
+        run = _lock_run(purchase_id, step)
+        if run.state not in (*_WAITING_FOR_PERSON, StepState.FAILED):
+            raise ValueError(f"step {step} is {run.state}: nothing to resolve")
+        before = run.state
+        if resolution == "done":
+            run.state, run.completed_at = StepState.DONE, timezone.now()
+        else:
+            run.state, run.attempts, run.started_at = StepState.PENDING, 0, None
+        run.last_error = ""
+        run.save(update_fields=["state", "completed_at", "attempts", "started_at",
+                                "last_error"])
+        AuditEntry.objects.create(actor=actor, action="step_resolve", target_type="step_run",
+                                  target_id=run.key, purchase_id=purchase_id, reason=reason,
+                                  detail={"step": step, "from": before, "to": run.state})
+        purchase_transition(purchase_id=purchase_id, name="mark_fulfilling",
+                            cause="step_resolved", actor=actor)
+        run_steps_message_put(purchase_id)
+    return run

@@ -1,0 +1,69 @@
+"""Beat jobs that find work nobody announced: due reconciliations, dead dispatches,
+paid purchases whose fulfilment stalled, stale purchases.
+
+Each job only *finds* work and writes outbox messages (or calls one payments service);
+the relay does the work. Reconciliation itself is payments.services.operation_reconcile:
+read-only at the provider, backoff schedule RECONCILE_SCHEDULE_SECONDS, escalation to the
+purchase's recovery_owner after RECONCILE_DEADLINE_SECONDS.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from .models import OutboxCategory
+from .orchestrator import run_steps_message_put
+from .outbox import outbox_put
+from .selectors import stalled_fulfilment
+
+log = logging.getLogger(__name__)
+
+_OPEN_OUTCOMES = ("unknown", "awaiting_provider", "awaiting_buyer")
+
+
+def reconcile_due(*, limit: int = 500) -> int:
+    """Put a RECONCILE message for every open operation whose next read-back is due.
+
+    The core schedules the next read-back itself (a delayed outbox row), but a message
+    being handled absorbs a re-put with the same dedupe key; this sweep is what makes the
+    schedule hold whatever happened to those rows.
+    """
+    from payments.models import PaymentOperation
+
+    due = list(PaymentOperation.objects.filter(outcome__in=_OPEN_OUTCOMES,
+                                               next_reconcile_at__lte=timezone.now())
+               .order_by("next_reconcile_at").values_list("id", flat=True)[:limit])
+    with transaction.atomic():
+        for op_id in due:
+            outbox_put(category=OutboxCategory.RECONCILE, payload={"operation": op_id},
+                       dedupe_key=f"reconcile:{op_id}")
+    return len(due)
+
+
+def sweep_dead_dispatches() -> int:
+    """Dispatches past their lease with no outcome: the core turns them unknown (or
+    failed `not_confirmed` when confirm was never claimed) — never re-dispatched."""
+    from payments.services import operations_sweep_dead_dispatches
+
+    return operations_sweep_dead_dispatches()
+
+
+def resume_stalled_fulfilment(*, older_than_seconds: float | None = None) -> int:
+    """Paid-without-order and any paid/fulfilling purchase left alone for a while get a
+    RUN_STEPS message (the orchestrator resumes from the first incomplete step)."""
+    ids = list(stalled_fulfilment(older_than_seconds=older_than_seconds)
+               .values_list("id", flat=True))
+    with transaction.atomic():
+        for purchase_id in ids:
+            run_steps_message_put(purchase_id)
+    if ids:
+        log.info("resumed stalled fulfilment for %d purchases", len(ids))
+    return len(ids)
+
+
+def expire_stale_purchases() -> int:
+    from payments.services import purchases_expire_stale
+
+    return purchases_expire_stale()

@@ -1,0 +1,179 @@
+"""Recovery reads: halts, step states, console queues, metric inputs.
+
+Reads only; writes live in recovery.services / orchestrator / relay. Payments rows are
+read here (never written): recovery decides *what* follow-up is due, payments.services
+performs it.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Exists, Min, OuterRef, Q, QuerySet
+from django.utils import timezone
+
+from .models import (
+    STEP_ORDER,
+    Order,
+    OutboxMessage,
+    RecoveryDecision,
+    SettlementDiscrepancy,
+    StepName,
+    StepRun,
+    StepState,
+    WorkflowHalt,
+)
+
+# Outcomes that still wait for evidence (reconcile targets).
+_OPEN_OUTCOMES = ("unknown", "awaiting_provider", "awaiting_buyer")
+
+
+def step_halt_name(step: str) -> str:
+    return f"step:{step}"
+
+
+def is_halted(name: str) -> bool:
+    """`checkout`, `refunds` or `step:<name>`. Read on every call: halts must bite at once."""
+    return WorkflowHalt.objects.filter(name=name).exists()
+
+
+def halts_list() -> QuerySet[WorkflowHalt]:
+    return WorkflowHalt.objects.order_by("name")
+
+
+def steps_for_purchase(purchase_id: str) -> dict[str, str]:
+    """{step: state} for every step of the purchase; steps not started yet are `pending`.
+
+    The API's purchase view (fulfillment{...}) reads this. `deliverable` appears only when
+    it exists for the purchase (digital goods).
+    """
+    rows = dict(StepRun.objects.filter(purchase_id=purchase_id).values_list("step", "state"))
+    out = {step.value: rows.get(step.value, StepState.PENDING.value) for step in STEP_ORDER}
+    if StepName.DELIVERABLE.value in rows:
+        out[StepName.DELIVERABLE.value] = rows[StepName.DELIVERABLE.value]
+    return out
+
+
+def step_runs_for_purchase(purchase_id: str) -> QuerySet[StepRun]:
+    return StepRun.objects.filter(purchase_id=purchase_id).order_by("created_at", "id")
+
+
+def deliverable_for(purchase_id: str) -> dict | None:
+    """The stored deliverable result while its redelivery period lasts, else None."""
+    run = StepRun.objects.filter(purchase_id=purchase_id, step=StepName.DELIVERABLE,
+                                 state=StepState.DONE).first()
+    if run is None:
+        return None
+    if run.result_expires_at and run.result_expires_at < timezone.now():
+        return None
+    return {"job_reference": run.external_reference, "result": run.result,
+            "expires_at": run.result_expires_at}
+
+
+def order_for(purchase_id: str) -> Order | None:
+    return Order.objects.filter(purchase_id=purchase_id).first()
+
+
+def decisions_for(purchase_id: str) -> QuerySet[RecoveryDecision]:
+    return RecoveryDecision.objects.filter(purchase_id=purchase_id).order_by("created_at", "id")
+
+
+# -- console queues -----------------------------------------------------------------
+
+
+def _operations():
+    from payments.models import PaymentOperation
+
+    return PaymentOperation.objects
+
+
+def queue_unknown_operations(limit: int = 200):
+    """Operations waiting for evidence, oldest first (unknown by age)."""
+    return (_operations().filter(outcome__in=_OPEN_OUTCOMES)
+            .select_related("purchase").order_by("created_at")[:limit])
+
+
+def queue_escalated(limit: int = 200):
+    return (_operations().filter(escalated_at__isnull=False, outcome__in=_OPEN_OUTCOMES)
+            .select_related("purchase").order_by("escalated_at")[:limit])
+
+
+def paid_without_order(*, older_than_seconds: float | None = None, limit: int = 500):
+    """Purchases the provider says are paid whose order row does not exist yet."""
+    from payments.models import Purchase
+
+    if older_than_seconds is None:
+        older_than_seconds = settings.PAID_WITHOUT_ORDER_SECONDS
+    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    return (Purchase.objects.filter(status__in=("paid", "fulfilling"), updated_at__lte=cutoff)
+            .exclude(Exists(Order.objects.filter(purchase_id=OuterRef("id"))))
+            .order_by("updated_at")[:limit])
+
+
+def stalled_fulfilment(*, older_than_seconds: float | None = None, limit: int = 500):
+    """Paid/fulfilling purchases not touched for a while (any incomplete step)."""
+    from payments.models import Purchase
+
+    if older_than_seconds is None:
+        older_than_seconds = settings.PAID_WITHOUT_ORDER_SECONDS
+    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    return (Purchase.objects.filter(status__in=("paid", "fulfilling"), updated_at__lte=cutoff)
+            .order_by("updated_at")[:limit])
+
+
+def _compensation_needed_qs() -> QuerySet[StepRun]:
+    from payments.models import PaymentOperation
+
+    # A compensated step whose compensation operation has not succeeded at the provider
+    # still needs attention (DESIGN §5.6: reversed only once the provider confirms).
+    compensation_pending = Q(state=StepState.COMPENSATED) & ~Exists(
+        PaymentOperation.objects.filter(id=OuterRef("compensation_operation_id"),
+                                        outcome="succeeded"))
+    return StepRun.objects.filter(Q(state__in=(StepState.MANUAL, StepState.UNKNOWN))
+                                  | compensation_pending)
+
+
+def queue_compensation_needed(limit: int = 200) -> QuerySet[StepRun]:
+    """Steps that could not complete and are not (yet) made good: manual/unknown steps
+    waiting for a person, and compensations not yet confirmed by the provider."""
+    return _compensation_needed_qs().order_by("created_at")[:limit]
+
+
+def compensation_needed_count() -> int:
+    return _compensation_needed_qs().count()
+
+
+def queue_stuck_outbox(*, min_attempts: int | None = None, older_than_seconds: float | None = None,
+                       limit: int = 200) -> QuerySet[OutboxMessage]:
+    if min_attempts is None:
+        min_attempts = settings.OUTBOX_STUCK_ATTEMPTS
+    if older_than_seconds is None:
+        older_than_seconds = settings.OUTBOX_STUCK_SECONDS
+    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    return (OutboxMessage.objects.filter(processed_at__isnull=True)
+            .filter(Q(attempts__gte=min_attempts) | Q(created_at__lte=cutoff))
+            .order_by("created_at")[:limit])
+
+
+def queue_settlement_discrepancies(*, include_resolved: bool = False,
+                                   limit: int = 200) -> QuerySet[SettlementDiscrepancy]:
+    qs = SettlementDiscrepancy.objects.all()
+    if not include_resolved:
+        qs = qs.filter(resolved_at__isnull=True)
+    return qs.order_by("-created_at")[:limit]
+
+
+# -- metric inputs ------------------------------------------------------------------
+
+
+def unknown_operations_stats() -> tuple[int, float]:
+    """(count, oldest age in seconds) of operations whose outcome is unknown."""
+    agg = _operations().filter(outcome="unknown").aggregate(oldest=Min("created_at"))
+    count = _operations().filter(outcome="unknown").count()
+    oldest = agg["oldest"]
+    age = (timezone.now() - oldest).total_seconds() if oldest else 0.0
+    return count, age
+
+
+def outbox_backlog() -> int:
+    return OutboxMessage.objects.filter(processed_at__isnull=True).count()

@@ -1,0 +1,79 @@
+"""Recovery fixtures: real purchases and payments through the payments core."""
+import threading
+
+import pytest
+from django.db import connection
+
+from payments import services as pay
+from payments.providers.stripe import get_provider
+from tests.factories import ProductFactory, make_client
+
+
+@pytest.fixture
+def api_client(db):
+    return make_client(limit=10_000_000)[0]
+
+
+@pytest.fixture
+def new_purchase(api_client):
+    """A purchase for a fresh customer; product options (stock, kind, step_policy)."""
+    counter = {"n": 0}
+
+    def make(price=1500, quantity=1, email="buyer@example.com", **product_fields):
+        counter["n"] += 1
+        product = ProductFactory(price=price, **product_fields)
+        quote = pay.quote_create(api_client=api_client,
+                                 items=[{"sku": product.sku, "quantity": quantity}],
+                                 currency="usd")
+        return pay.purchase_create(
+            api_client=api_client, quote_id=quote.id, quote_version=quote.version,
+            customer_reference=f"cust-{counter['n']}-{quote.id[-6:]}", customer_email=email)
+
+    return make
+
+
+@pytest.fixture
+def pay_now(api_client):
+    """Create and dispatch a payment (real provider call at localstripe)."""
+
+    def run(purchase, method="pm_card_visa", capture="automatic"):
+        op = pay.payment_create(purchase_id=purchase.pk, api_client=api_client,
+                                payment_method=method, capture_method=capture)
+        return pay.operation_dispatch(operation_id=op.pk)
+
+    return run
+
+
+@pytest.fixture
+def drill():
+    provider = get_provider()
+
+    def arm(op, mode, step="confirm", times=1):
+        provider.arm_drill(key_prefix=op.idempotency_key, step=step, mode=mode, times=times)
+
+    yield arm
+    provider.drill_client.disarm_all()
+
+
+def run_concurrently(fn, n: int) -> list:
+    """Run fn() in n threads released together; each thread closes its DB connection."""
+    barrier = threading.Barrier(n)
+    results, errors = [], []
+
+    def target():
+        try:
+            barrier.wait(10)
+            results.append(fn())
+        except BaseException as exc:  # surfaced to the test below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=target) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    return results
