@@ -101,8 +101,7 @@ def event_process(*, event_id: int) -> str:
             return event.result
         verdict = _evaluate_locked(event)
         if not verdict.conflict:
-            _event_finish_locked(event, verdict)
-            return verdict.result
+            return _event_finish_locked(event, verdict)
     # A conflict (an event says failed, Verity holds succeeded, or the reverse): the
     # provider's canonical object decides. The read is network I/O, so it happens with
     # no transaction open; the event stays pending meanwhile (a concurrent run would
@@ -112,11 +111,10 @@ def event_process(*, event_id: int) -> str:
         event = ProviderEvent.objects.select_for_update().get(pk=event_id)
         if event.result in FINAL_RESULTS:
             return event.result
-        _event_finish_locked(event, verdict)
-    return verdict.result
+        return _event_finish_locked(event, verdict)
 
 
-def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> None:
+def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> str:
     event.attempts += 1
     result, reason = verdict.result, verdict.reason
     fields = ["result", "result_reason", "attempts", "processed_at"]
@@ -143,6 +141,7 @@ def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> None:
     transaction.on_commit(lambda: WEBHOOK_RESULTS.labels(result=result).inc())
     log.info("webhook processed event=%s type=%s result=%s reason=%s operation=%s",
              event.event_id, event.type, result, reason, event.operation_id)
+    return result
 
 
 def _evaluate_locked(event: ProviderEvent) -> _Verdict:

@@ -81,3 +81,80 @@ def post(client, event: dict | bytes, *, secret: str = SECRET, ts: int | None = 
         headers["HTTP_STRIPE_SIGNATURE"] = sig
     return client.post("/webhooks/stripe/", data=body, content_type="application/json",
                        **headers)
+
+
+# -- real operations through the payments services -----------------------------------
+
+@pytest.fixture
+def api_client(db):
+    from tests.factories import make_client
+
+    return make_client(limit=1_000_000)[0]
+
+
+@pytest.fixture
+def new_purchase(api_client):
+    from payments import services
+    from tests.factories import ProductFactory
+
+    def make(price=1500):
+        product = ProductFactory(price=price)
+        quote = services.quote_create(api_client=api_client,
+                                      items=[{"sku": product.sku, "quantity": 1}],
+                                      currency="usd")
+        return services.purchase_create(
+            api_client=api_client, quote_id=quote.id, quote_version=quote.version,
+            customer_reference=f"cust-{quote.id[-8:]}", customer_email="buyer@example.com")
+
+    return make
+
+
+@pytest.fixture
+def drill():
+    """Faults only through the lead's fault-drill HTTP client (never a patched SDK)."""
+    from payments.providers.stripe import get_provider
+
+    provider = get_provider()
+
+    def arm(op, mode, step="confirm", times=1):
+        provider.arm_drill(key_prefix=op.idempotency_key, step=step, mode=mode, times=times)
+
+    yield arm
+    provider.drill_client.disarm_all()
+
+
+@pytest.fixture
+def pay(api_client, drill):
+    """pay(purchase, drop_response=False, method=..., capture=...) -> dispatched operation.
+    With drop_response the provider really applies the confirm but the answer is lost:
+    the operation is `unknown` and only evidence (a webhook, a read-back) can settle it."""
+    from payments import services
+
+    def run(purchase, *, drop_response=False, method="pm_card_visa", capture="automatic"):
+        op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
+                                     payment_method=method, capture_method=capture)
+        if drop_response:
+            drill(op, "drop_response_after_send", step="confirm")
+        return services.operation_dispatch(operation_id=op.id)
+
+    return run
+
+
+def provider_object(resource: str, object_id: str) -> dict:
+    """The object as localstripe holds it right now (plain HTTP, not Verity's adapter)."""
+    import requests
+    from django.conf import settings
+
+    r = requests.get(f"{settings.STRIPE_API_BASE}/v1/{resource}/{object_id}",
+                     auth=(settings.STRIPE_API_KEY, ""), timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def deliver_and_process(client, event: dict, **kw) -> str:
+    from webhooks.models import ProviderEvent
+    from webhooks.services import event_process
+
+    response = post(client, event, **kw)
+    assert response.status_code == 200, response.content
+    return event_process(event_id=ProviderEvent.objects.get(event_id=event["id"]).pk)

@@ -1,0 +1,306 @@
+"""Processing: match, check, apply once through the one observation function.
+
+Operations are real (payments services against localstripe); a lost answer comes from
+the fault-drill HTTP client, so the provider really holds the object the event names.
+"""
+import copy
+
+import pytest
+
+from payments import services
+from payments.enums import Grade, OperationKind, Outcome, PurchaseStatus, Verification
+from payments.models import OperationTransition, PaymentOperation, Purchase
+from recovery.models import OutboxCategory, OutboxMessage
+from webhooks.models import EventResult, ProviderEvent
+from webhooks.services import event_process
+
+from .conftest import deliver_and_process, event_for, post, provider_object
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def reload(op) -> PaymentOperation:
+    return PaymentOperation.objects.get(pk=op.pk)
+
+
+def history(op) -> int:
+    return OperationTransition.objects.filter(purchase_id=op.purchase_id).count()
+
+
+def outbox(category, **payload) -> int:
+    return OutboxMessage.objects.filter(category=category, payload=payload).count()
+
+
+def test_signed_success_settles_an_unknown_operation_once(client, new_purchase, pay):
+    purchase = new_purchase()
+    op = pay(purchase, drop_response=True)
+    assert op.outcome == Outcome.UNKNOWN  # the provider charged; the answer was lost
+    pi = provider_object("payment_intents", op.provider_reference)
+    assert pi["status"] == "succeeded"
+    event = event_for(pi, "payment_intent.succeeded")
+
+    assert deliver_and_process(client, event) == EventResult.APPLIED
+
+    op = reload(op)
+    assert (op.outcome, op.grade, op.verification) == (
+        Outcome.SUCCEEDED, Grade.CONFIRMED, Verification.WEBHOOK)
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.PAID
+    stored = ProviderEvent.objects.get(event_id=event["id"])
+    assert (stored.operation_id, stored.purchase_id) == (op.pk, purchase.pk)
+    assert outbox(OutboxCategory.RUN_STEPS, purchase=purchase.pk) == 1
+    assert outbox(OutboxCategory.OPERATION_SETTLED, operation=op.pk) == 1
+    before = history(op)
+
+    # redelivered 20 times, processed again, and a second event saying the same thing
+    for _ in range(20):
+        assert post(client, event).status_code == 200
+    assert event_process(event_id=stored.pk) == EventResult.APPLIED
+    again = event_for(pi, "payment_intent.succeeded")
+    assert deliver_and_process(client, again) == EventResult.IGNORED
+
+    assert ProviderEvent.objects.count() == 2
+    assert OutboxMessage.objects.filter(category=OutboxCategory.PROCESS_EVENT).count() == 2
+    assert history(op) == before
+    assert outbox(OutboxCategory.RUN_STEPS, purchase=purchase.pk) == 1
+    assert outbox(OutboxCategory.OPERATION_SETTLED, operation=op.pk) == 1
+
+
+def test_signed_decline_settles_an_unknown_operation_failed(client, new_purchase, pay):
+    purchase = new_purchase()
+    op = pay(purchase, drop_response=True, method="pm_card_chargeCustomerFail")
+    assert op.outcome == Outcome.UNKNOWN
+    pi = provider_object("payment_intents", op.provider_reference)
+    assert pi["last_payment_error"]
+
+    assert deliver_and_process(client, event_for(pi, "payment_intent.payment_failed")) == \
+        EventResult.APPLIED
+
+    op = reload(op)
+    assert (op.outcome, op.verification, op.reason) == (
+        Outcome.FAILED, Verification.WEBHOOK, "card_declined")
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.PAYMENT_FAILED
+
+
+@pytest.mark.parametrize("field", ["amount", "currency", "purchase", "customer_reference",
+                                   "account", "operation"])
+def test_signed_event_that_does_not_match_is_quarantined_and_not_applied(
+        client, new_purchase, pay, field):
+    purchase = new_purchase()
+    op = pay(purchase, drop_response=True)
+    pi = provider_object("payment_intents", op.provider_reference)
+    wrong = copy.deepcopy(pi)
+    account = None
+    if field == "amount":
+        wrong["amount"] = pi["amount"] + 1
+    elif field == "currency":
+        wrong["currency"] = "eur"
+    elif field == "purchase":
+        wrong["metadata"]["purchase_id"] = "pur_someone_else"
+    elif field == "customer_reference":
+        wrong["metadata"]["customer_reference"] = "another-customer"
+    elif field == "account":
+        account = "acct_connected_elsewhere"
+    elif field == "operation":
+        wrong["metadata"]["operation_id"] = "op_someone_else"
+    before = history(op)
+    event = event_for(wrong, "payment_intent.succeeded", account=account)
+
+    assert deliver_and_process(client, event) == EventResult.QUARANTINED
+
+    stored = ProviderEvent.objects.get(event_id=event["id"])
+    assert stored.result_reason == f"mismatch:{field}"
+    assert stored.operation_id == op.pk  # shown to operators next to the operation
+    assert reload(op).outcome == Outcome.UNKNOWN
+    assert history(op) == before
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.PAYMENT_UNKNOWN
+    assert outbox(OutboxCategory.RUN_STEPS, purchase=purchase.pk) == 0
+    # the genuine event still applies
+    assert deliver_and_process(client, event_for(pi, "payment_intent.succeeded")) == \
+        EventResult.APPLIED
+
+
+def test_currency_matches_case_insensitively_and_platform_account_may_be_explicit(
+        client, new_purchase, pay, settings):
+    settings.STRIPE_ACCOUNT = "acct_platform"
+    purchase = new_purchase()
+    op = pay(purchase, drop_response=True)
+    pi = provider_object("payment_intents", op.provider_reference)
+    pi["currency"] = "USD"
+
+    result = deliver_and_process(client, event_for(pi, "payment_intent.succeeded",
+                                                   account="acct_platform"))
+
+    assert result == EventResult.APPLIED
+    assert reload(op).outcome == Outcome.SUCCEEDED
+
+
+@pytest.mark.parametrize("status", ["processing", "requires_action"])
+def test_late_non_terminal_event_never_regresses_a_succeeded_operation(
+        client, new_purchase, pay, status):
+    purchase = new_purchase()
+    op = pay(purchase)
+    assert op.outcome == Outcome.SUCCEEDED
+    late = provider_object("payment_intents", op.provider_reference)
+    late["status"] = status
+    before = history(op)
+
+    result = deliver_and_process(client, event_for(late, f"payment_intent.{status}"))
+
+    assert result == EventResult.IGNORED
+    assert ProviderEvent.objects.get().result_reason == "stale"
+    op = reload(op)
+    assert (op.outcome, op.verification) == (Outcome.SUCCEEDED, Verification.PROVIDER)
+    assert history(op) == before
+
+
+def test_conflicting_failure_after_success_is_settled_by_the_canonical_object(
+        client, new_purchase, pay):
+    purchase = new_purchase()
+    op = pay(purchase)
+    stale = provider_object("payment_intents", op.provider_reference)
+    stale["status"] = "requires_payment_method"
+    stale["last_payment_error"] = {"code": "card_declined"}
+    before = history(op)
+
+    result = deliver_and_process(client, event_for(stale, "payment_intent.payment_failed"))
+
+    # localstripe's PaymentIntent says succeeded, as Verity does: the event is superseded
+    assert result == EventResult.IGNORED
+    assert ProviderEvent.objects.get().result_reason == "superseded_by_readback"
+    assert reload(op).outcome == Outcome.SUCCEEDED
+    assert history(op) == before
+
+
+def test_conflict_the_provider_does_not_settle_is_quarantined(client, new_purchase, pay):
+    purchase = new_purchase()
+    op = pay(purchase, drop_response=True)
+    # someone resolved the unknown operation by hand as failed; the provider charged
+    op = services.operation_resolve_manual(operation_id=op.pk, outcome=Outcome.FAILED,
+                                           reason="buyer said the card was declined",
+                                           actor="agent-7")
+    assert op.outcome == Outcome.FAILED
+    pi = provider_object("payment_intents", op.provider_reference)
+    before = history(op)
+
+    result = deliver_and_process(client, event_for(pi, "payment_intent.succeeded"))
+
+    assert result == EventResult.QUARANTINED
+    assert ProviderEvent.objects.get().result_reason == "conflict"
+    assert reload(op).outcome == Outcome.FAILED  # never overwritten: a person decides
+    assert history(op) == before
+
+
+def test_event_for_an_unknown_reference_is_held_then_applied_when_the_operation_appears(
+        client, api_client):
+    from tests.factories import PurchaseFactory
+
+    obj = {"id": "pi_arrives_early", "object": "payment_intent", "status": "succeeded",
+           "amount": 1500, "currency": "usd", "latest_charge": "ch_early",
+           "metadata": {"operation_id": "op_not_yet_committed",
+                        "purchase_id": "pur_not_yet_committed",
+                        "customer_reference": "early-bird"}}
+    event = event_for(obj, "payment_intent.succeeded")
+
+    assert deliver_and_process(client, event) == EventResult.HELD
+
+    stored = ProviderEvent.objects.get()
+    assert (stored.result, stored.attempts, stored.processed_at) == (EventResult.HELD, 1, None)
+    retry = OutboxMessage.objects.get(dedupe_key=f"event:{event['id']}:held:1")
+    assert retry.payload == {"event": stored.pk}
+    assert retry.available_at > stored.received_at  # backoff lives in available_at
+
+    # setup only: the operation row as the synchronous path commits it
+    purchase = PurchaseFactory(id="pur_not_yet_committed", customer_reference="early-bird",
+                               api_client=api_client)
+    op = PaymentOperation.objects.create(
+        id="op_not_yet_committed", purchase=purchase, kind=OperationKind.CHARGE, amount=1500,
+        currency="usd", provider_reference="pi_arrives_early", outcome=Outcome.UNKNOWN)
+
+    assert event_process(event_id=stored.pk) == EventResult.APPLIED
+    assert (reload(op).outcome, reload(op).verification) == (Outcome.SUCCEEDED,
+                                                              Verification.WEBHOOK)
+
+
+def test_event_never_matched_is_quarantined_unmatched_after_bounded_attempts(client):
+    from webhooks.services import HELD_MAX_ATTEMPTS
+
+    obj = {"id": "pi_nobody_knows", "object": "payment_intent", "status": "succeeded",
+           "amount": 1500, "currency": "usd", "metadata": {}}
+    event = event_for(obj, "payment_intent.succeeded")
+    results = [deliver_and_process(client, event)]
+    pk = ProviderEvent.objects.get().pk
+
+    while results[-1] == EventResult.HELD:
+        results.append(event_process(event_id=pk))
+
+    assert results == [EventResult.HELD] * (HELD_MAX_ATTEMPTS - 1) + [EventResult.QUARANTINED]
+    stored = ProviderEvent.objects.get()
+    assert (stored.result_reason, stored.attempts) == ("unmatched", HELD_MAX_ATTEMPTS)
+    assert OutboxMessage.objects.filter(
+        dedupe_key__startswith=f"event:{event['id']}:held:").count() == HELD_MAX_ATTEMPTS - 1
+
+
+def test_events_of_other_types_are_recorded_as_ignored(client):
+    event = event_for({"id": "cus_1", "object": "customer", "email": "x@example.com"},
+                      "customer.created")
+
+    assert deliver_and_process(client, event) == EventResult.IGNORED
+
+    stored = ProviderEvent.objects.get()
+    assert stored.result_reason == "unhandled_type"
+    assert "x@example.com" not in str(stored.payload)
+
+
+def test_capture_event_settles_the_open_capture_not_the_authorization(
+        client, new_purchase, pay, api_client, drill):
+    purchase = new_purchase()
+    auth = pay(purchase, capture="manual")
+    assert auth.outcome == Outcome.SUCCEEDED
+    capture = services.capture_create(purchase_id=purchase.pk, api_client=api_client)
+    drill(capture, "drop_response_after_send", step="capture")
+    capture = services.operation_dispatch(operation_id=capture.pk)
+    assert capture.outcome == Outcome.UNKNOWN
+    pi = provider_object("payment_intents", auth.provider_reference)
+    assert pi["status"] == "succeeded"
+
+    assert deliver_and_process(client, event_for(pi, "payment_intent.succeeded")) == \
+        EventResult.APPLIED
+
+    assert (reload(capture).outcome, reload(capture).verification) == (
+        Outcome.SUCCEEDED, Verification.WEBHOOK)
+    assert reload(auth).outcome == Outcome.SUCCEEDED
+    assert ProviderEvent.objects.get().operation_id == capture.pk
+
+
+def test_refund_event_settles_an_unknown_refund(client, new_purchase, pay, drill,
+                                                localstripe):
+    purchase = new_purchase()
+    payment = pay(purchase)
+    refund = services.refund_request(purchase_id=purchase.pk, compensation=True)
+    drill(refund, "drop_response_after_send", step="refund")
+    refund = services.operation_dispatch(operation_id=refund.pk)
+    assert refund.outcome == Outcome.UNKNOWN
+    [re] = localstripe.refunds_for(payment.provider_reference)
+    wrong_amount = {**re, "amount": re["amount"] - 1}
+
+    assert deliver_and_process(client, event_for(wrong_amount, "refund.updated")) == \
+        EventResult.QUARANTINED
+    assert reload(refund).outcome == Outcome.UNKNOWN
+    assert deliver_and_process(client, event_for(re, "refund.updated")) == EventResult.APPLIED
+
+    assert (reload(refund).outcome, reload(refund).verification) == (
+        Outcome.SUCCEEDED, Verification.WEBHOOK)
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.REFUNDED
+
+
+def test_charge_refunded_is_a_prompt_not_an_observation(client, new_purchase, pay):
+    purchase = new_purchase()
+    payment = pay(purchase)
+    charge = {"id": payment.provider_charge or "ch_x", "object": "charge",
+              "status": "succeeded", "amount": 1500, "amount_refunded": 1500,
+              "currency": "usd", "payment_intent": payment.provider_reference,
+              "metadata": {"purchase_id": purchase.pk}}
+
+    assert deliver_and_process(client, event_for(charge, "charge.refunded")) == \
+        EventResult.IGNORED
+    assert reload(payment).outcome == Outcome.SUCCEEDED
