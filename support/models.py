@@ -29,7 +29,26 @@ class AuditEntry(models.Model):
     purchase_id = models.CharField(max_length=40, blank=True, db_index=True)
     reason = models.TextField()
     detail = models.JSONField(default=dict, blank=True)
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    before = models.JSONField(default=dict, blank=True)
+    after = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
         ordering = ["created_at", "id"]
+
+
+class LoginFailure(models.Model):
+    """A failed console login, counted per IP and per username to rate-limit guessing.
+
+    Rows live in PostgreSQL (not a per-process cache) so the limit holds across
+    gunicorn workers and machines.
+    """
+
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    username = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["ip", "created_at"], name="loginfail_ip_idx"),
+                   models.Index(fields=["username", "created_at"], name="loginfail_user_idx")]

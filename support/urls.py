@@ -1,3 +1,39 @@
-from django.urls import path  # noqa: F401
+from django.urls import path, re_path
 
-urlpatterns = []
+from support import status_views, views, web
+
+app_name = "support"
+
+# Tokens are secrets.token_urlsafe(24): 32 URL-safe characters. Anything else is 404.
+TOKEN = r"(?P<token>[A-Za-z0-9_-]{16,128})"
+
+urlpatterns = [
+    path("assets/verity/<str:name>", web.asset, name="asset"),
+    # Customer page.
+    re_path(rf"^status/{TOKEN}\.json$", status_views.status_json, name="status-json"),
+    re_path(rf"^status/{TOKEN}/$", status_views.status_page, name="status"),
+    re_path(rf"^status/{TOKEN}/pay-again$", status_views.status_pay_again,
+            name="status-pay-again"),
+    # Console.
+    path("console/login/", views.ConsoleLoginView.as_view(), name="login"),
+    path("console/logout/", views.ConsoleLogoutView.as_view(), name="logout"),
+    path("console/", views.dashboard, name="dashboard"),
+    path("console/search/", views.search, name="search"),
+    path("console/queues/<slug:name>/", views.queue, name="queue"),
+    path("console/purchases/<str:purchase_id>/", views.purchase, name="purchase"),
+    path("console/purchases/<str:purchase_id>/notes", views.note_add, name="note-add"),
+    path("console/purchases/<str:purchase_id>/refunds", views.refund_request,
+         name="refund-request"),
+    path("console/operations/<str:operation_id>/reconcile", views.reconcile, name="reconcile"),
+    path("console/operations/<str:operation_id>/resolve", views.resolve, name="resolve"),
+    path("console/operations/<str:operation_id>/replay", views.replay, name="replay"),
+    path("console/operations/<str:operation_id>/approve", views.refund_approve,
+         name="refund-approve"),
+    path("console/events/<int:event_pk>/", views.event, name="event"),
+    path("console/events/<int:event_pk>/<slug:decision>", views.event_triage,
+         name="event-triage"),
+    path("console/halts/", views.halts, name="halts"),
+    path("console/halts/set", views.halt_set, name="halt-set"),
+    path("console/halts/clear", views.halt_clear, name="halt-clear"),
+    path("console/audit/", views.audit, name="audit"),
+]

@@ -1,0 +1,223 @@
+"""The one source of customer-facing words.
+
+The customer status page, the API's `customer_message` and the console's customer view
+all call `customer_state(purchase)`, so what a customer reads can never contradict what
+support sees. The rules:
+
+- Never imply a success or failure Verity has not verified: an `unknown` payment is
+  "checking with the provider", not "failed"; a refund is "reversed" only once the
+  provider has confirmed it (a refund operation that succeeded, or that the provider
+  reported as processing).
+- Never promise a settlement date (banks decide how long a refund takes to appear).
+- "Pay again" is offered only when the last payment definitively failed; the page,
+  the pay-again endpoint and the API all ask `can_pay_again` here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from django.conf import settings
+
+from payments.enums import (
+    PAYMENT_KINDS,
+    OperationKind,
+    Outcome,
+    PurchaseStatus,
+    Verification,
+)
+
+
+class StateCode:
+    BEING_CONFIRMED = "being_confirmed"
+    PAYMENT_PENDING = "payment_pending"
+    PAID_CONFIRMATION_DELAYED = "paid_confirmation_delayed"
+    NOT_YET_CONFIRMABLE = "not_yet_confirmable"
+    FAILED = "failed"
+    REVERSED = "reversed"
+    COMPLETE = "complete"
+    UNDER_REVIEW = "under_review"
+    AWAITING_PAYMENT = "awaiting_payment"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    ALL = (BEING_CONFIRMED, PAYMENT_PENDING, PAID_CONFIRMATION_DELAYED, NOT_YET_CONFIRMABLE,
+           FAILED, REVERSED, COMPLETE, UNDER_REVIEW, AWAITING_PAYMENT, CANCELLED, EXPIRED)
+
+
+@dataclass(frozen=True)
+class CustomerState:
+    code: str
+    headline: str
+    message: str
+    can_pay_again: bool = False
+    pay_again_url: str | None = None
+    final: bool = False
+    order_reference: str | None = None
+    support_contact: str = ""
+
+    def as_dict(self) -> dict:
+        return {
+            "code": self.code,
+            "headline": self.headline,
+            "message": self.message,
+            "can_pay_again": self.can_pay_again,
+            "final": self.final,
+            "order_reference": self.order_reference,
+            "support_contact": self.support_contact,
+        }
+
+
+# Money-in operations a customer can be told about; refunds/voids handled separately.
+_PAYMENT_KIND_VALUES = tuple(k.value for k in PAYMENT_KINDS)
+_PROVIDER_EVIDENCE = (Verification.PROVIDER.value, Verification.WEBHOOK.value)
+
+
+def _order_reference(purchase_id: str) -> str | None:
+    from recovery.models import Order
+
+    return Order.objects.filter(purchase_id=purchase_id).values_list(
+        "reference", flat=True).first()
+
+
+def _pay_again_url(purchase_id: str) -> str | None:
+    template = getattr(settings, "STOREFRONT_CHECKOUT_URL", "") or ""
+    if "{purchase_id}" not in template:
+        return None
+    return template.replace("{purchase_id}", quote(purchase_id, safe=""))
+
+
+def _reversal_confirmed(ops: list) -> tuple[bool, bool]:
+    """(provider confirmed a refund/void, that reversal is settled).
+
+    Only the provider's own record counts: a refund waiting for approval, pending, or
+    unknown is not shown to the customer as a reversal.
+    """
+    confirmed = settled = False
+    for op in ops:
+        if op.kind not in (OperationKind.REFUND.value, OperationKind.VOID.value):
+            continue
+        if op.outcome == Outcome.SUCCEEDED.value:
+            confirmed = settled = True
+        elif (op.outcome == Outcome.AWAITING_PROVIDER.value and op.provider_reference
+              and op.verification in _PROVIDER_EVIDENCE):
+            confirmed = True
+    return confirmed, settled
+
+
+def customer_state(purchase) -> CustomerState:
+    """The plain-language state of a purchase, from verified data only."""
+    contact = getattr(settings, "SUPPORT_CONTACT", "")
+    ops = list(purchase.operations.order_by("created_at", "id"))
+    payments = [op for op in ops if op.kind in _PAYMENT_KIND_VALUES]
+    last_payment = payments[-1] if payments else None
+    paid = any(op.outcome == Outcome.SUCCEEDED.value for op in payments)
+    status = purchase.status
+    S = PurchaseStatus
+
+    def state(code, headline, message, **kw) -> CustomerState:
+        return CustomerState(code=code, headline=headline, message=message,
+                             support_contact=contact, **kw)
+
+    def under_review() -> CustomerState:
+        return state(
+            StateCode.UNDER_REVIEW, "A person is reviewing your purchase",
+            "Our support team is reviewing this purchase. Please do not pay again. "
+            f"If you have questions, contact {contact} and quote your purchase reference.",
+        )
+
+    reversal_confirmed, reversal_settled = _reversal_confirmed(ops)
+    if reversal_confirmed and status in (S.REFUND_PENDING, S.REFUNDED, S.VOIDED, S.CANCELLED,
+                                         S.MANUAL_REVIEW, S.PAID, S.FULFILLING, S.COMPLETED):
+        if reversal_settled:
+            return state(
+                StateCode.REVERSED, "Your payment has been reversed",
+                "The payment provider has confirmed that your payment is being returned "
+                "to your payment method. How long it takes to appear depends on your "
+                "bank. You do not need to do anything.",
+                final=True,
+            )
+        return state(
+            StateCode.REVERSED, "Your refund is processing",
+            "The payment provider has accepted a refund of your payment and is "
+            "processing it. How long it takes to appear depends on your bank. "
+            "You do not need to do anything.",
+        )
+
+    if status == S.COMPLETED and paid:
+        ref = _order_reference(purchase.id)
+        msg = "Your payment was received and your order is complete."
+        if ref:
+            msg = f"Your payment was received and your order {ref} is complete."
+        return state(StateCode.COMPLETE, "Your order is complete", msg, final=True,
+                     order_reference=ref)
+
+    if status in (S.PAID, S.FULFILLING, S.REFUND_PENDING) and paid:
+        # REFUND_PENDING without provider evidence: the customer was paid-and-ordered as
+        # far as anyone can verify; a refund is only announced once the provider has it.
+        ref = _order_reference(purchase.id)
+        if ref:
+            msg = (f"Your payment was received. Your order reference is {ref}. "
+                   "The order confirmation is taking longer than usual; you do not need "
+                   "to pay again.")
+        else:
+            msg = ("Your payment was received. We are still finishing your order and "
+                   "will show the order reference here; you do not need to pay again.")
+        return state(StateCode.PAID_CONFIRMATION_DELAYED,
+                     "Payment received — order confirmation in progress", msg, order_reference=ref)
+
+    if status == S.MANUAL_REVIEW or (status in (S.PAID, S.FULFILLING, S.COMPLETED,
+                                                S.REFUND_PENDING, S.REFUNDED, S.VOIDED)):
+        # Includes inconsistent combinations (e.g. paid without a succeeded payment):
+        # never show success we cannot point at.
+        return under_review()
+
+    if last_payment is not None and last_payment.outcome == Outcome.UNKNOWN.value:
+        return state(
+            StateCode.NOT_YET_CONFIRMABLE, "We are checking your payment",
+            "We could not yet confirm whether your payment went through, so we are "
+            "checking with the payment provider. Please do not pay again. "
+            "This page updates by itself when we know.",
+        )
+
+    if last_payment is not None and last_payment.outcome == Outcome.AWAITING_BUYER.value:
+        return state(
+            StateCode.PAYMENT_PENDING, "Your payment needs one more step",
+            "Your bank or card issuer asked for an extra confirmation at the store's "
+            "checkout. Nothing has been confirmed yet. Please finish that step there "
+            "rather than starting a new payment.",
+        )
+
+    if last_payment is not None and last_payment.outcome in (
+            Outcome.PENDING.value, Outcome.DISPATCHING.value, Outcome.AWAITING_PROVIDER.value):
+        return state(
+            StateCode.BEING_CONFIRMED, "Your payment is being confirmed",
+            "Your payment has been sent to the payment provider and is being confirmed. "
+            "Please do not pay again. This page updates by itself.",
+        )
+
+    if status == S.PAYMENT_FAILED and last_payment is not None \
+            and last_payment.outcome == Outcome.FAILED.value and not paid:
+        url = _pay_again_url(purchase.id)
+        return state(
+            StateCode.FAILED, "Your payment did not go through",
+            "The payment provider declined or did not take this payment, so no order was "
+            "placed. You may try again, for example with another payment method.",
+            can_pay_again=url is not None, pay_again_url=url,
+        )
+
+    if status == S.CANCELLED:
+        return state(StateCode.CANCELLED, "This purchase was cancelled",
+                     "This purchase was cancelled before any payment was taken.", final=True)
+
+    if status == S.EXPIRED:
+        return state(StateCode.EXPIRED, "This purchase has expired",
+                     "The price for this purchase expired before any payment was taken. "
+                     "Please start a new purchase at the store.", final=True)
+
+    if status == S.AWAITING_PAYMENT and last_payment is None:
+        return state(StateCode.AWAITING_PAYMENT, "Waiting for payment",
+                     "No payment has been made for this purchase yet.")
+
+    # Anything else (a status and an operation that disagree) goes to a person.
+    return under_review()

@@ -1,0 +1,546 @@
+"""Read-only queries for the console: queues, search, the purchase timeline.
+
+Reads other apps' models directly but never writes them (writes go through each app's
+services). Everything returned is a safe field: no card data, no secrets; provider
+event payloads are only handed out to roles with VIEW_REDACTED_PAYLOAD.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from statistics import median
+
+from django.db.models import Count, Exists, Min, OuterRef, Q, Subquery, Sum
+from django.utils import timezone
+
+from payments.enums import (
+    PAYMENT_KINDS,
+    HoldState,
+    OperationKind,
+    Outcome,
+    Owner,
+    PurchaseStatus,
+    Stage,
+)
+from payments.models import (
+    Hold,
+    OperationTransition,
+    PaymentOperation,
+    ProviderCall,
+    Purchase,
+)
+from recovery.models import (
+    OutboxMessage,
+    Order,
+    RecoveryDecision,
+    SettlementDiscrepancy,
+    StepRun,
+    StepState,
+    WorkflowHalt,
+)
+from support.access import Action, can
+from support.models import AuditEntry, Note, Resolution
+from webhooks.models import EventResult, ProviderEvent
+
+# An outbox row still unprocessed this long after it became due, or retried this often,
+# is "stuck" (the relay sweeps every few seconds; minutes mean something is wrong).
+STUCK_OUTBOX_AFTER = timedelta(minutes=5)
+STUCK_OUTBOX_ATTEMPTS = 3
+QUEUE_PAGE_SIZE = 100
+PAID_STATUSES = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING)
+STEP_TROUBLE = (StepState.FAILED, StepState.UNKNOWN, StepState.MANUAL)
+
+
+# --------------------------------------------------------------------------- queues
+
+
+@dataclass(frozen=True)
+class QueueItem:
+    since: datetime
+    kind: str
+    ref: str  # the id to show/link (operation, purchase, event pk, outbox id ...)
+    purchase_id: str
+    summary: str
+    owner: str = ""
+
+    @property
+    def age(self) -> timedelta:
+        return timezone.now() - self.since
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    name: str
+    label: str
+    action: Action  # the permission needed to see this queue
+    description: str
+
+
+QUEUES: dict[str, QueueSpec] = {q.name: q for q in [
+    QueueSpec("unknown", "Unknown operations", Action.VIEW,
+              "The provider may have applied these; reconciliation is reading them back."),
+    QueueSpec("paid_without_order", "Paid without order", Action.VIEW,
+              "Payment verified, no order written yet."),
+    QueueSpec("compensation", "Compensation needed", Action.VIEW,
+              "A downstream step failed or is uncertain, or a compensation did not settle."),
+    QueueSpec("quarantined", "Quarantined events", Action.VIEW,
+              "Signed provider events that did not match their operation."),
+    QueueSpec("stuck_outbox", "Stuck outbox", Action.VIEW,
+              "Follow-up work not processed long after it was due."),
+    QueueSpec("settlement", "Settlement discrepancies", Action.VIEW_SETTLEMENT,
+              "Provider balance transactions that disagree with the ledger."),
+    QueueSpec("escalated", "Escalated to a recovery owner", Action.VIEW,
+              "Reconciliation deadline passed; a named owner must settle these."),
+    QueueSpec("refund_approval", "Refunds awaiting approval", Action.VIEW,
+              "Console and API refunds waiting for a finance approver."),
+]}
+
+
+def _paid_at_subquery():
+    return Subquery(
+        OperationTransition.objects.filter(
+            purchase_id=OuterRef("pk"), field="status", target=PurchaseStatus.PAID,
+        ).order_by("-created_at").values("created_at")[:1]
+    )
+
+
+def _q_unknown():
+    return PaymentOperation.objects.filter(outcome=Outcome.UNKNOWN).exclude(
+        stage=Stage.ESCALATED)
+
+
+def _q_paid_without_order():
+    return (Purchase.objects.filter(status__in=PAID_STATUSES)
+            .annotate(has_order=Exists(Order.objects.filter(purchase_id=OuterRef("pk"))))
+            .filter(has_order=False))
+
+
+def _q_compensation_steps():
+    return StepRun.objects.filter(state__in=STEP_TROUBLE)
+
+
+def _q_compensation_ops():
+    return PaymentOperation.objects.filter(
+        is_compensation=True, outcome__in=[Outcome.FAILED, Outcome.UNKNOWN])
+
+
+def _q_quarantined():
+    return ProviderEvent.objects.filter(result=EventResult.QUARANTINED)
+
+
+def _q_stuck_outbox(now):
+    return OutboxMessage.objects.filter(processed_at__isnull=True).filter(
+        Q(available_at__lt=now - STUCK_OUTBOX_AFTER) | Q(attempts__gte=STUCK_OUTBOX_ATTEMPTS))
+
+
+def _q_settlement():
+    return SettlementDiscrepancy.objects.filter(resolved_at__isnull=True)
+
+
+def _q_escalated():
+    return PaymentOperation.objects.filter(
+        Q(stage=Stage.ESCALATED) | Q(escalated_at__isnull=False)).exclude(
+        outcome__in=[Outcome.SUCCEEDED, Outcome.FAILED])
+
+
+def _q_refund_approval():
+    return PaymentOperation.objects.filter(outcome=Outcome.AWAITING_APPROVAL)
+
+
+def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
+    """Rows of one queue, oldest first."""
+    now = timezone.now()
+    items: list[QueueItem] = []
+    if name == "unknown":
+        for op in _q_unknown().select_related("purchase").order_by("created_at")[:limit]:
+            items.append(QueueItem(op.created_at, "operation", op.id, op.purchase_id,
+                                   f"{op.kind} {_money(op.amount, op.currency)} · "
+                                   f"{op.reconcile_attempts} read-backs",
+                                   op.purchase.recovery_owner))
+    elif name == "paid_without_order":
+        rows = _q_paid_without_order().annotate(paid_at=_paid_at_subquery())
+        for p in sorted(rows[: limit * 2], key=lambda p: p.paid_at or p.updated_at)[:limit]:
+            items.append(QueueItem(p.paid_at or p.updated_at, "purchase", p.id, p.id,
+                                   f"{p.status} {_money(p.amount, p.currency)}",
+                                   p.recovery_owner))
+    elif name == "compensation":
+        for s in _q_compensation_steps().order_by("created_at")[:limit]:
+            items.append(QueueItem(s.started_at or s.created_at, "step", str(s.pk),
+                                   s.purchase_id, f"step {s.step} is {s.state}"))
+        for op in _q_compensation_ops().order_by("created_at")[:limit]:
+            items.append(QueueItem(op.created_at, "operation", op.id, op.purchase_id,
+                                   f"compensating {op.kind} is {op.outcome}"))
+        items.sort(key=lambda i: i.since)
+        items = items[:limit]
+    elif name == "quarantined":
+        for e in _q_quarantined().order_by("received_at")[:limit]:
+            items.append(QueueItem(e.received_at, "event", str(e.pk), _event_purchase(e),
+                                   f"{e.type} · {e.result_reason or 'no reason recorded'}"))
+    elif name == "stuck_outbox":
+        for m in _q_stuck_outbox(now).order_by("created_at")[:limit]:
+            pid = (m.payload or {}).get("purchase", "") if isinstance(m.payload, dict) else ""
+            items.append(QueueItem(m.created_at, "outbox", str(m.pk), pid or "",
+                                   f"category {m.category} · {m.attempts} attempts"
+                                   + (f" · {m.last_error[:120]}" if m.last_error else "")))
+    elif name == "settlement":
+        for d in _q_settlement().order_by("created_at")[:limit]:
+            items.append(QueueItem(d.created_at, "discrepancy", str(d.pk), "",
+                                   f"{d.kind} {d.provider_reference}: provider "
+                                   f"{d.provider_amount} vs ledger {d.ledger_amount} "
+                                   f"{d.currency}"))
+    elif name == "escalated":
+        for op in _q_escalated().select_related("purchase").order_by("created_at")[:limit]:
+            items.append(QueueItem(op.escalated_at or op.created_at, "operation", op.id,
+                                   op.purchase_id, f"{op.kind} is {op.outcome}",
+                                   op.purchase.recovery_owner or op.next_action_owner))
+        items.sort(key=lambda i: i.since)
+    elif name == "refund_approval":
+        for op in _q_refund_approval().select_related("requested_by_user").order_by(
+                "created_at")[:limit]:
+            who = op.requested_by_user.get_username() if op.requested_by_user else "API client"
+            items.append(QueueItem(op.created_at, "operation", op.id, op.purchase_id,
+                                   f"refund {_money(op.amount, op.currency)} requested by "
+                                   f"{who}", "finance"))
+    else:
+        raise KeyError(name)
+    return items
+
+
+@dataclass(frozen=True)
+class QueueSummary:
+    spec: QueueSpec
+    count: int
+    oldest: datetime | None
+
+    @property
+    def oldest_age(self) -> timedelta | None:
+        return timezone.now() - self.oldest if self.oldest else None
+
+
+def queue_summaries(user) -> list[QueueSummary]:
+    """Count and oldest age per queue the user may see (one aggregate query each)."""
+    now = timezone.now()
+    out = []
+    for spec in QUEUES.values():
+        if not can(user, spec.action):
+            continue
+        count, oldest = _count_oldest(spec.name, now)
+        out.append(QueueSummary(spec, count, oldest))
+    return out
+
+
+def _agg(qs, field_name):
+    r = qs.aggregate(n=Count("pk"), oldest=Min(field_name))
+    return r["n"], r["oldest"]
+
+
+def _count_oldest(name: str, now) -> tuple[int, datetime | None]:
+    if name == "unknown":
+        return _agg(_q_unknown(), "created_at")
+    if name == "paid_without_order":
+        qs = _q_paid_without_order().annotate(paid_at=_paid_at_subquery())
+        r = qs.aggregate(n=Count("pk"), a=Min("paid_at"), b=Min("updated_at"))
+        return r["n"], r["a"] or r["b"]
+    if name == "compensation":
+        n1, o1 = _agg(_q_compensation_steps(), "created_at")
+        n2, o2 = _agg(_q_compensation_ops(), "created_at")
+        return n1 + n2, min([o for o in (o1, o2) if o], default=None)
+    if name == "quarantined":
+        return _agg(_q_quarantined(), "received_at")
+    if name == "stuck_outbox":
+        return _agg(_q_stuck_outbox(now), "created_at")
+    if name == "settlement":
+        return _agg(_q_settlement(), "created_at")
+    if name == "escalated":
+        return _agg(_q_escalated(), "created_at")
+    if name == "refund_approval":
+        return _agg(_q_refund_approval(), "created_at")
+    raise KeyError(name)
+
+
+def _event_purchase(event: ProviderEvent) -> str:
+    if event.operation_id:
+        return PaymentOperation.objects.filter(pk=event.operation_id).values_list(
+            "purchase_id", flat=True).first() or ""
+    return ""
+
+
+def _money(amount: int | None, currency: str) -> str:
+    if amount is None:
+        return f"? {currency.upper()}"
+    return f"{amount / 100:,.2f} {currency.upper()}"
+
+
+# ------------------------------------------------------------------------ dashboard
+
+
+@dataclass(frozen=True)
+class Exposure:
+    currency: str
+    client: str
+    amount: int
+    operations: int
+
+
+def money_at_risk() -> list[Exposure]:
+    """Unknown exposure: reserved holds of operations whose outcome is unknown."""
+    rows = (Hold.objects.filter(state=HoldState.RESERVED, operation__outcome=Outcome.UNKNOWN)
+            .values("currency", "api_client__name")
+            .annotate(total=Sum("amount"), n=Count("pk")).order_by("currency", "-total"))
+    return [Exposure(r["currency"], r["api_client__name"] or "", r["total"] or 0, r["n"])
+            for r in rows]
+
+
+def success_to_order_seconds(*, days: int = 7) -> dict:
+    """Median and worst time from the purchase becoming paid to its order being written."""
+    since = timezone.now() - timedelta(days=days)
+    paid = dict(OperationTransition.objects.filter(
+        field="status", target=PurchaseStatus.PAID, created_at__gte=since,
+    ).values("purchase_id").annotate(at=Min("created_at")).values_list("purchase_id", "at"))
+    if not paid:
+        return {"count": 0, "median": None, "max": None}
+    orders = Order.objects.filter(purchase_id__in=list(paid)).values_list(
+        "purchase_id", "created_at")
+    spans = [max(0.0, (at - paid[pid]).total_seconds()) for pid, at in orders]
+    if not spans:
+        return {"count": 0, "median": None, "max": None}
+    return {"count": len(spans), "median": median(spans), "max": max(spans)}
+
+
+def manual_interventions(*, days: int = 7) -> dict:
+    since = timezone.now() - timedelta(days=days)
+    return {
+        "resolutions": Resolution.objects.filter(created_at__gte=since).count(),
+        "audited_actions": AuditEntry.objects.filter(created_at__gte=since).count(),
+    }
+
+
+def active_halts() -> list[WorkflowHalt]:
+    return list(WorkflowHalt.objects.order_by("name"))
+
+
+# --------------------------------------------------------------------------- search
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    purchases: list
+    kind: str  # what the query was taken for
+
+
+def _strip_step(key: str) -> str:
+    # Provider keys are sent as "<key>:<step>"; support may paste either form.
+    return key.split(":", 1)[0]
+
+
+def search(query: str) -> SearchResult:
+    q = (query or "").strip()
+    if not q:
+        return SearchResult([], "empty")
+    qs = Purchase.objects.order_by("-created_at")
+    if q.startswith("pur_"):
+        return SearchResult(list(qs.filter(pk=q)), "purchase id")
+    if q.startswith("op_"):
+        return SearchResult(list(qs.filter(operations__pk=q).distinct()), "operation id")
+    if q.startswith(("pi_", "re_", "ch_", "py_", "evt_")):
+        op_ids = set(PaymentOperation.objects.filter(
+            Q(provider_reference=q) | Q(provider_charge=q)).values_list("pk", flat=True))
+        op_ids |= set(ProviderEvent.objects.filter(Q(object_id=q) | Q(event_id=q))
+                      .exclude(operation_id="").values_list("operation_id", flat=True))
+        return SearchResult(list(qs.filter(operations__pk__in=op_ids).distinct()),
+                            "provider reference")
+    if q.startswith("vk_"):
+        key = _strip_step(q)
+        return SearchResult(list(qs.filter(operations__idempotency_key=key).distinct()),
+                            "idempotency key")
+    if "@" in q:
+        return SearchResult(list(qs.filter(customer_email__iexact=q)[:50]), "customer e-mail")
+    return SearchResult(list(qs.filter(customer_reference=q)[:50]), "customer reference")
+
+
+# ------------------------------------------------------------------------- timeline
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    at: datetime
+    order: int  # tie-break inside the same instant: cause before effect
+    source: str  # quote | purchase | transition | call | event | step | hold | note ...
+    title: str
+    detail: dict = field(default_factory=dict)
+    operation_id: str = ""
+    label: str = ""  # e.g. "Fault drill"
+    payload: dict | None = None  # only filled for roles allowed to see it
+
+
+def purchase_get(purchase_id: str) -> Purchase | None:
+    return Purchase.objects.select_related("quote", "api_client").filter(pk=purchase_id).first()
+
+
+def purchase_by_token(token: str) -> Purchase | None:
+    return Purchase.objects.select_related("quote").filter(status_token=token).first()
+
+
+def purchase_operations(purchase: Purchase) -> list[PaymentOperation]:
+    return list(purchase.operations.select_related(
+        "requested_by_user", "approved_by_user", "requested_by_client", "hold",
+    ).order_by("created_at", "id"))
+
+
+def purchase_timeline(purchase: Purchase, *, user=None) -> list[TimelineEntry]:
+    """Every recorded fact about a purchase, in time order."""
+    show_payload = user is not None and can(user, Action.VIEW_REDACTED_PAYLOAD)
+    ops = purchase_operations(purchase)
+    op_ids = [op.pk for op in ops]
+    refs = {r for op in ops for r in (op.provider_reference, op.provider_charge) if r}
+    entries: list[TimelineEntry] = []
+    add = entries.append
+
+    q = purchase.quote
+    add(TimelineEntry(q.created_at, 0, "quote", f"Quote {q.id} v{q.version}",
+                      {"amount": _money(q.amount, q.currency), "expires_at": q.expires_at}))
+    add(TimelineEntry(purchase.created_at, 1, "purchase", f"Purchase {purchase.id} created",
+                      {"customer_reference": purchase.customer_reference}))
+    for op in ops:
+        add(TimelineEntry(op.created_at, 2, "operation",
+                          f"Operation {op.id}: {op.kind} {_money(op.amount, op.currency)}",
+                          {"requested_by": _requester(op)}, operation_id=op.pk))
+    for t in OperationTransition.objects.filter(purchase=purchase).order_by("created_at", "id"):
+        what = "Operation" if t.operation_id else "Purchase"
+        add(TimelineEntry(t.created_at, 3, "transition",
+                          f"{what} {t.field}: {t.source} → {t.target}",
+                          {"cause": t.cause, "actor": t.actor,
+                           "evidence": _safe_evidence(t.evidence)},
+                          operation_id=t.operation_id or ""))
+    for c in ProviderCall.objects.filter(operation_id__in=op_ids).order_by("started_at", "id"):
+        add(TimelineEntry(c.started_at, 4, "call",
+                          f"Provider {c.purpose} {c.step} (attempt {c.attempt})",
+                          {"http_status": c.http_status, "classification": c.classification,
+                           "error_code": c.error_code, "request_id": c.request_id,
+                           "safe_fields": c.safe_fields},
+                          operation_id=c.operation_id,
+                          label="Fault drill" if c.fault_drill else ""))
+    events = ProviderEvent.objects.filter(
+        Q(operation_id__in=op_ids) | Q(object_id__in=refs)).order_by("received_at", "id")
+    for e in events:
+        add(TimelineEntry(e.received_at, 5, "event", f"Webhook {e.type} ({e.event_id})",
+                          {"result": e.result, "reason": e.result_reason, "event_pk": e.pk},
+                          operation_id=e.operation_id,
+                          payload=e.payload if show_payload else None))
+    for h in Hold.objects.filter(operation_id__in=op_ids).order_by("created_at"):
+        add(TimelineEntry(h.created_at, 6, "hold",
+                          f"Hold reserved {_money(h.amount, h.currency)}",
+                          {"state now": h.state}, operation_id=h.operation_id))
+        if h.state != HoldState.RESERVED and h.updated_at:
+            add(TimelineEntry(h.updated_at, 6, "hold", f"Hold {h.state}", {},
+                              operation_id=h.operation_id))
+    for s in StepRun.objects.filter(purchase_id=purchase.pk).order_by("created_at"):
+        add(TimelineEntry(s.started_at or s.created_at, 7, "step", f"Step {s.step} started",
+                          {"attempts": s.attempts,
+                           "external_reference": s.external_reference}))
+        if s.completed_at:
+            add(TimelineEntry(s.completed_at, 7, "step", f"Step {s.step} {s.state}",
+                              {"last_error": s.last_error[:200]}))
+        elif s.state not in (StepState.PENDING, StepState.RUNNING):
+            add(TimelineEntry(s.started_at or s.created_at, 8, "step",
+                              f"Step {s.step} {s.state}", {"last_error": s.last_error[:200]}))
+    for o in Order.objects.filter(purchase_id=purchase.pk):
+        add(TimelineEntry(o.created_at, 8, "order", f"Order {o.reference} written", {}))
+    for d in RecoveryDecision.objects.filter(purchase_id=purchase.pk).order_by("created_at"):
+        add(TimelineEntry(d.created_at, 9, "decision", f"Recovery decision: {d.decision}",
+                          {"detail": d.detail}))
+    for n in Note.objects.filter(purchase_id=purchase.pk).select_related("author"):
+        add(TimelineEntry(n.created_at, 10, "note", f"Note by {n.author.get_username()}",
+                          {"body": n.body}))
+    for r in Resolution.objects.filter(purchase_id=purchase.pk):
+        add(TimelineEntry(r.created_at, 11, "resolution",
+                          f"Manual resolution: {r.operation_id} → {r.outcome}",
+                          {"actor": r.actor, "reason": r.reason}, operation_id=r.operation_id))
+    for a in AuditEntry.objects.filter(purchase_id=purchase.pk):
+        add(TimelineEntry(a.created_at, 12, "audit", f"Audit: {a.action} by {a.actor}",
+                          {"reason": a.reason, "target": f"{a.target_type} {a.target_id}",
+                           "ip": a.ip, "before": a.before, "after": a.after}))
+    entries.sort(key=lambda e: (e.at, e.order))
+    return entries
+
+
+_EVIDENCE_KEYS = {"status", "provider_status", "outcome", "reason", "source", "event",
+                  "event_id", "provider_reference", "http_status", "classification",
+                  "verification", "grade", "amount", "currency", "request_id", "call"}
+
+
+def _safe_evidence(evidence) -> dict:
+    # Evidence is written by the core with safe fields; keep a whitelist anyway so a
+    # future field never reaches a support screen by accident.
+    if not isinstance(evidence, dict):
+        return {}
+    return {k: v for k, v in evidence.items() if k in _EVIDENCE_KEYS}
+
+
+def _requester(op: PaymentOperation) -> str:
+    if op.requested_by_user_id:
+        return f"user {op.requested_by_user.get_username()}"
+    if op.requested_by_client_id:
+        return f"API client {op.requested_by_client.name}"
+    return "system" if op.is_compensation else ""
+
+
+# ---------------------------------------------------------------------- next action
+
+
+@dataclass(frozen=True)
+class NextAction:
+    owner: str
+    text: str
+
+
+def purchase_next_action(purchase: Purchase, ops: list[PaymentOperation]) -> NextAction:
+    """Who acts next on this purchase, and what they do."""
+    open_ops = [op for op in ops if op.outcome not in (Outcome.SUCCEEDED, Outcome.FAILED)]
+    for op in open_ops:
+        if op.outcome == Outcome.AWAITING_APPROVAL:
+            return NextAction("finance", f"Approve or leave refund {op.id} (not by its "
+                                         "requester).")
+        if op.outcome == Outcome.UNKNOWN:
+            if op.stage == Stage.ESCALATED or op.escalated_at:
+                return NextAction(purchase.recovery_owner or Owner.SUPPORT,
+                                  f"Reconciliation deadline passed for {op.id}: an operator "
+                                  "resolves it with evidence from the provider dashboard.")
+            when = op.next_reconcile_at.isoformat() if op.next_reconcile_at else "soon"
+            return NextAction(Owner.RECONCILIATION,
+                              f"Reading {op.id} back from the provider (next {when}).")
+        if op.outcome == Outcome.AWAITING_BUYER:
+            return NextAction(Owner.BUYER, f"The buyer completes authentication for {op.id}.")
+        if op.outcome in (Outcome.PENDING, Outcome.DISPATCHING, Outcome.AWAITING_PROVIDER):
+            return NextAction(Owner.RECONCILIATION,
+                              f"Waiting for the provider's answer on {op.id}.")
+    steps = list(StepRun.objects.filter(purchase_id=purchase.pk, state__in=STEP_TROUBLE))
+    if steps:
+        names = ", ".join(f"{s.step} ({s.state})" for s in steps)
+        return NextAction(Owner.SUPPORT, f"Downstream steps need a decision: {names}.")
+    if purchase.status == PurchaseStatus.MANUAL_REVIEW:
+        return NextAction(purchase.recovery_owner or Owner.SUPPORT, "Review the purchase.")
+    if purchase.status in PAID_STATUSES:
+        return NextAction(Owner.RECONCILIATION, "The orchestrator is running downstream steps.")
+    if purchase.status in (PurchaseStatus.PAYMENT_FAILED, PurchaseStatus.AWAITING_PAYMENT):
+        return NextAction(Owner.BUYER, "The buyer may pay (again) from the storefront.")
+    return NextAction(Owner.NONE, "Nothing to do.")
+
+
+def operation_get(operation_id: str) -> PaymentOperation | None:
+    return PaymentOperation.objects.select_related("purchase").filter(pk=operation_id).first()
+
+
+def event_get(event_pk: int) -> ProviderEvent | None:
+    return ProviderEvent.objects.filter(pk=event_pk).first()
+
+
+def audit_recent(*, limit: int = 200) -> list[AuditEntry]:
+    return list(AuditEntry.objects.order_by("-created_at", "-id")[:limit])
+
+
+def refundable_payment(purchase: Purchase) -> PaymentOperation | None:
+    """The succeeded charge/capture a console refund would reverse (for showing the form)."""
+    kinds = [k.value for k in PAYMENT_KINDS] + [OperationKind.CAPTURE.value]
+    return purchase.operations.filter(kind__in=kinds, outcome=Outcome.SUCCEEDED).first()
+

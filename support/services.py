@@ -1,0 +1,388 @@
+"""Console actions: each checks the role, calls the owning app's service and writes its
+console audit row (actor, IP, reason, before, after) in the same transaction.
+
+The owning services (payments, recovery.halts, webhooks) may write their own domain
+audit row too; the console row adds what only the console knows (the request's IP and
+the before/after snapshot a person saw). Actions that call the provider
+(reconcile, replay, dispatch after approval) do that network I/O outside any
+transaction, as every provider call in Verity does, and audit in their own
+transaction right after.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from payments.enums import Outcome
+from payments.models import PaymentOperation, Purchase
+from recovery.models import WorkflowHalt
+from support.access import Action, require
+from support.models import AuditEntry, LoginFailure, Note, Resolution
+
+log = logging.getLogger(__name__)
+
+LOGIN_FAILURE_WINDOW_SECONDS = 15 * 60
+LOGIN_FAILURES_PER_IP = 20
+LOGIN_FAILURES_PER_USERNAME = 5
+
+
+@dataclass
+class ConsoleError(Exception):
+    """A refusal shown to the console user (never a stack trace)."""
+
+    code: str
+    message: str
+    status: int = 409
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+def _domain_error():
+    from payments.services import DomainError
+
+    return DomainError
+
+
+def _reason_required(reason: str) -> str:
+    reason = (reason or "").strip()
+    if not reason:
+        raise ConsoleError("reason_required", "A reason is required.", 422)
+    return reason[:2000]
+
+
+def _op_snapshot(op: PaymentOperation | None) -> dict:
+    if op is None:
+        return {}
+    return {"outcome": op.outcome, "stage": op.stage, "grade": op.grade,
+            "verification": op.verification, "reason": op.reason,
+            "next_action_owner": op.next_action_owner}
+
+
+def _purchase_snapshot(purchase: Purchase | None) -> dict:
+    return {"status": purchase.status} if purchase is not None else {}
+
+
+def _reload_op(operation_id: str) -> PaymentOperation:
+    return PaymentOperation.objects.get(pk=operation_id)
+
+
+def audit_write(*, user, action: str, target_type: str, target_id: str, reason: str,
+                purchase_id: str = "", ip: str | None = None, before: dict | None = None,
+                after: dict | None = None, detail: dict | None = None) -> AuditEntry:
+    """Append one audit row. Must run inside the caller's transaction (same commit as
+    the change it records)."""
+    assert transaction.get_connection().in_atomic_block, "audit_write needs the caller's atomic()"
+    return AuditEntry.objects.create(
+        actor=user.get_username(), action=action, target_type=target_type,
+        target_id=str(target_id)[:64], purchase_id=purchase_id or "", reason=reason,
+        ip=ip or None, before=before or {}, after=after or {}, detail=detail or {},
+    )
+
+
+def _audit_refusal(*, user, action: str, target_type: str, target_id: str, reason: str,
+                   purchase_id: str, ip: str | None, code: str) -> None:
+    # A refused manual action is still a console action worth knowing about (e.g. a
+    # requester trying to resolve their own operation).
+    with transaction.atomic():
+        audit_write(user=user, action=f"{action}.refused", target_type=target_type,
+                    target_id=target_id, reason=reason or "(none)", purchase_id=purchase_id,
+                    ip=ip, detail={"code": code})
+
+
+# ------------------------------------------------------------------------- notes
+
+
+def note_add(*, purchase_id: str, user, body: str, ip: str | None = None) -> Note:
+    require(user, Action.ADD_NOTE)
+    body = _reason_required(body)
+    with transaction.atomic():
+        purchase = Purchase.objects.filter(pk=purchase_id).first()
+        if purchase is None:
+            raise ConsoleError("not_found", "No such purchase.", 404)
+        note = Note.objects.create(purchase_id=purchase_id, author=user, body=body)
+        audit_write(user=user, action="console.note_add", target_type="purchase",
+                    target_id=purchase_id, purchase_id=purchase_id, reason=body, ip=ip,
+                    after={"note": note.pk})
+    return note
+
+
+# -------------------------------------------------------------- operation actions
+
+
+def _op_or_404(operation_id: str) -> PaymentOperation:
+    op = PaymentOperation.objects.filter(pk=operation_id).first()
+    if op is None:
+        raise ConsoleError("not_found", "No such operation.", 404)
+    return op
+
+
+def operation_reconcile_by_user(*, operation_id: str, user, reason: str,
+                                ip: str | None = None) -> PaymentOperation:
+    """Read the provider back now (read-only at the provider)."""
+    from payments.services import operation_reconcile
+
+    require(user, Action.RECONCILE)
+    reason = _reason_required(reason)
+    before_op = _op_or_404(operation_id)
+    before = _op_snapshot(before_op)
+    try:
+        # Network I/O: outside any transaction.
+        op = operation_reconcile(operation_id=operation_id, actor=user.get_username())
+    except _domain_error() as e:
+        _audit_refusal(user=user, action="console.reconcile", target_type="operation",
+                       target_id=operation_id, reason=reason, purchase_id=before_op.purchase_id,
+                       ip=ip, code=e.code)
+        raise ConsoleError(e.code, e.message, e.status) from e
+    with transaction.atomic():
+        op = _reload_op(operation_id)
+        audit_write(user=user, action="console.reconcile", target_type="operation",
+                    target_id=operation_id, purchase_id=op.purchase_id, reason=reason, ip=ip,
+                    before=before, after=_op_snapshot(op))
+    return op
+
+
+def operation_resolve_by_user(*, operation_id: str, outcome: str, user, reason: str,
+                              ip: str | None = None) -> PaymentOperation:
+    """Manual resolution (grade acknowledged, verification manual); never by the person
+    or client that requested the operation (the core refuses `resolver_is_requester`)."""
+    from payments.services import operation_resolve_manual
+
+    require(user, Action.RESOLVE)
+    reason = _reason_required(reason)
+    if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):
+        raise ConsoleError("invalid_outcome", "Resolve as succeeded or failed.", 422)
+    before_op = _op_or_404(operation_id)
+    if before_op.requested_by_user_id == user.pk:
+        _audit_refusal(user=user, action="console.resolve", target_type="operation",
+                       target_id=operation_id, reason=reason, purchase_id=before_op.purchase_id,
+                       ip=ip, code="resolver_is_requester")
+        raise ConsoleError("resolver_is_requester",
+                           "The person who requested an operation cannot resolve it.", 403)
+    before = {**_op_snapshot(before_op),
+              **_purchase_snapshot(Purchase.objects.get(pk=before_op.purchase_id))}
+    try:
+        with transaction.atomic():
+            had_resolution = Resolution.objects.filter(operation_id=operation_id).count()
+            op = operation_resolve_manual(operation_id=operation_id, outcome=outcome,
+                                          reason=reason, actor=user.get_username(),
+                                          acting_user=user)
+            op = _reload_op(operation_id)
+            # The core may record the Resolution itself; record it here only if it did not.
+            if Resolution.objects.filter(operation_id=operation_id).count() == had_resolution:
+                Resolution.objects.create(operation_id=operation_id,
+                                          purchase_id=op.purchase_id, outcome=outcome,
+                                          reason=reason, actor=user.get_username())
+            audit_write(user=user, action="console.resolve", target_type="operation",
+                        target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
+                        ip=ip, before=before,
+                        after={**_op_snapshot(op),
+                               **_purchase_snapshot(Purchase.objects.get(pk=op.purchase_id))})
+    except _domain_error() as e:
+        _audit_refusal(user=user, action="console.resolve", target_type="operation",
+                       target_id=operation_id, reason=reason, purchase_id=before_op.purchase_id,
+                       ip=ip, code=e.code)
+        raise ConsoleError(e.code, e.message, e.status) from e
+    return op
+
+
+def operation_replay_by_user(*, operation_id: str, user, reason: str,
+                             ip: str | None = None) -> PaymentOperation:
+    """Resend with the same provider key (only where the provider dedupes keys)."""
+    require(user, Action.REPLAY)
+    reason = _reason_required(reason)
+    services = importlib.import_module("payments.services")
+    replay = getattr(services, "operation_replay", None)
+    if replay is None:
+        raise ConsoleError("replay_unavailable", "Replay is not available.", 409)
+    before_op = _op_or_404(operation_id)
+    before = _op_snapshot(before_op)
+    try:
+        # Network I/O: outside any transaction.
+        replay(operation_id=operation_id, actor=user.get_username(), acting_user=user)
+    except _domain_error() as e:
+        _audit_refusal(user=user, action="console.replay", target_type="operation",
+                       target_id=operation_id, reason=reason, purchase_id=before_op.purchase_id,
+                       ip=ip, code=e.code)
+        raise ConsoleError(e.code, e.message, e.status) from e
+    with transaction.atomic():
+        op = _reload_op(operation_id)
+        audit_write(user=user, action="console.replay", target_type="operation",
+                    target_id=operation_id, purchase_id=op.purchase_id, reason=reason, ip=ip,
+                    before=before, after=_op_snapshot(op))
+    return op
+
+
+# ------------------------------------------------------------------------ refunds
+
+
+def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int | None = None,
+                           ip: str | None = None) -> PaymentOperation:
+    """A console refund starts awaiting_approval (DESIGN §10.8)."""
+    from payments.services import refund_request
+
+    require(user, Action.REQUEST_REFUND)
+    reason = _reason_required(reason)
+    purchase = Purchase.objects.filter(pk=purchase_id).first()
+    if purchase is None:
+        raise ConsoleError("not_found", "No such purchase.", 404)
+    try:
+        with transaction.atomic():
+            op = refund_request(purchase_id=purchase_id, amount=amount, acting_user=user)
+            audit_write(user=user, action="console.refund_request", target_type="operation",
+                        target_id=op.pk, purchase_id=purchase_id, reason=reason, ip=ip,
+                        before=_purchase_snapshot(purchase),
+                        after={**_op_snapshot(op), "amount": op.amount})
+    except _domain_error() as e:
+        _audit_refusal(user=user, action="console.refund_request", target_type="purchase",
+                       target_id=purchase_id, reason=reason, purchase_id=purchase_id, ip=ip,
+                       code=e.code)
+        raise ConsoleError(e.code, e.message, e.status) from e
+    return op
+
+
+def refund_approve_by_user(*, operation_id: str, user, reason: str,
+                           ip: str | None = None) -> PaymentOperation:
+    """Finance approves a refund someone else requested, then it is dispatched."""
+    from payments.services import operation_dispatch, refund_approve
+
+    require(user, Action.APPROVE_REFUND)
+    reason = _reason_required(reason)
+    before_op = _op_or_404(operation_id)
+    if before_op.requested_by_user_id == user.pk:
+        # Checked here as well as in the core so the refusal is audited with the IP.
+        _audit_refusal(user=user, action="console.refund_approve", target_type="operation",
+                       target_id=operation_id, reason=reason, purchase_id=before_op.purchase_id,
+                       ip=ip, code="approver_is_requester")
+        raise ConsoleError("approver_is_requester",
+                           "The person who requested a refund cannot approve it.", 403)
+    before = _op_snapshot(before_op)
+    try:
+        with transaction.atomic():
+            refund_approve(operation_id=operation_id, acting_user=user, reason=reason)
+            op = _reload_op(operation_id)
+            audit_write(user=user, action="console.refund_approve", target_type="operation",
+                        target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
+                        ip=ip, before=before, after=_op_snapshot(op))
+    except _domain_error() as e:
+        _audit_refusal(user=user, action="console.refund_approve", target_type="operation",
+                       target_id=operation_id, reason=reason, purchase_id=before_op.purchase_id,
+                       ip=ip, code=e.code)
+        raise ConsoleError(e.code, e.message, e.status) from e
+    # The provider call happens after commit, outside any transaction; if this process
+    # dies here the approved (pending) operation is picked up like any queued one.
+    try:
+        op = operation_dispatch(operation_id=operation_id)
+    except _domain_error() as e:
+        log.warning("refund dispatch after approval refused: op=%s code=%s", operation_id,
+                    e.code)
+        op = _reload_op(operation_id)
+    return op
+
+
+# -------------------------------------------------------------------------- halts
+
+
+def _halts_module():
+    try:
+        return importlib.import_module("recovery.halts")
+    except ImportError:
+        return None
+
+
+def halt_names() -> list[str]:
+    mod = _halts_module()
+    if mod is not None and hasattr(mod, "valid_halt_names"):
+        return list(mod.valid_halt_names())
+    return ["checkout", "refunds"]
+
+
+def halt_set_by_user(*, name: str, user, reason: str, ip: str | None = None) -> WorkflowHalt:
+    require(user, Action.HALT)
+    reason = _reason_required(reason)
+    if name not in halt_names():
+        raise ConsoleError("unknown_halt", f"Unknown workflow {name!r}.", 422)
+    mod = _halts_module()
+    with transaction.atomic():
+        before = {"halted": WorkflowHalt.objects.filter(name=name).exists()}
+        if mod is not None and hasattr(mod, "halt_set"):
+            halt = mod.halt_set(name=name, reason=reason, actor=user.get_username())
+        else:  # recovery.halts missing: write the row ourselves (same effect).
+            halt, _ = WorkflowHalt.objects.get_or_create(
+                name=name, defaults={"reason": reason, "halted_by": user.get_username()})
+        audit_write(user=user, action="console.halt_set", target_type="workflow_halt",
+                    target_id=name, reason=reason, ip=ip, before=before,
+                    after={"halted": True})
+    return halt
+
+
+def halt_clear_by_user(*, name: str, user, reason: str, ip: str | None = None) -> bool:
+    require(user, Action.HALT)
+    reason = _reason_required(reason)
+    if name not in halt_names():
+        raise ConsoleError("unknown_halt", f"Unknown workflow {name!r}.", 422)
+    mod = _halts_module()
+    with transaction.atomic():
+        before = {"halted": WorkflowHalt.objects.filter(name=name).exists()}
+        if mod is not None and hasattr(mod, "halt_clear"):
+            cleared = mod.halt_clear(name=name, actor=user.get_username(), reason=reason)
+        else:
+            cleared = WorkflowHalt.objects.filter(name=name).delete()[0] > 0
+        audit_write(user=user, action="console.halt_clear", target_type="workflow_halt",
+                    target_id=name, reason=reason, ip=ip, before=before,
+                    after={"halted": False})
+    return cleared
+
+
+# ------------------------------------------------------------ quarantine triage
+
+
+def event_triage_by_user(*, event_pk: int, decision: str, user, reason: str,
+                         ip: str | None = None):
+    """Release a quarantined event for processing again, or dismiss it."""
+    from webhooks import services as webhook_services
+    from webhooks.models import ProviderEvent
+
+    require(user, Action.TRIAGE_QUARANTINE)
+    reason = _reason_required(reason)
+    if decision not in ("release", "dismiss"):
+        raise ConsoleError("invalid_decision", "Release or dismiss.", 422)
+    event = ProviderEvent.objects.filter(pk=event_pk).first()
+    if event is None:
+        raise ConsoleError("not_found", "No such event.", 404)
+    fn = getattr(webhook_services, f"event_quarantine_{decision}")
+    purchase_id = getattr(event, "purchase_id", "") or ""
+    before = {"result": event.result, "reason": event.result_reason}
+    try:
+        with transaction.atomic():
+            event = fn(event_id=event_pk, acting_user=user, reason=reason)
+            audit_write(user=user, action=f"console.event_{decision}",
+                        target_type="provider_event", target_id=str(event_pk),
+                        purchase_id=purchase_id, reason=reason, ip=ip, before=before,
+                        after={"result": event.result, "reason": event.result_reason})
+    except _domain_error() as e:
+        raise ConsoleError(e.code, e.message, e.status) from e
+    return event
+
+
+# ------------------------------------------------------------------ login limits
+
+
+def login_failure_record(*, ip: str | None, username: str) -> None:
+    LoginFailure.objects.create(ip=ip or None, username=(username or "")[:150])
+
+
+def login_is_throttled(*, ip: str | None, username: str) -> bool:
+    since = timezone.now() - timedelta(seconds=LOGIN_FAILURE_WINDOW_SECONDS)
+    recent = LoginFailure.objects.filter(created_at__gte=since)
+    if ip and recent.filter(ip=ip).count() >= LOGIN_FAILURES_PER_IP:
+        return True
+    if username and recent.filter(username=username[:150]).count() >= \
+            LOGIN_FAILURES_PER_USERNAME:
+        return True
+    return False

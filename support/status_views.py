@@ -1,0 +1,96 @@
+"""The customer's status page: `/status/<token>/`, its JSON poll and "pay again".
+
+The token is the only key (unguessable, never sequential). An unknown token answers the
+same 404 whatever exists, so the page cannot be used to probe for purchases. The words
+come from support.customer_copy only.
+"""
+from __future__ import annotations
+
+from django.http import HttpResponseRedirect, JsonResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_http_methods
+
+from support import selectors
+from support.customer_copy import customer_state
+from support.web import secure_headers, storefront_origin
+
+# Poll cadence for the page's script: quick at first, slower while it stays unsettled.
+POLL_FIRST_SECONDS = 3
+POLL_MAX_SECONDS = 30
+
+
+def _headers(response):
+    origin = storefront_origin()
+    response = secure_headers(response, form_targets=(origin,) if origin else ())
+    response["X-Robots-Tag"] = "noindex, nofollow"
+    return response
+
+
+def _not_found(request, *, json: bool = False):
+    # Identical for every unknown token: no hint whether anything exists.
+    if json:
+        return _headers(JsonResponse({"detail": "Not found."}, status=404))
+    return _headers(render(request, "status/not_found.html", status=404))
+
+
+def _items(purchase) -> list[dict]:
+    items = purchase.quote.items if isinstance(purchase.quote.items, list) else []
+    out = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        out.append({"name": item.get("name") or item.get("sku") or "Item",
+                    "sku": item.get("sku", ""), "quantity": item.get("quantity", 1),
+                    "unit_price": item.get("unit_price")})
+    return out
+
+
+def _state_payload(token: str, state) -> dict:
+    body = state.as_dict()
+    body["pay_again_action"] = (reverse("support:status-pay-again", kwargs={"token": token})
+                                if state.can_pay_again else None)
+    return body
+
+
+@require_GET
+def status_page(request, token: str):
+    purchase = selectors.purchase_by_token(token)
+    if purchase is None:
+        return _not_found(request)
+    state = customer_state(purchase)
+    return _headers(render(request, "status/page.html", {
+        "purchase": purchase,
+        "items": _items(purchase),
+        "state": state,
+        "token": token,
+        "poll_url": reverse("support:status-json", kwargs={"token": token}),
+        "pay_again_action": reverse("support:status-pay-again", kwargs={"token": token}),
+        "poll_seconds": POLL_FIRST_SECONDS,
+        "poll_max_seconds": POLL_MAX_SECONDS,
+    }))
+
+
+@require_GET
+def status_json(request, token: str):
+    purchase = selectors.purchase_by_token(token)
+    if purchase is None:
+        return _not_found(request, json=True)
+    return _headers(JsonResponse(_state_payload(token, customer_state(purchase))))
+
+
+# No CSRF token: this endpoint changes nothing. It re-checks the verified state on the
+# server and either redirects to the storefront's checkout or refuses; a forged request
+# can at most send someone to a checkout they were allowed to use anyway.
+@csrf_exempt
+@require_http_methods(["GET", "POST"])
+def status_pay_again(request, token: str):
+    purchase = selectors.purchase_by_token(token)
+    if purchase is None:
+        return _not_found(request)
+    state = customer_state(purchase)
+    if not (state.can_pay_again and state.pay_again_url):
+        return _headers(render(request, "status/pay_again_refused.html",
+                               {"state": state, "token": token}, status=409))
+    return _headers(HttpResponseRedirect(state.pay_again_url, status=303))

@@ -1,0 +1,246 @@
+"""Console views: thin. Parse, ask support.selectors or call one support.services action,
+render. Every view goes through web.console_view(action), the one permission gate."""
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.http import Http404, HttpResponseRedirect
+from django.shortcuts import redirect, render
+from django.urls import reverse
+
+from payments.enums import Outcome
+from support import selectors, services
+from support.access import Action, can
+from support.customer_copy import customer_state
+from support.web import client_ip, console_view, secure_headers
+
+
+def _abilities(user) -> dict:
+    return {a.value: can(user, a) for a in Action}
+
+
+def _ctx(request, **kw) -> dict:
+    return {"can": _abilities(request.user), **kw}
+
+
+# -------------------------------------------------------------------- auth
+
+
+class ConsoleLoginView(auth_views.LoginView):
+    """Django auth login, rate limited per IP and per username (rows in PostgreSQL)."""
+
+    template_name = "console/login.html"
+    redirect_authenticated_user = True
+
+    def post(self, request, *args, **kwargs):
+        username = request.POST.get("username", "")
+        if services.login_is_throttled(ip=client_ip(request), username=username):
+            response = render(request, "console/login.html",
+                              {"form": self.get_form(), "throttled": True}, status=429)
+            response["Retry-After"] = str(services.LOGIN_FAILURE_WINDOW_SECONDS)
+            return response
+        return super().post(request, *args, **kwargs)
+
+    def form_invalid(self, form):
+        services.login_failure_record(ip=client_ip(self.request),
+                                      username=self.request.POST.get("username", ""))
+        return super().form_invalid(form)
+
+    def dispatch(self, request, *args, **kwargs):
+        return secure_headers(super().dispatch(request, *args, **kwargs))
+
+
+class ConsoleLogoutView(auth_views.LogoutView):
+    next_page = "/console/login/"
+
+    def dispatch(self, request, *args, **kwargs):
+        return secure_headers(super().dispatch(request, *args, **kwargs))
+
+
+# ---------------------------------------------------------------- read views
+
+
+@console_view(Action.VIEW)
+def dashboard(request):
+    return render(request, "console/dashboard.html", _ctx(
+        request,
+        queues=selectors.queue_summaries(request.user),
+        exposure=selectors.money_at_risk(),
+        to_order=selectors.success_to_order_seconds(),
+        interventions=selectors.manual_interventions(),
+        halts=selectors.active_halts(),
+    ))
+
+
+@console_view(Action.VIEW)
+def queue(request, name: str):
+    spec = selectors.QUEUES.get(name)
+    if spec is None:
+        raise Http404
+    if not can(request.user, spec.action):
+        return render(request, "console/403.html", status=403)
+    return render(request, "console/queue.html", _ctx(
+        request, spec=spec, items=selectors.queue_items(name)))
+
+
+@console_view(Action.VIEW)
+def search(request):
+    q = request.GET.get("q", "").strip()
+    result = selectors.search(q)
+    if len(result.purchases) == 1:
+        return redirect("support:purchase", purchase_id=result.purchases[0].pk)
+    return render(request, "console/search.html", _ctx(request, q=q, result=result))
+
+
+@console_view(Action.VIEW)
+def purchase(request, purchase_id: str):
+    p = selectors.purchase_get(purchase_id)
+    if p is None:
+        raise Http404
+    ops = selectors.purchase_operations(p)
+    return render(request, "console/purchase.html", _ctx(
+        request,
+        purchase=p,
+        ops=ops,
+        timeline=selectors.purchase_timeline(p, user=request.user),
+        customer=customer_state(p),
+        next_action=selectors.purchase_next_action(p, ops),
+        refundable=selectors.refundable_payment(p),
+        Outcome=Outcome,
+        user_id=request.user.pk,
+    ))
+
+
+@console_view(Action.VIEW)
+def event(request, event_pk: int):
+    e = selectors.event_get(event_pk)
+    if e is None:
+        raise Http404
+    show_payload = can(request.user, Action.VIEW_REDACTED_PAYLOAD)
+    return render(request, "console/event.html", _ctx(
+        request, event=e, payload=e.payload if show_payload else None))
+
+
+@console_view(Action.VIEW)
+def halts(request):
+    return render(request, "console/halts.html", _ctx(
+        request, halts=selectors.active_halts(), names=services.halt_names()))
+
+
+@console_view(Action.VIEW)
+def audit(request):
+    return render(request, "console/audit.html", _ctx(request, entries=selectors.audit_recent()))
+
+
+# -------------------------------------------------------------- POST actions
+
+
+def _confirmed(request) -> bool:
+    # Confirmation without JavaScript: a required checkbox next to the reason field.
+    return request.POST.get("confirm") == "yes"
+
+
+def _back(request, fallback: str):
+    target = request.POST.get("next") or fallback
+    if not target.startswith("/console/") or target.startswith("//"):
+        target = fallback
+    return HttpResponseRedirect(target)
+
+
+def _run(request, fallback: str, fn, ok_message: str, **kwargs):
+    if not _confirmed(request):
+        messages.error(request, "Tick the confirmation box to go ahead.")
+        return _back(request, fallback)
+    try:
+        fn(user=request.user, reason=request.POST.get("reason", ""), ip=client_ip(request),
+           **kwargs)
+    except services.ConsoleError as e:
+        messages.error(request, f"Refused ({e.code}): {e.message}")
+        return _back(request, fallback)
+    messages.success(request, ok_message)
+    return _back(request, fallback)
+
+
+def _purchase_url(purchase_id: str) -> str:
+    return reverse("support:purchase", kwargs={"purchase_id": purchase_id})
+
+
+def _op_purchase_url(operation_id: str) -> str:
+    op = selectors.operation_get(operation_id)
+    if op is None:
+        raise Http404
+    return _purchase_url(op.purchase_id)
+
+
+@console_view(Action.ADD_NOTE, post=True)
+def note_add(request, purchase_id: str):
+    url = _purchase_url(purchase_id)
+    try:
+        services.note_add(purchase_id=purchase_id, user=request.user,
+                          body=request.POST.get("reason", ""), ip=client_ip(request))
+    except services.ConsoleError as e:
+        messages.error(request, f"Refused ({e.code}): {e.message}")
+        return _back(request, url)
+    messages.success(request, "Note added.")
+    return _back(request, url)
+
+
+@console_view(Action.REQUEST_REFUND, post=True)
+def refund_request(request, purchase_id: str):
+    raw = (request.POST.get("amount") or "").strip()
+    amount = None
+    if raw:
+        try:
+            amount = int(raw)
+        except ValueError:
+            messages.error(request, "The amount is in minor units (a whole number).")
+            return _back(request, _purchase_url(purchase_id))
+    return _run(request, _purchase_url(purchase_id), services.refund_request_by_user,
+                "Refund requested; it waits for a finance approver.",
+                purchase_id=purchase_id, amount=amount)
+
+
+@console_view(Action.RECONCILE, post=True)
+def reconcile(request, operation_id: str):
+    return _run(request, _op_purchase_url(operation_id), services.operation_reconcile_by_user,
+                "Read back from the provider.", operation_id=operation_id)
+
+
+@console_view(Action.RESOLVE, post=True)
+def resolve(request, operation_id: str):
+    return _run(request, _op_purchase_url(operation_id), services.operation_resolve_by_user,
+                "Operation resolved manually.", operation_id=operation_id,
+                outcome=request.POST.get("outcome", ""))
+
+
+@console_view(Action.REPLAY, post=True)
+def replay(request, operation_id: str):
+    return _run(request, _op_purchase_url(operation_id), services.operation_replay_by_user,
+                "Replayed with the same provider key.", operation_id=operation_id)
+
+
+@console_view(Action.APPROVE_REFUND, post=True)
+def refund_approve(request, operation_id: str):
+    return _run(request, _op_purchase_url(operation_id), services.refund_approve_by_user,
+                "Refund approved and sent to the provider.", operation_id=operation_id)
+
+
+@console_view(Action.HALT, post=True)
+def halt_set(request):
+    return _run(request, reverse("support:halts"), services.halt_set_by_user,
+                "Workflow halted.", name=request.POST.get("name", ""))
+
+
+@console_view(Action.HALT, post=True)
+def halt_clear(request):
+    return _run(request, reverse("support:halts"), services.halt_clear_by_user,
+                "Workflow resumed.", name=request.POST.get("name", ""))
+
+
+@console_view(Action.TRIAGE_QUARANTINE, post=True)
+def event_triage(request, event_pk: int, decision: str):
+    if decision not in ("release", "dismiss"):
+        raise Http404
+    return _run(request, reverse("support:event", kwargs={"event_pk": event_pk}),
+                services.event_triage_by_user, f"Event {decision}ed.", event_pk=event_pk,
+                decision=decision)

@@ -1,0 +1,104 @@
+"""HTTP plumbing shared by the console and the customer page: security headers, the
+one permission gate for console views, client IP, static assets served by Verity.
+
+No inline script or style anywhere: the Content-Security-Policy below forbids them, and
+every asset is served from this origin (no third-party hosts).
+"""
+from __future__ import annotations
+
+from functools import wraps
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponse, HttpResponseNotAllowed
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from support import access
+
+_CSP_BASE = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+             "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+             "frame-ancestors 'none'")
+
+
+def content_security_policy(*, form_targets: tuple[str, ...] = ()) -> str:
+    # form-action also governs where a form's redirect may land (Chromium enforces it),
+    # so the customer page adds the storefront's origin for "pay again".
+    targets = " ".join(("'self'", *form_targets))
+    return f"{_CSP_BASE}; form-action {targets}"
+
+
+def storefront_origin() -> str | None:
+    parts = urlsplit(getattr(settings, "STOREFRONT_CHECKOUT_URL", "") or "")
+    if parts.scheme in ("http", "https") and parts.netloc:
+        return f"{parts.scheme}://{parts.netloc}"
+    return None
+
+
+def secure_headers(response: HttpResponse, *, form_targets: tuple[str, ...] = (),
+                   cache: str = "no-store") -> HttpResponse:
+    response["Content-Security-Policy"] = content_security_policy(form_targets=form_targets)
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Referrer-Policy"] = "no-referrer"
+    response["X-Frame-Options"] = "DENY"
+    response["Cross-Origin-Opener-Policy"] = "same-origin"
+    response["Permissions-Policy"] = "camera=(), microphone=(), geolocation=(), payment=()"
+    if cache:
+        response["Cache-Control"] = cache
+    return response
+
+
+def client_ip(request) -> str | None:
+    # REMOTE_ADDR only: X-Forwarded-For is client-controlled unless a trusted proxy
+    # rewrites it, and this value goes into the audit log.
+    return request.META.get("REMOTE_ADDR") or None
+
+
+def console_view(action: access.Action, *, post: bool = False):
+    """The one gate for console views: login, then access.require(action), then headers.
+
+    Anonymous users are sent to the login page; a signed-in user whose roles lack the
+    action gets 403 (the button being hidden is not the protection).
+    """
+
+    def decorator(view):
+        @wraps(view)
+        def wrapper(request, *args, **kwargs):
+            if not request.user.is_authenticated:
+                return secure_headers(redirect_to_login(request.get_full_path()))
+            if post and request.method != "POST":
+                return secure_headers(HttpResponseNotAllowed(["POST"]))
+            try:
+                access.require(request.user, action)
+                response = view(request, *args, **kwargs)
+            except PermissionDenied:
+                response = render(request, "console/403.html", status=403)
+            except Http404:
+                response = render(request, "console/404.html", status=404)
+            return secure_headers(response)
+
+        wrapper.console_action = action
+        return wrapper
+
+    return decorator
+
+
+ASSET_DIR = Path(__file__).resolve().parent / "assets"
+ASSETS = {
+    "console.css": "text/css; charset=utf-8",
+    "status.css": "text/css; charset=utf-8",
+    "status.js": "text/javascript; charset=utf-8",
+}
+
+
+@require_GET
+def asset(request, name: str):
+    content_type = ASSETS.get(name)
+    if content_type is None:
+        raise Http404
+    body = (ASSET_DIR / name).read_bytes()
+    response = HttpResponse(body, content_type=content_type)
+    return secure_headers(response, cache="public, max-age=300")
