@@ -128,7 +128,10 @@ def _flatten_errors(detail) -> dict:
     def walk(node, path):
         if isinstance(node, dict):
             for key, value in node.items():
-                walk(value, f"{path}.{key}" if path else str(key))
+                if isinstance(key, int):  # ListSerializer errors are keyed by index
+                    walk(value, f"{path}[{key}]")
+                else:
+                    walk(value, f"{path}.{key}" if path else str(key))
         elif isinstance(node, list):
             if all(not isinstance(item, (dict, list)) for item in node):
                 out.setdefault(path or "body", []).extend(str(item) for item in node)

@@ -90,3 +90,46 @@ def resolver(db):
     client, key = make_client(scopes=("purchases:read", "purchases:write",
                                       "operations:resolve"), name="ops-tool")
     return Api(key, client)
+
+
+@pytest.fixture
+def drill():
+    """Arm a fault drill on an operation's provider key (the lead's fault-drill client)."""
+    from payments.providers.stripe import get_provider
+
+    provider = get_provider()
+
+    def arm(op, mode, step="confirm", times=1):
+        provider.arm_drill(key_prefix=op.idempotency_key, step=step, mode=mode, times=times)
+
+    yield arm
+    if provider.drill_client is not None:
+        provider.drill_client.disarm_all()
+
+
+def payment_body(method: str = "pm_card_visa", capture: str = "automatic", **extra) -> dict:
+    return {"payment_method": method, "capture": capture, **extra}
+
+
+def leave_crashed_payment_request(api: Api, purchase_id: str, key: str, body: dict):
+    """What a web process that died right after creating the operation leaves behind: the
+    operation (pending, never sent) and the in-flight key record bound to it, lease over."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments import services
+    from payments.idempotency import request_fingerprint
+    from payments.models import IdempotencyRecord
+
+    op = services.payment_create(purchase_id=purchase_id, api_client=api.client,
+                                 payment_method=body["payment_method"],
+                                 capture_method=body.get("capture", "automatic"))
+    IdempotencyRecord.objects.create(
+        api_client=api.client, route="purchases_payments_create", key=key,
+        fingerprint=request_fingerprint(path=f"/api/v1/purchases/{purchase_id}/payments",
+                                        body=body),
+        state=IdempotencyRecord.State.IN_FLIGHT,
+        lease_until=timezone.now() - timedelta(seconds=1),
+        resource_type="operation", resource_id=op.id)
+    return op
