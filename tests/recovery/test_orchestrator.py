@@ -1,0 +1,258 @@
+"""The orchestrator against real payments at localstripe: effects exactly once, resume,
+unknown never satisfies a dependency, policies (compensate / manual), at-most-once e-mail."""
+from datetime import timedelta
+
+import pytest
+from django.core import mail
+from django.utils import timezone
+
+from payments import services as pay
+from payments.enums import Outcome, PurchaseStatus
+from payments.models import PaymentOperation, Product, Purchase
+from recovery.halts import halt_clear, halt_set
+from recovery.models import (
+    CrmUpdate,
+    EmailMessage,
+    InventoryCommit,
+    LedgerEntry,
+    Order,
+    OutboxCategory,
+    OutboxMessage,
+    RecoveryDecision,
+    StepRun,
+    StepState,
+)
+from recovery.orchestrator import COMPLETED, NOT_READY, purchase_fulfil, step_resolve
+from recovery.relay import relay_drain_once
+from recovery.selectors import steps_for_purchase
+from tests.recovery.conftest import run_concurrently
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _effects(purchase_id):
+    return {
+        "order": Order.objects.filter(purchase_id=purchase_id).count(),
+        "inventory": InventoryCommit.objects.filter(purchase_id=purchase_id).count(),
+        "ledger": LedgerEntry.objects.filter(purchase_id=purchase_id,
+                                             entry_type="sale").count(),
+        "email": EmailMessage.objects.filter(purchase_id=purchase_id,
+                                             sent_at__isnull=False).count(),
+        "crm": CrmUpdate.objects.filter(purchase_id=purchase_id).count(),
+    }
+
+
+def _drain():
+    """Handle outbox messages until none is due (follow-ups write further messages)."""
+    while relay_drain_once():
+        pass
+
+
+def _sell_out(purchase):
+    """Another sale took the last unit between the quote and the inventory commit."""
+    Product.objects.filter(sku=purchase.quote.items[0]["sku"]).update(stock=0)
+
+
+ONCE = {"order": 1, "inventory": 1, "ledger": 2, "email": 1, "crm": 1}  # ledger: two sides
+
+
+def test_each_step_effect_happens_once_under_redelivery_and_concurrency(
+        new_purchase, pay_now, localstripe):
+    purchase = new_purchase(stock=10, quantity=2)
+    op = pay_now(purchase)
+    assert op.outcome == Outcome.SUCCEEDED
+
+    # Redelivered three times in a row, then three workers at once.
+    assert [purchase_fulfil(purchase_id=purchase.id) for _ in range(3)] == [COMPLETED] * 3
+    run_concurrently(lambda: purchase_fulfil(purchase_id=purchase.id), 3)
+
+    assert _effects(purchase.id) == ONCE
+    assert len(mail.outbox) == 1 and mail.outbox[0].to == ["buyer@example.com"]
+    assert Product.objects.get(sku=purchase.quote.items[0]["sku"]).stock == 8
+    ledger = LedgerEntry.objects.filter(purchase_id=purchase.id)
+    assert sum(e.amount for e in ledger) == 0  # double entry balances
+    assert ledger.get(account="provider_balance").amount == op.amount
+    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.COMPLETED
+    assert list(RecoveryDecision.objects.filter(purchase_id=purchase.id)
+                .values_list("decision", flat=True)) == ["completed_forward"]
+    assert set(steps_for_purchase(purchase.id).values()) == {StepState.DONE}
+    assert len(localstripe.succeeded_charges_for(purchase.id)) == 1  # never charges
+
+
+def test_concurrent_first_runs_create_one_of_each(new_purchase, pay_now):
+    purchase = new_purchase()
+    pay_now(purchase)
+
+    run_concurrently(lambda: purchase_fulfil(purchase_id=purchase.id), 4)
+
+    assert _effects(purchase.id) == ONCE
+    assert StepRun.objects.filter(purchase_id=purchase.id).count() == 5
+
+
+def test_resumes_from_the_first_incomplete_step(new_purchase, pay_now):
+    purchase = new_purchase()
+    pay_now(purchase)
+    halt_set(name="step:ledger", reason="ledger writer broken", actor="op1")
+
+    assert purchase_fulfil(purchase_id=purchase.id) == "halted"
+    assert steps_for_purchase(purchase.id) == {
+        "order": "done", "inventory": "done", "ledger": "pending", "confirmation": "pending",
+        "crm": "pending"}
+    assert _effects(purchase.id)["email"] == 0  # later steps wait
+    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.FULFILLING
+
+    halt_clear(name="step:ledger", actor="op1", reason="fixed")
+    assert OutboxMessage.objects.filter(category=OutboxCategory.RUN_STEPS,
+                                        processed_at__isnull=True).exists()
+    assert purchase_fulfil(purchase_id=purchase.id) == COMPLETED
+
+    assert _effects(purchase.id) == ONCE
+    runs = dict(StepRun.objects.filter(purchase_id=purchase.id).values_list("step", "attempts"))
+    assert runs["order"] == 1 and runs["inventory"] == 1  # done steps were not re-run
+
+
+def test_unknown_payment_produces_no_order_and_no_email(new_purchase, api_client, drill,
+                                                        localstripe):
+    purchase = new_purchase()
+    op = pay.payment_create(purchase_id=purchase.id, api_client=api_client,
+                            payment_method="pm_card_visa")
+    drill(op, "drop_response_after_send")  # the provider applies it; the answer is lost
+    op = pay.operation_dispatch(operation_id=op.id)
+    assert op.outcome == Outcome.UNKNOWN
+    assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
+
+    assert purchase_fulfil(purchase_id=purchase.id) == NOT_READY
+    assert _effects(purchase.id) == dict.fromkeys(ONCE, 0)
+    assert not StepRun.objects.filter(purchase_id=purchase.id).exists()
+    assert mail.outbox == []
+
+    # Evidence arrives (read-back): now the steps run, once; still one charge.
+    pay.operation_reconcile(operation_id=op.id)
+    assert purchase_fulfil(purchase_id=purchase.id) == COMPLETED
+    assert _effects(purchase.id) == ONCE
+    assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
+
+
+def test_inventory_failure_compensates_with_one_linked_refund(new_purchase, pay_now,
+                                                              localstripe):
+    purchase = new_purchase(stock=1)
+    _sell_out(purchase)  # the inventory commit will be refused
+    charge = pay_now(purchase)
+
+    assert purchase_fulfil(purchase_id=purchase.id) == StepState.COMPENSATED
+    # Redelivered and concurrent runs do not start a second compensation.
+    purchase_fulfil(purchase_id=purchase.id)
+    run_concurrently(lambda: purchase_fulfil(purchase_id=purchase.id), 3)
+
+    [refund] = PaymentOperation.objects.filter(purchase_id=purchase.id, kind="refund")
+    assert refund.is_compensation and refund.parent_id == charge.id
+    assert refund.idempotency_key != charge.idempotency_key  # its own key
+
+    _drain()  # DISPATCH, then OPERATION_SETTLED
+
+    refund = PaymentOperation.objects.get(id=refund.id)
+    assert refund.outcome == Outcome.SUCCEEDED
+    assert len(localstripe.refunds_for(charge.provider_reference)) == 1
+    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.REFUNDED
+    assert Order.objects.filter(purchase_id=purchase.id).count() == 1  # no duplicate order
+    assert InventoryCommit.objects.filter(purchase_id=purchase.id).count() == 0
+    assert EmailMessage.objects.filter(purchase_id=purchase.id).count() == 0
+    assert list(RecoveryDecision.objects.filter(purchase_id=purchase.id)
+                .values_list("decision", flat=True)) == ["compensated"]
+    refund_ledger = LedgerEntry.objects.filter(operation_id=refund.id)
+    assert sorted(e.amount for e in refund_ledger) == [-charge.amount, charge.amount]
+
+
+def test_authorization_is_voided_when_a_step_fails_before_capture(new_purchase, pay_now,
+                                                                  localstripe):
+    purchase = new_purchase(stock=1)
+    _sell_out(purchase)  # the inventory commit will be refused
+    auth = pay_now(purchase, capture="manual")
+    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.PAID
+
+    assert purchase_fulfil(purchase_id=purchase.id) == StepState.COMPENSATED
+    _drain()
+
+    [void] = PaymentOperation.objects.filter(purchase_id=purchase.id, kind="void")
+    assert void.outcome == Outcome.SUCCEEDED and void.is_compensation
+    [pi] = localstripe.payment_intents_for(purchase.id)
+    assert pi["status"] == "canceled"
+    assert localstripe.refunds_for(auth.provider_reference) == []
+    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.VOIDED
+
+
+def test_manual_policy_sends_the_purchase_to_review_without_moving_money(
+        new_purchase, pay_now, localstripe):
+    purchase = new_purchase(stock=1, step_policy={"inventory": "manual"})
+    _sell_out(purchase)  # the inventory commit will be refused
+    charge = pay_now(purchase)
+
+    assert purchase_fulfil(purchase_id=purchase.id) == StepState.MANUAL
+    assert purchase_fulfil(purchase_id=purchase.id) == "not_ready"  # in review now
+
+    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.MANUAL_REVIEW
+    assert not PaymentOperation.objects.filter(purchase_id=purchase.id, kind="refund").exists()
+    assert localstripe.refunds_for(charge.provider_reference) == []
+    assert list(RecoveryDecision.objects.filter(purchase_id=purchase.id)
+                .values_list("decision", flat=True)) == ["manual"]
+
+
+def test_confirmation_found_running_after_a_crash_is_unknown_and_not_resent(
+        new_purchase, pay_now):
+    purchase = new_purchase()
+    pay_now(purchase)
+    halt_set(name="step:confirmation", reason="mail relay incident", actor="op1")
+    purchase_fulfil(purchase_id=purchase.id)
+    # What a worker killed mid-send leaves: the attempt recorded, the step running.
+    EmailMessage.objects.create(purchase_id=purchase.id, kind="confirmation",
+                                to="buyer@example.com", subject="Order confirmed")
+    StepRun.objects.filter(purchase_id=purchase.id, step="confirmation").update(
+        state=StepState.RUNNING, attempts=1, started_at=timezone.now() - timedelta(hours=1))
+    WorkflowHalt = halt_set.__globals__["WorkflowHalt"]
+    WorkflowHalt.objects.all().delete()
+
+    assert purchase_fulfil(purchase_id=purchase.id) == StepState.UNKNOWN
+    purchase_fulfil(purchase_id=purchase.id)
+
+    assert mail.outbox == []  # not resent without review
+    assert EmailMessage.objects.get(purchase_id=purchase.id).sent_at is None
+    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.MANUAL_REVIEW
+    assert CrmUpdate.objects.filter(purchase_id=purchase.id).count() == 0
+
+    # A person checked the mail log: it never left. Resend once, finish the purchase.
+    step_resolve(purchase_id=purchase.id, step="confirmation", resolution="retry",
+                 actor="op2", reason="mail relay log shows no delivery")
+    assert purchase_fulfil(purchase_id=purchase.id) == COMPLETED
+    assert len(mail.outbox) == 1
+    assert _effects(purchase.id) == ONCE
+
+
+def test_a_send_in_progress_is_left_to_its_worker(new_purchase, pay_now):
+    purchase = new_purchase()
+    pay_now(purchase)
+    halt_set(name="step:confirmation", reason="hold", actor="op1")
+    purchase_fulfil(purchase_id=purchase.id)
+    StepRun.objects.filter(purchase_id=purchase.id, step="confirmation").update(
+        state=StepState.RUNNING, started_at=timezone.now())
+    halt_clear(name="step:confirmation", actor="op1", reason="go")
+
+    assert purchase_fulfil(purchase_id=purchase.id) == "busy"
+    assert StepRun.objects.get(purchase_id=purchase.id, step="confirmation").state == "running"
+    assert mail.outbox == []
+
+
+def test_digital_goods_get_a_deliverable_kept_for_redelivery(new_purchase, pay_now):
+    from recovery.selectors import deliverable_for
+
+    purchase = new_purchase(kind="digital", stock=5)
+    pay_now(purchase)
+
+    assert purchase_fulfil(purchase_id=purchase.id) == COMPLETED
+    purchase_fulfil(purchase_id=purchase.id)
+
+    run = StepRun.objects.get(purchase_id=purchase.id, step="deliverable")
+    assert run.external_reference.startswith("job_") and run.attempts == 1
+    stored = deliverable_for(purchase.id)
+    assert stored["result"]["licence_key"] and stored["expires_at"] > timezone.now()
+    assert "deliverable" in steps_for_purchase(purchase.id)
+    assert Product.objects.get(sku=purchase.quote.items[0]["sku"]).stock == 5  # not counted
