@@ -61,6 +61,9 @@ SETTLEMENT_MAX_TRANSACTIONS = env.int("SETTLEMENT_MAX_TRANSACTIONS", default=200
 # the console backend (no SMTP server in `make run`/tests); production sets SMTP.
 EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="orders@verity.example")
+EMAIL_HOST = env("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=30.0)  # below STEP_LEASE_SECONDS
 
 # Exactly one beat process runs this (Procfile.dev `beat`). Tasks only find work and
 # write outbox rows; the relay does it.

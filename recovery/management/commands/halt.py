@@ -19,8 +19,8 @@ class Command(BaseCommand):
     def handle(self, *args, action, name, reason, actor, **options):
         if action == "list":
             for halt in halts_list():
-                self.stdout.write(f"{halt.name}\t{halt.halted_by}\t{halt.created_at:%Y-%m-%d "
-                                  f"%H:%M}\t{halt.reason}")
+                since = halt.created_at.strftime("%Y-%m-%d %H:%M")
+                self.stdout.write(f"{halt.name}\t{halt.halted_by}\t{since}\t{halt.reason}")
             return
         if not name:
             raise CommandError("a halt name is required")
