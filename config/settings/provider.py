@@ -14,3 +14,9 @@ STRIPE_READ_TIMEOUT = env.float("STRIPE_READ_TIMEOUT", default=20.0)
 STRIPE_DEDUPES_KEYS = env.bool("STRIPE_DEDUPES_KEYS", default=False)
 # Fault drills: test-mode keys only; refused for live keys at start-up of a drill.
 FAULT_DRILLS_ENABLED = env.bool("FAULT_DRILLS_ENABLED", default=True)
+# Chaos (soak only): a seeded fraction of provider requests gets a random drill.
+FAULT_DRILL_RANDOM_RATE = env.float("FAULT_DRILL_RANDOM_RATE", default=0.0)
+FAULT_DRILL_RANDOM_SEED = env.int("FAULT_DRILL_RANDOM_SEED", default=0)
+FAULT_DRILL_RANDOM_MODES = env.list("FAULT_DRILL_RANDOM_MODES", default=[
+    "drop_response_after_send", "timeout_before_send", "reset_after_write", "http_500",
+    "http_409", "read_unavailable"])

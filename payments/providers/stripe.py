@@ -15,8 +15,9 @@ provider key and refused for live keys.
 from __future__ import annotations
 
 import json
+import random
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import requests
@@ -40,8 +41,10 @@ class DrillMode:
     HTTP_409 = "http_409"
     # Sends, then never returns: the process is expected to be killed (dead-worker drill).
     HANG_AFTER_SEND = "hang_after_send"
-    ALL = (DROP_RESPONSE_AFTER_SEND, TIMEOUT_BEFORE_SEND, RESET_AFTER_WRITE, HTTP_500, HTTP_409,
-           HANG_AFTER_SEND)
+    # Reads only (GET): the provider cannot be reached for a read-back.
+    READ_UNAVAILABLE = "read_unavailable"
+    WRITES = (DROP_RESPONSE_AFTER_SEND, TIMEOUT_BEFORE_SEND, RESET_AFTER_WRITE, HTTP_500, HTTP_409)
+    ALL = WRITES + (HANG_AFTER_SEND, READ_UNAVAILABLE)
 
 
 class DrillRefused(Exception):
@@ -64,11 +67,20 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
 
     name = "verity-fault-drill"
 
-    def __init__(self, inner: stripe.HTTPClient) -> None:
+    def __init__(self, inner: stripe.HTTPClient, *, random_rate: float = 0.0,
+                 random_modes: tuple[str, ...] = (), seed: int = 0) -> None:
         super().__init__()
         self._inner = inner
         self._lock = threading.Lock()
         self._armed: dict[tuple[str, str], _ArmedDrill] = {}
+        # Chaos mode for the soak: a seeded fraction of requests gets a random drill.
+        self._random_rate = random_rate
+        self._random_modes = tuple(random_modes)
+        self._rng = random.Random(seed)
+        self._local = threading.local()
+
+    def last_drill(self) -> str:
+        return getattr(self._local, "mode", "")
 
     def arm(self, *, key_prefix: str, step: str, mode: str, times: int = 1) -> None:
         if mode not in DrillMode.ALL:
@@ -80,8 +92,17 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
         with self._lock:
             self._armed.clear()
 
-    def _take(self, headers) -> str:
+    def _take(self, method, headers) -> str:
         key = (headers or {}).get("Idempotency-Key", "")
+        if self._random_rate:
+            with self._lock:
+                hit = self._rng.random() < self._random_rate
+                if method.lower() == "get":
+                    modes = [m for m in self._random_modes if m == DrillMode.READ_UNAVAILABLE]
+                else:
+                    modes = [m for m in self._random_modes if m in DrillMode.WRITES]
+                if hit and modes:
+                    return self._rng.choice(modes)
         if ":" not in key:
             return ""
         prefix, step = key.rsplit(":", 1)
@@ -93,9 +114,10 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
             return armed.mode
 
     def request(self, method, url, headers, post_data=None, *, _usage=None):
-        mode = self._take(headers)
+        mode = self._take(method, headers)
+        self._local.mode = mode
         drill_header = {"Verity-Fault-Drill": mode} if mode else {}
-        if mode == DrillMode.TIMEOUT_BEFORE_SEND:
+        if mode in (DrillMode.TIMEOUT_BEFORE_SEND, DrillMode.READ_UNAVAILABLE):
             raise stripe.APIConnectionError("fault drill: connect timeout",
                                             should_retry=False) from requests.exceptions.ConnectTimeout(
                 urllib3.exceptions.ConnectTimeoutError(None, "fault drill"))
@@ -194,7 +216,10 @@ class StripeProvider:
         self.drill_client: FaultDrillHTTPClient | None = None
         http_client = inner
         if drills and not self.live:
-            self.drill_client = FaultDrillHTTPClient(inner)
+            self.drill_client = FaultDrillHTTPClient(
+                inner, random_rate=settings.FAULT_DRILL_RANDOM_RATE,
+                random_modes=tuple(settings.FAULT_DRILL_RANDOM_MODES),
+                seed=settings.FAULT_DRILL_RANDOM_SEED)
             http_client = self.drill_client
         base = {"api": api_base} if api_base else None
         self.client = stripe.StripeClient(api_key, base_addresses=base, http_client=http_client,
@@ -211,6 +236,13 @@ class StripeProvider:
 
     # -- classification -------------------------------------------------------------
     def _call(self, fn, *, step: str) -> CallResult:
+        result = self._call_unlabelled(fn, step=step)
+        drill = self.drill_client.last_drill() if self.drill_client else ""
+        if drill and not result.fault_drill:
+            result = replace(result, fault_drill=drill)
+        return result
+
+    def _call_unlabelled(self, fn, *, step: str) -> CallResult:
         try:
             obj = fn()
         except stripe.APIConnectionError as exc:

@@ -144,3 +144,12 @@ def test_drills_are_refused_for_live_keys():
     provider = StripeProvider(api_key="sk_live_nope", api_base="http://127.0.0.1:1", drills=True)
     with pytest.raises(DrillRefused):
         provider.arm_drill(key_prefix="vk_x", step="confirm", mode=DrillMode.HTTP_500)
+
+
+def test_provider_calls_under_a_drill_are_labelled(new_purchase, api_client, drill):
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
+    services.operation_dispatch(operation_id=op.id)
+    labels = dict(ProviderCall.objects.filter(operation=op).values_list("step", "fault_drill"))
+    assert labels == {"create": "", "confirm": DrillMode.DROP_RESPONSE_AFTER_SEND}
