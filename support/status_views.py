@@ -6,6 +6,7 @@ come from support.customer_copy only.
 """
 from __future__ import annotations
 
+from django.conf import settings
 from django.http import HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -21,9 +22,16 @@ POLL_FIRST_SECONDS = 3
 POLL_MAX_SECONDS = 30
 
 
+def _poll_seconds() -> int:
+    return int(getattr(settings, "STATUS_POLL_SECONDS", POLL_FIRST_SECONDS))
+
+
 def _headers(response):
     origin = storefront_origin()
-    response = secure_headers(response, form_targets=(origin,) if origin else ())
+    # The token is in the URL: never leak it to the storefront in a Referer header. The
+    # only form here (pay again) is CSRF-exempt, so `Origin: null` does not matter.
+    response = secure_headers(response, form_targets=(origin,) if origin else (),
+                              referrer="no-referrer")
     response["X-Robots-Tag"] = "noindex, nofollow"
     return response
 
@@ -67,7 +75,7 @@ def status_page(request, token: str):
         "token": token,
         "poll_url": reverse("support:status-json", kwargs={"token": token}),
         "pay_again_action": reverse("support:status-pay-again", kwargs={"token": token}),
-        "poll_seconds": POLL_FIRST_SECONDS,
+        "poll_seconds": _poll_seconds(),
         "poll_max_seconds": POLL_MAX_SECONDS,
     }))
 

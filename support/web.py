@@ -39,10 +39,12 @@ def storefront_origin() -> str | None:
 
 
 def secure_headers(response: HttpResponse, *, form_targets: tuple[str, ...] = (),
-                   cache: str = "no-store") -> HttpResponse:
+                   cache: str = "no-store", referrer: str = "same-origin") -> HttpResponse:
     response["Content-Security-Policy"] = content_security_policy(form_targets=form_targets)
     response["X-Content-Type-Options"] = "nosniff"
-    response["Referrer-Policy"] = "no-referrer"
+    # same-origin, not no-referrer: with no-referrer browsers send `Origin: null` on form
+    # posts and Django's CSRF origin check (rightly) refuses them.
+    response["Referrer-Policy"] = referrer
     response["X-Frame-Options"] = "DENY"
     response["Cross-Origin-Opener-Policy"] = "same-origin"
     response["Permissions-Policy"] = "camera=(), microphone=(), geolocation=(), payment=()"

@@ -5,7 +5,8 @@
   var root = document.getElementById("state");
   if (!root || !window.fetch) { return; }
   var url = root.getAttribute("data-poll-url");
-  var delay = parseInt(root.getAttribute("data-poll-seconds"), 10) || 3;
+  var first = parseInt(root.getAttribute("data-poll-seconds"), 10) || 3;
+  var delay = first;
   var maxDelay = parseInt(root.getAttribute("data-poll-max-seconds"), 10) || 30;
   var timer = null;
 
@@ -61,7 +62,7 @@
       .then(function (state) {
         var changed = apply(state);
         // Quick while things move, slower while nothing changes.
-        delay = changed ? 3 : Math.min(maxDelay, Math.ceil(delay * 1.5));
+        delay = changed ? first : Math.min(maxDelay, Math.ceil(delay * 1.5));
         schedule();
       })
       .catch(function () { delay = Math.min(maxDelay, delay * 2); schedule(); });
