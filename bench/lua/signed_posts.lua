@@ -1,0 +1,21 @@
+-- POSTs pre-signed bodies from the file named by $BENCH_REQUESTS, one per line:
+--   <Stripe-Signature value> TAB <JSON body>
+-- in file order (wrk runs with one thread, so a line is sent once per pass). The
+-- signatures are HMAC-SHA256 made by bench/webhook_ingest.py (Lua has no HMAC).
+local path = os.getenv("BENCH_REQUESTS")
+local reqs = {}
+local i = 0
+
+function init(args)
+  for line in io.lines(path) do
+    local sig, body = line:match("^([^\t]*)\t(.*)$")
+    reqs[#reqs + 1] = wrk.format("POST", nil,
+      {["Content-Type"] = "application/json", ["Stripe-Signature"] = sig}, body)
+  end
+end
+
+function request()
+  i = i + 1
+  if i > #reqs then i = 1 end
+  return reqs[i]
+end

@@ -1,0 +1,235 @@
+"""Bench 3: outbox drain by real Celery workers (1, then 2 processes) vs a raw SQL floor.
+
+20 000 OutboxMessage rows of category NOOP (handler does nothing) are written with one
+INSERT … SELECT generate_series, then drained by `celery -A config worker --pool solo`
+processes running the real task `recovery.relay_drain` (recovery.relay: SKIP LOCKED claim
+of 100, handler outside the transaction, one UPDATE per processed message). Throughput is
+messages / (last processed_at − the moment the tasks were sent).
+Floor, same PostgreSQL, same table: a raw psycopg loop doing the same statements the relay
+needs (claim 100 with FOR UPDATE SKIP LOCKED + mark claimed, then mark each processed),
+in 1 and 2 processes. Also the relay called in this process without Celery, to split the
+cost between the relay's ORM work and Celery's task machinery.
+
+    .venv/bin/python bench/outbox_drain.py [--messages 20000] [--runs 3]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    BIN,
+    ROOT,
+    Report,
+    bench_stack,
+    common_args,
+    fmt,
+    log,
+    med,
+    ratio,
+)
+
+TABLE = "recovery_outboxmessage"
+FILL_SQL = f"""
+INSERT INTO {TABLE} (category, payload, dedupe_key, available_at, attempts, last_error,
+                     created_at)
+SELECT 99, jsonb_build_object('n', g), 'bench:' || %s || ':' || g, now(), 0, '', now()
+FROM generate_series(1, %s) AS g
+"""
+# The floor does what the relay needs, in SQL only (same predicate, order and batch).
+CLAIM_SQL = f"""
+WITH due AS (
+    SELECT id FROM {TABLE}
+    WHERE processed_at IS NULL AND available_at <= now()
+      AND (claimed_until IS NULL OR claimed_until < now())
+    ORDER BY available_at, id LIMIT 100
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {TABLE} m SET claimed_until = now() + interval '60 seconds', attempts = m.attempts + 1
+FROM due WHERE m.id = due.id
+RETURNING m.id
+"""
+MARK_SQL = (f"UPDATE {TABLE} SET processed_at = now(), claimed_until = NULL, last_error = '' "
+            "WHERE id = %s AND processed_at IS NULL")
+
+
+def _floor_worker(dsn: str) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            with conn.transaction():
+                ids = [r[0] for r in conn.execute(CLAIM_SQL).fetchall()]
+            if not ids:
+                return
+            for i in ids:
+                conn.execute(MARK_SQL, [i])
+
+
+def _fill(n: int, tag: str) -> None:
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute(f"TRUNCATE {TABLE}")
+        c.execute(FILL_SQL, [tag, n])
+        c.execute(f"ANALYZE {TABLE}")
+
+
+def _elapsed_since(t0_db) -> float:
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute(f"SELECT count(*), max(processed_at) FROM {TABLE} WHERE processed_at IS NOT NULL")
+        count, last = c.fetchone()
+    return count, (last - t0_db).total_seconds()
+
+
+def _db_now():
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute("SELECT clock_timestamp()")
+        return c.fetchone()[0]
+
+
+def _unprocessed() -> int:
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute(f"SELECT count(*) FROM {TABLE} WHERE processed_at IS NULL")
+        return c.fetchone()[0]
+
+
+def run_floor(dsn: str, n: int, procs: int, tag: str) -> float:
+    _fill(n, tag)
+    t0 = _db_now()
+    ps = [multiprocessing.Process(target=_floor_worker, args=(dsn,)) for _ in range(procs)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join()
+    count, secs = _elapsed_since(t0)
+    assert count == n, (count, n)
+    return n / secs
+
+
+def run_in_process(n: int, tag: str) -> float:
+    from django.db import connection
+
+    from recovery.relay import relay_drain
+
+    _fill(n, tag)
+    connection.close()  # no transaction open, fresh connection like a worker's
+    t0 = _db_now()
+    while relay_drain():
+        pass
+    count, secs = _elapsed_since(t0)
+    assert count == n, (count, n)
+    return n / secs
+
+
+@contextlib.contextmanager
+def celery_workers(env: dict, stack, count: int):
+    procs = []
+    for i in range(count):
+        logf = open(stack.tmp / f"celery-bench-{count}-{i}.log", "ab")
+        procs.append(subprocess.Popen(
+            [str(BIN / "celery"), "-A", "config", "worker", "--pool", "solo",
+             "-n", f"bench{count}-{i}@%h", "--without-gossip", "--without-mingle",
+             "--without-heartbeat", "-l", "WARNING"],
+            env=env, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True))
+    try:
+        from config.celery import app
+
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            replies = app.control.ping(timeout=1.0) or []
+            if len(replies) >= count:
+                break
+            for p in procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"celery worker exited {p.returncode}")
+        else:
+            raise RuntimeError("celery workers not ready")
+        yield app
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def run_celery(app, n: int, workers: int, tag: str, timeout: float) -> float:
+    _fill(n, tag)
+    t0 = _db_now()
+    # Each relay_drain task drains at most 50 batches of 100; send enough for every
+    # worker to stay busy until the table is empty (surplus tasks find nothing).
+    tasks = -(-n // 5000) + workers
+    for _ in range(tasks):
+        app.send_task("recovery.relay_drain")
+    deadline = time.monotonic() + timeout
+    while _unprocessed() and time.monotonic() < deadline:
+        # Keep a task queued while work remains (a drain stops early on a short batch).
+        time.sleep(0.25)
+    left = _unprocessed()
+    if left:
+        raise RuntimeError(f"{left} messages left after {timeout}s")
+    count, secs = _elapsed_since(t0)
+    return n / secs
+
+
+def main(argv: list[str] | None = None) -> Report:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    common_args(parser)
+    parser.add_argument("--messages", type=int, default=20000)
+    parser.add_argument("--timeout", type=float, default=300)
+    args = parser.parse_args(argv)
+    report = Report()
+    n = args.messages
+    with bench_stack(localstripe=False) as (stack, env):
+        dsn = stack.env["DATABASE_URL"].replace("postgres://", "postgresql://")
+        res: dict[str, list[float]] = {k: [] for k in
+                                       ("floor1", "floor2", "inproc", "celery1", "celery2")}
+        for run in range(args.runs):
+            log(f"run {run + 1}/{args.runs}: floor, 1 and 2 processes")
+            res["floor1"].append(run_floor(dsn, n, 1, f"f1{run}"))
+            res["floor2"].append(run_floor(dsn, n, 2, f"f2{run}"))
+            log(f"run {run + 1}/{args.runs}: relay in-process (no Celery)")
+            res["inproc"].append(run_in_process(n, f"ip{run}"))
+        for workers in (1, 2):
+            with celery_workers(env, stack, workers) as app:
+                for run in range(args.runs):
+                    log(f"run {run + 1}/{args.runs}: {workers} celery worker(s)")
+                    res[f"celery{workers}"].append(run_celery(app, n, workers, f"c{workers}{run}",
+                                                              args.timeout))
+    m = {k: med(v) for k, v in res.items()}
+    note = f"{n} NOOP msgs, {args.runs} runs, median"
+    report.add("outbox drain", "msgs/s 1 celery worker", fmt(m["celery1"]), fmt(m["floor1"]),
+               ratio(m["celery1"], m["floor1"]), ">= 0.50", f"{note}; floor = raw SQL, 1 proc")
+    report.add("outbox drain", "msgs/s 2 celery workers", fmt(m["celery2"]), fmt(m["floor2"]),
+               ratio(m["celery2"], m["floor2"]), ">= 0.50", "floor = raw SQL, 2 procs")
+    report.add("outbox drain", "2-worker speedup", f"{m['celery2'] / m['celery1']:.2f}x",
+               f"{m['floor2'] / m['floor1']:.2f}x", "", ">= 1.7x", "floor col = raw SQL 2 vs 1")
+    report.add("outbox drain", "msgs/s relay in-process", fmt(m["inproc"]), fmt(m["floor1"]),
+               ratio(m["inproc"], m["floor1"]), "", "recovery.relay.relay_drain, no Celery")
+    report.dump(args.json)
+    report.print("outbox drain")
+    return report
+
+
+if __name__ == "__main__":
+    main()
