@@ -21,7 +21,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from . import selectors, services
-from .enums import PAYMENT_KINDS, Outcome
+from .enums import PAYMENT_KINDS, Outcome, Owner
 from .idempotency import (
     REPLAYED_HEADER,
     Claim,
@@ -35,6 +35,7 @@ from .locks import assert_no_transaction_outside_transaction
 from .models import PaymentOperation, Purchase, Quote
 from .problems import PROBLEM_CONTENT_TYPE, Problem, problem_body
 from .serializers import (
+    DeliverableOut,
     EmptyIn,
     LimitsOut,
     OperationOut,
@@ -117,6 +118,24 @@ def _location(resource_type: str, resource_id: str) -> str:
             "quote": f"/api/v1/quotes/{resource_id}"}[resource_type]
 
 
+# Refusals that stop a duplicate money movement or a duplicate in-flight request (metrics).
+_BLOCKED_DUPLICATE_CODES = frozenset({
+    "idempotency_key_reused", "request_in_progress", "already_paid", "payment_unresolved",
+    "customer_has_unresolved_purchase", "already_retried",
+})
+
+
+def _count(*, replayed_route: str | None = None, refused_code: str | None = None) -> None:
+    try:
+        from recovery.metrics import BLOCKED_DUPLICATES, IDEMPOTENT_REPLAYS
+    except ImportError:  # metrics are optional for the API
+        return
+    if replayed_route:
+        IDEMPOTENT_REPLAYS.labels(route=replayed_route).inc()
+    if refused_code in _BLOCKED_DUPLICATE_CODES:
+        BLOCKED_DUPLICATES.labels(reason=refused_code).inc()
+
+
 def _run_idempotent(request, *, route: str, create: Callable[[Claim], Response],
                     resume: Callable[[Claim], Response] | None = None) -> Response:
     """The Idempotency-Key contract around one effect (see payments.idempotency).
@@ -127,9 +146,14 @@ def _run_idempotent(request, *, route: str, create: Callable[[Claim], Response],
     from .services import DomainError
 
     key = key_from_headers(request.headers)
-    claim = idempotency_claim(api_client=request.auth, route=route, key=key, path=request.path,
-                              body=request.data)
+    try:
+        claim = idempotency_claim(api_client=request.auth, route=route, key=key,
+                                  path=request.path, body=request.data)
+    except Problem as exc:
+        _count(refused_code=exc.code)
+        raise
     if claim.replay:
+        _count(replayed_route=route)
         body = _render_current(claim.record.resource_type, claim.record.resource_id)
         return Response(body, status=200, headers={REPLAYED_HEADER: "true"})
     try:
@@ -141,6 +165,7 @@ def _run_idempotent(request, *, route: str, create: Callable[[Claim], Response],
             return Response(body, status=201)
         return create(claim)
     except (DomainError, Problem) as exc:
+        _count(refused_code=exc.code)
         if claim.resource_id:
             # The effect exists: the key stays bound to it; a replay shows its state.
             idempotency_complete(claim, status=exc.status)
@@ -372,6 +397,29 @@ class PurchaseDetailApi(ApiView):
                    responses={**_ok(200, PurchaseOut, "Purchase"), **_problems()})
     def get(self, request, purchase_id: str):
         return Response(selectors.purchase_view(_purchase_or_404(request, purchase_id)))
+
+
+class DeliverableApi(ApiView):
+    required_scopes = {"GET": READ}
+
+    @extend_schema(
+        operation_id="purchases_deliverable_retrieve", summary="Redeliver a digital good",
+        description="The stored result of the deliverable step, kept for the redelivery "
+                    "period; 404 `deliverable_not_available` otherwise.",
+        responses={**_ok(200, DeliverableOut, "Deliverable"), **_problems()})
+    def get(self, request, purchase_id: str):
+        purchase = _purchase_or_404(request, purchase_id)
+        from recovery.selectors import deliverable_for
+
+        found = deliverable_for(purchase.id)
+        if found is None:
+            raise Problem(code="deliverable_not_available", status=404, owner=Owner.NONE,
+                          purchase=purchase.id,
+                          detail="No deliverable is available for this purchase (not a "
+                                 "digital good, not produced yet, or its redelivery period "
+                                 "is over).")
+        return Response({"job_reference": found["job_reference"], "result": found["result"],
+                         "expires_at": selectors.iso(found["expires_at"])})
 
 
 class PaymentCreateApi(ApiView):

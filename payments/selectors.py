@@ -176,8 +176,11 @@ def purchase_next_action(purchase: Purchase, payment: PaymentOperation | None = 
 # -- views --------------------------------------------------------------------------
 
 
-def _iso(value: datetime | None) -> str | None:
+def iso(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+_iso = iso
 
 
 def _customer_message(purchase: Purchase) -> str:

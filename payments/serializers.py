@@ -215,3 +215,9 @@ class LimitsOut(serializers.Serializer):
     unknown_exposure = serializers.IntegerField(
         help_text="Reserved amounts of operations whose outcome is unknown.")
     available = serializers.IntegerField(allow_null=True)
+
+
+class DeliverableOut(serializers.Serializer):
+    job_reference = serializers.CharField()
+    result = serializers.JSONField()
+    expires_at = serializers.DateTimeField(allow_null=True)

@@ -15,6 +15,8 @@ urlpatterns = [
     path("purchases/<str:purchase_id>/void", apis.VoidApi.as_view(), name="api-purchase-void"),
     path("purchases/<str:purchase_id>/refunds", apis.RefundApi.as_view(),
          name="api-purchase-refunds"),
+    path("purchases/<str:purchase_id>/deliverable", apis.DeliverableApi.as_view(),
+         name="api-purchase-deliverable"),
     path("operations/<str:operation_id>", apis.OperationDetailApi.as_view(), name="api-operation"),
     path("operations/<str:operation_id>/reconcile", apis.OperationReconcileApi.as_view(),
          name="api-operation-reconcile"),

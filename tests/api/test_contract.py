@@ -452,9 +452,16 @@ def checkout_halted(c):
 
 @row(200, **{"Idempotent_Replayed": "true"})
 def same_key_same_body_is_replayed_with_current_state(c):
+    from prometheus_client import REGISTRY
+
+    def replays():
+        return REGISTRY.get_sample_value("verity_idempotent_replays_total",
+                                         {"route": "purchases_payments_create"}) or 0
+
     purchase = c.storefront.new_purchase(c.product.sku)
     key = new_key()
     assert c.storefront.pay(purchase["id"], key=key).status_code == 201
+    before = replays()
     # Key order and whitespace do not matter.
     r = c.storefront.http.post(
         f"/api/v1/purchases/{purchase['id']}/payments",
@@ -462,6 +469,7 @@ def same_key_same_body_is_replayed_with_current_state(c):
         content_type="application/json", HTTP_IDEMPOTENCY_KEY=key)
     assert r.json()["outcome"] == "succeeded"
     assert PaymentOperation.objects.count() == 1
+    assert replays() == before + 1
     return r
 
 
@@ -682,6 +690,29 @@ def refund_more_than_captured(c):
 def refund_before_payment(c):
     purchase = c.storefront.new_purchase(c.product.sku)
     return c.storefront.post(f"purchases/{purchase['id']}/refunds", {})
+
+
+@row(404, "deliverable_not_available")
+def deliverable_of_a_physical_purchase(c):
+    purchase, _ = c.paid_purchase()
+    return c.storefront.get(f"purchases/{purchase['id']}/deliverable")
+
+
+@row(200)
+def deliverable_stored_by_the_step(c):
+    from recovery.models import StepName, StepRun, StepState
+
+    purchase, _ = c.paid_purchase()
+    # What the deliverable step leaves once its job finished (recovery writes it).
+    StepRun.objects.update_or_create(
+        purchase_id=purchase["id"], step=StepName.DELIVERABLE,
+        defaults={"state": StepState.DONE, "key": f"{purchase['id']}:deliverable",
+                  "external_reference": "job_123", "result": {"url": "https://dl/x"},
+                  "result_expires_at": timezone.now() + timedelta(days=30)})
+    r = c.storefront.get(f"purchases/{purchase['id']}/deliverable")
+    assert r.json()["job_reference"] == "job_123"
+    assert c.other.get(f"purchases/{purchase['id']}/deliverable").status_code == 404
+    return r
 
 
 # -- reads, limits, throttling ---------------------------------------------------------------
