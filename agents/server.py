@@ -1,0 +1,276 @@
+"""The MCP server (official `mcp` SDK, `MCPServer`) exposing Verity's agent tools.
+
+Two transports share one server definition:
+- stdio (`python manage.py mcp_server`): the API key comes from `VERITY_API_KEY`;
+- streamable HTTP, mounted in the Django app (`agents.views.mcp_endpoint`): the key
+  comes from each request's `Authorization: Api-Key <key>` header.
+
+Either way the key is resolved to an `ApiClient` on every tool call (a revoked key stops
+working at once) and each tool checks the same scope the REST API asks for the same
+effect. The agent never sees or sends an idempotency key: see `agents.tools`.
+
+Tools are plain sync functions: the SDK runs them on a worker thread, which is where
+Django's ORM must run (never on the event loop).
+"""
+import json
+import os
+import threading
+from typing import Annotated, Any, Callable
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import close_old_connections, connection
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import Field
+
+from payments.models import ApiClient
+
+from . import tools
+from .tools import AgentResult, QuoteItem
+
+API_KEY_ENV = "VERITY_API_KEY"
+DRILL_ENV = "VERITY_DRILL_NEXT_CONFIRM"
+AUTH_SCHEME = "api-key"
+
+INSTRUCTIONS = """\
+Verity takes payments for a storefront. Rules (they protect the buyer from being charged twice):
+1. Never invent or send idempotency keys: the server derives them. Calling a tool again with
+   the same arguments is the same operation, never a second one.
+2. Each result has `instruction` (one sentence: follow it literally) and `next_tool` (the one
+   call to make next, after `wait_seconds`; null means stop). `next_action.retry` is
+   `forbidden` whenever any retry could move money twice.
+3. Flow: list_products -> get_quote -> create_purchase -> pay_purchase -> follow next_tool.
+4. If a payment's outcome is `unknown`, the provider may have charged the card: never call
+   pay_purchase or create_purchase again for it; call reconcile_operation / get_operation.
+5. Only a definitively failed payment may be retried, once, with retry_failed_payment.
+Amounts are integers in minor units (cents)."""
+
+
+def _result(result: AgentResult) -> CallToolResult:
+    """Structured content plus a text block that leads with the instruction sentence."""
+    data = result.model_dump(mode="json")
+    text = f"{result.instruction}\n\n{json.dumps(data, indent=1, default=str)}"
+    return CallToolResult(content=[TextContent(type="text", text=text)],
+                          structured_content=data, is_error=result.refusal is not None)
+
+
+def _unauthenticated(message: str) -> AgentResult:
+    return AgentResult(
+        instruction=f"{message} Do not retry; the operator must configure a valid Verity API "
+                    "key.",
+        refusal=tools.Refusal(code="unauthenticated", message=message))
+
+
+def _key_from_headers(headers) -> str | None:
+    if not headers:
+        return None
+    value = headers.get("authorization") or headers.get("Authorization") or ""
+    scheme, _, key = value.partition(" ")
+    if scheme.lower() != AUTH_SCHEME or not key.strip():
+        return None
+    return key.strip()
+
+
+def authenticate_key(key: str | None) -> ApiClient | None:
+    if not key:
+        return None
+    try:
+        # get_from_key checks the hash, revocation and expiry.
+        return ApiClient.objects.get_from_key(key)
+    except ApiClient.DoesNotExist:
+        return None
+
+
+class _ConfirmDrill:
+    """Test-mode fault drill for the next payment's confirm step (the lost answer).
+
+    `VERITY_DRILL_NEXT_CONFIRM=<mode>` (e.g. `drop_response_after_send`) arms the fault
+    drill HTTP client for the first payment this process dispatches, once. The provider
+    refuses drills for live keys (`DrillRefused`), and the server refuses to start with the
+    variable set unless drills are enabled in test mode.
+    """
+
+    def __init__(self, mode: str) -> None:
+        from payments.providers.stripe import DrillMode, get_provider
+
+        modes = {v for k, v in vars(DrillMode).items() if k.isupper()}
+        if mode not in modes:
+            raise ImproperlyConfigured(f"{DRILL_ENV}={mode!r}: not one of {sorted(modes)}")
+        provider = get_provider()
+        if provider.live or provider.drill_client is None:
+            raise ImproperlyConfigured(f"{DRILL_ENV} is refused: fault drills need test-mode "
+                                       "keys and FAULT_DRILLS_ENABLED")
+        self.mode = mode
+        self._lock = threading.Lock()
+        self._spent = False
+
+    def __call__(self, op) -> None:
+        from payments.enums import CallStep
+        from payments.providers.stripe import get_provider
+
+        with self._lock:
+            if self._spent:
+                return
+            self._spent = True
+        get_provider().arm_drill(key_prefix=op.idempotency_key, step=CallStep.CONFIRM,
+                                 mode=self.mode)
+
+
+def drill_from_env() -> _ConfirmDrill | None:
+    mode = os.environ.get(DRILL_ENV, "").strip()
+    return _ConfirmDrill(mode) if mode else None
+
+
+def build_server(*, api_key: str | None = None,
+                 before_dispatch: Callable[[Any], None] | None = None,
+                 close_connections: bool = False) -> MCPServer:
+    """`api_key`: the stdio credential; None means each request brings its own header.
+
+    `close_connections`: close this thread's DB connection after each call (the HTTP
+    bridge runs every request on a fresh event loop, hence fresh worker threads).
+    """
+    server = MCPServer("verity", instructions=INSTRUCTIONS, version="1")
+
+    def call(name: str, ctx: Context, fn: Callable[..., AgentResult], **kwargs) -> CallToolResult:
+        close_old_connections()
+        try:
+            key = api_key if api_key is not None else _key_from_headers(ctx.headers)
+            client = authenticate_key(key)
+            if client is None:
+                return _result(_unauthenticated(
+                    "No valid API key: send 'Authorization: Api-Key <key>'." if api_key is None
+                    else f"The API key in {API_KEY_ENV} is not valid (revoked or unknown)."))
+            scope = tools.TOOL_SCOPES[name]
+            if not client.has_scope(scope):
+                return _result(tools.scope_refusal(name, scope))
+            return _result(fn(api_client=client, **kwargs))
+        finally:
+            if close_connections:
+                connection.close()
+            else:
+                close_old_connections()
+
+    read_only = ToolAnnotations(read_only_hint=True, idempotent_hint=True,
+                                destructive_hint=False, open_world_hint=False)
+    effect = ToolAnnotations(read_only_hint=False, idempotent_hint=True,
+                             destructive_hint=False, open_world_hint=True)
+
+    PurchaseId = Annotated[str, Field(min_length=1, max_length=40,
+                                      description="A purchase id (pur_…).")]
+    OperationId = Annotated[str, Field(min_length=1, max_length=40,
+                                       description="An operation id (op_…).")]
+
+    @server.tool(annotations=read_only, description=(
+        "List the catalogue: sku, name, price (minor units), currency, stock. "
+        "Needs scope purchases:read."))
+    def list_products(ctx: Context) -> AgentResult:
+        return call("list_products", ctx, tools.list_products)
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=False,
+                                             destructive_hint=False, open_world_hint=False),
+                 description=(
+        "Price items at current prices. Returns a quote (id, version, amount in minor units, "
+        "expires_at); no money moves. Quotes expire: use the quote for one create_purchase. "
+        "Needs scope purchases:write."))
+    def get_quote(
+        ctx: Context,
+        items: Annotated[list[QuoteItem], Field(min_length=1, max_length=50,
+                                                description="[{sku, quantity}]")],
+        currency: Annotated[str, Field(min_length=3, max_length=3)] = "usd",
+    ) -> AgentResult:
+        return call("get_quote", ctx, tools.get_quote, items=items, currency=currency)
+
+    @server.tool(annotations=effect, description=(
+        "Open a purchase for an accepted quote and a customer. Calling it again with the same "
+        "quote and customer returns the same purchase (never a second one). If this customer "
+        "has a purchase whose payment is unresolved, it is refused and that purchase is "
+        "returned: follow its next_tool instead of creating another. List a purchase id in "
+        "acknowledge_unresolved only if the buyer explicitly wants a separate, second "
+        "purchase. Needs scope purchases:write."))
+    def create_purchase(
+        ctx: Context,
+        quote_id: Annotated[str, Field(min_length=1, max_length=40)],
+        quote_version: Annotated[int, Field(ge=1)],
+        customer_reference: Annotated[str, Field(min_length=1, max_length=100,
+                                                 description="The storefront's customer id.")],
+        customer_email: Annotated[str, Field(max_length=254)] = "",
+        acknowledge_unresolved: Annotated[list[str], Field(max_length=10)] = [],  # noqa: B006
+    ) -> AgentResult:
+        return call("create_purchase", ctx, tools.create_purchase, quote_id=quote_id,
+                    quote_version=quote_version, customer_reference=customer_reference,
+                    customer_email=customer_email,
+                    acknowledge_unresolved=list(acknowledge_unresolved))
+
+    @server.tool(annotations=effect, description=(
+        "Pay a purchase: charges the accepted quote's amount (there is no amount argument; it "
+        "cannot change). A purchase has ONE payment: calling pay_purchase again for the same "
+        "purchase never charges again; it returns that payment's current state. If the outcome "
+        "is `unknown` the provider may have charged the card: do NOT call pay_purchase or "
+        "create_purchase again; follow next_tool (reconcile_operation / get_operation). A "
+        "failed payment is retried only with retry_failed_payment. Needs scope "
+        "purchases:write."))
+    def pay_purchase(
+        ctx: Context,
+        purchase_id: PurchaseId,
+        payment_method: Annotated[str, Field(min_length=1, max_length=100, description=(
+            "The provider's payment method token, e.g. pm_card_visa. Ignored when the "
+            "purchase already has a payment."))],
+    ) -> AgentResult:
+        return call("pay_purchase", ctx, tools.pay_purchase, purchase_id=purchase_id,
+                    payment_method=payment_method, before_dispatch=before_dispatch)
+
+    @server.tool(annotations=read_only, description=(
+        "The purchase view: status, amount, payment {operation, outcome}, fulfilment steps, "
+        "order, next_action. Needs scope purchases:read."))
+    def get_purchase(ctx: Context, purchase_id: PurchaseId) -> AgentResult:
+        return call("get_purchase", ctx, tools.get_purchase, purchase_id=purchase_id)
+
+    @server.tool(annotations=read_only, description=(
+        "One money movement (payment, capture, void, refund): outcome (pending, dispatching, "
+        "succeeded, failed, unknown, awaiting_provider, awaiting_buyer, awaiting_approval), "
+        "stage, verification, attempts, next_action. Safe to call repeatedly. Needs scope "
+        "purchases:read."))
+    def get_operation(ctx: Context, operation_id: OperationId) -> AgentResult:
+        return call("get_operation", ctx, tools.get_operation, operation_id=operation_id)
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True,
+                                             destructive_hint=False, open_world_hint=True),
+                 description=(
+        "Ask the provider for its record of an unsettled operation now and apply it. "
+        "Read-only at the provider: it never charges, so it is safe to repeat. On a settled "
+        "operation it just returns the state. Needs scope purchases:write."))
+    def reconcile_operation(ctx: Context, operation_id: OperationId) -> AgentResult:
+        return call("reconcile_operation", ctx, tools.reconcile_operation,
+                    operation_id=operation_id)
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True,
+                                             destructive_hint=True, open_world_hint=True),
+                 description=(
+        "Refund a paid purchase: the whole refundable amount, or `amount` (minor units). The "
+        "same purchase and amount is the same refund: calling again never refunds twice. It "
+        "may wait for a finance approver (outcome awaiting_approval). Needs scope "
+        "refunds:write."))
+    def request_refund(
+        ctx: Context,
+        purchase_id: PurchaseId,
+        amount: Annotated[int | None, Field(ge=1, description="Minor units; omit for the "
+                                                               "full refundable amount.")] = None,
+    ) -> AgentResult:
+        return call("request_refund", ctx, tools.request_refund, purchase_id=purchase_id,
+                    amount=amount)
+
+    @server.tool(annotations=effect, description=(
+        "Try a definitively FAILED payment once more (a new payment linked to it). Refused for "
+        "any payment that is not failed — pending, unknown or awaiting ones may still charge. "
+        "One retry per failed payment; calling again returns that retry. After a card "
+        "decline, pass a different payment_method. Needs scope purchases:write."))
+    def retry_failed_payment(
+        ctx: Context,
+        operation_id: OperationId,
+        payment_method: Annotated[str | None, Field(min_length=1, max_length=100, description=(
+            "Required after a card decline; defaults to the failed payment's method."))] = None,
+    ) -> AgentResult:
+        return call("retry_failed_payment", ctx, tools.retry_failed_payment,
+                    operation_id=operation_id, payment_method=payment_method)
+
+    return server

@@ -1,0 +1,606 @@
+"""The agent toolkit's tool logic: one function per MCP tool, transport-free.
+
+The rule this module exists for: an agent never handles an idempotency key. Every
+effect is identified on the server by its *logical operation* — (API client, purchase,
+intent) — so calling a tool twice is the same operation, not a second one:
+
+- `pay_purchase`: the purchase's payment slot. A purchase has at most one unsettled
+  payment (the core's partial unique index) and at most one succeeded one, so a second
+  call finds the existing operation and answers with its *current* state. A payment
+  that failed is retried only through `retry_failed_payment`, never implicitly. The
+  tool takes no amount: the amount is the accepted quote's, so it cannot change.
+- `create_purchase`: key derived from (quote id, quote version, customer reference).
+- `request_refund`: key derived from (purchase, amount or "full").
+- `retry_failed_payment`: the failed operation's single allowed retry (`retry_of` is
+  unique in the core), so a second call returns the same retry.
+
+The derived keys live in the same `IdempotencyRecord` table as the REST API's keys, on
+routes of their own (`mcp.*`), with an empty fingerprint body: the logical operation,
+not the request's wording, is the identity.
+
+Every answer is an `AgentResult`: the purchase/operation view (with `next_action`)
+plus one sentence (`instruction`) and the exact next tool call (`next_tool`). The views'
+`next_action.message` is rewritten to name tools instead of REST endpoints.
+
+Provider calls (`operation_dispatch`, `operation_reconcile`) run with no transaction
+open; every effect is created in its own short transaction first.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable
+
+from django.db import transaction
+from django.utils import timezone
+from pydantic import BaseModel, Field
+
+from payments import selectors, services
+from payments.enums import PAYMENT_KINDS, Outcome, PurchaseStatus, Reason, RetryAdvice
+from payments.idempotency import (
+    idempotency_bind,
+    idempotency_claim,
+    idempotency_complete,
+    idempotency_release,
+)
+from payments.locks import assert_no_transaction_outside_transaction
+from payments.models import ApiClient, PaymentOperation, Purchase, Quote
+from payments.problems import Problem
+from payments.services import DomainError
+
+READ = "purchases:read"
+WRITE = "purchases:write"
+REFUNDS = "refunds:write"
+
+# The scope each tool needs: the same scopes the REST API asks for the same effect.
+TOOL_SCOPES = {
+    "list_products": READ,
+    "get_quote": WRITE,
+    "create_purchase": WRITE,
+    "pay_purchase": WRITE,
+    "get_purchase": READ,
+    "get_operation": READ,
+    "reconcile_operation": WRITE,
+    "request_refund": REFUNDS,
+    "retry_failed_payment": WRITE,
+}
+
+_PAYMENT_KIND_VALUES = [k.value for k in PAYMENT_KINDS]
+_MAX_KEY = 255
+
+# Waits an agent is told to observe before its next call (seconds).
+SOON, MINUTE, LATER = 5, 60, 300
+
+
+# -- result shapes (published as each tool's outputSchema) ----------------------------
+
+
+class NextTool(BaseModel):
+    """The one call to make next; `arguments` are complete unless marked otherwise."""
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    wait_seconds: int = Field(0, description="Wait this long before calling it.")
+    needs: list[str] = Field(default_factory=list,
+                             description="Arguments you must supply (e.g. payment_method).")
+
+
+class Refusal(BaseModel):
+    code: str
+    message: str
+
+
+class AgentResult(BaseModel):
+    instruction: str = Field(description="One sentence to follow literally.")
+    next_tool: NextTool | None = Field(
+        None, description="The next call to make; null means nothing more to do.")
+    refusal: Refusal | None = Field(None, description="Set when this call was refused.")
+    replayed: bool = Field(False, description="True when this call matched an operation "
+                                              "that already existed (nothing new was done).")
+    note: str | None = Field(None, description="What this call did (or did not do).")
+    purchase: dict[str, Any] | None = None
+    operation: dict[str, Any] | None = None
+    quote: dict[str, Any] | None = None
+    products: list[dict[str, Any]] | None = None
+
+
+class QuoteItem(BaseModel):
+    sku: str = Field(min_length=1, max_length=64)
+    quantity: int = Field(ge=1, le=1000)
+
+
+# -- guidance: state -> one sentence + the next tool ----------------------------------
+
+
+def _tool(name: str, wait: int = 0, needs: tuple[str, ...] = (), **arguments) -> NextTool:
+    return NextTool(name=name, arguments=arguments, wait_seconds=wait, needs=list(needs))
+
+
+def _reconcile_reads(op: PaymentOperation) -> int:
+    from payments.enums import CallPurpose
+
+    return op.provider_calls.filter(purpose=CallPurpose.RECONCILE).count()
+
+
+def _creator(op: PaymentOperation) -> str:
+    if op.kind in _PAYMENT_KIND_VALUES:
+        return "retry_failed_payment" if op.retry_of_id else "pay_purchase"
+    if op.kind == "refund":
+        return "request_refund"
+    return "this tool"
+
+
+def _noun(op: PaymentOperation) -> str:
+    return "payment" if op.kind in _PAYMENT_KIND_VALUES else op.kind
+
+
+def operation_guidance(op: PaymentOperation) -> tuple[str, NextTool | None]:
+    action = selectors.operation_next_action(op)
+    noun, again = _noun(op), _creator(op)
+    get_op = dict(operation_id=op.id)
+    if action["code"] == "escalated":
+        return (f"Support now owns this {noun}; do not retry it — call get_operation in a few "
+                "minutes to see how it was resolved.", _tool("get_operation", LATER, **get_op))
+    outcome = op.outcome
+    if outcome == Outcome.PENDING:
+        # Recorded but never sent (the first call died before the provider call): calling
+        # the creating tool again sends *this* operation, never a second one.
+        args = ({"purchase_id": op.purchase_id} if again == "pay_purchase" else
+                {"operation_id": op.retry_of_id} if again == "retry_failed_payment" else
+                {"purchase_id": op.purchase_id})
+        return (f"This {noun} was recorded but not sent yet; call {again} again with the same "
+                f"arguments — it sends this same {noun}, never a second one.",
+                _tool(again, SOON, needs=("payment_method",) if op.kind in
+                      _PAYMENT_KIND_VALUES and again == "pay_purchase" else (), **args))
+    if outcome == Outcome.DISPATCHING:
+        return (f"This {noun} is being sent to the provider right now; do not call {again} "
+                "again — call get_operation in a few seconds.", _tool("get_operation", SOON,
+                                                                      **get_op))
+    if outcome == Outcome.UNKNOWN:
+        if _reconcile_reads(op) == 0:
+            return (f"The provider may have applied this {noun}. Do not call {again} or "
+                    "create_purchase again; call reconcile_operation now.",
+                    _tool("reconcile_operation", 0, **get_op))
+        return (f"The provider may have applied this {noun}. Do not call {again} again; call "
+                "get_operation in a minute.", _tool("get_operation", MINUTE, **get_op))
+    if outcome == Outcome.AWAITING_PROVIDER:
+        return (f"The provider is still processing this {noun}; do not retry — call "
+                "get_operation in a minute.", _tool("get_operation", MINUTE, **get_op))
+    if outcome == Outcome.AWAITING_BUYER:
+        return ("The buyer must complete an authentication step with the provider; do not pay "
+                "again — call get_operation in a minute.",
+                _tool("get_operation", MINUTE, **get_op))
+    if outcome == Outcome.AWAITING_APPROVAL:
+        return ("This refund waits for a finance approver; do not request it again — call "
+                "get_operation later.", _tool("get_operation", LATER, **get_op))
+    if outcome == Outcome.SUCCEEDED:
+        if op.kind in _PAYMENT_KIND_VALUES:
+            return ("Paid: the provider confirmed this payment, so never pay this purchase "
+                    "again — call get_purchase to follow fulfilment.",
+                    _tool("get_purchase", SOON, purchase_id=op.purchase_id))
+        return (f"Done: the provider confirmed this {noun}; do not request it again.", None)
+    # failed
+    if op.kind in _PAYMENT_KIND_VALUES:
+        retried_by = getattr(op, "retried_by", None)
+        if retried_by is not None:
+            return (f"This payment failed and was already retried as {retried_by.id}; follow "
+                    "that operation with get_operation.",
+                    _tool("get_operation", 0, operation_id=retried_by.id))
+        if action["retry"] == RetryAdvice.NEW_QUOTE:
+            return ("This payment failed and no money moved, and the quote is no longer valid; "
+                    "call get_quote, then create_purchase for a new purchase.",
+                    _tool("get_quote", 0, needs=("items",)))
+        if op.reason == Reason.CARD_DECLINED:
+            return ("The card was declined and no money moved; ask the buyer for a different "
+                    "payment method, then call retry_failed_payment once with it.",
+                    _tool("retry_failed_payment", 0, needs=("payment_method",), **get_op))
+        return ("This payment failed and no money moved; you may call retry_failed_payment "
+                "once for it.", _tool("retry_failed_payment", 0, **get_op))
+    return (f"This {noun} failed at the provider and support has been told; do not retry it "
+            "yourself.", None)
+
+
+def _latest_payment(purchase: Purchase) -> PaymentOperation | None:
+    ops = purchase.operations.filter(kind__in=_PAYMENT_KIND_VALUES)
+    return (ops.filter(outcome=Outcome.SUCCEEDED).first()
+            or ops.order_by("-created_at", "-id").first())
+
+
+def _quote_usable(quote: Quote) -> bool:
+    return quote.superseded_at is None and quote.expires_at > timezone.now()
+
+
+def purchase_guidance(purchase: Purchase) -> tuple[str, NextTool | None]:
+    status = purchase.status
+    get_pur = dict(purchase_id=purchase.id)
+    payment = _latest_payment(purchase)
+    if status == PurchaseStatus.AWAITING_PAYMENT:
+        if not _quote_usable(purchase.quote):
+            return ("The quote expired before payment; call get_quote for a new quote.",
+                    _tool("get_quote", 0, needs=("items",)))
+        return ("Nothing has been charged yet; call pay_purchase once with the buyer's payment "
+                "method.", _tool("pay_purchase", 0, needs=("payment_method",), **get_pur))
+    if status in (PurchaseStatus.PAYMENT_PENDING, PurchaseStatus.PAYMENT_UNKNOWN,
+                  PurchaseStatus.ACTION_REQUIRED, PurchaseStatus.PAYMENT_FAILED) and payment:
+        return operation_guidance(payment)
+    if status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
+        return ("Paid and fulfilment is in progress; do not pay again — call get_purchase in a "
+                "few seconds for the order.", _tool("get_purchase", SOON, **get_pur))
+    if status == PurchaseStatus.COMPLETED:
+        return ("Paid and fulfilled; nothing more to do.", None)
+    if status == PurchaseStatus.MANUAL_REVIEW:
+        return ("Support is reviewing this purchase; do not pay again or open another purchase "
+                "for it — check get_purchase later.", _tool("get_purchase", LATER, **get_pur))
+    if status == PurchaseStatus.REFUND_PENDING:
+        return ("A refund is in progress; do not request it again — call get_purchase in a "
+                "minute.", _tool("get_purchase", MINUTE, **get_pur))
+    if status in (PurchaseStatus.REFUNDED, PurchaseStatus.VOIDED, PurchaseStatus.CANCELLED):
+        return ("This purchase is closed; nothing more to do.", None)
+    if status == PurchaseStatus.EXPIRED:
+        return ("This purchase expired before payment; call get_quote for a new quote.",
+                _tool("get_quote", 0, needs=("items",)))
+    return ("Follow get_purchase; do not pay again.", _tool("get_purchase", MINUTE, **get_pur))
+
+
+def _with_tool_action(view: dict, instruction: str, next_tool: NextTool | None) -> dict:
+    """The REST view's next_action, speaking in tools: same owner/retry/code."""
+    view["next_action"] = {**view["next_action"], "message": instruction,
+                           "tool": next_tool.model_dump() if next_tool else None}
+    return view
+
+
+def _load_op(operation_id: str) -> PaymentOperation:
+    return PaymentOperation.objects.select_related("purchase", "purchase__quote").get(
+        pk=operation_id)
+
+
+def _load_purchase(purchase_id: str) -> Purchase:
+    return Purchase.objects.select_related("quote").get(pk=purchase_id)
+
+
+def operation_result(op: PaymentOperation, *, replayed: bool = False,
+                     refusal: Refusal | None = None, note: str | None = None) -> AgentResult:
+    op = _load_op(op.id)
+    instruction, next_tool = operation_guidance(op)
+    view = _with_tool_action(selectors.operation_view(op), instruction, next_tool)
+    return AgentResult(instruction=instruction, next_tool=next_tool, operation=view,
+                       replayed=replayed, refusal=refusal, note=note)
+
+
+def purchase_result(purchase: Purchase, *, replayed: bool = False,
+                    refusal: Refusal | None = None, note: str | None = None) -> AgentResult:
+    purchase = _load_purchase(purchase.id)
+    instruction, next_tool = purchase_guidance(purchase)
+    view = _with_tool_action(selectors.purchase_view(purchase), instruction, next_tool)
+    return AgentResult(instruction=instruction, next_tool=next_tool, purchase=view,
+                       replayed=replayed, refusal=refusal, note=note)
+
+
+# -- refusals ---------------------------------------------------------------------------
+
+
+def scope_refusal(tool: str, scope: str) -> AgentResult:
+    return AgentResult(
+        instruction=f"This API key lacks the '{scope}' scope that {tool} needs; do not retry "
+                    "this call — ask the operator for a key with that scope.",
+        refusal=Refusal(code="forbidden_scope",
+                        message=f"{tool} requires the '{scope}' scope; this API key does "
+                                "not have it."))
+
+
+def _not_found(what: str, ident: str) -> AgentResult:
+    return AgentResult(
+        instruction=f"No {what} {ident} exists for this API key; check the id — do not guess "
+                    "another one.",
+        refusal=Refusal(code="not_found", message=f"No such {what} for this API client."))
+
+
+def _domain_refusal(exc: DomainError, api_client: ApiClient, *, retry_call: NextTool | None
+                    ) -> AgentResult:
+    """A core refusal, answered with the state it concerns whenever there is one."""
+    refusal = Refusal(code=exc.code, message=exc.message)
+    if exc.code == "customer_has_unresolved_purchase" and exc.purchase:
+        other = selectors.purchase_get_for_client(purchase_id=exc.purchase,
+                                                  api_client=api_client)
+        if other is not None:
+            result = purchase_result(other, refusal=refusal)
+            result.instruction = (
+                f"This customer already has purchase {other.id} whose payment is not settled; "
+                "do not create another purchase — follow that purchase's next_tool.")
+            return result
+    if exc.operation:
+        op = selectors.operation_get_for_client(operation_id=exc.operation,
+                                                api_client=api_client)
+        if op is not None:
+            return operation_result(op, refusal=refusal)
+    if exc.purchase and exc.code not in ("not_found",):
+        purchase = selectors.purchase_get_for_client(purchase_id=exc.purchase,
+                                                     api_client=api_client)
+        if purchase is not None and exc.retry != RetryAdvice.SAME_KEY:
+            result = purchase_result(purchase, refusal=refusal)
+            if exc.retry == RetryAdvice.NEW_QUOTE:
+                result.instruction = (f"{exc.message} Call get_quote for a new quote, then "
+                                      "create_purchase.")
+                result.next_tool = _tool("get_quote", 0, needs=("items",))
+            return result
+    if exc.retry == RetryAdvice.SAME_KEY and retry_call is not None:
+        wait = int((exc.extra or {}).get("retry_after") or 30)
+        retry_call = retry_call.model_copy(update={"wait_seconds": wait})
+        return AgentResult(instruction=f"{exc.message} Nothing was done; call {retry_call.name} "
+                                       f"again with the same arguments in {wait} seconds.",
+                           next_tool=retry_call, refusal=refusal)
+    if exc.retry == RetryAdvice.NEW_QUOTE:
+        return AgentResult(instruction=f"{exc.message} Call get_quote for a new quote.",
+                           next_tool=_tool("get_quote", 0, needs=("items",)), refusal=refusal)
+    return AgentResult(instruction=f"{exc.message} Do not repeat this call unchanged.",
+                       refusal=refusal)
+
+
+def _in_progress(tool: str, arguments: dict, problem: Problem) -> AgentResult:
+    wait = int(problem.headers.get("Retry-After", "2"))
+    return AgentResult(
+        instruction=f"This same {tool} call is still being processed; call {tool} again with "
+                    f"the same arguments in {wait} seconds — it will not be done twice.",
+        next_tool=_tool(tool, wait, **arguments),
+        refusal=Refusal(code=problem.code, message=problem.detail))
+
+
+# -- derived keys -------------------------------------------------------------------------
+
+
+def logical_key(*parts: str) -> str:
+    """The idempotency key of a logical operation (the scope adds the API client)."""
+    key = ":".join(parts)
+    if len(key) <= _MAX_KEY:
+        return key
+    return f"{parts[0]}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+def _run_keyed(*, api_client: ApiClient, route: str, key: str,
+               create: Callable[[Any], tuple[str, str]],
+               render: Callable[[str, str, bool], AgentResult],
+               retry_call: NextTool, arguments: dict) -> AgentResult:
+    """The Idempotency-Key contract of payments.idempotency with a server-derived key.
+
+    `create(claim)` makes the effect and binds it in one transaction, returning
+    (resource_type, resource_id); `render(type, id, replayed)` answers with its current
+    state (and may resume it, e.g. dispatch a still-pending operation).
+    """
+    try:
+        claim = idempotency_claim(api_client=api_client, route=route, key=key,
+                                  path=f"mcp:{route}", body={})
+    except Problem as problem:
+        if problem.code == "request_in_progress":
+            return _in_progress(retry_call.name, arguments, problem)
+        raise
+    if claim.replay or (claim.taken_over and claim.resource_id):
+        if claim.taken_over:
+            idempotency_complete(claim, status=200)
+        return render(claim.record.resource_type, claim.resource_id, True)
+    try:
+        resource_type, resource_id = create(claim)
+    except DomainError as exc:
+        if claim.resource_id:
+            idempotency_complete(claim, status=exc.status)
+        else:
+            idempotency_release(claim)  # refused before any effect: the key stays free
+        return _domain_refusal(exc, api_client, retry_call=retry_call)
+    except Exception:
+        if not claim.resource_id:
+            idempotency_release(claim)
+        raise
+    idempotency_complete(claim, status=201)
+    return render(resource_type, resource_id, False)
+
+
+def _dispatch_if_pending(operation_id: str) -> None:
+    # Outside any transaction on purpose (STYLE 5): the provider call. operation_dispatch
+    # claims the pending operation under a row lock, so two callers never both send it.
+    assert_no_transaction_outside_transaction()
+    outcome = PaymentOperation.objects.values_list("outcome", flat=True).get(pk=operation_id)
+    if outcome == Outcome.PENDING:
+        services.operation_dispatch(operation_id=operation_id)
+
+
+# -- the tools ------------------------------------------------------------------------------
+
+
+def list_products(*, api_client: ApiClient) -> AgentResult:
+    products = [selectors.product_view(p) for p in selectors.products_list()]
+    return AgentResult(
+        instruction="Call get_quote with the skus and quantities the buyer wants.",
+        next_tool=_tool("get_quote", 0, needs=("items",)), products=products)
+
+
+def get_quote(*, api_client: ApiClient, items: list[QuoteItem], currency: str = "usd"
+              ) -> AgentResult:
+    try:
+        with transaction.atomic():
+            quote = services.quote_create(
+                api_client=api_client, currency=currency.lower(),
+                items=[{"sku": i.sku, "quantity": i.quantity} for i in items])
+    except DomainError as exc:
+        return _domain_refusal(exc, api_client, retry_call=None)
+    view = selectors.quote_view(quote)
+    next_tool = _tool("create_purchase", 0, needs=("customer_reference",),
+                      quote_id=quote.id, quote_version=quote.version)
+    instruction = (f"Quote {quote.id} (version {quote.version}) is {quote.amount} "
+                   f"{quote.currency} in minor units; call create_purchase once with its id and "
+                   "version and the buyer's customer reference.")
+    view = _with_tool_action(view, instruction, next_tool)
+    return AgentResult(instruction=instruction, next_tool=next_tool, quote=view)
+
+
+def create_purchase(*, api_client: ApiClient, quote_id: str, quote_version: int,
+                    customer_reference: str, customer_email: str = "",
+                    acknowledge_unresolved: list[str] | None = None) -> AgentResult:
+    arguments = dict(quote_id=quote_id, quote_version=quote_version,
+                     customer_reference=customer_reference)
+
+    def create(claim):
+        with transaction.atomic():
+            purchase = services.purchase_create(
+                api_client=api_client, quote_id=quote_id, quote_version=quote_version,
+                customer_reference=customer_reference, customer_email=customer_email,
+                acknowledge_unresolved=tuple(acknowledge_unresolved or ()))
+            idempotency_bind(claim, resource_type="purchase", resource_id=purchase.id)
+        return "purchase", purchase.id
+
+    def render(_type, purchase_id, replayed):
+        return purchase_result(
+            _load_purchase(purchase_id), replayed=replayed,
+            note=(f"Purchase {purchase_id} already exists for this quote and customer; no new "
+                  "purchase was made." if replayed else None))
+
+    return _run_keyed(
+        api_client=api_client, route="mcp.create_purchase",
+        key=logical_key("purchase", quote_id, f"v{quote_version}", customer_reference),
+        create=create, render=render, retry_call=_tool("create_purchase", **arguments),
+        arguments=arguments)
+
+
+def pay_purchase(*, api_client: ApiClient, purchase_id: str, payment_method: str,
+                 before_dispatch: Callable[[PaymentOperation], None] | None = None
+                 ) -> AgentResult:
+    """The purchase's one payment. Never creates a second payment operation."""
+    purchase = selectors.purchase_get_for_client(purchase_id=purchase_id, api_client=api_client)
+    if purchase is None:
+        return _not_found("purchase", purchase_id)
+    existing = _latest_payment(purchase)
+    if existing is not None:
+        # The same logical operation: answer with its current state (resuming a payment
+        # whose first call died before the provider call; dispatch is claim-guarded).
+        _dispatch_if_pending(existing.id)
+        return operation_result(
+            existing, replayed=True,
+            note="This purchase already has a payment; no new payment was made.")
+    try:
+        op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
+                                     payment_method=payment_method)
+    except DomainError as exc:
+        if exc.code == "payment_unresolved" and not exc.operation:
+            # Lost a race with a concurrent pay_purchase (the unique index refused the
+            # insert): that call's operation is this call's operation.
+            racing = _latest_payment(purchase)
+            if racing is not None:
+                return operation_result(
+                    racing, replayed=True,
+                    note="This purchase already has a payment; no new payment was made.")
+        return _domain_refusal(exc, api_client, retry_call=_tool(
+            "pay_purchase", purchase_id=purchase.id, payment_method=payment_method))
+    if before_dispatch is not None:
+        before_dispatch(op)
+    _dispatch_if_pending(op.id)
+    return operation_result(op)
+
+
+def get_purchase(*, api_client: ApiClient, purchase_id: str) -> AgentResult:
+    purchase = selectors.purchase_get_for_client(purchase_id=purchase_id, api_client=api_client)
+    if purchase is None:
+        return _not_found("purchase", purchase_id)
+    return purchase_result(purchase)
+
+
+def get_operation(*, api_client: ApiClient, operation_id: str) -> AgentResult:
+    op = selectors.operation_get_for_client(operation_id=operation_id, api_client=api_client)
+    if op is None:
+        return _not_found("operation", operation_id)
+    return operation_result(op)
+
+
+def reconcile_operation(*, api_client: ApiClient, operation_id: str) -> AgentResult:
+    """Read the provider's record now (read-only at the provider); safe to repeat."""
+    op = selectors.operation_get_for_client(operation_id=operation_id, api_client=api_client)
+    if op is None:
+        return _not_found("operation", operation_id)
+    if op.is_terminal or op.outcome in (Outcome.PENDING, Outcome.AWAITING_APPROVAL):
+        # Settled, or never sent: there is nothing to read back; the state is the answer.
+        return operation_result(op)
+    assert_no_transaction_outside_transaction()
+    try:
+        services.operation_reconcile(operation_id=op.id,
+                                     actor=f"mcp:{api_client.name}:{api_client.prefix}")
+    except DomainError as exc:
+        if exc.code not in ("already_settled", "not_dispatched"):
+            return _domain_refusal(exc, api_client, retry_call=_tool(
+                "reconcile_operation", operation_id=op.id))
+    return operation_result(op)
+
+
+def request_refund(*, api_client: ApiClient, purchase_id: str, amount: int | None = None
+                   ) -> AgentResult:
+    purchase = selectors.purchase_get_for_client(purchase_id=purchase_id, api_client=api_client)
+    if purchase is None:
+        return _not_found("purchase", purchase_id)
+    arguments: dict[str, Any] = {"purchase_id": purchase.id}
+    if amount is not None:
+        arguments["amount"] = amount
+
+    def create(claim):
+        with transaction.atomic():
+            op = services.refund_request(purchase_id=purchase.id, amount=amount,
+                                         api_client=api_client)
+            idempotency_bind(claim, resource_type="operation", resource_id=op.id)
+        return "operation", op.id
+
+    def render(_type, operation_id, replayed):
+        _dispatch_if_pending(operation_id)
+        return operation_result(
+            _load_op(operation_id), replayed=replayed,
+            note="This refund was already requested; no new refund was made." if replayed
+            else None)
+
+    return _run_keyed(
+        api_client=api_client, route="mcp.request_refund",
+        key=logical_key("refund", purchase.id, str(amount) if amount is not None else "full"),
+        create=create, render=render, retry_call=_tool("request_refund", **arguments),
+        arguments=arguments)
+
+
+def retry_failed_payment(*, api_client: ApiClient, operation_id: str,
+                         payment_method: str | None = None) -> AgentResult:
+    """The one deliberate retry of a definitively failed payment (`retry_of`)."""
+    op = selectors.operation_get_for_client(operation_id=operation_id, api_client=api_client)
+    if op is None or op.kind not in _PAYMENT_KIND_VALUES:
+        return _not_found("payment operation", operation_id)
+    retry = PaymentOperation.objects.filter(retry_of=op).first()
+    if retry is not None:
+        _dispatch_if_pending(retry.id)
+        return operation_result(
+            retry, replayed=True,
+            note="This payment was already retried; no new payment was made.")
+    if op.outcome != Outcome.FAILED:
+        return operation_result(op, refusal=Refusal(
+            code="retry_not_allowed",
+            message=f"Only a definitively failed payment can be retried; this one is "
+                    f"{op.outcome}."), note="Refused: nothing was sent to the provider.")
+    try:
+        new = services.payment_create(
+            purchase_id=op.purchase_id, api_client=api_client,
+            payment_method=payment_method or op.payment_method,
+            capture_method=op.capture_method, retry_of=op.id)
+    except DomainError as exc:
+        if exc.code in ("already_retried", "payment_unresolved"):
+            retry = PaymentOperation.objects.filter(retry_of=op).first()
+            if retry is not None:  # a concurrent retry won: it is this call's retry
+                return operation_result(
+                    retry, replayed=True,
+                    note="This payment was already retried; no new payment was made.")
+        if exc.code == "retry_needs_new_method":
+            return AgentResult(
+                instruction="The card was declined; ask the buyer for a different payment "
+                            "method and call retry_failed_payment with it as payment_method.",
+                next_tool=_tool("retry_failed_payment", 0, needs=("payment_method",),
+                                operation_id=op.id),
+                refusal=Refusal(code=exc.code, message=exc.message))
+        return _domain_refusal(exc, api_client, retry_call=_tool(
+            "retry_failed_payment", operation_id=op.id))
+    _dispatch_if_pending(new.id)
+    return operation_result(new)
+
+
+__all__ = [
+    "AgentResult", "NextTool", "QuoteItem", "Refusal", "TOOL_SCOPES", "create_purchase",
+    "get_operation", "get_purchase", "get_quote", "list_products", "logical_key",
+    "operation_guidance", "pay_purchase", "purchase_guidance", "reconcile_operation",
+    "request_refund", "retry_failed_payment", "scope_refusal",
+]
