@@ -1,0 +1,155 @@
+"""Demo cases for `make run`: one purchase per customer-page state and at least one case
+in every console queue, so a person can click through the console and the status page.
+
+These rows are written directly (like test preconditions): at seed time no provider is
+running, and some states (an escalated unknown, a quarantined event) take hours or a
+misbehaving provider to reach for real. Every row is marked `demo-…` and the seed is
+idempotent (it finds its rows by their customer reference / keys).
+
+Never run this against a production database: the command refuses unless DEBUG is on
+or the provider key is a test key.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from payments.enums import (
+    Grade,
+    HoldState,
+    OperationKind,
+    Outcome,
+    PurchaseStatus,
+    Stage,
+    Verification,
+)
+from payments.models import ApiClient, Hold, PaymentOperation, Purchase, Quote
+from recovery.models import (
+    OutboxCategory,
+    OutboxMessage,
+    Order,
+    SettlementDiscrepancy,
+    StepName,
+    StepRun,
+    StepState,
+)
+from webhooks.models import EventResult, ProviderEvent
+
+S, O = PurchaseStatus, Outcome
+_OK = {"outcome": O.SUCCEEDED, "stage": Stage.SETTLED, "grade": Grade.CONFIRMED,
+       "verification": Verification.PROVIDER}
+_UNKNOWN = {"outcome": O.UNKNOWN, "stage": Stage.RECONCILING}
+
+# (name, purchase status, operations, order reference?)
+STATE_CASES = [
+    ("being-confirmed", S.PAYMENT_PENDING, [{"outcome": O.AWAITING_PROVIDER,
+                                             "stage": Stage.RECONCILING}], False),
+    ("needs-buyer-step", S.ACTION_REQUIRED, [{"outcome": O.AWAITING_BUYER,
+                                              "stage": Stage.RECONCILING}], False),
+    ("checking-with-provider", S.PAYMENT_UNKNOWN, [_UNKNOWN], False),
+    ("paid-confirmation-delayed", S.PAID, [_OK], False),
+    ("paid-with-order", S.FULFILLING, [_OK], True),
+    ("failed", S.PAYMENT_FAILED, [{"outcome": O.FAILED, "stage": Stage.SETTLED,
+                                   "grade": Grade.CONFIRMED,
+                                   "verification": Verification.PROVIDER,
+                                   "reason": "card_declined"}], False),
+    ("reversed", S.REFUNDED, [_OK, {"kind": OperationKind.REFUND, **_OK}], True),
+    ("complete", S.COMPLETED, [_OK], True),
+    ("under-review", S.MANUAL_REVIEW, [_OK], False),
+    ("awaiting-payment", S.AWAITING_PAYMENT, [], False),
+]
+
+
+def _purchase(name: str, status: str, ops: list[dict], order: bool,
+              client: ApiClient | None, **extra) -> Purchase:
+    ref = f"demo-{name}"
+    existing = Purchase.objects.filter(customer_reference=ref).first()
+    if existing:
+        return existing
+    quote = Quote.objects.create(
+        api_client=client, amount=3050, currency="usd",
+        items=[{"sku": "TEA-001", "name": "Sencha green tea, 100 g", "quantity": 1,
+                "unit_price": 1250},
+               {"sku": "MUG-002", "name": "Stoneware mug", "quantity": 1, "unit_price": 1800}],
+        expires_at=timezone.now() + timedelta(days=365))
+    purchase = Purchase.objects.create(quote=quote, api_client=client, amount=3050,
+                                       currency="usd", customer_reference=ref,
+                                       customer_email=f"{ref}@example.com", status=status,
+                                       **extra)
+    for i, fields in enumerate(ops):
+        fields = {"kind": OperationKind.CHARGE, **fields}
+        PaymentOperation.objects.create(
+            purchase=purchase, amount=3050, currency="usd",
+            provider_reference=f"{'re' if fields['kind'] == 'refund' else 'pi'}_demo_{name}_{i}",
+            **fields)
+    if order:
+        Order.objects.create(purchase_id=purchase.pk, reference=f"DEMO-{name.upper()}"[:40])
+    return purchase
+
+
+def _refuse_outside_development() -> None:
+    key = getattr(settings, "STRIPE_API_KEY", "") or ""
+    if not (settings.DEBUG or key.startswith("sk_test")):
+        raise RuntimeError("demo cases are for development databases only")
+
+
+def demo_cases_seed() -> list[tuple[str, str]]:
+    """Create the demo cases (idempotent). Returns (state name, status page URL)."""
+    _refuse_outside_development()
+    client = ApiClient.objects.filter(revoked=False).order_by("created").first()
+    base = getattr(settings, "PUBLIC_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
+    links = []
+    with transaction.atomic():
+        for name, status, ops, order in STATE_CASES:
+            p = _purchase(name, status, ops, order, client)
+            links.append((name, f"{base}/status/{p.status_token}/"))
+
+        # Unknown exposure (money at risk): the unknown payment holds its reservation.
+        unknown = Purchase.objects.get(customer_reference="demo-checking-with-provider")
+        op = unknown.operations.first()
+        if client is not None and op is not None and not Hold.objects.filter(operation=op).exists():
+            Hold.objects.create(api_client=client, operation=op, amount=op.amount,
+                                currency=op.currency, state=HoldState.RESERVED)
+        # Escalated to a recovery owner.
+        _purchase("escalated", S.PAYMENT_UNKNOWN,
+                  [{**_UNKNOWN, "stage": Stage.ESCALATED,
+                    "escalated_at": timezone.now() - timedelta(hours=2)}], False, client,
+                  recovery_owner=getattr(settings, "RECOVERY_OWNER_DEFAULT", "payments-oncall"))
+        # Compensation needed: a step a person must decide on.
+        comp = _purchase("compensation-needed", S.FULFILLING, [_OK], True, client)
+        StepRun.objects.get_or_create(
+            purchase_id=comp.pk, step=StepName.LEDGER,
+            defaults={"state": StepState.MANUAL, "key": f"demo:{comp.pk}:ledger",
+                      "attempts": 5, "last_error": "demo: ledger writer refused the entry"})
+        # Quarantined event.
+        ProviderEvent.objects.get_or_create(
+            event_id="evt_demo_quarantined",
+            defaults={"type": "payment_intent.succeeded", "object_id": "pi_demo_mismatch",
+                      "payload": {"id": "pi_demo_mismatch", "status": "succeeded",
+                                  "amount": 999, "currency": "usd"},
+                      "result": EventResult.QUARANTINED, "result_reason": "amount_mismatch"})
+        # Stuck outbox: retried and backed off far into the future (the relay leaves it).
+        if not OutboxMessage.objects.filter(dedupe_key="demo:stuck",
+                                            processed_at__isnull=True).exists():
+            OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={},
+                                         dedupe_key="demo:stuck", attempts=7,
+                                         available_at=timezone.now() + timedelta(days=1),
+                                         last_error="demo: handler kept failing")
+        # Settlement discrepancy.
+        if not SettlementDiscrepancy.objects.filter(provider_reference="txn_demo_1",
+                                                    resolved_at__isnull=True).exists():
+            SettlementDiscrepancy.objects.create(
+                provider_reference="txn_demo_1", kind="missing_in_ledger",
+                provider_amount=3050, ledger_amount=None, currency="usd",
+                detail="demo: a provider balance transaction with no ledger entry")
+        # Refund awaiting approval (requested through the API).
+        ref_p = _purchase("refund-awaiting-approval", S.COMPLETED, [_OK], True, client)
+        if not ref_p.operations.filter(kind=OperationKind.REFUND).exists():
+            PaymentOperation.objects.create(
+                purchase=ref_p, kind=OperationKind.REFUND, amount=1250, currency="usd",
+                outcome=O.AWAITING_APPROVAL, requested_by_client=client,
+                parent=ref_p.operations.first())
+    return links

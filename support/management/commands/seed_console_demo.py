@@ -1,0 +1,15 @@
+"""`python manage.py seed_console_demo`: demo cases for every console queue and one
+status-page link per customer state (idempotent; development databases only)."""
+from django.core.management.base import BaseCommand
+
+from support.demo import demo_cases_seed
+
+
+class Command(BaseCommand):
+    help = "Create demo console cases and print one status-page link per state."
+
+    def handle(self, *args, **options):
+        links = demo_cases_seed()
+        self.stdout.write("Customer status pages (one per state):")
+        for name, url in links:
+            self.stdout.write(f"  {name:26} {url}")
