@@ -375,6 +375,8 @@ def event_triage_by_user(*, event_pk: int, decision: str, user, reason: str,
 
 def login_failure_record(*, ip: str | None, username: str) -> None:
     LoginFailure.objects.create(ip=ip or None, username=(username or "")[:150])
+    # Keep the table small: rows older than a day no longer count for anything.
+    LoginFailure.objects.filter(created_at__lt=timezone.now() - timedelta(days=1)).delete()
 
 
 def login_is_throttled(*, ip: str | None, username: str) -> bool:
