@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from django.conf import settings
+from django.utils import timezone
 
 from payments.enums import (
     PAYMENT_KINDS,
@@ -198,6 +199,15 @@ def customer_state(purchase) -> CustomerState:
 
     if status == S.PAYMENT_FAILED and last_payment is not None \
             and last_payment.outcome == Outcome.FAILED.value and not paid:
+        # The API refuses a payment on an expired quote (`quote_expired`, new quote
+        # needed), so "pay again" on this purchase is only offered while it is open.
+        if purchase.quote.expires_at <= timezone.now():
+            return state(
+                StateCode.FAILED, "Your payment did not go through",
+                "The payment provider declined or did not take this payment, so no order "
+                "was placed. The price for this purchase has since expired: to try again, "
+                "please start a new purchase at the store.",
+            )
         url = _pay_again_url(purchase.id)
         return state(
             StateCode.FAILED, "Your payment did not go through",

@@ -108,6 +108,21 @@ def test_pay_again_is_enforced_server_side(client, db, case):
             assert "Paying again is not possible" in response.content.decode()
 
 
+def test_failed_on_an_expired_quote_offers_a_new_purchase_not_pay_again(client, db):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    purchase = _build(S.PAYMENT_FAILED, [FAILED], None)
+    purchase.quote.expires_at = timezone.now() - timedelta(minutes=1)
+    purchase.quote.save(update_fields=["expires_at"])
+    state = customer_state(purchase)
+    assert state.code == StateCode.FAILED and not state.can_pay_again
+    html = client.get(f"/status/{purchase.status_token}/").content.decode()
+    assert "start a new purchase" in html and "Pay again" not in html
+    assert client.post(f"/status/{purchase.status_token}/pay-again").status_code == 409
+
+
 def test_pay_again_refused_once_a_retry_is_in_flight(client, db):
     purchase = _build(S.PAYMENT_FAILED, [FAILED, {"outcome": Outcome.PENDING}], None)
     assert customer_state(purchase).code == StateCode.BEING_CONFIRMED
