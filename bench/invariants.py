@@ -1,0 +1,151 @@
+"""Invariant checker: compares localstripe's objects with Verity's database.
+
+Used by bench/soak.py after the system drained. Needs Django set up against the soak's
+database and the provider base URL in settings. Prints one table; returns violations.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import requests
+from django.conf import settings
+from django.db.models import Count, Min, Sum
+from django.utils import timezone
+
+PAID_STEPS = ("order", "inventory", "ledger", "confirmation", "crm")
+
+
+@dataclass
+class Report:
+    rows: list[tuple[str, str, str]] = field(default_factory=list)  # figure, value, rule
+    violations: list[str] = field(default_factory=list)
+
+    def add(self, name: str, value, rule: str = "", ok: bool = True) -> None:
+        self.rows.append((name, str(value), rule + ("" if ok else "   <-- VIOLATION")))
+        if not ok:
+            self.violations.append(f"{name} = {value} ({rule})")
+
+    def print(self) -> None:
+        width = max(len(r[0]) for r in self.rows) + 2
+        print(f"{'invariant / figure':{width}} {'value':>12}  rule")
+        print("-" * (width + 40))
+        for name, value, rule in self.rows:
+            print(f"{name:{width}} {value:>12}  {rule}")
+
+
+def _provider_list(resource: str) -> list[dict]:
+    base, out, params = settings.STRIPE_API_BASE.rstrip("/"), [], {"limit": 100}
+    while True:
+        r = requests.get(f"{base}/v1/{resource}", params=params,
+                         auth=(settings.STRIPE_API_KEY, ""), timeout=30)
+        r.raise_for_status()
+        body = r.json()
+        out.extend(body["data"])
+        if not body.get("has_more") or not body["data"]:
+            return out
+        params["starting_after"] = body["data"][-1]["id"]
+
+
+def check() -> Report:
+    from payments.enums import PAYMENT_KINDS, Outcome
+    from payments.models import PaymentOperation, Purchase
+    from recovery.models import (
+        CrmUpdate,
+        EmailMessage,
+        InventoryCommit,
+        LedgerEntry,
+        Order,
+        OutboxMessage,
+        StepRun,
+    )
+    from webhooks.models import ProviderEvent
+
+    rep = Report()
+    intents = _provider_list("payment_intents")
+    refunds = _provider_list("refunds")
+    moved = [pi for pi in intents if pi["status"] in ("succeeded", "requires_capture")]
+    per_purchase = Counter((pi.get("metadata") or {}).get("purchase_id") for pi in moved)
+
+    purchases = Purchase.objects.count()
+    rep.add("purchases", purchases)
+    rep.add("provider payment intents", len(intents))
+    rep.add("provider charges (moved money)", len(moved))
+    worst = max(per_purchase.values(), default=0)
+    rep.add("max charges per purchase", worst, "must be <= 1", ok=worst <= 1)
+
+    ops = {o.id: o for o in PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS)}
+    by_ref = {o.provider_reference: o for o in ops.values() if o.provider_reference}
+    lost_at_verity = [pi["id"] for pi in intents
+                      if (pi.get("metadata") or {}).get("operation_id") not in ops]
+    rep.add("provider objects unknown to Verity", len(lost_at_verity), "must be 0",
+            ok=not lost_at_verity)
+    ids_at_provider = {pi["id"] for pi in intents}
+    lost_at_provider = [r for r in by_ref if r not in ids_at_provider]
+    rep.add("Verity references missing at provider", len(lost_at_provider), "must be 0",
+            ok=not lost_at_provider)
+
+    charged_but_failed = [pi["id"] for pi in moved
+                          if pi["id"] in by_ref and by_ref[pi["id"]].outcome == Outcome.FAILED]
+    rep.add("charged at provider but failed at Verity", len(charged_but_failed), "must be 0",
+            ok=not charged_but_failed)
+    moved_ids = {pi["id"] for pi in moved}
+    succeeded_not_charged = [o.id for o in ops.values() if o.outcome == Outcome.SUCCEEDED
+                             and o.provider_reference not in moved_ids]
+    rep.add("succeeded at Verity, not at provider", len(succeeded_not_charged), "must be 0",
+            ok=not succeeded_not_charged)
+
+    unknown = PaymentOperation.objects.filter(outcome__in=[Outcome.UNKNOWN,
+                                                           Outcome.AWAITING_PROVIDER,
+                                                           Outcome.AWAITING_BUYER])
+    oldest = unknown.aggregate(m=Min("created_at"))["m"]
+    rep.add("unknown left (no evidence yet)", unknown.count(), "reported; held allowance")
+    rep.add("oldest unknown age (s)",
+            int((timezone.now() - oldest).total_seconds()) if oldest else 0)
+    unknown_moved = [o.id for o in unknown if o.provider_reference in moved_ids]
+    rep.add("unknown left although the provider charged", len(unknown_moved),
+            "must be 0 after drain (reconciler converges)", ok=not unknown_moved)
+    dispatching = PaymentOperation.objects.filter(outcome=Outcome.DISPATCHING).count()
+    rep.add("dispatching left after drain", dispatching, "must be 0", ok=dispatching == 0)
+
+    paid_ids = set(PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS,
+                                                   outcome=Outcome.SUCCEEDED)
+                   .values_list("purchase_id", flat=True))
+    rep.add("paid purchases", len(paid_ids))
+    steps = defaultdict(Counter)
+    for pid, step, state in StepRun.objects.values_list("purchase_id", "step", "state"):
+        steps[pid][(step, state)] += 1
+    incomplete = [pid for pid in paid_ids
+                  if any(steps[pid][(s, "done")] != 1 for s in PAID_STEPS)]
+    rep.add("paid purchases with a step not done once", len(incomplete), "must be 0",
+            ok=not incomplete)
+
+    def dupes(model, *fields):
+        return model.objects.values(*fields).annotate(n=Count("id")).filter(n__gt=1).count()
+
+    effect_dupes = (dupes(Order, "purchase_id") + dupes(InventoryCommit, "purchase_id", "sku")
+                    + dupes(LedgerEntry, "operation_id", "entry_type", "account")
+                    + dupes(EmailMessage, "purchase_id", "kind") + dupes(CrmUpdate, "purchase_id"))
+    rep.add("downstream effects executed twice", effect_dupes, "must be 0", ok=effect_dupes == 0)
+    orders_unpaid = Order.objects.exclude(purchase_id__in=paid_ids).count()
+    mails_unpaid = EmailMessage.objects.exclude(purchase_id__in=paid_ids).count()
+    rep.add("orders/e-mails without a verified payment", orders_unpaid + mails_unpaid,
+            "must be 0", ok=orders_unpaid + mails_unpaid == 0)
+
+    quarantined = ProviderEvent.objects.filter(result="quarantined").count()
+    rep.add("quarantined webhook events", quarantined, "reported")
+
+    provider_net = (sum(pi.get("amount_received") or pi["amount"] for pi in intents
+                        if pi["status"] == "succeeded")
+                    - sum(r["amount"] for r in refunds if r["status"] == "succeeded"))
+    # Double entry: the provider-balance account is what the provider should hold.
+    ledger_net = (LedgerEntry.objects.filter(account="provider_balance")
+                  .aggregate(s=Sum("amount"))["s"] or 0)
+    rep.add("ledger minus provider balance", ledger_net - provider_net, "must be 0",
+            ok=ledger_net == provider_net)
+
+    pending_outbox = OutboxMessage.objects.filter(processed_at__isnull=True,
+                                                  available_at__lte=timezone.now()).count()
+    rep.add("outbox messages due and unprocessed", pending_outbox, "must be 0",
+            ok=pending_outbox == 0)
+    return rep
