@@ -94,24 +94,27 @@ class _Verdict:
 
 def event_process(*, event_id: int) -> str:
     """Apply one stored event. Idempotent: an event already applied, ignored or
-    quarantined returns its result untouched. Returns the result value."""
+    quarantined returns its result untouched (and counts nothing). Returns the result."""
     with transaction.atomic():
         event = ProviderEvent.objects.select_for_update().get(pk=event_id)
         if event.result in FINAL_RESULTS:
             return event.result
         verdict = _evaluate_locked(event)
         if not verdict.conflict:
-            return _event_finish_locked(event, verdict)
-    # A conflict (an event says failed, Verity holds succeeded, or the reverse): the
-    # provider's canonical object decides. The read is network I/O, so it happens with
-    # no transaction open; the event stays pending meanwhile (a concurrent run would
-    # only repeat the read).
-    verdict = _resolve_conflict_outside_transaction(event, verdict)
-    with transaction.atomic():
-        event = ProviderEvent.objects.select_for_update().get(pk=event_id)
-        if event.result in FINAL_RESULTS:
-            return event.result
-        return _event_finish_locked(event, verdict)
+            result = _event_finish_locked(event, verdict)
+    if verdict.conflict:
+        # A conflict (an event says failed, Verity holds succeeded, or the reverse): the
+        # provider's canonical object decides. The read is network I/O, so it happens
+        # with no transaction open; the event stays pending meanwhile (a concurrent run
+        # would only repeat the read).
+        verdict = _resolve_conflict_outside_transaction(event, verdict)
+        with transaction.atomic():
+            event = ProviderEvent.objects.select_for_update().get(pk=event_id)
+            if event.result in FINAL_RESULTS:
+                return event.result
+            result = _event_finish_locked(event, verdict)
+    WEBHOOK_RESULTS.labels(result=result).inc()
+    return result
 
 
 def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> str:
@@ -138,7 +141,6 @@ def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> str:
         event.purchase_id = verdict.purchase_id
         fields.append("purchase_id")
     event.save(update_fields=fields)
-    transaction.on_commit(lambda: WEBHOOK_RESULTS.labels(result=result).inc())
     log.info("webhook processed event=%s type=%s result=%s reason=%s operation=%s",
              event.event_id, event.type, result, reason, event.operation_id)
     return result
@@ -291,12 +293,15 @@ def _read_canonical_outside_transaction(op, obj: ProviderObject) -> ProviderObje
 
 # -- quarantine triage ---------------------------------------------------------------
 
-def _audit(*, acting_user, action: str, event: ProviderEvent, reason: str, detail: dict):
-    from support.models import AuditEntry
+def _audit(*, acting_user, action: str, event: ProviderEvent, reason: str, before: dict):
+    from support.services import audit_write
 
-    return AuditEntry.objects.create(
-        actor=acting_user.get_username(), action=action, target_type="provider_event",
-        target_id=str(event.pk), purchase_id=event.purchase_id, reason=reason, detail=detail,
+    return audit_write(
+        user=acting_user, action=action, target_type="provider_event", target_id=str(event.pk),
+        reason=reason, purchase_id=event.purchase_id, before=before,
+        after={"result": event.result, "reason": event.result_reason},
+        detail={"event": event.event_id, "type": event.type,
+                "previous_reason": before.get("reason", "")},
     )
 
 
@@ -321,13 +326,12 @@ def event_quarantine_release(*, event_id: int, acting_user, reason: str) -> Prov
     again, never forced through."""
     with transaction.atomic():
         event = _triage_locked(event_id=event_id, acting_user=acting_user, reason=reason)
-        previous = event.result_reason
+        before = {"result": event.result, "reason": event.result_reason}
         event.result, event.result_reason, event.attempts = EventResult.PENDING, "", 0
         event.processed_at = None
         event.save(update_fields=["result", "result_reason", "attempts", "processed_at"])
         audit = _audit(acting_user=acting_user, action="webhook_event_release", event=event,
-                       reason=reason, detail={"event": event.event_id,
-                                              "previous_reason": previous})
+                       reason=reason, before=before)
         outbox_put(category=OutboxCategory.PROCESS_EVENT, payload={"event": event.pk},
                    dedupe_key=f"event:{event.event_id}:release:{audit.pk}")
     return event
@@ -337,11 +341,11 @@ def event_quarantine_dismiss(*, event_id: int, acting_user, reason: str) -> Prov
     """Close a quarantined event without applying it (recorded as ignored)."""
     with transaction.atomic():
         event = _triage_locked(event_id=event_id, acting_user=acting_user, reason=reason)
-        previous = event.result_reason
+        before = {"result": event.result, "reason": event.result_reason}
         event.result = EventResult.IGNORED
-        event.result_reason = f"dismissed:{previous}"[:200]
+        event.result_reason = f"dismissed:{before['reason']}"[:200]
         event.processed_at = timezone.now()
         event.save(update_fields=["result", "result_reason", "processed_at"])
         _audit(acting_user=acting_user, action="webhook_event_dismiss", event=event,
-               reason=reason, detail={"event": event.event_id, "previous_reason": previous})
+               reason=reason, before=before)
     return event

@@ -24,7 +24,16 @@ def reload(op) -> PaymentOperation:
 
 
 def history(op) -> int:
-    return OperationTransition.objects.filter(purchase_id=op.purchase_id).count()
+    # the operation's own transitions: the purchase's status may move on meanwhile
+    # (a relay worker of another test may run the downstream steps)
+    return OperationTransition.objects.filter(operation_id=op.pk).count()
+
+
+PAID_OR_LATER = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED)
+
+
+def stored(event) -> ProviderEvent:
+    return ProviderEvent.objects.get(event_id=event["id"])
 
 
 def outbox(category, **payload) -> int:
@@ -44,9 +53,9 @@ def test_signed_success_settles_an_unknown_operation_once(client, new_purchase, 
     op = reload(op)
     assert (op.outcome, op.grade, op.verification) == (
         Outcome.SUCCEEDED, Grade.CONFIRMED, Verification.WEBHOOK)
-    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.PAID
-    stored = ProviderEvent.objects.get(event_id=event["id"])
-    assert (stored.operation_id, stored.purchase_id) == (op.pk, purchase.pk)
+    assert Purchase.objects.get(pk=purchase.pk).status in PAID_OR_LATER
+    row = stored(event)
+    assert (row.operation_id, row.purchase_id) == (op.pk, purchase.pk)
     assert outbox(OutboxCategory.RUN_STEPS, purchase=purchase.pk) == 1
     assert outbox(OutboxCategory.OPERATION_SETTLED, operation=op.pk) == 1
     before = history(op)
@@ -54,12 +63,12 @@ def test_signed_success_settles_an_unknown_operation_once(client, new_purchase, 
     # redelivered 20 times, processed again, and a second event saying the same thing
     for _ in range(20):
         assert post(client, event).status_code == 200
-    assert event_process(event_id=stored.pk) == EventResult.APPLIED
+    assert event_process(event_id=row.pk) == EventResult.APPLIED
     again = event_for(pi, "payment_intent.succeeded")
     assert deliver_and_process(client, again) == EventResult.IGNORED
 
-    assert ProviderEvent.objects.count() == 2
-    assert OutboxMessage.objects.filter(category=OutboxCategory.PROCESS_EVENT).count() == 2
+    assert ProviderEvent.objects.filter(event_id__in=[event["id"], again["id"]]).count() == 2
+    assert OutboxMessage.objects.filter(dedupe_key=f"event:{event['id']}").count() == 1
     assert history(op) == before
     assert outbox(OutboxCategory.RUN_STEPS, purchase=purchase.pk) == 1
     assert outbox(OutboxCategory.OPERATION_SETTLED, operation=op.pk) == 1
@@ -107,9 +116,8 @@ def test_signed_event_that_does_not_match_is_quarantined_and_not_applied(
 
     assert deliver_and_process(client, event) == EventResult.QUARANTINED
 
-    stored = ProviderEvent.objects.get(event_id=event["id"])
-    assert stored.result_reason == f"mismatch:{field}"
-    assert stored.operation_id == op.pk  # shown to operators next to the operation
+    assert stored(event).result_reason == f"mismatch:{field}"
+    assert stored(event).operation_id == op.pk  # shown to operators next to the operation
     assert reload(op).outcome == Outcome.UNKNOWN
     assert history(op) == before
     assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.PAYMENT_UNKNOWN
@@ -119,19 +127,40 @@ def test_signed_event_that_does_not_match_is_quarantined_and_not_applied(
         EventResult.APPLIED
 
 
-def test_currency_matches_case_insensitively_and_platform_account_may_be_explicit(
-        client, new_purchase, pay, settings):
-    settings.STRIPE_ACCOUNT = "acct_platform"
+def test_currency_matches_case_insensitively(client, new_purchase, pay):
     purchase = new_purchase()
     op = pay(purchase, drop_response=True)
     pi = provider_object("payment_intents", op.provider_reference)
     pi["currency"] = "USD"
 
-    result = deliver_and_process(client, event_for(pi, "payment_intent.succeeded",
-                                                   account="acct_platform"))
-
-    assert result == EventResult.APPLIED
+    assert deliver_and_process(client, event_for(pi, "payment_intent.succeeded")) == \
+        EventResult.APPLIED
     assert reload(op).outcome == Outcome.SUCCEEDED
+
+
+@pytest.mark.django_db(transaction=False)  # invisible to any relay worker (other settings)
+@pytest.mark.parametrize(("account", "expected"), [
+    ("acct_platform", EventResult.APPLIED),  # the platform, named explicitly
+    (None, EventResult.APPLIED),  # missing = the platform
+    ("acct_connected", EventResult.QUARANTINED),
+])
+def test_account_is_the_configured_platform_when_missing(client, settings, account, expected):
+    from tests.factories import PurchaseFactory
+
+    settings.STRIPE_ACCOUNT = "acct_platform"
+    purchase = PurchaseFactory(customer_reference="c-acct")
+    op = PaymentOperation.objects.create(  # setup only
+        purchase=purchase, kind=OperationKind.CHARGE, amount=1500, currency="usd",
+        provider_reference="pi_acct", outcome=Outcome.UNKNOWN)
+    obj = {"id": "pi_acct", "object": "payment_intent", "status": "succeeded",
+           "amount": 1500, "currency": "usd",
+           "metadata": {"operation_id": op.pk, "purchase_id": purchase.pk,
+                        "customer_reference": "c-acct"}}
+
+    assert deliver_and_process(client, event_for(obj, "payment_intent.succeeded",
+                                                 account=account)) == expected
+    assert reload(op).outcome == (Outcome.SUCCEEDED if expected == EventResult.APPLIED
+                                  else Outcome.UNKNOWN)
 
 
 @pytest.mark.parametrize("status", ["processing", "requires_action"])
@@ -144,10 +173,10 @@ def test_late_non_terminal_event_never_regresses_a_succeeded_operation(
     late["status"] = status
     before = history(op)
 
-    result = deliver_and_process(client, event_for(late, f"payment_intent.{status}"))
+    event = event_for(late, f"payment_intent.{status}")
 
-    assert result == EventResult.IGNORED
-    assert ProviderEvent.objects.get().result_reason == "stale"
+    assert deliver_and_process(client, event) == EventResult.IGNORED
+    assert stored(event).result_reason == "stale"
     op = reload(op)
     assert (op.outcome, op.verification) == (Outcome.SUCCEEDED, Verification.PROVIDER)
     assert history(op) == before
@@ -162,11 +191,11 @@ def test_conflicting_failure_after_success_is_settled_by_the_canonical_object(
     stale["last_payment_error"] = {"code": "card_declined"}
     before = history(op)
 
-    result = deliver_and_process(client, event_for(stale, "payment_intent.payment_failed"))
+    event = event_for(stale, "payment_intent.payment_failed")
 
     # localstripe's PaymentIntent says succeeded, as Verity does: the event is superseded
-    assert result == EventResult.IGNORED
-    assert ProviderEvent.objects.get().result_reason == "superseded_by_readback"
+    assert deliver_and_process(client, event) == EventResult.IGNORED
+    assert stored(event).result_reason == "superseded_by_readback"
     assert reload(op).outcome == Outcome.SUCCEEDED
     assert history(op) == before
 
@@ -182,10 +211,10 @@ def test_conflict_the_provider_does_not_settle_is_quarantined(client, new_purcha
     pi = provider_object("payment_intents", op.provider_reference)
     before = history(op)
 
-    result = deliver_and_process(client, event_for(pi, "payment_intent.succeeded"))
+    event = event_for(pi, "payment_intent.succeeded")
 
-    assert result == EventResult.QUARANTINED
-    assert ProviderEvent.objects.get().result_reason == "conflict"
+    assert deliver_and_process(client, event) == EventResult.QUARANTINED
+    assert stored(event).result_reason == "conflict"
     assert reload(op).outcome == Outcome.FAILED  # never overwritten: a person decides
     assert history(op) == before
 
@@ -203,11 +232,12 @@ def test_event_for_an_unknown_reference_is_held_then_applied_when_the_operation_
 
     assert deliver_and_process(client, event) == EventResult.HELD
 
-    stored = ProviderEvent.objects.get()
-    assert (stored.result, stored.attempts, stored.processed_at) == (EventResult.HELD, 1, None)
+    row = stored(event)
+    assert (row.result, row.processed_at) == (EventResult.HELD, None)
+    assert row.attempts >= 1  # (a relay worker may have tried too)
     retry = OutboxMessage.objects.get(dedupe_key=f"event:{event['id']}:held:1")
-    assert retry.payload == {"event": stored.pk}
-    assert retry.available_at > stored.received_at  # backoff lives in available_at
+    assert retry.payload == {"event": row.pk}
+    assert retry.available_at > row.received_at  # backoff lives in available_at
 
     # setup only: the operation row as the synchronous path commits it
     purchase = PurchaseFactory(id="pur_not_yet_committed", customer_reference="early-bird",
@@ -216,7 +246,7 @@ def test_event_for_an_unknown_reference_is_held_then_applied_when_the_operation_
         id="op_not_yet_committed", purchase=purchase, kind=OperationKind.CHARGE, amount=1500,
         currency="usd", provider_reference="pi_arrives_early", outcome=Outcome.UNKNOWN)
 
-    assert event_process(event_id=stored.pk) == EventResult.APPLIED
+    assert event_process(event_id=row.pk) == EventResult.APPLIED
     assert (reload(op).outcome, reload(op).verification) == (Outcome.SUCCEEDED,
                                                               Verification.WEBHOOK)
 
@@ -228,14 +258,16 @@ def test_event_never_matched_is_quarantined_unmatched_after_bounded_attempts(cli
            "amount": 1500, "currency": "usd", "metadata": {}}
     event = event_for(obj, "payment_intent.succeeded")
     results = [deliver_and_process(client, event)]
-    pk = ProviderEvent.objects.get().pk
+    pk = stored(event).pk
 
     while results[-1] == EventResult.HELD:
         results.append(event_process(event_id=pk))
 
-    assert results == [EventResult.HELD] * (HELD_MAX_ATTEMPTS - 1) + [EventResult.QUARANTINED]
-    stored = ProviderEvent.objects.get()
-    assert (stored.result_reason, stored.attempts) == ("unmatched", HELD_MAX_ATTEMPTS)
+    # (a relay worker may take some of the attempts: the bound is on the event row)
+    assert set(results[:-1]) == {EventResult.HELD} and len(results) <= HELD_MAX_ATTEMPTS
+    assert results[-1] == EventResult.QUARANTINED
+    row = stored(event)
+    assert (row.result_reason, row.attempts) == ("unmatched", HELD_MAX_ATTEMPTS)
     assert OutboxMessage.objects.filter(
         dedupe_key__startswith=f"event:{event['id']}:held:").count() == HELD_MAX_ATTEMPTS - 1
 
@@ -246,9 +278,8 @@ def test_events_of_other_types_are_recorded_as_ignored(client):
 
     assert deliver_and_process(client, event) == EventResult.IGNORED
 
-    stored = ProviderEvent.objects.get()
-    assert stored.result_reason == "unhandled_type"
-    assert "x@example.com" not in str(stored.payload)
+    assert stored(event).result_reason == "unhandled_type"
+    assert "x@example.com" not in str(stored(event).payload)
 
 
 def test_capture_event_settles_the_open_capture_not_the_authorization(
@@ -263,13 +294,14 @@ def test_capture_event_settles_the_open_capture_not_the_authorization(
     pi = provider_object("payment_intents", auth.provider_reference)
     assert pi["status"] == "succeeded"
 
-    assert deliver_and_process(client, event_for(pi, "payment_intent.succeeded")) == \
-        EventResult.APPLIED
+    event = event_for(pi, "payment_intent.succeeded")
+
+    assert deliver_and_process(client, event) == EventResult.APPLIED
 
     assert (reload(capture).outcome, reload(capture).verification) == (
         Outcome.SUCCEEDED, Verification.WEBHOOK)
     assert reload(auth).outcome == Outcome.SUCCEEDED
-    assert ProviderEvent.objects.get().operation_id == capture.pk
+    assert stored(event).operation_id == capture.pk
 
 
 def test_refund_event_settles_an_unknown_refund(client, new_purchase, pay, drill,
