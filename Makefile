@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test deps soak bench drill clean
+.PHONY: run test deps soak bench drill fuzz audit clean
 
 $(VENV)/.installed: requirements.lock
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 needed"'
@@ -30,6 +30,14 @@ soak: deps
 
 bench: deps
 	$(PY) bench/run_all.py
+
+# Schemathesis with a larger budget than CI's (VERITY_FUZZ_EXAMPLES per operation).
+fuzz: deps
+	VERITY_FUZZ_EXAMPLES=$${VERITY_FUZZ_EXAMPLES:-100} $(PY) -m tests.stack -- $(PY) -m pytest -q tests/api/test_schema_conformance.py
+
+# Known-vulnerability audit of the locked dependencies (needs the PyPI JSON API).
+audit: deps
+	$(VENV)/bin/pip-audit -r requirements.lock --no-deps --disable-pip --progress-spinner off
 
 drill: deps
 	$(PY) manage.py drill

@@ -107,7 +107,10 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
             return ""
         prefix, step = key.rsplit(":", 1)
         with self._lock:
+            # key_prefix "*" arms the next request of that step, whatever its operation.
             armed = self._armed.get((prefix, step))
+            if not armed or armed.times <= 0:
+                armed = self._armed.get(("*", step))
             if not armed or armed.times <= 0:
                 return ""
             armed.times -= 1
