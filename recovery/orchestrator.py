@@ -413,6 +413,10 @@ def purchase_fulfil(*, purchase_id: str) -> str:
             state = _run_db_step(ctx, step)
         if state == StepState.COMPENSATED:
             return _compensate(ctx, step)
+        if state == BUSY:
+            # Another worker holds this step's lease. Retry later rather than finish this
+            # message: if that worker died, the retry after its lease finds out.
+            raise StepRetryLater(f"{step}: running in another worker")
         if state != StepState.DONE:
             return state
     with transaction.atomic():

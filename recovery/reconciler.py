@@ -13,7 +13,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from .models import OutboxCategory
+from .models import OutboxCategory, OutboxMessage
 from .orchestrator import run_steps_message_put
 from .outbox import outbox_put
 from .selectors import stalled_fulfilment
@@ -35,10 +35,17 @@ def reconcile_due(*, limit: int = 500) -> int:
     due = list(PaymentOperation.objects.filter(outcome__in=_OPEN_OUTCOMES,
                                                next_reconcile_at__lte=timezone.now())
                .order_by("next_reconcile_at").values_list("id", flat=True)[:limit])
+    now = timezone.now()
     with transaction.atomic():
         for op_id in due:
+            key = f"reconcile:{op_id}"
             outbox_put(category=OutboxCategory.RECONCILE, payload={"operation": op_id},
-                       dedupe_key=f"reconcile:{op_id}")
+                       dedupe_key=key)
+            # A pending row written earlier with a delay absorbed that put: it is due now.
+            # Rows that already failed keep their own backoff.
+            OutboxMessage.objects.filter(dedupe_key=key, processed_at__isnull=True,
+                                         attempts=0, available_at__gt=now).update(
+                available_at=now)
     return len(due)
 
 

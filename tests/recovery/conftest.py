@@ -77,3 +77,29 @@ def run_concurrently(fn, n: int) -> list:
     if errors:
         raise errors[0]
     return results
+
+
+def wait_outbox_idle(timeout: float = 30.0) -> None:
+    """Wait until no due message is unprocessed or claimed: a worker still writing while
+    the test database is flushed deadlocks the TRUNCATE."""
+    from django.utils import timezone
+
+    from recovery.models import OutboxMessage
+    from tests.conftest import wait_for
+
+    wait_for(lambda: not OutboxMessage.objects.filter(
+        processed_at__isnull=True, available_at__lte=timezone.now(),
+        attempts__lt=3).exists(), timeout=timeout)
+
+
+@pytest.fixture
+def worker_logs():
+    """Prints the tail of every worker log at teardown (shown when a test fails)."""
+    import os
+    from pathlib import Path
+
+    yield
+    stack = Path(os.environ.get("VERITY_STACK_DIR", "/tmp"))
+    for log in sorted(stack.glob("worker*.log")):
+        lines = [l for l in log.read_text(errors="replace").splitlines() if "Task " in l or "ERROR" in l or "Error" in l or "ready" in l][-60:]
+        print(f"--- {log.name}\n" + "\n".join(lines))

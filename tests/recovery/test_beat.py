@@ -37,10 +37,13 @@ def test_due_unknown_is_reconciled_and_then_fulfilled(new_purchase, api_client, 
     assert op.outcome == Outcome.UNKNOWN and op.next_reconcile_at > timezone.now()
     assert reconcile_due() == 0  # not due yet
 
-    # Time passes: the read-back is due; lose the core's own delayed message too.
+    # Time passes: the read-back is due (the core's delayed row is made due too).
     PaymentOperation.objects.filter(id=op.id).update(
         next_reconcile_at=timezone.now() - timedelta(seconds=1))
-    OutboxMessage.objects.filter(category=OutboxCategory.RECONCILE).delete()
+    assert reconcile_due() == 1
+    assert OutboxMessage.objects.get(category=OutboxCategory.RECONCILE,
+                                     processed_at__isnull=True).available_at <= timezone.now()
+    OutboxMessage.objects.filter(category=OutboxCategory.RECONCILE).delete()  # lost
     assert reconcile_due() == 1
     assert reconcile_due() == 1  # the same pending message absorbs a second put
     assert OutboxMessage.objects.filter(category=OutboxCategory.RECONCILE,

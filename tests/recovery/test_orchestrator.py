@@ -22,7 +22,13 @@ from recovery.models import (
     StepRun,
     StepState,
 )
-from recovery.orchestrator import COMPLETED, NOT_READY, purchase_fulfil, step_resolve
+from recovery.orchestrator import (
+    COMPLETED,
+    NOT_READY,
+    StepRetryLater,
+    purchase_fulfil,
+    step_resolve,
+)
 from recovery.relay import relay_drain_once
 from recovery.selectors import steps_for_purchase
 from tests.recovery.conftest import run_concurrently
@@ -236,7 +242,8 @@ def test_a_send_in_progress_is_left_to_its_worker(new_purchase, pay_now):
         state=StepState.RUNNING, started_at=timezone.now())
     halt_clear(name="step:confirmation", actor="op1", reason="go")
 
-    assert purchase_fulfil(purchase_id=purchase.id) == "busy"
+    with pytest.raises(StepRetryLater):  # the message backs off; the sender keeps it
+        purchase_fulfil(purchase_id=purchase.id)
     assert StepRun.objects.get(purchase_id=purchase.id, step="confirmation").state == "running"
     assert mail.outbox == []
 
