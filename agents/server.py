@@ -20,8 +20,9 @@ from typing import Annotated, Any, Callable
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connection
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from payments.models import ApiClient
 
@@ -121,6 +122,22 @@ def drill_from_env() -> _ConfirmDrill | None:
     return _ConfirmDrill(mode) if mode else None
 
 
+def _strict(tool: Tool) -> Tool:
+    """Refuse arguments a tool does not declare (`additionalProperties: false`).
+
+    The SDK ignores unknown arguments by default; here an agent that sends `amount` or an
+    `idempotency_key` to pay_purchase must learn that no such thing exists, rather than
+    believe it changed the charge or chose the key.
+    """
+    loose = tool.fn_metadata.arg_model
+    strict = type(loose.__name__, (loose,),
+                  {"model_config": ConfigDict(**loose.model_config, extra="forbid"),
+                   "__module__": loose.__module__})
+    tool.fn_metadata.arg_model = strict
+    tool.parameters = strict.model_json_schema(by_alias=True)
+    return tool
+
+
 def build_server(*, api_key: str | None = None,
                  before_dispatch: Callable[[Any], None] | None = None,
                  close_connections: bool = False) -> MCPServer:
@@ -129,8 +146,6 @@ def build_server(*, api_key: str | None = None,
     `close_connections`: close this thread's DB connection after each call (the HTTP
     bridge runs every request on a fresh event loop, hence fresh worker threads).
     """
-    server = MCPServer("verity", instructions=INSTRUCTIONS, version="1")
-
     def call(name: str, ctx: Context, fn: Callable[..., AgentResult], **kwargs) -> CallToolResult:
         close_old_connections()
         try:
@@ -150,6 +165,15 @@ def build_server(*, api_key: str | None = None,
             else:
                 close_old_connections()
 
+    registered: list[Tool] = []
+
+    def tool(*, annotations: ToolAnnotations, description: str):
+        def register(fn):
+            registered.append(_strict(Tool.from_function(fn, annotations=annotations,
+                                                         description=description)))
+            return fn
+        return register
+
     read_only = ToolAnnotations(read_only_hint=True, idempotent_hint=True,
                                 destructive_hint=False, open_world_hint=False)
     effect = ToolAnnotations(read_only_hint=False, idempotent_hint=True,
@@ -160,13 +184,13 @@ def build_server(*, api_key: str | None = None,
     OperationId = Annotated[str, Field(min_length=1, max_length=40,
                                        description="An operation id (op_…).")]
 
-    @server.tool(annotations=read_only, description=(
+    @tool(annotations=read_only, description=(
         "List the catalogue: sku, name, price (minor units), currency, stock. "
         "Needs scope purchases:read."))
     def list_products(ctx: Context) -> AgentResult:
         return call("list_products", ctx, tools.list_products)
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=False,
+    @tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=False,
                                              destructive_hint=False, open_world_hint=False),
                  description=(
         "Price items at current prices. Returns a quote (id, version, amount in minor units, "
@@ -180,7 +204,7 @@ def build_server(*, api_key: str | None = None,
     ) -> AgentResult:
         return call("get_quote", ctx, tools.get_quote, items=items, currency=currency)
 
-    @server.tool(annotations=effect, description=(
+    @tool(annotations=effect, description=(
         "Open a purchase for an accepted quote and a customer. Calling it again with the same "
         "quote and customer returns the same purchase (never a second one). If this customer "
         "has a purchase whose payment is unresolved, it is refused and that purchase is "
@@ -201,7 +225,7 @@ def build_server(*, api_key: str | None = None,
                     customer_email=customer_email,
                     acknowledge_unresolved=list(acknowledge_unresolved))
 
-    @server.tool(annotations=effect, description=(
+    @tool(annotations=effect, description=(
         "Pay a purchase: charges the accepted quote's amount (there is no amount argument; it "
         "cannot change). A purchase has ONE payment: calling pay_purchase again for the same "
         "purchase never charges again; it returns that payment's current state. If the outcome "
@@ -219,13 +243,13 @@ def build_server(*, api_key: str | None = None,
         return call("pay_purchase", ctx, tools.pay_purchase, purchase_id=purchase_id,
                     payment_method=payment_method, before_dispatch=before_dispatch)
 
-    @server.tool(annotations=read_only, description=(
+    @tool(annotations=read_only, description=(
         "The purchase view: status, amount, payment {operation, outcome}, fulfilment steps, "
         "order, next_action. Needs scope purchases:read."))
     def get_purchase(ctx: Context, purchase_id: PurchaseId) -> AgentResult:
         return call("get_purchase", ctx, tools.get_purchase, purchase_id=purchase_id)
 
-    @server.tool(annotations=read_only, description=(
+    @tool(annotations=read_only, description=(
         "One money movement (payment, capture, void, refund): outcome (pending, dispatching, "
         "succeeded, failed, unknown, awaiting_provider, awaiting_buyer, awaiting_approval), "
         "stage, verification, attempts, next_action. Safe to call repeatedly. Needs scope "
@@ -233,7 +257,7 @@ def build_server(*, api_key: str | None = None,
     def get_operation(ctx: Context, operation_id: OperationId) -> AgentResult:
         return call("get_operation", ctx, tools.get_operation, operation_id=operation_id)
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True,
+    @tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True,
                                              destructive_hint=False, open_world_hint=True),
                  description=(
         "Ask the provider for its record of an unsettled operation now and apply it. "
@@ -243,7 +267,7 @@ def build_server(*, api_key: str | None = None,
         return call("reconcile_operation", ctx, tools.reconcile_operation,
                     operation_id=operation_id)
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True,
+    @tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True,
                                              destructive_hint=True, open_world_hint=True),
                  description=(
         "Refund a paid purchase: the whole refundable amount, or `amount` (minor units). The "
@@ -259,7 +283,7 @@ def build_server(*, api_key: str | None = None,
         return call("request_refund", ctx, tools.request_refund, purchase_id=purchase_id,
                     amount=amount)
 
-    @server.tool(annotations=effect, description=(
+    @tool(annotations=effect, description=(
         "Try a definitively FAILED payment once more (a new payment linked to it). Refused for "
         "any payment that is not failed — pending, unknown or awaiting ones may still charge. "
         "One retry per failed payment; calling again returns that retry. After a card "
@@ -273,4 +297,4 @@ def build_server(*, api_key: str | None = None,
         return call("retry_failed_payment", ctx, tools.retry_failed_payment,
                     operation_id=operation_id, payment_method=payment_method)
 
-    return server
+    return MCPServer("verity", instructions=INSTRUCTIONS, version="1", tools=registered)

@@ -50,6 +50,7 @@ def test_each_tool_publishes_a_valid_schema_and_no_key_or_amount_to_pay(agent_ke
         jsonschema.Draft202012Validator.check_schema(tool.output_schema)
         assert set(tool.output_schema["required"]) == {"instruction"}
         assert TOOL_SCOPES[tool.name] in tool.description  # the rule is stated plainly
+        assert tool.input_schema["additionalProperties"] is False, tool.name
         props = set(tool.input_schema.get("properties", {}))
         assert not {p for p in props if "key" in p or "idempotency" in p}, tool.name
     by_name = {t.name: t for t in tools}
@@ -62,6 +63,22 @@ def test_each_tool_publishes_a_valid_schema_and_no_key_or_amount_to_pay(agent_ke
     assert validator.is_valid({"items": [{"sku": "TEA-001", "quantity": 2}]})
     assert not validator.is_valid({"items": [{"sku": "TEA-001", "quantity": 0}]})
     assert not validator.is_valid({"items": []})
+
+
+def test_an_amount_or_a_key_sent_to_pay_purchase_is_refused_not_ignored(product, agent_key):
+    async def script(client, call):
+        purchase = await _new_purchase(call, product.sku, "cust-extra")
+        answers = []
+        for extra in ({"amount": 1}, {"idempotency_key": "mine"}):
+            answers.append(await client.call_tool("pay_purchase", {
+                "purchase_id": purchase["id"], "payment_method": "pm_card_visa", **extra}))
+        return purchase, answers
+
+    (purchase, answers), _ = run_agent(agent_key, script)
+    for answer, name in zip(answers, ("amount", "idempotency_key")):
+        assert answer.is_error is True
+        assert name in answer.content[0].text and "not permitted" in answer.content[0].text
+    assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 0
 
 
 def test_a_call_missing_a_scope_is_refused_with_a_clear_error(product, agent_key):
