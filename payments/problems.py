@@ -106,9 +106,13 @@ def problem_from_domain_error(exc) -> Problem:
     retry_after = extra.pop("retry_after", None)
     if exc.status == 503 or retry_after is not None:
         headers["Retry-After"] = str(int(retry_after or 30))
+    action = exc.message
+    if exc.operation:
+        # Point at the one resource whose state settles the question.
+        action = f"{action} Its current state: GET /api/v1/operations/{exc.operation}."
     return Problem(code=exc.code, detail=exc.message, status=exc.status, retry=exc.retry,
                    owner=exc.owner, purchase=exc.purchase, operation=exc.operation,
-                   headers=headers, extra=_json_safe(extra))
+                   action_message=action, headers=headers, extra=_json_safe(extra))
 
 
 def _json_safe(extra: dict) -> dict:
