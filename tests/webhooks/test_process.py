@@ -336,3 +336,66 @@ def test_charge_refunded_is_a_prompt_not_an_observation(client, new_purchase, pa
     assert deliver_and_process(client, event_for(charge, "charge.refunded")) == \
         EventResult.IGNORED
     assert reload(payment).outcome == Outcome.SUCCEEDED
+
+
+def test_webhook_first_then_the_synchronous_answer_changes_nothing(client, new_purchase, pay):
+    from payments.providers.stripe import get_provider
+
+    purchase = new_purchase()
+    op = pay(purchase, drop_response=True)
+    pi = provider_object("payment_intents", op.provider_reference)
+    assert deliver_and_process(client, event_for(pi, "payment_intent.succeeded")) == \
+        EventResult.APPLIED
+    before = history(op)
+
+    # the synchronous path's phase 3 arriving late, through the same one function
+    answer = get_provider().retrieve_payment_intent(op.provider_reference).object
+    late = services.operation_apply_observation(
+        operation_id=op.pk, obj=answer, source=Verification.PROVIDER, cause="confirm_ok")
+
+    assert late == services.ApplyResult.NO_CHANGE
+    assert history(op) == before
+    assert reload(op).verification == Verification.WEBHOOK
+    assert outbox(OutboxCategory.RUN_STEPS, purchase=purchase.pk) == 1
+
+
+def test_same_event_delivered_and_processed_concurrently_applies_once(
+        live_server, new_purchase, pay):
+    import json
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import requests
+    from django.db import connection
+
+    from .conftest import sign
+
+    purchase = new_purchase()
+    op = pay(purchase, drop_response=True)
+    event = event_for(provider_object("payment_intents",
+                                      op.provider_reference), "payment_intent.succeeded")
+    body = json.dumps(event).encode()
+    barrier = threading.Barrier(20)
+
+    def deliver_then_process(_):
+        barrier.wait(10)
+        r = requests.post(f"{live_server.url}/webhooks/stripe/", data=body, timeout=15,
+                          headers={"Stripe-Signature": sign(body),
+                                   "Content-Type": "application/json"})
+        try:
+            return r.status_code, event_process(
+                event_id=ProviderEvent.objects.get(event_id=event["id"]).pk)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        outcomes = list(pool.map(deliver_then_process, range(20)))
+
+    assert {status for status, _ in outcomes} == {200}
+    assert {result for _, result in outcomes} == {EventResult.APPLIED}
+    assert ProviderEvent.objects.filter(event_id=event["id"]).count() == 1
+    assert OutboxMessage.objects.filter(dedupe_key=f"event:{event['id']}").count() == 1
+    assert OperationTransition.objects.filter(operation_id=op.pk,
+                                              target=Outcome.SUCCEEDED).count() == 1
+    assert outbox(OutboxCategory.RUN_STEPS, purchase=purchase.pk) == 1
+    assert outbox(OutboxCategory.OPERATION_SETTLED, operation=op.pk) == 1
