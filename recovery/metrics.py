@@ -34,8 +34,6 @@ MANUAL_RESOLUTIONS = Counter(
     "verity_manual_resolutions", "Operations settled by a person", ["outcome"])
 REFUND_OUTCOMES = Counter(
     "verity_refund_outcomes", "Refund/void operations reaching an outcome", ["kind", "outcome"])
-STEP_RUNS = Counter(
-    "verity_step_runs", "Orchestrator step executions by final state", ["step", "state"])
 
 _BUCKETS = (1, 5, 15, 30, 60, 120, 300, 900, 1800, 3600, 4 * 3600, 86400)
 _WINDOW_HOURS = 24

@@ -434,6 +434,10 @@ def operation_settled(*, operation_id: str) -> None:
 
     op = PaymentOperation.objects.get(id=operation_id)
     info = _info(op)
+    if op.kind in (OperationKind.REFUND, OperationKind.VOID) and op.is_terminal:
+        from .metrics import REFUND_OUTCOMES
+
+        REFUND_OUTCOMES.labels(kind=op.kind, outcome=op.outcome).inc()
     with transaction.atomic():
         if op.outcome == Outcome.SUCCEEDED:
             if op.kind in PAYMENT_KINDS:

@@ -101,5 +101,7 @@ def worker_logs():
     yield
     stack = Path(os.environ.get("VERITY_STACK_DIR", "/tmp"))
     for log in sorted(stack.glob("worker*.log")):
-        lines = [l for l in log.read_text(errors="replace").splitlines() if "Task " in l or "ERROR" in l or "Error" in l or "ready" in l][-60:]
+        keep = ("Task ", "ERROR", "Error", "ready")
+        lines = [line for line in log.read_text(errors="replace").splitlines()
+                 if any(k in line for k in keep)][-60:]
         print(f"--- {log.name}\n" + "\n".join(lines))

@@ -237,3 +237,46 @@ def test_provider_unreachable_during_reconcile_stays_unknown_and_halt_blocks_cha
     assert purchase_fulfil(purchase_id=purchase.id) == COMPLETED
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
     assert localstripe.payment_intents_for(other.id) == []
+
+
+def test_mail_server_down_the_email_is_retried_and_sent_once(new_purchase, pay_now):
+    purchase = new_purchase()
+    halt_set(name="step:confirmation", reason="fence for the drill", actor="test")
+    pay_now(purchase)
+    purchase_fulfil(purchase_id=purchase.id)
+    _drain_here()
+    WorkflowHalt.objects.all().delete()
+    _make_steps_due(purchase.id)
+    log = Path(os.environ.get("VERITY_STACK_DIR", "/tmp")) / "worker-9.log"
+
+    refused = _start_worker(9, EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend",
+                            EMAIL_HOST="127.0.0.1", EMAIL_PORT=free_port())  # nothing listens
+    try:
+        _kick(9)
+        wait_for(lambda: StepRun.objects.get(purchase_id=purchase.id,
+                                             step="confirmation").state == StepState.FAILED,
+                 timeout=30)
+    finally:
+        _stop(refused)
+    failed = StepRun.objects.get(purchase_id=purchase.id, step="confirmation")
+    assert "ConnectionRefused" in failed.last_error and failed.attempts == 1
+    message = OutboxMessage.objects.filter(dedupe_key=f"steps:{purchase.id}").latest("id")
+    assert message.processed_at is None and message.available_at > message.created_at
+
+    working = _start_worker(9)  # console backend: the mail server is back
+    try:
+        def sent():
+            _kick(9)
+            time.sleep(0.3)
+            return Purchase.objects.get(id=purchase.id).status == PurchaseStatus.COMPLETED
+
+        wait_for(sent, timeout=30, interval=0.5)
+        wait_outbox_idle()
+    finally:
+        _stop(working)
+
+    [email] = EmailMessage.objects.filter(purchase_id=purchase.id)
+    assert email.sent_at is not None
+    assert StepRun.objects.get(purchase_id=purchase.id, step="confirmation").attempts == 2
+    subject = f"Subject: {email.subject}"
+    assert log.read_text(errors="replace").count(subject) == 1  # sent once
