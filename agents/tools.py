@@ -325,7 +325,9 @@ def _domain_refusal(exc: DomainError, api_client: ApiClient, *, retry_call: Next
     if exc.retry == RetryAdvice.SAME_KEY and retry_call is not None:
         wait = int((exc.extra or {}).get("retry_after") or 30)
         retry_call = retry_call.model_copy(update={"wait_seconds": wait})
-        return AgentResult(instruction=f"{exc.message} Nothing was done; call {retry_call.name} "
+        # The core's message speaks of Idempotency-Keys (REST); here the key is derived,
+        # so "the same key" simply means the same call.
+        return AgentResult(instruction=f"Nothing was done ({exc.code}); call {retry_call.name} "
                                        f"again with the same arguments in {wait} seconds.",
                            next_tool=retry_call, refusal=refusal)
     if exc.retry == RetryAdvice.NEW_QUOTE:

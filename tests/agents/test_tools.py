@@ -198,3 +198,30 @@ def test_refund_is_one_refund_per_purchase_and_amount(product, localstripe):
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"], kind="refund").count() == 1
     assert IdempotencyRecord.objects.filter(route="mcp.request_refund").count() == 1
     assert Purchase.objects.get(id=purchase["id"]).status in ("refunded", "refund_pending")
+
+
+def test_a_halted_checkout_is_a_wait_and_call_again_not_a_new_key(product, agent_key):
+    from recovery.halts import halt_clear, halt_set
+
+    async def make(client, call):
+        return await _new_purchase(call, product.sku, "cust-halt")
+
+    purchase, _ = run_agent(agent_key, make)
+    halt_set(name="checkout", reason="provider incident drill", actor="ops1")
+
+    async def pay(client, call):
+        return await call("pay_purchase", purchase_id=purchase["id"],
+                          payment_method="pm_card_visa")
+
+    halted, _ = run_agent(agent_key, pay)
+    assert halted["refusal"]["code"] == "workflow_halted"
+    assert "Idempotency" not in halted["instruction"]
+    assert halted["next_tool"]["name"] == "pay_purchase"
+    assert halted["next_tool"]["arguments"] == {"purchase_id": purchase["id"],
+                                                "payment_method": "pm_card_visa"}
+    assert halted["next_tool"]["wait_seconds"] > 0
+    assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 0
+
+    halt_clear(name="checkout", actor="ops1", reason="incident over")
+    paid, _ = run_agent(agent_key, pay)
+    assert paid["operation"]["outcome"] == "succeeded"
