@@ -218,7 +218,8 @@ def _dispatch_and_answer(claim: Claim, operation_id: str) -> Response:
 # -- OpenAPI helpers ----------------------------------------------------------------
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
-    name="Idempotency-Key", location=OpenApiParameter.HEADER, required=True, type=str,
+    name="Idempotency-Key", location=OpenApiParameter.HEADER, required=True,
+    type={"type": "string", "minLength": 1, "maxLength": 255},
     description="One key per intended effect (max 255 characters). Reuse it only to retry "
                 "the same request with the same body.",
 )

@@ -169,3 +169,24 @@ def test_agent_that_times_out_on_a_normal_payment_causes_one_charge_and_one_orde
     assert second.status_code == 201
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 1
     _one_charge_and_one_order(localstripe, purchase["id"])
+
+
+def test_parallel_requests_with_one_key_make_one_operation(live_server, storefront, product,
+                                                           localstripe):
+    agent = Agent(live_server.url, storefront.key, customer=f"cust-{uuid.uuid4().hex[:8]}")
+    purchase = agent.open_purchase(product.sku).json()
+    pay_path = f"purchases/{purchase['id']}/payments"
+    key, body = str(uuid.uuid4()), payment_body()
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: agent.post(pay_path, body, key=key), range(8)))
+
+    statuses = sorted(r.status_code for r in answers)
+    # One request did the work; the others were told to wait or got its result.
+    assert statuses.count(201) == 1, statuses
+    assert set(statuses) <= {200, 201, 409}
+    for r in answers:
+        if r.status_code == 409:
+            assert r.json()["code"] == "request_in_progress" and "Retry-After" in r.headers
+    assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 1
+    assert len(localstripe.payment_intents_for(purchase["id"])) == 1
