@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from payments.enums import OperationKind, Verification
+from payments.enums import OperationKind, Outcome, Verification
 from payments.providers.base import ProviderObject, outcome_from_object
 from payments.providers.stripe_webhooks import object_from_event_payload, safe_event_payload
 from recovery.models import OutboxCategory
@@ -224,24 +224,34 @@ def _mismatch(op, obj: ProviderObject) -> str:
 
 def _evaluate_charge_refunded(event: ProviderEvent, obj: ProviderObject) -> _Verdict:
     """`charge.refunded` carries a Charge, not the Refund (and Stripe no longer embeds
-    the refunds list): it is only a prompt. The refund operations under that payment
-    are settled by their own refund events or by the reconciler's read-back."""
+    the refunds list), so it settles nothing itself: it prompts an early read-back of the
+    payment's open refund operations (through the outbox; the reconciler is read-only)."""
+    from payments.models import PaymentOperation
+
     payment = selectors.payment_operation_for_intent(obj.payment_intent)
     if payment is None:
         return _Verdict(EventResult.HELD, "no_matching_operation")
     expected_account = (payment.provider_account or getattr(settings, "STRIPE_ACCOUNT", "")
                         or "")
+    why = ""
     if obj.account != expected_account:
-        return _Verdict(EventResult.QUARANTINED, "mismatch:account", payment.pk,
+        why = "account"
+    elif obj.metadata.get("purchase_id") not in (None, payment.purchase_id):
+        why = "purchase"
+    elif obj.currency and obj.currency.lower() != payment.currency.lower():
+        why = "currency"
+    if why:
+        return _Verdict(EventResult.QUARANTINED, f"mismatch:{why}", payment.pk,
                         payment.purchase_id)
-    if obj.metadata.get("purchase_id") not in (None, payment.purchase_id):
-        return _Verdict(EventResult.QUARANTINED, "mismatch:purchase", payment.pk,
-                        payment.purchase_id)
-    if obj.currency and obj.currency.lower() != payment.currency.lower():
-        return _Verdict(EventResult.QUARANTINED, "mismatch:currency", payment.pk,
-                        payment.purchase_id)
-    return _Verdict(EventResult.IGNORED, "charge_refunded_prompt", payment.pk,
-                    payment.purchase_id)
+    open_refunds = list(PaymentOperation.objects.filter(
+        parent=payment, kind=OperationKind.REFUND,
+        outcome__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER]).values_list("pk", flat=True))
+    for op_id in open_refunds:
+        # Own dedupe key: the reconciler's scheduled (delayed) message must not absorb it.
+        outbox_put(category=OutboxCategory.RECONCILE, payload={"operation": op_id},
+                   dedupe_key=f"reconcile:{op_id}:{event.event_id}")
+    return _Verdict(EventResult.IGNORED, f"charge_refunded_prompt:{len(open_refunds)}",
+                    payment.pk, payment.purchase_id)
 
 
 def _resolve_conflict_outside_transaction(event: ProviderEvent, verdict: _Verdict) -> _Verdict:

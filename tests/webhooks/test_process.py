@@ -325,17 +325,32 @@ def test_refund_event_settles_an_unknown_refund(client, new_purchase, pay, drill
     assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.REFUNDED
 
 
-def test_charge_refunded_is_a_prompt_not_an_observation(client, new_purchase, pay):
+def test_charge_refunded_prompts_a_read_back_of_the_open_refund(
+        client, new_purchase, pay, drill):
+    from recovery.relay import handle_message
+
     purchase = new_purchase()
     payment = pay(purchase)
+    refund = services.refund_request(purchase_id=purchase.pk, compensation=True)
+    drill(refund, "drop_response_after_send", step="refund")
+    refund = services.operation_dispatch(operation_id=refund.pk)
+    assert refund.outcome == Outcome.UNKNOWN
     charge = {"id": payment.provider_charge or "ch_x", "object": "charge",
               "status": "succeeded", "amount": 1500, "amount_refunded": 1500,
               "currency": "usd", "payment_intent": payment.provider_reference,
               "metadata": {"purchase_id": purchase.pk}}
+    event = event_for(charge, "charge.refunded")
 
-    assert deliver_and_process(client, event_for(charge, "charge.refunded")) == \
-        EventResult.IGNORED
+    assert deliver_and_process(client, event) == EventResult.IGNORED  # settles nothing itself
+    assert stored(event).result_reason == "charge_refunded_prompt:1"
     assert reload(payment).outcome == Outcome.SUCCEEDED
+    prompt = OutboxMessage.objects.get(dedupe_key=f"reconcile:{refund.pk}:{event['id']}")
+    assert prompt.category == OutboxCategory.RECONCILE
+
+    handle_message(prompt)  # the relay's handler: a read-only read-back
+
+    assert (reload(refund).outcome, reload(refund).verification) == (
+        Outcome.SUCCEEDED, Verification.PROVIDER)
 
 
 def test_webhook_first_then_the_synchronous_answer_changes_nothing(client, new_purchase, pay):
