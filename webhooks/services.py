@@ -303,12 +303,13 @@ def _read_canonical_outside_transaction(op, obj: ProviderObject) -> ProviderObje
 
 # -- quarantine triage ---------------------------------------------------------------
 
-def _audit(*, acting_user, action: str, event: ProviderEvent, reason: str, before: dict):
+def _audit(*, acting_user, action: str, event: ProviderEvent, reason: str, before: dict,
+           ip: str | None):
     from support.services import audit_write
 
     return audit_write(
         user=acting_user, action=action, target_type="provider_event", target_id=str(event.pk),
-        reason=reason, purchase_id=event.purchase_id, before=before,
+        reason=reason, purchase_id=event.purchase_id, ip=ip, before=before,
         after={"result": event.result, "reason": event.result_reason},
         detail={"event": event.event_id, "type": event.type,
                 "previous_reason": before.get("reason", "")},
@@ -330,7 +331,8 @@ def _triage_locked(*, event_id: int, acting_user, reason: str) -> ProviderEvent:
     return event
 
 
-def event_quarantine_release(*, event_id: int, acting_user, reason: str) -> ProviderEvent:
+def event_quarantine_release(*, event_id: int, acting_user, reason: str,
+                             ip: str | None = None) -> ProviderEvent:
     """Send a quarantined event through processing again (e.g. after the operation it
     names was corrected). Matching rules still apply: a mismatched event is quarantined
     again, never forced through."""
@@ -341,13 +343,14 @@ def event_quarantine_release(*, event_id: int, acting_user, reason: str) -> Prov
         event.processed_at = None
         event.save(update_fields=["result", "result_reason", "attempts", "processed_at"])
         audit = _audit(acting_user=acting_user, action="webhook_event_release", event=event,
-                       reason=reason, before=before)
+                       reason=reason, before=before, ip=ip)
         outbox_put(category=OutboxCategory.PROCESS_EVENT, payload={"event": event.pk},
                    dedupe_key=f"event:{event.event_id}:release:{audit.pk}")
     return event
 
 
-def event_quarantine_dismiss(*, event_id: int, acting_user, reason: str) -> ProviderEvent:
+def event_quarantine_dismiss(*, event_id: int, acting_user, reason: str,
+                             ip: str | None = None) -> ProviderEvent:
     """Close a quarantined event without applying it (recorded as ignored)."""
     with transaction.atomic():
         event = _triage_locked(event_id=event_id, acting_user=acting_user, reason=reason)
@@ -357,5 +360,5 @@ def event_quarantine_dismiss(*, event_id: int, acting_user, reason: str) -> Prov
         event.processed_at = timezone.now()
         event.save(update_fields=["result", "result_reason", "processed_at"])
         _audit(acting_user=acting_user, action="webhook_event_dismiss", event=event,
-               reason=reason, before=before)
+               reason=reason, before=before, ip=ip)
     return event
