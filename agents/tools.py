@@ -35,7 +35,14 @@ from django.utils import timezone
 from pydantic import BaseModel, Field
 
 from payments import selectors, services
-from payments.enums import PAYMENT_KINDS, Outcome, PurchaseStatus, Reason, RetryAdvice
+from payments.enums import (
+    PAYMENT_KINDS,
+    CallPurpose,
+    Outcome,
+    PurchaseStatus,
+    Reason,
+    RetryAdvice,
+)
 from payments.idempotency import (
     idempotency_bind,
     idempotency_claim,
@@ -116,8 +123,6 @@ def _tool(name: str, wait: int = 0, needs: tuple[str, ...] = (), **arguments) ->
 
 
 def _reconcile_reads(op: PaymentOperation) -> int:
-    from payments.enums import CallPurpose
-
     return op.provider_calls.filter(purpose=CallPurpose.RECONCILE).count()
 
 
@@ -479,9 +484,9 @@ def pay_purchase(*, api_client: ApiClient, purchase_id: str, payment_method: str
         op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
                                      payment_method=payment_method)
     except DomainError as exc:
-        if exc.code == "payment_unresolved" and not exc.operation:
-            # Lost a race with a concurrent pay_purchase (the unique index refused the
-            # insert): that call's operation is this call's operation.
+        if exc.code in ("payment_unresolved", "already_paid"):
+            # Lost a race with a concurrent pay_purchase (the purchase lock or the unique
+            # index refused the insert): that call's operation is this call's operation.
             racing = _latest_payment(purchase)
             if racing is not None:
                 return operation_result(

@@ -225,3 +225,30 @@ def test_a_halted_checkout_is_a_wait_and_call_again_not_a_new_key(product, agent
     halt_clear(name="checkout", actor="ops1", reason="incident over")
     paid, _ = run_agent(agent_key, pay)
     assert paid["operation"]["outcome"] == "succeeded"
+
+
+def test_concurrent_pay_purchase_calls_are_one_payment(product, agent_key, localstripe):
+    async def make(client, call):
+        return await _new_purchase(call, product.sku, "cust-race")
+
+    purchase, _ = run_agent(agent_key, make)
+
+    async def race(client, call):
+        answers = []
+
+        async def pay():
+            answers.append(await call("pay_purchase", purchase_id=purchase["id"],
+                                      payment_method="pm_card_visa"))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(pay)
+        return answers
+
+    answers, t = run_agent(agent_key, race)
+    assert len({a["operation"]["id"] for a in answers}) == 1, t
+    assert all(a["refusal"] is None for a in answers), t
+    assert sum(not a["replayed"] for a in answers) == 1, t
+    assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 1
+    assert len(localstripe.payment_intents_for(purchase["id"])) == 1
+    assert len(localstripe.succeeded_charges_for(purchase["id"])) == 1
