@@ -1,0 +1,165 @@
+"""Bench 4: reconcile sweep over N unknown operations whose PaymentIntents exist.
+
+Set-up (not timed): for each operation a PaymentIntent is created and confirmed at
+localstripe through the adapter (payments.providers.stripe.get_provider(), the
+operation's own keys and metadata, a few threads), then the rows Verity would hold after
+a confirm whose answer was lost are bulk-inserted: quote, purchase `payment_unknown`,
+charge operation `unknown` with its provider_reference, the create/confirm ProviderCall
+claims and a reserved Hold.
+Timed: payments.services.operation_reconcile over every operation, one after another, in
+this process (what a relay worker does for a RECONCILE message), split into --runs
+chunks (ops/s is the median of the chunks). Counted: ProviderCall rows with
+purpose=reconcile per operation (must be 1: a read-back by reference, never a list) and
+database queries per operation (CaptureQueriesContext).
+
+    .venv/bin/python bench/reconcile_sweep.py [--n 10000] [--runs 3]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import Report, bench_stack, common_args, fmt, log, med  # noqa: E402
+
+AMOUNT, CURRENCY = 1500, "usd"
+
+
+def _make_intent(op_id: str, purchase_id: str, customer: str, key: str) -> str:
+    from payments.enums import Classification
+    from payments.providers.stripe import get_provider
+
+    provider = get_provider()
+    meta = {"operation_id": op_id, "purchase_id": purchase_id, "customer_reference": customer}
+    created = provider.create_payment_intent(key=f"{key}:create", amount=AMOUNT,
+                                             currency=CURRENCY, payment_method="pm_card_visa",
+                                             capture_method="automatic", metadata=meta)
+    assert created.classification == Classification.OK, created
+    confirmed = provider.confirm_payment_intent(key=f"{key}:confirm", intent_id=created.object.id)
+    assert confirmed.classification == Classification.OK, confirmed
+    return created.object.id
+
+
+def build(n: int) -> list[str]:
+    """N unknown charge operations with their PaymentIntents at localstripe."""
+    from django.utils import timezone
+
+    from payments.clients import api_client_create
+    from payments.enums import (
+        CallPurpose,
+        CallStep,
+        Classification,
+        HoldState,
+        OperationKind,
+        Outcome,
+        Owner,
+        PurchaseStatus,
+        Stage,
+    )
+    from payments.models import (
+        Hold,
+        PaymentOperation,
+        ProviderCall,
+        Purchase,
+        Quote,
+        new_operation_id,
+        new_provider_key,
+        new_purchase_id,
+    )
+
+    client, _ = api_client_create(name="bench-reconcile", scopes=["purchases:write"], limit=0,
+                                  currency=CURRENCY)
+    now = timezone.now()
+    specs = [(new_operation_id(), new_purchase_id(), f"bench-cust-{i}", new_provider_key())
+             for i in range(n)]
+    log(f"creating and confirming {n} PaymentIntents at localstripe")
+    t = time.monotonic()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        refs = list(pool.map(lambda s: _make_intent(*s), specs))
+    log(f"  {n} intents in {time.monotonic() - t:.0f}s; inserting rows")
+    quotes, purchases, ops, calls, holds = [], [], [], [], []
+    for (op_id, pur_id, cust, key), ref in zip(specs, refs):
+        q = Quote(items=[{"sku": "BENCH", "name": "Bench", "quantity": 1, "unit_price": AMOUNT}],
+                  amount=AMOUNT, currency=CURRENCY, expires_at=now + timedelta(minutes=30),
+                  api_client=client)
+        quotes.append(q)
+        purchases.append(Purchase(id=pur_id, quote=q, api_client=client, amount=AMOUNT,
+                                  currency=CURRENCY, customer_reference=cust,
+                                  customer_email=f"{cust}@example.com",
+                                  status=PurchaseStatus.PAYMENT_UNKNOWN))
+        op = PaymentOperation(
+            id=op_id, purchase_id=pur_id, kind=OperationKind.CHARGE, amount=AMOUNT,
+            currency=CURRENCY, idempotency_key=key, provider_reference=ref,
+            payment_method="pm_card_visa", outcome=Outcome.UNKNOWN, stage=Stage.RECONCILING,
+            next_action_owner=Owner.RECONCILIATION, requested_by_client=client,
+            confirm_claimed_at=now, next_reconcile_at=now,
+            reconcile_deadline=now + timedelta(days=3))
+        ops.append(op)
+        calls.append(ProviderCall(operation_id=op_id, purpose=CallPurpose.DISPATCH,
+                                  step=CallStep.CREATE, key=f"{key}:create", http_status=200,
+                                  classification=Classification.OK, finished_at=now))
+        calls.append(ProviderCall(operation_id=op_id, purpose=CallPurpose.DISPATCH,
+                                  step=CallStep.CONFIRM, key=f"{key}:confirm",
+                                  classification=Classification.UNKNOWN, finished_at=now,
+                                  fault_drill="drop_response_after_send"))
+        holds.append(Hold(api_client=client, operation_id=op_id, amount=AMOUNT,
+                          currency=CURRENCY, state=HoldState.RESERVED))
+    Quote.objects.bulk_create(quotes, batch_size=2000)
+    Purchase.objects.bulk_create(purchases, batch_size=2000)
+    PaymentOperation.objects.bulk_create(ops, batch_size=2000)
+    ProviderCall.objects.bulk_create(calls, batch_size=2000)
+    Hold.objects.bulk_create(holds, batch_size=2000)
+    return [s[0] for s in specs]
+
+
+def main(argv: list[str] | None = None) -> Report:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    common_args(parser)
+    parser.add_argument("--n", type=int, default=10000, help="unknown operations")
+    args = parser.parse_args(argv)
+    report = Report()
+    with bench_stack() as (stack, env):
+        from django.db import connection
+        from django.test.utils import CaptureQueriesContext
+
+        from payments.enums import CallPurpose, Outcome
+        from payments.models import PaymentOperation, ProviderCall
+        from payments.services import operation_reconcile
+
+        op_ids = build(args.n)
+        with connection.cursor() as c:
+            c.execute("ANALYZE")
+        chunk = -(-len(op_ids) // args.runs)
+        rates, queries = [], 0
+        for run in range(args.runs):
+            part = op_ids[run * chunk:(run + 1) * chunk]
+            log(f"run {run + 1}/{args.runs}: reconciling {len(part)} operations")
+            with CaptureQueriesContext(connection) as cq:
+                t0 = time.perf_counter()
+                for op_id in part:
+                    operation_reconcile(operation_id=op_id)
+                secs = time.perf_counter() - t0
+            queries += len(cq.captured_queries)
+            rates.append(len(part) / secs)
+        n = len(op_ids)
+        reconcile_calls = ProviderCall.objects.filter(purpose=CallPurpose.RECONCILE).count()
+        settled = PaymentOperation.objects.filter(outcome=Outcome.SUCCEEDED).count()
+    report.add("reconcile sweep", "ops/s", fmt(med(rates), 1), "", "", "",
+               f"{n} unknown ops, {args.runs} chunks, median; sequential, one process")
+    report.add("reconcile sweep", "provider calls / op", f"{reconcile_calls / n:.2f}", "", "",
+               "= 1", f"{reconcile_calls} reconcile ProviderCall rows")
+    report.add("reconcile sweep", "DB queries / op", f"{queries / n:.1f}", "", "", "<= 5",
+               "CaptureQueriesContext over every call")
+    report.add("reconcile sweep", "check", f"{settled}/{n} settled succeeded", "", "", "", "")
+    report.dump(args.json)
+    report.print("reconcile sweep")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Run every benchmark (each in its own process and throwaway stack) and print ONE table.
+
+    make bench                                  # full sizes (long: see docs/performance.md)
+    .venv/bin/python bench/run_all.py --quick   # small sizes, one run each: a smoke check
+    .venv/bin/python bench/run_all.py --only webhook_ingest,outbox_drain
+
+Figures are medians of --runs runs; every headline is a ratio against a floor measured in
+the same run on the same PostgreSQL. Benchmarks print figures; they never assert timings.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import PY, ROOT, Row, machine, print_table, require_wrk  # noqa: E402
+
+BENCHES = {
+    "webhook_ingest": {"full": [], "quick": ["--seconds", "4"]},
+    "idempotent_replay": {"full": [], "quick": ["--seconds", "4"]},
+    "outbox_drain": {"full": [], "quick": ["--messages", "5000"]},
+    "reconcile_sweep": {"full": [], "quick": ["--n", "300"]},
+    "scale": {"full": [], "quick": ["--sizes", "2000,10000", "--reps", "5"]},
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, 1 run each")
+    parser.add_argument("--runs", type=int, default=None, help="runs per figure (default 3)")
+    parser.add_argument("--only", default="", help="comma-separated subset of " +
+                        ",".join(BENCHES))
+    parser.add_argument("--json", help="write all rows and the machine as JSON here")
+    args = parser.parse_args()
+    require_wrk()
+    names = [n for n in BENCHES if not args.only or n in args.only.split(",")]
+    runs = args.runs or (1 if args.quick else 3)
+    rows: list[Row] = []
+    failed = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="verity-bench-") as tmp:
+        for name in names:
+            out = Path(tmp) / f"{name}.json"
+            cmd = [PY, str(ROOT / "bench" / f"{name}.py"), "--json", str(out),
+                   "--runs", str(runs), *BENCHES[name]["quick" if args.quick else "full"]]
+            print(f"\n### {name}: {' '.join(cmd[1:])}", flush=True)
+            t = time.monotonic()
+            proc = subprocess.run(cmd, cwd=ROOT, env=os.environ.copy())
+            if proc.returncode != 0 or not out.exists():
+                failed.append(name)
+                rows.append(Row(name.replace("_", " "), "FAILED", f"exit {proc.returncode}"))
+                continue
+            rows.extend(Row(**r) for r in json.loads(out.read_text()))
+            print(f"### {name}: {time.monotonic() - t:.0f}s", flush=True)
+    m = machine()
+    print(f"\nmachine: {m['nproc']} cores, {m['cpu']}, {m['memory']}, {m['postgres']}, "
+          f"Python {m['python']}; load average at the end "
+          f"{', '.join(f'{x:.1f}' for x in m['load'])} (shared, noisy machine)")
+    print(f"total {time.monotonic() - started:.0f}s; runs per figure: {runs}"
+          + ("; QUICK sizes" if args.quick else ""))
+    print_table(rows, "Verity benchmarks (ratios against floors measured in the same run)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"machine": m, "quick": args.quick, "runs": runs,
+             "rows": [r.__dict__ for r in rows]}, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
