@@ -30,7 +30,7 @@ from recovery.orchestrator import (
     step_resolve,
 )
 from recovery.relay import relay_drain_once
-from recovery.selectors import steps_for_purchase
+from recovery.selectors import compensation_needed_count, steps_for_purchase
 from tests.recovery.conftest import run_concurrently
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -162,8 +162,11 @@ def test_inventory_failure_compensates_with_one_linked_refund(new_purchase, pay_
     [refund] = PaymentOperation.objects.filter(purchase_id=purchase.id, kind="refund")
     assert refund.is_compensation and refund.parent_id == charge.id
     assert refund.idempotency_key != charge.idempotency_key  # its own key
+    assert compensation_needed_count() == 1  # until the provider confirms the refund
 
     _drain()  # DISPATCH, then OPERATION_SETTLED
+
+    assert compensation_needed_count() == 0
 
     refund = PaymentOperation.objects.get(id=refund.id)
     assert refund.outcome == Outcome.SUCCEEDED
@@ -210,6 +213,7 @@ def test_manual_policy_sends_the_purchase_to_review_without_moving_money(
     assert localstripe.refunds_for(charge.provider_reference) == []
     assert list(RecoveryDecision.objects.filter(purchase_id=purchase.id)
                 .values_list("decision", flat=True)) == ["manual"]
+    assert compensation_needed_count() == 1  # waits for a person
 
 
 def test_confirmation_found_running_after_a_crash_is_unknown_and_not_resent(
