@@ -106,6 +106,9 @@ def demo_cases_seed() -> list[tuple[str, str]]:
         for name, status, ops, order in STATE_CASES:
             p = _purchase(name, status, ops, order, client)
             links.append((name, f"{base}/status/{p.status_token}/"))
+        # Paid an hour ago and still no order: past the paid-without-order grace period.
+        Purchase.objects.filter(customer_reference="demo-paid-confirmation-delayed").update(
+            updated_at=timezone.now() - timedelta(hours=1))
 
         # Unknown exposure (money at risk): the unknown payment holds its reservation.
         unknown = Purchase.objects.get(customer_reference="demo-checking-with-provider")

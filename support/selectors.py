@@ -109,13 +109,35 @@ def _q_unknown():
         stage=Stage.ESCALATED)
 
 
+def _recovery_queue(name: str):
+    """recovery.selectors' own queue query (unsliced), so the console, the beat jobs and
+    /metrics agree on what is in a queue; None if that helper is not there."""
+    try:
+        from recovery import selectors as recovery_selectors
+    except ImportError:
+        return None
+    fn = getattr(recovery_selectors, name, None)
+    if fn is None:
+        return None
+    try:
+        return fn(limit=None)
+    except TypeError:
+        return None
+
+
 def _q_paid_without_order():
+    qs = _recovery_queue("paid_without_order")  # with the beat job's grace period
+    if qs is not None:
+        return qs
     return (Purchase.objects.filter(status__in=PAID_STATUSES)
             .annotate(has_order=Exists(Order.objects.filter(purchase_id=OuterRef("pk"))))
             .filter(has_order=False))
 
 
 def _q_compensation_steps():
+    qs = _recovery_queue("queue_compensation_needed")
+    if qs is not None:
+        return qs
     return StepRun.objects.filter(state__in=STEP_TROUBLE)
 
 
@@ -129,6 +151,9 @@ def _q_quarantined():
 
 
 def _q_stuck_outbox(now):
+    qs = _recovery_queue("queue_stuck_outbox")
+    if qs is not None:
+        return qs
     return OutboxMessage.objects.filter(processed_at__isnull=True).filter(
         Q(available_at__lt=now - STUCK_OUTBOX_AFTER) | Q(attempts__gte=STUCK_OUTBOX_ATTEMPTS))
 
@@ -259,6 +284,8 @@ def _count_oldest(name: str, now) -> tuple[int, datetime | None]:
 
 
 def _event_purchase(event: ProviderEvent) -> str:
+    if event.purchase_id:
+        return event.purchase_id
     if event.operation_id:
         return PaymentOperation.objects.filter(pk=event.operation_id).values_list(
             "purchase_id", flat=True).first() or ""
@@ -420,8 +447,11 @@ def purchase_timeline(purchase: Purchase, *, user=None) -> list[TimelineEntry]:
                            "safe_fields": c.safe_fields},
                           operation_id=c.operation_id,
                           label="Fault drill" if c.fault_drill else ""))
+    # Also events that named this purchase in their metadata but never matched (e.g.
+    # quarantined before an operation could be found).
     events = ProviderEvent.objects.filter(
-        Q(operation_id__in=op_ids) | Q(object_id__in=refs)).order_by("received_at", "id")
+        Q(operation_id__in=op_ids) | Q(object_id__in=refs) | Q(purchase_id=purchase.pk)
+    ).order_by("received_at", "id")
     for e in events:
         add(TimelineEntry(e.received_at, 5, "event", f"Webhook {e.type} ({e.event_id})",
                           {"result": e.result, "reason": e.result_reason, "event_pk": e.pk},

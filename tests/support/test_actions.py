@@ -53,7 +53,9 @@ def test_operator_resolves_unknown_with_reason(login, new_purchase, drill, api_c
     op = PaymentOperation.objects.get(pk=op.pk)
     assert op.outcome == Outcome.SUCCEEDED
     assert op.grade == Grade.ACKNOWLEDGED and op.verification == Verification.MANUAL
-    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.PAID
+    # (fulfilling/completed if a Celery worker from another module runs the steps)
+    assert Purchase.objects.get(pk=purchase.pk).status in (
+        PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED)
     resolution = Resolution.objects.get(operation_id=op.pk)
     assert resolution.actor == "olga" and "dashboard" in resolution.reason
     console = AuditEntry.objects.get(action="console.resolve", target_id=op.pk)

@@ -8,7 +8,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from payments.enums import HoldState, OperationKind, Outcome, PurchaseStatus, Stage
-from payments.models import Hold, PaymentOperation
+from payments.models import Hold, PaymentOperation, Purchase
 from recovery.models import (
     OutboxCategory,
     OutboxMessage,
@@ -35,10 +35,13 @@ def _one_case_per_queue():
     client = make_client(name="shop-a")[0]
     Hold.objects.create(api_client=client, operation=older.operations.get(), amount=1500,
                         currency="usd", state=HoldState.RESERVED)
-    purchase_in(PurchaseStatus.PAID, ops=[SUCCEEDED])  # paid without order
+    # Paid without order, past the beat job's grace period.
+    stale_paid = purchase_in(PurchaseStatus.PAID, ops=[SUCCEEDED])
+    _age(Purchase, stale_paid.pk, "updated_at", 3600)
+    purchase_in(PurchaseStatus.PAID, ops=[SUCCEEDED])  # just paid: not (yet) in the queue
     failed_step = purchase_in(PurchaseStatus.FULFILLING, ops=[SUCCEEDED], order="ORD-9")
     StepRun.objects.create(purchase_id=failed_step.pk, step=StepName.LEDGER,
-                           state=StepState.FAILED, key=f"{failed_step.pk}:ledger")
+                           state=StepState.MANUAL, key=f"{failed_step.pk}:ledger")
     ProviderEvent.objects.create(event_id="evt_dash", type="payment_intent.succeeded",
                                  payload={}, result=EventResult.QUARANTINED,
                                  result_reason="amount_mismatch")

@@ -134,3 +134,17 @@ def _client():
     from tests.factories import make_client
 
     return make_client(name="timeline")[0]
+
+
+def test_unmatched_event_naming_the_purchase_is_on_its_timeline(login, db):
+    purchase = purchase_in(PurchaseStatus.PAYMENT_UNKNOWN, ops=[UNKNOWN])
+    ProviderEvent.objects.create(event_id="evt_unmatched", type="payment_intent.succeeded",
+                                 object_id="pi_elsewhere", purchase_id=purchase.pk,
+                                 payload={}, result=EventResult.QUARANTINED,
+                                 result_reason="amount_mismatch")
+    html = login("support").get(reverse("support:purchase", args=[purchase.pk])
+                                ).content.decode()
+    assert "Webhook payment_intent.succeeded (evt_unmatched)" in html
+    queue = login("operator").get(reverse("support:queue", args=["quarantined"])
+                                  ).content.decode()
+    assert purchase.pk in queue
