@@ -88,22 +88,37 @@ def _pay_again_url(purchase_id: str) -> str | None:
     return template.replace("{purchase_id}", quote(purchase_id, safe=""))
 
 
-def _reversal_confirmed(ops: list) -> tuple[bool, bool]:
-    """(provider confirmed a refund/void, that reversal is settled).
+@dataclass(frozen=True)
+class _Reversal:
+    amount: int  # confirmed by the provider (minor units)
+    processing: bool  # some confirmed reversal is still processing at the provider
+    full: bool
+
+
+def _reversal_confirmed(ops: list, purchase_amount: int) -> _Reversal | None:
+    """What the provider has confirmed about refunds/voids, or None.
 
     Only the provider's own record counts: a refund waiting for approval, pending, or
     unknown is not shown to the customer as a reversal.
     """
-    confirmed = settled = False
+    amount, processing, void = 0, False, False
     for op in ops:
         if op.kind not in (OperationKind.REFUND.value, OperationKind.VOID.value):
             continue
         if op.outcome == Outcome.SUCCEEDED.value:
-            confirmed = settled = True
+            pass
         elif (op.outcome == Outcome.AWAITING_PROVIDER.value and op.provider_reference
               and op.verification in _PROVIDER_EVIDENCE):
-            confirmed = True
-    return confirmed, settled
+            processing = True
+        else:
+            continue
+        if op.kind == OperationKind.VOID.value:
+            void = True
+        amount += op.amount
+    if amount == 0 and not void:
+        return None
+    return _Reversal(amount=amount, processing=processing,
+                     full=void or amount >= purchase_amount)
 
 
 def customer_state(purchase) -> CustomerState:
@@ -127,22 +142,32 @@ def customer_state(purchase) -> CustomerState:
             f"If you have questions, contact {contact} and quote your purchase reference.",
         )
 
-    reversal_confirmed, reversal_settled = _reversal_confirmed(ops)
-    if reversal_confirmed and status in (S.REFUND_PENDING, S.REFUNDED, S.VOIDED, S.CANCELLED,
-                                         S.MANUAL_REVIEW, S.PAID, S.FULFILLING, S.COMPLETED):
-        if reversal_settled:
+    reversal = _reversal_confirmed(ops, purchase.amount)
+    if reversal and status in (S.REFUND_PENDING, S.REFUNDED, S.VOIDED, S.CANCELLED,
+                               S.MANUAL_REVIEW, S.PAID, S.FULFILLING, S.COMPLETED):
+        bank = "How long it takes to appear depends on your bank. You do not need to do anything."
+        if not reversal.full:
+            from support.templatetags.console import money
+
+            amount = money(reversal.amount, purchase.currency)
+            still = " and is processing it" if reversal.processing else ""
+            return state(
+                StateCode.REVERSED, "Part of your payment is being refunded",
+                f"The payment provider has confirmed a refund of {amount} to your payment "
+                f"method{still}. {bank}",
+                final=not reversal.processing,
+            )
+        if not reversal.processing:
             return state(
                 StateCode.REVERSED, "Your payment has been reversed",
                 "The payment provider has confirmed that your payment is being returned "
-                "to your payment method. How long it takes to appear depends on your "
-                "bank. You do not need to do anything.",
+                f"to your payment method. {bank}",
                 final=True,
             )
         return state(
             StateCode.REVERSED, "Your refund is processing",
             "The payment provider has accepted a refund of your payment and is "
-            "processing it. How long it takes to appear depends on your bank. "
-            "You do not need to do anything.",
+            f"processing it. {bank}",
         )
 
     if status == S.COMPLETED and paid:

@@ -48,6 +48,8 @@ CASES = [
      StateCode.REVERSED, "processing it"),
     ("refunded", S.REFUNDED, [SUCCEEDED, REFUND_CONFIRMED], "ORD-3", StateCode.REVERSED,
      "has confirmed"),
+    ("partial_refund", S.COMPLETED, [SUCCEEDED, {**REFUND_CONFIRMED, "amount": 500}], "ORD-5",
+     StateCode.REVERSED, "a refund of 5.00 USD"),
     ("complete", S.COMPLETED, [SUCCEEDED], "ORD-4", StateCode.COMPLETE, "ORD-4"),
     ("review", S.MANUAL_REVIEW, [SUCCEEDED], None, StateCode.UNDER_REVIEW,
      "support@verity.example"),
@@ -88,7 +90,9 @@ def test_each_state_renders_its_message_and_only_allowed_actions(client, db, cas
     if code != StateCode.FAILED:
         assert not any(w in html for w in FAILURE_WORDS), code
     # The poll script is only included while the state can still change.
-    assert ("status.js" in html) == (code not in FINAL and not state.final)
+    assert ("status.js" in html) == (not state.final)
+    if code in FINAL:
+        assert state.final
     # Never promises a date.
     assert not re.search(r"\b(within|by) \d+ (business )?days?\b", html)
 
