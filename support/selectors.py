@@ -496,7 +496,9 @@ def purchase_timeline(purchase: Purchase, *, user=None) -> list[TimelineEntry]:
 
 _EVIDENCE_KEYS = {"status", "provider_status", "outcome", "reason", "source", "event",
                   "event_id", "provider_reference", "http_status", "classification",
-                  "verification", "grade", "amount", "currency", "request_id", "call"}
+                  "verification", "grade", "amount", "currency", "request_id", "call",
+                  "object", "id", "latest_charge", "payment_intent", "failure_code",
+                  "metadata", "quote", "version", "compensation", "recovery_owner"}
 
 
 def _safe_evidence(evidence) -> dict:

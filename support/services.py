@@ -311,7 +311,10 @@ def halt_set_by_user(*, name: str, user, reason: str, ip: str | None = None) -> 
     with transaction.atomic():
         before = {"halted": WorkflowHalt.objects.filter(name=name).exists()}
         if mod is not None and hasattr(mod, "halt_set"):
-            halt = mod.halt_set(name=name, reason=reason, actor=user.get_username())
+            try:
+                halt = mod.halt_set(name=name, reason=reason, actor=user.get_username())
+            except ValueError as e:  # recovery.halts.HaltError
+                raise ConsoleError("halt_refused", str(e), 422) from e
         else:  # recovery.halts missing: write the row ourselves (same effect).
             halt, _ = WorkflowHalt.objects.get_or_create(
                 name=name, defaults={"reason": reason, "halted_by": user.get_username()})
@@ -330,7 +333,10 @@ def halt_clear_by_user(*, name: str, user, reason: str, ip: str | None = None) -
     with transaction.atomic():
         before = {"halted": WorkflowHalt.objects.filter(name=name).exists()}
         if mod is not None and hasattr(mod, "halt_clear"):
-            cleared = mod.halt_clear(name=name, actor=user.get_username(), reason=reason)
+            try:
+                cleared = mod.halt_clear(name=name, actor=user.get_username(), reason=reason)
+            except ValueError as e:  # recovery.halts.HaltError
+                raise ConsoleError("halt_refused", str(e), 422) from e
         else:
             cleared = WorkflowHalt.objects.filter(name=name).delete()[0] > 0
         audit_write(user=user, action="console.halt_clear", target_type="workflow_halt",

@@ -130,6 +130,10 @@ def test_console_support_then_operator(browser, live_server, users, new_purchase
 
     browser.submit("form.logout")
     log_in("olga")  # operator
+    browser.goto(f"{live_server.url}/console/")
+    assert browser.evaluate(
+        "document.querySelector('tr[data-queue=unknown] td.num').textContent") == "1"
+    browser.screenshot(SHOTS / "console-0-dashboard.png")
     browser.goto(f"{live_server.url}/console/purchases/{purchase.pk}/")
     form = f"form[action='/console/operations/{op.pk}/resolve']"
     browser.evaluate(
