@@ -148,22 +148,27 @@ def operation_guidance(op: PaymentOperation) -> tuple[str, NextTool | None]:
     outcome = op.outcome
     if outcome == Outcome.PENDING:
         # Recorded but never sent (the first call died before the provider call): calling
-        # the creating tool again sends *this* operation, never a second one.
-        args = ({"purchase_id": op.purchase_id} if again == "pay_purchase" else
-                {"operation_id": op.retry_of_id} if again == "retry_failed_payment" else
-                {"purchase_id": op.purchase_id})
-        return (f"This {noun} was recorded but not sent yet; call {again} again with the same "
-                f"arguments — it sends this same {noun}, never a second one.",
-                _tool(again, SOON, needs=("payment_method",) if op.kind in
-                      _PAYMENT_KIND_VALUES and again == "pay_purchase" else (), **args))
+        # the creating payment tool again sends *this* operation, never a second one.
+        if again == "pay_purchase":
+            return ("This payment was recorded but not sent yet; call pay_purchase again for "
+                    "this purchase — it sends this same payment, never a second one.",
+                    _tool("pay_purchase", SOON, needs=("payment_method",),
+                          purchase_id=op.purchase_id))
+        if again == "retry_failed_payment":
+            return ("This retry was recorded but not sent yet; call retry_failed_payment again "
+                    "for the failed payment — it sends this same retry, never a second one.",
+                    _tool("retry_failed_payment", SOON, operation_id=op.retry_of_id))
+        return (f"This {noun} is queued for the provider; do not request it again — call "
+                "get_operation in a few seconds.", _tool("get_operation", SOON, **get_op))
     if outcome == Outcome.DISPATCHING:
         return (f"This {noun} is being sent to the provider right now; do not call {again} "
                 "again — call get_operation in a few seconds.", _tool("get_operation", SOON,
                                                                       **get_op))
     if outcome == Outcome.UNKNOWN:
         if _reconcile_reads(op) == 0:
-            return (f"The provider may have applied this {noun}. Do not call {again} or "
-                    "create_purchase again; call reconcile_operation now.",
+            also = " or create_purchase" if noun == "payment" else ""
+            return (f"The provider may have applied this {noun}. Do not call {again}{also} "
+                    "again; call reconcile_operation now.",
                     _tool("reconcile_operation", 0, **get_op))
         return (f"The provider may have applied this {noun}. Do not call {again} again; call "
                 "get_operation in a minute.", _tool("get_operation", MINUTE, **get_op))
