@@ -362,18 +362,12 @@ def event_triage_by_user(*, event_pk: int, decision: str, user, reason: str,
     if event is None:
         raise ConsoleError("not_found", "No such event.", 404)
     fn = getattr(webhook_services, f"event_quarantine_{decision}")
-    purchase_id = getattr(event, "purchase_id", "") or ""
-    before = {"result": event.result, "reason": event.result_reason}
     try:
-        with transaction.atomic():
-            event = fn(event_id=event_pk, acting_user=user, reason=reason)
-            audit_write(user=user, action=f"console.event_{decision}",
-                        target_type="provider_event", target_id=str(event_pk),
-                        purchase_id=purchase_id, reason=reason, ip=ip, before=before,
-                        after={"result": event.result, "reason": event.result_reason})
+        # webhooks.services locks the event, changes it and writes the audit row (with
+        # this request's IP, before and after) in one transaction.
+        return fn(event_id=event_pk, acting_user=user, reason=reason, ip=ip)
     except _domain_error() as e:
         raise ConsoleError(e.code, e.message, e.status) from e
-    return event
 
 
 # ------------------------------------------------------------------ login limits

@@ -159,8 +159,11 @@ def test_quarantine_dismiss_and_release(login):
     client.post(reverse("support:event-triage", args=[events[1].pk, "release"]),
                 {"reason": "operation corrected", **CONFIRM})
     assert ProviderEvent.objects.get(pk=events[1].pk).result != EventResult.QUARANTINED
-    assert AuditEntry.objects.filter(action__in=["console.event_dismiss",
-                                                 "console.event_release"]).count() == 2
+    entries = AuditEntry.objects.filter(target_type="provider_event")
+    assert sorted(e.action for e in entries) == ["webhook_event_dismiss",
+                                                 "webhook_event_release"]
+    assert all(e.ip == "127.0.0.1" and e.actor == "olga" for e in entries)
+    assert entries.get(action="webhook_event_dismiss").before["result"] == "quarantined"
     queue = client.get(reverse("support:queue", args=["quarantined"])).content.decode()
     assert "evt_q" not in queue and "Empty." in queue
 
