@@ -102,6 +102,11 @@ def _serve_asgi_once(request: HttpRequest) -> HttpResponse:
 
 @csrf_exempt
 def mcp_endpoint(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        # No standalone server-sent event stream (GET) and no sessions (DELETE): the
+        # transport is stateless JSON, and a WSGI worker must not hold a stream open.
+        # 405 is how the MCP spec says "not offered"; clients carry on with POST.
+        return HttpResponse(status=405, headers={"Allow": "POST"})
     if authenticate_key(_key_from_headers(request.headers)) is None:
         return HttpResponse(json.dumps(_STATUS_TEXT_401), status=401,
                             content_type="application/problem+json",

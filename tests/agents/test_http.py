@@ -72,3 +72,11 @@ def test_an_agent_pays_over_http_and_scopes_apply(mcp_url, product, agent_key, l
     refused, _ = run_http_agent(mcp_url, reader_key, reader)
     assert refused["refusal"]["code"] == "forbidden_scope"
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"], kind="refund").count() == 0
+
+
+def test_no_server_sent_event_stream_is_offered(mcp_url, agent_key):
+    # Stateless JSON transport: a GET stream (or session DELETE) is answered 405, which
+    # clients treat as "no standalone stream", never a 500.
+    headers = {"Authorization": f"Api-Key {agent_key}", "Accept": "text/event-stream"}
+    assert requests.get(mcp_url, headers=headers, timeout=10).status_code == 405
+    assert requests.delete(mcp_url, headers=headers, timeout=10).status_code == 405
