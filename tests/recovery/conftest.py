@@ -105,3 +105,59 @@ def worker_logs():
         lines = [line for line in log.read_text(errors="replace").splitlines()
                  if any(k in line for k in keep)][-60:]
         print(f"--- {log.name}\n" + "\n".join(lines))
+
+
+def settle(timeout: float = 30.0) -> None:
+    """Bring the outbox to rest: drain what is due here, and wait for messages another
+    worker (the session `celery_worker`, if one is running) has claimed to finish.
+
+    Tests assert final states after settle(): whichever process handled a message, the
+    result must be the same — that is the point of the outbox.
+    """
+    import time
+
+    from django.db.models import Q
+    from django.utils import timezone
+
+    from recovery.models import OutboxMessage
+    from recovery.relay import relay_drain_once
+
+    deadline = time.monotonic() + timeout
+    while True:
+        while relay_drain_once():
+            pass
+        now = timezone.now()
+        busy = OutboxMessage.objects.filter(processed_at__isnull=True).filter(
+            Q(available_at__lte=now, attempts__lt=5) | Q(claimed_until__gt=now)).exists()
+        if not busy:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("outbox did not come to rest")
+        time.sleep(0.05)
+
+
+def lift_halt_quietly(name: str) -> None:
+    """Remove a halt used as a test fence without halt_clear's RUN_STEPS kick, so only
+    the test itself resumes the purchase."""
+    from recovery.models import WorkflowHalt
+
+    WorkflowHalt.objects.filter(name=name).delete()
+
+
+@pytest.fixture(autouse=True)
+def _no_claims_at_teardown(transactional_db):
+    """A worker still writing while the database is flushed deadlocks the TRUNCATE:
+    wait (briefly) until no claimed message is being handled."""
+    import time
+
+    yield
+    from django.utils import timezone
+
+    from recovery.models import OutboxMessage
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not OutboxMessage.objects.filter(processed_at__isnull=True,
+                                            claimed_until__gt=timezone.now()).exists():
+            return
+        time.sleep(0.05)

@@ -1,9 +1,14 @@
 """The orchestrator against real payments at localstripe: effects exactly once, resume,
-unknown never satisfies a dependency, policies (compensate / manual), at-most-once e-mail."""
+unknown never satisfies a dependency, policies (compensate / void / manual), at-most-once
+e-mail, deliverables.
+
+A session Celery worker may be running (other test packages start it): every outbox
+message may be handled by it or by this process. Tests therefore fence with step halts
+where they need a purchase to wait, call `settle()` and assert final states.
+"""
 from datetime import timedelta
 
 import pytest
-from django.core import mail
 from django.utils import timezone
 
 from payments import services as pay
@@ -16,8 +21,6 @@ from recovery.models import (
     InventoryCommit,
     LedgerEntry,
     Order,
-    OutboxCategory,
-    OutboxMessage,
     RecoveryDecision,
     StepRun,
     StepState,
@@ -29,9 +32,8 @@ from recovery.orchestrator import (
     purchase_fulfil,
     step_resolve,
 )
-from recovery.relay import relay_drain_once
 from recovery.selectors import compensation_needed_count, steps_for_purchase
-from tests.recovery.conftest import run_concurrently
+from tests.recovery.conftest import lift_halt_quietly, run_concurrently, settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,6 +50,9 @@ def _effects(purchase_id):
     }
 
 
+ONCE = {"order": 1, "inventory": 1, "ledger": 2, "email": 1, "crm": 1}  # ledger: two sides
+
+
 def _fulfil_or_retry_later(purchase_id):
     """One delivery of RUN_STEPS: a run that meets another worker's lease asks to retry."""
     try:
@@ -56,10 +61,13 @@ def _fulfil_or_retry_later(purchase_id):
         return "retry_later"
 
 
-def _drain():
-    """Handle outbox messages until none is due (follow-ups write further messages)."""
-    while relay_drain_once():
-        pass
+def _status(purchase):
+    return Purchase.objects.get(id=purchase.id).status
+
+
+def _decisions(purchase):
+    return list(RecoveryDecision.objects.filter(purchase_id=purchase.id)
+                .values_list("decision", flat=True))
 
 
 def _sell_out(purchase):
@@ -67,61 +75,68 @@ def _sell_out(purchase):
     Product.objects.filter(sku=purchase.quote.items[0]["sku"]).update(stock=0)
 
 
-ONCE = {"order": 1, "inventory": 1, "ledger": 2, "email": 1, "crm": 1}  # ledger: two sides
+def _paid_and_waiting_at(step, new_purchase, pay_now, **product):
+    """A paid purchase whose steps wait at `step` (fence lifted without a kick)."""
+    purchase = new_purchase(**product)
+    halt_set(name=f"step:{step}", reason="test fence", actor="test")
+    op = pay_now(purchase)
+    settle()
+    lift_halt_quietly(f"step:{step}")
+    return purchase, op
 
 
 def test_each_step_effect_happens_once_under_redelivery_and_concurrency(
         new_purchase, pay_now, localstripe):
-    purchase = new_purchase(stock=10, quantity=2)
-    op = pay_now(purchase)
+    purchase, op = _paid_and_waiting_at("order", new_purchase, pay_now, stock=10, quantity=2)
     assert op.outcome == Outcome.SUCCEEDED
+    assert set(steps_for_purchase(purchase.id).values()) == {StepState.PENDING}
 
-    # Redelivered three times in a row, then three workers at once.
-    assert [purchase_fulfil(purchase_id=purchase.id) for _ in range(3)] == [COMPLETED] * 3
-    run_concurrently(lambda: _fulfil_or_retry_later(purchase.id), 3)
+    # Four deliveries at once, then three redeliveries in a row.
+    run_concurrently(lambda: _fulfil_or_retry_later(purchase.id), 4)
+    assert [_fulfil_or_retry_later(purchase.id) for _ in range(3)] == [COMPLETED] * 3
+    settle()
 
     assert _effects(purchase.id) == ONCE
-    assert len(mail.outbox) == 1 and mail.outbox[0].to == ["buyer@example.com"]
+    assert StepRun.objects.filter(purchase_id=purchase.id).count() == 5
     assert Product.objects.get(sku=purchase.quote.items[0]["sku"]).stock == 8
     ledger = LedgerEntry.objects.filter(purchase_id=purchase.id)
     assert sum(e.amount for e in ledger) == 0  # double entry balances
     assert ledger.get(account="provider_balance").amount == op.amount
-    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.COMPLETED
-    assert list(RecoveryDecision.objects.filter(purchase_id=purchase.id)
-                .values_list("decision", flat=True)) == ["completed_forward"]
+    assert _status(purchase) == PurchaseStatus.COMPLETED
+    assert _decisions(purchase) == ["completed_forward"]
     assert set(steps_for_purchase(purchase.id).values()) == {StepState.DONE}
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1  # never charges
 
 
-def test_concurrent_first_runs_create_one_of_each(new_purchase, pay_now):
+def test_paid_purchase_completes_forward_through_the_outbox(new_purchase, pay_now):
     purchase = new_purchase()
-    pay_now(purchase)
+    pay_now(purchase)  # the core writes RUN_STEPS; whoever drains it runs the steps
 
-    run_concurrently(lambda: _fulfil_or_retry_later(purchase.id), 4)
-    assert purchase_fulfil(purchase_id=purchase.id) == COMPLETED  # the retried delivery
+    settle()
 
     assert _effects(purchase.id) == ONCE
-    assert StepRun.objects.filter(purchase_id=purchase.id).count() == 5
+    assert _status(purchase) == PurchaseStatus.COMPLETED
+    email = EmailMessage.objects.get(purchase_id=purchase.id)
+    assert email.to == "buyer@example.com" and email.kind == "confirmation"
 
 
 def test_resumes_from_the_first_incomplete_step(new_purchase, pay_now):
     purchase = new_purchase()
-    pay_now(purchase)
     halt_set(name="step:ledger", reason="ledger writer broken", actor="op1")
+    pay_now(purchase)
+    settle()
 
-    assert purchase_fulfil(purchase_id=purchase.id) == "halted"
     assert steps_for_purchase(purchase.id) == {
         "order": "done", "inventory": "done", "ledger": "pending", "confirmation": "pending",
         "crm": "pending"}
     assert _effects(purchase.id)["email"] == 0  # later steps wait
-    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.FULFILLING
+    assert _status(purchase) == PurchaseStatus.FULFILLING
 
-    halt_clear(name="step:ledger", actor="op1", reason="fixed")
-    assert OutboxMessage.objects.filter(category=OutboxCategory.RUN_STEPS,
-                                        processed_at__isnull=True).exists()
-    assert purchase_fulfil(purchase_id=purchase.id) == COMPLETED
+    halt_clear(name="step:ledger", actor="op1", reason="fixed")  # writes RUN_STEPS
+    settle()
 
     assert _effects(purchase.id) == ONCE
+    assert _status(purchase) == PurchaseStatus.COMPLETED
     runs = dict(StepRun.objects.filter(purchase_id=purchase.id).values_list("step", "attempts"))
     assert runs["order"] == 1 and runs["inventory"] == 1  # done steps were not re-run
 
@@ -135,16 +150,18 @@ def test_unknown_payment_produces_no_order_and_no_email(new_purchase, api_client
     op = pay.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.UNKNOWN
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
+    settle()
 
     assert purchase_fulfil(purchase_id=purchase.id) == NOT_READY
     assert _effects(purchase.id) == dict.fromkeys(ONCE, 0)
     assert not StepRun.objects.filter(purchase_id=purchase.id).exists()
-    assert mail.outbox == []
+    assert not EmailMessage.objects.filter(purchase_id=purchase.id).exists()
 
     # Evidence arrives (read-back): now the steps run, once; still one charge.
     pay.operation_reconcile(operation_id=op.id)
-    assert purchase_fulfil(purchase_id=purchase.id) == COMPLETED
+    settle()
     assert _effects(purchase.id) == ONCE
+    assert _status(purchase) == PurchaseStatus.COMPLETED
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
 
 
@@ -152,31 +169,33 @@ def test_inventory_failure_compensates_with_one_linked_refund(new_purchase, pay_
                                                               localstripe):
     purchase = new_purchase(stock=1)
     _sell_out(purchase)  # the inventory commit will be refused
+    halt_set(name="refunds", reason="hold compensation for a look", actor="op1")
     charge = pay_now(purchase)
+    settle()
 
-    assert purchase_fulfil(purchase_id=purchase.id) == StepState.COMPENSATED
-    # Redelivered and concurrent runs do not start a second compensation.
-    purchase_fulfil(purchase_id=purchase.id)
+    # The policy decided to compensate, and the refunds halt holds the refund back.
+    assert StepRun.objects.get(purchase_id=purchase.id, step="inventory").state == \
+        StepState.COMPENSATED
+    assert not PaymentOperation.objects.filter(purchase_id=purchase.id, kind="refund").exists()
+    assert compensation_needed_count() == 1
+
+    halt_clear(name="refunds", actor="op1", reason="go ahead")
+    # Redelivered and concurrent runs start one compensation between them.
     run_concurrently(lambda: _fulfil_or_retry_later(purchase.id), 3)
+    purchase_fulfil(purchase_id=purchase.id)
+    settle()  # DISPATCH, then OPERATION_SETTLED
 
     [refund] = PaymentOperation.objects.filter(purchase_id=purchase.id, kind="refund")
     assert refund.is_compensation and refund.parent_id == charge.id
     assert refund.idempotency_key != charge.idempotency_key  # its own key
-    assert compensation_needed_count() == 1  # until the provider confirms the refund
-
-    _drain()  # DISPATCH, then OPERATION_SETTLED
-
-    assert compensation_needed_count() == 0
-
-    refund = PaymentOperation.objects.get(id=refund.id)
     assert refund.outcome == Outcome.SUCCEEDED
     assert len(localstripe.refunds_for(charge.provider_reference)) == 1
-    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.REFUNDED
+    assert _status(purchase) == PurchaseStatus.REFUNDED
+    assert compensation_needed_count() == 0
     assert Order.objects.filter(purchase_id=purchase.id).count() == 1  # no duplicate order
     assert InventoryCommit.objects.filter(purchase_id=purchase.id).count() == 0
-    assert EmailMessage.objects.filter(purchase_id=purchase.id).count() == 0
-    assert list(RecoveryDecision.objects.filter(purchase_id=purchase.id)
-                .values_list("decision", flat=True)) == ["compensated"]
+    assert not EmailMessage.objects.filter(purchase_id=purchase.id).exists()
+    assert _decisions(purchase) == ["compensated"]
     refund_ledger = LedgerEntry.objects.filter(operation_id=refund.id)
     assert sorted(e.amount for e in refund_ledger) == [-charge.amount, charge.amount]
 
@@ -184,81 +203,72 @@ def test_inventory_failure_compensates_with_one_linked_refund(new_purchase, pay_
 def test_authorization_is_voided_when_a_step_fails_before_capture(new_purchase, pay_now,
                                                                   localstripe):
     purchase = new_purchase(stock=1)
-    _sell_out(purchase)  # the inventory commit will be refused
+    _sell_out(purchase)
     auth = pay_now(purchase, capture="manual")
-    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.PAID
-
-    assert purchase_fulfil(purchase_id=purchase.id) == StepState.COMPENSATED
-    _drain()
+    settle()
 
     [void] = PaymentOperation.objects.filter(purchase_id=purchase.id, kind="void")
     assert void.outcome == Outcome.SUCCEEDED and void.is_compensation
     [pi] = localstripe.payment_intents_for(purchase.id)
     assert pi["status"] == "canceled"
     assert localstripe.refunds_for(auth.provider_reference) == []
-    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.VOIDED
+    assert _status(purchase) == PurchaseStatus.VOIDED
+    assert _decisions(purchase) == ["compensated"]
 
 
 def test_manual_policy_sends_the_purchase_to_review_without_moving_money(
         new_purchase, pay_now, localstripe):
     purchase = new_purchase(stock=1, step_policy={"inventory": "manual"})
-    _sell_out(purchase)  # the inventory commit will be refused
+    _sell_out(purchase)
     charge = pay_now(purchase)
+    settle()
 
-    assert purchase_fulfil(purchase_id=purchase.id) == StepState.MANUAL
-    assert purchase_fulfil(purchase_id=purchase.id) == "not_ready"  # in review now
-
-    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.MANUAL_REVIEW
+    assert _status(purchase) == PurchaseStatus.MANUAL_REVIEW
+    assert purchase_fulfil(purchase_id=purchase.id) == NOT_READY  # a person decides now
+    assert StepRun.objects.get(purchase_id=purchase.id, step="inventory").state == \
+        StepState.MANUAL
     assert not PaymentOperation.objects.filter(purchase_id=purchase.id, kind="refund").exists()
     assert localstripe.refunds_for(charge.provider_reference) == []
-    assert list(RecoveryDecision.objects.filter(purchase_id=purchase.id)
-                .values_list("decision", flat=True)) == ["manual"]
+    assert _decisions(purchase) == ["manual"]
     assert compensation_needed_count() == 1  # waits for a person
 
 
 def test_confirmation_found_running_after_a_crash_is_unknown_and_not_resent(
         new_purchase, pay_now):
-    purchase = new_purchase()
-    pay_now(purchase)
-    halt_set(name="step:confirmation", reason="mail relay incident", actor="op1")
-    purchase_fulfil(purchase_id=purchase.id)
+    purchase, _ = _paid_and_waiting_at("confirmation", new_purchase, pay_now)
     # What a worker killed mid-send leaves: the attempt recorded, the step running.
     EmailMessage.objects.create(purchase_id=purchase.id, kind="confirmation",
                                 to="buyer@example.com", subject="Order confirmed")
     StepRun.objects.filter(purchase_id=purchase.id, step="confirmation").update(
         state=StepState.RUNNING, attempts=1, started_at=timezone.now() - timedelta(hours=1))
-    WorkflowHalt = halt_set.__globals__["WorkflowHalt"]
-    WorkflowHalt.objects.all().delete()
 
     assert purchase_fulfil(purchase_id=purchase.id) == StepState.UNKNOWN
-    purchase_fulfil(purchase_id=purchase.id)
+    assert purchase_fulfil(purchase_id=purchase.id) == NOT_READY
 
-    assert mail.outbox == []  # not resent without review
-    assert EmailMessage.objects.get(purchase_id=purchase.id).sent_at is None
-    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.MANUAL_REVIEW
+    assert EmailMessage.objects.get(purchase_id=purchase.id).sent_at is None  # not resent
+    assert _status(purchase) == PurchaseStatus.MANUAL_REVIEW
     assert CrmUpdate.objects.filter(purchase_id=purchase.id).count() == 0
+    assert compensation_needed_count() == 1
 
     # A person checked the mail log: it never left. Resend once, finish the purchase.
     step_resolve(purchase_id=purchase.id, step="confirmation", resolution="retry",
                  actor="op2", reason="mail relay log shows no delivery")
-    assert purchase_fulfil(purchase_id=purchase.id) == COMPLETED
-    assert len(mail.outbox) == 1
+    settle()
+    assert _status(purchase) == PurchaseStatus.COMPLETED
     assert _effects(purchase.id) == ONCE
+    assert EmailMessage.objects.filter(purchase_id=purchase.id).count() == 1
 
 
 def test_a_send_in_progress_is_left_to_its_worker(new_purchase, pay_now):
-    purchase = new_purchase()
-    pay_now(purchase)
-    halt_set(name="step:confirmation", reason="hold", actor="op1")
-    purchase_fulfil(purchase_id=purchase.id)
+    purchase, _ = _paid_and_waiting_at("confirmation", new_purchase, pay_now)
     StepRun.objects.filter(purchase_id=purchase.id, step="confirmation").update(
         state=StepState.RUNNING, started_at=timezone.now())
-    halt_clear(name="step:confirmation", actor="op1", reason="go")
 
     with pytest.raises(StepRetryLater):  # the message backs off; the sender keeps it
         purchase_fulfil(purchase_id=purchase.id)
+
     assert StepRun.objects.get(purchase_id=purchase.id, step="confirmation").state == "running"
-    assert mail.outbox == []
+    assert not EmailMessage.objects.filter(purchase_id=purchase.id).exists()
 
 
 def test_digital_goods_get_a_deliverable_kept_for_redelivery(new_purchase, pay_now):
@@ -266,9 +276,8 @@ def test_digital_goods_get_a_deliverable_kept_for_redelivery(new_purchase, pay_n
 
     purchase = new_purchase(kind="digital", stock=5)
     pay_now(purchase)
-
+    settle()
     assert purchase_fulfil(purchase_id=purchase.id) == COMPLETED
-    purchase_fulfil(purchase_id=purchase.id)
 
     run = StepRun.objects.get(purchase_id=purchase.id, step="deliverable")
     assert run.external_reference.startswith("job_") and run.attempts == 1
@@ -276,3 +285,4 @@ def test_digital_goods_get_a_deliverable_kept_for_redelivery(new_purchase, pay_n
     assert stored["result"]["licence_key"] and stored["expires_at"] > timezone.now()
     assert "deliverable" in steps_for_purchase(purchase.id)
     assert Product.objects.get(sku=purchase.quote.items[0]["sku"]).stock == 5  # not counted
+    assert _status(purchase) == PurchaseStatus.COMPLETED

@@ -28,8 +28,13 @@ def test_paid_without_order_and_unknown_queue(new_purchase, pay_now, api_client,
     from payments import services as pay
     from payments.models import Purchase
 
+    from recovery.halts import halt_set
+    from tests.recovery.conftest import settle
+
     paid = new_purchase()
+    halt_set(name="step:order", reason="order writer down", actor="op1")
     pay_now(paid)
+    settle()
     Purchase.objects.filter(id=paid.id).update(updated_at=timezone.now() - timedelta(hours=1))
     unknown = new_purchase()
     op = pay.payment_create(purchase_id=unknown.id, api_client=api_client,

@@ -2,8 +2,9 @@
 import pytest
 
 from recovery.models import LedgerEntry, SettlementDiscrepancy
-from recovery.orchestrator import purchase_fulfil
+from recovery.halts import halt_clear, halt_set
 from recovery.settlement import settlement_compare
+from tests.recovery.conftest import settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -18,7 +19,7 @@ def test_ledger_and_provider_differences_become_discrepancies(new_purchase, pay_
     matched, tampered = new_purchase(), new_purchase()
     for purchase in (matched, tampered):
         pay_now(purchase)
-        purchase_fulfil(purchase_id=purchase.id)
+    settle()  # fulfilment books the sales
     [matched_sale] = LedgerEntry.objects.filter(purchase_id=matched.id, entry_type="sale",
                                                 account="provider_balance")
     [tampered_sale] = LedgerEntry.objects.filter(purchase_id=tampered.id, entry_type="sale",
@@ -53,11 +54,14 @@ def test_ledger_and_provider_differences_become_discrepancies(new_purchase, pay_
 
 def test_provider_money_unknown_to_the_ledger_is_flagged(new_purchase, pay_now):
     purchase = new_purchase()
-    op = pay_now(purchase)  # paid, but the ledger step has not run
+    halt_set(name="step:ledger", reason="ledger writer down", actor="op1")
+    op = pay_now(purchase)  # paid, but the ledger step waits
+    settle()
 
     settlement_compare(grace_seconds=0)
 
     assert _open(op.provider_charge) == {"missing_locally"}
-    purchase_fulfil(purchase_id=purchase.id)
+    halt_clear(name="step:ledger", actor="op1", reason="fixed")
+    settle()
     settlement_compare(grace_seconds=0)
     assert _open(op.provider_charge) == set()

@@ -37,10 +37,10 @@ from recovery.models import (
     StepState,
     WorkflowHalt,
 )
-from recovery.orchestrator import COMPLETED, purchase_fulfil
+from recovery.orchestrator import purchase_fulfil
 from recovery.reconciler import reconcile_due
 from tests.conftest import ROOT, wait_for
-from tests.recovery.conftest import wait_outbox_idle
+from tests.recovery.conftest import settle, wait_outbox_idle
 from tests.stack import free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("worker_logs")]
@@ -234,7 +234,8 @@ def test_provider_unreachable_during_reconcile_stays_unknown_and_halt_blocks_cha
                            payment_method="pm_card_visa")
     assert refused.value.code == "workflow_halted"
     assert pay.operation_reconcile(operation_id=op.id).outcome == Outcome.SUCCEEDED
-    assert purchase_fulfil(purchase_id=purchase.id) == COMPLETED
+    settle()
+    assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.COMPLETED
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
     assert localstripe.payment_intents_for(other.id) == []
 
