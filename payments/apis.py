@@ -114,8 +114,7 @@ def _render_current(resource_type: str, resource_id: str) -> dict:
 
 def _location(resource_type: str, resource_id: str) -> str:
     return {"operation": f"/api/v1/operations/{resource_id}",
-            "purchase": f"/api/v1/purchases/{resource_id}",
-            "quote": f"/api/v1/quotes/{resource_id}"}[resource_type]
+            "purchase": f"/api/v1/purchases/{resource_id}"}[resource_type]
 
 
 # Refusals that stop a duplicate money movement or a duplicate in-flight request (metrics).

@@ -66,11 +66,43 @@ def product(db):
     return ProductFactory(price=2500, stock=1000)
 
 
+def settle_outbox(timeout: float = 15.0) -> None:
+    """Let follow-up work a test committed finish before the database is flushed.
+
+    A payment writes outbox rows and kicks the relay on commit; the session's Celery worker
+    (if a test started it) may be handling them when pytest-django truncates the tables,
+    and TRUNCATE against a worker's row locks deadlocks — leaving data behind for every
+    later test. So: drain what is due here (the relay's claims are SKIP LOCKED, safe next
+    to the worker) until nothing is due or being handled.
+    """
+    import time
+
+    from django.db import connection
+    from django.db.models import Q
+    from django.utils import timezone
+
+    if connection.in_atomic_block:
+        return  # a rolled-back test: nothing was committed, nothing was kicked
+    from recovery.models import OutboxMessage
+    from recovery.relay import relay_drain_once
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        relay_drain_once()
+        now = timezone.now()
+        busy = OutboxMessage.objects.filter(processed_at__isnull=True).filter(
+            Q(available_at__lte=now) | Q(claimed_until__gt=now))
+        if not busy.exists():
+            return
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def storefront(db):
     client, key = make_client(scopes=ALL_SCOPES, limit=10_000_000, name="storefront",
                               auto_refund_limit=100_000)
-    return Api(key, client)
+    yield Api(key, client)
+    settle_outbox()
 
 
 @pytest.fixture

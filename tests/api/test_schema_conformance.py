@@ -20,7 +20,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from config.wsgi import application
-from tests.api.conftest import ALL_SCOPES, Api
+from tests.api.conftest import ALL_SCOPES, Api, settle_outbox
 from tests.factories import ProductFactory, make_client
 
 CONFIG = schemathesis.Config.from_dict({
@@ -60,7 +60,8 @@ class World:
 
 @pytest.fixture
 def world(transactional_db, localstripe):
-    return World()
+    yield World()
+    settle_outbox()
 
 
 @schema.parametrize()
