@@ -32,15 +32,20 @@ def _validate(name: str, reason: str, actor: str) -> None:
         raise HaltError("an actor is required")
 
 
-def _audit(*, actor: str, action: str, name: str, reason: str) -> None:
+def _audit(*, actor: str, action: str, name: str, reason: str, halted: bool) -> None:
     from support.models import AuditEntry
 
     AuditEntry.objects.create(actor=actor, action=action, target_type="workflow_halt",
-                              target_id=name, reason=reason)
+                              target_id=name, reason=reason, before={"halted": not halted},
+                              after={"halted": halted})
 
 
-def halt_set(*, name: str, reason: str, actor: str) -> WorkflowHalt:
-    """Halt a workflow or step. Setting an existing halt again is a no-op (no new audit)."""
+def halt_set(*, name: str, reason: str, actor: str, audit: bool = True) -> WorkflowHalt:
+    """Halt a workflow or step. Setting an existing halt again is a no-op (no new audit).
+
+    `audit=False` is for a caller that writes its own (richer) AuditEntry in the same
+    transaction — the console, which also records the request IP — so one action leaves
+    one audit row."""
     _validate(name, reason, actor)
     with transaction.atomic():
         # INSERT ... ON CONFLICT DO NOTHING RETURNING: tells whether this call set it.
@@ -50,20 +55,22 @@ def halt_set(*, name: str, reason: str, actor: str) -> WorkflowHalt:
                 " VALUES (%s, %s, %s, %s) ON CONFLICT (name) DO NOTHING RETURNING id",
                 [name, reason, actor, timezone.now()])
             inserted = cursor.fetchone() is not None
-        if inserted:
-            _audit(actor=actor, action="halt_set", name=name, reason=reason)
+        if inserted and audit:
+            _audit(actor=actor, action="halt_set", name=name, reason=reason, halted=True)
         halt = WorkflowHalt.objects.get(name=name)
     return halt
 
 
-def halt_clear(*, name: str, actor: str, reason: str) -> bool:
-    """Clear a halt; returns False if it was not set. Resumes purchases waiting on a step."""
+def halt_clear(*, name: str, actor: str, reason: str, audit: bool = True) -> bool:
+    """Clear a halt; returns False if it was not set. Resumes purchases waiting on a step.
+    `audit` as for halt_set."""
     _validate(name, reason, actor)
     with transaction.atomic():
         deleted, _ = WorkflowHalt.objects.filter(name=name).delete()
         if not deleted:
             return False
-        _audit(actor=actor, action="halt_clear", name=name, reason=reason)
+        if audit:
+            _audit(actor=actor, action="halt_clear", name=name, reason=reason, halted=False)
         if name.startswith(STEP_HALT_PREFIX):
             _resume_waiting_on_step(name[len(STEP_HALT_PREFIX):])
     return True

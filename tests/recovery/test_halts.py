@@ -62,3 +62,10 @@ def test_checkout_halt_refuses_new_charges_and_refund_halt_refuses_compensation(
     with pytest.raises(DomainError) as refused:
         pay.refund_request(purchase_id=purchase.id, compensation=True)
     assert refused.value.code == "workflow_halted"
+
+
+def test_a_caller_writing_its_own_audit_row_can_skip_ours():
+    halt_set(name="checkout", reason="incident", actor="olga", audit=False)
+    assert is_halted("checkout") and not AuditEntry.objects.exists()
+    assert halt_clear(name="checkout", actor="olga", reason="over", audit=False)
+    assert not AuditEntry.objects.exists()
