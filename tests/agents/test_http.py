@@ -3,11 +3,11 @@ over a real (loopback) HTTP server: Api-Key authentication and the same scopes."
 from __future__ import annotations
 
 import anyio
+import httpx2
 import pytest
 import requests
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 from payments.models import PaymentOperation
 from tests.agents.conftest import Transcript
@@ -26,7 +26,7 @@ def run_http_agent(url: str, key: str, script):
     transcript = Transcript()
 
     async def main():
-        http = create_mcp_http_client(headers={"Authorization": f"Api-Key {key}"})
+        http = httpx2.AsyncClient(headers={"Authorization": f"Api-Key {key}"}, timeout=60)
         async with http, Client(streamable_http_client(url, http_client=http),
                                 read_timeout_seconds=30) as client:
             return await script(client, lambda name, **a: transcript.call(client, name, **a))
