@@ -205,7 +205,7 @@ def drain(env: dict, seconds: float) -> float:
 
     from payments.enums import Outcome
     from payments.models import PaymentOperation
-    from recovery.models import OutboxMessage
+    from recovery.models import OutboxMessage, StepRun
 
     start = time.monotonic()
     stable = 0
@@ -213,7 +213,8 @@ def drain(env: dict, seconds: float) -> float:
         busy = (PaymentOperation.objects.filter(outcome__in=[Outcome.DISPATCHING,
                                                              Outcome.PENDING]).count()
                 + OutboxMessage.objects.filter(processed_at__isnull=True,
-                                               available_at__lte=timezone.now()).count())
+                                               available_at__lte=timezone.now()).count()
+                + StepRun.objects.filter(state__in=["pending", "running"]).count())
         stable = stable + 1 if busy == 0 else 0
         if stable >= 5:
             break
@@ -240,6 +241,9 @@ def main(argv=None) -> int:
                "STRIPE_CONNECT_TIMEOUT": "2", "STRIPE_READ_TIMEOUT": "5",
                "DISPATCH_LEASE_SECONDS": "12", "RECONCILE_SCHEDULE_SECONDS": "2,4,8",
                "OUTBOX_SWEEP_SECONDS": "1", "API_THROTTLE_RATE": "100000/min",
+               "STEP_LEASE_SECONDS": "10", "EMAIL_TIMEOUT": "5",
+               "PAID_WITHOUT_ORDER_SECONDS": "5", "STALLED_FULFILMENT_SWEEP_SECONDS": "2",
+               "RECONCILE_SWEEP_SECONDS": "1", "DEAD_DISPATCH_SWEEP_SECONDS": "2",
                "FAULT_DRILL_RANDOM_RATE": str(args.fault_rate),
                "FAULT_DRILL_RANDOM_SEED": str(args.seed),
                "CELERY_DB_REUSE_MAX": "1000"}

@@ -64,25 +64,51 @@ def localstripe() -> Localstripe:
     return Localstripe(settings.STRIPE_API_BASE, settings.STRIPE_API_KEY)
 
 
-@pytest.fixture(scope="session")
-def celery_worker(django_db_setup, django_db_blocker):
-    """A real Celery worker process on the throwaway Redis, using the test database."""
+@pytest.fixture
+def celery_worker(transactional_db):
+    """A real Celery worker process on the throwaway Redis, using the test database.
+
+    Function-scoped on purpose: a worker that outlived its test would drain later tests'
+    outbox rows behind their backs and deadlock the test database flush. The broker is
+    emptied first (other tests' on_commit kicks pile up there), and at teardown the
+    worker is given time to finish what it claimed before it is stopped.
+    """
+    import redis as redis_lib
+
+    redis_lib.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
     db = settings.DATABASES["default"]
     url = (f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}")
     env = {**os.environ, "DATABASE_URL": url, "CELERY_DB_REUSE_MAX": "1000"}
-    log = open(Path(os.environ.get("VERITY_STACK_DIR", "/tmp")) / "worker.log", "wb")
+    log = open(Path(os.environ.get("VERITY_STACK_DIR", "/tmp")) / "worker.log", "ab")
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
          "--concurrency", "2", "--pool", "threads", "--without-gossip", "--without-mingle",
          "--without-heartbeat"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    time.sleep(0.5)
     yield proc
-    os.killpg(proc.pid, signal.SIGTERM)
+    _wait_outbox_quiet(timeout=15)
+    os.killpg(proc.pid, signal.SIGTERM)  # warm shutdown: running tasks finish first
     try:
-        proc.wait(10)
+        proc.wait(15)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _wait_outbox_quiet(timeout: float) -> None:
+    from django.utils import timezone
+
+    from recovery.models import OutboxMessage
+
+    def quiet():
+        now = timezone.now()
+        return not OutboxMessage.objects.filter(processed_at__isnull=True,
+                                                claimed_until__gt=now).exists()
+
+    try:
+        wait_for(quiet, timeout=timeout)
+    except AssertionError:
+        pass  # a handler that hangs: the worker is stopped anyway
 
 
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1):
