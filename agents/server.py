@@ -62,7 +62,7 @@ def _unauthenticated(message: str) -> AgentResult:
         refusal=tools.Refusal(code="unauthenticated", message=message))
 
 
-def _key_from_headers(headers) -> str | None:
+def key_from_headers(headers) -> str | None:
     if not headers:
         return None
     value = headers.get("authorization") or headers.get("Authorization") or ""
@@ -149,7 +149,7 @@ def build_server(*, api_key: str | None = None,
     def call(name: str, ctx: Context, fn: Callable[..., AgentResult], **kwargs) -> CallToolResult:
         close_old_connections()
         try:
-            key = api_key if api_key is not None else _key_from_headers(ctx.headers)
+            key = api_key if api_key is not None else key_from_headers(ctx.headers)
             client = authenticate_key(key)
             if client is None:
                 return _result(_unauthenticated(

@@ -18,15 +18,20 @@ cookie.
 from __future__ import annotations
 
 import json
+import logging
 from functools import lru_cache
 
 import anyio
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from .server import _key_from_headers, authenticate_key, build_server
+from .server import authenticate_key, build_server, key_from_headers
 
-_STATUS_TEXT_401 = {
+# The bridge starts and stops a session manager per request; its INFO start/stop lines
+# would be two log lines per tool call.
+logging.getLogger("mcp.server.streamable_http_manager").setLevel(logging.WARNING)
+
+_UNAUTHENTICATED = {
     "type": "urn:verity:problem:unauthenticated", "title": "Unauthenticated", "status": 401,
     "detail": "Send a valid key as 'Authorization: Api-Key <key>'.", "code": "unauthenticated",
 }
@@ -107,8 +112,8 @@ def mcp_endpoint(request: HttpRequest) -> HttpResponse:
         # transport is stateless JSON, and a WSGI worker must not hold a stream open.
         # 405 is how the MCP spec says "not offered"; clients carry on with POST.
         return HttpResponse(status=405, headers={"Allow": "POST"})
-    if authenticate_key(_key_from_headers(request.headers)) is None:
-        return HttpResponse(json.dumps(_STATUS_TEXT_401), status=401,
+    if authenticate_key(key_from_headers(request.headers)) is None:
+        return HttpResponse(json.dumps(_UNAUTHENTICATED), status=401,
                             content_type="application/problem+json",
                             headers={"WWW-Authenticate": 'Api-Key realm="mcp"'})
     return _serve_asgi_once(request)
