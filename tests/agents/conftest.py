@@ -3,13 +3,10 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db import connection
 
 from tests.factories import ProductFactory, make_client
 
@@ -64,37 +61,3 @@ def agent_key(db):
     _, key = make_client(scopes=("purchases:read", "purchases:write", "refunds:write"),
                          limit=1_000_000, name="agent")
     return key
-
-
-@contextmanager
-def relay_running(interval: float = 0.1):
-    """Drain the outbox in a background thread while the agent runs.
-
-    This is the code the `relay_drain` Celery task runs (recovery.relay), standing in for
-    the session-scoped `celery_worker`: started from tests/agents (the first package
-    alphabetically) that worker would keep draining every later package's outbox and
-    race their own drains and database flushes.
-    """
-    from recovery.relay import relay_drain_once
-
-    stop, errors = threading.Event(), []
-
-    def loop() -> None:
-        try:
-            while not stop.is_set():
-                if not relay_drain_once():
-                    stop.wait(interval)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=loop, name="test-relay", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(30)
-    if errors:
-        raise errors[0]

@@ -5,9 +5,6 @@ the provider's response to confirm after the provider applied it), and the agent
 does what careless agents do: pays three more times, opens another purchase for the same
 customer — then follows `next_tool` until there is nothing left to do. The money moved
 exactly once and exactly one order exists.
-
-The outbox is drained by the relay code in a test thread rather than by the session
-`celery_worker` (see tests/agents/conftest.py `relay_running` for why).
 """
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ from mcp import Client
 from payments.enums import PAYMENT_KINDS
 from payments.models import PaymentOperation, Purchase
 from recovery.models import Order
-from tests.agents.conftest import Transcript, relay_running, stdio_server_params
+from tests.agents.conftest import Transcript, stdio_server_params
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,7 +24,7 @@ FOLLOWABLE = {"reconcile_operation", "get_operation", "get_purchase"}
 
 
 def test_lost_answer_then_careless_retries_charge_once_and_make_one_order(
-        localstripe, product, agent_key):
+        celery_worker, localstripe, product, agent_key):
     transcript = Transcript()
     seen: dict = {}
 
@@ -97,11 +94,10 @@ def test_lost_answer_then_careless_retries_charge_once_and_make_one_order(
                 step = await call(client, next_tool["name"], **next_tool["arguments"])
             seen["last"] = step
 
-    # The recovery orchestrator makes the order from the outbox, as in production.
-    with relay_running():
-        anyio.run(agent)
-        purchase_id = seen["purchase"]
-        wait_for(lambda: Order.objects.filter(purchase_id=purchase_id).exists(), timeout=30)
+    anyio.run(agent)
+    purchase_id = seen["purchase"]
+    # The order is made by the recovery orchestrator on the real Celery worker.
+    wait_for(lambda: Order.objects.filter(purchase_id=purchase_id).exists(), timeout=30)
 
     # Exactly one provider charge and one PaymentIntent at localstripe.
     assert len(localstripe.succeeded_charges_for(purchase_id)) == 1, transcript
@@ -111,7 +107,7 @@ def test_lost_answer_then_careless_retries_charge_once_and_make_one_order(
     assert ops.count() == 1
     assert ops.get().outcome == "succeeded" and ops.get().verification == "provider"
     assert Purchase.objects.filter(customer_reference="cust-mcp").count() == 1
-    # One order, made by the recovery orchestrator.
+    # One order.
     assert Order.objects.filter(purchase_id=purchase_id).count() == 1
     # The agent stopped because there was nothing left to do, not because it gave up.
     assert seen["last"]["next_tool"] is None, transcript
