@@ -20,6 +20,7 @@ run: deps
 	mkdir -p var/broker/processed
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo
+	$(PY) manage.py seed_console_demo
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev start
 
 test: deps

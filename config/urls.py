@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from config import health
+from config import demo, health
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
@@ -13,5 +13,6 @@ urlpatterns = [
     path("webhooks/", include("webhooks.urls")),
     path("", include("recovery.urls")),
     path("", include("support.urls")),
+    path("demo-checkout/<str:purchase_id>", demo.demo_checkout, name="demo-checkout"),
     path("admin/", admin.site.urls),
 ]

@@ -31,3 +31,8 @@ def test_migrations_are_complete():
 
     out = StringIO()
     call_command("makemigrations", "--check", "--dry-run", stdout=out)
+
+
+def test_demo_checkout_stand_in_is_served(client):
+    response = client.get("/demo-checkout/pur_123")
+    assert response.status_code == 200 and b"pur_123" in response.content
