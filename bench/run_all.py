@@ -3,6 +3,7 @@
     make bench                                  # full sizes (long: see docs/performance.md)
     .venv/bin/python bench/run_all.py --quick   # small sizes, one run each: a smoke check
     .venv/bin/python bench/run_all.py --only webhook_ingest,outbox_drain
+    BENCH_ARGS="--quick" make bench
 
 Figures are medians of --runs runs; every headline is a ratio against a floor measured in
 the same run on the same PostgreSQL. Benchmarks print figures; they never assert timings.
@@ -38,7 +39,10 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma-separated subset of " +
                         ",".join(BENCHES))
     parser.add_argument("--json", help="write all rows and the machine as JSON here")
-    args = parser.parse_args()
+    parser.add_argument("--reconcile-n", type=int, help="unknown operations (default 10000)")
+    parser.add_argument("--scale-sizes", help="e.g. 10000,100000 (default up to 1000000)")
+    # `make bench` takes no arguments: BENCH_ARGS="--quick" make bench passes them through.
+    args = parser.parse_args(sys.argv[1:] + os.environ.get("BENCH_ARGS", "").split())
     require_wrk()
     names = [n for n in BENCHES if not args.only or n in args.only.split(",")]
     runs = args.runs or (1 if args.quick else 3)
@@ -48,8 +52,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="verity-bench-") as tmp:
         for name in names:
             out = Path(tmp) / f"{name}.json"
+            extra = list(BENCHES[name]["quick" if args.quick else "full"])
+            if name == "reconcile_sweep" and args.reconcile_n:
+                extra += ["--n", str(args.reconcile_n)]
+            if name == "scale" and args.scale_sizes:
+                extra += ["--sizes", args.scale_sizes]
             cmd = [PY, str(ROOT / "bench" / f"{name}.py"), "--json", str(out),
-                   "--runs", str(runs), *BENCHES[name]["quick" if args.quick else "full"]]
+                   "--runs", str(runs), *extra]
             print(f"\n### {name}: {' '.join(cmd[1:])}", flush=True)
             t = time.monotonic()
             proc = subprocess.run(cmd, cwd=ROOT, env=os.environ.copy())
