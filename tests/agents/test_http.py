@@ -18,7 +18,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def mcp_url(live_server, settings):
-    settings.ROOT_URLCONF = "tests.agents.urls"
+    from django.urls import Resolver404, resolve
+
+    try:
+        resolve("/mcp/")  # config/urls.py mounts agents.urls
+    except Resolver404:
+        settings.ROOT_URLCONF = "tests.agents.urls"
     return f"{live_server.url}/mcp/"
 
 
