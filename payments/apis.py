@@ -293,6 +293,47 @@ EXAMPLE_REUSED = OpenApiExample(
                            "message": "If this is a new intent, use a new key; if it is a "
                                       "retry, send the original body unchanged."}},
 )
+EXAMPLE_SUCCEEDED = OpenApiExample(
+    "Succeeded (201)", status_codes=["201"], response_only=True,
+    value={"id": "op_615aa03d", "purchase": "pur_5cc302c4", "purchase_status": "paid",
+           "kind": "charge", "amount": 2500, "currency": "usd", "capture": "automatic",
+           "outcome": "succeeded", "stage": "settled", "grade": "confirmed",
+           "verification": "provider", "reason": None,
+           "attempts": {"dispatch": 2, "reconcile": 0},
+           "hold": {"amount": 2500, "currency": "usd", "state": "consumed"},
+           "parent": None, "retry_of": None, "retried_by": None,
+           "next_action": {"owner": "none", "retry": "forbidden", "code": "charge_succeeded",
+                           "message": "Done; the provider confirmed this operation. Do not "
+                                      "send it again."},
+           "created_at": "2026-11-30T07:12:31Z", "settled_at": "2026-11-30T07:12:32Z"},
+)
+EXAMPLE_PURCHASE = OpenApiExample(
+    "Purchase awaiting payment", response_only=True, status_codes=["200", "201"],
+    value={"id": "pur_5cc302c4", "status": "awaiting_payment", "amount": 2500,
+           "currency": "usd", "quote": {"id": "quo_3a0487dd", "version": 1},
+           "customer": {"reference": "cust-42", "email": "ada@example.com"},
+           "payment": None,
+           "fulfillment": {"order": "pending", "inventory": "pending", "ledger": "pending",
+                           "confirmation": "pending", "crm": "pending"},
+           "order_reference": None,
+           "next_action": {"owner": "buyer", "retry": "new_operation",
+                           "code": "payment_required",
+                           "message": "Pay: POST /api/v1/purchases/pur_5cc302c4/payments "
+                                      "with a new Idempotency-Key."},
+           "customer_message": "No payment has been made for this purchase yet.",
+           "status_url": "http://127.0.0.1:8000/status/AviWGOJgaedQL0cZ/",
+           "created_at": "2026-11-30T07:12:30Z"},
+)
+EXAMPLE_LIMITS = OpenApiExample(
+    "Limits with an unknown payment", response_only=True,
+    value={"currency": "usd", "limit": 100000, "period": "none", "period_start": None,
+           "consumed": 2500, "reserved": 1800, "unknown_exposure": 1800, "available": 95700},
+)
+EXAMPLE_PRODUCTS = OpenApiExample(
+    "Catalogue", response_only=True,
+    value={"products": [{"sku": "TEA-001", "name": "Sencha green tea, 100 g", "price": 1250,
+                         "currency": "usd", "stock": 50, "kind": "physical"}]},
+)
 IDEMPOTENT_NOTE = (
     " Requires `Idempotency-Key`. A replay of a finished request answers 200 with the "
     "resource's current state and `Idempotent-Replayed: true`; the same key with another body "
@@ -312,7 +353,8 @@ class ProductListApi(ApiView):
     required_scopes = {"GET": READ}
 
     @extend_schema(operation_id="products_list", summary="The catalogue",
-                   responses={**_ok(200, ProductListOut, "Products"), **_problems()})
+                   responses={**_ok(200, ProductListOut, "Products", [EXAMPLE_PRODUCTS]),
+                              **_problems()})
     def get(self, request):
         return Response({"products": [selectors.product_view(p)
                                       for p in selectors.products_list()]})
@@ -363,7 +405,7 @@ class PurchaseCreateApi(ApiView):
         examples=[OpenApiExample("Purchase", request_only=True, value={
             "quote_id": "quo_1a2b3c", "quote_version": 1,
             "customer": {"reference": "cust-42", "email": "ada@example.com"}})],
-        responses={**_ok(201, PurchaseOut, "Purchase created"),
+        responses={**_ok(201, PurchaseOut, "Purchase created", [EXAMPLE_PURCHASE]),
                    **_ok(200, PurchaseOut, "Replay of a finished request"),
                    **_problems(409, 422, s409="quote_expired / quote_superseded / "
                                "customer_has_unresolved_purchase / request_in_progress",
@@ -394,7 +436,8 @@ class PurchaseDetailApi(ApiView):
     required_scopes = {"GET": READ}
 
     @extend_schema(operation_id="purchases_retrieve", summary="The purchase view",
-                   responses={**_ok(200, PurchaseOut, "Purchase"), **_problems()})
+                   responses={**_ok(200, PurchaseOut, "Purchase", [EXAMPLE_PURCHASE]),
+                              **_problems()})
     def get(self, request, purchase_id: str):
         return Response(selectors.purchase_view(_purchase_or_404(request, purchase_id)))
 
@@ -444,7 +487,8 @@ class PaymentCreateApi(ApiView):
             EXAMPLE_UNKNOWN, EXAMPLE_DECLINE, EXAMPLE_ALREADY_PAID, EXAMPLE_REUSED,
         ],
         responses={
-            **_ok(201, OperationOut, "Succeeded (charged, or authorized for manual capture)"),
+            **_ok(201, OperationOut, "Succeeded (charged, or authorized for manual capture)",
+                  examples=[EXAMPLE_SUCCEEDED]),
             **_ok(202, OperationOut, "Pending, awaiting or unknown: follow next_action",
                   examples=[EXAMPLE_UNKNOWN]),
             **_ok(200, OperationOut, "Replay of a finished request: current state"),
@@ -556,6 +600,8 @@ class RefundApi(_LinkedOperationApi):
         return services.refund_request(purchase_id=purchase.id, amount=data["amount"],
                                        api_client=request.auth)
 
+    @extend_schema(examples=[OpenApiExample("Partial refund", request_only=True,
+                                            value={"amount": 500})])
     @_linked_schema("purchases_refunds_create", "Refund a captured payment",
                     "Needs `refunds:write`. Starts `awaiting_approval` unless the client's "
                     "automatic-refund allowance covers it; shown as refunded only once the "
@@ -664,7 +710,7 @@ class ClientLimitsApi(ApiView):
     required_scopes = {"GET": READ}
 
     @extend_schema(operation_id="clients_me_limits", summary="Spending limit and exposure",
-                   responses={**_ok(200, LimitsOut, "Limits"), **_problems()})
+                   responses={**_ok(200, LimitsOut, "Limits", [EXAMPLE_LIMITS]), **_problems()})
     def get(self, request):
         return Response(selectors.client_limits(request.auth))
 
