@@ -37,6 +37,7 @@ REFUND_OUTCOMES = Counter(
 
 _BUCKETS = (1, 5, 15, 30, 60, 120, 300, 900, 1800, 3600, 4 * 3600, 86400)
 _WINDOW_HOURS = 24
+_READBACK_WINDOW_MINUTES = 15
 
 
 def _histogram(name: str, doc: str, values: list[float]) -> HistogramMetricFamily:
@@ -127,6 +128,56 @@ class DatabaseCollector:
         yield _histogram("verity_notification_delay_seconds",
                          "Provider success to confirmation e-mail sent (last 24 h)",
                          mail_delays)
+
+        yield from self._collect_alert_inputs()
+
+    def _collect_alert_inputs(self):
+        """Figures the alert rules in deploy/prometheus/alerts.yml need (issue 11)."""
+        from django.db.models import Min
+
+        from payments.enums import CallPurpose
+        from payments.models import ProviderCall
+
+        from . import selectors
+        from .models import OutboxMessage, WorkflowHalt
+
+        now = timezone.now()
+        # Past the grace period already (recovery.selectors.paid_without_order).
+        pwo = selectors.paid_without_order(limit=None)
+        agg = pwo.aggregate(n=Count("id"), oldest=Min("updated_at"))
+        yield GaugeMetricFamily("verity_paid_without_order",
+                                "Paid purchases with no order past the grace period",
+                                value=agg["n"])
+        yield GaugeMetricFamily(
+            "verity_paid_without_order_oldest_age_seconds",
+            "Age of the oldest paid-without-order purchase (since it was last updated)",
+            value=(now - agg["oldest"]).total_seconds() if agg["oldest"] else 0.0)
+
+        due = OutboxMessage.objects.filter(processed_at__isnull=True,
+                                           available_at__lte=now).aggregate(
+            oldest=Min("available_at"))["oldest"]
+        yield GaugeMetricFamily(
+            "verity_outbox_oldest_due_age_seconds",
+            "How long the oldest due, unprocessed outbox message has waited (relay lag)",
+            value=(now - due).total_seconds() if due else 0.0)
+
+        readbacks = GaugeMetricFamily(
+            "verity_reconcile_readbacks_recent",
+            f"Reconcile read-backs in the last {_READBACK_WINDOW_MINUTES} minutes by "
+            "classification", labels=["classification"])
+        for row in (ProviderCall.objects.filter(
+                purpose=CallPurpose.RECONCILE,
+                started_at__gte=now - timedelta(minutes=_READBACK_WINDOW_MINUTES))
+                .values("classification").annotate(n=Count("id"))):
+            readbacks.add_metric([row["classification"] or "none"], row["n"])
+        yield readbacks
+
+        halts = GaugeMetricFamily("verity_workflow_halt_age_seconds",
+                                  "Seconds each active workflow halt has been on",
+                                  labels=["name"])
+        for name, created in WorkflowHalt.objects.values_list("name", "created_at"):
+            halts.add_metric([name], max(0.0, (now - created).total_seconds()))
+        yield halts
 
 
 _collector: DatabaseCollector | None = None

@@ -69,6 +69,51 @@ class CustomerState:
         }
 
 
+# The fixed customer wording per state, used by customer_state() below and quoted (never
+# copied) by the support runbooks (support/runbooks.py renders `[[customer:<key>]]`).
+# Placeholders: {contact}, {ref} (order reference).
+WORDS: dict[str, tuple[str, str]] = {
+    "under_review": (
+        "A person is reviewing your purchase",
+        "Our support team is reviewing this purchase. Please do not pay again. "
+        "If you have questions, contact {contact} and quote your purchase reference."),
+    "not_yet_confirmable": (
+        "We are checking your payment",
+        "We could not yet confirm whether your payment went through, so we are "
+        "checking with the payment provider. Please do not pay again. "
+        "This page updates by itself when we know."),
+    "being_confirmed": (
+        "Your payment is being confirmed",
+        "Your payment has been sent to the payment provider and is being confirmed. "
+        "Please do not pay again. This page updates by itself."),
+    "paid_confirmation_delayed": (
+        "Payment received — order confirmation in progress",
+        "Your payment was received. We are still finishing your order and "
+        "will show the order reference here; you do not need to pay again."),
+    "paid_confirmation_delayed_with_order": (
+        "Payment received — order confirmation in progress",
+        "Your payment was received. Your order reference is {ref}. "
+        "The order confirmation is taking longer than usual; you do not need "
+        "to pay again."),
+    "reversed": (
+        "Your payment has been reversed",
+        "The payment provider has confirmed that your payment is being returned "
+        "to your payment method. How long it takes to appear depends on your bank. "
+        "You do not need to do anything."),
+    "failed": (
+        "Your payment did not go through",
+        "The payment provider declined or did not take this payment, so no order was "
+        "placed. You may try again, for example with another payment method."),
+}
+
+
+def wording(key: str, **values) -> tuple[str, str]:
+    """(headline, message) for a WORDS key; missing placeholders stay visible as ‹name›."""
+    headline, message = WORDS[key]
+    fill = {"contact": "‹support contact›", "ref": "‹order reference›", **values}
+    return headline, message.format(**fill)
+
+
 # Money-in operations a customer can be told about; refunds/voids handled separately.
 _PAYMENT_KIND_VALUES = tuple(k.value for k in PAYMENT_KINDS)
 _PROVIDER_EVIDENCE = (Verification.PROVIDER.value, Verification.WEBHOOK.value)
@@ -136,11 +181,7 @@ def customer_state(purchase) -> CustomerState:
                              support_contact=contact, **kw)
 
     def under_review() -> CustomerState:
-        return state(
-            StateCode.UNDER_REVIEW, "A person is reviewing your purchase",
-            "Our support team is reviewing this purchase. Please do not pay again. "
-            f"If you have questions, contact {contact} and quote your purchase reference.",
-        )
+        return state(StateCode.UNDER_REVIEW, *wording("under_review", contact=contact))
 
     reversal = _reversal_confirmed(ops, purchase.amount)
     if reversal and status in (S.REFUND_PENDING, S.REFUNDED, S.VOIDED, S.CANCELLED,
@@ -158,12 +199,7 @@ def customer_state(purchase) -> CustomerState:
                 final=not reversal.processing,
             )
         if not reversal.processing:
-            return state(
-                StateCode.REVERSED, "Your payment has been reversed",
-                "The payment provider has confirmed that your payment is being returned "
-                f"to your payment method. {bank}",
-                final=True,
-            )
+            return state(StateCode.REVERSED, *wording("reversed"), final=True)
         return state(
             StateCode.REVERSED, "Your refund is processing",
             "The payment provider has accepted a refund of your payment and is "
@@ -182,15 +218,9 @@ def customer_state(purchase) -> CustomerState:
         # REFUND_PENDING without provider evidence: the customer was paid-and-ordered as
         # far as anyone can verify; a refund is only announced once the provider has it.
         ref = _order_reference(purchase.id)
-        if ref:
-            msg = (f"Your payment was received. Your order reference is {ref}. "
-                   "The order confirmation is taking longer than usual; you do not need "
-                   "to pay again.")
-        else:
-            msg = ("Your payment was received. We are still finishing your order and "
-                   "will show the order reference here; you do not need to pay again.")
-        return state(StateCode.PAID_CONFIRMATION_DELAYED,
-                     "Payment received — order confirmation in progress", msg, order_reference=ref)
+        key = "paid_confirmation_delayed_with_order" if ref else "paid_confirmation_delayed"
+        return state(StateCode.PAID_CONFIRMATION_DELAYED, *wording(key, ref=ref),
+                     order_reference=ref)
 
     if status == S.MANUAL_REVIEW or (status in (S.PAID, S.FULFILLING, S.COMPLETED,
                                                 S.REFUND_PENDING, S.REFUNDED, S.VOIDED)):
@@ -199,12 +229,7 @@ def customer_state(purchase) -> CustomerState:
         return under_review()
 
     if last_payment is not None and last_payment.outcome == Outcome.UNKNOWN.value:
-        return state(
-            StateCode.NOT_YET_CONFIRMABLE, "We are checking your payment",
-            "We could not yet confirm whether your payment went through, so we are "
-            "checking with the payment provider. Please do not pay again. "
-            "This page updates by itself when we know.",
-        )
+        return state(StateCode.NOT_YET_CONFIRMABLE, *wording("not_yet_confirmable"))
 
     if last_payment is not None and last_payment.outcome == Outcome.AWAITING_BUYER.value:
         return state(
@@ -216,11 +241,7 @@ def customer_state(purchase) -> CustomerState:
 
     if last_payment is not None and last_payment.outcome in (
             Outcome.PENDING.value, Outcome.DISPATCHING.value, Outcome.AWAITING_PROVIDER.value):
-        return state(
-            StateCode.BEING_CONFIRMED, "Your payment is being confirmed",
-            "Your payment has been sent to the payment provider and is being confirmed. "
-            "Please do not pay again. This page updates by itself.",
-        )
+        return state(StateCode.BEING_CONFIRMED, *wording("being_confirmed"))
 
     if status == S.PAYMENT_FAILED and last_payment is not None \
             and last_payment.outcome == Outcome.FAILED.value and not paid:
@@ -234,12 +255,8 @@ def customer_state(purchase) -> CustomerState:
                 "please start a new purchase at the store.",
             )
         url = _pay_again_url(purchase.id)
-        return state(
-            StateCode.FAILED, "Your payment did not go through",
-            "The payment provider declined or did not take this payment, so no order was "
-            "placed. You may try again, for example with another payment method.",
-            can_pay_again=url is not None, pay_again_url=url,
-        )
+        return state(StateCode.FAILED, *wording("failed"),
+                     can_pay_again=url is not None, pay_again_url=url)
 
     if status == S.CANCELLED:
         return state(StateCode.CANCELLED, "This purchase was cancelled",

@@ -127,13 +127,24 @@ def demo_cases_seed() -> list[tuple[str, str]]:
             purchase_id=comp.pk, step=StepName.LEDGER,
             defaults={"state": StepState.MANUAL, "key": f"demo:{comp.pk}:ledger",
                       "attempts": 5, "last_error": "demo: ledger writer refused the entry"})
-        # Quarantined event.
+        # Quarantined events: one amount mismatch (its own queue and runbook), naming a
+        # purchase under review, and one for an object Verity never created.
+        mismatch = _purchase("amount-mismatch", S.MANUAL_REVIEW, [_OK], False, client)
         ProviderEvent.objects.get_or_create(
             event_id="evt_demo_quarantined",
-            defaults={"type": "payment_intent.succeeded", "object_id": "pi_demo_mismatch",
-                      "payload": {"id": "pi_demo_mismatch", "status": "succeeded",
+            defaults={"type": "payment_intent.succeeded",
+                      "object_id": "pi_demo_amount-mismatch_0",
+                      "payload": {"id": "pi_demo_amount-mismatch_0", "status": "succeeded",
                                   "amount": 999, "currency": "usd"},
-                      "result": EventResult.QUARANTINED, "result_reason": "amount_mismatch"})
+                      "operation_id": mismatch.operations.first().pk,
+                      "purchase_id": mismatch.pk,
+                      "result": EventResult.QUARANTINED, "result_reason": "mismatch:amount"})
+        ProviderEvent.objects.get_or_create(
+            event_id="evt_demo_unmatched",
+            defaults={"type": "payment_intent.succeeded", "object_id": "pi_demo_foreign",
+                      "payload": {"id": "pi_demo_foreign", "status": "succeeded",
+                                  "amount": 3050, "currency": "usd"},
+                      "result": EventResult.QUARANTINED, "result_reason": "unknown_object"})
         # Stuck outbox: retried and backed off far into the future (the relay leaves it).
         if not OutboxMessage.objects.filter(dedupe_key="demo:stuck",
                                             processed_at__isnull=True).exists():
@@ -155,4 +166,39 @@ def demo_cases_seed() -> list[tuple[str, str]]:
                 purchase=ref_p, kind=OperationKind.REFUND, amount=1250, currency="usd",
                 outcome=O.AWAITING_APPROVAL, requested_by_client=client,
                 parent=ref_p.operations.first())
+        _demo_incident()
     return links
+
+
+DEMO_INCIDENT_TITLE = "Demo: provider timeouts on payment confirmation"
+
+
+def _demo_incident() -> None:
+    """An open incident with the unknown and escalated demo purchases attached, opened
+    through support.services (so it has its audit rows like a real one)."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    from support import services
+    from support.access import Role, ensure_groups
+    from support.models import Incident
+
+    if Incident.objects.filter(title=DEMO_INCIDENT_TITLE).exists():
+        return
+    ensure_groups()
+    User = get_user_model()
+    user = User.objects.filter(username="operator1").first()  # seed_demo's operator
+    if user is None:
+        user, created = User.objects.get_or_create(username="demo-incident-operator")
+        if created:
+            user.set_unusable_password()
+            user.save(update_fields=["password"])
+    user.groups.add(Group.objects.get(name=Role.OPERATOR))
+    incident = services.incident_open(
+        user=user, title=DEMO_INCIDENT_TITLE,
+        reason="demo: confirm calls time out after sending; two payments are unknown and "
+               "one passed its reconciliation deadline.")
+    for ref in ("demo-checking-with-provider", "demo-escalated"):
+        purchase = Purchase.objects.get(customer_reference=ref)
+        services.incident_attach(incident_id=incident.pk, ref=purchase.pk, user=user,
+                                 reason="demo: affected by the provider timeouts")

@@ -52,3 +52,57 @@ class LoginFailure(models.Model):
     class Meta:
         indexes = [models.Index(fields=["ip", "created_at"], name="loginfail_ip_idx"),
                    models.Index(fields=["username", "created_at"], name="loginfail_user_idx")]
+
+
+class IncidentStatus(models.TextChoices):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class IncidentOutcome(models.TextChoices):
+    """The final outcome per purchase, recorded when the incident closes (the seed
+    article: completed forward, compensated, or manual reconciliation)."""
+
+    COMPLETED_FORWARD = "completed_forward"
+    COMPENSATED = "compensated"
+    MANUAL = "manual"
+
+
+class Incident(models.Model):
+    """An operator-run incident: the purchases/operations it affects, the halts set from
+    it, and on close the final outcome per purchase plus a short review. Every change is
+    also an AuditEntry (target_type "incident") written in the same transaction."""
+
+    title = models.CharField(max_length=200)
+    summary = models.TextField()
+    status = models.CharField(max_length=8, choices=IncidentStatus.choices,
+                              default=IncidentStatus.OPEN, db_index=True)
+    opened_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                  related_name="+")
+    opened_at = models.DateTimeField(auto_now_add=True)
+    halts = models.JSONField(default=list, blank=True)  # halt names set from this incident
+    closed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                  null=True, blank=True, related_name="+")
+    closed_at = models.DateTimeField(null=True, blank=True)
+    review = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-opened_at", "-id"]
+
+
+class IncidentItem(models.Model):
+    """A purchase (and optionally one of its operations) attached to an incident."""
+
+    incident = models.ForeignKey(Incident, on_delete=models.PROTECT, related_name="items")
+    purchase_id = models.CharField(max_length=40, db_index=True)
+    operation_id = models.CharField(max_length=40, blank=True)
+    attached_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                    related_name="+")
+    attached_at = models.DateTimeField(auto_now_add=True)
+    final_outcome = models.CharField(max_length=24, choices=IncidentOutcome.choices,
+                                     blank=True)
+
+    class Meta:
+        ordering = ["attached_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["incident", "purchase_id", "operation_id"],
+                                               name="incidentitem_once_per_incident")]

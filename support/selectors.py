@@ -6,7 +6,9 @@ event payloads are only handed out to roles with VIEW_REDACTED_PAYLOAD.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from statistics import median
 
@@ -62,6 +64,7 @@ class QueueItem:
     purchase_id: str
     summary: str
     owner: str = ""
+    runbook: str = ""  # slug of the runbook for this row (support.runbooks)
 
     @property
     def age(self) -> timedelta:
@@ -85,6 +88,9 @@ QUEUES: dict[str, QueueSpec] = {q.name: q for q in [
               "A downstream step failed or is uncertain, or a compensation did not settle."),
     QueueSpec("quarantined", "Quarantined events", Action.VIEW,
               "Signed provider events that did not match their operation."),
+    QueueSpec("mismatch", "Amount or currency mismatch", Action.VIEW,
+              "Quarantined events whose amount, currency, purchase or account disagree "
+              "with the operation they name."),
     QueueSpec("stuck_outbox", "Stuck outbox", Action.VIEW,
               "Follow-up work not processed long after it was due."),
     QueueSpec("settlement", "Settlement discrepancies", Action.VIEW_SETTLEMENT,
@@ -150,6 +156,14 @@ def _q_quarantined():
     return ProviderEvent.objects.filter(result=EventResult.QUARANTINED)
 
 
+MISMATCH_PREFIX = "mismatch"
+
+
+def _q_mismatch():
+    # webhooks.services quarantines with reason "mismatch" or "mismatch:<field>".
+    return _q_quarantined().filter(result_reason__startswith=MISMATCH_PREFIX)
+
+
 def _q_stuck_outbox(now):
     qs = _recovery_queue("queue_stuck_outbox")
     if qs is not None:
@@ -201,6 +215,10 @@ def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
         for e in _q_quarantined().order_by("received_at")[:limit]:
             items.append(QueueItem(e.received_at, "event", str(e.pk), _event_purchase(e),
                                    f"{e.type} · {e.result_reason or 'no reason recorded'}"))
+    elif name == "mismatch":
+        for e in _q_mismatch().order_by("received_at")[:limit]:
+            items.append(QueueItem(e.received_at, "event", str(e.pk), _event_purchase(e),
+                                   f"{e.type} {e.object_id} · {e.result_reason}"))
     elif name == "stuck_outbox":
         for m in _q_stuck_outbox(now).order_by("created_at")[:limit]:
             pid = (m.payload or {}).get("purchase", "") if isinstance(m.payload, dict) else ""
@@ -228,7 +246,15 @@ def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
                                    f"{who}", "finance"))
     else:
         raise KeyError(name)
-    return items
+    return [replace(i, runbook=_item_runbook(name, i)) for i in items]
+
+
+def _item_runbook(queue: str, item: QueueItem) -> str:
+    from support.runbooks import QUEUE_RUNBOOK
+
+    if queue == "quarantined" and MISMATCH_PREFIX in item.summary.split(" · ", 1)[-1]:
+        return QUEUE_RUNBOOK["mismatch"]
+    return QUEUE_RUNBOOK.get(queue, "")
 
 
 @dataclass(frozen=True)
@@ -240,6 +266,12 @@ class QueueSummary:
     @property
     def oldest_age(self) -> timedelta | None:
         return timezone.now() - self.oldest if self.oldest else None
+
+    @property
+    def runbook(self) -> str:
+        from support.runbooks import QUEUE_RUNBOOK
+
+        return QUEUE_RUNBOOK.get(self.spec.name, "")
 
 
 def queue_summaries(user) -> list[QueueSummary]:
@@ -272,6 +304,8 @@ def _count_oldest(name: str, now) -> tuple[int, datetime | None]:
         return n1 + n2, min([o for o in (o1, o2) if o], default=None)
     if name == "quarantined":
         return _agg(_q_quarantined(), "received_at")
+    if name == "mismatch":
+        return _agg(_q_mismatch(), "received_at")
     if name == "stuck_outbox":
         return _agg(_q_stuck_outbox(now), "created_at")
     if name == "settlement":
@@ -318,27 +352,66 @@ def money_at_risk() -> list[Exposure]:
             for r in rows]
 
 
+def order_after_payment_delays(*, since: datetime) -> list[float]:
+    """Seconds from the provider's success (the charge/authorization's settled_at) to the
+    order row, for payments settled since `since`. The same definition as /metrics'
+    verity_order_after_payment_seconds (recovery.metrics), so the dashboard and the
+    alert agree."""
+    settled = dict(PaymentOperation.objects.filter(
+        kind__in=(OperationKind.CHARGE, OperationKind.AUTHORIZE), outcome=Outcome.SUCCEEDED,
+        settled_at__gte=since).values_list("purchase_id", "settled_at"))
+    if not settled:
+        return []
+    return [max(0.0, (created - settled[pid]).total_seconds())
+            for pid, created in Order.objects.filter(purchase_id__in=list(settled))
+            .values_list("purchase_id", "created_at")]
+
+
+def _percentile(ordered: list[float], p: float) -> float:
+    # Nearest-rank percentile: an observed value, never an interpolation between two.
+    k = max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))
+    return ordered[k]
+
+
 def success_to_order_seconds(*, days: int = 7) -> dict:
-    """Median and worst time from the purchase becoming paid to its order being written."""
-    since = timezone.now() - timedelta(days=days)
-    paid = dict(OperationTransition.objects.filter(
-        field="status", target=PurchaseStatus.PAID, created_at__gte=since,
-    ).values("purchase_id").annotate(at=Min("created_at")).values_list("purchase_id", "at"))
-    if not paid:
-        return {"count": 0, "median": None, "max": None}
-    orders = Order.objects.filter(purchase_id__in=list(paid)).values_list(
-        "purchase_id", "created_at")
-    spans = [max(0.0, (at - paid[pid]).total_seconds()) for pid, at in orders]
+    """Percentiles of provider success -> order written over the last `days`."""
+    spans = sorted(order_after_payment_delays(since=timezone.now() - timedelta(days=days)))
     if not spans:
-        return {"count": 0, "median": None, "max": None}
-    return {"count": len(spans), "median": median(spans), "max": max(spans)}
+        return {"count": 0, "median": None, "p90": None, "p99": None, "max": None}
+    return {"count": len(spans), "median": median(spans), "p90": _percentile(spans, 90),
+            "p99": _percentile(spans, 99), "max": spans[-1]}
 
 
-def manual_interventions(*, days: int = 7) -> dict:
-    since = timezone.now() - timedelta(days=days)
+@dataclass(frozen=True)
+class WeekInterventions:
+    week_start: datetime
+    resolutions: int
+    audited_actions: int
+    incidents: int
+
+
+def manual_interventions(*, days: int = 7, weeks: int = 4) -> dict:
+    """Manual resolutions and audited console actions: the last `days`, and per ISO week
+    (Monday 00:00 UTC) for the last `weeks` weeks."""
+    from support.models import Incident
+
+    now = timezone.now()
+    since = now - timedelta(days=days)
+    monday = (now - timedelta(days=now.weekday())).replace(hour=0, minute=0, second=0,
+                                                           microsecond=0)
+    per_week = []
+    for i in range(weeks):
+        start = monday - timedelta(weeks=i)
+        end = start + timedelta(weeks=1)
+        per_week.append(WeekInterventions(
+            start,
+            Resolution.objects.filter(created_at__gte=start, created_at__lt=end).count(),
+            AuditEntry.objects.filter(created_at__gte=start, created_at__lt=end).count(),
+            Incident.objects.filter(opened_at__gte=start, opened_at__lt=end).count()))
     return {
         "resolutions": Resolution.objects.filter(created_at__gte=since).count(),
         "audited_actions": AuditEntry.objects.filter(created_at__gte=since).count(),
+        "weeks": per_week,
     }
 
 
@@ -576,3 +649,73 @@ def refundable_payment(purchase: Purchase) -> PaymentOperation | None:
     kinds = [k.value for k in PAYMENT_KINDS] + [OperationKind.CAPTURE.value]
     return purchase.operations.filter(kind__in=kinds, outcome=Outcome.SUCCEEDED).first()
 
+
+
+# ---------------------------------------------------------------------- runbooks
+
+
+def purchase_runbook_slug(purchase: Purchase, ops: list[PaymentOperation]) -> str | None:
+    """The runbook for the purchase's current state: the same precedence as the queues a
+    support person would meet it in (the most urgent question first)."""
+    open_ops = [op for op in ops if op.outcome not in (Outcome.SUCCEEDED, Outcome.FAILED)]
+    if any(op.outcome == Outcome.UNKNOWN and (op.stage == Stage.ESCALATED or op.escalated_at)
+           for op in open_ops):
+        return "escalated"
+    if any(op.outcome == Outcome.UNKNOWN for op in open_ops):
+        return "unknown-operation"
+    op_ids = [op.pk for op in ops]
+    quarantined = _q_quarantined().filter(Q(purchase_id=purchase.pk)
+                                          | Q(operation_id__in=op_ids))
+    if quarantined.filter(result_reason__startswith=MISMATCH_PREFIX).exists():
+        return "amount-currency-mismatch"
+    if any(op.outcome == Outcome.AWAITING_APPROVAL for op in open_ops):
+        return "refund-awaiting-approval"
+    if (_q_compensation_steps().filter(purchase_id=purchase.pk).exists()
+            or _q_compensation_ops().filter(purchase_id=purchase.pk).exists()):
+        return "compensation-needed"
+    if _q_paid_without_order().filter(pk=purchase.pk).exists():
+        return "paid-without-order"
+    if quarantined.exists():
+        return "quarantined-event"
+    return None
+
+
+# --------------------------------------------------------------------- incidents
+
+
+def incidents_open() -> list:
+    from support.models import Incident, IncidentStatus
+
+    return list(Incident.objects.filter(status=IncidentStatus.OPEN)
+                .select_related("opened_by").annotate(n_items=Count("items"))
+                .order_by("opened_at"))
+
+
+def incidents_recent(*, limit: int = 50) -> list:
+    from support.models import Incident
+
+    return list(Incident.objects.select_related("opened_by", "closed_by")
+                .annotate(n_items=Count("items")).order_by("-opened_at")[:limit])
+
+
+def incident_get(incident_id: int):
+    from support.models import Incident
+
+    return Incident.objects.select_related("opened_by", "closed_by").filter(
+        pk=incident_id).first()
+
+
+def incident_items(incident) -> list:
+    return list(incident.items.select_related("attached_by").order_by("attached_at", "id"))
+
+
+def incident_audit(incident) -> list[AuditEntry]:
+    return list(AuditEntry.objects.filter(target_type="incident", target_id=str(incident.pk))
+                .order_by("created_at", "id"))
+
+
+def incidents_for_purchase(purchase_id: str) -> list:
+    from support.models import Incident
+
+    return list(Incident.objects.filter(items__purchase_id=purchase_id).distinct()
+                .order_by("-opened_at"))

@@ -388,3 +388,148 @@ def login_is_throttled(*, ip: str | None, username: str) -> bool:
             LOGIN_FAILURES_PER_USERNAME:
         return True
     return False
+
+
+# --------------------------------------------------------------------- incidents
+
+
+def _incident_locked(incident_id) -> "Incident":
+    from support.models import Incident
+
+    incident = Incident.objects.select_for_update().filter(pk=incident_id).first()
+    if incident is None:
+        raise ConsoleError("not_found", "No such incident.", 404)
+    return incident
+
+
+def _incident_open_or_refuse(incident) -> None:
+    from support.models import IncidentStatus
+
+    if incident.status != IncidentStatus.OPEN:
+        raise ConsoleError("incident_closed", "This incident is closed.", 409)
+
+
+def incident_open(*, user, title: str, reason: str, ip: str | None = None):
+    """Open an incident; `reason` is its summary (what is happening, what is affected)."""
+    from support.models import Incident
+
+    require(user, Action.MANAGE_INCIDENTS)
+    summary = _reason_required(reason)
+    title = (title or "").strip()[:200]
+    if not title:
+        raise ConsoleError("title_required", "An incident needs a title.", 422)
+    with transaction.atomic():
+        incident = Incident.objects.create(title=title, summary=summary, opened_by=user)
+        audit_write(user=user, action="incident.open", target_type="incident",
+                    target_id=str(incident.pk), reason=summary, ip=ip,
+                    after={"status": incident.status, "title": title})
+    return incident
+
+
+def incident_attach(*, incident_id: int, ref: str, user, reason: str, ip: str | None = None):
+    """Attach a purchase (`pur_…`) or an operation (`op_…`, attaches its purchase too)."""
+    from support.models import IncidentItem
+
+    require(user, Action.MANAGE_INCIDENTS)
+    reason = _reason_required(reason)
+    ref = (ref or "").strip()
+    with transaction.atomic():
+        incident = _incident_locked(incident_id)
+        _incident_open_or_refuse(incident)
+        operation_id = ""
+        if ref.startswith("op_"):
+            op = PaymentOperation.objects.filter(pk=ref).first()
+            if op is None:
+                raise ConsoleError("not_found", f"No operation {ref}.", 404)
+            purchase_id, operation_id = op.purchase_id, op.pk
+        elif Purchase.objects.filter(pk=ref).exists():
+            purchase_id = ref
+        else:
+            raise ConsoleError("not_found", "Give a purchase id (pur_…) or an operation id "
+                                            "(op_…).", 404)
+        item, created = IncidentItem.objects.get_or_create(
+            incident=incident, purchase_id=purchase_id, operation_id=operation_id,
+            defaults={"attached_by": user})
+        if not created:
+            raise ConsoleError("already_attached", f"{ref} is already attached.", 409)
+        audit_write(user=user, action="incident.attach", target_type="incident",
+                    target_id=str(incident.pk), purchase_id=purchase_id, reason=reason, ip=ip,
+                    after={"purchase": purchase_id, "operation": operation_id})
+    return item
+
+
+def incident_halt(*, incident_id: int, name: str, user, reason: str, ip: str | None = None):
+    """Pause a workflow from the incident (recovery.halts.halt_set) and remember it there.
+
+    Needs both MANAGE_INCIDENTS and HALT. One audit row (the incident's); recovery's own
+    row is suppressed with audit=False."""
+    from recovery import halts
+
+    require(user, Action.MANAGE_INCIDENTS)
+    require(user, Action.HALT)
+    reason = _reason_required(reason)
+    if name not in halt_names():
+        raise ConsoleError("unknown_halt", f"Unknown workflow {name!r}.", 422)
+    with transaction.atomic():
+        incident = _incident_locked(incident_id)
+        _incident_open_or_refuse(incident)
+        before = {"halted": WorkflowHalt.objects.filter(name=name).exists()}
+        try:
+            halt = halts.halt_set(name=name, reason=f"incident {incident.pk}: {reason}",
+                                  actor=user.get_username(), audit=False)
+        except halts.HaltError as e:
+            raise ConsoleError("halt_refused", str(e), 422) from e
+        if name not in incident.halts:
+            incident.halts = [*incident.halts, name]
+            incident.save(update_fields=["halts"])
+        audit_write(user=user, action="incident.halt_set", target_type="incident",
+                    target_id=str(incident.pk), reason=reason, ip=ip, before=before,
+                    after={"halted": True}, detail={"halt": name})
+    return halt
+
+
+def incident_close(*, incident_id: int, outcomes: dict[str, str], user, reason: str,
+                   ip: str | None = None):
+    """Close with the final outcome of every attached purchase and a short review
+    (`reason`). Refused while a halt set from this incident is still on: resume it (or
+    decide to keep it, from the Halts page, under its own audit row) first."""
+    from support.models import IncidentOutcome, IncidentStatus
+
+    require(user, Action.MANAGE_INCIDENTS)
+    review = _reason_required(reason)
+    with transaction.atomic():
+        incident = _incident_locked(incident_id)
+        _incident_open_or_refuse(incident)
+        still_on = sorted(WorkflowHalt.objects.filter(name__in=incident.halts)
+                          .values_list("name", flat=True))
+        if still_on:
+            raise ConsoleError("halts_still_on", "Halts set from this incident are still on: "
+                               f"{', '.join(still_on)}. Resume them first.", 409)
+        items = list(incident.items.select_for_update().order_by("id"))
+        valid = set(IncidentOutcome.values)
+        final: dict[str, str] = {}
+        for item in items:
+            outcome = (outcomes or {}).get(item.purchase_id, "")
+            if outcome not in valid:
+                raise ConsoleError("outcome_required", "Record the final outcome (completed "
+                                   f"forward, compensated or manual) for {item.purchase_id}.",
+                                   422)
+            final[item.purchase_id] = outcome
+        for item in items:
+            item.final_outcome = final[item.purchase_id]
+            item.save(update_fields=["final_outcome"])
+        for purchase_id, outcome in final.items():
+            # One row per purchase too, so each purchase's timeline shows how it ended.
+            audit_write(user=user, action="incident.outcome", target_type="incident",
+                        target_id=str(incident.pk), purchase_id=purchase_id, reason=review,
+                        ip=ip, after={"final_outcome": outcome})
+        incident.status = IncidentStatus.CLOSED
+        incident.closed_by = user
+        incident.closed_at = timezone.now()
+        incident.review = review
+        incident.save(update_fields=["status", "closed_by", "closed_at", "review"])
+        audit_write(user=user, action="incident.close", target_type="incident",
+                    target_id=str(incident.pk), reason=review, ip=ip,
+                    before={"status": IncidentStatus.OPEN},
+                    after={"status": IncidentStatus.CLOSED, "outcomes": final})
+    return incident

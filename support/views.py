@@ -9,9 +9,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from payments.enums import Outcome
-from support import selectors, services
+from support import runbooks, selectors, services
 from support.access import Action, can
 from support.customer_copy import customer_state
+from support.models import IncidentOutcome
 from support.web import client_ip, console_view, secure_headers
 
 
@@ -69,6 +70,7 @@ def dashboard(request):
         to_order=selectors.success_to_order_seconds(),
         interventions=selectors.manual_interventions(),
         halts=selectors.active_halts(),
+        incidents=selectors.incidents_open(),
     ))
 
 
@@ -79,8 +81,10 @@ def queue(request, name: str):
         raise Http404
     if not can(request.user, spec.action):
         return render(request, "console/403.html", status=403)
+    slug = runbooks.QUEUE_RUNBOOK.get(name)
     return render(request, "console/queue.html", _ctx(
-        request, spec=spec, items=selectors.queue_items(name)))
+        request, spec=spec, items=selectors.queue_items(name),
+        runbook=runbooks.runbook_get(slug) if slug else None))
 
 
 @console_view(Action.VIEW)
@@ -98,8 +102,11 @@ def purchase(request, purchase_id: str):
     if p is None:
         raise Http404
     ops = selectors.purchase_operations(p)
+    slug = selectors.purchase_runbook_slug(p, ops)
     return render(request, "console/purchase.html", _ctx(
         request,
+        runbook=runbooks.runbook_get(slug) if slug else None,
+        incidents=selectors.incidents_for_purchase(p.pk),
         purchase=p,
         ops=ops,
         timeline=selectors.purchase_timeline(p, user=request.user),
@@ -244,3 +251,85 @@ def event_triage(request, event_pk: int, decision: str):
     return _run(request, reverse("support:event", kwargs={"event_pk": event_pk}),
                 services.event_triage_by_user, f"Event {decision}ed.", event_pk=event_pk,
                 decision=decision)
+
+
+# ------------------------------------------------------------------ runbooks
+
+
+@console_view(Action.VIEW)
+def runbook_index(request):
+    return render(request, "console/runbooks.html", _ctx(
+        request, runbooks=runbooks.runbooks_all(), queues=selectors.QUEUES))
+
+
+@console_view(Action.VIEW)
+def runbook(request, slug: str):
+    rb = runbooks.runbook_get(slug)
+    if rb is None:
+        raise Http404
+    return render(request, "console/runbook.html", _ctx(
+        request, runbook=rb, queue=selectors.QUEUES.get(rb.queue)))
+
+
+# ----------------------------------------------------------------- incidents
+
+
+@console_view(Action.VIEW)
+def incidents(request):
+    return render(request, "console/incidents.html", _ctx(
+        request, incidents=selectors.incidents_recent()))
+
+
+@console_view(Action.VIEW)
+def incident(request, incident_id: int):
+    inc = selectors.incident_get(incident_id)
+    if inc is None:
+        raise Http404
+    return render(request, "console/incident.html", _ctx(
+        request, incident=inc, items=selectors.incident_items(inc),
+        audit=selectors.incident_audit(inc), names=services.halt_names(),
+        active_halts={h.name for h in selectors.active_halts()},
+        outcomes=IncidentOutcome.choices))
+
+
+@console_view(Action.MANAGE_INCIDENTS, post=True)
+def incident_open(request):
+    fallback = reverse("support:incidents")
+    if not _confirmed(request):
+        messages.error(request, "Tick the confirmation box to go ahead.")
+        return _back(request, fallback)
+    try:
+        inc = services.incident_open(user=request.user, title=request.POST.get("title", ""),
+                                     reason=request.POST.get("reason", ""),
+                                     ip=client_ip(request))
+    except services.ConsoleError as e:
+        messages.error(request, f"Refused ({e.code}): {e.message}")
+        return _back(request, fallback)
+    messages.success(request, "Incident opened.")
+    return redirect("support:incident", incident_id=inc.pk)
+
+
+def _incident_url(incident_id: int) -> str:
+    return reverse("support:incident", kwargs={"incident_id": incident_id})
+
+
+@console_view(Action.MANAGE_INCIDENTS, post=True)
+def incident_attach(request, incident_id: int):
+    return _run(request, _incident_url(incident_id), services.incident_attach,
+                "Attached to the incident.", incident_id=incident_id,
+                ref=request.POST.get("ref", ""))
+
+
+@console_view(Action.MANAGE_INCIDENTS, post=True)
+def incident_halt(request, incident_id: int):
+    return _run(request, _incident_url(incident_id), services.incident_halt,
+                "Workflow halted from the incident.", incident_id=incident_id,
+                name=request.POST.get("name", ""))
+
+
+@console_view(Action.MANAGE_INCIDENTS, post=True)
+def incident_close(request, incident_id: int):
+    outcomes = {k[len("outcome-"):]: v for k, v in request.POST.items()
+                if k.startswith("outcome-")}
+    return _run(request, _incident_url(incident_id), services.incident_close,
+                "Incident closed.", incident_id=incident_id, outcomes=outcomes)

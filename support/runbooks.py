@@ -1,0 +1,114 @@
+"""Support runbooks: versioned Markdown files in docs/runbooks/, rendered in the console.
+
+Each file starts with Markdown `meta` lines (Title, Queue, Version). Three kinds of
+placeholder keep the runbooks from drifting away from the code they describe:
+
+- `[[customer:<key>]]` quotes the customer page's own words (support.customer_copy.WORDS),
+  so a runbook never restates what the customer reads in different words;
+- `[[roles:<action>]]` names the roles that hold an access.Action (from access.MATRIX);
+- `[[setting:<NAME>]]` shows a timing setting's current value.
+
+The files are repository content (trusted, reviewed like code); substituted values are
+HTML-escaped anyway.
+"""
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import markdown
+from django.conf import settings
+
+from support import customer_copy
+from support.access import MATRIX, Action
+
+RUNBOOK_DIR = Path(settings.BASE_DIR) / "docs" / "runbooks"
+
+# slug -> console queue it belongs to (None: reached from a purchase/incident only).
+RUNBOOK_QUEUE: dict[str, str] = {
+    "unknown-operation": "unknown",
+    "paid-without-order": "paid_without_order",
+    "compensation-needed": "compensation",
+    "quarantined-event": "quarantined",
+    "amount-currency-mismatch": "mismatch",
+    "settlement-discrepancy": "settlement",
+    "stuck-outbox": "stuck_outbox",
+    "escalated": "escalated",
+    "refund-awaiting-approval": "refund_approval",
+}
+QUEUE_RUNBOOK: dict[str, str] = {q: slug for slug, q in RUNBOOK_QUEUE.items()}
+
+_TOKEN = re.compile(r"\[\[(customer|roles|setting):([A-Za-z0-9_]+)\]\]")
+
+
+@dataclass(frozen=True)
+class Runbook:
+    slug: str
+    title: str
+    version: str
+    queue: str
+    html: str
+    path: str  # repository-relative, for "edit this file"
+
+
+def _roles_for(action: str) -> str:
+    try:
+        wanted = Action(action)
+    except ValueError:
+        return f"(unknown action {action})"
+    names = [role.value for role, actions in MATRIX.items() if wanted in actions]
+    return ", ".join(names) or "nobody"
+
+
+def _customer_quote(key: str) -> str:
+    if key not in customer_copy.WORDS:
+        return f"(unknown customer wording {key})"
+    headline, message = customer_copy.wording(
+        key, contact=getattr(settings, "SUPPORT_CONTACT", "") or "‹support contact›")
+    return (f'\n\n> **{html.escape(headline)}**  \n> {html.escape(message)}\n'
+            f'> <small class="meta">Customer page wording `{key}` '
+            f'(support/customer_copy.py)</small>\n\n')
+
+
+def _substitute(text: str) -> str:
+    def one(m: re.Match) -> str:
+        kind, name = m.group(1), m.group(2)
+        if kind == "customer":
+            return _customer_quote(name)
+        if kind == "roles":
+            return html.escape(_roles_for(name))
+        value = getattr(settings, name, None)
+        return html.escape(str(value)) if value is not None else f"(unset {name})"
+
+    return _TOKEN.sub(one, text)
+
+
+def runbook_slugs() -> list[str]:
+    return sorted(p.stem for p in RUNBOOK_DIR.glob("*.md"))
+
+
+@lru_cache(maxsize=64)
+def _load(slug: str, mtime: float) -> Runbook:
+    path = RUNBOOK_DIR / f"{slug}.md"
+    md = markdown.Markdown(extensions=["meta", "tables", "sane_lists", "toc"])
+    body = md.convert(_substitute(path.read_text(encoding="utf-8")))
+    meta = {k: " ".join(v) for k, v in getattr(md, "Meta", {}).items()}
+    return Runbook(slug=slug, title=meta.get("title", slug), version=meta.get("version", ""),
+                   queue=meta.get("queue", RUNBOOK_QUEUE.get(slug, "")), html=body,
+                   path=f"docs/runbooks/{slug}.md")
+
+
+def runbook_get(slug: str) -> Runbook | None:
+    if not re.fullmatch(r"[a-z0-9-]+", slug or ""):
+        return None
+    path = RUNBOOK_DIR / f"{slug}.md"
+    if not path.is_file():
+        return None
+    return _load(slug, path.stat().st_mtime)
+
+
+def runbooks_all() -> list[Runbook]:
+    return [rb for rb in (runbook_get(s) for s in runbook_slugs()) if rb is not None]
