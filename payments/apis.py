@@ -706,6 +706,17 @@ class OperationResolveApi(ApiView):
         return _run_idempotent(request, route="operations_resolve", create=create)
 
 
+class UnknownRouteApi(ApiView):
+    """Anything else under /api/v1/: a problem document, not Django's HTML 404 page."""
+
+    schema = None  # not an endpoint: kept out of the OpenAPI document
+
+    def _not_found(self, request, *args, **kwargs):
+        raise Problem(code="not_found", status=404, detail="No such endpoint under /api/v1/.")
+
+    get = post = put = patch = delete = _not_found
+
+
 class ClientLimitsApi(ApiView):
     required_scopes = {"GET": READ}
 

@@ -1,5 +1,5 @@
 """Storefront API routes (mounted at /api/v1/). Route names are the idempotency scope."""
-from django.urls import path
+from django.urls import path, re_path
 
 from . import apis
 
@@ -25,4 +25,6 @@ urlpatterns = [
     path("operations/<str:operation_id>/resolve", apis.OperationResolveApi.as_view(),
          name="api-operation-resolve"),
     path("clients/me/limits", apis.ClientLimitsApi.as_view(), name="api-client-limits"),
+    # Last: any other path under /api/v1/ answers a problem document (404), not HTML.
+    re_path(r"^.*$", apis.UnknownRouteApi.as_view(), name="api-unknown-route"),
 ]

@@ -165,6 +165,11 @@ def another_clients_operation_is_not_found(c):
 
 
 @row(404, "not_found", offline=True)
+def unknown_endpoint(c):
+    return c.storefront.get("no/such/endpoint")
+
+
+@row(404, "not_found", offline=True)
 def unknown_operation(c):
     return c.storefront.get("operations/op_doesnotexist")
 
