@@ -13,7 +13,13 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
     }
 else:
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": 3600,
+        # Publishing (the outbox's on-commit kick) gives up fast when Redis is down:
+        # kombu's defaults retry the channel for ~6 s, holding a committed request that
+        # long. The row is committed already; the beat sweep re-kicks when Redis is back.
+        "max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5,
+    }
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
