@@ -408,6 +408,16 @@ def amount_equal_to_quote_is_accepted(c):
     return c.storefront.pay(purchase["id"], extra={"amount": c.product.price})
 
 
+@row(409, "spending_limit_exceeded", offline=True)
+def payment_beyond_the_clients_spending_limit(c):
+    client, key = make_client(name="small-limit", limit=c.product.price - 1)
+    api = Api(key, client)
+    purchase = api.new_purchase(c.product.sku)
+    r = api.pay(purchase["id"])
+    assert PaymentOperation.objects.count() == 0
+    return r
+
+
 @row(409, "retry_of_required")
 def new_payment_after_decline_without_retry_of(c):
     purchase, _ = c.declined_purchase()
