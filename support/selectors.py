@@ -252,7 +252,7 @@ def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
 def _item_runbook(queue: str, item: QueueItem) -> str:
     from support.runbooks import QUEUE_RUNBOOK
 
-    if queue == "quarantined" and MISMATCH_PREFIX in item.summary.split(" · ", 1)[-1]:
+    if queue == "quarantined" and item.summary.split(" · ", 1)[-1].startswith(MISMATCH_PREFIX):
         return QUEUE_RUNBOOK["mismatch"]
     return QUEUE_RUNBOOK.get(queue, "")
 

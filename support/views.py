@@ -267,8 +267,10 @@ def runbook(request, slug: str):
     rb = runbooks.runbook_get(slug)
     if rb is None:
         raise Http404
-    return render(request, "console/runbook.html", _ctx(
-        request, runbook=rb, queue=selectors.QUEUES.get(rb.queue)))
+    queue = selectors.QUEUES.get(rb.queue)
+    if queue is not None and not can(request.user, queue.action):
+        queue = None  # e.g. support reads the settlement runbook but not that queue
+    return render(request, "console/runbook.html", _ctx(request, runbook=rb, queue=queue))
 
 
 # ----------------------------------------------------------------- incidents
