@@ -204,18 +204,19 @@ def main(argv: list[str] | None = None) -> Report:
         dsn = stack.env["DATABASE_URL"].replace("postgres://", "postgresql://")
         res: dict[str, list[float]] = {k: [] for k in
                                        ("floor1", "floor2", "inproc", "celery1", "celery2")}
-        for run in range(args.runs):
-            log(f"run {run + 1}/{args.runs}: floor, 1 and 2 processes")
-            res["floor1"].append(run_floor(dsn, n, 1, f"f1{run}"))
-            res["floor2"].append(run_floor(dsn, n, 2, f"f2{run}"))
-            log(f"run {run + 1}/{args.runs}: relay in-process (no Celery)")
-            res["inproc"].append(run_in_process(n, f"ip{run}"))
+        # Each real figure is measured right after its floor (same minute, same load): the
+        # machine's speed drifts too much for floors measured minutes apart.
         for workers in (1, 2):
             with celery_workers(env, stack, workers) as app:
                 for run in range(args.runs):
+                    log(f"run {run + 1}/{args.runs}: floor, {workers} process(es)")
+                    res[f"floor{workers}"].append(run_floor(dsn, n, workers, f"f{workers}{run}"))
                     log(f"run {run + 1}/{args.runs}: {workers} celery worker(s)")
                     res[f"celery{workers}"].append(run_celery(app, n, workers, f"c{workers}{run}",
                                                               args.timeout))
+                    if workers == 1:
+                        log(f"run {run + 1}/{args.runs}: relay in-process (no Celery)")
+                        res["inproc"].append(run_in_process(n, f"ip{run}"))
     m = {k: med(v) for k, v in res.items()}
     note = f"{n} NOOP msgs, {args.runs} runs, median"
     report.add("outbox drain", "msgs/s 1 celery worker", fmt(m["celery1"]), fmt(m["floor1"]),
