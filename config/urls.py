@@ -11,6 +11,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include("payments.urls")),
     path("webhooks/", include("webhooks.urls")),
+    path("mcp/", include("agents.urls")),
     path("", include("recovery.urls")),
     path("", include("support.urls")),
     path("demo-checkout/<str:purchase_id>", demo.demo_checkout, name="demo-checkout"),
