@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from payments.enums import Outcome
 from payments.models import PaymentOperation, Purchase
+from recovery import halts
 from recovery.models import WorkflowHalt
 from support.access import Action, require
 from support.models import AuditEntry, LoginFailure, Note, Resolution
@@ -288,18 +289,8 @@ def refund_approve_by_user(*, operation_id: str, user, reason: str,
 # -------------------------------------------------------------------------- halts
 
 
-def _halts_module():
-    try:
-        return importlib.import_module("recovery.halts")
-    except ImportError:
-        return None
-
-
 def halt_names() -> list[str]:
-    mod = _halts_module()
-    if mod is not None and hasattr(mod, "valid_halt_names"):
-        return list(mod.valid_halt_names())
-    return ["checkout", "refunds"]
+    return list(halts.valid_halt_names())
 
 
 def halt_set_by_user(*, name: str, user, reason: str, ip: str | None = None) -> WorkflowHalt:
@@ -307,17 +298,13 @@ def halt_set_by_user(*, name: str, user, reason: str, ip: str | None = None) -> 
     reason = _reason_required(reason)
     if name not in halt_names():
         raise ConsoleError("unknown_halt", f"Unknown workflow {name!r}.", 422)
-    mod = _halts_module()
     with transaction.atomic():
         before = {"halted": WorkflowHalt.objects.filter(name=name).exists()}
-        if mod is not None and hasattr(mod, "halt_set"):
-            try:
-                halt = mod.halt_set(name=name, reason=reason, actor=user.get_username())
-            except ValueError as e:  # recovery.halts.HaltError
-                raise ConsoleError("halt_refused", str(e), 422) from e
-        else:  # recovery.halts missing: write the row ourselves (same effect).
-            halt, _ = WorkflowHalt.objects.get_or_create(
-                name=name, defaults={"reason": reason, "halted_by": user.get_username()})
+        try:  # the console writes the one (richer) audit row, so recovery's is off
+            halt = halts.halt_set(name=name, reason=reason, actor=user.get_username(),
+                                  audit=False)
+        except ValueError as e:  # recovery.halts.HaltError
+            raise ConsoleError("halt_refused", str(e), 422) from e
         audit_write(user=user, action="console.halt_set", target_type="workflow_halt",
                     target_id=name, reason=reason, ip=ip, before=before,
                     after={"halted": True})
@@ -329,16 +316,13 @@ def halt_clear_by_user(*, name: str, user, reason: str, ip: str | None = None) -
     reason = _reason_required(reason)
     if name not in halt_names():
         raise ConsoleError("unknown_halt", f"Unknown workflow {name!r}.", 422)
-    mod = _halts_module()
     with transaction.atomic():
         before = {"halted": WorkflowHalt.objects.filter(name=name).exists()}
-        if mod is not None and hasattr(mod, "halt_clear"):
-            try:
-                cleared = mod.halt_clear(name=name, actor=user.get_username(), reason=reason)
-            except ValueError as e:  # recovery.halts.HaltError
-                raise ConsoleError("halt_refused", str(e), 422) from e
-        else:
-            cleared = WorkflowHalt.objects.filter(name=name).delete()[0] > 0
+        try:
+            cleared = halts.halt_clear(name=name, actor=user.get_username(), reason=reason,
+                                       audit=False)
+        except ValueError as e:  # recovery.halts.HaltError
+            raise ConsoleError("halt_refused", str(e), 422) from e
         audit_write(user=user, action="console.halt_clear", target_type="workflow_halt",
                     target_id=name, reason=reason, ip=ip, before=before,
                     after={"halted": False})
