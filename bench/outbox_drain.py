@@ -112,7 +112,10 @@ def _unprocessed() -> int:
 def run_floor(dsn: str, n: int, procs: int, tag: str) -> float:
     _fill(n, tag)
     t0 = _db_now()
-    ps = [multiprocessing.Process(target=_floor_worker, args=(dsn,)) for _ in range(procs)]
+    # spawn, not fork: this process has threads (Celery's control client, kombu pools) and a
+    # forked child can inherit one of their locks held, and hang before it connects.
+    ctx = multiprocessing.get_context("spawn")
+    ps = [ctx.Process(target=_floor_worker, args=(dsn,)) for _ in range(procs)]
     for p in ps:
         p.start()
     for p in ps:
