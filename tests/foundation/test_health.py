@@ -36,3 +36,17 @@ def test_migrations_are_complete():
 def test_demo_checkout_stand_in_is_served(client):
     response = client.get("/demo-checkout/pur_123")
     assert response.status_code == 200 and b"pur_123" in response.content
+
+
+def test_api_docs_and_their_assets_are_served_locally(client):
+    page = client.get("/api/docs/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "cdn." not in html and "jsdelivr" not in html
+    import re
+
+    assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', html)
+    assert assets, "Swagger UI assets should come from /static/"
+    for asset in assets:
+        response = client.get(asset)
+        assert response.status_code == 200, asset
