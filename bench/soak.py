@@ -200,6 +200,8 @@ def chaos(services: Services, stack: Stack, deadline: float, rng: random.Random,
 
 def drain(env: dict, seconds: float) -> float:
     """Wait until no dispatch is open, the outbox is empty and paid purchases are done."""
+    from datetime import timedelta
+
     from django.db import connection
     from django.utils import timezone
 
@@ -212,8 +214,9 @@ def drain(env: dict, seconds: float) -> float:
     while time.monotonic() - start < seconds:
         busy = (PaymentOperation.objects.filter(outcome__in=[Outcome.DISPATCHING,
                                                              Outcome.PENDING]).count()
-                + OutboxMessage.objects.filter(processed_at__isnull=True,
-                                               available_at__lte=timezone.now()).count()
+                + OutboxMessage.objects.filter(
+                    processed_at__isnull=True,
+                    available_at__lte=timezone.now() - timedelta(seconds=30)).count()
                 + StepRun.objects.filter(state__in=["pending", "running"]).count())
         stable = stable + 1 if busy == 0 else 0
         if stable >= 5:
