@@ -20,6 +20,13 @@ def lock_operation(operation_id: str) -> PaymentOperation:
     return PaymentOperation.objects.select_for_update(of=("self",)).get(id=operation_id)
 
 
+def lock_purchase_and_operation(operation_id: str) -> tuple[Purchase, PaymentOperation]:
+    """Both locks, in the module's order (the purchase first). Raises DoesNotExist."""
+    purchase_id = (PaymentOperation.objects.filter(id=operation_id)
+                   .values_list("purchase_id", flat=True).get())
+    return lock_purchase(purchase_id), lock_operation(operation_id)
+
+
 def lock_client(client_id: int) -> ApiClient:
     return ApiClient.objects.select_for_update(of=("self",)).get(id=client_id)
 

@@ -64,6 +64,7 @@ from .locks import (  # noqa: E402
     lock_client,
     lock_operation,
     lock_purchase,
+    lock_purchase_and_operation,
 )
 from .models import (  # noqa: E402
     ApiClient,
@@ -461,16 +462,18 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
     return op
 
 
+def _lock_or_404(operation_id: str) -> tuple[Purchase, PaymentOperation]:
+    try:
+        return lock_purchase_and_operation(operation_id)
+    except PaymentOperation.DoesNotExist:
+        raise DomainError("not_found", "No such operation.", status=404) from None
+
+
 def refund_approve(*, operation_id: str, acting_user, reason: str) -> PaymentOperation:
     if not (reason or "").strip():
         raise DomainError("reason_required", "A reason is required.", status=422)
     with transaction.atomic():
-        purchase_id = (PaymentOperation.objects.filter(id=operation_id)
-                       .values_list("purchase_id", flat=True).first())
-        if purchase_id is None:
-            raise DomainError("not_found", "No such operation.", status=404)
-        purchase = lock_purchase(purchase_id)
-        op = lock_operation(operation_id)
+        purchase, op = _lock_or_404(operation_id)
         if op.outcome != Outcome.AWAITING_APPROVAL:
             raise DomainError("not_awaiting_approval", "This refund is not awaiting approval.",
                               status=409, operation=op.id, purchase=purchase.id)
@@ -714,10 +717,7 @@ def operation_apply_observation(*, operation_id: str, obj: ProviderObject, sourc
     """THE one place a provider observation (sync answer, read-back, webhook) changes an
     operation. Checks that the object is this operation's before anything is applied."""
     with transaction.atomic():
-        purchase_id = (PaymentOperation.objects.filter(id=operation_id)
-                       .values_list("purchase_id", flat=True).get())
-        purchase = lock_purchase(purchase_id)
-        op = lock_operation(operation_id)
+        purchase, op = lock_purchase_and_operation(operation_id)
         why = _mismatch(op, obj)
         if why:
             _history(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
@@ -737,10 +737,7 @@ def _settle_without_object(operation_id: str, target: Outcome, *, reason: str, c
     """failed with evidence that is not an object (not_sent thrice, declined without
     object, never confirmed) or unknown."""
     with transaction.atomic():
-        purchase_id = (PaymentOperation.objects.filter(id=operation_id)
-                       .values_list("purchase_id", flat=True).get())
-        purchase = lock_purchase(purchase_id)
-        op = lock_operation(operation_id)
+        purchase, op = lock_purchase_and_operation(operation_id)
         grade = Grade.CONFIRMED if target == Outcome.FAILED else Grade.NONE
         _apply_locked(purchase, op, target, grade=grade, verification=verification,
                       cause=cause, actor="dispatcher", evidence=evidence or {}, reason=reason)
@@ -758,10 +755,7 @@ def _claim(operation_id: str, step: str, *, attempt: int = 1, from_pending: bool
     """Phase 1. Returns the claimed ProviderCall, or None if someone else owns the step or
     the operation moved on (e.g. the dead-dispatch sweep settled it)."""
     with transaction.atomic():
-        purchase_id = (PaymentOperation.objects.filter(id=operation_id)
-                       .values_list("purchase_id", flat=True).get())
-        purchase = lock_purchase(purchase_id)
-        op = lock_operation(operation_id)
+        purchase, op = lock_purchase_and_operation(operation_id)
         if from_pending:
             if op.outcome != Outcome.PENDING:
                 return None
@@ -1035,12 +1029,7 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
     if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):
         raise DomainError("invalid_outcome", "outcome must be succeeded or failed.", status=422)
     with transaction.atomic():
-        purchase_id = (PaymentOperation.objects.filter(id=operation_id)
-                       .values_list("purchase_id", flat=True).first())
-        if purchase_id is None:
-            raise DomainError("not_found", "No such operation.", status=404)
-        purchase = lock_purchase(purchase_id)
-        op = lock_operation(operation_id)
+        purchase, op = _lock_or_404(operation_id)
         if (acting_client is not None and op.requested_by_client_id == acting_client.id) or (
                 acting_user is not None and op.requested_by_user_id == acting_user.id):
             raise DomainError("resolver_is_requester", "The requester of an operation cannot "

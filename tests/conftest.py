@@ -111,6 +111,21 @@ def _wait_outbox_quiet(timeout: float) -> None:
         pass  # a handler that hangs: the worker is stopped anyway
 
 
+@pytest.fixture
+def drill():
+    """Arm a fault drill for one operation's step (through the fault-drill HTTP client,
+    never a patched SDK); disarmed after the test."""
+    from payments.providers.stripe import get_provider
+
+    provider = get_provider()
+
+    def arm(op, mode, step="confirm", times=1):
+        provider.arm_drill(key_prefix=op.idempotency_key, step=step, mode=mode, times=times)
+
+    yield arm
+    provider.drill_client.disarm_all()
+
+
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1):
     """Poll a condition with a deadline (tests never sleep for a fixed long time)."""
     deadline = time.monotonic() + timeout

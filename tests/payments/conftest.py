@@ -1,7 +1,6 @@
 import pytest
 
 from payments import services
-from payments.providers.stripe import get_provider
 from tests.factories import ProductFactory, make_client
 
 
@@ -34,12 +33,3 @@ def new_purchase(api_client):
     return make
 
 
-@pytest.fixture
-def drill():
-    provider = get_provider()
-
-    def arm(op, mode, step="confirm", times=1):
-        provider.arm_drill(key_prefix=op.idempotency_key, step=step, mode=mode, times=times)
-
-    yield arm
-    provider.drill_client.disarm_all()

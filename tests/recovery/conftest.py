@@ -5,7 +5,6 @@ import pytest
 from django.db import connection
 
 from payments import services as pay
-from payments.providers.stripe import get_provider
 from tests.factories import ProductFactory, make_client
 
 
@@ -42,17 +41,6 @@ def pay_now(api_client):
         return pay.operation_dispatch(operation_id=op.pk)
 
     return run
-
-
-@pytest.fixture
-def drill():
-    provider = get_provider()
-
-    def arm(op, mode, step="confirm", times=1):
-        provider.arm_drill(key_prefix=op.idempotency_key, step=step, mode=mode, times=times)
-
-    yield arm
-    provider.drill_client.disarm_all()
 
 
 def run_concurrently(fn, n: int) -> list:

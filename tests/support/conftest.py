@@ -10,7 +10,6 @@ import pytest
 from django.contrib.auth.models import Group, User
 
 from payments import services as pay
-from payments.providers.stripe import get_provider
 from support.access import Role, ensure_groups
 from tests.factories import ProductFactory, make_client
 
@@ -80,17 +79,6 @@ def new_purchase(api_client):
             customer_email=email)
 
     return make
-
-
-@pytest.fixture
-def drill():
-    provider = get_provider()
-
-    def arm(op, mode, step="confirm", times=1):
-        provider.arm_drill(key_prefix=op.idempotency_key, step=step, mode=mode, times=times)
-
-    yield arm
-    provider.drill_client.disarm_all()
 
 
 @pytest.fixture

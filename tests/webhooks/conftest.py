@@ -110,20 +110,6 @@ def new_purchase(api_client):
 
 
 @pytest.fixture
-def drill():
-    """Faults only through the lead's fault-drill HTTP client (never a patched SDK)."""
-    from payments.providers.stripe import get_provider
-
-    provider = get_provider()
-
-    def arm(op, mode, step="confirm", times=1):
-        provider.arm_drill(key_prefix=op.idempotency_key, step=step, mode=mode, times=times)
-
-    yield arm
-    provider.drill_client.disarm_all()
-
-
-@pytest.fixture
 def pay(api_client, drill):
     """pay(purchase, drop_response=False, method=..., capture=...) -> dispatched operation.
     With drop_response the provider really applies the confirm but the answer is lost:
