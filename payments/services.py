@@ -962,6 +962,15 @@ def _read_back(op: PaymentOperation) -> CallResult:
     return result
 
 
+def operation_read_canonical(*, operation_id: str) -> ProviderObject | None:
+    """The provider's current record of an operation, read (and recorded as a reconcile
+    call) without applying it: for a caller that must judge a conflict itself."""
+    assert_no_transaction_outside_transaction()
+    op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
+    result = _read_back(op)
+    return result.object if result.classification == Classification.OK else None
+
+
 def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> PaymentOperation:
     """Read the provider's record and apply it. Never writes to the provider. Nothing
     found or provider unavailable keeps `unknown` (absence of evidence is not failure)."""

@@ -286,19 +286,10 @@ def _resolve_conflict_outside_transaction(event: ProviderEvent, verdict: _Verdic
 
 
 def _read_canonical_outside_transaction(op, obj: ProviderObject) -> ProviderObject | None:
-    """Read-only retrieve through the lead's adapter (the only code that calls Stripe)."""
-    assert not transaction.get_connection().in_atomic_block, "provider read inside a transaction"
-    try:
-        from payments.providers.stripe import get_provider
-    except ImportError:  # adapter not available: no canonical verdict, quarantine
-        log.warning("webhook conflict: provider adapter unavailable operation=%s", op.pk)
-        return None
-    provider = get_provider()
-    if obj.object_type == "refund":
-        result = provider.retrieve_refund(obj.id)
-    else:
-        result = provider.retrieve_payment_intent(obj.id)
-    return result.object
+    """Read-only, recorded as a reconcile ProviderCall by the payments core."""
+    from payments.services import operation_read_canonical
+
+    return operation_read_canonical(operation_id=op.pk)
 
 
 # -- quarantine triage ---------------------------------------------------------------
