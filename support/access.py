@@ -45,8 +45,14 @@ MATRIX: dict[Role, frozenset[Action]] = {
 def roles_of(user) -> set[Role]:
     if not getattr(user, "is_authenticated", False) or not user.is_active:
         return set()
-    names = set(user.groups.values_list("name", flat=True))
-    return {r for r in Role if r.value in names}
+    # Cached on the user object, which lives for one request: a console page asks `can()`
+    # a dozen times and must not query the groups each time.
+    cached = getattr(user, "_verity_roles", None)
+    if cached is None:
+        names = set(user.groups.values_list("name", flat=True))
+        cached = frozenset(r for r in Role if r.value in names)
+        user._verity_roles = cached
+    return set(cached)
 
 
 def can(user, action: Action) -> bool:
