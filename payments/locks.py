@@ -24,7 +24,10 @@ def lock_purchase_and_operation(operation_id: str) -> tuple[Purchase, PaymentOpe
     """Both locks, in the module's order (the purchase first). Raises DoesNotExist."""
     purchase_id = (PaymentOperation.objects.filter(id=operation_id)
                    .values_list("purchase_id", flat=True).get())
-    return lock_purchase(purchase_id), lock_operation(operation_id)
+    purchase = lock_purchase(purchase_id)
+    operation = lock_operation(operation_id)
+    operation.purchase = purchase  # the locked row, not a second unlocked read
+    return purchase, operation
 
 
 def lock_client(client_id: int) -> ApiClient:

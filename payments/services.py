@@ -955,10 +955,14 @@ def _read_back(op: PaymentOperation) -> CallResult:
         else:
             step, result = CallStep.LIST, provider.find_by_metadata(
                 object_type="payment_intent", operation_id=op.parent_id or op.id)
-    attempt = op.provider_calls.filter(purpose=CallPurpose.RECONCILE).count() + 1
-    call = ProviderCall.objects.create(operation=op, purpose=CallPurpose.RECONCILE, step=step,
-                                       attempt=attempt)
-    _record_call(call, result)
+    # A read claims nothing, so it is recorded once, after the answer (one INSERT).
+    ProviderCall.objects.create(
+        operation=op, purpose=CallPurpose.RECONCILE, step=step,
+        attempt=min(op.reconcile_attempts + 1, 32767), http_status=result.http_status,
+        classification=result.classification, request_id=result.request_id[:100],
+        error_code=result.error_code[:64], fault_drill=result.fault_drill,
+        finished_at=timezone.now(),
+        safe_fields=result.object.safe_fields() if result.object else {"detail": result.detail})
     return result
 
 
@@ -989,6 +993,9 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
         operation_apply_observation(operation_id=op.id, obj=result.object,
                                     source=Verification.PROVIDER, cause="reconcile",
                                     actor=actor)
+    settled = PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+    if settled.is_terminal:
+        return settled  # nothing left to schedule
     with transaction.atomic():
         purchase = lock_purchase(op.purchase_id)
         op = lock_operation(operation_id)
