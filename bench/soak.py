@@ -206,7 +206,7 @@ def drain(env: dict, seconds: float) -> float:
     from django.utils import timezone
 
     from payments.enums import Outcome
-    from payments.models import PaymentOperation
+    from payments.models import PaymentOperation, Purchase
     from recovery.models import OutboxMessage, StepRun
 
     start = time.monotonic()
@@ -217,7 +217,9 @@ def drain(env: dict, seconds: float) -> float:
                 + OutboxMessage.objects.filter(
                     processed_at__isnull=True,
                     available_at__lte=timezone.now() - timedelta(seconds=30)).count()
-                + StepRun.objects.filter(state__in=["pending", "running"]).count())
+                + StepRun.objects.filter(state__in=["pending", "running"]).exclude(
+                    purchase_id__in=Purchase.objects.filter(status="manual_review")
+                    .values("id")).count())
         stable = stable + 1 if busy == 0 else 0
         if stable >= 5:
             break
