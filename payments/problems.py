@@ -151,6 +151,8 @@ def _flatten_errors(detail) -> dict:
 
 def exception_handler(exc, context):
     """REST_FRAMEWORK["EXCEPTION_HANDLER"]: every error becomes a problem document."""
+    from django.core.exceptions import RequestDataTooBig
+
     from .services import DomainError  # the core owns the refusal type
 
     if isinstance(exc, Problem):
@@ -176,6 +178,11 @@ def exception_handler(exc, context):
             detail="The request body is not valid; see `errors`.",
             action_message="Fix the request and send it again.",
             extra={"errors": _flatten_errors(exc.detail)}))
+    if isinstance(exc, RequestDataTooBig):
+        return problem_response(Problem(
+            code="request_too_large", status=413,
+            detail="The request body is larger than this API accepts.",
+            action_message="Send a smaller body; nothing was done."))
     if isinstance(exc, drf.ParseError):
         return problem_response(Problem(code="invalid_request", status=400,
                                         detail="The request body is not valid JSON."))

@@ -8,6 +8,7 @@ the caller's, so the operations are exercised beyond 404.
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 import schemathesis
@@ -65,7 +66,9 @@ def world(transactional_db, localstripe):
 
 
 @schema.parametrize()
-@settings(max_examples=5, derandomize=True, deadline=None,
+# CI's budget is 5 examples per operation; `make fuzz` raises it (VERITY_FUZZ_EXAMPLES).
+@settings(max_examples=int(os.environ.get("VERITY_FUZZ_EXAMPLES", "5")), derandomize=True,
+          deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much])
 @pytest.mark.django_db(transaction=True)

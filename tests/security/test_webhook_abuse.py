@@ -55,3 +55,23 @@ def test_old_secret_still_accepted_during_rotation(client):
     body = _event_bytes()
     assert _send(client, body, sign(body, OLD_SECRET)).status_code == 200
     assert ProviderEvent.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_oversized_api_body_is_refused_without_effect():
+    from rest_framework.test import APIClient
+
+    from payments.models import Quote
+    from tests.factories import make_client
+
+    _, key = make_client()
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Api-Key {key}")
+    body = '{"items": [], "currency": "usd", "pad": "' + "a" * 400_000 + '"}'
+    response = api.post("/api/v1/quotes", data=body, content_type="application/json",
+                        HTTP_IDEMPOTENCY_KEY="big-1")
+    assert response.status_code == 413 and response.json()["code"] == "request_too_large"
+    assert Quote.objects.count() == 0
+    from payments.models import IdempotencyRecord
+
+    assert IdempotencyRecord.objects.count() == 0  # the key is not bound
