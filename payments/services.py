@@ -257,11 +257,24 @@ def _active_op(purchase: Purchase) -> PaymentOperation | None:
     return purchase.operations.filter(outcome__in=SLOT_HOLDING_OUTCOMES).first()
 
 
+def _dispatch_backstop(op: PaymentOperation) -> None:
+    """The caller dispatches right after commit; if its process dies first, this delayed
+    outbox message sends the queued operation anyway (a second dispatch is a no-op), so a
+    `pending` operation never holds its purchase's slot forever."""
+    outbox_put(category=OutboxCategory.DISPATCH, payload={"operation": op.id},
+               dedupe_key=f"dispatch-backstop:{op.id}",  # never absorbs a prompt dispatch
+               delay_seconds=settings.IDEMPOTENCY_LEASE_SECONDS + 5)
+
+
 def _create_op(**fields) -> PaymentOperation:
-    """Insert under a savepoint: the partial unique indexes are the real guard."""
+    """Insert under a savepoint: the partial unique indexes are the real guard. A queued
+    (pending) operation gets its dispatch backstop in the same transaction."""
     try:
         with transaction.atomic():
-            return PaymentOperation.objects.create(**fields)
+            op = PaymentOperation.objects.create(**fields)
+            if op.outcome == Outcome.PENDING:
+                _dispatch_backstop(op)
+            return op
     except IntegrityError as exc:
         purchase_id = fields["purchase"].id
         raise DomainError(
@@ -488,6 +501,7 @@ def refund_approve(*, operation_id: str, acting_user, reason: str) -> PaymentOpe
         op.approved_by_user = acting_user
         _op_to(op, "approve", cause="refund_approved", actor=acting_user.get_username(),
                evidence={"reason": reason}, fields=("approved_by_user",))
+        _dispatch_backstop(op)
         _audit(actor=acting_user.get_username(), action="refund_approve", op=op, reason=reason)
     return op
 

@@ -102,3 +102,27 @@ def test_api_refund_waits_for_approval_by_someone_else(new_purchase, api_client,
     done = services.operation_dispatch(operation_id=refund.id)
     assert done.outcome == Outcome.SUCCEEDED
     assert done.purchase.status == PurchaseStatus.REFUNDED
+
+
+def test_a_queued_operation_whose_dispatcher_died_is_sent_by_the_outbox(
+        new_purchase, api_client, localstripe, settings):
+    """The web process dies between creating the operation and dispatching it: the
+    delayed DISPATCH message sends it, once."""
+    from django.utils import timezone
+
+    from recovery.relay import relay_drain_once
+
+    purchase = new_purchase()
+    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
+                                 payment_method="pm_card_visa")  # ...and no dispatch call
+    message = OutboxMessage.objects.get(category=OutboxCategory.DISPATCH,
+                                        payload={"operation": op.id})
+    assert message.available_at > timezone.now()  # not before the request's own lease
+    OutboxMessage.objects.filter(id=message.id).update(available_at=timezone.now())
+    relay_drain_once()
+    from payments.models import PaymentOperation
+
+    assert PaymentOperation.objects.get(id=op.id).outcome == Outcome.SUCCEEDED
+    assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
+    relay_drain_once()  # redelivery changes nothing
+    assert len(localstripe.payment_intents_for(purchase.id)) == 1
