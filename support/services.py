@@ -11,6 +11,7 @@ transaction right after.
 from __future__ import annotations
 
 import importlib
+from contextlib import contextmanager
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -86,6 +87,20 @@ def audit_write(*, user, action: str, target_type: str, target_id: str, reason: 
     )
 
 
+@contextmanager
+def _core_refusals_audited(*, user, ip: str | None, action: str, target_type: str,
+                           target_id: str, reason: str, purchase_id: str):
+    """A refusal from the core (DomainError) is audited as `<action>.refused`, with the
+    IP, and shown to the console as a ConsoleError."""
+    try:
+        yield
+    except _domain_error() as e:
+        _audit_refusal(user=user, action=action, target_type=target_type,
+                       target_id=target_id, reason=reason, purchase_id=purchase_id, ip=ip,
+                       code=e.code)
+        raise ConsoleError(e.code, e.message, e.status) from e
+
+
 def _audit_refusal(*, user, action: str, target_type: str, target_id: str, reason: str,
                    purchase_id: str, ip: str | None, code: str) -> None:
     # A refused manual action is still a console action worth knowing about (e.g. a
@@ -132,14 +147,11 @@ def operation_reconcile_by_user(*, operation_id: str, user, reason: str,
     reason = _reason_required(reason)
     before_op = _op_or_404(operation_id)
     before = _op_snapshot(before_op)
-    try:
+    with _core_refusals_audited(user=user, ip=ip, action="console.reconcile",
+                                target_type="operation", target_id=operation_id,
+                                reason=reason, purchase_id=before_op.purchase_id):
         # Network I/O: outside any transaction.
         op = operation_reconcile(operation_id=operation_id, actor=user.get_username())
-    except _domain_error() as e:
-        _audit_refusal(user=user, action="console.reconcile", target_type="operation",
-                       target_id=operation_id, reason=reason, purchase_id=before_op.purchase_id,
-                       ip=ip, code=e.code)
-        raise ConsoleError(e.code, e.message, e.status) from e
     with transaction.atomic():
         op = _reload_op(operation_id)
         audit_write(user=user, action="console.reconcile", target_type="operation",
@@ -167,7 +179,9 @@ def operation_resolve_by_user(*, operation_id: str, outcome: str, user, reason: 
                            "The person who requested an operation cannot resolve it.", 403)
     before = {**_op_snapshot(before_op),
               **_purchase_snapshot(Purchase.objects.get(pk=before_op.purchase_id))}
-    try:
+    with _core_refusals_audited(user=user, ip=ip, action="console.resolve",
+                                target_type="operation", target_id=operation_id,
+                                reason=reason, purchase_id=before_op.purchase_id):
         with transaction.atomic():
             had_resolution = Resolution.objects.filter(operation_id=operation_id).count()
             op = operation_resolve_manual(operation_id=operation_id, outcome=outcome,
@@ -184,11 +198,6 @@ def operation_resolve_by_user(*, operation_id: str, outcome: str, user, reason: 
                         ip=ip, before=before,
                         after={**_op_snapshot(op),
                                **_purchase_snapshot(Purchase.objects.get(pk=op.purchase_id))})
-    except _domain_error() as e:
-        _audit_refusal(user=user, action="console.resolve", target_type="operation",
-                       target_id=operation_id, reason=reason, purchase_id=before_op.purchase_id,
-                       ip=ip, code=e.code)
-        raise ConsoleError(e.code, e.message, e.status) from e
     return op
 
 
@@ -203,14 +212,11 @@ def operation_replay_by_user(*, operation_id: str, user, reason: str,
         raise ConsoleError("replay_unavailable", "Replay is not available.", 409)
     before_op = _op_or_404(operation_id)
     before = _op_snapshot(before_op)
-    try:
+    with _core_refusals_audited(user=user, ip=ip, action="console.replay",
+                                target_type="operation", target_id=operation_id,
+                                reason=reason, purchase_id=before_op.purchase_id):
         # Network I/O: outside any transaction.
         replay(operation_id=operation_id, actor=user.get_username(), acting_user=user)
-    except _domain_error() as e:
-        _audit_refusal(user=user, action="console.replay", target_type="operation",
-                       target_id=operation_id, reason=reason, purchase_id=before_op.purchase_id,
-                       ip=ip, code=e.code)
-        raise ConsoleError(e.code, e.message, e.status) from e
     with transaction.atomic():
         op = _reload_op(operation_id)
         audit_write(user=user, action="console.replay", target_type="operation",
@@ -232,18 +238,15 @@ def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int |
     purchase = Purchase.objects.filter(pk=purchase_id).first()
     if purchase is None:
         raise ConsoleError("not_found", "No such purchase.", 404)
-    try:
+    with _core_refusals_audited(user=user, ip=ip, action="console.refund_request",
+                                target_type="purchase", target_id=purchase_id,
+                                reason=reason, purchase_id=purchase_id):
         with transaction.atomic():
             op = refund_request(purchase_id=purchase_id, amount=amount, acting_user=user)
             audit_write(user=user, action="console.refund_request", target_type="operation",
                         target_id=op.pk, purchase_id=purchase_id, reason=reason, ip=ip,
                         before=_purchase_snapshot(purchase),
                         after={**_op_snapshot(op), "amount": op.amount})
-    except _domain_error() as e:
-        _audit_refusal(user=user, action="console.refund_request", target_type="purchase",
-                       target_id=purchase_id, reason=reason, purchase_id=purchase_id, ip=ip,
-                       code=e.code)
-        raise ConsoleError(e.code, e.message, e.status) from e
     return op
 
 
@@ -263,18 +266,15 @@ def refund_approve_by_user(*, operation_id: str, user, reason: str,
         raise ConsoleError("approver_is_requester",
                            "The person who requested a refund cannot approve it.", 403)
     before = _op_snapshot(before_op)
-    try:
+    with _core_refusals_audited(user=user, ip=ip, action="console.refund_approve",
+                                target_type="operation", target_id=operation_id,
+                                reason=reason, purchase_id=before_op.purchase_id):
         with transaction.atomic():
             refund_approve(operation_id=operation_id, acting_user=user, reason=reason)
             op = _reload_op(operation_id)
             audit_write(user=user, action="console.refund_approve", target_type="operation",
                         target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
                         ip=ip, before=before, after=_op_snapshot(op))
-    except _domain_error() as e:
-        _audit_refusal(user=user, action="console.refund_approve", target_type="operation",
-                       target_id=operation_id, reason=reason, purchase_id=before_op.purchase_id,
-                       ip=ip, code=e.code)
-        raise ConsoleError(e.code, e.message, e.status) from e
     # The provider call happens after commit, outside any transaction; if this process
     # dies here the approved (pending) operation is picked up like any queued one.
     try:
