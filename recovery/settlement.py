@@ -85,10 +85,6 @@ def settlement_compare(*, grace_seconds: float | None = None) -> ComparisonResul
     if grace_seconds is None:
         grace_seconds = settings.SETTLEMENT_GRACE_SECONDS
     provider = get_provider()
-    if not hasattr(provider, "list_balance_transactions"):
-        log.warning("settlement comparison skipped: the adapter cannot list balance "
-                    "transactions")
-        return ComparisonResult(0, 0, 0, 0)
     # Network I/O first, outside any transaction.
     transactions = provider.list_balance_transactions(limit=settings.SETTLEMENT_MAX_TRANSACTIONS)
     truncated = len(transactions) >= settings.SETTLEMENT_MAX_TRANSACTIONS
