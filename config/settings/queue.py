@@ -11,7 +11,10 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_out": str(_queue_dir),
         "processed_folder": str(_queue_dir / "processed"),
         "store_processed": False,
+        # Broadcast (celery control) exchanges; kombu's default is ./control in the cwd.
+        "control_folder": str(_queue_dir / "control"),
     }
+    (_queue_dir / "processed").mkdir(parents=True, exist_ok=True)
 else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "visibility_timeout": 3600,
