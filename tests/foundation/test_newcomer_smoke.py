@@ -101,10 +101,19 @@ def run_walkthrough(env: dict, base: str, var: Path) -> dict[str, str]:
                         'echo "WALKTHROUGH PURCHASE=$PURCHASE OP=$OP '
                         'UNKNOWN_PURCHASE=$UNKNOWN_PURCHASE UNKNOWN_OP=$UNKNOWN_OP '
                         'PURCHASE2=$PURCHASE2 DECLINED=$DECLINED"'])
-    done = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=180)
-    assert done.returncode == 0, f"walk-through failed:\n{done.stdout}\n{done.stderr}"
-    last = [line for line in done.stdout.splitlines() if line.startswith("WALKTHROUGH ")][-1]
+    # Answers go to one regular file, as `… 2>&1 | tee` or a terminal log would: a block
+    # that reopens /dev/stderr (and so truncates that file) shows up as lost answers.
+    log = var.parent / "walkthrough.log"
+    with open(log, "w") as out:
+        done = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=180)
+    output = log.read_text()
+    assert done.returncode == 0, f"walk-through failed:\n{output}"
+    for answer in ('"sku":"TEA-001"', "Idempotent-Replayed: true", "idempotency_key_reused",
+                   "already_paid", "idempotency_key_required", "outcome=unknown",
+                   '"code":"card_declined"', '"retry_of":'):
+        assert answer in output, f"{answer} missing from the walk-through's answers:\n{output}"
+    last = [line for line in output.splitlines() if line.startswith("WALKTHROUGH ")][-1]
     ids = dict(pair.split("=", 1) for pair in last.split()[1:])
     assert all(ids.values()), ids
     return ids
