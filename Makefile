@@ -57,12 +57,14 @@ fuzz: deps
 
 # Known-vulnerability audit of both locks. It needs the vulnerability database (PyPI's
 # JSON API, or OSV with PIP_AUDIT_ARGS=--vulnerability-service=osv): run it on a machine
-# that reaches it (a developer laptop, a CI job with network); where it is unreachable it
-# fails with a connection error rather than passing.
+# that reaches it (a developer laptop, a CI job with network). --strict: where the
+# database is unreachable every package is "not found" and the audit FAILS — without it
+# pip-audit would skip them all and report "No known vulnerabilities found".
 PIP_AUDIT_ARGS ?=
+AUDIT := $(VENV)/bin/pip-audit --require-hashes --disable-pip --strict --progress-spinner off
 audit: deps
-	$(VENV)/bin/pip-audit -r requirements.lock --require-hashes --disable-pip --progress-spinner off $(PIP_AUDIT_ARGS)
-	$(VENV)/bin/pip-audit -r requirements-dev.lock --require-hashes --disable-pip --progress-spinner off $(PIP_AUDIT_ARGS)
+	$(AUDIT) -r requirements.lock $(PIP_AUDIT_ARGS)
+	$(AUDIT) -r requirements-dev.lock $(PIP_AUDIT_ARGS)
 
 drill: deps
 	$(PY) manage.py drill
