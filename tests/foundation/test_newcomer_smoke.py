@@ -28,7 +28,9 @@ from tests.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-BOOT_SECONDS = 150
+# A timeout, not a target: a quiet 2-core machine boots in 30-60 s, a fresh clone's first
+# boot (no bytecode yet) on a loaded one took 120 s.
+BOOT_SECONDS = 240
 BANNER_END = "Ctrl-C stops everything."
 # What `make test`'s stack sets and the embedded default must not see.
 STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "STRIPE_API_KEY",
@@ -138,6 +140,7 @@ def test_make_run_then_the_readme_walkthrough_works_on_the_embedded_default(embe
     screen = [line for line in screen if line]
     assert screen[-1] == "=" * 78 and screen[-2] == BANNER_END, screen[-15:]
     banner = "\n".join(screen[-40:])
+    assert "NOT UP" not in banner, banner
     for needle in ("support1 / support-demo-pass", "operator1 / operator-demo-pass",
                    "finance1 / finance-demo-pass", (var / "demo-api-key").read_text().strip(),
                    f"{base}/console/", f"{base}/status/", f"curl -s -H 'Authorization"):

@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand
 
 from .seed_demo import DEMO_CLIENT, demo_users
 
-WAIT_SECONDS = 180
+WAIT_SECONDS = 240
 
 
 class Command(BaseCommand):
