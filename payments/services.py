@@ -463,7 +463,8 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
                               retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id, extra={"refundable": refundable})
         auto = compensation or (api_client is not None and acting_user is None
-                                and 0 < amount <= api_client.auto_refund_limit)
+                                and _auto_refund_allowed(purchase=purchase,
+                                                         api_client=api_client, amount=amount))
         op = _create_op(purchase=purchase, kind=OperationKind.REFUND, amount=amount,
                         currency=purchase.currency, parent=payment,
                         requested_by_client=api_client, requested_by_user=acting_user,
@@ -473,6 +474,37 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
                  target=op.outcome, cause="refund_requested",
                  evidence={"compensation": compensation}, actor=_actor(api_client, acting_user))
     return op
+
+
+# Outcomes of an automatic refund that still count against the allowance: everything but
+# "never approved" (awaiting approval, declined) and "failed" (nothing left the account).
+_AUTO_REFUND_COUNTED = (Outcome.PENDING, Outcome.DISPATCHING, Outcome.SUCCEEDED,
+                        Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)
+
+
+def _auto_refunds(**filters) -> int:
+    """Sum of automatic refunds (no person requested or approved them, not compensations)."""
+    return (PaymentOperation.objects.filter(
+        kind=OperationKind.REFUND, is_compensation=False, requested_by_user__isnull=True,
+        approved_by_user__isnull=True, outcome__in=_AUTO_REFUND_COUNTED, **filters)
+        .aggregate(s=Sum("amount"))["s"] or 0)
+
+
+def _auto_refund_allowed(*, purchase: Purchase, api_client: ApiClient, amount: int) -> bool:
+    """The automatic-refund allowance is cumulative (issue 25 #1): five refunds of 500 under
+    a 500 allowance are 2 500 refunded without a person. Counted per payment under the
+    purchase lock, and per client per period under the client's row lock (purchase ->
+    client is the lock order), so two concurrent requests cannot both fit."""
+    allowance = api_client.auto_refund_limit
+    if amount <= 0 or allowance <= 0:
+        return False
+    if _auto_refunds(purchase=purchase) + amount > allowance:
+        return False
+    client = lock_client(api_client.id)
+    start = _period_start(client) or timezone.now() - timedelta(days=1)
+    period_cap = allowance * settings.AUTO_REFUND_PERIOD_MULTIPLE
+    return _auto_refunds(requested_by_client=client, created_at__gte=start) + amount \
+        <= period_cap
 
 
 def _lock_or_404(operation_id: str) -> tuple[Purchase, PaymentOperation]:

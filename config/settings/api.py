@@ -55,3 +55,6 @@ SPECTACULAR_SETTINGS = {
 }
 API_KEY_CUSTOM_HEADER = "HTTP_AUTHORIZATION"
 IDEMPOTENCY_LEASE_SECONDS = env.int("IDEMPOTENCY_LEASE_SECONDS", default=30)
+# Automatic refunds (no approver) are capped per payment by the client's auto_refund_limit,
+# cumulatively, and per client per period (its limit period, else 24 h) at this multiple.
+AUTO_REFUND_PERIOD_MULTIPLE = env.int("AUTO_REFUND_PERIOD_MULTIPLE", default=10)
