@@ -16,6 +16,9 @@ $(VENV)/.installed: requirements.lock
 
 deps: $(VENV)/.installed
 
+# Development: DEBUG on (the example SECRET_KEY and the console e-mail backend are
+# refused with DEBUG off, see docs/security.md).
+run: export DEBUG ?= true
 run: deps
 	mkdir -p var/broker/processed
 	$(PY) manage.py migrate --noinput

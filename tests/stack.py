@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -125,6 +126,12 @@ class Stack:
             self.close()
             raise
         self.env["VERITY_STACK_DIR"] = str(self.tmp)
+        # DEBUG stays off (production behaviour), so the stack supplies what production
+        # must (config/settings/security.py refuses the defaults): a throwaway key, a mail
+        # backend that is not the console, and plain-http cookies on loopback.
+        self.env.setdefault("SECRET_KEY", secrets.token_urlsafe(48))
+        self.env.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
+        self.env.setdefault("SESSION_COOKIE_SECURE", "false")
         return self
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ STOREFRONT_CHECKOUT_URL = env(
 SUPPORT_CONTACT = env("SUPPORT_CONTACT", default="support@verity.example")
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "support.apps.VerityAdminConfig",  # django.contrib.admin behind the lockout
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -36,6 +36,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "config.sessions.SessionLifetimeMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -72,7 +73,23 @@ LOGIN_URL = "/console/login/"
 LOGIN_REDIRECT_URL = "/console/"
 
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+# Secure (HTTPS-only) outside development (DEBUG on); loopback test stacks set it off.
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=not DEBUG)
+# Console sessions (ASVS V3.3): at most 12 h after login, 30 min idle (config.sessions).
+SESSION_MAX_AGE_SECONDS = env.int("SESSION_MAX_AGE_SECONDS", default=12 * 3600)
+SESSION_IDLE_SECONDS = env.int("SESSION_IDLE_SECONDS", default=30 * 60)
+SESSION_COOKIE_AGE = SESSION_MAX_AGE_SECONDS
+SESSION_EXPIRE_AT_BROWSER_CLOSE = True
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+     "OPTIONS": {"min_length": 12}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+# Behind N reverse proxies that each append to X-Forwarded-For, the client address is the
+# N-th entry from the right (support.web.client_ip). 0 = use REMOTE_ADDR only.
+TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
