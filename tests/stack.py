@@ -132,6 +132,9 @@ class Stack:
         self.env.setdefault("SECRET_KEY", secrets.token_urlsafe(48))
         self.env.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
         self.env.setdefault("SESSION_COOKIE_SECURE", "false")
+        # Tests read /metrics right after changing rows: no scrape cache (its own test
+        # turns it on).
+        self.env.setdefault("METRICS_CACHE_SECONDS", "0")
         return self
 
     def close(self) -> None:

@@ -114,3 +114,9 @@ LOGGING = {
     # The SDK logs request lines at debug; keep it quiet so nothing sensitive leaks.
     "loggers": {"stripe": {"level": "WARNING"}},
 }
+
+# /metrics (recovery.views): a bearer token, or scrapers from these networks (issue 25 #4).
+METRICS_TOKEN = env("METRICS_TOKEN", default="")
+METRICS_ALLOWED_NETWORKS = env.list("METRICS_ALLOWED_NETWORKS", default=["127.0.0.0/8", "::1/128"])
+# Database figures are computed at most once per this many seconds per process.
+METRICS_CACHE_SECONDS = env.float("METRICS_CACHE_SECONDS", default=5.0)
