@@ -120,3 +120,6 @@ METRICS_TOKEN = env("METRICS_TOKEN", default="")
 METRICS_ALLOWED_NETWORKS = env.list("METRICS_ALLOWED_NETWORKS", default=["127.0.0.0/8", "::1/128"])
 # Database figures are computed at most once per this many seconds per process.
 METRICS_CACHE_SECONDS = env.float("METRICS_CACHE_SECONDS", default=5.0)
+# /readyz: the broker check's timeout and how long its answer is reused (config.health).
+READYZ_BROKER_TIMEOUT = env.float("READYZ_BROKER_TIMEOUT", default=0.5)
+READYZ_CACHE_SECONDS = env.float("READYZ_CACHE_SECONDS", default=5.0)
