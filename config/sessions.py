@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from django.conf import settings
-from django.contrib.auth import logout
+from django.contrib.auth import SESSION_KEY, logout
 
 LOGIN_AT = "_verity_login_at"
 SEEN_AT = "_verity_seen_at"
@@ -21,8 +21,10 @@ class SessionLifetimeMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        user = getattr(request, "user", None)
-        if user is not None and user.is_authenticated:
+        # Only requests that carry a session cookie: the API and the customer page never
+        # touch the session (so no `Vary: Cookie`, no session load).
+        has_cookie = settings.SESSION_COOKIE_NAME in request.COOKIES
+        if has_cookie and request.user.is_authenticated:
             now = time.time()
             login_at = request.session.get(LOGIN_AT, now)
             seen_at = request.session.get(SEEN_AT, now)
@@ -33,8 +35,9 @@ class SessionLifetimeMiddleware:
                 request.session[LOGIN_AT] = login_at
                 request.session[SEEN_AT] = now
         response = self.get_response(request)
-        user = getattr(request, "user", None)
-        if user is not None and user.is_authenticated and LOGIN_AT not in request.session:
+        # (request.user may be DRF's API client here: read the session, not the user.)
+        if (request.session.modified and SESSION_KEY in request.session
+                and LOGIN_AT not in request.session):
             # Just signed in (the login view rotated the session): the 12 h start now.
             now = time.time()
             request.session[LOGIN_AT] = now

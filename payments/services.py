@@ -1060,6 +1060,27 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
 
 
+def operation_reconcile_on_demand(*, operation_id: str, actor: str) -> int:
+    """A read-back someone asked for (API, MCP). At most one per operation per
+    RECONCILE_ON_DEMAND_COOLDOWN_SECONDS (issue 25 #6: 200 POSTs made 200 provider reads
+    and 200 timeline rows): within the cooldown nothing is read or written and the
+    caller answers the current state. Returns 0 after a read-back, else the seconds to
+    wait (Retry-After). The claim is one atomic `cache.add` in the shared cache (Redis),
+    so concurrent requests on any web process cannot both read."""
+    from django.core.cache import cache
+
+    cooldown = int(settings.RECONCILE_ON_DEMAND_COOLDOWN_SECONDS)
+    op = PaymentOperation.objects.get(id=operation_id)
+    open_for_reading = not op.is_terminal and op.outcome not in (Outcome.PENDING,
+                                                                 Outcome.AWAITING_APPROVAL)
+    # Settled or never sent: operation_reconcile refuses without reading (409s unchanged).
+    if open_for_reading and cooldown > 0 and not cache.add(f"reconcile-on-demand:{operation_id}", 1,
+                                      timeout=cooldown):
+        return cooldown
+    operation_reconcile(operation_id=operation_id, actor=actor)
+    return 0
+
+
 def operations_sweep_dead_dispatches() -> int:
     """A dispatch with no recorded outcome past its lease: its worker died. Never resend:
     confirm claimed -> unknown (reconcile); confirm never claimed -> failed not_confirmed."""
