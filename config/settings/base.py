@@ -109,7 +109,10 @@ LOGGING = {
     "formatters": {
         "kv": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv"}},
+    # Status tokens are customers' credentials: redacted from every line (issue 25 #8).
+    "filters": {"status_tokens": {"()": "config.log_redaction.StatusTokenFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv",
+                             "filters": ["status_tokens"]}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
     # The SDK logs request lines at debug; keep it quiet so nothing sensitive leaks.
     "loggers": {"stripe": {"level": "WARNING"}},
