@@ -348,6 +348,13 @@ IDEMPOTENT_NOTE = (
 class ApiView(APIView):
     required_scopes: dict[str, str] = {}
 
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        # Answers carry customer e-mails and status links (a customer's credential) and
+        # are per API client: no shared or browser cache may keep them (issue 25 #10).
+        response.setdefault("Cache-Control", "no-store")
+        return response
+
 
 class ProductListApi(ApiView):
     required_scopes = {"GET": READ}
