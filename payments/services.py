@@ -29,6 +29,8 @@ class DomainError(Exception):
 
 # --------------------------------------------------------------------------------------
 import hashlib  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 from datetime import timedelta  # noqa: E402
@@ -1074,9 +1076,15 @@ def operation_reconcile_on_demand(*, operation_id: str, actor: str) -> int:
     open_for_reading = not op.is_terminal and op.outcome not in (Outcome.PENDING,
                                                                  Outcome.AWAITING_APPROVAL)
     # Settled or never sent: operation_reconcile refuses without reading (409s unchanged).
-    if open_for_reading and cooldown > 0 and not cache.add(f"reconcile-on-demand:{operation_id}", 1,
-                                      timeout=cooldown):
-        return cooldown
+    key = f"reconcile-on-demand:{operation_id}"
+    now = time.time()
+    if open_for_reading and cooldown > 0:
+        try:
+            if not cache.add(key, now, timeout=cooldown):
+                last = cache.get(key) or now
+                return max(1, math.ceil(cooldown - (now - last)))
+        except Exception:  # noqa: BLE001 - a cache outage must not stop a read-back
+            log.warning("reconcile cooldown cache unavailable; reading back", exc_info=True)
     operation_reconcile(operation_id=operation_id, actor=actor)
     return 0
 
