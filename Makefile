@@ -29,6 +29,9 @@ lock:
 	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --generate-hashes --python-version 3.11 -o requirements-dev.lock -q
 	$(VENV)/bin/uv pip compile pyproject.toml --generate-hashes --python-version 3.11 -c requirements-dev.lock -o requirements.lock -q
 
+# Development: DEBUG on (the example SECRET_KEY and the console e-mail backend are
+# refused with DEBUG off, see docs/security.md).
+run serve: export DEBUG ?= true
 run: deps
 	@$(MAKE) --no-print-directory serve
 

@@ -529,8 +529,8 @@ def reconcile_operation(*, api_client: ApiClient, operation_id: str) -> AgentRes
         return operation_result(op)
     assert_no_transaction_outside_transaction()
     try:
-        services.operation_reconcile(operation_id=op.id,
-                                     actor=f"mcp:{api_client.name}:{api_client.prefix}")
+        services.operation_reconcile_on_demand(
+            operation_id=op.id, actor=f"mcp:{api_client.name}:{api_client.prefix}")
     except DomainError as exc:
         if exc.code not in ("already_settled", "not_dispatched"):
             return _domain_refusal(exc, api_client, retry_call=_tool(

@@ -348,6 +348,13 @@ IDEMPOTENT_NOTE = (
 class ApiView(APIView):
     required_scopes: dict[str, str] = {}
 
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        # Answers carry customer e-mails and status links (a customer's credential) and
+        # are per API client: no shared or browser cache may keep them (issue 25 #10).
+        response.setdefault("Cache-Control", "no-store")
+        return response
+
 
 class ProductListApi(ApiView):
     required_scopes = {"GET": READ}
@@ -627,7 +634,9 @@ class OperationReconcileApi(ApiView):
         operation_id="operations_reconcile", summary="Read the provider's record now",
         description="Read-only at the provider; settles an unknown operation if the provider "
                     "has a record of it. 409 `already_settled` if it is settled. Works while "
-                    "workflows are halted. Naturally idempotent: no key needed.",
+                    "workflows are halted. Naturally idempotent: no key needed. At most one "
+                    "read-back per operation every few seconds: within that cooldown the "
+                    "answer is the current state with `Retry-After`.",
         request=None,
         responses={**_ok(200, OperationOut, "Current state after the read-back"),
                    **_problems(409, 503, s409="already_settled")},
@@ -635,8 +644,12 @@ class OperationReconcileApi(ApiView):
     def post(self, request, operation_id: str):
         op = _operation_or_404(request, operation_id)
         _assert_no_transaction_open()
-        services.operation_reconcile(operation_id=op.id, actor=_actor(request))
-        return Response(selectors.operation_view(_load_operation(op.id)))
+        wait = services.operation_reconcile_on_demand(operation_id=op.id, actor=_actor(request))
+        response = Response(selectors.operation_view(_load_operation(op.id)))
+        if wait:
+            # Read back moments ago: the current state, no provider call (issue 25 #6).
+            response["Retry-After"] = str(wait)
+        return response
 
 
 class OperationReplayApi(ApiView):

@@ -29,6 +29,8 @@ class DomainError(Exception):
 
 # --------------------------------------------------------------------------------------
 import hashlib  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 from datetime import timedelta  # noqa: E402
@@ -463,7 +465,8 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
                               retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id, extra={"refundable": refundable})
         auto = compensation or (api_client is not None and acting_user is None
-                                and 0 < amount <= api_client.auto_refund_limit)
+                                and _auto_refund_allowed(purchase=purchase,
+                                                         api_client=api_client, amount=amount))
         op = _create_op(purchase=purchase, kind=OperationKind.REFUND, amount=amount,
                         currency=purchase.currency, parent=payment,
                         requested_by_client=api_client, requested_by_user=acting_user,
@@ -473,6 +476,37 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
                  target=op.outcome, cause="refund_requested",
                  evidence={"compensation": compensation}, actor=_actor(api_client, acting_user))
     return op
+
+
+# Outcomes of an automatic refund that still count against the allowance: everything but
+# "never approved" (awaiting approval, declined) and "failed" (nothing left the account).
+_AUTO_REFUND_COUNTED = (Outcome.PENDING, Outcome.DISPATCHING, Outcome.SUCCEEDED,
+                        Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)
+
+
+def _auto_refunds(**filters) -> int:
+    """Sum of automatic refunds (no person requested or approved them, not compensations)."""
+    return (PaymentOperation.objects.filter(
+        kind=OperationKind.REFUND, is_compensation=False, requested_by_user__isnull=True,
+        approved_by_user__isnull=True, outcome__in=_AUTO_REFUND_COUNTED, **filters)
+        .aggregate(s=Sum("amount"))["s"] or 0)
+
+
+def _auto_refund_allowed(*, purchase: Purchase, api_client: ApiClient, amount: int) -> bool:
+    """The automatic-refund allowance is cumulative (issue 25 #1): five refunds of 500 under
+    a 500 allowance are 2 500 refunded without a person. Counted per payment under the
+    purchase lock, and per client per period under the client's row lock (purchase ->
+    client is the lock order), so two concurrent requests cannot both fit."""
+    allowance = api_client.auto_refund_limit
+    if amount <= 0 or allowance <= 0:
+        return False
+    if _auto_refunds(purchase=purchase) + amount > allowance:
+        return False
+    client = lock_client(api_client.id)
+    start = _period_start(client) or timezone.now() - timedelta(days=1)
+    period_cap = allowance * settings.AUTO_REFUND_PERIOD_MULTIPLE
+    return _auto_refunds(requested_by_client=client, created_at__gte=start) + amount \
+        <= period_cap
 
 
 def _lock_or_404(operation_id: str) -> tuple[Purchase, PaymentOperation]:
@@ -1026,6 +1060,33 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
                          source=op.outcome, target=op.outcome, cause="escalated",
                          evidence={"recovery_owner": purchase.recovery_owner}, actor=actor)
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
+def operation_reconcile_on_demand(*, operation_id: str, actor: str) -> int:
+    """A read-back someone asked for (API, MCP). At most one per operation per
+    RECONCILE_ON_DEMAND_COOLDOWN_SECONDS (issue 25 #6: 200 POSTs made 200 provider reads
+    and 200 timeline rows): within the cooldown nothing is read or written and the
+    caller answers the current state. Returns 0 after a read-back, else the seconds to
+    wait (Retry-After). The claim is one atomic `cache.add` in the shared cache (Redis),
+    so concurrent requests on any web process cannot both read."""
+    from django.core.cache import cache
+
+    cooldown = int(settings.RECONCILE_ON_DEMAND_COOLDOWN_SECONDS)
+    op = PaymentOperation.objects.get(id=operation_id)
+    open_for_reading = not op.is_terminal and op.outcome not in (Outcome.PENDING,
+                                                                 Outcome.AWAITING_APPROVAL)
+    # Settled or never sent: operation_reconcile refuses without reading (409s unchanged).
+    key = f"reconcile-on-demand:{operation_id}"
+    now = time.time()
+    if open_for_reading and cooldown > 0:
+        try:
+            if not cache.add(key, now, timeout=cooldown):
+                last = cache.get(key) or now
+                return max(1, math.ceil(cooldown - (now - last)))
+        except Exception:  # noqa: BLE001 - a cache outage must not stop a read-back
+            log.warning("reconcile cooldown cache unavailable; reading back", exc_info=True)
+    operation_reconcile(operation_id=operation_id, actor=actor)
+    return 0
 
 
 def operations_sweep_dead_dispatches() -> int:

@@ -10,6 +10,7 @@ from django.urls import reverse
 
 from payments.enums import Outcome
 from support import runbooks, selectors, services
+from support.admin_site import lockout_message
 from support.access import Action, can
 from support.customer_copy import customer_state
 from support.models import IncidentOutcome
@@ -35,10 +36,12 @@ class ConsoleLoginView(auth_views.LoginView):
 
     def post(self, request, *args, **kwargs):
         username = request.POST.get("username", "")
-        if services.login_is_throttled(ip=client_ip(request), username=username):
+        wait = services.login_lockout_seconds(ip=client_ip(request), username=username)
+        if wait:
             response = render(request, "console/login.html",
-                              {"form": self.get_form(), "throttled": True}, status=429)
-            response["Retry-After"] = str(services.LOGIN_FAILURE_WINDOW_SECONDS)
+                              {"form": self.get_form(), "throttled": True,
+                               "lockout_message": lockout_message(wait)}, status=429)
+            response["Retry-After"] = str(wait)
             return response
         return super().post(request, *args, **kwargs)
 

@@ -55,3 +55,11 @@ SPECTACULAR_SETTINGS = {
 }
 API_KEY_CUSTOM_HEADER = "HTTP_AUTHORIZATION"
 IDEMPOTENCY_LEASE_SECONDS = env.int("IDEMPOTENCY_LEASE_SECONDS", default=30)
+# Automatic refunds (no approver) are capped per payment by the client's auto_refund_limit,
+# cumulatively, and per client per period (its limit period, else 24 h) at this multiple.
+AUTO_REFUND_PERIOD_MULTIPLE = env.int("AUTO_REFUND_PERIOD_MULTIPLE", default=10)
+# Failed API-key authentications (payments.authentication): per client address and per key
+# prefix in this window; past either limit, 429 with Retry-After.
+API_AUTH_FAILURE_WINDOW_SECONDS = env.int("API_AUTH_FAILURE_WINDOW_SECONDS", default=900)
+API_AUTH_FAILURES_PER_ADDRESS = env.int("API_AUTH_FAILURES_PER_ADDRESS", default=20)
+API_AUTH_FAILURES_PER_PREFIX = env.int("API_AUTH_FAILURES_PER_PREFIX", default=50)

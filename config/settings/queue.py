@@ -90,3 +90,5 @@ CELERY_BEAT_SCHEDULE = {
     "settlement-compare": {"task": "recovery.settlement_compare",
                            "schedule": env.float("SETTLEMENT_SWEEP_SECONDS", default=3600.0)},
 }
+# On-demand read-backs (API/MCP reconcile): at most one per operation in this many seconds.
+RECONCILE_ON_DEMAND_COOLDOWN_SECONDS = env.int("RECONCILE_ON_DEMAND_COOLDOWN_SECONDS", default=5)
