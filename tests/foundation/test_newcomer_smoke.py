@@ -134,8 +134,9 @@ def _wait_for(predicate, timeout: float, what: str):
 def test_make_run_then_the_readme_walkthrough_works_on_the_embedded_default(embedded):
     env, base, var, out_path = embedded
 
-    # the banner is the last thing on screen once everything is up
-    time.sleep(3)
+    # the banner is the last thing on screen once everything is up, and stays so while
+    # idle: longer than beat's outbox sweep (5 s), whose INFO lines used to scroll it away
+    time.sleep(12)
     screen = [_honcho_text(line).strip() for line in out_path.read_text().splitlines()]
     screen = [line for line in screen if line]
     assert screen[-1] == "=" * 78 and screen[-2] == BANNER_END, screen[-15:]
