@@ -274,6 +274,10 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
         # purchase, whatever its customer fields say (the unique constraint backs it up).
         existing = Purchase.objects.filter(quote=quote).first()
         if existing is not None:
+            if existing.api_client_id != (api_client.id if api_client else None):
+                # A client-less quote another client already used: never name its purchase.
+                raise DomainError("quote_not_found", "No such quote.", status=404,
+                                  retry=RetryAdvice.NEW_QUOTE)
             return PurchaseOpened(existing, False)
         if quote.superseded_at or quote.version != quote_version:
             raise DomainError("quote_superseded", "This quote was superseded; get a new quote.",
