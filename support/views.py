@@ -228,7 +228,8 @@ def replay(request, operation_id: str):
 
 @console_view(Action.RESOLVE, post=True)
 def cancel_unapplied(request, operation_id: str):
-    return _run(request, _op_purchase_url(operation_id), services.operation_cancel_unapplied_by_user,
+    return _run(request, _op_purchase_url(operation_id),
+                services.operation_cancel_unapplied_by_user,
                 "Cancelled at the provider; the payment is failed.", operation_id=operation_id)
 
 

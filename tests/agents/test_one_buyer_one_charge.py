@@ -116,10 +116,14 @@ def test_the_agent_cannot_lift_the_guard_only_the_buyers_code_does(product, agen
             "quote_id": quote2["id"], "quote_version": quote2["version"],
             "customer_reference": "cust-lift", "acknowledge_unresolved": [first["id"]]})
         invented = await _purchase(call, quote2, "cust-lift", buyer_confirmation="ABCDE-23456")
+        if invented["refusal"] is None:  # a careless agent pays whatever it got
+            await call("pay_purchase", purchase_id=invented["purchase"]["id"],
+                       payment_method="pm_card_visa")
         return first, quote2, refused, self_lift, invented
 
     (first, quote2, refused, self_lift, invented), transcript = run_agent(
         agent_key, script, before_dispatch=_lost_answer())
+    assert len(buyer_charges(localstripe, "cust-lift")) == 1, str(transcript)
     assert refused["refusal"]["code"] == "customer_has_unresolved_purchase"
     for answer in (refused, self_lift, invented):
         text = json.dumps(answer).casefold()
@@ -217,6 +221,8 @@ def test_replanning_the_same_basket_after_payment_is_refused_three_ways(product,
         return first, again, pay_again, p2, answers
 
     (first, again, pay_again, p2, answers), transcript = run_agent(agent_key, script)
+    for customer in ("cust-replan", "cust-seq", "cust-par"):
+        assert len(buyer_charges(localstripe, customer)) == 1, (customer, str(transcript))
     assert again["refusal"]["code"] == "probable_duplicate_purchase"
     assert again["purchase"]["id"] == first["id"]
     assert "charged" in again["refusal"]["message"] or "paid" in again["instruction"].lower()
@@ -236,11 +242,15 @@ def test_a_never_twice_product_is_refused_again_after_the_window(product, agent_
         first = (await _purchase(call, await _quote(call, licence.sku), "cust-lic"))["purchase"]
         await call("pay_purchase", purchase_id=first["id"], payment_method="pm_card_visa")
         again = await _purchase(call, await _quote(call, licence.sku), "cust-lic")
+        if again["refusal"] is None:
+            await call("pay_purchase", purchase_id=again["purchase"]["id"],
+                       payment_method="pm_card_visa")
         tea = await _purchase(call, await _quote(call, product.sku), "cust-tea")
         tea2 = await _purchase(call, await _quote(call, product.sku), "cust-tea")
         return again, tea, tea2
 
     (again, tea, tea2), _ = run_agent(agent_key, script)
+    assert len(buyer_charges(localstripe, "cust-lic")) == 1
     assert again["refusal"]["code"] == "probable_duplicate_purchase"
     assert tea["refusal"] is None
     # window 0: an awaiting-payment purchase of an ordinary product no longer blocks.
@@ -269,6 +279,7 @@ def test_following_a_non_retryable_failure_literally_converges(product, agent_ke
         return purchase, step, names
 
     (purchase, step, names), transcript = run_agent(agent_key, script)
+    assert len(localstripe.succeeded_charges_for(purchase["id"])) == 0
     ops = PaymentOperation.objects.filter(purchase_id=purchase["id"], kind__in=PAYMENT_KINDS)
     assert ops.count() <= settings.PAYMENT_ATTEMPTS_MAX, str(transcript)
     first = ops.order_by("created_at").first()
@@ -290,12 +301,14 @@ def test_a_purchase_has_a_bounded_number_of_payment_attempts(product, agent_key,
         first = await call("pay_purchase", purchase_id=purchase["id"],
                            payment_method="pm_card_chargeCustomerFail")
         second = await call("retry_failed_payment", operation_id=first["operation"]["id"],
-                            payment_method="pm_card_chargeDeclined")
+                            payment_method="pm_card_chargeCustomerFail_x")
         third = await call("retry_failed_payment", operation_id=second["operation"]["id"],
                            payment_method="pm_card_visa")
         return purchase, second, third
 
     (purchase, second, third), transcript = run_agent(agent_key, script)
+    # The buyer was not charged by a third attempt the bound forbids.
+    assert len(localstripe.succeeded_charges_for(purchase["id"])) == 0, str(transcript)
     assert second["operation"]["outcome"] == "failed", str(transcript)
     assert second["next_tool"] is None
     assert second["operation"]["next_action"]["owner"] == "support"
@@ -373,7 +386,8 @@ def test_injected_product_names_and_references_never_reach_instruction(agent_key
     listed, transcript = run_agent(agent_key, script)
     names = [p["name"] for p in listed["products"]]
     assert any(INJECTED in n for n in names)  # shown, as data
-    _no_injection_in_guidance(transcript, INJECTED, "IGNORE PREVIOUS", "x" * 20)
+    _no_injection_in_guidance(transcript, INJECTED, "IGNORE PREVIOUS", "IGNORE_PREVIOUS",
+                              "x" * 20)
     email = next(d for n, _a, d in transcript.calls if n == "create_purchase")
     assert email["refusal"]["code"] == "invalid_email"
     assert len(buyer_charges(localstripe, customer)) == 1
@@ -476,8 +490,8 @@ def test_the_careless_agent_over_stdio_charges_each_buyer_once(celery_worker, lo
     _assert_one_charge(localstripe, seen, "cust-stdio", transcript)
 
 
-def test_the_careless_agent_over_http_charges_each_buyer_once(celery_worker, localstripe,
-                                                              product, agent_key, mcp_url):  # noqa: F811
+def test_the_careless_agent_over_http_charges_each_buyer_once(  # noqa: F811 (mcp_url)
+        celery_worker, localstripe, product, agent_key, mcp_url):
     seen = {}
 
     async def script(client, call):
