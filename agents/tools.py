@@ -9,7 +9,9 @@ intent) — so calling a tool twice is the same operation, not a second one:
   call finds the existing operation and answers with its *current* state. A payment
   that failed is retried only through `retry_failed_payment`, never implicitly. The
   tool takes no amount: the amount is the accepted quote's, so it cannot change.
-- `create_purchase`: key derived from (quote id, quote version, customer reference).
+- `create_purchase`: key derived from (quote id, quote version): a quote backs one
+  purchase, whatever the customer fields say (the core's unique constraint). The
+  unresolved/duplicate guards are lifted only by the buyer's code (`buyer_confirmation`).
 - `request_refund`: key derived from (purchase, amount or "full").
 - `retry_failed_payment`: the failed operation's single allowed retry (`retry_of` is
   unique in the core), so a second call returns the same retry.
