@@ -256,7 +256,10 @@ def main(argv=None) -> int:
                        check=True)
         out = subprocess.run([sys.executable, "manage.py", "create_api_client", "soak",
                               "--scopes", "purchases:read", "purchases:write", "refunds:write",
-                              "--limit", "0"], cwd=ROOT, env=env, check=True,
+                              "--limit", "0",
+                              # its journeys name earlier purchases in acknowledge_unresolved
+                              # as a storefront's own checkout would (DESIGN §6)
+                              "--storefront-confirmation"], cwd=ROOT, env=env, check=True,
                              capture_output=True, text=True).stdout
         key = out.strip().splitlines()[-1]
         os.environ.update(env)

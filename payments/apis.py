@@ -120,7 +120,7 @@ def _location(resource_type: str, resource_id: str) -> str:
 # Refusals that stop a duplicate money movement or a duplicate in-flight request (metrics).
 _BLOCKED_DUPLICATE_CODES = frozenset({
     "idempotency_key_reused", "request_in_progress", "already_paid", "payment_unresolved",
-    "customer_has_unresolved_purchase", "already_retried",
+    "customer_has_unresolved_purchase", "already_retried", "probable_duplicate_purchase",
 })
 
 
@@ -404,9 +404,17 @@ class PurchaseCreateApi(ApiView):
     @extend_schema(
         operation_id="purchases_create", summary="Open a purchase for an accepted quote",
         description=(
-            "Creates the purchase's durable identity before any money moves. While the "
-            "customer reference has an unresolved purchase, another one is refused (409 "
-            "`customer_has_unresolved_purchase`) unless `acknowledge_unresolved` names it."
+            "Creates the purchase's durable identity before any money moves. A quote backs "
+            "at most one purchase: a second request with the same quote answers 200 with "
+            "that purchase, whatever the customer fields say. Customer references are "
+            "trimmed, NFKC-normalised and matched case-insensitively, per API client. While "
+            "the customer has an unresolved purchase, another one is refused (409 "
+            "`customer_has_unresolved_purchase`); the same basket within the duplicate "
+            "window of a paid or unresolved purchase is refused (409 "
+            "`probable_duplicate_purchase`). Only the buyer lifts either: "
+            "`buyer_confirmation` (the code the buyer got on the earlier purchase's status "
+            "page), or, for a client with storefront confirmation enabled, "
+            "`acknowledge_unresolved` naming the earlier purchase."
             + IDEMPOTENT_NOTE),
         request=PurchaseCreateIn, parameters=[IDEMPOTENCY_HEADER],
         examples=[OpenApiExample("Purchase", request_only=True, value={
@@ -415,8 +423,10 @@ class PurchaseCreateApi(ApiView):
         responses={**_ok(201, PurchaseOut, "Purchase created", [EXAMPLE_PURCHASE]),
                    **_ok(200, PurchaseOut, "Replay of a finished request"),
                    **_problems(409, 422, s409="quote_expired / quote_superseded / "
-                               "customer_has_unresolved_purchase / request_in_progress",
-                               s422="idempotency_key_reused / quote_not_found")},
+                               "customer_has_unresolved_purchase / "
+                               "probable_duplicate_purchase / request_in_progress",
+                               s422="idempotency_key_reused / quote_not_found / "
+                               "invalid_email / invalid_buyer_confirmation")},
     )
     def post(self, request):
         key_from_headers(request.headers)
@@ -424,16 +434,20 @@ class PurchaseCreateApi(ApiView):
 
         def create(claim):
             with transaction.atomic():
-                purchase = services.purchase_create(
+                opened = services.purchase_open(
                     api_client=request.auth, quote_id=data["quote_id"],
                     quote_version=data["quote_version"],
                     customer_reference=data["customer"]["reference"],
                     customer_email=data["customer"].get("email", ""),
-                    acknowledge_unresolved=tuple(data["acknowledge_unresolved"]))
-                idempotency_bind(claim, resource_type="purchase", resource_id=purchase.id)
-            idempotency_complete(claim, status=201)
-            purchase = Purchase.objects.select_related("quote").get(pk=purchase.pk)
-            return Response(selectors.purchase_view(purchase), status=201,
+                    acknowledge_unresolved=tuple(data["acknowledge_unresolved"]),
+                    buyer_confirmation=data.get("buyer_confirmation") or "",
+                    storefront_confirmation=request.auth.storefront_confirmation)
+                idempotency_bind(claim, resource_type="purchase", resource_id=opened.purchase.id)
+            # 200: the quote already backed this purchase (the same intent, nothing new).
+            status = 201 if opened.created else 200
+            idempotency_complete(claim, status=status)
+            purchase = Purchase.objects.select_related("quote").get(pk=opened.purchase.pk)
+            return Response(selectors.purchase_view(purchase), status=status,
                             headers={"Location": _location("purchase", purchase.id)})
 
         return _run_idempotent(request, route="purchases_create", create=create)

@@ -149,3 +149,8 @@ class Reason(models.TextChoices):
     PROVIDER_FAILED = "provider_failed"
     MANUAL = "manual"
     MISMATCH = "mismatch"
+
+
+# A failed payment with one of these reasons will fail the same way if sent again
+# unchanged: the answer advises a different payment method or a new quote, never "retry".
+NON_RETRYABLE_REASONS = (Reason.INVALID_REQUEST, Reason.MISMATCH)

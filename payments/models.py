@@ -63,6 +63,11 @@ class ApiClient(AbstractAPIKey):
     auto_refund_limit = models.BigIntegerField(
         default=0, help_text="API refunds up to this amount skip approval; 0 = always approve"
     )
+    # A storefront that is not an agent (its own checkout asked the buyer) may lift the
+    # unresolved/duplicate purchase guards by naming the earlier purchase in
+    # `acknowledge_unresolved`. Off by default, and never honoured over MCP: an agent's
+    # word is not the buyer's (DESIGN §6, "Only the buyer can lift a guard").
+    storefront_confirmation = models.BooleanField(default=False)
 
     class Meta(AbstractAPIKey.Meta):
         verbose_name = "API client"
@@ -84,6 +89,11 @@ class Product(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.PHYSICAL)
     # Per-product override of recovery.StepPolicy defaults, e.g. {"order": "manual"}.
     step_policy = models.JSONField(default=dict, blank=True)
+    # The duplicate-purchase guard: the same buyer and basket within this many seconds of a
+    # paid or unresolved purchase is refused (None: settings.DUPLICATE_PURCHASE_WINDOW_SECONDS);
+    # `never_twice` (digital goods, licences) refuses it at any time.
+    duplicate_window_seconds = models.PositiveIntegerField(null=True, blank=True)
+    never_twice = models.BooleanField(default=False)
 
     class Meta:
         constraints = [models.CheckConstraint(condition=Q(price__gte=0), name="product_price_nonneg")]
@@ -114,6 +124,11 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     amount = models.BigIntegerField()
     currency = models.CharField(max_length=3)
     customer_reference = models.CharField(max_length=200, db_index=True)
+    # The matching key of the reference (trimmed, NFKC, case-folded): the guards compare
+    # this, scoped to `api_client`, never the raw bytes (payments.customers).
+    customer_key = models.CharField(max_length=200, blank=True)
+    # sha256 of the basket (sorted sku/quantity lines, amount, currency): the duplicate guard.
+    basket_fingerprint = models.CharField(max_length=64, blank=True)
     customer_email = models.EmailField(blank=True, db_index=True)
     status = FSMField(
         max_length=32, choices=PurchaseStatus.choices, default=PurchaseStatus.AWAITING_PAYMENT,
@@ -124,6 +139,17 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     acknowledged_unresolved = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            # A quote backs at most one purchase: a second create_purchase on the same quote
+            # (whatever the customer fields say) is the same purchase (services.purchase_open).
+            models.UniqueConstraint(fields=["quote"], name="purchase_one_per_quote"),
+        ]
+        indexes = [
+            models.Index(fields=["api_client", "customer_key", "created_at"],
+                         name="purchase_client_customer_idx"),
+        ]
 
     # Transitions set fields only (no side effects); services lock, transition, save.
     S = PurchaseStatus
@@ -178,6 +204,20 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     def mark_expired(self): ...
 
     del S
+
+
+class BuyerConfirmation(models.Model):
+    """The buyer's own "yes, start a new purchase", given on the earlier purchase's status
+    page. Single use, short-lived, stored only as a hash: the buyer reads the code off the
+    page and gives it to the storefront; an agent cannot make one up."""
+
+    purchase = models.ForeignKey(Purchase, on_delete=models.PROTECT,
+                                 related_name="buyer_confirmations")
+    code_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    used_for = models.CharField(max_length=40, blank=True, help_text="the new purchase's id")
 
 
 class PaymentOperation(ConcurrentTransitionMixin, models.Model):

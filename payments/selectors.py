@@ -11,6 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from .enums import (
+    NON_RETRYABLE_REASONS,
     PAYMENT_KINDS,
     CallPurpose,
     Outcome,
@@ -110,6 +111,19 @@ def operation_next_action(op: PaymentOperation) -> dict:
             return _action(Owner.BUYER, RetryAdvice.NEW_QUOTE, reason,
                            "This payment failed and no money moved. The quote is no longer "
                            "valid: request a new quote and create a new purchase.")
+        attempts = purchase.operations.filter(kind__in=_PAYMENT_KIND_VALUES).count()
+        if attempts >= settings.PAYMENT_ATTEMPTS_MAX:
+            # Retries converge: a bounded number of attempts, then a person.
+            return _action(Owner.SUPPORT, RetryAdvice.FORBIDDEN, "payment_attempts_exhausted",
+                           f"This payment failed and no money moved. This purchase had "
+                           f"{attempts} payment attempts, the most allowed; support will "
+                           "contact the buyer. Do not retry.")
+        if reason in NON_RETRYABLE_REASONS:
+            return _action(Owner.BUYER, RetryAdvice.NEW_QUOTE, reason,
+                           "The provider refused this payment as invalid; no money moved. Sent "
+                           "again unchanged it would fail the same way: ask the buyer for a "
+                           "different payment method, or request a new quote and create a "
+                           "new purchase.")
         if reason == Reason.CARD_DECLINED:
             message = ("The card was declined; no money moved. To try again, ask the buyer "
                        f"for a different payment method and POST "

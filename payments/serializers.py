@@ -44,8 +44,14 @@ class PurchaseCreateIn(serializers.Serializer):
     acknowledge_unresolved = serializers.ListField(
         child=serializers.CharField(max_length=40), required=False, default=list,
         max_length=20,
-        help_text="Ids of this customer's unresolved purchases the buyer knowingly leaves "
-                  "open; without them a second purchase is refused.")
+        help_text="Earlier purchases of this customer the storefront's own checkout asked "
+                  "the buyer about: honoured only for a client with storefront confirmation "
+                  "enabled (never over MCP).")
+    buyer_confirmation = serializers.CharField(
+        max_length=20, required=False, allow_blank=True, default="",
+        help_text="The single-use code the buyer got on the earlier purchase's status page "
+                  "(\"yes, start a new purchase\"): lifts the unresolved and duplicate guards "
+                  "for that purchase.")
 
 
 class PaymentCreateIn(serializers.Serializer):

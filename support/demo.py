@@ -26,6 +26,7 @@ from payments.enums import (
     Stage,
     Verification,
 )
+from payments.customers import basket_fingerprint, customer_key
 from payments.models import ApiClient, Hold, PaymentOperation, Purchase, Quote
 from recovery.models import (
     OutboxCategory,
@@ -77,6 +78,10 @@ def _purchase(name: str, status: str, ops: list[dict], order: bool,
         expires_at=timezone.now() + timedelta(days=365))
     purchase = Purchase.objects.create(quote=quote, api_client=client, amount=3050,
                                        currency="usd", customer_reference=ref,
+                                       customer_key=customer_key(ref),
+                                       basket_fingerprint=basket_fingerprint(
+                                           items=quote.items, amount=quote.amount,
+                                           currency=quote.currency),
                                        customer_email=f"{ref}@example.com", status=status,
                                        **extra)
     for i, fields in enumerate(ops):

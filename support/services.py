@@ -226,6 +226,33 @@ def operation_replay_by_user(*, operation_id: str, user, reason: str,
     return op
 
 
+def operation_cancel_unapplied_by_user(*, operation_id: str, user, reason: str,
+                                       ip: str | None = None) -> PaymentOperation:
+    """"Cancel at the provider and mark failed" for a confirm the provider never applied:
+    a write (the provider call runs outside any transaction), audited with its reason,
+    refused (and the refusal audited) if the provider applied it or the cancel fails."""
+    from payments.services import operation_cancel_unapplied
+
+    require(user, Action.RESOLVE)
+    reason = _reason_required(reason)
+    before_op = _op_or_404(operation_id)
+    before = {**_op_snapshot(before_op),
+              **_purchase_snapshot(Purchase.objects.get(pk=before_op.purchase_id))}
+    with _core_refusals_audited(user=user, ip=ip, action="console.cancel_unapplied",
+                                target_type="operation", target_id=operation_id,
+                                reason=reason, purchase_id=before_op.purchase_id):
+        operation_cancel_unapplied(operation_id=operation_id, reason=reason,
+                                   actor=user.get_username())
+    with transaction.atomic():
+        op = _reload_op(operation_id)
+        audit_write(user=user, action="console.cancel_unapplied", target_type="operation",
+                    target_id=operation_id, purchase_id=op.purchase_id, reason=reason, ip=ip,
+                    before=before,
+                    after={**_op_snapshot(op),
+                           **_purchase_snapshot(Purchase.objects.get(pk=op.purchase_id))})
+    return op
+
+
 # ------------------------------------------------------------------------ refunds
 
 

@@ -14,6 +14,8 @@ urlpatterns = [
     re_path(rf"^status/{TOKEN}/$", status_views.status_page, name="status"),
     re_path(rf"^status/{TOKEN}/pay-again$", status_views.status_pay_again,
             name="status-pay-again"),
+    re_path(rf"^status/{TOKEN}/new-purchase$", status_views.status_new_purchase,
+            name="status-new-purchase"),
     # Console.
     path("console/login/", views.ConsoleLoginView.as_view(), name="login"),
     path("console/logout/", views.ConsoleLogoutView.as_view(), name="logout"),
@@ -27,6 +29,8 @@ urlpatterns = [
     path("console/operations/<str:operation_id>/reconcile", views.reconcile, name="reconcile"),
     path("console/operations/<str:operation_id>/resolve", views.resolve, name="resolve"),
     path("console/operations/<str:operation_id>/replay", views.replay, name="replay"),
+    path("console/operations/<str:operation_id>/cancel-unapplied", views.cancel_unapplied,
+         name="cancel-unapplied"),
     path("console/operations/<str:operation_id>/approve", views.refund_approve,
          name="refund-approve"),
     path("console/events/<int:event_pk>/", views.event, name="event"),

@@ -229,6 +229,13 @@ def replay(request, operation_id: str):
                 "Replayed with the same provider key.", operation_id=operation_id)
 
 
+@console_view(Action.RESOLVE, post=True)
+def cancel_unapplied(request, operation_id: str):
+    return _run(request, _op_purchase_url(operation_id),
+                services.operation_cancel_unapplied_by_user,
+                "Cancelled at the provider; the payment is failed.", operation_id=operation_id)
+
+
 @console_view(Action.APPROVE_REFUND, post=True)
 def refund_approve(request, operation_id: str):
     return _run(request, _op_purchase_url(operation_id), services.refund_approve_by_user,
