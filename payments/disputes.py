@@ -219,6 +219,11 @@ def dispute_apply_observation(*, obj: DisputeObject, verification: str, cause: s
             result = DisputeApply.APPLIED if result != DisputeApply.STALE else result
         if result == DisputeApply.NO_CHANGE or (result == DisputeApply.STALE
                                                 and not moves_changed):
+            if (result == DisputeApply.NO_CHANGE and verification == Verification.PROVIDER
+                    and dispute.verification != Verification.PROVIDER):
+                # the provider's own record confirms what the webhook said
+                dispute.verification = verification
+                dispute.save(update_fields=["verification", "updated_at"])
             return DisputeApplyResult(result, "", **ids)
         dispute.balance_transactions = moves
         dispute.funds_withdrawn, dispute.funds_reinstated, dispute.fees = _totals(moves)
