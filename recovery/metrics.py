@@ -192,7 +192,7 @@ def _dispute_gauges(now):
     yield GaugeMetricFamily("verity_disputes_open", "Open disputes at the provider",
                             value=open_disputes.count())
     yield GaugeMetricFamily(
-        "verity_disputes_evidence_due_48h",
+        "verity_disputes_evidence_due_soon",
         "Open disputes whose evidence is due within 48 hours or overdue",
         value=open_disputes.filter(evidence_due_by__lte=now + timedelta(hours=48)).count())
     yield GaugeMetricFamily(

@@ -42,6 +42,18 @@ def api(keyed):
     return http
 
 
+def finance_console(client):
+    from django.contrib.auth.models import Group, User
+
+    from support.access import ensure_groups
+
+    ensure_groups()
+    user = User.objects.create_user("finance-disputes", password="x")
+    user.groups.add(Group.objects.get(name="finance"))
+    client.force_login(user)
+    return client
+
+
 def open_dispute(charge: str, **fields) -> dict:
     """The card network's part: the provider opens a dispute and withdraws the funds."""
     r = requests.post(f"{settings.STRIPE_API_BASE}/_config/disputes",
@@ -101,6 +113,8 @@ def test_lost_dispute_is_disputed_everywhere_and_leaves_ledger_equal_to_provider
     assert shown["evidence_due_by"].startswith("20")
     page = client.get(f"/status/{purchase.status_token}/").content.decode()
     assert "being reviewed with your bank" in page and "Pay again" not in page
+    console = finance_console(client).get("/console/queues/disputes/").content.decode()
+    assert dispute["id"] in console and purchase.pk in console
     row = Dispute.objects.get(pk=dispute["id"])
     assert (row.funds_withdrawn, row.fees, row.verification) == (1500, DISPUTE_FEE, "provider")
     assert ProviderCall.objects.filter(operation=op, purpose="reconcile",
