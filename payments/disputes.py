@@ -43,6 +43,7 @@ from .locks import (
 )
 from .models import Dispute, PaymentOperation, ProviderCall, Purchase
 from .providers.base import DisputeObject
+from .services import _history
 
 log = logging.getLogger("verity.payments.disputes")
 
@@ -111,8 +112,6 @@ def _due(obj: DisputeObject) -> datetime | None:
 
 def _purchase_status(purchase: Purchase, name: str, *, cause: str, actor: str,
                      evidence: dict, arg: str | None = None) -> bool:
-    from .services import _history
-
     method = getattr(purchase, name)
     args = (arg,) if arg is not None else ()
     if not can_proceed(method):
@@ -166,8 +165,6 @@ def _totals(moves: list[dict]) -> tuple[int, int, int]:
 def dispute_apply_observation(*, obj: DisputeObject, verification: str, cause: str,
                               actor: str = "") -> DisputeApplyResult:
     """THE one place provider evidence about a dispute changes Verity's record."""
-    from .services import _history
-
     payment = dispute_payment_for(obj)
     if payment is None:
         return DisputeApplyResult(DisputeApply.NO_MATCH, "no_matching_payment", obj.id)

@@ -31,6 +31,7 @@ from .enums import (
     Outcome,
     Owner,
     Stage,
+    Verification,
 )
 from .locks import (
     assert_no_transaction_outside_transaction,
@@ -38,6 +39,14 @@ from .locks import (
 )
 from .models import PaymentOperation
 from .providers.base import ProviderObject
+from .services import (
+    DomainError,
+    _audit,
+    _captured_amount,
+    _create_op,
+    _history,
+    _settle_effects,
+)
 
 log = logging.getLogger("verity.payments.external")
 
@@ -72,8 +81,6 @@ def _refunded_total(purchase, *, succeeded_only: bool) -> int:
 
 def _record_locked(purchase, payment: PaymentOperation, *, kind: str, obj: ProviderObject,
                    amount: int, verification: str, cause: str, actor: str) -> PaymentOperation:
-    from .services import _audit, _create_op, _history, _settle_effects
-
     now = timezone.now()
     op = _create_op(purchase=purchase, kind=kind, amount=amount, currency=payment.currency,
                     parent=payment, provider_reference=obj.id,
@@ -130,8 +137,6 @@ def external_refund_record(*, payment_operation_id: str, refund: ProviderObject,
             # is held and retried; a succeeded refund is recorded when it says so.
             return ExternalApplyResult(ExternalResult.NOT_EXTERNAL, f"refund_{refund.status}",
                                        **ids)
-        from .services import _captured_amount
-
         room = _captured_amount(purchase) - _refunded_total(purchase, succeeded_only=True)
         if refund.amount <= 0 or refund.amount > room:
             return ExternalApplyResult(ExternalResult.MISMATCH, "amount", **ids)
@@ -184,8 +189,6 @@ def external_refunds_read(*, payment_operation_id: str) -> list[ExternalApplyRes
     name its refunds. Refunds carrying Verity's `operation_id` are the reconciler's."""
     from payments.providers.stripe import get_provider
 
-    from .enums import Verification
-
     assert_no_transaction_outside_transaction()
     payment = PaymentOperation.objects.get(id=payment_operation_id)
     if not payment.provider_reference:
@@ -205,8 +208,6 @@ def external_refunds_read(*, payment_operation_id: str) -> list[ExternalApplyRes
 def external_operation_acknowledge(*, operation_id: str, acting_user, reason: str
                                    ) -> PaymentOperation:
     """A person has seen an operation made outside Verity (audited, same transaction)."""
-    from .services import DomainError, _audit
-
     if not (reason or "").strip():
         raise DomainError("reason_required", "A reason is required.", status=422,
                           owner=Owner.SUPPORT)
