@@ -226,3 +226,33 @@ def test_a_refund_awaiting_approval_is_refused_once_the_provider_refunded_outsid
     settle()
     assert PaymentOperation.objects.get(pk=pending.pk).outcome == Outcome.AWAITING_APPROVAL
     assert len(localstripe.refunds_for(op.provider_reference)) == 1
+
+
+def test_a_compensation_refunds_only_what_the_dashboard_refund_left(
+        client, new_purchase, pay, localstripe):
+    from payments.models import Product
+    from recovery.halts import halt_clear, halt_set
+    from recovery.orchestrator import purchase_fulfil
+
+    purchase = new_purchase()
+    Product.objects.filter(sku=purchase.quote.items[0]["sku"]).update(stock=0)  # inventory fails
+    halt_set(name="refunds", reason="hold the compensation", actor="op1")
+    op = pay(purchase)
+    settle()  # the inventory step is refused: compensation decided, held by the halt
+    refund = at_provider("POST", "refunds", payment_intent=op.provider_reference, amount=500)
+    assert deliver_and_process(client, event_for(provider_object("refunds", refund["id"]),
+                                                 "refund.created")) == EventResult.APPLIED
+
+    halt_clear(name="refunds", actor="op1", reason="go ahead")
+    purchase_fulfil(purchase_id=purchase.pk)
+    settle()
+
+    [compensation] = PaymentOperation.objects.filter(purchase=purchase, is_compensation=True)
+    assert (compensation.amount, compensation.outcome) == (1000, Outcome.SUCCEEDED)
+    assert sorted(r["amount"] for r in localstripe.refunds_for(op.provider_reference)) == [
+        500, 1000]
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.REFUNDED
+    [ext] = external_ops(purchase)
+    for refund_op in (ext, compensation):
+        assert LedgerEntry.objects.filter(operation_id=refund_op.pk,
+                                          entry_type="refund").count() == 2
