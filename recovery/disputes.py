@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
+from django.utils import timezone
 
-from .models import LedgerAccount
+from .models import LedgerAccount, OutboxCategory
+from .outbox import outbox_put
 from .steps import _ledger_pair
 
 log = logging.getLogger(__name__)
@@ -64,3 +66,19 @@ def dispute_changed(*, dispute_id: str) -> None:
     except Exception:  # the provider's read-back is a refresh, not a precondition
         log.warning("dispute read-back failed dispute=%s", dispute_id, exc_info=True)
     dispute_ledger_book(dispute_id=dispute_id)
+
+
+def disputes_refresh_open() -> int:
+    """Beat job: queue a read-back of every open dispute (a missed or late webhook cannot
+    leave one stale). Finds work and writes outbox rows only; one per dispute per hour."""
+    from payments.enums import DISPUTE_CLOSED_STATUSES
+    from payments.models import Dispute
+
+    hour = timezone.now().strftime("%Y%m%d%H")
+    ids = list(Dispute.objects.exclude(status__in=DISPUTE_CLOSED_STATUSES)
+               .values_list("id", flat=True))
+    with transaction.atomic():
+        for dispute_id in ids:
+            outbox_put(category=OutboxCategory.DISPUTE_CHANGED, payload={"dispute": dispute_id},
+                       dedupe_key=f"dispute-refresh:{dispute_id}:{hour}")
+    return len(ids)

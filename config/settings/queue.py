@@ -86,4 +86,7 @@ CELERY_BEAT_SCHEDULE = {
                                "schedule": env.float("EXPIRE_SWEEP_SECONDS", default=60.0)},
     "settlement-compare": {"task": "recovery.settlement_compare",
                            "schedule": env.float("SETTLEMENT_SWEEP_SECONDS", default=3600.0)},
+    "disputes-refresh": {"task": "recovery.disputes_refresh_open",
+                         "schedule": env.float("DISPUTE_REFRESH_SWEEP_SECONDS",
+                                               default=3600.0)},
 }

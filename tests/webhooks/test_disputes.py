@@ -218,3 +218,23 @@ def test_a_dispute_on_a_charge_verity_does_not_know_is_held(client, new_purchase
 
     assert deliver_and_process(client, event) == EventResult.HELD
     assert not Dispute.objects.exists()
+
+
+def test_a_missed_closing_event_is_caught_by_the_periodic_read_back(
+        client, new_purchase, pay, localstripe):
+    from recovery.disputes import disputes_refresh_open
+
+    purchase, op = paid_purchase(new_purchase, pay)
+    dispute = open_dispute(op.provider_charge)
+    deliver_and_process(client, dispute_event(dispute["id"], "charge.dispute.created"))
+    settle()
+    move_dispute(dispute["id"], "lost")  # charge.dispute.closed never arrives
+
+    assert disputes_refresh_open() == 1
+    settle()
+
+    assert Dispute.objects.get(pk=dispute["id"]).status == DisputeStatus.LOST
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.DISPUTE_LOST
+    assert ledger_balance(purchase.pk) == provider_net(localstripe,
+                                                       {op.provider_charge, dispute["id"]})
+    assert disputes_refresh_open() == 0  # nothing open is left to read
