@@ -45,6 +45,7 @@ from .services import (
     _captured_amount,
     _create_op,
     _history,
+    _schedule_reconcile,
     _settle_effects,
 )
 
@@ -56,7 +57,8 @@ EXTERNAL_AUDIT_REASON = "made outside Verity"
 class ExternalResult(str, Enum):
     RECORDED = "recorded"
     KNOWN = "known"  # Verity already has an operation for this provider object
-    NOT_EXTERNAL = "not_external"  # nothing moved outside Verity (e.g. refund pending)
+    NOT_EXTERNAL = "not_external"  # not (yet) judged here: held or left to the matching
+    NOTHING_MOVED = "nothing_moved"  # a failed/canceled refund at the provider
     MISMATCH = "mismatch"
 
 
@@ -80,15 +82,25 @@ def _refunded_total(purchase, *, succeeded_only: bool) -> int:
 
 
 def _record_locked(purchase, payment: PaymentOperation, *, kind: str, obj: ProviderObject,
-                   amount: int, verification: str, cause: str, actor: str) -> PaymentOperation:
+                   amount: int, verification: str, cause: str, actor: str,
+                   pending: bool = False) -> PaymentOperation:
+    """Created already settled by the evidence; or, for a refund the provider is still
+    processing, `awaiting_provider` (it holds the purchase's slot like any refund in
+    flight and the reconciler reads it back by its id)."""
     now = timezone.now()
+    settled = {"outcome": Outcome.SUCCEEDED, "stage": Stage.SETTLED, "grade": Grade.CONFIRMED,
+               "verification": verification, "settled_at": now}
+    if pending:
+        settled = {"outcome": Outcome.AWAITING_PROVIDER, "stage": Stage.RECONCILING,
+                   "verification": verification}
     op = _create_op(purchase=purchase, kind=kind, amount=amount, currency=payment.currency,
                     parent=payment, provider_reference=obj.id,
                     provider_charge=obj.latest_charge or payment.provider_charge,
                     provider_account=payment.provider_account, origin=Origin.PROVIDER,
-                    outcome=Outcome.SUCCEEDED, stage=Stage.SETTLED, grade=Grade.CONFIRMED,
-                    verification=verification, provider_status=obj.status,
-                    next_action_owner=Owner.SUPPORT, settled_at=now, is_compensation=False)
+                    provider_status=obj.status, next_action_owner=Owner.SUPPORT,
+                    is_compensation=False, **settled)
+    if pending:
+        _schedule_reconcile(op, first=True)
     _history(purchase_id=purchase.id, operation=op, field="outcome", source="",
              target=op.outcome, cause=cause[:64], evidence={**obj.safe_fields(),
                                                             "origin": Origin.PROVIDER.value},
@@ -132,17 +144,22 @@ def external_refund_record(*, payment_operation_id: str, refund: ProviderObject,
             why = "payment_not_succeeded"
         if why:
             return ExternalApplyResult(ExternalResult.MISMATCH, why, **ids)
-        if refund.status != "succeeded":
-            # pending/failed/canceled at the provider: no money has left (yet). The event
-            # is held and retried; a succeeded refund is recorded when it says so.
-            return ExternalApplyResult(ExternalResult.NOT_EXTERNAL, f"refund_{refund.status}",
+        if refund.status in ("failed", "canceled"):
+            # no money left: nothing to record (a later event cannot revive it)
+            return ExternalApplyResult(ExternalResult.NOTHING_MOVED, f"refund_{refund.status}",
                                        **ids)
+        pending = refund.status in ("pending", "requires_action")
+        if refund.status != "succeeded" and not pending:
+            return ExternalApplyResult(ExternalResult.MISMATCH, "status", **ids)
         room = _captured_amount(purchase) - _refunded_total(purchase, succeeded_only=True)
         if refund.amount <= 0 or refund.amount > room:
             return ExternalApplyResult(ExternalResult.MISMATCH, "amount", **ids)
+        if pending and _busy(purchase):
+            # Another operation holds the slot: hold the event, retry after it settles.
+            return ExternalApplyResult(ExternalResult.NOT_EXTERNAL, "purchase_busy", **ids)
         op = _record_locked(purchase, payment, kind=OperationKind.REFUND, obj=refund,
                             amount=refund.amount, verification=verification, cause=cause,
-                            actor=actor)
+                            actor=actor, pending=pending)
     return ExternalApplyResult(ExternalResult.RECORDED, "", op.id, purchase.id)
 
 

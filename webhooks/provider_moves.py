@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db.models import Sum
 
 from payments.disputes import DisputeApply, dispute_apply_observation
-from payments.enums import OperationKind, Outcome, Verification
+from payments.enums import OperationKind, Origin, Outcome, Verification
 from payments.external import (
     ExternalResult,
     external_intent_move_record,
@@ -103,12 +103,37 @@ def _external_verdict(recorded, *, fall_through_on=()) -> MoveVerdict | None:
         return MoveVerdict(EventResult.QUARANTINED, f"mismatch:{recorded.reason}", **ids)
     if recorded.result == ExternalResult.NOT_EXTERNAL:
         return MoveVerdict(EventResult.HELD, recorded.reason or "not_settled", **ids)
+    if recorded.result == ExternalResult.NOTHING_MOVED:
+        return MoveVerdict(EventResult.IGNORED, recorded.reason, **ids)
     return None
+
+
+def _apply_to_external(event: ProviderEvent, op, obj) -> MoveVerdict:
+    """A later event about an external operation already recorded (a pending dashboard
+    refund that succeeded, a redelivery): the one observation function applies it. The
+    object carries none of Verity's metadata, which the ordinary matching would call a
+    mismatch."""
+    from payments.services import operation_apply_observation
+
+    applied = operation_apply_observation(operation_id=op.pk, obj=obj,
+                                          source=Verification.WEBHOOK,
+                                          cause=f"webhook:{event.type}"[:64],
+                                          actor=_actor(event))
+    value = str(getattr(applied, "value", applied))
+    ids = {"operation_id": op.pk, "purchase_id": op.purchase_id}
+    if value == "applied":
+        return MoveVerdict(EventResult.APPLIED, "made_outside_verity", **ids)
+    if value in ("no_change", "stale"):
+        return MoveVerdict(EventResult.IGNORED, value, **ids)
+    return MoveVerdict(EventResult.QUARANTINED, value, **ids)
 
 
 def _refund(event: ProviderEvent) -> MoveVerdict | None:
     obj = object_from_event_payload(event.payload)
-    if obj.metadata.get("operation_id") or selectors.operation_for_refund(obj) is not None:
+    known = selectors.operation_for_refund(obj)
+    if known is not None and known.origin == Origin.PROVIDER:
+        return _apply_to_external(event, known, obj)
+    if obj.metadata.get("operation_id") or known is not None:
         return None  # Verity's own refund (its answer may not be applied yet)
     charge = str(event.payload["data"]["object"].get("charge") or "")
     payment = _payment_for(obj.payment_intent, charge)
@@ -149,6 +174,12 @@ def _intent(event: ProviderEvent) -> MoveVerdict | None:
     if (payment is None or payment.kind != OperationKind.AUTHORIZE
             or payment.outcome != Outcome.SUCCEEDED):
         return None
+    external = payment.children.filter(origin=Origin.PROVIDER,
+                                       kind=(OperationKind.CAPTURE if obj.status == "succeeded"
+                                             else OperationKind.VOID)).first()
+    if external is not None:  # redelivered or repeated: already recorded
+        return MoveVerdict(EventResult.IGNORED, "made_outside_verity_known", external.pk,
+                           external.purchase_id)
     recorded = external_intent_move_record(payment_operation_id=payment.pk, obj=obj,
                                            verification=Verification.WEBHOOK,
                                            cause=f"webhook:{event.type}"[:64],

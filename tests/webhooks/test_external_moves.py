@@ -256,3 +256,55 @@ def test_a_compensation_refunds_only_what_the_dashboard_refund_left(
     for refund_op in (ext, compensation):
         assert LedgerEntry.objects.filter(operation_id=refund_op.pk,
                                           entry_type="refund").count() == 2
+
+
+def test_a_pending_dashboard_refund_holds_the_slot_until_the_provider_settles_it(
+        client, api, new_purchase, pay, localstripe):
+    from payments import services
+
+    purchase = new_purchase()
+    op = pay(purchase)
+    settle()
+    refund = at_provider("POST", "refunds", payment_intent=op.provider_reference)
+    pending = provider_object("refunds", refund["id"])
+    pending["status"] = "pending"  # Stripe answers pending for slower methods
+
+    assert deliver_and_process(client, event_for(pending, "refund.created")) \
+        == EventResult.APPLIED
+    [ext] = external_ops(purchase)
+    assert ext.outcome == Outcome.AWAITING_PROVIDER
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.REFUND_PENDING
+    assert refund_via_api(api, purchase, amount=100).status_code in (409, 422)
+
+    services.operation_reconcile(operation_id=ext.pk)  # reads re_… back: succeeded
+    again = event_for(provider_object("refunds", refund["id"]), "refund.updated")
+    assert deliver_and_process(client, again) == EventResult.IGNORED  # already settled
+    settle()
+
+    ext = PaymentOperation.objects.get(pk=ext.pk)
+    assert (ext.outcome, ext.verification) == (Outcome.SUCCEEDED, "provider")
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.REFUNDED
+    assert external_ops(purchase).count() == 1
+    assert len(localstripe.refunds_for(op.provider_reference)) == 1
+    assert LedgerEntry.objects.filter(operation_id=ext.pk, entry_type="refund").count() == 2
+
+
+def test_redelivered_provider_events_about_external_operations_are_ignored(
+        client, new_purchase, pay):
+    purchase = new_purchase()
+    op = pay(purchase)
+    settle()
+    refund = at_provider("POST", "refunds", payment_intent=op.provider_reference)
+    body = provider_object("refunds", refund["id"])
+    deliver_and_process(client, event_for(body, "refund.created"))
+
+    assert deliver_and_process(client, event_for(body, "refund.updated")) == EventResult.IGNORED
+    assert external_ops(purchase).count() == 1
+
+    auth_purchase = new_purchase()
+    auth = pay(auth_purchase, capture="manual")
+    intent = at_provider("POST", f"payment_intents/{auth.provider_reference}/cancel")
+    deliver_and_process(client, event_for(intent, "payment_intent.canceled"))
+    assert deliver_and_process(client, event_for(intent, "payment_intent.canceled")) \
+        == EventResult.IGNORED
+    assert external_ops(auth_purchase).count() == 1
