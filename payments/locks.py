@@ -1,4 +1,4 @@
-"""Row-lock helpers. Lock order, always: Purchase -> PaymentOperation -> ApiClient.
+"""Row-lock helpers. Lock order, always: Purchase -> PaymentOperation -> Dispute -> ApiClient.
 
 Two code paths never lock the same rows in a different order, so they cannot deadlock.
 `of=("self",)` keeps PostgreSQL from locking joined rows.
@@ -30,6 +30,13 @@ def lock_purchase_and_operation(operation_id: str) -> tuple[Purchase, PaymentOpe
     operation = lock_operation(operation_id)
     operation.purchase = purchase  # the locked row, not a second unlocked read
     return purchase, operation
+
+
+def lock_dispute(dispute_id: str):
+    """The dispute row, or None (the caller already holds its purchase's lock)."""
+    from .models import Dispute
+
+    return Dispute.objects.select_for_update(of=("self",)).filter(id=dispute_id).first()
 
 
 def lock_client(client_id: int) -> ApiClient:

@@ -4,7 +4,7 @@ import secrets
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
-from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
 from rest_framework_api_key.models import AbstractAPIKey
 
 from .enums import (
@@ -13,10 +13,12 @@ from .enums import (
     CallPurpose,
     CallStep,
     Classification,
+    DisputeStatus,
     Grade,
     HoldState,
     LimitPeriod,
     OperationKind,
+    Origin,
     Outcome,
     Owner,
     PurchaseStatus,
@@ -189,8 +191,27 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     def mark_refund_pending(self): ...
 
     @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
-                                      S.REFUND_PENDING], target=S.REFUNDED)
+                                      S.REFUND_PENDING, S.DISPUTED], target=S.REFUNDED)
     def mark_refunded(self): ...
+
+    # Disputes (payments.disputes): open from any paid state, close by how it ended; an
+    # inquiry closed without a dispute (`warning_closed`) returns to the state before it.
+    @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
+                                      S.REFUND_PENDING, S.REFUNDED, S.DISPUTE_WON,
+                                      S.DISPUTE_LOST], target=S.DISPUTED)
+    def mark_disputed(self): ...
+
+    @transition(field=status, source=S.DISPUTED, target=S.DISPUTE_WON)
+    def mark_dispute_won(self): ...
+
+    @transition(field=status, source=S.DISPUTED, target=S.DISPUTE_LOST)
+    def mark_dispute_lost(self): ...
+
+    @transition(field=status, source=S.DISPUTED,
+                target=RETURN_VALUE(S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
+                                    S.REFUND_PENDING, S.REFUNDED))
+    def mark_dispute_withdrawn(self, restore_to: str) -> str:
+        return restore_to
 
     @transition(field=status, source=[S.PAID, S.FULFILLING, S.MANUAL_REVIEW, S.REFUND_PENDING],
                 target=S.VOIDED)
@@ -260,6 +281,12 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
     reconcile_deadline = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True)
     is_compensation = models.BooleanField(default=False)
+    # `provider`: a refund/capture/cancel the provider reported that no Verity operation
+    # requested (an external linked operation, created already settled by the evidence).
+    origin = models.CharField(max_length=16, choices=Origin.choices, default=Origin.VERITY)
+    # External operations wait in a queue until a person acknowledges them.
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
     settled_at = models.DateTimeField(null=True, blank=True)
@@ -279,6 +306,13 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
                 condition=Q(outcome=Outcome.SUCCEEDED.value,
                             kind__in=[k.value for k in PAYMENT_KINDS]),
                 name="op_one_success_payment_per_purchase",
+            ),
+            # One external operation per provider object (a refund reported by both
+            # `refund.created` and `charge.refunded` is recorded once).
+            models.UniqueConstraint(
+                fields=["kind", "provider_reference"],
+                condition=Q(origin=Origin.PROVIDER.value),
+                name="op_external_once_per_provider_object",
             ),
         ]
 
@@ -413,3 +447,38 @@ class IdempotencyRecord(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["api_client", "route", "key"], name="idem_scope_unique"),
         ]
+
+
+class Dispute(models.Model):
+    """A provider dispute (chargeback or inquiry) on one of Verity's payments.
+
+    Written only by payments.disputes, from verified evidence (a matched webhook or a
+    read-back); the status only moves forward (DISPUTE_STATUS_RANK).
+    """
+
+    id = models.CharField(primary_key=True, max_length=100, help_text="the provider's id")
+    purchase = models.ForeignKey(Purchase, on_delete=models.PROTECT, related_name="disputes")
+    payment = models.ForeignKey(PaymentOperation, on_delete=models.PROTECT,
+                                related_name="disputes")
+    charge = models.CharField(max_length=100, blank=True)
+    payment_intent = models.CharField(max_length=100, blank=True)
+    amount = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    reason = models.CharField(max_length=40, blank=True)
+    status = models.CharField(max_length=32, choices=DisputeStatus.choices)
+    evidence_due_by = models.DateTimeField(null=True, blank=True, db_index=True)
+    funds_withdrawn = models.BigIntegerField(default=0, help_text="minor units, positive")
+    funds_reinstated = models.BigIntegerField(default=0, help_text="minor units, positive")
+    fees = models.BigIntegerField(default=0, help_text="dispute fees net, minor units")
+    # The provider's balance transactions of this dispute, safe fields only:
+    # [{id, amount, fee, net, currency, reporting_category}] -- the ledger books each once.
+    balance_transactions = models.JSONField(default=list, blank=True)
+    verification = models.CharField(max_length=16, default="webhook")
+    # The purchase status before the dispute opened (restored if an inquiry is withdrawn).
+    purchase_status_before = models.CharField(max_length=32, blank=True)
+    opened_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["opened_at", "id"]

@@ -709,6 +709,16 @@ def refund_approve(*, operation_id: str, acting_user, reason: str) -> PaymentOpe
             raise DomainError("payment_unresolved", "Another operation on this purchase is "
                               "not settled yet.", status=409, operation=op.id,
                               purchase=purchase.id, owner=Owner.RECONCILIATION)
+        # Money may have moved since the request (a refund made outside Verity is booked
+        # as an external operation): re-check refundable under the lock (no over-refund).
+        others = (purchase.operations.filter(kind=OperationKind.REFUND).exclude(pk=op.pk)
+                  .exclude(outcome=Outcome.FAILED).aggregate(s=Sum("amount"))["s"] or 0)
+        refundable = _captured_amount(purchase) - others
+        if op.amount > refundable:
+            raise DomainError("refund_exceeds_refundable",
+                              f"Refundable now: {max(refundable, 0)} {purchase.currency}.",
+                              status=422, operation=op.id, purchase=purchase.id,
+                              owner=Owner.SUPPORT, extra={"refundable": max(refundable, 0)})
         op.approved_by_user = acting_user
         _op_to(op, "approve", cause="refund_approved", actor=acting_user.get_username(),
                evidence={"reason": reason}, fields=("approved_by_user",))

@@ -196,12 +196,34 @@ class DatabaseCollector:
             readbacks.add_metric([row["classification"] or "none"], row["n"])
         yield readbacks
 
+        yield from _dispute_gauges(now)
+
         halts = GaugeMetricFamily("verity_workflow_halt_age_seconds",
                                   "Seconds each active workflow halt has been on",
                                   labels=["name"])
         for name, created in WorkflowHalt.objects.values_list("name", "created_at"):
             halts.add_metric([name], max(0.0, (now - created).total_seconds()))
         yield halts
+
+
+def _dispute_gauges(now):
+    """Open disputes, and those whose evidence is due within 48 hours (or overdue): the
+    VerityDisputeEvidenceDue alert and the finance queue read the same rows."""
+    from payments.enums import DISPUTE_CLOSED_STATUSES, Origin
+    from payments.models import Dispute, PaymentOperation
+
+    open_disputes = Dispute.objects.exclude(status__in=DISPUTE_CLOSED_STATUSES)
+    yield GaugeMetricFamily("verity_disputes_open", "Open disputes at the provider",
+                            value=open_disputes.count())
+    yield GaugeMetricFamily(
+        "verity_disputes_evidence_due_soon",
+        "Open disputes whose evidence is due within 48 hours or overdue",
+        value=open_disputes.filter(evidence_due_by__lte=now + timedelta(hours=48)).count())
+    yield GaugeMetricFamily(
+        "verity_external_operations_unacknowledged",
+        "Refunds/captures/cancels made outside Verity not yet acknowledged by a person",
+        value=PaymentOperation.objects.filter(origin=Origin.PROVIDER,
+                                              acknowledged_at__isnull=True).count())
 
 
 _collector: DatabaseCollector | None = None

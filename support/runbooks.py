@@ -40,6 +40,8 @@ RUNBOOK_QUEUE: dict[str, str] = {
     "stuck-outbox": "stuck_outbox",
     "escalated": "escalated",
     "refund-awaiting-approval": "refund_approval",
+    "dispute-evidence-due": "disputes",
+    "made-outside-verity": "external",
 }
 QUEUE_RUNBOOK: dict[str, str] = {q: slug for slug, q in RUNBOOK_QUEUE.items()}
 

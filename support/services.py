@@ -565,3 +565,28 @@ def incident_close(*, incident_id: int, outcomes: dict[str, str], user, reason: 
                     before={"status": IncidentStatus.OPEN},
                     after={"status": IncidentStatus.CLOSED, "outcomes": final})
     return incident
+
+
+# ------------------------------------------------ operations made outside Verity
+
+
+def external_acknowledge_by_user(*, operation_id: str, user, reason: str,
+                                 ip: str | None = None) -> PaymentOperation:
+    """Finance acknowledges a refund/capture/cancel made at the provider, not by Verity."""
+    from payments.external import external_operation_acknowledge
+
+    require(user, Action.ACKNOWLEDGE_EXTERNAL)
+    reason = _reason_required(reason)
+    before_op = _op_or_404(operation_id)
+    with _core_refusals_audited(user=user, ip=ip, action="console.external_acknowledge",
+                                target_type="operation", target_id=operation_id,
+                                reason=reason, purchase_id=before_op.purchase_id):
+        with transaction.atomic():
+            op = external_operation_acknowledge(operation_id=operation_id, acting_user=user,
+                                                reason=reason)
+            audit_write(user=user, action="console.external_acknowledge",
+                        target_type="operation", target_id=operation_id,
+                        purchase_id=op.purchase_id, reason=reason, ip=ip,
+                        before={"acknowledged_at": None},
+                        after={"acknowledged_by": op.acknowledged_by})
+    return op

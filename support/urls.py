@@ -33,6 +33,8 @@ urlpatterns = [
          name="cancel-unapplied"),
     path("console/operations/<str:operation_id>/approve", views.refund_approve,
          name="refund-approve"),
+    path("console/operations/<str:operation_id>/acknowledge-external",
+         views.external_acknowledge, name="external-acknowledge"),
     path("console/events/<int:event_pk>/", views.event, name="event"),
     path("console/events/<int:event_pk>/<slug:decision>", views.event_triage,
          name="event-triage"),

@@ -9,7 +9,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from payments.enums import Outcome
-from support import runbooks, selectors, services
+from support import provider_queues, runbooks, selectors, services
 from support.admin_site import lockout_message
 from support.access import Action, can
 from support.customer_copy import customer_state
@@ -85,7 +85,7 @@ def queue(request, name: str):
     if not can(request.user, spec.action):
         return render(request, "console/403.html", status=403)
     slug = runbooks.QUEUE_RUNBOOK.get(name)
-    return render(request, "console/queue.html", _ctx(
+    return render(request, provider_queues.QUEUE_TEMPLATES.get(name, "console/queue.html"), _ctx(
         request, spec=spec, items=selectors.queue_items(name),
         runbook=runbooks.runbook_get(slug) if slug else None))
 
@@ -345,3 +345,10 @@ def incident_close(request, incident_id: int):
                 if k.startswith("outcome-")}
     return _run(request, _incident_url(incident_id), services.incident_close,
                 "Incident closed.", incident_id=incident_id, outcomes=outcomes)
+
+
+@console_view(Action.ACKNOWLEDGE_EXTERNAL, post=True)
+def external_acknowledge(request, operation_id: str):
+    return _run(request, reverse("support:queue", args=["external"]),
+                services.external_acknowledge_by_user,
+                "Acknowledged: made outside Verity.", operation_id=operation_id)

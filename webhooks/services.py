@@ -154,6 +154,13 @@ def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> str:
 
 
 def _evaluate_locked(event: ProviderEvent) -> _Verdict:
+    # Disputes and money moved outside Verity first (webhooks.provider_moves); None means
+    # the event is about Verity's own operations and the matching below judges it.
+    from .provider_moves import evaluate_provider_move
+
+    moved = evaluate_provider_move(event)
+    if moved is not None:
+        return _Verdict(moved.result, moved.reason, moved.operation_id, moved.purchase_id)
     obj = object_from_event_payload(event.payload)
     if obj.object_type == "payment_intent" and event.type.startswith("payment_intent."):
         op = selectors.operation_for_payment_intent(obj)

@@ -89,6 +89,9 @@ CELERY_BEAT_SCHEDULE = {
                                "schedule": env.float("EXPIRE_SWEEP_SECONDS", default=60.0)},
     "settlement-compare": {"task": "recovery.settlement_compare",
                            "schedule": env.float("SETTLEMENT_SWEEP_SECONDS", default=3600.0)},
+    "disputes-refresh": {"task": "recovery.disputes_refresh_open",
+                         "schedule": env.float("DISPUTE_REFRESH_SWEEP_SECONDS",
+                                               default=3600.0)},
 }
 # On-demand read-backs (API/MCP reconcile): at most one per operation in this many seconds.
 RECONCILE_ON_DEMAND_COOLDOWN_SECONDS = env.int("RECONCILE_ON_DEMAND_COOLDOWN_SECONDS", default=5)
