@@ -149,3 +149,8 @@ class Reason(models.TextChoices):
     PROVIDER_FAILED = "provider_failed"
     MANUAL = "manual"
     MISMATCH = "mismatch"
+
+
+# The history cause of a transition where verified provider evidence overturned a
+# person's (acknowledged) resolution (DESIGN §4): queues, metrics and alerts key on it.
+OVERTURN_CAUSE = "manual_resolution_overturned"

@@ -92,7 +92,7 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
         with self._lock:
             self._armed.clear()
 
-    def _take(self, method, headers) -> str:
+    def _take(self, method, headers, url: str = "") -> str:
         key = (headers or {}).get("Idempotency-Key", "")
         if self._random_rate:
             with self._lock:
@@ -103,6 +103,8 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
                     modes = [m for m in self._random_modes if m in DrillMode.WRITES]
                 if hit and modes:
                     return self._rng.choice(modes)
+        if not key and method.lower() == "get":
+            return self._take_read(url)
         if ":" not in key:
             return ""
         prefix, step = key.rsplit(":", 1)
@@ -116,8 +118,20 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
             armed.times -= 1
             return armed.mode
 
+    def _take_read(self, url: str) -> str:
+        """Reads carry no key: a read drill is armed with step "read" and key_prefix "*"
+        (any read) or a provider object id that appears in the URL (reads of it)."""
+        with self._lock:
+            for (prefix, step), armed in self._armed.items():
+                if step != "read" or armed.times <= 0:
+                    continue
+                if prefix == "*" or (prefix and prefix in url):
+                    armed.times -= 1
+                    return armed.mode
+        return ""
+
     def request(self, method, url, headers, post_data=None, *, _usage=None):
-        mode = self._take(method, headers)
+        mode = self._take(method, headers, url)
         self._local.mode = mode
         drill_header = {"Verity-Fault-Drill": mode} if mode else {}
         if mode in (DrillMode.TIMEOUT_BEFORE_SEND, DrillMode.READ_UNAVAILABLE):
