@@ -31,6 +31,8 @@ class DomainError(Exception):
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import random  # noqa: E402
+import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from enum import Enum  # noqa: E402
 
@@ -84,6 +86,10 @@ log = logging.getLogger("verity.payments")
 QUOTE_TTL = timedelta(minutes=30)
 NOT_SENT_RESENDS = 2  # DESIGN §10.4: resend a not_sent step at most twice
 RETRYABLE_RESENDS = 2
+# A 429 / Stripe-Should-Retry answer is resent with the same key after a bounded,
+# jittered backoff (base * 2^(n-1), capped), never in a tight loop.
+RETRYABLE_BACKOFF_BASE_SECONDS = 0.5
+RETRYABLE_BACKOFF_CAP_SECONDS = 2.0
 
 
 class ApplyResult(str, Enum):
@@ -1075,6 +1081,11 @@ def _send(operation_id: str, step: str, first_call: ProviderCall, fn) -> CallRes
                         and attempt <= RETRYABLE_RESENDS)
         if not resend:
             return result
+        if result.classification == Classification.RETRYABLE:
+            # Outside any transaction (phase 2), so the wait holds no lock.
+            delay = min(RETRYABLE_BACKOFF_BASE_SECONDS * 2 ** (attempt - 1),
+                        RETRYABLE_BACKOFF_CAP_SECONDS)
+            time.sleep(delay * (1 + random.random() * 0.1))
         attempt += 1
         call = _claim(operation_id, step, attempt=attempt)
         if call is None:

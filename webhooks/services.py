@@ -182,8 +182,32 @@ def _void_of(op, obj: ProviderObject):
             .order_by("-created_at").first())
 
 
+def _older_than_current(event: ProviderEvent, op) -> bool:
+    """A non-terminal event created before the state Verity holds was reached (a late
+    `processing` after `requires_action`) is history, not news. Compared in whole seconds
+    (the provider's `created` resolution); no `created` means no judgement."""
+    from payments.models import OperationTransition
+
+    if event.created is None:
+        return False
+    newer_event = ProviderEvent.objects.filter(
+        object_id=event.object_id, result=EventResult.APPLIED,
+        created__gt=event.created).exclude(pk=event.pk).exists()
+    if newer_event:
+        return True
+    last = (OperationTransition.objects.filter(operation_id=op.pk, field="outcome",
+                                               target=op.outcome)
+            .order_by("-created_at", "-id").values_list("created_at", flat=True).first())
+    return last is not None and event.created < last.replace(microsecond=0)
+
+
 def _apply(event: ProviderEvent, op, obj: ProviderObject) -> _Verdict:
     from payments.services import operation_apply_observation
+
+    target = outcome_from_object(obj, kind=op.kind)
+    if (target is not None and target not in (Outcome.SUCCEEDED, Outcome.FAILED)
+            and not op.is_terminal and _older_than_current(event, op)):
+        return _Verdict(EventResult.IGNORED, "stale_event", op.pk, op.purchase_id)
 
     applied = operation_apply_observation(
         operation_id=op.pk, obj=obj, source=Verification.WEBHOOK,

@@ -39,12 +39,14 @@ class DrillMode:
     RESET_AFTER_WRITE = "reset_after_write"
     HTTP_500 = "http_500"
     HTTP_409 = "http_409"
+    # 429 rate limited before anything was applied (the request is not sent on).
+    HTTP_429 = "http_429"
     # Sends, then never returns: the process is expected to be killed (dead-worker drill).
     HANG_AFTER_SEND = "hang_after_send"
     # Reads only (GET): the provider cannot be reached for a read-back.
     READ_UNAVAILABLE = "read_unavailable"
     WRITES = (DROP_RESPONSE_AFTER_SEND, TIMEOUT_BEFORE_SEND, RESET_AFTER_WRITE, HTTP_500, HTTP_409)
-    ALL = WRITES + (HANG_AFTER_SEND, READ_UNAVAILABLE)
+    ALL = WRITES + (HANG_AFTER_SEND, READ_UNAVAILABLE, HTTP_429)
 
 
 class DrillRefused(Exception):
@@ -138,6 +140,11 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
             raise stripe.APIConnectionError("fault drill: connect timeout",
                                             should_retry=False) from requests.exceptions.ConnectTimeout(
                 urllib3.exceptions.ConnectTimeoutError(None, "fault drill"))
+        if mode == DrillMode.HTTP_429:
+            body = json.dumps({"error": {"type": "invalid_request_error",
+                                         "code": "rate_limit",
+                                         "message": "fault drill: too many requests"}})
+            return body, 429, drill_header
         if mode == DrillMode.HTTP_409:
             body = json.dumps({"error": {"type": "invalid_request_error",
                                          "code": "idempotency_key_in_use",
