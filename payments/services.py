@@ -1479,12 +1479,14 @@ def operations_verify_before_follow_up(*, purchase_id: str) -> None:
     (acknowledged) and apply what the provider shows — an on-the-fly reconcile, as Kill
     Bill's janitor does. The follow-up's own checks then see the provider's truth.
     No transaction may be open (network I/O)."""
-    assert_no_transaction_outside_transaction()
     ids = list(PaymentOperation.objects.filter(
         purchase_id=purchase_id, grade=Grade.ACKNOWLEDGED,
         outcome__in=[Outcome.SUCCEEDED, Outcome.FAILED],
         kind__in=[*PAYMENT_KINDS, OperationKind.CAPTURE, OperationKind.VOID])
         .values_list("id", flat=True))
+    if not ids:
+        return  # nothing only a person settled: no read needed
+    assert_no_transaction_outside_transaction()
     for op_id in ids:
         try:
             operation_reconcile(operation_id=op_id, actor="follow-up-check")
