@@ -660,6 +660,13 @@ def purchase_next_action(purchase: Purchase, ops: list[PaymentOperation]) -> Nex
         if op.outcome in (Outcome.PENDING, Outcome.DISPATCHING, Outcome.AWAITING_PROVIDER):
             return NextAction(Owner.RECONCILIATION,
                               f"Waiting for the provider's answer on {op.id}.")
+    for op in ops:
+        if (op.is_terminal and op.next_action_owner == Owner.SUPPORT
+                and op.transitions.filter(cause=OVERTURN_CAUSE).exists()):
+            return NextAction(Owner.SUPPORT,
+                              f"The provider's record overturned a manual resolution of "
+                              f"{op.id} (now {op.outcome}): check what followed, then mark "
+                              "it reviewed.")
     steps = list(StepRun.objects.filter(purchase_id=purchase.pk, state__in=STEP_TROUBLE))
     if steps:
         names = ", ".join(f"{s.step} ({s.state})" for s in steps)

@@ -228,22 +228,6 @@ def test_console_cancel(new_purchase, django_user_model):
     assert _status(purchase) == PurchaseStatus.CANCELLED
 
 
-# -- also check: void_create(compensation=True) sets its flag when it creates ------------
-
-def test_compensating_void_is_flagged_in_its_creating_transaction(new_purchase, api_client):
-    purchase, _auth = _paid(new_purchase, api_client, capture="manual")
-    seen = []
-
-    with transaction.atomic():
-        op = services.void_create(purchase_id=purchase.id, compensation=True)
-        # read back in the creating transaction: nothing may depend on a later UPDATE
-        seen.append(PaymentOperation.objects.filter(pk=op.pk).values_list(
-            "is_compensation", flat=True).get())
-        transaction.set_rollback(True)  # the "crash" right after creation
-
-    assert seen == [True]
-
-
 # -- also check: the orchestrator re-checks the purchase between steps --------------------
 
 def test_a_refund_during_a_run_stops_the_order_and_the_confirmation(
