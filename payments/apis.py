@@ -660,7 +660,9 @@ class OperationReconcileApi(ApiView):
     @extend_schema(
         operation_id="operations_reconcile", summary="Read the provider's record now",
         description="Read-only at the provider; settles an unknown operation if the provider "
-                    "has a record of it. 409 `already_settled` if it is settled. Works while "
+                    "has a record of it. 409 `already_settled` if the provider settled it (an "
+                    "outcome a person resolved, grade `acknowledged`, is read back and may be "
+                    "overturned by the provider's record). Works while "
                     "workflows are halted. Naturally idempotent: no key needed.",
         request=None,
         responses={**_ok(200, OperationOut, "Current state after the read-back"),

@@ -228,7 +228,7 @@ def operation_replay_by_user(*, operation_id: str, user, reason: str,
 def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int | None = None,
                            ip: str | None = None) -> PaymentOperation:
     """A console refund starts awaiting_approval (DESIGN §10.8)."""
-    from payments.services import refund_request
+    from payments.services import operations_verify_before_follow_up, refund_request
 
     require(user, Action.REQUEST_REFUND)
     reason = _reason_required(reason)
@@ -238,6 +238,8 @@ def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int |
     with _core_refusals_audited(user=user, ip=ip, action="console.refund_request",
                                 target_type="purchase", target_id=purchase_id,
                                 reason=reason, purchase_id=purchase_id):
+        # A payment only a person settled is read back first (network: no transaction).
+        operations_verify_before_follow_up(purchase_id=purchase_id)
         with transaction.atomic():
             op = refund_request(purchase_id=purchase_id, amount=amount, acting_user=user)
             audit_write(user=user, action="console.refund_request", target_type="operation",
