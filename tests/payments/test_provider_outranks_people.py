@@ -282,3 +282,24 @@ def test_resolving_awaiting_buyer_failed_is_refused_if_the_cancel_fails(
     assert AuditEntry.objects.filter(target_id=op.id,
                                      action="operation_cancel_at_provider").count() == 1
     assert localstripe.succeeded_charges_for(purchase.id) == []
+
+
+def test_api_resolution_the_provider_contradicts_is_a_409_naming_its_record(
+        new_purchase, api_client, drill, client, localstripe):
+    from tests.factories import make_client
+
+    _resolver, key = make_client(name="resolver-tool", scopes=("purchases:read",
+                                                               "operations:resolve"))
+    purchase, op = _unknown_charge(new_purchase, api_client, drill)
+
+    r = client.post(f"/api/v1/operations/{op.id}/resolve",
+                    data={"outcome": "failed", "reason": "buyer says declined"},
+                    content_type="application/json", HTTP_IDEMPOTENCY_KEY="resolve-1",
+                    HTTP_AUTHORIZATION=f"Api-Key {key}")
+
+    assert r.status_code == 409, r.content
+    body = r.json()
+    assert body["code"] == "provider_contradicts" and "'succeeded'" in body["detail"]
+    assert Resolution.objects.filter(operation_id=op.id).count() == 0
+    assert _reload(op).outcome == Outcome.SUCCEEDED
+    assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
