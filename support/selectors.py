@@ -12,11 +12,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from statistics import median
 
+from django.contrib import messages as message_levels
 from django.db.models import Count, Exists, Min, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
 from payments.enums import (
     PAYMENT_KINDS,
+    CallPurpose,
+    Classification,
     HoldState,
     OperationKind,
     Outcome,
@@ -40,6 +43,7 @@ from recovery.models import (
     StepState,
     WorkflowHalt,
 )
+from payments.money import MoneyInputError, format_money, parse_money
 from support.access import Action, can
 from support.models import AuditEntry, Note, Resolution
 from webhooks.models import EventResult, ProviderEvent
@@ -327,9 +331,7 @@ def _event_purchase(event: ProviderEvent) -> str:
 
 
 def _money(amount: int | None, currency: str) -> str:
-    if amount is None:
-        return f"? {currency.upper()}"
-    return f"{amount / 100:,.2f} {currency.upper()}"
+    return format_money(amount, currency)
 
 
 # ------------------------------------------------------------------------ dashboard
@@ -719,3 +721,93 @@ def incidents_for_purchase(purchase_id: str) -> list:
 
     return list(Incident.objects.filter(items__purchase_id=purchase_id).distinct()
                 .order_by("-opened_at"))
+
+
+# ------------------------------------------------------------------------- refunds
+
+
+def refundable_amount(purchase: Purchase) -> int:
+    """Captured minus non-failed refunds (DESIGN §10.8), for the form and its echo. The
+    core checks the same rule again under the purchase lock when the refund is made."""
+    captured = sum(op.amount for op in purchase.operations.filter(
+        outcome=Outcome.SUCCEEDED, kind__in=(OperationKind.CHARGE, OperationKind.CAPTURE)))
+    refunded = (purchase.operations.filter(kind=OperationKind.REFUND)
+                .exclude(outcome=Outcome.FAILED).aggregate(s=Sum("amount"))["s"] or 0)
+    return max(0, captured - refunded)
+
+
+@dataclass(frozen=True)
+class RefundAmountCheck:
+    amount: int | None  # minor units
+    refundable: int
+    typed: str
+    error: str = ""
+
+
+def refund_amount_check(purchase: Purchase, *, typed: str) -> RefundAmountCheck:
+    """A typed major-unit amount ("10.00") -> minor units, or the reason it cannot be
+    requested. Empty means everything refundable now."""
+    typed = (typed or "").strip()
+    refundable = refundable_amount(purchase)
+    if refundable <= 0:
+        return RefundAmountCheck(None, 0, typed, "Nothing is refundable on this purchase.")
+    if not typed:
+        return RefundAmountCheck(refundable, refundable, typed)
+    try:
+        amount = parse_money(typed, purchase.currency)
+    except MoneyInputError as e:
+        return RefundAmountCheck(None, refundable, typed, e.message)
+    if amount > refundable:
+        return RefundAmountCheck(
+            amount, refundable, typed,
+            f"{format_money(amount, purchase.currency)} is more than is refundable now "
+            f"({format_money(refundable, purchase.currency)}).")
+    return RefundAmountCheck(amount, refundable, typed)
+
+
+# ------------------------------------------------------------------- feedback
+
+
+def _last_read_back(operation_id: str) -> ProviderCall | None:
+    return (ProviderCall.objects.filter(operation_id=operation_id,
+                                        purpose=CallPurpose.RECONCILE)
+            .order_by("-started_at", "-id").first())
+
+
+def _next_read_back(op: PaymentOperation) -> str:
+    if op.next_reconcile_at is None:
+        return ""
+    minutes = max(1, round((op.next_reconcile_at - timezone.now()).total_seconds() / 60))
+    return f" Next read-back in {minutes} min."
+
+
+def reconcile_feedback(*, before_outcome: str, op: PaymentOperation) -> tuple[int, str]:
+    """What an on-demand read-back actually did, in words (never "read back" when the
+    provider said nothing)."""
+    what = "payment" if op.kind in PAYMENT_KINDS else op.kind
+    if op.outcome != before_outcome:
+        return (message_levels.SUCCESS,
+                f"The provider's record settles it: the {what} is now {op.outcome} "
+                f"(it was {before_outcome}).")
+    call = _last_read_back(op.pk)
+    stays = f"it stays {op.outcome}.{_next_read_back(op)}"
+    if call is None:
+        return message_levels.WARNING, f"No read-back was made; {stays}"
+    if call.classification == Classification.NOT_FOUND or call.http_status == 404:
+        return (message_levels.WARNING,
+                f"The provider has no record of this {what} yet; {stays}")
+    if call.classification in (Classification.UNKNOWN, Classification.NOT_SENT,
+                               Classification.RETRYABLE):
+        return (message_levels.WARNING,
+                f"The provider could not be read (HTTP {call.http_status or 'no answer'}); "
+                f"{stays}")
+    return (message_levels.INFO,
+            f"The provider answered, but its record does not settle this {what} yet; {stays}")
+
+
+def operation_next_actions(ops: list[PaymentOperation]) -> dict[str, dict]:
+    """Each operation's next action from the one presenter (payments.selectors), so an
+    operation card never says "none" beside a purchase card naming an owner."""
+    from payments.selectors import operation_next_action
+
+    return {op.pk: operation_next_action(op) for op in ops}

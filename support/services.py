@@ -20,6 +20,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from payments.enums import Outcome
+from payments.money import format_money
 from payments.models import PaymentOperation, Purchase
 from recovery import halts
 from recovery.models import WorkflowHalt
@@ -238,15 +239,26 @@ def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int |
     purchase = Purchase.objects.filter(pk=purchase_id).first()
     if purchase is None:
         raise ConsoleError("not_found", "No such purchase.", 404)
-    with _core_refusals_audited(user=user, ip=ip, action="console.refund_request",
-                                target_type="purchase", target_id=purchase_id,
-                                reason=reason, purchase_id=purchase_id):
-        with transaction.atomic():
-            op = refund_request(purchase_id=purchase_id, amount=amount, acting_user=user)
-            audit_write(user=user, action="console.refund_request", target_type="operation",
-                        target_id=op.pk, purchase_id=purchase_id, reason=reason, ip=ip,
-                        before=_purchase_snapshot(purchase),
-                        after={**_op_snapshot(op), "amount": op.amount})
+    try:
+        with _core_refusals_audited(user=user, ip=ip, action="console.refund_request",
+                                    target_type="purchase", target_id=purchase_id,
+                                    reason=reason, purchase_id=purchase_id):
+            with transaction.atomic():
+                op = refund_request(purchase_id=purchase_id, amount=amount, acting_user=user)
+                audit_write(user=user, action="console.refund_request",
+                            target_type="operation", target_id=op.pk,
+                            purchase_id=purchase_id, reason=reason, ip=ip,
+                            before=_purchase_snapshot(purchase),
+                            after={**_op_snapshot(op), "amount": op.amount,
+                                   "currency": op.currency})
+    except ConsoleError as e:
+        refundable = getattr(e.__cause__, "extra", {}).get("refundable")
+        if refundable is not None:
+            # The core speaks minor units ("1500 usd"); people read major units.
+            raise ConsoleError(e.code, "Refundable now: "
+                               f"{format_money(refundable, purchase.currency)}.",
+                               e.status) from e.__cause__
+        raise
     return op
 
 

@@ -2,6 +2,7 @@
 render. Every view goes through web.console_view(action), the one permission gate."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.http import Http404, HttpResponseRedirect
@@ -9,6 +10,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from payments.enums import Outcome
+from payments.money import format_major, format_money
 from support import runbooks, selectors, services
 from support.access import Action, can
 from support.customer_copy import customer_state
@@ -103,6 +105,7 @@ def purchase(request, purchase_id: str):
         raise Http404
     ops = selectors.purchase_operations(p)
     slug = selectors.purchase_runbook_slug(p, ops)
+    refundable = selectors.refundable_amount(p)
     return render(request, "console/purchase.html", _ctx(
         request,
         runbook=runbooks.runbook_get(slug) if slug else None,
@@ -113,6 +116,10 @@ def purchase(request, purchase_id: str):
         customer=customer_state(p),
         next_action=selectors.purchase_next_action(p, ops),
         refundable=selectors.refundable_payment(p),
+        refundable_amount=refundable,
+        refundable_major=format_major(refundable, p.currency) if refundable else "",
+        op_next=selectors.operation_next_actions(ops),
+        replay_available=settings.STRIPE_DEDUPES_KEYS,
         Outcome=Outcome,
         user_id=request.user.pk,
     ))
@@ -194,23 +201,55 @@ def note_add(request, purchase_id: str):
 
 @console_view(Action.REQUEST_REFUND, post=True)
 def refund_request(request, purchase_id: str):
-    raw = (request.POST.get("amount") or "").strip()
-    amount = None
-    if raw:
+    """Two posts: the typed amount (major units) is parsed and echoed back; only the
+    second post, carrying the exact minor-unit amount the person saw, requests it."""
+    url = _purchase_url(purchase_id)
+    p = selectors.purchase_get(purchase_id)
+    if p is None:
+        raise Http404
+    if request.POST.get("step") == "confirm":
         try:
-            amount = int(raw)
+            amount = int(request.POST.get("amount_minor", ""))
         except ValueError:
-            messages.error(request, "The amount is in minor units (a whole number).")
-            return _back(request, _purchase_url(purchase_id))
-    return _run(request, _purchase_url(purchase_id), services.refund_request_by_user,
-                "Refund requested; it waits for a finance approver.",
-                purchase_id=purchase_id, amount=amount)
+            messages.error(request, "The confirmed amount was missing; start again.")
+            return _back(request, url)
+        return _run(request, url, services.refund_request_by_user,
+                    f"Refund of {format_money(amount, p.currency)} requested; it waits for "
+                    "a finance approver (not the requester).",
+                    purchase_id=purchase_id, amount=amount)
+    if not _confirmed(request):
+        messages.error(request, "Tick the confirmation box to go ahead.")
+        return _back(request, url)
+    reason = (request.POST.get("reason") or "").strip()
+    if not reason:
+        messages.error(request, "A reason is required.")
+        return _back(request, url)
+    check = selectors.refund_amount_check(p, typed=request.POST.get("amount") or "")
+    if check.error:
+        messages.error(request, check.error)
+        return _back(request, url)
+    return render(request, "console/refund_confirm.html", _ctx(
+        request, purchase=p, amount=check.amount, refundable=check.refundable,
+        typed=check.typed, reason=reason))
 
 
 @console_view(Action.RECONCILE, post=True)
 def reconcile(request, operation_id: str):
-    return _run(request, _op_purchase_url(operation_id), services.operation_reconcile_by_user,
-                "Read back from the provider.", operation_id=operation_id)
+    url = _op_purchase_url(operation_id)
+    if not _confirmed(request):
+        messages.error(request, "Tick the confirmation box to go ahead.")
+        return _back(request, url)
+    before = selectors.operation_get(operation_id)
+    try:
+        op = services.operation_reconcile_by_user(
+            operation_id=operation_id, user=request.user,
+            reason=request.POST.get("reason", ""), ip=client_ip(request))
+    except services.ConsoleError as e:
+        messages.error(request, f"Refused ({e.code}): {e.message}")
+        return _back(request, url)
+    level, text = selectors.reconcile_feedback(before_outcome=before.outcome, op=op)
+    messages.add_message(request, level, text)
+    return _back(request, url)
 
 
 @console_view(Action.RESOLVE, post=True)

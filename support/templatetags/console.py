@@ -1,45 +1,66 @@
 import json
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 from django import template
 from django.utils import timezone
+from django.utils.html import format_html
+
+from payments.money import format_money
 
 register = template.Library()
-
-# ISO 4217 currencies without minor units (amounts are stored in minor units).
-ZERO_DECIMAL = {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "ugx",
-                "vnd", "vuv", "xaf", "xof", "xpf"}
 
 
 @register.simple_tag
 def money(amount, currency):
-    if amount is None:
-        return "—"
-    cur = (currency or "").lower()
-    if cur in ZERO_DECIMAL:
-        return f"{int(amount):,} {cur.upper()}"
-    return f"{int(amount) / 100:,.2f} {cur.upper()}"
+    """Major units with the currency's own decimals and its upper-case ISO code."""
+    return format_money(amount, currency)
+
+
+def _span(seconds: int) -> str:
+    days, rem = divmod(seconds, 86400)
+    hours, rem = divmod(rem, 3600)
+    minutes, secs = divmod(rem, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    if minutes:
+        return f"{minutes} min"
+    return f"{secs} s"
 
 
 @register.filter
 def age(value):
+    """A duration ("12 min"), for queue ages; for a moment use `when`."""
     if value is None:
         return "—"
     if isinstance(value, datetime):
         value = timezone.now() - value
     if not isinstance(value, timedelta):
         return str(value)
-    seconds = max(0, int(value.total_seconds()))
-    days, rem = divmod(seconds, 86400)
-    hours, rem = divmod(rem, 3600)
-    minutes, secs = divmod(rem, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes}m"
-    if minutes:
-        return f"{minutes}m {secs}s"
-    return f"{secs}s"
+    return _span(max(0, int(value.total_seconds())))
+
+
+def absolute(value: datetime) -> str:
+    return value.astimezone(dt_timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def relative(value: datetime, now: datetime | None = None) -> str:
+    delta = int(((now or timezone.now()) - value).total_seconds())
+    if abs(delta) < 5:
+        return "just now"
+    return f"{_span(delta)} ago" if delta > 0 else f"in {_span(-delta)}"
+
+
+@register.filter
+def when(value):
+    """The one time format of the console: relative ("12 min ago", "in 5 min") with the
+    absolute UTC time on hover and in the machine-readable datetime attribute."""
+    if not isinstance(value, datetime):
+        return "—"
+    return format_html('<time datetime="{}" title="{}">{}</time>',
+                       value.isoformat(), absolute(value), relative(value))
 
 
 @register.filter
@@ -56,3 +77,12 @@ def get(mapping, key):
         return mapping.get(key)
     except AttributeError:
         return None
+
+
+@register.filter
+def label(key):
+    """A field name as a person reads it: "http_status" -> "HTTP status"."""
+    text = str(key).replace("_", " ").strip()
+    for word, shown in (("http", "HTTP"), ("id", "id"), ("ip", "IP"), ("url", "URL")):
+        text = " ".join(shown if w == word else w for w in text.split(" "))
+    return text[:1].upper() + text[1:]
