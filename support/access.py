@@ -28,12 +28,17 @@ class Action(models.TextChoices):
     MANAGE_INCIDENTS = "manage_incidents"
     APPROVE_REFUND = "approve_refund"
     VIEW_SETTLEMENT = "view_settlement"
+    SETTLE_DISCREPANCY = "settle_discrepancy"  # explain and close a settlement row
+    RETRY_OUTBOX = "retry_outbox"  # make a backed-off outbox row due now
+    DECIDE_STEP = "decide_step"  # complete a compensation-queue step forward / mark handled
 
 
 _SUPPORT = {Action.VIEW, Action.ADD_NOTE, Action.RECONCILE, Action.REQUEST_REFUND}
 _OPERATOR = _SUPPORT | {Action.RESOLVE, Action.REPLAY, Action.HALT, Action.TRIAGE_QUARANTINE,
-                        Action.VIEW_REDACTED_PAYLOAD, Action.MANAGE_INCIDENTS}
-_FINANCE = _SUPPORT | {Action.APPROVE_REFUND, Action.VIEW_SETTLEMENT}
+                        Action.VIEW_REDACTED_PAYLOAD, Action.MANAGE_INCIDENTS,
+                        Action.RETRY_OUTBOX, Action.DECIDE_STEP}
+_FINANCE = _SUPPORT | {Action.APPROVE_REFUND, Action.VIEW_SETTLEMENT,
+                       Action.SETTLE_DISCREPANCY}
 
 MATRIX: dict[Role, frozenset[Action]] = {
     Role.SUPPORT: frozenset(_SUPPORT),

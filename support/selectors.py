@@ -35,6 +35,7 @@ from payments.models import (
     Purchase,
 )
 from recovery.models import (
+    OutboxCategory,
     OutboxMessage,
     Order,
     RecoveryDecision,
@@ -45,6 +46,7 @@ from recovery.models import (
 )
 from payments.money import MoneyInputError, format_money, parse_money
 from support.access import Action, can
+from support.timefmt import relative
 from support.models import AuditEntry, Note, Resolution
 from webhooks.models import EventResult, ProviderEvent
 
@@ -69,6 +71,9 @@ class QueueItem:
     summary: str
     owner: str = ""
     runbook: str = ""  # slug of the runbook for this row (support.runbooks)
+    anchor: str = ""  # where on the purchase page its actions are (operation id, "steps-h")
+    action: str = ""  # what a person does with it, in words (the link or form says where)
+    error: str = ""  # last error, for stuck outbox rows and failed steps
 
     @property
     def age(self) -> timedelta:
@@ -190,6 +195,68 @@ def _q_refund_approval():
     return PaymentOperation.objects.filter(outcome=Outcome.AWAITING_APPROVAL)
 
 
+_OP_ACTION = "Reconcile now, or resolve with provider evidence"
+_STEP_WORDS = {StepState.FAILED: "failed", StepState.UNKNOWN: "may or may not have happened",
+               StepState.MANUAL: "waits for a person"}
+_DISCREPANCY_WORDS = {"missing_locally": "In the provider's balance, not in the ledger",
+                      "missing_in_ledger": "In the provider's balance, not in the ledger",
+                      "missing_at_provider": "In the ledger, not in the provider's balance",
+                      "amount_differs": "Amounts differ"}
+
+
+def _op_summary(op: PaymentOperation) -> str:
+    return f"{op.kind} {_money(op.amount, op.currency)}"
+
+
+def _purchase_for_references(refs: list[str]) -> dict[str, str]:
+    """provider reference (pi_/ch_/re_/py_) -> purchase id, via operations and the ledger."""
+    refs = [r for r in refs if r]
+    if not refs:
+        return {}
+    out: dict[str, str] = {}
+    for ref, charge, pid in PaymentOperation.objects.filter(
+            Q(provider_reference__in=refs) | Q(provider_charge__in=refs)).values_list(
+            "provider_reference", "provider_charge", "purchase_id"):
+        for r in (ref, charge):
+            if r in refs:
+                out.setdefault(r, pid)
+    from recovery.models import LedgerEntry
+
+    for ref, pid in LedgerEntry.objects.filter(provider_reference__in=refs).values_list(
+            "provider_reference", "purchase_id"):
+        out.setdefault(ref, pid)
+    return out
+
+
+def _outbox_purchase(payload) -> str:
+    if not isinstance(payload, dict):
+        return ""
+    if payload.get("purchase"):
+        return str(payload["purchase"])
+    if payload.get("operation"):
+        return PaymentOperation.objects.filter(pk=payload["operation"]).values_list(
+            "purchase_id", flat=True).first() or ""
+    if payload.get("event"):
+        e = ProviderEvent.objects.filter(pk=payload["event"]).first()
+        return _event_purchase(e) if e else ""
+    return ""
+
+
+def _outbox_label(category: int) -> str:
+    try:
+        return str(OutboxCategory(category).label).capitalize()
+    except ValueError:
+        return f"category {category}"
+
+
+def discrepancy_summary(d: SettlementDiscrepancy) -> str:
+    what = _DISCREPANCY_WORDS.get(d.kind, d.kind.replace("_", " ").capitalize())
+    provider = (_money(d.provider_amount, d.currency) if d.provider_amount is not None
+                else "no movement")
+    ledger = _money(d.ledger_amount, d.currency) if d.ledger_amount is not None else "no entry"
+    return f"{what} · {d.provider_reference}: provider {provider}, ledger {ledger}"
+
+
 def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
     """Rows of one queue, oldest first."""
     now = timezone.now()
@@ -197,49 +264,65 @@ def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
     if name == "unknown":
         for op in _q_unknown().select_related("purchase").order_by("created_at")[:limit]:
             items.append(QueueItem(op.created_at, "operation", op.id, op.purchase_id,
-                                   f"{op.kind} {_money(op.amount, op.currency)} · "
-                                   f"{op.reconcile_attempts} read-backs",
-                                   op.purchase.recovery_owner))
+                                   f"{_op_summary(op)} · {op.reconcile_attempts} read-backs",
+                                   op.purchase.recovery_owner, anchor=op.id,
+                                   action=_OP_ACTION))
     elif name == "paid_without_order":
         rows = _q_paid_without_order().annotate(paid_at=_paid_at_subquery())
         for p in sorted(rows[: limit * 2], key=lambda p: p.paid_at or p.updated_at)[:limit]:
             items.append(QueueItem(p.paid_at or p.updated_at, "purchase", p.id, p.id,
                                    f"{p.status} {_money(p.amount, p.currency)}",
-                                   p.recovery_owner))
+                                   p.recovery_owner, anchor="steps-h",
+                                   action="Check its steps and halts; a note or a refund "
+                                          "request if the order cannot be written"))
     elif name == "compensation":
-        for s in _q_compensation_steps().order_by("created_at")[:limit]:
-            items.append(QueueItem(s.started_at or s.created_at, "step", str(s.pk),
-                                   s.purchase_id, f"step {s.step} is {s.state}"))
+        for st in _q_compensation_steps().order_by("created_at")[:limit]:
+            words = _STEP_WORDS.get(st.state, st.state)
+            items.append(QueueItem(st.started_at or st.created_at, "step", st.step,
+                                   st.purchase_id,
+                                   f"Step {st.step} {words} after {st.attempts} attempts",
+                                   anchor="steps-h", error=st.last_error[:300],
+                                   action="Decide: complete forward, mark handled, or refund"))
         for op in _q_compensation_ops().order_by("created_at")[:limit]:
             items.append(QueueItem(op.created_at, "operation", op.id, op.purchase_id,
-                                   f"compensating {op.kind} is {op.outcome}"))
+                                   f"Compensating {_op_summary(op)} is {op.outcome}",
+                                   anchor=op.id, action=_OP_ACTION))
         items.sort(key=lambda i: i.since)
         items = items[:limit]
     elif name == "quarantined":
         for e in _q_quarantined().order_by("received_at")[:limit]:
             items.append(QueueItem(e.received_at, "event", str(e.pk), _event_purchase(e),
-                                   f"{e.type} · {e.result_reason or 'no reason recorded'}"))
+                                   f"{e.type} · {e.result_reason or 'no reason recorded'}",
+                                   action="Release or dismiss (on the event)"))
     elif name == "mismatch":
         for e in _q_mismatch().order_by("received_at")[:limit]:
             items.append(QueueItem(e.received_at, "event", str(e.pk), _event_purchase(e),
-                                   f"{e.type} {e.object_id} · {e.result_reason}"))
+                                   f"{e.type} {e.object_id} · {e.result_reason}",
+                                   action="Compare with the operation, then release or "
+                                          "dismiss (on the event)"))
     elif name == "stuck_outbox":
         for m in _q_stuck_outbox(now).order_by("created_at")[:limit]:
-            pid = (m.payload or {}).get("purchase", "") if isinstance(m.payload, dict) else ""
-            items.append(QueueItem(m.created_at, "outbox", str(m.pk), pid or "",
-                                   f"category {m.category} · {m.attempts} attempts"
-                                   + (f" · {m.last_error[:120]}" if m.last_error else "")))
+            items.append(QueueItem(
+                m.created_at, "outbox", str(m.pk), _outbox_purchase(m.payload),
+                f"{_outbox_label(m.category)} · {m.attempts} attempts · next try "
+                f"{relative(m.available_at, now)}", error=(m.last_error or "")[:300],
+                action="Fix the cause, then retry now"))
     elif name == "settlement":
-        for d in _q_settlement().order_by("created_at")[:limit]:
-            items.append(QueueItem(d.created_at, "discrepancy", str(d.pk), "",
-                                   f"{d.kind} {d.provider_reference}: provider "
-                                   f"{d.provider_amount} vs ledger {d.ledger_amount} "
-                                   f"{d.currency}"))
+        rows = list(_q_settlement().order_by("created_at")[:limit])
+        purchases = _purchase_for_references([d.provider_reference for d in rows])
+        for d in rows:
+            items.append(QueueItem(d.created_at, "discrepancy", str(d.pk),
+                                   purchases.get(d.provider_reference, ""),
+                                   discrepancy_summary(d), error=d.detail,
+                                   action="Check at the provider, then acknowledge with the "
+                                          "explanation"))
     elif name == "escalated":
         for op in _q_escalated().select_related("purchase").order_by("created_at")[:limit]:
             items.append(QueueItem(op.escalated_at or op.created_at, "operation", op.id,
-                                   op.purchase_id, f"{op.kind} is {op.outcome}",
-                                   op.purchase.recovery_owner or op.next_action_owner))
+                                   op.purchase_id, f"{_op_summary(op)} is {op.outcome}",
+                                   op.purchase.recovery_owner or op.next_action_owner,
+                                   anchor=op.id,
+                                   action="Resolve with evidence from the provider dashboard"))
         items.sort(key=lambda i: i.since)
     elif name == "refund_approval":
         for op in _q_refund_approval().select_related("requested_by_user").order_by(
@@ -247,7 +330,8 @@ def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
             who = op.requested_by_user.get_username() if op.requested_by_user else "API client"
             items.append(QueueItem(op.created_at, "operation", op.id, op.purchase_id,
                                    f"refund {_money(op.amount, op.currency)} requested by "
-                                   f"{who}", "finance"))
+                                   f"{who}", "finance", anchor=op.id,
+                                   action="Approve (a finance user other than the requester)"))
     else:
         raise KeyError(name)
     return [replace(i, runbook=_item_runbook(name, i)) for i in items]
@@ -803,6 +887,10 @@ def reconcile_feedback(*, before_outcome: str, op: PaymentOperation) -> tuple[in
                 f"{stays}")
     return (message_levels.INFO,
             f"The provider answered, but its record does not settle this {what} yet; {stays}")
+
+
+def purchase_steps(purchase: Purchase) -> list[StepRun]:
+    return list(StepRun.objects.filter(purchase_id=purchase.pk).order_by("created_at", "id"))
 
 
 def operation_next_actions(ops: list[PaymentOperation]) -> dict[str, dict]:

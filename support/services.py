@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
 from django.utils import timezone
 
@@ -296,6 +297,69 @@ def refund_approve_by_user(*, operation_id: str, user, reason: str,
                     e.code)
         op = _reload_op(operation_id)
     return op
+
+
+# ------------------------------------------------------------- queue decisions
+
+
+class StepDecision:
+    """What a person decides for a step in the compensation queue."""
+
+    RETRY = "retry"  # complete forward: run the step again (its cause is fixed)
+    DONE = "done"  # mark handled: the step was done by hand outside Verity
+
+
+def step_decide_by_user(*, purchase_id: str, step: str, decision: str, user, reason: str,
+                        ip: str | None = None):
+    """Complete a compensation-queue step forward or mark it handled. recovery's
+    step_resolve writes the one audit row (with this IP) and resumes the purchase in the
+    same transaction. Compensating instead is a refund request (finance approves)."""
+    from recovery import services as recovery_services
+
+    require(user, Action.DECIDE_STEP)
+    reason = _reason_required(reason)
+    if decision not in (StepDecision.RETRY, StepDecision.DONE):
+        raise ConsoleError("invalid_decision", "Run the step again or mark it handled.", 422)
+    try:
+        return recovery_services.step_resolve(purchase_id=purchase_id, step=step,
+                                              resolution=decision, actor=user.get_username(),
+                                              reason=reason, ip=ip)
+    except ObjectDoesNotExist as e:
+        raise ConsoleError("not_found", f"No step {step} on this purchase.", 404) from e
+    except ValueError as e:
+        raise ConsoleError("step_not_waiting", str(e), 409) from e
+
+
+def discrepancy_explain_by_user(*, discrepancy_id: int, user, reason: str,
+                                ip: str | None = None) -> bool:
+    """Finance acknowledges a settlement discrepancy with its explanation and closes it
+    (one audit row, written by recovery in the same transaction)."""
+    from recovery import services as recovery_services
+
+    require(user, Action.SETTLE_DISCREPANCY)
+    reason = _reason_required(reason)
+    try:
+        closed = recovery_services.discrepancy_resolve(
+            discrepancy_id=discrepancy_id, actor=user.get_username(), reason=reason, ip=ip)
+    except ObjectDoesNotExist as e:
+        raise ConsoleError("not_found", "No such discrepancy.", 404) from e
+    if not closed:
+        raise ConsoleError("already_closed", "Someone closed this discrepancy meanwhile.", 409)
+    return closed
+
+
+def outbox_retry_by_user(*, message_id: int, user, reason: str, ip: str | None = None):
+    """An operator makes a stuck outbox row due now, after fixing its cause."""
+    from recovery import services as recovery_services
+
+    require(user, Action.RETRY_OUTBOX)
+    reason = _reason_required(reason)
+    try:
+        return recovery_services.outbox_retry_now(message_id=message_id,
+                                                  actor=user.get_username(), reason=reason,
+                                                  ip=ip)
+    except recovery_services.OutboxRetryRefused as e:
+        raise ConsoleError("outbox_retry_refused", str(e), 409) from e
 
 
 # -------------------------------------------------------------------------- halts

@@ -119,6 +119,8 @@ def purchase(request, purchase_id: str):
         refundable_amount=refundable,
         refundable_major=format_major(refundable, p.currency) if refundable else "",
         op_next=selectors.operation_next_actions(ops),
+        steps=selectors.purchase_steps(p),
+        step_trouble=[str(x) for x in selectors.STEP_TROUBLE],
         replay_available=settings.STRIPE_DEDUPES_KEYS,
         Outcome=Outcome,
         user_id=request.user.pk,
@@ -290,6 +292,37 @@ def event_triage(request, event_pk: int, decision: str):
     return _run(request, reverse("support:event", kwargs={"event_pk": event_pk}),
                 services.event_triage_by_user, f"Event {decision}ed.", event_pk=event_pk,
                 decision=decision)
+
+
+# ------------------------------------------------------------ queue decisions
+
+
+@console_view(Action.DECIDE_STEP, post=True)
+def step_decide(request, purchase_id: str, step: str):
+    decision = request.POST.get("decision", "")
+    done = {services.StepDecision.RETRY: f"Step {step} will run again now; the purchase "
+                                         "resumes from it.",
+            services.StepDecision.DONE: f"Step {step} marked handled; the purchase resumes "
+                                        "from the next step."}
+    return _run(request, _purchase_url(purchase_id) + "#steps-h", services.step_decide_by_user,
+                done.get(decision, "Decided."), purchase_id=purchase_id, step=step,
+                decision=decision)
+
+
+@console_view(Action.SETTLE_DISCREPANCY, post=True)
+def discrepancy_explain(request, discrepancy_pk: int):
+    return _run(request, reverse("support:queue", kwargs={"name": "settlement"}),
+                services.discrepancy_explain_by_user,
+                "Discrepancy acknowledged with your explanation and closed.",
+                discrepancy_id=discrepancy_pk)
+
+
+@console_view(Action.RETRY_OUTBOX, post=True)
+def outbox_retry(request, message_pk: int):
+    return _run(request, reverse("support:queue", kwargs={"name": "stuck_outbox"}),
+                services.outbox_retry_by_user,
+                "The message is due now; the relay picks it up within seconds. If it fails "
+                "again it backs off and its new error shows here.", message_id=message_pk)
 
 
 # ------------------------------------------------------------------ runbooks

@@ -1,12 +1,12 @@
 import json
 from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
 
 from django import template
 from django.utils import timezone
 from django.utils.html import format_html
 
 from payments.money import format_money
+from support.timefmt import span, absolute, relative
 
 register = template.Library()
 
@@ -15,19 +15,6 @@ register = template.Library()
 def money(amount, currency):
     """Major units with the currency's own decimals and its upper-case ISO code."""
     return format_money(amount, currency)
-
-
-def _span(seconds: int) -> str:
-    days, rem = divmod(seconds, 86400)
-    hours, rem = divmod(rem, 3600)
-    minutes, secs = divmod(rem, 60)
-    if days:
-        return f"{days} d {hours} h"
-    if hours:
-        return f"{hours} h {minutes} min"
-    if minutes:
-        return f"{minutes} min"
-    return f"{secs} s"
 
 
 @register.filter
@@ -39,18 +26,7 @@ def age(value):
         value = timezone.now() - value
     if not isinstance(value, timedelta):
         return str(value)
-    return _span(max(0, int(value.total_seconds())))
-
-
-def absolute(value: datetime) -> str:
-    return value.astimezone(dt_timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def relative(value: datetime, now: datetime | None = None) -> str:
-    delta = int(((now or timezone.now()) - value).total_seconds())
-    if abs(delta) < 5:
-        return "just now"
-    return f"{_span(delta)} ago" if delta > 0 else f"in {_span(-delta)}"
+    return span(max(0, int(value.total_seconds())))
 
 
 @register.filter
