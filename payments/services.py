@@ -482,7 +482,10 @@ def _lock_or_404(operation_id: str) -> tuple[Purchase, PaymentOperation]:
         raise DomainError("not_found", "No such operation.", status=404) from None
 
 
-def refund_approve(*, operation_id: str, acting_user, reason: str) -> PaymentOperation:
+def refund_approve(*, operation_id: str, acting_user, reason: str,
+                   audit: bool = True) -> PaymentOperation:
+    """`audit=False` is for a caller that writes the one (richer) audit row of this action
+    in the same transaction (the console: IP, before/after)."""
     if not (reason or "").strip():
         raise DomainError("reason_required", "A reason is required.", status=422)
     with transaction.atomic():
@@ -502,7 +505,9 @@ def refund_approve(*, operation_id: str, acting_user, reason: str) -> PaymentOpe
         _op_to(op, "approve", cause="refund_approved", actor=acting_user.get_username(),
                evidence={"reason": reason}, fields=("approved_by_user",))
         _dispatch_backstop(op)
-        _audit(actor=acting_user.get_username(), action="refund_approve", op=op, reason=reason)
+        if audit:
+            _audit(actor=acting_user.get_username(), action="refund_approve", op=op,
+                   reason=reason)
     return op
 
 
@@ -1052,8 +1057,10 @@ def operations_sweep_dead_dispatches() -> int:
 
 # -- people --------------------------------------------------------------------------------
 def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, actor: str,
-                             acting_user=None, acting_client=None) -> PaymentOperation:
-    """A person settles what machines could not: grade acknowledged, verification manual."""
+                             acting_user=None, acting_client=None,
+                             audit: bool = True) -> PaymentOperation:
+    """A person settles what machines could not: grade acknowledged, verification manual.
+    `audit=False`: the caller writes this action's one audit row in the same transaction."""
     if not (reason or "").strip():
         raise DomainError("reason_required", "A reason is required.", status=422)
     if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):
@@ -1077,8 +1084,9 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
 
         Resolution.objects.create(operation_id=op.id, purchase_id=purchase.id, outcome=outcome,
                                   reason=reason, actor=actor)
-        _audit(actor=actor, action="operation_resolve", op=op, reason=reason,
-               detail={"outcome": outcome})
+        if audit:
+            _audit(actor=actor, action="operation_resolve", op=op, reason=reason,
+                   detail={"outcome": outcome})
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
 
 

@@ -893,6 +893,23 @@ def purchase_steps(purchase: Purchase) -> list[StepRun]:
     return list(StepRun.objects.filter(purchase_id=purchase.pk).order_by("created_at", "id"))
 
 
+def refund_approve_feedback(*, op: PaymentOperation) -> tuple[int, str]:
+    amount = _money(op.amount, op.currency)
+    if op.outcome == Outcome.SUCCEEDED:
+        return message_levels.SUCCESS, f"Refund of {amount} approved; the provider confirmed it."
+    if op.outcome == Outcome.FAILED:
+        return (message_levels.ERROR, f"Refund of {amount} approved, but the provider refused "
+                f"it ({op.reason or 'no reason given'}); no money moved.")
+    if op.outcome == Outcome.UNKNOWN:
+        return (message_levels.WARNING, f"Refund of {amount} approved and sent; the provider's "
+                "answer was lost, so it is unknown and being read back. Do not send it again.")
+    if op.outcome == Outcome.AWAITING_PROVIDER:
+        return (message_levels.INFO, f"Refund of {amount} approved and accepted by the "
+                "provider; it is still processing there.")
+    return (message_levels.INFO, f"Refund of {amount} approved; it is {op.outcome} and will be "
+            "sent by the queue (e.g. while refunds are halted).")
+
+
 def operation_next_actions(ops: list[PaymentOperation]) -> dict[str, dict]:
     """Each operation's next action from the one presenter (payments.selectors), so an
     operation card never says "none" beside a purchase card naming an owner."""

@@ -186,9 +186,10 @@ def operation_resolve_by_user(*, operation_id: str, outcome: str, user, reason: 
                                 reason=reason, purchase_id=before_op.purchase_id):
         with transaction.atomic():
             had_resolution = Resolution.objects.filter(operation_id=operation_id).count()
+            # audit=False: this row below is the action's one audit row (with the IP).
             op = operation_resolve_manual(operation_id=operation_id, outcome=outcome,
                                           reason=reason, actor=user.get_username(),
-                                          acting_user=user)
+                                          acting_user=user, audit=False)
             op = _reload_op(operation_id)
             # The core may record the Resolution itself; record it here only if it did not.
             if Resolution.objects.filter(operation_id=operation_id).count() == had_resolution:
@@ -283,7 +284,8 @@ def refund_approve_by_user(*, operation_id: str, user, reason: str,
                                 target_type="operation", target_id=operation_id,
                                 reason=reason, purchase_id=before_op.purchase_id):
         with transaction.atomic():
-            refund_approve(operation_id=operation_id, acting_user=user, reason=reason)
+            refund_approve(operation_id=operation_id, acting_user=user, reason=reason,
+                           audit=False)
             op = _reload_op(operation_id)
             audit_write(user=user, action="console.refund_approve", target_type="operation",
                         target_id=operation_id, purchase_id=op.purchase_id, reason=reason,

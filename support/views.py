@@ -269,20 +269,35 @@ def replay(request, operation_id: str):
 
 @console_view(Action.APPROVE_REFUND, post=True)
 def refund_approve(request, operation_id: str):
-    return _run(request, _op_purchase_url(operation_id), services.refund_approve_by_user,
-                "Refund approved and sent to the provider.", operation_id=operation_id)
+    url = _op_purchase_url(operation_id)
+    if not _confirmed(request):
+        messages.error(request, "Tick the confirmation box to go ahead.")
+        return _back(request, url)
+    try:
+        op = services.refund_approve_by_user(operation_id=operation_id, user=request.user,
+                                             reason=request.POST.get("reason", ""),
+                                             ip=client_ip(request))
+    except services.ConsoleError as e:
+        messages.error(request, f"Refused ({e.code}): {e.message}")
+        return _back(request, url)
+    level, text = selectors.refund_approve_feedback(op=op)
+    messages.add_message(request, level, text)
+    return _back(request, url)
 
 
 @console_view(Action.HALT, post=True)
 def halt_set(request):
     return _run(request, reverse("support:halts"), services.halt_set_by_user,
-                "Workflow halted.", name=request.POST.get("name", ""))
+                f"{request.POST.get('name', '')} halted: new dispatches are refused with "
+                "503 workflow_halted until someone resumes it.",
+                name=request.POST.get("name", ""))
 
 
 @console_view(Action.HALT, post=True)
 def halt_clear(request):
+    name = request.POST.get("name", "")
     return _run(request, reverse("support:halts"), services.halt_clear_by_user,
-                "Workflow resumed.", name=request.POST.get("name", ""))
+                f"{name} resumed: new dispatches are accepted again.", name=name)
 
 
 @console_view(Action.TRIAGE_QUARANTINE, post=True)
@@ -290,7 +305,11 @@ def event_triage(request, event_pk: int, decision: str):
     if decision not in ("release", "dismiss"):
         raise Http404
     return _run(request, reverse("support:event", kwargs={"event_pk": event_pk}),
-                services.event_triage_by_user, f"Event {decision}ed.", event_pk=event_pk,
+                services.event_triage_by_user,
+                {"release": "Event released: it is applied again through the normal "
+                            "matching rules.",
+                 "dismiss": "Event dismissed: it stays recorded and is not applied."}[decision],
+                event_pk=event_pk,
                 decision=decision)
 
 
