@@ -519,7 +519,43 @@ def _strip_step(key: str) -> str:
     return key.split(":", 1)[0]
 
 
+# Prefix matching needs this many characters: shorter prefixes match too much to be a
+# search (and would scan a large slice of the index).
+SEARCH_PREFIX_MIN = 3
+SEARCH_LIMIT = 50
+
+
+def _by_provider_references(qs, refs: set[str]):
+    refs = {r for r in refs if r}
+    op_ids = set(PaymentOperation.objects.filter(
+        Q(provider_reference__in=refs) | Q(provider_charge__in=refs)).values_list("pk", flat=True))
+    op_ids |= set(ProviderEvent.objects.filter(Q(object_id__in=refs) | Q(event_id__in=refs))
+                  .exclude(operation_id="").values_list("operation_id", flat=True))
+    from recovery.models import LedgerEntry
+
+    pids = set(LedgerEntry.objects.filter(provider_reference__in=refs)
+               .values_list("purchase_id", flat=True))
+    return list(qs.filter(Q(operations__pk__in=op_ids) | Q(pk__in=pids)).distinct())
+
+
+def _balance_transaction_sources(txn_id: str) -> set[str]:
+    """The charge/refund behind a `txn_…` id: a settlement row that names it, else the
+    provider (read-only, outside any transaction; nothing if it is unreachable)."""
+    found = set(SettlementDiscrepancy.objects.filter(provider_reference=txn_id)
+                .values_list("provider_reference", flat=True))
+    from payments.providers.stripe import get_provider
+
+    source = get_provider().balance_transaction_source(txn_id)
+    if source:
+        found.add(source)
+    return found
+
+
 def search(query: str) -> SearchResult:
+    """Every reference a customer, the provider or a runbook hands a person: ids
+    (`pur_`, `op_`, `ord_`), provider references (`pi_`, `ch_`, `re_`, `py_`, `evt_`,
+    `txn_`), provider keys (`vk_`), a customer reference or e-mail, whole or a prefix
+    (indexed: payments migration 0004)."""
     q = (query or "").strip()
     if not q:
         return SearchResult([], "empty")
@@ -528,20 +564,31 @@ def search(query: str) -> SearchResult:
         return SearchResult(list(qs.filter(pk=q)), "purchase id")
     if q.startswith("op_"):
         return SearchResult(list(qs.filter(operations__pk=q).distinct()), "operation id")
+    if q.lower().startswith("ord_"):
+        pids = Order.objects.filter(reference=q.lower()).values_list("purchase_id", flat=True)
+        return SearchResult(list(qs.filter(pk__in=list(pids))), "order reference")
+    if q.startswith("txn_"):
+        return SearchResult(_by_provider_references(qs, _balance_transaction_sources(q)),
+                            "balance transaction")
     if q.startswith(("pi_", "re_", "ch_", "py_", "evt_")):
-        op_ids = set(PaymentOperation.objects.filter(
-            Q(provider_reference=q) | Q(provider_charge=q)).values_list("pk", flat=True))
-        op_ids |= set(ProviderEvent.objects.filter(Q(object_id=q) | Q(event_id=q))
-                      .exclude(operation_id="").values_list("operation_id", flat=True))
-        return SearchResult(list(qs.filter(operations__pk__in=op_ids).distinct()),
-                            "provider reference")
+        return SearchResult(_by_provider_references(qs, {q}), "provider reference")
     if q.startswith("vk_"):
         key = _strip_step(q)
         return SearchResult(list(qs.filter(operations__idempotency_key=key).distinct()),
                             "idempotency key")
     if "@" in q:
-        return SearchResult(list(qs.filter(customer_email__iexact=q)[:50]), "customer e-mail")
-    return SearchResult(list(qs.filter(customer_reference=q)[:50]), "customer reference")
+        exact = list(qs.filter(customer_email__iexact=q)[:SEARCH_LIMIT])
+        if exact:
+            return SearchResult(exact, "customer e-mail")
+    exact = list(qs.filter(customer_reference=q)[:SEARCH_LIMIT])
+    if exact:
+        return SearchResult(exact, "customer reference")
+    if len(q) < SEARCH_PREFIX_MIN:
+        return SearchResult([], f"prefix (at least {SEARCH_PREFIX_MIN} characters)")
+    # Prefix only (never "contains"): LIKE 'q%' uses the pattern-ops indexes.
+    return SearchResult(list(qs.filter(Q(customer_reference__startswith=q)
+                                       | Q(customer_email__istartswith=q))[:SEARCH_LIMIT]),
+                        "customer reference or e-mail prefix")
 
 
 # ------------------------------------------------------------------------- timeline
