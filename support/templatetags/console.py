@@ -62,3 +62,65 @@ def label(key):
     for word, shown in (("http", "HTTP"), ("id", "id"), ("ip", "IP"), ("url", "URL")):
         text = " ".join(shown if w == word else w for w in text.split(" "))
     return text[:1].upper() + text[1:]
+
+
+_AMOUNT_KEYS = ("amount", "amount_received", "amount_capturable", "amount_refunded",
+                "provider_amount", "ledger_amount", "refundable", "limit", "reserved")
+
+
+def _display(key: str, value, currency: str):
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, datetime):
+        return when(value)
+    if key in _AMOUNT_KEYS and isinstance(value, int) and currency:
+        return format_money(value, currency)
+    if key == "currency" and isinstance(value, str):
+        return value.upper()
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) or "—"
+    return value
+
+
+def _flatten(mapping: dict, prefix: str = "") -> list[tuple[str, object]]:
+    currency = mapping.get("currency") if isinstance(mapping.get("currency"), str) else ""
+    has_money = bool(currency) and any(isinstance(mapping.get(k), int) for k in _AMOUNT_KEYS)
+    out = []
+    for key in mapping:
+        value = mapping[key]
+        if value is None or value == "" or value == {} or value == []:
+            continue
+        if key == "currency" and has_money:
+            continue  # shown with the amount ("15.00 USD")
+        name = f"{prefix}{label(key)}"
+        if isinstance(value, dict):
+            out.extend(_flatten(value, prefix=f"{name} · "))
+        else:
+            out.append((name, _display(key, value, currency)))
+    return out
+
+
+@register.filter
+def fields(mapping):
+    """A dict of safe fields as labelled (label, value) rows for people: money in major
+    units with its currency, times in the console's one format, nested dicts flattened,
+    empty values left out. The raw JSON stays available behind a disclosure."""
+    if not isinstance(mapping, dict):
+        return []
+    return _flatten(mapping)
+
+
+@register.filter
+def changes(entry):
+    """An audit row's before/after as (field, before, after) for the fields that changed."""
+    before = entry.before if isinstance(entry.before, dict) else {}
+    after = entry.after if isinstance(entry.after, dict) else {}
+    currency = after.get("currency") or before.get("currency") or ""
+    rows = []
+    for key in list(dict.fromkeys([*before, *after])):
+        b, a = before.get(key), after.get(key)
+        if b == a:
+            continue
+        rows.append((label(key), "—" if b is None else _display(key, b, currency),
+                     "—" if a is None else _display(key, a, currency)))
+    return rows
