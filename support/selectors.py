@@ -963,3 +963,67 @@ def operation_next_actions(ops: list[PaymentOperation]) -> dict[str, dict]:
     from payments.selectors import operation_next_action
 
     return {op.pk: operation_next_action(op) for op in ops}
+
+
+# ------------------------------------------------------------------------ charts
+
+UNKNOWN_AGE_BUCKETS = [("< 5 min", timedelta(minutes=5)), ("5–30 min", timedelta(minutes=30)),
+                       ("30 min–2 h", timedelta(hours=2)), ("2–24 h", timedelta(hours=24)),
+                       ("> 1 day", None)]
+
+
+def unknown_by_age() -> list[tuple[str, int]]:
+    """Unknown operations (the queue's rows) counted per age bucket."""
+    now = timezone.now()
+    counts = {name: 0 for name, _ in UNKNOWN_AGE_BUCKETS}
+    for created in _q_unknown().values_list("created_at", flat=True):
+        age = now - created
+        for name, limit in UNKNOWN_AGE_BUCKETS:
+            if limit is None or age < limit:
+                counts[name] += 1
+                break
+    return list(counts.items())
+
+
+def _open_at(intervals: list[tuple[datetime, datetime | None]], moment: datetime) -> int:
+    return sum(1 for start, end in intervals if start <= moment and (end is None or end > moment))
+
+
+def _outcome_intervals(outcome: str, since: datetime) -> list[tuple[datetime, datetime | None]]:
+    """When operations entered and left `outcome`, from the transition history."""
+    spans: dict[str, list] = {}
+    rows = (OperationTransition.objects.filter(field="outcome", operation__isnull=False)
+            .filter(Q(source=outcome) | Q(target=outcome))
+            .filter(Q(created_at__gte=since) | Q(target=outcome))
+            .order_by("created_at", "id").values_list("operation_id", "source", "target",
+                                                      "created_at"))
+    out = []
+    for op_id, source, target, at in rows:
+        if target == outcome:
+            spans[op_id] = [at, None]
+            out.append(spans[op_id])
+        elif source == outcome and op_id in spans:
+            spans[op_id][1] = at
+    return [(s, e) for s, e in out if e is None or e >= since]
+
+
+def queue_history(*, days: int = 7) -> tuple[list[str], dict[str, list[int]]]:
+    """Queue sizes at the end of each of the last `days` days (today: now), rebuilt from
+    history: operation transitions (unknown, awaiting approval), discrepancy and outbox
+    timestamps. Queues without a history of their own (steps, events) are not drawn."""
+    now = timezone.now()
+    ends = [(now - timedelta(days=i)).replace(hour=23, minute=59, second=59)
+            for i in range(days - 1, 0, -1)] + [now]
+    since = ends[0] - timedelta(days=1)
+    series = {
+        "Unknown operations": _outcome_intervals(Outcome.UNKNOWN, since),
+        "Refunds awaiting approval": _outcome_intervals(Outcome.AWAITING_APPROVAL, since),
+        "Settlement discrepancies": list(SettlementDiscrepancy.objects.filter(
+            Q(resolved_at__isnull=True) | Q(resolved_at__gte=since))
+            .values_list("created_at", "resolved_at")),
+        "Outbox backlog": list(OutboxMessage.objects.filter(
+            Q(processed_at__isnull=True) | Q(processed_at__gte=since))
+            .values_list("created_at", "processed_at")),
+    }
+    labels = [e.strftime("%a %d") if e is not now else "now" for e in ends]
+    return labels, {name: [_open_at(iv, e) for e in ends] for name, iv in series.items()}

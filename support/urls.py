@@ -19,6 +19,7 @@ urlpatterns = [
     path("console/logout/", views.ConsoleLogoutView.as_view(), name="logout"),
     path("console/", views.dashboard, name="dashboard"),
     path("console/search/", views.search, name="search"),
+    path("console/charts/<slug:name>.svg", views.chart, name="chart"),
     path("console/queues/<slug:name>/", views.queue, name="queue"),
     path("console/purchases/<str:purchase_id>/", views.purchase, name="purchase"),
     path("console/purchases/<str:purchase_id>/notes", views.note_add, name="note-add"),

@@ -5,13 +5,13 @@ from __future__ import annotations
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
-from django.http import Http404, HttpResponseRedirect
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from payments.enums import Outcome
 from payments.money import format_major, format_money
-from support import runbooks, selectors, services
+from support import charts, runbooks, selectors, services
 from support.access import Action, can
 from support.customer_copy import customer_state
 from support.models import IncidentOutcome
@@ -73,7 +73,20 @@ def dashboard(request):
         interventions=selectors.manual_interventions(),
         halts=selectors.active_halts(),
         incidents=selectors.incidents_open(),
+        charts=charts.CHARTS,
     ))
+
+
+@console_view(Action.VIEW)
+def chart(request, name: str):
+    entry = charts.CHARTS.get(name)
+    if entry is None:
+        raise Http404
+    response = HttpResponse(entry[0](), content_type="image/svg+xml")
+    # An image, never a document: no script at all, pygal's own <style> allowed.
+    response["Content-Security-Policy"] = ("default-src 'none'; style-src 'unsafe-inline'; "
+                                           "frame-ancestors 'none'")
+    return response
 
 
 @console_view(Action.VIEW)

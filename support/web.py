@@ -40,7 +40,9 @@ def storefront_origin() -> str | None:
 
 def secure_headers(response: HttpResponse, *, form_targets: tuple[str, ...] = (),
                    cache: str = "no-store", referrer: str = "same-origin") -> HttpResponse:
-    response["Content-Security-Policy"] = content_security_policy(form_targets=form_targets)
+    # setdefault: a response that is not a page (a chart image) may bring a stricter one.
+    response.setdefault("Content-Security-Policy",
+                        content_security_policy(form_targets=form_targets))
     response["X-Content-Type-Options"] = "nosniff"
     # same-origin, not no-referrer: with no-referrer browsers send `Origin: null` on form
     # posts and Django's CSRF origin check (rightly) refuses them.
