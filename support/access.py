@@ -60,6 +60,11 @@ def roles_of(user) -> set[Role]:
     return set(cached)
 
 
+def roles_with(action: Action) -> list[Role]:
+    """The roles that hold `action` (for "ask someone with the … role")."""
+    return [role for role, actions in MATRIX.items() if action in actions]
+
+
 def can(user, action: Action) -> bool:
     return any(action in MATRIX[r] for r in roles_of(user))
 

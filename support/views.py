@@ -15,7 +15,7 @@ from support import charts, runbooks, selectors, services
 from support.access import Action, can
 from support.customer_copy import customer_state
 from support.models import IncidentOutcome
-from support.web import client_ip, console_view, secure_headers
+from support.web import client_ip, console_view, not_allowed, secure_headers
 
 
 def _abilities(user) -> dict:
@@ -95,7 +95,7 @@ def queue(request, name: str):
     if spec is None:
         raise Http404
     if not can(request.user, spec.action):
-        return render(request, "console/403.html", status=403)
+        return not_allowed(request, spec.action)
     slug = runbooks.QUEUE_RUNBOOK.get(name)
     return render(request, "console/queue.html", _ctx(
         request, spec=spec, items=selectors.queue_items(name),
@@ -152,8 +152,10 @@ def event(request, event_pk: int):
 
 @console_view(Action.VIEW)
 def halts(request):
+    active = selectors.active_halts()
     return render(request, "console/halts.html", _ctx(
-        request, halts=selectors.active_halts(), names=services.halt_names()))
+        request, halts=active, names=services.halt_names(),
+        halted_names={h.name for h in active}))
 
 
 @console_view(Action.VIEW)

@@ -124,3 +124,10 @@ def changes(entry):
         rows.append((label(key), "—" if b is None else _display(key, b, currency),
                      "—" if a is None else _display(key, a, currency)))
     return rows
+
+
+@register.simple_tag
+def shop_name():
+    from django.conf import settings
+
+    return getattr(settings, "SHOP_NAME", "") or "Your shop"

@@ -9,7 +9,13 @@ class Command(BaseCommand):
     help = "Create demo console cases and print one status-page link per state."
 
     def handle(self, *args, **options):
+        from payments.models import Purchase
+        from support.customer_copy import customer_state
+
         links = demo_cases_seed()
-        self.stdout.write("Customer status pages (one per state):")
+        self.stdout.write("Customer status pages (one per state; the headline is what the "
+                          "page shows):")
         for name, url in links:
-            self.stdout.write(f"  {name:26} {url}")
+            token = url.rstrip("/").rsplit("/", 1)[-1]
+            state = customer_state(Purchase.objects.get(status_token=token))
+            self.stdout.write(f"  {name:26} {state.headline}\n  {'':26} {url}")
