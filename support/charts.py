@@ -28,6 +28,13 @@ def _config(**kw) -> dict:
             "show_y_guides": True, "legend_at_bottom": True, "truncate_legend": -1, **kw}
 
 
+def _count_labels(values) -> list[int]:
+    """Whole-number y labels for counts (pygal would label 0.2, 0.4 … as 0, 0, 1)."""
+    top = max([int(v) for v in values if v] or [1])
+    step = max(1, -(-top // 5))
+    return list(range(0, top + step, step))
+
+
 def _render(chart) -> bytes:
     return _SCRIPT.sub(b"", chart.render())
 
@@ -50,6 +57,7 @@ def unknown_age_svg() -> bytes:
     buckets = selectors.unknown_by_age()
     chart = pygal.Bar(**_config(title="Unknown operations by age", show_legend=False,
                                 x_labels=[name for name, _ in buckets],
+                                y_labels=_count_labels(n for _, n in buckets),
                                 value_formatter=lambda v: f"{v:.0f}" if v else ""))
     chart.add("Unknown operations", [n or None for _, n in buckets])
     return _render(chart)
@@ -58,6 +66,7 @@ def unknown_age_svg() -> bytes:
 def queue_history_svg() -> bytes:
     labels, series = selectors.queue_history()
     chart = pygal.Line(**_config(title="Queue sizes, last 7 days", x_labels=labels,
+                                 y_labels=_count_labels(v for vs in series.values() for v in vs),
                                  print_values=False, dots_size=3, min_scale=1,
                                  value_formatter=lambda v: f"{v:.0f}"))
     for name, values in series.items():
@@ -69,6 +78,9 @@ def interventions_svg() -> bytes:
     weeks = list(reversed(selectors.manual_interventions()["weeks"]))
     chart = pygal.Bar(**_config(title="Manual interventions per week",
                                 x_labels=[w.week_start.strftime("%d %b") for w in weeks],
+                                y_labels=_count_labels(
+                                    n for w in weeks
+                                    for n in (w.resolutions, w.audited_actions, w.incidents)),
                                 value_formatter=lambda v: f"{v:.0f}" if v else ""))
     chart.add("Manual resolutions", [w.resolutions or None for w in weeks])
     chart.add("Audited actions", [w.audited_actions or None for w in weeks])

@@ -119,9 +119,12 @@ def changes(entry):
     rows = []
     for key in list(dict.fromkeys([*before, *after])):
         b, a = before.get(key), after.get(key)
+        b = None if b == "" else b
+        a = None if a == "" else a
         if b == a:
             continue
-        rows.append((label(key), "—" if b is None else _display(key, b, currency),
+        # before None: the action set this field (no arrow from nothing).
+        rows.append((label(key), None if b is None else _display(key, b, currency),
                      "—" if a is None else _display(key, a, currency)))
     return rows
 
@@ -131,3 +134,10 @@ def shop_name():
     from django.conf import settings
 
     return getattr(settings, "SHOP_NAME", "") or "Your shop"
+
+
+@register.filter
+def nested(mapping) -> bool:
+    """True if some value is itself a dict: the labelled rows flatten it, so operators
+    get the raw JSON beside them."""
+    return isinstance(mapping, dict) and any(isinstance(v, dict) and v for v in mapping.values())
