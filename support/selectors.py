@@ -744,9 +744,10 @@ def purchase_next_action(purchase: Purchase, ops: list[PaymentOperation]) -> Nex
                 return NextAction(purchase.recovery_owner or Owner.SUPPORT,
                                   f"Reconciliation deadline passed for {op.id}: an operator "
                                   "resolves it with evidence from the provider dashboard.")
-            when = op.next_reconcile_at.isoformat() if op.next_reconcile_at else "soon"
+            when = relative(op.next_reconcile_at) if op.next_reconcile_at else "soon"
             return NextAction(Owner.RECONCILIATION,
-                              f"Reading {op.id} back from the provider (next {when}).")
+                              f"Reading {op.id} back from the provider (next read-back "
+                              f"{when}).")
         if op.outcome == Outcome.AWAITING_BUYER:
             return NextAction(Owner.BUYER, f"The buyer completes authentication for {op.id}.")
         if op.outcome in (Outcome.PENDING, Outcome.DISPATCHING, Outcome.AWAITING_PROVIDER):

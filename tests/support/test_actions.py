@@ -139,7 +139,7 @@ def test_halt_and_resume(login):
                                               **CONFIRM})
     assert WorkflowHalt.objects.filter(name="checkout").exists()
     html = client.get(reverse("support:dashboard")).content.decode()
-    assert "Halted workflows" in html and "provider incident" in html
+    assert "Halted: new dispatches are refused" in html and "provider incident" in html
     client.post(reverse("support:halt-clear"), {"name": "checkout", "reason": "resolved",
                                                 **CONFIRM})
     assert not WorkflowHalt.objects.exists()

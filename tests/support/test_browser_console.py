@@ -185,12 +185,18 @@ def _console_pages(role_user) -> list[str]:
 
 @pytest.mark.parametrize("role", ["support", "operator", "finance"])
 def test_no_console_page_shows_raw_none_minor_units_or_another_time_format(
-        browser, live_server, demo, role, users, new_purchase, pay_now):
-    # Plus a real payment through localstripe, so provider calls and transitions exist.
+        browser, live_server, demo, role, users, new_purchase, pay_now, drill, api_client):
+    from payments import services as pay
+    from payments.providers.stripe import DrillMode
+
+    # Plus real payments through localstripe, so provider calls, transitions and a
+    # scheduled read-back exist: one paid, one whose answer was lost (unknown).
     pay_now(new_purchase(price=1500))
+    lost = pay.payment_create(purchase_id=new_purchase(price=1250).pk, api_client=api_client,
+                              payment_method="pm_card_visa")
+    drill(lost, DrillMode.DROP_RESPONSE_AFTER_SEND)
+    assert pay.operation_dispatch(operation_id=lost.pk).outcome == Outcome.UNKNOWN
     _log_in(browser, live_server, role)
-    # An action, so the audit page and a timeline have rows with before/after.
-    browser.goto(f"{live_server.url}/console/")
     problems = []
     for page in _console_pages(users[role]):
         browser.goto(f"{live_server.url}{page}")
