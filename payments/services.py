@@ -765,7 +765,10 @@ def _lock_or_404(operation_id: str) -> tuple[Purchase, PaymentOperation]:
         raise DomainError("not_found", "No such operation.", status=404) from None
 
 
-def refund_approve(*, operation_id: str, acting_user, reason: str) -> PaymentOperation:
+def refund_approve(*, operation_id: str, acting_user, reason: str,
+                   audit: bool = True) -> PaymentOperation:
+    """`audit=False` is for a caller that writes the one (richer) audit row of this action
+    in the same transaction (the console: IP, before/after)."""
     if not (reason or "").strip():
         raise DomainError("reason_required", "A reason is required.", status=422)
     with transaction.atomic():
@@ -795,7 +798,9 @@ def refund_approve(*, operation_id: str, acting_user, reason: str) -> PaymentOpe
         _op_to(op, "approve", cause="refund_approved", actor=acting_user.get_username(),
                evidence={"reason": reason}, fields=("approved_by_user",))
         _dispatch_backstop(op)
-        _audit(actor=acting_user.get_username(), action="refund_approve", op=op, reason=reason)
+        if audit:
+            _audit(actor=acting_user.get_username(), action="refund_approve", op=op,
+                   reason=reason)
     return op
 
 
@@ -1726,7 +1731,7 @@ def _cancel_before_manual_failure_outside_transaction(op: PaymentOperation, *, a
 
 def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, actor: str,
                              acting_user=None, acting_client=None,
-                             bind=None) -> PaymentOperation:
+                             bind=None, audit: bool = True) -> PaymentOperation:
     """A person settles what machines could not — after the provider was asked.
 
     1. read back (no transaction open): a provider record that contradicts `outcome`
@@ -1737,6 +1742,7 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
        confirmed) cancels it at the provider first, audited, refused if the cancel fails;
     3. one transaction records the Resolution and audit row (and `bind(op)`, the caller's
        idempotency binding) with the outcome.
+    `audit=False`: the caller writes this action's one audit row in the same transaction.
     """
     assert_no_transaction_outside_transaction()
     if not (reason or "").strip():
@@ -1782,9 +1788,10 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
 
         Resolution.objects.create(operation_id=op.id, purchase_id=purchase.id, outcome=outcome,
                                   reason=reason, actor=actor)
-        _audit(actor=actor, action="operation_resolve", op=op, reason=reason,
-               detail={"outcome": outcome, "grade": op.grade,
-                       "provider_read": read.classification})
+        if audit:
+            _audit(actor=actor, action="operation_resolve", op=op, reason=reason,
+                   detail={"outcome": outcome, "grade": op.grade,
+                           "provider_read": read.classification})
         if bind is not None:
             bind(op)
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)

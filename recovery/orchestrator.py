@@ -517,7 +517,7 @@ def _unwind_after_void(op) -> None:
 
 
 def step_resolve(*, purchase_id: str, step: str, resolution: str, actor: str,
-                 reason: str) -> StepRun:
+                 reason: str, ip: str | None = None) -> StepRun:
     """A person settles a step waiting for review: `done` (it did happen / was done by
     hand) or `retry` (safe to run again, e.g. the e-mail provably never left).
     Writes its AuditEntry in the same transaction, then resumes the purchase."""
@@ -542,6 +542,8 @@ def step_resolve(*, purchase_id: str, step: str, resolution: str, actor: str,
                                 "last_error"])
         AuditEntry.objects.create(actor=actor, action="step_resolve", target_type="step_run",
                                   target_id=run.key, purchase_id=purchase_id, reason=reason,
+                                  ip=ip or None, before={"state": before},
+                                  after={"state": run.state},
                                   detail={"step": step, "from": before, "to": run.state})
         purchase_transition(purchase_id=purchase_id, name="mark_fulfilling",
                             cause="step_resolved", actor=actor)

@@ -102,7 +102,8 @@ def _purchase(name: str, status: str, ops: list[dict], order: bool,
             provider_reference=f"{'re' if fields['kind'] == 'refund' else 'pi'}_demo_{name}_{i}",
             **fields)
     if order:
-        Order.objects.create(purchase_id=purchase.pk, reference=f"DEMO-{name.upper()}"[:40])
+        # The same shape as the order writer's references (ord_…), so search finds it.
+        Order.objects.create(purchase_id=purchase.pk, reference=f"ord_demo_{name}"[:40])
     return purchase
 
 
@@ -169,10 +170,14 @@ def demo_cases_seed() -> list[tuple[str, str]]:
                                          available_at=timezone.now() + timedelta(days=1),
                                          last_error="demo: handler kept failing")
         # Settlement discrepancy.
-        if not SettlementDiscrepancy.objects.filter(provider_reference="txn_demo_1",
+        # A balance transaction's source is the charge (ch_…): the demo "complete"
+        # purchase's, so the queue row links to it and searching the charge finds it.
+        PaymentOperation.objects.filter(provider_reference="pi_demo_complete_0").update(
+            provider_charge="ch_demo_complete_0")
+        if not SettlementDiscrepancy.objects.filter(provider_reference="ch_demo_complete_0",
                                                     resolved_at__isnull=True).exists():
             SettlementDiscrepancy.objects.create(
-                provider_reference="txn_demo_1", kind="missing_in_ledger",
+                provider_reference="ch_demo_complete_0", kind="missing_locally",
                 provider_amount=3050, ledger_amount=None, currency="usd",
                 detail="demo: a provider balance transaction with no ledger entry")
         # Refund awaiting approval (requested through the API).

@@ -17,10 +17,12 @@ import unicodedata
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
 from django.utils import timezone
 
 from payments.enums import Outcome
+from payments.money import format_money
 from payments.models import PaymentOperation, Purchase
 from recovery import halts
 from recovery.models import WorkflowHalt
@@ -194,7 +196,7 @@ def operation_resolve_by_user(*, operation_id: str, outcome: str, user, reason: 
                                 target_type="operation", target_id=operation_id,
                                 reason=reason, purchase_id=before_op.purchase_id):
         operation_resolve_manual(operation_id=operation_id, outcome=outcome, reason=reason,
-                                 actor=user.get_username(), acting_user=user,
+                                 actor=user.get_username(), acting_user=user, audit=False,
                                  bind=audit_in_resolving_transaction)
     return _reload_op(operation_id)
 
@@ -263,17 +265,27 @@ def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int |
     purchase = Purchase.objects.filter(pk=purchase_id).first()
     if purchase is None:
         raise ConsoleError("not_found", "No such purchase.", 404)
-    with _core_refusals_audited(user=user, ip=ip, action="console.refund_request",
-                                target_type="purchase", target_id=purchase_id,
-                                reason=reason, purchase_id=purchase_id):
-        # A payment only a person settled is read back first (network: no transaction).
-        operations_verify_before_follow_up(purchase_id=purchase_id)
-        with transaction.atomic():
-            op = refund_request(purchase_id=purchase_id, amount=amount, acting_user=user)
-            audit_write(user=user, action="console.refund_request", target_type="operation",
-                        target_id=op.pk, purchase_id=purchase_id, reason=reason, ip=ip,
-                        before=_purchase_snapshot(purchase),
-                        after={**_op_snapshot(op), "amount": op.amount})
+    try:
+        with _core_refusals_audited(user=user, ip=ip, action="console.refund_request",
+                                    target_type="purchase", target_id=purchase_id,
+                                    reason=reason, purchase_id=purchase_id):
+            # A payment only a person settled is read back first (network: no transaction).
+            operations_verify_before_follow_up(purchase_id=purchase_id)
+            with transaction.atomic():
+                op = refund_request(purchase_id=purchase_id, amount=amount, acting_user=user)
+                audit_write(user=user, action="console.refund_request", target_type="operation",
+                            target_id=op.pk, purchase_id=purchase_id, reason=reason, ip=ip,
+                            before=_purchase_snapshot(purchase),
+                            after={**_op_snapshot(op), "amount": op.amount,
+                                   "currency": op.currency})
+    except ConsoleError as e:
+        refundable = getattr(e.__cause__, "extra", {}).get("refundable")
+        if refundable is not None:
+            # The core speaks minor units ("1500 usd"); people read major units.
+            raise ConsoleError(e.code, "Refundable now: "
+                               f"{format_money(refundable, purchase.currency)}.",
+                               e.status) from e.__cause__
+        raise
     return op
 
 
@@ -297,7 +309,8 @@ def refund_approve_by_user(*, operation_id: str, user, reason: str,
                                 target_type="operation", target_id=operation_id,
                                 reason=reason, purchase_id=before_op.purchase_id):
         with transaction.atomic():
-            refund_approve(operation_id=operation_id, acting_user=user, reason=reason)
+            refund_approve(operation_id=operation_id, acting_user=user, reason=reason,
+                           audit=False)
             op = _reload_op(operation_id)
             audit_write(user=user, action="console.refund_approve", target_type="operation",
                         target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
@@ -382,6 +395,69 @@ def purchase_cancel_by_user(*, purchase_id: str, user, reason: str,
                         target_id=purchase_id, purchase_id=purchase_id, reason=reason, ip=ip,
                         before=_purchase_snapshot(before), after=_purchase_snapshot(purchase))
     return purchase
+
+
+# ------------------------------------------------------------- queue decisions
+
+
+class StepDecision:
+    """What a person decides for a step in the compensation queue."""
+
+    RETRY = "retry"  # complete forward: run the step again (its cause is fixed)
+    DONE = "done"  # mark handled: the step was done by hand outside Verity
+
+
+def step_decide_by_user(*, purchase_id: str, step: str, decision: str, user, reason: str,
+                        ip: str | None = None):
+    """Complete a compensation-queue step forward or mark it handled. recovery's
+    step_resolve writes the one audit row (with this IP) and resumes the purchase in the
+    same transaction. Compensating instead is a refund request (finance approves)."""
+    from recovery import services as recovery_services
+
+    require(user, Action.DECIDE_STEP)
+    reason = _reason_required(reason)
+    if decision not in (StepDecision.RETRY, StepDecision.DONE):
+        raise ConsoleError("invalid_decision", "Run the step again or mark it handled.", 422)
+    try:
+        return recovery_services.step_resolve(purchase_id=purchase_id, step=step,
+                                              resolution=decision, actor=user.get_username(),
+                                              reason=reason, ip=ip)
+    except ObjectDoesNotExist as e:
+        raise ConsoleError("not_found", f"No step {step} on this purchase.", 404) from e
+    except ValueError as e:
+        raise ConsoleError("step_not_waiting", str(e), 409) from e
+
+
+def discrepancy_explain_by_user(*, discrepancy_id: int, user, reason: str,
+                                ip: str | None = None) -> bool:
+    """Finance acknowledges a settlement discrepancy with its explanation and closes it
+    (one audit row, written by recovery in the same transaction)."""
+    from recovery import services as recovery_services
+
+    require(user, Action.SETTLE_DISCREPANCY)
+    reason = _reason_required(reason)
+    try:
+        closed = recovery_services.discrepancy_resolve(
+            discrepancy_id=discrepancy_id, actor=user.get_username(), reason=reason, ip=ip)
+    except ObjectDoesNotExist as e:
+        raise ConsoleError("not_found", "No such discrepancy.", 404) from e
+    if not closed:
+        raise ConsoleError("already_closed", "Someone closed this discrepancy meanwhile.", 409)
+    return closed
+
+
+def outbox_retry_by_user(*, message_id: int, user, reason: str, ip: str | None = None):
+    """An operator makes a stuck outbox row due now, after fixing its cause."""
+    from recovery import services as recovery_services
+
+    require(user, Action.RETRY_OUTBOX)
+    reason = _reason_required(reason)
+    try:
+        return recovery_services.outbox_retry_now(message_id=message_id,
+                                                  actor=user.get_username(), reason=reason,
+                                                  ip=ip)
+    except recovery_services.OutboxRetryRefused as e:
+        raise ConsoleError("outbox_retry_refused", str(e), 409) from e
 
 
 # -------------------------------------------------------------------------- halts

@@ -437,6 +437,16 @@ class StripeProvider:
             params["starting_after"] = page.data[-1].id
         return out
 
+    def balance_transaction_source(self, txn_id: str) -> str | None:
+        """The charge/refund (`ch_…`/`re_…`) a balance transaction (`txn_…`) belongs to,
+        so a person holding a `txn_…` id from the provider's dashboard finds its purchase.
+        Read-only; None when the provider does not know it or cannot be reached."""
+        try:
+            txn = _as_dict(self.client.v1.balance_transactions.retrieve(txn_id))
+        except stripe.StripeError:
+            return None
+        return _str(txn.get("source")) or None
+
 
 @lru_cache(maxsize=1)
 def get_provider() -> StripeProvider:
