@@ -43,6 +43,7 @@ fuzz: deps
 audit: deps
 	$(VENV)/bin/pip-audit -r requirements.lock --no-deps --disable-pip --progress-spinner off
 
+drill: export DEBUG ?= true
 drill: deps
 	$(PY) manage.py drill
 
