@@ -34,7 +34,7 @@ bench: deps
 
 # Schemathesis with a larger budget than CI's (VERITY_FUZZ_EXAMPLES per operation).
 fuzz: deps
-	VERITY_FUZZ_EXAMPLES=$${VERITY_FUZZ_EXAMPLES:-100} $(PY) -m tests.stack -- $(PY) -m pytest -q tests/api/test_schema_conformance.py
+	VERITY_FUZZ_EXAMPLES=$${VERITY_FUZZ_EXAMPLES:-100} $(PY) -m tests.stack -- $(PY) -m pytest -q -p bench.fuzz_progress tests/api/test_schema_conformance.py $(FUZZ_ARGS)
 
 # Known-vulnerability audit of the locked dependencies (needs the PyPI JSON API).
 audit: deps
