@@ -27,7 +27,7 @@ test: deps
 	$(PY) -m tests.stack -- $(PY) -m pytest $(PYTEST_ARGS)
 
 soak: deps
-	$(PY) bench/soak.py
+	$(PY) bench/soak.py $(SOAK_ARGS)
 
 bench: deps
 	$(PY) bench/run_all.py
