@@ -527,7 +527,7 @@ def chaos(plan: list, services: Services, stack: Stack, proxy: FaultProxy,
             w = rec.window_open("database_unavailable")
             restart_postgres(stack)
             rec.window_close(w)
-            f = rec.fault(kind, "pg_ctl restart -m immediate", time.monotonic() - t0)
+            f = rec.fault(kind, "pg_ctl restart -m immediate", time.monotonic() - t0, at=t0)
             connection.close()
         elif kind == "web_kill":
             pids = services.web_workers()
@@ -551,7 +551,8 @@ def chaos(plan: list, services: Services, stack: Stack, proxy: FaultProxy,
         elif kind == "redis_restart":
             down = rng.uniform(1, 4)
             restart_redis(stack, down)
-            f = rec.fault(kind, "redis-server SIGKILL, then started", time.monotonic() - t0)
+            f = rec.fault(kind, "redis-server SIGKILL, then started", time.monotonic() - t0,
+                          at=t0)
         elif kind == "worker_sigkill":
             f = rec.fault(kind, f"SIGKILL celery {services.kill_worker(rng)}")
         elif kind == "halt":
@@ -568,7 +569,7 @@ def chaos(plan: list, services: Services, stack: Stack, proxy: FaultProxy,
                 rec.count(f"halt_error_{type(exc).__name__}")
                 connection.close()
             rec.window_close(w)
-            f = rec.fault(kind, f"{name} set, then cleared", seconds)
+            f = rec.fault(kind, f"{name} set, then cleared", seconds, at=t0)
         else:
             continue
         progress.note(f"[{f.t:6.1f}s] fault: {f.kind} {f.detail}"
@@ -787,18 +788,19 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
         print(f"\n== invariants: {len(checks)} live checks during the run "
               f"({sum(len(v) for _, v in checks)} violations), then after the drain ==")
         report.print()
-        print(f"\nchart: {out / 'soak.svg'}; figures: {out / 'soak.json'}")
+        subprocess.run(["rm", "-rf", str(out / "logs")], check=False)
+        subprocess.run(["cp", "-r", str(logdir), str(out / "logs")], check=False)
+        print(f"\nchart: {out / 'soak.svg'}; figures: {out / 'soak.json'}; "
+              f"process logs: {out / 'logs'}")
         violations = list(report.violations)
         violations += [f"live check at {t}s: {v}" for t, vs in checks for v in vs]
         violations += [f"5xx not allowed: {b}" for b in bad_5xx[:20]]
         if len(bad_5xx) > 20:
             violations.append(f"... and {len(bad_5xx) - 20} more 5xx answers")
         if violations:
-            print(f"\n{len(violations)} VIOLATION(S); logs kept in /tmp/verity-soak-logs")
+            print(f"\n{len(violations)} VIOLATION(S); process logs in {out / 'logs'}")
             for v in violations:
                 print("  - " + v)
-            subprocess.run(["rm", "-rf", "/tmp/verity-soak-logs"], check=False)
-            subprocess.run(["cp", "-r", str(logdir), "/tmp/verity-soak-logs"], check=False)
             return 1
         print("\nno violations")
         return 0

@@ -54,8 +54,11 @@ class Recorder:
         with self.lock:
             self.counters[what] += n
 
-    def fault(self, kind: str, detail: str = "", seconds: float = 0.0) -> Fault:
-        f = Fault(round(self.now(), 1), kind, detail, seconds)
+    def fault(self, kind: str, detail: str = "", seconds: float = 0.0,
+              at: float | None = None) -> Fault:
+        """`at` (monotonic) is when the fault began; default now."""
+        t = self.now() if at is None else at - self.started
+        f = Fault(round(t, 1), kind, detail, seconds)
         with self.lock:
             self.faults.append(f)
         return f
@@ -139,8 +142,9 @@ class Recorder:
             ms = [s[3] for s in ss if s[2].isdigit()]
             out.append({"t": b * BUCKET_SECONDS, "rps": len(ss) / BUCKET_SECONDS,
                         "p50": pct(ms, 0.5) if ms else 0, "p99": pct(ms, 0.99) if ms else 0,
-                        "errors": sum(1 for s in ss if not s[2].isdigit()
-                                      or int(s[2]) >= 500)})
+                        # client timeouts are the careless agents' own (0.3 s and up)
+                        "errors": sum(1 for s in ss if s[2] == "no_answer"
+                                      or (s[2].isdigit() and int(s[2]) >= 500))})
         return out
 
     def chart_svg(self, title: str) -> str:
@@ -157,7 +161,7 @@ class Recorder:
                          height=520, legend_at_bottom=True, legend_at_bottom_columns=4,
                          truncate_legend=-1, dots_size=4)
         chart.add("throughput (req/s)", [(p["t"], p["rps"]) for p in tl])
-        chart.add("answers >= 500 or no answer (per s)",
+        chart.add("5xx answers or connection lost (per s)",
                   [(p["t"], p["errors"] / BUCKET_SECONDS) for p in tl])
         chart.add("p50 latency (ms, right axis)", [(p["t"], p["p50"]) for p in tl],
                   secondary=True)

@@ -1,9 +1,25 @@
 import os
 
 from celery import Celery
+from celery.signals import task_postrun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("verity")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@task_postrun.connect
+def drop_broken_db_connections(**_kwargs) -> None:
+    """After a database restart or failover, a worker thread's persistent connection is
+    dead. Celery's Django fixup keeps connections for CELERY_DB_REUSE_MAX tasks (the reuse
+    that makes the relay fast), so without this every later task on that thread failed
+    with "the connection is lost" until the worker was restarted (found by the soak's
+    `pg_ctl restart`). Only a connection that saw an error is checked: no extra query on
+    the happy path."""
+    from django.db import connections
+
+    for conn in connections.all(initialized_only=True):
+        if conn.errors_occurred:
+            conn.close_if_unusable_or_obsolete()
