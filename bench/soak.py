@@ -433,6 +433,20 @@ class Events(threading.Thread):
                                                                   rng, rec)
         self.late: list[tuple[float, bytes]] = []
 
+    def recent_intent(self) -> dict | None:
+        """One of the latest payments' PaymentIntents, as the provider has it now."""
+        from payments.enums import PAYMENT_KINDS
+        from payments.models import PaymentOperation
+
+        refs = list(PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS)
+                    .exclude(provider_reference="").order_by("-created_at")
+                    .values_list("provider_reference", flat=True)[:50])
+        if not refs:
+            return None
+        r = requests.get(f"{self.base}/v1/payment_intents/{self.rng.choice(refs)}",
+                         auth=("sk_test_verity_stack", ""), timeout=10)
+        return r.json() if r.status_code == 200 else None
+
     def deliver(self, body: bytes) -> None:
         ts = int(time.time())
         sig = hmac.new(SECRET.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
@@ -449,14 +463,14 @@ class Events(threading.Thread):
                 self.deliver(body)
                 self.rec.count("event_late")
             try:
-                r = requests.get(f"{self.base}/v1/payment_intents", params={"limit": 30},
-                                 auth=("sk_test_verity_stack", ""), timeout=10)
-                intents = r.json()["data"]
-            except Exception:
+                pi = self.recent_intent()
+            except Exception:  # the database restarting, the provider away: next round
+                from django.db import connection
+
+                connection.close()
                 continue
-            if not intents:
+            if pi is None:
                 continue
-            pi = self.rng.choice(intents)
             status = pi["status"]
             if pi["status"] == "succeeded" and pi.get("capture_method") == "manual" \
                     and self.rng.random() < 0.5:
@@ -591,8 +605,17 @@ def checker(rec: Recorder, deadline: float, progress: Progress, results: list) -
             connection.close()
             continue
         results.append((round(rec.now(), 1), rep.violations))
-        for v in rep.violations:
-            progress.note(f"[{rec.now():6.1f}s] VIOLATION (live check): {v}")
+        # Each violation with the rows under it (the purchases and operations it concerns).
+        showing = False
+        for name, value, rule in rep.rows:
+            if rule.endswith("VIOLATION"):
+                showing = True
+                progress.note(f"[{rec.now():6.1f}s] VIOLATION (live check): {name.strip()} = "
+                              f"{value} ({rule.replace('<-- VIOLATION', '').strip()})")
+            elif showing and name.startswith("  "):
+                progress.note(f"           {name.strip()} {value} {rule}")
+            else:
+                showing = False
 
 
 def drain(seconds: float) -> float:
@@ -723,87 +746,97 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
             skus.append(f"SOAK-{i}")
 
         services = Services(stack, env, logdir)
-        services.start(chaos=True)
-        base = f"http://127.0.0.1:{services.web_port}"
-        requests.post(f"{stack.env['STRIPE_API_BASE']}/_config/webhooks/soak",
-                      data={"url": f"{base}/webhooks/stripe/", "secret": SECRET},
-                      timeout=10).raise_for_status()
-        rng = random.Random(args.seed)
-        plan = fault_plan(args.seconds, rng, outage=outage)
-        rec.started = time.monotonic()
-        deadline = rec.started + args.seconds
-        state["phase"] = "driving"
-        threads = [Agent(n, Api(base, key, rec), skus, deadline, args.seed)
-                   for n in range(args.agents)]
-        threads += [People(Api(base, resolver_key, rec), stack.env["STRIPE_API_BASE"], deadline,
-                           random.Random(args.seed + 1), rec, args.wrong_resolutions),
-                    Events(Api(base, None, rec), stack.env["STRIPE_API_BASE"], deadline,
-                           random.Random(args.seed + 2), rec)]
-        side = [threading.Thread(target=chaos, args=(plan, services, stack, proxy, rec, rng,
-                                                     deadline, outage, progress), daemon=True),
-                threading.Thread(target=checker, args=(rec, deadline, progress,
-                                                       state["checks"]), daemon=True)]
-        for t in threads + side:
-            t.start()
-        for t in threads + side:
-            t.join(timeout=max(0, deadline - time.monotonic()) + 90)
-        drove = rec.now()
-        if proxy._listener is None:  # an outage outlived the run
-            proxy.up()
-        proxy.hold(0)
+        try:
+            return _drive(args, outage, rec, state, progress, stack, proxy, services, env,
+                          key, resolver_key, skus, logdir)
+        finally:
+            services.stop()  # also when something above failed: no process outlives the run
 
-        # Drain without chaos: restart every process with faults off, let recovery run.
-        state["phase"] = "draining"
-        state["planned"] = drove + args.drain
-        services.stop()
-        services.start(chaos=False)
-        drained = drain(args.drain)
-        state["phase"] = "checking"
-        from bench.invariants import check
 
-        report = check()
-        services.stop()
-        bad_5xx = rec.disallowed_5xx()
+def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: Stack,
+           proxy: FaultProxy, services: Services, env: dict, key: str, resolver_key: str,
+           skus: list[str], logdir: Path) -> int:
+    services.start(chaos=True)
+    base = f"http://127.0.0.1:{services.web_port}"
+    requests.post(f"{stack.env['STRIPE_API_BASE']}/_config/webhooks/soak",
+                  data={"url": f"{base}/webhooks/stripe/", "secret": SECRET},
+                  timeout=10).raise_for_status()
+    rng = random.Random(args.seed)
+    plan = fault_plan(args.seconds, rng, outage=outage)
+    rec.started = time.monotonic()
+    deadline = rec.started + args.seconds
+    state["phase"] = "driving"
+    threads = [Agent(n, Api(base, key, rec), skus, deadline, args.seed)
+               for n in range(args.agents)]
+    threads += [People(Api(base, resolver_key, rec), stack.env["STRIPE_API_BASE"], deadline,
+                       random.Random(args.seed + 1), rec, args.wrong_resolutions),
+                Events(Api(base, None, rec), stack.env["STRIPE_API_BASE"], deadline,
+                       random.Random(args.seed + 2), rec)]
+    side = [threading.Thread(target=chaos, args=(plan, services, stack, proxy, rec, rng,
+                                                 deadline, outage, progress), daemon=True),
+            threading.Thread(target=checker, args=(rec, deadline, progress,
+                                                   state["checks"]), daemon=True)]
+    for t in threads + side:
+        t.start()
+    for t in threads + side:
+        t.join(timeout=max(0, deadline - time.monotonic()) + 90)
+    drove = rec.now()
+    if proxy._listener is None:  # an outage outlived the run
+        proxy.up()
+    proxy.hold(0)
 
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        title = (f"Verity soak: {args.agents} agents, {drove:.0f} s, seed {args.seed} "
-                 f"(throughput and latency, faults marked)")
-        (out / "soak.svg").write_text(rec.chart_svg(title))
-        (out / "soak.json").write_text(json.dumps({
-            "seconds": drove, "agents": args.agents, "seed": args.seed,
-            "drained_seconds": drained, "counters": dict(rec.counters),
-            "answers": dict(rec.status_counts()),
-            "faults": [f.__dict__ for f in rec.faults], "timeline": rec.timeline(),
-            "live_checks": state["checks"], "invariants": report.rows,
-            "violations": report.violations, "disallowed_5xx": bad_5xx[:200]}, indent=1))
-        progress.stop()
+    # Drain without chaos: restart every process with faults off, let recovery run.
+    state["phase"] = "draining"
+    state["planned"] = drove + args.drain
+    services.stop()
+    services.start(chaos=False)
+    drained = drain(args.drain)
+    state["phase"] = "checking"
+    from bench.invariants import check
 
-        print(f"\nsoak: {drove:.0f}s driving, {args.agents} agents, seed {args.seed}, "
-              f"fault rate {args.fault_rate}, drained in {drained:.0f}s")
-        print("events: " + ", ".join(f"{k}={v}" for k, v in sorted(rec.counters.items())))
-        print(f"\n== per endpoint ==\n{rec.endpoint_table()}")
-        print(f"\n== faults ({len(rec.faults)}) ==\n{rec.fault_table()}")
-        checks = state["checks"]
-        print(f"\n== invariants: {len(checks)} live checks during the run "
-              f"({sum(len(v) for _, v in checks)} violations), then after the drain ==")
-        report.print()
-        subprocess.run(["rm", "-rf", str(out / "logs")], check=False)
-        subprocess.run(["cp", "-r", str(logdir), str(out / "logs")], check=False)
-        print(f"\nchart: {out / 'soak.svg'}; figures: {out / 'soak.json'}; "
-              f"process logs: {out / 'logs'}")
-        violations = list(report.violations)
-        violations += [f"live check at {t}s: {v}" for t, vs in checks for v in vs]
-        violations += [f"5xx not allowed: {b}" for b in bad_5xx[:20]]
-        if len(bad_5xx) > 20:
-            violations.append(f"... and {len(bad_5xx) - 20} more 5xx answers")
-        if violations:
-            print(f"\n{len(violations)} VIOLATION(S); process logs in {out / 'logs'}")
-            for v in violations:
-                print("  - " + v)
-            return 1
-        print("\nno violations")
-        return 0
+    report = check()
+    services.stop()
+    bad_5xx = rec.disallowed_5xx()
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    title = (f"Verity soak: {args.agents} agents, {drove:.0f} s, seed {args.seed} "
+             f"(throughput and latency, faults marked)")
+    (out / "soak.svg").write_text(rec.chart_svg(title))
+    (out / "soak.json").write_text(json.dumps({
+        "seconds": drove, "agents": args.agents, "seed": args.seed,
+        "drained_seconds": drained, "counters": dict(rec.counters),
+        "answers": dict(rec.status_counts()),
+        "faults": [f.__dict__ for f in rec.faults], "timeline": rec.timeline(),
+        "live_checks": state["checks"], "invariants": report.rows,
+        "violations": report.violations, "disallowed_5xx": bad_5xx[:200]}, indent=1))
+    progress.stop()
+
+    print(f"\nsoak: {drove:.0f}s driving, {args.agents} agents, seed {args.seed}, "
+          f"fault rate {args.fault_rate}, drained in {drained:.0f}s")
+    print("events: " + ", ".join(f"{k}={v}" for k, v in sorted(rec.counters.items())))
+    print(f"\n== per endpoint ==\n{rec.endpoint_table()}")
+    print(f"\n== faults ({len(rec.faults)}) ==\n{rec.fault_table()}")
+    checks = state["checks"]
+    print(f"\n== invariants: {len(checks)} live checks during the run "
+          f"({sum(len(v) for _, v in checks)} violations), then after the drain ==")
+    report.print()
+    subprocess.run(["rm", "-rf", str(out / "logs")], check=False)
+    subprocess.run(["cp", "-r", str(logdir), str(out / "logs")], check=False)
+    print(f"\nchart: {out / 'soak.svg'}; figures: {out / 'soak.json'}; "
+          f"process logs: {out / 'logs'}")
+    violations = list(report.violations)
+    violations += [f"live check at {t}s: {v}" for t, vs in checks for v in vs]
+    violations += [f"5xx not allowed: {b}" for b in bad_5xx[:20]]
+    if len(bad_5xx) > 20:
+        violations.append(f"... and {len(bad_5xx) - 20} more 5xx answers")
+    if violations:
+        print(f"\n{len(violations)} VIOLATION(S); process logs in {out / 'logs'}")
+        for v in violations:
+            print("  - " + v)
+        return 1
+    print("\nno violations")
+    return 0
 
 
 if __name__ == "__main__":
