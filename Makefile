@@ -4,21 +4,43 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# Runtime files of the embedded default (config/env.py reads the same variable).
+VERITY_VAR_DIR ?= var
+export VERITY_VAR_DIR
 
-.PHONY: run test deps soak bench drill fuzz audit clean
+.PHONY: run serve test deps lock soak bench drill fuzz audit clean
 
-$(VENV)/.installed: requirements.lock
+# Development installs both locks' content: requirements-dev.lock is the production lock
+# (requirements.lock, same pins) plus the `dev` extra. Hashes are checked (--require-hashes
+# is implied by the hashed lock). The Dockerfile installs requirements.lock only.
+$(VENV)/.installed: requirements.lock requirements-dev.lock
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 needed"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q -r requirements-dev.lock
 	touch $@
 
 deps: $(VENV)/.installed
 
+# Regenerate both locks from pyproject.toml (after adding or bumping a dependency).
+# The dev lock is solved first; the production lock is constrained to the same pins.
+lock:
+	test -x $(VENV)/bin/uv || $(PY) -m pip install -q uv
+	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --generate-hashes --python-version 3.11 -o requirements-dev.lock -q
+	$(VENV)/bin/uv pip compile pyproject.toml --generate-hashes --python-version 3.11 -c requirements-dev.lock -o requirements.lock -q
+
+# Development: DEBUG on (the example SECRET_KEY and the console e-mail backend are
+# refused with DEBUG off, see docs/security.md).
+run serve: export DEBUG ?= true
 run: deps
-	mkdir -p var/broker/processed
-	$(PY) manage.py migrate --noinput
+	@$(MAKE) --no-print-directory serve
+
+# What `make run` starts, without the install step. The newcomer smoke test
+# (tests/foundation/test_newcomer_smoke.py) boots exactly this, on free ports.
+serve:
+	mkdir -p $(VERITY_VAR_DIR)/log
+	rm -f $(VERITY_VAR_DIR)/run/*.ready
+	$(PY) manage.py migrate --noinput -v 0
 	$(PY) manage.py seed_demo
 	$(PY) manage.py seed_console_demo
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev start
@@ -36,9 +58,16 @@ bench: deps
 fuzz: deps
 	VERITY_FUZZ_EXAMPLES=$${VERITY_FUZZ_EXAMPLES:-100} $(PY) -m tests.stack -- $(PY) -m pytest -q -p bench.fuzz_progress tests/api/test_schema_conformance.py $(FUZZ_ARGS)
 
-# Known-vulnerability audit of the locked dependencies (needs the PyPI JSON API).
+# Known-vulnerability audit of both locks. It needs the vulnerability database (PyPI's
+# JSON API, or OSV with PIP_AUDIT_ARGS=--vulnerability-service=osv): run it on a machine
+# that reaches it (a developer laptop, a CI job with network). --strict: where the
+# database is unreachable every package is "not found" and the audit FAILS — without it
+# pip-audit would skip them all and report "No known vulnerabilities found".
+PIP_AUDIT_ARGS ?=
+AUDIT := $(VENV)/bin/pip-audit --require-hashes --disable-pip --strict --progress-spinner off
 audit: deps
-	$(VENV)/bin/pip-audit -r requirements.lock --no-deps --disable-pip --progress-spinner off
+	$(AUDIT) -r requirements.lock $(PIP_AUDIT_ARGS)
+	$(AUDIT) -r requirements-dev.lock $(PIP_AUDIT_ARGS)
 
 drill: deps
 	$(PY) manage.py drill

@@ -747,7 +747,11 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
         manage = [sys.executable, "manage.py", "create_api_client"]
         key = subprocess.run(manage + ["soak", "--scopes", "purchases:read", "purchases:write",
                                        "refunds:write", "--limit", str(10**12),
-                                       "--auto-refund-limit", str(AUTO_REFUND_LIMIT)],
+                                       "--auto-refund-limit", str(AUTO_REFUND_LIMIT),
+                                       # its journeys name earlier purchases in
+                                       # acknowledge_unresolved as a storefront's own
+                                       # checkout would (DESIGN §6)
+                                       "--storefront-confirmation"],
                              cwd=ROOT, env=env, check=True, capture_output=True,
                              text=True).stdout.strip().splitlines()[-1]
         resolver_key = subprocess.run(manage + ["soak-resolver", "--scopes", "purchases:read",

@@ -8,6 +8,9 @@ from pathlib import Path
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = BASE_DIR / "var"
 
 env = environ.Env()
+# Every runtime file of the embedded default (SQLite database, filesystem broker, beat
+# schedule, demo key, readiness markers) lives here; relative paths are to the checkout.
+# The newcomer smoke test points it at a temporary folder to boot `make run` in isolation.
+VAR_DIR = BASE_DIR / env("VERITY_VAR_DIR", default="var")

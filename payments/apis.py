@@ -120,7 +120,7 @@ def _location(resource_type: str, resource_id: str) -> str:
 # Refusals that stop a duplicate money movement or a duplicate in-flight request (metrics).
 _BLOCKED_DUPLICATE_CODES = frozenset({
     "idempotency_key_reused", "request_in_progress", "already_paid", "payment_unresolved",
-    "customer_has_unresolved_purchase", "already_retried",
+    "customer_has_unresolved_purchase", "already_retried", "probable_duplicate_purchase",
 })
 
 
@@ -348,6 +348,13 @@ IDEMPOTENT_NOTE = (
 class ApiView(APIView):
     required_scopes: dict[str, str] = {}
 
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        # Answers carry customer e-mails and status links (a customer's credential) and
+        # are per API client: no shared or browser cache may keep them (issue 25 #10).
+        response.setdefault("Cache-Control", "no-store")
+        return response
+
 
 class ProductListApi(ApiView):
     required_scopes = {"GET": READ}
@@ -397,9 +404,17 @@ class PurchaseCreateApi(ApiView):
     @extend_schema(
         operation_id="purchases_create", summary="Open a purchase for an accepted quote",
         description=(
-            "Creates the purchase's durable identity before any money moves. While the "
-            "customer reference has an unresolved purchase, another one is refused (409 "
-            "`customer_has_unresolved_purchase`) unless `acknowledge_unresolved` names it."
+            "Creates the purchase's durable identity before any money moves. A quote backs "
+            "at most one purchase: a second request with the same quote answers 200 with "
+            "that purchase, whatever the customer fields say. Customer references are "
+            "trimmed, NFKC-normalised and matched case-insensitively, per API client. While "
+            "the customer has an unresolved purchase, another one is refused (409 "
+            "`customer_has_unresolved_purchase`); the same basket within the duplicate "
+            "window of a paid or unresolved purchase is refused (409 "
+            "`probable_duplicate_purchase`). Only the buyer lifts either: "
+            "`buyer_confirmation` (the code the buyer got on the earlier purchase's status "
+            "page), or, for a client with storefront confirmation enabled, "
+            "`acknowledge_unresolved` naming the earlier purchase."
             + IDEMPOTENT_NOTE),
         request=PurchaseCreateIn, parameters=[IDEMPOTENCY_HEADER],
         examples=[OpenApiExample("Purchase", request_only=True, value={
@@ -408,8 +423,10 @@ class PurchaseCreateApi(ApiView):
         responses={**_ok(201, PurchaseOut, "Purchase created", [EXAMPLE_PURCHASE]),
                    **_ok(200, PurchaseOut, "Replay of a finished request"),
                    **_problems(409, 422, s409="quote_expired / quote_superseded / "
-                               "customer_has_unresolved_purchase / request_in_progress",
-                               s422="idempotency_key_reused / quote_not_found")},
+                               "customer_has_unresolved_purchase / "
+                               "probable_duplicate_purchase / request_in_progress",
+                               s422="idempotency_key_reused / quote_not_found / "
+                               "invalid_email / invalid_buyer_confirmation")},
     )
     def post(self, request):
         key_from_headers(request.headers)
@@ -417,16 +434,20 @@ class PurchaseCreateApi(ApiView):
 
         def create(claim):
             with transaction.atomic():
-                purchase = services.purchase_create(
+                opened = services.purchase_open(
                     api_client=request.auth, quote_id=data["quote_id"],
                     quote_version=data["quote_version"],
                     customer_reference=data["customer"]["reference"],
                     customer_email=data["customer"].get("email", ""),
-                    acknowledge_unresolved=tuple(data["acknowledge_unresolved"]))
-                idempotency_bind(claim, resource_type="purchase", resource_id=purchase.id)
-            idempotency_complete(claim, status=201)
-            purchase = Purchase.objects.select_related("quote").get(pk=purchase.pk)
-            return Response(selectors.purchase_view(purchase), status=201,
+                    acknowledge_unresolved=tuple(data["acknowledge_unresolved"]),
+                    buyer_confirmation=data.get("buyer_confirmation") or "",
+                    storefront_confirmation=request.auth.storefront_confirmation)
+                idempotency_bind(claim, resource_type="purchase", resource_id=opened.purchase.id)
+            # 200: the quote already backed this purchase (the same intent, nothing new).
+            status = 201 if opened.created else 200
+            idempotency_complete(claim, status=status)
+            purchase = Purchase.objects.select_related("quote").get(pk=opened.purchase.pk)
+            return Response(selectors.purchase_view(purchase), status=status,
                             headers={"Location": _location("purchase", purchase.id)})
 
         return _run_idempotent(request, route="purchases_create", create=create)
@@ -627,7 +648,9 @@ class OperationReconcileApi(ApiView):
         operation_id="operations_reconcile", summary="Read the provider's record now",
         description="Read-only at the provider; settles an unknown operation if the provider "
                     "has a record of it. 409 `already_settled` if it is settled. Works while "
-                    "workflows are halted. Naturally idempotent: no key needed.",
+                    "workflows are halted. Naturally idempotent: no key needed. At most one "
+                    "read-back per operation every few seconds: within that cooldown the "
+                    "answer is the current state with `Retry-After`.",
         request=None,
         responses={**_ok(200, OperationOut, "Current state after the read-back"),
                    **_problems(409, 503, s409="already_settled")},
@@ -635,8 +658,12 @@ class OperationReconcileApi(ApiView):
     def post(self, request, operation_id: str):
         op = _operation_or_404(request, operation_id)
         _assert_no_transaction_open()
-        services.operation_reconcile(operation_id=op.id, actor=_actor(request))
-        return Response(selectors.operation_view(_load_operation(op.id)))
+        wait = services.operation_reconcile_on_demand(operation_id=op.id, actor=_actor(request))
+        response = Response(selectors.operation_view(_load_operation(op.id)))
+        if wait:
+            # Read back moments ago: the current state, no provider call (issue 25 #6).
+            response["Retry-After"] = str(wait)
+        return response
 
 
 class OperationReplayApi(ApiView):

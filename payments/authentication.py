@@ -9,10 +9,13 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
+from django.core.cache import cache
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import BasePermission
 from rest_framework.throttling import SimpleRateThrottle
+
+from config.client_address import client_address
 
 from .models import ApiClient
 
@@ -21,7 +24,44 @@ logger = logging.getLogger(__name__)
 KEYWORD = "Api-Key"
 
 
+def _failure_keys(request, key: str) -> list[tuple[str, int]]:
+    """(cache key, limit) for each thing failed authentications are counted against: the
+    client address (config.client_address: TRUSTED_PROXY_COUNT applies) and the key's
+    prefix (the part before the dot, which names one ApiClient)."""
+    keys = [(f"api-auth-fail:ip:{client_address(request) or '-'}",
+             settings.API_AUTH_FAILURES_PER_ADDRESS)]
+    prefix = key.partition(".")[0][:16] if "." in key else ""
+    if prefix:
+        keys.append((f"api-auth-fail:prefix:{prefix}", settings.API_AUTH_FAILURES_PER_PREFIX))
+    return keys
+
+
+def _refuse_if_too_many_failures(keys: list[tuple[str, int]]) -> None:
+    try:
+        counts = cache.get_many([k for k, _ in keys])
+    except Exception:  # noqa: BLE001 - the cache is Redis; an outage must not 500
+        logger.warning("auth-failure cache unavailable; not throttled", exc_info=True)
+        return
+    if any(counts.get(k, 0) >= limit for k, limit in keys):
+        raise exceptions.Throttled(wait=settings.API_AUTH_FAILURE_WINDOW_SECONDS)
+
+
+def _record_failure(keys: list[tuple[str, int]]) -> None:
+    window = settings.API_AUTH_FAILURE_WINDOW_SECONDS
+    try:
+        for k, _ in keys:
+            cache.add(k, 0, timeout=window)  # the window starts at the first failure
+            cache.incr(k)
+    except Exception:  # noqa: BLE001
+        logger.warning("auth-failure cache unavailable; failure not counted", exc_info=True)
+
+
 class ApiKeyAuthentication(BaseAuthentication):
+    """Failed authentications are throttled per address and per key prefix (issue 25
+    #10): past the limit the answer is 429 with Retry-After, before any hash is checked.
+    A prefix over its limit is refused even with the right secret until the window ends —
+    the usual lockout trade-off; limits are settings."""
+
     keyword = KEYWORD
 
     def authenticate(self, request):
@@ -30,12 +70,16 @@ class ApiKeyAuthentication(BaseAuthentication):
             return None
         scheme, _, key = header.partition(" ")
         key = key.strip()
+        keys = _failure_keys(request, key)
+        _refuse_if_too_many_failures(keys)
         if scheme.lower() != self.keyword.lower() or not key:
+            _record_failure(keys)
             raise exceptions.AuthenticationFailed()
         try:
             # get_from_key checks the hash, revocation and expiry (is_valid).
             client = ApiClient.objects.get_from_key(key)
         except ApiClient.DoesNotExist:
+            _record_failure(keys)
             raise exceptions.AuthenticationFailed() from None
         return (client, client)
 

@@ -9,8 +9,8 @@ SCOPES = ("purchases:read", "purchases:write", "refunds:write", "operations:reso
 
 
 def api_client_create(*, name: str, scopes: list[str], limit: int = 0, currency: str = "usd",
-                      limit_period: str = "none", auto_refund_limit: int = 0
-                      ) -> tuple[ApiClient, str]:
+                      limit_period: str = "none", auto_refund_limit: int = 0,
+                      storefront_confirmation: bool = False) -> tuple[ApiClient, str]:
     """Create a client; returns the plaintext key, which is never stored (only its hash)."""
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown:
@@ -21,5 +21,6 @@ def api_client_create(*, name: str, scopes: list[str], limit: int = 0, currency:
         client, key = ApiClient.objects.create_key(
             name=name, scopes=list(scopes), spending_limit=limit, currency=currency.lower(),
             limit_period=limit_period, auto_refund_limit=auto_refund_limit,
+            storefront_confirmation=storefront_confirmation,
         )
     return client, key

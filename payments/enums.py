@@ -72,6 +72,10 @@ class PurchaseStatus(models.TextChoices):
     VOIDED = "voided"
     CANCELLED = "cancelled"
     EXPIRED = "expired"
+    # A dispute (chargeback) is open at the provider; then how it ended.
+    DISPUTED = "disputed"
+    DISPUTE_WON = "dispute_won"
+    DISPUTE_LOST = "dispute_lost"
 
 
 # A customer with a purchase in one of these cannot silently start another one.
@@ -149,3 +153,46 @@ class Reason(models.TextChoices):
     PROVIDER_FAILED = "provider_failed"
     MANUAL = "manual"
     MISMATCH = "mismatch"
+
+
+# A failed payment with one of these reasons will fail the same way if sent again
+# unchanged: the answer advises a different payment method or a new quote, never "retry".
+NON_RETRYABLE_REASONS = (Reason.INVALID_REQUEST, Reason.MISMATCH)
+class Origin(models.TextChoices):
+    """Who started a money movement: Verity, or the provider (a dashboard refund, a capture
+    or cancel made outside Verity) -- recorded as an external linked operation."""
+
+    VERITY = "verity"
+    PROVIDER = "provider"
+
+
+class DisputeStatus(models.TextChoices):
+    """Stripe's Dispute.status values (stable strings)."""
+
+    WARNING_NEEDS_RESPONSE = "warning_needs_response"
+    WARNING_UNDER_REVIEW = "warning_under_review"
+    WARNING_CLOSED = "warning_closed"
+    NEEDS_RESPONSE = "needs_response"
+    UNDER_REVIEW = "under_review"
+    WON = "won"
+    LOST = "lost"
+    CHARGE_REFUNDED = "charge_refunded"
+
+
+# The lifecycle only moves forward: an event or read-back whose status ranks lower than
+# the stored one is stale (events arrive out of order) and never regresses the record.
+DISPUTE_STATUS_RANK = {
+    DisputeStatus.WARNING_NEEDS_RESPONSE: 0,
+    DisputeStatus.WARNING_UNDER_REVIEW: 1,
+    DisputeStatus.NEEDS_RESPONSE: 2,
+    DisputeStatus.UNDER_REVIEW: 3,
+    DisputeStatus.WARNING_CLOSED: 4,
+    DisputeStatus.WON: 4,
+    DisputeStatus.LOST: 4,
+    DisputeStatus.CHARGE_REFUNDED: 4,
+}
+DISPUTE_CLOSED_STATUSES = (DisputeStatus.WARNING_CLOSED, DisputeStatus.WON, DisputeStatus.LOST,
+                           DisputeStatus.CHARGE_REFUNDED)
+# Open disputes that still wait for the merchant's evidence (the finance queue's urgency).
+DISPUTE_NEEDS_RESPONSE_STATUSES = (DisputeStatus.WARNING_NEEDS_RESPONSE,
+                                   DisputeStatus.NEEDS_RESPONSE)

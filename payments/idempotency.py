@@ -97,8 +97,11 @@ def _insert_unsafe(*, api_client: ApiClient, route: str, key: str, fingerprint: 
         f"RETURNING {q('id')}"
     )
     with connection.cursor() as cursor:
+        # Datetimes through the backend's adapter, as the ORM stores them (SQLite: text).
+        adapt = connection.ops.adapt_datetimefield_value
         cursor.execute(sql, [api_client.pk, route, key, fingerprint,
-                             IdempotencyRecord.State.IN_FLIGHT, _lease_until(), now])
+                             IdempotencyRecord.State.IN_FLIGHT, adapt(_lease_until()),
+                             adapt(now)])
         row = cursor.fetchone()
     return row[0] if row else None
 

@@ -1,9 +1,11 @@
-"""Row-lock helpers. Lock order, always: Purchase -> PaymentOperation -> ApiClient.
+"""Row-lock helpers. Lock order, always: Purchase -> PaymentOperation -> Dispute -> ApiClient.
 
 Two code paths never lock the same rows in a different order, so they cannot deadlock.
 `of=("self",)` keeps PostgreSQL from locking joined rows.
 """
 from __future__ import annotations
+
+import hashlib
 
 from django.db import transaction
 
@@ -30,8 +32,31 @@ def lock_purchase_and_operation(operation_id: str) -> tuple[Purchase, PaymentOpe
     return purchase, operation
 
 
+def lock_dispute(dispute_id: str):
+    """The dispute row, or None (the caller already holds its purchase's lock)."""
+    from .models import Dispute
+
+    return Dispute.objects.select_for_update(of=("self",)).filter(id=dispute_id).first()
+
+
 def lock_client(client_id: int) -> ApiClient:
     return ApiClient.objects.select_for_update(of=("self",)).get(id=client_id)
+
+
+def lock_customer(api_client_id: int | None, key: str) -> None:
+    """One buyer (an API client's normalised customer key), for the rest of the transaction.
+
+    Serialises "is there an unresolved or duplicate purchase?" + insert across processes
+    (a transaction-level advisory lock: there is no row to lock before the purchase
+    exists). Taken after the quote's row lock. SQLite's IMMEDIATE transactions already
+    serialise writers.
+    """
+    conn = transaction.get_connection()
+    if conn.vendor == "postgresql":
+        scope = f"{api_client_id if api_client_id is not None else '-'}:{key}"
+        lock = int.from_bytes(hashlib.sha256(scope.encode()).digest()[:8], "big", signed=True)
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [lock])
 
 
 def assert_no_transaction_outside_transaction() -> None:

@@ -4,7 +4,7 @@ import secrets
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
-from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
 from rest_framework_api_key.models import AbstractAPIKey
 
 from .enums import (
@@ -13,10 +13,12 @@ from .enums import (
     CallPurpose,
     CallStep,
     Classification,
+    DisputeStatus,
     Grade,
     HoldState,
     LimitPeriod,
     OperationKind,
+    Origin,
     Outcome,
     Owner,
     PurchaseStatus,
@@ -63,6 +65,11 @@ class ApiClient(AbstractAPIKey):
     auto_refund_limit = models.BigIntegerField(
         default=0, help_text="API refunds up to this amount skip approval; 0 = always approve"
     )
+    # A storefront that is not an agent (its own checkout asked the buyer) may lift the
+    # unresolved/duplicate purchase guards by naming the earlier purchase in
+    # `acknowledge_unresolved`. Off by default, and never honoured over MCP: an agent's
+    # word is not the buyer's (DESIGN §6, "Only the buyer can lift a guard").
+    storefront_confirmation = models.BooleanField(default=False)
 
     class Meta(AbstractAPIKey.Meta):
         verbose_name = "API client"
@@ -84,6 +91,11 @@ class Product(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.PHYSICAL)
     # Per-product override of recovery.StepPolicy defaults, e.g. {"order": "manual"}.
     step_policy = models.JSONField(default=dict, blank=True)
+    # The duplicate-purchase guard: the same buyer and basket within this many seconds of a
+    # paid or unresolved purchase is refused (None: settings.DUPLICATE_PURCHASE_WINDOW_SECONDS);
+    # `never_twice` (digital goods, licences) refuses it at any time.
+    duplicate_window_seconds = models.PositiveIntegerField(null=True, blank=True)
+    never_twice = models.BooleanField(default=False)
 
     class Meta:
         constraints = [models.CheckConstraint(condition=Q(price__gte=0), name="product_price_nonneg")]
@@ -114,6 +126,11 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     amount = models.BigIntegerField()
     currency = models.CharField(max_length=3)
     customer_reference = models.CharField(max_length=200, db_index=True)
+    # The matching key of the reference (trimmed, NFKC, case-folded): the guards compare
+    # this, scoped to `api_client`, never the raw bytes (payments.customers).
+    customer_key = models.CharField(max_length=200, blank=True)
+    # sha256 of the basket (sorted sku/quantity lines, amount, currency): the duplicate guard.
+    basket_fingerprint = models.CharField(max_length=64, blank=True)
     customer_email = models.EmailField(blank=True, db_index=True)
     status = FSMField(
         max_length=32, choices=PurchaseStatus.choices, default=PurchaseStatus.AWAITING_PAYMENT,
@@ -124,6 +141,17 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     acknowledged_unresolved = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            # A quote backs at most one purchase: a second create_purchase on the same quote
+            # (whatever the customer fields say) is the same purchase (services.purchase_open).
+            models.UniqueConstraint(fields=["quote"], name="purchase_one_per_quote"),
+        ]
+        indexes = [
+            models.Index(fields=["api_client", "customer_key", "created_at"],
+                         name="purchase_client_customer_idx"),
+        ]
 
     # Transitions set fields only (no side effects); services lock, transition, save.
     S = PurchaseStatus
@@ -163,8 +191,27 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     def mark_refund_pending(self): ...
 
     @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
-                                      S.REFUND_PENDING], target=S.REFUNDED)
+                                      S.REFUND_PENDING, S.DISPUTED], target=S.REFUNDED)
     def mark_refunded(self): ...
+
+    # Disputes (payments.disputes): open from any paid state, close by how it ended; an
+    # inquiry closed without a dispute (`warning_closed`) returns to the state before it.
+    @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
+                                      S.REFUND_PENDING, S.REFUNDED, S.DISPUTE_WON,
+                                      S.DISPUTE_LOST], target=S.DISPUTED)
+    def mark_disputed(self): ...
+
+    @transition(field=status, source=S.DISPUTED, target=S.DISPUTE_WON)
+    def mark_dispute_won(self): ...
+
+    @transition(field=status, source=S.DISPUTED, target=S.DISPUTE_LOST)
+    def mark_dispute_lost(self): ...
+
+    @transition(field=status, source=S.DISPUTED,
+                target=RETURN_VALUE(S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
+                                    S.REFUND_PENDING, S.REFUNDED))
+    def mark_dispute_withdrawn(self, restore_to: str) -> str:
+        return restore_to
 
     @transition(field=status, source=[S.PAID, S.FULFILLING, S.MANUAL_REVIEW, S.REFUND_PENDING],
                 target=S.VOIDED)
@@ -178,6 +225,20 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     def mark_expired(self): ...
 
     del S
+
+
+class BuyerConfirmation(models.Model):
+    """The buyer's own "yes, start a new purchase", given on the earlier purchase's status
+    page. Single use, short-lived, stored only as a hash: the buyer reads the code off the
+    page and gives it to the storefront; an agent cannot make one up."""
+
+    purchase = models.ForeignKey(Purchase, on_delete=models.PROTECT,
+                                 related_name="buyer_confirmations")
+    code_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    used_for = models.CharField(max_length=40, blank=True, help_text="the new purchase's id")
 
 
 class PaymentOperation(ConcurrentTransitionMixin, models.Model):
@@ -220,6 +281,12 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
     reconcile_deadline = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True)
     is_compensation = models.BooleanField(default=False)
+    # `provider`: a refund/capture/cancel the provider reported that no Verity operation
+    # requested (an external linked operation, created already settled by the evidence).
+    origin = models.CharField(max_length=16, choices=Origin.choices, default=Origin.VERITY)
+    # External operations wait in a queue until a person acknowledges them.
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
     settled_at = models.DateTimeField(null=True, blank=True)
@@ -239,6 +306,13 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
                 condition=Q(outcome=Outcome.SUCCEEDED.value,
                             kind__in=[k.value for k in PAYMENT_KINDS]),
                 name="op_one_success_payment_per_purchase",
+            ),
+            # One external operation per provider object (a refund reported by both
+            # `refund.created` and `charge.refunded` is recorded once).
+            models.UniqueConstraint(
+                fields=["kind", "provider_reference"],
+                condition=Q(origin=Origin.PROVIDER.value),
+                name="op_external_once_per_provider_object",
             ),
         ]
 
@@ -373,3 +447,38 @@ class IdempotencyRecord(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["api_client", "route", "key"], name="idem_scope_unique"),
         ]
+
+
+class Dispute(models.Model):
+    """A provider dispute (chargeback or inquiry) on one of Verity's payments.
+
+    Written only by payments.disputes, from verified evidence (a matched webhook or a
+    read-back); the status only moves forward (DISPUTE_STATUS_RANK).
+    """
+
+    id = models.CharField(primary_key=True, max_length=100, help_text="the provider's id")
+    purchase = models.ForeignKey(Purchase, on_delete=models.PROTECT, related_name="disputes")
+    payment = models.ForeignKey(PaymentOperation, on_delete=models.PROTECT,
+                                related_name="disputes")
+    charge = models.CharField(max_length=100, blank=True)
+    payment_intent = models.CharField(max_length=100, blank=True)
+    amount = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    reason = models.CharField(max_length=40, blank=True)
+    status = models.CharField(max_length=32, choices=DisputeStatus.choices)
+    evidence_due_by = models.DateTimeField(null=True, blank=True, db_index=True)
+    funds_withdrawn = models.BigIntegerField(default=0, help_text="minor units, positive")
+    funds_reinstated = models.BigIntegerField(default=0, help_text="minor units, positive")
+    fees = models.BigIntegerField(default=0, help_text="dispute fees net, minor units")
+    # The provider's balance transactions of this dispute, safe fields only:
+    # [{id, amount, fee, net, currency, reporting_category}] -- the ledger books each once.
+    balance_transactions = models.JSONField(default=list, blank=True)
+    verification = models.CharField(max_length=16, default="webhook")
+    # The purchase status before the dispute opened (restored if an inquiry is withdrawn).
+    purchase_status_before = models.CharField(max_length=32, blank=True)
+    opened_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["opened_at", "id"]

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from .enums import (
+    NON_RETRYABLE_REASONS,
     PAYMENT_KINDS,
     CallPurpose,
     Outcome,
@@ -110,6 +111,19 @@ def operation_next_action(op: PaymentOperation) -> dict:
             return _action(Owner.BUYER, RetryAdvice.NEW_QUOTE, reason,
                            "This payment failed and no money moved. The quote is no longer "
                            "valid: request a new quote and create a new purchase.")
+        attempts = purchase.operations.filter(kind__in=_PAYMENT_KIND_VALUES).count()
+        if attempts >= settings.PAYMENT_ATTEMPTS_MAX:
+            # Retries converge: a bounded number of attempts, then a person.
+            return _action(Owner.SUPPORT, RetryAdvice.FORBIDDEN, "payment_attempts_exhausted",
+                           f"This payment failed and no money moved. This purchase had "
+                           f"{attempts} payment attempts, the most allowed; support will "
+                           "contact the buyer. Do not retry.")
+        if reason in NON_RETRYABLE_REASONS:
+            return _action(Owner.BUYER, RetryAdvice.NEW_QUOTE, reason,
+                           "The provider refused this payment as invalid; no money moved. Sent "
+                           "again unchanged it would fail the same way: ask the buyer for a "
+                           "different payment method, or request a new quote and create a "
+                           "new purchase.")
         if reason == Reason.CARD_DECLINED:
             message = ("The card was declined; no money moved. To try again, ask the buyer "
                        f"for a different payment method and POST "
@@ -163,6 +177,20 @@ def purchase_next_action(purchase: Purchase, payment: PaymentOperation | None = 
     if status == PurchaseStatus.REFUND_PENDING:
         return _action(Owner.RECONCILIATION, RetryAdvice.FORBIDDEN, "refund_pending",
                        f"A refund is in progress. Do not request it again; poll GET {view_url}.")
+    if status == PurchaseStatus.DISPUTED:
+        return _action(Owner.SUPPORT, RetryAdvice.FORBIDDEN, "disputed",
+                       "The customer disputed this payment with their bank; finance is "
+                       "handling it. Do not pay again, do not refund it yourself and do not "
+                       f"open a new purchase for it; poll GET {view_url}.")
+    if status == PurchaseStatus.DISPUTE_WON:
+        return _action(Owner.NONE, RetryAdvice.FORBIDDEN, "dispute_won",
+                       "A dispute on this payment was decided in the merchant's favour; the "
+                       "payment stands. Nothing to do.")
+    if status == PurchaseStatus.DISPUTE_LOST:
+        return _action(Owner.NONE, RetryAdvice.FORBIDDEN, "dispute_lost",
+                       "A dispute on this payment was decided in the customer's favour; the "
+                       "bank returned the money to them. This purchase is closed; do not "
+                       "pay again.")
     if status in (PurchaseStatus.REFUNDED, PurchaseStatus.VOIDED, PurchaseStatus.CANCELLED):
         return _action(Owner.NONE, RetryAdvice.FORBIDDEN, str(status),
                        "This purchase is closed. Nothing to do.")
@@ -217,6 +245,12 @@ def status_url(purchase: Purchase) -> str:
     return f"{settings.PUBLIC_BASE_URL.rstrip('/')}/status/{purchase.status_token}/"
 
 
+def disputes_view(purchase: Purchase) -> list[dict]:
+    return [{"id": d.id, "status": d.status, "amount": d.amount, "currency": d.currency,
+             "reason": d.reason or None, "evidence_due_by": _iso(d.evidence_due_by)}
+            for d in purchase.disputes.order_by("opened_at", "id")]
+
+
 def purchase_view(purchase: Purchase) -> dict:
     payment = _latest_payment(purchase)
     return {
@@ -231,6 +265,7 @@ def purchase_view(purchase: Purchase) -> dict:
                      "grade": payment.grade or None} if payment else None),
         "fulfillment": _fulfillment(purchase.id),
         "order_reference": _order_reference(purchase.id),
+        "disputes": disputes_view(purchase),
         "next_action": purchase_next_action(purchase, payment),
         "customer_message": _customer_message(purchase),
         "status_url": status_url(purchase),
@@ -262,6 +297,7 @@ def operation_view(op: PaymentOperation) -> dict:
         "hold": ({"amount": hold.amount, "currency": hold.currency, "state": hold.state}
                  if hold else None),
         "parent": op.parent_id,
+        "origin": op.origin,
         "retry_of": op.retry_of_id,
         "retried_by": retried_by.id if retried_by else None,
         "next_action": operation_next_action(op),

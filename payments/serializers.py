@@ -9,7 +9,17 @@ from __future__ import annotations
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from .enums import Grade, Outcome, Owner, PurchaseStatus, RetryAdvice, Stage, Verification
+from .enums import (
+    DisputeStatus,
+    Grade,
+    Origin,
+    Outcome,
+    Owner,
+    PurchaseStatus,
+    RetryAdvice,
+    Stage,
+    Verification,
+)
 
 # Verity never collects card data: a payment method is a provider token, never a number.
 payment_method_token = RegexValidator(
@@ -44,8 +54,14 @@ class PurchaseCreateIn(serializers.Serializer):
     acknowledge_unresolved = serializers.ListField(
         child=serializers.CharField(max_length=40), required=False, default=list,
         max_length=20,
-        help_text="Ids of this customer's unresolved purchases the buyer knowingly leaves "
-                  "open; without them a second purchase is refused.")
+        help_text="Earlier purchases of this customer the storefront's own checkout asked "
+                  "the buyer about: honoured only for a client with storefront confirmation "
+                  "enabled (never over MCP).")
+    buyer_confirmation = serializers.CharField(
+        max_length=20, required=False, allow_blank=True, default="",
+        help_text="The single-use code the buyer got on the earlier purchase's status page "
+                  "(\"yes, start a new purchase\"): lifts the unresolved and duplicate guards "
+                  "for that purchase.")
 
 
 class PaymentCreateIn(serializers.Serializer):
@@ -155,6 +171,15 @@ class FulfillmentOut(serializers.Serializer):
     deliverable = serializers.CharField(required=False)
 
 
+class DisputeOut(serializers.Serializer):
+    id = serializers.CharField()
+    status = serializers.ChoiceField(choices=DisputeStatus.choices)
+    amount = serializers.IntegerField()
+    currency = serializers.CharField()
+    reason = serializers.CharField(allow_null=True)
+    evidence_due_by = serializers.DateTimeField(allow_null=True)
+
+
 class PurchaseOut(serializers.Serializer):
     id = serializers.CharField()
     status = serializers.ChoiceField(choices=PurchaseStatus.choices)
@@ -165,6 +190,7 @@ class PurchaseOut(serializers.Serializer):
     payment = PaymentSummaryOut(allow_null=True)
     fulfillment = FulfillmentOut()
     order_reference = serializers.CharField(allow_null=True)
+    disputes = DisputeOut(many=True)
     next_action = NextActionOut()
     customer_message = serializers.CharField()
     status_url = serializers.URLField()
@@ -198,6 +224,7 @@ class OperationOut(serializers.Serializer):
     attempts = AttemptsOut()
     hold = HoldOut(allow_null=True)
     parent = serializers.CharField(allow_null=True)
+    origin = serializers.ChoiceField(choices=Origin.choices)
     retry_of = serializers.CharField(allow_null=True)
     retried_by = serializers.CharField(allow_null=True)
     next_action = NextActionOut()

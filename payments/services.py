@@ -29,12 +29,17 @@ class DomainError(Exception):
 
 # --------------------------------------------------------------------------------------
 import hashlib  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import secrets  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from enum import Enum  # noqa: E402
 
 from django.conf import settings  # noqa: E402
+from django.core.exceptions import ValidationError  # noqa: E402
+from django.core.validators import validate_email  # noqa: E402
 from django.db import IntegrityError, transaction  # noqa: E402
 from django.db.models import Q, Sum  # noqa: E402
 from django.utils import timezone  # noqa: E402
@@ -43,6 +48,7 @@ from recovery.models import OutboxCategory  # noqa: E402
 from recovery.outbox import outbox_put  # noqa: E402
 
 from .enums import (  # noqa: E402
+    NON_RETRYABLE_REASONS,
     PAYMENT_KINDS,
     SLOT_HOLDING_OUTCOMES,
     UNRESOLVED_STATUSES,
@@ -59,15 +65,23 @@ from .enums import (  # noqa: E402
     Stage,
     Verification,
 )
+from .customers import (  # noqa: E402
+    PAYMENT_METHOD_TOKEN,
+    basket_fingerprint,
+    customer_key,
+    customer_reference_clean,
+)
 from .locks import (  # noqa: E402
     assert_no_transaction_outside_transaction,
     lock_client,
+    lock_customer,
     lock_operation,
     lock_purchase,
     lock_purchase_and_operation,
 )
 from .models import (  # noqa: E402
     ApiClient,
+    BuyerConfirmation,
     Hold,
     OperationTransition,
     PaymentOperation,
@@ -178,57 +192,199 @@ def quote_create(*, api_client: ApiClient | None, items: list[dict], currency: s
                                 currency=currency, expires_at=timezone.now() + QUOTE_TTL)
 
 
-def _customer_lock(reference: str) -> None:
-    # Serialises "is there an unresolved purchase?" + insert for one customer reference,
-    # across processes (SQLite's IMMEDIATE transactions already serialise writers).
-    conn = transaction.get_connection()
-    if conn.vendor == "postgresql":
-        key = int.from_bytes(hashlib.sha256(reference.encode()).digest()[:8], "big", signed=True)
-        with conn.cursor() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+@dataclass(frozen=True)
+class PurchaseOpened:
+    purchase: Purchase
+    created: bool  # False: the quote already backed this purchase (the same intent)
 
 
-def purchase_create(*, api_client: ApiClient | None, quote_id: str, quote_version: int,
-                    customer_reference: str, customer_email: str = "",
-                    acknowledge_unresolved=()) -> Purchase:
-    if not customer_reference:
-        raise DomainError("invalid_request", "customer.reference is required.", status=400,
-                          retry=RetryAdvice.NEW_OPERATION)
+# A later purchase for the same buyer and basket is a probable duplicate of one in these
+# states (money taken, or about to be); failed, refunded, voided, cancelled, expired ones
+# moved no money and do not block.
+_DUPLICATE_OF_STATUSES = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING,
+                          PurchaseStatus.COMPLETED, *UNRESOLVED_STATUSES)
+_EMAIL_MAX = 254
+
+
+def _code_hash(code: str) -> str:
+    return hashlib.sha256("".join(code.split()).replace("-", "").upper().encode()).hexdigest()
+
+
+def _duplicate_window(items: list) -> timedelta | None:
+    """None: never twice. The longest window of any product in the basket."""
+    skus = [str(i.get("sku", "")) for i in items if isinstance(i, dict)]
+    window = settings.DUPLICATE_PURCHASE_WINDOW_SECONDS
+    for product in Product.objects.filter(sku__in=skus).only("never_twice",
+                                                             "duplicate_window_seconds"):
+        if product.never_twice:
+            return None
+        if product.duplicate_window_seconds is not None:
+            window = max(window, product.duplicate_window_seconds)
+    return timedelta(seconds=window)
+
+
+def _buyer_lifted(*, code: str, candidates) -> BuyerConfirmation:
+    confirmation = (BuyerConfirmation.objects.select_for_update()
+                    .filter(code_hash=_code_hash(code), used_at__isnull=True,
+                            expires_at__gt=timezone.now(),
+                            purchase__in=candidates).first())
+    if confirmation is None:
+        raise DomainError("invalid_buyer_confirmation",
+                          "This buyer confirmation is not valid for this customer (unknown, "
+                          "used or expired). Ask the buyer to confirm again on the earlier "
+                          "purchase's status page.", status=422, retry=RetryAdvice.FORBIDDEN)
+    return confirmation
+
+
+def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version: int,
+                  customer_reference: str, customer_email: str = "",
+                  acknowledge_unresolved=(), buyer_confirmation: str = "",
+                  storefront_confirmation: bool = False) -> PurchaseOpened:
+    """Open the purchase a quote backs: one quote, one purchase (a repeat returns it).
+
+    The guards, per API client and normalised customer reference: another purchase is
+    refused while the buyer has an unresolved one (`customer_has_unresolved_purchase`), or
+    a paid/unresolved/awaiting one with the same basket inside the window
+    (`probable_duplicate_purchase`). Only the buyer lifts them: `buyer_confirmation` (the
+    single-use code from the earlier purchase's status page), or — for a storefront whose
+    own checkout asked the buyer (`storefront_confirmation`, never over MCP) — naming the
+    earlier purchase in `acknowledge_unresolved`.
+    """
+    reference = customer_reference_clean(customer_reference)
+    if not reference or len(reference) > 200:
+        raise DomainError("invalid_request", "customer.reference is required (at most 200 "
+                          "characters).", status=400, retry=RetryAdvice.NEW_OPERATION)
+    email = (customer_email or "").strip()
+    if email:
+        try:
+            # RFC 5321 limits: the address at most 254, its local part at most 64.
+            if len(email) > _EMAIL_MAX or len(email.rpartition("@")[0]) > 64:
+                raise ValidationError("too long")
+            validate_email(email)
+        except ValidationError:
+            raise DomainError("invalid_email", "customer.email is not a valid e-mail address "
+                              f"(at most {_EMAIL_MAX} characters).", status=422,
+                              retry=RetryAdvice.NEW_OPERATION) from None
+    key = customer_key(reference)
     with transaction.atomic():
         quote = Quote.objects.select_for_update().filter(id=quote_id).first()
         if quote is None or (api_client is not None and quote.api_client_id not in
                              (None, api_client.id)):
             raise DomainError("quote_not_found", "No such quote.", status=404,
                               retry=RetryAdvice.NEW_QUOTE)
+        # Under the quote's row lock: the purchase this quote already backs is this call's
+        # purchase, whatever its customer fields say (the unique constraint backs it up).
+        existing = Purchase.objects.filter(quote=quote).first()
+        if existing is not None:
+            if existing.api_client_id != (api_client.id if api_client else None):
+                # A client-less quote another client already used: never name its purchase.
+                raise DomainError("quote_not_found", "No such quote.", status=404,
+                                  retry=RetryAdvice.NEW_QUOTE)
+            return PurchaseOpened(existing, False)
         if quote.superseded_at or quote.version != quote_version:
             raise DomainError("quote_superseded", "This quote was superseded; get a new quote.",
                               status=409, retry=RetryAdvice.NEW_QUOTE)
         if quote.expires_at <= timezone.now():
             raise DomainError("quote_expired", "This quote expired; get a new quote.",
                               status=409, retry=RetryAdvice.NEW_QUOTE)
-        _customer_lock(customer_reference)
-        unresolved = list(
-            Purchase.objects.filter(customer_reference=customer_reference,
-                                    status__in=UNRESOLVED_STATUSES)
-            .exclude(id__in=list(acknowledge_unresolved or []))
-            .order_by("created_at").values_list("id", flat=True))
+        lock_customer(api_client.pk if api_client else None, key)
+        now = timezone.now()
+        mine = Purchase.objects.filter(customer_key=key, api_client=api_client)
+        fingerprint = basket_fingerprint(items=quote.items, amount=quote.amount,
+                                         currency=quote.currency)
+        lifted: set[str] = set()
+        if storefront_confirmation:
+            lifted |= {str(p) for p in acknowledge_unresolved or ()}
+        confirmation = None
+        if buyer_confirmation:
+            confirmation = _buyer_lifted(code=buyer_confirmation, candidates=mine)
+            lifted.add(confirmation.purchase_id)
+        unresolved = [pid for pid in mine.filter(status__in=UNRESOLVED_STATUSES)
+                      .order_by("created_at").values_list("id", flat=True) if pid not in lifted]
         if unresolved:
             raise DomainError(
                 "customer_has_unresolved_purchase",
-                "This customer has a purchase whose payment is not settled yet. Check it "
-                "first; to start another anyway, list it in acknowledge_unresolved.",
-                status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.BUYER,
+                "This customer has a purchase whose payment is not settled yet; the provider "
+                "may have charged the buyer. Do not open another purchase: follow that "
+                "purchase. Only the buyer can ask for a second one, on that purchase's status "
+                "page.", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.BUYER,
                 purchase=unresolved[0], extra={"unresolved": unresolved})
-        purchase = Purchase.objects.create(
-            quote=quote, api_client=api_client, amount=quote.amount, currency=quote.currency,
-            customer_reference=customer_reference, customer_email=customer_email or "",
-            recovery_owner=settings.RECOVERY_OWNER_DEFAULT,
-            acknowledged_unresolved=list(acknowledge_unresolved or []))
+        window = _duplicate_window(quote.items)
+        same = mine.filter(basket_fingerprint=fingerprint).exclude(id__in=lifted)
+        if window is not None:
+            same = same.filter(created_at__gte=now - window)
+        earlier = (same.filter(Q(status__in=_DUPLICATE_OF_STATUSES)
+                               | Q(status=PurchaseStatus.AWAITING_PAYMENT,
+                                   quote__superseded_at__isnull=True,
+                                   quote__expires_at__gt=now))
+                   .order_by("-created_at").first())
+        if earlier is not None:
+            raise DomainError(
+                "probable_duplicate_purchase",
+                f"This customer already has purchase {earlier.id} for the same items and "
+                f"amount (status {earlier.status}). Do not open another purchase: ask the "
+                "buyer whether they really want to buy the same items again; only the buyer "
+                "can confirm that, on that purchase's status page.",
+                status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.BUYER,
+                purchase=earlier.id,
+                extra={"earlier_purchase": {"id": earlier.id, "status": str(earlier.status),
+                                            "created_at": earlier.created_at.isoformat()},
+                       "never_twice": window is None})
+        try:
+            with transaction.atomic():
+                purchase = Purchase.objects.create(
+                    quote=quote, api_client=api_client, amount=quote.amount,
+                    currency=quote.currency, customer_reference=reference, customer_key=key,
+                    basket_fingerprint=fingerprint, customer_email=email,
+                    recovery_owner=settings.RECOVERY_OWNER_DEFAULT,
+                    acknowledged_unresolved=sorted(lifted))
+        except IntegrityError:  # unreachable under the quote lock; the constraint is the guard
+            return PurchaseOpened(Purchase.objects.get(quote=quote), False)
+        if confirmation is not None:
+            confirmation.used_at = now
+            confirmation.used_for = purchase.id
+            confirmation.save(update_fields=["used_at", "used_for"])
         _history(purchase_id=purchase.id, operation=None, field="status", source="",
                  target=purchase.status, cause="purchase_created",
-                 evidence={"quote": quote.id, "version": quote.version},
+                 evidence={"quote": quote.id, "version": quote.version,
+                           **({"buyer_confirmed": confirmation.purchase_id}
+                              if confirmation else {}),
+                           **({"storefront_confirmed": sorted(lifted)}
+                              if lifted and confirmation is None else {})},
                  actor=api_client.name if api_client else "")
-    return purchase
+    return PurchaseOpened(purchase, True)
+
+
+def purchase_create(*, api_client: ApiClient | None, quote_id: str, quote_version: int,
+                    customer_reference: str, customer_email: str = "",
+                    acknowledge_unresolved=(), buyer_confirmation: str = "",
+                    storefront_confirmation: bool = False) -> Purchase:
+    """purchase_open, for callers that only need the purchase."""
+    return purchase_open(api_client=api_client, quote_id=quote_id, quote_version=quote_version,
+                         customer_reference=customer_reference, customer_email=customer_email,
+                         acknowledge_unresolved=acknowledge_unresolved,
+                         buyer_confirmation=buyer_confirmation,
+                         storefront_confirmation=storefront_confirmation).purchase
+
+
+def buyer_confirmation_issue(*, purchase_id: str) -> str:
+    """The buyer's "yes, start a new purchase" on this purchase's status page: a single-use
+    code the buyer gives the storefront. Only the hash is stored."""
+    code = "".join(secrets.choice(_CODE_ALPHABET) for _ in range(10))
+    with transaction.atomic():
+        purchase = lock_purchase(purchase_id)
+        BuyerConfirmation.objects.create(
+            purchase=purchase, code_hash=_code_hash(code),
+            expires_at=timezone.now() + timedelta(
+                seconds=settings.BUYER_CONFIRMATION_TTL_SECONDS))
+        _history(purchase_id=purchase.id, operation=None, field="status",
+                 source=purchase.status, target=purchase.status,
+                 cause="buyer_confirmed_new_purchase", actor="buyer:status_page")
+    return f"{code[:5]}-{code[5:]}"
+
+
+# No 0/O, 1/I/L: the buyer reads it off a page and types it or says it to an agent.
+_CODE_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
 
 
 def purchase_transition(*, purchase_id: str, name: str, cause: str, actor: str = "") -> Purchase:
@@ -296,6 +452,13 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
     if not payment_method or len(payment_method) > 100:
         raise DomainError("invalid_request", "payment_method is required (a provider token).",
                           status=400, retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
+    if not PAYMENT_METHOD_TOKEN.fullmatch(payment_method):
+        # Verity never holds card data: anything but a provider token (a card number above
+        # all) is refused here, before it is stored, logged or sent; the message never
+        # repeats the value.
+        raise DomainError("invalid_payment_method", "payment_method must be a provider "
+                          "payment-method token (pm_… or tok_…), never card details.",
+                          status=400, retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
     with transaction.atomic():
         purchase = Purchase.objects.select_for_update(of=("self",)).filter(id=purchase_id).first()
         if purchase is None or (api_client is not None and purchase.api_client_id not in
@@ -349,11 +512,27 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
                                   "a different payment_method.", status=422,
                                   retry=RetryAdvice.NEW_OPERATION, purchase=purchase.id,
                                   operation=original.id)
+            if (original.reason in NON_RETRYABLE_REASONS
+                    and original.payment_method == payment_method):
+                # Sent again unchanged it fails the same way (a retry chain that never
+                # converges): something must change first.
+                raise DomainError("retry_needs_new_method", "The provider refused this payment "
+                                  "as invalid; retry only with a different payment_method, "
+                                  "or start from a new quote.", status=422,
+                                  retry=RetryAdvice.NEW_QUOTE, purchase=purchase.id,
+                                  operation=original.id)
         elif last_failed is not None:
             raise DomainError("retry_of_required", "The last payment failed; name it in "
                               "retry_of to try again on purpose.", status=409,
                               retry=RetryAdvice.NEW_OPERATION, purchase=purchase.id,
                               operation=last_failed.id)
+        attempts = purchase.operations.filter(kind__in=PAYMENT_KINDS).count()
+        if attempts >= settings.PAYMENT_ATTEMPTS_MAX:
+            raise DomainError("payment_attempts_exhausted",
+                              f"This purchase already had {attempts} payment attempts; no "
+                              "more are made. Support will contact the buyer.", status=409,
+                              retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+                              purchase=purchase.id, operation=original.id if original else None)
         _check_limit(api_client, purchase.amount)
         kind = OperationKind.AUTHORIZE if capture_method == "manual" else OperationKind.CHARGE
         op = _create_op(
@@ -463,7 +642,8 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
                               retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id, extra={"refundable": refundable})
         auto = compensation or (api_client is not None and acting_user is None
-                                and 0 < amount <= api_client.auto_refund_limit)
+                                and _auto_refund_allowed(purchase=purchase,
+                                                         api_client=api_client, amount=amount))
         op = _create_op(purchase=purchase, kind=OperationKind.REFUND, amount=amount,
                         currency=purchase.currency, parent=payment,
                         requested_by_client=api_client, requested_by_user=acting_user,
@@ -473,6 +653,37 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
                  target=op.outcome, cause="refund_requested",
                  evidence={"compensation": compensation}, actor=_actor(api_client, acting_user))
     return op
+
+
+# Outcomes of an automatic refund that still count against the allowance: everything but
+# "never approved" (awaiting approval, declined) and "failed" (nothing left the account).
+_AUTO_REFUND_COUNTED = (Outcome.PENDING, Outcome.DISPATCHING, Outcome.SUCCEEDED,
+                        Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)
+
+
+def _auto_refunds(**filters) -> int:
+    """Sum of automatic refunds (no person requested or approved them, not compensations)."""
+    return (PaymentOperation.objects.filter(
+        kind=OperationKind.REFUND, is_compensation=False, requested_by_user__isnull=True,
+        approved_by_user__isnull=True, outcome__in=_AUTO_REFUND_COUNTED, **filters)
+        .aggregate(s=Sum("amount"))["s"] or 0)
+
+
+def _auto_refund_allowed(*, purchase: Purchase, api_client: ApiClient, amount: int) -> bool:
+    """The automatic-refund allowance is cumulative (issue 25 #1): five refunds of 500 under
+    a 500 allowance are 2 500 refunded without a person. Counted per payment under the
+    purchase lock, and per client per period under the client's row lock (purchase ->
+    client is the lock order), so two concurrent requests cannot both fit."""
+    allowance = api_client.auto_refund_limit
+    if amount <= 0 or allowance <= 0:
+        return False
+    if _auto_refunds(purchase=purchase) + amount > allowance:
+        return False
+    client = lock_client(api_client.id)
+    start = _period_start(client) or timezone.now() - timedelta(days=1)
+    period_cap = allowance * settings.AUTO_REFUND_PERIOD_MULTIPLE
+    return _auto_refunds(requested_by_client=client, created_at__gte=start) + amount \
+        <= period_cap
 
 
 def _lock_or_404(operation_id: str) -> tuple[Purchase, PaymentOperation]:
@@ -498,6 +709,16 @@ def refund_approve(*, operation_id: str, acting_user, reason: str) -> PaymentOpe
             raise DomainError("payment_unresolved", "Another operation on this purchase is "
                               "not settled yet.", status=409, operation=op.id,
                               purchase=purchase.id, owner=Owner.RECONCILIATION)
+        # Money may have moved since the request (a refund made outside Verity is booked
+        # as an external operation): re-check refundable under the lock (no over-refund).
+        others = (purchase.operations.filter(kind=OperationKind.REFUND).exclude(pk=op.pk)
+                  .exclude(outcome=Outcome.FAILED).aggregate(s=Sum("amount"))["s"] or 0)
+        refundable = _captured_amount(purchase) - others
+        if op.amount > refundable:
+            raise DomainError("refund_exceeds_refundable",
+                              f"Refundable now: {max(refundable, 0)} {purchase.currency}.",
+                              status=422, operation=op.id, purchase=purchase.id,
+                              owner=Owner.SUPPORT, extra={"refundable": max(refundable, 0)})
         op.approved_by_user = acting_user
         _op_to(op, "approve", cause="refund_approved", actor=acting_user.get_username(),
                evidence={"reason": reason}, fields=("approved_by_user",))
@@ -1010,12 +1231,25 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
     settled = PaymentOperation.objects.select_related("purchase").get(id=operation_id)
     if settled.is_terminal:
         return settled  # nothing left to schedule
+    unapplied = _confirm_unapplied(settled, result)
     with transaction.atomic():
         purchase = lock_purchase(op.purchase_id)
         op = lock_operation(operation_id)
         if op.outcome in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER):
             op.reconcile_attempts += 1
             _schedule_reconcile(op, first=False)
+            if unapplied and op.escalated_at is None:
+                # The provider never applied the confirm and, past its in-flight window, it
+                # will not by itself: reading again cannot settle it. A person decides now
+                # (the console's "cancel at the provider and mark failed").
+                op.stage, op.escalated_at = Stage.ESCALATED, timezone.now()
+                op.next_action_owner = Owner.SUPPORT
+                op.save(update_fields=["stage", "escalated_at", "next_action_owner",
+                                       "updated_at"])
+                _history(purchase_id=purchase.id, operation=op, field="outcome",
+                         source=op.outcome, target=op.outcome, cause="escalated_unapplied_write",
+                         evidence={"provider_status": result.object.status,
+                                   "recovery_owner": purchase.recovery_owner}, actor=actor)
             if (op.reconcile_deadline and timezone.now() >= op.reconcile_deadline
                     and op.escalated_at is None):
                 op.stage, op.escalated_at = Stage.ESCALATED, timezone.now()
@@ -1025,6 +1259,111 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
                 _history(purchase_id=purchase.id, operation=op, field="outcome",
                          source=op.outcome, target=op.outcome, cause="escalated",
                          evidence={"recovery_owner": purchase.recovery_owner}, actor=actor)
+    return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
+def operation_reconcile_on_demand(*, operation_id: str, actor: str) -> int:
+    """A read-back someone asked for (API, MCP). At most one per operation per
+    RECONCILE_ON_DEMAND_COOLDOWN_SECONDS (issue 25 #6: 200 POSTs made 200 provider reads
+    and 200 timeline rows): within the cooldown nothing is read or written and the
+    caller answers the current state. Returns 0 after a read-back, else the seconds to
+    wait (Retry-After). The claim is one atomic `cache.add` in the shared cache (Redis),
+    so concurrent requests on any web process cannot both read."""
+    from django.core.cache import cache
+
+    cooldown = int(settings.RECONCILE_ON_DEMAND_COOLDOWN_SECONDS)
+    op = PaymentOperation.objects.get(id=operation_id)
+    open_for_reading = not op.is_terminal and op.outcome not in (Outcome.PENDING,
+                                                                 Outcome.AWAITING_APPROVAL)
+    # Settled or never sent: operation_reconcile refuses without reading (409s unchanged).
+    key = f"reconcile-on-demand:{operation_id}"
+    now = time.time()
+    if open_for_reading and cooldown > 0:
+        try:
+            if not cache.add(key, now, timeout=cooldown):
+                last = cache.get(key) or now
+                return max(1, math.ceil(cooldown - (now - last)))
+        except Exception:  # noqa: BLE001 - a cache outage must not stop a read-back
+            log.warning("reconcile cooldown cache unavailable; reading back", exc_info=True)
+    operation_reconcile(operation_id=operation_id, actor=actor)
+    return 0
+_UNAPPLIED_STATUSES = ("requires_confirmation",)
+
+
+def _confirm_unapplied(op: PaymentOperation, result: CallResult) -> bool:
+    """The read-back shows a confirm the provider never applied (the PaymentIntent still
+    `requires_confirmation`), claimed longer ago than the provider's in-flight window."""
+    return (op.kind in PAYMENT_KINDS and op.outcome == Outcome.UNKNOWN
+            and result.classification == Classification.OK and result.object is not None
+            and result.object.status in _UNAPPLIED_STATUSES
+            and op.confirm_claimed_at is not None
+            and timezone.now() - op.confirm_claimed_at
+            >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS))
+
+
+def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) -> PaymentOperation:
+    """Settle an unapplied confirm: cancel the PaymentIntent at the provider, then mark the
+    payment failed from the provider's own answer (grade confirmed, never a person's word).
+
+    A write to the provider, so the three phases: (1) under the locks, check the operation
+    is an unknown payment and claim the cancel step (a concurrent second cancel is refused
+    by the claim's unique constraint); (2) read back, and cancel only if the confirm is
+    still unapplied; (3) apply what the provider answered. Refused — nothing changes in
+    Verity — if the provider applied the payment after all or the cancel fails.
+    """
+    if not (reason or "").strip():
+        raise DomainError("reason_required", "A reason is required.", status=422)
+    with transaction.atomic():
+        purchase, op = _lock_or_404(operation_id)
+        if op.kind not in PAYMENT_KINDS or op.outcome != Outcome.UNKNOWN \
+                or not op.provider_reference:
+            raise DomainError("not_cancellable", "Only an unknown payment with a provider "
+                              "reference can be cancelled here.", status=409,
+                              purchase=purchase.id, operation=op.id, owner=Owner.SUPPORT)
+        attempt = op.provider_calls.filter(purpose=CallPurpose.DISPATCH,
+                                           step=CallStep.CANCEL).count() + 1
+        try:
+            with transaction.atomic():
+                call = ProviderCall.objects.create(
+                    operation=op, purpose=CallPurpose.DISPATCH, step=CallStep.CANCEL,
+                    attempt=attempt,
+                    key=(op.provider_key(CallStep.CANCEL) if attempt == 1 else
+                         f"{op.idempotency_key}.{attempt}:{CallStep.CANCEL}"))
+        except IntegrityError:
+            raise DomainError("cancel_in_progress", "Another cancel of this payment is in "
+                              "progress.", status=409, purchase=purchase.id,
+                              operation=op.id, owner=Owner.SUPPORT) from None
+    assert_no_transaction_outside_transaction()
+    read = _read_back(op)
+    if read.classification != Classification.OK or read.object is None:
+        _record_call(call, CallResult(Classification.NOT_SENT, detail="read-back failed"))
+        raise DomainError("cancel_failed", "The provider could not be read; nothing was "
+                          "cancelled. Try again later.", status=502, purchase=op.purchase_id,
+                          operation=op.id, owner=Owner.SUPPORT)
+    if read.object.status not in _UNAPPLIED_STATUSES:
+        _record_call(call, CallResult(Classification.REJECTED, detail="not unapplied"))
+        operation_apply_observation(operation_id=op.id, obj=read.object,
+                                    source=Verification.PROVIDER, cause="reconcile",
+                                    actor=actor)
+        raise DomainError("provider_applied", f"The provider's record is now "
+                          f"{read.object.status}: the confirm was not left unapplied; nothing "
+                          "was cancelled.", status=409, purchase=op.purchase_id,
+                          operation=op.id, owner=Owner.SUPPORT)
+    result = _provider().cancel_payment_intent(key=call.key, intent_id=op.provider_reference)
+    _record_call(call, result)
+    if (result.classification != Classification.OK or result.object is None
+            or result.object.status != "canceled"):
+        raise DomainError("cancel_failed", "The provider did not confirm the cancel; the "
+                          "payment stays unknown.", status=502, purchase=op.purchase_id,
+                          operation=op.id, owner=Owner.SUPPORT)
+    with transaction.atomic():
+        purchase, locked = _lock_or_404(operation_id)
+        _apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
+                      verification=Verification.PROVIDER, cause="cancelled_unapplied",
+                      actor=actor, evidence={"reason": reason, **result.object.safe_fields()},
+                      reason=Reason.PROVIDER_CANCELED, obj=result.object)
+        _audit(actor=actor, action="operation_cancel_unapplied", op=locked, reason=reason,
+               detail={"provider_status": result.object.status})
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
 
 

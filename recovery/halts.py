@@ -53,7 +53,7 @@ def halt_set(*, name: str, reason: str, actor: str, audit: bool = True) -> Workf
             cursor.execute(
                 f"INSERT INTO {WorkflowHalt._meta.db_table} (name, reason, halted_by, created_at)"
                 " VALUES (%s, %s, %s, %s) ON CONFLICT (name) DO NOTHING RETURNING id",
-                [name, reason, actor, timezone.now()])
+                [name, reason, actor, connection.ops.adapt_datetimefield_value(timezone.now())])
             inserted = cursor.fetchone() is not None
         if inserted and audit:
             _audit(actor=actor, action="halt_set", name=name, reason=reason, halted=True)

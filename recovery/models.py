@@ -11,6 +11,9 @@ class OutboxCategory(models.IntegerChoices):
     RECONCILE = 3  # payload {"operation": id}: read the provider back
     DISPATCH = 4  # payload {"operation": id}: send an approved/queued operation
     RUN_STEPS = 5  # payload {"purchase": id}: orchestrate downstream steps
+    DISPUTE_CHANGED = 20  # payload {"dispute": id}: book its ledger entries, read it back
+    PROVIDER_REFUNDS_READ = 21  # payload {"operation": id}: read a payment's refunds at the
+    #                             provider and record those no Verity operation requested
     NOOP = 99  # benchmarks and tests
 
 
@@ -108,13 +111,17 @@ class LedgerAccount(models.TextChoices):
     PROVIDER_BALANCE = "provider_balance"  # what the provider holds for us (settlement)
     AUTHORIZED = "authorized"  # authorized at the provider, not captured yet
     REVENUE = "revenue"
+    DISPUTED = "disputed"  # withdrawn by the provider for an open dispute
+    FEES = "fees"  # provider fees (dispute fees)
 
 
 class LedgerEntry(models.Model):
     purchase_id = models.CharField(max_length=40, db_index=True)
     operation_id = models.CharField(max_length=40)
     provider_reference = models.CharField(max_length=100, blank=True, db_index=True)
-    entry_type = models.CharField(max_length=16)  # "sale" | "refund" | "void"
+    # "sale" | "refund" | "void" | "dispute_withdrawal" | "dispute_fee" |
+    # "dispute_reinstatement" | "dispute_loss"
+    entry_type = models.CharField(max_length=24)
     account = models.CharField(max_length=24, choices=LedgerAccount.choices,
                                default=LedgerAccount.PROVIDER_BALANCE)
     amount = models.BigIntegerField(help_text="signed minor units")

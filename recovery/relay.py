@@ -72,6 +72,18 @@ def _handle_run_steps(payload: dict) -> None:
     purchase_fulfil(purchase_id=payload["purchase"])
 
 
+def _handle_dispute_changed(payload: dict) -> None:
+    from .disputes import dispute_changed
+
+    dispute_changed(dispute_id=payload["dispute"])
+
+
+def _handle_provider_refunds_read(payload: dict) -> None:
+    from payments.external import external_refunds_read
+
+    external_refunds_read(payment_operation_id=payload["operation"])
+
+
 def _handle_noop(payload: dict) -> None:
     return None
 
@@ -82,6 +94,8 @@ HANDLERS: dict[int, Callable[[dict], None]] = {
     OutboxCategory.RECONCILE: _handle_reconcile,
     OutboxCategory.DISPATCH: _handle_dispatch,
     OutboxCategory.RUN_STEPS: _handle_run_steps,
+    OutboxCategory.DISPUTE_CHANGED: _handle_dispute_changed,
+    OutboxCategory.PROVIDER_REFUNDS_READ: _handle_provider_refunds_read,
     OutboxCategory.NOOP: _handle_noop,
 }
 

@@ -38,14 +38,26 @@ class ComparisonResult:
     resolved: int
 
 
+# Dispute withdrawals/reinstatements are `adjustment` balance transactions whose source is
+# the dispute; their fee (the dispute fee) is booked in the ledger, so they compare net.
+_DISPUTE_CATEGORIES = ("dispute", "dispute_reversal")
+LEDGER_ENTRY_TYPES = ("sale", "refund", "dispute_withdrawal", "dispute_fee",
+                      "dispute_reinstatement")
+
+
 def _provider_totals(transactions: list[dict]) -> dict[str, tuple[int, str]]:
     totals: dict[str, list] = defaultdict(lambda: [0, ""])
     for txn in transactions:
         source = txn.get("source") or ""
-        if not source or txn.get("type") not in ("charge", "refund", "payment",
-                                                  "payment_refund"):
+        is_dispute = (txn.get("type") == "adjustment"
+                      and txn.get("reporting_category") in _DISPUTE_CATEGORIES)
+        if not source or not (is_dispute or txn.get("type") in ("charge", "refund", "payment",
+                                                                 "payment_refund")):
             continue
-        totals[source][0] += int(txn.get("amount") or 0)
+        amount = int(txn.get("amount") or 0)
+        if is_dispute:
+            amount -= int(txn.get("fee") or 0)
+        totals[source][0] += amount
         totals[source][1] = (txn.get("currency") or "").lower()
     return {k: (v[0], v[1]) for k, v in totals.items()}
 
@@ -53,7 +65,7 @@ def _provider_totals(transactions: list[dict]) -> dict[str, tuple[int, str]]:
 def _ledger_totals(since) -> dict[str, tuple[int, str]]:
     totals: dict[str, list] = defaultdict(lambda: [0, ""])
     rows = (LedgerEntry.objects.filter(account=LedgerAccount.PROVIDER_BALANCE,
-                                       entry_type__in=("sale", "refund"), created_at__gte=since)
+                                       entry_type__in=LEDGER_ENTRY_TYPES, created_at__gte=since)
             .exclude(provider_reference="")
             .values_list("provider_reference", "amount", "currency"))
     for reference, amount, currency in rows:
@@ -76,6 +88,10 @@ def _recently_settled_references(references: set[str], cutoff) -> set[str]:
     out = set()
     for charge, reference in rows:
         out.update(x for x in (charge, reference) if x in references)
+    from payments.models import Dispute
+
+    out.update(Dispute.objects.filter(id__in=references, updated_at__gte=cutoff)
+               .values_list("id", flat=True))
     return out
 
 

@@ -49,6 +49,13 @@ def settlement_compare() -> int:
     return run().discrepancies
 
 
+@shared_task(name="recovery.disputes_refresh_open", ignore_result=True)
+def disputes_refresh_open() -> int:
+    from recovery.disputes import disputes_refresh_open as run
+
+    return run()
+
+
 @shared_task(name="recovery.purchase_fulfil", ignore_result=True)
 def purchase_fulfil(purchase_id: str) -> str:
     """On-demand resume (console); normal runs come through RUN_STEPS outbox messages."""

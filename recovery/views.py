@@ -1,13 +1,44 @@
-"""GET /metrics: Prometheus text format from the default registry (no auth: it reveals
-counts and ages, never ids, amounts per customer or payloads). Restrict at the proxy."""
-from django.http import HttpResponse
+"""GET /metrics: Prometheus text format from the default registry. It reveals counts and
+ages (business volume), never ids, amounts per customer or payloads — and each scrape
+queries the database — so it answers only a scraper that presents METRICS_TOKEN as a
+bearer token or comes from METRICS_ALLOWED_NETWORKS (default: loopback). Others get 404,
+before any query."""
+import hmac
+import ipaddress
+
+from django.conf import settings
+from django.http import Http404, HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from config.client_address import client_address
 
 from .metrics import register_database_collector
 
 
+def _scraper_allowed(request) -> bool:
+    token = getattr(settings, "METRICS_TOKEN", "")
+    if token:
+        sent = request.headers.get("Authorization", "")
+        if sent.startswith("Bearer ") and hmac.compare_digest(sent[7:].encode(),
+                                                              token.encode()):
+            return True
+    address = client_address(request)
+    if not address:
+        return False
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in ipaddress.ip_network(net, strict=False)
+               for net in getattr(settings, "METRICS_ALLOWED_NETWORKS", ()))
+
+
 @require_GET
 def metrics(request):
+    if not _scraper_allowed(request):
+        raise Http404
     register_database_collector()
-    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+    response = HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+    response["Cache-Control"] = "no-store"
+    return response

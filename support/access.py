@@ -28,12 +28,14 @@ class Action(models.TextChoices):
     MANAGE_INCIDENTS = "manage_incidents"
     APPROVE_REFUND = "approve_refund"
     VIEW_SETTLEMENT = "view_settlement"
+    ACKNOWLEDGE_EXTERNAL = "acknowledge_external"  # an operation made outside Verity
 
 
 _SUPPORT = {Action.VIEW, Action.ADD_NOTE, Action.RECONCILE, Action.REQUEST_REFUND}
 _OPERATOR = _SUPPORT | {Action.RESOLVE, Action.REPLAY, Action.HALT, Action.TRIAGE_QUARANTINE,
                         Action.VIEW_REDACTED_PAYLOAD, Action.MANAGE_INCIDENTS}
-_FINANCE = _SUPPORT | {Action.APPROVE_REFUND, Action.VIEW_SETTLEMENT}
+_FINANCE = _SUPPORT | {Action.APPROVE_REFUND, Action.VIEW_SETTLEMENT,
+                       Action.ACKNOWLEDGE_EXTERNAL}
 
 MATRIX: dict[Role, frozenset[Action]] = {
     Role.SUPPORT: frozenset(_SUPPORT),

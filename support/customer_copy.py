@@ -41,9 +41,13 @@ class StateCode:
     AWAITING_PAYMENT = "awaiting_payment"
     CANCELLED = "cancelled"
     EXPIRED = "expired"
+    DISPUTED = "disputed"
+    DISPUTE_WON = "dispute_won"
+    DISPUTE_LOST = "dispute_lost"
 
     ALL = (BEING_CONFIRMED, PAYMENT_PENDING, PAID_CONFIRMATION_DELAYED, NOT_YET_CONFIRMABLE,
-           FAILED, REVERSED, COMPLETE, UNDER_REVIEW, AWAITING_PAYMENT, CANCELLED, EXPIRED)
+           FAILED, REVERSED, COMPLETE, UNDER_REVIEW, AWAITING_PAYMENT, CANCELLED, EXPIRED,
+           DISPUTED, DISPUTE_WON, DISPUTE_LOST)
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,20 @@ WORDS: dict[str, tuple[str, str]] = {
         "The payment provider has confirmed that your payment is being returned "
         "to your payment method. How long it takes to appear depends on your bank. "
         "You do not need to do anything."),
+    # Disputes: plain words, never an invitation to pay again (the money is with the bank).
+    "disputed": (
+        "Your payment is being reviewed with your bank",
+        "Your bank told us you questioned this payment, so it is being reviewed between "
+        "your bank and us. Please do not pay again. Your bank will tell you the result; "
+        "if you have questions, contact {contact} and quote your purchase reference."),
+    "dispute_won": (
+        "The review with your bank is finished",
+        "Your bank's review of this payment is finished and the payment stands. "
+        "You do not need to pay again. If you have questions, contact {contact}."),
+    "dispute_lost": (
+        "Your bank returned this payment to you",
+        "Your bank's review of this payment is finished and your bank has returned the "
+        "money to you. You do not need to do anything, and please do not pay again."),
     "failed": (
         "Your payment did not go through",
         "The payment provider declined or did not take this payment, so no order was "
@@ -182,6 +200,14 @@ def customer_state(purchase) -> CustomerState:
 
     def under_review() -> CustomerState:
         return state(StateCode.UNDER_REVIEW, *wording("under_review", contact=contact))
+
+    # A dispute outranks everything below: the money is with the customer's bank.
+    dispute_state = {S.DISPUTED: (StateCode.DISPUTED, "disputed", False),
+                     S.DISPUTE_WON: (StateCode.DISPUTE_WON, "dispute_won", True),
+                     S.DISPUTE_LOST: (StateCode.DISPUTE_LOST, "dispute_lost", True)}.get(status)
+    if dispute_state is not None:
+        code, key, final = dispute_state
+        return state(code, *wording(key, contact=contact), final=final)
 
     reversal = _reversal_confirmed(ops, purchase.amount)
     if reversal and status in (S.REFUND_PENDING, S.REFUNDED, S.VOIDED, S.CANCELLED,

@@ -21,12 +21,14 @@ from payments.enums import (
     Grade,
     HoldState,
     OperationKind,
+    Origin,
     Outcome,
     PurchaseStatus,
     Stage,
     Verification,
 )
-from payments.models import ApiClient, Hold, PaymentOperation, Purchase, Quote
+from payments.customers import basket_fingerprint, customer_key
+from payments.models import ApiClient, Dispute, Hold, PaymentOperation, Purchase, Quote
 from recovery.models import (
     OutboxCategory,
     OutboxMessage,
@@ -60,6 +62,7 @@ STATE_CASES = [
     ("complete", S.COMPLETED, [_OK], True),
     ("under-review", S.MANUAL_REVIEW, [_OK], False),
     ("awaiting-payment", S.AWAITING_PAYMENT, [], False),
+    ("disputed", S.DISPUTED, [_OK], True),
 ]
 
 
@@ -77,6 +80,10 @@ def _purchase(name: str, status: str, ops: list[dict], order: bool,
         expires_at=timezone.now() + timedelta(days=365))
     purchase = Purchase.objects.create(quote=quote, api_client=client, amount=3050,
                                        currency="usd", customer_reference=ref,
+                                       customer_key=customer_key(ref),
+                                       basket_fingerprint=basket_fingerprint(
+                                           items=quote.items, amount=quote.amount,
+                                           currency=quote.currency),
                                        customer_email=f"{ref}@example.com", status=status,
                                        **extra)
     for i, fields in enumerate(ops):
@@ -166,6 +173,23 @@ def demo_cases_seed() -> list[tuple[str, str]]:
                 purchase=ref_p, kind=OperationKind.REFUND, amount=1250, currency="usd",
                 outcome=O.AWAITING_APPROVAL, requested_by_client=client,
                 parent=ref_p.operations.first())
+        # A dispute whose evidence is due tomorrow (the disputes queue), and a refund made
+        # in the provider's dashboard waiting to be acknowledged (made outside Verity).
+        disputed = Purchase.objects.get(customer_reference="demo-disputed")
+        Dispute.objects.get_or_create(
+            id="dp_demo_disputed", defaults={
+                "purchase": disputed, "payment": disputed.operations.first(),
+                "charge": "ch_demo_disputed", "payment_intent": "pi_demo_disputed_0",
+                "amount": 3050, "currency": "usd", "reason": "product_not_received",
+                "status": "needs_response", "funds_withdrawn": 3050, "fees": 1500,
+                "evidence_due_by": timezone.now() + timedelta(hours=30),
+                "purchase_status_before": S.COMPLETED})
+        outside = _purchase("refunded-outside-verity", S.REFUNDED, [_OK], True, client)
+        if not outside.operations.filter(origin=Origin.PROVIDER).exists():
+            PaymentOperation.objects.create(
+                purchase=outside, kind=OperationKind.REFUND, amount=3050, currency="usd",
+                origin=Origin.PROVIDER, provider_reference="re_demo_dashboard",
+                parent=outside.operations.first(), **_OK)
         _demo_incident()
     return links
 

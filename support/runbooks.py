@@ -6,7 +6,9 @@ placeholder keep the runbooks from drifting away from the code they describe:
 - `[[customer:<key>]]` quotes the customer page's own words (support.customer_copy.WORDS),
   so a runbook never restates what the customer reads in different words;
 - `[[roles:<action>]]` names the roles that hold an access.Action (from access.MATRIX);
-- `[[setting:<NAME>]]` shows a timing setting's current value.
+- `[[setting:<NAME>]]` shows a timing setting's current value — only for names in
+  RUNBOOK_SETTINGS: every console user reads runbooks, and `SECRET_KEY`, the provider key
+  or the webhook secrets must never be one placeholder away (issue 25 #11).
 
 The files are repository content (trusted, reviewed like code); substituted values are
 HTML-escaped anyway.
@@ -38,8 +40,21 @@ RUNBOOK_QUEUE: dict[str, str] = {
     "stuck-outbox": "stuck_outbox",
     "escalated": "escalated",
     "refund-awaiting-approval": "refund_approval",
+    "dispute-evidence-due": "disputes",
+    "made-outside-verity": "external",
 }
 QUEUE_RUNBOOK: dict[str, str] = {q: slug for slug, q in RUNBOOK_QUEUE.items()}
+
+# The settings a runbook may quote: timings, limits and who gets escalations. Never a
+# secret, a URL with credentials or anything the environment adds later by default.
+RUNBOOK_SETTINGS = frozenset({
+    "DISPATCH_LEASE_SECONDS", "RECONCILE_SCHEDULE_SECONDS", "RECONCILE_DEADLINE_SECONDS",
+    "RECOVERY_OWNER_DEFAULT", "OUTBOX_SWEEP_SECONDS", "OUTBOX_LEASE_SECONDS",
+    "OUTBOX_STUCK_ATTEMPTS", "OUTBOX_STUCK_SECONDS", "OUTBOX_BACKOFF_BASE_SECONDS",
+    "OUTBOX_BACKOFF_CAP_SECONDS", "STEP_LEASE_SECONDS", "STEP_MAX_ATTEMPTS", "STEP_RETRY_LIMIT",
+    "PAID_WITHOUT_ORDER_SECONDS", "DELIVERABLE_RETENTION_DAYS", "SETTLEMENT_WINDOW_HOURS",
+    "SETTLEMENT_GRACE_SECONDS", "IDEMPOTENCY_LEASE_SECONDS", "SUPPORT_CONTACT",
+})
 
 _TOKEN = re.compile(r"\[\[(customer|roles|setting):([A-Za-z0-9_]+)\]\]")
 
@@ -80,6 +95,8 @@ def _substitute(text: str) -> str:
             return _customer_quote(name)
         if kind == "roles":
             return html.escape(_roles_for(name))
+        if name not in RUNBOOK_SETTINGS:
+            return f"(setting {name} is not shown in runbooks)"
         value = getattr(settings, name, None)
         return html.escape(str(value)) if value is not None else f"(unset {name})"
 

@@ -40,6 +40,7 @@ from recovery.models import (
     StepState,
     WorkflowHalt,
 )
+from support import provider_queues
 from support.access import Action, can
 from support.models import AuditEntry, Note, Resolution
 from webhooks.models import EventResult, ProviderEvent
@@ -99,6 +100,12 @@ QUEUES: dict[str, QueueSpec] = {q.name: q for q in [
               "Reconciliation deadline passed; a named owner must settle these."),
     QueueSpec("refund_approval", "Refunds awaiting approval", Action.VIEW,
               "Console and API refunds waiting for a finance approver."),
+    # support.provider_queues: disputes and operations made outside Verity.
+    QueueSpec("disputes", "Disputes", Action.VIEW_SETTLEMENT,
+              "Open disputes at the provider, the nearest evidence deadline first."),
+    QueueSpec("external", "Made outside Verity", Action.VIEW,
+              "Refunds, captures and cancels the provider reported that no Verity operation "
+              "requested; a finance user acknowledges each one."),
 ]}
 
 
@@ -245,7 +252,7 @@ def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
                                    f"refund {_money(op.amount, op.currency)} requested by "
                                    f"{who}", "finance"))
     else:
-        raise KeyError(name)
+        items = provider_queues.queue_items(name, limit=limit)  # KeyError if unknown
     return [replace(i, runbook=_item_runbook(name, i)) for i in items]
 
 
@@ -314,7 +321,7 @@ def _count_oldest(name: str, now) -> tuple[int, datetime | None]:
         return _agg(_q_escalated(), "created_at")
     if name == "refund_approval":
         return _agg(_q_refund_approval(), "created_at")
-    raise KeyError(name)
+    return provider_queues.count_oldest(name)  # KeyError if unknown
 
 
 def _event_purchase(event: ProviderEvent) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from contextlib import contextmanager
 import logging
+import unicodedata
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -225,6 +226,33 @@ def operation_replay_by_user(*, operation_id: str, user, reason: str,
     return op
 
 
+def operation_cancel_unapplied_by_user(*, operation_id: str, user, reason: str,
+                                       ip: str | None = None) -> PaymentOperation:
+    """"Cancel at the provider and mark failed" for a confirm the provider never applied:
+    a write (the provider call runs outside any transaction), audited with its reason,
+    refused (and the refusal audited) if the provider applied it or the cancel fails."""
+    from payments.services import operation_cancel_unapplied
+
+    require(user, Action.RESOLVE)
+    reason = _reason_required(reason)
+    before_op = _op_or_404(operation_id)
+    before = {**_op_snapshot(before_op),
+              **_purchase_snapshot(Purchase.objects.get(pk=before_op.purchase_id))}
+    with _core_refusals_audited(user=user, ip=ip, action="console.cancel_unapplied",
+                                target_type="operation", target_id=operation_id,
+                                reason=reason, purchase_id=before_op.purchase_id):
+        operation_cancel_unapplied(operation_id=operation_id, reason=reason,
+                                   actor=user.get_username())
+    with transaction.atomic():
+        op = _reload_op(operation_id)
+        audit_write(user=user, action="console.cancel_unapplied", target_type="operation",
+                    target_id=operation_id, purchase_id=op.purchase_id, reason=reason, ip=ip,
+                    before=before,
+                    after={**_op_snapshot(op),
+                           **_purchase_snapshot(Purchase.objects.get(pk=op.purchase_id))})
+    return op
+
+
 # ------------------------------------------------------------------------ refunds
 
 
@@ -357,21 +385,41 @@ def event_triage_by_user(*, event_pk: int, decision: str, user, reason: str,
 # ------------------------------------------------------------------ login limits
 
 
+def login_username_key(username: str) -> str:
+    """The username as the login form authenticates it (stripped, NFKC — Django's
+    UsernameField), casefolded: `"olga "`, `" olga"` and fullwidth `ｏlga` are one name
+    for the lockout, so variants do not each get fresh tries (issue 25 #2)."""
+    return unicodedata.normalize("NFKC", (username or "").strip()).casefold()[:150]
+
+
 def login_failure_record(*, ip: str | None, username: str) -> None:
-    LoginFailure.objects.create(ip=ip or None, username=(username or "")[:150])
+    LoginFailure.objects.create(ip=ip or None, username=login_username_key(username))
     # Keep the table small: rows older than a day no longer count for anything.
     LoginFailure.objects.filter(created_at__lt=timezone.now() - timedelta(days=1)).delete()
 
 
-def login_is_throttled(*, ip: str | None, username: str) -> bool:
-    since = timezone.now() - timedelta(seconds=LOGIN_FAILURE_WINDOW_SECONDS)
+def login_lockout_seconds(*, ip: str | None, username: str) -> int:
+    """0 when a login may be tried; else how long until the oldest counted failure leaves
+    the window (the lockout message and Retry-After say so)."""
+    now = timezone.now()
+    since = now - timedelta(seconds=LOGIN_FAILURE_WINDOW_SECONDS)
     recent = LoginFailure.objects.filter(created_at__gte=since)
-    if ip and recent.filter(ip=ip).count() >= LOGIN_FAILURES_PER_IP:
-        return True
-    if username and recent.filter(username=username[:150]).count() >= \
-            LOGIN_FAILURES_PER_USERNAME:
-        return True
-    return False
+    key = login_username_key(username)
+    waits = []
+    for rows, limit in ((recent.filter(ip=ip) if ip else None, LOGIN_FAILURES_PER_IP),
+                        (recent.filter(username=key) if key else None,
+                         LOGIN_FAILURES_PER_USERNAME)):
+        if rows is None:
+            continue
+        times = list(rows.order_by("-created_at").values_list("created_at", flat=True)[:limit])
+        if len(times) >= limit:
+            # The limit-th most recent failure must leave the window before a try counts.
+            waits.append((times[-1] - since).total_seconds())
+    return max(1, int(max(waits)) + 1) if waits else 0
+
+
+def login_is_throttled(*, ip: str | None, username: str) -> bool:
+    return login_lockout_seconds(ip=ip, username=username) > 0
 
 
 # --------------------------------------------------------------------- incidents
@@ -517,3 +565,28 @@ def incident_close(*, incident_id: int, outcomes: dict[str, str], user, reason: 
                     before={"status": IncidentStatus.OPEN},
                     after={"status": IncidentStatus.CLOSED, "outcomes": final})
     return incident
+
+
+# ------------------------------------------------ operations made outside Verity
+
+
+def external_acknowledge_by_user(*, operation_id: str, user, reason: str,
+                                 ip: str | None = None) -> PaymentOperation:
+    """Finance acknowledges a refund/capture/cancel made at the provider, not by Verity."""
+    from payments.external import external_operation_acknowledge
+
+    require(user, Action.ACKNOWLEDGE_EXTERNAL)
+    reason = _reason_required(reason)
+    before_op = _op_or_404(operation_id)
+    with _core_refusals_audited(user=user, ip=ip, action="console.external_acknowledge",
+                                target_type="operation", target_id=operation_id,
+                                reason=reason, purchase_id=before_op.purchase_id):
+        with transaction.atomic():
+            op = external_operation_acknowledge(operation_id=operation_id, acting_user=user,
+                                                reason=reason)
+            audit_write(user=user, action="console.external_acknowledge",
+                        target_type="operation", target_id=operation_id,
+                        purchase_id=op.purchase_id, reason=reason, ip=ip,
+                        before={"acknowledged_at": None},
+                        after={"acknowledged_by": op.acknowledged_by})
+    return op

@@ -13,6 +13,8 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods
 
+from payments.enums import UNRESOLVED_STATUSES, PurchaseStatus
+from payments.services import buyer_confirmation_issue
 from support import selectors
 from support.customer_copy import customer_state
 from support.web import secure_headers, storefront_origin
@@ -77,6 +79,8 @@ def status_page(request, token: str):
         "pay_again_action": reverse("support:status-pay-again", kwargs={"token": token}),
         "poll_seconds": _poll_seconds(),
         "poll_max_seconds": POLL_MAX_SECONDS,
+        "can_confirm_new_purchase": _can_confirm_new_purchase(purchase),
+        "new_purchase_action": reverse("support:status-new-purchase", kwargs={"token": token}),
     }))
 
 
@@ -102,3 +106,35 @@ def status_pay_again(request, token: str):
         return _headers(render(request, "status/pay_again_refused.html",
                                {"state": state, "token": token}, status=409))
     return _headers(HttpResponseRedirect(state.pay_again_url, status=303))
+
+
+# The states in which this purchase makes Verity refuse the buyer another purchase (the
+# unresolved and duplicate guards); only here does the buyer's "yes" mean anything.
+_GUARDING = (*UNRESOLVED_STATUSES, PurchaseStatus.AWAITING_PAYMENT, PurchaseStatus.PAID,
+             PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED)
+
+
+def _can_confirm_new_purchase(purchase) -> bool:
+    return purchase.status in _GUARDING
+
+
+# CSRF-exempt like pay-again, for the same reason (the page sends no Referer, so browsers
+# send `Origin: null`): a forged POST makes a code whose only copy goes back to the forger's
+# page, which cannot read it. The code is the evidence, and only whoever holds this page's
+# token (the buyer's link) ever sees it.
+@csrf_exempt
+@require_http_methods(["GET", "POST"])
+def status_new_purchase(request, token: str):
+    """The buyer's own "yes, start a new purchase": a single-use code for the storefront."""
+    purchase = selectors.purchase_by_token(token)
+    if purchase is None:
+        return _not_found(request)
+    if request.method == "GET" or not _can_confirm_new_purchase(purchase):
+        return _headers(HttpResponseRedirect(
+            reverse("support:status", kwargs={"token": token}), status=303))
+    code = buyer_confirmation_issue(purchase_id=purchase.pk)
+    response = _headers(render(request, "status/new_purchase.html", {
+        "purchase": purchase, "code": code, "token": token,
+        "ttl_minutes": max(1, settings.BUYER_CONFIRMATION_TTL_SECONDS // 60)}))
+    response["Cache-Control"] = "no-store"
+    return response

@@ -9,7 +9,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from payments.enums import Outcome
-from support import runbooks, selectors, services
+from support import provider_queues, runbooks, selectors, services
+from support.admin_site import lockout_message
 from support.access import Action, can
 from support.customer_copy import customer_state
 from support.models import IncidentOutcome
@@ -35,10 +36,12 @@ class ConsoleLoginView(auth_views.LoginView):
 
     def post(self, request, *args, **kwargs):
         username = request.POST.get("username", "")
-        if services.login_is_throttled(ip=client_ip(request), username=username):
+        wait = services.login_lockout_seconds(ip=client_ip(request), username=username)
+        if wait:
             response = render(request, "console/login.html",
-                              {"form": self.get_form(), "throttled": True}, status=429)
-            response["Retry-After"] = str(services.LOGIN_FAILURE_WINDOW_SECONDS)
+                              {"form": self.get_form(), "throttled": True,
+                               "lockout_message": lockout_message(wait)}, status=429)
+            response["Retry-After"] = str(wait)
             return response
         return super().post(request, *args, **kwargs)
 
@@ -82,7 +85,7 @@ def queue(request, name: str):
     if not can(request.user, spec.action):
         return render(request, "console/403.html", status=403)
     slug = runbooks.QUEUE_RUNBOOK.get(name)
-    return render(request, "console/queue.html", _ctx(
+    return render(request, provider_queues.QUEUE_TEMPLATES.get(name, "console/queue.html"), _ctx(
         request, spec=spec, items=selectors.queue_items(name),
         runbook=runbooks.runbook_get(slug) if slug else None))
 
@@ -226,6 +229,13 @@ def replay(request, operation_id: str):
                 "Replayed with the same provider key.", operation_id=operation_id)
 
 
+@console_view(Action.RESOLVE, post=True)
+def cancel_unapplied(request, operation_id: str):
+    return _run(request, _op_purchase_url(operation_id),
+                services.operation_cancel_unapplied_by_user,
+                "Cancelled at the provider; the payment is failed.", operation_id=operation_id)
+
+
 @console_view(Action.APPROVE_REFUND, post=True)
 def refund_approve(request, operation_id: str):
     return _run(request, _op_purchase_url(operation_id), services.refund_approve_by_user,
@@ -335,3 +345,10 @@ def incident_close(request, incident_id: int):
                 if k.startswith("outcome-")}
     return _run(request, _incident_url(incident_id), services.incident_close,
                 "Incident closed.", incident_id=incident_id, outcomes=outcomes)
+
+
+@console_view(Action.ACKNOWLEDGE_EXTERNAL, post=True)
+def external_acknowledge(request, operation_id: str):
+    return _run(request, reverse("support:queue", args=["external"]),
+                services.external_acknowledge_by_user,
+                "Acknowledged: made outside Verity.", operation_id=operation_id)

@@ -17,6 +17,7 @@ from django.http import Http404, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from config.client_address import client_address
 from support import access
 
 _CSP_BASE = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -54,9 +55,9 @@ def secure_headers(response: HttpResponse, *, form_targets: tuple[str, ...] = ()
 
 
 def client_ip(request) -> str | None:
-    # REMOTE_ADDR only: X-Forwarded-For is client-controlled unless a trusted proxy
-    # rewrites it, and this value goes into the audit log.
-    return request.META.get("REMOTE_ADDR") or None
+    # REMOTE_ADDR, or the address TRUSTED_PROXY_COUNT proxies vouch for (never a
+    # client-written X-Forwarded-For entry): it keys the lockout and goes into the audit log.
+    return client_address(request)
 
 
 def console_view(action: access.Action, *, post: bool = False):

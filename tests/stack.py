@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -125,6 +126,18 @@ class Stack:
             self.close()
             raise
         self.env["VERITY_STACK_DIR"] = str(self.tmp)
+        # DEBUG stays off (production behaviour), so the stack supplies what production
+        # must (config/settings/security.py refuses the defaults): a throwaway key, a mail
+        # backend that is not the console, and plain-http cookies on loopback.
+        self.env.setdefault("SECRET_KEY", secrets.token_urlsafe(48))
+        self.env.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
+        self.env.setdefault("SESSION_COOKIE_SECURE", "false")
+        # Tests read /metrics right after changing rows: no scrape cache (its own test
+        # turns it on).
+        self.env.setdefault("METRICS_CACHE_SECONDS", "0")
+        # Every test client is 127.0.0.1 and the suite sends many bad keys on purpose; the
+        # failed-authentication throttle's own test sets the production limits.
+        self.env.setdefault("API_AUTH_FAILURES_PER_ADDRESS", "1000000")
         return self
 
     def close(self) -> None:

@@ -42,11 +42,15 @@ CHARGE_REFUND_EVENT_TYPES = frozenset({"charge.refunded"})
 
 # -- ingestion -----------------------------------------------------------------------
 
+# One statement both backends parse (PostgreSQL, and SQLite >= 3.35 for `make run`): no
+# `::jsonb` cast — the JSON text is an untyped literal that PostgreSQL coerces to the
+# column's jsonb type and SQLite stores as text, which is what Django's JSONField reads
+# on each. (A `%s::jsonb` here made every webhook a 500 on the embedded default.)
 _INSERT_SQL = """
 INSERT INTO webhooks_providerevent
     (event_id, type, account, object_id, created, received_at, payload, result,
      result_reason, operation_id, purchase_id, attempts)
-VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, '', '', %s, 0)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, '', '', %s, 0)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id
 """
@@ -63,9 +67,12 @@ def event_ingest(*, event: dict) -> bool:
     obj = safe["data"]["object"]
     created = (datetime.fromtimestamp(safe["created"], tz=UTC)
                if safe["created"] is not None else None)
+    # Datetimes through the backend's adapter, as the ORM would store them (SQLite keeps
+    # naive UTC text; a raw aware value would be stored in another text format).
+    adapt = connection.ops.adapt_datetimefield_value
     params = [
         safe["id"][:100], safe["type"][:100], safe["account"][:100], obj["id"][:100],
-        created, timezone.now(), json.dumps(safe), EventResult.PENDING.value,
+        adapt(created), adapt(timezone.now()), json.dumps(safe), EventResult.PENDING.value,
         obj["metadata"].get("purchase_id", "")[:40],
     ]
     with transaction.atomic():
@@ -147,6 +154,13 @@ def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> str:
 
 
 def _evaluate_locked(event: ProviderEvent) -> _Verdict:
+    # Disputes and money moved outside Verity first (webhooks.provider_moves); None means
+    # the event is about Verity's own operations and the matching below judges it.
+    from .provider_moves import evaluate_provider_move
+
+    moved = evaluate_provider_move(event)
+    if moved is not None:
+        return _Verdict(moved.result, moved.reason, moved.operation_id, moved.purchase_id)
     obj = object_from_event_payload(event.payload)
     if obj.object_type == "payment_intent" and event.type.startswith("payment_intent."):
         op = selectors.operation_for_payment_intent(obj)

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from payments.providers.stripe_webhooks import WebhookVerificationError, verify_and_parse
 
-from .metrics import WEBHOOK_RESULTS
+from .metrics import VERIFICATION_FAILURES, WEBHOOK_FAILURES, WEBHOOK_RESULTS, WebhookFailure
 from .services import event_ingest
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,16 @@ log = logging.getLogger(__name__)
 @require_POST
 def stripe_webhook(request):
     try:
+        return _receive(request)
+    except Exception:
+        # A delivery Verity failed to store is a 500 (the provider retries it), and it is
+        # counted: an endpoint that 500s every delivery must page, not go unnoticed.
+        WEBHOOK_FAILURES.labels(reason=WebhookFailure.SERVER_ERROR.value).inc()
+        raise
+
+
+def _receive(request):
+    try:
         event = verify_and_parse(
             request.body,
             request.headers.get("Stripe-Signature"),
@@ -34,6 +44,8 @@ def stripe_webhook(request):
         )
     except WebhookVerificationError as exc:
         WEBHOOK_RESULTS.labels(result=exc.reason).inc()
+        failure = VERIFICATION_FAILURES.get(exc.reason, WebhookFailure.MALFORMED)
+        WEBHOOK_FAILURES.labels(reason=failure.value).inc()
         # Neither the body nor the header is logged: a forged body may carry anything.
         log.warning("webhook refused reason=%s", exc.reason)
         return JsonResponse({"error": exc.reason}, status=400)

@@ -55,3 +55,20 @@ SPECTACULAR_SETTINGS = {
 }
 API_KEY_CUSTOM_HEADER = "HTTP_AUTHORIZATION"
 IDEMPOTENCY_LEASE_SECONDS = env.int("IDEMPOTENCY_LEASE_SECONDS", default=30)
+# Automatic refunds (no approver) are capped per payment by the client's auto_refund_limit,
+# cumulatively, and per client per period (its limit period, else 24 h) at this multiple.
+AUTO_REFUND_PERIOD_MULTIPLE = env.int("AUTO_REFUND_PERIOD_MULTIPLE", default=10)
+# Failed API-key authentications (payments.authentication): per client address and per key
+# prefix in this window; past either limit, 429 with Retry-After.
+API_AUTH_FAILURE_WINDOW_SECONDS = env.int("API_AUTH_FAILURE_WINDOW_SECONDS", default=900)
+API_AUTH_FAILURES_PER_ADDRESS = env.int("API_AUTH_FAILURES_PER_ADDRESS", default=20)
+API_AUTH_FAILURES_PER_PREFIX = env.int("API_AUTH_FAILURES_PER_PREFIX", default=50)
+
+# One buyer, one charge (DESIGN §6). The same customer and basket within this window of a
+# paid or unresolved purchase is refused 409 probable_duplicate_purchase (per product:
+# Product.duplicate_window_seconds / never_twice). A buyer lifts it on the status page.
+DUPLICATE_PURCHASE_WINDOW_SECONDS = env.int("DUPLICATE_PURCHASE_WINDOW_SECONDS",
+                                            default=24 * 3600)
+BUYER_CONFIRMATION_TTL_SECONDS = env.int("BUYER_CONFIRMATION_TTL_SECONDS", default=1800)
+# Payment attempts (the first payment plus its retries) per purchase; then support owns it.
+PAYMENT_ATTEMPTS_MAX = env.int("PAYMENT_ATTEMPTS_MAX", default=3)

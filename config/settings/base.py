@@ -13,7 +13,7 @@ STOREFRONT_CHECKOUT_URL = env(
 SUPPORT_CONTACT = env("SUPPORT_CONTACT", default="support@verity.example")
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "support.apps.VerityAdminConfig",  # django.contrib.admin behind the lockout
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -36,6 +36,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "config.sessions.SessionLifetimeMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Innermost, so it sees a view's database error first: 503 + Retry-After, not 500.
@@ -74,7 +75,23 @@ LOGIN_URL = "/console/login/"
 LOGIN_REDIRECT_URL = "/console/"
 
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+# Secure (HTTPS-only) outside development (DEBUG on); loopback test stacks set it off.
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=not DEBUG)
+# Console sessions (ASVS V3.3): at most 12 h after login, 30 min idle (config.sessions).
+SESSION_MAX_AGE_SECONDS = env.int("SESSION_MAX_AGE_SECONDS", default=12 * 3600)
+SESSION_IDLE_SECONDS = env.int("SESSION_IDLE_SECONDS", default=30 * 60)
+SESSION_COOKIE_AGE = SESSION_MAX_AGE_SECONDS
+SESSION_EXPIRE_AT_BROWSER_CLOSE = True
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+     "OPTIONS": {"min_length": 12}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+# Behind N reverse proxies that each append to X-Forwarded-For, the client address is the
+# N-th entry from the right (support.web.client_ip). 0 = use REMOTE_ADDR only.
+TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
@@ -94,8 +111,20 @@ LOGGING = {
     "formatters": {
         "kv": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv"}},
+    # Status tokens are customers' credentials: redacted from every line (issue 25 #8).
+    "filters": {"status_tokens": {"()": "config.log_redaction.StatusTokenFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv",
+                             "filters": ["status_tokens"]}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
     # The SDK logs request lines at debug; keep it quiet so nothing sensitive leaks.
     "loggers": {"stripe": {"level": "WARNING"}},
 }
+
+# /metrics (recovery.views): a bearer token, or scrapers from these networks (issue 25 #4).
+METRICS_TOKEN = env("METRICS_TOKEN", default="")
+METRICS_ALLOWED_NETWORKS = env.list("METRICS_ALLOWED_NETWORKS", default=["127.0.0.0/8", "::1/128"])
+# Database figures are computed at most once per this many seconds per process.
+METRICS_CACHE_SECONDS = env.float("METRICS_CACHE_SECONDS", default=5.0)
+# /readyz: the broker check's timeout and how long its answer is reused (config.health).
+READYZ_BROKER_TIMEOUT = env.float("READYZ_BROKER_TIMEOUT", default=0.5)
+READYZ_CACHE_SECONDS = env.float("READYZ_CACHE_SECONDS", default=5.0)

@@ -20,3 +20,7 @@ FAULT_DRILL_RANDOM_SEED = env.int("FAULT_DRILL_RANDOM_SEED", default=0)
 FAULT_DRILL_RANDOM_MODES = env.list("FAULT_DRILL_RANDOM_MODES", default=[
     "drop_response_after_send", "timeout_before_send", "reset_after_write", "http_500",
     "http_409", "read_unavailable"])
+# How long the provider may take to apply a confirm it has not yet applied. A PaymentIntent
+# still `requires_confirmation` after this is an unapplied write: escalated at once, and the
+# console may cancel it at the provider and mark the payment failed (DESIGN §7).
+PROVIDER_INFLIGHT_WINDOW_SECONDS = env.int("PROVIDER_INFLIGHT_WINDOW_SECONDS", default=60)

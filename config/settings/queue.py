@@ -11,7 +11,10 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_out": str(_queue_dir),
         "processed_folder": str(_queue_dir / "processed"),
         "store_processed": False,
+        # Broadcast (celery control) exchanges; kombu's default is ./control in the cwd.
+        "control_folder": str(_queue_dir / "control"),
     }
+    (_queue_dir / "processed").mkdir(parents=True, exist_ok=True)
 else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "visibility_timeout": 3600,
@@ -86,4 +89,9 @@ CELERY_BEAT_SCHEDULE = {
                                "schedule": env.float("EXPIRE_SWEEP_SECONDS", default=60.0)},
     "settlement-compare": {"task": "recovery.settlement_compare",
                            "schedule": env.float("SETTLEMENT_SWEEP_SECONDS", default=3600.0)},
+    "disputes-refresh": {"task": "recovery.disputes_refresh_open",
+                         "schedule": env.float("DISPUTE_REFRESH_SWEEP_SECONDS",
+                                               default=3600.0)},
 }
+# On-demand read-backs (API/MCP reconcile): at most one per operation in this many seconds.
+RECONCILE_ON_DEMAND_COOLDOWN_SECONDS = env.int("RECONCILE_ON_DEMAND_COOLDOWN_SECONDS", default=5)

@@ -1,6 +1,6 @@
 """Progress of long commands (soak, bench, fuzz, drills): one status line.
 
-On a terminal the line is redrawn in place (rich); in CI or when the stream is not a
+On a terminal the line is redrawn in place (rich, where installed); in CI or when the stream is not a
 terminal it is printed as a plain line at once and then every `plain_every` seconds (10 s),
 so logs stay readable. `quiet=True` turns it off. It writes to stderr by default, so the
 commands' final tables on stdout are unchanged.
@@ -100,9 +100,13 @@ class Progress:
             return self
         self.started = time.monotonic()
         if self.terminal:
-            from rich.console import Console
-            from rich.live import Live
-            from rich.text import Text
+            try:  # rich is a development dependency; a production image prints plain lines
+                from rich.console import Console
+                from rich.live import Live
+                from rich.text import Text
+            except ImportError:
+                self.terminal = False
+        if self.terminal:
 
             console = Console(file=self.stream, force_terminal=True)
             self._live = Live(get_renderable=lambda: Text(self.line(), no_wrap=True,

@@ -35,6 +35,47 @@ class ProviderObject:
         }
 
 
+@dataclass(frozen=True)
+class BalanceMove:
+    """One provider balance transaction of a dispute (withdrawal or reinstatement)."""
+
+    id: str
+    amount: int  # signed: negative when the provider withdrew funds
+    fee: int  # signed: the dispute fee (positive = charged to us)
+    net: int
+    currency: str
+    reporting_category: str = ""
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "amount": self.amount, "fee": self.fee, "net": self.net,
+                "currency": self.currency, "reporting_category": self.reporting_category}
+
+
+@dataclass(frozen=True)
+class DisputeObject:
+    """The safe fields of a provider Dispute. Never the evidence itself (names, e-mails,
+    receipts): only ids, status, money, the reason code and the evidence deadline."""
+
+    id: str
+    status: str
+    amount: int
+    currency: str
+    reason: str = ""
+    charge: str = ""
+    payment_intent: str = ""
+    evidence_due_by: int | None = None  # epoch seconds
+    balance_transactions: tuple[BalanceMove, ...] = ()
+    account: str = ""
+    is_charge_refundable: bool = False
+
+    def safe_fields(self) -> dict:
+        return {"object": "dispute", "id": self.id, "status": self.status,
+                "amount": self.amount, "currency": self.currency, "reason": self.reason,
+                "charge": self.charge, "payment_intent": self.payment_intent,
+                "evidence_due_by": self.evidence_due_by,
+                "balance_transactions": [b.as_dict() for b in self.balance_transactions]}
+
+
 def outcome_from_object(obj: ProviderObject, *, kind: str) -> Outcome | None:
     """DESIGN §10.3: the outcome the provider's own record states, or None (no verdict).
 
@@ -108,3 +149,8 @@ class PaymentProvider(Protocol):
     def find_by_metadata(self, *, object_type: str, operation_id: str) -> CallResult: ...
 
     def list_balance_transactions(self, *, limit: int = 100) -> list[dict]: ...
+
+    def retrieve_dispute(self, dispute_id: str) -> tuple[CallResult, DisputeObject | None]: ...
+
+    def list_refunds_for_intent(self, intent_id: str
+                                ) -> tuple[CallResult, list[ProviderObject]]: ...

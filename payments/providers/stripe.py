@@ -326,6 +326,42 @@ class StripeProvider:
                               request_id=result.request_id)
         return result
 
+    def retrieve_dispute(self, dispute_id: str):
+        """(CallResult, DisputeObject | None): the dispute as the provider holds it."""
+        from .stripe_webhooks import dispute_from_payload
+
+        found: list = []
+
+        def fetch():
+            found.append(_as_dict(self.client.v1.disputes.retrieve(dispute_id)))
+            return {"object": "dispute"}
+
+        result = self._read(fetch)
+        if result.classification != Classification.OK or not found:
+            return result, None
+        return result, dispute_from_payload(found[0], account=self.account)
+
+    def list_refunds_for_intent(self, intent_id: str):
+        """(CallResult, [ProviderObject]): every refund of one PaymentIntent, bounded."""
+        out: list = []
+        params: dict = {"limit": LIST_PAGE_LIMIT, "payment_intent": intent_id}
+        for _ in range(LIST_MAX_PAGES):
+            pages: list = []
+
+            def fetch():
+                pages.append(self.client.v1.refunds.list(params=dict(params)))
+                return {"object": "list"}
+
+            result = self._call(fetch, step="list")
+            if result.classification != Classification.OK:
+                return result, []
+            page = pages[0]
+            out.extend(normalise(item, account=self.account) for item in map(_as_dict, page.data))
+            if not page.data or not page.has_more:
+                break
+            params["starting_after"] = page.data[-1].id
+        return CallResult(Classification.OK, http_status=200), out
+
     def find_by_metadata(self, *, object_type: str, operation_id: str) -> CallResult:
         """No search API at localstripe (and no `created` filter): page through, bounded."""
         service = (self.client.v1.payment_intents if object_type == "payment_intent"
@@ -370,7 +406,9 @@ class StripeProvider:
         for _ in range(LIST_MAX_PAGES):
             page = self.client.v1.balance_transactions.list(params=dict(params))
             data = [dict(amount=b.get("amount"), currency=b.get("currency"),
-                         source=_str(b.get("source")), type=b.get("type"), id=b.get("id"))
+                         source=_str(b.get("source")), type=b.get("type"), id=b.get("id"),
+                         fee=b.get("fee") or 0,
+                         reporting_category=b.get("reporting_category") or "")
                     for b in map(_as_dict, page.data)]
             out.extend(data)
             if not page.has_more or not page.data or len(out) >= limit:

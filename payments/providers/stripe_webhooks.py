@@ -12,7 +12,7 @@ import time
 import stripe
 from django.conf import settings
 
-from .base import ProviderObject
+from .base import BalanceMove, DisputeObject, ProviderObject
 
 
 class WebhookVerificationError(Exception):
@@ -128,6 +128,10 @@ def safe_event_payload(event: dict) -> dict:
     if safe_obj["object"] == "charge":
         amount_refunded = obj.get("amount_refunded")
         safe_obj["amount_refunded"] = amount_refunded if isinstance(amount_refunded, int) else None
+        amount_captured = obj.get("amount_captured")
+        safe_obj["amount_captured"] = amount_captured if isinstance(amount_captured, int) else None
+    if safe_obj["object"] == "dispute":
+        safe_obj.update(_safe_dispute_fields(obj))
     return {
         "id": event["id"],
         "type": event["type"],
@@ -167,3 +171,57 @@ def object_from_event_payload(event: dict) -> ProviderObject:
         has_payment_error=bool(error),
         capture_method=str(obj.get("capture_method") or ""),
     )
+
+
+# -- disputes ------------------------------------------------------------------------
+
+def _int(value, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _safe_balance_transactions(value) -> list[dict]:
+    out = []
+    for txn in value or []:
+        if not isinstance(txn, dict):
+            continue  # an unexpanded id: nothing to book from it
+        amount, fee = _int(txn.get("amount")), _int(txn.get("fee"))
+        out.append({"id": str(txn.get("id") or ""), "amount": amount, "fee": fee,
+                    "net": _int(txn.get("net"), amount - fee),
+                    "currency": str(txn.get("currency") or "").lower(),
+                    "reporting_category": str(txn.get("reporting_category") or "")})
+    return out
+
+
+def _safe_dispute_fields(obj: dict) -> dict:
+    """A Dispute's safe fields: the evidence (names, e-mails, receipts, free text) is never
+    kept -- only its deadline."""
+    details = obj.get("evidence_details") or {}
+    due_by = details.get("due_by") if isinstance(details, dict) else None
+    return {
+        "charge": _id_of(obj.get("charge")),
+        "reason": str(obj.get("reason") or "")[:40],
+        "evidence_due_by": _int(due_by, 0) or None,
+        "balance_transactions": _safe_balance_transactions(obj.get("balance_transactions")),
+        "is_charge_refundable": bool(obj.get("is_charge_refundable")),
+    }
+
+
+def dispute_from_payload(obj: dict, *, account: str) -> DisputeObject:
+    """Normalise a Dispute (a raw or stored-safe event object, or a read-back)."""
+    fields = {**obj, **_safe_dispute_fields(obj)} if "evidence_details" in obj else obj
+    moves = tuple(BalanceMove(id=b["id"], amount=b["amount"], fee=b["fee"], net=b["net"],
+                              currency=b["currency"],
+                              reporting_category=b.get("reporting_category", ""))
+                  for b in _safe_balance_transactions(fields.get("balance_transactions")))
+    return DisputeObject(
+        id=str(fields.get("id") or ""), status=str(fields.get("status") or ""),
+        amount=_int(fields.get("amount"), -1), currency=str(fields.get("currency") or "").lower(),
+        reason=str(fields.get("reason") or "")[:40], charge=_id_of(fields.get("charge")),
+        payment_intent=_id_of(fields.get("payment_intent")),
+        evidence_due_by=_int(fields.get("evidence_due_by"), 0) or None,
+        balance_transactions=moves, account=account,
+        is_charge_refundable=bool(fields.get("is_charge_refundable")))
+
+
+def dispute_from_event_payload(event: dict) -> DisputeObject:
+    return dispute_from_payload(event["data"]["object"], account=event_account(event))

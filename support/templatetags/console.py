@@ -56,3 +56,15 @@ def get(mapping, key):
         return mapping.get(key)
     except AttributeError:
         return None
+
+
+@register.simple_tag
+def purchase_url(purchase_id) -> str:
+    """The console link for a purchase id that came from outside (a signed event's metadata
+    may say anything, `/` included): "" when it cannot be a console URL, never a 500."""
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        return reverse("support:purchase", args=[str(purchase_id)])
+    except NoReverseMatch:
+        return ""

@@ -289,21 +289,87 @@ def superseded_quote(c):
 def second_purchase_while_first_is_unresolved(c):
     first, _ = c.unknown_payment()
     q = c.storefront.quote(c.product.sku).json()
-    r = c.storefront.purchase(q, first["customer"]["reference"])
+    # The reference is normalised: trailing space and case do not make another buyer.
+    r = c.storefront.purchase(q, f" {first['customer']['reference'].upper()} ")
     assert Purchase.objects.count() == 1
-    # ... across API clients too: the rule is the customer's, not the client's.
+    assert r.json()["purchase"] == first["id"]
+    assert "acknowledge_unresolved" not in r.json()["detail"]
+    # ... but per API client (DESIGN §5.11): another storefront's customer of the same
+    # reference is another buyer, and its answer never names this client's purchase.
     q2 = c.other.quote(c.product.sku).json()
     r2 = c.other.purchase(q2, first["customer"]["reference"])
-    assert r2.status_code == 409 and r2.json()["code"] == "customer_has_unresolved_purchase"
+    assert r2.status_code == 201 and first["id"] not in r2.content.decode()
+    return r
+
+
+@row(409, "customer_has_unresolved_purchase")
+def second_purchase_naming_the_unresolved_one_without_storefront_confirmation(c):
+    first, _ = c.unknown_payment()
+    q = c.storefront.quote(c.product.sku).json()
+    r = c.storefront.purchase(q, first["customer"]["reference"],
+                              extra={"acknowledge_unresolved": [first["id"]]})
+    assert Purchase.objects.count() == 1
     return r
 
 
 @row(201)
 def second_purchase_naming_the_unresolved_one(c):
     first, _ = c.unknown_payment()
+    c.storefront.client.storefront_confirmation = True  # its own checkout asked the buyer
+    c.storefront.client.save(update_fields=["storefront_confirmation"])
     q = c.storefront.quote(c.product.sku).json()
     return c.storefront.purchase(q, first["customer"]["reference"],
                                  extra={"acknowledge_unresolved": [first["id"]]})
+
+
+@row(200, Location=True)
+def second_purchase_on_the_same_quote_is_that_purchase(c):
+    q = c.storefront.quote(c.product.sku).json()
+    first = c.storefront.purchase(q, "cust-one-quote").json()
+    r = c.storefront.purchase(q, "someone-else")
+    assert r.json()["id"] == first["id"] and Purchase.objects.count() == 1
+    return r
+
+
+@row(409, "probable_duplicate_purchase")
+def same_basket_again_after_payment(c):
+    first, _ = c.paid_purchase()
+    q = c.storefront.quote(c.product.sku).json()
+    r = c.storefront.purchase(q, first["customer"]["reference"])
+    assert r.json()["purchase"] == first["id"]
+    assert r.json()["earlier_purchase"]["status"] in ("paid", "fulfilling", "completed")
+    assert Purchase.objects.count() == 1
+    assert len(c.localstripe.succeeded_charges_for(first["id"])) == 1
+    return r
+
+
+@row(201)
+def same_basket_again_with_the_buyers_confirmation(c):
+    from payments.services import buyer_confirmation_issue
+
+    first, _ = c.paid_purchase()
+    code = buyer_confirmation_issue(purchase_id=first["id"])
+    q = c.storefront.quote(c.product.sku).json()
+    return c.storefront.purchase(q, first["customer"]["reference"],
+                                 extra={"buyer_confirmation": code})
+
+
+@row(422, "invalid_buyer_confirmation", offline=True)
+def an_invented_buyer_confirmation(c):
+    q = c.storefront.quote(c.product.sku).json()
+    r = c.storefront.purchase(q, extra={"buyer_confirmation": "ABCDE-FGHJK"})
+    assert Purchase.objects.count() == 0
+    return r
+
+
+@row(422, "invalid_email", offline=True)
+def an_overlong_local_part_email(c):
+    q = c.storefront.quote(c.product.sku).json()
+    body = {"quote_id": q["id"], "quote_version": q["version"],
+            "customer": {"reference": "cust-mail", "email": "x" * 70 + "@example.com"}}
+    r = c.storefront.post("purchases", body)
+    assert Purchase.objects.count() == 0
+    return r
 
 
 # -- payments ----------------------------------------------------------------------------------

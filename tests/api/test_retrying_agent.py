@@ -164,9 +164,10 @@ def test_agent_that_times_out_on_a_normal_payment_causes_one_charge_and_one_orde
         assert r.status_code in (409, 422)
         assert r.json()["code"] in ("already_paid", "amount_mismatch")
     second = agent.open_purchase(product.sku)
-    # The first purchase is paid (resolved), so a new purchase is a new, legitimate order;
-    # the agent does not pay it here. What matters: the first purchase was charged once.
-    assert second.status_code == 201
+    # The first purchase is paid; the same buyer re-planning the same basket is a probable
+    # duplicate (issue #24): refused, naming the paid purchase. Only the buyer can ask.
+    assert (second.status_code, second.json()["code"]) == (409, "probable_duplicate_purchase")
+    assert second.json()["purchase"] == purchase["id"]
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 1
     _one_charge_and_one_order(localstripe, purchase["id"])
 

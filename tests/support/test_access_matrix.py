@@ -32,9 +32,10 @@ def _cells(t):
         ("get", reverse("support:dashboard"), Action.VIEW),
         ("get", reverse("support:search") + "?q=nothing", Action.VIEW),
         *[("get", reverse("support:queue", args=[name]),
-           Action.VIEW_SETTLEMENT if name == "settlement" else Action.VIEW)
+           Action.VIEW_SETTLEMENT if name in ("settlement", "disputes") else Action.VIEW)
           for name in ("unknown", "paid_without_order", "compensation", "quarantined",
-                       "stuck_outbox", "settlement", "escalated", "refund_approval")],
+                       "stuck_outbox", "settlement", "escalated", "refund_approval",
+                       "disputes", "external")],
         ("get", reverse("support:purchase", args=[t["purchase"]]), Action.VIEW),
         ("get", reverse("support:event", args=[t["event"]]), Action.VIEW),
         ("get", reverse("support:halts"), Action.VIEW),
@@ -45,6 +46,8 @@ def _cells(t):
         ("post", reverse("support:resolve", args=[t["op"]]), Action.RESOLVE),
         ("post", reverse("support:replay", args=[t["op"]]), Action.REPLAY),
         ("post", reverse("support:refund-approve", args=[t["op"]]), Action.APPROVE_REFUND),
+        ("post", reverse("support:external-acknowledge", args=[t["op"]]),
+         Action.ACKNOWLEDGE_EXTERNAL),
         ("post", reverse("support:halt-set"), Action.HALT),
         ("post", reverse("support:halt-clear"), Action.HALT),
         ("post", reverse("support:event-triage", args=[t["event"], "release"]),

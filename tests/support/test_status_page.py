@@ -56,8 +56,15 @@ CASES = [
     ("paid_without_evidence", S.PAID, [UNKNOWN], None, StateCode.UNDER_REVIEW, "reviewing"),
     ("cancelled", S.CANCELLED, [], None, StateCode.CANCELLED, "cancelled"),
     ("expired", S.EXPIRED, [], None, StateCode.EXPIRED, "expired"),
+    ("disputed", S.DISPUTED, [SUCCEEDED], "ORD-6", StateCode.DISPUTED,
+     "being reviewed with your bank"),
+    ("dispute_won", S.DISPUTE_WON, [SUCCEEDED], "ORD-7", StateCode.DISPUTE_WON,
+     "the payment stands"),
+    ("dispute_lost", S.DISPUTE_LOST, [SUCCEEDED], "ORD-8", StateCode.DISPUTE_LOST,
+     "returned the money to you"),
 ]
-FINAL = {StateCode.COMPLETE, StateCode.CANCELLED, StateCode.EXPIRED}
+FINAL = {StateCode.COMPLETE, StateCode.CANCELLED, StateCode.EXPIRED, StateCode.DISPUTE_WON,
+         StateCode.DISPUTE_LOST}
 # Words that would claim success or failure; each state may only use its own.
 SUCCESS_WORDS = ("payment was received", "is complete")
 FAILURE_WORDS = ("did not go through", "declined")

@@ -1,37 +1,83 @@
-"""Printed by `make run` once the web server answers: where to go and a working curl line."""
+"""Printed by `make run` once every service is up: where to go, every demo credential and
+a working curl line — as the last thing on screen (the worker and beat log at WARNING and
+gunicorn's access log goes to var/log/, so nothing scrolls it away while idle)."""
+import socket
 import time
 import urllib.request
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from .seed_demo import DEMO_CLIENT, demo_users
+
+WAIT_SECONDS = 240
+
 
 class Command(BaseCommand):
-    help = "Wait for the web server, print the URLs, then idle (honcho stops all on exit)."
+    help = "Wait for web, localstripe, worker and beat, print the banner, then idle."
 
     def handle(self, *args, **options):
-        base = "http://127.0.0.1:8000"
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"{base}/healthz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.5)
-        key_file = settings.BASE_DIR / "var" / "demo-api-key"
-        key = key_file.read_text().strip() if key_file.exists() else "<key from seed_demo>"
-        self.stdout.write(
-            "\n".join([
-                "",
-                "Verity is running:",
-                f"  console     {base}/console/   (support1 / support-demo-pass)",
-                f"  API docs    {base}/api/docs/",
-                f"  health      {base}/healthz",
-                "  status page printed as status_url in every purchase view",
-                "Try:",
-                f"  curl -s -H 'Authorization: Api-Key {key}' {base}/api/v1/products",
-                "Ctrl-C stops everything.",
-                "",
-            ])
-        )
+        base = settings.PUBLIC_BASE_URL.rstrip("/")
+        provider = urlsplit(settings.STRIPE_API_BASE or "")
+        run_dir = settings.VAR_DIR / "run"
+        waiting = {
+            "web": lambda: _http_ok(f"{base}/healthz"),
+            "localstripe": lambda: _port_open(provider.hostname, provider.port),
+            "worker": lambda: (run_dir / "worker.ready").exists(),
+            "beat": lambda: (run_dir / "beat.ready").exists(),
+        }
+        deadline = time.monotonic() + WAIT_SECONDS
+        while waiting and time.monotonic() < deadline:
+            waiting = {name: up for name, up in waiting.items() if not up()}
+            time.sleep(0.5)
+        time.sleep(1.0)  # let the last start-up lines of the others reach the screen
+        key_file = settings.VAR_DIR / "demo-api-key"
+        key = key_file.read_text().strip() if key_file.exists() else "<run seed_demo>"
+        links_file = settings.VAR_DIR / "demo-status-links"
+        links = (links_file.read_text().splitlines() if links_file.exists() else [])
+        lines = ["", "=" * 78]
+        if waiting:
+            lines.append(f"NOT UP after {WAIT_SECONDS} s: {', '.join(sorted(waiting))} "
+                         "(see the lines above)")
+        lines += [
+            "Verity is running:",
+            f"  console        {base}/console/",
+            f"  API docs       {base}/api/docs/",
+            f"  health         {base}/healthz   {base}/readyz   {base}/metrics",
+            "Console users (development passwords):",
+            *[f"  {role:9} {username} / {password}" for role, username, password in demo_users()],
+            f"Demo API key (client {DEMO_CLIENT}, also in {key_file}):",
+            f"  {key}",
+            "Customer status pages (one per state):",
+            *[f"  {line.split(' ', 1)[0]:26} {line.split(' ', 1)[1]}" for line in links
+              if " " in line],
+            "Try:",
+            f"  curl -s -H 'Authorization: Api-Key {key}' {base}/api/v1/products",
+            f"Logs: requests in {settings.VAR_DIR / 'log' / 'access.log'}, localstripe's "
+            f"webhook deliveries in {settings.VAR_DIR / 'log' / 'localstripe-deliveries.log'}",
+            "Ctrl-C stops everything.",
+            "=" * 78,
+        ]
+        self.stdout.write("\n".join(lines))
+        self.stdout.flush()
         while True:
             time.sleep(3600)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _port_open(host: str | None, port: int | None) -> bool:
+    if not host or not port:
+        return True  # real Stripe: nothing local to wait for
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False

@@ -18,6 +18,12 @@ CATALOGUE = [
 DEMO_CLIENT = "demo-storefront"
 
 
+def demo_users() -> list[tuple[str, str, str]]:
+    """(role, username, development password) of the demo console users; the banner of
+    `make run` prints the same list."""
+    return [(role.value, f"{role.value}1", f"{role.value}-demo-pass") for role in Role]
+
+
 class Command(BaseCommand):
     help = "Create the demo catalogue, an API client and console users (idempotent)."
 
@@ -26,7 +32,7 @@ class Command(BaseCommand):
             Product.objects.get_or_create(
                 sku=sku, defaults={"name": name, "price": price, "currency": "usd",
                                    "stock": stock, "kind": kind})
-        key_file = settings.BASE_DIR / "var" / "demo-api-key"
+        key_file = settings.VAR_DIR / "demo-api-key"
         if not ApiClient.objects.filter(name=DEMO_CLIENT).exists() or not key_file.exists():
             ApiClient.objects.filter(name=DEMO_CLIENT).update(revoked=True)
             _, key = api_client_create(name=DEMO_CLIENT, scopes=list(SCOPES), limit=100_000,
@@ -39,16 +45,15 @@ class Command(BaseCommand):
         ensure_groups()
         User = get_user_model()
         lines = []
-        for role in Role:
+        for role, username, password in demo_users():
             # Development-only passwords, printed for the demo; production users are
             # created by an administrator.
-            password = f"{role.value}-demo-pass"
-            user, created = User.objects.get_or_create(username=f"{role.value}1")
+            user, created = User.objects.get_or_create(username=username)
             if created:
                 user.set_password(password)
                 user.save(update_fields=["password"])
-            user.groups.add(Group.objects.get(name=role.value))
-            lines.append(f"  {role.value:9} {user.username} / {password}")
+            user.groups.add(Group.objects.get(name=role))
+            lines.append(f"  {role:9} {user.username} / {password}")
         self.stdout.write("Demo data ready.")
         self.stdout.write("Console users (development passwords):")
         self.stdout.write("\n".join(lines))

@@ -1,5 +1,6 @@
 """`python manage.py seed_console_demo`: demo cases for every console queue and one
 status-page link per customer state (idempotent; development databases only)."""
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from support.demo import demo_cases_seed
@@ -13,3 +14,7 @@ class Command(BaseCommand):
         self.stdout.write("Customer status pages (one per state):")
         for name, url in links:
             self.stdout.write(f"  {name:26} {url}")
+        # `make run`'s banner prints them again once every service is up.
+        links_file = settings.VAR_DIR / "demo-status-links"
+        links_file.parent.mkdir(parents=True, exist_ok=True)
+        links_file.write_text("".join(f"{name} {url}\n" for name, url in links))

@@ -1,0 +1,263 @@
+"""Dispute services (writes): a provider dispute on one of Verity's payments.
+
+Part of payments' service layer (kept in its own module so the core services file stays
+about operations). A dispute is created and moved only by verified evidence: a matched
+webhook (`charge.dispute.*`, verification `webhook`) or a read-back of the provider's
+Dispute (verification `provider`). The lifecycle only moves forward
+(`DISPUTE_STATUS_RANK`): events arrive out of order and a late one never regresses the
+record. Every change writes a `DISPUTE_CHANGED` outbox row in the same transaction; its
+handler (recovery) books the ledger entries and reads the dispute back.
+
+Lock order: Purchase -> PaymentOperation -> Dispute (payments.locks).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import Enum
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django_fsm import can_proceed
+
+from recovery.models import OutboxCategory
+from recovery.outbox import outbox_put
+
+from .enums import (
+    DISPUTE_CLOSED_STATUSES,
+    DISPUTE_STATUS_RANK,
+    PAYMENT_KINDS,
+    CallPurpose,
+    CallStep,
+    DisputeStatus,
+    Outcome,
+    PurchaseStatus,
+    Verification,
+)
+from .locks import (
+    assert_no_transaction_outside_transaction,
+    lock_dispute,
+    lock_purchase_and_operation,
+)
+from .models import Dispute, PaymentOperation, ProviderCall, Purchase
+from .providers.base import DisputeObject
+from .services import _history
+
+log = logging.getLogger("verity.payments.disputes")
+
+
+class DisputeApply(str, Enum):
+    APPLIED = "applied"
+    NO_CHANGE = "no_change"
+    STALE = "stale"
+    CONFLICT = "conflict"
+    MISMATCH = "mismatch"
+    NO_MATCH = "no_match"
+
+
+@dataclass(frozen=True)
+class DisputeApplyResult:
+    result: DisputeApply
+    reason: str = ""
+    dispute_id: str = ""
+    operation_id: str = ""
+    purchase_id: str = ""
+
+
+def dispute_payment_for(obj: DisputeObject) -> PaymentOperation | None:
+    """The charge/authorize operation a dispute names: through its PaymentIntent, else its
+    charge. Read only; the apply re-checks under the lock."""
+    ops = PaymentOperation.objects.select_related("purchase").filter(kind__in=PAYMENT_KINDS)
+    op = None
+    if obj.payment_intent:
+        op = ops.filter(provider_reference=obj.payment_intent).order_by("-created_at").first()
+    if op is None and obj.charge:
+        op = ops.filter(provider_charge=obj.charge).order_by("-created_at").first()
+    return op
+
+
+def _mismatch(payment: PaymentOperation, obj: DisputeObject) -> str:
+    expected_account = payment.provider_account or getattr(settings, "STRIPE_ACCOUNT", "") or ""
+    if (obj.account or "") != expected_account:
+        return "account"
+    if obj.payment_intent and obj.payment_intent != payment.provider_reference:
+        return "reference"
+    if obj.charge and payment.provider_charge and obj.charge != payment.provider_charge:
+        return "charge"
+    if payment.outcome != Outcome.SUCCEEDED:
+        return "payment_not_succeeded"
+    if obj.currency.lower() != payment.currency.lower():
+        return "currency"
+    if obj.amount <= 0 or obj.amount > payment.amount:
+        return "amount"
+    if obj.status not in DisputeStatus.values:
+        return "status"
+    return ""
+
+
+def _merge_moves(stored: list[dict], obj: DisputeObject) -> list[dict]:
+    """Union of balance transactions by id: what the provider once reported stays booked."""
+    by_id = {m["id"]: m for m in stored if m.get("id")}
+    for move in obj.balance_transactions:
+        if move.id and move.id not in by_id:
+            by_id[move.id] = move.as_dict()
+    return sorted(by_id.values(), key=lambda m: m["id"])
+
+
+def _due(obj: DisputeObject) -> datetime | None:
+    return datetime.fromtimestamp(obj.evidence_due_by, tz=UTC) if obj.evidence_due_by else None
+
+
+def _purchase_status(purchase: Purchase, name: str, *, cause: str, actor: str,
+                     evidence: dict, arg: str | None = None) -> bool:
+    method = getattr(purchase, name)
+    args = (arg,) if arg is not None else ()
+    if not can_proceed(method):
+        return False
+    source = purchase.status
+    method(*args)
+    if purchase.status == source:
+        return False
+    purchase.save(update_fields=["status", "updated_at"])
+    _history(purchase_id=purchase.id, operation=None, field="status", source=source,
+             target=purchase.status, cause=cause, evidence=evidence, actor=actor)
+    return True
+
+
+def _follow_purchase(purchase: Purchase, dispute: Dispute, *, cause: str, actor: str) -> None:
+    """A disputed purchase says so until the dispute closes, then how it ended (§5.10)."""
+    evidence = {"dispute": dispute.id, "status": dispute.status}
+    if dispute.status not in DISPUTE_CLOSED_STATUSES:
+        _purchase_status(purchase, "mark_disputed", cause=cause, actor=actor, evidence=evidence)
+        return
+    other_open = (Dispute.objects.filter(purchase_id=purchase.id)
+                  .exclude(id=dispute.id).exclude(status__in=DISPUTE_CLOSED_STATUSES).exists())
+    if other_open:
+        return
+    if purchase.status != PurchaseStatus.DISPUTED:
+        # First evidence of this dispute is already its closure: record that it was open.
+        if not _purchase_status(purchase, "mark_disputed", cause=cause, actor=actor,
+                                evidence=evidence):
+            return
+    if dispute.status == DisputeStatus.WON:
+        _purchase_status(purchase, "mark_dispute_won", cause=cause, actor=actor,
+                         evidence=evidence)
+    elif dispute.status == DisputeStatus.LOST:
+        _purchase_status(purchase, "mark_dispute_lost", cause=cause, actor=actor,
+                         evidence=evidence)
+    elif dispute.status == DisputeStatus.CHARGE_REFUNDED:
+        _purchase_status(purchase, "mark_refunded", cause=cause, actor=actor, evidence=evidence)
+    else:  # warning_closed: an inquiry that never became a dispute
+        _purchase_status(purchase, "mark_dispute_withdrawn", cause=cause, actor=actor,
+                         evidence=evidence,
+                         arg=dispute.purchase_status_before or PurchaseStatus.COMPLETED)
+
+
+def _totals(moves: list[dict]) -> tuple[int, int, int]:
+    withdrawn = -sum(m["amount"] for m in moves if m["amount"] < 0)
+    reinstated = sum(m["amount"] for m in moves if m["amount"] > 0)
+    fees = sum(m["fee"] for m in moves)
+    return withdrawn, reinstated, fees
+
+
+def dispute_apply_observation(*, obj: DisputeObject, verification: str, cause: str,
+                              actor: str = "") -> DisputeApplyResult:
+    """THE one place provider evidence about a dispute changes Verity's record."""
+    payment = dispute_payment_for(obj)
+    if payment is None:
+        return DisputeApplyResult(DisputeApply.NO_MATCH, "no_matching_payment", obj.id)
+    with transaction.atomic():
+        purchase, payment = lock_purchase_and_operation(payment.id)
+        ids = {"dispute_id": obj.id, "operation_id": payment.id, "purchase_id": purchase.id}
+        why = _mismatch(payment, obj)
+        if why:
+            return DisputeApplyResult(DisputeApply.MISMATCH, why, **ids)
+        dispute = lock_dispute(obj.id)
+        if dispute is not None and dispute.payment_id != payment.id:
+            return DisputeApplyResult(DisputeApply.MISMATCH, "payment", **ids)
+        source = dispute.status if dispute else ""
+        if dispute is None:
+            dispute = Dispute(id=obj.id, purchase=purchase, payment=payment, charge=obj.charge,
+                              payment_intent=obj.payment_intent, amount=obj.amount,
+                              currency=obj.currency, reason=obj.reason, status=obj.status,
+                              evidence_due_by=_due(obj), verification=verification,
+                              purchase_status_before=purchase.status)
+            result = DisputeApply.APPLIED
+        else:
+            new_rank = DISPUTE_STATUS_RANK[DisputeStatus(obj.status)]
+            old_rank = DISPUTE_STATUS_RANK[DisputeStatus(dispute.status)]
+            if new_rank > old_rank:
+                result = DisputeApply.APPLIED
+            elif obj.status == dispute.status:
+                result = DisputeApply.NO_CHANGE
+            elif new_rank == old_rank == DISPUTE_STATUS_RANK[DisputeStatus.WON]:
+                # won vs lost: the provider never changes a closed verdict; a person looks.
+                log.warning("dispute %s: closed %s, evidence says %s", obj.id, dispute.status,
+                            obj.status)
+                return DisputeApplyResult(DisputeApply.CONFLICT, "closed_status_differs", **ids)
+            else:
+                result = DisputeApply.STALE
+        moves = _merge_moves(list(dispute.balance_transactions or []), obj)
+        moves_changed = moves != list(dispute.balance_transactions or [])
+        due = _due(obj)
+        if result == DisputeApply.APPLIED:
+            dispute.status = obj.status
+            dispute.reason = obj.reason or dispute.reason
+            dispute.evidence_due_by = due or dispute.evidence_due_by
+            dispute.verification = verification
+            if obj.status in DISPUTE_CLOSED_STATUSES:
+                dispute.closed_at = timezone.now()
+        elif result == DisputeApply.NO_CHANGE and due and due != dispute.evidence_due_by:
+            dispute.evidence_due_by = due  # the provider extended the deadline
+            result = DisputeApply.APPLIED
+        if moves_changed:
+            result = DisputeApply.APPLIED if result != DisputeApply.STALE else result
+        if result == DisputeApply.NO_CHANGE or (result == DisputeApply.STALE
+                                                and not moves_changed):
+            if (result == DisputeApply.NO_CHANGE and verification == Verification.PROVIDER
+                    and dispute.verification != Verification.PROVIDER):
+                # the provider's own record confirms what the webhook said
+                dispute.verification = verification
+                dispute.save(update_fields=["verification", "updated_at"])
+            return DisputeApplyResult(result, "", **ids)
+        dispute.balance_transactions = moves
+        dispute.funds_withdrawn, dispute.funds_reinstated, dispute.fees = _totals(moves)
+        dispute.save()
+        if source != dispute.status:
+            _history(purchase_id=purchase.id, operation=payment, field="dispute",
+                     source=source, target=dispute.status, cause=cause[:64],
+                     evidence=obj.safe_fields(), actor=actor)
+        _follow_purchase(purchase, dispute, cause=cause[:64], actor=actor)
+        outbox_put(category=OutboxCategory.DISPUTE_CHANGED, payload={"dispute": dispute.id},
+                   dedupe_key=f"dispute:{dispute.id}:{dispute.status}:{len(moves)}")
+    log.info("dispute %s applied status=%s purchase=%s verification=%s", obj.id, obj.status,
+             purchase.id, verification)
+    return DisputeApplyResult(result, "" if result == DisputeApply.APPLIED else "stale_status",
+                              **ids)
+
+
+def dispute_refresh(*, dispute_id: str, actor: str = "dispute-readback") -> DisputeApplyResult:
+    """Read the dispute back at the provider (no transaction open) and apply what it says.
+
+    The read is recorded as a reconcile ProviderCall on the disputed payment. A provider
+    that cannot be read leaves the record as it is (absence of evidence changes nothing).
+    """
+    from payments.providers.stripe import get_provider
+
+    assert_no_transaction_outside_transaction()
+    dispute = Dispute.objects.get(id=dispute_id)
+    result, obj = get_provider().retrieve_dispute(dispute_id)
+    ProviderCall.objects.create(
+        operation_id=dispute.payment_id, purpose=CallPurpose.RECONCILE, step=CallStep.RETRIEVE,
+        request_id=result.request_id, http_status=result.http_status,
+        classification=result.classification, error_code=result.error_code,
+        fault_drill=result.fault_drill,
+        safe_fields=obj.safe_fields() if obj else {"object": "dispute", "id": dispute_id},
+        finished_at=timezone.now())
+    if obj is None:
+        return DisputeApplyResult(DisputeApply.NO_CHANGE, f"readback:{result.classification}",
+                                  dispute_id, dispute.payment_id, dispute.purchase_id)
+    return dispute_apply_observation(obj=obj, verification=Verification.PROVIDER,
+                                     cause="dispute_readback", actor=actor)

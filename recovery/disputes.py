@@ -1,0 +1,84 @@
+"""Follow-up of a dispute change: read it back at the provider, then book its ledger
+entries (each provider balance transaction once) -- the DISPUTE_CHANGED outbox handler.
+
+Ledger (double entry, debits positive), per balance transaction of the dispute:
+  dispute_withdrawal     disputed +amount          provider_balance -amount
+  dispute_fee            fees +fee                 provider_balance -fee
+  dispute_reinstatement  provider_balance +amount  disputed -amount
+and, once a dispute is lost, dispute_loss: revenue +(withdrawn - reinstated), disputed -…
+The provider_balance rows carry the dispute id as their reference, the `source` of the
+provider's balance transactions, so the settlement comparison matches them.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from .models import LedgerAccount, OutboxCategory
+from .outbox import outbox_put
+from .steps import _ledger_pair
+
+log = logging.getLogger(__name__)
+
+
+def dispute_ledger_book(*, dispute_id: str) -> int:
+    """Book what the stored dispute says; idempotent (unique per entry). Returns the
+    number of balance transactions considered."""
+    from payments.enums import DisputeStatus
+    from payments.models import Dispute
+
+    dispute = Dispute.objects.get(id=dispute_id)
+    moves = list(dispute.balance_transactions or [])
+    with transaction.atomic():
+        for move in moves:
+            common = {"purchase_id": dispute.purchase_id, "operation_id": move["id"][:40],
+                      "provider_reference": dispute.id, "currency": move["currency"]
+                      or dispute.currency}
+            amount, fee = int(move["amount"]), int(move["fee"])
+            if amount < 0:
+                _ledger_pair(**common, entry_type="dispute_withdrawal",
+                             debit=LedgerAccount.DISPUTED,
+                             credit=LedgerAccount.PROVIDER_BALANCE, amount=-amount)
+            elif amount > 0:
+                _ledger_pair(**common, entry_type="dispute_reinstatement",
+                             debit=LedgerAccount.PROVIDER_BALANCE,
+                             credit=LedgerAccount.DISPUTED, amount=amount)
+            if fee:
+                _ledger_pair(**common, entry_type="dispute_fee", debit=LedgerAccount.FEES,
+                             credit=LedgerAccount.PROVIDER_BALANCE, amount=fee)
+        lost = dispute.funds_withdrawn - dispute.funds_reinstated
+        if dispute.status == DisputeStatus.LOST and lost > 0:
+            _ledger_pair(purchase_id=dispute.purchase_id, operation_id=dispute.id[:40],
+                         provider_reference=dispute.id, entry_type="dispute_loss",
+                         debit=LedgerAccount.REVENUE, credit=LedgerAccount.DISPUTED,
+                         amount=lost, currency=dispute.currency)
+    return len(moves)
+
+
+def dispute_changed(*, dispute_id: str) -> None:
+    """Read back first (outside any transaction; a failed read changes nothing), then book."""
+    from payments.disputes import dispute_refresh
+
+    try:
+        dispute_refresh(dispute_id=dispute_id)
+    except Exception:  # the provider's read-back is a refresh, not a precondition
+        log.warning("dispute read-back failed dispute=%s", dispute_id, exc_info=True)
+    dispute_ledger_book(dispute_id=dispute_id)
+
+
+def disputes_refresh_open() -> int:
+    """Beat job: queue a read-back of every open dispute (a missed or late webhook cannot
+    leave one stale). Finds work and writes outbox rows only; one per dispute per hour."""
+    from payments.enums import DISPUTE_CLOSED_STATUSES
+    from payments.models import Dispute
+
+    hour = timezone.now().strftime("%Y%m%d%H")
+    ids = list(Dispute.objects.exclude(status__in=DISPUTE_CLOSED_STATUSES)
+               .values_list("id", flat=True))
+    with transaction.atomic():
+        for dispute_id in ids:
+            outbox_put(category=OutboxCategory.DISPUTE_CHANGED, payload={"dispute": dispute_id},
+                       dedupe_key=f"dispute-refresh:{dispute_id}:{hour}")
+    return len(ids)

@@ -1,0 +1,224 @@
+"""The newcomer's first run, end to end: boot exactly what `make run` boots (`make serve`:
+the same Makefile recipe, Procfile.dev and settings — SQLite in a temporary var/, the
+filesystem broker, localstripe, gunicorn, a Celery worker and beat) on free ports, then
+paste the README's walk-through blocks, verbatim and in order, into bash.
+
+It asserts effects, not answers: every signed delivery localstripe made was a 2xx by
+localstripe's own account and is stored once in the SQLite database; one charge per
+purchase at localstripe; the unknown payment from the drill ends `completed`; a console
+user logs in; the status page opens; the banner is the last thing on screen. This is the
+embedded default's only test on SQLite, and it runs in `make test`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import Localstripe
+from tests.stack import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+# A timeout, not a target: a quiet 2-core machine boots in 30-60 s, a fresh clone's first
+# boot (no bytecode yet) on a loaded one took 120 s.
+BOOT_SECONDS = 240
+BANNER_END = "Ctrl-C stops everything."
+# What `make test`'s stack sets and the embedded default must not see.
+STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "STRIPE_API_KEY",
+                   "STRIPE_API_BASE", "VERITY_STACK_DIR", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
+
+
+def walkthrough_blocks() -> list[str]:
+    """The README's bash blocks marked `<!-- walkthrough -->`, in order."""
+    blocks = re.findall(r"^<!-- walkthrough -->\n```bash\n(.*?)^```$", README.read_text(),
+                        re.M | re.S)
+    assert len(blocks) >= 10, "the README walk-through lost its marked blocks"
+    return blocks
+
+
+def _honcho_text(line: str) -> str:
+    # "09:38:39 banner.1      | text" -> "text"
+    return line.split("| ", 1)[1] if "| " in line else line
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    # Ctrl-C as a person would (honcho stops every process), then make sure.
+    for sig, wait in ((signal.SIGINT, 20), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        if proc.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group
+
+
+@pytest.fixture
+def embedded(tmp_path):
+    """`make serve` on free ports with a temporary var/; yields (env, base URL, var dir)."""
+    var, web_port, ls_port = tmp_path / "var", free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k not in STACK_VARIABLES}
+    env.update({
+        "VERITY_VAR_DIR": str(var), "VERITY_PORT": str(web_port),
+        "LOCALSTRIPE_PORT": str(ls_port), "STRIPE_API_BASE": f"http://127.0.0.1:{ls_port}",
+        "PUBLIC_BASE_URL": f"http://127.0.0.1:{web_port}",
+        "STOREFRONT_CHECKOUT_URL": f"http://127.0.0.1:{web_port}/demo-checkout/{{purchase_id}}",
+        "PYTHONUNBUFFERED": "1",
+    })
+    out_path = tmp_path / "make-serve.log"
+    with open(out_path, "wb") as out:
+        proc = subprocess.Popen(["make", "--no-print-directory", "serve"], cwd=ROOT, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + BOOT_SECONDS
+        while BANNER_END not in out_path.read_text(errors="replace"):
+            assert proc.poll() is None, "make serve exited:\n" + out_path.read_text()[-4000:]
+            assert time.monotonic() < deadline, ("no banner after %d s:\n" % BOOT_SECONDS
+                                                 + out_path.read_text()[-4000:])
+            time.sleep(0.5)
+        yield env, f"http://127.0.0.1:{web_port}", var, out_path
+    finally:
+        _stop(proc)
+
+
+def run_walkthrough(env: dict, base: str, var: Path) -> dict[str, str]:
+    blocks = walkthrough_blocks()
+    setup = blocks[0]
+    # The only edits: this stack's port and var/ instead of make run's fixed ones.
+    assert "B=http://127.0.0.1:8000/api/v1" in setup and "$(cat var/demo-api-key)" in setup
+    blocks[0] = (setup.replace("http://127.0.0.1:8000", base)
+                 .replace("$(cat var/demo-api-key)", f"$(cat {var}/demo-api-key)"))
+    script = "\n".join(["set -euo pipefail", *blocks,
+                        'echo "WALKTHROUGH PURCHASE=$PURCHASE OP=$OP '
+                        'UNKNOWN_PURCHASE=$UNKNOWN_PURCHASE UNKNOWN_OP=$UNKNOWN_OP '
+                        'PURCHASE2=$PURCHASE2 DECLINED=$DECLINED"'])
+    # Answers go to one regular file, as `… 2>&1 | tee` or a terminal log would: a block
+    # that reopens /dev/stderr (and so truncates that file) shows up as lost answers.
+    log = var.parent / "walkthrough.log"
+    with open(log, "w") as out:
+        done = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=180)
+    output = log.read_text()
+    assert done.returncode == 0, f"walk-through failed:\n{output}"
+    for answer in ('"sku":"TEA-001"', "Idempotent-Replayed: true", "idempotency_key_reused",
+                   "already_paid", "idempotency_key_required", "outcome=unknown",
+                   '"code":"card_declined"', '"retry_of":'):
+        assert answer in output, f"{answer} missing from the walk-through's answers:\n{output}"
+    last = [line for line in output.splitlines() if line.startswith("WALKTHROUGH ")][-1]
+    ids = dict(pair.split("=", 1) for pair in last.split()[1:])
+    assert all(ids.values()), ids
+    return ids
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def test_make_run_then_the_readme_walkthrough_works_on_the_embedded_default(embedded):
+    env, base, var, out_path = embedded
+
+    # the banner is the last thing on screen once everything is up, and stays so while
+    # idle: longer than beat's outbox sweep (5 s), whose INFO lines used to scroll it away
+    time.sleep(12)
+    screen = [_honcho_text(line).strip() for line in out_path.read_text().splitlines()]
+    screen = [line for line in screen if line]
+    assert screen[-1] == "=" * 78 and screen[-2] == BANNER_END, screen[-15:]
+    banner = "\n".join(screen[-40:])
+    assert "NOT UP" not in banner, banner
+    for needle in ("support1 / support-demo-pass", "operator1 / operator-demo-pass",
+                   "finance1 / finance-demo-pass", (var / "demo-api-key").read_text().strip(),
+                   f"{base}/console/", f"{base}/status/", f"curl -s -H 'Authorization"):
+        assert needle in banner, needle
+    assert not (ROOT / "control").exists()  # runtime folders stay under var/
+
+    # when: a newcomer pastes the README walk-through
+    ids = run_walkthrough(env, base, var)
+
+    # then: the purchases ended as the README says, one charge each at localstripe
+    key = (var / "demo-api-key").read_text().strip()
+    api = requests.Session()
+    api.headers["Authorization"] = f"Api-Key {key}"
+
+    def purchase(pid: str) -> dict:
+        return api.get(f"{base}/api/v1/purchases/{pid}", timeout=10).json()
+
+    _wait_for(lambda: purchase(ids["UNKNOWN_PURCHASE"])["status"] == "completed", 60,
+              "the drilled purchase to complete")
+    assert api.get(f"{base}/api/v1/operations/{ids['UNKNOWN_OP']}",
+                   timeout=10).json()["outcome"] == "succeeded"
+    assert purchase(ids["PURCHASE"])["status"] in ("paid", "fulfilling", "completed")
+    assert purchase(ids["PURCHASE2"])["status"] in ("paid", "fulfilling", "completed")
+    provider = Localstripe(env["STRIPE_API_BASE"], "sk_test_verity_local")
+    for pid in (ids["PURCHASE"], ids["UNKNOWN_PURCHASE"], ids["PURCHASE2"]):
+        assert len(provider.succeeded_charges_for(pid)) == 1, pid
+    assert len(provider.payment_intents_for(ids["PURCHASE2"])) == 2  # declined + retry
+
+    # and: every signed delivery localstripe made was a 2xx and is stored once
+    deliveries_log = var / "log" / "localstripe-deliveries.log"
+    # at least: PURCHASE succeeded, the drilled one succeeded, PURCHASE2 failed+succeeded
+    _wait_for(lambda: deliveries_log.exists() and len(
+        [line for line in deliveries_log.read_text().splitlines() if 'webhook "' in line]) >= 4,
+        30, "four deliveries")
+    time.sleep(2)  # a delivery in flight lands in the log too
+    deliveries = [line for line in deliveries_log.read_text().splitlines()
+                  if 'webhook "' in line]
+    refused = [line for line in deliveries if "successfully delivered" not in line]
+    assert not refused, refused
+    with contextlib.closing(sqlite3.connect(f"file:{var / 'verity.sqlite3'}?mode=ro",
+                                            uri=True)) as db:
+        stored = db.execute("SELECT event_id, result FROM webhooks_providerevent "
+                            "WHERE event_id NOT LIKE 'evt_demo_%'").fetchall()
+        applied_to = {row[0] for row in db.execute(
+            "SELECT operation_id FROM webhooks_providerevent WHERE operation_id != ''")}
+    assert len(stored) == len(deliveries), (stored, deliveries)
+    assert len({event_id for event_id, _ in stored}) == len(stored)
+    assert ids["UNKNOWN_OP"] in applied_to  # the drilled payment's webhook reached it
+    metrics = requests.get(f"{base}/metrics", timeout=10).text
+    failed = re.findall(r'^verity_webhook_failures_total\{reason="(\w+)"\} ([0-9.]+)$',
+                        metrics, re.M)
+    assert failed and all(float(n) == 0 for _, n in failed), failed
+    assert requests.get(f"{base}/readyz", timeout=10).status_code == 200
+
+    # and: a console user logs in, and the customer's status page opens
+    console = requests.Session()
+    login = console.get(f"{base}/console/login/", timeout=10)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login.text).group(1)
+    answer = console.post(f"{base}/console/login/", timeout=10, allow_redirects=False,
+                          data={"username": "support1", "password": "support-demo-pass",
+                                "csrfmiddlewaretoken": token})
+    assert answer.status_code == 302, answer.text[:500]
+    home = console.get(f"{base}/console/", timeout=10)
+    assert home.status_code == 200 and "support1" in home.text
+    status_url = purchase(ids["UNKNOWN_PURCHASE"])["status_url"]
+    assert status_url.startswith(f"{base}/status/")
+    page = requests.get(status_url, timeout=10)
+    assert page.status_code == 200 and ids["UNKNOWN_PURCHASE"] in page.text
+
+
+def test_the_readme_walkthrough_covers_the_whole_story():
+    text = "\n".join(walkthrough_blocks())
+    for step in ("$B/products", "$B/quotes", "$B/purchases", "/payments", "demo_unknown_payment",
+                 "/reconcile", "retry_of"):
+        assert step in text, step
+    # pasteable: ids come from the previous answer, never from the README's examples
+    # (comment lines may show an example answer)
+    commands = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert not re.search(r"\b(pur|op|quo)_[0-9a-f]{8,}", commands)
+    assert "python manage.py" not in text.replace(".venv/bin/python manage.py", "")

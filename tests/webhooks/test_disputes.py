@@ -1,0 +1,240 @@
+"""Disputes: a charge disputed at the provider (localstripe's dispute resource, added by
+config/localstripe_server.py) reaches Verity as signed `charge.dispute.*` events built
+from the provider's own Dispute object; the purchase says `disputed` everywhere, the
+ledger follows the provider's balance to the unit, and late events never regress it."""
+import copy
+
+import pytest
+import requests
+from django.conf import settings
+from django.db.models import Sum
+from rest_framework.test import APIClient
+
+from payments.enums import DisputeStatus, PurchaseStatus
+from payments.models import Dispute, ProviderCall, Purchase
+from recovery.models import LedgerEntry, SettlementDiscrepancy
+from recovery.settlement import settlement_compare
+from tests.factories import make_client
+from tests.recovery.conftest import settle
+from webhooks.models import EventResult, ProviderEvent
+
+from .conftest import deliver_and_process, event_for, provider_object
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DISPUTE_FEE = 1500
+
+
+@pytest.fixture
+def keyed(db):
+    return make_client(limit=1_000_000)
+
+
+@pytest.fixture
+def api_client(keyed):  # the webhooks conftest's purchases belong to this client
+    return keyed[0]
+
+
+@pytest.fixture
+def api(keyed):
+    http = APIClient()
+    http.credentials(HTTP_AUTHORIZATION=f"Api-Key {keyed[1]}")
+    return http
+
+
+def finance_console(client):
+    from django.contrib.auth.models import Group, User
+
+    from support.access import ensure_groups
+
+    ensure_groups()
+    user = User.objects.create_user("finance-disputes", password="x")
+    user.groups.add(Group.objects.get(name="finance"))
+    client.force_login(user)
+    return client
+
+
+def open_dispute(charge: str, **fields) -> dict:
+    """The card network's part: the provider opens a dispute and withdraws the funds."""
+    r = requests.post(f"{settings.STRIPE_API_BASE}/_config/disputes",
+                      data={"charge": charge, **fields}, timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def move_dispute(dispute_id: str, status: str, **fields) -> dict:
+    r = requests.post(f"{settings.STRIPE_API_BASE}/_config/disputes/{dispute_id}",
+                      data={"status": status, **fields}, timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def dispute_event(dispute_id: str, type_: str) -> dict:
+    return event_for(provider_object("disputes", dispute_id), type_)
+
+
+def provider_net(localstripe, sources: set[str]) -> int:
+    return sum(t["net"] for t in localstripe.list("balance_transactions")
+               if t["source"] in sources)
+
+
+def ledger_balance(purchase_id: str) -> int:
+    return (LedgerEntry.objects.filter(purchase_id=purchase_id, account="provider_balance")
+            .aggregate(s=Sum("amount"))["s"] or 0)
+
+
+def entries(purchase_id: str, entry_type: str) -> int:
+    return LedgerEntry.objects.filter(purchase_id=purchase_id, entry_type=entry_type).count()
+
+
+def paid_purchase(new_purchase, pay):
+    purchase = new_purchase()
+    op = pay(purchase)
+    settle()  # fulfilment books the sale
+    assert op.provider_charge.startswith("ch_")
+    return purchase, op
+
+
+def test_lost_dispute_is_disputed_everywhere_and_leaves_ledger_equal_to_provider(
+        client, api, new_purchase, pay, localstripe):
+    purchase, op = paid_purchase(new_purchase, pay)
+    dispute = open_dispute(op.provider_charge, reason="fraudulent")
+
+    result = deliver_and_process(client, dispute_event(dispute["id"], "charge.dispute.created"))
+    settle()  # the DISPUTE_CHANGED message: read-back, then the ledger
+
+    assert result == EventResult.APPLIED
+    body = api.get(f"/api/v1/purchases/{purchase.pk}").json()
+    assert body["status"] == PurchaseStatus.DISPUTED
+    assert body["next_action"]["code"] == "disputed"
+    [shown] = body["disputes"]
+    assert (shown["id"], shown["status"], shown["amount"], shown["currency"],
+            shown["reason"]) == (dispute["id"], "needs_response", 1500, "usd", "fraudulent")
+    assert shown["evidence_due_by"].startswith("20")
+    page = client.get(f"/status/{purchase.status_token}/").content.decode()
+    assert "being reviewed with your bank" in page and "Pay again" not in page
+    console = finance_console(client).get("/console/queues/disputes/").content.decode()
+    assert dispute["id"] in console and purchase.pk in console
+    row = Dispute.objects.get(pk=dispute["id"])
+    assert (row.funds_withdrawn, row.fees, row.verification) == (1500, DISPUTE_FEE, "provider")
+    assert ProviderCall.objects.filter(operation=op, purpose="reconcile",
+                                       safe_fields__object="dispute").count() >= 1
+    assert entries(purchase.pk, "dispute_withdrawal") == 2
+    assert entries(purchase.pk, "dispute_fee") == 2
+
+    move_dispute(dispute["id"], "under_review")
+    deliver_and_process(client, dispute_event(dispute["id"], "charge.dispute.updated"))
+    move_dispute(dispute["id"], "lost")
+    closed = dispute_event(dispute["id"], "charge.dispute.closed")
+    assert deliver_and_process(client, closed) == EventResult.APPLIED
+    settle()
+
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.DISPUTE_LOST
+    assert api.get(f"/api/v1/purchases/{purchase.pk}").json()["disputes"][0]["status"] == "lost"
+    sources = {op.provider_charge, dispute["id"]}
+    assert ledger_balance(purchase.pk) - provider_net(localstripe, sources) == 0
+    assert ledger_balance(purchase.pk) == 1500 - 1500 - DISPUTE_FEE
+    assert entries(purchase.pk, "dispute_loss") == 2
+    settlement_compare(grace_seconds=0)
+    assert not SettlementDiscrepancy.objects.filter(provider_reference__in=sources,
+                                                    resolved_at__isnull=True).exists()
+    # provider objects: one charge, one dispute, no refund
+    assert len(localstripe.succeeded_charges_for(purchase.pk)) == 1
+    assert len([d for d in localstripe.list("disputes") if d["charge"] == op.provider_charge]) == 1
+    assert localstripe.refunds_for(op.provider_reference) == []
+
+
+def test_won_dispute_reinstates_the_funds_and_the_purchase_says_so(
+        client, api, new_purchase, pay, localstripe):
+    purchase, op = paid_purchase(new_purchase, pay)
+    dispute = open_dispute(op.provider_charge, reason="product_not_received")
+    deliver_and_process(client, dispute_event(dispute["id"], "charge.dispute.created"))
+    move_dispute(dispute["id"], "won")
+
+    assert deliver_and_process(
+        client, dispute_event(dispute["id"], "charge.dispute.closed")) == EventResult.APPLIED
+    settle()
+
+    assert api.get(f"/api/v1/purchases/{purchase.pk}").json()["status"] == "dispute_won"
+    row = Dispute.objects.get(pk=dispute["id"])
+    assert (row.status, row.funds_withdrawn, row.funds_reinstated) == ("won", 1500, 1500)
+    assert entries(purchase.pk, "dispute_reinstatement") == 2
+    assert entries(purchase.pk, "dispute_loss") == 0
+    sources = {op.provider_charge, dispute["id"]}
+    # sale 1500, withdrawal -1500, fee -1500, reinstatement +1500 (the fee is not returned)
+    assert ledger_balance(purchase.pk) == provider_net(localstripe, sources) == 1500 - DISPUTE_FEE
+
+
+def test_late_and_repeated_events_never_regress_a_closed_dispute(
+        client, new_purchase, pay, localstripe):
+    purchase, op = paid_purchase(new_purchase, pay)
+    dispute = open_dispute(op.provider_charge)
+    created = dispute_event(dispute["id"], "charge.dispute.created")  # built while open
+    move_dispute(dispute["id"], "lost")
+    closed = dispute_event(dispute["id"], "charge.dispute.closed")
+
+    # the closing event arrives first, the opening one after it, then both again
+    assert deliver_and_process(client, closed) == EventResult.APPLIED
+    assert deliver_and_process(client, created) == EventResult.IGNORED
+    settle()
+    ledger_rows = LedgerEntry.objects.filter(purchase_id=purchase.pk).count()
+    for event in (created, closed):
+        again = copy.deepcopy(event)
+        again["id"] = event["id"] + "_again"
+        assert deliver_and_process(client, again) == EventResult.IGNORED
+    settle()
+
+    assert Dispute.objects.filter(purchase_id=purchase.pk).count() == 1
+    assert Dispute.objects.get(pk=dispute["id"]).status == DisputeStatus.LOST
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.DISPUTE_LOST
+    assert LedgerEntry.objects.filter(purchase_id=purchase.pk).count() == ledger_rows
+    assert ledger_balance(purchase.pk) == provider_net(localstripe,
+                                                       {op.provider_charge, dispute["id"]})
+
+
+def test_a_dispute_that_disagrees_with_the_payment_is_quarantined_and_changes_nothing(
+        client, new_purchase, pay):
+    purchase, op = paid_purchase(new_purchase, pay)
+    dispute = open_dispute(op.provider_charge)
+    event = dispute_event(dispute["id"], "charge.dispute.created")
+    event["data"]["object"]["currency"] = "eur"
+    ledger_rows = LedgerEntry.objects.filter(purchase_id=purchase.pk).count()
+
+    assert deliver_and_process(client, event) == EventResult.QUARANTINED
+    settle()
+
+    assert ProviderEvent.objects.get(event_id=event["id"]).result_reason == "mismatch:currency"
+    assert not Dispute.objects.filter(pk=dispute["id"]).exists()
+    assert Purchase.objects.get(pk=purchase.pk).status != PurchaseStatus.DISPUTED
+    assert LedgerEntry.objects.filter(purchase_id=purchase.pk).count() == ledger_rows
+
+
+def test_a_dispute_on_a_charge_verity_does_not_know_is_held(client, new_purchase, pay):
+    purchase, op = paid_purchase(new_purchase, pay)
+    dispute = open_dispute(op.provider_charge)
+    event = dispute_event(dispute["id"], "charge.dispute.created")
+    event["data"]["object"]["payment_intent"] = "pi_someone_else"
+    event["data"]["object"]["charge"] = "ch_someone_else"
+
+    assert deliver_and_process(client, event) == EventResult.HELD
+    assert not Dispute.objects.exists()
+
+
+def test_a_missed_closing_event_is_caught_by_the_periodic_read_back(
+        client, new_purchase, pay, localstripe):
+    from recovery.disputes import disputes_refresh_open
+
+    purchase, op = paid_purchase(new_purchase, pay)
+    dispute = open_dispute(op.provider_charge)
+    deliver_and_process(client, dispute_event(dispute["id"], "charge.dispute.created"))
+    settle()
+    move_dispute(dispute["id"], "lost")  # charge.dispute.closed never arrives
+
+    assert disputes_refresh_open() == 1
+    settle()
+
+    assert Dispute.objects.get(pk=dispute["id"]).status == DisputeStatus.LOST
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.DISPUTE_LOST
+    assert ledger_balance(purchase.pk) == provider_net(localstripe,
+                                                       {op.provider_charge, dispute["id"]})
+    assert disputes_refresh_open() == 0  # nothing open is left to read
