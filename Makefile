@@ -69,6 +69,7 @@ audit: deps
 	$(AUDIT) -r requirements.lock $(PIP_AUDIT_ARGS)
 	$(AUDIT) -r requirements-dev.lock $(PIP_AUDIT_ARGS)
 
+drill: export DEBUG ?= true
 drill: deps
 	$(PY) manage.py drill
 

@@ -17,3 +17,7 @@ urlpatterns = [
     path("demo-checkout/<str:purchase_id>", demo.demo_checkout, name="demo-checkout"),
     path("admin/", admin.site.urls),
 ]
+
+# Verity's own pages for an unknown address (the console's, the customer page's, or an
+# RFC 9457 problem under /api/), never Django's default.
+handler404 = "support.web.page_not_found"

@@ -196,3 +196,6 @@ DISPUTE_CLOSED_STATUSES = (DisputeStatus.WARNING_CLOSED, DisputeStatus.WON, Disp
 # Open disputes that still wait for the merchant's evidence (the finance queue's urgency).
 DISPUTE_NEEDS_RESPONSE_STATUSES = (DisputeStatus.WARNING_NEEDS_RESPONSE,
                                    DisputeStatus.NEEDS_RESPONSE)
+# The history cause of a transition where verified provider evidence overturned a
+# person's (acknowledged) resolution (DESIGN §4): queues, metrics and alerts key on it.
+OVERTURN_CAUSE = "manual_resolution_overturned"

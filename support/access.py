@@ -29,13 +29,17 @@ class Action(models.TextChoices):
     APPROVE_REFUND = "approve_refund"
     VIEW_SETTLEMENT = "view_settlement"
     ACKNOWLEDGE_EXTERNAL = "acknowledge_external"  # an operation made outside Verity
+    SETTLE_DISCREPANCY = "settle_discrepancy"  # explain and close a settlement row
+    RETRY_OUTBOX = "retry_outbox"  # make a backed-off outbox row due now
+    DECIDE_STEP = "decide_step"  # complete a compensation-queue step forward / mark handled
 
 
 _SUPPORT = {Action.VIEW, Action.ADD_NOTE, Action.RECONCILE, Action.REQUEST_REFUND}
 _OPERATOR = _SUPPORT | {Action.RESOLVE, Action.REPLAY, Action.HALT, Action.TRIAGE_QUARANTINE,
-                        Action.VIEW_REDACTED_PAYLOAD, Action.MANAGE_INCIDENTS}
+                        Action.VIEW_REDACTED_PAYLOAD, Action.MANAGE_INCIDENTS,
+                        Action.RETRY_OUTBOX, Action.DECIDE_STEP}
 _FINANCE = _SUPPORT | {Action.APPROVE_REFUND, Action.VIEW_SETTLEMENT,
-                       Action.ACKNOWLEDGE_EXTERNAL}
+                       Action.SETTLE_DISCREPANCY, Action.ACKNOWLEDGE_EXTERNAL}
 
 MATRIX: dict[Role, frozenset[Action]] = {
     Role.SUPPORT: frozenset(_SUPPORT),
@@ -55,6 +59,11 @@ def roles_of(user) -> set[Role]:
         cached = frozenset(r for r in Role if r.value in names)
         user._verity_roles = cached
     return set(cached)
+
+
+def roles_with(action: Action) -> list[Role]:
+    """The roles that hold `action` (for "ask someone with the … role")."""
+    return [role for role, actions in MATRIX.items() if action in actions]
 
 
 def can(user, action: Action) -> bool:

@@ -18,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from payments.enums import (
+    OVERTURN_CAUSE,
     Grade,
     HoldState,
     OperationKind,
@@ -28,7 +29,15 @@ from payments.enums import (
     Verification,
 )
 from payments.customers import basket_fingerprint, customer_key
-from payments.models import ApiClient, Dispute, Hold, PaymentOperation, Purchase, Quote
+from payments.models import (
+    ApiClient,
+    Dispute,
+    Hold,
+    OperationTransition,
+    PaymentOperation,
+    Purchase,
+    Quote,
+)
 from recovery.models import (
     OutboxCategory,
     OutboxMessage,
@@ -93,7 +102,8 @@ def _purchase(name: str, status: str, ops: list[dict], order: bool,
             provider_reference=f"{'re' if fields['kind'] == 'refund' else 'pi'}_demo_{name}_{i}",
             **fields)
     if order:
-        Order.objects.create(purchase_id=purchase.pk, reference=f"DEMO-{name.upper()}"[:40])
+        # The same shape as the order writer's references (ord_…), so search finds it.
+        Order.objects.create(purchase_id=purchase.pk, reference=f"ord_demo_{name}"[:40])
     return purchase
 
 
@@ -160,10 +170,14 @@ def demo_cases_seed() -> list[tuple[str, str]]:
                                          available_at=timezone.now() + timedelta(days=1),
                                          last_error="demo: handler kept failing")
         # Settlement discrepancy.
-        if not SettlementDiscrepancy.objects.filter(provider_reference="txn_demo_1",
+        # A balance transaction's source is the charge (ch_…): the demo "complete"
+        # purchase's, so the queue row links to it and searching the charge finds it.
+        PaymentOperation.objects.filter(provider_reference="pi_demo_complete_0").update(
+            provider_charge="ch_demo_complete_0")
+        if not SettlementDiscrepancy.objects.filter(provider_reference="ch_demo_complete_0",
                                                     resolved_at__isnull=True).exists():
             SettlementDiscrepancy.objects.create(
-                provider_reference="txn_demo_1", kind="missing_in_ledger",
+                provider_reference="ch_demo_complete_0", kind="missing_locally",
                 provider_amount=3050, ledger_amount=None, currency="usd",
                 detail="demo: a provider balance transaction with no ledger entry")
         # Refund awaiting approval (requested through the API).
@@ -190,6 +204,24 @@ def demo_cases_seed() -> list[tuple[str, str]]:
                 purchase=outside, kind=OperationKind.REFUND, amount=3050, currency="usd",
                 origin=Origin.PROVIDER, provider_reference="re_demo_dashboard",
                 parent=outside.operations.first(), **_OK)
+        # A manual resolution overturned by the provider's record (its own queue), and a
+        # duplicate charge with the refund returning it.
+        over = _purchase("manual-resolution-overturned", S.PAID, [_OK], False, client)
+        op = over.operations.first()
+        if not op.transitions.filter(cause=OVERTURN_CAUSE).exists():
+            PaymentOperation.objects.filter(pk=op.pk).update(next_action_owner="support")
+            OperationTransition.objects.create(
+                purchase=over, operation=op, field="outcome", source=O.FAILED,
+                target=O.SUCCEEDED, cause=OVERTURN_CAUSE, actor="webhook:evt_demo_overturn",
+                evidence={"overturned": {"outcome": "failed", "actor": "demo-operator",
+                                         "reason": "demo: buyer said declined"}})
+        dup = _purchase("duplicate-charge", S.PAID, [_OK, {**_OK, "is_duplicate": True}],
+                        False, client)
+        dup_op = dup.operations.filter(is_duplicate=True).first()
+        if not dup.operations.filter(kind=OperationKind.REFUND).exists():
+            PaymentOperation.objects.create(
+                purchase=dup, kind=OperationKind.REFUND, amount=dup_op.amount, currency="usd",
+                outcome=O.PENDING, is_compensation=True, parent=dup_op)
         _demo_incident()
     return links
 

@@ -42,6 +42,8 @@ RUNBOOK_QUEUE: dict[str, str] = {
     "refund-awaiting-approval": "refund_approval",
     "dispute-evidence-due": "disputes",
     "made-outside-verity": "external",
+    "manual-resolution-overturned": "overturned",
+    "duplicate-charge": "duplicates",
 }
 QUEUE_RUNBOOK: dict[str, str] = {q: slug for slug, q in RUNBOOK_QUEUE.items()}
 

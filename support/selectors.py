@@ -12,11 +12,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from statistics import median
 
+from django.contrib import messages as message_levels
 from django.db.models import Count, Exists, Min, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
 from payments.enums import (
+    OVERTURN_CAUSE,
     PAYMENT_KINDS,
+    CallPurpose,
+    Classification,
     HoldState,
     OperationKind,
     Outcome,
@@ -32,6 +36,7 @@ from payments.models import (
     Purchase,
 )
 from recovery.models import (
+    OutboxCategory,
     OutboxMessage,
     Order,
     RecoveryDecision,
@@ -41,7 +46,9 @@ from recovery.models import (
     WorkflowHalt,
 )
 from support import provider_queues
+from payments.money import MoneyInputError, format_money, parse_money
 from support.access import Action, can
+from support.timefmt import relative
 from support.models import AuditEntry, Note, Resolution
 from webhooks.models import EventResult, ProviderEvent
 
@@ -66,6 +73,9 @@ class QueueItem:
     summary: str
     owner: str = ""
     runbook: str = ""  # slug of the runbook for this row (support.runbooks)
+    anchor: str = ""  # where on the purchase page its actions are (operation id, "steps-h")
+    action: str = ""  # what a person does with it, in words (the link or form says where)
+    error: str = ""  # last error, for stuck outbox rows and failed steps
 
     @property
     def age(self) -> timedelta:
@@ -106,6 +116,12 @@ QUEUES: dict[str, QueueSpec] = {q.name: q for q in [
     QueueSpec("external", "Made outside Verity", Action.VIEW,
               "Refunds, captures and cancels the provider reported that no Verity operation "
               "requested; a finance user acknowledges each one."),
+    QueueSpec("overturned", "Manual resolution overturned", Action.VIEW,
+              "Verified provider evidence contradicted a person's resolution; the "
+              "operation now shows the provider's outcome. Check what followed."),
+    QueueSpec("duplicates", "Duplicate charges", Action.VIEW,
+              "A second confirmed charge on one purchase, and the linked refund or void "
+              "that returns it."),
 ]}
 
 
@@ -193,6 +209,79 @@ def _q_refund_approval():
     return PaymentOperation.objects.filter(outcome=Outcome.AWAITING_APPROVAL)
 
 
+def _q_overturned():
+    # Open until a person marks the overturn reviewed (the operation's next owner is
+    # support from the overturn until then).
+    return PaymentOperation.objects.filter(
+        transitions__cause=OVERTURN_CAUSE, next_action_owner=Owner.SUPPORT).distinct()
+
+
+def _q_duplicates():
+    return PaymentOperation.objects.filter(is_duplicate=True)
+
+
+_OP_ACTION = "Reconcile now, or resolve with provider evidence"
+_STEP_WORDS = {StepState.FAILED: "failed", StepState.UNKNOWN: "may or may not have happened",
+               StepState.MANUAL: "waits for a person"}
+_DISCREPANCY_WORDS = {"missing_locally": "In the provider's balance, not in the ledger",
+                      "missing_in_ledger": "In the provider's balance, not in the ledger",
+                      "missing_at_provider": "In the ledger, not in the provider's balance",
+                      "amount_differs": "Amounts differ"}
+
+
+def _op_summary(op: PaymentOperation) -> str:
+    return f"{op.kind} {_money(op.amount, op.currency)}"
+
+
+def _purchase_for_references(refs: list[str]) -> dict[str, str]:
+    """provider reference (pi_/ch_/re_/py_) -> purchase id, via operations and the ledger."""
+    refs = [r for r in refs if r]
+    if not refs:
+        return {}
+    out: dict[str, str] = {}
+    for ref, charge, pid in PaymentOperation.objects.filter(
+            Q(provider_reference__in=refs) | Q(provider_charge__in=refs)).values_list(
+            "provider_reference", "provider_charge", "purchase_id"):
+        for r in (ref, charge):
+            if r in refs:
+                out.setdefault(r, pid)
+    from recovery.models import LedgerEntry
+
+    for ref, pid in LedgerEntry.objects.filter(provider_reference__in=refs).values_list(
+            "provider_reference", "purchase_id"):
+        out.setdefault(ref, pid)
+    return out
+
+
+def _outbox_purchase(payload) -> str:
+    if not isinstance(payload, dict):
+        return ""
+    if payload.get("purchase"):
+        return str(payload["purchase"])
+    if payload.get("operation"):
+        return PaymentOperation.objects.filter(pk=payload["operation"]).values_list(
+            "purchase_id", flat=True).first() or ""
+    if payload.get("event"):
+        e = ProviderEvent.objects.filter(pk=payload["event"]).first()
+        return _event_purchase(e) if e else ""
+    return ""
+
+
+def _outbox_label(category: int) -> str:
+    try:
+        return str(OutboxCategory(category).label).capitalize()
+    except ValueError:
+        return f"category {category}"
+
+
+def discrepancy_summary(d: SettlementDiscrepancy) -> str:
+    what = _DISCREPANCY_WORDS.get(d.kind, d.kind.replace("_", " ").capitalize())
+    provider = (_money(d.provider_amount, d.currency) if d.provider_amount is not None
+                else "no movement")
+    ledger = _money(d.ledger_amount, d.currency) if d.ledger_amount is not None else "no entry"
+    return f"{what} · {d.provider_reference}: provider {provider}, ledger {ledger}"
+
+
 def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
     """Rows of one queue, oldest first."""
     now = timezone.now()
@@ -200,49 +289,65 @@ def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
     if name == "unknown":
         for op in _q_unknown().select_related("purchase").order_by("created_at")[:limit]:
             items.append(QueueItem(op.created_at, "operation", op.id, op.purchase_id,
-                                   f"{op.kind} {_money(op.amount, op.currency)} · "
-                                   f"{op.reconcile_attempts} read-backs",
-                                   op.purchase.recovery_owner))
+                                   f"{_op_summary(op)} · {op.reconcile_attempts} read-backs",
+                                   op.purchase.recovery_owner, anchor=op.id,
+                                   action=_OP_ACTION))
     elif name == "paid_without_order":
         rows = _q_paid_without_order().annotate(paid_at=_paid_at_subquery())
         for p in sorted(rows[: limit * 2], key=lambda p: p.paid_at or p.updated_at)[:limit]:
             items.append(QueueItem(p.paid_at or p.updated_at, "purchase", p.id, p.id,
                                    f"{p.status} {_money(p.amount, p.currency)}",
-                                   p.recovery_owner))
+                                   p.recovery_owner, anchor="steps-h",
+                                   action="Check its steps and halts; a note or a refund "
+                                          "request if the order cannot be written"))
     elif name == "compensation":
-        for s in _q_compensation_steps().order_by("created_at")[:limit]:
-            items.append(QueueItem(s.started_at or s.created_at, "step", str(s.pk),
-                                   s.purchase_id, f"step {s.step} is {s.state}"))
+        for st in _q_compensation_steps().order_by("created_at")[:limit]:
+            words = _STEP_WORDS.get(st.state, st.state)
+            items.append(QueueItem(st.started_at or st.created_at, "step", st.step,
+                                   st.purchase_id,
+                                   f"Step {st.step} {words} after {st.attempts} attempts",
+                                   anchor="steps-h", error=st.last_error[:300],
+                                   action="Decide: complete forward, mark handled, or refund"))
         for op in _q_compensation_ops().order_by("created_at")[:limit]:
             items.append(QueueItem(op.created_at, "operation", op.id, op.purchase_id,
-                                   f"compensating {op.kind} is {op.outcome}"))
+                                   f"Compensating {_op_summary(op)} is {op.outcome}",
+                                   anchor=op.id, action=_OP_ACTION))
         items.sort(key=lambda i: i.since)
         items = items[:limit]
     elif name == "quarantined":
         for e in _q_quarantined().order_by("received_at")[:limit]:
             items.append(QueueItem(e.received_at, "event", str(e.pk), _event_purchase(e),
-                                   f"{e.type} · {e.result_reason or 'no reason recorded'}"))
+                                   f"{e.type} · {e.result_reason or 'no reason recorded'}",
+                                   action="Release or dismiss (on the event)"))
     elif name == "mismatch":
         for e in _q_mismatch().order_by("received_at")[:limit]:
             items.append(QueueItem(e.received_at, "event", str(e.pk), _event_purchase(e),
-                                   f"{e.type} {e.object_id} · {e.result_reason}"))
+                                   f"{e.type} {e.object_id} · {e.result_reason}",
+                                   action="Compare with the operation, then release or "
+                                          "dismiss (on the event)"))
     elif name == "stuck_outbox":
         for m in _q_stuck_outbox(now).order_by("created_at")[:limit]:
-            pid = (m.payload or {}).get("purchase", "") if isinstance(m.payload, dict) else ""
-            items.append(QueueItem(m.created_at, "outbox", str(m.pk), pid or "",
-                                   f"category {m.category} · {m.attempts} attempts"
-                                   + (f" · {m.last_error[:120]}" if m.last_error else "")))
+            items.append(QueueItem(
+                m.created_at, "outbox", str(m.pk), _outbox_purchase(m.payload),
+                f"{_outbox_label(m.category)} · {m.attempts} attempts · next try "
+                f"{relative(m.available_at, now)}", error=(m.last_error or "")[:300],
+                action="Fix the cause, then retry now"))
     elif name == "settlement":
-        for d in _q_settlement().order_by("created_at")[:limit]:
-            items.append(QueueItem(d.created_at, "discrepancy", str(d.pk), "",
-                                   f"{d.kind} {d.provider_reference}: provider "
-                                   f"{d.provider_amount} vs ledger {d.ledger_amount} "
-                                   f"{d.currency}"))
+        rows = list(_q_settlement().order_by("created_at")[:limit])
+        purchases = _purchase_for_references([d.provider_reference for d in rows])
+        for d in rows:
+            items.append(QueueItem(d.created_at, "discrepancy", str(d.pk),
+                                   purchases.get(d.provider_reference, ""),
+                                   discrepancy_summary(d), error=d.detail,
+                                   action="Check at the provider, then acknowledge with the "
+                                          "explanation"))
     elif name == "escalated":
         for op in _q_escalated().select_related("purchase").order_by("created_at")[:limit]:
             items.append(QueueItem(op.escalated_at or op.created_at, "operation", op.id,
-                                   op.purchase_id, f"{op.kind} is {op.outcome}",
-                                   op.purchase.recovery_owner or op.next_action_owner))
+                                   op.purchase_id, f"{_op_summary(op)} is {op.outcome}",
+                                   op.purchase.recovery_owner or op.next_action_owner,
+                                   anchor=op.id,
+                                   action="Resolve with evidence from the provider dashboard"))
         items.sort(key=lambda i: i.since)
     elif name == "refund_approval":
         for op in _q_refund_approval().select_related("requested_by_user").order_by(
@@ -250,7 +355,27 @@ def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
             who = op.requested_by_user.get_username() if op.requested_by_user else "API client"
             items.append(QueueItem(op.created_at, "operation", op.id, op.purchase_id,
                                    f"refund {_money(op.amount, op.currency)} requested by "
-                                   f"{who}", "finance"))
+                                   f"{who}", "finance", anchor=op.id,
+                                   action="Approve (a finance user other than the requester)"))
+    elif name == "overturned":
+        for op in _q_overturned().order_by("settled_at")[:limit]:
+            row = op.transitions.filter(cause=OVERTURN_CAUSE).order_by("-created_at").first()
+            was = ((row.evidence or {}).get("overturned") or {}) if row else {}
+            items.append(QueueItem(row.created_at if row else op.updated_at, "operation",
+                                   op.id, op.purchase_id,
+                                   f"{op.kind} resolved {was.get('outcome', '?')} by "
+                                   f"{was.get('actor') or 'a person'}; the provider shows "
+                                   f"{op.outcome}", "support"))
+    elif name == "duplicates":
+        for op in _q_duplicates().order_by("settled_at")[:limit]:
+            comp = (PaymentOperation.objects.filter(parent=op, is_compensation=True)
+                    .order_by("-created_at").first())
+            state = f"{comp.kind} {comp.id} is {comp.outcome}" if comp else "no refund yet"
+            items.append(QueueItem(op.settled_at or op.created_at, "operation", op.id,
+                                   op.purchase_id, f"duplicate {op.kind} "
+                                   f"{_money(op.amount, op.currency)} · {state}",
+                                   "support" if comp is None or comp.outcome == Outcome.FAILED
+                                   else "reconciliation"))
     else:
         items = provider_queues.queue_items(name, limit=limit)  # KeyError if unknown
     return [replace(i, runbook=_item_runbook(name, i)) for i in items]
@@ -321,6 +446,10 @@ def _count_oldest(name: str, now) -> tuple[int, datetime | None]:
         return _agg(_q_escalated(), "created_at")
     if name == "refund_approval":
         return _agg(_q_refund_approval(), "created_at")
+    if name == "overturned":
+        return _agg(_q_overturned(), "settled_at")
+    if name == "duplicates":
+        return _agg(_q_duplicates(), "settled_at")
     return provider_queues.count_oldest(name)  # KeyError if unknown
 
 
@@ -334,9 +463,7 @@ def _event_purchase(event: ProviderEvent) -> str:
 
 
 def _money(amount: int | None, currency: str) -> str:
-    if amount is None:
-        return f"? {currency.upper()}"
-    return f"{amount / 100:,.2f} {currency.upper()}"
+    return format_money(amount, currency)
 
 
 # ------------------------------------------------------------------------ dashboard
@@ -440,7 +567,43 @@ def _strip_step(key: str) -> str:
     return key.split(":", 1)[0]
 
 
+# Prefix matching needs this many characters: shorter prefixes match too much to be a
+# search (and would scan a large slice of the index).
+SEARCH_PREFIX_MIN = 3
+SEARCH_LIMIT = 50
+
+
+def _by_provider_references(qs, refs: set[str]):
+    refs = {r for r in refs if r}
+    op_ids = set(PaymentOperation.objects.filter(
+        Q(provider_reference__in=refs) | Q(provider_charge__in=refs)).values_list("pk", flat=True))
+    op_ids |= set(ProviderEvent.objects.filter(Q(object_id__in=refs) | Q(event_id__in=refs))
+                  .exclude(operation_id="").values_list("operation_id", flat=True))
+    from recovery.models import LedgerEntry
+
+    pids = set(LedgerEntry.objects.filter(provider_reference__in=refs)
+               .values_list("purchase_id", flat=True))
+    return list(qs.filter(Q(operations__pk__in=op_ids) | Q(pk__in=pids)).distinct())
+
+
+def _balance_transaction_sources(txn_id: str) -> set[str]:
+    """The charge/refund behind a `txn_…` id: a settlement row that names it, else the
+    provider (read-only, outside any transaction; nothing if it is unreachable)."""
+    found = set(SettlementDiscrepancy.objects.filter(provider_reference=txn_id)
+                .values_list("provider_reference", flat=True))
+    from payments.providers.stripe import get_provider
+
+    source = get_provider().balance_transaction_source(txn_id)
+    if source:
+        found.add(source)
+    return found
+
+
 def search(query: str) -> SearchResult:
+    """Every reference a customer, the provider or a runbook hands a person: ids
+    (`pur_`, `op_`, `ord_`), provider references (`pi_`, `ch_`, `re_`, `py_`, `evt_`,
+    `txn_`), provider keys (`vk_`), a customer reference or e-mail, whole or a prefix
+    (indexed: payments migration 0004)."""
     q = (query or "").strip()
     if not q:
         return SearchResult([], "empty")
@@ -449,20 +612,31 @@ def search(query: str) -> SearchResult:
         return SearchResult(list(qs.filter(pk=q)), "purchase id")
     if q.startswith("op_"):
         return SearchResult(list(qs.filter(operations__pk=q).distinct()), "operation id")
+    if q.lower().startswith("ord_"):
+        pids = Order.objects.filter(reference=q.lower()).values_list("purchase_id", flat=True)
+        return SearchResult(list(qs.filter(pk__in=list(pids))), "order reference")
+    if q.startswith("txn_"):
+        return SearchResult(_by_provider_references(qs, _balance_transaction_sources(q)),
+                            "balance transaction")
     if q.startswith(("pi_", "re_", "ch_", "py_", "evt_")):
-        op_ids = set(PaymentOperation.objects.filter(
-            Q(provider_reference=q) | Q(provider_charge=q)).values_list("pk", flat=True))
-        op_ids |= set(ProviderEvent.objects.filter(Q(object_id=q) | Q(event_id=q))
-                      .exclude(operation_id="").values_list("operation_id", flat=True))
-        return SearchResult(list(qs.filter(operations__pk__in=op_ids).distinct()),
-                            "provider reference")
+        return SearchResult(_by_provider_references(qs, {q}), "provider reference")
     if q.startswith("vk_"):
         key = _strip_step(q)
         return SearchResult(list(qs.filter(operations__idempotency_key=key).distinct()),
                             "idempotency key")
     if "@" in q:
-        return SearchResult(list(qs.filter(customer_email__iexact=q)[:50]), "customer e-mail")
-    return SearchResult(list(qs.filter(customer_reference=q)[:50]), "customer reference")
+        exact = list(qs.filter(customer_email__iexact=q)[:SEARCH_LIMIT])
+        if exact:
+            return SearchResult(exact, "customer e-mail")
+    exact = list(qs.filter(customer_reference=q)[:SEARCH_LIMIT])
+    if exact:
+        return SearchResult(exact, "customer reference")
+    if len(q) < SEARCH_PREFIX_MIN:
+        return SearchResult([], f"prefix (at least {SEARCH_PREFIX_MIN} characters)")
+    # Prefix only (never "contains"): LIKE 'q%' uses the pattern-ops indexes.
+    return SearchResult(list(qs.filter(Q(customer_reference__startswith=q)
+                                       | Q(customer_email__istartswith=q))[:SEARCH_LIMIT]),
+                        "customer reference or e-mail prefix")
 
 
 # ------------------------------------------------------------------------- timeline
@@ -618,14 +792,22 @@ def purchase_next_action(purchase: Purchase, ops: list[PaymentOperation]) -> Nex
                 return NextAction(purchase.recovery_owner or Owner.SUPPORT,
                                   f"Reconciliation deadline passed for {op.id}: an operator "
                                   "resolves it with evidence from the provider dashboard.")
-            when = op.next_reconcile_at.isoformat() if op.next_reconcile_at else "soon"
+            when = relative(op.next_reconcile_at) if op.next_reconcile_at else "soon"
             return NextAction(Owner.RECONCILIATION,
-                              f"Reading {op.id} back from the provider (next {when}).")
+                              f"Reading {op.id} back from the provider (next read-back "
+                              f"{when}).")
         if op.outcome == Outcome.AWAITING_BUYER:
             return NextAction(Owner.BUYER, f"The buyer completes authentication for {op.id}.")
         if op.outcome in (Outcome.PENDING, Outcome.DISPATCHING, Outcome.AWAITING_PROVIDER):
             return NextAction(Owner.RECONCILIATION,
                               f"Waiting for the provider's answer on {op.id}.")
+    for op in ops:
+        if (op.is_terminal and op.next_action_owner == Owner.SUPPORT
+                and op.transitions.filter(cause=OVERTURN_CAUSE).exists()):
+            return NextAction(Owner.SUPPORT,
+                              f"The provider's record overturned a manual resolution of "
+                              f"{op.id} (now {op.outcome}): check what followed, then mark "
+                              "it reviewed.")
     steps = list(StepRun.objects.filter(purchase_id=purchase.pk, state__in=STEP_TROUBLE))
     if steps:
         names = ", ".join(f"{s.step} ({s.state})" for s in steps)
@@ -726,3 +908,178 @@ def incidents_for_purchase(purchase_id: str) -> list:
 
     return list(Incident.objects.filter(items__purchase_id=purchase_id).distinct()
                 .order_by("-opened_at"))
+
+
+# ------------------------------------------------------------------------- refunds
+
+
+def refundable_amount(purchase: Purchase) -> int:
+    """Captured minus non-failed refunds (DESIGN §10.8), for the form and its echo. The
+    core checks the same rule again under the purchase lock when the refund is made."""
+    captured = sum(op.amount for op in purchase.operations.filter(
+        outcome=Outcome.SUCCEEDED, kind__in=(OperationKind.CHARGE, OperationKind.CAPTURE)))
+    refunded = (purchase.operations.filter(kind=OperationKind.REFUND)
+                .exclude(outcome=Outcome.FAILED).aggregate(s=Sum("amount"))["s"] or 0)
+    return max(0, captured - refunded)
+
+
+@dataclass(frozen=True)
+class RefundAmountCheck:
+    amount: int | None  # minor units
+    refundable: int
+    typed: str
+    error: str = ""
+
+
+def refund_amount_check(purchase: Purchase, *, typed: str) -> RefundAmountCheck:
+    """A typed major-unit amount ("10.00") -> minor units, or the reason it cannot be
+    requested. Empty means everything refundable now."""
+    typed = (typed or "").strip()
+    refundable = refundable_amount(purchase)
+    if refundable <= 0:
+        return RefundAmountCheck(None, 0, typed, "Nothing is refundable on this purchase.")
+    if not typed:
+        return RefundAmountCheck(refundable, refundable, typed)
+    try:
+        amount = parse_money(typed, purchase.currency)
+    except MoneyInputError as e:
+        return RefundAmountCheck(None, refundable, typed, e.message)
+    if amount > refundable:
+        return RefundAmountCheck(
+            amount, refundable, typed,
+            f"{format_money(amount, purchase.currency)} is more than is refundable now "
+            f"({format_money(refundable, purchase.currency)}).")
+    return RefundAmountCheck(amount, refundable, typed)
+
+
+# ------------------------------------------------------------------- feedback
+
+
+def _last_read_back(operation_id: str) -> ProviderCall | None:
+    return (ProviderCall.objects.filter(operation_id=operation_id,
+                                        purpose=CallPurpose.RECONCILE)
+            .order_by("-started_at", "-id").first())
+
+
+def _next_read_back(op: PaymentOperation) -> str:
+    if op.next_reconcile_at is None:
+        return ""
+    minutes = max(1, round((op.next_reconcile_at - timezone.now()).total_seconds() / 60))
+    return f" Next read-back in {minutes} min."
+
+
+def reconcile_feedback(*, before_outcome: str, op: PaymentOperation) -> tuple[int, str]:
+    """What an on-demand read-back actually did, in words (never "read back" when the
+    provider said nothing)."""
+    what = "payment" if op.kind in PAYMENT_KINDS else op.kind
+    if op.outcome != before_outcome:
+        return (message_levels.SUCCESS,
+                f"The provider's record settles it: the {what} is now {op.outcome} "
+                f"(it was {before_outcome}).")
+    call = _last_read_back(op.pk)
+    stays = f"it stays {op.outcome}.{_next_read_back(op)}"
+    if call is None:
+        return message_levels.WARNING, f"No read-back was made; {stays}"
+    if call.classification == Classification.NOT_FOUND or call.http_status == 404:
+        return (message_levels.WARNING,
+                f"The provider has no record of this {what} yet; {stays}")
+    if call.classification in (Classification.UNKNOWN, Classification.NOT_SENT,
+                               Classification.RETRYABLE):
+        return (message_levels.WARNING,
+                f"The provider could not be read (HTTP {call.http_status or 'no answer'}); "
+                f"{stays}")
+    return (message_levels.INFO,
+            f"The provider answered, but its record does not settle this {what} yet; {stays}")
+
+
+def purchase_steps(purchase: Purchase) -> list[StepRun]:
+    return list(StepRun.objects.filter(purchase_id=purchase.pk).order_by("created_at", "id"))
+
+
+def refund_approve_feedback(*, op: PaymentOperation) -> tuple[int, str]:
+    amount = _money(op.amount, op.currency)
+    if op.outcome == Outcome.SUCCEEDED:
+        return message_levels.SUCCESS, f"Refund of {amount} approved; the provider confirmed it."
+    if op.outcome == Outcome.FAILED:
+        return (message_levels.ERROR, f"Refund of {amount} approved, but the provider refused "
+                f"it ({op.reason or 'no reason given'}); no money moved.")
+    if op.outcome == Outcome.UNKNOWN:
+        return (message_levels.WARNING, f"Refund of {amount} approved and sent; the provider's "
+                "answer was lost, so it is unknown and being read back. Do not send it again.")
+    if op.outcome == Outcome.AWAITING_PROVIDER:
+        return (message_levels.INFO, f"Refund of {amount} approved and accepted by the "
+                "provider; it is still processing there.")
+    return (message_levels.INFO, f"Refund of {amount} approved; it is {op.outcome} and will be "
+            "sent by the queue (e.g. while refunds are halted).")
+
+
+def operation_next_actions(ops: list[PaymentOperation]) -> dict[str, dict]:
+    """Each operation's next action from the one presenter (payments.selectors), so an
+    operation card never says "none" beside a purchase card naming an owner."""
+    from payments.selectors import operation_next_action
+
+    return {op.pk: operation_next_action(op) for op in ops}
+
+
+# ------------------------------------------------------------------------ charts
+
+UNKNOWN_AGE_BUCKETS = [("< 5 min", timedelta(minutes=5)), ("5–30 min", timedelta(minutes=30)),
+                       ("30 min–2 h", timedelta(hours=2)), ("2–24 h", timedelta(hours=24)),
+                       ("> 1 day", None)]
+
+
+def unknown_by_age() -> list[tuple[str, int]]:
+    """Unknown operations (the queue's rows) counted per age bucket."""
+    now = timezone.now()
+    counts = {name: 0 for name, _ in UNKNOWN_AGE_BUCKETS}
+    for created in _q_unknown().values_list("created_at", flat=True):
+        age = now - created
+        for name, limit in UNKNOWN_AGE_BUCKETS:
+            if limit is None or age < limit:
+                counts[name] += 1
+                break
+    return list(counts.items())
+
+
+def _open_at(intervals: list[tuple[datetime, datetime | None]], moment: datetime) -> int:
+    return sum(1 for start, end in intervals if start <= moment and (end is None or end > moment))
+
+
+def _outcome_intervals(outcome: str, since: datetime) -> list[tuple[datetime, datetime | None]]:
+    """When operations entered and left `outcome`, from the transition history."""
+    spans: dict[str, list] = {}
+    rows = (OperationTransition.objects.filter(field="outcome", operation__isnull=False)
+            .filter(Q(source=outcome) | Q(target=outcome))
+            .filter(Q(created_at__gte=since) | Q(target=outcome))
+            .order_by("created_at", "id").values_list("operation_id", "source", "target",
+                                                      "created_at"))
+    out = []
+    for op_id, source, target, at in rows:
+        if target == outcome:
+            spans[op_id] = [at, None]
+            out.append(spans[op_id])
+        elif source == outcome and op_id in spans:
+            spans[op_id][1] = at
+    return [(s, e) for s, e in out if e is None or e >= since]
+
+
+def queue_history(*, days: int = 7) -> tuple[list[str], dict[str, list[int]]]:
+    """Queue sizes at the end of each of the last `days` days (today: now), rebuilt from
+    history: operation transitions (unknown, awaiting approval), discrepancy and outbox
+    timestamps. Queues without a history of their own (steps, events) are not drawn."""
+    now = timezone.now()
+    ends = [(now - timedelta(days=i)).replace(hour=23, minute=59, second=59)
+            for i in range(days - 1, 0, -1)] + [now]
+    since = ends[0] - timedelta(days=1)
+    series = {
+        "Unknown operations": _outcome_intervals(Outcome.UNKNOWN, since),
+        "Refunds awaiting approval": _outcome_intervals(Outcome.AWAITING_APPROVAL, since),
+        "Settlement discrepancies": list(SettlementDiscrepancy.objects.filter(
+            Q(resolved_at__isnull=True) | Q(resolved_at__gte=since))
+            .values_list("created_at", "resolved_at")),
+        "Outbox backlog": list(OutboxMessage.objects.filter(
+            Q(processed_at__isnull=True) | Q(processed_at__gte=since))
+            .values_list("created_at", "processed_at")),
+    }
+    labels = [e.strftime("%a %d") if e is not now else "now" for e in ends]
+    return labels, {name: [_open_at(iv, e) for e in ends] for name, iv in series.items()}

@@ -17,15 +17,17 @@ import unicodedata
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
 from django.utils import timezone
 
 from payments.enums import Outcome
+from payments.money import format_money
 from payments.models import PaymentOperation, Purchase
 from recovery import halts
 from recovery.models import WorkflowHalt
 from support.access import Action, require
-from support.models import AuditEntry, LoginFailure, Note, Resolution
+from support.models import AuditEntry, LoginFailure, Note
 
 log = logging.getLogger(__name__)
 
@@ -180,26 +182,23 @@ def operation_resolve_by_user(*, operation_id: str, outcome: str, user, reason: 
                            "The person who requested an operation cannot resolve it.", 403)
     before = {**_op_snapshot(before_op),
               **_purchase_snapshot(Purchase.objects.get(pk=before_op.purchase_id))}
+    def audit_in_resolving_transaction(resolved: PaymentOperation) -> None:
+        # The core reads the provider back first (outside any transaction), then calls
+        # this inside its resolving transaction: the console row commits with it.
+        op = _reload_op(operation_id)
+        audit_write(user=user, action="console.resolve", target_type="operation",
+                    target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
+                    ip=ip, before=before,
+                    after={**_op_snapshot(op),
+                           **_purchase_snapshot(Purchase.objects.get(pk=op.purchase_id))})
+
     with _core_refusals_audited(user=user, ip=ip, action="console.resolve",
                                 target_type="operation", target_id=operation_id,
                                 reason=reason, purchase_id=before_op.purchase_id):
-        with transaction.atomic():
-            had_resolution = Resolution.objects.filter(operation_id=operation_id).count()
-            op = operation_resolve_manual(operation_id=operation_id, outcome=outcome,
-                                          reason=reason, actor=user.get_username(),
-                                          acting_user=user)
-            op = _reload_op(operation_id)
-            # The core may record the Resolution itself; record it here only if it did not.
-            if Resolution.objects.filter(operation_id=operation_id).count() == had_resolution:
-                Resolution.objects.create(operation_id=operation_id,
-                                          purchase_id=op.purchase_id, outcome=outcome,
-                                          reason=reason, actor=user.get_username())
-            audit_write(user=user, action="console.resolve", target_type="operation",
-                        target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
-                        ip=ip, before=before,
-                        after={**_op_snapshot(op),
-                               **_purchase_snapshot(Purchase.objects.get(pk=op.purchase_id))})
-    return op
+        operation_resolve_manual(operation_id=operation_id, outcome=outcome, reason=reason,
+                                 actor=user.get_username(), acting_user=user, audit=False,
+                                 bind=audit_in_resolving_transaction)
+    return _reload_op(operation_id)
 
 
 def operation_replay_by_user(*, operation_id: str, user, reason: str,
@@ -259,22 +258,34 @@ def operation_cancel_unapplied_by_user(*, operation_id: str, user, reason: str,
 def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int | None = None,
                            ip: str | None = None) -> PaymentOperation:
     """A console refund starts awaiting_approval (DESIGN §10.8)."""
-    from payments.services import refund_request
+    from payments.services import operations_verify_before_follow_up, refund_request
 
     require(user, Action.REQUEST_REFUND)
     reason = _reason_required(reason)
     purchase = Purchase.objects.filter(pk=purchase_id).first()
     if purchase is None:
         raise ConsoleError("not_found", "No such purchase.", 404)
-    with _core_refusals_audited(user=user, ip=ip, action="console.refund_request",
-                                target_type="purchase", target_id=purchase_id,
-                                reason=reason, purchase_id=purchase_id):
-        with transaction.atomic():
-            op = refund_request(purchase_id=purchase_id, amount=amount, acting_user=user)
-            audit_write(user=user, action="console.refund_request", target_type="operation",
-                        target_id=op.pk, purchase_id=purchase_id, reason=reason, ip=ip,
-                        before=_purchase_snapshot(purchase),
-                        after={**_op_snapshot(op), "amount": op.amount})
+    try:
+        with _core_refusals_audited(user=user, ip=ip, action="console.refund_request",
+                                    target_type="purchase", target_id=purchase_id,
+                                    reason=reason, purchase_id=purchase_id):
+            # A payment only a person settled is read back first (network: no transaction).
+            operations_verify_before_follow_up(purchase_id=purchase_id)
+            with transaction.atomic():
+                op = refund_request(purchase_id=purchase_id, amount=amount, acting_user=user)
+                audit_write(user=user, action="console.refund_request", target_type="operation",
+                            target_id=op.pk, purchase_id=purchase_id, reason=reason, ip=ip,
+                            before=_purchase_snapshot(purchase),
+                            after={**_op_snapshot(op), "amount": op.amount,
+                                   "currency": op.currency})
+    except ConsoleError as e:
+        refundable = getattr(e.__cause__, "extra", {}).get("refundable")
+        if refundable is not None:
+            # The core speaks minor units ("1500 usd"); people read major units.
+            raise ConsoleError(e.code, "Refundable now: "
+                               f"{format_money(refundable, purchase.currency)}.",
+                               e.status) from e.__cause__
+        raise
     return op
 
 
@@ -298,7 +309,8 @@ def refund_approve_by_user(*, operation_id: str, user, reason: str,
                                 target_type="operation", target_id=operation_id,
                                 reason=reason, purchase_id=before_op.purchase_id):
         with transaction.atomic():
-            refund_approve(operation_id=operation_id, acting_user=user, reason=reason)
+            refund_approve(operation_id=operation_id, acting_user=user, reason=reason,
+                           audit=False)
             op = _reload_op(operation_id)
             audit_write(user=user, action="console.refund_approve", target_type="operation",
                         target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
@@ -312,6 +324,140 @@ def refund_approve_by_user(*, operation_id: str, user, reason: str,
                     e.code)
         op = _reload_op(operation_id)
     return op
+
+
+def overturn_review_by_user(*, operation_id: str, user, reason: str,
+                            ip: str | None = None) -> PaymentOperation:
+    """Close a "manual resolution overturned" queue item after checking what followed."""
+    from payments.services import operation_overturn_review
+
+    require(user, Action.RESOLVE)
+    reason = _reason_required(reason)
+    before_op = _op_or_404(operation_id)
+    with _core_refusals_audited(user=user, ip=ip, action="console.overturn_review",
+                                target_type="operation", target_id=operation_id,
+                                reason=reason, purchase_id=before_op.purchase_id):
+        with transaction.atomic():
+            op = operation_overturn_review(operation_id=operation_id,
+                                           actor=user.get_username(), reason=reason)
+            audit_write(user=user, action="console.overturn_review", target_type="operation",
+                        target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
+                        ip=ip, before=_op_snapshot(before_op), after=_op_snapshot(op))
+    return op
+
+
+def void_by_user(*, purchase_id: str, user, reason: str,
+                 ip: str | None = None) -> PaymentOperation:
+    """An operator voids an authorization, also after fulfilment started (the API refuses
+    that with `fulfilment_started`): the decision is recorded, the void is sent, and when
+    the provider confirms it the purchase is `voided` and the order cancelled."""
+    from payments.services import operation_dispatch, operations_verify_before_follow_up, void_create
+
+    require(user, Action.RESOLVE)
+    reason = _reason_required(reason)
+    purchase = Purchase.objects.filter(pk=purchase_id).first()
+    if purchase is None:
+        raise ConsoleError("not_found", "No such purchase.", 404)
+    with _core_refusals_audited(user=user, ip=ip, action="console.void",
+                                target_type="purchase", target_id=purchase_id,
+                                reason=reason, purchase_id=purchase_id):
+        operations_verify_before_follow_up(purchase_id=purchase_id)  # network: no txn
+        with transaction.atomic():
+            op = void_create(purchase_id=purchase_id, acting_user=user, after_fulfilment=True)
+            audit_write(user=user, action="console.void", target_type="operation",
+                        target_id=op.pk, purchase_id=purchase_id, reason=reason, ip=ip,
+                        before=_purchase_snapshot(purchase), after=_op_snapshot(op))
+    try:
+        op = operation_dispatch(operation_id=op.pk)
+    except _domain_error() as e:
+        log.warning("void dispatch refused: op=%s code=%s", op.pk, e.code)
+        op = _reload_op(op.pk)
+    return op
+
+
+def purchase_cancel_by_user(*, purchase_id: str, user, reason: str,
+                            ip: str | None = None) -> Purchase:
+    """Support cancels a purchase before any payment was claimed."""
+    from payments.services import purchase_cancel
+
+    require(user, Action.REQUEST_REFUND)
+    reason = _reason_required(reason)
+    before = Purchase.objects.filter(pk=purchase_id).first()
+    if before is None:
+        raise ConsoleError("not_found", "No such purchase.", 404)
+    with _core_refusals_audited(user=user, ip=ip, action="console.cancel",
+                                target_type="purchase", target_id=purchase_id,
+                                reason=reason, purchase_id=purchase_id):
+        with transaction.atomic():
+            purchase = purchase_cancel(purchase_id=purchase_id, acting_user=user,
+                                       reason=reason)
+            audit_write(user=user, action="console.cancel", target_type="purchase",
+                        target_id=purchase_id, purchase_id=purchase_id, reason=reason, ip=ip,
+                        before=_purchase_snapshot(before), after=_purchase_snapshot(purchase))
+    return purchase
+
+
+# ------------------------------------------------------------- queue decisions
+
+
+class StepDecision:
+    """What a person decides for a step in the compensation queue."""
+
+    RETRY = "retry"  # complete forward: run the step again (its cause is fixed)
+    DONE = "done"  # mark handled: the step was done by hand outside Verity
+
+
+def step_decide_by_user(*, purchase_id: str, step: str, decision: str, user, reason: str,
+                        ip: str | None = None):
+    """Complete a compensation-queue step forward or mark it handled. recovery's
+    step_resolve writes the one audit row (with this IP) and resumes the purchase in the
+    same transaction. Compensating instead is a refund request (finance approves)."""
+    from recovery import services as recovery_services
+
+    require(user, Action.DECIDE_STEP)
+    reason = _reason_required(reason)
+    if decision not in (StepDecision.RETRY, StepDecision.DONE):
+        raise ConsoleError("invalid_decision", "Run the step again or mark it handled.", 422)
+    try:
+        return recovery_services.step_resolve(purchase_id=purchase_id, step=step,
+                                              resolution=decision, actor=user.get_username(),
+                                              reason=reason, ip=ip)
+    except ObjectDoesNotExist as e:
+        raise ConsoleError("not_found", f"No step {step} on this purchase.", 404) from e
+    except ValueError as e:
+        raise ConsoleError("step_not_waiting", str(e), 409) from e
+
+
+def discrepancy_explain_by_user(*, discrepancy_id: int, user, reason: str,
+                                ip: str | None = None) -> bool:
+    """Finance acknowledges a settlement discrepancy with its explanation and closes it
+    (one audit row, written by recovery in the same transaction)."""
+    from recovery import services as recovery_services
+
+    require(user, Action.SETTLE_DISCREPANCY)
+    reason = _reason_required(reason)
+    try:
+        closed = recovery_services.discrepancy_resolve(
+            discrepancy_id=discrepancy_id, actor=user.get_username(), reason=reason, ip=ip)
+    except ObjectDoesNotExist as e:
+        raise ConsoleError("not_found", "No such discrepancy.", 404) from e
+    if not closed:
+        raise ConsoleError("already_closed", "Someone closed this discrepancy meanwhile.", 409)
+    return closed
+
+
+def outbox_retry_by_user(*, message_id: int, user, reason: str, ip: str | None = None):
+    """An operator makes a stuck outbox row due now, after fixing its cause."""
+    from recovery import services as recovery_services
+
+    require(user, Action.RETRY_OUTBOX)
+    reason = _reason_required(reason)
+    try:
+        return recovery_services.outbox_retry_now(message_id=message_id,
+                                                  actor=user.get_username(), reason=reason,
+                                                  ip=ip)
+    except recovery_services.OutboxRetryRefused as e:
+        raise ConsoleError("outbox_retry_refused", str(e), 409) from e
 
 
 # -------------------------------------------------------------------------- halts

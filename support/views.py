@@ -2,19 +2,21 @@
 render. Every view goes through web.console_view(action), the one permission gate."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
-from django.http import Http404, HttpResponseRedirect
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from payments.enums import Outcome
-from support import provider_queues, runbooks, selectors, services
+from payments.money import format_major, format_money
+from support import charts, provider_queues, runbooks, selectors, services
 from support.admin_site import lockout_message
 from support.access import Action, can
 from support.customer_copy import customer_state
 from support.models import IncidentOutcome
-from support.web import client_ip, console_view, secure_headers
+from support.web import client_ip, console_view, not_allowed, secure_headers
 
 
 def _abilities(user) -> dict:
@@ -74,7 +76,20 @@ def dashboard(request):
         interventions=selectors.manual_interventions(),
         halts=selectors.active_halts(),
         incidents=selectors.incidents_open(),
+        charts=charts.CHARTS,
     ))
+
+
+@console_view(Action.VIEW)
+def chart(request, name: str):
+    entry = charts.CHARTS.get(name)
+    if entry is None:
+        raise Http404
+    response = HttpResponse(entry[0](), content_type="image/svg+xml")
+    # An image, never a document: no script at all, pygal's own <style> allowed.
+    response["Content-Security-Policy"] = ("default-src 'none'; style-src 'unsafe-inline'; "
+                                           "frame-ancestors 'none'")
+    return response
 
 
 @console_view(Action.VIEW)
@@ -83,7 +98,7 @@ def queue(request, name: str):
     if spec is None:
         raise Http404
     if not can(request.user, spec.action):
-        return render(request, "console/403.html", status=403)
+        return not_allowed(request, spec.action)
     slug = runbooks.QUEUE_RUNBOOK.get(name)
     return render(request, provider_queues.QUEUE_TEMPLATES.get(name, "console/queue.html"), _ctx(
         request, spec=spec, items=selectors.queue_items(name),
@@ -106,6 +121,7 @@ def purchase(request, purchase_id: str):
         raise Http404
     ops = selectors.purchase_operations(p)
     slug = selectors.purchase_runbook_slug(p, ops)
+    refundable = selectors.refundable_amount(p)
     return render(request, "console/purchase.html", _ctx(
         request,
         runbook=runbooks.runbook_get(slug) if slug else None,
@@ -116,6 +132,12 @@ def purchase(request, purchase_id: str):
         customer=customer_state(p),
         next_action=selectors.purchase_next_action(p, ops),
         refundable=selectors.refundable_payment(p),
+        refundable_amount=refundable,
+        refundable_major=format_major(refundable, p.currency) if refundable else "",
+        op_next=selectors.operation_next_actions(ops),
+        steps=selectors.purchase_steps(p),
+        step_trouble=[str(x) for x in selectors.STEP_TROUBLE],
+        replay_available=settings.STRIPE_DEDUPES_KEYS,
         Outcome=Outcome,
         user_id=request.user.pk,
     ))
@@ -133,8 +155,10 @@ def event(request, event_pk: int):
 
 @console_view(Action.VIEW)
 def halts(request):
+    active = selectors.active_halts()
     return render(request, "console/halts.html", _ctx(
-        request, halts=selectors.active_halts(), names=services.halt_names()))
+        request, halts=active, names=services.halt_names(),
+        halted_names={h.name for h in active}))
 
 
 @console_view(Action.VIEW)
@@ -197,23 +221,55 @@ def note_add(request, purchase_id: str):
 
 @console_view(Action.REQUEST_REFUND, post=True)
 def refund_request(request, purchase_id: str):
-    raw = (request.POST.get("amount") or "").strip()
-    amount = None
-    if raw:
+    """Two posts: the typed amount (major units) is parsed and echoed back; only the
+    second post, carrying the exact minor-unit amount the person saw, requests it."""
+    url = _purchase_url(purchase_id)
+    p = selectors.purchase_get(purchase_id)
+    if p is None:
+        raise Http404
+    if request.POST.get("step") == "confirm":
         try:
-            amount = int(raw)
+            amount = int(request.POST.get("amount_minor", ""))
         except ValueError:
-            messages.error(request, "The amount is in minor units (a whole number).")
-            return _back(request, _purchase_url(purchase_id))
-    return _run(request, _purchase_url(purchase_id), services.refund_request_by_user,
-                "Refund requested; it waits for a finance approver.",
-                purchase_id=purchase_id, amount=amount)
+            messages.error(request, "The confirmed amount was missing; start again.")
+            return _back(request, url)
+        return _run(request, url, services.refund_request_by_user,
+                    f"Refund of {format_money(amount, p.currency)} requested; it waits for "
+                    "a finance approver (not the requester).",
+                    purchase_id=purchase_id, amount=amount)
+    if not _confirmed(request):
+        messages.error(request, "Tick the confirmation box to go ahead.")
+        return _back(request, url)
+    reason = (request.POST.get("reason") or "").strip()
+    if not reason:
+        messages.error(request, "A reason is required.")
+        return _back(request, url)
+    check = selectors.refund_amount_check(p, typed=request.POST.get("amount") or "")
+    if check.error:
+        messages.error(request, check.error)
+        return _back(request, url)
+    return render(request, "console/refund_confirm.html", _ctx(
+        request, purchase=p, amount=check.amount, refundable=check.refundable,
+        typed=check.typed, reason=reason))
 
 
 @console_view(Action.RECONCILE, post=True)
 def reconcile(request, operation_id: str):
-    return _run(request, _op_purchase_url(operation_id), services.operation_reconcile_by_user,
-                "Read back from the provider.", operation_id=operation_id)
+    url = _op_purchase_url(operation_id)
+    if not _confirmed(request):
+        messages.error(request, "Tick the confirmation box to go ahead.")
+        return _back(request, url)
+    before = selectors.operation_get(operation_id)
+    try:
+        op = services.operation_reconcile_by_user(
+            operation_id=operation_id, user=request.user,
+            reason=request.POST.get("reason", ""), ip=client_ip(request))
+    except services.ConsoleError as e:
+        messages.error(request, f"Refused ({e.code}): {e.message}")
+        return _back(request, url)
+    level, text = selectors.reconcile_feedback(before_outcome=before.outcome, op=op)
+    messages.add_message(request, level, text)
+    return _back(request, url)
 
 
 @console_view(Action.RESOLVE, post=True)
@@ -221,6 +277,25 @@ def resolve(request, operation_id: str):
     return _run(request, _op_purchase_url(operation_id), services.operation_resolve_by_user,
                 "Operation resolved manually.", operation_id=operation_id,
                 outcome=request.POST.get("outcome", ""))
+
+
+@console_view(Action.RESOLVE, post=True)
+def overturn_review(request, operation_id: str):
+    return _run(request, _op_purchase_url(operation_id), services.overturn_review_by_user,
+                "Overturn marked reviewed.", operation_id=operation_id)
+
+
+@console_view(Action.RESOLVE, post=True)
+def void(request, purchase_id: str):
+    return _run(request, _purchase_url(purchase_id), services.void_by_user,
+                "Void sent to the provider; the order is cancelled once it confirms.",
+                purchase_id=purchase_id)
+
+
+@console_view(Action.REQUEST_REFUND, post=True)
+def cancel(request, purchase_id: str):
+    return _run(request, _purchase_url(purchase_id), services.purchase_cancel_by_user,
+                "Purchase cancelled.", purchase_id=purchase_id)
 
 
 @console_view(Action.REPLAY, post=True)
@@ -238,20 +313,35 @@ def cancel_unapplied(request, operation_id: str):
 
 @console_view(Action.APPROVE_REFUND, post=True)
 def refund_approve(request, operation_id: str):
-    return _run(request, _op_purchase_url(operation_id), services.refund_approve_by_user,
-                "Refund approved and sent to the provider.", operation_id=operation_id)
+    url = _op_purchase_url(operation_id)
+    if not _confirmed(request):
+        messages.error(request, "Tick the confirmation box to go ahead.")
+        return _back(request, url)
+    try:
+        op = services.refund_approve_by_user(operation_id=operation_id, user=request.user,
+                                             reason=request.POST.get("reason", ""),
+                                             ip=client_ip(request))
+    except services.ConsoleError as e:
+        messages.error(request, f"Refused ({e.code}): {e.message}")
+        return _back(request, url)
+    level, text = selectors.refund_approve_feedback(op=op)
+    messages.add_message(request, level, text)
+    return _back(request, url)
 
 
 @console_view(Action.HALT, post=True)
 def halt_set(request):
     return _run(request, reverse("support:halts"), services.halt_set_by_user,
-                "Workflow halted.", name=request.POST.get("name", ""))
+                f"{request.POST.get('name', '')} halted: new dispatches are refused with "
+                "503 workflow_halted until someone resumes it.",
+                name=request.POST.get("name", ""))
 
 
 @console_view(Action.HALT, post=True)
 def halt_clear(request):
+    name = request.POST.get("name", "")
     return _run(request, reverse("support:halts"), services.halt_clear_by_user,
-                "Workflow resumed.", name=request.POST.get("name", ""))
+                f"{name} resumed: new dispatches are accepted again.", name=name)
 
 
 @console_view(Action.TRIAGE_QUARANTINE, post=True)
@@ -259,8 +349,43 @@ def event_triage(request, event_pk: int, decision: str):
     if decision not in ("release", "dismiss"):
         raise Http404
     return _run(request, reverse("support:event", kwargs={"event_pk": event_pk}),
-                services.event_triage_by_user, f"Event {decision}ed.", event_pk=event_pk,
+                services.event_triage_by_user,
+                {"release": "Event released: it is applied again through the normal "
+                            "matching rules.",
+                 "dismiss": "Event dismissed: it stays recorded and is not applied."}[decision],
+                event_pk=event_pk,
                 decision=decision)
+
+
+# ------------------------------------------------------------ queue decisions
+
+
+@console_view(Action.DECIDE_STEP, post=True)
+def step_decide(request, purchase_id: str, step: str):
+    decision = request.POST.get("decision", "")
+    done = {services.StepDecision.RETRY: f"Step {step} will run again now; the purchase "
+                                         "resumes from it.",
+            services.StepDecision.DONE: f"Step {step} marked handled; the purchase resumes "
+                                        "from the next step."}
+    return _run(request, _purchase_url(purchase_id) + "#steps-h", services.step_decide_by_user,
+                done.get(decision, "Decided."), purchase_id=purchase_id, step=step,
+                decision=decision)
+
+
+@console_view(Action.SETTLE_DISCREPANCY, post=True)
+def discrepancy_explain(request, discrepancy_pk: int):
+    return _run(request, reverse("support:queue", kwargs={"name": "settlement"}),
+                services.discrepancy_explain_by_user,
+                "Discrepancy acknowledged with your explanation and closed.",
+                discrepancy_id=discrepancy_pk)
+
+
+@console_view(Action.RETRY_OUTBOX, post=True)
+def outbox_retry(request, message_pk: int):
+    return _run(request, reverse("support:queue", kwargs={"name": "stuck_outbox"}),
+                services.outbox_retry_by_user,
+                "The message is due now; the relay picks it up within seconds. If it fails "
+                "again it backs off and its new error shows here.", message_id=message_pk)
 
 
 # ------------------------------------------------------------------ runbooks

@@ -41,7 +41,9 @@ def storefront_origin() -> str | None:
 
 def secure_headers(response: HttpResponse, *, form_targets: tuple[str, ...] = (),
                    cache: str = "no-store", referrer: str = "same-origin") -> HttpResponse:
-    response["Content-Security-Policy"] = content_security_policy(form_targets=form_targets)
+    # setdefault: a response that is not a page (a chart image) may bring a stricter one.
+    response.setdefault("Content-Security-Policy",
+                        content_security_policy(form_targets=form_targets))
     response["X-Content-Type-Options"] = "nosniff"
     # same-origin, not no-referrer: with no-referrer browsers send `Origin: null` on form
     # posts and Django's CSRF origin check (rightly) refuses them.
@@ -78,7 +80,7 @@ def console_view(action: access.Action, *, post: bool = False):
                 access.require(request.user, action)
                 response = view(request, *args, **kwargs)
             except PermissionDenied:
-                response = render(request, "console/403.html", status=403)
+                response = not_allowed(request, action)
             except Http404:
                 response = render(request, "console/404.html", status=404)
             return secure_headers(response)
@@ -105,3 +107,32 @@ def asset(request, name: str):
     body = (ASSET_DIR / name).read_bytes()
     response = HttpResponse(body, content_type=content_type)
     return secure_headers(response, cache="public, max-age=300")
+
+
+def not_allowed(request, action: access.Action):
+    """403 that names the roles which can open the page or do the action."""
+    roles = [r.value for r in access.roles_with(action)]
+    return render(request, "console/403.html", {"roles": roles}, status=403)
+
+
+def page_not_found(request, exception=None):
+    """handler404: Verity's own page (or a problem document for the API), never Django's
+    default. A status link answers the same page whatever the token looked like."""
+    path = request.path
+    if path.startswith("/api/"):
+        response = HttpResponse(
+            '{"type": "about:blank", "title": "Not found", "status": 404, '
+            '"code": "not_found", "detail": "No such resource."}',
+            content_type="application/problem+json", status=404)
+        return secure_headers(response)
+    if path.startswith("/status/"):
+        return secure_headers(render(request, "status/not_found.html", status=404),
+                                     referrer="no-referrer")
+    return secure_headers(render(request, "console/404.html", status=404))
+
+
+def csrf_failure(request, reason: str = ""):
+    """CSRF_FAILURE_VIEW: a stale or missing form token (an old tab, a new login) gets a
+    page that says nothing changed and what to do, not Django's debug text."""
+    template = "status/csrf.html" if request.path.startswith("/status/") else "console/csrf.html"
+    return secure_headers(render(request, template, status=403))

@@ -11,6 +11,10 @@ STOREFRONT_CHECKOUT_URL = env(
     "STOREFRONT_CHECKOUT_URL", default="http://127.0.0.1:8000/demo-checkout/{purchase_id}"
 )
 SUPPORT_CONTACT = env("SUPPORT_CONTACT", default="support@verity.example")
+# The shop's name as buyers know it, shown on the customer status page.
+SHOP_NAME = env("SHOP_NAME", default="Verity demo shop")
+# A stale or missing CSRF token gets Verity's own page (nothing changed; reload).
+CSRF_FAILURE_VIEW = "support.web.csrf_failure"
 
 INSTALLED_APPS = [
     "support.apps.VerityAdminConfig",  # django.contrib.admin behind the lockout

@@ -3,43 +3,40 @@ from datetime import datetime, timedelta
 
 from django import template
 from django.utils import timezone
+from django.utils.html import format_html
+
+from payments.money import format_money
+from support.timefmt import span, absolute, relative
 
 register = template.Library()
-
-# ISO 4217 currencies without minor units (amounts are stored in minor units).
-ZERO_DECIMAL = {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "ugx",
-                "vnd", "vuv", "xaf", "xof", "xpf"}
 
 
 @register.simple_tag
 def money(amount, currency):
-    if amount is None:
-        return "—"
-    cur = (currency or "").lower()
-    if cur in ZERO_DECIMAL:
-        return f"{int(amount):,} {cur.upper()}"
-    return f"{int(amount) / 100:,.2f} {cur.upper()}"
+    """Major units with the currency's own decimals and its upper-case ISO code."""
+    return format_money(amount, currency)
 
 
 @register.filter
 def age(value):
+    """A duration ("12 min"), for queue ages; for a moment use `when`."""
     if value is None:
         return "—"
     if isinstance(value, datetime):
         value = timezone.now() - value
     if not isinstance(value, timedelta):
         return str(value)
-    seconds = max(0, int(value.total_seconds()))
-    days, rem = divmod(seconds, 86400)
-    hours, rem = divmod(rem, 3600)
-    minutes, secs = divmod(rem, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes}m"
-    if minutes:
-        return f"{minutes}m {secs}s"
-    return f"{secs}s"
+    return span(max(0, int(value.total_seconds())))
+
+
+@register.filter
+def when(value):
+    """The one time format of the console: relative ("12 min ago", "in 5 min") with the
+    absolute UTC time on hover and in the machine-readable datetime attribute."""
+    if not isinstance(value, datetime):
+        return "—"
+    return format_html('<time datetime="{}" title="{}">{}</time>',
+                       value.isoformat(), absolute(value), relative(value))
 
 
 @register.filter
@@ -68,3 +65,89 @@ def purchase_url(purchase_id) -> str:
         return reverse("support:purchase", args=[str(purchase_id)])
     except NoReverseMatch:
         return ""
+@register.filter
+def label(key):
+    """A field name as a person reads it: "http_status" -> "HTTP status"."""
+    text = str(key).replace("_", " ").strip()
+    for word, shown in (("http", "HTTP"), ("id", "id"), ("ip", "IP"), ("url", "URL")):
+        text = " ".join(shown if w == word else w for w in text.split(" "))
+    return text[:1].upper() + text[1:]
+
+
+_AMOUNT_KEYS = ("amount", "amount_received", "amount_capturable", "amount_refunded",
+                "provider_amount", "ledger_amount", "refundable", "limit", "reserved")
+
+
+def _display(key: str, value, currency: str):
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, datetime):
+        return when(value)
+    if key in _AMOUNT_KEYS and isinstance(value, int) and currency:
+        return format_money(value, currency)
+    if key == "currency" and isinstance(value, str):
+        return value.upper()
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) or "—"
+    return value
+
+
+def _flatten(mapping: dict, prefix: str = "") -> list[tuple[str, object]]:
+    currency = mapping.get("currency") if isinstance(mapping.get("currency"), str) else ""
+    has_money = bool(currency) and any(isinstance(mapping.get(k), int) for k in _AMOUNT_KEYS)
+    out = []
+    for key in mapping:
+        value = mapping[key]
+        if value is None or value == "" or value == {} or value == []:
+            continue
+        if key == "currency" and has_money:
+            continue  # shown with the amount ("15.00 USD")
+        name = f"{prefix}{label(key)}"
+        if isinstance(value, dict):
+            out.extend(_flatten(value, prefix=f"{name} · "))
+        else:
+            out.append((name, _display(key, value, currency)))
+    return out
+
+
+@register.filter
+def fields(mapping):
+    """A dict of safe fields as labelled (label, value) rows for people: money in major
+    units with its currency, times in the console's one format, nested dicts flattened,
+    empty values left out. The raw JSON stays available behind a disclosure."""
+    if not isinstance(mapping, dict):
+        return []
+    return _flatten(mapping)
+
+
+@register.filter
+def changes(entry):
+    """An audit row's before/after as (field, before, after) for the fields that changed."""
+    before = entry.before if isinstance(entry.before, dict) else {}
+    after = entry.after if isinstance(entry.after, dict) else {}
+    currency = after.get("currency") or before.get("currency") or ""
+    rows = []
+    for key in list(dict.fromkeys([*before, *after])):
+        b, a = before.get(key), after.get(key)
+        b = None if b == "" else b
+        a = None if a == "" else a
+        if b == a:
+            continue
+        # before None: the action set this field (no arrow from nothing).
+        rows.append((label(key), None if b is None else _display(key, b, currency),
+                     "—" if a is None else _display(key, a, currency)))
+    return rows
+
+
+@register.simple_tag
+def shop_name():
+    from django.conf import settings
+
+    return getattr(settings, "SHOP_NAME", "") or "Your shop"
+
+
+@register.filter
+def nested(mapping) -> bool:
+    """True if some value is itself a dict: the labelled rows flatten it, so operators
+    get the raw JSON beside them."""
+    return isinstance(mapping, dict) and any(isinstance(v, dict) and v for v in mapping.values())

@@ -17,6 +17,12 @@ def test_drill_command_prints_one_row_per_drill_and_one_charge_at_most(capsys, l
     assert len(purchases) == 5
     for pid in purchases:
         assert len(localstripe.succeeded_charges_for(pid)) <= 1
+    # Operations a drill leaves unknown stay in the console's queue: the command says so.
+    unknown = set(PaymentOperation.objects.filter(outcome="unknown")
+                  .values_list("purchase_id", flat=True))
+    if unknown:
+        assert "remain in the console's Unknown operations queue" in out
+        assert all(pid in out for pid in unknown)
 
 
 def test_drill_command_reports_progress_on_stderr_and_quiet_turns_it_off(capsys, localstripe):

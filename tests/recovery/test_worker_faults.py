@@ -264,7 +264,10 @@ def test_mail_server_down_the_email_is_retried_and_sent_once(new_purchase, pay_n
     message = OutboxMessage.objects.filter(dedupe_key=f"steps:{purchase.id}").latest("id")
     assert message.processed_at is None and message.available_at > message.created_at
 
-    working = _start_worker(9)  # console backend: the mail server is back
+    # The console backend (its output is the worker log, read below) is development-only:
+    # DEBUG on, or Verity refuses to start with it (config/settings/security.py).
+    working = _start_worker(9, EMAIL_BACKEND="django.core.mail.backends.console.EmailBackend",
+                            DEBUG="true")  # the mail server is back
     try:
         def sent():
             _kick(9)

@@ -54,6 +54,10 @@ def _cells(t):
          Action.TRIAGE_QUARANTINE),
         ("post", reverse("support:event-triage", args=[t["event"], "dismiss"]),
          Action.TRIAGE_QUARANTINE),
+        ("post", reverse("support:step-decide", args=[t["purchase"], "ledger"]),
+         Action.DECIDE_STEP),
+        ("post", reverse("support:discrepancy-explain", args=[1]), Action.SETTLE_DISCREPANCY),
+        ("post", reverse("support:outbox-retry", args=[1]), Action.RETRY_OUTBOX),
     ]
 
 

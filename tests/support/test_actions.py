@@ -52,7 +52,9 @@ def test_operator_resolves_unknown_with_reason(login, new_purchase, drill, api_c
     assert response.status_code == 302
     op = PaymentOperation.objects.get(pk=op.pk)
     assert op.outcome == Outcome.SUCCEEDED
-    assert op.grade == Grade.ACKNOWLEDGED and op.verification == Verification.MANUAL
+    # The resolution reads the provider back first; it agrees, so the provider's record
+    # settles it (graded confirmed) and the person's resolution is recorded beside it.
+    assert op.grade == Grade.CONFIRMED and op.verification == Verification.PROVIDER
     # (fulfilling/completed if a Celery worker from another module runs the steps)
     assert Purchase.objects.get(pk=purchase.pk).status in (
         PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED)
@@ -95,8 +97,14 @@ def test_refund_needs_a_different_finance_user(login, new_purchase, pay_now, loc
     assert charge.outcome == Outcome.SUCCEEDED
 
     client = login("finance")
+    echo = client.post(reverse("support:refund-request", args=[purchase.pk]),
+                       {"reason": "item never shipped", **CONFIRM})
+    # The amount (everything refundable) is echoed back before anything is requested.
+    assert echo.status_code == 200 and "15.00 USD" in echo.content.decode()
+    assert not PaymentOperation.objects.filter(purchase=purchase, kind="refund").exists()
     client.post(reverse("support:refund-request", args=[purchase.pk]),
-                {"reason": "item never shipped", **CONFIRM})
+                {"step": "confirm", "amount_minor": "1500", "reason": "item never shipped",
+                 **CONFIRM})
     refund = PaymentOperation.objects.get(purchase=purchase, kind="refund")
     assert refund.outcome == Outcome.AWAITING_APPROVAL
     assert refund.requested_by_user.get_username() == "fred"
@@ -133,7 +141,7 @@ def test_halt_and_resume(login):
                                               **CONFIRM})
     assert WorkflowHalt.objects.filter(name="checkout").exists()
     html = client.get(reverse("support:dashboard")).content.decode()
-    assert "Halted workflows" in html and "provider incident" in html
+    assert "Halted: new dispatches are refused" in html and "provider incident" in html
     client.post(reverse("support:halt-clear"), {"name": "checkout", "reason": "resolved",
                                                 **CONFIRM})
     assert not WorkflowHalt.objects.exists()

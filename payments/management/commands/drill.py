@@ -46,3 +46,11 @@ class Command(BaseCommand):
         if bad:
             raise CommandError(f"{len(bad)} drill(s) violated an invariant")
         self.stdout.write("one charge at most per purchase; no unknown settled without evidence")
+        left = [r for r in rows if r.after_reconcile == "unknown"]
+        if left:
+            # Left on purpose (absence of evidence is not failure): say where they are so
+            # nobody mistakes them for a real incident.
+            self.stdout.write(
+                f"{len(left)} drill operation(s) stay unknown and remain in the console's "
+                "Unknown operations queue (customer references drill-…): "
+                + ", ".join(r.purchase for r in left))
