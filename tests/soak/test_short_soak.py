@@ -4,10 +4,11 @@
 (`pg_ctl restart -m immediate`) and a gunicorn worker SIGKILLed mid-request; a provider
 outage of 8-12 s instead of 30-60 s so the drain fits in CI.
 
-Wrong manual resolutions are off here (`--wrong-resolutions 0`) until a manual resolution
-is checked against the provider first (issue #15, item 1): a wrong "succeeded" on an
-intent that never charged is accepted today and breaks "ledger minus provider balance".
-`make soak` keeps them on (20 %) and reports it.
+Wrong manual resolutions are off here (`--wrong-resolutions 0`): a wrong "succeeded" on a
+PaymentIntent the provider shows `requires_confirmation` (never confirmed, nothing charged)
+is still accepted as acknowledged after issue #15's read-back, and the ledger then books
+money the provider never received (seen with 0.2 on seed 7: 4 such operations, ledger minus
+provider balance 8 000). `make soak` keeps them on (20 %) and reports it.
 """
 import re
 import subprocess
