@@ -49,14 +49,14 @@ test: deps
 	$(PY) -m tests.stack -- $(PY) -m pytest $(PYTEST_ARGS)
 
 soak: deps
-	$(PY) bench/soak.py
+	$(PY) bench/soak.py $(SOAK_ARGS)
 
 bench: deps
 	$(PY) bench/run_all.py
 
 # Schemathesis with a larger budget than CI's (VERITY_FUZZ_EXAMPLES per operation).
 fuzz: deps
-	VERITY_FUZZ_EXAMPLES=$${VERITY_FUZZ_EXAMPLES:-100} $(PY) -m tests.stack -- $(PY) -m pytest -q tests/api/test_schema_conformance.py
+	VERITY_FUZZ_EXAMPLES=$${VERITY_FUZZ_EXAMPLES:-100} $(PY) -m tests.stack -- $(PY) -m pytest -q -p bench.fuzz_progress tests/api/test_schema_conformance.py $(FUZZ_ARGS)
 
 # Known-vulnerability audit of both locks. It needs the vulnerability database (PyPI's
 # JSON API, or OSV with PIP_AUDIT_ARGS=--vulnerability-service=osv): run it on a machine

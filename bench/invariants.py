@@ -1,7 +1,9 @@
 """Invariant checker: compares localstripe's objects with Verity's database.
 
-Used by bench/soak.py after the system drained. Needs Django set up against the soak's
-database and the provider base URL in settings. Prints one table; returns violations.
+Used by bench/soak.py every 30 s during the run (`live=True`: only what must hold at every
+instant) and after the system drained (everything). Needs Django set up against the soak's
+database and the provider base URL in settings (the provider itself, not the soak's fault
+proxy). Prints one table; returns violations.
 """
 from __future__ import annotations
 
@@ -48,9 +50,10 @@ def _provider_list(resource: str) -> list[dict]:
         params["starting_after"] = body["data"][-1]["id"]
 
 
-def check() -> Report:
-    from payments.enums import PAYMENT_KINDS, Outcome
-    from payments.models import PaymentOperation, Purchase
+def check(*, live: bool = False) -> Report:
+    from payments.enums import PAYMENT_KINDS, OperationKind, Outcome, Owner, PurchaseStatus
+    from payments.models import Hold, PaymentOperation, Purchase
+    from payments.selectors import purchase_next_action
     from recovery.models import (
         CrmUpdate,
         EmailMessage,
@@ -73,10 +76,28 @@ def check() -> Report:
     rep.add("provider payment intents", len(intents))
     rep.add("provider charges (moved money)", len(moved))
     worst = max(per_purchase.values(), default=0)
-    rep.add("max charges per purchase", worst, "must be <= 1", ok=worst <= 1)
+    rep.add("max charges per purchase", worst, "reported (a second one must be compensated)")
+    doubled = [pid for pid, n in per_purchase.items() if pid and n > 1]
+    compensated = set(PaymentOperation.objects.filter(
+        purchase_id__in=doubled, is_compensation=True).values_list("purchase_id", flat=True))
+    uncompensated = [pid for pid in doubled if pid not in compensated]
+    rep.add("purchases charged twice, compensation queued", len(doubled) - len(uncompensated))
+    rep.add("purchases charged twice, no compensation queued", len(uncompensated),
+            "must be 0" + ("" if not live else " (live: reported)"),
+            ok=live or not uncompensated)
+    for pid in uncompensated[:5]:
+        rep.add(f"  {pid}", per_purchase[pid], "charges at the provider")
 
     ops = {o.id: o for o in PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS)}
     by_ref = {o.provider_reference: o for o in ops.values() if o.provider_reference}
+    status_of = {pi["id"]: pi["status"] for pi in intents}
+
+    def detail(op_id: str) -> str:
+        o = ops.get(op_id) or PaymentOperation.objects.get(id=op_id)
+        return (f"{o.kind} {o.outcome} grade={o.grade or '-'} verification="
+                f"{o.verification or '-'} reason={o.reason or '-'} purchase={o.purchase_id} "
+                f"provider={status_of.get(o.provider_reference, 'absent')}")
+
     lost_at_verity = [pi["id"] for pi in intents
                       if (pi.get("metadata") or {}).get("operation_id") not in ops]
     rep.add("provider objects unknown to Verity", len(lost_at_verity), "must be 0",
@@ -86,15 +107,46 @@ def check() -> Report:
     rep.add("Verity references missing at provider", len(lost_at_provider), "must be 0",
             ok=not lost_at_provider)
 
+    refund_ops = {o.id: o for o in PaymentOperation.objects.filter(kind=OperationKind.REFUND)}
+    stray_refunds = [r["id"] for r in refunds
+                     if (r.get("metadata") or {}).get("operation_id") not in refund_ops]
+    rep.add("provider refunds", len(refunds))
+    rep.add("provider refunds unknown to Verity", len(stray_refunds), "must be 0",
+            ok=not stray_refunds)
+    refunded_ok = {r["id"] for r in refunds if r["status"] == "succeeded"}
+    refund_contradicted = [o.id for o in refund_ops.values() if o.outcome == Outcome.SUCCEEDED
+                           and o.provider_reference not in refunded_ok]
+    rep.add("refund succeeded at Verity, not at provider", len(refund_contradicted),
+            "must be 0", ok=not refund_contradicted)
+
     charged_but_failed = [pi["id"] for pi in moved
                           if pi["id"] in by_ref and by_ref[pi["id"]].outcome == Outcome.FAILED]
-    rep.add("charged at provider but failed at Verity", len(charged_but_failed), "must be 0",
-            ok=not charged_but_failed)
+    # Live, a person's wrong "failed" may stand until verified evidence overturns it.
+    rep.add("charged at provider but failed at Verity", len(charged_but_failed), "must be 0"
+            + (" after drain" if live else ""), ok=live or not charged_but_failed)
+    for pi_id in charged_but_failed[:5]:
+        rep.add(f"  {by_ref[pi_id].id}", "", detail(by_ref[pi_id].id))
     moved_ids = {pi["id"] for pi in moved}
+    # An authorization that was voided is canceled at the provider, as it should be.
+    voided = set(PaymentOperation.objects.filter(kind=OperationKind.VOID,
+                                                 outcome=Outcome.SUCCEEDED)
+                 .values_list("provider_reference", flat=True))
     succeeded_not_charged = [o.id for o in ops.values() if o.outcome == Outcome.SUCCEEDED
-                             and o.provider_reference not in moved_ids]
-    rep.add("succeeded at Verity, not at provider", len(succeeded_not_charged), "must be 0",
-            ok=not succeeded_not_charged)
+                             and o.provider_reference not in moved_ids
+                             and not (o.kind == OperationKind.AUTHORIZE
+                                      and o.provider_reference in voided
+                                      and status_of.get(o.provider_reference) == "canceled")]
+
+    confirmed_wrong = [i for i in succeeded_not_charged if ops[i].grade == "confirmed"]
+    rep.add("succeeded at Verity, not at provider", len(succeeded_not_charged), "must be 0"
+            + (" after drain" if live else ""), ok=live or not succeeded_not_charged)
+    rep.add("provider-confirmed success the provider contradicts", len(confirmed_wrong),
+            "must be 0", ok=not confirmed_wrong)
+    for op_id in succeeded_not_charged[:5]:
+        rep.add(f"  {op_id}", "", detail(op_id))
+    if live:
+        _live_effects(rep)
+        return rep
 
     unknown = PaymentOperation.objects.filter(outcome__in=[Outcome.UNKNOWN,
                                                            Outcome.AWAITING_PROVIDER,
@@ -103,9 +155,18 @@ def check() -> Report:
     rep.add("unknown left (no evidence yet)", unknown.count(), "reported; held allowance")
     rep.add("oldest unknown age (s)",
             int((timezone.now() - oldest).total_seconds()) if oldest else 0)
-    unknown_moved = [o.id for o in unknown if o.provider_reference in moved_ids]
+    # What the provider shows once each kind has been applied there.
+    applied = {OperationKind.CAPTURE: ("succeeded",), OperationKind.VOID: ("canceled",)}
+    unknown_moved = [o.id for o in unknown if o.kind in (*PAYMENT_KINDS, *applied)
+                     and status_of.get(o.provider_reference)
+                     in applied.get(o.kind, ("succeeded", "requires_capture"))]
     rep.add("unknown left although the provider charged", len(unknown_moved),
             "must be 0 after drain (reconciler converges)", ok=not unknown_moved)
+    for op_id in unknown_moved[:5]:
+        rep.add(f"  {op_id}", "", detail(op_id))
+    unheld = unknown.filter(kind__in=PAYMENT_KINDS, requested_by_client__isnull=False).exclude(
+        id__in=Hold.objects.filter(state="reserved").values("operation_id")).count()
+    rep.add("unknown without its reserved hold", unheld, "must be 0", ok=unheld == 0)
     dispatching = PaymentOperation.objects.filter(outcome=Outcome.DISPATCHING).count()
     rep.add("dispatching left after drain", dispatching, "must be 0", ok=dispatching == 0)
 
@@ -119,12 +180,21 @@ def check() -> Report:
     # An interrupted e-mail send is `unknown` (maybe sent): never resent without review.
     review = {pid for pid in paid_ids if steps[pid][("confirmation", "unknown")]
               or any(steps[pid][(s, "manual")] for s in PAID_STEPS)}
-    incomplete = [pid for pid in paid_ids - review
+    # Refunded or voided before fulfilment started: nothing to fulfil, rightly.
+    reversed_early = {pid for pid in Purchase.objects.filter(
+        id__in=paid_ids, status__in=[PurchaseStatus.REFUNDED, PurchaseStatus.VOIDED])
+        .values_list("id", flat=True) if not steps[pid]}
+    rep.add("paid purchases reversed before fulfilment", len(reversed_early), "reported")
+    incomplete = [pid for pid in paid_ids - review - reversed_early
                   if any(steps[pid][(s, "done")] != 1 for s in PAID_STEPS)]
     rep.add("paid purchases with a step not done once", len(incomplete), "must be 0",
             ok=not incomplete)
     for pid in incomplete[:5]:
-        rep.add(f"  {pid}", " ".join(f"{s}:{st}" for (s, st), n in sorted(steps[pid].items())))
+        purchase = Purchase.objects.get(id=pid)
+        rep.add(f"  {pid}", purchase.status,
+                " ".join(f"{s}:{st}" for (s, st), n in sorted(steps[pid].items()))
+                + " | " + " ".join(f"{o.kind}:{o.outcome}:{o.grade or '-'}"
+                                   for o in purchase.operations.order_by("created_at")))
     rep.add("paid purchases awaiting a person (e-mail unknown)", len(review), "reported")
 
     def dupes(model, *fields):
@@ -138,6 +208,16 @@ def check() -> Report:
     mails_unpaid = EmailMessage.objects.exclude(purchase_id__in=paid_ids).count()
     rep.add("orders/e-mails without a verified payment", orders_unpaid + mails_unpaid,
             "must be 0", ok=orders_unpaid + mails_unpaid == 0)
+
+    open_statuses = [PurchaseStatus.PAYMENT_PENDING, PurchaseStatus.PAYMENT_UNKNOWN,
+                     PurchaseStatus.ACTION_REQUIRED, PurchaseStatus.MANUAL_REVIEW,
+                     PurchaseStatus.REFUND_PENDING]
+    ownerless = [p.id for p in Purchase.objects.filter(status__in=open_statuses)
+                 if purchase_next_action(p).get("owner") in (None, "", Owner.NONE)]
+    rep.add("open purchases without a next owner", len(ownerless), "must be 0",
+            ok=not ownerless)
+    for pid in ownerless[:5]:
+        rep.add(f"  {pid}", "no owner")
 
     quarantined = ProviderEvent.objects.filter(result="quarantined").count()
     rep.add("quarantined webhook events", quarantined, "reported")
@@ -161,3 +241,23 @@ def check() -> Report:
         rep.add(f"  outbox {m.id}", f"cat={m.category}",
                 f"attempts={m.attempts} {m.payload} {m.last_error[:80]!r}")
     return rep
+
+
+def _live_effects(rep: Report) -> None:
+    """The downstream rules that hold at every instant, not only after the drain."""
+    from payments.enums import PAYMENT_KINDS, Outcome
+    from payments.models import PaymentOperation
+    from recovery.models import CrmUpdate, EmailMessage, InventoryCommit, LedgerEntry, Order
+
+    def dupes(model, *fields):
+        return model.objects.values(*fields).annotate(n=Count("id")).filter(n__gt=1).count()
+
+    effect_dupes = (dupes(Order, "purchase_id") + dupes(InventoryCommit, "purchase_id", "sku")
+                    + dupes(LedgerEntry, "operation_id", "entry_type", "account")
+                    + dupes(EmailMessage, "purchase_id", "kind") + dupes(CrmUpdate, "purchase_id"))
+    rep.add("downstream effects executed twice", effect_dupes, "must be 0", ok=effect_dupes == 0)
+    paid = PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS,
+                                           outcome=Outcome.SUCCEEDED).values("purchase_id")
+    orders_unpaid = Order.objects.exclude(purchase_id__in=paid).count()
+    rep.add("orders without a verified payment", orders_unpaid, "must be 0",
+            ok=orders_unpaid == 0)

@@ -4,6 +4,12 @@
     .venv/bin/python bench/run_all.py --quick   # small sizes, one run each: a smoke check
     .venv/bin/python bench/run_all.py --only webhook_ingest,outbox_drain
     BENCH_ARGS="--quick" make bench
+    .venv/bin/python bench/run_all.py --quiet    # no progress line
+
+Progress (payments/ops/progress.py, on stderr): which benchmark is running, its latest
+"run k/n" line and, for the scale fill, rows written against the target with the time
+left; redrawn in place on a terminal, a plain line every 10 s in a log. Each benchmark's
+own output is forwarded line by line.
 
 Figures are medians of --runs runs; every headline is a ratio against a floor measured in
 the same run on the same PostgreSQL. Benchmarks print figures; they never assert timings.
@@ -16,12 +22,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import PY, ROOT, Row, machine, print_table, require_wrk  # noqa: E402
+from payments.ops.progress import Progress, fmt_duration  # noqa: E402
 
 BENCHES = {
     "webhook_ingest": {"full": [], "quick": ["--seconds", "4"]},
@@ -30,6 +38,28 @@ BENCHES = {
     "reconcile_sweep": {"full": [], "quick": ["--n", "300"]},
     "scale": {"full": [], "quick": ["--sizes", "2000,10000", "--reps", "5"]},
 }
+
+
+def _run_forwarding(cmd: list[str], progress: Progress, state: dict) -> int:
+    """Run one benchmark, forwarding its output line by line above the status line; its
+    latest log line (e.g. "run 2/3: floor") becomes part of the status."""
+    if progress.quiet:
+        return subprocess.run(cmd, cwd=ROOT, env=os.environ.copy()).returncode
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=os.environ.copy(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+
+    def pump() -> None:
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            progress.note(line)
+            if line.strip():
+                state["last"] = line.strip()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    returncode = proc.wait()
+    reader.join(timeout=10)
+    return returncode
 
 
 def main() -> int:
@@ -41,6 +71,7 @@ def main() -> int:
     parser.add_argument("--json", help="write all rows and the machine as JSON here")
     parser.add_argument("--reconcile-n", type=int, help="unknown operations (default 10000)")
     parser.add_argument("--scale-sizes", help="e.g. 10000,100000 (default up to 1000000)")
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
     # `make bench` takes no arguments: BENCH_ARGS="--quick" make bench passes them through.
     args = parser.parse_args(sys.argv[1:] + os.environ.get("BENCH_ARGS", "").split())
     require_wrk()
@@ -49,7 +80,17 @@ def main() -> int:
     rows: list[Row] = []
     failed = []
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="verity-bench-") as tmp:
+    state = {"i": 0, "name": "", "since": started, "last": "", "done": []}
+
+    def status() -> str:
+        done = ", ".join(state["done"][-3:])
+        return (f"bench {state['i']}/{len(names)} {state['name']} "
+                f"({fmt_duration(time.monotonic() - state['since'])})"
+                + (f" | {state['last'][:90]}" if state["last"] else "")
+                + (f" | done: {done}" if done else ""))
+
+    progress = Progress(status, label="bench", quiet=args.quiet)
+    with tempfile.TemporaryDirectory(prefix="verity-bench-") as tmp, progress:
         for name in names:
             out = Path(tmp) / f"{name}.json"
             extra = list(BENCHES[name]["quick" if args.quick else "full"])
@@ -59,15 +100,18 @@ def main() -> int:
                 extra += ["--sizes", args.scale_sizes]
             cmd = [PY, str(ROOT / "bench" / f"{name}.py"), "--json", str(out),
                    "--runs", str(runs), *extra]
-            print(f"\n### {name}: {' '.join(cmd[1:])}", flush=True)
+            state.update(i=state["i"] + 1, name=name, since=time.monotonic(), last="")
+            progress.note(f"\n### {name}: {' '.join(cmd[1:])}")
             t = time.monotonic()
-            proc = subprocess.run(cmd, cwd=ROOT, env=os.environ.copy())
-            if proc.returncode != 0 or not out.exists():
+            returncode = _run_forwarding(cmd, progress, state)
+            if returncode != 0 or not out.exists():
                 failed.append(name)
-                rows.append(Row(name.replace("_", " "), "FAILED", f"exit {proc.returncode}"))
+                rows.append(Row(name.replace("_", " "), "FAILED", f"exit {returncode}"))
+                state["done"].append(f"{name} FAILED")
                 continue
             rows.extend(Row(**r) for r in json.loads(out.read_text()))
-            print(f"### {name}: {time.monotonic() - t:.0f}s", flush=True)
+            progress.note(f"### {name}: {time.monotonic() - t:.0f}s")
+            state["done"].append(f"{name} {time.monotonic() - t:.0f}s")
     m = machine()
     print(f"\nmachine: {m['nproc']} cores, {m['cpu']}, {m['memory']}, {m['postgres']}, "
           f"Python {m['python']}; load average at the end "

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Report, bench_stack, common_args, fmt, log  # noqa: E402
+from payments.ops.progress import Progress, eta  # noqa: E402
 
 QUEUES = ["unknown", "paid_without_order", "compensation", "quarantined", "stuck_outbox",
           "settlement", "escalated", "refund_approval"]
@@ -118,10 +119,26 @@ def main(argv: list[str] | None = None) -> Report:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--explain", type=float, default=0, metavar="MS",
                         help="at the last size, EXPLAIN ANALYZE statements slower than MS")
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     report = Report()
-    with bench_stack(localstripe=False) as (stack, env):
+    fill_state: dict = {}
+    where = {"what": "starting the stack"}
+
+    def status() -> str:
+        if where["what"] != "filling" or not fill_state.get("units_total"):
+            return where["what"]
+        done, total = fill_state["units_done"], fill_state["units_total"]
+        elapsed = time.monotonic() - fill_state["started"]
+        target = fill_state["rows"] / done * total if done else 0
+        return (f"filling {where['range']}: {fill_state['phase']}, "
+                f"{fill_state['rows']:,} rows written"
+                + (f" of ~{target:,.0f}" if target else "")
+                + f" ({done / total:.0%}) {eta(done=done, total=total, elapsed=elapsed)}")
+
+    with Progress(status, label="scale", quiet=args.quiet), \
+            bench_stack(localstripe=False) as (stack, env):
         from django.contrib.auth.models import Group, User
         from django.test import Client
 
@@ -141,12 +158,14 @@ def main(argv: list[str] | None = None) -> Report:
         filled = 0
         for size in sizes:
             log(f"filling purchases {filled + 1:,}..{size:,}")
+            where.update(what="filling", range=f"{filled + 1:,}..{size:,}")
             t = time.monotonic()
-            fill(filled + 1, size, client_id=api_client.id, log=log)
+            fill(filled + 1, size, client_id=api_client.id, log=log, state=fill_state)
             log(f"filled {size:,} purchases in {time.monotonic() - t:.0f}s total")
             filled = size
             rnd = random.Random(size)
             for name, targets in paths(size, rnd).items():
+                where["what"] = f"measuring at {size:,} purchases: {name}"
                 r = measure(console, api, targets, args.reps)
                 results.setdefault(name, {})[size] = r
                 log(f"  {size:>9,} {name:<28} p50 {r['p50']:7.1f} ms  queries "

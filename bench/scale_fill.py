@@ -241,11 +241,19 @@ WHERE i.schemaname = 'public' AND i.tablename = ANY(%s)
 """
 
 
-def fill(lo: int, hi: int, *, client_id: int, log=print, rebuild_indexes: bool | None = None
-         ) -> None:
+# Each statement runs over at most this many purchases at a time (same rows, same single
+# transaction), so a long fill can report rows written as it goes.
+CHUNK = 100_000
+
+
+def fill(lo: int, hi: int, *, client_id: int, log=print, rebuild_indexes: bool | None = None,
+         state: dict | None = None) -> None:
     """Add purchases lo..hi. For big batches the secondary indexes (not the primary keys
     or unique constraints) are dropped first and rebuilt after: building an index once is
-    much cheaper than maintaining it row by row with random (md5) keys."""
+    much cheaper than maintaining it row by row with random (md5) keys.
+
+    `state`, if given, is kept current for a progress line: `phase`, `rows` written so far,
+    `units_done` / `units_total` (purchases × statements) and `started`."""
     import time
 
     from django.db import connection, transaction
@@ -253,6 +261,10 @@ def fill(lo: int, hi: int, *, client_id: int, log=print, rebuild_indexes: bool |
     if rebuild_indexes is None:
         rebuild_indexes = hi - lo >= 200_000
     params = {"lo": lo, "hi": hi, "client": client_id}
+    chunks = [(a, min(a + CHUNK - 1, hi)) for a in range(lo, hi + 1, CHUNK)]
+    state = state if state is not None else {}
+    state.update(phase="indexes", rows=0, units_done=0,
+                 units_total=len(STATEMENTS) * (hi - lo + 1), started=time.monotonic())
     with transaction.atomic(), connection.cursor() as cursor:
         # Bulk load of rows that are consistent by construction: skip the per-row foreign
         # key triggers (Django's FKs are DEFERRABLE, so millions of checks would queue up
@@ -268,13 +280,21 @@ def fill(lo: int, hi: int, *, client_id: int, log=print, rebuild_indexes: bool |
             log(f"  dropped {len(dropped)} secondary indexes for the load")
         for name, sql in STATEMENTS:
             t = time.monotonic()
-            cursor.execute(sql.replace(" % ", " %% "), params)
-            log(f"  {name}: {cursor.rowcount:,} rows in {time.monotonic() - t:.1f}s")
+            rows = 0
+            state["phase"] = name
+            for a, b in chunks:
+                cursor.execute(sql.replace(" % ", " %% "), {**params, "lo": a, "hi": b})
+                rows += cursor.rowcount
+                state["rows"] += cursor.rowcount
+                state["units_done"] += b - a + 1
+            log(f"  {name}: {rows:,} rows in {time.monotonic() - t:.1f}s")
         if dropped:
+            state["phase"] = "rebuilding indexes"
             t = time.monotonic()
             for _, definition in dropped:
                 cursor.execute(definition)
             log(f"  rebuilt {len(dropped)} indexes in {time.monotonic() - t:.1f}s")
+    state["phase"] = "analyze"
     with connection.cursor() as cursor:
         t = time.monotonic()
         for table in TABLES:

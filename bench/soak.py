@@ -1,14 +1,38 @@
-"""Chaos soak: careless agents + provider faults + killed workers + Redis outages, then an
-invariant check against localstripe. Not part of `make test` (a 60 s version is).
+"""Chaos soak: every operation kind, people in the loop, every fault, then invariants.
 
-    python bench/soak.py [--seconds 600] [--clients 8] [--seed 7] [--drain 180]
+    python bench/soak.py [--seconds 600] [--agents 100] [--seed 7] [--drain 180]
+                         [--outage 30,60] [--out var/soak] [--quiet]
+    make soak SOAK_ARGS="--seconds 120 --agents 30"
 
-Starts on loopback: throwaway PostgreSQL, Redis and localstripe (tests.stack), gunicorn
-(2 workers), two Celery workers and one beat. Exits non-zero on any invariant violation.
+Starts on loopback: throwaway PostgreSQL, Redis and localstripe (tests.stack), a fault
+proxy in front of localstripe (bench/fault_proxy.py), gunicorn (3 workers x 8 threads),
+two Celery workers and one beat.
+
+Workload (careless agents, seeded): automatic and manual-capture payments with retries
+on the same key, new keys and varied amounts, declines and deliberate retries; captures
+and voids of authorizations; full and partial refunds (small ones automatic, larger ones
+approved console-style by a finance user in this process); manual resolutions of unknown
+operations by a resolver API client, sometimes wrong; workflow and step halts set and
+cleared; signed provider events delivered late, twice and out of order; and a seeded
+share of provider requests drilled (payments/providers fault drills).
+
+Faults, each at a random moment and logged with its time: PostgreSQL restarted
+(`pg_ctl restart -m immediate`), a gunicorn worker SIGKILLed mid-request (while provider
+answers are held back, so some die between the provider call and recording its answer),
+the provider unreachable for 30-60 s (connections refused), Redis stopped, Celery workers
+SIGKILLed. Every kind happens at least once.
+
+Invariants (bench/invariants.py) are checked every 30 s during the run and after a drain
+with faults off. Output: a progress line (stderr), then the per-endpoint table, the faults
+table, the invariant table; a chart (SVG) and the figures (JSON) in --out. Exits non-zero
+on any violation or any 5xx other than a 503 with Retry-After while the database is down
+(or `workflow_halted` while a halt is set).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import json
 import os
 import random
@@ -25,11 +49,19 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.stack import Stack, _wait_port, free_port  # noqa: E402
+from bench.fault_proxy import FaultProxy  # noqa: E402
+from bench.soak_report import Recorder, endpoint_of  # noqa: E402
+from payments.ops.progress import Progress, fmt_duration  # noqa: E402
+from tests.stack import Stack, _as_pg_user, _wait_port, free_port  # noqa: E402
 
 SECRET = "whsec_soak"
-CARDS_OK = ["pm_card_visa", "pm_card_mastercard"]
+# localstripe knows one working token (pm_card_mastercard is a 404 there: failed invalid_request)
+CARDS_OK = ["pm_card_visa"]
 CARD_DECLINE = "pm_card_chargeCustomerFail"
+AUTO_REFUND_LIMIT = 1000  # refunds up to this are automatic; larger ones wait for approval
+FAULT_KINDS = ("pg_restart", "web_kill", "provider_outage", "redis_restart",
+               "worker_sigkill", "halt")
+CHECK_EVERY_SECONDS = 30
 
 
 class Services:
@@ -51,14 +83,23 @@ class Services:
             env["FAULT_DRILL_RANDOM_RATE"] = "0"
         py = sys.executable
         self._spawn("web", [py, "-m", "gunicorn", "config.wsgi:application", "--bind",
-                            f"127.0.0.1:{self.web_port}", "--workers", "2", "--threads", "8",
-                            "--timeout", "30"], env)
+                            f"127.0.0.1:{self.web_port}", "--workers", "3", "--threads", "8",
+                            "--timeout", "30", "--backlog", "2048"], env)
         for i in (1, 2):
             self._spawn(f"worker{i}", self._worker_cmd(i), env)
         self._spawn("beat", [py, "-m", "celery", "-A", "config", "beat", "--loglevel", "WARNING",
                              "--schedule", str(self.logdir / "beat-schedule")], env)
         self.env_used = env
         _wait_port(self.web_port, timeout=60, proc=self.procs["web"])
+        # Every worker booted and connected before anyone is timed.
+        deadline = time.monotonic() + 120
+        ok = 0
+        while ok < 6 and time.monotonic() < deadline:
+            try:
+                ok += requests.get(f"http://127.0.0.1:{self.web_port}/readyz",
+                                   timeout=5).status_code == 200
+            except requests.RequestException:
+                time.sleep(0.5)
 
     def _worker_cmd(self, i: int) -> list[str]:
         return [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "WARNING",
@@ -72,6 +113,15 @@ class Services:
         proc.wait()
         self._spawn(name, self._worker_cmd(int(name[-1])), self.env_used)
         return name
+
+    def web_workers(self) -> list[int]:
+        """pids of gunicorn's worker processes (the master's children)."""
+        master = self.procs["web"].pid
+        try:
+            children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+        except OSError:
+            return []
+        return [int(c) for c in children]
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -96,130 +146,494 @@ def restart_redis(stack: Stack, down_seconds: float) -> None:
          "--appendonly", "no", "--dir", str(stack.tmp)], stack.redis_port)
 
 
+def restart_postgres(stack: Stack) -> None:
+    """Crash-stop and start again with the same options (postmaster.opts)."""
+    subprocess.run(_as_pg_user(["pg_ctl", "-D", str(stack.pgdata), "-m", "immediate", "-w",
+                                "-t", "60", "-l", str(stack.tmp / "pg.log"), "restart"]),
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class Api:
+    """One HTTP identity (an agent, the resolver); every request is recorded."""
+
+    def __init__(self, base: str, key: str | None, rec: Recorder) -> None:
+        self.base, self.rec = base, rec
+        self.s = requests.Session()
+        if key:
+            self.s.headers["Authorization"] = f"Api-Key {key}"
+
+    def call(self, method: str, path: str, body: dict | None = None, *, key: str | None = None,
+             timeout: float = 10, headers: dict | None = None, raw: bytes | None = None):
+        hdrs = {"Content-Type": "application/json", **(headers or {})}
+        if key:
+            hdrs["Idempotency-Key"] = key
+        endpoint = endpoint_of(method, path)
+        with self.rec.lock:
+            self.rec.inflight += 1
+        t = time.monotonic()
+        try:
+            r = self.s.request(method, self.base + path, timeout=timeout, headers=hdrs,
+                               data=raw if raw is not None else
+                               (json.dumps(body) if body is not None else None))
+        except requests.Timeout:
+            self.rec.record(endpoint, "timeout", (time.monotonic() - t) * 1000)
+            return None
+        except requests.RequestException:
+            self.rec.record(endpoint, "no_answer", (time.monotonic() - t) * 1000)
+            return None
+        finally:
+            with self.rec.lock:
+                self.rec.inflight -= 1
+        code = ""
+        if r.status_code >= 500:
+            try:
+                code = r.json().get("code", "")
+            except ValueError:
+                code = "not_json"
+            if "Retry-After" not in r.headers:
+                code = f"{code} (no Retry-After)"
+        self.rec.record(endpoint, str(r.status_code), (time.monotonic() - t) * 1000, code)
+        return r
+
+
+def _json(r) -> dict:
+    try:
+        return r.json() if r is not None else {}
+    except ValueError:
+        return {}
+
+
 class Agent(threading.Thread):
     """A careless storefront agent: times out, retries with the same key, with new keys,
-    varies the body, opens second purchases."""
+    varies the body, opens second purchases; pays, captures, voids and refunds."""
 
-    def __init__(self, n: int, base: str, key: str, skus: list[str], deadline: float,
-                 seed: int, stats: dict, lock: threading.Lock) -> None:
+    def __init__(self, n: int, api: Api, skus: list[str], deadline: float, seed: int) -> None:
         super().__init__(daemon=True)
         self.rng = random.Random(seed * 1000 + n)
-        self.base, self.deadline, self.skus = base, deadline, skus
-        self.s = requests.Session()
-        self.s.headers["Authorization"] = f"Api-Key {key}"
-        self.stats, self.lock = stats, lock
+        self.api, self.deadline, self.skus = api, deadline, skus
+        self.rec = api.rec
         self.customers = [f"soak-cust-{seed}-{n}-{i}" for i in range(3)]
-
-    def count(self, what: str) -> None:
-        with self.lock:
-            self.stats[what] = self.stats.get(what, 0) + 1
-
-    def post(self, path: str, body: dict, key: str, timeout: float):
-        try:
-            r = self.s.post(self.base + path, data=json.dumps(body), timeout=timeout,
-                            headers={"Idempotency-Key": key,
-                                     "Content-Type": "application/json"})
-        except requests.RequestException:
-            self.count("client_timeouts")
-            return None
-        self.count(f"http_{r.status_code}")
-        return r
 
     def run(self) -> None:
         while time.monotonic() < self.deadline:
             try:
                 self.journey()
             except Exception as exc:  # keep driving; the checker judges the system
-                self.count(f"agent_error_{type(exc).__name__}")
+                self.rec.count(f"agent_error_{type(exc).__name__}")
+                time.sleep(1)
+
+    def post(self, path: str, body: dict, key: str, timeout: float = 10):
+        return self.api.call("POST", path, body, key=key, timeout=timeout)
 
     def journey(self) -> None:
         rng = self.rng
+        plan = rng.choices(["pay", "manual", "refund"], weights=[45, 30, 25])[0]
         items = [{"sku": rng.choice(self.skus), "quantity": rng.randint(1, 2)}]
-        q = self.post("/api/v1/quotes", {"items": items, "currency": "usd"}, uuid.uuid4().hex, 10)
+        q = self.post("/api/v1/quotes", {"items": items, "currency": "usd"}, uuid.uuid4().hex)
         if q is None or q.status_code not in (200, 201):
-            return
+            return self.pause()
         quote = q.json()
         customer = rng.choice(self.customers)
         body = {"quote_id": quote["id"], "quote_version": quote["version"],
                 "customer": {"reference": customer, "email": f"{customer}@example.com"}}
-        p = self.post("/api/v1/purchases", body, uuid.uuid4().hex, 10)
+        p = self.post("/api/v1/purchases", body, uuid.uuid4().hex)
         if p is not None and p.status_code == 409 and rng.random() < 0.5:
-            unresolved = (p.json().get("unresolved") or
-                          [p.json().get("purchase")])
+            unresolved = _json(p).get("unresolved") or [_json(p).get("purchase")]
             body["acknowledge_unresolved"] = [u for u in unresolved if u]
-            self.count("second_purchase_acknowledged")
-            p = self.post("/api/v1/purchases", body, uuid.uuid4().hex, 10)
+            self.rec.count("second_purchase_acknowledged")
+            p = self.post("/api/v1/purchases", body, uuid.uuid4().hex)
         if p is None or p.status_code not in (200, 201):
-            return
+            return self.pause()
         purchase = p.json()
+        self.rec.count("purchases")
+        op = self.pay(purchase, capture="manual" if plan == "manual" else "automatic")
+        if op is None:
+            return
+        op = self.settle(op)
+        if op.get("outcome") != "succeeded":
+            return
+        self.rec.count("authorizations" if plan == "manual" else "charges")
+        if plan == "manual":
+            action = "capture" if rng.random() < 0.7 else "void"
+            self.linked(purchase["id"], action, {})
+        elif plan == "refund":
+            self.refunds(purchase)
+        if rng.random() < 0.3:
+            self.api.call("GET", f"/api/v1/purchases/{purchase['id']}")
+
+    def pause(self) -> None:
+        time.sleep(self.rng.uniform(0.5, 2))
+
+    def pay(self, purchase: dict, *, capture: str) -> dict | None:
+        rng = self.rng
         pay_path = f"/api/v1/purchases/{purchase['id']}/payments"
         card = CARD_DECLINE if rng.random() < 0.1 else rng.choice(CARDS_OK)
-        pay = {"payment_method": card, "capture": "automatic"}
+        pay = {"payment_method": card, "capture": capture}
         key = uuid.uuid4().hex
-        for attempt in range(rng.randint(1, 5)):
+        last = None
+        for _ in range(rng.randint(1, 5)):
             r = self.post(pay_path, pay, key, rng.choice([0.3, 1.0, 5.0, 15.0]))
             roll = rng.random()
             if r is not None and r.status_code == 402:
-                op = r.json().get("operation")
+                op = _json(r).get("operation")
                 if op and rng.random() < 0.5:
-                    pay = {"payment_method": rng.choice(CARDS_OK), "capture": "automatic",
+                    pay = {"payment_method": rng.choice(CARDS_OK), "capture": capture,
                            "retry_of": op}
                     key = uuid.uuid4().hex
+                    self.rec.count("retry_after_decline")
                     continue
-                return
-            if r is not None and r.status_code in (200, 201) and roll < 0.7:
-                return
+                return None
+            if r is not None and r.status_code in (200, 201, 202):
+                last = _json(r)
+                if roll < 0.7:
+                    return last
+            if r is not None and r.status_code == 503:
+                time.sleep(float(r.headers.get("Retry-After", "1")))
+                self.rec.count("retry_after_503")
+                continue
             # Careless retries: same key, a fresh key, or a varied body.
             if roll < 0.5:
-                self.count("retry_same_key")
+                self.rec.count("retry_same_key")
             elif roll < 0.8:
                 key = uuid.uuid4().hex
-                self.count("retry_new_key")
+                self.rec.count("retry_new_key")
             else:
                 key = uuid.uuid4().hex
                 pay = dict(pay, amount=purchase["amount"] + rng.randint(1, 500))
-                self.count("retry_varied_amount")
+                self.rec.count("retry_varied_amount")
             time.sleep(rng.random() * 0.5)
+        return last
 
+    def settle(self, op: dict, waits: int = 6) -> dict:
+        """Poll an operation that is not settled yet, a few times."""
+        for _ in range(waits):
+            if op.get("outcome") in ("succeeded", "failed") or not op.get("id"):
+                return op
+            time.sleep(1 + self.rng.random())
+            r = self.api.call("GET", f"/api/v1/operations/{op['id']}")
+            if r is not None and r.status_code == 200:
+                op = r.json()
+        return op
 
-def chaos(services: Services, stack: Stack, deadline: float, rng: random.Random,
-          stats: dict, lock: threading.Lock) -> None:
-    while time.monotonic() < deadline - 5:
-        time.sleep(rng.uniform(5, 12))
-        if time.monotonic() >= deadline - 5:
+    def linked(self, purchase_id: str, action: str, body: dict) -> dict | None:
+        key = uuid.uuid4().hex
+        for _ in range(self.rng.randint(1, 3)):  # sometimes the same request again
+            r = self.post(f"/api/v1/purchases/{purchase_id}/{action}", body, key,
+                          self.rng.choice([1.0, 5.0, 15.0]))
+            if r is not None and r.status_code == 503:
+                time.sleep(float(r.headers.get("Retry-After", "1")))
+                continue
+            if r is not None and r.status_code in (200, 201, 202):
+                self.rec.count(f"{action}_requested")
+                if self.rng.random() < 0.7:
+                    return _json(r)
+        return None
+
+    def refunds(self, purchase: dict) -> None:
+        rng = self.rng
+        amount = purchase["amount"]
+        if rng.random() < 0.5:
+            self.linked(purchase["id"], "refunds", {})  # everything refundable
             return
-        if rng.random() < 0.6:
-            services.kill_worker(rng)
-            what = "worker_sigkill"
+        first = rng.randint(1, max(1, amount // 2))
+        op = self.linked(purchase["id"], "refunds", {"amount": first})
+        if op and rng.random() < 0.5:
+            self.settle(op, waits=3)
+            self.linked(purchase["id"], "refunds", {"amount": rng.randint(1, amount - first)
+                                                    if amount - first >= 1 else 1})
+
+
+class People(threading.Thread):
+    """A finance user approving refunds (console-style, in this process) and a resolver
+    settling unknown operations through the API — sometimes wrongly."""
+
+    def __init__(self, resolver: Api, provider_base: str, deadline: float,
+                 rng: random.Random, rec: Recorder, wrong_rate: float) -> None:
+        super().__init__(daemon=True)
+        self.resolver, self.deadline, self.rng, self.rec = resolver, deadline, rng, rec
+        self.base, self.wrong_rate = provider_base, wrong_rate
+
+    def run(self) -> None:
+        from django.db import connection
+
+        while time.monotonic() < self.deadline:
+            time.sleep(self.rng.uniform(2, 5))
+            try:
+                self.approve()
+                self.resolve()
+            except Exception as exc:  # the database may be restarting: try again later
+                self.rec.count(f"people_error_{type(exc).__name__}")
+                connection.close()
+
+    def approve(self) -> None:
+        from django.contrib.auth.models import User
+
+        from payments import services
+        from payments.enums import Outcome
+        from payments.models import PaymentOperation
+
+        finance = User.objects.get(username="soak-finance")
+        waiting = list(PaymentOperation.objects.filter(outcome=Outcome.AWAITING_APPROVAL)
+                       .values_list("id", flat=True)[:10])
+        for op_id in waiting:
+            try:
+                services.refund_approve(operation_id=op_id, acting_user=finance,
+                                        reason="soak: finance approval")
+                self.rec.count("refund_approved")
+            except services.DomainError as exc:
+                self.rec.count(f"approve_refused_{exc.code}")
+
+    def resolve(self) -> None:
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        from payments.enums import PAYMENT_KINDS, Outcome
+        from payments.models import PaymentOperation
+
+        old = timezone.now() - timedelta(seconds=15)
+        ops = list(PaymentOperation.objects.filter(outcome=Outcome.UNKNOWN, created_at__lt=old,
+                                                   kind__in=PAYMENT_KINDS).order_by("?")[:2])
+        for op in ops:
+            # The person looks at the provider's dashboard first (and sometimes misreads it).
+            truth = "failed"
+            if op.provider_reference:
+                try:
+                    status = requests.get(
+                        f"{self.base}/v1/payment_intents/{op.provider_reference}",
+                        auth=("sk_test_verity_stack", ""), timeout=10).json().get("status")
+                except (requests.RequestException, ValueError):
+                    continue
+                truth = "succeeded" if status in ("succeeded", "requires_capture") else "failed"
+            wrong = self.rng.random() < self.wrong_rate
+            outcome = ({"succeeded": "failed", "failed": "succeeded"}[truth] if wrong else truth)
+            r = self.resolver.call("POST", f"/api/v1/operations/{op.id}/resolve",
+                                   {"outcome": outcome, "reason": "soak: resolver checked the "
+                                    "provider dashboard" + (" (wrongly)" if wrong else "")},
+                                   key=uuid.uuid4().hex)
+            if r is not None and r.status_code == 200:
+                self.rec.count("resolved_wrongly" if wrong else "resolved")
+            elif r is not None:
+                self.rec.count(f"resolve_refused_{_json(r).get('code', r.status_code)}")
+
+
+class Events(threading.Thread):
+    """Signed provider events built from localstripe's real objects, delivered late, twice
+    and out of order (an older state after a newer one)."""
+
+    TYPES = {"succeeded": "payment_intent.succeeded",
+             "requires_capture": "payment_intent.amount_capturable_updated",
+             "canceled": "payment_intent.canceled",
+             "requires_payment_method": "payment_intent.payment_failed",
+             "processing": "payment_intent.processing"}
+
+    def __init__(self, web: Api, provider_base: str, deadline: float, rng: random.Random,
+                 rec: Recorder) -> None:
+        super().__init__(daemon=True)
+        self.web, self.base, self.deadline, self.rng, self.rec = (web, provider_base, deadline,
+                                                                  rng, rec)
+        self.late: list[tuple[float, bytes]] = []
+
+    def recent_intent(self) -> dict | None:
+        """One of the latest payments' PaymentIntents, as the provider has it now."""
+        from payments.enums import PAYMENT_KINDS
+        from payments.models import PaymentOperation
+
+        refs = list(PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS)
+                    .exclude(provider_reference="").order_by("-created_at")
+                    .values_list("provider_reference", flat=True)[:50])
+        if not refs:
+            return None
+        r = requests.get(f"{self.base}/v1/payment_intents/{self.rng.choice(refs)}",
+                         auth=("sk_test_verity_stack", ""), timeout=10)
+        return r.json() if r.status_code == 200 else None
+
+    def deliver(self, body: bytes) -> None:
+        ts = int(time.time())
+        sig = hmac.new(SECRET.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
+        self.web.call("POST", "/webhooks/stripe/", raw=body,
+                      headers={"Stripe-Signature": f"t={ts},v1={sig}"})
+
+    def run(self) -> None:
+        while time.monotonic() < self.deadline:
+            time.sleep(self.rng.uniform(0.5, 1.5))
+            now = time.monotonic()
+            due = [b for t, b in self.late if t <= now]
+            self.late = [(t, b) for t, b in self.late if t > now]
+            for body in due:
+                self.deliver(body)
+                self.rec.count("event_late")
+            try:
+                pi = self.recent_intent()
+            except Exception:  # the database restarting, the provider away: next round
+                from django.db import connection
+
+                connection.close()
+                continue
+            if pi is None:
+                continue
+            status = pi["status"]
+            if pi["status"] == "succeeded" and pi.get("capture_method") == "manual" \
+                    and self.rng.random() < 0.5:
+                status = "requires_capture"  # out of order: the state before the capture
+                self.rec.count("event_out_of_order")
+            if status not in self.TYPES:
+                continue
+            obj = dict(pi, status=status)
+            body = json.dumps({"id": f"evt_soak_{uuid.uuid4().hex[:20]}", "object": "event",
+                               "api_version": "2024-06-20", "created": int(time.time()),
+                               "livemode": False, "type": self.TYPES[status],
+                               "data": {"object": obj}}).encode()
+            roll = self.rng.random()
+            if roll < 0.4:
+                self.late.append((now + self.rng.uniform(10, 40), body))
+            else:
+                self.deliver(body)
+                if roll < 0.7:
+                    self.deliver(body)
+                    self.rec.count("event_twice")
+                else:
+                    self.rec.count("event_once")
+
+
+def fault_plan(seconds: float, rng: random.Random, *, outage: tuple[float, float]) -> list:
+    """(at, kind) for the run: every kind at least once, then random ones, spaced out.
+    The first faults come in a fixed order so even a short run sees a database restart
+    and a web kill early."""
+    start, end = min(12.0, seconds * 0.15), seconds - max(8.0, outage[1] * 0.3)
+    kinds = list(FAULT_KINDS)
+    rest = kinds[2:]
+    rng.shuffle(rest)
+    kinds = kinds[:2] + rest
+    gap = max(4.0, min(25.0, (end - start) / max(len(kinds), 1)))
+    n_more = max(0, int((end - start) / gap) - len(kinds))
+    kinds += rng.choices(["worker_sigkill", "redis_restart", "web_kill", "pg_restart", "halt",
+                          "provider_outage"], weights=[3, 2, 3, 2, 2, 1], k=n_more)
+    plan, t = [], start
+    for kind in kinds:
+        plan.append((t, kind))
+        t += gap * rng.uniform(0.7, 1.3)
+        if t > end:
+            break
+    return plan
+
+
+def chaos(plan: list, services: Services, stack: Stack, proxy: FaultProxy,
+          rec: Recorder, rng: random.Random, deadline: float, outage: tuple[float, float],
+          progress: Progress) -> None:
+    from django.db import connection
+
+    outage_until = [0.0]
+
+    def provider_outage(seconds: float) -> None:
+        f = rec.fault("provider_outage", "connections to the provider refused", seconds)
+        progress.note(f"[{f.t:6.1f}s] fault: provider unreachable for {seconds:.0f}s")
+        proxy.down()
+        time.sleep(seconds)
+        proxy.up()
+
+    for at, kind in plan:
+        while rec.now() < at and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if time.monotonic() >= deadline - 3:
+            return
+        t0 = time.monotonic()
+        if kind == "pg_restart":
+            w = rec.window_open("database_unavailable")
+            restart_postgres(stack)
+            rec.window_close(w)
+            f = rec.fault(kind, "pg_ctl restart -m immediate", time.monotonic() - t0, at=t0)
+            connection.close()
+        elif kind == "web_kill":
+            pids = services.web_workers()
+            if not pids:
+                continue
+            proxy.hold(1.5)  # provider answers are late: kill between call and record
+            time.sleep(0.8)
+            victim = rng.choice(pids)
+            inflight = rec.inflight
+            os.kill(victim, signal.SIGKILL)
+            proxy.hold(0)
+            f = rec.fault(kind, f"SIGKILL gunicorn worker {victim}, {inflight} requests in "
+                                "flight, provider answers held 1.5 s")
+        elif kind == "provider_outage":
+            if time.monotonic() < outage_until[0]:
+                continue
+            seconds = rng.uniform(*outage)
+            outage_until[0] = time.monotonic() + seconds + 5
+            threading.Thread(target=provider_outage, args=(seconds,), daemon=True).start()
+            continue
+        elif kind == "redis_restart":
+            down = rng.uniform(1, 4)
+            restart_redis(stack, down)
+            f = rec.fault(kind, "redis-server SIGKILL, then started", time.monotonic() - t0,
+                          at=t0)
+        elif kind == "worker_sigkill":
+            f = rec.fault(kind, f"SIGKILL celery {services.kill_worker(rng)}")
+        elif kind == "halt":
+            from recovery.halts import halt_clear, halt_set
+
+            name = rng.choice(["refunds", "step:crm", "step:confirmation", "step:order"])
+            seconds = rng.uniform(5, 15)
+            w = rec.window_open("workflow_halted")
+            try:
+                halt_set(name=name, reason="soak: operator pause", actor="soak-operator")
+                time.sleep(seconds)
+                halt_clear(name=name, actor="soak-operator", reason="soak: resumed")
+            except Exception as exc:  # e.g. the database restarting: note and go on
+                rec.count(f"halt_error_{type(exc).__name__}")
+                connection.close()
+            rec.window_close(w)
+            f = rec.fault(kind, f"{name} set, then cleared", seconds, at=t0)
         else:
-            restart_redis(stack, rng.uniform(1, 4))
-            what = "redis_restart"
-        with lock:
-            stats[what] = stats.get(what, 0) + 1
+            continue
+        progress.note(f"[{f.t:6.1f}s] fault: {f.kind} {f.detail}"
+                      + (f" ({f.seconds:.1f}s)" if f.seconds else ""))
 
 
-def drain(env: dict, seconds: float) -> float:
+def checker(rec: Recorder, deadline: float, progress: Progress, results: list) -> None:
+    """Every 30 s: the invariants that must hold at every instant."""
+    from django.db import connection
+
+    from bench.invariants import check
+
+    while time.monotonic() < deadline:
+        time.sleep(CHECK_EVERY_SECONDS)
+        try:
+            rep = check(live=True)
+        except Exception as exc:  # the database or provider may be restarting
+            rec.count(f"check_skipped_{type(exc).__name__}")
+            connection.close()
+            continue
+        results.append((round(rec.now(), 1), rep.violations))
+        # Each violation with the rows under it (the purchases and operations it concerns).
+        showing = False
+        for name, value, rule in rep.rows:
+            if rule.endswith("VIOLATION"):
+                showing = True
+                progress.note(f"[{rec.now():6.1f}s] VIOLATION (live check): {name.strip()} = "
+                              f"{value} ({rule.replace('<-- VIOLATION', '').strip()})")
+            elif showing and name.startswith("  "):
+                progress.note(f"           {name.strip()} {value} {rule}")
+            else:
+                showing = False
+
+
+def drain(seconds: float) -> float:
     """Wait until no dispatch is open, the outbox is empty and paid purchases are done."""
     from datetime import timedelta
 
     from django.db import connection
     from django.utils import timezone
 
-    from payments.enums import Outcome
-    from payments.models import PaymentOperation, Purchase
-    from recovery.models import OutboxMessage, StepRun
-
     start = time.monotonic()
     stable = 0
+    connection.close()  # opened before a database restart, perhaps
     while time.monotonic() - start < seconds:
-        busy = (PaymentOperation.objects.filter(outcome__in=[Outcome.DISPATCHING,
-                                                             Outcome.PENDING]).count()
-                + OutboxMessage.objects.filter(
-                    processed_at__isnull=True,
-                    available_at__lte=timezone.now() - timedelta(seconds=30)).count()
-                + StepRun.objects.filter(state__in=["pending", "running"]).exclude(
-                    purchase_id__in=Purchase.objects.filter(status="manual_review")
-                    .values("id")).count())
+        try:
+            busy = _busy(timezone, timedelta)
+        except Exception:  # noqa: BLE001 - the database came back; reconnect and go on
+            busy = -1
         stable = stable + 1 if busy == 0 else 0
         if stable >= 5:
             break
@@ -228,24 +642,100 @@ def drain(env: dict, seconds: float) -> float:
     return time.monotonic() - start
 
 
+def _busy(timezone, timedelta) -> int:
+    from payments.enums import Outcome
+    from payments.models import PaymentOperation, Purchase
+    from recovery.models import OutboxMessage, StepRun
+
+    return (PaymentOperation.objects.filter(outcome__in=[Outcome.DISPATCHING,
+                                                         Outcome.PENDING]).count()
+            + OutboxMessage.objects.filter(
+                processed_at__isnull=True,
+                available_at__lte=timezone.now() - timedelta(seconds=30)).count()
+            + StepRun.objects.filter(state__in=["pending", "running"]).exclude(
+                purchase_id__in=Purchase.objects.filter(status="manual_review")
+                .values("id")).count())
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=600)
-    ap.add_argument("--clients", type=int, default=8)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=600, help="driving time (default 600)")
+    ap.add_argument("--agents", "--clients", dest="agents", type=int, default=100,
+                    help="concurrent agents (default 100)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--drain", type=float, default=180)
-    ap.add_argument("--fault-rate", type=float, default=0.15)
+    ap.add_argument("--fault-rate", type=float, default=0.15,
+                    help="share of provider requests drilled")
+    ap.add_argument("--outage", default="30,60", help="provider outage seconds: min,max")
+    ap.add_argument("--wrong-resolutions", type=float, default=0.2,
+                    help="share of manual resolutions that are wrong")
+    ap.add_argument("--out", default=str(ROOT / "var" / "soak"),
+                    help="directory for soak.svg and soak.json")
+    ap.add_argument("--quiet", action="store_true", help="no progress line")
     args = ap.parse_args(argv)
+    outage = tuple(float(x) for x in args.outage.split(","))
+    rec = Recorder()
+    state = {"phase": "starting", "checks": [], "planned": args.seconds}
 
+    db = {"at": 0.0, "purchases": 0, "charges": 0, "auths": 0, "refunds": 0}
+
+    def db_counts() -> None:
+        """Purchases and money movements so far, from the database (at most every 5 s;
+        the last figures stand while it restarts)."""
+        if state["phase"] == "starting" or time.monotonic() - db["at"] < 5:
+            return
+        db["at"] = time.monotonic()
+        try:
+            from django.db import connection
+
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT (SELECT count(*) FROM payments_purchase), "
+                               "count(*) FILTER (WHERE kind = 'charge'), "
+                               "count(*) FILTER (WHERE kind = 'authorize'), "
+                               "count(*) FILTER (WHERE kind = 'refund') "
+                               "FROM payments_paymentoperation WHERE outcome = 'succeeded'")
+                db["purchases"], db["charges"], db["auths"], db["refunds"] = cursor.fetchone()
+        except Exception:  # noqa: BLE001 - restarting: keep the last figures
+            from django.db import connection
+
+            connection.close()
+
+    def status() -> str:
+        db_counts()
+        st, fl = rec.status_counts(), rec.fault_counts()
+        checks = state["checks"]
+        bad = sum(len(v) for _, v in checks)
+        statuses = " ".join(f"{k}:{v}" for k, v in sorted(st.items()))
+        faults = " ".join(f"{k}:{v}" for k, v in sorted(fl.items())) or "none yet"
+        if state["phase"] == "starting":
+            return "starting the stack, migrating, booting gunicorn and Celery"
+        return (f"{state['phase']} {fmt_duration(rec.now())}/{fmt_duration(state['planned'])}"
+                f" | {args.agents} agents | purchases {db['purchases']}, succeeded: charges "
+                f"{db['charges']} authorizations {db['auths']} refunds {db['refunds']}"
+                f" | faults {faults} | answers {statuses}"
+                f" | live checks {len(checks)} ({bad} violations)")
+
+    progress = Progress(status, label="soak", quiet=args.quiet)
+    progress.start()
+    try:
+        return _run(args, outage, rec, state, progress)
+    finally:
+        progress.stop()
+
+
+def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
     with Stack() as stack:
         logdir = stack.tmp / "soak-logs"
         logdir.mkdir()
+        proxy = FaultProxy(stack.localstripe_port)
+        proxy.up()
         env = {**os.environ, **stack.env,
                "DJANGO_SETTINGS_MODULE": "config.settings",
+               "STRIPE_API_BASE": proxy.base,  # the processes under test see the proxy
                "STRIPE_WEBHOOK_SECRETS": SECRET,
                "STRIPE_CONNECT_TIMEOUT": "2", "STRIPE_READ_TIMEOUT": "5",
                "DISPATCH_LEASE_SECONDS": "12", "RECONCILE_SCHEDULE_SECONDS": "2,4,8",
-               "OUTBOX_SWEEP_SECONDS": "1", "API_THROTTLE_RATE": "100000/min",
+               "OUTBOX_SWEEP_SECONDS": "1", "API_THROTTLE_RATE": "1000000/min",
                "STEP_LEASE_SECONDS": "10", "EMAIL_TIMEOUT": "5",
                "PAID_WITHOUT_ORDER_SECONDS": "5", "STALLED_FULFILMENT_SWEEP_SECONDS": "2",
                "RECONCILE_SWEEP_SECONDS": "1", "DEAD_DISPATCH_SWEEP_SECONDS": "2",
@@ -254,20 +744,31 @@ def main(argv=None) -> int:
                "CELERY_DB_REUSE_MAX": "1000"}
         subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env,
                        check=True)
-        out = subprocess.run([sys.executable, "manage.py", "create_api_client", "soak",
-                              "--scopes", "purchases:read", "purchases:write", "refunds:write",
-                              "--limit", "0",
-                              # its journeys name earlier purchases in acknowledge_unresolved
-                              # as a storefront's own checkout would (DESIGN §6)
-                              "--storefront-confirmation"], cwd=ROOT, env=env, check=True,
-                             capture_output=True, text=True).stdout
-        key = out.strip().splitlines()[-1]
-        os.environ.update(env)
+        manage = [sys.executable, "manage.py", "create_api_client"]
+        key = subprocess.run(manage + ["soak", "--scopes", "purchases:read", "purchases:write",
+                                       "refunds:write", "--limit", str(10**12),
+                                       "--auto-refund-limit", str(AUTO_REFUND_LIMIT),
+                                       # its journeys name earlier purchases in
+                                       # acknowledge_unresolved as a storefront's own
+                                       # checkout would (DESIGN §6)
+                                       "--storefront-confirmation"],
+                             cwd=ROOT, env=env, check=True, capture_output=True,
+                             text=True).stdout.strip().splitlines()[-1]
+        resolver_key = subprocess.run(manage + ["soak-resolver", "--scopes", "purchases:read",
+                                                "operations:resolve"], cwd=ROOT, env=env,
+                                      check=True, capture_output=True,
+                                      text=True).stdout.strip().splitlines()[-1]
+        # This process checks and approves: it talks to the provider itself, not the proxy.
+        os.environ.update({**env, "STRIPE_API_BASE": stack.env["STRIPE_API_BASE"]})
         import django
 
         django.setup()
+        from django.contrib.auth.models import Group, User
+
         from payments.models import Product
 
+        finance = User.objects.create_user("soak-finance", password=uuid.uuid4().hex)
+        finance.groups.add(Group.objects.get_or_create(name="finance")[0])
         skus = []
         for i, price in enumerate([700, 1250, 1800, 2600]):
             Product.objects.get_or_create(sku=f"SOAK-{i}", defaults={
@@ -275,48 +776,97 @@ def main(argv=None) -> int:
             skus.append(f"SOAK-{i}")
 
         services = Services(stack, env, logdir)
-        services.start(chaos=True)
-        requests.post(f"{stack.env['STRIPE_API_BASE']}/_config/webhooks/soak",
-                      data={"url": f"http://127.0.0.1:{services.web_port}/webhooks/stripe/",
-                            "secret": SECRET}, timeout=10).raise_for_status()
-        base = f"http://127.0.0.1:{services.web_port}"
-        stats, lock = {}, threading.Lock()
-        deadline = time.monotonic() + args.seconds
-        agents = [Agent(n, base, key, skus, deadline, args.seed, stats, lock)
-                  for n in range(args.clients)]
-        rng = random.Random(args.seed)
-        chaos_thread = threading.Thread(target=chaos, args=(services, stack, deadline, rng,
-                                                            stats, lock), daemon=True)
-        t0 = time.monotonic()
-        for a in agents:
-            a.start()
-        chaos_thread.start()
-        for a in agents:
-            a.join(timeout=max(0, deadline - time.monotonic()) + 30)
-        chaos_thread.join(timeout=30)
-        drove = time.monotonic() - t0
+        try:
+            return _drive(args, outage, rec, state, progress, stack, proxy, services, env,
+                          key, resolver_key, skus, logdir)
+        finally:
+            services.stop()  # also when something above failed: no process outlives the run
 
-        # Drain without chaos: restart every process with faults off, let recovery run.
-        services.stop()
-        services.start(chaos=False)
-        drained = drain(env, args.drain)
-        from bench.invariants import check
 
-        report = check()
-        services.stop()
+def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: Stack,
+           proxy: FaultProxy, services: Services, env: dict, key: str, resolver_key: str,
+           skus: list[str], logdir: Path) -> int:
+    services.start(chaos=True)
+    base = f"http://127.0.0.1:{services.web_port}"
+    requests.post(f"{stack.env['STRIPE_API_BASE']}/_config/webhooks/soak",
+                  data={"url": f"{base}/webhooks/stripe/", "secret": SECRET},
+                  timeout=10).raise_for_status()
+    rng = random.Random(args.seed)
+    plan = fault_plan(args.seconds, rng, outage=outage)
+    rec.started = time.monotonic()
+    deadline = rec.started + args.seconds
+    state["phase"] = "driving"
+    threads = [Agent(n, Api(base, key, rec), skus, deadline, args.seed)
+               for n in range(args.agents)]
+    threads += [People(Api(base, resolver_key, rec), stack.env["STRIPE_API_BASE"], deadline,
+                       random.Random(args.seed + 1), rec, args.wrong_resolutions),
+                Events(Api(base, None, rec), stack.env["STRIPE_API_BASE"], deadline,
+                       random.Random(args.seed + 2), rec)]
+    side = [threading.Thread(target=chaos, args=(plan, services, stack, proxy, rec, rng,
+                                                 deadline, outage, progress), daemon=True),
+            threading.Thread(target=checker, args=(rec, deadline, progress,
+                                                   state["checks"]), daemon=True)]
+    for t in threads + side:
+        t.start()
+    for t in threads + side:
+        t.join(timeout=max(0, deadline - time.monotonic()) + 90)
+    drove = rec.now()
+    if proxy._listener is None:  # an outage outlived the run
+        proxy.up()
+    proxy.hold(0)
 
-        print(f"\nsoak: {drove:.0f}s driving, {args.clients} agents, seed {args.seed}, "
-              f"fault rate {args.fault_rate}, drained in {drained:.0f}s")
-        print("events: " + ", ".join(f"{k}={v}" for k, v in sorted(stats.items())))
-        report.print()
-        if report.violations:
-            print(f"\n{len(report.violations)} VIOLATION(S); logs kept in {logdir}")
-            for v in report.violations:
-                print("  - " + v)
-            subprocess.run(["cp", "-r", str(logdir), "/tmp/verity-soak-logs"], check=False)
-            return 1
-        print("\nno violations")
-        return 0
+    # Drain without chaos: restart every process with faults off, let recovery run.
+    state["phase"] = "draining"
+    state["planned"] = drove + args.drain
+    services.stop()
+    services.start(chaos=False)
+    drained = drain(args.drain)
+    state["phase"] = "checking"
+    from bench.invariants import check
+
+    report = check()
+    services.stop()
+    bad_5xx = rec.disallowed_5xx()
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    title = (f"Verity soak: {args.agents} agents, {drove:.0f} s, seed {args.seed} "
+             f"(throughput and latency, faults marked)")
+    (out / "soak.svg").write_text(rec.chart_svg(title))
+    (out / "soak.json").write_text(json.dumps({
+        "seconds": drove, "agents": args.agents, "seed": args.seed,
+        "drained_seconds": drained, "counters": dict(rec.counters),
+        "answers": dict(rec.status_counts()),
+        "faults": [f.__dict__ for f in rec.faults], "timeline": rec.timeline(),
+        "live_checks": state["checks"], "invariants": report.rows,
+        "violations": report.violations, "disallowed_5xx": bad_5xx[:200]}, indent=1))
+    progress.stop()
+
+    print(f"\nsoak: {drove:.0f}s driving, {args.agents} agents, seed {args.seed}, "
+          f"fault rate {args.fault_rate}, drained in {drained:.0f}s")
+    print("events: " + ", ".join(f"{k}={v}" for k, v in sorted(rec.counters.items())))
+    print(f"\n== per endpoint ==\n{rec.endpoint_table()}")
+    print(f"\n== faults ({len(rec.faults)}) ==\n{rec.fault_table()}")
+    checks = state["checks"]
+    print(f"\n== invariants: {len(checks)} live checks during the run "
+          f"({sum(len(v) for _, v in checks)} violations), then after the drain ==")
+    report.print()
+    subprocess.run(["rm", "-rf", str(out / "logs")], check=False)
+    subprocess.run(["cp", "-r", str(logdir), str(out / "logs")], check=False)
+    print(f"\nchart: {out / 'soak.svg'}; figures: {out / 'soak.json'}; "
+          f"process logs: {out / 'logs'}")
+    violations = list(report.violations)
+    violations += [f"live check at {t}s: {v}" for t, vs in checks for v in vs]
+    violations += [f"5xx not allowed: {b}" for b in bad_5xx[:20]]
+    if len(bad_5xx) > 20:
+        violations.append(f"... and {len(bad_5xx) - 20} more 5xx answers")
+    if violations:
+        print(f"\n{len(violations)} VIOLATION(S); process logs in {out / 'logs'}")
+        for v in violations:
+            print("  - " + v)
+        return 1
+    print("\nno violations")
+    return 0
 
 
 if __name__ == "__main__":

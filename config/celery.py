@@ -1,7 +1,7 @@
 import os
 
 from celery import Celery
-from celery.signals import beat_init, worker_ready
+from celery.signals import beat_init, task_postrun, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -30,3 +30,18 @@ def _worker_ready(**_kwargs) -> None:
 @beat_init.connect
 def _beat_ready(**_kwargs) -> None:
     _mark_ready("beat")
+
+
+@task_postrun.connect
+def drop_broken_db_connections(**_kwargs) -> None:
+    """After a database restart or failover, a worker thread's persistent connection is
+    dead. Celery's Django fixup keeps connections for CELERY_DB_REUSE_MAX tasks (the reuse
+    that makes the relay fast), so without this every later task on that thread failed
+    with "the connection is lost" until the worker was restarted (found by the soak's
+    `pg_ctl restart`). Only a connection that saw an error is checked: no extra query on
+    the happy path."""
+    from django.db import connections
+
+    for conn in connections.all(initialized_only=True):
+        if conn.errors_occurred:
+            conn.close_if_unusable_or_obsolete()

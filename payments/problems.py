@@ -149,6 +149,27 @@ def _flatten_errors(detail) -> dict:
     return out
 
 
+# While PostgreSQL is unreachable (a restart, a failover) nothing can have been recorded
+# or bound: a 503 that says when to come back, not a 500 that looks like a bug.
+DATABASE_UNAVAILABLE_RETRY_AFTER = 5
+
+
+def database_unavailable_problem() -> Problem:
+    wait = DATABASE_UNAVAILABLE_RETRY_AFTER
+    return Problem(
+        code="database_unavailable", status=503, retry=RetryAdvice.SAME_KEY,
+        owner=Owner.SUPPORT, detail="The service's database is briefly unavailable.",
+        action_message=f"Wait {wait} s, then send the same request with the same "
+                       "Idempotency-Key.",
+        headers={"Retry-After": str(wait)})
+
+
+def is_database_unavailable(exc: BaseException) -> bool:
+    from django.db import InterfaceError, OperationalError
+
+    return isinstance(exc, (OperationalError, InterfaceError))
+
+
 def exception_handler(exc, context):
     """REST_FRAMEWORK["EXCEPTION_HANDLER"]: every error becomes a problem document."""
     from django.core.exceptions import RequestDataTooBig
@@ -206,6 +227,10 @@ def exception_handler(exc, context):
     if isinstance(exc, drf.APIException):
         return problem_response(Problem(code="invalid_request", status=exc.status_code,
                                         detail="The request could not be processed."))
+    if is_database_unavailable(exc):
+        logger.warning("database unavailable in %s: %s",
+                       context.get("view").__class__.__name__, type(exc).__name__)
+        return problem_response(database_unavailable_problem())
     # Anything else is a bug: log it with its traceback, answer without internals. The
     # idempotency record (if any) keeps its lease, so the same key resumes the request.
     logger.exception("unhandled error in %s", context.get("view").__class__.__name__)

@@ -468,6 +468,11 @@ def operation_settled(*, operation_id: str) -> None:
             elif op.kind == OperationKind.CAPTURE:
                 ledger_record_sale(purchase_id=op.purchase_id, payment=info)
             elif op.kind == OperationKind.REFUND:
+                # A refund can settle before fulfilment ever ran: the purchase is no longer
+                # paid, so the ledger step never books the sale this refund reverses. Book
+                # it here first (idempotent: the ledger step books the same rows).
+                if op.parent is not None and op.parent.kind == OperationKind.CHARGE:
+                    ledger_record_sale(purchase_id=op.purchase_id, payment=_info(op.parent))
                 ledger_record_refund(purchase_id=op.purchase_id, refund=info)
             elif op.kind == OperationKind.VOID:
                 ledger_record_void(purchase_id=op.purchase_id, void=info, amount=op.amount)

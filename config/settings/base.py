@@ -43,6 +43,8 @@ MIDDLEWARE = [
     "config.sessions.SessionLifetimeMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Innermost, so it sees a view's database error first: 503 + Retry-After, not 500.
+    "config.db_unavailable.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"

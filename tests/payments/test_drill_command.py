@@ -23,3 +23,19 @@ def test_drill_command_prints_one_row_per_drill_and_one_charge_at_most(capsys, l
     if unknown:
         assert "remain in the console's Unknown operations queue" in out
         assert all(pid in out for pid in unknown)
+
+
+def test_drill_command_reports_progress_on_stderr_and_quiet_turns_it_off(capsys, localstripe):
+    # when the drills run with output that is not a terminal
+    call_command("drill")
+    err = capsys.readouterr().err
+    # then a plain line came at once and a final one counts every drill and no failure
+    assert "drill [0:00] drills 0/5 done, 0 failure(s)" in err
+    assert "drills 5/5 done, 0 failure(s) (done)" in err
+
+    # when run with --quiet
+    call_command("drill", "--quiet")
+    # then there is no progress at all, and the table is still printed
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert "http_409" in captured.out

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from payments.drills import drills_run
+from payments.drills import DRILLS, drills_run
+from payments.ops.progress import Progress
 from payments.providers.stripe import DrillRefused
 
 
@@ -8,11 +9,32 @@ class Command(BaseCommand):
     help = ("Run every fault drill against the configured test-mode provider, one fresh "
             "purchase each; exit non-zero on any double charge or evidence-free settlement.")
 
+    def add_arguments(self, parser):
+        parser.add_argument("--quiet", action="store_true",
+                            help="no progress line (drills done / failures so far, on stderr)")
+
     def handle(self, *args, **options):
-        try:
-            rows = drills_run()
-        except DrillRefused as exc:
-            raise CommandError(str(exc)) from exc
+        rows = []
+        state = {"current": ""}
+
+        def status() -> str:
+            failures = sum(1 for r in rows if r.violation)
+            return (f"drills {len(rows)}/{len(DRILLS)} done, {failures} failure(s)"
+                    + (f"; running {state['current']}" if state["current"] else ""))
+
+        # One drill at a time, so the progress line can say which one is running.
+        with Progress(status, label="drill", quiet=options["quiet"]) as progress:
+            for mode in DRILLS:
+                state["current"] = str(mode)
+                try:
+                    (row,) = drills_run(modes=[mode])
+                except DrillRefused as exc:
+                    raise CommandError(str(exc)) from exc
+                rows.append(row)
+                if row.violation:
+                    progress.note(f"VIOLATION in drill {row.drill} (purchase {row.purchase}): "
+                                  f"{row.violation}")
+            state["current"] = ""
         header = f"{'drill':26} {'recorded':10} {'charges':>7}  {'after reconcile':16} verification"
         self.stdout.write(header)
         self.stdout.write("-" * len(header))
