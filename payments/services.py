@@ -1764,6 +1764,12 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
                                     cause="readback_before_resolution", actor=actor)
         if verdict != outcome:
             _provider_contradicts(op, obj, outcome)
+    elif (outcome == Outcome.SUCCEEDED and op.kind in PAYMENT_KINDS and obj is not None
+          and obj.status in _CANCELLABLE_PI):
+        # The provider's own record shows no money moved (a confirm it never applied, a
+        # buyer who never authenticated): a person's "succeeded" is contradicted, and
+        # accepting it would book a sale the provider never made (found by the soak).
+        _provider_contradicts(op, obj, outcome)
     elif (outcome == Outcome.FAILED and op.kind in PAYMENT_KINDS and op.provider_reference
           and (op.outcome == Outcome.AWAITING_BUYER
                or (obj is not None and obj.status in _CANCELLABLE_PI))):

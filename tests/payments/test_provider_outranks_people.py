@@ -303,3 +303,30 @@ def test_api_resolution_the_provider_contradicts_is_a_409_naming_its_record(
     assert Resolution.objects.filter(operation_id=op.id).count() == 0
     assert _reload(op).outcome == Outcome.SUCCEEDED
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
+
+
+def test_manual_succeeded_on_a_confirm_the_provider_never_applied_is_refused(
+        new_purchase, api_client, drill, resolver, localstripe):
+    # given a payment whose confirm answered 409 and was never applied at the provider
+    # (the PaymentIntent stays requires_confirmation: no money moved)
+    purchase = new_purchase()
+    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
+                                 payment_method="pm_card_visa")
+    drill(op, DrillMode.HTTP_409)
+    op = services.operation_dispatch(operation_id=op.id)
+    assert op.outcome == Outcome.UNKNOWN
+
+    # when a resolver says it succeeded
+    with pytest.raises(services.DomainError) as err:
+        services.operation_resolve_manual(operation_id=op.id, outcome="succeeded",
+                                          reason="buyer says it went through",
+                                          actor="resolver-1", acting_user=resolver)
+
+    # then the provider's record wins: refused, nothing recorded, no sale, hold reserved
+    assert err.value.code == "provider_contradicts" and err.value.status == 409
+    assert err.value.extra["provider"]["status"] == "requires_confirmation"
+    assert _reload(op).outcome == Outcome.UNKNOWN
+    assert Resolution.objects.filter(operation_id=op.id).count() == 0
+    assert _status(purchase) != PurchaseStatus.PAID
+    assert _hold(op) == HoldState.RESERVED
+    assert localstripe.succeeded_charges_for(purchase.id) == []
