@@ -103,6 +103,21 @@ def _halted(name: str) -> bool:
     return is_halted(name)
 
 
+# The workflow whose halt binds each kind of dispatch (DESIGN §5.9): money in, or money
+# back out (voids, refunds and compensations obey `refunds`).
+_WORKFLOW_OF_KIND = {OperationKind.CHARGE: "checkout", OperationKind.AUTHORIZE: "checkout",
+                     OperationKind.CAPTURE: "checkout", OperationKind.VOID: "refunds",
+                     OperationKind.REFUND: "refunds"}
+
+
+def operation_workflow(kind: str) -> str:
+    return _WORKFLOW_OF_KIND[OperationKind(kind)]
+
+
+class _HaltedAtClaim(Exception):
+    """The operation's workflow is halted: the claim wrote nothing, it stays queued."""
+
+
 def _fingerprint(params: dict) -> str:
     return hashlib.sha256(json.dumps(params, sort_keys=True, separators=(",", ":"))
                           .encode()).hexdigest()
@@ -773,6 +788,11 @@ def _claim(operation_id: str, step: str, *, attempt: int = 1, from_pending: bool
         if from_pending:
             if op.outcome != Outcome.PENDING:
                 return None
+            # A halt binds at claim time, under the lock (DESIGN §5.9): queued work of
+            # every kind (a backstop, an approved refund, a compensation) waits here, still
+            # `pending`, and goes out once the halt clears. It does not fail.
+            if _halted(operation_workflow(op.kind)):
+                raise _HaltedAtClaim(operation_workflow(op.kind))
             op.dispatch_deadline = timezone.now() + timedelta(
                 seconds=settings.DISPATCH_LEASE_SECONDS)
             _op_to(op, "start_dispatch", cause=f"claim:{step}", actor="dispatcher",
@@ -945,11 +965,25 @@ def operation_dispatch(*, operation_id: str) -> PaymentOperation:
     assert_no_transaction_outside_transaction()
     op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
     if op.outcome == Outcome.PENDING:
-        if op.kind in PAYMENT_KINDS:
-            _dispatch_payment(op)
-        else:
-            _dispatch_linked(op)
+        try:
+            if op.kind in PAYMENT_KINDS:
+                _dispatch_payment(op)
+            else:
+                _dispatch_linked(op)
+        except _HaltedAtClaim as halted:
+            log.info("dispatch held: workflow %s is halted operation=%s", halted, op.id)
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
+def operation_dispatch_or_wait(*, operation_id: str) -> PaymentOperation:
+    """For the outbox: dispatch, and raise if the operation is still queued (its workflow
+    is halted) so the message backs off and runs again instead of being marked done."""
+    op = operation_dispatch(operation_id=operation_id)
+    if op.outcome == Outcome.PENDING:
+        raise DomainError("workflow_halted", f"The {operation_workflow(op.kind)} workflow is "
+                          "halted; the dispatch waits.", status=503, retry=RetryAdvice.SAME_KEY,
+                          owner=Owner.SUPPORT, purchase=op.purchase_id, operation=op.id)
+    return op
 
 
 # -- read-back -----------------------------------------------------------------------------
