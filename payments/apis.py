@@ -17,11 +17,12 @@ from drf_spectacular.utils import (
     OpenApiResponse,
     extend_schema,
 )
+from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from . import selectors, services
-from .enums import PAYMENT_KINDS, Outcome, Owner
+from .enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
 from .idempotency import (
     REPLAYED_HEADER,
     Claim,
@@ -61,7 +62,34 @@ _PAYMENT_KIND_VALUES = [k.value for k in PAYMENT_KINDS]
 # -- helpers ------------------------------------------------------------------------
 
 
-def _validated(serializer_class, data) -> dict:
+def _unknown_fields(serializer, data, prefix: str = "") -> list[str]:
+    """Names in the body the serializer does not declare, nested ones as `items[0].price`."""
+    if not isinstance(data, dict):
+        return []
+    out = []
+    for name, value in data.items():
+        field = serializer.fields.get(name)
+        if field is None or field.read_only:
+            out.append(f"{prefix}{name}")
+        elif isinstance(field, serializers.ListSerializer) and isinstance(value, list):
+            for i, item in enumerate(value[:100]):
+                out += _unknown_fields(field.child, item, f"{prefix}{name}[{i}].")
+        elif isinstance(field, serializers.Serializer):
+            out += _unknown_fields(field, value, f"{prefix}{name}.")
+    return out
+
+
+def _validated(serializer_class, data, *, strict: bool = False) -> dict:
+    """Shape validation. `strict` (money requests and quotes, DESIGN §6): a field Verity does
+    not understand is refused, never dropped — an agent that thinks it tipped must learn that
+    it did not. Refused before any effect, so the Idempotency-Key is not bound."""
+    if strict:
+        unknown = _unknown_fields(serializer_class(), data)
+        if unknown:
+            raise Problem(code="unknown_field", status=400, retry=RetryAdvice.NEW_OPERATION,
+                          detail=f"Unknown field(s): {', '.join(unknown[:10])}. Nothing was "
+                                 "done; send only the documented fields.",
+                          extra={"fields": unknown[:10]})
     serializer = serializer_class(data=data if data is not None else {})
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
@@ -377,7 +405,7 @@ class QuoteCreateApi(ApiView):
     )
     def post(self, request):
         key_from_headers(request.headers)
-        data = _validated(QuoteCreateIn, request.data)
+        data = _validated(QuoteCreateIn, request.data, strict=True)
 
         def create(claim):
             with transaction.atomic():
@@ -503,14 +531,15 @@ class PaymentCreateApi(ApiView):
     def post(self, request, purchase_id: str):
         key_from_headers(request.headers)
         purchase = _purchase_or_404(request, purchase_id)
-        data = _validated(PaymentCreateIn, request.data)
+        data = _validated(PaymentCreateIn, request.data, strict=True)
 
         def create(claim):
             with transaction.atomic():
                 op = services.payment_create(
                     purchase_id=purchase.id, api_client=request.auth,
                     payment_method=data["payment_method"], capture_method=data["capture"],
-                    retry_of=data["retry_of"], amount=data["amount"])
+                    retry_of=data["retry_of"], amount=data["amount"],
+                    currency=data["currency"])
                 idempotency_bind(claim, resource_type="operation", resource_id=op.id)
             # Outside the transaction on purpose: the provider call (DESIGN §10, STYLE 5).
             return _dispatch_and_answer(claim, op.id)
@@ -533,7 +562,7 @@ class _LinkedOperationApi(ApiView):
     def post(self, request, purchase_id: str):
         key_from_headers(request.headers)
         purchase = _purchase_or_404(request, purchase_id)
-        data = _validated(self.input_serializer, request.data)
+        data = _validated(self.input_serializer, request.data, strict=True)
 
         def create(claim):
             with transaction.atomic():
@@ -598,7 +627,7 @@ class RefundApi(_LinkedOperationApi):
 
     def _start(self, request, purchase, data):
         return services.refund_request(purchase_id=purchase.id, amount=data["amount"],
-                                       api_client=request.auth)
+                                       api_client=request.auth, currency=data["currency"])
 
     @extend_schema(examples=[OpenApiExample("Partial refund", request_only=True,
                                             value={"amount": 500})])

@@ -58,12 +58,20 @@ class PaymentCreateIn(serializers.Serializer):
     amount = serializers.IntegerField(
         min_value=1, max_value=10**12, required=False, allow_null=True, default=None,
         help_text="Optional; the amount comes from the quote and any other value is refused.")
+    currency = serializers.CharField(
+        min_length=3, max_length=3, validators=[currency_code], required=False,
+        allow_null=True, default=None,
+        help_text="Optional; the quote's currency. Any other is 422 `currency_mismatch`.")
 
 
 class RefundCreateIn(serializers.Serializer):
     amount = serializers.IntegerField(min_value=1, max_value=10**12, required=False,
                                       allow_null=True, default=None,
                                       help_text="Minor units; default: all that is refundable.")
+    currency = serializers.CharField(
+        min_length=3, max_length=3, validators=[currency_code], required=False,
+        allow_null=True, default=None,
+        help_text="Optional; the purchase's currency. Any other is 422 `currency_mismatch`.")
 
 
 class ResolveIn(serializers.Serializer):

@@ -167,15 +167,25 @@ def quote_create(*, api_client: ApiClient | None, items: list[dict], currency: s
     lines, amount = [], 0
     skus = [str(i.get("sku", "")) for i in items]
     products = {p.sku: p for p in Product.objects.filter(sku__in=skus)}
+    # Duplicate SKU lines are merged into one line (quantities added) before any check:
+    # stock is checked, reserved and committed per line, so two lines of one SKU would
+    # pass the stock check twice yet be reserved once (issue 15, "also check").
+    merged: dict[str, int] = {}
     for item in items:
-        sku, qty = str(item.get("sku", "")), item.get("quantity")
+        qty = item.get("quantity")
+        if not isinstance(qty, int) or isinstance(qty, bool) or not 1 <= qty <= 1000:
+            raise DomainError("invalid_quantity", "Quantity must be an integer 1-1000.",
+                              status=422, retry=RetryAdvice.NEW_OPERATION)
+        sku = str(item.get("sku", ""))
+        merged[sku] = merged.get(sku, 0) + qty
+    for sku, qty in merged.items():
         product = products.get(sku)
         if product is None:
             raise DomainError("unknown_sku", f"No product with sku {sku!r}.", status=422,
                               retry=RetryAdvice.NEW_OPERATION)
-        if not isinstance(qty, int) or isinstance(qty, bool) or not 1 <= qty <= 1000:
-            raise DomainError("invalid_quantity", "Quantity must be an integer 1-1000.",
-                              status=422, retry=RetryAdvice.NEW_OPERATION)
+        if qty > 1000:
+            raise DomainError("invalid_quantity", f"Quantity of {sku} must be 1-1000 in "
+                              "total.", status=422, retry=RetryAdvice.NEW_OPERATION)
         if product.currency != currency:
             raise DomainError("currency_mismatch",
                               f"{sku} is priced in {product.currency}, not {currency}.",
@@ -221,6 +231,7 @@ def purchase_create(*, api_client: ApiClient | None, quote_id: str, quote_versio
         if quote.expires_at <= timezone.now():
             raise DomainError("quote_expired", "This quote expired; get a new quote.",
                               status=409, retry=RetryAdvice.NEW_QUOTE)
+        _check_currency_allowed(api_client, quote.currency)
         _customer_lock(customer_reference)
         unresolved = list(
             Purchase.objects.filter(customer_reference=customer_reference,
@@ -298,9 +309,20 @@ def _create_op(**fields) -> PaymentOperation:
             purchase=purchase_id) from exc
 
 
+def _check_currency(purchase: Purchase, currency: str | None) -> None:
+    """Strict money requests (DESIGN §6): a currency other than the quote's is refused, never
+    silently replaced by the quote's."""
+    if currency is not None and currency.lower() != purchase.currency.lower():
+        raise DomainError("currency_mismatch",
+                          f"This purchase is priced in {purchase.currency}, not "
+                          f"{currency.lower()}; nothing was charged.", status=422,
+                          retry=RetryAdvice.FORBIDDEN, purchase=purchase.id,
+                          extra={"expected_currency": purchase.currency})
+
+
 def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_method: str,
                    capture_method: str = "automatic", retry_of: str | None = None,
-                   amount: int | None = None) -> PaymentOperation:
+                   amount: int | None = None, currency: str | None = None) -> PaymentOperation:
     if _halted("checkout"):
         raise DomainError("workflow_halted", "Checkout is paused by an operator; try later with "
                           "the same Idempotency-Key.", status=503, retry=RetryAdvice.SAME_KEY,
@@ -317,6 +339,8 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
                                 (None, api_client.id)):
             raise DomainError("not_found", "No such purchase.", status=404,
                               retry=RetryAdvice.FORBIDDEN)
+        _check_currency(purchase, currency)
+        _check_currency_allowed(api_client, purchase.currency)
         if amount is not None and amount != purchase.amount:
             raise DomainError("amount_mismatch",
                               f"The amount comes from the accepted quote ({purchase.amount} "
@@ -451,7 +475,8 @@ def _actor(api_client, acting_user) -> str:
 
 
 def refund_request(*, purchase_id: str, amount: int | None = None, api_client=None,
-                   acting_user=None, compensation: bool = False) -> PaymentOperation:
+                   acting_user=None, compensation: bool = False,
+                   currency: str | None = None) -> PaymentOperation:
     """A refund starts `awaiting_approval` unless it is a compensation or within the
     client's automatic-refund allowance (DESIGN §10.8)."""
     if _halted("refunds"):
@@ -461,6 +486,7 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
         purchase = lock_purchase(purchase_id)
         if api_client is not None and purchase.api_client_id not in (None, api_client.id):
             raise DomainError("not_found", "No such purchase.", status=404)
+        _check_currency(purchase, currency)
         payment = purchase.operations.filter(kind__in=PAYMENT_KINDS,
                                              outcome=Outcome.SUCCEEDED).first()
         captured = _captured_amount(purchase)
@@ -544,7 +570,8 @@ def client_limits(client: ApiClient) -> dict:
     """limit, consumed, reserved, unknown_exposure (current period; a hold counts in the
     period it was reserved in until it settles)."""
     start = _period_start(client)
-    holds = Hold.objects.filter(api_client=client)
+    # One limit, one currency: only holds in the client's currency count against it.
+    holds = Hold.objects.filter(api_client=client, currency__iexact=client.currency)
     consumed_q = holds.filter(state=HoldState.CONSUMED)
     if start is not None:
         consumed_q = consumed_q.filter(period_start=start)
@@ -558,6 +585,18 @@ def client_limits(client: ApiClient) -> dict:
             "available": (max(client.spending_limit - consumed - reserved, 0)
                           if client.spending_limit else None),
             "period": client.limit_period}
+
+
+def _check_currency_allowed(client: ApiClient | None, currency: str) -> None:
+    """A client's spending limit is kept in one currency, its own: holds are never summed
+    across currencies as raw minor units, and a purchase in a currency the client has no
+    limit for is refused (DESIGN §6, issue 15 #9)."""
+    if client is not None and currency.lower() != (client.currency or "").lower():
+        raise DomainError("currency_not_allowed",
+                          f"This API client's spending limit is in {client.currency}; a "
+                          f"purchase in {currency.lower()} is not allowed.", status=422,
+                          retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+                          extra={"allowed_currencies": [client.currency]})
 
 
 def _check_limit(client: ApiClient | None, amount: int) -> None:
