@@ -36,6 +36,7 @@ from .locks import assert_no_transaction_outside_transaction
 from .models import PaymentOperation, Purchase, Quote
 from .problems import PROBLEM_CONTENT_TYPE, Problem, problem_body
 from .serializers import (
+    DeclineIn,
     DeliverableOut,
     EmptyIn,
     LimitsOut,
@@ -733,6 +734,36 @@ class OperationResolveApi(ApiView):
             return Response(selectors.operation_view(_load_operation(op.id)), status=200)
 
         return _run_idempotent(request, route="operations_resolve", create=create)
+
+
+class RefundDeclineApi(ApiView):
+    required_scopes = {"POST": RESOLVE}
+
+    @extend_schema(
+        operation_id="operations_decline", summary="Decline a refund awaiting approval",
+        description="Needs `operations:resolve`; `reason` is required and audited. The refund "
+                    "settles `failed` (`refund_declined`), nothing is sent to the provider, "
+                    "and its amount is refundable again. 409 `not_awaiting_approval` "
+                    "otherwise." + IDEMPOTENT_NOTE,
+        request=DeclineIn, parameters=[IDEMPOTENCY_HEADER],
+        responses={**_ok(200, OperationOut, "Declined (or replay)"),
+                   **_problems(409, 422, s409="not_awaiting_approval / request_in_progress",
+                               s422="reason_required / idempotency_key_reused")},
+    )
+    def post(self, request, operation_id: str):
+        key_from_headers(request.headers)
+        op = _operation_or_404(request, operation_id)
+        data = _validated(DeclineIn, request.data, strict=True)
+
+        def create(claim):
+            with transaction.atomic():
+                services.refund_decline(operation_id=op.id, reason=data["reason"],
+                                        actor=_actor(request), acting_client=request.auth)
+                idempotency_bind(claim, resource_type="operation", resource_id=op.id)
+            idempotency_complete(claim, status=200)
+            return Response(selectors.operation_view(_load_operation(op.id)), status=200)
+
+        return _run_idempotent(request, route="operations_decline", create=create)
 
 
 class UnknownRouteApi(ApiView):

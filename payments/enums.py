@@ -149,3 +149,4 @@ class Reason(models.TextChoices):
     PROVIDER_FAILED = "provider_failed"
     MANUAL = "manual"
     MISMATCH = "mismatch"
+    REFUND_DECLINED = "refund_declined"

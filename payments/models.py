@@ -4,7 +4,7 @@ import secrets
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
-from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
 from rest_framework_api_key.models import AbstractAPIKey
 
 from .enums import (
@@ -165,6 +165,13 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
                                       S.REFUND_PENDING], target=S.REFUNDED)
     def mark_refunded(self): ...
+
+    # A refund that left `refund_pending` without refunding everything (partial success,
+    # failure) returns the purchase to where it was before (DESIGN §5.10).
+    @transition(field=status, source=S.REFUND_PENDING,
+                target=RETURN_VALUE(S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW))
+    def restore_after_refund(self, prior):
+        return prior
 
     @transition(field=status, source=[S.PAID, S.FULFILLING, S.MANUAL_REVIEW, S.REFUND_PENDING],
                 target=S.VOIDED)

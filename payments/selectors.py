@@ -13,6 +13,7 @@ from django.utils import timezone
 from .enums import (
     PAYMENT_KINDS,
     CallPurpose,
+    OperationKind,
     Outcome,
     Owner,
     PurchaseStatus,
@@ -217,6 +218,25 @@ def status_url(purchase: Purchase) -> str:
     return f"{settings.PUBLIC_BASE_URL.rstrip('/')}/status/{purchase.status_token}/"
 
 
+def _refund_summary(purchase: Purchase) -> dict:
+    """How much was refunded (provider-settled), how much is in flight or awaiting approval,
+    and why the latest failed refund failed: a partially refunded purchase says so."""
+    refunded = in_flight = awaiting = 0
+    last_failed = None
+    for op in (purchase.operations.filter(kind=OperationKind.REFUND).order_by("created_at")
+               .only("amount", "outcome", "reason")):
+        if op.outcome == Outcome.SUCCEEDED:
+            refunded += op.amount
+        elif op.outcome == Outcome.AWAITING_APPROVAL:
+            awaiting += op.amount
+        elif op.outcome == Outcome.FAILED:
+            last_failed = op.reason or "failed"
+        else:
+            in_flight += op.amount
+    return {"refunded": refunded, "in_flight": in_flight, "awaiting_approval": awaiting,
+            "last_failed_reason": last_failed}
+
+
 def purchase_view(purchase: Purchase) -> dict:
     payment = _latest_payment(purchase)
     return {
@@ -230,6 +250,7 @@ def purchase_view(purchase: Purchase) -> dict:
         "payment": ({"operation": payment.id, "outcome": payment.outcome,
                      "grade": payment.grade or None} if payment else None),
         "fulfillment": _fulfillment(purchase.id),
+        "refunds": _refund_summary(purchase),
         "order_reference": _order_reference(purchase.id),
         "next_action": purchase_next_action(purchase, payment),
         "customer_message": _customer_message(purchase),

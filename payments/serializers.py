@@ -79,6 +79,10 @@ class ResolveIn(serializers.Serializer):
     reason = serializers.CharField(max_length=2000, help_text="Required: why (audited).")
 
 
+class DeclineIn(serializers.Serializer):
+    reason = serializers.CharField(max_length=2000, help_text="Required: why (audited).")
+
+
 class EmptyIn(serializers.Serializer):
     """No fields: the path says everything."""
 
@@ -163,6 +167,14 @@ class FulfillmentOut(serializers.Serializer):
     deliverable = serializers.CharField(required=False)
 
 
+class RefundSummaryOut(serializers.Serializer):
+    refunded = serializers.IntegerField(help_text="minor units the provider refunded")
+    in_flight = serializers.IntegerField(help_text="minor units of refunds not settled yet")
+    awaiting_approval = serializers.IntegerField()
+    last_failed_reason = serializers.CharField(allow_null=True,
+                                               help_text="why the latest failed refund failed")
+
+
 class PurchaseOut(serializers.Serializer):
     id = serializers.CharField()
     status = serializers.ChoiceField(choices=PurchaseStatus.choices)
@@ -172,6 +184,7 @@ class PurchaseOut(serializers.Serializer):
     customer = CustomerOut()
     payment = PaymentSummaryOut(allow_null=True)
     fulfillment = FulfillmentOut()
+    refunds = RefundSummaryOut()
     order_reference = serializers.CharField(allow_null=True)
     next_action = NextActionOut()
     customer_message = serializers.CharField()

@@ -547,6 +547,28 @@ def refund_approve(*, operation_id: str, acting_user, reason: str) -> PaymentOpe
     return op
 
 
+def refund_decline(*, operation_id: str, reason: str, actor: str, acting_user=None,
+                   acting_client=None) -> PaymentOperation:
+    """Finance declines a refund awaiting approval: it settles `failed` (`refund_declined`,
+    graded acknowledged: a person's decision, nothing at the provider), which frees the
+    refundable amount. Reason required; audited in the same transaction."""
+    if not (reason or "").strip():
+        raise DomainError("reason_required", "A reason is required.", status=422)
+    with transaction.atomic():
+        purchase, op = _lock_or_404(operation_id)
+        if op.kind != OperationKind.REFUND or op.outcome != Outcome.AWAITING_APPROVAL:
+            raise DomainError("not_awaiting_approval", "This refund is not awaiting approval.",
+                              status=409, operation=op.id, purchase=purchase.id,
+                              owner=Owner.NONE)
+        _apply_locked(purchase, op, Outcome.FAILED, grade=Grade.ACKNOWLEDGED,
+                      verification=Verification.MANUAL, cause="refund_declined", actor=actor,
+                      evidence={"reason": reason}, reason=Reason.REFUND_DECLINED)
+        _audit(actor=actor, action="refund_decline", op=op, reason=reason,
+               detail={"amount": op.amount, "client": acting_client.name if acting_client
+                       else None})
+    return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
 def _audit(*, actor: str, action: str, op: PaymentOperation, reason: str,
            detail: dict | None = None) -> None:
     from support.models import AuditEntry
@@ -711,8 +733,45 @@ def _settle_effects(purchase: Purchase, op: PaymentOperation, *, cause: str, act
                         .aggregate(s=Sum("amount"))["s"] or 0)
             if refunded >= _captured_amount(purchase):
                 _purchase_to(purchase, "mark_refunded", cause=cause, actor=actor)
+            else:
+                _restore_after_refund(purchase, op, cause=cause, actor=actor)
+        elif o == Outcome.FAILED:
+            _restore_after_refund(purchase, op, cause=cause, actor=actor)
         elif o == Outcome.AWAITING_PROVIDER:
             _purchase_to(purchase, "mark_refund_pending", cause=cause, actor=actor)
+
+
+_RESTORABLE = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED,
+               PurchaseStatus.MANUAL_REVIEW)
+
+
+def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: str,
+                          actor: str) -> None:
+    """`refund_pending` only while a refund is in flight (DESIGN §5.10): once the last one
+    settles without refunding everything, the purchase goes back to the status it had
+    before, with the refund's outcome and reason on the transition; a paid purchase
+    resumes fulfilment. Caller holds the purchase lock."""
+    if purchase.status != PurchaseStatus.REFUND_PENDING:
+        return
+    if purchase.operations.filter(kind=OperationKind.REFUND,
+                                  outcome__in=SLOT_HOLDING_OUTCOMES).exclude(id=op.id).exists():
+        return  # another refund is still in flight
+    before = (OperationTransition.objects
+              .filter(purchase_id=purchase.id, operation__isnull=True, field="status",
+                      target=PurchaseStatus.REFUND_PENDING)
+              .exclude(source=PurchaseStatus.REFUND_PENDING)
+              .order_by("-id").values_list("source", flat=True).first())
+    prior = before if before in _RESTORABLE else PurchaseStatus.PAID
+    source = purchase.status
+    purchase.restore_after_refund(prior)
+    purchase.save(update_fields=["status", "updated_at"])
+    _history(purchase_id=purchase.id, operation=None, field="status", source=source,
+             target=purchase.status, cause=f"refund_{op.outcome}:{cause}",
+             evidence={"refund": op.id, "outcome": op.outcome, "reason": op.reason,
+                       "amount": op.amount}, actor=actor)
+    if purchase.status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
+        outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase.id},
+                   dedupe_key=f"steps:{purchase.id}")
 
 
 def _schedule_reconcile(op: PaymentOperation, *, first: bool) -> None:

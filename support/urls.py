@@ -29,6 +29,8 @@ urlpatterns = [
     path("console/operations/<str:operation_id>/replay", views.replay, name="replay"),
     path("console/operations/<str:operation_id>/approve", views.refund_approve,
          name="refund-approve"),
+    path("console/operations/<str:operation_id>/decline", views.refund_decline,
+         name="refund-decline"),
     path("console/events/<int:event_pk>/", views.event, name="event"),
     path("console/events/<int:event_pk>/<slug:decision>", views.event_triage,
          name="event-triage"),
