@@ -377,6 +377,13 @@ IDEMPOTENT_NOTE = (
 class ApiView(APIView):
     required_scopes: dict[str, str] = {}
 
+    def initial(self, request, *args, **kwargs):
+        # PostgreSQL text cannot hold NUL: an id with one would be a 500 at the first query.
+        if any("\x00" in str(v) for v in kwargs.values()):
+            raise Problem(code="invalid_request", status=400,
+                          detail="A path id contains a NUL byte; no such resource.")
+        super().initial(request, *args, **kwargs)
+
 
 class ProductListApi(ApiView):
     required_scopes = {"GET": READ}

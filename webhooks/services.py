@@ -17,7 +17,11 @@ from django.utils import timezone
 
 from payments.enums import OperationKind, Outcome, Verification
 from payments.providers.base import ProviderObject, outcome_from_object
-from payments.providers.stripe_webhooks import object_from_event_payload, safe_event_payload
+from payments.providers.stripe_webhooks import (
+    event_shape_problem,
+    object_from_event_payload,
+    safe_event_payload,
+)
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
 
@@ -46,7 +50,7 @@ _INSERT_SQL = """
 INSERT INTO webhooks_providerevent
     (event_id, type, account, object_id, created, received_at, payload, result,
      result_reason, operation_id, purchase_id, attempts)
-VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, '', '', %s, 0)
+VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, '', %s, 0)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id
 """
@@ -59,14 +63,16 @@ def event_ingest(*, event: dict) -> bool:
     one outbox insert, in one transaction: a duplicate delivery (also concurrent ones)
     writes nothing, and no check-then-insert window exists (dj-stripe #1239).
     """
+    rejected = event_shape_problem(event)
     safe = safe_event_payload(event)
     obj = safe["data"]["object"]
     created = (datetime.fromtimestamp(safe["created"], tz=UTC)
                if safe["created"] is not None else None)
     params = [
         safe["id"][:100], safe["type"][:100], safe["account"][:100], obj["id"][:100],
-        created, timezone.now(), json.dumps(safe), EventResult.PENDING.value,
-        obj["metadata"].get("purchase_id", "")[:40],
+        created, timezone.now(), json.dumps(safe),
+        (EventResult.REJECTED if rejected else EventResult.PENDING).value, rejected,
+        "" if rejected else obj["metadata"].get("purchase_id", "")[:40],
     ]
     with transaction.atomic():
         with connection.cursor() as cursor:
@@ -74,6 +80,11 @@ def event_ingest(*, event: dict) -> bool:
             row = cursor.fetchone()
         if row is None:
             return False
+        if rejected:
+            # Stored so the delivery is visible and counted; never processed.
+            WEBHOOK_RESULTS.labels(result=EventResult.REJECTED.value).inc()
+            log.warning("webhook rejected event=%s reason=%s", safe["id"], rejected)
+            return True
         outbox_put(category=OutboxCategory.PROCESS_EVENT, payload={"event": row[0]},
                    dedupe_key=f"event:{safe['id']}")
     return True
