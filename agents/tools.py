@@ -185,11 +185,14 @@ def operation_guidance(op: PaymentOperation) -> tuple[str, NextTool | None]:
         return ("This refund waits for a finance approver; do not request it again — call "
                 "get_operation later.", _tool("get_operation", LATER, **get_op))
     if outcome == Outcome.SUCCEEDED:
+        # Words follow the grade: a person's resolution is "confirmed by our team".
+        who = ("our team confirmed" if op.grade == "acknowledged"
+               else "the provider confirmed")
         if op.kind in _PAYMENT_KIND_VALUES:
-            return ("Paid: the provider confirmed this payment, so never pay this purchase "
+            return (f"Paid: {who} this payment, so never pay this purchase "
                     "again — call get_purchase to follow fulfilment.",
                     _tool("get_purchase", SOON, purchase_id=op.purchase_id))
-        return (f"Done: the provider confirmed this {noun}; do not request it again.", None)
+        return (f"Done: {who} this {noun}; do not request it again.", None)
     # failed
     if op.kind in _PAYMENT_KIND_VALUES:
         retried_by = getattr(op, "retried_by", None)
@@ -552,6 +555,7 @@ def request_refund(*, api_client: ApiClient, purchase_id: str, amount: int | Non
         arguments["request"] = request
 
     def create(claim):
+        services.operations_verify_before_follow_up(purchase_id=purchase.id)
         with transaction.atomic():
             op = services.refund_request(purchase_id=purchase.id, amount=amount,
                                          api_client=api_client)

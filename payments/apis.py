@@ -478,6 +478,34 @@ class PurchaseDetailApi(ApiView):
         return Response(selectors.purchase_view(_purchase_or_404(request, purchase_id)))
 
 
+class PurchaseCancelApi(ApiView):
+    required_scopes = {"POST": WRITE}
+
+    @extend_schema(
+        operation_id="purchases_cancel", summary="Cancel a purchase before payment",
+        description="The buyer cancels a purchase before any payment was claimed (only "
+                    "provider-confirmed failures may precede it). 409 `cancel_not_allowed` "
+                    "otherwise." + IDEMPOTENT_NOTE,
+        request=EmptyIn, parameters=[IDEMPOTENCY_HEADER],
+        responses={**_ok(200, PurchaseOut, "Cancelled (or replay)"),
+                   **_problems(409, 422, s409="cancel_not_allowed / request_in_progress")},
+    )
+    def post(self, request, purchase_id: str):
+        key_from_headers(request.headers)
+        purchase = _purchase_or_404(request, purchase_id)
+        _validated(EmptyIn, request.data)
+
+        def create(claim):
+            with transaction.atomic():
+                services.purchase_cancel(purchase_id=purchase.id, api_client=request.auth)
+                idempotency_bind(claim, resource_type="purchase", resource_id=purchase.id)
+            idempotency_complete(claim, status=200)
+            return Response(selectors.purchase_view(
+                Purchase.objects.select_related("quote").get(pk=purchase.pk)), status=200)
+
+        return _run_idempotent(request, route="purchases_cancel", create=create)
+
+
 class DeliverableApi(ApiView):
     required_scopes = {"GET": READ}
 
@@ -530,6 +558,7 @@ class PaymentCreateApi(ApiView):
             **_ok(200, OperationOut, "Replay of a finished request: current state"),
             **_problems(402, 409, 422, 503, s402="declined (card_declined, ...)",
                         s409="already_paid / payment_unresolved / retry_not_allowed / "
+                             "original_succeeded (the retried payment did succeed) / "
                              "request_in_progress",
                         s422="amount_mismatch / idempotency_key_reused / "
                              "retry_needs_new_method",
@@ -542,6 +571,9 @@ class PaymentCreateApi(ApiView):
         data = _validated(PaymentCreateIn, request.data, strict=True)
 
         def create(claim):
+            if data["retry_of"]:
+                # The original is read back first if only a person settled it (DESIGN §4).
+                services.operations_verify_before_follow_up(purchase_id=purchase.id)
             with transaction.atomic():
                 op = services.payment_create(
                     purchase_id=purchase.id, api_client=request.auth,
@@ -573,6 +605,8 @@ class _LinkedOperationApi(ApiView):
         data = _validated(self.input_serializer, request.data, strict=True)
 
         def create(claim):
+            # A follow-up on a payment only a person settled: read it back first.
+            services.operations_verify_before_follow_up(purchase_id=purchase.id)
             with transaction.atomic():
                 op = self._start(request, purchase, data)
                 idempotency_bind(claim, resource_type="operation", resource_id=op.id)
@@ -593,7 +627,7 @@ def _linked_schema(operation_id: str, summary: str, description: str, request_se
             **_ok(202, OperationOut, "Pending, awaiting approval/provider, or unknown"),
             **_ok(200, OperationOut, "Replay of a finished request: current state"),
             **_problems(409, 422, 503, s409="nothing_to_capture / not_refundable / "
-                        "operation failed / request_in_progress",
+                        "fulfilment_started (void) / operation failed / request_in_progress",
                         s422="idempotency_key_reused / amount too large",
                         s503="workflow_halted"),
         },
@@ -718,13 +752,19 @@ class OperationResolveApi(ApiView):
         operation_id="operations_resolve", summary="Manual resolution",
         description="Needs `operations:resolve`; never by the client that requested the "
                     "operation (403 `resolver_is_requester`); `reason` is required and "
-                    "audited." + IDEMPOTENT_NOTE,
+                    "audited. The provider is read back first: a record that contradicts "
+                    "the outcome refuses it (409 `provider_contradicts`); unreachable, the "
+                    "outcome is accepted with grade `acknowledged`. Resolving an "
+                    "`awaiting_buyer` payment `failed` cancels it at the provider first."
+                    + IDEMPOTENT_NOTE,
         request=ResolveIn, parameters=[IDEMPOTENCY_HEADER],
         examples=[OpenApiExample("Resolve", request_only=True, value={
             "outcome": "failed", "reason": "Provider support confirmed no charge exists."})],
         responses={**_ok(200, OperationOut, "Resolved (or replay)"),
                    **_problems(409, 422, s403="forbidden_scope / resolver_is_requester",
-                               s409="already_settled / request_in_progress")},
+                               s409="provider_contradicts (the provider's record says "
+                                    "otherwise) / provider_cancel_failed / not_resolvable / "
+                                    "request_in_progress")},
     )
     def post(self, request, operation_id: str):
         key_from_headers(request.headers)
@@ -732,11 +772,14 @@ class OperationResolveApi(ApiView):
         data = _validated(ResolveIn, request.data)
 
         def create(claim):
-            with transaction.atomic():
-                services.operation_resolve_manual(
-                    operation_id=op.id, outcome=data["outcome"], reason=data["reason"],
-                    actor=_actor(request), acting_client=request.auth)
-                idempotency_bind(claim, resource_type="operation", resource_id=op.id)
+            # Not atomic here: the core reads the provider back first (network I/O) and
+            # binds the key inside its own resolving transaction.
+            _assert_no_transaction_open()
+            services.operation_resolve_manual(
+                operation_id=op.id, outcome=data["outcome"], reason=data["reason"],
+                actor=_actor(request), acting_client=request.auth,
+                bind=lambda resolved: idempotency_bind(claim, resource_type="operation",
+                                                       resource_id=resolved.id))
             idempotency_complete(claim, status=200)
             return Response(selectors.operation_view(_load_operation(op.id)), status=200)
 

@@ -150,3 +150,8 @@ class Reason(models.TextChoices):
     MANUAL = "manual"
     MISMATCH = "mismatch"
     REFUND_DECLINED = "refund_declined"
+
+
+# The history cause of a transition where verified provider evidence overturned a
+# person's (acknowledged) resolution (DESIGN §4): queues, metrics and alerts key on it.
+OVERTURN_CAUSE = "manual_resolution_overturned"

@@ -173,8 +173,10 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     def restore_after_refund(self, prior):
         return prior
 
-    @transition(field=status, source=[S.PAID, S.FULFILLING, S.MANUAL_REVIEW, S.REFUND_PENDING],
-                target=S.VOIDED)
+    # COMPLETED too: an operator may void after fulfilment (console, with a reason); the
+    # compensating steps then cancel the order (DESIGN §10.12, issue 15 defect 5).
+    @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
+                                      S.REFUND_PENDING], target=S.VOIDED)
     def mark_voided(self): ...
 
     @transition(field=status, source=[S.AWAITING_PAYMENT, S.PAYMENT_FAILED, S.VOIDED],
@@ -227,6 +229,9 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
     reconcile_deadline = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True)
     is_compensation = models.BooleanField(default=False)
+    # A second confirmed charge/authorization on a purchase (the one confirmed later): it
+    # does not pay the purchase; a linked compensating refund/void returns it.
+    is_duplicate = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
     settled_at = models.DateTimeField(null=True, blank=True)
@@ -241,10 +246,12 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
                 name="op_one_active_per_purchase",
             ),
             # Invariant 1: at most one successful charge/authorization per purchase.
+            # A provider-confirmed duplicate (is_duplicate) is recorded as what the
+            # provider did, and compensated; it never counts as the purchase's payment.
             models.UniqueConstraint(
                 fields=["purchase"],
                 condition=Q(outcome=Outcome.SUCCEEDED.value,
-                            kind__in=[k.value for k in PAYMENT_KINDS]),
+                            kind__in=[k.value for k in PAYMENT_KINDS], is_duplicate=False),
                 name="op_one_success_payment_per_purchase",
             ),
         ]
@@ -267,6 +274,15 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
     @transition(field=outcome, source=_SETTLEABLE + [O.PENDING, O.AWAITING_APPROVAL],
                 target=O.FAILED)
     def settle_failed(self):
+        self.stage = Stage.SETTLED
+
+    # Verified provider evidence overturns a person's (acknowledged) terminal outcome.
+    @transition(field=outcome, source=[O.FAILED], target=O.SUCCEEDED)
+    def overturn_to_succeeded(self):
+        self.stage = Stage.SETTLED
+
+    @transition(field=outcome, source=[O.SUCCEEDED], target=O.FAILED)
+    def overturn_to_failed(self):
         self.stage = Stage.SETTLED
 
     @transition(field=outcome, source=[O.PENDING, O.DISPATCHING, O.AWAITING_PROVIDER,

@@ -13,6 +13,7 @@ from django.utils import timezone
 from .enums import (
     PAYMENT_KINDS,
     CallPurpose,
+    Grade,
     OperationKind,
     Outcome,
     Owner,
@@ -96,11 +97,19 @@ def operation_next_action(op: PaymentOperation) -> dict:
         return _action(Owner.SUPPORT, RetryAdvice.FORBIDDEN, "awaiting_approval",
                        "This refund waits for approval by a finance user. Do not request it "
                        f"again; poll GET {op_url}.")
+    by_team = op.grade == Grade.ACKNOWLEDGED  # words follow the grade (DESIGN §4)
     if outcome == Outcome.SUCCEEDED:
+        if by_team:
+            return _action(Owner.NONE, RetryAdvice.FORBIDDEN, f"{op.kind}_succeeded",
+                           "Done; confirmed by our team (the provider has not confirmed it "
+                           "yet, and its record would overrule). Do not send it again.")
         return _action(Owner.NONE, RetryAdvice.FORBIDDEN, f"{op.kind}_succeeded",
                        "Done; the provider confirmed this operation. Do not send it again.")
     # failed
     reason = op.reason or Reason.PROVIDER_FAILED
+    failed = ("Our team resolved this payment as failed (the provider has not confirmed it); "
+              "Verity reads the provider back before any retry." if by_team else
+              "This payment failed; no money moved.")
     if op.kind in _PAYMENT_KIND_VALUES:
         purchase = op.purchase
         if hasattr(op, "retried_by"):
@@ -117,7 +126,7 @@ def operation_next_action(op: PaymentOperation) -> dict:
                        f"{_api_path(f'purchases/{purchase.id}/payments')} with "
                        f"retry_of={op.id} and a new Idempotency-Key.")
         else:
-            message = ("This payment failed; no money moved. You may try once more: POST "
+            message = (f"{failed} You may try once more: POST "
                        f"{_api_path(f'purchases/{purchase.id}/payments')} with "
                        f"retry_of={op.id} and a new Idempotency-Key.")
         return _action(Owner.BUYER, RetryAdvice.NEW_OPERATION, reason, message)

@@ -31,6 +31,8 @@ class DomainError(Exception):
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import random  # noqa: E402
+import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from enum import Enum  # noqa: E402
 
@@ -43,6 +45,7 @@ from recovery.models import OutboxCategory  # noqa: E402
 from recovery.outbox import outbox_put  # noqa: E402
 
 from .enums import (  # noqa: E402
+    OVERTURN_CAUSE,
     PAYMENT_KINDS,
     SLOT_HOLDING_OUTCOMES,
     UNRESOLVED_STATUSES,
@@ -83,6 +86,10 @@ log = logging.getLogger("verity.payments")
 QUOTE_TTL = timedelta(minutes=30)
 NOT_SENT_RESENDS = 2  # DESIGN §10.4: resend a not_sent step at most twice
 RETRYABLE_RESENDS = 2
+# A 429 / Stripe-Should-Retry answer is resent with the same key after a bounded,
+# jittered backoff (base * 2^(n-1), capped), never in a tight loop.
+RETRYABLE_BACKOFF_BASE_SECONDS = 0.5
+RETRYABLE_BACKOFF_CAP_SECONDS = 2.0
 
 
 class ApplyResult(str, Enum):
@@ -264,6 +271,32 @@ def purchase_transition(*, purchase_id: str, name: str, cause: str, actor: str =
     return purchase
 
 
+def purchase_cancel(*, purchase_id: str, api_client: ApiClient | None = None,
+                    acting_user=None, reason: str = "") -> Purchase:
+    """`cancelled` (DESIGN §10.12): by the buyer or support before any payment was
+    claimed — only failures the provider confirmed may precede it (a person's "failed"
+    could still be overturned). Cancelling a cancelled purchase is a no-op."""
+    with transaction.atomic():
+        purchase = Purchase.objects.select_for_update(of=("self",)).filter(id=purchase_id).first()
+        if purchase is None or (api_client is not None and purchase.api_client_id not in
+                                (None, api_client.id)):
+            raise DomainError("not_found", "No such purchase.", status=404)
+        if purchase.status == PurchaseStatus.CANCELLED:
+            return purchase
+        claimed = purchase.operations.exclude(outcome=Outcome.FAILED, grade=Grade.CONFIRMED)
+        if claimed.exists() or purchase.status not in (PurchaseStatus.AWAITING_PAYMENT,
+                                                       PurchaseStatus.PAYMENT_FAILED):
+            raise DomainError(
+                "cancel_not_allowed", f"This purchase is {purchase.status}: a payment was "
+                "claimed, so it can no longer be cancelled (ask for a refund or void "
+                "instead).", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+                purchase=purchase.id)
+        actor = _actor(api_client, acting_user)
+        _purchase_to(purchase, "mark_cancelled", cause="purchase_cancelled", actor=actor,
+                     evidence={"reason": reason} if reason else None)
+    return purchase
+
+
 def purchases_expire_stale() -> int:
     """`expired`: the quote expired before any payment was claimed (DESIGN §10.12)."""
     count = 0
@@ -333,6 +366,10 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
     if not payment_method or len(payment_method) > 100:
         raise DomainError("invalid_request", "payment_method is required (a provider token).",
                           status=400, retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
+    if retry_of and not transaction.get_connection().in_atomic_block:
+        # Called outside a transaction: read the original back here (callers that bind an
+        # idempotency key in their transaction call operations_verify_before_follow_up first).
+        operations_verify_before_follow_up(purchase_id=purchase_id)
     with transaction.atomic():
         purchase = Purchase.objects.select_for_update(of=("self",)).filter(id=purchase_id).first()
         if purchase is None or (api_client is not None and purchase.api_client_id not in
@@ -346,8 +383,14 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
                               f"The amount comes from the accepted quote ({purchase.amount} "
                               f"{purchase.currency}); a different amount is refused.",
                               status=422, retry=RetryAdvice.FORBIDDEN, purchase=purchase.id)
-        paid = purchase.operations.filter(kind__in=PAYMENT_KINDS,
-                                          outcome=Outcome.SUCCEEDED).first()
+        paid = purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED,
+                                          is_duplicate=False).first()
+        if retry_of and paid is not None and paid.id == retry_of:
+            raise DomainError("original_succeeded", "The payment this retry names did "
+                              "succeed at the provider (its earlier failure was a person's "
+                              "call, since overturned). Do not pay again.", status=409,
+                              retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                              purchase=purchase.id, operation=paid.id)
         if paid:
             raise DomainError("already_paid", "This purchase is already paid.", status=409,
                               retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
@@ -411,32 +454,60 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
 
 
 def _captured_amount(purchase: Purchase) -> int:
+    """What the purchase's own payment captured (a duplicate and its return excluded)."""
     total = 0
-    for op in purchase.operations.filter(outcome=Outcome.SUCCEEDED):
+    for op in (purchase.operations.filter(outcome=Outcome.SUCCEEDED, is_duplicate=False)
+               .exclude(parent__is_duplicate=True)):
         if op.kind == OperationKind.CHARGE or op.kind == OperationKind.CAPTURE:
             total += op.amount
     return total
 
 
+def _purchase_refunds(purchase: Purchase):
+    """Refunds of the purchase's own payment (not the compensation of a duplicate)."""
+    return purchase.operations.filter(kind=OperationKind.REFUND).exclude(
+        parent__is_duplicate=True)
+
+
+def _fulfilment_started(purchase_id: str) -> bool:
+    from recovery.models import Order, StepRun, StepState
+
+    return (Order.objects.filter(purchase_id=purchase_id).exists()
+            or StepRun.objects.filter(purchase_id=purchase_id, state=StepState.DONE).exists())
+
+
 def _linked_create(*, purchase_id: str, kind: str, api_client, acting_user,
-                   halt: str) -> PaymentOperation:
+                   halt: str, compensation: bool = False,
+                   after_fulfilment: bool = False) -> PaymentOperation:
     if _halted(halt):
         raise DomainError("workflow_halted", f"The {halt} workflow is paused.", status=503,
                           retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT, purchase=purchase_id)
+    if not transaction.get_connection().in_atomic_block:
+        operations_verify_before_follow_up(purchase_id=purchase_id)
     with transaction.atomic():
         purchase = lock_purchase(purchase_id)
         if api_client is not None and purchase.api_client_id not in (None, api_client.id):
             raise DomainError("not_found", "No such purchase.", status=404)
-        auth = purchase.operations.filter(kind=OperationKind.AUTHORIZE,
-                                          outcome=Outcome.SUCCEEDED).first()
+        auth = purchase.operations.filter(kind=OperationKind.AUTHORIZE, outcome=Outcome.SUCCEEDED,
+                                          is_duplicate=False).first()
         done = purchase.operations.filter(kind__in=[OperationKind.CAPTURE, OperationKind.VOID],
-                                          outcome=Outcome.SUCCEEDED).first()
+                                          outcome=Outcome.SUCCEEDED,
+                                          parent__is_duplicate=False).first()
         if auth is None or done is not None:
             raise DomainError("not_capturable" if kind == OperationKind.CAPTURE else
                               "not_voidable", "There is no open authorization on this "
                               "purchase.", status=409, retry=RetryAdvice.FORBIDDEN,
                               owner=Owner.NONE, purchase=purchase.id,
                               operation=done.id if done else None)
+        if (kind == OperationKind.VOID and not compensation and not after_fulfilment
+                and _fulfilment_started(purchase.id)):
+            # Goods may be out: a void now would leave them unpaid (issue 15 defect 5).
+            raise DomainError(
+                "fulfilment_started", "Fulfilment of this purchase has started, so its "
+                "authorization can no longer be voided here. Capture it instead, or ask "
+                "support to void it in the console (with a reason): that also cancels the "
+                "order.", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+                purchase=purchase.id, operation=auth.id)
         active = _active_op(purchase)
         if active:
             raise DomainError("payment_unresolved", "Another operation on this purchase is "
@@ -446,7 +517,7 @@ def _linked_create(*, purchase_id: str, kind: str, api_client, acting_user,
         op = _create_op(purchase=purchase, kind=kind, amount=auth.amount, currency=auth.currency,
                         parent=auth, provider_reference=auth.provider_reference,
                         requested_by_client=api_client, requested_by_user=acting_user,
-                        is_compensation=False)
+                        is_compensation=compensation)
         _history(purchase_id=purchase.id, operation=op, field="outcome", source="",
                  target=op.outcome, cause="operation_created", actor=_actor(api_client,
                                                                            acting_user))
@@ -459,13 +530,13 @@ def capture_create(*, purchase_id: str, api_client=None, acting_user=None) -> Pa
 
 
 def void_create(*, purchase_id: str, api_client=None, acting_user=None,
-                compensation: bool = False) -> PaymentOperation:
-    op = _linked_create(purchase_id=purchase_id, kind=OperationKind.VOID, api_client=api_client,
-                        acting_user=acting_user, halt="refunds")
-    if compensation:
-        PaymentOperation.objects.filter(id=op.id).update(is_compensation=True)
-        op.is_compensation = True
-    return op
+                compensation: bool = False, after_fulfilment: bool = False) -> PaymentOperation:
+    """`compensation` is set in the creating transaction (a crash cannot lose it).
+    `after_fulfilment`: an operator's decision (console, audited) to void although
+    fulfilment started; the API never passes it (409 `fulfilment_started`)."""
+    return _linked_create(purchase_id=purchase_id, kind=OperationKind.VOID,
+                          api_client=api_client, acting_user=acting_user, halt="refunds",
+                          compensation=compensation, after_fulfilment=after_fulfilment)
 
 
 def _actor(api_client, acting_user) -> str:
@@ -482,16 +553,18 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
     if _halted("refunds"):
         raise DomainError("workflow_halted", "Refunds are paused by an operator.", status=503,
                           retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT, purchase=purchase_id)
+    if not transaction.get_connection().in_atomic_block:
+        operations_verify_before_follow_up(purchase_id=purchase_id)
     with transaction.atomic():
         purchase = lock_purchase(purchase_id)
         if api_client is not None and purchase.api_client_id not in (None, api_client.id):
             raise DomainError("not_found", "No such purchase.", status=404)
         _check_currency(purchase, currency)
-        payment = purchase.operations.filter(kind__in=PAYMENT_KINDS,
-                                             outcome=Outcome.SUCCEEDED).first()
+        payment = purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED,
+                                             is_duplicate=False).first()
         captured = _captured_amount(purchase)
-        refunded = (purchase.operations.filter(kind=OperationKind.REFUND)
-                    .exclude(outcome=Outcome.FAILED).aggregate(s=Sum("amount"))["s"] or 0)
+        refunded = (_purchase_refunds(purchase).exclude(outcome=Outcome.FAILED)
+                    .aggregate(s=Sum("amount"))["s"] or 0)
         refundable = captured - refunded
         amount = refundable if amount is None else amount
         if payment is None or captured <= 0:
@@ -709,6 +782,16 @@ _FAIL_REASONS = {"card_declined": Reason.CARD_DECLINED, "generic_decline": Reaso
                  "insufficient_funds": Reason.CARD_DECLINED}
 
 
+def _settle_effects_refund(purchase: Purchase, op: PaymentOperation, *, cause: str,
+                           actor: str) -> None:
+    refunded = (_purchase_refunds(purchase).filter(outcome=Outcome.SUCCEEDED)
+                .aggregate(s=Sum("amount"))["s"] or 0)
+    if refunded >= _captured_amount(purchase):
+        _purchase_to(purchase, "mark_refunded", cause=cause, actor=actor)
+    else:
+        _restore_after_refund(purchase, op, cause=cause, actor=actor)
+
+
 def _settle_effects(purchase: Purchase, op: PaymentOperation, *, cause: str, actor: str) -> None:
     """What follows an outcome change: holds, purchase status, outbox. Same transaction."""
     o = op.outcome
@@ -716,6 +799,12 @@ def _settle_effects(purchase: Purchase, op: PaymentOperation, *, cause: str, act
         _hold_settle(op, succeeded=o == Outcome.SUCCEEDED)
         outbox_put(category=OutboxCategory.OPERATION_SETTLED, payload={"operation": op.id},
                    dedupe_key=f"settled:{op.id}")
+    if op.kind in PAYMENT_KINDS and op.is_duplicate:
+        if o == Outcome.SUCCEEDED:
+            duplicate_compensate_locked(purchase=purchase, duplicate=op)
+        return  # a duplicate never pays (or un-pays) the purchase
+    if op.parent_id and op.parent.is_duplicate:
+        return  # returning a duplicate changes nothing the customer bought
     if op.kind in PAYMENT_KINDS:
         name = {Outcome.SUCCEEDED: "mark_paid", Outcome.FAILED: "mark_payment_failed",
                 Outcome.UNKNOWN: "mark_payment_unknown",
@@ -728,13 +817,7 @@ def _settle_effects(purchase: Purchase, op: PaymentOperation, *, cause: str, act
         _purchase_to(purchase, "mark_voided", cause=cause, actor=actor)
     elif op.kind == OperationKind.REFUND:
         if o == Outcome.SUCCEEDED:
-            refunded = (purchase.operations.filter(kind=OperationKind.REFUND,
-                                                   outcome=Outcome.SUCCEEDED)
-                        .aggregate(s=Sum("amount"))["s"] or 0)
-            if refunded >= _captured_amount(purchase):
-                _purchase_to(purchase, "mark_refunded", cause=cause, actor=actor)
-            else:
-                _restore_after_refund(purchase, op, cause=cause, actor=actor)
+            _settle_effects_refund(purchase, op, cause=cause, actor=actor)
         elif o == Outcome.FAILED:
             _restore_after_refund(purchase, op, cause=cause, actor=actor)
         elif o == Outcome.AWAITING_PROVIDER:
@@ -772,6 +855,157 @@ def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: st
     if purchase.status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
         outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase.id},
                    dedupe_key=f"steps:{purchase.id}")
+# Provider statuses that never change again for the operation they settle (an event
+# carrying one may overturn a person's resolution without a read-back first).
+_FINAL_STATUSES = frozenset({"succeeded", "requires_capture", "canceled", "failed"})
+
+
+def _other_payment_success(op: PaymentOperation) -> PaymentOperation | None:
+    return (PaymentOperation.objects.filter(purchase_id=op.purchase_id, kind__in=PAYMENT_KINDS,
+                                            outcome=Outcome.SUCCEEDED, is_duplicate=False)
+            .exclude(id=op.id).first())
+
+
+def _voided_by_verity(op: PaymentOperation) -> bool:
+    return PaymentOperation.objects.filter(parent=op, kind=OperationKind.VOID).exclude(
+        outcome=Outcome.FAILED).exists()
+
+
+def _hold_overturn(op: PaymentOperation, *, succeeded: bool) -> None:
+    """Holds follow an overturned outcome, whatever state the person's outcome left."""
+    now = timezone.now()
+    if op.kind in (OperationKind.CHARGE, OperationKind.REFUND):
+        rows, state = Hold.objects.filter(operation=op), (
+            HoldState.CONSUMED if succeeded else HoldState.RELEASED)
+    elif op.kind == OperationKind.AUTHORIZE:
+        rows, state = Hold.objects.filter(operation=op), (
+            HoldState.RESERVED if succeeded else HoldState.RELEASED)
+    elif op.kind == OperationKind.CAPTURE:
+        rows, state = Hold.objects.filter(operation_id=op.parent_id), (
+            HoldState.CONSUMED if succeeded else HoldState.RESERVED)
+    else:  # void
+        rows, state = Hold.objects.filter(operation_id=op.parent_id), (
+            HoldState.RELEASED if succeeded else HoldState.RESERVED)
+    rows.update(state=state, updated_at=now)
+
+
+def _overturned_resolution(op: PaymentOperation) -> dict:
+    """Who resolved it by hand, when, and why (from the history row of the resolution)."""
+    row = (op.transitions.filter(cause="manual_resolution").order_by("-created_at", "-id")
+           .first())
+    if row is None:
+        return {"outcome": op.outcome, "actor": "", "at": None, "reason": ""}
+    return {"outcome": op.outcome, "actor": row.actor,
+            "at": row.created_at.isoformat().replace("+00:00", "Z"),
+            "reason": (row.evidence or {}).get("reason", "")}
+
+
+def _overturn_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *,
+                     verification: str, cause: str, actor: str, evidence: dict, reason: str,
+                     obj: ProviderObject | None) -> ApplyResult:
+    """Verified provider evidence contradicts an acknowledged outcome: the operation takes
+    the provider's outcome, graded confirmed; holds, the purchase and a console queue item
+    follow. Caller holds both locks."""
+    overturned = _overturned_resolution(op)
+    source = op.outcome
+    fields = ["outcome", "stage", "grade", "verification", "reason", "provider_status",
+              "provider_reference", "provider_charge", "settled_at", "next_action_owner",
+              "is_duplicate", "updated_at"]
+    if obj is not None:
+        op.provider_status = obj.status
+        op.provider_reference = op.provider_reference or obj.id
+        op.provider_charge = obj.latest_charge or op.provider_charge
+    op.grade, op.verification, op.settled_at = Grade.CONFIRMED, verification, timezone.now()
+    op.next_action_owner = Owner.SUPPORT  # a person must look at what followed their call
+    if target == Outcome.SUCCEEDED:
+        op.reason = ""
+        if op.kind in PAYMENT_KINDS and _other_payment_success(op):
+            op.is_duplicate = True
+        op.overturn_to_succeeded()
+    else:
+        op.reason = reason or _FAIL_REASONS.get(obj.failure_code if obj else "",
+                                                Reason.PROVIDER_FAILED)
+        op.overturn_to_failed()
+    op.save(update_fields=fields)
+    _history(purchase_id=purchase.id, operation=op, field="outcome", source=source,
+             target=op.outcome, cause=OVERTURN_CAUSE,
+             evidence={"overturned": overturned, "by": cause, "verification": verification,
+                       "provider": evidence}, actor=actor)
+    _hold_overturn(op, succeeded=target == Outcome.SUCCEEDED)
+    # The earlier settled message was processed: a new one (own key) resumes the work.
+    outbox_put(category=OutboxCategory.OPERATION_SETTLED, payload={"operation": op.id},
+               dedupe_key=f"settled:{op.id}:overturn:{op.outcome}")
+    log.warning("manual resolution overturned operation=%s from=%s to=%s by=%s",
+                op.id, source, op.outcome, cause)
+    review = "mark_manual_review"
+    if op.kind in PAYMENT_KINDS:
+        if target == Outcome.SUCCEEDED:
+            if op.is_duplicate:
+                duplicate_compensate_locked(purchase=purchase, duplicate=op)
+            elif _purchase_to(purchase, "mark_paid", cause=OVERTURN_CAUSE, actor=actor):
+                outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase.id},
+                           dedupe_key=f"steps:{purchase.id}")
+        else:
+            # Shown paid (perhaps fulfilled) on a person's word; the provider says no money
+            # came: a person decides what to unwind.
+            _purchase_to(purchase, review, cause=OVERTURN_CAUSE, actor=actor)
+    elif op.kind == OperationKind.VOID:
+        _purchase_to(purchase, "mark_voided" if target == Outcome.SUCCEEDED else review,
+                     cause=OVERTURN_CAUSE, actor=actor)
+    elif op.kind == OperationKind.REFUND:
+        if target == Outcome.SUCCEEDED:
+            _settle_effects_refund(purchase, op, cause=OVERTURN_CAUSE, actor=actor)
+        elif purchase.status == PurchaseStatus.REFUNDED:
+            _purchase_to(purchase, review, cause=OVERTURN_CAUSE, actor=actor)
+    elif op.kind == OperationKind.CAPTURE and target == Outcome.FAILED:
+        _purchase_to(purchase, review, cause=OVERTURN_CAUSE, actor=actor)
+    return ApplyResult.APPLIED
+
+
+def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperation
+                                ) -> PaymentOperation | None:
+    """The linked refund (or void, for an authorization) that returns a duplicate charge:
+    its own operation and key, dispatched through the outbox and reconciled like any
+    other. None while another operation holds the purchase's slot (the settled handler
+    tries again). Caller holds the purchase lock."""
+    existing = (PaymentOperation.objects.filter(parent=duplicate, is_compensation=True)
+                .exclude(outcome=Outcome.FAILED).first())
+    if existing is not None:
+        return existing
+    kind = OperationKind.VOID if duplicate.kind == OperationKind.AUTHORIZE else OperationKind.REFUND
+    try:
+        with transaction.atomic():
+            comp = PaymentOperation.objects.create(
+                purchase=purchase, kind=kind, amount=duplicate.amount,
+                currency=duplicate.currency, parent=duplicate, is_compensation=True,
+                provider_reference=(duplicate.provider_reference
+                                    if kind == OperationKind.VOID else ""))
+            _dispatch_backstop(comp)
+            outbox_put(category=OutboxCategory.DISPATCH, payload={"operation": comp.id},
+                       dedupe_key=f"dispatch:{comp.id}")
+    except IntegrityError:
+        return None
+    _history(purchase_id=purchase.id, operation=comp, field="outcome", source="",
+             target=comp.outcome, cause="duplicate_compensation",
+             evidence={"duplicate": duplicate.id}, actor="system")
+    return comp
+
+
+def duplicate_compensation_ensure(*, operation_id: str) -> PaymentOperation | None:
+    """Idempotent: make sure a confirmed duplicate has its compensation. Raises
+    DomainError `payment_unresolved` while the purchase's slot is busy (retry later)."""
+    with transaction.atomic():
+        purchase, op = lock_purchase_and_operation(operation_id)
+        if not (op.is_duplicate and op.outcome == Outcome.SUCCEEDED):
+            return None
+        comp = duplicate_compensate_locked(purchase=purchase, duplicate=op)
+        if comp is None:
+            raise DomainError("payment_unresolved", "Another operation on this purchase is "
+                              "not settled yet; the duplicate's refund waits for it.",
+                              status=409, retry=RetryAdvice.SAME_KEY,
+                              owner=Owner.RECONCILIATION, purchase=purchase.id,
+                              operation=op.id)
+        return comp
 
 
 def _schedule_reconcile(op: PaymentOperation, *, first: bool) -> None:
@@ -791,16 +1025,28 @@ def _schedule_reconcile(op: PaymentOperation, *, first: bool) -> None:
 
 def _apply_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *, grade: str,
                   verification: str, cause: str, actor: str, evidence: dict,
-                  reason: str = "", obj: ProviderObject | None = None) -> ApplyResult:
+                  reason: str = "", obj: ProviderObject | None = None,
+                  final: bool = True) -> ApplyResult:
+    """`final`: the evidence is the provider's last word on this object (a read-back, or
+    an event whose status cannot change any more); only final evidence overturns a
+    person's resolution, anything else is a conflict settled by a read-back."""
     current = op.outcome
     if current in (Outcome.SUCCEEDED, Outcome.FAILED):
         if target == current:
             if op.grade == Grade.ACKNOWLEDGED and grade == Grade.CONFIRMED:
                 op.grade, op.verification = grade, verification  # evidence upgrades a manual
                 op.save(update_fields=["grade", "verification", "updated_at"])
+                _history(purchase_id=purchase.id, operation=op, field="outcome",
+                         source=current, target=current, cause=f"confirmed:{cause}"[:64],
+                         evidence=evidence, actor=actor)
                 return ApplyResult.APPLIED
             return ApplyResult.NO_CHANGE
         if target in (Outcome.SUCCEEDED, Outcome.FAILED):
+            if op.grade == Grade.ACKNOWLEDGED and grade == Grade.CONFIRMED and final:
+                # The provider's record outranks a person (DESIGN §4, invariant 8).
+                return _overturn_locked(purchase, op, target, verification=verification,
+                                        cause=cause, actor=actor, evidence=evidence,
+                                        reason=reason, obj=obj)
             return ApplyResult.CONFLICT
         return ApplyResult.STALE  # a late non-terminal never regresses a terminal outcome
     if target == current:
@@ -811,6 +1057,11 @@ def _apply_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *, 
         op.provider_status = obj.status
         op.provider_reference = op.provider_reference or obj.id
         op.provider_charge = obj.latest_charge or op.provider_charge
+    if target == Outcome.SUCCEEDED and op.kind in PAYMENT_KINDS and _other_payment_success(op):
+        # A second confirmed charge on one purchase: the one confirmed later is the
+        # duplicate; it is recorded as the provider did it and compensated (invariant 8).
+        op.is_duplicate = True
+        fields.append("is_duplicate")
     if target in (Outcome.SUCCEEDED, Outcome.FAILED):
         op.grade, op.verification = grade, verification
         op.settled_at = timezone.now()
@@ -854,8 +1105,15 @@ def operation_apply_observation(*, operation_id: str, obj: ProviderObject, sourc
         target = outcome_from_object(obj, kind=op.kind)
         if target is None:
             return ApplyResult.NO_CHANGE
+        if (op.kind == OperationKind.AUTHORIZE and obj.status == "canceled"
+                and op.outcome == Outcome.SUCCEEDED and _voided_by_verity(op)):
+            # A canceled PaymentIntent after Verity's own void agrees with Verity: the
+            # authorization did succeed, and the void cancelled it (issue 15 defect 10).
+            return ApplyResult.NO_CHANGE
+        final = source == Verification.PROVIDER or obj.status in _FINAL_STATUSES
         return _apply_locked(purchase, op, target, grade=Grade.CONFIRMED, verification=source,
-                             cause=cause, actor=actor, evidence=obj.safe_fields(), obj=obj)
+                             cause=cause, actor=actor, evidence=obj.safe_fields(), obj=obj,
+                             final=final)
 
 
 def _settle_without_object(operation_id: str, target: Outcome, *, reason: str, cause: str,
@@ -939,6 +1197,11 @@ def _send(operation_id: str, step: str, first_call: ProviderCall, fn) -> CallRes
                         and attempt <= RETRYABLE_RESENDS)
         if not resend:
             return result
+        if result.classification == Classification.RETRYABLE:
+            # Outside any transaction (phase 2), so the wait holds no lock.
+            delay = min(RETRYABLE_BACKOFF_BASE_SECONDS * 2 ** (attempt - 1),
+                        RETRYABLE_BACKOFF_CAP_SECONDS)
+            time.sleep(delay * (1 + random.random() * 0.1))
         attempt += 1
         call = _claim(operation_id, step, attempt=attempt)
         if call is None:
@@ -1126,7 +1389,9 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
     found or provider unavailable keeps `unknown` (absence of evidence is not failure)."""
     assert_no_transaction_outside_transaction()
     op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
-    if op.is_terminal:
+    # A person's (acknowledged) outcome is not the provider's: it can still be read back,
+    # and the provider's record outranks it (DESIGN §4).
+    if op.is_terminal and op.grade != Grade.ACKNOWLEDGED:
         raise DomainError("already_settled", f"This operation is already {op.outcome}.",
                           status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                           purchase=op.purchase_id, operation=op.id)
@@ -1183,35 +1448,180 @@ def operations_sweep_dead_dispatches() -> int:
 
 
 # -- people --------------------------------------------------------------------------------
+def _refuse_unresolvable(op: PaymentOperation, *, acting_client, acting_user) -> None:
+    if (acting_client is not None and op.requested_by_client_id == acting_client.id) or (
+            acting_user is not None and op.requested_by_user_id == acting_user.id):
+        raise DomainError("resolver_is_requester", "The requester of an operation cannot "
+                          "resolve it.", status=403, operation=op.id, purchase=op.purchase_id,
+                          owner=Owner.SUPPORT)
+    if op.outcome not in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER):
+        raise DomainError("not_resolvable", f"An operation that is {op.outcome} cannot be "
+                          "resolved by hand.", status=409, operation=op.id,
+                          purchase=op.purchase_id, owner=Owner.NONE)
+
+
+# PaymentIntent statuses a person's "failed" can be made true by cancelling first, so the
+# buyer (3-D Secure) or a slow confirm cannot complete it later.
+_CANCELLABLE_PI = frozenset({"requires_payment_method", "requires_confirmation",
+                             "requires_action"})
+
+
+def _provider_contradicts(op: PaymentOperation, obj: ProviderObject, proposed: str) -> None:
+    raise DomainError(
+        "provider_contradicts",
+        f"The provider's record contradicts '{proposed}': it shows {obj.object_type} "
+        f"{obj.id} as '{obj.status}'. That record was applied; the resolution was not.",
+        status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+        purchase=op.purchase_id, operation=op.id,
+        extra={"provider": {"object": obj.object_type, "id": obj.id, "status": obj.status}})
+
+
+def _cancel_before_manual_failure_outside_transaction(op: PaymentOperation, *, actor: str,
+                                                      reason: str) -> None:
+    """Cancel the PaymentIntent at the provider before a person settles it `failed`.
+
+    A write: claimed and audited in one transaction (three phases), refused if the
+    provider does not confirm the cancel."""
+    ref = op.provider_reference
+    with transaction.atomic():
+        purchase, locked = lock_purchase_and_operation(op.id)
+        if locked.outcome not in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER,
+                                  Outcome.AWAITING_BUYER):
+            return
+        attempt = (ProviderCall.objects.filter(operation=locked, purpose=CallPurpose.DISPATCH,
+                                               step=CallStep.CANCEL).count() + 1)
+        call = ProviderCall.objects.create(
+            operation=locked, purpose=CallPurpose.DISPATCH, step=CallStep.CANCEL,
+            attempt=attempt, key=locked.provider_key(CallStep.CANCEL))  # same key: idempotent
+        _audit(actor=actor, action="operation_cancel_at_provider", op=locked, reason=reason,
+               detail={"provider_reference": ref, "before_manual_failure": True})
+    result = _provider().cancel_payment_intent(key=call.key, intent_id=ref)
+    _record_call(call, result)
+    obj = result.object
+    if result.classification != Classification.OK or obj is None:
+        read = _read_back(PaymentOperation.objects.select_related("purchase", "parent")
+                          .get(id=op.id))
+        obj = read.object if read.classification == Classification.OK else None
+    if obj is not None and _mismatch(op, obj) == "":
+        operation_apply_observation(operation_id=op.id, obj=obj, source=Verification.PROVIDER,
+                                    cause="cancel_before_manual_failure", actor=actor)
+        if outcome_from_object(obj, kind=op.kind) == Outcome.SUCCEEDED:
+            _provider_contradicts(op, obj, Outcome.FAILED)
+        if obj.status == "canceled":
+            return
+    raise DomainError(
+        "provider_cancel_failed", "The provider did not confirm cancelling this payment, so "
+        "it cannot be settled failed yet (the buyer could still complete it). Try again.",
+        status=409, retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT,
+        purchase=op.purchase_id, operation=op.id)
+
+
 def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, actor: str,
-                             acting_user=None, acting_client=None) -> PaymentOperation:
-    """A person settles what machines could not: grade acknowledged, verification manual."""
+                             acting_user=None, acting_client=None,
+                             bind=None) -> PaymentOperation:
+    """A person settles what machines could not — after the provider was asked.
+
+    1. read back (no transaction open): a provider record that contradicts `outcome`
+       is applied and the resolution refused (409 `provider_contradicts`); one that agrees
+       settles it `confirmed`; no reachable record leaves the person's word, graded
+       `acknowledged`, verification `manual`;
+    2. `failed` for a payment the provider still holds open (awaiting the buyer, never
+       confirmed) cancels it at the provider first, audited, refused if the cancel fails;
+    3. one transaction records the Resolution and audit row (and `bind(op)`, the caller's
+       idempotency binding) with the outcome.
+    """
+    assert_no_transaction_outside_transaction()
     if not (reason or "").strip():
         raise DomainError("reason_required", "A reason is required.", status=422)
     if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):
         raise DomainError("invalid_outcome", "outcome must be succeeded or failed.", status=422)
+    op = (PaymentOperation.objects.select_related("purchase", "parent")
+          .filter(id=operation_id).first())
+    if op is None:
+        raise DomainError("not_found", "No such operation.", status=404)
+    _refuse_unresolvable(op, acting_client=acting_client, acting_user=acting_user)
+    read = _read_back(op)
+    obj = read.object if read.classification == Classification.OK else None
+    if obj is not None and _mismatch(op, obj):
+        obj = None  # not this operation's record: no evidence either way
+    verdict = outcome_from_object(obj, kind=op.kind) if obj is not None else None
+    if verdict in (Outcome.SUCCEEDED, Outcome.FAILED):
+        operation_apply_observation(operation_id=op.id, obj=obj, source=Verification.PROVIDER,
+                                    cause="readback_before_resolution", actor=actor)
+        if verdict != outcome:
+            _provider_contradicts(op, obj, outcome)
+    elif (outcome == Outcome.FAILED and op.kind in PAYMENT_KINDS and op.provider_reference
+          and (op.outcome == Outcome.AWAITING_BUYER
+               or (obj is not None and obj.status in _CANCELLABLE_PI))):
+        _cancel_before_manual_failure_outside_transaction(op, actor=actor, reason=reason)
     with transaction.atomic():
         purchase, op = _lock_or_404(operation_id)
-        if (acting_client is not None and op.requested_by_client_id == acting_client.id) or (
-                acting_user is not None and op.requested_by_user_id == acting_user.id):
-            raise DomainError("resolver_is_requester", "The requester of an operation cannot "
-                              "resolve it.", status=403, operation=op.id, purchase=purchase.id,
-                              owner=Owner.SUPPORT)
-        if op.outcome not in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER):
-            raise DomainError("not_resolvable", f"An operation that is {op.outcome} cannot be "
-                              "resolved by hand.", status=409, operation=op.id,
-                              purchase=purchase.id, owner=Owner.NONE)
-        _apply_locked(purchase, op, Outcome(outcome), grade=Grade.ACKNOWLEDGED,
-                      verification=Verification.MANUAL, cause="manual_resolution", actor=actor,
-                      evidence={"reason": reason},
-                      reason=Reason.MANUAL if outcome == Outcome.FAILED else "")
+        evidence_applied = op.is_terminal
+        if op.is_terminal and op.outcome != outcome:
+            # settled meanwhile by other evidence that says otherwise
+            raise DomainError("provider_contradicts", f"The provider's record shows this "
+                              f"operation {op.outcome}; the resolution was not applied.",
+                              status=409, owner=Owner.SUPPORT, operation=op.id,
+                              purchase=purchase.id)
+        if not evidence_applied:
+            _refuse_unresolvable(op, acting_client=acting_client, acting_user=acting_user)
+            _apply_locked(purchase, op, Outcome(outcome), grade=Grade.ACKNOWLEDGED,
+                          verification=Verification.MANUAL, cause="manual_resolution",
+                          actor=actor, evidence={"reason": reason,
+                                                 "provider_read": read.classification},
+                          reason=Reason.MANUAL if outcome == Outcome.FAILED else "")
         from support.models import Resolution
 
         Resolution.objects.create(operation_id=op.id, purchase_id=purchase.id, outcome=outcome,
                                   reason=reason, actor=actor)
         _audit(actor=actor, action="operation_resolve", op=op, reason=reason,
-               detail={"outcome": outcome})
+               detail={"outcome": outcome, "grade": op.grade,
+                       "provider_read": read.classification})
+        if bind is not None:
+            bind(op)
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
+def operation_overturn_review(*, operation_id: str, actor: str, reason: str) -> PaymentOperation:
+    """A person has looked at what followed an overturn: the queue item closes."""
+    if not (reason or "").strip():
+        raise DomainError("reason_required", "A reason is required.", status=422)
+    with transaction.atomic():
+        purchase, op = _lock_or_404(operation_id)
+        if (op.next_action_owner != Owner.SUPPORT
+                or not op.transitions.filter(cause=OVERTURN_CAUSE).exists()):
+            raise DomainError("not_overturned", "This operation has no overturn waiting for "
+                              "review.", status=409, owner=Owner.NONE, operation=op.id,
+                              purchase=purchase.id)
+        op.next_action_owner = (Owner.BUYER if op.outcome == Outcome.FAILED
+                                and op.kind in PAYMENT_KINDS else Owner.NONE)
+        op.save(update_fields=["next_action_owner", "updated_at"])
+        _history(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
+                 target=op.outcome, cause="overturn_reviewed", evidence={"reason": reason},
+                 actor=actor)
+        _audit(actor=actor, action="overturn_review", op=op, reason=reason)
+    return op
+
+
+def operations_verify_before_follow_up(*, purchase_id: str) -> None:
+    """Before a follow-up money movement (`retry_of`, capture, void, refund): read back
+    every money-moving operation of the purchase whose outcome is only a person's
+    (acknowledged) and apply what the provider shows — an on-the-fly reconcile, as Kill
+    Bill's janitor does. The follow-up's own checks then see the provider's truth.
+    No transaction may be open (network I/O)."""
+    ids = list(PaymentOperation.objects.filter(
+        purchase_id=purchase_id, grade=Grade.ACKNOWLEDGED,
+        outcome__in=[Outcome.SUCCEEDED, Outcome.FAILED],
+        kind__in=[*PAYMENT_KINDS, OperationKind.CAPTURE, OperationKind.VOID])
+        .values_list("id", flat=True))
+    if not ids:
+        return  # nothing only a person settled: no read needed
+    assert_no_transaction_outside_transaction()
+    for op_id in ids:
+        try:
+            operation_reconcile(operation_id=op_id, actor="follow-up-check")
+        except DomainError:
+            continue
 
 
 def operation_replay(*, operation_id: str, actor: str, acting_client=None,

@@ -13,6 +13,8 @@ urlpatterns = [
     path("purchases/<str:purchase_id>/capture", apis.CaptureApi.as_view(),
          name="api-purchase-capture"),
     path("purchases/<str:purchase_id>/void", apis.VoidApi.as_view(), name="api-purchase-void"),
+    path("purchases/<str:purchase_id>/cancel", apis.PurchaseCancelApi.as_view(),
+         name="api-purchase-cancel"),
     path("purchases/<str:purchase_id>/refunds", apis.RefundApi.as_view(),
          name="api-purchase-refunds"),
     path("purchases/<str:purchase_id>/deliverable", apis.DeliverableApi.as_view(),

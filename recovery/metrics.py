@@ -107,6 +107,20 @@ class DatabaseCollector:
         yield GaugeMetricFamily("verity_manual_resolutions_recorded",
                                 "Manual resolutions recorded (all time)",
                                 value=Resolution.objects.count())
+        # Provider evidence outranks a person (DESIGN §4): every overturn, all time (a
+        # counter in effect: rows are append-only), and those not yet reviewed.
+        from payments.enums import OVERTURN_CAUSE
+        from payments.models import OperationTransition
+
+        yield GaugeMetricFamily(
+            "verity_manual_resolutions_overturned",
+            "Manual resolutions overturned by verified provider evidence (all time)",
+            value=OperationTransition.objects.filter(cause=OVERTURN_CAUSE,
+                                                    field="outcome").count())
+        yield GaugeMetricFamily(
+            "verity_duplicate_charges",
+            "Second confirmed charges on one purchase (each compensated by a linked refund)",
+            value=PaymentOperation.objects.filter(is_duplicate=True).count())
 
         # Time from provider success to order (and to the confirmation e-mail), over the
         # last day; computed here so it does not matter which worker did the step.

@@ -89,6 +89,8 @@ class Order(models.Model):
 
     purchase_id = models.CharField(max_length=40, unique=True)
     reference = models.CharField(max_length=40, unique=True)
+    # Set once by the compensating step of a void after fulfilment (the order is cancelled).
+    cancelled_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
 

@@ -91,8 +91,8 @@ def load_context(purchase_id: str) -> PurchaseContext | None:
     purchase = Purchase.objects.select_related("quote").get(id=purchase_id)
     if purchase.status not in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
         return None
-    payment = (purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED)
-               .first())
+    payment = (purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED,
+                                          is_duplicate=False).first())
     if payment is None:
         return None  # unknown/pending never satisfies a dependency (invariant 5)
     capture = purchase.operations.filter(kind=OperationKind.CAPTURE,
@@ -107,6 +107,15 @@ def load_context(purchase_id: str) -> PurchaseContext | None:
         product_policies={p.sku: p.step_policy or {} for p in products},
         captured=_info(capture) if capture else None,
     )
+
+
+def _still_fulfillable(purchase_id: str) -> bool:
+    """Re-checked before every step (and under the confirmation step's lock)."""
+    from payments.enums import PurchaseStatus
+    from payments.models import Purchase
+
+    status = Purchase.objects.filter(id=purchase_id).values_list("status", flat=True).get()
+    return status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING)
 
 
 def _status_url(purchase_id: str) -> str:
@@ -232,6 +241,8 @@ def _run_confirmation(ctx: PurchaseContext) -> str:
             return run.state
         if is_halted(step_halt_name(step)):
             return HALTED
+        if not _still_fulfillable(ctx.purchase_id):
+            return NOT_READY  # never "payment confirmed" for a voided/refunded purchase
         if not ctx.customer_email:
             run.state, run.result, run.completed_at = StepState.DONE, {"skipped": "no_email"}, now
             run.save(update_fields=["state", "result", "completed_at"])
@@ -405,6 +416,10 @@ def purchase_fulfil(*, purchase_id: str) -> str:
     purchase_transition(purchase_id=purchase_id, name="mark_fulfilling",
                         cause="fulfilment_started", actor=ACTOR)
     for step in ctx.steps:
+        if not _still_fulfillable(purchase_id):
+            # A void or full refund (or a person) changed the purchase during this run:
+            # no further order, e-mail or CRM update for it.
+            return NOT_READY
         if step == StepName.CONFIRMATION:
             state = _run_confirmation(ctx)
         elif step == StepName.DELIVERABLE:
@@ -432,12 +447,20 @@ def operation_settled(*, operation_id: str) -> None:
     from payments.enums import PAYMENT_KINDS, OperationKind, Outcome
     from payments.models import PaymentOperation
 
-    op = PaymentOperation.objects.get(id=operation_id)
+    op = PaymentOperation.objects.select_related("parent").get(id=operation_id)
     info = _info(op)
     if op.kind in (OperationKind.REFUND, OperationKind.VOID) and op.is_terminal:
         from .metrics import REFUND_OUTCOMES
 
         REFUND_OUTCOMES.labels(kind=op.kind, outcome=op.outcome).inc()
+    if op.kind in PAYMENT_KINDS and op.is_duplicate:
+        _duplicate_settled(op)
+        return
+    if op.parent_id and op.parent.is_duplicate:
+        return  # the return of a duplicate: nothing downstream bought anything with it
+    if (op.kind == OperationKind.VOID and op.outcome == Outcome.SUCCEEDED
+            and not op.is_compensation):
+        _unwind_after_void(op)
     with transaction.atomic():
         if op.outcome == Outcome.SUCCEEDED:
             if op.kind in PAYMENT_KINDS:
@@ -462,6 +485,35 @@ def operation_settled(*, operation_id: str) -> None:
                 run.last_error = f"compensation {op.kind} {op.id} failed: {op.reason}"[:1000]
                 run.save(update_fields=["state", "last_error"])
             _manual_review(op.purchase_id, f"compensation {op.kind} {op.id} failed")
+
+
+def _duplicate_settled(op) -> None:
+    """A confirmed duplicate: its compensating refund/void must exist (the core creates it
+    in the same transaction when it can; this retries while the purchase's slot is busy)."""
+    from payments.enums import Outcome
+    from payments.services import DomainError, duplicate_compensation_ensure
+
+    if op.outcome != Outcome.SUCCEEDED:
+        return
+    try:
+        duplicate_compensation_ensure(operation_id=op.id)
+    except DomainError as exc:
+        raise StepRetryLater(f"duplicate compensation waits: {exc.code}") from exc
+
+
+def _unwind_after_void(op) -> None:
+    """An operator voided after fulfilment started (console, with a reason): the
+    compensating steps run once — the order is cancelled, the decision recorded."""
+    from .models import Order
+
+    with transaction.atomic():
+        cancelled = Order.objects.filter(purchase_id=op.purchase_id,
+                                         cancelled_at__isnull=True).update(
+            cancelled_at=timezone.now())
+        if cancelled:
+            _decide(op.purchase_id, RecoveryDecision.Decision.COMPENSATED,
+                    f"void {op.id} after fulfilment: order cancelled")
+            log.info("order cancelled after void purchase=%s void=%s", op.purchase_id, op.id)
 
 
 def step_resolve(*, purchase_id: str, step: str, resolution: str, actor: str,

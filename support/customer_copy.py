@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from payments.enums import (
     PAYMENT_KINDS,
+    Grade,
     OperationKind,
     Outcome,
     PurchaseStatus,
@@ -100,6 +101,16 @@ WORDS: dict[str, tuple[str, str]] = {
         "The payment provider has confirmed that your payment is being returned "
         "to your payment method. How long it takes to appear depends on your bank. "
         "You do not need to do anything."),
+    # A person (grade acknowledged) is never presented as the provider (DESIGN §4).
+    "reversed_by_team": (
+        "Your payment has been reversed",
+        "Our team has confirmed that your payment is being returned to your payment "
+        "method. How long it takes to appear depends on your bank. "
+        "You do not need to do anything."),
+    "failed_by_team": (
+        "Your payment did not go through",
+        "Our team has confirmed that this payment did not go through, so no order was "
+        "placed. You may try again, for example with another payment method."),
     "failed": (
         "Your payment did not go through",
         "The payment provider declined or did not take this payment, so no order was "
@@ -135,9 +146,10 @@ def _pay_again_url(purchase_id: str) -> str | None:
 
 @dataclass(frozen=True)
 class _Reversal:
-    amount: int  # confirmed by the provider (minor units)
+    amount: int  # confirmed by the provider or by our team (minor units)
     processing: bool  # some confirmed reversal is still processing at the provider
     full: bool
+    by_team: bool = False  # part of it rests on a person's resolution, not the provider
 
 
 def _reversal_confirmed(ops: list, purchase_amount: int) -> _Reversal | None:
@@ -146,12 +158,14 @@ def _reversal_confirmed(ops: list, purchase_amount: int) -> _Reversal | None:
     Only the provider's own record counts: a refund waiting for approval, pending, or
     unknown is not shown to the customer as a reversal.
     """
-    amount, processing, void = 0, False, False
+    amount, processing, void, by_team = 0, False, False, False
     for op in ops:
         if op.kind not in (OperationKind.REFUND.value, OperationKind.VOID.value):
             continue
+        if op.parent_id and getattr(op.parent, "is_duplicate", False):
+            continue  # the return of a duplicate charge is not a reversal of the purchase
         if op.outcome == Outcome.SUCCEEDED.value:
-            pass
+            by_team = by_team or op.grade == Grade.ACKNOWLEDGED.value
         elif (op.outcome == Outcome.AWAITING_PROVIDER.value and op.provider_reference
               and op.verification in _PROVIDER_EVIDENCE):
             processing = True
@@ -163,13 +177,13 @@ def _reversal_confirmed(ops: list, purchase_amount: int) -> _Reversal | None:
     if amount == 0 and not void:
         return None
     return _Reversal(amount=amount, processing=processing,
-                     full=void or amount >= purchase_amount)
+                     full=void or amount >= purchase_amount, by_team=by_team)
 
 
 def customer_state(purchase) -> CustomerState:
     """The plain-language state of a purchase, from verified data only."""
     contact = getattr(settings, "SUPPORT_CONTACT", "")
-    ops = list(purchase.operations.order_by("created_at", "id"))
+    ops = list(purchase.operations.select_related("parent").order_by("created_at", "id"))
     payments = [op for op in ops if op.kind in _PAYMENT_KIND_VALUES]
     last_payment = payments[-1] if payments else None
     paid = any(op.outcome == Outcome.SUCCEEDED.value for op in payments)
@@ -192,14 +206,16 @@ def customer_state(purchase) -> CustomerState:
 
             amount = money(reversal.amount, purchase.currency)
             still = " and is processing it" if reversal.processing else ""
+            who = "Our team has" if reversal.by_team else "The payment provider has"
             return state(
                 StateCode.REVERSED, "Part of your payment is being refunded",
-                f"The payment provider has confirmed a refund of {amount} to your payment "
+                f"{who} confirmed a refund of {amount} to your payment "
                 f"method{still}. {bank}",
                 final=not reversal.processing,
             )
         if not reversal.processing:
-            return state(StateCode.REVERSED, *wording("reversed"), final=True)
+            key = "reversed_by_team" if reversal.by_team else "reversed"
+            return state(StateCode.REVERSED, *wording(key), final=True)
         return state(
             StateCode.REVERSED, "Your refund is processing",
             "The payment provider has accepted a refund of your payment and is "
@@ -255,7 +271,9 @@ def customer_state(purchase) -> CustomerState:
                 "please start a new purchase at the store.",
             )
         url = _pay_again_url(purchase.id)
-        return state(StateCode.FAILED, *wording("failed"),
+        key = ("failed_by_team" if last_payment.grade == Grade.ACKNOWLEDGED.value
+               else "failed")
+        return state(StateCode.FAILED, *wording(key),
                      can_pay_again=url is not None, pay_again_url=url)
 
     if status == S.CANCELLED:

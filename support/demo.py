@@ -18,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from payments.enums import (
+    OVERTURN_CAUSE,
     Grade,
     HoldState,
     OperationKind,
@@ -26,7 +27,14 @@ from payments.enums import (
     Stage,
     Verification,
 )
-from payments.models import ApiClient, Hold, PaymentOperation, Purchase, Quote
+from payments.models import (
+    ApiClient,
+    Hold,
+    OperationTransition,
+    PaymentOperation,
+    Purchase,
+    Quote,
+)
 from recovery.models import (
     OutboxCategory,
     OutboxMessage,
@@ -166,6 +174,24 @@ def demo_cases_seed() -> list[tuple[str, str]]:
                 purchase=ref_p, kind=OperationKind.REFUND, amount=1250, currency="usd",
                 outcome=O.AWAITING_APPROVAL, requested_by_client=client,
                 parent=ref_p.operations.first())
+        # A manual resolution overturned by the provider's record (its own queue), and a
+        # duplicate charge with the refund returning it.
+        over = _purchase("manual-resolution-overturned", S.PAID, [_OK], False, client)
+        op = over.operations.first()
+        if not op.transitions.filter(cause=OVERTURN_CAUSE).exists():
+            PaymentOperation.objects.filter(pk=op.pk).update(next_action_owner="support")
+            OperationTransition.objects.create(
+                purchase=over, operation=op, field="outcome", source=O.FAILED,
+                target=O.SUCCEEDED, cause=OVERTURN_CAUSE, actor="webhook:evt_demo_overturn",
+                evidence={"overturned": {"outcome": "failed", "actor": "demo-operator",
+                                         "reason": "demo: buyer said declined"}})
+        dup = _purchase("duplicate-charge", S.PAID, [_OK, {**_OK, "is_duplicate": True}],
+                        False, client)
+        dup_op = dup.operations.filter(is_duplicate=True).first()
+        if not dup.operations.filter(kind=OperationKind.REFUND).exists():
+            PaymentOperation.objects.create(
+                purchase=dup, kind=OperationKind.REFUND, amount=dup_op.amount, currency="usd",
+                outcome=O.PENDING, is_compensation=True, parent=dup_op)
         _demo_incident()
     return links
 

@@ -38,6 +38,8 @@ RUNBOOK_QUEUE: dict[str, str] = {
     "stuck-outbox": "stuck_outbox",
     "escalated": "escalated",
     "refund-awaiting-approval": "refund_approval",
+    "manual-resolution-overturned": "overturned",
+    "duplicate-charge": "duplicates",
 }
 QUEUE_RUNBOOK: dict[str, str] = {q: slug for slug, q in RUNBOOK_QUEUE.items()}
 

@@ -16,6 +16,7 @@ from django.db.models import Count, Exists, Min, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
 from payments.enums import (
+    OVERTURN_CAUSE,
     PAYMENT_KINDS,
     HoldState,
     OperationKind,
@@ -99,6 +100,12 @@ QUEUES: dict[str, QueueSpec] = {q.name: q for q in [
               "Reconciliation deadline passed; a named owner must settle these."),
     QueueSpec("refund_approval", "Refunds awaiting approval", Action.VIEW,
               "Console and API refunds waiting for a finance approver."),
+    QueueSpec("overturned", "Manual resolution overturned", Action.VIEW,
+              "Verified provider evidence contradicted a person's resolution; the "
+              "operation now shows the provider's outcome. Check what followed."),
+    QueueSpec("duplicates", "Duplicate charges", Action.VIEW,
+              "A second confirmed charge on one purchase, and the linked refund or void "
+              "that returns it."),
 ]}
 
 
@@ -186,6 +193,17 @@ def _q_refund_approval():
     return PaymentOperation.objects.filter(outcome=Outcome.AWAITING_APPROVAL)
 
 
+def _q_overturned():
+    # Open until a person marks the overturn reviewed (the operation's next owner is
+    # support from the overturn until then).
+    return PaymentOperation.objects.filter(
+        transitions__cause=OVERTURN_CAUSE, next_action_owner=Owner.SUPPORT).distinct()
+
+
+def _q_duplicates():
+    return PaymentOperation.objects.filter(is_duplicate=True)
+
+
 def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
     """Rows of one queue, oldest first."""
     now = timezone.now()
@@ -244,6 +262,25 @@ def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
             items.append(QueueItem(op.created_at, "operation", op.id, op.purchase_id,
                                    f"refund {_money(op.amount, op.currency)} requested by "
                                    f"{who}", "finance"))
+    elif name == "overturned":
+        for op in _q_overturned().order_by("settled_at")[:limit]:
+            row = op.transitions.filter(cause=OVERTURN_CAUSE).order_by("-created_at").first()
+            was = ((row.evidence or {}).get("overturned") or {}) if row else {}
+            items.append(QueueItem(row.created_at if row else op.updated_at, "operation",
+                                   op.id, op.purchase_id,
+                                   f"{op.kind} resolved {was.get('outcome', '?')} by "
+                                   f"{was.get('actor') or 'a person'}; the provider shows "
+                                   f"{op.outcome}", "support"))
+    elif name == "duplicates":
+        for op in _q_duplicates().order_by("settled_at")[:limit]:
+            comp = (PaymentOperation.objects.filter(parent=op, is_compensation=True)
+                    .order_by("-created_at").first())
+            state = f"{comp.kind} {comp.id} is {comp.outcome}" if comp else "no refund yet"
+            items.append(QueueItem(op.settled_at or op.created_at, "operation", op.id,
+                                   op.purchase_id, f"duplicate {op.kind} "
+                                   f"{_money(op.amount, op.currency)} · {state}",
+                                   "support" if comp is None or comp.outcome == Outcome.FAILED
+                                   else "reconciliation"))
     else:
         raise KeyError(name)
     return [replace(i, runbook=_item_runbook(name, i)) for i in items]
@@ -314,6 +351,10 @@ def _count_oldest(name: str, now) -> tuple[int, datetime | None]:
         return _agg(_q_escalated(), "created_at")
     if name == "refund_approval":
         return _agg(_q_refund_approval(), "created_at")
+    if name == "overturned":
+        return _agg(_q_overturned(), "settled_at")
+    if name == "duplicates":
+        return _agg(_q_duplicates(), "settled_at")
     raise KeyError(name)
 
 

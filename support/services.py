@@ -24,7 +24,7 @@ from payments.models import PaymentOperation, Purchase
 from recovery import halts
 from recovery.models import WorkflowHalt
 from support.access import Action, require
-from support.models import AuditEntry, LoginFailure, Note, Resolution
+from support.models import AuditEntry, LoginFailure, Note
 
 log = logging.getLogger(__name__)
 
@@ -179,26 +179,23 @@ def operation_resolve_by_user(*, operation_id: str, outcome: str, user, reason: 
                            "The person who requested an operation cannot resolve it.", 403)
     before = {**_op_snapshot(before_op),
               **_purchase_snapshot(Purchase.objects.get(pk=before_op.purchase_id))}
+    def audit_in_resolving_transaction(resolved: PaymentOperation) -> None:
+        # The core reads the provider back first (outside any transaction), then calls
+        # this inside its resolving transaction: the console row commits with it.
+        op = _reload_op(operation_id)
+        audit_write(user=user, action="console.resolve", target_type="operation",
+                    target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
+                    ip=ip, before=before,
+                    after={**_op_snapshot(op),
+                           **_purchase_snapshot(Purchase.objects.get(pk=op.purchase_id))})
+
     with _core_refusals_audited(user=user, ip=ip, action="console.resolve",
                                 target_type="operation", target_id=operation_id,
                                 reason=reason, purchase_id=before_op.purchase_id):
-        with transaction.atomic():
-            had_resolution = Resolution.objects.filter(operation_id=operation_id).count()
-            op = operation_resolve_manual(operation_id=operation_id, outcome=outcome,
-                                          reason=reason, actor=user.get_username(),
-                                          acting_user=user)
-            op = _reload_op(operation_id)
-            # The core may record the Resolution itself; record it here only if it did not.
-            if Resolution.objects.filter(operation_id=operation_id).count() == had_resolution:
-                Resolution.objects.create(operation_id=operation_id,
-                                          purchase_id=op.purchase_id, outcome=outcome,
-                                          reason=reason, actor=user.get_username())
-            audit_write(user=user, action="console.resolve", target_type="operation",
-                        target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
-                        ip=ip, before=before,
-                        after={**_op_snapshot(op),
-                               **_purchase_snapshot(Purchase.objects.get(pk=op.purchase_id))})
-    return op
+        operation_resolve_manual(operation_id=operation_id, outcome=outcome, reason=reason,
+                                 actor=user.get_username(), acting_user=user,
+                                 bind=audit_in_resolving_transaction)
+    return _reload_op(operation_id)
 
 
 def operation_replay_by_user(*, operation_id: str, user, reason: str,
@@ -308,6 +305,77 @@ def refund_decline_by_user(*, operation_id: str, user, reason: str,
                         target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
                         ip=ip, before=before, after=_op_snapshot(op))
     return op
+
+
+def overturn_review_by_user(*, operation_id: str, user, reason: str,
+                            ip: str | None = None) -> PaymentOperation:
+    """Close a "manual resolution overturned" queue item after checking what followed."""
+    from payments.services import operation_overturn_review
+
+    require(user, Action.RESOLVE)
+    reason = _reason_required(reason)
+    before_op = _op_or_404(operation_id)
+    with _core_refusals_audited(user=user, ip=ip, action="console.overturn_review",
+                                target_type="operation", target_id=operation_id,
+                                reason=reason, purchase_id=before_op.purchase_id):
+        with transaction.atomic():
+            op = operation_overturn_review(operation_id=operation_id,
+                                           actor=user.get_username(), reason=reason)
+            audit_write(user=user, action="console.overturn_review", target_type="operation",
+                        target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
+                        ip=ip, before=_op_snapshot(before_op), after=_op_snapshot(op))
+    return op
+
+
+def void_by_user(*, purchase_id: str, user, reason: str,
+                 ip: str | None = None) -> PaymentOperation:
+    """An operator voids an authorization, also after fulfilment started (the API refuses
+    that with `fulfilment_started`): the decision is recorded, the void is sent, and when
+    the provider confirms it the purchase is `voided` and the order cancelled."""
+    from payments.services import operation_dispatch, operations_verify_before_follow_up, void_create
+
+    require(user, Action.RESOLVE)
+    reason = _reason_required(reason)
+    purchase = Purchase.objects.filter(pk=purchase_id).first()
+    if purchase is None:
+        raise ConsoleError("not_found", "No such purchase.", 404)
+    with _core_refusals_audited(user=user, ip=ip, action="console.void",
+                                target_type="purchase", target_id=purchase_id,
+                                reason=reason, purchase_id=purchase_id):
+        operations_verify_before_follow_up(purchase_id=purchase_id)  # network: no txn
+        with transaction.atomic():
+            op = void_create(purchase_id=purchase_id, acting_user=user, after_fulfilment=True)
+            audit_write(user=user, action="console.void", target_type="operation",
+                        target_id=op.pk, purchase_id=purchase_id, reason=reason, ip=ip,
+                        before=_purchase_snapshot(purchase), after=_op_snapshot(op))
+    try:
+        op = operation_dispatch(operation_id=op.pk)
+    except _domain_error() as e:
+        log.warning("void dispatch refused: op=%s code=%s", op.pk, e.code)
+        op = _reload_op(op.pk)
+    return op
+
+
+def purchase_cancel_by_user(*, purchase_id: str, user, reason: str,
+                            ip: str | None = None) -> Purchase:
+    """Support cancels a purchase before any payment was claimed."""
+    from payments.services import purchase_cancel
+
+    require(user, Action.REQUEST_REFUND)
+    reason = _reason_required(reason)
+    before = Purchase.objects.filter(pk=purchase_id).first()
+    if before is None:
+        raise ConsoleError("not_found", "No such purchase.", 404)
+    with _core_refusals_audited(user=user, ip=ip, action="console.cancel",
+                                target_type="purchase", target_id=purchase_id,
+                                reason=reason, purchase_id=purchase_id):
+        with transaction.atomic():
+            purchase = purchase_cancel(purchase_id=purchase_id, acting_user=user,
+                                       reason=reason)
+            audit_write(user=user, action="console.cancel", target_type="purchase",
+                        target_id=purchase_id, purchase_id=purchase_id, reason=reason, ip=ip,
+                        before=_purchase_snapshot(before), after=_purchase_snapshot(purchase))
+    return purchase
 
 
 # -------------------------------------------------------------------------- halts

@@ -220,6 +220,25 @@ def resolve(request, operation_id: str):
                 outcome=request.POST.get("outcome", ""))
 
 
+@console_view(Action.RESOLVE, post=True)
+def overturn_review(request, operation_id: str):
+    return _run(request, _op_purchase_url(operation_id), services.overturn_review_by_user,
+                "Overturn marked reviewed.", operation_id=operation_id)
+
+
+@console_view(Action.RESOLVE, post=True)
+def void(request, purchase_id: str):
+    return _run(request, _purchase_url(purchase_id), services.void_by_user,
+                "Void sent to the provider; the order is cancelled once it confirms.",
+                purchase_id=purchase_id)
+
+
+@console_view(Action.REQUEST_REFUND, post=True)
+def cancel(request, purchase_id: str):
+    return _run(request, _purchase_url(purchase_id), services.purchase_cancel_by_user,
+                "Purchase cancelled.", purchase_id=purchase_id)
+
+
 @console_view(Action.REPLAY, post=True)
 def replay(request, operation_id: str):
     return _run(request, _op_purchase_url(operation_id), services.operation_replay_by_user,

@@ -136,3 +136,20 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1):
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+@pytest.fixture
+def read_drill():
+    """Make the provider unreachable for reads: of one object (its id appears in the read's
+    URL) or of anything (`"*"`, lists included), `times` times. Through the fault-drill
+    HTTP client like every drill; disarmed after the test."""
+    from payments.providers.stripe import DrillMode, get_provider
+
+    provider = get_provider()
+
+    def arm(ref: str = "*", times: int = 1):
+        provider.arm_drill(key_prefix=ref, step="read", mode=DrillMode.READ_UNAVAILABLE,
+                           times=times)
+
+    yield arm
+    provider.drill_client.disarm_all()

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from payments.enums import OperationKind, Outcome, Verification
+from payments.enums import PAYMENT_KINDS, Grade, OperationKind, Outcome, Verification
 from payments.providers.base import ProviderObject, outcome_from_object
 from payments.providers.stripe_webhooks import (
     event_shape_problem,
@@ -169,14 +169,56 @@ def _evaluate_locked(event: ProviderEvent) -> _Verdict:
         return _Verdict(EventResult.IGNORED, "unhandled_type")
     if op is None:
         return _Verdict(EventResult.HELD, "no_matching_operation")
+    void = _void_of(op, obj)
+    if void is not None:
+        op = void  # a canceled PaymentIntent is the void's evidence, not the payment's
     mismatch = _mismatch(op, obj)
     if mismatch:
         return _Verdict(EventResult.QUARANTINED, f"mismatch:{mismatch}", op.pk, op.purchase_id)
-    return _apply(event, op, obj)
+    verdict = _apply(event, op, obj)
+    if void is not None and verdict.result == EventResult.IGNORED and op.is_terminal:
+        # Issue 15 defect 10: the provider agrees with Verity's void; record that.
+        return _Verdict(EventResult.APPLIED, "agrees_with_void", op.pk, op.purchase_id)
+    return verdict
+
+
+def _void_of(op, obj: ProviderObject):
+    """The void a `canceled` PaymentIntent answers, if Verity voided that payment."""
+    from payments.models import PaymentOperation
+
+    if obj.status != "canceled" or op.kind not in PAYMENT_KINDS:
+        return None
+    return (PaymentOperation.objects.select_related("purchase", "parent")
+            .filter(parent=op, kind=OperationKind.VOID).exclude(outcome=Outcome.FAILED)
+            .order_by("-created_at").first())
+
+
+def _older_than_current(event: ProviderEvent, op) -> bool:
+    """A non-terminal event created before the state Verity holds was reached (a late
+    `processing` after `requires_action`) is history, not news. Compared in whole seconds
+    (the provider's `created` resolution); no `created` means no judgement."""
+    from payments.models import OperationTransition
+
+    if event.created is None:
+        return False
+    newer_event = ProviderEvent.objects.filter(
+        object_id=event.object_id, result=EventResult.APPLIED,
+        created__gt=event.created).exclude(pk=event.pk).exists()
+    if newer_event:
+        return True
+    last = (OperationTransition.objects.filter(operation_id=op.pk, field="outcome",
+                                               target=op.outcome)
+            .order_by("-created_at", "-id").values_list("created_at", flat=True).first())
+    return last is not None and event.created < last.replace(microsecond=0)
 
 
 def _apply(event: ProviderEvent, op, obj: ProviderObject) -> _Verdict:
     from payments.services import operation_apply_observation
+
+    target = outcome_from_object(obj, kind=op.kind)
+    if (target is not None and target not in (Outcome.SUCCEEDED, Outcome.FAILED)
+            and not op.is_terminal and _older_than_current(event, op)):
+        return _Verdict(EventResult.IGNORED, "stale_event", op.pk, op.purchase_id)
 
     applied = operation_apply_observation(
         operation_id=op.pk, obj=obj, source=Verification.WEBHOOK,
@@ -281,7 +323,8 @@ def _resolve_conflict_outside_transaction(event: ProviderEvent, verdict: _Verdic
     op = PaymentOperation.objects.get(pk=verdict.operation_id)
     event_outcome = outcome_from_object(obj, kind=op.kind)
     canonical_outcome = None
-    if not op.is_terminal:
+    if not op.is_terminal or op.grade == Grade.ACKNOWLEDGED:
+        # A person's outcome is read back too: the provider's record outranks it.
         try:
             op = operation_reconcile(operation_id=op.pk, actor="webhook-conflict")
         except DomainError:

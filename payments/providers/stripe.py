@@ -39,12 +39,14 @@ class DrillMode:
     RESET_AFTER_WRITE = "reset_after_write"
     HTTP_500 = "http_500"
     HTTP_409 = "http_409"
+    # 429 rate limited before anything was applied (the request is not sent on).
+    HTTP_429 = "http_429"
     # Sends, then never returns: the process is expected to be killed (dead-worker drill).
     HANG_AFTER_SEND = "hang_after_send"
     # Reads only (GET): the provider cannot be reached for a read-back.
     READ_UNAVAILABLE = "read_unavailable"
     WRITES = (DROP_RESPONSE_AFTER_SEND, TIMEOUT_BEFORE_SEND, RESET_AFTER_WRITE, HTTP_500, HTTP_409)
-    ALL = WRITES + (HANG_AFTER_SEND, READ_UNAVAILABLE)
+    ALL = WRITES + (HANG_AFTER_SEND, READ_UNAVAILABLE, HTTP_429)
 
 
 class DrillRefused(Exception):
@@ -92,7 +94,7 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
         with self._lock:
             self._armed.clear()
 
-    def _take(self, method, headers) -> str:
+    def _take(self, method, headers, url: str = "") -> str:
         key = (headers or {}).get("Idempotency-Key", "")
         if self._random_rate:
             with self._lock:
@@ -103,6 +105,8 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
                     modes = [m for m in self._random_modes if m in DrillMode.WRITES]
                 if hit and modes:
                     return self._rng.choice(modes)
+        if not key and method.lower() == "get":
+            return self._take_read(url)
         if ":" not in key:
             return ""
         prefix, step = key.rsplit(":", 1)
@@ -116,14 +120,31 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
             armed.times -= 1
             return armed.mode
 
+    def _take_read(self, url: str) -> str:
+        """Reads carry no key: a read drill is armed with step "read" and key_prefix "*"
+        (any read) or a provider object id that appears in the URL (reads of it)."""
+        with self._lock:
+            for (prefix, step), armed in self._armed.items():
+                if step != "read" or armed.times <= 0:
+                    continue
+                if prefix == "*" or (prefix and prefix in url):
+                    armed.times -= 1
+                    return armed.mode
+        return ""
+
     def request(self, method, url, headers, post_data=None, *, _usage=None):
-        mode = self._take(method, headers)
+        mode = self._take(method, headers, url)
         self._local.mode = mode
         drill_header = {"Verity-Fault-Drill": mode} if mode else {}
         if mode in (DrillMode.TIMEOUT_BEFORE_SEND, DrillMode.READ_UNAVAILABLE):
             raise stripe.APIConnectionError("fault drill: connect timeout",
                                             should_retry=False) from requests.exceptions.ConnectTimeout(
                 urllib3.exceptions.ConnectTimeoutError(None, "fault drill"))
+        if mode == DrillMode.HTTP_429:
+            body = json.dumps({"error": {"type": "invalid_request_error",
+                                         "code": "rate_limit",
+                                         "message": "fault drill: too many requests"}})
+            return body, 429, drill_header
         if mode == DrillMode.HTTP_409:
             body = json.dumps({"error": {"type": "invalid_request_error",
                                          "code": "idempotency_key_in_use",

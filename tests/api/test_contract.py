@@ -672,8 +672,10 @@ def resolve_by_another_credential(c):
     out = c.resolver.post(f"operations/{r.json()['id']}/resolve",
                           {"outcome": "succeeded", "reason": "Seen in the provider dashboard"})
     body = out.json()
+    # The provider is read back first; it agrees (it charged), so its record settles the
+    # operation, graded confirmed (issue 15: the provider outranks a person).
     assert (body["outcome"], body["grade"], body["verification"]) == (
-        "succeeded", "acknowledged", "manual")
+        "succeeded", "confirmed", "provider")
     return out
 
 

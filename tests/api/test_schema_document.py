@@ -11,6 +11,7 @@ ENDPOINTS = {
     ("post", "/api/v1/purchases/{purchase_id}/payments"),
     ("post", "/api/v1/purchases/{purchase_id}/capture"),
     ("post", "/api/v1/purchases/{purchase_id}/void"),
+    ("post", "/api/v1/purchases/{purchase_id}/cancel"),
     ("post", "/api/v1/purchases/{purchase_id}/refunds"),
     ("get", "/api/v1/operations/{operation_id}"),
     ("post", "/api/v1/operations/{operation_id}/reconcile"),

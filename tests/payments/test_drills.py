@@ -119,11 +119,13 @@ def test_reconcile_with_provider_unavailable_keeps_unknown(new_purchase, api_cli
 
 
 def test_manual_resolution_needs_a_person_other_than_the_requester(
-        new_purchase, api_client, drill, django_user_model):
+        new_purchase, api_client, drill, read_drill, django_user_model):
     purchase = new_purchase()
     op = _start(purchase, api_client)
     drill(op, DrillMode.HTTP_409)
-    services.operation_dispatch(operation_id=op.id)
+    op = services.operation_dispatch(operation_id=op.id)
+    # The provider cannot be read: the person's word stands, graded acknowledged.
+    read_drill(op.provider_reference, times=2)
     with pytest.raises(services.DomainError) as err:
         services.operation_resolve_manual(operation_id=op.id, outcome="failed", reason="x",
                                           actor=api_client.name, acting_client=api_client)

@@ -52,7 +52,9 @@ def test_operator_resolves_unknown_with_reason(login, new_purchase, drill, api_c
     assert response.status_code == 302
     op = PaymentOperation.objects.get(pk=op.pk)
     assert op.outcome == Outcome.SUCCEEDED
-    assert op.grade == Grade.ACKNOWLEDGED and op.verification == Verification.MANUAL
+    # The resolution reads the provider back first; it agrees, so the provider's record
+    # settles it (graded confirmed) and the person's resolution is recorded beside it.
+    assert op.grade == Grade.CONFIRMED and op.verification == Verification.PROVIDER
     # (fulfilling/completed if a Celery worker from another module runs the steps)
     assert Purchase.objects.get(pk=purchase.pk).status in (
         PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED)

@@ -200,23 +200,27 @@ def test_conflicting_failure_after_success_is_settled_by_the_canonical_object(
     assert history(op) == before
 
 
-def test_conflict_the_provider_does_not_settle_is_quarantined(client, new_purchase, pay):
+def test_signed_event_overturns_a_manual_resolution_the_provider_contradicts(
+        client, new_purchase, pay, read_drill):
     purchase = new_purchase()
     op = pay(purchase, drop_response=True)
-    # someone resolved the unknown operation by hand as failed; the provider charged
+    # someone resolved the unknown operation by hand as failed while the provider could
+    # not be read (so it stands, acknowledged); the provider had charged
+    read_drill(op.provider_reference)
     op = services.operation_resolve_manual(operation_id=op.pk, outcome=Outcome.FAILED,
                                            reason="buyer said the card was declined",
                                            actor="agent-7")
-    assert op.outcome == Outcome.FAILED
+    assert (op.outcome, op.grade) == (Outcome.FAILED, "acknowledged")
     pi = provider_object("payment_intents", op.provider_reference)
-    before = history(op)
 
     event = event_for(pi, "payment_intent.succeeded")
 
-    assert deliver_and_process(client, event) == EventResult.QUARANTINED
-    assert stored(event).result_reason == "conflict"
-    assert reload(op).outcome == Outcome.FAILED  # never overwritten: a person decides
-    assert history(op) == before
+    # The provider's signed record outranks the person (issue 15 defect 1).
+    assert deliver_and_process(client, event) == EventResult.APPLIED
+    op = reload(op)
+    assert (op.outcome, op.grade, op.verification) == (Outcome.SUCCEEDED, "confirmed",
+                                                       "webhook")
+    assert "manual_resolution_overturned" in [t.cause for t in op.transitions.all()]
 
 
 def test_event_for_an_unknown_reference_is_held_then_applied_when_the_operation_appears(
