@@ -302,17 +302,26 @@ class LifecycleMachine(RuleBasedStateMachine):
         if late and self.snapshots:
             resource, obj = self.snapshots[i % len(self.snapshots)]
         else:
-            op = self._pick([o for o in self._ops() if o.provider_reference
-                             or (o.parent_id and o.parent.provider_reference)], i)
+            candidates = [o for o in self._ops() if o.provider_reference or o.parent_id]
+            # Half the time, an operation Verity has not settled yet: its events matter most.
+            unsettled = [o for o in candidates if o.outcome in (
+                Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)]
+            op = self._pick(unsettled if unsettled and i % 2 == 0 else candidates, i)
             if op is None:
                 return
             if op.kind == OperationKind.REFUND:
-                if not op.provider_reference:
-                    return
-                resource, ref = "refunds", op.provider_reference
+                ref = op.provider_reference or next(
+                    (r["id"] for r in self.provider.list("refunds")
+                     if (r.get("metadata") or {}).get("operation_id") == op.id), "")
+                if not ref:
+                    return  # never reached the provider
+                resource = "refunds"
             else:
                 resource = "payment_intents"
-                ref = op.provider_reference or op.parent.provider_reference
+                ref = op.provider_reference or (op.parent.provider_reference if op.parent_id
+                                                else "")
+                if not ref:
+                    return
             obj = self.provider.get(resource, ref)
             if obj is None:
                 return
