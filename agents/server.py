@@ -326,7 +326,8 @@ def build_server(*, api_key: str | None = None,
 
     @tool(annotations=money, description=(
         "Refund a paid purchase: the whole refundable amount, or `amount` (minor units). The "
-        "same purchase and amount is the same refund: calling again never refunds twice. It "
+        "same purchase, amount and `request` number is the same refund: calling again never "
+        "refunds twice; a second refund of the same amount is `request: 2`. It "
         "may wait for a finance approver (outcome awaiting_approval). Needs scope "
         "refunds:write."))
     def request_refund(
@@ -334,9 +335,13 @@ def build_server(*, api_key: str | None = None,
         purchase_id: PurchaseId,
         amount: Annotated[int | None, Field(ge=1, description="Minor units; omit for the "
                                                                "full refundable amount.")] = None,
+        request: Annotated[int, Field(ge=1, le=1000, description=(
+            "Which refund request of this purchase and amount this is: 1 (the default) for "
+            "the first; 2 for a deliberate second refund of the same amount. The same "
+            "number again is the same refund."))] = 1,
     ) -> AgentResult:
         return call("request_refund", ctx, tools.request_refund, purchase_id=purchase_id,
-                    amount=amount)
+                    amount=amount, request=request)
 
     @tool(annotations=money, description=(
         "Try a definitively FAILED payment once more (a new payment linked to it). Refused for "

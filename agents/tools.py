@@ -12,7 +12,9 @@ intent) — so calling a tool twice is the same operation, not a second one:
 - `create_purchase`: key derived from (quote id, quote version): a quote backs one
   purchase, whatever the customer fields say (the core's unique constraint). The
   unresolved/duplicate guards are lifted only by the buyer's code (`buyer_confirmation`).
-- `request_refund`: key derived from (purchase, amount or "full").
+- `request_refund`: key derived from (purchase, amount or "full", request number): the
+  number (default 1) is how an agent says "a second refund of the same amount", which a
+  key of (purchase, amount) alone could not express.
 - `retry_failed_payment`: the failed operation's single allowed retry (`retry_of` is
   unique in the core), so a second call returns the same retry.
 
@@ -695,14 +697,16 @@ def reconcile_operation(*, api_client: ApiClient, operation_id: str) -> AgentRes
     return operation_result(op)
 
 
-def request_refund(*, api_client: ApiClient, purchase_id: str, amount: int | None = None
-                   ) -> AgentResult:
+def request_refund(*, api_client: ApiClient, purchase_id: str, amount: int | None = None,
+                   request: int = 1) -> AgentResult:
     purchase = selectors.purchase_get_for_client(purchase_id=purchase_id, api_client=api_client)
     if purchase is None:
         return _not_found("purchase", purchase_id)
     arguments: dict[str, Any] = {"purchase_id": purchase.id}
     if amount is not None:
         arguments["amount"] = amount
+    if request != 1:
+        arguments["request"] = request
 
     def create(claim):
         services.operations_verify_before_follow_up(purchase_id=purchase.id)
@@ -721,7 +725,9 @@ def request_refund(*, api_client: ApiClient, purchase_id: str, amount: int | Non
 
     return _run_keyed(
         api_client=api_client, route="mcp.request_refund",
-        key=logical_key("refund", purchase.id, str(amount) if amount is not None else "full"),
+        # Request 1 keeps the original key shape, so existing records still replay.
+        key=logical_key("refund", purchase.id, str(amount) if amount is not None else "full",
+                        *([f"n{request}"] if request != 1 else [])),
         create=create, render=render, retry_call=_tool("request_refund", **arguments),
         arguments=arguments)
 

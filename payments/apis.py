@@ -17,11 +17,12 @@ from drf_spectacular.utils import (
     OpenApiResponse,
     extend_schema,
 )
+from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from . import selectors, services
-from .enums import PAYMENT_KINDS, Outcome, Owner
+from .enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
 from .idempotency import (
     REPLAYED_HEADER,
     Claim,
@@ -35,6 +36,7 @@ from .locks import assert_no_transaction_outside_transaction
 from .models import PaymentOperation, Purchase, Quote
 from .problems import PROBLEM_CONTENT_TYPE, Problem, problem_body
 from .serializers import (
+    DeclineIn,
     DeliverableOut,
     EmptyIn,
     LimitsOut,
@@ -61,7 +63,34 @@ _PAYMENT_KIND_VALUES = [k.value for k in PAYMENT_KINDS]
 # -- helpers ------------------------------------------------------------------------
 
 
-def _validated(serializer_class, data) -> dict:
+def _unknown_fields(serializer, data, prefix: str = "") -> list[str]:
+    """Names in the body the serializer does not declare, nested ones as `items[0].price`."""
+    if not isinstance(data, dict):
+        return []
+    out = []
+    for name, value in data.items():
+        field = serializer.fields.get(name)
+        if field is None or field.read_only:
+            out.append(f"{prefix}{name}")
+        elif isinstance(field, serializers.ListSerializer) and isinstance(value, list):
+            for i, item in enumerate(value[:100]):
+                out += _unknown_fields(field.child, item, f"{prefix}{name}[{i}].")
+        elif isinstance(field, serializers.Serializer):
+            out += _unknown_fields(field, value, f"{prefix}{name}.")
+    return out
+
+
+def _validated(serializer_class, data, *, strict: bool = False) -> dict:
+    """Shape validation. `strict` (money requests and quotes, DESIGN §6): a field Verity does
+    not understand is refused, never dropped — an agent that thinks it tipped must learn that
+    it did not. Refused before any effect, so the Idempotency-Key is not bound."""
+    if strict:
+        unknown = _unknown_fields(serializer_class(), data)
+        if unknown:
+            raise Problem(code="unknown_field", status=400, retry=RetryAdvice.NEW_OPERATION,
+                          detail=f"Unknown field(s): {', '.join(unknown[:10])}. Nothing was "
+                                 "done; send only the documented fields.",
+                          extra={"fields": unknown[:10]})
     serializer = serializer_class(data=data if data is not None else {})
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
@@ -354,6 +383,12 @@ class ApiView(APIView):
         # are per API client: no shared or browser cache may keep them (issue 25 #10).
         response.setdefault("Cache-Control", "no-store")
         return response
+    def initial(self, request, *args, **kwargs):
+        # PostgreSQL text cannot hold NUL: an id with one would be a 500 at the first query.
+        if any("\x00" in str(v) for v in kwargs.values()):
+            raise Problem(code="invalid_request", status=400,
+                          detail="A path id contains a NUL byte; no such resource.")
+        super().initial(request, *args, **kwargs)
 
 
 class ProductListApi(ApiView):
@@ -384,7 +419,7 @@ class QuoteCreateApi(ApiView):
     )
     def post(self, request):
         key_from_headers(request.headers)
-        data = _validated(QuoteCreateIn, request.data)
+        data = _validated(QuoteCreateIn, request.data, strict=True)
 
         def create(claim):
             with transaction.atomic():
@@ -553,7 +588,7 @@ class PaymentCreateApi(ApiView):
     def post(self, request, purchase_id: str):
         key_from_headers(request.headers)
         purchase = _purchase_or_404(request, purchase_id)
-        data = _validated(PaymentCreateIn, request.data)
+        data = _validated(PaymentCreateIn, request.data, strict=True)
 
         def create(claim):
             if data["retry_of"]:
@@ -563,7 +598,8 @@ class PaymentCreateApi(ApiView):
                 op = services.payment_create(
                     purchase_id=purchase.id, api_client=request.auth,
                     payment_method=data["payment_method"], capture_method=data["capture"],
-                    retry_of=data["retry_of"], amount=data["amount"])
+                    retry_of=data["retry_of"], amount=data["amount"],
+                    currency=data["currency"])
                 idempotency_bind(claim, resource_type="operation", resource_id=op.id)
             # Outside the transaction on purpose: the provider call (DESIGN §10, STYLE 5).
             return _dispatch_and_answer(claim, op.id)
@@ -586,7 +622,7 @@ class _LinkedOperationApi(ApiView):
     def post(self, request, purchase_id: str):
         key_from_headers(request.headers)
         purchase = _purchase_or_404(request, purchase_id)
-        data = _validated(self.input_serializer, request.data)
+        data = _validated(self.input_serializer, request.data, strict=True)
 
         def create(claim):
             # A follow-up on a payment only a person settled: read it back first.
@@ -653,7 +689,7 @@ class RefundApi(_LinkedOperationApi):
 
     def _start(self, request, purchase, data):
         return services.refund_request(purchase_id=purchase.id, amount=data["amount"],
-                                       api_client=request.auth)
+                                       api_client=request.auth, currency=data["currency"])
 
     @extend_schema(examples=[OpenApiExample("Partial refund", request_only=True,
                                             value={"amount": 500})])
@@ -776,6 +812,36 @@ class OperationResolveApi(ApiView):
             return Response(selectors.operation_view(_load_operation(op.id)), status=200)
 
         return _run_idempotent(request, route="operations_resolve", create=create)
+
+
+class RefundDeclineApi(ApiView):
+    required_scopes = {"POST": RESOLVE}
+
+    @extend_schema(
+        operation_id="operations_decline", summary="Decline a refund awaiting approval",
+        description="Needs `operations:resolve`; `reason` is required and audited. The refund "
+                    "settles `failed` (`refund_declined`), nothing is sent to the provider, "
+                    "and its amount is refundable again. 409 `not_awaiting_approval` "
+                    "otherwise." + IDEMPOTENT_NOTE,
+        request=DeclineIn, parameters=[IDEMPOTENCY_HEADER],
+        responses={**_ok(200, OperationOut, "Declined (or replay)"),
+                   **_problems(409, 422, s409="not_awaiting_approval / request_in_progress",
+                               s422="reason_required / idempotency_key_reused")},
+    )
+    def post(self, request, operation_id: str):
+        key_from_headers(request.headers)
+        op = _operation_or_404(request, operation_id)
+        data = _validated(DeclineIn, request.data, strict=True)
+
+        def create(claim):
+            with transaction.atomic():
+                services.refund_decline(operation_id=op.id, reason=data["reason"],
+                                        actor=_actor(request), acting_client=request.auth)
+                idempotency_bind(claim, resource_type="operation", resource_id=op.id)
+            idempotency_complete(claim, status=200)
+            return Response(selectors.operation_view(_load_operation(op.id)), status=200)
+
+        return _run_idempotent(request, route="operations_decline", create=create)
 
 
 class UnknownRouteApi(ApiView):

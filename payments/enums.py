@@ -153,6 +153,7 @@ class Reason(models.TextChoices):
     PROVIDER_FAILED = "provider_failed"
     MANUAL = "manual"
     MISMATCH = "mismatch"
+    REFUND_DECLINED = "refund_declined"
 
 
 # A failed payment with one of these reasons will fail the same way if sent again

@@ -212,6 +212,12 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
                                     S.REFUND_PENDING, S.REFUNDED))
     def mark_dispute_withdrawn(self, restore_to: str) -> str:
         return restore_to
+    # A refund that left `refund_pending` without refunding everything (partial success,
+    # failure) returns the purchase to where it was before (DESIGN §5.10).
+    @transition(field=status, source=S.REFUND_PENDING,
+                target=RETURN_VALUE(S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW))
+    def restore_after_refund(self, prior):
+        return prior
 
     # COMPLETED too: an operator may void after fulfilment (console, with a reason); the
     # compensating steps then cancel the order (DESIGN §10.12, issue 15 defect 5).

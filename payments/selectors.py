@@ -15,6 +15,7 @@ from .enums import (
     PAYMENT_KINDS,
     CallPurpose,
     Grade,
+    OperationKind,
     Outcome,
     Owner,
     PurchaseStatus,
@@ -258,6 +259,23 @@ def disputes_view(purchase: Purchase) -> list[dict]:
     return [{"id": d.id, "status": d.status, "amount": d.amount, "currency": d.currency,
              "reason": d.reason or None, "evidence_due_by": _iso(d.evidence_due_by)}
             for d in purchase.disputes.order_by("opened_at", "id")]
+def _refund_summary(purchase: Purchase) -> dict:
+    """How much was refunded (provider-settled), how much is in flight or awaiting approval,
+    and why the latest failed refund failed: a partially refunded purchase says so."""
+    refunded = in_flight = awaiting = 0
+    last_failed = None
+    for op in (purchase.operations.filter(kind=OperationKind.REFUND).order_by("created_at")
+               .only("amount", "outcome", "reason")):
+        if op.outcome == Outcome.SUCCEEDED:
+            refunded += op.amount
+        elif op.outcome == Outcome.AWAITING_APPROVAL:
+            awaiting += op.amount
+        elif op.outcome == Outcome.FAILED:
+            last_failed = op.reason or "failed"
+        else:
+            in_flight += op.amount
+    return {"refunded": refunded, "in_flight": in_flight, "awaiting_approval": awaiting,
+            "last_failed_reason": last_failed}
 
 
 def purchase_view(purchase: Purchase) -> dict:
@@ -273,6 +291,7 @@ def purchase_view(purchase: Purchase) -> dict:
         "payment": ({"operation": payment.id, "outcome": payment.outcome,
                      "grade": payment.grade or None} if payment else None),
         "fulfillment": _fulfillment(purchase.id),
+        "refunds": _refund_summary(purchase),
         "order_reference": _order_reference(purchase.id),
         "disputes": disputes_view(purchase),
         "next_action": purchase_next_action(purchase, payment),

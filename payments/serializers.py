@@ -44,7 +44,9 @@ class QuoteCreateIn(serializers.Serializer):
 
 class CustomerIn(serializers.Serializer):
     reference = serializers.CharField(max_length=200)
-    email = serializers.EmailField(required=False, allow_blank=True, default="")
+    # The column's length (254, RFC 5321's path limit): a longer address passed the
+    # serializer and failed the INSERT with a 500 (issue 15 #7).
+    email = serializers.EmailField(required=False, allow_blank=True, default="", max_length=254)
 
 
 class PurchaseCreateIn(serializers.Serializer):
@@ -74,16 +76,28 @@ class PaymentCreateIn(serializers.Serializer):
     amount = serializers.IntegerField(
         min_value=1, max_value=10**12, required=False, allow_null=True, default=None,
         help_text="Optional; the amount comes from the quote and any other value is refused.")
+    currency = serializers.CharField(
+        min_length=3, max_length=3, validators=[currency_code], required=False,
+        allow_null=True, default=None,
+        help_text="Optional; the quote's currency. Any other is 422 `currency_mismatch`.")
 
 
 class RefundCreateIn(serializers.Serializer):
     amount = serializers.IntegerField(min_value=1, max_value=10**12, required=False,
                                       allow_null=True, default=None,
                                       help_text="Minor units; default: all that is refundable.")
+    currency = serializers.CharField(
+        min_length=3, max_length=3, validators=[currency_code], required=False,
+        allow_null=True, default=None,
+        help_text="Optional; the purchase's currency. Any other is 422 `currency_mismatch`.")
 
 
 class ResolveIn(serializers.Serializer):
     outcome = serializers.ChoiceField(choices=[Outcome.SUCCEEDED.value, Outcome.FAILED.value])
+    reason = serializers.CharField(max_length=2000, help_text="Required: why (audited).")
+
+
+class DeclineIn(serializers.Serializer):
     reason = serializers.CharField(max_length=2000, help_text="Required: why (audited).")
 
 
@@ -178,6 +192,12 @@ class DisputeOut(serializers.Serializer):
     currency = serializers.CharField()
     reason = serializers.CharField(allow_null=True)
     evidence_due_by = serializers.DateTimeField(allow_null=True)
+class RefundSummaryOut(serializers.Serializer):
+    refunded = serializers.IntegerField(help_text="minor units the provider refunded")
+    in_flight = serializers.IntegerField(help_text="minor units of refunds not settled yet")
+    awaiting_approval = serializers.IntegerField()
+    last_failed_reason = serializers.CharField(allow_null=True,
+                                               help_text="why the latest failed refund failed")
 
 
 class PurchaseOut(serializers.Serializer):
@@ -189,6 +209,7 @@ class PurchaseOut(serializers.Serializer):
     customer = CustomerOut()
     payment = PaymentSummaryOut(allow_null=True)
     fulfillment = FulfillmentOut()
+    refunds = RefundSummaryOut()
     order_reference = serializers.CharField(allow_null=True)
     disputes = DisputeOut(many=True)
     next_action = NextActionOut()

@@ -123,6 +123,21 @@ def _halted(name: str) -> bool:
     return is_halted(name)
 
 
+# The workflow whose halt binds each kind of dispatch (DESIGN §5.9): money in, or money
+# back out (voids, refunds and compensations obey `refunds`).
+_WORKFLOW_OF_KIND = {OperationKind.CHARGE: "checkout", OperationKind.AUTHORIZE: "checkout",
+                     OperationKind.CAPTURE: "checkout", OperationKind.VOID: "refunds",
+                     OperationKind.REFUND: "refunds"}
+
+
+def operation_workflow(kind: str) -> str:
+    return _WORKFLOW_OF_KIND[OperationKind(kind)]
+
+
+class _HaltedAtClaim(Exception):
+    """The operation's workflow is halted: the claim wrote nothing, it stays queued."""
+
+
 def _fingerprint(params: dict) -> str:
     return hashlib.sha256(json.dumps(params, sort_keys=True, separators=(",", ":"))
                           .encode()).hexdigest()
@@ -172,15 +187,25 @@ def quote_create(*, api_client: ApiClient | None, items: list[dict], currency: s
     lines, amount = [], 0
     skus = [str(i.get("sku", "")) for i in items]
     products = {p.sku: p for p in Product.objects.filter(sku__in=skus)}
+    # Duplicate SKU lines are merged into one line (quantities added) before any check:
+    # stock is checked, reserved and committed per line, so two lines of one SKU would
+    # pass the stock check twice yet be reserved once (issue 15, "also check").
+    merged: dict[str, int] = {}
     for item in items:
-        sku, qty = str(item.get("sku", "")), item.get("quantity")
+        qty = item.get("quantity")
+        if not isinstance(qty, int) or isinstance(qty, bool) or not 1 <= qty <= 1000:
+            raise DomainError("invalid_quantity", "Quantity must be an integer 1-1000.",
+                              status=422, retry=RetryAdvice.NEW_OPERATION)
+        sku = str(item.get("sku", ""))
+        merged[sku] = merged.get(sku, 0) + qty
+    for sku, qty in merged.items():
         product = products.get(sku)
         if product is None:
             raise DomainError("unknown_sku", f"No product with sku {sku!r}.", status=422,
                               retry=RetryAdvice.NEW_OPERATION)
-        if not isinstance(qty, int) or isinstance(qty, bool) or not 1 <= qty <= 1000:
-            raise DomainError("invalid_quantity", "Quantity must be an integer 1-1000.",
-                              status=422, retry=RetryAdvice.NEW_OPERATION)
+        if qty > 1000:
+            raise DomainError("invalid_quantity", f"Quantity of {sku} must be 1-1000 in "
+                              "total.", status=422, retry=RetryAdvice.NEW_OPERATION)
         if product.currency != currency:
             raise DomainError("currency_mismatch",
                               f"{sku} is priced in {product.currency}, not {currency}.",
@@ -293,6 +318,7 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
         if quote.expires_at <= timezone.now():
             raise DomainError("quote_expired", "This quote expired; get a new quote.",
                               status=409, retry=RetryAdvice.NEW_QUOTE)
+        _check_currency_allowed(api_client, quote.currency)
         lock_customer(api_client.pk if api_client else None, key)
         now = timezone.now()
         mine = Purchase.objects.filter(customer_key=key, api_client=api_client)
@@ -471,9 +497,20 @@ def _create_op(**fields) -> PaymentOperation:
             purchase=purchase_id) from exc
 
 
+def _check_currency(purchase: Purchase, currency: str | None) -> None:
+    """Strict money requests (DESIGN §6): a currency other than the quote's is refused, never
+    silently replaced by the quote's."""
+    if currency is not None and currency.lower() != purchase.currency.lower():
+        raise DomainError("currency_mismatch",
+                          f"This purchase is priced in {purchase.currency}, not "
+                          f"{currency.lower()}; nothing was charged.", status=422,
+                          retry=RetryAdvice.FORBIDDEN, purchase=purchase.id,
+                          extra={"expected_currency": purchase.currency})
+
+
 def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_method: str,
                    capture_method: str = "automatic", retry_of: str | None = None,
-                   amount: int | None = None) -> PaymentOperation:
+                   amount: int | None = None, currency: str | None = None) -> PaymentOperation:
     if _halted("checkout"):
         raise DomainError("workflow_halted", "Checkout is paused by an operator; try later with "
                           "the same Idempotency-Key.", status=503, retry=RetryAdvice.SAME_KEY,
@@ -501,6 +538,8 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
                                 (None, api_client.id)):
             raise DomainError("not_found", "No such purchase.", status=404,
                               retry=RetryAdvice.FORBIDDEN)
+        _check_currency(purchase, currency)
+        _check_currency_allowed(api_client, purchase.currency)
         if amount is not None and amount != purchase.amount:
             raise DomainError("amount_mismatch",
                               f"The amount comes from the accepted quote ({purchase.amount} "
@@ -685,7 +724,8 @@ def _actor(api_client, acting_user) -> str:
 
 
 def refund_request(*, purchase_id: str, amount: int | None = None, api_client=None,
-                   acting_user=None, compensation: bool = False) -> PaymentOperation:
+                   acting_user=None, compensation: bool = False,
+                   currency: str | None = None) -> PaymentOperation:
     """A refund starts `awaiting_approval` unless it is a compensation or within the
     client's automatic-refund allowance (DESIGN §10.8)."""
     if _halted("refunds"):
@@ -697,6 +737,7 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
         purchase = lock_purchase(purchase_id)
         if api_client is not None and purchase.api_client_id not in (None, api_client.id):
             raise DomainError("not_found", "No such purchase.", status=404)
+        _check_currency(purchase, currency)
         payment = purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED,
                                              is_duplicate=False).first()
         captured = _captured_amount(purchase)
@@ -804,6 +845,28 @@ def refund_approve(*, operation_id: str, acting_user, reason: str,
     return op
 
 
+def refund_decline(*, operation_id: str, reason: str, actor: str, acting_user=None,
+                   acting_client=None) -> PaymentOperation:
+    """Finance declines a refund awaiting approval: it settles `failed` (`refund_declined`,
+    graded acknowledged: a person's decision, nothing at the provider), which frees the
+    refundable amount. Reason required; audited in the same transaction."""
+    if not (reason or "").strip():
+        raise DomainError("reason_required", "A reason is required.", status=422)
+    with transaction.atomic():
+        purchase, op = _lock_or_404(operation_id)
+        if op.kind != OperationKind.REFUND or op.outcome != Outcome.AWAITING_APPROVAL:
+            raise DomainError("not_awaiting_approval", "This refund is not awaiting approval.",
+                              status=409, operation=op.id, purchase=purchase.id,
+                              owner=Owner.NONE)
+        _apply_locked(purchase, op, Outcome.FAILED, grade=Grade.ACKNOWLEDGED,
+                      verification=Verification.MANUAL, cause="refund_declined", actor=actor,
+                      evidence={"reason": reason}, reason=Reason.REFUND_DECLINED)
+        _audit(actor=actor, action="refund_decline", op=op, reason=reason,
+               detail={"amount": op.amount, "client": acting_client.name if acting_client
+                       else None})
+    return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
 def _audit(*, actor: str, action: str, op: PaymentOperation, reason: str,
            detail: dict | None = None) -> None:
     from support.models import AuditEntry
@@ -827,7 +890,8 @@ def client_limits(client: ApiClient) -> dict:
     """limit, consumed, reserved, unknown_exposure (current period; a hold counts in the
     period it was reserved in until it settles)."""
     start = _period_start(client)
-    holds = Hold.objects.filter(api_client=client)
+    # One limit, one currency: only holds in the client's currency count against it.
+    holds = Hold.objects.filter(api_client=client, currency__iexact=client.currency)
     consumed_q = holds.filter(state=HoldState.CONSUMED)
     if start is not None:
         consumed_q = consumed_q.filter(period_start=start)
@@ -841,6 +905,18 @@ def client_limits(client: ApiClient) -> dict:
             "available": (max(client.spending_limit - consumed - reserved, 0)
                           if client.spending_limit else None),
             "period": client.limit_period}
+
+
+def _check_currency_allowed(client: ApiClient | None, currency: str) -> None:
+    """A client's spending limit is kept in one currency, its own: holds are never summed
+    across currencies as raw minor units, and a purchase in a currency the client has no
+    limit for is refused (DESIGN §6, issue 15 #9)."""
+    if client is not None and currency.lower() != (client.currency or "").lower():
+        raise DomainError("currency_not_allowed",
+                          f"This API client's spending limit is in {client.currency}; a "
+                          f"purchase in {currency.lower()} is not allowed.", status=422,
+                          retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+                          extra={"allowed_currencies": [client.currency]})
 
 
 def _check_limit(client: ApiClient | None, amount: int) -> None:
@@ -937,6 +1013,8 @@ def _settle_effects_refund(purchase: Purchase, op: PaymentOperation, *, cause: s
                 .aggregate(s=Sum("amount"))["s"] or 0)
     if refunded >= _captured_amount(purchase):
         _purchase_to(purchase, "mark_refunded", cause=cause, actor=actor)
+    else:
+        _restore_after_refund(purchase, op, cause=cause, actor=actor)
 
 
 def _settle_effects(purchase: Purchase, op: PaymentOperation, *, cause: str, actor: str) -> None:
@@ -965,10 +1043,43 @@ def _settle_effects(purchase: Purchase, op: PaymentOperation, *, cause: str, act
     elif op.kind == OperationKind.REFUND:
         if o == Outcome.SUCCEEDED:
             _settle_effects_refund(purchase, op, cause=cause, actor=actor)
+        elif o == Outcome.FAILED:
+            _restore_after_refund(purchase, op, cause=cause, actor=actor)
         elif o == Outcome.AWAITING_PROVIDER:
             _purchase_to(purchase, "mark_refund_pending", cause=cause, actor=actor)
 
 
+_RESTORABLE = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED,
+               PurchaseStatus.MANUAL_REVIEW)
+
+
+def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: str,
+                          actor: str) -> None:
+    """`refund_pending` only while a refund is in flight (DESIGN §5.10): once the last one
+    settles without refunding everything, the purchase goes back to the status it had
+    before, with the refund's outcome and reason on the transition; a paid purchase
+    resumes fulfilment. Caller holds the purchase lock."""
+    if purchase.status != PurchaseStatus.REFUND_PENDING:
+        return
+    if purchase.operations.filter(kind=OperationKind.REFUND,
+                                  outcome__in=SLOT_HOLDING_OUTCOMES).exclude(id=op.id).exists():
+        return  # another refund is still in flight
+    before = (OperationTransition.objects
+              .filter(purchase_id=purchase.id, operation__isnull=True, field="status",
+                      target=PurchaseStatus.REFUND_PENDING)
+              .exclude(source=PurchaseStatus.REFUND_PENDING)
+              .order_by("-id").values_list("source", flat=True).first())
+    prior = before if before in _RESTORABLE else PurchaseStatus.PAID
+    source = purchase.status
+    purchase.restore_after_refund(prior)
+    purchase.save(update_fields=["status", "updated_at"])
+    _history(purchase_id=purchase.id, operation=None, field="status", source=source,
+             target=purchase.status, cause=f"refund_{op.outcome}:{cause}",
+             evidence={"refund": op.id, "outcome": op.outcome, "reason": op.reason,
+                       "amount": op.amount}, actor=actor)
+    if purchase.status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
+        outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase.id},
+                   dedupe_key=f"steps:{purchase.id}")
 # Provider statuses that never change again for the operation they settle (an event
 # carrying one may overturn a person's resolution without a read-back first).
 _FINAL_STATUSES = frozenset({"succeeded", "requires_capture", "canceled", "failed"})
@@ -1258,6 +1369,11 @@ def _claim(operation_id: str, step: str, *, attempt: int = 1, from_pending: bool
         if from_pending:
             if op.outcome != Outcome.PENDING:
                 return None
+            # A halt binds at claim time, under the lock (DESIGN §5.9): queued work of
+            # every kind (a backstop, an approved refund, a compensation) waits here, still
+            # `pending`, and goes out once the halt clears. It does not fail.
+            if _halted(operation_workflow(op.kind)):
+                raise _HaltedAtClaim(operation_workflow(op.kind))
             op.dispatch_deadline = timezone.now() + timedelta(
                 seconds=settings.DISPATCH_LEASE_SECONDS)
             _op_to(op, "start_dispatch", cause=f"claim:{step}", actor="dispatcher",
@@ -1435,11 +1551,25 @@ def operation_dispatch(*, operation_id: str) -> PaymentOperation:
     assert_no_transaction_outside_transaction()
     op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
     if op.outcome == Outcome.PENDING:
-        if op.kind in PAYMENT_KINDS:
-            _dispatch_payment(op)
-        else:
-            _dispatch_linked(op)
+        try:
+            if op.kind in PAYMENT_KINDS:
+                _dispatch_payment(op)
+            else:
+                _dispatch_linked(op)
+        except _HaltedAtClaim as halted:
+            log.info("dispatch held: workflow %s is halted operation=%s", halted, op.id)
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
+def operation_dispatch_or_wait(*, operation_id: str) -> PaymentOperation:
+    """For the outbox: dispatch, and raise if the operation is still queued (its workflow
+    is halted) so the message backs off and runs again instead of being marked done."""
+    op = operation_dispatch(operation_id=operation_id)
+    if op.outcome == Outcome.PENDING:
+        raise DomainError("workflow_halted", f"The {operation_workflow(op.kind)} workflow is "
+                          "halted; the dispatch waits.", status=503, retry=RetryAdvice.SAME_KEY,
+                          owner=Owner.SUPPORT, purchase=op.purchase_id, operation=op.id)
+    return op
 
 
 # -- read-back -----------------------------------------------------------------------------

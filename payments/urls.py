@@ -26,6 +26,8 @@ urlpatterns = [
          name="api-operation-replay"),
     path("operations/<str:operation_id>/resolve", apis.OperationResolveApi.as_view(),
          name="api-operation-resolve"),
+    path("operations/<str:operation_id>/decline", apis.RefundDeclineApi.as_view(),
+         name="api-operation-decline"),
     path("clients/me/limits", apis.ClientLimitsApi.as_view(), name="api-client-limits"),
     # Last: any other path under /api/v1/ answers a problem document (404), not HTML.
     re_path(r"^.*$", apis.UnknownRouteApi.as_view(), name="api-unknown-route"),

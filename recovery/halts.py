@@ -8,7 +8,7 @@ from __future__ import annotations
 from django.db import connection, transaction
 from django.utils import timezone
 
-from .models import OutboxCategory, StepName, StepRun, StepState, WorkflowHalt
+from .models import OutboxCategory, OutboxMessage, StepName, StepRun, StepState, WorkflowHalt
 from .outbox import outbox_put
 
 WORKFLOW_HALTS = ("checkout", "refunds")
@@ -73,7 +73,19 @@ def halt_clear(*, name: str, actor: str, reason: str, audit: bool = True) -> boo
             _audit(actor=actor, action="halt_clear", name=name, reason=reason, halted=False)
         if name.startswith(STEP_HALT_PREFIX):
             _resume_waiting_on_step(name[len(STEP_HALT_PREFIX):])
+        else:
+            _resume_waiting_dispatches()
     return True
+
+
+def _resume_waiting_dispatches() -> None:
+    # Dispatches held by the halt back off in the outbox; make them due now so the queued
+    # operations go out at once (a dispatch of a still-halted workflow just waits again).
+    waiting = OutboxMessage.objects.filter(category=OutboxCategory.DISPATCH,
+                                           processed_at__isnull=True,
+                                           available_at__gt=timezone.now())
+    if waiting.update(available_at=timezone.now()):
+        outbox_put(category=OutboxCategory.NOOP, payload={}, dedupe_key="halt-cleared-kick")
 
 
 def _resume_waiting_on_step(step: str) -> None:

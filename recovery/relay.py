@@ -61,9 +61,10 @@ def _handle_reconcile(payload: dict) -> None:
 
 
 def _handle_dispatch(payload: dict) -> None:
-    from payments.services import operation_dispatch
+    from payments.services import operation_dispatch_or_wait
 
-    operation_dispatch(operation_id=payload["operation"])
+    # Still queued after the call = its workflow is halted: back off, do not drop it.
+    operation_dispatch_or_wait(operation_id=payload["operation"])
 
 
 def _handle_run_steps(payload: dict) -> None:

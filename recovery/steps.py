@@ -150,8 +150,12 @@ def run_inventory(ctx: PurchaseContext, run: StepRun) -> dict:
 
     done = set(InventoryCommit.objects.filter(purchase_id=ctx.purchase_id)
                .values_list("sku", flat=True))
+    # One commit per SKU, so lines of one SKU are summed (quotes merge them; an older quote
+    # with duplicate lines must not decrement twice and record once).
+    quantities: dict[str, int] = {}
     for item in ctx.items:
-        sku, quantity = item["sku"], int(item.get("quantity", 1))
+        quantities[item["sku"]] = quantities.get(item["sku"], 0) + int(item.get("quantity", 1))
+    for sku, quantity in quantities.items():
         if sku in done:
             continue
         if ctx.product_kinds.get(sku) != "digital":

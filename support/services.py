@@ -326,6 +326,30 @@ def refund_approve_by_user(*, operation_id: str, user, reason: str,
     return op
 
 
+def refund_decline_by_user(*, operation_id: str, user, reason: str,
+                           ip: str | None = None) -> PaymentOperation:
+    """Finance declines a refund awaiting approval: nothing goes to the provider, and the
+    refundable amount is free again. Any finance user may decline (the requester too: a
+    decline moves no money)."""
+    from payments.services import refund_decline
+
+    require(user, Action.APPROVE_REFUND)
+    reason = _reason_required(reason)
+    before_op = _op_or_404(operation_id)
+    before = _op_snapshot(before_op)
+    with _core_refusals_audited(user=user, ip=ip, action="console.refund_decline",
+                                target_type="operation", target_id=operation_id,
+                                reason=reason, purchase_id=before_op.purchase_id):
+        with transaction.atomic():
+            refund_decline(operation_id=operation_id, reason=reason,
+                           actor=user.get_username(), acting_user=user)
+            op = _reload_op(operation_id)
+            audit_write(user=user, action="console.refund_decline", target_type="operation",
+                        target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
+                        ip=ip, before=before, after=_op_snapshot(op))
+    return op
+
+
 def overturn_review_by_user(*, operation_id: str, user, reason: str,
                             ip: str | None = None) -> PaymentOperation:
     """Close a "manual resolution overturned" queue item after checking what followed."""

@@ -45,6 +45,8 @@ urlpatterns = [
     path("console/settlement/<int:discrepancy_pk>/explain", views.discrepancy_explain,
          name="discrepancy-explain"),
     path("console/outbox/<int:message_pk>/retry", views.outbox_retry, name="outbox-retry"),
+    path("console/operations/<str:operation_id>/decline", views.refund_decline,
+         name="refund-decline"),
     path("console/events/<int:event_pk>/", views.event, name="event"),
     path("console/events/<int:event_pk>/<slug:decision>", views.event_triage,
          name="event-triage"),

@@ -329,6 +329,13 @@ def refund_approve(request, operation_id: str):
     return _back(request, url)
 
 
+@console_view(Action.APPROVE_REFUND, post=True)
+def refund_decline(request, operation_id: str):
+    return _run(request, _op_purchase_url(operation_id), services.refund_decline_by_user,
+                "Refund declined; nothing was sent to the provider.",
+                operation_id=operation_id)
+
+
 @console_view(Action.HALT, post=True)
 def halt_set(request):
     return _run(request, reverse("support:halts"), services.halt_set_by_user,

@@ -7,11 +7,15 @@ class EventResult(models.TextChoices):
     HELD = "held"
     IGNORED = "ignored"
     QUARANTINED = "quarantined"
+    # Signed but malformed (metadata not an object, account not a string): stored, counted,
+    # never applied (issue 15 #7).
+    REJECTED = "rejected"
 
 
 # Results after which processing never runs again on its own (a person may release a
 # quarantined event; see webhooks.services.event_quarantine_release).
-FINAL_RESULTS = (EventResult.APPLIED, EventResult.IGNORED, EventResult.QUARANTINED)
+FINAL_RESULTS = (EventResult.APPLIED, EventResult.IGNORED, EventResult.QUARANTINED,
+                 EventResult.REJECTED)
 
 
 class ProviderEvent(models.Model):

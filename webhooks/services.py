@@ -17,7 +17,11 @@ from django.utils import timezone
 
 from payments.enums import PAYMENT_KINDS, Grade, OperationKind, Outcome, Verification
 from payments.providers.base import ProviderObject, outcome_from_object
-from payments.providers.stripe_webhooks import object_from_event_payload, safe_event_payload
+from payments.providers.stripe_webhooks import (
+    event_shape_problem,
+    object_from_event_payload,
+    safe_event_payload,
+)
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
 
@@ -43,14 +47,15 @@ CHARGE_REFUND_EVENT_TYPES = frozenset({"charge.refunded"})
 # -- ingestion -----------------------------------------------------------------------
 
 # One statement both backends parse (PostgreSQL, and SQLite >= 3.35 for `make run`): no
-# `::jsonb` cast — the JSON text is an untyped literal that PostgreSQL coerces to the
-# column's jsonb type and SQLite stores as text, which is what Django's JSONField reads
-# on each. (A `%s::jsonb` here made every webhook a 500 on the embedded default.)
+# PostgreSQL-only cast to jsonb — the JSON text is an untyped literal that PostgreSQL
+# coerces to the column's jsonb type and SQLite stores as text, which is what Django's
+# JSONField reads on each. (Such a cast here made every webhook a 500 on the embedded
+# default.)
 _INSERT_SQL = """
 INSERT INTO webhooks_providerevent
     (event_id, type, account, object_id, created, received_at, payload, result,
      result_reason, operation_id, purchase_id, attempts)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, '', '', %s, 0)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, '', %s, 0)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id
 """
@@ -63,6 +68,7 @@ def event_ingest(*, event: dict) -> bool:
     one outbox insert, in one transaction: a duplicate delivery (also concurrent ones)
     writes nothing, and no check-then-insert window exists (dj-stripe #1239).
     """
+    rejected = event_shape_problem(event)
     safe = safe_event_payload(event)
     obj = safe["data"]["object"]
     created = (datetime.fromtimestamp(safe["created"], tz=UTC)
@@ -72,8 +78,9 @@ def event_ingest(*, event: dict) -> bool:
     adapt = connection.ops.adapt_datetimefield_value
     params = [
         safe["id"][:100], safe["type"][:100], safe["account"][:100], obj["id"][:100],
-        adapt(created), adapt(timezone.now()), json.dumps(safe), EventResult.PENDING.value,
-        obj["metadata"].get("purchase_id", "")[:40],
+        adapt(created), adapt(timezone.now()), json.dumps(safe),
+        (EventResult.REJECTED if rejected else EventResult.PENDING).value, rejected,
+        "" if rejected else obj["metadata"].get("purchase_id", "")[:40],
     ]
     with transaction.atomic():
         with connection.cursor() as cursor:
@@ -81,6 +88,11 @@ def event_ingest(*, event: dict) -> bool:
             row = cursor.fetchone()
         if row is None:
             return False
+        if rejected:
+            # Stored so the delivery is visible and counted; never processed.
+            WEBHOOK_RESULTS.labels(result=EventResult.REJECTED.value).inc()
+            log.warning("webhook rejected event=%s reason=%s", safe["id"], rejected)
+            return True
         outbox_put(category=OutboxCategory.PROCESS_EVENT, payload={"event": row[0]},
                    dedupe_key=f"event:{safe['id']}")
     return True

@@ -75,7 +75,7 @@ def verify_and_parse(payload: bytes, sig_header: str | None, secrets: list[str],
         raise WebhookVerificationError("stale_signature")
     try:
         event = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested thousands deep
         raise WebhookVerificationError("malformed", "body is not JSON") from None
     if (not isinstance(event, dict) or not isinstance(event.get("id"), str) or not event["id"]
             or not isinstance(event.get("type"), str)
@@ -99,7 +99,30 @@ def _id_of(value) -> str:
 
 def event_account(event: dict) -> str:
     """A missing `account` means the platform account (DESIGN §10.9)."""
-    return event.get("account") or getattr(settings, "STRIPE_ACCOUNT", "") or ""
+    account = event.get("account")
+    if account is not None and not isinstance(account, str):
+        return ""  # malformed: `event_shape_problem` rejects such an event at ingestion
+    return account or getattr(settings, "STRIPE_ACCOUNT", "") or ""
+
+
+def _metadata_of(obj: dict) -> dict:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return {}
+    return {k: str(v) for k, v in meta.items() if k in _SAFE_METADATA}
+
+
+def event_shape_problem(event: dict) -> str:
+    """Why a signed event cannot be an event Verity may apply, or ''. Such an event is
+    stored as `rejected` (the signature is good, so the delivery is answered 2xx)."""
+    if "account" in event and event["account"] is not None and not isinstance(
+            event["account"], str):
+        return "malformed:account"
+    obj = event["data"]["object"]
+    if "metadata" in obj and obj["metadata"] is not None and not isinstance(
+            obj["metadata"], dict):
+        return "malformed:metadata"
+    return ""
 
 
 def safe_event_payload(event: dict) -> dict:
@@ -113,8 +136,7 @@ def safe_event_payload(event: dict) -> dict:
         "status": str(obj.get("status") or ""),
         "amount": obj.get("amount") if isinstance(obj.get("amount"), int) else None,
         "currency": str(obj.get("currency") or ""),
-        "metadata": {k: str(v) for k, v in (obj.get("metadata") or {}).items()
-                     if k in _SAFE_METADATA},
+        "metadata": _metadata_of(obj),
         "payment_intent": _id_of(obj.get("payment_intent")),
         "latest_charge": _id_of(obj.get("latest_charge")),
         "last_payment_error": ({"code": str(error.get("code") or "")}
@@ -162,8 +184,7 @@ def object_from_event_payload(event: dict) -> ProviderObject:
         status=str(obj.get("status") or ""),
         amount=amount if isinstance(amount, int) else -1,
         currency=str(obj.get("currency") or "").lower(),
-        metadata={k: str(v) for k, v in (obj.get("metadata") or {}).items()
-                  if k in _SAFE_METADATA},
+        metadata=_metadata_of(obj),
         account=event_account(event),
         latest_charge=_id_of(obj.get("latest_charge")),
         payment_intent=_id_of(obj.get("payment_intent")),

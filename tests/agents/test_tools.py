@@ -252,3 +252,31 @@ def test_concurrent_pay_purchase_calls_are_one_payment(product, agent_key, local
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 1
     assert len(localstripe.payment_intents_for(purchase["id"])) == 1
     assert len(localstripe.succeeded_charges_for(purchase["id"])) == 1
+
+
+def test_a_second_refund_of_the_same_amount_is_request_two(product, localstripe):
+    """Issue 15: a key of (purchase, amount) could not express a second refund of 500."""
+    _, key = make_client(name="refunder2", auto_refund_limit=1_000_000)
+
+    async def script(client, call):
+        purchase = await _new_purchase(call, product.sku, "cust-refund-2")
+        paid = await call("pay_purchase", purchase_id=purchase["id"],
+                          payment_method="pm_card_visa")
+        first = await call("request_refund", purchase_id=purchase["id"], amount=500)
+        again = await call("request_refund", purchase_id=purchase["id"], amount=500)
+        second = await call("request_refund", purchase_id=purchase["id"], amount=500,
+                            request=2)
+        second_again = await call("request_refund", purchase_id=purchase["id"], amount=500,
+                                  request=2)
+        return purchase, paid, first, again, second, second_again
+
+    (purchase, paid, first, again, second, second_again), t = run_agent(key, script)
+    assert first["operation"]["outcome"] == "succeeded", t
+    assert again["replayed"] and again["operation"]["id"] == first["operation"]["id"]
+    assert second["operation"]["outcome"] == "succeeded", t
+    assert second["operation"]["id"] != first["operation"]["id"]
+    assert second_again["replayed"] and second_again["operation"]["id"] == \
+        second["operation"]["id"]
+    pi = localstripe.payment_intents_for(purchase["id"])[0]["id"]
+    assert sorted(r["amount"] for r in localstripe.refunds_for(pi)) == [500, 500]
+    assert PaymentOperation.objects.filter(purchase_id=purchase["id"], kind="refund").count() == 2

@@ -588,11 +588,25 @@ def same_key_different_amount(c):
 
 
 @row(422, "idempotency_key_reused")
+def same_key_with_another_capture_mode(c):
+    purchase = c.storefront.new_purchase(c.product.sku)
+    key = new_key()
+    assert c.storefront.pay(purchase["id"], key=key).status_code == 201
+    return c.storefront.pay(purchase["id"], key=key, capture="manual")
+
+
+@row(400, "unknown_field")
 def same_key_with_an_added_note_field(c):
     purchase = c.storefront.new_purchase(c.product.sku)
     key = new_key()
     assert c.storefront.pay(purchase["id"], key=key).status_code == 201
     return c.storefront.pay(purchase["id"], key=key, extra={"note": "retrying"})
+
+
+@row(422, "currency_mismatch")
+def payment_in_another_currency(c):
+    purchase = c.storefront.new_purchase(c.product.sku)
+    return c.storefront.pay(purchase["id"], extra={"currency": "eur"})
 
 
 @row(422, "idempotency_key_reused")

@@ -17,6 +17,7 @@ ENDPOINTS = {
     ("post", "/api/v1/operations/{operation_id}/reconcile"),
     ("post", "/api/v1/operations/{operation_id}/replay"),
     ("post", "/api/v1/operations/{operation_id}/resolve"),
+    ("post", "/api/v1/operations/{operation_id}/decline"),
     ("get", "/api/v1/clients/me/limits"),
 }
 KEYLESS_POSTS = {"/api/v1/operations/{operation_id}/reconcile"}
