@@ -12,7 +12,7 @@ from .builders import UNKNOWN, purchase_in
 CONFIRM = {"confirm": "yes"}
 
 
-def test_audit_row_shows_what_changed_as_labelled_fields(login, db):
+def test_audit_row_shows_what_changed_as_labelled_fields(login, transactional_db):
     purchase = purchase_in(PurchaseStatus.PAYMENT_UNKNOWN, ops=[UNKNOWN])
     op = purchase.operations.get()
     login("operator").post(reverse("support:resolve", args=[op.pk]),
