@@ -180,10 +180,12 @@ def check(*, live: bool = False) -> Report:
     # An interrupted e-mail send is `unknown` (maybe sent): never resent without review.
     review = {pid for pid in paid_ids if steps[pid][("confirmation", "unknown")]
               or any(steps[pid][(s, "manual")] for s in PAID_STEPS)}
-    # Refunded or voided before fulfilment started: nothing to fulfil, rightly.
+    # Refunded or voided before any step was done: nothing to fulfil, rightly (the
+    # orchestrator re-checks the purchase before each step, so step rows may exist, pending).
     reversed_early = {pid for pid in Purchase.objects.filter(
         id__in=paid_ids, status__in=[PurchaseStatus.REFUNDED, PurchaseStatus.VOIDED])
-        .values_list("id", flat=True) if not steps[pid]}
+        .values_list("id", flat=True)
+        if not any(state == "done" for (_step, state) in steps[pid])}
     rep.add("paid purchases reversed before fulfilment", len(reversed_early), "reported")
     incomplete = [pid for pid in paid_ids - review - reversed_early
                   if any(steps[pid][(s, "done")] != 1 for s in PAID_STEPS)]

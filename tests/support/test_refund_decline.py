@@ -14,8 +14,10 @@ def test_finance_declines_a_refund_in_the_console(login, new_purchase, pay_now, 
     purchase = new_purchase()
     charge = pay_now(purchase)
     fin = login("finance")
+    # the console echoes the amount back first; the confirming post requests it
     fin.post(reverse("support:refund-request", args=[purchase.pk]),
-             {"reason": "customer asked", **CONFIRM})
+             {"step": "confirm", "amount_minor": str(charge.amount), "reason": "customer asked",
+              **CONFIRM})
     refund = PaymentOperation.objects.get(purchase=purchase, kind="refund")
     assert refund.outcome == Outcome.AWAITING_APPROVAL
     html = fin.get(reverse("support:purchase", args=[purchase.pk])).content.decode()
@@ -39,6 +41,7 @@ def test_finance_declines_a_refund_in_the_console(login, new_purchase, pay_now, 
     assert localstripe.refunds_for(charge.provider_reference) == []
     # the amount is refundable again
     fin.post(reverse("support:refund-request", args=[purchase.pk]),
-             {"reason": "second thoughts", **CONFIRM})
+             {"step": "confirm", "amount_minor": str(charge.amount), "reason": "second thoughts",
+              **CONFIRM})
     assert PaymentOperation.objects.filter(purchase=purchase, kind="refund",
                                            outcome=Outcome.AWAITING_APPROVAL).count() == 1
