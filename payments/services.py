@@ -1135,7 +1135,8 @@ def _overturn_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, 
     source = op.outcome
     fields = ["outcome", "stage", "grade", "verification", "reason", "provider_status",
               "provider_reference", "provider_charge", "settled_at", "next_action_owner",
-              "is_duplicate", "updated_at"]
+              "is_duplicate", "next_reconcile_at", "updated_at"]
+    op.next_reconcile_at = None  # the provider has spoken: no further read-back is due
     if obj is not None:
         op.provider_status = obj.status
         op.provider_reference = op.provider_reference or obj.id
@@ -1610,8 +1611,10 @@ def operation_read_canonical(*, operation_id: str) -> ProviderObject | None:
 
 
 def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> PaymentOperation:
-    """Read the provider's record and apply it. Never writes to the provider. Nothing
-    found or provider unavailable keeps `unknown` (absence of evidence is not failure)."""
+    """Read the provider's record and apply it. Nothing found or provider unavailable
+    keeps `unknown` (absence of evidence is not failure). Writes to the provider only in
+    one case, the acknowledged follow-up: a person's "succeeded" on a payment the provider
+    shows never applied is cancelled there, so the provider's record can overturn it."""
     assert_no_transaction_outside_transaction()
     op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
     # A person's (acknowledged) outcome is not the provider's: it can still be read back,
@@ -1631,6 +1634,8 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
                                     actor=actor)
     settled = PaymentOperation.objects.select_related("purchase").get(id=operation_id)
     if settled.is_terminal:
+        if settled.grade == Grade.ACKNOWLEDGED or settled.next_reconcile_at is not None:
+            return _acknowledged_follow_up(settled, result, actor=actor)
         return settled  # nothing left to schedule
     unapplied = _confirm_unapplied(settled, result)
     with transaction.atomic():
@@ -1688,6 +1693,66 @@ def operation_reconcile_on_demand(*, operation_id: str, actor: str) -> int:
             log.warning("reconcile cooldown cache unavailable; reading back", exc_info=True)
     operation_reconcile(operation_id=operation_id, actor=actor)
     return 0
+def _schedule_acknowledged_read_back(op: PaymentOperation) -> None:
+    """A person's outcome stands only until the provider can be read: read it back on the
+    reconcile schedule (no change of owner: the purchase follows the person's outcome)
+    until the provider confirms or overturns it, for ACKNOWLEDGED_READBACK_SECONDS.
+    Caller holds the operation's lock (or has just written it)."""
+    now = timezone.now()
+    settled_at = op.settled_at or now
+    if now - settled_at >= timedelta(seconds=settings.ACKNOWLEDGED_READBACK_SECONDS):
+        op.next_reconcile_at = None
+        op.save(update_fields=["next_reconcile_at", "updated_at"])
+        return
+    schedule = settings.RECONCILE_SCHEDULE_SECONDS
+    delay = schedule[min(op.reconcile_attempts, len(schedule) - 1)]
+    op.next_reconcile_at = now + timedelta(seconds=delay)
+    op.save(update_fields=["next_reconcile_at", "updated_at"])
+    outbox_put(category=OutboxCategory.RECONCILE, payload={"operation": op.id},
+               dedupe_key=f"reconcile:{op.id}", delay_seconds=delay)
+
+
+def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
+                            actor: str) -> PaymentOperation:
+    """After a read-back of an operation a person settled (found by the soak: a "succeeded"
+    accepted while the provider was unreachable was never read again, and the provider
+    showed the confirm unapplied). The observation was already applied: agreeing evidence
+    upgraded it to confirmed, contradicting final evidence overturned it. What is left:
+    - a payment the person called succeeded that the provider shows never applied, past
+      the provider's in-flight window: cancel it at the provider (no money moved; the
+      cancel makes that final), and the canceled record overturns the person's word;
+    - nothing readable or nothing final yet: read again later."""
+    if op.grade != Grade.ACKNOWLEDGED:
+        if op.next_reconcile_at is not None:  # confirmed by agreeing evidence: done
+            PaymentOperation.objects.filter(id=op.id).update(next_reconcile_at=None)
+            op.next_reconcile_at = None
+        return op
+    obj = result.object if result.classification == Classification.OK else None
+    if (obj is not None and op.kind in PAYMENT_KINDS and op.outcome == Outcome.SUCCEEDED
+            and op.provider_reference and obj.id == op.provider_reference
+            and obj.status in _UNAPPLIED_STATUSES
+            and (op.confirm_claimed_at is None or timezone.now() - op.confirm_claimed_at
+                 >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS))):
+        try:
+            return operation_cancel_unapplied(
+                operation_id=op.id, actor=actor,
+                reason="read-back: the provider shows this payment never applied, "
+                       "contradicting a person's 'succeeded'")
+        except DomainError as exc:
+            log.warning("acknowledged follow-up: cancel refused operation=%s code=%s",
+                        op.id, exc.code)
+    with transaction.atomic():
+        lock_purchase(op.purchase_id)
+        locked = lock_operation(op.id)
+        if locked.grade == Grade.ACKNOWLEDGED:
+            locked.reconcile_attempts += 1
+            _schedule_acknowledged_read_back(locked)
+        elif locked.next_reconcile_at is not None:
+            locked.next_reconcile_at = None
+            locked.save(update_fields=["next_reconcile_at", "updated_at"])
+    return PaymentOperation.objects.select_related("purchase").get(id=op.id)
+
+
 _UNAPPLIED_STATUSES = ("requires_confirmation",)
 
 
@@ -1716,8 +1781,11 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
         raise DomainError("reason_required", "A reason is required.", status=422)
     with transaction.atomic():
         purchase, op = _lock_or_404(operation_id)
-        if op.kind not in PAYMENT_KINDS or op.outcome != Outcome.UNKNOWN \
-                or not op.provider_reference:
+        # An unknown payment, or one a person called succeeded that the provider shows
+        # never applied (the acknowledged follow-up): the provider's record outranks them.
+        contradicted = op.outcome == Outcome.SUCCEEDED and op.grade == Grade.ACKNOWLEDGED
+        if op.kind not in PAYMENT_KINDS or not op.provider_reference \
+                or not (op.outcome == Outcome.UNKNOWN or contradicted):
             raise DomainError("not_cancellable", "Only an unknown payment with a provider "
                               "reference can be cancelled here.", status=409,
                               purchase=purchase.id, operation=op.id, owner=Owner.SUPPORT)
@@ -1920,6 +1988,9 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
                           actor=actor, evidence={"reason": reason,
                                                  "provider_read": read.classification},
                           reason=Reason.MANUAL if outcome == Outcome.FAILED else "")
+            # The person's word stands until the provider can be read back.
+            op.reconcile_attempts = 0
+            _schedule_acknowledged_read_back(op)
         from support.models import Resolution
 
         Resolution.objects.create(operation_id=op.id, purchase_id=purchase.id, outcome=outcome,

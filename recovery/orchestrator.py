@@ -47,6 +47,7 @@ from .steps import (
     deliverable_expiry,
     deliverable_job_reference,
     ledger_record_refund,
+    ledger_reverse_unmade,
     ledger_record_sale,
     ledger_record_void,
     step_key,
@@ -476,6 +477,13 @@ def operation_settled(*, operation_id: str) -> None:
                 ledger_record_refund(purchase_id=op.purchase_id, refund=info)
             elif op.kind == OperationKind.VOID:
                 ledger_record_void(purchase_id=op.purchase_id, void=info, amount=op.amount)
+        elif op.outcome == Outcome.FAILED and op.kind in (*PAYMENT_KINDS, OperationKind.CAPTURE):
+            # Overturned: a person's "succeeded" the provider's record contradicts. The
+            # ledger step's row lock first, so a booking in flight lands before the reversal.
+            StepRun.objects.select_for_update().filter(purchase_id=op.purchase_id,
+                                                       step=StepName.LEDGER).first()
+            if ledger_reverse_unmade(purchase_id=op.purchase_id, operation_id=op.id):
+                log.warning("ledger reversed for overturned operation=%s", op.id)
         runs = list(StepRun.objects.select_for_update()
                     .filter(compensation_operation_id=op.id))
         if not (op.is_compensation or runs):

@@ -30,9 +30,15 @@ def reconcile_due(*, limit: int = 500) -> int:
     being handled absorbs a re-put with the same dedupe key; this sweep is what makes the
     schedule hold whatever happened to those rows.
     """
+    from django.db.models import Q
+
+    from payments.enums import Grade
     from payments.models import PaymentOperation
 
-    due = list(PaymentOperation.objects.filter(outcome__in=_OPEN_OUTCOMES,
+    # Open operations, and outcomes only a person gave (acknowledged): those are read back
+    # until the provider confirms or overturns them.
+    due = list(PaymentOperation.objects.filter(Q(outcome__in=_OPEN_OUTCOMES)
+                                               | Q(grade=Grade.ACKNOWLEDGED),
                                                next_reconcile_at__lte=timezone.now())
                .order_by("next_reconcile_at").values_list("id", flat=True)[:limit])
     now = timezone.now()

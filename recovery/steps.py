@@ -216,6 +216,21 @@ def ledger_record_void(*, purchase_id: str, void: PaymentInfo, amount: int) -> N
                  amount=amount, currency=void.currency)
 
 
+def ledger_reverse_unmade(*, purchase_id: str, operation_id: str) -> int:
+    """The provider's record overturned a person's "succeeded": what the ledger booked for
+    that operation on their word (the sale, or the authorization) is reversed, row by row,
+    so the ledger follows the provider. Idempotent (one reversal per booked row)."""
+    booked = list(LedgerEntry.objects.filter(operation_id=operation_id,
+                                             entry_type__in=("sale", "authorization")))
+    LedgerEntry.objects.bulk_create([
+        LedgerEntry(purchase_id=purchase_id, operation_id=operation_id,
+                    provider_reference=row.provider_reference,
+                    entry_type=f"{row.entry_type}_reversal", account=row.account,
+                    amount=-row.amount, currency=row.currency)
+        for row in booked], ignore_conflicts=True)
+    return len(booked)
+
+
 def run_ledger(ctx: PurchaseContext, run: StepRun) -> dict:
     if ctx.payment.kind == "authorize":
         # Not captured yet: the provider holds nothing; the sale is booked at capture.

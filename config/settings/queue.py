@@ -44,6 +44,9 @@ RECONCILE_SCHEDULE_SECONDS = env.list(
     "RECONCILE_SCHEDULE_SECONDS", cast=int, default=[30, 120, 600, 3600, 21600, 86400]
 )
 RECONCILE_DEADLINE_SECONDS = env.int("RECONCILE_DEADLINE_SECONDS", default=3 * 86400)
+# A person's (acknowledged) outcome is read back on the reconcile schedule for this long
+# after it was given, until the provider confirms or overturns it.
+ACKNOWLEDGED_READBACK_SECONDS = env.int("ACKNOWLEDGED_READBACK_SECONDS", default=86400)
 RECOVERY_OWNER_DEFAULT = env("RECOVERY_OWNER_DEFAULT", default="payments-oncall")
 OUTBOX_BACKOFF_BASE_SECONDS = env.float("OUTBOX_BACKOFF_BASE_SECONDS", default=1.0)
 OUTBOX_BACKOFF_CAP_SECONDS = env.float("OUTBOX_BACKOFF_CAP_SECONDS", default=300.0)
