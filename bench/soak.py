@@ -13,8 +13,10 @@ on the same key, new keys and varied amounts, declines and deliberate retries; c
 and voids of authorizations; full and partial refunds (small ones automatic, larger ones
 approved console-style by a finance user in this process); manual resolutions of unknown
 operations by a resolver API client, sometimes wrong; workflow and step halts set and
-cleared; signed provider events delivered late, twice and out of order; and a seeded
-share of provider requests drilled (payments/providers fault drills).
+cleared; signed provider events delivered late, twice and out of order; refunds made in
+the provider's dashboard and disputes opened, won and lost there (known to Verity only by
+their signed events); finance declining some refunds; and a seeded share of provider
+requests drilled (payments/providers fault drills).
 
 Faults, each at a random moment and logged with its time: PostgreSQL restarted
 (`pg_ctl restart -m immediate`), a gunicorn worker SIGKILLed mid-request (while provider
@@ -377,6 +379,12 @@ class People(threading.Thread):
                        .values_list("id", flat=True)[:10])
         for op_id in waiting:
             try:
+                if self.rng.random() < 0.25:  # finance says no to some
+                    services.refund_decline(operation_id=op_id, acting_user=finance,
+                                            actor=finance.username,
+                                            reason="soak: finance declined")
+                    self.rec.count("refund_declined")
+                    continue
                 services.refund_approve(operation_id=op_id, acting_user=finance,
                                         reason="soak: finance approval")
                 self.rec.count("refund_approved")
@@ -494,6 +502,100 @@ class Events(threading.Thread):
                     self.rec.count("event_twice")
                 else:
                     self.rec.count("event_once")
+
+
+class ProviderDesk(Events):
+    """People working in the provider's dashboard, not through Verity: a partial refund
+    made there, and a card network's dispute opened on a charge (later won or lost). Each
+    reaches Verity only as a signed event built from the provider's own object (sometimes
+    late or twice), exactly as Stripe would send it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.disputed: set[str] = set()
+        self.open_disputes: list[tuple[float, str]] = []
+
+    def provider(self, method: str, path: str, **data) -> dict | None:
+        r = requests.request(method, f"{self.base}{path}", data=data,
+                             auth=("sk_test_verity_stack", ""), timeout=10)
+        return r.json() if r.status_code == 200 else None
+
+    def event(self, obj: dict, type_: str) -> None:
+        body = json.dumps({"id": f"evt_desk_{uuid.uuid4().hex[:20]}", "object": "event",
+                           "api_version": "2024-06-20", "created": int(time.time()),
+                           "livemode": False, "type": type_, "data": {"object": obj}}).encode()
+        roll = self.rng.random()
+        if roll < 0.3:
+            self.late.append((time.monotonic() + self.rng.uniform(5, 20), body))
+        else:
+            self.deliver(body)
+            if roll < 0.5:
+                self.deliver(body)
+
+    def charged_intent(self) -> dict | None:
+        from payments.enums import OperationKind, Outcome
+        from payments.models import PaymentOperation
+
+        refs = list(PaymentOperation.objects.filter(kind=OperationKind.CHARGE,
+                                                    outcome=Outcome.SUCCEEDED,
+                                                    is_duplicate=False)
+                    .exclude(provider_reference="").order_by("-created_at")
+                    .values_list("provider_reference", flat=True)[:40])
+        if not refs:
+            return None
+        pi = self.provider("GET", f"/v1/payment_intents/{self.rng.choice(refs)}")
+        return pi if pi and pi.get("status") == "succeeded" else None
+
+    def run(self) -> None:
+        from django.db import connection
+
+        while time.monotonic() < self.deadline:
+            time.sleep(self.rng.uniform(4, 8))
+            now = time.monotonic()
+            due = [b for t, b in self.late if t <= now]
+            self.late = [(t, b) for t, b in self.late if t > now]
+            for body in due:
+                self.deliver(body)
+            try:
+                self.close_due(now)
+                self.act(now)
+            except Exception as exc:  # the database restarting, the provider away: next
+                self.rec.count(f"desk_error_{type(exc).__name__}")
+                connection.close()
+        # The provider retries undelivered events for days: the late ones arrive in the end.
+        for _, body in self.late:
+            self.deliver(body)
+        self.late = []
+
+    def act(self, now: float) -> None:
+        pi = self.charged_intent()
+        if pi is not None:
+            charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data")
+                                                 or [{}])[0]
+            charge = charge.get("id") if isinstance(charge, dict) else charge  # embedded
+            if self.rng.random() < 0.5 or not charge or charge in self.disputed:
+                refund = self.provider("POST", "/v1/refunds", payment_intent=pi["id"],
+                                       amount=max(1, pi["amount"] // 10))
+                if refund is not None:
+                    self.event(refund, "refund.created")
+                    self.rec.count("provider_refund_outside_verity")
+            else:
+                dispute = self.provider("POST", "/_config/disputes", charge=charge)
+                if dispute is not None:
+                    self.disputed.add(charge)
+                    self.event(dispute, "charge.dispute.created")
+                    self.open_disputes.append((now + self.rng.uniform(10, 30), dispute["id"]))
+                    self.rec.count("dispute_opened")
+
+    def close_due(self, now: float) -> None:
+        due = [d for t, d in self.open_disputes if t <= now]
+        self.open_disputes = [(t, d) for t, d in self.open_disputes if t > now]
+        for dispute_id in due:
+            status = self.rng.choice(["won", "lost"])
+            dispute = self.provider("POST", f"/_config/disputes/{dispute_id}", status=status)
+            if dispute is not None:
+                self.event(dispute, "charge.dispute.closed")
+                self.rec.count(f"dispute_{status}")
 
 
 def fault_plan(seconds: float, rng: random.Random, *, outage: tuple[float, float]) -> list:
@@ -801,7 +903,9 @@ def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: 
     threads += [People(Api(base, resolver_key, rec), stack.env["STRIPE_API_BASE"], deadline,
                        random.Random(args.seed + 1), rec, args.wrong_resolutions),
                 Events(Api(base, None, rec), stack.env["STRIPE_API_BASE"], deadline,
-                       random.Random(args.seed + 2), rec)]
+                       random.Random(args.seed + 2), rec),
+                ProviderDesk(Api(base, None, rec), stack.env["STRIPE_API_BASE"], deadline,
+                             random.Random(args.seed + 3), rec)]
     side = [threading.Thread(target=chaos, args=(plan, services, stack, proxy, rec, rng,
                                                  deadline, outage, progress), daemon=True),
             threading.Thread(target=checker, args=(rec, deadline, progress,

@@ -484,6 +484,8 @@ def operation_settled(*, operation_id: str) -> None:
                                                        step=StepName.LEDGER).first()
             if ledger_reverse_unmade(purchase_id=op.purchase_id, operation_id=op.id):
                 log.warning("ledger reversed for overturned operation=%s", op.id)
+            if op.kind in PAYMENT_KINDS:
+                _unwind_after_overturn(op)
         runs = list(StepRun.objects.select_for_update()
                     .filter(compensation_operation_id=op.id))
         if not (op.is_compensation or runs):
@@ -527,6 +529,26 @@ def _unwind_after_void(op) -> None:
             _decide(op.purchase_id, RecoveryDecision.Decision.COMPENSATED,
                     f"void {op.id} after fulfilment: order cancelled")
             log.info("order cancelled after void purchase=%s void=%s", op.purchase_id, op.id)
+
+
+def _unwind_after_overturn(op) -> None:
+    """A payment fulfilled on a person's "succeeded" that the provider's record overturned
+    (no money came): the order is cancelled, as after a void (the ORDER step compensates);
+    an e-mail already sent cannot be unsent — the purchase waits in manual review for a
+    person to write to the buyer. Caller holds a transaction; idempotent."""
+    from payments.enums import OVERTURN_CAUSE, Outcome
+
+    from .models import Order
+
+    if op.transitions.filter(cause=OVERTURN_CAUSE, target=Outcome.FAILED).exists():
+        cancelled = Order.objects.filter(purchase_id=op.purchase_id,
+                                         cancelled_at__isnull=True).update(
+            cancelled_at=timezone.now())
+        if cancelled:
+            _decide(op.purchase_id, RecoveryDecision.Decision.COMPENSATED,
+                    f"payment {op.id} overturned by the provider: order cancelled")
+            log.warning("order cancelled after overturn purchase=%s operation=%s",
+                        op.purchase_id, op.id)
 
 
 def step_resolve(*, purchase_id: str, step: str, resolution: str, actor: str,

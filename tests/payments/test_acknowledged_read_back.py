@@ -19,7 +19,7 @@ from payments.enums import OVERTURN_CAUSE, Grade, HoldState, Outcome, PurchaseSt
 from payments.models import Hold, OperationTransition, PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
 from recovery import orchestrator
-from recovery.models import LedgerEntry, OutboxCategory, OutboxMessage
+from recovery.models import EmailMessage, LedgerEntry, Order, OutboxCategory, OutboxMessage
 from recovery.reconciler import reconcile_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -88,6 +88,12 @@ def test_a_wrong_succeeded_on_an_unapplied_payment_is_cancelled_and_overturned(
     assert _provider_balance(purchase) == 0
     assert LedgerEntry.objects.filter(operation_id=op.id,
                                       entry_type="sale_reversal").count() == 2
+    # and the order made on the person's word is cancelled (once); the sent e-mail cannot
+    # be unsent, so the purchase stays in manual review for a person
+    order = Order.objects.get(purchase_id=purchase.id)
+    assert order.cancelled_at is not None
+    assert EmailMessage.objects.filter(purchase_id=purchase.id).count() == 1
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.MANUAL_REVIEW
 
 
 def test_a_wrong_failed_is_read_back_and_overturned_without_any_event(

@@ -4,11 +4,10 @@
 (`pg_ctl restart -m immediate`) and a gunicorn worker SIGKILLed mid-request; a provider
 outage of 8-12 s instead of 30-60 s so the drain fits in CI.
 
-Wrong manual resolutions are off here (`--wrong-resolutions 0`): a wrong "succeeded" on a
-PaymentIntent the provider shows `requires_confirmation` (never confirmed, nothing charged)
-is still accepted as acknowledged after issue #15's read-back, and the ledger then books
-money the provider never received (seen with 0.2 on seed 7: 4 such operations, ledger minus
-provider balance 8 000). `make soak` keeps them on (20 %) and reports it.
+Wrong manual resolutions are on (20 %, as in `make soak`): the provider's record must win
+over a person's wrong word — read back before the resolution and, when the provider could
+not be read then, on the reconcile schedule afterwards (issue #22). Refunds and disputes made
+at the provider directly arrive as signed events; finance declines some refunds.
 """
 import re
 import subprocess
@@ -21,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_short_chaos_soak_holds_every_invariant(tmp_path):
     result = subprocess.run(
         [sys.executable, "bench/soak.py", "--seconds", "60", "--agents", "20", "--seed", "7",
-         "--drain", "120", "--outage", "8,12", "--wrong-resolutions", "0",
+         "--drain", "120", "--outage", "8,12", "--wrong-resolutions", "0.2",
          "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     print(result.stdout[-8000:], result.stderr[-3000:])
