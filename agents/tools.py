@@ -60,7 +60,7 @@ from payments.idempotency import (
 from payments.locks import assert_no_transaction_outside_transaction
 from payments.models import ApiClient, PaymentOperation, Purchase, Quote
 from payments.problems import Problem
-from payments.services import DomainError
+from payments.errors import DomainError
 
 READ = "purchases:read"
 WRITE = "purchases:write"
@@ -116,7 +116,7 @@ class RefusalCode(str, Enum):
     NOT_FOUND = "not_found"
     REQUEST_IN_PROGRESS = "request_in_progress"
     REFUSED = "refused"  # a core code this list does not know yet (see `message`)
-    # the core's (payments.services.DomainError codes)
+    # the core's (payments.errors.DomainError codes)
     ALREADY_PAID = "already_paid"
     ALREADY_RETRIED = "already_retried"
     ALREADY_SETTLED = "already_settled"

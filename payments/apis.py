@@ -22,6 +22,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from . import selectors, services
+from .errors import DomainError
 from .enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
 from .idempotency import (
     REPLAYED_HEADER,
@@ -171,8 +172,6 @@ def _run_idempotent(request, *, route: str, create: Callable[[Claim], Response],
     `create(claim)` makes the effect and binds it inside one transaction, then answers.
     `resume(claim)` continues a request whose holder died after binding (lease expired).
     """
-    from .services import DomainError
-
     key = key_from_headers(request.headers)
     try:
         claim = idempotency_claim(api_client=request.auth, route=route, key=key,

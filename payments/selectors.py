@@ -10,6 +10,10 @@ from datetime import datetime
 from django.conf import settings
 from django.utils import timezone
 
+from recovery.models import Order
+from recovery.reads import steps_for_purchase
+
+from .customer_copy import customer_state
 from .enums import (
     NON_RETRYABLE_REASONS,
     PAYMENT_KINDS,
@@ -222,31 +226,14 @@ _iso = iso
 
 
 def _customer_message(purchase: Purchase) -> str:
-    try:
-        from support.customer_copy import customer_state
-    except ModuleNotFoundError as exc:  # the customer copy module is optional
-        if exc.name not in ("support.customer_copy", "support"):
-            raise
-        return "We are processing this purchase. Check the status page for updates."
     return customer_state(purchase).message
 
 
 def _fulfillment(purchase_id: str) -> dict:
-    try:
-        from recovery.selectors import steps_for_purchase
-    except ImportError:
-        steps_for_purchase = None
-    if steps_for_purchase is not None:
-        return dict(steps_for_purchase(purchase_id))
-    from recovery.models import STEP_ORDER, StepRun
-
-    rows = dict(StepRun.objects.filter(purchase_id=purchase_id).values_list("step", "state"))
-    return {step.value: rows.get(step.value, "pending") for step in STEP_ORDER}
+    return dict(steps_for_purchase(purchase_id))
 
 
 def _order_reference(purchase_id: str) -> str | None:
-    from recovery.models import Order
-
     return Order.objects.filter(purchase_id=purchase_id).values_list(
         "reference", flat=True).first()
 

@@ -5,50 +5,30 @@ Every function is keyword-only. Errors a caller must show to a client are raised
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+import math
+import time
+import json
+import logging
+import random
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
 
-from .enums import Owner, RetryAdvice
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from django.db import IntegrityError, transaction
+from django.db.models import Q, Sum
+from django.utils import timezone
 
+from audit.models import AuditEntry, Resolution
+from recovery.halts import is_halted
+from recovery.models import OutboxCategory
+from recovery.outbox import dispatch_put, operation_settled_put, outbox_put, run_steps_put
 
-@dataclass
-class DomainError(Exception):
-    """A refusal with a stable code. Raised before any effect unless stated."""
-
-    code: str
-    message: str
-    status: int = 409
-    retry: str = RetryAdvice.FORBIDDEN
-    owner: str = Owner.BUYER
-    purchase: str | None = None
-    operation: str | None = None
-    extra: dict = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
-
-
-# --------------------------------------------------------------------------------------
-import hashlib  # noqa: E402
-import math  # noqa: E402
-import time  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import random  # noqa: E402
-import secrets  # noqa: E402
-from datetime import timedelta  # noqa: E402
-from enum import Enum  # noqa: E402
-
-from django.conf import settings  # noqa: E402
-from django.core.exceptions import ValidationError  # noqa: E402
-from django.core.validators import validate_email  # noqa: E402
-from django.db import IntegrityError, transaction  # noqa: E402
-from django.db.models import Q, Sum  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from recovery.models import OutboxCategory  # noqa: E402
-from recovery.outbox import outbox_put  # noqa: E402
-
-from .enums import (  # noqa: E402
+from .errors import ApplyResult, DomainError
+from .enums import (
     NON_RETRYABLE_REASONS,
     OVERTURN_CAUSE,
     PAYMENT_KINDS,
@@ -62,18 +42,20 @@ from .enums import (  # noqa: E402
     LimitPeriod,
     OperationKind,
     Outcome,
+    Owner,
     PurchaseStatus,
     Reason,
+    RetryAdvice,
     Stage,
     Verification,
 )
-from .customers import (  # noqa: E402
+from .customers import (
     PAYMENT_METHOD_TOKEN,
     basket_fingerprint,
     customer_key,
     customer_reference_clean,
 )
-from .locks import (  # noqa: E402
+from .locks import (
     assert_no_transaction_outside_transaction,
     lock_client,
     lock_customer,
@@ -81,7 +63,7 @@ from .locks import (  # noqa: E402
     lock_purchase,
     lock_purchase_and_operation,
 )
-from .models import (  # noqa: E402
+from .models import (
     ApiClient,
     BuyerConfirmation,
     Hold,
@@ -92,7 +74,7 @@ from .models import (  # noqa: E402
     Purchase,
     Quote,
 )
-from .providers.base import CallResult, ProviderObject, outcome_from_object  # noqa: E402
+from .providers.base import CallResult, ProviderObject, outcome_from_object
 
 log = logging.getLogger("verity.payments")
 
@@ -105,21 +87,7 @@ RETRYABLE_BACKOFF_BASE_SECONDS = 0.5
 RETRYABLE_BACKOFF_CAP_SECONDS = 2.0
 
 
-class ApplyResult(str, Enum):
-    APPLIED = "applied"
-    NO_CHANGE = "no_change"
-    STALE = "stale"
-    CONFLICT = "conflict"
-    MISMATCH = "mismatch"
-
-
 def _halted(name: str) -> bool:
-    try:
-        from recovery.selectors import is_halted
-    except ImportError:  # recovery selectors not installed yet
-        from recovery.models import WorkflowHalt
-
-        return WorkflowHalt.objects.filter(name=name).exists()
     return is_halted(name)
 
 
@@ -869,8 +837,6 @@ def refund_decline(*, operation_id: str, reason: str, actor: str, acting_user=No
 
 def _audit(*, actor: str, action: str, op: PaymentOperation, reason: str,
            detail: dict | None = None) -> None:
-    from support.models import AuditEntry
-
     AuditEntry.objects.create(actor=actor, action=action, target_type="operation",
                               target_id=op.id, purchase_id=op.purchase_id, reason=reason,
                               detail=detail or {})
@@ -1022,8 +988,7 @@ def _settle_effects(purchase: Purchase, op: PaymentOperation, *, cause: str, act
     o = op.outcome
     if o in (Outcome.SUCCEEDED, Outcome.FAILED):
         _hold_settle(op, succeeded=o == Outcome.SUCCEEDED)
-        outbox_put(category=OutboxCategory.OPERATION_SETTLED, payload={"operation": op.id},
-                   dedupe_key=f"settled:{op.id}")
+        operation_settled_put(operation_id=op.id)
     if op.kind in PAYMENT_KINDS and op.is_duplicate:
         if o == Outcome.SUCCEEDED:
             duplicate_compensate_locked(purchase=purchase, duplicate=op)
@@ -1036,8 +1001,7 @@ def _settle_effects(purchase: Purchase, op: PaymentOperation, *, cause: str, act
                 Outcome.AWAITING_BUYER: "mark_action_required",
                 Outcome.AWAITING_PROVIDER: "mark_payment_pending"}.get(o)
         if name and _purchase_to(purchase, name, cause=cause, actor=actor) and o == Outcome.SUCCEEDED:
-            outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase.id},
-                       dedupe_key=f"steps:{purchase.id}")
+            run_steps_put(purchase_id=purchase.id)
     elif op.kind == OperationKind.VOID and o == Outcome.SUCCEEDED:
         _purchase_to(purchase, "mark_voided", cause=cause, actor=actor)
     elif op.kind == OperationKind.REFUND:
@@ -1078,8 +1042,7 @@ def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: st
              evidence={"refund": op.id, "outcome": op.outcome, "reason": op.reason,
                        "amount": op.amount}, actor=actor)
     if purchase.status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
-        outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase.id},
-                   dedupe_key=f"steps:{purchase.id}")
+        run_steps_put(purchase_id=purchase.id)
 # Provider statuses that never change again for the operation they settle (an event
 # carrying one may overturn a person's resolution without a read-back first).
 _FINAL_STATUSES = frozenset({"succeeded", "requires_capture", "canceled", "failed"})
@@ -1168,8 +1131,7 @@ def _overturn_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, 
             if op.is_duplicate:
                 duplicate_compensate_locked(purchase=purchase, duplicate=op)
             elif _purchase_to(purchase, "mark_paid", cause=OVERTURN_CAUSE, actor=actor):
-                outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase.id},
-                           dedupe_key=f"steps:{purchase.id}")
+                run_steps_put(purchase_id=purchase.id)
         else:
             # Shown paid (perhaps fulfilled) on a person's word; the provider says no money
             # came: a person decides what to unwind.
@@ -1206,8 +1168,7 @@ def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperati
                 provider_reference=(duplicate.provider_reference
                                     if kind == OperationKind.VOID else ""))
             _dispatch_backstop(comp)
-            outbox_put(category=OutboxCategory.DISPATCH, payload={"operation": comp.id},
-                       dedupe_key=f"dispatch:{comp.id}")
+            dispatch_put(operation_id=comp.id)
     except IntegrityError:
         return None
     _history(purchase_id=purchase.id, operation=comp, field="outcome", source="",
@@ -1920,8 +1881,6 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
                           actor=actor, evidence={"reason": reason,
                                                  "provider_read": read.classification},
                           reason=Reason.MANUAL if outcome == Outcome.FAILED else "")
-        from support.models import Resolution
-
         Resolution.objects.create(operation_id=op.id, purchase_id=purchase.id, outcome=outcome,
                                   reason=reason, actor=actor)
         if audit:

@@ -23,6 +23,8 @@ from django.utils import timezone
 from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
+from audit.models import Resolution
+
 log = logging.getLogger(__name__)
 
 # -- counters (increment at the event) -------------------------------------------------
@@ -95,7 +97,6 @@ class DatabaseCollector:
 
     def _collect(self):
         from payments.models import PaymentOperation
-        from support.models import Resolution
         from webhooks.models import ProviderEvent
 
         from . import selectors

@@ -27,16 +27,17 @@ from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
 
+from audit.models import AuditEntry
+
 from .models import (
     EmailMessage,
-    OutboxCategory,
     RecoveryDecision,
     StepName,
     StepRun,
     StepState,
 )
-from .outbox import outbox_put
-from .selectors import is_halted, step_halt_name
+from .outbox import dispatch_put, run_steps_put
+from .halts import is_halted, step_halt_name
 from .steps import (
     DB_STEPS,
     PaymentInfo,
@@ -70,8 +71,7 @@ class StepRetryLater(Exception):
 
 def run_steps_message_put(purchase_id: str) -> None:
     """Call inside atomic(). Same dedupe key as the core's, so the two absorb each other."""
-    outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase_id},
-               dedupe_key=f"steps:{purchase_id}")
+    run_steps_put(purchase_id=purchase_id)
 
 
 # -- context --------------------------------------------------------------------------
@@ -387,8 +387,7 @@ def _compensate(ctx: PurchaseContext, step: str) -> str:
             compensation_operation_id=op.id)
         # Compensations need no approval: dispatch through the outbox (a second dispatch
         # of the same operation is a no-op in the core).
-        outbox_put(category=OutboxCategory.DISPATCH, payload={"operation": op.id},
-                   dedupe_key=f"dispatch:{op.id}")
+        dispatch_put(operation_id=op.id)
     log.info("compensation started purchase=%s step=%s operation=%s kind=%s",
              ctx.purchase_id, step, op.id, op.kind)
     return StepState.COMPENSATED
@@ -527,8 +526,6 @@ def step_resolve(*, purchase_id: str, step: str, resolution: str, actor: str,
     hand) or `retry` (safe to run again, e.g. the e-mail provably never left).
     Writes its AuditEntry in the same transaction, then resumes the purchase."""
     from payments.services import purchase_transition
-    from support.models import AuditEntry
-
     if resolution not in ("done", "retry"):
         raise ValueError("resolution must be 'done' or 'retry'")
     if not (reason or "").strip() or not (actor or "").strip():

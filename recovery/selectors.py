@@ -13,7 +13,6 @@ from django.db.models import Exists, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from .models import (
-    STEP_ORDER,
     Order,
     OutboxMessage,
     RecoveryDecision,
@@ -23,35 +22,15 @@ from .models import (
     StepState,
     WorkflowHalt,
 )
+from .halts import is_halted, step_halt_name  # noqa: F401  (re-exported: the console reads them here)
+from .reads import steps_for_purchase  # noqa: F401  (re-exported)
 
 # Outcomes that still wait for evidence (reconcile targets).
 _OPEN_OUTCOMES = ("unknown", "awaiting_provider", "awaiting_buyer")
 
 
-def step_halt_name(step: str) -> str:
-    return f"step:{step}"
-
-
-def is_halted(name: str) -> bool:
-    """`checkout`, `refunds` or `step:<name>`. Read on every call: halts must bite at once."""
-    return WorkflowHalt.objects.filter(name=name).exists()
-
-
 def halts_list() -> QuerySet[WorkflowHalt]:
     return WorkflowHalt.objects.order_by("name")
-
-
-def steps_for_purchase(purchase_id: str) -> dict[str, str]:
-    """{step: state} for every step of the purchase; steps not started yet are `pending`.
-
-    The API's purchase view (fulfillment{...}) reads this. `deliverable` appears only when
-    it exists for the purchase (digital goods).
-    """
-    rows = dict(StepRun.objects.filter(purchase_id=purchase_id).values_list("step", "state"))
-    out = {step.value: rows.get(step.value, StepState.PENDING.value) for step in STEP_ORDER}
-    if StepName.DELIVERABLE.value in rows:
-        out[StepName.DELIVERABLE.value] = rows[StepName.DELIVERABLE.value]
-    return out
 
 
 def step_runs_for_purchase(purchase_id: str) -> QuerySet[StepRun]:

@@ -2,9 +2,14 @@
 
 The implementations live next to their machinery; this module is the public surface.
 """
+from django.db import transaction
+from django.utils import timezone
+
+from audit.models import AuditEntry
+
 from .halts import HaltError, halt_clear, halt_set, valid_halt_names  # noqa: F401
 from .orchestrator import purchase_fulfil, step_resolve  # noqa: F401
-from .outbox import outbox_put  # noqa: F401
+from .outbox import outbox_put, relay_kick  # noqa: F401
 from .reconciler import (  # noqa: F401
     expire_stale_purchases,
     reconcile_due,
@@ -19,11 +24,6 @@ def discrepancy_resolve(*, discrepancy_id: int, actor: str, reason: str,
                         ip: str | None = None) -> bool:
     """Finance closes a settlement discrepancy with its explanation; one audit row in the
     same transaction. False (and no row) if it was already closed."""
-    from django.db import transaction
-    from django.utils import timezone
-
-    from support.models import AuditEntry
-
     from .models import SettlementDiscrepancy
 
     if not (reason or "").strip() or not (actor or "").strip():
@@ -52,13 +52,7 @@ def outbox_retry_now(*, message_id: int, actor: str, reason: str,
     """A person makes a backed-off outbox row due now (after fixing its cause). The relay
     runs it as usual: claim, handler outside the transaction, backoff if it fails again.
     A row a worker holds right now, or one already processed, is refused."""
-    from django.db import transaction
-    from django.utils import timezone
-
-    from support.models import AuditEntry
-
     from .models import OutboxMessage
-    from .outbox import _kick_relay
 
     if not (reason or "").strip() or not (actor or "").strip():
         raise ValueError("actor and reason are required")
@@ -83,5 +77,5 @@ def outbox_retry_now(*, message_id: int, actor: str, reason: str,
                                          "attempts": row.attempts},
                                   detail={"category": row.category,
                                           "last_error": row.last_error[:300]})
-        transaction.on_commit(_kick_relay, robust=True)
+        relay_kick()
     return row

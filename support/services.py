@@ -21,7 +21,9 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
 from django.utils import timezone
 
+from audit import services as audit_services
 from payments.enums import Outcome
+from payments.errors import DomainError
 from payments.money import format_money
 from payments.models import PaymentOperation, Purchase
 from recovery import halts
@@ -46,12 +48,6 @@ class ConsoleError(Exception):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
-
-
-def _domain_error():
-    from payments.services import DomainError
-
-    return DomainError
 
 
 def _reason_required(reason: str) -> str:
@@ -82,12 +78,10 @@ def audit_write(*, user, action: str, target_type: str, target_id: str, reason: 
                 after: dict | None = None, detail: dict | None = None) -> AuditEntry:
     """Append one audit row. Must run inside the caller's transaction (same commit as
     the change it records)."""
-    assert transaction.get_connection().in_atomic_block, "audit_write needs the caller's atomic()"
-    return AuditEntry.objects.create(
+    return audit_services.audit_write(
         actor=user.get_username(), action=action, target_type=target_type,
-        target_id=str(target_id)[:64], purchase_id=purchase_id or "", reason=reason,
-        ip=ip or None, before=before or {}, after=after or {}, detail=detail or {},
-    )
+        target_id=target_id, purchase_id=purchase_id, reason=reason, ip=ip, before=before,
+        after=after, detail=detail)
 
 
 @contextmanager
@@ -97,7 +91,7 @@ def _core_refusals_audited(*, user, ip: str | None, action: str, target_type: st
     IP, and shown to the console as a ConsoleError."""
     try:
         yield
-    except _domain_error() as e:
+    except DomainError as e:
         _audit_refusal(user=user, action=action, target_type=target_type,
                        target_id=target_id, reason=reason, purchase_id=purchase_id, ip=ip,
                        code=e.code)
@@ -319,7 +313,7 @@ def refund_approve_by_user(*, operation_id: str, user, reason: str,
     # dies here the approved (pending) operation is picked up like any queued one.
     try:
         op = operation_dispatch(operation_id=operation_id)
-    except _domain_error() as e:
+    except DomainError as e:
         log.warning("refund dispatch after approval refused: op=%s code=%s", operation_id,
                     e.code)
         op = _reload_op(operation_id)
@@ -393,7 +387,7 @@ def void_by_user(*, purchase_id: str, user, reason: str,
                         before=_purchase_snapshot(purchase), after=_op_snapshot(op))
     try:
         op = operation_dispatch(operation_id=op.pk)
-    except _domain_error() as e:
+    except DomainError as e:
         log.warning("void dispatch refused: op=%s code=%s", op.pk, e.code)
         op = _reload_op(op.pk)
     return op
@@ -548,7 +542,7 @@ def event_triage_by_user(*, event_pk: int, decision: str, user, reason: str,
         # webhooks.services locks the event, changes it and writes the audit row (with
         # this request's IP, before and after) in one transaction.
         return fn(event_id=event_pk, acting_user=user, reason=reason, ip=ip)
-    except _domain_error() as e:
+    except DomainError as e:
         raise ConsoleError(e.code, e.message, e.status) from e
 
 

@@ -15,7 +15,9 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from audit.services import audit_write
 from payments.enums import PAYMENT_KINDS, Grade, OperationKind, Outcome, Verification
+from payments.errors import DomainError
 from payments.providers.base import ProviderObject, outcome_from_object
 from payments.providers.stripe_webhooks import (
     event_shape_problem,
@@ -332,7 +334,7 @@ def _resolve_conflict_outside_transaction(event: ProviderEvent, verdict: _Verdic
       the read failed) -> quarantined `conflict` for a person. Never overwritten here.
     """
     from payments.models import PaymentOperation
-    from payments.services import DomainError, operation_reconcile
+    from payments.services import operation_reconcile
 
     obj = object_from_event_payload(event.payload)
     op = PaymentOperation.objects.get(pk=verdict.operation_id)
@@ -365,10 +367,8 @@ def _read_canonical_outside_transaction(op, obj: ProviderObject) -> ProviderObje
 
 def _audit(*, acting_user, action: str, event: ProviderEvent, reason: str, before: dict,
            ip: str | None):
-    from support.services import audit_write
-
     return audit_write(
-        user=acting_user, action=action, target_type="provider_event", target_id=str(event.pk),
+        actor=acting_user.get_username(), action=action, target_type="provider_event", target_id=str(event.pk),
         reason=reason, purchase_id=event.purchase_id, ip=ip, before=before,
         after={"result": event.result, "reason": event.result_reason},
         detail={"event": event.event_id, "type": event.type,
@@ -377,10 +377,8 @@ def _audit(*, acting_user, action: str, event: ProviderEvent, reason: str, befor
 
 
 def _triage_locked(*, event_id: int, acting_user, reason: str) -> ProviderEvent:
-    from payments.services import DomainError
-    from support.access import Action, require
-
-    require(acting_user, Action.TRIAGE_QUARANTINE)
+    # The permission (Action.TRIAGE_QUARANTINE) is checked at the edge, by the console's
+    # support.services.event_triage_by_user, before this runs.
     if not (reason or "").strip():
         raise DomainError("reason_required", "A reason is required.", status=422,
                           owner="support")
