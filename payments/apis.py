@@ -21,6 +21,8 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from recovery.metrics import BLOCKED_DUPLICATES, IDEMPOTENT_REPLAYS
+
 from . import selectors, services
 from .errors import DomainError
 from .enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
@@ -155,10 +157,6 @@ _BLOCKED_DUPLICATE_CODES = frozenset({
 
 
 def _count(*, replayed_route: str | None = None, refused_code: str | None = None) -> None:
-    try:
-        from recovery.metrics import BLOCKED_DUPLICATES, IDEMPOTENT_REPLAYS
-    except ImportError:  # metrics are optional for the API
-        return
     if replayed_route:
         IDEMPOTENT_REPLAYS.labels(route=replayed_route).inc()
     if refused_code in _BLOCKED_DUPLICATE_CODES:

@@ -43,7 +43,7 @@ from .locks import (
 )
 from .models import Dispute, PaymentOperation, ProviderCall, Purchase
 from .providers.base import DisputeObject
-from .services import _history
+from .services.common import _history
 
 log = logging.getLogger("verity.payments.disputes")
 

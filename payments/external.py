@@ -39,15 +39,10 @@ from .locks import (
 )
 from .models import PaymentOperation
 from .providers.base import ProviderObject
-from .services import (
-    DomainError,
-    _audit,
-    _captured_amount,
-    _create_op,
-    _history,
-    _schedule_reconcile,
-    _settle_effects,
-)
+from .errors import DomainError
+from .services.common import _audit, _captured_amount, _history
+from .services.observations import _schedule_reconcile, _settle_effects
+from .services.operations import _create_op
 
 log = logging.getLogger("verity.payments.external")
 

@@ -28,6 +28,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from payments.errors import DomainError
+from payments.locks import assert_no_transaction_outside_transaction
 
 from .models import OutboxMessage
 from .outbox import outbox_handler_for
@@ -36,12 +37,6 @@ log = logging.getLogger(__name__)
 
 # DomainError codes that mean "the follow-up is already done": the message is processed.
 _DONE_CODES = frozenset({"already_settled", "already_dispatched", "not_dispatchable"})
-
-
-def _assert_no_transaction_outside() -> None:
-    if transaction.get_connection().in_atomic_block:
-        raise RuntimeError("relay handlers run outside any transaction (they may call the "
-                           "provider); do not call relay_drain_once inside atomic()")
 
 
 # -- backoff --------------------------------------------------------------------------
@@ -116,7 +111,8 @@ def handle_message(message: OutboxMessage) -> bool:
 
 def relay_drain_once(batch: int = 100) -> int:
     """Claim up to `batch` due messages and handle them; returns how many were claimed."""
-    _assert_no_transaction_outside()
+    # Handlers may call the provider: never inside atomic().
+    assert_no_transaction_outside_transaction()
     messages = _claim(batch)
     for message in messages:
         # A message whose lease ran out while earlier ones were handled may already be

@@ -45,6 +45,7 @@ from recovery.models import (
     StepState,
     WorkflowHalt,
 )
+from recovery import selectors as recovery_selectors
 from support import provider_queues
 from payments.money import MoneyInputError, format_money, parse_money
 from support.access import Action, can
@@ -141,10 +142,6 @@ def _q_unknown():
 def _recovery_queue(name: str):
     """recovery.selectors' own queue query (unsliced), so the console, the beat jobs and
     /metrics agree on what is in a queue; None if that helper is not there."""
-    try:
-        from recovery import selectors as recovery_selectors
-    except ImportError:
-        return None
     fn = getattr(recovery_selectors, name, None)
     if fn is None:
         return None
