@@ -8,7 +8,7 @@ from __future__ import annotations
 from django.db import connection, transaction
 from django.utils import timezone
 
-from audit.models import AuditEntry
+from audit.services import audit_write
 
 from .models import OutboxCategory, OutboxMessage, StepName, StepRun, StepState, WorkflowHalt
 from .outbox import outbox_put, run_steps_put
@@ -44,9 +44,9 @@ def _validate(name: str, reason: str, actor: str) -> None:
 
 
 def _audit(*, actor: str, action: str, name: str, reason: str, halted: bool) -> None:
-    AuditEntry.objects.create(actor=actor, action=action, target_type="workflow_halt",
-                              target_id=name, reason=reason, before={"halted": not halted},
-                              after={"halted": halted})
+    audit_write(actor=actor, action=action, target_type="workflow_halt",
+                target_id=name, reason=reason, before={"halted": not halted},
+                after={"halted": halted})
 
 
 def halt_set(*, name: str, reason: str, actor: str, audit: bool = True) -> WorkflowHalt:

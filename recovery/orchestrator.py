@@ -27,7 +27,7 @@ from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
 
-from audit.models import AuditEntry
+from audit.services import audit_write
 
 from .models import (
     EmailMessage,
@@ -542,11 +542,11 @@ def step_resolve(*, purchase_id: str, step: str, resolution: str, actor: str,
         run.last_error = ""
         run.save(update_fields=["state", "completed_at", "attempts", "started_at",
                                 "last_error"])
-        AuditEntry.objects.create(actor=actor, action="step_resolve", target_type="step_run",
-                                  target_id=run.key, purchase_id=purchase_id, reason=reason,
-                                  ip=ip or None, before={"state": before},
-                                  after={"state": run.state},
-                                  detail={"step": step, "from": before, "to": run.state})
+        audit_write(actor=actor, action="step_resolve", target_type="step_run",
+                    target_id=run.key, purchase_id=purchase_id, reason=reason,
+                    ip=ip or None, before={"state": before},
+                    after={"state": run.state},
+                    detail={"step": step, "from": before, "to": run.state})
         purchase_transition(purchase_id=purchase_id, name="mark_fulfilling",
                             cause="step_resolved", actor=actor)
         run_steps_message_put(purchase_id)

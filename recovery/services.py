@@ -5,7 +5,7 @@ The implementations live next to their machinery; this module is the public surf
 from django.db import transaction
 from django.utils import timezone
 
-from audit.models import AuditEntry
+from audit.services import audit_write
 
 from .halts import HaltError, halt_clear, halt_set, valid_halt_names  # noqa: F401
 from .orchestrator import purchase_fulfil, step_resolve  # noqa: F401
@@ -34,12 +34,12 @@ def discrepancy_resolve(*, discrepancy_id: int, actor: str, reason: str,
             return False
         row.resolved_at = timezone.now()
         row.save(update_fields=["resolved_at"])
-        AuditEntry.objects.create(actor=actor, action="discrepancy_resolve",
-                                  target_type="settlement_discrepancy", target_id=str(row.id),
-                                  reason=reason, ip=ip or None,
-                                  before={"open": True}, after={"open": False},
-                                  detail={"reference": row.provider_reference,
-                                          "kind": row.kind})
+        audit_write(actor=actor, action="discrepancy_resolve",
+                    target_type="settlement_discrepancy", target_id=str(row.id),
+                    reason=reason, ip=ip or None,
+                    before={"open": True}, after={"open": False},
+                    detail={"reference": row.provider_reference,
+                            "kind": row.kind})
     return True
 
 
@@ -68,14 +68,14 @@ def outbox_retry_now(*, message_id: int, actor: str, reason: str,
         before = {"available_at": row.available_at.isoformat(), "attempts": row.attempts}
         row.available_at = now
         row.save(update_fields=["available_at"])
-        AuditEntry.objects.create(actor=actor, action="outbox_retry_now",
-                                  target_type="outbox_message", target_id=str(row.id),
-                                  purchase_id=str((row.payload or {}).get("purchase", ""))[:40]
-                                  if isinstance(row.payload, dict) else "",
-                                  reason=reason, ip=ip or None, before=before,
-                                  after={"available_at": now.isoformat(),
-                                         "attempts": row.attempts},
-                                  detail={"category": row.category,
-                                          "last_error": row.last_error[:300]})
+        audit_write(actor=actor, action="outbox_retry_now",
+                    target_type="outbox_message", target_id=str(row.id),
+                    purchase_id=str((row.payload or {}).get("purchase", ""))[:40]
+                    if isinstance(row.payload, dict) else "",
+                    reason=reason, ip=ip or None, before=before,
+                    after={"available_at": now.isoformat(),
+                           "attempts": row.attempts},
+                    detail={"category": row.category,
+                            "last_error": row.last_error[:300]})
         relay_kick()
     return row

@@ -48,6 +48,7 @@ from recovery.models import (
 from recovery import selectors as recovery_selectors
 from support import provider_queues
 from payments.money import MoneyInputError, format_money, parse_money
+from payments.presenters import operation_next_action
 from support.access import Action, can
 from support.timefmt import relative
 from support.models import AuditEntry, Note, Resolution
@@ -1011,10 +1012,8 @@ def refund_approve_feedback(*, op: PaymentOperation) -> tuple[int, str]:
 
 
 def operation_next_actions(ops: list[PaymentOperation]) -> dict[str, dict]:
-    """Each operation's next action from the one presenter (payments.selectors), so an
+    """Each operation's next action from the one presenter (payments.presenters), so an
     operation card never says "none" beside a purchase card naming an owner."""
-    from payments.selectors import operation_next_action
-
     return {op.pk: operation_next_action(op) for op in ops}
 
 

@@ -9,7 +9,7 @@ import logging
 from django.conf import settings
 from django.utils import timezone
 
-from audit.models import AuditEntry
+from audit.services import audit_write
 from recovery.halts import is_halted
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
@@ -113,9 +113,9 @@ def _lock_or_404(operation_id: str) -> tuple[Purchase, PaymentOperation]:
 
 def _audit(*, actor: str, action: str, op: PaymentOperation, reason: str,
            detail: dict | None = None) -> None:
-    AuditEntry.objects.create(actor=actor, action=action, target_type="operation",
-                              target_id=op.id, purchase_id=op.purchase_id, reason=reason,
-                              detail=detail or {})
+    audit_write(actor=actor, action=action, target_type="operation",
+                target_id=op.id, purchase_id=op.purchase_id, reason=reason,
+                detail=detail or {})
 
 
 def _provider():
