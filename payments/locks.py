@@ -10,7 +10,7 @@ import hashlib
 
 from django.db import transaction
 
-from .models import ApiClient, BuyerConfirmation, PaymentOperation, Purchase, Quote
+from .models import ApiClient, BuyerConfirmation, Dispute, PaymentOperation, Purchase, Quote
 
 
 def lock_purchase(purchase_id: str) -> Purchase:
@@ -50,7 +50,6 @@ def lock_purchase_and_operation(operation_id: str) -> tuple[Purchase, PaymentOpe
 
 def lock_dispute(dispute_id: str):
     """The dispute row, or None (the caller already holds its purchase's lock)."""
-    from .models import Dispute
 
     return Dispute.objects.select_for_update(of=("self",)).filter(id=dispute_id).first()
 

@@ -13,6 +13,9 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
+from payments.models import PaymentOperation
+from payments.services import operations_sweep_dead_dispatches, purchases_expire_stale
+
 from .models import OutboxCategory, OutboxMessage
 from .orchestrator import run_steps_message_put
 from .outbox import outbox_put
@@ -30,7 +33,6 @@ def reconcile_due(*, limit: int = 500) -> int:
     being handled absorbs a re-put with the same dedupe key; this sweep is what makes the
     schedule hold whatever happened to those rows.
     """
-    from payments.models import PaymentOperation
 
     due = list(PaymentOperation.objects.filter(outcome__in=_OPEN_OUTCOMES,
                                                next_reconcile_at__lte=timezone.now())
@@ -52,7 +54,6 @@ def reconcile_due(*, limit: int = 500) -> int:
 def sweep_dead_dispatches() -> int:
     """Dispatches past their lease with no outcome: the core turns them unknown (or
     failed `not_confirmed` when confirm was never claimed) — never re-dispatched."""
-    from payments.services import operations_sweep_dead_dispatches
 
     return operations_sweep_dead_dispatches()
 
@@ -71,6 +72,4 @@ def resume_stalled_fulfilment(*, older_than_seconds: float | None = None) -> int
 
 
 def expire_stale_purchases() -> int:
-    from payments.services import purchases_expire_stale
-
     return purchases_expire_stale()

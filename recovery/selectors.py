@@ -12,6 +12,10 @@ from django.conf import settings
 from django.db.models import Exists, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from payments.enums import Outcome
+from payments.models import PaymentOperation, Purchase
+
+from .halts import is_halted, step_halt_name  # noqa: F401  (re-exported: the console reads them here)
 from .models import (
     Order,
     OutboxMessage,
@@ -22,11 +26,10 @@ from .models import (
     StepState,
     WorkflowHalt,
 )
-from .halts import is_halted, step_halt_name  # noqa: F401  (re-exported: the console reads them here)
 from .reads import steps_for_purchase  # noqa: F401  (re-exported)
 
 # Outcomes that still wait for evidence (reconcile targets).
-_OPEN_OUTCOMES = ("unknown", "awaiting_provider", "awaiting_buyer")
+_OPEN_OUTCOMES = (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)
 
 
 def halts_list() -> QuerySet[WorkflowHalt]:
@@ -61,8 +64,6 @@ def decisions_for(purchase_id: str) -> QuerySet[RecoveryDecision]:
 
 
 def _operations():
-    from payments.models import PaymentOperation
-
     return PaymentOperation.objects
 
 
@@ -79,7 +80,6 @@ def queue_escalated(limit: int = 200):
 
 def paid_without_order(*, older_than_seconds: float | None = None, limit: int = 500):
     """Purchases the provider says are paid whose order row does not exist yet."""
-    from payments.models import Purchase
 
     if older_than_seconds is None:
         older_than_seconds = settings.PAID_WITHOUT_ORDER_SECONDS
@@ -91,7 +91,6 @@ def paid_without_order(*, older_than_seconds: float | None = None, limit: int = 
 
 def stalled_fulfilment(*, older_than_seconds: float | None = None, limit: int = 500):
     """Paid/fulfilling purchases not touched for a while (any incomplete step)."""
-    from payments.models import Purchase
 
     if older_than_seconds is None:
         older_than_seconds = settings.PAID_WITHOUT_ORDER_SECONDS
@@ -101,8 +100,6 @@ def stalled_fulfilment(*, older_than_seconds: float | None = None, limit: int = 
 
 
 def _compensation_needed_qs() -> QuerySet[StepRun]:
-    from payments.models import PaymentOperation
-
     # A compensated step whose compensation operation has not succeeded at the provider
     # still needs attention (DESIGN §5.6: reversed only once the provider confirms).
     compensation_pending = Q(state=StepState.COMPENSATED) & ~Exists(

@@ -8,6 +8,7 @@ from django.utils import timezone
 from audit.services import audit_write
 
 from .halts import HaltError, halt_clear, halt_set, valid_halt_names  # noqa: F401
+from .models import OutboxMessage, SettlementDiscrepancy
 from .orchestrator import purchase_fulfil, step_resolve  # noqa: F401
 from .outbox import outbox_put, relay_kick  # noqa: F401
 from .reconciler import (  # noqa: F401
@@ -24,7 +25,6 @@ def discrepancy_resolve(*, discrepancy_id: int, actor: str, reason: str,
                         ip: str | None = None) -> bool:
     """Finance closes a settlement discrepancy with its explanation; one audit row in the
     same transaction. False (and no row) if it was already closed."""
-    from .models import SettlementDiscrepancy
 
     if not (reason or "").strip() or not (actor or "").strip():
         raise ValueError("actor and reason are required")
@@ -52,7 +52,6 @@ def outbox_retry_now(*, message_id: int, actor: str, reason: str,
     """A person makes a backed-off outbox row due now (after fixing its cause). The relay
     runs it as usual: claim, handler outside the transaction, backoff if it fails again.
     A row a worker holds right now, or one already processed, is refused."""
-    from .models import OutboxMessage
 
     if not (reason or "").strip() or not (actor or "").strip():
         raise ValueError("actor and reason are required")

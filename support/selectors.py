@@ -7,7 +7,6 @@ event payloads are only handed out to roles with VIEW_REDACTED_PAYLOAD.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from statistics import median
@@ -35,23 +34,26 @@ from payments.models import (
     ProviderCall,
     Purchase,
 )
+from payments.money import MoneyInputError, format_money, parse_money
+from payments.presenters import operation_next_action
+from payments.providers.stripe import get_provider
+from recovery import selectors as recovery_selectors
 from recovery.models import (
+    LedgerEntry,
+    Order,
     OutboxCategory,
     OutboxMessage,
-    Order,
     RecoveryDecision,
     SettlementDiscrepancy,
     StepRun,
     StepState,
     WorkflowHalt,
 )
-from recovery import selectors as recovery_selectors
 from support import provider_queues
-from payments.money import MoneyInputError, format_money, parse_money
-from payments.presenters import operation_next_action
 from support.access import Action, can
+from support.models import AuditEntry, Incident, IncidentStatus, Note, Resolution
+from support.runbooks import QUEUE_RUNBOOK
 from support.timefmt import relative
-from support.models import AuditEntry, Note, Resolution
 from webhooks.models import EventResult, ProviderEvent
 
 # An outbox row still unprocessed this long after it became due, or retried this often,
@@ -243,7 +245,6 @@ def _purchase_for_references(refs: list[str]) -> dict[str, str]:
         for r in (ref, charge):
             if r in refs:
                 out.setdefault(r, pid)
-    from recovery.models import LedgerEntry
 
     for ref, pid in LedgerEntry.objects.filter(provider_reference__in=refs).values_list(
             "provider_reference", "purchase_id"):
@@ -380,8 +381,6 @@ def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
 
 
 def _item_runbook(queue: str, item: QueueItem) -> str:
-    from support.runbooks import QUEUE_RUNBOOK
-
     if queue == "quarantined" and item.summary.split(" · ", 1)[-1].startswith(MISMATCH_PREFIX):
         return QUEUE_RUNBOOK["mismatch"]
     return QUEUE_RUNBOOK.get(queue, "")
@@ -399,8 +398,6 @@ class QueueSummary:
 
     @property
     def runbook(self) -> str:
-        from support.runbooks import QUEUE_RUNBOOK
-
         return QUEUE_RUNBOOK.get(self.spec.name, "")
 
 
@@ -525,7 +522,6 @@ class WeekInterventions:
 def manual_interventions(*, days: int = 7, weeks: int = 4) -> dict:
     """Manual resolutions and audited console actions: the last `days`, and per ISO week
     (Monday 00:00 UTC) for the last `weeks` weeks."""
-    from support.models import Incident
 
     now = timezone.now()
     since = now - timedelta(days=days)
@@ -577,7 +573,6 @@ def _by_provider_references(qs, refs: set[str]):
         Q(provider_reference__in=refs) | Q(provider_charge__in=refs)).values_list("pk", flat=True))
     op_ids |= set(ProviderEvent.objects.filter(Q(object_id__in=refs) | Q(event_id__in=refs))
                   .exclude(operation_id="").values_list("operation_id", flat=True))
-    from recovery.models import LedgerEntry
 
     pids = set(LedgerEntry.objects.filter(provider_reference__in=refs)
                .values_list("purchase_id", flat=True))
@@ -589,7 +584,6 @@ def _balance_transaction_sources(txn_id: str) -> set[str]:
     provider (read-only, outside any transaction; nothing if it is unreachable)."""
     found = set(SettlementDiscrepancy.objects.filter(provider_reference=txn_id)
                 .values_list("provider_reference", flat=True))
-    from payments.providers.stripe import get_provider
 
     source = get_provider().balance_transaction_source(txn_id)
     if source:
@@ -871,23 +865,17 @@ def purchase_runbook_slug(purchase: Purchase, ops: list[PaymentOperation]) -> st
 
 
 def incidents_open() -> list:
-    from support.models import Incident, IncidentStatus
-
     return list(Incident.objects.filter(status=IncidentStatus.OPEN)
                 .select_related("opened_by").annotate(n_items=Count("items"))
                 .order_by("opened_at"))
 
 
 def incidents_recent(*, limit: int = 50) -> list:
-    from support.models import Incident
-
     return list(Incident.objects.select_related("opened_by", "closed_by")
                 .annotate(n_items=Count("items")).order_by("-opened_at")[:limit])
 
 
 def incident_get(incident_id: int):
-    from support.models import Incident
-
     return Incident.objects.select_related("opened_by", "closed_by").filter(
         pk=incident_id).first()
 
@@ -902,8 +890,6 @@ def incident_audit(incident) -> list[AuditEntry]:
 
 
 def incidents_for_purchase(purchase_id: str) -> list:
-    from support.models import Incident
-
     return list(Incident.objects.filter(items__purchase_id=purchase_id).distinct()
                 .order_by("-opened_at"))
 

@@ -19,6 +19,7 @@ from ..errors import DomainError
 from ..locks import lock_purchase_and_operation
 from ..models import OperationTransition, PaymentOperation, ProviderCall, Purchase
 from ..providers.base import CallResult
+from ..providers.stripe import get_provider
 
 
 log = logging.getLogger("verity.payments")
@@ -119,8 +120,6 @@ def _audit(*, actor: str, action: str, op: PaymentOperation, reason: str,
 
 
 def _provider():
-    from ..providers.stripe import get_provider
-
     return get_provider()
 
 

@@ -12,6 +12,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from recovery.models import Order, StepRun, StepState
+
 from ..customers import PAYMENT_METHOD_TOKEN
 from ..enums import (
     Grade,
@@ -207,8 +209,6 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
 
 
 def _fulfilment_started(purchase_id: str) -> bool:
-    from recovery.models import Order, StepRun, StepState
-
     return (Order.objects.filter(purchase_id=purchase_id).exists()
             or StepRun.objects.filter(purchase_id=purchase_id, state=StepState.DONE).exists())
 
