@@ -27,7 +27,9 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import ConfigDict, Field, ValidationError
 
 from payments.customers import CARD_NUMBER_LIKE
+from payments.enums import CallStep
 from payments.models import ApiClient
+from payments.providers.stripe import DrillMode, get_provider
 
 from . import tools
 from .tools import AgentResult, QuoteItem
@@ -100,8 +102,6 @@ class _ConfirmDrill:
     """
 
     def __init__(self, mode: str) -> None:
-        from payments.providers.stripe import DrillMode, get_provider
-
         modes = sorted(DrillMode.ALL)  # the mode strings (the class also holds tuples)
         if mode not in modes:
             raise ImproperlyConfigured(f"{DRILL_ENV}={mode!r} is not a fault drill mode; use "
@@ -115,9 +115,6 @@ class _ConfirmDrill:
         self._spent = False
 
     def __call__(self, op) -> None:
-        from payments.enums import CallStep
-        from payments.providers.stripe import get_provider
-
         with self._lock:
             if self._spent:
                 return

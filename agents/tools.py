@@ -40,7 +40,7 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import BaseModel, ConfigDict, Field
 
-from payments import selectors, services
+from payments import presenters, selectors, services
 from payments.customers import CARD_NUMBER_LIKE
 from payments.enums import (
     NON_RETRYABLE_REASONS,
@@ -60,7 +60,7 @@ from payments.idempotency import (
 from payments.locks import assert_no_transaction_outside_transaction
 from payments.models import ApiClient, PaymentOperation, Purchase, Quote
 from payments.problems import Problem
-from payments.services import DomainError
+from payments.errors import DomainError
 
 READ = "purchases:read"
 WRITE = "purchases:write"
@@ -116,7 +116,7 @@ class RefusalCode(str, Enum):
     NOT_FOUND = "not_found"
     REQUEST_IN_PROGRESS = "request_in_progress"
     REFUSED = "refused"  # a core code this list does not know yet (see `message`)
-    # the core's (payments.services.DomainError codes)
+    # the core's (payments.errors.DomainError codes)
     ALREADY_PAID = "already_paid"
     ALREADY_RETRIED = "already_retried"
     ALREADY_SETTLED = "already_settled"
@@ -214,7 +214,7 @@ def _noun(op: PaymentOperation) -> str:
 
 
 def operation_guidance(op: PaymentOperation) -> tuple[str, NextTool | None]:
-    action = selectors.operation_next_action(op)
+    action = presenters.operation_next_action(op)
     noun, again = _noun(op), _creator(op)
     get_op = dict(operation_id=op.id)
     if action["code"] == "escalated":
@@ -358,7 +358,7 @@ def operation_result(op: PaymentOperation, *, replayed: bool = False,
                      refusal: Refusal | None = None, note: str | None = None) -> AgentResult:
     op = _load_op(op.id)
     instruction, next_tool = operation_guidance(op)
-    view = _with_tool_action(selectors.operation_view(op), instruction, next_tool)
+    view = _with_tool_action(presenters.operation_view(op), instruction, next_tool)
     return AgentResult(instruction=instruction, next_tool=next_tool, operation=view,
                        replayed=replayed, refusal=refusal, note=note)
 
@@ -367,7 +367,7 @@ def purchase_result(purchase: Purchase, *, replayed: bool = False,
                     refusal: Refusal | None = None, note: str | None = None) -> AgentResult:
     purchase = _load_purchase(purchase.id)
     instruction, next_tool = purchase_guidance(purchase)
-    view = _with_tool_action(selectors.purchase_view(purchase), instruction, next_tool)
+    view = _with_tool_action(presenters.purchase_view(purchase), instruction, next_tool)
     return AgentResult(instruction=instruction, next_tool=next_tool, purchase=view,
                        replayed=replayed, refusal=refusal, note=note)
 
@@ -560,7 +560,7 @@ def list_products(*, api_client: ApiClient, cursor: str | None = None,
     page = list(qs[:limit + 1])
     more = len(page) > limit
     page = page[:limit]
-    products = [{k: _clip(v) for k, v in selectors.product_view(p).items()} for p in page]
+    products = [{k: _clip(v) for k, v in presenters.product_view(p).items()} for p in page]
     next_cursor = page[-1].sku if more and page else None
     return AgentResult(
         instruction=("Call get_quote with the skus and quantities the buyer wants (more "
@@ -579,7 +579,7 @@ def get_quote(*, api_client: ApiClient, items: list[QuoteItem], currency: str = 
                 items=[{"sku": i.sku, "quantity": i.quantity} for i in items])
     except DomainError as exc:
         return _domain_refusal(exc, api_client, retry_call=None)
-    view = selectors.quote_view(quote)
+    view = presenters.quote_view(quote)
     if isinstance(view.get("items"), list):
         view["items"] = [{k: _clip(v) for k, v in item.items()} if isinstance(item, dict)
                          else item for item in view["items"]]

@@ -21,7 +21,10 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from recovery.metrics import BLOCKED_DUPLICATES, IDEMPOTENT_REPLAYS
+
 from . import selectors, services
+from .errors import DomainError
 from .enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
 from .idempotency import (
     REPLAYED_HEADER,
@@ -154,10 +157,6 @@ _BLOCKED_DUPLICATE_CODES = frozenset({
 
 
 def _count(*, replayed_route: str | None = None, refused_code: str | None = None) -> None:
-    try:
-        from recovery.metrics import BLOCKED_DUPLICATES, IDEMPOTENT_REPLAYS
-    except ImportError:  # metrics are optional for the API
-        return
     if replayed_route:
         IDEMPOTENT_REPLAYS.labels(route=replayed_route).inc()
     if refused_code in _BLOCKED_DUPLICATE_CODES:
@@ -171,8 +170,6 @@ def _run_idempotent(request, *, route: str, create: Callable[[Claim], Response],
     `create(claim)` makes the effect and binds it inside one transaction, then answers.
     `resume(claim)` continues a request whose holder died after binding (lease expired).
     """
-    from .services import DomainError
-
     key = key_from_headers(request.headers)
     try:
         claim = idempotency_claim(api_client=request.auth, route=route, key=key,

@@ -4,3 +4,7 @@ from django.apps import AppConfig
 class PaymentsConfig(AppConfig):
     name = "payments"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Register this app's outbox handlers with the relay (recovery.outbox).
+        from . import handlers  # noqa: F401

@@ -22,6 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 from django_fsm import can_proceed
 
+from payments.providers.stripe import get_provider
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
 
@@ -43,7 +44,7 @@ from .locks import (
 )
 from .models import Dispute, PaymentOperation, ProviderCall, Purchase
 from .providers.base import DisputeObject
-from .services import _history
+from .services.common import _history
 
 log = logging.getLogger("verity.payments.disputes")
 
@@ -244,7 +245,6 @@ def dispute_refresh(*, dispute_id: str, actor: str = "dispute-readback") -> Disp
     The read is recorded as a reconcile ProviderCall on the disputed payment. A provider
     that cannot be read leaves the record as it is (absence of evidence changes nothing).
     """
-    from payments.providers.stripe import get_provider
 
     assert_no_transaction_outside_transaction()
     dispute = Dispute.objects.get(id=dispute_id)

@@ -22,6 +22,8 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from payments.providers.stripe import get_provider
+
 from .enums import (
     PAYMENT_KINDS,
     SLOT_HOLDING_OUTCOMES,
@@ -33,21 +35,16 @@ from .enums import (
     Stage,
     Verification,
 )
+from .errors import DomainError
 from .locks import (
     assert_no_transaction_outside_transaction,
     lock_purchase_and_operation,
 )
 from .models import PaymentOperation
 from .providers.base import ProviderObject
-from .services import (
-    DomainError,
-    _audit,
-    _captured_amount,
-    _create_op,
-    _history,
-    _schedule_reconcile,
-    _settle_effects,
-)
+from .services.common import _audit, _captured_amount, _history
+from .services.observations import _schedule_reconcile, _settle_effects
+from .services.operations import _create_op
 
 log = logging.getLogger("verity.payments.external")
 
@@ -204,7 +201,6 @@ def external_refunds_read(*, payment_operation_id: str) -> list[ExternalApplyRes
     """Read a payment's refunds at the provider (no transaction open) and record the ones
     no Verity operation requested. Prompted by `charge.refunded`, whose Charge does not
     name its refunds. Refunds carrying Verity's `operation_id` are the reconciler's."""
-    from payments.providers.stripe import get_provider
 
     assert_no_transaction_outside_transaction()
     payment = PaymentOperation.objects.get(id=payment_operation_id)

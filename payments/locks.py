@@ -1,4 +1,5 @@
-"""Row-lock helpers. Lock order, always: Purchase -> PaymentOperation -> Dispute -> ApiClient.
+"""Row-lock helpers. Lock order, always: Quote -> the buyer (advisory) -> BuyerConfirmation
+-> Purchase -> PaymentOperation -> Dispute -> ApiClient.
 
 Two code paths never lock the same rows in a different order, so they cannot deadlock.
 `of=("self",)` keeps PostgreSQL from locking joined rows.
@@ -9,11 +10,26 @@ import hashlib
 
 from django.db import transaction
 
-from .models import ApiClient, PaymentOperation, Purchase
+from .models import ApiClient, BuyerConfirmation, Dispute, PaymentOperation, Purchase, Quote
 
 
 def lock_purchase(purchase_id: str) -> Purchase:
     return Purchase.objects.select_for_update(of=("self",)).get(id=purchase_id)
+
+
+def lock_purchase_or_none(purchase_id: str) -> Purchase | None:
+    return Purchase.objects.select_for_update(of=("self",)).filter(id=purchase_id).first()
+
+
+def lock_quote_or_none(quote_id: str) -> Quote | None:
+    return Quote.objects.select_for_update().filter(id=quote_id).first()
+
+
+def lock_buyer_confirmation_or_none(*, code_hash: str, purchases, now) -> BuyerConfirmation | None:
+    """The unused, unexpired confirmation with this code on one of `purchases`, locked."""
+    return (BuyerConfirmation.objects.select_for_update()
+            .filter(code_hash=code_hash, used_at__isnull=True, expires_at__gt=now,
+                    purchase__in=purchases).first())
 
 
 def lock_operation(operation_id: str) -> PaymentOperation:
@@ -34,7 +50,6 @@ def lock_purchase_and_operation(operation_id: str) -> tuple[Purchase, PaymentOpe
 
 def lock_dispute(dispute_id: str):
     """The dispute row, or None (the caller already holds its purchase's lock)."""
-    from .models import Dispute
 
     return Dispute.objects.select_for_update(of=("self",)).filter(id=dispute_id).first()
 

@@ -16,6 +16,7 @@ from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
 from .enums import Owner, RetryAdvice
+from .errors import DomainError  # the core owns the refusal type
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def problem_response(problem: Problem) -> Response:
 
 
 def problem_from_domain_error(exc) -> Problem:
-    """payments.services.DomainError -> Problem (codes and advice are the core's)."""
+    """payments.errors.DomainError -> Problem (codes and advice are the core's)."""
     headers = {}
     extra = dict(exc.extra or {})
     retry_after = extra.pop("retry_after", None)
@@ -173,8 +174,6 @@ def is_database_unavailable(exc: BaseException) -> bool:
 def exception_handler(exc, context):
     """REST_FRAMEWORK["EXCEPTION_HANDLER"]: every error becomes a problem document."""
     from django.core.exceptions import RequestDataTooBig
-
-    from .services import DomainError  # the core owns the refusal type
 
     if isinstance(exc, Problem):
         return problem_response(exc)

@@ -16,6 +16,10 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
+from payments.disputes import dispute_refresh
+from payments.enums import DISPUTE_CLOSED_STATUSES, DisputeStatus
+from payments.models import Dispute
+
 from .models import LedgerAccount, OutboxCategory
 from .outbox import outbox_put
 from .steps import _ledger_pair
@@ -26,8 +30,6 @@ log = logging.getLogger(__name__)
 def dispute_ledger_book(*, dispute_id: str) -> int:
     """Book what the stored dispute says; idempotent (unique per entry). Returns the
     number of balance transactions considered."""
-    from payments.enums import DisputeStatus
-    from payments.models import Dispute
 
     dispute = Dispute.objects.get(id=dispute_id)
     moves = list(dispute.balance_transactions or [])
@@ -59,7 +61,6 @@ def dispute_ledger_book(*, dispute_id: str) -> int:
 
 def dispute_changed(*, dispute_id: str) -> None:
     """Read back first (outside any transaction; a failed read changes nothing), then book."""
-    from payments.disputes import dispute_refresh
 
     try:
         dispute_refresh(dispute_id=dispute_id)
@@ -71,8 +72,6 @@ def dispute_changed(*, dispute_id: str) -> None:
 def disputes_refresh_open() -> int:
     """Beat job: queue a read-back of every open dispute (a missed or late webhook cannot
     leave one stale). Finds work and writes outbox rows only; one per dispute per hour."""
-    from payments.enums import DISPUTE_CLOSED_STATUSES
-    from payments.models import Dispute
 
     hour = timezone.now().strftime("%Y%m%d%H")
     ids = list(Dispute.objects.exclude(status__in=DISPUTE_CLOSED_STATUSES)

@@ -8,8 +8,10 @@ from __future__ import annotations
 from django.db import connection, transaction
 from django.utils import timezone
 
+from audit.services import audit_write
+
 from .models import OutboxCategory, OutboxMessage, StepName, StepRun, StepState, WorkflowHalt
-from .outbox import outbox_put
+from .outbox import outbox_put, run_steps_put
 
 WORKFLOW_HALTS = ("checkout", "refunds")
 STEP_HALT_PREFIX = "step:"
@@ -17,6 +19,15 @@ STEP_HALT_PREFIX = "step:"
 
 class HaltError(ValueError):
     pass
+
+
+def step_halt_name(step: str) -> str:
+    return f"step:{step}"
+
+
+def is_halted(name: str) -> bool:
+    """`checkout`, `refunds` or `step:<name>`. Read on every call: halts must bite at once."""
+    return WorkflowHalt.objects.filter(name=name).exists()
 
 
 def valid_halt_names() -> list[str]:
@@ -33,11 +44,9 @@ def _validate(name: str, reason: str, actor: str) -> None:
 
 
 def _audit(*, actor: str, action: str, name: str, reason: str, halted: bool) -> None:
-    from support.models import AuditEntry
-
-    AuditEntry.objects.create(actor=actor, action=action, target_type="workflow_halt",
-                              target_id=name, reason=reason, before={"halted": not halted},
-                              after={"halted": halted})
+    audit_write(actor=actor, action=action, target_type="workflow_halt",
+                target_id=name, reason=reason, before={"halted": not halted},
+                after={"halted": halted})
 
 
 def halt_set(*, name: str, reason: str, actor: str, audit: bool = True) -> WorkflowHalt:
@@ -97,7 +106,6 @@ def _resume_waiting_on_step(step: str) -> None:
                                                                  StepState.FAILED))
                     .values_list("purchase_id", flat=True)[:2000])
     for purchase_id in purchase_ids:
-        outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase_id},
-                   dedupe_key=f"run_steps:{purchase_id}")
+        run_steps_put(purchase_id=purchase_id)
 
 

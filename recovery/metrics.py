@@ -23,6 +23,14 @@ from django.utils import timezone
 from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
+from audit.models import Resolution
+from payments.enums import CallPurpose, DISPUTE_CLOSED_STATUSES, OVERTURN_CAUSE, Origin
+from payments.models import Dispute, OperationTransition, PaymentOperation, ProviderCall
+from webhooks.models import ProviderEvent
+
+from . import selectors
+from .models import EmailMessage, Order, OutboxMessage, SettlementDiscrepancy, WorkflowHalt
+
 log = logging.getLogger(__name__)
 
 # -- counters (increment at the event) -------------------------------------------------
@@ -48,8 +56,6 @@ def _delay_histogram(name: str, doc: str, rows, at: str, since) -> HistogramMetr
     from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, Q, Subquery, \
         Sum, Value
     from django.db.models.functions import Greatest
-
-    from payments.models import PaymentOperation
 
     settled = (PaymentOperation.objects.filter(
         purchase_id=OuterRef("purchase_id"), kind__in=("charge", "authorize"),
@@ -94,13 +100,6 @@ class DatabaseCollector:
         yield from families
 
     def _collect(self):
-        from payments.models import PaymentOperation
-        from support.models import Resolution
-        from webhooks.models import ProviderEvent
-
-        from . import selectors
-        from .models import EmailMessage, Order, SettlementDiscrepancy
-
         count, age = selectors.unknown_operations_stats()
         yield GaugeMetricFamily("verity_unknown_operations",
                                 "Operations whose outcome is unknown", value=count)
@@ -140,8 +139,6 @@ class DatabaseCollector:
                                 value=Resolution.objects.count())
         # Provider evidence outranks a person (DESIGN §4): every overturn, all time (a
         # counter in effect: rows are append-only), and those not yet reviewed.
-        from payments.enums import OVERTURN_CAUSE
-        from payments.models import OperationTransition
 
         yield GaugeMetricFamily(
             "verity_manual_resolutions_overturned",
@@ -172,12 +169,6 @@ class DatabaseCollector:
     def _collect_alert_inputs(self):
         """Figures the alert rules in deploy/prometheus/alerts.yml need (issue 11)."""
         from django.db.models import Min
-
-        from payments.enums import CallPurpose
-        from payments.models import ProviderCall
-
-        from . import selectors
-        from .models import OutboxMessage, WorkflowHalt
 
         now = timezone.now()
         # Past the grace period already (recovery.selectors.paid_without_order).
@@ -223,8 +214,6 @@ class DatabaseCollector:
 def _dispute_gauges(now):
     """Open disputes, and those whose evidence is due within 48 hours (or overdue): the
     VerityDisputeEvidenceDue alert and the finance queue read the same rows."""
-    from payments.enums import DISPUTE_CLOSED_STATUSES, Origin
-    from payments.models import Dispute, PaymentOperation
 
     open_disputes = Dispute.objects.exclude(status__in=DISPUTE_CLOSED_STATUSES)
     yield GaugeMetricFamily("verity_disputes_open", "Open disputes at the provider",

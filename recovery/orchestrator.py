@@ -27,16 +27,21 @@ from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
 
-from .models import (
-    EmailMessage,
-    OutboxCategory,
-    RecoveryDecision,
-    StepName,
-    StepRun,
-    StepState,
+from audit.services import audit_write
+from payments.enums import OperationKind, Outcome, PAYMENT_KINDS, PurchaseStatus
+from payments.models import PaymentOperation, Product, Purchase
+from payments.services import (
+    DomainError,
+    duplicate_compensation_ensure,
+    purchase_transition,
+    refund_request,
+    void_create,
 )
-from .outbox import outbox_put
-from .selectors import is_halted, step_halt_name
+
+from .halts import is_halted, step_halt_name
+from .metrics import REFUND_OUTCOMES
+from .models import EmailMessage, Order, RecoveryDecision, StepName, StepRun, StepState
+from .outbox import dispatch_put, run_steps_put
 from .steps import (
     DB_STEPS,
     PaymentInfo,
@@ -71,8 +76,7 @@ class StepRetryLater(Exception):
 
 def run_steps_message_put(purchase_id: str) -> None:
     """Call inside atomic(). Same dedupe key as the core's, so the two absorb each other."""
-    outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase_id},
-               dedupe_key=f"steps:{purchase_id}")
+    run_steps_put(purchase_id=purchase_id)
 
 
 # -- context --------------------------------------------------------------------------
@@ -86,8 +90,6 @@ def _info(op) -> PaymentInfo:
 
 def load_context(purchase_id: str) -> PurchaseContext | None:
     """None unless the purchase is paid/fulfilling with a succeeded payment operation."""
-    from payments.enums import PAYMENT_KINDS, OperationKind, Outcome, PurchaseStatus
-    from payments.models import Product, Purchase
 
     purchase = Purchase.objects.select_related("quote").get(id=purchase_id)
     if purchase.status not in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
@@ -112,16 +114,12 @@ def load_context(purchase_id: str) -> PurchaseContext | None:
 
 def _still_fulfillable(purchase_id: str) -> bool:
     """Re-checked before every step (and under the confirmation step's lock)."""
-    from payments.enums import PurchaseStatus
-    from payments.models import Purchase
 
     status = Purchase.objects.filter(id=purchase_id).values_list("status", flat=True).get()
     return status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING)
 
 
 def _status_url(purchase_id: str) -> str:
-    from payments.models import Purchase
-
     token = Purchase.objects.filter(id=purchase_id).values_list("status_token", flat=True).get()
     return f"{settings.PUBLIC_BASE_URL.rstrip('/')}/status/{token}/"
 
@@ -145,7 +143,6 @@ def _decide(purchase_id: str, decision: str, detail: str = "") -> None:
 
 def _manual_review(purchase_id: str, detail: str) -> None:
     """Inside the caller's atomic(): the purchase goes to a person; decision `manual`."""
-    from payments.services import purchase_transition
 
     purchase_transition(purchase_id=purchase_id, name="mark_manual_review",
                         cause="step_needs_review", actor=ACTOR)
@@ -209,8 +206,6 @@ def _definitely_not_sent(exc: BaseException) -> bool:
 
 
 def _confirmation_text(ctx: PurchaseContext) -> tuple[str, str]:
-    from .models import Order
-
     order = Order.objects.filter(purchase_id=ctx.purchase_id).values_list("reference",
                                                                           flat=True).first()
     amount = f"{ctx.payment.amount / 100:.2f} {ctx.payment.currency.upper()}"
@@ -346,9 +341,6 @@ def _run_deliverable(ctx: PurchaseContext) -> str:
 
 
 def _existing_compensation(purchase_id: str):
-    from payments.enums import Outcome
-    from payments.models import PaymentOperation
-
     return (PaymentOperation.objects.filter(purchase_id=purchase_id, is_compensation=True)
             .exclude(outcome=Outcome.FAILED).order_by("created_at").first())
 
@@ -357,7 +349,6 @@ def _compensate(ctx: PurchaseContext, step: str) -> str:
     """Start (or find) the linked void/refund for a compensated step. Re-entrant: the
     core refuses a second refund beyond the refundable amount and a second active
     operation on the purchase, so two runners cannot compensate twice."""
-    from payments.services import DomainError, refund_request, void_create
 
     run = StepRun.objects.get(purchase_id=ctx.purchase_id, step=step)
     if run.compensation_operation_id:
@@ -388,8 +379,7 @@ def _compensate(ctx: PurchaseContext, step: str) -> str:
             compensation_operation_id=op.id)
         # Compensations need no approval: dispatch through the outbox (a second dispatch
         # of the same operation is a no-op in the core).
-        outbox_put(category=OutboxCategory.DISPATCH, payload={"operation": op.id},
-                   dedupe_key=f"dispatch:{op.id}")
+        dispatch_put(operation_id=op.id)
     log.info("compensation started purchase=%s step=%s operation=%s kind=%s",
              ctx.purchase_id, step, op.id, op.kind)
     return StepState.COMPENSATED
@@ -405,12 +395,9 @@ def purchase_fulfil(*, purchase_id: str) -> str:
     `busy`, `not_ready`). Raises StepRetryLater for a transient failure (the outbox
     backs the message off and runs it again).
     """
-    from payments.services import purchase_transition
 
     ctx = load_context(purchase_id)
     if ctx is None:
-        from payments.models import Purchase
-
         status = Purchase.objects.filter(id=purchase_id).values_list("status", flat=True).get()
         return COMPLETED if status == "completed" else NOT_READY
     _ensure_step_runs(ctx)
@@ -445,14 +432,10 @@ def purchase_fulfil(*, purchase_id: str) -> str:
 
 def operation_settled(*, operation_id: str) -> None:
     """Follow-up of a settled operation (the core already moved holds and status)."""
-    from payments.enums import PAYMENT_KINDS, OperationKind, Outcome
-    from payments.models import PaymentOperation
 
     op = PaymentOperation.objects.select_related("parent").get(id=operation_id)
     info = _info(op)
     if op.kind in (OperationKind.REFUND, OperationKind.VOID) and op.is_terminal:
-        from .metrics import REFUND_OUTCOMES
-
         REFUND_OUTCOMES.labels(kind=op.kind, outcome=op.outcome).inc()
     if op.kind in PAYMENT_KINDS and op.is_duplicate:
         _duplicate_settled(op)
@@ -505,8 +488,6 @@ def operation_settled(*, operation_id: str) -> None:
 def _duplicate_settled(op) -> None:
     """A confirmed duplicate: its compensating refund/void must exist (the core creates it
     in the same transaction when it can; this retries while the purchase's slot is busy)."""
-    from payments.enums import Outcome
-    from payments.services import DomainError, duplicate_compensation_ensure
 
     if op.outcome != Outcome.SUCCEEDED:
         return
@@ -519,7 +500,6 @@ def _duplicate_settled(op) -> None:
 def _unwind_after_void(op) -> None:
     """An operator voided after fulfilment started (console, with a reason): the
     compensating steps run once — the order is cancelled, the decision recorded."""
-    from .models import Order
 
     with transaction.atomic():
         cancelled = Order.objects.filter(purchase_id=op.purchase_id,
@@ -556,9 +536,6 @@ def step_resolve(*, purchase_id: str, step: str, resolution: str, actor: str,
     """A person settles a step waiting for review: `done` (it did happen / was done by
     hand) or `retry` (safe to run again, e.g. the e-mail provably never left).
     Writes its AuditEntry in the same transaction, then resumes the purchase."""
-    from payments.services import purchase_transition
-    from support.models import AuditEntry
-
     if resolution not in ("done", "retry"):
         raise ValueError("resolution must be 'done' or 'retry'")
     if not (reason or "").strip() or not (actor or "").strip():
@@ -575,11 +552,11 @@ def step_resolve(*, purchase_id: str, step: str, resolution: str, actor: str,
         run.last_error = ""
         run.save(update_fields=["state", "completed_at", "attempts", "started_at",
                                 "last_error"])
-        AuditEntry.objects.create(actor=actor, action="step_resolve", target_type="step_run",
-                                  target_id=run.key, purchase_id=purchase_id, reason=reason,
-                                  ip=ip or None, before={"state": before},
-                                  after={"state": run.state},
-                                  detail={"step": step, "from": before, "to": run.state})
+        audit_write(actor=actor, action="step_resolve", target_type="step_run",
+                    target_id=run.key, purchase_id=purchase_id, reason=reason,
+                    ip=ip or None, before={"state": before},
+                    after={"state": run.state},
+                    detail={"step": step, "from": before, "to": run.state})
         purchase_transition(purchase_id=purchase_id, name="mark_fulfilling",
                             cause="step_resolved", actor=actor)
         run_steps_message_put(purchase_id)

@@ -1,12 +1,42 @@
-"""Writing to the transactional outbox (the relay lives in recovery.relay)."""
+"""Writing to the transactional outbox, and the registry of its handlers.
+
+A leaf: it imports no app. The relay (recovery.relay) is kicked by task name, and each
+app registers the handlers of its own categories (Sentry's receiver pattern) from its
+AppConfig.ready(), so the relay runs them without importing any app either.
+"""
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
+from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
 from .models import OutboxCategory, OutboxMessage
+
+RELAY_TASK = "recovery.relay_drain"
+
+Handler = Callable[[dict], None]
+_HANDLERS: dict[int, Handler] = {}
+
+
+def outbox_handler(category: OutboxCategory) -> Callable[[Handler], Handler]:
+    """Register the handler of one category (each takes the ids-only payload). One handler
+    per category: registering a second, different one is a programming error."""
+
+    def register(fn: Handler) -> Handler:
+        current = _HANDLERS.get(int(category))
+        if current is not None and current is not fn and current.__qualname__ != fn.__qualname__:
+            raise RuntimeError(f"outbox category {category!r} already has a handler")
+        _HANDLERS[int(category)] = fn
+        return fn
+
+    return register
+
+
+def outbox_handler_for(category: int) -> Handler | None:
+    return _HANDLERS.get(int(category))
 
 
 def outbox_put(*, category: OutboxCategory, payload: dict, dedupe_key: str,
@@ -26,10 +56,37 @@ def outbox_put(*, category: OutboxCategory, payload: dict, dedupe_key: str,
         transaction.on_commit(_kick_relay, robust=True)
 
 
-def _kick_relay() -> None:
-    from recovery.tasks import relay_drain
+# -- the messages several apps write: one helper each owns the dedupe key ---------------
 
-    # retry=False: with the broker down, fail at once instead of holding the committed
-    # request for Celery's publish retries (measured ~3 s per kick). The row is already
-    # committed; the beat's sweep re-kicks the relay when the broker is back.
-    relay_drain.apply_async(retry=False)
+
+def run_steps_put(*, purchase_id: str) -> None:
+    """Run (or resume) a purchase's downstream steps. One pending message per purchase,
+    whoever asks: a settled payment, a cleared halt, a person's resume."""
+    outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase_id},
+               dedupe_key=f"steps:{purchase_id}")
+
+
+def dispatch_put(*, operation_id: str) -> None:
+    """Send an operation to the provider (a compensation, a duplicate's refund)."""
+    outbox_put(category=OutboxCategory.DISPATCH, payload={"operation": operation_id},
+               dedupe_key=f"dispatch:{operation_id}")
+
+
+def operation_settled_put(*, operation_id: str) -> None:
+    """An operation reached its outcome: the workflow follows it."""
+    outbox_put(category=OutboxCategory.OPERATION_SETTLED, payload={"operation": operation_id},
+               dedupe_key=f"settled:{operation_id}")
+
+
+def relay_kick() -> None:
+    """Kick the relay now (after commit); the beat sweep is the backstop."""
+    transaction.on_commit(_kick_relay, robust=True)
+
+
+def _kick_relay() -> None:
+    # By name: the outbox imports no task module (recovery.tasks imports the relay, which
+    # imports the handlers' apps). retry=False: with the broker down, fail at once instead
+    # of holding the committed request for Celery's publish retries (measured ~3 s per
+    # kick). The row is already committed; the beat's sweep re-kicks the relay when the
+    # broker is back.
+    current_app.send_task(RELAY_TASK, retry=False)

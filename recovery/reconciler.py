@@ -11,7 +11,12 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
+
+from payments.enums import Grade
+from payments.models import PaymentOperation
+from payments.services import operations_sweep_dead_dispatches, purchases_expire_stale
 
 from .models import OutboxCategory, OutboxMessage
 from .orchestrator import run_steps_message_put
@@ -30,11 +35,6 @@ def reconcile_due(*, limit: int = 500) -> int:
     being handled absorbs a re-put with the same dedupe key; this sweep is what makes the
     schedule hold whatever happened to those rows.
     """
-    from django.db.models import Q
-
-    from payments.enums import Grade
-    from payments.models import PaymentOperation
-
     # Open operations, and outcomes only a person gave (acknowledged): those are read back
     # until the provider confirms or overturns them.
     due = list(PaymentOperation.objects.filter(Q(outcome__in=_OPEN_OUTCOMES)
@@ -58,7 +58,6 @@ def reconcile_due(*, limit: int = 500) -> int:
 def sweep_dead_dispatches() -> int:
     """Dispatches past their lease with no outcome: the core turns them unknown (or
     failed `not_confirmed` when confirm was never claimed) — never re-dispatched."""
-    from payments.services import operations_sweep_dead_dispatches
 
     return operations_sweep_dead_dispatches()
 
@@ -77,6 +76,4 @@ def resume_stalled_fulfilment(*, older_than_seconds: float | None = None) -> int
 
 
 def expire_stale_purchases() -> int:
-    from payments.services import purchases_expire_stale
-
     return purchases_expire_stale()

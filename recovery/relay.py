@@ -5,7 +5,10 @@ Shape (after sentry's hybridcloud outbox):
      drainers never wait on each other nor take the same row — and stamps
      `claimed_until = now + lease`, `attempts + 1`;
   2. after commit, each message's handler runs with NO transaction open (handlers call
-     the provider through payments.services, which refuses an open transaction);
+     the provider through payments.services, which refuses an open transaction). The
+     handlers are registered per category by the app that owns the work
+     (recovery.outbox.outbox_handler, from each AppConfig.ready()): the relay imports
+     no app;
   3. success sets `processed_at`; failure records `last_error` and moves `available_at`
      by capped exponential backoff. Backoff lives only in `available_at` — never in a
      Celery countdown/eta, which a lost Redis would forget.
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
@@ -25,80 +27,16 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from .models import OutboxCategory, OutboxMessage
+from payments.errors import DomainError
+from payments.locks import assert_no_transaction_outside_transaction
+
+from .models import OutboxMessage
+from .outbox import outbox_handler_for
 
 log = logging.getLogger(__name__)
 
 # DomainError codes that mean "the follow-up is already done": the message is processed.
 _DONE_CODES = frozenset({"already_settled", "already_dispatched", "not_dispatchable"})
-
-
-def _assert_no_transaction_outside() -> None:
-    if transaction.get_connection().in_atomic_block:
-        raise RuntimeError("relay handlers run outside any transaction (they may call the "
-                           "provider); do not call relay_drain_once inside atomic()")
-
-
-# -- handlers (each takes the ids-only payload) ---------------------------------------
-
-
-def _handle_process_event(payload: dict) -> None:
-    from webhooks.services import event_process
-
-    event_process(event_id=payload["event"])
-
-
-def _handle_operation_settled(payload: dict) -> None:
-    from .orchestrator import operation_settled
-
-    operation_settled(operation_id=payload["operation"])
-
-
-def _handle_reconcile(payload: dict) -> None:
-    from payments.services import operation_reconcile
-
-    operation_reconcile(operation_id=payload["operation"], actor="reconciler")
-
-
-def _handle_dispatch(payload: dict) -> None:
-    from payments.services import operation_dispatch_or_wait
-
-    # Still queued after the call = its workflow is halted: back off, do not drop it.
-    operation_dispatch_or_wait(operation_id=payload["operation"])
-
-
-def _handle_run_steps(payload: dict) -> None:
-    from .orchestrator import purchase_fulfil
-
-    purchase_fulfil(purchase_id=payload["purchase"])
-
-
-def _handle_dispute_changed(payload: dict) -> None:
-    from .disputes import dispute_changed
-
-    dispute_changed(dispute_id=payload["dispute"])
-
-
-def _handle_provider_refunds_read(payload: dict) -> None:
-    from payments.external import external_refunds_read
-
-    external_refunds_read(payment_operation_id=payload["operation"])
-
-
-def _handle_noop(payload: dict) -> None:
-    return None
-
-
-HANDLERS: dict[int, Callable[[dict], None]] = {
-    OutboxCategory.PROCESS_EVENT: _handle_process_event,
-    OutboxCategory.OPERATION_SETTLED: _handle_operation_settled,
-    OutboxCategory.RECONCILE: _handle_reconcile,
-    OutboxCategory.DISPATCH: _handle_dispatch,
-    OutboxCategory.RUN_STEPS: _handle_run_steps,
-    OutboxCategory.DISPUTE_CHANGED: _handle_dispute_changed,
-    OutboxCategory.PROVIDER_REFUNDS_READ: _handle_provider_refunds_read,
-    OutboxCategory.NOOP: _handle_noop,
-}
 
 
 # -- backoff --------------------------------------------------------------------------
@@ -153,9 +91,7 @@ def _fail(message: OutboxMessage, exc: BaseException) -> None:
 
 def handle_message(message: OutboxMessage) -> bool:
     """Run one claimed message's handler outside any transaction. True on success."""
-    from payments.services import DomainError
-
-    handler = HANDLERS.get(message.category)
+    handler = outbox_handler_for(message.category)
     try:
         if handler is None:
             raise LookupError(f"no handler for outbox category {message.category}")
@@ -175,7 +111,8 @@ def handle_message(message: OutboxMessage) -> bool:
 
 def relay_drain_once(batch: int = 100) -> int:
     """Claim up to `batch` due messages and handle them; returns how many were claimed."""
-    _assert_no_transaction_outside()
+    # Handlers may call the provider: never inside atomic().
+    assert_no_transaction_outside_transaction()
     messages = _claim(batch)
     for message in messages:
         # A message whose lease ran out while earlier ones were handled may already be

@@ -12,8 +12,11 @@ from django.conf import settings
 from django.db.models import Exists, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from payments.enums import Outcome
+from payments.models import PaymentOperation, Purchase
+
+from .halts import is_halted, step_halt_name  # noqa: F401  (re-exported: the console reads them here)
 from .models import (
-    STEP_ORDER,
     Order,
     OutboxMessage,
     RecoveryDecision,
@@ -23,35 +26,14 @@ from .models import (
     StepState,
     WorkflowHalt,
 )
+from .reads import steps_for_purchase  # noqa: F401  (re-exported)
 
 # Outcomes that still wait for evidence (reconcile targets).
-_OPEN_OUTCOMES = ("unknown", "awaiting_provider", "awaiting_buyer")
-
-
-def step_halt_name(step: str) -> str:
-    return f"step:{step}"
-
-
-def is_halted(name: str) -> bool:
-    """`checkout`, `refunds` or `step:<name>`. Read on every call: halts must bite at once."""
-    return WorkflowHalt.objects.filter(name=name).exists()
+_OPEN_OUTCOMES = (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)
 
 
 def halts_list() -> QuerySet[WorkflowHalt]:
     return WorkflowHalt.objects.order_by("name")
-
-
-def steps_for_purchase(purchase_id: str) -> dict[str, str]:
-    """{step: state} for every step of the purchase; steps not started yet are `pending`.
-
-    The API's purchase view (fulfillment{...}) reads this. `deliverable` appears only when
-    it exists for the purchase (digital goods).
-    """
-    rows = dict(StepRun.objects.filter(purchase_id=purchase_id).values_list("step", "state"))
-    out = {step.value: rows.get(step.value, StepState.PENDING.value) for step in STEP_ORDER}
-    if StepName.DELIVERABLE.value in rows:
-        out[StepName.DELIVERABLE.value] = rows[StepName.DELIVERABLE.value]
-    return out
 
 
 def step_runs_for_purchase(purchase_id: str) -> QuerySet[StepRun]:
@@ -82,8 +64,6 @@ def decisions_for(purchase_id: str) -> QuerySet[RecoveryDecision]:
 
 
 def _operations():
-    from payments.models import PaymentOperation
-
     return PaymentOperation.objects
 
 
@@ -100,7 +80,6 @@ def queue_escalated(limit: int = 200):
 
 def paid_without_order(*, older_than_seconds: float | None = None, limit: int = 500):
     """Purchases the provider says are paid whose order row does not exist yet."""
-    from payments.models import Purchase
 
     if older_than_seconds is None:
         older_than_seconds = settings.PAID_WITHOUT_ORDER_SECONDS
@@ -112,7 +91,6 @@ def paid_without_order(*, older_than_seconds: float | None = None, limit: int = 
 
 def stalled_fulfilment(*, older_than_seconds: float | None = None, limit: int = 500):
     """Paid/fulfilling purchases not touched for a while (any incomplete step)."""
-    from payments.models import Purchase
 
     if older_than_seconds is None:
         older_than_seconds = settings.PAID_WITHOUT_ORDER_SECONDS
@@ -122,8 +100,6 @@ def stalled_fulfilment(*, older_than_seconds: float | None = None, limit: int = 
 
 
 def _compensation_needed_qs() -> QuerySet[StepRun]:
-    from payments.models import PaymentOperation
-
     # A compensated step whose compensation operation has not succeeded at the provider
     # still needs attention (DESIGN §5.6: reversed only once the provider confirms).
     compensation_pending = Q(state=StepState.COMPENSATED) & ~Exists(

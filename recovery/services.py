@@ -2,9 +2,15 @@
 
 The implementations live next to their machinery; this module is the public surface.
 """
+from django.db import transaction
+from django.utils import timezone
+
+from audit.services import audit_write
+
 from .halts import HaltError, halt_clear, halt_set, valid_halt_names  # noqa: F401
+from .models import OutboxMessage, SettlementDiscrepancy
 from .orchestrator import purchase_fulfil, step_resolve  # noqa: F401
-from .outbox import outbox_put  # noqa: F401
+from .outbox import outbox_put, relay_kick  # noqa: F401
 from .reconciler import (  # noqa: F401
     expire_stale_purchases,
     reconcile_due,
@@ -19,12 +25,6 @@ def discrepancy_resolve(*, discrepancy_id: int, actor: str, reason: str,
                         ip: str | None = None) -> bool:
     """Finance closes a settlement discrepancy with its explanation; one audit row in the
     same transaction. False (and no row) if it was already closed."""
-    from django.db import transaction
-    from django.utils import timezone
-
-    from support.models import AuditEntry
-
-    from .models import SettlementDiscrepancy
 
     if not (reason or "").strip() or not (actor or "").strip():
         raise ValueError("actor and reason are required")
@@ -34,12 +34,12 @@ def discrepancy_resolve(*, discrepancy_id: int, actor: str, reason: str,
             return False
         row.resolved_at = timezone.now()
         row.save(update_fields=["resolved_at"])
-        AuditEntry.objects.create(actor=actor, action="discrepancy_resolve",
-                                  target_type="settlement_discrepancy", target_id=str(row.id),
-                                  reason=reason, ip=ip or None,
-                                  before={"open": True}, after={"open": False},
-                                  detail={"reference": row.provider_reference,
-                                          "kind": row.kind})
+        audit_write(actor=actor, action="discrepancy_resolve",
+                    target_type="settlement_discrepancy", target_id=str(row.id),
+                    reason=reason, ip=ip or None,
+                    before={"open": True}, after={"open": False},
+                    detail={"reference": row.provider_reference,
+                            "kind": row.kind})
     return True
 
 
@@ -52,13 +52,6 @@ def outbox_retry_now(*, message_id: int, actor: str, reason: str,
     """A person makes a backed-off outbox row due now (after fixing its cause). The relay
     runs it as usual: claim, handler outside the transaction, backoff if it fails again.
     A row a worker holds right now, or one already processed, is refused."""
-    from django.db import transaction
-    from django.utils import timezone
-
-    from support.models import AuditEntry
-
-    from .models import OutboxMessage
-    from .outbox import _kick_relay
 
     if not (reason or "").strip() or not (actor or "").strip():
         raise ValueError("actor and reason are required")
@@ -74,14 +67,14 @@ def outbox_retry_now(*, message_id: int, actor: str, reason: str,
         before = {"available_at": row.available_at.isoformat(), "attempts": row.attempts}
         row.available_at = now
         row.save(update_fields=["available_at"])
-        AuditEntry.objects.create(actor=actor, action="outbox_retry_now",
-                                  target_type="outbox_message", target_id=str(row.id),
-                                  purchase_id=str((row.payload or {}).get("purchase", ""))[:40]
-                                  if isinstance(row.payload, dict) else "",
-                                  reason=reason, ip=ip or None, before=before,
-                                  after={"available_at": now.isoformat(),
-                                         "attempts": row.attempts},
-                                  detail={"category": row.category,
-                                          "last_error": row.last_error[:300]})
-        transaction.on_commit(_kick_relay, robust=True)
+        audit_write(actor=actor, action="outbox_retry_now",
+                    target_type="outbox_message", target_id=str(row.id),
+                    purchase_id=str((row.payload or {}).get("purchase", ""))[:40]
+                    if isinstance(row.payload, dict) else "",
+                    reason=reason, ip=ip or None, before=before,
+                    after={"available_at": now.isoformat(),
+                           "attempts": row.attempts},
+                    detail={"category": row.category,
+                            "last_error": row.last_error[:300]})
+        relay_kick()
     return row

@@ -19,6 +19,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from payments.models import Dispute, PaymentOperation
+from payments.providers.stripe import get_provider
+
 from .models import LedgerAccount, LedgerEntry, SettlementDiscrepancy
 
 log = logging.getLogger(__name__)
@@ -77,7 +80,6 @@ def _ledger_totals(since) -> dict[str, tuple[int, str]]:
 def _recently_settled_references(references: set[str], cutoff) -> set[str]:
     """Provider references of operations settled after `cutoff`: the ledger step may not
     have run yet, so their absence from the ledger is not (yet) a discrepancy."""
-    from payments.models import PaymentOperation
 
     if not references:
         return set()
@@ -88,7 +90,6 @@ def _recently_settled_references(references: set[str], cutoff) -> set[str]:
     out = set()
     for charge, reference in rows:
         out.update(x for x in (charge, reference) if x in references)
-    from payments.models import Dispute
 
     out.update(Dispute.objects.filter(id__in=references, updated_at__gte=cutoff)
                .values_list("id", flat=True))
@@ -96,8 +97,6 @@ def _recently_settled_references(references: set[str], cutoff) -> set[str]:
 
 
 def settlement_compare(*, grace_seconds: float | None = None) -> ComparisonResult:
-    from payments.providers.stripe import get_provider
-
     if grace_seconds is None:
         grace_seconds = settings.SETTLEMENT_GRACE_SECONDS
     provider = get_provider()

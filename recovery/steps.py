@@ -23,6 +23,8 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
+from payments.models import Product
+
 from .models import (
     STEP_ORDER,
     CrmUpdate,
@@ -146,8 +148,6 @@ def run_order(ctx: PurchaseContext, run: StepRun) -> dict:
 
 
 def run_inventory(ctx: PurchaseContext, run: StepRun) -> dict:
-    from payments.models import Product
-
     done = set(InventoryCommit.objects.filter(purchase_id=ctx.purchase_id)
                .values_list("sku", flat=True))
     # One commit per SKU, so lines of one SKU are summed (quotes merge them; an older quote

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from payments.customers import basket_fingerprint, customer_key
 from payments.enums import (
     OVERTURN_CAUSE,
     Grade,
@@ -28,7 +29,6 @@ from payments.enums import (
     Stage,
     Verification,
 )
-from payments.customers import basket_fingerprint, customer_key
 from payments.models import (
     ApiClient,
     Dispute,
@@ -47,6 +47,9 @@ from recovery.models import (
     StepRun,
     StepState,
 )
+from support import services
+from support.access import Role, ensure_groups
+from support.models import Incident
 from webhooks.models import EventResult, ProviderEvent
 
 S, O = PurchaseStatus, Outcome
@@ -234,10 +237,6 @@ def _demo_incident() -> None:
     through support.services (so it has its audit rows like a real one)."""
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group
-
-    from support import services
-    from support.access import Role, ensure_groups
-    from support.models import Incident
 
     if Incident.objects.filter(title=DEMO_INCIDENT_TITLE).exists():
         return

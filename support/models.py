@@ -1,41 +1,12 @@
-"""Support: manual resolutions, notes and the audit log — all append-only."""
+"""Support: console login limits and incidents. The audit log, resolutions and notes
+live in the `audit` leaf app (re-exported here for the console's callers)."""
 from django.conf import settings
 from django.db import models
 
+from audit.models import AuditEntry, Note, Resolution
 
-class Resolution(models.Model):
-    operation_id = models.CharField(max_length=40, db_index=True)
-    purchase_id = models.CharField(max_length=40, db_index=True)
-    outcome = models.CharField(max_length=24)
-    reason = models.TextField()
-    actor = models.CharField(max_length=150)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-
-class Note(models.Model):
-    purchase_id = models.CharField(max_length=40, db_index=True)
-    author = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
-    body = models.TextField()
-    created_at = models.DateTimeField(auto_now_add=True)
-
-
-class AuditEntry(models.Model):
-    """Who did what, when and why. UPDATE/DELETE are refused by a PostgreSQL trigger."""
-
-    actor = models.CharField(max_length=150)
-    action = models.CharField(max_length=64)
-    target_type = models.CharField(max_length=32)
-    target_id = models.CharField(max_length=64, db_index=True)
-    purchase_id = models.CharField(max_length=40, blank=True, db_index=True)
-    reason = models.TextField()
-    detail = models.JSONField(default=dict, blank=True)
-    ip = models.GenericIPAddressField(null=True, blank=True)
-    before = models.JSONField(default=dict, blank=True)
-    after = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-
-    class Meta:
-        ordering = ["created_at", "id"]
+__all__ = ["AuditEntry", "Incident", "IncidentItem", "IncidentOutcome", "IncidentStatus",
+           "LoginFailure", "Note", "Resolution"]
 
 
 class LoginFailure(models.Model):

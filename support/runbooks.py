@@ -3,7 +3,7 @@
 Each file starts with Markdown `meta` lines (Title, Queue, Version). Three kinds of
 placeholder keep the runbooks from drifting away from the code they describe:
 
-- `[[customer:<key>]]` quotes the customer page's own words (support.customer_copy.WORDS),
+- `[[customer:<key>]]` quotes the customer page's own words (payments.customer_copy.WORDS),
   so a runbook never restates what the customer reads in different words;
 - `[[roles:<action>]]` names the roles that hold an access.Action (from access.MATRIX);
 - `[[setting:<NAME>]]` shows a timing setting's current value — only for names in
@@ -87,7 +87,7 @@ def _customer_quote(key: str) -> str:
         key, contact=getattr(settings, "SUPPORT_CONTACT", "") or "‹support contact›")
     return (f'\n\n> **{html.escape(headline)}**  \n> {html.escape(message)}\n'
             f'> <small class="meta">Customer page wording `{key}` '
-            f'(support/customer_copy.py)</small>\n\n')
+            f'(payments/customer_copy.py)</small>\n\n')
 
 
 def _substitute(text: str) -> str:

@@ -7,7 +7,6 @@ event payloads are only handed out to roles with VIEW_REDACTED_PAYLOAD.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from statistics import median
@@ -35,10 +34,15 @@ from payments.models import (
     ProviderCall,
     Purchase,
 )
+from payments.money import MoneyInputError, format_money, parse_money
+from payments.presenters import operation_next_action
+from payments.providers.stripe import get_provider
+from recovery import selectors as recovery_selectors
 from recovery.models import (
+    LedgerEntry,
+    Order,
     OutboxCategory,
     OutboxMessage,
-    Order,
     RecoveryDecision,
     SettlementDiscrepancy,
     StepRun,
@@ -46,10 +50,10 @@ from recovery.models import (
     WorkflowHalt,
 )
 from support import provider_queues
-from payments.money import MoneyInputError, format_money, parse_money
 from support.access import Action, can
+from support.models import AuditEntry, Incident, IncidentStatus, Note, Resolution
+from support.runbooks import QUEUE_RUNBOOK
 from support.timefmt import relative
-from support.models import AuditEntry, Note, Resolution
 from webhooks.models import EventResult, ProviderEvent
 
 # An outbox row still unprocessed this long after it became due, or retried this often,
@@ -141,10 +145,6 @@ def _q_unknown():
 def _recovery_queue(name: str):
     """recovery.selectors' own queue query (unsliced), so the console, the beat jobs and
     /metrics agree on what is in a queue; None if that helper is not there."""
-    try:
-        from recovery import selectors as recovery_selectors
-    except ImportError:
-        return None
     fn = getattr(recovery_selectors, name, None)
     if fn is None:
         return None
@@ -245,7 +245,6 @@ def _purchase_for_references(refs: list[str]) -> dict[str, str]:
         for r in (ref, charge):
             if r in refs:
                 out.setdefault(r, pid)
-    from recovery.models import LedgerEntry
 
     for ref, pid in LedgerEntry.objects.filter(provider_reference__in=refs).values_list(
             "provider_reference", "purchase_id"):
@@ -382,8 +381,6 @@ def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
 
 
 def _item_runbook(queue: str, item: QueueItem) -> str:
-    from support.runbooks import QUEUE_RUNBOOK
-
     if queue == "quarantined" and item.summary.split(" · ", 1)[-1].startswith(MISMATCH_PREFIX):
         return QUEUE_RUNBOOK["mismatch"]
     return QUEUE_RUNBOOK.get(queue, "")
@@ -401,8 +398,6 @@ class QueueSummary:
 
     @property
     def runbook(self) -> str:
-        from support.runbooks import QUEUE_RUNBOOK
-
         return QUEUE_RUNBOOK.get(self.spec.name, "")
 
 
@@ -527,7 +522,6 @@ class WeekInterventions:
 def manual_interventions(*, days: int = 7, weeks: int = 4) -> dict:
     """Manual resolutions and audited console actions: the last `days`, and per ISO week
     (Monday 00:00 UTC) for the last `weeks` weeks."""
-    from support.models import Incident
 
     now = timezone.now()
     since = now - timedelta(days=days)
@@ -579,7 +573,6 @@ def _by_provider_references(qs, refs: set[str]):
         Q(provider_reference__in=refs) | Q(provider_charge__in=refs)).values_list("pk", flat=True))
     op_ids |= set(ProviderEvent.objects.filter(Q(object_id__in=refs) | Q(event_id__in=refs))
                   .exclude(operation_id="").values_list("operation_id", flat=True))
-    from recovery.models import LedgerEntry
 
     pids = set(LedgerEntry.objects.filter(provider_reference__in=refs)
                .values_list("purchase_id", flat=True))
@@ -591,7 +584,6 @@ def _balance_transaction_sources(txn_id: str) -> set[str]:
     provider (read-only, outside any transaction; nothing if it is unreachable)."""
     found = set(SettlementDiscrepancy.objects.filter(provider_reference=txn_id)
                 .values_list("provider_reference", flat=True))
-    from payments.providers.stripe import get_provider
 
     source = get_provider().balance_transaction_source(txn_id)
     if source:
@@ -873,23 +865,17 @@ def purchase_runbook_slug(purchase: Purchase, ops: list[PaymentOperation]) -> st
 
 
 def incidents_open() -> list:
-    from support.models import Incident, IncidentStatus
-
     return list(Incident.objects.filter(status=IncidentStatus.OPEN)
                 .select_related("opened_by").annotate(n_items=Count("items"))
                 .order_by("opened_at"))
 
 
 def incidents_recent(*, limit: int = 50) -> list:
-    from support.models import Incident
-
     return list(Incident.objects.select_related("opened_by", "closed_by")
                 .annotate(n_items=Count("items")).order_by("-opened_at")[:limit])
 
 
 def incident_get(incident_id: int):
-    from support.models import Incident
-
     return Incident.objects.select_related("opened_by", "closed_by").filter(
         pk=incident_id).first()
 
@@ -904,8 +890,6 @@ def incident_audit(incident) -> list[AuditEntry]:
 
 
 def incidents_for_purchase(purchase_id: str) -> list:
-    from support.models import Incident
-
     return list(Incident.objects.filter(items__purchase_id=purchase_id).distinct()
                 .order_by("-opened_at"))
 
@@ -1014,10 +998,8 @@ def refund_approve_feedback(*, op: PaymentOperation) -> tuple[int, str]:
 
 
 def operation_next_actions(ops: list[PaymentOperation]) -> dict[str, dict]:
-    """Each operation's next action from the one presenter (payments.selectors), so an
+    """Each operation's next action from the one presenter (payments.presenters), so an
     operation card never says "none" beside a purchase card naming an owner."""
-    from payments.selectors import operation_next_action
-
     return {op.pk: operation_next_action(op) for op in ops}
 
 

@@ -10,7 +10,6 @@ transaction right after.
 """
 from __future__ import annotations
 
-import importlib
 from contextlib import contextmanager
 import logging
 import unicodedata
@@ -21,13 +20,40 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
 from django.utils import timezone
 
+from audit import services as audit_services
 from payments.enums import Outcome
+from payments.errors import DomainError
 from payments.money import format_money
 from payments.models import PaymentOperation, Purchase
-from recovery import halts
+from payments.external import external_operation_acknowledge
+from payments.services import (
+    operation_cancel_unapplied,
+    operation_dispatch,
+    operation_overturn_review,
+    operation_reconcile,
+    operation_replay,
+    operation_resolve_manual,
+    operations_verify_before_follow_up,
+    purchase_cancel,
+    refund_approve,
+    refund_decline,
+    refund_request,
+    void_create,
+)
+from recovery import halts, services as recovery_services
 from recovery.models import WorkflowHalt
+from webhooks import services as webhook_services
+from webhooks.models import ProviderEvent
 from support.access import Action, require
-from support.models import AuditEntry, LoginFailure, Note
+from support.models import (
+    AuditEntry,
+    Incident,
+    IncidentItem,
+    IncidentOutcome,
+    IncidentStatus,
+    LoginFailure,
+    Note,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +72,6 @@ class ConsoleError(Exception):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
-
-
-def _domain_error():
-    from payments.services import DomainError
-
-    return DomainError
 
 
 def _reason_required(reason: str) -> str:
@@ -82,12 +102,10 @@ def audit_write(*, user, action: str, target_type: str, target_id: str, reason: 
                 after: dict | None = None, detail: dict | None = None) -> AuditEntry:
     """Append one audit row. Must run inside the caller's transaction (same commit as
     the change it records)."""
-    assert transaction.get_connection().in_atomic_block, "audit_write needs the caller's atomic()"
-    return AuditEntry.objects.create(
+    return audit_services.audit_write(
         actor=user.get_username(), action=action, target_type=target_type,
-        target_id=str(target_id)[:64], purchase_id=purchase_id or "", reason=reason,
-        ip=ip or None, before=before or {}, after=after or {}, detail=detail or {},
-    )
+        target_id=target_id, purchase_id=purchase_id, reason=reason, ip=ip, before=before,
+        after=after, detail=detail)
 
 
 @contextmanager
@@ -97,7 +115,7 @@ def _core_refusals_audited(*, user, ip: str | None, action: str, target_type: st
     IP, and shown to the console as a ConsoleError."""
     try:
         yield
-    except _domain_error() as e:
+    except DomainError as e:
         _audit_refusal(user=user, action=action, target_type=target_type,
                        target_id=target_id, reason=reason, purchase_id=purchase_id, ip=ip,
                        code=e.code)
@@ -144,8 +162,6 @@ def _op_or_404(operation_id: str) -> PaymentOperation:
 def operation_reconcile_by_user(*, operation_id: str, user, reason: str,
                                 ip: str | None = None) -> PaymentOperation:
     """Read the provider back now (read-only at the provider)."""
-    from payments.services import operation_reconcile
-
     require(user, Action.RECONCILE)
     reason = _reason_required(reason)
     before_op = _op_or_404(operation_id)
@@ -167,8 +183,6 @@ def operation_resolve_by_user(*, operation_id: str, outcome: str, user, reason: 
                               ip: str | None = None) -> PaymentOperation:
     """Manual resolution (grade acknowledged, verification manual); never by the person
     or client that requested the operation (the core refuses `resolver_is_requester`)."""
-    from payments.services import operation_resolve_manual
-
     require(user, Action.RESOLVE)
     reason = _reason_required(reason)
     if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):
@@ -206,17 +220,13 @@ def operation_replay_by_user(*, operation_id: str, user, reason: str,
     """Resend with the same provider key (only where the provider dedupes keys)."""
     require(user, Action.REPLAY)
     reason = _reason_required(reason)
-    services = importlib.import_module("payments.services")
-    replay = getattr(services, "operation_replay", None)
-    if replay is None:
-        raise ConsoleError("replay_unavailable", "Replay is not available.", 409)
     before_op = _op_or_404(operation_id)
     before = _op_snapshot(before_op)
     with _core_refusals_audited(user=user, ip=ip, action="console.replay",
                                 target_type="operation", target_id=operation_id,
                                 reason=reason, purchase_id=before_op.purchase_id):
         # Network I/O: outside any transaction.
-        replay(operation_id=operation_id, actor=user.get_username(), acting_user=user)
+        operation_replay(operation_id=operation_id, actor=user.get_username(), acting_user=user)
     with transaction.atomic():
         op = _reload_op(operation_id)
         audit_write(user=user, action="console.replay", target_type="operation",
@@ -230,8 +240,6 @@ def operation_cancel_unapplied_by_user(*, operation_id: str, user, reason: str,
     """"Cancel at the provider and mark failed" for a confirm the provider never applied:
     a write (the provider call runs outside any transaction), audited with its reason,
     refused (and the refusal audited) if the provider applied it or the cancel fails."""
-    from payments.services import operation_cancel_unapplied
-
     require(user, Action.RESOLVE)
     reason = _reason_required(reason)
     before_op = _op_or_404(operation_id)
@@ -258,8 +266,6 @@ def operation_cancel_unapplied_by_user(*, operation_id: str, user, reason: str,
 def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int | None = None,
                            ip: str | None = None) -> PaymentOperation:
     """A console refund starts awaiting_approval (DESIGN §10.8)."""
-    from payments.services import operations_verify_before_follow_up, refund_request
-
     require(user, Action.REQUEST_REFUND)
     reason = _reason_required(reason)
     purchase = Purchase.objects.filter(pk=purchase_id).first()
@@ -292,8 +298,6 @@ def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int |
 def refund_approve_by_user(*, operation_id: str, user, reason: str,
                            ip: str | None = None) -> PaymentOperation:
     """Finance approves a refund someone else requested, then it is dispatched."""
-    from payments.services import operation_dispatch, refund_approve
-
     require(user, Action.APPROVE_REFUND)
     reason = _reason_required(reason)
     before_op = _op_or_404(operation_id)
@@ -319,7 +323,7 @@ def refund_approve_by_user(*, operation_id: str, user, reason: str,
     # dies here the approved (pending) operation is picked up like any queued one.
     try:
         op = operation_dispatch(operation_id=operation_id)
-    except _domain_error() as e:
+    except DomainError as e:
         log.warning("refund dispatch after approval refused: op=%s code=%s", operation_id,
                     e.code)
         op = _reload_op(operation_id)
@@ -331,8 +335,6 @@ def refund_decline_by_user(*, operation_id: str, user, reason: str,
     """Finance declines a refund awaiting approval: nothing goes to the provider, and the
     refundable amount is free again. Any finance user may decline (the requester too: a
     decline moves no money)."""
-    from payments.services import refund_decline
-
     require(user, Action.APPROVE_REFUND)
     reason = _reason_required(reason)
     before_op = _op_or_404(operation_id)
@@ -353,8 +355,6 @@ def refund_decline_by_user(*, operation_id: str, user, reason: str,
 def overturn_review_by_user(*, operation_id: str, user, reason: str,
                             ip: str | None = None) -> PaymentOperation:
     """Close a "manual resolution overturned" queue item after checking what followed."""
-    from payments.services import operation_overturn_review
-
     require(user, Action.RESOLVE)
     reason = _reason_required(reason)
     before_op = _op_or_404(operation_id)
@@ -375,8 +375,6 @@ def void_by_user(*, purchase_id: str, user, reason: str,
     """An operator voids an authorization, also after fulfilment started (the API refuses
     that with `fulfilment_started`): the decision is recorded, the void is sent, and when
     the provider confirms it the purchase is `voided` and the order cancelled."""
-    from payments.services import operation_dispatch, operations_verify_before_follow_up, void_create
-
     require(user, Action.RESOLVE)
     reason = _reason_required(reason)
     purchase = Purchase.objects.filter(pk=purchase_id).first()
@@ -393,7 +391,7 @@ def void_by_user(*, purchase_id: str, user, reason: str,
                         before=_purchase_snapshot(purchase), after=_op_snapshot(op))
     try:
         op = operation_dispatch(operation_id=op.pk)
-    except _domain_error() as e:
+    except DomainError as e:
         log.warning("void dispatch refused: op=%s code=%s", op.pk, e.code)
         op = _reload_op(op.pk)
     return op
@@ -402,8 +400,6 @@ def void_by_user(*, purchase_id: str, user, reason: str,
 def purchase_cancel_by_user(*, purchase_id: str, user, reason: str,
                             ip: str | None = None) -> Purchase:
     """Support cancels a purchase before any payment was claimed."""
-    from payments.services import purchase_cancel
-
     require(user, Action.REQUEST_REFUND)
     reason = _reason_required(reason)
     before = Purchase.objects.filter(pk=purchase_id).first()
@@ -436,8 +432,6 @@ def step_decide_by_user(*, purchase_id: str, step: str, decision: str, user, rea
     """Complete a compensation-queue step forward or mark it handled. recovery's
     step_resolve writes the one audit row (with this IP) and resumes the purchase in the
     same transaction. Compensating instead is a refund request (finance approves)."""
-    from recovery import services as recovery_services
-
     require(user, Action.DECIDE_STEP)
     reason = _reason_required(reason)
     if decision not in (StepDecision.RETRY, StepDecision.DONE):
@@ -456,8 +450,6 @@ def discrepancy_explain_by_user(*, discrepancy_id: int, user, reason: str,
                                 ip: str | None = None) -> bool:
     """Finance acknowledges a settlement discrepancy with its explanation and closes it
     (one audit row, written by recovery in the same transaction)."""
-    from recovery import services as recovery_services
-
     require(user, Action.SETTLE_DISCREPANCY)
     reason = _reason_required(reason)
     try:
@@ -472,8 +464,6 @@ def discrepancy_explain_by_user(*, discrepancy_id: int, user, reason: str,
 
 def outbox_retry_by_user(*, message_id: int, user, reason: str, ip: str | None = None):
     """An operator makes a stuck outbox row due now, after fixing its cause."""
-    from recovery import services as recovery_services
-
     require(user, Action.RETRY_OUTBOX)
     reason = _reason_required(reason)
     try:
@@ -533,9 +523,6 @@ def halt_clear_by_user(*, name: str, user, reason: str, ip: str | None = None) -
 def event_triage_by_user(*, event_pk: int, decision: str, user, reason: str,
                          ip: str | None = None):
     """Release a quarantined event for processing again, or dismiss it."""
-    from webhooks import services as webhook_services
-    from webhooks.models import ProviderEvent
-
     require(user, Action.TRIAGE_QUARANTINE)
     reason = _reason_required(reason)
     if decision not in ("release", "dismiss"):
@@ -548,7 +535,7 @@ def event_triage_by_user(*, event_pk: int, decision: str, user, reason: str,
         # webhooks.services locks the event, changes it and writes the audit row (with
         # this request's IP, before and after) in one transaction.
         return fn(event_id=event_pk, acting_user=user, reason=reason, ip=ip)
-    except _domain_error() as e:
+    except DomainError as e:
         raise ConsoleError(e.code, e.message, e.status) from e
 
 
@@ -596,8 +583,6 @@ def login_is_throttled(*, ip: str | None, username: str) -> bool:
 
 
 def _incident_locked(incident_id) -> "Incident":
-    from support.models import Incident
-
     incident = Incident.objects.select_for_update().filter(pk=incident_id).first()
     if incident is None:
         raise ConsoleError("not_found", "No such incident.", 404)
@@ -605,16 +590,12 @@ def _incident_locked(incident_id) -> "Incident":
 
 
 def _incident_open_or_refuse(incident) -> None:
-    from support.models import IncidentStatus
-
     if incident.status != IncidentStatus.OPEN:
         raise ConsoleError("incident_closed", "This incident is closed.", 409)
 
 
 def incident_open(*, user, title: str, reason: str, ip: str | None = None):
     """Open an incident; `reason` is its summary (what is happening, what is affected)."""
-    from support.models import Incident
-
     require(user, Action.MANAGE_INCIDENTS)
     summary = _reason_required(reason)
     title = (title or "").strip()[:200]
@@ -630,8 +611,6 @@ def incident_open(*, user, title: str, reason: str, ip: str | None = None):
 
 def incident_attach(*, incident_id: int, ref: str, user, reason: str, ip: str | None = None):
     """Attach a purchase (`pur_…`) or an operation (`op_…`, attaches its purchase too)."""
-    from support.models import IncidentItem
-
     require(user, Action.MANAGE_INCIDENTS)
     reason = _reason_required(reason)
     ref = (ref or "").strip()
@@ -665,8 +644,6 @@ def incident_halt(*, incident_id: int, name: str, user, reason: str, ip: str | N
 
     Needs both MANAGE_INCIDENTS and HALT. One audit row (the incident's); recovery's own
     row is suppressed with audit=False."""
-    from recovery import halts
-
     require(user, Action.MANAGE_INCIDENTS)
     require(user, Action.HALT)
     reason = _reason_required(reason)
@@ -695,8 +672,6 @@ def incident_close(*, incident_id: int, outcomes: dict[str, str], user, reason: 
     """Close with the final outcome of every attached purchase and a short review
     (`reason`). Refused while a halt set from this incident is still on: resume it (or
     decide to keep it, from the Halts page, under its own audit row) first."""
-    from support.models import IncidentOutcome, IncidentStatus
-
     require(user, Action.MANAGE_INCIDENTS)
     review = _reason_required(reason)
     with transaction.atomic():
@@ -743,8 +718,6 @@ def incident_close(*, incident_id: int, outcomes: dict[str, str], user, reason: 
 def external_acknowledge_by_user(*, operation_id: str, user, reason: str,
                                  ip: str | None = None) -> PaymentOperation:
     """Finance acknowledges a refund/capture/cancel made at the provider, not by Verity."""
-    from payments.external import external_operation_acknowledge
-
     require(user, Action.ACKNOWLEDGE_EXTERNAL)
     reason = _reason_required(reason)
     before_op = _op_or_404(operation_id)

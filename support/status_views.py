@@ -2,7 +2,7 @@
 
 The token is the only key (unguessable, never sequential). An unknown token answers the
 same 404 whatever exists, so the page cannot be used to probe for purchases. The words
-come from support.customer_copy only.
+come from payments.customer_copy only.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from payments.enums import UNRESOLVED_STATUSES, PurchaseStatus
 from payments.services import buyer_confirmation_issue
 from support import selectors
-from support.customer_copy import customer_state
+from payments.customer_copy import customer_state
 from support.web import secure_headers, storefront_origin
 
 # Poll cadence for the page's script: quick at first, slower while it stays unsettled.

@@ -14,7 +14,7 @@ from payments.money import format_major, format_money
 from support import charts, provider_queues, runbooks, selectors, services
 from support.admin_site import lockout_message
 from support.access import Action, can
-from support.customer_copy import customer_state
+from payments.customer_copy import customer_state
 from support.models import IncidentOutcome
 from support.web import client_ip, console_view, not_allowed, secure_headers
 

@@ -16,16 +16,19 @@ from django.conf import settings
 from django.db.models import Sum
 
 from payments.disputes import DisputeApply, dispute_apply_observation
-from payments.enums import OperationKind, Origin, Outcome, Verification
+from payments.enums import OperationKind, Origin, Outcome, PAYMENT_KINDS, Verification
+from payments.errors import ApplyResult
 from payments.external import (
     ExternalResult,
     external_intent_move_record,
     external_refund_record,
 )
+from payments.models import PaymentOperation
 from payments.providers.stripe_webhooks import (
     dispute_from_event_payload,
     object_from_event_payload,
 )
+from payments.services import operation_apply_observation
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
 
@@ -84,9 +87,6 @@ def _dispute(event: ProviderEvent) -> MoveVerdict:
 def _payment_for(intent_id: str, charge_id: str):
     payment = selectors.payment_operation_for_intent(intent_id)
     if payment is None and charge_id:
-        from payments.enums import PAYMENT_KINDS
-        from payments.models import PaymentOperation
-
         payment = (PaymentOperation.objects.filter(provider_charge=charge_id,
                                                    kind__in=PAYMENT_KINDS)
                    .order_by("-created_at").first())
@@ -113,17 +113,17 @@ def _apply_to_external(event: ProviderEvent, op, obj) -> MoveVerdict:
     refund that succeeded, a redelivery): the one observation function applies it. The
     object carries none of Verity's metadata, which the ordinary matching would call a
     mismatch."""
-    from payments.services import operation_apply_observation
 
     applied = operation_apply_observation(operation_id=op.pk, obj=obj,
                                           source=Verification.WEBHOOK,
                                           cause=f"webhook:{event.type}"[:64],
                                           actor=_actor(event))
-    value = str(getattr(applied, "value", applied))
+    applied = ApplyResult(applied)
+    value = applied.value
     ids = {"operation_id": op.pk, "purchase_id": op.purchase_id}
-    if value == "applied":
+    if applied is ApplyResult.APPLIED:
         return MoveVerdict(EventResult.APPLIED, "made_outside_verity", **ids)
-    if value in ("no_change", "stale"):
+    if applied in (ApplyResult.NO_CHANGE, ApplyResult.STALE):
         return MoveVerdict(EventResult.IGNORED, value, **ids)
     return MoveVerdict(EventResult.QUARANTINED, value, **ids)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.db.models import Q, QuerySet
 
 from payments.enums import PAYMENT_KINDS, TERMINAL_OUTCOMES, OperationKind
+from payments.models import PaymentOperation
 from payments.providers.base import ProviderObject
 
 from .models import EventResult, ProviderEvent
@@ -30,8 +31,6 @@ def events_for_purchase(purchase_id: str) -> QuerySet[ProviderEvent]:
 # -- matching (reads payments' rows; the writes stay in payments.services) ------------
 
 def _operations():
-    from payments.models import PaymentOperation
-
     return PaymentOperation.objects.select_related("purchase", "parent")
 
 

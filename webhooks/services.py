@@ -15,12 +15,20 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from audit.services import audit_write
 from payments.enums import PAYMENT_KINDS, Grade, OperationKind, Outcome, Verification
+from payments.errors import ApplyResult, DomainError
+from payments.models import OperationTransition, PaymentOperation
 from payments.providers.base import ProviderObject, outcome_from_object
 from payments.providers.stripe_webhooks import (
     event_shape_problem,
     object_from_event_payload,
     safe_event_payload,
+)
+from payments.services import (
+    operation_apply_observation,
+    operation_read_canonical,
+    operation_reconcile,
 )
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
@@ -28,6 +36,7 @@ from recovery.outbox import outbox_put
 from . import selectors
 from .metrics import WEBHOOK_RESULTS
 from .models import FINAL_RESULTS, EventResult, ProviderEvent
+from .provider_moves import evaluate_provider_move
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +177,6 @@ def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> str:
 def _evaluate_locked(event: ProviderEvent) -> _Verdict:
     # Disputes and money moved outside Verity first (webhooks.provider_moves); None means
     # the event is about Verity's own operations and the matching below judges it.
-    from .provider_moves import evaluate_provider_move
 
     moved = evaluate_provider_move(event)
     if moved is not None:
@@ -199,7 +207,6 @@ def _evaluate_locked(event: ProviderEvent) -> _Verdict:
 
 def _void_of(op, obj: ProviderObject):
     """The void a `canceled` PaymentIntent answers, if Verity voided that payment."""
-    from payments.models import PaymentOperation
 
     if obj.status != "canceled" or op.kind not in PAYMENT_KINDS:
         return None
@@ -212,7 +219,6 @@ def _older_than_current(event: ProviderEvent, op) -> bool:
     """A non-terminal event created before the state Verity holds was reached (a late
     `processing` after `requires_action`) is history, not news. Compared in whole seconds
     (the provider's `created` resolution); no `created` means no judgement."""
-    from payments.models import OperationTransition
 
     if event.created is None:
         return False
@@ -228,8 +234,6 @@ def _older_than_current(event: ProviderEvent, op) -> bool:
 
 
 def _apply(event: ProviderEvent, op, obj: ProviderObject) -> _Verdict:
-    from payments.services import operation_apply_observation
-
     target = outcome_from_object(obj, kind=op.kind)
     if (target is not None and target not in (Outcome.SUCCEEDED, Outcome.FAILED)
             and not op.is_terminal and _older_than_current(event, op)):
@@ -239,14 +243,15 @@ def _apply(event: ProviderEvent, op, obj: ProviderObject) -> _Verdict:
         operation_id=op.pk, obj=obj, source=Verification.WEBHOOK,
         cause=f"webhook:{event.type}"[:64], actor=f"webhook:{event.event_id}"[:150],
     )
-    value = str(getattr(applied, "value", applied))
-    if value == "applied":
+    applied = ApplyResult(applied)
+    value = applied.value
+    if applied is ApplyResult.APPLIED:
         return _Verdict(EventResult.APPLIED, "", op.pk, op.purchase_id)
-    if value in ("no_change", "stale"):
+    if applied in (ApplyResult.NO_CHANGE, ApplyResult.STALE):
         return _Verdict(EventResult.IGNORED, value, op.pk, op.purchase_id)
-    if value == "mismatch":
+    if applied is ApplyResult.MISMATCH:
         return _Verdict(EventResult.QUARANTINED, "mismatch", op.pk, op.purchase_id)
-    if value == "conflict":
+    if applied is ApplyResult.CONFLICT:
         return _Verdict(EventResult.QUARANTINED, "conflict", op.pk, op.purchase_id,
                         conflict=True)
     raise ValueError(f"unexpected apply result {value!r}")
@@ -294,7 +299,6 @@ def _evaluate_charge_refunded(event: ProviderEvent, obj: ProviderObject) -> _Ver
     """`charge.refunded` carries a Charge, not the Refund (and Stripe no longer embeds
     the refunds list), so it settles nothing itself: it prompts an early read-back of the
     payment's open refund operations (through the outbox; the reconciler is read-only)."""
-    from payments.models import PaymentOperation
 
     payment = selectors.payment_operation_for_intent(obj.payment_intent)
     if payment is None:
@@ -331,8 +335,6 @@ def _resolve_conflict_outside_transaction(event: ProviderEvent, verdict: _Verdic
     - otherwise (the provider says what the event says, Verity holds the opposite, or
       the read failed) -> quarantined `conflict` for a person. Never overwritten here.
     """
-    from payments.models import PaymentOperation
-    from payments.services import DomainError, operation_reconcile
 
     obj = object_from_event_payload(event.payload)
     op = PaymentOperation.objects.get(pk=verdict.operation_id)
@@ -356,7 +358,6 @@ def _resolve_conflict_outside_transaction(event: ProviderEvent, verdict: _Verdic
 
 def _read_canonical_outside_transaction(op, obj: ProviderObject) -> ProviderObject | None:
     """Read-only, recorded as a reconcile ProviderCall by the payments core."""
-    from payments.services import operation_read_canonical
 
     return operation_read_canonical(operation_id=op.pk)
 
@@ -365,10 +366,8 @@ def _read_canonical_outside_transaction(op, obj: ProviderObject) -> ProviderObje
 
 def _audit(*, acting_user, action: str, event: ProviderEvent, reason: str, before: dict,
            ip: str | None):
-    from support.services import audit_write
-
     return audit_write(
-        user=acting_user, action=action, target_type="provider_event", target_id=str(event.pk),
+        actor=acting_user.get_username(), action=action, target_type="provider_event", target_id=str(event.pk),
         reason=reason, purchase_id=event.purchase_id, ip=ip, before=before,
         after={"result": event.result, "reason": event.result_reason},
         detail={"event": event.event_id, "type": event.type,
@@ -377,10 +376,8 @@ def _audit(*, acting_user, action: str, event: ProviderEvent, reason: str, befor
 
 
 def _triage_locked(*, event_id: int, acting_user, reason: str) -> ProviderEvent:
-    from payments.services import DomainError
-    from support.access import Action, require
-
-    require(acting_user, Action.TRIAGE_QUARANTINE)
+    # The permission (Action.TRIAGE_QUARANTINE) is checked at the edge, by the console's
+    # support.services.event_triage_by_user, before this runs.
     if not (reason or "").strip():
         raise DomainError("reason_required", "A reason is required.", status=422,
                           owner="support")

@@ -31,6 +31,8 @@ INSTALLED_APPS = [
     "webhooks",
     "recovery",
     "support",
+    "audit",
+    "agents",
 ]
 
 MIDDLEWARE = [

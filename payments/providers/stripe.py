@@ -28,6 +28,7 @@ from django.conf import settings
 from payments.enums import Classification
 
 from .base import CallResult, ProviderObject
+from .stripe_webhooks import dispute_from_payload
 
 LIST_PAGE_LIMIT = 100
 LIST_MAX_PAGES = 20
@@ -349,7 +350,6 @@ class StripeProvider:
 
     def retrieve_dispute(self, dispute_id: str):
         """(CallResult, DisputeObject | None): the dispute as the provider holds it."""
-        from .stripe_webhooks import dispute_from_payload
 
         found: list = []
 

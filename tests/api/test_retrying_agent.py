@@ -13,10 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+from django.utils import timezone
 
 from payments.models import PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
-from recovery.models import Order
+from recovery.models import Order, OutboxMessage
 from tests.api.conftest import leave_crashed_payment_request, payment_body
 from tests.conftest import wait_for
 
@@ -73,7 +74,10 @@ def _one_charge_and_one_order(localstripe, purchase_id: str) -> None:
     assert len(localstripe.payment_intents_for(purchase_id)) == 1
     # The order comes from the orchestrator, run by the real Celery worker via the outbox.
     wait_for(lambda: Order.objects.filter(purchase_id=purchase_id).exists(), timeout=30)
-    time.sleep(0.3)  # let any duplicate step run finish before counting
+    # Count only once the worker has drained every message that is due (a duplicate step
+    # run would be one of them), not after a fixed sleep that a slow worker outlasts.
+    wait_for(lambda: not OutboxMessage.objects.filter(
+        processed_at__isnull=True, available_at__lte=timezone.now()).exists(), timeout=30)
     assert Order.objects.filter(purchase_id=purchase_id).count() == 1
 
 

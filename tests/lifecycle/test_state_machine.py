@@ -64,10 +64,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 EXAMPLES = int(os.environ.get("VERITY_LIFECYCLE_EXAMPLES", "6"))
 STEPS = int(os.environ.get("VERITY_LIFECYCLE_STEPS", "14"))
 
-# Part A of issue 15 (provider evidence outranks a person, void after fulfilment) lives on
-# another branch until merged; the rules that need it are enabled when its code is present.
-PART_A = hasattr(services, "operation_resolve_manual") and "provider_contradicts" in open(
-    services.__file__).read()
+# Part A of issue 15 (provider evidence outranks a person, void after fulfilment) is
+# merged: the rules that need it always run (issue 17: the gate read services.py's source
+# text, which the split into payments/services/ would have silently turned off).
+PART_A = True
 
 WRITE_DRILLS = [None, None, DrillMode.DROP_RESPONSE_AFTER_SEND, DrillMode.TIMEOUT_BEFORE_SEND,
                 DrillMode.RESET_AFTER_WRITE, DrillMode.HTTP_500, DrillMode.HTTP_409]

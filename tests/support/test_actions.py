@@ -62,6 +62,8 @@ def test_operator_resolves_unknown_with_reason(login, new_purchase, drill, api_c
     assert resolution.actor == "olga" and "dashboard" in resolution.reason
     console = AuditEntry.objects.get(action="console.resolve", target_id=op.pk)
     assert console.actor == "olga" and console.ip == "127.0.0.1"
+    # One action, one audit row: the core's own row is suppressed for the console's.
+    assert AuditEntry.objects.filter(target_id=op.pk).count() == 1
     assert console.before["outcome"] == "unknown" and console.after["outcome"] == "succeeded"
     assert console.before["status"] == PurchaseStatus.PAYMENT_UNKNOWN
     # Exactly one charge at the provider: the resolution moved no money.

@@ -9,6 +9,7 @@ from payments.services import DomainError
 from recovery.models import OutboxCategory, OutboxMessage
 from support.access import Role, ensure_groups
 from support.models import AuditEntry
+from support.services import event_triage_by_user
 from tests.factories import PurchaseFactory
 from webhooks import selectors
 from webhooks.models import EventResult, ProviderEvent
@@ -99,9 +100,11 @@ def test_triage_needs_the_operator_role(client, role):
     event = unmatched_event(client)
     someone = user(role, f"user-{role.value}")
 
-    for action in (event_quarantine_release, event_quarantine_dismiss):
+    # Permissions are checked at the edge: the console's service, before webhooks runs.
+    for decision in ("release", "dismiss"):
         with pytest.raises(PermissionDenied):
-            action(event_id=event.pk, acting_user=someone, reason="because")
+            event_triage_by_user(event_pk=event.pk, decision=decision, user=someone,
+                                 reason="because")
 
     assert AuditEntry.objects.count() == 0
     assert ProviderEvent.objects.get(pk=event.pk).result == EventResult.QUARANTINED

@@ -8,6 +8,8 @@ import os
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
+from agents.server import API_KEY_ENV, authenticate_key, build_server, drill_from_env
+
 
 class Command(BaseCommand):
     help = ("Serve the agent toolkit over MCP stdio. The API key is read from VERITY_API_KEY. "
@@ -15,8 +17,6 @@ class Command(BaseCommand):
             "first payment's confirm step.")
 
     def handle(self, *args, **options):
-        from agents.server import API_KEY_ENV, authenticate_key, build_server, drill_from_env
-
         key = os.environ.get(API_KEY_ENV, "").strip()
         if not key:
             raise CommandError(f"set {API_KEY_ENV} to a Verity API key "

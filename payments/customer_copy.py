@@ -1,0 +1,318 @@
+"""The one source of customer-facing words.
+
+The customer status page, the API's `customer_message` and the console's customer view
+all call `customer_state(purchase)`, so what a customer reads can never contradict what
+support sees. The rules:
+
+- Never imply a success or failure Verity has not verified: an `unknown` payment is
+  "checking with the provider", not "failed"; a refund is "reversed" only once the
+  provider has confirmed it (a refund operation that succeeded, or that the provider
+  reported as processing).
+- Never promise a settlement date (banks decide how long a refund takes to appear).
+- "Pay again" is offered only when the last payment definitively failed; the page,
+  the pay-again endpoint and the API all ask `can_pay_again` here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from django.conf import settings
+from django.utils import timezone
+
+from recovery.models import Order
+
+from .money import format_money
+from .enums import (
+    PAYMENT_KINDS,
+    Grade,
+    OperationKind,
+    Outcome,
+    PurchaseStatus,
+    Verification,
+)
+
+
+class StateCode:
+    BEING_CONFIRMED = "being_confirmed"
+    PAYMENT_PENDING = "payment_pending"
+    PAID_CONFIRMATION_DELAYED = "paid_confirmation_delayed"
+    NOT_YET_CONFIRMABLE = "not_yet_confirmable"
+    FAILED = "failed"
+    REVERSED = "reversed"
+    COMPLETE = "complete"
+    UNDER_REVIEW = "under_review"
+    AWAITING_PAYMENT = "awaiting_payment"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    DISPUTED = "disputed"
+    DISPUTE_WON = "dispute_won"
+    DISPUTE_LOST = "dispute_lost"
+
+    ALL = (BEING_CONFIRMED, PAYMENT_PENDING, PAID_CONFIRMATION_DELAYED, NOT_YET_CONFIRMABLE,
+           FAILED, REVERSED, COMPLETE, UNDER_REVIEW, AWAITING_PAYMENT, CANCELLED, EXPIRED,
+           DISPUTED, DISPUTE_WON, DISPUTE_LOST)
+
+
+@dataclass(frozen=True)
+class CustomerState:
+    code: str
+    headline: str
+    message: str
+    can_pay_again: bool = False
+    pay_again_url: str | None = None
+    final: bool = False
+    order_reference: str | None = None
+    support_contact: str = ""
+
+    def as_dict(self) -> dict:
+        return {
+            "code": self.code,
+            "headline": self.headline,
+            "message": self.message,
+            "can_pay_again": self.can_pay_again,
+            "final": self.final,
+            "order_reference": self.order_reference,
+            "support_contact": self.support_contact,
+        }
+
+
+# The fixed customer wording per state, used by customer_state() below and quoted (never
+# copied) by the support runbooks (support/runbooks.py renders `[[customer:<key>]]`).
+# Placeholders: {contact}, {ref} (order reference).
+WORDS: dict[str, tuple[str, str]] = {
+    "under_review": (
+        "A person is reviewing your purchase",
+        "Our support team is reviewing this purchase. Please do not pay again. "
+        "If you have questions, contact {contact} and quote your purchase reference."),
+    "not_yet_confirmable": (
+        "We are checking your payment",
+        "We could not yet confirm whether your payment went through, so we are "
+        "checking with the payment provider. Please do not pay again. "
+        "This page updates by itself when we know."),
+    "being_confirmed": (
+        "Your payment is being confirmed",
+        "Your payment has been sent to the payment provider and is being confirmed. "
+        "Please do not pay again. This page updates by itself."),
+    "paid_confirmation_delayed": (
+        "Payment received — order confirmation in progress",
+        "Your payment was received. We are still finishing your order and "
+        "will show the order reference here; you do not need to pay again."),
+    "paid_confirmation_delayed_with_order": (
+        "Payment received — order confirmation in progress",
+        "Your payment was received. Your order reference is {ref}. "
+        "The order confirmation is taking longer than usual; you do not need "
+        "to pay again."),
+    "reversed": (
+        "Your payment has been reversed",
+        "The payment provider has confirmed that your payment is being returned "
+        "to your payment method. How long it takes to appear depends on your bank. "
+        "You do not need to do anything."),
+    # Disputes: plain words, never an invitation to pay again (the money is with the bank).
+    "disputed": (
+        "Your payment is being reviewed with your bank",
+        "Your bank told us you questioned this payment, so it is being reviewed between "
+        "your bank and us. Please do not pay again. Your bank will tell you the result; "
+        "if you have questions, contact {contact} and quote your purchase reference."),
+    "dispute_won": (
+        "The review with your bank is finished",
+        "Your bank's review of this payment is finished and the payment stands. "
+        "You do not need to pay again. If you have questions, contact {contact}."),
+    "dispute_lost": (
+        "Your bank returned this payment to you",
+        "Your bank's review of this payment is finished and your bank has returned the "
+        "money to you. You do not need to do anything, and please do not pay again."),
+    # A person (grade acknowledged) is never presented as the provider (DESIGN §4).
+    "reversed_by_team": (
+        "Your payment has been reversed",
+        "Our team has confirmed that your payment is being returned to your payment "
+        "method. How long it takes to appear depends on your bank. "
+        "You do not need to do anything."),
+    "failed_by_team": (
+        "Your payment did not go through",
+        "Our team has confirmed that this payment did not go through, so no order was "
+        "placed. You may try again, for example with another payment method."),
+    "failed": (
+        "Your payment did not go through",
+        "The payment provider declined or did not take this payment, so no order was "
+        "placed. You may try again, for example with another payment method."),
+}
+
+
+def wording(key: str, **values) -> tuple[str, str]:
+    """(headline, message) for a WORDS key; missing placeholders stay visible as ‹name›."""
+    headline, message = WORDS[key]
+    fill = {"contact": "‹support contact›", "ref": "‹order reference›", **values}
+    return headline, message.format(**fill)
+
+
+# Money-in operations a customer can be told about; refunds/voids handled separately.
+_PAYMENT_KIND_VALUES = tuple(k.value for k in PAYMENT_KINDS)
+_PROVIDER_EVIDENCE = (Verification.PROVIDER.value, Verification.WEBHOOK.value)
+
+
+def _order_reference(purchase_id: str) -> str | None:
+    return Order.objects.filter(purchase_id=purchase_id).values_list(
+        "reference", flat=True).first()
+
+
+def _pay_again_url(purchase_id: str) -> str | None:
+    template = getattr(settings, "STOREFRONT_CHECKOUT_URL", "") or ""
+    if "{purchase_id}" not in template:
+        return None
+    return template.replace("{purchase_id}", quote(purchase_id, safe=""))
+
+
+@dataclass(frozen=True)
+class _Reversal:
+    amount: int  # confirmed by the provider or by our team (minor units)
+    processing: bool  # some confirmed reversal is still processing at the provider
+    full: bool
+    by_team: bool = False  # part of it rests on a person's resolution, not the provider
+
+
+def _reversal_confirmed(ops: list, purchase_amount: int) -> _Reversal | None:
+    """What the provider has confirmed about refunds/voids, or None.
+
+    Only the provider's own record counts: a refund waiting for approval, pending, or
+    unknown is not shown to the customer as a reversal.
+    """
+    amount, processing, void, by_team = 0, False, False, False
+    for op in ops:
+        if op.kind not in (OperationKind.REFUND.value, OperationKind.VOID.value):
+            continue
+        if op.parent_id and getattr(op.parent, "is_duplicate", False):
+            continue  # the return of a duplicate charge is not a reversal of the purchase
+        if op.outcome == Outcome.SUCCEEDED.value:
+            by_team = by_team or op.grade == Grade.ACKNOWLEDGED.value
+        elif (op.outcome == Outcome.AWAITING_PROVIDER.value and op.provider_reference
+              and op.verification in _PROVIDER_EVIDENCE):
+            processing = True
+        else:
+            continue
+        if op.kind == OperationKind.VOID.value:
+            void = True
+        amount += op.amount
+    if amount == 0 and not void:
+        return None
+    return _Reversal(amount=amount, processing=processing,
+                     full=void or amount >= purchase_amount, by_team=by_team)
+
+
+def customer_state(purchase) -> CustomerState:
+    """The plain-language state of a purchase, from verified data only."""
+    contact = getattr(settings, "SUPPORT_CONTACT", "")
+    ops = list(purchase.operations.select_related("parent").order_by("created_at", "id"))
+    payments = [op for op in ops if op.kind in _PAYMENT_KIND_VALUES]
+    last_payment = payments[-1] if payments else None
+    paid = any(op.outcome == Outcome.SUCCEEDED.value for op in payments)
+    status = purchase.status
+    S = PurchaseStatus
+
+    def state(code, headline, message, **kw) -> CustomerState:
+        return CustomerState(code=code, headline=headline, message=message,
+                             support_contact=contact, **kw)
+
+    def under_review() -> CustomerState:
+        return state(StateCode.UNDER_REVIEW, *wording("under_review", contact=contact))
+
+    # A dispute outranks everything below: the money is with the customer's bank.
+    dispute_state = {S.DISPUTED: (StateCode.DISPUTED, "disputed", False),
+                     S.DISPUTE_WON: (StateCode.DISPUTE_WON, "dispute_won", True),
+                     S.DISPUTE_LOST: (StateCode.DISPUTE_LOST, "dispute_lost", True)}.get(status)
+    if dispute_state is not None:
+        code, key, final = dispute_state
+        return state(code, *wording(key, contact=contact), final=final)
+
+    reversal = _reversal_confirmed(ops, purchase.amount)
+    if reversal and status in (S.REFUND_PENDING, S.REFUNDED, S.VOIDED, S.CANCELLED,
+                               S.MANUAL_REVIEW, S.PAID, S.FULFILLING, S.COMPLETED):
+        bank = "How long it takes to appear depends on your bank. You do not need to do anything."
+        if not reversal.full:
+            amount = format_money(reversal.amount, purchase.currency)
+            still = " and is processing it" if reversal.processing else ""
+            who = "Our team has" if reversal.by_team else "The payment provider has"
+            return state(
+                StateCode.REVERSED, "Part of your payment is being refunded",
+                f"{who} confirmed a refund of {amount} to your payment "
+                f"method{still}. {bank}",
+                final=not reversal.processing,
+            )
+        if not reversal.processing:
+            key = "reversed_by_team" if reversal.by_team else "reversed"
+            return state(StateCode.REVERSED, *wording(key), final=True)
+        return state(
+            StateCode.REVERSED, "Your refund is processing",
+            "The payment provider has accepted a refund of your payment and is "
+            f"processing it. {bank}",
+        )
+
+    if status == S.COMPLETED and paid:
+        ref = _order_reference(purchase.id)
+        msg = "Your payment was received and your order is complete."
+        if ref:
+            msg = f"Your payment was received and your order {ref} is complete."
+        return state(StateCode.COMPLETE, "Your order is complete", msg, final=True,
+                     order_reference=ref)
+
+    if status in (S.PAID, S.FULFILLING, S.REFUND_PENDING) and paid:
+        # REFUND_PENDING without provider evidence: the customer was paid-and-ordered as
+        # far as anyone can verify; a refund is only announced once the provider has it.
+        ref = _order_reference(purchase.id)
+        key = "paid_confirmation_delayed_with_order" if ref else "paid_confirmation_delayed"
+        return state(StateCode.PAID_CONFIRMATION_DELAYED, *wording(key, ref=ref),
+                     order_reference=ref)
+
+    if status == S.MANUAL_REVIEW or (status in (S.PAID, S.FULFILLING, S.COMPLETED,
+                                                S.REFUND_PENDING, S.REFUNDED, S.VOIDED)):
+        # Includes inconsistent combinations (e.g. paid without a succeeded payment):
+        # never show success we cannot point at.
+        return under_review()
+
+    if last_payment is not None and last_payment.outcome == Outcome.UNKNOWN.value:
+        return state(StateCode.NOT_YET_CONFIRMABLE, *wording("not_yet_confirmable"))
+
+    if last_payment is not None and last_payment.outcome == Outcome.AWAITING_BUYER.value:
+        return state(
+            StateCode.PAYMENT_PENDING, "Your payment needs one more step",
+            "Your bank or card issuer asked for an extra confirmation at the store's "
+            "checkout. Nothing has been confirmed yet. Please finish that step there "
+            "rather than starting a new payment.",
+        )
+
+    if last_payment is not None and last_payment.outcome in (
+            Outcome.PENDING.value, Outcome.DISPATCHING.value, Outcome.AWAITING_PROVIDER.value):
+        return state(StateCode.BEING_CONFIRMED, *wording("being_confirmed"))
+
+    if status == S.PAYMENT_FAILED and last_payment is not None \
+            and last_payment.outcome == Outcome.FAILED.value and not paid:
+        # The API refuses a payment on an expired quote (`quote_expired`, new quote
+        # needed), so "pay again" on this purchase is only offered while it is open.
+        if purchase.quote.expires_at <= timezone.now():
+            return state(
+                StateCode.FAILED, "Your payment did not go through",
+                "The payment provider declined or did not take this payment, so no order "
+                "was placed. The price for this purchase has since expired: to try again, "
+                "please start a new purchase at the store.",
+            )
+        url = _pay_again_url(purchase.id)
+        key = ("failed_by_team" if last_payment.grade == Grade.ACKNOWLEDGED.value
+               else "failed")
+        return state(StateCode.FAILED, *wording(key),
+                     can_pay_again=url is not None, pay_again_url=url)
+
+    if status == S.CANCELLED:
+        return state(StateCode.CANCELLED, "This purchase was cancelled",
+                     "This purchase was cancelled before any payment was taken.", final=True)
+
+    if status == S.EXPIRED:
+        return state(StateCode.EXPIRED, "This purchase has expired",
+                     "The price for this purchase expired before any payment was taken. "
+                     "Please start a new purchase at the store.", final=True)
+
+    if status == S.AWAITING_PAYMENT and last_payment is None:
+        return state(StateCode.AWAITING_PAYMENT, "Waiting for payment",
+                     "No payment has been made for this purchase yet.")
+
+    # Anything else (a status and an operation that disagree) goes to a person.
+    return under_review()

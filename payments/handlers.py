@@ -1,0 +1,24 @@
+"""The outbox categories the payments core owns (registered from PaymentsConfig.ready())."""
+from __future__ import annotations
+
+from recovery.models import OutboxCategory
+from recovery.outbox import outbox_handler
+
+from .external import external_refunds_read
+from .services import operation_dispatch_or_wait, operation_reconcile
+
+
+@outbox_handler(OutboxCategory.RECONCILE)
+def _handle_reconcile(payload: dict) -> None:
+    operation_reconcile(operation_id=payload["operation"], actor="reconciler")
+
+
+@outbox_handler(OutboxCategory.DISPATCH)
+def _handle_dispatch(payload: dict) -> None:
+    # Still queued after the call = its workflow is halted: back off, do not drop it.
+    operation_dispatch_or_wait(operation_id=payload["operation"])
+
+
+@outbox_handler(OutboxCategory.PROVIDER_REFUNDS_READ)
+def _handle_provider_refunds_read(payload: dict) -> None:
+    external_refunds_read(payment_operation_id=payload["operation"])

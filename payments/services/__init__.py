@@ -1,0 +1,100 @@
+"""Payments services: the only code that writes Purchase and PaymentOperation.
+
+Every function is keyword-only. Errors a caller must show to a client are raised as
+`DomainError(code, message, status, retry, owner, purchase=, operation=)`
+(payments/errors.py).
+
+One module per section; each imports only the ones above it:
+  common -> holds -> purchases; common, holds -> observations -> reconcile -> dispatch;
+  operations and manual use reconcile and observations.
+`from payments.services import <name>` keeps working for every public name (and the
+few private ones other modules still reach for).
+"""
+from ..errors import ApplyResult, DomainError
+from .common import _history, operation_workflow
+from .holds import _period_start, client_limits
+from .purchases import (
+    PurchaseOpened,
+    QUOTE_TTL,
+    buyer_confirmation_issue,
+    purchase_cancel,
+    purchase_create,
+    purchase_open,
+    purchase_transition,
+    purchases_expire_stale,
+    quote_create,
+)
+from .observations import (
+    duplicate_compensate_locked,
+    duplicate_compensation_ensure,
+    operation_apply_observation,
+)
+from .reconcile import (
+    operation_cancel_unapplied,
+    operation_read_canonical,
+    operation_reconcile,
+    operation_reconcile_on_demand,
+    operation_replay,
+    operations_sweep_dead_dispatches,
+    operations_verify_before_follow_up,
+)
+from .dispatch import (
+    NOT_SENT_RESENDS,
+    RETRYABLE_BACKOFF_BASE_SECONDS,
+    RETRYABLE_BACKOFF_CAP_SECONDS,
+    RETRYABLE_RESENDS,
+    _HaltedAtClaim,
+    _claim,
+    _metadata,
+    operation_dispatch,
+    operation_dispatch_or_wait,
+)
+from .operations import (
+    capture_create,
+    payment_create,
+    refund_approve,
+    refund_decline,
+    refund_request,
+    void_create,
+)
+from .manual import operation_overturn_review, operation_resolve_manual
+
+__all__ = [
+    "ApplyResult",
+    "DomainError",
+    "NOT_SENT_RESENDS",
+    "PurchaseOpened",
+    "QUOTE_TTL",
+    "RETRYABLE_BACKOFF_BASE_SECONDS",
+    "RETRYABLE_BACKOFF_CAP_SECONDS",
+    "RETRYABLE_RESENDS",
+    "buyer_confirmation_issue",
+    "capture_create",
+    "client_limits",
+    "duplicate_compensate_locked",
+    "duplicate_compensation_ensure",
+    "operation_apply_observation",
+    "operation_cancel_unapplied",
+    "operation_dispatch",
+    "operation_dispatch_or_wait",
+    "operation_overturn_review",
+    "operation_read_canonical",
+    "operation_reconcile",
+    "operation_reconcile_on_demand",
+    "operation_replay",
+    "operation_resolve_manual",
+    "operation_workflow",
+    "operations_sweep_dead_dispatches",
+    "operations_verify_before_follow_up",
+    "payment_create",
+    "purchase_cancel",
+    "purchase_create",
+    "purchase_open",
+    "purchase_transition",
+    "purchases_expire_stale",
+    "quote_create",
+    "refund_approve",
+    "refund_decline",
+    "refund_request",
+    "void_create",
+]

@@ -1,0 +1,266 @@
+"""Dispatch, in three phases: claim in a transaction (key persisted, hold reserved,
+halt checked), call the provider outside any transaction, apply the outcome in a second
+transaction.
+"""
+from __future__ import annotations
+
+import random
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from ..enums import (
+    CallPurpose,
+    CallStep,
+    Classification,
+    Grade,
+    OperationKind,
+    Outcome,
+    Owner,
+    PAYMENT_KINDS,
+    Reason,
+    RetryAdvice,
+    Verification,
+)
+from ..errors import ApplyResult, DomainError
+from ..locks import (
+    assert_no_transaction_outside_transaction,
+    lock_operation,
+    lock_purchase_and_operation,
+)
+from ..models import PaymentOperation, ProviderCall
+from ..providers.base import CallResult
+from .common import _halted, _op_to, _provider, _record_call, log, operation_workflow
+from .holds import _hold_reserve
+from .observations import (
+    _apply_locked,
+    _mismatch,
+    _settle_without_object,
+    operation_apply_observation,
+)
+from .reconcile import _read_back
+
+
+NOT_SENT_RESENDS = 2  # DESIGN §10.4: resend a not_sent step at most twice
+
+
+RETRYABLE_RESENDS = 2
+
+
+# A 429 / Stripe-Should-Retry answer is resent with the same key after a bounded,
+# jittered backoff (base * 2^(n-1), capped), never in a tight loop.
+RETRYABLE_BACKOFF_BASE_SECONDS = 0.5
+
+
+RETRYABLE_BACKOFF_CAP_SECONDS = 2.0
+
+
+class _HaltedAtClaim(Exception):
+    """The operation's workflow is halted: the claim wrote nothing, it stays queued."""
+
+
+def _claim(operation_id: str, step: str, *, attempt: int = 1, from_pending: bool = False,
+           confirm: bool = False) -> ProviderCall | None:
+    """Phase 1. Returns the claimed ProviderCall, or None if someone else owns the step or
+    the operation moved on (e.g. the dead-dispatch sweep settled it)."""
+    with transaction.atomic():
+        purchase, op = lock_purchase_and_operation(operation_id)
+        if from_pending:
+            if op.outcome != Outcome.PENDING:
+                return None
+            # A halt binds at claim time, under the lock (DESIGN §5.9): queued work of
+            # every kind (a backstop, an approved refund, a compensation) waits here, still
+            # `pending`, and goes out once the halt clears. It does not fail.
+            if _halted(operation_workflow(op.kind)):
+                raise _HaltedAtClaim(operation_workflow(op.kind))
+            op.dispatch_deadline = timezone.now() + timedelta(
+                seconds=settings.DISPATCH_LEASE_SECONDS)
+            _op_to(op, "start_dispatch", cause=f"claim:{step}", actor="dispatcher",
+                   fields=("dispatch_deadline",))
+        elif op.outcome != Outcome.DISPATCHING:
+            return None
+        try:
+            with transaction.atomic():
+                call = ProviderCall.objects.create(
+                    operation=op, purpose=CallPurpose.DISPATCH, step=step, attempt=attempt,
+                    key=op.provider_key(step))
+        except IntegrityError:
+            return None  # invariant 2: this step was already claimed
+        if confirm or (from_pending and op.kind == OperationKind.REFUND):
+            if not _hold_reserve(op):
+                _apply_locked(purchase, op, Outcome.FAILED, grade=Grade.CONFIRMED,
+                              verification=Verification.UNVERIFIED, cause="limit_at_claim",
+                              actor="dispatcher", evidence={},
+                              reason="spending_limit_exceeded")
+                call.delete()
+                return None
+        if confirm:
+            op.confirm_claimed_at = timezone.now()
+            op.save(update_fields=["confirm_claimed_at", "updated_at"])
+        return call
+
+
+def _send(operation_id: str, step: str, first_call: ProviderCall, fn) -> CallResult:
+    """Phase 2, outside any transaction. Resends the same step key only for answers that
+    prove nothing was applied (not_sent, 429/should-retry), each resend claimed anew."""
+    call, attempt = first_call, 1
+    while True:
+        assert_no_transaction_outside_transaction()
+        result = fn()
+        _record_call(call, result)
+        resend = (result.classification == Classification.NOT_SENT and attempt <= NOT_SENT_RESENDS
+                  ) or (result.classification == Classification.RETRYABLE
+                        and attempt <= RETRYABLE_RESENDS)
+        if not resend:
+            return result
+        if result.classification == Classification.RETRYABLE:
+            # Outside any transaction (phase 2), so the wait holds no lock.
+            delay = min(RETRYABLE_BACKOFF_BASE_SECONDS * 2 ** (attempt - 1),
+                        RETRYABLE_BACKOFF_CAP_SECONDS)
+            time.sleep(delay * (1 + random.random() * 0.1))
+        attempt += 1
+        call = _claim(operation_id, step, attempt=attempt)
+        if call is None:
+            return CallResult(Classification.IN_FLIGHT)
+
+
+def _outcome_after_call(op: PaymentOperation, step: str, result: CallResult) -> None:
+    """Phase 3 for a money-moving step's answer."""
+    cls = result.classification
+    if cls == Classification.IN_FLIGHT:
+        return
+    if cls == Classification.OK and result.object is not None:
+        applied = operation_apply_observation(operation_id=op.id, obj=result.object,
+                                              source=Verification.PROVIDER,
+                                              cause=f"{step}_answer")
+        current = PaymentOperation.objects.values_list("outcome", flat=True).get(id=op.id)
+        if applied == ApplyResult.MISMATCH or current == Outcome.DISPATCHING:
+            _settle_without_object(op.id, Outcome.UNKNOWN, reason="", cause=f"{step}_no_verdict",
+                                   evidence=result.object.safe_fields())
+        return
+    if cls == Classification.DECLINED:
+        if result.object is not None:
+            operation_apply_observation(operation_id=op.id, obj=result.object,
+                                        source=Verification.PROVIDER, cause=f"{step}_declined")
+        current = PaymentOperation.objects.values_list("outcome", flat=True).get(id=op.id)
+        if current == Outcome.DISPATCHING:
+            _settle_without_object(op.id, Outcome.FAILED, reason=Reason.CARD_DECLINED,
+                                   cause=f"{step}_declined", verification=Verification.PROVIDER,
+                                   evidence={"http_status": result.http_status,
+                                             "code": result.error_code})
+        return
+    if cls in (Classification.NOT_SENT, Classification.RETRYABLE):
+        # Provably not applied, resends exhausted: fail with evidence (retry: new_operation).
+        _settle_without_object(op.id, Outcome.FAILED, reason=Reason.PROVIDER_UNREACHABLE,
+                               cause=f"{step}_{cls}", evidence={"classification": cls})
+        return
+    if cls == Classification.REJECTED:
+        # A 4xx on a non-create step: the object decides (e.g. a second confirm is a bare
+        # 400 at localstripe, yet the first may have succeeded).
+        read = _read_back(PaymentOperation.objects.get(id=op.id))
+        if read.classification == Classification.OK and read.object is not None:
+            operation_apply_observation(operation_id=op.id, obj=read.object,
+                                        source=Verification.PROVIDER, cause=f"{step}_readback")
+        current = PaymentOperation.objects.values_list("outcome", flat=True).get(id=op.id)
+        if current == Outcome.DISPATCHING:
+            _settle_without_object(op.id, Outcome.UNKNOWN, reason="",
+                                   cause=f"{step}_rejected_no_verdict",
+                                   evidence={"http_status": result.http_status})
+        return
+    _settle_without_object(op.id, Outcome.UNKNOWN, reason="", cause=f"{step}_{cls}",
+                           evidence={"http_status": result.http_status,
+                                     "fault_drill": result.fault_drill, "detail": result.detail})
+
+
+def _metadata(op: PaymentOperation) -> dict:
+    return {"operation_id": op.id, "purchase_id": op.purchase_id,
+            "customer_reference": op.purchase.customer_reference}
+
+
+def _dispatch_payment(op: PaymentOperation) -> None:
+    provider = _provider()
+    call = _claim(op.id, CallStep.CREATE, from_pending=True)
+    if call is None:
+        return
+    result = _send(op.id, CallStep.CREATE, call, lambda: provider.create_payment_intent(
+        key=op.provider_key(CallStep.CREATE), amount=op.amount, currency=op.currency,
+        payment_method=op.payment_method, capture_method=op.capture_method,
+        metadata=_metadata(op)))
+    if result.classification == Classification.IN_FLIGHT:
+        return
+    if result.classification != Classification.OK or result.object is None:
+        # Create never moves money and confirm was never claimed: whatever happened, this
+        # operation cannot have charged (DESIGN §10.2).
+        reason = {Classification.DECLINED: Reason.CARD_DECLINED,
+                  Classification.REJECTED: Reason.INVALID_REQUEST,
+                  Classification.NOT_SENT: Reason.PROVIDER_UNREACHABLE,
+                  Classification.RETRYABLE: Reason.PROVIDER_UNREACHABLE}.get(
+            result.classification, Reason.NOT_CONFIRMED)
+        _settle_without_object(op.id, Outcome.FAILED, reason=reason, cause="create_failed",
+                               evidence={"classification": result.classification,
+                                         "http_status": result.http_status})
+        return
+    with transaction.atomic():
+        locked = lock_operation(op.id)
+        if _mismatch(locked, result.object) in ("", "provider reference"):
+            locked.provider_reference = result.object.id
+            locked.save(update_fields=["provider_reference", "updated_at"])
+    call = _claim(op.id, CallStep.CONFIRM, confirm=True)
+    if call is None:
+        return
+    intent_id = result.object.id
+    result = _send(op.id, CallStep.CONFIRM, call, lambda: provider.confirm_payment_intent(
+        key=op.provider_key(CallStep.CONFIRM), intent_id=intent_id))
+    _outcome_after_call(op, CallStep.CONFIRM, result)
+
+
+_LINKED_STEP = {OperationKind.CAPTURE: CallStep.CAPTURE, OperationKind.VOID: CallStep.CANCEL,
+                OperationKind.REFUND: CallStep.REFUND}
+
+
+def _dispatch_linked(op: PaymentOperation) -> None:
+    provider = _provider()
+    step = _LINKED_STEP[op.kind]
+    call = _claim(op.id, step, from_pending=True)
+    if call is None:
+        return
+    parent_ref = op.parent.provider_reference if op.parent_id else op.provider_reference
+    key = op.provider_key(step)
+    if op.kind == OperationKind.CAPTURE:
+        fn = lambda: provider.capture_payment_intent(key=key, intent_id=parent_ref)  # noqa: E731
+    elif op.kind == OperationKind.VOID:
+        fn = lambda: provider.cancel_payment_intent(key=key, intent_id=parent_ref)  # noqa: E731
+    else:
+        fn = lambda: provider.create_refund(key=key, intent_id=parent_ref, amount=op.amount,  # noqa: E731
+                                            metadata=_metadata(op))
+    result = _send(op.id, step, call, fn)
+    _outcome_after_call(op, step, result)
+
+
+def operation_dispatch(*, operation_id: str) -> PaymentOperation:
+    """Send one operation to the provider, at most once. No transaction may be open."""
+    assert_no_transaction_outside_transaction()
+    op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
+    if op.outcome == Outcome.PENDING:
+        try:
+            if op.kind in PAYMENT_KINDS:
+                _dispatch_payment(op)
+            else:
+                _dispatch_linked(op)
+        except _HaltedAtClaim as halted:
+            log.info("dispatch held: workflow %s is halted operation=%s", halted, op.id)
+    return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
+def operation_dispatch_or_wait(*, operation_id: str) -> PaymentOperation:
+    """For the outbox: dispatch, and raise if the operation is still queued (its workflow
+    is halted) so the message backs off and runs again instead of being marked done."""
+    op = operation_dispatch(operation_id=operation_id)
+    if op.outcome == Outcome.PENDING:
+        raise DomainError("workflow_halted", f"The {operation_workflow(op.kind)} workflow is "
+                          "halted; the dispatch waits.", status=503, retry=RetryAdvice.SAME_KEY,
+                          owner=Owner.SUPPORT, purchase=op.purchase_id, operation=op.id)
+    return op

@@ -1,0 +1,123 @@
+"""Spending limits: per API client holds (reserved, consumed, released) and the
+limit and currency checks a new money movement passes first.
+"""
+from __future__ import annotations
+
+from django.db.models import Sum
+from django.utils import timezone
+
+from ..enums import HoldState, LimitPeriod, OperationKind, Outcome, Owner, RetryAdvice
+from ..errors import DomainError
+from ..locks import lock_client
+from ..models import ApiClient, Hold, PaymentOperation
+
+
+def _period_start(client: ApiClient, now=None):
+    now = now or timezone.now()
+    if client.limit_period == LimitPeriod.DAY:
+        return now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if client.limit_period == LimitPeriod.MONTH:
+        return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return None
+
+
+def client_limits(client: ApiClient) -> dict:
+    """limit, consumed, reserved, unknown_exposure (current period; a hold counts in the
+    period it was reserved in until it settles)."""
+    start = _period_start(client)
+    # One limit, one currency: only holds in the client's currency count against it.
+    holds = Hold.objects.filter(api_client=client, currency__iexact=client.currency)
+    consumed_q = holds.filter(state=HoldState.CONSUMED)
+    if start is not None:
+        consumed_q = consumed_q.filter(period_start=start)
+    reserved_q = holds.filter(state=HoldState.RESERVED)
+    consumed = consumed_q.aggregate(s=Sum("amount"))["s"] or 0
+    reserved = reserved_q.aggregate(s=Sum("amount"))["s"] or 0
+    unknown = (reserved_q.filter(operation__outcome=Outcome.UNKNOWN)
+               .aggregate(s=Sum("amount"))["s"] or 0)
+    return {"limit": client.spending_limit, "currency": client.currency, "consumed": consumed,
+            "reserved": reserved, "unknown_exposure": unknown,
+            "available": (max(client.spending_limit - consumed - reserved, 0)
+                          if client.spending_limit else None),
+            "period": client.limit_period}
+
+
+def _check_currency_allowed(client: ApiClient | None, currency: str) -> None:
+    """A client's spending limit is kept in one currency, its own: holds are never summed
+    across currencies as raw minor units, and a purchase in a currency the client has no
+    limit for is refused (DESIGN §6, issue 15 #9)."""
+    if client is not None and currency.lower() != (client.currency or "").lower():
+        raise DomainError("currency_not_allowed",
+                          f"This API client's spending limit is in {client.currency}; a "
+                          f"purchase in {currency.lower()} is not allowed.", status=422,
+                          retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+                          extra={"allowed_currencies": [client.currency]})
+
+
+def _check_limit(client: ApiClient | None, amount: int) -> None:
+    if client is None or not client.spending_limit:
+        return
+    figures = client_limits(client)
+    if figures["consumed"] + figures["reserved"] + amount > client.spending_limit:
+        raise DomainError("spending_limit_exceeded", "This API client's spending limit does not "
+                          "cover this amount.", status=409, retry=RetryAdvice.FORBIDDEN,
+                          owner=Owner.SUPPORT, extra={"limits": figures})
+
+
+def _hold_client(op: PaymentOperation) -> ApiClient | None:
+    if op.requested_by_client_id:
+        return op.requested_by_client
+    if op.kind != OperationKind.REFUND:
+        return op.purchase.api_client
+    return None
+
+
+def _hold_reserve(op: PaymentOperation) -> bool:
+    """Reserve at the claim, under the client's row lock. False = limit exceeded."""
+    client = _hold_client(op)
+    if client is None:
+        return True
+    client = lock_client(client.id)
+    if client.spending_limit:
+        figures = client_limits(client)
+        if figures["consumed"] + figures["reserved"] + op.amount > client.spending_limit:
+            return False
+    Hold.objects.bulk_create([Hold(api_client=client, operation=op, amount=op.amount,
+                                   currency=op.currency, period_start=_period_start(client))],
+                             ignore_conflicts=True)
+    return True
+
+
+def _hold_settle(op: PaymentOperation, *, succeeded: bool) -> None:
+    """consume on charge/capture success; release on failure, void, or manual failed."""
+    if op.kind in (OperationKind.CHARGE, OperationKind.REFUND):
+        Hold.objects.filter(operation=op, state=HoldState.RESERVED).update(
+            state=HoldState.CONSUMED if succeeded else HoldState.RELEASED,
+            updated_at=timezone.now())
+    elif op.kind == OperationKind.AUTHORIZE and not succeeded:
+        Hold.objects.filter(operation=op, state=HoldState.RESERVED).update(
+            state=HoldState.RELEASED, updated_at=timezone.now())
+    elif op.kind == OperationKind.CAPTURE and succeeded:
+        Hold.objects.filter(operation_id=op.parent_id, state=HoldState.RESERVED).update(
+            state=HoldState.CONSUMED, updated_at=timezone.now())
+    elif op.kind == OperationKind.VOID and succeeded:
+        Hold.objects.filter(operation_id=op.parent_id, state=HoldState.RESERVED).update(
+            state=HoldState.RELEASED, updated_at=timezone.now())
+
+
+def _hold_overturn(op: PaymentOperation, *, succeeded: bool) -> None:
+    """Holds follow an overturned outcome, whatever state the person's outcome left."""
+    now = timezone.now()
+    if op.kind in (OperationKind.CHARGE, OperationKind.REFUND):
+        rows, state = Hold.objects.filter(operation=op), (
+            HoldState.CONSUMED if succeeded else HoldState.RELEASED)
+    elif op.kind == OperationKind.AUTHORIZE:
+        rows, state = Hold.objects.filter(operation=op), (
+            HoldState.RESERVED if succeeded else HoldState.RELEASED)
+    elif op.kind == OperationKind.CAPTURE:
+        rows, state = Hold.objects.filter(operation_id=op.parent_id), (
+            HoldState.CONSUMED if succeeded else HoldState.RESERVED)
+    else:  # void
+        rows, state = Hold.objects.filter(operation_id=op.parent_id), (
+            HoldState.RELEASED if succeeded else HoldState.RESERVED)
+    rows.update(state=state, updated_at=now)

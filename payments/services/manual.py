@@ -1,0 +1,193 @@
+"""People: a manual resolution (after a read-back: the provider's record
+outranks a person) and the review of an overturned one.
+"""
+from __future__ import annotations
+
+from django.db import transaction
+
+from audit.models import Resolution
+
+from ..enums import (
+    CallPurpose,
+    CallStep,
+    Classification,
+    Grade,
+    OVERTURN_CAUSE,
+    Outcome,
+    Owner,
+    PAYMENT_KINDS,
+    Reason,
+    RetryAdvice,
+    Verification,
+)
+from ..errors import DomainError
+from ..locks import assert_no_transaction_outside_transaction, lock_purchase_and_operation
+from ..models import PaymentOperation, ProviderCall
+from ..providers.base import ProviderObject, outcome_from_object
+from .common import _audit, _history, _lock_or_404, _provider, _record_call
+from .observations import _apply_locked, _mismatch, operation_apply_observation
+from .reconcile import _read_back, _schedule_acknowledged_read_back
+
+
+def _refuse_unresolvable(op: PaymentOperation, *, acting_client, acting_user) -> None:
+    if (acting_client is not None and op.requested_by_client_id == acting_client.id) or (
+            acting_user is not None and op.requested_by_user_id == acting_user.id):
+        raise DomainError("resolver_is_requester", "The requester of an operation cannot "
+                          "resolve it.", status=403, operation=op.id, purchase=op.purchase_id,
+                          owner=Owner.SUPPORT)
+    if op.outcome not in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER):
+        raise DomainError("not_resolvable", f"An operation that is {op.outcome} cannot be "
+                          "resolved by hand.", status=409, operation=op.id,
+                          purchase=op.purchase_id, owner=Owner.NONE)
+
+
+# PaymentIntent statuses a person's "failed" can be made true by cancelling first, so the
+# buyer (3-D Secure) or a slow confirm cannot complete it later.
+_CANCELLABLE_PI = frozenset({"requires_payment_method", "requires_confirmation",
+                             "requires_action"})
+
+
+def _provider_contradicts(op: PaymentOperation, obj: ProviderObject, proposed: str) -> None:
+    raise DomainError(
+        "provider_contradicts",
+        f"The provider's record contradicts '{proposed}': it shows {obj.object_type} "
+        f"{obj.id} as '{obj.status}'. That record was applied; the resolution was not.",
+        status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+        purchase=op.purchase_id, operation=op.id,
+        extra={"provider": {"object": obj.object_type, "id": obj.id, "status": obj.status}})
+
+
+def _cancel_before_manual_failure_outside_transaction(op: PaymentOperation, *, actor: str,
+                                                      reason: str) -> None:
+    """Cancel the PaymentIntent at the provider before a person settles it `failed`.
+
+    A write: claimed and audited in one transaction (three phases), refused if the
+    provider does not confirm the cancel."""
+    ref = op.provider_reference
+    with transaction.atomic():
+        purchase, locked = lock_purchase_and_operation(op.id)
+        if locked.outcome not in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER,
+                                  Outcome.AWAITING_BUYER):
+            return
+        attempt = (ProviderCall.objects.filter(operation=locked, purpose=CallPurpose.DISPATCH,
+                                               step=CallStep.CANCEL).count() + 1)
+        call = ProviderCall.objects.create(
+            operation=locked, purpose=CallPurpose.DISPATCH, step=CallStep.CANCEL,
+            attempt=attempt, key=locked.provider_key(CallStep.CANCEL))  # same key: idempotent
+        _audit(actor=actor, action="operation_cancel_at_provider", op=locked, reason=reason,
+               detail={"provider_reference": ref, "before_manual_failure": True})
+    result = _provider().cancel_payment_intent(key=call.key, intent_id=ref)
+    _record_call(call, result)
+    obj = result.object
+    if result.classification != Classification.OK or obj is None:
+        read = _read_back(PaymentOperation.objects.select_related("purchase", "parent")
+                          .get(id=op.id))
+        obj = read.object if read.classification == Classification.OK else None
+    if obj is not None and _mismatch(op, obj) == "":
+        operation_apply_observation(operation_id=op.id, obj=obj, source=Verification.PROVIDER,
+                                    cause="cancel_before_manual_failure", actor=actor)
+        if outcome_from_object(obj, kind=op.kind) == Outcome.SUCCEEDED:
+            _provider_contradicts(op, obj, Outcome.FAILED)
+        if obj.status == "canceled":
+            return
+    raise DomainError(
+        "provider_cancel_failed", "The provider did not confirm cancelling this payment, so "
+        "it cannot be settled failed yet (the buyer could still complete it). Try again.",
+        status=409, retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT,
+        purchase=op.purchase_id, operation=op.id)
+
+
+def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, actor: str,
+                             acting_user=None, acting_client=None,
+                             bind=None, audit: bool = True) -> PaymentOperation:
+    """A person settles what machines could not — after the provider was asked.
+
+    1. read back (no transaction open): a provider record that contradicts `outcome`
+       is applied and the resolution refused (409 `provider_contradicts`); one that agrees
+       settles it `confirmed`; no reachable record leaves the person's word, graded
+       `acknowledged`, verification `manual`;
+    2. `failed` for a payment the provider still holds open (awaiting the buyer, never
+       confirmed) cancels it at the provider first, audited, refused if the cancel fails;
+    3. one transaction records the Resolution and audit row (and `bind(op)`, the caller's
+       idempotency binding) with the outcome.
+    `audit=False`: the caller writes this action's one audit row in the same transaction.
+    """
+    assert_no_transaction_outside_transaction()
+    if not (reason or "").strip():
+        raise DomainError("reason_required", "A reason is required.", status=422)
+    if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):
+        raise DomainError("invalid_outcome", "outcome must be succeeded or failed.", status=422)
+    op = (PaymentOperation.objects.select_related("purchase", "parent")
+          .filter(id=operation_id).first())
+    if op is None:
+        raise DomainError("not_found", "No such operation.", status=404)
+    _refuse_unresolvable(op, acting_client=acting_client, acting_user=acting_user)
+    read = _read_back(op)
+    obj = read.object if read.classification == Classification.OK else None
+    if obj is not None and _mismatch(op, obj):
+        obj = None  # not this operation's record: no evidence either way
+    verdict = outcome_from_object(obj, kind=op.kind) if obj is not None else None
+    if verdict in (Outcome.SUCCEEDED, Outcome.FAILED):
+        operation_apply_observation(operation_id=op.id, obj=obj, source=Verification.PROVIDER,
+                                    cause="readback_before_resolution", actor=actor)
+        if verdict != outcome:
+            _provider_contradicts(op, obj, outcome)
+    elif (outcome == Outcome.SUCCEEDED and op.kind in PAYMENT_KINDS and obj is not None
+          and obj.status in _CANCELLABLE_PI):
+        # The provider's own record shows no money moved (a confirm it never applied, a
+        # buyer who never authenticated): a person's "succeeded" is contradicted, and
+        # accepting it would book a sale the provider never made (found by the soak).
+        _provider_contradicts(op, obj, outcome)
+    elif (outcome == Outcome.FAILED and op.kind in PAYMENT_KINDS and op.provider_reference
+          and (op.outcome == Outcome.AWAITING_BUYER
+               or (obj is not None and obj.status in _CANCELLABLE_PI))):
+        _cancel_before_manual_failure_outside_transaction(op, actor=actor, reason=reason)
+    with transaction.atomic():
+        purchase, op = _lock_or_404(operation_id)
+        evidence_applied = op.is_terminal
+        if op.is_terminal and op.outcome != outcome:
+            # settled meanwhile by other evidence that says otherwise
+            raise DomainError("provider_contradicts", f"The provider's record shows this "
+                              f"operation {op.outcome}; the resolution was not applied.",
+                              status=409, owner=Owner.SUPPORT, operation=op.id,
+                              purchase=purchase.id)
+        if not evidence_applied:
+            _refuse_unresolvable(op, acting_client=acting_client, acting_user=acting_user)
+            _apply_locked(purchase, op, Outcome(outcome), grade=Grade.ACKNOWLEDGED,
+                          verification=Verification.MANUAL, cause="manual_resolution",
+                          actor=actor, evidence={"reason": reason,
+                                                 "provider_read": read.classification},
+                          reason=Reason.MANUAL if outcome == Outcome.FAILED else "")
+            # The person's word stands until the provider can be read back.
+            op.reconcile_attempts = 0
+            _schedule_acknowledged_read_back(op)
+        Resolution.objects.create(operation_id=op.id, purchase_id=purchase.id, outcome=outcome,
+                                  reason=reason, actor=actor)
+        if audit:
+            _audit(actor=actor, action="operation_resolve", op=op, reason=reason,
+                   detail={"outcome": outcome, "grade": op.grade,
+                           "provider_read": read.classification})
+        if bind is not None:
+            bind(op)
+    return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
+def operation_overturn_review(*, operation_id: str, actor: str, reason: str) -> PaymentOperation:
+    """A person has looked at what followed an overturn: the queue item closes."""
+    if not (reason or "").strip():
+        raise DomainError("reason_required", "A reason is required.", status=422)
+    with transaction.atomic():
+        purchase, op = _lock_or_404(operation_id)
+        if (op.next_action_owner != Owner.SUPPORT
+                or not op.transitions.filter(cause=OVERTURN_CAUSE).exists()):
+            raise DomainError("not_overturned", "This operation has no overturn waiting for "
+                              "review.", status=409, owner=Owner.NONE, operation=op.id,
+                              purchase=purchase.id)
+        op.next_action_owner = (Owner.BUYER if op.outcome == Outcome.FAILED
+                                and op.kind in PAYMENT_KINDS else Owner.NONE)
+        op.save(update_fields=["next_action_owner", "updated_at"])
+        _history(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
+                 target=op.outcome, cause="overturn_reviewed", evidence={"reason": reason},
+                 actor=actor)
+        _audit(actor=actor, action="overturn_review", op=op, reason=reason)
+    return op

@@ -1,0 +1,405 @@
+"""Applying what the provider said: the one function every source of
+evidence goes through (a read-back, a webhook, a dispatch answer), its effects on holds,
+the purchase and the workflow, overturns of a person's resolution, and duplicate charges.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from recovery.models import OutboxCategory
+from recovery.outbox import dispatch_put, operation_settled_put, outbox_put, run_steps_put
+
+from ..enums import (
+    Grade,
+    OVERTURN_CAUSE,
+    OperationKind,
+    Outcome,
+    Owner,
+    PAYMENT_KINDS,
+    PurchaseStatus,
+    Reason,
+    RetryAdvice,
+    SLOT_HOLDING_OUTCOMES,
+    Verification,
+)
+from ..errors import ApplyResult, DomainError
+from ..locks import lock_purchase_and_operation
+from ..models import OperationTransition, PaymentOperation, Purchase
+from ..providers.base import ProviderObject, outcome_from_object
+from .common import (
+    _captured_amount,
+    _dispatch_backstop,
+    _history,
+    _op_to,
+    _purchase_refunds,
+    _purchase_to,
+    log,
+)
+from .holds import _hold_overturn, _hold_settle
+
+
+def _expected_amount(op: PaymentOperation) -> int:
+    if op.kind in (OperationKind.CAPTURE, OperationKind.VOID) and op.parent_id:
+        return op.parent.amount
+    return op.amount
+
+
+def _mismatch(op: PaymentOperation, obj: ProviderObject) -> str:
+    """Why this provider object cannot be this operation's, or ''."""
+    expected_type = "refund" if op.kind == OperationKind.REFUND else "payment_intent"
+    if obj.object_type != expected_type:
+        return f"object type {obj.object_type}"
+    if op.provider_reference and obj.id != op.provider_reference:
+        return "provider reference"
+    meta = obj.metadata or {}
+    allowed_ops = {op.id, op.parent_id} if op.parent_id else {op.id}
+    if meta.get("operation_id") and meta["operation_id"] not in allowed_ops:
+        return "operation metadata"
+    if meta.get("purchase_id") and meta["purchase_id"] != op.purchase_id:
+        return "purchase"
+    if (meta.get("customer_reference")
+            and meta["customer_reference"] != op.purchase.customer_reference):
+        return "customer reference"
+    if obj.amount != _expected_amount(op):
+        return "amount"
+    if obj.currency.lower() != op.currency.lower():
+        return "currency"
+    expected_accounts = {"", settings.STRIPE_ACCOUNT or "", op.provider_account or ""}
+    if (obj.account or "") not in expected_accounts:
+        return "account"
+    return ""
+
+
+_FAIL_REASONS = {"card_declined": Reason.CARD_DECLINED, "generic_decline": Reason.CARD_DECLINED,
+                 "insufficient_funds": Reason.CARD_DECLINED}
+
+
+def _settle_effects_refund(purchase: Purchase, op: PaymentOperation, *, cause: str,
+                           actor: str) -> None:
+    refunded = (_purchase_refunds(purchase).filter(outcome=Outcome.SUCCEEDED)
+                .aggregate(s=Sum("amount"))["s"] or 0)
+    if refunded >= _captured_amount(purchase):
+        _purchase_to(purchase, "mark_refunded", cause=cause, actor=actor)
+    else:
+        _restore_after_refund(purchase, op, cause=cause, actor=actor)
+
+
+def _settle_effects(purchase: Purchase, op: PaymentOperation, *, cause: str, actor: str) -> None:
+    """What follows an outcome change: holds, purchase status, outbox. Same transaction."""
+    o = op.outcome
+    if o in (Outcome.SUCCEEDED, Outcome.FAILED):
+        _hold_settle(op, succeeded=o == Outcome.SUCCEEDED)
+        operation_settled_put(operation_id=op.id)
+    if op.kind in PAYMENT_KINDS and op.is_duplicate:
+        if o == Outcome.SUCCEEDED:
+            duplicate_compensate_locked(purchase=purchase, duplicate=op)
+        return  # a duplicate never pays (or un-pays) the purchase
+    if op.parent_id and op.parent.is_duplicate:
+        return  # returning a duplicate changes nothing the customer bought
+    if op.kind in PAYMENT_KINDS:
+        name = {Outcome.SUCCEEDED: "mark_paid", Outcome.FAILED: "mark_payment_failed",
+                Outcome.UNKNOWN: "mark_payment_unknown",
+                Outcome.AWAITING_BUYER: "mark_action_required",
+                Outcome.AWAITING_PROVIDER: "mark_payment_pending"}.get(o)
+        if name and _purchase_to(purchase, name, cause=cause, actor=actor) and o == Outcome.SUCCEEDED:
+            run_steps_put(purchase_id=purchase.id)
+    elif op.kind == OperationKind.VOID and o == Outcome.SUCCEEDED:
+        _purchase_to(purchase, "mark_voided", cause=cause, actor=actor)
+    elif op.kind == OperationKind.REFUND:
+        if o == Outcome.SUCCEEDED:
+            _settle_effects_refund(purchase, op, cause=cause, actor=actor)
+        elif o == Outcome.FAILED:
+            _restore_after_refund(purchase, op, cause=cause, actor=actor)
+        elif o == Outcome.AWAITING_PROVIDER:
+            _purchase_to(purchase, "mark_refund_pending", cause=cause, actor=actor)
+
+
+_RESTORABLE = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED,
+               PurchaseStatus.MANUAL_REVIEW)
+
+
+def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: str,
+                          actor: str) -> None:
+    """`refund_pending` only while a refund is in flight (DESIGN §5.10): once the last one
+    settles without refunding everything, the purchase goes back to the status it had
+    before, with the refund's outcome and reason on the transition; a paid purchase
+    resumes fulfilment. Caller holds the purchase lock."""
+    if purchase.status != PurchaseStatus.REFUND_PENDING:
+        return
+    if purchase.operations.filter(kind=OperationKind.REFUND,
+                                  outcome__in=SLOT_HOLDING_OUTCOMES).exclude(id=op.id).exists():
+        return  # another refund is still in flight
+    before = (OperationTransition.objects
+              .filter(purchase_id=purchase.id, operation__isnull=True, field="status",
+                      target=PurchaseStatus.REFUND_PENDING)
+              .exclude(source=PurchaseStatus.REFUND_PENDING)
+              .order_by("-id").values_list("source", flat=True).first())
+    prior = before if before in _RESTORABLE else PurchaseStatus.PAID
+    source = purchase.status
+    purchase.restore_after_refund(prior)
+    purchase.save(update_fields=["status", "updated_at"])
+    _history(purchase_id=purchase.id, operation=None, field="status", source=source,
+             target=purchase.status, cause=f"refund_{op.outcome}:{cause}",
+             evidence={"refund": op.id, "outcome": op.outcome, "reason": op.reason,
+                       "amount": op.amount}, actor=actor)
+    if purchase.status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
+        run_steps_put(purchase_id=purchase.id)
+
+
+# Provider statuses that never change again for the operation they settle (an event
+# carrying one may overturn a person's resolution without a read-back first).
+_FINAL_STATUSES = frozenset({"succeeded", "requires_capture", "canceled", "failed"})
+
+
+def _other_payment_success(op: PaymentOperation) -> PaymentOperation | None:
+    return (PaymentOperation.objects.filter(purchase_id=op.purchase_id, kind__in=PAYMENT_KINDS,
+                                            outcome=Outcome.SUCCEEDED, is_duplicate=False)
+            .exclude(id=op.id).first())
+
+
+def _voided_by_verity(op: PaymentOperation) -> bool:
+    return PaymentOperation.objects.filter(parent=op, kind=OperationKind.VOID).exclude(
+        outcome=Outcome.FAILED).exists()
+
+
+def _overturned_resolution(op: PaymentOperation) -> dict:
+    """Who resolved it by hand, when, and why (from the history row of the resolution)."""
+    row = (op.transitions.filter(cause="manual_resolution").order_by("-created_at", "-id")
+           .first())
+    if row is None:
+        return {"outcome": op.outcome, "actor": "", "at": None, "reason": ""}
+    return {"outcome": op.outcome, "actor": row.actor,
+            "at": row.created_at.isoformat().replace("+00:00", "Z"),
+            "reason": (row.evidence or {}).get("reason", "")}
+
+
+def _overturn_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *,
+                     verification: str, cause: str, actor: str, evidence: dict, reason: str,
+                     obj: ProviderObject | None) -> ApplyResult:
+    """Verified provider evidence contradicts an acknowledged outcome: the operation takes
+    the provider's outcome, graded confirmed; holds, the purchase and a console queue item
+    follow. Caller holds both locks."""
+    overturned = _overturned_resolution(op)
+    source = op.outcome
+    fields = ["outcome", "stage", "grade", "verification", "reason", "provider_status",
+              "provider_reference", "provider_charge", "settled_at", "next_action_owner",
+              "is_duplicate", "next_reconcile_at", "updated_at"]
+    op.next_reconcile_at = None  # the provider has spoken: no further read-back is due
+    if obj is not None:
+        op.provider_status = obj.status
+        op.provider_reference = op.provider_reference or obj.id
+        op.provider_charge = obj.latest_charge or op.provider_charge
+    op.grade, op.verification, op.settled_at = Grade.CONFIRMED, verification, timezone.now()
+    op.next_action_owner = Owner.SUPPORT  # a person must look at what followed their call
+    if target == Outcome.SUCCEEDED:
+        op.reason = ""
+        if op.kind in PAYMENT_KINDS and _other_payment_success(op):
+            op.is_duplicate = True
+        op.overturn_to_succeeded()
+    else:
+        op.reason = reason or _FAIL_REASONS.get(obj.failure_code if obj else "",
+                                                Reason.PROVIDER_FAILED)
+        op.overturn_to_failed()
+    op.save(update_fields=fields)
+    _history(purchase_id=purchase.id, operation=op, field="outcome", source=source,
+             target=op.outcome, cause=OVERTURN_CAUSE,
+             evidence={"overturned": overturned, "by": cause, "verification": verification,
+                       "provider": evidence}, actor=actor)
+    _hold_overturn(op, succeeded=target == Outcome.SUCCEEDED)
+    # The earlier settled message was processed: a new one (own key) resumes the work.
+    outbox_put(category=OutboxCategory.OPERATION_SETTLED, payload={"operation": op.id},
+               dedupe_key=f"settled:{op.id}:overturn:{op.outcome}")
+    log.warning("manual resolution overturned operation=%s from=%s to=%s by=%s",
+                op.id, source, op.outcome, cause)
+    review = "mark_manual_review"
+    if op.kind in PAYMENT_KINDS:
+        if target == Outcome.SUCCEEDED:
+            if op.is_duplicate:
+                duplicate_compensate_locked(purchase=purchase, duplicate=op)
+            elif _purchase_to(purchase, "mark_paid", cause=OVERTURN_CAUSE, actor=actor):
+                run_steps_put(purchase_id=purchase.id)
+        else:
+            # Shown paid (perhaps fulfilled) on a person's word; the provider says no money
+            # came: a person decides what to unwind.
+            _purchase_to(purchase, review, cause=OVERTURN_CAUSE, actor=actor)
+    elif op.kind == OperationKind.VOID:
+        _purchase_to(purchase, "mark_voided" if target == Outcome.SUCCEEDED else review,
+                     cause=OVERTURN_CAUSE, actor=actor)
+    elif op.kind == OperationKind.REFUND:
+        if target == Outcome.SUCCEEDED:
+            _settle_effects_refund(purchase, op, cause=OVERTURN_CAUSE, actor=actor)
+        elif purchase.status == PurchaseStatus.REFUNDED:
+            _purchase_to(purchase, review, cause=OVERTURN_CAUSE, actor=actor)
+    elif op.kind == OperationKind.CAPTURE and target == Outcome.FAILED:
+        _purchase_to(purchase, review, cause=OVERTURN_CAUSE, actor=actor)
+    return ApplyResult.APPLIED
+
+
+def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperation
+                                ) -> PaymentOperation | None:
+    """The linked refund (or void, for an authorization) that returns a duplicate charge:
+    its own operation and key, dispatched through the outbox and reconciled like any
+    other. None while another operation holds the purchase's slot (the settled handler
+    tries again). Caller holds the purchase lock."""
+    existing = (PaymentOperation.objects.filter(parent=duplicate, is_compensation=True)
+                .exclude(outcome=Outcome.FAILED).first())
+    if existing is not None:
+        return existing
+    kind = OperationKind.VOID if duplicate.kind == OperationKind.AUTHORIZE else OperationKind.REFUND
+    try:
+        with transaction.atomic():
+            comp = PaymentOperation.objects.create(
+                purchase=purchase, kind=kind, amount=duplicate.amount,
+                currency=duplicate.currency, parent=duplicate, is_compensation=True,
+                provider_reference=(duplicate.provider_reference
+                                    if kind == OperationKind.VOID else ""))
+            _dispatch_backstop(comp)
+            dispatch_put(operation_id=comp.id)
+    except IntegrityError:
+        return None
+    _history(purchase_id=purchase.id, operation=comp, field="outcome", source="",
+             target=comp.outcome, cause="duplicate_compensation",
+             evidence={"duplicate": duplicate.id}, actor="system")
+    return comp
+
+
+def duplicate_compensation_ensure(*, operation_id: str) -> PaymentOperation | None:
+    """Idempotent: make sure a confirmed duplicate has its compensation. Raises
+    DomainError `payment_unresolved` while the purchase's slot is busy (retry later)."""
+    with transaction.atomic():
+        purchase, op = lock_purchase_and_operation(operation_id)
+        if not (op.is_duplicate and op.outcome == Outcome.SUCCEEDED):
+            return None
+        comp = duplicate_compensate_locked(purchase=purchase, duplicate=op)
+        if comp is None:
+            raise DomainError("payment_unresolved", "Another operation on this purchase is "
+                              "not settled yet; the duplicate's refund waits for it.",
+                              status=409, retry=RetryAdvice.SAME_KEY,
+                              owner=Owner.RECONCILIATION, purchase=purchase.id,
+                              operation=op.id)
+        return comp
+
+
+def _schedule_reconcile(op: PaymentOperation, *, first: bool) -> None:
+    schedule = settings.RECONCILE_SCHEDULE_SECONDS
+    now = timezone.now()
+    if first:
+        op.reconcile_attempts = 0
+        op.reconcile_deadline = now + timedelta(seconds=settings.RECONCILE_DEADLINE_SECONDS)
+    delay = schedule[min(op.reconcile_attempts, len(schedule) - 1)]
+    op.next_reconcile_at = now + timedelta(seconds=delay)
+    op.next_action_owner = Owner.RECONCILIATION
+    op.save(update_fields=["reconcile_attempts", "reconcile_deadline", "next_reconcile_at",
+                           "next_action_owner", "updated_at"])
+    outbox_put(category=OutboxCategory.RECONCILE, payload={"operation": op.id},
+               dedupe_key=f"reconcile:{op.id}", delay_seconds=delay)
+
+
+def _apply_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *, grade: str,
+                  verification: str, cause: str, actor: str, evidence: dict,
+                  reason: str = "", obj: ProviderObject | None = None,
+                  final: bool = True) -> ApplyResult:
+    """`final`: the evidence is the provider's last word on this object (a read-back, or
+    an event whose status cannot change any more); only final evidence overturns a
+    person's resolution, anything else is a conflict settled by a read-back."""
+    current = op.outcome
+    if current in (Outcome.SUCCEEDED, Outcome.FAILED):
+        if target == current:
+            if op.grade == Grade.ACKNOWLEDGED and grade == Grade.CONFIRMED:
+                op.grade, op.verification = grade, verification  # evidence upgrades a manual
+                op.save(update_fields=["grade", "verification", "updated_at"])
+                _history(purchase_id=purchase.id, operation=op, field="outcome",
+                         source=current, target=current, cause=f"confirmed:{cause}"[:64],
+                         evidence=evidence, actor=actor)
+                return ApplyResult.APPLIED
+            return ApplyResult.NO_CHANGE
+        if target in (Outcome.SUCCEEDED, Outcome.FAILED):
+            if op.grade == Grade.ACKNOWLEDGED and grade == Grade.CONFIRMED and final:
+                # The provider's record outranks a person (DESIGN §4, invariant 8).
+                return _overturn_locked(purchase, op, target, verification=verification,
+                                        cause=cause, actor=actor, evidence=evidence,
+                                        reason=reason, obj=obj)
+            return ApplyResult.CONFLICT
+        return ApplyResult.STALE  # a late non-terminal never regresses a terminal outcome
+    if target == current:
+        return ApplyResult.NO_CHANGE
+    fields = ["grade", "verification", "reason", "provider_status", "provider_reference",
+              "provider_charge", "next_action_owner", "settled_at"]
+    if obj is not None:
+        op.provider_status = obj.status
+        op.provider_reference = op.provider_reference or obj.id
+        op.provider_charge = obj.latest_charge or op.provider_charge
+    if target == Outcome.SUCCEEDED and op.kind in PAYMENT_KINDS and _other_payment_success(op):
+        # A second confirmed charge on one purchase: the one confirmed later is the
+        # duplicate; it is recorded as the provider did it and compensated (invariant 8).
+        op.is_duplicate = True
+        fields.append("is_duplicate")
+    if target in (Outcome.SUCCEEDED, Outcome.FAILED):
+        op.grade, op.verification = grade, verification
+        op.settled_at = timezone.now()
+        op.next_action_owner = Owner.NONE
+        op.next_reconcile_at = None
+        fields.append("next_reconcile_at")
+        if target == Outcome.FAILED:
+            op.reason = reason or _FAIL_REASONS.get(obj.failure_code if obj else "",
+                                                    Reason.PROVIDER_FAILED)
+            if op.kind in PAYMENT_KINDS:
+                op.next_action_owner = Owner.BUYER
+        name = "settle_succeeded" if target == Outcome.SUCCEEDED else "settle_failed"
+    elif target == Outcome.AWAITING_BUYER:
+        op.next_action_owner, name = Owner.BUYER, "mark_awaiting_buyer"
+    elif target == Outcome.AWAITING_PROVIDER:
+        op.next_action_owner, name = Owner.RECONCILIATION, "mark_awaiting_provider"
+    elif target == Outcome.UNKNOWN:
+        op.next_action_owner, name = Owner.RECONCILIATION, "mark_unknown"
+    else:
+        return ApplyResult.NO_CHANGE
+    _op_to(op, name, cause=cause, actor=actor, evidence=evidence, fields=tuple(fields))
+    if target in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER):
+        _schedule_reconcile(op, first=current not in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER,
+                                                      Outcome.AWAITING_BUYER))
+    _settle_effects(purchase, op, cause=cause, actor=actor)
+    return ApplyResult.APPLIED
+
+
+def operation_apply_observation(*, operation_id: str, obj: ProviderObject, source: str,
+                                cause: str, actor: str = "") -> ApplyResult:
+    """THE one place a provider observation (sync answer, read-back, webhook) changes an
+    operation. Checks that the object is this operation's before anything is applied."""
+    with transaction.atomic():
+        purchase, op = lock_purchase_and_operation(operation_id)
+        why = _mismatch(op, obj)
+        if why:
+            _history(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
+                     target=op.outcome, cause=f"mismatch:{why}", evidence=obj.safe_fields(),
+                     actor=actor)
+            return ApplyResult.MISMATCH
+        target = outcome_from_object(obj, kind=op.kind)
+        if target is None:
+            return ApplyResult.NO_CHANGE
+        if (op.kind == OperationKind.AUTHORIZE and obj.status == "canceled"
+                and op.outcome == Outcome.SUCCEEDED and _voided_by_verity(op)):
+            # A canceled PaymentIntent after Verity's own void agrees with Verity: the
+            # authorization did succeed, and the void cancelled it (issue 15 defect 10).
+            return ApplyResult.NO_CHANGE
+        final = source == Verification.PROVIDER or obj.status in _FINAL_STATUSES
+        return _apply_locked(purchase, op, target, grade=Grade.CONFIRMED, verification=source,
+                             cause=cause, actor=actor, evidence=obj.safe_fields(), obj=obj,
+                             final=final)
+
+
+def _settle_without_object(operation_id: str, target: Outcome, *, reason: str, cause: str,
+                           evidence: dict | None = None,
+                           verification: str = Verification.UNVERIFIED) -> None:
+    """failed with evidence that is not an object (not_sent thrice, declined without
+    object, never confirmed) or unknown."""
+    with transaction.atomic():
+        purchase, op = lock_purchase_and_operation(operation_id)
+        grade = Grade.CONFIRMED if target == Outcome.FAILED else Grade.NONE
+        _apply_locked(purchase, op, target, grade=grade, verification=verification,
+                      cause=cause, actor="dispatcher", evidence=evidence or {}, reason=reason)

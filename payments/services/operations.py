@@ -1,0 +1,413 @@
+"""Creating operations: payments, captures, voids, refunds (with their
+approval and decline), each a row with its own idempotency key before anything is sent.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from recovery.models import Order, StepRun, StepState
+
+from ..customers import PAYMENT_METHOD_TOKEN
+from ..enums import (
+    Grade,
+    NON_RETRYABLE_REASONS,
+    OperationKind,
+    Outcome,
+    Owner,
+    PAYMENT_KINDS,
+    PurchaseStatus,
+    Reason,
+    RetryAdvice,
+    SLOT_HOLDING_OUTCOMES,
+    Verification,
+)
+from ..errors import DomainError
+from ..locks import lock_client, lock_purchase, lock_purchase_or_none
+from ..models import ApiClient, PaymentOperation, Purchase
+from .common import (
+    _actor,
+    _audit,
+    _captured_amount,
+    _dispatch_backstop,
+    _halted,
+    _history,
+    _lock_or_404,
+    _op_to,
+    _purchase_refunds,
+    _purchase_to,
+)
+from .holds import _check_currency_allowed, _check_limit, _period_start
+from .observations import _apply_locked
+from .reconcile import operations_verify_before_follow_up
+
+
+def _fingerprint(params: dict) -> str:
+    return hashlib.sha256(json.dumps(params, sort_keys=True, separators=(",", ":"))
+                          .encode()).hexdigest()
+
+
+def _active_op(purchase: Purchase) -> PaymentOperation | None:
+    return purchase.operations.filter(outcome__in=SLOT_HOLDING_OUTCOMES).first()
+
+
+def _create_op(**fields) -> PaymentOperation:
+    """Insert under a savepoint: the partial unique indexes are the real guard. A queued
+    (pending) operation gets its dispatch backstop in the same transaction."""
+    try:
+        with transaction.atomic():
+            op = PaymentOperation.objects.create(**fields)
+            if op.outcome == Outcome.PENDING:
+                _dispatch_backstop(op)
+            return op
+    except IntegrityError as exc:
+        purchase_id = fields["purchase"].id
+        raise DomainError(
+            "payment_unresolved", "Another payment operation on this purchase is in progress.",
+            status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.RECONCILIATION,
+            purchase=purchase_id) from exc
+
+
+def _check_currency(purchase: Purchase, currency: str | None) -> None:
+    """Strict money requests (DESIGN §6): a currency other than the quote's is refused, never
+    silently replaced by the quote's."""
+    if currency is not None and currency.lower() != purchase.currency.lower():
+        raise DomainError("currency_mismatch",
+                          f"This purchase is priced in {purchase.currency}, not "
+                          f"{currency.lower()}; nothing was charged.", status=422,
+                          retry=RetryAdvice.FORBIDDEN, purchase=purchase.id,
+                          extra={"expected_currency": purchase.currency})
+
+
+def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_method: str,
+                   capture_method: str = "automatic", retry_of: str | None = None,
+                   amount: int | None = None, currency: str | None = None) -> PaymentOperation:
+    if _halted("checkout"):
+        raise DomainError("workflow_halted", "Checkout is paused by an operator; try later with "
+                          "the same Idempotency-Key.", status=503, retry=RetryAdvice.SAME_KEY,
+                          owner=Owner.SUPPORT, purchase=purchase_id)
+    if capture_method not in ("automatic", "manual"):
+        raise DomainError("invalid_request", "capture must be automatic or manual.", status=400,
+                          retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
+    if not payment_method or len(payment_method) > 100:
+        raise DomainError("invalid_request", "payment_method is required (a provider token).",
+                          status=400, retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
+    if not PAYMENT_METHOD_TOKEN.fullmatch(payment_method):
+        # Verity never holds card data: anything but a provider token (a card number above
+        # all) is refused here, before it is stored, logged or sent; the message never
+        # repeats the value.
+        raise DomainError("invalid_payment_method", "payment_method must be a provider "
+                          "payment-method token (pm_… or tok_…), never card details.",
+                          status=400, retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
+    if retry_of and not transaction.get_connection().in_atomic_block:
+        # Called outside a transaction: read the original back here (callers that bind an
+        # idempotency key in their transaction call operations_verify_before_follow_up first).
+        operations_verify_before_follow_up(purchase_id=purchase_id)
+    with transaction.atomic():
+        purchase = lock_purchase_or_none(purchase_id)
+        if purchase is None or (api_client is not None and purchase.api_client_id not in
+                                (None, api_client.id)):
+            raise DomainError("not_found", "No such purchase.", status=404,
+                              retry=RetryAdvice.FORBIDDEN)
+        _check_currency(purchase, currency)
+        _check_currency_allowed(api_client, purchase.currency)
+        if amount is not None and amount != purchase.amount:
+            raise DomainError("amount_mismatch",
+                              f"The amount comes from the accepted quote ({purchase.amount} "
+                              f"{purchase.currency}); a different amount is refused.",
+                              status=422, retry=RetryAdvice.FORBIDDEN, purchase=purchase.id)
+        paid = purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED,
+                                          is_duplicate=False).first()
+        if retry_of and paid is not None and paid.id == retry_of:
+            raise DomainError("original_succeeded", "The payment this retry names did "
+                              "succeed at the provider (its earlier failure was a person's "
+                              "call, since overturned). Do not pay again.", status=409,
+                              retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                              purchase=purchase.id, operation=paid.id)
+        if paid:
+            raise DomainError("already_paid", "This purchase is already paid.", status=409,
+                              retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                              purchase=purchase.id, operation=paid.id)
+        active = _active_op(purchase)
+        if active:
+            raise DomainError(
+                "payment_unresolved",
+                "A payment on this purchase is not settled yet; the provider may have applied "
+                "it. Do not retry: poll the operation.", status=409,
+                retry=RetryAdvice.FORBIDDEN, owner=Owner.RECONCILIATION,
+                purchase=purchase.id, operation=active.id)
+        if purchase.status in (PurchaseStatus.EXPIRED, PurchaseStatus.CANCELLED) or (
+                purchase.quote.expires_at <= timezone.now()):
+            raise DomainError("quote_expired", "The quote behind this purchase expired; get a "
+                              "new quote.", status=409, retry=RetryAdvice.NEW_QUOTE,
+                              purchase=purchase.id)
+        last_failed = (purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.FAILED)
+                       .order_by("-created_at").first())
+        original = None
+        if retry_of:
+            original = purchase.operations.filter(id=retry_of).first()
+            if original is None or original.kind not in PAYMENT_KINDS:
+                raise DomainError("retry_of_not_found", "retry_of must name a payment "
+                                  "operation of this purchase.", status=422,
+                                  retry=RetryAdvice.FORBIDDEN, purchase=purchase.id)
+            if original.outcome != Outcome.FAILED:
+                raise DomainError("retry_not_allowed", "Only a failed operation can be retried.",
+                                  status=409, retry=RetryAdvice.FORBIDDEN,
+                                  purchase=purchase.id, operation=original.id)
+            if PaymentOperation.objects.filter(retry_of=original).exists():
+                raise DomainError("already_retried", "This operation was already retried once.",
+                                  status=409, retry=RetryAdvice.FORBIDDEN,
+                                  purchase=purchase.id, operation=original.id)
+            if (original.reason == Reason.CARD_DECLINED
+                    and original.payment_method == payment_method):
+                raise DomainError("retry_needs_new_method", "The card was declined; retry with "
+                                  "a different payment_method.", status=422,
+                                  retry=RetryAdvice.NEW_OPERATION, purchase=purchase.id,
+                                  operation=original.id)
+            if (original.reason in NON_RETRYABLE_REASONS
+                    and original.payment_method == payment_method):
+                # Sent again unchanged it fails the same way (a retry chain that never
+                # converges): something must change first.
+                raise DomainError("retry_needs_new_method", "The provider refused this payment "
+                                  "as invalid; retry only with a different payment_method, "
+                                  "or start from a new quote.", status=422,
+                                  retry=RetryAdvice.NEW_QUOTE, purchase=purchase.id,
+                                  operation=original.id)
+        elif last_failed is not None:
+            raise DomainError("retry_of_required", "The last payment failed; name it in "
+                              "retry_of to try again on purpose.", status=409,
+                              retry=RetryAdvice.NEW_OPERATION, purchase=purchase.id,
+                              operation=last_failed.id)
+        attempts = purchase.operations.filter(kind__in=PAYMENT_KINDS).count()
+        if attempts >= settings.PAYMENT_ATTEMPTS_MAX:
+            raise DomainError("payment_attempts_exhausted",
+                              f"This purchase already had {attempts} payment attempts; no "
+                              "more are made. Support will contact the buyer.", status=409,
+                              retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+                              purchase=purchase.id, operation=original.id if original else None)
+        _check_limit(api_client, purchase.amount)
+        kind = OperationKind.AUTHORIZE if capture_method == "manual" else OperationKind.CHARGE
+        op = _create_op(
+            purchase=purchase, kind=kind, amount=purchase.amount, currency=purchase.currency,
+            payment_method=payment_method, capture_method=capture_method, retry_of=original,
+            requested_by_client=api_client,
+            request_fingerprint=_fingerprint({"purchase": purchase.id, "kind": kind,
+                                              "amount": purchase.amount,
+                                              "currency": purchase.currency,
+                                              "payment_method": payment_method}))
+        _history(purchase_id=purchase.id, operation=op, field="outcome", source="",
+                 target=op.outcome, cause="operation_created",
+                 actor=api_client.name if api_client else "")
+        _purchase_to(purchase, "mark_payment_pending", cause="payment_started")
+    return op
+
+
+def _fulfilment_started(purchase_id: str) -> bool:
+    return (Order.objects.filter(purchase_id=purchase_id).exists()
+            or StepRun.objects.filter(purchase_id=purchase_id, state=StepState.DONE).exists())
+
+
+def _linked_create(*, purchase_id: str, kind: str, api_client, acting_user,
+                   halt: str, compensation: bool = False,
+                   after_fulfilment: bool = False) -> PaymentOperation:
+    if _halted(halt):
+        raise DomainError("workflow_halted", f"The {halt} workflow is paused.", status=503,
+                          retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT, purchase=purchase_id)
+    if not transaction.get_connection().in_atomic_block:
+        operations_verify_before_follow_up(purchase_id=purchase_id)
+    with transaction.atomic():
+        purchase = lock_purchase(purchase_id)
+        if api_client is not None and purchase.api_client_id not in (None, api_client.id):
+            raise DomainError("not_found", "No such purchase.", status=404)
+        auth = purchase.operations.filter(kind=OperationKind.AUTHORIZE, outcome=Outcome.SUCCEEDED,
+                                          is_duplicate=False).first()
+        done = purchase.operations.filter(kind__in=[OperationKind.CAPTURE, OperationKind.VOID],
+                                          outcome=Outcome.SUCCEEDED,
+                                          parent__is_duplicate=False).first()
+        if auth is None or done is not None:
+            raise DomainError("not_capturable" if kind == OperationKind.CAPTURE else
+                              "not_voidable", "There is no open authorization on this "
+                              "purchase.", status=409, retry=RetryAdvice.FORBIDDEN,
+                              owner=Owner.NONE, purchase=purchase.id,
+                              operation=done.id if done else None)
+        if (kind == OperationKind.VOID and not compensation and not after_fulfilment
+                and _fulfilment_started(purchase.id)):
+            # Goods may be out: a void now would leave them unpaid (issue 15 defect 5).
+            raise DomainError(
+                "fulfilment_started", "Fulfilment of this purchase has started, so its "
+                "authorization can no longer be voided here. Capture it instead, or ask "
+                "support to void it in the console (with a reason): that also cancels the "
+                "order.", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+                purchase=purchase.id, operation=auth.id)
+        active = _active_op(purchase)
+        if active:
+            raise DomainError("payment_unresolved", "Another operation on this purchase is "
+                              "not settled yet.", status=409, retry=RetryAdvice.FORBIDDEN,
+                              owner=Owner.RECONCILIATION, purchase=purchase.id,
+                              operation=active.id)
+        op = _create_op(purchase=purchase, kind=kind, amount=auth.amount, currency=auth.currency,
+                        parent=auth, provider_reference=auth.provider_reference,
+                        requested_by_client=api_client, requested_by_user=acting_user,
+                        is_compensation=compensation)
+        _history(purchase_id=purchase.id, operation=op, field="outcome", source="",
+                 target=op.outcome, cause="operation_created", actor=_actor(api_client,
+                                                                           acting_user))
+    return op
+
+
+def capture_create(*, purchase_id: str, api_client=None, acting_user=None) -> PaymentOperation:
+    return _linked_create(purchase_id=purchase_id, kind=OperationKind.CAPTURE,
+                          api_client=api_client, acting_user=acting_user, halt="checkout")
+
+
+def void_create(*, purchase_id: str, api_client=None, acting_user=None,
+                compensation: bool = False, after_fulfilment: bool = False) -> PaymentOperation:
+    """`compensation` is set in the creating transaction (a crash cannot lose it).
+    `after_fulfilment`: an operator's decision (console, audited) to void although
+    fulfilment started; the API never passes it (409 `fulfilment_started`)."""
+    return _linked_create(purchase_id=purchase_id, kind=OperationKind.VOID,
+                          api_client=api_client, acting_user=acting_user, halt="refunds",
+                          compensation=compensation, after_fulfilment=after_fulfilment)
+
+
+def refund_request(*, purchase_id: str, amount: int | None = None, api_client=None,
+                   acting_user=None, compensation: bool = False,
+                   currency: str | None = None) -> PaymentOperation:
+    """A refund starts `awaiting_approval` unless it is a compensation or within the
+    client's automatic-refund allowance (DESIGN §10.8)."""
+    if _halted("refunds"):
+        raise DomainError("workflow_halted", "Refunds are paused by an operator.", status=503,
+                          retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT, purchase=purchase_id)
+    if not transaction.get_connection().in_atomic_block:
+        operations_verify_before_follow_up(purchase_id=purchase_id)
+    with transaction.atomic():
+        purchase = lock_purchase(purchase_id)
+        if api_client is not None and purchase.api_client_id not in (None, api_client.id):
+            raise DomainError("not_found", "No such purchase.", status=404)
+        _check_currency(purchase, currency)
+        payment = purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED,
+                                             is_duplicate=False).first()
+        captured = _captured_amount(purchase)
+        refunded = (_purchase_refunds(purchase).exclude(outcome=Outcome.FAILED)
+                    .aggregate(s=Sum("amount"))["s"] or 0)
+        refundable = captured - refunded
+        amount = refundable if amount is None else amount
+        if payment is None or captured <= 0:
+            raise DomainError("not_refundable", "Nothing was captured on this purchase.",
+                              status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                              purchase=purchase.id)
+        if not isinstance(amount, int) or amount <= 0 or amount > refundable:
+            raise DomainError("refund_exceeds_refundable",
+                              f"Refundable now: {refundable} {purchase.currency}.", status=422,
+                              retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                              purchase=purchase.id, extra={"refundable": refundable})
+        auto = compensation or (api_client is not None and acting_user is None
+                                and _auto_refund_allowed(purchase=purchase,
+                                                         api_client=api_client, amount=amount))
+        op = _create_op(purchase=purchase, kind=OperationKind.REFUND, amount=amount,
+                        currency=purchase.currency, parent=payment,
+                        requested_by_client=api_client, requested_by_user=acting_user,
+                        is_compensation=compensation,
+                        outcome=Outcome.PENDING if auto else Outcome.AWAITING_APPROVAL)
+        _history(purchase_id=purchase.id, operation=op, field="outcome", source="",
+                 target=op.outcome, cause="refund_requested",
+                 evidence={"compensation": compensation}, actor=_actor(api_client, acting_user))
+    return op
+
+
+# Outcomes of an automatic refund that still count against the allowance: everything but
+# "never approved" (awaiting approval, declined) and "failed" (nothing left the account).
+_AUTO_REFUND_COUNTED = (Outcome.PENDING, Outcome.DISPATCHING, Outcome.SUCCEEDED,
+                        Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)
+
+
+def _auto_refunds(**filters) -> int:
+    """Sum of automatic refunds (no person requested or approved them, not compensations)."""
+    return (PaymentOperation.objects.filter(
+        kind=OperationKind.REFUND, is_compensation=False, requested_by_user__isnull=True,
+        approved_by_user__isnull=True, outcome__in=_AUTO_REFUND_COUNTED, **filters)
+        .aggregate(s=Sum("amount"))["s"] or 0)
+
+
+def _auto_refund_allowed(*, purchase: Purchase, api_client: ApiClient, amount: int) -> bool:
+    """The automatic-refund allowance is cumulative (issue 25 #1): five refunds of 500 under
+    a 500 allowance are 2 500 refunded without a person. Counted per payment under the
+    purchase lock, and per client per period under the client's row lock (purchase ->
+    client is the lock order), so two concurrent requests cannot both fit."""
+    allowance = api_client.auto_refund_limit
+    if amount <= 0 or allowance <= 0:
+        return False
+    if _auto_refunds(purchase=purchase) + amount > allowance:
+        return False
+    client = lock_client(api_client.id)
+    start = _period_start(client) or timezone.now() - timedelta(days=1)
+    period_cap = allowance * settings.AUTO_REFUND_PERIOD_MULTIPLE
+    return _auto_refunds(requested_by_client=client, created_at__gte=start) + amount \
+        <= period_cap
+
+
+def refund_approve(*, operation_id: str, acting_user, reason: str,
+                   audit: bool = True) -> PaymentOperation:
+    """`audit=False` is for a caller that writes the one (richer) audit row of this action
+    in the same transaction (the console: IP, before/after)."""
+    if not (reason or "").strip():
+        raise DomainError("reason_required", "A reason is required.", status=422)
+    with transaction.atomic():
+        purchase, op = _lock_or_404(operation_id)
+        if op.outcome != Outcome.AWAITING_APPROVAL:
+            raise DomainError("not_awaiting_approval", "This refund is not awaiting approval.",
+                              status=409, operation=op.id, purchase=purchase.id)
+        if acting_user is None or op.requested_by_user_id == acting_user.id:
+            raise DomainError("approver_is_requester", "The person who requested a refund "
+                              "cannot approve it.", status=403, operation=op.id,
+                              purchase=purchase.id, owner=Owner.SUPPORT)
+        if _active_op(purchase):
+            raise DomainError("payment_unresolved", "Another operation on this purchase is "
+                              "not settled yet.", status=409, operation=op.id,
+                              purchase=purchase.id, owner=Owner.RECONCILIATION)
+        # Money may have moved since the request (a refund made outside Verity is booked
+        # as an external operation): re-check refundable under the lock (no over-refund).
+        others = (purchase.operations.filter(kind=OperationKind.REFUND).exclude(pk=op.pk)
+                  .exclude(outcome=Outcome.FAILED).aggregate(s=Sum("amount"))["s"] or 0)
+        refundable = _captured_amount(purchase) - others
+        if op.amount > refundable:
+            raise DomainError("refund_exceeds_refundable",
+                              f"Refundable now: {max(refundable, 0)} {purchase.currency}.",
+                              status=422, operation=op.id, purchase=purchase.id,
+                              owner=Owner.SUPPORT, extra={"refundable": max(refundable, 0)})
+        op.approved_by_user = acting_user
+        _op_to(op, "approve", cause="refund_approved", actor=acting_user.get_username(),
+               evidence={"reason": reason}, fields=("approved_by_user",))
+        _dispatch_backstop(op)
+        if audit:
+            _audit(actor=acting_user.get_username(), action="refund_approve", op=op,
+                   reason=reason)
+    return op
+
+
+def refund_decline(*, operation_id: str, reason: str, actor: str, acting_user=None,
+                   acting_client=None) -> PaymentOperation:
+    """Finance declines a refund awaiting approval: it settles `failed` (`refund_declined`,
+    graded acknowledged: a person's decision, nothing at the provider), which frees the
+    refundable amount. Reason required; audited in the same transaction."""
+    if not (reason or "").strip():
+        raise DomainError("reason_required", "A reason is required.", status=422)
+    with transaction.atomic():
+        purchase, op = _lock_or_404(operation_id)
+        if op.kind != OperationKind.REFUND or op.outcome != Outcome.AWAITING_APPROVAL:
+            raise DomainError("not_awaiting_approval", "This refund is not awaiting approval.",
+                              status=409, operation=op.id, purchase=purchase.id,
+                              owner=Owner.NONE)
+        _apply_locked(purchase, op, Outcome.FAILED, grade=Grade.ACKNOWLEDGED,
+                      verification=Verification.MANUAL, cause="refund_declined", actor=actor,
+                      evidence={"reason": reason}, reason=Reason.REFUND_DECLINED)
+        _audit(actor=actor, action="refund_decline", op=op, reason=reason,
+               detail={"amount": op.amount, "client": acting_client.name if acting_client
+                       else None})
+    return PaymentOperation.objects.select_related("purchase").get(id=operation_id)

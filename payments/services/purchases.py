@@ -1,0 +1,320 @@
+"""Quotes and purchases: the durable identity created before any money moves,
+the duplicate guard, buyer confirmations, cancel and expiry.
+"""
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from ..customers import basket_fingerprint, customer_key, customer_reference_clean
+from ..enums import Grade, Outcome, Owner, PurchaseStatus, RetryAdvice, UNRESOLVED_STATUSES
+from ..errors import DomainError
+from ..locks import (
+    lock_buyer_confirmation_or_none,
+    lock_customer,
+    lock_purchase,
+    lock_purchase_or_none,
+    lock_quote_or_none,
+)
+from ..models import ApiClient, BuyerConfirmation, Product, Purchase, Quote
+from .common import _actor, _history, _purchase_to
+from .holds import _check_currency_allowed
+
+
+QUOTE_TTL = timedelta(minutes=30)
+
+
+def quote_create(*, api_client: ApiClient | None, items: list[dict], currency: str) -> Quote:
+    currency = (currency or "").lower()
+    if not items:
+        raise DomainError("invalid_items", "A quote needs at least one item.", status=422,
+                          retry=RetryAdvice.NEW_OPERATION)
+    lines, amount = [], 0
+    skus = [str(i.get("sku", "")) for i in items]
+    products = {p.sku: p for p in Product.objects.filter(sku__in=skus)}
+    # Duplicate SKU lines are merged into one line (quantities added) before any check:
+    # stock is checked, reserved and committed per line, so two lines of one SKU would
+    # pass the stock check twice yet be reserved once (issue 15, "also check").
+    merged: dict[str, int] = {}
+    for item in items:
+        qty = item.get("quantity")
+        if not isinstance(qty, int) or isinstance(qty, bool) or not 1 <= qty <= 1000:
+            raise DomainError("invalid_quantity", "Quantity must be an integer 1-1000.",
+                              status=422, retry=RetryAdvice.NEW_OPERATION)
+        sku = str(item.get("sku", ""))
+        merged[sku] = merged.get(sku, 0) + qty
+    for sku, qty in merged.items():
+        product = products.get(sku)
+        if product is None:
+            raise DomainError("unknown_sku", f"No product with sku {sku!r}.", status=422,
+                              retry=RetryAdvice.NEW_OPERATION)
+        if qty > 1000:
+            raise DomainError("invalid_quantity", f"Quantity of {sku} must be 1-1000 in "
+                              "total.", status=422, retry=RetryAdvice.NEW_OPERATION)
+        if product.currency != currency:
+            raise DomainError("currency_mismatch",
+                              f"{sku} is priced in {product.currency}, not {currency}.",
+                              status=422, retry=RetryAdvice.NEW_OPERATION)
+        if product.stock < qty:
+            raise DomainError("out_of_stock", f"{sku} has {product.stock} in stock.",
+                              status=409, retry=RetryAdvice.NEW_OPERATION)
+        lines.append({"sku": sku, "name": product.name, "quantity": qty,
+                      "unit_price": product.price})
+        amount += product.price * qty
+    if amount <= 0:
+        raise DomainError("invalid_items", "A quote must have a positive amount.", status=422,
+                          retry=RetryAdvice.NEW_OPERATION)
+    return Quote.objects.create(api_client=api_client, items=lines, amount=amount,
+                                currency=currency, expires_at=timezone.now() + QUOTE_TTL)
+
+
+@dataclass(frozen=True)
+class PurchaseOpened:
+    purchase: Purchase
+    created: bool  # False: the quote already backed this purchase (the same intent)
+
+
+# A later purchase for the same buyer and basket is a probable duplicate of one in these
+# states (money taken, or about to be); failed, refunded, voided, cancelled, expired ones
+# moved no money and do not block.
+_DUPLICATE_OF_STATUSES = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING,
+                          PurchaseStatus.COMPLETED, *UNRESOLVED_STATUSES)
+
+
+_EMAIL_MAX = 254
+
+
+def _code_hash(code: str) -> str:
+    return hashlib.sha256("".join(code.split()).replace("-", "").upper().encode()).hexdigest()
+
+
+def _duplicate_window(items: list) -> timedelta | None:
+    """None: never twice. The longest window of any product in the basket."""
+    skus = [str(i.get("sku", "")) for i in items if isinstance(i, dict)]
+    window = settings.DUPLICATE_PURCHASE_WINDOW_SECONDS
+    for product in Product.objects.filter(sku__in=skus).only("never_twice",
+                                                             "duplicate_window_seconds"):
+        if product.never_twice:
+            return None
+        if product.duplicate_window_seconds is not None:
+            window = max(window, product.duplicate_window_seconds)
+    return timedelta(seconds=window)
+
+
+def _buyer_lifted(*, code: str, candidates) -> BuyerConfirmation:
+    confirmation = lock_buyer_confirmation_or_none(code_hash=_code_hash(code),
+                                                   purchases=candidates, now=timezone.now())
+    if confirmation is None:
+        raise DomainError("invalid_buyer_confirmation",
+                          "This buyer confirmation is not valid for this customer (unknown, "
+                          "used or expired). Ask the buyer to confirm again on the earlier "
+                          "purchase's status page.", status=422, retry=RetryAdvice.FORBIDDEN)
+    return confirmation
+
+
+def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version: int,
+                  customer_reference: str, customer_email: str = "",
+                  acknowledge_unresolved=(), buyer_confirmation: str = "",
+                  storefront_confirmation: bool = False) -> PurchaseOpened:
+    """Open the purchase a quote backs: one quote, one purchase (a repeat returns it).
+
+    The guards, per API client and normalised customer reference: another purchase is
+    refused while the buyer has an unresolved one (`customer_has_unresolved_purchase`), or
+    a paid/unresolved/awaiting one with the same basket inside the window
+    (`probable_duplicate_purchase`). Only the buyer lifts them: `buyer_confirmation` (the
+    single-use code from the earlier purchase's status page), or — for a storefront whose
+    own checkout asked the buyer (`storefront_confirmation`, never over MCP) — naming the
+    earlier purchase in `acknowledge_unresolved`.
+    """
+    reference = customer_reference_clean(customer_reference)
+    if not reference or len(reference) > 200:
+        raise DomainError("invalid_request", "customer.reference is required (at most 200 "
+                          "characters).", status=400, retry=RetryAdvice.NEW_OPERATION)
+    email = (customer_email or "").strip()
+    if email:
+        try:
+            # RFC 5321 limits: the address at most 254, its local part at most 64.
+            if len(email) > _EMAIL_MAX or len(email.rpartition("@")[0]) > 64:
+                raise ValidationError("too long")
+            validate_email(email)
+        except ValidationError:
+            raise DomainError("invalid_email", "customer.email is not a valid e-mail address "
+                              f"(at most {_EMAIL_MAX} characters).", status=422,
+                              retry=RetryAdvice.NEW_OPERATION) from None
+    key = customer_key(reference)
+    with transaction.atomic():
+        quote = lock_quote_or_none(quote_id)
+        if quote is None or (api_client is not None and quote.api_client_id not in
+                             (None, api_client.id)):
+            raise DomainError("quote_not_found", "No such quote.", status=404,
+                              retry=RetryAdvice.NEW_QUOTE)
+        # Under the quote's row lock: the purchase this quote already backs is this call's
+        # purchase, whatever its customer fields say (the unique constraint backs it up).
+        existing = Purchase.objects.filter(quote=quote).first()
+        if existing is not None:
+            if existing.api_client_id != (api_client.id if api_client else None):
+                # A client-less quote another client already used: never name its purchase.
+                raise DomainError("quote_not_found", "No such quote.", status=404,
+                                  retry=RetryAdvice.NEW_QUOTE)
+            return PurchaseOpened(existing, False)
+        if quote.superseded_at or quote.version != quote_version:
+            raise DomainError("quote_superseded", "This quote was superseded; get a new quote.",
+                              status=409, retry=RetryAdvice.NEW_QUOTE)
+        if quote.expires_at <= timezone.now():
+            raise DomainError("quote_expired", "This quote expired; get a new quote.",
+                              status=409, retry=RetryAdvice.NEW_QUOTE)
+        _check_currency_allowed(api_client, quote.currency)
+        lock_customer(api_client.pk if api_client else None, key)
+        now = timezone.now()
+        mine = Purchase.objects.filter(customer_key=key, api_client=api_client)
+        fingerprint = basket_fingerprint(items=quote.items, amount=quote.amount,
+                                         currency=quote.currency)
+        lifted: set[str] = set()
+        if storefront_confirmation:
+            lifted |= {str(p) for p in acknowledge_unresolved or ()}
+        confirmation = None
+        if buyer_confirmation:
+            confirmation = _buyer_lifted(code=buyer_confirmation, candidates=mine)
+            lifted.add(confirmation.purchase_id)
+        unresolved = [pid for pid in mine.filter(status__in=UNRESOLVED_STATUSES)
+                      .order_by("created_at").values_list("id", flat=True) if pid not in lifted]
+        if unresolved:
+            raise DomainError(
+                "customer_has_unresolved_purchase",
+                "This customer has a purchase whose payment is not settled yet; the provider "
+                "may have charged the buyer. Do not open another purchase: follow that "
+                "purchase. Only the buyer can ask for a second one, on that purchase's status "
+                "page.", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.BUYER,
+                purchase=unresolved[0], extra={"unresolved": unresolved})
+        window = _duplicate_window(quote.items)
+        same = mine.filter(basket_fingerprint=fingerprint).exclude(id__in=lifted)
+        if window is not None:
+            same = same.filter(created_at__gte=now - window)
+        earlier = (same.filter(Q(status__in=_DUPLICATE_OF_STATUSES)
+                               | Q(status=PurchaseStatus.AWAITING_PAYMENT,
+                                   quote__superseded_at__isnull=True,
+                                   quote__expires_at__gt=now))
+                   .order_by("-created_at").first())
+        if earlier is not None:
+            raise DomainError(
+                "probable_duplicate_purchase",
+                f"This customer already has purchase {earlier.id} for the same items and "
+                f"amount (status {earlier.status}). Do not open another purchase: ask the "
+                "buyer whether they really want to buy the same items again; only the buyer "
+                "can confirm that, on that purchase's status page.",
+                status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.BUYER,
+                purchase=earlier.id,
+                extra={"earlier_purchase": {"id": earlier.id, "status": str(earlier.status),
+                                            "created_at": earlier.created_at.isoformat()},
+                       "never_twice": window is None})
+        try:
+            with transaction.atomic():
+                purchase = Purchase.objects.create(
+                    quote=quote, api_client=api_client, amount=quote.amount,
+                    currency=quote.currency, customer_reference=reference, customer_key=key,
+                    basket_fingerprint=fingerprint, customer_email=email,
+                    recovery_owner=settings.RECOVERY_OWNER_DEFAULT,
+                    acknowledged_unresolved=sorted(lifted))
+        except IntegrityError:  # unreachable under the quote lock; the constraint is the guard
+            return PurchaseOpened(Purchase.objects.get(quote=quote), False)
+        if confirmation is not None:
+            confirmation.used_at = now
+            confirmation.used_for = purchase.id
+            confirmation.save(update_fields=["used_at", "used_for"])
+        _history(purchase_id=purchase.id, operation=None, field="status", source="",
+                 target=purchase.status, cause="purchase_created",
+                 evidence={"quote": quote.id, "version": quote.version,
+                           **({"buyer_confirmed": confirmation.purchase_id}
+                              if confirmation else {}),
+                           **({"storefront_confirmed": sorted(lifted)}
+                              if lifted and confirmation is None else {})},
+                 actor=api_client.name if api_client else "")
+    return PurchaseOpened(purchase, True)
+
+
+def purchase_create(*, api_client: ApiClient | None, quote_id: str, quote_version: int,
+                    customer_reference: str, customer_email: str = "",
+                    acknowledge_unresolved=(), buyer_confirmation: str = "",
+                    storefront_confirmation: bool = False) -> Purchase:
+    """purchase_open, for callers that only need the purchase."""
+    return purchase_open(api_client=api_client, quote_id=quote_id, quote_version=quote_version,
+                         customer_reference=customer_reference, customer_email=customer_email,
+                         acknowledge_unresolved=acknowledge_unresolved,
+                         buyer_confirmation=buyer_confirmation,
+                         storefront_confirmation=storefront_confirmation).purchase
+
+
+def buyer_confirmation_issue(*, purchase_id: str) -> str:
+    """The buyer's "yes, start a new purchase" on this purchase's status page: a single-use
+    code the buyer gives the storefront. Only the hash is stored."""
+    code = "".join(secrets.choice(_CODE_ALPHABET) for _ in range(10))
+    with transaction.atomic():
+        purchase = lock_purchase(purchase_id)
+        BuyerConfirmation.objects.create(
+            purchase=purchase, code_hash=_code_hash(code),
+            expires_at=timezone.now() + timedelta(
+                seconds=settings.BUYER_CONFIRMATION_TTL_SECONDS))
+        _history(purchase_id=purchase.id, operation=None, field="status",
+                 source=purchase.status, target=purchase.status,
+                 cause="buyer_confirmed_new_purchase", actor="buyer:status_page")
+    return f"{code[:5]}-{code[5:]}"
+
+
+# No 0/O, 1/I/L: the buyer reads it off a page and types it or says it to an agent.
+_CODE_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
+
+
+def purchase_transition(*, purchase_id: str, name: str, cause: str, actor: str = "") -> Purchase:
+    with transaction.atomic():
+        purchase = lock_purchase(purchase_id)
+        _purchase_to(purchase, name, cause=cause, actor=actor)
+    return purchase
+
+
+def purchase_cancel(*, purchase_id: str, api_client: ApiClient | None = None,
+                    acting_user=None, reason: str = "") -> Purchase:
+    """`cancelled` (DESIGN §10.12): by the buyer or support before any payment was
+    claimed — only failures the provider confirmed may precede it (a person's "failed"
+    could still be overturned). Cancelling a cancelled purchase is a no-op."""
+    with transaction.atomic():
+        purchase = lock_purchase_or_none(purchase_id)
+        if purchase is None or (api_client is not None and purchase.api_client_id not in
+                                (None, api_client.id)):
+            raise DomainError("not_found", "No such purchase.", status=404)
+        if purchase.status == PurchaseStatus.CANCELLED:
+            return purchase
+        claimed = purchase.operations.exclude(outcome=Outcome.FAILED, grade=Grade.CONFIRMED)
+        if claimed.exists() or purchase.status not in (PurchaseStatus.AWAITING_PAYMENT,
+                                                       PurchaseStatus.PAYMENT_FAILED):
+            raise DomainError(
+                "cancel_not_allowed", f"This purchase is {purchase.status}: a payment was "
+                "claimed, so it can no longer be cancelled (ask for a refund or void "
+                "instead).", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+                purchase=purchase.id)
+        actor = _actor(api_client, acting_user)
+        _purchase_to(purchase, "mark_cancelled", cause="purchase_cancelled", actor=actor,
+                     evidence={"reason": reason} if reason else None)
+    return purchase
+
+
+def purchases_expire_stale() -> int:
+    """`expired`: the quote expired before any payment was claimed (DESIGN §10.12)."""
+    count = 0
+    ids = Purchase.objects.filter(status=PurchaseStatus.AWAITING_PAYMENT,
+                                  quote__expires_at__lt=timezone.now()).values_list("id", flat=True)
+    for pid in list(ids[:500]):
+        with transaction.atomic():
+            purchase = lock_purchase(pid)
+            if purchase.operations.exists():
+                continue
+            count += _purchase_to(purchase, "mark_expired", cause="quote_expired")
+    return count

@@ -1,0 +1,371 @@
+"""Read-backs: the provider's record of an operation, read outside any
+transaction and applied through observations; on-demand reconciles, the sweep of dead
+dispatches, read-backs before a follow-up money movement, replays, and cancelling an
+unapplied confirm.
+"""
+from __future__ import annotations
+
+import math
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from recovery.models import OutboxCategory
+from recovery.outbox import outbox_put
+
+from ..enums import (
+    CallPurpose,
+    CallStep,
+    Classification,
+    Grade,
+    OperationKind,
+    Outcome,
+    Owner,
+    PAYMENT_KINDS,
+    Reason,
+    RetryAdvice,
+    Stage,
+    Verification,
+)
+from ..errors import DomainError
+from ..locks import assert_no_transaction_outside_transaction, lock_operation, lock_purchase
+from ..models import PaymentOperation, ProviderCall
+from ..providers.base import CallResult, ProviderObject
+from .common import _audit, _history, _lock_or_404, _provider, _record_call, log
+from .observations import _apply_locked, _schedule_reconcile, operation_apply_observation
+
+
+def _read_back(op: PaymentOperation) -> CallResult:
+    """Read-only: by provider reference, else by metadata. Records a reconcile call."""
+    provider = _provider()
+    if op.kind == OperationKind.REFUND:
+        if op.provider_reference:
+            step, result = CallStep.RETRIEVE, provider.retrieve_refund(op.provider_reference)
+        else:
+            step, result = CallStep.LIST, provider.find_by_metadata(object_type="refund",
+                                                                    operation_id=op.id)
+    else:
+        ref = op.provider_reference or (op.parent.provider_reference if op.parent_id else "")
+        if ref:
+            step, result = CallStep.RETRIEVE, provider.retrieve_payment_intent(ref)
+        else:
+            step, result = CallStep.LIST, provider.find_by_metadata(
+                object_type="payment_intent", operation_id=op.parent_id or op.id)
+    # A read claims nothing, so it is recorded once, after the answer (one INSERT).
+    ProviderCall.objects.create(
+        operation=op, purpose=CallPurpose.RECONCILE, step=step,
+        attempt=min(op.reconcile_attempts + 1, 32767), http_status=result.http_status,
+        classification=result.classification, request_id=result.request_id[:100],
+        error_code=result.error_code[:64], fault_drill=result.fault_drill,
+        finished_at=timezone.now(),
+        safe_fields=result.object.safe_fields() if result.object else {"detail": result.detail})
+    return result
+
+
+def operation_read_canonical(*, operation_id: str) -> ProviderObject | None:
+    """The provider's current record of an operation, read (and recorded as a reconcile
+    call) without applying it: for a caller that must judge a conflict itself."""
+    assert_no_transaction_outside_transaction()
+    op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
+    result = _read_back(op)
+    return result.object if result.classification == Classification.OK else None
+
+
+def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> PaymentOperation:
+    """Read the provider's record and apply it. Nothing found or provider unavailable
+    keeps `unknown` (absence of evidence is not failure). Writes to the provider only in
+    one case, the acknowledged follow-up: a person's "succeeded" on a payment the provider
+    shows never applied is cancelled there, so the provider's record can overturn it."""
+    assert_no_transaction_outside_transaction()
+    op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
+    # A person's (acknowledged) outcome is not the provider's: it can still be read back,
+    # and the provider's record outranks it (DESIGN §4).
+    if op.is_terminal and op.grade != Grade.ACKNOWLEDGED:
+        raise DomainError("already_settled", f"This operation is already {op.outcome}.",
+                          status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                          purchase=op.purchase_id, operation=op.id)
+    if op.outcome in (Outcome.PENDING, Outcome.AWAITING_APPROVAL):
+        raise DomainError("not_dispatched", "This operation was never sent to the provider.",
+                          status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                          purchase=op.purchase_id, operation=op.id)
+    result = _read_back(op)
+    if result.classification == Classification.OK and result.object is not None:
+        operation_apply_observation(operation_id=op.id, obj=result.object,
+                                    source=Verification.PROVIDER, cause="reconcile",
+                                    actor=actor)
+    settled = PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+    if settled.is_terminal:
+        if settled.grade == Grade.ACKNOWLEDGED or settled.next_reconcile_at is not None:
+            return _acknowledged_follow_up(settled, result, actor=actor)
+        return settled  # nothing left to schedule
+    unapplied = _confirm_unapplied(settled, result)
+    with transaction.atomic():
+        purchase = lock_purchase(op.purchase_id)
+        op = lock_operation(operation_id)
+        if op.outcome in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER):
+            op.reconcile_attempts += 1
+            _schedule_reconcile(op, first=False)
+            if unapplied and op.escalated_at is None:
+                # The provider never applied the confirm and, past its in-flight window, it
+                # will not by itself: reading again cannot settle it. A person decides now
+                # (the console's "cancel at the provider and mark failed").
+                op.stage, op.escalated_at = Stage.ESCALATED, timezone.now()
+                op.next_action_owner = Owner.SUPPORT
+                op.save(update_fields=["stage", "escalated_at", "next_action_owner",
+                                       "updated_at"])
+                _history(purchase_id=purchase.id, operation=op, field="outcome",
+                         source=op.outcome, target=op.outcome, cause="escalated_unapplied_write",
+                         evidence={"provider_status": result.object.status,
+                                   "recovery_owner": purchase.recovery_owner}, actor=actor)
+            if (op.reconcile_deadline and timezone.now() >= op.reconcile_deadline
+                    and op.escalated_at is None):
+                op.stage, op.escalated_at = Stage.ESCALATED, timezone.now()
+                op.next_action_owner = Owner.SUPPORT
+                op.save(update_fields=["stage", "escalated_at", "next_action_owner",
+                                       "updated_at"])
+                _history(purchase_id=purchase.id, operation=op, field="outcome",
+                         source=op.outcome, target=op.outcome, cause="escalated",
+                         evidence={"recovery_owner": purchase.recovery_owner}, actor=actor)
+    return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
+def operation_reconcile_on_demand(*, operation_id: str, actor: str) -> int:
+    """A read-back someone asked for (API, MCP). At most one per operation per
+    RECONCILE_ON_DEMAND_COOLDOWN_SECONDS (issue 25 #6: 200 POSTs made 200 provider reads
+    and 200 timeline rows): within the cooldown nothing is read or written and the
+    caller answers the current state. Returns 0 after a read-back, else the seconds to
+    wait (Retry-After). The claim is one atomic `cache.add` in the shared cache (Redis),
+    so concurrent requests on any web process cannot both read."""
+    from django.core.cache import cache
+
+    cooldown = int(settings.RECONCILE_ON_DEMAND_COOLDOWN_SECONDS)
+    op = PaymentOperation.objects.get(id=operation_id)
+    open_for_reading = not op.is_terminal and op.outcome not in (Outcome.PENDING,
+                                                                 Outcome.AWAITING_APPROVAL)
+    # Settled or never sent: operation_reconcile refuses without reading (409s unchanged).
+    key = f"reconcile-on-demand:{operation_id}"
+    now = time.time()
+    if open_for_reading and cooldown > 0:
+        try:
+            if not cache.add(key, now, timeout=cooldown):
+                last = cache.get(key) or now
+                return max(1, math.ceil(cooldown - (now - last)))
+        except Exception:  # noqa: BLE001 - a cache outage must not stop a read-back
+            log.warning("reconcile cooldown cache unavailable; reading back", exc_info=True)
+    operation_reconcile(operation_id=operation_id, actor=actor)
+    return 0
+
+
+def _schedule_acknowledged_read_back(op: PaymentOperation) -> None:
+    """A person's outcome stands only until the provider can be read: read it back on the
+    reconcile schedule (no change of owner: the purchase follows the person's outcome)
+    until the provider confirms or overturns it, for ACKNOWLEDGED_READBACK_SECONDS.
+    Caller holds the operation's lock (or has just written it)."""
+    now = timezone.now()
+    settled_at = op.settled_at or now
+    if now - settled_at >= timedelta(seconds=settings.ACKNOWLEDGED_READBACK_SECONDS):
+        op.next_reconcile_at = None
+        op.save(update_fields=["next_reconcile_at", "updated_at"])
+        return
+    schedule = settings.RECONCILE_SCHEDULE_SECONDS
+    delay = schedule[min(op.reconcile_attempts, len(schedule) - 1)]
+    op.next_reconcile_at = now + timedelta(seconds=delay)
+    op.save(update_fields=["next_reconcile_at", "updated_at"])
+    outbox_put(category=OutboxCategory.RECONCILE, payload={"operation": op.id},
+               dedupe_key=f"reconcile:{op.id}", delay_seconds=delay)
+
+
+def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
+                            actor: str) -> PaymentOperation:
+    """After a read-back of an operation a person settled (found by the soak: a "succeeded"
+    accepted while the provider was unreachable was never read again, and the provider
+    showed the confirm unapplied). The observation was already applied: agreeing evidence
+    upgraded it to confirmed, contradicting final evidence overturned it. What is left:
+    - a payment the person called succeeded that the provider shows never applied, past
+      the provider's in-flight window: cancel it at the provider (no money moved; the
+      cancel makes that final), and the canceled record overturns the person's word;
+    - nothing readable or nothing final yet: read again later."""
+    if op.grade != Grade.ACKNOWLEDGED:
+        if op.next_reconcile_at is not None:  # confirmed by agreeing evidence: done
+            PaymentOperation.objects.filter(id=op.id).update(next_reconcile_at=None)
+            op.next_reconcile_at = None
+        return op
+    obj = result.object if result.classification == Classification.OK else None
+    if (obj is not None and op.kind in PAYMENT_KINDS and op.outcome == Outcome.SUCCEEDED
+            and op.provider_reference and obj.id == op.provider_reference
+            and obj.status in _UNAPPLIED_STATUSES
+            and (op.confirm_claimed_at is None or timezone.now() - op.confirm_claimed_at
+                 >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS))):
+        try:
+            return operation_cancel_unapplied(
+                operation_id=op.id, actor=actor,
+                reason="read-back: the provider shows this payment never applied, "
+                       "contradicting a person's 'succeeded'")
+        except DomainError as exc:
+            log.warning("acknowledged follow-up: cancel refused operation=%s code=%s",
+                        op.id, exc.code)
+    with transaction.atomic():
+        lock_purchase(op.purchase_id)
+        locked = lock_operation(op.id)
+        if locked.grade == Grade.ACKNOWLEDGED:
+            locked.reconcile_attempts += 1
+            _schedule_acknowledged_read_back(locked)
+        elif locked.next_reconcile_at is not None:
+            locked.next_reconcile_at = None
+            locked.save(update_fields=["next_reconcile_at", "updated_at"])
+    return PaymentOperation.objects.select_related("purchase").get(id=op.id)
+
+
+_UNAPPLIED_STATUSES = ("requires_confirmation",)
+
+
+def _confirm_unapplied(op: PaymentOperation, result: CallResult) -> bool:
+    """The read-back shows a confirm the provider never applied (the PaymentIntent still
+    `requires_confirmation`), claimed longer ago than the provider's in-flight window."""
+    return (op.kind in PAYMENT_KINDS and op.outcome == Outcome.UNKNOWN
+            and result.classification == Classification.OK and result.object is not None
+            and result.object.status in _UNAPPLIED_STATUSES
+            and op.confirm_claimed_at is not None
+            and timezone.now() - op.confirm_claimed_at
+            >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS))
+
+
+def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) -> PaymentOperation:
+    """Settle an unapplied confirm: cancel the PaymentIntent at the provider, then mark the
+    payment failed from the provider's own answer (grade confirmed, never a person's word).
+
+    A write to the provider, so the three phases: (1) under the locks, check the operation
+    is an unknown payment and claim the cancel step (a concurrent second cancel is refused
+    by the claim's unique constraint); (2) read back, and cancel only if the confirm is
+    still unapplied; (3) apply what the provider answered. Refused — nothing changes in
+    Verity — if the provider applied the payment after all or the cancel fails.
+    """
+    if not (reason or "").strip():
+        raise DomainError("reason_required", "A reason is required.", status=422)
+    with transaction.atomic():
+        purchase, op = _lock_or_404(operation_id)
+        # An unknown payment, or one a person called succeeded that the provider shows
+        # never applied (the acknowledged follow-up): the provider's record outranks them.
+        contradicted = op.outcome == Outcome.SUCCEEDED and op.grade == Grade.ACKNOWLEDGED
+        if op.kind not in PAYMENT_KINDS or not op.provider_reference \
+                or not (op.outcome == Outcome.UNKNOWN or contradicted):
+            raise DomainError("not_cancellable", "Only an unknown payment with a provider "
+                              "reference can be cancelled here.", status=409,
+                              purchase=purchase.id, operation=op.id, owner=Owner.SUPPORT)
+        attempt = op.provider_calls.filter(purpose=CallPurpose.DISPATCH,
+                                           step=CallStep.CANCEL).count() + 1
+        try:
+            with transaction.atomic():
+                call = ProviderCall.objects.create(
+                    operation=op, purpose=CallPurpose.DISPATCH, step=CallStep.CANCEL,
+                    attempt=attempt,
+                    key=(op.provider_key(CallStep.CANCEL) if attempt == 1 else
+                         f"{op.idempotency_key}.{attempt}:{CallStep.CANCEL}"))
+        except IntegrityError:
+            raise DomainError("cancel_in_progress", "Another cancel of this payment is in "
+                              "progress.", status=409, purchase=purchase.id,
+                              operation=op.id, owner=Owner.SUPPORT) from None
+    assert_no_transaction_outside_transaction()
+    read = _read_back(op)
+    if read.classification != Classification.OK or read.object is None:
+        _record_call(call, CallResult(Classification.NOT_SENT, detail="read-back failed"))
+        raise DomainError("cancel_failed", "The provider could not be read; nothing was "
+                          "cancelled. Try again later.", status=502, purchase=op.purchase_id,
+                          operation=op.id, owner=Owner.SUPPORT)
+    if read.object.status not in _UNAPPLIED_STATUSES:
+        _record_call(call, CallResult(Classification.REJECTED, detail="not unapplied"))
+        operation_apply_observation(operation_id=op.id, obj=read.object,
+                                    source=Verification.PROVIDER, cause="reconcile",
+                                    actor=actor)
+        raise DomainError("provider_applied", f"The provider's record is now "
+                          f"{read.object.status}: the confirm was not left unapplied; nothing "
+                          "was cancelled.", status=409, purchase=op.purchase_id,
+                          operation=op.id, owner=Owner.SUPPORT)
+    result = _provider().cancel_payment_intent(key=call.key, intent_id=op.provider_reference)
+    _record_call(call, result)
+    if (result.classification != Classification.OK or result.object is None
+            or result.object.status != "canceled"):
+        raise DomainError("cancel_failed", "The provider did not confirm the cancel; the "
+                          "payment stays unknown.", status=502, purchase=op.purchase_id,
+                          operation=op.id, owner=Owner.SUPPORT)
+    with transaction.atomic():
+        purchase, locked = _lock_or_404(operation_id)
+        _apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
+                      verification=Verification.PROVIDER, cause="cancelled_unapplied",
+                      actor=actor, evidence={"reason": reason, **result.object.safe_fields()},
+                      reason=Reason.PROVIDER_CANCELED, obj=result.object)
+        _audit(actor=actor, action="operation_cancel_unapplied", op=locked, reason=reason,
+               detail={"provider_status": result.object.status})
+    return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
+def operations_sweep_dead_dispatches() -> int:
+    """A dispatch with no recorded outcome past its lease: its worker died. Never resend:
+    confirm claimed -> unknown (reconcile); confirm never claimed -> failed not_confirmed."""
+    count = 0
+    stale = PaymentOperation.objects.filter(outcome=Outcome.DISPATCHING,
+                                            dispatch_deadline__lt=timezone.now())
+    for op_id, purchase_id in list(stale.values_list("id", "purchase_id")[:500]):
+        with transaction.atomic():
+            purchase = lock_purchase(purchase_id)
+            op = lock_operation(op_id)
+            if op.outcome != Outcome.DISPATCHING or op.dispatch_deadline >= timezone.now():
+                continue
+            never_confirmed = op.kind in PAYMENT_KINDS and op.confirm_claimed_at is None
+            target = Outcome.FAILED if never_confirmed else Outcome.UNKNOWN
+            _apply_locked(purchase, op, target, grade=Grade.CONFIRMED if never_confirmed
+                          else Grade.NONE, verification=Verification.UNVERIFIED,
+                          cause="dead_dispatch", actor="sweeper", evidence={},
+                          reason=Reason.NOT_CONFIRMED if never_confirmed else "")
+            count += 1
+    return count
+
+
+def operations_verify_before_follow_up(*, purchase_id: str) -> None:
+    """Before a follow-up money movement (`retry_of`, capture, void, refund): read back
+    every money-moving operation of the purchase whose outcome is only a person's
+    (acknowledged) and apply what the provider shows — an on-the-fly reconcile, as Kill
+    Bill's janitor does. The follow-up's own checks then see the provider's truth.
+    No transaction may be open (network I/O)."""
+    ids = list(PaymentOperation.objects.filter(
+        purchase_id=purchase_id, grade=Grade.ACKNOWLEDGED,
+        outcome__in=[Outcome.SUCCEEDED, Outcome.FAILED],
+        kind__in=[*PAYMENT_KINDS, OperationKind.CAPTURE, OperationKind.VOID])
+        .values_list("id", flat=True))
+    if not ids:
+        return  # nothing only a person settled: no read needed
+    assert_no_transaction_outside_transaction()
+    for op_id in ids:
+        try:
+            operation_reconcile(operation_id=op_id, actor="follow-up-check")
+        except DomainError:
+            continue
+
+
+def operation_replay(*, operation_id: str, actor: str, acting_client=None,
+                     acting_user=None) -> PaymentOperation:
+    """Resend the last write with the same provider key: only where the provider dedupes
+    keys (Stripe does, within its window; localstripe does not)."""
+    op = PaymentOperation.objects.filter(id=operation_id).first()
+    if op is None:
+        raise DomainError("not_found", "No such operation.", status=404)
+    if (acting_client is not None and op.requested_by_client_id == acting_client.id) or (
+            acting_user is not None and op.requested_by_user_id == acting_user.id):
+        raise DomainError("replayer_is_requester", "The requester cannot replay its own "
+                          "operation.", status=403, operation=op.id, purchase=op.purchase_id)
+    if not settings.STRIPE_DEDUPES_KEYS:
+        raise DomainError("replay_unsupported", "This provider does not deduplicate "
+                          "idempotency keys, so a replay could charge twice. Reconcile "
+                          "instead.", status=409, retry=RetryAdvice.FORBIDDEN,
+                          owner=Owner.RECONCILIATION, operation=op.id, purchase=op.purchase_id)
+    if op.outcome != Outcome.UNKNOWN:
+        raise DomainError("not_replayable", "Only an unknown operation can be replayed.",
+                          status=409, operation=op.id, purchase=op.purchase_id)
+    if op.created_at < timezone.now() - timedelta(hours=23):
+        raise DomainError("replay_window_closed", "The provider's idempotency window is over.",
+                          status=409, operation=op.id, purchase=op.purchase_id)
+    # With a deduplicating provider, the same key returns the original result: a read.
+    return operation_reconcile(operation_id=op.id, actor=actor)
