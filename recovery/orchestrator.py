@@ -28,7 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_write
-from payments.enums import OperationKind, Outcome, PAYMENT_KINDS, PurchaseStatus
+from payments.enums import OVERTURN_CAUSE, PAYMENT_KINDS, OperationKind, Outcome, PurchaseStatus
 from payments.models import PaymentOperation, Product, Purchase
 from payments.services import (
     DomainError,
@@ -497,38 +497,32 @@ def _duplicate_settled(op) -> None:
         raise StepRetryLater(f"duplicate compensation waits: {exc.code}") from exc
 
 
-def _unwind_after_void(op) -> None:
-    """An operator voided after fulfilment started (console, with a reason): the
-    compensating steps run once — the order is cancelled, the decision recorded."""
-
+def _cancel_order(op, *, detail: str) -> None:
+    """The order of `op`'s purchase is cancelled once (the ORDER step's compensation), the
+    decision recorded with `detail`. Idempotent."""
     with transaction.atomic():
         cancelled = Order.objects.filter(purchase_id=op.purchase_id,
                                          cancelled_at__isnull=True).update(
             cancelled_at=timezone.now())
         if cancelled:
-            _decide(op.purchase_id, RecoveryDecision.Decision.COMPENSATED,
-                    f"void {op.id} after fulfilment: order cancelled")
-            log.info("order cancelled after void purchase=%s void=%s", op.purchase_id, op.id)
+            _decide(op.purchase_id, RecoveryDecision.Decision.COMPENSATED, detail)
+            log.warning("order cancelled purchase=%s operation=%s: %s", op.purchase_id, op.id,
+                        detail)
+
+
+def _unwind_after_void(op) -> None:
+    """An operator voided after fulfilment started (console, with a reason): the
+    compensating steps run once — the order is cancelled, the decision recorded."""
+    _cancel_order(op, detail=f"void {op.id} after fulfilment: order cancelled")
 
 
 def _unwind_after_overturn(op) -> None:
     """A payment fulfilled on a person's "succeeded" that the provider's record overturned
-    (no money came): the order is cancelled, as after a void (the ORDER step compensates);
-    an e-mail already sent cannot be unsent — the purchase waits in manual review for a
-    person to write to the buyer. Caller holds a transaction; idempotent."""
-    from payments.enums import OVERTURN_CAUSE, Outcome
-
-    from .models import Order
-
+    (no money came): the order is cancelled, as after a void; an e-mail already sent
+    cannot be unsent — the purchase waits in manual review for a person to write to the
+    buyer. Idempotent."""
     if op.transitions.filter(cause=OVERTURN_CAUSE, target=Outcome.FAILED).exists():
-        cancelled = Order.objects.filter(purchase_id=op.purchase_id,
-                                         cancelled_at__isnull=True).update(
-            cancelled_at=timezone.now())
-        if cancelled:
-            _decide(op.purchase_id, RecoveryDecision.Decision.COMPENSATED,
-                    f"payment {op.id} overturned by the provider: order cancelled")
-            log.warning("order cancelled after overturn purchase=%s operation=%s",
-                        op.purchase_id, op.id)
+        _cancel_order(op, detail=f"payment {op.id} overturned by the provider: order cancelled")
 
 
 def step_resolve(*, purchase_id: str, step: str, resolution: str, actor: str,

@@ -35,6 +35,17 @@ def _provider_balance(purchase) -> int:
             .aggregate(s=Sum("amount"))["s"] or 0)
 
 
+def _dispatched(new_purchase, api_client, drill, mode):
+    """A payment whose dispatch met `mode` (a fault drill): `unknown` at Verity."""
+    purchase = new_purchase()
+    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
+                                 payment_method="pm_card_visa")
+    drill(op, mode)
+    op = services.operation_dispatch(operation_id=op.id)
+    assert op.outcome == Outcome.UNKNOWN
+    return purchase, op
+
+
 def _resolve_while_unreachable(op, outcome, read_drill, resolver):
     read_drill(op.provider_reference)  # the read-back before the resolution fails
     op = services.operation_resolve_manual(operation_id=op.id, outcome=outcome,
@@ -53,12 +64,7 @@ def test_a_wrong_succeeded_on_an_unapplied_payment_is_cancelled_and_overturned(
         new_purchase, api_client, drill, read_drill, resolver, localstripe, settings):
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
     # given a payment whose confirm the provider never applied (409), unknown at Verity
-    purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa")
-    drill(op, DrillMode.HTTP_409)
-    op = services.operation_dispatch(operation_id=op.id)
-    assert op.outcome == Outcome.UNKNOWN
+    purchase, op = _dispatched(new_purchase, api_client, drill, DrillMode.HTTP_409)
     # and a person's wrong "succeeded" accepted while the provider could not be read
     op = _resolve_while_unreachable(op, Outcome.SUCCEEDED, read_drill, resolver)
     assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.PAID
@@ -99,12 +105,8 @@ def test_a_wrong_succeeded_on_an_unapplied_payment_is_cancelled_and_overturned(
 def test_a_wrong_failed_is_read_back_and_overturned_without_any_event(
         new_purchase, api_client, drill, read_drill, resolver, localstripe):
     # given a charge the provider took whose answer was lost
-    purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa")
-    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
-    op = services.operation_dispatch(operation_id=op.id)
-    assert op.outcome == Outcome.UNKNOWN
+    purchase, op = _dispatched(new_purchase, api_client, drill,
+                               DrillMode.DROP_RESPONSE_AFTER_SEND)
     # and a person's wrong "failed" accepted while the provider could not be read
     op = _resolve_while_unreachable(op, Outcome.FAILED, read_drill, resolver)
 
@@ -121,11 +123,8 @@ def test_a_wrong_failed_is_read_back_and_overturned_without_any_event(
 
 def test_an_acknowledged_outcome_is_read_again_while_the_provider_stays_unreachable(
         new_purchase, api_client, drill, read_drill, resolver, localstripe):
-    purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa")
-    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
-    op = services.operation_dispatch(operation_id=op.id)
+    purchase, op = _dispatched(new_purchase, api_client, drill,
+                               DrillMode.DROP_RESPONSE_AFTER_SEND)
     op = _resolve_while_unreachable(op, Outcome.SUCCEEDED, read_drill, resolver)
     first_due = op.next_reconcile_at
 
