@@ -43,18 +43,21 @@ def products_list():
 
 
 def purchase_get_for_client(*, purchase_id: str, api_client: ApiClient) -> Purchase | None:
-    return (Purchase.objects.select_related("quote")
-            .filter(pk=purchase_id, api_client=api_client).first())
+    # By primary key: no ORDER BY to compile (.first() would add one).
+    return next(iter(Purchase.objects.select_related("quote")
+                     .filter(pk=purchase_id, api_client=api_client)[:1]), None)
 
 
 def operation_get_for_client(*, operation_id: str, api_client: ApiClient
                              ) -> PaymentOperation | None:
     """The client's own operations; a resolver credential (`operations:resolve`, an
     operations tool that must act on operations it did not request) sees every one."""
-    qs = PaymentOperation.objects.select_related("purchase").filter(pk=operation_id)
+    from .view_queries import operations_for_view
+
+    qs = operations_for_view().filter(pk=operation_id)
     if not api_client.has_scope("operations:resolve"):
         qs = qs.filter(purchase__api_client=api_client)
-    return qs.first()
+    return next(iter(qs[:1]), None)  # by primary key: no ORDER BY to compile
 
 
 # -- next actions -----------------------------------------------------------------
@@ -121,7 +124,9 @@ def operation_next_action(op: PaymentOperation) -> dict:
             return _action(Owner.BUYER, RetryAdvice.NEW_QUOTE, reason,
                            "This payment failed and no money moved. The quote is no longer "
                            "valid: request a new quote and create a new purchase.")
-        attempts = purchase.operations.filter(kind__in=_PAYMENT_KIND_VALUES).count()
+        attempts = getattr(op, "view_payment_attempts", None)  # payments.view_queries
+        if attempts is None:
+            attempts = purchase.operations.filter(kind__in=_PAYMENT_KIND_VALUES).count()
         if attempts >= settings.PAYMENT_ATTEMPTS_MAX:
             # Retries converge: a bounded number of attempts, then a person.
             return _action(Owner.SUPPORT, RetryAdvice.FORBIDDEN, "payment_attempts_exhausted",
@@ -150,6 +155,15 @@ def operation_next_action(op: PaymentOperation) -> dict:
 
 
 def _latest_payment(purchase: Purchase) -> PaymentOperation | None:
+    from .view_queries import purchase_operations_loaded
+
+    loaded = purchase_operations_loaded(purchase)
+    if loaded is not None:  # inside purchase_view: the same answer from the one read
+        payments = [op for op in loaded if op.kind in _PAYMENT_KIND_VALUES]
+        succeeded = [op for op in payments if op.outcome == Outcome.SUCCEEDED]
+        if succeeded:
+            return min(succeeded, key=lambda op: op.pk)
+        return max(payments, key=lambda op: (op.created_at, op.pk)) if payments else None
     ops = purchase.operations.filter(kind__in=_PAYMENT_KIND_VALUES)
     return (ops.filter(outcome=Outcome.SUCCEEDED).first()
             or ops.order_by("-created_at", "-id").first())
@@ -262,10 +276,15 @@ def disputes_view(purchase: Purchase) -> list[dict]:
 def _refund_summary(purchase: Purchase) -> dict:
     """How much was refunded (provider-settled), how much is in flight or awaiting approval,
     and why the latest failed refund failed: a partially refunded purchase says so."""
+    from .view_queries import purchase_operations_loaded
+
     refunded = in_flight = awaiting = 0
     last_failed = None
-    for op in (purchase.operations.filter(kind=OperationKind.REFUND).order_by("created_at")
-               .only("amount", "outcome", "reason")):
+    loaded = purchase_operations_loaded(purchase)  # ordered by created_at, id
+    refunds = ([op for op in loaded if op.kind == OperationKind.REFUND] if loaded is not None
+               else purchase.operations.filter(kind=OperationKind.REFUND)
+               .order_by("created_at").only("amount", "outcome", "reason"))
+    for op in refunds:
         if op.outcome == Outcome.SUCCEEDED:
             refunded += op.amount
         elif op.outcome == Outcome.AWAITING_APPROVAL:
@@ -279,6 +298,22 @@ def _refund_summary(purchase: Purchase) -> dict:
 
 
 def purchase_view(purchase: Purchase) -> dict:
+    from .view_queries import (
+        purchase_operations_forget,
+        purchase_operations_load,
+        purchase_order_reference,
+    )
+
+    # The operations are read once for the payment, the refunds and the customer copy.
+    purchase_operations_load(purchase)
+    try:
+        return _purchase_view_of(purchase, order_reference=purchase_order_reference(
+            purchase, _order_reference))
+    finally:
+        purchase_operations_forget(purchase)
+
+
+def _purchase_view_of(purchase: Purchase, *, order_reference: str | None) -> dict:
     payment = _latest_payment(purchase)
     return {
         "id": purchase.id,
@@ -292,7 +327,7 @@ def purchase_view(purchase: Purchase) -> dict:
                      "grade": payment.grade or None} if payment else None),
         "fulfillment": _fulfillment(purchase.id),
         "refunds": _refund_summary(purchase),
-        "order_reference": _order_reference(purchase.id),
+        "order_reference": order_reference,
         "disputes": disputes_view(purchase),
         "next_action": purchase_next_action(purchase, payment),
         "customer_message": _customer_message(purchase),
@@ -302,8 +337,16 @@ def purchase_view(purchase: Purchase) -> dict:
 
 
 def operation_view(op: PaymentOperation) -> dict:
-    hold = Hold.objects.filter(operation=op).first()
-    calls = op.provider_calls.all()
+    try:  # joined by payments.view_queries.operations_for_view, else one query
+        hold = op.hold
+    except Hold.DoesNotExist:
+        hold = None
+    dispatch = getattr(op, "view_dispatch_attempts", None)
+    reconcile = getattr(op, "view_reconcile_attempts", None)
+    if dispatch is None or reconcile is None:
+        calls = list(op.provider_calls.all())
+        dispatch = sum(1 for c in calls if c.purpose == CallPurpose.DISPATCH)
+        reconcile = sum(1 for c in calls if c.purpose == CallPurpose.RECONCILE)
     retried_by = getattr(op, "retried_by", None) if op.kind in _PAYMENT_KIND_VALUES else None
     return {
         "id": op.id,
@@ -319,8 +362,8 @@ def operation_view(op: PaymentOperation) -> dict:
         "verification": op.verification,
         "reason": op.reason or None,
         "attempts": {
-            "dispatch": sum(1 for c in calls if c.purpose == CallPurpose.DISPATCH),
-            "reconcile": sum(1 for c in calls if c.purpose == CallPurpose.RECONCILE),
+            "dispatch": dispatch,
+            "reconcile": reconcile,
         },
         "hold": ({"amount": hold.amount, "currency": hold.currency, "state": hold.state}
                  if hold else None),

@@ -17,6 +17,9 @@ def outbox_put(*, category: OutboxCategory, payload: dict, dedupe_key: str,
     dedupe keys: a duplicate while one is pending is absorbed, never an error.
     """
     assert transaction.get_connection().in_atomic_block, "outbox_put needs the caller's atomic()"
+    from .relay import relay_flush_pending
+
+    relay_flush_pending()  # a relay batch's handled messages are marked first (issue 18)
     OutboxMessage.objects.bulk_create(
         [OutboxMessage(category=category, payload=payload, dedupe_key=dedupe_key,
                        available_at=timezone.now() + timedelta(seconds=delay_seconds))],
@@ -32,4 +35,8 @@ def _kick_relay() -> None:
     # retry=False: with the broker down, fail at once instead of holding the committed
     # request for Celery's publish retries (measured ~3 s per kick). The row is already
     # committed; the beat's sweep re-kicks the relay when the broker is back.
-    relay_drain.apply_async(retry=False)
+    # Coalesced (recovery.kick): at most two publishes per short window, not one per row.
+    from .kick import relay_kick_coalesced
+
+    relay_kick_coalesced(lambda countdown: relay_drain.apply_async(retry=False,
+                                                                   countdown=countdown))
