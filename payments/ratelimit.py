@@ -39,12 +39,20 @@ class Decision:
     wait_seconds: float  # until the window ends (meaningful when refused)
 
 
+_clients: dict[int, object] = {}
+
+
 def _redis_client():
-    """The raw redis-py client behind django.core.cache's RedisCache, or None."""
+    """The raw redis-py client behind django.core.cache's RedisCache, or None. Kept per
+    cache backend instance: building a redis-py client per call costs more CPU than the
+    round trip (the connection pool is shared either way)."""
     default = caches["default"]  # `cache` is a proxy: its type says nothing
     if type(default).__name__ != "RedisCache":
         return None
-    return default._cache.get_client(None, write=True)
+    client = _clients.get(id(default))
+    if client is None:
+        client = _clients[id(default)] = default._cache.get_client(None, write=True)
+    return client
 
 
 def rate_limit_hit(*, ident: str, limit: int, window_seconds: int) -> Decision:

@@ -116,10 +116,13 @@ def operation_next_action(op: PaymentOperation) -> dict:
               "This payment failed; no money moved.")
     if op.kind in _PAYMENT_KIND_VALUES:
         purchase = op.purchase
-        if hasattr(op, "retried_by"):
+        from .view_queries import retried_by_id
+
+        retry_id = retried_by_id(op)
+        if retry_id is not None:
             return _action(Owner.NONE, RetryAdvice.FORBIDDEN, reason,
                            f"This payment failed and was already retried as "
-                           f"{op.retried_by.id}; follow that operation instead.")
+                           f"{retry_id}; follow that operation instead.")
         if not _quote_usable(purchase.quote):
             return _action(Owner.BUYER, RetryAdvice.NEW_QUOTE, reason,
                            "This payment failed and no money moved. The quote is no longer "
@@ -347,7 +350,9 @@ def operation_view(op: PaymentOperation) -> dict:
         calls = list(op.provider_calls.all())
         dispatch = sum(1 for c in calls if c.purpose == CallPurpose.DISPATCH)
         reconcile = sum(1 for c in calls if c.purpose == CallPurpose.RECONCILE)
-    retried_by = getattr(op, "retried_by", None) if op.kind in _PAYMENT_KIND_VALUES else None
+    from .view_queries import retried_by_id
+
+    retried_by = retried_by_id(op) if op.kind in _PAYMENT_KIND_VALUES else None
     return {
         "id": op.id,
         "purchase": op.purchase_id,
@@ -370,7 +375,7 @@ def operation_view(op: PaymentOperation) -> dict:
         "parent": op.parent_id,
         "origin": op.origin,
         "retry_of": op.retry_of_id,
-        "retried_by": retried_by.id if retried_by else None,
+        "retried_by": retried_by,
         "next_action": operation_next_action(op),
         "created_at": _iso(op.created_at),
         "settled_at": _iso(op.settled_at),
