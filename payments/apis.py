@@ -128,8 +128,10 @@ def _assert_no_transaction_open() -> None:
 
 
 def _load_operation(operation_id: str) -> PaymentOperation:
-    return PaymentOperation.objects.select_related("purchase", "purchase__quote").get(
-        pk=operation_id)
+    from .view_queries import operations_for_view
+
+    # One statement: the operation view's relations and counts (payments.view_queries).
+    return operations_for_view().get(pk=operation_id)
 
 
 def _render_current(resource_type: str, resource_id: str) -> dict:
