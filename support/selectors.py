@@ -422,20 +422,20 @@ def queue_summaries(user) -> list[QueueSummary]:
 def _agg(qs, field_name):
     # Capped count and one indexed ORDER BY … LIMIT 1 (support.counts), not COUNT/MIN over
     # the whole queue: a landing page must not pay for a long queue.
-    from .counts import capped_count, oldest
+    from .counts import capped_count_oldest
 
-    return capped_count(qs), oldest(qs, field_name)
+    return capped_count_oldest(qs, field_name)
 
 
 def _count_oldest(name: str, now) -> tuple[int, datetime | None]:
     if name == "unknown":
         return _agg(_q_unknown(), "created_at")
     if name == "paid_without_order":
-        from .counts import capped_count, oldest
+        from .counts import capped_count_oldest, oldest
 
         qs = _q_paid_without_order()
-        return capped_count(qs), (oldest(qs.annotate(paid_at=_paid_at_subquery()), "paid_at")
-                                  or oldest(qs, "updated_at"))
+        n, paid = capped_count_oldest(qs.annotate(paid_at=_paid_at_subquery()), "paid_at")
+        return n, paid or (oldest(qs, "updated_at") if n else None)
     if name == "compensation":
         n1, o1 = _agg(_q_compensation_steps(), "created_at")
         n2, o2 = _agg(_q_compensation_ops(), "created_at")
