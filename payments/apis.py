@@ -21,7 +21,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from . import selectors, services
+from . import selectors, services, x402_apis
 from .enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
 from .idempotency import (
     REPLAYED_HEADER,
@@ -538,7 +538,16 @@ class DeliverableApi(ApiView):
         purchase = _purchase_or_404(request, purchase_id)
         from recovery.selectors import deliverable_for
 
+        # x402 (DESIGN §6): the deliverable is the paid resource. Paying is a write.
+        header = request.headers.get(x402_apis.PAYMENT_SIGNATURE_HEADER)
+        if header is not None:
+            if not request.auth.has_scope(WRITE):
+                raise Problem(code="forbidden_scope", status=403, owner=Owner.SUPPORT,
+                              detail=f"This API key lacks the '{WRITE}' scope.")
+            return x402_apis.deliverable_pay(request, purchase, header)
         found = deliverable_for(purchase.id)
+        if found is None and x402_apis.deliverable_unpaid(purchase):
+            return x402_apis.deliverable_state(request, purchase)
         if found is None:
             raise Problem(code="deliverable_not_available", status=404, owner=Owner.NONE,
                           purchase=purchase.id,

@@ -63,6 +63,7 @@ from .enums import (  # noqa: E402
     OperationKind,
     Outcome,
     PurchaseStatus,
+    Rail,
     Reason,
     Stage,
     Verification,
@@ -93,6 +94,7 @@ from .models import (  # noqa: E402
     Quote,
 )
 from .providers.base import CallResult, ProviderObject, outcome_from_object  # noqa: E402
+from .x402_reads import X402_OBJECT_TYPE, x402_read_back  # noqa: E402
 
 log = logging.getLogger("verity.payments")
 
@@ -510,7 +512,8 @@ def _check_currency(purchase: Purchase, currency: str | None) -> None:
 
 def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_method: str,
                    capture_method: str = "automatic", retry_of: str | None = None,
-                   amount: int | None = None, currency: str | None = None) -> PaymentOperation:
+                   amount: int | None = None, currency: str | None = None,
+                   rail: str = Rail.STRIPE) -> PaymentOperation:
     if _halted("checkout"):
         raise DomainError("workflow_halted", "Checkout is paused by an operator; try later with "
                           "the same Idempotency-Key.", status=503, retry=RetryAdvice.SAME_KEY,
@@ -521,7 +524,7 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
     if not payment_method or len(payment_method) > 100:
         raise DomainError("invalid_request", "payment_method is required (a provider token).",
                           status=400, retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
-    if not PAYMENT_METHOD_TOKEN.fullmatch(payment_method):
+    if rail == Rail.STRIPE and not PAYMENT_METHOD_TOKEN.fullmatch(payment_method):
         # Verity never holds card data: anything but a provider token (a card number above
         # all) is refused here, before it is stored, logged or sent; the message never
         # repeats the value.
@@ -619,6 +622,7 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
         op = _create_op(
             purchase=purchase, kind=kind, amount=purchase.amount, currency=purchase.currency,
             payment_method=payment_method, capture_method=capture_method, retry_of=original,
+            rail=rail,
             requested_by_client=api_client,
             request_fingerprint=_fingerprint({"purchase": purchase.id, "kind": kind,
                                               "amount": purchase.amount,
@@ -980,9 +984,13 @@ def _expected_amount(op: PaymentOperation) -> int:
 def _mismatch(op: PaymentOperation, obj: ProviderObject) -> str:
     """Why this provider object cannot be this operation's, or ''."""
     expected_type = "refund" if op.kind == OperationKind.REFUND else "payment_intent"
+    if op.rail == Rail.X402 and op.kind in PAYMENT_KINDS:
+        expected_type = X402_OBJECT_TYPE
     if obj.object_type != expected_type:
         return f"object type {obj.object_type}"
-    if op.provider_reference and obj.id != op.provider_reference:
+    # x402: the authorization (payer, nonce) is the identity; its transaction hash may only
+    # become known later (AuthorizationUsed log), so the hash is not compared.
+    if op.provider_reference and obj.id != op.provider_reference and op.rail != Rail.X402:
         return "provider reference"
     meta = obj.metadata or {}
     allowed_ops = {op.id, op.parent_id} if op.parent_id else {op.id}
@@ -1004,7 +1012,12 @@ def _mismatch(op: PaymentOperation, obj: ProviderObject) -> str:
 
 
 _FAIL_REASONS = {"card_declined": Reason.CARD_DECLINED, "generic_decline": Reason.CARD_DECLINED,
-                 "insufficient_funds": Reason.CARD_DECLINED}
+                 "insufficient_funds": Reason.CARD_DECLINED,
+                 # x402 (payments.providers.x402): stable reasons, passed through
+                 **{r.value: r for r in (Reason.AUTHORIZATION_EXPIRED,
+                                         Reason.AUTHORIZATION_CANCELED,
+                                         Reason.AUTHORIZATION_INVALID,
+                                         Reason.INSUFFICIENT_BALANCE)}}
 
 
 def _settle_effects_refund(purchase: Purchase, op: PaymentOperation, *, cause: str,
@@ -1401,6 +1414,13 @@ def _claim(operation_id: str, step: str, *, attempt: int = 1, from_pending: bool
         return call
 
 
+def operation_claim_write(*, operation_id: str, step: str) -> ProviderCall | None:
+    """Phase 1 for a rail whose one write is made by its own service (x402 settle): the
+    pending operation starts dispatching, the step is claimed once (invariant 2) and the
+    hold reserved, in the caller's transaction."""
+    return _claim(operation_id, step, from_pending=True, confirm=True)
+
+
 def _record_call(call: ProviderCall, result: CallResult) -> None:
     ProviderCall.objects.filter(id=call.id).update(
         http_status=result.http_status, classification=result.classification,
@@ -1576,7 +1596,10 @@ def operation_dispatch_or_wait(*, operation_id: str) -> PaymentOperation:
 def _read_back(op: PaymentOperation) -> CallResult:
     """Read-only: by provider reference, else by metadata. Records a reconcile call."""
     provider = _provider()
-    if op.kind == OperationKind.REFUND:
+    if op.rail == Rail.X402 and op.kind in PAYMENT_KINDS:
+        # The chain, read-only: never a second settle (DESIGN §4, x402).
+        step, result = CallStep.RETRIEVE, x402_read_back(op)
+    elif op.kind == OperationKind.REFUND:
         if op.provider_reference:
             step, result = CallStep.RETRIEVE, provider.retrieve_refund(op.provider_reference)
         else:
@@ -1986,7 +2009,7 @@ def operation_replay(*, operation_id: str, actor: str, acting_client=None,
             acting_user is not None and op.requested_by_user_id == acting_user.id):
         raise DomainError("replayer_is_requester", "The requester cannot replay its own "
                           "operation.", status=403, operation=op.id, purchase=op.purchase_id)
-    if not settings.STRIPE_DEDUPES_KEYS:
+    if not settings.STRIPE_DEDUPES_KEYS or op.rail == Rail.X402:
         raise DomainError("replay_unsupported", "This provider does not deduplicate "
                           "idempotency keys, so a replay could charge twice. Reconcile "
                           "instead.", status=409, retry=RetryAdvice.FORBIDDEN,
