@@ -29,7 +29,16 @@ from django.db.models import Q
 from django.utils import timezone
 
 from . import services
-from .enums import PAYMENT_KINDS, CallStep, Classification, Outcome, Owner, Rail, RetryAdvice
+from .enums import (
+    PAYMENT_KINDS,
+    CallStep,
+    Classification,
+    Outcome,
+    Owner,
+    Rail,
+    RetryAdvice,
+    Verification,
+)
 from .locks import assert_no_transaction_outside_transaction
 from .models import PaymentOperation, Product, ProviderCall, Purchase, X402Authorization
 from .providers import x402 as adapter
@@ -199,7 +208,7 @@ def _settle_outside_transaction(op: PaymentOperation, call: ProviderCall,
         settle_answer={**answer.body, "kind": answer.kind},
         transaction_hash=answer.transaction or "")
     obj = _answer_object(op, answer)
-    services.operation_apply_observation(operation_id=op.id, obj=obj, source="provider",
+    services.operation_apply_observation(operation_id=op.id, obj=obj, source=Verification.PROVIDER,
                                          cause=f"settle_{answer.kind}")
     if PaymentOperation.objects.filter(id=op.id, outcome=Outcome.DISPATCHING).exists():
         # The answer named nothing applicable: what happened is unknown, the chain decides.
@@ -208,7 +217,15 @@ def _settle_outside_transaction(op: PaymentOperation, call: ProviderCall,
                                                    status=adapter.ChainStatus.UNKNOWN,
                                                    amount=op.amount, currency=op.currency,
                                                    metadata={"operation_id": op.id}),
-            source="provider", cause="settle_no_verdict")
+            source=Verification.PROVIDER, cause="settle_no_verdict")
+
+
+def _refreshed(op: PaymentOperation) -> PaymentOperation:
+    """A replay of an open operation reads the chain first (read-only, rate-limited per
+    operation): the agent's retry learns what happened, it never causes a second settle."""
+    if op.outcome in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER):
+        services.operation_reconcile_on_demand(operation_id=op.id, actor="x402_replay")
+    return PaymentOperation.objects.select_related("purchase").get(id=op.id)
 
 
 def x402_pay(*, purchase_id: str, api_client, header: str) -> X402Result:
@@ -224,7 +241,7 @@ def x402_pay(*, purchase_id: str, api_client, header: str) -> X402Result:
                       purchase=purchase.id) from exc
     existing = _existing(purchase, signed)
     if existing is not None:
-        return X402Result(existing, replayed=True)
+        return X402Result(_refreshed(existing), replayed=True)
     _check_against_requirements(purchase, signed)
     try:
         op, call = _phase1(purchase=purchase, api_client=api_client, signed=signed)
@@ -232,7 +249,7 @@ def x402_pay(*, purchase_id: str, api_client, header: str) -> X402Result:
         # A concurrent request with the same authorization won the race: replay its state.
         existing = _existing(purchase, signed)
         if existing is not None:
-            return X402Result(existing, replayed=True)
+            return X402Result(_refreshed(existing), replayed=True)
         raise
     if call is not None:
         _settle_outside_transaction(op, call, signed, purchase)

@@ -65,11 +65,28 @@ class Chain:
     def drop(self, tx: str) -> None:
         self.rpc("anvil_dropTransaction", [tx])
 
-    def snapshot(self) -> str:
-        return self.rpc("evm_snapshot")
+    def reorg(self, depth: int) -> None:
+        """Replace the last `depth` blocks with empty ones: their transactions are gone."""
+        self.rpc("anvil_reorg", [depth, []])
 
-    def revert(self, snap: str) -> None:
-        self.rpc("evm_revert", [snap])
+    def expire(self, valid_before: int) -> None:
+        """Move the chain's clock to validBefore (the contract then refuses the transfer).
+        Only that far: later tests sign against the wall clock."""
+        self.rpc("evm_setNextBlockTimestamp", [hex(valid_before)])
+        self.mine()
+
+    def refill_facilitator_nonce(self) -> None:
+        """A dropped or reorged-out transaction leaves a gap in the facilitator's nonces
+        (its signer counts them itself): fill it with a no-op from that account, as an
+        operator would, so later settles are not stuck behind it."""
+        fac = Web3.to_checksum_address(os.environ["X402_FACILITATOR_ADDRESS"])
+        self.rpc("anvil_impersonateAccount", [fac])
+        try:
+            self.w3.eth.send_transaction({"from": fac, "to": fac, "value": 0,
+                                          "nonce": self.w3.eth.get_transaction_count(fac)})
+            self.mine()
+        finally:
+            self.rpc("anvil_stopImpersonatingAccount", [fac])
 
     def transfers(self, payer: str) -> int:
         """ERC-20 Transfer events payer -> Verity on chain (the money that moved)."""
