@@ -269,3 +269,15 @@ class DeliverableOut(serializers.Serializer):
     job_reference = serializers.CharField()
     result = serializers.JSONField()
     expires_at = serializers.DateTimeField(allow_null=True)
+    operation = serializers.CharField(required=False, help_text="x402: the paying operation")
+
+
+class DeliverablePendingOut(serializers.Serializer):
+    """x402: paid and being prepared, or sent and waiting for the chain (don't pay again)."""
+
+    code = serializers.CharField(help_text="deliverable_preparing / settlement_pending / "
+                                           "payment_unknown")
+    operation = serializers.CharField()
+    outcome = serializers.CharField(required=False)
+    detail = serializers.CharField()
+    next_action = serializers.JSONField(required=False)

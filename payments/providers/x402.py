@@ -19,16 +19,36 @@ FaultDrillHTTPClient: nothing about the facilitator or the chain is faked.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from dataclasses import dataclass, field
 
 import requests
 from django.conf import settings
-from web3 import Web3
 
-from payments.enums import Classification
+# py_ecc (imported by web3/eth-account) raises the interpreter's recursion limit to 100000
+# at import. Deeply nested JSON would then overflow the C stack instead of raising
+# RecursionError, which the API and webhook parsers turn into a 400
+# (tests/api/test_hostile_input.py). Keep the interpreter's own limit.
+_RECURSION_LIMIT = sys.getrecursionlimit()
+from web3 import Web3  # noqa: E402
+from x402.extensions.payment_identifier import (  # noqa: E402
+    PAYMENT_IDENTIFIER,
+    declare_payment_identifier_extension,
+    extract_payment_identifier,
+)
+from x402.schemas import (  # noqa: E402
+    PaymentPayload,
+    PaymentRequired,
+    PaymentRequirements,
+    ResourceInfo,
+)
 
-from .base import CallResult, ProviderObject
+sys.setrecursionlimit(_RECURSION_LIMIT)
+
+from payments.enums import Classification  # noqa: E402
+
+from .base import CallResult, ProviderObject  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -339,18 +359,6 @@ def get_chain_reader() -> ChainReader:
 import base64  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
-
-from x402.extensions.payment_identifier import (  # noqa: E402
-    PAYMENT_IDENTIFIER,
-    declare_payment_identifier_extension,
-    extract_payment_identifier,
-)
-from x402.schemas import (  # noqa: E402
-    PaymentPayload,
-    PaymentRequired,
-    PaymentRequirements,
-    ResourceInfo,
-)
 
 PAYMENT_REQUIRED_HEADER = "PAYMENT-REQUIRED"
 PAYMENT_SIGNATURE_HEADER = "PAYMENT-SIGNATURE"

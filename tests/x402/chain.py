@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import requests
-from eth_account import Account
-from web3 import Web3
-from x402 import x402ClientSync
-from x402.extensions.payment_identifier import append_payment_identifier_to_extensions
-from x402.mechanisms.evm import EthAccountSigner
-from x402.mechanisms.evm.exact import register_exact_evm_client
-from x402.schemas import PaymentRequired
 
-from config import x402_chain
+_RECURSION_LIMIT = sys.getrecursionlimit()  # py_ecc raises it (see payments.providers.x402)
+from eth_account import Account  # noqa: E402
+from web3 import Web3  # noqa: E402
+from x402 import x402ClientSync  # noqa: E402
+from x402.extensions.payment_identifier import append_payment_identifier_to_extensions  # noqa: E402
+from x402.mechanisms.evm import EthAccountSigner  # noqa: E402
+from x402.mechanisms.evm.exact import register_exact_evm_client  # noqa: E402
+from x402.schemas import PaymentRequired  # noqa: E402
+
+from config import x402_chain  # noqa: E402
+
+sys.setrecursionlimit(_RECURSION_LIMIT)
 
 SIGNATURE = "HTTP_PAYMENT_SIGNATURE"
 
