@@ -6,6 +6,7 @@ Read only. `next_action` is computed from state that is already stored, so every
 from __future__ import annotations
 
 from datetime import datetime
+from datetime import timezone as dt_timezone
 
 from django.conf import settings
 from django.utils import timezone
@@ -23,7 +24,7 @@ from .enums import (
     RetryAdvice,
     Stage,
 )
-from .models import ApiClient, Hold, PaymentOperation, Product, Purchase, Quote
+from .models import ApiClient, Hold, PaymentOperation, Product, Purchase, Quote, X402Authorization
 
 _PAYMENT_KIND_VALUES = [k.value for k in PAYMENT_KINDS]
 
@@ -289,7 +290,8 @@ def purchase_view(purchase: Purchase) -> dict:
         "customer": {"reference": purchase.customer_reference,
                      "email": purchase.customer_email},
         "payment": ({"operation": payment.id, "outcome": payment.outcome,
-                     "grade": payment.grade or None} if payment else None),
+                     "grade": payment.grade or None, "rail": payment.rail,
+                     "x402": x402_view(payment)} if payment else None),
         "fulfillment": _fulfillment(purchase.id),
         "refunds": _refund_summary(purchase),
         "order_reference": _order_reference(purchase.id),
@@ -331,7 +333,22 @@ def operation_view(op: PaymentOperation) -> dict:
         "next_action": operation_next_action(op),
         "created_at": _iso(op.created_at),
         "settled_at": _iso(op.settled_at),
+        "rail": op.rail,
+        "x402": x402_view(op),
     }
+
+
+def x402_view(op: PaymentOperation) -> dict | None:
+    """x402: network, payer, transaction hash and confirmations (the chain's last word)."""
+    if op.rail != "x402":
+        return None
+    auth = X402Authorization.objects.filter(pk=op.id).first()
+    if auth is None:
+        return None
+    return {"network": auth.network, "payer": auth.payer,
+            "transaction": auth.transaction_hash or None, "confirmations": auth.confirmations,
+            "valid_before": _iso(datetime.fromtimestamp(auth.valid_before, dt_timezone.utc)),
+            "payment_identifier": auth.payment_identifier or None}
 
 
 def quote_view(quote: Quote) -> dict:

@@ -170,10 +170,23 @@ class CustomerOut(serializers.Serializer):
     email = serializers.CharField(allow_blank=True)
 
 
+class X402Out(serializers.Serializer):
+    """x402: the authorization and its settlement on chain (no signature, only its hash)."""
+
+    network = serializers.CharField()
+    payer = serializers.CharField()
+    transaction = serializers.CharField(allow_null=True)
+    confirmations = serializers.IntegerField()
+    valid_before = serializers.DateTimeField()
+    payment_identifier = serializers.CharField(allow_null=True)
+
+
 class PaymentSummaryOut(serializers.Serializer):
     operation = serializers.CharField()
     outcome = serializers.ChoiceField(choices=Outcome.choices)
     grade = serializers.CharField(allow_null=True)
+    rail = serializers.CharField(required=False, help_text="stripe / x402")
+    x402 = X402Out(required=False, allow_null=True)
 
 
 class FulfillmentOut(serializers.Serializer):
@@ -251,6 +264,8 @@ class OperationOut(serializers.Serializer):
     next_action = NextActionOut()
     created_at = serializers.DateTimeField()
     settled_at = serializers.DateTimeField(allow_null=True)
+    rail = serializers.CharField(required=False, help_text="stripe / x402")
+    x402 = X402Out(required=False, allow_null=True)
 
 
 class LimitsOut(serializers.Serializer):

@@ -753,6 +753,14 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
             raise DomainError("not_refundable", "Nothing was captured on this purchase.",
                               status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id)
+        if payment.rail == Rail.X402:
+            # No reversal exists on a chain: the money goes back as a separate transfer from
+            # Verity's address to the payer, made and recorded by an operator (issue 21).
+            raise DomainError("refund_is_a_transfer_back", "This purchase was paid over x402: "
+                              "a refund is a separate transfer back to the payer that an "
+                              "operator approves and sends; there is no void.", status=409,
+                              retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+                              purchase=purchase.id, operation=payment.id)
         if not isinstance(amount, int) or amount <= 0 or amount > refundable:
             raise DomainError("refund_exceeds_refundable",
                               f"Refundable now: {refundable} {purchase.currency}.", status=422,
