@@ -9,14 +9,17 @@ V2_2), mints test USDC to the payers and gives the facilitator gas. Nothing here
 stand-in: EIP-3009 `transferWithAuthorization`, `authorizationState`, `cancelAuthorization`
 and the blacklist are the production contract's code.
 
-Usage: python -m config.x402_chain [--port 8545] (starts anvil, deploys, prints the env).
+Usage: python -m config.x402_chain [--port 8545] [--facilitator-port 8402] (anvil, the token
+and the facilitator for `make run`; prints the X402_* lines to export).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -117,24 +120,43 @@ def new_key() -> tuple[str, str]:
 
 
 def main(argv: list[str]) -> int:
+    """For `make run`: anvil + the token + the SDK's facilitator on fixed loopback ports;
+    prints the X402_* environment to export before `make run` (the banner says so)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8545)
+    parser.add_argument("--facilitator-port", type=int, default=8402)
     args = parser.parse_args(argv)
-    proc = subprocess.Popen(anvil_command(args.port), start_new_session=True)
+    procs = [subprocess.Popen(anvil_command(args.port), start_new_session=True)]
     rpc = f"http://127.0.0.1:{args.port}"
     w3 = Web3(Web3.HTTPProvider(rpc))
     for _ in range(100):
         if w3.is_connected():
             break
         time.sleep(0.1)
-    _fkey, faddr = new_key()
-    info = deploy(rpc, payers=[], facilitator=faddr)
-    print(json.dumps({**info, "rpc_url": rpc}), flush=True)
+    fac_key, fac_address = new_key()
+    _k, pay_to = new_key()
+    payer_key, payer = new_key()
+    info = deploy(rpc, payers=[payer], facilitator=fac_address)
+    procs.append(subprocess.Popen(
+        [sys.executable, "-m", "config.x402_facilitator", "--port", str(args.facilitator_port),
+         "--rpc-url", rpc, "--network", info["network"]],
+        cwd=ROOT, start_new_session=True, env={**os.environ, "X402_FACILITATOR_KEY": fac_key}))
+    print("\n".join([
+        "export X402_ENABLED=true", f"export X402_RPC_URL={rpc}",
+        f"export X402_FACILITATOR_URL=http://127.0.0.1:{args.facilitator_port}",
+        f"export X402_NETWORK={info['network']}", f"export X402_ASSET={info['asset']}",
+        f"export X402_PAY_TO={pay_to}",
+        f"# a funded test payer (10,000 USDC on this throwaway chain): {payer} key {payer_key}",
+    ]), flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        return proc.wait()
+        return procs[0].wait()
     except KeyboardInterrupt:
-        proc.terminate()
         return 0
+    finally:
+        for proc in procs:  # each in its own session: anvil's npm wrapper has a child
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
 
 
 if __name__ == "__main__":
