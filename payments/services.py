@@ -1025,7 +1025,8 @@ _FAIL_REASONS = {"card_declined": Reason.CARD_DECLINED, "generic_decline": Reaso
                  **{r.value: r for r in (Reason.AUTHORIZATION_EXPIRED,
                                          Reason.AUTHORIZATION_CANCELED,
                                          Reason.AUTHORIZATION_INVALID,
-                                         Reason.INSUFFICIENT_BALANCE)}}
+                                         Reason.INSUFFICIENT_BALANCE,
+                                         Reason.PROVIDER_UNREACHABLE)}}
 
 
 def _settle_effects_refund(purchase: Purchase, op: PaymentOperation, *, cause: str,
