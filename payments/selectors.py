@@ -289,9 +289,7 @@ def purchase_view(purchase: Purchase) -> dict:
         "quote": {"id": purchase.quote_id, "version": purchase.quote.version},
         "customer": {"reference": purchase.customer_reference,
                      "email": purchase.customer_email},
-        "payment": ({"operation": payment.id, "outcome": payment.outcome,
-                     "grade": payment.grade or None, "rail": payment.rail,
-                     "x402": x402_view(payment)} if payment else None),
+        "payment": _payment_summary(payment),
         "fulfillment": _fulfillment(purchase.id),
         "refunds": _refund_summary(purchase),
         "order_reference": _order_reference(purchase.id),
@@ -336,6 +334,17 @@ def operation_view(op: PaymentOperation) -> dict:
         "rail": op.rail,
         "x402": x402_view(op),
     }
+
+
+def _payment_summary(payment: PaymentOperation | None) -> dict | None:
+    if payment is None:
+        return None
+    summary = {"operation": payment.id, "outcome": payment.outcome,
+               "grade": payment.grade or None}
+    if payment.rail != "stripe":
+        # DESIGN §6: for x402 the purchase view carries the rail, network and transaction.
+        summary.update(rail=payment.rail, x402=x402_view(payment))
+    return summary
 
 
 def x402_view(op: PaymentOperation) -> dict | None:
