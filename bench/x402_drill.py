@@ -143,6 +143,7 @@ def main() -> int:
             finally:
                 chain.automine(True)
                 chain.facilitator_config(pending_status=200)
+                chain.reset_clock()
             transfers = chain.transfers(payer.address)
         row = Row(name, recorded, transfers, " -> ".join(seen), op.reason or "")
         if transfers > 1:

@@ -66,7 +66,16 @@ class Chain:
     def expire(self, valid_before: int) -> None:
         """Move the chain's clock to validBefore (the contract then refuses the transfer).
         Only that far: later tests sign against the wall clock."""
-        self.rpc("evm_setNextBlockTimestamp", [hex(valid_before)])
+        if int(self.w3.eth.get_block("latest")["timestamp"]) < valid_before:
+            self.rpc("evm_setNextBlockTimestamp", [hex(valid_before)])
+        self.mine()
+
+    def reset_clock(self) -> None:
+        """Back to the wall clock after a time jump (anvil_setTime), so the next test's
+        authorizations, signed against the wall clock, are valid on chain too."""
+        import time
+
+        self.rpc("anvil_setTime", [hex(int(time.time()))])
         self.mine()
 
     def refill_facilitator_nonce(self) -> None:

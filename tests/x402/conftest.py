@@ -29,6 +29,7 @@ def chain():
     yield c
     c.automine(True)
     c.facilitator_config(pending_status=200)
+    c.reset_clock()
 
 
 @pytest.fixture
