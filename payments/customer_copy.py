@@ -272,6 +272,16 @@ def customer_state(purchase) -> CustomerState:
         # never show success we cannot point at.
         return under_review()
 
+    if (last_payment is not None and last_payment.rail == "x402"
+            and last_payment.outcome in (Outcome.UNKNOWN.value, Outcome.AWAITING_PROVIDER.value,
+                                         Outcome.DISPATCHING.value)):
+        # A transfer on a chain: broadcast, its confirmation not seen yet (issue 21).
+        auth = getattr(last_payment, "x402", None)
+        network = auth.network if auth is not None else "the network"
+        return state(StateCode.BEING_CONFIRMED, "Your payment is waiting for confirmation",
+                     f"Your payment was sent and is waiting for confirmation on {network}. "
+                     "Don't pay again.")
+
     if last_payment is not None and last_payment.outcome == Outcome.UNKNOWN.value:
         return state(StateCode.NOT_YET_CONFIRMABLE, *wording("not_yet_confirmable"))
 

@@ -9,6 +9,7 @@ Read only. `next_action` is computed from state that is already stored, so every
 from __future__ import annotations
 
 from datetime import datetime
+from datetime import timezone as dt_timezone
 
 from django.conf import settings
 from django.utils import timezone
@@ -30,7 +31,7 @@ from .enums import (
     RetryAdvice,
     Stage,
 )
-from .models import Hold, PaymentOperation, Product, Purchase, Quote
+from .models import Hold, PaymentOperation, Product, Purchase, Quote, X402Authorization
 from .view_queries import (
     purchase_operations_forget,
     purchase_operations_load,
@@ -286,8 +287,7 @@ def _purchase_view_of(purchase: Purchase, *, order_reference: str | None) -> dic
         "quote": {"id": purchase.quote_id, "version": purchase.quote.version},
         "customer": {"reference": purchase.customer_reference,
                      "email": purchase.customer_email},
-        "payment": ({"operation": payment.id, "outcome": payment.outcome,
-                     "grade": payment.grade or None} if payment else None),
+        "payment": _payment_summary(payment),
         "fulfillment": _fulfillment(purchase.id),
         "refunds": _refund_summary(purchase),
         "order_reference": order_reference,
@@ -337,7 +337,33 @@ def operation_view(op: PaymentOperation) -> dict:
         "next_action": operation_next_action(op),
         "created_at": _iso(op.created_at),
         "settled_at": _iso(op.settled_at),
+        "rail": op.rail,
+        "x402": x402_view(op),
     }
+
+
+def _payment_summary(payment: PaymentOperation | None) -> dict | None:
+    if payment is None:
+        return None
+    summary = {"operation": payment.id, "outcome": payment.outcome,
+               "grade": payment.grade or None}
+    if payment.rail != "stripe":
+        # DESIGN §6: for x402 the purchase view carries the rail, network and transaction.
+        summary.update(rail=payment.rail, x402=x402_view(payment))
+    return summary
+
+
+def x402_view(op: PaymentOperation) -> dict | None:
+    """x402: network, payer, transaction hash and confirmations (the chain's last word)."""
+    if op.rail != "x402":
+        return None
+    auth = X402Authorization.objects.filter(pk=op.id).first()
+    if auth is None:
+        return None
+    return {"network": auth.network, "payer": auth.payer,
+            "transaction": auth.transaction_hash or None, "confirmations": auth.confirmations,
+            "valid_before": _iso(datetime.fromtimestamp(auth.valid_before, dt_timezone.utc)),
+            "payment_identifier": auth.payment_identifier or None}
 
 
 def quote_view(quote: Quote) -> dict:

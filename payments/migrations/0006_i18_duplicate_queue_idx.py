@@ -11,7 +11,7 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-    dependencies = [("payments", "0004_i19_purchase_prefix_search_idx")]
+    dependencies = [("payments", "0006_i21_x402_rail")]
 
     operations = [
         migrations.RunSQL(
