@@ -8,7 +8,14 @@ PYTEST_ARGS ?=
 VERITY_VAR_DIR ?= var
 export VERITY_VAR_DIR
 
-.PHONY: run serve test deps lock soak bench drill fuzz audit clean
+.PHONY: run serve test deps lock soak bench drill drill-x402 fuzz audit clean
+
+# The x402 rail's local chain (anvil + Circle's USDC build artifacts, npm packages pinned in
+# tools/chain/package-lock.json). Installed when node/npm are present; tests.stack --x402
+# starts it with the SDK's facilitator. Without Node the x402 tests are not run.
+CHAIN_DIR := tools/chain
+HAVE_NPM := $(shell command -v npm >/dev/null 2>&1 && echo yes)
+X402_STACK := $(if $(HAVE_NPM),--x402,)
 
 # Development installs both locks' content: requirements-dev.lock is the production lock
 # (requirements.lock, same pins) plus the `dev` extra. Hashes are checked (--require-hashes
@@ -20,7 +27,11 @@ $(VENV)/.installed: requirements.lock requirements-dev.lock
 	$(PY) -m pip install -q -r requirements-dev.lock
 	touch $@
 
-deps: $(VENV)/.installed
+$(CHAIN_DIR)/node_modules/.installed: $(CHAIN_DIR)/package.json $(CHAIN_DIR)/package-lock.json
+	npm ci --prefix $(CHAIN_DIR) --no-audit --no-fund --loglevel error
+	touch $@
+
+deps: $(VENV)/.installed $(if $(HAVE_NPM),$(CHAIN_DIR)/node_modules/.installed,)
 
 # Regenerate both locks from pyproject.toml (after adding or bumping a dependency).
 # The dev lock is solved first; the production lock is constrained to the same pins.
@@ -46,7 +57,7 @@ serve:
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev start
 
 test: deps
-	$(PY) -m tests.stack -- $(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest $(PYTEST_ARGS)
 
 soak: deps
 	$(PY) bench/soak.py $(SOAK_ARGS)
@@ -73,6 +84,13 @@ audit: deps
 drill: export DEBUG ?= true
 drill: deps
 	$(PY) manage.py drill
+
+# Every x402 fault (pending, pending as 500, dropped, cancelled, blocklisted, expired,
+# reorg, answer dropped) on a throwaway chain + facilitator; one table; non-zero on a
+# broken rule (bench/x402_drill.py).
+drill-x402: deps
+	@test -n "$(HAVE_NPM)" || { echo "drill-x402 needs Node/npm (apt-get install nodejs npm)"; exit 2; }
+	$(PY) -m tests.stack --x402 -- $(PY) -m bench.x402_drill
 
 clean:
 	rm -rf var $(VENV)

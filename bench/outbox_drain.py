@@ -3,10 +3,11 @@
 20 000 OutboxMessage rows of category NOOP (handler does nothing) are written with one
 INSERT … SELECT generate_series, then drained by `celery -A config worker --pool solo`
 processes running the real task `recovery.relay_drain` (recovery.relay: SKIP LOCKED claim
-of 100, handler outside the transaction, one UPDATE per processed message). Throughput is
+of 100, handlers outside the transaction, one batched UPDATE marking the batch processed). Throughput is
 messages / (last processed_at − the moment the tasks were sent).
 Floor, same PostgreSQL, same table: a raw psycopg loop doing the same statements the relay
-needs (claim 100 with FOR UPDATE SKIP LOCKED + mark claimed, then mark each processed),
+needs (claim 100 with FOR UPDATE SKIP LOCKED + mark claimed, then mark them processed in
+one `UPDATE … WHERE id = ANY(…)`, as the relay does since issue 18),
 in 1 and 2 processes. Also the relay called in this process without Celery, to split the
 cost between the relay's ORM work and Celery's task machinery.
 
@@ -59,7 +60,7 @@ FROM due WHERE m.id = due.id
 RETURNING m.id
 """
 MARK_SQL = (f"UPDATE {TABLE} SET processed_at = now(), claimed_until = NULL, last_error = '' "
-            "WHERE id = %s AND processed_at IS NULL")
+            "WHERE id = ANY(%s) AND processed_at IS NULL")
 
 
 def _floor_worker(dsn: str) -> None:
@@ -71,8 +72,7 @@ def _floor_worker(dsn: str) -> None:
                 ids = [r[0] for r in conn.execute(CLAIM_SQL).fetchall()]
             if not ids:
                 return
-            for i in ids:
-                conn.execute(MARK_SQL, [i])
+            conn.execute(MARK_SQL, [ids])
 
 
 def _fill(n: int, tag: str) -> None:

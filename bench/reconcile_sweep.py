@@ -6,9 +6,11 @@ operation's own keys and metadata, a few threads), then the rows Verity would ho
 a confirm whose answer was lost are bulk-inserted: quote, purchase `payment_unknown`,
 charge operation `unknown` with its provider_reference, the create/confirm ProviderCall
 claims and a reserved Hold.
-Timed: payments.services.operation_reconcile over every operation, one after another, in
-this process (what a relay worker does for a RECONCILE message), split into --runs
-chunks (ops/s is the median of the chunks). Counted: ProviderCall rows with
+Timed, with --latency-ms added to every provider answer by a proxy (bench/fault_proxy.py):
+for each --concurrency level, its share of the operations in --runs chunks (ops/s is the
+median of the chunks): at 1, payments.services.operation_reconcile one after another in
+this process (what a relay worker does for a RECONCILE message); above 1,
+recovery.sweep.reconcile_sweep (a bounded pool of threads under a provider rate limit). Counted: ProviderCall rows with
 purpose=reconcile per operation (must be 1: a read-back by reference, never a list) and
 database queries per operation (CaptureQueriesContext).
 
@@ -121,44 +123,91 @@ def main(argv: list[str] | None = None) -> Report:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     common_args(parser)
     parser.add_argument("--n", type=int, default=10000, help="unknown operations")
+    parser.add_argument("--concurrency", default="1,4,16",
+                        help="concurrent read-backs (recovery.sweep.reconcile_sweep), each "
+                             "level gets n / levels operations")
+    parser.add_argument("--latency-ms", type=float, default=150,
+                        help="added to every localstripe answer by a proxy (bench/"
+                             "fault_proxy.py); real Stripe answers in ~100-300 ms")
+    parser.add_argument("--reads-per-second", type=float, default=100,
+                        help="the sweep's provider rate limit (Stripe live: 100 reads/s)")
     args = parser.parse_args(argv)
     report = Report()
+    levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     with bench_stack() as (stack, env):
+        from urllib.parse import urlparse
+
+        from django.conf import settings
         from django.db import connection
         from django.test.utils import CaptureQueriesContext
 
+        from bench.fault_proxy import FaultProxy
         from payments.enums import CallPurpose, Outcome
         from payments.models import PaymentOperation, ProviderCall
+        from payments.providers.stripe import get_provider
         from payments.services import operation_reconcile
+        from recovery.sweep import reconcile_sweep
 
         op_ids = build(args.n)
         with connection.cursor() as c:
             c.execute("ANALYZE")
-        chunk = -(-len(op_ids) // args.runs)
-        rates, queries = [], 0
-        for run in range(args.runs):
-            part = op_ids[run * chunk:(run + 1) * chunk]
-            log(f"run {run + 1}/{args.runs}: reconciling {len(part)} operations")
-            secs = 0.0
-            for op_id in part:
-                # Per call: the debug log is a deque of 9000 entries, so a capture around
-                # the whole chunk would undercount.
-                connection.queries_log.clear()
-                with CaptureQueriesContext(connection) as cq:
-                    t0 = time.perf_counter()
-                    operation_reconcile(operation_id=op_id)
-                    secs += time.perf_counter() - t0
-                queries += len(cq.captured_queries)
-            rates.append(len(part) / secs)
+        # From here on every read-back goes through the latency proxy.
+        proxy = FaultProxy(urlparse(settings.STRIPE_API_BASE).port)
+        proxy.up()
+        proxy.hold(args.latency_ms / 1000)
+        settings.STRIPE_API_BASE = proxy.base
+        get_provider.cache_clear()
+        per_level = -(-len(op_ids) // len(levels))
+        chunk = -(-per_level // args.runs)
+        rates: dict[int, list[float]] = {c: [] for c in levels}
+        queries = counted = 0
+        for li, level in enumerate(levels):
+            ops_level = op_ids[li * per_level:(li + 1) * per_level]
+            for run in range(args.runs):
+                part = ops_level[run * chunk:(run + 1) * chunk]
+                if not part:
+                    continue
+                log(f"concurrency {level}, run {run + 1}/{args.runs}: reconciling "
+                    f"{len(part)} operations (+{args.latency_ms:.0f} ms per answer)")
+                if level == 1:
+                    secs = 0.0
+                    for op_id in part:
+                        # Per call: the debug log is a deque of 9000 entries, so a capture
+                        # around the whole chunk would undercount.
+                        connection.queries_log.clear()
+                        with CaptureQueriesContext(connection) as cq:
+                            t0 = time.perf_counter()
+                            operation_reconcile(operation_id=op_id)
+                            secs += time.perf_counter() - t0
+                        queries += len(cq.captured_queries)
+                        counted += 1
+                    rates[level].append(len(part) / secs)
+                else:
+                    res = reconcile_sweep(operation_ids=part, concurrency=level,
+                                          reads_per_second=args.reads_per_second)
+                    assert res.failed == 0, res.errors[:5]
+                    rates[level].append(len(part) / res.seconds)
         n = len(op_ids)
         reconcile_calls = ProviderCall.objects.filter(purpose=CallPurpose.RECONCILE).count()
         settled = PaymentOperation.objects.filter(outcome=Outcome.SUCCEEDED).count()
-    report.add("reconcile sweep", "ops/s", fmt(med(rates), 1), "", "", "",
-               f"{n} unknown ops, {args.runs} chunks, median; sequential, one process")
+    base = med(rates[levels[0]]) if rates.get(levels[0]) else 0
+    for level in levels:
+        if not rates[level]:
+            continue
+        rate = med(rates[level])
+        report.add("reconcile sweep", f"ops/s, {level} concurrent read-back"
+                   + ("s" if level > 1 else ""), fmt(rate, 1), "", "",
+                   "" if level == levels[0] else "scales",
+                   f"+{args.latency_ms:.0f} ms/answer; "
+                   + (f"{rate / base:.1f}x of {levels[0]}; " if base and level != levels[0]
+                      else "")
+                   + (f"limit {args.reads_per_second:.0f} reads/s" if level > 1
+                      else "sequential, one process"))
+    n_q = counted or 1
     report.add("reconcile sweep", "provider calls / op", f"{reconcile_calls / n:.2f}", "", "",
                "= 1", f"{reconcile_calls} reconcile ProviderCall rows")
-    report.add("reconcile sweep", "DB queries / op", f"{queries / n:.1f}", "", "", "<= 5",
-               "CaptureQueriesContext over every call")
+    report.add("reconcile sweep", "DB queries / op", f"{queries / n_q:.1f}", "", "", "<= 5",
+               f"CaptureQueriesContext over every sequential call ({counted})")
     report.add("reconcile sweep", "check", f"{settled}/{n} settled succeeded", "", "", "", "")
     report.dump(args.json)
     report.print("reconcile sweep")

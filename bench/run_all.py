@@ -5,6 +5,8 @@
     .venv/bin/python bench/run_all.py --only webhook_ingest,outbox_drain
     BENCH_ARGS="--quick" make bench
     .venv/bin/python bench/run_all.py --quiet    # no progress line
+    .venv/bin/python bench/run_all.py --svg docs/bench.svg --json var/bench.json
+    .venv/bin/python bench/run_all.py --from-json var/bench.json --svg docs/bench.svg
 
 Progress (payments/ops/progress.py, on stderr): which benchmark is running, its latest
 "run k/n" line and, for the scale fill, rows written against the target with the time
@@ -72,8 +74,20 @@ def main() -> int:
     parser.add_argument("--reconcile-n", type=int, help="unknown operations (default 10000)")
     parser.add_argument("--scale-sizes", help="e.g. 10000,100000 (default up to 1000000)")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.add_argument("--svg", help="also draw the ratios against their goals here (SVG)")
+    parser.add_argument("--from-json", help="no run: redraw --svg / the table from a --json "
+                        "file written earlier")
     # `make bench` takes no arguments: BENCH_ARGS="--quick" make bench passes them through.
     args = parser.parse_args(sys.argv[1:] + os.environ.get("BENCH_ARGS", "").split())
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        rows = [Row(**r) for r in saved["rows"]]
+        print_table(rows, "Verity benchmarks (ratios against floors measured in the same run)")
+        if args.svg:
+            from bench.chart import write_ratio_chart
+
+            write_ratio_chart(rows, args.svg, title="Verity: ratio to the floor, against goals")
+        return 0
     require_wrk()
     names = [n for n in BENCHES if not args.only or n in args.only.split(",")]
     runs = args.runs or (1 if args.quick else 3)
@@ -119,6 +133,12 @@ def main() -> int:
     print(f"total {time.monotonic() - started:.0f}s; runs per figure: {runs}"
           + ("; QUICK sizes" if args.quick else ""))
     print_table(rows, "Verity benchmarks (ratios against floors measured in the same run)")
+    if args.svg:
+        from bench.chart import write_ratio_chart
+
+        write_ratio_chart(rows, args.svg, title="Verity: ratio to the floor, against goals"
+                          + (" (quick sizes)" if args.quick else ""))
+        print(f"chart: {args.svg}")
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"machine": m, "quick": args.quick, "runs": runs,

@@ -62,9 +62,9 @@ SELECT qid, %(client)s,
 {_G}"""),
     ("purchases", f"""
 INSERT INTO payments_purchase (id, quote_id, api_client_id, amount, currency,
-    customer_reference, customer_email, status, status_token, recovery_owner,
-    acknowledged_unresolved, created_at, updated_at)
-SELECT pid, qid, %(client)s, 1500, 'usd', cust, cust || '@example.com',
+    customer_reference, customer_key, basket_fingerprint, customer_email, status,
+    status_token, recovery_owner, acknowledged_unresolved, created_at, updated_at)
+SELECT pid, qid, %(client)s, 1500, 'usd', cust, cust, md5('basket:' || b), cust || '@example.com',
        CASE WHEN b < 140 OR b BETWEEN 170 AND 179 OR b >= 198 THEN 'completed'
             WHEN b BETWEEN 140 AND 159 THEN 'payment_failed'
             WHEN b BETWEEN 160 AND 169 THEN 'awaiting_payment'
@@ -82,7 +82,8 @@ INSERT INTO payments_paymentoperation (id, purchase_id, kind, amount, currency,
     provider_account, parent_id, retry_of_id, payment_method, capture_method, outcome, stage,
     grade, verification, reason, next_action_owner, provider_status, requested_by_client_id,
     confirm_claimed_at, dispatch_deadline, reconcile_attempts, next_reconcile_at,
-    reconcile_deadline, escalated_at, is_compensation, created_at, updated_at, settled_at)
+    reconcile_deadline, escalated_at, is_compensation, created_at, updated_at, settled_at,
+    origin, acknowledged_by, is_duplicate)
 SELECT oid, pid, CASE WHEN b BETWEEN 170 AND 179 THEN 'authorize' ELSE 'charge' END, 1500, 'usd',
        'vk_' || md5('k:' || g), md5('f:' || g), pi,
        CASE WHEN {UNKNOWN} OR {FAILED} THEN '' ELSE ch END, '', NULL, NULL,
@@ -101,7 +102,8 @@ SELECT oid, pid, CASE WHEN b BETWEEN 170 AND 179 THEN 'authorize' ELSE 'charge' 
        CASE WHEN {UNKNOWN} THEN now() + (g % 600) * interval '1 second' END,
        CASE WHEN {UNKNOWN} THEN now() + interval '3 days' END, NULL, false,
        ts + interval '1 second', ts + interval '3 seconds',
-       CASE WHEN {UNKNOWN} THEN NULL ELSE ts + interval '3 seconds' END
+       CASE WHEN {UNKNOWN} THEN NULL ELSE ts + interval '3 seconds' END,
+       'verity', '', false
 {_G} WHERE {HAS_OP}"""),
     ("second operations", f"""
 INSERT INTO payments_paymentoperation (id, purchase_id, kind, amount, currency,
@@ -109,12 +111,14 @@ INSERT INTO payments_paymentoperation (id, purchase_id, kind, amount, currency,
     provider_account, parent_id, retry_of_id, payment_method, capture_method, outcome, stage,
     grade, verification, reason, next_action_owner, provider_status, requested_by_client_id,
     confirm_claimed_at, dispatch_deadline, reconcile_attempts, next_reconcile_at,
-    reconcile_deadline, escalated_at, is_compensation, created_at, updated_at, settled_at)
+    reconcile_deadline, escalated_at, is_compensation, created_at, updated_at, settled_at,
+    origin, acknowledged_by, is_duplicate)
 SELECT oid2, pid, CASE WHEN b < 180 THEN 'capture' ELSE 'refund' END, 1500, 'usd',
        'vk_' || md5('k2:' || g), md5('f2:' || g), CASE WHEN b < 180 THEN pi ELSE re END, '', '',
        oid, NULL, '', 'automatic', 'succeeded', 'settled', 'confirmed', 'provider', '', 'none',
        'succeeded', %(client)s, NULL, ts + interval '120 seconds', 0, NULL, NULL, NULL, false,
-       ts + interval '30 seconds', ts + interval '31 seconds', ts + interval '31 seconds'
+       ts + interval '30 seconds', ts + interval '31 seconds', ts + interval '31 seconds',
+       'verity', '', false
 {_G} WHERE {SECOND_OP}"""),
     ("provider calls", f"""
 INSERT INTO payments_providercall (operation_id, purpose, step, attempt, key, request_id,

@@ -23,7 +23,7 @@ from rest_framework.views import APIView
 
 from recovery.metrics import BLOCKED_DUPLICATES, IDEMPOTENT_REPLAYS
 
-from . import selectors, services
+from . import selectors, services, x402_apis
 from .errors import DomainError
 from .enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
 from .idempotency import (
@@ -41,6 +41,7 @@ from .problems import PROBLEM_CONTENT_TYPE, Problem, problem_body
 from .serializers import (
     DeclineIn,
     DeliverableOut,
+    DeliverablePendingOut,
     EmptyIn,
     LimitsOut,
     OperationOut,
@@ -128,8 +129,10 @@ def _assert_no_transaction_open() -> None:
 
 
 def _load_operation(operation_id: str) -> PaymentOperation:
-    return PaymentOperation.objects.select_related("purchase", "purchase__quote").get(
-        pk=operation_id)
+    from .view_queries import operations_for_view
+
+    # One statement: the operation view's relations and counts (payments.view_queries).
+    return operations_for_view().get(pk=operation_id)
 
 
 def _render_current(resource_type: str, resource_id: str) -> dict:
@@ -529,13 +532,41 @@ class DeliverableApi(ApiView):
     @extend_schema(
         operation_id="purchases_deliverable_retrieve", summary="Redeliver a digital good",
         description="The stored result of the deliverable step, kept for the redelivery "
-                    "period; 404 `deliverable_not_available` otherwise.",
-        responses={**_ok(200, DeliverableOut, "Deliverable"), **_problems()})
+                    "period; 404 `deliverable_not_available` otherwise.\n\n"
+                    "**x402** (when offered for the purchase): unpaid -> 402 "
+                    "`payment_required` with the `PAYMENT-REQUIRED` header (x402 v2 "
+                    "requirements from the accepted quote). Repeat with `PAYMENT-SIGNATURE` "
+                    "(needs `purchases:write`): 200 the deliverable + `PAYMENT-RESPONSE`; 202 "
+                    "while the report is prepared or the settlement waits for the chain "
+                    "(`settlement_pending`, `payment_unknown`: don't pay again); 402 "
+                    "`payment_failed` (sign a new authorization). The same payload again is "
+                    "a replay (`Payment-Replayed: true`), never a second settlement; 409 "
+                    "`authorization_reused` / `payment_identifier_reused`. Refunds on this rail "
+                    "are a separate transfer back; there is no void.",
+        parameters=[OpenApiParameter("PAYMENT-SIGNATURE", str, OpenApiParameter.HEADER,
+                                     required=False,
+                                     description="x402 v2 payment payload (base64 JSON)")],
+        responses={**_ok(200, DeliverableOut, "Deliverable"),
+                   **_ok(202, DeliverablePendingOut, "x402: preparing, or waiting for the "
+                                                     "chain"),
+                   **_problems(402, 409, 422, s402="payment_required / payment_failed (x402)",
+                               s409="payment_unresolved / already_paid / authorization_reused",
+                               s422="payment_requirements_mismatch / "
+                                    "authorization_expires_too_soon")})
     def get(self, request, purchase_id: str):
         purchase = _purchase_or_404(request, purchase_id)
         from recovery.selectors import deliverable_for
 
+        # x402 (DESIGN §6): the deliverable is the paid resource. Paying is a write.
+        header = request.headers.get(x402_apis.PAYMENT_SIGNATURE_HEADER)
+        if header is not None:
+            if not request.auth.has_scope(WRITE):
+                raise Problem(code="forbidden_scope", status=403, owner=Owner.SUPPORT,
+                              detail=f"This API key lacks the '{WRITE}' scope.")
+            return x402_apis.deliverable_pay(request, purchase, header)
         found = deliverable_for(purchase.id)
+        if found is None and x402_apis.deliverable_unpaid(purchase):
+            return x402_apis.deliverable_state(request, purchase)
         if found is None:
             raise Problem(code="deliverable_not_available", status=404, owner=Owner.NONE,
                           purchase=purchase.id,

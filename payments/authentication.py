@@ -17,7 +17,9 @@ from rest_framework.throttling import SimpleRateThrottle
 
 from config.client_address import client_address
 
+from .client_cache import api_client_verified
 from .models import ApiClient
+from .ratelimit import rate_limit_hit
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +78,9 @@ class ApiKeyAuthentication(BaseAuthentication):
             _record_failure(keys)
             raise exceptions.AuthenticationFailed()
         try:
-            # get_from_key checks the hash, revocation and expiry (is_valid).
-            client = ApiClient.objects.get_from_key(key)
+            # get_from_key checks the hash, revocation and expiry (is_valid); a client
+            # verified in the last few seconds comes from payments.client_cache.
+            client = api_client_verified(key)
         except ApiClient.DoesNotExist:
             _record_failure(keys)
             raise exceptions.AuthenticationFailed() from None
@@ -129,11 +132,19 @@ class ApiClientRateThrottle(SimpleRateThrottle):
         # Read the rate on every request so it can be changed by settings (and in tests).
         self.rate = self.get_rate()
         self.num_requests, self.duration = self.parse_rate(self.rate)
+        # O(1): one pipelined Redis round trip (payments.ratelimit), not DRF's pickled
+        # history of every request time in the window.
         try:
-            return super().allow_request(request, view)
+            decision = rate_limit_hit(ident=self.get_cache_key(request, view),
+                                      limit=self.num_requests, window_seconds=self.duration)
         except Exception:  # noqa: BLE001 - the cache is Redis; an outage must not 500
             logger.warning("throttle cache unavailable; request allowed", exc_info=True)
             return True
+        self._wait = decision.wait_seconds
+        return decision.allowed
+
+    def wait(self):
+        return getattr(self, "_wait", None)
 
     def get_cache_key(self, request, view):
         client = api_client_of(request)

@@ -23,6 +23,7 @@ from django.utils import timezone
 from recovery.models import Order
 
 from .money import format_money
+from .view_queries import purchase_operations_loaded, purchase_order_reference
 from .enums import (
     PAYMENT_KINDS,
     Grade,
@@ -202,7 +203,9 @@ def _reversal_confirmed(ops: list, purchase_amount: int) -> _Reversal | None:
 def customer_state(purchase) -> CustomerState:
     """The plain-language state of a purchase, from verified data only."""
     contact = getattr(settings, "SUPPORT_CONTACT", "")
-    ops = list(purchase.operations.select_related("parent").order_by("created_at", "id"))
+    ops = purchase_operations_loaded(purchase)  # read once by payments.selectors.purchase_view
+    if ops is None:
+        ops = list(purchase.operations.select_related("parent").order_by("created_at", "id"))
     payments = [op for op in ops if op.kind in _PAYMENT_KIND_VALUES]
     last_payment = payments[-1] if payments else None
     paid = any(op.outcome == Outcome.SUCCEEDED.value for op in payments)
@@ -248,7 +251,7 @@ def customer_state(purchase) -> CustomerState:
         )
 
     if status == S.COMPLETED and paid:
-        ref = _order_reference(purchase.id)
+        ref = purchase_order_reference(purchase, _order_reference)
         msg = "Your payment was received and your order is complete."
         if ref:
             msg = f"Your payment was received and your order {ref} is complete."
@@ -258,7 +261,7 @@ def customer_state(purchase) -> CustomerState:
     if status in (S.PAID, S.FULFILLING, S.REFUND_PENDING) and paid:
         # REFUND_PENDING without provider evidence: the customer was paid-and-ordered as
         # far as anyone can verify; a refund is only announced once the provider has it.
-        ref = _order_reference(purchase.id)
+        ref = purchase_order_reference(purchase, _order_reference)
         key = "paid_confirmation_delayed_with_order" if ref else "paid_confirmation_delayed"
         return state(StateCode.PAID_CONFIRMATION_DELAYED, *wording(key, ref=ref),
                      order_reference=ref)
@@ -268,6 +271,16 @@ def customer_state(purchase) -> CustomerState:
         # Includes inconsistent combinations (e.g. paid without a succeeded payment):
         # never show success we cannot point at.
         return under_review()
+
+    if (last_payment is not None and last_payment.rail == "x402"
+            and last_payment.outcome in (Outcome.UNKNOWN.value, Outcome.AWAITING_PROVIDER.value,
+                                         Outcome.DISPATCHING.value)):
+        # A transfer on a chain: broadcast, its confirmation not seen yet (issue 21).
+        auth = getattr(last_payment, "x402", None)
+        network = auth.network if auth is not None else "the network"
+        return state(StateCode.BEING_CONFIRMED, "Your payment is waiting for confirmation",
+                     f"Your payment was sent and is waiting for confirmation on {network}. "
+                     "Don't pay again.")
 
     if last_payment is not None and last_payment.outcome == Outcome.UNKNOWN.value:
         return state(StateCode.NOT_YET_CONFIRMABLE, *wording("not_yet_confirmable"))

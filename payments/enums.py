@@ -14,6 +14,13 @@ class OperationKind(models.TextChoices):
 PAYMENT_KINDS = (OperationKind.CHARGE, OperationKind.AUTHORIZE)
 
 
+class Rail(models.TextChoices):
+    """How a payment moves: Stripe (cards), or x402 (`exact` EIP-3009 on an EVM chain)."""
+
+    STRIPE = "stripe"
+    X402 = "x402"
+
+
 class Outcome(models.TextChoices):
     PENDING = "pending"
     DISPATCHING = "dispatching"
@@ -115,6 +122,7 @@ class CallStep(models.TextChoices):
     REFUND = "refund"
     RETRIEVE = "retrieve"
     LIST = "list"
+    SETTLE = "settle"  # x402: the facilitator's settle (the one write of the rail)
 
 
 class Classification(models.TextChoices):
@@ -154,11 +162,17 @@ class Reason(models.TextChoices):
     MANUAL = "manual"
     MISMATCH = "mismatch"
     REFUND_DECLINED = "refund_declined"
+    # x402 (DESIGN §4): the chain proves the authorization can no longer move money.
+    AUTHORIZATION_EXPIRED = "authorization_expired"
+    AUTHORIZATION_CANCELED = "authorization_canceled"
+    # x402: the facilitator's verify refused the authorization (invalid_* reasons).
+    AUTHORIZATION_INVALID = "authorization_invalid"
+    INSUFFICIENT_BALANCE = "insufficient_balance"
 
 
 # A failed payment with one of these reasons will fail the same way if sent again
 # unchanged: the answer advises a different payment method or a new quote, never "retry".
-NON_RETRYABLE_REASONS = (Reason.INVALID_REQUEST, Reason.MISMATCH)
+NON_RETRYABLE_REASONS = (Reason.INVALID_REQUEST, Reason.MISMATCH, Reason.AUTHORIZATION_INVALID)
 class Origin(models.TextChoices):
     """Who started a money movement: Verity, or the provider (a dashboard refund, a capture
     or cancel made outside Verity) -- recorded as an external linked operation."""

@@ -110,14 +110,16 @@ def idempotency_claim(*, api_client: ApiClient, route: str, key: str, path: str,
     """Claim the key for this request, or raise the Problem the contract prescribes."""
     fingerprint = request_fingerprint(path=path, body=body)
     for _ in range(5):
-        new_id = _insert_unsafe(api_client=api_client, route=route, key=key,
-                                fingerprint=fingerprint)
-        if new_id is not None:
-            return Claim(record=IdempotencyRecord.objects.get(pk=new_id))
-        record = IdempotencyRecord.objects.filter(
-            api_client=api_client, route=route, key=key).first()
+        # Read first (one indexed read of the unique key): a replay — the common case for
+        # an agent that retries — costs no INSERT. Absent: the INSERT decides the race.
+        record = next(iter(IdempotencyRecord.objects.filter(
+            api_client=api_client, route=route, key=key)[:1]), None)  # unique: no ORDER BY
         if record is None:
-            continue  # released by a refusal between our insert and read: try again
+            new_id = _insert_unsafe(api_client=api_client, route=route, key=key,
+                                    fingerprint=fingerprint)
+            if new_id is not None:
+                return Claim(record=IdempotencyRecord.objects.get(pk=new_id))
+            continue  # inserted by a racing request between our read and insert: read it
         if record.fingerprint != fingerprint:
             raise Problem(
                 code="idempotency_key_reused", status=422, retry=RetryAdvice.FORBIDDEN,

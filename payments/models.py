@@ -22,6 +22,7 @@ from .enums import (
     Outcome,
     Owner,
     PurchaseStatus,
+    Rail,
     Stage,
     Verification,
 )
@@ -253,6 +254,7 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
     id = models.CharField(primary_key=True, max_length=40, default=new_operation_id, editable=False)
     purchase = models.ForeignKey(Purchase, on_delete=models.PROTECT, related_name="operations")
     kind = models.CharField(max_length=16, choices=OperationKind.choices)
+    rail = models.CharField(max_length=8, choices=Rail.choices, default=Rail.STRIPE)
     amount = models.BigIntegerField()
     currency = models.CharField(max_length=3)
     # Created once, persisted before the first provider request; never the client's key.
@@ -381,6 +383,45 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
 
     def provider_key(self, step: str) -> str:
         return f"{self.idempotency_key}:{step}"
+
+
+class X402Authorization(models.Model):
+    """The EIP-3009 authorization behind an x402 charge, persisted before settle is called.
+
+    (payer, nonce) is the authorization's identity on chain and the operation's idempotency
+    key; `payment_identifier` is the x402 extension's id when the agent sent one. Only a
+    hash of the signature is kept: the signature itself lets anyone move the money.
+    """
+
+    operation = models.OneToOneField(PaymentOperation, on_delete=models.PROTECT,
+                                     related_name="x402", primary_key=True)
+    network = models.CharField(max_length=40)
+    asset = models.CharField(max_length=42)
+    pay_to = models.CharField(max_length=42)
+    payer = models.CharField(max_length=42, help_text="checksummed `from`")
+    nonce = models.CharField(max_length=66, help_text="0x + 32 bytes")
+    value = models.CharField(max_length=78, help_text="atomic units of the asset")
+    valid_after = models.BigIntegerField()
+    valid_before = models.BigIntegerField()
+    signature_hash = models.CharField(max_length=64)
+    payload_hash = models.CharField(max_length=64)
+    payment_identifier = models.CharField(max_length=128, blank=True)
+    # The settlement's transaction (broadcast or mined) and what the chain said last.
+    transaction_hash = models.CharField(max_length=66, blank=True, db_index=True)
+    block_number = models.BigIntegerField(null=True, blank=True)
+    confirmations = models.PositiveIntegerField(default=0)
+    settle_answer = models.JSONField(default=dict, blank=True,
+                                     help_text="the facilitator's SettleResponse, safe fields")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["payer", "nonce"], name="x402_one_op_per_authorization"),
+            models.UniqueConstraint(fields=["payment_identifier"],
+                                    condition=~Q(payment_identifier=""),
+                                    name="x402_one_op_per_payment_identifier"),
+        ]
 
 
 class ProviderCall(models.Model):

@@ -9,6 +9,7 @@ Read only. `next_action` is computed from state that is already stored, so every
 from __future__ import annotations
 
 from datetime import datetime
+from datetime import timezone as dt_timezone
 
 from django.conf import settings
 from django.utils import timezone
@@ -30,7 +31,14 @@ from .enums import (
     RetryAdvice,
     Stage,
 )
-from .models import Hold, PaymentOperation, Product, Purchase, Quote
+from .models import Hold, PaymentOperation, Product, Purchase, Quote, X402Authorization
+from .view_queries import (
+    purchase_operations_forget,
+    purchase_operations_load,
+    purchase_operations_loaded,
+    purchase_order_reference,
+    retried_by_id,
+)
 
 _PAYMENT_KIND_VALUES = [k.value for k in PAYMENT_KINDS]
 
@@ -98,15 +106,18 @@ def operation_next_action(op: PaymentOperation) -> dict:
               "This payment failed; no money moved.")
     if op.kind in _PAYMENT_KIND_VALUES:
         purchase = op.purchase
-        if hasattr(op, "retried_by"):
+        retry_id = retried_by_id(op)
+        if retry_id is not None:
             return _action(Owner.NONE, RetryAdvice.FORBIDDEN, reason,
                            f"This payment failed and was already retried as "
-                           f"{op.retried_by.id}; follow that operation instead.")
+                           f"{retry_id}; follow that operation instead.")
         if not _quote_usable(purchase.quote):
             return _action(Owner.BUYER, RetryAdvice.NEW_QUOTE, reason,
                            "This payment failed and no money moved. The quote is no longer "
                            "valid: request a new quote and create a new purchase.")
-        attempts = purchase.operations.filter(kind__in=_PAYMENT_KIND_VALUES).count()
+        attempts = getattr(op, "view_payment_attempts", None)  # payments.view_queries
+        if attempts is None:
+            attempts = purchase.operations.filter(kind__in=_PAYMENT_KIND_VALUES).count()
         if attempts >= settings.PAYMENT_ATTEMPTS_MAX:
             # Retries converge: a bounded number of attempts, then a person.
             return _action(Owner.SUPPORT, RetryAdvice.FORBIDDEN, "payment_attempts_exhausted",
@@ -135,6 +146,13 @@ def operation_next_action(op: PaymentOperation) -> dict:
 
 
 def _latest_payment(purchase: Purchase) -> PaymentOperation | None:
+    loaded = purchase_operations_loaded(purchase)
+    if loaded is not None:  # inside purchase_view: the same answer from the one read
+        payments = [op for op in loaded if op.kind in _PAYMENT_KIND_VALUES]
+        succeeded = [op for op in payments if op.outcome == Outcome.SUCCEEDED]
+        if succeeded:
+            return min(succeeded, key=lambda op: op.pk)
+        return max(payments, key=lambda op: (op.created_at, op.pk)) if payments else None
     ops = purchase.operations.filter(kind__in=_PAYMENT_KIND_VALUES)
     return (ops.filter(outcome=Outcome.SUCCEEDED).first()
             or ops.order_by("-created_at", "-id").first())
@@ -232,8 +250,11 @@ def _refund_summary(purchase: Purchase) -> dict:
     and why the latest failed refund failed: a partially refunded purchase says so."""
     refunded = in_flight = awaiting = 0
     last_failed = None
-    for op in (purchase.operations.filter(kind=OperationKind.REFUND).order_by("created_at")
-               .only("amount", "outcome", "reason")):
+    loaded = purchase_operations_loaded(purchase)  # ordered by created_at, id
+    refunds = ([op for op in loaded if op.kind == OperationKind.REFUND] if loaded is not None
+               else purchase.operations.filter(kind=OperationKind.REFUND)
+               .order_by("created_at").only("amount", "outcome", "reason"))
+    for op in refunds:
         if op.outcome == Outcome.SUCCEEDED:
             refunded += op.amount
         elif op.outcome == Outcome.AWAITING_APPROVAL:
@@ -247,6 +268,16 @@ def _refund_summary(purchase: Purchase) -> dict:
 
 
 def purchase_view(purchase: Purchase) -> dict:
+    # The operations are read once for the payment, the refunds and the customer copy.
+    purchase_operations_load(purchase)
+    try:
+        return _purchase_view_of(purchase, order_reference=purchase_order_reference(
+            purchase, _order_reference))
+    finally:
+        purchase_operations_forget(purchase)
+
+
+def _purchase_view_of(purchase: Purchase, *, order_reference: str | None) -> dict:
     payment = _latest_payment(purchase)
     return {
         "id": purchase.id,
@@ -256,11 +287,10 @@ def purchase_view(purchase: Purchase) -> dict:
         "quote": {"id": purchase.quote_id, "version": purchase.quote.version},
         "customer": {"reference": purchase.customer_reference,
                      "email": purchase.customer_email},
-        "payment": ({"operation": payment.id, "outcome": payment.outcome,
-                     "grade": payment.grade or None} if payment else None),
+        "payment": _payment_summary(payment),
         "fulfillment": _fulfillment(purchase.id),
         "refunds": _refund_summary(purchase),
-        "order_reference": _order_reference(purchase.id),
+        "order_reference": order_reference,
         "disputes": disputes_view(purchase),
         "next_action": purchase_next_action(purchase, payment),
         "customer_message": _customer_message(purchase),
@@ -270,9 +300,17 @@ def purchase_view(purchase: Purchase) -> dict:
 
 
 def operation_view(op: PaymentOperation) -> dict:
-    hold = Hold.objects.filter(operation=op).first()
-    calls = op.provider_calls.all()
-    retried_by = getattr(op, "retried_by", None) if op.kind in _PAYMENT_KIND_VALUES else None
+    try:  # joined by payments.view_queries.operations_for_view, else one query
+        hold = op.hold
+    except Hold.DoesNotExist:
+        hold = None
+    dispatch = getattr(op, "view_dispatch_attempts", None)
+    reconcile = getattr(op, "view_reconcile_attempts", None)
+    if dispatch is None or reconcile is None:
+        calls = list(op.provider_calls.all())
+        dispatch = sum(1 for c in calls if c.purpose == CallPurpose.DISPATCH)
+        reconcile = sum(1 for c in calls if c.purpose == CallPurpose.RECONCILE)
+    retried_by = retried_by_id(op) if op.kind in _PAYMENT_KIND_VALUES else None
     return {
         "id": op.id,
         "purchase": op.purchase_id,
@@ -287,19 +325,45 @@ def operation_view(op: PaymentOperation) -> dict:
         "verification": op.verification,
         "reason": op.reason or None,
         "attempts": {
-            "dispatch": sum(1 for c in calls if c.purpose == CallPurpose.DISPATCH),
-            "reconcile": sum(1 for c in calls if c.purpose == CallPurpose.RECONCILE),
+            "dispatch": dispatch,
+            "reconcile": reconcile,
         },
         "hold": ({"amount": hold.amount, "currency": hold.currency, "state": hold.state}
                  if hold else None),
         "parent": op.parent_id,
         "origin": op.origin,
         "retry_of": op.retry_of_id,
-        "retried_by": retried_by.id if retried_by else None,
+        "retried_by": retried_by,
         "next_action": operation_next_action(op),
         "created_at": _iso(op.created_at),
         "settled_at": _iso(op.settled_at),
+        "rail": op.rail,
+        "x402": x402_view(op),
     }
+
+
+def _payment_summary(payment: PaymentOperation | None) -> dict | None:
+    if payment is None:
+        return None
+    summary = {"operation": payment.id, "outcome": payment.outcome,
+               "grade": payment.grade or None}
+    if payment.rail != "stripe":
+        # DESIGN §6: for x402 the purchase view carries the rail, network and transaction.
+        summary.update(rail=payment.rail, x402=x402_view(payment))
+    return summary
+
+
+def x402_view(op: PaymentOperation) -> dict | None:
+    """x402: network, payer, transaction hash and confirmations (the chain's last word)."""
+    if op.rail != "x402":
+        return None
+    auth = X402Authorization.objects.filter(pk=op.id).first()
+    if auth is None:
+        return None
+    return {"network": auth.network, "payer": auth.payer,
+            "transaction": auth.transaction_hash or None, "confirmations": auth.confirmations,
+            "valid_before": _iso(datetime.fromtimestamp(auth.valid_before, dt_timezone.utc)),
+            "payment_identifier": auth.payment_identifier or None}
 
 
 def quote_view(quote: Quote) -> dict:

@@ -21,6 +21,7 @@ from .presenters import (  # noqa: F401
     _iso,
 )
 from .services.holds import _period_start, client_limits as figures_for
+from .view_queries import operations_for_view
 
 # -- lookups (ownership: a client sees only its own purchases) ------------------------
 
@@ -30,18 +31,19 @@ def products_list():
 
 
 def purchase_get_for_client(*, purchase_id: str, api_client: ApiClient) -> Purchase | None:
-    return (Purchase.objects.select_related("quote")
-            .filter(pk=purchase_id, api_client=api_client).first())
+    # By primary key: no ORDER BY to compile (.first() would add one).
+    return next(iter(Purchase.objects.select_related("quote")
+                     .filter(pk=purchase_id, api_client=api_client)[:1]), None)
 
 
 def operation_get_for_client(*, operation_id: str, api_client: ApiClient
                              ) -> PaymentOperation | None:
     """The client's own operations; a resolver credential (`operations:resolve`, an
     operations tool that must act on operations it did not request) sees every one."""
-    qs = PaymentOperation.objects.select_related("purchase").filter(pk=operation_id)
+    qs = operations_for_view().filter(pk=operation_id)
     if not api_client.has_scope("operations:resolve"):
         qs = qs.filter(purchase__api_client=api_client)
-    return qs.first()
+    return next(iter(qs[:1]), None)  # by primary key: no ORDER BY to compile
 
 
 # -- limits -------------------------------------------------------------------------

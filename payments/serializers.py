@@ -170,10 +170,23 @@ class CustomerOut(serializers.Serializer):
     email = serializers.CharField(allow_blank=True)
 
 
+class X402Out(serializers.Serializer):
+    """x402: the authorization and its settlement on chain (no signature, only its hash)."""
+
+    network = serializers.CharField()
+    payer = serializers.CharField()
+    transaction = serializers.CharField(allow_null=True)
+    confirmations = serializers.IntegerField()
+    valid_before = serializers.DateTimeField()
+    payment_identifier = serializers.CharField(allow_null=True)
+
+
 class PaymentSummaryOut(serializers.Serializer):
     operation = serializers.CharField()
     outcome = serializers.ChoiceField(choices=Outcome.choices)
     grade = serializers.CharField(allow_null=True)
+    rail = serializers.CharField(required=False, help_text="stripe / x402")
+    x402 = X402Out(required=False, allow_null=True)
 
 
 class FulfillmentOut(serializers.Serializer):
@@ -251,6 +264,8 @@ class OperationOut(serializers.Serializer):
     next_action = NextActionOut()
     created_at = serializers.DateTimeField()
     settled_at = serializers.DateTimeField(allow_null=True)
+    rail = serializers.CharField(required=False, help_text="stripe / x402")
+    x402 = X402Out(required=False, allow_null=True)
 
 
 class LimitsOut(serializers.Serializer):
@@ -269,3 +284,15 @@ class DeliverableOut(serializers.Serializer):
     job_reference = serializers.CharField()
     result = serializers.JSONField()
     expires_at = serializers.DateTimeField(allow_null=True)
+    operation = serializers.CharField(required=False, help_text="x402: the paying operation")
+
+
+class DeliverablePendingOut(serializers.Serializer):
+    """x402: paid and being prepared, or sent and waiting for the chain (don't pay again)."""
+
+    code = serializers.CharField(help_text="deliverable_preparing / settlement_pending / "
+                                           "payment_unknown")
+    operation = serializers.CharField()
+    outcome = serializers.CharField(required=False)
+    detail = serializers.CharField()
+    next_action = serializers.JSONField(required=False)

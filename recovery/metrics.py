@@ -202,6 +202,7 @@ class DatabaseCollector:
         yield readbacks
 
         yield from _dispute_gauges(now)
+        yield from _x402_gauges(now)
 
         halts = GaugeMetricFamily("verity_workflow_halt_age_seconds",
                                   "Seconds each active workflow halt has been on",
@@ -227,6 +228,25 @@ def _dispute_gauges(now):
         "Refunds/captures/cancels made outside Verity not yet acknowledged by a person",
         value=PaymentOperation.objects.filter(origin=Origin.PROVIDER,
                                               acknowledged_at__isnull=True).count())
+
+
+def _x402_gauges(now):
+    """x402 settlements broadcast but not yet confirmed on chain (awaiting_provider or
+    unknown on rail x402), and the age of the oldest: a stuck chain or facilitator shows
+    here before any customer asks (issue 21)."""
+    from django.db.models import Min
+
+    from payments.models import PaymentOperation
+
+    open_ops = PaymentOperation.objects.filter(rail="x402",
+                                               outcome__in=("awaiting_provider", "unknown"))
+    oldest = open_ops.aggregate(m=Min("created_at"))["m"]
+    yield GaugeMetricFamily("verity_x402_pending_settlements",
+                            "x402 settlements not yet confirmed on chain",
+                            value=open_ops.count())
+    yield GaugeMetricFamily("verity_x402_pending_oldest_age_seconds",
+                            "Age of the oldest x402 settlement not yet confirmed",
+                            value=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0)
 
 
 _collector: DatabaseCollector | None = None

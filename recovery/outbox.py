@@ -13,6 +13,7 @@ from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
+from .kick import relay_kick_coalesced
 from .models import OutboxCategory, OutboxMessage
 
 RELAY_TASK = "recovery.relay_drain"
@@ -39,6 +40,18 @@ def outbox_handler_for(category: int) -> Handler | None:
     return _HANDLERS.get(int(category))
 
 
+_BEFORE_PUT: list[Callable[[], None]] = []
+
+
+def outbox_before_put(hook: Callable[[], None]) -> Callable[[], None]:
+    """Register a hook run before every outbox write, in the writer's transaction: the
+    relay (issue 18) marks its batch's handled messages processed there, so the dedupe
+    index on unprocessed rows never absorbs a follow-up of an already handled message."""
+    if hook not in _BEFORE_PUT:
+        _BEFORE_PUT.append(hook)
+    return hook
+
+
 def outbox_put(*, category: OutboxCategory, payload: dict, dedupe_key: str,
                delay_seconds: float = 0) -> None:
     """Write a message in the caller's transaction; kick the relay after commit.
@@ -47,6 +60,8 @@ def outbox_put(*, category: OutboxCategory, payload: dict, dedupe_key: str,
     dedupe keys: a duplicate while one is pending is absorbed, never an error.
     """
     assert transaction.get_connection().in_atomic_block, "outbox_put needs the caller's atomic()"
+    for hook in _BEFORE_PUT:  # the relay marks its batch's handled messages first
+        hook()
     OutboxMessage.objects.bulk_create(
         [OutboxMessage(category=category, payload=payload, dedupe_key=dedupe_key,
                        available_at=timezone.now() + timedelta(seconds=delay_seconds))],
@@ -89,4 +104,6 @@ def _kick_relay() -> None:
     # of holding the committed request for Celery's publish retries (measured ~3 s per
     # kick). The row is already committed; the beat's sweep re-kicks the relay when the
     # broker is back.
-    current_app.send_task(RELAY_TASK, retry=False)
+    # Coalesced (recovery.kick): at most two publishes per short window, not one per row.
+    relay_kick_coalesced(lambda countdown: current_app.send_task(
+        RELAY_TASK, retry=False, countdown=countdown))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from datetime import timedelta
 
 from django.conf import settings
@@ -31,7 +32,7 @@ from payments.errors import DomainError
 from payments.locks import assert_no_transaction_outside_transaction
 
 from .models import OutboxMessage
-from .outbox import outbox_handler_for
+from .outbox import outbox_before_put, outbox_handler_for
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,47 @@ def _fail(message: OutboxMessage, exc: BaseException) -> None:
                 message.id, message.category, message.attempts, delay, error)
 
 
-def handle_message(message: OutboxMessage) -> bool:
-    """Run one claimed message's handler outside any transaction. True on success."""
+def _succeed_all(ids: list[int]) -> None:
+    """Mark a batch's handled messages processed in one UPDATE (issue 18)."""
+    if ids:
+        OutboxMessage.objects.filter(id__in=ids, processed_at__isnull=True).update(
+            processed_at=timezone.now(), claimed_until=None, last_error="")
+
+
+# The relay's batch of handled-but-not-yet-marked messages, per thread. A handler that
+# writes an outbox row first marks them (recovery.outbox.outbox_put calls
+# relay_flush_pending inside its transaction), so the dedupe index on unprocessed rows
+# never absorbs a follow-up because an already handled message still looked unprocessed.
+_batch = threading.local()
+
+
+def relay_flush_pending() -> None:
+    ids = getattr(_batch, "succeeded", None)
+    if not ids:
+        return
+    flushed = _batch.flushed
+    marked = [i for i in ids if i not in flushed]
+    if marked:
+        _succeed_all(marked)
+        # Marked once per batch; if the caller's transaction rolls back, the batch's
+        # final UPDATE (which covers every id again) marks them.
+        flushed.update(marked)
+
+
+outbox_before_put(relay_flush_pending)
+
+
+def handle_message(message: OutboxMessage, *, succeeded: list[int] | None = None) -> bool:
+    """Run one claimed message's handler outside any transaction. True on success.
+
+    With `succeeded` (the relay's batch), a success is appended there and marked with the
+    rest of the batch in one UPDATE instead of one per message."""
+    def done(message: OutboxMessage) -> None:
+        if succeeded is None:
+            _succeed(message)
+        else:
+            succeeded.append(message.id)
+
     handler = outbox_handler_for(message.category)
     try:
         if handler is None:
@@ -98,14 +138,14 @@ def handle_message(message: OutboxMessage) -> bool:
         handler(message.payload)
     except DomainError as exc:
         if exc.code in _DONE_CODES:
-            _succeed(message)
+            done(message)
             return True
         _fail(message, exc)
         return False
     except Exception as exc:  # any handler failure backs off; the row keeps the error
         _fail(message, exc)
         return False
-    _succeed(message)
+    done(message)
     return True
 
 
@@ -114,12 +154,20 @@ def relay_drain_once(batch: int = 100) -> int:
     # Handlers may call the provider: never inside atomic().
     assert_no_transaction_outside_transaction()
     messages = _claim(batch)
-    for message in messages:
-        # A message whose lease ran out while earlier ones were handled may already be
-        # claimed by another drainer: leave it to that one.
-        if message.claimed_until < timezone.now():
-            continue
-        handle_message(message)
+    succeeded: list[int] = []
+    _batch.succeeded, _batch.flushed = succeeded, set()
+    try:
+        for message in messages:
+            # A message whose lease ran out while earlier ones were handled may already be
+            # claimed by another drainer: leave it to that one.
+            if message.claimed_until < timezone.now():
+                continue
+            handle_message(message, succeeded=succeeded)
+    finally:
+        # Within the claim's lease: a drainer that dies before this line leaves the
+        # batch's handled rows claimed; the next drain handles them again (idempotent).
+        _batch.succeeded = _batch.flushed = None
+        _succeed_all(succeeded)
     return len(messages)
 
 

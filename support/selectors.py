@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from statistics import median
 
 from django.contrib import messages as message_levels
-from django.db.models import Count, Exists, Min, OuterRef, Q, Subquery, Sum
+from django.db.models import Count, Exists, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
 from payments.enums import (
@@ -397,6 +397,12 @@ class QueueSummary:
         return timezone.now() - self.oldest if self.oldest else None
 
     @property
+    def count_label(self) -> str:  # "1 000+" past support.counts.COUNT_CAP
+        from .counts import count_label
+
+        return count_label(self.count)
+
+    @property
     def runbook(self) -> str:
         return QUEUE_RUNBOOK.get(self.spec.name, "")
 
@@ -414,17 +420,22 @@ def queue_summaries(user) -> list[QueueSummary]:
 
 
 def _agg(qs, field_name):
-    r = qs.aggregate(n=Count("pk"), oldest=Min(field_name))
-    return r["n"], r["oldest"]
+    # Capped count and one indexed ORDER BY … LIMIT 1 (support.counts), not COUNT/MIN over
+    # the whole queue: a landing page must not pay for a long queue.
+    from .counts import capped_count_oldest
+
+    return capped_count_oldest(qs, field_name)
 
 
 def _count_oldest(name: str, now) -> tuple[int, datetime | None]:
     if name == "unknown":
         return _agg(_q_unknown(), "created_at")
     if name == "paid_without_order":
-        qs = _q_paid_without_order().annotate(paid_at=_paid_at_subquery())
-        r = qs.aggregate(n=Count("pk"), a=Min("paid_at"), b=Min("updated_at"))
-        return r["n"], r["a"] or r["b"]
+        from .counts import capped_count_oldest, oldest
+
+        qs = _q_paid_without_order()
+        n, paid = capped_count_oldest(qs.annotate(paid_at=_paid_at_subquery()), "paid_at")
+        return n, paid or (oldest(qs, "updated_at") if n else None)
     if name == "compensation":
         n1, o1 = _agg(_q_compensation_steps(), "created_at")
         n2, o2 = _agg(_q_compensation_ops(), "created_at")
@@ -842,6 +853,9 @@ def purchase_runbook_slug(purchase: Purchase, ops: list[PaymentOperation]) -> st
     if any(op.outcome == Outcome.UNKNOWN and (op.stage == Stage.ESCALATED or op.escalated_at)
            for op in open_ops):
         return "escalated"
+    if any(op.rail == "x402" and op.outcome in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER)
+           for op in open_ops):
+        return "x402-settlement"  # a transfer on a chain: read the chain, never settle again
     if any(op.outcome == Outcome.UNKNOWN for op in open_ops):
         return "unknown-operation"
     op_ids = [op.pk for op in ops]

@@ -50,9 +50,11 @@ def _as_pg_user(cmd: list[str]) -> list[str]:
 class Stack:
     """Context manager; `env` holds the variables Verity reads."""
 
-    def __init__(self, *, redis: bool = True, localstripe: bool = True) -> None:
+    def __init__(self, *, redis: bool = True, localstripe: bool = True,
+                 x402: bool = False) -> None:
         self.want_redis = redis
         self.want_localstripe = localstripe
+        self.want_x402 = x402
         self.tmp = Path(tempfile.mkdtemp(prefix="verity-stack-"))
         self.procs: list[subprocess.Popen] = []
         self.pgdata = self.tmp / "pg"
@@ -115,6 +117,41 @@ class Stack:
         self.env["STRIPE_API_KEY"] = "sk_test_verity_stack"
         self.localstripe_port = port
 
+    def start_x402(self, *, payers: int = 12, confirmation_timeout: float = 3.0) -> None:
+        """anvil (npm @foundry-rs/anvil) with Circle's FiatTokenV2_2 deployed, and the
+        SDK's facilitator behind config/x402_facilitator.py. Keys are minted per run."""
+        from config import x402_chain
+
+        port = free_port()
+        self._spawn(x402_chain.anvil_command(port), port)
+        rpc = f"http://127.0.0.1:{port}"
+        fac_key, fac_address = x402_chain.new_key()
+        _pay_key, pay_to = x402_chain.new_key()  # Verity's receiving address
+        payer_keys = [x402_chain.new_key() for _ in range(payers)]
+        info = x402_chain.deploy(rpc, payers=[a for _k, a in payer_keys],
+                                 facilitator=fac_address)
+        fport = free_port()
+        log = open(self.tmp / f"x402-facilitator-{fport}.log", "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "config.x402_facilitator", "--port", str(fport),
+             "--rpc-url", rpc, "--network", info["network"],
+             "--confirmation-timeout", str(confirmation_timeout)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+            env={**os.environ, "X402_FACILITATOR_KEY": fac_key})
+        self.procs.append(proc)
+        _wait_port(fport, proc=proc)
+        self.env.update({
+            "X402_ENABLED": "true", "X402_RPC_URL": rpc,
+            "X402_FACILITATOR_URL": f"http://127.0.0.1:{fport}",
+            "X402_NETWORK": info["network"], "X402_ASSET": info["asset"],
+            "X402_PAY_TO": pay_to, "X402_TOKEN_NAME": info["token_name"],
+            "X402_TOKEN_VERSION": info["token_version"],
+            # Test-only: the chain's unlocked admin (minter, blacklister) and payer keys.
+            "X402_CHAIN_ADMIN": info["admin"], "X402_FACILITATOR_ADDRESS": fac_address,
+            "X402_PAYER_KEYS": ",".join(k for k, _a in payer_keys),
+        })
+        self.x402_ports = (port, fport)
+
     def __enter__(self) -> "Stack":
         try:
             self.start_postgres()
@@ -122,6 +159,8 @@ class Stack:
                 self.start_redis()
             if self.want_localstripe:
                 self.start_localstripe()
+            if self.want_x402:
+                self.start_x402()
         except BaseException:
             self.close()
             raise
@@ -157,14 +196,21 @@ class Stack:
 
 
 def main(argv: list[str]) -> int:
+    # `--x402` (or VERITY_STACK_X402=1) also starts the chain and the facilitator; the
+    # other tests do not pay for their start-up (tests/x402 needs them).
+    x402 = os.environ.get("VERITY_STACK_X402", "") in ("1", "true")
+    if argv and argv[0] == "--x402":
+        x402, argv = True, argv[1:]
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         argv = [sys.executable, "-m", "pytest"]
-    with Stack() as stack:
+    with Stack(x402=x402) as stack:
         env = {**os.environ, **stack.env}
+        extra = (f" anvil:{stack.x402_ports[0]} x402-facilitator:{stack.x402_ports[1]}"
+                 if x402 else "")
         print(f"stack: postgres:{stack.pg_port} redis:{stack.redis_port} "
-              f"localstripe:{stack.localstripe_port}", flush=True)
+              f"localstripe:{stack.localstripe_port}{extra}", flush=True)
         proc = subprocess.Popen(argv, env=env, cwd=ROOT)
         try:
             return proc.wait()

@@ -3,5 +3,6 @@ from .base import *  # noqa: F401,F403
 from .database import *  # noqa: F401,F403
 from .queue import *  # noqa: F401,F403
 from .provider import *  # noqa: F401,F403
+from .x402 import *  # noqa: F401,F403
 from .api import *  # noqa: F401,F403
 from .security import *  # noqa: F401,F403  (last: start-up refusals read the others)

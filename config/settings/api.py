@@ -72,3 +72,6 @@ DUPLICATE_PURCHASE_WINDOW_SECONDS = env.int("DUPLICATE_PURCHASE_WINDOW_SECONDS",
 BUYER_CONFIRMATION_TTL_SECONDS = env.int("BUYER_CONFIRMATION_TTL_SECONDS", default=1800)
 # Payment attempts (the first payment plus its retries) per purchase; then support owns it.
 PAYMENT_ATTEMPTS_MAX = env.int("PAYMENT_ATTEMPTS_MAX", default=3)
+# A verified API client is kept per key prefix in each web process for this long
+# (payments.client_cache): revocation in another process takes effect within it. 0 = off.
+API_CLIENT_CACHE_SECONDS = env.float("API_CLIENT_CACHE_SECONDS", default=5.0)

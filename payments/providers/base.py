@@ -83,6 +83,12 @@ def outcome_from_object(obj: ProviderObject, *, kind: str) -> Outcome | None:
     for a void, only `canceled` is success.
     """
     s = obj.status
+    if obj.object_type == "x402_transfer":
+        # What the chain (or the facilitator's answer) says of one EIP-3009 authorization
+        # (DESIGN §4, x402): `unused` (still usable) is no verdict.
+        return {"confirmed": Outcome.SUCCEEDED, "pending": Outcome.AWAITING_PROVIDER,
+                "expired": Outcome.FAILED, "canceled": Outcome.FAILED, "invalid": Outcome.FAILED,
+                "unknown": Outcome.UNKNOWN}.get(s)
     if obj.object_type == "refund":
         return {"succeeded": Outcome.SUCCEEDED, "pending": Outcome.AWAITING_PROVIDER,
                 "requires_action": Outcome.AWAITING_PROVIDER, "failed": Outcome.FAILED,

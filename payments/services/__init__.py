@@ -46,6 +46,7 @@ from .dispatch import (
     _HaltedAtClaim,
     _claim,
     _metadata,
+    operation_claim_write,
     operation_dispatch,
     operation_dispatch_or_wait,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "duplicate_compensation_ensure",
     "operation_apply_observation",
     "operation_cancel_unapplied",
+    "operation_claim_write",
     "operation_dispatch",
     "operation_dispatch_or_wait",
     "operation_overturn_review",

@@ -103,6 +103,13 @@ def _claim(operation_id: str, step: str, *, attempt: int = 1, from_pending: bool
         return call
 
 
+def operation_claim_write(*, operation_id: str, step: str) -> ProviderCall | None:
+    """Phase 1 for a rail whose one write is made by its own service (x402 settle): the
+    pending operation starts dispatching, the step is claimed once (invariant 2) and the
+    hold reserved, in the caller's transaction."""
+    return _claim(operation_id, step, from_pending=True, confirm=True)
+
+
 def _send(operation_id: str, step: str, first_call: ProviderCall, fn) -> CallResult:
     """Phase 2, outside any transaction. Resends the same step key only for answers that
     prove nothing was applied (not_sent, 429/should-retry), each resend claimed anew."""

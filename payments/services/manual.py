@@ -8,14 +8,15 @@ from django.db import transaction
 from audit.models import Resolution
 
 from ..enums import (
+    OVERTURN_CAUSE,
+    PAYMENT_KINDS,
     CallPurpose,
     CallStep,
     Classification,
     Grade,
-    OVERTURN_CAUSE,
     Outcome,
     Owner,
-    PAYMENT_KINDS,
+    Rail,
     Reason,
     RetryAdvice,
     Verification,

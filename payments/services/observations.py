@@ -15,22 +15,24 @@ from recovery.models import OutboxCategory
 from recovery.outbox import dispatch_put, operation_settled_put, outbox_put, run_steps_put
 
 from ..enums import (
-    Grade,
     OVERTURN_CAUSE,
+    PAYMENT_KINDS,
+    SLOT_HOLDING_OUTCOMES,
+    Grade,
     OperationKind,
     Outcome,
     Owner,
-    PAYMENT_KINDS,
     PurchaseStatus,
+    Rail,
     Reason,
     RetryAdvice,
-    SLOT_HOLDING_OUTCOMES,
     Verification,
 )
 from ..errors import ApplyResult, DomainError
 from ..locks import lock_purchase_and_operation
 from ..models import OperationTransition, PaymentOperation, Purchase
 from ..providers.base import ProviderObject, outcome_from_object
+from ..x402_reads import X402_OBJECT_TYPE
 from .common import (
     _captured_amount,
     _dispatch_backstop,
@@ -52,9 +54,13 @@ def _expected_amount(op: PaymentOperation) -> int:
 def _mismatch(op: PaymentOperation, obj: ProviderObject) -> str:
     """Why this provider object cannot be this operation's, or ''."""
     expected_type = "refund" if op.kind == OperationKind.REFUND else "payment_intent"
+    if op.rail == Rail.X402 and op.kind in PAYMENT_KINDS:
+        expected_type = X402_OBJECT_TYPE
     if obj.object_type != expected_type:
         return f"object type {obj.object_type}"
-    if op.provider_reference and obj.id != op.provider_reference:
+    # x402: the authorization (payer, nonce) is the identity; its transaction hash may only
+    # become known later (AuthorizationUsed log), so the hash is not compared.
+    if op.provider_reference and obj.id != op.provider_reference and op.rail != Rail.X402:
         return "provider reference"
     meta = obj.metadata or {}
     allowed_ops = {op.id, op.parent_id} if op.parent_id else {op.id}
@@ -76,7 +82,13 @@ def _mismatch(op: PaymentOperation, obj: ProviderObject) -> str:
 
 
 _FAIL_REASONS = {"card_declined": Reason.CARD_DECLINED, "generic_decline": Reason.CARD_DECLINED,
-                 "insufficient_funds": Reason.CARD_DECLINED}
+                 "insufficient_funds": Reason.CARD_DECLINED,
+                 # x402 (payments.providers.x402): stable reasons, passed through
+                 **{r.value: r for r in (Reason.AUTHORIZATION_EXPIRED,
+                                         Reason.AUTHORIZATION_CANCELED,
+                                         Reason.AUTHORIZATION_INVALID,
+                                         Reason.INSUFFICIENT_BALANCE,
+                                         Reason.PROVIDER_UNREACHABLE)}}
 
 
 def _settle_effects_refund(purchase: Purchase, op: PaymentOperation, *, cause: str,

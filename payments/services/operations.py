@@ -16,16 +16,17 @@ from recovery.models import Order, StepRun, StepState
 
 from ..customers import PAYMENT_METHOD_TOKEN
 from ..enums import (
-    Grade,
     NON_RETRYABLE_REASONS,
+    PAYMENT_KINDS,
+    SLOT_HOLDING_OUTCOMES,
+    Grade,
     OperationKind,
     Outcome,
     Owner,
-    PAYMENT_KINDS,
     PurchaseStatus,
+    Rail,
     Reason,
     RetryAdvice,
-    SLOT_HOLDING_OUTCOMES,
     Verification,
 )
 from ..errors import DomainError
@@ -87,7 +88,8 @@ def _check_currency(purchase: Purchase, currency: str | None) -> None:
 
 def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_method: str,
                    capture_method: str = "automatic", retry_of: str | None = None,
-                   amount: int | None = None, currency: str | None = None) -> PaymentOperation:
+                   amount: int | None = None, currency: str | None = None,
+                   rail: str = Rail.STRIPE) -> PaymentOperation:
     if _halted("checkout"):
         raise DomainError("workflow_halted", "Checkout is paused by an operator; try later with "
                           "the same Idempotency-Key.", status=503, retry=RetryAdvice.SAME_KEY,
@@ -98,7 +100,7 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
     if not payment_method or len(payment_method) > 100:
         raise DomainError("invalid_request", "payment_method is required (a provider token).",
                           status=400, retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
-    if not PAYMENT_METHOD_TOKEN.fullmatch(payment_method):
+    if rail == Rail.STRIPE and not PAYMENT_METHOD_TOKEN.fullmatch(payment_method):
         # Verity never holds card data: anything but a provider token (a card number above
         # all) is refused here, before it is stored, logged or sent; the message never
         # repeats the value.
@@ -196,6 +198,7 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
         op = _create_op(
             purchase=purchase, kind=kind, amount=purchase.amount, currency=purchase.currency,
             payment_method=payment_method, capture_method=capture_method, retry_of=original,
+            rail=rail,
             requested_by_client=api_client,
             request_fingerprint=_fingerprint({"purchase": purchase.id, "kind": kind,
                                               "amount": purchase.amount,
@@ -302,6 +305,14 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
             raise DomainError("not_refundable", "Nothing was captured on this purchase.",
                               status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id)
+        if payment.rail == Rail.X402:
+            # No reversal exists on a chain: the money goes back as a separate transfer from
+            # Verity's address to the payer, made and recorded by an operator (issue 21).
+            raise DomainError("refund_is_a_transfer_back", "This purchase was paid over x402: "
+                              "a refund is a separate transfer back to the payer that an "
+                              "operator approves and sends; there is no void.", status=409,
+                              retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+                              purchase=purchase.id, operation=payment.id)
         if not isinstance(amount, int) or amount <= 0 or amount > refundable:
             raise DomainError("refund_exceeds_refundable",
                               f"Refundable now: {refundable} {purchase.currency}.", status=422,

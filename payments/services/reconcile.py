@@ -17,6 +17,7 @@ from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
 
 from ..enums import (
+    PAYMENT_KINDS,
     CallPurpose,
     CallStep,
     Classification,
@@ -24,7 +25,7 @@ from ..enums import (
     OperationKind,
     Outcome,
     Owner,
-    PAYMENT_KINDS,
+    Rail,
     Reason,
     RetryAdvice,
     Stage,
@@ -34,6 +35,7 @@ from ..errors import DomainError
 from ..locks import assert_no_transaction_outside_transaction, lock_operation, lock_purchase
 from ..models import PaymentOperation, ProviderCall
 from ..providers.base import CallResult, ProviderObject
+from ..x402_reads import x402_read_back
 from .common import _audit, _history, _lock_or_404, _provider, _record_call, log
 from .observations import _apply_locked, _schedule_reconcile, operation_apply_observation
 
@@ -41,7 +43,10 @@ from .observations import _apply_locked, _schedule_reconcile, operation_apply_ob
 def _read_back(op: PaymentOperation) -> CallResult:
     """Read-only: by provider reference, else by metadata. Records a reconcile call."""
     provider = _provider()
-    if op.kind == OperationKind.REFUND:
+    if op.rail == Rail.X402 and op.kind in PAYMENT_KINDS:
+        # The chain, read-only: never a second settle (DESIGN §4, x402).
+        step, result = CallStep.RETRIEVE, x402_read_back(op)
+    elif op.kind == OperationKind.REFUND:
         if op.provider_reference:
             step, result = CallStep.RETRIEVE, provider.retrieve_refund(op.provider_reference)
         else:
@@ -356,7 +361,7 @@ def operation_replay(*, operation_id: str, actor: str, acting_client=None,
             acting_user is not None and op.requested_by_user_id == acting_user.id):
         raise DomainError("replayer_is_requester", "The requester cannot replay its own "
                           "operation.", status=403, operation=op.id, purchase=op.purchase_id)
-    if not settings.STRIPE_DEDUPES_KEYS:
+    if not settings.STRIPE_DEDUPES_KEYS or op.rail == Rail.X402:
         raise DomainError("replay_unsupported", "This provider does not deduplicate "
                           "idempotency keys, so a replay could charge twice. Reconcile "
                           "instead.", status=409, retry=RetryAdvice.FORBIDDEN,

@@ -151,3 +151,18 @@ def nested(mapping) -> bool:
     """True if some value is itself a dict: the labelled rows flatten it, so operators
     get the raw JSON beside them."""
     return isinstance(mapping, dict) and any(isinstance(v, dict) and v for v in mapping.values())
+
+
+@register.filter
+def tx_link(tx_hash: str):
+    """An x402 transaction hash, linked to the configured explorer (X402_EXPLORER_TX_URL,
+    `{tx}` replaced) when there is one."""
+    from django.conf import settings
+
+    if not tx_hash:
+        return "—"
+    template_url = getattr(settings, "X402_EXPLORER_TX_URL", "")
+    if not template_url:
+        return format_html("<code>{}</code>", tx_hash)
+    return format_html('<a href="{}" rel="noreferrer"><code>{}</code></a>',
+                       template_url.replace("{tx}", tx_hash), tx_hash)

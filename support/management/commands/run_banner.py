@@ -52,6 +52,7 @@ class Command(BaseCommand):
             "Customer status pages (one per state):",
             *[f"  {line.split(' ', 1)[0]:26} {line.split(' ', 1)[1]}" for line in links
               if " " in line],
+            _x402_line(),
             "Try:",
             f"  curl -s -H 'Authorization: Api-Key {key}' {base}/api/v1/products",
             f"Logs: requests in {settings.VAR_DIR / 'log' / 'access.log'}, localstripe's "
@@ -63,6 +64,16 @@ class Command(BaseCommand):
         self.stdout.flush()
         while True:
             time.sleep(3600)
+
+
+def _x402_line() -> str:
+    """Whether the x402 rail is on, or how to turn it on (it needs Node for the chain)."""
+    if settings.X402_ENABLED and settings.X402_ASSET:
+        return (f"x402 rail: on ({settings.X402_NETWORK}, facilitator "
+                f"{settings.X402_FACILITATOR_URL}, chain {settings.X402_RPC_URL})")
+    return ("x402 rail: off. With Node/npm (make deps installs tools/chain): run "
+            "`python -m config.x402_chain` in another terminal, export the X402_* lines it "
+            "prints, then `make run` again.")
 
 
 def _http_ok(url: str) -> bool:

@@ -1,0 +1,171 @@
+"""`make drill-x402`: every x402 fault through Verity on a throwaway chain, one table.
+
+Run inside `python -m tests.stack --x402` (the Makefile does): PostgreSQL, Redis, anvil with
+Circle's FiatTokenV2_2 and the SDK's facilitator. Each drill pays a fresh purchase's
+deliverable with a real EIP-3009 authorization through the API, injects its fault from the
+chain or the facilitator, reconciles from the chain (read-only) and counts the transfers
+that really happened. Exits non-zero if any row breaks the rules: at most one transfer;
+succeeded only with the transfer on chain, failed only without it; `unknown`/`awaiting`
+never shown failed before the chain proves it (expired or cancelled authorization).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+PROVEN_FAILURES = ("authorization_expired", "authorization_canceled")
+
+
+@dataclass
+class Row:
+    drill: str
+    recorded: str
+    transfers: int
+    after: str
+    reason: str
+    violation: str = ""
+
+
+def main() -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.test.utils import override_settings, setup_test_environment
+    from rest_framework.test import APIClient
+
+    from payments import services
+    from payments.models import PaymentOperation, Product, X402Authorization
+    from payments.providers.x402 import DrillMode, get_facilitator
+    from tests.factories import make_client
+    from tests.x402.chain import SIGNATURE, Chain, sign
+
+    setup_test_environment()
+    call_command("migrate", verbosity=0)
+    chain = Chain()
+    _client, key = make_client(scopes=("purchases:read", "purchases:write"),
+                               limit=10**9, name="x402-drill")
+    http = APIClient()
+    http.credentials(HTTP_AUTHORIZATION=f"Api-Key {key}")
+    product, _ = Product.objects.get_or_create(
+        sku="X402-DRILL-REPORT", defaults={"name": "Drill report", "price": 500,
+                                           "stock": 10**9, "kind": "digital"})
+
+    def purchase() -> str:
+        q = http.post("/api/v1/quotes", {"items": [{"sku": product.sku, "quantity": 1}],
+                                         "currency": "usd"}, format="json",
+                      HTTP_IDEMPOTENCY_KEY=os.urandom(8).hex())
+        p = http.post("/api/v1/purchases", {
+            "quote_id": q.json()["id"], "quote_version": q.json()["version"],
+            "customer": {"reference": f"x402-drill-{os.urandom(4).hex()}",
+                         "email": "drill@example.com"}},
+            format="json", HTTP_IDEMPOTENCY_KEY=os.urandom(8).hex())
+        return p.json()["id"]
+
+    def tx_of(op) -> str:
+        return X402Authorization.objects.get(operation=op).transaction_hash
+
+    # Each drill: (name, settings, before the signed request, after it -> more reconciles)
+    def pending_before(ctx):
+        chain.automine(False)
+
+    def mine_after(ctx):
+        chain.mine()
+
+    def as_500_before(ctx):
+        chain.facilitator_config(pending_status=500)
+        chain.automine(False)
+
+    def dropped_after(ctx):
+        chain.drop(tx_of(ctx["op"]))
+        chain.automine(True)
+        chain.refill_facilitator_nonce()
+        ctx["then"] = lambda: chain.expire(int(ctx["auth"]["validBefore"]))
+
+    def cancel_after(ctx):
+        chain.cancel_authorization(ctx["payer"], ctx["auth"]["nonce"],
+                                   gas_price=chain.w3.eth.gas_price * 20)
+        chain.mine()
+
+    def blocklist_after(ctx):
+        chain.token.functions.blacklist(ctx["payer"].address).transact(
+            {"from": chain.admin, "gasPrice": chain.w3.eth.gas_price * 20})
+        chain.mine()
+
+    def expire_after(ctx):
+        chain.expire(int(ctx["auth"]["validBefore"]))  # the pending transfer reverts
+
+    def reorg_after(ctx):
+        chain.reorg(1)
+        chain.refill_facilitator_nonce()
+        chain.mine(3)
+
+    def drop_answer_before(ctx):
+        get_facilitator().arm_drill(payer=ctx["payer"].address, nonce=ctx["auth"]["nonce"],
+                                    mode=DrillMode.DROP_ANSWER_AFTER_SEND)
+
+    short = {"X402_MAX_TIMEOUT_SECONDS": 60}
+    drills = [
+        ("settlement_pending", {}, pending_before, mine_after),
+        ("pending_as_http_500", {}, as_500_before, mine_after),
+        ("dropped_transaction", short, pending_before, dropped_after),
+        ("reverted_cancelled", {}, pending_before, cancel_after),
+        ("reverted_blocklisted", {}, pending_before, blocklist_after),
+        ("expired_while_pending", short, pending_before, expire_after),
+        ("reorg", {"X402_CONFIRMATIONS": 3}, lambda ctx: None, reorg_after),
+        ("answer_dropped", {}, drop_answer_before, lambda ctx: None),
+    ]
+    rows = []
+    for name, overrides, before, after in drills:
+        with override_settings(**overrides):
+            pid = purchase()
+            required = http.get(f"/api/v1/purchases/{pid}/deliverable").headers[
+                "PAYMENT-REQUIRED"]
+            payer = chain.new_payer()
+            header, auth = sign(required, payer)
+            ctx = {"payer": payer, "auth": auth}
+            try:
+                before(ctx)
+                http.get(f"/api/v1/purchases/{pid}/deliverable", **{SIGNATURE: header})
+                op = PaymentOperation.objects.get(purchase_id=pid)
+                ctx["op"] = op
+                recorded = op.outcome
+                after(ctx)
+                seen = []
+                op = services.operation_reconcile(operation_id=op.id, actor="drill")
+                seen.append(op.outcome)
+                if "then" in ctx:
+                    ctx["then"]()
+                    op = services.operation_reconcile(operation_id=op.id, actor="drill")
+                    seen.append(op.outcome)
+            finally:
+                chain.automine(True)
+                chain.facilitator_config(pending_status=200)
+                chain.reset_clock()
+            transfers = chain.transfers(payer.address)
+        row = Row(name, recorded, transfers, " -> ".join(seen), op.reason or "")
+        if transfers > 1:
+            row.violation = "more than one transfer"
+        elif op.outcome == "succeeded" and transfers != 1:
+            row.violation = "succeeded without the transfer on chain"
+        elif op.outcome == "failed" and transfers:
+            row.violation = "failed but the money moved"
+        elif op.outcome == "failed" and op.reason not in PROVEN_FAILURES:
+            row.violation = "failed without the chain proving it"
+        elif recorded == "failed":
+            row.violation = "shown failed at settle time"
+        rows.append(row)
+
+    print(f"{'drill':24} {'recorded':18} {'transfers':>9}  {'after reconcile':34} reason")
+    for r in rows:
+        print(f"{r.drill:24} {r.recorded:18} {r.transfers:>9}  {r.after:34} {r.reason}"
+              + (f"  VIOLATION: {r.violation}" if r.violation else ""))
+    bad = [r for r in rows if r.violation]
+    print(f"{len(rows)} drills, {len(bad)} violation(s)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""The x402 rail (DESIGN §3 rails, §4 classification). Off unless X402_ENABLED: `make run`
+turns it on when Node and the local chain are installed, tests.stack --x402 always."""
+from config.env import env
+
+X402_ENABLED = env.bool("X402_ENABLED", default=False)
+X402_FACILITATOR_URL = env("X402_FACILITATOR_URL", default="http://127.0.0.1:8402")
+# Read-only chain access for reconciliation (receipts, authorizationState, logs).
+X402_RPC_URL = env("X402_RPC_URL", default="http://127.0.0.1:8545")
+X402_NETWORK = env("X402_NETWORK", default="eip155:31337")
+X402_ASSET = env("X402_ASSET", default="")  # the USDC (FiatTokenV2_2) contract address
+X402_PAY_TO = env("X402_PAY_TO", default="")  # Verity's receiving address
+X402_TOKEN_NAME = env("X402_TOKEN_NAME", default="USD Coin")  # EIP-712 domain
+X402_TOKEN_VERSION = env("X402_TOKEN_VERSION", default="2")
+X402_DECIMALS = env.int("X402_DECIMALS", default=6)
+X402_CURRENCY = env("X402_CURRENCY", default="usd")  # the quote currency the asset carries
+X402_MAX_TIMEOUT_SECONDS = env.int("X402_MAX_TIMEOUT_SECONDS", default=300)
+# An authorization that expires sooner than this is refused before settle (422).
+X402_MIN_VALIDITY_SECONDS = env.int("X402_MIN_VALIDITY_SECONDS", default=30)
+# A transfer counts as succeeded once its block has this many confirmations.
+X402_CONFIRMATIONS = env.int("X402_CONFIRMATIONS", default=1)
+X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT", default=30.0)
+# Where the console links a transaction hash ({tx} is replaced); empty: no link.
+X402_EXPLORER_TX_URL = env("X402_EXPLORER_TX_URL", default="")
+# How far back (blocks) the AuthorizationUsed log search looks; 0 = from genesis.
+X402_LOG_LOOKBACK_BLOCKS = env.int("X402_LOG_LOOKBACK_BLOCKS", default=0)

@@ -1,0 +1,465 @@
+"""The x402 rail's adapter: the only Verity module (besides tests and the config/ launchers)
+that imports `web3` or talks to a facilitator.
+
+Two parts, both returning provider-neutral results (payments.providers.base):
+- `FacilitatorClient.settle` — a thin HTTP client of our own. The SDK's
+  `HTTPFacilitatorClient` raises on any non-200 and drops the body, and a hosted
+  facilitator answers `settlement_pending` as HTTP 500 (DESIGN §11): we keep the status
+  *and* the body and classify them here (DESIGN §4, x402 table).
+- `ChainReader.read` — read-only reconciliation from the chain: the token's
+  `authorizationState(from, nonce)`, the `AuthorizationUsed` / `AuthorizationCanceled` logs
+  (they find the transfer even without a transaction hash), the stored transaction's
+  receipt and confirmations, and the chain's own time against `validBefore`. Never a
+  write, never a second settle.
+
+Fault drills (test mode): `arm_drill(payer, nonce, mode)` makes the next settle of that
+authorization misbehave after (or instead of) the real request, like the Stripe adapter's
+FaultDrillHTTPClient: nothing about the facilitator or the chain is faked.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from dataclasses import dataclass, field
+
+import requests
+from django.conf import settings
+
+# py_ecc (imported by web3/eth-account) raises the interpreter's recursion limit to 100000
+# at import. Deeply nested JSON would then overflow the C stack instead of raising
+# RecursionError, which the API and webhook parsers turn into a 400
+# (tests/api/test_hostile_input.py). Keep the interpreter's own limit.
+_RECURSION_LIMIT = sys.getrecursionlimit()
+from web3 import Web3  # noqa: E402
+from x402.extensions.payment_identifier import (  # noqa: E402
+    PAYMENT_IDENTIFIER,
+    declare_payment_identifier_extension,
+    extract_payment_identifier,
+)
+from x402.schemas import (  # noqa: E402
+    PaymentPayload,
+    PaymentRequired,
+    PaymentRequirements,
+    ResourceInfo,
+)
+
+sys.setrecursionlimit(_RECURSION_LIMIT)
+
+from payments.enums import Classification  # noqa: E402
+
+from .base import CallResult, ProviderObject  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+OBJECT_TYPE = "x402_transfer"
+
+# The chain-level statuses an x402_transfer object carries (base.outcome_from_object maps
+# them): confirmed -> succeeded; pending -> awaiting_provider; expired/canceled/invalid ->
+# failed; unknown -> unknown; anything else: no verdict.
+class ChainStatus:
+    CONFIRMED = "confirmed"
+    PENDING = "pending"
+    EXPIRED = "expired"
+    CANCELED = "canceled"
+    INVALID = "invalid"
+    UNKNOWN = "unknown"
+    UNUSED = "unused"  # the authorization is still usable: no verdict
+
+
+class SettleKind:
+    SUCCESS = "success"
+    PENDING = "pending"
+    INVALID = "invalid"
+    UNKNOWN = "unknown"
+    NOT_SENT = "not_sent"
+
+
+class DrillMode:
+    # The facilitator settles for real; its answer is then dropped (a reset after the
+    # request was written): Verity cannot know what happened.
+    DROP_ANSWER_AFTER_SEND = "drop_answer_after_send"
+    ALL = (DROP_ANSWER_AFTER_SEND,)
+
+
+# Verify reasons that prove the facilitator refused before broadcasting anything and that
+# the same authorization would be refused again. Deliberately NOT here: a used nonce (it
+# may be our own earlier transfer), an expired `validBefore` (the chain decides), and any
+# `transaction_failed` (a broadcast may have happened).
+_INVALID_REASONS = {
+    "invalid_exact_evm_payload_signature": "authorization_invalid",
+    "invalid_exact_evm_payload_recipient_mismatch": "authorization_invalid",
+    "invalid_exact_evm_payload_authorization_value_mismatch": "authorization_invalid",
+    "invalid_exact_evm_payload_authorization_valid_after": "authorization_invalid",
+    "invalid_exact_evm_payload_undeployed_smart_wallet": "authorization_invalid",
+    "invalid_exact_evm_failed_to_verify_signature": "authorization_invalid",
+    "invalid_exact_evm_token_name_mismatch": "authorization_invalid",
+    "invalid_exact_evm_token_version_mismatch": "authorization_invalid",
+    "invalid_exact_evm_eip3009_not_supported": "authorization_invalid",
+    "invalid_exact_evm_failed_to_get_network_config": "authorization_invalid",
+    "invalid_exact_evm_insufficient_balance": "insufficient_balance",
+    "missing_eip712_domain": "authorization_invalid",
+    "network_mismatch": "authorization_invalid",
+    "unsupported_scheme": "authorization_invalid",
+    "eip6492_factory_not_allowed": "authorization_invalid",
+    "asset_not_deployed_contract": "authorization_invalid",
+}
+
+
+@dataclass(frozen=True)
+class SettleAnswer:
+    """One settle request, classified (DESIGN §4 x402 table)."""
+
+    kind: str
+    http_status: int | None = None
+    transaction: str = ""
+    network: str = ""
+    error_reason: str = ""
+    reason: str = ""  # Verity's stable reason for `invalid`
+    body: dict = field(default_factory=dict)  # the facilitator's SettleResponse, safe fields
+    fault_drill: str = ""
+    detail: str = ""
+
+
+def classify_settle(status: int | None, body: dict | None) -> SettleAnswer:
+    """Pure: an HTTP status and the (possibly absent) JSON body -> SettleAnswer."""
+    body = body if isinstance(body, dict) else {}
+    tx = str(body.get("transaction") or "")
+    network = str(body.get("network") or "")
+    reason = str(body.get("errorReason") or "")
+    safe = {k: body[k] for k in ("success", "errorReason", "payer", "transaction", "network",
+                                 "amount") if k in body}
+    common = dict(http_status=status, transaction=tx, network=network, error_reason=reason,
+                  body=safe)
+    if status == 200 and body.get("success") is True and tx:
+        return SettleAnswer(SettleKind.SUCCESS, **common)
+    # Pending is pending whatever the status line says (one hosted facilitator sends 500).
+    if reason == "settlement_pending" and tx:
+        return SettleAnswer(SettleKind.PENDING, **common)
+    if (status is not None and status < 500 and body.get("success") is False and not tx
+            and reason in _INVALID_REASONS):
+        return SettleAnswer(SettleKind.INVALID, reason=_INVALID_REASONS[reason], **common)
+    # 5xx, a failure after a possible broadcast (hash or not), a used nonce, anything else.
+    return SettleAnswer(SettleKind.UNKNOWN, **common)
+
+
+class FacilitatorClient:
+    def __init__(self, *, base_url: str, timeout: float) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._drills: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    # -- fault drills (test mode) ---------------------------------------------------
+    def arm_drill(self, *, payer: str, nonce: str, mode: str) -> None:
+        if mode not in DrillMode.ALL:
+            raise ValueError(f"unknown x402 drill {mode}")
+        if not settings.FAULT_DRILLS_ENABLED:
+            raise RuntimeError("fault drills are disabled")
+        with self._lock:
+            self._drills[f"{payer.lower()}:{nonce.lower()}"] = mode
+
+    def _take_drill(self, payer: str, nonce: str) -> str:
+        with self._lock:
+            return self._drills.pop(f"{payer.lower()}:{nonce.lower()}", "")
+
+    # -- settle -----------------------------------------------------------------------
+    def settle(self, *, payload: dict, requirements: dict, payer: str, nonce: str
+               ) -> SettleAnswer:
+        drill = self._take_drill(payer, nonce)
+        body = {"x402Version": 2, "paymentPayload": payload, "paymentRequirements": requirements}
+        try:
+            resp = requests.post(f"{self.base_url}/settle", json=body,
+                                 timeout=(3.0, self.timeout))
+        except requests.exceptions.ConnectTimeout as exc:
+            return SettleAnswer(SettleKind.NOT_SENT, detail=f"connect timeout: {exc}"[:200])
+        except requests.exceptions.ConnectionError as exc:
+            # Refused before anything was written vs. reset after: only the former is safe.
+            if _never_connected(exc):
+                return SettleAnswer(SettleKind.NOT_SENT, detail=f"not sent: {exc}"[:200])
+            return SettleAnswer(SettleKind.UNKNOWN, detail=f"connection lost: {exc}"[:200])
+        except requests.exceptions.Timeout as exc:
+            return SettleAnswer(SettleKind.UNKNOWN, detail=f"read timeout: {exc}"[:200])
+        if drill == DrillMode.DROP_ANSWER_AFTER_SEND:
+            return SettleAnswer(SettleKind.UNKNOWN, fault_drill=drill,
+                                detail="fault drill: answer dropped after the request")
+        try:
+            parsed = resp.json()
+        except ValueError:
+            parsed = None
+        return classify_settle(resp.status_code, parsed)
+
+
+def _never_connected(exc: Exception) -> bool:
+    text = repr(exc)
+    return "NewConnectionError" in text or "Connection refused" in text
+
+
+# -- the chain ---------------------------------------------------------------------------
+_TOKEN_ABI = [
+    {"type": "function", "name": "authorizationState", "stateMutability": "view",
+     "inputs": [{"name": "authorizer", "type": "address"}, {"name": "nonce", "type": "bytes32"}],
+     "outputs": [{"name": "", "type": "bool"}]},
+    {"type": "function", "name": "balanceOf", "stateMutability": "view",
+     "inputs": [{"name": "account", "type": "address"}],
+     "outputs": [{"name": "", "type": "uint256"}]},
+    {"type": "event", "name": "AuthorizationUsed", "anonymous": False,
+     "inputs": [{"name": "authorizer", "type": "address", "indexed": True},
+                {"name": "nonce", "type": "bytes32", "indexed": True}]},
+    {"type": "event", "name": "AuthorizationCanceled", "anonymous": False,
+     "inputs": [{"name": "authorizer", "type": "address", "indexed": True},
+                {"name": "nonce", "type": "bytes32", "indexed": True}]},
+    {"type": "event", "name": "Transfer", "anonymous": False,
+     "inputs": [{"name": "from", "type": "address", "indexed": True},
+                {"name": "to", "type": "address", "indexed": True},
+                {"name": "value", "type": "uint256", "indexed": False}]},
+]
+
+
+@dataclass(frozen=True)
+class ChainView:
+    """What the chain says about one authorization (all read-only)."""
+
+    status: str
+    transaction: str = ""
+    block_number: int | None = None
+    confirmations: int = 0
+    authorization_state: bool = False
+    chain_time: int = 0
+    receipt_status: int | None = None  # of the stored transaction, when mined
+
+    def safe_fields(self) -> dict:
+        return {"status": self.status, "transaction": self.transaction,
+                "block_number": self.block_number, "confirmations": self.confirmations,
+                "authorization_state": self.authorization_state, "chain_time": self.chain_time,
+                "receipt_status": self.receipt_status}
+
+
+def _hex(value) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        return "0x" + bytes(value).hex()
+    text = value.hex() if hasattr(value, "hex") and not isinstance(value, str) else str(value)
+    return text if text.startswith("0x") else "0x" + text
+
+
+class ChainReader:
+    def __init__(self, *, rpc_url: str, asset: str, confirmations: int,
+                 lookback_blocks: int = 0) -> None:
+        self.w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 10}))
+        self.asset = Web3.to_checksum_address(asset) if asset else ""
+        self.confirmations = max(1, confirmations)
+        self.lookback = lookback_blocks
+
+    def _token(self):
+        return self.w3.eth.contract(address=self.asset, abi=_TOKEN_ABI)
+
+    def _auth_log(self, event: str, payer: str, nonce: str, latest: int) -> dict | None:
+        sig = Web3.keccak(text=f"{event}(address,bytes32)")
+        topics = [_hex(sig), "0x" + "0" * 24 + payer.lower()[2:], nonce.lower()]
+        start = max(0, latest - self.lookback) if self.lookback else 0
+        logs = self.w3.eth.get_logs({"address": self.asset, "fromBlock": start,
+                                     "toBlock": latest, "topics": topics})
+        return logs[-1] if logs else None
+
+    def read(self, *, payer: str, nonce: str, valid_before: int, transaction: str = ""
+             ) -> ChainView:
+        """Raises on RPC failure (the caller records an unknown read, never a verdict)."""
+        payer = Web3.to_checksum_address(payer)
+        latest_block = self.w3.eth.get_block("latest")
+        latest, chain_time = int(latest_block["number"]), int(latest_block["timestamp"])
+        used = bool(self._token().functions.authorizationState(
+            payer, bytes.fromhex(nonce[2:])).call(block_identifier=latest))
+        receipt_status = None
+        if transaction:
+            try:
+                receipt = self.w3.eth.get_transaction_receipt(transaction)
+                receipt_status = int(receipt["status"])
+            except Exception:  # noqa: BLE001 - not mined (pending or dropped)
+                receipt_status = None
+        common = dict(authorization_state=used, chain_time=chain_time,
+                      receipt_status=receipt_status)
+        if used:
+            found = self._auth_log("AuthorizationUsed", payer, nonce, latest)
+            if found is not None:
+                block = int(found["blockNumber"])
+                confs = latest - block + 1
+                status = (ChainStatus.CONFIRMED if confs >= self.confirmations
+                          else ChainStatus.PENDING)
+                return ChainView(status, transaction=_hex(found["transactionHash"]),
+                                 block_number=block, confirmations=confs, **common)
+            if self._auth_log("AuthorizationCanceled", payer, nonce, latest) is not None:
+                return ChainView(ChainStatus.CANCELED, transaction=transaction, **common)
+            # Used, but the log lies outside the lookback window: the signed transfer
+            # happened somewhere; wait for a person or a wider search, never failed.
+            return ChainView(ChainStatus.PENDING, transaction=transaction, **common)
+        if chain_time >= valid_before:
+            # No block at or after validBefore can include the transfer (EIP-3009 requires
+            # block.timestamp < validBefore): provably never moved money.
+            return ChainView(ChainStatus.EXPIRED, transaction=transaction, **common)
+        # Unused and still valid: pending in a mempool, dropped, reverted (a blacklist
+        # can be lifted) -- none of them is a failure while the authorization is usable.
+        return ChainView(ChainStatus.UNUSED, transaction=transaction, **common)
+
+    def count_transfers(self, *, payer: str, to: str) -> int:
+        """Test/drill helper: confirmed ERC-20 Transfer events payer -> to on chain."""
+        sig = Web3.keccak(text="Transfer(address,address,uint256)")
+        logs = self.w3.eth.get_logs({
+            "address": self.asset, "fromBlock": 0, "toBlock": "latest",
+            "topics": [_hex(sig), "0x" + "0" * 24 + payer.lower()[2:],
+                       "0x" + "0" * 24 + to.lower()[2:]]})
+        return len(logs)
+
+
+def transfer_object(*, view: ChainView, operation_id: str, purchase_id: str, amount: int,
+                    currency: str) -> ProviderObject:
+    """A chain view as the provider-neutral object the one observation function applies."""
+    failure = {ChainStatus.EXPIRED: "authorization_expired",
+               ChainStatus.CANCELED: "authorization_canceled"}.get(view.status, "")
+    return ProviderObject(OBJECT_TYPE, id=view.transaction, status=view.status, amount=amount,
+                          currency=currency, failure_code=failure,
+                          metadata={"operation_id": operation_id, "purchase_id": purchase_id})
+
+
+def chain_call_result(fn) -> CallResult:
+    """Run one chain read as a CallResult (RPC unreachable -> unknown, no verdict)."""
+    try:
+        return CallResult(Classification.OK, object=fn())
+    except Exception as exc:  # noqa: BLE001 - any RPC failure is absence of evidence
+        log.warning("x402 chain read failed: %s", exc)
+        return CallResult(Classification.UNKNOWN, detail=f"chain read failed: {exc}"[:200])
+
+
+_facilitator: FacilitatorClient | None = None
+_reader: ChainReader | None = None
+_lock = threading.Lock()
+
+
+def get_facilitator() -> FacilitatorClient:
+    global _facilitator
+    with _lock:
+        if _facilitator is None or _facilitator.base_url != settings.X402_FACILITATOR_URL.rstrip("/"):
+            _facilitator = FacilitatorClient(base_url=settings.X402_FACILITATOR_URL,
+                                             timeout=settings.X402_FACILITATOR_TIMEOUT)
+        return _facilitator
+
+
+def get_chain_reader() -> ChainReader:
+    # Not cached across settings changes (tests change X402_CONFIRMATIONS).
+    global _reader
+    with _lock:
+        if (_reader is None or _reader.confirmations != max(1, settings.X402_CONFIRMATIONS)
+                or _reader.asset.lower() != (settings.X402_ASSET or "").lower()):
+            _reader = ChainReader(rpc_url=settings.X402_RPC_URL, asset=settings.X402_ASSET,
+                                  confirmations=settings.X402_CONFIRMATIONS,
+                                  lookback_blocks=settings.X402_LOG_LOOKBACK_BLOCKS)
+        return _reader
+
+
+# -- the x402 v2 HTTP transport (the SDK's schemas) ----------------------------------------
+import base64  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+
+PAYMENT_REQUIRED_HEADER = "PAYMENT-REQUIRED"
+PAYMENT_SIGNATURE_HEADER = "PAYMENT-SIGNATURE"
+PAYMENT_RESPONSE_HEADER = "PAYMENT-RESPONSE"
+
+
+class PaymentSignatureInvalid(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SignedPayment:
+    """A decoded PAYMENT-SIGNATURE: the EIP-3009 authorization and what identifies it."""
+
+    payload: dict  # the PaymentPayload as sent (camelCase), forwarded to the facilitator
+    accepted: dict
+    payer: str
+    to: str
+    value: str
+    valid_after: int
+    valid_before: int
+    nonce: str
+    signature_hash: str
+    payload_hash: str
+    payment_identifier: str
+
+
+def requirements_for(*, amount_atomic: int, network: str, asset: str, pay_to: str,
+                     max_timeout_seconds: int, token_name: str, token_version: str) -> dict:
+    return PaymentRequirements(
+        scheme="exact", network=network, asset=asset, amount=str(amount_atomic), pay_to=pay_to,
+        max_timeout_seconds=max_timeout_seconds,
+        extra={"name": token_name, "version": token_version},
+    ).model_dump(by_alias=True, exclude_none=True)
+
+
+def payment_required(*, requirements: dict, resource_url: str, description: str,
+                     error: str = "") -> dict:
+    return PaymentRequired(
+        x402_version=2, error=error or None,
+        resource=ResourceInfo(url=resource_url, description=description,
+                              mime_type="application/json"),
+        accepts=[PaymentRequirements.model_validate(requirements)],
+        extensions={PAYMENT_IDENTIFIER: declare_payment_identifier_extension()},
+    ).model_dump(by_alias=True, exclude_none=True)
+
+
+def encode_header(value: dict) -> str:
+    return base64.b64encode(json.dumps(value, separators=(",", ":")).encode()).decode()
+
+
+def decode_header(value: str) -> dict:
+    return json.loads(base64.b64decode(value.encode(), validate=False).decode())
+
+
+def parse_payment_signature(header: str) -> SignedPayment:
+    try:
+        raw = decode_header(header.strip())
+        payload = PaymentPayload.model_validate(raw)
+    except Exception as exc:  # noqa: BLE001 - anything undecodable is the sender's error
+        raise PaymentSignatureInvalid("PAYMENT-SIGNATURE is not a base64 x402 v2 payment "
+                                      "payload") from exc
+    if payload.x402_version != 2:
+        raise PaymentSignatureInvalid("only x402 version 2 is accepted")
+    inner = payload.payload or {}
+    auth = inner.get("authorization") or {}
+    signature = str(inner.get("signature") or "")
+    try:
+        payer = Web3.to_checksum_address(auth["from"])
+        to = Web3.to_checksum_address(auth["to"])
+        value = str(int(auth["value"]))
+        valid_after, valid_before = int(auth["validAfter"]), int(auth["validBefore"])
+        nonce = str(auth["nonce"]).lower()
+        if not (nonce.startswith("0x") and len(nonce) == 66):
+            raise ValueError("nonce")
+        int(nonce, 16)
+        if not signature.startswith("0x") or len(signature) < 132:
+            raise ValueError("signature")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PaymentSignatureInvalid("the payload is not an EIP-3009 authorization "
+                                      "(from, to, value, validAfter, validBefore, nonce, "
+                                      "signature)") from exc
+    try:
+        identifier = extract_payment_identifier(payload) or ""
+    except Exception:  # noqa: BLE001 - a malformed extension is no identifier
+        identifier = ""
+    dumped = payload.model_dump(by_alias=True, exclude_none=True)
+    canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":")).encode()
+    return SignedPayment(
+        payload=dumped, accepted=dumped["accepted"], payer=payer, to=to, value=value,
+        valid_after=valid_after, valid_before=valid_before, nonce=nonce,
+        signature_hash=hashlib.sha256(signature.lower().encode()).hexdigest(),
+        payload_hash=hashlib.sha256(canonical).hexdigest(),
+        payment_identifier=str(identifier)[:128])
+
+
+def settle_response(*, success: bool, transaction: str, network: str, payer: str,
+                    error_reason: str = "", amount: str = "") -> dict:
+    body = {"success": success, "transaction": transaction, "network": network, "payer": payer}
+    if error_reason:
+        body["errorReason"] = error_reason
+    if amount:
+        body["amount"] = amount
+    return body

@@ -1,0 +1,112 @@
+"""The deliverable endpoint's x402 answers (thin: payments.x402_rail does the work).
+
+GET /api/v1/purchases/{id}/deliverable on a purchase the rail is offered for:
+- unpaid, no payment in progress -> 402 with `PAYMENT-REQUIRED` (the quote's requirements);
+- with `PAYMENT-SIGNATURE` -> settled (or replayed), then by the operation's state:
+  succeeded -> 200 the stored deliverable + `PAYMENT-RESPONSE` (202 while it is prepared);
+  awaiting/unknown -> 202 "sent, waiting for confirmation; don't pay again";
+  failed -> 402 with the requirements again and the stable reason.
+"""
+from __future__ import annotations
+
+from rest_framework.response import Response
+
+from . import selectors
+from .enums import PAYMENT_KINDS, Outcome, Owner, Rail, RetryAdvice
+from .models import PaymentOperation, Purchase
+from .problems import Problem
+from .providers.x402 import (
+    PAYMENT_REQUIRED_HEADER,
+    PAYMENT_RESPONSE_HEADER,
+    PAYMENT_SIGNATURE_HEADER,
+)
+from .x402_rail import (
+    encode_header,
+    x402_offered,
+    x402_pay,
+    x402_payment_required,
+    x402_payment_response,
+)
+
+__all__ = ["PAYMENT_SIGNATURE_HEADER", "deliverable_pay", "deliverable_state",
+           "deliverable_unpaid"]
+
+_EXPOSE = "Access-Control-Expose-Headers"
+
+
+def _latest_x402(purchase: Purchase) -> PaymentOperation | None:
+    return (purchase.operations.filter(kind__in=PAYMENT_KINDS, rail=Rail.X402)
+            .order_by("-created_at").first())
+
+
+def deliverable_unpaid(purchase: Purchase) -> bool:
+    """The purchase has no deliverable yet and x402 is how it can be paid (or is being)."""
+    if _latest_x402(purchase) is not None:
+        return True
+    return x402_offered(purchase) and purchase.status in ("awaiting_payment", "payment_failed")
+
+
+def _required(request, purchase: Purchase, *, error: str = "") -> str:
+    return encode_header(x402_payment_required(
+        purchase=purchase, resource_url=request.build_absolute_uri(request.path), error=error))
+
+
+def _network_words(op: PaymentOperation) -> str:
+    auth = getattr(op, "x402", None)
+    return auth.network if auth else "the network"
+
+
+def _answer(request, purchase: Purchase, op: PaymentOperation, *, replayed: bool) -> Response:
+    from recovery.selectors import deliverable_for
+
+    headers = {}
+    settle = x402_payment_response(op)
+    if settle is not None:
+        headers[PAYMENT_RESPONSE_HEADER] = encode_header(settle)
+        headers[_EXPOSE] = PAYMENT_RESPONSE_HEADER
+    if replayed:
+        headers["Payment-Replayed"] = "true"
+    if op.outcome == Outcome.SUCCEEDED:
+        found = deliverable_for(purchase.id)
+        if found is not None:
+            return Response({"job_reference": found["job_reference"], "result": found["result"],
+                             "expires_at": selectors.iso(found["expires_at"]),
+                             "operation": op.id}, status=200, headers=headers)
+        return Response({"code": "deliverable_preparing", "operation": op.id,
+                         "detail": "Paid. The deliverable is being prepared; GET it again "
+                                   "(without paying again)."},
+                        status=202, headers={**headers, "Retry-After": "1"})
+    if op.outcome == Outcome.FAILED:
+        raise Problem(code="payment_failed", status=402, retry=RetryAdvice.NEW_OPERATION,
+                      owner=Owner.BUYER, purchase=purchase.id, operation=op.id,
+                      detail=f"The payment failed ({op.reason or 'failed'}); nothing was "
+                             "charged. Sign a new authorization to pay.",
+                      headers={**headers, PAYMENT_REQUIRED_HEADER: _required(
+                          request, purchase, error=op.reason or "payment_failed"),
+                          _EXPOSE: f"{PAYMENT_REQUIRED_HEADER}, {PAYMENT_RESPONSE_HEADER}"},
+                      extra={"reason": op.reason or None})
+    code = ("settlement_pending" if op.outcome == Outcome.AWAITING_PROVIDER
+            else "payment_unknown")
+    return Response({"code": code, "operation": op.id, "outcome": op.outcome,
+                     "detail": f"Your payment was sent and is waiting for confirmation on "
+                               f"{_network_words(op)}. Don't pay again.",
+                     "next_action": selectors.operation_view(op)["next_action"]},
+                    status=202, headers={**headers, "Retry-After": "5"})
+
+
+def deliverable_pay(request, purchase: Purchase, header: str) -> Response:
+    result = x402_pay(purchase_id=purchase.id, api_client=request.auth, header=header)
+    return _answer(request, purchase, result.operation, replayed=result.replayed)
+
+
+def deliverable_state(request, purchase: Purchase) -> Response:
+    op = _latest_x402(purchase)
+    if op is None or (op.outcome == Outcome.FAILED
+                      and purchase.status in ("awaiting_payment", "payment_failed")):
+        raise Problem(code="payment_required", status=402, retry=RetryAdvice.NEW_OPERATION,
+                      owner=Owner.BUYER, purchase=purchase.id,
+                      detail="Pay for this deliverable: repeat the request with a "
+                             "PAYMENT-SIGNATURE header built from PAYMENT-REQUIRED (x402 v2).",
+                      headers={PAYMENT_REQUIRED_HEADER: _required(request, purchase),
+                               _EXPOSE: PAYMENT_REQUIRED_HEADER})
+    return _answer(request, purchase, op, replayed=True)

@@ -1,0 +1,277 @@
+"""The x402 rail: pay for a purchase's deliverable with an EIP-3009 authorization.
+
+Verity is the resource server (seller). The deliverable endpoint without payment answers
+402 with the requirements built from the accepted quote; the agent repeats it with
+PAYMENT-SIGNATURE and this service settles it in three phases (STYLE rule 5):
+
+1. one transaction: the same guards as any payment (payments.services.payment_create,
+   rail x402: one money movement at a time, at most one success, limits, currency), the
+   authorization persisted (payer, nonce, validBefore, value, signature hash), the
+   settle step claimed once and the hold reserved;
+2. the facilitator's settle, with no transaction open;
+3. its answer applied through the one observation function
+   (services.operation_apply_observation), classified as DESIGN §4 (x402) says.
+
+Idempotency: (payer, nonce) and the `payment-identifier` extension id identify the
+operation. The same payload again is a replay of the operation's *current* state, never
+a second settle; the same identity with a different payload is 409. After an answer that
+proves nothing, the chain decides (payments.x402_reads, read-only).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from babel.numbers import get_currency_precision
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from . import services
+from .enums import (
+    PAYMENT_KINDS,
+    CallStep,
+    Classification,
+    Outcome,
+    Owner,
+    Rail,
+    RetryAdvice,
+    Verification,
+)
+from .locks import assert_no_transaction_outside_transaction
+from .models import PaymentOperation, Product, ProviderCall, Purchase, X402Authorization
+from .providers import x402 as adapter
+from .providers.base import ProviderObject
+from .services import DomainError
+
+_PAYABLE = ("awaiting_payment", "payment_failed")
+
+
+@dataclass(frozen=True)
+class X402Result:
+    operation: PaymentOperation
+    replayed: bool
+
+
+def x402_offered(purchase: Purchase) -> bool:
+    """The rail is on, the quote's currency is the asset's, and the purchase has a
+    deliverable (a digital good) to sell as the resource."""
+    if not settings.X402_ENABLED or not settings.X402_ASSET or not settings.X402_PAY_TO:
+        return False
+    if purchase.currency.lower() != settings.X402_CURRENCY.lower():
+        return False
+    skus = [i.get("sku") for i in (purchase.quote.items or [])]
+    return Product.objects.filter(sku__in=skus, kind=Product.Kind.DIGITAL).exists()
+
+
+def amount_atomic(purchase: Purchase) -> int:
+    """Minor units of the quote -> atomic units of the asset (USDC: 6 decimals)."""
+    exponent = get_currency_precision(purchase.currency.upper())
+    shift = settings.X402_DECIMALS - exponent
+    if shift < 0:
+        raise DomainError("rail_not_available", "This currency cannot be paid with the "
+                          "configured asset.", status=409, retry=RetryAdvice.FORBIDDEN,
+                          purchase=purchase.id)
+    return purchase.amount * 10**shift
+
+
+def x402_requirements(purchase: Purchase) -> dict:
+    return adapter.requirements_for(
+        amount_atomic=amount_atomic(purchase), network=settings.X402_NETWORK,
+        asset=settings.X402_ASSET, pay_to=settings.X402_PAY_TO,
+        max_timeout_seconds=settings.X402_MAX_TIMEOUT_SECONDS,
+        token_name=settings.X402_TOKEN_NAME, token_version=settings.X402_TOKEN_VERSION)
+
+
+def x402_payment_required(*, purchase: Purchase, resource_url: str, error: str = "") -> dict:
+    return adapter.payment_required(
+        requirements=x402_requirements(purchase), resource_url=resource_url,
+        description=f"Deliverable of purchase {purchase.id}", error=error)
+
+
+def _refuse(code: str, detail: str, *, status: int = 422, purchase: str | None = None,
+            operation: str | None = None) -> DomainError:
+    return DomainError(code, detail, status=status, retry=RetryAdvice.FORBIDDEN,
+                       owner=Owner.BUYER, purchase=purchase, operation=operation)
+
+
+def _check_against_requirements(purchase: Purchase, signed: adapter.SignedPayment) -> None:
+    """Everything Verity can check itself before anything is stored or sent."""
+    req = x402_requirements(purchase)
+    acc = signed.accepted
+    same = (acc.get("scheme") == req["scheme"] and acc.get("network") == req["network"]
+            and str(acc.get("asset", "")).lower() == req["asset"].lower()
+            and str(acc.get("payTo", "")).lower() == req["payTo"].lower()
+            and str(acc.get("amount")) == req["amount"])
+    if not same or signed.to.lower() != req["payTo"].lower() or signed.value != req["amount"]:
+        raise _refuse("payment_requirements_mismatch", "The payment does not match this "
+                      "purchase's requirements (scheme, network, asset, pay_to, amount); "
+                      "nothing was charged.", purchase=purchase.id)
+    now = int(time.time())
+    if signed.valid_before < now + settings.X402_MIN_VALIDITY_SECONDS:
+        raise _refuse("authorization_expires_too_soon", "The authorization expires too soon "
+                      "to be settled; sign a new one. Nothing was charged.",
+                      purchase=purchase.id)
+    if signed.valid_after > now:
+        raise _refuse("authorization_not_yet_valid", "The authorization is not valid yet; "
+                      "nothing was charged.", purchase=purchase.id)
+
+
+def _existing(purchase: Purchase, signed: adapter.SignedPayment) -> PaymentOperation | None:
+    """The operation this authorization (or payment identifier) already names, or None;
+    409 when the identity is reused with a different payload."""
+    match = Q(payer=signed.payer, nonce=signed.nonce)
+    if signed.payment_identifier:
+        match |= Q(payment_identifier=signed.payment_identifier)
+    for auth in X402Authorization.objects.filter(match).select_related("operation"):
+        op = auth.operation
+        same_auth = auth.payer == signed.payer and auth.nonce == signed.nonce
+        if same_auth and auth.signature_hash != signed.signature_hash:
+            raise _refuse("authorization_reused", "This authorization nonce was already "
+                          "used with a different signature.", status=409,
+                          purchase=op.purchase_id, operation=op.id)
+        if (signed.payment_identifier and auth.payment_identifier == signed.payment_identifier
+                and not same_auth):
+            raise _refuse("payment_identifier_reused", "This payment identifier was already "
+                          "used with a different payment.", status=409,
+                          purchase=op.purchase_id, operation=op.id)
+        if op.purchase_id != purchase.id:
+            raise _refuse("authorization_reused", "This authorization already pays another "
+                          "purchase.", status=409, purchase=purchase.id, operation=op.id)
+        return op
+    return None
+
+
+def _phase1(*, purchase: Purchase, api_client, signed: adapter.SignedPayment
+            ) -> tuple[PaymentOperation, ProviderCall | None]:
+    last_failed = (purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.FAILED)
+                   .exclude(retried_by__isnull=False).order_by("-created_at").first())
+    if last_failed is not None:
+        # A new authorization after a failed one is a retry of it on purpose; a failure
+        # that is only a person's word is read back first (DESIGN §4).
+        services.operations_verify_before_follow_up(purchase_id=purchase.id)
+    with transaction.atomic():
+        op = services.payment_create(
+            purchase_id=purchase.id, api_client=api_client, payment_method=f"x402:{signed.payer}",
+            retry_of=last_failed.id if last_failed else None, rail=Rail.X402)
+        with transaction.atomic():
+            X402Authorization.objects.create(
+                operation=op, network=settings.X402_NETWORK, asset=settings.X402_ASSET,
+                pay_to=settings.X402_PAY_TO, payer=signed.payer, nonce=signed.nonce,
+                value=signed.value, valid_after=signed.valid_after,
+                valid_before=signed.valid_before, signature_hash=signed.signature_hash,
+                payload_hash=signed.payload_hash, payment_identifier=signed.payment_identifier)
+        call = services.operation_claim_write(operation_id=op.id, step=CallStep.SETTLE)
+    return PaymentOperation.objects.get(id=op.id), call
+
+
+_CLASSIFICATION = {adapter.SettleKind.SUCCESS: Classification.OK,
+                   adapter.SettleKind.PENDING: Classification.OK,
+                   adapter.SettleKind.INVALID: Classification.DECLINED,
+                   adapter.SettleKind.NOT_SENT: Classification.NOT_SENT,
+                   adapter.SettleKind.UNKNOWN: Classification.UNKNOWN}
+
+
+def _answer_object(op: PaymentOperation, answer: adapter.SettleAnswer) -> ProviderObject:
+    if answer.kind == adapter.SettleKind.SUCCESS:
+        # The facilitator saw the receipt; more confirmations than one are the chain's word.
+        status = (adapter.ChainStatus.CONFIRMED if settings.X402_CONFIRMATIONS <= 1
+                  else adapter.ChainStatus.PENDING)
+    elif answer.kind == adapter.SettleKind.PENDING:
+        status = adapter.ChainStatus.PENDING
+    elif answer.kind == adapter.SettleKind.INVALID:
+        status = adapter.ChainStatus.INVALID
+    elif answer.kind == adapter.SettleKind.NOT_SENT:
+        status = adapter.ChainStatus.INVALID  # provably never left: nothing can have moved
+    else:
+        status = adapter.ChainStatus.UNKNOWN
+    failure = answer.reason or ("provider_unreachable"
+                                if answer.kind == adapter.SettleKind.NOT_SENT else "")
+    return ProviderObject(adapter.OBJECT_TYPE, id=answer.transaction, status=status,
+                          amount=op.amount, currency=op.currency, failure_code=failure,
+                          metadata={"operation_id": op.id, "purchase_id": op.purchase_id})
+
+
+def _settle_outside_transaction(op: PaymentOperation, call: ProviderCall,
+                                signed: adapter.SignedPayment, purchase: Purchase) -> None:
+    assert_no_transaction_outside_transaction()
+    answer = adapter.get_facilitator().settle(payload=signed.payload,
+                                              requirements=x402_requirements(purchase),
+                                              payer=signed.payer, nonce=signed.nonce)
+    ProviderCall.objects.filter(id=call.id).update(
+        http_status=answer.http_status, classification=_CLASSIFICATION[answer.kind],
+        error_code=answer.error_reason[:64], fault_drill=answer.fault_drill,
+        finished_at=timezone.now(), safe_fields={**answer.body, "detail": answer.detail})
+    # Phase 3. The answer is remembered first (it carries the transaction hash).
+    X402Authorization.objects.filter(pk=op.id).update(
+        settle_answer={**answer.body, "kind": answer.kind},
+        transaction_hash=answer.transaction or "")
+    obj = _answer_object(op, answer)
+    services.operation_apply_observation(operation_id=op.id, obj=obj, source=Verification.PROVIDER,
+                                         cause=f"settle_{answer.kind}")
+    if PaymentOperation.objects.filter(id=op.id, outcome=Outcome.DISPATCHING).exists():
+        # The answer named nothing applicable: what happened is unknown, the chain decides.
+        services.operation_apply_observation(
+            operation_id=op.id, obj=ProviderObject(adapter.OBJECT_TYPE, id=answer.transaction,
+                                                   status=adapter.ChainStatus.UNKNOWN,
+                                                   amount=op.amount, currency=op.currency,
+                                                   metadata={"operation_id": op.id}),
+            source=Verification.PROVIDER, cause="settle_no_verdict")
+
+
+def _refreshed(op: PaymentOperation) -> PaymentOperation:
+    """A replay of an open operation reads the chain first (read-only, rate-limited per
+    operation): the agent's retry learns what happened, it never causes a second settle."""
+    if op.outcome in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER):
+        services.operation_reconcile_on_demand(operation_id=op.id, actor="x402_replay")
+    return PaymentOperation.objects.select_related("purchase").get(id=op.id)
+
+
+def x402_pay(*, purchase_id: str, api_client, header: str) -> X402Result:
+    """Settle (or replay) one PAYMENT-SIGNATURE for a purchase. Bad input changes nothing."""
+    purchase = Purchase.objects.select_related("quote").get(id=purchase_id)
+    if not x402_offered(purchase):
+        raise _refuse("rail_not_available", "x402 payment is not offered for this purchase.",
+                      status=409, purchase=purchase.id)
+    try:
+        signed = adapter.parse_payment_signature(header)
+    except adapter.PaymentSignatureInvalid as exc:
+        raise _refuse("payment_signature_invalid", str(exc), status=400,
+                      purchase=purchase.id) from exc
+    existing = _existing(purchase, signed)
+    if existing is not None:
+        return X402Result(_refreshed(existing), replayed=True)
+    _check_against_requirements(purchase, signed)
+    try:
+        op, call = _phase1(purchase=purchase, api_client=api_client, signed=signed)
+    except (IntegrityError, DomainError):
+        # A concurrent request with the same authorization won the race: replay its state.
+        existing = _existing(purchase, signed)
+        if existing is not None:
+            return X402Result(_refreshed(existing), replayed=True)
+        raise
+    if call is not None:
+        _settle_outside_transaction(op, call, signed, purchase)
+    return X402Result(PaymentOperation.objects.select_related("purchase").get(id=op.id),
+                      replayed=False)
+
+
+def x402_payment_response(op: PaymentOperation) -> dict | None:
+    """The PAYMENT-RESPONSE body for an operation's current state (None before settle)."""
+    auth = X402Authorization.objects.filter(pk=op.id).first()
+    if auth is None:
+        return None
+    if op.outcome == Outcome.SUCCEEDED:
+        return adapter.settle_response(success=True, transaction=auth.transaction_hash,
+                                       network=auth.network, payer=auth.payer,
+                                       amount=auth.value)
+    reason = {Outcome.AWAITING_PROVIDER: "settlement_pending",
+              Outcome.UNKNOWN: "settlement_unknown", Outcome.DISPATCHING: "settlement_in_progress",
+              }.get(op.outcome, op.reason or "failed")
+    return adapter.settle_response(success=False, transaction=auth.transaction_hash,
+                                   network=auth.network, payer=auth.payer, error_reason=reason)
+
+
+def encode_header(value: dict) -> str:
+    return adapter.encode_header(value)

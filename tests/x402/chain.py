@@ -1,0 +1,170 @@
+"""The payer's and the chain operator's side of the x402 tests and of `make drill-x402`:
+steer the throwaway chain with anvil's own RPC methods, read the real token, and sign
+EIP-3009 authorizations with the x402 SDK's EVM client. Needs tests.stack --x402."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import requests
+
+_RECURSION_LIMIT = sys.getrecursionlimit()  # py_ecc raises it (see payments.providers.x402)
+from eth_account import Account  # noqa: E402
+from web3 import Web3  # noqa: E402
+from x402 import x402ClientSync  # noqa: E402
+from x402.extensions.payment_identifier import append_payment_identifier_to_extensions  # noqa: E402
+from x402.mechanisms.evm import EthAccountSigner  # noqa: E402
+from x402.mechanisms.evm.exact import register_exact_evm_client  # noqa: E402
+from x402.schemas import PaymentRequired  # noqa: E402
+
+from config import x402_chain  # noqa: E402
+
+sys.setrecursionlimit(_RECURSION_LIMIT)
+
+SIGNATURE = "HTTP_PAYMENT_SIGNATURE"
+
+
+class Chain:
+    """Read/steer the throwaway chain. Steering calls are anvil's own RPC methods."""
+
+    def __init__(self) -> None:
+        self.w3 = Web3(Web3.HTTPProvider(os.environ["X402_RPC_URL"]))
+        abi = json.loads(x402_chain.TOKEN_ARTIFACT.read_text())["abi"]
+        self.token = self.w3.eth.contract(address=os.environ["X402_ASSET"], abi=abi)
+        self.admin = os.environ["X402_CHAIN_ADMIN"]
+        self.pay_to = os.environ["X402_PAY_TO"]
+        self.facilitator = os.environ["X402_FACILITATOR_URL"]
+
+    def rpc(self, method: str, params=None):
+        out = self.w3.provider.make_request(method, params or [])
+        if "error" in out:
+            raise RuntimeError(f"{method}: {out['error']}")
+        return out.get("result")
+
+    def automine(self, on: bool) -> None:
+        self.rpc("evm_setAutomine", [on])
+
+    def mine(self, blocks: int = 1) -> None:
+        self.rpc("anvil_mine", [hex(blocks)])
+
+    def time_travel(self, seconds: int) -> None:
+        self.rpc("evm_increaseTime", [hex(seconds)])
+        self.mine()
+
+    def pending(self) -> list[str]:
+        block = self.w3.eth.get_block("pending", full_transactions=False)
+        return [Web3.to_hex(t) for t in block["transactions"]]
+
+    def drop(self, tx: str) -> None:
+        self.rpc("anvil_dropTransaction", [tx])
+
+    def reorg(self, depth: int) -> None:
+        """Replace the last `depth` blocks with empty ones: their transactions are gone."""
+        self.rpc("anvil_reorg", [depth, []])
+
+    def expire(self, valid_before: int) -> None:
+        """Move the chain's clock to validBefore (the contract then refuses the transfer).
+        Only that far: later tests sign against the wall clock."""
+        if int(self.w3.eth.get_block("latest")["timestamp"]) < valid_before:
+            self.rpc("evm_setNextBlockTimestamp", [hex(valid_before)])
+        self.mine()
+
+    def reset_clock(self) -> None:
+        """Back to the wall clock after a time jump (anvil_setTime), so the next test's
+        authorizations, signed against the wall clock, are valid on chain too."""
+        import time
+
+        self.rpc("anvil_setTime", [hex(int(time.time()))])
+        self.mine()
+
+    def refill_facilitator_nonce(self) -> None:
+        """A dropped or reorged-out transaction leaves a gap in the facilitator's nonces
+        (its signer counts them itself): fill it with a no-op from that account, as an
+        operator would, so later settles are not stuck behind it."""
+        fac = Web3.to_checksum_address(os.environ["X402_FACILITATOR_ADDRESS"])
+        self.rpc("anvil_impersonateAccount", [fac])
+        try:
+            self.w3.eth.send_transaction({"from": fac, "to": fac, "value": 0,
+                                          "nonce": self.w3.eth.get_transaction_count(fac)})
+            self.mine()
+        finally:
+            self.rpc("anvil_stopImpersonatingAccount", [fac])
+
+    def transfers(self, payer: str) -> int:
+        """ERC-20 Transfer events payer -> Verity on chain (the money that moved)."""
+        sig = Web3.keccak(text="Transfer(address,address,uint256)")
+        logs = self.w3.eth.get_logs({
+            "address": self.token.address, "fromBlock": 0, "toBlock": "latest",
+            "topics": [Web3.to_hex(sig), "0x" + "0" * 24 + payer.lower()[2:],
+                       "0x" + "0" * 24 + self.pay_to.lower()[2:]]})
+        return len(logs)
+
+    def balance(self, address: str) -> int:
+        return self.token.functions.balanceOf(Web3.to_checksum_address(address)).call()
+
+    def authorization_used(self, payer: str, nonce: str) -> bool:
+        return self.token.functions.authorizationState(payer, bytes.fromhex(nonce[2:])).call()
+
+    def new_payer(self, funds: int = 1_000 * 10**6):
+        account = Account.create()
+        self.token.functions.mint(account.address, funds).transact({"from": self.admin})
+        return account
+
+    def blacklist(self, address: str) -> None:
+        self.token.functions.blacklist(address).transact({"from": self.admin})
+
+    def cancel_authorization(self, account, nonce: str, gas_price: int | None = None) -> str:
+        """The payer cancels its own authorization (EIP-3009 cancelAuthorization), signed
+        with its key and sent by the admin (who pays gas)."""
+        from eth_account.messages import encode_typed_data
+
+        data = {
+            "types": {"EIP712Domain": [{"name": "name", "type": "string"},
+                                       {"name": "version", "type": "string"},
+                                       {"name": "chainId", "type": "uint256"},
+                                       {"name": "verifyingContract", "type": "address"}],
+                      "CancelAuthorization": [{"name": "authorizer", "type": "address"},
+                                              {"name": "nonce", "type": "bytes32"}]},
+            "primaryType": "CancelAuthorization",
+            "domain": {"name": x402_chain.TOKEN_NAME, "version": x402_chain.TOKEN_VERSION,
+                       "chainId": x402_chain.CHAIN_ID,
+                       "verifyingContract": self.token.address},
+            "message": {"authorizer": account.address, "nonce": bytes.fromhex(nonce[2:])}}
+        signed = account.sign_message(encode_typed_data(full_message=data))
+        tx = {"from": self.admin}
+        if gas_price:
+            tx["gasPrice"] = gas_price
+        fn = self.token.get_function_by_signature(
+            "cancelAuthorization(address,bytes32,uint8,bytes32,bytes32)")
+        return Web3.to_hex(fn(account.address, bytes.fromhex(nonce[2:]), signed.v,
+                              signed.r.to_bytes(32, "big"), signed.s.to_bytes(32, "big")
+                              ).transact(tx))
+
+    def facilitator_config(self, **body) -> None:
+        r = requests.post(f"{self.facilitator}/_config", json=body, timeout=5)
+        r.raise_for_status()
+
+
+def sign(header_value: str, account, *, payment_id: str | None = None) -> tuple[str, dict]:
+    """The payer's side with the SDK: PAYMENT-REQUIRED -> a PAYMENT-SIGNATURE value.
+    Returns (header, the authorization) so tests can find the nonce on chain."""
+    from payments.providers.x402 import decode_header, encode_header
+
+    required = PaymentRequired.model_validate(decode_header(header_value))
+    client = register_exact_evm_client(x402ClientSync(), EthAccountSigner(account))
+    # The payer's own spend controls: the local chain's USDC is not one of the SDK's
+    # default assets, so the agent allows it explicitly, capped like a real agent would.
+    client.set_spend_controls({"allowed_assets": [{
+        "network": os.environ["X402_NETWORK"], "asset": os.environ["X402_ASSET"],
+        "max_amount_per_payment": str(1_000 * 10**6)}]})
+    extensions = dict(required.extensions or {})
+    if payment_id is not None:
+        append_payment_identifier_to_extensions(extensions, payment_id)
+    else:
+        extensions = {}
+    payload = client.create_payment_payload(required, extensions=extensions or None)
+    dumped = payload.model_dump(by_alias=True, exclude_none=True)
+    return encode_header(dumped), dumped["payload"]["authorization"]
+
+
