@@ -75,6 +75,9 @@ def test_an_approved_refund_is_exactly_one_transfer_back_on_chain(agent, report,
     assert row.from_address == chain.pay_to and row.transaction_hash and row.block_number
     assert _sends(refund) == 1
     assert PaymentOperation.objects.get(id=refund.id).purchase.status == "refunded"
+    view = agent.get(f"operations/{refund.id}").json()
+    assert view["x402"]["transaction"] == row.transaction_hash
+    assert view["x402"]["payer"] == payer.address and view["x402"]["valid_before"] is None
     # the read-back (receipt + Transfer log) says the same, and sends nothing
     seen = services.operation_read_canonical(operation_id=refund.id)
     assert (seen.object_type, seen.status, seen.id) == ("x402_transfer", "confirmed",
@@ -149,6 +152,7 @@ def test_the_api_request_waits_for_approval_and_there_is_no_void(report, chain, 
     assert r.status_code in (201, 202), r.content
     refund = PaymentOperation.objects.get(purchase_id=purchase["id"], kind="refund")
     assert (refund.rail, refund.outcome) == ("x402", "awaiting_approval")  # no allowance
+    assert r.json()["rail"] == "x402" and r.json()["outcome"] == "awaiting_approval"
     with pytest.raises(services.DomainError) as err:
         services.void_create(purchase_id=purchase["id"])
     assert (err.value.code, err.value.status) == ("x402_has_no_void", 409)
