@@ -46,6 +46,9 @@ run serve: export DEBUG ?= true
 run: deps
 	@$(MAKE) --no-print-directory serve
 
+# Procfile.dev's processes without the x402 chain (started only when Node is there).
+SERVE_PROCESSES := localstripe web worker beat banner
+
 # What `make run` starts, without the install step. The newcomer smoke test
 # (tests/foundation/test_newcomer_smoke.py) boots exactly this, on free ports.
 serve:
@@ -54,7 +57,13 @@ serve:
 	$(PY) manage.py migrate --noinput -v 0
 	$(PY) manage.py seed_demo
 	$(PY) manage.py seed_console_demo
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev start
+	@# With Node and tools/chain installed (and X402_ENABLED not set by you), the x402 rail is
+	@# on: Procfile.dev's `chain` process starts anvil + the token + the facilitator on
+	@# X402_CHAIN_PORT / X402_FACILITATOR_PORT (8545 / 8402), and everything else gets its
+	@# fixed X402_* settings (config/x402_chain.py --print-env). Without Node: as before.
+	@if [ -z "$${X402_ENABLED:-}" ] && x402_env="$$($(PY) -m config.x402_chain --print-env)"; \
+	then eval "$$x402_env"; procs=""; else procs="$(SERVE_PROCESSES)"; fi; \
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev start $$procs
 
 test: deps
 	$(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest $(PYTEST_ARGS)

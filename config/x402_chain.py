@@ -11,6 +11,14 @@ and the blacklist are the production contract's code.
 
 Usage: python -m config.x402_chain [--port 8545] [--facilitator-port 8402] (anvil, the token
 and the facilitator for `make run`; prints the X402_* lines to export).
+
+`make run` (the Makefile's serve target) starts it as Procfile.dev's `chain` process when
+Node and tools/chain are installed. Its addresses are fixed in advance so that web, worker
+and beat can start at the same time with the X402_* settings: `--print-env` prints them
+(anvil's first dev account deploys, so the token's address follows from its nonce; the
+facilitator, Verity's pay_to — also the refund signer — and a demo payer use keys derived
+from fixed labels). Those keys guard only test USDC on a loopback chain thrown away at
+Ctrl-C; a real deployment sets its own X402_* environment and never runs this.
 """
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -86,7 +95,8 @@ def _send(w3: Web3, tx) -> dict:
     return receipt
 
 
-def deploy(rpc_url: str, *, payers: list[str], facilitator: str) -> dict:
+def deploy(rpc_url: str, *, payers: list[str], facilitator: str,
+           extra_gas: tuple[str, ...] = ()) -> dict:
     """Deploy and initialise the token; fund payers (USDC) and the facilitator (gas)."""
     w3 = Web3(Web3.HTTPProvider(rpc_url))
     admin = w3.eth.accounts[0]  # anvil's unlocked dev account: deployer, minter, blacklister
@@ -108,9 +118,42 @@ def deploy(rpc_url: str, *, payers: list[str], facilitator: str) -> dict:
     for payer in payers:
         _send(w3, token.functions.mint(Web3.to_checksum_address(payer),
                                        PAYER_FUNDS).transact(send))
-    w3.provider.make_request("anvil_setBalance", [facilitator, hex(10**21)])
+    for gas_payer in (facilitator, *extra_gas):  # the facilitator, the refund signer
+        w3.provider.make_request("anvil_setBalance", [gas_payer, hex(10**21)])
     return {"asset": address, "network": NETWORK, "token_name": TOKEN_NAME,
             "token_version": TOKEN_VERSION, "decimals": DECIMALS, "admin": admin}
+
+
+# anvil's first account under its default mnemonic: the deployer of every fresh chain.
+ANVIL_ADMIN = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"
+TOKEN_DEPLOY_NONCE = 1  # SignatureChecker (nonce 0), then FiatTokenV2_2
+LOCAL_DEFAULT_PORTS = (8545, 8402)
+
+
+def _create_address(sender: str, nonce: int) -> str:
+    import rlp
+
+    raw = Web3.keccak(rlp.encode([bytes.fromhex(sender[2:]), nonce]))[12:]
+    return Web3.to_checksum_address(raw)
+
+
+def local_key(label: str) -> tuple[str, str]:
+    """A fixed key for `make run`'s throwaway chain (never for a real network)."""
+    account = Account.from_key(Web3.keccak(text=f"verity-make-run-{label}"))
+    return Web3.to_hex(account.key), account.address
+
+
+def local_env(*, port: int, facilitator_port: int) -> dict[str, str]:
+    """The X402_* settings `make run` gives web, worker and beat (Makefile serve)."""
+    refund_key, pay_to = local_key("pay-to")
+    return {
+        "X402_ENABLED": "true", "X402_LOCAL_CHAIN": "true",
+        "X402_RPC_URL": f"http://127.0.0.1:{port}",
+        "X402_FACILITATOR_URL": f"http://127.0.0.1:{facilitator_port}",
+        "X402_NETWORK": NETWORK, "X402_ASSET": _create_address(ANVIL_ADMIN, TOKEN_DEPLOY_NONCE),
+        "X402_PAY_TO": pay_to, "X402_TOKEN_NAME": TOKEN_NAME, "X402_TOKEN_VERSION": TOKEN_VERSION,
+        "X402_REFUND_PRIVATE_KEY": refund_key,
+    }
 
 
 def new_key() -> tuple[str, str]:
@@ -120,36 +163,55 @@ def new_key() -> tuple[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    """For `make run`: anvil + the token + the SDK's facilitator on fixed loopback ports;
-    prints the X402_* environment to export before `make run` (the banner says so)."""
+    """For `make run`: anvil + the token + the SDK's facilitator on fixed loopback ports.
+    With --print-env: print the X402_* exports (nothing started; exit 1 without Node)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=8545)
-    parser.add_argument("--facilitator-port", type=int, default=8402)
+    parser.add_argument("--port", type=int,
+                        default=int(os.environ.get("X402_CHAIN_PORT") or LOCAL_DEFAULT_PORTS[0]))
+    parser.add_argument("--facilitator-port", type=int, default=int(
+        os.environ.get("X402_FACILITATOR_PORT") or LOCAL_DEFAULT_PORTS[1]))
+    parser.add_argument("--print-env", action="store_true",
+                        help="print the settings of the chain this would start, and exit")
+    parser.add_argument("--ready-file", default="",
+                        help="written once the token is deployed and the facilitator answers")
     args = parser.parse_args(argv)
+    env = local_env(port=args.port, facilitator_port=args.facilitator_port)
+    if args.print_env:
+        if not available():
+            return 1
+        print("\n".join(f"export {name}={shlex.quote(value)}" for name, value in env.items()))
+        return 0
     procs = [subprocess.Popen(anvil_command(args.port), start_new_session=True)]
-    rpc = f"http://127.0.0.1:{args.port}"
+    rpc = env["X402_RPC_URL"]
     w3 = Web3(Web3.HTTPProvider(rpc))
-    for _ in range(100):
-        if w3.is_connected():
-            break
-        time.sleep(0.1)
-    fac_key, fac_address = new_key()
-    _k, pay_to = new_key()
-    payer_key, payer = new_key()
-    info = deploy(rpc, payers=[payer], facilitator=fac_address)
-    procs.append(subprocess.Popen(
-        [sys.executable, "-m", "config.x402_facilitator", "--port", str(args.facilitator_port),
-         "--rpc-url", rpc, "--network", info["network"]],
-        cwd=ROOT, start_new_session=True, env={**os.environ, "X402_FACILITATOR_KEY": fac_key}))
-    print("\n".join([
-        "export X402_ENABLED=true", f"export X402_RPC_URL={rpc}",
-        f"export X402_FACILITATOR_URL=http://127.0.0.1:{args.facilitator_port}",
-        f"export X402_NETWORK={info['network']}", f"export X402_ASSET={info['asset']}",
-        f"export X402_PAY_TO={pay_to}",
-        f"# a funded test payer (10,000 USDC on this throwaway chain): {payer} key {payer_key}",
-    ]), flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
+        for _ in range(300):
+            if w3.is_connected():
+                break
+            time.sleep(0.1)
+        fac_key, fac_address = local_key("facilitator")
+        payer_key, payer = local_key("payer")
+        info = deploy(rpc, payers=[payer], facilitator=fac_address,
+                      extra_gas=(env["X402_PAY_TO"],))
+        if info["asset"] != env["X402_ASSET"]:
+            raise RuntimeError(f"token deployed at {info['asset']}, expected "
+                               f"{env['X402_ASSET']}: was anvil's chain fresh?")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "config.x402_facilitator", "--port",
+             str(args.facilitator_port), "--rpc-url", rpc, "--network", info["network"]],
+            cwd=ROOT, start_new_session=True,
+            env={**os.environ, "X402_FACILITATOR_KEY": fac_key}))
+        _wait_http(f"{env['X402_FACILITATOR_URL']}/supported", procs[-1])
+        print("\n".join([
+            f"x402 chain {rpc} (token {info['asset']}), facilitator "
+            f"{env['X402_FACILITATOR_URL']}",
+            f"a funded test payer (10,000 USDC on this throwaway chain): {payer} "
+            f"key {payer_key}",
+        ]), flush=True)
+        if args.ready_file:
+            Path(args.ready_file).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.ready_file).write_text(str(os.getpid()))
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         return procs[0].wait()
     except KeyboardInterrupt:
         return 0
@@ -157,6 +219,21 @@ def main(argv: list[str]) -> int:
         for proc in procs:  # each in its own session: anvil's npm wrapper has a child
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the facilitator exited ({proc.returncode})")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"the facilitator did not answer at {url}")
 
 
 if __name__ == "__main__":

@@ -724,7 +724,10 @@ class RefundApi(_LinkedOperationApi):
     @_linked_schema("purchases_refunds_create", "Refund a captured payment",
                     "Needs `refunds:write`. Starts `awaiting_approval` unless the client's "
                     "automatic-refund allowance covers it; shown as refunded only once the "
-                    "provider confirms.", RefundCreateIn)
+                    "provider confirms. On an x402 purchase the refund is a separate token "
+                    "transfer back to the payer: it always waits for an operator's approval "
+                    "(409 `x402_refund_signer_missing` when no refund signer is "
+                    "configured); there is no void.", RefundCreateIn)
     def post(self, request, purchase_id: str):
         return super().post(request, purchase_id)
 

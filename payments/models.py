@@ -424,6 +424,30 @@ class X402Authorization(models.Model):
         ]
 
 
+class X402RefundTransfer(models.Model):
+    """The claim row of an x402 refund: the one token transfer back to the payer.
+
+    Created in the same transaction that claims the refund's send (one row per refund:
+    never two transfers back). The signed transaction's hash and the signer's nonce are
+    stored *before* it is broadcast, so a lost answer is reconciled read-only from its
+    receipt. The refund signer's key is never stored (X402_REFUND_PRIVATE_KEY).
+    """
+
+    operation = models.OneToOneField(PaymentOperation, on_delete=models.PROTECT,
+                                     related_name="x402_refund", primary_key=True)
+    network = models.CharField(max_length=40)
+    asset = models.CharField(max_length=42)
+    from_address = models.CharField(max_length=42, help_text="the refund signer")
+    to_address = models.CharField(max_length=42, help_text="the payer of the charge")
+    value = models.CharField(max_length=78, help_text="atomic units of the asset")
+    chain_nonce = models.BigIntegerField(null=True, blank=True)
+    transaction_hash = models.CharField(max_length=66, blank=True, db_index=True)
+    block_number = models.BigIntegerField(null=True, blank=True)
+    confirmations = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+
 class ProviderCall(models.Model):
     """Every request to the provider. Safe fields only: no card data, no secrets."""
 

@@ -31,7 +31,15 @@ from .enums import (
     RetryAdvice,
     Stage,
 )
-from .models import Hold, PaymentOperation, Product, Purchase, Quote, X402Authorization
+from .models import (
+    Hold,
+    PaymentOperation,
+    Product,
+    Purchase,
+    Quote,
+    X402Authorization,
+    X402RefundTransfer,
+)
 from .view_queries import (
     purchase_operations_forget,
     purchase_operations_load,
@@ -357,6 +365,12 @@ def x402_view(op: PaymentOperation) -> dict | None:
     """x402: network, payer, transaction hash and confirmations (the chain's last word)."""
     if op.rail != "x402":
         return None
+    back = X402RefundTransfer.objects.filter(pk=op.id).first()
+    if back is not None:  # a refund: the transfer back to the payer
+        return {"network": back.network, "payer": back.to_address,
+                "transaction": back.transaction_hash or None,
+                "confirmations": back.confirmations, "valid_before": None,
+                "payment_identifier": None}
     auth = X402Authorization.objects.filter(pk=op.id).first()
     if auth is None:
         return None

@@ -171,13 +171,14 @@ class CustomerOut(serializers.Serializer):
 
 
 class X402Out(serializers.Serializer):
-    """x402: the authorization and its settlement on chain (no signature, only its hash)."""
+    """x402: the authorization and its settlement on chain (no signature, only its hash);
+    for a refund, its transfer back to the payer (no authorization: valid_before null)."""
 
     network = serializers.CharField()
     payer = serializers.CharField()
     transaction = serializers.CharField(allow_null=True)
     confirmations = serializers.IntegerField()
-    valid_before = serializers.DateTimeField()
+    valid_before = serializers.DateTimeField(allow_null=True)
     payment_identifier = serializers.CharField(allow_null=True)
 
 

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 from payments.enums import Classification
 
-from .models import PaymentOperation, X402Authorization
-from .providers.base import CallResult
-from .providers.x402 import OBJECT_TYPE, get_chain_reader, transfer_object
+from .models import PaymentOperation, X402Authorization, X402RefundTransfer
+from .providers.base import CallResult, ProviderObject
+from .providers.x402 import (
+    OBJECT_TYPE,
+    ChainStatus,
+    get_chain_reader,
+    read_refund_transfer,
+    transfer_object,
+)
 
 X402_OBJECT_TYPE = OBJECT_TYPE
 
@@ -32,3 +38,28 @@ def x402_read_back(op: PaymentOperation) -> CallResult:
     return CallResult(Classification.OK, object=transfer_object(
         view=view, operation_id=op.id, purchase_id=op.purchase_id, amount=op.amount,
         currency=op.currency))
+
+
+def x402_refund_read_back(op: PaymentOperation) -> CallResult:
+    """A refund's transfer back, read from the chain: its receipt (confirmations) and the
+    Transfer log signer -> payer of the value. Never a send. No claim row, or no hash
+    (the claim was made but nothing was signed): nothing can have left."""
+    row = X402RefundTransfer.objects.filter(pk=op.id).first()
+    if row is None or not row.transaction_hash:
+        return CallResult(Classification.OK, object=ProviderObject(
+            OBJECT_TYPE, id="", status=ChainStatus.INVALID, amount=op.amount,
+            currency=op.currency, failure_code="provider_unreachable",
+            metadata={"operation_id": op.id, "purchase_id": op.purchase_id}))
+    try:
+        view = read_refund_transfer(transaction=row.transaction_hash, sender=row.from_address,
+                                    nonce=row.chain_nonce, to=row.to_address,
+                                    value=int(row.value))
+    except Exception as exc:  # noqa: BLE001 - an unreachable chain is absence of evidence
+        return CallResult(Classification.UNKNOWN, detail=f"chain read failed: {exc}"[:200])
+    X402RefundTransfer.objects.filter(pk=op.id).update(block_number=view.block_number,
+                                                       confirmations=view.confirmations)
+    failure = "provider_failed" if view.status == ChainStatus.INVALID else ""
+    return CallResult(Classification.OK, object=ProviderObject(
+        OBJECT_TYPE, id=view.transaction, status=view.status, amount=op.amount,
+        currency=op.currency, failure_code=failure,
+        metadata={"operation_id": op.id, "purchase_id": op.purchase_id}))

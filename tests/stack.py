@@ -126,10 +126,11 @@ class Stack:
         self._spawn(x402_chain.anvil_command(port), port)
         rpc = f"http://127.0.0.1:{port}"
         fac_key, fac_address = x402_chain.new_key()
-        _pay_key, pay_to = x402_chain.new_key()  # Verity's receiving address
+        # Verity's receiving address; its key is the refund signer (transfers back).
+        pay_key, pay_to = x402_chain.new_key()
         payer_keys = [x402_chain.new_key() for _ in range(payers)]
         info = x402_chain.deploy(rpc, payers=[a for _k, a in payer_keys],
-                                 facilitator=fac_address)
+                                 facilitator=fac_address, extra_gas=(pay_to,))
         fport = free_port()
         log = open(self.tmp / f"x402-facilitator-{fport}.log", "wb")
         proc = subprocess.Popen(
@@ -145,7 +146,7 @@ class Stack:
             "X402_FACILITATOR_URL": f"http://127.0.0.1:{fport}",
             "X402_NETWORK": info["network"], "X402_ASSET": info["asset"],
             "X402_PAY_TO": pay_to, "X402_TOKEN_NAME": info["token_name"],
-            "X402_TOKEN_VERSION": info["token_version"],
+            "X402_TOKEN_VERSION": info["token_version"], "X402_REFUND_PRIVATE_KEY": pay_key,
             # Test-only: the chain's unlocked admin (minter, blacklister) and payer keys.
             "X402_CHAIN_ADMIN": info["admin"], "X402_FACILITATOR_ADDRESS": fac_address,
             "X402_PAYER_KEYS": ",".join(k for k, _a in payer_keys),

@@ -3,6 +3,8 @@ turns it on when Node and the local chain are installed, tests.stack --x402 alwa
 from config.env import env
 
 X402_ENABLED = env.bool("X402_ENABLED", default=False)
+# Set by `make run` when it starts the throwaway chain itself (the banner waits for it).
+X402_LOCAL_CHAIN = env.bool("X402_LOCAL_CHAIN", default=False)
 X402_FACILITATOR_URL = env("X402_FACILITATOR_URL", default="http://127.0.0.1:8402")
 # Read-only chain access for reconciliation (receipts, authorizationState, logs).
 X402_RPC_URL = env("X402_RPC_URL", default="http://127.0.0.1:8545")
@@ -23,3 +25,8 @@ X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT", default=30.0)
 X402_EXPLORER_TX_URL = env("X402_EXPLORER_TX_URL", default="")
 # How far back (blocks) the AuthorizationUsed log search looks; 0 = from genesis.
 X402_LOG_LOOKBACK_BLOCKS = env.int("X402_LOG_LOOKBACK_BLOCKS", default=0)
+# Refunds on this rail are a token transfer back from this signer (Verity's receiving
+# account). Secret: from the environment only; empty = x402 refunds are refused (409).
+X402_REFUND_PRIVATE_KEY = env("X402_REFUND_PRIVATE_KEY", default="")
+# How long the sender waits for the transfer's receipt before it is `awaiting_provider`.
+X402_REFUND_RECEIPT_TIMEOUT = env.float("X402_REFUND_RECEIPT_TIMEOUT", default=5.0)

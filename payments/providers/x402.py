@@ -209,6 +209,9 @@ _TOKEN_ABI = [
     {"type": "event", "name": "AuthorizationCanceled", "anonymous": False,
      "inputs": [{"name": "authorizer", "type": "address", "indexed": True},
                 {"name": "nonce", "type": "bytes32", "indexed": True}]},
+    {"type": "function", "name": "transfer", "stateMutability": "nonpayable",
+     "inputs": [{"name": "to", "type": "address"}, {"name": "value", "type": "uint256"}],
+     "outputs": [{"name": "", "type": "bool"}]},
     {"type": "event", "name": "Transfer", "anonymous": False,
      "inputs": [{"name": "from", "type": "address", "indexed": True},
                 {"name": "to", "type": "address", "indexed": True},
@@ -327,6 +330,157 @@ def chain_call_result(fn) -> CallResult:
     except Exception as exc:  # noqa: BLE001 - any RPC failure is absence of evidence
         log.warning("x402 chain read failed: %s", exc)
         return CallResult(Classification.UNKNOWN, detail=f"chain read failed: {exc}"[:200])
+
+
+# -- refunds: a separate token transfer back to the payer ---------------------------------
+REFUND_GAS = 120_000  # an ERC-20 transfer of FiatTokenV2_2 uses about 40 000
+
+
+@dataclass(frozen=True)
+class RefundAnswer:
+    """One refund transfer, sent (or not), classified with the SettleKind words."""
+
+    kind: str
+    transaction: str = ""
+    block_number: int | None = None
+    reason: str = ""
+    fault_drill: str = ""
+    detail: str = ""
+
+
+class RefundSender:
+    """Signs and broadcasts `transfer(payer, value)` from the refund signer (Verity's
+    receiving account). The signed transaction's hash and nonce are handed to `on_signed`
+    (which persists them) before the broadcast, so a lost answer leaves a hash to read."""
+
+    def __init__(self, *, rpc_url: str, asset: str, private_key: str,
+                 receipt_timeout: float) -> None:
+        self.w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 10}))
+        self.asset = Web3.to_checksum_address(asset)
+        self._key = private_key
+        self.address = self.w3.eth.account.from_key(private_key).address
+        self.receipt_timeout = receipt_timeout
+        self._drills: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def arm_drill(self, *, to: str, mode: str) -> None:
+        if mode not in DrillMode.ALL:
+            raise ValueError(f"unknown x402 drill {mode}")
+        if not settings.FAULT_DRILLS_ENABLED:
+            raise RuntimeError("fault drills are disabled")
+        with self._lock:
+            self._drills[to.lower()] = mode
+
+    def _take_drill(self, to: str) -> str:
+        with self._lock:
+            return self._drills.pop(to.lower(), "")
+
+    def send(self, *, to: str, value: int, on_signed) -> RefundAnswer:
+        to = Web3.to_checksum_address(to)
+        token = self.w3.eth.contract(address=self.asset, abi=_TOKEN_ABI)
+        try:
+            nonce = self.w3.eth.get_transaction_count(self.address, "pending")
+            tx = token.functions.transfer(to, value).build_transaction({
+                "from": self.address, "nonce": nonce, "gas": REFUND_GAS,
+                "gasPrice": self.w3.eth.gas_price, "chainId": self.w3.eth.chain_id})
+        except Exception as exc:  # noqa: BLE001 - nothing was signed or sent
+            return RefundAnswer(SettleKind.NOT_SENT, detail=f"not sent: {exc}"[:200])
+        signed = self.w3.eth.account.sign_transaction(tx, self._key)
+        tx_hash = _hex(signed.hash)
+        on_signed(tx_hash, nonce)  # persisted before it can leave
+        drill = self._take_drill(to)
+        try:
+            self.w3.eth.send_raw_transaction(signed.raw_transaction)
+        except requests.exceptions.ConnectionError as exc:
+            if _never_connected(exc):
+                return RefundAnswer(SettleKind.NOT_SENT, transaction=tx_hash,
+                                    detail=f"not sent: {exc}"[:200])
+            return RefundAnswer(SettleKind.UNKNOWN, transaction=tx_hash,
+                                detail=f"connection lost: {exc}"[:200])
+        except requests.exceptions.Timeout as exc:
+            return RefundAnswer(SettleKind.UNKNOWN, transaction=tx_hash,
+                                detail=f"timeout: {exc}"[:200])
+        except Exception as exc:  # noqa: BLE001 - the node answered with an RPC error
+            text = str(exc)
+            if "already known" in text:  # the same signed transaction is in the mempool
+                return RefundAnswer(SettleKind.PENDING, transaction=tx_hash, detail=text[:200])
+            # The node refused it (nonce, funds, gas): it is not in any mempool; the same
+            # nonce may still be used again, so the receipt read decides if ever mined.
+            return RefundAnswer(SettleKind.UNKNOWN, transaction=tx_hash,
+                                detail=f"rpc error: {text}"[:200])
+        if drill == DrillMode.DROP_ANSWER_AFTER_SEND:
+            return RefundAnswer(SettleKind.UNKNOWN, transaction=tx_hash, fault_drill=drill,
+                                detail="fault drill: answer dropped after the broadcast")
+        try:
+            receipt = self.w3.eth.wait_for_transaction_receipt(
+                signed.hash, timeout=self.receipt_timeout, poll_latency=0.2)
+        except Exception as exc:  # noqa: BLE001 - broadcast, not mined yet (or unreachable)
+            return RefundAnswer(SettleKind.PENDING, transaction=tx_hash,
+                                detail=f"no receipt yet: {exc}"[:200])
+        if int(receipt["status"]) != 1:
+            return RefundAnswer(SettleKind.INVALID, transaction=tx_hash,
+                                block_number=int(receipt["blockNumber"]),
+                                reason="provider_failed", detail="transfer reverted")
+        return RefundAnswer(SettleKind.SUCCESS, transaction=tx_hash,
+                            block_number=int(receipt["blockNumber"]))
+
+
+def read_refund_transfer(*, transaction: str, sender: str, nonce: int | None, to: str,
+                         value: int) -> ChainView:
+    """Read-only: what the chain says of one refund transfer (its receipt and its Transfer
+    log; the sender's nonce proves a transaction that can no longer be mined)."""
+    reader = get_chain_reader()
+    w3 = reader.w3
+    latest = int(w3.eth.block_number)
+    receipt = None
+    if transaction:
+        try:
+            receipt = w3.eth.get_transaction_receipt(transaction)
+        except Exception:  # noqa: BLE001 - not mined (pending or dropped)
+            receipt = None
+    if receipt is not None:
+        block = int(receipt["blockNumber"])
+        confs = latest - block + 1
+        if int(receipt["status"]) != 1:
+            return ChainView(ChainStatus.INVALID, transaction=transaction, block_number=block,
+                             confirmations=confs, receipt_status=0)
+        sig = _hex(Web3.keccak(text="Transfer(address,address,uint256)"))
+        moved = [entry for entry in receipt["logs"]
+                 if entry["address"].lower() == reader.asset.lower()
+                 and _hex(entry["topics"][0]) == sig
+                 and _hex(entry["topics"][1])[-40:] == sender.lower()[2:]
+                 and _hex(entry["topics"][2])[-40:] == to.lower()[2:]
+                 and int(_hex(entry["data"]), 16) == value]
+        if not moved:  # mined, but not this transfer: nothing of ours moved
+            return ChainView(ChainStatus.INVALID, transaction=transaction, block_number=block,
+                             confirmations=confs, receipt_status=1)
+        status = ChainStatus.CONFIRMED if confs >= reader.confirmations else ChainStatus.PENDING
+        return ChainView(status, transaction=transaction, block_number=block,
+                         confirmations=confs, receipt_status=1)
+    if nonce is not None and transaction and int(w3.eth.get_transaction_count(
+            Web3.to_checksum_address(sender), "latest")) > nonce:
+        # Another transaction of the signer took this nonce: this one can never be mined.
+        return ChainView(ChainStatus.INVALID, transaction=transaction)
+    # Broadcast (or maybe not) and unmined: no verdict.
+    return ChainView(ChainStatus.UNUSED, transaction=transaction)
+
+
+_refund_sender: RefundSender | None = None
+
+
+def get_refund_sender() -> RefundSender:
+    """The refund signer (X402_REFUND_PRIVATE_KEY, from the environment only)."""
+    global _refund_sender
+    with _lock:
+        key = settings.X402_REFUND_PRIVATE_KEY
+        if not key:
+            raise RuntimeError("X402_REFUND_PRIVATE_KEY is not set")
+        if (_refund_sender is None or _refund_sender._key != key
+                or _refund_sender.asset.lower() != settings.X402_ASSET.lower()):
+            _refund_sender = RefundSender(
+                rpc_url=settings.X402_RPC_URL, asset=settings.X402_ASSET, private_key=key,
+                receipt_timeout=settings.X402_REFUND_RECEIPT_TIMEOUT)
+        return _refund_sender
 
 
 _facilitator: FacilitatorClient | None = None

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from ..enums import (
     CallPurpose,
+    Rail,
     CallStep,
     Classification,
     Grade,
@@ -31,8 +32,9 @@ from ..locks import (
     lock_operation,
     lock_purchase_and_operation,
 )
-from ..models import PaymentOperation, ProviderCall
-from ..providers.base import CallResult
+from ..models import PaymentOperation, ProviderCall, X402Authorization, X402RefundTransfer
+from ..providers import x402 as x402_adapter
+from ..providers.base import CallResult, ProviderObject
 from .common import _halted, _op_to, _provider, _record_call, log, operation_workflow
 from .holds import _hold_reserve
 from .observations import (
@@ -228,7 +230,86 @@ _LINKED_STEP = {OperationKind.CAPTURE: CallStep.CAPTURE, OperationKind.VOID: Cal
                 OperationKind.REFUND: CallStep.REFUND}
 
 
+def _x402_refund_claim(op: PaymentOperation) -> tuple[ProviderCall, X402RefundTransfer] | None:
+    """Phase 1 of an x402 refund: the send is claimed once (invariant 2) and its claim row
+    (one per refund, so never two transfers back) written in the same transaction."""
+    with transaction.atomic():
+        call = _claim(op.id, CallStep.REFUND, from_pending=True)
+        if call is None:
+            return None
+        auth = X402Authorization.objects.get(pk=op.parent_id)
+        # The charge's atomic value scaled to this refund (exact: value = amount * 10^k).
+        value = int(auth.value) * op.amount // op.parent.amount
+        try:
+            with transaction.atomic():
+                row = X402RefundTransfer.objects.create(
+                    operation=op, network=auth.network, asset=auth.asset,
+                    from_address=x402_adapter.get_refund_sender().address,
+                    to_address=auth.payer, value=str(value))
+        except IntegrityError:
+            return None  # already claimed: its transfer is the only one
+        return call, row
+
+
+def _x402_refund_object(op: PaymentOperation, answer: x402_adapter.RefundAnswer
+                        ) -> ProviderObject:
+    kinds = x402_adapter.SettleKind
+    if answer.kind == kinds.SUCCESS:
+        status = (x402_adapter.ChainStatus.CONFIRMED if settings.X402_CONFIRMATIONS <= 1
+                  else x402_adapter.ChainStatus.PENDING)
+    else:
+        status = {kinds.PENDING: x402_adapter.ChainStatus.PENDING,
+                  kinds.INVALID: x402_adapter.ChainStatus.INVALID,
+                  kinds.NOT_SENT: x402_adapter.ChainStatus.INVALID,
+                  }.get(answer.kind, x402_adapter.ChainStatus.UNKNOWN)
+    failure = answer.reason or ("provider_unreachable" if answer.kind == kinds.NOT_SENT else "")
+    return ProviderObject(x402_adapter.OBJECT_TYPE, id=answer.transaction, status=status,
+                          amount=op.amount, currency=op.currency, failure_code=failure,
+                          metadata={"operation_id": op.id, "purchase_id": op.purchase_id})
+
+
+def _dispatch_x402_refund(op: PaymentOperation) -> None:
+    """A refund on the x402 rail is a separate token transfer back to the payer, from the
+    refund signer: claim (phase 1), sign + persist the hash + broadcast with no transaction
+    open (phase 2), the answer through the one observation function (phase 3). A lost
+    answer is `unknown` and reconciled from the receipt (payments.x402_reads)."""
+    claimed = _x402_refund_claim(op)
+    if claimed is None:
+        return
+    call, row = claimed
+    assert_no_transaction_outside_transaction()
+
+    def on_signed(tx_hash: str, nonce: int) -> None:  # one UPDATE, before the broadcast
+        X402RefundTransfer.objects.filter(pk=op.id).update(transaction_hash=tx_hash,
+                                                           chain_nonce=nonce)
+
+    answer = x402_adapter.get_refund_sender().send(to=row.to_address, value=int(row.value),
+                                                   on_signed=on_signed)
+    ProviderCall.objects.filter(id=call.id).update(
+        classification={x402_adapter.SettleKind.SUCCESS: Classification.OK,
+                        x402_adapter.SettleKind.PENDING: Classification.OK,
+                        x402_adapter.SettleKind.INVALID: Classification.DECLINED,
+                        x402_adapter.SettleKind.NOT_SENT: Classification.NOT_SENT,
+                        }.get(answer.kind, Classification.UNKNOWN),
+        fault_drill=answer.fault_drill, finished_at=timezone.now(),
+        safe_fields={"kind": answer.kind, "transaction": answer.transaction,
+                     "block_number": answer.block_number, "detail": answer.detail})
+    if answer.block_number is not None:
+        X402RefundTransfer.objects.filter(pk=op.id).update(block_number=answer.block_number,
+                                                           confirmations=1)
+    operation_apply_observation(operation_id=op.id, obj=_x402_refund_object(op, answer),
+                                source=Verification.PROVIDER,
+                                cause=f"refund_transfer_{answer.kind}")
+    if PaymentOperation.objects.filter(id=op.id, outcome=Outcome.DISPATCHING).exists():
+        _settle_without_object(op.id, Outcome.UNKNOWN, reason="",
+                               cause="refund_transfer_no_verdict",
+                               evidence={"kind": answer.kind, "transaction": answer.transaction})
+
+
 def _dispatch_linked(op: PaymentOperation) -> None:
+    if op.rail == Rail.X402 and op.kind == OperationKind.REFUND:
+        _dispatch_x402_refund(op)
+        return
     provider = _provider()
     step = _LINKED_STEP[op.kind]
     call = _claim(op.id, step, from_pending=True)

@@ -54,8 +54,8 @@ def _expected_amount(op: PaymentOperation) -> int:
 def _mismatch(op: PaymentOperation, obj: ProviderObject) -> str:
     """Why this provider object cannot be this operation's, or ''."""
     expected_type = "refund" if op.kind == OperationKind.REFUND else "payment_intent"
-    if op.rail == Rail.X402 and op.kind in PAYMENT_KINDS:
-        expected_type = X402_OBJECT_TYPE
+    if op.rail == Rail.X402 and (op.kind in PAYMENT_KINDS or op.kind == OperationKind.REFUND):
+        expected_type = X402_OBJECT_TYPE  # a refund on this rail is a transfer back
     if obj.object_type != expected_type:
         return f"object type {obj.object_type}"
     # x402: the authorization (payer, nonce) is the identity; its transaction hash may only

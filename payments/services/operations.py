@@ -228,6 +228,15 @@ def _linked_create(*, purchase_id: str, kind: str, api_client, acting_user,
         purchase = lock_purchase(purchase_id)
         if api_client is not None and purchase.api_client_id not in (None, api_client.id):
             raise DomainError("not_found", "No such purchase.", status=404)
+        paid_x402 = purchase.operations.filter(kind__in=PAYMENT_KINDS, rail=Rail.X402,
+                                               outcome=Outcome.SUCCEEDED).first()
+        if paid_x402 is not None:
+            raise DomainError("x402_has_no_void" if kind == OperationKind.VOID else
+                              "x402_has_no_capture", "This purchase was paid over x402: the "
+                              "transfer is final on chain, there is nothing to void or "
+                              "capture. A refund is a separate transfer back.", status=409,
+                              retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                              purchase=purchase.id, operation=paid_x402.id)
         auth = purchase.operations.filter(kind=OperationKind.AUTHORIZE, outcome=Outcome.SUCCEEDED,
                                           is_duplicate=False).first()
         done = purchase.operations.filter(kind__in=[OperationKind.CAPTURE, OperationKind.VOID],
@@ -305,24 +314,27 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
             raise DomainError("not_refundable", "Nothing was captured on this purchase.",
                               status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id)
-        if payment.rail == Rail.X402:
-            # No reversal exists on a chain: the money goes back as a separate transfer from
-            # Verity's address to the payer, made and recorded by an operator (issue 21).
-            raise DomainError("refund_is_a_transfer_back", "This purchase was paid over x402: "
-                              "a refund is a separate transfer back to the payer that an "
-                              "operator approves and sends; there is no void.", status=409,
-                              retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+        x402 = payment.rail == Rail.X402
+        if x402 and not settings.X402_REFUND_PRIVATE_KEY:
+            # No reversal exists on a chain: the money goes back as a separate transfer
+            # from the refund signer, and none is configured here.
+            raise DomainError("x402_refund_signer_missing", "This purchase was paid over "
+                              "x402: a refund is a separate transfer back to the payer, and "
+                              "no refund signer is configured (X402_REFUND_PRIVATE_KEY).",
+                              status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
                               purchase=purchase.id, operation=payment.id)
         if not isinstance(amount, int) or amount <= 0 or amount > refundable:
             raise DomainError("refund_exceeds_refundable",
                               f"Refundable now: {refundable} {purchase.currency}.", status=422,
                               retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id, extra={"refundable": refundable})
-        auto = compensation or (api_client is not None and acting_user is None
+        # On x402 a refund is a transfer back of Verity's own money: a person approves it
+        # (no automatic allowance), unless it compensates Verity's own duplicate.
+        auto = compensation or (not x402 and api_client is not None and acting_user is None
                                 and _auto_refund_allowed(purchase=purchase,
                                                          api_client=api_client, amount=amount))
         op = _create_op(purchase=purchase, kind=OperationKind.REFUND, amount=amount,
-                        currency=purchase.currency, parent=payment,
+                        currency=purchase.currency, parent=payment, rail=payment.rail,
                         requested_by_client=api_client, requested_by_user=acting_user,
                         is_compensation=compensation,
                         outcome=Outcome.PENDING if auto else Outcome.AWAITING_APPROVAL)

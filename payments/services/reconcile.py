@@ -35,7 +35,7 @@ from ..errors import DomainError
 from ..locks import assert_no_transaction_outside_transaction, lock_operation, lock_purchase
 from ..models import PaymentOperation, ProviderCall
 from ..providers.base import CallResult, ProviderObject
-from ..x402_reads import x402_read_back
+from ..x402_reads import x402_read_back, x402_refund_read_back
 from .common import _audit, _history, _lock_or_404, _provider, _record_call, log
 from .observations import _apply_locked, _schedule_reconcile, operation_apply_observation
 
@@ -46,6 +46,9 @@ def _read_back(op: PaymentOperation) -> CallResult:
     if op.rail == Rail.X402 and op.kind in PAYMENT_KINDS:
         # The chain, read-only: never a second settle (DESIGN §4, x402).
         step, result = CallStep.RETRIEVE, x402_read_back(op)
+    elif op.rail == Rail.X402 and op.kind == OperationKind.REFUND:
+        # The refund's transfer back: its receipt and Transfer log, read-only.
+        step, result = CallStep.RETRIEVE, x402_refund_read_back(op)
     elif op.kind == OperationKind.REFUND:
         if op.provider_reference:
             step, result = CallStep.RETRIEVE, provider.retrieve_refund(op.provider_reference)

@@ -11,7 +11,9 @@ embedded default's only test on SQLite, and it runs in `make test`.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import re
 import signal
@@ -23,6 +25,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from config import x402_chain
 from tests.conftest import Localstripe
 from tests.stack import free_port
 
@@ -35,6 +38,8 @@ BANNER_END = "Ctrl-C stops everything."
 # What `make test`'s stack sets and the embedded default must not see.
 STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "STRIPE_API_KEY",
                    "STRIPE_API_BASE", "VERITY_STACK_DIR", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
+# With Node (tools/chain installed) `make serve` starts the x402 chain and facilitator too.
+X402_LOCAL = x402_chain.available()
 
 
 def walkthrough_blocks() -> list[str]:
@@ -67,8 +72,10 @@ def _stop(proc: subprocess.Popen) -> None:
 def embedded(tmp_path):
     """`make serve` on free ports with a temporary var/; yields (env, base URL, var dir)."""
     var, web_port, ls_port = tmp_path / "var", free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if k not in STACK_VARIABLES}
+    env = {k: v for k, v in os.environ.items()
+           if k not in STACK_VARIABLES and not k.startswith("X402_")}  # tests.stack --x402's
     env.update({
+        "X402_CHAIN_PORT": str(free_port()), "X402_FACILITATOR_PORT": str(free_port()),
         "VERITY_VAR_DIR": str(var), "VERITY_PORT": str(web_port),
         "LOCALSTRIPE_PORT": str(ls_port), "STRIPE_API_BASE": f"http://127.0.0.1:{ls_port}",
         "PUBLIC_BASE_URL": f"http://127.0.0.1:{web_port}",
@@ -147,6 +154,11 @@ def test_make_run_then_the_readme_walkthrough_works_on_the_embedded_default(embe
                    f"{base}/console/", f"{base}/status/", f"curl -s -H 'Authorization"):
         assert needle in banner, needle
     assert not (ROOT / "control").exists()  # runtime folders stay under var/
+    if X402_LOCAL:
+        assert "x402 rail: on (eip155:31337" in banner, banner
+        assert f"127.0.0.1:{env['X402_FACILITATOR_PORT']}" in banner, banner
+    else:
+        assert "x402 rail: off" in banner, banner
 
     # when: a newcomer pastes the README walk-through
     ids = run_walkthrough(env, base, var)
@@ -195,6 +207,8 @@ def test_make_run_then_the_readme_walkthrough_works_on_the_embedded_default(embe
                         metrics, re.M)
     assert failed and all(float(n) == 0 for _, n in failed), failed
     assert requests.get(f"{base}/readyz", timeout=10).status_code == 200
+    if X402_LOCAL:  # and: an x402 quote's deliverable answers 402 on make run's chain
+        _x402_quote_answers_402(base, key, env["X402_CHAIN_PORT"])
 
     # and: a console user logs in, and the customer's status page opens
     console = requests.Session()
@@ -210,6 +224,37 @@ def test_make_run_then_the_readme_walkthrough_works_on_the_embedded_default(embe
     assert status_url.startswith(f"{base}/status/")
     page = requests.get(status_url, timeout=10)
     assert page.status_code == 200 and ids["UNKNOWN_PURCHASE"] in page.text
+
+
+def _x402_quote_answers_402(base: str, key: str, chain_port: str) -> None:
+    """A digital good in usd (the seeded EBOOK-003): its deliverable is an x402 resource on
+    the chain `make serve` started; unpaid, it answers 402 with the requirements."""
+    api = requests.Session()
+    api.headers.update({"Authorization": f"Api-Key {key}", "Content-Type": "application/json"})
+    quote = api.post(f"{base}/api/v1/quotes", timeout=10, headers={"Idempotency-Key": "smoke-q"},
+                     json={"items": [{"sku": "EBOOK-003", "quantity": 1}], "currency": "usd"})
+    assert quote.status_code == 201, quote.text
+    purchase = api.post(f"{base}/api/v1/purchases", timeout=10,
+                        headers={"Idempotency-Key": "smoke-p"},
+                        json={"quote_id": quote.json()["id"], "quote_version": 1,
+                              "customer": {"reference": "smoke-x402",
+                                           "email": "agent@example.com"}})
+    assert purchase.status_code == 201, purchase.text
+    pid = purchase.json()["id"]
+    answer = api.get(f"{base}/api/v1/purchases/{pid}/deliverable", timeout=10)
+    assert answer.status_code == 402, answer.text
+    assert answer.json()["code"] == "payment_required"
+    required = json.loads(base64.b64decode(answer.headers["PAYMENT-REQUIRED"]))
+    (accepts,) = required["accepts"]
+    local = x402_chain.local_env(port=0, facilitator_port=0)
+    assert accepts["network"] == "eip155:31337" and accepts["amount"] == str(900 * 10**4)
+    assert accepts["asset"].lower() == local["X402_ASSET"].lower()
+    assert accepts["payTo"].lower() == local["X402_PAY_TO"].lower()
+    # the token the requirements name is the one deployed on the chain make serve started
+    from web3 import Web3
+
+    w3 = Web3(Web3.HTTPProvider(f"http://127.0.0.1:{chain_port}"))
+    assert len(w3.eth.get_code(Web3.to_checksum_address(accepts["asset"]))) > 0
 
 
 def test_the_readme_walkthrough_covers_the_whole_story():

@@ -8,7 +8,10 @@ fault drill (automatic and manual capture, a declining card); `retry_of`; captur
 refund full and partial; approve and decline refunds; resolve by hand (each outcome, by the
 requester and by another principal); deliver signed provider events in any order,
 duplicated and late; reconcile; halt and clear each workflow; run the relay; kill a
-dispatch between its phases.
+dispatch between its phases. With the x402 stack (tests.stack --x402): purchases of a
+digital report paid over x402 on the real chain (a lost settle answer, a pending
+settlement, replays of an earlier signature, a second authorization), refunded as
+transfers back; the x402 invariants count transfers on chain.
 
 Budget: `VERITY_LIFECYCLE_EXAMPLES` (default 6) examples of `VERITY_LIFECYCLE_STEPS`
 (default 14) steps in `make test`; `make fuzz` raises both.
@@ -50,7 +53,7 @@ from payments.enums import (
     PurchaseStatus,
     Verification,
 )
-from payments.models import Hold, PaymentOperation, Purchase
+from payments.models import Hold, PaymentOperation, Purchase, X402Authorization
 from payments.providers.stripe import DrillMode, get_provider
 from recovery.halts import halt_clear, halt_set
 from recovery.models import EmailMessage, OutboxCategory, OutboxMessage, Order, WorkflowHalt
@@ -60,6 +63,10 @@ from tests.factories import ProductFactory, make_client
 from tests.webhooks.conftest import SECRET, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+# The x402 rules run when the chain and facilitator are up (tests.stack --x402).
+X402 = bool(os.environ.get("X402_RPC_URL"))
+X402_MODES = [None, None, "drop_answer", "pending", "replay"]
 
 EXAMPLES = int(os.environ.get("VERITY_LIFECYCLE_EXAMPLES", "6"))
 STEPS = int(os.environ.get("VERITY_LIFECYCLE_STEPS", "14"))
@@ -147,12 +154,23 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.snapshots: list[tuple[str, dict]] = []  # (resource, object) seen at the provider
         self.halted_calls: dict[str, int] = {}
         self.web = Client()
+        self.x402_purchases: list[str] = []
+        self.x402_signed: list[tuple[str, str]] = []  # (purchase id, PAYMENT-SIGNATURE)
+        if X402:
+            from tests.x402.chain import Chain
+
+            self.chain = Chain()
+            self.chain.automine(True)
+            self.report = ProductFactory(sku=f"LR-{tag}", price=2000, stock=100_000,
+                                         kind="digital")
         django_settings.STRIPE_WEBHOOK_SECRETS = [SECRET]
         django_settings.STRIPE_WEBHOOK_TOLERANCE = 300
         django_settings.STRIPE_ACCOUNT = ""
 
     def teardown(self):
         get_provider().drill_client.disarm_all()
+        if X402:
+            self.chain.automine(True)
         WorkflowHalt.objects.all().delete()
 
     # -- helpers ---------------------------------------------------------------------------
@@ -189,6 +207,8 @@ class LifecycleMachine(RuleBasedStateMachine):
     @initialize()
     def first_purchase(self):
         self.create_purchase(shop=0, customer=0)
+        if X402:  # and one paid over x402 from the start: the chain rules have work
+            self.create_x402_purchase(shop=1, customer=1)
 
     @rule(shop=st.integers(0, 1), customer=st.integers(0, len(CUSTOMERS) - 1))
     def create_purchase(self, shop, customer):
@@ -220,6 +240,85 @@ class LifecycleMachine(RuleBasedStateMachine):
         finally:
             self._disarm()
         _no_5xx(r)
+
+    @precondition(lambda self: X402)
+    @rule(shop=st.integers(0, 1), customer=st.integers(0, len(CUSTOMERS) - 1))
+    def create_x402_purchase(self, shop, customer):
+        api = self.shops[shop]
+        q = api.quote(self.report.sku)
+        assert q.status_code == 201, q.content
+        r = api.purchase(q.json(), f"{CUSTOMERS[customer]}-{self.tag}")
+        assert r.status_code in (201, 409), r.content
+        if r.status_code == 201:
+            self.purchases.append((r.json()["id"], shop))
+            self.x402_purchases.append(r.json()["id"])
+
+    @precondition(lambda self: X402 and self.x402_purchases)
+    @rule(i=st.integers(0, 99), mode=st.sampled_from(X402_MODES))
+    def pay_x402(self, i, mode):
+        """The agent's side: GET the deliverable, sign the 402's requirements with a fresh
+        payer, send it (its answer lost, or the settlement left pending), or replay an
+        earlier signature."""
+        from payments.providers.x402 import DrillMode, get_facilitator
+        from tests.x402.chain import SIGNATURE, sign
+
+        if mode == "replay" and self.x402_signed:
+            pid, header = self.x402_signed[i % len(self.x402_signed)]
+            api = next(self.shops[s] for p, s in self.purchases if p == pid)
+            _no_5xx(api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header}))
+            return
+        pid = self.x402_purchases[i % len(self.x402_purchases)]
+        api = next(self.shops[s] for p, s in self.purchases if p == pid)
+        unpaid = api.get(f"purchases/{pid}/deliverable")
+        _no_5xx(unpaid)
+        required = unpaid.headers.get("PAYMENT-REQUIRED")
+        if unpaid.status_code != 402 or not required:
+            return  # paid, being paid, or paid by card meanwhile
+        header, auth = sign(required, self.chain.new_payer())
+        self.x402_signed.append((pid, header))
+        if mode == "drop_answer":
+            get_facilitator().arm_drill(payer=auth["from"], nonce=auth["nonce"],
+                                        mode=DrillMode.DROP_ANSWER_AFTER_SEND)
+        if mode == "pending":
+            self.chain.automine(False)
+        try:
+            _no_5xx(api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header}))
+        finally:
+            if mode == "pending":
+                self.chain.automine(True)
+                self.chain.mine()
+
+    @precondition(lambda self: X402 and self.x402_purchases)
+    @rule(i=st.integers(0, 99), partial=st.booleans(),
+          step=st.sampled_from(["request", "approve", "approve_answer_lost"]))
+    def refund_x402(self, i, partial, step):
+        """A refund of an x402 purchase (a transfer back), or the approval of one awaiting
+        it and its dispatch, its answer sometimes lost after the broadcast."""
+        from payments.providers.x402 import DrillMode, get_refund_sender
+
+        if step != "request":
+            op = self._pick(self._ops(kind=OperationKind.REFUND, rail="x402",
+                                      outcome__in=[Outcome.AWAITING_APPROVAL,
+                                                   Outcome.PENDING]), i)
+            if op is None:
+                return
+            try:
+                if op.outcome == Outcome.AWAITING_APPROVAL:
+                    services.refund_approve(operation_id=op.id, acting_user=self.finance[i % 2],
+                                            reason="machine approves")
+            except services.DomainError as exc:
+                assert exc.status < 500
+                return
+            if step == "approve_answer_lost":
+                get_refund_sender().arm_drill(to=op.parent.x402.payer,
+                                              mode=DrillMode.DROP_ANSWER_AFTER_SEND)
+            services.operation_dispatch(operation_id=op.id)
+            return
+        paid = self._pick(self._ops(kind__in=PAYMENT_KINDS, rail="x402",
+                                    outcome=Outcome.SUCCEEDED), i)
+        pid = paid.purchase_id if paid else self.x402_purchases[i % len(self.x402_purchases)]
+        api = next(self.shops[s] for p, s in self.purchases if p == pid)
+        _no_5xx(api.post(f"purchases/{pid}/refunds", {"amount": 500} if partial else {}))
 
     @precondition(lambda self: self.purchases)
     @rule(i=st.integers(0, 99), drill=st.sampled_from(WRITE_DRILLS))
@@ -423,6 +522,8 @@ class LifecycleMachine(RuleBasedStateMachine):
     def provider_confirmed_operations_match_the_provider(self):
         for op in self._ops(grade=Grade.CONFIRMED,
                             verification__in=[Verification.PROVIDER, Verification.WEBHOOK]):
+            if op.rail == "x402":
+                continue  # the chain's word: x402_transfers_match_the_chain
             if op.kind == OperationKind.REFUND:
                 if op.outcome == Outcome.SUCCEEDED:
                     obj = self.provider.get("refunds", op.provider_reference)
@@ -455,7 +556,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 purchase_id=pid, outcome__in=SLOT_HOLDING_OUTCOMES).exists()
             if purchase.status in PAID_STATUSES + (PurchaseStatus.REFUND_PENDING,):
                 assert payment is not None, f"{pid} shown {purchase.status} without a payment"
-                if payment.grade == Grade.CONFIRMED and not in_flight:
+                if payment.grade == Grade.CONFIRMED and not in_flight and payment.rail != "x402":
                     obj = self.provider.get("payment_intents", payment.provider_reference)
                     assert obj and obj["status"] in ("succeeded", "requires_capture"), (
                         f"{pid} shown {purchase.status}, provider shows "
@@ -463,7 +564,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             if purchase.status == PurchaseStatus.REFUNDED:
                 refunds = PaymentOperation.objects.filter(
                     purchase_id=pid, kind=OperationKind.REFUND, outcome=Outcome.SUCCEEDED)
-                for r in refunds.filter(grade=Grade.CONFIRMED):
+                for r in refunds.filter(grade=Grade.CONFIRMED).exclude(rail="x402"):
                     obj = self.provider.get("refunds", r.provider_reference)
                     assert obj and obj["status"] == "succeeded", (pid, r.id)
                 assert refunds.exists(), f"{pid} shown refunded without a refund"
@@ -474,6 +575,39 @@ class LifecycleMachine(RuleBasedStateMachine):
                 if void.grade == Grade.CONFIRMED:
                     obj = self.provider.get("payment_intents", void.provider_reference)
                     assert obj and obj["status"] == "canceled", (pid, obj and obj["status"])
+
+    @invariant()
+    def x402_transfers_match_the_chain(self):
+        """At most one transfer in per purchase, whatever was replayed or lost; a charge the
+        chain confirmed is the one transfer, one it proved failed moved nothing; never more
+        transfers back than refunds that claimed one, and a confirmed refund is on chain."""
+        if not X402:
+            return
+        from payments.models import X402RefundTransfer
+
+        for pid in self.x402_purchases:
+            auths = X402Authorization.objects.filter(operation__purchase_id=pid).select_related(
+                "operation")
+            moved = {a.operation_id: self.chain.transfers(a.payer) for a in auths}
+            assert sum(moved.values()) <= 1, f"{pid}: {moved} transfers in"
+            for a in auths:
+                op = a.operation
+                if op.grade == Grade.CONFIRMED and op.verification == Verification.PROVIDER:
+                    if op.outcome == Outcome.SUCCEEDED:
+                        assert moved[op.id] == 1, (op.id, "succeeded without a transfer")
+                    if op.outcome == Outcome.FAILED:
+                        assert moved[op.id] == 0, (op.id, "failed, but the chain moved it")
+                if op.outcome == Outcome.FAILED and op.grade == Grade.CONFIRMED:
+                    assert moved[op.id] == 0, (op.id, op.reason)
+            payers = {a.payer for a in auths}
+            back = sum(self.chain.transfers_back(payer) for payer in payers)
+            claimed = X402RefundTransfer.objects.filter(operation__purchase_id=pid).exclude(
+                transaction_hash="")
+            assert back <= claimed.count(), f"{pid}: {back} transfers back, {claimed.count()}"
+            for row in claimed.select_related("operation"):
+                if (row.operation.outcome == Outcome.SUCCEEDED
+                        and row.operation.grade == Grade.CONFIRMED):
+                    assert self.chain.transfers_back(row.to_address) >= 1, row.operation_id
 
     @invariant()
     def an_unknown_operation_keeps_its_hold(self):

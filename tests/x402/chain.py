@@ -100,6 +100,15 @@ class Chain:
                        "0x" + "0" * 24 + self.pay_to.lower()[2:]]})
         return len(logs)
 
+    def transfers_back(self, payer: str) -> int:
+        """ERC-20 Transfer events Verity -> payer on chain (refunds, transfers back)."""
+        sig = Web3.keccak(text="Transfer(address,address,uint256)")
+        logs = self.w3.eth.get_logs({
+            "address": self.token.address, "fromBlock": 0, "toBlock": "latest",
+            "topics": [Web3.to_hex(sig), "0x" + "0" * 24 + self.pay_to.lower()[2:],
+                       "0x" + "0" * 24 + payer.lower()[2:]]})
+        return len(logs)
+
     def balance(self, address: str) -> int:
         return self.token.functions.balanceOf(Web3.to_checksum_address(address)).call()
 

@@ -27,6 +27,8 @@ class Command(BaseCommand):
             "worker": lambda: (run_dir / "worker.ready").exists(),
             "beat": lambda: (run_dir / "beat.ready").exists(),
         }
+        if settings.X402_LOCAL_CHAIN:  # make run started the x402 chain (Node present)
+            waiting["x402 chain"] = lambda: (run_dir / "chain.ready").exists()
         deadline = time.monotonic() + WAIT_SECONDS
         while waiting and time.monotonic() < deadline:
             waiting = {name: up for name, up in waiting.items() if not up()}
@@ -71,9 +73,8 @@ def _x402_line() -> str:
     if settings.X402_ENABLED and settings.X402_ASSET:
         return (f"x402 rail: on ({settings.X402_NETWORK}, facilitator "
                 f"{settings.X402_FACILITATOR_URL}, chain {settings.X402_RPC_URL})")
-    return ("x402 rail: off. With Node/npm (make deps installs tools/chain): run "
-            "`python -m config.x402_chain` in another terminal, export the X402_* lines it "
-            "prints, then `make run` again.")
+    return ("x402 rail: off. Install Node/npm (e.g. apt-get install nodejs npm) and run "
+            "`make run` again: it installs tools/chain and starts the chain and facilitator.")
 
 
 def _http_ok(url: str) -> bool:
