@@ -90,7 +90,7 @@ def _purchase_to(purchase: Purchase, name: str, *, cause: str, actor: str = "",
     method()
     if purchase.status == source:
         return False
-    purchase.save(update_fields=["status", "updated_at"])
+    purchase.save(update_fields=purchase.status_change_fields())
     _history(purchase_id=purchase.id, operation=None, field="status", source=source,
              target=purchase.status, cause=cause, evidence=evidence, actor=actor)
     return True

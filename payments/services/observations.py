@@ -154,7 +154,7 @@ def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: st
     prior = before if before in _RESTORABLE else PurchaseStatus.PAID
     source = purchase.status
     purchase.restore_after_refund(prior)
-    purchase.save(update_fields=["status", "updated_at"])
+    purchase.save(update_fields=purchase.status_change_fields())
     _history(purchase_id=purchase.id, operation=None, field="status", source=source,
              target=purchase.status, cause=f"refund_{op.outcome}:{cause}",
              evidence={"refund": op.id, "outcome": op.outcome, "reason": op.reason,
