@@ -63,7 +63,7 @@ SELECT qid, %(client)s,
     ("purchases", f"""
 INSERT INTO payments_purchase (id, quote_id, api_client_id, amount, currency,
     customer_reference, customer_key, basket_fingerprint, customer_email, status,
-    status_token, recovery_owner, acknowledged_unresolved, created_at, updated_at)
+    status_token, recovery_owner, acknowledged_unresolved, created_at, updated_at, paid_at)
 SELECT pid, qid, %(client)s, 1500, 'usd', cust, cust, md5('basket:' || b), cust || '@example.com',
        CASE WHEN b < 140 OR b BETWEEN 170 AND 179 OR b >= 198 THEN 'completed'
             WHEN b BETWEEN 140 AND 159 THEN 'payment_failed'
@@ -74,7 +74,8 @@ SELECT pid, qid, %(client)s, 1500, 'usd', cust, cust, md5('basket:' || b), cust 
             WHEN b BETWEEN 194 AND 195 THEN 'manual_review'
             ELSE 'expired' END,
        md5('t:' || g), CASE WHEN b BETWEEN 188 AND 195 THEN 'payments-oncall' ELSE '' END,
-       '[]'::jsonb, ts, ts + interval '40 seconds'
+       '[]'::jsonb, ts, ts + interval '40 seconds',
+       CASE WHEN {SUCCEEDED_OP} THEN ts + interval '3 seconds' END  -- its 'paid' transition
 {_G}"""),
     ("operations", f"""
 INSERT INTO payments_paymentoperation (id, purchase_id, kind, amount, currency,
@@ -83,7 +84,7 @@ INSERT INTO payments_paymentoperation (id, purchase_id, kind, amount, currency,
     grade, verification, reason, next_action_owner, provider_status, requested_by_client_id,
     confirm_claimed_at, dispatch_deadline, reconcile_attempts, next_reconcile_at,
     reconcile_deadline, escalated_at, is_compensation, created_at, updated_at, settled_at,
-    origin, acknowledged_by, is_duplicate)
+    origin, acknowledged_by, is_duplicate, rail)
 SELECT oid, pid, CASE WHEN b BETWEEN 170 AND 179 THEN 'authorize' ELSE 'charge' END, 1500, 'usd',
        'vk_' || md5('k:' || g), md5('f:' || g), pi,
        CASE WHEN {UNKNOWN} OR {FAILED} THEN '' ELSE ch END, '', NULL, NULL,
@@ -103,7 +104,7 @@ SELECT oid, pid, CASE WHEN b BETWEEN 170 AND 179 THEN 'authorize' ELSE 'charge' 
        CASE WHEN {UNKNOWN} THEN now() + interval '3 days' END, NULL, false,
        ts + interval '1 second', ts + interval '3 seconds',
        CASE WHEN {UNKNOWN} THEN NULL ELSE ts + interval '3 seconds' END,
-       'verity', '', false
+       'verity', '', false, 'stripe'
 {_G} WHERE {HAS_OP}"""),
     ("second operations", f"""
 INSERT INTO payments_paymentoperation (id, purchase_id, kind, amount, currency,
@@ -112,13 +113,13 @@ INSERT INTO payments_paymentoperation (id, purchase_id, kind, amount, currency,
     grade, verification, reason, next_action_owner, provider_status, requested_by_client_id,
     confirm_claimed_at, dispatch_deadline, reconcile_attempts, next_reconcile_at,
     reconcile_deadline, escalated_at, is_compensation, created_at, updated_at, settled_at,
-    origin, acknowledged_by, is_duplicate)
+    origin, acknowledged_by, is_duplicate, rail)
 SELECT oid2, pid, CASE WHEN b < 180 THEN 'capture' ELSE 'refund' END, 1500, 'usd',
        'vk_' || md5('k2:' || g), md5('f2:' || g), CASE WHEN b < 180 THEN pi ELSE re END, '', '',
        oid, NULL, '', 'automatic', 'succeeded', 'settled', 'confirmed', 'provider', '', 'none',
        'succeeded', %(client)s, NULL, ts + interval '120 seconds', 0, NULL, NULL, NULL, false,
        ts + interval '30 seconds', ts + interval '31 seconds', ts + interval '31 seconds',
-       'verity', '', false
+       'verity', '', false, 'stripe'
 {_G} WHERE {SECOND_OP}"""),
     ("provider calls", f"""
 INSERT INTO payments_providercall (operation_id, purpose, step, attempt, key, request_id,

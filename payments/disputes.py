@@ -121,7 +121,7 @@ def _purchase_status(purchase: Purchase, name: str, *, cause: str, actor: str,
     method(*args)
     if purchase.status == source:
         return False
-    purchase.save(update_fields=["status", "updated_at"])
+    purchase.save(update_fields=purchase.status_change_fields())
     _history(purchase_id=purchase.id, operation=None, field="status", source=source,
              target=purchase.status, cause=cause, evidence=evidence, actor=actor)
     return True

@@ -48,6 +48,26 @@ def lock_purchase_and_operation(operation_id: str) -> tuple[Purchase, PaymentOpe
     return purchase, operation
 
 
+def lock_purchases_and_operations(pairs: list[tuple[str, str]]
+                                  ) -> list[tuple[Purchase, PaymentOperation]]:
+    """`lock_purchase_and_operation` for a batch of (operation id, purchase id) pairs, in
+    two statements: every purchase first, then every operation, each in id order (so two
+    batches never wait on each other in a cycle). Pairs whose operation is gone are left
+    out."""
+    purchases = {p.id: p for p in Purchase.objects.select_for_update(of=("self",))
+                 .filter(id__in={pid for _, pid in pairs}).order_by("id")}
+    ops = {o.id: o for o in PaymentOperation.objects.select_for_update(of=("self",))
+           .filter(id__in=[oid for oid, _ in pairs]).order_by("id")}
+    locked = []
+    for op_id, _ in pairs:
+        op = ops.get(op_id)
+        if op is None or op.purchase_id not in purchases:
+            continue
+        op.purchase = purchases[op.purchase_id]
+        locked.append((op.purchase, op))
+    return locked
+
+
 def lock_dispute(dispute_id: str):
     """The dispute row, or None (the caller already holds its purchase's lock)."""
 

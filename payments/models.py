@@ -4,6 +4,7 @@ import secrets
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
 from rest_framework_api_key.models import AbstractAPIKey
 
@@ -142,6 +143,10 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     acknowledged_unresolved = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # When the purchase last entered `paid` (the time of its latest status transition to
+    # paid; issue 18: the console read it with a correlated subquery per row). Written by
+    # every status change that saves through `status_change_fields()`.
+    paid_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -168,6 +173,15 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     @transition(field=status, source=[S.PAYMENT_PENDING, S.PAYMENT_UNKNOWN, S.AWAITING_PAYMENT,
                                       S.MANUAL_REVIEW], target=S.ACTION_REQUIRED)
     def mark_action_required(self): ...
+
+    def status_change_fields(self) -> list[str]:
+        """The fields to save after a status transition was applied in memory: when it
+        entered `paid`, `paid_at` is set to now as well (the history row written with it
+        carries the same moment)."""
+        if self.status == PurchaseStatus.PAID:
+            self.paid_at = timezone.now()
+            return ["status", "paid_at", "updated_at"]
+        return ["status", "updated_at"]
 
     @transition(field=status, source=[S.PAYMENT_PENDING, S.PAYMENT_UNKNOWN, S.ACTION_REQUIRED,
                                       S.AWAITING_PAYMENT, S.MANUAL_REVIEW], target=S.PAYMENT_FAILED)

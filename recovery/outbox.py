@@ -6,7 +6,9 @@ AppConfig.ready(), so the relay runs them without importing any app either.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 from celery import current_app
@@ -60,15 +62,43 @@ def outbox_put(*, category: OutboxCategory, payload: dict, dedupe_key: str,
     dedupe keys: a duplicate while one is pending is absorbed, never an error.
     """
     assert transaction.get_connection().in_atomic_block, "outbox_put needs the caller's atomic()"
-    for hook in _BEFORE_PUT:  # the relay marks its batch's handled messages first
-        hook()
-    OutboxMessage.objects.bulk_create(
-        [OutboxMessage(category=category, payload=payload, dedupe_key=dedupe_key,
-                       available_at=timezone.now() + timedelta(seconds=delay_seconds))],
-        ignore_conflicts=True,
-    )
+    row = OutboxMessage(category=category, payload=payload, dedupe_key=dedupe_key,
+                        available_at=timezone.now() + timedelta(seconds=delay_seconds))
+    batch = getattr(_OUTBOX_BATCH, "rows", None)
+    if batch is not None:
+        batch.append(row)
+    else:
+        _outbox_insert([row])
     if delay_seconds <= 0:
         transaction.on_commit(_kick_relay, robust=True)
+
+
+def _outbox_insert(rows: list[OutboxMessage]) -> None:
+    for hook in _BEFORE_PUT:  # the relay marks its batch's handled messages first
+        hook()
+    OutboxMessage.objects.bulk_create(rows, ignore_conflicts=True)
+
+
+_OUTBOX_BATCH = threading.local()
+
+
+@contextmanager
+def outbox_batch() -> Iterator[None]:
+    """Inside the caller's transaction: messages written by `outbox_put` are collected and
+    inserted in one `INSERT … ON CONFLICT DO NOTHING` when the block ends (discarded if it
+    raises, as the transaction is). For a set-based apply (the reconcile sweep)."""
+    if getattr(_OUTBOX_BATCH, "rows", None) is not None:
+        yield  # already collecting: the outer block inserts
+        return
+    _OUTBOX_BATCH.rows = []
+    try:
+        yield
+        rows = _OUTBOX_BATCH.rows
+        _OUTBOX_BATCH.rows = None
+        if rows:
+            _outbox_insert(rows)
+    finally:
+        _OUTBOX_BATCH.rows = None
 
 
 # -- the messages several apps write: one helper each owns the dedupe key ---------------

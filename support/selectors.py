@@ -129,14 +129,6 @@ QUEUES: dict[str, QueueSpec] = {q.name: q for q in [
 ]}
 
 
-def _paid_at_subquery():
-    return Subquery(
-        OperationTransition.objects.filter(
-            purchase_id=OuterRef("pk"), field="status", target=PurchaseStatus.PAID,
-        ).order_by("-created_at").values("created_at")[:1]
-    )
-
-
 def _q_unknown():
     return PaymentOperation.objects.filter(outcome=Outcome.UNKNOWN).exclude(
         stage=Stage.ESCALATED)
@@ -292,7 +284,7 @@ def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
                                    op.purchase.recovery_owner, anchor=op.id,
                                    action=_OP_ACTION))
     elif name == "paid_without_order":
-        rows = _q_paid_without_order().annotate(paid_at=_paid_at_subquery())
+        rows = _q_paid_without_order()  # paid_at: stored on the purchase (payments/0007)
         for p in sorted(rows[: limit * 2], key=lambda p: p.paid_at or p.updated_at)[:limit]:
             items.append(QueueItem(p.paid_at or p.updated_at, "purchase", p.id, p.id,
                                    f"{p.status} {_money(p.amount, p.currency)}",
@@ -434,7 +426,7 @@ def _count_oldest(name: str, now) -> tuple[int, datetime | None]:
         from .counts import capped_count_oldest, oldest
 
         qs = _q_paid_without_order()
-        n, paid = capped_count_oldest(qs.annotate(paid_at=_paid_at_subquery()), "paid_at")
+        n, paid = capped_count_oldest(qs, "paid_at")
         return n, paid or (oldest(qs, "updated_at") if n else None)
     if name == "compensation":
         n1, o1 = _agg(_q_compensation_steps(), "created_at")
@@ -671,10 +663,15 @@ def purchase_operations(purchase: Purchase) -> list[PaymentOperation]:
     ).order_by("created_at", "id"))
 
 
-def purchase_timeline(purchase: Purchase, *, user=None) -> list[TimelineEntry]:
-    """Every recorded fact about a purchase, in time order."""
+def purchase_timeline(purchase: Purchase, *, user=None,
+                      ops: list[PaymentOperation] | None = None,
+                      steps: list[StepRun] | None = None) -> list[TimelineEntry]:
+    """Every recorded fact about a purchase, in time order. `ops` (from
+    `purchase_operations`, holds joined) and `steps` (from `purchase_steps`): what the
+    purchase page already read, not read again (issue 18: fewer round trips)."""
     show_payload = user is not None and can(user, Action.VIEW_REDACTED_PAYLOAD)
-    ops = purchase_operations(purchase)
+    if ops is None:
+        ops = purchase_operations(purchase)
     op_ids = [op.pk for op in ops]
     refs = {r for op in ops for r in (op.provider_reference, op.provider_charge) if r}
     entries: list[TimelineEntry] = []
@@ -714,14 +711,18 @@ def purchase_timeline(purchase: Purchase, *, user=None) -> list[TimelineEntry]:
                           {"result": e.result, "reason": e.result_reason, "event_pk": e.pk},
                           operation_id=e.operation_id,
                           payload=e.payload if show_payload else None))
-    for h in Hold.objects.filter(operation_id__in=op_ids).order_by("created_at"):
+    # The holds came with the operations (select_related): no query of their own.
+    holds = [h for h in (getattr(op, "hold", None) for op in ops) if h is not None]
+    for h in sorted(holds, key=lambda h: h.created_at):
         add(TimelineEntry(h.created_at, 6, "hold",
                           f"Hold reserved {_money(h.amount, h.currency)}",
                           {"state now": h.state}, operation_id=h.operation_id))
         if h.state != HoldState.RESERVED and h.updated_at:
             add(TimelineEntry(h.updated_at, 6, "hold", f"Hold {h.state}", {},
                               operation_id=h.operation_id))
-    for s in StepRun.objects.filter(purchase_id=purchase.pk).order_by("created_at"):
+    if steps is None:
+        steps = purchase_steps(purchase)
+    for s in steps:
         add(TimelineEntry(s.started_at or s.created_at, 7, "step", f"Step {s.step} started",
                           {"attempts": s.attempts,
                            "external_reference": s.external_reference}))

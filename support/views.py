@@ -122,20 +122,21 @@ def purchase(request, purchase_id: str):
     ops = selectors.purchase_operations(p)
     slug = selectors.purchase_runbook_slug(p, ops)
     refundable = selectors.refundable_amount(p)
+    steps = selectors.purchase_steps(p)
     return render(request, "console/purchase.html", _ctx(
         request,
         runbook=runbooks.runbook_get(slug) if slug else None,
         incidents=selectors.incidents_for_purchase(p.pk),
         purchase=p,
         ops=ops,
-        timeline=selectors.purchase_timeline(p, user=request.user),
+        timeline=selectors.purchase_timeline(p, user=request.user, ops=ops, steps=steps),
         customer=customer_state(p),
         next_action=selectors.purchase_next_action(p, ops),
         refundable=selectors.refundable_payment(p),
         refundable_amount=refundable,
         refundable_major=format_major(refundable, p.currency) if refundable else "",
         op_next=selectors.operation_next_actions(ops),
-        steps=selectors.purchase_steps(p),
+        steps=steps,
         step_trouble=[str(x) for x in selectors.STEP_TROUBLE],
         replay_available=settings.STRIPE_DEDUPES_KEYS,
         Outcome=Outcome,

@@ -42,6 +42,8 @@ OUTBOX_SWEEP_SECONDS = env.float("OUTBOX_SWEEP_SECONDS", default=5.0)
 RELAY_KICK_WINDOW_MS = env.int("RELAY_KICK_WINDOW_MS", default=500)
 # recovery.sweep.reconcile_sweep: provider read-backs per second per process (token bucket).
 RECONCILE_SWEEP_READS_PER_SECOND = env.float("RECONCILE_SWEEP_READS_PER_SECOND", default=20.0)
+# ... and how many read-backs it applies in one transaction (set-based apply).
+RECONCILE_SWEEP_BATCH_SIZE = env.int("RECONCILE_SWEEP_BATCH_SIZE", default=50)
 OUTBOX_LEASE_SECONDS = env.int("OUTBOX_LEASE_SECONDS", default=60)
 DISPATCH_LEASE_SECONDS = env.int("DISPATCH_LEASE_SECONDS", default=90)
 RECONCILE_SCHEDULE_SECONDS = env.list(

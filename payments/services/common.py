@@ -5,6 +5,9 @@ purchase's money that several steps need.
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from django.conf import settings
 from django.utils import timezone
@@ -40,11 +43,39 @@ def operation_workflow(kind: str) -> str:
     return _WORKFLOW_OF_KIND[OperationKind(kind)]
 
 
+_HISTORY_BATCH = threading.local()
+
+
+@contextmanager
+def history_batch() -> Iterator[None]:
+    """Inside the caller's transaction: history rows written by `_history` are collected
+    and inserted in one statement when the block ends (discarded if it raises, as the
+    transaction is). For a set-based apply (the reconcile sweep) whose steps never read
+    back the history rows they write in the same block."""
+    if getattr(_HISTORY_BATCH, "rows", None) is not None:
+        yield  # already collecting: the outer block inserts
+        return
+    _HISTORY_BATCH.rows = []
+    try:
+        yield
+        rows = _HISTORY_BATCH.rows
+        _HISTORY_BATCH.rows = None
+        if rows:
+            OperationTransition.objects.bulk_create(rows)
+    finally:
+        _HISTORY_BATCH.rows = None
+
+
 def _history(*, purchase_id: str, operation: PaymentOperation | None, field: str, source: str,
              target: str, cause: str, evidence: dict | None = None, actor: str = "") -> None:
-    OperationTransition.objects.create(
+    row = OperationTransition(
         purchase_id=purchase_id, operation=operation, field=field, source=source,
         target=target, cause=cause, evidence=evidence or {}, actor=actor)
+    batch = getattr(_HISTORY_BATCH, "rows", None)
+    if batch is not None:
+        batch.append(row)
+        return
+    row.save(force_insert=True)
 
 
 def _purchase_to(purchase: Purchase, name: str, *, cause: str, actor: str = "",
@@ -59,7 +90,7 @@ def _purchase_to(purchase: Purchase, name: str, *, cause: str, actor: str = "",
     method()
     if purchase.status == source:
         return False
-    purchase.save(update_fields=["status", "updated_at"])
+    purchase.save(update_fields=purchase.status_change_fields())
     _history(purchase_id=purchase.id, operation=None, field="status", source=source,
              target=purchase.status, cause=cause, evidence=evidence, actor=actor)
     return True

@@ -154,7 +154,7 @@ def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: st
     prior = before if before in _RESTORABLE else PurchaseStatus.PAID
     source = purchase.status
     purchase.restore_after_refund(prior)
-    purchase.save(update_fields=["status", "updated_at"])
+    purchase.save(update_fields=purchase.status_change_fields())
     _history(purchase_id=purchase.id, operation=None, field="status", source=source,
              target=purchase.status, cause=f"refund_{op.outcome}:{cause}",
              evidence={"refund": op.id, "outcome": op.outcome, "reason": op.reason,
@@ -385,24 +385,32 @@ def operation_apply_observation(*, operation_id: str, obj: ProviderObject, sourc
     operation. Checks that the object is this operation's before anything is applied."""
     with transaction.atomic():
         purchase, op = lock_purchase_and_operation(operation_id)
-        why = _mismatch(op, obj)
-        if why:
-            _history(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
-                     target=op.outcome, cause=f"mismatch:{why}", evidence=obj.safe_fields(),
-                     actor=actor)
-            return ApplyResult.MISMATCH
-        target = outcome_from_object(obj, kind=op.kind)
-        if target is None:
-            return ApplyResult.NO_CHANGE
-        if (op.kind == OperationKind.AUTHORIZE and obj.status == "canceled"
-                and op.outcome == Outcome.SUCCEEDED and _voided_by_verity(op)):
-            # A canceled PaymentIntent after Verity's own void agrees with Verity: the
-            # authorization did succeed, and the void cancelled it (issue 15 defect 10).
-            return ApplyResult.NO_CHANGE
-        final = source == Verification.PROVIDER or obj.status in _FINAL_STATUSES
-        return _apply_locked(purchase, op, target, grade=Grade.CONFIRMED, verification=source,
-                             cause=cause, actor=actor, evidence=obj.safe_fields(), obj=obj,
-                             final=final)
+        return _apply_observation_locked(purchase, op, obj, source=source, cause=cause,
+                                         actor=actor)
+
+
+def _apply_observation_locked(purchase: Purchase, op: PaymentOperation, obj: ProviderObject, *,
+                              source: str, cause: str, actor: str = "") -> ApplyResult:
+    """`operation_apply_observation` once both locks are held (the set-based reconcile
+    sweep takes them for a whole batch)."""
+    why = _mismatch(op, obj)
+    if why:
+        _history(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
+                 target=op.outcome, cause=f"mismatch:{why}", evidence=obj.safe_fields(),
+                 actor=actor)
+        return ApplyResult.MISMATCH
+    target = outcome_from_object(obj, kind=op.kind)
+    if target is None:
+        return ApplyResult.NO_CHANGE
+    if (op.kind == OperationKind.AUTHORIZE and obj.status == "canceled"
+            and op.outcome == Outcome.SUCCEEDED and _voided_by_verity(op)):
+        # A canceled PaymentIntent after Verity's own void agrees with Verity: the
+        # authorization did succeed, and the void cancelled it (issue 15 defect 10).
+        return ApplyResult.NO_CHANGE
+    final = source == Verification.PROVIDER or obj.status in _FINAL_STATUSES
+    return _apply_locked(purchase, op, target, grade=Grade.CONFIRMED, verification=source,
+                         cause=cause, actor=actor, evidence=obj.safe_fields(), obj=obj,
+                         final=final)
 
 
 def _settle_without_object(operation_id: str, target: Outcome, *, reason: str, cause: str,

@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from recovery.models import OutboxCategory
-from recovery.outbox import outbox_put
+from recovery.outbox import outbox_batch, outbox_put
 
 from ..enums import (
     PAYMENT_KINDS,
@@ -32,44 +32,62 @@ from ..enums import (
     Verification,
 )
 from ..errors import DomainError
-from ..locks import assert_no_transaction_outside_transaction, lock_operation, lock_purchase
+from ..locks import (
+    assert_no_transaction_outside_transaction,
+    lock_operation,
+    lock_purchase,
+    lock_purchases_and_operations,
+)
 from ..models import PaymentOperation, ProviderCall
 from ..providers.base import CallResult, ProviderObject
 from ..x402_reads import x402_read_back, x402_refund_read_back
-from .common import _audit, _history, _lock_or_404, _provider, _record_call, log
-from .observations import _apply_locked, _schedule_reconcile, operation_apply_observation
+from .common import _audit, _history, _lock_or_404, _provider, _record_call, history_batch, log
+from .observations import (
+    _apply_locked,
+    _apply_observation_locked,
+    _schedule_reconcile,
+    operation_apply_observation,
+)
 
 
-def _read_back(op: PaymentOperation) -> CallResult:
-    """Read-only: by provider reference, else by metadata. Records a reconcile call."""
+def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
+    """The provider read itself: by provider reference, else by metadata. Network only
+    (for the card rail no database access), so the sweep runs it on its own threads."""
     provider = _provider()
     if op.rail == Rail.X402 and op.kind in PAYMENT_KINDS:
         # The chain, read-only: never a second settle (DESIGN §4, x402).
-        step, result = CallStep.RETRIEVE, x402_read_back(op)
-    elif op.rail == Rail.X402 and op.kind == OperationKind.REFUND:
+        return CallStep.RETRIEVE, x402_read_back(op)
+    if op.rail == Rail.X402 and op.kind == OperationKind.REFUND:
         # The refund's transfer back: its receipt and Transfer log, read-only.
-        step, result = CallStep.RETRIEVE, x402_refund_read_back(op)
-    elif op.kind == OperationKind.REFUND:
+        return CallStep.RETRIEVE, x402_refund_read_back(op)
+    if op.kind == OperationKind.REFUND:
         if op.provider_reference:
-            step, result = CallStep.RETRIEVE, provider.retrieve_refund(op.provider_reference)
-        else:
-            step, result = CallStep.LIST, provider.find_by_metadata(object_type="refund",
-                                                                    operation_id=op.id)
-    else:
-        ref = op.provider_reference or (op.parent.provider_reference if op.parent_id else "")
-        if ref:
-            step, result = CallStep.RETRIEVE, provider.retrieve_payment_intent(ref)
-        else:
-            step, result = CallStep.LIST, provider.find_by_metadata(
-                object_type="payment_intent", operation_id=op.parent_id or op.id)
-    # A read claims nothing, so it is recorded once, after the answer (one INSERT).
-    ProviderCall.objects.create(
+            return CallStep.RETRIEVE, provider.retrieve_refund(op.provider_reference)
+        return CallStep.LIST, provider.find_by_metadata(object_type="refund",
+                                                        operation_id=op.id)
+    ref = op.provider_reference or (op.parent.provider_reference if op.parent_id else "")
+    if ref:
+        return CallStep.RETRIEVE, provider.retrieve_payment_intent(ref)
+    return CallStep.LIST, provider.find_by_metadata(
+        object_type="payment_intent", operation_id=op.parent_id or op.id)
+
+
+def _reconcile_call_row(op: PaymentOperation, step: str, result: CallResult) -> ProviderCall:
+    """The reconcile call's record, built right after the answer (not yet saved)."""
+    return ProviderCall(
         operation=op, purpose=CallPurpose.RECONCILE, step=step,
         attempt=min(op.reconcile_attempts + 1, 32767), http_status=result.http_status,
         classification=result.classification, request_id=result.request_id[:100],
         error_code=result.error_code[:64], fault_drill=result.fault_drill,
         finished_at=timezone.now(),
         safe_fields=result.object.safe_fields() if result.object else {"detail": result.detail})
+
+
+def _read_back(op: PaymentOperation) -> CallResult:
+    """Read-only: by provider reference, else by metadata. Records a reconcile call."""
+    step, result = _read_back_call(op)
+    # A read claims nothing, so it is recorded once, after the answer (one INSERT).
+    _reconcile_call_row(op, step, result).save(force_insert=True)
     return result
 
 
@@ -89,29 +107,46 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
     shows never applied is cancelled there, so the provider's record can overturn it."""
     assert_no_transaction_outside_transaction()
     op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
-    # A person's (acknowledged) outcome is not the provider's: it can still be read back,
-    # and the provider's record outranks it (DESIGN §4).
-    if op.is_terminal and op.grade != Grade.ACKNOWLEDGED:
-        raise DomainError("already_settled", f"This operation is already {op.outcome}.",
-                          status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
-                          purchase=op.purchase_id, operation=op.id)
-    if op.outcome in (Outcome.PENDING, Outcome.AWAITING_APPROVAL):
-        raise DomainError("not_dispatched", "This operation was never sent to the provider.",
-                          status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
-                          purchase=op.purchase_id, operation=op.id)
+    refusal = _reconcile_refusal(op)
+    if refusal is not None:
+        raise refusal
     result = _read_back(op)
     if result.classification == Classification.OK and result.object is not None:
         operation_apply_observation(operation_id=op.id, obj=result.object,
                                     source=Verification.PROVIDER, cause="reconcile",
                                     actor=actor)
     settled = PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+    return _reconcile_finish(settled, result, actor=actor)
+
+
+def _reconcile_refusal(op: PaymentOperation) -> DomainError | None:
+    """Why this operation is not read back at all (nothing is read or written), or None."""
+    # A person's (acknowledged) outcome is not the provider's: it can still be read back,
+    # and the provider's record outranks it (DESIGN §4).
+    if op.is_terminal and op.grade != Grade.ACKNOWLEDGED:
+        return DomainError("already_settled", f"This operation is already {op.outcome}.",
+                           status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                           purchase=op.purchase_id, operation=op.id)
+    if op.outcome in (Outcome.PENDING, Outcome.AWAITING_APPROVAL):
+        return DomainError("not_dispatched", "This operation was never sent to the provider.",
+                           status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                           purchase=op.purchase_id, operation=op.id)
+    return None
+
+
+def _reconcile_finish(settled: PaymentOperation, result: CallResult, *,
+                      actor: str) -> PaymentOperation:
+    """After the read-back was applied: `settled` is the operation read again after that
+    commit. A person's outcome is followed up; an open one is scheduled again (and
+    escalated when it cannot settle by itself)."""
+    operation_id = settled.id
     if settled.is_terminal:
         if settled.grade == Grade.ACKNOWLEDGED or settled.next_reconcile_at is not None:
             return _acknowledged_follow_up(settled, result, actor=actor)
         return settled  # nothing left to schedule
     unapplied = _confirm_unapplied(settled, result)
     with transaction.atomic():
-        purchase = lock_purchase(op.purchase_id)
+        purchase = lock_purchase(settled.purchase_id)
         op = lock_operation(operation_id)
         if op.outcome in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER):
             op.reconcile_attempts += 1
@@ -138,6 +173,105 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
                          source=op.outcome, target=op.outcome, cause="escalated",
                          evidence={"recovery_owner": purchase.recovery_owner}, actor=actor)
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+
+
+def operations_reconcile_prepare(*, operation_ids: list[str]
+                                 ) -> tuple[list[PaymentOperation], list[PaymentOperation],
+                                            dict[str, DomainError]]:
+    """The set-based reconcile (issue 18, the sweep), step 1: one read of a batch. Returns
+    the operations whose read-back is network only (`operation_reconcile_read` may run
+    them on other threads), those read through the database too (x402: one by one with
+    `operation_reconcile`), and the refused ones with the error `operation_reconcile`
+    would raise (nothing is read or written for them)."""
+    found = PaymentOperation.objects.select_related("purchase", "parent").in_bulk(
+        list(operation_ids))
+    readable, sequential, refused = [], [], {}
+    for op_id in operation_ids:
+        op = found.get(op_id)
+        if op is None:
+            continue
+        refusal = _reconcile_refusal(op)
+        if refusal is not None:
+            refused[op_id] = refusal
+        elif op.rail == Rail.X402:  # its read-back reads the database too
+            sequential.append(op)
+        else:
+            readable.append(op)
+    return readable, sequential, refused
+
+
+def operation_reconcile_read(op: PaymentOperation) -> tuple[CallResult, ProviderCall]:
+    """Step 2: the read-back of one prepared (card-rail) operation and its reconcile call
+    record, unsaved. Network only: safe on a worker thread, never inside a transaction."""
+    step, result = _read_back_call(op)
+    return result, _reconcile_call_row(op, step, result)
+
+
+def operations_reconcile_apply(*, reads: list[tuple[PaymentOperation, CallResult, ProviderCall]],
+                               actor: str = "reconciler") -> dict[str, str]:
+    """Step 3: apply a batch of read-backs set-based, with the effects of
+    `operation_reconcile` on each: the reconcile call rows in one INSERT; every
+    observation applied by the one apply path (`_apply_observation_locked`) in ONE
+    transaction, both locks of the whole batch taken in two statements and the history
+    and outbox rows inserted in one statement each; then one read of the results, and the
+    per-operation follow-up (`_reconcile_finish`) only where one is due (an open or a
+    person's outcome). A second operation of a purchase already in the batch, or a batch
+    whose set-based apply raises (rolled back whole), is applied one by one as
+    `operation_reconcile` does. Returns operation id -> "reconciled" | "refused" |
+    "failed:<error>"."""
+    assert_no_transaction_outside_transaction()
+    outcomes: dict[str, str] = {}
+    if not reads:
+        return outcomes
+    try:
+        ProviderCall.objects.bulk_create([call for _, _, call in reads])
+    except Exception as exc:  # noqa: BLE001 - as operation_reconcile: nothing applied
+        log.warning("reconcile batch: recording %d read-backs failed", len(reads),
+                    exc_info=True)
+        return {op.id: f"failed:{type(exc).__name__}" for op, _, _ in reads}
+    batched: list[tuple[PaymentOperation, ProviderObject]] = []
+    one_by_one: list[tuple[PaymentOperation, ProviderObject]] = []
+    purchases: set[str] = set()
+    for op, result, _ in reads:
+        if result.classification != Classification.OK or result.object is None:
+            continue
+        (one_by_one if op.purchase_id in purchases else batched).append((op, result.object))
+        purchases.add(op.purchase_id)
+    if batched:
+        objects = {op.id: obj for op, obj in batched}
+        try:
+            with transaction.atomic(), history_batch(), outbox_batch():
+                for purchase, locked in lock_purchases_and_operations(
+                        [(op.id, op.purchase_id) for op, _ in batched]):
+                    _apply_observation_locked(purchase, locked, objects[locked.id],
+                                              source=Verification.PROVIDER,
+                                              cause="reconcile", actor=actor)
+        except Exception:  # noqa: BLE001 - rolled back whole: apply one by one instead
+            log.warning("reconcile batch: set-based apply of %d failed; applying one by one",
+                        len(batched), exc_info=True)
+            one_by_one = batched + one_by_one
+    for op, obj in one_by_one:
+        try:
+            operation_apply_observation(operation_id=op.id, obj=obj,
+                                        source=Verification.PROVIDER, cause="reconcile",
+                                        actor=actor)
+        except Exception as exc:  # noqa: BLE001 - as operation_reconcile raising for it
+            log.warning("reconcile batch: %s failed", op.id, exc_info=True)
+            outcomes[op.id] = f"failed:{type(exc).__name__}"
+    settled = PaymentOperation.objects.select_related("purchase").in_bulk(
+        [op.id for op, _, _ in reads])
+    for op, result, _ in reads:
+        if op.id in outcomes:
+            continue
+        try:
+            _reconcile_finish(settled[op.id], result, actor=actor)
+            outcomes[op.id] = "reconciled"
+        except DomainError:
+            outcomes[op.id] = "refused"
+        except Exception as exc:  # noqa: BLE001 - one bad operation must not stop the rest
+            log.warning("reconcile batch: %s failed", op.id, exc_info=True)
+            outcomes[op.id] = f"failed:{type(exc).__name__}"
+    return outcomes
 
 
 def operation_reconcile_on_demand(*, operation_id: str, actor: str) -> int:
