@@ -231,7 +231,15 @@ def check(*, live: bool = False) -> Report:
         .values_list("id", flat=True)
         if not any(state == "done" for (_step, state) in steps[pid])}
     rep.add("paid purchases reversed before fulfilment", len(reversed_early), "reported")
-    incomplete = [pid for pid in paid_ids - review - reversed_early
+    # Disputed before any step was done: fulfilment runs only on a paid purchase, so the
+    # card network's dispute (its withdrawal booked against the sale) stops it (reported).
+    disputed_early = {pid for pid in Purchase.objects.filter(
+        id__in=paid_ids, status__in=[PurchaseStatus.DISPUTED, PurchaseStatus.DISPUTE_WON,
+                                     PurchaseStatus.DISPUTE_LOST])
+        .values_list("id", flat=True)
+        if not any(state == "done" for (_step, state) in steps[pid])}
+    rep.add("paid purchases disputed before fulfilment", len(disputed_early), "reported")
+    incomplete = [pid for pid in paid_ids - review - reversed_early - disputed_early
                   if any(steps[pid][(s, "done")] != 1 for s in PAID_STEPS)]
     rep.add("paid purchases with a step not done once", len(incomplete), "must be 0",
             ok=not incomplete)
@@ -441,5 +449,5 @@ def _x402(rep: Report, snap: ChainSnapshot, *, live: bool) -> None:
                                          operation_id__in=x402_ops.values("id"))
               .aggregate(s=Sum("amount"))["s"] or 0)
     on_chain, rest = divmod(snap.balance, 10**shift)
-    rep.add("x402 ledger minus on-chain receipts", ledger - on_chain, "must be 0",
+    rep.add("x402 ledger minus pay_to balance", ledger - on_chain, "must be 0",
             ok=ledger == on_chain and not rest)

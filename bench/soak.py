@@ -1,7 +1,7 @@
 """Chaos soak: every operation kind, people in the loop, every fault, then invariants.
 
     python bench/soak.py [--seconds 600] [--agents 100] [--seed 7] [--drain 180]
-                         [--outage 30,60] [--out var/soak] [--quiet]
+                         [--outage 30,60] [--out var/soak] [--quiet] [--x402|--no-x402]
     make soak SOAK_ARGS="--seconds 120 --agents 30"
 
 Starts on loopback: throwaway PostgreSQL, Redis and localstripe (tests.stack), a fault
@@ -17,6 +17,13 @@ cleared; signed provider events delivered late, twice and out of order; refunds 
 the provider's dashboard and disputes opened, won and lost there (known to Verity only by
 their signed events); finance declining some refunds; and a seeded share of provider
 requests drilled (payments/providers fault drills).
+
+With --x402 (the default when Node/npm and tools/chain/node_modules are present) the stack
+also runs anvil with Circle's token and the SDK's facilitator, behind a second fault proxy;
+a seeded share of agents (--x402-share) buy a digital report over x402 (402 ->
+PAYMENT-SIGNATURE signed with the SDK's client by a payer the chain launcher funded),
+careless like the others; a share of the facilitator's answers (--x402-drop-rate) is
+dropped after the settle was forwarded, and `facilitator_outage` refuses its connections.
 
 Faults, each at a random moment and logged with its time: PostgreSQL restarted
 (`pg_ctl restart -m immediate`), a gunicorn worker SIGKILLed mid-request (while provider
@@ -1115,6 +1122,7 @@ def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: 
     (out / "soak.svg").write_text(rec.chart_svg(title))
     (out / "soak.json").write_text(json.dumps({
         "seconds": drove, "agents": args.agents, "seed": args.seed,
+        "x402_agents": len(x402_agents),
         "drained_seconds": drained, "counters": dict(rec.counters),
         "answers": dict(rec.status_counts()),
         "faults": [f.__dict__ for f in rec.faults], "timeline": rec.timeline(),
