@@ -239,7 +239,18 @@ def check(*, live: bool = False) -> Report:
         .values_list("id", flat=True)
         if not any(state == "done" for (_step, state) in steps[pid])}
     rep.add("paid purchases disputed before fulfilment", len(disputed_early), "reported")
+    # Voided or refunded while fulfilment was under way: the rest of the steps rightly never
+    # run, as long as the order was cancelled (the void's compensation) -- reported.
+    live_orders = set(Order.objects.filter(cancelled_at__isnull=True)
+                      .values_list("purchase_id", flat=True))
+    reversed_mid = {pid for pid in Purchase.objects.filter(
+        id__in=paid_ids, status__in=[PurchaseStatus.REFUNDED, PurchaseStatus.VOIDED])
+        .values_list("id", flat=True)
+        if any(steps[pid][(s, "done")] != 1 for s in PAID_STEPS)} - reversed_early - live_orders
+    rep.add("paid purchases reversed during fulfilment, order cancelled",
+            len(reversed_mid), "reported")
     incomplete = [pid for pid in paid_ids - review - reversed_early - disputed_early
+                  - reversed_mid
                   if any(steps[pid][(s, "done")] != 1 for s in PAID_STEPS)]
     rep.add("paid purchases with a step not done once", len(incomplete), "must be 0",
             ok=not incomplete)
