@@ -450,6 +450,8 @@ def _x402(rep: Report, snap: ChainSnapshot, *, live: bool) -> None:
     for op_id in failed_usable[:5]:
         op = PaymentOperation.objects.get(id=op_id)
         rep.add(f"  {op_id}", op.outcome, f"reason={op.reason or '-'} purchase={op.purchase_id}")
+    rep.add("x402 operations once unknown/awaiting (answer lost, pending)", len(was_open),
+            "reported")
     open_now = x402_ops.filter(outcome__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER]).count()
     rep.add("x402 unknown/awaiting the chain", open_now, "reported")
     if live:
