@@ -4,11 +4,14 @@
 refused (the request provably never left: `not_sent`), requests in flight are reset.
 `up()` listens again on the same port. `hold(seconds)` delays every answer on its way
 back, which widens the window between "the provider applied it" and "Verity recorded
-it" — the soak kills a web process inside that window.
+it" — the soak kills a web process inside that window. `drop_answers(rate)` forwards each
+request upstream and then, for a seeded share of connections, resets the connection
+instead of passing the answer back: the upstream acted, the caller never hears of it.
 """
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import threading
 import time
@@ -17,10 +20,13 @@ from tests.stack import free_port
 
 
 class FaultProxy:
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, *, seed: int = 0) -> None:
         self.upstream_port = upstream_port
         self.port = free_port()
         self.hold_seconds = 0.0
+        self.drop_rate = 0.0
+        self.dropped = 0
+        self._rng = random.Random(seed)
         self._listener: socket.socket | None = None
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -61,6 +67,16 @@ class FaultProxy:
     def hold(self, seconds: float) -> None:
         self.hold_seconds = seconds
 
+    def drop_answers(self, rate: float) -> None:
+        self.drop_rate = rate
+
+    def _drop_this(self) -> bool:
+        with self._lock:
+            if self.drop_rate and self._rng.random() < self.drop_rate:
+                self.dropped += 1
+                return True
+            return False
+
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
@@ -84,6 +100,7 @@ class FaultProxy:
                              daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
+        decided = False
         try:
             while True:
                 data = src.recv(65536)
@@ -91,6 +108,13 @@ class FaultProxy:
                     break
                 if answers and self.hold_seconds:
                     time.sleep(self.hold_seconds)
+                if answers and not decided:
+                    decided = True  # one decision per connection, at its first answer bytes
+                    if self._drop_this():
+                        # The request reached upstream and was answered: reset the caller.
+                        dst.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                       b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                        break
                 dst.sendall(data)
         except OSError:
             pass

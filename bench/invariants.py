@@ -3,7 +3,9 @@
 Used by bench/soak.py every 30 s during the run (`live=True`: only what must hold at every
 instant) and after the system drained (everything). Needs Django set up against the soak's
 database and the provider base URL in settings (the provider itself, not the soak's fault
-proxy). Prints one table; returns violations.
+proxy). With the x402 rail on (X402_ENABLED and X402_RPC_URL), the chain is read too: the
+token's AuthorizationUsed and Transfer logs against Verity's x402 rows. Prints one table;
+returns violations.
 """
 from __future__ import annotations
 
@@ -72,6 +74,7 @@ def check(*, live: bool = False) -> Report:
         Outcome,
         Owner,
         PurchaseStatus,
+        Rail,
     )
     from payments.models import Hold, PaymentOperation, Purchase
     from payments.selectors import purchase_next_action
@@ -87,6 +90,7 @@ def check(*, live: bool = False) -> Report:
     from webhooks.models import ProviderEvent
 
     rep = Report()
+    chain = _chain_snapshot()  # the chain first: every transfer in it has its row below
     intents = _provider_list("payment_intents")
     refunds = _provider_list("refunds")
     moved = [pi for pi in intents if pi["status"] in ("succeeded", "requires_capture")]
@@ -109,7 +113,9 @@ def check(*, live: bool = False) -> Report:
     for pid in uncompensated[:5]:
         rep.add(f"  {pid}", per_purchase[pid], "charges at the provider")
 
-    ops = {o.id: o for o in PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS)}
+    # The card provider's checks see card operations; x402 ones are checked against the chain.
+    ops = {o.id: o for o in PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS,
+                                                           rail=Rail.STRIPE)}
     by_ref = {o.provider_reference: o for o in ops.values() if o.provider_reference}
     status_of = {pi["id"]: pi["status"] for pi in intents}
 
@@ -180,6 +186,8 @@ def check(*, live: bool = False) -> Report:
             "must be 0", ok=not confirmed_wrong)
     for op_id in succeeded_not_charged[:5]:
         rep.add(f"  {op_id}", "", detail(op_id))
+    if chain is not None:
+        _x402(rep, chain, live=live)
     if live:
         _live_effects(rep)
         return rep
@@ -223,7 +231,26 @@ def check(*, live: bool = False) -> Report:
         .values_list("id", flat=True)
         if not any(state == "done" for (_step, state) in steps[pid])}
     rep.add("paid purchases reversed before fulfilment", len(reversed_early), "reported")
-    incomplete = [pid for pid in paid_ids - review - reversed_early
+    # Disputed before any step was done: fulfilment runs only on a paid purchase, so the
+    # card network's dispute (its withdrawal booked against the sale) stops it (reported).
+    disputed_early = {pid for pid in Purchase.objects.filter(
+        id__in=paid_ids, status__in=[PurchaseStatus.DISPUTED, PurchaseStatus.DISPUTE_WON,
+                                     PurchaseStatus.DISPUTE_LOST])
+        .values_list("id", flat=True)
+        if not any(state == "done" for (_step, state) in steps[pid])}
+    rep.add("paid purchases disputed before fulfilment", len(disputed_early), "reported")
+    # Voided or refunded while fulfilment was under way: the rest of the steps rightly never
+    # run, as long as the order was cancelled (the void's compensation) -- reported.
+    live_orders = set(Order.objects.filter(cancelled_at__isnull=True)
+                      .values_list("purchase_id", flat=True))
+    reversed_mid = {pid for pid in Purchase.objects.filter(
+        id__in=paid_ids, status__in=[PurchaseStatus.REFUNDED, PurchaseStatus.VOIDED])
+        .values_list("id", flat=True)
+        if any(steps[pid][(s, "done")] != 1 for s in PAID_STEPS)} - reversed_early - live_orders
+    rep.add("paid purchases reversed during fulfilment, order cancelled",
+            len(reversed_mid), "reported")
+    incomplete = [pid for pid in paid_ids - review - reversed_early - disputed_early
+                  - reversed_mid
                   if any(steps[pid][(s, "done")] != 1 for s in PAID_STEPS)]
     rep.add("paid purchases with a step not done once", len(incomplete), "must be 0",
             ok=not incomplete)
@@ -278,7 +305,9 @@ def check(*, live: bool = False) -> Report:
                     + sum(bt["net"] for d in disputes
                           for bt in d.get("balance_transactions") or []))
     # Double entry: the provider-balance account is what the provider should hold.
+    x402_ops = PaymentOperation.objects.filter(rail=Rail.X402).values("id")
     ledger_net = (LedgerEntry.objects.filter(account="provider_balance")
+                  .exclude(operation_id__in=x402_ops)
                   .aggregate(s=Sum("amount"))["s"] or 0)
     rep.add("ledger minus provider balance", ledger_net - provider_net, "must be 0",
             ok=ledger_net == provider_net)
@@ -318,3 +347,120 @@ def _live_effects(rep: Report) -> None:
         .count())
     rep.add("orders without a verified payment", orders_unpaid, "must be 0",
             ok=orders_unpaid == 0)
+
+
+# -- the x402 rail: the chain against Verity's rows ------------------------------------------
+@dataclass
+class ChainSnapshot:
+    chain: object
+    used: dict[tuple[str, str], str]  # (payer, nonce) -> transaction, AuthorizationUsed logs
+    transfers: list[tuple[str, int, str]]  # Transfer logs to pay_to: (from, value, transaction)
+    balance: int  # pay_to's token balance (atomic units)
+
+
+def _chain_snapshot() -> ChainSnapshot | None:
+    import os
+
+    if not (settings.X402_ENABLED and settings.X402_ASSET and os.environ.get("X402_RPC_URL")):
+        return None
+    from web3 import Web3
+
+    from tests.x402.chain import Chain
+
+    chain = Chain()
+
+    def logs(event: str, *topics: str) -> list:
+        sig = Web3.to_hex(Web3.keccak(text=event))
+        return chain.w3.eth.get_logs({"address": chain.token.address, "fromBlock": 0,
+                                      "toBlock": "latest", "topics": [sig, *topics]})
+
+    def address(topic) -> str:
+        return "0x" + Web3.to_hex(topic)[-40:]
+
+    pay_to = "0x" + "0" * 24 + chain.pay_to.lower()[2:]
+    transfers = [(address(log["topics"][1]), int(Web3.to_hex(log["data"]), 16),
+                  Web3.to_hex(log["transactionHash"]))
+                 for log in logs("Transfer(address,address,uint256)", None, pay_to)]
+    used = {(address(log["topics"][1]), Web3.to_hex(log["topics"][2]).lower()):
+            Web3.to_hex(log["transactionHash"])
+            for log in logs("AuthorizationUsed(address,bytes32)")}
+    return ChainSnapshot(chain, used, transfers, chain.balance(chain.pay_to))
+
+
+def _x402(rep: Report, snap: ChainSnapshot, *, live: bool) -> None:
+    """At most one transfer per purchase; every transfer known to Verity; no x402 success
+    without its transfer; unknown/awaiting never failed while the authorization is usable."""
+    from payments.enums import Outcome, Rail
+    from payments.models import OperationTransition, PaymentOperation, X402Authorization
+    from recovery.models import LedgerEntry
+
+    auths = {(a.payer.lower(), a.nonce.lower()): a
+             for a in X402Authorization.objects.select_related("operation")}
+    x402_ops = PaymentOperation.objects.filter(rail=Rail.X402)
+    rep.add("x402 purchases", x402_ops.values("purchase_id").distinct().count())
+    by_outcome = Counter(x402_ops.values_list("outcome", flat=True))
+    rep.add("x402 operations", sum(by_outcome.values()),
+            " ".join(f"{k}:{v}" for k, v in sorted(by_outcome.items())))
+    rep.add("x402 transfers on chain (to pay_to)", len(snap.transfers))
+    rep.add("x402 payments made (succeeded)", by_outcome.get(Outcome.SUCCEEDED, 0))
+
+    used_tx = {tx: key for key, tx in snap.used.items()}
+    unknown_transfers = [tx for _frm, _v, tx in snap.transfers
+                         if used_tx.get(tx) not in auths]
+    rep.add("x402 transfers unknown to Verity", len(unknown_transfers), "must be 0",
+            ok=not unknown_transfers)
+    for tx in unknown_transfers[:5]:
+        rep.add(f"  {tx}", "", "Transfer to pay_to without a Verity authorization")
+
+    per_purchase = Counter(auths[key].operation.purchase_id for key in snap.used if key in auths)
+    worst = max(per_purchase.values(), default=0)
+    twice = [pid for pid, n in per_purchase.items() if n > 1]
+    rep.add("max x402 transfers per purchase", worst, "must be at most 1", ok=worst <= 1)
+    for pid in twice[:5]:
+        rep.add(f"  {pid}", per_purchase[pid], "transfers on chain")
+
+    def used_now(a) -> bool:  # the snapshot was read first: look again before it counts
+        return snap.chain.authorization_used(a.payer, a.nonce)
+
+    no_transfer = [a.operation_id for key, a in auths.items()
+                   if a.operation.outcome == Outcome.SUCCEEDED and key not in snap.used
+                   and not used_now(a)]
+    rep.add("x402 succeeded at Verity, no transfer on chain", len(no_transfer), "must be 0",
+            ok=not no_transfer)
+    moved_but_failed = [a.operation_id for key, a in auths.items()
+                        if a.operation.outcome == Outcome.FAILED and key in snap.used]
+    rep.add("x402 failed at Verity, transfer on chain", len(moved_but_failed), "must be 0",
+            ok=not moved_but_failed)
+    for op_id in (no_transfer + moved_but_failed)[:5]:
+        op = PaymentOperation.objects.get(id=op_id)
+        rep.add(f"  {op_id}", op.outcome, f"reason={op.reason or '-'} purchase={op.purchase_id}")
+
+    # Once sent (unknown or awaiting the chain), failed only when the chain proves nothing
+    # can move: the authorization expired (chain time >= validBefore) or was cancelled.
+    was_open = set(OperationTransition.objects.filter(
+        operation__rail=Rail.X402, field="outcome",
+        target__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER]).values_list("operation_id",
+                                                                             flat=True))
+    chain_time = int(snap.chain.w3.eth.get_block("latest")["timestamp"])
+    failed_usable = [a.operation_id for a in auths.values()
+                     if a.operation.outcome == Outcome.FAILED and a.operation_id in was_open
+                     and chain_time < a.valid_before and not used_now(a)]
+    rep.add("x402 unknown/awaiting failed while still usable on chain", len(failed_usable),
+            "must be 0", ok=not failed_usable)
+    for op_id in failed_usable[:5]:
+        op = PaymentOperation.objects.get(id=op_id)
+        rep.add(f"  {op_id}", op.outcome, f"reason={op.reason or '-'} purchase={op.purchase_id}")
+    rep.add("x402 operations once unknown/awaiting (answer lost, pending)", len(was_open),
+            "reported")
+    open_now = x402_ops.filter(outcome__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER]).count()
+    rep.add("x402 unknown/awaiting the chain", open_now, "reported")
+    if live:
+        return
+    # Double entry: what the ledger says the x402 payments brought in is pay_to's balance.
+    shift = settings.X402_DECIMALS - 2
+    ledger = (LedgerEntry.objects.filter(account="provider_balance",
+                                         operation_id__in=x402_ops.values("id"))
+              .aggregate(s=Sum("amount"))["s"] or 0)
+    on_chain, rest = divmod(snap.balance, 10**shift)
+    rep.add("x402 ledger minus pay_to balance", ledger - on_chain, "must be 0",
+            ok=ledger == on_chain and not rest)

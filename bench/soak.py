@@ -1,7 +1,7 @@
 """Chaos soak: every operation kind, people in the loop, every fault, then invariants.
 
     python bench/soak.py [--seconds 600] [--agents 100] [--seed 7] [--drain 180]
-                         [--outage 30,60] [--out var/soak] [--quiet]
+                         [--outage 30,60] [--out var/soak] [--quiet] [--x402|--no-x402]
     make soak SOAK_ARGS="--seconds 120 --agents 30"
 
 Starts on loopback: throwaway PostgreSQL, Redis and localstripe (tests.stack), a fault
@@ -17,6 +17,13 @@ cleared; signed provider events delivered late, twice and out of order; refunds 
 the provider's dashboard and disputes opened, won and lost there (known to Verity only by
 their signed events); finance declining some refunds; and a seeded share of provider
 requests drilled (payments/providers fault drills).
+
+With --x402 (the default when Node/npm and tools/chain/node_modules are present) the stack
+also runs anvil with Circle's token and the SDK's facilitator, behind a second fault proxy;
+a seeded share of agents (--x402-share) buy a digital report over x402 (402 ->
+PAYMENT-SIGNATURE signed with the SDK's client by a payer the chain launcher funded),
+careless like the others; a share of the facilitator's answers (--x402-drop-rate) is
+dropped after the settle was forwarded, and `facilitator_outage` refuses its connections.
 
 Faults, each at a random moment and logged with its time: PostgreSQL restarted
 (`pg_ctl restart -m immediate`), a gunicorn worker SIGKILLed mid-request (while provider
@@ -63,7 +70,9 @@ CARD_DECLINE = "pm_card_chargeCustomerFail"
 AUTO_REFUND_LIMIT = 1000  # refunds up to this are automatic; larger ones wait for approval
 FAULT_KINDS = ("pg_restart", "web_kill", "provider_outage", "redis_restart",
                "worker_sigkill", "halt")
+X402_FAULT_KINDS = ("facilitator_outage",)  # with --x402: the facilitator refuses connections
 CHECK_EVERY_SECONDS = 30
+X402_SKU = "SOAK-REPORT"  # the x402 agents' digital good
 
 
 class Services:
@@ -345,6 +354,77 @@ class Agent(threading.Thread):
                                                     if amount - first >= 1 else 1})
 
 
+class X402Agent(Agent):
+    """A careless agent that buys a report over x402 (DESIGN §3): GET the deliverable,
+    402 -> sign PAYMENT-REQUIRED with the SDK's EVM client (a payer funded by the chain
+    launcher) -> GET again with PAYMENT-SIGNATURE. Times out early, repeats the same
+    signature, sometimes signs a second, different authorization for the same purchase,
+    and signs a new one after a failure."""
+
+    def __init__(self, n: int, api: Api, sku: str, deadline: float, seed: int,
+                 payer) -> None:
+        super().__init__(n, api, [sku], deadline, seed)
+        self.payer = payer
+
+    def journey(self) -> None:
+        from tests.x402.chain import sign
+
+        rng = self.rng
+        q = self.post("/api/v1/quotes", {"items": [{"sku": self.skus[0], "quantity": 1}],
+                                         "currency": "usd"}, uuid.uuid4().hex)
+        if q is None or q.status_code not in (200, 201):
+            return self.pause()
+        quote = q.json()
+        customer = rng.choice(self.customers)
+        p = self.post("/api/v1/purchases", {
+            "quote_id": quote["id"], "quote_version": quote["version"],
+            "customer": {"reference": customer, "email": f"{customer}@example.com"}},
+            uuid.uuid4().hex)
+        if p is None or p.status_code not in (200, 201):
+            return self.pause()
+        url = f"/api/v1/purchases/{p.json()['id']}/deliverable"
+        self.rec.count("x402_purchases")
+        r = self.api.call("GET", url)
+        required = r.headers.get("PAYMENT-REQUIRED") if r is not None else None
+        if r is None or r.status_code != 402 or not required:
+            return self.pause()
+        header, _auth = sign(required, self.payer)
+        self.rec.count("x402_signed")
+        for _ in range(rng.randint(1, 5)):
+            r = self.api.call("GET", url, headers={"PAYMENT-SIGNATURE": header},
+                              timeout=rng.choice([0.3, 1.0, 5.0, 15.0]))
+            body = _json(r)
+            if r is not None and r.status_code == 200:
+                self.rec.count("x402_delivered")
+                if rng.random() < 0.7:
+                    return
+                self.rec.count("x402_repeat_after_delivery")
+                continue
+            if r is not None and r.status_code == 402 and r.headers.get("PAYMENT-REQUIRED"):
+                # Failed, nothing charged: a new authorization is the way on (sometimes).
+                if rng.random() < 0.5:
+                    return
+                header, _auth = sign(r.headers["PAYMENT-REQUIRED"], self.payer)
+                self.rec.count("x402_new_authorization_after_failure")
+                continue
+            if r is not None and r.status_code == 409:
+                self.rec.count(f"x402_refused_{body.get('code', '409')}")
+                if body.get("code") == "already_paid":
+                    return
+            if r is not None and r.status_code in (202, 503):
+                time.sleep(min(5.0, float(r.headers.get("Retry-After", "1"))))
+            roll = rng.random()
+            if roll < 0.2:
+                # Careless: a second, different authorization for the same purchase.
+                header, _auth = sign(required, self.payer)
+                self.rec.count("x402_second_authorization")
+            else:
+                self.rec.count("x402_same_signature_again")
+            time.sleep(rng.random() * 0.5)
+        if rng.random() < 0.5:
+            self.api.call("GET", url)  # where is it now (no payment attached)
+
+
 class People(threading.Thread):
     """A finance user approving refunds (console-style, in this process) and a resolver
     settling unknown operations through the API — sometimes wrongly."""
@@ -396,12 +476,15 @@ class People(threading.Thread):
 
         from django.utils import timezone
 
-        from payments.enums import PAYMENT_KINDS, Outcome
+        from payments.enums import PAYMENT_KINDS, Outcome, Rail
         from payments.models import PaymentOperation
 
         old = timezone.now() - timedelta(seconds=15)
+        # The resolver reads the card provider's dashboard: card payments only (x402 ones
+        # are the chain's to settle).
         ops = list(PaymentOperation.objects.filter(outcome=Outcome.UNKNOWN, created_at__lt=old,
-                                                   kind__in=PAYMENT_KINDS).order_by("?")[:2])
+                                                   kind__in=PAYMENT_KINDS, rail=Rail.STRIPE)
+                   .order_by("?")[:2])
         for op in ops:
             # The person looks at the provider's dashboard first (and sometimes misreads it).
             truth = "failed"
@@ -444,10 +527,10 @@ class Events(threading.Thread):
 
     def recent_intent(self) -> dict | None:
         """One of the latest payments' PaymentIntents, as the provider has it now."""
-        from payments.enums import PAYMENT_KINDS
+        from payments.enums import PAYMENT_KINDS, Rail
         from payments.models import PaymentOperation
 
-        refs = list(PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS)
+        refs = list(PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS, rail=Rail.STRIPE)
                     .exclude(provider_reference="").order_by("-created_at")
                     .values_list("provider_reference", flat=True)[:50])
         if not refs:
@@ -544,11 +627,11 @@ class ProviderDesk(Events):
                 self.deliver(body)
 
     def charged_intent(self) -> dict | None:
-        from payments.enums import OperationKind, Outcome
+        from payments.enums import OperationKind, Outcome, Rail
         from payments.models import PaymentOperation
 
         refs = list(PaymentOperation.objects.filter(kind=OperationKind.CHARGE,
-                                                    outcome=Outcome.SUCCEEDED,
+                                                    outcome=Outcome.SUCCEEDED, rail=Rail.STRIPE,
                                                     is_duplicate=False)
                     .exclude(provider_reference="").order_by("-created_at")
                     .values_list("provider_reference", flat=True)[:40])
@@ -613,19 +696,23 @@ class ProviderDesk(Events):
                 self.rec.count(f"dispute_{status}")
 
 
-def fault_plan(seconds: float, rng: random.Random, *, outage: tuple[float, float]) -> list:
+def fault_plan(seconds: float, rng: random.Random, *, outage: tuple[float, float],
+               x402: bool = False) -> list:
     """(at, kind) for the run: every kind at least once, then random ones, spaced out.
     The first faults come in a fixed order so even a short run sees a database restart
     and a web kill early."""
     start, end = min(12.0, seconds * 0.15), seconds - max(8.0, outage[1] * 0.3)
-    kinds = list(FAULT_KINDS)
+    kinds = list(FAULT_KINDS) + (list(X402_FAULT_KINDS) if x402 else [])
     rest = kinds[2:]
     rng.shuffle(rest)
     kinds = kinds[:2] + rest
     gap = max(4.0, min(25.0, (end - start) / max(len(kinds), 1)))
     n_more = max(0, int((end - start) / gap) - len(kinds))
-    kinds += rng.choices(["worker_sigkill", "redis_restart", "web_kill", "pg_restart", "halt",
-                          "provider_outage"], weights=[3, 2, 3, 2, 2, 1], k=n_more)
+    more, weights = (["worker_sigkill", "redis_restart", "web_kill", "pg_restart", "halt",
+                      "provider_outage"], [3, 2, 3, 2, 2, 1])
+    if x402:
+        more, weights = more + list(X402_FAULT_KINDS), weights + [1]
+    kinds += rng.choices(more, weights=weights, k=n_more)
     plan, t = [], start
     for kind in kinds:
         plan.append((t, kind))
@@ -637,7 +724,7 @@ def fault_plan(seconds: float, rng: random.Random, *, outage: tuple[float, float
 
 def chaos(plan: list, services: Services, stack: Stack, proxy: FaultProxy,
           rec: Recorder, rng: random.Random, deadline: float, outage: tuple[float, float],
-          progress: Progress) -> None:
+          progress: Progress, x402_proxy: FaultProxy | None = None) -> None:
     from django.db import connection
 
     outage_until = [0.0]
@@ -666,11 +753,15 @@ def chaos(plan: list, services: Services, stack: Stack, proxy: FaultProxy,
             if not pids:
                 continue
             proxy.hold(1.5)  # provider answers are late: kill between call and record
+            if x402_proxy is not None:
+                x402_proxy.hold(1.5)  # the facilitator's too: between settle and record
             time.sleep(0.8)
             victim = rng.choice(pids)
             inflight = rec.inflight
             os.kill(victim, signal.SIGKILL)
             proxy.hold(0)
+            if x402_proxy is not None:
+                x402_proxy.hold(0)
             f = rec.fault(kind, f"SIGKILL gunicorn worker {victim}, {inflight} requests in "
                                 "flight, provider answers held 1.5 s")
         elif kind == "provider_outage":
@@ -680,6 +771,14 @@ def chaos(plan: list, services: Services, stack: Stack, proxy: FaultProxy,
             outage_until[0] = time.monotonic() + seconds + 5
             threading.Thread(target=provider_outage, args=(seconds,), daemon=True).start()
             continue
+        elif kind == "facilitator_outage":
+            if x402_proxy is None:
+                continue
+            seconds = rng.uniform(3, 8)
+            x402_proxy.down()  # new settles refused (not sent), those in flight reset
+            time.sleep(seconds)
+            x402_proxy.up()
+            f = rec.fault(kind, "connections to the x402 facilitator refused", seconds, at=t0)
         elif kind == "redis_restart":
             down = rng.uniform(1, 4)
             restart_redis(stack, down)
@@ -774,6 +873,30 @@ def _busy(timezone, timedelta) -> int:
                 .values("id")).count())
 
 
+def x402_available() -> bool:
+    """Node/npm and the chain's npm packages (anvil, Circle's token artifacts) are here."""
+    import shutil
+
+    from config import x402_chain
+
+    return bool(shutil.which("node") and shutil.which("npm")
+                and (x402_chain.CHAIN_TOOLS / "node_modules").is_dir()
+                and x402_chain.available())
+
+
+def miner(stop: threading.Event) -> None:
+    """The chain keeps making blocks (every 2 s), as a real one does: its clock moves, so
+    an authorization nobody used is provably expired after validBefore."""
+    from tests.x402.chain import Chain
+
+    chain = Chain()
+    while not stop.wait(2):
+        try:
+            chain.mine()
+        except Exception:  # noqa: BLE001 - next block then
+            pass
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=600, help="driving time (default 600)")
@@ -789,6 +912,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "var" / "soak"),
                     help="directory for soak.svg and soak.json")
     ap.add_argument("--quiet", action="store_true", help="no progress line")
+    ap.add_argument("--x402", action=argparse.BooleanOptionalAction, default=x402_available(),
+                    help="also start the chain and the x402 facilitator and pay x402 "
+                         "(default: on when Node/npm and tools/chain/node_modules are there)")
+    ap.add_argument("--x402-share", type=float, default=0.2,
+                    help="share of agents that buy reports over x402 (default 0.2)")
+    ap.add_argument("--x402-drop-rate", type=float, default=0.1,
+                    help="share of facilitator answers dropped after the settle was "
+                         "forwarded (default 0.1)")
     args = ap.parse_args(argv)
     outage = tuple(float(x) for x in args.outage.split(","))
     rec = Recorder()
@@ -841,11 +972,21 @@ def main(argv=None) -> int:
 
 
 def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
-    with Stack() as stack:
+    with Stack(x402=args.x402) as stack:
         logdir = stack.tmp / "soak-logs"
         logdir.mkdir()
         proxy = FaultProxy(stack.localstripe_port)
         proxy.up()
+        x402_proxy, x402_env = None, {}
+        if args.x402:
+            # The facilitator behind its own fault proxy: outages refuse connections, a
+            # seeded share of answers is dropped after the settle was forwarded.
+            x402_proxy = FaultProxy(stack.x402_ports[1], seed=args.seed)
+            x402_proxy.up()
+            x402_proxy.drop_answers(args.x402_drop_rate)
+            x402_env = {"X402_FACILITATOR_URL": x402_proxy.base,
+                        # an authorization nobody used expires (provably failed) in the drain
+                        "X402_MAX_TIMEOUT_SECONDS": "60", "X402_FACILITATOR_TIMEOUT": "5"}
         env = {**os.environ, **stack.env,
                "DJANGO_SETTINGS_MODULE": "config.settings",
                "STRIPE_API_BASE": proxy.base,  # the processes under test see the proxy
@@ -858,7 +999,7 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
                "RECONCILE_SWEEP_SECONDS": "1", "DEAD_DISPATCH_SWEEP_SECONDS": "2",
                "FAULT_DRILL_RANDOM_RATE": str(args.fault_rate),
                "FAULT_DRILL_RANDOM_SEED": str(args.seed),
-               "CELERY_DB_REUSE_MAX": "1000"}
+               "CELERY_DB_REUSE_MAX": "1000", **x402_env}
         subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env,
                        check=True)
         manage = [sys.executable, "manage.py", "create_api_client"]
@@ -876,10 +1017,15 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
                                       check=True, capture_output=True,
                                       text=True).stdout.strip().splitlines()[-1]
         # This process checks and approves: it talks to the provider itself, not the proxy.
-        os.environ.update({**env, "STRIPE_API_BASE": stack.env["STRIPE_API_BASE"]})
+        os.environ.update({**env, "STRIPE_API_BASE": stack.env["STRIPE_API_BASE"],
+                           **({"X402_FACILITATOR_URL": stack.env["X402_FACILITATOR_URL"]}
+                              if args.x402 else {})})
         import django
 
         django.setup()
+        import logging
+
+        logging.getLogger("x402").setLevel(logging.WARNING)  # the SDK logs every signature
         from django.contrib.auth.models import Group, User
 
         from payments.models import Product
@@ -891,29 +1037,43 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
             Product.objects.get_or_create(sku=f"SOAK-{i}", defaults={
                 "name": f"Soak item {i}", "price": price, "stock": 10**8})
             skus.append(f"SOAK-{i}")
+        if args.x402:  # a digital good: the x402 agents' report (the deliverable step)
+            Product.objects.get_or_create(sku=X402_SKU, defaults={
+                "name": "Soak report", "price": 900, "stock": 10**8, "kind": "digital"})
 
         services = Services(stack, env, logdir)
         try:
             return _drive(args, outage, rec, state, progress, stack, proxy, services, env,
-                          key, resolver_key, skus, logdir)
+                          key, resolver_key, skus, logdir, x402_proxy)
         finally:
             services.stop()  # also when something above failed: no process outlives the run
 
 
 def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: Stack,
            proxy: FaultProxy, services: Services, env: dict, key: str, resolver_key: str,
-           skus: list[str], logdir: Path) -> int:
+           skus: list[str], logdir: Path, x402_proxy: FaultProxy | None = None) -> int:
     services.start(chaos=True)
     base = f"http://127.0.0.1:{services.web_port}"
     requests.post(f"{stack.env['STRIPE_API_BASE']}/_config/webhooks/soak",
                   data={"url": f"{base}/webhooks/stripe/", "secret": SECRET},
                   timeout=10).raise_for_status()
     rng = random.Random(args.seed)
-    plan = fault_plan(args.seconds, rng, outage=outage)
+    plan = fault_plan(args.seconds, rng, outage=outage, x402=x402_proxy is not None)
     rec.started = time.monotonic()
     deadline = rec.started + args.seconds
     state["phase"] = "driving"
-    threads = [Agent(n, Api(base, key, rec), skus, deadline, args.seed)
+    x402_agents: set[int] = set()
+    mining = threading.Event()
+    if x402_proxy is not None:
+        from eth_account import Account
+
+        payers = [Account.from_key(k) for k in stack.env["X402_PAYER_KEYS"].split(",")]
+        x402_agents = set(random.Random(args.seed + 4).sample(
+            range(args.agents), max(1, round(args.agents * args.x402_share))))
+        threading.Thread(target=miner, args=(mining,), daemon=True).start()
+    threads = [X402Agent(n, Api(base, key, rec), X402_SKU, deadline, args.seed,
+                         payers[n % len(payers)]) if n in x402_agents
+               else Agent(n, Api(base, key, rec), skus, deadline, args.seed)
                for n in range(args.agents)]
     threads += [People(Api(base, resolver_key, rec), stack.env["STRIPE_API_BASE"], deadline,
                        random.Random(args.seed + 1), rec, args.wrong_resolutions),
@@ -922,7 +1082,8 @@ def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: 
                 ProviderDesk(Api(base, None, rec), stack.env["STRIPE_API_BASE"], deadline,
                              random.Random(args.seed + 3), rec)]
     side = [threading.Thread(target=chaos, args=(plan, services, stack, proxy, rec, rng,
-                                                 deadline, outage, progress), daemon=True),
+                                                 deadline, outage, progress, x402_proxy),
+                             daemon=True),
             threading.Thread(target=checker, args=(rec, deadline, progress,
                                                    state["checks"]), daemon=True)]
     for t in threads + side:
@@ -933,6 +1094,12 @@ def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: 
     if proxy._listener is None:  # an outage outlived the run
         proxy.up()
     proxy.hold(0)
+    if x402_proxy is not None:
+        if x402_proxy._listener is None:
+            x402_proxy.up()
+        x402_proxy.hold(0)
+        x402_proxy.drop_answers(0)
+        rec.count("x402_facilitator_answers_dropped", x402_proxy.dropped)
 
     # Drain without chaos: restart every process with faults off, let recovery run.
     state["phase"] = "draining"
@@ -944,6 +1111,7 @@ def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: 
     from bench.invariants import check
 
     report = check()
+    mining.set()
     services.stop()
     bad_5xx = rec.disallowed_5xx()
 
@@ -954,6 +1122,7 @@ def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: 
     (out / "soak.svg").write_text(rec.chart_svg(title))
     (out / "soak.json").write_text(json.dumps({
         "seconds": drove, "agents": args.agents, "seed": args.seed,
+        "x402_agents": len(x402_agents),
         "drained_seconds": drained, "counters": dict(rec.counters),
         "answers": dict(rec.status_counts()),
         "faults": [f.__dict__ for f in rec.faults], "timeline": rec.timeline(),
@@ -961,7 +1130,8 @@ def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: 
         "violations": report.violations, "disallowed_5xx": bad_5xx[:200]}, indent=1))
     progress.stop()
 
-    print(f"\nsoak: {drove:.0f}s driving, {args.agents} agents, seed {args.seed}, "
+    print(f"\nsoak: {drove:.0f}s driving, {args.agents} agents "
+          f"({len(x402_agents)} paying over x402), seed {args.seed}, "
           f"fault rate {args.fault_rate}, drained in {drained:.0f}s")
     print("events: " + ", ".join(f"{k}={v}" for k, v in sorted(rec.counters.items())))
     print(f"\n== per endpoint ==\n{rec.endpoint_table()}")

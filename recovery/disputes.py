@@ -17,12 +17,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from payments.disputes import dispute_refresh
-from payments.enums import DISPUTE_CLOSED_STATUSES, DisputeStatus
+from payments.enums import DISPUTE_CLOSED_STATUSES, DisputeStatus, OperationKind, Outcome
 from payments.models import Dispute
 
 from .models import LedgerAccount, OutboxCategory
 from .outbox import outbox_put
-from .steps import _ledger_pair
+from .steps import PaymentInfo, _ledger_pair, ledger_record_sale
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +31,18 @@ def dispute_ledger_book(*, dispute_id: str) -> int:
     """Book what the stored dispute says; idempotent (unique per entry). Returns the
     number of balance transactions considered."""
 
-    dispute = Dispute.objects.get(id=dispute_id)
+    dispute = Dispute.objects.select_related("payment").get(id=dispute_id)
     moves = list(dispute.balance_transactions or [])
+    payment = dispute.payment
     with transaction.atomic():
+        if moves and payment.kind == OperationKind.CHARGE and payment.outcome == Outcome.SUCCEEDED:
+            # A dispute can open before fulfilment ever ran: the purchase is no longer paid,
+            # so the ledger step never books the sale the withdrawal takes back. Book it
+            # here first (idempotent: the ledger step books the same rows).
+            ledger_record_sale(purchase_id=dispute.purchase_id, payment=PaymentInfo(
+                id=payment.id, kind=payment.kind, amount=payment.amount,
+                currency=payment.currency, provider_reference=payment.provider_reference or "",
+                provider_charge=payment.provider_charge or ""))
         for move in moves:
             common = {"purchase_id": dispute.purchase_id, "operation_id": move["id"][:40],
                       "provider_reference": dispute.id, "currency": move["currency"]

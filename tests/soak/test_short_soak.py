@@ -8,6 +8,11 @@ Wrong manual resolutions are on (20 %, as in `make soak`): the provider's record
 over a person's wrong word — read back before the resolution and, when the provider could
 not be read then, on the reconcile schedule afterwards (issue #22). Refunds and disputes made
 at the provider directly arrive as signed events; finance declines some refunds.
+
+When Node/npm and tools/chain/node_modules are present (`bench.soak.x402_available`), the
+run also starts the chain and the x402 facilitator (behind its fault proxy: an outage and
+dropped answers) and a seeded fifth of the agents buy reports over x402: at least one x402
+payment must be made, and the chain's transfers must match Verity's rows.
 """
 import re
 import subprocess
@@ -15,6 +20,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.soak import x402_available  # noqa: E402
 
 
 def test_short_chaos_soak_holds_every_invariant(tmp_path):
@@ -30,6 +38,12 @@ def test_short_chaos_soak_holds_every_invariant(tmp_path):
     for kind in ("pg_restart", "web_kill", "provider_outage", "redis_restart",
                  "worker_sigkill", "halt"):
         assert re.search(rf"\s{kind}\s", faults), f"no {kind} in the fault log"
+    if x402_available():
+        assert re.search(r"\sfacilitator_outage\s", faults), "no facilitator outage"
+        paid = re.search(r"x402 payments made \(succeeded\)\s+(\d+)", out)
+        assert paid and int(paid.group(1)) >= 1, "no x402 payment was made"
+        moved = re.search(r"x402 transfers on chain \(to pay_to\)\s+(\d+)", out)
+        assert moved and int(moved.group(1)) >= 1, "no x402 transfer on chain"
     assert "== per endpoint ==" in out and "POST /api/v1/purchases/{pur}/payments" in out
     # progress reached stderr at once and the live checks ran
     assert "soak [0:00]" in result.stderr

@@ -238,3 +238,23 @@ def test_a_missed_closing_event_is_caught_by_the_periodic_read_back(
     assert ledger_balance(purchase.pk) == provider_net(localstripe,
                                                        {op.provider_charge, dispute["id"]})
     assert disputes_refresh_open() == 0  # nothing open is left to read
+
+
+def test_a_dispute_opened_before_fulfilment_books_the_sale_it_withdraws(
+        client, new_purchase, pay, localstripe):
+    # given a charge whose follow-up work (the ledger step) has not run yet
+    purchase = new_purchase()
+    op = pay(purchase)
+    assert entries(purchase.pk, "sale") == 0
+    dispute = open_dispute(op.provider_charge, reason="fraudulent")
+
+    # when the card network disputes it before the orchestrator handled the purchase
+    result = deliver_and_process(client, dispute_event(dispute["id"], "charge.dispute.created"))
+    settle()
+
+    # then the ledger holds what the provider holds (found by the soak: -amount)
+    assert result == EventResult.APPLIED
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.DISPUTED
+    assert entries(purchase.pk, "sale") == 2
+    sources = {op.provider_charge, dispute["id"]}
+    assert ledger_balance(purchase.pk) - provider_net(localstripe, sources) == 0
