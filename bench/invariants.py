@@ -237,8 +237,11 @@ def check(*, live: bool = False) -> Report:
         id__in=paid_ids, status__in=[PurchaseStatus.DISPUTED, PurchaseStatus.DISPUTE_WON,
                                      PurchaseStatus.DISPUTE_LOST])
         .values_list("id", flat=True)
-        if not any(state == "done" for (_step, state) in steps[pid])}
-    rep.add("paid purchases disputed before fulfilment", len(disputed_early), "reported")
+        if any(steps[pid][(s, "done")] != 1 for s in PAID_STEPS)}
+    # A dispute pauses fulfilment (nothing more ships while the money is contested). Known
+    # gap, reported: after a WON dispute nothing resumes the remaining steps yet.
+    rep.add("paid purchases whose fulfilment a dispute paused", len(disputed_early),
+            "reported (not resumed after a won dispute: open)")
     # Voided or refunded while fulfilment was under way: the rest of the steps rightly never
     # run, as long as the order was cancelled (the void's compensation) -- reported.
     live_orders = set(Order.objects.filter(cancelled_at__isnull=True)
