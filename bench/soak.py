@@ -862,12 +862,17 @@ def _busy(timezone, timedelta) -> int:
     from payments.enums import Outcome
     from payments.models import PaymentOperation, Purchase
     from recovery.models import OutboxMessage, StepRun
+    from webhooks.models import EventResult, ProviderEvent
 
+    # Every outbox row due now (an event that just arrived, the last one the provider
+    # redelivered: found by the short soak in CI, checked before its row ran) and every
+    # event not yet judged or held for a re-match.
     return (PaymentOperation.objects.filter(outcome__in=[Outcome.DISPATCHING,
                                                          Outcome.PENDING]).count()
-            + OutboxMessage.objects.filter(
-                processed_at__isnull=True,
-                available_at__lte=timezone.now() - timedelta(seconds=30)).count()
+            + OutboxMessage.objects.filter(processed_at__isnull=True,
+                                           available_at__lte=timezone.now()).count()
+            + ProviderEvent.objects.filter(result__in=[EventResult.PENDING,
+                                                       EventResult.HELD]).count()
             + StepRun.objects.filter(state__in=["pending", "running"]).exclude(
                 purchase_id__in=Purchase.objects.filter(status="manual_review")
                 .values("id")).count())
