@@ -120,7 +120,7 @@ o AS (
     INSERT INTO recovery_outboxmessage
         (category, payload, dedupe_key, available_at, claimed_until, attempts, last_error,
          processed_at, created_at)
-    SELECT %s, json_build_object('event', e.id)::jsonb, %s, %s, NULL, 0, '', NULL, %s
+    SELECT %s, jsonb_build_object('event', e.id), %s, %s, NULL, 0, '', NULL, %s
     FROM e WHERE %s
     ON CONFLICT DO NOTHING
 )
