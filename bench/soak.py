@@ -912,6 +912,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fault-rate", type=float, default=0.15,
                     help="share of provider requests drilled")
     ap.add_argument("--outage", default="30,60", help="provider outage seconds: min,max")
+    ap.add_argument("--provider-desk", action=argparse.BooleanOptionalAction, default=True,
+                    help="refunds and disputes made in the provider's dashboard (default on)")
     ap.add_argument("--wrong-resolutions", type=float, default=0.2,
                     help="share of manual resolutions that are wrong")
     ap.add_argument("--out", default=str(ROOT / "var" / "soak"),
@@ -1083,9 +1085,10 @@ def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: 
     threads += [People(Api(base, resolver_key, rec), stack.env["STRIPE_API_BASE"], deadline,
                        random.Random(args.seed + 1), rec, args.wrong_resolutions),
                 Events(Api(base, None, rec), stack.env["STRIPE_API_BASE"], deadline,
-                       random.Random(args.seed + 2), rec),
-                ProviderDesk(Api(base, None, rec), stack.env["STRIPE_API_BASE"], deadline,
-                             random.Random(args.seed + 3), rec)]
+                       random.Random(args.seed + 2), rec)]
+    if args.provider_desk:
+        threads.append(ProviderDesk(Api(base, None, rec), stack.env["STRIPE_API_BASE"],
+                                    deadline, random.Random(args.seed + 3), rec))
     side = [threading.Thread(target=chaos, args=(plan, services, stack, proxy, rec, rng,
                                                  deadline, outage, progress, x402_proxy),
                              daemon=True),
