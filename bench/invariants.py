@@ -66,6 +66,20 @@ def _provider_status(resource: str, object_id: str) -> str:
     return r.json().get("status", "") if r.status_code == 200 else ""
 
 
+def _stray_refund_detail(rid: str, refunds: list[dict], by_ref: dict, events) -> str:
+    """What Verity holds about a provider refund it did not record: the payment it refunds
+    and every stored event about it (result, reason, attempts)."""
+    refund = next((r for r in refunds if r["id"] == rid), {})
+    payment = by_ref.get(refund.get("payment_intent") or "")
+    held = [f"{e.type}:{e.result}:{e.result_reason or '-'}:x{e.attempts}"
+            for e in events.objects.filter(payload__data__object__id=rid).order_by("id")]
+    return (f"amount={refund.get('amount')} status={refund.get('status')} "
+            f"intent={refund.get('payment_intent')} payment="
+            + (f"{payment.id} {payment.kind} {payment.outcome} purchase={payment.purchase_id}"
+               if payment else "absent")
+            + f" events={held or 'none'}")
+
+
 def check(*, live: bool = False) -> Report:
     from payments.enums import (
         OVERTURN_CAUSE,
@@ -147,6 +161,9 @@ def check(*, live: bool = False) -> Report:
     rep.add("provider refunds", len(refunds))
     rep.add("provider refunds unknown to Verity", len(stray_refunds), "must be 0"
             + (" after drain" if live else ""), ok=live or not stray_refunds)
+    if not live:
+        for rid in stray_refunds[:5]:
+            rep.add(f"  {rid}", "", _stray_refund_detail(rid, refunds, by_ref, ProviderEvent))
     disputes = _provider_list("disputes")
     rep.add("provider disputes", len(disputes))
     refunded_ok = {r["id"] for r in refunds if r["status"] == "succeeded"}
@@ -233,19 +250,29 @@ def check(*, live: bool = False) -> Report:
     rep.add("paid purchases reversed before fulfilment", len(reversed_early), "reported")
     # Disputed before any step was done: fulfilment runs only on a paid purchase, so the
     # card network's dispute (its withdrawal booked against the sale) stops it (reported).
-    disputed_early = {pid for pid in Purchase.objects.filter(
-        id__in=paid_ids, status__in=[PurchaseStatus.DISPUTED, PurchaseStatus.DISPUTE_WON,
-                                     PurchaseStatus.DISPUTE_LOST])
-        .values_list("id", flat=True)
-        if any(steps[pid][(s, "done")] != 1 for s in PAID_STEPS)}
-    # A dispute pauses fulfilment (nothing more ships while the money is contested). Known
-    # gap, reported: after a WON dispute nothing resumes the remaining steps yet.
-    rep.add("paid purchases whose fulfilment a dispute paused", len(disputed_early),
-            "reported (not resumed after a won dispute: open)")
-    # Voided or refunded while fulfilment was under way: the rest of the steps rightly never
-    # run, as long as the order was cancelled (the void's compensation) -- reported.
+    # A dispute pauses fulfilment (nothing more ships while the money is contested): open
+    # ones are reported; a lost one ships nothing more and its order is cancelled; a won one
+    # resumes the remaining steps (after the drain, one still unfinished is a violation).
     live_orders = set(Order.objects.filter(cancelled_at__isnull=True)
                       .values_list("purchase_id", flat=True))
+    paused = {status: {pid for pid in Purchase.objects.filter(id__in=paid_ids, status=status)
+                       .values_list("id", flat=True)
+                       if any(steps[pid][(s, "done")] != 1 for s in PAID_STEPS)}
+              for status in (PurchaseStatus.DISPUTED, PurchaseStatus.DISPUTE_WON,
+                             PurchaseStatus.DISPUTE_LOST)}
+    disputed_early = set().union(*paused.values())
+    rep.add("paid purchases whose fulfilment an open dispute paused",
+            len(paused[PurchaseStatus.DISPUTED]), "reported")
+    rep.add("won disputes whose fulfilment did not resume",
+            len(paused[PurchaseStatus.DISPUTE_WON]), "must be 0" + (" after drain" if live else ""),
+            ok=live or not paused[PurchaseStatus.DISPUTE_WON])
+    lost_live = paused[PurchaseStatus.DISPUTE_LOST] & live_orders
+    rep.add("lost disputes mid-fulfilment, no live order",
+            len(paused[PurchaseStatus.DISPUTE_LOST] - live_orders), "reported")
+    rep.add("lost disputes mid-fulfilment, order not cancelled", len(lost_live),
+            "must be 0" + (" after drain" if live else ""), ok=live or not lost_live)
+    # Voided or refunded while fulfilment was under way: the rest of the steps rightly never
+    # run, as long as the order was cancelled (the void's compensation) -- reported.
     reversed_mid = {pid for pid in Purchase.objects.filter(
         id__in=paid_ids, status__in=[PurchaseStatus.REFUNDED, PurchaseStatus.VOIDED])
         .values_list("id", flat=True)

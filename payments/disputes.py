@@ -44,7 +44,7 @@ from .locks import (
 )
 from .models import Dispute, PaymentOperation, ProviderCall, Purchase
 from .providers.base import DisputeObject
-from .services.common import _history
+from .services.common import _history, payment_unsettled
 
 log = logging.getLogger("verity.payments.disputes")
 
@@ -56,6 +56,7 @@ class DisputeApply(str, Enum):
     CONFLICT = "conflict"
     MISMATCH = "mismatch"
     NO_MATCH = "no_match"
+    WAITING = "waiting"  # the payment it names is not settled at Verity yet
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,10 @@ def dispute_apply_observation(*, obj: DisputeObject, verification: str, cause: s
         purchase, payment = lock_purchase_and_operation(payment.id)
         ids = {"dispute_id": obj.id, "operation_id": payment.id, "purchase_id": purchase.id}
         why = _mismatch(payment, obj)
+        if why == "payment_not_succeeded" and payment_unsettled(payment):
+            # The provider disputes a charge whose answer Verity lost (or a person's word
+            # awaits read-back): the dispute is real; it waits for Verity's record.
+            return DisputeApplyResult(DisputeApply.WAITING, "payment_not_settled", **ids)
         if why:
             return DisputeApplyResult(DisputeApply.MISMATCH, why, **ids)
         dispute = lock_dispute(obj.id)

@@ -33,6 +33,10 @@ class Outcome(models.TextChoices):
 
 
 TERMINAL_OUTCOMES = (Outcome.SUCCEEDED, Outcome.FAILED)
+# Why an event about money the provider moved (an external refund, a dispute) is held while
+# Verity's own record of that money is not settled yet: it waits as long as the record does
+# (the reconciler settles it), never quarantined for it (webhooks.services).
+OWN_RECORD_UNSETTLED = ("payment_not_settled", "capture_not_settled")
 # Outcomes that hold the purchase's slot: no other money movement may start meanwhile.
 SLOT_HOLDING_OUTCOMES = (
     Outcome.PENDING,

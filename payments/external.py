@@ -42,7 +42,7 @@ from .locks import (
 )
 from .models import PaymentOperation
 from .providers.base import ProviderObject
-from .services.common import _audit, _captured_amount, _history
+from .services.common import _audit, _captured_amount, _history, payment_unsettled
 from .services.observations import _schedule_reconcile, _settle_effects
 from .services.operations import _create_op
 
@@ -116,6 +116,20 @@ def _busy(purchase) -> bool:
     return purchase.operations.filter(outcome__in=SLOT_HOLDING_OUTCOMES).exists()
 
 
+def _own_record_unsettled(purchase, payment: PaymentOperation, refund: ProviderObject) -> str:
+    """Why Verity cannot judge this refund yet, or "" when its own record is settled: the
+    payment not terminal, a person's "failed" not yet confirmed by the provider's read-back,
+    or (the refund exceeding what is captured) a capture still in flight."""
+    if payment_unsettled(payment):
+        return "payment_not_settled"
+    room = _captured_amount(purchase) - _refunded_total(purchase, succeeded_only=True)
+    if payment.outcome == Outcome.SUCCEEDED and refund.amount > room and (
+            purchase.operations.filter(kind=OperationKind.CAPTURE)
+            .exclude(outcome__in=(Outcome.SUCCEEDED, Outcome.FAILED)).exists()):
+        return "capture_not_settled"
+    return ""
+
+
 def external_refund_record(*, payment_operation_id: str, refund: ProviderObject,
                            verification: str, cause: str, actor: str = ""
                            ) -> ExternalApplyResult:
@@ -137,10 +151,18 @@ def external_refund_record(*, payment_operation_id: str, refund: ProviderObject,
             why = "reference"
         elif refund.currency.lower() != payment.currency.lower():
             why = "currency"
-        elif payment.kind not in PAYMENT_KINDS or payment.outcome != Outcome.SUCCEEDED:
+        elif payment.kind not in PAYMENT_KINDS:
             why = "payment_not_succeeded"
         if why:
             return ExternalApplyResult(ExternalResult.MISMATCH, why, **ids)
+        waiting = _own_record_unsettled(purchase, payment, refund)
+        if waiting:
+            # The provider refunded money Verity has not confirmed it holds yet (its answer
+            # was lost, a person's word awaits read-back, a capture is in flight): the refund
+            # is real, so the event waits for Verity's record instead of being judged now.
+            return ExternalApplyResult(ExternalResult.NOT_EXTERNAL, waiting, **ids)
+        if payment.outcome != Outcome.SUCCEEDED:
+            return ExternalApplyResult(ExternalResult.MISMATCH, "payment_not_succeeded", **ids)
         if refund.status in ("failed", "canceled"):
             # no money left: nothing to record (a later event cannot revive it)
             return ExternalApplyResult(ExternalResult.NOTHING_MOVED, f"refund_{refund.status}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_handler
 
-from .external import external_refunds_read
+from .external import ExternalResult, external_refunds_read
 from .services import operation_dispatch_or_wait, operation_reconcile
 
 
@@ -19,6 +19,14 @@ def _handle_dispatch(payload: dict) -> None:
     operation_dispatch_or_wait(operation_id=payload["operation"])
 
 
+class ExternalRefundsWait(Exception):
+    """An external refund read back before Verity's own record of the payment settled: the
+    message backs off and reads again (the refund is real; it must not be dropped)."""
+
+
 @outbox_handler(OutboxCategory.PROVIDER_REFUNDS_READ)
 def _handle_provider_refunds_read(payload: dict) -> None:
-    external_refunds_read(payment_operation_id=payload["operation"])
+    results = external_refunds_read(payment_operation_id=payload["operation"])
+    waiting = [r.reason for r in results if r.result == ExternalResult.NOT_EXTERNAL]
+    if waiting:
+        raise ExternalRefundsWait(f"external refunds wait: {', '.join(waiting)}")

@@ -17,11 +17,18 @@ from django.db import transaction
 from django.utils import timezone
 
 from payments.disputes import dispute_refresh
-from payments.enums import DISPUTE_CLOSED_STATUSES, DisputeStatus, OperationKind, Outcome
-from payments.models import Dispute
+from payments.enums import (
+    DISPUTE_CLOSED_STATUSES,
+    DisputeStatus,
+    OperationKind,
+    Outcome,
+    PurchaseStatus,
+)
+from payments.models import Dispute, Purchase
 
 from .models import LedgerAccount, OutboxCategory
-from .outbox import outbox_put
+from .orchestrator import FULFILLABLE_STATUSES, fulfilment_unfinished, order_cancel
+from .outbox import outbox_put, run_steps_put
 from .steps import PaymentInfo, _ledger_pair, ledger_record_sale
 
 log = logging.getLogger(__name__)
@@ -76,6 +83,33 @@ def dispute_changed(*, dispute_id: str) -> None:
     except Exception:  # the provider's read-back is a refresh, not a precondition
         log.warning("dispute read-back failed dispute=%s", dispute_id, exc_info=True)
     dispute_ledger_book(dispute_id=dispute_id)
+    dispute_fulfilment_follow(dispute_id=dispute_id)
+
+
+def dispute_fulfilment_follow(*, dispute_id: str) -> str:
+    """An open dispute pauses fulfilment (steps run only on a fulfillable purchase). Once it
+    closes, what is left of fulfilment follows how it ended:
+    - won, or an inquiry withdrawn: the money is the merchant's, the remaining steps resume
+      (each once: the orchestrator skips the steps already done);
+    - lost: the money went back to the buyer, nothing more ships, an order already made is
+      cancelled (as after a void).
+    Returns what it did: `resumed`, `order_cancelled` or `nothing`. Idempotent."""
+
+    dispute = Dispute.objects.only("purchase_id", "status").get(id=dispute_id)
+    status = Purchase.objects.filter(id=dispute.purchase_id).values_list("status", flat=True).get()
+    if not fulfilment_unfinished(dispute.purchase_id):
+        return "nothing"
+    if status in FULFILLABLE_STATUSES:
+        with transaction.atomic():
+            run_steps_put(purchase_id=dispute.purchase_id)
+        log.info("fulfilment resumed after dispute=%s status=%s purchase=%s", dispute_id,
+                 dispute.status, dispute.purchase_id)
+        return "resumed"
+    if status == PurchaseStatus.DISPUTE_LOST and order_cancel(
+            purchase_id=dispute.purchase_id,
+            detail=f"dispute {dispute_id} lost before fulfilment finished: order cancelled"):
+        return "order_cancelled"
+    return "nothing"
 
 
 def disputes_refresh_open() -> int:

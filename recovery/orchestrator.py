@@ -68,6 +68,11 @@ NOT_READY = "not_ready"  # not paid (or payment not succeeded): nothing may run
 COMPLETED = "completed"
 
 _WAITING_FOR_PERSON = (StepState.MANUAL, StepState.UNKNOWN)
+# Steps run on a paid purchase, and on one whose dispute was won: the money is the
+# merchant's again, so fulfilment the dispute paused resumes (recovery.disputes). The
+# purchase keeps saying `dispute_won` meanwhile (no transition leaves it for fulfilling).
+FULFILLABLE_STATUSES = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING,
+                        PurchaseStatus.DISPUTE_WON)
 
 
 class StepRetryLater(Exception):
@@ -92,7 +97,7 @@ def load_context(purchase_id: str) -> PurchaseContext | None:
     """None unless the purchase is paid/fulfilling with a succeeded payment operation."""
 
     purchase = Purchase.objects.select_related("quote").get(id=purchase_id)
-    if purchase.status not in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
+    if purchase.status not in FULFILLABLE_STATUSES:
         return None
     payment = (purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED,
                                           is_duplicate=False).first())
@@ -116,7 +121,7 @@ def _still_fulfillable(purchase_id: str) -> bool:
     """Re-checked before every step (and under the confirmation step's lock)."""
 
     status = Purchase.objects.filter(id=purchase_id).values_list("status", flat=True).get()
-    return status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING)
+    return status in FULFILLABLE_STATUSES
 
 
 def _status_url(purchase_id: str) -> str:
@@ -498,16 +503,28 @@ def _duplicate_settled(op) -> None:
 
 
 def _cancel_order(op, *, detail: str) -> None:
-    """The order of `op`'s purchase is cancelled once (the ORDER step's compensation), the
-    decision recorded with `detail`. Idempotent."""
+    """The order of `op`'s purchase is cancelled once (the ORDER step's compensation)."""
+    order_cancel(purchase_id=op.purchase_id, detail=detail)
+
+
+def order_cancel(*, purchase_id: str, detail: str) -> bool:
+    """The purchase's order is cancelled once, the decision recorded with `detail`.
+    Idempotent; True when this call cancelled it."""
     with transaction.atomic():
-        cancelled = Order.objects.filter(purchase_id=op.purchase_id,
+        cancelled = Order.objects.filter(purchase_id=purchase_id,
                                          cancelled_at__isnull=True).update(
             cancelled_at=timezone.now())
         if cancelled:
-            _decide(op.purchase_id, RecoveryDecision.Decision.COMPENSATED, detail)
-            log.warning("order cancelled purchase=%s operation=%s: %s", op.purchase_id, op.id,
-                        detail)
+            _decide(purchase_id, RecoveryDecision.Decision.COMPENSATED, detail)
+            log.warning("order cancelled purchase=%s: %s", purchase_id, detail)
+    return bool(cancelled)
+
+
+def fulfilment_unfinished(purchase_id: str) -> bool:
+    """Some step of the purchase has not reached a final state (done or compensated)."""
+    ctx_steps = StepRun.objects.filter(purchase_id=purchase_id)
+    return (not ctx_steps.exists()
+            or ctx_steps.exclude(state__in=[StepState.DONE, StepState.COMPENSATED]).exists())
 
 
 def _unwind_after_void(op) -> None:

@@ -90,12 +90,19 @@ def paid_without_order(*, older_than_seconds: float | None = None, limit: int = 
 
 
 def stalled_fulfilment(*, older_than_seconds: float | None = None, limit: int = 500):
-    """Paid/fulfilling purchases not touched for a while (any incomplete step)."""
+    """Paid/fulfilling purchases not touched for a while (any incomplete step), and won
+    disputes whose fulfilment the dispute paused (a step not done, or none ever run): the
+    status stays `dispute_won` after its steps finish, so only unfinished ones count."""
 
     if older_than_seconds is None:
         older_than_seconds = settings.PAID_WITHOUT_ORDER_SECONDS
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
-    return (Purchase.objects.filter(status__in=("paid", "fulfilling"), updated_at__lte=cutoff)
+    runs = StepRun.objects.filter(purchase_id=OuterRef("id"))
+    paused_by_dispute = Q(status="dispute_won") & (
+        Exists(runs.exclude(state__in=(StepState.DONE, StepState.COMPENSATED)))
+        | ~Exists(runs))
+    return (Purchase.objects.filter(Q(status__in=("paid", "fulfilling")) | paused_by_dispute,
+                                    updated_at__lte=cutoff)
             .order_by("updated_at")[:limit])
 
 

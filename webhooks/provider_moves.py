@@ -79,6 +79,8 @@ def _dispute(event: ProviderEvent) -> MoveVerdict:
         return MoveVerdict(EventResult.IGNORED, f"dispute_{applied.result.value}", **ids)
     if applied.result == DisputeApply.NO_MATCH:
         return MoveVerdict(EventResult.HELD, "no_matching_operation")
+    if applied.result == DisputeApply.WAITING:
+        return MoveVerdict(EventResult.HELD, applied.reason, **ids)
     if applied.result == DisputeApply.CONFLICT:
         return MoveVerdict(EventResult.QUARANTINED, f"conflict:dispute:{applied.reason}", **ids)
     return MoveVerdict(EventResult.QUARANTINED, f"mismatch:{applied.reason}", **ids)

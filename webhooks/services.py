@@ -16,7 +16,14 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.services import audit_write
-from payments.enums import PAYMENT_KINDS, Grade, OperationKind, Outcome, Verification
+from payments.enums import (
+    OWN_RECORD_UNSETTLED,
+    PAYMENT_KINDS,
+    Grade,
+    OperationKind,
+    Outcome,
+    Verification,
+)
 from payments.errors import ApplyResult, DomainError
 from payments.models import OperationTransition, PaymentOperation
 from payments.providers.base import ProviderObject, outcome_from_object
@@ -42,7 +49,10 @@ log = logging.getLogger(__name__)
 
 # An event whose object Verity does not know yet (the webhook beat the synchronous
 # response, or the operation row is not committed yet) is retried this many times with
-# capped exponential backoff, then quarantined `unmatched` for a person.
+# capped exponential backoff, then quarantined `unmatched` for a person. An event about
+# money the provider moved while Verity's own record of it is unsettled (an external
+# refund or a dispute of a payment still unknown here; payments.enums.OWN_RECORD_UNSETTLED)
+# waits as long as that record does, at the capped delay: the reconciler settles it.
 HELD_MAX_ATTEMPTS = getattr(settings, "WEBHOOK_HELD_MAX_ATTEMPTS", 10)
 HELD_BASE_DELAY_SECONDS = getattr(settings, "WEBHOOK_HELD_BASE_DELAY_SECONDS", 2.0)
 HELD_MAX_DELAY_SECONDS = getattr(settings, "WEBHOOK_HELD_MAX_DELAY_SECONDS", 300.0)
@@ -194,7 +204,7 @@ def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> str:
     result, reason = verdict.result, verdict.reason
     fields = ["result", "result_reason", "attempts", "processed_at"]
     if result == EventResult.HELD:
-        if event.attempts >= HELD_MAX_ATTEMPTS:
+        if event.attempts >= HELD_MAX_ATTEMPTS and reason not in OWN_RECORD_UNSETTLED:
             result, reason = EventResult.QUARANTINED, "unmatched"
         else:
             delay = min(HELD_BASE_DELAY_SECONDS * 2 ** (event.attempts - 1),

@@ -17,7 +17,7 @@ from recovery.halts import is_halted
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
 
-from ..enums import OperationKind, Outcome
+from ..enums import TERMINAL_OUTCOMES, Grade, OperationKind, Outcome
 from ..errors import DomainError
 from ..locks import lock_purchase_and_operation
 from ..models import OperationTransition, PaymentOperation, ProviderCall, Purchase
@@ -112,6 +112,13 @@ def _dispatch_backstop(op: PaymentOperation) -> None:
     outbox_put(category=OutboxCategory.DISPATCH, payload={"operation": op.id},
                dedupe_key=f"dispatch-backstop:{op.id}",  # never absorbs a prompt dispatch
                delay_seconds=settings.IDEMPOTENCY_LEASE_SECONDS + 5)
+
+
+def payment_unsettled(payment: PaymentOperation) -> bool:
+    """Verity's own record of a payment is not settled yet: no terminal outcome, or a
+    person's "failed" still awaiting the provider's read-back (it may be overturned)."""
+    return payment.outcome not in TERMINAL_OUTCOMES or (
+        payment.outcome == Outcome.FAILED and payment.grade == Grade.ACKNOWLEDGED)
 
 
 def _captured_amount(purchase: Purchase) -> int:

@@ -6,10 +6,11 @@ outage of 8-12 s instead of 30-60 s so the drain fits in CI.
 
 Wrong manual resolutions are on (20 %, as in `make soak`): the provider's record must win
 over a person's wrong word — read back before the resolution and, when the provider could
-not be read then, on the reconcile schedule afterwards (issue #22). Refunds and disputes made
-at the provider directly are left to `make soak` here (`--no-provider-desk`): an external
-refund event accepted but not recorded was seen twice in this 60-s run in CI (open, issue
-#22's note); finance declines some refunds.
+not be read then, on the reconcile schedule afterwards (issue #22). The provider's desk
+refunds and disputes charges at the provider directly (signed events, redelivered until a
+2xx): a refund of a charge whose answer Verity lost waits for Verity's record instead of
+being quarantined (seen twice in CI before the fix), and a won dispute resumes the
+fulfilment it paused. Finance declines some refunds.
 
 When Node/npm and tools/chain/node_modules are present (`bench.soak.x402_available`), the
 run also starts the chain and the x402 facilitator (behind its fault proxy: an outage and
@@ -31,7 +32,6 @@ def test_short_chaos_soak_holds_every_invariant(tmp_path):
     result = subprocess.run(
         [sys.executable, "bench/soak.py", "--seconds", "60", "--agents", "20", "--seed", "7",
          "--drain", "120", "--outage", "8,12", "--wrong-resolutions", "0.2",
-         "--no-provider-desk",
          "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     print(result.stdout[-8000:], result.stderr[-3000:])

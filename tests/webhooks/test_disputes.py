@@ -258,3 +258,113 @@ def test_a_dispute_opened_before_fulfilment_books_the_sale_it_withdraws(
     assert entries(purchase.pk, "sale") == 2
     sources = {op.provider_charge, dispute["id"]}
     assert ledger_balance(purchase.pk) - provider_net(localstripe, sources) == 0
+
+
+def _fence_after_order():
+    """Fulfilment stops after the order (the inventory step is halted): mid-fulfilment."""
+    from recovery.halts import halt_set
+
+    halt_set(name="step:inventory", reason="test fence: fulfilment mid-way", actor="test")
+
+
+def _steps(purchase_id: str) -> dict[str, str]:
+    from recovery.models import StepRun
+
+    return dict(StepRun.objects.filter(purchase_id=purchase_id).values_list("step", "state"))
+
+
+@pytest.mark.parametrize("opened", ["before_fulfilment", "mid_fulfilment"])
+def test_a_won_dispute_resumes_the_fulfilment_it_paused(
+        client, api, new_purchase, pay, localstripe, opened):
+    from recovery.models import EmailMessage, Order
+    from tests.recovery.conftest import lift_halt_quietly
+
+    # given a charge disputed before its steps ran, or after the order but before the rest
+    purchase = new_purchase()
+    if opened == "mid_fulfilment":
+        _fence_after_order()
+    op = pay(purchase)
+    if opened == "mid_fulfilment":
+        settle()
+        assert _steps(purchase.pk)["order"] == "done"
+        assert _steps(purchase.pk)["inventory"] == "pending"
+    dispute = open_dispute(op.provider_charge, reason="product_not_received")
+    deliver_and_process(client, dispute_event(dispute["id"], "charge.dispute.created"))
+    lift_halt_quietly("step:inventory")
+    settle()
+    # while the dispute is open nothing more ships
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.DISPUTED
+    assert EmailMessage.objects.filter(purchase_id=purchase.pk).count() == 0
+
+    # when the merchant wins it
+    move_dispute(dispute["id"], "won")
+    assert deliver_and_process(
+        client, dispute_event(dispute["id"], "charge.dispute.closed")) == EventResult.APPLIED
+    settle()
+
+    # then every remaining step ran, once; the purchase still says how the dispute ended
+    assert set(_steps(purchase.pk).values()) == {"done"}
+    assert Order.objects.filter(purchase_id=purchase.pk, cancelled_at__isnull=True).count() == 1
+    assert EmailMessage.objects.filter(purchase_id=purchase.pk, kind="confirmation",
+                                       sent_at__isnull=False).count() == 1
+    assert entries(purchase.pk, "sale") == 2
+    assert api.get(f"/api/v1/purchases/{purchase.pk}").json()["status"] == "dispute_won"
+    sources = {op.provider_charge, dispute["id"]}
+    assert ledger_balance(purchase.pk) == provider_net(localstripe, sources) == 1500 - DISPUTE_FEE
+
+
+def test_a_lost_dispute_mid_fulfilment_ships_nothing_more_and_cancels_the_order(
+        client, new_purchase, pay, localstripe):
+    from recovery.models import EmailMessage, Order
+    from tests.recovery.conftest import lift_halt_quietly
+
+    purchase = new_purchase()
+    _fence_after_order()
+    op = pay(purchase)
+    settle()
+    dispute = open_dispute(op.provider_charge, reason="fraudulent")
+    deliver_and_process(client, dispute_event(dispute["id"], "charge.dispute.created"))
+    lift_halt_quietly("step:inventory")
+    move_dispute(dispute["id"], "lost")
+    deliver_and_process(client, dispute_event(dispute["id"], "charge.dispute.closed"))
+    settle()
+
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.DISPUTE_LOST
+    assert Order.objects.get(purchase_id=purchase.pk).cancelled_at is not None
+    assert EmailMessage.objects.filter(purchase_id=purchase.pk).count() == 0
+    assert _steps(purchase.pk)["inventory"] == "pending"
+    sources = {op.provider_charge, dispute["id"]}
+    assert ledger_balance(purchase.pk) - provider_net(localstripe, sources) == 0
+
+
+def test_a_dispute_of_a_charge_whose_answer_verity_lost_waits_for_its_record(
+        client, new_purchase, pay, localstripe):
+    from payments import services
+    from payments.enums import Outcome
+    from webhooks.services import event_process
+
+    # given a charge the provider applied but whose answer Verity lost (still unknown here)
+    purchase = new_purchase()
+    op = pay(purchase, drop_response=True)
+    assert op.outcome == Outcome.UNKNOWN
+    [intent] = localstripe.succeeded_charges_for(purchase.pk)
+    charge = intent["latest_charge"]
+    charge = charge["id"] if isinstance(charge, dict) else charge or intent["charges"]["data"][0]["id"]
+    dispute = open_dispute(charge, reason="fraudulent")
+    event = dispute_event(dispute["id"], "charge.dispute.created")
+
+    # when the dispute's event arrives first, it waits (never quarantined as a mismatch)
+    assert deliver_and_process(client, event) == EventResult.HELD
+    assert ProviderEvent.objects.get(event_id=event["id"]).result_reason == "payment_not_settled"
+    assert not Dispute.objects.filter(pk=dispute["id"]).exists()
+
+    # then, once the reconciler settled the charge, the held event records the dispute
+    assert services.operation_reconcile(operation_id=op.id).outcome == Outcome.SUCCEEDED
+    stored = ProviderEvent.objects.get(event_id=event["id"])
+    assert event_process(event_id=stored.pk) == EventResult.APPLIED
+    settle()
+    assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.DISPUTED
+    assert Dispute.objects.get(pk=dispute["id"]).funds_withdrawn == 1500
+    op.refresh_from_db()
+    sources = {op.provider_charge, dispute["id"]}
+    assert ledger_balance(purchase.pk) - provider_net(localstripe, sources) == 0

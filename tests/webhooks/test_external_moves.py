@@ -308,3 +308,45 @@ def test_redelivered_provider_events_about_external_operations_are_ignored(
     assert deliver_and_process(client, event_for(intent, "payment_intent.canceled")) \
         == EventResult.IGNORED
     assert external_ops(auth_purchase).count() == 1
+
+
+@pytest.mark.parametrize("unsettled", ["payment", "capture"])
+def test_a_dashboard_refund_of_a_payment_verity_has_not_settled_yet_is_held_then_recorded(
+        client, api_client, new_purchase, pay, drill, localstripe, unsettled):
+    """Found by the soak (issue 22): the dashboard refunds a charge whose answer Verity lost
+    (or whose capture it has not confirmed yet). The event must wait for Verity's record,
+    not be quarantined as a mismatch: a refund the provider made is never lost."""
+    from payments import services
+    from webhooks.models import ProviderEvent
+    from webhooks.services import event_process
+
+    purchase = new_purchase()
+    if unsettled == "payment":
+        op = pay(purchase, drop_response=True)
+        waiting = op
+    else:
+        op = pay(purchase, capture="manual")
+        settle()
+        capture = services.capture_create(purchase_id=purchase.pk, api_client=api_client)
+        drill(capture, "drop_response_after_send", step="capture")
+        waiting = services.operation_dispatch(operation_id=capture.id)
+    assert waiting.outcome == Outcome.UNKNOWN
+    refund = at_provider("POST", "refunds", payment_intent=op.provider_reference, amount=600)
+    event = event_for(provider_object("refunds", refund["id"]), "refund.created")
+
+    # when the event arrives before Verity settled its own record
+    assert deliver_and_process(client, event) == EventResult.HELD
+    assert external_ops(purchase).count() == 0
+
+    # then once the reconciler confirms the payment, the held event records the refund
+    assert services.operation_reconcile(operation_id=waiting.id).outcome == Outcome.SUCCEEDED
+    stored = ProviderEvent.objects.get(event_id=event["id"])
+    assert event_process(event_id=stored.pk) == EventResult.APPLIED
+    settle()
+    [ext] = external_ops(purchase, OperationKind.REFUND)
+    assert (ext.outcome, ext.amount, ext.provider_reference) == (Outcome.SUCCEEDED, 600,
+                                                                 refund["id"])
+    sources = {op.provider_charge or PaymentOperation.objects.get(pk=op.pk).provider_charge}
+    charge_net = sum(t["net"] for t in localstripe.list("balance_transactions")
+                     if t["source"] in sources | {refund["id"]})
+    assert provider_balance(purchase.pk) == charge_net == 1500 - 600
