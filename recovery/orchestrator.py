@@ -38,6 +38,8 @@ from payments.services import (
     void_create,
 )
 
+from webhooks.services import held_events_retry_now
+
 from .halts import is_halted, step_halt_name
 from .metrics import REFUND_OUTCOMES
 from .models import EmailMessage, Order, RecoveryDecision, StepName, StepRun, StepState
@@ -440,6 +442,10 @@ def operation_settled(*, operation_id: str) -> None:
 
     op = PaymentOperation.objects.select_related("parent").get(id=operation_id)
     info = _info(op)
+    if op.kind in (*PAYMENT_KINDS, OperationKind.CAPTURE) and op.is_terminal:
+        with transaction.atomic():  # provider events that waited for this record: now
+            held_events_retry_now(operation_id=op.parent_id if op.kind == OperationKind.CAPTURE
+                                  else op.id)
     if op.kind in (OperationKind.REFUND, OperationKind.VOID) and op.is_terminal:
         REFUND_OUTCOMES.labels(kind=op.kind, outcome=op.outcome).inc()
     if op.kind in PAYMENT_KINDS and op.is_duplicate:

@@ -37,7 +37,7 @@ from payments.services import (
     operation_read_canonical,
     operation_reconcile,
 )
-from recovery.models import OutboxCategory
+from recovery.models import OutboxCategory, OutboxMessage
 from recovery.outbox import outbox_put
 
 from . import selectors
@@ -52,10 +52,14 @@ log = logging.getLogger(__name__)
 # capped exponential backoff, then quarantined `unmatched` for a person. An event about
 # money the provider moved while Verity's own record of it is unsettled (an external
 # refund or a dispute of a payment still unknown here; payments.enums.OWN_RECORD_UNSETTLED)
-# waits as long as that record does, at the capped delay: the reconciler settles it.
+# waits as long as that record does: the reconciler settles it.
 HELD_MAX_ATTEMPTS = getattr(settings, "WEBHOOK_HELD_MAX_ATTEMPTS", 10)
 HELD_BASE_DELAY_SECONDS = getattr(settings, "WEBHOOK_HELD_BASE_DELAY_SECONDS", 2.0)
 HELD_MAX_DELAY_SECONDS = getattr(settings, "WEBHOOK_HELD_MAX_DELAY_SECONDS", 300.0)
+# ...polled at most this far apart; the settle of that record retries it at once
+# (held_events_retry_now, from the orchestrator's OPERATION_SETTLED follow-up).
+HELD_WAITING_MAX_DELAY_SECONDS = getattr(settings, "WEBHOOK_HELD_WAITING_MAX_DELAY_SECONDS",
+                                         60.0)
 
 REFUND_EVENT_TYPES = frozenset({
     "refund.created", "refund.updated", "refund.failed", "charge.refund.updated",
@@ -208,7 +212,8 @@ def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> str:
             result, reason = EventResult.QUARANTINED, "unmatched"
         else:
             delay = min(HELD_BASE_DELAY_SECONDS * 2 ** (event.attempts - 1),
-                        HELD_MAX_DELAY_SECONDS)
+                        HELD_WAITING_MAX_DELAY_SECONDS if reason in OWN_RECORD_UNSETTLED
+                        else HELD_MAX_DELAY_SECONDS)
             # A new dedupe key per attempt: the message being handled right now is still
             # unprocessed and would absorb a re-put under the original key.
             outbox_put(category=OutboxCategory.PROCESS_EVENT, payload={"event": event.pk},
@@ -226,6 +231,24 @@ def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> str:
     log.info("webhook processed event=%s type=%s result=%s reason=%s operation=%s",
              event.event_id, event.type, result, reason, event.operation_id)
     return result
+
+
+def held_events_retry_now(*, operation_id: str) -> int:
+    """Verity's record of a payment settled: events held waiting for it (an external refund
+    or a dispute of that payment, OWN_RECORD_UNSETTLED) are retried now instead of at their
+    backoff. Call inside atomic(). Returns how many were waiting."""
+    assert transaction.get_connection().in_atomic_block, "held_events_retry_now needs atomic()"
+    waiting = list(ProviderEvent.objects.filter(
+        operation_id=operation_id, result=EventResult.HELD,
+        result_reason__in=OWN_RECORD_UNSETTLED).values_list("pk", flat=True))
+    if waiting:
+        OutboxMessage.objects.filter(
+            category=OutboxCategory.PROCESS_EVENT, processed_at__isnull=True,
+            payload__event__in=waiting, available_at__gt=timezone.now(),
+        ).update(available_at=timezone.now())
+        outbox_put(category=OutboxCategory.NOOP, payload={},
+                   dedupe_key=f"held-events-kick:{operation_id}")
+    return len(waiting)
 
 
 def _evaluate_locked(event: ProviderEvent) -> _Verdict:

@@ -7,7 +7,8 @@ Rules: create purchases (two API clients, shared customer references); pay with 
 fault drill (automatic and manual capture, a declining card); `retry_of`; capture; void;
 refund full and partial; approve and decline refunds; resolve by hand (each outcome, by the
 requester and by another principal); deliver signed provider events in any order,
-duplicated and late; reconcile; halt and clear each workflow; run the relay; kill a
+duplicated and late; refund in the provider's dashboard and dispute charges there (won,
+lost, left open), each known to Verity only from its event; reconcile; halt and clear each workflow; run the relay; kill a
 dispatch between its phases. With the x402 stack (tests.stack --x402): purchases of a
 digital report paid over x402 on the real chain (a lost settle answer, a pending
 settlement, replays of an earlier signature, a second authorization), refunded as
@@ -155,6 +156,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.halted_calls: dict[str, int] = {}
         self.web = Client()
         self.x402_purchases: list[str] = []
+        self.delivered: set[str] = set()  # provider object ids with an event sent
+        self.dashboard_refunds: list[str] = []  # refunds made at the provider directly
+        self.disputes: list[str] = []
+        self.closed_disputes: set[str] = set()
         self.x402_signed: list[tuple[str, str]] = []  # (purchase id, PAYMENT-SIGNATURE)
         if X402:
             from tests.x402.chain import Chain
@@ -427,8 +432,12 @@ class LifecycleMachine(RuleBasedStateMachine):
             if earlier and resource == "refunds":
                 obj = {**obj, "status": "pending"}
             self.snapshots.append((resource, obj))
-        type_ = ("refund.updated" if resource == "refunds"
-                 else PI_EVENT_TYPES.get(obj["status"], "payment_intent.created"))
+        type_ = {"refunds": "refund.updated", "disputes": "charge.dispute.updated"}.get(
+            resource) or PI_EVENT_TYPES.get(obj["status"], "payment_intent.created")
+        self._send_event(type_, obj, twice=twice)
+
+    def _send_event(self, type_: str, obj: dict, *, twice: bool = False) -> None:
+        """A signed provider event about `obj`, delivered (and its work drained)."""
         event = {"id": f"evt_{uuid.uuid4().hex[:16]}", "object": "event",
                  "created": int(time.time()), "type": type_, "data": {"object": obj}}
         body = json.dumps(event).encode()
@@ -436,7 +445,64 @@ class LifecycleMachine(RuleBasedStateMachine):
             r = self.web.post("/webhooks/stripe/", data=body, content_type="application/json",
                               HTTP_STRIPE_SIGNATURE=sign(body, SECRET))
             assert r.status_code == 200, r.content
+        self.delivered.add(obj["id"])
         _settle_outbox_quietly()
+
+    def _charged_intents(self) -> list[dict]:
+        """This machine's PaymentIntents that moved money at the provider."""
+        ids = {p for p, _ in self.purchases}
+        return [pi for pi in self.provider.list("payment_intents")
+                if (pi.get("metadata") or {}).get("purchase_id") in ids
+                and pi["status"] == "succeeded"]
+
+    @precondition(lambda self: self.purchases)
+    @rule(i=st.integers(0, 99), partial=st.booleans(), deliver=st.booleans())
+    def refund_at_the_provider(self, i, partial, deliver):
+        """A person refunds in the provider's dashboard (no Verity metadata, often a charge
+        whose answer Verity lost): Verity learns of it only from its signed event, now or
+        later (`deliver_event` may send its snapshot late)."""
+        pi = self._pick(self._charged_intents(), i)
+        if pi is None:
+            return
+        r = requests.post(f"{self.provider.base}/v1/refunds", auth=self.provider.auth,
+                          data={"payment_intent": pi["id"], **({"amount": 300} if partial
+                                                               else {})}, timeout=10)
+        if r.status_code != 200:
+            return  # nothing left to refund at the provider
+        refund = r.json()
+        self.dashboard_refunds.append(refund["id"])
+        self.snapshots.append(("refunds", refund))
+        if deliver:
+            self._send_event("refund.created", refund)
+
+    @precondition(lambda self: self.purchases)
+    @rule(i=st.integers(0, 99), verdict=st.sampled_from(["won", "lost", "won", None]))
+    def dispute_at_the_provider(self, i, verdict):
+        """The card network disputes a charge (localstripe's dispute resource), and later
+        the dispute is won or lost there; Verity hears of each step from its signed event."""
+        open_ids = [d for d in self.disputes if d not in self.closed_disputes]
+        if open_ids and verdict and i % 2:
+            dispute_id = open_ids[i % len(open_ids)]
+            requests.post(f"{self.provider.base}/_config/disputes/{dispute_id}",
+                          data={"status": verdict}, timeout=10).raise_for_status()
+            self.closed_disputes.add(dispute_id)
+            self._send_event("charge.dispute.closed",
+                             self.provider.get("disputes", dispute_id))
+            return
+        pi = self._pick(self._charged_intents(), i)
+        if pi is None:
+            return
+        charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data") or [{}])[0]
+        charge = charge.get("id") if isinstance(charge, dict) else charge
+        r = requests.post(f"{self.provider.base}/_config/disputes", data={"charge": charge},
+                          timeout=10)
+        if r.status_code != 200:
+            return  # already disputed, or nothing left to dispute
+        dispute_id = r.json()["id"]
+        self.disputes.append(dispute_id)
+        obj = self.provider.get("disputes", dispute_id)
+        self.snapshots.append(("disputes", obj))
+        self._send_event("charge.dispute.created", obj)
 
     @precondition(lambda self: self.purchases)
     @rule(i=st.integers(0, 99))
@@ -645,6 +711,41 @@ class LifecycleMachine(RuleBasedStateMachine):
                     purchase_id=pid, kind=OperationKind.REFUND,
                     outcome__in=SLOT_HOLDING_OUTCOMES).exists(), (
                     f"{pid} is refund_pending with no refund in flight")
+
+    @invariant()
+    def money_moved_at_the_provider_is_never_lost(self):
+        """A dashboard refund or a dispute whose event was delivered is recorded, or its
+        event waits (held) for Verity's own record; it is never quarantined."""
+        from payments.models import Dispute
+        from webhooks.models import EventResult, ProviderEvent
+
+        for object_id in self.dashboard_refunds + self.disputes:
+            if object_id not in self.delivered:
+                continue
+            events = ProviderEvent.objects.filter(payload__data__object__id=object_id)
+            quarantined = [(e.type, e.result_reason) for e in events
+                           if e.result == EventResult.QUARANTINED]
+            assert not quarantined, f"{object_id}: {quarantined}"
+            recorded = (PaymentOperation.objects.filter(provider_reference=object_id).exists()
+                        or Dispute.objects.filter(id=object_id).exists())
+            waiting = events.filter(result__in=[EventResult.HELD, EventResult.PENDING]).exists()
+            assert recorded or waiting, (
+                f"{object_id}: " + ", ".join(f"{e.type}:{e.result}:{e.result_reason}"
+                                             for e in events))
+
+    @invariant()
+    def a_won_dispute_resumes_fulfilment(self):
+        from recovery.models import StepRun, StepState
+
+        for pid, _ in self.purchases:
+            if Purchase.objects.get(id=pid).status != PurchaseStatus.DISPUTE_WON:
+                continue
+            runs = StepRun.objects.filter(purchase_id=pid)
+            if runs.exists() and not runs.filter(state=StepState.PENDING).exists():
+                continue
+            assert OutboxMessage.objects.filter(
+                category__in=[OutboxCategory.RUN_STEPS, OutboxCategory.DISPUTE_CHANGED],
+                processed_at__isnull=True).exists(), f"{pid}: won, fulfilment not resumed"
 
     @invariant()
     def a_halt_binds_at_claim(self):
