@@ -979,7 +979,9 @@ def main(argv=None) -> int:
 
 
 def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
-    with Stack(x402=args.x402) as stack:
+    # durable: PostgreSQL is crash-restarted below, and a commit acknowledged to a client
+    # must survive that, as in production (synchronous_commit on).
+    with Stack(x402=args.x402, durable=True) as stack:
         logdir = stack.tmp / "soak-logs"
         logdir.mkdir()
         proxy = FaultProxy(stack.localstripe_port)
