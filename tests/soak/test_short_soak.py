@@ -1,8 +1,10 @@
 """The chaos soak, short and seeded, so a regression fails CI (the long run is `make soak`).
 
 60 s of driving with every fault kind, the first two being a PostgreSQL restart
-(`pg_ctl restart -m immediate`) and a gunicorn worker SIGKILLed mid-request; a provider
-outage of 8-12 s instead of 30-60 s so the drain fits in CI.
+(`pg_ctl restart -m immediate`, on a cluster that commits synchronously as production must:
+with `synchronous_commit=off` the crash lost a webhook Verity had already accepted) and a
+gunicorn worker SIGKILLed mid-request; a provider outage of 8-12 s instead of 30-60 s so
+the drain fits in CI.
 
 Wrong manual resolutions are on (20 %, as in `make soak`): the provider's record must win
 over a person's wrong word — read back before the resolution and, when the provider could
