@@ -37,7 +37,6 @@ from payments.services import (
     refund_request,
     void_create,
 )
-
 from webhooks.services import held_events_retry_now
 
 from .halts import is_halted, step_halt_name
@@ -528,9 +527,9 @@ def order_cancel(*, purchase_id: str, detail: str) -> bool:
 
 def fulfilment_unfinished(purchase_id: str) -> bool:
     """Some step of the purchase has not reached a final state (done or compensated)."""
-    ctx_steps = StepRun.objects.filter(purchase_id=purchase_id)
-    return (not ctx_steps.exists()
-            or ctx_steps.exclude(state__in=[StepState.DONE, StepState.COMPENSATED]).exists())
+    runs = StepRun.objects.filter(purchase_id=purchase_id)
+    return (not runs.exists()
+            or runs.exclude(state__in=[StepState.DONE, StepState.COMPENSATED]).exists())
 
 
 def _unwind_after_void(op) -> None:
