@@ -6,12 +6,15 @@ nonce, its stored hash replaced, and both refunds move their money — on the re
 The race is made deterministic without faking the chain: the signer's nonce is read for
 refund 1, then — before refund 1 broadcasts — refund 2 is dispatched by another worker
 process (a real second Verity process on the same database and chain), or another
-transaction of the signer takes the nonce. The chain itself refuses the stale one."""
+transaction of the signer takes the nonce. The chain itself refuses the stale one. And a
+broadcast the node took whose answer was lost is never taken for a refusal and signed again."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
+from urllib.parse import urlparse
 
 import pytest
 from django.conf import settings as django_settings
@@ -19,7 +22,13 @@ from eth_account import Account
 
 from payments import services
 from payments.models import PaymentOperation, ProviderCall, X402RefundTransfer
-from payments.providers.x402 import REFUND_NONCE_ATTEMPTS, get_refund_sender
+from bench.fault_proxy import FaultProxy
+from payments.providers.x402 import (
+    REFUND_NONCE_ATTEMPTS,
+    RefundSender,
+    SettleKind,
+    get_refund_sender,
+)
 from tests.conftest import ROOT
 from tests.x402.conftest import SIGNATURE, settle_outbox, sign
 
@@ -258,3 +267,40 @@ def test_a_refusal_that_is_not_about_the_nonce_is_not_signed_again(
     assert chain.transfers_back(payer.address) == 0
     assert chain.w3.eth.get_transaction_count(sender.address) == signer_nonce
     assert _sends(refund) == 1
+
+
+def test_an_answer_lost_after_the_node_took_the_transfer_is_never_signed_again(chain):
+    # given the refund signer (holding twice the amount: a second transfer could move)
+    # talking to the chain through a proxy that holds the answer to its broadcast past
+    # the client's 10-s timeout (the node took the transfer and mined it)
+    proxy = FaultProxy(urlparse(os.environ["X402_RPC_URL"]).port)
+    proxy.up()
+    payer = chain.new_payer(FUNDS)
+    chain.token.functions.mint(chain.pay_to, 2 * PRICE_ATOMIC).transact({"from": chain.admin})
+    sender = RefundSender(rpc_url=proxy.base, asset=os.environ["X402_ASSET"],
+                          private_key=os.environ["X402_REFUND_PRIVATE_KEY"], receipt_timeout=5)
+    signer_nonce = chain.w3.eth.get_transaction_count(sender.address)
+    stored: list[tuple[str, int]] = []
+
+    def on_signed(tx_hash: str, nonce: int) -> None:
+        stored.append((tx_hash, nonce))
+        if len(stored) == 1:  # only this broadcast's answer is held; a re-post would pass
+            proxy.hold(10.5)
+            threading.Timer(1.0, proxy.hold, args=(0,)).start()
+
+    try:
+        # when the refund transfer is sent
+        answer = sender.send(to=payer.address, value=PRICE_ATOMIC, on_signed=on_signed)
+    finally:
+        proxy.down()
+
+    # then the timeout is an unknown answer on the one stored hash: the broadcast was not
+    # re-posted (web3's default would be, and the node's "nonce too low" for our own
+    # mined transfer would look like a taken nonce), nothing was signed again, and exactly
+    # one transfer moved
+    assert answer.kind == SettleKind.UNKNOWN and "timeout" in answer.detail, answer
+    assert stored == [(answer.transaction, signer_nonce)]
+    assert _mined_nonce(chain, answer.transaction) == signer_nonce
+    assert chain.transfers_back(payer.address) == 1
+    assert chain.balance(payer.address) == FUNDS + PRICE_ATOMIC
+    assert chain.w3.eth.get_transaction_count(sender.address) == signer_nonce + 1
