@@ -19,6 +19,7 @@ FaultDrillHTTPClient: nothing about the facilitator or the chain is faked.
 from __future__ import annotations
 
 import logging
+import secrets
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -32,6 +33,11 @@ from django.conf import settings
 # (tests/api/test_hostile_input.py). Keep the interpreter's own limit.
 _RECURSION_LIMIT = sys.getrecursionlimit()
 from web3 import Web3  # noqa: E402
+from web3.exceptions import TransactionNotFound  # noqa: E402
+from web3.providers.rpc.utils import (  # noqa: E402
+    REQUEST_RETRY_ALLOWLIST,
+    ExceptionRetryConfiguration,
+)
 from x402.extensions.payment_identifier import (  # noqa: E402
     PAYMENT_IDENTIFIER,
     declare_payment_identifier_extension,
@@ -335,6 +341,35 @@ def chain_call_result(fn) -> CallResult:
 # -- refunds: a separate token transfer back to the payer ---------------------------------
 REFUND_GAS = 120_000  # an ERC-20 transfer of FiatTokenV2_2 uses about 40 000
 
+# Two refunds signed at the same moment in two processes read the same pending nonce; the
+# node then refuses the later broadcast. These answers (anvil 1.7: RPC error -32003 with
+# exactly these messages; geth says the same) prove that the refused transaction entered
+# no mempool *because another transaction of the signer holds its nonce* — mined ("nonce
+# too low") or pending at the same gas price ("replacement transaction underpriced"). The
+# signed bytes never left Verity otherwise, so re-signing with a fresh nonce cannot make
+# two transfers. Nothing else is retried: funds, gas, a lost connection stay as they were.
+_NONCE_TAKEN = ("nonce too low", "replacement transaction underpriced")
+# The same signed transaction is already in the node's pool (geth / anvil): in flight.
+_ALREADY_IN_POOL = ("already known", "transaction already imported")
+REFUND_NONCE_ATTEMPTS = 3  # signs per send: the first and at most two after a taken nonce
+# Two things make "refused" mean "this transaction is in no mempool", found on the chain:
+# - web3's HTTPProvider re-posts eth_sendRawTransaction by itself after a read timeout or
+#   a 5xx; the node then answers "nonce too low" / "already imported" for *our own*
+#   transaction, accepted the first time. The refund signer's provider never re-posts it.
+# - two refunds of the same value to the same payer, signed at the same nonce and gas
+#   price, are byte-identical: one transfer would be taken for both. A random tag after
+#   the ABI arguments (the token's decoder ignores trailing calldata; 16 bytes cost 256
+#   gas) makes every signed refund transaction unique.
+_REFUND_RETRY = ExceptionRetryConfiguration(
+    errors=(ConnectionError, requests.HTTPError, requests.Timeout),
+    method_allowlist=[m for m in REQUEST_RETRY_ALLOWLIST if m != "eth_sendRawTransaction"])
+_REFUND_TAG_BYTES = 16
+
+
+def _answer_says(text: str, phrases: tuple[str, ...]) -> bool:
+    lowered = text.lower()
+    return any(phrase in lowered for phrase in phrases)
+
 
 @dataclass(frozen=True)
 class RefundAnswer:
@@ -346,22 +381,39 @@ class RefundAnswer:
     reason: str = ""
     fault_drill: str = ""
     detail: str = ""
+    attempts: int = 1  # signs of this send (more than one: the signer's nonce was taken)
+
+
+@dataclass(frozen=True)
+class _Broadcast:
+    """The transaction the node accepted, or the final answer when none was accepted."""
+
+    signed: object | None
+    answer: RefundAnswer
 
 
 class RefundSender:
     """Signs and broadcasts `transfer(payer, value)` from the refund signer (Verity's
     receiving account). The signed transaction's hash and nonce are handed to `on_signed`
-    (which persists them) before the broadcast, so a lost answer leaves a hash to read."""
+    (which persists them) before the broadcast, so a lost answer leaves a hash to read.
+    A broadcast refused because another transaction of the signer took the nonce is
+    re-signed with a fresh nonce and `on_signed` is called again (it overwrites the stored
+    hash and nonce of the same refund): at most REFUND_NONCE_ATTEMPTS signs."""
 
     def __init__(self, *, rpc_url: str, asset: str, private_key: str,
                  receipt_timeout: float) -> None:
-        self.w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 10}))
+        self.w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 10},
+                                         exception_retry_configuration=_REFUND_RETRY))
         self.asset = Web3.to_checksum_address(asset)
         self._key = private_key
         self.address = self.w3.eth.account.from_key(private_key).address
         self.receipt_timeout = receipt_timeout
         self._drills: dict[str, str] = {}
         self._lock = threading.Lock()
+        # Nonce read -> sign -> persist -> broadcast of one refund at a time in this process
+        # (threads of one worker never race for a nonce); other processes still can, and
+        # the retry below covers them. Not held while waiting for the receipt.
+        self._send_lock = threading.Lock()
 
     def arm_drill(self, *, to: str, mode: str) -> None:
         if mode not in DrillMode.ALL:
@@ -377,52 +429,98 @@ class RefundSender:
 
     def send(self, *, to: str, value: int, on_signed) -> RefundAnswer:
         to = Web3.to_checksum_address(to)
-        token = self.w3.eth.contract(address=self.asset, abi=_TOKEN_ABI)
-        try:
-            nonce = self.w3.eth.get_transaction_count(self.address, "pending")
-            tx = token.functions.transfer(to, value).build_transaction({
-                "from": self.address, "nonce": nonce, "gas": REFUND_GAS,
-                "gasPrice": self.w3.eth.gas_price, "chainId": self.w3.eth.chain_id})
-        except Exception as exc:  # noqa: BLE001 - nothing was signed or sent
-            return RefundAnswer(SettleKind.NOT_SENT, detail=f"not sent: {exc}"[:200])
-        signed = self.w3.eth.account.sign_transaction(tx, self._key)
-        tx_hash = _hex(signed.hash)
-        on_signed(tx_hash, nonce)  # persisted before it can leave
-        drill = self._take_drill(to)
-        try:
-            self.w3.eth.send_raw_transaction(signed.raw_transaction)
-        except requests.exceptions.ConnectionError as exc:
-            if _never_connected(exc):
-                return RefundAnswer(SettleKind.NOT_SENT, transaction=tx_hash,
-                                    detail=f"not sent: {exc}"[:200])
+        with self._send_lock:
+            sent = self._sign_and_broadcast(to=to, value=value, on_signed=on_signed)
+        if sent.signed is None:
+            return sent.answer
+        tx_hash, attempts, note = sent.answer.transaction, sent.answer.attempts, sent.answer.detail
+        if self._take_drill(to) == DrillMode.DROP_ANSWER_AFTER_SEND:
             return RefundAnswer(SettleKind.UNKNOWN, transaction=tx_hash,
-                                detail=f"connection lost: {exc}"[:200])
-        except requests.exceptions.Timeout as exc:
-            return RefundAnswer(SettleKind.UNKNOWN, transaction=tx_hash,
-                                detail=f"timeout: {exc}"[:200])
-        except Exception as exc:  # noqa: BLE001 - the node answered with an RPC error
-            text = str(exc)
-            if "already known" in text:  # the same signed transaction is in the mempool
-                return RefundAnswer(SettleKind.PENDING, transaction=tx_hash, detail=text[:200])
-            # The node refused it (nonce, funds, gas): it is not in any mempool; the same
-            # nonce may still be used again, so the receipt read decides if ever mined.
-            return RefundAnswer(SettleKind.UNKNOWN, transaction=tx_hash,
-                                detail=f"rpc error: {text}"[:200])
-        if drill == DrillMode.DROP_ANSWER_AFTER_SEND:
-            return RefundAnswer(SettleKind.UNKNOWN, transaction=tx_hash, fault_drill=drill,
+                                fault_drill=DrillMode.DROP_ANSWER_AFTER_SEND, attempts=attempts,
                                 detail="fault drill: answer dropped after the broadcast")
         try:
             receipt = self.w3.eth.wait_for_transaction_receipt(
-                signed.hash, timeout=self.receipt_timeout, poll_latency=0.2)
+                sent.signed.hash, timeout=self.receipt_timeout, poll_latency=0.2)
         except Exception as exc:  # noqa: BLE001 - broadcast, not mined yet (or unreachable)
-            return RefundAnswer(SettleKind.PENDING, transaction=tx_hash,
-                                detail=f"no receipt yet: {exc}"[:200])
+            return RefundAnswer(SettleKind.PENDING, transaction=tx_hash, attempts=attempts,
+                                detail=f"{note}no receipt yet: {exc}"[:200])
         if int(receipt["status"]) != 1:
             return RefundAnswer(SettleKind.INVALID, transaction=tx_hash,
-                                block_number=int(receipt["blockNumber"]),
-                                reason="provider_failed", detail="transfer reverted")
+                                block_number=int(receipt["blockNumber"]), attempts=attempts,
+                                reason="provider_failed", detail=f"{note}transfer reverted"[:200])
         return RefundAnswer(SettleKind.SUCCESS, transaction=tx_hash,
-                            block_number=int(receipt["blockNumber"]))
+                            block_number=int(receipt["blockNumber"]), attempts=attempts,
+                            detail=note.rstrip("; ")[:200])
+
+    def _sign_and_broadcast(self, *, to: str, value: int, on_signed) -> _Broadcast:
+        """Under the send lock. Each signed transaction is broadcast once; only a refusal
+        that proves another transaction holds its nonce leads to a new sign."""
+        token = self.w3.eth.contract(address=self.asset, abi=_TOKEN_ABI)
+        refused: RefundAnswer | None = None
+        taken: list[int] = []
+        for attempt in range(1, REFUND_NONCE_ATTEMPTS + 1):
+            try:
+                nonce = self.w3.eth.get_transaction_count(self.address, "pending")
+                tx = token.functions.transfer(to, value).build_transaction({
+                    "from": self.address, "nonce": nonce, "gas": REFUND_GAS,
+                    "gasPrice": self.w3.eth.gas_price, "chainId": self.w3.eth.chain_id})
+                tx["data"] = tx["data"] + secrets.token_hex(_REFUND_TAG_BYTES)
+            except Exception as exc:  # noqa: BLE001 - nothing (new) was signed or sent
+                if refused is not None:  # the refused one is stored: today's answer
+                    return _Broadcast(None, refused)
+                return _Broadcast(None, RefundAnswer(SettleKind.NOT_SENT,
+                                                     detail=f"not sent: {exc}"[:200]))
+            signed = self.w3.eth.account.sign_transaction(tx, self._key)
+            tx_hash = _hex(signed.hash)
+            on_signed(tx_hash, nonce)  # persisted before it can leave (replaces a refused one)
+            try:
+                self.w3.eth.send_raw_transaction(signed.raw_transaction)
+            except requests.exceptions.ConnectionError as exc:
+                if _never_connected(exc):
+                    return _Broadcast(None, RefundAnswer(
+                        SettleKind.NOT_SENT, transaction=tx_hash, attempts=attempt,
+                        detail=f"not sent: {exc}"[:200]))
+                return _Broadcast(None, RefundAnswer(
+                    SettleKind.UNKNOWN, transaction=tx_hash, attempts=attempt,
+                    detail=f"connection lost: {exc}"[:200]))
+            except requests.exceptions.Timeout as exc:
+                return _Broadcast(None, RefundAnswer(SettleKind.UNKNOWN, transaction=tx_hash,
+                                                     attempts=attempt,
+                                                     detail=f"timeout: {exc}"[:200]))
+            except Exception as exc:  # noqa: BLE001 - the node answered with an RPC error
+                text = str(exc)
+                if _answer_says(text, _ALREADY_IN_POOL):
+                    return _Broadcast(None, RefundAnswer(SettleKind.PENDING, transaction=tx_hash,
+                                                         attempts=attempt, detail=text[:200]))
+                # The node refused it: it is in no mempool. Unless the refusal names a
+                # taken nonce, the same nonce may still be used again, so the receipt read
+                # decides if it is ever mined.
+                refused = RefundAnswer(SettleKind.UNKNOWN, transaction=tx_hash,
+                                       attempts=attempt, detail=f"rpc error: {text}"[:200])
+                if not _answer_says(text, _NONCE_TAKEN) or attempt == REFUND_NONCE_ATTEMPTS:
+                    return _Broadcast(None, refused)
+                # Belt and braces before a new sign: the node must not know this hash (a
+                # proxy in front of it that re-posted would make it ours, in flight).
+                try:
+                    self.w3.eth.get_transaction(signed.hash)
+                except TransactionNotFound:
+                    pass
+                except Exception:  # noqa: BLE001 - cannot tell: keep today's answer
+                    return _Broadcast(None, refused)
+                else:
+                    return _Broadcast(signed, RefundAnswer(
+                        SettleKind.PENDING, transaction=tx_hash, attempts=attempt,
+                        detail=f"refused ({text[:60]}) yet known to the node; "))
+                taken.append(nonce)
+                log.warning("x402 refund %s refused (%s): nonce %s taken by another "
+                            "transaction of the signer; signing again", tx_hash, text[:80],
+                            nonce)
+                continue
+            note = (f"nonce {', '.join(map(str, taken))} taken by another transaction of the "
+                    f"signer; sent with nonce {nonce} (sign {attempt}); " if taken else "")
+            return _Broadcast(signed, RefundAnswer(SettleKind.PENDING, transaction=tx_hash,
+                                                   attempts=attempt, detail=note))
+        raise AssertionError("unreachable: the last attempt always returns")
 
 
 def read_refund_transfer(*, transaction: str, sender: str, nonce: int | None, to: str,
