@@ -66,6 +66,16 @@ def _approved_refund(purchase, people) -> PaymentOperation:
     return PaymentOperation.objects.get(id=refund.id)
 
 
+def _two_approved_refunds(agent, report, chain, people):
+    """One payer who bought two reports, a refund of each approved; the refund signer and
+    its nonce before either is sent."""
+    payer = chain.new_payer(FUNDS)
+    first, second = _pay(agent, report, payer), _pay(agent, report, payer)
+    refund_1, refund_2 = _approved_refund(first, people), _approved_refund(second, people)
+    sender = get_refund_sender()
+    return payer, refund_1, refund_2, sender, chain.w3.eth.get_transaction_count(sender.address)
+
+
 def _dispatch_in_another_process(op: PaymentOperation, **env) -> str:
     db = django_settings.DATABASES["default"]
     url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"  # the test db
@@ -110,11 +120,8 @@ def _mined_nonce(chain, tx_hash: str) -> int:
 def test_two_refunds_racing_for_the_nonce_both_move_their_money(
         agent, report, chain, people, monkeypatch):
     # given one payer who bought two reports, and a refund of each approved
-    payer = chain.new_payer(FUNDS)
-    first, second = _pay(agent, report, payer), _pay(agent, report, payer)
-    refund_1, refund_2 = _approved_refund(first, people), _approved_refund(second, people)
-    sender = get_refund_sender()
-    signer_nonce = chain.w3.eth.get_transaction_count(sender.address)
+    payer, refund_1, refund_2, sender, signer_nonce = _two_approved_refunds(
+        agent, report, chain, people)
     assert chain.balance(payer.address) == FUNDS - 2 * PRICE_ATOMIC
     outcome_2 = []
     # and refund 2 dispatched by another worker process right after refund 1 read the
@@ -155,11 +162,8 @@ def test_two_refunds_racing_for_the_nonce_both_move_their_money(
 def test_a_nonce_held_by_a_pending_transaction_is_signed_again_and_both_are_mined(
         agent, report, chain, people, monkeypatch):
     # given two approved refunds to one payer and a chain that mines only when told
-    payer = chain.new_payer(FUNDS)
-    first, second = _pay(agent, report, payer), _pay(agent, report, payer)
-    refund_1, refund_2 = _approved_refund(first, people), _approved_refund(second, people)
-    sender = get_refund_sender()
-    signer_nonce = chain.w3.eth.get_transaction_count(sender.address)
+    payer, refund_1, refund_2, sender, signer_nonce = _two_approved_refunds(
+        agent, report, chain, people)
     chain.automine(False)
     outcome_2 = []
     # and refund 2, from another process, broadcast after refund 1 read the nonce: it is
