@@ -2,15 +2,22 @@
 -> Purchase -> PaymentOperation -> Dispute -> ApiClient.
 
 Two code paths never lock the same rows in a different order, so they cannot deadlock.
-`of=("self",)` keeps PostgreSQL from locking joined rows.
+`of=("self",)` keeps PostgreSQL from locking joined rows. The x402 refund signer's lock
+(`signer_lock`, session-level) is taken only outside any transaction: it never waits while
+a row lock is held, and no row lock is waited for while it is held.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
+from collections.abc import Iterator
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from .models import ApiClient, BuyerConfirmation, Dispute, PaymentOperation, Purchase, Quote
+
+_log = logging.getLogger(__name__)
 
 
 def lock_purchase(purchase_id: str) -> Purchase:
@@ -92,6 +99,44 @@ def lock_customer(api_client_id: int | None, key: str) -> None:
         lock = int.from_bytes(hashlib.sha256(scope.encode()).digest()[:8], "big", signed=True)
         with conn.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", [lock])
+
+
+def signer_lock_key(address: str) -> int:
+    """The stable signed 64-bit advisory-lock key of one chain signer's nonces."""
+    scope = f"x402-signer-nonce:{address.lower()}"
+    return int.from_bytes(hashlib.sha256(scope.encode()).digest()[:8], "big", signed=True)
+
+
+@contextlib.contextmanager
+def signer_lock(address: str) -> Iterator[None]:
+    """One nonce allocator per chain signer across processes: a PostgreSQL session-level
+    advisory lock, held for the block (nonce read -> sign -> persist -> broadcast).
+
+    Session-level, so it holds no transaction open (autocommit; the block's own writes
+    commit as they go): call it outside any transaction, never around a receipt wait. A
+    process that dies while holding it releases it with its session. An unlock that fails
+    (a lost connection) never raises over the block's answer: the connection is closed,
+    and the session's end releases the lock. SQLite (the embedded default) has one
+    writer process: a no-op there.
+    """
+    if connection.vendor != "postgresql":
+        yield
+        return
+    assert_no_transaction_outside_transaction()
+    key = signer_lock_key(address)
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_lock(%s)", [key])
+    try:
+        yield
+    finally:
+        try:
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock(%s)", [key])
+        except Exception:  # noqa: BLE001 - the session's end releases it
+            _log.warning("signer lock %s: unlock failed; closing the connection releases it",
+                         address, exc_info=True)
+            with contextlib.suppress(Exception):
+                connection.close()
 
 
 def assert_no_transaction_outside_transaction() -> None:

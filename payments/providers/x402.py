@@ -22,6 +22,8 @@ import logging
 import secrets
 import sys
 import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 
 import requests
@@ -398,7 +400,9 @@ class RefundSender:
     (which persists them) before the broadcast, so a lost answer leaves a hash to read.
     A broadcast refused because another transaction of the signer took the nonce is
     re-signed with a fresh nonce and `on_signed` is called again (it overwrites the stored
-    hash and nonce of the same refund): at most REFUND_NONCE_ATTEMPTS signs."""
+    hash and nonce of the same refund): at most REFUND_NONCE_ATTEMPTS signs. Verity's
+    refunds take their nonces one at a time across processes (`send(serialize=...)`), so
+    that refusal comes only from a transaction of the signer made outside Verity."""
 
     def __init__(self, *, rpc_url: str, asset: str, private_key: str,
                  receipt_timeout: float) -> None:
@@ -411,8 +415,10 @@ class RefundSender:
         self._drills: dict[str, str] = {}
         self._lock = threading.Lock()
         # Nonce read -> sign -> persist -> broadcast of one refund at a time in this process
-        # (threads of one worker never race for a nonce); other processes still can, and
-        # the retry below covers them. Not held while waiting for the receipt.
+        # (threads of one worker never race for a nonce); `send(serialize=...)` does the
+        # same across processes. Another transaction of the signer made outside Verity can
+        # still take the nonce: the retry below covers it. Neither is held while waiting
+        # for the receipt.
         self._send_lock = threading.Lock()
 
     def arm_drill(self, *, to: str, mode: str) -> None:
@@ -427,9 +433,19 @@ class RefundSender:
         with self._lock:
             return self._drills.pop(to.lower(), "")
 
-    def send(self, *, to: str, value: int, on_signed) -> RefundAnswer:
+    def send(self, *, to: str, value: int, on_signed,
+             serialize: Callable[[], AbstractContextManager] = nullcontext) -> RefundAnswer:
+        """`serialize()` is the signer's nonce allocator across processes (Verity passes
+        payments.locks.signer_lock): entered around nonce read -> sign -> persist ->
+        broadcast, left before the receipt wait. If it cannot be entered, nothing was
+        signed: not_sent."""
         to = Web3.to_checksum_address(to)
-        with self._send_lock:
+        with self._send_lock, ExitStack() as held:
+            try:
+                held.enter_context(serialize())
+            except Exception as exc:  # noqa: BLE001 - no nonce read, nothing signed
+                return RefundAnswer(SettleKind.NOT_SENT,
+                                    detail=f"not sent: signer lock: {exc}"[:200])
             sent = self._sign_and_broadcast(to=to, value=value, on_signed=on_signed)
         if sent.signed is None:
             return sent.answer
@@ -453,7 +469,7 @@ class RefundSender:
                             detail=note.rstrip("; ")[:200])
 
     def _sign_and_broadcast(self, *, to: str, value: int, on_signed) -> _Broadcast:
-        """Under the send lock. Each signed transaction is broadcast once; only a refusal
+        """Under the send lock and `serialize()`. Each signed transaction is broadcast once; only a refusal
         that proves another transaction holds its nonce leads to a new sign."""
         token = self.w3.eth.contract(address=self.asset, abi=_TOKEN_ABI)
         refused: RefundAnswer | None = None

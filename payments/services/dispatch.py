@@ -31,6 +31,7 @@ from ..locks import (
     assert_no_transaction_outside_transaction,
     lock_operation,
     lock_purchase_and_operation,
+    signer_lock,
 )
 from ..models import PaymentOperation, ProviderCall, X402Authorization, X402RefundTransfer
 from ..providers import x402 as x402_adapter
@@ -283,8 +284,11 @@ def _dispatch_x402_refund(op: PaymentOperation) -> None:
         X402RefundTransfer.objects.filter(pk=op.id).update(transaction_hash=tx_hash,
                                                            chain_nonce=nonce)
 
-    answer = x402_adapter.get_refund_sender().send(to=row.to_address, value=int(row.value),
-                                                   on_signed=on_signed)
+    sender = x402_adapter.get_refund_sender()
+    # One nonce allocator for the signer across processes: a refund signed elsewhere can
+    # neither refuse nor replace this one at its nonce.
+    answer = sender.send(to=row.to_address, value=int(row.value), on_signed=on_signed,
+                         serialize=lambda: signer_lock(sender.address))
     ProviderCall.objects.filter(id=call.id).update(
         classification={x402_adapter.SettleKind.SUCCESS: Classification.OK,
                         x402_adapter.SettleKind.PENDING: Classification.OK,

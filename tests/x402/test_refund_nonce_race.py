@@ -1,12 +1,15 @@
-"""Two x402 refunds signed at the same moment race for the refund signer's nonce. The
-node refuses the later broadcast ("nonce too low" once the other is mined, "replacement
-transaction underpriced" while it is pending): that refund is signed again with a fresh
-nonce, its stored hash replaced, and both refunds move their money — on the real chain.
+"""Two x402 refunds dispatched at the same moment in two processes take the refund
+signer's nonces in turn (one nonce allocator for the signer across processes: a PostgreSQL
+advisory lock around nonce read -> sign -> persist -> broadcast): neither refuses nor
+replaces the other at its nonce, and both move their money — on the real chain. Another
+transaction of the signer (made outside Verity) can still take a refund's nonce: the node
+refuses that refund ("nonce too low" once the other is mined, "replacement transaction
+underpriced" while it is pending) and it is signed again with a fresh nonce.
 
 The race is made deterministic without faking the chain: the signer's nonce is read for
 refund 1, then — before refund 1 broadcasts — refund 2 is dispatched by another worker
 process (a real second Verity process on the same database and chain), or another
-transaction of the signer takes the nonce. The chain itself refuses the stale one. And a
+transaction of the signer takes the nonce. The chain itself refuses a stale nonce. And a
 broadcast the node took whose answer was lost is never taken for a refusal and signed again."""
 from __future__ import annotations
 
@@ -14,13 +17,16 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from urllib.parse import urlparse
 
 import pytest
 from django.conf import settings as django_settings
+from django.db import OperationalError, connection
 from eth_account import Account
 
 from payments import services
+from payments.locks import signer_lock, signer_lock_key
 from payments.models import PaymentOperation, ProviderCall, X402RefundTransfer
 from bench.fault_proxy import FaultProxy
 from payments.providers.x402 import (
@@ -76,16 +82,57 @@ def _two_approved_refunds(agent, report, chain, people):
     return payer, refund_1, refund_2, sender, chain.w3.eth.get_transaction_count(sender.address)
 
 
-def _dispatch_in_another_process(op: PaymentOperation, **env) -> str:
+def _start_in_another_process(op: PaymentOperation, **env) -> subprocess.Popen:
     db = django_settings.DATABASES["default"]
     url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"  # the test db
-    done = subprocess.run(
-        [sys.executable, "-c", _OTHER_WORKER, op.id], cwd=ROOT, capture_output=True,
-        text=True, timeout=120,
+    return subprocess.Popen(
+        [sys.executable, "-c", _OTHER_WORKER, op.id], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
         env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "DATABASE_URL": url,
              **env})
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
+
+
+def _outcome_of(worker: subprocess.Popen) -> str:
+    out, err = worker.communicate(timeout=120)
+    assert worker.returncode == 0, err[-2000:]
+    return out.strip().splitlines()[-1]
+
+
+def _signer_lock_now(address: str) -> tuple[int, int]:
+    """(held by this session, sessions waiting for it): the signer's advisory lock in
+    pg_locks (a bigint key shows as classid = high 32 bits, objid = low 32, objsubid 1)."""
+    key = signer_lock_key(address)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FILTER (WHERE granted AND pid = pg_backend_pid()),"
+            "       count(*) FILTER (WHERE NOT granted AND pid <> pg_backend_pid())"
+            "  FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1"
+            "   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            "   AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
+            [(key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF])
+        return cur.fetchone()
+
+
+def _another_process_dispatches_meanwhile(chain, sender, op, signer_nonce: int, seen: dict,
+                                          **env):
+    """A competitor for the race hook: start `op`'s dispatch in another worker process and
+    watch it until it waits for the signer's lock, broadcasts or exits (at most 60 s),
+    then half a second more. What was seen goes into `seen` (asserting here would only
+    make the hooked nonce read fail)."""
+    def competitor() -> None:
+        worker = _start_in_another_process(op, **env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            held, waiting = _signer_lock_now(sender.address)
+            if (waiting or worker.poll() is not None or signer_nonce !=
+                    chain.w3.eth.get_transaction_count(sender.address, "pending")):
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+        seen.update(worker=worker, held=held, waiting=waiting,
+                    running=worker.poll() is None,
+                    pending_nonce=chain.w3.eth.get_transaction_count(sender.address, "pending"))
+    return competitor
 
 
 def _race_after_the_nonce_read(monkeypatch, sender, competitor, times: int = 1) -> list[int]:
@@ -107,8 +154,26 @@ def _race_after_the_nonce_read(monkeypatch, sender, competitor, times: int = 1) 
     return seen
 
 
+def _another_transaction_of_the_signer(chain):
+    """A competitor for the race hook: a 0-value transaction of the refund signer sent
+    straight to the node (an operator's manual send, a tool outside Verity)."""
+    signer = Account.from_key(os.environ["X402_REFUND_PRIVATE_KEY"])
+
+    def send() -> None:
+        w3 = chain.w3
+        tx = {"to": signer.address, "value": 0, "gas": 30_000, "gasPrice": w3.eth.gas_price,
+              "nonce": w3.eth.get_transaction_count(signer.address, "pending"),
+              "chainId": w3.eth.chain_id}
+        w3.eth.send_raw_transaction(signer.sign_transaction(tx).raw_transaction)
+    return send
+
+
 def _sends(op) -> int:
     return ProviderCall.objects.filter(operation=op, purpose="dispatch", step="refund").count()
+
+
+def _refund_call(op) -> ProviderCall:
+    return ProviderCall.objects.get(operation=op, purpose="dispatch", step="refund")
 
 
 def _mined_nonce(chain, tx_hash: str) -> int:
@@ -117,86 +182,129 @@ def _mined_nonce(chain, tx_hash: str) -> int:
     return int(chain.w3.eth.get_transaction(tx_hash)["nonce"])
 
 
-def test_two_refunds_racing_for_the_nonce_both_move_their_money(
+def test_two_refunds_at_once_in_two_processes_take_the_signers_nonces_in_turn(
         agent, report, chain, people, monkeypatch):
     # given one payer who bought two reports, and a refund of each approved
     payer, refund_1, refund_2, sender, signer_nonce = _two_approved_refunds(
         agent, report, chain, people)
     assert chain.balance(payer.address) == FUNDS - 2 * PRICE_ATOMIC
-    outcome_2 = []
+    other: dict = {}
     # and refund 2 dispatched by another worker process right after refund 1 read the
-    # signer's nonce: it signs the same nonce, broadcasts first and is mined
-    seen = _race_after_the_nonce_read(
-        monkeypatch, sender, lambda: outcome_2.append(_dispatch_in_another_process(refund_2)))
+    # signer's nonce (before refund 1 signs and broadcasts with it)
+    seen = _race_after_the_nonce_read(monkeypatch, sender, _another_process_dispatches_meanwhile(
+        chain, sender, refund_2, signer_nonce, other))
 
     # when refund 1 is dispatched
     done_1 = services.operation_dispatch(operation_id=refund_1.id)
+    outcome_2 = _outcome_of(other["worker"])
     settle_outbox()
 
-    # then the chain refused refund 1's first transaction (its nonce was taken), refund 1
-    # was signed again with the next nonce, and both refunds succeeded
-    assert seen == [signer_nonce] and outcome_2 == ["succeeded"]
+    # then the other process waited for the signer's lock, which refund 1 held, and
+    # broadcast nothing meanwhile
+    assert seen == [signer_nonce]
+    assert (other["held"], other["waiting"], other["running"], other["pending_nonce"]) == \
+        (1, 1, True, signer_nonce)
+    # and both refunds succeeded, with nonces n and n + 1, each signed once
     assert (done_1.outcome, done_1.verification) == ("succeeded", "provider"), done_1.reason
+    assert outcome_2 == "succeeded"
     assert PaymentOperation.objects.get(id=refund_2.id).outcome == "succeeded"
     assert chain.balance(payer.address) == FUNDS  # rose by both amounts
     assert chain.transfers_back(payer.address) == 2  # exactly two Transfer logs back
     assert chain.w3.eth.get_transaction_count(sender.address) == signer_nonce + 2
     row_1 = X402RefundTransfer.objects.get(operation=refund_1)
     row_2 = X402RefundTransfer.objects.get(operation=refund_2)
-    # the rows hold the hashes that were mined, with the nonces they were mined with
-    assert (row_2.chain_nonce, _mined_nonce(chain, row_2.transaction_hash)) == \
-        (signer_nonce, signer_nonce)
     assert (row_1.chain_nonce, _mined_nonce(chain, row_1.transaction_hash)) == \
+        (signer_nonce, signer_nonce)
+    assert (row_2.chain_nonce, _mined_nonce(chain, row_2.transaction_hash)) == \
         (signer_nonce + 1, signer_nonce + 1)
     assert row_1.block_number and row_2.block_number
     assert _sends(refund_1) == 1 and _sends(refund_2) == 1
-    call_1 = ProviderCall.objects.get(operation=refund_1, purpose="dispatch", step="refund")
-    assert call_1.safe_fields["transaction"] == row_1.transaction_hash
-    assert f"nonce {signer_nonce} taken" in call_1.safe_fields["detail"]
+    # (a send's detail is empty only when its first sign was accepted: no refusal)
+    for refund, row in ((refund_1, row_1), (refund_2, row_2)):
+        call = _refund_call(refund)
+        assert (call.safe_fields["transaction"], call.safe_fields["detail"]) == \
+            (row.transaction_hash, "")
     # and the read-back of refund 1 finds its transfer, and sends nothing
     seen_1 = services.operation_read_canonical(operation_id=refund_1.id)
     assert (seen_1.status, seen_1.id) == ("confirmed", row_1.transaction_hash)
     assert chain.transfers_back(payer.address) == 2
 
 
-def test_a_nonce_held_by_a_pending_transaction_is_signed_again_and_both_are_mined(
+def test_a_refund_pending_at_a_nonce_is_never_signed_over_by_another_process(
         agent, report, chain, people, monkeypatch):
     # given two approved refunds to one payer and a chain that mines only when told
     payer, refund_1, refund_2, sender, signer_nonce = _two_approved_refunds(
         agent, report, chain, people)
     chain.automine(False)
-    outcome_2 = []
-    # and refund 2, from another process, broadcast after refund 1 read the nonce: it is
-    # pending with that nonce (at the same gas price) when refund 1 broadcasts
-    seen = _race_after_the_nonce_read(
-        monkeypatch, sender, lambda: outcome_2.append(_dispatch_in_another_process(
-            refund_2, X402_REFUND_RECEIPT_TIMEOUT="0.5")))
+    other: dict = {}
+    # and refund 2 dispatched by another process right after refund 1 read the nonce
+    seen = _race_after_the_nonce_read(monkeypatch, sender, _another_process_dispatches_meanwhile(
+        chain, sender, refund_2, signer_nonce, other, X402_REFUND_RECEIPT_TIMEOUT="0.5"))
 
-    # when refund 1 is dispatched ("replacement transaction underpriced" for its first
-    # transaction), then the block is mined and both are read back
+    # when refund 1 is dispatched (its transfer stays pending), then the block is mined
+    # and both are read back
     waiting_1 = services.operation_dispatch(operation_id=refund_1.id)
+    outcome_2 = _outcome_of(other["worker"])
     pending = chain.pending()
     chain.mine()
     read_1 = services.operation_reconcile(operation_id=refund_1.id, actor="test")
     read_2 = services.operation_reconcile(operation_id=refund_2.id, actor="test")
     settle_outbox()
 
-    # then both were in the mempool at once, with two nonces, and both moved their money
-    assert seen == [signer_nonce] and outcome_2 == ["awaiting_provider"]
-    assert waiting_1.outcome == "awaiting_provider"
+    # then the other process waited for the lock and signed only after refund 1's
+    # transfer was pending: the next nonce (it can neither replace nor be refused by it,
+    # whatever its gas price), and both moved their money
+    assert seen == [signer_nonce]
+    assert (other["held"], other["waiting"], other["running"], other["pending_nonce"]) == \
+        (1, 1, True, signer_nonce)
+    assert (waiting_1.outcome, outcome_2) == ("awaiting_provider", "awaiting_provider")
     row_1 = X402RefundTransfer.objects.get(operation=refund_1)
     row_2 = X402RefundTransfer.objects.get(operation=refund_2)
     assert sorted(pending) == sorted([row_1.transaction_hash, row_2.transaction_hash])
     assert (read_1.outcome, read_2.outcome) == ("succeeded", "succeeded")
-    assert (row_2.chain_nonce, _mined_nonce(chain, row_2.transaction_hash)) == \
-        (signer_nonce, signer_nonce)
     assert (row_1.chain_nonce, _mined_nonce(chain, row_1.transaction_hash)) == \
+        (signer_nonce, signer_nonce)
+    assert (row_2.chain_nonce, _mined_nonce(chain, row_2.transaction_hash)) == \
         (signer_nonce + 1, signer_nonce + 1)
     assert chain.balance(payer.address) == FUNDS
     assert chain.transfers_back(payer.address) == 2
     assert _sends(refund_1) == 1 and _sends(refund_2) == 1
-    call_1 = ProviderCall.objects.get(operation=refund_1, purpose="dispatch", step="refund")
-    assert f"nonce {signer_nonce} taken" in call_1.safe_fields["detail"]
+    assert "taken" not in _refund_call(refund_1).safe_fields["detail"]
+    assert "taken" not in _refund_call(refund_2).safe_fields["detail"]
+
+
+def test_a_nonce_held_by_a_pending_transaction_of_the_signer_is_signed_again(
+        agent, report, chain, people, monkeypatch):
+    # given an approved refund, a chain that mines only when told, and another
+    # transaction of the refund signer sent straight to the node right after the refund
+    # read its nonce: pending with that nonce, at the same gas price
+    payer = chain.new_payer(FUNDS)
+    refund = _approved_refund(_pay(agent, report, payer), people)
+    sender = get_refund_sender()
+    signer_nonce = chain.w3.eth.get_transaction_count(sender.address)
+    chain.automine(False)
+    seen = _race_after_the_nonce_read(monkeypatch, sender,
+                                      _another_transaction_of_the_signer(chain))
+
+    # when the refund is dispatched ("replacement transaction underpriced" for its first
+    # transaction), then the block is mined and the refund read back
+    waiting = services.operation_dispatch(operation_id=refund.id)
+    pending = chain.pending()
+    chain.mine()
+    read = services.operation_reconcile(operation_id=refund.id, actor="test")
+    settle_outbox()
+
+    # then the refund was signed again with the next nonce, and moved its money once
+    assert seen == [signer_nonce] and waiting.outcome == "awaiting_provider"
+    row = X402RefundTransfer.objects.get(operation=refund)
+    assert len(pending) == 2 and row.transaction_hash in pending
+    assert read.outcome == "succeeded"
+    assert (row.chain_nonce, _mined_nonce(chain, row.transaction_hash)) == \
+        (signer_nonce + 1, signer_nonce + 1)
+    assert chain.balance(payer.address) == FUNDS
+    assert chain.transfers_back(payer.address) == 1
+    assert _sends(refund) == 1
+    assert f"nonce {signer_nonce} taken" in _refund_call(refund).safe_fields["detail"]
 
 
 def test_a_nonce_taken_at_every_sign_gives_up_after_the_bound_and_moves_nothing(
@@ -206,17 +314,9 @@ def test_a_nonce_taken_at_every_sign_gives_up_after_the_bound_and_moves_nothing(
     payer = chain.new_payer(FUNDS)
     refund = _approved_refund(_pay(agent, report, payer), people)
     sender = get_refund_sender()
-    signer = Account.from_key(os.environ["X402_REFUND_PRIVATE_KEY"])
     signer_nonce = chain.w3.eth.get_transaction_count(sender.address)
-
-    def another_transaction_of_the_signer():
-        w3 = chain.w3
-        tx = {"to": signer.address, "value": 0, "gas": 30_000, "gasPrice": w3.eth.gas_price,
-              "nonce": w3.eth.get_transaction_count(signer.address, "pending"),
-              "chainId": w3.eth.chain_id}
-        w3.eth.send_raw_transaction(signer.sign_transaction(tx).raw_transaction)
-
-    seen = _race_after_the_nonce_read(monkeypatch, sender, another_transaction_of_the_signer,
+    seen = _race_after_the_nonce_read(monkeypatch, sender,
+                                      _another_transaction_of_the_signer(chain),
                                       times=REFUND_NONCE_ATTEMPTS + 1)
 
     # when the refund is dispatched
@@ -308,3 +408,19 @@ def test_an_answer_lost_after_the_node_took_the_transfer_is_never_signed_again(c
     assert chain.transfers_back(payer.address) == 1
     assert chain.balance(payer.address) == FUNDS + PRICE_ATOMIC
     assert chain.w3.eth.get_transaction_count(sender.address) == signer_nonce + 1
+
+
+def test_a_connection_lost_while_holding_the_signer_lock_neither_raises_nor_keeps_it():
+    # given the signer's lock held by this session
+    address = Account.create().address
+    with signer_lock(address):
+        assert _signer_lock_now(address) == (1, 0)
+        # when the session is lost inside the block (a database restart, a killed backend)
+        with pytest.raises(OperationalError), connection.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    # then leaving the block did not raise over the block's own answer, and the lock is
+    # free for the next session (its end released it)
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_try_advisory_lock(%s)", [signer_lock_key(address)])
+        assert cur.fetchone() == (True,)
+        cur.execute("SELECT pg_advisory_unlock(%s)", [signer_lock_key(address)])
