@@ -469,8 +469,9 @@ class RefundSender:
                             detail=note.rstrip("; ")[:200])
 
     def _sign_and_broadcast(self, *, to: str, value: int, on_signed) -> _Broadcast:
-        """Under the send lock and `serialize()`. Each signed transaction is broadcast once; only a refusal
-        that proves another transaction holds its nonce leads to a new sign."""
+        """Under the send lock and `serialize()`. Each signed transaction is broadcast
+        once; only a refusal that proves another transaction holds its nonce leads to a
+        new sign."""
         token = self.w3.eth.contract(address=self.asset, abi=_TOKEN_ABI)
         refused: RefundAnswer | None = None
         taken: list[int] = []
