@@ -42,7 +42,7 @@ from .locks import (
 )
 from .models import PaymentOperation
 from .providers.base import ProviderObject
-from .services.common import _audit, _captured_amount, _history, payment_unsettled
+from .services.common import _audit, _history, payment_unsettled
 from .services.observations import _schedule_reconcile, _settle_effects
 from .services.operations import _create_op
 
@@ -71,11 +71,22 @@ def _expected_account(payment: PaymentOperation) -> str:
     return payment.provider_account or getattr(settings, "STRIPE_ACCOUNT", "") or ""
 
 
-def _refunded_total(purchase, *, succeeded_only: bool) -> int:
-    qs = purchase.operations.filter(kind=OperationKind.REFUND)
-    qs = qs.filter(outcome=Outcome.SUCCEEDED) if succeeded_only else qs.exclude(
-        outcome=Outcome.FAILED)
-    return qs.aggregate(s=Sum("amount"))["s"] or 0
+def _refund_room(payment: PaymentOperation) -> int:
+    """What the provider can still refund of this one payment, as Verity's confirmed
+    record has it: what it captured (the charge, or its authorization's succeeded captures)
+    minus its succeeded refunds. Per payment, not per purchase: a duplicate charge and its
+    compensating refund belong to the duplicate (found by the lifecycle machine: the
+    purchase-wide sum quarantined a dashboard refund of either as `mismatch:amount`)."""
+    if payment.outcome != Outcome.SUCCEEDED:
+        return 0
+    children = PaymentOperation.objects.filter(parent=payment, outcome=Outcome.SUCCEEDED)
+    if payment.kind == OperationKind.CHARGE:
+        captured = payment.amount
+    else:
+        captured = (children.filter(kind=OperationKind.CAPTURE)
+                    .aggregate(s=Sum("amount"))["s"] or 0)
+    refunded = children.filter(kind=OperationKind.REFUND).aggregate(s=Sum("amount"))["s"] or 0
+    return captured - refunded
 
 
 def _record_locked(purchase, payment: PaymentOperation, *, kind: str, obj: ProviderObject,
@@ -122,9 +133,8 @@ def _own_record_unsettled(purchase, payment: PaymentOperation, refund: ProviderO
     or (the refund exceeding what is captured) a capture still in flight."""
     if payment_unsettled(payment):
         return "payment_not_settled"
-    room = _captured_amount(purchase) - _refunded_total(purchase, succeeded_only=True)
-    if payment.outcome == Outcome.SUCCEEDED and refund.amount > room and (
-            purchase.operations.filter(kind=OperationKind.CAPTURE)
+    if payment.outcome == Outcome.SUCCEEDED and refund.amount > _refund_room(payment) and (
+            PaymentOperation.objects.filter(parent=payment, kind=OperationKind.CAPTURE)
             .exclude(outcome__in=(Outcome.SUCCEEDED, Outcome.FAILED)).exists()):
         return "capture_not_settled"
     return ""
@@ -170,8 +180,7 @@ def external_refund_record(*, payment_operation_id: str, refund: ProviderObject,
         pending = refund.status in ("pending", "requires_action")
         if refund.status != "succeeded" and not pending:
             return ExternalApplyResult(ExternalResult.MISMATCH, "status", **ids)
-        room = _captured_amount(purchase) - _refunded_total(purchase, succeeded_only=True)
-        if refund.amount <= 0 or refund.amount > room:
+        if refund.amount <= 0 or refund.amount > _refund_room(payment):
             return ExternalApplyResult(ExternalResult.MISMATCH, "amount", **ids)
         if pending and _busy(purchase):
             # Another operation holds the slot: hold the event, retry after it settles.

@@ -171,8 +171,9 @@ def test_retry_of_through_the_api_answers_original_succeeded(
     assert PaymentOperation.objects.filter(purchase=purchase).count() == 1
 
 
-def test_a_second_confirmed_charge_is_a_duplicate_refunded_automatically(
-        new_purchase, api_client, drill, read_drill, resolver, localstripe):
+def _charged_twice(new_purchase, api_client, drill, read_drill, resolver, localstripe):
+    """A charge whose answer was lost, wrongly resolved `failed` while the provider could
+    not be read, then a retry that charged again: two charges at the provider."""
     purchase, first = _unknown_charge(new_purchase, api_client, drill)
     # the provider stays unreadable through the resolution and the retry's read-back:
     # the race the read-back cannot close
@@ -185,6 +186,13 @@ def test_a_second_confirmed_charge_is_a_duplicate_refunded_automatically(
     retry = services.operation_dispatch(operation_id=retry.id)
     assert retry.outcome == Outcome.SUCCEEDED and _status(purchase) == PurchaseStatus.PAID
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 2  # charged twice
+    return purchase, first, retry
+
+
+def test_a_second_confirmed_charge_is_a_duplicate_refunded_automatically(
+        new_purchase, api_client, drill, read_drill, resolver, localstripe):
+    purchase, first, retry = _charged_twice(new_purchase, api_client, drill, read_drill,
+                                            resolver, localstripe)
 
     # when the first charge is read back
     services.operation_reconcile(operation_id=first.id)
@@ -330,3 +338,29 @@ def test_manual_succeeded_on_a_confirm_the_provider_never_applied_is_refused(
     assert _status(purchase) != PurchaseStatus.PAID
     assert _hold(op) == HoldState.RESERVED
     assert localstripe.succeeded_charges_for(purchase.id) == []
+
+
+def test_a_dashboard_refund_after_a_compensated_duplicate_is_recorded_against_its_charge(
+        new_purchase, api_client, drill, read_drill, resolver, localstripe, deliver):
+    """Found by the lifecycle machine: the duplicate's compensating refund was counted
+    against the purchase's own charge, so a dashboard refund of that charge exceeded the
+    purchase-wide room and was quarantined `mismatch:amount` (the money never booked)."""
+    # given a purchase charged twice whose duplicate a linked refund returned
+    purchase, first, retry = _charged_twice(new_purchase, api_client, drill, read_drill,
+                                            resolver, localstripe)
+    services.operation_reconcile(operation_id=first.id)
+    compensation = PaymentOperation.objects.get(parent=first, kind="refund")
+    assert services.operation_dispatch(operation_id=compensation.id).outcome == "succeeded"
+
+    # when a person refunds part of the purchase's own charge in the provider's dashboard
+    r = requests.post(f"{settings.STRIPE_API_BASE}/v1/refunds", timeout=10,
+                      auth=(settings.STRIPE_API_KEY, ""),
+                      data={"payment_intent": retry.provider_reference, "amount": 500})
+    r.raise_for_status()
+
+    # then Verity records it, once, against that charge
+    assert deliver(provider_object("refunds", r.json()["id"]), "refund.created") == "applied"
+    external = PaymentOperation.objects.get(provider_reference=r.json()["id"])
+    assert (external.origin, external.parent_id, external.amount, external.outcome) == (
+        "provider", retry.id, 500, "succeeded")
+    assert [x["amount"] for x in localstripe.refunds_for(retry.provider_reference)] == [500]
