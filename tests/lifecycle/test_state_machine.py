@@ -464,9 +464,15 @@ class LifecycleMachine(RuleBasedStateMachine):
         pi = self._pick(self._charged_intents(), i)
         if pi is None:
             return
+        # Only what is left of the charge (Stripe refuses more; localstripe does not check)
+        listed = requests.get(f"{self.provider.base}/v1/refunds", auth=self.provider.auth,
+                              params={"payment_intent": pi["id"], "limit": 100}, timeout=10)
+        left = pi["amount"] - sum(r["amount"] for r in listed.json()["data"])
+        if left <= 0:
+            return
         r = requests.post(f"{self.provider.base}/v1/refunds", auth=self.provider.auth,
-                          data={"payment_intent": pi["id"], **({"amount": 300} if partial
-                                                               else {})}, timeout=10)
+                          data={"payment_intent": pi["id"],
+                                "amount": min(300, left) if partial else left}, timeout=10)
         if r.status_code != 200:
             return  # nothing left to refund at the provider
         refund = r.json()
