@@ -4,16 +4,19 @@
 Two code paths never lock the same rows in a different order, so they cannot deadlock.
 `of=("self",)` keeps PostgreSQL from locking joined rows. The x402 refund signer's lock
 (`signer_lock`, session-level) is taken only outside any transaction: it never waits while
-a row lock is held, and no row lock is waited for while it is held.
+a row lock is held. Inside it, a refund takes only its own operation's row lock, for its
+claim check (the compare-and-set before signing and before broadcasting) and between its
+wait slices: nobody waits for the signer lock while holding a row lock, so the order is
+always signer lock -> row lock and there is no cycle.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from .models import ApiClient, BuyerConfirmation, Dispute, PaymentOperation, Purchase, Quote
 
@@ -108,7 +111,8 @@ def signer_lock_key(address: str) -> int:
 
 
 @contextlib.contextmanager
-def signer_lock(address: str) -> Iterator[None]:
+def signer_lock(address: str, *, while_waiting: Callable[[], None] | None = None,
+                wait_slice_seconds: float = 5.0) -> Iterator[None]:
     """One nonce allocator per chain signer across processes: a PostgreSQL session-level
     advisory lock, held for the block (nonce read -> sign -> persist -> broadcast).
 
@@ -118,14 +122,26 @@ def signer_lock(address: str) -> Iterator[None]:
     (a lost connection) never raises over the block's answer: the connection is closed,
     and the session's end releases the lock. SQLite (the embedded default) has one
     writer process: a no-op there.
+
+    `while_waiting`: the wait is a live worker's, not a dead one's (issue 30 #1: the
+    dead-dispatch sweep took a refund queued behind another for dead). The lock is then
+    waited for in slices of `wait_slice_seconds` (each a real queued wait, `lock_timeout`),
+    and `while_waiting()` runs between slices, outside any transaction: it renews the
+    waiter's lease, and raises to give the wait up (the claim was lost) — the exception
+    leaves this function with the lock not taken.
     """
     if connection.vendor != "postgresql":
+        if while_waiting is not None:
+            while_waiting()
         yield
         return
     assert_no_transaction_outside_transaction()
     key = signer_lock_key(address)
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_lock(%s)", [key])
+    if while_waiting is None:
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", [key])
+    else:
+        _signer_lock_in_slices(key, while_waiting, wait_slice_seconds)
     try:
         yield
     finally:
@@ -137,6 +153,28 @@ def signer_lock(address: str) -> Iterator[None]:
                          address, exc_info=True)
             with contextlib.suppress(Exception):
                 connection.close()
+
+
+def _signer_lock_in_slices(key: int, while_waiting: Callable[[], None],
+                           slice_seconds: float) -> None:
+    """pg_advisory_lock under a session `lock_timeout` (autocommit: a timed-out statement
+    aborts no transaction), `while_waiting()` between slices. The timeout is reset before
+    returning or raising, so the session's later statements keep the default."""
+    millis = max(50, int(slice_seconds * 1000))
+    try:
+        while True:
+            with connection.cursor() as cur:
+                cur.execute(f"SET lock_timeout = {millis}")
+                try:
+                    cur.execute("SELECT pg_advisory_lock(%s)", [key])
+                    return
+                except OperationalError as exc:
+                    if getattr(exc.__cause__, "sqlstate", None) != "55P03":
+                        raise  # not our lock_timeout: the session is in trouble
+            while_waiting()
+    finally:
+        with contextlib.suppress(Exception), connection.cursor() as cur:
+            cur.execute("RESET lock_timeout")
 
 
 def assert_no_transaction_outside_transaction() -> None:

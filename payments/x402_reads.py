@@ -7,7 +7,7 @@ provider-neutral object that the one observation function applies. Never a settl
 """
 from __future__ import annotations
 
-from payments.enums import Classification
+from payments.enums import Classification, Outcome
 
 from .models import PaymentOperation, X402Authorization, X402RefundTransfer
 from .providers.base import CallResult, ProviderObject
@@ -42,9 +42,21 @@ def x402_read_back(op: PaymentOperation) -> CallResult:
 
 def x402_refund_read_back(op: PaymentOperation) -> CallResult:
     """A refund's transfer back, read from the chain: its receipt (confirmations) and the
-    Transfer log signer -> payer of the value. Never a send. No claim row, or no hash
-    (the claim was made but nothing was signed): nothing can have left."""
+    Transfer log signer -> payer of the value. Never a send.
+
+    No hash stored is "nothing moved" only once nothing can be sent any more (issue 30
+    #1). The signer stores the hash before it broadcasts, and both its sign and that
+    store are a compare-and-set under the operation's row lock (still `dispatching`, same
+    claim: payments.services.dispatch). So: while the operation is `dispatching` a send
+    can still happen — no verdict, still in flight; once it is not, any hash that will
+    ever exist is already stored. The operation's outcome is read from the database
+    *before* the claim row, so a hash stored in between is seen."""
+    dispatching = PaymentOperation.objects.filter(
+        id=op.id, outcome=Outcome.DISPATCHING).exists()
     row = X402RefundTransfer.objects.filter(pk=op.id).first()
+    if dispatching and (row is None or not row.transaction_hash):
+        return CallResult(Classification.UNKNOWN,
+                          detail="in flight: the send is claimed and may still be signed")
     if row is None or not row.transaction_hash:
         return CallResult(Classification.OK, object=ProviderObject(
             OBJECT_TYPE, id="", status=ChainStatus.INVALID, amount=op.amount,
@@ -58,6 +70,11 @@ def x402_refund_read_back(op: PaymentOperation) -> CallResult:
         return CallResult(Classification.UNKNOWN, detail=f"chain read failed: {exc}"[:200])
     X402RefundTransfer.objects.filter(pk=op.id).update(block_number=view.block_number,
                                                        confirmations=view.confirmations)
+    if dispatching and view.status == ChainStatus.INVALID:
+        # The stored transaction cannot move money, but the send is still out: its signer
+        # may sign again at a fresh nonce (a taken nonce). Its own answer decides.
+        return CallResult(Classification.UNKNOWN,
+                          detail="in flight: the stored transfer failed; the send is still out")
     failure = "provider_failed" if view.status == ChainStatus.INVALID else ""
     return CallResult(Classification.OK, object=ProviderObject(
         OBJECT_TYPE, id=view.transaction, status=view.status, amount=op.amount,

@@ -384,6 +384,19 @@ class RefundAnswer:
     fault_drill: str = ""
     detail: str = ""
     attempts: int = 1  # signs of this send (more than one: the signer's nonce was taken)
+    # The send gave up before anything (new) could leave because its caller no longer holds
+    # the claim (ClaimLost): whoever settled the operation owns it; nothing is applied.
+    aborted: bool = False
+
+
+class ClaimLost(Exception):
+    """Raised by a RefundSender.send hook: the operation is no longer the one this send
+    claimed (settled or swept meanwhile). Nothing more may be signed or broadcast."""
+
+
+def _aborted(exc: ClaimLost, *, transaction: str = "", attempts: int = 1) -> RefundAnswer:
+    return RefundAnswer(SettleKind.NOT_SENT, transaction=transaction, attempts=attempts,
+                        aborted=True, detail=f"aborted, nothing sent: {exc}"[:200])
 
 
 @dataclass(frozen=True)
@@ -434,19 +447,40 @@ class RefundSender:
             return self._drills.pop(to.lower(), "")
 
     def send(self, *, to: str, value: int, on_signed,
-             serialize: Callable[[], AbstractContextManager] = nullcontext) -> RefundAnswer:
+             serialize: Callable[[], AbstractContextManager] = nullcontext,
+             still_claimed: Callable[[], None] = lambda: None,
+             wait_slice_seconds: float = 5.0) -> RefundAnswer:
         """`serialize()` is the signer's nonce allocator across processes (Verity passes
         payments.locks.signer_lock): entered around nonce read -> sign -> persist ->
         broadcast, left before the receipt wait. If it cannot be entered, nothing was
-        signed: not_sent."""
+        signed: not_sent.
+
+        The claim (issue 30 #1): `still_claimed()` raises ClaimLost when the caller no
+        longer holds the send it claimed, and renews its lease otherwise. It runs while
+        this send waits for another send of this process (every `wait_slice_seconds`) and
+        once the signer is held, before the nonce read and the sign; `on_signed` may raise
+        ClaimLost too, before the broadcast. After ClaimLost nothing (new) leaves: the
+        answer is `aborted`."""
         to = Web3.to_checksum_address(to)
-        with self._send_lock, ExitStack() as held:
-            try:
-                held.enter_context(serialize())
-            except Exception as exc:  # noqa: BLE001 - no nonce read, nothing signed
-                return RefundAnswer(SettleKind.NOT_SENT,
-                                    detail=f"not sent: signer lock: {exc}"[:200])
-            sent = self._sign_and_broadcast(to=to, value=value, on_signed=on_signed)
+        try:
+            # A live wait for this process's other send, not a dead worker's.
+            while not self._send_lock.acquire(timeout=wait_slice_seconds):
+                still_claimed()
+        except ClaimLost as exc:
+            return _aborted(exc)
+        try:
+            with ExitStack() as held:
+                try:
+                    held.enter_context(serialize())
+                    still_claimed()  # compare-and-set before the nonce read and the sign
+                except ClaimLost as exc:
+                    return _aborted(exc)
+                except Exception as exc:  # noqa: BLE001 - no nonce read, nothing signed
+                    return RefundAnswer(SettleKind.NOT_SENT,
+                                        detail=f"not sent: signer lock: {exc}"[:200])
+                sent = self._sign_and_broadcast(to=to, value=value, on_signed=on_signed)
+        finally:
+            self._send_lock.release()
         if sent.signed is None:
             return sent.answer
         tx_hash, attempts, note = sent.answer.transaction, sent.answer.attempts, sent.answer.detail
@@ -489,7 +523,13 @@ class RefundSender:
                                                      detail=f"not sent: {exc}"[:200]))
             signed = self.w3.eth.account.sign_transaction(tx, self._key)
             tx_hash = _hex(signed.hash)
-            on_signed(tx_hash, nonce)  # persisted before it can leave (replaces a refused one)
+            try:
+                # Persisted before it can leave (replaces a refused one), only while the
+                # claim holds: a refund settled meanwhile never broadcasts.
+                on_signed(tx_hash, nonce)
+            except ClaimLost as exc:
+                return _Broadcast(None, _aborted(exc, transaction=refused.transaction
+                                                 if refused else "", attempts=attempt))
             try:
                 self.w3.eth.send_raw_transaction(signed.raw_transaction)
             except requests.exceptions.ConnectionError as exc:

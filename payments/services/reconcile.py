@@ -131,6 +131,15 @@ def _reconcile_refusal(op: PaymentOperation) -> DomainError | None:
         return DomainError("not_dispatched", "This operation was never sent to the provider.",
                            status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                            purchase=op.purchase_id, operation=op.id)
+    if op.outcome == Outcome.DISPATCHING:
+        # Its worker holds the send (issue 30 #1): an x402 refund may be waiting for the
+        # signer, about to sign. A read now finds nothing and would call that "nothing
+        # moved" while the send can still happen. The worker's answer settles it; a dead
+        # worker is found by the dead-dispatch sweep (-> unknown, then read back).
+        return DomainError("dispatch_in_progress", "This operation is being sent to the "
+                           "provider right now; its answer settles it. Poll the operation.",
+                           status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.RECONCILIATION,
+                           purchase=op.purchase_id, operation=op.id)
     return None
 
 
@@ -446,7 +455,13 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
 
 def operations_sweep_dead_dispatches() -> int:
     """A dispatch with no recorded outcome past its lease: its worker died. Never resend:
-    confirm claimed -> unknown (reconcile); confirm never claimed -> failed not_confirmed."""
+    confirm claimed -> unknown (reconcile); confirm never claimed -> failed not_confirmed.
+
+    A live worker keeps its lease: an x402 refund waiting for the signer's lock renews it
+    between wait slices (issue 30 #1), so only a worker that stopped renewing is swept.
+    Sweeping a worker that is alive after all is still safe: its next step is a
+    compare-and-set on `dispatching` under this row lock, so it signs and sends nothing
+    once swept (payments.services.dispatch._x402_refund_keep_claim)."""
     count = 0
     stale = PaymentOperation.objects.filter(outcome=Outcome.DISPATCHING,
                                             dispatch_deadline__lt=timezone.now())
