@@ -691,7 +691,7 @@ def reconcile_operation(*, api_client: ApiClient, operation_id: str) -> AgentRes
         services.operation_reconcile_on_demand(
             operation_id=op.id, actor=f"mcp:{api_client.name}:{api_client.prefix}")
     except DomainError as exc:
-        if exc.code not in ("already_settled", "not_dispatched"):
+        if exc.code not in ("already_settled", "not_dispatched", "dispatch_in_progress"):
             return _domain_refusal(exc, api_client, retry_call=_tool(
                 "reconcile_operation", operation_id=op.id))
     return operation_result(op)
