@@ -16,6 +16,8 @@ the refund is dispatched on another thread (its own database session), and the s
 is a real pause after the signer's nonce read (the hook of test_refund_nonce_race)."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -32,7 +34,13 @@ from support.access import Role, ensure_groups
 from support.services import ConsoleError, operation_reconcile_by_user
 from tests.factories import make_client
 from tests.x402.conftest import Api, settle_outbox
-from tests.x402.test_refund_nonce_race import _pay, _race_after_the_nonce_read, _signer_lock_now
+from tests.x402.test_refund_nonce_race import (
+    _outcome_of,
+    _pay,
+    _race_after_the_nonce_read,
+    _signer_lock_now,
+    _start_in_another_process,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -165,7 +173,9 @@ def test_a_refund_waiting_for_the_signer_is_not_settled_by_an_on_demand_reconcil
         service = _refused(lambda: services.operation_reconcile(operation_id=refund.id,
                                                                 actor="test"))
 
-        # then each refuses (a send can still happen), and nothing was settled
+        # then each refuses (a send can still happen), the chain read itself gives no
+        # verdict, and nothing was settled
+        assert services.operation_read_canonical(operation_id=refund.id) is None
         assert (api.status_code, api.json().get("code")) == (409, "dispatch_in_progress"), \
             api.content
         assert (console, service) == ("dispatch_in_progress", "dispatch_in_progress")
@@ -265,3 +275,42 @@ def test_a_refund_settled_by_someone_else_before_it_is_signed_sends_nothing(
     settle_outbox()
     assert chain.transfers_back(payer.address) == 1
     assert chain.balance(payer.address) == FUNDS
+
+
+def test_a_worker_frozen_while_it_waits_for_the_signer_sends_nothing_once_swept(
+        agent, report, chain, people):
+    # given an approved refund whose worker — another process, with a 2-s dispatch lease —
+    # waits for the signer's lock (held by another refund, this test's session)
+    payer = chain.new_payer(FUNDS)
+    purchase = _pay(agent, report, payer)
+    refund = _approved_refund(purchase, people)
+    sender = get_refund_sender()
+    signer_nonce = chain.w3.eth.get_transaction_count(sender.address, "pending")
+    with signer_lock(sender.address):
+        worker = _start_in_another_process(refund, DISPATCH_LEASE_SECONDS="2")
+        deadline = time.monotonic() + 60
+        while _signer_lock_now(sender.address)[1] < 1:
+            assert worker.poll() is None and time.monotonic() < deadline, "never waited"
+            time.sleep(0.05)
+        # and that worker freezes (a stalled VM, a stopped process): it renews nothing
+        os.kill(worker.pid, signal.SIGSTOP)
+        time.sleep(3)
+        # when the sweep takes it for dead and the reconciler reads it back
+        swept = services.operations_sweep_dead_dispatches()
+        read = _refused(lambda: services.operation_reconcile(operation_id=refund.id,
+                                                             actor="reconciler"))
+    # and the signer's lock is free when the worker wakes up
+    os.kill(worker.pid, signal.SIGCONT)
+    woke = _outcome_of(worker)
+    settle_outbox()
+
+    # then the refund was settled failed by the others while nothing had been signed,
+    # and the woken worker, no longer holding its claim, signed and sent nothing
+    assert (swept, read, woke) == (1, "settled:failed", "failed")
+    assert chain.transfers_back(payer.address) == 0
+    assert chain.balance(payer.address) == FUNDS - PRICE_ATOMIC
+    assert chain.w3.eth.get_transaction_count(sender.address, "pending") == signer_nonce
+    assert not X402RefundTransfer.objects.get(operation=refund).transaction_hash
+    call = ProviderCall.objects.get(operation=refund, purpose="dispatch", step="refund")
+    assert "aborted" in call.safe_fields["detail"], call.safe_fields
+    assert _refund_ledger_rows(refund) == 0
