@@ -286,21 +286,25 @@ def test_a_worker_frozen_while_it_waits_for_the_signer_sends_nothing_once_swept(
     refund = _approved_refund(purchase, people)
     sender = get_refund_sender()
     signer_nonce = chain.w3.eth.get_transaction_count(sender.address, "pending")
-    with signer_lock(sender.address):
-        worker = _start_in_another_process(refund, DISPATCH_LEASE_SECONDS="2")
-        deadline = time.monotonic() + 60
-        while _signer_lock_now(sender.address)[1] < 1:
-            assert worker.poll() is None and time.monotonic() < deadline, "never waited"
-            time.sleep(0.05)
-        # and that worker freezes (a stalled VM, a stopped process): it renews nothing
-        os.kill(worker.pid, signal.SIGSTOP)
-        time.sleep(3)
-        # when the sweep takes it for dead and the reconciler reads it back
-        swept = services.operations_sweep_dead_dispatches()
-        read = _refused(lambda: services.operation_reconcile(operation_id=refund.id,
-                                                             actor="reconciler"))
-    # and the signer's lock is free when the worker wakes up
-    os.kill(worker.pid, signal.SIGCONT)
+    worker = None
+    try:
+        with signer_lock(sender.address):
+            worker = _start_in_another_process(refund, DISPATCH_LEASE_SECONDS="2")
+            deadline = time.monotonic() + 60
+            while _signer_lock_now(sender.address)[1] < 1:
+                assert worker.poll() is None and time.monotonic() < deadline, "never waited"
+                time.sleep(0.05)
+            # and that worker freezes (a stalled VM, a stopped process): it renews nothing
+            os.kill(worker.pid, signal.SIGSTOP)
+            time.sleep(3)
+            # when the sweep takes it for dead and the reconciler reads it back
+            swept = services.operations_sweep_dead_dispatches()
+            read = _refused(lambda: services.operation_reconcile(operation_id=refund.id,
+                                                                 actor="reconciler"))
+    finally:
+        # and the signer's lock is free when the worker wakes up
+        if worker is not None:
+            os.kill(worker.pid, signal.SIGCONT)
     woke = _outcome_of(worker)
     settle_outbox()
 
