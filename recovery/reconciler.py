@@ -57,7 +57,9 @@ def reconcile_due(*, limit: int = 500) -> int:
 
 def sweep_dead_dispatches() -> int:
     """Dispatches past their lease with no outcome: the core turns them unknown (or
-    failed `not_confirmed` when confirm was never claimed) — never re-dispatched."""
+    failed `not_confirmed` when confirm was never claimed) — never re-dispatched. A live
+    worker renews its lease while it waits (an x402 refund queued for the signer's lock),
+    and one swept anyway sends nothing more (its send is fenced on `dispatching`)."""
 
     return operations_sweep_dead_dispatches()
 
