@@ -346,8 +346,13 @@ def _run_deliverable(ctx: PurchaseContext) -> str:
 # -- compensation ---------------------------------------------------------------------
 
 
-def _existing_compensation(purchase_id: str):
-    return (PaymentOperation.objects.filter(purchase_id=purchase_id, is_compensation=True)
+def _existing_compensation(ctx: PurchaseContext):
+    """The compensation of the purchase's OWN payment: a compensation belongs to the
+    payment it returns (its parent). A duplicate charge's refund is a compensation of the
+    same purchase but returns the duplicate; taking it left the own charge unrefunded, no
+    decision recorded and the purchase `fulfilling` for ever (issue 30 #2)."""
+    return (PaymentOperation.objects.filter(purchase_id=ctx.purchase_id, is_compensation=True,
+                                            parent_id=ctx.payment.id)
             .exclude(outcome=Outcome.FAILED).order_by("created_at").first())
 
 
@@ -359,7 +364,7 @@ def _compensate(ctx: PurchaseContext, step: str) -> str:
     run = StepRun.objects.get(purchase_id=ctx.purchase_id, step=step)
     if run.compensation_operation_id:
         return StepState.COMPENSATED
-    op = _existing_compensation(ctx.purchase_id)
+    op = _existing_compensation(ctx)
     if op is None:
         if is_halted("refunds"):
             raise StepRetryLater("compensation waits: the refunds workflow is halted")
@@ -369,7 +374,7 @@ def _compensate(ctx: PurchaseContext, step: str) -> str:
             else:
                 op = refund_request(purchase_id=ctx.purchase_id, compensation=True)
         except DomainError as exc:
-            op = _existing_compensation(ctx.purchase_id)
+            op = _existing_compensation(ctx)
             if op is None:
                 if exc.code in ("workflow_halted", "payment_unresolved"):
                     raise StepRetryLater(f"compensation waits: {exc.code}") from exc
