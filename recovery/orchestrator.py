@@ -456,6 +456,11 @@ def operation_settled(*, operation_id: str) -> None:
         _duplicate_settled(op)
         return
     if op.parent_id and op.parent.is_duplicate:
+        if op.is_compensation and op.outcome == Outcome.FAILED:
+            # The provider refused the duplicate's return (e.g. part of it was refunded in
+            # the dashboard since): a new compensation asks for what is left, if anything
+            # (the core refuses to ask again what the provider already refused).
+            _duplicate_settled(op.parent)
         return  # the return of a duplicate: nothing downstream bought anything with it
     if (op.kind == OperationKind.VOID and op.outcome == Outcome.SUCCEEDED
             and not op.is_compensation):
