@@ -95,7 +95,11 @@ def dispute_fulfilment_follow(*, dispute_id: str) -> str:
       cancelled (as after a void).
     Returns what it did: `resumed`, `order_cancelled` or `nothing`. Idempotent."""
 
-    dispute = Dispute.objects.only("purchase_id", "status").get(id=dispute_id)
+    dispute = Dispute.objects.select_related("payment").get(id=dispute_id)
+    if dispute.payment.is_duplicate:
+        # A duplicate charge's dispute neither pauses nor cancels the real order: the
+        # purchase's own payment paid for it (issue 30 #9).
+        return "nothing"
     status = Purchase.objects.filter(id=dispute.purchase_id).values_list("status", flat=True).get()
     if not fulfilment_unfinished(dispute.purchase_id):
         return "nothing"

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import Max, Sum
 from django.utils import timezone
 
 from recovery.models import OutboxCategory
@@ -274,9 +274,15 @@ def _duplicate_refused(duplicate: PaymentOperation, amount: int) -> bool:
     less: asking again would be refused again. A new one is made only when what is left
     shrank (a dashboard refund or a dispute recorded since); otherwise the duplicate
     waits in the duplicates queue for a person."""
-    return PaymentOperation.objects.filter(
+    refused = PaymentOperation.objects.filter(
         parent=duplicate, is_compensation=True, outcome=Outcome.FAILED,
-        reason=Reason.PROVIDER_REFUSED, amount__lte=amount).exists()
+        reason=Reason.PROVIDER_REFUSED, amount__lte=amount)
+    # A dispute closed since (won: the money came back) makes the refusal stale.
+    closed = (Dispute.objects.filter(payment=duplicate, closed_at__isnull=False)
+              .aggregate(m=Max("closed_at"))["m"])
+    if closed is not None:
+        refused = refused.filter(updated_at__gt=closed)
+    return refused.exists()
 
 
 def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperation
