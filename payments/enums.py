@@ -98,6 +98,24 @@ UNRESOLVED_STATUSES = (
 )
 
 
+# "Money is held" (issue 30, one definition for every guard that asks it): the statuses
+# in which the buyer's money sits with the merchant: paid and on, a refund still in flight
+# (it may yet fail and restore the purchase), a dispute open (the bank may give the money
+# back to the merchant) or won. Refunded, voided, lost, failed, cancelled and expired
+# purchases hold nothing.
+MONEY_HELD_STATUSES = (
+    PurchaseStatus.PAID,
+    PurchaseStatus.FULFILLING,
+    PurchaseStatus.COMPLETED,
+    PurchaseStatus.REFUND_PENDING,
+    PurchaseStatus.DISPUTED,
+    PurchaseStatus.DISPUTE_WON,
+)
+# A later purchase for the same buyer and basket is a probable duplicate of one whose money
+# is held, or may be (unresolved).
+DUPLICATE_GUARD_STATUSES = (*MONEY_HELD_STATUSES, *UNRESOLVED_STATUSES)
+
+
 class Owner(models.TextChoices):
     BUYER = "buyer"
     RECONCILIATION = "reconciliation"
