@@ -41,7 +41,15 @@ from webhooks.services import held_events_retry_now
 
 from .halts import is_halted, step_halt_name
 from .metrics import REFUND_OUTCOMES
-from .models import EmailMessage, Order, RecoveryDecision, StepName, StepRun, StepState
+from .models import (
+    EmailMessage,
+    LedgerEntry,
+    Order,
+    RecoveryDecision,
+    StepName,
+    StepRun,
+    StepState,
+)
 from .outbox import dispatch_put, run_steps_put
 from .steps import (
     DB_STEPS,
@@ -456,6 +464,9 @@ def operation_settled(*, operation_id: str) -> None:
         _duplicate_settled(op)
         return
     if op.parent_id and op.parent.is_duplicate:
+        if op.kind == OperationKind.REFUND and op.outcome == Outcome.SUCCEEDED:
+            with transaction.atomic():
+                duplicate_return_book(op)
         if op.is_compensation and op.outcome == Outcome.FAILED:
             # The provider refused the duplicate's return (e.g. part of it was refunded in
             # the dashboard since): a new compensation asks for what is left, if anything
@@ -503,6 +514,15 @@ def operation_settled(*, operation_id: str) -> None:
                 run.last_error = f"compensation {op.kind} {op.id} failed: {op.reason}"[:1000]
                 run.save(update_fields=["state", "last_error"])
             _manual_review(op.purchase_id, f"compensation {op.kind} {op.id} failed")
+
+
+def duplicate_return_book(refund) -> None:
+    """The return of a duplicate is booked only when the duplicate's sale was (a dispute of
+    the duplicate books it): a duplicate and its return never touch the books otherwise,
+    and when they do, they net to nothing. Idempotent; inside the caller's atomic()."""
+    if LedgerEntry.objects.filter(purchase_id=refund.purchase_id, operation_id=refund.parent_id,
+                                  entry_type="sale").exists():
+        ledger_record_refund(purchase_id=refund.purchase_id, refund=_info(refund))
 
 
 def _duplicate_settled(op) -> None:

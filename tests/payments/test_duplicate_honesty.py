@@ -23,7 +23,7 @@ from tests.payments.test_provider_outranks_people import (  # noqa: F401 (fixtur
 )
 from tests.recovery.conftest import settle
 from tests.webhooks.conftest import provider_object
-from tests.webhooks.test_disputes import move_dispute, open_dispute
+from tests.webhooks.test_disputes import ledger_balance, move_dispute, open_dispute, provider_net
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -119,3 +119,9 @@ def test_a_won_dispute_of_the_duplicate_returns_what_is_left(
         first.amount]
     assert localstripe.refunds_for(retry.provider_reference) == []
     assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.COMPLETED
+    # and the books hold what the provider holds (the duplicate's sale the dispute booked
+    # is reversed by its return)
+    first, retry = (PaymentOperation.objects.get(pk=o.pk) for o in (first, retry))
+    sources = {first.provider_charge, retry.provider_charge, dispute["id"],
+               *(r["id"] for r in localstripe.refunds_for(first.provider_reference))}
+    assert ledger_balance(purchase.pk) == provider_net(localstripe, sources)
