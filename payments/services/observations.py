@@ -285,6 +285,13 @@ def _duplicate_refused(duplicate: PaymentOperation, amount: int) -> bool:
     return refused.exists()
 
 
+def _no_x402_signer(duplicate: PaymentOperation) -> bool:
+    """An x402 duplicate goes back as a transfer from the refund signer; with none
+    configured no compensation can leave (it would hold the purchase's slot for ever): the
+    duplicate waits in the duplicates queue for a person (as refund_request refuses)."""
+    return duplicate.rail == Rail.X402 and not settings.X402_REFUND_PRIVATE_KEY
+
+
 def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperation
                                 ) -> PaymentOperation | None:
     """The linked refund (or void, for an authorization) that returns a duplicate charge:
@@ -300,7 +307,7 @@ def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperati
     kind = (OperationKind.VOID if duplicate.kind == OperationKind.AUTHORIZE
             else OperationKind.REFUND)
     amount = duplicate_left(duplicate)
-    if amount <= 0 or _duplicate_refused(duplicate, amount):
+    if amount <= 0 or _duplicate_refused(duplicate, amount) or _no_x402_signer(duplicate):
         return None
     try:
         with transaction.atomic():
@@ -332,7 +339,8 @@ def duplicate_compensation_ensure(*, operation_id: str) -> PaymentOperation | No
             return None
         comp = duplicate_compensate_locked(purchase=purchase, duplicate=op)
         left = duplicate_left(op)
-        if comp is None and left > 0 and not _duplicate_refused(op, left):
+        if (comp is None and left > 0 and not _duplicate_refused(op, left)
+                and not _no_x402_signer(op)):
             raise DomainError("payment_unresolved", "Another operation on this purchase is "
                               "not settled yet; the duplicate's refund waits for it.",
                               status=409, retry=RetryAdvice.SAME_KEY,
