@@ -206,7 +206,8 @@ def customer_state(purchase) -> CustomerState:
     ops = purchase_operations_loaded(purchase)  # read once by payments.selectors.purchase_view
     if ops is None:
         ops = list(purchase.operations.select_related("parent").order_by("created_at", "id"))
-    payments = [op for op in ops if op.kind in _PAYMENT_KIND_VALUES]
+    # A duplicate charge is not the purchase's payment (its own compensation returns it).
+    payments = [op for op in ops if op.kind in _PAYMENT_KIND_VALUES and not op.is_duplicate]
     last_payment = payments[-1] if payments else None
     paid = any(op.outcome == Outcome.SUCCEEDED.value for op in payments)
     status = purchase.status

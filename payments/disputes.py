@@ -45,6 +45,7 @@ from .locks import (
 from .models import Dispute, PaymentOperation, ProviderCall, Purchase
 from .providers.base import DisputeObject
 from .services.common import _history, payment_unsettled
+from .services.observations import duplicate_compensate_locked
 
 log = logging.getLogger("verity.payments.disputes")
 
@@ -129,12 +130,17 @@ def _purchase_status(purchase: Purchase, name: str, *, cause: str, actor: str,
 
 
 def _follow_purchase(purchase: Purchase, dispute: Dispute, *, cause: str, actor: str) -> None:
-    """A disputed purchase says so until the dispute closes, then how it ended (§5.10)."""
+    """A disputed purchase says so until the dispute closes, then how it ended (§5.10).
+    A dispute of a DUPLICATE charge is about money the purchase never kept (its own
+    compensation returns what is left of it): the purchase's status, its order and what
+    the customer is told follow the purchase's own payment only (issue 30 #9)."""
     evidence = {"dispute": dispute.id, "status": dispute.status}
+    if dispute.payment.is_duplicate:
+        return
     if dispute.status not in DISPUTE_CLOSED_STATUSES:
         _purchase_status(purchase, "mark_disputed", cause=cause, actor=actor, evidence=evidence)
         return
-    other_open = (Dispute.objects.filter(purchase_id=purchase.id)
+    other_open = (Dispute.objects.filter(purchase_id=purchase.id, payment__is_duplicate=False)
                   .exclude(id=dispute.id).exclude(status__in=DISPUTE_CLOSED_STATUSES).exists())
     if other_open:
         return
@@ -236,6 +242,10 @@ def dispute_apply_observation(*, obj: DisputeObject, verification: str, cause: s
                      source=source, target=dispute.status, cause=cause[:64],
                      evidence=obj.safe_fields(), actor=actor)
         _follow_purchase(purchase, dispute, cause=cause[:64], actor=actor)
+        if payment.is_duplicate and dispute.status in DISPUTE_CLOSED_STATUSES:
+            # The bank gave a duplicate's money back to the merchant (won, or an inquiry
+            # closed): its compensation now returns what is left (none while it was open).
+            duplicate_compensate_locked(purchase=purchase, duplicate=payment)
         outbox_put(category=OutboxCategory.DISPUTE_CHANGED, payload={"dispute": dispute.id},
                    dedupe_key=f"dispute:{dispute.id}:{dispute.status}:{len(moves)}")
     log.info("dispute %s applied status=%s purchase=%s verification=%s", obj.id, obj.status,

@@ -98,6 +98,24 @@ UNRESOLVED_STATUSES = (
 )
 
 
+# "Money is held" (issue 30, one definition for every guard that asks it): the statuses
+# in which the buyer's money sits with the merchant: paid and on, a refund still in flight
+# (it may yet fail and restore the purchase), a dispute open (the bank may give the money
+# back to the merchant) or won. Refunded, voided, lost, failed, cancelled and expired
+# purchases hold nothing.
+MONEY_HELD_STATUSES = (
+    PurchaseStatus.PAID,
+    PurchaseStatus.FULFILLING,
+    PurchaseStatus.COMPLETED,
+    PurchaseStatus.REFUND_PENDING,
+    PurchaseStatus.DISPUTED,
+    PurchaseStatus.DISPUTE_WON,
+)
+# A later purchase for the same buyer and basket is a probable duplicate of one whose money
+# is held, or may be (unresolved).
+DUPLICATE_GUARD_STATUSES = (*MONEY_HELD_STATUSES, *UNRESOLVED_STATUSES)
+
+
 class Owner(models.TextChoices):
     BUYER = "buyer"
     RECONCILIATION = "reconciliation"
@@ -172,6 +190,10 @@ class Reason(models.TextChoices):
     # x402: the facilitator's verify refused the authorization (invalid_* reasons).
     AUTHORIZATION_INVALID = "authorization_invalid"
     INSUFFICIENT_BALANCE = "insufficient_balance"
+    # A refund (or void) the provider refused with a definitive 4xx (already refunded,
+    # disputed, ...) and of which a read-back finds no object: nothing moved. The
+    # provider's own code is kept in the transition's evidence (issue 30 #7).
+    PROVIDER_REFUSED = "provider_refused"
 
 
 # A failed payment with one of these reasons will fail the same way if sent again
@@ -212,6 +234,12 @@ DISPUTE_STATUS_RANK = {
 }
 DISPUTE_CLOSED_STATUSES = (DisputeStatus.WARNING_CLOSED, DisputeStatus.WON, DisputeStatus.LOST,
                            DisputeStatus.CHARGE_REFUNDED)
+# A chargeback open or lost: the buyer's bank holds the disputed amount (the provider
+# refuses a refund of it; a lost one already returned it). An inquiry (warning_*) moves no
+# funds; a won dispute reinstated them; `charge_refunded` closed on a refund (counted as
+# the refund it is).
+DISPUTE_FUNDS_WITH_BANK_STATUSES = (DisputeStatus.NEEDS_RESPONSE, DisputeStatus.UNDER_REVIEW,
+                                    DisputeStatus.LOST)
 # Open disputes that still wait for the merchant's evidence (the finance queue's urgency).
 DISPUTE_NEEDS_RESPONSE_STATUSES = (DisputeStatus.WARNING_NEEDS_RESPONSE,
                                    DisputeStatus.NEEDS_RESPONSE)

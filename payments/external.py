@@ -19,7 +19,6 @@ from enum import Enum
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
 from django.utils import timezone
 
 from payments.providers.stripe import get_provider
@@ -42,7 +41,7 @@ from .locks import (
 )
 from .models import PaymentOperation
 from .providers.base import ProviderObject
-from .services.common import _audit, _history, payment_unsettled
+from .services.common import _audit, _history, payment_refund_room, payment_unsettled
 from .services.observations import _schedule_reconcile, _settle_effects
 from .services.operations import _create_op
 
@@ -73,20 +72,13 @@ def _expected_account(payment: PaymentOperation) -> str:
 
 def _refund_room(payment: PaymentOperation) -> int:
     """What the provider can still refund of this one payment, as Verity's confirmed
-    record has it: what it captured (the charge, or its authorization's succeeded captures)
-    minus its succeeded refunds. Per payment, not per purchase: a duplicate charge and its
-    compensating refund belong to the duplicate (found by the lifecycle machine: the
-    purchase-wide sum quarantined a dashboard refund of either as `mismatch:amount`)."""
-    if payment.outcome != Outcome.SUCCEEDED:
-        return 0
-    children = PaymentOperation.objects.filter(parent=payment, outcome=Outcome.SUCCEEDED)
-    if payment.kind == OperationKind.CHARGE:
-        captured = payment.amount
-    else:
-        captured = (children.filter(kind=OperationKind.CAPTURE)
-                    .aggregate(s=Sum("amount"))["s"] or 0)
-    refunded = children.filter(kind=OperationKind.REFUND).aggregate(s=Sum("amount"))["s"] or 0
-    return captured - refunded
+    record has it: the one room function (payments.services.common), counting only
+    succeeded refunds: a refund the provider made is a fact, judged against what Verity
+    knows moved, not against refunds still in flight. Per payment, not per purchase: a
+    duplicate charge and its compensating refund belong to the duplicate (found by the
+    lifecycle machine: the purchase-wide sum quarantined a dashboard refund of either as
+    `mismatch:amount`)."""
+    return payment_refund_room(payment, counted=(Outcome.SUCCEEDED,))
 
 
 def _record_locked(purchase, payment: PaymentOperation, *, kind: str, obj: ProviderObject,

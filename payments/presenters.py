@@ -259,9 +259,16 @@ def _refund_summary(purchase: Purchase) -> dict:
     refunded = in_flight = awaiting = 0
     last_failed = None
     loaded = purchase_operations_loaded(purchase)  # ordered by created_at, id
-    refunds = ([op for op in loaded if op.kind == OperationKind.REFUND] if loaded is not None
-               else purchase.operations.filter(kind=OperationKind.REFUND)
-               .order_by("created_at").only("amount", "outcome", "reason"))
+    # The return of a duplicate charge is not a refund of the purchase (issue 30 #9): the
+    # duplicate and its compensation are the duplicate's, as the refundable room has it.
+    if loaded is not None:
+        duplicates = {op.id for op in loaded if op.is_duplicate}
+        refunds = [op for op in loaded if op.kind == OperationKind.REFUND
+                   and op.parent_id not in duplicates]
+    else:
+        refunds = (purchase.operations.filter(kind=OperationKind.REFUND)
+                   .exclude(parent__is_duplicate=True)
+                   .order_by("created_at").only("amount", "outcome", "reason"))
     for op in refunds:
         if op.outcome == Outcome.SUCCEEDED:
             refunded += op.amount

@@ -27,7 +27,12 @@ from payments.enums import (
 from payments.models import Dispute, Purchase
 
 from .models import LedgerAccount, OutboxCategory
-from .orchestrator import FULFILLABLE_STATUSES, fulfilment_unfinished, order_cancel
+from .orchestrator import (
+    FULFILLABLE_STATUSES,
+    duplicate_return_book,
+    fulfilment_unfinished,
+    order_cancel,
+)
 from .outbox import outbox_put, run_steps_put
 from .steps import PaymentInfo, _ledger_pair, ledger_record_sale
 
@@ -50,6 +55,11 @@ def dispute_ledger_book(*, dispute_id: str) -> int:
                 id=payment.id, kind=payment.kind, amount=payment.amount,
                 currency=payment.currency, provider_reference=payment.provider_reference or "",
                 provider_charge=payment.provider_charge or ""))
+        if moves and payment.is_duplicate:
+            # The duplicate's sale is booked (above): its returns already made net it out.
+            for refund in payment.children.filter(kind=OperationKind.REFUND,
+                                                  outcome=Outcome.SUCCEEDED):
+                duplicate_return_book(refund)
         for move in moves:
             common = {"purchase_id": dispute.purchase_id, "operation_id": move["id"][:40],
                       "provider_reference": dispute.id, "currency": move["currency"]
@@ -95,7 +105,11 @@ def dispute_fulfilment_follow(*, dispute_id: str) -> str:
       cancelled (as after a void).
     Returns what it did: `resumed`, `order_cancelled` or `nothing`. Idempotent."""
 
-    dispute = Dispute.objects.only("purchase_id", "status").get(id=dispute_id)
+    dispute = Dispute.objects.select_related("payment").get(id=dispute_id)
+    if dispute.payment.is_duplicate:
+        # A duplicate charge's dispute neither pauses nor cancels the real order: the
+        # purchase's own payment paid for it (issue 30 #9).
+        return "nothing"
     status = Purchase.objects.filter(id=dispute.purchase_id).values_list("status", flat=True).get()
     if not fulfilment_unfinished(dispute.purchase_id):
         return "nothing"

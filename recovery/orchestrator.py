@@ -41,7 +41,15 @@ from webhooks.services import held_events_retry_now
 
 from .halts import is_halted, step_halt_name
 from .metrics import REFUND_OUTCOMES
-from .models import EmailMessage, Order, RecoveryDecision, StepName, StepRun, StepState
+from .models import (
+    EmailMessage,
+    LedgerEntry,
+    Order,
+    RecoveryDecision,
+    StepName,
+    StepRun,
+    StepState,
+)
 from .outbox import dispatch_put, run_steps_put
 from .steps import (
     DB_STEPS,
@@ -346,8 +354,13 @@ def _run_deliverable(ctx: PurchaseContext) -> str:
 # -- compensation ---------------------------------------------------------------------
 
 
-def _existing_compensation(purchase_id: str):
-    return (PaymentOperation.objects.filter(purchase_id=purchase_id, is_compensation=True)
+def _existing_compensation(ctx: PurchaseContext):
+    """The compensation of the purchase's OWN payment: a compensation belongs to the
+    payment it returns (its parent). A duplicate charge's refund is a compensation of the
+    same purchase but returns the duplicate; taking it left the own charge unrefunded, no
+    decision recorded and the purchase `fulfilling` for ever (issue 30 #2)."""
+    return (PaymentOperation.objects.filter(purchase_id=ctx.purchase_id, is_compensation=True,
+                                            parent_id=ctx.payment.id)
             .exclude(outcome=Outcome.FAILED).order_by("created_at").first())
 
 
@@ -359,7 +372,7 @@ def _compensate(ctx: PurchaseContext, step: str) -> str:
     run = StepRun.objects.get(purchase_id=ctx.purchase_id, step=step)
     if run.compensation_operation_id:
         return StepState.COMPENSATED
-    op = _existing_compensation(ctx.purchase_id)
+    op = _existing_compensation(ctx)
     if op is None:
         if is_halted("refunds"):
             raise StepRetryLater("compensation waits: the refunds workflow is halted")
@@ -369,7 +382,7 @@ def _compensate(ctx: PurchaseContext, step: str) -> str:
             else:
                 op = refund_request(purchase_id=ctx.purchase_id, compensation=True)
         except DomainError as exc:
-            op = _existing_compensation(ctx.purchase_id)
+            op = _existing_compensation(ctx)
             if op is None:
                 if exc.code in ("workflow_halted", "payment_unresolved"):
                     raise StepRetryLater(f"compensation waits: {exc.code}") from exc
@@ -451,6 +464,14 @@ def operation_settled(*, operation_id: str) -> None:
         _duplicate_settled(op)
         return
     if op.parent_id and op.parent.is_duplicate:
+        if op.kind == OperationKind.REFUND and op.outcome == Outcome.SUCCEEDED:
+            with transaction.atomic():
+                duplicate_return_book(op)
+        if op.is_compensation and op.outcome == Outcome.FAILED:
+            # The provider refused the duplicate's return (e.g. part of it was refunded in
+            # the dashboard since): a new compensation asks for what is left, if anything
+            # (the core refuses to ask again what the provider already refused).
+            _duplicate_settled(op.parent)
         return  # the return of a duplicate: nothing downstream bought anything with it
     if (op.kind == OperationKind.VOID and op.outcome == Outcome.SUCCEEDED
             and not op.is_compensation):
@@ -493,6 +514,15 @@ def operation_settled(*, operation_id: str) -> None:
                 run.last_error = f"compensation {op.kind} {op.id} failed: {op.reason}"[:1000]
                 run.save(update_fields=["state", "last_error"])
             _manual_review(op.purchase_id, f"compensation {op.kind} {op.id} failed")
+
+
+def duplicate_return_book(refund) -> None:
+    """The return of a duplicate is booked only when the duplicate's sale was (a dispute of
+    the duplicate books it): a duplicate and its return never touch the books otherwise,
+    and when they do, they net to nothing. Idempotent; inside the caller's atomic()."""
+    if LedgerEntry.objects.filter(purchase_id=refund.purchase_id, operation_id=refund.parent_id,
+                                  entry_type="sale").exists():
+        ledger_record_refund(purchase_id=refund.purchase_id, refund=_info(refund))
 
 
 def _duplicate_settled(op) -> None:

@@ -36,6 +36,7 @@ from payments.models import (
 )
 from payments.money import MoneyInputError, format_money, parse_money
 from payments.presenters import operation_next_action
+from payments.services.common import purchase_own_payments, purchase_refund_room
 from payments.providers.stripe import get_provider
 from recovery import selectors as recovery_selectors
 from recovery.models import (
@@ -838,9 +839,9 @@ def audit_recent(*, limit: int = 200) -> list[AuditEntry]:
 
 
 def refundable_payment(purchase: Purchase) -> PaymentOperation | None:
-    """The succeeded charge/capture a console refund would reverse (for showing the form)."""
-    kinds = [k.value for k in PAYMENT_KINDS] + [OperationKind.CAPTURE.value]
-    return purchase.operations.filter(kind__in=kinds, outcome=Outcome.SUCCEEDED).first()
+    """The purchase's own succeeded payment a console refund would reverse (for showing
+    the form; a duplicate is returned by its own compensation, never by this form)."""
+    return purchase_own_payments(purchase).filter(outcome=Outcome.SUCCEEDED).first()
 
 
 
@@ -913,13 +914,11 @@ def incidents_for_purchase(purchase_id: str) -> list:
 
 
 def refundable_amount(purchase: Purchase) -> int:
-    """Captured minus non-failed refunds (DESIGN §10.8), for the form and its echo. The
-    core checks the same rule again under the purchase lock when the refund is made."""
-    captured = sum(op.amount for op in purchase.operations.filter(
-        outcome=Outcome.SUCCEEDED, kind__in=(OperationKind.CHARGE, OperationKind.CAPTURE)))
-    refunded = (purchase.operations.filter(kind=OperationKind.REFUND)
-                .exclude(outcome=Outcome.FAILED).aggregate(s=Sum("amount"))["s"] or 0)
-    return max(0, captured - refunded)
+    """The room of the purchase's own payments (DESIGN §10.8): the core's one definition,
+    so the form never offers what the core refuses, nor refuses what it allows (a
+    duplicate's compensation is the duplicate's, not the purchase's). The core checks it
+    again under the purchase lock when the refund is made."""
+    return purchase_refund_room(purchase)
 
 
 @dataclass(frozen=True)

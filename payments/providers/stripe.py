@@ -46,8 +46,12 @@ class DrillMode:
     HANG_AFTER_SEND = "hang_after_send"
     # Reads only (GET): the provider cannot be reached for a read-back.
     READ_UNAVAILABLE = "read_unavailable"
+    # A definitive refusal, as Stripe answers a refund of a charge already refunded in
+    # the dashboard (localstripe accepts any refund): 400 `charge_already_refunded`,
+    # nothing sent on, nothing applied.
+    HTTP_400_REFUSED = "http_400_refused"
     WRITES = (DROP_RESPONSE_AFTER_SEND, TIMEOUT_BEFORE_SEND, RESET_AFTER_WRITE, HTTP_500, HTTP_409)
-    ALL = WRITES + (HANG_AFTER_SEND, READ_UNAVAILABLE, HTTP_429)
+    ALL = WRITES + (HANG_AFTER_SEND, READ_UNAVAILABLE, HTTP_429, HTTP_400_REFUSED)
 
 
 class DrillRefused(Exception):
@@ -151,6 +155,12 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
                                          "code": "idempotency_key_in_use",
                                          "message": "fault drill: key in use"}})
             return body, 409, drill_header
+        if mode == DrillMode.HTTP_400_REFUSED:
+            body = json.dumps({"error": {"type": "invalid_request_error",
+                                         "code": "charge_already_refunded",
+                                         "message": "fault drill: Charge has already been "
+                                                    "refunded."}})
+            return body, 400, drill_header
         body, status, resp_headers = self._inner.request(method, url, headers, post_data)
         if mode == DrillMode.HANG_AFTER_SEND:
             threading.Event().wait()

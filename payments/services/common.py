@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.conf import settings
+from django.db.models import Sum
 from django.utils import timezone
 
 from audit.services import audit_write
@@ -119,6 +120,63 @@ def payment_unsettled(payment: PaymentOperation) -> bool:
     person's "failed" still awaiting the provider's read-back (it may be overturned)."""
     return payment.outcome not in TERMINAL_OUTCOMES or (
         payment.outcome == Outcome.FAILED and payment.grade == Grade.ACKNOWLEDGED)
+
+
+# -- refundable room (DESIGN §5: "captured minus its own refunds, everywhere it is asked")
+#
+# A refund belongs to the payment it returns (its `parent`: the charge, or the
+# authorization whose captures it reverses). The room of a payment is what that payment
+# captured minus its own refunds that are not `failed` (in flight ones included: their
+# money may already be on its way back). The room of a purchase is the sum over its own
+# payments: a duplicate charge and the refund that returns it are the duplicate's, never
+# the purchase's. Request, approval, the automatic allowance, external refunds and the
+# console all ask these two functions (issue 30 #6: approval summed the duplicate's
+# compensation, request did not, so no refund of the own charge could be approved).
+
+
+def payment_captured(payment: PaymentOperation) -> int:
+    """What one payment took from the buyer: a succeeded charge's amount, or the sum of
+    an authorization's succeeded captures."""
+    if payment.outcome != Outcome.SUCCEEDED:
+        return 0
+    if payment.kind == OperationKind.CHARGE:
+        return payment.amount
+    if payment.kind == OperationKind.AUTHORIZE:
+        return (PaymentOperation.objects.filter(parent=payment, kind=OperationKind.CAPTURE,
+                                                outcome=Outcome.SUCCEEDED)
+                .aggregate(s=Sum("amount"))["s"] or 0)
+    return 0
+
+
+def payment_refunds(payment: PaymentOperation):
+    """The refunds that return money of this one payment (compensations included)."""
+    return PaymentOperation.objects.filter(parent=payment, kind=OperationKind.REFUND)
+
+
+def payment_refund_room(payment: PaymentOperation, *, exclude: str | None = None,
+                        counted=None) -> int:
+    """Captured minus this payment's refunds that are not failed (never below 0).
+    `exclude`: an operation id left out (the refund being approved is not its own
+    competitor). `counted`: the outcomes that count, when a caller judges a provider's
+    fact against Verity's confirmed record only (external refunds: succeeded)."""
+    refunds = payment_refunds(payment)
+    if exclude:
+        refunds = refunds.exclude(pk=exclude)
+    refunds = (refunds.filter(outcome__in=counted) if counted is not None
+               else refunds.exclude(outcome=Outcome.FAILED))
+    return max(0, payment_captured(payment) - (refunds.aggregate(s=Sum("amount"))["s"] or 0))
+
+
+def purchase_own_payments(purchase: Purchase):
+    """The purchase's own payments (a duplicate is not one)."""
+    return purchase.operations.filter(kind__in=(OperationKind.CHARGE, OperationKind.AUTHORIZE),
+                                      is_duplicate=False)
+
+
+def purchase_refund_room(purchase: Purchase, *, exclude: str | None = None) -> int:
+    """The sum of the room of the purchase's own payments."""
+    return sum(payment_refund_room(p, exclude=exclude)
+               for p in purchase_own_payments(purchase).filter(outcome=Outcome.SUCCEEDED))
 
 
 def _captured_amount(purchase: Purchase) -> int:

@@ -176,7 +176,17 @@ def _outcome_after_call(op: PaymentOperation, step: str, result: CallResult) -> 
             operation_apply_observation(operation_id=op.id, obj=read.object,
                                         source=Verification.PROVIDER, cause=f"{step}_readback")
         current = PaymentOperation.objects.values_list("outcome", flat=True).get(id=op.id)
-        if current == Outcome.DISPATCHING:
+        if (current == Outcome.DISPATCHING and step == CallStep.REFUND
+                and read.classification == Classification.NOT_FOUND):
+            # The provider refused the refund (already refunded, disputed, ...) and a
+            # readable provider holds no refund of this operation: nothing moved, and the
+            # refusal is the provider's own statement. `failed` with its reason frees the
+            # purchase's slot; `unknown` held it for ever (issue 30 #7, DESIGN §10.3).
+            _settle_without_object(op.id, Outcome.FAILED, reason=Reason.PROVIDER_REFUSED,
+                                   cause=f"{step}_refused", verification=Verification.PROVIDER,
+                                   evidence={"http_status": result.http_status,
+                                             "code": result.error_code})
+        elif current == Outcome.DISPATCHING:
             _settle_without_object(op.id, Outcome.UNKNOWN, reason="",
                                    cause=f"{step}_rejected_no_verdict",
                                    evidence={"http_status": result.http_status})

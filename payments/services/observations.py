@@ -8,13 +8,14 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import Max, Sum
 from django.utils import timezone
 
 from recovery.models import OutboxCategory
 from recovery.outbox import dispatch_put, operation_settled_put, outbox_put, run_steps_put
 
 from ..enums import (
+    DISPUTE_FUNDS_WITH_BANK_STATUSES,
     OVERTURN_CAUSE,
     PAYMENT_KINDS,
     SLOT_HOLDING_OUTCOMES,
@@ -30,7 +31,7 @@ from ..enums import (
 )
 from ..errors import ApplyResult, DomainError
 from ..locks import lock_purchase_and_operation
-from ..models import OperationTransition, PaymentOperation, Purchase
+from ..models import Dispute, OperationTransition, PaymentOperation, Purchase
 from ..providers.base import ProviderObject, outcome_from_object
 from ..x402_reads import X402_OBJECT_TYPE
 from .common import (
@@ -41,6 +42,7 @@ from .common import (
     _purchase_refunds,
     _purchase_to,
     log,
+    payment_refund_room,
 )
 from .holds import _hold_overturn, _hold_settle
 
@@ -252,22 +254,67 @@ def _overturn_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, 
     return ApplyResult.APPLIED
 
 
+def duplicate_left(duplicate: PaymentOperation) -> int:
+    """What of a duplicate payment the merchant still holds, so what its compensation
+    asks for (issue 30 #7): its refund room (a dashboard refund of it is its own refund)
+    minus what the buyer's bank holds in a dispute that is open or lost (the provider
+    refuses a refund of a disputed charge; a lost dispute already returned the money).
+    A won dispute gave the money back to the merchant: it counts as held again."""
+    if duplicate.kind == OperationKind.AUTHORIZE and not duplicate.children.filter(
+            kind=OperationKind.CAPTURE, outcome=Outcome.SUCCEEDED).exists():
+        return duplicate.amount  # an uncaptured duplicate authorization is voided whole
+    disputed = (Dispute.objects.filter(payment=duplicate,
+                                       status__in=DISPUTE_FUNDS_WITH_BANK_STATUSES)
+                .aggregate(s=Sum("amount"))["s"] or 0)
+    return max(0, payment_refund_room(duplicate) - disputed)
+
+
+def _duplicate_refused(duplicate: PaymentOperation, amount: int) -> bool:
+    """The provider already refused a compensation of this duplicate asking this much or
+    less: asking again would be refused again. A new one is made only when what is left
+    shrank (a dashboard refund or a dispute recorded since); otherwise the duplicate
+    waits in the duplicates queue for a person."""
+    refused = PaymentOperation.objects.filter(
+        parent=duplicate, is_compensation=True, outcome=Outcome.FAILED,
+        reason=Reason.PROVIDER_REFUSED, amount__lte=amount)
+    # A dispute closed since (won: the money came back) makes the refusal stale.
+    closed = (Dispute.objects.filter(payment=duplicate, closed_at__isnull=False)
+              .aggregate(m=Max("closed_at"))["m"])
+    if closed is not None:
+        refused = refused.filter(updated_at__gt=closed)
+    return refused.exists()
+
+
+def _no_x402_signer(duplicate: PaymentOperation) -> bool:
+    """An x402 duplicate goes back as a transfer from the refund signer; with none
+    configured no compensation can leave (it would hold the purchase's slot for ever): the
+    duplicate waits in the duplicates queue for a person (as refund_request refuses)."""
+    return duplicate.rail == Rail.X402 and not settings.X402_REFUND_PRIVATE_KEY
+
+
 def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperation
                                 ) -> PaymentOperation | None:
     """The linked refund (or void, for an authorization) that returns a duplicate charge:
-    its own operation and key, dispatched through the outbox and reconciled like any
-    other. None while another operation holds the purchase's slot (the settled handler
-    tries again). Caller holds the purchase lock."""
+    its own operation and key, on the duplicate's own rail (an x402 duplicate is returned
+    by a transfer back to its payer, never a card refund: issue 30 #4), for what is left
+    of it (issue 30 #7), dispatched through the outbox and reconciled like any other.
+    None while another operation holds the purchase's slot (the settled handler tries
+    again) or when nothing is left to return. Caller holds the purchase lock."""
     existing = (PaymentOperation.objects.filter(parent=duplicate, is_compensation=True)
                 .exclude(outcome=Outcome.FAILED).first())
     if existing is not None:
         return existing
-    kind = OperationKind.VOID if duplicate.kind == OperationKind.AUTHORIZE else OperationKind.REFUND
+    kind = (OperationKind.VOID if duplicate.kind == OperationKind.AUTHORIZE
+            else OperationKind.REFUND)
+    amount = duplicate_left(duplicate)
+    if amount <= 0 or _duplicate_refused(duplicate, amount) or _no_x402_signer(duplicate):
+        return None
     try:
         with transaction.atomic():
             comp = PaymentOperation.objects.create(
-                purchase=purchase, kind=kind, amount=duplicate.amount,
+                purchase=purchase, kind=kind, amount=amount,
                 currency=duplicate.currency, parent=duplicate, is_compensation=True,
+                rail=duplicate.rail,
                 provider_reference=(duplicate.provider_reference
                                     if kind == OperationKind.VOID else ""))
             _dispatch_backstop(comp)
@@ -276,19 +323,24 @@ def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperati
         return None
     _history(purchase_id=purchase.id, operation=comp, field="outcome", source="",
              target=comp.outcome, cause="duplicate_compensation",
-             evidence={"duplicate": duplicate.id}, actor="system")
+             evidence={"duplicate": duplicate.id, "rail": duplicate.rail, "amount": amount},
+             actor="system")
     return comp
 
 
 def duplicate_compensation_ensure(*, operation_id: str) -> PaymentOperation | None:
     """Idempotent: make sure a confirmed duplicate has its compensation. Raises
-    DomainError `payment_unresolved` while the purchase's slot is busy (retry later)."""
+    DomainError `payment_unresolved` while the purchase's slot is busy (retry later);
+    None when nothing of the duplicate is left to return (refunded in the dashboard, or
+    held by the buyer's bank in a dispute), or the provider refused that much already."""
     with transaction.atomic():
         purchase, op = lock_purchase_and_operation(operation_id)
         if not (op.is_duplicate and op.outcome == Outcome.SUCCEEDED):
             return None
         comp = duplicate_compensate_locked(purchase=purchase, duplicate=op)
-        if comp is None:
+        left = duplicate_left(op)
+        if (comp is None and left > 0 and not _duplicate_refused(op, left)
+                and not _no_x402_signer(op)):
             raise DomainError("payment_unresolved", "Another operation on this purchase is "
                               "not settled yet; the duplicate's refund waits for it.",
                               status=409, retry=RetryAdvice.SAME_KEY,

@@ -35,14 +35,14 @@ from ..models import ApiClient, PaymentOperation, Purchase
 from .common import (
     _actor,
     _audit,
-    _captured_amount,
     _dispatch_backstop,
     _halted,
     _history,
     _lock_or_404,
     _op_to,
-    _purchase_refunds,
     _purchase_to,
+    payment_captured,
+    payment_refund_room,
 )
 from .holds import _check_currency_allowed, _check_limit, _period_start
 from .observations import _apply_locked
@@ -305,10 +305,10 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
         _check_currency(purchase, currency)
         payment = purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED,
                                              is_duplicate=False).first()
-        captured = _captured_amount(purchase)
-        refunded = (_purchase_refunds(purchase).exclude(outcome=Outcome.FAILED)
-                    .aggregate(s=Sum("amount"))["s"] or 0)
-        refundable = captured - refunded
+        captured = payment_captured(payment) if payment is not None else 0
+        # The room of the payment this refund will name (its parent), as approval, the
+        # allowance, external refunds and the console ask it (one definition).
+        refundable = payment_refund_room(payment) if payment is not None else 0
         amount = refundable if amount is None else amount
         if payment is None or captured <= 0:
             raise DomainError("not_refundable", "Nothing was captured on this purchase.",
@@ -331,7 +331,7 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
         # On x402 a refund is a transfer back of Verity's own money: a person approves it
         # (no automatic allowance), unless it compensates Verity's own duplicate.
         auto = compensation or (not x402 and api_client is not None and acting_user is None
-                                and _auto_refund_allowed(purchase=purchase,
+                                and _auto_refund_allowed(payment=payment,
                                                          api_client=api_client, amount=amount))
         op = _create_op(purchase=purchase, kind=OperationKind.REFUND, amount=amount,
                         currency=purchase.currency, parent=payment, rail=payment.rail,
@@ -358,7 +358,8 @@ def _auto_refunds(**filters) -> int:
         .aggregate(s=Sum("amount"))["s"] or 0)
 
 
-def _auto_refund_allowed(*, purchase: Purchase, api_client: ApiClient, amount: int) -> bool:
+def _auto_refund_allowed(*, payment: PaymentOperation, api_client: ApiClient,
+                         amount: int) -> bool:
     """The automatic-refund allowance is cumulative (issue 25 #1): five refunds of 500 under
     a 500 allowance are 2 500 refunded without a person. Counted per payment under the
     purchase lock, and per client per period under the client's row lock (purchase ->
@@ -366,7 +367,7 @@ def _auto_refund_allowed(*, purchase: Purchase, api_client: ApiClient, amount: i
     allowance = api_client.auto_refund_limit
     if amount <= 0 or allowance <= 0:
         return False
-    if _auto_refunds(purchase=purchase) + amount > allowance:
+    if _auto_refunds(parent=payment) + amount > allowance:
         return False
     client = lock_client(api_client.id)
     start = _period_start(client) or timezone.now() - timedelta(days=1)
@@ -396,9 +397,9 @@ def refund_approve(*, operation_id: str, acting_user, reason: str,
                               purchase=purchase.id, owner=Owner.RECONCILIATION)
         # Money may have moved since the request (a refund made outside Verity is booked
         # as an external operation): re-check refundable under the lock (no over-refund).
-        others = (purchase.operations.filter(kind=OperationKind.REFUND).exclude(pk=op.pk)
-                  .exclude(outcome=Outcome.FAILED).aggregate(s=Sum("amount"))["s"] or 0)
-        refundable = _captured_amount(purchase) - others
+        # The room of the payment this refund names, without the refund itself (a
+        # duplicate's compensation is the duplicate's, not a competitor: issue 30 #6).
+        refundable = payment_refund_room(op.parent, exclude=op.pk) if op.parent else 0
         if op.amount > refundable:
             raise DomainError("refund_exceeds_refundable",
                               f"Refundable now: {max(refundable, 0)} {purchase.currency}.",

@@ -16,7 +16,15 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ..customers import basket_fingerprint, customer_key, customer_reference_clean
-from ..enums import Grade, Outcome, Owner, PurchaseStatus, RetryAdvice, UNRESOLVED_STATUSES
+from ..enums import (
+    DUPLICATE_GUARD_STATUSES,
+    UNRESOLVED_STATUSES,
+    Grade,
+    Outcome,
+    Owner,
+    PurchaseStatus,
+    RetryAdvice,
+)
 from ..errors import DomainError
 from ..locks import (
     lock_buyer_confirmation_or_none,
@@ -83,11 +91,11 @@ class PurchaseOpened:
     created: bool  # False: the quote already backed this purchase (the same intent)
 
 
-# A later purchase for the same buyer and basket is a probable duplicate of one in these
-# states (money taken, or about to be); failed, refunded, voided, cancelled, expired ones
-# moved no money and do not block.
-_DUPLICATE_OF_STATUSES = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING,
-                          PurchaseStatus.COMPLETED, *UNRESOLVED_STATUSES)
+# A later purchase for the same buyer and basket is a probable duplicate of one whose money
+# is held or may be (payments.enums.MONEY_HELD_STATUSES, the one definition: a refund in
+# flight or a dispute open or won holds the buyer's money too); failed, refunded, voided,
+# cancelled, expired and lost ones hold nothing and do not block.
+_DUPLICATE_OF_STATUSES = DUPLICATE_GUARD_STATUSES
 
 
 _EMAIL_MAX = 254

@@ -1,0 +1,82 @@
+"""Issue 30 #6: one refundable room per payment (captured minus that payment's own
+refunds that are not failed), asked alike by refund request, approval, the console and
+external refunds. After a compensated duplicate, the purchase's own charge can still be
+refunded in full, and not a cent more.
+
+Real stack: localstripe refunds counted per PaymentIntent, operations counted in the DB.
+"""
+import pytest
+
+from payments import services
+from payments.enums import Outcome
+from payments.models import PaymentOperation
+from support.selectors import refundable_amount
+from tests.payments.test_provider_outranks_people import _charged_twice
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def people(django_user_model):
+    return (django_user_model.objects.create(username="resolver-1"),
+            django_user_model.objects.create(username="support-req"),
+            django_user_model.objects.create(username="finance-ok"))
+
+
+def _compensated_duplicate(new_purchase, api_client, drill, read_drill, resolver, localstripe):
+    purchase, first, retry = _charged_twice(new_purchase, api_client, drill, read_drill,
+                                            resolver, localstripe)
+    services.operation_reconcile(operation_id=first.id)
+    comp = PaymentOperation.objects.get(parent=first, kind="refund")
+    assert services.operation_dispatch(operation_id=comp.id).outcome == Outcome.SUCCEEDED
+    return purchase, first, retry
+
+
+def test_after_a_compensated_duplicate_the_own_charge_is_refundable_and_approvable(
+        new_purchase, api_client, drill, read_drill, people, localstripe):
+    resolver, requester, approver = people
+    purchase, first, retry = _compensated_duplicate(new_purchase, api_client, drill,
+                                                    read_drill, resolver, localstripe)
+    # the console offers what the core allows: the own charge, whole
+    assert refundable_amount(purchase) == retry.amount
+
+    refund = services.refund_request(purchase_id=purchase.id, amount=retry.amount,
+                                     acting_user=requester)
+    assert (refund.parent_id, refund.outcome) == (retry.id, Outcome.AWAITING_APPROVAL)
+    # approval asks the same room (without the refund itself): not "refundable now: 0"
+    refund = services.refund_approve(operation_id=refund.id, acting_user=approver,
+                                     reason="buyer returned the goods")
+    refund = services.operation_dispatch(operation_id=refund.id)
+    assert refund.outcome == Outcome.SUCCEEDED
+    assert [r["amount"] for r in localstripe.refunds_for(retry.provider_reference)] == [
+        retry.amount]
+    assert [r["amount"] for r in localstripe.refunds_for(first.provider_reference)] == [
+        first.amount]
+    # and nothing is left anywhere
+    assert refundable_amount(purchase) == 0
+    with pytest.raises(services.DomainError) as err:
+        services.refund_request(purchase_id=purchase.id, amount=1, acting_user=requester)
+    assert err.value.code == "refund_exceeds_refundable"
+    assert PaymentOperation.objects.filter(purchase=purchase, kind="refund").count() == 2
+
+
+def test_approval_still_refuses_beyond_the_own_charges_room(
+        new_purchase, api_client, drill, read_drill, people, localstripe):
+    resolver, requester, approver = people
+    purchase, first, retry = _compensated_duplicate(new_purchase, api_client, drill,
+                                                    read_drill, resolver, localstripe)
+    a = services.refund_request(purchase_id=purchase.id, amount=retry.amount - 100,
+                                acting_user=requester)
+    # a second request fits only the room left beside the first (in flight counts)
+    with pytest.raises(services.DomainError) as err:
+        services.refund_request(purchase_id=purchase.id, amount=101, acting_user=requester)
+    assert err.value.code == "refund_exceeds_refundable"
+    assert err.value.extra["refundable"] == 100
+    b = services.refund_request(purchase_id=purchase.id, amount=100, acting_user=requester)
+    assert refundable_amount(purchase) == 0
+    services.refund_approve(operation_id=a.id, acting_user=approver, reason="ok")
+    assert services.operation_dispatch(operation_id=a.id).outcome == Outcome.SUCCEEDED
+    services.refund_approve(operation_id=b.id, acting_user=approver, reason="ok")
+    assert services.operation_dispatch(operation_id=b.id).outcome == Outcome.SUCCEEDED
+    assert sorted(r["amount"] for r in localstripe.refunds_for(retry.provider_reference)) == [
+        100, retry.amount - 100]
