@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from statistics import median
 
+from django.conf import settings
 from django.contrib import messages as message_levels
 from django.db.models import Count, Exists, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
@@ -28,6 +29,7 @@ from payments.enums import (
     Stage,
 )
 from payments.models import (
+    BuyerConfirmation,
     Hold,
     OperationTransition,
     PaymentOperation,
@@ -39,6 +41,7 @@ from payments.presenters import operation_next_action
 from payments.providers.stripe import get_provider
 from recovery import selectors as recovery_selectors
 from recovery.models import (
+    EmailMessage,
     LedgerEntry,
     Order,
     OutboxCategory,
@@ -655,6 +658,18 @@ def purchase_get(purchase_id: str) -> Purchase | None:
 
 def purchase_by_token(token: str) -> Purchase | None:
     return Purchase.objects.select_related("quote").filter(status_token=token).first()
+
+
+def buyer_confirmation_live(purchase_id: str) -> bool:
+    """An unused, unexpired "new purchase" code of this purchase went out by e-mail (a code
+    whose e-mail failed does not count: the buyer may ask again)."""
+    now = timezone.now()
+    ttl = timedelta(seconds=settings.BUYER_CONFIRMATION_TTL_SECONDS)
+    return (BuyerConfirmation.objects.filter(purchase_id=purchase_id, used_at=None,
+                                             expires_at__gt=now).exists()
+            and EmailMessage.objects.filter(purchase_id=purchase_id,
+                                            kind__startswith="buyer_code:",
+                                            sent_at__gt=now - ttl).exists())
 
 
 def purchase_operations(purchase: Purchase) -> list[PaymentOperation]:
