@@ -104,6 +104,9 @@ QUEUES: dict[str, QueueSpec] = {q.name: q for q in [
               "Payment verified, no order written yet."),
     QueueSpec("compensation", "Compensation needed", Action.VIEW,
               "A downstream step failed or is uncertain, or a compensation did not settle."),
+    QueueSpec("held", "Held provider events", Action.VIEW,
+              "Signed provider events waiting for the record they name to settle; each "
+              "retry asks for a read-back of that record. Old ones need a person."),
     QueueSpec("quarantined", "Quarantined events", Action.VIEW,
               "Signed provider events that did not match their operation."),
     QueueSpec("mismatch", "Amount or currency mismatch", Action.VIEW,
@@ -172,6 +175,10 @@ def _q_compensation_ops():
 
 def _q_quarantined():
     return ProviderEvent.objects.filter(result=EventResult.QUARANTINED)
+
+
+def _q_held():
+    return ProviderEvent.objects.filter(result=EventResult.HELD)
 
 
 MISMATCH_PREFIX = "mismatch"
@@ -308,6 +315,13 @@ def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
                                    anchor=op.id, action=_OP_ACTION))
         items.sort(key=lambda i: i.since)
         items = items[:limit]
+    elif name == "held":
+        for e in _q_held().order_by("received_at")[:limit]:
+            items.append(QueueItem(e.received_at, "event", str(e.pk), _event_purchase(e),
+                                   f"{e.type} · waiting: {e.result_reason or 'no reason'} · "
+                                   f"{e.attempts} attempts",
+                                   action="Reconcile the operation it waits for (on the "
+                                          "purchase), or triage the event"))
     elif name == "quarantined":
         for e in _q_quarantined().order_by("received_at")[:limit]:
             items.append(QueueItem(e.received_at, "event", str(e.pk), _event_purchase(e),
@@ -435,6 +449,8 @@ def _count_oldest(name: str, now) -> tuple[int, datetime | None]:
         n1, o1 = _agg(_q_compensation_steps(), "created_at")
         n2, o2 = _agg(_q_compensation_ops(), "created_at")
         return n1 + n2, min([o for o in (o1, o2) if o], default=None)
+    if name == "held":
+        return _agg(_q_held(), "received_at")
     if name == "quarantined":
         return _agg(_q_quarantined(), "received_at")
     if name == "mismatch":
