@@ -5,6 +5,8 @@ Counted at localstripe (PaymentIntents, charges) and in the database (operations
 history, provider calls); faults come from the fault-drill HTTP client only.
 """
 import pytest
+import requests
+from django.conf import settings
 
 from payments import services
 from payments.enums import (
@@ -117,6 +119,39 @@ def test_charge_succeeded_accepted_unread_then_read_as_requires_action_is_overtu
 
 
 # -- 10. a person's failed while processing; cooldown; retry of an unverified failed ----------
+
+
+def _declining_sepa_method() -> str:
+    """A SEPA debit the bank will refuse: the provider holds its PaymentIntent
+    `processing` (localstripe: half a second) before it fails."""
+    r = requests.post(f"{settings.STRIPE_API_BASE}/v1/payment_methods",
+                      data={"type": "sepa_debit",
+                            "sepa_debit[iban]": "DE62370400440532013001",
+                            "billing_details[name]": "Ada", "billing_details[email]":
+                            "ada@example.com"},
+                      auth=(settings.STRIPE_API_KEY, ""), timeout=10)
+    r.raise_for_status()
+    return r.json()["id"]
+
+
+def test_a_persons_failed_is_refused_while_the_provider_is_processing(
+        new_purchase, api_client, drill, resolver, localstripe):
+    purchase = new_purchase()
+    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
+                                 payment_method=_declining_sepa_method())
+    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
+    op = services.operation_dispatch(operation_id=op.id)
+    assert op.outcome == Outcome.UNKNOWN
+
+    # within the provider's processing window a person says "failed"
+    with pytest.raises(services.DomainError) as err:
+        _resolve(op, "failed", resolver, reason="bank says no")
+
+    assert err.value.code == "provider_processing" and err.value.status == 409
+    assert err.value.extra["provider"]["status"] == "processing"
+    op = _reload(op)
+    assert op.outcome != Outcome.FAILED and op.grade != Grade.ACKNOWLEDGED
+    assert Resolution.objects.filter(operation_id=op.id).count() == 0
 
 
 def test_on_demand_reconcile_cooldown_applies_to_an_operation_a_person_settled(
