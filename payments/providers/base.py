@@ -132,9 +132,9 @@ def shows_no_money_moved(obj: ProviderObject, *, kind: str) -> bool:
     refused against it, and a later read-back that shows it overturns that word. Statuses
     that are verdicts already (canceled, failed) are `outcome_from_object`'s."""
     s = obj.status
-    if obj.object_type == "x402_transfer":
-        return s == "unused"  # the authorization was never used on chain
-    if obj.object_type == "refund":
+    if obj.object_type in ("x402_transfer", "refund"):
+        # x402: `unused` is not proof (a broadcast transfer may still be mined); its
+        # no-money states (expired, canceled, invalid) are verdicts already.
         return False
     if kind in ("charge", "authorize"):
         return s in NOT_APPLIED_PI

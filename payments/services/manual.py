@@ -158,8 +158,14 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
         # capture or a void the provider never made (found by the soak; issue 30 #5).
         _provider_contradicts(op, obj, outcome)
     elif (outcome == Outcome.FAILED and op.kind in PAYMENT_KINDS and obj is not None
-          and obj.status == "processing"):
-        # The provider is still moving the money and may yet succeed; a "failed" now
+          and (obj.status == "processing"
+               or (obj.object_type == "x402_transfer" and obj.status == "pending")
+               # a transfer broadcast but not mined reads as an authorization still
+               # `unused`, with its hash: it may still land
+               or (obj.object_type == "x402_transfer" and obj.status == "unused"
+                   and obj.id))):
+        # The provider is still moving the money (a PaymentIntent `processing`, an x402
+        # transfer broadcast but not yet mined) and may yet succeed; a "failed" now
         # invites a retry that charges twice once the first settles (issue 30 #10).
         raise DomainError(
             "provider_processing", f"The provider shows {obj.object_type} {obj.id} as "
