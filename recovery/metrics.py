@@ -18,7 +18,7 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Count, Min
 from django.utils import timezone
 from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
@@ -133,6 +133,18 @@ class DatabaseCollector:
         for row in ProviderEvent.objects.values("result").annotate(n=Count("id")):
             events.add_metric([row["result"]], row["n"])
         yield events
+
+        # Held events wait for a record to settle (webhooks.services): each has an owner,
+        # and this age is what VerityHeldEventsTooOld reads (issue 30 #8).
+        held = ProviderEvent.objects.filter(result="held").aggregate(
+            n=Count("id"), oldest=Min("received_at"))
+        yield GaugeMetricFamily("verity_webhook_held_events",
+                                "Provider events held waiting for a record to settle",
+                                value=held["n"])
+        yield GaugeMetricFamily(
+            "verity_webhook_held_oldest_age_seconds",
+            "Age of the oldest held provider event (since it was received)",
+            value=(timezone.now() - held["oldest"]).total_seconds() if held["oldest"] else 0.0)
 
         yield GaugeMetricFamily("verity_manual_resolutions_recorded",
                                 "Manual resolutions recorded (all time)",

@@ -165,6 +165,14 @@ def demo_cases_seed() -> list[tuple[str, str]]:
                       "payload": {"id": "pi_demo_foreign", "status": "succeeded",
                                   "amount": 3050, "currency": "usd"},
                       "result": EventResult.QUARANTINED, "result_reason": "unknown_object"})
+        # Held: a dispute waiting for the record of the payment it names to settle.
+        ProviderEvent.objects.get_or_create(
+            event_id="evt_demo_held",
+            defaults={"type": "charge.dispute.created", "object_id": "dp_demo_held",
+                      "payload": {"id": "dp_demo_held", "status": "needs_response",
+                                  "amount": 3050, "currency": "usd"},
+                      "attempts": 4, "result": EventResult.HELD,
+                      "result_reason": "payment_not_settled"})
         # Stuck outbox: retried and backed off far into the future (the relay leaves it).
         if not OutboxMessage.objects.filter(dedupe_key="demo:stuck",
                                             processed_at__isnull=True).exists():

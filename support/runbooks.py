@@ -35,6 +35,7 @@ RUNBOOK_QUEUE: dict[str, str] = {
     "paid-without-order": "paid_without_order",
     "compensation-needed": "compensation",
     "quarantined-event": "quarantined",
+    "held-provider-event": "held",
     "amount-currency-mismatch": "mismatch",
     "settlement-discrepancy": "settlement",
     "stuck-outbox": "stuck_outbox",

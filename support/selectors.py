@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from statistics import median
 
+from django.conf import settings
 from django.contrib import messages as message_levels
 from django.db.models import Count, Exists, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
@@ -28,6 +29,7 @@ from payments.enums import (
     Stage,
 )
 from payments.models import (
+    BuyerConfirmation,
     Hold,
     OperationTransition,
     PaymentOperation,
@@ -40,6 +42,7 @@ from payments.services.common import purchase_own_payments, purchase_refund_room
 from payments.providers.stripe import get_provider
 from recovery import selectors as recovery_selectors
 from recovery.models import (
+    EmailMessage,
     LedgerEntry,
     Order,
     OutboxCategory,
@@ -102,6 +105,9 @@ QUEUES: dict[str, QueueSpec] = {q.name: q for q in [
               "Payment verified, no order written yet."),
     QueueSpec("compensation", "Compensation needed", Action.VIEW,
               "A downstream step failed or is uncertain, or a compensation did not settle."),
+    QueueSpec("held", "Held provider events", Action.VIEW,
+              "Signed provider events waiting for the record they name to settle; each "
+              "retry asks for a read-back of that record. Old ones need a person."),
     QueueSpec("quarantined", "Quarantined events", Action.VIEW,
               "Signed provider events that did not match their operation."),
     QueueSpec("mismatch", "Amount or currency mismatch", Action.VIEW,
@@ -170,6 +176,10 @@ def _q_compensation_ops():
 
 def _q_quarantined():
     return ProviderEvent.objects.filter(result=EventResult.QUARANTINED)
+
+
+def _q_held():
+    return ProviderEvent.objects.filter(result=EventResult.HELD)
 
 
 MISMATCH_PREFIX = "mismatch"
@@ -306,6 +316,13 @@ def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
                                    anchor=op.id, action=_OP_ACTION))
         items.sort(key=lambda i: i.since)
         items = items[:limit]
+    elif name == "held":
+        for e in _q_held().order_by("received_at")[:limit]:
+            items.append(QueueItem(e.received_at, "event", str(e.pk), _event_purchase(e),
+                                   f"{e.type} · waiting: {e.result_reason or 'no reason'} · "
+                                   f"{e.attempts} attempts",
+                                   action="Reconcile the operation it waits for (on the "
+                                          "purchase), or triage the event"))
     elif name == "quarantined":
         for e in _q_quarantined().order_by("received_at")[:limit]:
             items.append(QueueItem(e.received_at, "event", str(e.pk), _event_purchase(e),
@@ -433,6 +450,8 @@ def _count_oldest(name: str, now) -> tuple[int, datetime | None]:
         n1, o1 = _agg(_q_compensation_steps(), "created_at")
         n2, o2 = _agg(_q_compensation_ops(), "created_at")
         return n1 + n2, min([o for o in (o1, o2) if o], default=None)
+    if name == "held":
+        return _agg(_q_held(), "received_at")
     if name == "quarantined":
         return _agg(_q_quarantined(), "received_at")
     if name == "mismatch":
@@ -656,6 +675,18 @@ def purchase_get(purchase_id: str) -> Purchase | None:
 
 def purchase_by_token(token: str) -> Purchase | None:
     return Purchase.objects.select_related("quote").filter(status_token=token).first()
+
+
+def buyer_confirmation_live(purchase_id: str) -> bool:
+    """An unused, unexpired "new purchase" code of this purchase went out by e-mail (a code
+    whose e-mail failed does not count: the buyer may ask again)."""
+    now = timezone.now()
+    ttl = timedelta(seconds=settings.BUYER_CONFIRMATION_TTL_SECONDS)
+    return (BuyerConfirmation.objects.filter(purchase_id=purchase_id, used_at=None,
+                                             expires_at__gt=now).exists()
+            and EmailMessage.objects.filter(purchase_id=purchase_id,
+                                            kind__startswith="buyer_code:",
+                                            sent_at__gt=now - ttl).exists())
 
 
 def purchase_operations(purchase: Purchase) -> list[PaymentOperation]:

@@ -6,15 +6,20 @@ come from payments.customer_copy only.
 """
 from __future__ import annotations
 
+import secrets
+
 from django.conf import settings
 from django.http import HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
+from django.core.mail import send_mail
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods
 
 from payments.enums import UNRESOLVED_STATUSES, PurchaseStatus
 from payments.services import buyer_confirmation_issue
+from recovery.models import EmailMessage
 from support import selectors
 from payments.customer_copy import customer_state
 from support.web import secure_headers, storefront_origin
@@ -30,10 +35,11 @@ def _poll_seconds() -> int:
 
 def _headers(response):
     origin = storefront_origin()
-    # The token is in the URL: never leak it to the storefront in a Referer header. The
-    # only form here (pay again) is CSRF-exempt, so `Origin: null` does not matter.
+    # The token is in the URL: never leak it to the storefront in a Referer header.
+    # same-origin sends none across origins, and keeps a real `Origin` on this page's own
+    # form posts, which the CSRF check of "new purchase" needs (no-referrer sends `null`).
     response = secure_headers(response, form_targets=(origin,) if origin else (),
-                              referrer="no-referrer")
+                              referrer="same-origin")
     response["X-Robots-Tag"] = "noindex, nofollow"
     return response
 
@@ -118,23 +124,62 @@ def _can_confirm_new_purchase(purchase) -> bool:
     return purchase.status in _GUARDING
 
 
-# CSRF-exempt like pay-again, for the same reason (the page sends no Referer, so browsers
-# send `Origin: null`): a forged POST makes a code whose only copy goes back to the forger's
-# page, which cannot read it. The code is the evidence, and only whoever holds this page's
-# token (the buyer's link) ever sees it.
-@csrf_exempt
+# Who holds the code decides who can lift the guard. The status link is in every REST and
+# MCP answer (`status_url`), so an API client can open this page and press the button as
+# well as the buyer: the code is therefore never shown here, only e-mailed to the address
+# of this (earlier) purchase, a channel the API client does not read. CSRF-protected (the
+# page sends `Referrer-Policy: same-origin`, so browsers send a real Origin): a forged
+# POST can at most send the buyer an e-mail they did not ask for, and one live code per
+# purchase bounds even that.
 @require_http_methods(["GET", "POST"])
 def status_new_purchase(request, token: str):
-    """The buyer's own "yes, start a new purchase": a single-use code for the storefront."""
+    """The buyer's own "yes, start a new purchase": a single-use code sent by e-mail."""
     purchase = selectors.purchase_by_token(token)
     if purchase is None:
         return _not_found(request)
     if request.method == "GET" or not _can_confirm_new_purchase(purchase):
         return _headers(HttpResponseRedirect(
             reverse("support:status", kwargs={"token": token}), status=303))
-    code = buyer_confirmation_issue(purchase_id=purchase.pk)
+    sent = _send_confirmation_code(purchase)
     response = _headers(render(request, "status/new_purchase.html", {
-        "purchase": purchase, "code": code, "token": token,
+        "purchase": purchase, "sent": sent, "token": token,
+        "to": _masked(purchase.customer_email),
+        "support_contact": settings.SUPPORT_CONTACT,
         "ttl_minutes": max(1, settings.BUYER_CONFIRMATION_TTL_SECONDS // 60)}))
     response["Cache-Control"] = "no-store"
     return response
+
+
+def _masked(address: str) -> str:
+    # The page is reachable with the link alone: show enough for the buyer to recognise
+    # their address, not enough to learn it.
+    local, _, domain = (address or "").partition("@")
+    return f"{local[:1]}***@{domain}" if local and domain else ""
+
+
+def _send_confirmation_code(purchase) -> str:
+    """"sent", "already_sent" (a live code went out already), "no_email" or "failed"."""
+    if not purchase.customer_email:
+        return "no_email"
+    if selectors.buyer_confirmation_live(purchase.pk):
+        return "already_sent"
+    code = buyer_confirmation_issue(purchase_id=purchase.pk)
+    # Recorded before sending (an e-mail cannot be unsent); one row per code.
+    email = EmailMessage.objects.create(
+        purchase_id=purchase.pk, to=purchase.customer_email,
+        kind=f"buyer_code:{secrets.token_hex(6)}",
+        subject="Your confirmation code for a new purchase")
+    minutes = max(1, settings.BUYER_CONFIRMATION_TTL_SECONDS // 60)
+    body = (f"Someone asked, on the status page of your purchase {purchase.pk}, to start "
+            f"another purchase of the same kind.\n\nIf that was you, give this code to the "
+            f"shop or its assistant: {code}\nIt works once, within {minutes} minutes. Your "
+            f"purchase {purchase.pk} is not changed or cancelled.\n\nIf it was not you, "
+            f"ignore this e-mail: without the code no second purchase is started.\n"
+            f"Questions: {settings.SUPPORT_CONTACT}\n")
+    try:  # outside any transaction: a slow mail server holds no lock
+        send_mail(f"Your confirmation code for a new purchase (next to {purchase.pk})", body,
+                  settings.DEFAULT_FROM_EMAIL, [purchase.customer_email], fail_silently=False)
+    except Exception:
+        return "failed"  # the code is unusable without the mail; the buyer may ask again
+    EmailMessage.objects.filter(pk=email.pk, sent_at=None).update(sent_at=timezone.now())
+    return "sent"

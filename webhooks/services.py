@@ -19,6 +19,8 @@ from audit.services import audit_write
 from payments.enums import (
     OWN_RECORD_UNSETTLED,
     PAYMENT_KINDS,
+    SLOT_HOLDING_OUTCOMES,
+    TERMINAL_OUTCOMES,
     Grade,
     OperationKind,
     Outcome,
@@ -203,16 +205,55 @@ def event_process(*, event_id: int) -> str:
     return result
 
 
+# Held while a record Verity owns is unsettled or busy: such an event waits as long as
+# that record does (never quarantined by a count: it matched; issue 30 #8 found a pending
+# dashboard refund held `purchase_busy` quarantined after ~13 minutes). Its owners: the
+# console's "held" queue, verity_webhook_held_oldest_age_seconds and its alert, and the
+# read-back each retry prompts of the record it waits for.
+WAITING_ON_OWN_RECORD = (*OWN_RECORD_UNSETTLED, "purchase_busy")
+
+
+def _prompt_read_back_locked(operation_id: str) -> None:
+    """Queue a read-back of the operation a held event waits for, if it can be read (open,
+    or settled only by a person: an acknowledged outcome is no longer read on its own
+    schedule after ACKNOWLEDGED_READBACK_SECONDS)."""
+    op = (PaymentOperation.objects.filter(pk=operation_id)
+          .values("outcome", "grade").first())
+    # Never sent, or being sent right now (its worker settles it): nothing to read yet.
+    if op is None or op["outcome"] in (Outcome.PENDING, Outcome.AWAITING_APPROVAL,
+                                       Outcome.DISPATCHING):
+        return
+    if op["outcome"] in TERMINAL_OUTCOMES and op["grade"] != Grade.ACKNOWLEDGED:
+        return
+    # A read-back already queued for later (the reconcile schedule) absorbs this one: make
+    # it due now. Bounded by the held event's own cadence (HELD_WAITING_MAX_DELAY_SECONDS).
+    key = f"reconcile:{operation_id}"
+    OutboxMessage.objects.filter(category=OutboxCategory.RECONCILE, dedupe_key=key,
+                                 processed_at__isnull=True,
+                                 available_at__gt=timezone.now()
+                                 ).update(available_at=timezone.now())
+    outbox_put(category=OutboxCategory.RECONCILE, payload={"operation": operation_id},
+               dedupe_key=key)
+
+
 def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> str:
     event.attempts += 1
     result, reason = verdict.result, verdict.reason
     fields = ["result", "result_reason", "attempts", "processed_at"]
     if result == EventResult.HELD:
-        if event.attempts >= HELD_MAX_ATTEMPTS and reason not in OWN_RECORD_UNSETTLED:
+        if event.attempts >= HELD_MAX_ATTEMPTS and reason not in WAITING_ON_OWN_RECORD:
             result, reason = EventResult.QUARANTINED, "unmatched"
         else:
+            if reason == "purchase_busy" and verdict.purchase_id:
+                # It waits for whatever holds the purchase's slot, not for its payment.
+                for busy in PaymentOperation.objects.filter(
+                        purchase_id=verdict.purchase_id,
+                        outcome__in=SLOT_HOLDING_OUTCOMES).values_list("pk", flat=True):
+                    _prompt_read_back_locked(busy)
+            elif verdict.operation_id and reason in WAITING_ON_OWN_RECORD:
+                _prompt_read_back_locked(verdict.operation_id)
             delay = min(HELD_BASE_DELAY_SECONDS * 2 ** (event.attempts - 1),
-                        HELD_WAITING_MAX_DELAY_SECONDS if reason in OWN_RECORD_UNSETTLED
+                        HELD_WAITING_MAX_DELAY_SECONDS if reason in WAITING_ON_OWN_RECORD
                         else HELD_MAX_DELAY_SECONDS)
             # A new dedupe key per attempt: the message being handled right now is still
             # unprocessed and would absorb a re-put under the original key.

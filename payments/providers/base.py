@@ -120,6 +120,31 @@ def outcome_from_object(obj: ProviderObject, *, kind: str) -> Outcome | None:
     return None
 
 
+# PaymentIntent statuses in which a payment's confirm never applied or the buyer never
+# acted: no money moved (yet).
+NOT_APPLIED_PI = frozenset({"requires_payment_method", "requires_confirmation",
+                            "requires_action"})
+
+
+def shows_no_money_moved(obj: ProviderObject, *, kind: str) -> bool:
+    """The provider's own record of an operation of `kind` shows that its money movement
+    did not happen (issue 30 #5: one rule for every kind). A person's "succeeded" is
+    refused against it, and a later read-back that shows it overturns that word. Statuses
+    that are verdicts already (canceled, failed) are `outcome_from_object`'s."""
+    s = obj.status
+    if obj.object_type in ("x402_transfer", "refund"):
+        # x402: `unused` is not proof (a broadcast transfer may still be mined); its
+        # no-money states (expired, canceled, invalid) are verdicts already.
+        return False
+    if kind in ("charge", "authorize"):
+        return s in NOT_APPLIED_PI
+    if kind == "capture":
+        return s == "requires_capture" or s in NOT_APPLIED_PI  # nothing captured
+    if kind == "void":
+        return s == "requires_capture"  # the authorization still stands: not cancelled
+    return False
+
+
 @dataclass(frozen=True)
 class CallResult:
     """How one provider request ended, with whatever safe fields came back."""

@@ -24,8 +24,16 @@ from ..enums import (
 from ..errors import DomainError
 from ..locks import assert_no_transaction_outside_transaction, lock_purchase_and_operation
 from ..models import PaymentOperation, ProviderCall
-from ..providers.base import ProviderObject, outcome_from_object
-from .common import _audit, _history, _lock_or_404, _provider, _record_call
+from ..providers.base import ProviderObject, outcome_from_object, shows_no_money_moved
+from .common import (
+    _audit,
+    _halted,
+    _history,
+    _lock_or_404,
+    _provider,
+    _record_call,
+    operation_workflow,
+)
 from .observations import _apply_locked, _mismatch, operation_apply_observation
 from .reconcile import _read_back, _schedule_acknowledged_read_back
 
@@ -70,6 +78,15 @@ def _cancel_before_manual_failure_outside_transaction(op: PaymentOperation, *, a
         if locked.outcome not in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER,
                                   Outcome.AWAITING_BUYER):
             return
+        workflow = operation_workflow(locked.kind)
+        if _halted(workflow):
+            # A cancel is a write to the provider: it honours the halt like every dispatch
+            # (DESIGN §5 invariant 9). Nothing was claimed; the person tries again later.
+            raise DomainError(
+                "workflow_halted", f"The {workflow} workflow is halted: the payment cannot "
+                "be cancelled at the provider now, so it cannot be settled failed. Try "
+                "again once the halt is cleared.", status=503, retry=RetryAdvice.SAME_KEY,
+                owner=Owner.SUPPORT, purchase=op.purchase_id, operation=op.id)
         attempt = (ProviderCall.objects.filter(operation=locked, purpose=CallPurpose.DISPATCH,
                                                step=CallStep.CANCEL).count() + 1)
         call = ProviderCall.objects.create(
@@ -133,12 +150,30 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
                                     cause="readback_before_resolution", actor=actor)
         if verdict != outcome:
             _provider_contradicts(op, obj, outcome)
-    elif (outcome == Outcome.SUCCEEDED and op.kind in PAYMENT_KINDS and obj is not None
-          and obj.status in _CANCELLABLE_PI):
+    elif (outcome == Outcome.SUCCEEDED and obj is not None
+          and shows_no_money_moved(obj, kind=op.kind)):
         # The provider's own record shows no money moved (a confirm it never applied, a
-        # buyer who never authenticated): a person's "succeeded" is contradicted, and
-        # accepting it would book a sale the provider never made (found by the soak).
+        # buyer who never authenticated, a capture or void the provider never applied): a
+        # person's "succeeded" is contradicted, and accepting it would book a sale, a
+        # capture or a void the provider never made (found by the soak; issue 30 #5).
         _provider_contradicts(op, obj, outcome)
+    elif (outcome == Outcome.FAILED and op.kind in PAYMENT_KINDS and obj is not None
+          and (obj.status == "processing"
+               or (obj.object_type == "x402_transfer" and obj.status == "pending")
+               # a transfer broadcast but not mined reads as an authorization still
+               # `unused`, with its hash: it may still land
+               or (obj.object_type == "x402_transfer" and obj.status == "unused"
+                   and obj.id))):
+        # The provider is still moving the money (a PaymentIntent `processing`, an x402
+        # transfer broadcast but not yet mined) and may yet succeed; a "failed" now
+        # invites a retry that charges twice once the first settles (issue 30 #10).
+        raise DomainError(
+            "provider_processing", f"The provider shows {obj.object_type} {obj.id} as "
+            "'processing': it may still succeed, so it cannot be settled failed. Wait for "
+            "the provider's answer.", status=409, retry=RetryAdvice.SAME_KEY,
+            owner=Owner.RECONCILIATION, purchase=op.purchase_id, operation=op.id,
+            extra={"provider": {"object": obj.object_type, "id": obj.id,
+                                "status": obj.status}})
     elif (outcome == Outcome.FAILED and op.kind in PAYMENT_KINDS and op.provider_reference
           and (op.outcome == Outcome.AWAITING_BUYER
                or (obj is not None and obj.status in _CANCELLABLE_PI))):

@@ -162,6 +162,16 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
                 raise DomainError("retry_not_allowed", "Only a failed operation can be retried.",
                                   status=409, retry=RetryAdvice.FORBIDDEN,
                                   purchase=purchase.id, operation=original.id)
+            if original.grade == Grade.ACKNOWLEDGED:
+                # Only a person's "failed", which the provider could not confirm yet (the
+                # read-back above failed): the first may still charge. No second charge
+                # until the provider is read (issue 30 #10).
+                raise DomainError("original_unverified", "The payment this retry names was "
+                                  "settled failed by a person, and the provider could not be "
+                                  "read back yet: it may still charge. Try again later.",
+                                  status=503, retry=RetryAdvice.SAME_KEY,
+                                  owner=Owner.RECONCILIATION, purchase=purchase.id,
+                                  operation=original.id)
             if PaymentOperation.objects.filter(retry_of=original).exists():
                 raise DomainError("already_retried", "This operation was already retried once.",
                                   status=409, retry=RetryAdvice.FORBIDDEN,

@@ -36,15 +36,27 @@ from ..locks import (
     assert_no_transaction_outside_transaction,
     lock_operation,
     lock_purchase,
+    lock_purchase_and_operation,
     lock_purchases_and_operations,
 )
 from ..models import PaymentOperation, ProviderCall
-from ..providers.base import CallResult, ProviderObject
+from ..providers.base import CallResult, ProviderObject, shows_no_money_moved
 from ..x402_reads import x402_read_back, x402_refund_read_back
-from .common import _audit, _history, _lock_or_404, _provider, _record_call, history_batch, log
+from .common import (
+    _audit,
+    _halted,
+    _history,
+    _lock_or_404,
+    _provider,
+    _record_call,
+    history_batch,
+    log,
+    operation_workflow,
+)
 from .observations import (
     _apply_locked,
     _apply_observation_locked,
+    _mismatch,
     _schedule_reconcile,
     operation_apply_observation,
 )
@@ -294,9 +306,9 @@ def operation_reconcile_on_demand(*, operation_id: str, actor: str) -> int:
 
     cooldown = int(settings.RECONCILE_ON_DEMAND_COOLDOWN_SECONDS)
     op = PaymentOperation.objects.get(id=operation_id)
-    open_for_reading = not op.is_terminal and op.outcome not in (Outcome.PENDING,
-                                                                 Outcome.AWAITING_APPROVAL)
-    # Settled or never sent: operation_reconcile refuses without reading (409s unchanged).
+    # Whatever operation_reconcile would read (an operation a person settled included,
+    # issue 30 #10) is under the cooldown; settled or never sent it refuses without reading.
+    open_for_reading = _reconcile_refusal(op) is None
     key = f"reconcile-on-demand:{operation_id}"
     now = time.time()
     if open_for_reading and cooldown > 0:
@@ -345,9 +357,10 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
             op.next_reconcile_at = None
         return op
     obj = result.object if result.classification == Classification.OK else None
-    if (obj is not None and op.kind in PAYMENT_KINDS and op.outcome == Outcome.SUCCEEDED
+    if (obj is not None and op.kind in PAYMENT_KINDS
+            and op.outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
             and op.provider_reference and obj.id == op.provider_reference
-            and obj.status in _UNAPPLIED_STATUSES
+            and shows_no_money_moved(obj, kind=op.kind)
             and (op.confirm_claimed_at is None or timezone.now() - op.confirm_claimed_at
                  >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS))):
         try:
@@ -358,6 +371,21 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
         except DomainError as exc:
             log.warning("acknowledged follow-up: cancel refused operation=%s code=%s",
                         op.id, exc.code)
+    if (obj is not None and op.kind in (OperationKind.CAPTURE, OperationKind.VOID)
+            and op.outcome == Outcome.SUCCEEDED and shows_no_money_moved(obj, kind=op.kind)
+            and _past_inflight_window(op)):
+        # A person's "captured"/"voided" while the provider still shows the authorization
+        # standing (issue 30 #5): the provider's record overturns it, as for charges.
+        with transaction.atomic():
+            purchase, locked = lock_purchase_and_operation(op.id)
+            if (locked.grade == Grade.ACKNOWLEDGED and locked.outcome == Outcome.SUCCEEDED
+                    and not _mismatch(locked, obj)):
+                _apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
+                              verification=Verification.PROVIDER,
+                              cause="readback_no_money_moved", actor=actor,
+                              evidence=obj.safe_fields(), reason=Reason.PROVIDER_FAILED,
+                              obj=obj, final=True)
+        return PaymentOperation.objects.select_related("purchase").get(id=op.id)
     with transaction.atomic():
         lock_purchase(op.purchase_id)
         locked = lock_operation(op.id)
@@ -371,6 +399,15 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
 
 
 _UNAPPLIED_STATUSES = ("requires_confirmation",)
+
+
+def _past_inflight_window(op: PaymentOperation) -> bool:
+    """The operation's last write was sent longer ago than the provider's in-flight window:
+    what the provider shows now is what it applied."""
+    sent = (op.provider_calls.filter(purpose=CallPurpose.DISPATCH).order_by("-started_at")
+            .values_list("started_at", flat=True).first())
+    return sent is None or timezone.now() - sent >= timedelta(
+        seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
 
 
 def _confirm_unapplied(op: PaymentOperation, result: CallResult) -> bool:
@@ -400,11 +437,20 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
         purchase, op = _lock_or_404(operation_id)
         # An unknown payment, or one a person called succeeded that the provider shows
         # never applied (the acknowledged follow-up): the provider's record outranks them.
-        contradicted = op.outcome == Outcome.SUCCEEDED and op.grade == Grade.ACKNOWLEDGED
+        # (A person's "failed" the provider cannot confirm is made final the same way.)
+        contradicted = (op.outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
+                        and op.grade == Grade.ACKNOWLEDGED)
         if op.kind not in PAYMENT_KINDS or not op.provider_reference \
                 or not (op.outcome == Outcome.UNKNOWN or contradicted):
             raise DomainError("not_cancellable", "Only an unknown payment with a provider "
                               "reference can be cancelled here.", status=409,
+                              purchase=purchase.id, operation=op.id, owner=Owner.SUPPORT)
+        if _halted(operation_workflow(op.kind)):
+            # A cancel is a write to the provider: it honours the halt like every dispatch
+            # (invariant 9); the follow-up reads again later, a person tries again later.
+            raise DomainError("workflow_halted", f"The {operation_workflow(op.kind)} "
+                              "workflow is halted: nothing is cancelled at the provider "
+                              "now.", status=503, retry=RetryAdvice.SAME_KEY,
                               purchase=purchase.id, operation=op.id, owner=Owner.SUPPORT)
         attempt = op.provider_calls.filter(purpose=CallPurpose.DISPATCH,
                                            step=CallStep.CANCEL).count() + 1
@@ -426,7 +472,9 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
         raise DomainError("cancel_failed", "The provider could not be read; nothing was "
                           "cancelled. Try again later.", status=502, purchase=op.purchase_id,
                           operation=op.id, owner=Owner.SUPPORT)
-    if read.object.status not in _UNAPPLIED_STATUSES:
+    unapplied = (shows_no_money_moved(read.object, kind=op.kind) if contradicted
+                 else read.object.status in _UNAPPLIED_STATUSES)
+    if not unapplied:
         _record_call(call, CallResult(Classification.REJECTED, detail="not unapplied"))
         operation_apply_observation(operation_id=op.id, obj=read.object,
                                     source=Verification.PROVIDER, cause="reconcile",

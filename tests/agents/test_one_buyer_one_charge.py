@@ -103,12 +103,39 @@ def test_the_database_refuses_a_second_purchase_on_one_quote(product, api_client
 
 # -- 2. only the buyer lifts a guard ----------------------------------------------------
 
+_CODE = re.compile(r"\b[A-Z0-9]{5}-[A-Z0-9]{5}\b")
+
+
+def _press_yes(token: str) -> tuple[WebClient, list]:
+    """Open the status page and press "Yes, start a new purchase" as a browser would (the
+    CSRF token from the page, the cookie it set); returns every response seen."""
+    browser = WebClient(enforce_csrf_checks=True)
+    page = browser.get(f"/status/{token}/")
+    assert b"Yes, start a new purchase" in page.content
+    csrf = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content)
+    given = browser.post(f"/status/{token}/new-purchase",
+                         {"csrfmiddlewaretoken": csrf.group(1).decode() if csrf else ""})
+    return browser, [page, given]
+
+
+def _buyer_says_yes(token: str, mailbox: str) -> str:
+    from django.core import mail
+
+    before = len(mail.outbox)
+    _, (_, given) = _press_yes(token)
+    assert given.status_code == 200 and given["Cache-Control"] == "no-store"
+    assert not _CODE.search(given.content.decode())  # never on the page
+    sent = [m for m in mail.outbox[before:] if m.to == [mailbox]]
+    assert len(sent) == 1, [m.to for m in mail.outbox]
+    return _CODE.search(sent[0].body).group(0)
+
 
 def test_the_agent_cannot_lift_the_guard_only_the_buyers_code_does(product, agent_key,
                                                                    localstripe):
     async def script(client, call):
         quote = await _quote(call, product.sku)
-        first = (await _purchase(call, quote, "cust-lift"))["purchase"]
+        first = (await _purchase(call, quote, "cust-lift",
+                                 customer_email="lift@example.com"))["purchase"]
         await call("pay_purchase", purchase_id=first["id"], payment_method="pm_card_visa")
         quote2 = await _quote(call, product.sku)
         refused = await _purchase(call, quote2, "cust-lift")
@@ -135,13 +162,10 @@ def test_the_agent_cannot_lift_the_guard_only_the_buyers_code_does(product, agen
     assert Purchase.objects.count() == 1
     assert len(buyer_charges(localstripe, "cust-lift")) == 1
 
-    # The buyer says "yes, start a new purchase" on the earlier purchase's status page.
+    # The buyer says "yes, start a new purchase" on the earlier purchase's status page, and
+    # reads the code in the e-mail it sends.
     earlier = Purchase.objects.get(pk=first["id"])
-    page = WebClient().get(f"/status/{earlier.status_token}/")
-    assert b"Yes, start a new purchase" in page.content
-    given = WebClient().post(f"/status/{earlier.status_token}/new-purchase")
-    assert given.status_code == 200 and given["Cache-Control"] == "no-store"
-    code = re.search(rb'id="buyer-confirmation-code">([A-Z0-9-]+)<', given.content).group(1)
+    code = _buyer_says_yes(earlier.status_token, "lift@example.com").encode()
     assert BuyerConfirmation.objects.filter(purchase=earlier, used_at=None).count() == 1
 
     async def buyer_said_yes(client, call):
@@ -157,6 +181,98 @@ def test_the_agent_cannot_lift_the_guard_only_the_buyers_code_does(product, agen
                                          "customer_has_unresolved_purchase")
     assert Purchase.objects.count() == 2
     assert BuyerConfirmation.objects.get().used_for == second["purchase"]["id"]
+
+
+def _status_paths(answers) -> set[str]:
+    """Every status link in the answers, as paths on this server."""
+    from urllib.parse import urlparse
+
+    found = set()
+    for text in answers:
+        for url in re.findall(r"https?://[^\s\"']+/status/[A-Za-z0-9_-]+/", text):
+            found.add(urlparse(url).path)
+    return found
+
+
+def test_the_agent_with_only_its_answers_cannot_get_a_code_the_buyer_still_can(
+        product, agent_key, localstripe):
+    """Issue 30 #3. The agent holds its MCP and REST answers, which carry `status_url`.
+    It follows the link as any HTTP client can (GET every page, POST the form with the
+    page's own CSRF token, POST without one, the JSON poll) and tries every code-shaped
+    string it saw: none lifts the guard, so one charge. The code goes to the buyer's
+    mailbox, and with it the buyer's route still opens a new purchase."""
+    from django.core import mail
+
+    from tests.api.conftest import Api
+
+    async def script(client, call):
+        quote = await _quote(call, product.sku)
+        first = (await _purchase(call, quote, "cust-scrape",
+                                 customer_email="scrape@example.com"))["purchase"]
+        paid = await call("pay_purchase", purchase_id=first["id"], payment_method="pm_card_visa")
+        quote2 = await _quote(call, product.sku)
+        refused = await _purchase(call, quote2, "cust-scrape")
+        looked = await call("get_purchase", purchase_id=first["id"])
+        return first, paid, quote2, refused, looked
+
+    (first, paid, quote2, refused, looked), transcript = run_agent(
+        agent_key, script, before_dispatch=_lost_answer())
+    assert refused["refusal"]["code"] == "customer_has_unresolved_purchase"
+    rest = Api(agent_key).get(f"purchases/{first['id']}")
+    answers = [json.dumps(d) for _n, _a, d in transcript.calls] + [rest.content.decode()]
+    paths = _status_paths(answers)
+    assert paths, "the answers carry a status link"
+    seen: list[str] = []
+    forged_answers = []
+    for path in paths:
+        seen.append(WebClient().get(path).content.decode())
+        seen.append(WebClient().get(path.rstrip("/") + ".json").content.decode())
+        # A scripted POST without the page's token: refused by the CSRF check.
+        forged = WebClient(enforce_csrf_checks=True).post(path + "new-purchase")
+        forged_answers.append(forged.status_code)
+        seen.append(forged.content.decode())
+        # The form as a browser sends it: accepted, but the code is not in the answer.
+        token = path.rstrip("/").rsplit("/", 1)[-1]
+        browser, responses = _press_yes(token)
+        seen.extend(r.content.decode() for r in responses)
+        seen.append(browser.get(path).content.decode())
+        seen.append(browser.get(path + "new-purchase", follow=True).content.decode())
+    codes = {c for text in seen for c in _CODE.findall(text)}
+
+    async def try_codes(client, call):
+        tried = []
+        for code in sorted(codes):
+            tried.append(await _purchase(call, quote2, "cust-scrape", buyer_confirmation=code))
+        tried.append(await _purchase(call, quote2, "cust-scrape"))
+        for answer in tried:
+            if answer["refusal"] is None:  # careless: pays whatever it got
+                await call("pay_purchase", purchase_id=answer["purchase"]["id"],
+                           payment_method="pm_card_visa")
+        return tried
+
+    tried, _ = run_agent(agent_key, try_codes)
+    assert len(buyer_charges(localstripe, "cust-scrape")) == 1, tried
+    assert Purchase.objects.filter(customer_key="cust-scrape").count() == 1
+    assert all(t["refusal"] is not None for t in tried), tried
+    assert forged_answers == [403] * len(paths)
+    # The code went to the buyer's mailbox (which the agent does not read), once.
+    sent = [m for m in mail.outbox if m.to == ["scrape@example.com"]]
+    assert len(sent) == 1 and _CODE.search(sent[0].body)
+
+    # The buyer's route: the code from the e-mail opens exactly one new purchase.
+    code = _CODE.search(sent[0].body).group(0)
+    assert code not in "".join(seen)
+
+    async def buyer_said_yes(client, call):
+        second = await _purchase(call, quote2, "cust-scrape", buyer_confirmation=code)
+        await call("pay_purchase", purchase_id=second["purchase"]["id"],
+                   payment_method="pm_card_visa")
+        return second
+
+    second, _ = run_agent(agent_key, buyer_said_yes)
+    assert second["refusal"] is None and second["purchase"]["id"] != first["id"]
+    assert Purchase.objects.filter(customer_key="cust-scrape").count() == 2
+    assert len(buyer_charges(localstripe, "cust-scrape")) == 2
 
 
 def test_rest_acknowledge_unresolved_counts_only_for_a_storefront_that_asked_the_buyer(
