@@ -17,7 +17,7 @@ from django.core.mail import send_mail
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods
 
-from payments.enums import UNRESOLVED_STATUSES, PurchaseStatus
+from payments.enums import DUPLICATE_GUARD_STATUSES, PurchaseStatus
 from payments.services import buyer_confirmation_issue
 from recovery.models import EmailMessage
 from support import selectors
@@ -116,8 +116,9 @@ def status_pay_again(request, token: str):
 
 # The states in which this purchase makes Verity refuse the buyer another purchase (the
 # unresolved and duplicate guards); only here does the buyer's "yes" mean anything.
-_GUARDING = (*UNRESOLVED_STATUSES, PurchaseStatus.AWAITING_PAYMENT, PurchaseStatus.PAID,
-             PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED)
+# Every status the duplicate-purchase guard asks (money held or unresolved) can be lifted
+# by the buyer, or a refund in flight or a dispute would leave the buyer locked out.
+_GUARDING = (*DUPLICATE_GUARD_STATUSES, PurchaseStatus.AWAITING_PAYMENT)
 
 
 def _can_confirm_new_purchase(purchase) -> bool:

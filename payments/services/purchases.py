@@ -125,7 +125,7 @@ def _buyer_lifted(*, code: str, candidates) -> BuyerConfirmation:
         raise DomainError("invalid_buyer_confirmation",
                           "This buyer confirmation is not valid for this customer (unknown, "
                           "used or expired). Ask the buyer to confirm again on the earlier "
-                          "purchase's status page.", status=422, retry=RetryAdvice.FORBIDDEN)
+                          "purchase's status page; the code is e-mailed to the buyer.", status=422, retry=RetryAdvice.FORBIDDEN)
     return confirmation
 
 
@@ -139,7 +139,7 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
     refused while the buyer has an unresolved one (`customer_has_unresolved_purchase`), or
     a paid/unresolved/awaiting one with the same basket inside the window
     (`probable_duplicate_purchase`). Only the buyer lifts them: `buyer_confirmation` (the
-    single-use code from the earlier purchase's status page), or — for a storefront whose
+    single-use code the earlier purchase's status page e-mails to the buyer), or — for a storefront whose
     own checkout asked the buyer (`storefront_confirmation`, never over MCP) — naming the
     earlier purchase in `acknowledge_unresolved`.
     """
@@ -218,7 +218,8 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
                 f"This customer already has purchase {earlier.id} for the same items and "
                 f"amount (status {earlier.status}). Do not open another purchase: ask the "
                 "buyer whether they really want to buy the same items again; only the buyer "
-                "can confirm that, on that purchase's status page.",
+                "can confirm that, on that purchase's status page (the code is e-mailed to "
+                "the buyer).",
                 status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.BUYER,
                 purchase=earlier.id,
                 extra={"earlier_purchase": {"id": earlier.id, "status": str(earlier.status),
