@@ -750,13 +750,14 @@ class OperationReconcileApi(ApiView):
         description="Read-only at the provider; settles an unknown operation if the provider "
                     "has a record of it. 409 `already_settled` if the provider settled it (an "
                     "outcome a person resolved, grade `acknowledged`, is read back and may be "
-                    "overturned by the provider's record). Works while "
+                    "overturned by the provider's record); 409 `dispatch_in_progress` while its "
+                    "send is still in flight (no verdict while money can still move). Works while "
                     "workflows are halted. Naturally idempotent: no key needed. At most one "
                     "read-back per operation every few seconds: within that cooldown the "
                     "answer is the current state with `Retry-After`.",
         request=None,
         responses={**_ok(200, OperationOut, "Current state after the read-back"),
-                   **_problems(409, 503, s409="already_settled")},
+                   **_problems(409, 503, s409="already_settled / dispatch_in_progress")},
     )
     def post(self, request, operation_id: str):
         op = _operation_or_404(request, operation_id)
