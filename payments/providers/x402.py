@@ -54,7 +54,7 @@ from x402.schemas import (  # noqa: E402
 
 sys.setrecursionlimit(_RECURSION_LIMIT)
 
-from payments.enums import Classification  # noqa: E402
+from payments.enums import Classification, Reason  # noqa: E402
 
 from .base import CallResult, ProviderObject  # noqa: E402
 
@@ -73,6 +73,14 @@ class ChainStatus:
     INVALID = "invalid"
     UNKNOWN = "unknown"
     UNUSED = "unused"  # the authorization is still usable: no verdict
+    # The payer's nonce was used by a transaction that moved nothing to pay_to (EIP-3009
+    # nonces are the payer's, shared by every transfer/receive/cancel on the token): the
+    # authorization to Verity can never move money. Applied as `invalid` with the stable
+    # reason USED_ELSEWHERE_REASON (payments.providers.base knows only the chain words).
+    USED_ELSEWHERE = "used_elsewhere"
+
+
+USED_ELSEWHERE_REASON = Reason.AUTHORIZATION_USED_ELSEWHERE.value
 
 
 class SettleKind:
@@ -246,6 +254,33 @@ class ChainView:
                 "receipt_status": self.receipt_status}
 
 
+@dataclass(frozen=True)
+class Precheck:
+    """The chain's cheap answers about an authorization before anything is stored."""
+
+    block: int
+    used: bool
+    balance: int
+    is_contract: bool
+
+
+# How far below the block at which a nonce was read unused the log search starts: deeper
+# than any reorg Verity waits out (X402_CONFIRMATIONS), so the log of a reorged use is found.
+SEARCH_REORG_MARGIN_BLOCKS = 256
+_TRANSFER_TOPIC = "0x" + Web3.keccak(
+    text="Transfer(address,address,uint256)").hex().removeprefix("0x")
+
+
+def transfer_logs(logs, *, asset: str, sender: str, to: str, value: int) -> list:
+    """The asset's Transfer(sender -> to, value) entries among a receipt's logs."""
+    return [entry for entry in logs
+            if entry["address"].lower() == asset.lower()
+            and _hex(entry["topics"][0]) == _TRANSFER_TOPIC
+            and _hex(entry["topics"][1])[-40:] == sender.lower()[2:]
+            and _hex(entry["topics"][2])[-40:] == to.lower()[2:]
+            and int(_hex(entry["data"]), 16) == value]
+
+
 def _hex(value) -> str:
     if isinstance(value, (bytes, bytearray)):
         return "0x" + bytes(value).hex()
@@ -264,17 +299,48 @@ class ChainReader:
     def _token(self):
         return self.w3.eth.contract(address=self.asset, abi=_TOKEN_ABI)
 
-    def _auth_log(self, event: str, payer: str, nonce: str, latest: int) -> dict | None:
+    def _auth_log(self, event: str, payer: str, nonce: str, latest: int,
+                  from_block: int | None = None) -> dict | None:
         sig = Web3.keccak(text=f"{event}(address,bytes32)")
         topics = [_hex(sig), "0x" + "0" * 24 + payer.lower()[2:], nonce.lower()]
-        start = max(0, latest - self.lookback) if self.lookback else 0
+        if from_block is not None:
+            # Bounded by the operation: the nonce was read unused at that block before the
+            # settle (public RPCs refuse a search from block 0). A reorg margin below it.
+            start = max(0, from_block - SEARCH_REORG_MARGIN_BLOCKS)
+        else:
+            start = max(0, latest - self.lookback) if self.lookback else 0
         logs = self.w3.eth.get_logs({"address": self.asset, "fromBlock": start,
                                      "toBlock": latest, "topics": topics})
         return logs[-1] if logs else None
 
-    def read(self, *, payer: str, nonce: str, valid_before: int, transaction: str = ""
+    def paid_in(self, transaction: str, *, payer: str, pay_to: str, value: int) -> bool:
+        """The transaction's receipt carries the asset's Transfer(payer -> pay_to, value):
+        the only proof that Verity was paid (the same test as the refund reader's)."""
+        receipt = self.w3.eth.get_transaction_receipt(transaction)
+        return int(receipt["status"]) == 1 and bool(transfer_logs(
+            receipt["logs"], asset=self.asset, sender=payer, to=pay_to, value=value))
+
+    def precheck(self, *, payer: str, nonce: str) -> Precheck:
+        """Before an operation exists: the latest block, whether the payer's nonce is
+        already used, the payer's balance and whether the payer is a contract (its
+        signature is then EIP-1271's to judge, not ecrecover's). Raises on RPC failure."""
+        payer = Web3.to_checksum_address(payer)
+        latest = int(self.w3.eth.block_number)
+        token = self._token()
+        used = bool(token.functions.authorizationState(
+            payer, bytes.fromhex(nonce[2:])).call(block_identifier=latest))
+        balance = int(token.functions.balanceOf(payer).call(block_identifier=latest))
+        is_contract = len(self.w3.eth.get_code(payer, block_identifier=latest)) > 0
+        return Precheck(block=latest, used=used, balance=balance, is_contract=is_contract)
+
+    def read(self, *, payer: str, nonce: str, valid_before: int, transaction: str = "",
+             pay_to: str = "", value: int | None = None, from_block: int | None = None
              ) -> ChainView:
-        """Raises on RPC failure (the caller records an unknown read, never a verdict)."""
+        """Raises on RPC failure (the caller records an unknown read, never a verdict).
+
+        A used nonce is a payment only when the transaction that used it carries the
+        Transfer(payer -> pay_to, value) log: the nonce may have been spent on any other
+        transfer of the payer's (issue 31)."""
         payer = Web3.to_checksum_address(payer)
         latest_block = self.w3.eth.get_block("latest")
         latest, chain_time = int(latest_block["number"]), int(latest_block["timestamp"])
@@ -290,15 +356,25 @@ class ChainReader:
         common = dict(authorization_state=used, chain_time=chain_time,
                       receipt_status=receipt_status)
         if used:
-            found = self._auth_log("AuthorizationUsed", payer, nonce, latest)
+            found = self._auth_log("AuthorizationUsed", payer, nonce, latest, from_block)
             if found is not None:
                 block = int(found["blockNumber"])
                 confs = latest - block + 1
+                used_by = _hex(found["transactionHash"])
+                if pay_to and value is not None and not self.paid_in(
+                        used_by, payer=payer, pay_to=pay_to, value=value):
+                    # Spent on another transfer. A verdict only once that block is as
+                    # deep as a payment would have to be: a reorg could free the nonce.
+                    status = (ChainStatus.USED_ELSEWHERE if confs >= self.confirmations
+                              else ChainStatus.PENDING)
+                    # The other transaction's block is not this payment's: none is shown.
+                    return ChainView(status, transaction=transaction, **common)
                 status = (ChainStatus.CONFIRMED if confs >= self.confirmations
                           else ChainStatus.PENDING)
-                return ChainView(status, transaction=_hex(found["transactionHash"]),
-                                 block_number=block, confirmations=confs, **common)
-            if self._auth_log("AuthorizationCanceled", payer, nonce, latest) is not None:
+                return ChainView(status, transaction=used_by, block_number=block,
+                                 confirmations=confs, **common)
+            if self._auth_log("AuthorizationCanceled", payer, nonce, latest,
+                              from_block) is not None:
                 return ChainView(ChainStatus.CANCELED, transaction=transaction, **common)
             # Used, but the log lies outside the lookback window: the signed transfer
             # happened somewhere; wait for a person or a wider search, never failed.
@@ -325,8 +401,10 @@ def transfer_object(*, view: ChainView, operation_id: str, purchase_id: str, amo
                     currency: str) -> ProviderObject:
     """A chain view as the provider-neutral object the one observation function applies."""
     failure = {ChainStatus.EXPIRED: "authorization_expired",
-               ChainStatus.CANCELED: "authorization_canceled"}.get(view.status, "")
-    return ProviderObject(OBJECT_TYPE, id=view.transaction, status=view.status, amount=amount,
+               ChainStatus.CANCELED: "authorization_canceled",
+               ChainStatus.USED_ELSEWHERE: USED_ELSEWHERE_REASON}.get(view.status, "")
+    status = ChainStatus.INVALID if view.status == ChainStatus.USED_ELSEWHERE else view.status
+    return ProviderObject(OBJECT_TYPE, id=view.transaction, status=status, amount=amount,
                           currency=currency, failure_code=failure,
                           metadata={"operation_id": operation_id, "purchase_id": purchase_id})
 
@@ -653,6 +731,71 @@ class SignedPayment:
     signature_hash: str
     payload_hash: str
     payment_identifier: str
+    signature: str = ""
+
+
+_PAYLOAD_KEYS = {"authorization", "signature"}
+_AUTH_KEYS = {"from", "to", "value", "validAfter", "validBefore", "nonce"}
+
+
+def _uint256(raw) -> int:
+    """EIP-3009's uint256 fields: a decimal integer (string or number) in range."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+        raise ValueError("not an integer")
+    value = int(raw)
+    if not 0 <= value < 2**256:
+        raise ValueError("out of uint256 range")
+    return value
+
+
+def forwarded_payload(signed: SignedPayment, requirements: dict) -> dict:
+    """The PaymentPayload the facilitator settles: rebuilt from what Verity checked (the
+    authorization's six fields, the signature, Verity's own requirements as `accepted`),
+    never the buyer's document as sent."""
+    auth = signed.payload["payload"]["authorization"]
+    out = {"x402Version": 2, "accepted": requirements,
+           "payload": {"authorization": {k: auth[k] for k in sorted(_AUTH_KEYS)},
+                       "signature": signed.signature}}
+    if signed.payload.get("resource"):
+        out["resource"] = signed.payload["resource"]
+    return out
+
+
+def signature_matches(signed: SignedPayment, *, chain_id: int, token_name: str,
+                      token_version: str, asset: str) -> bool:
+    """The EIP-712 TransferWithAuthorization signature recovers to `from` (an EOA's
+    signature). False for anything else, including a contract wallet's (EIP-1271/6492),
+    which only the chain can judge."""
+    from eth_account import Account
+    from eth_account.messages import encode_typed_data
+
+    auth = signed.payload["payload"]["authorization"]
+    data = {
+        "types": {"EIP712Domain": [{"name": "name", "type": "string"},
+                                   {"name": "version", "type": "string"},
+                                   {"name": "chainId", "type": "uint256"},
+                                   {"name": "verifyingContract", "type": "address"}],
+                  "TransferWithAuthorization": [
+                      {"name": "from", "type": "address"}, {"name": "to", "type": "address"},
+                      {"name": "value", "type": "uint256"},
+                      {"name": "validAfter", "type": "uint256"},
+                      {"name": "validBefore", "type": "uint256"},
+                      {"name": "nonce", "type": "bytes32"}]},
+        "primaryType": "TransferWithAuthorization",
+        "domain": {"name": token_name, "version": token_version, "chainId": chain_id,
+                   "verifyingContract": Web3.to_checksum_address(asset)},
+        "message": {"from": signed.payer, "to": signed.to, "value": int(signed.value),
+                    "validAfter": signed.valid_after, "validBefore": signed.valid_before,
+                    "nonce": bytes.fromhex(signed.nonce[2:])}}
+    try:
+        sig = bytes.fromhex(signed.signature[2:])
+        if len(sig) != 65:
+            return False
+        recovered = Account.recover_message(encode_typed_data(full_message=data),
+                                            signature=sig)
+    except Exception:  # noqa: BLE001 - unrecoverable: not an EOA's signature of this
+        return False
+    return recovered.lower() == signed.payer.lower()
 
 
 def requirements_for(*, amount_atomic: int, network: str, asset: str, pay_to: str,
@@ -695,11 +838,18 @@ def parse_payment_signature(header: str) -> SignedPayment:
     inner = payload.payload or {}
     auth = inner.get("authorization") or {}
     signature = str(inner.get("signature") or "")
+    # Exactly what Verity checks and nothing beside it: a Permit2 authorization next to the
+    # EIP-3009 one would be settled as Permit2 by the facilitator (issue 31).
+    if set(inner) != _PAYLOAD_KEYS or not isinstance(auth, dict) or set(auth) != _AUTH_KEYS:
+        raise PaymentSignatureInvalid("the payload must be exactly an EIP-3009 authorization "
+                                      "(authorization: from, to, value, validAfter, "
+                                      "validBefore, nonce; signature) and nothing else")
     try:
         payer = Web3.to_checksum_address(auth["from"])
         to = Web3.to_checksum_address(auth["to"])
-        value = str(int(auth["value"]))
-        valid_after, valid_before = int(auth["validAfter"]), int(auth["validBefore"])
+        value = str(_uint256(auth["value"]))
+        valid_after = _uint256(auth["validAfter"])
+        valid_before = _uint256(auth["validBefore"])
         nonce = str(auth["nonce"]).lower()
         if not (nonce.startswith("0x") and len(nonce) == 66):
             raise ValueError("nonce")
@@ -718,6 +868,7 @@ def parse_payment_signature(header: str) -> SignedPayment:
     canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":")).encode()
     return SignedPayment(
         payload=dumped, accepted=dumped["accepted"], payer=payer, to=to, value=value,
+        signature=signature,
         valid_after=valid_after, valid_before=valid_before, nonce=nonce,
         signature_hash=hashlib.sha256(signature.lower().encode()).hexdigest(),
         payload_hash=hashlib.sha256(canonical).hexdigest(),
