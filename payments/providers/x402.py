@@ -45,6 +45,9 @@ from x402.extensions.payment_identifier import (  # noqa: E402
     declare_payment_identifier_extension,
     extract_payment_identifier,
 )
+from x402.mechanisms.evm.eip712 import hash_eip3009_authorization  # noqa: E402
+from x402.mechanisms.evm.types import ExactEIP3009Authorization  # noqa: E402
+from x402.mechanisms.evm.verify import verify_eoa_signature  # noqa: E402
 from x402.schemas import (  # noqa: E402
     PaymentPayload,
     PaymentRequired,
@@ -766,36 +769,19 @@ def signature_matches(signed: SignedPayment, *, chain_id: int, token_name: str,
     """The EIP-712 TransferWithAuthorization signature recovers to `from` (an EOA's
     signature). False for anything else, including a contract wallet's (EIP-1271/6492),
     which only the chain can judge."""
-    from eth_account import Account
-    from eth_account.messages import encode_typed_data
-
-    auth = signed.payload["payload"]["authorization"]
-    data = {
-        "types": {"EIP712Domain": [{"name": "name", "type": "string"},
-                                   {"name": "version", "type": "string"},
-                                   {"name": "chainId", "type": "uint256"},
-                                   {"name": "verifyingContract", "type": "address"}],
-                  "TransferWithAuthorization": [
-                      {"name": "from", "type": "address"}, {"name": "to", "type": "address"},
-                      {"name": "value", "type": "uint256"},
-                      {"name": "validAfter", "type": "uint256"},
-                      {"name": "validBefore", "type": "uint256"},
-                      {"name": "nonce", "type": "bytes32"}]},
-        "primaryType": "TransferWithAuthorization",
-        "domain": {"name": token_name, "version": token_version, "chainId": chain_id,
-                   "verifyingContract": Web3.to_checksum_address(asset)},
-        "message": {"from": signed.payer, "to": signed.to, "value": int(signed.value),
-                    "validAfter": signed.valid_after, "validBefore": signed.valid_before,
-                    "nonce": bytes.fromhex(signed.nonce[2:])}}
     try:
         sig = bytes.fromhex(signed.signature[2:])
         if len(sig) != 65:
             return False
-        recovered = Account.recover_message(encode_typed_data(full_message=data),
-                                            signature=sig)
+        digest = hash_eip3009_authorization(
+            ExactEIP3009Authorization(
+                from_address=signed.payer, to=signed.to, value=signed.value,
+                valid_after=str(signed.valid_after), valid_before=str(signed.valid_before),
+                nonce=signed.nonce),
+            chain_id, Web3.to_checksum_address(asset), token_name, token_version)
+        return verify_eoa_signature(digest, sig, signed.payer)
     except Exception:  # noqa: BLE001 - unrecoverable: not an EOA's signature of this
         return False
-    return recovered.lower() == signed.payer.lower()
 
 
 def requirements_for(*, amount_atomic: int, network: str, asset: str, pay_to: str,
