@@ -91,13 +91,16 @@ class Chain:
         finally:
             self.rpc("anvil_stopImpersonatingAccount", [fac])
 
-    def transfers(self, payer: str) -> int:
-        """ERC-20 Transfer events payer -> Verity on chain (the money that moved)."""
+    def transfers(self, payer: str, value: int | None = None) -> int:
+        """ERC-20 Transfer events payer -> Verity on chain (the money that moved); only
+        those of `value` when given."""
         sig = Web3.keccak(text="Transfer(address,address,uint256)")
         logs = self.w3.eth.get_logs({
             "address": self.token.address, "fromBlock": 0, "toBlock": "latest",
             "topics": [Web3.to_hex(sig), "0x" + "0" * 24 + payer.lower()[2:],
                        "0x" + "0" * 24 + self.pay_to.lower()[2:]]})
+        if value is not None:
+            logs = [e for e in logs if int(Web3.to_hex(e["data"]), 16) == value]
         return len(logs)
 
     def transfers_back(self, payer: str) -> int:
