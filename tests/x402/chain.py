@@ -187,6 +187,25 @@ class Chain:
             and int(Web3.to_hex(entry["data"]), 16) == value
             for entry in receipt["logs"])
 
+    def operation_paid(self, auth) -> bool:
+        """Per operation (issue 31): did money arrive for this X402Authorization row? True
+        only when the transaction that used its (payer, nonce) -- the recorded
+        transaction_hash, or else the AuthorizationUsed log's -- carries Transfer(payer ->
+        pay_to, value). A used nonce alone (spent on another transfer) is not a payment."""
+        value = int(auth.value)
+        if auth.transaction_hash:
+            try:
+                if self.paid_in(auth.transaction_hash, auth.payer, value):
+                    return True
+            except Exception:  # noqa: BLE001 - not mined (pending, dropped, reorged out)
+                pass
+        sig = Web3.to_hex(Web3.keccak(text="AuthorizationUsed(address,bytes32)"))
+        used = self.w3.eth.get_logs({
+            "address": self.token.address, "fromBlock": 0, "toBlock": "latest",
+            "topics": [sig, "0x" + "0" * 24 + auth.payer.lower()[2:], auth.nonce.lower()]})
+        return any(self.paid_in(Web3.to_hex(log["transactionHash"]), auth.payer, value)
+                   for log in used)
+
     def facilitator_config(self, **body) -> None:
         r = requests.post(f"{self.facilitator}/_config", json=body, timeout=5)
         r.raise_for_status()

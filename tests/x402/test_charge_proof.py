@@ -122,3 +122,22 @@ def test_a_genuine_payment_is_confirmed_by_its_transfer_log(agent, report, chain
     tx = X402Authorization.objects.get(operation=op).transaction_hash
     assert op.outcome == "succeeded" and op.provider_reference == tx
     assert chain.paid_in(tx, payer.address, PRICE_ATOMIC)
+
+
+def test_the_per_operation_judge_tells_a_payment_from_a_nonce_spent_elsewhere(
+        agent, report, chain):
+    """tests.x402.chain.Chain.operation_paid: the lifecycle machine's and the soak's judge."""
+    paid_purchase, payer, header, _auth = _signed(agent, report, chain)
+    _send(agent, paid_purchase, header)
+    cheated, cheater, cheat_header, cheat_auth = _signed(agent, report, chain)
+    chain.automine(False)
+    _send(agent, cheated, cheat_header)
+    chain.spend_nonce(cheater, cheat_auth["nonce"], to=chain.pay_to, value=1,
+                      gas_price=chain.w3.eth.gas_price * 20)
+    chain.mine()
+
+    good = X402Authorization.objects.get(operation__purchase_id=paid_purchase["id"])
+    bad = X402Authorization.objects.get(operation__purchase_id=cheated["id"])
+    assert chain.operation_paid(good) is True
+    assert chain.operation_paid(bad) is False
+    assert chain.authorization_used(cheater.address, cheat_auth["nonce"])  # used, not paid
