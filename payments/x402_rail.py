@@ -178,6 +178,11 @@ def _check_on_chain(purchase: Purchase, signed: adapter.SignedPayment) -> int:
                                           asset=settings.X402_ASSET)
     try:
         seen = adapter.get_chain_reader().precheck(payer=signed.payer, nonce=signed.nonce)
+    except adapter.ChainMismatch as exc:  # a deployment error: nothing stored or sent
+        raise DomainError("chain_mismatch", "The payment rail is misconfigured (its chain is "
+                          "not the one it offers); nothing was charged. Try later.",
+                          status=503, retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT,
+                          purchase=purchase.id, extra={"retry_after": 60}) from exc
     except Exception as exc:  # noqa: BLE001 - nothing was stored or sent
         raise DomainError("chain_unreachable", "The chain cannot be read right now; nothing "
                           "was charged. Send the same PAYMENT-SIGNATURE again later.",

@@ -257,6 +257,10 @@ class ChainView:
                 "receipt_status": self.receipt_status}
 
 
+class ChainMismatch(RuntimeError):
+    """The RPC's chain id is not X402_NETWORK's."""
+
+
 @dataclass(frozen=True)
 class Precheck:
     """The chain's cheap answers about an authorization before anything is stored."""
@@ -293,11 +297,27 @@ def _hex(value) -> str:
 
 class ChainReader:
     def __init__(self, *, rpc_url: str, asset: str, confirmations: int,
-                 lookback_blocks: int = 0) -> None:
+                 lookback_blocks: int = 0, network: str = "") -> None:
         self.w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 10}))
+        self.rpc_url = rpc_url
         self.asset = Web3.to_checksum_address(asset) if asset else ""
         self.confirmations = max(1, confirmations)
         self.lookback = lookback_blocks
+        self.network = network
+        self._chain_checked = False
+
+    def _check_chain(self) -> None:
+        """The RPC serves X402_NETWORK's chain (issue 31 #4): another chain's "unused,
+        expired" would fail a real payment, its balance would pass an unfunded one.
+        Raises ChainMismatch (a read error: no verdict, nothing settled)."""
+        if self._chain_checked or not self.network.startswith("eip155:"):
+            return
+        expected = int(self.network.split(":", 1)[1])
+        actual = int(self.w3.eth.chain_id)
+        if actual != expected:
+            raise ChainMismatch(f"X402_RPC_URL serves chain {actual}, X402_NETWORK is "
+                                f"{self.network}")
+        self._chain_checked = True
 
     def _token(self):
         return self.w3.eth.contract(address=self.asset, abi=_TOKEN_ABI)
@@ -327,6 +347,7 @@ class ChainReader:
         """Before an operation exists: the latest block, whether the payer's nonce is
         already used, the payer's balance and whether the payer is a contract (its
         signature is then EIP-1271's to judge, not ecrecover's). Raises on RPC failure."""
+        self._check_chain()
         payer = Web3.to_checksum_address(payer)
         latest = int(self.w3.eth.block_number)
         token = self._token()
@@ -344,6 +365,7 @@ class ChainReader:
         A used nonce is a payment only when the transaction that used it carries the
         Transfer(payer -> pay_to, value) log: the nonce may have been spent on any other
         transfer of the payer's (issue 31)."""
+        self._check_chain()
         payer = Web3.to_checksum_address(payer)
         latest_block = self.w3.eth.get_block("latest")
         latest, chain_time = int(latest_block["number"]), int(latest_block["timestamp"])
@@ -698,10 +720,13 @@ def get_chain_reader() -> ChainReader:
     global _reader
     with _lock:
         if (_reader is None or _reader.confirmations != max(1, settings.X402_CONFIRMATIONS)
-                or _reader.asset.lower() != (settings.X402_ASSET or "").lower()):
+                or _reader.asset.lower() != (settings.X402_ASSET or "").lower()
+                or _reader.network != settings.X402_NETWORK
+                or _reader.rpc_url != settings.X402_RPC_URL):
             _reader = ChainReader(rpc_url=settings.X402_RPC_URL, asset=settings.X402_ASSET,
                                   confirmations=settings.X402_CONFIRMATIONS,
-                                  lookback_blocks=settings.X402_LOG_LOOKBACK_BLOCKS)
+                                  lookback_blocks=settings.X402_LOG_LOOKBACK_BLOCKS,
+                                  network=settings.X402_NETWORK)
         return _reader
 
 

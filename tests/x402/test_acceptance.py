@@ -208,3 +208,26 @@ def test_off_the_local_chain_the_facilitators_word_waits_for_the_read_back(
     settled = services.operation_reconcile(operation_id=op.id, actor="test")
     assert settled.outcome == "succeeded"
     assert chain.paid_in(settled.provider_reference, payer.address, PRICE_ATOMIC)
+
+
+# -- item 4: the RPC must serve X402_NETWORK's chain ---------------------------------------
+def test_an_rpc_of_another_chain_refuses_payments_and_gives_no_verdict(agent, report, chain,
+                                                                       settings):
+    purchase, required = _required(agent, report)
+    payer = chain.new_payer()
+    header, _auth = sign(required, payer)
+    chain.automine(False)
+    assert _send(agent, purchase, header).status_code == 202  # pending on the real chain
+    op = PaymentOperation.objects.get(purchase_id=purchase["id"])
+    settings.X402_NETWORK = "eip155:8453"  # misconfigured: the RPC serves 31337
+    other, other_required = _required(agent, report)
+    other_header, _ = craft(other_required, chain.new_payer())
+
+    refused = _send(agent, other, other_header)
+    read = services.operation_reconcile(operation_id=op.id, actor="test")
+
+    assert refused.status_code == 503 and refused.json()["code"] == "chain_mismatch", \
+        refused.content
+    assert PaymentOperation.objects.filter(purchase_id=other["id"]).count() == 0
+    assert read.outcome == "awaiting_provider"  # no verdict from a chain it cannot trust
+    chain.mine()
