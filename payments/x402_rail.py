@@ -188,6 +188,14 @@ def _check_on_chain(purchase: Purchase, signed: adapter.SignedPayment) -> int:
                           "was charged. Send the same PAYMENT-SIGNATURE again later.",
                           status=503, retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT,
                           purchase=purchase.id, extra={"retry_after": 5}) from exc
+    try:
+        adapter.get_facilitator().ensure_supported(scheme="exact", network=settings.X402_NETWORK)
+    except adapter.FacilitatorUnsupported as exc:  # a deployment error: nothing stored
+        raise DomainError("facilitator_unsupported", "The payment rail is misconfigured "
+                          "(its facilitator does not take this payment); nothing was "
+                          "charged. Try later.", status=503, retry=RetryAdvice.SAME_KEY,
+                          owner=Owner.SUPPORT, purchase=purchase.id,
+                          extra={"retry_after": 60}) from exc
     if not signer_ok and not seen.is_contract:
         # An EOA's signature must recover to it (a contract wallet's is EIP-1271's: the
         # facilitator's verify judges it).

@@ -152,6 +152,10 @@ def classify_settle(status: int | None, body: dict | None) -> SettleAnswer:
                   body=safe)
     if status == 200 and body.get("success") is True and tx:
         return SettleAnswer(SettleKind.SUCCESS, **common)
+    if status in (401, 403) and not tx:
+        # The credential was refused: the facilitator did nothing with the payload.
+        return SettleAnswer(SettleKind.NOT_SENT, detail=f"facilitator refused the "
+                            f"credential ({status})", **common)
     # Pending is pending whatever the status line says (one hosted facilitator sends 500).
     if reason == "settlement_pending" and tx:
         return SettleAnswer(SettleKind.PENDING, **common)
@@ -162,12 +166,48 @@ def classify_settle(status: int | None, body: dict | None) -> SettleAnswer:
     return SettleAnswer(SettleKind.UNKNOWN, **common)
 
 
+class FacilitatorUnsupported(RuntimeError):
+    """The facilitator's /supported does not list the configured scheme and network."""
+
+
 class FacilitatorClient:
-    def __init__(self, *, base_url: str, timeout: float) -> None:
+    def __init__(self, *, base_url: str, timeout: float, auth_token: str = "") -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.auth_token = auth_token
         self._drills: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._supported: set[tuple[str, str]] = set()
+
+    def _headers(self) -> dict:
+        # A hosted facilitator authenticates every call (the CDP facilitator: a bearer JWT).
+        return {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
+
+    def ensure_supported(self, *, scheme: str, network: str) -> None:
+        """Once per process: the facilitator's /supported lists (x402 v2, scheme, network).
+        Raises FacilitatorUnsupported on a definite "no" (or a refused credential); an
+        unreachable facilitator is left to the settle's own classification."""
+        if (scheme, network) in self._supported:
+            return
+        try:
+            resp = requests.get(f"{self.base_url}/supported", headers=self._headers(),
+                                timeout=(3.0, 10.0))
+        except requests.exceptions.RequestException:
+            return
+        if resp.status_code in (401, 403):
+            raise FacilitatorUnsupported(f"the facilitator refused Verity's credential "
+                                         f"({resp.status_code}): X402_FACILITATOR_AUTH_TOKEN")
+        try:
+            kinds = resp.json().get("kinds") or []
+        except (ValueError, AttributeError):
+            return
+        if resp.status_code != 200:
+            return
+        if not any(k.get("scheme") == scheme and k.get("network") == network
+                   and k.get("x402Version") == 2 for k in kinds if isinstance(k, dict)):
+            raise FacilitatorUnsupported(f"the facilitator does not support {scheme} on "
+                                         f"{network} (x402 v2)")
+        self._supported.add((scheme, network))
 
     # -- fault drills (test mode) ---------------------------------------------------
     def arm_drill(self, *, payer: str, nonce: str, mode: str) -> None:
@@ -188,7 +228,7 @@ class FacilitatorClient:
         drill = self._take_drill(payer, nonce)
         body = {"x402Version": 2, "paymentPayload": payload, "paymentRequirements": requirements}
         try:
-            resp = requests.post(f"{self.base_url}/settle", json=body,
+            resp = requests.post(f"{self.base_url}/settle", json=body, headers=self._headers(),
                                  timeout=(3.0, self.timeout))
         except requests.exceptions.ConnectTimeout as exc:
             return SettleAnswer(SettleKind.NOT_SENT, detail=f"connect timeout: {exc}"[:200])
@@ -709,9 +749,12 @@ _lock = threading.Lock()
 def get_facilitator() -> FacilitatorClient:
     global _facilitator
     with _lock:
-        if _facilitator is None or _facilitator.base_url != settings.X402_FACILITATOR_URL.rstrip("/"):
+        if (_facilitator is None
+                or _facilitator.base_url != settings.X402_FACILITATOR_URL.rstrip("/")
+                or _facilitator.auth_token != settings.X402_FACILITATOR_AUTH_TOKEN):
             _facilitator = FacilitatorClient(base_url=settings.X402_FACILITATOR_URL,
-                                             timeout=settings.X402_FACILITATOR_TIMEOUT)
+                                             timeout=settings.X402_FACILITATOR_TIMEOUT,
+                                             auth_token=settings.X402_FACILITATOR_AUTH_TOKEN)
         return _facilitator
 
 
