@@ -442,7 +442,15 @@ def _x402(rep: Report, snap: ChainSnapshot, *, live: bool) -> None:
     for tx in unknown_transfers[:5]:
         rep.add(f"  {tx}", "", "Transfer to pay_to without a Verity authorization")
 
-    per_purchase = Counter(auths[key].operation.purchase_id for key in snap.used if key in auths)
+    # A payment is the Transfer(payer -> pay_to, value) log in the transaction that used
+    # the authorization's nonce (issue 31): a used nonce alone may be a transfer elsewhere.
+    moved = {(frm.lower(), value, tx) for frm, value, tx in snap.transfers}
+
+    def paid(key, a) -> bool:
+        tx = snap.used.get(key)
+        return bool(tx) and (a.payer.lower(), int(a.value), tx) in moved
+
+    per_purchase = Counter(a.operation.purchase_id for key, a in auths.items() if paid(key, a))
     worst = max(per_purchase.values(), default=0)
     twice = [pid for pid, n in per_purchase.items() if n > 1]
     rep.add("max x402 transfers per purchase", worst, "must be at most 1", ok=worst <= 1)
@@ -453,12 +461,12 @@ def _x402(rep: Report, snap: ChainSnapshot, *, live: bool) -> None:
         return snap.chain.authorization_used(a.payer, a.nonce)
 
     no_transfer = [a.operation_id for key, a in auths.items()
-                   if a.operation.outcome == Outcome.SUCCEEDED and key not in snap.used
-                   and not used_now(a)]
+                   if a.operation.outcome == Outcome.SUCCEEDED and not paid(key, a)
+                   and (key in snap.used or not used_now(a))]
     rep.add("x402 succeeded at Verity, no transfer on chain", len(no_transfer), "must be 0",
             ok=not no_transfer)
     moved_but_failed = [a.operation_id for key, a in auths.items()
-                        if a.operation.outcome == Outcome.FAILED and key in snap.used]
+                        if a.operation.outcome == Outcome.FAILED and paid(key, a)]
     rep.add("x402 failed at Verity, transfer on chain", len(moved_but_failed), "must be 0",
             ok=not moved_but_failed)
     for op_id in (no_transfer + moved_but_failed)[:5]:

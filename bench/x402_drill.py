@@ -4,9 +4,12 @@ Run inside `python -m tests.stack --x402` (the Makefile does): PostgreSQL, Redis
 Circle's FiatTokenV2_2 and the SDK's facilitator. Each drill pays a fresh purchase's
 deliverable with a real EIP-3009 authorization through the API, injects its fault from the
 chain or the facilitator, reconciles from the chain (read-only) and counts the transfers
-that really happened. Exits non-zero if any row breaks the rules: at most one transfer;
-succeeded only with the transfer on chain, failed only without it; `unknown`/`awaiting`
-never shown failed before the chain proves it (expired or cancelled authorization).
+that really happened. Exits non-zero if any row breaks the rules: at most one transfer of
+the price; succeeded only when the operation's recorded transaction carries
+Transfer(payer -> pay_to, price), failed only without it; `unknown`/`awaiting` never shown
+failed before the chain proves it (expired, cancelled, or the nonce used elsewhere); an
+authorization Verity must refuse up front (nonce already used, validBefore far in the
+future) creates no operation and moves nothing.
 """
 from __future__ import annotations
 
@@ -14,7 +17,9 @@ import os
 import sys
 from dataclasses import dataclass
 
-PROVEN_FAILURES = ("authorization_expired", "authorization_canceled")
+PROVEN_FAILURES = ("authorization_expired", "authorization_canceled",
+                   "authorization_used_elsewhere")
+REFUSED = "refused"  # 402 before any operation: nothing stored, nothing sent
 
 
 @dataclass
@@ -40,7 +45,7 @@ def main() -> int:
     from payments.models import PaymentOperation, Product, X402Authorization
     from payments.providers.x402 import DrillMode, get_facilitator
     from tests.factories import make_client
-    from tests.x402.chain import SIGNATURE, Chain, sign
+    from tests.x402.chain import SIGNATURE, Chain, craft, sign
 
     setup_test_environment()
     call_command("migrate", verbosity=0)
@@ -106,6 +111,21 @@ def main() -> int:
         get_facilitator().arm_drill(payer=ctx["payer"].address, nonce=ctx["auth"]["nonce"],
                                     mode=DrillMode.DROP_ANSWER_AFTER_SEND)
 
+    def front_run_after(ctx):
+        # The payer spends its own nonce on a 1-unit transfer to pay_to, ahead of the
+        # facilitator's pending transaction: a Transfer to pay_to exists, not the payment.
+        chain.spend_nonce(ctx["payer"], ctx["auth"]["nonce"], to=chain.pay_to, value=1,
+                          gas_price=chain.w3.eth.gas_price * 20)
+        chain.mine()
+
+    def spent_before(ctx):
+        chain.spend_nonce(ctx["payer"], ctx["auth"]["nonce"])
+
+    def far_future(required, payer):
+        import time
+
+        return craft(required, payer, validBefore=int(time.time()) + 10 * 86400)
+
     short = {"X402_MAX_TIMEOUT_SECONDS": 60}
     drills = [
         ("settlement_pending", {}, pending_before, mine_after),
@@ -116,7 +136,11 @@ def main() -> int:
         ("expired_while_pending", short, pending_before, expire_after),
         ("reorg", {"X402_CONFIRMATIONS": 3}, lambda ctx: None, reorg_after),
         ("answer_dropped", {}, drop_answer_before, lambda ctx: None),
+        ("nonce_used_elsewhere", {}, pending_before, front_run_after),
+        ("nonce_used_before_settle", {}, spent_before, None),
+        ("far_future_expiry", {}, lambda ctx: None, None),
     ]
+    signers = {"far_future_expiry": far_future}
     rows = []
     for name, overrides, before, after in drills:
         with override_settings(**overrides):
@@ -124,11 +148,24 @@ def main() -> int:
             required = http.get(f"/api/v1/purchases/{pid}/deliverable").headers[
                 "PAYMENT-REQUIRED"]
             payer = chain.new_payer()
-            header, auth = sign(required, payer)
+            header, auth = signers.get(name, sign)(required, payer)
             ctx = {"payer": payer, "auth": auth}
             try:
                 before(ctx)
-                http.get(f"/api/v1/purchases/{pid}/deliverable", **{SIGNATURE: header})
+                answer = http.get(f"/api/v1/purchases/{pid}/deliverable",
+                                  **{SIGNATURE: header})
+                if after is None:  # must be refused before anything is stored or sent
+                    ops = PaymentOperation.objects.filter(purchase_id=pid).count()
+                    transfers = chain.transfers(payer.address, product.price * 10**4)
+                    row = Row(name, REFUSED if answer.status_code == 402 else
+                              str(answer.status_code), transfers, f"{ops} operation(s)",
+                              answer.json().get("code", ""))
+                    if answer.status_code != 402 or "PAYMENT-REQUIRED" not in answer.headers:
+                        row.violation = "not refused with 402 + PAYMENT-REQUIRED"
+                    elif ops or transfers:
+                        row.violation = "an operation or a transfer despite the refusal"
+                    rows.append(row)
+                    continue
                 op = PaymentOperation.objects.get(purchase_id=pid)
                 ctx["op"] = op
                 recorded = op.outcome
@@ -144,13 +181,18 @@ def main() -> int:
                 chain.automine(True)
                 chain.facilitator_config(pending_status=200)
                 chain.reset_clock()
-            transfers = chain.transfers(payer.address)
+            price = product.price * 10**4  # USD cents -> USDC's 6 decimals
+            transfers = chain.transfers(payer.address, price)
+            # Judged per operation: its recorded transaction carries Transfer(payer ->
+            # pay_to, price), not "some transfer to pay_to happened" (issue 31).
+            tx = tx_of(op)
+            paid = bool(tx) and _mined(chain, tx) and chain.paid_in(tx, payer.address, price)
         row = Row(name, recorded, transfers, " -> ".join(seen), op.reason or "")
         if transfers > 1:
             row.violation = "more than one transfer"
-        elif op.outcome == "succeeded" and transfers != 1:
-            row.violation = "succeeded without the transfer on chain"
-        elif op.outcome == "failed" and transfers:
+        elif op.outcome == "succeeded" and not (paid and transfers == 1):
+            row.violation = "succeeded without its transfer on chain"
+        elif op.outcome == "failed" and (paid or transfers):
             row.violation = "failed but the money moved"
         elif op.outcome == "failed" and op.reason not in PROVEN_FAILURES:
             row.violation = "failed without the chain proving it"
@@ -165,6 +207,14 @@ def main() -> int:
     bad = [r for r in rows if r.violation]
     print(f"{len(rows)} drills, {len(bad)} violation(s)")
     return 1 if bad else 0
+
+
+def _mined(chain, tx: str) -> bool:
+    try:
+        chain.w3.eth.get_transaction_receipt(tx)
+    except Exception:  # noqa: BLE001 - not mined (dropped, reorged out)
+        return False
+    return True
 
 
 if __name__ == "__main__":

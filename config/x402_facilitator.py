@@ -7,9 +7,11 @@ facilitator does: `GET /supported`, `POST /verify`, `POST /settle` (bodies as in
 v2 HTTP transport: {x402Version, paymentPayload, paymentRequirements}). Verification,
 settlement and the `settlement_pending` answer are the SDK's own, unchanged.
 
-One sandbox-only route plays a hosted facilitator's known quirk (DESIGN §11): `POST
+One sandbox-only route plays a hosted facilitator's known quirks (DESIGN §11): `POST
 /_config` {"pending_status": 500} answers `settlement_pending` as HTTP 500 (with the body),
-{"pending_status": 200} restores the SDK's plain 200. Binds 127.0.0.1 only.
+{"pending_status": 200} restores the SDK's plain 200; {"bearer": "<token>"} makes every
+route but /_config require `Authorization: Bearer <token>` (401 otherwise), as a hosted
+facilitator (CDP) requires its bearer JWT; {"bearer": ""} turns it off. Binds 127.0.0.1 only.
 
 The signer key comes from the environment (X402_FACILITATOR_KEY), never an argument.
 Usage: python -m config.x402_facilitator --port P --rpc-url URL --network eip155:31337
@@ -35,6 +37,7 @@ log = logging.getLogger("x402-facilitator")
 
 class _State:
     pending_status = 200
+    bearer = ""
     lock = threading.Lock()
 
 
@@ -64,7 +67,17 @@ def make_handler(facilitator: x402FacilitatorSync):
             length = int(self.headers.get("Content-Length") or 0)
             return json.loads(self.rfile.read(length) or b"{}")
 
+        def _authorized(self) -> bool:
+            with _State.lock:
+                bearer = _State.bearer
+            if bearer and self.headers.get("Authorization") != f"Bearer {bearer}":
+                self._answer(401, {"error": "unauthorized"})
+                return False
+            return True
+
         def do_GET(self):
+            if not self._authorized():
+                return None
             if self.path == "/supported":
                 return self._answer(200, facilitator.get_supported().model_dump(
                     by_alias=True, exclude_none=True))
@@ -78,7 +91,11 @@ def make_handler(facilitator: x402FacilitatorSync):
             if self.path == "/_config":
                 with _State.lock:
                     _State.pending_status = int(body.get("pending_status", _State.pending_status))
-                return self._answer(200, {"pending_status": _State.pending_status})
+                    _State.bearer = str(body.get("bearer", _State.bearer))
+                return self._answer(200, {"pending_status": _State.pending_status,
+                                          "auth": bool(_State.bearer)})
+            if not self._authorized():
+                return None
             if self.path not in ("/verify", "/settle"):
                 return self._answer(404, {"error": "not_found"})
             try:

@@ -549,10 +549,11 @@ class DeliverableApi(ApiView):
         responses={**_ok(200, DeliverableOut, "Deliverable"),
                    **_ok(202, DeliverablePendingOut, "x402: preparing, or waiting for the "
                                                      "chain"),
-                   **_problems(402, 409, 422, s402="payment_required / payment_failed (x402)",
+                   **_problems(402, 409, 503, s402="payment_required / payment_failed / "
+                                              "payment_requirements_mismatch / "
+                                              "authorization_expires_too_soon (x402)",
                                s409="payment_unresolved / already_paid / authorization_reused",
-                               s422="payment_requirements_mismatch / "
-                                    "authorization_expires_too_soon")})
+                               s503="chain_unreachable (x402: nothing charged)")})
     def get(self, request, purchase_id: str):
         purchase = _purchase_or_404(request, purchase_id)
         from recovery.selectors import deliverable_for

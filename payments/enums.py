@@ -187,6 +187,9 @@ class Reason(models.TextChoices):
     # x402 (DESIGN §4): the chain proves the authorization can no longer move money.
     AUTHORIZATION_EXPIRED = "authorization_expired"
     AUTHORIZATION_CANCELED = "authorization_canceled"
+    # x402 (issue 31): the payer's nonce was used by a transaction that paid Verity nothing
+    # (EIP-3009 nonces are shared by all of the payer's transfers): never a payment.
+    AUTHORIZATION_USED_ELSEWHERE = "authorization_used_elsewhere"
     # x402: the facilitator's verify refused the authorization (invalid_* reasons).
     AUTHORIZATION_INVALID = "authorization_invalid"
     INSUFFICIENT_BALANCE = "insufficient_balance"

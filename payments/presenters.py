@@ -368,6 +368,15 @@ def _payment_summary(payment: PaymentOperation | None) -> dict | None:
     return summary
 
 
+def _unix_iso(seconds: int) -> str | None:
+    """A chain timestamp as ISO 8601; None when no datetime can hold it (a buyer-chosen
+    uint256 stored before issue 31 bounded it: year >= 10000 must not break a view)."""
+    try:
+        return _iso(datetime.fromtimestamp(seconds, dt_timezone.utc))
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 def x402_view(op: PaymentOperation) -> dict | None:
     """x402: network, payer, transaction hash and confirmations (the chain's last word)."""
     if op.rail != "x402":
@@ -383,7 +392,7 @@ def x402_view(op: PaymentOperation) -> dict | None:
         return None
     return {"network": auth.network, "payer": auth.payer,
             "transaction": auth.transaction_hash or None, "confirmations": auth.confirmations,
-            "valid_before": _iso(datetime.fromtimestamp(auth.valid_before, dt_timezone.utc)),
+            "valid_before": _unix_iso(auth.valid_before),
             "payment_identifier": auth.payment_identifier or None}
 
 

@@ -14,7 +14,8 @@ from rest_framework.response import Response
 from . import selectors
 from .enums import PAYMENT_KINDS, Outcome, Owner, Rail, RetryAdvice
 from .models import PaymentOperation, Purchase
-from .problems import Problem
+from .errors import DomainError
+from .problems import Problem, problem_from_domain_error
 from .providers.x402 import (
     PAYMENT_REQUIRED_HEADER,
     PAYMENT_RESPONSE_HEADER,
@@ -95,7 +96,19 @@ def _answer(request, purchase: Purchase, op: PaymentOperation, *, replayed: bool
 
 
 def deliverable_pay(request, purchase: Purchase, header: str) -> Response:
-    result = x402_pay(purchase_id=purchase.id, api_client=request.auth, header=header)
+    try:
+        result = x402_pay(purchase_id=purchase.id, api_client=request.auth, header=header)
+    except DomainError as exc:
+        if exc.status != 402:
+            raise
+        # A payment that cannot pay this resource: 402 with PAYMENT-REQUIRED carrying the
+        # spec's reason (x402 v2 HTTP transport), Verity's code and words in the body.
+        problem = problem_from_domain_error(exc)
+        problem.headers.update({
+            PAYMENT_REQUIRED_HEADER: _required(request, purchase,
+                                               error=str(exc.extra.get("error") or exc.code)),
+            _EXPOSE: PAYMENT_REQUIRED_HEADER})
+        raise problem from exc
     return _answer(request, purchase, result.operation, replayed=result.replayed)
 
 

@@ -96,55 +96,157 @@ def _refuse(code: str, detail: str, *, status: int = 422, purchase: str | None =
                        owner=Owner.BUYER, purchase=purchase, operation=operation)
 
 
+def _refuse_payment(code: str, x402_error: str, detail: str, *, purchase: str) -> DomainError:
+    """A payment that cannot pay this resource: 402 with PAYMENT-REQUIRED, as the x402 v2
+    HTTP transport answers it (payments.x402_apis adds the header). `x402_error` is the
+    spec's/SDK's reason (x402.mechanisms.evm.constants), `code` Verity's stable word."""
+    return DomainError(code, f"{detail} Nothing was charged; sign a new authorization from "
+                       "PAYMENT-REQUIRED.", status=402, retry=RetryAdvice.NEW_OPERATION,
+                       owner=Owner.BUYER, purchase=purchase, extra={"error": x402_error})
+
+
+# The x402 SDK's reason codes (x402.mechanisms.evm.constants, the spec's error reasons).
+ERR_UNSUPPORTED_SCHEME = "unsupported_scheme"
+ERR_NETWORK_MISMATCH = "network_mismatch"
+ERR_NO_MATCHING_REQUIREMENTS = "No matching payment requirements"  # the SDK server's words
+ERR_RECIPIENT_MISMATCH = "invalid_exact_evm_payload_recipient_mismatch"
+ERR_VALUE_MISMATCH = "invalid_exact_evm_payload_authorization_value_mismatch"
+ERR_VALID_BEFORE = "invalid_exact_evm_payload_authorization_valid_before"
+ERR_VALID_AFTER = "invalid_exact_evm_payload_authorization_valid_after"
+ERR_NONCE_USED = "invalid_exact_evm_nonce_already_used"
+ERR_INSUFFICIENT_BALANCE = "invalid_exact_evm_insufficient_balance"
+ERR_SIGNATURE = "invalid_exact_evm_payload_signature"
+
+# A buyer's clock may run ahead of Verity's; the SDK client signs validBefore = now +
+# maxTimeoutSeconds. Beyond that (plus this) the buyer would choose how long Verity's
+# operation stays unresolved and leave a usable authorization behind a failure (issue 31).
+VALID_BEFORE_SKEW_SECONDS = 60
+# The EIP-3009 transfer method: the only one Verity checks and settles.
+_EIP3009 = "eip3009"
+
+
 def _check_against_requirements(purchase: Purchase, signed: adapter.SignedPayment) -> None:
     """Everything Verity can check itself before anything is stored or sent."""
     req = x402_requirements(purchase)
     acc = signed.accepted
-    same = (acc.get("scheme") == req["scheme"] and acc.get("network") == req["network"]
-            and str(acc.get("asset", "")).lower() == req["asset"].lower()
-            and str(acc.get("payTo", "")).lower() == req["payTo"].lower()
-            and str(acc.get("amount")) == req["amount"])
-    if not same or signed.to.lower() != req["payTo"].lower() or signed.value != req["amount"]:
-        raise _refuse("payment_requirements_mismatch", "The payment does not match this "
-                      "purchase's requirements (scheme, network, asset, pay_to, amount); "
-                      "nothing was charged.", purchase=purchase.id)
+    refuse = lambda code, error, detail: _refuse_payment(code, error, detail,  # noqa: E731
+                                                         purchase=purchase.id)
+    if acc.get("scheme") != req["scheme"]:
+        raise refuse("payment_requirements_mismatch", ERR_UNSUPPORTED_SCHEME,
+                     "Only the exact scheme is accepted.")
+    if acc.get("network") != req["network"]:
+        raise refuse("payment_requirements_mismatch", ERR_NETWORK_MISMATCH,
+                     f"Only {req['network']} is accepted.")
+    method = (acc.get("extra") or {}).get("assetTransferMethod", _EIP3009)
+    if (str(acc.get("asset", "")).lower() != req["asset"].lower()
+            or str(acc.get("payTo", "")).lower() != req["payTo"].lower()
+            or str(acc.get("amount")) != req["amount"] or method != _EIP3009):
+        # A Permit2 transfer method would make the facilitator settle something Verity
+        # never checked: only EIP-3009 is accepted.
+        raise refuse("payment_requirements_mismatch", ERR_NO_MATCHING_REQUIREMENTS,
+                     "The payment does not match this purchase's requirements (scheme, "
+                     "network, asset, pay_to, amount, EIP-3009 transfer method).")
+    if signed.to.lower() != req["payTo"].lower():
+        raise refuse("payment_requirements_mismatch", ERR_RECIPIENT_MISMATCH,
+                     "The authorization does not pay this purchase's pay_to.")
+    if signed.value != req["amount"]:
+        raise refuse("payment_requirements_mismatch", ERR_VALUE_MISMATCH,
+                     "The authorization's value is not this purchase's amount.")
     now = int(time.time())
     if signed.valid_before < now + settings.X402_MIN_VALIDITY_SECONDS:
-        raise _refuse("authorization_expires_too_soon", "The authorization expires too soon "
-                      "to be settled; sign a new one. Nothing was charged.",
-                      purchase=purchase.id)
+        raise refuse("authorization_expires_too_soon", ERR_VALID_BEFORE,
+                     "The authorization expires too soon to be settled.")
+    if signed.valid_before > now + int(req["maxTimeoutSeconds"]) + VALID_BEFORE_SKEW_SECONDS:
+        # Expiry is Verity's only "provably not paid" verdict: the buyer may not push it
+        # beyond the requirement's maxTimeoutSeconds.
+        raise refuse("authorization_expires_too_late", ERR_VALID_BEFORE,
+                     f"validBefore lies beyond now + maxTimeoutSeconds "
+                     f"({req['maxTimeoutSeconds']} s).")
     if signed.valid_after > now:
-        raise _refuse("authorization_not_yet_valid", "The authorization is not valid yet; "
-                      "nothing was charged.", purchase=purchase.id)
+        raise refuse("authorization_not_yet_valid", ERR_VALID_AFTER,
+                     "The authorization is not valid yet.")
 
 
-def _existing(purchase: Purchase, signed: adapter.SignedPayment) -> PaymentOperation | None:
+def _check_on_chain(purchase: Purchase, signed: adapter.SignedPayment) -> int:
+    """Cheap checks before an operation exists and /settle is paid for: the EIP-712 signer
+    recovered locally, then one block's reads of the token (the nonce unused -- EIP-3009
+    nonces are the payer's, any transfer of theirs may have spent it --, the balance).
+    Returns the block at which the nonce was read unused: the log search starts there."""
+    signer_ok = adapter.signature_matches(signed, chain_id=_chain_id(),
+                                          token_name=settings.X402_TOKEN_NAME,
+                                          token_version=settings.X402_TOKEN_VERSION,
+                                          asset=settings.X402_ASSET)
+    try:
+        seen = adapter.get_chain_reader().precheck(payer=signed.payer, nonce=signed.nonce)
+    except adapter.ChainMismatch as exc:  # a deployment error: nothing stored or sent
+        raise DomainError("chain_mismatch", "The payment rail is misconfigured (its chain is "
+                          "not the one it offers); nothing was charged. Try later.",
+                          status=503, retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT,
+                          purchase=purchase.id, extra={"retry_after": 60}) from exc
+    except Exception as exc:  # noqa: BLE001 - nothing was stored or sent
+        raise DomainError("chain_unreachable", "The chain cannot be read right now; nothing "
+                          "was charged. Send the same PAYMENT-SIGNATURE again later.",
+                          status=503, retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT,
+                          purchase=purchase.id, extra={"retry_after": 5}) from exc
+    try:
+        adapter.get_facilitator().ensure_supported(scheme="exact", network=settings.X402_NETWORK)
+    except adapter.FacilitatorUnsupported as exc:  # a deployment error: nothing stored
+        raise DomainError("facilitator_unsupported", "The payment rail is misconfigured "
+                          "(its facilitator does not take this payment); nothing was "
+                          "charged. Try later.", status=503, retry=RetryAdvice.SAME_KEY,
+                          owner=Owner.SUPPORT, purchase=purchase.id,
+                          extra={"retry_after": 60}) from exc
+    if not signer_ok and not seen.is_contract:
+        # An EOA's signature must recover to it (a contract wallet's is EIP-1271's: the
+        # facilitator's verify judges it).
+        raise _refuse_payment("authorization_invalid", ERR_SIGNATURE,
+                              "The signature is not the payer's.", purchase=purchase.id)
+    if seen.used:
+        raise _refuse_payment("authorization_used", ERR_NONCE_USED,
+                              "This authorization's nonce is already used on chain.",
+                              purchase=purchase.id)
+    if seen.balance < int(signed.value):
+        raise _refuse_payment("insufficient_balance", ERR_INSUFFICIENT_BALANCE,
+                              "The payer's balance does not cover the amount.",
+                              purchase=purchase.id)
+    return seen.block
+
+
+def _chain_id() -> int:
+    return int(settings.X402_NETWORK.split(":", 1)[1])
+
+
+def _existing(purchase: Purchase, signed: adapter.SignedPayment, api_client
+              ) -> PaymentOperation | None:
     """The operation this authorization (or payment identifier) already names, or None;
-    409 when the identity is reused with a different payload."""
+    409 when the identity is reused with a different payload. Ids of another API client's
+    purchase or operation are never shown (the 409 still refuses)."""
     match = Q(payer=signed.payer, nonce=signed.nonce)
     if signed.payment_identifier:
         match |= Q(payment_identifier=signed.payment_identifier)
-    for auth in X402Authorization.objects.filter(match).select_related("operation"):
+    for auth in X402Authorization.objects.filter(match).select_related("operation__purchase"):
         op = auth.operation
+        own = api_client is not None and op.purchase.api_client_id == api_client.id
+        op_id, purchase_id = (op.id, op.purchase_id) if own else (None, purchase.id)
         same_auth = auth.payer == signed.payer and auth.nonce == signed.nonce
         if same_auth and auth.signature_hash != signed.signature_hash:
             raise _refuse("authorization_reused", "This authorization nonce was already "
                           "used with a different signature.", status=409,
-                          purchase=op.purchase_id, operation=op.id)
+                          purchase=purchase_id, operation=op_id)
         if (signed.payment_identifier and auth.payment_identifier == signed.payment_identifier
                 and not same_auth):
             raise _refuse("payment_identifier_reused", "This payment identifier was already "
                           "used with a different payment.", status=409,
-                          purchase=op.purchase_id, operation=op.id)
+                          purchase=purchase_id, operation=op_id)
         if op.purchase_id != purchase.id:
             raise _refuse("authorization_reused", "This authorization already pays another "
-                          "purchase.", status=409, purchase=purchase.id, operation=op.id)
+                          "purchase.", status=409, purchase=purchase.id, operation=op_id)
         return op
     return None
 
 
-def _phase1(*, purchase: Purchase, api_client, signed: adapter.SignedPayment
-            ) -> tuple[PaymentOperation, ProviderCall | None]:
+def _phase1(*, purchase: Purchase, api_client, signed: adapter.SignedPayment,
+            checked_block: int | None = None) -> tuple[PaymentOperation, ProviderCall | None]:
     last_failed = (purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.FAILED)
                    .exclude(retried_by__isnull=False).order_by("-created_at").first())
     if last_failed is not None:
@@ -161,9 +263,16 @@ def _phase1(*, purchase: Purchase, api_client, signed: adapter.SignedPayment
                 pay_to=settings.X402_PAY_TO, payer=signed.payer, nonce=signed.nonce,
                 value=signed.value, valid_after=signed.valid_after,
                 valid_before=signed.valid_before, signature_hash=signed.signature_hash,
-                payload_hash=signed.payload_hash, payment_identifier=signed.payment_identifier)
+                payload_hash=signed.payload_hash, payment_identifier=signed.payment_identifier,
+                settle_answer={"search_from_block": checked_block})
         call = services.operation_claim_write(operation_id=op.id, step=CallStep.SETTLE)
     return PaymentOperation.objects.get(id=op.id), call
+
+
+def _local_network() -> bool:
+    """The throwaway chain of `make run` and tests.stack (X402_LOCAL_CHAIN): nobody else's
+    money moves on it, so the facilitator's word may stand in for the read-back."""
+    return bool(settings.X402_LOCAL_CHAIN)
 
 
 _CLASSIFICATION = {adapter.SettleKind.SUCCESS: Classification.OK,
@@ -175,8 +284,11 @@ _CLASSIFICATION = {adapter.SettleKind.SUCCESS: Classification.OK,
 
 def _answer_object(op: PaymentOperation, answer: adapter.SettleAnswer) -> ProviderObject:
     if answer.kind == adapter.SettleKind.SUCCESS:
-        # The facilitator saw the receipt; more confirmations than one are the chain's word.
-        status = (adapter.ChainStatus.CONFIRMED if settings.X402_CONFIRMATIONS <= 1
+        # The facilitator saw the receipt. On the local chain with one confirmation its
+        # word is enough; elsewhere the chain's read-back decides (the Transfer log to
+        # pay_to, the confirmations): a facilitator is not the proof of money (issue 31).
+        status = (adapter.ChainStatus.CONFIRMED
+                  if settings.X402_CONFIRMATIONS <= 1 and _local_network()
                   else adapter.ChainStatus.PENDING)
     elif answer.kind == adapter.SettleKind.PENDING:
         status = adapter.ChainStatus.PENDING
@@ -193,11 +305,18 @@ def _answer_object(op: PaymentOperation, answer: adapter.SettleAnswer) -> Provid
                           metadata={"operation_id": op.id, "purchase_id": op.purchase_id})
 
 
+def _search_from_block(op: PaymentOperation) -> int | None:
+    auth = X402Authorization.objects.filter(pk=op.id).only("settle_answer").first()
+    return (auth.settle_answer or {}).get("search_from_block") if auth else None
+
+
 def _settle_outside_transaction(op: PaymentOperation, call: ProviderCall,
                                 signed: adapter.SignedPayment, purchase: Purchase) -> None:
     assert_no_transaction_outside_transaction()
-    answer = adapter.get_facilitator().settle(payload=signed.payload,
-                                              requirements=x402_requirements(purchase),
+    requirements = x402_requirements(purchase)
+    answer = adapter.get_facilitator().settle(payload=adapter.forwarded_payload(signed,
+                                                                                requirements),
+                                              requirements=requirements,
                                               payer=signed.payer, nonce=signed.nonce)
     ProviderCall.objects.filter(id=call.id).update(
         http_status=answer.http_status, classification=_CLASSIFICATION[answer.kind],
@@ -205,7 +324,8 @@ def _settle_outside_transaction(op: PaymentOperation, call: ProviderCall,
         finished_at=timezone.now(), safe_fields={**answer.body, "detail": answer.detail})
     # Phase 3. The answer is remembered first (it carries the transaction hash).
     X402Authorization.objects.filter(pk=op.id).update(
-        settle_answer={**answer.body, "kind": answer.kind},
+        settle_answer={**answer.body, "kind": answer.kind,
+                       "search_from_block": _search_from_block(op)},
         transaction_hash=answer.transaction or "")
     obj = _answer_object(op, answer)
     services.operation_apply_observation(operation_id=op.id, obj=obj, source=Verification.PROVIDER,
@@ -239,15 +359,24 @@ def x402_pay(*, purchase_id: str, api_client, header: str) -> X402Result:
     except adapter.PaymentSignatureInvalid as exc:
         raise _refuse("payment_signature_invalid", str(exc), status=400,
                       purchase=purchase.id) from exc
-    existing = _existing(purchase, signed)
+    existing = _existing(purchase, signed, api_client)
     if existing is not None:
         return X402Result(_refreshed(existing), replayed=True)
     _check_against_requirements(purchase, signed)
     try:
-        op, call = _phase1(purchase=purchase, api_client=api_client, signed=signed)
+        checked_block = _check_on_chain(purchase, signed)
+    except DomainError:
+        # Our own settle of a concurrent identical request may have used the nonce since.
+        existing = _existing(purchase, signed, api_client)
+        if existing is not None:
+            return X402Result(_refreshed(existing), replayed=True)
+        raise
+    try:
+        op, call = _phase1(purchase=purchase, api_client=api_client, signed=signed,
+                           checked_block=checked_block)
     except (IntegrityError, DomainError):
         # A concurrent request with the same authorization won the race: replay its state.
-        existing = _existing(purchase, signed)
+        existing = _existing(purchase, signed, api_client)
         if existing is not None:
             return X402Result(_refreshed(existing), replayed=True)
         raise

@@ -26,10 +26,16 @@ def x402_read_back(op: PaymentOperation) -> CallResult:
     auth = X402Authorization.objects.filter(pk=op.id).first()
     if auth is None:  # never persisted: the settle was never called for it
         return CallResult(Classification.NOT_FOUND, detail="no x402 authorization recorded")
+    # Paid only by Transfer(payer -> pay_to, value) in the transaction that used the nonce;
+    # the log search starts where the nonce was read unused before the settle (issue 31).
+    from_block = (auth.settle_answer or {}).get("search_from_block")
     try:
         view = get_chain_reader().read(payer=auth.payer, nonce=auth.nonce,
                                        valid_before=auth.valid_before,
-                                       transaction=auth.transaction_hash)
+                                       transaction=auth.transaction_hash, pay_to=auth.pay_to,
+                                       value=int(auth.value),
+                                       from_block=from_block if isinstance(from_block, int)
+                                       else None)
     except Exception as exc:  # noqa: BLE001 - an unreachable chain is absence of evidence
         return CallResult(Classification.UNKNOWN, detail=f"chain read failed: {exc}"[:200])
     X402Authorization.objects.filter(pk=op.id).update(

@@ -150,7 +150,7 @@ class Stack:
         self.procs.append(proc)
         _wait_port(fport, proc=proc)
         self.env.update({
-            "X402_ENABLED": "true", "X402_RPC_URL": rpc,
+            "X402_ENABLED": "true", "X402_LOCAL_CHAIN": "true", "X402_RPC_URL": rpc,
             "X402_FACILITATOR_URL": f"http://127.0.0.1:{fport}",
             "X402_NETWORK": info["network"], "X402_ASSET": info["asset"],
             "X402_PAY_TO": pay_to, "X402_TOKEN_NAME": info["token_name"],

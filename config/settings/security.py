@@ -1,14 +1,62 @@
 """Start-up refusals (issue 25 #8, issue 15): settings that would be unsafe in production
 stop the process at import, with a message naming the variable to set. Development is
 DEBUG on (`make run`, compose); the test stack sets its own key and mail backend."""
+import hashlib
+from urllib.parse import urlsplit
+
 from django.core.exceptions import ImproperlyConfigured
 
 from .base import DEBUG, SECRET_KEY
 from .provider import STRIPE_API_BASE, STRIPE_API_KEY
 from .queue import EMAIL_BACKEND
+from .x402 import (
+    X402_ASSET,
+    X402_ENABLED,
+    X402_FACILITATOR_URL,
+    X402_NETWORK,
+    X402_PAY_TO,
+    X402_REFUND_PRIVATE_KEY,
+)
 
 DEFAULT_SECRET_KEY = "dev-insecure-secret-key-change-me"
 CONSOLE_EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+
+# x402 (issue 31 #4): `make run`'s throwaway chain. Its keys are derived from public labels
+# (config.x402_chain.local_key), so on any other network they are anyone's: its pay_to,
+# token and refund key (as a SHA-256, never the key) must never reach a real network.
+# tests/security/test_startup_refusals.py checks these against config.x402_chain.
+LOCAL_X402_NETWORK = "eip155:31337"
+MAKE_RUN_X402_ADDRESSES = frozenset({
+    "0xc656a39478289cfa73689e64b61c9c57d16d40b3",  # pay_to (and the refund signer)
+    "0xe7f1725e7734ce288f8367e1bb143e90bb3f0512",  # the token anvil's admin deploys
+})
+MAKE_RUN_X402_KEY_SHA256 = frozenset({
+    "6ddcd8a3bcfc229711d38a70a18c2cd4d500df17e8c299358d4e2402631a4772",
+})
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.lower().removeprefix("0x").encode()).hexdigest()
+
+
+def x402_refusals(*, enabled: bool, network: str, pay_to: str, asset: str, refund_key: str,
+                  facilitator_url: str) -> list[str]:
+    if not enabled:
+        return []
+    found = []
+    if network != LOCAL_X402_NETWORK:
+        used = sorted({pay_to.lower(), asset.lower()} & MAKE_RUN_X402_ADDRESSES)
+        if used or (refund_key and key_digest(refund_key) in MAKE_RUN_X402_KEY_SHA256):
+            found.append(f"X402_NETWORK is {network!r} but X402_PAY_TO / X402_ASSET / "
+                         "X402_REFUND_PRIVATE_KEY are `make run`'s throwaway-chain values "
+                         f"({', '.join(used) or 'the refund key'}): anyone can derive their "
+                         "keys; set this network's own")
+    parts = urlsplit(facilitator_url)
+    if parts.scheme != "https" and parts.hostname not in _LOOPBACK:
+        found.append(f"X402_FACILITATOR_URL {facilitator_url!r} is a remote facilitator "
+                     "without TLS: payment authorizations would travel in clear; use https://")
+    return found
 
 
 def refusals(*, debug: bool, secret_key: str, stripe_api_key: str,
@@ -30,5 +78,8 @@ def refusals(*, debug: bool, secret_key: str, stripe_api_key: str,
 
 _refused = refusals(debug=DEBUG, secret_key=SECRET_KEY, stripe_api_key=STRIPE_API_KEY,
                     stripe_api_base=STRIPE_API_BASE, email_backend=EMAIL_BACKEND)
+_refused += x402_refusals(enabled=X402_ENABLED, network=X402_NETWORK, pay_to=X402_PAY_TO,
+                          asset=X402_ASSET, refund_key=X402_REFUND_PRIVATE_KEY,
+                          facilitator_url=X402_FACILITATOR_URL)
 if _refused:
     raise ImproperlyConfigured("Verity refuses to start: " + "; ".join(_refused))

@@ -21,6 +21,9 @@ X402_MIN_VALIDITY_SECONDS = env.int("X402_MIN_VALIDITY_SECONDS", default=30)
 # A transfer counts as succeeded once its block has this many confirmations.
 X402_CONFIRMATIONS = env.int("X402_CONFIRMATIONS", default=1)
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT", default=30.0)
+# A hosted facilitator's credential (e.g. the CDP facilitator's bearer JWT), sent as
+# `Authorization: Bearer ...` on /supported, /settle. Secret: environment only.
+X402_FACILITATOR_AUTH_TOKEN = env("X402_FACILITATOR_AUTH_TOKEN", default="")
 # Where the console links a transaction hash ({tx} is replaced); empty: no link.
 X402_EXPLORER_TX_URL = env("X402_EXPLORER_TX_URL", default="")
 # How far back (blocks) the AuthorizationUsed log search looks; 0 = from genesis.

@@ -45,6 +45,9 @@ from x402.extensions.payment_identifier import (  # noqa: E402
     declare_payment_identifier_extension,
     extract_payment_identifier,
 )
+from x402.mechanisms.evm.eip712 import hash_eip3009_authorization  # noqa: E402
+from x402.mechanisms.evm.types import ExactEIP3009Authorization  # noqa: E402
+from x402.mechanisms.evm.verify import verify_eoa_signature  # noqa: E402
 from x402.schemas import (  # noqa: E402
     PaymentPayload,
     PaymentRequired,
@@ -54,7 +57,7 @@ from x402.schemas import (  # noqa: E402
 
 sys.setrecursionlimit(_RECURSION_LIMIT)
 
-from payments.enums import Classification  # noqa: E402
+from payments.enums import Classification, Reason  # noqa: E402
 
 from .base import CallResult, ProviderObject  # noqa: E402
 
@@ -73,6 +76,14 @@ class ChainStatus:
     INVALID = "invalid"
     UNKNOWN = "unknown"
     UNUSED = "unused"  # the authorization is still usable: no verdict
+    # The payer's nonce was used by a transaction that moved nothing to pay_to (EIP-3009
+    # nonces are the payer's, shared by every transfer/receive/cancel on the token): the
+    # authorization to Verity can never move money. Applied as `invalid` with the stable
+    # reason USED_ELSEWHERE_REASON (payments.providers.base knows only the chain words).
+    USED_ELSEWHERE = "used_elsewhere"
+
+
+USED_ELSEWHERE_REASON = Reason.AUTHORIZATION_USED_ELSEWHERE.value
 
 
 class SettleKind:
@@ -141,6 +152,10 @@ def classify_settle(status: int | None, body: dict | None) -> SettleAnswer:
                   body=safe)
     if status == 200 and body.get("success") is True and tx:
         return SettleAnswer(SettleKind.SUCCESS, **common)
+    if status in (401, 403) and not tx:
+        # The credential was refused: the facilitator did nothing with the payload.
+        return SettleAnswer(SettleKind.NOT_SENT, detail=f"facilitator refused the "
+                            f"credential ({status})", **common)
     # Pending is pending whatever the status line says (one hosted facilitator sends 500).
     if reason == "settlement_pending" and tx:
         return SettleAnswer(SettleKind.PENDING, **common)
@@ -151,12 +166,48 @@ def classify_settle(status: int | None, body: dict | None) -> SettleAnswer:
     return SettleAnswer(SettleKind.UNKNOWN, **common)
 
 
+class FacilitatorUnsupported(RuntimeError):
+    """The facilitator's /supported does not list the configured scheme and network."""
+
+
 class FacilitatorClient:
-    def __init__(self, *, base_url: str, timeout: float) -> None:
+    def __init__(self, *, base_url: str, timeout: float, auth_token: str = "") -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.auth_token = auth_token
         self._drills: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._supported: set[tuple[str, str]] = set()
+
+    def _headers(self) -> dict:
+        # A hosted facilitator authenticates every call (the CDP facilitator: a bearer JWT).
+        return {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
+
+    def ensure_supported(self, *, scheme: str, network: str) -> None:
+        """Once per process: the facilitator's /supported lists (x402 v2, scheme, network).
+        Raises FacilitatorUnsupported on a definite "no" (or a refused credential); an
+        unreachable facilitator is left to the settle's own classification."""
+        if (scheme, network) in self._supported:
+            return
+        try:
+            resp = requests.get(f"{self.base_url}/supported", headers=self._headers(),
+                                timeout=(3.0, 10.0))
+        except requests.exceptions.RequestException:
+            return
+        if resp.status_code in (401, 403):
+            raise FacilitatorUnsupported(f"the facilitator refused Verity's credential "
+                                         f"({resp.status_code}): X402_FACILITATOR_AUTH_TOKEN")
+        try:
+            kinds = resp.json().get("kinds") or []
+        except (ValueError, AttributeError):
+            return
+        if resp.status_code != 200:
+            return
+        if not any(k.get("scheme") == scheme and k.get("network") == network
+                   and k.get("x402Version") == 2 for k in kinds if isinstance(k, dict)):
+            raise FacilitatorUnsupported(f"the facilitator does not support {scheme} on "
+                                         f"{network} (x402 v2)")
+        self._supported.add((scheme, network))
 
     # -- fault drills (test mode) ---------------------------------------------------
     def arm_drill(self, *, payer: str, nonce: str, mode: str) -> None:
@@ -177,7 +228,7 @@ class FacilitatorClient:
         drill = self._take_drill(payer, nonce)
         body = {"x402Version": 2, "paymentPayload": payload, "paymentRequirements": requirements}
         try:
-            resp = requests.post(f"{self.base_url}/settle", json=body,
+            resp = requests.post(f"{self.base_url}/settle", json=body, headers=self._headers(),
                                  timeout=(3.0, self.timeout))
         except requests.exceptions.ConnectTimeout as exc:
             return SettleAnswer(SettleKind.NOT_SENT, detail=f"connect timeout: {exc}"[:200])
@@ -246,6 +297,37 @@ class ChainView:
                 "receipt_status": self.receipt_status}
 
 
+class ChainMismatch(RuntimeError):
+    """The RPC's chain id is not X402_NETWORK's."""
+
+
+@dataclass(frozen=True)
+class Precheck:
+    """The chain's cheap answers about an authorization before anything is stored."""
+
+    block: int
+    used: bool
+    balance: int
+    is_contract: bool
+
+
+# How far below the block at which a nonce was read unused the log search starts: deeper
+# than any reorg Verity waits out (X402_CONFIRMATIONS), so the log of a reorged use is found.
+SEARCH_REORG_MARGIN_BLOCKS = 256
+_TRANSFER_TOPIC = "0x" + Web3.keccak(
+    text="Transfer(address,address,uint256)").hex().removeprefix("0x")
+
+
+def transfer_logs(logs, *, asset: str, sender: str, to: str, value: int) -> list:
+    """The asset's Transfer(sender -> to, value) entries among a receipt's logs."""
+    return [entry for entry in logs
+            if entry["address"].lower() == asset.lower()
+            and _hex(entry["topics"][0]) == _TRANSFER_TOPIC
+            and _hex(entry["topics"][1])[-40:] == sender.lower()[2:]
+            and _hex(entry["topics"][2])[-40:] == to.lower()[2:]
+            and int(_hex(entry["data"]), 16) == value]
+
+
 def _hex(value) -> str:
     if isinstance(value, (bytes, bytearray)):
         return "0x" + bytes(value).hex()
@@ -255,26 +337,75 @@ def _hex(value) -> str:
 
 class ChainReader:
     def __init__(self, *, rpc_url: str, asset: str, confirmations: int,
-                 lookback_blocks: int = 0) -> None:
+                 lookback_blocks: int = 0, network: str = "") -> None:
         self.w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 10}))
+        self.rpc_url = rpc_url
         self.asset = Web3.to_checksum_address(asset) if asset else ""
         self.confirmations = max(1, confirmations)
         self.lookback = lookback_blocks
+        self.network = network
+        self._chain_checked = False
+
+    def _check_chain(self) -> None:
+        """The RPC serves X402_NETWORK's chain (issue 31 #4): another chain's "unused,
+        expired" would fail a real payment, its balance would pass an unfunded one.
+        Raises ChainMismatch (a read error: no verdict, nothing settled)."""
+        if self._chain_checked or not self.network.startswith("eip155:"):
+            return
+        expected = int(self.network.split(":", 1)[1])
+        actual = int(self.w3.eth.chain_id)
+        if actual != expected:
+            raise ChainMismatch(f"X402_RPC_URL serves chain {actual}, X402_NETWORK is "
+                                f"{self.network}")
+        self._chain_checked = True
 
     def _token(self):
         return self.w3.eth.contract(address=self.asset, abi=_TOKEN_ABI)
 
-    def _auth_log(self, event: str, payer: str, nonce: str, latest: int) -> dict | None:
+    def _auth_log(self, event: str, payer: str, nonce: str, latest: int,
+                  from_block: int | None = None) -> dict | None:
         sig = Web3.keccak(text=f"{event}(address,bytes32)")
         topics = [_hex(sig), "0x" + "0" * 24 + payer.lower()[2:], nonce.lower()]
-        start = max(0, latest - self.lookback) if self.lookback else 0
+        if from_block is not None:
+            # Bounded by the operation: the nonce was read unused at that block before the
+            # settle (public RPCs refuse a search from block 0). A reorg margin below it.
+            start = max(0, from_block - SEARCH_REORG_MARGIN_BLOCKS)
+        else:
+            start = max(0, latest - self.lookback) if self.lookback else 0
         logs = self.w3.eth.get_logs({"address": self.asset, "fromBlock": start,
                                      "toBlock": latest, "topics": topics})
         return logs[-1] if logs else None
 
-    def read(self, *, payer: str, nonce: str, valid_before: int, transaction: str = ""
+    def paid_in(self, transaction: str, *, payer: str, pay_to: str, value: int) -> bool:
+        """The transaction's receipt carries the asset's Transfer(payer -> pay_to, value):
+        the only proof that Verity was paid (the same test as the refund reader's)."""
+        receipt = self.w3.eth.get_transaction_receipt(transaction)
+        return int(receipt["status"]) == 1 and bool(transfer_logs(
+            receipt["logs"], asset=self.asset, sender=payer, to=pay_to, value=value))
+
+    def precheck(self, *, payer: str, nonce: str) -> Precheck:
+        """Before an operation exists: the latest block, whether the payer's nonce is
+        already used, the payer's balance and whether the payer is a contract (its
+        signature is then EIP-1271's to judge, not ecrecover's). Raises on RPC failure."""
+        self._check_chain()
+        payer = Web3.to_checksum_address(payer)
+        latest = int(self.w3.eth.block_number)
+        token = self._token()
+        used = bool(token.functions.authorizationState(
+            payer, bytes.fromhex(nonce[2:])).call(block_identifier=latest))
+        balance = int(token.functions.balanceOf(payer).call(block_identifier=latest))
+        is_contract = len(self.w3.eth.get_code(payer, block_identifier=latest)) > 0
+        return Precheck(block=latest, used=used, balance=balance, is_contract=is_contract)
+
+    def read(self, *, payer: str, nonce: str, valid_before: int, transaction: str = "",
+             pay_to: str = "", value: int | None = None, from_block: int | None = None
              ) -> ChainView:
-        """Raises on RPC failure (the caller records an unknown read, never a verdict)."""
+        """Raises on RPC failure (the caller records an unknown read, never a verdict).
+
+        A used nonce is a payment only when the transaction that used it carries the
+        Transfer(payer -> pay_to, value) log: the nonce may have been spent on any other
+        transfer of the payer's (issue 31)."""
+        self._check_chain()
         payer = Web3.to_checksum_address(payer)
         latest_block = self.w3.eth.get_block("latest")
         latest, chain_time = int(latest_block["number"]), int(latest_block["timestamp"])
@@ -290,15 +421,25 @@ class ChainReader:
         common = dict(authorization_state=used, chain_time=chain_time,
                       receipt_status=receipt_status)
         if used:
-            found = self._auth_log("AuthorizationUsed", payer, nonce, latest)
+            found = self._auth_log("AuthorizationUsed", payer, nonce, latest, from_block)
             if found is not None:
                 block = int(found["blockNumber"])
                 confs = latest - block + 1
+                used_by = _hex(found["transactionHash"])
+                if pay_to and value is not None and not self.paid_in(
+                        used_by, payer=payer, pay_to=pay_to, value=value):
+                    # Spent on another transfer. A verdict only once that block is as
+                    # deep as a payment would have to be: a reorg could free the nonce.
+                    status = (ChainStatus.USED_ELSEWHERE if confs >= self.confirmations
+                              else ChainStatus.PENDING)
+                    # The other transaction's block is not this payment's: none is shown.
+                    return ChainView(status, transaction=transaction, **common)
                 status = (ChainStatus.CONFIRMED if confs >= self.confirmations
                           else ChainStatus.PENDING)
-                return ChainView(status, transaction=_hex(found["transactionHash"]),
-                                 block_number=block, confirmations=confs, **common)
-            if self._auth_log("AuthorizationCanceled", payer, nonce, latest) is not None:
+                return ChainView(status, transaction=used_by, block_number=block,
+                                 confirmations=confs, **common)
+            if self._auth_log("AuthorizationCanceled", payer, nonce, latest,
+                              from_block) is not None:
                 return ChainView(ChainStatus.CANCELED, transaction=transaction, **common)
             # Used, but the log lies outside the lookback window: the signed transfer
             # happened somewhere; wait for a person or a wider search, never failed.
@@ -325,8 +466,10 @@ def transfer_object(*, view: ChainView, operation_id: str, purchase_id: str, amo
                     currency: str) -> ProviderObject:
     """A chain view as the provider-neutral object the one observation function applies."""
     failure = {ChainStatus.EXPIRED: "authorization_expired",
-               ChainStatus.CANCELED: "authorization_canceled"}.get(view.status, "")
-    return ProviderObject(OBJECT_TYPE, id=view.transaction, status=view.status, amount=amount,
+               ChainStatus.CANCELED: "authorization_canceled",
+               ChainStatus.USED_ELSEWHERE: USED_ELSEWHERE_REASON}.get(view.status, "")
+    status = ChainStatus.INVALID if view.status == ChainStatus.USED_ELSEWHERE else view.status
+    return ProviderObject(OBJECT_TYPE, id=view.transaction, status=status, amount=amount,
                           currency=currency, failure_code=failure,
                           metadata={"operation_id": operation_id, "purchase_id": purchase_id})
 
@@ -646,9 +789,12 @@ _lock = threading.Lock()
 def get_facilitator() -> FacilitatorClient:
     global _facilitator
     with _lock:
-        if _facilitator is None or _facilitator.base_url != settings.X402_FACILITATOR_URL.rstrip("/"):
+        if (_facilitator is None
+                or _facilitator.base_url != settings.X402_FACILITATOR_URL.rstrip("/")
+                or _facilitator.auth_token != settings.X402_FACILITATOR_AUTH_TOKEN):
             _facilitator = FacilitatorClient(base_url=settings.X402_FACILITATOR_URL,
-                                             timeout=settings.X402_FACILITATOR_TIMEOUT)
+                                             timeout=settings.X402_FACILITATOR_TIMEOUT,
+                                             auth_token=settings.X402_FACILITATOR_AUTH_TOKEN)
         return _facilitator
 
 
@@ -657,10 +803,13 @@ def get_chain_reader() -> ChainReader:
     global _reader
     with _lock:
         if (_reader is None or _reader.confirmations != max(1, settings.X402_CONFIRMATIONS)
-                or _reader.asset.lower() != (settings.X402_ASSET or "").lower()):
+                or _reader.asset.lower() != (settings.X402_ASSET or "").lower()
+                or _reader.network != settings.X402_NETWORK
+                or _reader.rpc_url != settings.X402_RPC_URL):
             _reader = ChainReader(rpc_url=settings.X402_RPC_URL, asset=settings.X402_ASSET,
                                   confirmations=settings.X402_CONFIRMATIONS,
-                                  lookback_blocks=settings.X402_LOG_LOOKBACK_BLOCKS)
+                                  lookback_blocks=settings.X402_LOG_LOOKBACK_BLOCKS,
+                                  network=settings.X402_NETWORK)
         return _reader
 
 
@@ -693,6 +842,54 @@ class SignedPayment:
     signature_hash: str
     payload_hash: str
     payment_identifier: str
+    signature: str = ""
+
+
+_PAYLOAD_KEYS = {"authorization", "signature"}
+_AUTH_KEYS = {"from", "to", "value", "validAfter", "validBefore", "nonce"}
+
+
+def _uint256(raw) -> int:
+    """EIP-3009's uint256 fields: a decimal integer (string or number) in range."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+        raise ValueError("not an integer")
+    value = int(raw)
+    if not 0 <= value < 2**256:
+        raise ValueError("out of uint256 range")
+    return value
+
+
+def forwarded_payload(signed: SignedPayment, requirements: dict) -> dict:
+    """The PaymentPayload the facilitator settles: rebuilt from what Verity checked (the
+    authorization's six fields, the signature, Verity's own requirements as `accepted`),
+    never the buyer's document as sent."""
+    auth = signed.payload["payload"]["authorization"]
+    out = {"x402Version": 2, "accepted": requirements,
+           "payload": {"authorization": {k: auth[k] for k in sorted(_AUTH_KEYS)},
+                       "signature": signed.signature}}
+    if signed.payload.get("resource"):
+        out["resource"] = signed.payload["resource"]
+    return out
+
+
+def signature_matches(signed: SignedPayment, *, chain_id: int, token_name: str,
+                      token_version: str, asset: str) -> bool:
+    """The EIP-712 TransferWithAuthorization signature recovers to `from` (an EOA's
+    signature). False for anything else, including a contract wallet's (EIP-1271/6492),
+    which only the chain can judge."""
+    try:
+        sig = bytes.fromhex(signed.signature[2:])
+        if len(sig) != 65:
+            return False
+        digest = hash_eip3009_authorization(
+            ExactEIP3009Authorization(
+                from_address=signed.payer, to=signed.to, value=signed.value,
+                valid_after=str(signed.valid_after), valid_before=str(signed.valid_before),
+                nonce=signed.nonce),
+            chain_id, Web3.to_checksum_address(asset), token_name, token_version)
+        return verify_eoa_signature(digest, sig, signed.payer)
+    except Exception:  # noqa: BLE001 - unrecoverable: not an EOA's signature of this
+        return False
 
 
 def requirements_for(*, amount_atomic: int, network: str, asset: str, pay_to: str,
@@ -735,11 +932,18 @@ def parse_payment_signature(header: str) -> SignedPayment:
     inner = payload.payload or {}
     auth = inner.get("authorization") or {}
     signature = str(inner.get("signature") or "")
+    # Exactly what Verity checks and nothing beside it: a Permit2 authorization next to the
+    # EIP-3009 one would be settled as Permit2 by the facilitator (issue 31).
+    if set(inner) != _PAYLOAD_KEYS or not isinstance(auth, dict) or set(auth) != _AUTH_KEYS:
+        raise PaymentSignatureInvalid("the payload must be exactly an EIP-3009 authorization "
+                                      "(authorization: from, to, value, validAfter, "
+                                      "validBefore, nonce; signature) and nothing else")
     try:
         payer = Web3.to_checksum_address(auth["from"])
         to = Web3.to_checksum_address(auth["to"])
-        value = str(int(auth["value"]))
-        valid_after, valid_before = int(auth["validAfter"]), int(auth["validBefore"])
+        value = str(_uint256(auth["value"]))
+        valid_after = _uint256(auth["validAfter"])
+        valid_before = _uint256(auth["validBefore"])
         nonce = str(auth["nonce"]).lower()
         if not (nonce.startswith("0x") and len(nonce) == 66):
             raise ValueError("nonce")
@@ -758,6 +962,7 @@ def parse_payment_signature(header: str) -> SignedPayment:
     canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":")).encode()
     return SignedPayment(
         payload=dumped, accepted=dumped["accepted"], payer=payer, to=to, value=value,
+        signature=signature,
         valid_after=valid_after, valid_before=valid_before, nonce=nonce,
         signature_hash=hashlib.sha256(signature.lower().encode()).hexdigest(),
         payload_hash=hashlib.sha256(canonical).hexdigest(),

@@ -88,6 +88,7 @@ _FAIL_REASONS = {"card_declined": Reason.CARD_DECLINED, "generic_decline": Reaso
                  # x402 (payments.providers.x402): stable reasons, passed through
                  **{r.value: r for r in (Reason.AUTHORIZATION_EXPIRED,
                                          Reason.AUTHORIZATION_CANCELED,
+                                         Reason.AUTHORIZATION_USED_ELSEWHERE,
                                          Reason.AUTHORIZATION_INVALID,
                                          Reason.INSUFFICIENT_BALANCE,
                                          Reason.PROVIDER_UNREACHABLE)}}

@@ -41,3 +41,43 @@ def test_console_email_backend_with_debug_off_refuses_to_start():
     result = _check(SECRET_KEY=STRONG_KEY)  # EMAIL_BACKEND unset: the console default
     assert result.returncode != 0 and "EMAIL_BACKEND" in result.stderr
     assert _check(SECRET_KEY=STRONG_KEY, DEBUG="true").returncode == 0
+
+
+# -- x402 (issue 31 #4) ----------------------------------------------------------------
+def test_the_security_constants_are_make_runs_throwaway_chain():
+    from config import x402_chain
+    from config.settings.security import (
+        MAKE_RUN_X402_ADDRESSES,
+        MAKE_RUN_X402_KEY_SHA256,
+        key_digest,
+    )
+
+    env = x402_chain.local_env(port=8545, facilitator_port=8402)
+    assert {env["X402_PAY_TO"].lower(), env["X402_ASSET"].lower()} == MAKE_RUN_X402_ADDRESSES
+    assert {key_digest(env["X402_REFUND_PRIVATE_KEY"])} == MAKE_RUN_X402_KEY_SHA256
+
+
+def test_make_runs_x402_keys_on_another_network_refuse_to_start():
+    from config import x402_chain
+
+    local = x402_chain.local_env(port=8545, facilitator_port=8402)
+    real = {"X402_ENABLED": "true", "X402_NETWORK": "eip155:8453",
+            "X402_FACILITATOR_URL": "https://facilitator.example"}
+    for name in ("X402_PAY_TO", "X402_ASSET", "X402_REFUND_PRIVATE_KEY"):
+        result = _check(DEBUG="true", **real, **{name: local[name]})
+        assert result.returncode != 0 and "make run" in result.stderr, (name, result.stderr)
+    # the same values on the local chain are `make run` itself
+    assert _check(DEBUG="true", **{k: v for k, v in local.items()}).returncode == 0
+    # this network's own values are accepted
+    own = _check(DEBUG="true", **real, X402_PAY_TO="0x" + "12" * 20,
+                 X402_ASSET="0x" + "34" * 20)
+    assert own.returncode == 0, own.stderr
+
+
+def test_a_remote_facilitator_without_tls_refuses_to_start():
+    result = _check(DEBUG="true", X402_ENABLED="true",
+                    X402_FACILITATOR_URL="http://facilitator.example")
+    assert result.returncode != 0 and "X402_FACILITATOR_URL" in result.stderr
+    for url in ("https://facilitator.example", "http://127.0.0.1:8402"):
+        assert _check(DEBUG="true", X402_ENABLED="true",
+                      X402_FACILITATOR_URL=url).returncode == 0

@@ -91,13 +91,16 @@ class Chain:
         finally:
             self.rpc("anvil_stopImpersonatingAccount", [fac])
 
-    def transfers(self, payer: str) -> int:
-        """ERC-20 Transfer events payer -> Verity on chain (the money that moved)."""
+    def transfers(self, payer: str, value: int | None = None) -> int:
+        """ERC-20 Transfer events payer -> Verity on chain (the money that moved); only
+        those of `value` when given."""
         sig = Web3.keccak(text="Transfer(address,address,uint256)")
         logs = self.w3.eth.get_logs({
             "address": self.token.address, "fromBlock": 0, "toBlock": "latest",
             "topics": [Web3.to_hex(sig), "0x" + "0" * 24 + payer.lower()[2:],
                        "0x" + "0" * 24 + self.pay_to.lower()[2:]]})
+        if value is not None:
+            logs = [e for e in logs if int(Web3.to_hex(e["data"]), 16) == value]
         return len(logs)
 
     def transfers_back(self, payer: str) -> int:
@@ -150,6 +153,59 @@ class Chain:
                               signed.r.to_bytes(32, "big"), signed.s.to_bytes(32, "big")
                               ).transact(tx))
 
+    def spend_nonce(self, account, nonce: str, *, to: str | None = None, value: int = 1,
+                    gas_price: int | None = None) -> str:
+        """The payer spends its own EIP-3009 nonce on another transfer (to itself unless
+        `to` is given) with transferWithAuthorization, sent by the admin: the nonce space
+        is the payer's, shared by every authorization on the token."""
+        to = to or account.address
+        now = int(self.w3.eth.get_block("latest")["timestamp"])
+        auth = {"from": account.address, "to": to, "value": value, "validAfter": 0,
+                "validBefore": now + 3600, "nonce": nonce}
+        sig = authorization_signature(account, auth, self.token.address)
+        tx = {"from": self.admin}
+        if gas_price:
+            tx["gasPrice"] = gas_price
+        fn = self.token.get_function_by_signature(
+            "transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,"
+            "uint8,bytes32,bytes32)")
+        return Web3.to_hex(fn(account.address, Web3.to_checksum_address(to), value, 0,
+                              auth["validBefore"], bytes.fromhex(nonce[2:]), sig.v,
+                              sig.r.to_bytes(32, "big"), sig.s.to_bytes(32, "big")
+                              ).transact(tx))
+
+    def paid_in(self, transaction: str, payer: str, value: int) -> bool:
+        """The invariant (issue 31): the transaction carries the asset's
+        Transfer(payer -> pay_to, value) log. Money that arrived, per operation."""
+        receipt = self.w3.eth.get_transaction_receipt(transaction)
+        sig = Web3.to_hex(Web3.keccak(text="Transfer(address,address,uint256)"))
+        return receipt["status"] == 1 and any(
+            entry["address"].lower() == self.token.address.lower()
+            and Web3.to_hex(entry["topics"][0]) == sig
+            and Web3.to_hex(entry["topics"][1])[-40:] == payer.lower()[2:]
+            and Web3.to_hex(entry["topics"][2])[-40:] == self.pay_to.lower()[2:]
+            and int(Web3.to_hex(entry["data"]), 16) == value
+            for entry in receipt["logs"])
+
+    def operation_paid(self, auth) -> bool:
+        """Per operation (issue 31): did money arrive for this X402Authorization row? True
+        only when the transaction that used its (payer, nonce) -- the recorded
+        transaction_hash, or else the AuthorizationUsed log's -- carries Transfer(payer ->
+        pay_to, value). A used nonce alone (spent on another transfer) is not a payment."""
+        value = int(auth.value)
+        if auth.transaction_hash:
+            try:
+                if self.paid_in(auth.transaction_hash, auth.payer, value):
+                    return True
+            except Exception:  # noqa: BLE001 - not mined (pending, dropped, reorged out)
+                pass
+        sig = Web3.to_hex(Web3.keccak(text="AuthorizationUsed(address,bytes32)"))
+        used = self.w3.eth.get_logs({
+            "address": self.token.address, "fromBlock": 0, "toBlock": "latest",
+            "topics": [sig, "0x" + "0" * 24 + auth.payer.lower()[2:], auth.nonce.lower()]})
+        return any(self.paid_in(Web3.to_hex(log["transactionHash"]), auth.payer, value)
+                   for log in used)
+
     def facilitator_config(self, **body) -> None:
         r = requests.post(f"{self.facilitator}/_config", json=body, timeout=5)
         r.raise_for_status()
@@ -177,3 +233,57 @@ def sign(header_value: str, account, *, payment_id: str | None = None) -> tuple[
     return encode_header(dumped), dumped["payload"]["authorization"]
 
 
+
+
+def authorization_signature(account, auth: dict, asset: str):
+    """The payer's EIP-712 TransferWithAuthorization signature (any field values)."""
+    from eth_account.messages import encode_typed_data
+
+    data = {
+        "types": {"EIP712Domain": [{"name": "name", "type": "string"},
+                                   {"name": "version", "type": "string"},
+                                   {"name": "chainId", "type": "uint256"},
+                                   {"name": "verifyingContract", "type": "address"}],
+                  "TransferWithAuthorization": [
+                      {"name": "from", "type": "address"}, {"name": "to", "type": "address"},
+                      {"name": "value", "type": "uint256"},
+                      {"name": "validAfter", "type": "uint256"},
+                      {"name": "validBefore", "type": "uint256"},
+                      {"name": "nonce", "type": "bytes32"}]},
+        "primaryType": "TransferWithAuthorization",
+        "domain": {"name": x402_chain.TOKEN_NAME, "version": x402_chain.TOKEN_VERSION,
+                   "chainId": x402_chain.CHAIN_ID,
+                   "verifyingContract": Web3.to_checksum_address(asset)},
+        "message": {"from": auth["from"], "to": Web3.to_checksum_address(auth["to"]),
+                    "value": int(auth["value"]), "validAfter": int(auth["validAfter"]),
+                    "validBefore": int(auth["validBefore"]),
+                    "nonce": bytes.fromhex(auth["nonce"][2:])}}
+    return account.sign_message(encode_typed_data(full_message=data))
+
+
+def craft(header_value: str, account, *, signer=None, inner_extra: dict | None = None,
+          accepted_extra: dict | None = None, **fields) -> tuple[str, dict]:
+    """A PAYMENT-SIGNATURE built by hand from PAYMENT-REQUIRED, as a hostile or careless
+    buyer could: any authorization field overridden (`fields`, e.g. validBefore), signed
+    by `signer` (default: the payer), extra keys beside the authorization."""
+    import secrets
+    import time
+
+    from payments.providers.x402 import decode_header, encode_header
+
+    required = decode_header(header_value)
+    accepted = dict(required["accepts"][0])
+    if accepted_extra:
+        accepted["extra"] = {**accepted.get("extra", {}), **accepted_extra}
+    now = int(time.time())
+    auth = {"from": account.address, "to": accepted["payTo"], "value": accepted["amount"],
+            "validAfter": str(now - 600), "validBefore": str(now + accepted["maxTimeoutSeconds"]),
+            "nonce": "0x" + secrets.token_hex(32)}
+    auth.update({k: str(v) if k != "nonce" else v for k, v in fields.items()})
+    sig = authorization_signature(signer or account, auth, accepted["asset"])
+    inner = {"authorization": auth, "signature": Web3.to_hex(sig.signature)}
+    inner.update(inner_extra or {})
+    payload = {"x402Version": 2, "accepted": accepted, "payload": inner}
+    if required.get("resource"):
+        payload["resource"] = required["resource"]
+    return encode_header(payload), auth

@@ -91,7 +91,7 @@ def test_a_malformed_payment_signature_is_400_and_changes_nothing(agent, report,
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 0
 
 
-def test_an_authorization_for_another_amount_is_422_and_nothing_is_sent(agent, report, chain):
+def test_an_authorization_for_another_amount_is_402_and_nothing_is_sent(agent, report, chain):
     cheap = agent.new_purchase(report.sku)
     other = type(report).objects.create(sku="REPORT-BIG", name="Big report", price=9900,
                                         stock=10, kind="digital")
@@ -102,6 +102,10 @@ def test_an_authorization_for_another_amount_is_422_and_nothing_is_sent(agent, r
 
     r = agent.get(f"purchases/{dear['id']}/deliverable", **{SIGNATURE: header})
 
-    assert r.status_code == 422 and r.json()["code"] == "payment_requirements_mismatch"
+    # The x402 v2 transport: 402 with PAYMENT-REQUIRED (the SDK's reason), not 422.
+    assert r.status_code == 402 and r.json()["code"] == "payment_requirements_mismatch"
+    assert decode_header(r.headers["PAYMENT-REQUIRED"])["error"] == \
+        "No matching payment requirements"
+    assert r.json()["error"] == "No matching payment requirements"
     assert chain.transfers(payer.address) == 0
     assert PaymentOperation.objects.filter(purchase_id=dear["id"]).count() == 0
