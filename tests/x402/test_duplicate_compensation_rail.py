@@ -4,15 +4,19 @@ holding the purchase's slot, and the payer's second transfer was never returned)
 
 The duplicate comes from the real chain: a settle whose answer was lost while the
 transfer waited in the mempool (automine off), a person's wrong "failed" (the chain showed
-nothing yet), a new authorization that paid again; both transfers then mined. Counted on
-chain (Transfer logs payer -> Verity and back) and in the database.
+nothing yet), a new authorization that paid again; both transfers then mined. Verity itself
+now refuses that second authorization while the first failure is only a person's word
+(issue 30 #10: 503 `original_unverified` until the chain proves it, at the latest by
+expiry), so the given records the failure as chain-confirmed for the moment the agent pays
+again (one row write); everything else is the real path. Counted on chain (Transfer logs
+payer -> Verity and back) and in the database.
 """
 from __future__ import annotations
 
 import pytest
 
 from payments import services
-from payments.enums import Outcome
+from payments.enums import Grade, Outcome, Verification
 from payments.models import PaymentOperation
 from payments.providers.x402 import DrillMode, get_facilitator
 from tests.x402.conftest import SIGNATURE, settle_outbox, sign
@@ -44,9 +48,17 @@ def test_an_x402_duplicate_is_returned_by_a_transfer_back_on_its_rail(agent, rep
                                               reason="payer says nothing left",
                                               actor="resolver-1", acting_user=resolver)
     assert first.outcome == Outcome.FAILED
-    # the agent pays again with a new authorization; then both transfers are mined
+    # a second authorization is refused while that failure is only the person's word
     other, _auth2 = sign(required, payer, payment_id="dup-rail-0002-abcdef")
-    agent.get(url, **{SIGNATURE: other})
+    r = agent.get(url, **{SIGNATURE: other})
+    assert r.status_code == 503 and r.json()["code"] == "original_unverified", r.content
+    assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 1
+    # given the failure had been confirmed, the agent pays again; both transfers are mined
+    wrong_word = PaymentOperation.objects.filter(pk=first.pk)
+    wrong_word.update(grade=Grade.CONFIRMED, verification=Verification.PROVIDER)
+    r = agent.get(url, **{SIGNATURE: other})
+    assert r.status_code in (200, 202), r.content
+    wrong_word.update(grade=first.grade, verification=first.verification)
     chain.mine(3)
     chain.automine(True)
     second = PaymentOperation.objects.exclude(pk=first.pk).get(purchase_id=purchase["id"],
