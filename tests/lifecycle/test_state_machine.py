@@ -728,14 +728,17 @@ class LifecycleMachine(RuleBasedStateMachine):
         # "later": the other rules (events, follow-ups, reconciles) find it
 
     @rule(shop=st.integers(0, 1), overturn=st.sampled_from(["reconcile", "event", "later"]),
-          sold_out=st.booleans(), then=st.sampled_from([None, "refund", "refund_partial"]))
-    def duplicate_charge(self, shop, overturn, sold_out, then):
+          sold_out=st.booleans(), then=st.sampled_from([None, "refund", "refund_partial"]),
+          dashboard_first=st.booleans())
+    def duplicate_charge(self, shop, overturn, sold_out, then, dashboard_first):
         """A charge whose answer was lost, a person's wrong "failed" taken while the
         provider could not be read, and the buyer's retry charging again: two charges.
         The first is read back (now, by its event, or later): a duplicate whose return
         is Verity's. `sold_out`: the inventory step then fails under COMPENSATE (the
         purchase's OWN charge must be returned, #30 defect 2); `then`: a refund of the
-        purchase is requested and approved (#30 defect 6)."""
+        purchase is requested and approved (#30 defect 6); `dashboard_first`: a person
+        refunded part of the first charge in the dashboard before it was read back (its
+        return must ask only for what is left, #30 defect 7)."""
         api = self.shops[shop]
         product = ProductFactory(sku=f"LD-{uuid.uuid4().hex[:6]}", price=2000, stock=10)
         pid = self._fresh_purchase(shop, product.sku)
@@ -762,6 +765,14 @@ class LifecycleMachine(RuleBasedStateMachine):
             self._disarm()
         if sold_out:  # another sale took the last unit before the inventory commit
             type(product).objects.filter(pk=product.pk).update(stock=0)
+        if dashboard_first and first.provider_reference:
+            r = requests.post(f"{self.provider.base}/v1/refunds", auth=self.provider.auth,
+                              data={"payment_intent": first.provider_reference, "amount": 300},
+                              timeout=10)
+            if r.status_code == 200:
+                self.dashboard_refunds.append(r.json()["id"])
+                self.snapshots.append(("refunds", r.json()))
+                self._send_event("refund.created", r.json())
         self._overturn(first.id, overturn)
         if then:
             _settle_outbox_quietly()  # the duplicate's return goes first
@@ -948,6 +959,38 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert again.status_code != 201, (
             f"the agent lifted the buyer-only guard on {earlier} with its own status link "
             f"and bought the same basket again: {again.json()['id']}")
+
+
+    @precondition(lambda self: self.purchases)
+    @rule(i=st.integers(0, 99), outcome=st.sampled_from(["succeeded", "succeeded", "failed"]))
+    def capture_resolved_by_a_person(self, i, outcome):
+        """A capture whose answer was refused as a conflict (nothing applied: the provider
+        still shows `requires_capture`), then settled by a person while the provider CAN
+        be read: a "succeeded" the record contradicts is refused (#30 item 5)."""
+        auth = self._pick(self._ops(kind=OperationKind.AUTHORIZE, outcome=Outcome.SUCCEEDED),
+                          i)
+        if auth is None or PaymentOperation.objects.filter(
+                parent=auth, kind__in=[OperationKind.CAPTURE, OperationKind.VOID]).exists():
+            return
+        api = self.purchase_api(auth)
+        self._armed(DrillMode.HTTP_409, CallStep.CAPTURE)
+        try:
+            _no_5xx(api.post(f"purchases/{auth.purchase_id}/capture", {}))
+        finally:
+            self._disarm()
+        op = PaymentOperation.objects.filter(parent=auth, kind=OperationKind.CAPTURE,
+                                             outcome=Outcome.UNKNOWN).first()
+        if op is None:
+            return
+        r = self.ops_tool.post(f"operations/{op.id}/resolve",
+                               {"outcome": outcome, "reason": "the dashboard shows it"})
+        _no_5xx(r)
+        pi = self.provider.get("payment_intents", auth.provider_reference)
+        op.refresh_from_db()
+        if pi and pi["status"] == "requires_capture":
+            assert op.outcome != Outcome.SUCCEEDED, (
+                f"capture {op.id} settled succeeded on a person's word while the provider, "
+                f"readable, shows {auth.provider_reference} requires_capture")
 
     # -- invariants ------------------------------------------------------------------------
     def _intents(self) -> dict[str, list[dict]]:
