@@ -1357,6 +1357,24 @@ class LifecycleMachine(RuleBasedStateMachine):
                 + ", ".join(f"{r.step}:{r.state}:{r.compensation_operation_id}"
                             for r in runs))
 
+    @invariant()
+    def the_api_reads_what_the_record_shows(self):
+        """The API's purchase view (what the agent and the customer page read): its status
+        is the record's, and "refunded" is what went back of the purchase's OWN payment
+        (a duplicate's return is Verity's, not a refund of the purchase, #30 item 9)."""
+        for pid, shop in self.purchases:
+            view = self.shops[shop].get(f"purchases/{pid}")
+            assert view.status_code == 200, view.content
+            body = view.json()
+            purchase = Purchase.objects.get(id=pid)
+            assert body["status"] == purchase.status, (pid, body["status"], purchase.status)
+            own = sum(PaymentOperation.objects.filter(
+                purchase_id=pid, kind=OperationKind.REFUND, outcome=Outcome.SUCCEEDED
+            ).exclude(parent__is_duplicate=True).values_list("amount", flat=True))
+            assert body["refunds"]["refunded"] == own, (
+                f"{pid}: the API says {body['refunds']['refunded']} refunded; the purchase's "
+                f"own payment got {own} back")
+
 # Rules or invariants left out by name (comma-separated), e.g. to look for one class of
 # defect while another known one is still open: VERITY_LIFECYCLE_SKIP=agent_with_only_its_answers
 SKIP = {n.strip() for n in os.environ.get("VERITY_LIFECYCLE_SKIP", "").split(",") if n.strip()}
