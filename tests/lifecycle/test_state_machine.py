@@ -857,12 +857,16 @@ class LifecycleMachine(RuleBasedStateMachine):
         from payments.models import X402RefundTransfer
         from payments.providers.x402 import get_refund_sender
 
-        paid = self._pick(self._ops(kind__in=PAYMENT_KINDS, rail="x402", is_duplicate=False,
-                                    outcome=Outcome.SUCCEEDED), i)
-        if paid is None:  # the agent pays one first
-            self.pay_x402(i=i, mode=None)
-            paid = self._pick(self._ops(kind__in=PAYMENT_KINDS, rail="x402",
-                                        is_duplicate=False, outcome=Outcome.SUCCEEDED), i)
+        def refundable():
+            return self._pick(self._ops(kind__in=PAYMENT_KINDS, rail="x402",
+                                        is_duplicate=False, outcome=Outcome.SUCCEEDED,
+                                        purchase__status__in=PAID_STATUSES), i)
+
+        paid = refundable()
+        if paid is None:  # the agent buys and pays one first
+            self.create_x402_purchase(shop=i % 2, customer=len(CUSTOMERS) - 1)
+            self.pay_x402(i=len(self.x402_purchases) - 1, mode=None)
+            paid = refundable()
         if paid is None:
             return
         try:
