@@ -19,12 +19,17 @@ rail (a person's wrong "failed" taken while the provider or the chain could not 
 then the retry charging again; overturned by a read-back or an event), a fulfilment step
 failing under COMPENSATE after it, refunds requested and approved after it; an x402 refund
 whose worker waits on the signer lock while the dead-dispatch sweep and on-demand
-reconciles run; the agent acting with only what its answers contain. Their invariants are
-judged per operation on the provider's and the chain's own record (one function per rule).
+reconciles run; a dashboard refund of a charge before it is read back as the duplicate; a
+capture settled by a person while the provider can be read; the agent acting with only what
+its answers contain. Their invariants are judged per operation on the provider's and the
+chain's own record (one function per rule), by the rule and not by today's codes: money
+moved iff the provider/chain says so. localstripe refuses no refund (not an over-refund,
+not one of a disputed charge): where Stripe would refuse, the machine instead sees the
+provider return more than the payment took.
 
 Budget: `VERITY_LIFECYCLE_EXAMPLES` (default 6) examples of `VERITY_LIFECYCLE_STEPS`
 (default 14) steps in `make test`; `make fuzz` raises both. `VERITY_LIFECYCLE_SKIP` leaves
-rules or invariants out by name.
+rules or invariants out by name; `VERITY_LIFECYCLE_SHRINK=0` reports a failing run unshrunk.
 """
 from __future__ import annotations
 
