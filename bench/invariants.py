@@ -342,6 +342,8 @@ def check(*, live: bool = False) -> Report:
     rep.add("ledger minus provider balance", ledger_net - provider_net, "must be 0",
             ok=ledger_net == provider_net)
 
+    _issue30(rep, refunds)
+
     # Unknown operations keep being read back (reconcile messages come due every few
     # seconds), so "lost" means due for longer than the relay needs to pick it up.
     lagging = OutboxMessage.objects.filter(
@@ -502,3 +504,31 @@ def _x402(rep: Report, snap: ChainSnapshot, *, live: bool) -> None:
     on_chain, rest = divmod(snap.balance, 10**shift)
     rep.add("x402 ledger minus pay_to balance", ledger - on_chain, "must be 0",
             ok=ledger == on_chain and not rest)
+
+
+def _issue30(rep: Report, refunds: list[dict]) -> None:
+    """Per operation, on the provider's and the chain's record (issue 30): a linked
+    operation is on its payment's rail; a provider refund made by Verity returns money of
+    the payment its operation names; a compensated step returns the purchase's own
+    payment, never a duplicate's."""
+    from payments.models import PaymentOperation
+    from recovery.models import StepRun
+
+    linked = PaymentOperation.objects.filter(parent__isnull=False).select_related("parent")
+    off_rail = [o.id for o in linked if o.rail != o.parent.rail]
+    rep.add("linked operations off their payment's rail", len(off_rail), "must be 0",
+            ok=not off_rail)
+    for op_id in off_rail[:5]:
+        rep.add(f"  {op_id}", "off rail")
+    by_op = {(r.get("metadata") or {}).get("operation_id"): r for r in refunds}
+    parents = {o.id: o.parent.provider_reference for o in linked if o.id in by_op}
+    wrong = [op_id for op_id, ref in parents.items()
+             if by_op[op_id].get("payment_intent") and by_op[op_id]["payment_intent"] != ref]
+    rep.add("refunds returning another payment's money", len(wrong), "must be 0", ok=not wrong)
+    runs = StepRun.objects.exclude(compensation_operation_id="")
+    comp = {o.id: o for o in PaymentOperation.objects.filter(
+        id__in=runs.values("compensation_operation_id")).select_related("parent")}
+    astray = [r.purchase_id for r in runs if (o := comp.get(r.compensation_operation_id))
+              is not None and (o.parent is None or o.parent.is_duplicate)]
+    rep.add("steps compensated with a duplicate's return", len(astray), "must be 0",
+            ok=not astray)

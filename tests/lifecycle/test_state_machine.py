@@ -14,8 +14,22 @@ digital report paid over x402 on the real chain (a lost settle answer, a pending
 settlement, replays of an earlier signature, a second authorization), refunded as
 transfers back; the x402 invariants count transfers on chain.
 
+Issue 30 (where duplicates, rails, refunds and people meet): a duplicate charge on each
+rail (a person's wrong "failed" taken while the provider or the chain could not be read,
+then the retry charging again; overturned by a read-back or an event), a fulfilment step
+failing under COMPENSATE after it, refunds requested and approved after it; an x402 refund
+whose worker waits on the signer lock while the dead-dispatch sweep and on-demand
+reconciles run; a dashboard refund of a charge before it is read back as the duplicate; a
+capture settled by a person while the provider can be read; the agent acting with only what
+its answers contain. Their invariants are judged per operation on the provider's and the
+chain's own record (one function per rule), by the rule and not by today's codes: money
+moved iff the provider/chain says so. localstripe refuses no refund (not an over-refund,
+not one of a disputed charge): where Stripe would refuse, the machine instead sees the
+provider return more than the payment took.
+
 Budget: `VERITY_LIFECYCLE_EXAMPLES` (default 6) examples of `VERITY_LIFECYCLE_STEPS`
-(default 14) steps in `make test`; `make fuzz` raises both.
+(default 14) steps in `make test`; `make fuzz` raises both. `VERITY_LIFECYCLE_SKIP` leaves
+rules or invariants out by name; `VERITY_LIFECYCLE_SHRINK=0` reports a failing run unshrunk.
 """
 from __future__ import annotations
 
@@ -31,7 +45,7 @@ from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -124,11 +138,37 @@ def _no_5xx(r) -> None:
                                    "workflow_halted"), r.content
 
 
+def _refused_not_broken(exc) -> None:
+    """A DomainError is a refusal (4xx), or the documented 503 `workflow_halted`."""
+    assert exc.status < 500 or (exc.status == 503 and exc.code == "workflow_halted"), exc
+
+
 def _settle_outbox_quietly() -> None:
     try:
         relay_drain(max_batches=5)
     except Exception:  # noqa: BLE001 - a handler error is the relay's business (backoff)
         pass
+
+
+_PROXY = None
+
+
+def _chain_proxy():
+    """A real TCP proxy in front of the chain node for Verity's chain READS (the reader
+    follows settings.X402_RPC_URL); `down()` makes the chain unreadable to Verity while the
+    facilitator and the refund signer still reach the node. Set up once per process."""
+    global _PROXY
+    if _PROXY is None:
+        from urllib.parse import urlparse
+
+        from bench.fault_proxy import FaultProxy
+        from payments.providers import x402 as x402_provider
+
+        _PROXY = FaultProxy(urlparse(os.environ["X402_RPC_URL"]).port)
+        _PROXY.up()
+        django_settings.X402_RPC_URL = _PROXY.base
+        x402_provider._reader = None  # rebuilt from the setting on its next use
+    return _PROXY
 
 
 class LifecycleMachine(RuleBasedStateMachine):
@@ -159,6 +199,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.delivered: set[str] = set()  # provider object ids with an event sent
         self.dashboard_refunds: list[str] = []  # refunds made at the provider directly
         self.disputes: list[str] = []
+        self.disputed_charges: set[str] = set()
+        # PaymentIntents refunded in the dashboard without Verity hearing of it (yet), or
+        # while a Verity refund of it was on its way: a Verity refund of them may exceed
+        # what is left (Stripe refuses; localstripe does not check).
+        self.unheard_refunds: set[str] = set()
         self.closed_disputes: set[str] = set()
         self.x402_signed: list[tuple[str, str]] = []  # (purchase id, PAYMENT-SIGNATURE)
         if X402:
@@ -168,6 +213,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.chain.automine(True)
             self.report = ProductFactory(sku=f"LR-{tag}", price=2000, stock=100_000,
                                          kind="digital")
+            _chain_proxy()  # Verity reads the chain through it from the start
         django_settings.STRIPE_WEBHOOK_SECRETS = [SECRET]
         django_settings.STRIPE_WEBHOOK_TOLERANCE = 300
         django_settings.STRIPE_ACCOUNT = ""
@@ -207,6 +253,94 @@ class LifecycleMachine(RuleBasedStateMachine):
 
         return ProviderCall.objects.filter(purpose="dispatch",
                                            operation__kind__in=WORKFLOW_KINDS[workflow]).count()
+
+
+    # -- the rule's own arithmetic (the provider's and the chain's record, not Verity's) ----
+    def _provider_refunds(self) -> dict[str, list[dict]]:
+        """localstripe's refunds by the PaymentIntent they return money of."""
+        by_charge = {}
+        for pi in self.provider.list("payment_intents"):
+            charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data")
+                                                 or [{}])[0]
+            charge = charge.get("id") if isinstance(charge, dict) else charge
+            if charge:
+                by_charge[charge] = pi["id"]
+        out: dict[str, list[dict]] = {}
+        for r in self.provider.list("refunds"):
+            pi = r.get("payment_intent") or by_charge.get(r.get("charge"))
+            out.setdefault(pi, []).append(r)
+        return out
+
+    @staticmethod
+    def _captured(payment: PaymentOperation) -> int:
+        if payment.kind == OperationKind.AUTHORIZE:
+            return sum(PaymentOperation.objects.filter(
+                parent=payment, kind=OperationKind.CAPTURE, outcome=Outcome.SUCCEEDED
+            ).values_list("amount", flat=True))
+        return payment.amount if payment.outcome == Outcome.SUCCEEDED else 0
+
+    def _room(self, payment: PaymentOperation, *, excluding: str = "",
+              provider_refunds: dict | None = None) -> int:
+        """Refundable room of ONE payment by the rule: what it captured minus that
+        payment's own refunds (Verity's not failed, and the provider's record, whichever
+        is more)."""
+        ours = sum(PaymentOperation.objects.filter(parent=payment, kind=OperationKind.REFUND)
+                   .exclude(outcome=Outcome.FAILED).exclude(id=excluding)
+                   .values_list("amount", flat=True))
+        theirs = 0
+        if payment.rail != "x402" and payment.provider_reference:
+            refunds = (provider_refunds if provider_refunds is not None
+                       else self._provider_refunds()).get(payment.provider_reference, [])
+            theirs = sum(r["amount"] for r in refunds
+                         if r["status"] not in ("failed", "canceled")
+                         and (r.get("metadata") or {}).get("operation_id") != excluding)
+        return self._captured(payment) - max(ours, theirs)
+
+    def _disputed(self, payment: PaymentOperation) -> bool:
+        from payments.models import Dispute
+
+        if payment.rail == "x402" or not payment.provider_reference:
+            return False
+        pi = self.provider.get("payment_intents", payment.provider_reference) or {}
+        charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data") or [{}])[0]
+        charge = charge.get("id") if isinstance(charge, dict) else charge
+        return bool(charge and (charge in self.disputed_charges
+                                or Dispute.objects.filter(charge=charge).exists()))
+
+    def _approve(self, op: PaymentOperation, user) -> None:
+        """A person approves a refund. Refused for lack of room only when the payment it
+        returns has none (#30 defect 6: a duplicate's return counted against the
+        purchase's own charge)."""
+        try:
+            services.refund_approve(operation_id=op.id, acting_user=user,
+                                    reason="machine approves")
+        except services.DomainError as exc:
+            self.approval_refused_only_without_room(op, exc)
+            raise
+
+    def approval_refused_only_without_room(self, op: PaymentOperation, exc) -> None:
+        op = PaymentOperation.objects.select_related("parent").get(id=op.id)
+        if "refundable" in exc.code and op.parent_id and not self._disputed(op.parent):
+            room = self._room(op.parent, excluding=op.id)
+            assert room < op.amount, (
+                f"refund {op.id} of {op.amount} refused ({exc.code}: {exc.message}) but "
+                f"payment {op.parent_id} has {room} of room by its own record")
+
+    def _x402_moved(self, tx_hash: str) -> bool:
+        """The chain's record: a mined transaction with a token Transfer log."""
+        from web3 import Web3
+
+        if not tx_hash:
+            return False
+        try:
+            receipt = self.chain.w3.eth.get_transaction_receipt(tx_hash)
+        except Exception:  # noqa: BLE001 - not mined (or unknown to the node): nothing moved yet
+            return False
+        sig = Web3.keccak(text="Transfer(address,address,uint256)")
+        return receipt["status"] == 1 and any(
+            log["topics"] and log["topics"][0] == sig
+            and log["address"].lower() == self.chain.token.address.lower()
+            for log in receipt["logs"])
 
     # -- rules -----------------------------------------------------------------------------
     @initialize()
@@ -309,10 +443,9 @@ class LifecycleMachine(RuleBasedStateMachine):
                 return
             try:
                 if op.outcome == Outcome.AWAITING_APPROVAL:
-                    services.refund_approve(operation_id=op.id, acting_user=self.finance[i % 2],
-                                            reason="machine approves")
+                    self._approve(op, self.finance[i % 2])
             except services.DomainError as exc:
-                assert exc.status < 500
+                _refused_not_broken(exc)
                 return
             if step == "approve_answer_lost":
                 get_refund_sender().arm_drill(to=op.parent.x402.payer,
@@ -369,15 +502,14 @@ class LifecycleMachine(RuleBasedStateMachine):
             return
         try:
             if approve:
-                services.refund_approve(operation_id=op.id, acting_user=self.finance[who],
-                                        reason="machine approves")
+                self._approve(op, self.finance[who])
                 services.operation_dispatch(operation_id=op.id)
             else:
                 services.refund_decline(operation_id=op.id, reason="machine declines",
                                         actor=self.finance[who].username,
                                         acting_user=self.finance[who])
         except services.DomainError as exc:
-            assert exc.status < 500
+            _refused_not_broken(exc)
 
     @precondition(lambda self: PART_A and self.purchases)
     @rule(i=st.integers(0, 99), outcome=st.sampled_from(["succeeded", "failed"]),
@@ -470,6 +602,13 @@ class LifecycleMachine(RuleBasedStateMachine):
         left = pi["amount"] - sum(r["amount"] for r in listed.json()["data"])
         if left <= 0:
             return
+        if PaymentOperation.objects.filter(
+                parent__provider_reference=pi["id"], kind=OperationKind.REFUND,
+                outcome__in=[Outcome.PENDING, Outcome.DISPATCHING, Outcome.UNKNOWN,
+                             Outcome.AWAITING_PROVIDER]).exists():
+            # A person racing a refund Verity is already sending: Stripe refuses whichever
+            # comes second; localstripe takes both (not Verity's over-refund).
+            self.unheard_refunds.add(pi["id"])
         r = requests.post(f"{self.provider.base}/v1/refunds", auth=self.provider.auth,
                           data={"payment_intent": pi["id"],
                                 "amount": min(300, left) if partial else left}, timeout=10)
@@ -480,6 +619,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.snapshots.append(("refunds", refund))
         if deliver:
             self._send_event("refund.created", refund)
+        else:
+            self.unheard_refunds.add(pi["id"])
 
     @precondition(lambda self: self.purchases)
     @rule(i=st.integers(0, 99), verdict=st.sampled_from(["won", "lost", "won", None]))
@@ -508,6 +649,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             return  # already disputed, or nothing left to dispute
         dispute_id = r.json()["id"]
         self.disputes.append(dispute_id)
+        self.disputed_charges.add(charge)
         obj = self.provider.get("disputes", dispute_id)
         self.snapshots.append(("disputes", obj))
         self._send_event("charge.dispute.created", obj)
@@ -572,12 +714,320 @@ class LifecycleMachine(RuleBasedStateMachine):
             dispatch_deadline=timezone.now() - timedelta(seconds=1))
         services.operations_sweep_dead_dispatches()
 
+
+    # -- issue 30: where duplicates, rails, refunds and people meet ------------------------
+    def _fresh_purchase(self, shop: int, sku: str) -> str | None:
+        api = self.shops[shop]
+        q = api.quote(sku)
+        assert q.status_code == 201, q.content
+        r = api.purchase(q.json(), f"dup-{uuid.uuid4().hex[:8]}-{self.tag}")
+        assert r.status_code == 201, r.content
+        return r.json()["id"]
+
+    def _overturn(self, op_id: str, how: str) -> None:
+        """The provider's record reaches Verity: a read-back, or the signed event."""
+        if how == "reconcile":
+            try:
+                services.operation_reconcile(operation_id=op_id)
+            except services.DomainError as exc:
+                _refused_not_broken(exc)
+        elif how == "event":
+            op = PaymentOperation.objects.get(id=op_id)
+            obj = self.provider.get("payment_intents", op.provider_reference)
+            if obj is not None:
+                self.snapshots.append(("payment_intents", obj))
+                self._send_event(PI_EVENT_TYPES.get(obj["status"], "payment_intent.created"),
+                                 obj)
+        # "later": the other rules (events, follow-ups, reconciles) find it
+
+    @rule(shop=st.integers(0, 1), overturn=st.sampled_from(["reconcile", "event", "later"]),
+          sold_out=st.booleans(), then=st.sampled_from([None, "refund", "refund_partial"]),
+          dashboard_first=st.booleans())
+    def duplicate_charge(self, shop, overturn, sold_out, then, dashboard_first):
+        """A charge whose answer was lost, a person's wrong "failed" taken while the
+        provider could not be read, and the buyer's retry charging again: two charges.
+        The first is read back (now, by its event, or later): a duplicate whose return
+        is Verity's. `sold_out`: the inventory step then fails under COMPENSATE (the
+        purchase's OWN charge must be returned, #30 defect 2); `then`: a refund of the
+        purchase is requested and approved (#30 defect 6); `dashboard_first`: a person
+        refunded part of the first charge in the dashboard before it was read back (its
+        return must ask only for what is left, #30 defect 7)."""
+        api = self.shops[shop]
+        product = ProductFactory(sku=f"LD-{uuid.uuid4().hex[:6]}", price=2000, stock=10)
+        pid = self._fresh_purchase(shop, product.sku)
+        self.purchases.append((pid, shop))
+        self._armed(DrillMode.DROP_RESPONSE_AFTER_SEND, CallStep.CONFIRM)
+        try:
+            _no_5xx(api.pay(pid, "pm_card_visa"))
+        finally:
+            self._disarm()
+        first = PaymentOperation.objects.filter(purchase_id=pid).order_by("created_at").first()
+        if first is None or first.outcome != Outcome.UNKNOWN:
+            return
+        # The provider unreadable through the resolution and the retry's read-back.
+        get_provider().arm_drill(key_prefix="*", step="read", mode=DrillMode.READ_UNAVAILABLE,
+                                 times=2)
+        try:
+            r = self.ops_tool.post(f"operations/{first.id}/resolve",
+                                   {"outcome": "failed", "reason": "buyer says declined"})
+            _no_5xx(r)
+            if r.status_code != 200:
+                return
+            _no_5xx(api.pay(pid, "pm_card_visa", extra={"retry_of": first.id}))
+        finally:
+            self._disarm()
+        if sold_out:  # another sale took the last unit before the inventory commit
+            type(product).objects.filter(pk=product.pk).update(stock=0)
+        if dashboard_first and first.provider_reference:
+            r = requests.post(f"{self.provider.base}/v1/refunds", auth=self.provider.auth,
+                              data={"payment_intent": first.provider_reference, "amount": 300},
+                              timeout=10)
+            if r.status_code == 200:
+                self.dashboard_refunds.append(r.json()["id"])
+                self.snapshots.append(("refunds", r.json()))
+                self._send_event("refund.created", r.json())
+        self._overturn(first.id, overturn)
+        if then:
+            _settle_outbox_quietly()  # the duplicate's return goes first
+            r = api.post(f"purchases/{pid}/refunds", {"amount": 500} if then ==
+                         "refund_partial" else {})
+            _no_5xx(r)
+            op = PaymentOperation.objects.filter(
+                purchase_id=pid, kind=OperationKind.REFUND, is_compensation=False,
+                outcome=Outcome.AWAITING_APPROVAL).first()
+            if op is not None:
+                try:
+                    self._approve(op, self.finance[0])
+                    services.operation_dispatch(operation_id=op.id)
+                except services.DomainError as exc:
+                    _refused_not_broken(exc)
+
+    @precondition(lambda self: X402)
+    @rule(shop=st.integers(0, 1), overturn=st.sampled_from(["reconcile", "later"]))
+    def duplicate_x402(self, shop, overturn):
+        """The same on the x402 rail: a settlement whose answer was lost, a person's wrong
+        "failed" while the chain could not be read (a real proxy in front of the node,
+        down), the agent's second authorization settling too; the first is read back: a
+        duplicate whose return is a transfer back to ITS payer (#30 defect 4)."""
+        from payments.providers.x402 import DrillMode as X402Drill
+        from payments.providers.x402 import get_facilitator
+        from tests.x402.chain import SIGNATURE, sign
+
+        api = self.shops[shop]
+        pid = self._fresh_purchase(shop, self.report.sku)
+        self.purchases.append((pid, shop))
+        self.x402_purchases.append(pid)
+        required = api.get(f"purchases/{pid}/deliverable").headers.get("PAYMENT-REQUIRED")
+        assert required
+        header, auth = sign(required, self.chain.new_payer())
+        self.x402_signed.append((pid, header))
+        get_facilitator().arm_drill(payer=auth["from"], nonce=auth["nonce"],
+                                    mode=X402Drill.DROP_ANSWER_AFTER_SEND)
+        _no_5xx(api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header}))
+        first = PaymentOperation.objects.filter(purchase_id=pid, kind__in=PAYMENT_KINDS).first()
+        if first is None or first.outcome != Outcome.UNKNOWN:
+            return  # refused (checkout halted, say): nothing was charged
+        proxy = _chain_proxy()
+        proxy.down()
+        try:
+            r = self.ops_tool.post(f"operations/{first.id}/resolve",
+                                   {"outcome": "failed", "reason": "agent says declined"})
+            _no_5xx(r)
+            if r.status_code != 200:
+                return
+            unpaid = api.get(f"purchases/{pid}/deliverable")
+            required = unpaid.headers.get("PAYMENT-REQUIRED")
+            if unpaid.status_code != 402 or not required:
+                return
+            header, _ = sign(required, self.chain.new_payer())
+            self.x402_signed.append((pid, header))
+            _no_5xx(api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header}))
+        finally:
+            proxy.up()
+        if overturn == "reconcile":
+            try:
+                services.operation_reconcile(operation_id=first.id)
+            except services.DomainError as exc:
+                _refused_not_broken(exc)
+        _settle_outbox_quietly()
+
+    @precondition(lambda self: X402 and self.x402_purchases)
+    @rule(i=st.integers(0, 99), partial=st.booleans(),
+          verdict=st.sampled_from(["sweep_then_reconcile", "reconcile", "api_reconcile",
+                                   "sweep"]))
+    def x402_refund_waits_on_the_signer_lock(self, i, partial, verdict):
+        """An approved x402 refund whose worker waits on the signer lock (another refund
+        holds it), while the dead-dispatch sweep and an on-demand reconcile run; then the
+        lock is released and the worker goes on (#30 defect 1)."""
+        import threading
+
+        from django.db import connection
+
+        from payments.locks import signer_lock
+        from payments.models import X402RefundTransfer
+        from payments.providers.x402 import get_refund_sender
+
+        def refundable():
+            return self._pick(self._ops(kind__in=PAYMENT_KINDS, rail="x402",
+                                        is_duplicate=False, outcome=Outcome.SUCCEEDED,
+                                        purchase__status__in=PAID_STATUSES), i)
+
+        paid = refundable()
+        if paid is None:  # the agent buys and pays one first
+            self.create_x402_purchase(shop=i % 2, customer=len(CUSTOMERS) - 1)
+            self.pay_x402(i=len(self.x402_purchases) - 1, mode=None)
+            paid = refundable()
+        if paid is None:
+            return
+        try:
+            op = services.refund_request(purchase_id=paid.purchase_id,
+                                         amount=500 if partial else None,
+                                         acting_user=self.finance[0])
+            services.refund_approve(operation_id=op.id, acting_user=self.finance[1],
+                                    reason="machine approves")
+        except services.DomainError as exc:
+            _refused_not_broken(exc)
+            return
+        sender = get_refund_sender()
+        held, release, errors = threading.Event(), threading.Event(), []
+
+        def other_refund_holds_the_lock():
+            try:
+                with signer_lock(sender.address):
+                    held.set()
+                    release.wait(60)
+            finally:
+                connection.close()
+
+        def worker():
+            try:
+                services.operation_dispatch(operation_id=op.id)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        holder = threading.Thread(target=other_refund_holds_the_lock, daemon=True)
+        holder.start()
+        assert held.wait(20)
+        dispatcher = threading.Thread(target=worker, daemon=True)
+        dispatcher.start()
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not X402RefundTransfer.objects.filter(
+                    pk=op.id).exists():
+                time.sleep(0.05)
+            time.sleep(0.3)  # into the lock wait
+            if verdict.startswith("sweep"):
+                PaymentOperation.objects.filter(id=op.id, outcome=Outcome.DISPATCHING).update(
+                    dispatch_deadline=timezone.now() - timedelta(seconds=1))
+                services.operations_sweep_dead_dispatches()
+            if verdict in ("sweep_then_reconcile", "reconcile"):
+                try:
+                    services.operation_reconcile(operation_id=op.id)
+                except services.DomainError as exc:
+                    _refused_not_broken(exc)
+            if verdict == "api_reconcile":
+                r = self.purchase_api(op).post(f"operations/{op.id}/reconcile", {}, key=None)
+                assert r.status_code in (200, 409), r.content
+        finally:
+            release.set()
+            holder.join(30)
+            dispatcher.join(120)
+        assert not errors, errors
+        _settle_outbox_quietly()
+
+
+    @precondition(lambda self: self.purchases)
+    @rule(shop=st.integers(0, 1), customer=st.integers(0, len(CUSTOMERS) - 1),
+          x402=st.booleans())
+    def agent_with_only_its_answers(self, shop, customer, x402):
+        """The agent is told "only the buyer can confirm" a second purchase of the same
+        basket; it has only what its REST answers contain: it follows the purchase's
+        `status_url` and tries to lift the guard itself. The lift must need something the
+        API client does not hold (#30 defect 3)."""
+        import re
+        from urllib.parse import urlparse
+
+        api = self.shops[shop]
+        sku = self.report.sku if x402 and X402 else self.product.sku
+        q = api.quote(sku)
+        assert q.status_code == 201, q.content
+        customer_ref = f"{CUSTOMERS[customer]}-{self.tag}"
+        r = api.purchase(q.json(), customer_ref)
+        if r.status_code == 201:
+            self.purchases.append((r.json()["id"], shop))
+            if sku != self.product.sku:
+                self.x402_purchases.append(r.json()["id"])
+            return
+        if r.status_code != 409 or r.json().get("code") != "probable_duplicate_purchase":
+            return
+        earlier = r.json().get("purchase")
+        view = api.get(f"purchases/{earlier}")
+        if view.status_code != 200 or not view.json().get("status_url"):
+            return
+        path = urlparse(view.json()["status_url"]).path.rstrip("/") + "/new-purchase"
+        page = Client().post(path)  # no session, no cookie: what the agent has
+        found = re.search(rb'id="buyer-confirmation-code">([^<]+)<', page.content)
+        if not found:
+            return
+        q = api.quote(sku)
+        again = api.purchase(q.json(), customer_ref,
+                             extra={"buyer_confirmation": found.group(1).decode()})
+        _no_5xx(again)
+        if again.status_code == 201:
+            self.purchases.append((again.json()["id"], shop))
+        assert again.status_code != 201, (
+            f"the agent lifted the buyer-only guard on {earlier} with its own status link "
+            f"and bought the same basket again: {again.json()['id']}")
+
+
+    @precondition(lambda self: self.purchases)
+    @rule(i=st.integers(0, 99), outcome=st.sampled_from(["succeeded", "succeeded", "failed"]))
+    def capture_resolved_by_a_person(self, i, outcome):
+        """A capture whose answer was refused as a conflict (nothing applied: the provider
+        still shows `requires_capture`), then settled by a person while the provider CAN
+        be read: a "succeeded" the record contradicts is refused (#30 item 5)."""
+        auth = self._pick(self._ops(kind=OperationKind.AUTHORIZE, outcome=Outcome.SUCCEEDED),
+                          i)
+        if auth is None or PaymentOperation.objects.filter(
+                parent=auth, kind__in=[OperationKind.CAPTURE, OperationKind.VOID]).exists():
+            return
+        api = self.purchase_api(auth)
+        self._armed(DrillMode.HTTP_409, CallStep.CAPTURE)
+        try:
+            _no_5xx(api.post(f"purchases/{auth.purchase_id}/capture", {}))
+        finally:
+            self._disarm()
+        op = PaymentOperation.objects.filter(parent=auth, kind=OperationKind.CAPTURE,
+                                             outcome=Outcome.UNKNOWN).first()
+        if op is None:
+            return
+        r = self.ops_tool.post(f"operations/{op.id}/resolve",
+                               {"outcome": outcome, "reason": "the dashboard shows it"})
+        _no_5xx(r)
+        pi = self.provider.get("payment_intents", auth.provider_reference)
+        op.refresh_from_db()
+        if pi and pi["status"] == "requires_capture":
+            assert op.outcome != Outcome.SUCCEEDED, (
+                f"capture {op.id} settled succeeded on a person's word while the provider, "
+                f"readable, shows {auth.provider_reference} requires_capture")
+
     # -- invariants ------------------------------------------------------------------------
     def _intents(self) -> dict[str, list[dict]]:
         by_purchase: dict[str, list[dict]] = {}
         for pi in self.provider.list("payment_intents"):
             by_purchase.setdefault((pi.get("metadata") or {}).get("purchase_id"), []).append(pi)
         return by_purchase
+
+    @staticmethod
+    def _awaiting_read_back(pid: str) -> int:
+        """Payments only a person called `failed` (the provider could not be read), whose
+        read-back is scheduled: a second charge beside one is found and returned then (an
+        owner that will act; whether the retry should have waited is #30 item 10)."""
+        return PaymentOperation.objects.filter(
+            purchase_id=pid, kind__in=PAYMENT_KINDS, outcome=Outcome.FAILED,
+            grade=Grade.ACKNOWLEDGED, next_reconcile_at__isnull=False).count()
 
     @invariant()
     def at_most_one_confirmed_charge_unless_compensated(self):
@@ -588,7 +1038,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             if len(taken) > 1:
                 compensations = PaymentOperation.objects.filter(
                     purchase_id=pid, kind=OperationKind.REFUND, is_compensation=True).count()
-                assert compensations >= len(taken) - 1, (
+                assert compensations + self._awaiting_read_back(pid) >= len(taken) - 1, (
                     f"{pid}: {len(taken)} charges at the provider, {compensations} queued for "
                     "compensation")
 
@@ -663,7 +1113,11 @@ class LifecycleMachine(RuleBasedStateMachine):
             auths = X402Authorization.objects.filter(operation__purchase_id=pid).select_related(
                 "operation")
             moved = {a.operation_id: self.chain.transfers(a.payer) for a in auths}
-            assert sum(moved.values()) <= 1, f"{pid}: {moved} transfers in"
+            compensations = PaymentOperation.objects.filter(
+                purchase_id=pid, kind=OperationKind.REFUND, is_compensation=True,
+                parent__is_duplicate=True).count()
+            assert sum(moved.values()) <= 1 + compensations + self._awaiting_read_back(pid), (
+                f"{pid}: {moved} transfers in, {compensations} returned")
             for a in auths:
                 op = a.operation
                 if op.grade == Grade.CONFIRMED and op.verification == Verification.PROVIDER:
@@ -762,7 +1216,200 @@ class LifecycleMachine(RuleBasedStateMachine):
                 f"a {workflow} dispatch left while {workflow} was halted")
 
 
+    # -- invariants of issue 30: each judged on the provider's and the chain's own record ----
+    @invariant()
+    def a_failed_or_voided_operation_moved_no_money(self):
+        """Verity's `failed` (confirmed) for a payment, capture or refund, and every x402
+        refund `failed` at any grade: the provider's object / the chain's transaction of
+        that operation moved nothing."""
+        from payments.models import X402RefundTransfer
+
+        refunds_by_op = {(r.get("metadata") or {}).get("operation_id"): r
+                         for r in self.provider.list("refunds")}
+        for op in self._ops(outcome=Outcome.FAILED):
+            if op.rail == "x402":
+                if op.kind == OperationKind.REFUND:
+                    row = X402RefundTransfer.objects.filter(pk=op.id).first()
+                    assert not (row and self._x402_moved(row.transaction_hash)), (
+                        f"x402 refund {op.id} failed ({op.reason}, {op.grade}) but its "
+                        f"transfer {row.transaction_hash} moved money on chain")
+                continue
+            if op.grade != Grade.CONFIRMED:
+                continue  # a person's word: read back before any follow-up
+            if op.kind == OperationKind.REFUND:
+                obj = refunds_by_op.get(op.id)
+                assert not (obj and obj["status"] in ("succeeded", "pending")), (
+                    f"refund {op.id} failed ({op.reason}) but the provider shows {obj}")
+            elif op.kind == OperationKind.CAPTURE and op.parent_id:
+                pi = self.provider.get("payment_intents", op.parent.provider_reference)
+                others = PaymentOperation.objects.filter(
+                    parent_id=op.parent_id, kind=OperationKind.CAPTURE,
+                    outcome=Outcome.SUCCEEDED).exists()
+                assert others or not (pi and pi["status"] == "succeeded"), (
+                    f"capture {op.id} failed ({op.reason}) but the provider captured it")
+
+    @invariant()
+    def each_refund_returns_the_payment_it_names_on_its_rail(self):
+        from payments.models import X402RefundTransfer
+
+        refunds_by_op = {(r.get("metadata") or {}).get("operation_id"): r
+                         for r in self.provider.list("refunds")}
+        by_charge = {}
+        for pi in self.provider.list("payment_intents"):
+            charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data")
+                                                 or [{}])[0]
+            charge = charge.get("id") if isinstance(charge, dict) else charge
+            by_charge[charge] = pi["id"]
+        for op in self._ops(kind__in=[OperationKind.REFUND, OperationKind.VOID,
+                                      OperationKind.CAPTURE], parent__isnull=False):
+            assert op.rail == op.parent.rail, (
+                f"{op.kind} {op.id} (compensation={op.is_compensation}) on the {op.rail} rail "
+                f"returns payment {op.parent_id} made on the {op.parent.rail} rail")
+            if op.kind != OperationKind.REFUND:
+                continue
+            if op.rail == "x402":
+                row = X402RefundTransfer.objects.filter(pk=op.id).first()
+                if row is not None:
+                    payer = X402Authorization.objects.get(pk=op.parent_id).payer
+                    assert row.to_address.lower() == payer.lower(), (op.id, row.to_address)
+                continue
+            obj = refunds_by_op.get(op.id)
+            if obj is not None:
+                pi = obj.get("payment_intent") or by_charge.get(obj.get("charge"))
+                assert pi == op.parent.provider_reference, (
+                    f"refund {op.id} of {op.parent_id} returned money of {pi}")
+
+    @invariant()
+    def the_provider_never_returns_more_than_a_payment_took(self):
+        """What Stripe enforces and localstripe does not: the refunds of one PaymentIntent
+        never exceed what it captured (a compensation asks for what is left, #30 defect 7)
+        - unless a dashboard refund Verity never heard of came first."""
+        intents = {pi["id"]: pi for pi in self.provider.list("payment_intents")}
+        for pi_id, refunds in self._provider_refunds().items():
+            pi = intents.get(pi_id)
+            if pi is None or pi_id in self.unheard_refunds:
+                continue
+            if (pi.get("metadata") or {}).get("purchase_id") not in {p for p, _ in
+                                                                     self.purchases}:
+                continue
+            taken = sum(r["amount"] for r in refunds if r["status"] in ("succeeded",
+                                                                         "pending"))
+            captured = pi.get("amount_received") or (pi["amount"] if pi["status"] ==
+                                                     "succeeded" else 0)
+            assert taken <= captured, (
+                f"{pi_id}: {taken} refunded of {captured} captured: "
+                + ", ".join(f"{r['id']}:{r['amount']}:{(r.get('metadata') or {}).get('operation_id')}"
+                            for r in refunds))
+
+    @invariant()
+    def refundable_room_is_one_payments_everywhere(self):
+        """The console's and the service's refundable room of a purchase is its own
+        payment's captured minus that payment's refunds (a duplicate's return is not the
+        purchase's refund)."""
+        from support.selectors import refundable_amount
+
+        for pid, _ in self.purchases:
+            purchase = Purchase.objects.get(id=pid)
+            own = PaymentOperation.objects.filter(purchase_id=pid, kind__in=PAYMENT_KINDS,
+                                                  outcome=Outcome.SUCCEEDED,
+                                                  is_duplicate=False)
+            if own.count() != 1:
+                continue
+            payment = own.get()
+            if PaymentOperation.objects.filter(
+                    purchase_id=pid, outcome__in=SLOT_HOLDING_OUTCOMES).exists():
+                continue  # a read-back may still change the record
+            ours = sum(PaymentOperation.objects.filter(parent=payment, kind=OperationKind.REFUND)
+                       .exclude(outcome=Outcome.FAILED).values_list("amount", flat=True))
+            room = max(0, self._captured(payment) - ours)
+            shown = refundable_amount(purchase)
+            assert shown == room, (
+                f"{pid}: the console offers {shown} refundable; payment {payment.id} has "
+                f"{room} ({self._captured(payment)} captured, {ours} refunded)")
+
+    @invariant()
+    def a_compensation_returns_the_purchases_own_payment(self):
+        """A step compensated returns the purchase's OWN payment (never the duplicate's
+        return taken for it, #30 defect 2)."""
+        from recovery.models import StepRun
+
+        for run in StepRun.objects.filter(purchase_id__in=[p for p, _ in self.purchases]
+                                          ).exclude(compensation_operation_id=""):
+            op = PaymentOperation.objects.select_related("parent").get(
+                id=run.compensation_operation_id)
+            assert op.parent_id and not op.parent.is_duplicate, (
+                f"{run.purchase_id}: step {run.step} compensated by {op.kind} {op.id}, "
+                f"which returns {'the duplicate ' if op.parent_id else ''}{op.parent_id}")
+
+    @invariant()
+    def a_purchase_holding_money_has_an_owner(self):
+        """Every paid purchase not yet completed has something that will act: a message in
+        the outbox for it, a step running under its lease, an operation in flight, a halt,
+        or a person's queue (a step left to a person). Pending steps alone run nobody."""
+        from django.db.models import Q
+
+        from recovery.models import StepRun, StepState
+
+        for pid, _ in self.purchases:
+            purchase = Purchase.objects.get(id=pid)
+            if purchase.status not in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
+                continue
+            if WorkflowHalt.objects.exists():
+                continue  # clearing a halt kicks what it held
+            runs = StepRun.objects.filter(purchase_id=pid)
+            if runs.filter(state__in=[StepState.RUNNING, StepState.MANUAL, StepState.FAILED,
+                                      StepState.UNKNOWN]).exists():
+                continue
+            ids = list(PaymentOperation.objects.filter(purchase_id=pid)
+                       .values_list("id", flat=True))
+            if PaymentOperation.objects.filter(
+                    id__in=ids, outcome__in=[*SLOT_HOLDING_OUTCOMES, Outcome.PENDING]).exists():
+                continue
+            assert OutboxMessage.objects.filter(processed_at__isnull=True).filter(
+                Q(payload__purchase=pid) | Q(payload__operation__in=ids)).exists(), (
+                f"{pid} is {purchase.status} holding the buyer's money and nobody will act: "
+                + ", ".join(f"{r.step}:{r.state}:{r.compensation_operation_id}"
+                            for r in runs))
+
+    @invariant()
+    def the_api_reads_what_the_record_shows(self):
+        """The API's purchase view (what the agent and the customer page read): its status
+        is the record's, and "refunded" is what went back of the purchase's OWN payment
+        (a duplicate's return is Verity's, not a refund of the purchase, #30 item 9)."""
+        for pid, shop in self.purchases:
+            view = self.shops[shop].get(f"purchases/{pid}")
+            assert view.status_code == 200, view.content
+            body = view.json()
+            purchase = Purchase.objects.get(id=pid)
+            assert body["status"] == purchase.status, (pid, body["status"], purchase.status)
+            own = sum(PaymentOperation.objects.filter(
+                purchase_id=pid, kind=OperationKind.REFUND, outcome=Outcome.SUCCEEDED
+            ).exclude(parent__is_duplicate=True).values_list("amount", flat=True))
+            assert body["refunds"]["refunded"] == own, (
+                f"{pid}: the API says {body['refunds']['refunded']} refunded; the purchase's "
+                f"own payment got {own} back")
+
+# Rules or invariants left out by name (comma-separated), e.g. to look for one class of
+# defect while another known one is still open: VERITY_LIFECYCLE_SKIP=agent_with_only_its_answers
+SKIP = {n.strip() for n in os.environ.get("VERITY_LIFECYCLE_SKIP", "").split(",") if n.strip()}
+
+
+def _machine() -> type[LifecycleMachine]:
+    if not SKIP:
+        return LifecycleMachine
+    unknown = SKIP - set(dir(LifecycleMachine))
+    assert not unknown, f"VERITY_LIFECYCLE_SKIP names no rule or invariant: {unknown}"
+    # A plain method shadows the rule/invariant: Hypothesis no longer collects it.
+    return type("LifecycleMachineSubset", (LifecycleMachine,),
+                {name: (lambda self, *args, **kwargs: None) for name in SKIP})
+
+
 def test_the_whole_lifecycle_holds_its_invariants():
-    run_state_machine_as_test(LifecycleMachine, settings=settings(
-        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
+    # VERITY_LIFECYCLE_SHRINK=0: report the first failing run as found (shrinking a run
+    # on the real stack can take minutes).
+    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+    if os.environ.get("VERITY_LIFECYCLE_SHRINK", "1") != "0":
+        phases.append(Phase.shrink)
+    run_state_machine_as_test(_machine(), settings=settings(
+        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, phases=phases,
         suppress_health_check=list(HealthCheck), derandomize=False, database=None))
