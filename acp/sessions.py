@@ -163,8 +163,8 @@ def session_view(session: CheckoutSession) -> dict:
     messages = [] if purchase is not None else item_problems(session, products)
     if op is not None and op.outcome == Outcome.FAILED and status == Status.READY:
         messages.append({**_message("payment_declined", "$.payment_data",
-                                    "The payment was refused; no money moved. Complete "
-                                    "again with another payment token."),
+                                    "The last payment did not go through; no money "
+                                    "moved. Complete again (a new Idempotency-Key)."),
                          "resolution": "requires_buyer_input"})
     if status == Status.IN_PROGRESS:
         messages.append({"type": "info", "severity": "info", "content_type": "plain",

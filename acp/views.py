@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 
 from payments import services
 from payments.authentication import ApiClientRateThrottle, ApiKeyAuthentication, HasScope
-from payments.enums import Outcome
+from payments.enums import Outcome, Reason
 from payments.errors import DomainError
 from payments.idempotency import (
     HEADER as IDEMPOTENCY_HEADER,
@@ -264,15 +264,28 @@ def _complete_answer(session_id: str) -> Response:
                         headers={"Retry-After": str(sessions.IN_PROGRESS_RETRY_AFTER)})
     op = sessions.payment_op(session.purchase)
     if op is not None and op.outcome == Outcome.FAILED:
-        declined = op.reason == "card_declined"
-        raise AcpError(status=402 if declined else 400, code="payment_declined",
-                       param="$.payment_data",
-                       message=("The card was declined" if declined else
-                                "The provider refused the payment token (used, expired, or "
-                                "not valid for this amount)")
-                               + "; no money moved. Complete again with another token.")
+        raise _payment_failed(op)
     raise AcpError(status=409, code="session_not_completable",
                    message=f"This session is {view['status']}; it cannot be completed.")
+
+
+def _payment_failed(op: PaymentOperation) -> AcpError:
+    """A payment that provably moved no money, said as the spec's Error."""
+    after = "; no money moved. Complete again with a new Idempotency-Key."
+    if op.reason == Reason.CARD_DECLINED:
+        return AcpError(status=402, code="payment_declined", param="$.payment_data",
+                        message="The card was declined" + after)
+    if op.reason == Reason.PROVIDER_UNREACHABLE:
+        return AcpError(status=503, code="provider_unavailable",
+                        headers={"Retry-After": "30"},
+                        message="The payment provider could not be reached" + after)
+    if op.reason == Reason.INVALID_REQUEST:
+        return AcpError(status=400, code="payment_declined", param="$.payment_data",
+                        message="The provider refused the payment token (used, expired, or "
+                                "not valid for this amount or currency)" + after
+                                + " Ask the agent platform for a new token.")
+    return AcpError(status=402, code="payment_declined", param="$.payment_data",
+                    message="The payment failed" + after)
 
 
 class SessionCompleteApi(AcpView):
