@@ -90,6 +90,8 @@ class AcpView(APIView):
     permission_classes = [HasScope]
     throttle_classes = [ApiClientRateThrottle]
     required_scopes = {"GET": SCOPE, "POST": SCOPE}
+    # Not in Verity's own /api/schema/: the protocol's document is acp/spec/ (patched copy).
+    schema = None
 
     def initial(self, request, *args, **kwargs):
         if any("\x00" in str(v) for v in kwargs.values()):
