@@ -37,3 +37,15 @@ class CheckoutSession(models.Model):
     class Meta:
         indexes = [models.Index(fields=["api_client", "created_at"],
                                 name="acp_session_client_idx")]
+
+
+class AgentPlatform(models.Model):
+    """Where an agent platform (one API client with the `acp` scope) receives its order
+    events (the ACP checkout webhook), and the secret they are signed with. The secret is
+    the platform's to verify our `Merchant-Signature`; it is shown once when set."""
+
+    api_client = models.OneToOneField("payments.ApiClient", on_delete=models.CASCADE,
+                                      related_name="acp_platform")
+    webhook_url = models.URLField(max_length=500)
+    webhook_secret = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
