@@ -67,7 +67,33 @@ def _validated(schema: str, body) -> dict:
     if errors:
         code, param, message = errors[0]
         raise AcpError(status=400, code=code, param=param, message=message)
+    nul = _nul_path(body, "$")
+    if nul:
+        # PostgreSQL text and jsonb cannot hold NUL: refused here, not a 500 at the save.
+        raise AcpError(status=400, code="invalid", param=nul,
+                       message=f"{nul} contains a NUL character.")
+    currency = body.get("currency") if isinstance(body, dict) else None
+    if currency is not None and not (len(currency) == 3 and currency.isascii()
+                                     and currency.isalpha()):
+        raise AcpError(status=400, code="invalid", param="$.currency",
+                       message="currency must be an ISO 4217 code (three letters).")
     return body
+
+
+def _nul_path(value, path: str) -> str:
+    if isinstance(value, str):
+        return path if "\x00" in value else ""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _nul_path(key, path) or _nul_path(item, f"{path}.{key}")
+            if found:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _nul_path(item, f"{path}[{index}]")
+            if found:
+                return found
+    return ""
 
 
 def _session_or_404(request, session_id: str) -> CheckoutSession:

@@ -172,3 +172,15 @@ def test_a_shared_token_used_twice_expired_or_for_another_amount_is_refused(
     r = agent.complete(session["id"], issue_spt(1250), email)
     assert r.status_code == 200, r.text
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
+
+
+def test_a_long_currency_or_a_nul_is_a_400_not_a_500(agent, tea):
+    """Found by the schemathesis chain: currency "usdx" reached the 3-character column."""
+    for body, param in (
+            ({"line_items": [{"id": tea.sku}], "currency": "usdx", "capabilities": {}},
+             "$.currency"),
+            ({"line_items": [{"id": "TEA\x00"}], "currency": "usd", "capabilities": {}},
+             "$.line_items[0].id")):
+        r = agent.post("checkout_sessions", body)
+        assert (r.status_code, valid("Error", r.json())["param"]) == (400, param), r.text
+    assert CheckoutSession.objects.count() == 0
