@@ -77,7 +77,7 @@ def _deliver_order_event(payload: dict) -> None:
     if session is None:
         return  # not a session's purchase: nothing to tell
     platform = AgentPlatform.objects.filter(api_client_id=session.api_client_id).first()
-    if platform is None:
+    if platform is None or not platform.webhook_url:
         return  # the platform receives no webhooks (it polls the session)
     body = json.dumps({"type": payload["event"], "data": {
         "type": "order", "id": session.purchase_id, "checkout_session_id": session.id,

@@ -40,12 +40,15 @@ class CheckoutSession(models.Model):
 
 
 class AgentPlatform(models.Model):
-    """Where an agent platform (one API client with the `acp` scope) receives its order
-    events (the ACP checkout webhook), and the secret they are signed with. The secret is
-    the platform's to verify our `Merchant-Signature`; it is shown once when set."""
+    """Per agent platform (one API client with the `acp` scope): where it receives its
+    order events (the ACP checkout webhook) and the secret they are signed with, and the
+    secret its own requests are signed with (optional)."""
 
     api_client = models.OneToOneField("payments.ApiClient", on_delete=models.CASCADE,
                                       related_name="acp_platform")
-    webhook_url = models.URLField(max_length=500)
-    webhook_secret = models.CharField(max_length=200)
+    webhook_url = models.URLField(max_length=500, blank=True)
+    webhook_secret = models.CharField(max_length=200, blank=True)
+    # Set: every request of this platform must carry a valid `Signature` + `Timestamp`
+    # (acp.views: HMAC-SHA256 over "<Timestamp>.<canonical JSON body>", base64url).
+    signing_secret = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -1,7 +1,8 @@
 """The five ACP checkout-session endpoints (`/acp/checkout_sessions…`).
 
 `Authorization: Bearer <Verity API key>` with the `acp` scope; `API-Version` required and
-checked; `Request-Id` and `Idempotency-Key` echoed; every POST under the same
+checked; `Signature` + `Timestamp` verified when the platform has a signing secret;
+`Request-Id` and `Idempotency-Key` echoed; every POST under the same
 Idempotency-Key contract as the REST API (payments.idempotency, scoped to client + route):
 replay -> the session's current state with `Idempotent-Replayed: true`, another body ->
 422 `idempotency_conflict`, still running -> 409 `idempotency_in_flight` + Retry-After.
@@ -14,11 +15,15 @@ further complete, whatever the key: never a second charge.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import logging
 
 from django.db import transaction
 from django.http import Http404
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -30,6 +35,7 @@ from payments.errors import DomainError
 from payments.idempotency import (
     HEADER as IDEMPOTENCY_HEADER,
     REPLAYED_HEADER,
+    canonical_json,
     idempotency_bind,
     idempotency_claim,
     idempotency_complete,
@@ -42,7 +48,7 @@ from payments.problems import Problem
 
 from . import sessions
 from .errors import AcpError, from_domain_error, from_drf, from_problem
-from .models import CheckoutSession
+from .models import AgentPlatform, CheckoutSession
 from .sessions import Status
 from .spec import SUPPORTED_VERSIONS, request_errors
 
@@ -111,6 +117,41 @@ def _fresh(session_id: str) -> CheckoutSession:
     return CheckoutSession.objects.select_related("purchase__quote", "quote").get(pk=session_id)
 
 
+SIGNATURE_SKEW_SECONDS = 300
+
+
+def request_signature(secret: str, timestamp: str, body) -> str:
+    """base64url(HMAC-SHA256(secret, "<Timestamp>.<canonical JSON of the body>")), the
+    body as parsed (keys sorted, no whitespace: payments.idempotency.canonical_json; ""
+    when there is none)."""
+    payload = canonical_json(body) if body not in (None, {}, "") else ""
+    digest = hmac.new(secret.encode(), f"{timestamp}.{payload}".encode(), hashlib.sha256)
+    return base64.urlsafe_b64encode(digest.digest()).decode().rstrip("=")
+
+
+def _verify_signature(request) -> None:
+    """Only for a platform with a signing secret: then a request without a valid,
+    fresh signature is refused before anything is read or written."""
+    platform = AgentPlatform.objects.filter(api_client=request.auth).first()
+    if platform is None or not platform.signing_secret:
+        return
+    signature = (request.headers.get("Signature") or "").strip().rstrip("=")
+    timestamp = (request.headers.get("Timestamp") or "").strip()
+    when = parse_datetime(timestamp) if timestamp else None
+    if not signature or when is None or when.tzinfo is None:
+        raise AcpError(status=401, code="invalid_signature", param="Signature",
+                       message="This platform signs its requests: send Signature and an "
+                               "RFC 3339 Timestamp.")
+    if abs((timezone.now() - when).total_seconds()) > SIGNATURE_SKEW_SECONDS:
+        raise AcpError(status=401, code="invalid_signature", param="Timestamp",
+                       message="The request's Timestamp is too far from now.")
+    body = request.data if request.method == "POST" else None
+    expected = request_signature(platform.signing_secret, timestamp, body)
+    if not hmac.compare_digest(signature, expected):
+        raise AcpError(status=401, code="invalid_signature", param="Signature",
+                       message="The request signature does not match.")
+
+
 class AcpView(APIView):
     authentication_classes = [AcpBearerAuthentication]
     permission_classes = [HasScope]
@@ -132,6 +173,7 @@ class AcpView(APIView):
             raise AcpError(status=400, code="unsupported_api_version", param="API-Version",
                            message="Unsupported API-Version; supported: "
                                    + ", ".join(SUPPORTED_VERSIONS) + ".")
+        _verify_signature(request)
 
     def handle_exception(self, exc):
         if isinstance(exc, AcpError):

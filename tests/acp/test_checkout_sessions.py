@@ -184,3 +184,52 @@ def test_a_long_currency_or_a_nul_is_a_400_not_a_500(agent, tea):
         r = agent.post("checkout_sessions", body)
         assert (r.status_code, valid("Error", r.json())["param"]) == (400, param), r.text
     assert CheckoutSession.objects.count() == 0
+
+
+def test_a_platform_with_a_signing_secret_must_sign_its_requests(agent, platform, tea):
+    import datetime
+
+    from acp.models import AgentPlatform
+    from acp.views import request_signature
+
+    AgentPlatform.objects.create(api_client=platform[0], signing_secret="sig_secret")
+    body = {"line_items": [{"id": tea.sku, "quantity": 1}], "currency": "usd",
+            "capabilities": {}}
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    r = agent.post("checkout_sessions", body)
+    assert (r.status_code, valid("Error", r.json())["code"]) == (401, "invalid_signature")
+    signed = {"Timestamp": now, "Signature": request_signature("sig_secret", now, body)}
+    r = agent.post("checkout_sessions", {**body, "currency": "USD"}, **signed)  # tampered
+    assert (r.status_code, r.json()["code"]) == (401, "invalid_signature")
+    stale = "2026-01-01T00:00:00Z"
+    r = agent.post("checkout_sessions", body, Timestamp=stale,
+                   Signature=request_signature("sig_secret", stale, body))
+    assert (r.status_code, r.json()["param"]) == (401, "Timestamp")
+    assert CheckoutSession.objects.count() == 0
+    r = agent.post("checkout_sessions", body, **signed)
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    assert agent.get(f"checkout_sessions/{sid}").status_code == 401
+    r = agent.get(f"checkout_sessions/{sid}", Timestamp=now,
+                  Signature=request_signature("sig_secret", now, None))
+    assert r.status_code == 200 and r.json()["id"] == sid
+
+
+def test_the_rfc_instrument_form_of_payment_data_pays_too(agent, tea, localstripe):
+    session = agent.create(tea.sku).json()
+    token = issue_spt(1250)
+    r = agent.post(f"checkout_sessions/{session['id']}/complete", {
+        "buyer": {"email": new_email()},
+        "payment_data": {"handler_id": "stripe_spt", "instrument": {
+            "type": "card", "credential": {"type": "spt", "token": token}}}})
+    assert r.status_code == 200, r.text
+    order = valid("CheckoutSessionWithOrder", r.json())["order"]
+    assert [pi["shared_payment_granted_token"]
+            for pi in localstripe.succeeded_charges_for(order["id"])] == [token]
+    # An unknown handler is refused before anything happens.
+    other = agent.create(tea.sku).json()
+    r = agent.post(f"checkout_sessions/{other['id']}/complete", {
+        "buyer": {"email": new_email()},
+        "payment_data": {"handler_id": "card_tokenized", "instrument": {
+            "type": "card", "credential": {"type": "spt", "token": issue_spt(1250)}}}})
+    assert (r.status_code, r.json()["param"]) == (400, "$.payment_data.handler_id")
