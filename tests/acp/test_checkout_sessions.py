@@ -10,7 +10,7 @@ import pytest
 from acp.models import CheckoutSession
 from acp.spec import SPEC_PATH
 from payments.models import PaymentOperation, Purchase, PurchaseChannel
-from tests.acp.conftest import complete_body, issue_spt, new_email, spt_state, valid
+from tests.acp.conftest import issue_spt, new_email, spt_state, valid
 from tests.factories import ProductFactory, make_client
 
 pytestmark = pytest.mark.django_db(transaction=True)

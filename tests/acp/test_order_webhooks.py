@@ -129,3 +129,19 @@ def test_no_platform_webhook_configured_means_nothing_is_sent(agent, tea, receiv
     events = OutboxMessage.objects.filter(category=OutboxCategory.ACP_ORDER_EVENT)
     assert events.exists() and not events.filter(processed_at__isnull=True).exists()
     assert receiver.received == []
+
+
+def test_acp_platform_command_sets_the_webhook_and_prints_new_secrets_once(platform):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("acp_platform", platform[0].name, "--webhook-url",
+                 "https://platform.example/acp/events", "--new-signing-secret", stdout=out)
+    p = AgentPlatform.objects.get(api_client=platform[0])
+    assert p.webhook_url == "https://platform.example/acp/events"
+    assert p.webhook_secret in out.getvalue() and p.signing_secret in out.getvalue()
+    call_command("acp_platform", platform[0].name, "--no-signing", stdout=StringIO())
+    p.refresh_from_db()
+    assert p.signing_secret == "" and p.webhook_secret
