@@ -189,3 +189,23 @@ def test_provider_down_then_back_pays_the_same_session_once(agent, tea, localstr
     r = agent.post(f"checkout_sessions/{sid}/complete", complete_body(issue_spt(1250), email))
     assert r.status_code == 200 and r.json()["order"]["id"] == purchase_id
     _one_charge_one_order(localstripe, purchase_id)
+
+
+def test_parallel_completes_with_fresh_keys_and_tokens_make_one_payment(agent, tea,
+                                                                        localstripe):
+    from concurrent.futures import ThreadPoolExecutor
+
+    email = new_email()
+    sid = agent.create(tea.sku).json()["id"]
+    tokens = [issue_spt(1250) for _ in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda t: agent.post(f"checkout_sessions/{sid}/complete",
+                                                     complete_body(t, email)), tokens))
+    # One request paid; the others waited for the session and answered its state.
+    assert {r.status_code for r in answers} <= {200, 202}, [r.text for r in answers]
+    purchase = Purchase.objects.get(acp_session__id=sid)
+    assert PaymentOperation.objects.filter(purchase=purchase).count() == 1
+    assert len(localstripe.payment_intents_for(purchase.id)) == 1
+    assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
+    assert sum(spt_state(t)["deactivated_reason"] == "consumed" for t in tokens) == 1
+    assert _session(agent, sid)["status"] == "completed"
