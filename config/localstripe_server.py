@@ -18,6 +18,16 @@ balance transaction, reporting category `dispute`); `POST /_config/disputes/{id}
 {status, fee_returned?} moves it (`under_review`, `won` -> a `dispute_reversal`
 adjustment reinstating the amount, `lost`, `warning_closed`, `charge_refunded`).
 Events are not sent: tests sign `charge.dispute.*` events built from this object.
+
+localstripe has no shared payment tokens (agentic commerce, issue 33). This launcher adds
+the minimal SharedPaymentGrantedToken Stripe documents: the test helper that plays the
+agent platform's part, `POST /v1/test_helpers/shared_payment/granted_tokens`
+{payment_method, usage_limits[currency], usage_limits[max_amount], usage_limits[expires_at]}
+-> `spt_…`; `GET /v1/shared_payment/granted_tokens/{id}`; and a PaymentIntent created with
+`payment_method_data[shared_payment_granted_token]` resolves the token to its payment
+method. The token is single use (consumed by the PaymentIntent it creates), refused once
+expired, and refused for another currency or an amount above its `max_amount`: a 400
+`invalid_request_error` whose `code` names why, and no PaymentIntent.
 """
 import argparse
 import json
@@ -124,6 +134,102 @@ def add_disputes(app) -> None:
     app.router.add_route("POST", "/_config/disputes/{id}", _move_dispute)
 
 
+class SharedPaymentGrantedToken(resources.StripeObject):
+    """Stripe's SharedPaymentGrantedToken, the fields a merchant reads."""
+
+    object = "shared_payment.granted_token"
+    _id_prefix = "spt_"
+
+    def __init__(self, payment_method=None, usage_limits=None, customer=None, metadata=None,
+                 **kwargs):
+        if kwargs:
+            raise UserError(400, "Unexpected " + ", ".join(kwargs.keys()))
+        limits = usage_limits if isinstance(usage_limits, dict) else {}
+        max_amount = resources.try_convert_to_int(limits.get("max_amount"))
+        expires_at = resources.try_convert_to_int(limits.get("expires_at"))
+        currency = limits.get("currency")
+        if (not isinstance(payment_method, str) or not isinstance(max_amount, int)
+                or max_amount <= 0 or not isinstance(currency, str) or not currency
+                or not isinstance(expires_at, int)):
+            raise UserError(400, "Bad request")
+        # pm_card_visa & co. become a stored PaymentMethod, as a PaymentIntent makes them.
+        method = resources.PaymentMethod._api_retrieve(payment_method)
+        super().__init__()
+        self.payment_method = method.id
+        self.customer = customer
+        self.metadata = metadata or {}
+        self.usage_limits = {"currency": currency.lower(), "max_amount": max_amount,
+                             "expires_at": expires_at}
+        self.usage_details = {"amount_captured": None}
+        self.deactivated_at = None
+        self.deactivated_reason = None
+
+    def _refuse(self, code: str, message: str):
+        raise UserError(400, message, {"code": code, "param": "payment_method_data"})
+
+    def _check(self, *, amount, currency) -> None:
+        now = int(time.time())
+        if self.deactivated_reason == "consumed":
+            self._refuse("shared_payment_granted_token_consumed",
+                         "This shared payment token was already used.")
+        if self.deactivated_reason or now >= self.usage_limits["expires_at"]:
+            self._refuse("shared_payment_granted_token_expired",
+                         "This shared payment token has expired.")
+        if (currency or "").lower() != self.usage_limits["currency"]:
+            self._refuse("shared_payment_granted_token_usage_limit_exceeded",
+                         "This shared payment token is for another currency.")
+        if not isinstance(amount, int) or amount > self.usage_limits["max_amount"]:
+            self._refuse("shared_payment_granted_token_usage_limit_exceeded",
+                         "The amount exceeds this shared payment token's max_amount.")
+
+    def _consume(self, *, amount) -> None:
+        self.deactivated_at = int(time.time())
+        self.deactivated_reason = "consumed"
+        self.usage_details = {"amount_captured": amount}
+
+
+_payment_intent_create = resources.PaymentIntent._api_create.__func__
+
+
+def _payment_intent_create_with_shared_token(cls, **data):
+    """PaymentIntent create that understands payment_method_data[shared_payment_granted_token]
+    (localstripe refuses payment_method_data); anything else goes to localstripe as is."""
+    method_data = data.get("payment_method_data")
+    if not (isinstance(method_data, dict) and "shared_payment_granted_token" in method_data):
+        return _payment_intent_create(cls, **data)
+    if len(method_data) != 1 or data.get("payment_method"):
+        raise UserError(400, "Bad request")
+    token_id = method_data["shared_payment_granted_token"]
+    if not isinstance(token_id, str) or not token_id.startswith("spt_"):
+        raise UserError(400, "Bad request")
+    try:
+        token = SharedPaymentGrantedToken._api_retrieve(token_id)
+    except UserError:
+        raise UserError(400, "No such shared payment token.",
+                        {"code": "resource_missing", "param": "payment_method_data"}) from None
+    amount = resources.try_convert_to_int(data.get("amount"))
+    token._check(amount=amount, currency=data.get("currency"))
+    data = {k: v for k, v in data.items() if k != "payment_method_data"}
+    intent = _payment_intent_create(cls, **data, payment_method=token.payment_method)
+    token._consume(amount=amount)  # only once a PaymentIntent exists for it
+    intent.shared_payment_granted_token = token.id
+    return intent
+
+
+async def _issue_shared_token(request):
+    data = await server.get_post_data(request) or {}
+    return _json(SharedPaymentGrantedToken(**data))
+
+
+def add_shared_payment_tokens(app) -> None:
+    resources.PaymentIntent._api_create = classmethod(_payment_intent_create_with_shared_token)
+    app.router.add_route("POST", "/v1/test_helpers/shared_payment/granted_tokens",
+                         _issue_shared_token)
+    app.router.add_route("GET", "/v1/shared_payment/granted_tokens/{id}",
+                         server.api_retrieve(SharedPaymentGrantedToken,
+                                             "/v1/shared_payment/granted_tokens"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=8420)
@@ -136,6 +242,7 @@ def main() -> None:
     resources.Store.dump_to_disk = lambda self: None  # in-memory only
     resources.store.clear()
     add_disputes(server.app)
+    add_shared_payment_tokens(server.app)
 
     if args.webhook_url and args.webhook_secret:
         # localstripe forgets its webhook config on restart: register it at every start.

@@ -12,6 +12,7 @@ urlpatterns = [
     path("api/v1/", include("payments.urls")),
     path("webhooks/", include("webhooks.urls")),
     path("mcp/", include("agents.urls")),
+    path("acp/", include("acp.urls")),
     path("", include("recovery.urls")),
     path("", include("support.urls")),
     path("demo-checkout/<str:purchase_id>", demo.demo_checkout, name="demo-checkout"),

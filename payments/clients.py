@@ -5,7 +5,8 @@ from django.db import transaction
 
 from .models import ApiClient
 
-SCOPES = ("purchases:read", "purchases:write", "refunds:write", "operations:resolve")
+SCOPES = ("purchases:read", "purchases:write", "refunds:write", "operations:resolve",
+          "acp")  # acp: the Agentic Commerce Protocol checkout (acp/), an agent platform
 
 
 def api_client_create(*, name: str, scopes: list[str], limit: int = 0, currency: str = "usd",

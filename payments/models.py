@@ -121,6 +121,13 @@ class Quote(models.Model):
         constraints = [models.CheckConstraint(condition=Q(amount__gt=0), name="quote_amount_pos")]
 
 
+class PurchaseChannel(models.TextChoices):
+    """The way in a purchase came (console, status page and metrics show it like any other)."""
+
+    API = "api"  # the storefront REST API, MCP and the console
+    ACP = "acp"  # an Agentic Commerce Protocol checkout session (acp/)
+
+
 class Purchase(ConcurrentTransitionMixin, models.Model):
     id = models.CharField(primary_key=True, max_length=40, default=new_purchase_id, editable=False)
     quote = models.ForeignKey(Quote, on_delete=models.PROTECT, related_name="purchases")
@@ -147,6 +154,8 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     # paid; issue 18: the console read it with a correlated subquery per row). Written by
     # every status change that saves through `status_change_fields()`.
     paid_at = models.DateTimeField(null=True, blank=True)
+    channel = models.CharField(max_length=16, choices=PurchaseChannel.choices,
+                               default=PurchaseChannel.API)
 
     class Meta:
         constraints = [

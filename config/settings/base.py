@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "support",
     "audit",
     "agents",
+    "acp",
 ]
 
 MIDDLEWARE = [

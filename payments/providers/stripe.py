@@ -64,6 +64,10 @@ class _ArmedDrill:
     times: int
 
 
+# A Stripe shared payment token (agentic commerce): charged through payment_method_data.
+SHARED_PAYMENT_TOKEN_PREFIX = "spt_"
+
+
 class FaultDrillHTTPClient(stripe.HTTPClient):
     """Wraps the real HTTP client; injects one failure mode on matching requests.
 
@@ -320,9 +324,26 @@ class StripeProvider:
     # -- writes (each with its own "<key>:<step>" idempotency key) -------------------
     def create_payment_intent(self, *, key, amount, currency, payment_method, capture_method,
                               metadata) -> CallResult:
+        if payment_method.startswith(SHARED_PAYMENT_TOKEN_PREFIX):
+            return self.create_payment_intent_with_shared_token(
+                key=key, amount=amount, currency=currency, token=payment_method,
+                capture_method=capture_method, metadata=metadata)
         # Never confirm=true on create: the id must be stored before money can move.
         params = {"amount": amount, "currency": currency, "payment_method": payment_method,
                   "capture_method": capture_method, "metadata": metadata}
+        return self._call(lambda: self.client.v1.payment_intents.create(
+            params=params, options={"idempotency_key": key}), step="create")
+
+    def create_payment_intent_with_shared_token(self, *, key, amount, currency, token,
+                                                capture_method, metadata) -> CallResult:
+        """A shared payment token (spt_…) an agent platform delegated (ACP, issue 33): Stripe
+        takes it as `payment_method_data[shared_payment_granted_token]` on the PaymentIntent
+        and resolves it to the granted PaymentMethod, within the token's usage limits
+        (amount, currency, expiry, single use). Same two steps as any payment: created
+        unconfirmed under its own key, then confirmed by `confirm_payment_intent`."""
+        params = {"amount": amount, "currency": currency, "capture_method": capture_method,
+                  "payment_method_data": {"shared_payment_granted_token": token},
+                  "metadata": metadata}
         return self._call(lambda: self.client.v1.payment_intents.create(
             params=params, options={"idempotency_key": key}), step="create")
 

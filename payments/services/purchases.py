@@ -33,7 +33,7 @@ from ..locks import (
     lock_purchase_or_none,
     lock_quote_or_none,
 )
-from ..models import ApiClient, BuyerConfirmation, Product, Purchase, Quote
+from ..models import ApiClient, BuyerConfirmation, Product, Purchase, PurchaseChannel, Quote
 from .common import _actor, _history, _purchase_to
 from .holds import _check_currency_allowed
 
@@ -132,7 +132,8 @@ def _buyer_lifted(*, code: str, candidates) -> BuyerConfirmation:
 def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version: int,
                   customer_reference: str, customer_email: str = "",
                   acknowledge_unresolved=(), buyer_confirmation: str = "",
-                  storefront_confirmation: bool = False) -> PurchaseOpened:
+                  storefront_confirmation: bool = False,
+                  channel: str = PurchaseChannel.API) -> PurchaseOpened:
     """Open the purchase a quote backs: one quote, one purchase (a repeat returns it).
 
     The guards, per API client and normalised customer reference: another purchase is
@@ -232,7 +233,7 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
                     currency=quote.currency, customer_reference=reference, customer_key=key,
                     basket_fingerprint=fingerprint, customer_email=email,
                     recovery_owner=settings.RECOVERY_OWNER_DEFAULT,
-                    acknowledged_unresolved=sorted(lifted))
+                    acknowledged_unresolved=sorted(lifted), channel=channel)
         except IntegrityError:  # unreachable under the quote lock; the constraint is the guard
             return PurchaseOpened(Purchase.objects.get(quote=quote), False)
         if confirmation is not None:

@@ -1,0 +1,10 @@
+from django.apps import AppConfig
+
+
+class AcpConfig(AppConfig):
+    name = "acp"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # The order-event outbox handler and its Purchase transition receiver.
+        from . import handlers  # noqa: F401

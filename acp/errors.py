@@ -1,0 +1,64 @@
+"""ACP `Error` answers: {type, code, message, param?} (spec `Error`), from Verity's own
+refusals (payments.errors.DomainError, payments.problems.Problem) and DRF's."""
+from __future__ import annotations
+
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+
+from payments.errors import DomainError
+from payments.problems import Problem
+
+# Verity's idempotency codes -> the ACP RFC §6 codes (same rules, the protocol's names).
+_IDEMPOTENCY_CODES = {"idempotency_key_reused": "idempotency_conflict",
+                      "request_in_progress": "idempotency_in_flight",
+                      "idempotency_key_required": "idempotency_key_required"}
+
+
+class AcpError(Exception):
+    def __init__(self, *, status: int, code: str, message: str, param: str | None = None,
+                 type: str | None = None, headers: dict | None = None,
+                 extra: dict | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+        self.type = type or ("service_unavailable" if status == 503 else
+                             "processing_error" if status >= 500 else "invalid_request")
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        out = {"type": self.type, "code": self.code, "message": self.message}
+        if self.param:
+            out["param"] = self.param
+        return out
+
+    def response(self) -> Response:
+        return Response(self.body(), status=self.status, headers=self.headers)
+
+
+def from_problem(exc: Problem) -> AcpError:
+    return AcpError(status=exc.status, code=_IDEMPOTENCY_CODES.get(exc.code, exc.code),
+                    message=exc.detail, headers=exc.headers)
+
+
+def from_domain_error(exc: DomainError) -> AcpError:
+    headers = {}
+    if exc.status == 503:
+        headers["Retry-After"] = str(int((exc.extra or {}).get("retry_after") or 30))
+    return AcpError(status=exc.status, code=exc.code, message=exc.message, headers=headers)
+
+
+def from_drf(exc: drf.APIException) -> AcpError:
+    headers = {}
+    code = {drf.NotAuthenticated: "unauthenticated", drf.AuthenticationFailed: "unauthenticated",
+            drf.PermissionDenied: "forbidden_scope", drf.Throttled: "rate_limited",
+            drf.ParseError: "invalid_json", drf.UnsupportedMediaType: "unsupported_media_type",
+            drf.MethodNotAllowed: "method_not_allowed", drf.NotFound: "not_found",
+            drf.NotAcceptable: "not_acceptable"}.get(type(exc), "invalid_request")
+    if isinstance(exc, drf.Throttled) and exc.wait:
+        headers["Retry-After"] = str(max(1, int(exc.wait)))
+    if isinstance(exc, (drf.NotAuthenticated, drf.AuthenticationFailed)):
+        headers["WWW-Authenticate"] = 'Bearer realm="acp"'
+    message = str(exc.detail) if isinstance(exc.detail, str) else "Invalid request."
+    return AcpError(status=exc.status_code, code=code, message=message, headers=headers)
