@@ -553,8 +553,9 @@ class _Broadcast:
 class RefundSender:
     """Signs and broadcasts `transfer(payer, value)` from the refund signer: a separate
     refund account with a small float that finance tops up, never the receiving account
-    pay_to (issue 31 #4; config/settings/security.py refuses that key). The signed transaction's hash and nonce are handed to `on_signed`
-    (which persists them) before the broadcast, so a lost answer leaves a hash to read.
+    pay_to (issue 31 #4; config/settings/security.py refuses that key). The signed
+    transaction's hash and nonce are handed to `on_signed` (which persists them) before
+    the broadcast, so a lost answer leaves a hash to read.
     A broadcast refused because another transaction of the signer took the nonce is
     re-signed with a fresh nonce and `on_signed` is called again (it overwrites the stored
     hash and nonce of the same refund): at most REFUND_NONCE_ATTEMPTS signs. Verity's
@@ -806,8 +807,13 @@ def refund_float() -> RefundFloat | None:
     address = refund_account_address()
     if not address or not settings.X402_ASSET:
         return None
-    reader = get_chain_reader()
-    balance = int(reader._token().functions.balanceOf(address).call())
+    # Its own short-timeout, no-retry client: a scrape or a dashboard view must not wait
+    # out the reader's 10-s timeout and web3's retries when the RPC is down.
+    w3 = Web3(Web3.HTTPProvider(settings.X402_RPC_URL, request_kwargs={"timeout": 3},
+                                exception_retry_configuration=None))
+    token = w3.eth.contract(address=Web3.to_checksum_address(settings.X402_ASSET),
+                            abi=_TOKEN_ABI)
+    balance = int(token.functions.balanceOf(address).call())
     return RefundFloat(address=address, balance=balance, decimals=settings.X402_DECIMALS)
 
 

@@ -130,3 +130,17 @@ def test_settle_attempts_past_the_per_client_limit_are_429_and_store_nothing(
     other_purchase, _other_payer, _ = _paid(other, report, chain)
     assert PaymentOperation.objects.filter(purchase_id=other_purchase["id"]).count() == 1
     settle_outbox()
+
+
+def test_an_unreadable_chain_shows_the_float_unreadable_and_metrics_still_answer(
+        chain, client, settings):
+    settings.X402_RPC_URL = "http://127.0.0.1:9"  # nothing listens: connection refused
+
+    page = _console(client).get("/console/")
+    metrics = client.get("/metrics")
+
+    assert page.status_code == 200 and "unreadable" in page.content.decode()
+    assert chain.refund_account in page.content.decode()
+    body = metrics.content.decode()
+    assert metrics.status_code == 200 and "# TYPE verity_x402_refund_balance gauge" in body
+    assert not re.search(r"^verity_x402_refund_balance ", body, re.M)  # no sample: no alert
