@@ -387,7 +387,7 @@ class ChainSnapshot:
     chain: object
     used: dict[tuple[str, str], str]  # (payer, nonce) -> transaction, AuthorizationUsed logs
     transfers: list[tuple[str, int, str]]  # Transfer logs to pay_to: (from, value, transaction)
-    balance: int  # pay_to's token balance (atomic units)
+    balance: int  # pay_to's token balance minus what the refund account sent (atomic)
 
 
 def _chain_snapshot() -> ChainSnapshot | None:
@@ -416,7 +416,10 @@ def _chain_snapshot() -> ChainSnapshot | None:
     used = {(address(log["topics"][1]), Web3.to_hex(log["topics"][2]).lower()):
             Web3.to_hex(log["transactionHash"])
             for log in logs("AuthorizationUsed(address,bytes32)")}
-    return ChainSnapshot(chain, used, transfers, chain.balance(chain.pay_to))
+    # Refunds leave from the separate refund account (issue 31 #4), not from pay_to: the
+    # money Verity holds is what pay_to received minus what the refund account sent.
+    return ChainSnapshot(chain, used, transfers,
+                         chain.balance(chain.pay_to) - chain.refunds_sent())
 
 
 def _x402(rep: Report, snap: ChainSnapshot, *, live: bool) -> None:
@@ -496,13 +499,15 @@ def _x402(rep: Report, snap: ChainSnapshot, *, live: bool) -> None:
     rep.add("x402 unknown/awaiting the chain", open_now, "reported")
     if live:
         return
-    # Double entry: what the ledger says the x402 payments brought in is pay_to's balance.
+    # Double entry: what the ledger says the x402 payments brought in (refunds taken off)
+    # is pay_to's balance minus what the refund account sent back.
     shift = settings.X402_DECIMALS - 2
     ledger = (LedgerEntry.objects.filter(account="provider_balance",
                                          operation_id__in=x402_ops.values("id"))
               .aggregate(s=Sum("amount"))["s"] or 0)
     on_chain, rest = divmod(snap.balance, 10**shift)
-    rep.add("x402 ledger minus pay_to balance", ledger - on_chain, "must be 0",
+    rep.add("x402 ledger minus (pay_to balance - refunds sent)", ledger - on_chain,
+            "must be 0",
             ok=ledger == on_chain and not rest)
 
 

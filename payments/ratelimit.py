@@ -62,4 +62,17 @@ def rate_limit_hit(*, ident: str, limit: int, window_seconds: int) -> Decision:
     return Decision(allowed=count <= limit, wait_seconds=max(1, math.ceil(left)))
 
 
-__all__ = ["Decision", "parse_rate", "rate_limit_hit"]
+# x402 settle attempts per API client (issue 31 #3): a bucket of its own, so the general
+# API throttle's window and this one never share a count.
+X402_SETTLE_BUCKET = "x402-settle"
+
+
+def x402_settle_hit(*, client_id, rate: str) -> Decision:
+    """Count one x402 settle attempt of this API client against `rate` ('30/min')."""
+    limit, window = parse_rate(rate)
+    return rate_limit_hit(ident=f"{X402_SETTLE_BUCKET}:client:{client_id}", limit=limit,
+                          window_seconds=window)
+
+
+__all__ = ["Decision", "X402_SETTLE_BUCKET", "parse_rate", "rate_limit_hit",
+           "x402_settle_hit"]

@@ -9,6 +9,9 @@ GET /api/v1/purchases/{id}/deliverable on a purchase the rail is offered for:
 """
 from __future__ import annotations
 
+import logging
+
+from django.conf import settings
 from rest_framework.response import Response
 
 from . import selectors
@@ -16,6 +19,7 @@ from .enums import PAYMENT_KINDS, Outcome, Owner, Rail, RetryAdvice
 from .models import PaymentOperation, Purchase
 from .errors import DomainError
 from .problems import Problem, problem_from_domain_error
+from .ratelimit import x402_settle_hit
 from .providers.x402 import (
     PAYMENT_REQUIRED_HEADER,
     PAYMENT_RESPONSE_HEADER,
@@ -33,6 +37,7 @@ __all__ = ["PAYMENT_SIGNATURE_HEADER", "deliverable_pay", "deliverable_state",
            "deliverable_unpaid"]
 
 _EXPOSE = "Access-Control-Expose-Headers"
+log = logging.getLogger(__name__)
 
 
 def _latest_x402(purchase: Purchase) -> PaymentOperation | None:
@@ -95,9 +100,31 @@ def _answer(request, purchase: Purchase, op: PaymentOperation, *, replayed: bool
                     status=202, headers={**headers, "Retry-After": "5"})
 
 
+def _settle_gate(request, purchase: Purchase):
+    """The per-API-client limit on x402 settle attempts (issue 31 #3): each one costs chain
+    reads, a facilitator call and its gas. Refused before anything is stored."""
+    def gate() -> None:
+        client = request.auth
+        try:
+            decision = x402_settle_hit(client_id=client.pk, rate=settings.X402_SETTLE_RATE)
+        except Exception:  # noqa: BLE001 - the cache is Redis; an outage must not 500
+            log.warning("x402 settle limiter unavailable; attempt allowed", exc_info=True)
+            return
+        if not decision.allowed:
+            raise Problem(code="x402_settle_rate_limited", status=429,
+                          retry=RetryAdvice.SAME_KEY, owner=Owner.BUYER, purchase=purchase.id,
+                          detail=f"Too many x402 payment attempts from this API client "
+                                 f"(limit {settings.X402_SETTLE_RATE}). Nothing was charged "
+                                 f"or stored; retry the same payment after "
+                                 f"{decision.wait_seconds} s.",
+                          headers={"Retry-After": str(decision.wait_seconds)})
+    return gate
+
+
 def deliverable_pay(request, purchase: Purchase, header: str) -> Response:
     try:
-        result = x402_pay(purchase_id=purchase.id, api_client=request.auth, header=header)
+        result = x402_pay(purchase_id=purchase.id, api_client=request.auth, header=header,
+                          settle_gate=_settle_gate(request, purchase))
     except DomainError as exc:
         if exc.status != 402:
             raise

@@ -20,6 +20,7 @@ proves nothing, the chain decides (payments.x402_reads, read-only).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from babel.numbers import get_currency_precision
@@ -348,8 +349,12 @@ def _refreshed(op: PaymentOperation) -> PaymentOperation:
     return PaymentOperation.objects.select_related("purchase").get(id=op.id)
 
 
-def x402_pay(*, purchase_id: str, api_client, header: str) -> X402Result:
-    """Settle (or replay) one PAYMENT-SIGNATURE for a purchase. Bad input changes nothing."""
+def x402_pay(*, purchase_id: str, api_client, header: str,
+             settle_gate: Callable[[], None] | None = None) -> X402Result:
+    """Settle (or replay) one PAYMENT-SIGNATURE for a purchase. Bad input changes nothing.
+    `settle_gate` (the per-client settle limit, payments.x402_apis) runs once a new
+    attempt passed the local checks, before the chain reads and the settle; it raises to
+    refuse. Replays never reach it."""
     purchase = Purchase.objects.select_related("quote").get(id=purchase_id)
     if not x402_offered(purchase):
         raise _refuse("rail_not_available", "x402 payment is not offered for this purchase.",
@@ -363,6 +368,8 @@ def x402_pay(*, purchase_id: str, api_client, header: str) -> X402Result:
     if existing is not None:
         return X402Result(_refreshed(existing), replayed=True)
     _check_against_requirements(purchase, signed)
+    if settle_gate is not None:
+        settle_gate()
     try:
         checked_block = _check_on_chain(purchase, signed)
     except DomainError:

@@ -259,6 +259,35 @@ def _x402_gauges(now):
     yield GaugeMetricFamily("verity_x402_pending_oldest_age_seconds",
                             "Age of the oldest x402 settlement not yet confirmed",
                             value=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0)
+    yield from _x402_refund_float_gauges()
+
+
+def _x402_refund_float_gauges():
+    """The refund account's balance and the level below which finance tops it up (issue 31
+    #4): refunds on x402 are sent from a separate account holding a small float, so an
+    empty float means refunds fail. Both families are always declared (the alert's inputs
+    exist on every scrape); the balance has a sample only when a refund key is set and the
+    chain answered (one eth_call, outside any transaction)."""
+    threshold = GaugeMetricFamily(
+        "verity_x402_refund_low_balance",
+        "x402 refund account level below which finance tops it up (X402_REFUND_LOW_BALANCE, "
+        "whole tokens)")
+    balance = GaugeMetricFamily(
+        "verity_x402_refund_balance",
+        "x402 refund account's balance of the asset (whole tokens, e.g. USDC)")
+    if settings.X402_ENABLED and settings.X402_REFUND_PRIVATE_KEY:
+        from payments.providers.x402 import refund_float
+
+        threshold.add_metric([], float(settings.X402_REFUND_LOW_BALANCE))
+        try:
+            found = refund_float()
+        except Exception:  # noqa: BLE001 - an unreachable chain: no sample, not a 500
+            log.warning("x402 refund account balance unreadable", exc_info=True)
+            found = None
+        if found is not None:
+            balance.add_metric([], found.tokens)
+    yield threshold
+    yield balance
 
 
 _collector: DatabaseCollector | None = None

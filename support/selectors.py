@@ -566,6 +566,38 @@ def manual_interventions(*, days: int = 7, weeks: int = 4) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class RefundFloatPanel:
+    """The x402 refund account on the dashboard (issue 31 #4): refunds are sent from it,
+    so finance tops it up before it runs dry (docs/runbooks/x402-refund-float.md)."""
+    address: str
+    tokens: float | None  # None: the chain did not answer
+    low_at: float
+    error: str = ""
+
+    @property
+    def low(self) -> bool:
+        return self.tokens is not None and self.tokens < self.low_at
+
+
+def x402_refund_float() -> RefundFloatPanel | None:
+    """None when the x402 rail or its refund key is off. One eth_call (no transaction is
+    open in a console read view); a chain that does not answer shows as unreadable."""
+    if not (settings.X402_ENABLED and settings.X402_REFUND_PRIVATE_KEY):
+        return None
+    from payments.providers.x402 import refund_account_address, refund_float
+
+    low_at = float(settings.X402_REFUND_LOW_BALANCE)
+    try:
+        found = refund_float()
+    except Exception as exc:  # noqa: BLE001 - the dashboard must render without the chain
+        return RefundFloatPanel(address=refund_account_address(), tokens=None, low_at=low_at,
+                                error=f"{type(exc).__name__}"[:80])
+    if found is None:
+        return None
+    return RefundFloatPanel(address=found.address, tokens=found.tokens, low_at=low_at)
+
+
 def active_halts() -> list[WorkflowHalt]:
     return list(WorkflowHalt.objects.order_by("name"))
 

@@ -77,6 +77,7 @@ def dashboard(request):
         halts=selectors.active_halts(),
         incidents=selectors.incidents_open(),
         charts=charts.CHARTS,
+        refund_float=selectors.x402_refund_float(),
     ))
 
 

@@ -134,11 +134,13 @@ class Stack:
         self._spawn(x402_chain.anvil_command(port), port)
         rpc = f"http://127.0.0.1:{port}"
         fac_key, fac_address = x402_chain.new_key()
-        # Verity's receiving address; its key is the refund signer (transfers back).
-        pay_key, pay_to = x402_chain.new_key()
+        # Verity's receiving address (its key is dropped: Verity only receives there) and
+        # the separate refund account, its float minted by the token's minter (issue 31 #4).
+        _pay_key, pay_to = x402_chain.new_key()
+        refund_key, refund_account = x402_chain.new_key()
         payer_keys = [x402_chain.new_key() for _ in range(payers)]
         info = x402_chain.deploy(rpc, payers=[a for _k, a in payer_keys],
-                                 facilitator=fac_address, extra_gas=(pay_to,))
+                                 facilitator=fac_address, refund_account=refund_account)
         fport = free_port()
         log = open(self.tmp / f"x402-facilitator-{fport}.log", "wb")
         proc = subprocess.Popen(
@@ -154,7 +156,7 @@ class Stack:
             "X402_FACILITATOR_URL": f"http://127.0.0.1:{fport}",
             "X402_NETWORK": info["network"], "X402_ASSET": info["asset"],
             "X402_PAY_TO": pay_to, "X402_TOKEN_NAME": info["token_name"],
-            "X402_TOKEN_VERSION": info["token_version"], "X402_REFUND_PRIVATE_KEY": pay_key,
+            "X402_TOKEN_VERSION": info["token_version"], "X402_REFUND_PRIVATE_KEY": refund_key,
             # Test-only: the chain's unlocked admin (minter, blacklister) and payer keys.
             "X402_CHAIN_ADMIN": info["admin"], "X402_FACILITATOR_ADDRESS": fac_address,
             "X402_PAYER_KEYS": ",".join(k for k, _a in payer_keys),
@@ -186,6 +188,9 @@ class Stack:
         # Every test client is 127.0.0.1 and the suite sends many bad keys on purpose; the
         # failed-authentication throttle's own test sets the production limits.
         self.env.setdefault("API_AUTH_FAILURES_PER_ADDRESS", "1000000")
+        # The suite, the lifecycle machine and the soak settle many x402 payments per
+        # client per minute; the settle limit's own test sets a small rate.
+        self.env.setdefault("X402_SETTLE_RATE", "1000000/min")
         return self
 
     def close(self) -> None:

@@ -23,14 +23,18 @@ CONSOLE_EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 
 # x402 (issue 31 #4): `make run`'s throwaway chain. Its keys are derived from public labels
 # (config.x402_chain.local_key), so on any other network they are anyone's: its pay_to,
-# token and refund key (as a SHA-256, never the key) must never reach a real network.
-# tests/security/test_startup_refusals.py checks these against config.x402_chain.
+# token, refund account and refund key (as a SHA-256, never the key) must never reach a
+# real network. tests/security/test_startup_refusals.py checks these against
+# config.x402_chain.
 LOCAL_X402_NETWORK = "eip155:31337"
 MAKE_RUN_X402_ADDRESSES = frozenset({
-    "0xc656a39478289cfa73689e64b61c9c57d16d40b3",  # pay_to (and the refund signer)
+    "0xc656a39478289cfa73689e64b61c9c57d16d40b3",  # pay_to
     "0xe7f1725e7734ce288f8367e1bb143e90bb3f0512",  # the token anvil's admin deploys
+    "0x2d46c183fac59ddf193a2ae988a37575fc737ae3",  # the refund account
 })
 MAKE_RUN_X402_KEY_SHA256 = frozenset({
+    "c8582ea3e24ffa10b46c57478b607068cbe04b3946ec931023cf5cfe90428c26",  # the refund key
+    # pay_to's key: before issue 31 #4 `make run` exported it as the refund key.
     "6ddcd8a3bcfc229711d38a70a18c2cd4d500df17e8c299358d4e2402631a4772",
 })
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -40,13 +44,36 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.lower().removeprefix("0x").encode()).hexdigest()
 
 
+def key_address(key: str) -> str:
+    """The account of a private key ("" when it is not one). eth_keys (the secp256k1 key
+    library under eth_account) only: the settings import nothing of the chain client, and
+    only when x402 is on with a refund key."""
+    from eth_keys import keys
+
+    try:
+        return keys.PrivateKey(bytes.fromhex(key.removeprefix("0x"))).public_key \
+            .to_address().lower()
+    except Exception:  # noqa: BLE001 - a malformed key: refunds fail loudly when used
+        return ""
+
+
 def x402_refusals(*, enabled: bool, network: str, pay_to: str, asset: str, refund_key: str,
                   facilitator_url: str) -> list[str]:
     if not enabled:
         return []
     found = []
+    refund_account = key_address(refund_key) if refund_key else ""
+    if refund_account and pay_to and refund_account == pay_to.lower():
+        # Issue 31 #4: the refund key sits in every web, worker and beat process; the
+        # receiving account's key must not (on any network): refunds come from a separate
+        # account with a small float that finance tops up.
+        found.append("X402_REFUND_PRIVATE_KEY is the key of X402_PAY_TO (the receiving "
+                     "account): refunds must be sent from a separate refund account with a "
+                     "small float (docs/runbooks/x402-refund-float.md); keep pay_to's key "
+                     "out of Verity")
     if network != LOCAL_X402_NETWORK:
-        used = sorted({pay_to.lower(), asset.lower()} & MAKE_RUN_X402_ADDRESSES)
+        used = sorted({pay_to.lower(), asset.lower(), refund_account}
+                      & MAKE_RUN_X402_ADDRESSES)
         if used or (refund_key and key_digest(refund_key) in MAKE_RUN_X402_KEY_SHA256):
             found.append(f"X402_NETWORK is {network!r} but X402_PAY_TO / X402_ASSET / "
                          "X402_REFUND_PRIVATE_KEY are `make run`'s throwaway-chain values "

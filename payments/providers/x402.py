@@ -551,9 +551,11 @@ class _Broadcast:
 
 
 class RefundSender:
-    """Signs and broadcasts `transfer(payer, value)` from the refund signer (Verity's
-    receiving account). The signed transaction's hash and nonce are handed to `on_signed`
-    (which persists them) before the broadcast, so a lost answer leaves a hash to read.
+    """Signs and broadcasts `transfer(payer, value)` from the refund signer: a separate
+    refund account with a small float that finance tops up, never the receiving account
+    pay_to (issue 31 #4; config/settings/security.py refuses that key). The signed
+    transaction's hash and nonce are handed to `on_signed` (which persists them) before
+    the broadcast, so a lost answer leaves a hash to read.
     A broadcast refused because another transaction of the signer took the nonce is
     re-signed with a fresh nonce and `on_signed` is called again (it overwrites the stored
     hash and nonce of the same refund): at most REFUND_NONCE_ATTEMPTS signs. Verity's
@@ -779,6 +781,40 @@ def get_refund_sender() -> RefundSender:
                 rpc_url=settings.X402_RPC_URL, asset=settings.X402_ASSET, private_key=key,
                 receipt_timeout=settings.X402_REFUND_RECEIPT_TIMEOUT)
         return _refund_sender
+
+
+def refund_account_address() -> str:
+    """The refund account (the address of X402_REFUND_PRIVATE_KEY); "" when none is set.
+    Never pay_to: Verity holds no key of its receiving account (issue 31 #4)."""
+    key = settings.X402_REFUND_PRIVATE_KEY
+    return Web3().eth.account.from_key(key).address if key else ""
+
+
+@dataclass(frozen=True)
+class RefundFloat:
+    address: str
+    balance: int  # the asset's atomic units (USDC: 6 decimals)
+    decimals: int
+
+    @property
+    def tokens(self) -> float:
+        return self.balance / 10**self.decimals
+
+
+def refund_float() -> RefundFloat | None:
+    """Read-only: the refund account's balance of the asset (one eth_call), for the console
+    and /metrics. None when no refund key is set; raises when the chain cannot be read."""
+    address = refund_account_address()
+    if not address or not settings.X402_ASSET:
+        return None
+    # Its own short-timeout, no-retry client: a scrape or a dashboard view must not wait
+    # out the reader's 10-s timeout and web3's retries when the RPC is down.
+    w3 = Web3(Web3.HTTPProvider(settings.X402_RPC_URL, request_kwargs={"timeout": 3},
+                                exception_retry_configuration=None))
+    token = w3.eth.contract(address=Web3.to_checksum_address(settings.X402_ASSET),
+                            abi=_TOKEN_ABI)
+    balance = int(token.functions.balanceOf(address).call())
+    return RefundFloat(address=address, balance=balance, decimals=settings.X402_DECIMALS)
 
 
 _facilitator: FacilitatorClient | None = None

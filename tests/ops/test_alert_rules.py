@@ -71,7 +71,7 @@ def test_alert_metrics_are_exported(client):
                               re.M))
     used = set()
     for alert in _alerts():
-        used |= set(re.findall(r"\b(verity_[a-z_]+)", alert["expr"]))
+        used |= set(re.findall(r"\b(verity_[a-z0-9_]+)", alert["expr"]))
     # A prometheus_client Counter `x` is exposed as `x_total` (TYPE line names `x`).
     missing = {m for m in used if m not in exported and m.removesuffix("_total") not in exported}
     assert not missing, missing

@@ -53,8 +53,35 @@ def test_the_security_constants_are_make_runs_throwaway_chain():
     )
 
     env = x402_chain.local_env(port=8545, facilitator_port=8402)
-    assert {env["X402_PAY_TO"].lower(), env["X402_ASSET"].lower()} == MAKE_RUN_X402_ADDRESSES
-    assert {key_digest(env["X402_REFUND_PRIVATE_KEY"])} == MAKE_RUN_X402_KEY_SHA256
+    pay_key, _pay_to = x402_chain.local_key("pay-to")
+    refund_key, refund_account = x402_chain.local_key("refund")
+    assert env["X402_REFUND_PRIVATE_KEY"] == refund_key  # never pay_to's key (issue 31 #4)
+    assert {env["X402_PAY_TO"].lower(), env["X402_ASSET"].lower(),
+            refund_account.lower()} == MAKE_RUN_X402_ADDRESSES
+    assert {key_digest(refund_key), key_digest(pay_key)} == MAKE_RUN_X402_KEY_SHA256
+
+
+def test_a_refund_key_of_the_receiving_account_refuses_to_start():
+    """Issue 31 #4: pay_to's key stays out of Verity on every network, the local one too:
+    refunds come from a separate account with a float (not from what Verity received)."""
+    from config import x402_chain
+
+    local = x402_chain.local_env(port=8545, facilitator_port=8402)
+    pay_key, _pay_to = x402_chain.local_key("pay-to")
+    result = _check(DEBUG="true", **{**local, "X402_REFUND_PRIVATE_KEY": pay_key})
+    assert result.returncode != 0 and "X402_PAY_TO (the receiving account)" in result.stderr
+    # any network's own pair: pay_to's key as the refund key is refused too
+    own_key, own_pay_to = x402_chain.new_key()
+    result = _check(DEBUG="true", X402_ENABLED="true", X402_NETWORK="eip155:8453",
+                    X402_FACILITATOR_URL="https://facilitator.example",
+                    X402_PAY_TO=own_pay_to, X402_ASSET="0x" + "34" * 20,
+                    X402_REFUND_PRIVATE_KEY=own_key)
+    assert result.returncode != 0 and "X402_PAY_TO (the receiving account)" in result.stderr
+    other_key, _other = x402_chain.new_key()
+    ok = _check(DEBUG="true", X402_ENABLED="true", X402_NETWORK="eip155:8453",
+                X402_FACILITATOR_URL="https://facilitator.example", X402_PAY_TO=own_pay_to,
+                X402_ASSET="0x" + "34" * 20, X402_REFUND_PRIVATE_KEY=other_key)
+    assert ok.returncode == 0, ok.stderr
 
 
 def test_make_runs_x402_keys_on_another_network_refuse_to_start():

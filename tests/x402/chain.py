@@ -34,6 +34,10 @@ class Chain:
         self.token = self.w3.eth.contract(address=os.environ["X402_ASSET"], abi=abi)
         self.admin = os.environ["X402_CHAIN_ADMIN"]
         self.pay_to = os.environ["X402_PAY_TO"]
+        # Refunds are sent from a separate refund account (issue 31 #4), never from pay_to:
+        # the address of the refund key the stack gives Verity (the key stays in tests).
+        refund_key = os.environ.get("X402_REFUND_PRIVATE_KEY", "")
+        self.refund_account = Account.from_key(refund_key).address if refund_key else ""
         self.facilitator = os.environ["X402_FACILITATOR_URL"]
 
     def rpc(self, method: str, params=None):
@@ -103,14 +107,22 @@ class Chain:
             logs = [e for e in logs if int(Web3.to_hex(e["data"]), 16) == value]
         return len(logs)
 
-    def transfers_back(self, payer: str) -> int:
-        """ERC-20 Transfer events Verity -> payer on chain (refunds, transfers back)."""
+    def transfers_back(self, payer: str, *, sender: str | None = None) -> int:
+        """ERC-20 Transfer events Verity -> payer on chain (refunds, transfers back): from
+        the refund account (issue 31 #4), or from `sender` when given."""
+        return len(self._transfers_from(sender or self.refund_account, payer))
+
+    def refunds_sent(self) -> int:
+        """The atomic units the refund account has sent, to anyone (its outflow)."""
+        return sum(int(Web3.to_hex(e["data"]), 16)
+                   for e in self._transfers_from(self.refund_account, None))
+
+    def _transfers_from(self, sender: str, to: str | None) -> list:
         sig = Web3.keccak(text="Transfer(address,address,uint256)")
-        logs = self.w3.eth.get_logs({
+        return self.w3.eth.get_logs({
             "address": self.token.address, "fromBlock": 0, "toBlock": "latest",
-            "topics": [Web3.to_hex(sig), "0x" + "0" * 24 + self.pay_to.lower()[2:],
-                       "0x" + "0" * 24 + payer.lower()[2:]]})
-        return len(logs)
+            "topics": [Web3.to_hex(sig), "0x" + "0" * 24 + sender.lower()[2:],
+                       "0x" + "0" * 24 + to.lower()[2:] if to else None]})
 
     def balance(self, address: str) -> int:
         return self.token.functions.balanceOf(Web3.to_checksum_address(address)).call()

@@ -380,7 +380,8 @@ def test_an_answer_lost_after_the_node_took_the_transfer_is_never_signed_again(c
     proxy = FaultProxy(urlparse(os.environ["X402_RPC_URL"]).port)
     proxy.up()
     payer = chain.new_payer(FUNDS)
-    chain.token.functions.mint(chain.pay_to, 2 * PRICE_ATOMIC).transact({"from": chain.admin})
+    chain.token.functions.mint(chain.refund_account, 2 * PRICE_ATOMIC).transact(
+        {"from": chain.admin})
     sender = RefundSender(rpc_url=proxy.base, asset=os.environ["X402_ASSET"],
                           private_key=os.environ["X402_REFUND_PRIVATE_KEY"], receipt_timeout=5)
     signer_nonce = chain.w3.eth.get_transaction_count(sender.address)

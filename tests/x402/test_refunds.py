@@ -1,6 +1,6 @@
 """Refunds on the x402 rail: a separate token transfer back to the payer, from the refund
-signer (Verity's receiving account), after an operator's approval — counted on the real
-chain. There is no void: the transfer in is final."""
+signer (a separate refund account with a float, never pay_to: issue 31 #4), after an
+operator's approval — counted on the real chain. There is no void: the transfer in is final."""
 from __future__ import annotations
 
 import pytest
@@ -72,7 +72,8 @@ def test_an_approved_refund_is_exactly_one_transfer_back_on_chain(agent, report,
     assert chain.balance(payer.address) == 1_000 * 10**6  # all of it came back
     row = X402RefundTransfer.objects.get(operation=refund)
     assert row.to_address == payer.address and row.value == str(PRICE_ATOMIC)
-    assert row.from_address == chain.pay_to and row.transaction_hash and row.block_number
+    assert row.from_address == chain.refund_account and row.transaction_hash \
+        and row.block_number
     assert _sends(refund) == 1
     assert PaymentOperation.objects.get(id=refund.id).purchase.status == "refunded"
     view = agent.get(f"operations/{refund.id}").json()
