@@ -77,3 +77,39 @@ def test_a_refund_a_person_called_failed_unverified_is_read_back_before_another_
                                                  outcome=Outcome.SUCCEEDED)
                  .values_list("amount", flat=True))
     assert booked == refunded
+
+
+def test_a_persons_succeeded_on_a_refund_the_provider_never_received_is_not_booked(
+        new_purchase, api_client, drill, people, localstripe, settings):
+    """A refund whose send was refused before it reached the provider (409 key in use:
+    nothing applied) is `unknown`. The provider is readable: it shows the charge with no
+    refund at all. A person says "succeeded". Correct (issue 30 #5, every kind): the
+    readable record shows no money moved, so the word is refused, or at the latest the
+    read-back overturns it; the ledger never books a refund the provider never made and
+    the purchase is not shown refunded."""
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    resolver, requester, approver = people
+    purchase, pay = _paid(new_purchase, api_client)
+    refund = _refund(purchase, requester, approver)
+    drill(refund, DrillMode.HTTP_409, step="refund")
+    refund = services.operation_dispatch(operation_id=refund.id)
+    assert refund.outcome == Outcome.UNKNOWN
+    assert localstripe.refunds_for(pay.provider_reference) == []
+
+    try:
+        services.operation_resolve_manual(operation_id=refund.id, outcome="succeeded",
+                                          reason="the buyer says the money arrived",
+                                          actor="h9-resolver", acting_user=resolver)
+    except services.DomainError:
+        pass  # refused: the correct answer
+    for _ in range(3):  # the read-backs that follow a person's word
+        try:
+            services.operation_reconcile(operation_id=refund.id)
+        except services.DomainError:
+            break
+
+    refund = PaymentOperation.objects.get(pk=refund.pk)
+    assert localstripe.refunds_for(pay.provider_reference) == []
+    assert refund.outcome != Outcome.SUCCEEDED, (
+        f"booked {refund.amount} refunded ({refund.grade}) that the provider never made; "
+        f"purchase {purchase.__class__.objects.get(pk=purchase.pk).status}")
