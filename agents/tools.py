@@ -46,6 +46,7 @@ from payments.enums import (
     NON_RETRYABLE_REASONS,
     PAYMENT_KINDS,
     CallPurpose,
+    Grade,
     Outcome,
     PurchaseStatus,
     Reason,
@@ -273,6 +274,16 @@ def operation_guidance(op: PaymentOperation) -> tuple[str, NextTool | None]:
             return (f"This payment failed and was already retried as {retried_by.id}; follow "
                     "that operation with get_operation.",
                     _tool("get_operation", 0, operation_id=retried_by.id))
+        if op.grade == Grade.ACKNOWLEDGED:
+            # A person's "failed" the provider has not confirmed (words follow the grade,
+            # as the REST next_action says): money may have moved, and the provider's
+            # record would overrule. No retry, no new purchase until it is read back
+            # (issue 30 part C, round 3: the agent was told "no money moved; retry").
+            return ("Our team resolved this payment as failed, but the provider has not "
+                    "confirmed it, so the buyer may still have been charged. Do not call "
+                    "retry_failed_payment and do not open another purchase yet; call "
+                    "reconcile_operation to read the provider back first.",
+                    _tool("reconcile_operation", MINUTE, **get_op))
         if action["code"] == "payment_attempts_exhausted":
             return ("This payment failed and no money moved; this purchase has had the most "
                     "payment attempts allowed, so support will contact the buyer — do not "

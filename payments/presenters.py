@@ -112,6 +112,8 @@ def operation_next_action(op: PaymentOperation) -> dict:
     failed = ("Our team resolved this payment as failed (the provider has not confirmed it); "
               "Verity reads the provider back before any retry." if by_team else
               "This payment failed; no money moved.")
+    # "no money moved" is the provider's word only: a person's "failed" may be overturned.
+    failed_nothing_moved = (failed if by_team else "This payment failed and no money moved.")
     if op.kind in _PAYMENT_KIND_VALUES:
         purchase = op.purchase
         retry_id = retried_by_id(op)
@@ -121,7 +123,7 @@ def operation_next_action(op: PaymentOperation) -> dict:
                            f"{retry_id}; follow that operation instead.")
         if not _quote_usable(purchase.quote):
             return _action(Owner.BUYER, RetryAdvice.NEW_QUOTE, reason,
-                           "This payment failed and no money moved. The quote is no longer "
+                           f"{failed_nothing_moved} The quote is no longer "
                            "valid: request a new quote and create a new purchase.")
         attempts = getattr(op, "view_payment_attempts", None)  # payments.view_queries
         if attempts is None:
@@ -129,7 +131,7 @@ def operation_next_action(op: PaymentOperation) -> dict:
         if attempts >= settings.PAYMENT_ATTEMPTS_MAX:
             # Retries converge: a bounded number of attempts, then a person.
             return _action(Owner.SUPPORT, RetryAdvice.FORBIDDEN, "payment_attempts_exhausted",
-                           f"This payment failed and no money moved. This purchase had "
+                           f"{failed_nothing_moved} This purchase had "
                            f"{attempts} payment attempts, the most allowed; support will "
                            "contact the buyer. Do not retry.")
         if reason in NON_RETRYABLE_REASONS:

@@ -28,7 +28,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_write
-from payments.enums import OVERTURN_CAUSE, PAYMENT_KINDS, OperationKind, Outcome, PurchaseStatus
+from payments.enums import (
+    OVERTURN_CAUSE,
+    PAYMENT_KINDS,
+    Grade,
+    OperationKind,
+    Outcome,
+    PurchaseStatus,
+)
 from payments.models import PaymentOperation, Product, Purchase
 from payments.services import (
     DomainError,
@@ -467,10 +474,14 @@ def operation_settled(*, operation_id: str) -> None:
         if op.kind == OperationKind.REFUND and op.outcome == Outcome.SUCCEEDED:
             with transaction.atomic():
                 duplicate_return_book(op)
-        if op.is_compensation and op.outcome == Outcome.FAILED:
+        if (op.is_compensation and op.outcome == Outcome.FAILED
+                and op.grade != Grade.ACKNOWLEDGED):
             # The provider refused the duplicate's return (e.g. part of it was refunded in
             # the dashboard since): a new compensation asks for what is left, if anything
-            # (the core refuses to ask again what the provider already refused).
+            # (the core refuses to ask again what the provider already refused). Only on
+            # the provider's word: a person's "failed" may be overturned — the first
+            # return may still land — so a new one waits until the read-back confirms it
+            # (issue 30 part C, round 3: the duplicate was returned twice).
             _duplicate_settled(op.parent)
         return  # the return of a duplicate: nothing downstream bought anything with it
     if (op.kind == OperationKind.VOID and op.outcome == Outcome.SUCCEEDED

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.conf import settings
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from audit.services import audit_write
@@ -18,7 +18,7 @@ from recovery.halts import is_halted
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
 
-from ..enums import TERMINAL_OUTCOMES, Grade, OperationKind, Outcome
+from ..enums import TERMINAL_OUTCOMES, Grade, OperationKind, Outcome, Reason
 from ..errors import DomainError
 from ..locks import lock_purchase_and_operation
 from ..models import OperationTransition, PaymentOperation, ProviderCall, Purchase
@@ -153,17 +153,38 @@ def payment_refunds(payment: PaymentOperation):
     return PaymentOperation.objects.filter(parent=payment, kind=OperationKind.REFUND)
 
 
+# A refund a person settled `failed` after it was sent (a manual resolution, graded
+# acknowledged) may have moved money all the same: the provider may show it succeeded
+# once it can be read (issue 30 part C, round 3: a second refund paid the buyer back
+# twice). It keeps its amount out of the room, and counts against an allowance, until
+# the provider's read-back confirms or overturns it. A refund finance declined was never
+# sent (`refund_declined`): its "failed" is the whole truth.
+REFUND_FAILURE_UNVERIFIED = (Q(outcome=Outcome.FAILED, grade=Grade.ACKNOWLEDGED)
+                             & ~Q(reason=Reason.REFUND_DECLINED))
+
+
+def refund_may_have_moved() -> Q:
+    """The refunds whose money may be on its way back, or back: every one not failed, and
+    one only a person called failed (REFUND_FAILURE_UNVERIFIED)."""
+    return ~Q(outcome=Outcome.FAILED) | REFUND_FAILURE_UNVERIFIED
+
+
 def payment_refund_room(payment: PaymentOperation, *, exclude: str | None = None,
-                        counted=None) -> int:
-    """Captured minus this payment's refunds that are not failed (never below 0).
+                        counted=None, pending_approval: bool = True) -> int:
+    """Captured minus this payment's refunds that may have moved money (never below 0):
+    not failed, or failed on a person's word only (REFUND_FAILURE_UNVERIFIED).
     `exclude`: an operation id left out (the refund being approved is not its own
     competitor). `counted`: the outcomes that count, when a caller judges a provider's
-    fact against Verity's confirmed record only (external refunds: succeeded)."""
+    fact against Verity's confirmed record only (external refunds: succeeded).
+    `pending_approval=False`: refunds awaiting approval are left out (a compensation
+    supersedes them: nothing has left, and finance may decline them)."""
     refunds = payment_refunds(payment)
     if exclude:
         refunds = refunds.exclude(pk=exclude)
+    if not pending_approval:
+        refunds = refunds.exclude(outcome=Outcome.AWAITING_APPROVAL)
     refunds = (refunds.filter(outcome__in=counted) if counted is not None
-               else refunds.exclude(outcome=Outcome.FAILED))
+               else refunds.filter(refund_may_have_moved()))
     return max(0, payment_captured(payment) - (refunds.aggregate(s=Sum("amount"))["s"] or 0))
 
 

@@ -14,6 +14,7 @@ from ..enums import (
     CallStep,
     Classification,
     Grade,
+    OperationKind,
     Outcome,
     Owner,
     Rail,
@@ -35,7 +36,7 @@ from .common import (
     operation_workflow,
 )
 from .observations import _apply_locked, _mismatch, operation_apply_observation
-from .reconcile import _read_back, _schedule_acknowledged_read_back
+from .reconcile import _read_back, _schedule_acknowledged_read_back, refund_never_received
 
 
 def _refuse_unresolvable(op: PaymentOperation, *, acting_client, acting_user) -> None:
@@ -48,6 +49,10 @@ def _refuse_unresolvable(op: PaymentOperation, *, acting_client, acting_user) ->
         raise DomainError("not_resolvable", f"An operation that is {op.outcome} cannot be "
                           "resolved by hand.", status=409, operation=op.id,
                           purchase=op.purchase_id, owner=Owner.NONE)
+
+
+# A card refund's statuses in which the provider may still pay the buyer back.
+_REFUND_IN_FLIGHT = frozenset({"pending", "requires_action"})
 
 
 # PaymentIntent statuses a person's "failed" can be made true by cancelling first, so the
@@ -157,16 +162,33 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
         # person's "succeeded" is contradicted, and accepting it would book a sale, a
         # capture or a void the provider never made (found by the soak; issue 30 #5).
         _provider_contradicts(op, obj, outcome)
-    elif (outcome == Outcome.FAILED and op.kind in PAYMENT_KINDS and obj is not None
+    elif outcome == Outcome.SUCCEEDED and refund_never_received(op, read):
+        # A refund the provider never received (its send refused, e.g. 409 key in use):
+        # the readable provider holds no refund of this operation, and past the in-flight
+        # window it will not. A person's "succeeded" would book money back that never
+        # left (issue 30 #5, refunds too; round 3).
+        raise DomainError(
+            "provider_contradicts", "The provider's record contradicts 'succeeded': it "
+            "holds no refund of this operation, so no money moved. The resolution was not "
+            "applied.", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+            purchase=op.purchase_id, operation=op.id,
+            extra={"provider": {"object": "refund", "id": "", "status": "not_found"}})
+    elif (outcome == Outcome.FAILED and obj is not None
+          and (op.kind in PAYMENT_KINDS or op.kind == OperationKind.REFUND)
           and (obj.status == "processing"
+               # a card refund the provider still processes (Stripe `pending`,
+               # `requires_action`) may yet pay the buyer back
+               or (obj.object_type == "refund" and obj.status in _REFUND_IN_FLIGHT)
                or (obj.object_type == "x402_transfer" and obj.status == "pending")
                # a transfer broadcast but not mined reads as an authorization still
                # `unused`, with its hash: it may still land
                or (obj.object_type == "x402_transfer" and obj.status == "unused"
                    and obj.id))):
         # The provider is still moving the money (a PaymentIntent `processing`, an x402
-        # transfer broadcast but not yet mined) and may yet succeed; a "failed" now
-        # invites a retry that charges twice once the first settles (issue 30 #10).
+        # transfer broadcast but not yet mined, a refund or transfer back on its way) and
+        # may yet succeed; a "failed" now invites a retry that charges twice — or a second
+        # refund that pays back twice — once the first settles (issue 30 #10; refunds:
+        # round 3).
         raise DomainError(
             "provider_processing", f"The provider shows {obj.object_type} {obj.id} as "
             "'processing': it may still succeed, so it cannot be settled failed. Wait for "

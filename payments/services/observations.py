@@ -381,6 +381,11 @@ def _apply_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *, 
                 _history(purchase_id=purchase.id, operation=op, field="outcome",
                          source=current, target=current, cause=f"confirmed:{cause}"[:64],
                          evidence=evidence, actor=actor)
+                if (current == Outcome.FAILED and op.is_compensation
+                        and op.parent_id and op.parent.is_duplicate):
+                    # A duplicate's return a person called failed is re-asked only once the
+                    # provider confirms that (recovery.orchestrator.operation_settled).
+                    operation_settled_put(operation_id=op.id)
                 return ApplyResult.APPLIED
             return ApplyResult.NO_CHANGE
         if target in (Outcome.SUCCEEDED, Outcome.FAILED):

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from recovery.models import Order, StepRun, StepState
@@ -41,8 +41,10 @@ from .common import (
     _lock_or_404,
     _op_to,
     _purchase_to,
+    REFUND_FAILURE_UNVERIFIED,
     payment_captured,
     payment_refund_room,
+    payment_refunds,
 )
 from .holds import _check_currency_allowed, _check_limit, _period_start
 from .observations import _apply_locked
@@ -316,6 +318,8 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
         payment = purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED,
                                              is_duplicate=False).first()
         captured = payment_captured(payment) if payment is not None else 0
+        if compensation and payment is not None:
+            _supersede_pending_approvals(purchase, payment)
         # The room of the payment this refund will name (its parent), as approval, the
         # allowance, external refunds and the console ask it (one definition).
         refundable = payment_refund_room(payment) if payment is not None else 0
@@ -354,8 +358,27 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
     return op
 
 
+def _supersede_pending_approvals(purchase: Purchase, payment: PaymentOperation) -> None:
+    """A failed step's compensation returns everything the payment still holds (issue 30
+    part C, round 3): a refund of it still awaiting approval has sent nothing, so it is
+    superseded — declined, with the reason recorded and audited — rather than subtracted.
+    Subtracted, the compensation returned only the rest and, once finance declined the
+    pending one, that part stayed with the merchant for a step the buyer never received.
+    Caller holds the purchase lock (approve and decline take it first too)."""
+    reason = "superseded by the compensation of a failed fulfilment step"
+    for pending in (payment_refunds(payment).filter(outcome=Outcome.AWAITING_APPROVAL)
+                    .select_for_update().order_by("created_at")):
+        _apply_locked(purchase, pending, Outcome.FAILED, grade=Grade.ACKNOWLEDGED,
+                      verification=Verification.MANUAL, cause="refund_superseded",
+                      actor="recovery", evidence={"reason": reason},
+                      reason=Reason.REFUND_DECLINED)
+        _audit(actor="recovery", action="refund_decline", op=pending, reason=reason,
+               detail={"amount": pending.amount, "superseded_by_compensation": True})
+
+
 # Outcomes of an automatic refund that still count against the allowance: everything but
-# "never approved" (awaiting approval, declined) and "failed" (nothing left the account).
+# "never approved" (awaiting approval, declined) and "failed" (nothing left the account)
+# — a "failed" only a person gave counts until read back (REFUND_FAILURE_UNVERIFIED).
 _AUTO_REFUND_COUNTED = (Outcome.PENDING, Outcome.DISPATCHING, Outcome.SUCCEEDED,
                         Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)
 
@@ -363,8 +386,9 @@ _AUTO_REFUND_COUNTED = (Outcome.PENDING, Outcome.DISPATCHING, Outcome.SUCCEEDED,
 def _auto_refunds(**filters) -> int:
     """Sum of automatic refunds (no person requested or approved them, not compensations)."""
     return (PaymentOperation.objects.filter(
+        Q(outcome__in=_AUTO_REFUND_COUNTED) | REFUND_FAILURE_UNVERIFIED,
         kind=OperationKind.REFUND, is_compensation=False, requested_by_user__isnull=True,
-        approved_by_user__isnull=True, outcome__in=_AUTO_REFUND_COUNTED, **filters)
+        approved_by_user__isnull=True, **filters)
         .aggregate(s=Sum("amount"))["s"] or 0)
 
 

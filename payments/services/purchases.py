@@ -18,8 +18,10 @@ from django.utils import timezone
 from ..customers import basket_fingerprint, customer_key, customer_reference_clean
 from ..enums import (
     DUPLICATE_GUARD_STATUSES,
+    PAYMENT_KINDS,
     UNRESOLVED_STATUSES,
     Grade,
+    OperationKind,
     Outcome,
     Owner,
     PurchaseStatus,
@@ -99,6 +101,22 @@ _DUPLICATE_OF_STATUSES = DUPLICATE_GUARD_STATUSES
 
 
 _EMAIL_MAX = 254
+
+
+# A purchase that holds nothing by its STATUS (payment_failed, voided, refunded) only
+# because a person said so — a payment "failed", a void or refund "succeeded", graded
+# acknowledged while the provider could not be read — may still hold the buyer's money:
+# the provider's read-back may overturn that word (issue 30 part C, round 3: the same
+# basket was bought twice after a person's unconfirmed "failed"). For the guard it is
+# unresolved until read back, per operation (as `payment_unsettled` says of a payment).
+# A purchase already held or unresolved by status is guarded by status.
+_SETTLED_ON_A_PERSONS_WORD = (
+    ~Q(status__in=DUPLICATE_GUARD_STATUSES)
+    & (Q(operations__grade=Grade.ACKNOWLEDGED, operations__kind__in=PAYMENT_KINDS,
+         operations__outcome=Outcome.FAILED)
+       | Q(operations__grade=Grade.ACKNOWLEDGED,
+           operations__kind__in=(OperationKind.VOID, OperationKind.REFUND),
+           operations__outcome=Outcome.SUCCEEDED)))
 
 
 def _code_hash(code: str) -> str:
@@ -194,8 +212,10 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
         if buyer_confirmation:
             confirmation = _buyer_lifted(code=buyer_confirmation, candidates=mine)
             lifted.add(confirmation.purchase_id)
-        unresolved = [pid for pid in mine.filter(status__in=UNRESOLVED_STATUSES)
-                      .order_by("created_at").values_list("id", flat=True) if pid not in lifted]
+        unresolved = [pid for pid in mine.filter(Q(status__in=UNRESOLVED_STATUSES)
+                                                 | _SETTLED_ON_A_PERSONS_WORD)
+                      .distinct().order_by("created_at").values_list("id", flat=True)
+                      if pid not in lifted]
         if unresolved:
             raise DomainError(
                 "customer_has_unresolved_purchase",

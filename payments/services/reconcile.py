@@ -386,6 +386,21 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
                               evidence=obj.safe_fields(), reason=Reason.PROVIDER_FAILED,
                               obj=obj, final=True)
         return PaymentOperation.objects.select_related("purchase").get(id=op.id)
+    if refund_never_received(op, result):
+        # A person's word on a refund the provider never received (issue 30 part C, round
+        # 3): the provider is readable, holds no refund of this operation and, past the
+        # in-flight window, will not. No money moved: a "succeeded" is overturned, a
+        # "failed" confirmed (its amount is free again).
+        with transaction.atomic():
+            purchase, locked = lock_purchase_and_operation(op.id)
+            if locked.grade == Grade.ACKNOWLEDGED and locked.outcome in (Outcome.SUCCEEDED,
+                                                                           Outcome.FAILED):
+                _apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
+                              verification=Verification.PROVIDER,
+                              cause="readback_no_money_moved", actor=actor,
+                              evidence={"provider": "no refund of this operation"},
+                              reason=Reason.PROVIDER_FAILED, final=True)
+        return PaymentOperation.objects.select_related("purchase").get(id=op.id)
     with transaction.atomic():
         lock_purchase(op.purchase_id)
         locked = lock_operation(op.id)
@@ -399,6 +414,17 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
 
 
 _UNAPPLIED_STATUSES = ("requires_confirmation",)
+
+
+def refund_never_received(op: PaymentOperation, result: CallResult) -> bool:
+    """A card-rail refund with no provider reference whose read-back (by metadata) found
+    no refund of this operation at a readable provider, its last send older than the
+    provider's in-flight window: the provider never received it, so no money moved.
+    (An x402 refund's read-back says so itself: no transfer stored is `invalid`.)"""
+    return (op.kind == OperationKind.REFUND and op.rail != Rail.X402
+            and not op.provider_reference
+            and result.classification == Classification.NOT_FOUND
+            and _past_inflight_window(op))
 
 
 def _past_inflight_window(op: PaymentOperation) -> bool:
@@ -535,10 +561,15 @@ def operations_verify_before_follow_up(*, purchase_id: str) -> None:
     (acknowledged) and apply what the provider shows — an on-the-fly reconcile, as Kill
     Bill's janitor does. The follow-up's own checks then see the provider's truth.
     No transaction may be open (network I/O)."""
+    # Refunds too (issue 30 part C, round 3): a refund a person called failed may have
+    # been paid back all the same; read before another refund is asked. A refund finance
+    # declined was never sent: nothing to read.
     ids = list(PaymentOperation.objects.filter(
         purchase_id=purchase_id, grade=Grade.ACKNOWLEDGED,
         outcome__in=[Outcome.SUCCEEDED, Outcome.FAILED],
-        kind__in=[*PAYMENT_KINDS, OperationKind.CAPTURE, OperationKind.VOID])
+        kind__in=[*PAYMENT_KINDS, OperationKind.CAPTURE, OperationKind.VOID,
+                  OperationKind.REFUND])
+        .exclude(reason=Reason.REFUND_DECLINED)
         .values_list("id", flat=True))
     if not ids:
         return  # nothing only a person settled: no read needed
