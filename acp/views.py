@@ -30,7 +30,7 @@ from rest_framework.views import APIView
 
 from payments import services
 from payments.authentication import ApiClientRateThrottle, ApiKeyAuthentication, HasScope
-from payments.enums import UNRESOLVED_STATUSES, Outcome, PurchaseStatus, Reason
+from payments.enums import Outcome, Reason
 from payments.errors import DomainError
 from payments.idempotency import (
     HEADER as IDEMPOTENCY_HEADER,
@@ -42,8 +42,8 @@ from payments.idempotency import (
     idempotency_release,
     key_from_headers,
 )
-from payments.locks import assert_no_transaction_outside_transaction, lock_customer
-from payments.models import PaymentOperation, Purchase, PurchaseChannel
+from payments.locks import assert_no_transaction_outside_transaction
+from payments.models import PaymentOperation, PurchaseChannel
 from payments.problems import Problem
 
 from . import sessions
@@ -433,36 +433,14 @@ class SessionCompleteApi(AcpView):
                 customer_reference=f"acp:{email.lower()}", customer_email=email,
                 channel=PurchaseChannel.ACP)
             s.purchase = opened.purchase
-        elif retry_of:
-            _refuse_if_bought_elsewhere(s.purchase, client)
+        # A retry (retry_of) on a session whose payment failed: payment_create asks the
+        # duplicate guard again (the buyer may have bought the same basket elsewhere since).
         op = services.payment_create(
             purchase_id=s.purchase.id, api_client=client, payment_method=token,
             capture_method="automatic", retry_of=retry_of, amount=s.purchase.amount,
             currency=s.purchase.currency)
         s.save()
         return op.id
-
-
-def _refuse_if_bought_elsewhere(purchase: Purchase, client) -> None:
-    """Another payment on a session whose payment failed: the purchase guard ran when the
-    purchase opened, not now. Meanwhile the same buyer may have bought the same basket in
-    another session (a failed purchase does not block a new one), so ask again, under the
-    buyer's lock (the one purchase_open takes): paid or unresolved elsewhere -> refused."""
-    lock_customer(client.pk, purchase.customer_key)
-    earlier = (Purchase.objects.filter(api_client=client, customer_key=purchase.customer_key,
-                                       basket_fingerprint=purchase.basket_fingerprint,
-                                       status__in=_BOUGHT_STATUSES)
-               .exclude(pk=purchase.pk).order_by("-created_at").first())
-    if earlier is not None:
-        raise AcpError(status=409, code="probable_duplicate_purchase",
-                       message=f"This buyer already bought the same items (purchase "
-                               f"{earlier.id}, {earlier.status}) in another session; this "
-                               "session will not be charged.")
-
-
-# Money taken or possibly taken (payments.services.purchases: the duplicate guard's set).
-_BOUGHT_STATUSES = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED,
-                    *UNRESOLVED_STATUSES)
 
 
 class SessionCancelApi(AcpView):

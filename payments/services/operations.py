@@ -48,6 +48,7 @@ from .common import (
 )
 from .holds import _check_currency_allowed, _check_limit, _period_start
 from .observations import _apply_locked
+from .purchases import purchase_bought_elsewhere
 from .reconcile import operations_verify_before_follow_up
 
 
@@ -114,6 +115,8 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
         # idempotency key in their transaction call operations_verify_before_follow_up first).
         operations_verify_before_follow_up(purchase_id=purchase_id)
     with transaction.atomic():
+        if retry_of:
+            purchase_bought_elsewhere(purchase_id=purchase_id, api_client=api_client)
         purchase = lock_purchase_or_none(purchase_id)
         if purchase is None or (api_client is not None and purchase.api_client_id not in
                                 (None, api_client.id)):

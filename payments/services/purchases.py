@@ -271,6 +271,40 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
     return PurchaseOpened(purchase, True)
 
 
+def purchase_bought_elsewhere(*, purchase_id: str, api_client: ApiClient | None) -> None:
+    """Refuse another payment on a purchase whose buyer has since bought the same basket.
+
+    The duplicate guard runs when a purchase opens; a declined purchase does not block a
+    new one (the buyer may try again), so the same buyer can open and pay purchase B for
+    the same items. A `retry_of` on the declined purchase A afterwards would charge one
+    basket twice: any purchase of the same buyer and basket opened after A that holds money
+    or is unresolved (by status or on a person's word) refuses it. Takes the buyer's lock
+    (the one `purchase_open` takes), so call it inside the caller's atomic() before the
+    purchase's row lock (payments/locks.py order)."""
+    purchase = (Purchase.objects.filter(id=purchase_id)
+                .only("id", "api_client_id", "customer_key", "basket_fingerprint",
+                      "created_at").first())
+    if purchase is None or not purchase.customer_key or (
+            api_client is not None and purchase.api_client_id not in (None, api_client.id)):
+        return  # the caller answers not_found: nothing of another client's is named
+    lock_customer(purchase.api_client_id, purchase.customer_key)
+    later = (Purchase.objects.filter(api_client_id=purchase.api_client_id,
+                                     customer_key=purchase.customer_key,
+                                     basket_fingerprint=purchase.basket_fingerprint,
+                                     created_at__gt=purchase.created_at)
+             .filter(Q(status__in=_DUPLICATE_OF_STATUSES) | _SETTLED_ON_A_PERSONS_WORD)
+             .exclude(id=purchase.id).order_by("-created_at").first())
+    if later is not None:
+        raise DomainError(
+            "probable_duplicate_purchase",
+            f"This buyer has since bought the same items and amount in purchase {later.id} "
+            f"(status {later.status}); this purchase will not be charged again. Follow that "
+            "purchase instead.", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.BUYER,
+            purchase=later.id,
+            extra={"earlier_purchase": {"id": later.id, "status": str(later.status),
+                                        "created_at": later.created_at.isoformat()}})
+
+
 def purchase_create(*, api_client: ApiClient | None, quote_id: str, quote_version: int,
                     customer_reference: str, customer_email: str = "",
                     acknowledge_unresolved=(), buyer_confirmation: str = "",
