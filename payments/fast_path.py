@@ -38,7 +38,7 @@ from .idempotency import (
     replay_body,
 )
 from .ratelimit import parse_rate, rate_limit_hit
-from .view_queries import operations_for_view
+from .view_queries import operation_for_view
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def _payment_replay(request, kwargs, *, allow: str, scope: str, route: str):
         return None
     if not _allowed(request, client, key):
         return None
-    op = next(iter(operations_for_view().filter(pk=record.resource_id)[:1]), None)
+    op = operation_for_view(record.resource_id)
     if op is None:
         return None
     IDEMPOTENT_REPLAYS.labels(route=route).inc()

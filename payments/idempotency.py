@@ -33,6 +33,7 @@ from django.utils import timezone
 from .enums import RetryAdvice
 from .models import ApiClient, IdempotencyRecord
 from .problems import Problem
+from .view_queries import CompiledRead
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
@@ -154,6 +155,14 @@ def idempotency_claim(*, api_client: ApiClient, route: str, key: str, path: str,
                   headers={"Retry-After": "1"})
 
 
+# Compiled once per process, a prepared statement on PostgreSQL (payments.view_queries).
+_REPLAY_READ = CompiledRead(
+    lambda client_id, route, key: IdempotencyRecord.objects.filter(
+        api_client_id=client_id, route=route, key=key,
+    ).values_list("state", "fingerprint", "resource_type", "resource_id")[:1],
+    "\x01verity-client", "\x01verity-route", "\x01verity-key")
+
+
 def idempotency_replay_of(*, api_client: ApiClient, route: str, key: str, path: str, body
                           ) -> IdempotencyRecord | None:
     """The record when this request is a replay (record `done`, same fingerprint), else
@@ -164,9 +173,8 @@ def idempotency_replay_of(*, api_client: ApiClient, route: str, key: str, path: 
     replay needs neither: the original request with this very body and path passed both
     for this client (a record is scoped by client and route), so their answers cannot
     differ now. One indexed read of the unique key, its four needed columns only."""
-    row = next(iter(IdempotencyRecord.objects.filter(
-        api_client_id=api_client.pk, route=route, key=key,
-    ).values_list("state", "fingerprint", "resource_type", "resource_id")[:1]), None)
+    found = _REPLAY_READ.rows(api_client.pk, route, key)
+    row = found[0] if found else None
     if row is None or row[0] != IdempotencyRecord.State.DONE or not row[3]:
         return None
     if not hmac.compare_digest(row[1], request_fingerprint(path=path, body=body)):

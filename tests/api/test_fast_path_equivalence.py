@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.cache import cache
+from django.core.exceptions import ObjectDoesNotExist
 from django.utils import timezone
 
 from payments.idempotency import request_fingerprint
@@ -53,7 +54,10 @@ def _paid(storefront, product):
     return purchase, key
 
 
-def test_a_replay_is_byte_identical_to_the_drf_replay(storefront, product, fast_settings):
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
+def test_a_replay_is_byte_identical_to_the_drf_replay(storefront, product, fast_settings,
+                                                      prepared):
+    fast_settings.DATABASE_PREPARED_STATEMENTS = prepared  # PgBouncer < 1.21: off
     purchase, key = _paid(storefront, product)
 
     fast, drf = _both(fast_settings, lambda: storefront.post(
@@ -65,7 +69,10 @@ def test_a_replay_is_byte_identical_to_the_drf_replay(storefront, product, fast_
     _same(fast, drf)
 
 
-def test_a_purchase_read_is_byte_identical_to_the_drf_read(storefront, product, fast_settings):
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
+def test_a_purchase_read_is_byte_identical_to_the_drf_read(storefront, product, fast_settings,
+                                                           prepared):
+    fast_settings.DATABASE_PREPARED_STATEMENTS = prepared
     purchase, _ = _paid(storefront, product)
 
     fast, drf = _both(fast_settings, lambda: storefront.get(f"purchases/{purchase['id']}"))
@@ -154,3 +161,38 @@ def test_a_locked_key_prefix_is_refused_429_on_both_paths(storefront, product, f
             _same(fast, drf)
     finally:
         cache.delete_many(locks)
+
+
+def _state(obj, relations=()) -> dict:
+    """Every loaded field and annotation of a model instance, and its loaded relations'."""
+    out = {k: v for k, v in obj.__dict__.items() if not k.startswith("_")}
+    for name in relations:
+        try:
+            related = getattr(obj, name)
+        except ObjectDoesNotExist:  # a reverse one-to-one with no row (no hold)
+            related = None
+        out[name] = None if related is None else _state(related)
+    return out
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
+def test_compiled_reads_load_what_the_querysets_load(storefront, product, fast_settings,
+                                                     prepared):
+    from payments.models import PaymentOperation, Purchase
+    from payments.selectors import purchase_get_for_client
+    from payments.view_queries import operation_for_view, operations_for_view
+
+    fast_settings.DATABASE_PREPARED_STATEMENTS = prepared
+    purchase, _ = _paid(storefront, product)
+    op_id = PaymentOperation.objects.get(purchase_id=purchase["id"]).id
+
+    compiled, orm = operation_for_view(op_id), operations_for_view().get(pk=op_id)
+    assert _state(compiled, ("purchase", "hold")) == _state(orm, ("purchase", "hold"))
+    assert _state(compiled.purchase, ("quote",)) == _state(orm.purchase, ("quote",))
+    assert operation_for_view("op_missing") is None
+
+    compiled = purchase_get_for_client(purchase_id=purchase["id"], api_client=storefront.client)
+    orm = Purchase.objects.select_related("quote").get(pk=purchase["id"])
+    assert _state(compiled, ("quote",)) == _state(orm, ("quote",))
+    other, _ = make_client(name="someone-else")
+    assert purchase_get_for_client(purchase_id=purchase["id"], api_client=other) is None
