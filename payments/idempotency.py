@@ -195,11 +195,13 @@ def replay_body(request):
     from .parsers import BoundedJSONParser
 
     http = getattr(request, "_request", request)  # a DRF Request wraps the HttpRequest
-    media = (http.META.get("CONTENT_TYPE") or "").split(";")[0].strip().lower()
+    media = (http.META.get("CONTENT_TYPE") or "").split(";")[0].strip()
     if media != JSONParser.media_type:
         return None
     try:
-        return BoundedJSONParser().parse(BytesIO(http.body), media, {"request": http})
+        # The parser context DRF's Request gives (its encoding rule included).
+        context = {"request": http, "encoding": http.encoding or settings.DEFAULT_CHARSET}
+        return BoundedJSONParser().parse(BytesIO(http.body), media, context)
     except Exception:  # noqa: BLE001 - any refusal is the view's to answer
         return None
 

@@ -75,6 +75,10 @@ def purchase_operations_load(purchase) -> list:
     for op in ops:  # as the related manager does: each operation knows this purchase
         op.purchase = purchase
     setattr(purchase, _OPS_ATTR, ops)
+    # The order reference the view shows (payments.presenters._order_reference's read,
+    # compiled once: `.first()` compiles an ORDER BY on every call).
+    found = _ORDER_REFERENCE.rows(purchase.pk)
+    purchase.__dict__[_ORDER_ATTR] = found[0][0] if found else None
     return ops
 
 
@@ -209,5 +213,17 @@ def operation_for_view(operation_id: str) -> PaymentOperation | None:
 _PURCHASE_OPERATIONS = CompiledRead(
     lambda purchase_id: PaymentOperation.objects.filter(purchase_id=purchase_id)
     .select_related("parent").order_by("created_at", "id"), "\x01verity-purchase")
+
+
+
+def _order_reference_query(purchase_id):
+    from recovery.models import Order
+
+    # As presenters._order_reference: `.first()` of the purchase's orders, by primary key.
+    return Order.objects.filter(purchase_id=purchase_id).values_list(
+        "reference").order_by("pk")[:1]
+
+
+_ORDER_REFERENCE = CompiledRead(_order_reference_query, "\x01verity-purchase")
 
 __all__ += ["CompiledRead", "operation_for_view", "prepared_statements_on"]

@@ -194,5 +194,17 @@ def test_compiled_reads_load_what_the_querysets_load(storefront, product, fast_s
     compiled = purchase_get_for_client(purchase_id=purchase["id"], api_client=storefront.client)
     orm = Purchase.objects.select_related("quote").get(pk=purchase["id"])
     assert _state(compiled, ("quote",)) == _state(orm, ("quote",))
+    from payments.presenters import _order_reference
+    from payments.view_queries import purchase_operations_load, purchase_order_reference
+
+    from recovery.models import Order
+
+    for _ in range(2):  # without an order, then with one (as the order writer leaves it)
+        purchase_operations_load(compiled)
+        assert purchase_order_reference(compiled, lambda _: "unused") == _order_reference(
+            purchase["id"])
+        Order.objects.get_or_create(purchase_id=purchase["id"],
+                                    defaults={"reference": f"ord-{purchase['id'][-8:]}"})
+    assert purchase_order_reference(compiled, lambda _: "unused") is not None
     other, _ = make_client(name="someone-else")
     assert purchase_get_for_client(purchase_id=purchase["id"], api_client=other) is None
