@@ -164,8 +164,12 @@ class CompiledRead:
             import psycopg
 
             connection.ensure_connection()
-            # A plain psycopg Cursor binds server-side; Django's are ClientCursors.
-            with psycopg.Cursor(connection.connection) as cursor:
+            # A plain psycopg Cursor binds server-side; Django's are ClientCursors. Errors
+            # come out as Django's (an unreachable database is OperationalError: the 503
+            # of config.db_unavailable / payments.problems, not a 500) and mark the
+            # connection for CONN_HEALTH_CHECKS, as on Django's own cursors.
+            with connection.wrap_database_errors, \
+                    psycopg.Cursor(connection.connection) as cursor:
                 cursor.execute(sql, args, prepare=True)
                 raw = cursor.fetchall()
         else:

@@ -208,3 +208,22 @@ def test_compiled_reads_load_what_the_querysets_load(storefront, product, fast_s
     assert purchase_order_reference(compiled, lambda _: "unused") is not None
     other, _ = make_client(name="someone-else")
     assert purchase_get_for_client(purchase_id=purchase["id"], api_client=other) is None
+
+
+def test_a_database_lost_under_a_compiled_read_answers_503_not_500(storefront, product,
+                                                                   fast_settings):
+    # given a verified key (no query to authenticate) and a connection the server dropped
+    from django.db import connection
+
+    purchase, _ = _paid(storefront, product)
+    connection.ensure_connection()
+    connection.connection.close()  # as after a PostgreSQL restart under a kept connection
+    try:
+        # when the purchase is read (a prepared statement on that connection)
+        answer = storefront.get(f"purchases/{purchase['id']}")
+    finally:
+        connection.close()  # the next query reconnects
+
+    # then the database outage's 503, as from Django's own cursors
+    assert answer.status_code == 503, answer.content
+    assert answer.json()["code"] == "database_unavailable" and int(answer["Retry-After"]) > 0
