@@ -124,6 +124,8 @@ __all__ += ["purchase_operations_forget", "purchase_order_reference", "purchase_
 # off (settings) runs the same compiled SQL on Django's cursor instead: no prepared
 # statements, still no compilation per request.
 
+import threading  # noqa: E402
+
 from django.conf import settings as _settings  # noqa: E402
 from django.db import connections as _connections  # noqa: E402
 
@@ -140,7 +142,15 @@ class CompiledRead:
     def __init__(self, build, *markers) -> None:
         self._build = build
         self._markers = markers
-        self._compiled: dict[str, tuple] = {}  # per database alias
+        # Per thread (a compiler holds its thread's connection) and database alias.
+        self._local = threading.local()
+
+    @property
+    def _compiled(self) -> dict[str, tuple]:
+        compiled = getattr(self._local, "compiled", None)
+        if compiled is None:
+            compiled = self._local.compiled = {}
+        return compiled
 
     def _compile(self, using: str) -> tuple:
         qs = self._build(*self._markers).using(using)
@@ -153,11 +163,17 @@ class CompiledRead:
         missing = set(range(len(self._markers))) - {s for s in slots if s is not None}
         if missing:
             raise ValueError(f"marker(s) {sorted(missing)} not found in the compiled SQL")
-        compiled = self._compiled[using] = (sql, tuple(params), tuple(slots), compiler)
+        # The columns' converters (from_db_value & co.), found once: results_iter would
+        # look them up again on every call (a field comparison per column).
+        fields = [col[0] for col in compiler.select[:compiler.col_count]]
+        converters = compiler.get_converters(fields)
+        compiled = self._compiled[using] = (sql, tuple(params), tuple(slots), compiler,
+                                            converters)
         return compiled
 
     def rows(self, *values, using: str = "default") -> list:
-        sql, params, slots, compiler = self._compiled.get(using) or self._compile(using)
+        sql, params, slots, compiler, converters = (self._compiled.get(using)
+                                                    or self._compile(using))
         args = [p if s is None else values[s] for p, s in zip(params, slots)]
         connection = _connections[using]
         if prepared_statements_on(connection):
@@ -177,7 +193,10 @@ class CompiledRead:
                 cursor.execute(sql, args)
                 raw = cursor.fetchall()
         count = compiler.col_count
-        return list(compiler.results_iter(results=[[r[:count] for r in raw]]))
+        rows = [r[:count] for r in raw]
+        if converters:
+            return [tuple(r) for r in compiler.apply_converters(rows, converters)]
+        return rows
 
     def instances(self, *values, using: str = "default") -> list:
         """Model instances as the queryset would yield them (related objects and
