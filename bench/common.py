@@ -7,6 +7,7 @@ floor measured in the same run on the same PostgreSQL (DESIGN §2, STYLE rule 14
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -110,6 +111,13 @@ def log(msg: str) -> None:
 # -- the stack ----------------------------------------------------------------------------
 
 
+def durable() -> bool:
+    """--durable (or BENCH_DURABLE=1): PostgreSQL with synchronous_commit on, as production
+    and the soak run it; the default cluster runs with it off (a commit is acknowledged
+    before its WAL is flushed), which flatters every figure that commits."""
+    return os.environ.get("BENCH_DURABLE", "") not in ("", "0")
+
+
 @contextlib.contextmanager
 def bench_stack(*, redis: bool = True, localstripe: bool = True, extra_env: dict | None = None):
     """Start PostgreSQL (+ Redis, localstripe), migrate, set up Django in this process.
@@ -117,7 +125,7 @@ def bench_stack(*, redis: bool = True, localstripe: bool = True, extra_env: dict
     Yields (stack, env): `env` is what child processes (gunicorn, celery, manage.py) get.
     DJANGO_SETTINGS_MODULE is bench.settings: config.settings plus the floor views.
     """
-    with Stack(redis=redis, localstripe=localstripe) as stack:
+    with Stack(redis=redis, localstripe=localstripe, durable=durable()) as stack:
         env = {
             **os.environ, **stack.env,
             "DJANGO_SETTINGS_MODULE": "bench.settings",
@@ -126,7 +134,8 @@ def bench_stack(*, redis: bool = True, localstripe: bool = True, extra_env: dict
             "PYTHONPATH": str(ROOT),
             **(extra_env or {}),
         }
-        log(f"stack up: {stack.env.get('DATABASE_URL')}; migrating")
+        log(f"stack up: {stack.env.get('DATABASE_URL')} (synchronous_commit "
+            f"{'on' if durable() else 'off'}); migrating")
         subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], env=env, cwd=ROOT,
                        check=True)
         os.environ.update(env)
@@ -248,6 +257,14 @@ def machine() -> dict:
             "python": sys.version.split()[0], "load": os.getloadavg()}
 
 
+class _Durable(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, True)
+        os.environ["BENCH_DURABLE"] = "1"  # read by bench_stack (and child processes)
+
+
 def common_args(parser) -> None:
     parser.add_argument("--json", help="also write the rows as JSON to this path")
+    parser.add_argument("--durable", action=_Durable, nargs=0, default=False,
+                        help="synchronous_commit on (as production), not off")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (median)")

@@ -33,7 +33,9 @@ from .idempotency import (
     idempotency_claim,
     idempotency_complete,
     idempotency_release,
+    idempotency_replay_of,
     key_from_headers,
+    replay_body,
 )
 from .locks import assert_no_transaction_outside_transaction
 from .models import PaymentOperation, Purchase, Quote
@@ -207,6 +209,23 @@ def _run_idempotent(request, *, route: str, create: Callable[[Claim], Response],
             idempotency_release(claim)
         # else: keep the lease; the same key resumes the bound resource once it expires.
         raise
+
+
+def _replay_first(request, route: str) -> Response | None:
+    """Issue 34: a replay (record done, same body) is answered before the purchase read and
+    the body's validation, which a replay does not need (payments.idempotency
+    .idempotency_replay_of); anything else returns None and takes the usual path."""
+    key = key_from_headers(request.headers)
+    body = replay_body(request)
+    if body is None:
+        return None
+    record = idempotency_replay_of(api_client=request.auth, route=route, key=key,
+                                   path=request.path, body=body)
+    if record is None:
+        return None
+    _count(replayed_route=route)
+    return Response(_render_current(record.resource_type, record.resource_id), status=200,
+                    headers={REPLAYED_HEADER: "true"})
 
 
 def _operation_answer(op: PaymentOperation) -> Response:
@@ -615,7 +634,9 @@ class PaymentCreateApi(ApiView):
         },
     )
     def post(self, request, purchase_id: str):
-        key_from_headers(request.headers)
+        replay = _replay_first(request, "purchases_payments_create")
+        if replay is not None:
+            return replay
         purchase = _purchase_or_404(request, purchase_id)
         data = _validated(PaymentCreateIn, request.data, strict=True)
 
@@ -649,7 +670,9 @@ class _LinkedOperationApi(ApiView):
         raise NotImplementedError
 
     def post(self, request, purchase_id: str):
-        key_from_headers(request.headers)
+        replay = _replay_first(request, self.route)
+        if replay is not None:
+            return replay
         purchase = _purchase_or_404(request, purchase_id)
         data = _validated(self.input_serializer, request.data, strict=True)
 

@@ -17,9 +17,9 @@ from rest_framework.throttling import SimpleRateThrottle
 
 from config.client_address import client_address
 
-from .client_cache import api_client_verified
+from .client_cache import api_client_cached, api_client_verified
 from .models import ApiClient
-from .ratelimit import rate_limit_hit
+from .ratelimit import lockout_locked, rate_limit_hit
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +40,34 @@ def _failure_keys(request, key: str) -> list[tuple[str, int]]:
 
 def _refuse_if_too_many_failures(keys: list[tuple[str, int]]) -> None:
     try:
-        counts = cache.get_many([k for k, _ in keys])
+        locked = lockout_locked(keys)
     except Exception:  # noqa: BLE001 - the cache is Redis; an outage must not 500
         logger.warning("auth-failure cache unavailable; not throttled", exc_info=True)
         return
-    if any(counts.get(k, 0) >= limit for k, limit in keys):
-        raise exceptions.Throttled(wait=settings.API_AUTH_FAILURE_WINDOW_SECONDS)
+    if locked:
+        raise lockout_refusal()
+
+
+def lockout_refusal() -> exceptions.Throttled:
+    return exceptions.Throttled(wait=settings.API_AUTH_FAILURE_WINDOW_SECONDS)
+
+
+# Set on the DRF request when the lockout check is left to the throttle's round trip.
+DEFERRED_LOCKOUT = "_verity_deferred_lockout"
+
+
+def _throttled_by_us(request) -> bool:
+    view = (getattr(request, "parser_context", None) or {}).get("view")
+    return view is not None and ApiClientRateThrottle in getattr(view, "throttle_classes", ())
+
+
+def refuse_deferred_lockout(request) -> None:
+    """A request whose lockout check was deferred is refused for another reason first (a
+    missing scope): check the lockout now, so a locked prefix still answers 429 first."""
+    keys = getattr(request, DEFERRED_LOCKOUT, None)
+    if keys:
+        setattr(request, DEFERRED_LOCKOUT, None)
+        _refuse_if_too_many_failures(keys)
 
 
 def _record_failure(keys: list[tuple[str, int]]) -> None:
@@ -73,6 +95,15 @@ class ApiKeyAuthentication(BaseAuthentication):
         scheme, _, key = header.partition(" ")
         key = key.strip()
         keys = _failure_keys(request, key)
+        if scheme.lower() == self.keyword.lower() and key and _throttled_by_us(request):
+            # Issue 34: a key verified within the cache window costs no query and no hash,
+            # so the lockout check (which exists to stop hash checks and guesses) can wait
+            # for the throttle's Redis round trip, the same script (payments.ratelimit);
+            # a locked prefix is still refused 429 before anything else is answered.
+            client = api_client_cached(key)
+            if client is not None:
+                setattr(request, DEFERRED_LOCKOUT, keys)
+                return (client, client)
         _refuse_if_too_many_failures(keys)
         if scheme.lower() != self.keyword.lower() or not key:
             _record_failure(keys)
@@ -111,9 +142,15 @@ class HasScope(BasePermission):
             return False  # DRF raises NotAuthenticated (no successful authenticator)
         scope = getattr(view, "required_scopes", {}).get(request.method)
         if scope and not client.has_scope(scope):
+            refuse_deferred_lockout(request)
             self.message = f"This API key lacks the '{scope}' scope."
             return False
         return True
+
+
+# Set on the Django request by payments.fast_path when it counted this request against the
+# limit and then handed it to the DRF view: the limit is counted once.
+COUNTED = "_verity_rate_decision"
 
 
 class ApiClientRateThrottle(SimpleRateThrottle):
@@ -134,12 +171,18 @@ class ApiClientRateThrottle(SimpleRateThrottle):
         self.num_requests, self.duration = self.parse_rate(self.rate)
         # O(1): one pipelined Redis round trip (payments.ratelimit), not DRF's pickled
         # history of every request time in the window.
-        try:
-            decision = rate_limit_hit(ident=self.get_cache_key(request, view),
-                                      limit=self.num_requests, window_seconds=self.duration)
-        except Exception:  # noqa: BLE001 - the cache is Redis; an outage must not 500
-            logger.warning("throttle cache unavailable; request allowed", exc_info=True)
-            return True
+        decision = getattr(request, COUNTED, None)  # counted by the fast path already
+        if decision is None:
+            lock_keys = getattr(request, DEFERRED_LOCKOUT, None) or ()
+            try:
+                decision = rate_limit_hit(ident=self.get_cache_key(request, view),
+                                          limit=self.num_requests,
+                                          window_seconds=self.duration, lock_keys=lock_keys)
+            except Exception:  # noqa: BLE001 - the cache is Redis; an outage must not 500
+                logger.warning("throttle cache unavailable; request allowed", exc_info=True)
+                return True
+        if decision.locked:
+            raise lockout_refusal()
         self._wait = decision.wait_seconds
         return decision.allowed
 

@@ -40,20 +40,34 @@ def api_client_verified(key: str) -> ApiClient:
     ttl = _ttl()
     if ttl <= 0:
         return ApiClient.objects.get_from_key(key)
+    cached = api_client_cached(key)
+    if cached is not None:
+        return cached
     prefix = key.partition(".")[0]
     digest = hashlib.sha256(key.encode()).digest()
     now = time.monotonic()
-    entry = _verified.get(prefix)
-    if entry is not None:
-        known_digest, client, until = entry
-        if until > now and hmac.compare_digest(known_digest, digest) and not client.has_expired:
-            return copy.copy(client)  # each request gets its own instance
     client = ApiClient.objects.get_from_key(key)  # raises DoesNotExist: nothing is cached
     with _lock:
         if len(_verified) >= _MAX_ENTRIES:
             _verified.clear()
         _verified[prefix] = (digest, copy.copy(client), now + ttl)
     return client
+
+
+def api_client_cached(key: str) -> ApiClient | None:
+    """The client verified for this very key within the window, or None (nothing read:
+    no query, no hash check beyond one SHA-256)."""
+    if _ttl() <= 0:
+        return None
+    entry = _verified.get(key.partition(".")[0])
+    if entry is None:
+        return None
+    known_digest, client, until = entry
+    if (until > time.monotonic()
+            and hmac.compare_digest(known_digest, hashlib.sha256(key.encode()).digest())
+            and not client.has_expired):
+        return copy.copy(client)  # each request gets its own instance
+    return None
 
 
 def api_client_cache_clear(**_kwargs) -> None:
@@ -64,4 +78,4 @@ def api_client_cache_clear(**_kwargs) -> None:
 post_save.connect(api_client_cache_clear, sender=ApiClient, dispatch_uid="api-client-cache")
 post_delete.connect(api_client_cache_clear, sender=ApiClient, dispatch_uid="api-client-cache-d")
 
-__all__ = ["api_client_cache_clear", "api_client_verified"]
+__all__ = ["api_client_cache_clear", "api_client_cached", "api_client_verified"]

@@ -15,6 +15,12 @@ ceiling that is the accepted trade-off for O(1).
 
 Without Redis (`make run` with the per-process memory cache) the same counter is kept in
 the Django cache (`add` + `incr`), good enough for one process.
+
+Issue 34: the failed-authentication lockout counters (payments.authentication) are read in
+the same round trip, by one Lua script (`_SCRIPT`): a locked request is not counted against
+the limit (as before, when the lockout refused it before the throttle ran), and an allowed
+one costs one Redis round trip in all instead of two (plus a client built per call by
+Django's cache for the lockout read).
 """
 from __future__ import annotations
 
@@ -39,20 +45,60 @@ def parse_rate(rate: str) -> tuple[int, int]:
 class Decision:
     allowed: bool
     wait_seconds: float  # until the window ends (meaningful when refused)
+    locked: bool = False  # a lockout counter was at its limit: nothing was counted
 
 
-def rate_limit_hit(*, ident: str, limit: int, window_seconds: int) -> Decision:
-    """Count one request against `ident`'s window; allowed while the count ≤ limit."""
+# KEYS[1] the limiter's counter, KEYS[2..] lockout counters; ARGV[1] the window (s),
+# ARGV[2..] each lockout counter's limit. -> {count, pttl}, or {-1, 0} when locked out.
+# Lockout counters are Django cache integers (stored raw by RedisSerializer).
+_SCRIPT = """
+for i = 2, #KEYS do
+  local v = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if v ~= nil and v >= tonumber(ARGV[i]) then return {-1, 0} end
+end
+local c = redis.call('INCR', KEYS[1])
+local t = redis.call('PTTL', KEYS[1])
+if t < 0 then
+  redis.call('EXPIRE', KEYS[1], ARGV[1])
+  t = tonumber(ARGV[1]) * 1000
+end
+return {c, t}
+"""
+_scripts: dict[int, object] = {}
+
+
+def _script(client):
+    # register_script: EVALSHA, loading the script again after a Redis restart (NOSCRIPT).
+    script = _scripts.get(id(client))
+    if script is None:
+        script = _scripts[id(client)] = client.register_script(_SCRIPT)
+    return script
+
+
+def lockout_locked(lock_keys: list[tuple[str, int]]) -> bool:
+    """Whether any lockout counter (Django cache key, limit) is at its limit."""
+    counts = cache.get_many([k for k, _ in lock_keys])
+    return any(counts.get(k, 0) >= limit for k, limit in lock_keys)
+
+
+def rate_limit_hit(*, ident: str, limit: int, window_seconds: int,
+                   lock_keys: list[tuple[str, int]] = ()) -> Decision:
+    """Count one request against `ident`'s window; allowed while the count ≤ limit.
+
+    `lock_keys` (Django cache key, limit): when one is at its limit the answer is
+    `locked` and nothing is counted — read in the same Redis round trip."""
     key = cache.make_and_validate_key(f"rl:{ident}")
     client = _redis_client()
     if client is not None:
-        pipe = client.pipeline(transaction=False)
-        pipe.incr(key)
-        pipe.expire(key, window_seconds, nx=True)
-        pipe.pttl(key)
-        count, _, pttl = pipe.execute()
+        keys = [key, *(cache.make_and_validate_key(k) for k, _ in lock_keys)]
+        count, pttl = _script(client)(keys=keys, args=[window_seconds,
+                                                        *(n for _, n in lock_keys)])
+        if count < 0:
+            return Decision(allowed=False, wait_seconds=0, locked=True)
         left = pttl / 1000 if pttl and pttl > 0 else window_seconds
-    else:  # per-process memory cache: not shared, good enough for one dev process
+    else:
+        if lock_keys and lockout_locked(list(lock_keys)):
+            return Decision(allowed=False, wait_seconds=0, locked=True)  # per-process memory cache: not shared, good enough for one dev process
         started = f"rl:{ident}:t"
         if cache.add(f"rl:{ident}", 0, timeout=window_seconds):
             cache.set(started, time.monotonic(), timeout=window_seconds)
@@ -74,5 +120,5 @@ def x402_settle_hit(*, client_id, rate: str) -> Decision:
                           window_seconds=window)
 
 
-__all__ = ["Decision", "X402_SETTLE_BUCKET", "parse_rate", "rate_limit_hit",
-           "x402_settle_hit"]
+__all__ = ["Decision", "X402_SETTLE_BUCKET", "lockout_locked", "parse_rate",
+           "rate_limit_hit", "x402_settle_hit"]

@@ -21,7 +21,7 @@ from .presenters import (  # noqa: F401
     _iso,
 )
 from .services.holds import _period_start, client_limits as figures_for
-from .view_queries import operations_for_view
+from .view_queries import CompiledRead, operations_for_view
 
 # -- lookups (ownership: a client sees only its own purchases) ------------------------
 
@@ -30,10 +30,17 @@ def products_list():
     return Product.objects.order_by("sku")
 
 
+# Compiled once per process, a prepared statement on PostgreSQL (payments.view_queries).
+_PURCHASE_OF_CLIENT = CompiledRead(
+    lambda pk, client_id: Purchase.objects.select_related("quote")
+    .filter(pk=pk, api_client_id=client_id)[:1],
+    "\x01verity-purchase", "\x01verity-client")
+
+
 def purchase_get_for_client(*, purchase_id: str, api_client: ApiClient) -> Purchase | None:
-    # By primary key: no ORDER BY to compile (.first() would add one).
-    return next(iter(Purchase.objects.select_related("quote")
-                     .filter(pk=purchase_id, api_client=api_client)[:1]), None)
+    # By primary key: no ORDER BY (.first() would add one).
+    found = _PURCHASE_OF_CLIENT.instances(purchase_id, api_client.pk)
+    return found[0] if found else None
 
 
 def operation_get_for_client(*, operation_id: str, api_client: ApiClient

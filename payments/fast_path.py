@@ -1,0 +1,166 @@
+"""A fast path before DRF for the two hot clean reads (issue 34): an idempotent replay of
+`POST /api/v1/purchases/{id}/payments` and `GET /api/v1/purchases/{id}`.
+
+It answers only when every check is clean — the API key was verified within the client
+cache's window (payments.client_cache: the documented revocation window), the key holds the
+route's scope, nothing in the request asks for DRF's negotiation (no query string, an
+`Accept` that only JSON satisfies), the replay is recognised (record `done`, same
+fingerprint: payments.idempotency.idempotency_replay_of), and the rate limiter allows it
+with no lockout (one Redis round trip: payments.ratelimit). Anything else is handed,
+untouched, to the very DRF view, which answers every error (401, 403, 404, 409, 422, 429 …)
+as before. When the limit was already counted here the decision travels with the request
+(payments.authentication.COUNTED), so a request is counted once.
+
+The answer is the one the DRF view would give: the same presenter, DRF's JSONRenderer, the
+same headers (`Allow`, `Cache-Control: no-store`, `Idempotent-Replayed: true`); a test
+compares both paths byte for byte (tests/api/test_fast_path_equivalence.py).
+`API_FAST_PATH = False` turns it off.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+from django.conf import settings
+from django.http import HttpResponse
+from rest_framework.renderers import JSONRenderer
+
+from recovery.metrics import IDEMPOTENT_REPLAYS
+
+from . import selectors
+from .authentication import COUNTED, KEYWORD, ApiClientRateThrottle, _failure_keys
+from .client_cache import api_client_cached
+from .idempotency import (
+    HEADER,
+    MAX_KEY_LENGTH,
+    REPLAYED_HEADER,
+    idempotency_replay_of,
+    replay_body,
+)
+from .ratelimit import parse_rate, rate_limit_hit
+from .view_queries import operation_for_view
+
+logger = logging.getLogger(__name__)
+
+_ACCEPTS = frozenset({"", "*/*", "application/json", "application/*"})
+_KEYWORD = KEYWORD.lower()
+_RENDERER = JSONRenderer()
+
+
+def _allow_header(cls) -> str:
+    # DRF's `Allow`: the methods the view defines (Django adds `head` for a `get`).
+    names = [m for m in cls.http_method_names
+             if hasattr(cls, m) or (m == "head" and hasattr(cls, "get"))]
+    return ", ".join(m.upper() for m in names)
+
+
+def _clean(request, kwargs, method: str) -> bool:
+    return (request.method == method and not request.META.get("QUERY_STRING")
+            and request.META.get("HTTP_ACCEPT", "").strip() in _ACCEPTS
+            and not any("\x00" in str(v) for v in kwargs.values()))
+
+
+def _client(request, scope: str):
+    """(client, key) for a key verified within the cache window holding `scope`, or None."""
+    scheme, _, key = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
+    key = key.strip()
+    if scheme.lower() != _KEYWORD or not key:
+        return None
+    client = api_client_cached(key)
+    if client is None or not client.has_scope(scope):
+        return None
+    return client, key
+
+
+def _allowed(request, client, key: str) -> bool:
+    """Count this request against the client's limit, with the lockout, in one round trip.
+    A refusal is left to the DRF view, which reuses this very decision."""
+    limit, window = parse_rate(settings.API_THROTTLE_RATE)
+    throttle = ApiClientRateThrottle
+    ident = throttle.cache_format % {"scope": throttle.scope, "ident": f"client:{client.pk}"}
+    decision = rate_limit_hit(ident=ident, limit=limit, window_seconds=window,
+                              lock_keys=_failure_keys(request, key))
+    setattr(request, COUNTED, decision)
+    return decision.allowed and not decision.locked
+
+
+def _answer(data: dict, *, allow: str, headers: dict | None = None) -> HttpResponse:
+    response = HttpResponse(_RENDERER.render(data, JSONRenderer.media_type, {}),
+                            status=200, content_type=JSONRenderer.media_type)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    response["Allow"] = allow
+    response["Cache-Control"] = "no-store"  # as payments.apis.ApiView
+    response.verity_fast_path = True  # not a header: lets a test tell which path answered
+    return response
+
+
+def _purchase_get(request, kwargs, *, allow: str, scope: str, route: str):
+    if not _clean(request, kwargs, "GET"):
+        return None
+    found = _client(request, scope)
+    if found is None:
+        return None
+    client, key = found
+    if not _allowed(request, client, key):
+        return None
+    purchase = selectors.purchase_get_for_client(purchase_id=kwargs["purchase_id"],
+                                                 api_client=client)
+    if purchase is None:
+        return None  # 404: the view's problem body
+    return _answer(selectors.purchase_view(purchase), allow=allow)
+
+
+def _payment_replay(request, kwargs, *, allow: str, scope: str, route: str):
+    if not _clean(request, kwargs, "POST"):
+        return None
+    found = _client(request, scope)
+    if found is None:
+        return None
+    client, key = found
+    idem_key = (request.headers.get(HEADER) or "").strip()
+    if not idem_key or len(idem_key) > MAX_KEY_LENGTH or not idem_key.isprintable():
+        return None
+    body = replay_body(request)
+    if body is None:
+        return None
+    record = idempotency_replay_of(api_client=client, route=route, key=idem_key,
+                                   path=request.path, body=body)
+    if record is None or record.resource_type != "operation":
+        return None
+    if not _allowed(request, client, key):
+        return None
+    op = operation_for_view(record.resource_id)
+    if op is None:
+        return None
+    IDEMPOTENT_REPLAYS.labels(route=route).inc()
+    return _answer(selectors.operation_view(op), allow=allow,
+                   headers={REPLAYED_HEADER: "true"})
+
+
+_HANDLERS = {"purchase_get": (_purchase_get, "purchases:read", "purchases_retrieve"),
+             "payment_replay": (_payment_replay, "purchases:write",
+                                "purchases_payments_create")}
+
+
+def fast(view, kind: str):
+    """`view` (a DRF view function) behind the fast path `kind`."""
+    handler, scope, route = _HANDLERS[kind]
+    allow = _allow_header(view.cls)
+
+    @functools.wraps(view)  # keeps cls / initkwargs / csrf_exempt: the schema still sees it
+    def wrapped(request, *args, **kwargs):
+        if getattr(settings, "API_FAST_PATH", True):
+            try:
+                answer = handler(request, kwargs, allow=allow, scope=scope, route=route)
+            except Exception:  # noqa: BLE001 - the DRF view answers every failure itself
+                logger.debug("fast path declined on an error", exc_info=True)
+                answer = None
+            if answer is not None:
+                return answer
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+__all__ = ["fast"]

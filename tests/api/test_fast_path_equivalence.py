@@ -1,0 +1,231 @@
+"""Issue 34: the fast path before DRF (payments.fast_path) answers exactly as the DRF view
+does for the same state — status, headers and body, byte for byte — for every answer it
+gives (200 replay, 200 GET); every other case is handed to the DRF view and answers as it
+did, and a request is counted once against the client's limit.
+
+Each comparison sends the same request twice against unchanged state: once with the fast
+path on, once with it off (`API_FAST_PATH = False`: the DRF view alone)."""
+from datetime import timedelta
+
+import pytest
+from django.core.cache import cache
+from django.core.exceptions import ObjectDoesNotExist
+from django.utils import timezone
+
+from payments.idempotency import request_fingerprint
+from payments.models import IdempotencyRecord
+from tests.api.conftest import Api, new_key
+from tests.factories import make_client
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BODY = {"payment_method": "pm_card_visa", "capture": "automatic"}
+
+
+@pytest.fixture(autouse=True)
+def fast_settings(settings):
+    settings.API_CLIENT_CACHE_SECONDS = 60  # the key stays verified through one test
+    settings.API_FAST_PATH = True
+    return settings
+
+
+def _both(settings, send):
+    """(fast-path answer, DRF answer) of `send()` against the same state."""
+    settings.API_FAST_PATH = True
+    fast = send()
+    settings.API_FAST_PATH = False
+    drf = send()
+    settings.API_FAST_PATH = True
+    return fast, drf
+
+
+def _same(fast, drf) -> None:
+    assert fast.status_code == drf.status_code
+    assert dict(fast.items()) == dict(drf.items())
+    assert fast.content == drf.content
+
+
+def _paid(storefront, product):
+    purchase = storefront.new_purchase(product.sku)
+    key = new_key()
+    paid = storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key)
+    assert paid.status_code == 201, paid.content
+    storefront.get(f"purchases/{purchase['id']}")  # the key is verified: cache warm
+    return purchase, key
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
+def test_a_replay_is_byte_identical_to_the_drf_replay(storefront, product, fast_settings,
+                                                      prepared):
+    fast_settings.DATABASE_PREPARED_STATEMENTS = prepared  # PgBouncer < 1.21: off
+    purchase, key = _paid(storefront, product)
+
+    fast, drf = _both(fast_settings, lambda: storefront.post(
+        f"purchases/{purchase['id']}/payments", BODY, key=key))
+
+    assert getattr(fast, "verity_fast_path", False) and not hasattr(drf, "verity_fast_path")
+    assert fast.status_code == 200 and fast["Idempotent-Replayed"] == "true"
+    assert fast["Cache-Control"] == "no-store"
+    _same(fast, drf)
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
+def test_a_purchase_read_is_byte_identical_to_the_drf_read(storefront, product, fast_settings,
+                                                           prepared):
+    fast_settings.DATABASE_PREPARED_STATEMENTS = prepared
+    purchase, _ = _paid(storefront, product)
+
+    fast, drf = _both(fast_settings, lambda: storefront.get(f"purchases/{purchase['id']}"))
+
+    assert getattr(fast, "verity_fast_path", False) and not hasattr(drf, "verity_fast_path")
+    assert fast.status_code == 200 and fast["Cache-Control"] == "no-store"
+    _same(fast, drf)
+
+
+def test_every_other_answer_is_the_drf_views(storefront, other_storefront, product,
+                                             fast_settings):
+    purchase, key = _paid(storefront, product)
+    pid = purchase["id"]
+    path = f"/api/v1/purchases/{pid}/payments"
+    running = new_key()
+    IdempotencyRecord.objects.create(
+        api_client=storefront.client, route="purchases_payments_create", key=running,
+        fingerprint=request_fingerprint(path=path, body=BODY),
+        lease_until=timezone.now() + timedelta(seconds=30))
+    _, reader_key = make_client(scopes=("purchases:read",), name="reader")
+    reader = Api(reader_key)
+    reader.get("products")  # verified: cache warm
+    storefront.get("products")  # a client saved clears the cache: verify this key again
+    cases = {
+        422: lambda: storefront.post(f"purchases/{pid}/payments",
+                                     {**BODY, "payment_method": "pm_card_mastercard"}, key=key),
+        409: lambda: storefront.post(f"purchases/{pid}/payments", BODY, key=running),
+        404: lambda: other_storefront.get(f"purchases/{pid}"),
+        401: lambda: Api("nope.wrong").get(f"purchases/{pid}"),
+        403: lambda: reader.post(f"purchases/{pid}/payments", BODY, key=key),
+        400: lambda: storefront.post(f"purchases/{pid}/payments", BODY, key=None),
+    }
+    for status, send in cases.items():
+        fast, drf = _both(fast_settings, send)
+        assert fast.status_code == status, (status, fast.content)
+        assert not hasattr(fast, "verity_fast_path")
+        _same(fast, drf)
+    assert IdempotencyRecord.objects.get(key=running).state == IdempotencyRecord.State.IN_FLIGHT
+
+
+def test_a_refused_request_is_counted_once_and_answers_as_drf(storefront, product,
+                                                              fast_settings):
+    purchase, key = _paid(storefront, product)
+    fast_settings.API_THROTTLE_RATE = "3/min"
+    counter = f"rl:throttle_api_client_client:{storefront.client.pk}"
+    cache.delete(counter)
+    send = lambda: storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key)  # noqa
+
+    answers = [send() for _ in range(3)]
+    assert [a.status_code for a in answers] == [200] * 3
+    assert all(getattr(a, "verity_fast_path", False) for a in answers)
+    refused = send()  # counted by the fast path, refused by the DRF view with that count
+    assert refused.status_code == 429 and int(refused["Retry-After"]) > 0
+    assert cache.get(counter) == 4  # once per request, not twice for the refused one
+
+    # the same refusal from the DRF view alone
+    fast_settings.API_FAST_PATH = False
+    cache.delete(counter)
+    for _ in range(3):
+        assert send().status_code == 200
+    drf = send()
+    assert cache.get(counter) == 4
+    assert refused.status_code == drf.status_code and refused.content == drf.content
+    assert dict(refused.items()).keys() == dict(drf.items()).keys()
+
+
+def test_a_locked_key_prefix_is_refused_429_on_both_paths(storefront, product, fast_settings):
+    # given a key verified a moment ago (cached), then its prefix locked by failed guesses
+    purchase, key = _paid(storefront, product)
+    _, reader_key = make_client(scopes=("purchases:read",), name="reader")
+    reader = Api(reader_key)
+    reader.get("products")
+    storefront.get("products")  # a client saved clears the cache: verify this key again
+    fast_settings.API_AUTH_FAILURES_PER_PREFIX = 3
+    locks = [f"api-auth-fail:prefix:{k.split('.')[0]}" for k in (storefront.key, reader_key)]
+    for lock in locks:
+        cache.set(lock, 3, timeout=60)
+    try:
+        # then every path answers the lockout's 429, the scope refusal included
+        for send in (lambda: storefront.get(f"purchases/{purchase['id']}"),
+                     lambda: storefront.post(f"purchases/{purchase['id']}/payments", BODY,
+                                             key=key),
+                     lambda: reader.post(f"purchases/{purchase['id']}/payments", BODY,
+                                         key=key)):
+            fast, drf = _both(fast_settings, send)
+            assert fast.status_code == 429, fast.content
+            assert fast["Retry-After"] == str(fast_settings.API_AUTH_FAILURE_WINDOW_SECONDS)
+            _same(fast, drf)
+    finally:
+        cache.delete_many(locks)
+
+
+def _state(obj, relations=()) -> dict:
+    """Every loaded field and annotation of a model instance, and its loaded relations'."""
+    out = {k: v for k, v in obj.__dict__.items() if not k.startswith("_")}
+    for name in relations:
+        try:
+            related = getattr(obj, name)
+        except ObjectDoesNotExist:  # a reverse one-to-one with no row (no hold)
+            related = None
+        out[name] = None if related is None else _state(related)
+    return out
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
+def test_compiled_reads_load_what_the_querysets_load(storefront, product, fast_settings,
+                                                     prepared):
+    from payments.models import PaymentOperation, Purchase
+    from payments.selectors import purchase_get_for_client
+    from payments.view_queries import operation_for_view, operations_for_view
+
+    fast_settings.DATABASE_PREPARED_STATEMENTS = prepared
+    purchase, _ = _paid(storefront, product)
+    op_id = PaymentOperation.objects.get(purchase_id=purchase["id"]).id
+
+    compiled, orm = operation_for_view(op_id), operations_for_view().get(pk=op_id)
+    assert _state(compiled, ("purchase", "hold")) == _state(orm, ("purchase", "hold"))
+    assert _state(compiled.purchase, ("quote",)) == _state(orm.purchase, ("quote",))
+    assert operation_for_view("op_missing") is None
+
+    compiled = purchase_get_for_client(purchase_id=purchase["id"], api_client=storefront.client)
+    orm = Purchase.objects.select_related("quote").get(pk=purchase["id"])
+    assert _state(compiled, ("quote",)) == _state(orm, ("quote",))
+    from payments.presenters import _order_reference
+    from payments.view_queries import purchase_operations_load, purchase_order_reference
+
+    from recovery.models import Order
+
+    for _ in range(2):  # without an order, then with one (as the order writer leaves it)
+        purchase_operations_load(compiled)
+        assert purchase_order_reference(compiled, lambda _: "unused") == _order_reference(
+            purchase["id"])
+        Order.objects.get_or_create(purchase_id=purchase["id"],
+                                    defaults={"reference": f"ord-{purchase['id'][-8:]}"})
+    assert purchase_order_reference(compiled, lambda _: "unused") is not None
+    other, _ = make_client(name="someone-else")
+    assert purchase_get_for_client(purchase_id=purchase["id"], api_client=other) is None
+
+
+def test_a_database_lost_under_a_compiled_read_answers_503_not_500(storefront, product,
+                                                                   fast_settings):
+    # given a verified key (no query to authenticate) and a connection the server dropped
+    from django.db import connection
+
+    purchase, _ = _paid(storefront, product)
+    connection.ensure_connection()
+    connection.connection.close()  # as after a PostgreSQL restart under a kept connection
+    try:
+        # when the purchase is read (a prepared statement on that connection)
+        answer = storefront.get(f"purchases/{purchase['id']}")
+    finally:
+        connection.close()  # the next query reconnects
+
+    # then the database outage's 503, as from Django's own cursors
+    assert answer.status_code == 503, answer.content
+    assert answer.json()["code"] == "database_unavailable" and int(answer["Retry-After"]) > 0
