@@ -12,6 +12,8 @@ import pytest
 import requests
 from django.conf import settings
 
+from tests.stack import WORKERS_FILE
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -20,6 +22,11 @@ def pytest_configure(config):
         raise pytest.UsageError("tests run on PostgreSQL only: use `make test`")
     if not os.environ.get("STRIPE_API_BASE", "").startswith("http://127.0.0.1"):
         raise pytest.UsageError("tests need localstripe on loopback: use `make test`")
+    if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get(WORKERS_FILE):
+        # Workers sharing one stack would see each other's chain clock, localstripe
+        # objects and broker: every worker needs its own (tests/stack.py starts them).
+        raise pytest.UsageError("pytest -n needs a stack per worker: "
+                                "`python -m tests.stack -- pytest -n N` (make test)")
 
 
 def _empty_tables_after_transactional_test(self) -> None:

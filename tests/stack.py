@@ -229,7 +229,7 @@ def pytest_workers(argv: list[str]) -> int:
 # flushed, the Celery fixture empties the broker. Shared across workers, one test would see
 # another's effects; one stack per worker keeps every test's world exactly what it is in a
 # serial run. The workers' environments are written to this file; the `tests.xdist_stack`
-# plugin (pyproject addopts) adopts worker gwK's before Django reads its settings.
+# plugin (PYTEST_PLUGINS, set here) adopts worker gwK's before Django reads its settings.
 WORKERS_FILE = "VERITY_STACK_WORKERS_FILE"
 
 
@@ -273,6 +273,12 @@ def main(argv: list[str]) -> int:
             workers = stacks[0].tmp / "workers.json"
             workers.write_text(json.dumps([s.env for s in stacks]))
             env[WORKERS_FILE] = str(workers)
+            # Loaded while pytest reads its options, before pytest-django reads settings
+            # (a plugin named by PYTEST_PLUGINS; importable from the checkout's root).
+            env["PYTEST_PLUGINS"] = ",".join(
+                p for p in (env.get("PYTEST_PLUGINS", ""), "tests.xdist_stack") if p)
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         proc = subprocess.Popen(argv, env=env, cwd=ROOT)
         try:
             return proc.wait()
