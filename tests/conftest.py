@@ -43,6 +43,7 @@ def _empty_tables_after_transactional_test(self) -> None:
     from django.db import connections, transaction
 
     if (self.available_apps is not None or self.serialized_rollback
+            or os.environ.get("VERITY_TEST_DJANGO_FLUSH") == "1"  # to compare, or to doubt
             or not _post_migrate_writes_only_content_types()):
         return _django_fixture_teardown(self)
     for alias in self._databases_names(include_mirrors=False):
