@@ -88,6 +88,43 @@ def _install_fast_flush() -> None:
 _install_fast_flush()
 
 
+# The slowest tests (by `--durations`, docs/performance.md "Test suite time"), longest first.
+# Under `make test` (xdist, one test handed out at a time) they start at once on different
+# workers instead of ending the run with one worker alone on the soak.
+SLOWEST_FIRST = (
+    "tests/soak/",
+    "tests/payments/test_observation_properties.py",
+    "tests/foundation/test_newcomer_smoke.py",
+    "tests/lifecycle/test_state_machine.py",
+    "tests/security/test_startup_refusals.py",
+    "tests/security/test_sessions.py",
+    "tests/foundation/test_sqlite_paths.py",
+    "tests/recovery/test_worker_faults.py",
+    "tests/support/test_browser_console.py",
+    "tests/security/test_deploy_settings.py",
+    "tests/x402/test_refund_nonce_race.py",
+    "tests/x402/test_refund_reconcile_race.py",
+    "tests/ops/test_database_unavailable.py",
+    "tests/recovery/test_broker_outage.py",
+    "tests/payments/test_concurrency.py",
+)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-django's own ordering
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        return next((i for i, prefix in enumerate(SLOWEST_FIRST)
+                     if item.nodeid.startswith(prefix)), len(SLOWEST_FIRST))
+
+    slow = sorted((i for i in items if rank(i) < len(SLOWEST_FIRST)), key=rank)
+    rest = [i for i in items if rank(i) == len(SLOWEST_FIRST)]
+    # xdist's first hand-out is two consecutive tests per worker: alternate slow and quick
+    # so no worker starts with two slow ones queued.
+    ordered = [t for pair in zip(slow, rest) for t in pair]
+    ordered += slow[len(rest):] + rest[len(slow):]
+    items[:] = ordered
+
+
 class Localstripe:
     """Counts objects at the fake provider over plain HTTP (not through Verity's adapter)."""
 
