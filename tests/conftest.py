@@ -18,6 +18,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "alone: no other xdist worker runs a test meanwhile "
+                            "(a wall-clock bound is asserted)")
+    global _alone_lock_dir
+    if not hasattr(config, "workerinput"):
+        import tempfile
+
+        _alone_lock_dir = tempfile.mkdtemp(prefix="verity-alone-")
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         raise pytest.UsageError("tests run on PostgreSQL only: use `make test`")
     if not os.environ.get("STRIPE_API_BASE", "").startswith("http://127.0.0.1"):
@@ -123,6 +130,40 @@ def pytest_collection_modifyitems(items):
     ordered = [t for pair in zip(slow, rest) for t in pair]
     ordered += slow[len(rest):] + rest[len(slow):]
     items[:] = ordered
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent without pytest-xdist
+def pytest_configure_node(node):  # xdist controller: every worker shares the alone-locks
+    node.workerinput["alone_lock_dir"] = _alone_lock_dir
+
+
+_alone_lock_dir = None
+
+
+@pytest.fixture(autouse=True)
+def _alone_or_together(request):
+    """`@pytest.mark.alone`: a test that asserts a wall-clock bound runs while no other
+    xdist worker runs a test (their CPU would be measured, not the code). Two flock()s shared
+    by the workers: a test takes the gate shared for a moment and the room shared for its
+    run; an alone test takes the gate exclusively (no test starts) and then the room
+    exclusively (the running ones finish). Serial runs take no lock."""
+    import fcntl
+
+    lock_dir = getattr(request.config, "workerinput", {}).get("alone_lock_dir")
+    if not lock_dir:
+        yield
+        return
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(Path(lock_dir) / "gate", "a") as gate, open(Path(lock_dir) / "room", "a") as room:
+        fcntl.flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 class Localstripe:
