@@ -207,8 +207,10 @@ class Stack:
 
 def pytest_workers(argv: list[str]) -> int:
     """How many pytest-xdist workers the command asks for (`-n N`, `-nN`,
-    `--numprocesses N`/`=N`); 0 without xdist. `auto` is refused: each worker gets its own
-    stack, so the count must be known before pytest starts."""
+    `--numprocesses N`/`=N`); 0 without xdist or for another command. `auto` is refused:
+    each worker gets its own stack, so the count must be known before pytest starts."""
+    if not any(Path(a).name.startswith("pytest") for a in argv[:3]):
+        return 0  # python -m bench.x402_drill etc.: its -n is not pytest's
     for i, arg in enumerate(argv):
         value = None
         if arg in ("-n", "--numprocesses") and i + 1 < len(argv):
