@@ -65,8 +65,12 @@ serve:
 	then eval "$$x402_env"; procs=""; else procs="$(SERVE_PROCESSES)"; fi; \
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev start $$procs
 
+# pytest-xdist workers, each with its own stack (tests.stack starts one per worker; see
+# docs/performance.md "Test suite time"). TEST_WORKERS=0 runs serially on one stack.
+# One test handed out at a time, slowest first (tests/conftest.py SLOWEST_FIRST).
+TEST_WORKERS ?= 3
 test: deps
-	$(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 $(PYTEST_ARGS)
 
 soak: deps
 	$(PY) bench/soak.py $(SOAK_ARGS)

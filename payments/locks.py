@@ -178,6 +178,19 @@ def _signer_lock_in_slices(key: int, while_waiting: Callable[[], None],
 
 
 def assert_no_transaction_outside_transaction() -> None:
-    """Provider calls are network I/O: never inside a database transaction."""
-    if transaction.get_connection().in_atomic_block:
+    """Provider calls are network I/O: never inside a database transaction.
+
+    A rolled-back test (django.test.TestCase, pytest-django's `db`) runs inside atomic
+    blocks of its own; Django marks them (`_from_testcase`, which it reads itself to let a
+    durable block nest in them). They are the test's watermark: only a block opened above
+    them is a transaction the code opened. Nothing outside django.test sets the mark, so in
+    production every open block counts, as before.
+    """
+    conn = transaction.get_connection()
+    if conn.in_atomic_block and not _only_test_case_blocks(conn):
         raise RuntimeError("provider call attempted inside a database transaction")
+
+
+def _only_test_case_blocks(conn) -> bool:
+    return bool(conn.atomic_blocks) and all(
+        getattr(block, "_from_testcase", False) for block in conn.atomic_blocks)

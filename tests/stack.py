@@ -2,13 +2,14 @@
 
 Used by `make test` (python -m tests.stack -- pytest ...) and by bench/ scripts
 (`with Stack(): ...`). Each server gets a free port and a temp directory and is stopped
-on exit. PostgreSQL refuses to run as root, so as root the cluster is created and
+on exit. With `pytest -n N` (pytest-xdist) N stacks are started, one per worker. PostgreSQL refuses to run as root, so as root the cluster is created and
 started as the `postgres` user (runuser). pytest-postgresql/pytest-redis are not used
 because their executors cannot switch user, which this machine and CI need.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -209,6 +210,52 @@ class Stack:
         self.close()
 
 
+def pytest_workers(argv: list[str]) -> int:
+    """How many pytest-xdist workers the command asks for (`-n N`, `-nN`,
+    `--numprocesses N`/`=N`); 0 without xdist or for another command. `auto` is refused:
+    each worker gets its own stack, so the count must be known before pytest starts."""
+    if not any(Path(a).name.startswith("pytest") for a in argv[:3]):
+        return 0  # python -m bench.x402_drill etc.: its -n is not pytest's
+    for i, arg in enumerate(argv):
+        value = None
+        if arg in ("-n", "--numprocesses") and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--numprocesses="):
+            value = arg.split("=", 1)[1]
+        elif arg.startswith("-n") and len(arg) > 2 and not arg.startswith("--"):
+            value = arg[2:]
+        if value is not None:
+            if not value.isdigit():
+                raise SystemExit(f"tests.stack: give pytest -n a number, not {value!r}")
+            return int(value)
+    return 0
+
+
+# Each pytest-xdist worker gets a whole stack of its own (database, Redis, localstripe, chain):
+# the x402 tests move the chain's clock and toggle automine, localstripe is counted and
+# flushed, the Celery fixture empties the broker. Shared across workers, one test would see
+# another's effects; one stack per worker keeps every test's world exactly what it is in a
+# serial run. The workers' environments are written to this file; the `tests.xdist_stack`
+# plugin (PYTEST_PLUGINS, set here) adopts worker gwK's before Django reads its settings.
+WORKERS_FILE = "VERITY_STACK_WORKERS_FILE"
+
+
+def _start_stacks(count: int, x402: bool) -> list[Stack]:
+    """Start `count` stacks side by side (their start-up is mostly waiting: initdb, the chain's
+    deployment); all are stopped again if one fails."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    stacks = [Stack(x402=x402) for _ in range(count)]
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        futures = [pool.submit(s.__enter__) for s in stacks]
+        errors = [f.exception() for f in futures]
+    if any(errors):
+        for s in stacks:
+            s.close()
+        raise next(e for e in errors if e)
+    return stacks
+
+
 def main(argv: list[str]) -> int:
     # `--x402` (or VERITY_STACK_X402=1) also starts the chain and the facilitator; the
     # other tests do not pay for their start-up (tests/x402 needs them).
@@ -219,18 +266,35 @@ def main(argv: list[str]) -> int:
         argv = argv[1:]
     if not argv:
         argv = [sys.executable, "-m", "pytest"]
-    with Stack(x402=x402) as stack:
-        env = {**os.environ, **stack.env}
-        extra = (f" anvil:{stack.x402_ports[0]} x402-facilitator:{stack.x402_ports[1]}"
-                 if x402 else "")
-        print(f"stack: postgres:{stack.pg_port} redis:{stack.redis_port} "
-              f"localstripe:{stack.localstripe_port}{extra}", flush=True)
+    stacks = _start_stacks(max(1, pytest_workers(argv)), x402)
+    try:
+        # The controller (collection, and a run without -n) uses the first stack.
+        env = {**os.environ, **stacks[0].env}
+        for i, stack in enumerate(stacks):
+            extra = (f" anvil:{stack.x402_ports[0]} x402-facilitator:{stack.x402_ports[1]}"
+                     if x402 else "")
+            print(f"stack{i if len(stacks) > 1 else ''}: postgres:{stack.pg_port} "
+                  f"redis:{stack.redis_port} localstripe:{stack.localstripe_port}{extra}",
+                  flush=True)
+        if pytest_workers(argv):
+            workers = stacks[0].tmp / "workers.json"
+            workers.write_text(json.dumps([s.env for s in stacks]))
+            env[WORKERS_FILE] = str(workers)
+            # Loaded while pytest reads its options, before pytest-django reads settings
+            # (a plugin named by PYTEST_PLUGINS; importable from the checkout's root).
+            env["PYTEST_PLUGINS"] = ",".join(
+                p for p in (env.get("PYTEST_PLUGINS", ""), "tests.xdist_stack") if p)
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         proc = subprocess.Popen(argv, env=env, cwd=ROOT)
         try:
             return proc.wait()
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
             return proc.wait()
+    finally:
+        for stack in stacks:
+            stack.close()
 
 
 if __name__ == "__main__":

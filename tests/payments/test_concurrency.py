@@ -64,6 +64,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.alone  # a child interpreter must charge within 30 s (make test runs xdist workers)
 def test_worker_killed_after_send_leaves_unknown_then_reconciled(new_purchase, api_client,
                                                                  localstripe, settings):
     purchase = new_purchase()

@@ -37,6 +37,7 @@ def black_hole():
     server.close()
 
 
+@pytest.mark.alone  # asserts a wall-clock bound (make test runs xdist workers)
 def test_readyz_with_a_silent_broker_is_bounded_and_cached(client, settings, black_hole):
     # given a broker that accepts connections and never answers
     port, accepted = black_hole
