@@ -132,15 +132,38 @@ class Provider:
         requests.delete(f"{self.base}/_config/data", timeout=10)
 
 
+# The documented 503 refusals (retry later with the same key): a halted workflow, and a
+# retry (`retry_of`, or a new x402 authorization) of a payment only a person called failed
+# while the provider or the chain could not be read back (issue 30 #10).
+# A new x402 authorization while the chain cannot be read is refused before anything is
+# stored or sent (`chain_unreachable`: nothing charged).
+REFUSALS_503 = ("workflow_halted", "original_unverified", "chain_unreachable")
+
+
+def _unverified_refusal_is_right(code: str, operation: str | None) -> None:
+    """`original_unverified` names a payment whose failure is only a person's word."""
+    if code != "original_unverified" or not operation:
+        return
+    op = PaymentOperation.objects.filter(id=operation).first()
+    assert op is not None and op.outcome == Outcome.FAILED and op.grade == Grade.ACKNOWLEDGED, (
+        f"original_unverified for {operation}, which is "
+        f"{op and (op.outcome, op.grade, op.verification)}")
+
+
 def _no_5xx(r) -> None:
-    """Never a 5xx, except the documented 503 `workflow_halted` (retry with the same key)."""
-    assert r.status_code < 500 or (r.status_code == 503 and r.json()["code"] ==
-                                   "workflow_halted"), r.content
+    """Never a 5xx, except the documented 503 refusals (retry with the same key)."""
+    if r.status_code == 503:
+        body = r.json()
+        assert body.get("code") in REFUSALS_503, r.content
+        _unverified_refusal_is_right(body["code"], body.get("operation"))
+        return
+    assert r.status_code < 500, r.content
 
 
 def _refused_not_broken(exc) -> None:
-    """A DomainError is a refusal (4xx), or the documented 503 `workflow_halted`."""
-    assert exc.status < 500 or (exc.status == 503 and exc.code == "workflow_halted"), exc
+    """A DomainError is a refusal (4xx), or one of the documented 503 refusals."""
+    assert exc.status < 500 or (exc.status == 503 and exc.code in REFUSALS_503), exc
+    _unverified_refusal_is_right(exc.code, exc.operation)
 
 
 def _settle_outbox_quietly() -> None:
@@ -483,7 +506,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         _no_5xx(r)
 
     @precondition(lambda self: self.purchases)
-    @rule(i=st.integers(0, 99), partial=st.booleans(), drill=st.sampled_from(WRITE_DRILLS))
+    @rule(i=st.integers(0, 99), partial=st.booleans(),
+          drill=st.sampled_from(WRITE_DRILLS + [DrillMode.HTTP_400_REFUSED]))
     def refund(self, i, partial, drill):
         pid, api = self._purchase(i)
         self._armed(drill, CallStep.REFUND)
@@ -492,6 +516,45 @@ class LifecycleMachine(RuleBasedStateMachine):
         finally:
             self._disarm()
         _no_5xx(r)
+
+    @precondition(lambda self: self.purchases)
+    @rule(i=st.integers(0, 99), partial=st.booleans())
+    def refund_refused_by_the_provider(self, i, partial):
+        """The provider refuses a refund outright (Stripe's 400 `charge_already_refunded`,
+        the `http_400_refused` drill: nothing applied): the refund is `failed`
+        `provider_refused` at once, not left `unknown` holding the slot, and no refund of
+        it exists at the provider."""
+        paid = self._pick([o for o in self._ops(kind__in=PAYMENT_KINDS, is_duplicate=False,
+                                                outcome=Outcome.SUCCEEDED,
+                                                purchase__status__in=PAID_STATUSES)
+                           if o.rail != "x402"], i)
+        if paid is None:
+            return
+        try:
+            op = services.refund_request(purchase_id=paid.purchase_id,
+                                         amount=500 if partial else None,
+                                         acting_user=self.finance[0])
+            if op.outcome == Outcome.AWAITING_APPROVAL:
+                self._approve(op, self.finance[1])
+        except services.DomainError as exc:
+            _refused_not_broken(exc)
+            return
+        self._armed(DrillMode.HTTP_400_REFUSED, CallStep.REFUND)
+        try:
+            op = services.operation_dispatch(operation_id=op.id)
+        except services.DomainError as exc:
+            _refused_not_broken(exc)
+            return
+        finally:
+            self._disarm()
+        op.refresh_from_db()
+        if op.outcome == Outcome.PENDING:
+            return  # not claimed (the refunds workflow halted): the drill never fired
+        assert (op.outcome, op.reason) == (Outcome.FAILED, "provider_refused"), (
+            f"refund {op.id} refused by the provider is {op.outcome} ({op.reason}, "
+            f"{op.grade})")
+        assert not [r for r in self.provider.list("refunds")
+                    if (r.get("metadata") or {}).get("operation_id") == op.id], op.id
 
     @precondition(lambda self: self.purchases)
     @rule(i=st.integers(0, 99), approve=st.booleans(), who=st.integers(0, 1))
@@ -742,12 +805,15 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule(shop=st.integers(0, 1), overturn=st.sampled_from(["reconcile", "event", "later"]),
           sold_out=st.booleans(), then=st.sampled_from([None, "refund", "refund_partial"]),
-          dashboard_first=st.booleans())
-    def duplicate_charge(self, shop, overturn, sold_out, then, dashboard_first):
+          dashboard_first=st.booleans(), given=st.sampled_from([True, True, False]))
+    def duplicate_charge(self, shop, overturn, sold_out, then, dashboard_first, given):
         """A charge whose answer was lost, a person's wrong "failed" taken while the
         provider could not be read, and the buyer's retry charging again: two charges.
-        The first is read back (now, by its event, or later): a duplicate whose return
-        is Verity's. `sold_out`: the inventory step then fails under COMPENSATE (the
+        Verity now refuses that retry while the failure is only the person's word (503
+        `original_unverified`, no second charge: checked); with `given`, the duplicate is
+        built explicitly as the project's tests do (the first failure reads
+        provider-confirmed for the moment of the retry). The first is read back (now, by
+        its event, or later): a duplicate whose return is Verity's. `sold_out`: the inventory step then fails under COMPENSATE (the
         purchase's OWN charge must be returned, #30 defect 2); `then`: a refund of the
         purchase is requested and approved (#30 defect 6); `dashboard_first`: a person
         refunded part of the first charge in the dashboard before it was read back (its
@@ -773,7 +839,25 @@ class LifecycleMachine(RuleBasedStateMachine):
             _no_5xx(r)
             if r.status_code != 200:
                 return
-            _no_5xx(api.pay(pid, "pm_card_visa", extra={"retry_of": first.id}))
+            retry = api.pay(pid, "pm_card_visa", extra={"retry_of": first.id})
+            _no_5xx(retry)
+            self.no_second_charge_while_unverified(pid, first.id, retry)
+            if not given or retry.status_code != 503 or (
+                    retry.json()["code"] != "original_unverified"):
+                given = False
+            else:
+                # Verity's own path no longer charges twice here (issue 30 #10), so the
+                # duplicate is a given, as in the project's tests (_charged_twice): for the
+                # moment the retry is made, the first failure reads provider-confirmed.
+                get_provider().arm_drill(key_prefix="*", step="read",
+                                         mode=DrillMode.READ_UNAVAILABLE, times=1)
+                wrong_word = PaymentOperation.objects.filter(id=first.id)
+                grade = wrong_word.values_list("grade", "verification").get()
+                wrong_word.update(grade=Grade.CONFIRMED, verification=Verification.PROVIDER)
+                try:
+                    _no_5xx(api.pay(pid, "pm_card_visa", extra={"retry_of": first.id}))
+                finally:
+                    wrong_word.update(grade=grade[0], verification=grade[1])
         finally:
             self._disarm()
         if sold_out:  # another sale took the last unit before the inventory commit
@@ -802,13 +886,27 @@ class LifecycleMachine(RuleBasedStateMachine):
                 except services.DomainError as exc:
                     _refused_not_broken(exc)
 
+    def no_second_charge_while_unverified(self, pid: str, first_id: str, retry) -> None:
+        """A retry refused `original_unverified` charged nothing: one PaymentIntent at the
+        provider for the purchase, and no retry operation."""
+        if retry.status_code != 503 or retry.json()["code"] != "original_unverified":
+            return
+        intents = [pi for pi in self.provider.list("payment_intents")
+                   if (pi.get("metadata") or {}).get("purchase_id") == pid]
+        assert len(intents) <= 1, (pid, [(pi["id"], pi["status"]) for pi in intents])
+        assert not PaymentOperation.objects.filter(retry_of_id=first_id).exists(), pid
+
     @precondition(lambda self: X402)
-    @rule(shop=st.integers(0, 1), overturn=st.sampled_from(["reconcile", "later"]))
-    def duplicate_x402(self, shop, overturn):
+    @rule(shop=st.integers(0, 1), overturn=st.sampled_from(["reconcile", "later"]),
+          given=st.sampled_from([True, True, False]))
+    def duplicate_x402(self, shop, overturn, given):
         """The same on the x402 rail: a settlement whose answer was lost, a person's wrong
         "failed" while the chain could not be read (a real proxy in front of the node,
-        down), the agent's second authorization settling too; the first is read back: a
-        duplicate whose return is a transfer back to ITS payer (#30 defect 4)."""
+        down), the agent's second authorization: refused while the chain cannot be read or
+        the failure is only the person's word (nothing paid: checked on chain); with
+        `given`, it settles too, the failure written chain-confirmed for that moment as the
+        project's tests do; the first is read back: a duplicate whose return is a transfer
+        back to ITS payer (#30 defect 4)."""
         from payments.providers.x402 import DrillMode as X402Drill
         from payments.providers.x402 import get_facilitator
         from tests.x402.chain import SIGNATURE, sign
@@ -839,11 +937,41 @@ class LifecycleMachine(RuleBasedStateMachine):
             required = unpaid.headers.get("PAYMENT-REQUIRED")
             if unpaid.status_code != 402 or not required:
                 return
-            header, _ = sign(required, self.chain.new_payer())
+            header, second = sign(required, self.chain.new_payer())
             self.x402_signed.append((pid, header))
-            _no_5xx(api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header}))
+            again = api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header})
+            _no_5xx(again)
         finally:
             proxy.up()
+        if again.status_code != 503:
+            return  # not refused: the invariants judge what it did
+        # Refused (the chain unreadable: `chain_unreachable`; or the failure only a
+        # person's word: `original_unverified`): nothing was paid.
+        assert self.chain.transfers(second["from"]) == 0, (pid, again.json()["code"])
+        assert PaymentOperation.objects.filter(purchase_id=pid,
+                                               kind__in=PAYMENT_KINDS).count() == 1, pid
+        wrong_word = PaymentOperation.objects.filter(id=first.id)
+        grade = wrong_word.values_list("grade", "verification").get()
+        if not given or grade[0] != Grade.ACKNOWLEDGED:
+            # The chain readable again, the failure still only the person's word: the
+            # same signature either waits for the read-back or follows it, never pays
+            # beside a first payment nobody has read.
+            again = api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header})
+            _no_5xx(again)
+            first.refresh_from_db()
+            if again.status_code in (200, 202):
+                assert not (first.outcome == Outcome.FAILED
+                            and first.grade == Grade.ACKNOWLEDGED), (
+                    f"{pid}: a second authorization settled while {first.id}'s failure was "
+                    "only a person's word")
+        else:
+            # The duplicate as a given (tests/x402/test_duplicate_compensation_rail.py): the
+            # failure reads chain-confirmed for the moment the agent pays again.
+            wrong_word.update(grade=Grade.CONFIRMED, verification=Verification.PROVIDER)
+            try:
+                _no_5xx(api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header}))
+            finally:
+                wrong_word.update(grade=grade[0], verification=grade[1])
         if overturn == "reconcile":
             try:
                 services.operation_reconcile(operation_id=first.id)
@@ -966,20 +1094,89 @@ class LifecycleMachine(RuleBasedStateMachine):
         view = api.get(f"purchases/{earlier}")
         if view.status_code != 200 or not view.json().get("status_url"):
             return
-        path = urlparse(view.json()["status_url"]).path.rstrip("/") + "/new-purchase"
-        page = Client().post(path)  # no session, no cookie: what the agent has
-        found = re.search(rb'id="buyer-confirmation-code">([^<]+)<', page.content)
-        if not found:
-            return
-        q = api.quote(sku)
-        again = api.purchase(q.json(), customer_ref,
-                             extra={"buyer_confirmation": found.group(1).decode()})
-        _no_5xx(again)
-        if again.status_code == 201:
-            self.purchases.append((again.json()["id"], shop))
-        assert again.status_code != 201, (
-            f"the agent lifted the buyer-only guard on {earlier} with its own status link "
-            f"and bought the same basket again: {again.json()['id']}")
+        path = urlparse(view.json()["status_url"]).path.rstrip("/")
+        # Everything the agent can reach with the link: a bare POST (no session, no
+        # cookie), and the page's own button pressed as a browser would (the page's CSRF
+        # token and cookie: an HTTP client can fetch both). The code is e-mailed to the
+        # buyer, a channel the agent does not read; it must appear in none of these.
+        seen = [r.content, view.content, Client().post(path + "/new-purchase").content]
+        browser = Client(enforce_csrf_checks=True)
+        page = browser.get(path + "/")
+        token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content)
+        seen += [page.content, browser.post(path + "/new-purchase", {
+            "csrfmiddlewaretoken": token.group(1).decode() if token else ""}).content]
+        codes = {m.group(0).decode() for text in seen for m in re.finditer(
+            rb"\b[A-Z0-9]{5}-[A-Z0-9]{5}\b|(?<=id=\"buyer-confirmation-code\">)[^<]+", text)}
+        for code in sorted(codes):
+            q = api.quote(sku)
+            again = api.purchase(q.json(), customer_ref, extra={"buyer_confirmation": code})
+            _no_5xx(again)
+            if again.status_code == 201:
+                self.purchases.append((again.json()["id"], shop))
+            assert again.status_code != 201, (
+                f"the agent lifted the buyer-only guard on {earlier} with {code!r} from its "
+                f"own answers and status link, and bought the same basket again: "
+                f"{again.json()['id']}")
+
+    @precondition(lambda self: self.purchases)
+    @rule(shop=st.integers(0, 1), customer=st.integers(0, len(CUSTOMERS) - 1),
+          x402=st.booleans())
+    def buyer_lifts_the_guard(self, shop, customer, x402):
+        """The buyer, told by the shop that only they can confirm a second purchase of the
+        same basket, presses "yes" on the earlier purchase's status page (a browser: CSRF
+        token and cookie), reads the code in the e-mail it sends, and gives it to the shop:
+        the second purchase opens (the legitimate lift stays exercised)."""
+        import re
+
+        from django.core import mail
+
+        api = self.shops[shop]
+        sku = self.report.sku if x402 and X402 else self.product.sku
+        customer_ref = f"{CUSTOMERS[customer]}-{self.tag}"
+        code, lifted = "", []
+        for _ in range(4):  # one code lifts one earlier purchase
+            q = api.quote(sku)
+            assert q.status_code == 201, q.content
+            r = api.purchase(q.json(), customer_ref,
+                             extra={"buyer_confirmation": code} if code else {})
+            _no_5xx(r)
+            if r.status_code == 201:
+                self.purchases.append((r.json()["id"], shop))
+                if sku != self.product.sku:
+                    self.x402_purchases.append(r.json()["id"])
+                return
+            assert r.status_code in (409, 422), r.content
+            body = r.json()
+            if body["code"] not in ("probable_duplicate_purchase",
+                                    "customer_has_unresolved_purchase"):
+                assert not code, (f"the buyer's code {code} for {lifted} refused: "
+                                  f"{body['code']}: {body.get('message') or body}")
+                return
+            earlier = Purchase.objects.get(id=body["purchase"])
+            assert earlier.id not in lifted, (
+                f"the buyer confirmed {earlier.id} with the e-mailed code, yet the same "
+                f"purchase still guards: {body['code']}")
+            browser = Client(enforce_csrf_checks=True)
+            page = browser.get(f"/status/{earlier.status_token}/")
+            assert page.status_code == 200, page.status_code
+            assert b"Yes, start a new purchase" in page.content, (
+                f"{earlier.id} ({earlier.status}) guards the buyer with no way to confirm")
+            token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content)
+            before = len(mail.outbox)
+            given = browser.post(f"/status/{earlier.status_token}/new-purchase",
+                                 {"csrfmiddlewaretoken": token.group(1).decode()
+                                  if token else ""})
+            assert given.status_code == 200, (given.status_code, given.content[:300])
+            # The code is in the newest e-mail about this purchase (a live code already
+            # sent - the agent pressed the button, say - is not sent twice).
+            about = [m for m in mail.outbox if f"next to {earlier.id})" in m.subject]
+            assert about, (f"no code e-mailed for {earlier.id}",
+                           len(mail.outbox) - before)
+            found = re.search(r"\b[A-Z0-9]{5}-[A-Z0-9]{5}\b", about[-1].body)
+            assert found, about[-1].body
+            code = found.group(0)
+            lifted.append(earlier.id)
+        raise AssertionError(f"the buyer confirmed {lifted} and is still refused")
 
 
     @precondition(lambda self: self.purchases)
@@ -1112,21 +1309,22 @@ class LifecycleMachine(RuleBasedStateMachine):
         for pid in self.x402_purchases:
             auths = X402Authorization.objects.filter(operation__purchase_id=pid).select_related(
                 "operation")
-            moved = {a.operation_id: self.chain.transfers(a.payer) for a in auths}
+            # Per operation (issue 31): did ITS authorization's transaction carry
+            # Transfer(payer -> pay_to, value)? (A payer's transfers counted by address
+            # mixed operations up; a used nonce alone is no payment.)
+            paid = {a.operation_id: self.chain.operation_paid(a) for a in auths}
             compensations = PaymentOperation.objects.filter(
                 purchase_id=pid, kind=OperationKind.REFUND, is_compensation=True,
                 parent__is_duplicate=True).count()
-            assert sum(moved.values()) <= 1 + compensations + self._awaiting_read_back(pid), (
-                f"{pid}: {moved} transfers in, {compensations} returned")
+            assert sum(paid.values()) <= 1 + compensations + self._awaiting_read_back(pid), (
+                f"{pid}: {paid} paid, {compensations} returned")
             for a in auths:
                 op = a.operation
                 if op.grade == Grade.CONFIRMED and op.verification == Verification.PROVIDER:
                     if op.outcome == Outcome.SUCCEEDED:
-                        assert moved[op.id] == 1, (op.id, "succeeded without a transfer")
-                    if op.outcome == Outcome.FAILED:
-                        assert moved[op.id] == 0, (op.id, "failed, but the chain moved it")
+                        assert paid[op.id], (op.id, "succeeded without its transfer")
                 if op.outcome == Outcome.FAILED and op.grade == Grade.CONFIRMED:
-                    assert moved[op.id] == 0, (op.id, op.reason)
+                    assert not paid[op.id], (op.id, op.reason, "failed, but the chain paid")
             payers = {a.payer for a in auths}
             back = sum(self.chain.transfers_back(payer) for payer in payers)
             claimed = X402RefundTransfer.objects.filter(operation__purchase_id=pid).exclude(
