@@ -46,7 +46,7 @@ from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -590,6 +590,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         finally:
             self._disarm()
         op.refresh_from_db()
+        event(f"refund_refused_by_the_provider: {op.outcome}")
         if op.outcome == Outcome.PENDING:
             return  # not claimed (the refunds workflow halted): the drill never fired
         assert (op.outcome, op.reason) == (Outcome.FAILED, "provider_refused"), (
@@ -884,6 +885,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 return
             retry = api.pay(pid, "pm_card_visa", extra={"retry_of": first.id})
             _no_5xx(retry)
+            event(f"duplicate_charge: retry {retry.status_code} "
+                  f"{retry.json().get('code', '') if retry.status_code >= 400 else ''}")
             self.no_second_charge_while_unverified(pid, first.id, retry)
             if not given or retry.status_code != 503 or (
                     retry.json()["code"] != "original_unverified"):
@@ -897,6 +900,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 wrong_word = PaymentOperation.objects.filter(id=first.id)
                 grade = wrong_word.values_list("grade", "verification").get()
                 wrong_word.update(grade=Grade.CONFIRMED, verification=Verification.PROVIDER)
+                event("duplicate_charge: given")
                 try:
                     _no_5xx(api.pay(pid, "pm_card_visa", extra={"retry_of": first.id}))
                 finally:
@@ -987,6 +991,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             _no_5xx(again)
         finally:
             proxy.up()
+        event(f"duplicate_x402: second authorization {again.status_code}")
         if again.status_code != 503:
             return  # not refused: the invariants judge what it did
         # Refused (the chain unreadable: `chain_unreachable`; or the failure only a
@@ -1012,6 +1017,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             # The duplicate as a given (tests/x402/test_duplicate_compensation_rail.py): the
             # failure reads chain-confirmed for the moment the agent pays again.
             wrong_word.update(grade=Grade.CONFIRMED, verification=Verification.PROVIDER)
+            event("duplicate_x402: given")
             try:
                 _no_5xx(api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header}))
             finally:
@@ -1151,6 +1157,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             "csrfmiddlewaretoken": token.group(1).decode() if token else ""}).content]
         codes = {m.group(0).decode() for text in seen for m in re.finditer(
             rb"\b[A-Z0-9]{5}-[A-Z0-9]{5}\b|(?<=id=\"buyer-confirmation-code\">)[^<]+", text)}
+        event(f"agent_with_only_its_answers: {len(codes)} candidate code(s)")
         for code in sorted(codes):
             q = api.quote(sku)
             again = api.purchase(q.json(), customer_ref, extra={"buyer_confirmation": code})
@@ -1185,6 +1192,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                              extra={"buyer_confirmation": code} if code else {})
             _no_5xx(r)
             if r.status_code == 201:
+                event(f"buyer_lifts_the_guard: opened after {len(lifted)} code(s)")
                 self.purchases.append((r.json()["id"], shop))
                 if sku != self.product.sku:
                     self.x402_purchases.append(r.json()["id"])
@@ -1199,6 +1207,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             earlier = Purchase.objects.get(id=body["purchase"])
             if earlier.id in lifted and len(set(lifted)) > 1 and (
                     "buyer_one_code_one_purchase" in OPEN_DEFECTS):
+                event("buyer_lifts_the_guard: open defect buyer_one_code_one_purchase")
                 return  # known, open: tests/lifecycle/test_found_by_machine.py
             assert earlier.id not in lifted, (
                 f"the buyer confirmed {lifted} with the e-mailed codes, yet {earlier.id} "
