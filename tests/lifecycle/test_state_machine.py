@@ -207,6 +207,17 @@ def _stripe_refuses_over_refunds() -> None:
                                      mode=DrillMode.HTTP_400_REFUSED, times=1)
 
 
+# What the new branches did, over a whole run: VERITY_LIFECYCLE_EVENTS=<file> writes the
+# counts there at the end (hypothesis' own statistics do not cover a state machine run
+# as a plain test).
+EVENTS: dict[str, int] = {}
+
+
+def _event(text: str) -> None:
+    event(text)
+    EVENTS[text] = EVENTS.get(text, 0) + 1
+
+
 def _settle_outbox_quietly() -> None:
     _stripe_refuses_over_refunds()
     try:
@@ -590,7 +601,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         finally:
             self._disarm()
         op.refresh_from_db()
-        event(f"refund_refused_by_the_provider: {op.outcome}")
+        _event(f"refund_refused_by_the_provider: {op.outcome}")
         if op.outcome == Outcome.PENDING:
             return  # not claimed (the refunds workflow halted): the drill never fired
         assert (op.outcome, op.reason) == (Outcome.FAILED, "provider_refused"), (
@@ -885,7 +896,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 return
             retry = api.pay(pid, "pm_card_visa", extra={"retry_of": first.id})
             _no_5xx(retry)
-            event(f"duplicate_charge: retry {retry.status_code} "
+            _event(f"duplicate_charge: retry {retry.status_code} "
                   f"{retry.json().get('code', '') if retry.status_code >= 400 else ''}")
             self.no_second_charge_while_unverified(pid, first.id, retry)
             if not given or retry.status_code != 503 or (
@@ -900,7 +911,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 wrong_word = PaymentOperation.objects.filter(id=first.id)
                 grade = wrong_word.values_list("grade", "verification").get()
                 wrong_word.update(grade=Grade.CONFIRMED, verification=Verification.PROVIDER)
-                event("duplicate_charge: given")
+                _event("duplicate_charge: given")
                 try:
                     _no_5xx(api.pay(pid, "pm_card_visa", extra={"retry_of": first.id}))
                 finally:
@@ -991,7 +1002,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             _no_5xx(again)
         finally:
             proxy.up()
-        event(f"duplicate_x402: second authorization {again.status_code}")
+        _event(f"duplicate_x402: second authorization {again.status_code} "
+               f"{again.json().get('code', '') if again.status_code >= 400 else ''}")
         if again.status_code != 503:
             return  # not refused: the invariants judge what it did
         # Refused (the chain unreadable: `chain_unreachable`; or the failure only a
@@ -1007,6 +1019,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             # beside a first payment nobody has read.
             again = api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header})
             _no_5xx(again)
+            _event(f"duplicate_x402: chain readable again, {again.status_code}")
             first.refresh_from_db()
             if again.status_code in (200, 202):
                 assert not (first.outcome == Outcome.FAILED
@@ -1017,7 +1030,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             # The duplicate as a given (tests/x402/test_duplicate_compensation_rail.py): the
             # failure reads chain-confirmed for the moment the agent pays again.
             wrong_word.update(grade=Grade.CONFIRMED, verification=Verification.PROVIDER)
-            event("duplicate_x402: given")
+            _event("duplicate_x402: given")
             try:
                 _no_5xx(api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header}))
             finally:
@@ -1157,7 +1170,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             "csrfmiddlewaretoken": token.group(1).decode() if token else ""}).content]
         codes = {m.group(0).decode() for text in seen for m in re.finditer(
             rb"\b[A-Z0-9]{5}-[A-Z0-9]{5}\b|(?<=id=\"buyer-confirmation-code\">)[^<]+", text)}
-        event(f"agent_with_only_its_answers: {len(codes)} candidate code(s)")
+        _event(f"agent_with_only_its_answers: {len(codes)} candidate code(s)")
         for code in sorted(codes):
             q = api.quote(sku)
             again = api.purchase(q.json(), customer_ref, extra={"buyer_confirmation": code})
@@ -1192,7 +1205,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                              extra={"buyer_confirmation": code} if code else {})
             _no_5xx(r)
             if r.status_code == 201:
-                event(f"buyer_lifts_the_guard: opened after {len(lifted)} code(s)")
+                _event(f"buyer_lifts_the_guard: opened after {len(lifted)} code(s)")
                 self.purchases.append((r.json()["id"], shop))
                 if sku != self.product.sku:
                     self.x402_purchases.append(r.json()["id"])
@@ -1207,7 +1220,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             earlier = Purchase.objects.get(id=body["purchase"])
             if earlier.id in lifted and len(set(lifted)) > 1 and (
                     "buyer_one_code_one_purchase" in OPEN_DEFECTS):
-                event("buyer_lifts_the_guard: open defect buyer_one_code_one_purchase")
+                _event("buyer_lifts_the_guard: open defect buyer_one_code_one_purchase")
                 return  # known, open: tests/lifecycle/test_found_by_machine.py
             assert earlier.id not in lifted, (
                 f"the buyer confirmed {lifted} with the e-mailed codes, yet {earlier.id} "
@@ -1717,6 +1730,16 @@ def test_the_whole_lifecycle_holds_its_invariants():
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
     if os.environ.get("VERITY_LIFECYCLE_SHRINK", "1") != "0":
         phases.append(Phase.shrink)
+    EVENTS.clear()
+    try:
+        _run(phases)
+    finally:
+        if os.environ.get("VERITY_LIFECYCLE_EVENTS"):
+            with open(os.environ["VERITY_LIFECYCLE_EVENTS"], "w") as out:
+                out.writelines(f"{n:5d}  {text}\n" for text, n in sorted(EVENTS.items()))
+
+
+def _run(phases) -> None:
     run_state_machine_as_test(_machine(), settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, phases=phases,
         suppress_health_check=list(HealthCheck), derandomize=False, database=None))
