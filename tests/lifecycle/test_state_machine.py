@@ -580,8 +580,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         paid = self._pick([o for o in self._ops(kind__in=PAYMENT_KINDS, is_duplicate=False,
                                                 outcome=Outcome.SUCCEEDED,
                                                 purchase__status__in=PAID_STATUSES)
-                           if o.rail != "x402"], i)
+                           if o.rail != "x402" and self._captured(o) > 0], i)
         if paid is None:
+            _event("refund_refused_by_the_provider: no paid card purchase")
             return
         try:
             op = services.refund_request(purchase_id=paid.purchase_id,
@@ -590,6 +591,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             if op.outcome == Outcome.AWAITING_APPROVAL:
                 self._approve(op, self.finance[1])
         except services.DomainError as exc:
+            _event(f"refund_refused_by_the_provider: Verity refused {exc.code}")
             _refused_not_broken(exc)
             return
         self._armed(DrillMode.HTTP_400_REFUSED, CallStep.REFUND)
