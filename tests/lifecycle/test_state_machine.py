@@ -28,9 +28,22 @@ not one of a disputed charge): before Verity's queued card refunds leave, the ma
 the `http_400_refused` drill for each asking more than the provider has left, as Stripe
 refuses it; elsewhere it sees the provider return more than the payment took.
 
+On the fixed code (issue 30/31 merged): a retry of a payment only a person called failed
+is refused 503 `original_unverified` (and a new x402 authorization while the chain cannot
+be read, 503 `chain_unreachable`): both are refusals, checked to charge nothing; the
+duplicate rules then build their duplicate as an explicit given (the failure written
+provider-confirmed for the moment of the retry, as the project's tests do). The buyer
+lifts a duplicate guard with the code e-mailed from the status page (`buyer_lifts_the_guard`);
+the agent, with its answers and the status link, finds no code. A refund the provider
+refuses (`http_400_refused`) is `failed` `provider_refused`. x402 payments are judged per
+operation (`Chain.operation_paid`). Defects found and still open are listed in
+OPEN_DEFECTS and reproduced in test_found_by_machine.py.
+
 Budget: `VERITY_LIFECYCLE_EXAMPLES` (default 6) examples of `VERITY_LIFECYCLE_STEPS`
 (default 14) steps in `make test`; `make fuzz` raises both. `VERITY_LIFECYCLE_SKIP` leaves
-rules or invariants out by name; `VERITY_LIFECYCLE_SHRINK=0` reports a failing run unshrunk.
+rules or invariants out by name; `VERITY_LIFECYCLE_SHRINK=0` reports a failing run unshrunk;
+`VERITY_LIFECYCLE_EVENTS=<file>` writes what the new branches did; `VERITY_LIFECYCLE_STRICT=1`
+fails on the open defects too.
 """
 from __future__ import annotations
 
