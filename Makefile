@@ -81,7 +81,7 @@ bench: deps
 # Schemathesis and the whole-lifecycle state machine with larger budgets than CI's
 # (VERITY_FUZZ_EXAMPLES per operation; VERITY_LIFECYCLE_EXAMPLES x VERITY_LIFECYCLE_STEPS).
 fuzz: deps
-	VERITY_FUZZ_EXAMPLES=$${VERITY_FUZZ_EXAMPLES:-100} VERITY_LIFECYCLE_EXAMPLES=$${VERITY_LIFECYCLE_EXAMPLES:-60} VERITY_LIFECYCLE_STEPS=$${VERITY_LIFECYCLE_STEPS:-30} $(PY) -m tests.stack -- $(PY) -m pytest -q -p bench.fuzz_progress tests/api/test_schema_conformance.py tests/lifecycle/test_state_machine.py $(FUZZ_ARGS)
+	VERITY_FUZZ_EXAMPLES=$${VERITY_FUZZ_EXAMPLES:-100} VERITY_LIFECYCLE_EXAMPLES=$${VERITY_LIFECYCLE_EXAMPLES:-60} VERITY_LIFECYCLE_STEPS=$${VERITY_LIFECYCLE_STEPS:-30} $(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest -q -p bench.fuzz_progress tests/api/test_schema_conformance.py tests/lifecycle/test_state_machine.py $(FUZZ_ARGS)
 
 # Known-vulnerability audit of both locks. It needs the vulnerability database (PyPI's
 # JSON API, or OSV with PIP_AUDIT_ARGS=--vulnerability-service=osv): run it on a machine

@@ -1,0 +1,70 @@
+"""Defects the whole-lifecycle state machine found on the fixed code (issue 30/31 merged),
+each reproduced on its own, small, on the real stack. A test here is marked xfail(strict)
+while its defect is open: it passes the day the product is fixed, and then must lose its
+mark (strict: an unexpected pass fails the suite)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.core import mail
+from django.test import Client
+
+from payments.models import Purchase
+from tests.api.conftest import Api
+from tests.factories import ProductFactory, make_client
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+_CODE = re.compile(r"\b[A-Z0-9]{5}-[A-Z0-9]{5}\b")
+
+
+def _buyer_code(purchase_id: str) -> str:
+    """The buyer presses "Yes, start a new purchase" on the status page (a browser: the
+    page's CSRF token and cookie) and reads the code in the e-mail it sends."""
+    token = Purchase.objects.get(id=purchase_id).status_token
+    browser = Client(enforce_csrf_checks=True)
+    page = browser.get(f"/status/{token}/")
+    csrf = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content)
+    given = browser.post(f"/status/{token}/new-purchase",
+                         {"csrfmiddlewaretoken": csrf.group(1).decode() if csrf else ""})
+    assert given.status_code == 200, given.status_code
+    about = [m for m in mail.outbox if f"next to {purchase_id})" in m.subject]
+    return _CODE.search(about[-1].body).group(0)
+
+
+@pytest.mark.xfail(strict=True, reason="open: one buyer code lifts one earlier purchase; "
+                   "with two of the same basket in the window the buyer is locked out")
+def test_a_buyer_who_confirmed_once_can_confirm_a_third_purchase():
+    """Found by the machine (buyer_lifts_the_guard): the buyer bought a basket, confirmed a
+    second purchase of it with the e-mailed code, and now wants a third. The guard names
+    one earlier purchase; the buyer confirms it; the guard then names the other one; a
+    code for that one lifts it but not the first again. No sequence of codes opens the
+    third purchase within the duplicate window: the buyer cannot lift the guard (the
+    design says every status the guard asks can be lifted by the buyer)."""
+    product = ProductFactory(sku="FBM-LOCK", price=2000, stock=100)
+    client, key = make_client(name="shop-fbm", limit=100_000_000,
+                              scopes=("purchases:read", "purchases:write"))
+    api = Api(key, client)
+    first = api.purchase(api.quote(product.sku).json(), "cust-fbm")
+    assert first.status_code == 201, first.content
+    refused = api.purchase(api.quote(product.sku).json(), "cust-fbm")
+    assert refused.json()["code"] == "probable_duplicate_purchase"
+    second = api.purchase(api.quote(product.sku).json(), "cust-fbm",
+                          extra={"buyer_confirmation": _buyer_code(first.json()["id"])})
+    assert second.status_code == 201, second.content  # one lift works
+
+    # the third: the buyer confirms whichever purchase the guard names, each in turn
+    named, answer = [], None
+    for _ in range(3):
+        answer = api.purchase(api.quote(product.sku).json(), "cust-fbm",
+                              extra={"buyer_confirmation": _buyer_code(named[-1])}
+                              if named else {})
+        if answer.status_code == 201:
+            break
+        assert answer.json()["code"] == "probable_duplicate_purchase", answer.content
+        named.append(answer.json()["purchase"])
+    assert answer.status_code == 201, (
+        f"the buyer confirmed {named} with e-mailed codes and is still refused: "
+        f"{answer.json()['code']} naming {answer.json()['purchase']}")
+    assert Purchase.objects.filter(customer_reference="cust-fbm").count() == 3
