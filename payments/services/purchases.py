@@ -212,6 +212,16 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
         if buyer_confirmation:
             confirmation = _buyer_lifted(code=buyer_confirmation, candidates=mine)
             lifted.add(confirmation.purchase_id)
+            # The buyer confirmed buying again beside purchase P: P already stood beside
+            # every purchase of the same basket opened before it, so those are lifted too
+            # (else, with two of them in the window, each code lifts one and the guard
+            # names the other for ever: the buyer could never open a third).
+            confirmed = mine.filter(id=confirmation.purchase_id).values_list(
+                "basket_fingerprint", "created_at").first()
+            if confirmed is not None:
+                lifted |= set(mine.filter(basket_fingerprint=confirmed[0],
+                                          created_at__lt=confirmed[1])
+                              .values_list("id", flat=True))
         unresolved = [pid for pid in mine.filter(Q(status__in=UNRESOLVED_STATUSES)
                                                  | _SETTLED_ON_A_PERSONS_WORD)
                       .distinct().order_by("created_at").values_list("id", flat=True)

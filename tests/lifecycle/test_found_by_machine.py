@@ -1,7 +1,6 @@
 """Defects the whole-lifecycle state machine found on the fixed code (issue 30/31 merged),
 each reproduced on its own, small, on the real stack. A test here is marked xfail(strict)
-while its defect is open: it passes the day the product is fixed, and then must lose its
-mark (strict: an unexpected pass fails the suite)."""
+while its defect is open, and loses its mark when the product is fixed."""
 from __future__ import annotations
 
 import re
@@ -33,8 +32,6 @@ def _buyer_code(purchase_id: str) -> str:
     return _CODE.search(about[-1].body).group(0)
 
 
-@pytest.mark.xfail(strict=True, reason="open: one buyer code lifts one earlier purchase; "
-                   "with two of the same basket in the window the buyer is locked out")
 def test_a_buyer_who_confirmed_once_can_confirm_a_third_purchase():
     """Found by the machine (buyer_lifts_the_guard): the buyer bought a basket, confirmed a
     second purchase of it with the e-mailed code, and now wants a third. The guard names

@@ -96,11 +96,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # Defects the machine found on the fixed code and that are still open, each reproduced
 # in tests/lifecycle/test_found_by_machine.py: the rule that finds it stops there instead
 # of failing every run. VERITY_LIFECYCLE_STRICT=1 reports them as failures again.
-OPEN_DEFECTS = set() if os.environ.get("VERITY_LIFECYCLE_STRICT") == "1" else {
-    # one buyer code lifts one earlier purchase: with two of the same basket in the
-    # window, no code opens a third (test_a_buyer_who_confirmed_once_can_confirm_a_third...)
-    "buyer_one_code_one_purchase",
-}
+# (None open now: "buyer_one_code_one_purchase" was fixed in payments/services/purchases.py;
+# its test stays in test_found_by_machine.py.)
+OPEN_DEFECTS: set[str] = set()
 
 # The x402 rules run when the chain and facilitator are up (tests.stack --x402).
 X402 = bool(os.environ.get("X402_RPC_URL"))
