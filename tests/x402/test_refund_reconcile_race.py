@@ -24,6 +24,7 @@ import time
 import pytest
 from django.contrib.auth.models import Group, User
 from django.db import connection
+from django.utils import timezone
 
 from payments import services
 from payments.locks import signer_lock
@@ -296,7 +297,12 @@ def test_a_worker_frozen_while_it_waits_for_the_signer_sends_nothing_once_swept(
                 time.sleep(0.05)
             # and that worker freezes (a stalled VM, a stopped process): it renews nothing
             os.kill(worker.pid, signal.SIGSTOP)
-            time.sleep(3)
+            # its lease (2 s) runs out: wait on the deadline it stored, not a fixed sleep
+            deadline = time.monotonic() + 30
+            while PaymentOperation.objects.filter(
+                    pk=refund.pk, dispatch_deadline__gte=timezone.now()).exists():
+                assert time.monotonic() < deadline, "the frozen worker's lease never ran out"
+                time.sleep(0.1)
             # when the sweep takes it for dead and the reconciler reads it back
             swept = services.operations_sweep_dead_dispatches()
             read = _refused(lambda: services.operation_reconcile(operation_id=refund.id,
