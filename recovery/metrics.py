@@ -82,6 +82,11 @@ class DatabaseCollector:
         self._lock = threading.Lock()
         self._cached: tuple[float, list] | None = None
 
+    def describe(self):
+        # Without this, registering the collector runs collect() (the default registry
+        # auto-describes) and the first scrape of a process queried everything twice.
+        return []
+
     def collect(self):
         # Cached for METRICS_CACHE_SECONDS per process: scrapes in a burst share one set
         # of queries instead of each holding a worker on the database (issue 25 #4).
