@@ -192,7 +192,7 @@ def replay_body(request):
 
     from rest_framework.parsers import JSONParser
 
-    from .parsers import BoundedJSONParser
+    from .api.parsers import BoundedJSONParser
 
     http = getattr(request, "_request", request)  # a DRF Request wraps the HttpRequest
     media = (http.META.get("CONTENT_TYPE") or "").split(";")[0].strip()

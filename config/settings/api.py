@@ -3,7 +3,7 @@ from config.env import env
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["payments.parsers.BoundedJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["payments.api.parsers.BoundedJSONParser"],
     "DEFAULT_AUTHENTICATION_CLASSES": ["payments.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["payments.authentication.HasScope"],
     "DEFAULT_THROTTLE_CLASSES": ["payments.authentication.ApiClientRateThrottle"],
