@@ -1,12 +1,12 @@
 """ACP `Error` answers: {type, code, message, param?} (spec `Error`), from Verity's own
-refusals (payments.errors.DomainError, payments.problems.Problem) and DRF's."""
+refusals (payments.errors.DomainError, payments.api.problems.Problem) and DRF's."""
 from __future__ import annotations
 
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
 from payments.errors import DomainError
-from payments.problems import Problem
+from payments.api.problems import Problem
 
 # Verity's idempotency codes -> the ACP RFC §6 codes (same rules, the protocol's names).
 _IDEMPOTENCY_CODES = {"idempotency_key_reused": "idempotency_conflict",

@@ -44,7 +44,7 @@ from payments.idempotency import (
 )
 from payments.locks import assert_no_transaction_outside_transaction
 from payments.models import PaymentOperation, PurchaseChannel
-from payments.problems import Problem
+from payments.api.problems import Problem
 
 from . import sessions
 from .errors import AcpError, from_domain_error, from_drf, from_problem

@@ -60,7 +60,7 @@ from payments.idempotency import (
 )
 from payments.locks import assert_no_transaction_outside_transaction
 from payments.models import ApiClient, PaymentOperation, Purchase, Quote
-from payments.problems import Problem
+from payments.api.problems import Problem
 from payments.errors import DomainError
 
 READ = "purchases:read"

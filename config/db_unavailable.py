@@ -1,6 +1,6 @@
 """503 with Retry-After while PostgreSQL is unreachable, for the plain Django views.
 
-The API's DRF exception handler answers the same problem itself (payments/problems.py);
+The API's DRF exception handler answers the same problem itself (payments/api/problems.py);
 this middleware covers what DRF does not see: the webhook view, the console and the
 customer page. A restart or failover of the database is not a bug in a view: the answer
 says when to come back, and nothing was recorded (every write is one transaction).
@@ -12,7 +12,7 @@ import logging
 
 from django.http import HttpResponse
 
-from payments.problems import (
+from payments.api.problems import (
     PROBLEM_CONTENT_TYPE,
     database_unavailable_problem,
     is_database_unavailable,

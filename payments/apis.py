@@ -39,7 +39,7 @@ from .idempotency import (
 )
 from .locks import assert_no_transaction_outside_transaction
 from .models import PaymentOperation, Purchase, Quote
-from .problems import PROBLEM_CONTENT_TYPE, Problem, problem_body
+from .api.problems import PROBLEM_CONTENT_TYPE, Problem, problem_body
 from .serializers import (
     DeclineIn,
     DeliverableOut,

@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from .enums import RetryAdvice
 from .models import ApiClient, IdempotencyRecord
-from .problems import Problem
+from .api.problems import Problem
 from .view_queries import CompiledRead
 
 HEADER = "Idempotency-Key"

@@ -182,7 +182,7 @@ class CompiledRead:
             connection.ensure_connection()
             # A plain psycopg Cursor binds server-side; Django's are ClientCursors. Errors
             # come out as Django's (an unreachable database is OperationalError: the 503
-            # of config.db_unavailable / payments.problems, not a 500) and mark the
+            # of config.db_unavailable / payments.api.problems, not a 500) and mark the
             # connection for CONN_HEALTH_CHECKS, as on Django's own cursors.
             with connection.wrap_database_errors, \
                     psycopg.Cursor(connection.connection) as cursor:

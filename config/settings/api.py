@@ -7,7 +7,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["payments.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["payments.authentication.HasScope"],
     "DEFAULT_THROTTLE_CLASSES": ["payments.authentication.ApiClientRateThrottle"],
-    "EXCEPTION_HANDLER": "payments.problems.exception_handler",
+    "EXCEPTION_HANDLER": "payments.api.problems.exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
 # Per API client. Generous: a storefront agent polls, and tests hammer the API.

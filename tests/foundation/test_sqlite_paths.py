@@ -22,7 +22,7 @@ from django.utils import timezone
 from payments.clients import SCOPES, api_client_create
 from payments.idempotency import idempotency_claim
 from payments.models import IdempotencyRecord
-from payments.problems import Problem
+from payments.api.problems import Problem
 from recovery.halts import halt_set
 from recovery.models import OutboxMessage, WorkflowHalt
 from webhooks.models import ProviderEvent

@@ -15,8 +15,8 @@ from django.http import Http404
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
-from .enums import Owner, RetryAdvice
-from .errors import DomainError  # the core owns the refusal type
+from ..enums import Owner, RetryAdvice
+from ..errors import DomainError  # the core owns the refusal type
 
 logger = logging.getLogger(__name__)
 
