@@ -19,7 +19,7 @@ from config.client_address import client_address
 
 from .client_cache import api_client_cached, api_client_verified
 from .models import ApiClient
-from .ratelimit import lockout_locked, rate_limit_hit
+from .api.ratelimit import lockout_locked, rate_limit_hit
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         if scheme.lower() == self.keyword.lower() and key and _throttled_by_us(request):
             # Issue 34: a key verified within the cache window costs no query and no hash,
             # so the lockout check (which exists to stop hash checks and guesses) can wait
-            # for the throttle's Redis round trip, the same script (payments.ratelimit);
+            # for the throttle's Redis round trip, the same script (payments.api.ratelimit);
             # a locked prefix is still refused 429 before anything else is answered.
             client = api_client_cached(key)
             if client is not None:
@@ -169,7 +169,7 @@ class ApiClientRateThrottle(SimpleRateThrottle):
         # Read the rate on every request so it can be changed by settings (and in tests).
         self.rate = self.get_rate()
         self.num_requests, self.duration = self.parse_rate(self.rate)
-        # O(1): one pipelined Redis round trip (payments.ratelimit), not DRF's pickled
+        # O(1): one pipelined Redis round trip (payments.api.ratelimit), not DRF's pickled
         # history of every request time in the window.
         decision = getattr(request, COUNTED, None)  # counted by the fast path already
         if decision is None:

@@ -6,7 +6,7 @@ cache's window (payments.client_cache: the documented revocation window), the ke
 route's scope, nothing in the request asks for DRF's negotiation (no query string, an
 `Accept` that only JSON satisfies), the replay is recognised (record `done`, same
 fingerprint: payments.idempotency.idempotency_replay_of), and the rate limiter allows it
-with no lockout (one Redis round trip: payments.ratelimit). Anything else is handed,
+with no lockout (one Redis round trip: payments.api.ratelimit). Anything else is handed,
 untouched, to the very DRF view, which answers every error (401, 403, 404, 409, 422, 429 …)
 as before. When the limit was already counted here the decision travels with the request
 (payments.authentication.COUNTED), so a request is counted once.
@@ -37,7 +37,7 @@ from .idempotency import (
     idempotency_replay_of,
     replay_body,
 )
-from .ratelimit import parse_rate, rate_limit_hit
+from .api.ratelimit import parse_rate, rate_limit_hit
 from .view_queries import operation_for_view
 
 logger = logging.getLogger(__name__)

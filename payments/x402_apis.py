@@ -19,7 +19,7 @@ from .enums import PAYMENT_KINDS, Outcome, Owner, Rail, RetryAdvice
 from .models import PaymentOperation, Purchase
 from .errors import DomainError
 from .api.problems import Problem, problem_from_domain_error
-from .ratelimit import x402_settle_hit
+from .api.ratelimit import x402_settle_hit
 from .providers.x402 import (
     PAYMENT_REQUIRED_HEADER,
     PAYMENT_RESPONSE_HEADER,
