@@ -29,7 +29,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from payments import services
-from payments.authentication import ApiClientRateThrottle, ApiKeyAuthentication, HasScope
+from payments.api.authentication import ApiClientRateThrottle, ApiKeyAuthentication, HasScope
 from payments.enums import Outcome, Reason
 from payments.errors import DomainError
 from payments.idempotency import (

@@ -9,7 +9,7 @@ fingerprint: payments.idempotency.idempotency_replay_of), and the rate limiter a
 with no lockout (one Redis round trip: payments.api.ratelimit). Anything else is handed,
 untouched, to the very DRF view, which answers every error (401, 403, 404, 409, 422, 429 …)
 as before. When the limit was already counted here the decision travels with the request
-(payments.authentication.COUNTED), so a request is counted once.
+(payments.api.authentication.COUNTED), so a request is counted once.
 
 The answer is the one the DRF view would give: the same presenter, DRF's JSONRenderer, the
 same headers (`Allow`, `Cache-Control: no-store`, `Idempotent-Replayed: true`); a test
@@ -28,7 +28,7 @@ from rest_framework.renderers import JSONRenderer
 from recovery.metrics import IDEMPOTENT_REPLAYS
 
 from . import selectors
-from .authentication import COUNTED, KEYWORD, ApiClientRateThrottle, _failure_keys
+from .api.authentication import COUNTED, KEYWORD, ApiClientRateThrottle, _failure_keys
 from .client_cache import api_client_cached
 from .idempotency import (
     HEADER,

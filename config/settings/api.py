@@ -4,9 +4,9 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["payments.api.parsers.BoundedJSONParser"],
-    "DEFAULT_AUTHENTICATION_CLASSES": ["payments.authentication.ApiKeyAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["payments.authentication.HasScope"],
-    "DEFAULT_THROTTLE_CLASSES": ["payments.authentication.ApiClientRateThrottle"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["payments.api.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["payments.api.authentication.HasScope"],
+    "DEFAULT_THROTTLE_CLASSES": ["payments.api.authentication.ApiClientRateThrottle"],
     "EXCEPTION_HANDLER": "payments.api.problems.exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
@@ -58,7 +58,7 @@ IDEMPOTENCY_LEASE_SECONDS = env.int("IDEMPOTENCY_LEASE_SECONDS", default=30)
 # Automatic refunds (no approver) are capped per payment by the client's auto_refund_limit,
 # cumulatively, and per client per period (its limit period, else 24 h) at this multiple.
 AUTO_REFUND_PERIOD_MULTIPLE = env.int("AUTO_REFUND_PERIOD_MULTIPLE", default=10)
-# Failed API-key authentications (payments.authentication): per client address and per key
+# Failed API-key authentications (payments.api.authentication): per client address and per key
 # prefix in this window; past either limit, 429 with Retry-After.
 API_AUTH_FAILURE_WINDOW_SECONDS = env.int("API_AUTH_FAILURE_WINDOW_SECONDS", default=900)
 API_AUTH_FAILURES_PER_ADDRESS = env.int("API_AUTH_FAILURES_PER_ADDRESS", default=20)

@@ -16,7 +16,7 @@ ceiling that is the accepted trade-off for O(1).
 Without Redis (`make run` with the per-process memory cache) the same counter is kept in
 the Django cache (`add` + `incr`), good enough for one process.
 
-Issue 34: the failed-authentication lockout counters (payments.authentication) are read in
+Issue 34: the failed-authentication lockout counters (payments.api.authentication) are read in
 the same round trip, by one Lua script (`_SCRIPT`): a locked request is not counted against
 the limit (as before, when the lockout refused it before the throttle ran), and an allowed
 one costs one Redis round trip in all instead of two (plus a client built per call by

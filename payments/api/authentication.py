@@ -17,9 +17,9 @@ from rest_framework.throttling import SimpleRateThrottle
 
 from config.client_address import client_address
 
-from .client_cache import api_client_cached, api_client_verified
-from .models import ApiClient
-from .api.ratelimit import lockout_locked, rate_limit_hit
+from ..client_cache import api_client_cached, api_client_verified
+from ..models import ApiClient
+from ..api.ratelimit import lockout_locked, rate_limit_hit
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ try:  # documents the scheme in /api/schema/ (registration happens on import)
     from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
     class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
-        target_class = "payments.authentication.ApiKeyAuthentication"
+        target_class = "payments.api.authentication.ApiKeyAuthentication"
         name = "ApiKey"
 
         def get_security_definition(self, auto_schema):
