@@ -3,7 +3,7 @@
 `Authorization: Bearer <Verity API key>` with the `acp` scope; `API-Version` required and
 checked; `Signature` + `Timestamp` verified when the platform has a signing secret;
 `Request-Id` and `Idempotency-Key` echoed; every POST under the same
-Idempotency-Key contract as the REST API (payments.idempotency, scoped to client + route):
+Idempotency-Key contract as the REST API (payments.api.idempotency, scoped to client + route):
 replay -> the session's current state with `Idempotent-Replayed: true`, another body ->
 422 `idempotency_conflict`, still running -> 409 `idempotency_in_flight` + Retry-After.
 
@@ -32,7 +32,7 @@ from payments import services
 from payments.api.authentication import ApiClientRateThrottle, ApiKeyAuthentication, HasScope
 from payments.enums import Outcome, Reason
 from payments.errors import DomainError
-from payments.idempotency import (
+from payments.api.idempotency import (
     HEADER as IDEMPOTENCY_HEADER,
     REPLAYED_HEADER,
     canonical_json,
@@ -122,7 +122,7 @@ SIGNATURE_SKEW_SECONDS = 300
 
 def request_signature(secret: str, timestamp: str, body) -> str:
     """base64url(HMAC-SHA256(secret, "<Timestamp>.<canonical JSON of the body>")), the
-    body as parsed (keys sorted, no whitespace: payments.idempotency.canonical_json; ""
+    body as parsed (keys sorted, no whitespace: payments.api.idempotency.canonical_json; ""
     when there is none)."""
     payload = canonical_json(body) if body not in (None, {}, "") else ""
     digest = hmac.new(secret.encode(), f"{timestamp}.{payload}".encode(), hashlib.sha256)

@@ -52,7 +52,7 @@ from payments.enums import (
     Reason,
     RetryAdvice,
 )
-from payments.idempotency import (
+from payments.api.idempotency import (
     idempotency_bind,
     idempotency_claim,
     idempotency_complete,
@@ -509,7 +509,7 @@ def _run_keyed(*, api_client: ApiClient, route: str, key: str,
                create: Callable[[Any], tuple[str, str]],
                render: Callable[[str, str, bool], AgentResult],
                retry_call: NextTool, arguments: dict) -> AgentResult:
-    """The Idempotency-Key contract of payments.idempotency with a server-derived key.
+    """The Idempotency-Key contract of payments.api.idempotency with a server-derived key.
 
     `create(claim)` makes the effect and binds it in one transaction, returning
     (resource_type, resource_id); `render(type, id, replayed)` answers with its current

@@ -26,7 +26,7 @@ from recovery.metrics import BLOCKED_DUPLICATES, IDEMPOTENT_REPLAYS
 from . import selectors, services, x402_apis
 from .errors import DomainError
 from .enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
-from .idempotency import (
+from .api.idempotency import (
     REPLAYED_HEADER,
     Claim,
     idempotency_bind,
@@ -170,7 +170,7 @@ def _count(*, replayed_route: str | None = None, refused_code: str | None = None
 
 def _run_idempotent(request, *, route: str, create: Callable[[Claim], Response],
                     resume: Callable[[Claim], Response] | None = None) -> Response:
-    """The Idempotency-Key contract around one effect (see payments.idempotency).
+    """The Idempotency-Key contract around one effect (see payments.api.idempotency).
 
     `create(claim)` makes the effect and binds it inside one transaction, then answers.
     `resume(claim)` continues a request whose holder died after binding (lease expired).
@@ -213,7 +213,7 @@ def _run_idempotent(request, *, route: str, create: Callable[[Claim], Response],
 
 def _replay_first(request, route: str) -> Response | None:
     """Issue 34: a replay (record done, same body) is answered before the purchase read and
-    the body's validation, which a replay does not need (payments.idempotency
+    the body's validation, which a replay does not need (payments.api.idempotency
     .idempotency_replay_of); anything else returns None and takes the usual path."""
     key = key_from_headers(request.headers)
     body = replay_body(request)

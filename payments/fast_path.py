@@ -5,7 +5,7 @@ It answers only when every check is clean — the API key was verified within th
 cache's window (payments.client_cache: the documented revocation window), the key holds the
 route's scope, nothing in the request asks for DRF's negotiation (no query string, an
 `Accept` that only JSON satisfies), the replay is recognised (record `done`, same
-fingerprint: payments.idempotency.idempotency_replay_of), and the rate limiter allows it
+fingerprint: payments.api.idempotency.idempotency_replay_of), and the rate limiter allows it
 with no lockout (one Redis round trip: payments.api.ratelimit). Anything else is handed,
 untouched, to the very DRF view, which answers every error (401, 403, 404, 409, 422, 429 …)
 as before. When the limit was already counted here the decision travels with the request
@@ -30,7 +30,7 @@ from recovery.metrics import IDEMPOTENT_REPLAYS
 from . import selectors
 from .api.authentication import COUNTED, KEYWORD, ApiClientRateThrottle, _failure_keys
 from .client_cache import api_client_cached
-from .idempotency import (
+from .api.idempotency import (
     HEADER,
     MAX_KEY_LENGTH,
     REPLAYED_HEADER,

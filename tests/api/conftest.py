@@ -151,7 +151,7 @@ def leave_crashed_payment_request(api: Api, purchase_id: str, key: str, body: di
     from django.utils import timezone
 
     from payments import services
-    from payments.idempotency import request_fingerprint
+    from payments.api.idempotency import request_fingerprint
     from payments.models import IdempotencyRecord
 
     op = services.payment_create(purchase_id=purchase_id, api_client=api.client,

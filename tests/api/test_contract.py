@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 
 from payments import services
 from payments.enums import Outcome
-from payments.idempotency import request_fingerprint
+from payments.api.idempotency import request_fingerprint
 from payments.models import IdempotencyRecord, PaymentOperation, Purchase, Quote
 from payments.providers.stripe import DrillMode
 from tests.api.conftest import Api, leave_crashed_payment_request, new_key, payment_body

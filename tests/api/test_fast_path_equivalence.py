@@ -12,7 +12,7 @@ from django.core.cache import cache
 from django.core.exceptions import ObjectDoesNotExist
 from django.utils import timezone
 
-from payments.idempotency import request_fingerprint
+from payments.api.idempotency import request_fingerprint
 from payments.models import IdempotencyRecord
 from tests.api.conftest import Api, new_key
 from tests.factories import make_client

@@ -20,7 +20,7 @@ from datetime import timedelta
 from django.db import connection
 from django.utils import timezone
 from payments.clients import SCOPES, api_client_create
-from payments.idempotency import idempotency_claim
+from payments.api.idempotency import idempotency_claim
 from payments.models import IdempotencyRecord
 from payments.api.problems import Problem
 from recovery.halts import halt_set
