@@ -40,7 +40,7 @@ from .api.idempotency import (
 from .locks import assert_no_transaction_outside_transaction
 from .models import PaymentOperation, Purchase, Quote
 from .api.problems import PROBLEM_CONTENT_TYPE, Problem, problem_body
-from .serializers import (
+from .api.serializers import (
     DeclineIn,
     DeliverableOut,
     DeliverablePendingOut,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from .enums import (
+from ..enums import (
     DisputeStatus,
     Grade,
     Origin,
