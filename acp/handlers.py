@@ -21,7 +21,7 @@ from django_fsm.signals import post_transition
 
 from payments.enums import PurchaseStatus
 from payments.models import Purchase, PurchaseChannel
-from payments.presenters import status_url
+from payments.api.presenters import status_url
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_handler, outbox_put
 

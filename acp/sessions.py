@@ -7,7 +7,7 @@ from payments import services
 from payments.enums import PAYMENT_KINDS, Outcome, PurchaseStatus
 from payments.errors import DomainError
 from payments.models import PaymentOperation, Product, Purchase
-from payments.presenters import status_url
+from payments.api.presenters import status_url
 
 from .models import CheckoutSession
 from .spec import API_VERSION

@@ -40,7 +40,8 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import BaseModel, ConfigDict, Field
 
-from payments import presenters, selectors, services
+from payments import selectors, services
+from payments.api import presenters
 from payments.customers import CARD_NUMBER_LIKE
 from payments.enums import (
     NON_RETRYABLE_REASONS,

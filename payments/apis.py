@@ -24,6 +24,7 @@ from rest_framework.views import APIView
 from recovery.metrics import BLOCKED_DUPLICATES, IDEMPOTENT_REPLAYS
 
 from . import selectors, services, x402_apis
+from .api import presenters
 from .errors import DomainError
 from .enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
 from .api.idempotency import (
@@ -140,12 +141,12 @@ def _load_operation(operation_id: str) -> PaymentOperation:
 def _render_current(resource_type: str, resource_id: str) -> dict:
     """The resource's *current* state, as a replay must answer."""
     if resource_type == "operation":
-        return selectors.operation_view(_load_operation(resource_id))
+        return presenters.operation_view(_load_operation(resource_id))
     if resource_type == "purchase":
-        return selectors.purchase_view(
+        return presenters.purchase_view(
             Purchase.objects.select_related("quote").get(pk=resource_id))
     if resource_type == "quote":
-        return selectors.quote_view(Quote.objects.get(pk=resource_id))
+        return presenters.quote_view(Quote.objects.get(pk=resource_id))
     raise ValueError(resource_type)
 
 
@@ -230,7 +231,7 @@ def _replay_first(request, route: str) -> Response | None:
 
 def _operation_answer(op: PaymentOperation) -> Response:
     """201 succeeded; 202 pending/awaiting/unknown; 402 a failed payment (a decline)."""
-    body = selectors.operation_view(op)
+    body = presenters.operation_view(op)
     headers = {"Location": _location("operation", op.id)}
     if op.outcome == Outcome.SUCCEEDED:
         return Response(body, status=201, headers=headers)
@@ -307,7 +308,7 @@ EXAMPLE_UNKNOWN = OpenApiExample(
            "parent": None, "retry_of": None, "retried_by": None,
            "next_action": {"owner": "reconciliation", "retry": "forbidden",
                            "code": "payment_unknown",
-                           "message": selectors.UNKNOWN_MESSAGE.format(
+                           "message": presenters.UNKNOWN_MESSAGE.format(
                                operation_url="/api/v1/operations/op_6f1c2d")},
            "created_at": "2026-11-30T08:00:00Z", "settled_at": None},
 )
@@ -417,7 +418,7 @@ class ProductListApi(ApiView):
                    responses={**_ok(200, ProductListOut, "Products", [EXAMPLE_PRODUCTS]),
                               **_problems()})
     def get(self, request):
-        return Response({"products": [selectors.product_view(p)
+        return Response({"products": [presenters.product_view(p)
                                       for p in selectors.products_list()]})
 
 
@@ -447,7 +448,7 @@ class QuoteCreateApi(ApiView):
                     items=[{"sku": i["sku"], "quantity": i["quantity"]} for i in data["items"]])
                 idempotency_bind(claim, resource_type="quote", resource_id=quote.id)
             idempotency_complete(claim, status=201)
-            return Response(selectors.quote_view(quote), status=201)
+            return Response(presenters.quote_view(quote), status=201)
 
         return _run_idempotent(request, route="quotes_create", create=create)
 
@@ -501,7 +502,7 @@ class PurchaseCreateApi(ApiView):
             status = 201 if opened.created else 200
             idempotency_complete(claim, status=status)
             purchase = Purchase.objects.select_related("quote").get(pk=opened.purchase.pk)
-            return Response(selectors.purchase_view(purchase), status=status,
+            return Response(presenters.purchase_view(purchase), status=status,
                             headers={"Location": _location("purchase", purchase.id)})
 
         return _run_idempotent(request, route="purchases_create", create=create)
@@ -514,7 +515,7 @@ class PurchaseDetailApi(ApiView):
                    responses={**_ok(200, PurchaseOut, "Purchase", [EXAMPLE_PURCHASE]),
                               **_problems()})
     def get(self, request, purchase_id: str):
-        return Response(selectors.purchase_view(_purchase_or_404(request, purchase_id)))
+        return Response(presenters.purchase_view(_purchase_or_404(request, purchase_id)))
 
 
 class PurchaseCancelApi(ApiView):
@@ -539,7 +540,7 @@ class PurchaseCancelApi(ApiView):
                 services.purchase_cancel(purchase_id=purchase.id, api_client=request.auth)
                 idempotency_bind(claim, resource_type="purchase", resource_id=purchase.id)
             idempotency_complete(claim, status=200)
-            return Response(selectors.purchase_view(
+            return Response(presenters.purchase_view(
                 Purchase.objects.select_related("quote").get(pk=purchase.pk)), status=200)
 
         return _run_idempotent(request, route="purchases_cancel", create=create)
@@ -594,7 +595,7 @@ class DeliverableApi(ApiView):
                                  "digital good, not produced yet, or its redelivery period "
                                  "is over).")
         return Response({"job_reference": found["job_reference"], "result": found["result"],
-                         "expires_at": selectors.iso(found["expires_at"])})
+                         "expires_at": presenters.iso(found["expires_at"])})
 
 
 class PaymentCreateApi(ApiView):
@@ -763,7 +764,7 @@ class OperationDetailApi(ApiView):
                    responses={**_ok(200, OperationOut, "Operation", examples=[EXAMPLE_UNKNOWN]),
                               **_problems()})
     def get(self, request, operation_id: str):
-        return Response(selectors.operation_view(_operation_or_404(request, operation_id)))
+        return Response(presenters.operation_view(_operation_or_404(request, operation_id)))
 
 
 class OperationReconcileApi(ApiView):
@@ -787,7 +788,7 @@ class OperationReconcileApi(ApiView):
         op = _operation_or_404(request, operation_id)
         _assert_no_transaction_open()
         wait = services.operation_reconcile_on_demand(operation_id=op.id, actor=_actor(request))
-        response = Response(selectors.operation_view(_load_operation(op.id)))
+        response = Response(presenters.operation_view(_load_operation(op.id)))
         if wait:
             # Read back moments ago: the current state, no provider call (issue 25 #6).
             response["Retry-After"] = str(wait)
@@ -865,7 +866,7 @@ class OperationResolveApi(ApiView):
                 bind=lambda resolved: idempotency_bind(claim, resource_type="operation",
                                                        resource_id=resolved.id))
             idempotency_complete(claim, status=200)
-            return Response(selectors.operation_view(_load_operation(op.id)), status=200)
+            return Response(presenters.operation_view(_load_operation(op.id)), status=200)
 
         return _run_idempotent(request, route="operations_resolve", create=create)
 
@@ -895,7 +896,7 @@ class RefundDeclineApi(ApiView):
                                         actor=_actor(request), acting_client=request.auth)
                 idempotency_bind(claim, resource_type="operation", resource_id=op.id)
             idempotency_complete(claim, status=200)
-            return Response(selectors.operation_view(_load_operation(op.id)), status=200)
+            return Response(presenters.operation_view(_load_operation(op.id)), status=200)
 
         return _run_idempotent(request, route="operations_decline", create=create)
 
@@ -917,5 +918,5 @@ class ClientLimitsApi(ApiView):
     @extend_schema(operation_id="clients_me_limits", summary="Spending limit and exposure",
                    responses={**_ok(200, LimitsOut, "Limits", [EXAMPLE_LIMITS]), **_problems()})
     def get(self, request):
-        return Response(selectors.client_limits(request.auth))
+        return Response(presenters.client_limits_view(request.auth))
 

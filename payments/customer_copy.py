@@ -203,7 +203,7 @@ def _reversal_confirmed(ops: list, purchase_amount: int) -> _Reversal | None:
 def customer_state(purchase) -> CustomerState:
     """The plain-language state of a purchase, from verified data only."""
     contact = getattr(settings, "SUPPORT_CONTACT", "")
-    ops = purchase_operations_loaded(purchase)  # read once by payments.selectors.purchase_view
+    ops = purchase_operations_loaded(purchase)  # read once by payments.api.presenters.purchase_view
     if ops is None:
         ops = list(purchase.operations.select_related("parent").order_by("created_at", "id"))
     # A duplicate charge is not the purchase's payment (its own compensation returns it).

@@ -28,6 +28,7 @@ from rest_framework.renderers import JSONRenderer
 from recovery.metrics import IDEMPOTENT_REPLAYS
 
 from . import selectors
+from .api import presenters
 from .api.authentication import COUNTED, KEYWORD, ApiClientRateThrottle, _failure_keys
 from .client_cache import api_client_cached
 from .api.idempotency import (
@@ -108,7 +109,7 @@ def _purchase_get(request, kwargs, *, allow: str, scope: str, route: str):
                                                  api_client=client)
     if purchase is None:
         return None  # 404: the view's problem body
-    return _answer(selectors.purchase_view(purchase), allow=allow)
+    return _answer(presenters.purchase_view(purchase), allow=allow)
 
 
 def _payment_replay(request, kwargs, *, allow: str, scope: str, route: str):
@@ -134,7 +135,7 @@ def _payment_replay(request, kwargs, *, allow: str, scope: str, route: str):
     if op is None:
         return None
     IDEMPOTENT_REPLAYS.labels(route=route).inc()
-    return _answer(selectors.operation_view(op), allow=allow,
+    return _answer(presenters.operation_view(op), allow=allow,
                    headers={REPLAYED_HEADER: "true"})
 
 

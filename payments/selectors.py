@@ -1,26 +1,12 @@
-"""Payments reads: lookups (a client sees only its own rows) and limits.
+"""Payments reads: lookups (a client sees only its own rows).
 
-The views and their `next_action` are built by payments/presenters.py (re-exported here).
+The views and their `next_action` are built by payments/api/presenters.py, at the edge: a
+view joins the core's rows with the workflow's (fulfilment steps, the order reference), so
+it sits above both layers, beside every surface that reads it.
 """
 from __future__ import annotations
 
 from .models import ApiClient, PaymentOperation, Product, Purchase
-
-# Re-exported: the views and next actions are built by payments/presenters.py.
-from .presenters import (  # noqa: F401
-    UNKNOWN_MESSAGE,
-    disputes_view,
-    iso,
-    operation_next_action,
-    operation_view,
-    product_view,
-    purchase_next_action,
-    purchase_view,
-    quote_view,
-    status_url,
-    _iso,
-)
-from .services.holds import _period_start, client_limits as figures_for
 from .view_queries import CompiledRead, operations_for_view
 
 # -- lookups (ownership: a client sees only its own purchases) ------------------------
@@ -51,26 +37,3 @@ def operation_get_for_client(*, operation_id: str, api_client: ApiClient
     if not api_client.has_scope("operations:resolve"):
         qs = qs.filter(purchase__api_client=api_client)
     return next(iter(qs[:1]), None)  # by primary key: no ORDER BY to compile
-
-
-# -- limits -------------------------------------------------------------------------
-
-
-def client_limits(api_client: ApiClient) -> dict:
-    """limit, consumed, reserved, unknown_exposure (minor units, the client's currency).
-
-    The figures are the very ones the core's limit check uses (services.client_limits), so
-    what a client reads is what it will be held to.
-    """
-    figures = figures_for(api_client)
-    limit = figures["limit"] or None
-    return {
-        "currency": figures["currency"],
-        "limit": limit,
-        "period": figures["period"],
-        "period_start": _iso(_period_start(api_client)),
-        "consumed": figures["consumed"],
-        "reserved": figures["reserved"],
-        "unknown_exposure": figures["unknown_exposure"],
-        "available": figures["available"] if limit else None,
-    }

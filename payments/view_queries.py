@@ -75,7 +75,7 @@ def purchase_operations_load(purchase) -> list:
     for op in ops:  # as the related manager does: each operation knows this purchase
         op.purchase = purchase
     setattr(purchase, _OPS_ATTR, ops)
-    # The order reference the view shows (payments.presenters._order_reference's read,
+    # The order reference the view shows (payments.api.presenters._order_reference's read,
     # compiled once: `.first()` compiles an ORDER BY on every call).
     found = _ORDER_REFERENCE.rows(purchase.pk)
     purchase.__dict__[_ORDER_ATTR] = found[0][0] if found else None

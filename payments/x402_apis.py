@@ -14,7 +14,7 @@ import logging
 from django.conf import settings
 from rest_framework.response import Response
 
-from . import selectors
+from .api import presenters
 from .enums import PAYMENT_KINDS, Outcome, Owner, Rail, RetryAdvice
 from .models import PaymentOperation, Purchase
 from .errors import DomainError
@@ -76,7 +76,7 @@ def _answer(request, purchase: Purchase, op: PaymentOperation, *, replayed: bool
         found = deliverable_for(purchase.id)
         if found is not None:
             return Response({"job_reference": found["job_reference"], "result": found["result"],
-                             "expires_at": selectors.iso(found["expires_at"]),
+                             "expires_at": presenters.iso(found["expires_at"]),
                              "operation": op.id}, status=200, headers=headers)
         return Response({"code": "deliverable_preparing", "operation": op.id,
                          "detail": "Paid. The deliverable is being prepared; GET it again "
@@ -96,7 +96,7 @@ def _answer(request, purchase: Purchase, op: PaymentOperation, *, replayed: bool
     return Response({"code": code, "operation": op.id, "outcome": op.outcome,
                      "detail": f"Your payment was sent and is waiting for confirmation on "
                                f"{_network_words(op)}. Don't pay again.",
-                     "next_action": selectors.operation_view(op)["next_action"]},
+                     "next_action": presenters.operation_view(op)["next_action"]},
                     status=202, headers={**headers, "Retry-After": "5"})
 
 

@@ -37,7 +37,7 @@ from payments.models import (
     Purchase,
 )
 from payments.money import MoneyInputError, format_money, parse_money
-from payments.presenters import operation_next_action
+from payments.api.presenters import operation_next_action
 from payments.services.common import purchase_own_payments, purchase_refund_room
 from payments.providers.stripe import get_provider
 from recovery import selectors as recovery_selectors
@@ -1075,7 +1075,7 @@ def refund_approve_feedback(*, op: PaymentOperation) -> tuple[int, str]:
 
 
 def operation_next_actions(ops: list[PaymentOperation]) -> dict[str, dict]:
-    """Each operation's next action from the one presenter (payments.presenters), so an
+    """Each operation's next action from the one presenter (payments.api.presenters), so an
     operation card never says "none" beside a purchase card naming an owner."""
     return {op.pk: operation_next_action(op) for op in ops}
 

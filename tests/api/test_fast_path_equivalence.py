@@ -196,7 +196,7 @@ def test_compiled_reads_load_what_the_querysets_load(storefront, product, fast_s
     compiled = purchase_get_for_client(purchase_id=purchase["id"], api_client=storefront.client)
     orm = Purchase.objects.select_related("quote").get(pk=purchase["id"])
     assert _state(compiled, ("quote",)) == _state(orm, ("quote",))
-    from payments.presenters import _order_reference
+    from payments.api.presenters import _order_reference
     from payments.view_queries import purchase_operations_load, purchase_order_reference
 
     from recovery.models import Order

@@ -14,7 +14,7 @@ from payments import services
 from payments.customer_copy import StateCode, customer_state
 from payments.enums import Outcome, PurchaseStatus, Reason
 from payments.models import PaymentOperation, Purchase
-from payments.presenters import purchase_view
+from payments.api.presenters import purchase_view
 from payments.providers.stripe import DrillMode
 from recovery.models import Order
 from tests.payments.test_provider_outranks_people import (  # noqa: F401 (fixtures)

@@ -3,7 +3,8 @@ while a refund is in flight; a partial refund that succeeds lets fulfilment go o
 much was refunded; a failed refund restores the prior status with the reason."""
 import pytest
 
-from payments import selectors, services
+from payments import services
+from payments.api import presenters
 from payments.enums import Outcome, PurchaseStatus
 from payments.models import OperationTransition, PaymentOperation, Purchase
 from recovery.models import Order
@@ -55,7 +56,7 @@ def test_a_partial_refund_that_succeeds_later_lets_fulfilment_go_on(
     relay_drain()
     assert _status(purchase.id) == PurchaseStatus.COMPLETED
     assert Order.objects.filter(purchase_id=purchase.id).count() == 1
-    view = selectors.purchase_view(Purchase.objects.get(id=purchase.id))
+    view = presenters.purchase_view(Purchase.objects.get(id=purchase.id))
     assert view["refunds"] == {"refunded": 500, "in_flight": 0, "awaiting_approval": 0,
                                "last_failed_reason": None}
     assert len(localstripe.refunds_for(charge.provider_reference)) == 1
@@ -79,7 +80,7 @@ def test_a_refund_that_fails_later_restores_the_prior_status_with_the_reason(
                                               source=PurchaseStatus.REFUND_PENDING).get()
     assert back.target == PurchaseStatus.COMPLETED
     assert back.evidence["refund"] == refund.id and back.evidence["reason"]
-    view = selectors.purchase_view(Purchase.objects.get(id=purchase.id))
+    view = presenters.purchase_view(Purchase.objects.get(id=purchase.id))
     assert view["refunds"]["refunded"] == 0 and view["refunds"]["last_failed_reason"]
     # and the whole amount is refundable again
     again = services.refund_request(purchase_id=purchase.id, amount=2000, compensation=True)

@@ -17,8 +17,8 @@ from django.utils import timezone
 from recovery.models import Order
 from recovery.reads import steps_for_purchase
 
-from .customer_copy import customer_state
-from .enums import (
+from ..customer_copy import customer_state
+from ..enums import (
     NON_RETRYABLE_REASONS,
     PAYMENT_KINDS,
     CallPurpose,
@@ -31,7 +31,8 @@ from .enums import (
     RetryAdvice,
     Stage,
 )
-from .models import (
+from ..models import (
+    ApiClient,
     Hold,
     PaymentOperation,
     Product,
@@ -40,7 +41,8 @@ from .models import (
     X402Authorization,
     X402RefundTransfer,
 )
-from .view_queries import (
+from ..services.holds import _period_start, client_limits as figures_for
+from ..view_queries import (
     purchase_operations_forget,
     purchase_operations_load,
     purchase_operations_loaded,
@@ -420,3 +422,26 @@ def quote_view(quote: Quote) -> dict:
 def product_view(product: Product) -> dict:
     return {"sku": product.sku, "name": product.name, "price": product.price,
             "currency": product.currency, "stock": product.stock, "kind": product.kind}
+
+
+# -- limits -----------------------------------------------------------------------------
+
+
+def client_limits_view(api_client: ApiClient) -> dict:
+    """limit, consumed, reserved, unknown_exposure (minor units, the client's currency).
+
+    The figures are the very ones the core's limit check uses (services.client_limits), so
+    what a client reads is what it will be held to.
+    """
+    figures = figures_for(api_client)
+    limit = figures["limit"] or None
+    return {
+        "currency": figures["currency"],
+        "limit": limit,
+        "period": figures["period"],
+        "period_start": _iso(_period_start(api_client)),
+        "consumed": figures["consumed"],
+        "reserved": figures["reserved"],
+        "unknown_exposure": figures["unknown_exposure"],
+        "available": figures["available"] if limit else None,
+    }
