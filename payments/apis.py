@@ -23,8 +23,8 @@ from rest_framework.views import APIView
 
 from recovery.metrics import BLOCKED_DUPLICATES, IDEMPOTENT_REPLAYS
 
-from . import selectors, services, x402_apis
-from .api import presenters
+from . import selectors, services
+from .api import presenters, x402_views
 from .errors import DomainError
 from .enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
 from .api.idempotency import (
@@ -579,15 +579,15 @@ class DeliverableApi(ApiView):
         from recovery.selectors import deliverable_for
 
         # x402 (DESIGN §6): the deliverable is the paid resource. Paying is a write.
-        header = request.headers.get(x402_apis.PAYMENT_SIGNATURE_HEADER)
+        header = request.headers.get(x402_views.PAYMENT_SIGNATURE_HEADER)
         if header is not None:
             if not request.auth.has_scope(WRITE):
                 raise Problem(code="forbidden_scope", status=403, owner=Owner.SUPPORT,
                               detail=f"This API key lacks the '{WRITE}' scope.")
-            return x402_apis.deliverable_pay(request, purchase, header)
+            return x402_views.deliverable_pay(request, purchase, header)
         found = deliverable_for(purchase.id)
-        if found is None and x402_apis.deliverable_unpaid(purchase):
-            return x402_apis.deliverable_state(request, purchase)
+        if found is None and x402_views.deliverable_unpaid(purchase):
+            return x402_views.deliverable_state(request, purchase)
         if found is None:
             raise Problem(code="deliverable_not_available", status=404, owner=Owner.NONE,
                           purchase=purchase.id,

@@ -99,7 +99,7 @@ def _refuse(code: str, detail: str, *, status: int = 422, purchase: str | None =
 
 def _refuse_payment(code: str, x402_error: str, detail: str, *, purchase: str) -> DomainError:
     """A payment that cannot pay this resource: 402 with PAYMENT-REQUIRED, as the x402 v2
-    HTTP transport answers it (payments.x402_apis adds the header). `x402_error` is the
+    HTTP transport answers it (payments.api.x402_views adds the header). `x402_error` is the
     spec's/SDK's reason (x402.mechanisms.evm.constants), `code` Verity's stable word."""
     return DomainError(code, f"{detail} Nothing was charged; sign a new authorization from "
                        "PAYMENT-REQUIRED.", status=402, retry=RetryAdvice.NEW_OPERATION,
@@ -352,7 +352,7 @@ def _refreshed(op: PaymentOperation) -> PaymentOperation:
 def x402_pay(*, purchase_id: str, api_client, header: str,
              settle_gate: Callable[[], None] | None = None) -> X402Result:
     """Settle (or replay) one PAYMENT-SIGNATURE for a purchase. Bad input changes nothing.
-    `settle_gate` (the per-client settle limit, payments.x402_apis) runs once a new
+    `settle_gate` (the per-client settle limit, payments.api.x402_views) runs once a new
     attempt passed the local checks, before the chain reads and the settle; it raises to
     refuse. Replays never reach it."""
     purchase = Purchase.objects.select_related("quote").get(id=purchase_id)

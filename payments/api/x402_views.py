@@ -14,18 +14,20 @@ import logging
 from django.conf import settings
 from rest_framework.response import Response
 
-from .api import presenters
-from .enums import PAYMENT_KINDS, Outcome, Owner, Rail, RetryAdvice
-from .models import PaymentOperation, Purchase
-from .errors import DomainError
-from .api.problems import Problem, problem_from_domain_error
-from .api.ratelimit import x402_settle_hit
-from .providers.x402 import (
+from recovery.selectors import deliverable_for
+
+from . import presenters
+from ..enums import PAYMENT_KINDS, Outcome, Owner, Rail, RetryAdvice
+from ..models import PaymentOperation, Purchase
+from ..errors import DomainError
+from .problems import Problem, problem_from_domain_error
+from .ratelimit import x402_settle_hit
+from ..providers.x402 import (
     PAYMENT_REQUIRED_HEADER,
     PAYMENT_RESPONSE_HEADER,
     PAYMENT_SIGNATURE_HEADER,
 )
-from .x402_rail import (
+from ..x402_rail import (
     encode_header,
     x402_offered,
     x402_pay,
@@ -63,8 +65,6 @@ def _network_words(op: PaymentOperation) -> str:
 
 
 def _answer(request, purchase: Purchase, op: PaymentOperation, *, replayed: bool) -> Response:
-    from recovery.selectors import deliverable_for
-
     headers = {}
     settle = x402_payment_response(op)
     if settle is not None:
