@@ -4,7 +4,7 @@ CPU seconds per request are much steadier than requests/s on a shared, loaded ma
 this complements bench/idempotent_replay.py: the same three requests (the floor's bare
 primary-key read, a replayed payment, `GET /purchases/{id}`) are sent N times through the
 full Django stack in this process (django.test.Client: every middleware, no socket), once
-with the fast path (payments.fast_path) and once without it (the DRF view alone). For
+with the fast path (payments.api.fast_path) and once without it (the DRF view alone). For
 each: wall and CPU ms per request, and a cProfile split of the time by layer (the ORM,
 DRF, psycopg + PostgreSQL wait, Redis, Django's request/middleware machinery, the rest).
 

@@ -148,7 +148,7 @@ class HasScope(BasePermission):
         return True
 
 
-# Set on the Django request by payments.fast_path when it counted this request against the
+# Set on the Django request by payments.api.fast_path when it counted this request against the
 # limit and then handed it to the DRF view: the limit is counted once.
 COUNTED = "_verity_rate_decision"
 

@@ -27,19 +27,19 @@ from rest_framework.renderers import JSONRenderer
 
 from recovery.metrics import IDEMPOTENT_REPLAYS
 
-from . import selectors
-from .api import presenters
-from .api.authentication import COUNTED, KEYWORD, ApiClientRateThrottle, _failure_keys
-from .client_cache import api_client_cached
-from .api.idempotency import (
+from .. import selectors
+from ..client_cache import api_client_cached
+from ..view_queries import operation_for_view
+from . import presenters
+from .authentication import COUNTED, KEYWORD, ApiClientRateThrottle, _failure_keys
+from .idempotency import (
     HEADER,
     MAX_KEY_LENGTH,
     REPLAYED_HEADER,
     idempotency_replay_of,
     replay_body,
 )
-from .api.ratelimit import parse_rate, rate_limit_hit
-from .view_queries import operation_for_view
+from .ratelimit import parse_rate, rate_limit_hit
 
 logger = logging.getLogger(__name__)
 
