@@ -1,7 +1,7 @@
 """Storefront API routes (mounted at /api/v1/). Route names are the idempotency scope."""
 from django.urls import path, re_path
 
-from . import apis
+from .api import views as apis
 from .api.fast_path import fast  # issue 34: clean hot reads answered before DRF
 
 urlpatterns = [

@@ -19,7 +19,7 @@ from config.client_address import client_address
 
 from ..client_cache import api_client_cached, api_client_verified
 from ..models import ApiClient
-from ..api.ratelimit import lockout_locked, rate_limit_hit
+from .ratelimit import lockout_locked, rate_limit_hit
 
 logger = logging.getLogger(__name__)
 

@@ -91,7 +91,7 @@ def _answer(data: dict, *, allow: str, headers: dict | None = None) -> HttpRespo
     for name, value in (headers or {}).items():
         response[name] = value
     response["Allow"] = allow
-    response["Cache-Control"] = "no-store"  # as payments.apis.ApiView
+    response["Cache-Control"] = "no-store"  # as payments.api.views.ApiView
     response.verity_fast_path = True  # not a header: lets a test tell which path answered
     return response
 

@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from ..enums import RetryAdvice
 from ..models import ApiClient, IdempotencyRecord
-from ..api.problems import Problem
+from .problems import Problem
 from ..view_queries import CompiledRead
 
 HEADER = "Idempotency-Key"
@@ -192,7 +192,7 @@ def replay_body(request):
 
     from rest_framework.parsers import JSONParser
 
-    from ..api.parsers import BoundedJSONParser
+    from .parsers import BoundedJSONParser
 
     http = getattr(request, "_request", request)  # a DRF Request wraps the HttpRequest
     media = (http.META.get("CONTENT_TYPE") or "").split(";")[0].strip()

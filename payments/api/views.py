@@ -1,4 +1,5 @@
-"""Storefront REST API (`/api/v1/`): thin views over payments.services / selectors.
+"""Storefront REST API (`/api/v1/`): thin views over payments.services, rendered by the
+presenter (payments/api/presenters.py).
 
 Views parse, call one service, render a selector's view. None of them is atomic
 (ATOMIC_REQUESTS is off): a payment's provider call happens in `operation_dispatch`,
@@ -22,12 +23,16 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from recovery.metrics import BLOCKED_DUPLICATES, IDEMPOTENT_REPLAYS
+from recovery.selectors import deliverable_for
 
-from . import selectors, services
-from .api import presenters, x402_views
-from .errors import DomainError
-from .enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
-from .api.idempotency import (
+from .. import selectors, services
+from ..enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
+from ..errors import DomainError
+from ..locks import assert_no_transaction_outside_transaction
+from ..models import PaymentOperation, Purchase, Quote
+from ..view_queries import operations_for_view
+from . import presenters, x402_views
+from .idempotency import (
     REPLAYED_HEADER,
     Claim,
     idempotency_bind,
@@ -38,10 +43,8 @@ from .api.idempotency import (
     key_from_headers,
     replay_body,
 )
-from .locks import assert_no_transaction_outside_transaction
-from .models import PaymentOperation, Purchase, Quote
-from .api.problems import PROBLEM_CONTENT_TYPE, Problem, problem_body
-from .api.serializers import (
+from .problems import PROBLEM_CONTENT_TYPE, Problem, problem_body
+from .serializers import (
     DeclineIn,
     DeliverableOut,
     DeliverablePendingOut,
@@ -132,8 +135,6 @@ def _assert_no_transaction_open() -> None:
 
 
 def _load_operation(operation_id: str) -> PaymentOperation:
-    from .view_queries import operations_for_view
-
     # One statement: the operation view's relations and counts (payments.view_queries).
     return operations_for_view().get(pk=operation_id)
 
@@ -576,8 +577,6 @@ class DeliverableApi(ApiView):
                                s503="chain_unreachable (x402: nothing charged)")})
     def get(self, request, purchase_id: str):
         purchase = _purchase_or_404(request, purchase_id)
-        from recovery.selectors import deliverable_for
-
         # x402 (DESIGN §6): the deliverable is the paid resource. Paying is a write.
         header = request.headers.get(x402_views.PAYMENT_SIGNATURE_HEADER)
         if header is not None:
