@@ -11,6 +11,9 @@ so kicks within a short window are coalesced with two Redis `SET NX PX` keys (on
 Every row therefore has a drain that starts after its commit, and the beat sweep
 (`recovery.relay_drain` every few seconds) stays behind it for a lost publish. Without
 Redis (per-process memory cache) the same keys live in the Django cache.
+
+Installed as the outbox's kick policy by RecoveryConfig.ready() (recovery/outbox.py imports
+nothing of this module).
 """
 from __future__ import annotations
 

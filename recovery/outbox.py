@@ -1,8 +1,11 @@
 """Writing to the transactional outbox, and the registry of its handlers.
 
-A leaf: it imports no app. The relay (recovery.relay) is kicked by task name, and each
-app registers the handlers of its own categories (Sentry's receiver pattern) from its
-AppConfig.ready(), so the relay runs them without importing any app either.
+A leaf: it imports no app and no workflow module. The relay (recovery.relay) is kicked by
+task name, and each app registers the handlers of its own categories (Sentry's receiver
+pattern) from its AppConfig.ready(), so the relay runs them without importing any app
+either. How a commit's kick is published (coalesced, recovery/kick.py) is registered the
+same way, by recovery's AppConfig.ready(): the policy depends on the outbox, not the
+reverse.
 """
 from __future__ import annotations
 
@@ -15,12 +18,13 @@ from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
-from .kick import relay_kick_coalesced
 from .models import OutboxCategory, OutboxMessage
 
 RELAY_TASK = "recovery.relay_drain"
 
 Handler = Callable[[dict], None]
+Publish = Callable[[float | None], None]  # publish(countdown_seconds_or_None)
+KickPolicy = Callable[[Publish], None]
 _HANDLERS: dict[int, Handler] = {}
 
 
@@ -123,6 +127,27 @@ def operation_settled_put(*, operation_id: str) -> None:
                dedupe_key=f"settled:{operation_id}")
 
 
+def _kick_at_once(publish: Publish) -> None:
+    publish(None)
+
+
+# One slot: the policy that publishes a commit's kick. Every commit publishes until recovery
+# installs its coalesced kick (RecoveryConfig.ready()), which every process runs at setup.
+_KICK_POLICY: list[KickPolicy] = [_kick_at_once]
+
+
+def outbox_kick_policy(policy: KickPolicy) -> KickPolicy:
+    """Install how a commit's kick reaches the relay: `policy(publish)` calls
+    `publish(countdown)` zero or more times (recovery/kick.py coalesces to at most two per
+    window). The last installed policy wins."""
+    _KICK_POLICY[0] = policy
+    return policy
+
+
+def outbox_kick_policy_installed() -> KickPolicy:
+    return _KICK_POLICY[0]
+
+
 def relay_kick() -> None:
     """Kick the relay now (after commit); the beat sweep is the backstop."""
     transaction.on_commit(_kick_relay, robust=True)
@@ -134,6 +159,7 @@ def _kick_relay() -> None:
     # of holding the committed request for Celery's publish retries (measured ~3 s per
     # kick). The row is already committed; the beat's sweep re-kicks the relay when the
     # broker is back.
-    # Coalesced (recovery.kick): at most two publishes per short window, not one per row.
-    relay_kick_coalesced(lambda countdown: current_app.send_task(
+    # Through the installed policy: coalesced by recovery.kick (at most two publishes per
+    # short window, not one per row).
+    _KICK_POLICY[0](lambda countdown: current_app.send_task(
         RELAY_TASK, retry=False, countdown=countdown))
