@@ -15,7 +15,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from recovery.models import Order
-from recovery.reads import steps_for_purchase
+from recovery.selectors import steps_for_purchase
 
 from ..customer_copy import customer_state
 from ..enums import (

@@ -79,3 +79,64 @@ def test_no_circle_of_imports_remains():
                 if graph.direct_import_exists(importer=module, imported=child):
                     graph.remove_import(importer=module, imported=child)
     assert _cycles(graph) == []
+
+
+# -- every module has a layer ---------------------------------------------------------------
+
+# The composition root: settings, URL conf, WSGI/ASGI, Celery app and the development
+# servers. It wires every layer together, so it sits in none; the other roots are layered.
+UNLAYERED_ROOTS = {"config"}
+
+
+def _importlinter() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+
+
+def _layer_entries() -> list[str]:
+    contract = next(c for c in _importlinter()["contracts"] if c["id"] == "layers")
+    return [name.strip() for layer in contract["layers"]
+            for name in layer.replace("|", ":").split(":")]
+
+
+def _project_modules(root: str) -> list[str]:
+    """Every module and package under `root`, from the files (not from imports, so a module
+    nothing imports yet is still found)."""
+    found = []
+    for path in sorted((ROOT / root).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found.append(".".join(parts))
+    return found
+
+
+def _unplaced(modules: list[str], entries: list[str]) -> list[str]:
+    def placed(module: str) -> bool:
+        return any(module == e or module.startswith(e + ".") for e in entries)
+
+    def container(module: str) -> bool:
+        # A package split across layers (payments, recovery): its children are placed.
+        return any(e.startswith(module + ".") for e in entries)
+
+    return [m for m in modules if not placed(m) and not container(m)]
+
+
+def test_every_module_of_the_project_belongs_to_a_layer():
+    """A module no layer names is checked by no layer rule: it could import anything. Each
+    new module is placed in pyproject.toml's layers on purpose."""
+    roots = set(_importlinter()["root_packages"]) - UNLAYERED_ROOTS
+    entries = _layer_entries()
+    modules = [m for root in sorted(roots) for m in _project_modules(root)]
+    assert len(modules) > 150  # the walk found the project, not an empty directory
+    assert _unplaced(modules, entries) == []
+    for entry in entries:  # and no entry names a module that is gone (a stale layer)
+        assert entry in modules, entry
+
+
+def test_a_module_in_no_layer_is_reported():
+    entries = ["payments.api", "payments.models", "recovery.outbox"]
+    modules = ["payments", "payments.api", "payments.api.views", "payments.models",
+               "payments.newcomer", "recovery", "recovery.outbox", "recovery.stray"]
+    assert _unplaced(modules, entries) == ["payments.newcomer", "recovery.stray"]
