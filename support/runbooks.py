@@ -19,34 +19,21 @@ import html
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import markdown
 from django.conf import settings
 
-from support import customer_copy
+from support import customer_copy, queues
 from support.access import MATRIX, Action
 
-RUNBOOK_DIR = Path(settings.BASE_DIR) / "docs" / "runbooks"
+RUNBOOK_DIR = queues.RUNBOOK_DIR
 
-# slug -> console queue it belongs to (None: reached from a purchase/incident only).
-RUNBOOK_QUEUE: dict[str, str] = {
-    "unknown-operation": "unknown",
-    "paid-without-order": "paid_without_order",
-    "compensation-needed": "compensation",
-    "quarantined-event": "quarantined",
-    "held-provider-event": "held",
-    "amount-currency-mismatch": "mismatch",
-    "settlement-discrepancy": "settlement",
-    "stuck-outbox": "stuck_outbox",
-    "escalated": "escalated",
-    "refund-awaiting-approval": "refund_approval",
-    "dispute-evidence-due": "disputes",
-    "made-outside-verity": "external",
-    "manual-resolution-overturned": "overturned",
-    "duplicate-charge": "duplicates",
-}
-QUEUE_RUNBOOK: dict[str, str] = {q: slug for slug, q in RUNBOOK_QUEUE.items()}
+# Each console queue declares its runbook in its QueueSpec (support.queues); these two maps
+# are read from the registry, never written by hand.
+QUEUE_RUNBOOK: dict[str, str] = {q.name: q.runbook for q in queues.QUEUES.values()}
+# slug -> console queue it belongs to (a runbook no queue names is reached from a purchase
+# or an incident only).
+RUNBOOK_QUEUE: dict[str, str] = {slug: q for q, slug in QUEUE_RUNBOOK.items()}
 
 # The settings a runbook may quote: timings, limits and who gets escalations. Never a
 # secret, a URL with credentials or anything the environment adds later by default.

@@ -7,13 +7,13 @@ event payloads are only handed out to roles with VIEW_REDACTED_PAYLOAD.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from statistics import median
 
 from django.conf import settings
 from django.contrib import messages as message_levels
-from django.db.models import Count, Exists, OuterRef, Q, Subquery, Sum
+from django.db.models import Count, Q, Subquery, Sum
 from django.utils import timezone
 
 from payments.enums import (
@@ -40,12 +40,10 @@ from payments.money import MoneyInputError, format_money, parse_money
 from payments.api.presenters import operation_next_action
 from payments.services.common import purchase_own_payments, purchase_refund_room
 from payments.providers.stripe import get_provider
-from recovery import selectors as recovery_selectors
 from recovery.models import (
     EmailMessage,
     LedgerEntry,
     Order,
-    OutboxCategory,
     OutboxMessage,
     RecoveryDecision,
     SettlementDiscrepancy,
@@ -53,432 +51,29 @@ from recovery.models import (
     StepState,
     WorkflowHalt,
 )
-from support import provider_queues
 from support.access import Action, can
+# The console's queues live in one registry (support.queues); re-exported for the views.
+from support.queues import (  # noqa: F401
+    MISMATCH_PREFIX,
+    PAID_STATUSES,
+    QUEUE_PAGE_SIZE,
+    QUEUES,
+    STEP_TROUBLE,
+    QueueItem,
+    QueueSpec,
+    QueueSummary,
+    compensation_operations,
+    compensation_steps,
+    discrepancy_summary,
+    paid_without_order,
+    quarantined_events,
+    queue_items,
+    queue_summaries,
+    unknown_operations,
+)
 from support.models import AuditEntry, Incident, IncidentStatus, Note, Resolution
-from support.runbooks import QUEUE_RUNBOOK
 from support.timefmt import relative
-from webhooks.models import EventResult, ProviderEvent
-
-# An outbox row still unprocessed this long after it became due, or retried this often,
-# is "stuck" (the relay sweeps every few seconds; minutes mean something is wrong).
-STUCK_OUTBOX_AFTER = timedelta(minutes=5)
-STUCK_OUTBOX_ATTEMPTS = 3
-QUEUE_PAGE_SIZE = 100
-PAID_STATUSES = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING)
-STEP_TROUBLE = (StepState.FAILED, StepState.UNKNOWN, StepState.MANUAL)
-
-
-# --------------------------------------------------------------------------- queues
-
-
-@dataclass(frozen=True)
-class QueueItem:
-    since: datetime
-    kind: str
-    ref: str  # the id to show/link (operation, purchase, event pk, outbox id ...)
-    purchase_id: str
-    summary: str
-    owner: str = ""
-    runbook: str = ""  # slug of the runbook for this row (support.runbooks)
-    anchor: str = ""  # where on the purchase page its actions are (operation id, "steps-h")
-    action: str = ""  # what a person does with it, in words (the link or form says where)
-    error: str = ""  # last error, for stuck outbox rows and failed steps
-
-    @property
-    def age(self) -> timedelta:
-        return timezone.now() - self.since
-
-
-@dataclass(frozen=True)
-class QueueSpec:
-    name: str
-    label: str
-    action: Action  # the permission needed to see this queue
-    description: str
-
-
-QUEUES: dict[str, QueueSpec] = {q.name: q for q in [
-    QueueSpec("unknown", "Unknown operations", Action.VIEW,
-              "The provider may have applied these; reconciliation is reading them back."),
-    QueueSpec("paid_without_order", "Paid without order", Action.VIEW,
-              "Payment verified, no order written yet."),
-    QueueSpec("compensation", "Compensation needed", Action.VIEW,
-              "A downstream step failed or is uncertain, or a compensation did not settle."),
-    QueueSpec("held", "Held provider events", Action.VIEW,
-              "Signed provider events waiting for the record they name to settle; each "
-              "retry asks for a read-back of that record. Old ones need a person."),
-    QueueSpec("quarantined", "Quarantined events", Action.VIEW,
-              "Signed provider events that did not match their operation."),
-    QueueSpec("mismatch", "Amount or currency mismatch", Action.VIEW,
-              "Quarantined events whose amount, currency, purchase or account disagree "
-              "with the operation they name."),
-    QueueSpec("stuck_outbox", "Stuck outbox", Action.VIEW,
-              "Follow-up work not processed long after it was due."),
-    QueueSpec("settlement", "Settlement discrepancies", Action.VIEW_SETTLEMENT,
-              "Provider balance transactions that disagree with the ledger."),
-    QueueSpec("escalated", "Escalated to a recovery owner", Action.VIEW,
-              "Reconciliation deadline passed; a named owner must settle these."),
-    QueueSpec("refund_approval", "Refunds awaiting approval", Action.VIEW,
-              "Console and API refunds waiting for a finance approver."),
-    # support.provider_queues: disputes and operations made outside Verity.
-    QueueSpec("disputes", "Disputes", Action.VIEW_SETTLEMENT,
-              "Open disputes at the provider, the nearest evidence deadline first."),
-    QueueSpec("external", "Made outside Verity", Action.VIEW,
-              "Refunds, captures and cancels the provider reported that no Verity operation "
-              "requested; a finance user acknowledges each one."),
-    QueueSpec("overturned", "Manual resolution overturned", Action.VIEW,
-              "Verified provider evidence contradicted a person's resolution; the "
-              "operation now shows the provider's outcome. Check what followed."),
-    QueueSpec("duplicates", "Duplicate charges", Action.VIEW,
-              "A second confirmed charge on one purchase, and the linked refund or void "
-              "that returns it."),
-]}
-
-
-def _q_unknown():
-    return PaymentOperation.objects.filter(outcome=Outcome.UNKNOWN).exclude(
-        stage=Stage.ESCALATED)
-
-
-def _recovery_queue(name: str):
-    """recovery.selectors' own queue query (unsliced), so the console, the beat jobs and
-    /metrics agree on what is in a queue; None if that helper is not there."""
-    fn = getattr(recovery_selectors, name, None)
-    if fn is None:
-        return None
-    try:
-        return fn(limit=None)
-    except TypeError:
-        return None
-
-
-def _q_paid_without_order():
-    qs = _recovery_queue("paid_without_order")  # with the beat job's grace period
-    if qs is not None:
-        return qs
-    return (Purchase.objects.filter(status__in=PAID_STATUSES)
-            .annotate(has_order=Exists(Order.objects.filter(purchase_id=OuterRef("pk"))))
-            .filter(has_order=False))
-
-
-def _q_compensation_steps():
-    qs = _recovery_queue("queue_compensation_needed")
-    if qs is not None:
-        return qs
-    return StepRun.objects.filter(state__in=STEP_TROUBLE)
-
-
-def _q_compensation_ops():
-    return PaymentOperation.objects.filter(
-        is_compensation=True, outcome__in=[Outcome.FAILED, Outcome.UNKNOWN])
-
-
-def _q_quarantined():
-    return ProviderEvent.objects.filter(result=EventResult.QUARANTINED)
-
-
-def _q_held():
-    return ProviderEvent.objects.filter(result=EventResult.HELD)
-
-
-MISMATCH_PREFIX = "mismatch"
-
-
-def _q_mismatch():
-    # webhooks.services quarantines with reason "mismatch" or "mismatch:<field>".
-    return _q_quarantined().filter(result_reason__startswith=MISMATCH_PREFIX)
-
-
-def _q_stuck_outbox(now):
-    qs = _recovery_queue("queue_stuck_outbox")
-    if qs is not None:
-        return qs
-    return OutboxMessage.objects.filter(processed_at__isnull=True).filter(
-        Q(available_at__lt=now - STUCK_OUTBOX_AFTER) | Q(attempts__gte=STUCK_OUTBOX_ATTEMPTS))
-
-
-def _q_settlement():
-    return SettlementDiscrepancy.objects.filter(resolved_at__isnull=True)
-
-
-def _q_escalated():
-    return PaymentOperation.objects.filter(
-        Q(stage=Stage.ESCALATED) | Q(escalated_at__isnull=False)).exclude(
-        outcome__in=[Outcome.SUCCEEDED, Outcome.FAILED])
-
-
-def _q_refund_approval():
-    return PaymentOperation.objects.filter(outcome=Outcome.AWAITING_APPROVAL)
-
-
-def _q_overturned():
-    # Open until a person marks the overturn reviewed (the operation's next owner is
-    # support from the overturn until then).
-    return PaymentOperation.objects.filter(
-        transitions__cause=OVERTURN_CAUSE, next_action_owner=Owner.SUPPORT).distinct()
-
-
-def _q_duplicates():
-    return PaymentOperation.objects.filter(is_duplicate=True)
-
-
-_OP_ACTION = "Reconcile now, or resolve with provider evidence"
-_STEP_WORDS = {StepState.FAILED: "failed", StepState.UNKNOWN: "may or may not have happened",
-               StepState.MANUAL: "waits for a person"}
-_DISCREPANCY_WORDS = {"missing_locally": "In the provider's balance, not in the ledger",
-                      "missing_in_ledger": "In the provider's balance, not in the ledger",
-                      "missing_at_provider": "In the ledger, not in the provider's balance",
-                      "amount_differs": "Amounts differ"}
-
-
-def _op_summary(op: PaymentOperation) -> str:
-    return f"{op.kind} {_money(op.amount, op.currency)}"
-
-
-def _purchase_for_references(refs: list[str]) -> dict[str, str]:
-    """provider reference (pi_/ch_/re_/py_) -> purchase id, via operations and the ledger."""
-    refs = [r for r in refs if r]
-    if not refs:
-        return {}
-    out: dict[str, str] = {}
-    for ref, charge, pid in PaymentOperation.objects.filter(
-            Q(provider_reference__in=refs) | Q(provider_charge__in=refs)).values_list(
-            "provider_reference", "provider_charge", "purchase_id"):
-        for r in (ref, charge):
-            if r in refs:
-                out.setdefault(r, pid)
-
-    for ref, pid in LedgerEntry.objects.filter(provider_reference__in=refs).values_list(
-            "provider_reference", "purchase_id"):
-        out.setdefault(ref, pid)
-    return out
-
-
-def _outbox_purchase(payload) -> str:
-    if not isinstance(payload, dict):
-        return ""
-    if payload.get("purchase"):
-        return str(payload["purchase"])
-    if payload.get("operation"):
-        return PaymentOperation.objects.filter(pk=payload["operation"]).values_list(
-            "purchase_id", flat=True).first() or ""
-    if payload.get("event"):
-        e = ProviderEvent.objects.filter(pk=payload["event"]).first()
-        return _event_purchase(e) if e else ""
-    return ""
-
-
-def _outbox_label(category: int) -> str:
-    try:
-        return str(OutboxCategory(category).label).capitalize()
-    except ValueError:
-        return f"category {category}"
-
-
-def discrepancy_summary(d: SettlementDiscrepancy) -> str:
-    what = _DISCREPANCY_WORDS.get(d.kind, d.kind.replace("_", " ").capitalize())
-    provider = (_money(d.provider_amount, d.currency) if d.provider_amount is not None
-                else "no movement")
-    ledger = _money(d.ledger_amount, d.currency) if d.ledger_amount is not None else "no entry"
-    return f"{what} · {d.provider_reference}: provider {provider}, ledger {ledger}"
-
-
-def queue_items(name: str, *, limit: int = QUEUE_PAGE_SIZE) -> list[QueueItem]:
-    """Rows of one queue, oldest first."""
-    now = timezone.now()
-    items: list[QueueItem] = []
-    if name == "unknown":
-        for op in _q_unknown().select_related("purchase").order_by("created_at")[:limit]:
-            items.append(QueueItem(op.created_at, "operation", op.id, op.purchase_id,
-                                   f"{_op_summary(op)} · {op.reconcile_attempts} read-backs",
-                                   op.purchase.recovery_owner, anchor=op.id,
-                                   action=_OP_ACTION))
-    elif name == "paid_without_order":
-        rows = _q_paid_without_order()  # paid_at: stored on the purchase (payments/0007)
-        for p in sorted(rows[: limit * 2], key=lambda p: p.paid_at or p.updated_at)[:limit]:
-            items.append(QueueItem(p.paid_at or p.updated_at, "purchase", p.id, p.id,
-                                   f"{p.status} {_money(p.amount, p.currency)}",
-                                   p.recovery_owner, anchor="steps-h",
-                                   action="Check its steps and halts; a note or a refund "
-                                          "request if the order cannot be written"))
-    elif name == "compensation":
-        for st in _q_compensation_steps().order_by("created_at")[:limit]:
-            words = _STEP_WORDS.get(st.state, st.state)
-            items.append(QueueItem(st.started_at or st.created_at, "step", st.step,
-                                   st.purchase_id,
-                                   f"Step {st.step} {words} after {st.attempts} attempts",
-                                   anchor="steps-h", error=st.last_error[:300],
-                                   action="Decide: complete forward, mark handled, or refund"))
-        for op in _q_compensation_ops().order_by("created_at")[:limit]:
-            items.append(QueueItem(op.created_at, "operation", op.id, op.purchase_id,
-                                   f"Compensating {_op_summary(op)} is {op.outcome}",
-                                   anchor=op.id, action=_OP_ACTION))
-        items.sort(key=lambda i: i.since)
-        items = items[:limit]
-    elif name == "held":
-        for e in _q_held().order_by("received_at")[:limit]:
-            items.append(QueueItem(e.received_at, "event", str(e.pk), _event_purchase(e),
-                                   f"{e.type} · waiting: {e.result_reason or 'no reason'} · "
-                                   f"{e.attempts} attempts",
-                                   action="Reconcile the operation it waits for (on the "
-                                          "purchase), or triage the event"))
-    elif name == "quarantined":
-        for e in _q_quarantined().order_by("received_at")[:limit]:
-            items.append(QueueItem(e.received_at, "event", str(e.pk), _event_purchase(e),
-                                   f"{e.type} · {e.result_reason or 'no reason recorded'}",
-                                   action="Release or dismiss (on the event)"))
-    elif name == "mismatch":
-        for e in _q_mismatch().order_by("received_at")[:limit]:
-            items.append(QueueItem(e.received_at, "event", str(e.pk), _event_purchase(e),
-                                   f"{e.type} {e.object_id} · {e.result_reason}",
-                                   action="Compare with the operation, then release or "
-                                          "dismiss (on the event)"))
-    elif name == "stuck_outbox":
-        for m in _q_stuck_outbox(now).order_by("created_at")[:limit]:
-            items.append(QueueItem(
-                m.created_at, "outbox", str(m.pk), _outbox_purchase(m.payload),
-                f"{_outbox_label(m.category)} · {m.attempts} attempts · next try "
-                f"{relative(m.available_at, now)}", error=(m.last_error or "")[:300],
-                action="Fix the cause, then retry now"))
-    elif name == "settlement":
-        rows = list(_q_settlement().order_by("created_at")[:limit])
-        purchases = _purchase_for_references([d.provider_reference for d in rows])
-        for d in rows:
-            items.append(QueueItem(d.created_at, "discrepancy", str(d.pk),
-                                   purchases.get(d.provider_reference, ""),
-                                   discrepancy_summary(d), error=d.detail,
-                                   action="Check at the provider, then acknowledge with the "
-                                          "explanation"))
-    elif name == "escalated":
-        for op in _q_escalated().select_related("purchase").order_by("created_at")[:limit]:
-            items.append(QueueItem(op.escalated_at or op.created_at, "operation", op.id,
-                                   op.purchase_id, f"{_op_summary(op)} is {op.outcome}",
-                                   op.purchase.recovery_owner or op.next_action_owner,
-                                   anchor=op.id,
-                                   action="Resolve with evidence from the provider dashboard"))
-        items.sort(key=lambda i: i.since)
-    elif name == "refund_approval":
-        for op in _q_refund_approval().select_related("requested_by_user").order_by(
-                "created_at")[:limit]:
-            who = op.requested_by_user.get_username() if op.requested_by_user else "API client"
-            items.append(QueueItem(op.created_at, "operation", op.id, op.purchase_id,
-                                   f"refund {_money(op.amount, op.currency)} requested by "
-                                   f"{who}", "finance", anchor=op.id,
-                                   action="Approve (a finance user other than the requester)"))
-    elif name == "overturned":
-        for op in _q_overturned().order_by("settled_at")[:limit]:
-            row = op.transitions.filter(cause=OVERTURN_CAUSE).order_by("-created_at").first()
-            was = ((row.evidence or {}).get("overturned") or {}) if row else {}
-            items.append(QueueItem(row.created_at if row else op.updated_at, "operation",
-                                   op.id, op.purchase_id,
-                                   f"{op.kind} resolved {was.get('outcome', '?')} by "
-                                   f"{was.get('actor') or 'a person'}; the provider shows "
-                                   f"{op.outcome}", "support"))
-    elif name == "duplicates":
-        for op in _q_duplicates().order_by("settled_at")[:limit]:
-            comp = (PaymentOperation.objects.filter(parent=op, is_compensation=True)
-                    .order_by("-created_at").first())
-            state = f"{comp.kind} {comp.id} is {comp.outcome}" if comp else "no refund yet"
-            items.append(QueueItem(op.settled_at or op.created_at, "operation", op.id,
-                                   op.purchase_id, f"duplicate {op.kind} "
-                                   f"{_money(op.amount, op.currency)} · {state}",
-                                   "support" if comp is None or comp.outcome == Outcome.FAILED
-                                   else "reconciliation"))
-    else:
-        items = provider_queues.queue_items(name, limit=limit)  # KeyError if unknown
-    return [replace(i, runbook=_item_runbook(name, i)) for i in items]
-
-
-def _item_runbook(queue: str, item: QueueItem) -> str:
-    if queue == "quarantined" and item.summary.split(" · ", 1)[-1].startswith(MISMATCH_PREFIX):
-        return QUEUE_RUNBOOK["mismatch"]
-    return QUEUE_RUNBOOK.get(queue, "")
-
-
-@dataclass(frozen=True)
-class QueueSummary:
-    spec: QueueSpec
-    count: int
-    oldest: datetime | None
-
-    @property
-    def oldest_age(self) -> timedelta | None:
-        return timezone.now() - self.oldest if self.oldest else None
-
-    @property
-    def count_label(self) -> str:  # "1 000+" past support.counts.COUNT_CAP
-        from .counts import count_label
-
-        return count_label(self.count)
-
-    @property
-    def runbook(self) -> str:
-        return QUEUE_RUNBOOK.get(self.spec.name, "")
-
-
-def queue_summaries(user) -> list[QueueSummary]:
-    """Count and oldest age per queue the user may see (one aggregate query each)."""
-    now = timezone.now()
-    out = []
-    for spec in QUEUES.values():
-        if not can(user, spec.action):
-            continue
-        count, oldest = _count_oldest(spec.name, now)
-        out.append(QueueSummary(spec, count, oldest))
-    return out
-
-
-def _agg(qs, field_name):
-    # Capped count and one indexed ORDER BY … LIMIT 1 (support.counts), not COUNT/MIN over
-    # the whole queue: a landing page must not pay for a long queue.
-    from .counts import capped_count_oldest
-
-    return capped_count_oldest(qs, field_name)
-
-
-def _count_oldest(name: str, now) -> tuple[int, datetime | None]:
-    if name == "unknown":
-        return _agg(_q_unknown(), "created_at")
-    if name == "paid_without_order":
-        from .counts import capped_count_oldest, oldest
-
-        qs = _q_paid_without_order()
-        n, paid = capped_count_oldest(qs, "paid_at")
-        return n, paid or (oldest(qs, "updated_at") if n else None)
-    if name == "compensation":
-        n1, o1 = _agg(_q_compensation_steps(), "created_at")
-        n2, o2 = _agg(_q_compensation_ops(), "created_at")
-        return n1 + n2, min([o for o in (o1, o2) if o], default=None)
-    if name == "held":
-        return _agg(_q_held(), "received_at")
-    if name == "quarantined":
-        return _agg(_q_quarantined(), "received_at")
-    if name == "mismatch":
-        return _agg(_q_mismatch(), "received_at")
-    if name == "stuck_outbox":
-        return _agg(_q_stuck_outbox(now), "created_at")
-    if name == "settlement":
-        return _agg(_q_settlement(), "created_at")
-    if name == "escalated":
-        return _agg(_q_escalated(), "created_at")
-    if name == "refund_approval":
-        return _agg(_q_refund_approval(), "created_at")
-    if name == "overturned":
-        return _agg(_q_overturned(), "settled_at")
-    if name == "duplicates":
-        return _agg(_q_duplicates(), "settled_at")
-    return provider_queues.count_oldest(name)  # KeyError if unknown
-
-
-def _event_purchase(event: ProviderEvent) -> str:
-    if event.purchase_id:
-        return event.purchase_id
-    if event.operation_id:
-        return PaymentOperation.objects.filter(pk=event.operation_id).values_list(
-            "purchase_id", flat=True).first() or ""
-    return ""
-
+from webhooks.models import ProviderEvent
 
 def _money(amount: int | None, currency: str) -> str:
     return format_money(amount, currency)
@@ -924,16 +519,16 @@ def purchase_runbook_slug(purchase: Purchase, ops: list[PaymentOperation]) -> st
     if any(op.outcome == Outcome.UNKNOWN for op in open_ops):
         return "unknown-operation"
     op_ids = [op.pk for op in ops]
-    quarantined = _q_quarantined().filter(Q(purchase_id=purchase.pk)
+    quarantined = quarantined_events().filter(Q(purchase_id=purchase.pk)
                                           | Q(operation_id__in=op_ids))
     if quarantined.filter(result_reason__startswith=MISMATCH_PREFIX).exists():
         return "amount-currency-mismatch"
     if any(op.outcome == Outcome.AWAITING_APPROVAL for op in open_ops):
         return "refund-awaiting-approval"
-    if (_q_compensation_steps().filter(purchase_id=purchase.pk).exists()
-            or _q_compensation_ops().filter(purchase_id=purchase.pk).exists()):
+    if (compensation_steps().filter(purchase_id=purchase.pk).exists()
+            or compensation_operations().filter(purchase_id=purchase.pk).exists()):
         return "compensation-needed"
-    if _q_paid_without_order().filter(pk=purchase.pk).exists():
+    if paid_without_order().filter(pk=purchase.pk).exists():
         return "paid-without-order"
     if quarantined.exists():
         return "quarantined-event"
@@ -1091,7 +686,7 @@ def unknown_by_age() -> list[tuple[str, int]]:
     """Unknown operations (the queue's rows) counted per age bucket."""
     now = timezone.now()
     counts = {name: 0 for name, _ in UNKNOWN_AGE_BUCKETS}
-    for created in _q_unknown().values_list("created_at", flat=True):
+    for created in unknown_operations().values_list("created_at", flat=True):
         age = now - created
         for name, limit in UNKNOWN_AGE_BUCKETS:
             if limit is None or age < limit:

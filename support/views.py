@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from payments.enums import Outcome
 from payments.money import format_major, format_money
-from support import charts, provider_queues, runbooks, selectors, services
+from support import charts, runbooks, selectors, services
 from support.admin_site import lockout_message
 from support.access import Action, can
 from payments.customer_copy import customer_state
@@ -100,10 +100,8 @@ def queue(request, name: str):
         raise Http404
     if not can(request.user, spec.action):
         return not_allowed(request, spec.action)
-    slug = runbooks.QUEUE_RUNBOOK.get(name)
-    return render(request, provider_queues.QUEUE_TEMPLATES.get(name, "console/queue.html"), _ctx(
-        request, spec=spec, items=selectors.queue_items(name),
-        runbook=runbooks.runbook_get(slug) if slug else None))
+    return render(request, spec.template, _ctx(
+        request, spec=spec, items=spec.items(), runbook=runbooks.runbook_get(spec.runbook)))
 
 
 @console_view(Action.VIEW)
