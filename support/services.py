@@ -10,11 +10,14 @@ transaction right after.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 import logging
+from collections.abc import Callable
+from contextlib import contextmanager
 import unicodedata
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import Enum
+from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
@@ -149,7 +152,7 @@ def note_add(*, purchase_id: str, user, body: str, ip: str | None = None) -> Not
     return note
 
 
-# -------------------------------------------------------------- operation actions
+# ------------------------------------------------- operation and purchase actions
 
 
 def _op_or_404(operation_id: str) -> PaymentOperation:
@@ -159,80 +162,133 @@ def _op_or_404(operation_id: str) -> PaymentOperation:
     return op
 
 
+class Txn(Enum):
+    """Where a console action's change and its audit row commit."""
+
+    AROUND = "around"  # the core's change and the console row in one transaction here
+    AFTER = "after"  # the core calls the provider (no transaction open); the row commits after
+    INSIDE = "inside"  # the core reads the provider, then runs `record` in its own transaction
+
+
+def _act_by_user(*, user, ip: str | None, permission: Action, action: str, reason: str,
+                 act: Callable[..., Any], txn: Txn = Txn.AROUND, operation_id: str = "",
+                 purchase_id: str = "", check: Callable[[], None] | None = None,
+                 not_by_requester: tuple[str, str] | None = None, verify_first: bool = False,
+                 with_purchase: bool = False, before: Callable[[Any], dict] | None = None,
+                 after: Callable[[Any], dict] | None = None):
+    """The one shape of a console action on an operation or a purchase: check the role, ask
+    for a reason, load the target (404 if gone), refuse the requester where the rule says
+    so, snapshot it, run the core's service (`act(reason)`; `act(reason, record)` for
+    Txn.INSIDE) and write the console audit row (actor, IP, reason, before, after) in the
+    same transaction as the change. A refusal from the core is audited as
+    `<action>.refused` and shown as a ConsoleError. The audit row names what changed: the
+    operation the action created or changed, else the purchase."""
+    require(user, permission)
+    reason = _reason_required(reason)
+    if check is not None:
+        check()
+    if operation_id:
+        target = _op_or_404(operation_id)
+        purchase_id = target.purchase_id
+        if not_by_requester and target.requested_by_user_id == user.pk:
+            # Checked here as well as in the core so the refusal is audited with the IP.
+            code, message = not_by_requester
+            _audit_refusal(user=user, action=action, target_type="operation",
+                           target_id=operation_id, reason=reason, purchase_id=purchase_id,
+                           ip=ip, code=code)
+            raise ConsoleError(code, message, 403)
+    else:
+        target = Purchase.objects.filter(pk=purchase_id).first()
+        if target is None:
+            raise ConsoleError("not_found", "No such purchase.", 404)
+
+    def snapshot(obj) -> dict:
+        if isinstance(obj, Purchase):
+            return _purchase_snapshot(obj)
+        if with_purchase:
+            return {**_op_snapshot(obj),
+                    **_purchase_snapshot(Purchase.objects.get(pk=obj.purchase_id))}
+        return _op_snapshot(obj)
+
+    was = before(target) if before else snapshot(target)
+
+    def record(changed) -> None:
+        audit_write(user=user, action=action,
+                    target_type="purchase" if isinstance(changed, Purchase) else "operation",
+                    target_id=changed.pk, purchase_id=purchase_id, reason=reason, ip=ip,
+                    before=was, after=after(changed) if after else snapshot(changed))
+
+    with _core_refusals_audited(user=user, ip=ip, action=action,
+                                target_type="operation" if operation_id else "purchase",
+                                target_id=operation_id or purchase_id, reason=reason,
+                                purchase_id=purchase_id):
+        if verify_first:  # a payment only a person settled is read back first (network)
+            operations_verify_before_follow_up(purchase_id=purchase_id)
+        if txn is Txn.INSIDE:
+            act(reason, lambda resolved: record(_reload_op(operation_id)))
+            return _reload_op(operation_id)
+        if txn is Txn.AFTER:
+            act(reason)  # network I/O: outside any transaction
+            with transaction.atomic():
+                changed = _reload_op(operation_id)
+                record(changed)
+            return changed
+        with transaction.atomic():
+            changed = act(reason)  # the operation or purchase it created, for a purchase
+            if operation_id:
+                changed = _reload_op(operation_id)
+            record(changed)
+        return changed
+
+
+def _dispatch_after_commit(op: PaymentOperation, what: str) -> PaymentOperation:
+    # The provider call happens after commit, outside any transaction; if this process
+    # dies here the pending operation is picked up like any queued one.
+    try:
+        return operation_dispatch(operation_id=op.pk)
+    except DomainError as e:
+        log.warning("%s dispatch refused: op=%s code=%s", what, op.pk, e.code)
+        return _reload_op(op.pk)
+
+
 def operation_reconcile_by_user(*, operation_id: str, user, reason: str,
                                 ip: str | None = None) -> PaymentOperation:
     """Read the provider back now (read-only at the provider)."""
-    require(user, Action.RECONCILE)
-    reason = _reason_required(reason)
-    before_op = _op_or_404(operation_id)
-    before = _op_snapshot(before_op)
-    with _core_refusals_audited(user=user, ip=ip, action="console.reconcile",
-                                target_type="operation", target_id=operation_id,
-                                reason=reason, purchase_id=before_op.purchase_id):
-        # Network I/O: outside any transaction.
-        op = operation_reconcile(operation_id=operation_id, actor=user.get_username())
-    with transaction.atomic():
-        op = _reload_op(operation_id)
-        audit_write(user=user, action="console.reconcile", target_type="operation",
-                    target_id=operation_id, purchase_id=op.purchase_id, reason=reason, ip=ip,
-                    before=before, after=_op_snapshot(op))
-    return op
+    return _act_by_user(
+        user=user, ip=ip, permission=Action.RECONCILE, action="console.reconcile",
+        reason=reason, operation_id=operation_id, txn=Txn.AFTER,
+        act=lambda reason: operation_reconcile(operation_id=operation_id,
+                                               actor=user.get_username()))
 
 
 def operation_resolve_by_user(*, operation_id: str, outcome: str, user, reason: str,
                               ip: str | None = None) -> PaymentOperation:
     """Manual resolution (grade acknowledged, verification manual); never by the person
-    or client that requested the operation (the core refuses `resolver_is_requester`)."""
-    require(user, Action.RESOLVE)
-    reason = _reason_required(reason)
-    if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):
-        raise ConsoleError("invalid_outcome", "Resolve as succeeded or failed.", 422)
-    before_op = _op_or_404(operation_id)
-    if before_op.requested_by_user_id == user.pk:
-        _audit_refusal(user=user, action="console.resolve", target_type="operation",
-                       target_id=operation_id, reason=reason, purchase_id=before_op.purchase_id,
-                       ip=ip, code="resolver_is_requester")
-        raise ConsoleError("resolver_is_requester",
-                           "The person who requested an operation cannot resolve it.", 403)
-    before = {**_op_snapshot(before_op),
-              **_purchase_snapshot(Purchase.objects.get(pk=before_op.purchase_id))}
-    def audit_in_resolving_transaction(resolved: PaymentOperation) -> None:
-        # The core reads the provider back first (outside any transaction), then calls
-        # this inside its resolving transaction: the console row commits with it.
-        op = _reload_op(operation_id)
-        audit_write(user=user, action="console.resolve", target_type="operation",
-                    target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
-                    ip=ip, before=before,
-                    after={**_op_snapshot(op),
-                           **_purchase_snapshot(Purchase.objects.get(pk=op.purchase_id))})
+    or client that requested the operation (the core refuses `resolver_is_requester`).
+    The core reads the provider back first (outside any transaction), then records the
+    console row inside its resolving transaction: the row commits with the resolution."""
+    def check() -> None:
+        if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):
+            raise ConsoleError("invalid_outcome", "Resolve as succeeded or failed.", 422)
 
-    with _core_refusals_audited(user=user, ip=ip, action="console.resolve",
-                                target_type="operation", target_id=operation_id,
-                                reason=reason, purchase_id=before_op.purchase_id):
-        operation_resolve_manual(operation_id=operation_id, outcome=outcome, reason=reason,
-                                 actor=user.get_username(), acting_user=user, audit=False,
-                                 bind=audit_in_resolving_transaction)
-    return _reload_op(operation_id)
+    return _act_by_user(
+        user=user, ip=ip, permission=Action.RESOLVE, action="console.resolve", reason=reason,
+        operation_id=operation_id, txn=Txn.INSIDE, check=check, with_purchase=True,
+        not_by_requester=("resolver_is_requester",
+                          "The person who requested an operation cannot resolve it."),
+        act=lambda reason, record: operation_resolve_manual(
+            operation_id=operation_id, outcome=outcome, reason=reason,
+            actor=user.get_username(), acting_user=user, audit=False, bind=record))
 
 
 def operation_replay_by_user(*, operation_id: str, user, reason: str,
                              ip: str | None = None) -> PaymentOperation:
     """Resend with the same provider key (only where the provider dedupes keys)."""
-    require(user, Action.REPLAY)
-    reason = _reason_required(reason)
-    before_op = _op_or_404(operation_id)
-    before = _op_snapshot(before_op)
-    with _core_refusals_audited(user=user, ip=ip, action="console.replay",
-                                target_type="operation", target_id=operation_id,
-                                reason=reason, purchase_id=before_op.purchase_id):
-        # Network I/O: outside any transaction.
-        operation_replay(operation_id=operation_id, actor=user.get_username(), acting_user=user)
-    with transaction.atomic():
-        op = _reload_op(operation_id)
-        audit_write(user=user, action="console.replay", target_type="operation",
-                    target_id=operation_id, purchase_id=op.purchase_id, reason=reason, ip=ip,
-                    before=before, after=_op_snapshot(op))
-    return op
+    return _act_by_user(
+        user=user, ip=ip, permission=Action.REPLAY, action="console.replay", reason=reason,
+        operation_id=operation_id, txn=Txn.AFTER,
+        act=lambda reason: operation_replay(operation_id=operation_id,
+                                            actor=user.get_username(), acting_user=user))
 
 
 def operation_cancel_unapplied_by_user(*, operation_id: str, user, reason: str,
@@ -240,24 +296,12 @@ def operation_cancel_unapplied_by_user(*, operation_id: str, user, reason: str,
     """"Cancel at the provider and mark failed" for a confirm the provider never applied:
     a write (the provider call runs outside any transaction), audited with its reason,
     refused (and the refusal audited) if the provider applied it or the cancel fails."""
-    require(user, Action.RESOLVE)
-    reason = _reason_required(reason)
-    before_op = _op_or_404(operation_id)
-    before = {**_op_snapshot(before_op),
-              **_purchase_snapshot(Purchase.objects.get(pk=before_op.purchase_id))}
-    with _core_refusals_audited(user=user, ip=ip, action="console.cancel_unapplied",
-                                target_type="operation", target_id=operation_id,
-                                reason=reason, purchase_id=before_op.purchase_id):
-        operation_cancel_unapplied(operation_id=operation_id, reason=reason,
-                                   actor=user.get_username())
-    with transaction.atomic():
-        op = _reload_op(operation_id)
-        audit_write(user=user, action="console.cancel_unapplied", target_type="operation",
-                    target_id=operation_id, purchase_id=op.purchase_id, reason=reason, ip=ip,
-                    before=before,
-                    after={**_op_snapshot(op),
-                           **_purchase_snapshot(Purchase.objects.get(pk=op.purchase_id))})
-    return op
+    return _act_by_user(
+        user=user, ip=ip, permission=Action.RESOLVE, action="console.cancel_unapplied",
+        reason=reason, operation_id=operation_id, txn=Txn.AFTER, with_purchase=True,
+        act=lambda reason: operation_cancel_unapplied(operation_id=operation_id,
+                                                      reason=reason,
+                                                      actor=user.get_username()))
 
 
 # ------------------------------------------------------------------------ refunds
@@ -266,68 +310,37 @@ def operation_cancel_unapplied_by_user(*, operation_id: str, user, reason: str,
 def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int | None = None,
                            ip: str | None = None) -> PaymentOperation:
     """A console refund starts awaiting_approval (DESIGN §10.8)."""
-    require(user, Action.REQUEST_REFUND)
-    reason = _reason_required(reason)
-    purchase = Purchase.objects.filter(pk=purchase_id).first()
-    if purchase is None:
-        raise ConsoleError("not_found", "No such purchase.", 404)
     try:
-        with _core_refusals_audited(user=user, ip=ip, action="console.refund_request",
-                                    target_type="purchase", target_id=purchase_id,
-                                    reason=reason, purchase_id=purchase_id):
-            # A payment only a person settled is read back first (network: no transaction).
-            operations_verify_before_follow_up(purchase_id=purchase_id)
-            with transaction.atomic():
-                op = refund_request(purchase_id=purchase_id, amount=amount, acting_user=user)
-                audit_write(user=user, action="console.refund_request", target_type="operation",
-                            target_id=op.pk, purchase_id=purchase_id, reason=reason, ip=ip,
-                            before=_purchase_snapshot(purchase),
-                            after={**_op_snapshot(op), "amount": op.amount,
-                                   "currency": op.currency})
+        return _act_by_user(
+            user=user, ip=ip, permission=Action.REQUEST_REFUND,
+            action="console.refund_request", reason=reason, purchase_id=purchase_id,
+            verify_first=True,
+            act=lambda reason: refund_request(purchase_id=purchase_id, amount=amount,
+                                              acting_user=user),
+            after=lambda op: {**_op_snapshot(op), "amount": op.amount,
+                              "currency": op.currency})
     except ConsoleError as e:
         refundable = getattr(e.__cause__, "extra", {}).get("refundable")
         if refundable is not None:
             # The core speaks minor units ("1500 usd"); people read major units.
+            currency = Purchase.objects.get(pk=purchase_id).currency
             raise ConsoleError(e.code, "Refundable now: "
-                               f"{format_money(refundable, purchase.currency)}.",
+                               f"{format_money(refundable, currency)}.",
                                e.status) from e.__cause__
         raise
-    return op
 
 
 def refund_approve_by_user(*, operation_id: str, user, reason: str,
                            ip: str | None = None) -> PaymentOperation:
     """Finance approves a refund someone else requested, then it is dispatched."""
-    require(user, Action.APPROVE_REFUND)
-    reason = _reason_required(reason)
-    before_op = _op_or_404(operation_id)
-    if before_op.requested_by_user_id == user.pk:
-        # Checked here as well as in the core so the refusal is audited with the IP.
-        _audit_refusal(user=user, action="console.refund_approve", target_type="operation",
-                       target_id=operation_id, reason=reason, purchase_id=before_op.purchase_id,
-                       ip=ip, code="approver_is_requester")
-        raise ConsoleError("approver_is_requester",
-                           "The person who requested a refund cannot approve it.", 403)
-    before = _op_snapshot(before_op)
-    with _core_refusals_audited(user=user, ip=ip, action="console.refund_approve",
-                                target_type="operation", target_id=operation_id,
-                                reason=reason, purchase_id=before_op.purchase_id):
-        with transaction.atomic():
-            refund_approve(operation_id=operation_id, acting_user=user, reason=reason,
-                           audit=False)
-            op = _reload_op(operation_id)
-            audit_write(user=user, action="console.refund_approve", target_type="operation",
-                        target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
-                        ip=ip, before=before, after=_op_snapshot(op))
-    # The provider call happens after commit, outside any transaction; if this process
-    # dies here the approved (pending) operation is picked up like any queued one.
-    try:
-        op = operation_dispatch(operation_id=operation_id)
-    except DomainError as e:
-        log.warning("refund dispatch after approval refused: op=%s code=%s", operation_id,
-                    e.code)
-        op = _reload_op(operation_id)
-    return op
+    op = _act_by_user(
+        user=user, ip=ip, permission=Action.APPROVE_REFUND, action="console.refund_approve",
+        reason=reason, operation_id=operation_id,
+        not_by_requester=("approver_is_requester",
+                          "The person who requested a refund cannot approve it."),
+        act=lambda reason: refund_approve(operation_id=operation_id, acting_user=user,
+                                          reason=reason, audit=False))
+    return _dispatch_after_commit(op, "refund after approval")
 
 
 def refund_decline_by_user(*, operation_id: str, user, reason: str,
@@ -335,39 +348,22 @@ def refund_decline_by_user(*, operation_id: str, user, reason: str,
     """Finance declines a refund awaiting approval: nothing goes to the provider, and the
     refundable amount is free again. Any finance user may decline (the requester too: a
     decline moves no money)."""
-    require(user, Action.APPROVE_REFUND)
-    reason = _reason_required(reason)
-    before_op = _op_or_404(operation_id)
-    before = _op_snapshot(before_op)
-    with _core_refusals_audited(user=user, ip=ip, action="console.refund_decline",
-                                target_type="operation", target_id=operation_id,
-                                reason=reason, purchase_id=before_op.purchase_id):
-        with transaction.atomic():
-            refund_decline(operation_id=operation_id, reason=reason,
-                           actor=user.get_username(), acting_user=user)
-            op = _reload_op(operation_id)
-            audit_write(user=user, action="console.refund_decline", target_type="operation",
-                        target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
-                        ip=ip, before=before, after=_op_snapshot(op))
-    return op
+    return _act_by_user(
+        user=user, ip=ip, permission=Action.APPROVE_REFUND, action="console.refund_decline",
+        reason=reason, operation_id=operation_id,
+        act=lambda reason: refund_decline(operation_id=operation_id, reason=reason,
+                                          actor=user.get_username(), acting_user=user))
 
 
 def overturn_review_by_user(*, operation_id: str, user, reason: str,
                             ip: str | None = None) -> PaymentOperation:
     """Close a "manual resolution overturned" queue item after checking what followed."""
-    require(user, Action.RESOLVE)
-    reason = _reason_required(reason)
-    before_op = _op_or_404(operation_id)
-    with _core_refusals_audited(user=user, ip=ip, action="console.overturn_review",
-                                target_type="operation", target_id=operation_id,
-                                reason=reason, purchase_id=before_op.purchase_id):
-        with transaction.atomic():
-            op = operation_overturn_review(operation_id=operation_id,
-                                           actor=user.get_username(), reason=reason)
-            audit_write(user=user, action="console.overturn_review", target_type="operation",
-                        target_id=operation_id, purchase_id=op.purchase_id, reason=reason,
-                        ip=ip, before=_op_snapshot(before_op), after=_op_snapshot(op))
-    return op
+    return _act_by_user(
+        user=user, ip=ip, permission=Action.RESOLVE, action="console.overturn_review",
+        reason=reason, operation_id=operation_id,
+        act=lambda reason: operation_overturn_review(operation_id=operation_id,
+                                                     actor=user.get_username(),
+                                                     reason=reason))
 
 
 def void_by_user(*, purchase_id: str, user, reason: str,
@@ -375,46 +371,22 @@ def void_by_user(*, purchase_id: str, user, reason: str,
     """An operator voids an authorization, also after fulfilment started (the API refuses
     that with `fulfilment_started`): the decision is recorded, the void is sent, and when
     the provider confirms it the purchase is `voided` and the order cancelled."""
-    require(user, Action.RESOLVE)
-    reason = _reason_required(reason)
-    purchase = Purchase.objects.filter(pk=purchase_id).first()
-    if purchase is None:
-        raise ConsoleError("not_found", "No such purchase.", 404)
-    with _core_refusals_audited(user=user, ip=ip, action="console.void",
-                                target_type="purchase", target_id=purchase_id,
-                                reason=reason, purchase_id=purchase_id):
-        operations_verify_before_follow_up(purchase_id=purchase_id)  # network: no txn
-        with transaction.atomic():
-            op = void_create(purchase_id=purchase_id, acting_user=user, after_fulfilment=True)
-            audit_write(user=user, action="console.void", target_type="operation",
-                        target_id=op.pk, purchase_id=purchase_id, reason=reason, ip=ip,
-                        before=_purchase_snapshot(purchase), after=_op_snapshot(op))
-    try:
-        op = operation_dispatch(operation_id=op.pk)
-    except DomainError as e:
-        log.warning("void dispatch refused: op=%s code=%s", op.pk, e.code)
-        op = _reload_op(op.pk)
-    return op
+    op = _act_by_user(
+        user=user, ip=ip, permission=Action.RESOLVE, action="console.void", reason=reason,
+        purchase_id=purchase_id, verify_first=True,
+        act=lambda reason: void_create(purchase_id=purchase_id, acting_user=user,
+                                       after_fulfilment=True))
+    return _dispatch_after_commit(op, "void")
 
 
 def purchase_cancel_by_user(*, purchase_id: str, user, reason: str,
                             ip: str | None = None) -> Purchase:
     """Support cancels a purchase before any payment was claimed."""
-    require(user, Action.REQUEST_REFUND)
-    reason = _reason_required(reason)
-    before = Purchase.objects.filter(pk=purchase_id).first()
-    if before is None:
-        raise ConsoleError("not_found", "No such purchase.", 404)
-    with _core_refusals_audited(user=user, ip=ip, action="console.cancel",
-                                target_type="purchase", target_id=purchase_id,
-                                reason=reason, purchase_id=purchase_id):
-        with transaction.atomic():
-            purchase = purchase_cancel(purchase_id=purchase_id, acting_user=user,
-                                       reason=reason)
-            audit_write(user=user, action="console.cancel", target_type="purchase",
-                        target_id=purchase_id, purchase_id=purchase_id, reason=reason, ip=ip,
-                        before=_purchase_snapshot(before), after=_purchase_snapshot(purchase))
-    return purchase
+    return _act_by_user(
+        user=user, ip=ip, permission=Action.REQUEST_REFUND, action="console.cancel",
+        reason=reason, purchase_id=purchase_id,
+        act=lambda reason: purchase_cancel(purchase_id=purchase_id, acting_user=user,
+                                           reason=reason))
 
 
 # ------------------------------------------------------------- queue decisions
@@ -481,25 +453,10 @@ def halt_names() -> list[str]:
     return list(halts.valid_halt_names())
 
 
-def halt_set_by_user(*, name: str, user, reason: str, ip: str | None = None) -> WorkflowHalt:
-    require(user, Action.HALT)
-    reason = _reason_required(reason)
-    if name not in halt_names():
-        raise ConsoleError("unknown_halt", f"Unknown workflow {name!r}.", 422)
-    with transaction.atomic():
-        before = {"halted": WorkflowHalt.objects.filter(name=name).exists()}
-        try:  # the console writes the one (richer) audit row, so recovery's is off
-            halt = halts.halt_set(name=name, reason=reason, actor=user.get_username(),
-                                  audit=False)
-        except ValueError as e:  # recovery.halts.HaltError
-            raise ConsoleError("halt_refused", str(e), 422) from e
-        audit_write(user=user, action="console.halt_set", target_type="workflow_halt",
-                    target_id=name, reason=reason, ip=ip, before=before,
-                    after={"halted": True})
-    return halt
-
-
-def halt_clear_by_user(*, name: str, user, reason: str, ip: str | None = None) -> bool:
+def _halt_change_by_user(*, name: str, user, reason: str, ip: str | None, action: str,
+                         halted: bool, change: Callable[[str], Any]):
+    """Set or clear a workflow halt with the console's one (richer) audit row, so
+    recovery's own row is off (`audit=False` in `change`)."""
     require(user, Action.HALT)
     reason = _reason_required(reason)
     if name not in halt_names():
@@ -507,14 +464,27 @@ def halt_clear_by_user(*, name: str, user, reason: str, ip: str | None = None) -
     with transaction.atomic():
         before = {"halted": WorkflowHalt.objects.filter(name=name).exists()}
         try:
-            cleared = halts.halt_clear(name=name, actor=user.get_username(), reason=reason,
-                                       audit=False)
+            result = change(reason)
         except ValueError as e:  # recovery.halts.HaltError
             raise ConsoleError("halt_refused", str(e), 422) from e
-        audit_write(user=user, action="console.halt_clear", target_type="workflow_halt",
-                    target_id=name, reason=reason, ip=ip, before=before,
-                    after={"halted": False})
-    return cleared
+        audit_write(user=user, action=action, target_type="workflow_halt", target_id=name,
+                    reason=reason, ip=ip, before=before, after={"halted": halted})
+    return result
+
+
+def halt_set_by_user(*, name: str, user, reason: str, ip: str | None = None) -> WorkflowHalt:
+    return _halt_change_by_user(
+        name=name, user=user, reason=reason, ip=ip, action="console.halt_set", halted=True,
+        change=lambda reason: halts.halt_set(name=name, reason=reason,
+                                             actor=user.get_username(), audit=False))
+
+
+def halt_clear_by_user(*, name: str, user, reason: str, ip: str | None = None) -> bool:
+    return _halt_change_by_user(
+        name=name, user=user, reason=reason, ip=ip, action="console.halt_clear",
+        halted=False,
+        change=lambda reason: halts.halt_clear(name=name, actor=user.get_username(),
+                                               reason=reason, audit=False))
 
 
 # ------------------------------------------------------------ quarantine triage
@@ -718,18 +688,10 @@ def incident_close(*, incident_id: int, outcomes: dict[str, str], user, reason: 
 def external_acknowledge_by_user(*, operation_id: str, user, reason: str,
                                  ip: str | None = None) -> PaymentOperation:
     """Finance acknowledges a refund/capture/cancel made at the provider, not by Verity."""
-    require(user, Action.ACKNOWLEDGE_EXTERNAL)
-    reason = _reason_required(reason)
-    before_op = _op_or_404(operation_id)
-    with _core_refusals_audited(user=user, ip=ip, action="console.external_acknowledge",
-                                target_type="operation", target_id=operation_id,
-                                reason=reason, purchase_id=before_op.purchase_id):
-        with transaction.atomic():
-            op = external_operation_acknowledge(operation_id=operation_id, acting_user=user,
-                                                reason=reason)
-            audit_write(user=user, action="console.external_acknowledge",
-                        target_type="operation", target_id=operation_id,
-                        purchase_id=op.purchase_id, reason=reason, ip=ip,
-                        before={"acknowledged_at": None},
-                        after={"acknowledged_by": op.acknowledged_by})
-    return op
+    return _act_by_user(
+        user=user, ip=ip, permission=Action.ACKNOWLEDGE_EXTERNAL,
+        action="console.external_acknowledge", reason=reason, operation_id=operation_id,
+        act=lambda reason: external_operation_acknowledge(operation_id=operation_id,
+                                                          acting_user=user, reason=reason),
+        before=lambda op: {"acknowledged_at": None},
+        after=lambda op: {"acknowledged_by": op.acknowledged_by})
