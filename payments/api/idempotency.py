@@ -31,6 +31,7 @@ from django.db import connection
 from django.utils import timezone
 
 from ..enums import RetryAdvice
+from ..errors import ErrorCode
 from ..models import ApiClient, IdempotencyRecord
 from .problems import Problem
 from ..view_queries import CompiledRead
@@ -55,13 +56,13 @@ def key_from_headers(headers) -> str:
     key = (headers.get(HEADER) or "").strip()
     if not key:
         raise Problem(
-            code="idempotency_key_required", status=400, retry=RetryAdvice.SAME_KEY,
+            code=ErrorCode.IDEMPOTENCY_KEY_REQUIRED, status=400, retry=RetryAdvice.SAME_KEY,
             detail=f"This request creates an effect: send an {HEADER} header (a unique "
                    "value per intended effect, reused only to retry that same request).",
             action_message=f"Generate one {HEADER} for this intent, send it, and reuse it "
                            "only when retrying this exact request.")
     if len(key) > MAX_KEY_LENGTH or not key.isprintable():
-        raise Problem(code="invalid_request", status=400,
+        raise Problem(code=ErrorCode.INVALID_REQUEST, status=400,
                       detail=f"{HEADER} must be 1-{MAX_KEY_LENGTH} printable characters.")
     return key
 
@@ -124,7 +125,7 @@ def idempotency_claim(*, api_client: ApiClient, route: str, key: str, path: str,
             continue  # inserted by a racing request between our read and insert: read it
         if record.fingerprint != fingerprint:
             raise Problem(
-                code="idempotency_key_reused", status=422, retry=RetryAdvice.FORBIDDEN,
+                code=ErrorCode.IDEMPOTENCY_KEY_REUSED, status=422, retry=RetryAdvice.FORBIDDEN,
                 detail=f"This {HEADER} was already used for a different request body. "
                        "A key names one intended effect; changing the body does not make "
                        "it a new request.",
@@ -137,7 +138,7 @@ def idempotency_claim(*, api_client: ApiClient, route: str, key: str, path: str,
         if record.lease_until > now:
             wait = max(1, math.ceil((record.lease_until - now).total_seconds()))
             raise Problem(
-                code="request_in_progress", status=409, retry=RetryAdvice.SAME_KEY,
+                code=ErrorCode.REQUEST_IN_PROGRESS, status=409, retry=RetryAdvice.SAME_KEY,
                 detail="A request with this Idempotency-Key is still being processed.",
                 action_message=f"Wait {wait} s and send the same request with the same key; "
                                "do not use a new key.",
@@ -150,7 +151,7 @@ def idempotency_claim(*, api_client: ApiClient, route: str, key: str, path: str,
         if taken:
             record.refresh_from_db()
             return Claim(record=record, taken_over=True)
-    raise Problem(code="request_in_progress", status=409, retry=RetryAdvice.SAME_KEY,
+    raise Problem(code=ErrorCode.REQUEST_IN_PROGRESS, status=409, retry=RetryAdvice.SAME_KEY,
                   detail="A request with this Idempotency-Key is still being processed.",
                   headers={"Retry-After": "1"})
 

@@ -16,7 +16,7 @@ from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
 from ..enums import Owner, RetryAdvice
-from ..errors import DomainError  # the core owns the refusal type
+from ..errors import DomainError, ErrorCode  # the core owns the refusal type
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ DATABASE_UNAVAILABLE_RETRY_AFTER = 5
 def database_unavailable_problem() -> Problem:
     wait = DATABASE_UNAVAILABLE_RETRY_AFTER
     return Problem(
-        code="database_unavailable", status=503, retry=RetryAdvice.SAME_KEY,
+        code=ErrorCode.DATABASE_UNAVAILABLE, status=503, retry=RetryAdvice.SAME_KEY,
         owner=Owner.SUPPORT, detail="The service's database is briefly unavailable.",
         action_message=f"Wait {wait} s, then send the same request with the same "
                        "Idempotency-Key.",
@@ -181,50 +181,50 @@ def exception_handler(exc, context):
         return problem_response(problem_from_domain_error(exc))
     if isinstance(exc, Http404) or isinstance(exc, drf.NotFound):
         return problem_response(Problem(
-            code="not_found", status=404,
+            code=ErrorCode.NOT_FOUND, status=404,
             detail="No such resource for this API client.", owner=Owner.BUYER))
     if isinstance(exc, (drf.NotAuthenticated, drf.AuthenticationFailed)):
         return problem_response(Problem(
-            code="unauthenticated", status=401,
+            code=ErrorCode.UNAUTHENTICATED, status=401,
             detail="Send a valid key as 'Authorization: Api-Key <key>'.",
             headers={"WWW-Authenticate": 'Api-Key realm="api"'}))
     if isinstance(exc, (drf.PermissionDenied, DjangoPermissionDenied)):
         detail = str(getattr(exc, "detail", "")) or "This API key lacks the scope required."
-        return problem_response(Problem(code="forbidden_scope", status=403, detail=detail,
+        return problem_response(Problem(code=ErrorCode.FORBIDDEN_SCOPE, status=403, detail=detail,
                                         owner=Owner.SUPPORT))
     if isinstance(exc, drf.ValidationError):
         return problem_response(Problem(
-            code="invalid_request", status=400,
+            code=ErrorCode.INVALID_REQUEST, status=400,
             detail="The request body is not valid; see `errors`.",
             action_message="Fix the request and send it again.",
             extra={"errors": _flatten_errors(exc.detail)}))
     if isinstance(exc, RequestDataTooBig):
         return problem_response(Problem(
-            code="request_too_large", status=413,
+            code=ErrorCode.REQUEST_TOO_LARGE, status=413,
             detail="The request body is larger than this API accepts.",
             action_message="Send a smaller body; nothing was done."))
     if isinstance(exc, drf.ParseError):
-        return problem_response(Problem(code="invalid_request", status=400,
+        return problem_response(Problem(code=ErrorCode.INVALID_REQUEST, status=400,
                                         detail="The request body is not valid JSON."))
     if isinstance(exc, drf.UnsupportedMediaType):
-        return problem_response(Problem(code="unsupported_media_type", status=415,
+        return problem_response(Problem(code=ErrorCode.UNSUPPORTED_MEDIA_TYPE, status=415,
                                         detail="Send the body as application/json."))
     if isinstance(exc, drf.MethodNotAllowed):
-        return problem_response(Problem(code="method_not_allowed", status=405,
+        return problem_response(Problem(code=ErrorCode.METHOD_NOT_ALLOWED, status=405,
                                         detail="This method is not allowed here."))
     if isinstance(exc, drf.NotAcceptable):
-        return problem_response(Problem(code="not_acceptable", status=406,
+        return problem_response(Problem(code=ErrorCode.NOT_ACCEPTABLE, status=406,
                                         detail="Responses are application/json."))
     if isinstance(exc, drf.Throttled):
         wait = max(1, math.ceil(exc.wait or 1))
         return problem_response(Problem(
-            code="rate_limited", status=429, retry=RetryAdvice.SAME_KEY,
+            code=ErrorCode.RATE_LIMITED, status=429, retry=RetryAdvice.SAME_KEY,
             detail=f"Too many requests for this API client; wait {wait} s.",
             action_message=f"Wait {wait} s, then send the same request with the same "
                            "Idempotency-Key.",
             headers={"Retry-After": str(wait)}))
     if isinstance(exc, drf.APIException):
-        return problem_response(Problem(code="invalid_request", status=exc.status_code,
+        return problem_response(Problem(code=ErrorCode.INVALID_REQUEST, status=exc.status_code,
                                         detail="The request could not be processed."))
     if is_database_unavailable(exc):
         logger.warning("database unavailable in %s: %s",
@@ -234,7 +234,7 @@ def exception_handler(exc, context):
     # idempotency record (if any) keeps its lease, so the same key resumes the request.
     logger.exception("unhandled error in %s", context.get("view").__class__.__name__)
     return problem_response(Problem(
-        code="internal_error", status=500, retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT,
+        code=ErrorCode.INTERNAL_ERROR, status=500, retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT,
         detail="An internal error occurred; nothing about it is shown here.",
         action_message="Send the same request with the same Idempotency-Key after the "
                        "Retry-After delay; it resumes rather than repeats.",

@@ -26,7 +26,7 @@ from recovery.selectors import deliverable_for
 
 from .. import selectors, services
 from ..enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
-from ..errors import DomainError
+from ..errors import DomainError, ErrorCode
 from ..locks import assert_no_transaction_outside_transaction
 from ..models import PaymentOperation, Purchase, Quote
 from ..view_queries import operations_for_view
@@ -112,7 +112,7 @@ def _validated(serializer_class, data, *, strict: bool = False) -> dict:
     if strict:
         unknown = _unknown_fields(serializer_class(), data)
         if unknown:
-            raise Problem(code="unknown_field", status=400, retry=RetryAdvice.NEW_OPERATION,
+            raise Problem(code=ErrorCode.UNKNOWN_FIELD, status=400, retry=RetryAdvice.NEW_OPERATION,
                           detail=f"Unknown field(s): {', '.join(unknown[:10])}. Nothing was "
                                  "done; send only the documented fields.",
                           extra={"fields": unknown[:10]})
@@ -122,7 +122,8 @@ def _validated(serializer_class, data, *, strict: bool = False) -> dict:
 
 
 def _not_found(what: str) -> Problem:
-    return Problem(code="not_found", status=404, detail=f"No such {what} for this API client.")
+    return Problem(code=ErrorCode.NOT_FOUND, status=404,
+                   detail=f"No such {what} for this API client.")
 
 
 def _purchase_or_404(request, purchase_id: str) -> Purchase:
@@ -173,8 +174,9 @@ def _location(resource_type: str, resource_id: str) -> str:
 
 # Refusals that stop a duplicate money movement or a duplicate in-flight request (metrics).
 _BLOCKED_DUPLICATE_CODES = frozenset({
-    "idempotency_key_reused", "request_in_progress", "already_paid", "payment_unresolved",
-    "customer_has_unresolved_purchase", "already_retried", "probable_duplicate_purchase",
+    ErrorCode.IDEMPOTENCY_KEY_REUSED, ErrorCode.REQUEST_IN_PROGRESS, ErrorCode.ALREADY_PAID,
+    ErrorCode.PAYMENT_UNRESOLVED, ErrorCode.CUSTOMER_HAS_UNRESOLVED_PURCHASE,
+    ErrorCode.ALREADY_RETRIED, ErrorCode.PROBABLE_DUPLICATE_PURCHASE,
 })
 
 
@@ -336,7 +338,7 @@ class ApiView(APIView):
     def initial(self, request, *args, **kwargs):
         # PostgreSQL text cannot hold NUL: an id with one would be a 500 at the first query.
         if any("\x00" in str(v) for v in kwargs.values()):
-            raise Problem(code="invalid_request", status=400,
+            raise Problem(code=ErrorCode.INVALID_REQUEST, status=400,
                           detail="A path id contains a NUL byte; no such resource.")
         super().initial(request, *args, **kwargs)
 
@@ -506,14 +508,14 @@ class DeliverableApi(ApiView):
         header = request.headers.get(x402_views.PAYMENT_SIGNATURE_HEADER)
         if header is not None:
             if not request.auth.has_scope(WRITE):
-                raise Problem(code="forbidden_scope", status=403, owner=Owner.SUPPORT,
+                raise Problem(code=ErrorCode.FORBIDDEN_SCOPE, status=403, owner=Owner.SUPPORT,
                               detail=f"This API key lacks the '{WRITE}' scope.")
             return x402_views.deliverable_pay(request, purchase, header)
         found = deliverable_for(purchase.id)
         if found is None and x402_views.deliverable_unpaid(purchase):
             return x402_views.deliverable_state(request, purchase)
         if found is None:
-            raise Problem(code="deliverable_not_available", status=404, owner=Owner.NONE,
+            raise Problem(code=ErrorCode.DELIVERABLE_NOT_AVAILABLE, status=404, owner=Owner.NONE,
                           purchase=purchase.id,
                           detail="No deliverable is available for this purchase (not a "
                                  "digital good, not produced yet, or its redelivery period "
@@ -826,7 +828,8 @@ class UnknownRouteApi(ApiView):
     schema = None  # not an endpoint: kept out of the OpenAPI document
 
     def _not_found(self, request, *args, **kwargs):
-        raise Problem(code="not_found", status=404, detail="No such endpoint under /api/v1/.")
+        raise Problem(code=ErrorCode.NOT_FOUND, status=404,
+                      detail="No such endpoint under /api/v1/.")
 
     get = post = put = patch = delete = _not_found
 

@@ -19,7 +19,7 @@ from recovery.selectors import deliverable_for
 from . import presenters
 from ..enums import PAYMENT_KINDS, Outcome, Owner, Rail, RetryAdvice
 from ..models import PaymentOperation, Purchase
-from ..errors import DomainError
+from ..errors import DomainError, ErrorCode
 from .problems import Problem, problem_from_domain_error
 from .ratelimit import x402_settle_hit
 from ..providers.x402 import (
@@ -83,7 +83,7 @@ def _answer(request, purchase: Purchase, op: PaymentOperation, *, replayed: bool
                                    "(without paying again)."},
                         status=202, headers={**headers, "Retry-After": "1"})
     if op.outcome == Outcome.FAILED:
-        raise Problem(code="payment_failed", status=402, retry=RetryAdvice.NEW_OPERATION,
+        raise Problem(code=ErrorCode.PAYMENT_FAILED, status=402, retry=RetryAdvice.NEW_OPERATION,
                       owner=Owner.BUYER, purchase=purchase.id, operation=op.id,
                       detail=f"The payment failed ({op.reason or 'failed'}); nothing was "
                              "charged. Sign a new authorization to pay.",
@@ -111,7 +111,7 @@ def _settle_gate(request, purchase: Purchase):
             log.warning("x402 settle limiter unavailable; attempt allowed", exc_info=True)
             return
         if not decision.allowed:
-            raise Problem(code="x402_settle_rate_limited", status=429,
+            raise Problem(code=ErrorCode.X402_SETTLE_RATE_LIMITED, status=429,
                           retry=RetryAdvice.SAME_KEY, owner=Owner.BUYER, purchase=purchase.id,
                           detail=f"Too many x402 payment attempts from this API client "
                                  f"(limit {settings.X402_SETTLE_RATE}). Nothing was charged "
@@ -143,7 +143,7 @@ def deliverable_state(request, purchase: Purchase) -> Response:
     op = _latest_x402(purchase)
     if op is None or (op.outcome == Outcome.FAILED
                       and purchase.status in ("awaiting_payment", "payment_failed")):
-        raise Problem(code="payment_required", status=402, retry=RetryAdvice.NEW_OPERATION,
+        raise Problem(code=ErrorCode.PAYMENT_REQUIRED, status=402, retry=RetryAdvice.NEW_OPERATION,
                       owner=Owner.BUYER, purchase=purchase.id,
                       detail="Pay for this deliverable: repeat the request with a "
                              "PAYMENT-SIGNATURE header built from PAYMENT-REQUIRED (x402 v2).",
