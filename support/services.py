@@ -24,6 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit import services as audit_services
+from audit.actions import AuditAction
 from payments.enums import Outcome
 from payments.errors import DomainError
 from payments.money import format_money
@@ -146,7 +147,7 @@ def note_add(*, purchase_id: str, user, body: str, ip: str | None = None) -> Not
         if purchase is None:
             raise ConsoleError("not_found", "No such purchase.", 404)
         note = Note.objects.create(purchase_id=purchase_id, author=user, body=body)
-        audit_write(user=user, action="console.note_add", target_type="purchase",
+        audit_write(user=user, action=AuditAction.CONSOLE_NOTE_ADD, target_type="purchase",
                     target_id=purchase_id, purchase_id=purchase_id, reason=body, ip=ip,
                     after={"note": note.pk})
     return note
@@ -255,7 +256,7 @@ def operation_reconcile_by_user(*, operation_id: str, user, reason: str,
                                 ip: str | None = None) -> PaymentOperation:
     """Read the provider back now (read-only at the provider)."""
     return _act_by_user(
-        user=user, ip=ip, permission=Action.RECONCILE, action="console.reconcile",
+        user=user, ip=ip, permission=Action.RECONCILE, action=AuditAction.CONSOLE_RECONCILE,
         reason=reason, operation_id=operation_id, txn=Txn.AFTER,
         act=lambda reason: operation_reconcile(operation_id=operation_id,
                                                actor=user.get_username()))
@@ -272,7 +273,7 @@ def operation_resolve_by_user(*, operation_id: str, outcome: str, user, reason: 
             raise ConsoleError("invalid_outcome", "Resolve as succeeded or failed.", 422)
 
     return _act_by_user(
-        user=user, ip=ip, permission=Action.RESOLVE, action="console.resolve", reason=reason,
+        user=user, ip=ip, permission=Action.RESOLVE, action=AuditAction.CONSOLE_RESOLVE, reason=reason,
         operation_id=operation_id, txn=Txn.INSIDE, check=check, with_purchase=True,
         not_by_requester=("resolver_is_requester",
                           "The person who requested an operation cannot resolve it."),
@@ -285,7 +286,7 @@ def operation_replay_by_user(*, operation_id: str, user, reason: str,
                              ip: str | None = None) -> PaymentOperation:
     """Resend with the same provider key (only where the provider dedupes keys)."""
     return _act_by_user(
-        user=user, ip=ip, permission=Action.REPLAY, action="console.replay", reason=reason,
+        user=user, ip=ip, permission=Action.REPLAY, action=AuditAction.CONSOLE_REPLAY, reason=reason,
         operation_id=operation_id, txn=Txn.AFTER,
         act=lambda reason: operation_replay(operation_id=operation_id,
                                             actor=user.get_username(), acting_user=user))
@@ -297,7 +298,7 @@ def operation_cancel_unapplied_by_user(*, operation_id: str, user, reason: str,
     a write (the provider call runs outside any transaction), audited with its reason,
     refused (and the refusal audited) if the provider applied it or the cancel fails."""
     return _act_by_user(
-        user=user, ip=ip, permission=Action.RESOLVE, action="console.cancel_unapplied",
+        user=user, ip=ip, permission=Action.RESOLVE, action=AuditAction.CONSOLE_CANCEL_UNAPPLIED,
         reason=reason, operation_id=operation_id, txn=Txn.AFTER, with_purchase=True,
         act=lambda reason: operation_cancel_unapplied(operation_id=operation_id,
                                                       reason=reason,
@@ -313,7 +314,7 @@ def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int |
     try:
         return _act_by_user(
             user=user, ip=ip, permission=Action.REQUEST_REFUND,
-            action="console.refund_request", reason=reason, purchase_id=purchase_id,
+            action=AuditAction.CONSOLE_REFUND_REQUEST, reason=reason, purchase_id=purchase_id,
             verify_first=True,
             act=lambda reason: refund_request(purchase_id=purchase_id, amount=amount,
                                               acting_user=user),
@@ -334,7 +335,7 @@ def refund_approve_by_user(*, operation_id: str, user, reason: str,
                            ip: str | None = None) -> PaymentOperation:
     """Finance approves a refund someone else requested, then it is dispatched."""
     op = _act_by_user(
-        user=user, ip=ip, permission=Action.APPROVE_REFUND, action="console.refund_approve",
+        user=user, ip=ip, permission=Action.APPROVE_REFUND, action=AuditAction.CONSOLE_REFUND_APPROVE,
         reason=reason, operation_id=operation_id,
         not_by_requester=("approver_is_requester",
                           "The person who requested a refund cannot approve it."),
@@ -349,7 +350,7 @@ def refund_decline_by_user(*, operation_id: str, user, reason: str,
     refundable amount is free again. Any finance user may decline (the requester too: a
     decline moves no money)."""
     return _act_by_user(
-        user=user, ip=ip, permission=Action.APPROVE_REFUND, action="console.refund_decline",
+        user=user, ip=ip, permission=Action.APPROVE_REFUND, action=AuditAction.CONSOLE_REFUND_DECLINE,
         reason=reason, operation_id=operation_id,
         act=lambda reason: refund_decline(operation_id=operation_id, reason=reason,
                                           actor=user.get_username(), acting_user=user))
@@ -359,7 +360,7 @@ def overturn_review_by_user(*, operation_id: str, user, reason: str,
                             ip: str | None = None) -> PaymentOperation:
     """Close a "manual resolution overturned" queue item after checking what followed."""
     return _act_by_user(
-        user=user, ip=ip, permission=Action.RESOLVE, action="console.overturn_review",
+        user=user, ip=ip, permission=Action.RESOLVE, action=AuditAction.CONSOLE_OVERTURN_REVIEW,
         reason=reason, operation_id=operation_id,
         act=lambda reason: operation_overturn_review(operation_id=operation_id,
                                                      actor=user.get_username(),
@@ -372,7 +373,7 @@ def void_by_user(*, purchase_id: str, user, reason: str,
     that with `fulfilment_started`): the decision is recorded, the void is sent, and when
     the provider confirms it the purchase is `voided` and the order cancelled."""
     op = _act_by_user(
-        user=user, ip=ip, permission=Action.RESOLVE, action="console.void", reason=reason,
+        user=user, ip=ip, permission=Action.RESOLVE, action=AuditAction.CONSOLE_VOID, reason=reason,
         purchase_id=purchase_id, verify_first=True,
         act=lambda reason: void_create(purchase_id=purchase_id, acting_user=user,
                                        after_fulfilment=True))
@@ -383,7 +384,7 @@ def purchase_cancel_by_user(*, purchase_id: str, user, reason: str,
                             ip: str | None = None) -> Purchase:
     """Support cancels a purchase before any payment was claimed."""
     return _act_by_user(
-        user=user, ip=ip, permission=Action.REQUEST_REFUND, action="console.cancel",
+        user=user, ip=ip, permission=Action.REQUEST_REFUND, action=AuditAction.CONSOLE_CANCEL,
         reason=reason, purchase_id=purchase_id,
         act=lambda reason: purchase_cancel(purchase_id=purchase_id, acting_user=user,
                                            reason=reason))
@@ -474,14 +475,14 @@ def _halt_change_by_user(*, name: str, user, reason: str, ip: str | None, action
 
 def halt_set_by_user(*, name: str, user, reason: str, ip: str | None = None) -> WorkflowHalt:
     return _halt_change_by_user(
-        name=name, user=user, reason=reason, ip=ip, action="console.halt_set", halted=True,
+        name=name, user=user, reason=reason, ip=ip, action=AuditAction.CONSOLE_HALT_SET, halted=True,
         change=lambda reason: halts.halt_set(name=name, reason=reason,
                                              actor=user.get_username(), audit=False))
 
 
 def halt_clear_by_user(*, name: str, user, reason: str, ip: str | None = None) -> bool:
     return _halt_change_by_user(
-        name=name, user=user, reason=reason, ip=ip, action="console.halt_clear",
+        name=name, user=user, reason=reason, ip=ip, action=AuditAction.CONSOLE_HALT_CLEAR,
         halted=False,
         change=lambda reason: halts.halt_clear(name=name, actor=user.get_username(),
                                                reason=reason, audit=False))
@@ -573,7 +574,7 @@ def incident_open(*, user, title: str, reason: str, ip: str | None = None):
         raise ConsoleError("title_required", "An incident needs a title.", 422)
     with transaction.atomic():
         incident = Incident.objects.create(title=title, summary=summary, opened_by=user)
-        audit_write(user=user, action="incident.open", target_type="incident",
+        audit_write(user=user, action=AuditAction.INCIDENT_OPEN, target_type="incident",
                     target_id=str(incident.pk), reason=summary, ip=ip,
                     after={"status": incident.status, "title": title})
     return incident
@@ -603,7 +604,7 @@ def incident_attach(*, incident_id: int, ref: str, user, reason: str, ip: str | 
             defaults={"attached_by": user})
         if not created:
             raise ConsoleError("already_attached", f"{ref} is already attached.", 409)
-        audit_write(user=user, action="incident.attach", target_type="incident",
+        audit_write(user=user, action=AuditAction.INCIDENT_ATTACH, target_type="incident",
                     target_id=str(incident.pk), purchase_id=purchase_id, reason=reason, ip=ip,
                     after={"purchase": purchase_id, "operation": operation_id})
     return item
@@ -631,7 +632,7 @@ def incident_halt(*, incident_id: int, name: str, user, reason: str, ip: str | N
         if name not in incident.halts:
             incident.halts = [*incident.halts, name]
             incident.save(update_fields=["halts"])
-        audit_write(user=user, action="incident.halt_set", target_type="incident",
+        audit_write(user=user, action=AuditAction.INCIDENT_HALT_SET, target_type="incident",
                     target_id=str(incident.pk), reason=reason, ip=ip, before=before,
                     after={"halted": True}, detail={"halt": name})
     return halt
@@ -667,7 +668,7 @@ def incident_close(*, incident_id: int, outcomes: dict[str, str], user, reason: 
             item.save(update_fields=["final_outcome"])
         for purchase_id, outcome in final.items():
             # One row per purchase too, so each purchase's timeline shows how it ended.
-            audit_write(user=user, action="incident.outcome", target_type="incident",
+            audit_write(user=user, action=AuditAction.INCIDENT_OUTCOME, target_type="incident",
                         target_id=str(incident.pk), purchase_id=purchase_id, reason=review,
                         ip=ip, after={"final_outcome": outcome})
         incident.status = IncidentStatus.CLOSED
@@ -675,7 +676,7 @@ def incident_close(*, incident_id: int, outcomes: dict[str, str], user, reason: 
         incident.closed_at = timezone.now()
         incident.review = review
         incident.save(update_fields=["status", "closed_by", "closed_at", "review"])
-        audit_write(user=user, action="incident.close", target_type="incident",
+        audit_write(user=user, action=AuditAction.INCIDENT_CLOSE, target_type="incident",
                     target_id=str(incident.pk), reason=review, ip=ip,
                     before={"status": IncidentStatus.OPEN},
                     after={"status": IncidentStatus.CLOSED, "outcomes": final})
@@ -690,7 +691,7 @@ def external_acknowledge_by_user(*, operation_id: str, user, reason: str,
     """Finance acknowledges a refund/capture/cancel made at the provider, not by Verity."""
     return _act_by_user(
         user=user, ip=ip, permission=Action.ACKNOWLEDGE_EXTERNAL,
-        action="console.external_acknowledge", reason=reason, operation_id=operation_id,
+        action=AuditAction.CONSOLE_EXTERNAL_ACKNOWLEDGE, reason=reason, operation_id=operation_id,
         act=lambda reason: external_operation_acknowledge(operation_id=operation_id,
                                                           acting_user=user, reason=reason),
         before=lambda op: {"acknowledged_at": None},
