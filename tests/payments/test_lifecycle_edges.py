@@ -141,7 +141,7 @@ def test_canceled_event_after_a_void_is_agreeing_evidence(new_purchase, api_clie
 def test_a_refund_resolved_by_a_person_is_never_called_provider_confirmed(
         new_purchase, api_client, drill, read_drill, django_user_model):
     from agents.tools import operation_result
-    from payments.selectors import operation_next_action
+    from payments.api.presenters import operation_next_action
     from support.customer_copy import customer_state
 
     purchase, _charge = _paid(new_purchase, api_client)
@@ -171,7 +171,7 @@ def test_a_refund_resolved_by_a_person_is_never_called_provider_confirmed(
 
 def test_a_payment_resolved_failed_by_a_person_says_so(new_purchase, api_client, drill,
                                                        read_drill, django_user_model):
-    from payments.selectors import operation_next_action
+    from payments.api.presenters import operation_next_action
     from support.customer_copy import customer_state
 
     purchase = new_purchase()
