@@ -24,7 +24,7 @@ from payments.external import (
     external_refund_record,
 )
 from payments.models import PaymentOperation
-from payments.providers.stripe_webhooks import (
+from payments.providers.stripe.webhooks import (
     dispute_from_event_payload,
     object_from_event_payload,
 )

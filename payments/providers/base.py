@@ -1,4 +1,4 @@
-"""Provider-neutral types. Only payments/providers/stripe.py imports the SDK."""
+"""Provider-neutral types. Only payments/providers/stripe/ imports the Stripe SDK."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

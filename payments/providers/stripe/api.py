@@ -1,4 +1,4 @@
-"""The Stripe adapter: the only module that calls the Stripe SDK for money movements.
+"""Stripe SDK calls: the only module that calls the Stripe SDK for money movements.
 
 It maps SDK answers and errors to Verity's own classification (DESIGN §4, §10.3):
   - 2xx                                   -> OK with the object's safe fields
@@ -27,8 +27,8 @@ from django.conf import settings
 
 from payments.enums import Classification
 
-from .base import CallResult, ProviderObject
-from .stripe_webhooks import dispute_from_payload
+from ..base import CallResult, ProviderObject
+from .webhooks import dispute_from_payload
 
 LIST_PAGE_LIMIT = 100
 LIST_MAX_PAGES = 20

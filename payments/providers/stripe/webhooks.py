@@ -1,6 +1,6 @@
 """Stripe webhook verification and normalisation.
 
-Besides the adapter (payments/providers/stripe.py) this is the only module that imports
+Besides the adapter (`api.py` beside it) this is the only module that imports
 `stripe`: signature checking is the SDK's (`WebhookSignature.verify_header`), so a
 constant-time compare and the header grammar are Stripe's, not ours.
 """
@@ -12,7 +12,7 @@ import time
 import stripe
 from django.conf import settings
 
-from .base import BalanceMove, DisputeObject, ProviderObject
+from ..base import BalanceMove, DisputeObject, ProviderObject
 
 
 class WebhookVerificationError(Exception):
