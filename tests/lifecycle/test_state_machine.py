@@ -249,7 +249,7 @@ def _chain_proxy():
         from urllib.parse import urlparse
 
         from bench.fault_proxy import FaultProxy
-        from payments.providers import x402 as x402_provider
+        from payments.providers.x402 import api as x402_provider
 
         _PROXY = FaultProxy(urlparse(os.environ["X402_RPC_URL"]).port)
         _PROXY.up()

@@ -59,7 +59,7 @@ sys.setrecursionlimit(_RECURSION_LIMIT)
 
 from payments.enums import Classification, Reason  # noqa: E402
 
-from .base import CallResult, ProviderObject  # noqa: E402
+from ..base import CallResult, ProviderObject  # noqa: E402
 
 log = logging.getLogger(__name__)
 
