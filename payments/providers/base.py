@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from payments.enums import Classification, Outcome
 
@@ -23,6 +23,48 @@ class ProviderObject:
     failure_code: str = ""  # last_payment_error.code / refund failure_reason
     has_payment_error: bool = False
     capture_method: str = ""
+
+    # -- the provider's vocabulary ------------------------------------------------------
+    # What the provider's record says, in Verity's words: services ask these and never
+    # compare a provider's status strings. Each rail's own object (StripeObject,
+    # X402Transfer) answers them; a bare ProviderObject belongs to no rail and shows none.
+
+    @property
+    def confirm_unapplied(self) -> bool:
+        """A payment whose confirm the provider never applied (it still waits for one)."""
+        return False
+
+    @property
+    def cancellable(self) -> bool:
+        """A payment that a cancel at the provider can still stop before money moves
+        (the buyer or a slow confirm could otherwise complete it later)."""
+        return False
+
+    @property
+    def canceled(self) -> bool:
+        """The provider cancelled it: no money moved, and none can move any more."""
+        return False
+
+    @property
+    def money_in_flight(self) -> bool:
+        """The provider is still moving the money: it may yet succeed."""
+        return False
+
+    @property
+    def refund_returned_nothing(self) -> bool:
+        """A refund (or transfer back) that ended without returning any money."""
+        return False
+
+    @property
+    def refund_in_flight(self) -> bool:
+        """A refund the provider is still processing: it may yet pay the buyer back."""
+        return False
+
+    @property
+    def succeeded(self) -> bool:
+        """The provider's record states the money movement succeeded (an authorization:
+        captured)."""
+        return False
 
     def safe_fields(self) -> dict:
         return {
@@ -158,7 +200,49 @@ class CallResult:
     detail: str = ""
 
 
-class PaymentProvider(Protocol):
+class RailRefusal(NamedTuple):
+    """Why a rail cannot do something here, as a stable code and a person's sentence."""
+
+    code: str
+    message: str
+
+
+class RailAdapter(Protocol):
+    """What every rail's adapter tells the services about itself (issue 32: the rail is a
+    seam, so the services ask these instead of testing `op.rail`). Registered per rail in
+    payments/providers/registry.py."""
+
+    rail: str
+    # The provider's id of the object is the operation's identity; False where it may only
+    # become known later (x402: the authorization is the identity, its hash comes later).
+    reference_is_identity: bool
+    # An authorization can be captured or voided later; False where a payment is final
+    # when it lands (a transfer on chain). `no_capture_or_void_why` says why to a person.
+    has_capture_and_void: bool
+    no_capture_or_void_why: str
+    # A payment names a provider payment-method token (pm_…/tok_…), checked before it is
+    # stored, so card details are never held.
+    takes_payment_method_token: bool
+    # A refund is Verity's own money sent back: a person approves it, no automatic allowance.
+    refunds_need_a_person: bool
+
+    def object_type_for(self, kind: str) -> str:
+        """The provider object that records an operation of `kind` on this rail."""
+        ...
+
+    def dedupes_idempotency_keys(self) -> bool:
+        """The provider returns the first answer for a repeated key (a replay is a read)."""
+        ...
+
+    def refund_refusal(self) -> RailRefusal | None:
+        """Why no refund can be sent on this rail here (not configured), or None."""
+        ...
+
+
+class PaymentProvider(RailAdapter, Protocol):
+    """A rail whose writes and reads are provider API calls (PaymentIntent-shaped): the
+    services dispatch and read back through these."""
+
     def create_payment_intent(self, *, key: str, amount: int, currency: str,
                               payment_method: str, capture_method: str,
                               metadata: dict) -> CallResult: ...

@@ -11,7 +11,13 @@ One module per section; each imports only the ones above it:
 few private ones other modules still reach for).
 """
 from ..errors import ApplyResult, DomainError
-from .common import _history, operation_workflow
+from .common import (
+    _history,
+    operation_workflow,
+    provider_for,
+    provider_for_rail,
+    rail_evidence_for,
+)
 from .holds import _period_start, client_limits
 from .purchases import (
     PurchaseOpened,
@@ -62,6 +68,9 @@ from .operations import (
     void_create,
 )
 from .manual import operation_overturn_review, operation_resolve_manual
+# The x402 rail's own read-back and refund send register themselves on import (its
+# RailEvidence): the generic dispatch and read-back reach them through the seam.
+from . import x402_refunds  # noqa: F401
 
 __all__ = [
     "ApplyResult",
@@ -95,12 +104,15 @@ __all__ = [
     "operations_sweep_dead_dispatches",
     "operations_verify_before_follow_up",
     "payment_create",
+    "provider_for",
+    "provider_for_rail",
     "purchase_cancel",
     "purchase_create",
     "purchase_open",
     "purchase_transition",
     "purchases_expire_stale",
     "quote_create",
+    "rail_evidence_for",
     "refund_approve",
     "refund_decline",
     "refund_request",

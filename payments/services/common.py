@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db.models import Q, Sum
@@ -22,8 +23,8 @@ from ..enums import TERMINAL_OUTCOMES, Grade, OperationKind, Outcome, Reason
 from ..errors import DomainError
 from ..locks import lock_purchase_and_operation
 from ..models import OperationTransition, PaymentOperation, ProviderCall, Purchase
-from ..providers.base import CallResult
-from ..providers.stripe import get_provider
+from ..providers.base import CallResult, RailAdapter
+from ..providers.registry import adapter_for_rail
 
 
 log = logging.getLogger("verity.payments")
@@ -236,8 +237,44 @@ def _audit(*, actor: str, action: str, op: PaymentOperation, reason: str,
                 detail=detail or {})
 
 
-def _provider():
-    return get_provider()
+# -- the rail seam (docs/architecture.md) ------------------------------------------------
+# The operation's rail picks its adapter (payments/providers/registry.py); the services
+# ask the adapter what the rail can do and never test `op.rail` themselves.
+
+
+def provider_for_rail(rail: str) -> RailAdapter:
+    """The adapter of `rail` (UnknownRail when none is registered)."""
+    return adapter_for_rail(rail)
+
+
+def provider_for(op: PaymentOperation) -> RailAdapter:
+    """The adapter of the operation's rail: the one way the services reach a provider."""
+    return adapter_for_rail(op.rail)
+
+
+@dataclass(frozen=True)
+class RailEvidence:
+    """A rail that keeps its evidence in Verity's own tables (x402: the authorization and
+    the refund's transfer back) reads back and sends refunds through its own services,
+    which read and write those rows; a rail without one reads back and dispatches through
+    its adapter's API calls alone (payments.providers.base.PaymentProvider)."""
+
+    read_back: Callable[[PaymentOperation], CallResult]
+    refund_send: Callable[[PaymentOperation], None]
+
+
+_RAIL_EVIDENCE: dict[str, RailEvidence] = {}
+
+
+def rail_evidence_register(rail: str, evidence: RailEvidence) -> None:
+    """Called once by the rail's services module (payments/services/__init__.py imports
+    it), so the generic read-back and dispatch need not import it."""
+    provider_for_rail(rail)  # only a registered rail
+    _RAIL_EVIDENCE[str(rail)] = evidence
+
+
+def rail_evidence_for(rail: str) -> RailEvidence | None:
+    return _RAIL_EVIDENCE.get(str(rail))
 
 
 def _record_call(call: ProviderCall, result: CallResult) -> None:

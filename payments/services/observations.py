@@ -24,7 +24,6 @@ from ..enums import (
     Outcome,
     Owner,
     PurchaseStatus,
-    Rail,
     Reason,
     RetryAdvice,
     Verification,
@@ -33,7 +32,6 @@ from ..errors import ApplyResult, DomainError
 from ..locks import lock_purchase_and_operation
 from ..models import Dispute, OperationTransition, PaymentOperation, Purchase
 from ..providers.base import ProviderObject, outcome_from_object
-from ..x402_reads import X402_OBJECT_TYPE
 from .common import (
     _captured_amount,
     _dispatch_backstop,
@@ -43,6 +41,7 @@ from .common import (
     _purchase_to,
     log,
     payment_refund_room,
+    provider_for,
 )
 from .holds import _hold_overturn, _hold_settle
 
@@ -55,14 +54,13 @@ def _expected_amount(op: PaymentOperation) -> int:
 
 def _mismatch(op: PaymentOperation, obj: ProviderObject) -> str:
     """Why this provider object cannot be this operation's, or ''."""
-    expected_type = "refund" if op.kind == OperationKind.REFUND else "payment_intent"
-    if op.rail == Rail.X402 and (op.kind in PAYMENT_KINDS or op.kind == OperationKind.REFUND):
-        expected_type = X402_OBJECT_TYPE  # a refund on this rail is a transfer back
-    if obj.object_type != expected_type:
+    provider = provider_for(op)
+    if obj.object_type != provider.object_type_for(op.kind):
         return f"object type {obj.object_type}"
-    # x402: the authorization (payer, nonce) is the identity; its transaction hash may only
-    # become known later (AuthorizationUsed log), so the hash is not compared.
-    if op.provider_reference and obj.id != op.provider_reference and op.rail != Rail.X402:
+    # Where the provider's id is not the operation's identity (x402: the authorization is,
+    # its transaction hash may only become known later), the id is not compared.
+    if (op.provider_reference and obj.id != op.provider_reference
+            and provider.reference_is_identity):
         return "provider reference"
     meta = obj.metadata or {}
     allowed_ops = {op.id, op.parent_id} if op.parent_id else {op.id}
@@ -286,11 +284,12 @@ def _duplicate_refused(duplicate: PaymentOperation, amount: int) -> bool:
     return refused.exists()
 
 
-def _no_x402_signer(duplicate: PaymentOperation) -> bool:
-    """An x402 duplicate goes back as a transfer from the refund signer; with none
-    configured no compensation can leave (it would hold the purchase's slot for ever): the
-    duplicate waits in the duplicates queue for a person (as refund_request refuses)."""
-    return duplicate.rail == Rail.X402 and not settings.X402_REFUND_PRIVATE_KEY
+def _rail_cannot_refund(duplicate: PaymentOperation) -> bool:
+    """The duplicate's rail cannot send a refund here (x402: a transfer back from the
+    refund signer, and none is configured): no compensation can leave (it would hold the
+    purchase's slot for ever), so the duplicate waits in the duplicates queue for a person
+    (as refund_request refuses)."""
+    return provider_for(duplicate).refund_refusal() is not None
 
 
 def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperation
@@ -308,7 +307,7 @@ def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperati
     kind = (OperationKind.VOID if duplicate.kind == OperationKind.AUTHORIZE
             else OperationKind.REFUND)
     amount = duplicate_left(duplicate)
-    if amount <= 0 or _duplicate_refused(duplicate, amount) or _no_x402_signer(duplicate):
+    if amount <= 0 or _duplicate_refused(duplicate, amount) or _rail_cannot_refund(duplicate):
         return None
     try:
         with transaction.atomic():
@@ -341,7 +340,7 @@ def duplicate_compensation_ensure(*, operation_id: str) -> PaymentOperation | No
         comp = duplicate_compensate_locked(purchase=purchase, duplicate=op)
         left = duplicate_left(op)
         if (comp is None and left > 0 and not _duplicate_refused(op, left)
-                and not _no_x402_signer(op)):
+                and not _rail_cannot_refund(op)):
             raise DomainError("payment_unresolved", "Another operation on this purchase is "
                               "not settled yet; the duplicate's refund waits for it.",
                               status=409, retry=RetryAdvice.SAME_KEY,

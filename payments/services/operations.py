@@ -32,6 +32,7 @@ from ..enums import (
 from ..errors import DomainError
 from ..locks import lock_client, lock_purchase, lock_purchase_or_none
 from ..models import ApiClient, PaymentOperation, Purchase
+from ..providers.registry import registered_rails
 from .common import (
     _actor,
     _audit,
@@ -45,6 +46,8 @@ from .common import (
     payment_captured,
     payment_refund_room,
     payment_refunds,
+    provider_for,
+    provider_for_rail,
 )
 from .holds import _check_currency_allowed, _check_limit, _period_start
 from .observations import _apply_locked
@@ -103,7 +106,8 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
     if not payment_method or len(payment_method) > 100:
         raise DomainError("invalid_request", "payment_method is required (a provider token).",
                           status=400, retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
-    if rail == Rail.STRIPE and not PAYMENT_METHOD_TOKEN.fullmatch(payment_method):
+    if (provider_for_rail(rail).takes_payment_method_token
+            and not PAYMENT_METHOD_TOKEN.fullmatch(payment_method)):
         # Verity never holds card data: anything but a provider token (a card number above
         # all) is refused here, before it is stored, logged or sent; the message never
         # repeats the value.
@@ -226,6 +230,12 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
     return op
 
 
+def _rails_final() -> list[str]:
+    """The rails whose payment is final when it lands: nothing to capture or void."""
+    return [rail for rail in registered_rails()
+            if not provider_for_rail(rail).has_capture_and_void]
+
+
 def _fulfilment_started(purchase_id: str) -> bool:
     return (Order.objects.filter(purchase_id=purchase_id).exists()
             or StepRun.objects.filter(purchase_id=purchase_id, state=StepState.DONE).exists())
@@ -243,15 +253,15 @@ def _linked_create(*, purchase_id: str, kind: str, api_client, acting_user,
         purchase = lock_purchase(purchase_id)
         if api_client is not None and purchase.api_client_id not in (None, api_client.id):
             raise DomainError("not_found", "No such purchase.", status=404)
-        paid_x402 = purchase.operations.filter(kind__in=PAYMENT_KINDS, rail=Rail.X402,
-                                               outcome=Outcome.SUCCEEDED).first()
-        if paid_x402 is not None:
-            raise DomainError("x402_has_no_void" if kind == OperationKind.VOID else
-                              "x402_has_no_capture", "This purchase was paid over x402: the "
-                              "transfer is final on chain, there is nothing to void or "
-                              "capture. A refund is a separate transfer back.", status=409,
-                              retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
-                              purchase=purchase.id, operation=paid_x402.id)
+        final = purchase.operations.filter(kind__in=PAYMENT_KINDS, rail__in=_rails_final(),
+                                           outcome=Outcome.SUCCEEDED).first()
+        if final is not None:
+            # A rail whose payment is final when it lands (x402: a transfer on chain).
+            raise DomainError(f"{final.rail}_has_no_void" if kind == OperationKind.VOID else
+                              f"{final.rail}_has_no_capture", f"This purchase was paid over "
+                              f"{final.rail}: {provider_for(final).no_capture_or_void_why}",
+                              status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                              purchase=purchase.id, operation=final.id)
         auth = purchase.operations.filter(kind=OperationKind.AUTHORIZE, outcome=Outcome.SUCCEEDED,
                                           is_duplicate=False).first()
         done = purchase.operations.filter(kind__in=[OperationKind.CAPTURE, OperationKind.VOID],
@@ -331,23 +341,22 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
             raise DomainError("not_refundable", "Nothing was captured on this purchase.",
                               status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id)
-        x402 = payment.rail == Rail.X402
-        if x402 and not settings.X402_REFUND_PRIVATE_KEY:
-            # No reversal exists on a chain: the money goes back as a separate transfer
-            # from the refund signer, and none is configured here.
-            raise DomainError("x402_refund_signer_missing", "This purchase was paid over "
-                              "x402: a refund is a separate transfer back to the payer, and "
-                              "no refund signer is configured (X402_REFUND_PRIVATE_KEY).",
-                              status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+        rail = provider_for(payment)
+        refusal = rail.refund_refusal()
+        if refusal is not None:
+            # The rail cannot send a refund here (x402: no refund signer is configured).
+            raise DomainError(refusal.code, refusal.message, status=409,
+                              retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
                               purchase=purchase.id, operation=payment.id)
         if not isinstance(amount, int) or amount <= 0 or amount > refundable:
             raise DomainError("refund_exceeds_refundable",
                               f"Refundable now: {refundable} {purchase.currency}.", status=422,
                               retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id, extra={"refundable": refundable})
-        # On x402 a refund is a transfer back of Verity's own money: a person approves it
-        # (no automatic allowance), unless it compensates Verity's own duplicate.
-        auto = compensation or (not x402 and api_client is not None and acting_user is None
+        # Where a refund is a transfer back of Verity's own money (x402) a person approves
+        # it (no automatic allowance), unless it compensates Verity's own duplicate.
+        auto = compensation or (not rail.refunds_need_a_person and api_client is not None
+                                and acting_user is None
                                 and _auto_refund_allowed(payment=payment,
                                                          api_client=api_client, amount=amount))
         op = _create_op(purchase=purchase, kind=OperationKind.REFUND, amount=amount,

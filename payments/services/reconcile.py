@@ -25,7 +25,6 @@ from ..enums import (
     OperationKind,
     Outcome,
     Owner,
-    Rail,
     Reason,
     RetryAdvice,
     Stage,
@@ -41,17 +40,17 @@ from ..locks import (
 )
 from ..models import PaymentOperation, ProviderCall
 from ..providers.base import CallResult, ProviderObject, shows_no_money_moved
-from ..x402_reads import x402_read_back, x402_refund_read_back
 from .common import (
     _audit,
     _halted,
     _history,
     _lock_or_404,
-    _provider,
     _record_call,
     history_batch,
     log,
     operation_workflow,
+    provider_for,
+    rail_evidence_for,
 )
 from .observations import (
     _apply_locked,
@@ -64,14 +63,12 @@ from .observations import (
 
 def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
     """The provider read itself: by provider reference, else by metadata. Network only
-    (for the card rail no database access), so the sweep runs it on its own threads."""
-    provider = _provider()
-    if op.rail == Rail.X402 and op.kind in PAYMENT_KINDS:
-        # The chain, read-only: never a second settle (DESIGN §4, x402).
-        return CallStep.RETRIEVE, x402_read_back(op)
-    if op.rail == Rail.X402 and op.kind == OperationKind.REFUND:
-        # The refund's transfer back: its receipt and Transfer log, read-only.
-        return CallStep.RETRIEVE, x402_refund_read_back(op)
+    (no database access), so the sweep runs it on its own threads — except on a rail that
+    keeps its evidence in Verity's tables (RailEvidence: x402 reads the chain from them)."""
+    evidence = rail_evidence_for(op.rail)
+    if evidence is not None:
+        return CallStep.RETRIEVE, evidence.read_back(op)
+    provider = provider_for(op)
     if op.kind == OperationKind.REFUND:
         if op.provider_reference:
             return CallStep.RETRIEVE, provider.retrieve_refund(op.provider_reference)
@@ -214,7 +211,7 @@ def operations_reconcile_prepare(*, operation_ids: list[str]
         refusal = _reconcile_refusal(op)
         if refusal is not None:
             refused[op_id] = refusal
-        elif op.rail == Rail.X402:  # its read-back reads the database too
+        elif rail_evidence_for(op.rail) is not None:  # its read-back reads the database
             sequential.append(op)
         else:
             readable.append(op)
@@ -413,15 +410,13 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
     return PaymentOperation.objects.select_related("purchase").get(id=op.id)
 
 
-_UNAPPLIED_STATUSES = ("requires_confirmation",)
-
-
 def refund_never_received(op: PaymentOperation, result: CallResult) -> bool:
     """A card-rail refund with no provider reference whose read-back (by metadata) found
     no refund of this operation at a readable provider, its last send older than the
     provider's in-flight window: the provider never received it, so no money moved.
-    (An x402 refund's read-back says so itself: no transfer stored is `invalid`.)"""
-    return (op.kind == OperationKind.REFUND and op.rail != Rail.X402
+    (A rail that reads back from its own evidence says so itself: an x402 refund with no
+    transfer stored is `invalid`.)"""
+    return (op.kind == OperationKind.REFUND and rail_evidence_for(op.rail) is None
             and not op.provider_reference
             and result.classification == Classification.NOT_FOUND
             and _past_inflight_window(op))
@@ -441,7 +436,7 @@ def _confirm_unapplied(op: PaymentOperation, result: CallResult) -> bool:
     `requires_confirmation`), claimed longer ago than the provider's in-flight window."""
     return (op.kind in PAYMENT_KINDS and op.outcome == Outcome.UNKNOWN
             and result.classification == Classification.OK and result.object is not None
-            and result.object.status in _UNAPPLIED_STATUSES
+            and result.object.confirm_unapplied
             and op.confirm_claimed_at is not None
             and timezone.now() - op.confirm_claimed_at
             >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS))
@@ -499,7 +494,7 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
                           "cancelled. Try again later.", status=502, purchase=op.purchase_id,
                           operation=op.id, owner=Owner.SUPPORT)
     unapplied = (shows_no_money_moved(read.object, kind=op.kind) if contradicted
-                 else read.object.status in _UNAPPLIED_STATUSES)
+                 else read.object.confirm_unapplied)
     if not unapplied:
         _record_call(call, CallResult(Classification.REJECTED, detail="not unapplied"))
         operation_apply_observation(operation_id=op.id, obj=read.object,
@@ -509,10 +504,11 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
                           f"{read.object.status}: the confirm was not left unapplied; nothing "
                           "was cancelled.", status=409, purchase=op.purchase_id,
                           operation=op.id, owner=Owner.SUPPORT)
-    result = _provider().cancel_payment_intent(key=call.key, intent_id=op.provider_reference)
+    result = provider_for(op).cancel_payment_intent(key=call.key,
+                                                    intent_id=op.provider_reference)
     _record_call(call, result)
     if (result.classification != Classification.OK or result.object is None
-            or result.object.status != "canceled"):
+            or not result.object.canceled):
         raise DomainError("cancel_failed", "The provider did not confirm the cancel; the "
                           "payment stays unknown.", status=502, purchase=op.purchase_id,
                           operation=op.id, owner=Owner.SUPPORT)
@@ -592,7 +588,7 @@ def operation_replay(*, operation_id: str, actor: str, acting_client=None,
             acting_user is not None and op.requested_by_user_id == acting_user.id):
         raise DomainError("replayer_is_requester", "The requester cannot replay its own "
                           "operation.", status=403, operation=op.id, purchase=op.purchase_id)
-    if not settings.STRIPE_DEDUPES_KEYS or op.rail == Rail.X402:
+    if not provider_for(op).dedupes_idempotency_keys():
         raise DomainError("replay_unsupported", "This provider does not deduplicate "
                           "idempotency keys, so a replay could charge twice. Reconcile "
                           "instead.", status=409, retry=RetryAdvice.FORBIDDEN,

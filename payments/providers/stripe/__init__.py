@@ -16,6 +16,7 @@ from .api import (
     get_provider,
     normalise,
 )
+from .objects import StripeObject
 
 __all__ = [
     "LIST_MAX_PAGES",
@@ -24,6 +25,7 @@ __all__ = [
     "DrillMode",
     "DrillRefused",
     "FaultDrillHTTPClient",
+    "StripeObject",
     "StripeProvider",
     "get_provider",
     "normalise",

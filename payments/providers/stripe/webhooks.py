@@ -13,6 +13,7 @@ import stripe
 from django.conf import settings
 
 from ..base import BalanceMove, DisputeObject, ProviderObject
+from .objects import StripeObject
 
 
 class WebhookVerificationError(Exception):
@@ -178,7 +179,7 @@ def object_from_event_payload(event: dict) -> ProviderObject:
     if kind == "refund":
         failure_code = str(obj.get("failure_reason") or "")
     amount = obj.get("amount")
-    return ProviderObject(
+    return StripeObject(
         object_type=kind,
         id=str(obj.get("id") or ""),
         status=str(obj.get("status") or ""),

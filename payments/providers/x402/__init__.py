@@ -6,6 +6,7 @@ the read-only chain reader, the refund signer and the PAYMENT-* header codec. Th
 registered in `payments/providers/registry.py`; services reach it through
 `payments.services.provider_for(operation)`.
 """
+from .adapter import X402Provider, get_provider
 from .api import (
     OBJECT_TYPE,
     PAYMENT_REQUIRED_HEADER,
@@ -15,6 +16,7 @@ from .api import (
     REFUND_NONCE_ATTEMPTS,
     SEARCH_REORG_MARGIN_BLOCKS,
     USED_ELSEWHERE_REASON,
+    X402Transfer,
     chain_call_result,
     ChainMismatch,
     ChainReader,
@@ -60,6 +62,8 @@ __all__ = [
     "REFUND_NONCE_ATTEMPTS",
     "SEARCH_REORG_MARGIN_BLOCKS",
     "USED_ELSEWHERE_REASON",
+    "X402Provider",
+    "X402Transfer",
     "chain_call_result",
     "ChainMismatch",
     "ChainReader",
@@ -75,6 +79,7 @@ __all__ = [
     "forwarded_payload",
     "get_chain_reader",
     "get_facilitator",
+    "get_provider",
     "get_refund_sender",
     "parse_payment_signature",
     "payment_required",

@@ -86,6 +86,34 @@ class ChainStatus:
 USED_ELSEWHERE_REASON = Reason.AUTHORIZATION_USED_ELSEWHERE.value
 
 
+class X402Transfer(ProviderObject):
+    """An EIP-3009 authorization's transfer (or a refund's transfer back) as the chain
+    shows it: the x402 rail's vocabulary (payments.providers.base.ProviderObject)."""
+
+    @property
+    def canceled(self) -> bool:
+        return self.status == ChainStatus.CANCELED
+
+    @property
+    def money_in_flight(self) -> bool:
+        # Broadcast but not mined: `pending`, or an authorization still `unused` whose
+        # transaction hash is known (it may still land).
+        return self.status == ChainStatus.PENDING or (
+            self.status == ChainStatus.UNUSED and bool(self.id))
+
+    @property
+    def refund_returned_nothing(self) -> bool:
+        return self.status in (ChainStatus.INVALID, ChainStatus.EXPIRED, ChainStatus.CANCELED)
+
+    @property
+    def refund_in_flight(self) -> bool:
+        return self.status == ChainStatus.PENDING
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == ChainStatus.CONFIRMED
+
+
 class SettleKind:
     SUCCESS = "success"
     PENDING = "pending"
@@ -469,9 +497,9 @@ def transfer_object(*, view: ChainView, operation_id: str, purchase_id: str, amo
                ChainStatus.CANCELED: "authorization_canceled",
                ChainStatus.USED_ELSEWHERE: USED_ELSEWHERE_REASON}.get(view.status, "")
     status = ChainStatus.INVALID if view.status == ChainStatus.USED_ELSEWHERE else view.status
-    return ProviderObject(OBJECT_TYPE, id=view.transaction, status=status, amount=amount,
-                          currency=currency, failure_code=failure,
-                          metadata={"operation_id": operation_id, "purchase_id": purchase_id})
+    return X402Transfer(OBJECT_TYPE, id=view.transaction, status=status, amount=amount,
+                        currency=currency, failure_code=failure,
+                        metadata={"operation_id": operation_id, "purchase_id": purchase_id})
 
 
 def chain_call_result(fn) -> CallResult:
