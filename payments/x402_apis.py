@@ -25,7 +25,7 @@ from .providers.x402 import (
     PAYMENT_RESPONSE_HEADER,
     PAYMENT_SIGNATURE_HEADER,
 )
-from .x402_rail import (
+from .services.x402_settle import (
     encode_header,
     x402_offered,
     x402_pay,

@@ -100,8 +100,8 @@ def _refund_keep_claim(operation_id: str, call_id: int) -> None:
 def _refund_conflict(op: PaymentOperation, answer: x402_adapter.RefundAnswer) -> None:
     """The signer's answer contradicts an outcome already settled (the operation was
     settled while this send was out). Never dropped: the chain's own record decides (the
-    receipt and its Transfer log, payments.services.x402_reads); a transfer back it shows overturns
-    a `failed` to succeeded (the refund's room is taken again, a person is told)."""
+    receipt and its Transfer log, payments.services.x402_reads); a transfer back it shows
+    overturns a `failed` to succeeded (the refund's room is taken again, a person is told)."""
     log.warning("x402 refund %s: the signer's answer %s conflicts with %s; reading the chain",
                 op.id, answer.kind, PaymentOperation.objects.get(id=op.id).outcome)
     read = _read_back(PaymentOperation.objects.select_related("purchase", "parent")
