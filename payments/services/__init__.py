@@ -12,11 +12,11 @@ few private ones other modules still reach for).
 """
 from ..errors import ApplyResult, DomainError
 from .common import (
-    _history,
     operation_workflow,
     provider_for,
     provider_for_rail,
     rail_evidence_for,
+    transition_record,
 )
 from .holds import _period_start, client_limits
 from .purchases import (
@@ -116,5 +116,6 @@ __all__ = [
     "refund_approve",
     "refund_decline",
     "refund_request",
+    "transition_record",
     "void_create",
 ]

@@ -50,9 +50,9 @@ _HISTORY_BATCH = threading.local()
 
 @contextmanager
 def history_batch() -> Iterator[None]:
-    """Inside the caller's transaction: history rows written by `_history` are collected
-    and inserted in one statement when the block ends (discarded if it raises, as the
-    transaction is). For a set-based apply (the reconcile sweep) whose steps never read
+    """Inside the caller's transaction: history rows written by `transition_record` are
+    collected and inserted in one statement when the block ends (discarded if it raises, as
+    the transaction is). For a set-based apply (the reconcile sweep) whose steps never read
     back the history rows they write in the same block."""
     if getattr(_HISTORY_BATCH, "rows", None) is not None:
         yield  # already collecting: the outer block inserts
@@ -68,8 +68,13 @@ def history_batch() -> Iterator[None]:
         _HISTORY_BATCH.rows = None
 
 
-def _history(*, purchase_id: str, operation: PaymentOperation | None, field: str, source: str,
-             target: str, cause: str, evidence: dict | None = None, actor: str = "") -> None:
+def transition_record(*, purchase_id: str, operation: PaymentOperation | None, field: str,
+                      source: str, target: str, cause: str, evidence: dict | None = None,
+                      actor: str = "") -> None:
+    """Append one row to the purchase's transition history (OperationTransition): a
+    purchase's status (`operation=None`) or an operation's outcome moved from `source` to
+    `target`, why (`cause`), on what evidence and by whom. Inside the caller's transaction,
+    so a change and its history commit together; batched inside `history_batch()`."""
     row = OperationTransition(
         purchase_id=purchase_id, operation=operation, field=field, source=source,
         target=target, cause=cause, evidence=evidence or {}, actor=actor)
@@ -93,8 +98,8 @@ def _purchase_to(purchase: Purchase, name: str, *, cause: str, actor: str = "",
     if purchase.status == source:
         return False
     purchase.save(update_fields=purchase.status_change_fields())
-    _history(purchase_id=purchase.id, operation=None, field="status", source=source,
-             target=purchase.status, cause=cause, evidence=evidence, actor=actor)
+    transition_record(purchase_id=purchase.id, operation=None, field="status", source=source,
+                      target=purchase.status, cause=cause, evidence=evidence, actor=actor)
     return True
 
 
@@ -103,8 +108,8 @@ def _op_to(op: PaymentOperation, name: str, *, cause: str, actor: str = "",
     source = op.outcome
     getattr(op, name)()
     op.save(update_fields=["outcome", "stage", "updated_at", *fields])
-    _history(purchase_id=op.purchase_id, operation=op, field="outcome", source=source,
-             target=op.outcome, cause=cause, evidence=evidence, actor=actor)
+    transition_record(purchase_id=op.purchase_id, operation=op, field="outcome", source=source,
+                      target=op.outcome, cause=cause, evidence=evidence, actor=actor)
 
 
 def _dispatch_backstop(op: PaymentOperation) -> None:
@@ -230,8 +235,10 @@ def _lock_or_404(operation_id: str) -> tuple[Purchase, PaymentOperation]:
         raise DomainError("not_found", "No such operation.", status=404) from None
 
 
-def _audit(*, actor: str, action: str, op: PaymentOperation, reason: str,
-           detail: dict | None = None) -> None:
+def operation_audit_write(*, actor: str, action: str, op: PaymentOperation, reason: str,
+                          detail: dict | None = None) -> None:
+    """The audit row (audit.services.audit_write) of a person's or the provider's action on
+    one operation, in the caller's transaction (the action and its row commit together)."""
     audit_write(actor=actor, action=action, target_type="operation",
                 target_id=op.id, purchase_id=op.purchase_id, reason=reason,
                 detail=detail or {})

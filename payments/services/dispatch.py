@@ -44,10 +44,10 @@ from .common import (
 )
 from .holds import _hold_reserve
 from .observations import (
-    _apply_locked,
     _mismatch,
     _settle_without_object,
     operation_apply_observation,
+    outcome_apply_locked,
 )
 from .reconcile import _read_back
 
@@ -99,10 +99,10 @@ def _claim(operation_id: str, step: str, *, attempt: int = 1, from_pending: bool
             return None  # invariant 2: this step was already claimed
         if confirm or (from_pending and op.kind == OperationKind.REFUND):
             if not _hold_reserve(op):
-                _apply_locked(purchase, op, Outcome.FAILED, grade=Grade.CONFIRMED,
-                              verification=Verification.UNVERIFIED, cause="limit_at_claim",
-                              actor="dispatcher", evidence={},
-                              reason="spending_limit_exceeded")
+                outcome_apply_locked(purchase, op, Outcome.FAILED, grade=Grade.CONFIRMED,
+                                     verification=Verification.UNVERIFIED, cause="limit_at_claim",
+                                     actor="dispatcher", evidence={},
+                                     reason="spending_limit_exceeded")
                 call.delete()
                 return None
         if confirm:

@@ -42,7 +42,7 @@ from ..locks import (
 )
 from ..models import Dispute, PaymentOperation, ProviderCall, Purchase
 from ..providers.base import DisputeObject
-from .common import _history, payment_unsettled, provider_for
+from .common import payment_unsettled, provider_for, transition_record
 from .observations import duplicate_compensate_locked
 
 log = logging.getLogger("verity.payments.disputes")
@@ -122,8 +122,8 @@ def _purchase_status(purchase: Purchase, name: str, *, cause: str, actor: str,
     if purchase.status == source:
         return False
     purchase.save(update_fields=purchase.status_change_fields())
-    _history(purchase_id=purchase.id, operation=None, field="status", source=source,
-             target=purchase.status, cause=cause, evidence=evidence, actor=actor)
+    transition_record(purchase_id=purchase.id, operation=None, field="status", source=source,
+                      target=purchase.status, cause=cause, evidence=evidence, actor=actor)
     return True
 
 
@@ -236,9 +236,9 @@ def dispute_apply_observation(*, obj: DisputeObject, verification: str, cause: s
         dispute.funds_withdrawn, dispute.funds_reinstated, dispute.fees = _totals(moves)
         dispute.save()
         if source != dispute.status:
-            _history(purchase_id=purchase.id, operation=payment, field="dispute",
-                     source=source, target=dispute.status, cause=cause[:64],
-                     evidence=obj.safe_fields(), actor=actor)
+            transition_record(purchase_id=purchase.id, operation=payment, field="dispute",
+                              source=source, target=dispute.status, cause=cause[:64],
+                              evidence=obj.safe_fields(), actor=actor)
         _follow_purchase(purchase, dispute, cause=cause[:64], actor=actor)
         if payment.is_duplicate and dispute.status in DISPUTE_CLOSED_STATUSES:
             # The bank gave a duplicate's money back to the merchant (won, or an inquiry

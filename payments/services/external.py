@@ -40,14 +40,14 @@ from ..locks import (
 from ..models import PaymentOperation
 from ..providers.base import ProviderObject
 from .common import (
-    _audit,
-    _history,
+    operation_audit_write,
     payment_refund_room,
     payment_unsettled,
     provider_for,
+    transition_record,
 )
 from .observations import _schedule_reconcile, _settle_effects
-from .operations import _create_op
+from .operations import operation_insert_guarded
 
 log = logging.getLogger("verity.payments.external")
 
@@ -97,23 +97,23 @@ def _record_locked(purchase, payment: PaymentOperation, *, kind: str, obj: Provi
     if pending:
         settled = {"outcome": Outcome.AWAITING_PROVIDER, "stage": Stage.RECONCILING,
                    "verification": verification}
-    op = _create_op(purchase=purchase, kind=kind, amount=amount, currency=payment.currency,
-                    parent=payment, provider_reference=obj.id,
-                    provider_charge=obj.latest_charge or payment.provider_charge,
-                    provider_account=payment.provider_account, origin=Origin.PROVIDER,
-                    provider_status=obj.status, next_action_owner=Owner.SUPPORT,
-                    is_compensation=False, **settled)
+    op = operation_insert_guarded(purchase=purchase, kind=kind, amount=amount,
+                                  currency=payment.currency, parent=payment,
+                                  provider_reference=obj.id,
+                                  provider_charge=obj.latest_charge or payment.provider_charge,
+                                  provider_account=payment.provider_account, origin=Origin.PROVIDER,
+                                  provider_status=obj.status, next_action_owner=Owner.SUPPORT,
+                                  is_compensation=False, **settled)
     if pending:
         _schedule_reconcile(op, first=True)
-    _history(purchase_id=purchase.id, operation=op, field="outcome", source="",
-             target=op.outcome, cause=cause[:64], evidence={**obj.safe_fields(),
-                                                            "origin": Origin.PROVIDER.value},
-             actor=actor)
+    transition_record(purchase_id=purchase.id, operation=op, field="outcome", source="",
+                      target=op.outcome, cause=cause[:64],
+                      evidence={**obj.safe_fields(), "origin": Origin.PROVIDER.value}, actor=actor)
     _settle_effects(purchase, op, cause=cause[:64], actor=actor)
-    _audit(actor="provider", action="external_operation_recorded", op=op,
-           reason=EXTERNAL_AUDIT_REASON,
-           detail={"kind": kind, "provider_reference": obj.id, "amount": amount,
-                   "currency": op.currency, "evidence": cause[:64]})
+    operation_audit_write(actor="provider", action="external_operation_recorded", op=op,
+                          reason=EXTERNAL_AUDIT_REASON,
+                          detail={"kind": kind, "provider_reference": obj.id, "amount": amount,
+                                  "currency": op.currency, "evidence": cause[:64]})
     log.warning("external %s recorded op=%s purchase=%s reference=%s amount=%s", kind, op.id,
                 purchase.id, obj.id, amount)
     return op
@@ -267,7 +267,7 @@ def external_operation_acknowledge(*, operation_id: str, acting_user, reason: st
         op.next_action_owner = Owner.NONE
         op.save(update_fields=["acknowledged_at", "acknowledged_by", "next_action_owner",
                                "updated_at"])
-        _audit(actor=acting_user.get_username(), action="external_operation_acknowledge", op=op,
-               reason=reason, detail={"kind": op.kind, "provider_reference":
-                                      op.provider_reference})
+        operation_audit_write(actor=acting_user.get_username(),
+                              action="external_operation_acknowledge", op=op, reason=reason,
+                              detail={"kind": op.kind, "provider_reference": op.provider_reference})
     return op

@@ -26,15 +26,15 @@ from ..locks import assert_no_transaction_outside_transaction, lock_purchase_and
 from ..models import PaymentOperation, ProviderCall
 from ..providers.base import ProviderObject, outcome_from_object, shows_no_money_moved
 from .common import (
-    _audit,
     _halted,
-    _history,
     _lock_or_404,
     _record_call,
+    operation_audit_write,
     operation_workflow,
     provider_for,
+    transition_record,
 )
-from .observations import _apply_locked, _mismatch, operation_apply_observation
+from .observations import _mismatch, operation_apply_observation, outcome_apply_locked
 from .reconcile import _read_back, _schedule_acknowledged_read_back, refund_never_received
 
 
@@ -86,8 +86,9 @@ def _cancel_before_manual_failure_outside_transaction(op: PaymentOperation, *, a
         call = ProviderCall.objects.create(
             operation=locked, purpose=CallPurpose.DISPATCH, step=CallStep.CANCEL,
             attempt=attempt, key=locked.provider_key(CallStep.CANCEL))  # same key: idempotent
-        _audit(actor=actor, action="operation_cancel_at_provider", op=locked, reason=reason,
-               detail={"provider_reference": ref, "before_manual_failure": True})
+        operation_audit_write(actor=actor, action="operation_cancel_at_provider", op=locked,
+                              reason=reason,
+                              detail={"provider_reference": ref, "before_manual_failure": True})
     result = provider_for(op).cancel_payment_intent(key=call.key, intent_id=ref)
     _record_call(call, result)
     obj = result.object
@@ -192,20 +193,20 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
                               purchase=purchase.id)
         if not evidence_applied:
             _refuse_unresolvable(op, acting_client=acting_client, acting_user=acting_user)
-            _apply_locked(purchase, op, Outcome(outcome), grade=Grade.ACKNOWLEDGED,
-                          verification=Verification.MANUAL, cause="manual_resolution",
-                          actor=actor, evidence={"reason": reason,
-                                                 "provider_read": read.classification},
-                          reason=Reason.MANUAL if outcome == Outcome.FAILED else "")
+            outcome_apply_locked(purchase, op, Outcome(outcome), grade=Grade.ACKNOWLEDGED,
+                                 verification=Verification.MANUAL, cause="manual_resolution",
+                                 actor=actor, evidence={"reason": reason,
+                                                        "provider_read": read.classification},
+                                 reason=Reason.MANUAL if outcome == Outcome.FAILED else "")
             # The person's word stands until the provider can be read back.
             op.reconcile_attempts = 0
             _schedule_acknowledged_read_back(op)
         Resolution.objects.create(operation_id=op.id, purchase_id=purchase.id, outcome=outcome,
                                   reason=reason, actor=actor)
         if audit:
-            _audit(actor=actor, action="operation_resolve", op=op, reason=reason,
-                   detail={"outcome": outcome, "grade": op.grade,
-                           "provider_read": read.classification})
+            operation_audit_write(actor=actor, action="operation_resolve", op=op, reason=reason,
+                                  detail={"outcome": outcome, "grade": op.grade,
+                                          "provider_read": read.classification})
         if bind is not None:
             bind(op)
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
@@ -225,8 +226,8 @@ def operation_overturn_review(*, operation_id: str, actor: str, reason: str) -> 
         op.next_action_owner = (Owner.BUYER if op.outcome == Outcome.FAILED
                                 and op.kind in PAYMENT_KINDS else Owner.NONE)
         op.save(update_fields=["next_action_owner", "updated_at"])
-        _history(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
-                 target=op.outcome, cause="overturn_reviewed", evidence={"reason": reason},
-                 actor=actor)
-        _audit(actor=actor, action="overturn_review", op=op, reason=reason)
+        transition_record(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
+                          target=op.outcome, cause="overturn_reviewed", evidence={"reason": reason},
+                          actor=actor)
+        operation_audit_write(actor=actor, action="overturn_review", op=op, reason=reason)
     return op

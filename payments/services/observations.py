@@ -35,13 +35,13 @@ from ..providers.base import ProviderObject, outcome_from_object
 from .common import (
     _captured_amount,
     _dispatch_backstop,
-    _history,
     _op_to,
     _purchase_refunds,
     _purchase_to,
     log,
     payment_refund_room,
     provider_for,
+    transition_record,
 )
 from .holds import _hold_overturn, _hold_settle
 
@@ -156,10 +156,10 @@ def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: st
     source = purchase.status
     purchase.restore_after_refund(prior)
     purchase.save(update_fields=purchase.status_change_fields())
-    _history(purchase_id=purchase.id, operation=None, field="status", source=source,
-             target=purchase.status, cause=f"refund_{op.outcome}:{cause}",
-             evidence={"refund": op.id, "outcome": op.outcome, "reason": op.reason,
-                       "amount": op.amount}, actor=actor)
+    transition_record(purchase_id=purchase.id, operation=None, field="status", source=source,
+                      target=purchase.status, cause=f"refund_{op.outcome}:{cause}",
+                      evidence={"refund": op.id, "outcome": op.outcome, "reason": op.reason,
+                                "amount": op.amount}, actor=actor)
     if purchase.status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
         run_steps_put(purchase_id=purchase.id)
 
@@ -219,10 +219,10 @@ def _overturn_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, 
                                                 Reason.PROVIDER_FAILED)
         op.overturn_to_failed()
     op.save(update_fields=fields)
-    _history(purchase_id=purchase.id, operation=op, field="outcome", source=source,
-             target=op.outcome, cause=OVERTURN_CAUSE,
-             evidence={"overturned": overturned, "by": cause, "verification": verification,
-                       "provider": evidence}, actor=actor)
+    transition_record(purchase_id=purchase.id, operation=op, field="outcome", source=source,
+                      target=op.outcome, cause=OVERTURN_CAUSE,
+                      evidence={"overturned": overturned, "by": cause, "verification": verification,
+                                "provider": evidence}, actor=actor)
     _hold_overturn(op, succeeded=target == Outcome.SUCCEEDED)
     # The earlier settled message was processed: a new one (own key) resumes the work.
     outbox_put(category=OutboxCategory.OPERATION_SETTLED, payload={"operation": op.id},
@@ -321,10 +321,11 @@ def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperati
             dispatch_put(operation_id=comp.id)
     except IntegrityError:
         return None
-    _history(purchase_id=purchase.id, operation=comp, field="outcome", source="",
-             target=comp.outcome, cause="duplicate_compensation",
-             evidence={"duplicate": duplicate.id, "rail": duplicate.rail, "amount": amount},
-             actor="system")
+    transition_record(
+        purchase_id=purchase.id, operation=comp, field="outcome", source="", target=comp.outcome,
+        cause="duplicate_compensation",
+        evidence={"duplicate": duplicate.id, "rail": duplicate.rail, "amount": amount},
+        actor="system")
     return comp
 
 
@@ -364,11 +365,17 @@ def _schedule_reconcile(op: PaymentOperation, *, first: bool) -> None:
                dedupe_key=f"reconcile:{op.id}", delay_seconds=delay)
 
 
-def _apply_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *, grade: str,
-                  verification: str, cause: str, actor: str, evidence: dict,
-                  reason: str = "", obj: ProviderObject | None = None,
-                  final: bool = True) -> ApplyResult:
-    """`final`: the evidence is the provider's last word on this object (a read-back, or
+def outcome_apply_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *,
+                         grade: str, verification: str, cause: str, actor: str, evidence: dict,
+                         reason: str = "", obj: ProviderObject | None = None,
+                         final: bool = True) -> ApplyResult:
+    """Move an operation to the outcome `target` and run what follows (holds, purchase
+    status, outbox), the one transition path for evidence and for people alike; the
+    caller holds the purchase and operation locks (payments.locks) in its transaction.
+    A terminal outcome never regresses: the same one upgrades a person's word to the
+    provider's, a different one is a conflict, or an overturn when final.
+
+    `final`: the evidence is the provider's last word on this object (a read-back, or
     an event whose status cannot change any more); only final evidence overturns a
     person's resolution, anything else is a conflict settled by a read-back."""
     current = op.outcome
@@ -377,9 +384,9 @@ def _apply_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *, 
             if op.grade == Grade.ACKNOWLEDGED and grade == Grade.CONFIRMED:
                 op.grade, op.verification = grade, verification  # evidence upgrades a manual
                 op.save(update_fields=["grade", "verification", "updated_at"])
-                _history(purchase_id=purchase.id, operation=op, field="outcome",
-                         source=current, target=current, cause=f"confirmed:{cause}"[:64],
-                         evidence=evidence, actor=actor)
+                transition_record(purchase_id=purchase.id, operation=op, field="outcome",
+                                  source=current, target=current, cause=f"confirmed:{cause}"[:64],
+                                  evidence=evidence, actor=actor)
                 if (current == Outcome.FAILED and op.is_compensation
                         and op.parent_id and op.parent.is_duplicate):
                     # A duplicate's return a person called failed is re-asked only once the
@@ -452,9 +459,9 @@ def _apply_observation_locked(purchase: Purchase, op: PaymentOperation, obj: Pro
     sweep takes them for a whole batch)."""
     why = _mismatch(op, obj)
     if why:
-        _history(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
-                 target=op.outcome, cause=f"mismatch:{why}", evidence=obj.safe_fields(),
-                 actor=actor)
+        transition_record(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
+                          target=op.outcome, cause=f"mismatch:{why}", evidence=obj.safe_fields(),
+                          actor=actor)
         return ApplyResult.MISMATCH
     target = outcome_from_object(obj, kind=op.kind)
     if target is None:
@@ -465,9 +472,9 @@ def _apply_observation_locked(purchase: Purchase, op: PaymentOperation, obj: Pro
         # authorization did succeed, and the void cancelled it (issue 15 defect 10).
         return ApplyResult.NO_CHANGE
     final = source == Verification.PROVIDER or obj.status in _FINAL_STATUSES
-    return _apply_locked(purchase, op, target, grade=Grade.CONFIRMED, verification=source,
-                         cause=cause, actor=actor, evidence=obj.safe_fields(), obj=obj,
-                         final=final)
+    return outcome_apply_locked(purchase, op, target, grade=Grade.CONFIRMED, verification=source,
+                                cause=cause, actor=actor, evidence=obj.safe_fields(), obj=obj,
+                                final=final)
 
 
 def _settle_without_object(operation_id: str, target: Outcome, *, reason: str, cause: str,
@@ -478,5 +485,6 @@ def _settle_without_object(operation_id: str, target: Outcome, *, reason: str, c
     with transaction.atomic():
         purchase, op = lock_purchase_and_operation(operation_id)
         grade = Grade.CONFIRMED if target == Outcome.FAILED else Grade.NONE
-        _apply_locked(purchase, op, target, grade=grade, verification=verification,
-                      cause=cause, actor="dispatcher", evidence=evidence or {}, reason=reason)
+        outcome_apply_locked(purchase, op, target, grade=grade, verification=verification,
+                             cause=cause, actor="dispatcher", evidence=evidence or {},
+                             reason=reason)

@@ -41,23 +41,23 @@ from ..locks import (
 from ..models import PaymentOperation, ProviderCall
 from ..providers.base import CallResult, ProviderObject, shows_no_money_moved
 from .common import (
-    _audit,
     _halted,
-    _history,
     _lock_or_404,
     _record_call,
     history_batch,
     log,
+    operation_audit_write,
     operation_workflow,
     provider_for,
     rail_evidence_for,
+    transition_record,
 )
 from .observations import (
-    _apply_locked,
     _apply_observation_locked,
     _mismatch,
     _schedule_reconcile,
     operation_apply_observation,
+    outcome_apply_locked,
 )
 
 
@@ -177,19 +177,20 @@ def _reconcile_finish(settled: PaymentOperation, result: CallResult, *,
                 op.next_action_owner = Owner.SUPPORT
                 op.save(update_fields=["stage", "escalated_at", "next_action_owner",
                                        "updated_at"])
-                _history(purchase_id=purchase.id, operation=op, field="outcome",
-                         source=op.outcome, target=op.outcome, cause="escalated_unapplied_write",
-                         evidence={"provider_status": result.object.status,
-                                   "recovery_owner": purchase.recovery_owner}, actor=actor)
+                transition_record(
+                    purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
+                    target=op.outcome, cause="escalated_unapplied_write",
+                    evidence={"provider_status": result.object.status,
+                              "recovery_owner": purchase.recovery_owner}, actor=actor)
             if (op.reconcile_deadline and timezone.now() >= op.reconcile_deadline
                     and op.escalated_at is None):
                 op.stage, op.escalated_at = Stage.ESCALATED, timezone.now()
                 op.next_action_owner = Owner.SUPPORT
                 op.save(update_fields=["stage", "escalated_at", "next_action_owner",
                                        "updated_at"])
-                _history(purchase_id=purchase.id, operation=op, field="outcome",
-                         source=op.outcome, target=op.outcome, cause="escalated",
-                         evidence={"recovery_owner": purchase.recovery_owner}, actor=actor)
+                transition_record(purchase_id=purchase.id, operation=op, field="outcome",
+                                  source=op.outcome, target=op.outcome, cause="escalated",
+                                  evidence={"recovery_owner": purchase.recovery_owner}, actor=actor)
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
 
 
@@ -377,11 +378,11 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
             purchase, locked = lock_purchase_and_operation(op.id)
             if (locked.grade == Grade.ACKNOWLEDGED and locked.outcome == Outcome.SUCCEEDED
                     and not _mismatch(locked, obj)):
-                _apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
-                              verification=Verification.PROVIDER,
-                              cause="readback_no_money_moved", actor=actor,
-                              evidence=obj.safe_fields(), reason=Reason.PROVIDER_FAILED,
-                              obj=obj, final=True)
+                outcome_apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
+                                     verification=Verification.PROVIDER,
+                                     cause="readback_no_money_moved", actor=actor,
+                                     evidence=obj.safe_fields(), reason=Reason.PROVIDER_FAILED,
+                                     obj=obj, final=True)
         return PaymentOperation.objects.select_related("purchase").get(id=op.id)
     if refund_never_received(op, result):
         # A person's word on a refund the provider never received (issue 30 part C, round
@@ -392,11 +393,11 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
             purchase, locked = lock_purchase_and_operation(op.id)
             if locked.grade == Grade.ACKNOWLEDGED and locked.outcome in (Outcome.SUCCEEDED,
                                                                            Outcome.FAILED):
-                _apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
-                              verification=Verification.PROVIDER,
-                              cause="readback_no_money_moved", actor=actor,
-                              evidence={"provider": "no refund of this operation"},
-                              reason=Reason.PROVIDER_FAILED, final=True)
+                outcome_apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
+                                     verification=Verification.PROVIDER,
+                                     cause="readback_no_money_moved", actor=actor,
+                                     evidence={"provider": "no refund of this operation"},
+                                     reason=Reason.PROVIDER_FAILED, final=True)
         return PaymentOperation.objects.select_related("purchase").get(id=op.id)
     with transaction.atomic():
         lock_purchase(op.purchase_id)
@@ -514,12 +515,13 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
                           operation=op.id, owner=Owner.SUPPORT)
     with transaction.atomic():
         purchase, locked = _lock_or_404(operation_id)
-        _apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
-                      verification=Verification.PROVIDER, cause="cancelled_unapplied",
-                      actor=actor, evidence={"reason": reason, **result.object.safe_fields()},
-                      reason=Reason.PROVIDER_CANCELED, obj=result.object)
-        _audit(actor=actor, action="operation_cancel_unapplied", op=locked, reason=reason,
-               detail={"provider_status": result.object.status})
+        outcome_apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
+                             verification=Verification.PROVIDER, cause="cancelled_unapplied",
+                             actor=actor,
+                             evidence={"reason": reason, **result.object.safe_fields()},
+                             reason=Reason.PROVIDER_CANCELED, obj=result.object)
+        operation_audit_write(actor=actor, action="operation_cancel_unapplied", op=locked,
+                              reason=reason, detail={"provider_status": result.object.status})
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
 
 
@@ -543,10 +545,10 @@ def operations_sweep_dead_dispatches() -> int:
                 continue
             never_confirmed = op.kind in PAYMENT_KINDS and op.confirm_claimed_at is None
             target = Outcome.FAILED if never_confirmed else Outcome.UNKNOWN
-            _apply_locked(purchase, op, target, grade=Grade.CONFIRMED if never_confirmed
-                          else Grade.NONE, verification=Verification.UNVERIFIED,
-                          cause="dead_dispatch", actor="sweeper", evidence={},
-                          reason=Reason.NOT_CONFIRMED if never_confirmed else "")
+            outcome_apply_locked(purchase, op, target, grade=Grade.CONFIRMED if never_confirmed
+                                 else Grade.NONE, verification=Verification.UNVERIFIED,
+                                 cause="dead_dispatch", actor="sweeper", evidence={},
+                                 reason=Reason.NOT_CONFIRMED if never_confirmed else "")
             count += 1
     return count
 
