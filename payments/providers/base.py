@@ -66,6 +66,16 @@ class ProviderObject:
         captured)."""
         return False
 
+    def outcome_for(self, kind: str) -> Outcome | None:
+        """The outcome this record states for an operation of `kind`, or None (no
+        verdict: absence of evidence is not failure)."""
+        return None
+
+    def shows_no_money_moved(self, kind: str) -> bool:
+        """This record shows that the money movement of an operation of `kind` did not
+        happen (and is no verdict yet: canceled and failed are `outcome_for`'s)."""
+        return False
+
     def safe_fields(self) -> dict:
         return {
             "object": self.object_type, "id": self.id, "status": self.status,
@@ -120,52 +130,8 @@ class DisputeObject:
 
 def outcome_from_object(obj: ProviderObject, *, kind: str) -> Outcome | None:
     """DESIGN §10.3: the outcome the provider's own record states, or None (no verdict).
-
-    `kind` is the operation kind: for a capture, `requires_capture` is not yet success;
-    for a void, only `canceled` is success.
-    """
-    s = obj.status
-    if obj.object_type == "x402_transfer":
-        # What the chain (or the facilitator's answer) says of one EIP-3009 authorization
-        # (DESIGN §4, x402): `unused` (still usable) is no verdict.
-        return {"confirmed": Outcome.SUCCEEDED, "pending": Outcome.AWAITING_PROVIDER,
-                "expired": Outcome.FAILED, "canceled": Outcome.FAILED, "invalid": Outcome.FAILED,
-                "unknown": Outcome.UNKNOWN}.get(s)
-    if obj.object_type == "refund":
-        return {"succeeded": Outcome.SUCCEEDED, "pending": Outcome.AWAITING_PROVIDER,
-                "requires_action": Outcome.AWAITING_PROVIDER, "failed": Outcome.FAILED,
-                "canceled": Outcome.FAILED}.get(s)
-    if kind == "void":
-        if s == "canceled":
-            return Outcome.SUCCEEDED
-        if s == "succeeded":
-            return Outcome.FAILED  # already captured: it can no longer be voided
-        return None
-    if kind == "capture":
-        if s == "succeeded":
-            return Outcome.SUCCEEDED
-        if s == "canceled":
-            return Outcome.FAILED
-        return None  # requires_capture: the capture has not happened (yet)
-    if s in ("succeeded", "requires_capture"):
-        return Outcome.SUCCEEDED
-    if s == "processing":
-        return Outcome.AWAITING_PROVIDER
-    if s == "requires_action":
-        return Outcome.AWAITING_BUYER
-    if s == "canceled":
-        return Outcome.FAILED
-    if s == "requires_payment_method" and obj.has_payment_error:
-        return Outcome.FAILED
-    # requires_confirmation / requires_payment_method without an error: confirm never
-    # applied (yet). Absence of evidence is not failure.
-    return None
-
-
-# PaymentIntent statuses in which a payment's confirm never applied or the buyer never
-# acted: no money moved (yet).
-NOT_APPLIED_PI = frozenset({"requires_payment_method", "requires_confirmation",
-                            "requires_action"})
+    Each rail's object reads its own statuses (ProviderObject.outcome_for)."""
+    return obj.outcome_for(kind)
 
 
 def shows_no_money_moved(obj: ProviderObject, *, kind: str) -> bool:
@@ -173,18 +139,7 @@ def shows_no_money_moved(obj: ProviderObject, *, kind: str) -> bool:
     did not happen (issue 30 #5: one rule for every kind). A person's "succeeded" is
     refused against it, and a later read-back that shows it overturns that word. Statuses
     that are verdicts already (canceled, failed) are `outcome_from_object`'s."""
-    s = obj.status
-    if obj.object_type in ("x402_transfer", "refund"):
-        # x402: `unused` is not proof (a broadcast transfer may still be mined); its
-        # no-money states (expired, canceled, invalid) are verdicts already.
-        return False
-    if kind in ("charge", "authorize"):
-        return s in NOT_APPLIED_PI
-    if kind == "capture":
-        return s == "requires_capture" or s in NOT_APPLIED_PI  # nothing captured
-    if kind == "void":
-        return s == "requires_capture"  # the authorization still stands: not cancelled
-    return False
+    return obj.shows_no_money_moved(kind)
 
 
 @dataclass(frozen=True)

@@ -91,3 +91,21 @@ def test_a_bare_provider_object_belongs_to_no_rail_and_shows_nothing():
                           amount=1, currency="usd")
     assert not (bare.confirm_unapplied or bare.cancellable or bare.canceled
                 or bare.money_in_flight or bare.refund_in_flight)
+
+
+def test_each_rails_object_reads_its_own_statuses_as_outcomes():
+    from payments.enums import Outcome
+    from payments.providers.base import outcome_from_object, shows_no_money_moved
+
+    assert outcome_from_object(_stripe("refund", "pending"), kind="refund") == (
+        Outcome.AWAITING_PROVIDER)
+    assert outcome_from_object(_stripe("payment_intent", "canceled"), kind="void") == (
+        Outcome.SUCCEEDED)
+    assert shows_no_money_moved(_stripe("payment_intent", "requires_capture"), kind="capture")
+    confirmed = X402Transfer("x402_transfer", id="0x1", status=ChainStatus.CONFIRMED,
+                             amount=1, currency="usdc")
+    assert outcome_from_object(confirmed, kind="charge") == Outcome.SUCCEEDED
+    unused = X402Transfer("x402_transfer", id="0x1", status=ChainStatus.UNUSED, amount=1,
+                          currency="usdc")
+    assert outcome_from_object(unused, kind="charge") is None  # still usable: no verdict
+    assert not shows_no_money_moved(unused, kind="charge")  # a broadcast may still land

@@ -57,7 +57,7 @@ from x402.schemas import (  # noqa: E402
 
 sys.setrecursionlimit(_RECURSION_LIMIT)
 
-from payments.enums import Classification, Reason  # noqa: E402
+from payments.enums import Classification, Outcome, Reason  # noqa: E402
 
 from ..base import CallResult, ProviderObject  # noqa: E402
 
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 
 OBJECT_TYPE = "x402_transfer"
 
-# The chain-level statuses an x402_transfer object carries (base.outcome_from_object maps
+# The chain-level statuses an x402_transfer object carries (X402Transfer.outcome_for maps
 # them): confirmed -> succeeded; pending -> awaiting_provider; expired/canceled/invalid ->
 # failed; unknown -> unknown; anything else: no verdict.
 class ChainStatus:
@@ -112,6 +112,22 @@ class X402Transfer(ProviderObject):
     @property
     def succeeded(self) -> bool:
         return self.status == ChainStatus.CONFIRMED
+
+    def outcome_for(self, kind: str) -> Outcome | None:
+        # What the chain (or the facilitator's answer) says of one EIP-3009 authorization
+        # or transfer back (DESIGN §4, x402): `unused` (still usable) is no verdict.
+        return _CHAIN_OUTCOME.get(self.status)
+
+    def shows_no_money_moved(self, kind: str) -> bool:
+        # `unused` is not proof (a broadcast transfer may still be mined); the no-money
+        # states (expired, canceled, invalid) are verdicts already.
+        return False
+
+
+_CHAIN_OUTCOME = {ChainStatus.CONFIRMED: Outcome.SUCCEEDED,
+                  ChainStatus.PENDING: Outcome.AWAITING_PROVIDER,
+                  ChainStatus.EXPIRED: Outcome.FAILED, ChainStatus.CANCELED: Outcome.FAILED,
+                  ChainStatus.INVALID: Outcome.FAILED, ChainStatus.UNKNOWN: Outcome.UNKNOWN}
 
 
 class SettleKind:
