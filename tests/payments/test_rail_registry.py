@@ -109,3 +109,22 @@ def test_each_rails_object_reads_its_own_statuses_as_outcomes():
                           currency="usdc")
     assert outcome_from_object(unused, kind="charge") is None  # still usable: no verdict
     assert not shows_no_money_moved(unused, kind="charge")  # a broadcast may still land
+
+
+def test_no_generic_service_branches_on_a_named_rail():
+    """The services ask the adapter; only a rail's own modules (services/x402_*.py) and
+    the card rail as payment_create's default name a rail (docs/architecture.md)."""
+    import re
+    from pathlib import Path
+
+    services_dir = Path(services.__file__).parent
+    branch = re.compile(r"\.rail\s*[!=]=|==\s*Rail\.|!=\s*Rail\.|rail\s*=\s*Rail\.X402"
+                        r"|Rail\.X402|\bin\s*\(?Rail\.")
+    found = []
+    for path in sorted(services_dir.glob("*.py")):
+        if path.name.startswith("x402_"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if branch.search(line):
+                found.append(f"{path.name}:{number}: {line.strip()}")
+    assert found == []
