@@ -6,7 +6,12 @@ Every function is keyword-only. Errors a caller must show to a client are raised
 
 One module per section; each imports only the ones above it:
   common -> holds -> purchases; common, holds -> observations -> reconcile -> dispatch;
-  operations and manual use reconcile and observations.
+  operations and manual use reconcile and observations; external (money the provider
+  moved without Verity) and disputes use observations and operations; the x402 rail's
+  own services: x402_reads (its read-back), x402_refunds (its transfer back, registered
+  as the rail's RailEvidence below) and x402_settle (a PAYMENT-SIGNATURE's settle).
+The operation's rail picks its provider: `provider_for(op)` (common.py), never a
+branch on `op.rail` (docs/architecture.md).
 `from payments.services import <name>` keeps working for every public name (and the
 few private ones other modules still reach for).
 """
