@@ -27,9 +27,10 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import ConfigDict, Field, ValidationError
 
 from payments.customers import CARD_NUMBER_LIKE
-from payments.enums import CallStep
+from payments.enums import CallStep, Rail
 from payments.models import ApiClient
-from payments.providers.stripe import DrillMode, get_provider
+from payments.providers.stripe import DrillMode
+from payments.services import provider_for_rail
 
 from . import tools
 from .tools import AgentResult, QuoteItem
@@ -106,7 +107,7 @@ class _ConfirmDrill:
         if mode not in modes:
             raise ImproperlyConfigured(f"{DRILL_ENV}={mode!r} is not a fault drill mode; use "
                                        f"one of: {', '.join(modes)}")
-        provider = get_provider()
+        provider = provider_for_rail(Rail.STRIPE)
         if provider.live or provider.drill_client is None:
             raise ImproperlyConfigured(f"{DRILL_ENV} is refused: fault drills need test-mode "
                                        "keys and FAULT_DRILLS_ENABLED")
@@ -119,8 +120,8 @@ class _ConfirmDrill:
             if self._spent:
                 return
             self._spent = True
-        get_provider().arm_drill(key_prefix=op.idempotency_key, step=CallStep.CONFIRM,
-                                 mode=self.mode)
+        provider_for_rail(Rail.STRIPE).arm_drill(key_prefix=op.idempotency_key,
+                                                 step=CallStep.CONFIRM, mode=self.mode)
 
 
 def drill_from_env() -> _ConfirmDrill | None:

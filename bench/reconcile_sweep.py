@@ -1,7 +1,7 @@
 """Bench 4: reconcile sweep over N unknown operations whose PaymentIntents exist.
 
 Set-up (not timed): for each operation a PaymentIntent is created and confirmed at
-localstripe through the adapter (payments.providers.stripe.get_provider(), the
+localstripe through the adapter (payments.services.provider_for_rail(Rail.STRIPE), the
 operation's own keys and metadata, a few threads), then the rows Verity would hold after
 a confirm whose answer was lost are bulk-inserted: quote, purchase `payment_unknown`,
 charge operation `unknown` with its provider_reference, the create/confirm ProviderCall
@@ -35,9 +35,10 @@ AMOUNT, CURRENCY = 1500, "usd"
 
 def _make_intent(op_id: str, purchase_id: str, customer: str, key: str) -> str:
     from payments.enums import Classification
-    from payments.providers.stripe import get_provider
+    from payments.enums import Rail
+    from payments.services import provider_for_rail
 
-    provider = get_provider()
+    provider = provider_for_rail(Rail.STRIPE)
     meta = {"operation_id": op_id, "purchase_id": purchase_id, "customer_reference": customer}
     created = provider.create_payment_intent(key=f"{key}:create", amount=AMOUNT,
                                              currency=CURRENCY, payment_method="pm_card_visa",
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> Report:
         from bench.fault_proxy import FaultProxy
         from payments.enums import CallPurpose, Outcome
         from payments.models import PaymentOperation, ProviderCall
-        from payments.providers.stripe import get_provider
+        from payments.providers.stripe import get_provider  # its per-process cache
         from recovery.sweep import reconcile_sweep
 
         op_ids = build(args.n)

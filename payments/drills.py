@@ -7,9 +7,9 @@ from django.utils import timezone
 
 from . import services
 from .clients import api_client_create
-from .enums import Outcome
+from .enums import Outcome, Rail
 from .models import ApiClient, PaymentOperation, Product
-from .providers.stripe import DrillMode, get_provider
+from .providers.stripe import DrillMode
 
 DRILLS = [DrillMode.DROP_RESPONSE_AFTER_SEND, DrillMode.TIMEOUT_BEFORE_SEND,
           DrillMode.RESET_AFTER_WRITE, DrillMode.HTTP_500, DrillMode.HTTP_409]
@@ -35,7 +35,7 @@ def _drill_client() -> ApiClient:
 
 
 def drills_run(*, modes=DRILLS) -> list[DrillRow]:
-    provider = get_provider()
+    provider = services.provider_for_rail(Rail.STRIPE)
     client = _drill_client()
     product, _ = Product.objects.get_or_create(
         sku="DRILL-001", defaults={"name": "Fault drill item", "price": 1000, "stock": 10**9})

@@ -4,7 +4,7 @@ from __future__ import annotations
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_handler
 
-from .external import ExternalResult, external_refunds_read
+from .services.external import ExternalResult, external_refunds_read
 from .services import operation_dispatch_or_wait, operation_reconcile
 
 

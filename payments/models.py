@@ -218,7 +218,7 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
                                       S.REFUND_PENDING, S.DISPUTED], target=S.REFUNDED)
     def mark_refunded(self): ...
 
-    # Disputes (payments.disputes): open from any paid state, close by how it ended; an
+    # Disputes (payments.services.disputes): open from any paid state, close by how it ended; an
     # inquiry closed without a dispute (`warning_closed`) returns to the state before it.
     @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
                                       S.REFUND_PENDING, S.REFUNDED, S.DISPUTE_WON,
@@ -562,7 +562,7 @@ class IdempotencyRecord(models.Model):
 class Dispute(models.Model):
     """A provider dispute (chargeback or inquiry) on one of Verity's payments.
 
-    Written only by payments.disputes, from verified evidence (a matched webhook or a
+    Written only by payments.services.disputes, from verified evidence (a matched webhook or a
     read-back); the status only moves forward (DISPUTE_STATUS_RANK).
     """
 

@@ -16,7 +16,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from payments.disputes import dispute_refresh
+from payments.services.disputes import dispute_refresh
 from payments.enums import (
     DISPUTE_CLOSED_STATUSES,
     DisputeStatus,

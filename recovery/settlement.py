@@ -19,8 +19,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from payments.enums import Rail
 from payments.models import Dispute, PaymentOperation
-from payments.providers.stripe import get_provider
+from payments.services import provider_for_rail
 
 from .models import LedgerAccount, LedgerEntry, SettlementDiscrepancy
 
@@ -99,7 +100,7 @@ def _recently_settled_references(references: set[str], cutoff) -> set[str]:
 def settlement_compare(*, grace_seconds: float | None = None) -> ComparisonResult:
     if grace_seconds is None:
         grace_seconds = settings.SETTLEMENT_GRACE_SECONDS
-    provider = get_provider()
+    provider = provider_for_rail(Rail.STRIPE)
     # Network I/O first, outside any transaction.
     transactions = provider.list_balance_transactions(limit=settings.SETTLEMENT_MAX_TRANSACTIONS)
     truncated = len(transactions) >= settings.SETTLEMENT_MAX_TRANSACTIONS

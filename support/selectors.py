@@ -26,6 +26,7 @@ from payments.enums import (
     Outcome,
     Owner,
     PurchaseStatus,
+    Rail,
     Stage,
 )
 from payments.models import (
@@ -38,8 +39,8 @@ from payments.models import (
 )
 from payments.money import MoneyInputError, format_money, parse_money
 from payments.api.presenters import operation_next_action
+from payments.services import provider_for_rail
 from payments.services.common import purchase_own_payments, purchase_refund_room
-from payments.providers.stripe import get_provider
 from recovery.models import (
     EmailMessage,
     LedgerEntry,
@@ -235,7 +236,7 @@ def _balance_transaction_sources(txn_id: str) -> set[str]:
     found = set(SettlementDiscrepancy.objects.filter(provider_reference=txn_id)
                 .values_list("provider_reference", flat=True))
 
-    source = get_provider().balance_transaction_source(txn_id)
+    source = provider_for_rail(Rail.STRIPE).balance_transaction_source(txn_id)
     if source:
         found.add(source)
     return found

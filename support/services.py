@@ -29,7 +29,7 @@ from payments.enums import Outcome
 from payments.errors import DomainError
 from payments.money import format_money
 from payments.models import PaymentOperation, Purchase
-from payments.external import external_operation_acknowledge
+from payments.services.external import external_operation_acknowledge
 from payments.services import (
     operation_cancel_unapplied,
     operation_dispatch,

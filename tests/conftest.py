@@ -259,9 +259,10 @@ def _wait_outbox_quiet(timeout: float) -> None:
 def drill():
     """Arm a fault drill for one operation's step (through the fault-drill HTTP client,
     never a patched SDK); disarmed after the test."""
-    from payments.providers.stripe import get_provider
+    from payments.enums import Rail
+    from payments.services import provider_for_rail
 
-    provider = get_provider()
+    provider = provider_for_rail(Rail.STRIPE)
 
     def arm(op, mode, step="confirm", times=1):
         provider.arm_drill(key_prefix=op.idempotency_key, step=step, mode=mode, times=times)
@@ -287,9 +288,11 @@ def read_drill():
     """Make the provider unreachable for reads: of one object (its id appears in the read's
     URL) or of anything (`"*"`, lists included), `times` times. Through the fault-drill
     HTTP client like every drill; disarmed after the test."""
-    from payments.providers.stripe import DrillMode, get_provider
+    from payments.providers.stripe import DrillMode
+    from payments.enums import Rail
+    from payments.services import provider_for_rail
 
-    provider = get_provider()
+    provider = provider_for_rail(Rail.STRIPE)
 
     def arm(ref: str = "*", times: int = 1):
         provider.arm_drill(key_prefix=ref, step="read", mode=DrillMode.READ_UNAVAILABLE,

@@ -6,7 +6,7 @@
 `evaluate_provider_move` runs first in `webhooks.services._evaluate_locked`; it returns
 a verdict, or None to let the ordinary matching judge the event (an event about
 Verity's own operation always goes there). Writes go through payments' services
-(`payments.disputes`, `payments.external`).
+(`payments.services.disputes`, `payments.services.external`).
 """
 from __future__ import annotations
 
@@ -15,18 +15,18 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db.models import Sum
 
-from payments.disputes import DisputeApply, dispute_apply_observation
 from payments.enums import OperationKind, Origin, Outcome, PAYMENT_KINDS, Verification
 from payments.errors import ApplyResult
-from payments.external import (
+from payments.models import PaymentOperation
+from payments.providers.stripe.webhooks import (
+    dispute_from_event_payload,
+    object_from_event_payload,
+)
+from payments.services.disputes import DisputeApply, dispute_apply_observation
+from payments.services.external import (
     ExternalResult,
     external_intent_move_record,
     external_refund_record,
-)
-from payments.models import PaymentOperation
-from payments.providers.stripe_webhooks import (
-    dispute_from_event_payload,
-    object_from_event_payload,
 )
 from payments.services import operation_apply_observation
 from recovery.models import OutboxCategory

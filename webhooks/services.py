@@ -29,7 +29,7 @@ from payments.enums import (
 from payments.errors import ApplyResult, DomainError
 from payments.models import OperationTransition, PaymentOperation
 from payments.providers.base import ProviderObject, outcome_from_object
-from payments.providers.stripe_webhooks import (
+from payments.providers.stripe.webhooks import (
     event_shape_problem,
     object_from_event_payload,
     safe_event_payload,

@@ -14,7 +14,7 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from payments.providers.stripe_webhooks import WebhookVerificationError, verify_and_parse
+from payments.providers.stripe.webhooks import WebhookVerificationError, verify_and_parse
 
 from .metrics import VERIFICATION_FAILURES, WEBHOOK_FAILURES, WEBHOOK_RESULTS, WebhookFailure
 from .services import event_ingest

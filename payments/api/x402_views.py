@@ -1,4 +1,4 @@
-"""The deliverable endpoint's x402 answers (thin: payments.x402_rail does the work).
+"""The deliverable endpoint's x402 answers (thin: payments.services.x402_settle does the work).
 
 GET /api/v1/purchases/{id}/deliverable on a purchase the rail is offered for:
 - unpaid, no payment in progress -> 402 with `PAYMENT-REQUIRED` (the quote's requirements);
@@ -27,7 +27,7 @@ from ..providers.x402 import (
     PAYMENT_RESPONSE_HEADER,
     PAYMENT_SIGNATURE_HEADER,
 )
-from ..x402_rail import (
+from ..services.x402_settle import (
     encode_header,
     x402_offered,
     x402_pay,

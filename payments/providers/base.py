@@ -1,8 +1,8 @@
-"""Provider-neutral types. Only payments/providers/stripe.py imports the SDK."""
+"""Provider-neutral types. Only payments/providers/stripe/ imports the Stripe SDK."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from payments.enums import Classification, Outcome
 
@@ -23,6 +23,58 @@ class ProviderObject:
     failure_code: str = ""  # last_payment_error.code / refund failure_reason
     has_payment_error: bool = False
     capture_method: str = ""
+
+    # -- the provider's vocabulary ------------------------------------------------------
+    # What the provider's record says, in Verity's words: services ask these and never
+    # compare a provider's status strings. Each rail's own object (StripeObject,
+    # X402Transfer) answers them; a bare ProviderObject belongs to no rail and shows none.
+
+    @property
+    def confirm_unapplied(self) -> bool:
+        """A payment whose confirm the provider never applied (it still waits for one)."""
+        return False
+
+    @property
+    def cancellable(self) -> bool:
+        """A payment that a cancel at the provider can still stop before money moves
+        (the buyer or a slow confirm could otherwise complete it later)."""
+        return False
+
+    @property
+    def canceled(self) -> bool:
+        """The provider cancelled it: no money moved, and none can move any more."""
+        return False
+
+    @property
+    def money_in_flight(self) -> bool:
+        """The provider is still moving the money: it may yet succeed."""
+        return False
+
+    @property
+    def refund_returned_nothing(self) -> bool:
+        """A refund (or transfer back) that ended without returning any money."""
+        return False
+
+    @property
+    def refund_in_flight(self) -> bool:
+        """A refund the provider is still processing: it may yet pay the buyer back."""
+        return False
+
+    @property
+    def succeeded(self) -> bool:
+        """The provider's record states the money movement succeeded (an authorization:
+        captured)."""
+        return False
+
+    def outcome_for(self, kind: str) -> Outcome | None:
+        """The outcome this record states for an operation of `kind`, or None (no
+        verdict: absence of evidence is not failure)."""
+        return None
+
+    def shows_no_money_moved(self, kind: str) -> bool:
+        """This record shows that the money movement of an operation of `kind` did not
+        happen (and is no verdict yet: canceled and failed are `outcome_for`'s)."""
+        return False
 
     def safe_fields(self) -> dict:
         return {
@@ -78,52 +130,8 @@ class DisputeObject:
 
 def outcome_from_object(obj: ProviderObject, *, kind: str) -> Outcome | None:
     """DESIGN §10.3: the outcome the provider's own record states, or None (no verdict).
-
-    `kind` is the operation kind: for a capture, `requires_capture` is not yet success;
-    for a void, only `canceled` is success.
-    """
-    s = obj.status
-    if obj.object_type == "x402_transfer":
-        # What the chain (or the facilitator's answer) says of one EIP-3009 authorization
-        # (DESIGN §4, x402): `unused` (still usable) is no verdict.
-        return {"confirmed": Outcome.SUCCEEDED, "pending": Outcome.AWAITING_PROVIDER,
-                "expired": Outcome.FAILED, "canceled": Outcome.FAILED, "invalid": Outcome.FAILED,
-                "unknown": Outcome.UNKNOWN}.get(s)
-    if obj.object_type == "refund":
-        return {"succeeded": Outcome.SUCCEEDED, "pending": Outcome.AWAITING_PROVIDER,
-                "requires_action": Outcome.AWAITING_PROVIDER, "failed": Outcome.FAILED,
-                "canceled": Outcome.FAILED}.get(s)
-    if kind == "void":
-        if s == "canceled":
-            return Outcome.SUCCEEDED
-        if s == "succeeded":
-            return Outcome.FAILED  # already captured: it can no longer be voided
-        return None
-    if kind == "capture":
-        if s == "succeeded":
-            return Outcome.SUCCEEDED
-        if s == "canceled":
-            return Outcome.FAILED
-        return None  # requires_capture: the capture has not happened (yet)
-    if s in ("succeeded", "requires_capture"):
-        return Outcome.SUCCEEDED
-    if s == "processing":
-        return Outcome.AWAITING_PROVIDER
-    if s == "requires_action":
-        return Outcome.AWAITING_BUYER
-    if s == "canceled":
-        return Outcome.FAILED
-    if s == "requires_payment_method" and obj.has_payment_error:
-        return Outcome.FAILED
-    # requires_confirmation / requires_payment_method without an error: confirm never
-    # applied (yet). Absence of evidence is not failure.
-    return None
-
-
-# PaymentIntent statuses in which a payment's confirm never applied or the buyer never
-# acted: no money moved (yet).
-NOT_APPLIED_PI = frozenset({"requires_payment_method", "requires_confirmation",
-                            "requires_action"})
+    Each rail's object reads its own statuses (ProviderObject.outcome_for)."""
+    return obj.outcome_for(kind)
 
 
 def shows_no_money_moved(obj: ProviderObject, *, kind: str) -> bool:
@@ -131,18 +139,7 @@ def shows_no_money_moved(obj: ProviderObject, *, kind: str) -> bool:
     did not happen (issue 30 #5: one rule for every kind). A person's "succeeded" is
     refused against it, and a later read-back that shows it overturns that word. Statuses
     that are verdicts already (canceled, failed) are `outcome_from_object`'s."""
-    s = obj.status
-    if obj.object_type in ("x402_transfer", "refund"):
-        # x402: `unused` is not proof (a broadcast transfer may still be mined); its
-        # no-money states (expired, canceled, invalid) are verdicts already.
-        return False
-    if kind in ("charge", "authorize"):
-        return s in NOT_APPLIED_PI
-    if kind == "capture":
-        return s == "requires_capture" or s in NOT_APPLIED_PI  # nothing captured
-    if kind == "void":
-        return s == "requires_capture"  # the authorization still stands: not cancelled
-    return False
+    return obj.shows_no_money_moved(kind)
 
 
 @dataclass(frozen=True)
@@ -158,7 +155,49 @@ class CallResult:
     detail: str = ""
 
 
-class PaymentProvider(Protocol):
+class RailRefusal(NamedTuple):
+    """Why a rail cannot do something here, as a stable code and a person's sentence."""
+
+    code: str
+    message: str
+
+
+class RailAdapter(Protocol):
+    """What every rail's adapter tells the services about itself (issue 32: the rail is a
+    seam, so the services ask these instead of testing `op.rail`). Registered per rail in
+    payments/providers/registry.py."""
+
+    rail: str
+    # The provider's id of the object is the operation's identity; False where it may only
+    # become known later (x402: the authorization is the identity, its hash comes later).
+    reference_is_identity: bool
+    # An authorization can be captured or voided later; False where a payment is final
+    # when it lands (a transfer on chain). `no_capture_or_void_why` says why to a person.
+    has_capture_and_void: bool
+    no_capture_or_void_why: str
+    # A payment names a provider payment-method token (pm_…/tok_…), checked before it is
+    # stored, so card details are never held.
+    takes_payment_method_token: bool
+    # A refund is Verity's own money sent back: a person approves it, no automatic allowance.
+    refunds_need_a_person: bool
+
+    def object_type_for(self, kind: str) -> str:
+        """The provider object that records an operation of `kind` on this rail."""
+        ...
+
+    def dedupes_idempotency_keys(self) -> bool:
+        """The provider returns the first answer for a repeated key (a replay is a read)."""
+        ...
+
+    def refund_refusal(self) -> RailRefusal | None:
+        """Why no refund can be sent on this rail here (not configured), or None."""
+        ...
+
+
+class PaymentProvider(RailAdapter, Protocol):
+    """A rail whose writes and reads are provider API calls (PaymentIntent-shaped): the
+    services dispatch and read back through these."""
+
     def create_payment_intent(self, *, key: str, amount: int, currency: str,
                               payment_method: str, capture_method: str,
                               metadata: dict) -> CallResult: ...

@@ -6,12 +6,23 @@ Every function is keyword-only. Errors a caller must show to a client are raised
 
 One module per section; each imports only the ones above it:
   common -> holds -> purchases; common, holds -> observations -> reconcile -> dispatch;
-  operations and manual use reconcile and observations.
+  operations and manual use reconcile and observations; external (money the provider
+  moved without Verity) and disputes use observations and operations; the x402 rail's
+  own services: x402_reads (its read-back), x402_refunds (its transfer back, registered
+  as the rail's RailEvidence below) and x402_settle (a PAYMENT-SIGNATURE's settle).
+The operation's rail picks its provider: `provider_for(op)` (common.py), never a
+branch on `op.rail` (docs/architecture.md).
 `from payments.services import <name>` keeps working for every public name (and the
 few private ones other modules still reach for).
 """
 from ..errors import ApplyResult, DomainError
-from .common import _history, operation_workflow
+from .common import (
+    operation_workflow,
+    provider_for,
+    provider_for_rail,
+    rail_evidence_for,
+    transition_record,
+)
 from .holds import _period_start, client_limits
 from .purchases import (
     PurchaseOpened,
@@ -62,6 +73,9 @@ from .operations import (
     void_create,
 )
 from .manual import operation_overturn_review, operation_resolve_manual
+# The x402 rail's own read-back and refund send register themselves on import (its
+# RailEvidence): the generic dispatch and read-back reach them through the seam.
+from . import x402_refunds  # noqa: F401
 
 __all__ = [
     "ApplyResult",
@@ -95,14 +109,18 @@ __all__ = [
     "operations_sweep_dead_dispatches",
     "operations_verify_before_follow_up",
     "payment_create",
+    "provider_for",
+    "provider_for_rail",
     "purchase_cancel",
     "purchase_create",
     "purchase_open",
     "purchase_transition",
     "purchases_expire_stale",
     "quote_create",
+    "rail_evidence_for",
     "refund_approve",
     "refund_decline",
     "refund_request",
+    "transition_record",
     "void_create",
 ]

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db.models import Q, Sum
@@ -22,8 +23,8 @@ from ..enums import TERMINAL_OUTCOMES, Grade, OperationKind, Outcome, Reason
 from ..errors import DomainError
 from ..locks import lock_purchase_and_operation
 from ..models import OperationTransition, PaymentOperation, ProviderCall, Purchase
-from ..providers.base import CallResult
-from ..providers.stripe import get_provider
+from ..providers.base import CallResult, RailAdapter
+from ..providers.registry import adapter_for_rail
 
 
 log = logging.getLogger("verity.payments")
@@ -49,9 +50,9 @@ _HISTORY_BATCH = threading.local()
 
 @contextmanager
 def history_batch() -> Iterator[None]:
-    """Inside the caller's transaction: history rows written by `_history` are collected
-    and inserted in one statement when the block ends (discarded if it raises, as the
-    transaction is). For a set-based apply (the reconcile sweep) whose steps never read
+    """Inside the caller's transaction: history rows written by `transition_record` are
+    collected and inserted in one statement when the block ends (discarded if it raises, as
+    the transaction is). For a set-based apply (the reconcile sweep) whose steps never read
     back the history rows they write in the same block."""
     if getattr(_HISTORY_BATCH, "rows", None) is not None:
         yield  # already collecting: the outer block inserts
@@ -67,8 +68,13 @@ def history_batch() -> Iterator[None]:
         _HISTORY_BATCH.rows = None
 
 
-def _history(*, purchase_id: str, operation: PaymentOperation | None, field: str, source: str,
-             target: str, cause: str, evidence: dict | None = None, actor: str = "") -> None:
+def transition_record(*, purchase_id: str, operation: PaymentOperation | None, field: str,
+                      source: str, target: str, cause: str, evidence: dict | None = None,
+                      actor: str = "") -> None:
+    """Append one row to the purchase's transition history (OperationTransition): a
+    purchase's status (`operation=None`) or an operation's outcome moved from `source` to
+    `target`, why (`cause`), on what evidence and by whom. Inside the caller's transaction,
+    so a change and its history commit together; batched inside `history_batch()`."""
     row = OperationTransition(
         purchase_id=purchase_id, operation=operation, field=field, source=source,
         target=target, cause=cause, evidence=evidence or {}, actor=actor)
@@ -92,8 +98,8 @@ def _purchase_to(purchase: Purchase, name: str, *, cause: str, actor: str = "",
     if purchase.status == source:
         return False
     purchase.save(update_fields=purchase.status_change_fields())
-    _history(purchase_id=purchase.id, operation=None, field="status", source=source,
-             target=purchase.status, cause=cause, evidence=evidence, actor=actor)
+    transition_record(purchase_id=purchase.id, operation=None, field="status", source=source,
+                      target=purchase.status, cause=cause, evidence=evidence, actor=actor)
     return True
 
 
@@ -102,8 +108,8 @@ def _op_to(op: PaymentOperation, name: str, *, cause: str, actor: str = "",
     source = op.outcome
     getattr(op, name)()
     op.save(update_fields=["outcome", "stage", "updated_at", *fields])
-    _history(purchase_id=op.purchase_id, operation=op, field="outcome", source=source,
-             target=op.outcome, cause=cause, evidence=evidence, actor=actor)
+    transition_record(purchase_id=op.purchase_id, operation=op, field="outcome", source=source,
+                      target=op.outcome, cause=cause, evidence=evidence, actor=actor)
 
 
 def _dispatch_backstop(op: PaymentOperation) -> None:
@@ -229,15 +235,53 @@ def _lock_or_404(operation_id: str) -> tuple[Purchase, PaymentOperation]:
         raise DomainError("not_found", "No such operation.", status=404) from None
 
 
-def _audit(*, actor: str, action: str, op: PaymentOperation, reason: str,
-           detail: dict | None = None) -> None:
+def operation_audit_write(*, actor: str, action: str, op: PaymentOperation, reason: str,
+                          detail: dict | None = None) -> None:
+    """The audit row (audit.services.audit_write) of a person's or the provider's action on
+    one operation, in the caller's transaction (the action and its row commit together)."""
     audit_write(actor=actor, action=action, target_type="operation",
                 target_id=op.id, purchase_id=op.purchase_id, reason=reason,
                 detail=detail or {})
 
 
-def _provider():
-    return get_provider()
+# -- the rail seam (docs/architecture.md) ------------------------------------------------
+# The operation's rail picks its adapter (payments/providers/registry.py); the services
+# ask the adapter what the rail can do and never test `op.rail` themselves.
+
+
+def provider_for_rail(rail: str) -> RailAdapter:
+    """The adapter of `rail` (UnknownRail when none is registered)."""
+    return adapter_for_rail(rail)
+
+
+def provider_for(op: PaymentOperation) -> RailAdapter:
+    """The adapter of the operation's rail: the one way the services reach a provider."""
+    return adapter_for_rail(op.rail)
+
+
+@dataclass(frozen=True)
+class RailEvidence:
+    """A rail that keeps its evidence in Verity's own tables (x402: the authorization and
+    the refund's transfer back) reads back and sends refunds through its own services,
+    which read and write those rows; a rail without one reads back and dispatches through
+    its adapter's API calls alone (payments.providers.base.PaymentProvider)."""
+
+    read_back: Callable[[PaymentOperation], CallResult]
+    refund_send: Callable[[PaymentOperation], None]
+
+
+_RAIL_EVIDENCE: dict[str, RailEvidence] = {}
+
+
+def rail_evidence_register(rail: str, evidence: RailEvidence) -> None:
+    """Called once by the rail's services module (payments/services/__init__.py imports
+    it), so the generic read-back and dispatch need not import it."""
+    provider_for_rail(rail)  # only a registered rail
+    _RAIL_EVIDENCE[str(rail)] = evidence
+
+
+def rail_evidence_for(rail: str) -> RailEvidence | None:
+    return _RAIL_EVIDENCE.get(str(rail))
 
 
 def _record_call(call: ProviderCall, result: CallResult) -> None:

@@ -17,7 +17,6 @@ from ..enums import (
     OperationKind,
     Outcome,
     Owner,
-    Rail,
     Reason,
     RetryAdvice,
     Verification,
@@ -27,15 +26,15 @@ from ..locks import assert_no_transaction_outside_transaction, lock_purchase_and
 from ..models import PaymentOperation, ProviderCall
 from ..providers.base import ProviderObject, outcome_from_object, shows_no_money_moved
 from .common import (
-    _audit,
     _halted,
-    _history,
     _lock_or_404,
-    _provider,
     _record_call,
+    operation_audit_write,
     operation_workflow,
+    provider_for,
+    transition_record,
 )
-from .observations import _apply_locked, _mismatch, operation_apply_observation
+from .observations import _mismatch, operation_apply_observation, outcome_apply_locked
 from .reconcile import _read_back, _schedule_acknowledged_read_back, refund_never_received
 
 
@@ -49,16 +48,6 @@ def _refuse_unresolvable(op: PaymentOperation, *, acting_client, acting_user) ->
         raise DomainError("not_resolvable", f"An operation that is {op.outcome} cannot be "
                           "resolved by hand.", status=409, operation=op.id,
                           purchase=op.purchase_id, owner=Owner.NONE)
-
-
-# A card refund's statuses in which the provider may still pay the buyer back.
-_REFUND_IN_FLIGHT = frozenset({"pending", "requires_action"})
-
-
-# PaymentIntent statuses a person's "failed" can be made true by cancelling first, so the
-# buyer (3-D Secure) or a slow confirm cannot complete it later.
-_CANCELLABLE_PI = frozenset({"requires_payment_method", "requires_confirmation",
-                             "requires_action"})
 
 
 def _provider_contradicts(op: PaymentOperation, obj: ProviderObject, proposed: str) -> None:
@@ -97,9 +86,10 @@ def _cancel_before_manual_failure_outside_transaction(op: PaymentOperation, *, a
         call = ProviderCall.objects.create(
             operation=locked, purpose=CallPurpose.DISPATCH, step=CallStep.CANCEL,
             attempt=attempt, key=locked.provider_key(CallStep.CANCEL))  # same key: idempotent
-        _audit(actor=actor, action="operation_cancel_at_provider", op=locked, reason=reason,
-               detail={"provider_reference": ref, "before_manual_failure": True})
-    result = _provider().cancel_payment_intent(key=call.key, intent_id=ref)
+        operation_audit_write(actor=actor, action="operation_cancel_at_provider", op=locked,
+                              reason=reason,
+                              detail={"provider_reference": ref, "before_manual_failure": True})
+    result = provider_for(op).cancel_payment_intent(key=call.key, intent_id=ref)
     _record_call(call, result)
     obj = result.object
     if result.classification != Classification.OK or obj is None:
@@ -111,7 +101,7 @@ def _cancel_before_manual_failure_outside_transaction(op: PaymentOperation, *, a
                                     cause="cancel_before_manual_failure", actor=actor)
         if outcome_from_object(obj, kind=op.kind) == Outcome.SUCCEEDED:
             _provider_contradicts(op, obj, Outcome.FAILED)
-        if obj.status == "canceled":
+        if obj.canceled:
             return
     raise DomainError(
         "provider_cancel_failed", "The provider did not confirm cancelling this payment, so "
@@ -175,15 +165,7 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
             extra={"provider": {"object": "refund", "id": "", "status": "not_found"}})
     elif (outcome == Outcome.FAILED and obj is not None
           and (op.kind in PAYMENT_KINDS or op.kind == OperationKind.REFUND)
-          and (obj.status == "processing"
-               # a card refund the provider still processes (Stripe `pending`,
-               # `requires_action`) may yet pay the buyer back
-               or (obj.object_type == "refund" and obj.status in _REFUND_IN_FLIGHT)
-               or (obj.object_type == "x402_transfer" and obj.status == "pending")
-               # a transfer broadcast but not mined reads as an authorization still
-               # `unused`, with its hash: it may still land
-               or (obj.object_type == "x402_transfer" and obj.status == "unused"
-                   and obj.id))):
+          and obj.money_in_flight):
         # The provider is still moving the money (a PaymentIntent `processing`, an x402
         # transfer broadcast but not yet mined, a refund or transfer back on its way) and
         # may yet succeed; a "failed" now invites a retry that charges twice — or a second
@@ -198,7 +180,7 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
                                 "status": obj.status}})
     elif (outcome == Outcome.FAILED and op.kind in PAYMENT_KINDS and op.provider_reference
           and (op.outcome == Outcome.AWAITING_BUYER
-               or (obj is not None and obj.status in _CANCELLABLE_PI))):
+               or (obj is not None and obj.cancellable))):
         _cancel_before_manual_failure_outside_transaction(op, actor=actor, reason=reason)
     with transaction.atomic():
         purchase, op = _lock_or_404(operation_id)
@@ -211,20 +193,20 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
                               purchase=purchase.id)
         if not evidence_applied:
             _refuse_unresolvable(op, acting_client=acting_client, acting_user=acting_user)
-            _apply_locked(purchase, op, Outcome(outcome), grade=Grade.ACKNOWLEDGED,
-                          verification=Verification.MANUAL, cause="manual_resolution",
-                          actor=actor, evidence={"reason": reason,
-                                                 "provider_read": read.classification},
-                          reason=Reason.MANUAL if outcome == Outcome.FAILED else "")
+            outcome_apply_locked(purchase, op, Outcome(outcome), grade=Grade.ACKNOWLEDGED,
+                                 verification=Verification.MANUAL, cause="manual_resolution",
+                                 actor=actor, evidence={"reason": reason,
+                                                        "provider_read": read.classification},
+                                 reason=Reason.MANUAL if outcome == Outcome.FAILED else "")
             # The person's word stands until the provider can be read back.
             op.reconcile_attempts = 0
             _schedule_acknowledged_read_back(op)
         Resolution.objects.create(operation_id=op.id, purchase_id=purchase.id, outcome=outcome,
                                   reason=reason, actor=actor)
         if audit:
-            _audit(actor=actor, action="operation_resolve", op=op, reason=reason,
-                   detail={"outcome": outcome, "grade": op.grade,
-                           "provider_read": read.classification})
+            operation_audit_write(actor=actor, action="operation_resolve", op=op, reason=reason,
+                                  detail={"outcome": outcome, "grade": op.grade,
+                                          "provider_read": read.classification})
         if bind is not None:
             bind(op)
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
@@ -244,8 +226,8 @@ def operation_overturn_review(*, operation_id: str, actor: str, reason: str) -> 
         op.next_action_owner = (Owner.BUYER if op.outcome == Outcome.FAILED
                                 and op.kind in PAYMENT_KINDS else Owner.NONE)
         op.save(update_fields=["next_action_owner", "updated_at"])
-        _history(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
-                 target=op.outcome, cause="overturn_reviewed", evidence={"reason": reason},
-                 actor=actor)
-        _audit(actor=actor, action="overturn_review", op=op, reason=reason)
+        transition_record(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
+                          target=op.outcome, cause="overturn_reviewed", evidence={"reason": reason},
+                          actor=actor)
+        operation_audit_write(actor=actor, action="overturn_review", op=op, reason=reason)
     return op

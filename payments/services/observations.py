@@ -24,7 +24,6 @@ from ..enums import (
     Outcome,
     Owner,
     PurchaseStatus,
-    Rail,
     Reason,
     RetryAdvice,
     Verification,
@@ -33,16 +32,16 @@ from ..errors import ApplyResult, DomainError
 from ..locks import lock_purchase_and_operation
 from ..models import Dispute, OperationTransition, PaymentOperation, Purchase
 from ..providers.base import ProviderObject, outcome_from_object
-from ..x402_reads import X402_OBJECT_TYPE
 from .common import (
     _captured_amount,
     _dispatch_backstop,
-    _history,
     _op_to,
     _purchase_refunds,
     _purchase_to,
     log,
     payment_refund_room,
+    provider_for,
+    transition_record,
 )
 from .holds import _hold_overturn, _hold_settle
 
@@ -55,14 +54,13 @@ def _expected_amount(op: PaymentOperation) -> int:
 
 def _mismatch(op: PaymentOperation, obj: ProviderObject) -> str:
     """Why this provider object cannot be this operation's, or ''."""
-    expected_type = "refund" if op.kind == OperationKind.REFUND else "payment_intent"
-    if op.rail == Rail.X402 and (op.kind in PAYMENT_KINDS or op.kind == OperationKind.REFUND):
-        expected_type = X402_OBJECT_TYPE  # a refund on this rail is a transfer back
-    if obj.object_type != expected_type:
+    provider = provider_for(op)
+    if obj.object_type != provider.object_type_for(op.kind):
         return f"object type {obj.object_type}"
-    # x402: the authorization (payer, nonce) is the identity; its transaction hash may only
-    # become known later (AuthorizationUsed log), so the hash is not compared.
-    if op.provider_reference and obj.id != op.provider_reference and op.rail != Rail.X402:
+    # Where the provider's id is not the operation's identity (x402: the authorization is,
+    # its transaction hash may only become known later), the id is not compared.
+    if (op.provider_reference and obj.id != op.provider_reference
+            and provider.reference_is_identity):
         return "provider reference"
     meta = obj.metadata or {}
     allowed_ops = {op.id, op.parent_id} if op.parent_id else {op.id}
@@ -158,10 +156,10 @@ def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: st
     source = purchase.status
     purchase.restore_after_refund(prior)
     purchase.save(update_fields=purchase.status_change_fields())
-    _history(purchase_id=purchase.id, operation=None, field="status", source=source,
-             target=purchase.status, cause=f"refund_{op.outcome}:{cause}",
-             evidence={"refund": op.id, "outcome": op.outcome, "reason": op.reason,
-                       "amount": op.amount}, actor=actor)
+    transition_record(purchase_id=purchase.id, operation=None, field="status", source=source,
+                      target=purchase.status, cause=f"refund_{op.outcome}:{cause}",
+                      evidence={"refund": op.id, "outcome": op.outcome, "reason": op.reason,
+                                "amount": op.amount}, actor=actor)
     if purchase.status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
         run_steps_put(purchase_id=purchase.id)
 
@@ -221,10 +219,10 @@ def _overturn_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, 
                                                 Reason.PROVIDER_FAILED)
         op.overturn_to_failed()
     op.save(update_fields=fields)
-    _history(purchase_id=purchase.id, operation=op, field="outcome", source=source,
-             target=op.outcome, cause=OVERTURN_CAUSE,
-             evidence={"overturned": overturned, "by": cause, "verification": verification,
-                       "provider": evidence}, actor=actor)
+    transition_record(purchase_id=purchase.id, operation=op, field="outcome", source=source,
+                      target=op.outcome, cause=OVERTURN_CAUSE,
+                      evidence={"overturned": overturned, "by": cause, "verification": verification,
+                                "provider": evidence}, actor=actor)
     _hold_overturn(op, succeeded=target == Outcome.SUCCEEDED)
     # The earlier settled message was processed: a new one (own key) resumes the work.
     outbox_put(category=OutboxCategory.OPERATION_SETTLED, payload={"operation": op.id},
@@ -286,11 +284,12 @@ def _duplicate_refused(duplicate: PaymentOperation, amount: int) -> bool:
     return refused.exists()
 
 
-def _no_x402_signer(duplicate: PaymentOperation) -> bool:
-    """An x402 duplicate goes back as a transfer from the refund signer; with none
-    configured no compensation can leave (it would hold the purchase's slot for ever): the
-    duplicate waits in the duplicates queue for a person (as refund_request refuses)."""
-    return duplicate.rail == Rail.X402 and not settings.X402_REFUND_PRIVATE_KEY
+def _rail_cannot_refund(duplicate: PaymentOperation) -> bool:
+    """The duplicate's rail cannot send a refund here (x402: a transfer back from the
+    refund signer, and none is configured): no compensation can leave (it would hold the
+    purchase's slot for ever), so the duplicate waits in the duplicates queue for a person
+    (as refund_request refuses)."""
+    return provider_for(duplicate).refund_refusal() is not None
 
 
 def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperation
@@ -308,7 +307,7 @@ def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperati
     kind = (OperationKind.VOID if duplicate.kind == OperationKind.AUTHORIZE
             else OperationKind.REFUND)
     amount = duplicate_left(duplicate)
-    if amount <= 0 or _duplicate_refused(duplicate, amount) or _no_x402_signer(duplicate):
+    if amount <= 0 or _duplicate_refused(duplicate, amount) or _rail_cannot_refund(duplicate):
         return None
     try:
         with transaction.atomic():
@@ -322,10 +321,11 @@ def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperati
             dispatch_put(operation_id=comp.id)
     except IntegrityError:
         return None
-    _history(purchase_id=purchase.id, operation=comp, field="outcome", source="",
-             target=comp.outcome, cause="duplicate_compensation",
-             evidence={"duplicate": duplicate.id, "rail": duplicate.rail, "amount": amount},
-             actor="system")
+    transition_record(
+        purchase_id=purchase.id, operation=comp, field="outcome", source="", target=comp.outcome,
+        cause="duplicate_compensation",
+        evidence={"duplicate": duplicate.id, "rail": duplicate.rail, "amount": amount},
+        actor="system")
     return comp
 
 
@@ -341,7 +341,7 @@ def duplicate_compensation_ensure(*, operation_id: str) -> PaymentOperation | No
         comp = duplicate_compensate_locked(purchase=purchase, duplicate=op)
         left = duplicate_left(op)
         if (comp is None and left > 0 and not _duplicate_refused(op, left)
-                and not _no_x402_signer(op)):
+                and not _rail_cannot_refund(op)):
             raise DomainError("payment_unresolved", "Another operation on this purchase is "
                               "not settled yet; the duplicate's refund waits for it.",
                               status=409, retry=RetryAdvice.SAME_KEY,
@@ -365,11 +365,17 @@ def _schedule_reconcile(op: PaymentOperation, *, first: bool) -> None:
                dedupe_key=f"reconcile:{op.id}", delay_seconds=delay)
 
 
-def _apply_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *, grade: str,
-                  verification: str, cause: str, actor: str, evidence: dict,
-                  reason: str = "", obj: ProviderObject | None = None,
-                  final: bool = True) -> ApplyResult:
-    """`final`: the evidence is the provider's last word on this object (a read-back, or
+def outcome_apply_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *,
+                         grade: str, verification: str, cause: str, actor: str, evidence: dict,
+                         reason: str = "", obj: ProviderObject | None = None,
+                         final: bool = True) -> ApplyResult:
+    """Move an operation to the outcome `target` and run what follows (holds, purchase
+    status, outbox), the one transition path for evidence and for people alike; the
+    caller holds the purchase and operation locks (payments.locks) in its transaction.
+    A terminal outcome never regresses: the same one upgrades a person's word to the
+    provider's, a different one is a conflict, or an overturn when final.
+
+    `final`: the evidence is the provider's last word on this object (a read-back, or
     an event whose status cannot change any more); only final evidence overturns a
     person's resolution, anything else is a conflict settled by a read-back."""
     current = op.outcome
@@ -378,9 +384,9 @@ def _apply_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *, 
             if op.grade == Grade.ACKNOWLEDGED and grade == Grade.CONFIRMED:
                 op.grade, op.verification = grade, verification  # evidence upgrades a manual
                 op.save(update_fields=["grade", "verification", "updated_at"])
-                _history(purchase_id=purchase.id, operation=op, field="outcome",
-                         source=current, target=current, cause=f"confirmed:{cause}"[:64],
-                         evidence=evidence, actor=actor)
+                transition_record(purchase_id=purchase.id, operation=op, field="outcome",
+                                  source=current, target=current, cause=f"confirmed:{cause}"[:64],
+                                  evidence=evidence, actor=actor)
                 if (current == Outcome.FAILED and op.is_compensation
                         and op.parent_id and op.parent.is_duplicate):
                     # A duplicate's return a person called failed is re-asked only once the
@@ -453,9 +459,9 @@ def _apply_observation_locked(purchase: Purchase, op: PaymentOperation, obj: Pro
     sweep takes them for a whole batch)."""
     why = _mismatch(op, obj)
     if why:
-        _history(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
-                 target=op.outcome, cause=f"mismatch:{why}", evidence=obj.safe_fields(),
-                 actor=actor)
+        transition_record(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
+                          target=op.outcome, cause=f"mismatch:{why}", evidence=obj.safe_fields(),
+                          actor=actor)
         return ApplyResult.MISMATCH
     target = outcome_from_object(obj, kind=op.kind)
     if target is None:
@@ -466,9 +472,9 @@ def _apply_observation_locked(purchase: Purchase, op: PaymentOperation, obj: Pro
         # authorization did succeed, and the void cancelled it (issue 15 defect 10).
         return ApplyResult.NO_CHANGE
     final = source == Verification.PROVIDER or obj.status in _FINAL_STATUSES
-    return _apply_locked(purchase, op, target, grade=Grade.CONFIRMED, verification=source,
-                         cause=cause, actor=actor, evidence=obj.safe_fields(), obj=obj,
-                         final=final)
+    return outcome_apply_locked(purchase, op, target, grade=Grade.CONFIRMED, verification=source,
+                                cause=cause, actor=actor, evidence=obj.safe_fields(), obj=obj,
+                                final=final)
 
 
 def _settle_without_object(operation_id: str, target: Outcome, *, reason: str, cause: str,
@@ -479,5 +485,6 @@ def _settle_without_object(operation_id: str, target: Outcome, *, reason: str, c
     with transaction.atomic():
         purchase, op = lock_purchase_and_operation(operation_id)
         grade = Grade.CONFIRMED if target == Outcome.FAILED else Grade.NONE
-        _apply_locked(purchase, op, target, grade=grade, verification=verification,
-                      cause=cause, actor="dispatcher", evidence=evidence or {}, reason=reason)
+        outcome_apply_locked(purchase, op, target, grade=grade, verification=verification,
+                             cause=cause, actor="dispatcher", evidence=evidence or {},
+                             reason=reason)

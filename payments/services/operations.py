@@ -32,22 +32,25 @@ from ..enums import (
 from ..errors import DomainError
 from ..locks import lock_client, lock_purchase, lock_purchase_or_none
 from ..models import ApiClient, PaymentOperation, Purchase
+from ..providers.registry import registered_rails
 from .common import (
     _actor,
-    _audit,
     _dispatch_backstop,
     _halted,
-    _history,
     _lock_or_404,
     _op_to,
     _purchase_to,
     REFUND_FAILURE_UNVERIFIED,
+    operation_audit_write,
     payment_captured,
     payment_refund_room,
     payment_refunds,
+    provider_for,
+    provider_for_rail,
+    transition_record,
 )
 from .holds import _check_currency_allowed, _check_limit, _period_start
-from .observations import _apply_locked
+from .observations import outcome_apply_locked
 from .purchases import purchase_bought_elsewhere
 from .reconcile import operations_verify_before_follow_up
 
@@ -61,8 +64,11 @@ def _active_op(purchase: Purchase) -> PaymentOperation | None:
     return purchase.operations.filter(outcome__in=SLOT_HOLDING_OUTCOMES).first()
 
 
-def _create_op(**fields) -> PaymentOperation:
-    """Insert under a savepoint: the partial unique indexes are the real guard. A queued
+def operation_insert_guarded(**fields) -> PaymentOperation:
+    """Create an operation row, refused (DomainError `payment_unresolved`) when the
+    purchase's partial unique indexes refuse it (another operation holds the purchase's
+    slot). Inserted under a savepoint: the indexes, not a check before the insert, are
+    the real guard. A queued
     (pending) operation gets its dispatch backstop in the same transaction."""
     try:
         with transaction.atomic():
@@ -103,7 +109,8 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
     if not payment_method or len(payment_method) > 100:
         raise DomainError("invalid_request", "payment_method is required (a provider token).",
                           status=400, retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
-    if rail == Rail.STRIPE and not PAYMENT_METHOD_TOKEN.fullmatch(payment_method):
+    if (provider_for_rail(rail).takes_payment_method_token
+            and not PAYMENT_METHOD_TOKEN.fullmatch(payment_method)):
         # Verity never holds card data: anything but a provider token (a card number above
         # all) is refused here, before it is stored, logged or sent; the message never
         # repeats the value.
@@ -210,20 +217,26 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
                               purchase=purchase.id, operation=original.id if original else None)
         _check_limit(api_client, purchase.amount)
         kind = OperationKind.AUTHORIZE if capture_method == "manual" else OperationKind.CHARGE
-        op = _create_op(
+        op = operation_insert_guarded(
             purchase=purchase, kind=kind, amount=purchase.amount, currency=purchase.currency,
             payment_method=payment_method, capture_method=capture_method, retry_of=original,
             rail=rail,
             requested_by_client=api_client,
             request_fingerprint=_fingerprint({"purchase": purchase.id, "kind": kind,
-                                              "amount": purchase.amount,
-                                              "currency": purchase.currency,
-                                              "payment_method": payment_method}))
-        _history(purchase_id=purchase.id, operation=op, field="outcome", source="",
-                 target=op.outcome, cause="operation_created",
-                 actor=api_client.name if api_client else "")
+                                                            "amount": purchase.amount,
+                                                            "currency": purchase.currency,
+                                                            "payment_method": payment_method}))
+        transition_record(purchase_id=purchase.id, operation=op, field="outcome", source="",
+                          target=op.outcome, cause="operation_created",
+                          actor=api_client.name if api_client else "")
         _purchase_to(purchase, "mark_payment_pending", cause="payment_started")
     return op
+
+
+def _rails_final() -> list[str]:
+    """The rails whose payment is final when it lands: nothing to capture or void."""
+    return [rail for rail in registered_rails()
+            if not provider_for_rail(rail).has_capture_and_void]
 
 
 def _fulfilment_started(purchase_id: str) -> bool:
@@ -243,15 +256,15 @@ def _linked_create(*, purchase_id: str, kind: str, api_client, acting_user,
         purchase = lock_purchase(purchase_id)
         if api_client is not None and purchase.api_client_id not in (None, api_client.id):
             raise DomainError("not_found", "No such purchase.", status=404)
-        paid_x402 = purchase.operations.filter(kind__in=PAYMENT_KINDS, rail=Rail.X402,
-                                               outcome=Outcome.SUCCEEDED).first()
-        if paid_x402 is not None:
-            raise DomainError("x402_has_no_void" if kind == OperationKind.VOID else
-                              "x402_has_no_capture", "This purchase was paid over x402: the "
-                              "transfer is final on chain, there is nothing to void or "
-                              "capture. A refund is a separate transfer back.", status=409,
-                              retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
-                              purchase=purchase.id, operation=paid_x402.id)
+        final = purchase.operations.filter(kind__in=PAYMENT_KINDS, rail__in=_rails_final(),
+                                           outcome=Outcome.SUCCEEDED).first()
+        if final is not None:
+            # A rail whose payment is final when it lands (x402: a transfer on chain).
+            raise DomainError(f"{final.rail}_has_no_void" if kind == OperationKind.VOID else
+                              f"{final.rail}_has_no_capture", f"This purchase was paid over "
+                              f"{final.rail}: {provider_for(final).no_capture_or_void_why}",
+                              status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
+                              purchase=purchase.id, operation=final.id)
         auth = purchase.operations.filter(kind=OperationKind.AUTHORIZE, outcome=Outcome.SUCCEEDED,
                                           is_duplicate=False).first()
         done = purchase.operations.filter(kind__in=[OperationKind.CAPTURE, OperationKind.VOID],
@@ -278,13 +291,14 @@ def _linked_create(*, purchase_id: str, kind: str, api_client, acting_user,
                               "not settled yet.", status=409, retry=RetryAdvice.FORBIDDEN,
                               owner=Owner.RECONCILIATION, purchase=purchase.id,
                               operation=active.id)
-        op = _create_op(purchase=purchase, kind=kind, amount=auth.amount, currency=auth.currency,
-                        parent=auth, provider_reference=auth.provider_reference,
-                        requested_by_client=api_client, requested_by_user=acting_user,
-                        is_compensation=compensation)
-        _history(purchase_id=purchase.id, operation=op, field="outcome", source="",
-                 target=op.outcome, cause="operation_created", actor=_actor(api_client,
-                                                                           acting_user))
+        op = operation_insert_guarded(purchase=purchase, kind=kind, amount=auth.amount,
+                                      currency=auth.currency, parent=auth,
+                                      provider_reference=auth.provider_reference,
+                                      requested_by_client=api_client, requested_by_user=acting_user,
+                                      is_compensation=compensation)
+        transition_record(purchase_id=purchase.id, operation=op, field="outcome", source="",
+                          target=op.outcome, cause="operation_created", actor=_actor(api_client,
+                                                                                    acting_user))
     return op
 
 
@@ -331,33 +345,33 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
             raise DomainError("not_refundable", "Nothing was captured on this purchase.",
                               status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id)
-        x402 = payment.rail == Rail.X402
-        if x402 and not settings.X402_REFUND_PRIVATE_KEY:
-            # No reversal exists on a chain: the money goes back as a separate transfer
-            # from the refund signer, and none is configured here.
-            raise DomainError("x402_refund_signer_missing", "This purchase was paid over "
-                              "x402: a refund is a separate transfer back to the payer, and "
-                              "no refund signer is configured (X402_REFUND_PRIVATE_KEY).",
-                              status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
+        rail = provider_for(payment)
+        refusal = rail.refund_refusal()
+        if refusal is not None:
+            # The rail cannot send a refund here (x402: no refund signer is configured).
+            raise DomainError(refusal.code, refusal.message, status=409,
+                              retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
                               purchase=purchase.id, operation=payment.id)
         if not isinstance(amount, int) or amount <= 0 or amount > refundable:
             raise DomainError("refund_exceeds_refundable",
                               f"Refundable now: {refundable} {purchase.currency}.", status=422,
                               retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id, extra={"refundable": refundable})
-        # On x402 a refund is a transfer back of Verity's own money: a person approves it
-        # (no automatic allowance), unless it compensates Verity's own duplicate.
-        auto = compensation or (not x402 and api_client is not None and acting_user is None
+        # Where a refund is a transfer back of Verity's own money (x402) a person approves
+        # it (no automatic allowance), unless it compensates Verity's own duplicate.
+        auto = compensation or (not rail.refunds_need_a_person and api_client is not None
+                                and acting_user is None
                                 and _auto_refund_allowed(payment=payment,
                                                          api_client=api_client, amount=amount))
-        op = _create_op(purchase=purchase, kind=OperationKind.REFUND, amount=amount,
-                        currency=purchase.currency, parent=payment, rail=payment.rail,
-                        requested_by_client=api_client, requested_by_user=acting_user,
-                        is_compensation=compensation,
-                        outcome=Outcome.PENDING if auto else Outcome.AWAITING_APPROVAL)
-        _history(purchase_id=purchase.id, operation=op, field="outcome", source="",
-                 target=op.outcome, cause="refund_requested",
-                 evidence={"compensation": compensation}, actor=_actor(api_client, acting_user))
+        op = operation_insert_guarded(
+            purchase=purchase, kind=OperationKind.REFUND, amount=amount, currency=purchase.currency,
+            parent=payment, rail=payment.rail, requested_by_client=api_client,
+            requested_by_user=acting_user, is_compensation=compensation,
+            outcome=Outcome.PENDING if auto else Outcome.AWAITING_APPROVAL)
+        transition_record(purchase_id=purchase.id, operation=op, field="outcome", source="",
+                          target=op.outcome, cause="refund_requested",
+                          evidence={"compensation": compensation},
+                          actor=_actor(api_client, acting_user))
     return op
 
 
@@ -371,12 +385,12 @@ def _supersede_pending_approvals(purchase: Purchase, payment: PaymentOperation) 
     reason = "superseded by the compensation of a failed fulfilment step"
     for pending in (payment_refunds(payment).filter(outcome=Outcome.AWAITING_APPROVAL)
                     .select_for_update().order_by("created_at")):
-        _apply_locked(purchase, pending, Outcome.FAILED, grade=Grade.ACKNOWLEDGED,
-                      verification=Verification.MANUAL, cause="refund_superseded",
-                      actor="recovery", evidence={"reason": reason},
-                      reason=Reason.REFUND_DECLINED)
-        _audit(actor="recovery", action="refund_decline", op=pending, reason=reason,
-               detail={"amount": pending.amount, "superseded_by_compensation": True})
+        outcome_apply_locked(purchase, pending, Outcome.FAILED, grade=Grade.ACKNOWLEDGED,
+                             verification=Verification.MANUAL, cause="refund_superseded",
+                             actor="recovery", evidence={"reason": reason},
+                             reason=Reason.REFUND_DECLINED)
+        operation_audit_write(actor="recovery", action="refund_decline", op=pending, reason=reason,
+                              detail={"amount": pending.amount, "superseded_by_compensation": True})
 
 
 # Outcomes of an automatic refund that still count against the allowance: everything but
@@ -447,8 +461,8 @@ def refund_approve(*, operation_id: str, acting_user, reason: str,
                evidence={"reason": reason}, fields=("approved_by_user",))
         _dispatch_backstop(op)
         if audit:
-            _audit(actor=acting_user.get_username(), action="refund_approve", op=op,
-                   reason=reason)
+            operation_audit_write(actor=acting_user.get_username(), action="refund_approve", op=op,
+                                  reason=reason)
     return op
 
 
@@ -465,10 +479,10 @@ def refund_decline(*, operation_id: str, reason: str, actor: str, acting_user=No
             raise DomainError("not_awaiting_approval", "This refund is not awaiting approval.",
                               status=409, operation=op.id, purchase=purchase.id,
                               owner=Owner.NONE)
-        _apply_locked(purchase, op, Outcome.FAILED, grade=Grade.ACKNOWLEDGED,
-                      verification=Verification.MANUAL, cause="refund_declined", actor=actor,
-                      evidence={"reason": reason}, reason=Reason.REFUND_DECLINED)
-        _audit(actor=actor, action="refund_decline", op=op, reason=reason,
-               detail={"amount": op.amount, "client": acting_client.name if acting_client
-                       else None})
+        outcome_apply_locked(purchase, op, Outcome.FAILED, grade=Grade.ACKNOWLEDGED,
+                             verification=Verification.MANUAL, cause="refund_declined", actor=actor,
+                             evidence={"reason": reason}, reason=Reason.REFUND_DECLINED)
+        operation_audit_write(
+            actor=actor, action="refund_decline", op=op, reason=reason,
+            detail={"amount": op.amount, "client": acting_client.name if acting_client else None})
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)

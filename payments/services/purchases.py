@@ -36,7 +36,7 @@ from ..locks import (
     lock_quote_or_none,
 )
 from ..models import ApiClient, BuyerConfirmation, Product, Purchase, PurchaseChannel, Quote
-from .common import _actor, _history, _purchase_to
+from .common import _actor, _purchase_to, transition_record
 from .holds import _check_currency_allowed
 
 
@@ -270,14 +270,14 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
             confirmation.used_at = now
             confirmation.used_for = purchase.id
             confirmation.save(update_fields=["used_at", "used_for"])
-        _history(purchase_id=purchase.id, operation=None, field="status", source="",
-                 target=purchase.status, cause="purchase_created",
-                 evidence={"quote": quote.id, "version": quote.version,
-                           **({"buyer_confirmed": confirmation.purchase_id}
-                              if confirmation else {}),
-                           **({"storefront_confirmed": sorted(lifted)}
-                              if lifted and confirmation is None else {})},
-                 actor=api_client.name if api_client else "")
+        transition_record(purchase_id=purchase.id, operation=None, field="status", source="",
+                          target=purchase.status, cause="purchase_created",
+                          evidence={"quote": quote.id, "version": quote.version,
+                                    **({"buyer_confirmed": confirmation.purchase_id}
+                                       if confirmation else {}),
+                                    **({"storefront_confirmed": sorted(lifted)}
+                                       if lifted and confirmation is None else {})},
+                          actor=api_client.name if api_client else "")
     return PurchaseOpened(purchase, True)
 
 
@@ -337,9 +337,9 @@ def buyer_confirmation_issue(*, purchase_id: str) -> str:
             purchase=purchase, code_hash=_code_hash(code),
             expires_at=timezone.now() + timedelta(
                 seconds=settings.BUYER_CONFIRMATION_TTL_SECONDS))
-        _history(purchase_id=purchase.id, operation=None, field="status",
-                 source=purchase.status, target=purchase.status,
-                 cause="buyer_confirmed_new_purchase", actor="buyer:status_page")
+        transition_record(purchase_id=purchase.id, operation=None, field="status",
+                          source=purchase.status, target=purchase.status,
+                          cause="buyer_confirmed_new_purchase", actor="buyer:status_page")
     return f"{code[:5]}-{code[5:]}"
 
 

@@ -25,7 +25,6 @@ from ..enums import (
     OperationKind,
     Outcome,
     Owner,
-    Rail,
     Reason,
     RetryAdvice,
     Stage,
@@ -41,37 +40,35 @@ from ..locks import (
 )
 from ..models import PaymentOperation, ProviderCall
 from ..providers.base import CallResult, ProviderObject, shows_no_money_moved
-from ..x402_reads import x402_read_back, x402_refund_read_back
 from .common import (
-    _audit,
     _halted,
-    _history,
     _lock_or_404,
-    _provider,
     _record_call,
     history_batch,
     log,
+    operation_audit_write,
     operation_workflow,
+    provider_for,
+    rail_evidence_for,
+    transition_record,
 )
 from .observations import (
-    _apply_locked,
     _apply_observation_locked,
     _mismatch,
     _schedule_reconcile,
     operation_apply_observation,
+    outcome_apply_locked,
 )
 
 
 def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
     """The provider read itself: by provider reference, else by metadata. Network only
-    (for the card rail no database access), so the sweep runs it on its own threads."""
-    provider = _provider()
-    if op.rail == Rail.X402 and op.kind in PAYMENT_KINDS:
-        # The chain, read-only: never a second settle (DESIGN §4, x402).
-        return CallStep.RETRIEVE, x402_read_back(op)
-    if op.rail == Rail.X402 and op.kind == OperationKind.REFUND:
-        # The refund's transfer back: its receipt and Transfer log, read-only.
-        return CallStep.RETRIEVE, x402_refund_read_back(op)
+    (no database access), so the sweep runs it on its own threads — except on a rail that
+    keeps its evidence in Verity's tables (RailEvidence: x402 reads the chain from them)."""
+    evidence = rail_evidence_for(op.rail)
+    if evidence is not None:
+        return CallStep.RETRIEVE, evidence.read_back(op)
+    provider = provider_for(op)
     if op.kind == OperationKind.REFUND:
         if op.provider_reference:
             return CallStep.RETRIEVE, provider.retrieve_refund(op.provider_reference)
@@ -180,19 +177,20 @@ def _reconcile_finish(settled: PaymentOperation, result: CallResult, *,
                 op.next_action_owner = Owner.SUPPORT
                 op.save(update_fields=["stage", "escalated_at", "next_action_owner",
                                        "updated_at"])
-                _history(purchase_id=purchase.id, operation=op, field="outcome",
-                         source=op.outcome, target=op.outcome, cause="escalated_unapplied_write",
-                         evidence={"provider_status": result.object.status,
-                                   "recovery_owner": purchase.recovery_owner}, actor=actor)
+                transition_record(
+                    purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
+                    target=op.outcome, cause="escalated_unapplied_write",
+                    evidence={"provider_status": result.object.status,
+                              "recovery_owner": purchase.recovery_owner}, actor=actor)
             if (op.reconcile_deadline and timezone.now() >= op.reconcile_deadline
                     and op.escalated_at is None):
                 op.stage, op.escalated_at = Stage.ESCALATED, timezone.now()
                 op.next_action_owner = Owner.SUPPORT
                 op.save(update_fields=["stage", "escalated_at", "next_action_owner",
                                        "updated_at"])
-                _history(purchase_id=purchase.id, operation=op, field="outcome",
-                         source=op.outcome, target=op.outcome, cause="escalated",
-                         evidence={"recovery_owner": purchase.recovery_owner}, actor=actor)
+                transition_record(purchase_id=purchase.id, operation=op, field="outcome",
+                                  source=op.outcome, target=op.outcome, cause="escalated",
+                                  evidence={"recovery_owner": purchase.recovery_owner}, actor=actor)
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
 
 
@@ -214,7 +212,7 @@ def operations_reconcile_prepare(*, operation_ids: list[str]
         refusal = _reconcile_refusal(op)
         if refusal is not None:
             refused[op_id] = refusal
-        elif op.rail == Rail.X402:  # its read-back reads the database too
+        elif rail_evidence_for(op.rail) is not None:  # its read-back reads the database
             sequential.append(op)
         else:
             readable.append(op)
@@ -380,11 +378,11 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
             purchase, locked = lock_purchase_and_operation(op.id)
             if (locked.grade == Grade.ACKNOWLEDGED and locked.outcome == Outcome.SUCCEEDED
                     and not _mismatch(locked, obj)):
-                _apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
-                              verification=Verification.PROVIDER,
-                              cause="readback_no_money_moved", actor=actor,
-                              evidence=obj.safe_fields(), reason=Reason.PROVIDER_FAILED,
-                              obj=obj, final=True)
+                outcome_apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
+                                     verification=Verification.PROVIDER,
+                                     cause="readback_no_money_moved", actor=actor,
+                                     evidence=obj.safe_fields(), reason=Reason.PROVIDER_FAILED,
+                                     obj=obj, final=True)
         return PaymentOperation.objects.select_related("purchase").get(id=op.id)
     if refund_never_received(op, result):
         # A person's word on a refund the provider never received (issue 30 part C, round
@@ -395,11 +393,11 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
             purchase, locked = lock_purchase_and_operation(op.id)
             if locked.grade == Grade.ACKNOWLEDGED and locked.outcome in (Outcome.SUCCEEDED,
                                                                            Outcome.FAILED):
-                _apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
-                              verification=Verification.PROVIDER,
-                              cause="readback_no_money_moved", actor=actor,
-                              evidence={"provider": "no refund of this operation"},
-                              reason=Reason.PROVIDER_FAILED, final=True)
+                outcome_apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
+                                     verification=Verification.PROVIDER,
+                                     cause="readback_no_money_moved", actor=actor,
+                                     evidence={"provider": "no refund of this operation"},
+                                     reason=Reason.PROVIDER_FAILED, final=True)
         return PaymentOperation.objects.select_related("purchase").get(id=op.id)
     with transaction.atomic():
         lock_purchase(op.purchase_id)
@@ -413,15 +411,13 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
     return PaymentOperation.objects.select_related("purchase").get(id=op.id)
 
 
-_UNAPPLIED_STATUSES = ("requires_confirmation",)
-
-
 def refund_never_received(op: PaymentOperation, result: CallResult) -> bool:
     """A card-rail refund with no provider reference whose read-back (by metadata) found
     no refund of this operation at a readable provider, its last send older than the
     provider's in-flight window: the provider never received it, so no money moved.
-    (An x402 refund's read-back says so itself: no transfer stored is `invalid`.)"""
-    return (op.kind == OperationKind.REFUND and op.rail != Rail.X402
+    (A rail that reads back from its own evidence says so itself: an x402 refund with no
+    transfer stored is `invalid`.)"""
+    return (op.kind == OperationKind.REFUND and rail_evidence_for(op.rail) is None
             and not op.provider_reference
             and result.classification == Classification.NOT_FOUND
             and _past_inflight_window(op))
@@ -441,7 +437,7 @@ def _confirm_unapplied(op: PaymentOperation, result: CallResult) -> bool:
     `requires_confirmation`), claimed longer ago than the provider's in-flight window."""
     return (op.kind in PAYMENT_KINDS and op.outcome == Outcome.UNKNOWN
             and result.classification == Classification.OK and result.object is not None
-            and result.object.status in _UNAPPLIED_STATUSES
+            and result.object.confirm_unapplied
             and op.confirm_claimed_at is not None
             and timezone.now() - op.confirm_claimed_at
             >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS))
@@ -499,7 +495,7 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
                           "cancelled. Try again later.", status=502, purchase=op.purchase_id,
                           operation=op.id, owner=Owner.SUPPORT)
     unapplied = (shows_no_money_moved(read.object, kind=op.kind) if contradicted
-                 else read.object.status in _UNAPPLIED_STATUSES)
+                 else read.object.confirm_unapplied)
     if not unapplied:
         _record_call(call, CallResult(Classification.REJECTED, detail="not unapplied"))
         operation_apply_observation(operation_id=op.id, obj=read.object,
@@ -509,21 +505,23 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
                           f"{read.object.status}: the confirm was not left unapplied; nothing "
                           "was cancelled.", status=409, purchase=op.purchase_id,
                           operation=op.id, owner=Owner.SUPPORT)
-    result = _provider().cancel_payment_intent(key=call.key, intent_id=op.provider_reference)
+    result = provider_for(op).cancel_payment_intent(key=call.key,
+                                                    intent_id=op.provider_reference)
     _record_call(call, result)
     if (result.classification != Classification.OK or result.object is None
-            or result.object.status != "canceled"):
+            or not result.object.canceled):
         raise DomainError("cancel_failed", "The provider did not confirm the cancel; the "
                           "payment stays unknown.", status=502, purchase=op.purchase_id,
                           operation=op.id, owner=Owner.SUPPORT)
     with transaction.atomic():
         purchase, locked = _lock_or_404(operation_id)
-        _apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
-                      verification=Verification.PROVIDER, cause="cancelled_unapplied",
-                      actor=actor, evidence={"reason": reason, **result.object.safe_fields()},
-                      reason=Reason.PROVIDER_CANCELED, obj=result.object)
-        _audit(actor=actor, action="operation_cancel_unapplied", op=locked, reason=reason,
-               detail={"provider_status": result.object.status})
+        outcome_apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
+                             verification=Verification.PROVIDER, cause="cancelled_unapplied",
+                             actor=actor,
+                             evidence={"reason": reason, **result.object.safe_fields()},
+                             reason=Reason.PROVIDER_CANCELED, obj=result.object)
+        operation_audit_write(actor=actor, action="operation_cancel_unapplied", op=locked,
+                              reason=reason, detail={"provider_status": result.object.status})
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
 
 
@@ -547,10 +545,10 @@ def operations_sweep_dead_dispatches() -> int:
                 continue
             never_confirmed = op.kind in PAYMENT_KINDS and op.confirm_claimed_at is None
             target = Outcome.FAILED if never_confirmed else Outcome.UNKNOWN
-            _apply_locked(purchase, op, target, grade=Grade.CONFIRMED if never_confirmed
-                          else Grade.NONE, verification=Verification.UNVERIFIED,
-                          cause="dead_dispatch", actor="sweeper", evidence={},
-                          reason=Reason.NOT_CONFIRMED if never_confirmed else "")
+            outcome_apply_locked(purchase, op, target, grade=Grade.CONFIRMED if never_confirmed
+                                 else Grade.NONE, verification=Verification.UNVERIFIED,
+                                 cause="dead_dispatch", actor="sweeper", evidence={},
+                                 reason=Reason.NOT_CONFIRMED if never_confirmed else "")
             count += 1
     return count
 
@@ -592,7 +590,7 @@ def operation_replay(*, operation_id: str, actor: str, acting_client=None,
             acting_user is not None and op.requested_by_user_id == acting_user.id):
         raise DomainError("replayer_is_requester", "The requester cannot replay its own "
                           "operation.", status=403, operation=op.id, purchase=op.purchase_id)
-    if not settings.STRIPE_DEDUPES_KEYS or op.rail == Rail.X402:
+    if not provider_for(op).dedupes_idempotency_keys():
         raise DomainError("replay_unsupported", "This provider does not deduplicate "
                           "idempotency keys, so a replay could charge twice. Reconcile "
                           "instead.", status=409, retry=RetryAdvice.FORBIDDEN,

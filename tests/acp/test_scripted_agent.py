@@ -61,9 +61,10 @@ def test_lost_answer_to_complete_then_retries_make_one_charge_and_one_order(
 
     # The provider applies the confirm but its answer is lost (the fault drill on the
     # next confirm, whatever its operation); the agent itself gives up waiting at once.
-    from payments.providers.stripe import get_provider
-    get_provider().arm_drill(key_prefix="*", step="confirm",
-                             mode=DrillMode.DROP_RESPONSE_AFTER_SEND)
+    from payments.enums import Rail
+    from payments.services import provider_for_rail
+    provider_for_rail(Rail.STRIPE).arm_drill(key_prefix="*", step="confirm",
+                                             mode=DrillMode.DROP_RESPONSE_AFTER_SEND)
     token, key = issue_spt(2500), str(uuid.uuid4())
     body = complete_body(token, email)
     assert agent.post(f"checkout_sessions/{sid}/complete", body, key=key,
@@ -122,13 +123,14 @@ def test_lost_answer_to_complete_then_retries_make_one_charge_and_one_order(
 
 def test_provider_down_during_complete_then_retries_make_one_charge_and_one_order(
         agent, tea, localstripe, celery_worker):
-    from payments.providers.stripe import get_provider
+    from payments.enums import Rail
+    from payments.services import provider_for_rail
 
     email = new_email()
     sid = agent.create(tea.sku, 2).json()["id"]
     # The provider cannot be reached at all: every create attempt of this complete (the
     # first send and Verity's resends of a request that provably never left) times out.
-    provider = get_provider()
+    provider = provider_for_rail(Rail.STRIPE)
     provider.arm_drill(key_prefix="*", step="create", mode=DrillMode.TIMEOUT_BEFORE_SEND,
                        times=20)
     token, key = issue_spt(2500), str(uuid.uuid4())
@@ -168,11 +170,12 @@ def test_provider_down_during_complete_then_retries_make_one_charge_and_one_orde
 
 def test_provider_down_then_back_pays_the_same_session_once(agent, tea, localstripe,
                                                             celery_worker):
-    from payments.providers.stripe import get_provider
+    from payments.enums import Rail
+    from payments.services import provider_for_rail
 
     email = new_email()
     sid = agent.create(tea.sku, 1).json()["id"]
-    provider = get_provider()
+    provider = provider_for_rail(Rail.STRIPE)
     provider.arm_drill(key_prefix="*", step="create", mode=DrillMode.TIMEOUT_BEFORE_SEND,
                        times=20)
     token = issue_spt(1250)

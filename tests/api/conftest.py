@@ -127,9 +127,10 @@ def resolver(db):
 @pytest.fixture
 def drill():
     """Arm a fault drill on an operation's provider key (the lead's fault-drill client)."""
-    from payments.providers.stripe import get_provider
+    from payments.enums import Rail
+    from payments.services import provider_for_rail
 
-    provider = get_provider()
+    provider = provider_for_rail(Rail.STRIPE)
 
     def arm(op, mode, step="confirm", times=1):
         provider.arm_drill(key_prefix=op.idempotency_key, step=step, mode=mode, times=times)

@@ -8,7 +8,9 @@ import pytest
 from payments import services
 from payments.enums import Grade, Outcome
 from payments.models import PaymentOperation
-from payments.providers.stripe import DrillMode, get_provider
+from payments.enums import Rail
+from payments.providers.stripe import DrillMode
+from payments.services import provider_for_rail
 from tests.payments.test_provider_outranks_people import _charged_twice, resolver  # noqa: F401
 from tests.recovery.conftest import settle
 
@@ -39,7 +41,7 @@ def test_a_duplicates_return_is_asked_again_only_once_the_provider_confirms_the_
     assert PaymentOperation.objects.filter(parent=first, kind="refund").count() == 1, (
         "a new return was asked on a person's unconfirmed word")
 
-    get_provider().drill_client.disarm_all()
+    provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
     services.operation_reconcile(operation_id=comp.id)  # the provider: no refund made
     assert PaymentOperation.objects.get(pk=comp.pk).grade == Grade.CONFIRMED
     settle()

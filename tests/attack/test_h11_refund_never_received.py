@@ -8,7 +8,9 @@ import pytest
 from payments import services
 from payments.enums import Grade, Outcome, PurchaseStatus
 from payments.models import PaymentOperation, Purchase
-from payments.providers.stripe import DrillMode, get_provider
+from payments.enums import Rail
+from payments.providers.stripe import DrillMode
+from payments.services import provider_for_rail
 from tests.attack.test_round3_refund_people import _paid, _refund, people  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,7 +32,7 @@ def test_a_persons_word_on_a_refund_the_provider_never_received_is_read_back(
                                                reason="the buyer's bank says so",
                                                actor="h9-resolver", acting_user=resolver)
     assert (refund.outcome, refund.grade) == (word, Grade.ACKNOWLEDGED)
-    get_provider().drill_client.disarm_all()
+    provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
 
     services.operation_reconcile(operation_id=refund.id)
     refund = PaymentOperation.objects.get(pk=refund.pk)

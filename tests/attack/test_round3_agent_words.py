@@ -11,7 +11,9 @@ import pytest
 from payments import services
 from payments.enums import Outcome
 from payments.models import ApiClient
-from payments.providers.stripe import DrillMode, get_provider
+from payments.enums import Rail
+from payments.providers.stripe import DrillMode
+from payments.services import provider_for_rail
 from tests.agents.conftest import agent_key, product  # noqa: F401 (fixtures)
 from tests.agents.test_tools import run_agent
 
@@ -37,7 +39,7 @@ def test_the_agent_is_not_told_no_money_moved_on_a_persons_unverified_failed(
     services.operation_resolve_manual(operation_id=pay.id, outcome="failed",
                                       reason="buyer says declined", actor="h9-resolver",
                                       acting_user=resolver)
-    get_provider().drill_client.disarm_all()
+    provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1  # the provider's record
 
     async def script(client, call):

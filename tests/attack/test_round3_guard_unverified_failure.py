@@ -12,7 +12,9 @@ import pytest
 from payments import services
 from payments.enums import Outcome, PurchaseStatus
 from payments.models import Purchase
-from payments.providers.stripe import DrillMode, get_provider
+from payments.enums import Rail
+from payments.providers.stripe import DrillMode
+from payments.services import provider_for_rail
 from tests.factories import ProductFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,7 +44,7 @@ def test_a_basket_whose_charge_a_person_called_failed_unverified_is_not_bought_t
     services.operation_resolve_manual(operation_id=pay.id, outcome="failed",
                                       reason="buyer says the card was declined",
                                       actor="h9-resolver", acting_user=resolver)
-    get_provider().drill_client.disarm_all()
+    provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
     assert Purchase.objects.get(pk=first.pk).status == PurchaseStatus.PAYMENT_FAILED
 
     # the agent buys the same basket for the same buyer again, with only its own answers

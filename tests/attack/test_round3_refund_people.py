@@ -12,7 +12,9 @@ import pytest
 from payments import services
 from payments.enums import Outcome
 from payments.models import PaymentOperation
-from payments.providers.stripe import DrillMode, get_provider
+from payments.enums import Rail
+from payments.providers.stripe import DrillMode
+from payments.services import provider_for_rail
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,7 +64,7 @@ def test_a_refund_a_person_called_failed_unverified_is_read_back_before_another_
                                               reason="bank says nothing came back",
                                               actor="h9-resolver", acting_user=resolver)
     assert (first.outcome, first.grade) == (Outcome.FAILED, "acknowledged")
-    get_provider().drill_client.disarm_all()  # the provider answers reads again
+    provider_for_rail(Rail.STRIPE).drill_client.disarm_all()  # the provider answers reads again
 
     try:
         again = _refund(purchase, requester, approver)

@@ -83,7 +83,9 @@ from payments.enums import (
     Verification,
 )
 from payments.models import Hold, PaymentOperation, Purchase, X402Authorization
-from payments.providers.stripe import DrillMode, get_provider
+from payments.enums import Rail
+from payments.providers.stripe import DrillMode
+from payments.services import provider_for_rail
 from recovery.halts import halt_clear, halt_set
 from recovery.models import EmailMessage, OutboxCategory, OutboxMessage, Order, WorkflowHalt
 from recovery.relay import relay_drain
@@ -214,8 +216,9 @@ def _stripe_refuses_over_refunds() -> None:
         left = captured - sum(r["amount"] for r in listed
                               if r["status"] not in ("failed", "canceled"))
         if op.amount > left:
-            get_provider().arm_drill(key_prefix=op.idempotency_key, step=CallStep.REFUND,
-                                     mode=DrillMode.HTTP_400_REFUSED, times=1)
+            provider_for_rail(Rail.STRIPE).arm_drill(
+                key_prefix=op.idempotency_key, step=CallStep.REFUND,
+                mode=DrillMode.HTTP_400_REFUSED, times=1)
 
 
 # What the new branches did, over a whole run: VERITY_LIFECYCLE_EVENTS=<file> writes the
@@ -249,7 +252,7 @@ def _chain_proxy():
         from urllib.parse import urlparse
 
         from bench.fault_proxy import FaultProxy
-        from payments.providers import x402 as x402_provider
+        from payments.providers.x402 import api as x402_provider
 
         _PROXY = FaultProxy(urlparse(os.environ["X402_RPC_URL"]).port)
         _PROXY.up()
@@ -264,7 +267,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.provider = Provider()
         self.provider.flush()
         WorkflowHalt.objects.all().delete()
-        get_provider().drill_client.disarm_all()
+        provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
         tag = self.tag = uuid.uuid4().hex[:6]
         self.product = ProductFactory(sku=f"LC-{tag}", price=2000, stock=100_000)
         a, a_key = make_client(name=f"shop-a-{tag}", limit=100_000_000, auto_refund_limit=10**9,
@@ -306,7 +309,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         django_settings.STRIPE_ACCOUNT = ""
 
     def teardown(self):
-        get_provider().drill_client.disarm_all()
+        provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
         if X402:
             self.chain.automine(True)
         WorkflowHalt.objects.all().delete()
@@ -330,10 +333,10 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _armed(self, mode, step):
         if mode:
-            get_provider().arm_drill(key_prefix="*", step=step, mode=mode, times=1)
+            provider_for_rail(Rail.STRIPE).arm_drill(key_prefix="*", step=step, mode=mode, times=1)
 
     def _disarm(self):
-        get_provider().drill_client.disarm_all()
+        provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
 
     def _dispatch_calls(self, workflow: str) -> int:
         from payments.models import ProviderCall
@@ -829,7 +832,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             return  # checkout is halted: it stays queued (the backstop owns it)
         if call is None:
             return
-        provider = get_provider()
+        provider = provider_for_rail(Rail.STRIPE)
         result = provider.create_payment_intent(
             key=op.provider_key(CallStep.CREATE), amount=op.amount, currency=op.currency,
             payment_method=op.payment_method, capture_method=op.capture_method,
@@ -899,8 +902,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         if first is None or first.outcome != Outcome.UNKNOWN:
             return
         # The provider unreadable through the resolution and the retry's read-back.
-        get_provider().arm_drill(key_prefix="*", step="read", mode=DrillMode.READ_UNAVAILABLE,
-                                 times=2)
+        provider_for_rail(Rail.STRIPE).arm_drill(key_prefix="*", step="read",
+                                                 mode=DrillMode.READ_UNAVAILABLE, times=2)
         try:
             r = self.ops_tool.post(f"operations/{first.id}/resolve",
                                    {"outcome": "failed", "reason": "buyer says declined"})
@@ -919,8 +922,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 # Verity's own path no longer charges twice here (issue 30 #10), so the
                 # duplicate is a given, as in the project's tests (_charged_twice): for the
                 # moment the retry is made, the first failure reads provider-confirmed.
-                get_provider().arm_drill(key_prefix="*", step="read",
-                                         mode=DrillMode.READ_UNAVAILABLE, times=1)
+                provider_for_rail(Rail.STRIPE).arm_drill(key_prefix="*", step="read",
+                                                         mode=DrillMode.READ_UNAVAILABLE, times=1)
                 wrong_word = PaymentOperation.objects.filter(id=first.id)
                 grade = wrong_word.values_list("grade", "verification").get()
                 wrong_word.update(grade=Grade.CONFIRMED, verification=Verification.PROVIDER)

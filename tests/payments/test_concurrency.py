@@ -55,11 +55,12 @@ CHILD = textwrap.dedent("""
     import django, os, sys
     django.setup()
     from payments import services
-    from payments.providers.stripe import get_provider
+    from payments.enums import Rail
+    from payments.services import provider_for_rail
     from payments.models import PaymentOperation
     op = PaymentOperation.objects.get(id=sys.argv[1])
-    get_provider().arm_drill(key_prefix=op.idempotency_key, step="confirm",
-                             mode="hang_after_send")
+    provider_for_rail(Rail.STRIPE).arm_drill(key_prefix=op.idempotency_key, step="confirm",
+                                             mode="hang_after_send")
     services.operation_dispatch(operation_id=op.id)
 """)
 

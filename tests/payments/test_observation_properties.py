@@ -8,7 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from payments import services
 from payments.enums import Outcome, Verification
 from payments.models import PaymentOperation
-from payments.providers.base import ProviderObject
+from payments.providers.stripe import StripeObject
 from tests.factories import PurchaseFactory
 
 STATUSES = ["requires_confirmation", "processing", "requires_action", "succeeded",
@@ -30,7 +30,7 @@ class ObservationMachine(RuleBasedStateMachine):
 
     def _obj(self, status, foreign):
         error = status.endswith("+error")
-        return ProviderObject(
+        return StripeObject(
             object_type="payment_intent", id=self.op.provider_reference,
             status=status.split("+")[0], amount=self.op.amount + (1 if foreign else 0),
             currency=self.op.currency.upper(),

@@ -8,7 +8,9 @@ import pytest
 from django.conf import settings
 
 from payments.models import ProviderCall
-from payments.providers.stripe import DrillMode, get_provider
+from payments.enums import Rail
+from payments.providers.stripe import DrillMode
+from payments.services import provider_for_rail
 from support.models import AuditEntry
 from tests.api.conftest import Api
 from tests.factories import ProductFactory, make_client
@@ -52,12 +54,12 @@ def test_flows_leak_nothing(caplog):
     record(api.pay(declined["id"], method="pm_card_chargeCustomerFail"))
     lost = api.new_purchase(product.sku)
     # The next confirm answer is dropped after the provider applied it: an unknown outcome.
-    get_provider().arm_drill(key_prefix="*", step="confirm",
-                             mode=DrillMode.DROP_RESPONSE_AFTER_SEND)
+    provider_for_rail(Rail.STRIPE).arm_drill(key_prefix="*", step="confirm",
+                                             mode=DrillMode.DROP_RESPONSE_AFTER_SEND)
     try:
         record(api.pay(lost["id"]))
     finally:
-        get_provider().drill_client.disarm_all()
+        provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
     for pid in (ok["id"], declined["id"], lost["id"]):
         record(api.get(f"purchases/{pid}"))
     record(api.get("purchases/pur_doesnotexist"))

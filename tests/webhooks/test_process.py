@@ -358,7 +358,8 @@ def test_charge_refunded_prompts_a_read_back_of_the_open_refund(
 
 
 def test_webhook_first_then_the_synchronous_answer_changes_nothing(client, new_purchase, pay):
-    from payments.providers.stripe import get_provider
+    from payments.enums import Rail
+    from payments.services import provider_for_rail
 
     purchase = new_purchase()
     op = pay(purchase, drop_response=True)
@@ -368,7 +369,7 @@ def test_webhook_first_then_the_synchronous_answer_changes_nothing(client, new_p
     before = history(op)
 
     # the synchronous path's phase 3 arriving late, through the same one function
-    answer = get_provider().retrieve_payment_intent(op.provider_reference).object
+    answer = provider_for_rail(Rail.STRIPE).retrieve_payment_intent(op.provider_reference).object
     late = services.operation_apply_observation(
         operation_id=op.pk, obj=answer, source=Verification.PROVIDER, cause="confirm_ok")
 

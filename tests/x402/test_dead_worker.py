@@ -11,7 +11,7 @@ from django.utils import timezone
 from payments import services
 from payments.models import PaymentOperation, ProviderCall, Purchase, X402Authorization
 from payments.providers.x402 import parse_payment_signature
-from payments.x402_rail import _phase1
+from payments.services.x402_settle import _phase1
 from tests.x402.conftest import sign
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -9,8 +9,9 @@ import secrets
 from django.core.management.base import BaseCommand, CommandError
 
 from payments import services
+from payments.enums import Rail
 from payments.models import ApiClient, Product
-from payments.providers.stripe import DrillMode, DrillRefused, get_provider
+from payments.providers.stripe import DrillMode, DrillRefused
 
 
 class Command(BaseCommand):
@@ -39,8 +40,9 @@ class Command(BaseCommand):
         op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
                                      payment_method="pm_card_visa")
         try:
-            get_provider().arm_drill(key_prefix=op.idempotency_key, step="confirm",
-                                     mode=DrillMode.DROP_RESPONSE_AFTER_SEND)
+            services.provider_for_rail(Rail.STRIPE).arm_drill(
+                key_prefix=op.idempotency_key, step="confirm",
+                mode=DrillMode.DROP_RESPONSE_AFTER_SEND)
         except DrillRefused as exc:
             raise CommandError(str(exc)) from exc
         op = services.operation_dispatch(operation_id=op.id)

@@ -1,25 +1,34 @@
 """Read-only reconciliation of an x402 charge from the chain (DESIGN §4, x402).
 
-Called by payments.services' read-back for operations on rail x402: reads the chain
-through the adapter (payments.providers.x402), remembers what it saw on the operation's
-X402Authorization row (transaction, block, confirmations), and hands back the
-provider-neutral object that the one observation function applies. Never a settle.
+The x402 rail's read-back (its `RailEvidence.read_back`, registered in
+payments/services/x402_refunds.py): reads the chain through the adapter
+(payments.providers.x402), remembers what it saw on the operation's X402Authorization
+row (transaction, block, confirmations), and hands back the provider-neutral object that
+the one observation function applies. Never a settle.
 """
 from __future__ import annotations
 
-from payments.enums import Classification, Outcome
-
-from .models import PaymentOperation, X402Authorization, X402RefundTransfer
-from .providers.base import CallResult, ProviderObject
-from .providers.x402 import (
+from ..enums import PAYMENT_KINDS, Classification, OperationKind, Outcome
+from ..models import PaymentOperation, X402Authorization, X402RefundTransfer
+from ..providers.base import CallResult
+from ..providers.x402 import (
     OBJECT_TYPE,
     ChainStatus,
+    X402Transfer,
     get_chain_reader,
     read_refund_transfer,
     transfer_object,
 )
 
-X402_OBJECT_TYPE = OBJECT_TYPE
+
+def x402_operation_read_back(op: PaymentOperation) -> CallResult:
+    """The chain, read-only: never a second settle (DESIGN §4, x402). A payment by its
+    authorization; a refund by its transfer back (receipt and Transfer log)."""
+    if op.kind in PAYMENT_KINDS:
+        return x402_read_back(op)
+    if op.kind == OperationKind.REFUND:
+        return x402_refund_read_back(op)
+    return CallResult(Classification.REJECTED, detail=f"no {op.kind} on the x402 rail")
 
 
 def x402_read_back(op: PaymentOperation) -> CallResult:
@@ -64,7 +73,7 @@ def x402_refund_read_back(op: PaymentOperation) -> CallResult:
         return CallResult(Classification.UNKNOWN,
                           detail="in flight: the send is claimed and may still be signed")
     if row is None or not row.transaction_hash:
-        return CallResult(Classification.OK, object=ProviderObject(
+        return CallResult(Classification.OK, object=X402Transfer(
             OBJECT_TYPE, id="", status=ChainStatus.INVALID, amount=op.amount,
             currency=op.currency, failure_code="provider_unreachable",
             metadata={"operation_id": op.id, "purchase_id": op.purchase_id}))
@@ -82,7 +91,7 @@ def x402_refund_read_back(op: PaymentOperation) -> CallResult:
         return CallResult(Classification.UNKNOWN,
                           detail="in flight: the stored transfer failed; the send is still out")
     failure = "provider_failed" if view.status == ChainStatus.INVALID else ""
-    return CallResult(Classification.OK, object=ProviderObject(
+    return CallResult(Classification.OK, object=X402Transfer(
         OBJECT_TYPE, id=view.transaction, status=view.status, amount=op.amount,
         currency=op.currency, failure_code=failure,
         metadata={"operation_id": op.id, "purchase_id": op.purchase_id}))

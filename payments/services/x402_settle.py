@@ -10,12 +10,12 @@ PAYMENT-SIGNATURE and this service settles it in three phases (STYLE rule 5):
    settle step claimed once and the hold reserved;
 2. the facilitator's settle, with no transaction open;
 3. its answer applied through the one observation function
-   (services.operation_apply_observation), classified as DESIGN §4 (x402) says.
+   (operation_apply_observation), classified as DESIGN §4 (x402) says.
 
 Idempotency: (payer, nonce) and the `payment-identifier` extension id identify the
 operation. The same payload again is a replay of the operation's *current* state, never
 a second settle; the same identity with a different payload is 409. After an answer that
-proves nothing, the chain decides (payments.x402_reads, read-only).
+proves nothing, the chain decides (payments.services.x402_reads, read-only).
 """
 from __future__ import annotations
 
@@ -29,8 +29,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import services
-from .enums import (
+from ..enums import (
     PAYMENT_KINDS,
     CallStep,
     Classification,
@@ -40,11 +39,15 @@ from .enums import (
     RetryAdvice,
     Verification,
 )
-from .locks import assert_no_transaction_outside_transaction
-from .models import PaymentOperation, Product, ProviderCall, Purchase, X402Authorization
-from .providers import x402 as adapter
-from .providers.base import ProviderObject
-from .services import DomainError
+from ..errors import DomainError
+from ..locks import assert_no_transaction_outside_transaction
+from ..models import PaymentOperation, Product, ProviderCall, Purchase, X402Authorization
+from ..providers import x402 as adapter
+from ..providers.base import ProviderObject
+from .dispatch import operation_claim_write
+from .observations import operation_apply_observation
+from .operations import payment_create
+from .reconcile import operation_reconcile_on_demand, operations_verify_before_follow_up
 
 _PAYABLE = ("awaiting_payment", "payment_failed")
 
@@ -253,9 +256,9 @@ def _phase1(*, purchase: Purchase, api_client, signed: adapter.SignedPayment,
     if last_failed is not None:
         # A new authorization after a failed one is a retry of it on purpose; a failure
         # that is only a person's word is read back first (DESIGN §4).
-        services.operations_verify_before_follow_up(purchase_id=purchase.id)
+        operations_verify_before_follow_up(purchase_id=purchase.id)
     with transaction.atomic():
-        op = services.payment_create(
+        op = payment_create(
             purchase_id=purchase.id, api_client=api_client, payment_method=f"x402:{signed.payer}",
             retry_of=last_failed.id if last_failed else None, rail=Rail.X402)
         with transaction.atomic():
@@ -266,7 +269,7 @@ def _phase1(*, purchase: Purchase, api_client, signed: adapter.SignedPayment,
                 valid_before=signed.valid_before, signature_hash=signed.signature_hash,
                 payload_hash=signed.payload_hash, payment_identifier=signed.payment_identifier,
                 settle_answer={"search_from_block": checked_block})
-        call = services.operation_claim_write(operation_id=op.id, step=CallStep.SETTLE)
+        call = operation_claim_write(operation_id=op.id, step=CallStep.SETTLE)
     return PaymentOperation.objects.get(id=op.id), call
 
 
@@ -301,9 +304,9 @@ def _answer_object(op: PaymentOperation, answer: adapter.SettleAnswer) -> Provid
         status = adapter.ChainStatus.UNKNOWN
     failure = answer.reason or ("provider_unreachable"
                                 if answer.kind == adapter.SettleKind.NOT_SENT else "")
-    return ProviderObject(adapter.OBJECT_TYPE, id=answer.transaction, status=status,
-                          amount=op.amount, currency=op.currency, failure_code=failure,
-                          metadata={"operation_id": op.id, "purchase_id": op.purchase_id})
+    return adapter.X402Transfer(adapter.OBJECT_TYPE, id=answer.transaction, status=status,
+                                amount=op.amount, currency=op.currency, failure_code=failure,
+                                metadata={"operation_id": op.id, "purchase_id": op.purchase_id})
 
 
 def _search_from_block(op: PaymentOperation) -> int | None:
@@ -329,15 +332,14 @@ def _settle_outside_transaction(op: PaymentOperation, call: ProviderCall,
                        "search_from_block": _search_from_block(op)},
         transaction_hash=answer.transaction or "")
     obj = _answer_object(op, answer)
-    services.operation_apply_observation(operation_id=op.id, obj=obj, source=Verification.PROVIDER,
-                                         cause=f"settle_{answer.kind}")
+    operation_apply_observation(operation_id=op.id, obj=obj, source=Verification.PROVIDER,
+                                cause=f"settle_{answer.kind}")
     if PaymentOperation.objects.filter(id=op.id, outcome=Outcome.DISPATCHING).exists():
         # The answer named nothing applicable: what happened is unknown, the chain decides.
-        services.operation_apply_observation(
-            operation_id=op.id, obj=ProviderObject(adapter.OBJECT_TYPE, id=answer.transaction,
-                                                   status=adapter.ChainStatus.UNKNOWN,
-                                                   amount=op.amount, currency=op.currency,
-                                                   metadata={"operation_id": op.id}),
+        operation_apply_observation(
+            operation_id=op.id, obj=adapter.X402Transfer(
+                adapter.OBJECT_TYPE, id=answer.transaction, status=adapter.ChainStatus.UNKNOWN,
+                amount=op.amount, currency=op.currency, metadata={"operation_id": op.id}),
             source=Verification.PROVIDER, cause="settle_no_verdict")
 
 
@@ -345,7 +347,7 @@ def _refreshed(op: PaymentOperation) -> PaymentOperation:
     """A replay of an open operation reads the chain first (read-only, rate-limited per
     operation): the agent's retry learns what happened, it never causes a second settle."""
     if op.outcome in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER):
-        services.operation_reconcile_on_demand(operation_id=op.id, actor="x402_replay")
+        operation_reconcile_on_demand(operation_id=op.id, actor="x402_replay")
     return PaymentOperation.objects.select_related("purchase").get(id=op.id)
 
 

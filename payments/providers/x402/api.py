@@ -57,15 +57,15 @@ from x402.schemas import (  # noqa: E402
 
 sys.setrecursionlimit(_RECURSION_LIMIT)
 
-from payments.enums import Classification, Reason  # noqa: E402
+from payments.enums import Classification, Outcome, Reason  # noqa: E402
 
-from .base import CallResult, ProviderObject  # noqa: E402
+from ..base import CallResult, ProviderObject  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 OBJECT_TYPE = "x402_transfer"
 
-# The chain-level statuses an x402_transfer object carries (base.outcome_from_object maps
+# The chain-level statuses an x402_transfer object carries (X402Transfer.outcome_for maps
 # them): confirmed -> succeeded; pending -> awaiting_provider; expired/canceled/invalid ->
 # failed; unknown -> unknown; anything else: no verdict.
 class ChainStatus:
@@ -84,6 +84,50 @@ class ChainStatus:
 
 
 USED_ELSEWHERE_REASON = Reason.AUTHORIZATION_USED_ELSEWHERE.value
+
+
+class X402Transfer(ProviderObject):
+    """An EIP-3009 authorization's transfer (or a refund's transfer back) as the chain
+    shows it: the x402 rail's vocabulary (payments.providers.base.ProviderObject)."""
+
+    @property
+    def canceled(self) -> bool:
+        return self.status == ChainStatus.CANCELED
+
+    @property
+    def money_in_flight(self) -> bool:
+        # Broadcast but not mined: `pending`, or an authorization still `unused` whose
+        # transaction hash is known (it may still land).
+        return self.status == ChainStatus.PENDING or (
+            self.status == ChainStatus.UNUSED and bool(self.id))
+
+    @property
+    def refund_returned_nothing(self) -> bool:
+        return self.status in (ChainStatus.INVALID, ChainStatus.EXPIRED, ChainStatus.CANCELED)
+
+    @property
+    def refund_in_flight(self) -> bool:
+        return self.status == ChainStatus.PENDING
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == ChainStatus.CONFIRMED
+
+    def outcome_for(self, kind: str) -> Outcome | None:
+        # What the chain (or the facilitator's answer) says of one EIP-3009 authorization
+        # or transfer back (DESIGN §4, x402): `unused` (still usable) is no verdict.
+        return _CHAIN_OUTCOME.get(self.status)
+
+    def shows_no_money_moved(self, kind: str) -> bool:
+        # `unused` is not proof (a broadcast transfer may still be mined); the no-money
+        # states (expired, canceled, invalid) are verdicts already.
+        return False
+
+
+_CHAIN_OUTCOME = {ChainStatus.CONFIRMED: Outcome.SUCCEEDED,
+                  ChainStatus.PENDING: Outcome.AWAITING_PROVIDER,
+                  ChainStatus.EXPIRED: Outcome.FAILED, ChainStatus.CANCELED: Outcome.FAILED,
+                  ChainStatus.INVALID: Outcome.FAILED, ChainStatus.UNKNOWN: Outcome.UNKNOWN}
 
 
 class SettleKind:
@@ -469,9 +513,9 @@ def transfer_object(*, view: ChainView, operation_id: str, purchase_id: str, amo
                ChainStatus.CANCELED: "authorization_canceled",
                ChainStatus.USED_ELSEWHERE: USED_ELSEWHERE_REASON}.get(view.status, "")
     status = ChainStatus.INVALID if view.status == ChainStatus.USED_ELSEWHERE else view.status
-    return ProviderObject(OBJECT_TYPE, id=view.transaction, status=status, amount=amount,
-                          currency=currency, failure_code=failure,
-                          metadata={"operation_id": operation_id, "purchase_id": purchase_id})
+    return X402Transfer(OBJECT_TYPE, id=view.transaction, status=status, amount=amount,
+                        currency=currency, failure_code=failure,
+                        metadata={"operation_id": operation_id, "purchase_id": purchase_id})
 
 
 def chain_call_result(fn) -> CallResult:

@@ -1,6 +1,6 @@
 """Stripe webhook verification and normalisation.
 
-Besides the adapter (payments/providers/stripe.py) this is the only module that imports
+Besides the adapter (`api.py` beside it) this is the only module that imports
 `stripe`: signature checking is the SDK's (`WebhookSignature.verify_header`), so a
 constant-time compare and the header grammar are Stripe's, not ours.
 """
@@ -12,7 +12,8 @@ import time
 import stripe
 from django.conf import settings
 
-from .base import BalanceMove, DisputeObject, ProviderObject
+from ..base import BalanceMove, DisputeObject, ProviderObject
+from .objects import StripeObject
 
 
 class WebhookVerificationError(Exception):
@@ -178,7 +179,7 @@ def object_from_event_payload(event: dict) -> ProviderObject:
     if kind == "refund":
         failure_code = str(obj.get("failure_reason") or "")
     amount = obj.get("amount")
-    return ProviderObject(
+    return StripeObject(
         object_type=kind,
         id=str(obj.get("id") or ""),
         status=str(obj.get("status") or ""),

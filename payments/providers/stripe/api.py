@@ -1,4 +1,4 @@
-"""The Stripe adapter: the only module that calls the Stripe SDK for money movements.
+"""Stripe SDK calls: the only module that calls the Stripe SDK for money movements.
 
 It maps SDK answers and errors to Verity's own classification (DESIGN §4, §10.3):
   - 2xx                                   -> OK with the object's safe fields
@@ -25,10 +25,11 @@ import stripe
 import urllib3
 from django.conf import settings
 
-from payments.enums import Classification
+from payments.enums import Classification, OperationKind
 
-from .base import CallResult, ProviderObject
-from .stripe_webhooks import dispute_from_payload
+from ..base import CallResult, ProviderObject, RailRefusal
+from .objects import StripeObject
+from .webhooks import dispute_from_payload
 
 LIST_PAGE_LIMIT = 100
 LIST_MAX_PAGES = 20
@@ -222,7 +223,7 @@ def normalise(data, *, account: str = "") -> ProviderObject:
     elif object_type == "refund":
         failure_code = get("failure_reason") or ""
     metadata = get("metadata") or {}
-    return ProviderObject(
+    return StripeObject(
         object_type=object_type,
         id=get("id") or "",
         status=get("status") or "",
@@ -248,6 +249,25 @@ def _first_charge_id(data) -> str:
 
 
 class StripeProvider:
+    """The card rail (payments.providers.base.PaymentProvider)."""
+
+    rail = "stripe"
+    reference_is_identity = True  # the PaymentIntent's / Refund's id names it
+    has_capture_and_void = True
+    no_capture_or_void_why = ""
+    takes_payment_method_token = True
+    refunds_need_a_person = False  # within the client's allowance
+
+    def object_type_for(self, kind: str) -> str:
+        return "refund" if kind == OperationKind.REFUND else "payment_intent"
+
+    def dedupes_idempotency_keys(self) -> bool:
+        # Stripe does, within its window; localstripe does not.
+        return bool(settings.STRIPE_DEDUPES_KEYS)
+
+    def refund_refusal(self) -> RailRefusal | None:
+        return None
+
     def __init__(self, *, api_key: str, api_base: str | None, drills: bool) -> None:
         inner = stripe.RequestsClient(
             timeout=(settings.STRIPE_CONNECT_TIMEOUT, settings.STRIPE_READ_TIMEOUT))

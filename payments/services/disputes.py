@@ -1,7 +1,6 @@
 """Dispute services (writes): a provider dispute on one of Verity's payments.
 
-Part of payments' service layer (kept in its own module so the core services file stays
-about operations). A dispute is created and moved only by verified evidence: a matched
+A dispute is created and moved only by verified evidence: a matched
 webhook (`charge.dispute.*`, verification `webhook`) or a read-back of the provider's
 Dispute (verification `provider`). The lifecycle only moves forward
 (`DISPUTE_STATUS_RANK`): events arrive out of order and a late one never regresses the
@@ -22,11 +21,10 @@ from django.db import transaction
 from django.utils import timezone
 from django_fsm import can_proceed
 
-from payments.providers.stripe import get_provider
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
 
-from .enums import (
+from ..enums import (
     DISPUTE_CLOSED_STATUSES,
     DISPUTE_STATUS_RANK,
     PAYMENT_KINDS,
@@ -37,15 +35,15 @@ from .enums import (
     PurchaseStatus,
     Verification,
 )
-from .locks import (
+from ..locks import (
     assert_no_transaction_outside_transaction,
     lock_dispute,
     lock_purchase_and_operation,
 )
-from .models import Dispute, PaymentOperation, ProviderCall, Purchase
-from .providers.base import DisputeObject
-from .services.common import _history, payment_unsettled
-from .services.observations import duplicate_compensate_locked
+from ..models import Dispute, PaymentOperation, ProviderCall, Purchase
+from ..providers.base import DisputeObject
+from .common import payment_unsettled, provider_for, transition_record
+from .observations import duplicate_compensate_locked
 
 log = logging.getLogger("verity.payments.disputes")
 
@@ -124,8 +122,8 @@ def _purchase_status(purchase: Purchase, name: str, *, cause: str, actor: str,
     if purchase.status == source:
         return False
     purchase.save(update_fields=purchase.status_change_fields())
-    _history(purchase_id=purchase.id, operation=None, field="status", source=source,
-             target=purchase.status, cause=cause, evidence=evidence, actor=actor)
+    transition_record(purchase_id=purchase.id, operation=None, field="status", source=source,
+                      target=purchase.status, cause=cause, evidence=evidence, actor=actor)
     return True
 
 
@@ -238,9 +236,9 @@ def dispute_apply_observation(*, obj: DisputeObject, verification: str, cause: s
         dispute.funds_withdrawn, dispute.funds_reinstated, dispute.fees = _totals(moves)
         dispute.save()
         if source != dispute.status:
-            _history(purchase_id=purchase.id, operation=payment, field="dispute",
-                     source=source, target=dispute.status, cause=cause[:64],
-                     evidence=obj.safe_fields(), actor=actor)
+            transition_record(purchase_id=purchase.id, operation=payment, field="dispute",
+                              source=source, target=dispute.status, cause=cause[:64],
+                              evidence=obj.safe_fields(), actor=actor)
         _follow_purchase(purchase, dispute, cause=cause[:64], actor=actor)
         if payment.is_duplicate and dispute.status in DISPUTE_CLOSED_STATUSES:
             # The bank gave a duplicate's money back to the merchant (won, or an inquiry
@@ -262,8 +260,8 @@ def dispute_refresh(*, dispute_id: str, actor: str = "dispute-readback") -> Disp
     """
 
     assert_no_transaction_outside_transaction()
-    dispute = Dispute.objects.get(id=dispute_id)
-    result, obj = get_provider().retrieve_dispute(dispute_id)
+    dispute = Dispute.objects.select_related("payment").get(id=dispute_id)
+    result, obj = provider_for(dispute.payment).retrieve_dispute(dispute_id)
     ProviderCall.objects.create(
         operation_id=dispute.payment_id, purpose=CallPurpose.RECONCILE, step=CallStep.RETRIEVE,
         request_id=result.request_id, http_status=result.http_status,

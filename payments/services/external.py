@@ -1,6 +1,6 @@
 """Money the provider moved without Verity (writes): external linked operations.
 
-Part of payments' service layer. A verified refund, capture or cancel that no Verity
+A verified refund, capture or cancel that no Verity
 operation requested (someone used the provider's dashboard) is recorded as a linked
 PaymentOperation with `origin = provider`, created already settled by the evidence, so
 the purchase status, the refundable amount, holds, ledger and settlement comparison stay
@@ -21,9 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from payments.providers.stripe import get_provider
-
-from .enums import (
+from ..enums import (
     PAYMENT_KINDS,
     SLOT_HOLDING_OUTCOMES,
     Grade,
@@ -34,16 +32,22 @@ from .enums import (
     Stage,
     Verification,
 )
-from .errors import DomainError
-from .locks import (
+from ..errors import DomainError
+from ..locks import (
     assert_no_transaction_outside_transaction,
     lock_purchase_and_operation,
 )
-from .models import PaymentOperation
-from .providers.base import ProviderObject
-from .services.common import _audit, _history, payment_refund_room, payment_unsettled
-from .services.observations import _schedule_reconcile, _settle_effects
-from .services.operations import _create_op
+from ..models import PaymentOperation
+from ..providers.base import ProviderObject
+from .common import (
+    operation_audit_write,
+    payment_refund_room,
+    payment_unsettled,
+    provider_for,
+    transition_record,
+)
+from .observations import _schedule_reconcile, _settle_effects
+from .operations import operation_insert_guarded
 
 log = logging.getLogger("verity.payments.external")
 
@@ -93,23 +97,23 @@ def _record_locked(purchase, payment: PaymentOperation, *, kind: str, obj: Provi
     if pending:
         settled = {"outcome": Outcome.AWAITING_PROVIDER, "stage": Stage.RECONCILING,
                    "verification": verification}
-    op = _create_op(purchase=purchase, kind=kind, amount=amount, currency=payment.currency,
-                    parent=payment, provider_reference=obj.id,
-                    provider_charge=obj.latest_charge or payment.provider_charge,
-                    provider_account=payment.provider_account, origin=Origin.PROVIDER,
-                    provider_status=obj.status, next_action_owner=Owner.SUPPORT,
-                    is_compensation=False, **settled)
+    op = operation_insert_guarded(purchase=purchase, kind=kind, amount=amount,
+                                  currency=payment.currency, parent=payment,
+                                  provider_reference=obj.id,
+                                  provider_charge=obj.latest_charge or payment.provider_charge,
+                                  provider_account=payment.provider_account, origin=Origin.PROVIDER,
+                                  provider_status=obj.status, next_action_owner=Owner.SUPPORT,
+                                  is_compensation=False, **settled)
     if pending:
         _schedule_reconcile(op, first=True)
-    _history(purchase_id=purchase.id, operation=op, field="outcome", source="",
-             target=op.outcome, cause=cause[:64], evidence={**obj.safe_fields(),
-                                                            "origin": Origin.PROVIDER.value},
-             actor=actor)
+    transition_record(purchase_id=purchase.id, operation=op, field="outcome", source="",
+                      target=op.outcome, cause=cause[:64],
+                      evidence={**obj.safe_fields(), "origin": Origin.PROVIDER.value}, actor=actor)
     _settle_effects(purchase, op, cause=cause[:64], actor=actor)
-    _audit(actor="provider", action="external_operation_recorded", op=op,
-           reason=EXTERNAL_AUDIT_REASON,
-           detail={"kind": kind, "provider_reference": obj.id, "amount": amount,
-                   "currency": op.currency, "evidence": cause[:64]})
+    operation_audit_write(actor="provider", action="external_operation_recorded", op=op,
+                          reason=EXTERNAL_AUDIT_REASON,
+                          detail={"kind": kind, "provider_reference": obj.id, "amount": amount,
+                                  "currency": op.currency, "evidence": cause[:64]})
     log.warning("external %s recorded op=%s purchase=%s reference=%s amount=%s", kind, op.id,
                 purchase.id, obj.id, amount)
     return op
@@ -165,12 +169,12 @@ def external_refund_record(*, payment_operation_id: str, refund: ProviderObject,
             return ExternalApplyResult(ExternalResult.NOT_EXTERNAL, waiting, **ids)
         if payment.outcome != Outcome.SUCCEEDED:
             return ExternalApplyResult(ExternalResult.MISMATCH, "payment_not_succeeded", **ids)
-        if refund.status in ("failed", "canceled"):
+        if refund.refund_returned_nothing:
             # no money left: nothing to record (a later event cannot revive it)
             return ExternalApplyResult(ExternalResult.NOTHING_MOVED, f"refund_{refund.status}",
                                        **ids)
-        pending = refund.status in ("pending", "requires_action")
-        if refund.status != "succeeded" and not pending:
+        pending = refund.refund_in_flight
+        if not refund.succeeded and not pending:
             return ExternalApplyResult(ExternalResult.MISMATCH, "status", **ids)
         if refund.amount <= 0 or refund.amount > _refund_room(payment):
             return ExternalApplyResult(ExternalResult.MISMATCH, "amount", **ids)
@@ -192,7 +196,7 @@ def external_intent_move_record(*, payment_operation_id: str, obj: ProviderObjec
         purchase, payment = lock_purchase_and_operation(payment_operation_id)
         ids = {"operation_id": payment.id, "purchase_id": purchase.id}
         if (payment.kind != OperationKind.AUTHORIZE or payment.outcome != Outcome.SUCCEEDED
-                or obj.status not in ("succeeded", "canceled")):
+                or not (obj.succeeded or obj.canceled)):
             return ExternalApplyResult(ExternalResult.NOT_EXTERNAL, "", **ids)
         children = purchase.operations.filter(parent=payment,
                                               kind__in=[OperationKind.CAPTURE,
@@ -214,7 +218,7 @@ def external_intent_move_record(*, payment_operation_id: str, obj: ProviderObjec
             why = "purchase"
         if why:
             return ExternalApplyResult(ExternalResult.MISMATCH, why, **ids)
-        kind = OperationKind.CAPTURE if obj.status == "succeeded" else OperationKind.VOID
+        kind = OperationKind.CAPTURE if obj.succeeded else OperationKind.VOID
         op = _record_locked(purchase, payment, kind=kind, obj=obj, amount=payment.amount,
                             verification=verification, cause=cause, actor=actor)
     return ExternalApplyResult(ExternalResult.RECORDED, "", op.id, purchase.id)
@@ -229,7 +233,7 @@ def external_refunds_read(*, payment_operation_id: str) -> list[ExternalApplyRes
     payment = PaymentOperation.objects.get(id=payment_operation_id)
     if not payment.provider_reference:
         return []
-    call, refunds = get_provider().list_refunds_for_intent(payment.provider_reference)
+    call, refunds = provider_for(payment).list_refunds_for_intent(payment.provider_reference)
     out = []
     for refund in refunds:
         if refund.metadata.get("operation_id"):
@@ -263,7 +267,7 @@ def external_operation_acknowledge(*, operation_id: str, acting_user, reason: st
         op.next_action_owner = Owner.NONE
         op.save(update_fields=["acknowledged_at", "acknowledged_by", "next_action_owner",
                                "updated_at"])
-        _audit(actor=acting_user.get_username(), action="external_operation_acknowledge", op=op,
-               reason=reason, detail={"kind": op.kind, "provider_reference":
-                                      op.provider_reference})
+        operation_audit_write(actor=acting_user.get_username(),
+                              action="external_operation_acknowledge", op=op, reason=reason,
+                              detail={"kind": op.kind, "provider_reference": op.provider_reference})
     return op
