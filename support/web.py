@@ -81,8 +81,7 @@ def console_view(action: access.Action, *, post: bool = False):
                 return secure_headers(HttpResponseNotAllowed(["POST"]))
             try:
                 access.require(request.user, action)
-                with console_reads(request, post=post):
-                    response = view(request, *args, **kwargs)
+                response = console_read(view, request, post, *args, **kwargs)
             except PermissionDenied:
                 response = not_allowed(request, action)
             except Http404:
@@ -114,6 +113,19 @@ def console_reads(request, *, post: bool):
     except ValueError:
         pass  # a mangled cookie only decides where this browser's reads go
     return replica_reads()
+
+
+def console_read(view, request, post: bool, *args, **kwargs):
+    reads = console_reads(request, post=post)
+    if isinstance(reads, nullcontext):
+        return view(request, *args, **kwargs)
+    try:
+        with reads:
+            return view(request, *args, **kwargs)
+    except Http404:
+        # Not on the replica yet (created within its lag, e.g. the link in a fresh alert):
+        # the primary decides whether it exists.
+        return view(request, *args, **kwargs)
 
 
 def pin_primary_after_post(response, request, *, post: bool):
