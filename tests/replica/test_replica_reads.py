@@ -23,9 +23,12 @@ from payments.providers.stripe import DrillMode
 from support import services as console
 from support.access import Role, ensure_groups
 from support.models import Note
+from webhooks.models import EventResult, ProviderEvent
 from support.web import PRIMARY_PIN_COOKIE
 from tests.api.conftest import Api, new_key, settle_outbox
 from tests.factories import ProductFactory, make_client
+from tests.stack import free_port
+from tests.webhooks.conftest import event_for, post, provider_object
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", REPLICA])
 CONFIRM = {"confirm": "yes"}
@@ -143,10 +146,11 @@ def test_inside_a_transaction_or_after_a_write_reads_go_to_the_primary(replica):
         assert Purchase.objects.get(pk=purchase.pk).customer_email == "a@b.c"
 
 
-def test_money_paths_never_open_the_replica(replica, client, drill, localstripe):
+def test_money_paths_never_open_the_replica(replica, client, drill, localstripe, settings):
     """A claim and dispatch, an idempotent replay, a reconcile, a refund request and its
-    approval, the outbox drain (webhook processing and steps): all on the primary, while
-    the standby is configured, reachable and paused (a read there would be stale)."""
+    approval, a webhook's ingestion and processing, the outbox drain (steps): all on the
+    primary, while the standby is configured, reachable and paused (a read there would be
+    stale)."""
     api_client, key = make_client(limit=10_000_000, scopes=(
         "purchases:read", "purchases:write", "refunds:write"))
     api = Api(key, api_client)
@@ -190,12 +194,26 @@ def test_money_paths_never_open_the_replica(replica, client, drill, localstripe)
         client.force_login(approver)
         approved = client.post(reverse("support:refund-approve", args=[refund.pk]),
                                {"reason": "checked", **CONFIRM})
+        # Another unknown payment, settled by the provider's signed webhook (the object as
+        # localstripe holds it): ingested by the view, processed by the outbox drain.
+        third = _purchase(api_client)
+        op3 = pay.payment_create(purchase_id=third.pk, api_client=api_client,
+                                 payment_method="pm_card_visa")
+        drill(op3, DrillMode.DROP_RESPONSE_AFTER_SEND)
+        assert pay.operation_dispatch(operation_id=op3.pk).outcome == Outcome.UNKNOWN
+        intent = provider_object("payment_intents",
+                                 PaymentOperation.objects.get(pk=op3.pk).provider_reference)
+        event = event_for(intent, "payment_intent.succeeded")
+        delivered = post(client, event, secret=settings.STRIPE_WEBHOOK_SECRETS[0])
         # The outbox: webhook processing, steps, notifications, drained in this process.
         settle_outbox()
 
     assert first.status_code == 201 and first.json()["outcome"] == "succeeded"
     assert again.status_code == 200 and again["Idempotent-Replayed"] == "true"
     assert reconciled.status_code == 302 and approved.status_code == 302
+    assert delivered.status_code == 200
+    assert ProviderEvent.objects.get(event_id=event["id"]).result == EventResult.APPLIED
+    assert PaymentOperation.objects.get(pk=op3.pk).outcome == Outcome.SUCCEEDED
     assert PaymentOperation.objects.get(pk=op.pk).outcome == Outcome.SUCCEEDED
     assert PaymentOperation.objects.get(pk=refund.pk).outcome == Outcome.SUCCEEDED
     pi = localstripe.payment_intents_for(purchase["id"])
@@ -252,3 +270,22 @@ def test_an_action_offered_by_a_stale_page_is_decided_on_the_primary(replica, cl
     assert len(localstripe.refunds_for(pi[0]["id"])) == 1  # one refund, not two
     assert PaymentOperation.objects.filter(purchase=purchase,
                                            kind=OperationKind.REFUND).count() == 1
+
+
+def test_an_unreachable_replica_leaves_the_console_on_the_primary(replica, client):
+    api_client, _ = make_client()
+    purchase = _purchase(api_client)
+    client.force_login(_user("olga", Role.OPERATOR))
+    replica_conn = connections[REPLICA]
+    port = replica_conn.settings_dict["PORT"]
+    replica_conn.close()
+    replica_conn.settings_dict["PORT"] = str(free_port())  # nothing listens there
+    try:
+        with CaptureQueriesContext(connections["default"]) as on_primary:
+            page = client.get(reverse("support:purchase", args=[purchase.pk]))
+    finally:
+        replica_conn.close()
+        replica_conn.settings_dict["PORT"] = port
+
+    assert page.status_code == 200 and purchase.pk in page.content.decode()
+    assert _queries_on(on_primary, "payments_purchase") >= 1
