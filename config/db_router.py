@@ -79,11 +79,6 @@ def replica_reads():
         _scope.reset(token)
 
 
-def reads_alias() -> str:
-    """The alias the next ORM read would use here (for raw SQL on a routed read path)."""
-    return _choose()
-
-
 # -- replica health, cached per process --------------------------------------------------
 _health_lock = threading.Lock()
 _health: tuple[float, float | None] | None = None  # (checked at, lag or None = unusable)
