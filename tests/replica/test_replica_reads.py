@@ -1,5 +1,5 @@
 """Console pages and the metrics scrape read the streaming standby; nothing that decides
-money does (config/db_router.py, docs/scaling.md "Replica reads").
+money does (config/db_router.py, docs/scaling.md §2).
 
 Proof that a page came from the standby: its WAL replay is paused, a note is written on the
 primary, and the page does not show it until replay resumes. Proof that a money path never
@@ -23,12 +23,12 @@ from payments.providers.stripe import DrillMode
 from support import services as console
 from support.access import Role, ensure_groups
 from support.models import Note
-from webhooks.models import EventResult, ProviderEvent
 from support.web import PRIMARY_PIN_COOKIE
 from tests.api.conftest import Api, new_key, settle_outbox
 from tests.factories import ProductFactory, make_client
 from tests.stack import free_port
 from tests.webhooks.conftest import event_for, post, provider_object
+from webhooks.models import EventResult, ProviderEvent
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", REPLICA])
 CONFIRM = {"confirm": "yes"}
