@@ -70,7 +70,8 @@ serve:
 # One test handed out at a time, slowest first (tests/conftest.py SLOWEST_FIRST).
 TEST_WORKERS ?= 3
 # tests/replica runs on a stack with a streaming standby (tests.stack --replica), in its own
-# short invocation (~20 s; docs/scaling.md). Without the standby it is not collected.
+# short invocation (7 tests; 50 s wall on a loaded 2-core machine, most of it starting the
+# stack; docs/scaling.md). Without the standby it is not collected.
 # `make test REPLICA_TESTS=` skips it.
 REPLICA_TESTS ?= tests/replica
 test: deps
