@@ -69,8 +69,14 @@ serve:
 # docs/performance.md "Test suite time"). TEST_WORKERS=0 runs serially on one stack.
 # One test handed out at a time, slowest first (tests/conftest.py SLOWEST_FIRST).
 TEST_WORKERS ?= 3
+# tests/replica runs on a stack with a streaming standby (tests.stack --replica), in its own
+# short invocation (7 tests; 50 s wall on a loaded 2-core machine, most of it starting the
+# stack; docs/scaling.md). Without the standby it is not collected.
+# `make test REPLICA_TESTS=` skips it.
+REPLICA_TESTS ?= tests/replica
 test: deps
 	$(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 $(PYTEST_ARGS)
+	$(if $(REPLICA_TESTS),$(PY) -m tests.stack --replica -- $(PY) -m pytest -q $(REPLICA_TESTS))
 
 soak: deps
 	$(PY) bench/soak.py $(SOAK_ARGS)

@@ -6,6 +6,8 @@ every asset is served from this origin (no third-party hosts).
 """
 from __future__ import annotations
 
+import time
+from contextlib import nullcontext
 from functools import wraps
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -18,6 +20,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from config.client_address import client_address
+from config.db_router import replica_configured, replica_reads
 from support import access
 
 _CSP_BASE = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -78,17 +81,59 @@ def console_view(action: access.Action, *, post: bool = False):
                 return secure_headers(HttpResponseNotAllowed(["POST"]))
             try:
                 access.require(request.user, action)
-                response = view(request, *args, **kwargs)
+                response = console_read(view, request, post, *args, **kwargs)
             except PermissionDenied:
                 response = not_allowed(request, action)
             except Http404:
                 response = render(request, "console/404.html", status=404)
-            return secure_headers(response)
+            return pin_primary_after_post(secure_headers(response), request, post=post)
 
         wrapper.console_action = action
         return wrapper
 
     return decorator
+
+
+# After an action, this browser's pages read the primary for a while, so the page the action
+# redirects to shows the action even while the replica replays it (read-your-writes).
+PRIMARY_PIN_COOKIE = "verity_primary_until"
+PRIMARY_PIN_SECONDS = 15
+
+
+def console_reads(request, *, post: bool):
+    """A console page (GET) reads the streaming replica when one is configured and fresh
+    (config/db_router.py); an action (POST) — and every page for PRIMARY_PIN_SECONDS after
+    this browser's last action — reads the primary. Permissions were checked before, on the
+    primary. Actions decide on the primary under their own locks, whatever a page showed."""
+    if post or request.method not in ("GET", "HEAD") or not replica_configured():
+        return nullcontext()
+    try:
+        if float(request.COOKIES.get(PRIMARY_PIN_COOKIE, "0")) > time.time():
+            return nullcontext()
+    except ValueError:
+        pass  # a mangled cookie only decides where this browser's reads go
+    return replica_reads()
+
+
+def console_read(view, request, post: bool, *args, **kwargs):
+    reads = console_reads(request, post=post)
+    if isinstance(reads, nullcontext):
+        return view(request, *args, **kwargs)
+    try:
+        with reads:
+            return view(request, *args, **kwargs)
+    except Http404:
+        # Not on the replica yet (created within its lag, e.g. the link in a fresh alert):
+        # the primary decides whether it exists.
+        return view(request, *args, **kwargs)
+
+
+def pin_primary_after_post(response, request, *, post: bool):
+    if post and replica_configured():
+        response.set_cookie(PRIMARY_PIN_COOKIE, str(int(time.time()) + PRIMARY_PIN_SECONDS),
+                            max_age=PRIMARY_PIN_SECONDS, path="/console/", httponly=True,
+                            samesite="Lax", secure=settings.SESSION_COOKIE_SECURE)
+    return response
 
 
 ASSET_DIR = Path(__file__).resolve().parent / "assets"

@@ -52,7 +52,7 @@ class Stack:
     """Context manager; `env` holds the variables Verity reads."""
 
     def __init__(self, *, redis: bool = True, localstripe: bool = True,
-                 x402: bool = False, durable: bool = False) -> None:
+                 x402: bool = False, durable: bool = False, replica: bool = False) -> None:
         # durable: commits survive a crash of the server (synchronous_commit on, as in
         # production). The test suite trades that for speed; the soak, which crash-restarts
         # PostgreSQL (`-m immediate`), must not: with synchronous_commit off a commit Verity
@@ -61,6 +61,9 @@ class Stack:
         self.want_redis = redis
         self.want_localstripe = localstripe
         self.want_x402 = x402
+        # replica: a hot standby streaming from the primary (DATABASE_REPLICA_URL), for the
+        # replica-read tests (tests/replica, docs/scaling.md).
+        self.want_replica = replica
         self.tmp = Path(tempfile.mkdtemp(prefix="verity-stack-"))
         self.procs: list[subprocess.Popen] = []
         self.pgdata = self.tmp / "pg"
@@ -94,11 +97,56 @@ class Stack:
         self.env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:{port}/verity"
         self.pg_port = port
 
+    def start_replica(self, timeout: float = 60.0) -> None:
+        """A streaming hot standby of the primary: pg_basebackup -R (it writes
+        primary_conninfo and standby.signal) into a second data directory, started on a free
+        loopback port as the same user, then awaited until its WAL receiver is `streaming`
+        (not merely accepting connections: a standby answers before it has connected to
+        its primary). initdb's pg_hba.conf already trusts replication from 127.0.0.1, and
+        wal_level=replica / max_wal_senders are PostgreSQL's defaults."""
+        port = free_port()
+        self.replica_data = self.tmp / "pg-replica"
+        subprocess.run(
+            _as_pg_user(["pg_basebackup", "-h", "127.0.0.1", "-p", str(self.pg_port),
+                         "-U", "postgres", "-D", str(self.replica_data), "-R", "-X", "stream",
+                         "-c", "fast", "--no-sync"]),
+            check=True, stdout=subprocess.DEVNULL,
+        )
+        # Its own socket directory: the primary's lock file there names the primary's port.
+        sockdir = self.tmp / "pgsock-replica"
+        sockdir.mkdir()
+        if os.geteuid() == 0:
+            shutil.chown(sockdir, "postgres")
+        # hot_standby_feedback: a long console read on the standby is not cancelled by the
+        # primary's vacuum (the setting docs/scaling.md recommends for production too).
+        opts = (f"-p {port} -k {sockdir} -h 127.0.0.1 -c fsync=off -c full_page_writes=off "
+                f"-c max_connections=300 -c hot_standby=on -c hot_standby_feedback=on")
+        subprocess.run(
+            _as_pg_user(["pg_ctl", "-D", str(self.replica_data), "-o", opts, "-w", "-l",
+                         str(self.tmp / "pg-replica.log"), "start"]),
+            check=True, stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            status = subprocess.run(
+                ["psql", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", "verity",
+                 "-qAtc", "SELECT status FROM pg_stat_wal_receiver"],
+                capture_output=True, text=True).stdout.strip()
+            if status == "streaming":
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replica on port {port} is not streaming after "
+                                   f"{timeout}s (status {status!r}); see pg-replica.log")
+            time.sleep(0.1)
+        self.env["DATABASE_REPLICA_URL"] = f"postgres://postgres@127.0.0.1:{port}/verity"
+        self.replica_port = port
+
     def stop_postgres(self) -> None:
-        if self.pgdata.exists():
-            subprocess.run(_as_pg_user(["pg_ctl", "-D", str(self.pgdata), "-m", "immediate",
-                                        "stop"]), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+        for data in (getattr(self, "replica_data", None), self.pgdata):
+            if data is not None and data.exists():
+                subprocess.run(_as_pg_user(["pg_ctl", "-D", str(data), "-m", "immediate",
+                                            "stop"]), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
 
     # -- Redis and localstripe ----------------------------------------------------
     def _spawn(self, cmd: list[str], port: int) -> subprocess.Popen:
@@ -167,6 +215,8 @@ class Stack:
     def __enter__(self) -> "Stack":
         try:
             self.start_postgres()
+            if self.want_replica:
+                self.start_replica()
             if self.want_redis:
                 self.start_redis()
             if self.want_localstripe:
@@ -240,12 +290,12 @@ def pytest_workers(argv: list[str]) -> int:
 WORKERS_FILE = "VERITY_STACK_WORKERS_FILE"
 
 
-def _start_stacks(count: int, x402: bool) -> list[Stack]:
+def _start_stacks(count: int, x402: bool, replica: bool = False) -> list[Stack]:
     """Start `count` stacks side by side (their start-up is mostly waiting: initdb, the chain's
     deployment); all are stopped again if one fails."""
     from concurrent.futures import ThreadPoolExecutor
 
-    stacks = [Stack(x402=x402) for _ in range(count)]
+    stacks = [Stack(x402=x402, replica=replica) for _ in range(count)]
     with ThreadPoolExecutor(max_workers=count) as pool:
         futures = [pool.submit(s.__enter__) for s in stacks]
         errors = [f.exception() for f in futures]
@@ -260,19 +310,27 @@ def main(argv: list[str]) -> int:
     # `--x402` (or VERITY_STACK_X402=1) also starts the chain and the facilitator; the
     # other tests do not pay for their start-up (tests/x402 needs them).
     x402 = os.environ.get("VERITY_STACK_X402", "") in ("1", "true")
-    if argv and argv[0] == "--x402":
-        x402, argv = True, argv[1:]
+    # `--replica` (or VERITY_STACK_REPLICA=1) also starts a streaming standby of each stack's
+    # PostgreSQL and sets DATABASE_REPLICA_URL (tests/replica needs it; nothing else does).
+    replica = os.environ.get("VERITY_STACK_REPLICA", "") in ("1", "true")
+    while argv and argv[0] in ("--x402", "--replica"):
+        if argv[0] == "--x402":
+            x402 = True
+        else:
+            replica = True
+        argv = argv[1:]
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         argv = [sys.executable, "-m", "pytest"]
-    stacks = _start_stacks(max(1, pytest_workers(argv)), x402)
+    stacks = _start_stacks(max(1, pytest_workers(argv)), x402, replica)
     try:
         # The controller (collection, and a run without -n) uses the first stack.
         env = {**os.environ, **stacks[0].env}
         for i, stack in enumerate(stacks):
             extra = (f" anvil:{stack.x402_ports[0]} x402-facilitator:{stack.x402_ports[1]}"
                      if x402 else "")
+            extra += f" postgres-replica:{stack.replica_port}" if replica else ""
             print(f"stack{i if len(stacks) > 1 else ''}: postgres:{stack.pg_port} "
                   f"redis:{stack.redis_port} localstripe:{stack.localstripe_port}{extra}",
                   flush=True)

@@ -25,3 +25,34 @@ DATABASE_PREPARED_STATEMENTS = env.bool("DATABASE_PREPARED_STATEMENTS", default=
 # Provider calls must never happen inside a transaction: no request-wide atomic.
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
 IS_SQLITE = DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
+# A streaming replica for the read paths that opt in (config/db_router.py, docs/scaling.md):
+# the console's GET pages and the /metrics scrape. Unset (the default, `make run`, the
+# suite): no second alias, no router, every query on the primary as before.
+DATABASE_REPLICA_URL = env("DATABASE_REPLICA_URL", default="")
+DATABASE_ROUTERS: list[str] = []
+if DATABASE_REPLICA_URL:
+    from django.core.exceptions import ImproperlyConfigured
+
+    if IS_SQLITE:
+        raise ImproperlyConfigured(
+            "DATABASE_REPLICA_URL needs PostgreSQL: the embedded SQLite default has no "
+            "replica (unset DATABASE_REPLICA_URL or set DATABASE_URL to PostgreSQL)")
+    DATABASES["replica"] = env.db("DATABASE_REPLICA_URL")
+    if DATABASES["replica"]["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured("DATABASE_REPLICA_URL must be a postgres:// URL")
+    DATABASES["replica"].update({
+        "CONN_MAX_AGE": DATABASES["default"]["CONN_MAX_AGE"],
+        "CONN_HEALTH_CHECKS": True,
+        "ATOMIC_REQUESTS": False,
+        # A replica that does not answer within this is treated as down (the router
+        # falls back to the primary), instead of holding a console request.
+        "OPTIONS": {"connect_timeout": env.int("DATABASE_REPLICA_CONNECT_TIMEOUT", default=2)},
+        # Under Django's test runner the replica alias mirrors the primary (a standby
+        # cannot create a test database); tests/replica uses the real standby instead.
+        "TEST": {"MIRROR": "default"},
+    })
+    DATABASE_ROUTERS = ["config.db_router.ReplicaRouter"]
+# Reads use the replica only while its replay lag is at most this (else the primary), checked
+# at most every REPLICA_LAG_CHECK_SECONDS per process.
+REPLICA_MAX_LAG_SECONDS = env.float("REPLICA_MAX_LAG_SECONDS", default=5.0)
+REPLICA_LAG_CHECK_SECONDS = env.float("REPLICA_LAG_CHECK_SECONDS", default=1.0)
