@@ -60,6 +60,7 @@ from payments.idempotency import (
 )
 from payments.locks import assert_no_transaction_outside_transaction
 from payments.models import ApiClient, PaymentOperation, Purchase, Quote
+from payments.money import format_money
 from payments.problems import Problem
 from payments.errors import DomainError
 
@@ -596,9 +597,10 @@ def get_quote(*, api_client: ApiClient, items: list[QuoteItem], currency: str = 
                          else item for item in view["items"]]
     next_tool = _tool("create_purchase", 0, needs=("customer_reference",),
                       quote_id=quote.id, quote_version=quote.version)
-    instruction = (f"Quote {quote.id} (version {quote.version}) is {quote.amount} "
-                   f"{quote.currency} in minor units; call create_purchase once with its id and "
-                   "version and the buyer's customer reference.")
+    instruction = (f"Quote {quote.id} (version {quote.version}) is "
+                   f"{format_money(quote.amount, quote.currency)} (amount {quote.amount} in "
+                   "minor units); call create_purchase once with its id and version and the "
+                   "buyer's customer reference.")
     view = _with_tool_action(view, instruction, next_tool)
     return AgentResult(instruction=instruction, next_tool=next_tool, quote=view)
 
