@@ -172,3 +172,21 @@ def test_mcp_answers_read_the_currencys_own_decimals(currency, amount, shown, wr
     _reads(quoted.instruction, shown, wrong)
     _reads(got.purchase["customer_message"], f"confirmed a refund of {shown}", wrong)
 
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("currency, amount, shown, wrong", CASES)
+def test_rest_refusal_detail_reads_the_currencys_own_decimals(currency, amount, shown, wrong):
+    api_client, key = make_client(currency=currency)
+    purchase = _partly_refunded(currency, amount, amount, client=api_client)  # room: amount
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Api-Key {key}")
+
+    refused = api.post(f"/api/v1/purchases/{purchase.pk}/refunds", {"amount": amount + 1},
+                       format="json", HTTP_IDEMPOTENCY_KEY=f"too-much-{currency}")
+
+    assert refused.status_code == 422, refused.content
+    assert refused.json()["code"] == "refund_exceeds_refundable"
+    _reads(refused.json()["detail"], f"Refundable now: {shown}", wrong)
+    assert PaymentOperation.objects.filter(purchase=purchase,
+                                           kind=OperationKind.REFUND).count() == 1
