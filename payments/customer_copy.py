@@ -9,8 +9,9 @@ support sees. The rules:
   provider has confirmed it (a refund operation that succeeded, or that the provider
   reported as processing).
 - Never promise a settlement date (banks decide how long a refund takes to appear).
-- "Pay again" is offered only when the last payment definitively failed; the page,
-  the pay-again endpoint and the API all ask `can_pay_again` here.
+- "Pay again" is offered only when the last payment definitively failed and
+  payments.next_action lets the buyer pay again (the API's `new_operation`); the page
+  and the pay-again endpoint ask `can_pay_again` here.
 """
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ from typing import Callable
 from urllib.parse import quote
 
 from django.conf import settings
-from django.utils import timezone
 
 from recovery.models import Order
 
 from .money import format_money
+from .next_action import Situation, purchase_next_step
 from .view_queries import purchase_operations_loaded, purchase_order_reference
 from .enums import (
     PAYMENT_KINDS,
@@ -138,6 +139,17 @@ WORDS: dict[str, tuple[str, str]] = {
         "Your payment did not go through",
         "The payment provider declined or did not take this payment, so no order was "
         "placed. You may try again, for example with another payment method."),
+    "failed_attempts_exhausted": (
+        "Your payment did not go through",
+        "The payment provider declined or did not take this payment, so no order was "
+        "placed. This purchase has had the most payment attempts allowed, so please do not "
+        "pay again here: our support team will contact you. If you have questions, contact "
+        "{contact}."),
+    "failed_start_new": (
+        "Your payment did not go through",
+        "The payment provider did not take this payment, so no order was placed. Paying "
+        "again the same way would not work: to try again, please start a new purchase at "
+        "the store, for example with another payment method."),
 }
 
 
@@ -329,15 +341,23 @@ def _awaiting_buyer(f: _Facts) -> CustomerState:
 
 
 def _failed(f: _Facts) -> CustomerState:
-    # The API refuses a payment on an expired quote (`quote_expired`, new quote needed),
-    # so "pay again" on this purchase is only offered while it is open.
-    if f.purchase.quote.expires_at <= timezone.now():
+    # "Pay again" is offered exactly when payments.next_action lets the buyer start another
+    # payment on this purchase (the API's retry advice `new_operation`): never on an
+    # expired quote, after the last allowed attempt, or where the same payment would be
+    # refused again.
+    step = purchase_next_step(f.purchase, f.last_payment)
+    if step.situation == Situation.FAILED_QUOTE_GONE:
         return f.state(StateCode.FAILED, "Your payment did not go through",
                        "The payment provider declined or did not take this payment, so no "
                        "order was placed. The price for this purchase has since expired: to "
                        "try again, please start a new purchase at the store.")
+    if step.situation == Situation.FAILED_ATTEMPTS_EXHAUSTED:
+        return f.state(StateCode.FAILED, *wording("failed_attempts_exhausted",
+                                                  contact=f.contact))
+    if not step.buyer_may_pay_again:
+        return f.state(StateCode.FAILED, *wording("failed_start_new"))
     url = _pay_again_url(f.purchase.id)
-    key = "failed_by_team" if f.last_payment.grade == Grade.ACKNOWLEDGED.value else "failed"
+    key = "failed_by_team" if step.by_team else "failed"
     return f.state(StateCode.FAILED, *wording(key), can_pay_again=url is not None,
                    pay_again_url=url)
 
