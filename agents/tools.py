@@ -37,20 +37,15 @@ from enum import Enum
 from typing import Any, Callable
 
 from django.db import transaction
-from django.utils import timezone
 from pydantic import BaseModel, ConfigDict, Field
 
-from payments import selectors, services
+from payments import next_action, selectors, services
 from payments.api import presenters
 from payments.customers import CARD_NUMBER_LIKE
 from payments.enums import (
-    NON_RETRYABLE_REASONS,
     PAYMENT_KINDS,
     CallPurpose,
-    Grade,
     Outcome,
-    PurchaseStatus,
-    Reason,
     RetryAdvice,
 )
 from payments.api.idempotency import (
@@ -60,7 +55,8 @@ from payments.api.idempotency import (
     idempotency_release,
 )
 from payments.locks import assert_no_transaction_outside_transaction
-from payments.models import ApiClient, PaymentOperation, Purchase, Quote
+from payments.models import ApiClient, PaymentOperation, Purchase
+from payments.money import format_money
 from payments.api.problems import Problem
 from payments.errors import DomainError
 
@@ -216,14 +212,33 @@ def _noun(op: PaymentOperation) -> str:
 
 
 def operation_guidance(op: PaymentOperation) -> tuple[str, NextTool | None]:
-    action = presenters.operation_next_action(op)
+    """payments.next_action's step for this operation, said in tools."""
+    return _guidance(next_action.operation_next_step(op))
+
+
+def purchase_guidance(purchase: Purchase) -> tuple[str, NextTool | None]:
+    """payments.next_action's step for this purchase, said in tools."""
+    return _guidance(next_action.purchase_next_step(purchase))
+
+
+def _latest_payment(purchase: Purchase) -> PaymentOperation | None:
+    return next_action.latest_payment(purchase)
+
+
+def _guidance(step: next_action.NextStep) -> tuple[str, NextTool | None]:
+    """One sentence and the next tool for a NextStep: the tools' rendering of the same
+    situation, owner and retry advice the REST `next_action` carries."""
+    S = next_action.Situation
+    situation, op = step.situation, step.operation
+    get_pur = dict(purchase_id=step.purchase_id)
+    if op is None:
+        return _PURCHASE_WORDS[situation](get_pur)
     noun, again = _noun(op), _creator(op)
     get_op = dict(operation_id=op.id)
-    if action["code"] == "escalated":
+    if situation == S.ESCALATED:
         return (f"Support now owns this {noun}; do not retry it — call get_operation in a few "
                 "minutes to see how it was resolved.", _tool("get_operation", LATER, **get_op))
-    outcome = op.outcome
-    if outcome == Outcome.PENDING:
+    if situation == S.QUEUED:
         # Recorded but never sent (the first call died before the provider call): calling
         # the creating payment tool again sends *this* operation, never a second one.
         if again == "pay_purchase":
@@ -237,11 +252,11 @@ def operation_guidance(op: PaymentOperation) -> tuple[str, NextTool | None]:
                     _tool("retry_failed_payment", SOON, operation_id=op.retry_of_id))
         return (f"This {noun} is queued for the provider; do not request it again — call "
                 "get_operation in a few seconds.", _tool("get_operation", SOON, **get_op))
-    if outcome == Outcome.DISPATCHING:
+    if situation == S.SENDING:
         return (f"This {noun} is being sent to the provider right now; do not call {again} "
                 "again — call get_operation in a few seconds.", _tool("get_operation", SOON,
                                                                       **get_op))
-    if outcome == Outcome.UNKNOWN:
+    if situation == S.UNKNOWN:
         if _reconcile_reads(op) == 0:
             also = " or create_purchase" if noun == "payment" else ""
             return (f"The provider may have applied this {noun}. Do not call {again}{also} "
@@ -249,105 +264,101 @@ def operation_guidance(op: PaymentOperation) -> tuple[str, NextTool | None]:
                     _tool("reconcile_operation", 0, **get_op))
         return (f"The provider may have applied this {noun}. Do not call {again} again; call "
                 "get_operation in a minute.", _tool("get_operation", MINUTE, **get_op))
-    if outcome == Outcome.AWAITING_PROVIDER:
+    if situation == S.AWAITING_PROVIDER:
         return (f"The provider is still processing this {noun}; do not retry — call "
                 "get_operation in a minute.", _tool("get_operation", MINUTE, **get_op))
-    if outcome == Outcome.AWAITING_BUYER:
+    if situation == S.AWAITING_BUYER:
         return ("The buyer must complete an authentication step with the provider; do not pay "
                 "again — call get_operation in a minute.",
                 _tool("get_operation", MINUTE, **get_op))
-    if outcome == Outcome.AWAITING_APPROVAL:
+    if situation == S.AWAITING_APPROVAL:
         return ("This refund waits for a finance approver; do not request it again — call "
                 "get_operation later.", _tool("get_operation", LATER, **get_op))
-    if outcome == Outcome.SUCCEEDED:
+    if situation == S.SUCCEEDED:
         # Words follow the grade: a person's resolution is "confirmed by our team".
-        who = ("our team confirmed" if op.grade == "acknowledged"
-               else "the provider confirmed")
+        who = "our team confirmed" if step.by_team else "the provider confirmed"
         if op.kind in _PAYMENT_KIND_VALUES:
             return (f"Paid: {who} this payment, so never pay this purchase "
                     "again — call get_purchase to follow fulfilment.",
                     _tool("get_purchase", SOON, purchase_id=op.purchase_id))
         return (f"Done: {who} this {noun}; do not request it again.", None)
-    # failed
-    if op.kind in _PAYMENT_KIND_VALUES:
-        retried_by = getattr(op, "retried_by", None)
-        if retried_by is not None:
-            return (f"This payment failed and was already retried as {retried_by.id}; follow "
-                    "that operation with get_operation.",
-                    _tool("get_operation", 0, operation_id=retried_by.id))
-        if op.grade == Grade.ACKNOWLEDGED:
-            # A person's "failed" the provider has not confirmed (words follow the grade,
-            # as the REST next_action says): money may have moved, and the provider's
-            # record would overrule. No retry, no new purchase until it is read back
-            # (issue 30 part C, round 3: the agent was told "no money moved; retry").
-            return ("Our team resolved this payment as failed, but the provider has not "
-                    "confirmed it, so the buyer may still have been charged. Do not call "
-                    "retry_failed_payment and do not open another purchase yet; call "
-                    "reconcile_operation to read the provider back first.",
-                    _tool("reconcile_operation", MINUTE, **get_op))
-        if action["code"] == "payment_attempts_exhausted":
-            return ("This payment failed and no money moved; this purchase has had the most "
-                    "payment attempts allowed, so support will contact the buyer — do not "
-                    "retry and do not open another purchase for it.", None)
-        if op.reason in NON_RETRYABLE_REASONS and _quote_usable(op.purchase.quote):
-            return ("The provider refused this payment as invalid and no money moved; do not "
-                    "call retry_failed_payment — ask the buyer for a different payment method, "
-                    "then start again with get_quote.",
-                    _tool("get_quote", 0, needs=("items",)))
-        if action["retry"] == RetryAdvice.NEW_QUOTE:
-            return ("This payment failed and no money moved, and the quote is no longer valid; "
-                    "call get_quote, then create_purchase for a new purchase.",
-                    _tool("get_quote", 0, needs=("items",)))
-        if op.reason == Reason.CARD_DECLINED:
-            return ("The card was declined and no money moved; ask the buyer for a different "
-                    "payment method, then call retry_failed_payment once with it.",
-                    _tool("retry_failed_payment", 0, needs=("payment_method",), **get_op))
-        return ("This payment failed and no money moved; you may call retry_failed_payment "
-                "once for it.", _tool("retry_failed_payment", 0, **get_op))
-    return (f"This {noun} failed at the provider and support has been told; do not retry it "
-            "yourself.", None)
-
-
-def _latest_payment(purchase: Purchase) -> PaymentOperation | None:
-    ops = purchase.operations.filter(kind__in=_PAYMENT_KIND_VALUES)
-    return (ops.filter(outcome=Outcome.SUCCEEDED).first()
-            or ops.order_by("-created_at", "-id").first())
-
-
-def _quote_usable(quote: Quote) -> bool:
-    return quote.superseded_at is None and quote.expires_at > timezone.now()
-
-
-def purchase_guidance(purchase: Purchase) -> tuple[str, NextTool | None]:
-    status = purchase.status
-    get_pur = dict(purchase_id=purchase.id)
-    payment = _latest_payment(purchase)
-    if status == PurchaseStatus.AWAITING_PAYMENT:
-        if not _quote_usable(purchase.quote):
-            return ("The quote expired before payment; call get_quote for a new quote.",
-                    _tool("get_quote", 0, needs=("items",)))
-        return ("Nothing has been charged yet; call pay_purchase once with the buyer's payment "
-                "method.", _tool("pay_purchase", 0, needs=("payment_method",), **get_pur))
-    if status in (PurchaseStatus.PAYMENT_PENDING, PurchaseStatus.PAYMENT_UNKNOWN,
-                  PurchaseStatus.ACTION_REQUIRED, PurchaseStatus.PAYMENT_FAILED) and payment:
-        return operation_guidance(payment)
-    if status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
-        return ("Paid and fulfilment is in progress; do not pay again — call get_purchase in a "
-                "few seconds for the order.", _tool("get_purchase", SOON, **get_pur))
-    if status == PurchaseStatus.COMPLETED:
-        return ("Paid and fulfilled; nothing more to do.", None)
-    if status == PurchaseStatus.MANUAL_REVIEW:
-        return ("Support is reviewing this purchase; do not pay again or open another purchase "
-                "for it — check get_purchase later.", _tool("get_purchase", LATER, **get_pur))
-    if status == PurchaseStatus.REFUND_PENDING:
-        return ("A refund is in progress; do not request it again — call get_purchase in a "
-                "minute.", _tool("get_purchase", MINUTE, **get_pur))
-    if status in (PurchaseStatus.REFUNDED, PurchaseStatus.VOIDED, PurchaseStatus.CANCELLED):
-        return ("This purchase is closed; nothing more to do.", None)
-    if status == PurchaseStatus.EXPIRED:
-        return ("This purchase expired before payment; call get_quote for a new quote.",
+    if situation == S.FAILED_NOT_PAYMENT:
+        return (f"This {noun} failed at the provider and support has been told; do not retry "
+                "it yourself.", None)
+    if situation == S.FAILED_RETRIED:
+        return (f"This payment failed and was already retried as {step.retried_by}; follow "
+                "that operation with get_operation.",
+                _tool("get_operation", 0, operation_id=step.retried_by))
+    if step.by_team:
+        # A person's "failed" the provider has not confirmed: money may have moved, and the
+        # provider's record would overrule. Read it back first (any retry reads it back
+        # too, see payments.services.operations_verify_before_follow_up); never tell the
+        # agent "no money moved" on a person's word.
+        return ("Our team resolved this payment as failed, but the provider has not "
+                "confirmed it, so the buyer may still have been charged. Do not call "
+                "retry_failed_payment and do not open another purchase yet; call "
+                "reconcile_operation to read the provider back first.",
+                _tool("reconcile_operation", MINUTE, **get_op))
+    if situation == S.FAILED_ATTEMPTS_EXHAUSTED:
+        return ("This payment failed and no money moved; this purchase has had the most "
+                "payment attempts allowed, so support will contact the buyer — do not "
+                "retry and do not open another purchase for it.", None)
+    if situation == S.FAILED_INVALID:
+        return ("The provider refused this payment as invalid and no money moved; do not "
+                "call retry_failed_payment — ask the buyer for a different payment method, "
+                "then start again with get_quote.",
                 _tool("get_quote", 0, needs=("items",)))
-    return ("Follow get_purchase; do not pay again.", _tool("get_purchase", MINUTE, **get_pur))
+    if situation == S.FAILED_QUOTE_GONE:
+        return ("This payment failed and no money moved, and the quote is no longer valid; "
+                "call get_quote, then create_purchase for a new purchase.",
+                _tool("get_quote", 0, needs=("items",)))
+    if situation == S.FAILED_DECLINED:
+        return ("The card was declined and no money moved; ask the buyer for a different "
+                "payment method, then call retry_failed_payment once with it.",
+                _tool("retry_failed_payment", 0, needs=("payment_method",), **get_op))
+    return ("This payment failed and no money moved; you may call retry_failed_payment "
+            "once for it.", _tool("retry_failed_payment", 0, **get_op))
+
+
+def _new_quote(_get_pur) -> tuple[str, NextTool | None]:
+    return ("The quote expired before payment; call get_quote for a new quote.",
+            _tool("get_quote", 0, needs=("items",)))
+
+
+_S = next_action.Situation
+# Purchase-level situations (no operation decides them), said in tools.
+_PURCHASE_WORDS: dict[Any, Callable[[dict], tuple[str, NextTool | None]]] = {
+    _S.PAYMENT_REQUIRED: lambda p: (
+        "Nothing has been charged yet; call pay_purchase once with the buyer's payment "
+        "method.", _tool("pay_purchase", 0, needs=("payment_method",), **p)),
+    _S.QUOTE_EXPIRED: _new_quote,
+    _S.UNKNOWN_UNRECORDED: lambda p: (
+        "The provider may have applied this payment. Do not call pay_purchase or "
+        "create_purchase again; call get_purchase in a minute.",
+        _tool("get_purchase", MINUTE, **p)),
+    _S.PAID: lambda p: (
+        "Paid and fulfilment is in progress; do not pay again — call get_purchase in a "
+        "few seconds for the order.", _tool("get_purchase", SOON, **p)),
+    _S.COMPLETED: lambda p: ("Paid and fulfilled; nothing more to do.", None),
+    _S.MANUAL_REVIEW: lambda p: (
+        "Support is reviewing this purchase; do not pay again or open another purchase "
+        "for it — check get_purchase later.", _tool("get_purchase", LATER, **p)),
+    _S.REFUND_PENDING: lambda p: (
+        "A refund is in progress; do not request it again — call get_purchase in a "
+        "minute.", _tool("get_purchase", MINUTE, **p)),
+    _S.DISPUTED: lambda p: (
+        "The buyer disputed this payment with their bank and finance is handling it; do not "
+        "pay again, refund it or open another purchase for it — check get_purchase later.",
+        _tool("get_purchase", LATER, **p)),
+    _S.DISPUTE_WON: lambda p: ("The dispute was decided in the merchant's favour and the "
+                               "payment stands; nothing more to do.", None),
+    _S.DISPUTE_LOST: lambda p: ("The dispute was decided in the buyer's favour and the bank "
+                                "returned the money; this purchase is closed — do not pay "
+                                "again.", None),
+    _S.CLOSED: lambda p: ("This purchase is closed; nothing more to do.", None),
+    _S.EXPIRED: lambda p: ("This purchase expired before payment; call get_quote for a new "
+                           "quote.", _tool("get_quote", 0, needs=("items",))),
+}
 
 
 def _with_tool_action(view: dict, instruction: str, next_tool: NextTool | None) -> dict:
@@ -597,9 +608,10 @@ def get_quote(*, api_client: ApiClient, items: list[QuoteItem], currency: str = 
                          else item for item in view["items"]]
     next_tool = _tool("create_purchase", 0, needs=("customer_reference",),
                       quote_id=quote.id, quote_version=quote.version)
-    instruction = (f"Quote {quote.id} (version {quote.version}) is {quote.amount} "
-                   f"{quote.currency} in minor units; call create_purchase once with its id and "
-                   "version and the buyer's customer reference.")
+    instruction = (f"Quote {quote.id} (version {quote.version}) is "
+                   f"{format_money(quote.amount, quote.currency)} (amount {quote.amount} in "
+                   "minor units); call create_purchase once with its id and version and the "
+                   "buyer's customer reference.")
     view = _with_tool_action(view, instruction, next_tool)
     return AgentResult(instruction=instruction, next_tool=next_tool, quote=view)
 

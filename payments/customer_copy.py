@@ -9,20 +9,22 @@ support sees. The rules:
   provider has confirmed it (a refund operation that succeeded, or that the provider
   reported as processing).
 - Never promise a settlement date (banks decide how long a refund takes to appear).
-- "Pay again" is offered only when the last payment definitively failed; the page,
-  the pay-again endpoint and the API all ask `can_pay_again` here.
+- "Pay again" is offered only when the last payment definitively failed and
+  payments.next_action lets the buyer pay again (the API's `new_operation`); the page
+  and the pay-again endpoint ask `can_pay_again` here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 from urllib.parse import quote
 
 from django.conf import settings
-from django.utils import timezone
 
 from recovery.models import Order
 
 from .money import format_money
+from .next_action import Situation, purchase_next_step
 from .view_queries import purchase_operations_loaded, purchase_order_reference
 from .enums import (
     PAYMENT_KINDS,
@@ -137,6 +139,17 @@ WORDS: dict[str, tuple[str, str]] = {
         "Your payment did not go through",
         "The payment provider declined or did not take this payment, so no order was "
         "placed. You may try again, for example with another payment method."),
+    "failed_attempts_exhausted": (
+        "Your payment did not go through",
+        "The payment provider declined or did not take this payment, so no order was "
+        "placed. This purchase has had the most payment attempts allowed, so please do not "
+        "pay again here: our support team will contact you. If you have questions, contact "
+        "{contact}."),
+    "failed_start_new": (
+        "Your payment did not go through",
+        "The payment provider did not take this payment, so no order was placed. Paying "
+        "again the same way would not work: to try again, please start a new purchase at "
+        "the store, for example with another payment method."),
 }
 
 
@@ -200,133 +213,200 @@ def _reversal_confirmed(ops: list, purchase_amount: int) -> _Reversal | None:
                      full=void or amount >= purchase_amount, by_team=by_team)
 
 
-def customer_state(purchase) -> CustomerState:
-    """The plain-language state of a purchase, from verified data only."""
-    contact = getattr(settings, "SUPPORT_CONTACT", "")
+# -- the rule table ------------------------------------------------------------------
+#
+# customer_state() reads the purchase once into `_Facts`, then asks each rule in RULES in
+# order; the first whose `when` holds gives the state. The order is the policy: a dispute
+# outranks a confirmed reversal, which outranks "complete", and so on down to "a person is
+# looking at it" for any combination no rule claims (never a success we cannot point at).
+
+_REVERSIBLE_STATUSES = (PurchaseStatus.REFUND_PENDING, PurchaseStatus.REFUNDED,
+                        PurchaseStatus.VOIDED, PurchaseStatus.CANCELLED,
+                        PurchaseStatus.MANUAL_REVIEW, PurchaseStatus.PAID,
+                        PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED)
+_PAID_OR_AFTER = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED,
+                  PurchaseStatus.REFUND_PENDING, PurchaseStatus.REFUNDED, PurchaseStatus.VOIDED)
+_DISPUTES = {PurchaseStatus.DISPUTED: (StateCode.DISPUTED, "disputed", False),
+             PurchaseStatus.DISPUTE_WON: (StateCode.DISPUTE_WON, "dispute_won", True),
+             PurchaseStatus.DISPUTE_LOST: (StateCode.DISPUTE_LOST, "dispute_lost", True)}
+_IN_FLIGHT = (Outcome.PENDING.value, Outcome.DISPATCHING.value,
+              Outcome.AWAITING_PROVIDER.value)
+_ON_CHAIN_UNSETTLED = (Outcome.UNKNOWN.value, Outcome.AWAITING_PROVIDER.value,
+                       Outcome.DISPATCHING.value)
+_BANK = "How long it takes to appear depends on your bank. You do not need to do anything."
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What the rules may look at, read once from stored state."""
+
+    purchase: object
+    status: str
+    last_payment: object | None  # the latest non-duplicate payment
+    paid: bool  # some non-duplicate payment succeeded
+    reversal: _Reversal | None
+    contact: str
+
+    @property
+    def last_outcome(self) -> str | None:
+        return self.last_payment.outcome if self.last_payment is not None else None
+
+    def state(self, code: str, headline: str, message: str, **kw) -> CustomerState:
+        return CustomerState(code=code, headline=headline, message=message,
+                             support_contact=self.contact, **kw)
+
+    def order_reference(self) -> str | None:
+        return purchase_order_reference(self.purchase, _order_reference)
+
+
+def _facts(purchase) -> _Facts:
     ops = purchase_operations_loaded(purchase)  # read once by payments.api.presenters.purchase_view
     if ops is None:
         ops = list(purchase.operations.select_related("parent").order_by("created_at", "id"))
     # A duplicate charge is not the purchase's payment (its own compensation returns it).
     payments = [op for op in ops if op.kind in _PAYMENT_KIND_VALUES and not op.is_duplicate]
-    last_payment = payments[-1] if payments else None
-    paid = any(op.outcome == Outcome.SUCCEEDED.value for op in payments)
-    status = purchase.status
-    S = PurchaseStatus
+    return _Facts(purchase=purchase, status=purchase.status,
+                  last_payment=payments[-1] if payments else None,
+                  paid=any(op.outcome == Outcome.SUCCEEDED.value for op in payments),
+                  reversal=_reversal_confirmed(ops, purchase.amount),
+                  contact=getattr(settings, "SUPPORT_CONTACT", ""))
 
-    def state(code, headline, message, **kw) -> CustomerState:
-        return CustomerState(code=code, headline=headline, message=message,
-                             support_contact=contact, **kw)
 
-    def under_review() -> CustomerState:
-        return state(StateCode.UNDER_REVIEW, *wording("under_review", contact=contact))
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    when: Callable[[_Facts], bool]
+    then: Callable[[_Facts], CustomerState]
 
-    # A dispute outranks everything below: the money is with the customer's bank.
-    dispute_state = {S.DISPUTED: (StateCode.DISPUTED, "disputed", False),
-                     S.DISPUTE_WON: (StateCode.DISPUTE_WON, "dispute_won", True),
-                     S.DISPUTE_LOST: (StateCode.DISPUTE_LOST, "dispute_lost", True)}.get(status)
-    if dispute_state is not None:
-        code, key, final = dispute_state
-        return state(code, *wording(key, contact=contact), final=final)
 
-    reversal = _reversal_confirmed(ops, purchase.amount)
-    if reversal and status in (S.REFUND_PENDING, S.REFUNDED, S.VOIDED, S.CANCELLED,
-                               S.MANUAL_REVIEW, S.PAID, S.FULFILLING, S.COMPLETED):
-        bank = "How long it takes to appear depends on your bank. You do not need to do anything."
-        if not reversal.full:
-            amount = format_money(reversal.amount, purchase.currency)
-            still = " and is processing it" if reversal.processing else ""
-            who = "Our team has" if reversal.by_team else "The payment provider has"
-            return state(
-                StateCode.REVERSED, "Part of your payment is being refunded",
-                f"{who} confirmed a refund of {amount} to your payment "
-                f"method{still}. {bank}",
-                final=not reversal.processing,
-            )
-        if not reversal.processing:
-            key = "reversed_by_team" if reversal.by_team else "reversed"
-            return state(StateCode.REVERSED, *wording(key), final=True)
-        return state(
-            StateCode.REVERSED, "Your refund is processing",
-            "The payment provider has accepted a refund of your payment and is "
-            f"processing it. {bank}",
-        )
+def _under_review(f: _Facts) -> CustomerState:
+    return f.state(StateCode.UNDER_REVIEW, *wording("under_review", contact=f.contact))
 
-    if status == S.COMPLETED and paid:
-        ref = purchase_order_reference(purchase, _order_reference)
-        msg = "Your payment was received and your order is complete."
-        if ref:
-            msg = f"Your payment was received and your order {ref} is complete."
-        return state(StateCode.COMPLETE, "Your order is complete", msg, final=True,
-                     order_reference=ref)
 
-    if status in (S.PAID, S.FULFILLING, S.REFUND_PENDING) and paid:
-        # REFUND_PENDING without provider evidence: the customer was paid-and-ordered as
-        # far as anyone can verify; a refund is only announced once the provider has it.
-        ref = purchase_order_reference(purchase, _order_reference)
-        key = "paid_confirmation_delayed_with_order" if ref else "paid_confirmation_delayed"
-        return state(StateCode.PAID_CONFIRMATION_DELAYED, *wording(key, ref=ref),
-                     order_reference=ref)
+def _disputed(f: _Facts) -> CustomerState:
+    # The money is with the customer's bank: never an invitation to pay again.
+    code, key, final = _DISPUTES[f.status]
+    return f.state(code, *wording(key, contact=f.contact), final=final)
 
-    if status == S.MANUAL_REVIEW or (status in (S.PAID, S.FULFILLING, S.COMPLETED,
-                                                S.REFUND_PENDING, S.REFUNDED, S.VOIDED)):
-        # Includes inconsistent combinations (e.g. paid without a succeeded payment):
-        # never show success we cannot point at.
-        return under_review()
 
-    if (last_payment is not None and last_payment.rail == "x402"
-            and last_payment.outcome in (Outcome.UNKNOWN.value, Outcome.AWAITING_PROVIDER.value,
-                                         Outcome.DISPATCHING.value)):
-        # A transfer on a chain: broadcast, its confirmation not seen yet (issue 21).
-        auth = getattr(last_payment, "x402", None)
-        network = auth.network if auth is not None else "the network"
-        return state(StateCode.BEING_CONFIRMED, "Your payment is waiting for confirmation",
-                     f"Your payment was sent and is waiting for confirmation on {network}. "
-                     "Don't pay again.")
+def _reversed(f: _Facts) -> CustomerState:
+    reversal = f.reversal
+    if not reversal.full:
+        amount = format_money(reversal.amount, f.purchase.currency)
+        still = " and is processing it" if reversal.processing else ""
+        who = "Our team has" if reversal.by_team else "The payment provider has"
+        return f.state(StateCode.REVERSED, "Part of your payment is being refunded",
+                       f"{who} confirmed a refund of {amount} to your payment "
+                       f"method{still}. {_BANK}", final=not reversal.processing)
+    if not reversal.processing:
+        key = "reversed_by_team" if reversal.by_team else "reversed"
+        return f.state(StateCode.REVERSED, *wording(key), final=True)
+    return f.state(StateCode.REVERSED, "Your refund is processing",
+                   "The payment provider has accepted a refund of your payment and is "
+                   f"processing it. {_BANK}")
 
-    if last_payment is not None and last_payment.outcome == Outcome.UNKNOWN.value:
-        return state(StateCode.NOT_YET_CONFIRMABLE, *wording("not_yet_confirmable"))
 
-    if last_payment is not None and last_payment.outcome == Outcome.AWAITING_BUYER.value:
-        return state(
-            StateCode.PAYMENT_PENDING, "Your payment needs one more step",
-            "Your bank or card issuer asked for an extra confirmation at the store's "
-            "checkout. Nothing has been confirmed yet. Please finish that step there "
-            "rather than starting a new payment.",
-        )
+def _complete(f: _Facts) -> CustomerState:
+    ref = f.order_reference()
+    msg = "Your payment was received and your order is complete."
+    if ref:
+        msg = f"Your payment was received and your order {ref} is complete."
+    return f.state(StateCode.COMPLETE, "Your order is complete", msg, final=True,
+                   order_reference=ref)
 
-    if last_payment is not None and last_payment.outcome in (
-            Outcome.PENDING.value, Outcome.DISPATCHING.value, Outcome.AWAITING_PROVIDER.value):
-        return state(StateCode.BEING_CONFIRMED, *wording("being_confirmed"))
 
-    if status == S.PAYMENT_FAILED and last_payment is not None \
-            and last_payment.outcome == Outcome.FAILED.value and not paid:
-        # The API refuses a payment on an expired quote (`quote_expired`, new quote
-        # needed), so "pay again" on this purchase is only offered while it is open.
-        if purchase.quote.expires_at <= timezone.now():
-            return state(
-                StateCode.FAILED, "Your payment did not go through",
-                "The payment provider declined or did not take this payment, so no order "
-                "was placed. The price for this purchase has since expired: to try again, "
-                "please start a new purchase at the store.",
-            )
-        url = _pay_again_url(purchase.id)
-        key = ("failed_by_team" if last_payment.grade == Grade.ACKNOWLEDGED.value
-               else "failed")
-        return state(StateCode.FAILED, *wording(key),
-                     can_pay_again=url is not None, pay_again_url=url)
+def _paid_order_pending(f: _Facts) -> CustomerState:
+    # REFUND_PENDING without provider evidence: the customer was paid-and-ordered as far
+    # as anyone can verify; a refund is only announced once the provider has it.
+    ref = f.order_reference()
+    key = "paid_confirmation_delayed_with_order" if ref else "paid_confirmation_delayed"
+    return f.state(StateCode.PAID_CONFIRMATION_DELAYED, *wording(key, ref=ref),
+                   order_reference=ref)
 
-    if status == S.CANCELLED:
-        return state(StateCode.CANCELLED, "This purchase was cancelled",
-                     "This purchase was cancelled before any payment was taken.", final=True)
 
-    if status == S.EXPIRED:
-        return state(StateCode.EXPIRED, "This purchase has expired",
-                     "The price for this purchase expired before any payment was taken. "
-                     "Please start a new purchase at the store.", final=True)
+def _on_chain(f: _Facts) -> CustomerState:
+    # A transfer on a chain: broadcast, its confirmation not seen yet.
+    auth = getattr(f.last_payment, "x402", None)
+    network = auth.network if auth is not None else "the network"
+    return f.state(StateCode.BEING_CONFIRMED, "Your payment is waiting for confirmation",
+                   f"Your payment was sent and is waiting for confirmation on {network}. "
+                   "Don't pay again.")
 
-    if status == S.AWAITING_PAYMENT and last_payment is None:
-        return state(StateCode.AWAITING_PAYMENT, "Waiting for payment",
-                     "No payment has been made for this purchase yet.")
 
+def _awaiting_buyer(f: _Facts) -> CustomerState:
+    return f.state(StateCode.PAYMENT_PENDING, "Your payment needs one more step",
+                   "Your bank or card issuer asked for an extra confirmation at the store's "
+                   "checkout. Nothing has been confirmed yet. Please finish that step there "
+                   "rather than starting a new payment.")
+
+
+def _failed(f: _Facts) -> CustomerState:
+    # "Pay again" is offered exactly when payments.next_action lets the buyer start another
+    # payment on this purchase (the API's retry advice `new_operation`): never on an
+    # expired quote, after the last allowed attempt, or where the same payment would be
+    # refused again.
+    step = purchase_next_step(f.purchase, f.last_payment)
+    if step.situation == Situation.FAILED_QUOTE_GONE:
+        return f.state(StateCode.FAILED, "Your payment did not go through",
+                       "The payment provider declined or did not take this payment, so no "
+                       "order was placed. The price for this purchase has since expired: to "
+                       "try again, please start a new purchase at the store.")
+    if step.situation == Situation.FAILED_ATTEMPTS_EXHAUSTED:
+        return f.state(StateCode.FAILED, *wording("failed_attempts_exhausted",
+                                                  contact=f.contact))
+    if not step.buyer_may_pay_again:
+        return f.state(StateCode.FAILED, *wording("failed_start_new"))
+    url = _pay_again_url(f.purchase.id)
+    key = "failed_by_team" if step.by_team else "failed"
+    return f.state(StateCode.FAILED, *wording(key), can_pay_again=url is not None,
+                   pay_again_url=url)
+
+
+P = PurchaseStatus  # short, for the table below
+
+RULES: tuple[Rule, ...] = (
+    Rule("dispute", lambda f: f.status in _DISPUTES, _disputed),
+    Rule("reversal confirmed", lambda f: f.reversal is not None
+         and f.status in _REVERSIBLE_STATUSES, _reversed),
+    Rule("complete", lambda f: f.status == P.COMPLETED and f.paid, _complete),
+    Rule("paid, order in progress", lambda f: f.paid and f.status in (
+        P.PAID, P.FULFILLING, P.REFUND_PENDING), _paid_order_pending),
+    # Includes inconsistent combinations (e.g. paid without a succeeded payment): never
+    # show success we cannot point at.
+    Rule("review or unprovable success", lambda f: f.status == P.MANUAL_REVIEW
+         or f.status in _PAID_OR_AFTER, _under_review),
+    Rule("on chain, unconfirmed", lambda f: f.last_payment is not None
+         and f.last_payment.rail == "x402" and f.last_outcome in _ON_CHAIN_UNSETTLED,
+         _on_chain),
+    Rule("unknown", lambda f: f.last_outcome == Outcome.UNKNOWN.value,
+         lambda f: f.state(StateCode.NOT_YET_CONFIRMABLE, *wording("not_yet_confirmable"))),
+    Rule("awaiting buyer", lambda f: f.last_outcome == Outcome.AWAITING_BUYER.value,
+         _awaiting_buyer),
+    Rule("in flight", lambda f: f.last_outcome in _IN_FLIGHT,
+         lambda f: f.state(StateCode.BEING_CONFIRMED, *wording("being_confirmed"))),
+    Rule("failed", lambda f: f.status == P.PAYMENT_FAILED and not f.paid
+         and f.last_outcome == Outcome.FAILED.value, _failed),
+    Rule("cancelled", lambda f: f.status == P.CANCELLED, lambda f: f.state(
+        StateCode.CANCELLED, "This purchase was cancelled",
+        "This purchase was cancelled before any payment was taken.", final=True)),
+    Rule("expired", lambda f: f.status == P.EXPIRED, lambda f: f.state(
+        StateCode.EXPIRED, "This purchase has expired",
+        "The price for this purchase expired before any payment was taken. "
+        "Please start a new purchase at the store.", final=True)),
+    Rule("awaiting payment", lambda f: f.status == P.AWAITING_PAYMENT
+         and f.last_payment is None, lambda f: f.state(
+             StateCode.AWAITING_PAYMENT, "Waiting for payment",
+             "No payment has been made for this purchase yet.")),
     # Anything else (a status and an operation that disagree) goes to a person.
-    return under_review()
+    Rule("anything else", lambda f: True, _under_review),
+)
+
+
+def customer_state(purchase) -> CustomerState:
+    """The plain-language state of a purchase, from verified data only: the first rule of
+    RULES that holds."""
+    facts = _facts(purchase)
+    for rule in RULES:
+        if rule.when(facts):
+            return rule.then(facts)
+    raise AssertionError("RULES ends with a rule that always holds")

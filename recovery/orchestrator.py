@@ -37,6 +37,7 @@ from payments.enums import (
     PurchaseStatus,
 )
 from payments.models import PaymentOperation, Product, Purchase
+from payments.money import format_money
 from payments.services import (
     DomainError,
     duplicate_compensation_ensure,
@@ -229,7 +230,7 @@ def _definitely_not_sent(exc: BaseException) -> bool:
 def _confirmation_text(ctx: PurchaseContext) -> tuple[str, str]:
     order = Order.objects.filter(purchase_id=ctx.purchase_id).values_list("reference",
                                                                           flat=True).first()
-    amount = f"{ctx.payment.amount / 100:.2f} {ctx.payment.currency.upper()}"
+    amount = format_money(ctx.payment.amount, ctx.payment.currency)
     subject = f"Order {order or ctx.purchase_id} confirmed"
     body = (f"Thank you. Your payment of {amount} is confirmed and your order "
             f"{order or ''} is being prepared.\n\nPurchase: {ctx.purchase_id}\n"

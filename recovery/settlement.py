@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from payments.enums import Rail
 from payments.models import Dispute, PaymentOperation
+from payments.money import format_money
 from payments.services import provider_for_rail
 
 from .models import LedgerAccount, LedgerEntry, SettlementDiscrepancy
@@ -129,8 +130,8 @@ def settlement_compare(*, grace_seconds: float | None = None) -> ComparisonResul
             found.append(SettlementDiscrepancy(
                 provider_reference=reference, kind=Kind.AMOUNT_DIFFERS,
                 provider_amount=amount, ledger_amount=ledger_amount, currency=currency,
-                detail=f"provider {amount} {currency}, ledger {ledger_amount} "
-                       f"{ledger_currency}"))
+                detail=f"provider {format_money(amount, currency)}, ledger "
+                       f"{format_money(ledger_amount, ledger_currency or currency)}"))
         else:
             matched.add(reference)
     if not truncated:  # a truncated provider list cannot prove absence

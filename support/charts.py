@@ -12,7 +12,7 @@ import re
 import pygal
 from pygal.style import Style
 
-from payments.money import currency_code, to_major
+from payments.money import currency_code, format_money, to_major
 from support import selectors
 
 STYLE = Style(background="#ffffff", plot_background="#ffffff", foreground="#1b1f24",
@@ -45,12 +45,21 @@ def money_at_risk_svg() -> bytes:
     currencies = sorted({r.currency for r in rows})
     chart = pygal.Bar(**_config(title="Money at risk (reserved on unknown outcomes)",
                                 x_labels=[currency_code(c) for c in currencies] or ["—"],
-                                value_formatter=lambda v: f"{v:,.2f}" if v else ""))
+                                value_formatter=lambda v: ""))
     for client in sorted({r.client or "no client" for r in rows}) or ["none"]:
-        chart.add(client, [float(sum(to_major(r.amount, r.currency) for r in rows
-                                     if r.currency == c and (r.client or "no client") == client))
-                           or None for c in currencies] or [None])
+        chart.add(client, [_money_bar(sum(r.amount for r in rows if r.currency == c and (
+            r.client or "no client") == client), c) for c in currencies] or [None])
     return _render(chart)
+
+
+def _money_bar(amount_minor: int, currency: str) -> dict | None:
+    """One bar: its height in major units, its label from payments.money (a float with
+    two decimals would read "1,000.00" for 1 000 JPY)."""
+    if not amount_minor:
+        return None
+    text = format_money(amount_minor, currency)
+    return {"value": float(to_major(amount_minor, currency)),
+            "formatter": lambda _value, text=text: text}
 
 
 def unknown_age_svg() -> bytes:

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from payments.enums import DISPUTE_CLOSED_STATUSES, Origin
 from payments.models import Dispute, PaymentOperation
+from payments.money import format_money
 
 QUEUE_TEMPLATES = {
     "disputes": "console/queue_disputes.html",
@@ -61,24 +62,20 @@ def unacknowledged_external_operations():
     return PaymentOperation.objects.filter(origin=Origin.PROVIDER, acknowledged_at__isnull=True)
 
 
-def _money(amount: int, currency: str) -> str:
-    return f"{amount / 100:.2f} {currency.upper()}"
-
-
 def queue_items(name: str, *, limit: int) -> list[ProviderQueueItem]:
     if name == "disputes":
         rows = open_disputes().order_by("evidence_due_by", "opened_at")[:limit]
         return [ProviderQueueItem(
             d.opened_at, "dispute", d.id, d.purchase_id,
-            f"{_money(d.amount, d.currency)} · {d.reason or 'no reason given'} · "
-            f"withdrawn {_money(d.funds_withdrawn, d.currency)}, fees "
-            f"{_money(d.fees, d.currency)}", "finance", due=d.evidence_due_by,
+            f"{format_money(d.amount, d.currency)} · {d.reason or 'no reason given'} · "
+            f"withdrawn {format_money(d.funds_withdrawn, d.currency)}, fees "
+            f"{format_money(d.fees, d.currency)}", "finance", due=d.evidence_due_by,
             status=d.status) for d in rows]
     if name == "external":
         rows = unacknowledged_external_operations().order_by("created_at")[:limit]
         return [ProviderQueueItem(
             op.created_at, "operation", op.id, op.purchase_id,
-            f"{op.kind} {_money(op.amount, op.currency)} made outside Verity · "
+            f"{op.kind} {format_money(op.amount, op.currency)} made outside Verity · "
             f"{op.provider_reference} · evidence {op.verification}", "finance",
             status=op.outcome, acknowledge=True) for op in rows]
     raise KeyError(name)

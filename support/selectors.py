@@ -39,6 +39,7 @@ from payments.models import (
 )
 from payments.money import MoneyInputError, format_money, parse_money
 from payments.api.presenters import operation_next_action
+from payments.next_action import NextStep, Situation, staff_next_step
 from payments.services import provider_for_rail
 from payments.services.common import purchase_own_payments, purchase_refund_room
 from recovery.models import (
@@ -445,44 +446,70 @@ class NextAction:
 
 
 def purchase_next_action(purchase: Purchase, ops: list[PaymentOperation]) -> NextAction:
-    """Who acts next on this purchase, and what they do."""
-    open_ops = [op for op in ops if op.outcome not in (Outcome.SUCCEEDED, Outcome.FAILED)]
-    for op in open_ops:
-        if op.outcome == Outcome.AWAITING_APPROVAL:
-            return NextAction("finance", f"Approve or leave refund {op.id} (not by its "
-                                         "requester).")
-        if op.outcome == Outcome.UNKNOWN:
-            if op.stage == Stage.ESCALATED or op.escalated_at:
-                return NextAction(purchase.recovery_owner or Owner.SUPPORT,
-                                  f"Reconciliation deadline passed for {op.id}: an operator "
-                                  "resolves it with evidence from the provider dashboard.")
-            when = relative(op.next_reconcile_at) if op.next_reconcile_at else "soon"
-            return NextAction(Owner.RECONCILIATION,
-                              f"Reading {op.id} back from the provider (next read-back "
-                              f"{when}).")
-        if op.outcome == Outcome.AWAITING_BUYER:
-            return NextAction(Owner.BUYER, f"The buyer completes authentication for {op.id}.")
-        if op.outcome in (Outcome.PENDING, Outcome.DISPATCHING, Outcome.AWAITING_PROVIDER):
-            return NextAction(Owner.RECONCILIATION,
-                              f"Waiting for the provider's answer on {op.id}.")
-    for op in ops:
-        if (op.is_terminal and op.next_action_owner == Owner.SUPPORT
-                and op.transitions.filter(cause=OVERTURN_CAUSE).exists()):
-            return NextAction(Owner.SUPPORT,
-                              f"The provider's record overturned a manual resolution of "
-                              f"{op.id} (now {op.outcome}): check what followed, then mark "
-                              "it reviewed.")
-    steps = list(StepRun.objects.filter(purchase_id=purchase.pk, state__in=STEP_TROUBLE))
-    if steps:
-        names = ", ".join(f"{s.step} ({s.state})" for s in steps)
-        return NextAction(Owner.SUPPORT, f"Downstream steps need a decision: {names}.")
-    if purchase.status == PurchaseStatus.MANUAL_REVIEW:
-        return NextAction(purchase.recovery_owner or Owner.SUPPORT, "Review the purchase.")
-    if purchase.status in PAID_STATUSES:
-        return NextAction(Owner.RECONCILIATION, "The orchestrator is running downstream steps.")
-    if purchase.status in (PurchaseStatus.PAYMENT_FAILED, PurchaseStatus.AWAITING_PAYMENT):
-        return NextAction(Owner.BUYER, "The buyer may pay (again) from the storefront.")
-    return NextAction(Owner.NONE, "Nothing to do.")
+    """Who acts next on this purchase, and what they do: payments.next_action's step (the
+    one the API, MCP and the customer page read), in staff words."""
+    steps = tuple(f"{s.step} ({s.state})" for s in StepRun.objects.filter(
+        purchase_id=purchase.pk, state__in=STEP_TROUBLE))
+    step = staff_next_step(purchase, ops, steps_needing_decision=steps)
+    owner = str(step.owner)
+    if step.situation == Situation.AWAITING_APPROVAL:
+        owner = "finance"  # a renaming: finance is the support role that approves refunds
+    elif step.owner == Owner.SUPPORT and purchase.recovery_owner:
+        owner = purchase.recovery_owner  # the person support assigned
+    return NextAction(owner, _staff_words(step))
+
+
+def _staff_words(step: NextStep) -> str:
+    op = step.operation
+    ref = op.id if op is not None else ""
+    s = Situation
+    if step.situation == s.UNKNOWN:
+        when = relative(op.next_reconcile_at) if op.next_reconcile_at else "soon"
+        return f"Reading {ref} back from the provider (next read-back {when})."
+    reason = f" ({op.reason})" if op is not None and op.reason else ""
+    words = {
+        s.ESCALATED: f"Reconciliation deadline passed for {ref}: an operator resolves it "
+                     "with evidence from the provider dashboard.",
+        s.QUEUED: f"Waiting for the provider's answer on {ref}.",
+        s.SENDING: f"Waiting for the provider's answer on {ref}.",
+        s.AWAITING_PROVIDER: f"Waiting for the provider's answer on {ref}.",
+        s.AWAITING_BUYER: f"The buyer completes authentication for {ref}.",
+        s.AWAITING_APPROVAL: f"Approve or leave refund {ref} (not by its requester).",
+        s.SUCCEEDED: "Nothing to do.",
+        s.FAILED_RETRIED: f"{ref} failed{reason} and was retried as {step.retried_by}: "
+                          "follow the retry.",
+        s.FAILED_QUOTE_GONE: f"{ref} failed{reason} and the quote has expired: the buyer "
+                             "starts a new purchase at the storefront.",
+        s.FAILED_ATTEMPTS_EXHAUSTED: f"{ref} failed{reason}; this purchase had "
+                                     f"{step.attempts} payment attempts, the most allowed: "
+                                     "contact the buyer.",
+        s.FAILED_INVALID: f"The provider refused {ref} as invalid{reason}: the buyer pays "
+                          "with another method or starts a new purchase.",
+        s.FAILED_DECLINED: f"{ref} was declined{reason}: the buyer may pay again from the "
+                           "storefront with another payment method.",
+        s.FAILED_RETRYABLE: f"{ref} failed{reason}: the buyer may pay again from the "
+                            "storefront.",
+        s.FAILED_NOT_PAYMENT: f"{ref} failed at the provider{reason}: decide what follows.",
+        s.PAYMENT_REQUIRED: "The buyer may pay from the storefront.",
+        s.QUOTE_EXPIRED: "The quote expired before payment: the buyer starts a new purchase.",
+        s.UNKNOWN_UNRECORDED: "The payment's outcome is unknown and no payment is recorded "
+                              "to read back: check the provider dashboard.",
+        s.PAID: "Paid; the orchestrator is running downstream steps.",
+        s.COMPLETED: "Paid and fulfilled. Nothing to do.",
+        s.MANUAL_REVIEW: "Review the purchase.",
+        s.REFUND_PENDING: "A refund is in progress at the provider; reconciliation follows it.",
+        s.DISPUTED: "Finance answers the dispute (evidence before its deadline) in the "
+                    "disputes queue.",
+        s.DISPUTE_WON: "The dispute was decided for the merchant. Nothing to do.",
+        s.DISPUTE_LOST: "The dispute was decided for the customer. Nothing to do.",
+        s.CLOSED: "Closed. Nothing to do.",
+        s.EXPIRED: "Expired before payment. Nothing to do.",
+        s.OVERTURNED: f"The provider's record overturned a manual resolution of {ref} (now "
+                      f"{op.outcome if op is not None else ''}): check what followed, then "
+                      "mark it reviewed.",
+        s.STEPS_NEED_DECISION: f"Downstream steps need a decision: {', '.join(step.steps)}.",
+    }
+    return words[step.situation]
 
 
 def operation_get(operation_id: str) -> PaymentOperation | None:

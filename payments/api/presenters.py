@@ -1,7 +1,8 @@
 """The one presenter: the purchase, operation, quote and product views and their
 `next_action`, built once from stored state. The REST API, the MCP tools (which only rename
 actions to tool names), the console and the customer page all read these; a surface may
-rename, never re-derive.
+rename, never re-derive. Who acts next is derived in payments/next_action.py; the
+`next_action` document here is its API rendering.
 
 Read only. `next_action` is computed from state that is already stored, so every answer
 (fresh, replayed, or a later GET) tells an agent the same thing about the same state.
@@ -12,24 +13,18 @@ from datetime import datetime
 from datetime import timezone as dt_timezone
 
 from django.conf import settings
-from django.utils import timezone
 
 from recovery.models import Order
 from recovery.selectors import steps_for_purchase
 
 from ..customer_copy import customer_state
 from ..enums import (
-    NON_RETRYABLE_REASONS,
     PAYMENT_KINDS,
     CallPurpose,
-    Grade,
     OperationKind,
     Outcome,
     Owner,
-    PurchaseStatus,
-    Reason,
     RetryAdvice,
-    Stage,
 )
 from ..models import (
     ApiClient,
@@ -40,6 +35,14 @@ from ..models import (
     Quote,
     X402Authorization,
     X402RefundTransfer,
+)
+from ..next_action import (  # noqa: F401 (UNKNOWN_MESSAGE: re-exported)
+    UNKNOWN_MESSAGE,
+    api_action,
+    latest_payment,
+    operation_next_step,
+    purchase_next_step,
+    quote_usable,
 )
 from ..services.holds import _period_start, client_limits as figures_for
 from ..view_queries import (
@@ -52,13 +55,6 @@ from ..view_queries import (
 
 _PAYMENT_KIND_VALUES = [k.value for k in PAYMENT_KINDS]
 
-UNKNOWN_MESSAGE = (
-    "The payment provider may have applied this payment. Verity is reconciling it with the "
-    "provider now. Do not retry and do not create a new payment or a new purchase: that "
-    "could charge the customer twice. Poll GET {operation_url} until `outcome` is "
-    "`succeeded` or `failed`."
-)
-
 
 # -- next actions -----------------------------------------------------------------
 
@@ -67,163 +63,21 @@ def _action(owner: str, retry: str, code: str, message: str) -> dict:
     return {"owner": str(owner), "retry": str(retry), "code": code, "message": message}
 
 
-def _api_path(path: str) -> str:
-    return f"/api/v1/{path}"
-
-
 def _quote_usable(quote: Quote) -> bool:
-    return quote.superseded_at is None and quote.expires_at > timezone.now()
+    return quote_usable(quote)
 
 
 def operation_next_action(op: PaymentOperation) -> dict:
-    op_url = _api_path(f"operations/{op.id}")
-    if not op.is_terminal and (op.stage == Stage.ESCALATED or op.escalated_at is not None):
-        return _action(Owner.SUPPORT, RetryAdvice.FORBIDDEN, "escalated",
-                       "Reconciliation did not settle this operation in time; support owns "
-                       f"it now. Do not retry. Poll GET {op_url}.")
-    outcome = op.outcome
-    if outcome in (Outcome.PENDING, Outcome.DISPATCHING):
-        return _action(Owner.RECONCILIATION, RetryAdvice.FORBIDDEN, f"operation_{outcome}",
-                       "The operation is being sent to the provider. Do not retry; "
-                       f"poll GET {op_url}.")
-    if outcome == Outcome.UNKNOWN:
-        return _action(Owner.RECONCILIATION, RetryAdvice.FORBIDDEN, "payment_unknown",
-                       UNKNOWN_MESSAGE.format(operation_url=op_url))
-    if outcome == Outcome.AWAITING_PROVIDER:
-        return _action(Owner.RECONCILIATION, RetryAdvice.FORBIDDEN, "awaiting_provider",
-                       "The provider is still processing this operation. Do not retry; "
-                       f"poll GET {op_url}.")
-    if outcome == Outcome.AWAITING_BUYER:
-        return _action(Owner.BUYER, RetryAdvice.FORBIDDEN, "action_required",
-                       "The buyer must complete an authentication step with the provider. "
-                       f"Do not create another payment; poll GET {op_url}.")
-    if outcome == Outcome.AWAITING_APPROVAL:
-        return _action(Owner.SUPPORT, RetryAdvice.FORBIDDEN, "awaiting_approval",
-                       "This refund waits for approval by a finance user. Do not request it "
-                       f"again; poll GET {op_url}.")
-    by_team = op.grade == Grade.ACKNOWLEDGED  # words follow the grade (DESIGN §4)
-    if outcome == Outcome.SUCCEEDED:
-        if by_team:
-            return _action(Owner.NONE, RetryAdvice.FORBIDDEN, f"{op.kind}_succeeded",
-                           "Done; confirmed by our team (the provider has not confirmed it "
-                           "yet, and its record would overrule). Do not send it again.")
-        return _action(Owner.NONE, RetryAdvice.FORBIDDEN, f"{op.kind}_succeeded",
-                       "Done; the provider confirmed this operation. Do not send it again.")
-    # failed
-    reason = op.reason or Reason.PROVIDER_FAILED
-    failed = ("Our team resolved this payment as failed (the provider has not confirmed it); "
-              "Verity reads the provider back before any retry." if by_team else
-              "This payment failed; no money moved.")
-    # "no money moved" is the provider's word only: a person's "failed" may be overturned.
-    failed_nothing_moved = (failed if by_team else "This payment failed and no money moved.")
-    if op.kind in _PAYMENT_KIND_VALUES:
-        purchase = op.purchase
-        retry_id = retried_by_id(op)
-        if retry_id is not None:
-            return _action(Owner.NONE, RetryAdvice.FORBIDDEN, reason,
-                           f"This payment failed and was already retried as "
-                           f"{retry_id}; follow that operation instead.")
-        if not _quote_usable(purchase.quote):
-            return _action(Owner.BUYER, RetryAdvice.NEW_QUOTE, reason,
-                           f"{failed_nothing_moved} The quote is no longer "
-                           "valid: request a new quote and create a new purchase.")
-        attempts = getattr(op, "view_payment_attempts", None)  # payments.view_queries
-        if attempts is None:
-            attempts = purchase.operations.filter(kind__in=_PAYMENT_KIND_VALUES).count()
-        if attempts >= settings.PAYMENT_ATTEMPTS_MAX:
-            # Retries converge: a bounded number of attempts, then a person.
-            return _action(Owner.SUPPORT, RetryAdvice.FORBIDDEN, "payment_attempts_exhausted",
-                           f"{failed_nothing_moved} This purchase had "
-                           f"{attempts} payment attempts, the most allowed; support will "
-                           "contact the buyer. Do not retry.")
-        if reason in NON_RETRYABLE_REASONS:
-            return _action(Owner.BUYER, RetryAdvice.NEW_QUOTE, reason,
-                           "The provider refused this payment as invalid; no money moved. Sent "
-                           "again unchanged it would fail the same way: ask the buyer for a "
-                           "different payment method, or request a new quote and create a "
-                           "new purchase.")
-        if reason == Reason.CARD_DECLINED:
-            message = ("The card was declined; no money moved. To try again, ask the buyer "
-                       f"for a different payment method and POST "
-                       f"{_api_path(f'purchases/{purchase.id}/payments')} with "
-                       f"retry_of={op.id} and a new Idempotency-Key.")
-        else:
-            message = (f"{failed} You may try once more: POST "
-                       f"{_api_path(f'purchases/{purchase.id}/payments')} with "
-                       f"retry_of={op.id} and a new Idempotency-Key.")
-        return _action(Owner.BUYER, RetryAdvice.NEW_OPERATION, reason, message)
-    return _action(Owner.SUPPORT, RetryAdvice.FORBIDDEN, reason,
-                   f"This {op.kind} failed at the provider; support has been told. "
-                   "Do not retry it yourself.")
+    """The derivation is payments.next_action's; this is its API rendering."""
+    return api_action(operation_next_step(op))
 
 
 def _latest_payment(purchase: Purchase) -> PaymentOperation | None:
-    loaded = purchase_operations_loaded(purchase)
-    if loaded is not None:  # inside purchase_view: the same answer from the one read
-        payments = [op for op in loaded if op.kind in _PAYMENT_KIND_VALUES]
-        succeeded = [op for op in payments if op.outcome == Outcome.SUCCEEDED]
-        if succeeded:
-            return min(succeeded, key=lambda op: op.pk)
-        return max(payments, key=lambda op: (op.created_at, op.pk)) if payments else None
-    ops = purchase.operations.filter(kind__in=_PAYMENT_KIND_VALUES)
-    return (ops.filter(outcome=Outcome.SUCCEEDED).first()
-            or ops.order_by("-created_at", "-id").first())
+    return latest_payment(purchase)
 
 
 def purchase_next_action(purchase: Purchase, payment: PaymentOperation | None = None) -> dict:
-    status = purchase.status
-    pay_url = _api_path(f"purchases/{purchase.id}/payments")
-    view_url = _api_path(f"purchases/{purchase.id}")
-    if payment is None:
-        payment = _latest_payment(purchase)
-    if status == PurchaseStatus.AWAITING_PAYMENT:
-        if not _quote_usable(purchase.quote):
-            return _action(Owner.BUYER, RetryAdvice.NEW_QUOTE, "quote_expired",
-                           "The quote is no longer valid: request a new quote.")
-        return _action(Owner.BUYER, RetryAdvice.NEW_OPERATION, "payment_required",
-                       f"Pay: POST {pay_url} with a new Idempotency-Key.")
-    if status in (PurchaseStatus.PAYMENT_PENDING, PurchaseStatus.PAYMENT_UNKNOWN,
-                  PurchaseStatus.ACTION_REQUIRED, PurchaseStatus.PAYMENT_FAILED) and payment:
-        return operation_next_action(payment)
-    if status == PurchaseStatus.PAYMENT_UNKNOWN:
-        return _action(Owner.RECONCILIATION, RetryAdvice.FORBIDDEN, "payment_unknown",
-                       UNKNOWN_MESSAGE.format(operation_url=view_url))
-    if status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
-        return _action(Owner.NONE, RetryAdvice.FORBIDDEN, "paid",
-                       "Paid. Fulfilment is in progress; do not pay again. "
-                       f"Poll GET {view_url} for the order.")
-    if status == PurchaseStatus.COMPLETED:
-        return _action(Owner.NONE, RetryAdvice.FORBIDDEN, "completed",
-                       "Paid and fulfilled. Nothing to do.")
-    if status == PurchaseStatus.MANUAL_REVIEW:
-        return _action(Owner.SUPPORT, RetryAdvice.FORBIDDEN, "manual_review",
-                       "Support is reviewing this purchase. Do not pay again and do not open "
-                       f"a new purchase for it; poll GET {view_url}.")
-    if status == PurchaseStatus.REFUND_PENDING:
-        return _action(Owner.RECONCILIATION, RetryAdvice.FORBIDDEN, "refund_pending",
-                       f"A refund is in progress. Do not request it again; poll GET {view_url}.")
-    if status == PurchaseStatus.DISPUTED:
-        return _action(Owner.SUPPORT, RetryAdvice.FORBIDDEN, "disputed",
-                       "The customer disputed this payment with their bank; finance is "
-                       "handling it. Do not pay again, do not refund it yourself and do not "
-                       f"open a new purchase for it; poll GET {view_url}.")
-    if status == PurchaseStatus.DISPUTE_WON:
-        return _action(Owner.NONE, RetryAdvice.FORBIDDEN, "dispute_won",
-                       "A dispute on this payment was decided in the merchant's favour; the "
-                       "payment stands. Nothing to do.")
-    if status == PurchaseStatus.DISPUTE_LOST:
-        return _action(Owner.NONE, RetryAdvice.FORBIDDEN, "dispute_lost",
-                       "A dispute on this payment was decided in the customer's favour; the "
-                       "bank returned the money to them. This purchase is closed; do not "
-                       "pay again.")
-    if status in (PurchaseStatus.REFUNDED, PurchaseStatus.VOIDED, PurchaseStatus.CANCELLED):
-        return _action(Owner.NONE, RetryAdvice.FORBIDDEN, str(status),
-                       "This purchase is closed. Nothing to do.")
-    if status == PurchaseStatus.EXPIRED:
-        return _action(Owner.BUYER, RetryAdvice.NEW_QUOTE, "expired",
-                       "This purchase expired before payment: request a new quote.")
-    return _action(Owner.BUYER, RetryAdvice.NEW_OPERATION, "payment_required",
-                   f"Pay: POST {pay_url} with a new Idempotency-Key.")
+    return api_action(purchase_next_step(purchase, payment))
 
 
 # -- views --------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from ..errors import DomainError
 from ..locks import lock_client, lock_purchase, lock_purchase_or_none
 from ..models import ApiClient, PaymentOperation, Purchase
 from ..providers.registry import registered_rails
+from ..money import format_money
 from .common import (
     _actor,
     _dispatch_backstop,
@@ -133,8 +134,10 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
         _check_currency_allowed(api_client, purchase.currency)
         if amount is not None and amount != purchase.amount:
             raise DomainError("amount_mismatch",
-                              f"The amount comes from the accepted quote ({purchase.amount} "
-                              f"{purchase.currency}); a different amount is refused.",
+                              "The amount comes from the accepted quote ("
+                              f"{format_money(purchase.amount, purchase.currency)}, "
+                              f"{purchase.amount} in minor units); a different amount is "
+                              "refused.",
                               status=422, retry=RetryAdvice.FORBIDDEN, purchase=purchase.id)
         paid = purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED,
                                           is_duplicate=False).first()
@@ -354,7 +357,8 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
                               purchase=purchase.id, operation=payment.id)
         if not isinstance(amount, int) or amount <= 0 or amount > refundable:
             raise DomainError("refund_exceeds_refundable",
-                              f"Refundable now: {refundable} {purchase.currency}.", status=422,
+                              f"Refundable now: {format_money(refundable, purchase.currency)} "
+                              f"({refundable} in minor units).", status=422,
                               retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id, extra={"refundable": refundable})
         # Where a refund is a transfer back of Verity's own money (x402) a person approves
