@@ -44,7 +44,7 @@ from .locks import (
 )
 from .models import Dispute, PaymentOperation, ProviderCall, Purchase
 from .providers.base import DisputeObject
-from .services.common import _history, payment_unsettled
+from .services.common import _history, payment_unsettled, purchase_order_event_put
 from .services.observations import duplicate_compensate_locked
 
 log = logging.getLogger("verity.payments.disputes")
@@ -126,6 +126,7 @@ def _purchase_status(purchase: Purchase, name: str, *, cause: str, actor: str,
     purchase.save(update_fields=purchase.status_change_fields())
     _history(purchase_id=purchase.id, operation=None, field="status", source=source,
              target=purchase.status, cause=cause, evidence=evidence, actor=actor)
+    purchase_order_event_put(purchase=purchase, source=source)
     return True
 
 

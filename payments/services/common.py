@@ -18,10 +18,10 @@ from recovery.halts import is_halted
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
 
-from ..enums import TERMINAL_OUTCOMES, Grade, OperationKind, Outcome, Reason
+from ..enums import TERMINAL_OUTCOMES, Grade, OperationKind, Outcome, PurchaseStatus, Reason
 from ..errors import DomainError
 from ..locks import lock_purchase_and_operation
-from ..models import OperationTransition, PaymentOperation, ProviderCall, Purchase
+from ..models import OperationTransition, PaymentOperation, ProviderCall, Purchase, PurchaseChannel
 from ..providers.base import CallResult
 from ..providers.stripe import get_provider
 
@@ -94,7 +94,31 @@ def _purchase_to(purchase: Purchase, name: str, *, cause: str, actor: str = "",
     purchase.save(update_fields=purchase.status_change_fields())
     _history(purchase_id=purchase.id, operation=None, field="status", source=source,
              target=purchase.status, cause=cause, evidence=evidence, actor=actor)
+    purchase_order_event_put(purchase=purchase, source=source)
     return True
+
+
+# The statuses of a purchase that is an order (paid, then whatever became of it).
+ORDER_STATUSES = frozenset({
+    PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED,
+    PurchaseStatus.REFUND_PENDING, PurchaseStatus.REFUNDED, PurchaseStatus.DISPUTED,
+    PurchaseStatus.DISPUTE_WON, PurchaseStatus.DISPUTE_LOST, PurchaseStatus.VOIDED})
+
+
+def purchase_order_event_put(*, purchase: Purchase, source: str) -> None:
+    """An ACP purchase's order moved: the outbox row that tells its agent platform
+    (delivered by acp.handlers), written by the service that saved the transition, in
+    its transaction — never from a django-fsm signal (STYLE 1). Call it once per saved
+    status change; `source` is the status before it. `order_create` the first time the
+    purchase becomes an order, `order_update` for every later move."""
+    target = purchase.status
+    if purchase.channel != PurchaseChannel.ACP or target == source \
+            or target not in ORDER_STATUSES:
+        return
+    event = "order_update" if source in ORDER_STATUSES else "order_create"
+    outbox_put(category=OutboxCategory.ACP_ORDER_EVENT,
+               payload={"purchase": purchase.id, "event": event, "status": str(target)},
+               dedupe_key=f"acp-order:{purchase.id}:{target}")
 
 
 def _op_to(op: PaymentOperation, name: str, *, cause: str, actor: str = "",
