@@ -63,7 +63,8 @@ def _deliver_order_event(payload: dict) -> None:
                               "Content-Type": "application/json",
                               "Merchant-Signature": sign(platform.webhook_secret, now, body),
                               # Stable across retries: the receiver's dedupe key.
-                              "Request-Id": f"evt_{session.purchase_id}_{payload['status']}",
+                              "Request-Id": f"evt_{session.purchase_id}_{payload['status']}"
+                                            + (f"_{payload['n']}" if "n" in payload else ""),
                               "Timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                          time.gmtime(now))})
     except requests.RequestException as exc:

@@ -209,3 +209,31 @@ def test_a_rest_purchase_writes_no_order_event(tea, localstripe):
     purchase.refresh_from_db()
     assert purchase.status == "paid" and purchase.channel == "api"
     assert not OutboxMessage.objects.filter(category=OutboxCategory.ACP_ORDER_EVENT).exists()
+
+
+def test_an_order_entering_a_status_again_is_a_new_event_with_its_own_request_id(
+        agent, platform, tea, receiver):
+    """paid -> manual review -> paid again: the second `paid` is an update of the same
+    order with its own Request-Id; under the first's a receiver deduping on it would drop
+    it. Seen failing before the fix (the second was another `order_create` reusing
+    `evt_<purchase>_paid`)."""
+    from payments import services
+
+    AgentPlatform.objects.create(api_client=platform[0], webhook_url=receiver.url,
+                                 webhook_secret=SECRET)
+    receiver.status = 200
+    session = agent.create(tea.sku).json()
+    r = agent.complete(session["id"], issue_spt(1250), new_email())
+    assert r.status_code == 200, r.text
+    pid = r.json()["order"]["id"]
+    services.purchase_transition(purchase_id=pid, name="mark_manual_review", cause="test")
+    services.purchase_transition(purchase_id=pid, name="mark_paid", cause="test")
+
+    events = OutboxMessage.objects.filter(category=OutboxCategory.ACP_ORDER_EVENT,
+                                          payload__purchase=pid).order_by("id")
+    assert [(m.payload["event"], m.payload["status"]) for m in events][:2] == [
+        ("order_create", "paid"), ("order_update", "paid")]
+    _drain_until(lambda: not events.filter(processed_at__isnull=True).exists())
+    ids = [h["Request-Id"] for h, _ in receiver.received]
+    assert ids[:2] == [f"evt_{pid}_paid", f"evt_{pid}_paid_2"]
+    assert len(set(ids)) == len(ids)  # one delivery per event (it answered 200 at once)
