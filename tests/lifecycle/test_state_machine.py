@@ -1381,10 +1381,9 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.purchases.append((pid, ACP_SHOP))  # judged like every other purchase
         return pid
 
-    @initialize(fault=st.sampled_from([None, DrillMode.DROP_RESPONSE_AFTER_SEND,
-                                       "provider_down", DrillMode.HTTP_500]),
-                card=st.sampled_from(["pm_card_visa", "pm_card_visa",
-                                      "pm_card_chargeCustomerFail"]))
+    @initialize(fault=st.sampled_from([DrillMode.DROP_RESPONSE_AFTER_SEND, "provider_down",
+                                       None, DrillMode.HTTP_500]),
+                card=st.sampled_from(["pm_card_visa", "pm_card_chargeCustomerFail"]))
     def acp_first_session(self, fault, card):
         """Every example starts with one ACP session completed (its answer lost, the
         provider down, or neither), so the ACP rules below have a session to retry,
@@ -1427,11 +1426,12 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.sessions)
     @rule(i=st.integers(0, 99),
-          fault=st.sampled_from([None, None, DrillMode.DROP_RESPONSE_AFTER_SEND,
+          # (Hypothesis draws earlier elements more often: the faults come first.)
+          fault=st.sampled_from([DrillMode.DROP_RESPONSE_AFTER_SEND, "provider_down", None,
                                  DrillMode.TIMEOUT_BEFORE_SEND, DrillMode.RESET_AFTER_WRITE,
-                                 DrillMode.HTTP_500, "provider_down"]),
-          key=st.sampled_from(["new", "new", "same"]),
-          card=st.sampled_from(["pm_card_visa", "pm_card_visa", "pm_card_chargeCustomerFail"]))
+                                 DrillMode.HTTP_500]),
+          key=st.sampled_from(["same", "new"]),
+          card=st.sampled_from(["pm_card_visa", "pm_card_chargeCustomerFail"]))
     def acp_complete(self, i, fault, key, card):
         """complete with a shared payment token: the provider's answer lost
         (DROP_RESPONSE_AFTER_SEND and the other confirm drills), or the provider down
