@@ -6,5 +6,5 @@ class AcpConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # The order-event outbox handler and its Purchase transition receiver.
+        # The order-event outbox handler (its rows are written by payments.services).
         from . import handlers  # noqa: F401

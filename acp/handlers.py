@@ -1,10 +1,10 @@
 """Order events to the agent platform (ACP `openapi.agentic_checkout_webhook.yaml`):
 `order_create` when an ACP purchase is paid, `order_update` when it moves on.
 
-Written to the outbox in the transaction that moves the purchase (django-fsm's
-post_transition on Purchase, so the core does not know about ACP), and delivered by the
-relay with no transaction open: at least once, with the relay's capped backoff; a
-delivery that keeps failing stays in the console's stuck-outbox queue with its error.
+Written to the outbox by the payments service that saves the purchase's transition, in
+its transaction (payments.services.common.purchase_order_event_put: an explicit write,
+not a signal receiver), and delivered here by the relay with no transaction open: at
+least once, with the relay's capped backoff; a delivery that keeps failing stays in the console's stuck-outbox queue with its error.
 Each event has a stable `Request-Id` (the receiver dedupes on it) and is signed
 `Merchant-Signature: t=<unix>,v1=HMAC-SHA256(secret, "<t>.<raw body>")`.
 """
@@ -16,14 +16,11 @@ import json
 import time
 
 import requests
-from django.db import transaction
-from django_fsm.signals import post_transition
 
 from payments.enums import PurchaseStatus
-from payments.models import Purchase, PurchaseChannel
 from payments.api.presenters import status_url
 from recovery.models import OutboxCategory
-from recovery.outbox import outbox_handler, outbox_put
+from recovery.outbox import outbox_handler
 
 from .models import AgentPlatform, CheckoutSession
 
@@ -38,31 +35,6 @@ _ORDER_STATUS = {PurchaseStatus.PAID: "confirmed", PurchaseStatus.FULFILLING: "p
 
 class DeliveryFailed(Exception):
     """The platform did not take the event (not 2xx, or unreachable): back off, retry."""
-
-
-def _on_purchase_transition(sender, instance, name, source, target, **kwargs) -> None:
-    if getattr(instance, "channel", None) != PurchaseChannel.ACP or target == source:
-        return
-    if target not in _ORDER_STATUS or kwargs.get("exception") is not None:
-        return
-    event = "order_create" if target == PurchaseStatus.PAID and source not in _ORDER_STATUS \
-        else "order_update"
-
-    def put():
-        outbox_put(category=OutboxCategory.ACP_ORDER_EVENT,
-                   payload={"purchase": instance.pk, "event": event, "status": str(target)},
-                   dedupe_key=f"acp-order:{instance.pk}:{target}")
-
-    # Transitions are saved inside the service's transaction; the event commits with it.
-    if transaction.get_connection().in_atomic_block:
-        put()
-    else:
-        with transaction.atomic():
-            put()
-
-
-post_transition.connect(_on_purchase_transition, sender=Purchase,
-                        dispatch_uid="acp-order-events")
 
 
 def sign(secret: str, timestamp: int, body: bytes) -> str:
@@ -91,7 +63,8 @@ def _deliver_order_event(payload: dict) -> None:
                               "Content-Type": "application/json",
                               "Merchant-Signature": sign(platform.webhook_secret, now, body),
                               # Stable across retries: the receiver's dedupe key.
-                              "Request-Id": f"evt_{session.purchase_id}_{payload['status']}",
+                              "Request-Id": f"evt_{session.purchase_id}_{payload['status']}"
+                                            + (f"_{payload['n']}" if "n" in payload else ""),
                               "Timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                          time.gmtime(now))})
     except requests.RequestException as exc:

@@ -55,7 +55,7 @@ from payments.api.idempotency import (
     idempotency_release,
 )
 from payments.locks import assert_no_transaction_outside_transaction
-from payments.models import ApiClient, PaymentOperation, Purchase
+from payments.models import ApiClient, PaymentOperation, Purchase, PurchaseChannel
 from payments.money import format_money
 from payments.api.problems import Problem
 from payments.errors import DomainError
@@ -632,7 +632,8 @@ def create_purchase(*, api_client: ApiClient, quote_id: str, quote_version: int,
             opened = services.purchase_open(
                 api_client=api_client, quote_id=quote_id, quote_version=quote_version,
                 customer_reference=customer_reference, customer_email=customer_email,
-                buyer_confirmation=buyer_confirmation, storefront_confirmation=False)
+                buyer_confirmation=buyer_confirmation, storefront_confirmation=False,
+                channel=PurchaseChannel.MCP)
             idempotency_bind(claim, resource_type="purchase", resource_id=opened.purchase.id)
         created["new"] = opened.created
         return "purchase", opened.purchase.id

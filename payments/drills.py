@@ -8,7 +8,7 @@ from django.utils import timezone
 from . import services
 from .clients import api_client_create
 from .enums import Outcome, Rail
-from .models import ApiClient, PaymentOperation, Product
+from .models import ApiClient, PaymentOperation, Product, PurchaseChannel
 from .providers.stripe import DrillMode
 
 DRILLS = [DrillMode.DROP_RESPONSE_AFTER_SEND, DrillMode.TIMEOUT_BEFORE_SEND,
@@ -46,7 +46,8 @@ def drills_run(*, modes=DRILLS) -> list[DrillRow]:
                                       currency=product.currency)
         purchase = services.purchase_create(
             api_client=client, quote_id=quote.id, quote_version=quote.version,
-            customer_reference=f"drill-{mode}-{timezone.now().timestamp():.0f}-{quote.id[-4:]}")
+            customer_reference=f"drill-{mode}-{timezone.now().timestamp():.0f}-{quote.id[-4:]}",
+            channel=PurchaseChannel.DRILL)
         op = services.payment_create(purchase_id=purchase.id, api_client=client,
                                      payment_method="pm_card_visa")
         provider.arm_drill(key_prefix=op.idempotency_key, step="confirm", mode=mode)

@@ -122,10 +122,13 @@ class Quote(models.Model):
 
 
 class PurchaseChannel(models.TextChoices):
-    """The way in a purchase came (console, status page and metrics show it like any other)."""
+    """The way in a purchase came, set once by the code that opens it (console, customer
+    status page and metrics show it). Stored values are never reused for another way in."""
 
-    API = "api"  # the storefront REST API, MCP and the console
-    ACP = "acp"  # an Agentic Commerce Protocol checkout session (acp/)
+    API = "api", "Shop checkout (REST API)"  # /api/v1/purchases (payments.apis)
+    MCP = "mcp", "AI agent (MCP)"  # an agent's create_purchase tool (agents.tools)
+    ACP = "acp", "AI agent (Agentic Commerce Protocol)"  # a checkout session (acp/)
+    DRILL = "drill", "Operator drill"  # fault drills and demo commands (payments.drills)
 
 
 class Purchase(ConcurrentTransitionMixin, models.Model):

@@ -6,9 +6,9 @@ Two kinds:
   events (replays, blocked duplicates) are complete at the web's /metrics; for several
   gunicorn workers set PROMETHEUS_MULTIPROC_DIR (prometheus_client multiprocess mode).
 - figures computed from PostgreSQL at scrape time by `DatabaseCollector`, so they are
-  right whichever process did the work (unknown operations and oldest age, compensation
-  needed, outbox backlog, escalations, discrepancies, operation and webhook results,
-  manual resolutions, time from provider success to order, notification delay).
+  right whichever process did the work (purchases by channel and status, unknown
+  operations and oldest age, compensation needed, outbox backlog, escalations,
+  discrepancies, operation and webhook results, manual resolutions, time from provider success to order, notification delay).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
 from audit.models import Resolution
 from payments.enums import CallPurpose, DISPUTE_CLOSED_STATUSES, OVERTURN_CAUSE, Origin
-from payments.models import Dispute, OperationTransition, PaymentOperation, ProviderCall
+from payments.models import Dispute, OperationTransition, PaymentOperation, ProviderCall, Purchase
 from webhooks.models import ProviderEvent
 
 from . import selectors
@@ -132,6 +132,14 @@ class DatabaseCollector:
         for row in PaymentOperation.objects.values("kind", "outcome").annotate(n=Count("id")):
             ops.add_metric([row["kind"], row["outcome"]], row["n"])
         yield ops
+
+        # By the way in (REST API, MCP, ACP, drills): ACP purchases counted like any other.
+        # One GROUP BY whatever the volume (tests/security/test_metrics_exposure.py).
+        purchases = GaugeMetricFamily("verity_purchases", "Purchases by channel and status",
+                                      labels=["channel", "status"])
+        for row in Purchase.objects.values("channel", "status").annotate(n=Count("id")):
+            purchases.add_metric([row["channel"], row["status"]], row["n"])
+        yield purchases
 
         events = GaugeMetricFamily("verity_webhook_events", "Stored webhook events by result",
                                    labels=["result"])

@@ -28,7 +28,7 @@ from .. import selectors, services
 from ..enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
 from ..errors import DomainError, ErrorCode
 from ..locks import assert_no_transaction_outside_transaction
-from ..models import PaymentOperation, Purchase, Quote
+from ..models import PaymentOperation, Purchase, PurchaseChannel, Quote
 from ..view_queries import operations_for_view
 from . import presenters, x402_views
 from .examples import (
@@ -424,7 +424,8 @@ class PurchaseCreateApi(ApiView):
                     customer_email=data["customer"].get("email", ""),
                     acknowledge_unresolved=tuple(data["acknowledge_unresolved"]),
                     buyer_confirmation=data.get("buyer_confirmation") or "",
-                    storefront_confirmation=request.auth.storefront_confirmation)
+                    storefront_confirmation=request.auth.storefront_confirmation,
+                    channel=PurchaseChannel.API)
                 idempotency_bind(claim, resource_type="purchase", resource_id=opened.purchase.id)
             # 200: the quote already backed this purchase (the same intent, nothing new).
             status = 201 if opened.created else 200

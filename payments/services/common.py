@@ -19,10 +19,10 @@ from recovery.halts import is_halted
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
 
-from ..enums import TERMINAL_OUTCOMES, Grade, OperationKind, Outcome, Reason
+from ..enums import TERMINAL_OUTCOMES, Grade, OperationKind, Outcome, PurchaseStatus, Reason
 from ..errors import DomainError
 from ..locks import lock_purchase_and_operation
-from ..models import OperationTransition, PaymentOperation, ProviderCall, Purchase
+from ..models import OperationTransition, PaymentOperation, ProviderCall, Purchase, PurchaseChannel
 from ..providers.base import CallResult, RailAdapter
 from ..providers.registry import adapter_for_rail
 
@@ -100,7 +100,46 @@ def _purchase_to(purchase: Purchase, name: str, *, cause: str, actor: str = "",
     purchase.save(update_fields=purchase.status_change_fields())
     transition_record(purchase_id=purchase.id, operation=None, field="status", source=source,
                       target=purchase.status, cause=cause, evidence=evidence, actor=actor)
+    purchase_order_event_put(purchase=purchase, source=source)
     return True
+
+
+# The statuses of a purchase that is an order (paid, then whatever became of it).
+ORDER_STATUSES = frozenset({
+    PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED,
+    PurchaseStatus.REFUND_PENDING, PurchaseStatus.REFUNDED, PurchaseStatus.DISPUTED,
+    PurchaseStatus.DISPUTE_WON, PurchaseStatus.DISPUTE_LOST, PurchaseStatus.VOIDED})
+
+
+def purchase_order_event_put(*, purchase: Purchase, source: str) -> None:
+    """An ACP purchase's order moved: the outbox row that tells its agent platform
+    (delivered by acp.handlers), written by the service that saved the transition, in
+    its transaction — never from a django-fsm signal (STYLE 1). Call it once per saved
+    status change; `source` is the status before it. `order_create` the first time the
+    purchase becomes an order, `order_update` for every later move (a purchase that left
+    the order statuses and came back, e.g. through manual review, is the same order)."""
+    target = purchase.status
+    if purchase.channel != PurchaseChannel.ACP or target == source \
+            or target not in ORDER_STATUSES:
+        return
+    # Its order-status history, this transition included (written just before this call,
+    # or collected by history_batch and counted from there).
+    entered = list(OperationTransition.objects.filter(
+        purchase_id=purchase.id, field="status", operation__isnull=True,
+        target__in=ORDER_STATUSES).values_list("target", flat=True))
+    entered += [row.target for row in getattr(_HISTORY_BATCH, "rows", None) or ()
+                if row.purchase_id == purchase.id and row.field == "status"
+                and row.operation_id is None and row.target in ORDER_STATUSES]
+    event = "order_create" if len(entered) <= 1 else "order_update"
+    payload = {"purchase": purchase.id, "event": event, "status": str(target)}
+    # The receiver dedupes on the event's id (purchase, status): a purchase entering the
+    # same status again (paid, refund pending, paid) is a new event, numbered by how many
+    # times it has entered it.
+    n = entered.count(target)
+    if n > 1:
+        payload["n"] = n
+    outbox_put(category=OutboxCategory.ACP_ORDER_EVENT, payload=payload,
+               dedupe_key=f"acp-order:{purchase.id}:{target}" + (f":{n}" if n > 1 else ""))
 
 
 def _op_to(op: PaymentOperation, name: str, *, cause: str, actor: str = "",

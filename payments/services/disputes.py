@@ -42,7 +42,7 @@ from ..locks import (
 )
 from ..models import Dispute, PaymentOperation, ProviderCall, Purchase
 from ..providers.base import DisputeObject
-from .common import payment_unsettled, provider_for, transition_record
+from .common import payment_unsettled, provider_for, purchase_order_event_put, transition_record
 from .observations import duplicate_compensate_locked
 
 log = logging.getLogger("verity.payments.disputes")
@@ -124,6 +124,7 @@ def _purchase_status(purchase: Purchase, name: str, *, cause: str, actor: str,
     purchase.save(update_fields=purchase.status_change_fields())
     transition_record(purchase_id=purchase.id, operation=None, field="status", source=source,
                       target=purchase.status, cause=cause, evidence=evidence, actor=actor)
+    purchase_order_event_put(purchase=purchase, source=source)
     return True
 
 

@@ -42,6 +42,7 @@ from .common import (
     payment_refund_room,
     provider_for,
     transition_record,
+    purchase_order_event_put,
 )
 from .holds import _hold_overturn, _hold_settle
 
@@ -160,6 +161,7 @@ def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: st
                       target=purchase.status, cause=f"refund_{op.outcome}:{cause}",
                       evidence={"refund": op.id, "outcome": op.outcome, "reason": op.reason,
                                 "amount": op.amount}, actor=actor)
+    purchase_order_event_put(purchase=purchase, source=source)
     if purchase.status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
         run_steps_put(purchase_id=purchase.id)
 

@@ -318,13 +318,15 @@ def purchase_bought_elsewhere(*, purchase_id: str, api_client: ApiClient | None)
 def purchase_create(*, api_client: ApiClient | None, quote_id: str, quote_version: int,
                     customer_reference: str, customer_email: str = "",
                     acknowledge_unresolved=(), buyer_confirmation: str = "",
-                    storefront_confirmation: bool = False) -> Purchase:
+                    storefront_confirmation: bool = False,
+                    channel: str = PurchaseChannel.API) -> Purchase:
     """purchase_open, for callers that only need the purchase."""
     return purchase_open(api_client=api_client, quote_id=quote_id, quote_version=quote_version,
                          customer_reference=customer_reference, customer_email=customer_email,
                          acknowledge_unresolved=acknowledge_unresolved,
                          buyer_confirmation=buyer_confirmation,
-                         storefront_confirmation=storefront_confirmation).purchase
+                         storefront_confirmation=storefront_confirmation,
+                         channel=channel).purchase
 
 
 def buyer_confirmation_issue(*, purchase_id: str) -> str:

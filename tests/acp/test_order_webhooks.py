@@ -145,3 +145,95 @@ def test_acp_platform_command_sets_the_webhook_and_prints_new_secrets_once(platf
     call_command("acp_platform", platform[0].name, "--no-signing", stdout=StringIO())
     p.refresh_from_db()
     assert p.signing_secret == "" and p.webhook_secret
+
+
+class _RolledBack(Exception):
+    pass
+
+
+def test_each_order_transition_writes_its_event_once_in_its_own_transaction(agent, tea):
+    """Written by the service that saves the transition (no django-fsm receiver): the row
+    is there inside the transition's transaction, gone with it when it rolls back, and
+    there is exactly one per status change of the order, none for a refused transition."""
+    from django.db import transaction
+    from django_fsm.signals import post_transition
+
+    from payments import services
+    from payments.models import OperationTransition, Purchase
+
+    assert not post_transition.has_listeners(Purchase)
+    session = agent.create(tea.sku).json()
+    r = agent.complete(session["id"], issue_spt(1250), new_email())
+    assert r.status_code == 200, r.text
+    pid = r.json()["order"]["id"]
+    events = OutboxMessage.objects.filter(category=OutboxCategory.ACP_ORDER_EVENT,
+                                          payload__purchase=pid)
+    assert [(m.payload["event"], m.payload["status"]) for m in events] == [
+        ("order_create", "paid")]
+
+    # Inside the transition's transaction the event exists; rolled back, neither does.
+    with pytest.raises(_RolledBack), transaction.atomic():
+        services.purchase_transition(purchase_id=pid, name="mark_fulfilling", cause="test")
+        assert events.filter(payload__status="fulfilling").count() == 1
+        raise _RolledBack
+    assert Purchase.objects.get(pk=pid).status == "paid"
+    assert not events.filter(payload__status="fulfilling").exists()
+
+    services.purchase_transition(purchase_id=pid, name="mark_fulfilling", cause="test")
+    services.purchase_transition(purchase_id=pid, name="mark_fulfilling", cause="test")  # refused
+    services.purchase_transition(purchase_id=pid, name="mark_completed", cause="test")
+    moves = list(OperationTransition.objects.filter(purchase_id=pid, field="status",
+                                                    operation__isnull=True)
+                 .exclude(target__in=("awaiting_payment", "payment_pending",
+                                      "payment_unknown")).order_by("id")
+                 .values_list("target", flat=True))
+    assert moves == ["paid", "fulfilling", "completed"]
+    assert [(m.payload["event"], m.payload["status"]) for m in events.order_by("id")] == [
+        ("order_create", "paid"), ("order_update", "fulfilling"),
+        ("order_update", "completed")]
+
+
+def test_a_rest_purchase_writes_no_order_event(tea, localstripe):
+    from payments import services
+    from tests.factories import make_client
+
+    client, _ = make_client()
+    quote = services.quote_create(api_client=client, currency="usd",
+                                  items=[{"sku": tea.sku, "quantity": 1}])
+    purchase = services.purchase_create(api_client=client, quote_id=quote.id,
+                                        quote_version=quote.version,
+                                        customer_reference="rest-buyer")
+    op = services.payment_create(purchase_id=purchase.id, api_client=client,
+                                 payment_method="pm_card_visa")
+    services.operation_dispatch(operation_id=op.id)
+    purchase.refresh_from_db()
+    assert purchase.status == "paid" and purchase.channel == "api"
+    assert not OutboxMessage.objects.filter(category=OutboxCategory.ACP_ORDER_EVENT).exists()
+
+
+def test_an_order_entering_a_status_again_is_a_new_event_with_its_own_request_id(
+        agent, platform, tea, receiver):
+    """paid -> manual review -> paid again: the second `paid` is an update of the same
+    order with its own Request-Id; under the first's a receiver deduping on it would drop
+    it. Seen failing before the fix (the second was another `order_create` reusing
+    `evt_<purchase>_paid`)."""
+    from payments import services
+
+    AgentPlatform.objects.create(api_client=platform[0], webhook_url=receiver.url,
+                                 webhook_secret=SECRET)
+    receiver.status = 200
+    session = agent.create(tea.sku).json()
+    r = agent.complete(session["id"], issue_spt(1250), new_email())
+    assert r.status_code == 200, r.text
+    pid = r.json()["order"]["id"]
+    services.purchase_transition(purchase_id=pid, name="mark_manual_review", cause="test")
+    services.purchase_transition(purchase_id=pid, name="mark_paid", cause="test")
+
+    events = OutboxMessage.objects.filter(category=OutboxCategory.ACP_ORDER_EVENT,
+                                          payload__purchase=pid).order_by("id")
+    assert [(m.payload["event"], m.payload["status"]) for m in events][:2] == [
+        ("order_create", "paid"), ("order_update", "paid")]
+    _drain_until(lambda: not events.filter(processed_at__isnull=True).exists())
+    ids = [h["Request-Id"] for h, _ in receiver.received]
+    assert ids[:2] == [f"evt_{pid}_paid", f"evt_{pid}_paid_2"]
+    assert len(set(ids)) == len(ids)  # one delivery per event (it answered 200 at once)

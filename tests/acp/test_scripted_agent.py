@@ -212,3 +212,58 @@ def test_parallel_completes_with_fresh_keys_and_tokens_make_one_payment(agent, t
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
     assert sum(spt_state(t)["deactivated_reason"] == "consumed" for t in tokens) == 1
     assert _session(agent, sid)["status"] == "completed"
+
+
+def test_answer_to_complete_lost_by_the_fault_proxy_then_retries_make_one_charge(
+        agent, platform, tea, localstripe, celery_worker, live_server):
+    """The fault proxy in front of Verity: complete reaches Verity, which charges and
+    records it, and the proxy resets the connection instead of passing the answer back.
+    The agent retries with the same key, with a new key and token, and opens a second
+    session for the same basket: one charge at localstripe, one order, and the session
+    says `completed` at each step."""
+    from urllib.parse import urlparse
+
+    import requests
+
+    from bench.fault_proxy import FaultProxy
+    from tests.acp.conftest import AcpAgent
+
+    email = new_email()
+    sid = agent.create(tea.sku, 2).json()["id"]
+    token, key = issue_spt(2500), str(uuid.uuid4())
+    body = complete_body(token, email)
+    proxy = FaultProxy(urlparse(live_server.url).port, seed=33)
+    proxy.up()
+    proxy.drop_answers(1.0)
+    try:
+        # A fresh connection (the proxy decides per connection, at its first answer).
+        lossy = AcpAgent(proxy.base, platform[1])
+        with pytest.raises(requests.exceptions.ConnectionError):
+            lossy.post(f"checkout_sessions/{sid}/complete", body, key=key)
+        assert proxy.dropped == 1
+    finally:
+        proxy.down()
+
+    # Verity did it: the session already says so, before any retry.
+    purchase = Purchase.objects.get(acp_session__id=sid)
+    assert _session(agent, sid)["status"] == "completed"
+    assert [pi["status"] for pi in localstripe.payment_intents_for(purchase.id)] == [
+        "succeeded"]
+    # 1. Same key: the stored answer, marked as a replay.
+    r = agent.post(f"checkout_sessions/{sid}/complete", body, key=key)
+    assert (r.status_code, r.headers.get("Idempotent-Replayed")) == (200, "true"), r.text
+    assert valid("CheckoutSessionWithOrder", r.json())["order"]["id"] == purchase.id
+    # 2. New key, new token: the session's state; the token is never presented.
+    token2 = issue_spt(2500)
+    r = agent.post(f"checkout_sessions/{sid}/complete", complete_body(token2, email),
+                   key=str(uuid.uuid4()))
+    assert r.status_code == 200 and r.json()["order"]["id"] == purchase.id, r.text
+    assert spt_state(token2)["deactivated_reason"] is None
+    # 3. A second session for the same basket: refused, nothing charged.
+    other = agent.create(tea.sku, 2).json()
+    r = agent.complete(other["id"], token2, email)
+    assert (r.status_code, valid("Error", r.json())["code"]) == (
+        409, "probable_duplicate_purchase")
+    assert _session(agent, other["id"])["status"] == "ready_for_payment"
+    assert PaymentOperation.objects.filter(purchase=purchase).count() == 1
+    _one_charge_one_order(localstripe, purchase.id)

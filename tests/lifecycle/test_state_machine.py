@@ -14,6 +14,15 @@ digital report paid over x402 on the real chain (a lost settle answer, a pending
 settlement, replays of an earlier signature, a second authorization), refunded as
 transfers back; the x402 invariants count transfers on chain.
 
+ACP (issue 33) is a way in like the REST API: an agent platform (the third API client,
+`ACP_SHOP`) opens checkout sessions, updates them, and completes them with a shared
+payment token — the provider's answer lost, the provider down, a declining card —
+retrying with the same key and body or with a new key and token, cancelling before and
+after payment, and starting a second session for the same buyer and basket. Each answer
+and, after every step, each session as the agent reads it are judged on the provider's
+record (`_acp_answer_is_true`); its purchases join the others, so every invariant below
+counts them (one charge per purchase at localstripe, and the rest) unchanged.
+
 Issue 30 (where duplicates, rails, refunds and people meet): a duplicate charge on each
 rail (a person's wrong "failed" taken while the provider or the chain could not be read,
 then the retry charging again; overturned by a read-back or an event), a fulfilment step
@@ -72,6 +81,7 @@ from hypothesis.stateful import (
 
 from payments import services
 from payments.enums import (
+    DUPLICATE_GUARD_STATUSES,
     PAYMENT_KINDS,
     SLOT_HOLDING_OUTCOMES,
     CallStep,
@@ -189,6 +199,62 @@ def _refused_not_broken(exc) -> None:
     _unverified_refusal_is_right(exc.code, exc.operation)
 
 
+# ACP (issue 33): the agent platform's client is the third "shop" (its purchases are read,
+# refunded and resolved through the REST API and the console like any other).
+ACP_SHOP = 2
+ACP_GUARDING = DUPLICATE_GUARD_STATUSES
+# A payment that provably moved nothing, said as the protocol's 503 (retry later).
+ACP_REFUSALS_503 = (*REFUSALS_503, "provider_unavailable")
+
+
+def _acp_no_5xx(r) -> None:
+    """An ACP answer: never a 5xx but the documented 503 refusals; always the spec's
+    `Error` shape when refused; never a reused key with another body (the machine's agent
+    resends a key only with its own body)."""
+    if r.status_code == 503:
+        assert r.json().get("code") in ACP_REFUSALS_503, r.content
+        _unverified_refusal_is_right(r.json()["code"], None)
+        assert int(r.headers["Retry-After"]) >= 1
+        return
+    assert r.status_code < 500, r.content
+    if r.status_code >= 400:
+        assert {"type", "code", "message"} <= set(r.json()), r.content
+        assert r.json()["code"] != "idempotency_conflict", r.content
+
+
+class AcpAgent:
+    """An ACP agent platform in-process: Bearer key, API-Version, an Idempotency-Key each
+    POST (the one given: the agent resends a key only with its own earlier body)."""
+
+    def __init__(self, key: str) -> None:
+        from rest_framework.test import APIClient
+
+        from acp.spec import API_VERSION
+
+        self.http = APIClient()
+        self.http.credentials(HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_API_VERSION=API_VERSION)
+
+    def post(self, path: str, body: dict, *, key: str | None = None):
+        return self.http.post(f"/acp/{path}", body, format="json",
+                              HTTP_IDEMPOTENCY_KEY=key or str(uuid.uuid4()))
+
+    def get(self, path: str):
+        return self.http.get(f"/acp/{path}")
+
+
+def _issue_spt(amount: int, payment_method: str = "pm_card_visa") -> str:
+    """The agent platform's shared payment token from the provider (localstripe's test
+    helper, as Stripe issues them for the merchant): for this amount, usable once."""
+    base = django_settings.STRIPE_API_BASE.rstrip("/")
+    r = requests.post(f"{base}/v1/test_helpers/shared_payment/granted_tokens",
+                      auth=(django_settings.STRIPE_API_KEY, ""), timeout=10, data={
+                          "payment_method": payment_method, "usage_limits[currency]": "usd",
+                          "usage_limits[max_amount]": amount,
+                          "usage_limits[expires_at]": int(time.time()) + 3600})
+    assert r.status_code == 200, r.text
+    return r.json()["id"]
+
+
 def _stripe_refuses_over_refunds() -> None:
     """localstripe accepts any refund; Stripe refuses one asking more than is left of the
     charge (400 `charge_already_refunded`, nothing applied). Before Verity's queued card
@@ -277,7 +343,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         r, r_key = make_client(name=f"ops-{tag}", limit=0,
                                scopes=("purchases:read", "purchases:write",
                                        "operations:resolve"))
-        self.shops = [Api(a_key, a), Api(b_key, b)]
+        p, p_key = make_client(name=f"acp-platform-{tag}", limit=100_000_000,
+                               scopes=("acp", "purchases:read", "purchases:write",
+                                       "refunds:write"))
+        self.shops = [Api(a_key, a), Api(b_key, b), Api(p_key, p)]  # ACP_SHOP = 2
+        self.acp = AcpAgent(p_key)
+        self.sessions: list[dict] = []  # {"id", "email", "last": (key, body) of complete}
         self.ops_tool = Api(r_key, r)
         users = get_user_model().objects
         self.finance = [users.create(username=f"fin1-{tag}"), users.create(username=f"fin2-{tag}")]
@@ -1296,6 +1367,203 @@ class LifecycleMachine(RuleBasedStateMachine):
                 f"readable, shows {auth.provider_reference} requires_capture")
 
     # -- invariants ------------------------------------------------------------------------
+    # -- ACP: agent platforms buy through checkout sessions (issue 33) ------------------
+    def _acp_total(self, session_id: str) -> int:
+        view = self.acp.get(f"checkout_sessions/{session_id}").json()
+        return {t["type"]: t["amount"] for t in view["totals"]}["total"]
+
+    def _acp_session(self, i: int) -> dict:
+        return self.sessions[i % len(self.sessions)]
+
+    def _acp_purchase_of(self, session_id: str) -> str | None:
+        from acp.models import CheckoutSession
+
+        pid = CheckoutSession.objects.filter(id=session_id).values_list(
+            "purchase_id", flat=True).first()
+        if pid and all(p != pid for p, _ in self.purchases):
+            self.purchases.append((pid, ACP_SHOP))  # judged like every other purchase
+        return pid
+
+    @initialize(fault=st.sampled_from([DrillMode.DROP_RESPONSE_AFTER_SEND, "provider_down",
+                                       None, DrillMode.HTTP_500]),
+                card=st.sampled_from(["pm_card_visa", "pm_card_chargeCustomerFail"]))
+    def acp_first_session(self, fault, card):
+        """Every example starts with one ACP session completed (its answer lost, the
+        provider down, or neither), so the ACP rules below have a session to retry,
+        cancel and buy beside at the default budget."""
+        self.acp_create_session(customer=0, quantity=1)
+        self.acp_complete(i=0, fault=fault, key="new", card=card)
+
+    @rule(customer=st.integers(0, 1), quantity=st.integers(1, 2))
+    def acp_create_session(self, customer, quantity):
+        """An agent platform opens a checkout session for a buyer (two buyers, so a second
+        session for the same basket meets the guards)."""
+        r = self.acp.post("checkout_sessions", {
+            "line_items": [{"id": self.product.sku, "quantity": quantity}], "currency": "usd",
+            "capabilities": {"interventions": {"supported": []}}})
+        assert r.status_code == 201, r.content
+        body = r.json()
+        assert body["status"] == "ready_for_payment", body
+        assert self._acp_total(body["id"]) == self.product.price * quantity
+        self.sessions.append({"id": body["id"], "email": f"acp-{customer}-{self.tag}@example.com",
+                              "last": None})
+
+    @precondition(lambda self: self.sessions)
+    @rule(i=st.integers(0, 99), quantity=st.integers(1, 2))
+    def acp_update_session(self, i, quantity):
+        """Update reprices from the catalogue; once the session has a purchase (or was
+        canceled) it can no longer change (409), and nothing moves."""
+        s = self._acp_session(i)
+        from acp.models import CheckoutSession
+
+        before = CheckoutSession.objects.get(id=s["id"])
+        r = self.acp.post(f"checkout_sessions/{s['id']}",
+                          {"line_items": [{"id": self.product.sku, "quantity": quantity}]})
+        _acp_no_5xx(r)
+        if before.purchase_id or before.canceled_at:
+            assert (r.status_code, r.json()["code"]) == (409, "session_not_updatable"), r.content
+            assert CheckoutSession.objects.get(id=s["id"]).items == before.items
+        else:
+            assert r.status_code == 200, r.content
+            assert self._acp_total(s["id"]) == self.product.price * quantity
+
+    @precondition(lambda self: self.sessions)
+    @rule(i=st.integers(0, 99),
+          # (Hypothesis draws earlier elements more often: the faults come first.)
+          fault=st.sampled_from([DrillMode.DROP_RESPONSE_AFTER_SEND, "provider_down", None,
+                                 DrillMode.TIMEOUT_BEFORE_SEND, DrillMode.RESET_AFTER_WRITE,
+                                 DrillMode.HTTP_500]),
+          key=st.sampled_from(["same", "new"]),
+          card=st.sampled_from(["pm_card_visa", "pm_card_chargeCustomerFail"]))
+    def acp_complete(self, i, fault, key, card):
+        """complete with a shared payment token: the provider's answer lost
+        (DROP_RESPONSE_AFTER_SEND and the other confirm drills), or the provider down
+        (every create times out); retried as the agent does, with the same key and body
+        (it lost the answer) or with a new key and a new token. The answer is judged on
+        the provider's record at once (`_acp_answer_is_true`)."""
+        s = self._acp_session(i)
+        if key == "same" and s["last"]:
+            idem, body = s["last"]
+        else:
+            idem, body = str(uuid.uuid4()), {
+                "buyer": {"first_name": "Ada", "email": s["email"]},
+                "payment_data": {"provider": "stripe",
+                                 "token": _issue_spt(self._acp_total(s["id"]), card)}}
+        pid = self._acp_purchase_of(s["id"])
+        ops_before = (PaymentOperation.objects.filter(purchase_id=pid).count() if pid else 0)
+        if fault == "provider_down":
+            get_provider().arm_drill(key_prefix="*", step=CallStep.CREATE,
+                                     mode=DrillMode.TIMEOUT_BEFORE_SEND, times=20)
+        else:
+            self._armed(fault, CallStep.CONFIRM)
+        try:
+            r = self.acp.post(f"checkout_sessions/{s['id']}/complete", body, key=idem)
+        finally:
+            self._disarm()
+        s["last"] = (idem, body)
+        _acp_no_5xx(r)
+        _event(f"acp_complete: {fault} {key} -> {r.status_code} "
+               f"{r.json().get('code', r.json().get('status'))}")
+        after = self._acp_purchase_of(s["id"])
+        assert pid is None or after == pid, f"{s['id']}: purchase {pid} became {after}"
+        ops = PaymentOperation.objects.filter(purchase_id=after).count() if after else 0
+        assert ops - ops_before <= 1, f"{s['id']}: one complete made {ops - ops_before} ops"
+        if r.headers.get("Idempotent-Replayed") == "true" or r.status_code in (409, 422):
+            assert ops == ops_before, f"{s['id']}: a replay or a refusal made a payment"
+        self._acp_answer_is_true(s["id"], r)
+
+    def _acp_answer_is_true(self, session_id: str, r, intents: dict | None = None) -> None:
+        """What the session (or complete's answer) says, against the provider's record:
+        `completed` only with the provider's success, `complete_in_progress` only while
+        the payment is not settled, a payment error only when it failed."""
+        from acp.models import CheckoutSession
+        from acp.sessions import payment_op
+
+        session = CheckoutSession.objects.select_related("purchase").get(id=session_id)
+        op = payment_op(session.purchase)
+        status = r.json().get("status") if r.status_code in (200, 201, 202) else None
+        intents = ((intents if intents is not None else self._intents())
+                   .get(session.purchase_id, []) if session.purchase_id else [])
+        taken = [pi for pi in intents if pi["status"] in ("succeeded", "requires_capture")]
+        if status == "completed":
+            assert op is not None and op.outcome == Outcome.SUCCEEDED, (session_id, op)
+            if op.grade == Grade.CONFIRMED:
+                assert taken, f"{session_id} says completed; the provider charged nothing"
+            assert r.json()["order"]["id"] == session.purchase_id
+        elif status == "complete_in_progress":
+            assert op is not None and op.outcome not in (Outcome.SUCCEEDED, Outcome.FAILED), (
+                session_id, op and op.outcome)
+            if r.status_code == 202:
+                assert int(r.headers["Retry-After"]) >= 1
+        elif status in ("ready_for_payment", "not_ready_for_payment", "canceled"):
+            assert op is None or op.outcome == Outcome.FAILED, (session_id, status, op.outcome)
+            if op is not None and op.grade == Grade.CONFIRMED:
+                assert not [pi for pi in taken
+                            if pi["metadata"].get("operation_id") == op.id], (
+                    f"{session_id} says {status}; the provider took {op.id}'s payment")
+        elif r.status_code >= 400 and r.json().get("code") in ("payment_declined",
+                                                                "provider_unavailable"):
+            assert op is not None and op.outcome == Outcome.FAILED, (session_id, r.content)
+            assert not [pi for pi in taken if pi["metadata"].get("operation_id") == op.id], (
+                f"{session_id}: {r.json()['code']} but the provider took the payment")
+
+    @precondition(lambda self: self.sessions)
+    @rule(i=st.integers(0, 99))
+    def acp_cancel_session(self, i):
+        """cancel before payment cancels (no money moved, the purchase if any cancelled);
+        after a payment that may have moved money it answers 405 and changes nothing."""
+        from acp.models import CheckoutSession
+        from acp.sessions import payment_op
+
+        s = self._acp_session(i)
+        session = CheckoutSession.objects.select_related("purchase").get(id=s["id"])
+        op = payment_op(session.purchase)
+        r = self.acp.post(f"checkout_sessions/{s['id']}/cancel", {})
+        _acp_no_5xx(r)
+        _event(f"acp_cancel_session: {op and op.outcome} -> {r.status_code}")
+        if op is not None and op.outcome != Outcome.FAILED:
+            assert (r.status_code, r.json()["code"]) == (405, "not_cancelable"), r.content
+            assert payment_op(Purchase.objects.get(id=session.purchase_id)).id == op.id
+        elif r.status_code == 200:
+            assert r.json()["status"] == "canceled"
+            if session.purchase_id:
+                assert Purchase.objects.get(id=session.purchase_id).status == "cancelled"
+        self._acp_answer_is_true(s["id"], r)
+
+    @precondition(lambda self: self.sessions)
+    @rule(i=st.integers(0, 99))
+    def acp_second_session_same_basket(self, i):
+        """The agent starts a second session for the same buyer and basket and completes
+        it: refused (409) while the first holds money or is unresolved, never a second
+        charge beside it."""
+        from acp.models import CheckoutSession
+
+        first = self._acp_session(i)
+        items = CheckoutSession.objects.get(id=first["id"]).items
+        r = self.acp.post("checkout_sessions", {
+            "line_items": items, "currency": "usd",
+            "capabilities": {"interventions": {"supported": []}}})
+        assert r.status_code == 201, r.content
+        second = {"id": r.json()["id"], "email": first["email"], "last": None}
+        self.sessions.append(second)
+        guarded = Purchase.objects.filter(
+            acp_session__id=first["id"], status__in=ACP_GUARDING).exists()
+        body = {"buyer": {"first_name": "Ada", "email": first["email"]},
+                "payment_data": {"provider": "stripe",
+                                 "token": _issue_spt(self._acp_total(second["id"]))}}
+        idem = str(uuid.uuid4())
+        r = self.acp.post(f"checkout_sessions/{second['id']}/complete", body, key=idem)
+        _acp_no_5xx(r)
+        second["last"] = (idem, body)
+        _event(f"acp_second_session_same_basket: guarded={guarded} -> {r.status_code} "
+               f"{r.json().get('code', r.json().get('status'))}")
+        if guarded:
+            assert r.status_code == 409 and r.json()["code"] in (
+                "probable_duplicate_purchase", "customer_has_unresolved_purchase"), r.content
+            assert self._acp_purchase_of(second["id"]) is None
+        self._acp_purchase_of(second["id"])
+        self._acp_answer_is_true(second["id"], r)
+
     def _intents(self) -> dict[str, list[dict]]:
         by_purchase: dict[str, list[dict]] = {}
         for pi in self.provider.list("payment_intents"):
@@ -1310,6 +1578,19 @@ class LifecycleMachine(RuleBasedStateMachine):
         return PaymentOperation.objects.filter(
             purchase_id=pid, kind__in=PAYMENT_KINDS, outcome=Outcome.FAILED,
             grade=Grade.ACKNOWLEDGED, next_reconcile_at__isnull=False).count()
+
+    @invariant()
+    def acp_sessions_tell_the_truth(self):
+        """Every checkout session, as the agent reads it, says what the provider's record
+        and Verity's show (`_acp_answer_is_true`); a session is at most one purchase."""
+        if not self.sessions:
+            return
+        intents = self._intents()
+        for s in self.sessions:
+            r = self.acp.get(f"checkout_sessions/{s['id']}")
+            assert r.status_code == 200, r.content
+            self._acp_answer_is_true(s["id"], r, intents)
+            self._acp_purchase_of(s["id"])
 
     @invariant()
     def at_most_one_confirmed_charge_unless_compensated(self):

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from payments import services
 from payments.enums import Rail
-from payments.models import ApiClient, Product
+from payments.models import ApiClient, Product, PurchaseChannel
 from payments.providers.stripe import DrillMode, DrillRefused
 
 
@@ -36,7 +36,7 @@ class Command(BaseCommand):
         purchase = services.purchase_create(
             api_client=api_client, quote_id=quote.id, quote_version=quote.version,
             customer_reference=f"demo-{secrets.token_hex(4)}",
-            customer_email="demo@example.com")
+            customer_email="demo@example.com", channel=PurchaseChannel.DRILL)
         op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
                                      payment_method="pm_card_visa")
         try:
