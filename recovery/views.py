@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from config.client_address import client_address
 
 from .metrics import register_database_collector
+from .retention import register_retention_collector
 
 
 def _scraper_allowed(request) -> bool:
@@ -39,6 +40,7 @@ def metrics(request):
     if not _scraper_allowed(request):
         raise Http404
     register_database_collector()
+    register_retention_collector()
     response = HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
     response["Cache-Control"] = "no-store"
     return response
