@@ -273,10 +273,25 @@ class RetentionCollector:
     worker pruned (a process counter in the worker would be invisible at the web's
     /metrics). Pruned rows are a counter: the column only grows."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cached: tuple[float, list] | None = None
+
     def describe(self):
         return []  # registering must not query (as recovery.metrics.DatabaseCollector)
 
     def collect(self):
+        # Cached for METRICS_CACHE_SECONDS, as the database collector: a burst of scrapes
+        # shares one query.
+        ttl = getattr(settings, "METRICS_CACHE_SECONDS", 5.0)
+        with self._lock:
+            now = time.monotonic()
+            if not (ttl > 0 and self._cached and now - self._cached[0] < ttl):
+                self._cached = (now, list(self._collect()))
+            families = self._cached[1]
+        yield from families
+
+    def _collect(self):
         pruned = CounterMetricFamily("verity_retention_pruned_rows",
                                      "Rows pruned (deleted or archived) by retention, all time",
                                      labels=["table"])

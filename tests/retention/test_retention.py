@@ -221,7 +221,7 @@ def test_metrics_report_rows_pruned_and_due_per_table():
     retention_prune_table(policy=OUTBOX, batch_size=5, max_batches=2)
     retention_run()  # every table; the outbox's remaining 2 go too
 
-    families = {f.name: f for f in RetentionCollector().collect()}
+    families = {f.name: f for f in RetentionCollector()._collect()}
 
     def sample(name):
         return {s.labels["table"]: s.value for s in families[name].samples
