@@ -372,7 +372,8 @@ def main(argv: list[str] | None = None) -> Report:
     print(f"machine: {mach['nproc']} cores, load average at start {load_start}, at end "
           f"{load_end}: a shared machine, busy with other work during this run")
     report.dump(args.json)
-    report.print("history: full (5 M rows) vs empty tables, same cluster, same run")
+    report.print(f"history: full ({args.rows:,} rows per table) vs empty tables, same cluster, "
+                 "same run")
     return report
 
 
