@@ -40,6 +40,9 @@ BENCHES = {
     "outbox_drain": {"full": [], "quick": ["--messages", "5000"]},
     "reconcile_sweep": {"full": [], "quick": ["--n", "300"]},
     "scale": {"full": [], "quick": ["--sizes", "2000,10000", "--reps", "5"]},
+    # 5 M processed outbox rows + 5 M events vs empty tables (docs/retention.md).
+    "history": {"full": [], "quick": ["--rows", "200000", "--seconds", "4",
+                                      "--messages", "5000", "--prune-batches", "20"]},
 }
 
 

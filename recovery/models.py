@@ -197,3 +197,34 @@ class SettlementDiscrepancy(models.Model):
         constraints = [models.UniqueConstraint(
             fields=["provider_reference", "kind"], condition=Q(resolved_at__isnull=True),
             name="discrepancy_open_once")]
+
+
+class RetentionArchive(models.Model):
+    """Rows the retention job moved out of a hot table (docs/retention.md): provider events
+    and provider read-back calls are archived here, in the same statement that deletes
+    them, never silently dropped. Cold: written only by recovery.retention, read by people."""
+
+    source = models.CharField(max_length=64, help_text="the table the row came from")
+    row_id = models.BigIntegerField()
+    row = models.JSONField(help_text="the whole row as it was, column by column")
+    archived_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["source", "row_id"], name="retention_archive_src_idx")]
+
+
+class RetentionState(models.Model):
+    """One row per pruned table: what the retention job did (rows pruned, all time; rows
+    still due after its last run) and where its next run starts. The metrics read this
+    small table, so a scrape never counts a large one (recovery.retention)."""
+
+    table = models.CharField(max_length=64, unique=True)
+    pruned_total = models.BigIntegerField(default=0)
+    due = models.BigIntegerField(default=0)
+    kept = models.BigIntegerField(default=0, help_text="old rows kept: something still open "
+                                                       "needs them")
+    # Every row below this id is pruned or kept for good (never prunable): the next run
+    # starts here, so rows kept for good are not walked again on every run.
+    floor_id = models.BigIntegerField(default=0)
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_run_seconds = models.FloatField(default=0.0)

@@ -56,6 +56,14 @@ def disputes_refresh_open() -> int:
     return run()
 
 
+@shared_task(name="recovery.retention_prune", ignore_result=True)
+def retention_prune() -> int:
+    """Prune the append-heavy tables (docs/retention.md); returns rows pruned."""
+    from recovery.retention import retention_run
+
+    return sum(r.pruned for r in retention_run())
+
+
 @shared_task(name="recovery.purchase_fulfil", ignore_result=True)
 def purchase_fulfil(purchase_id: str) -> str:
     """On-demand resume (console); normal runs come through RUN_STEPS outbox messages."""

@@ -15,6 +15,7 @@ from config.client_address import client_address
 from config.db_router import replica_reads
 
 from .metrics import register_database_collector
+from .retention import register_retention_collector
 
 
 def _scraper_allowed(request) -> bool:
@@ -40,6 +41,7 @@ def metrics(request):
     if not _scraper_allowed(request):
         raise Http404
     register_database_collector()
+    register_retention_collector()
     # Counts and ages for dashboards and alerts: from the streaming replica when one is
     # configured and fresh (config/db_router.py); nothing here decides money.
     with replica_reads():

@@ -83,6 +83,15 @@ EMAIL_HOST = env("EMAIL_HOST", default="localhost")
 EMAIL_PORT = env.int("EMAIL_PORT", default=25)
 EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=30.0)  # below STEP_LEASE_SECONDS
 
+# Retention (recovery.retention, docs/retention.md): days each pruned table keeps its rows,
+# and how one run works (pages of RETENTION_BATCH_SIZE ids, one short transaction each, at
+# most RETENTION_MAX_BATCHES pages per table per run; a backlog takes several runs).
+RETENTION_OUTBOX_DAYS = env.int("RETENTION_OUTBOX_DAYS", default=7)
+RETENTION_WEBHOOK_EVENT_DAYS = env.int("RETENTION_WEBHOOK_EVENT_DAYS", default=90)
+RETENTION_IDEMPOTENCY_DAYS = env.int("RETENTION_IDEMPOTENCY_DAYS", default=30)
+RETENTION_BATCH_SIZE = env.int("RETENTION_BATCH_SIZE", default=1000)
+RETENTION_MAX_BATCHES = env.int("RETENTION_MAX_BATCHES", default=200)
+
 # Exactly one beat process runs this (Procfile.dev `beat`). Tasks only find work and
 # write outbox rows; the relay does it.
 CELERY_BEAT_SCHEDULE = {
@@ -101,6 +110,8 @@ CELERY_BEAT_SCHEDULE = {
     "disputes-refresh": {"task": "recovery.disputes_refresh_open",
                          "schedule": env.float("DISPUTE_REFRESH_SWEEP_SECONDS",
                                                default=3600.0)},
+    "retention-prune": {"task": "recovery.retention_prune",
+                        "schedule": env.float("RETENTION_SWEEP_SECONDS", default=600.0)},
 }
 # On-demand read-backs (API/MCP reconcile): at most one per operation in this many seconds.
 RECONCILE_ON_DEMAND_COOLDOWN_SECONDS = env.int("RECONCILE_ON_DEMAND_COOLDOWN_SECONDS", default=5)

@@ -1452,7 +1452,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         pid = self._acp_purchase_of(s["id"])
         ops_before = (PaymentOperation.objects.filter(purchase_id=pid).count() if pid else 0)
         if fault == "provider_down":
-            get_provider().arm_drill(key_prefix="*", step=CallStep.CREATE,
+            provider_for_rail(Rail.STRIPE).arm_drill(key_prefix="*", step=CallStep.CREATE,
                                      mode=DrillMode.TIMEOUT_BEFORE_SEND, times=20)
         else:
             self._armed(fault, CallStep.CONFIRM)
