@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from config import x402_chain
+from tools import x402_chain
 from tests.conftest import Localstripe
 from tests.stack import free_port
 
