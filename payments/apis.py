@@ -37,7 +37,7 @@ from .idempotency import (
     key_from_headers,
     replay_body,
 )
-from .locks import assert_no_transaction_outside_transaction
+from .locks import assert_outside_transaction
 from .models import PaymentOperation, Purchase, Quote
 from .problems import PROBLEM_CONTENT_TYPE, Problem, problem_body
 from .serializers import (
@@ -127,7 +127,7 @@ def _actor(request) -> str:
 def _assert_no_transaction_open() -> None:
     # Provider calls must not sit inside a transaction (row locks held across the network,
     # evidence of a send rolled back); the view is not atomic and says so here.
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
 
 
 def _load_operation(operation_id: str) -> PaymentOperation:

@@ -28,7 +28,7 @@ from ..enums import (
 )
 from ..errors import ApplyResult, DomainError
 from ..locks import (
-    assert_no_transaction_outside_transaction,
+    assert_outside_transaction,
     lock_operation,
     lock_purchase_and_operation,
     signer_lock,
@@ -119,7 +119,7 @@ def _send(operation_id: str, step: str, first_call: ProviderCall, fn) -> CallRes
     prove nothing was applied (not_sent, 429/should-retry), each resend claimed anew."""
     call, attempt = first_call, 1
     while True:
-        assert_no_transaction_outside_transaction()
+        assert_outside_transaction()
         result = fn()
         _record_call(call, result)
         resend = (result.classification == Classification.NOT_SENT and attempt <= NOT_SENT_RESENDS
@@ -333,7 +333,7 @@ def _dispatch_x402_refund(op: PaymentOperation) -> None:
     if claimed is None:
         return
     call, row = claimed
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
 
     def still_claimed() -> None:
         _x402_refund_keep_claim(op.id, call.id)
@@ -409,7 +409,7 @@ def _dispatch_linked(op: PaymentOperation) -> None:
 
 def operation_dispatch(*, operation_id: str) -> PaymentOperation:
     """Send one operation to the provider, at most once. No transaction may be open."""
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
     if op.outcome == Outcome.PENDING:
         try:
