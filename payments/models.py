@@ -317,9 +317,10 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
     # `provider`: a refund/capture/cancel the provider reported that no Verity operation
     # requested (an external linked operation, created already settled by the evidence).
     origin = models.CharField(max_length=16, choices=Origin.choices, default=Origin.VERITY)
-    # External operations wait in a queue until a person acknowledges them.
-    acknowledged_at = models.DateTimeField(null=True, blank=True)
-    acknowledged_by = models.CharField(max_length=150, blank=True)
+    # External operations wait in a queue until a person reviews them. ("Acknowledged" is
+    # only a grade: an outcome settled on a person's word, not the provider's.)
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    reviewed_by = models.CharField(max_length=150, blank=True)
     # A second confirmed charge/authorization on a purchase (the one confirmed later): it
     # does not pay the purchase; a linked compensating refund/void returns it.
     is_duplicate = models.BooleanField(default=False)

@@ -25,7 +25,7 @@ from payments.enums import Outcome
 from payments.errors import DomainError
 from payments.money import format_money
 from payments.models import PaymentOperation, Purchase
-from payments.external import external_operation_acknowledge
+from payments.external import external_operation_review
 from payments.services import (
     operation_cancel_unapplied,
     operation_dispatch,
@@ -715,21 +715,21 @@ def incident_close(*, incident_id: int, outcomes: dict[str, str], user, reason: 
 # ------------------------------------------------ operations made outside Verity
 
 
-def external_acknowledge_by_user(*, operation_id: str, user, reason: str,
+def external_review_by_user(*, operation_id: str, user, reason: str,
                                  ip: str | None = None) -> PaymentOperation:
     """Finance acknowledges a refund/capture/cancel made at the provider, not by Verity."""
-    require(user, Action.ACKNOWLEDGE_EXTERNAL)
+    require(user, Action.REVIEW_EXTERNAL)
     reason = _reason_required(reason)
     before_op = _op_or_404(operation_id)
-    with _core_refusals_audited(user=user, ip=ip, action="console.external_acknowledge",
+    with _core_refusals_audited(user=user, ip=ip, action="console.external_review",
                                 target_type="operation", target_id=operation_id,
                                 reason=reason, purchase_id=before_op.purchase_id):
         with transaction.atomic():
-            op = external_operation_acknowledge(operation_id=operation_id, acting_user=user,
+            op = external_operation_review(operation_id=operation_id, acting_user=user,
                                                 reason=reason)
-            audit_write(user=user, action="console.external_acknowledge",
+            audit_write(user=user, action="console.external_review",
                         target_type="operation", target_id=operation_id,
                         purchase_id=op.purchase_id, reason=reason, ip=ip,
-                        before={"acknowledged_at": None},
-                        after={"acknowledged_by": op.acknowledged_by})
+                        before={"reviewed_at": None},
+                        after={"reviewed_by": op.reviewed_by})
     return op
