@@ -4,6 +4,7 @@ import secrets
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Upper
 from django.utils import timezone
 from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
 from rest_framework_api_key.models import AbstractAPIKey
@@ -166,6 +167,12 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
         indexes = [
             models.Index(fields=["api_client", "customer_key", "created_at"],
                          name="purchase_client_customer_idx"),
+            # The console's paid-without-order queue (support.selectors).
+            models.Index(fields=["updated_at"], name="purchase_awaiting_order_idx",
+                         condition=Q(status__in=[PurchaseStatus.PAID.value,
+                                                 PurchaseStatus.FULFILLING.value])),
+            # Console search by e-mail: customer_email__iexact is UPPER(customer_email).
+            models.Index(Upper("customer_email"), name="purchase_email_upper_idx"),
         ]
 
     # Transitions set fields only (no side effects); services lock, transition, save.
@@ -354,6 +361,23 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
                 name="op_external_once_per_provider_object",
             ),
         ]
+        # The console's queues and dashboard counts (support.selectors), measured by
+        # bench/scale.py (docs/performance.md): each is partial, so it stays as small as the
+        # queue while settled operations (most of the table) stay out of it.
+        indexes = [
+            # Open operations by outcome, oldest first: unknown, escalated, refund approval.
+            models.Index(fields=["outcome", "created_at"], name="op_open_by_outcome_idx",
+                         condition=~Q(outcome__in=[Outcome.SUCCEEDED.value,
+                                                   Outcome.FAILED.value])),
+            models.Index(fields=["created_at"], name="op_compensation_idx",
+                         condition=Q(is_compensation=True)),
+            # The dashboard's "recently settled payments" figure.
+            models.Index(fields=["settled_at"], name="op_succeeded_settled_idx",
+                         condition=Q(outcome=Outcome.SUCCEEDED.value)),
+            # The duplicate-charges queue, oldest by settled_at.
+            models.Index(fields=["settled_at"], name="op_duplicate_settled_idx",
+                         condition=Q(is_duplicate=True)),
+        ]
 
     O = Outcome
     _SETTLEABLE = [O.DISPATCHING, O.UNKNOWN, O.AWAITING_PROVIDER, O.AWAITING_BUYER]
@@ -516,6 +540,13 @@ class Hold(models.Model):
     period_start = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            # The dashboard's money at risk (reserved holds, unknown exposure).
+            models.Index(fields=["operation"], name="hold_reserved_idx",
+                         condition=Q(state=HoldState.RESERVED.value)),
+        ]
 
 
 class OperationTransition(models.Model):
