@@ -1,9 +1,8 @@
 """Purchases, quotes, operations, provider calls, holds, disputes, x402 transfers and ACP
 channels: the payments app's schema in one migration (squashed from 0001_initial …
 0009_external_operation_reviewed_at_by, which it replaces; a database migrated with those
-skips it). The console's query indexes are model indexes (0010); only the PostgreSQL
-pattern-ops prefix-search indexes are created here by hand, as the model cannot declare
-an operator class that SQLite would accept.
+skips it). The console's query indexes, and its prefix-search indexes, are created by
+0010_console_query_indexes_in_models.
 """
 import django.db.models.deletion
 import django_fsm
@@ -11,31 +10,6 @@ from django.conf import settings
 from django.db import migrations, models
 
 import payments.models
-
-# Console prefix search (support.selectors.search): `customer_reference LIKE 'q%'` and
-# Django's `istartswith` on the e-mail. A plain btree serves LIKE prefixes only under the C
-# collation; the pattern-ops classes make it work under any collation. PostgreSQL only.
-PREFIX_INDEXES = [
-    ("purchase_ref_prefix_idx",
-     "payments_purchase (customer_reference varchar_pattern_ops)"),
-    ("purchase_email_prefix_idx",
-     "payments_purchase ((UPPER(customer_email::text)) text_pattern_ops)"),
-]
-
-
-def prefix_indexes_create(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    for name, target in PREFIX_INDEXES:
-        schema_editor.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {target}")
-
-
-def prefix_indexes_drop(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    for name, _ in PREFIX_INDEXES:
-        schema_editor.execute(f"DROP INDEX IF EXISTS {name}")
-
 
 class Migration(migrations.Migration):
 
@@ -440,5 +414,4 @@ class Migration(migrations.Migration):
             name='channel',
             field=models.CharField(choices=[('api', 'Api'), ('acp', 'Acp')], default='api', max_length=16),
         ),
-        migrations.RunPython(prefix_indexes_create, prefix_indexes_drop),
     ]

@@ -38,16 +38,22 @@ def _old_chain_packages(tmp: Path) -> dict[str, str]:
     """Copies of each app's migrations without the squashes and what depends on them: the
     chain an existing database was migrated with. Returns MIGRATION_MODULES."""
     files = {app: sorted((ROOT / app / "migrations").glob("0*.py")) for app in APPS}
-    squashes = {p.stem for app in APPS for p in files[app] if _migration_facts(p)[0]}
-    assert len(squashes) >= 5, squashes
+    facts = {path: _migration_facts(path) for app in APPS for path in files[app]}
+    newer = {path.stem for path, (is_squash, _deps) in facts.items() if is_squash}
+    assert len(newer) >= 5, newer
+    # and every migration that depends on a squash, directly or through another
+    while True:
+        more = {path.stem for path, (_s, deps) in facts.items() if deps & newer} - newer
+        if not more:
+            break
+        newer |= more
     modules = {}
     for app in APPS:
         package = tmp / "old_chain" / f"{app}_migrations"
         package.mkdir(parents=True)
         (package / "__init__.py").write_text("")
         for path in files[app]:
-            is_squash, deps = _migration_facts(path)
-            if not is_squash and not deps & squashes:
+            if path.stem not in newer:
                 shutil.copy(path, package / path.name)
         modules[app] = f"old_chain.{app}_migrations"
     (tmp / "old_chain" / "__init__.py").write_text("")
