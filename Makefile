@@ -60,8 +60,8 @@ serve:
 	@# With Node and tools/chain installed (and X402_ENABLED not set by you), the x402 rail is
 	@# on: Procfile.dev's `chain` process starts anvil + the token + the facilitator on
 	@# X402_CHAIN_PORT / X402_FACILITATOR_PORT (8545 / 8402), and everything else gets its
-	@# fixed X402_* settings (config/x402_chain.py --print-env). Without Node: as before.
-	@if [ -z "$${X402_ENABLED:-}" ] && x402_env="$$($(PY) -m config.x402_chain --print-env)"; \
+	@# fixed X402_* settings (tools/x402_chain.py --print-env). Without Node: as before.
+	@if [ -z "$${X402_ENABLED:-}" ] && x402_env="$$($(PY) -m tools.x402_chain --print-env)"; \
 	then eval "$$x402_env"; procs=""; else procs="$(SERVE_PROCESSES)"; fi; \
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev start $$procs
 
@@ -102,7 +102,7 @@ audit: deps
 
 drill: export DEBUG ?= true
 drill: deps
-	$(PY) manage.py drill
+	$(PY) -m tools.drill
 
 # Every x402 fault (pending, pending as 500, dropped, cancelled, blocklisted, expired,
 # reorg, answer dropped) on a throwaway chain + facilitator; one table; non-zero on a

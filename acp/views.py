@@ -42,7 +42,7 @@ from payments.api.idempotency import (
     idempotency_release,
     key_from_headers,
 )
-from payments.locks import assert_no_transaction_outside_transaction
+from payments.locks import assert_outside_transaction
 from payments.models import PaymentOperation, PurchaseChannel
 from payments.api.problems import Problem
 
@@ -383,7 +383,7 @@ class SessionCompleteApi(AcpView):
                     op_id = self._pay(s, data, token, client, retry_of=op.id if op else None)
                     idempotency_bind(claim, resource_type=RESOURCE, resource_id=s.id)
             # Outside the transaction on purpose: the provider call (DESIGN §10, STYLE 5).
-            assert_no_transaction_outside_transaction()
+            assert_outside_transaction()
             if PaymentOperation.objects.filter(pk=op_id, outcome=Outcome.PENDING).exists():
                 services.operation_dispatch(operation_id=op_id)
             response = _complete_answer(session.id)

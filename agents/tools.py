@@ -54,7 +54,7 @@ from payments.api.idempotency import (
     idempotency_complete,
     idempotency_release,
 )
-from payments.locks import assert_no_transaction_outside_transaction
+from payments.locks import assert_outside_transaction
 from payments.models import ApiClient, PaymentOperation, Purchase, PurchaseChannel
 from payments.money import format_money
 from payments.api.problems import Problem
@@ -557,7 +557,7 @@ def _run_keyed(*, api_client: ApiClient, route: str, key: str,
 def _dispatch_if_pending(operation_id: str) -> None:
     # Outside any transaction on purpose (STYLE 5): the provider call. operation_dispatch
     # claims the pending operation under a row lock, so two callers never both send it.
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     outcome = PaymentOperation.objects.values_list("outcome", flat=True).get(pk=operation_id)
     if outcome == Outcome.PENDING:
         services.operation_dispatch(operation_id=operation_id)
@@ -711,7 +711,7 @@ def reconcile_operation(*, api_client: ApiClient, operation_id: str) -> AgentRes
     if op.is_terminal or op.outcome in (Outcome.PENDING, Outcome.AWAITING_APPROVAL):
         # Settled, or never sent: there is nothing to read back; the state is the answer.
         return operation_result(op)
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     try:
         services.operation_reconcile_on_demand(
             operation_id=op.id, actor=f"mcp:{api_client.name}:{api_client.prefix}")

@@ -13,7 +13,7 @@ from enum import StrEnum
 class AuditAction(StrEnum):
     # -- by the owning app's services (payments, recovery, webhooks)
     DISCREPANCY_RESOLVE = "discrepancy_resolve"
-    EXTERNAL_OPERATION_ACKNOWLEDGE = "external_operation_acknowledge"
+    EXTERNAL_OPERATION_REVIEW = "external_operation_review"
     EXTERNAL_OPERATION_RECORDED = "external_operation_recorded"
     HALT_CLEAR = "halt_clear"
     HALT_SET = "halt_set"
@@ -30,7 +30,7 @@ class AuditAction(StrEnum):
     # -- by a person in the console (support), with the request's IP and what they saw
     CONSOLE_CANCEL = "console.cancel"
     CONSOLE_CANCEL_UNAPPLIED = "console.cancel_unapplied"
-    CONSOLE_EXTERNAL_ACKNOWLEDGE = "console.external_acknowledge"
+    CONSOLE_EXTERNAL_REVIEW = "console.external_review"
     CONSOLE_HALT_CLEAR = "console.halt_clear"
     CONSOLE_HALT_SET = "console.halt_set"
     CONSOLE_NOTE_ADD = "console.note_add"

@@ -13,7 +13,7 @@ import os
 
 import schemathesis
 
-from payments.ops.progress import Progress
+from tools.progress import Progress
 
 # A duplicate of fd 2 taken before pytest's capture redirects it.
 _TERM = os.fdopen(os.dup(2), "w", buffering=1)

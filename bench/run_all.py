@@ -9,7 +9,7 @@
     .venv/bin/python bench/run_all.py --svg docs/bench.svg --json var/bench.json
     .venv/bin/python bench/run_all.py --from-json var/bench.json --svg docs/bench.svg
 
-Progress (payments/ops/progress.py, on stderr): which benchmark is running, its latest
+Progress (tools/progress.py, on stderr): which benchmark is running, its latest
 "run k/n" line and, for the scale fill, rows written against the target with the time
 left; redrawn in place on a terminal, a plain line every 10 s in a log. Each benchmark's
 own output is forwarded line by line.
@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import PY, ROOT, Row, machine, print_table, require_wrk  # noqa: E402
-from payments.ops.progress import Progress, fmt_duration  # noqa: E402
+from tools.progress import Progress, fmt_duration  # noqa: E402
 
 BENCHES = {
     "webhook_ingest": {"full": [], "quick": ["--seconds", "4"]},

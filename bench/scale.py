@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Report, bench_stack, common_args, fmt, log  # noqa: E402
-from payments.ops.progress import Progress, eta  # noqa: E402
+from tools.progress import Progress, eta  # noqa: E402
 
 QUEUES = ["unknown", "paid_without_order", "compensation", "quarantined", "stuck_outbox",
           "settlement", "escalated", "refund_approval"]

@@ -84,7 +84,7 @@ INSERT INTO payments_paymentoperation (id, purchase_id, kind, amount, currency,
     grade, verification, reason, next_action_owner, provider_status, requested_by_client_id,
     confirm_claimed_at, dispatch_deadline, reconcile_attempts, next_reconcile_at,
     reconcile_deadline, escalated_at, is_compensation, created_at, updated_at, settled_at,
-    origin, acknowledged_by, is_duplicate, rail)
+    origin, reviewed_by, is_duplicate, rail)
 SELECT oid, pid, CASE WHEN b BETWEEN 170 AND 179 THEN 'authorize' ELSE 'charge' END, 1500, 'usd',
        'vk_' || md5('k:' || g), md5('f:' || g), pi,
        CASE WHEN {UNKNOWN} OR {FAILED} THEN '' ELSE ch END, '', NULL, NULL,
@@ -113,7 +113,7 @@ INSERT INTO payments_paymentoperation (id, purchase_id, kind, amount, currency,
     grade, verification, reason, next_action_owner, provider_status, requested_by_client_id,
     confirm_claimed_at, dispatch_deadline, reconcile_attempts, next_reconcile_at,
     reconcile_deadline, escalated_at, is_compensation, created_at, updated_at, settled_at,
-    origin, acknowledged_by, is_duplicate, rail)
+    origin, reviewed_by, is_duplicate, rail)
 SELECT oid2, pid, CASE WHEN b < 180 THEN 'capture' ELSE 'refund' END, 1500, 'usd',
        'vk_' || md5('k2:' || g), md5('f2:' || g), CASE WHEN b < 180 THEN pi ELSE re END, '', '',
        oid, NULL, '', 'automatic', 'succeeded', 'settled', 'confirmed', 'provider', '', 'none',

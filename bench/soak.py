@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.fault_proxy import FaultProxy  # noqa: E402
 from bench.soak_report import Recorder, endpoint_of  # noqa: E402
-from payments.ops.progress import Progress, fmt_duration  # noqa: E402
+from tools.progress import Progress, fmt_duration  # noqa: E402
 from tests.stack import Stack, _as_pg_user, _wait_port, free_port  # noqa: E402
 
 SECRET = "whsec_soak"
@@ -891,7 +891,7 @@ def x402_available() -> bool:
     """Node/npm and the chain's npm packages (anvil, Circle's token artifacts) are here."""
     import shutil
 
-    from config import x402_chain
+    from tools import x402_chain
 
     return bool(shutil.which("node") and shutil.which("npm")
                 and (x402_chain.CHAIN_TOOLS / "node_modules").is_dir()

@@ -1,4 +1,4 @@
-"""Fault-drill runner (python manage.py drill): one fresh purchase per drill, test mode only."""
+"""Fault-drill runner (python -m tools.drill): one fresh purchase per drill, test mode only."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -135,7 +135,7 @@ def signer_lock(address: str, *, while_waiting: Callable[[], None] | None = None
             while_waiting()
         yield
         return
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     key = signer_lock_key(address)
     if while_waiting is None:
         with connection.cursor() as cur:
@@ -177,7 +177,7 @@ def _signer_lock_in_slices(key: int, while_waiting: Callable[[], None],
             cur.execute("RESET lock_timeout")
 
 
-def assert_no_transaction_outside_transaction() -> None:
+def assert_outside_transaction() -> None:
     """Provider calls are network I/O: never inside a database transaction.
 
     A rolled-back test (django.test.TestCase, pytest-django's `db`) runs inside atomic

@@ -4,6 +4,7 @@ import secrets
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Upper
 from django.utils import timezone
 from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
 from rest_framework_api_key.models import AbstractAPIKey
@@ -169,6 +170,12 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
         indexes = [
             models.Index(fields=["api_client", "customer_key", "created_at"],
                          name="purchase_client_customer_idx"),
+            # The console's paid-without-order queue (support.selectors).
+            models.Index(fields=["updated_at"], name="purchase_awaiting_order_idx",
+                         condition=Q(status__in=[PurchaseStatus.PAID.value,
+                                                 PurchaseStatus.FULFILLING.value])),
+            # Console search by e-mail: customer_email__iexact is UPPER(customer_email).
+            models.Index(Upper("customer_email"), name="purchase_email_upper_idx"),
         ]
 
     # Transitions set fields only (no side effects); services lock, transition, save.
@@ -320,9 +327,10 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
     # `provider`: a refund/capture/cancel the provider reported that no Verity operation
     # requested (an external linked operation, created already settled by the evidence).
     origin = models.CharField(max_length=16, choices=Origin.choices, default=Origin.VERITY)
-    # External operations wait in a queue until a person acknowledges them.
-    acknowledged_at = models.DateTimeField(null=True, blank=True)
-    acknowledged_by = models.CharField(max_length=150, blank=True)
+    # External operations wait in a queue until a person reviews them. ("Acknowledged" is
+    # only a grade: an outcome settled on a person's word, not the provider's.)
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    reviewed_by = models.CharField(max_length=150, blank=True)
     # A second confirmed charge/authorization on a purchase (the one confirmed later): it
     # does not pay the purchase; a linked compensating refund/void returns it.
     is_duplicate = models.BooleanField(default=False)
@@ -355,6 +363,23 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
                 condition=Q(origin=Origin.PROVIDER.value),
                 name="op_external_once_per_provider_object",
             ),
+        ]
+        # The console's queues and dashboard counts (support.selectors), measured by
+        # bench/scale.py (docs/performance.md): each is partial, so it stays as small as the
+        # queue while settled operations (most of the table) stay out of it.
+        indexes = [
+            # Open operations by outcome, oldest first: unknown, escalated, refund approval.
+            models.Index(fields=["outcome", "created_at"], name="op_open_by_outcome_idx",
+                         condition=~Q(outcome__in=[Outcome.SUCCEEDED.value,
+                                                   Outcome.FAILED.value])),
+            models.Index(fields=["created_at"], name="op_compensation_idx",
+                         condition=Q(is_compensation=True)),
+            # The dashboard's "recently settled payments" figure.
+            models.Index(fields=["settled_at"], name="op_succeeded_settled_idx",
+                         condition=Q(outcome=Outcome.SUCCEEDED.value)),
+            # The duplicate-charges queue, oldest by settled_at.
+            models.Index(fields=["settled_at"], name="op_duplicate_settled_idx",
+                         condition=Q(is_duplicate=True)),
         ]
 
     O = Outcome
@@ -518,6 +543,13 @@ class Hold(models.Model):
     period_start = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            # The dashboard's money at risk (reserved holds, unknown exposure).
+            models.Index(fields=["operation"], name="hold_reserved_idx",
+                         condition=Q(state=HoldState.RESERVED.value)),
+        ]
 
 
 class OperationTransition(models.Model):

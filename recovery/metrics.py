@@ -249,10 +249,10 @@ def _dispute_gauges(now):
         "Open disputes whose evidence is due within 48 hours or overdue",
         value=open_disputes.filter(evidence_due_by__lte=now + timedelta(hours=48)).count())
     yield GaugeMetricFamily(
-        "verity_external_operations_unacknowledged",
+        "verity_external_operations_unreviewed",
         "Refunds/captures/cancels made outside Verity not yet acknowledged by a person",
         value=PaymentOperation.objects.filter(origin=Origin.PROVIDER,
-                                              acknowledged_at__isnull=True).count())
+                                              reviewed_at__isnull=True).count())
 
 
 def _x402_gauges(now):

@@ -87,6 +87,14 @@ class StepRun(models.Model):
             models.UniqueConstraint(fields=["purchase_id", "step"], name="steprun_once"),
             models.UniqueConstraint(fields=["key"], name="steprun_key_unique"),
         ]
+        indexes = [
+            # The compensation queue (recovery.selectors) and the support fallback select
+            # subsets of these states; the few runs in trouble, not five per purchase.
+            models.Index(fields=["created_at"], name="steprun_attention_idx",
+                         condition=Q(state__in=[StepState.FAILED.value, StepState.UNKNOWN.value,
+                                                StepState.MANUAL.value,
+                                                StepState.COMPENSATED.value])),
+        ]
 
 
 class Order(models.Model):

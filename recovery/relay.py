@@ -29,7 +29,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from payments.errors import DomainError
-from payments.locks import assert_no_transaction_outside_transaction
+from payments.locks import assert_outside_transaction
 
 from .models import OutboxMessage
 from .outbox import outbox_before_put, outbox_handler_for
@@ -152,7 +152,7 @@ def handle_message(message: OutboxMessage, *, succeeded: list[int] | None = None
 def relay_drain_once(batch: int = 100) -> int:
     """Claim up to `batch` due messages and handle them; returns how many were claimed."""
     # Handlers may call the provider: never inside atomic().
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     messages = _claim(batch)
     succeeded: list[int] = []
     _batch.succeeded, _batch.flushed = succeeded, set()

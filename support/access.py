@@ -28,7 +28,7 @@ class Action(models.TextChoices):
     MANAGE_INCIDENTS = "manage_incidents"
     APPROVE_REFUND = "approve_refund"
     VIEW_SETTLEMENT = "view_settlement"
-    ACKNOWLEDGE_EXTERNAL = "acknowledge_external"  # an operation made outside Verity
+    REVIEW_EXTERNAL = "review_external"  # an operation made outside Verity
     SETTLE_DISCREPANCY = "settle_discrepancy"  # explain and close a settlement row
     RETRY_OUTBOX = "retry_outbox"  # make a backed-off outbox row due now
     DECIDE_STEP = "decide_step"  # complete a compensation-queue step forward / mark handled
@@ -39,7 +39,7 @@ _OPERATOR = _SUPPORT | {Action.RESOLVE, Action.REPLAY, Action.HALT, Action.TRIAG
                         Action.VIEW_REDACTED_PAYLOAD, Action.MANAGE_INCIDENTS,
                         Action.RETRY_OUTBOX, Action.DECIDE_STEP}
 _FINANCE = _SUPPORT | {Action.APPROVE_REFUND, Action.VIEW_SETTLEMENT,
-                       Action.SETTLE_DISCREPANCY, Action.ACKNOWLEDGE_EXTERNAL}
+                       Action.SETTLE_DISCREPANCY, Action.REVIEW_EXTERNAL}
 
 MATRIX: dict[Role, frozenset[Action]] = {
     Role.SUPPORT: frozenset(_SUPPORT),

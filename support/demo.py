@@ -199,7 +199,7 @@ def demo_cases_seed() -> list[tuple[str, str]]:
                 outcome=O.AWAITING_APPROVAL, requested_by_client=client,
                 parent=ref_p.operations.first())
         # A dispute whose evidence is due tomorrow (the disputes queue), and a refund made
-        # in the provider's dashboard waiting to be acknowledged (made outside Verity).
+        # in the provider's dashboard waiting to be reviewed (made outside Verity).
         disputed = Purchase.objects.get(customer_reference="demo-disputed")
         Dispute.objects.get_or_create(
             id="dp_demo_disputed", defaults={

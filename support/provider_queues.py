@@ -1,6 +1,6 @@
 """Console reads for money the provider moved on its own: the disputes queue (finance,
 nearest evidence deadline first) and the "made outside Verity" queue (external linked
-operations waiting for a person to acknowledge them).
+operations waiting for a person to review them).
 
 Kept out of support/selectors.py so those queues stay small, self-contained additions;
 support.selectors delegates the two queue names here. Imports no other support module
@@ -38,7 +38,7 @@ class ProviderQueueItem:
     runbook: str = ""
     due: datetime | None = None
     status: str = ""
-    acknowledge: bool = False
+    review: bool = False
 
     @property
     def age(self) -> timedelta:
@@ -58,8 +58,8 @@ def disputes_due_within(window: timedelta = DUE_SOON) -> int:
     return open_disputes().filter(evidence_due_by__lte=timezone.now() + window).count()
 
 
-def unacknowledged_external_operations():
-    return PaymentOperation.objects.filter(origin=Origin.PROVIDER, acknowledged_at__isnull=True)
+def unreviewed_external_operations():
+    return PaymentOperation.objects.filter(origin=Origin.PROVIDER, reviewed_at__isnull=True)
 
 
 def queue_items(name: str, *, limit: int) -> list[ProviderQueueItem]:
@@ -72,12 +72,12 @@ def queue_items(name: str, *, limit: int) -> list[ProviderQueueItem]:
             f"{format_money(d.fees, d.currency)}", "finance", due=d.evidence_due_by,
             status=d.status) for d in rows]
     if name == "external":
-        rows = unacknowledged_external_operations().order_by("created_at")[:limit]
+        rows = unreviewed_external_operations().order_by("created_at")[:limit]
         return [ProviderQueueItem(
             op.created_at, "operation", op.id, op.purchase_id,
             f"{op.kind} {format_money(op.amount, op.currency)} made outside Verity · "
             f"{op.provider_reference} · evidence {op.verification}", "finance",
-            status=op.outcome, acknowledge=True) for op in rows]
+            status=op.outcome, review=True) for op in rows]
     raise KeyError(name)
 
 
@@ -85,7 +85,7 @@ def count_oldest(name: str) -> tuple[int, datetime | None]:
     if name == "disputes":
         r = open_disputes().aggregate(n=Count("pk"), oldest=Min("opened_at"))
     elif name == "external":
-        r = unacknowledged_external_operations().aggregate(n=Count("pk"),
+        r = unreviewed_external_operations().aggregate(n=Count("pk"),
                                                            oldest=Min("created_at"))
     else:
         raise KeyError(name)

@@ -29,7 +29,7 @@ from payments.enums import Outcome
 from payments.errors import DomainError
 from payments.money import format_money
 from payments.models import PaymentOperation, Purchase
-from payments.services.external import external_operation_acknowledge
+from payments.services.external import external_operation_review
 from payments.services import (
     operation_cancel_unapplied,
     operation_dispatch,
@@ -686,13 +686,13 @@ def incident_close(*, incident_id: int, outcomes: dict[str, str], user, reason: 
 # ------------------------------------------------ operations made outside Verity
 
 
-def external_acknowledge_by_user(*, operation_id: str, user, reason: str,
+def external_review_by_user(*, operation_id: str, user, reason: str,
                                  ip: str | None = None) -> PaymentOperation:
     """Finance acknowledges a refund/capture/cancel made at the provider, not by Verity."""
     return _act_by_user(
-        user=user, ip=ip, permission=Action.ACKNOWLEDGE_EXTERNAL,
-        action=AuditAction.CONSOLE_EXTERNAL_ACKNOWLEDGE, reason=reason, operation_id=operation_id,
-        act=lambda reason: external_operation_acknowledge(operation_id=operation_id,
-                                                          acting_user=user, reason=reason),
-        before=lambda op: {"acknowledged_at": None},
-        after=lambda op: {"acknowledged_by": op.acknowledged_by})
+        user=user, ip=ip, permission=Action.REVIEW_EXTERNAL,
+        action=AuditAction.CONSOLE_EXTERNAL_REVIEW, reason=reason, operation_id=operation_id,
+        act=lambda reason: external_operation_review(operation_id=operation_id,
+                                                     acting_user=user, reason=reason),
+        before=lambda op: {"reviewed_at": None},
+        after=lambda op: {"reviewed_by": op.reviewed_by})

@@ -479,8 +479,8 @@ def incident_close(request, incident_id: int):
                 "Incident closed.", incident_id=incident_id, outcomes=outcomes)
 
 
-@console_view(Action.ACKNOWLEDGE_EXTERNAL, post=True)
-def external_acknowledge(request, operation_id: str):
+@console_view(Action.REVIEW_EXTERNAL, post=True)
+def external_review(request, operation_id: str):
     return _run(request, reverse("support:queue", args=["external"]),
-                services.external_acknowledge_by_user,
+                services.external_review_by_user,
                 "Acknowledged: made outside Verity.", operation_id=operation_id)

@@ -168,7 +168,7 @@ class Stack:
 
     def start_localstripe(self) -> None:
         port = free_port()
-        self._spawn([sys.executable, "-m", "config.localstripe_server", "--port", str(port)],
+        self._spawn([sys.executable, "-m", "tools.localstripe_server", "--port", str(port)],
                     port)
         self.env["STRIPE_API_BASE"] = f"http://127.0.0.1:{port}"
         self.env["STRIPE_API_KEY"] = "sk_test_verity_stack"
@@ -176,8 +176,8 @@ class Stack:
 
     def start_x402(self, *, payers: int = 12, confirmation_timeout: float = 3.0) -> None:
         """anvil (npm @foundry-rs/anvil) with Circle's FiatTokenV2_2 deployed, and the
-        SDK's facilitator behind config/x402_facilitator.py. Keys are minted per run."""
-        from config import x402_chain
+        SDK's facilitator behind tools/x402_facilitator.py. Keys are minted per run."""
+        from tools import x402_chain
 
         port = free_port()
         self._spawn(x402_chain.anvil_command(port), port)
@@ -193,7 +193,7 @@ class Stack:
         fport = free_port()
         log = open(self.tmp / f"x402-facilitator-{fport}.log", "wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "config.x402_facilitator", "--port", str(fport),
+            [sys.executable, "-m", "tools.x402_facilitator", "--port", str(fport),
              "--rpc-url", rpc, "--network", info["network"],
              "--confirmation-timeout", str(confirmation_timeout)],
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,

@@ -22,10 +22,10 @@ DEFAULT_SECRET_KEY = "dev-insecure-secret-key-change-me"
 CONSOLE_EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 
 # x402 (issue 31 #4): `make run`'s throwaway chain. Its keys are derived from public labels
-# (config.x402_chain.local_key), so on any other network they are anyone's: its pay_to,
+# (tools.x402_chain.local_key), so on any other network they are anyone's: its pay_to,
 # token, refund account and refund key (as a SHA-256, never the key) must never reach a
 # real network. tests/security/test_startup_refusals.py checks these against
-# config.x402_chain.
+# tools.x402_chain.
 LOCAL_X402_NETWORK = "eip155:31337"
 MAKE_RUN_X402_ADDRESSES = frozenset({
     "0xc656a39478289cfa73689e64b61c9c57d16d40b3",  # pay_to

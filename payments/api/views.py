@@ -27,7 +27,7 @@ from recovery.selectors import deliverable_for
 from .. import selectors, services
 from ..enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
 from ..errors import DomainError, ErrorCode
-from ..locks import assert_no_transaction_outside_transaction
+from ..locks import assert_outside_transaction
 from ..models import PaymentOperation, Purchase, PurchaseChannel, Quote
 from ..view_queries import operations_for_view
 from . import presenters, x402_views
@@ -147,7 +147,7 @@ def _actor(request) -> str:
 def _assert_no_transaction_open() -> None:
     # Provider calls must not sit inside a transaction (row locks held across the network,
     # evidence of a send rolled back); the view is not atomic and says so here.
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
 
 
 def _load_operation(operation_id: str) -> PaymentOperation:

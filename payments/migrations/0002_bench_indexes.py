@@ -33,6 +33,6 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunSQL(f"CREATE INDEX IF NOT EXISTS {name} ON {target}",
-                          f"DROP INDEX IF EXISTS {name}")
+                          f"DROP INDEX IF EXISTS {name}", elidable=True)
         for name, target in INDEXES
     ]

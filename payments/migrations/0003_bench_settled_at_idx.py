@@ -17,5 +17,6 @@ class Migration(migrations.Migration):
             "CREATE INDEX IF NOT EXISTS bench_op_settled_at_idx ON payments_paymentoperation "
             "(settled_at) WHERE outcome = 'succeeded'",
             "DROP INDEX IF EXISTS bench_op_settled_at_idx",
+            elidable=True,
         ),
     ]

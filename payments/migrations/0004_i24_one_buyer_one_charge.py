@@ -71,7 +71,7 @@ class Migration(migrations.Migration):
             name='customer_key',
             field=models.CharField(blank=True, max_length=200),
         ),
-        migrations.RunPython(backfill, migrations.RunPython.noop),
+        migrations.RunPython(backfill, migrations.RunPython.noop, elidable=True),
         migrations.AddIndex(
             model_name='purchase',
             index=models.Index(fields=['api_client', 'customer_key', 'created_at'], name='purchase_client_customer_idx'),

@@ -18,5 +18,6 @@ class Migration(migrations.Migration):
             "CREATE INDEX IF NOT EXISTS bench_op_duplicate_idx ON payments_paymentoperation "
             "(settled_at) WHERE is_duplicate",
             "DROP INDEX IF EXISTS bench_op_duplicate_idx",
+            elidable=True,
         ),
     ]

@@ -27,7 +27,7 @@ from ..enums import (
 )
 from ..errors import ApplyResult, DomainError
 from ..locks import (
-    assert_no_transaction_outside_transaction,
+    assert_outside_transaction,
     lock_operation,
     lock_purchase_and_operation,
 )
@@ -123,7 +123,7 @@ def _send(operation_id: str, step: str, first_call: ProviderCall, fn) -> CallRes
     prove nothing was applied (not_sent, 429/should-retry), each resend claimed anew."""
     call, attempt = first_call, 1
     while True:
-        assert_no_transaction_outside_transaction()
+        assert_outside_transaction()
         result = fn()
         _record_call(call, result)
         resend = (result.classification == Classification.NOT_SENT and attempt <= NOT_SENT_RESENDS
@@ -271,7 +271,7 @@ def _dispatch_linked(op: PaymentOperation) -> None:
 
 def operation_dispatch(*, operation_id: str) -> PaymentOperation:
     """Send one operation to the provider, at most once. No transaction may be open."""
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
     if op.outcome == Outcome.PENDING:
         try:

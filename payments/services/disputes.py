@@ -36,7 +36,7 @@ from ..enums import (
     Verification,
 )
 from ..locks import (
-    assert_no_transaction_outside_transaction,
+    assert_outside_transaction,
     lock_dispute,
     lock_purchase_and_operation,
 )
@@ -260,7 +260,7 @@ def dispute_refresh(*, dispute_id: str, actor: str = "dispute-readback") -> Disp
     that cannot be read leaves the record as it is (absence of evidence changes nothing).
     """
 
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     dispute = Dispute.objects.select_related("payment").get(id=dispute_id)
     result, obj = provider_for(dispute.payment).retrieve_dispute(dispute_id)
     ProviderCall.objects.create(

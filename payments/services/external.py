@@ -6,7 +6,7 @@ PaymentOperation with `origin = provider`, created already settled by the eviden
 the purchase status, the refundable amount, holds, ledger and settlement comparison stay
 true. It goes through the same settle effects as Verity's own operations (holds, status,
 OPERATION_SETTLED -> ledger), is audited as "made outside Verity" and waits in a queue
-until a person acknowledges it. It is quarantined only when its amounts or references
+until a person reviews it. It is quarantined only when its amounts or references
 disagree with Verity's books.
 
 Lock order: Purchase -> PaymentOperation (payments.locks).
@@ -34,7 +34,7 @@ from ..enums import (
 )
 from ..errors import DomainError
 from ..locks import (
-    assert_no_transaction_outside_transaction,
+    assert_outside_transaction,
     lock_purchase_and_operation,
 )
 from ..models import PaymentOperation
@@ -229,7 +229,7 @@ def external_refunds_read(*, payment_operation_id: str) -> list[ExternalApplyRes
     no Verity operation requested. Prompted by `charge.refunded`, whose Charge does not
     name its refunds. Refunds carrying Verity's `operation_id` are the reconciler's."""
 
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     payment = PaymentOperation.objects.get(id=payment_operation_id)
     if not payment.provider_reference:
         return []
@@ -245,7 +245,7 @@ def external_refunds_read(*, payment_operation_id: str) -> list[ExternalApplyRes
     return out
 
 
-def external_operation_acknowledge(*, operation_id: str, acting_user, reason: str
+def external_operation_review(*, operation_id: str, acting_user, reason: str
                                    ) -> PaymentOperation:
     """A person has seen an operation made outside Verity (audited, same transaction)."""
     if not (reason or "").strip():
@@ -259,15 +259,15 @@ def external_operation_acknowledge(*, operation_id: str, acting_user, reason: st
         if op.origin != Origin.PROVIDER:
             raise DomainError("not_external", "This operation was made by Verity.", status=409,
                               operation=op.id, purchase=op.purchase_id, owner=Owner.SUPPORT)
-        if op.acknowledged_at is not None:
-            raise DomainError("already_acknowledged", "Already acknowledged.", status=409,
+        if op.reviewed_at is not None:
+            raise DomainError("already_reviewed", "Already reviewed.", status=409,
                               operation=op.id, purchase=op.purchase_id, owner=Owner.NONE)
-        op.acknowledged_at = timezone.now()
-        op.acknowledged_by = acting_user.get_username()[:150]
+        op.reviewed_at = timezone.now()
+        op.reviewed_by = acting_user.get_username()[:150]
         op.next_action_owner = Owner.NONE
-        op.save(update_fields=["acknowledged_at", "acknowledged_by", "next_action_owner",
+        op.save(update_fields=["reviewed_at", "reviewed_by", "next_action_owner",
                                "updated_at"])
         operation_audit_write(actor=acting_user.get_username(),
-                              action="external_operation_acknowledge", op=op, reason=reason,
+                              action="external_operation_review", op=op, reason=reason,
                               detail={"kind": op.kind, "provider_reference": op.provider_reference})
     return op

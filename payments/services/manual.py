@@ -22,7 +22,7 @@ from ..enums import (
     Verification,
 )
 from ..errors import DomainError
-from ..locks import assert_no_transaction_outside_transaction, lock_purchase_and_operation
+from ..locks import assert_outside_transaction, lock_purchase_and_operation
 from ..models import PaymentOperation, ProviderCall
 from ..providers.base import ProviderObject, outcome_from_object, shows_no_money_moved
 from .common import (
@@ -125,7 +125,7 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
        idempotency binding) with the outcome.
     `audit=False`: the caller writes this action's one audit row in the same transaction.
     """
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     if not (reason or "").strip():
         raise DomainError("reason_required", "A reason is required.", status=422)
     if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):

@@ -32,7 +32,7 @@ from ..enums import (
 )
 from ..errors import DomainError
 from ..locks import (
-    assert_no_transaction_outside_transaction,
+    assert_outside_transaction,
     lock_operation,
     lock_purchase,
     lock_purchase_and_operation,
@@ -103,7 +103,7 @@ def _read_back(op: PaymentOperation) -> CallResult:
 def operation_read_canonical(*, operation_id: str) -> ProviderObject | None:
     """The provider's current record of an operation, read (and recorded as a reconcile
     call) without applying it: for a caller that must judge a conflict itself."""
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
     result = _read_back(op)
     return result.object if result.classification == Classification.OK else None
@@ -114,7 +114,7 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
     keeps `unknown` (absence of evidence is not failure). Writes to the provider only in
     one case, the acknowledged follow-up: a person's "succeeded" on a payment the provider
     shows never applied is cancelled there, so the provider's record can overturn it."""
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
     refusal = _reconcile_refusal(op)
     if refusal is not None:
@@ -238,7 +238,7 @@ def operations_reconcile_apply(*, reads: list[tuple[PaymentOperation, CallResult
     whose set-based apply raises (rolled back whole), is applied one by one as
     `operation_reconcile` does. Returns operation id -> "reconciled" | "refused" |
     "failed:<error>"."""
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     outcomes: dict[str, str] = {}
     if not reads:
         return outcomes
@@ -487,7 +487,7 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
             raise DomainError("cancel_in_progress", "Another cancel of this payment is in "
                               "progress.", status=409, purchase=purchase.id,
                               operation=op.id, owner=Owner.SUPPORT) from None
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     read = _read_back(op)
     if read.classification != Classification.OK or read.object is None:
         _record_call(call, CallResult(Classification.NOT_SENT, detail="read-back failed"))
@@ -571,7 +571,7 @@ def operations_verify_before_follow_up(*, purchase_id: str) -> None:
         .values_list("id", flat=True))
     if not ids:
         return  # nothing only a person settled: no read needed
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     for op_id in ids:
         try:
             operation_reconcile(operation_id=op_id, actor="follow-up-check")

@@ -15,7 +15,7 @@ from django.utils import timezone
 from ..enums import CallStep, Classification, Outcome, Rail, Verification
 from ..errors import ApplyResult
 from ..locks import (
-    assert_no_transaction_outside_transaction,
+    assert_outside_transaction,
     lock_operation,
     lock_purchase_and_operation,
     signer_lock,
@@ -127,7 +127,7 @@ def x402_refund_send(op: PaymentOperation) -> None:
     if claimed is None:
         return
     call, row = claimed
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
 
     def still_claimed() -> None:
         _refund_keep_claim(op.id, call.id)

@@ -40,7 +40,7 @@ from ..enums import (
     Verification,
 )
 from ..errors import DomainError
-from ..locks import assert_no_transaction_outside_transaction
+from ..locks import assert_outside_transaction
 from ..models import PaymentOperation, Product, ProviderCall, Purchase, X402Authorization
 from ..providers import x402 as adapter
 from ..providers.base import ProviderObject
@@ -316,7 +316,7 @@ def _search_from_block(op: PaymentOperation) -> int | None:
 
 def _settle_outside_transaction(op: PaymentOperation, call: ProviderCall,
                                 signed: adapter.SignedPayment, purchase: Purchase) -> None:
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     requirements = x402_requirements(purchase)
     answer = adapter.get_facilitator().settle(payload=adapter.forwarded_payload(signed,
                                                                                 requirements),

@@ -16,5 +16,6 @@ class Migration(migrations.Migration):
             "CREATE INDEX IF NOT EXISTS bench_steprun_trouble_idx ON recovery_steprun "
             "(created_at) WHERE state IN ('failed', 'unknown', 'manual')",
             "DROP INDEX IF EXISTS bench_steprun_trouble_idx",
+            elidable=True,
         ),
     ]

@@ -20,10 +20,12 @@ class Migration(migrations.Migration):
             "CREATE INDEX IF NOT EXISTS bench_steprun_attention_idx ON recovery_steprun "
             "(created_at) WHERE state IN ('failed', 'unknown', 'manual', 'compensated')",
             "DROP INDEX IF EXISTS bench_steprun_attention_idx",
+            elidable=True,
         ),
         migrations.RunSQL(
             "DROP INDEX IF EXISTS bench_steprun_trouble_idx",
             "CREATE INDEX IF NOT EXISTS bench_steprun_trouble_idx ON recovery_steprun "
             "(created_at) WHERE state IN ('failed', 'unknown', 'manual')",
+            elidable=True,
         ),
     ]

@@ -1,7 +1,7 @@
 """The newcomer's first run, end to end: boot exactly what `make run` boots (`make serve`:
 the same Makefile recipe, Procfile.dev and settings — SQLite in a temporary var/, the
 filesystem broker, localstripe, gunicorn, a Celery worker and beat) on free ports, then
-paste the README's walk-through blocks, verbatim and in order, into bash.
+paste the walk-through's blocks (docs/walkthrough.md), verbatim and in order, into bash.
 
 It asserts effects, not answers: every signed delivery localstripe made was a 2xx by
 localstripe's own account and is stored once in the SQLite database; one charge per
@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from config import x402_chain
+from tools import x402_chain
 from tests.conftest import Localstripe
 from tests.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+WALKTHROUGH = ROOT / "docs" / "walkthrough.md"
 # A timeout, not a target: a quiet 2-core machine boots in 30-60 s, a fresh clone's first
 # boot (no bytecode yet) on a loaded one took 120 s.
 BOOT_SECONDS = 240
@@ -43,10 +43,10 @@ X402_LOCAL = x402_chain.available()
 
 
 def walkthrough_blocks() -> list[str]:
-    """The README's bash blocks marked `<!-- walkthrough -->`, in order."""
-    blocks = re.findall(r"^<!-- walkthrough -->\n```bash\n(.*?)^```$", README.read_text(),
+    """docs/walkthrough.md's bash blocks marked `<!-- walkthrough -->`, in order."""
+    blocks = re.findall(r"^<!-- walkthrough -->\n```bash\n(.*?)^```$", WALKTHROUGH.read_text(),
                         re.M | re.S)
-    assert len(blocks) >= 10, "the README walk-through lost its marked blocks"
+    assert len(blocks) >= 10, "docs/walkthrough.md lost its marked blocks"
     return blocks
 
 
@@ -138,7 +138,7 @@ def _wait_for(predicate, timeout: float, what: str):
         time.sleep(0.5)
 
 
-def test_make_run_then_the_readme_walkthrough_works_on_the_embedded_default(embedded):
+def test_make_run_then_the_walkthrough_works_on_the_embedded_default(embedded):
     env, base, var, out_path = embedded
 
     # the banner is the last thing on screen once everything is up, and stays so while
@@ -160,10 +160,10 @@ def test_make_run_then_the_readme_walkthrough_works_on_the_embedded_default(embe
     else:
         assert "x402 rail: off" in banner, banner
 
-    # when: a newcomer pastes the README walk-through
+    # when: a newcomer pastes the walk-through (docs/walkthrough.md)
     ids = run_walkthrough(env, base, var)
 
-    # then: the purchases ended as the README says, one charge each at localstripe
+    # then: the purchases ended as the walk-through says, one charge each at localstripe
     key = (var / "demo-api-key").read_text().strip()
     api = requests.Session()
     api.headers["Authorization"] = f"Api-Key {key}"
@@ -257,12 +257,12 @@ def _x402_quote_answers_402(base: str, key: str, chain_port: str) -> None:
     assert len(w3.eth.get_code(Web3.to_checksum_address(accepts["asset"]))) > 0
 
 
-def test_the_readme_walkthrough_covers_the_whole_story():
+def test_the_walkthrough_covers_the_whole_story():
     text = "\n".join(walkthrough_blocks())
     for step in ("$B/products", "$B/quotes", "$B/purchases", "/payments", "demo_unknown_payment",
                  "/reconcile", "retry_of"):
         assert step in text, step
-    # pasteable: ids come from the previous answer, never from the README's examples
+    # pasteable: ids come from the previous answer, never from the walk-through's examples
     # (comment lines may show an example answer)
     commands = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     assert not re.search(r"\b(pur|op|quo)_[0-9a-f]{8,}", commands)

@@ -1,10 +1,10 @@
-"""The progress line of long commands (payments/ops/progress.py): plain lines at once and
+"""The progress line of long commands (tools/progress.py): plain lines at once and
 then every interval when the stream is not a terminal, redrawn in place on a terminal,
 nothing with quiet."""
 import io
 import time
 
-from payments.ops.progress import Progress, eta
+from tools.progress import Progress, eta
 
 
 def test_plain_progress_prints_at_once_then_every_interval_and_a_final_line():

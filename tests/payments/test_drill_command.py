@@ -1,13 +1,13 @@
 import pytest
-from django.core.management import call_command
 
 from payments.models import PaymentOperation
+from tools.drill import drills_print
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_drill_command_prints_one_row_per_drill_and_one_charge_at_most(capsys, localstripe):
-    call_command("drill")
+    drills_print()
     out = capsys.readouterr().out
     for mode in ("drop_response_after_send", "timeout_before_send", "reset_after_write",
                  "http_500", "http_409"):
@@ -27,14 +27,14 @@ def test_drill_command_prints_one_row_per_drill_and_one_charge_at_most(capsys, l
 
 def test_drill_command_reports_progress_on_stderr_and_quiet_turns_it_off(capsys, localstripe):
     # when the drills run with output that is not a terminal
-    call_command("drill")
+    drills_print()
     err = capsys.readouterr().err
     # then a plain line came at once and a final one counts every drill and no failure
     assert "drill [0:00] drills 0/5 done, 0 failure(s)" in err
     assert "drills 5/5 done, 0 failure(s) (done)" in err
 
     # when run with --quiet
-    call_command("drill", "--quiet")
+    drills_print(quiet=True)
     # then there is no progress at all, and the table is still printed
     captured = capsys.readouterr()
     assert captured.err == ""

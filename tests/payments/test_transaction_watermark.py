@@ -6,25 +6,25 @@ code opens above them is still refused, exactly as every block is outside tests.
 import pytest
 from django.db import transaction
 
-from payments.locks import assert_no_transaction_outside_transaction
+from payments.locks import assert_outside_transaction
 
 
 @pytest.mark.django_db
 def test_rolled_back_test_own_transaction_is_not_the_codes():
     assert transaction.get_connection().in_atomic_block  # the test's wrapper
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     with transaction.atomic(), pytest.raises(RuntimeError, match="inside a database"):
-        assert_no_transaction_outside_transaction()
+        assert_outside_transaction()
     with transaction.atomic(), transaction.atomic(), pytest.raises(RuntimeError):
-        assert_no_transaction_outside_transaction()
+        assert_outside_transaction()
 
 
 @pytest.mark.django_db(transaction=True)
 def test_transactional_test_refuses_any_open_block():
     assert not transaction.get_connection().in_atomic_block
-    assert_no_transaction_outside_transaction()
+    assert_outside_transaction()
     with transaction.atomic(), pytest.raises(RuntimeError, match="inside a database"):
-        assert_no_transaction_outside_transaction()
+        assert_outside_transaction()
 
 
 @pytest.mark.django_db
@@ -32,4 +32,4 @@ def test_a_block_not_from_the_test_case_counts_even_below_one_that_is():
     # Only django.test's own blocks are the watermark: a durable block the code opened
     # (nested in the test's, as Django allows) is a real transaction.
     with transaction.atomic(durable=True), pytest.raises(RuntimeError):
-        assert_no_transaction_outside_transaction()
+        assert_outside_transaction()

@@ -45,7 +45,7 @@ def test_console_email_backend_with_debug_off_refuses_to_start():
 
 # -- x402 (issue 31 #4) ----------------------------------------------------------------
 def test_the_security_constants_are_make_runs_throwaway_chain():
-    from config import x402_chain
+    from tools import x402_chain
     from config.settings.security import (
         MAKE_RUN_X402_ADDRESSES,
         MAKE_RUN_X402_KEY_SHA256,
@@ -64,7 +64,7 @@ def test_the_security_constants_are_make_runs_throwaway_chain():
 def test_a_refund_key_of_the_receiving_account_refuses_to_start():
     """Issue 31 #4: pay_to's key stays out of Verity on every network, the local one too:
     refunds come from a separate account with a float (not from what Verity received)."""
-    from config import x402_chain
+    from tools import x402_chain
 
     local = x402_chain.local_env(port=8545, facilitator_port=8402)
     pay_key, _pay_to = x402_chain.local_key("pay-to")
@@ -85,7 +85,7 @@ def test_a_refund_key_of_the_receiving_account_refuses_to_start():
 
 
 def test_make_runs_x402_keys_on_another_network_refuse_to_start():
-    from config import x402_chain
+    from tools import x402_chain
 
     local = x402_chain.local_env(port=8545, facilitator_port=8402)
     real = {"X402_ENABLED": "true", "X402_NETWORK": "eip155:8453",

@@ -1,6 +1,6 @@
 """Console queues for money the provider moved on its own: disputes (finance, nearest
 evidence deadline first, due-within-48-hours flagged) and operations made outside
-Verity (a finance user acknowledges each, audited; support only reads)."""
+Verity (a finance user reviews each, audited; support only reads)."""
 from datetime import timedelta
 
 import pytest
@@ -53,23 +53,23 @@ def test_an_external_operation_waits_until_finance_acknowledges_it(login):
     url = reverse("support:queue", args=["external"])
     assert op.pk in login("support").get(url).content.decode()
 
-    refused = login("support").post(reverse("support:external-acknowledge", args=[op.pk]),
+    refused = login("support").post(reverse("support:external-review", args=[op.pk]),
                                     {"reason": "seen", "confirm": "yes"})
-    done = login("finance").post(reverse("support:external-acknowledge", args=[op.pk]),
+    done = login("finance").post(reverse("support:external-review", args=[op.pk]),
                                  {"reason": "Dana refunded it in the dashboard",
                                   "confirm": "yes"})
 
     assert refused.status_code == 403
     assert done.status_code == 302
-    op.refresh_from_db(fields=["acknowledged_at", "acknowledged_by"])
-    assert op.acknowledged_at is not None and op.acknowledged_by == "fred"
+    op.refresh_from_db(fields=["reviewed_at", "reviewed_by"])
+    assert op.reviewed_at is not None and op.reviewed_by == "fred"
     assert op.pk not in login("finance").get(url).content.decode()
     assert AuditEntry.objects.filter(target_id=op.pk,
-                                     action="external_operation_acknowledge").count() == 1
+                                     action="external_operation_review").count() == 1
     assert AuditEntry.objects.filter(target_id=op.pk,
-                                     action="console.external_acknowledge").count() == 1
-    again = login("finance").post(reverse("support:external-acknowledge", args=[op.pk]),
+                                     action="console.external_review").count() == 1
+    again = login("finance").post(reverse("support:external-review", args=[op.pk]),
                                   {"reason": "again", "confirm": "yes"})
     assert again.status_code == 302
     assert AuditEntry.objects.filter(target_id=op.pk,
-                                     action="external_operation_acknowledge").count() == 1
+                                     action="external_operation_review").count() == 1

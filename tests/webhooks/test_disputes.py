@@ -1,5 +1,5 @@
 """Disputes: a charge disputed at the provider (localstripe's dispute resource, added by
-config/localstripe_server.py) reaches Verity as signed `charge.dispute.*` events built
+tools/localstripe_server.py) reaches Verity as signed `charge.dispute.*` events built
 from the provider's own Dispute object; the purchase says `disputed` everywhere, the
 ledger follows the provider's balance to the unit, and late events never regress it."""
 import copy

@@ -18,7 +18,7 @@ from x402.mechanisms.evm import EthAccountSigner  # noqa: E402
 from x402.mechanisms.evm.exact import register_exact_evm_client  # noqa: E402
 from x402.schemas import PaymentRequired  # noqa: E402
 
-from config import x402_chain  # noqa: E402
+from tools import x402_chain  # noqa: E402
 
 sys.setrecursionlimit(_RECURSION_LIMIT)
 

@@ -1,4 +1,4 @@
-"""`python manage.py mcp_server`: Verity's agent tools over MCP stdio (see README, "Connecting an AI agent").
+"""`python manage.py mcp_server`: Verity's agent tools over MCP stdio (docs/mcp.md).
 
 The API key comes from the environment (`VERITY_API_KEY`), never from the agent. stdout
 carries the protocol, so this command writes nothing to it; logs go to stderr.

@@ -10,7 +10,7 @@ facilitator and the refund account gas. Nothing here is a stand-in: EIP-3009
 `transferWithAuthorization`, `authorizationState`, `cancelAuthorization` and the
 blacklist are the production contract's code.
 
-Usage: python -m config.x402_chain [--port 8545] [--facilitator-port 8402] (anvil, the token
+Usage: python -m tools.x402_chain [--port 8545] [--facilitator-port 8402] (anvil, the token
 and the facilitator for `make run`; prints the X402_* lines to export).
 
 `make run` (the Makefile's serve target) starts it as Procfile.dev's `chain` process when
@@ -211,7 +211,7 @@ def main(argv: list[str]) -> int:
             raise RuntimeError(f"token deployed at {info['asset']}, expected "
                                f"{env['X402_ASSET']}: was anvil's chain fresh?")
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "config.x402_facilitator", "--port",
+            [sys.executable, "-m", "tools.x402_facilitator", "--port",
              str(args.facilitator_port), "--rpc-url", rpc, "--network", info["network"]],
             cwd=ROOT, start_new_session=True,
             env={**os.environ, "X402_FACILITATOR_KEY": fac_key}))

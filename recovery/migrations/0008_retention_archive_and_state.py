@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('recovery', '0006_acp_order_event'),
+        ('recovery', '0007_step_run_attention_index_in_model'),
     ]
 
     operations = [

@@ -19,7 +19,7 @@ def label_earlier_purchases(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('payments', '0008_acp_channel'),
+        ('payments', '0010_console_query_indexes_in_models'),
     ]
 
     operations = [

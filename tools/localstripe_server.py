@@ -3,7 +3,7 @@
 localstripe itself listens on every interface and pickles its store to
 /tmp/localstripe.pickle on each write (then reloads it at start). Both are wrong for a
 sandbox shared by tests: this launcher binds loopback only and keeps the store in memory.
-Usage: python -m config.localstripe_server [--port 8420] [--webhook-url U --webhook-secret S]
+Usage: python -m tools.localstripe_server [--port 8420] [--webhook-url U --webhook-secret S]
        [--delivery-log FILE]
 `--delivery-log` keeps localstripe's own account of each webhook delivery (one line each,
 "successfully delivered" or "failed with response code N"): `make run` writes it under

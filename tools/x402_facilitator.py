@@ -14,7 +14,7 @@ route but /_config require `Authorization: Bearer <token>` (401 otherwise), as a
 facilitator (CDP) requires its bearer JWT; {"bearer": ""} turns it off. Binds 127.0.0.1 only.
 
 The signer key comes from the environment (X402_FACILITATOR_KEY), never an argument.
-Usage: python -m config.x402_facilitator --port P --rpc-url URL --network eip155:31337
+Usage: python -m tools.x402_facilitator --port P --rpc-url URL --network eip155:31337
        [--confirmation-timeout 3]
 """
 from __future__ import annotations
