@@ -432,7 +432,7 @@ def _settlement_rows(rows, now) -> list[QueueItem]:
     return [QueueItem(d.created_at, "discrepancy", str(d.pk),
                       purchases.get(d.provider_reference, ""), discrepancy_summary(d),
                       error=d.detail,
-                      action="Check at the provider, then acknowledge with the explanation")
+                      action="Check at the provider, then mark it reviewed with the explanation")
             for d in rows]
 
 
@@ -543,10 +543,10 @@ for _spec in [
                                _AS_FETCHED, fetch=_provider_queue_rows("disputes")),)),
     QueueSpec("external", "Made outside Verity", Action.VIEW,
               "Refunds, captures and cancels the provider reported that no Verity operation "
-              "requested; a finance user acknowledges each one.",
+              "requested; a finance user reviews each one.",
               runbook="made-outside-verity",
               template=provider_queues.QUEUE_TEMPLATES["external"],
-              parts=(QueuePart(lambda now: provider_queues.unacknowledged_external_operations(),
+              parts=(QueuePart(lambda now: provider_queues.unreviewed_external_operations(),
                                "created_at", _AS_FETCHED,
                                fetch=_provider_queue_rows("external")),)),
     QueueSpec("overturned", "Manual resolution overturned", Action.VIEW,

@@ -688,7 +688,7 @@ def incident_close(*, incident_id: int, outcomes: dict[str, str], user, reason: 
 
 def external_review_by_user(*, operation_id: str, user, reason: str,
                                  ip: str | None = None) -> PaymentOperation:
-    """Finance acknowledges a refund/capture/cancel made at the provider, not by Verity."""
+    """Finance reviews a refund/capture/cancel made at the provider, not by Verity."""
     return _act_by_user(
         user=user, ip=ip, permission=Action.REVIEW_EXTERNAL,
         action=AuditAction.CONSOLE_EXTERNAL_REVIEW, reason=reason, operation_id=operation_id,

@@ -83,9 +83,10 @@ def test_no_circle_of_imports_remains():
 
 # -- every module has a layer ---------------------------------------------------------------
 
-# The composition root: settings, URL conf, WSGI/ASGI, Celery app and the development
-# servers. It wires every layer together, so it sits in none; the other roots are layered.
-UNLAYERED_ROOTS = {"config"}
+# The composition root: settings, URL conf, WSGI/ASGI and the Celery app.
+# It wires every layer together, so it sits in none; tools/ (development servers,
+# never imported by the runtime: a contract of its own) neither. The other roots are layered.
+UNLAYERED_ROOTS = {"config", "tools"}
 
 
 def _importlinter() -> dict:
