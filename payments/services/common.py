@@ -85,16 +85,17 @@ def transition_record(*, purchase_id: str, operation: PaymentOperation | None, f
     row.save(force_insert=True)
 
 
-def _purchase_to(purchase: Purchase, name: str, *, cause: str, actor: str = "",
+def _purchase_to(purchase: Purchase, name: str, *args, cause: str, actor: str = "",
                  evidence: dict | None = None) -> bool:
-    """Apply a purchase FSM transition if allowed; record it. Caller holds the lock."""
+    """Apply a purchase FSM transition (with its arguments) if allowed; record it with its
+    order event. The one place a purchase's status moves. Caller holds the lock."""
     method = getattr(purchase, name)
     from django_fsm import can_proceed
 
     if not can_proceed(method):
         return False
     source = purchase.status
-    method()
+    method(*args)
     if purchase.status == source:
         return False
     purchase.save(update_fields=purchase.status_change_fields())

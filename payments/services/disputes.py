@@ -19,7 +19,6 @@ from enum import Enum
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from django_fsm import can_proceed
 
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
@@ -42,7 +41,7 @@ from ..locks import (
 )
 from ..models import Dispute, PaymentOperation, ProviderCall, Purchase
 from ..providers.base import DisputeObject
-from .common import payment_unsettled, provider_for, purchase_order_event_put, transition_record
+from .common import _purchase_to, payment_unsettled, provider_for, transition_record
 from .observations import duplicate_compensate_locked
 
 log = logging.getLogger("verity.payments.disputes")
@@ -113,19 +112,8 @@ def _due(obj: DisputeObject) -> datetime | None:
 
 def _purchase_status(purchase: Purchase, name: str, *, cause: str, actor: str,
                      evidence: dict, arg: str | None = None) -> bool:
-    method = getattr(purchase, name)
     args = (arg,) if arg is not None else ()
-    if not can_proceed(method):
-        return False
-    source = purchase.status
-    method(*args)
-    if purchase.status == source:
-        return False
-    purchase.save(update_fields=purchase.status_change_fields())
-    transition_record(purchase_id=purchase.id, operation=None, field="status", source=source,
-                      target=purchase.status, cause=cause, evidence=evidence, actor=actor)
-    purchase_order_event_put(purchase=purchase, source=source)
-    return True
+    return _purchase_to(purchase, name, *args, cause=cause, actor=actor, evidence=evidence)
 
 
 def _follow_purchase(purchase: Purchase, dispute: Dispute, *, cause: str, actor: str) -> None:
