@@ -7,7 +7,9 @@ so the record goes, while the payment still has refundable room (a partial refun
 the purchase `completed`/`paid`). The storefront's retry of that same refund request (same
 Idempotency-Key, same body) is then a new request: a second refund at the provider.
 
-Counted at localstripe (refunds of the PaymentIntent), on the real stack.
+Seen before the fix: 2 refunds at localstripe, 2 refund operations, the replay 201. Now a
+refund's record is kept until its purchase is fully refunded. Counted at localstripe
+(refunds of the PaymentIntent), on the real stack.
 """
 from datetime import timedelta
 
@@ -29,10 +31,6 @@ def _age_every_record(days: int) -> None:
     IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(days=days))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "round 4: retention prunes the key record of a finished partial refund although the "
-    "payment still has room; the storefront's replay of the same request (same key, same "
-    "body) refunds a second time at the provider"))
 def test_a_replayed_partial_refund_after_the_key_was_pruned_refunds_once(
         storefront, product, localstripe):  # noqa: F811
     purchase = storefront.new_purchase(product.sku)
@@ -69,3 +67,26 @@ def test_a_replayed_partial_refund_after_the_key_was_pruned_refunds_once(
         f"one refund request, {refunds_at_provider} refunds at the provider "
         f"(replay answered {late.status_code})")
     assert refund_ops == 1
+
+
+def test_a_full_refund_key_still_goes_and_its_late_replay_refunds_nothing(
+        storefront, product, localstripe):  # noqa: F811
+    purchase = storefront.new_purchase(product.sku)
+    assert storefront.pay(purchase["id"]).status_code == 201
+    payment = PaymentOperation.objects.get(purchase_id=purchase["id"],
+                                           kind=OperationKind.CHARGE)
+    settle_outbox()
+    key, body = new_key(), {"amount": payment.amount}
+    first = storefront.post(f"purchases/{purchase['id']}/refunds", body, key=key)
+    assert first.status_code in (201, 202), first.content
+    settle_outbox()
+
+    _age_every_record(settings.RETENTION_IDEMPOTENCY_DAYS + 1)
+    retention_prune_table(policy=IDEMPOTENCY)
+    # Fully refunded: nothing is left to refund twice, so the record is not kept.
+    assert not IdempotencyRecord.objects.filter(resource_id=first.json()["id"]).exists()
+
+    late = storefront.post(f"purchases/{purchase['id']}/refunds", body, key=key)
+    settle_outbox()
+    assert late.status_code >= 400, late.content
+    assert len(localstripe.refunds_for(payment.provider_reference)) == 1
