@@ -98,7 +98,18 @@ def _idempotency_needed() -> Q:
     operation = Q(resource_type="operation") & (
         Q(_open_operation(OuterRef("resource_id")))
         | Q(_refund_with_room_left(OuterRef("resource_id"))))
-    return purchase | operation
+    # An ACP key names its checkout session (acp/views.py RESOURCE); the session's purchase
+    # is reached through its reverse relation (`acp_session`), so recovery imports no acp.
+    session = Q(resource_type="acp_session") & Q(_open_purchase_of_acp_session(
+        OuterRef("resource_id")))
+    return purchase | operation | session
+
+
+def _open_purchase_of_acp_session(ref) -> Exists:
+    purchases = Purchase.objects.filter(acp_session__pk=ref)
+    return Exists(purchases.exclude(status__in=CLOSED_PURCHASE_STATUSES)) | Exists(
+        PaymentOperation.objects.filter(purchase__acp_session__pk=ref)
+        .exclude(outcome__in=TERMINAL_OUTCOMES))
 
 
 def _refund_with_room_left(ref) -> Exists:

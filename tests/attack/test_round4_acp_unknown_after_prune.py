@@ -5,7 +5,11 @@ The complete's answer is dropped after localstripe applied the confirm (fault-dr
 client): the payment is `unknown`. Time passes (records backdated) and retention runs.
 Then the agent replays the complete (same key), completes with a new key and a new token,
 and opens a second session for the same basket and completes it. Counted at localstripe:
-one PaymentIntent charged for this buyer, whatever Verity answered.
+one PaymentIntent charged for this buyer, whatever Verity answered (held before and after
+the fix). Found: retention pruned the session's keys although its purchase was open
+(kept=0, against docs/retention.md's rule; no money effect seen, since complete answers
+from the session's state); the ACP keys are now held like REST ones while the session's
+purchase is open (kept=2).
 """
 from datetime import timedelta
 
@@ -30,10 +34,10 @@ def test_acp_complete_lost_then_keys_pruned_charges_once(agent, tea, localstripe
     assert s.status_code == 201, s.text
     session = s.json()
     amount = next(t["amount"] for t in session["totals"] if t["type"] == "total")
-    key = "complete-1"
+    key, token = "complete-1", issue_spt(amount)
     provider.arm_drill(key_prefix="*", step="confirm", mode=DrillMode.DROP_RESPONSE_AFTER_SEND)
     try:
-        first = agent.complete(session["id"], issue_spt(amount), email, key=key)
+        first = agent.complete(session["id"], token, email, key=key)
     finally:
         provider.drill_client.disarm_all()
     assert first.status_code == 202, first.text  # the answer was lost: not known yet
@@ -49,12 +53,14 @@ def test_acp_complete_lost_then_keys_pruned_charges_once(agent, tea, localstripe
     retention_prune_table(policy=policy_for(IdempotencyRecord._meta.db_table))
     kept = IdempotencyRecord.objects.filter(resource_id=session["id"]).count()
 
-    replay = agent.complete(session["id"], issue_spt(amount), email, key=key)
+    replay = agent.complete(session["id"], token, email, key=key)
+    reused = agent.complete(session["id"], issue_spt(amount), email, key=key)
     new_key = agent.complete(session["id"], issue_spt(amount), email, key="complete-2")
     s2 = agent.create(tea.sku)
     second = agent.complete(s2.json()["id"], issue_spt(amount), email, key="complete-3")
     print(f"acp_session records kept={kept} replay={replay.status_code} "
-          f"new key={new_key.status_code} second session={second.status_code}")
+          f"reused={reused.status_code} new key={new_key.status_code} "
+          f"second session={second.status_code}")
 
     purchases = list(Purchase.objects.filter(customer_reference=f"acp:{email}")
                      .values_list("id", flat=True))
@@ -64,3 +70,7 @@ def test_acp_complete_lost_then_keys_pruned_charges_once(agent, tea, localstripe
     assert charged == 1, f"one buyer, one basket: {charged} charges at localstripe"
     assert intents == 1
     assert second.status_code >= 400 and replay.status_code == 202
+    # The open purchase keeps its session's keys; the same key with another body is
+    # refused.
+    assert kept >= 1, "retention pruned the ACP keys of an open purchase"
+    assert reused.status_code == 422, reused.text
