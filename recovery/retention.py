@@ -40,7 +40,8 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from payments.enums import DISPUTE_CLOSED_STATUSES, TERMINAL_OUTCOMES, PurchaseStatus
+from payments.enums import (DISPUTE_CLOSED_STATUSES, TERMINAL_OUTCOMES, OperationKind,
+                            PurchaseStatus)
 from payments.models import Dispute, IdempotencyRecord, PaymentOperation, Purchase
 from webhooks.models import EventResult, ProviderEvent
 
@@ -94,8 +95,30 @@ def _idempotency_needed() -> Q:
     purchase = Q(resource_type="purchase") & (
         Q(_open_purchase(OuterRef("resource_id")))
         | Q(_open_operation_of_purchase(OuterRef("resource_id"))))
-    operation = Q(resource_type="operation") & Q(_open_operation(OuterRef("resource_id")))
-    return purchase | operation
+    operation = Q(resource_type="operation") & (
+        Q(_open_operation(OuterRef("resource_id")))
+        | Q(_refund_with_room_left(OuterRef("resource_id"))))
+    # An ACP key names its checkout session (acp/views.py RESOURCE); the session's purchase
+    # is reached through its reverse relation (`acp_session`), so recovery imports no acp.
+    session = Q(resource_type="acp_session") & Q(_open_purchase_of_acp_session(
+        OuterRef("resource_id")))
+    return purchase | operation | session
+
+
+def _open_purchase_of_acp_session(ref) -> Exists:
+    purchases = Purchase.objects.filter(acp_session__pk=ref)
+    return Exists(purchases.exclude(status__in=CLOSED_PURCHASE_STATUSES)) | Exists(
+        PaymentOperation.objects.filter(purchase__acp_session__pk=ref)
+        .exclude(outcome__in=TERMINAL_OUTCOMES))
+
+
+def _refund_with_room_left(ref) -> Exists:
+    """A refund whose purchase is not fully refunded: the payment still has room, so the
+    storefront's retry of that same refund request (same key, same body) would be a new,
+    second refund once its record were gone (round 4). Kept until the purchase is
+    `refunded`; refunds are few, so these records stay small."""
+    return Exists(PaymentOperation.objects.filter(pk=ref, kind=OperationKind.REFUND)
+                  .exclude(purchase__status=PurchaseStatus.REFUNDED))
 
 
 @dataclass(frozen=True)
