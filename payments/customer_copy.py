@@ -125,7 +125,8 @@ WORDS: dict[str, tuple[str, str]] = {
         "Your bank returned this payment to you",
         "Your bank's review of this payment is finished and your bank has returned the "
         "money to you. You do not need to do anything, and please do not pay again."),
-    # A person (grade acknowledged) is never presented as the provider (DESIGN §4).
+    # A person (grade acknowledged) is never presented as the provider
+    # (docs/reliability.md#the-providers-record-outranks-a-person).
     "reversed_by_team": (
         "Your payment has been reversed",
         "Our team has confirmed that your payment is being returned to your payment "

@@ -4,7 +4,8 @@ A careless agent that sends `"cust-42 "`, `"CUST-42"` or a fullwidth `ｃｕｓ�
 same buyer as `"cust-42"`; comparing bytes let each variant open (and pay) another purchase
 for the same basket. So the stored reference is trimmed and NFKC-normalised, and matching
 uses its case-folded form (`customer_key`), always together with the API client: two
-storefronts' "cust-42" are two different buyers (DESIGN §5.11).
+storefronts' "cust-42" are two different buyers
+(docs/reliability.md#rules-every-money-movement-obeys).
 """
 from __future__ import annotations
 

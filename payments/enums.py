@@ -184,7 +184,8 @@ class Reason(models.TextChoices):
     MANUAL = "manual"
     MISMATCH = "mismatch"
     REFUND_DECLINED = "refund_declined"
-    # x402 (DESIGN §4): the chain proves the authorization can no longer move money.
+    # x402 (docs/x402.md#reconciled-from-the-chain-only): the chain proves the authorization can
+    # no longer move money.
     AUTHORIZATION_EXPIRED = "authorization_expired"
     AUTHORIZATION_CANCELED = "authorization_canceled"
     # x402 (issue 31): the payer's nonce was used by a transaction that paid Verity nothing
@@ -247,5 +248,7 @@ DISPUTE_FUNDS_WITH_BANK_STATUSES = (DisputeStatus.NEEDS_RESPONSE, DisputeStatus.
 DISPUTE_NEEDS_RESPONSE_STATUSES = (DisputeStatus.WARNING_NEEDS_RESPONSE,
                                    DisputeStatus.NEEDS_RESPONSE)
 # The history cause of a transition where verified provider evidence overturned a
-# person's (acknowledged) resolution (DESIGN §4): queues, metrics and alerts key on it.
+# person's (acknowledged) resolution
+# (docs/reliability.md#the-providers-record-outranks-a-person): queues, metrics and alerts key
+# on it.
 OVERTURN_CAUSE = "manual_resolution_overturned"

@@ -2,7 +2,7 @@
 
 djangorestframework-api-key ships a *permission* class only; this authentication class
 returns the ApiClient as both `request.user` and `request.auth`, so throttles, audit rows
-and ownership checks key on the client (DESIGN §11).
+and ownership checks key on the client (docs/architecture.md#stack-traps).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The storefront's `Idempotency-Key` contract (DESIGN §6, §10.7).
+"""The storefront's `Idempotency-Key` contract (see
+docs/walkthrough.md#api-rules-the-code-relies-on).
 
 Scope: (API client, route name). The first request inserts its record with one
 `INSERT … ON CONFLICT DO NOTHING RETURNING id` (no read-then-write: two racing requests

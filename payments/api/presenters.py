@@ -221,7 +221,8 @@ def _payment_summary(payment: PaymentOperation | None) -> dict | None:
     summary = {"operation": payment.id, "outcome": payment.outcome,
                "grade": payment.grade or None}
     if payment.rail != "stripe":
-        # DESIGN §6: for x402 the purchase view carries the rail, network and transaction.
+        # For x402 (docs/walkthrough.md#api-rules-the-code-relies-on) the purchase view carries
+        # the rail, network and transaction.
         summary.update(rail=payment.rail, x402=x402_view(payment))
     return summary
 

@@ -129,7 +129,7 @@ class DisputeObject:
 
 
 def outcome_from_object(obj: ProviderObject, *, kind: str) -> Outcome | None:
-    """DESIGN §10.3: the outcome the provider's own record states, or None (no verdict).
+    """The outcome the provider's own record states, or None (no verdict).
     Each rail's object reads its own statuses (ProviderObject.outcome_for)."""
     return obj.outcome_for(kind)
 

@@ -34,7 +34,8 @@ def _halted(name: str) -> bool:
     return is_halted(name)
 
 
-# The workflow whose halt binds each kind of dispatch (DESIGN §5.9): money in, or money
+# The workflow whose halt binds each kind of dispatch
+# (docs/reliability.md#rules-every-money-movement-obeys): money in, or money
 # back out (voids, refunds and compensations obey `refunds`).
 _WORKFLOW_OF_KIND = {OperationKind.CHARGE: "checkout", OperationKind.AUTHORIZE: "checkout",
                      OperationKind.CAPTURE: "checkout", OperationKind.VOID: "refunds",
@@ -167,7 +168,7 @@ def payment_unsettled(payment: PaymentOperation) -> bool:
         payment.outcome == Outcome.FAILED and payment.grade == Grade.ACKNOWLEDGED)
 
 
-# -- refundable room (DESIGN §5: "captured minus its own refunds, everywhere it is asked")
+# -- refundable room (see docs/reliability.md#rules-every-money-movement-obeys)
 #
 # A refund belongs to the payment it returns (its `parent`: the charge, or the
 # authorization whose captures it reverses). The room of a payment is what that payment

@@ -75,7 +75,8 @@ def _cancel_before_manual_failure_outside_transaction(op: PaymentOperation, *, a
         workflow = operation_workflow(locked.kind)
         if _halted(workflow):
             # A cancel is a write to the provider: it honours the halt like every dispatch
-            # (DESIGN §5 invariant 9). Nothing was claimed; the person tries again later.
+            # (docs/reliability.md#rules-every-money-movement-obeys). Nothing was claimed; the
+            # person tries again later.
             raise DomainError(
                 "workflow_halted", f"The {workflow} workflow is halted: the payment cannot "
                 "be cancelled at the provider now, so it cannot be settled failed. Try "

@@ -139,7 +139,8 @@ _RESTORABLE = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.CO
 
 def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: str,
                           actor: str) -> None:
-    """`refund_pending` only while a refund is in flight (DESIGN §5.10): once the last one
+    """`refund_pending` only while a refund is in flight
+    (docs/reliability.md#rules-every-money-movement-obeys): once the last one
     settles without refunding everything, the purchase goes back to the status it had
     before, with the refund's outcome and reason on the transition; a paid purchase
     resumes fulfilment. Caller holds the purchase lock."""
@@ -398,7 +399,8 @@ def outcome_apply_locked(purchase: Purchase, op: PaymentOperation, target: Outco
             return ApplyResult.NO_CHANGE
         if target in (Outcome.SUCCEEDED, Outcome.FAILED):
             if op.grade == Grade.ACKNOWLEDGED and grade == Grade.CONFIRMED and final:
-                # The provider's record outranks a person (DESIGN §4, invariant 8).
+                # The provider's record outranks a person
+                # (docs/reliability.md#the-providers-record-outranks-a-person).
                 return _overturn_locked(purchase, op, target, verification=verification,
                                         cause=cause, actor=actor, evidence=evidence,
                                         reason=reason, obj=obj)

@@ -86,8 +86,8 @@ def operation_insert_guarded(**fields) -> PaymentOperation:
 
 
 def _check_currency(purchase: Purchase, currency: str | None) -> None:
-    """Strict money requests (DESIGN §6): a currency other than the quote's is refused, never
-    silently replaced by the quote's."""
+    """Strict money requests (docs/walkthrough.md#api-rules-the-code-relies-on): a currency
+    other than the quote's is refused, never silently replaced by the quote's."""
     if currency is not None and currency.lower() != purchase.currency.lower():
         raise DomainError("currency_mismatch",
                           f"This purchase is priced in {purchase.currency}, not "
@@ -324,7 +324,7 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
                    acting_user=None, compensation: bool = False,
                    currency: str | None = None) -> PaymentOperation:
     """A refund starts `awaiting_approval` unless it is a compensation or within the
-    client's automatic-refund allowance (DESIGN §10.8)."""
+    client's automatic-refund allowance (docs/console.md#refund-approval)."""
     if _halted("refunds"):
         raise DomainError("workflow_halted", "Refunds are paused by an operator.", status=503,
                           retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT, purchase=purchase_id)

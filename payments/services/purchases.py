@@ -358,7 +358,8 @@ def purchase_transition(*, purchase_id: str, name: str, cause: str, actor: str =
 
 def purchase_cancel(*, purchase_id: str, api_client: ApiClient | None = None,
                     acting_user=None, reason: str = "") -> Purchase:
-    """`cancelled` (DESIGN §10.12): by the buyer or support before any payment was
+    """`cancelled` (docs/recovery.md#cancelled-and-expired): by the buyer or support before any
+    payment was
     claimed — only failures the provider confirmed may precede it (a person's "failed"
     could still be overturned). Cancelling a cancelled purchase is a no-op."""
     with transaction.atomic():
@@ -383,7 +384,8 @@ def purchase_cancel(*, purchase_id: str, api_client: ApiClient | None = None,
 
 
 def purchases_expire_stale() -> int:
-    """`expired`: the quote expired before any payment was claimed (DESIGN §10.12)."""
+    """`expired`: the quote expired before any payment was claimed
+    (docs/recovery.md#cancelled-and-expired)."""
     count = 0
     ids = Purchase.objects.filter(status=PurchaseStatus.AWAITING_PAYMENT,
                                   quote__expires_at__lt=timezone.now()).values_list("id", flat=True)

@@ -131,7 +131,8 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
 def _reconcile_refusal(op: PaymentOperation) -> DomainError | None:
     """Why this operation is not read back at all (nothing is read or written), or None."""
     # A person's (acknowledged) outcome is not the provider's: it can still be read back,
-    # and the provider's record outranks it (DESIGN §4).
+    # and the provider's record outranks it
+    # (docs/reliability.md#the-providers-record-outranks-a-person).
     if op.is_terminal and op.grade != Grade.ACKNOWLEDGED:
         return DomainError("already_settled", f"This operation is already {op.outcome}.",
                            status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,

@@ -1,4 +1,5 @@
-"""Read-only reconciliation of an x402 charge from the chain (DESIGN §4, x402).
+"""Read-only reconciliation of an x402 charge from the chain
+(docs/x402.md#reconciled-from-the-chain-only).
 
 The x402 rail's read-back (its `RailEvidence.read_back`, registered in
 payments/services/x402_refunds.py): reads the chain through the adapter
@@ -22,7 +23,8 @@ from ..providers.x402 import (
 
 
 def x402_operation_read_back(op: PaymentOperation) -> CallResult:
-    """The chain, read-only: never a second settle (DESIGN §4, x402). A payment by its
+    """The chain, read-only: never a second settle
+    (docs/x402.md#reconciled-from-the-chain-only). A payment by its
     authorization; a refund by its transfer back (receipt and Transfer log)."""
     if op.kind in PAYMENT_KINDS:
         return x402_read_back(op)

@@ -10,7 +10,7 @@ PAYMENT-SIGNATURE and this service settles it in three phases (STYLE rule 5):
    settle step claimed once and the hold reserved;
 2. the facilitator's settle, with no transaction open;
 3. its answer applied through the one observation function
-   (operation_apply_observation), classified as DESIGN §4 (x402) says.
+   (operation_apply_observation), classified as docs/x402.md#how-a-settle-is-classified says.
 
 Idempotency: (payer, nonce) and the `payment-identifier` extension id identify the
 operation. The same payload again is a replay of the operation's *current* state, never
@@ -255,7 +255,8 @@ def _phase1(*, purchase: Purchase, api_client, signed: adapter.SignedPayment,
                    .exclude(retried_by__isnull=False).order_by("-created_at").first())
     if last_failed is not None:
         # A new authorization after a failed one is a retry of it on purpose; a failure
-        # that is only a person's word is read back first (DESIGN §4).
+        # that is only a person's word is read back first
+        # (docs/reliability.md#the-providers-record-outranks-a-person).
         operations_verify_before_follow_up(purchase_id=purchase.id)
     with transaction.atomic():
         op = payment_create(

@@ -1,6 +1,7 @@
 """Stripe SDK calls: the only module that calls the Stripe SDK for money movements.
 
-It maps SDK answers and errors to Verity's own classification (DESIGN §4, §10.3):
+It maps SDK answers and errors to Verity's own classification (see
+docs/reliability.md#outcome-classification):
   - 2xx                                   -> OK with the object's safe fields
   - 402 card error                        -> DECLINED
   - other 4xx                             -> REJECTED (the service reads back on non-create)

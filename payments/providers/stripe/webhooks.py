@@ -99,7 +99,8 @@ def _id_of(value) -> str:
 
 
 def event_account(event: dict) -> str:
-    """A missing `account` means the platform account (DESIGN §10.9)."""
+    """A missing `account` means the platform account
+    (docs/webhooks.md#which-account-an-event-is-about)."""
     account = event.get("account")
     if account is not None and not isinstance(account, str):
         return ""  # malformed: `event_shape_problem` rejects such an event at ingestion

@@ -4,8 +4,8 @@ that imports `web3` or talks to a facilitator.
 Two parts, both returning provider-neutral results (payments.providers.base):
 - `FacilitatorClient.settle` — a thin HTTP client of our own. The SDK's
   `HTTPFacilitatorClient` raises on any non-200 and drops the body, and a hosted
-  facilitator answers `settlement_pending` as HTTP 500 (DESIGN §11): we keep the status
-  *and* the body and classify them here (DESIGN §4, x402 table).
+  facilitator answers `settlement_pending` as HTTP 500 (docs/x402.md): we keep the status
+  *and* the body and classify them here (docs/x402.md#how-a-settle-is-classified).
 - `ChainReader.read` — read-only reconciliation from the chain: the token's
   `authorizationState(from, nonce)`, the `AuthorizationUsed` / `AuthorizationCanceled` logs
   (they find the transfer even without a transaction hash), the stored transaction's
@@ -115,7 +115,8 @@ class X402Transfer(ProviderObject):
 
     def outcome_for(self, kind: str) -> Outcome | None:
         # What the chain (or the facilitator's answer) says of one EIP-3009 authorization
-        # or transfer back (DESIGN §4, x402): `unused` (still usable) is no verdict.
+        # or transfer back (docs/x402.md#reconciled-from-the-chain-only): `unused` (still
+        # usable) is no verdict.
         return _CHAIN_OUTCOME.get(self.status)
 
     def shows_no_money_moved(self, kind: str) -> bool:
@@ -171,7 +172,7 @@ _INVALID_REASONS = {
 
 @dataclass(frozen=True)
 class SettleAnswer:
-    """One settle request, classified (DESIGN §4 x402 table)."""
+    """One settle request, classified (docs/x402.md#how-a-settle-is-classified)."""
 
     kind: str
     http_status: int | None = None
