@@ -1,4 +1,4 @@
-"""Prometheus metrics (DESIGN §9), served at /metrics from the default registry.
+"""Prometheus metrics (docs/recovery.md, Metrics), served at /metrics from the default registry.
 
 Two kinds:
 - counters other apps increment where the event happens (module-level, import them:
@@ -162,7 +162,8 @@ class DatabaseCollector:
         yield GaugeMetricFamily("verity_manual_resolutions_recorded",
                                 "Manual resolutions recorded (all time)",
                                 value=Resolution.objects.count())
-        # Provider evidence outranks a person (DESIGN §4): every overturn, all time (a
+        # Provider evidence outranks a person
+        # (docs/reliability.md#the-providers-record-outranks-a-person): every overturn, all time (a
         # counter in effect: rows are append-only), and those not yet reviewed.
 
         yield GaugeMetricFamily(

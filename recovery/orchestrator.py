@@ -1,6 +1,6 @@
 """The orchestrator: resume a paid purchase from its first incomplete step. Never charges.
 
-Rules (DESIGN §7, §10.11):
+Rules (docs/recovery.md#step-policy):
 - runs only when the purchase is `paid`/`fulfilling` AND its charge/authorization
   succeeded at the provider: an unknown payment never satisfies a dependency;
 - one StepRun per (purchase, step), created with INSERT ... ON CONFLICT DO NOTHING;
@@ -251,7 +251,7 @@ def _run_confirmation(ctx: PurchaseContext) -> str:
             if run.started_at and run.started_at > now - lease:
                 return BUSY
             # The sender died mid-send: the e-mail may or may not have left. Never resend
-            # without review (DESIGN §10.11).
+            # without review (docs/recovery.md#step-policy).
             run.state = StepState.UNKNOWN
             run.last_error = "send outcome unknown: the worker stopped while sending"
             run.save(update_fields=["state", "last_error"])

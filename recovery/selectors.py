@@ -108,7 +108,8 @@ def stalled_fulfilment(*, older_than_seconds: float | None = None, limit: int = 
 
 def _compensation_needed_qs() -> QuerySet[StepRun]:
     # A compensated step whose compensation operation has not succeeded at the provider
-    # still needs attention (DESIGN §5.6: reversed only once the provider confirms).
+    # still needs attention (reversed only once the provider confirms:
+    # docs/reliability.md#rules-every-money-movement-obeys).
     compensation_pending = Q(state=StepState.COMPENSATED) & ~Exists(
         PaymentOperation.objects.filter(id=OuterRef("compensation_operation_id"),
                                         outcome="succeeded"))

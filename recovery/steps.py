@@ -42,7 +42,7 @@ class StepRejected(Exception):
 
 
 class Policy:
-    """What happens when a step cannot complete (DESIGN §10.11)."""
+    """What happens when a step cannot complete (docs/recovery.md#step-policy)."""
 
     COMPENSATE = "compensate"  # after bounded retries: void before capture, refund after
     MANUAL = "manual"  # after bounded retries: the purchase goes to manual review
