@@ -377,7 +377,8 @@ def _apply(event: ProviderEvent, op, obj: ProviderObject) -> _Verdict:
 
 def _mismatch(op, obj: ProviderObject) -> str:
     """The first field on which a signed object disagrees with the operation it claims
-    to be about, or "" (DESIGN §10.9). Never applied when non-empty."""
+    to be about, or "" (docs/webhooks.md#which-account-an-event-is-about). Never applied when
+    non-empty."""
     if op.kind == OperationKind.REFUND:
         payment = op.parent or op
         expected_ref, expected_amount = op.provider_reference, op.amount
