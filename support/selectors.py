@@ -600,7 +600,8 @@ def incidents_for_purchase(purchase_id: str) -> list:
 
 
 def refundable_amount(purchase: Purchase) -> int:
-    """The room of the purchase's own payments (DESIGN §10.8): the core's one definition,
+    """The room of the purchase's own payments (docs/console.md#refund-approval): the core's one
+    definition,
     so the form never offers what the core refuses, nor refuses what it allows (a
     duplicate's compensation is the duplicate's, not the purchase's). The core checks it
     again under the purchase lock when the refund is made."""

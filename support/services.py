@@ -310,7 +310,7 @@ def operation_cancel_unapplied_by_user(*, operation_id: str, user, reason: str,
 
 def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int | None = None,
                            ip: str | None = None) -> PaymentOperation:
-    """A console refund starts awaiting_approval (DESIGN §10.8)."""
+    """A console refund starts awaiting_approval (docs/console.md#refund-approval)."""
     try:
         return _act_by_user(
             user=user, ip=ip, permission=Action.REQUEST_REFUND,
