@@ -1,4 +1,4 @@
-"""The x402 rail (DESIGN §3 rails, §4 classification). Off unless X402_ENABLED: `make run`
+"""The x402 rail (docs/x402.md). Off unless X402_ENABLED: `make run`
 turns it on when Node and the local chain are installed, tests.stack --x402 always."""
 from config.env import env
 
