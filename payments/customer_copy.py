@@ -32,6 +32,7 @@ from .enums import (
     OperationKind,
     Outcome,
     PurchaseStatus,
+    Rail,
     Verification,
 )
 
@@ -377,7 +378,7 @@ RULES: tuple[Rule, ...] = (
     Rule("review or unprovable success", lambda f: f.status == P.MANUAL_REVIEW
          or f.status in _PAID_OR_AFTER, _under_review),
     Rule("on chain, unconfirmed", lambda f: f.last_payment is not None
-         and f.last_payment.rail == "x402" and f.last_outcome in _ON_CHAIN_UNSETTLED,
+         and f.last_payment.rail == Rail.X402 and f.last_outcome in _ON_CHAIN_UNSETTLED,
          _on_chain),
     Rule("unknown", lambda f: f.last_outcome == Outcome.UNKNOWN.value,
          lambda f: f.state(StateCode.NOT_YET_CONFIRMABLE, *wording("not_yet_confirmable"))),

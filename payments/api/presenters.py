@@ -24,6 +24,7 @@ from ..enums import (
     OperationKind,
     Outcome,
     Owner,
+    Rail,
     RetryAdvice,
 )
 from ..models import (
@@ -220,7 +221,7 @@ def _payment_summary(payment: PaymentOperation | None) -> dict | None:
         return None
     summary = {"operation": payment.id, "outcome": payment.outcome,
                "grade": payment.grade or None}
-    if payment.rail != "stripe":
+    if payment.rail != Rail.STRIPE:
         # For x402 (docs/walkthrough.md#api-rules-the-code-relies-on) the purchase view carries
         # the rail, network and transaction.
         summary.update(rail=payment.rail, x402=x402_view(payment))
@@ -238,7 +239,7 @@ def _unix_iso(seconds: int) -> str | None:
 
 def x402_view(op: PaymentOperation) -> dict | None:
     """x402: network, payer, transaction hash and confirmations (the chain's last word)."""
-    if op.rail != "x402":
+    if op.rail != Rail.X402:
         return None
     back = X402RefundTransfer.objects.filter(pk=op.id).first()
     if back is not None:  # a refund: the transfer back to the payer
