@@ -24,7 +24,15 @@ from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
 from audit.models import Resolution
-from payments.enums import CallPurpose, DISPUTE_CLOSED_STATUSES, OVERTURN_CAUSE, Origin
+from payments.enums import (
+    DISPUTE_CLOSED_STATUSES,
+    OVERTURN_CAUSE,
+    PAYMENT_KINDS,
+    CallPurpose,
+    Origin,
+    Outcome,
+    Rail,
+)
 from payments.models import Dispute, OperationTransition, PaymentOperation, ProviderCall, Purchase
 from webhooks.models import ProviderEvent
 
@@ -58,8 +66,8 @@ def _delay_histogram(name: str, doc: str, rows, at: str, since) -> HistogramMetr
     from django.db.models.functions import Greatest
 
     settled = (PaymentOperation.objects.filter(
-        purchase_id=OuterRef("purchase_id"), kind__in=("charge", "authorize"),
-        outcome="succeeded", settled_at__gte=since).order_by("settled_at")
+        purchase_id=OuterRef("purchase_id"), kind__in=PAYMENT_KINDS,
+        outcome=Outcome.SUCCEEDED, settled_at__gte=since).order_by("settled_at")
         .values("settled_at")[:1])
     delays = (rows.annotate(paid_at=Subquery(settled)).filter(paid_at__isnull=False)
               .annotate(delay=Greatest(ExpressionWrapper(F(at) - F("paid_at"),
@@ -122,7 +130,8 @@ class DatabaseCollector:
             "verity_escalated_operations", "Open operations escalated to a recovery owner",
             value=PaymentOperation.objects.filter(
                 escalated_at__isnull=False,
-                outcome__in=("unknown", "awaiting_provider", "awaiting_buyer")).count())
+                outcome__in=(
+                    Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)).count())
         yield GaugeMetricFamily(
             "verity_settlement_discrepancies_open", "Open settlement discrepancies",
             value=SettlementDiscrepancy.objects.filter(resolved_at__isnull=True).count())
@@ -264,8 +273,8 @@ def _x402_gauges(now):
 
     from payments.models import PaymentOperation
 
-    open_ops = PaymentOperation.objects.filter(rail="x402",
-                                               outcome__in=("awaiting_provider", "unknown"))
+    open_ops = PaymentOperation.objects.filter(rail=Rail.X402,
+                                               outcome__in=(Outcome.AWAITING_PROVIDER, Outcome.UNKNOWN))
     oldest = open_ops.aggregate(m=Min("created_at"))["m"]
     yield GaugeMetricFamily("verity_x402_pending_settlements",
                             "x402 settlements not yet confirmed on chain",

@@ -385,7 +385,7 @@ def _compensate(ctx: PurchaseContext, step: str) -> str:
         if is_halted("refunds"):
             raise StepRetryLater("compensation waits: the refunds workflow is halted")
         try:
-            if ctx.payment.kind == "authorize" and ctx.captured is None:
+            if ctx.payment.kind == OperationKind.AUTHORIZE and ctx.captured is None:
                 op = void_create(purchase_id=ctx.purchase_id, compensation=True)
             else:
                 op = refund_request(purchase_id=ctx.purchase_id, compensation=True)
@@ -426,7 +426,7 @@ def purchase_fulfil(*, purchase_id: str) -> str:
     ctx = load_context(purchase_id)
     if ctx is None:
         status = Purchase.objects.filter(id=purchase_id).values_list("status", flat=True).get()
-        return COMPLETED if status == "completed" else NOT_READY
+        return COMPLETED if status == PurchaseStatus.COMPLETED else NOT_READY
     _ensure_step_runs(ctx)
     purchase_transition(purchase_id=purchase_id, name="mark_fulfilling",
                         cause="fulfilment_started", actor=ACTOR)
@@ -452,7 +452,7 @@ def purchase_fulfil(*, purchase_id: str) -> str:
     with transaction.atomic():
         purchase = purchase_transition(purchase_id=purchase_id, name="mark_completed",
                                        cause="fulfilment_completed", actor=ACTOR)
-        if purchase.status == "completed":
+        if purchase.status == PurchaseStatus.COMPLETED:
             _decide(purchase_id, RecoveryDecision.Decision.COMPLETED_FORWARD)
     return COMPLETED
 
