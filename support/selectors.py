@@ -541,7 +541,7 @@ def purchase_runbook_slug(purchase: Purchase, ops: list[PaymentOperation]) -> st
     if any(op.outcome == Outcome.UNKNOWN and (op.stage == Stage.ESCALATED or op.escalated_at)
            for op in open_ops):
         return "escalated"
-    if any(op.rail == "x402" and op.outcome in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER)
+    if any(op.rail == Rail.X402 and op.outcome in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER)
            for op in open_ops):
         return "x402-settlement"  # a transfer on a chain: read the chain, never settle again
     if any(op.outcome == Outcome.UNKNOWN for op in open_ops):
