@@ -16,7 +16,7 @@ import unicodedata
 
 CUSTOMER_REFERENCE_MAX = 100
 # A payment method is a provider token, never card data (the REST serializer's rule too).
-# spt_: a Stripe shared payment token an agent platform delegated (acp/, issue 33).
+# spt_: a Stripe shared payment token an agent platform delegated (acp/).
 PAYMENT_METHOD_TOKEN = re.compile(r"(pm|tok|src|card|spt)_[A-Za-z0-9_]{1,96}")
 # 12-19 digits, optionally grouped by spaces or dashes: what a card number looks like.
 CARD_NUMBER_LIKE = re.compile(r"(?:\d[ -]?){11,18}\d")

@@ -155,7 +155,7 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
     # When the purchase last entered `paid` (the time of its latest status transition to
-    # paid; issue 18: the console read it with a correlated subquery per row). Written by
+    # paid; stored so the console need not derive it with a subquery per row). Written by
     # every status change that saves through `status_change_fields()`.
     paid_at = models.DateTimeField(null=True, blank=True)
     channel = models.CharField(max_length=16, choices=PurchaseChannel.choices,

@@ -118,7 +118,7 @@ def _refund_summary(purchase: Purchase) -> dict:
     refunded = in_flight = awaiting = 0
     last_failed = None
     loaded = purchase_operations_loaded(purchase)  # ordered by created_at, id
-    # The return of a duplicate charge is not a refund of the purchase (issue 30 #9): the
+    # The return of a duplicate charge is not a refund of the purchase: the
     # duplicate and its compensation are the duplicate's, as the refundable room has it.
     if loaded is not None:
         duplicates = {op.id for op in loaded if op.is_duplicate}
@@ -230,7 +230,7 @@ def _payment_summary(payment: PaymentOperation | None) -> dict | None:
 
 def _unix_iso(seconds: int) -> str | None:
     """A chain timestamp as ISO 8601; None when no datetime can hold it (a buyer-chosen
-    uint256 stored before issue 31 bounded it: year >= 10000 must not break a view)."""
+    uint256 stored before validBefore was bounded: year >= 10000 must not break a view)."""
     try:
         return _iso(datetime.fromtimestamp(seconds, dt_timezone.utc))
     except (OverflowError, OSError, ValueError):

@@ -233,7 +233,7 @@ def _run_idempotent(request, *, route: str, create: Callable[[Claim], Response],
 
 
 def _replay_first(request, route: str) -> Response | None:
-    """Issue 34: a replay (record done, same body) is answered before the purchase read and
+    """A replay (record done, same body) is answered before the purchase read and
     the body's validation, which a replay does not need (payments.api.idempotency
     .idempotency_replay_of); anything else returns None and takes the usual path."""
     key = key_from_headers(request.headers)
@@ -334,7 +334,7 @@ class ApiView(APIView):
     def finalize_response(self, request, response, *args, **kwargs):
         response = super().finalize_response(request, response, *args, **kwargs)
         # Answers carry customer e-mails and status links (a customer's credential) and
-        # are per API client: no shared or browser cache may keep them (issue 25 #10).
+        # are per API client: no shared or browser cache may keep them.
         response.setdefault("Cache-Control", "no-store")
         return response
     def initial(self, request, *args, **kwargs):
@@ -717,7 +717,7 @@ class OperationReconcileApi(ApiView):
         wait = services.operation_reconcile_on_demand(operation_id=op.id, actor=_actor(request))
         response = Response(presenters.operation_view(_load_operation(op.id)))
         if wait:
-            # Read back moments ago: the current state, no provider call (issue 25 #6).
+            # Read back moments ago: the current state, no provider call.
             response["Retry-After"] = str(wait)
         return response
 

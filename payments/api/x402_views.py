@@ -103,7 +103,7 @@ def _answer(request, purchase: Purchase, op: PaymentOperation, *, replayed: bool
 
 
 def _settle_gate(request, purchase: Purchase):
-    """The per-API-client limit on x402 settle attempts (issue 31 #3): each one costs chain
+    """The per-API-client limit on x402 settle attempts: each one costs chain
     reads, a facilitator call and its gas. Refused before anything is stored."""
     def gate() -> None:
         client = request.auth

@@ -176,8 +176,8 @@ def payment_unsettled(payment: PaymentOperation) -> bool:
 # money may already be on its way back). The room of a purchase is the sum over its own
 # payments: a duplicate charge and the refund that returns it are the duplicate's, never
 # the purchase's. Request, approval, the automatic allowance, external refunds and the
-# console all ask these two functions (issue 30 #6: approval summed the duplicate's
-# compensation, request did not, so no refund of the own charge could be approved).
+# console all ask these two functions: two derivations disagree (one that counts the
+# duplicate's compensation refuses at approval a refund the request accepted).
 
 
 def payment_captured(payment: PaymentOperation) -> int:
@@ -201,8 +201,8 @@ def payment_refunds(payment: PaymentOperation):
 
 # A refund a person settled `failed` after it was sent (a manual resolution, graded
 # acknowledged) may have moved money all the same: the provider may show it succeeded
-# once it can be read (issue 30 part C, round 3: a second refund paid the buyer back
-# twice). It keeps its amount out of the room, and counts against an allowance, until
+# once it can be read (a second refund sent meanwhile would pay the buyer back twice).
+# It keeps its amount out of the room, and counts against an allowance, until
 # the provider's read-back confirms or overturns it. A refund finance declined was never
 # sent (`refund_declined`): its "failed" is the whole truth.
 REFUND_FAILURE_UNVERIFIED = (Q(outcome=Outcome.FAILED, grade=Grade.ACKNOWLEDGED)

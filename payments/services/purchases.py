@@ -53,7 +53,7 @@ def quote_create(*, api_client: ApiClient | None, items: list[dict], currency: s
     products = {p.sku: p for p in Product.objects.filter(sku__in=skus)}
     # Duplicate SKU lines are merged into one line (quantities added) before any check:
     # stock is checked, reserved and committed per line, so two lines of one SKU would
-    # pass the stock check twice yet be reserved once (issue 15, "also check").
+    # pass the stock check twice yet be reserved once.
     merged: dict[str, int] = {}
     for item in items:
         qty = item.get("quantity")
@@ -106,8 +106,8 @@ _EMAIL_MAX = 254
 # A purchase that holds nothing by its STATUS (payment_failed, voided, refunded) only
 # because a person said so — a payment "failed", a void or refund "succeeded", graded
 # acknowledged while the provider could not be read — may still hold the buyer's money:
-# the provider's read-back may overturn that word (issue 30 part C, round 3: the same
-# basket was bought twice after a person's unconfirmed "failed"). For the guard it is
+# the provider's read-back may overturn that word (otherwise the same basket could be
+# bought twice after a person's unconfirmed "failed"). For the guard it is
 # unresolved until read back, per operation (as `payment_unsettled` says of a payment).
 # A purchase already held or unresolved by status is guarded by status.
 _SETTLED_ON_A_PERSONS_WORD = (

@@ -123,7 +123,7 @@ ERR_SIGNATURE = "invalid_exact_evm_payload_signature"
 
 # A buyer's clock may run ahead of Verity's; the SDK client signs validBefore = now +
 # maxTimeoutSeconds. Beyond that (plus this) the buyer would choose how long Verity's
-# operation stays unresolved and leave a usable authorization behind a failure (issue 31).
+# operation stays unresolved and leave a usable authorization behind a failure.
 VALID_BEFORE_SKEW_SECONDS = 60
 # The EIP-3009 transfer method: the only one Verity checks and settles.
 _EIP3009 = "eip3009"
@@ -291,7 +291,7 @@ def _answer_object(op: PaymentOperation, answer: adapter.SettleAnswer) -> Provid
     if answer.kind == adapter.SettleKind.SUCCESS:
         # The facilitator saw the receipt. On the local chain with one confirmation its
         # word is enough; elsewhere the chain's read-back decides (the Transfer log to
-        # pay_to, the confirmations): a facilitator is not the proof of money (issue 31).
+        # pay_to, the confirmations): a facilitator is not the proof of money.
         status = (adapter.ChainStatus.CONFIRMED
                   if settings.X402_CONFIRMATIONS <= 1 and _local_network()
                   else adapter.ChainStatus.PENDING)

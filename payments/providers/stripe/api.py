@@ -357,7 +357,7 @@ class StripeProvider:
 
     def create_payment_intent_with_shared_token(self, *, key, amount, currency, token,
                                                 capture_method, metadata) -> CallResult:
-        """A shared payment token (spt_…) an agent platform delegated (ACP, issue 33): Stripe
+        """A shared payment token (spt_…) an agent platform delegated (ACP): Stripe
         takes it as `payment_method_data[shared_payment_granted_token]` on the PaymentIntent
         and resolves it to the granted PaymentMethod, within the token's usage limits
         (amount, currency, expiry, single use). Same two steps as any payment: created

@@ -392,7 +392,7 @@ class ChainReader:
         self._chain_checked = False
 
     def _check_chain(self) -> None:
-        """The RPC serves X402_NETWORK's chain (issue 31 #4): another chain's "unused,
+        """The RPC serves X402_NETWORK's chain: another chain's "unused,
         expired" would fail a real payment, its balance would pass an unfunded one.
         Raises ChainMismatch (a read error: no verdict, nothing settled)."""
         if self._chain_checked or not self.network.startswith("eip155:"):
@@ -449,7 +449,7 @@ class ChainReader:
 
         A used nonce is a payment only when the transaction that used it carries the
         Transfer(payer -> pay_to, value) log: the nonce may have been spent on any other
-        transfer of the payer's (issue 31)."""
+        transfer of the payer's."""
         self._check_chain()
         payer = Web3.to_checksum_address(payer)
         latest_block = self.w3.eth.get_block("latest")
@@ -598,7 +598,7 @@ class _Broadcast:
 class RefundSender:
     """Signs and broadcasts `transfer(payer, value)` from the refund signer: a separate
     refund account with a small float that finance tops up, never the receiving account
-    pay_to (issue 31 #4; config/settings/security.py refuses that key). The signed
+    pay_to (config/settings/security.py refuses that key). The signed
     transaction's hash and nonce are handed to `on_signed` (which persists them) before
     the broadcast, so a lost answer leaves a hash to read.
     A broadcast refused because another transaction of the signer took the nonce is
@@ -645,7 +645,7 @@ class RefundSender:
         broadcast, left before the receipt wait. If it cannot be entered, nothing was
         signed: not_sent.
 
-        The claim (issue 30 #1): `still_claimed()` raises ClaimLost when the caller no
+        The claim: `still_claimed()` raises ClaimLost when the caller no
         longer holds the send it claimed, and renews its lease otherwise. It runs while
         this send waits for another send of this process (every `wait_slice_seconds`) and
         once the signer is held, before the nonce read and the sign; `on_signed` may raise
@@ -830,7 +830,7 @@ def get_refund_sender() -> RefundSender:
 
 def refund_account_address() -> str:
     """The refund account (the address of X402_REFUND_PRIVATE_KEY); "" when none is set.
-    Never pay_to: Verity holds no key of its receiving account (issue 31 #4)."""
+    Never pay_to: Verity holds no key of its receiving account."""
     key = settings.X402_REFUND_PRIVATE_KEY
     return Web3().eth.account.from_key(key).address if key else ""
 
@@ -1014,7 +1014,7 @@ def parse_payment_signature(header: str) -> SignedPayment:
     auth = inner.get("authorization") or {}
     signature = str(inner.get("signature") or "")
     # Exactly what Verity checks and nothing beside it: a Permit2 authorization next to the
-    # EIP-3009 one would be settled as Permit2 by the facilitator (issue 31).
+    # EIP-3009 one would be settled as Permit2 by the facilitator.
     if set(inner) != _PAYLOAD_KEYS or not isinstance(auth, dict) or set(auth) != _AUTH_KEYS:
         raise PaymentSignatureInvalid("the payload must be exactly an EIP-3009 authorization "
                                       "(authorization: from, to, value, validAfter, "
