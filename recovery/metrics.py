@@ -97,7 +97,7 @@ class DatabaseCollector:
 
     def collect(self):
         # Cached for METRICS_CACHE_SECONDS per process: scrapes in a burst share one set
-        # of queries instead of each holding a worker on the database (issue 25 #4).
+        # of queries instead of each holding a worker on the database.
         ttl = getattr(settings, "METRICS_CACHE_SECONDS", 5.0)
         with self._lock:
             now = time.monotonic()
@@ -157,7 +157,7 @@ class DatabaseCollector:
         yield events
 
         # Held events wait for a record to settle (webhooks.services): each has an owner,
-        # and this age is what VerityHeldEventsTooOld reads (issue 30 #8).
+        # and this age is what VerityHeldEventsTooOld reads.
         held = ProviderEvent.objects.filter(result="held").aggregate(
             n=Count("id"), oldest=Min("received_at"))
         yield GaugeMetricFamily("verity_webhook_held_events",
@@ -188,7 +188,7 @@ class DatabaseCollector:
         # Time from provider success to order (and to the confirmation e-mail), over the
         # last day; computed here so it does not matter which worker did the step. One
         # aggregate query each (buckets counted in SQL): never a list of ids, whatever the
-        # volume (issue 25 #4: 20 000 ids made a 640 KB statement).
+        # volume (20 000 ids would make a 640 KB statement).
         since = timezone.now() - timedelta(hours=_WINDOW_HOURS)
         yield _delay_histogram("verity_order_after_payment_seconds",
                                "Provider success to order row (last 24 h)",
@@ -202,7 +202,7 @@ class DatabaseCollector:
         yield from self._collect_alert_inputs()
 
     def _collect_alert_inputs(self):
-        """Figures the alert rules in deploy/prometheus/alerts.yml need (issue 11)."""
+        """Figures the alert rules in deploy/prometheus/alerts.yml need."""
         from django.db.models import Min
 
         now = timezone.now()
@@ -268,7 +268,7 @@ def _dispute_gauges(now):
 def _x402_gauges(now):
     """x402 settlements broadcast but not yet confirmed on chain (awaiting_provider or
     unknown on rail x402), and the age of the oldest: a stuck chain or facilitator shows
-    here before any customer asks (issue 21)."""
+    here before any customer asks."""
     from django.db.models import Min
 
     from payments.models import PaymentOperation
@@ -286,9 +286,9 @@ def _x402_gauges(now):
 
 
 def _x402_refund_float_gauges():
-    """The refund account's balance and the level below which finance tops it up (issue 31
-    #4): refunds on x402 are sent from a separate account holding a small float, so an
-    empty float means refunds fail. Both families are always declared (the alert's inputs
+    """The refund account's balance and the level below which finance tops it up: refunds on
+    x402 are sent from a separate account holding a small float, so an empty float means
+    refunds fail. Both families are always declared (the alert's inputs
     exist on every scrape); the balance has a sample only when a refund key is set and the
     chain answered (one eth_call, outside any transaction)."""
     threshold = GaugeMetricFamily(

@@ -366,7 +366,7 @@ def _existing_compensation(ctx: PurchaseContext):
     """The compensation of the purchase's OWN payment: a compensation belongs to the
     payment it returns (its parent). A duplicate charge's refund is a compensation of the
     same purchase but returns the duplicate; taking it left the own charge unrefunded, no
-    decision recorded and the purchase `fulfilling` for ever (issue 30 #2)."""
+    decision recorded and the purchase `fulfilling` for ever."""
     return (PaymentOperation.objects.filter(purchase_id=ctx.purchase_id, is_compensation=True,
                                             parent_id=ctx.payment.id)
             .exclude(outcome=Outcome.FAILED).order_by("created_at").first())
@@ -482,7 +482,7 @@ def operation_settled(*, operation_id: str) -> None:
             # (the core refuses to ask again what the provider already refused). Only on
             # the provider's word: a person's "failed" may be overturned — the first
             # return may still land — so a new one waits until the read-back confirms it
-            # (issue 30 part C, round 3: the duplicate was returned twice).
+            # (else the duplicate could be returned twice).
             _duplicate_settled(op.parent)
         return  # the return of a duplicate: nothing downstream bought anything with it
     if (op.kind == OperationKind.VOID and op.outcome == Outcome.SUCCEEDED
