@@ -165,7 +165,7 @@ def manual_interventions(*, days: int = 7, weeks: int = 4) -> dict:
 
 @dataclass(frozen=True)
 class RefundFloatPanel:
-    """The x402 refund account on the dashboard (issue 31 #4): refunds are sent from it,
+    """The x402 refund account on the dashboard: refunds are sent from it,
     so finance tops it up before it runs dry (docs/runbooks/x402-refund-float.md)."""
     address: str
     tokens: float | None  # None: the chain did not answer
@@ -329,7 +329,7 @@ def purchase_timeline(purchase: Purchase, *, user=None,
                       steps: list[StepRun] | None = None) -> list[TimelineEntry]:
     """Every recorded fact about a purchase, in time order. `ops` (from
     `purchase_operations`, holds joined) and `steps` (from `purchase_steps`): what the
-    purchase page already read, not read again (issue 18: fewer round trips)."""
+    purchase page already read, not read again (fewer round trips)."""
     show_payload = user is not None and can(user, Action.VIEW_REDACTED_PAYLOAD)
     if ops is None:
         ops = purchase_operations(purchase)

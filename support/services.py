@@ -516,7 +516,7 @@ def event_triage_by_user(*, event_pk: int, decision: str, user, reason: str,
 def login_username_key(username: str) -> str:
     """The username as the login form authenticates it (stripped, NFKC — Django's
     UsernameField), casefolded: `"olga "`, `" olga"` and fullwidth `ｏlga` are one name
-    for the lockout, so variants do not each get fresh tries (issue 25 #2)."""
+    for the lockout, so variants do not each get fresh tries."""
     return unicodedata.normalize("NFKC", (username or "").strip()).casefold()[:150]
 
 
