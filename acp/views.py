@@ -382,7 +382,7 @@ class SessionCompleteApi(AcpView):
                 else:
                     op_id = self._pay(s, data, token, client, retry_of=op.id if op else None)
                     idempotency_bind(claim, resource_type=RESOURCE, resource_id=s.id)
-            # Outside the transaction on purpose: the provider call (DESIGN §10, STYLE 5).
+            # Outside the transaction on purpose: a transaction never waits on the provider.
             assert_outside_transaction()
             if PaymentOperation.objects.filter(pk=op_id, outcome=Outcome.PENDING).exists():
                 services.operation_dispatch(operation_id=op_id)

@@ -45,6 +45,7 @@ from payments.customers import CARD_NUMBER_LIKE
 from payments.enums import (
     PAYMENT_KINDS,
     CallPurpose,
+    OperationKind,
     Outcome,
     RetryAdvice,
 )
@@ -202,7 +203,7 @@ def _reconcile_reads(op: PaymentOperation) -> int:
 def _creator(op: PaymentOperation) -> str:
     if op.kind in _PAYMENT_KIND_VALUES:
         return "retry_failed_payment" if op.retry_of_id else "pay_purchase"
-    if op.kind == "refund":
+    if op.kind == OperationKind.REFUND:
         return "request_refund"
     return "this tool"
 

@@ -37,8 +37,8 @@ def drop_broken_db_connections(**_kwargs) -> None:
     """After a database restart or failover, a worker thread's persistent connection is
     dead. Celery's Django fixup keeps connections for CELERY_DB_REUSE_MAX tasks (the reuse
     that makes the relay fast), so without this every later task on that thread failed
-    with "the connection is lost" until the worker was restarted (found by the soak's
-    `pg_ctl restart`). Only a connection that saw an error is checked: no extra query on
+    with "the connection is lost" until the worker was restarted (a
+    `pg_ctl restart` shows it). Only a connection that saw an error is checked: no extra query on
     the happy path."""
     from django.db import connections
 

@@ -1,4 +1,4 @@
-"""The client's address, for lockouts, throttles and the audit log (issue 25 #7).
+"""The client's address, for lockouts, throttles and the audit log.
 
 `REMOTE_ADDR` is the peer; behind a reverse proxy that is the proxy, so a per-IP lockout
 would lock everyone out at once. `X-Forwarded-For` is client-controlled except for the

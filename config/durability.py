@@ -4,8 +4,8 @@ Verity answers a storefront, an agent or the provider's webhook only after its t
 commits, and the provider never redelivers an event that got a 2xx. With
 `synchronous_commit = off` a commit can be acknowledged up to three WAL-writer delays before
 it is on disk, and a server crash (or `pg_ctl stop -m immediate`) loses it: an accepted
-refund event then vanishes with nobody left to send it again (the soak found exactly this
-with its own throwaway cluster, issue 22). `fsync = off` loses commits when the machine
+refund event then vanishes with nobody left to send it again (a throwaway cluster lost
+exactly this in a crash test). `fsync = off` loses commits when the machine
 crashes. Both are fine for a test database and never for a payments one.
 
 `manage.py check --deploy --database default` runs it (database checks run only when a

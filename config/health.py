@@ -1,6 +1,6 @@
 """Liveness and readiness probes (no auth; they reveal nothing but up/down).
 
-The broker check is bounded and cached (issue 25 #5): a probe must never hold a web
+The broker check is bounded and cached: a probe must never hold a web
 worker for seconds while Redis is unreachable, or a broker outage becomes a web outage.
 One check per READYZ_CACHE_SECONDS per process and broker URL, each with a timeout of
 READYZ_BROKER_TIMEOUT seconds; concurrent probes wait for the one in flight, not a new one.

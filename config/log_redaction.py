@@ -1,4 +1,4 @@
-"""Status tokens never reach a log line (issue 25 #8).
+"""Status tokens never reach a log line.
 
 A customer's `/status/<token>/` link is the customer's credential for that page. Django's
 request logger writes the full path at WARNING (a 405, a 409 on pay-again) and gunicorn's

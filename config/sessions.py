@@ -1,4 +1,4 @@
-"""Console session lifetime (ASVS V3.3, issue 25 #9): a signed-in session ends 12 h after
+"""Console session lifetime (ASVS V3.3): a signed-in session ends 12 h after
 login at most and after 30 minutes without a request, whatever the cookie says.
 
 Django alone offers one age (absolute, or sliding with SESSION_SAVE_EVERY_REQUEST), not

@@ -1,4 +1,4 @@
-"""The verified ApiClient per key prefix, kept in this process for a few seconds (issue 18).
+"""The verified ApiClient per key prefix, kept in this process for a few seconds.
 
 Verifying an `Api-Key` costs a database query (the client by prefix) and a hash of the
 secret on every request. A client verified in the last `API_CLIENT_CACHE_SECONDS` (default

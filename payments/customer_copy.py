@@ -32,6 +32,7 @@ from .enums import (
     OperationKind,
     Outcome,
     PurchaseStatus,
+    Rail,
     Verification,
 )
 
@@ -125,7 +126,8 @@ WORDS: dict[str, tuple[str, str]] = {
         "Your bank returned this payment to you",
         "Your bank's review of this payment is finished and your bank has returned the "
         "money to you. You do not need to do anything, and please do not pay again."),
-    # A person (grade acknowledged) is never presented as the provider (DESIGN §4).
+    # A person (grade acknowledged) is never presented as the provider
+    # (docs/reliability.md#the-providers-record-outranks-a-person).
     "reversed_by_team": (
         "Your payment has been reversed",
         "Our team has confirmed that your payment is being returned to your payment "
@@ -376,7 +378,7 @@ RULES: tuple[Rule, ...] = (
     Rule("review or unprovable success", lambda f: f.status == P.MANUAL_REVIEW
          or f.status in _PAID_OR_AFTER, _under_review),
     Rule("on chain, unconfirmed", lambda f: f.last_payment is not None
-         and f.last_payment.rail == "x402" and f.last_outcome in _ON_CHAIN_UNSETTLED,
+         and f.last_payment.rail == Rail.X402 and f.last_outcome in _ON_CHAIN_UNSETTLED,
          _on_chain),
     Rule("unknown", lambda f: f.last_outcome == Outcome.UNKNOWN.value,
          lambda f: f.state(StateCode.NOT_YET_CONFIRMABLE, *wording("not_yet_confirmable"))),

@@ -4,7 +4,8 @@ A careless agent that sends `"cust-42 "`, `"CUST-42"` or a fullwidth `ｃｕｓ�
 same buyer as `"cust-42"`; comparing bytes let each variant open (and pay) another purchase
 for the same basket. So the stored reference is trimmed and NFKC-normalised, and matching
 uses its case-folded form (`customer_key`), always together with the API client: two
-storefronts' "cust-42" are two different buyers (DESIGN §5.11).
+storefronts' "cust-42" are two different buyers
+(docs/reliability.md#rules-every-money-movement-obeys).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import unicodedata
 
 CUSTOMER_REFERENCE_MAX = 100
 # A payment method is a provider token, never card data (the REST serializer's rule too).
-# spt_: a Stripe shared payment token an agent platform delegated (acp/, issue 33).
+# spt_: a Stripe shared payment token an agent platform delegated (acp/).
 PAYMENT_METHOD_TOKEN = re.compile(r"(pm|tok|src|card|spt)_[A-Za-z0-9_]{1,96}")
 # 12-19 digits, optionally grouped by spaces or dashes: what a card number looks like.
 CARD_NUMBER_LIKE = re.compile(r"(?:\d[ -]?){11,18}\d")

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from . import services
 from .clients import api_client_create
-from .enums import Outcome, Rail
+from .enums import Outcome, Rail, Verification
 from .models import ApiClient, PaymentOperation, Product, PurchaseChannel
 from .providers.stripe import DrillMode
 
@@ -64,7 +64,7 @@ def drills_run(*, modes=DRILLS) -> list[DrillRow]:
         elif op.outcome == Outcome.FAILED and charges:
             row.violation = "failed but the provider charged"
         elif recorded == Outcome.UNKNOWN and op.is_terminal and op.verification not in (
-                "provider", "webhook"):
+                Verification.PROVIDER, Verification.WEBHOOK):
             row.violation = "unknown settled without evidence"
         assert PaymentOperation.objects.filter(purchase=purchase).count() == 1
         rows.append(row)

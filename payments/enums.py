@@ -98,7 +98,7 @@ UNRESOLVED_STATUSES = (
 )
 
 
-# "Money is held" (issue 30, one definition for every guard that asks it): the statuses
+# "Money is held" (one definition for every guard that asks it): the statuses
 # in which the buyer's money sits with the merchant: paid and on, a refund still in flight
 # (it may yet fail and restore the purchase), a dispute open (the bank may give the money
 # back to the merchant) or won. Refunded, voided, lost, failed, cancelled and expired
@@ -184,10 +184,11 @@ class Reason(models.TextChoices):
     MANUAL = "manual"
     MISMATCH = "mismatch"
     REFUND_DECLINED = "refund_declined"
-    # x402 (DESIGN §4): the chain proves the authorization can no longer move money.
+    # x402 (docs/x402.md#reconciled-from-the-chain-only): the chain proves the authorization can
+    # no longer move money.
     AUTHORIZATION_EXPIRED = "authorization_expired"
     AUTHORIZATION_CANCELED = "authorization_canceled"
-    # x402 (issue 31): the payer's nonce was used by a transaction that paid Verity nothing
+    # x402: the payer's nonce was used by a transaction that paid Verity nothing
     # (EIP-3009 nonces are shared by all of the payer's transfers): never a payment.
     AUTHORIZATION_USED_ELSEWHERE = "authorization_used_elsewhere"
     # x402: the facilitator's verify refused the authorization (invalid_* reasons).
@@ -195,7 +196,7 @@ class Reason(models.TextChoices):
     INSUFFICIENT_BALANCE = "insufficient_balance"
     # A refund (or void) the provider refused with a definitive 4xx (already refunded,
     # disputed, ...) and of which a read-back finds no object: nothing moved. The
-    # provider's own code is kept in the transition's evidence (issue 30 #7).
+    # provider's own code is kept in the transition's evidence.
     PROVIDER_REFUSED = "provider_refused"
 
 
@@ -247,5 +248,7 @@ DISPUTE_FUNDS_WITH_BANK_STATUSES = (DisputeStatus.NEEDS_RESPONSE, DisputeStatus.
 DISPUTE_NEEDS_RESPONSE_STATUSES = (DisputeStatus.WARNING_NEEDS_RESPONSE,
                                    DisputeStatus.NEEDS_RESPONSE)
 # The history cause of a transition where verified provider evidence overturned a
-# person's (acknowledged) resolution (DESIGN §4): queues, metrics and alerts key on it.
+# person's (acknowledged) resolution
+# (docs/reliability.md#the-providers-record-outranks-a-person): queues, metrics and alerts key
+# on it.
 OVERTURN_CAUSE = "manual_resolution_overturned"

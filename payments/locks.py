@@ -123,8 +123,8 @@ def signer_lock(address: str, *, while_waiting: Callable[[], None] | None = None
     and the session's end releases the lock. SQLite (the embedded default) has one
     writer process: a no-op there.
 
-    `while_waiting`: the wait is a live worker's, not a dead one's (issue 30 #1: the
-    dead-dispatch sweep took a refund queued behind another for dead). The lock is then
+    `while_waiting`: the wait is a live worker's, not a dead one's (so the
+    dead-dispatch sweep does not take a refund queued behind another for dead). The lock is then
     waited for in slices of `wait_slice_seconds` (each a real queued wait, `lock_timeout`),
     and `while_waiting()` runs between slices, outside any transaction: it renews the
     waiter's lease, and raises to give the wait up (the claim was lost) — the exception

@@ -71,7 +71,7 @@ class ApiClient(AbstractAPIKey):
     # A storefront that is not an agent (its own checkout asked the buyer) may lift the
     # unresolved/duplicate purchase guards by naming the earlier purchase in
     # `acknowledge_unresolved`. Off by default, and never honoured over MCP: an agent's
-    # word is not the buyer's (DESIGN §6, "Only the buyer can lift a guard").
+    # word is not the buyer's (docs/walkthrough.md#api-rules-the-code-relies-on).
     storefront_confirmation = models.BooleanField(default=False)
 
     class Meta(AbstractAPIKey.Meta):
@@ -155,7 +155,7 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
     # When the purchase last entered `paid` (the time of its latest status transition to
-    # paid; issue 18: the console read it with a correlated subquery per row). Written by
+    # paid; stored so the console need not derive it with a subquery per row). Written by
     # every status change that saves through `status_change_fields()`.
     paid_at = models.DateTimeField(null=True, blank=True)
     channel = models.CharField(max_length=16, choices=PurchaseChannel.choices,
@@ -247,14 +247,15 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     def mark_dispute_withdrawn(self, restore_to: str) -> str:
         return restore_to
     # A refund that left `refund_pending` without refunding everything (partial success,
-    # failure) returns the purchase to where it was before (DESIGN §5.10).
+    # failure) returns the purchase to where it was before
+    # (docs/reliability.md#rules-every-money-movement-obeys).
     @transition(field=status, source=S.REFUND_PENDING,
                 target=RETURN_VALUE(S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW))
     def restore_after_refund(self, prior):
         return prior
 
     # COMPLETED too: an operator may void after fulfilment (console, with a reason); the
-    # compensating steps then cancel the order (DESIGN §10.12, issue 15 defect 5).
+    # compensating steps then cancel the order (docs/recovery.md#cancelled-and-expired).
     @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
                                       S.REFUND_PENDING], target=S.VOIDED)
     def mark_voided(self): ...

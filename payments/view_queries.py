@@ -1,4 +1,4 @@
-"""Query sets that load an operation view in ONE statement (issue 18).
+"""Query sets that load an operation view in ONE statement.
 
 `operation_view` needs the operation, its purchase (and quote, for a failed payment's
 next action), its hold, the payment that retried it, and three counts: dispatch and
@@ -109,7 +109,7 @@ __all__ += ["purchase_operations_forget", "purchase_order_reference", "purchase_
             "purchase_operations_loaded"]
 
 
-# -- hot reads compiled once per process, run as prepared statements (issue 34) ----------
+# -- hot reads compiled once per process, run as prepared statements ----------
 #
 # Building a queryset and compiling it to SQL costs more CPU than PostgreSQL spends on the
 # statement (select_related joins, annotations, ORDER BY expressions hashed over and over),

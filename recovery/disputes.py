@@ -108,7 +108,7 @@ def dispute_fulfilment_follow(*, dispute_id: str) -> str:
     dispute = Dispute.objects.select_related("payment").get(id=dispute_id)
     if dispute.payment.is_duplicate:
         # A duplicate charge's dispute neither pauses nor cancels the real order: the
-        # purchase's own payment paid for it (issue 30 #9).
+        # purchase's own payment paid for it.
         return "nothing"
     status = Purchase.objects.filter(id=dispute.purchase_id).values_list("status", flat=True).get()
     if not fulfilment_unfinished(dispute.purchase_id):

@@ -1,4 +1,4 @@
-"""A coalesced relay kick (issue 18): at most two Celery publishes per short window.
+"""A coalesced relay kick: at most two Celery publishes per short window.
 
 Every committed outbox row used to publish one `relay_drain` task (a kombu round trip to
 Redis, ~30 % of a webhook delivery's time). One drain handles every row due when it runs,

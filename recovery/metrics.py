@@ -1,4 +1,4 @@
-"""Prometheus metrics (DESIGN §9), served at /metrics from the default registry.
+"""Prometheus metrics (docs/recovery.md, Metrics), served at /metrics from the default registry.
 
 Two kinds:
 - counters other apps increment where the event happens (module-level, import them:
@@ -24,7 +24,15 @@ from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
 from audit.models import Resolution
-from payments.enums import CallPurpose, DISPUTE_CLOSED_STATUSES, OVERTURN_CAUSE, Origin
+from payments.enums import (
+    DISPUTE_CLOSED_STATUSES,
+    OVERTURN_CAUSE,
+    PAYMENT_KINDS,
+    CallPurpose,
+    Origin,
+    Outcome,
+    Rail,
+)
 from payments.models import Dispute, OperationTransition, PaymentOperation, ProviderCall, Purchase
 from webhooks.models import ProviderEvent
 
@@ -58,8 +66,8 @@ def _delay_histogram(name: str, doc: str, rows, at: str, since) -> HistogramMetr
     from django.db.models.functions import Greatest
 
     settled = (PaymentOperation.objects.filter(
-        purchase_id=OuterRef("purchase_id"), kind__in=("charge", "authorize"),
-        outcome="succeeded", settled_at__gte=since).order_by("settled_at")
+        purchase_id=OuterRef("purchase_id"), kind__in=PAYMENT_KINDS,
+        outcome=Outcome.SUCCEEDED, settled_at__gte=since).order_by("settled_at")
         .values("settled_at")[:1])
     delays = (rows.annotate(paid_at=Subquery(settled)).filter(paid_at__isnull=False)
               .annotate(delay=Greatest(ExpressionWrapper(F(at) - F("paid_at"),
@@ -89,7 +97,7 @@ class DatabaseCollector:
 
     def collect(self):
         # Cached for METRICS_CACHE_SECONDS per process: scrapes in a burst share one set
-        # of queries instead of each holding a worker on the database (issue 25 #4).
+        # of queries instead of each holding a worker on the database.
         ttl = getattr(settings, "METRICS_CACHE_SECONDS", 5.0)
         with self._lock:
             now = time.monotonic()
@@ -122,7 +130,8 @@ class DatabaseCollector:
             "verity_escalated_operations", "Open operations escalated to a recovery owner",
             value=PaymentOperation.objects.filter(
                 escalated_at__isnull=False,
-                outcome__in=("unknown", "awaiting_provider", "awaiting_buyer")).count())
+                outcome__in=(
+                    Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)).count())
         yield GaugeMetricFamily(
             "verity_settlement_discrepancies_open", "Open settlement discrepancies",
             value=SettlementDiscrepancy.objects.filter(resolved_at__isnull=True).count())
@@ -148,7 +157,7 @@ class DatabaseCollector:
         yield events
 
         # Held events wait for a record to settle (webhooks.services): each has an owner,
-        # and this age is what VerityHeldEventsTooOld reads (issue 30 #8).
+        # and this age is what VerityHeldEventsTooOld reads.
         held = ProviderEvent.objects.filter(result="held").aggregate(
             n=Count("id"), oldest=Min("received_at"))
         yield GaugeMetricFamily("verity_webhook_held_events",
@@ -162,7 +171,8 @@ class DatabaseCollector:
         yield GaugeMetricFamily("verity_manual_resolutions_recorded",
                                 "Manual resolutions recorded (all time)",
                                 value=Resolution.objects.count())
-        # Provider evidence outranks a person (DESIGN §4): every overturn, all time (a
+        # Provider evidence outranks a person
+        # (docs/reliability.md#the-providers-record-outranks-a-person): every overturn, all time (a
         # counter in effect: rows are append-only), and those not yet reviewed.
 
         yield GaugeMetricFamily(
@@ -178,7 +188,7 @@ class DatabaseCollector:
         # Time from provider success to order (and to the confirmation e-mail), over the
         # last day; computed here so it does not matter which worker did the step. One
         # aggregate query each (buckets counted in SQL): never a list of ids, whatever the
-        # volume (issue 25 #4: 20 000 ids made a 640 KB statement).
+        # volume (20 000 ids would make a 640 KB statement).
         since = timezone.now() - timedelta(hours=_WINDOW_HOURS)
         yield _delay_histogram("verity_order_after_payment_seconds",
                                "Provider success to order row (last 24 h)",
@@ -192,7 +202,7 @@ class DatabaseCollector:
         yield from self._collect_alert_inputs()
 
     def _collect_alert_inputs(self):
-        """Figures the alert rules in deploy/prometheus/alerts.yml need (issue 11)."""
+        """Figures the alert rules in deploy/prometheus/alerts.yml need."""
         from django.db.models import Min
 
         now = timezone.now()
@@ -258,13 +268,13 @@ def _dispute_gauges(now):
 def _x402_gauges(now):
     """x402 settlements broadcast but not yet confirmed on chain (awaiting_provider or
     unknown on rail x402), and the age of the oldest: a stuck chain or facilitator shows
-    here before any customer asks (issue 21)."""
+    here before any customer asks."""
     from django.db.models import Min
 
     from payments.models import PaymentOperation
 
-    open_ops = PaymentOperation.objects.filter(rail="x402",
-                                               outcome__in=("awaiting_provider", "unknown"))
+    open_ops = PaymentOperation.objects.filter(rail=Rail.X402,
+                                               outcome__in=(Outcome.AWAITING_PROVIDER, Outcome.UNKNOWN))
     oldest = open_ops.aggregate(m=Min("created_at"))["m"]
     yield GaugeMetricFamily("verity_x402_pending_settlements",
                             "x402 settlements not yet confirmed on chain",
@@ -276,9 +286,9 @@ def _x402_gauges(now):
 
 
 def _x402_refund_float_gauges():
-    """The refund account's balance and the level below which finance tops it up (issue 31
-    #4): refunds on x402 are sent from a separate account holding a small float, so an
-    empty float means refunds fail. Both families are always declared (the alert's inputs
+    """The refund account's balance and the level below which finance tops it up: refunds on
+    x402 are sent from a separate account holding a small float, so an empty float means
+    refunds fail. Both families are always declared (the alert's inputs
     exist on every scrape); the balance has a sample only when a refund key is set and the
     chain answered (one eth_call, outside any transaction)."""
     threshold = GaugeMetricFamily(

@@ -15,7 +15,7 @@ class OutboxCategory(models.IntegerChoices):
     PROVIDER_REFUNDS_READ = 21  # payload {"operation": id}: read a payment's refunds at the
     #                             provider and record those no Verity operation requested
     ACP_ORDER_EVENT = 30  # payload {"purchase": id, "event": type, "status": s}: tell the
-    #                       ACP agent platform about its order (acp.handlers, issue 33)
+    #                       ACP agent platform about its order (acp.handlers)
     NOOP = 99  # benchmarks and tests
 
 

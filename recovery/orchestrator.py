@@ -1,6 +1,6 @@
 """The orchestrator: resume a paid purchase from its first incomplete step. Never charges.
 
-Rules (DESIGN §7, §10.11):
+Rules (docs/recovery.md#step-policy):
 - runs only when the purchase is `paid`/`fulfilling` AND its charge/authorization
   succeeded at the provider: an unknown payment never satisfies a dependency;
 - one StepRun per (purchase, step), created with INSERT ... ON CONFLICT DO NOTHING;
@@ -251,7 +251,7 @@ def _run_confirmation(ctx: PurchaseContext) -> str:
             if run.started_at and run.started_at > now - lease:
                 return BUSY
             # The sender died mid-send: the e-mail may or may not have left. Never resend
-            # without review (DESIGN §10.11).
+            # without review (docs/recovery.md#step-policy).
             run.state = StepState.UNKNOWN
             run.last_error = "send outcome unknown: the worker stopped while sending"
             run.save(update_fields=["state", "last_error"])
@@ -366,7 +366,7 @@ def _existing_compensation(ctx: PurchaseContext):
     """The compensation of the purchase's OWN payment: a compensation belongs to the
     payment it returns (its parent). A duplicate charge's refund is a compensation of the
     same purchase but returns the duplicate; taking it left the own charge unrefunded, no
-    decision recorded and the purchase `fulfilling` for ever (issue 30 #2)."""
+    decision recorded and the purchase `fulfilling` for ever."""
     return (PaymentOperation.objects.filter(purchase_id=ctx.purchase_id, is_compensation=True,
                                             parent_id=ctx.payment.id)
             .exclude(outcome=Outcome.FAILED).order_by("created_at").first())
@@ -385,7 +385,7 @@ def _compensate(ctx: PurchaseContext, step: str) -> str:
         if is_halted("refunds"):
             raise StepRetryLater("compensation waits: the refunds workflow is halted")
         try:
-            if ctx.payment.kind == "authorize" and ctx.captured is None:
+            if ctx.payment.kind == OperationKind.AUTHORIZE and ctx.captured is None:
                 op = void_create(purchase_id=ctx.purchase_id, compensation=True)
             else:
                 op = refund_request(purchase_id=ctx.purchase_id, compensation=True)
@@ -426,7 +426,7 @@ def purchase_fulfil(*, purchase_id: str) -> str:
     ctx = load_context(purchase_id)
     if ctx is None:
         status = Purchase.objects.filter(id=purchase_id).values_list("status", flat=True).get()
-        return COMPLETED if status == "completed" else NOT_READY
+        return COMPLETED if status == PurchaseStatus.COMPLETED else NOT_READY
     _ensure_step_runs(ctx)
     purchase_transition(purchase_id=purchase_id, name="mark_fulfilling",
                         cause="fulfilment_started", actor=ACTOR)
@@ -452,7 +452,7 @@ def purchase_fulfil(*, purchase_id: str) -> str:
     with transaction.atomic():
         purchase = purchase_transition(purchase_id=purchase_id, name="mark_completed",
                                        cause="fulfilment_completed", actor=ACTOR)
-        if purchase.status == "completed":
+        if purchase.status == PurchaseStatus.COMPLETED:
             _decide(purchase_id, RecoveryDecision.Decision.COMPLETED_FORWARD)
     return COMPLETED
 
@@ -482,7 +482,7 @@ def operation_settled(*, operation_id: str) -> None:
             # (the core refuses to ask again what the provider already refused). Only on
             # the provider's word: a person's "failed" may be overturned — the first
             # return may still land — so a new one waits until the read-back confirms it
-            # (issue 30 part C, round 3: the duplicate was returned twice).
+            # (else the duplicate could be returned twice).
             _duplicate_settled(op.parent)
         return  # the return of a duplicate: nothing downstream bought anything with it
     if (op.kind == OperationKind.VOID and op.outcome == Outcome.SUCCEEDED

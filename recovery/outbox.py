@@ -51,7 +51,7 @@ _BEFORE_PUT: list[Callable[[], None]] = []
 
 def outbox_before_put(hook: Callable[[], None]) -> Callable[[], None]:
     """Register a hook run before every outbox write, in the writer's transaction: the
-    relay (issue 18) marks its batch's handled messages processed there, so the dedupe
+    relay marks its batch's handled messages processed there, so the dedupe
     index on unprocessed rows never absorbs a follow-up of an already handled message."""
     if hook not in _BEFORE_PUT:
         _BEFORE_PUT.append(hook)

@@ -91,7 +91,7 @@ def _fail(message: OutboxMessage, exc: BaseException) -> None:
 
 
 def _succeed_all(ids: list[int]) -> None:
-    """Mark a batch's handled messages processed in one UPDATE (issue 18)."""
+    """Mark a batch's handled messages processed in one UPDATE."""
     if ids:
         OutboxMessage.objects.filter(id__in=ids, processed_at__isnull=True).update(
             processed_at=timezone.now(), claimed_until=None, last_error="")

@@ -91,7 +91,8 @@ def _event_needed() -> Q:
 
 def _idempotency_needed() -> Q:
     """A finished key whose resource is still open: a retrying agent must get a replay of
-    that purchase/operation, never a second one (DESIGN §6), for as long as it is open."""
+    that purchase/operation, never a second one
+    (docs/walkthrough.md#api-rules-the-code-relies-on), for as long as it is open."""
     purchase = Q(resource_type="purchase") & (
         Q(_open_purchase(OuterRef("resource_id")))
         | Q(_open_operation_of_purchase(OuterRef("resource_id"))))

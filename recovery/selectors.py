@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db.models import Exists, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from payments.enums import Outcome
+from payments.enums import Outcome, PurchaseStatus
 from payments.models import PaymentOperation, Purchase
 
 from .halts import is_halted, step_halt_name  # noqa: F401  (re-exported: the console reads them here)
@@ -84,7 +84,7 @@ def paid_without_order(*, older_than_seconds: float | None = None, limit: int = 
     if older_than_seconds is None:
         older_than_seconds = settings.PAID_WITHOUT_ORDER_SECONDS
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
-    return (Purchase.objects.filter(status__in=("paid", "fulfilling"), updated_at__lte=cutoff)
+    return (Purchase.objects.filter(status__in=(PurchaseStatus.PAID, PurchaseStatus.FULFILLING), updated_at__lte=cutoff)
             .exclude(Exists(Order.objects.filter(purchase_id=OuterRef("id"))))
             .order_by("updated_at")[:limit])
 
@@ -98,20 +98,21 @@ def stalled_fulfilment(*, older_than_seconds: float | None = None, limit: int = 
         older_than_seconds = settings.PAID_WITHOUT_ORDER_SECONDS
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
     runs = StepRun.objects.filter(purchase_id=OuterRef("id"))
-    paused_by_dispute = Q(status="dispute_won") & (
+    paused_by_dispute = Q(status=PurchaseStatus.DISPUTE_WON) & (
         Exists(runs.exclude(state__in=(StepState.DONE, StepState.COMPENSATED)))
         | ~Exists(runs))
-    return (Purchase.objects.filter(Q(status__in=("paid", "fulfilling")) | paused_by_dispute,
+    return (Purchase.objects.filter(Q(status__in=(PurchaseStatus.PAID, PurchaseStatus.FULFILLING)) | paused_by_dispute,
                                     updated_at__lte=cutoff)
             .order_by("updated_at")[:limit])
 
 
 def _compensation_needed_qs() -> QuerySet[StepRun]:
     # A compensated step whose compensation operation has not succeeded at the provider
-    # still needs attention (DESIGN §5.6: reversed only once the provider confirms).
+    # still needs attention (reversed only once the provider confirms:
+    # docs/reliability.md#rules-every-money-movement-obeys).
     compensation_pending = Q(state=StepState.COMPENSATED) & ~Exists(
         PaymentOperation.objects.filter(id=OuterRef("compensation_operation_id"),
-                                        outcome="succeeded"))
+                                        outcome=Outcome.SUCCEEDED))
     return StepRun.objects.filter(Q(state__in=(StepState.MANUAL, StepState.UNKNOWN))
                                   | compensation_pending)
 
@@ -151,8 +152,8 @@ def queue_settlement_discrepancies(*, include_resolved: bool = False,
 
 def unknown_operations_stats() -> tuple[int, float]:
     """(count, oldest age in seconds) of operations whose outcome is unknown."""
-    agg = _operations().filter(outcome="unknown").aggregate(oldest=Min("created_at"))
-    count = _operations().filter(outcome="unknown").count()
+    agg = _operations().filter(outcome=Outcome.UNKNOWN).aggregate(oldest=Min("created_at"))
+    count = _operations().filter(outcome=Outcome.UNKNOWN).count()
     oldest = agg["oldest"]
     age = (timezone.now() - oldest).total_seconds() if oldest else 0.0
     return count, age

@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
+from payments.enums import OperationKind
 from payments.models import Product
 
 from .models import (
@@ -42,7 +43,7 @@ class StepRejected(Exception):
 
 
 class Policy:
-    """What happens when a step cannot complete (DESIGN §10.11)."""
+    """What happens when a step cannot complete (docs/recovery.md#step-policy)."""
 
     COMPENSATE = "compensate"  # after bounded retries: void before capture, refund after
     MANUAL = "manual"  # after bounded retries: the purchase goes to manual review
@@ -190,7 +191,7 @@ def ledger_record_sale(*, purchase_id: str, payment: PaymentInfo) -> None:
     _ledger_pair(purchase_id=purchase_id, operation_id=payment.id,
                  provider_reference=payment.provider_charge or payment.provider_reference,
                  entry_type="sale", debit=LedgerAccount.PROVIDER_BALANCE,
-                 credit=LedgerAccount.REVENUE if payment.kind != "capture"
+                 credit=LedgerAccount.REVENUE if payment.kind != OperationKind.CAPTURE
                  else LedgerAccount.AUTHORIZED,
                  amount=payment.amount, currency=payment.currency)
 
@@ -232,7 +233,7 @@ def ledger_reverse_unmade(*, purchase_id: str, operation_id: str) -> int:
 
 
 def run_ledger(ctx: PurchaseContext, run: StepRun) -> dict:
-    if ctx.payment.kind == "authorize":
+    if ctx.payment.kind == OperationKind.AUTHORIZE:
         # Not captured yet: the provider holds nothing; the sale is booked at capture.
         ledger_record_authorization(purchase_id=ctx.purchase_id, payment=ctx.payment)
         if ctx.captured is not None:

@@ -1,4 +1,4 @@
-"""Concurrent, set-based reconcile read-backs after an outage (issue 18).
+"""Concurrent, set-based reconcile read-backs after an outage.
 
 Real Stripe answers a read in ~100-300 ms: 10 000 unknown operations read one at a time
 take half an hour. `reconcile_sweep` takes the operations in batches and, per batch, runs

@@ -1,4 +1,4 @@
-"""Django's admin behind the console's login lockout (issue 25 #3).
+"""Django's admin behind the console's login lockout.
 
 The admin login used to be outside the console throttle: unlimited guesses, no failure
 rows. Its site now checks and records failures through the same support.services

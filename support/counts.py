@@ -1,4 +1,4 @@
-"""Capped counts and "oldest" for the console's landing page (issue 18).
+"""Capped counts and "oldest" for the console's landing page.
 
 A queue's exact length is not what a landing page needs once it is long: counting 20 000
 rows at 1 M purchases costs seconds. `capped_count` counts at most `COUNT_CAP + 1` rows

@@ -8,7 +8,7 @@ placeholder keep the runbooks from drifting away from the code they describe:
 - `[[roles:<action>]]` names the roles that hold an access.Action (from access.MATRIX);
 - `[[setting:<NAME>]]` shows a timing setting's current value — only for names in
   RUNBOOK_SETTINGS: every console user reads runbooks, and `SECRET_KEY`, the provider key
-  or the webhook secrets must never be one placeholder away (issue 25 #11).
+  or the webhook secrets must never be one placeholder away.
 
 The files are repository content (trusted, reviewed like code); substituted values are
 HTML-escaped anyway.

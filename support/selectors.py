@@ -165,7 +165,7 @@ def manual_interventions(*, days: int = 7, weeks: int = 4) -> dict:
 
 @dataclass(frozen=True)
 class RefundFloatPanel:
-    """The x402 refund account on the dashboard (issue 31 #4): refunds are sent from it,
+    """The x402 refund account on the dashboard: refunds are sent from it,
     so finance tops it up before it runs dry (docs/runbooks/x402-refund-float.md)."""
     address: str
     tokens: float | None  # None: the chain did not answer
@@ -329,7 +329,7 @@ def purchase_timeline(purchase: Purchase, *, user=None,
                       steps: list[StepRun] | None = None) -> list[TimelineEntry]:
     """Every recorded fact about a purchase, in time order. `ops` (from
     `purchase_operations`, holds joined) and `steps` (from `purchase_steps`): what the
-    purchase page already read, not read again (issue 18: fewer round trips)."""
+    purchase page already read, not read again (fewer round trips)."""
     show_payload = user is not None and can(user, Action.VIEW_REDACTED_PAYLOAD)
     if ops is None:
         ops = purchase_operations(purchase)
@@ -541,7 +541,7 @@ def purchase_runbook_slug(purchase: Purchase, ops: list[PaymentOperation]) -> st
     if any(op.outcome == Outcome.UNKNOWN and (op.stage == Stage.ESCALATED or op.escalated_at)
            for op in open_ops):
         return "escalated"
-    if any(op.rail == "x402" and op.outcome in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER)
+    if any(op.rail == Rail.X402 and op.outcome in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER)
            for op in open_ops):
         return "x402-settlement"  # a transfer on a chain: read the chain, never settle again
     if any(op.outcome == Outcome.UNKNOWN for op in open_ops):
@@ -600,7 +600,8 @@ def incidents_for_purchase(purchase_id: str) -> list:
 
 
 def refundable_amount(purchase: Purchase) -> int:
-    """The room of the purchase's own payments (DESIGN §10.8): the core's one definition,
+    """The room of the purchase's own payments (docs/console.md#refund-approval): the core's one
+    definition,
     so the form never offers what the core refuses, nor refuses what it allows (a
     duplicate's compensation is the duplicate's, not the purchase's). The core checks it
     again under the purchase lock when the refund is made."""

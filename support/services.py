@@ -310,7 +310,7 @@ def operation_cancel_unapplied_by_user(*, operation_id: str, user, reason: str,
 
 def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int | None = None,
                            ip: str | None = None) -> PaymentOperation:
-    """A console refund starts awaiting_approval (DESIGN §10.8)."""
+    """A console refund starts awaiting_approval (docs/console.md#refund-approval)."""
     try:
         return _act_by_user(
             user=user, ip=ip, permission=Action.REQUEST_REFUND,
@@ -516,7 +516,7 @@ def event_triage_by_user(*, event_pk: int, decision: str, user, reason: str,
 def login_username_key(username: str) -> str:
     """The username as the login form authenticates it (stripped, NFKC — Django's
     UsernameField), casefolded: `"olga "`, `" olga"` and fullwidth `ｏlga` are one name
-    for the lockout, so variants do not each get fresh tries (issue 25 #2)."""
+    for the lockout, so variants do not each get fresh tries."""
     return unicodedata.normalize("NFKC", (username or "").strip()).casefold()[:150]
 
 

@@ -19,7 +19,7 @@ balance transaction, reporting category `dispute`); `POST /_config/disputes/{id}
 adjustment reinstating the amount, `lost`, `warning_closed`, `charge_refunded`).
 Events are not sent: tests sign `charge.dispute.*` events built from this object.
 
-localstripe has no shared payment tokens (agentic commerce, issue 33). This launcher adds
+localstripe has no shared payment tokens (agentic commerce). This launcher adds
 the minimal SharedPaymentGrantedToken Stripe documents: the test helper that plays the
 agent platform's part, `POST /v1/test_helpers/shared_payment/granted_tokens`
 {payment_method, usage_limits[currency], usage_limits[max_amount], usage_limits[expires_at]}

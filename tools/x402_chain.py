@@ -105,7 +105,7 @@ def deploy(rpc_url: str, *, payers: list[str], facilitator: str,
            refund_float: int = REFUND_FLOAT) -> dict:
     """Deploy and initialise the token; fund payers (USDC), the facilitator (gas) and the
     refund account (its USDC float, minted, and gas): refunds are sent from it, never
-    from pay_to (issue 31 #4)."""
+    from pay_to."""
     w3 = Web3(Web3.HTTPProvider(rpc_url))
     admin = w3.eth.accounts[0]  # anvil's unlocked dev account: deployer, minter, blacklister
     checker = _artifact(CHECKER_ARTIFACT)

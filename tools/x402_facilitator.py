@@ -7,7 +7,8 @@ facilitator does: `GET /supported`, `POST /verify`, `POST /settle` (bodies as in
 v2 HTTP transport: {x402Version, paymentPayload, paymentRequirements}). Verification,
 settlement and the `settlement_pending` answer are the SDK's own, unchanged.
 
-One sandbox-only route plays a hosted facilitator's known quirks (DESIGN §11): `POST
+One sandbox-only route plays a hosted facilitator's known quirks
+(docs/x402.md#how-a-settle-is-classified): `POST
 /_config` {"pending_status": 500} answers `settlement_pending` as HTTP 500 (with the body),
 {"pending_status": 200} restores the SDK's plain 200; {"bearer": "<token>"} makes every
 route but /_config require `Authorization: Bearer <token>` (401 otherwise), as a hosted

@@ -8,7 +8,7 @@ class EventResult(models.TextChoices):
     IGNORED = "ignored"
     QUARANTINED = "quarantined"
     # Signed but malformed (metadata not an object, account not a string): stored, counted,
-    # never applied (issue 15 #7).
+    # never applied.
     REJECTED = "rejected"
 
 

@@ -51,15 +51,15 @@ class MoveVerdict:
 
 
 def evaluate_provider_move(event: ProviderEvent) -> MoveVerdict | None:
-    kind = str((event.payload["data"]["object"] or {}).get("object") or "")
-    if kind == "dispute" and event.type.startswith(DISPUTE_EVENT_PREFIX):
+    object_type = str((event.payload["data"]["object"] or {}).get("object") or "")
+    if object_type == "dispute" and event.type.startswith(DISPUTE_EVENT_PREFIX):
         return _dispute(event)
-    if kind == "refund" and event.type in EXTERNAL_REFUND_EVENT_TYPES:
+    if object_type == "refund" and event.type in EXTERNAL_REFUND_EVENT_TYPES:
         return _refund(event)
-    if kind == "charge" and event.type == "charge.refunded":
+    if object_type == "charge" and event.type == "charge.refunded":
         _charge_refunded(event)
         return None  # the ordinary handler still prompts read-backs of Verity's refunds
-    if kind == "payment_intent" and event.type in EXTERNAL_INTENT_EVENT_TYPES:
+    if object_type == "payment_intent" and event.type in EXTERNAL_INTENT_EVENT_TYPES:
         return _intent(event)
     return None
 

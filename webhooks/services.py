@@ -126,7 +126,7 @@ def event_ingest(*, event: dict) -> bool:
     return True
 
 
-# PostgreSQL: the event and its outbox row in ONE statement (issue 18) — a data-modifying
+# PostgreSQL: the event and its outbox row in ONE statement — a data-modifying
 # CTE, atomic on its own, so no BEGIN/COMMIT round trips: 1 round trip instead of 4, and
 # the same guarantees (a duplicate writes nothing; a rejected event gets no outbox row).
 # SQLite has no INSERT inside WITH: it keeps the two statements in one transaction above.
@@ -206,8 +206,8 @@ def event_process(*, event_id: int) -> str:
 
 
 # Held while a record Verity owns is unsettled or busy: such an event waits as long as
-# that record does (never quarantined by a count: it matched; issue 30 #8 found a pending
-# dashboard refund held `purchase_busy` quarantined after ~13 minutes). Its owners: the
+# that record does: it matched, so it is never quarantined by a count of its retries (a
+# pending dashboard refund may hold `purchase_busy` for many minutes). Its owners: the
 # console's "held" queue, verity_webhook_held_oldest_age_seconds and its alert, and the
 # read-back each retry prompts of the record it waits for.
 WAITING_ON_OWN_RECORD = (*OWN_RECORD_UNSETTLED, "purchase_busy")
@@ -318,7 +318,7 @@ def _evaluate_locked(event: ProviderEvent) -> _Verdict:
         return _Verdict(EventResult.QUARANTINED, f"mismatch:{mismatch}", op.pk, op.purchase_id)
     verdict = _apply(event, op, obj)
     if void is not None and verdict.result == EventResult.IGNORED and op.is_terminal:
-        # Issue 15 defect 10: the provider agrees with Verity's void; record that.
+        # The provider agrees with Verity's void; record that.
         return _Verdict(EventResult.APPLIED, "agrees_with_void", op.pk, op.purchase_id)
     return verdict
 
@@ -377,7 +377,8 @@ def _apply(event: ProviderEvent, op, obj: ProviderObject) -> _Verdict:
 
 def _mismatch(op, obj: ProviderObject) -> str:
     """The first field on which a signed object disagrees with the operation it claims
-    to be about, or "" (DESIGN §10.9). Never applied when non-empty."""
+    to be about, or "" (docs/webhooks.md#which-account-an-event-is-about). Never applied when
+    non-empty."""
     if op.kind == OperationKind.REFUND:
         payment = op.parent or op
         expected_ref, expected_amount = op.provider_reference, op.amount

@@ -64,7 +64,8 @@ API_AUTH_FAILURE_WINDOW_SECONDS = env.int("API_AUTH_FAILURE_WINDOW_SECONDS", def
 API_AUTH_FAILURES_PER_ADDRESS = env.int("API_AUTH_FAILURES_PER_ADDRESS", default=20)
 API_AUTH_FAILURES_PER_PREFIX = env.int("API_AUTH_FAILURES_PER_PREFIX", default=50)
 
-# One buyer, one charge (DESIGN §6). The same customer and basket within this window of a
+# One buyer, one charge (docs/walkthrough.md#api-rules-the-code-relies-on). The same customer
+# and basket within this window of a
 # paid or unresolved purchase is refused 409 probable_duplicate_purchase (per product:
 # Product.duplicate_window_seconds / never_twice). A buyer lifts it on the status page.
 DUPLICATE_PURCHASE_WINDOW_SECONDS = env.int("DUPLICATE_PURCHASE_WINDOW_SECONDS",

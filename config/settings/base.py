@@ -118,7 +118,7 @@ LOGGING = {
     "formatters": {
         "kv": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
     },
-    # Status tokens are customers' credentials: redacted from every line (issue 25 #8).
+    # Status tokens are customers' credentials: redacted from every line.
     "filters": {"status_tokens": {"()": "config.log_redaction.StatusTokenFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv",
                              "filters": ["status_tokens"]}},
@@ -127,7 +127,7 @@ LOGGING = {
     "loggers": {"stripe": {"level": "WARNING"}},
 }
 
-# /metrics (recovery.views): a bearer token, or scrapers from these networks (issue 25 #4).
+# /metrics (recovery.views): a bearer token, or scrapers from these networks.
 METRICS_TOKEN = env("METRICS_TOKEN", default="")
 METRICS_ALLOWED_NETWORKS = env.list("METRICS_ALLOWED_NETWORKS", default=["127.0.0.0/8", "::1/128"])
 # Database figures are computed at most once per this many seconds per process.

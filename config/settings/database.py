@@ -13,7 +13,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL",
     }
 else:
-    # A connection per request costs ~80 % of throughput (DESIGN §2).
+    # A connection per request costs ~80 % of throughput
+    # (docs/configuration.md#throughput-settings).
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # The hot API reads (payments.view_queries.CompiledRead) run as named server-side prepared

@@ -22,5 +22,6 @@ FAULT_DRILL_RANDOM_MODES = env.list("FAULT_DRILL_RANDOM_MODES", default=[
     "http_409", "read_unavailable"])
 # How long the provider may take to apply a confirm it has not yet applied. A PaymentIntent
 # still `requires_confirmation` after this is an unapplied write: escalated at once, and the
-# console may cancel it at the provider and mark the payment failed (DESIGN §7).
+# console may cancel it at the provider and mark the payment failed
+# (docs/console.md#cancel-at-the-provider-and-mark-failed).
 PROVIDER_INFLIGHT_WINDOW_SECONDS = env.int("PROVIDER_INFLIGHT_WINDOW_SECONDS", default=60)

@@ -31,7 +31,7 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Celery's Django fixup closes the DB connection around every task unless this is set
-# (~650 -> ~200 tasks/s for a one-query task, DESIGN §2).
+# (~650 -> ~200 tasks/s for a one-query task, docs/configuration.md#throughput-settings).
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 CELERY_TASK_ALWAYS_EAGER = False
 # CELERY_BEAT_SCHEDULE: at the end of this file (recovery jobs).

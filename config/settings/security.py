@@ -1,4 +1,4 @@
-"""Start-up refusals (issue 25 #8, issue 15): settings that would be unsafe in production
+"""Start-up refusals: settings that would be unsafe in production
 stop the process at import, with a message naming the variable to set. Development is
 DEBUG on (`make run`, compose); the test stack sets its own key and mail backend."""
 import hashlib
@@ -21,7 +21,7 @@ from .x402 import (
 DEFAULT_SECRET_KEY = "dev-insecure-secret-key-change-me"
 CONSOLE_EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 
-# x402 (issue 31 #4): `make run`'s throwaway chain. Its keys are derived from public labels
+# x402: `make run`'s throwaway chain. Its keys are derived from public labels
 # (tools.x402_chain.local_key), so on any other network they are anyone's: its pay_to,
 # token, refund account and refund key (as a SHA-256, never the key) must never reach a
 # real network. tests/security/test_startup_refusals.py checks these against
@@ -34,7 +34,7 @@ MAKE_RUN_X402_ADDRESSES = frozenset({
 })
 MAKE_RUN_X402_KEY_SHA256 = frozenset({
     "c8582ea3e24ffa10b46c57478b607068cbe04b3946ec931023cf5cfe90428c26",  # the refund key
-    # pay_to's key: before issue 31 #4 `make run` exported it as the refund key.
+    # pay_to's key: `make run` once exported it as the refund key.
     "6ddcd8a3bcfc229711d38a70a18c2cd4d500df17e8c299358d4e2402631a4772",
 })
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -64,7 +64,7 @@ def x402_refusals(*, enabled: bool, network: str, pay_to: str, asset: str, refun
     found = []
     refund_account = key_address(refund_key) if refund_key else ""
     if refund_account and pay_to and refund_account == pay_to.lower():
-        # Issue 31 #4: the refund key sits in every web, worker and beat process; the
+        # The refund key sits in every web, worker and beat process; the
         # receiving account's key must not (on any network): refunds come from a separate
         # account with a small float that finance tops up.
         found.append("X402_REFUND_PRIVATE_KEY is the key of X402_PAY_TO (the receiving "

@@ -1,4 +1,4 @@
-"""The x402 rail (DESIGN §3 rails, §4 classification). Off unless X402_ENABLED: `make run`
+"""The x402 rail (docs/x402.md). Off unless X402_ENABLED: `make run`
 turns it on when Node and the local chain are installed, tests.stack --x402 always."""
 from config.env import env
 
@@ -30,7 +30,7 @@ X402_EXPLORER_TX_URL = env("X402_EXPLORER_TX_URL", default="")
 X402_LOG_LOOKBACK_BLOCKS = env.int("X402_LOG_LOOKBACK_BLOCKS", default=0)
 # Refunds on this rail are a token transfer back from this signer: a SEPARATE refund
 # account holding a small float that finance tops up (docs/runbooks/x402-refund-float.md),
-# never the receiving account (issue 31 #4): the key sits in every web, worker and beat
+# never the receiving account: the key sits in every web, worker and beat
 # process, so what it can lose is bounded by the float, and the receiving account's key is
 # in no setting at all (config/settings/security.py refuses a refund key whose address is
 # X402_PAY_TO). Secret: from the environment only; empty = x402 refunds are refused (409).
@@ -40,7 +40,7 @@ X402_REFUND_PRIVATE_KEY = env("X402_REFUND_PRIVATE_KEY", default="")
 X402_REFUND_LOW_BALANCE = env.float("X402_REFUND_LOW_BALANCE", default=100.0)
 # How long the sender waits for the transfer's receipt before it is `awaiting_provider`.
 X402_REFUND_RECEIPT_TIMEOUT = env.float("X402_REFUND_RECEIPT_TIMEOUT", default=5.0)
-# x402 settle attempts per API client (issue 31 #3): each costs chain reads and the
+# x402 settle attempts per API client: each costs chain reads and the
 # facilitator's gas. Past the limit: 429 with Retry-After, nothing stored. A replay of an
 # authorization already stored (polling after 202) is not an attempt and never counts.
 X402_SETTLE_RATE = env("X402_SETTLE_RATE", default="30/min")

@@ -2,7 +2,7 @@
 
 djangorestframework-api-key ships a *permission* class only; this authentication class
 returns the ApiClient as both `request.user` and `request.auth`, so throttles, audit rows
-and ownership checks key on the client (DESIGN §11).
+and ownership checks key on the client (docs/architecture.md#stack-traps).
 """
 from __future__ import annotations
 
@@ -81,8 +81,8 @@ def _record_failure(keys: list[tuple[str, int]]) -> None:
 
 
 class ApiKeyAuthentication(BaseAuthentication):
-    """Failed authentications are throttled per address and per key prefix (issue 25
-    #10): past the limit the answer is 429 with Retry-After, before any hash is checked.
+    """Failed authentications are throttled per address and per key prefix: past the
+    limit the answer is 429 with Retry-After, before any hash is checked.
     A prefix over its limit is refused even with the right secret until the window ends —
     the usual lockout trade-off; limits are settings."""
 
@@ -96,7 +96,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         key = key.strip()
         keys = _failure_keys(request, key)
         if scheme.lower() == self.keyword.lower() and key and _throttled_by_us(request):
-            # Issue 34: a key verified within the cache window costs no query and no hash,
+            # A key verified within the cache window costs no query and no hash,
             # so the lockout check (which exists to stop hash checks and guesses) can wait
             # for the throttle's Redis round trip, the same script (payments.api.ratelimit);
             # a locked prefix is still refused 429 before anything else is answered.

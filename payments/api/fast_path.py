@@ -1,4 +1,4 @@
-"""A fast path before DRF for the two hot clean reads (issue 34): an idempotent replay of
+"""A fast path before DRF for the two hot clean reads: an idempotent replay of
 `POST /api/v1/purchases/{id}/payments` and `GET /api/v1/purchases/{id}`.
 
 It answers only when every check is clean — the API key was verified within the client

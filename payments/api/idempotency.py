@@ -1,4 +1,5 @@
-"""The storefront's `Idempotency-Key` contract (DESIGN §6, §10.7).
+"""The storefront's `Idempotency-Key` contract (see
+docs/walkthrough.md#api-rules-the-code-relies-on).
 
 Scope: (API client, route name). The first request inserts its record with one
 `INSERT … ON CONFLICT DO NOTHING RETURNING id` (no read-then-write: two racing requests
@@ -170,7 +171,7 @@ def idempotency_replay_of(*, api_client: ApiClient, route: str, key: str, path: 
     None — then the caller goes through `idempotency_claim`, which decides every other case
     (new, 422 reused, 409 in flight, take-over) exactly as before.
 
-    Issue 34: asked first, before the purchase read and the body's validation, because a
+    Asked first, before the purchase read and the body's validation, because a
     replay needs neither: the original request with this very body and path passed both
     for this client (a record is scoped by client and route), so their answers cannot
     differ now. One indexed read of the unique key, its four needed columns only."""

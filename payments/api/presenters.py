@@ -24,6 +24,7 @@ from ..enums import (
     OperationKind,
     Outcome,
     Owner,
+    Rail,
     RetryAdvice,
 )
 from ..models import (
@@ -117,7 +118,7 @@ def _refund_summary(purchase: Purchase) -> dict:
     refunded = in_flight = awaiting = 0
     last_failed = None
     loaded = purchase_operations_loaded(purchase)  # ordered by created_at, id
-    # The return of a duplicate charge is not a refund of the purchase (issue 30 #9): the
+    # The return of a duplicate charge is not a refund of the purchase: the
     # duplicate and its compensation are the duplicate's, as the refundable room has it.
     if loaded is not None:
         duplicates = {op.id for op in loaded if op.is_duplicate}
@@ -220,15 +221,16 @@ def _payment_summary(payment: PaymentOperation | None) -> dict | None:
         return None
     summary = {"operation": payment.id, "outcome": payment.outcome,
                "grade": payment.grade or None}
-    if payment.rail != "stripe":
-        # DESIGN §6: for x402 the purchase view carries the rail, network and transaction.
+    if payment.rail != Rail.STRIPE:
+        # For x402 (docs/walkthrough.md#api-rules-the-code-relies-on) the purchase view carries
+        # the rail, network and transaction.
         summary.update(rail=payment.rail, x402=x402_view(payment))
     return summary
 
 
 def _unix_iso(seconds: int) -> str | None:
     """A chain timestamp as ISO 8601; None when no datetime can hold it (a buyer-chosen
-    uint256 stored before issue 31 bounded it: year >= 10000 must not break a view)."""
+    uint256 stored before validBefore was bounded: year >= 10000 must not break a view)."""
     try:
         return _iso(datetime.fromtimestamp(seconds, dt_timezone.utc))
     except (OverflowError, OSError, ValueError):
@@ -237,7 +239,7 @@ def _unix_iso(seconds: int) -> str | None:
 
 def x402_view(op: PaymentOperation) -> dict | None:
     """x402: network, payer, transaction hash and confirmations (the chain's last word)."""
-    if op.rail != "x402":
+    if op.rail != Rail.X402:
         return None
     back = X402RefundTransfer.objects.filter(pk=op.id).first()
     if back is not None:  # a refund: the transfer back to the payer

@@ -1,4 +1,4 @@
-"""An O(1) per-client request limiter in Redis (issue 18).
+"""An O(1) per-client request limiter in Redis.
 
 DRF's `SimpleRateThrottle` keeps every request time of the window in one cache value: each
 request GETs it, unpickles it, trims it, appends and SETs it back — O(requests in the
@@ -16,7 +16,7 @@ ceiling that is the accepted trade-off for O(1).
 Without Redis (`make run` with the per-process memory cache) the same counter is kept in
 the Django cache (`add` + `incr`), good enough for one process.
 
-Issue 34: the failed-authentication lockout counters (payments.api.authentication) are read in
+The failed-authentication lockout counters (payments.api.authentication) are read in
 the same round trip, by one Lua script (`_SCRIPT`): a locked request is not counted against
 the limit (as before, when the lockout refused it before the throttle ran), and an allowed
 one costs one Redis round trip in all instead of two (plus a client built per call by
@@ -108,7 +108,7 @@ def rate_limit_hit(*, ident: str, limit: int, window_seconds: int,
     return Decision(allowed=count <= limit, wait_seconds=max(1, math.ceil(left)))
 
 
-# x402 settle attempts per API client (issue 31 #3): a bucket of its own, so the general
+# x402 settle attempts per API client: a bucket of its own, so the general
 # API throttle's window and this one never share a count.
 X402_SETTLE_BUCKET = "x402-settle"
 

@@ -44,8 +44,8 @@ class QuoteCreateIn(serializers.Serializer):
 
 class CustomerIn(serializers.Serializer):
     reference = serializers.CharField(max_length=200)
-    # The column's length (254, RFC 5321's path limit): a longer address passed the
-    # serializer and failed the INSERT with a 500 (issue 15 #7).
+    # The column's length (254, RFC 5321's path limit): a longer address would pass the
+    # serializer and fail the INSERT with a 500.
     email = serializers.EmailField(required=False, allow_blank=True, default="", max_length=254)
 
 

@@ -106,7 +106,8 @@ def _unknown_fields(serializer, data, prefix: str = "") -> list[str]:
 
 
 def _validated(serializer_class, data, *, strict: bool = False) -> dict:
-    """Shape validation. `strict` (money requests and quotes, DESIGN §6): a field Verity does
+    """Shape validation. `strict` (money requests and quotes,
+    docs/walkthrough.md#api-rules-the-code-relies-on): a field Verity does
     not understand is refused, never dropped — an agent that thinks it tipped must learn that
     it did not. Refused before any effect, so the Idempotency-Key is not bound."""
     if strict:
@@ -219,7 +220,8 @@ def _run_idempotent(request, *, route: str, create: Callable[[Claim], Response],
             # The effect exists: the key stays bound to it; a replay shows its state.
             idempotency_complete(claim, status=exc.status)
         else:
-            # Refused before any effect: the key must not be bound (DESIGN §10.7).
+            # Refused before any effect: the key must not be bound
+            # (docs/walkthrough.md#api-rules-the-code-relies-on).
             idempotency_release(claim)
         raise
     except Exception:
@@ -231,7 +233,7 @@ def _run_idempotent(request, *, route: str, create: Callable[[Claim], Response],
 
 
 def _replay_first(request, route: str) -> Response | None:
-    """Issue 34: a replay (record done, same body) is answered before the purchase read and
+    """A replay (record done, same body) is answered before the purchase read and
     the body's validation, which a replay does not need (payments.api.idempotency
     .idempotency_replay_of); anything else returns None and takes the usual path."""
     key = key_from_headers(request.headers)
@@ -332,7 +334,7 @@ class ApiView(APIView):
     def finalize_response(self, request, response, *args, **kwargs):
         response = super().finalize_response(request, response, *args, **kwargs)
         # Answers carry customer e-mails and status links (a customer's credential) and
-        # are per API client: no shared or browser cache may keep them (issue 25 #10).
+        # are per API client: no shared or browser cache may keep them.
         response.setdefault("Cache-Control", "no-store")
         return response
     def initial(self, request, *args, **kwargs):
@@ -505,7 +507,8 @@ class DeliverableApi(ApiView):
                                s503="chain_unreachable (x402: nothing charged)")})
     def get(self, request, purchase_id: str):
         purchase = _purchase_or_404(request, purchase_id)
-        # x402 (DESIGN §6): the deliverable is the paid resource. Paying is a write.
+        # x402 (docs/walkthrough.md#api-rules-the-code-relies-on): the deliverable is the paid
+        # resource. Paying is a write.
         header = request.headers.get(x402_views.PAYMENT_SIGNATURE_HEADER)
         if header is not None:
             if not request.auth.has_scope(WRITE):
@@ -567,7 +570,8 @@ class PaymentCreateApi(ApiView):
 
         def create(claim):
             if data["retry_of"]:
-                # The original is read back first if only a person settled it (DESIGN §4).
+                # The original is read back first if only a person settled it
+                # (docs/reliability.md#the-providers-record-outranks-a-person).
                 services.operations_verify_before_follow_up(purchase_id=purchase.id)
             with transaction.atomic():
                 op = services.payment_create(
@@ -576,7 +580,7 @@ class PaymentCreateApi(ApiView):
                     retry_of=data["retry_of"], amount=data["amount"],
                     currency=data["currency"])
                 idempotency_bind(claim, resource_type="operation", resource_id=op.id)
-            # Outside the transaction on purpose: the provider call (DESIGN §10, STYLE 5).
+            # Outside the transaction on purpose: a transaction never waits on the provider.
             return _dispatch_and_answer(claim, op.id)
 
         def resume(claim):
@@ -713,7 +717,7 @@ class OperationReconcileApi(ApiView):
         wait = services.operation_reconcile_on_demand(operation_id=op.id, actor=_actor(request))
         response = Response(presenters.operation_view(_load_operation(op.id)))
         if wait:
-            # Read back moments ago: the current state, no provider call (issue 25 #6).
+            # Read back moments ago: the current state, no provider call.
             response["Retry-After"] = str(wait)
         return response
 

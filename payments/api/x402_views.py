@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from recovery.selectors import deliverable_for
 
 from . import presenters
-from ..enums import PAYMENT_KINDS, Outcome, Owner, Rail, RetryAdvice
+from ..enums import PAYMENT_KINDS, Outcome, Owner, PurchaseStatus, Rail, RetryAdvice
 from ..models import PaymentOperation, Purchase
 from ..errors import DomainError, ErrorCode
 from .problems import Problem, problem_from_domain_error
@@ -39,6 +39,8 @@ __all__ = ["PAYMENT_SIGNATURE_HEADER", "deliverable_pay", "deliverable_state",
            "deliverable_unpaid"]
 
 _EXPOSE = "Access-Control-Expose-Headers"
+# A purchase may be paid over x402 while nothing was paid yet, or the last payment failed.
+PAYABLE_STATUSES = (PurchaseStatus.AWAITING_PAYMENT, PurchaseStatus.PAYMENT_FAILED)
 log = logging.getLogger(__name__)
 
 
@@ -51,7 +53,7 @@ def deliverable_unpaid(purchase: Purchase) -> bool:
     """The purchase has no deliverable yet and x402 is how it can be paid (or is being)."""
     if _latest_x402(purchase) is not None:
         return True
-    return x402_offered(purchase) and purchase.status in ("awaiting_payment", "payment_failed")
+    return x402_offered(purchase) and purchase.status in PAYABLE_STATUSES
 
 
 def _required(request, purchase: Purchase, *, error: str = "") -> str:
@@ -101,7 +103,7 @@ def _answer(request, purchase: Purchase, op: PaymentOperation, *, replayed: bool
 
 
 def _settle_gate(request, purchase: Purchase):
-    """The per-API-client limit on x402 settle attempts (issue 31 #3): each one costs chain
+    """The per-API-client limit on x402 settle attempts: each one costs chain
     reads, a facilitator call and its gas. Refused before anything is stored."""
     def gate() -> None:
         client = request.auth
@@ -142,7 +144,7 @@ def deliverable_pay(request, purchase: Purchase, header: str) -> Response:
 def deliverable_state(request, purchase: Purchase) -> Response:
     op = _latest_x402(purchase)
     if op is None or (op.outcome == Outcome.FAILED
-                      and purchase.status in ("awaiting_payment", "payment_failed")):
+                      and purchase.status in PAYABLE_STATUSES):
         raise Problem(code=ErrorCode.PAYMENT_REQUIRED, status=402, retry=RetryAdvice.NEW_OPERATION,
                       owner=Owner.BUYER, purchase=purchase.id,
                       detail="Pay for this deliverable: repeat the request with a "

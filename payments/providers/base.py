@@ -129,14 +129,14 @@ class DisputeObject:
 
 
 def outcome_from_object(obj: ProviderObject, *, kind: str) -> Outcome | None:
-    """DESIGN §10.3: the outcome the provider's own record states, or None (no verdict).
+    """The outcome the provider's own record states, or None (no verdict).
     Each rail's object reads its own statuses (ProviderObject.outcome_for)."""
     return obj.outcome_for(kind)
 
 
 def shows_no_money_moved(obj: ProviderObject, *, kind: str) -> bool:
     """The provider's own record of an operation of `kind` shows that its money movement
-    did not happen (issue 30 #5: one rule for every kind). A person's "succeeded" is
+    did not happen (one rule for every kind). A person's "succeeded" is
     refused against it, and a later read-back that shows it overturns that word. Statuses
     that are verdicts already (canceled, failed) are `outcome_from_object`'s."""
     return obj.shows_no_money_moved(kind)
@@ -163,8 +163,8 @@ class RailRefusal(NamedTuple):
 
 
 class RailAdapter(Protocol):
-    """What every rail's adapter tells the services about itself (issue 32: the rail is a
-    seam, so the services ask these instead of testing `op.rail`). Registered per rail in
+    """What every rail's adapter tells the services about itself (the rail is a seam,
+    so the services ask these instead of testing `op.rail`). Registered per rail in
     payments/providers/registry.py."""
 
     rail: str

@@ -34,7 +34,8 @@ def _halted(name: str) -> bool:
     return is_halted(name)
 
 
-# The workflow whose halt binds each kind of dispatch (DESIGN §5.9): money in, or money
+# The workflow whose halt binds each kind of dispatch
+# (docs/reliability.md#rules-every-money-movement-obeys): money in, or money
 # back out (voids, refunds and compensations obey `refunds`).
 _WORKFLOW_OF_KIND = {OperationKind.CHARGE: "checkout", OperationKind.AUTHORIZE: "checkout",
                      OperationKind.CAPTURE: "checkout", OperationKind.VOID: "refunds",
@@ -168,7 +169,7 @@ def payment_unsettled(payment: PaymentOperation) -> bool:
         payment.outcome == Outcome.FAILED and payment.grade == Grade.ACKNOWLEDGED)
 
 
-# -- refundable room (DESIGN §5: "captured minus its own refunds, everywhere it is asked")
+# -- refundable room (see docs/reliability.md#rules-every-money-movement-obeys)
 #
 # A refund belongs to the payment it returns (its `parent`: the charge, or the
 # authorization whose captures it reverses). The room of a payment is what that payment
@@ -176,8 +177,8 @@ def payment_unsettled(payment: PaymentOperation) -> bool:
 # money may already be on its way back). The room of a purchase is the sum over its own
 # payments: a duplicate charge and the refund that returns it are the duplicate's, never
 # the purchase's. Request, approval, the automatic allowance, external refunds and the
-# console all ask these two functions (issue 30 #6: approval summed the duplicate's
-# compensation, request did not, so no refund of the own charge could be approved).
+# console all ask these two functions: two derivations disagree (one that counts the
+# duplicate's compensation refuses at approval a refund the request accepted).
 
 
 def payment_captured(payment: PaymentOperation) -> int:
@@ -201,8 +202,8 @@ def payment_refunds(payment: PaymentOperation):
 
 # A refund a person settled `failed` after it was sent (a manual resolution, graded
 # acknowledged) may have moved money all the same: the provider may show it succeeded
-# once it can be read (issue 30 part C, round 3: a second refund paid the buyer back
-# twice). It keeps its amount out of the room, and counts against an allowance, until
+# once it can be read (a second refund sent meanwhile would pay the buyer back twice).
+# It keeps its amount out of the room, and counts against an allowance, until
 # the provider's read-back confirms or overturns it. A refund finance declined was never
 # sent (`refund_declined`): its "failed" is the whole truth.
 REFUND_FAILURE_UNVERIFIED = (Q(outcome=Outcome.FAILED, grade=Grade.ACKNOWLEDGED)

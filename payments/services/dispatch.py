@@ -52,7 +52,8 @@ from .observations import (
 from .reconcile import _read_back
 
 
-NOT_SENT_RESENDS = 2  # DESIGN §10.4: resend a not_sent step at most twice
+# Resend a not_sent step at most twice (docs/reliability.md#outcome-classification).
+NOT_SENT_RESENDS = 2
 
 
 RETRYABLE_RESENDS = 2
@@ -79,7 +80,8 @@ def _claim(operation_id: str, step: str, *, attempt: int = 1, from_pending: bool
         if from_pending:
             if op.outcome != Outcome.PENDING:
                 return None
-            # A halt binds at claim time, under the lock (DESIGN §5.9): queued work of
+            # A halt binds at claim time, under the lock
+            # (docs/reliability.md#rules-every-money-movement-obeys): queued work of
             # every kind (a backstop, an approved refund, a compensation) waits here, still
             # `pending`, and goes out once the halt clears. It does not fail.
             if _halted(operation_workflow(op.kind)):
@@ -185,7 +187,8 @@ def _outcome_after_call(op: PaymentOperation, step: str, result: CallResult) -> 
             # The provider refused the refund (already refunded, disputed, ...) and a
             # readable provider holds no refund of this operation: nothing moved, and the
             # refusal is the provider's own statement. `failed` with its reason frees the
-            # purchase's slot; `unknown` held it for ever (issue 30 #7, DESIGN §10.3).
+            # purchase's slot; `unknown` held it for ever
+            # (docs/reliability.md#outcome-classification).
             _settle_without_object(op.id, Outcome.FAILED, reason=Reason.PROVIDER_REFUSED,
                                    cause=f"{step}_refused", verification=Verification.PROVIDER,
                                    evidence={"http_status": result.http_status,
@@ -218,7 +221,7 @@ def _dispatch_payment(op: PaymentOperation) -> None:
         return
     if result.classification != Classification.OK or result.object is None:
         # Create never moves money and confirm was never claimed: whatever happened, this
-        # operation cannot have charged (DESIGN §10.2).
+        # operation cannot have charged (docs/reliability.md#create-then-claim-then-confirm).
         reason = {Classification.DECLINED: Reason.CARD_DECLINED,
                   Classification.REJECTED: Reason.INVALID_REQUEST,
                   Classification.NOT_SENT: Reason.PROVIDER_UNREACHABLE,

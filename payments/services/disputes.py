@@ -120,7 +120,7 @@ def _follow_purchase(purchase: Purchase, dispute: Dispute, *, cause: str, actor:
     """A disputed purchase says so until the dispute closes, then how it ended (§5.10).
     A dispute of a DUPLICATE charge is about money the purchase never kept (its own
     compensation returns what is left of it): the purchase's status, its order and what
-    the customer is told follow the purchase's own payment only (issue 30 #9)."""
+    the customer is told follow the purchase's own payment only."""
     evidence = {"dispute": dispute.id, "status": dispute.status}
     if dispute.payment.is_duplicate:
         return

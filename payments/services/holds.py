@@ -45,7 +45,7 @@ def client_limits(client: ApiClient) -> dict:
 def _check_currency_allowed(client: ApiClient | None, currency: str) -> None:
     """A client's spending limit is kept in one currency, its own: holds are never summed
     across currencies as raw minor units, and a purchase in a currency the client has no
-    limit for is refused (DESIGN §6, issue 15 #9)."""
+    limit for is refused (docs/walkthrough.md#api-rules-the-code-relies-on)."""
     if client is not None and currency.lower() != (client.currency or "").lower():
         raise DomainError("currency_not_allowed",
                           f"This API client's spending limit is in {client.currency}; a "

@@ -75,7 +75,8 @@ def _cancel_before_manual_failure_outside_transaction(op: PaymentOperation, *, a
         workflow = operation_workflow(locked.kind)
         if _halted(workflow):
             # A cancel is a write to the provider: it honours the halt like every dispatch
-            # (DESIGN §5 invariant 9). Nothing was claimed; the person tries again later.
+            # (docs/reliability.md#rules-every-money-movement-obeys). Nothing was claimed; the
+            # person tries again later.
             raise DomainError(
                 "workflow_halted", f"The {workflow} workflow is halted: the payment cannot "
                 "be cancelled at the provider now, so it cannot be settled failed. Try "
@@ -150,13 +151,13 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
         # The provider's own record shows no money moved (a confirm it never applied, a
         # buyer who never authenticated, a capture or void the provider never applied): a
         # person's "succeeded" is contradicted, and accepting it would book a sale, a
-        # capture or a void the provider never made (found by the soak; issue 30 #5).
+        # capture or a void the provider never made.
         _provider_contradicts(op, obj, outcome)
     elif outcome == Outcome.SUCCEEDED and refund_never_received(op, read):
         # A refund the provider never received (its send refused, e.g. 409 key in use):
         # the readable provider holds no refund of this operation, and past the in-flight
         # window it will not. A person's "succeeded" would book money back that never
-        # left (issue 30 #5, refunds too; round 3).
+        # left (the same rule as for charges).
         raise DomainError(
             "provider_contradicts", "The provider's record contradicts 'succeeded': it "
             "holds no refund of this operation, so no money moved. The resolution was not "
@@ -169,8 +170,7 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
         # The provider is still moving the money (a PaymentIntent `processing`, an x402
         # transfer broadcast but not yet mined, a refund or transfer back on its way) and
         # may yet succeed; a "failed" now invites a retry that charges twice — or a second
-        # refund that pays back twice — once the first settles (issue 30 #10; refunds:
-        # round 3).
+        # refund that pays back twice — once the first settles.
         raise DomainError(
             "provider_processing", f"The provider shows {obj.object_type} {obj.id} as "
             "'processing': it may still succeed, so it cannot be settled failed. Wait for "

@@ -139,7 +139,8 @@ _RESTORABLE = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.CO
 
 def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: str,
                           actor: str) -> None:
-    """`refund_pending` only while a refund is in flight (DESIGN §5.10): once the last one
+    """`refund_pending` only while a refund is in flight
+    (docs/reliability.md#rules-every-money-movement-obeys): once the last one
     settles without refunding everything, the purchase goes back to the status it had
     before, with the refund's outcome and reason on the transition; a paid purchase
     resumes fulfilment. Caller holds the purchase lock."""
@@ -257,7 +258,7 @@ def _overturn_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, 
 
 def duplicate_left(duplicate: PaymentOperation) -> int:
     """What of a duplicate payment the merchant still holds, so what its compensation
-    asks for (issue 30 #7): its refund room (a dashboard refund of it is its own refund)
+    asks for: its refund room (a dashboard refund of it is its own refund)
     minus what the buyer's bank holds in a dispute that is open or lost (the provider
     refuses a refund of a disputed charge; a lost dispute already returned the money).
     A won dispute gave the money back to the merchant: it counts as held again."""
@@ -298,8 +299,8 @@ def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperati
                                 ) -> PaymentOperation | None:
     """The linked refund (or void, for an authorization) that returns a duplicate charge:
     its own operation and key, on the duplicate's own rail (an x402 duplicate is returned
-    by a transfer back to its payer, never a card refund: issue 30 #4), for what is left
-    of it (issue 30 #7), dispatched through the outbox and reconciled like any other.
+    by a transfer back to its payer, never a card refund), for what is left
+    of it, dispatched through the outbox and reconciled like any other.
     None while another operation holds the purchase's slot (the settled handler tries
     again) or when nothing is left to return. Caller holds the purchase lock."""
     existing = (PaymentOperation.objects.filter(parent=duplicate, is_compensation=True)
@@ -398,7 +399,8 @@ def outcome_apply_locked(purchase: Purchase, op: PaymentOperation, target: Outco
             return ApplyResult.NO_CHANGE
         if target in (Outcome.SUCCEEDED, Outcome.FAILED):
             if op.grade == Grade.ACKNOWLEDGED and grade == Grade.CONFIRMED and final:
-                # The provider's record outranks a person (DESIGN §4, invariant 8).
+                # The provider's record outranks a person
+                # (docs/reliability.md#the-providers-record-outranks-a-person).
                 return _overturn_locked(purchase, op, target, verification=verification,
                                         cause=cause, actor=actor, evidence=evidence,
                                         reason=reason, obj=obj)
@@ -471,7 +473,7 @@ def _apply_observation_locked(purchase: Purchase, op: PaymentOperation, obj: Pro
     if (op.kind == OperationKind.AUTHORIZE and obj.status == "canceled"
             and op.outcome == Outcome.SUCCEEDED and _voided_by_verity(op)):
         # A canceled PaymentIntent after Verity's own void agrees with Verity: the
-        # authorization did succeed, and the void cancelled it (issue 15 defect 10).
+        # authorization did succeed, and the void cancelled it.
         return ApplyResult.NO_CHANGE
     final = source == Verification.PROVIDER or obj.status in _FINAL_STATUSES
     return outcome_apply_locked(purchase, op, target, grade=Grade.CONFIRMED, verification=source,

@@ -86,8 +86,8 @@ def operation_insert_guarded(**fields) -> PaymentOperation:
 
 
 def _check_currency(purchase: Purchase, currency: str | None) -> None:
-    """Strict money requests (DESIGN §6): a currency other than the quote's is refused, never
-    silently replaced by the quote's."""
+    """Strict money requests (docs/walkthrough.md#api-rules-the-code-relies-on): a currency
+    other than the quote's is refused, never silently replaced by the quote's."""
     if currency is not None and currency.lower() != purchase.currency.lower():
         raise DomainError("currency_mismatch",
                           f"This purchase is priced in {purchase.currency}, not "
@@ -180,7 +180,7 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
             if original.grade == Grade.ACKNOWLEDGED:
                 # Only a person's "failed", which the provider could not confirm yet (the
                 # read-back above failed): the first may still charge. No second charge
-                # until the provider is read (issue 30 #10).
+                # until the provider is read.
                 raise DomainError("original_unverified", "The payment this retry names was "
                                   "settled failed by a person, and the provider could not be "
                                   "read back yet: it may still charge. Try again later.",
@@ -281,7 +281,7 @@ def _linked_create(*, purchase_id: str, kind: str, api_client, acting_user,
                               operation=done.id if done else None)
         if (kind == OperationKind.VOID and not compensation and not after_fulfilment
                 and _fulfilment_started(purchase.id)):
-            # Goods may be out: a void now would leave them unpaid (issue 15 defect 5).
+            # Goods may be out: a void now would leave them unpaid.
             raise DomainError(
                 "fulfilment_started", "Fulfilment of this purchase has started, so its "
                 "authorization can no longer be voided here. Capture it instead, or ask "
@@ -324,7 +324,7 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
                    acting_user=None, compensation: bool = False,
                    currency: str | None = None) -> PaymentOperation:
     """A refund starts `awaiting_approval` unless it is a compensation or within the
-    client's automatic-refund allowance (DESIGN §10.8)."""
+    client's automatic-refund allowance (docs/console.md#refund-approval)."""
     if _halted("refunds"):
         raise DomainError("workflow_halted", "Refunds are paused by an operator.", status=503,
                           retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT, purchase=purchase_id)
@@ -380,9 +380,9 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
 
 
 def _supersede_pending_approvals(purchase: Purchase, payment: PaymentOperation) -> None:
-    """A failed step's compensation returns everything the payment still holds (issue 30
-    part C, round 3): a refund of it still awaiting approval has sent nothing, so it is
-    superseded — declined, with the reason recorded and audited — rather than subtracted.
+    """A failed step's compensation returns everything the payment still holds: a refund
+    of it still awaiting approval has sent nothing, so it is superseded — declined, with
+    the reason recorded and audited — rather than subtracted.
     Subtracted, the compensation returned only the rest and, once finance declined the
     pending one, that part stayed with the merchant for a step the buyer never received.
     Caller holds the purchase lock (approve and decline take it first too)."""
@@ -415,7 +415,7 @@ def _auto_refunds(**filters) -> int:
 
 def _auto_refund_allowed(*, payment: PaymentOperation, api_client: ApiClient,
                          amount: int) -> bool:
-    """The automatic-refund allowance is cumulative (issue 25 #1): five refunds of 500 under
+    """The automatic-refund allowance is cumulative: five refunds of 500 under
     a 500 allowance are 2 500 refunded without a person. Counted per payment under the
     purchase lock, and per client per period under the client's row lock (purchase ->
     client is the lock order), so two concurrent requests cannot both fit."""
@@ -453,7 +453,7 @@ def refund_approve(*, operation_id: str, acting_user, reason: str,
         # Money may have moved since the request (a refund made outside Verity is booked
         # as an external operation): re-check refundable under the lock (no over-refund).
         # The room of the payment this refund names, without the refund itself (a
-        # duplicate's compensation is the duplicate's, not a competitor: issue 30 #6).
+        # duplicate's compensation is the duplicate's, not a competitor).
         refundable = payment_refund_room(op.parent, exclude=op.pk) if op.parent else 0
         if op.amount > refundable:
             raise DomainError("refund_exceeds_refundable",

@@ -53,7 +53,7 @@ def quote_create(*, api_client: ApiClient | None, items: list[dict], currency: s
     products = {p.sku: p for p in Product.objects.filter(sku__in=skus)}
     # Duplicate SKU lines are merged into one line (quantities added) before any check:
     # stock is checked, reserved and committed per line, so two lines of one SKU would
-    # pass the stock check twice yet be reserved once (issue 15, "also check").
+    # pass the stock check twice yet be reserved once.
     merged: dict[str, int] = {}
     for item in items:
         qty = item.get("quantity")
@@ -106,8 +106,8 @@ _EMAIL_MAX = 254
 # A purchase that holds nothing by its STATUS (payment_failed, voided, refunded) only
 # because a person said so — a payment "failed", a void or refund "succeeded", graded
 # acknowledged while the provider could not be read — may still hold the buyer's money:
-# the provider's read-back may overturn that word (issue 30 part C, round 3: the same
-# basket was bought twice after a person's unconfirmed "failed"). For the guard it is
+# the provider's read-back may overturn that word (otherwise the same basket could be
+# bought twice after a person's unconfirmed "failed"). For the guard it is
 # unresolved until read back, per operation (as `payment_unsettled` says of a payment).
 # A purchase already held or unresolved by status is guarded by status.
 _SETTLED_ON_A_PERSONS_WORD = (
@@ -358,7 +358,8 @@ def purchase_transition(*, purchase_id: str, name: str, cause: str, actor: str =
 
 def purchase_cancel(*, purchase_id: str, api_client: ApiClient | None = None,
                     acting_user=None, reason: str = "") -> Purchase:
-    """`cancelled` (DESIGN §10.12): by the buyer or support before any payment was
+    """`cancelled` (docs/recovery.md#cancelled-and-expired): by the buyer or support before any
+    payment was
     claimed — only failures the provider confirmed may precede it (a person's "failed"
     could still be overturned). Cancelling a cancelled purchase is a no-op."""
     with transaction.atomic():
@@ -383,7 +384,8 @@ def purchase_cancel(*, purchase_id: str, api_client: ApiClient | None = None,
 
 
 def purchases_expire_stale() -> int:
-    """`expired`: the quote expired before any payment was claimed (DESIGN §10.12)."""
+    """`expired`: the quote expired before any payment was claimed
+    (docs/recovery.md#cancelled-and-expired)."""
     count = 0
     ids = Purchase.objects.filter(status=PurchaseStatus.AWAITING_PAYMENT,
                                   quote__expires_at__lt=timezone.now()).values_list("id", flat=True)

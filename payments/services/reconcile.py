@@ -131,7 +131,8 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
 def _reconcile_refusal(op: PaymentOperation) -> DomainError | None:
     """Why this operation is not read back at all (nothing is read or written), or None."""
     # A person's (acknowledged) outcome is not the provider's: it can still be read back,
-    # and the provider's record outranks it (DESIGN §4).
+    # and the provider's record outranks it
+    # (docs/reliability.md#the-providers-record-outranks-a-person).
     if op.is_terminal and op.grade != Grade.ACKNOWLEDGED:
         return DomainError("already_settled", f"This operation is already {op.outcome}.",
                            status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
@@ -141,7 +142,7 @@ def _reconcile_refusal(op: PaymentOperation) -> DomainError | None:
                            status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                            purchase=op.purchase_id, operation=op.id)
     if op.outcome == Outcome.DISPATCHING:
-        # Its worker holds the send (issue 30 #1): an x402 refund may be waiting for the
+        # Its worker holds the send: an x402 refund may be waiting for the
         # signer, about to sign. A read now finds nothing and would call that "nothing
         # moved" while the send can still happen. The worker's answer settles it; a dead
         # worker is found by the dead-dispatch sweep (-> unknown, then read back).
@@ -197,7 +198,7 @@ def _reconcile_finish(settled: PaymentOperation, result: CallResult, *,
 def operations_reconcile_prepare(*, operation_ids: list[str]
                                  ) -> tuple[list[PaymentOperation], list[PaymentOperation],
                                             dict[str, DomainError]]:
-    """The set-based reconcile (issue 18, the sweep), step 1: one read of a batch. Returns
+    """The set-based reconcile (the sweep), step 1: one read of a batch. Returns
     the operations whose read-back is network only (`operation_reconcile_read` may run
     them on other threads), those read through the database too (x402: one by one with
     `operation_reconcile`), and the refused ones with the error `operation_reconcile`
@@ -295,8 +296,8 @@ def operations_reconcile_apply(*, reads: list[tuple[PaymentOperation, CallResult
 
 def operation_reconcile_on_demand(*, operation_id: str, actor: str) -> int:
     """A read-back someone asked for (API, MCP). At most one per operation per
-    RECONCILE_ON_DEMAND_COOLDOWN_SECONDS (issue 25 #6: 200 POSTs made 200 provider reads
-    and 200 timeline rows): within the cooldown nothing is read or written and the
+    RECONCILE_ON_DEMAND_COOLDOWN_SECONDS (without it, 200 POSTs would make 200 provider
+    reads and 200 timeline rows): within the cooldown nothing is read or written and the
     caller answers the current state. Returns 0 after a read-back, else the seconds to
     wait (Retry-After). The claim is one atomic `cache.add` in the shared cache (Redis),
     so concurrent requests on any web process cannot both read."""
@@ -304,8 +305,8 @@ def operation_reconcile_on_demand(*, operation_id: str, actor: str) -> int:
 
     cooldown = int(settings.RECONCILE_ON_DEMAND_COOLDOWN_SECONDS)
     op = PaymentOperation.objects.get(id=operation_id)
-    # Whatever operation_reconcile would read (an operation a person settled included,
-    # issue 30 #10) is under the cooldown; settled or never sent it refuses without reading.
+    # Whatever operation_reconcile would read (an operation a person settled
+    # included) is under the cooldown; settled or never sent it refuses without reading.
     open_for_reading = _reconcile_refusal(op) is None
     key = f"reconcile-on-demand:{operation_id}"
     now = time.time()
@@ -341,9 +342,9 @@ def _schedule_acknowledged_read_back(op: PaymentOperation) -> None:
 
 def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
                             actor: str) -> PaymentOperation:
-    """After a read-back of an operation a person settled (found by the soak: a "succeeded"
-    accepted while the provider was unreachable was never read again, and the provider
-    showed the confirm unapplied). The observation was already applied: agreeing evidence
+    """After a read-back of an operation a person settled (a "succeeded" accepted while the
+    provider was unreachable must be read again: the provider may show the confirm
+    unapplied). The observation was already applied: agreeing evidence
     upgraded it to confirmed, contradicting final evidence overturned it. What is left:
     - a payment the person called succeeded that the provider shows never applied, past
       the provider's in-flight window: cancel it at the provider (no money moved; the
@@ -373,7 +374,7 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
             and op.outcome == Outcome.SUCCEEDED and shows_no_money_moved(obj, kind=op.kind)
             and _past_inflight_window(op)):
         # A person's "captured"/"voided" while the provider still shows the authorization
-        # standing (issue 30 #5): the provider's record overturns it, as for charges.
+        # standing: the provider's record overturns it, as for charges.
         with transaction.atomic():
             purchase, locked = lock_purchase_and_operation(op.id)
             if (locked.grade == Grade.ACKNOWLEDGED and locked.outcome == Outcome.SUCCEEDED
@@ -385,10 +386,10 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
                                      obj=obj, final=True)
         return PaymentOperation.objects.select_related("purchase").get(id=op.id)
     if refund_never_received(op, result):
-        # A person's word on a refund the provider never received (issue 30 part C, round
-        # 3): the provider is readable, holds no refund of this operation and, past the
-        # in-flight window, will not. No money moved: a "succeeded" is overturned, a
-        # "failed" confirmed (its amount is free again).
+        # A person's word on a refund the provider never received: the provider is readable,
+        # holds no refund of this operation and, past the in-flight window, will not. No
+        # money moved: a "succeeded" is overturned, a "failed" confirmed (its amount is free
+        # again).
         with transaction.atomic():
             purchase, locked = lock_purchase_and_operation(op.id)
             if locked.grade == Grade.ACKNOWLEDGED and locked.outcome in (Outcome.SUCCEEDED,
@@ -530,7 +531,7 @@ def operations_sweep_dead_dispatches() -> int:
     confirm claimed -> unknown (reconcile); confirm never claimed -> failed not_confirmed.
 
     A live worker keeps its lease: an x402 refund waiting for the signer's lock renews it
-    between wait slices (issue 30 #1), so only a worker that stopped renewing is swept.
+    between wait slices, so only a worker that stopped renewing is swept.
     Sweeping a worker that is alive after all is still safe: its next step is a
     compare-and-set on `dispatching` under this row lock, so it signs and sends nothing
     once swept (payments.services.dispatch._x402_refund_keep_claim)."""
@@ -559,7 +560,7 @@ def operations_verify_before_follow_up(*, purchase_id: str) -> None:
     (acknowledged) and apply what the provider shows — an on-the-fly reconcile, as Kill
     Bill's janitor does. The follow-up's own checks then see the provider's truth.
     No transaction may be open (network I/O)."""
-    # Refunds too (issue 30 part C, round 3): a refund a person called failed may have
+    # Refunds too: a refund a person called failed may have
     # been paid back all the same; read before another refund is asked. A refund finance
     # declined was never sent: nothing to read.
     ids = list(PaymentOperation.objects.filter(

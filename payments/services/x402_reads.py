@@ -1,4 +1,5 @@
-"""Read-only reconciliation of an x402 charge from the chain (DESIGN §4, x402).
+"""Read-only reconciliation of an x402 charge from the chain
+(docs/x402.md#reconciled-from-the-chain-only).
 
 The x402 rail's read-back (its `RailEvidence.read_back`, registered in
 payments/services/x402_refunds.py): reads the chain through the adapter
@@ -22,7 +23,8 @@ from ..providers.x402 import (
 
 
 def x402_operation_read_back(op: PaymentOperation) -> CallResult:
-    """The chain, read-only: never a second settle (DESIGN §4, x402). A payment by its
+    """The chain, read-only: never a second settle
+    (docs/x402.md#reconciled-from-the-chain-only). A payment by its
     authorization; a refund by its transfer back (receipt and Transfer log)."""
     if op.kind in PAYMENT_KINDS:
         return x402_read_back(op)
@@ -36,7 +38,7 @@ def x402_read_back(op: PaymentOperation) -> CallResult:
     if auth is None:  # never persisted: the settle was never called for it
         return CallResult(Classification.NOT_FOUND, detail="no x402 authorization recorded")
     # Paid only by Transfer(payer -> pay_to, value) in the transaction that used the nonce;
-    # the log search starts where the nonce was read unused before the settle (issue 31).
+    # the log search starts where the nonce was read unused before the settle.
     from_block = (auth.settle_answer or {}).get("search_from_block")
     try:
         view = get_chain_reader().read(payer=auth.payer, nonce=auth.nonce,
@@ -59,8 +61,8 @@ def x402_refund_read_back(op: PaymentOperation) -> CallResult:
     """A refund's transfer back, read from the chain: its receipt (confirmations) and the
     Transfer log signer -> payer of the value. Never a send.
 
-    No hash stored is "nothing moved" only once nothing can be sent any more (issue 30
-    #1). The signer stores the hash before it broadcasts, and both its sign and that
+    No hash stored is "nothing moved" only once nothing can be sent any more.
+    The signer stores the hash before it broadcasts, and both its sign and that
     store are a compare-and-set under the operation's row lock (still `dispatching`, same
     claim: payments.services.dispatch). So: while the operation is `dispatching` a send
     can still happen — no verdict, still in flight; once it is not, any hash that will

@@ -80,7 +80,7 @@ def _refund_wait_slice() -> float:
 
 
 def _refund_keep_claim(operation_id: str, call_id: int) -> None:
-    """The compare-and-set of an x402 refund's send (issue 30 #1), under the operation's
+    """The compare-and-set of an x402 refund's send, under the operation's
     row lock: it is still `dispatching` and its claimed send (this ProviderCall, no answer
     recorded) is still open; if so its lease is renewed, else ClaimLost. Run before the
     signer's nonce read and sign, before the hash is stored (and so before the broadcast),

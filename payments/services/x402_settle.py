@@ -10,7 +10,7 @@ PAYMENT-SIGNATURE and this service settles it in three phases (STYLE rule 5):
    settle step claimed once and the hold reserved;
 2. the facilitator's settle, with no transaction open;
 3. its answer applied through the one observation function
-   (operation_apply_observation), classified as DESIGN §4 (x402) says.
+   (operation_apply_observation), classified as docs/x402.md#how-a-settle-is-classified says.
 
 Idempotency: (payer, nonce) and the `payment-identifier` extension id identify the
 operation. The same payload again is a replay of the operation's *current* state, never
@@ -123,7 +123,7 @@ ERR_SIGNATURE = "invalid_exact_evm_payload_signature"
 
 # A buyer's clock may run ahead of Verity's; the SDK client signs validBefore = now +
 # maxTimeoutSeconds. Beyond that (plus this) the buyer would choose how long Verity's
-# operation stays unresolved and leave a usable authorization behind a failure (issue 31).
+# operation stays unresolved and leave a usable authorization behind a failure.
 VALID_BEFORE_SKEW_SECONDS = 60
 # The EIP-3009 transfer method: the only one Verity checks and settles.
 _EIP3009 = "eip3009"
@@ -255,7 +255,8 @@ def _phase1(*, purchase: Purchase, api_client, signed: adapter.SignedPayment,
                    .exclude(retried_by__isnull=False).order_by("-created_at").first())
     if last_failed is not None:
         # A new authorization after a failed one is a retry of it on purpose; a failure
-        # that is only a person's word is read back first (DESIGN §4).
+        # that is only a person's word is read back first
+        # (docs/reliability.md#the-providers-record-outranks-a-person).
         operations_verify_before_follow_up(purchase_id=purchase.id)
     with transaction.atomic():
         op = payment_create(
@@ -290,7 +291,7 @@ def _answer_object(op: PaymentOperation, answer: adapter.SettleAnswer) -> Provid
     if answer.kind == adapter.SettleKind.SUCCESS:
         # The facilitator saw the receipt. On the local chain with one confirmation its
         # word is enough; elsewhere the chain's read-back decides (the Transfer log to
-        # pay_to, the confirmations): a facilitator is not the proof of money (issue 31).
+        # pay_to, the confirmations): a facilitator is not the proof of money.
         status = (adapter.ChainStatus.CONFIRMED
                   if settings.X402_CONFIRMATIONS <= 1 and _local_network()
                   else adapter.ChainStatus.PENDING)

@@ -1,6 +1,7 @@
 """Delete finished Idempotency-Key records older than a retention period.
 
-A replay answers from a record "for as long as the record exists" (DESIGN §6); this
+A replay answers from a record "for as long as the record exists"
+(docs/walkthrough.md#api-rules-the-code-relies-on); this
 command sets how long that is. In-flight records are never touched: their lease decides.
 """
 from datetime import timedelta

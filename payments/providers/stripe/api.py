@@ -1,6 +1,7 @@
 """Stripe SDK calls: the only module that calls the Stripe SDK for money movements.
 
-It maps SDK answers and errors to Verity's own classification (DESIGN §4, §10.3):
+It maps SDK answers and errors to Verity's own classification (see
+docs/reliability.md#outcome-classification):
   - 2xx                                   -> OK with the object's safe fields
   - 402 card error                        -> DECLINED
   - other 4xx                             -> REJECTED (the service reads back on non-create)
@@ -356,7 +357,7 @@ class StripeProvider:
 
     def create_payment_intent_with_shared_token(self, *, key, amount, currency, token,
                                                 capture_method, metadata) -> CallResult:
-        """A shared payment token (spt_…) an agent platform delegated (ACP, issue 33): Stripe
+        """A shared payment token (spt_…) an agent platform delegated (ACP): Stripe
         takes it as `payment_method_data[shared_payment_granted_token]` on the PaymentIntent
         and resolves it to the granted PaymentMethod, within the token's usage limits
         (amount, currency, expiry, single use). Same two steps as any payment: created

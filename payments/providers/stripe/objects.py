@@ -64,8 +64,8 @@ class StripeObject(ProviderObject):
         return self.status == "succeeded"
 
     def outcome_for(self, kind: str) -> Outcome | None:
-        """DESIGN §10.3. For a capture, `requires_capture` is not yet success; for a void,
-        only `canceled` is success."""
+        """docs/reliability.md#outcome-classification. For a capture, `requires_capture` is
+        not yet success; for a void, only `canceled` is success."""
         s = self.status
         if self._refund:
             return _REFUND_OUTCOME.get(s)

@@ -99,7 +99,8 @@ def _id_of(value) -> str:
 
 
 def event_account(event: dict) -> str:
-    """A missing `account` means the platform account (DESIGN §10.9)."""
+    """A missing `account` means the platform account
+    (docs/webhooks.md#which-account-an-event-is-about)."""
     account = event.get("account")
     if account is not None and not isinstance(account, str):
         return ""  # malformed: `event_shape_problem` rejects such an event at ingestion
@@ -171,16 +172,16 @@ def object_from_event_payload(event: dict) -> ProviderObject:
     the worker reads only what was stored.
     """
     obj = event["data"]["object"]
-    kind = str(obj.get("object") or "")
+    object_type = str(obj.get("object") or "")
     error = obj.get("last_payment_error") or {}
     failure_code = ""
     if isinstance(error, dict) and error:
         failure_code = str(error.get("code") or error.get("decline_code") or "")
-    if kind == "refund":
+    if object_type == "refund":
         failure_code = str(obj.get("failure_reason") or "")
     amount = obj.get("amount")
     return StripeObject(
-        object_type=kind,
+        object_type=object_type,
         id=str(obj.get("id") or ""),
         status=str(obj.get("status") or ""),
         amount=amount if isinstance(amount, int) else -1,

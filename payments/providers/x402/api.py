@@ -4,8 +4,8 @@ that imports `web3` or talks to a facilitator.
 Two parts, both returning provider-neutral results (payments.providers.base):
 - `FacilitatorClient.settle` — a thin HTTP client of our own. The SDK's
   `HTTPFacilitatorClient` raises on any non-200 and drops the body, and a hosted
-  facilitator answers `settlement_pending` as HTTP 500 (DESIGN §11): we keep the status
-  *and* the body and classify them here (DESIGN §4, x402 table).
+  facilitator answers `settlement_pending` as HTTP 500 (docs/x402.md): we keep the status
+  *and* the body and classify them here (docs/x402.md#how-a-settle-is-classified).
 - `ChainReader.read` — read-only reconciliation from the chain: the token's
   `authorizationState(from, nonce)`, the `AuthorizationUsed` / `AuthorizationCanceled` logs
   (they find the transfer even without a transaction hash), the stored transaction's
@@ -115,7 +115,8 @@ class X402Transfer(ProviderObject):
 
     def outcome_for(self, kind: str) -> Outcome | None:
         # What the chain (or the facilitator's answer) says of one EIP-3009 authorization
-        # or transfer back (DESIGN §4, x402): `unused` (still usable) is no verdict.
+        # or transfer back (docs/x402.md#reconciled-from-the-chain-only): `unused` (still
+        # usable) is no verdict.
         return _CHAIN_OUTCOME.get(self.status)
 
     def shows_no_money_moved(self, kind: str) -> bool:
@@ -171,7 +172,7 @@ _INVALID_REASONS = {
 
 @dataclass(frozen=True)
 class SettleAnswer:
-    """One settle request, classified (DESIGN §4 x402 table)."""
+    """One settle request, classified (docs/x402.md#how-a-settle-is-classified)."""
 
     kind: str
     http_status: int | None = None
@@ -391,7 +392,7 @@ class ChainReader:
         self._chain_checked = False
 
     def _check_chain(self) -> None:
-        """The RPC serves X402_NETWORK's chain (issue 31 #4): another chain's "unused,
+        """The RPC serves X402_NETWORK's chain: another chain's "unused,
         expired" would fail a real payment, its balance would pass an unfunded one.
         Raises ChainMismatch (a read error: no verdict, nothing settled)."""
         if self._chain_checked or not self.network.startswith("eip155:"):
@@ -448,7 +449,7 @@ class ChainReader:
 
         A used nonce is a payment only when the transaction that used it carries the
         Transfer(payer -> pay_to, value) log: the nonce may have been spent on any other
-        transfer of the payer's (issue 31)."""
+        transfer of the payer's."""
         self._check_chain()
         payer = Web3.to_checksum_address(payer)
         latest_block = self.w3.eth.get_block("latest")
@@ -597,7 +598,7 @@ class _Broadcast:
 class RefundSender:
     """Signs and broadcasts `transfer(payer, value)` from the refund signer: a separate
     refund account with a small float that finance tops up, never the receiving account
-    pay_to (issue 31 #4; config/settings/security.py refuses that key). The signed
+    pay_to (config/settings/security.py refuses that key). The signed
     transaction's hash and nonce are handed to `on_signed` (which persists them) before
     the broadcast, so a lost answer leaves a hash to read.
     A broadcast refused because another transaction of the signer took the nonce is
@@ -644,7 +645,7 @@ class RefundSender:
         broadcast, left before the receipt wait. If it cannot be entered, nothing was
         signed: not_sent.
 
-        The claim (issue 30 #1): `still_claimed()` raises ClaimLost when the caller no
+        The claim: `still_claimed()` raises ClaimLost when the caller no
         longer holds the send it claimed, and renews its lease otherwise. It runs while
         this send waits for another send of this process (every `wait_slice_seconds`) and
         once the signer is held, before the nonce read and the sign; `on_signed` may raise
@@ -829,7 +830,7 @@ def get_refund_sender() -> RefundSender:
 
 def refund_account_address() -> str:
     """The refund account (the address of X402_REFUND_PRIVATE_KEY); "" when none is set.
-    Never pay_to: Verity holds no key of its receiving account (issue 31 #4)."""
+    Never pay_to: Verity holds no key of its receiving account."""
     key = settings.X402_REFUND_PRIVATE_KEY
     return Web3().eth.account.from_key(key).address if key else ""
 
@@ -1013,7 +1014,7 @@ def parse_payment_signature(header: str) -> SignedPayment:
     auth = inner.get("authorization") or {}
     signature = str(inner.get("signature") or "")
     # Exactly what Verity checks and nothing beside it: a Permit2 authorization next to the
-    # EIP-3009 one would be settled as Permit2 by the facilitator (issue 31).
+    # EIP-3009 one would be settled as Permit2 by the facilitator.
     if set(inner) != _PAYLOAD_KEYS or not isinstance(auth, dict) or set(auth) != _AUTH_KEYS:
         raise PaymentSignatureInvalid("the payload must be exactly an EIP-3009 authorization "
                                       "(authorization: from, to, value, validAfter, "
