@@ -290,7 +290,7 @@ def _guidance(step: next_action.NextStep) -> tuple[str, NextTool | None]:
         return (f"This payment failed and was already retried as {step.retried_by}; follow "
                 "that operation with get_operation.",
                 _tool("get_operation", 0, operation_id=step.retried_by))
-    if step.by_team:
+    if situation == S.FAILED_UNCONFIRMED:
         # A person's "failed" the provider has not confirmed: money may have moved, and the
         # provider's record would overrule. Read it back first (any retry reads it back
         # too, see payments.services.operations_verify_before_follow_up); never tell the

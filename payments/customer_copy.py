@@ -133,10 +133,12 @@ WORDS: dict[str, tuple[str, str]] = {
         "Our team has confirmed that your payment is being returned to your payment "
         "method. How long it takes to appear depends on your bank. "
         "You do not need to do anything."),
-    "failed_by_team": (
-        "Your payment did not go through",
-        "Our team has confirmed that this payment did not go through, so no order was "
-        "placed. You may try again, for example with another payment method."),
+    "failed_unconfirmed": (
+        "We are confirming your payment with the payment provider",
+        "Our team found that this payment did not go through, and is confirming it with the "
+        "payment provider. Please do not pay again yet: if you were charged, the order "
+        "goes ahead or the money is returned. If you have questions, contact {contact} and "
+        "quote your purchase reference."),
     "failed": (
         "Your payment did not go through",
         "The payment provider declined or did not take this payment, so no order was "
@@ -356,11 +358,13 @@ def _failed(f: _Facts) -> CustomerState:
     if step.situation == Situation.FAILED_ATTEMPTS_EXHAUSTED:
         return f.state(StateCode.FAILED, *wording("failed_attempts_exhausted",
                                                   contact=f.contact))
+    if step.situation == Situation.FAILED_UNCONFIRMED:
+        return f.state(StateCode.UNDER_REVIEW, *wording("failed_unconfirmed",
+                                                        contact=f.contact))
     if not step.buyer_may_pay_again:
         return f.state(StateCode.FAILED, *wording("failed_start_new"))
     url = _pay_again_url(f.purchase.id)
-    key = "failed_by_team" if step.by_team else "failed"
-    return f.state(StateCode.FAILED, *wording(key), can_pay_again=url is not None,
+    return f.state(StateCode.FAILED, *wording("failed"), can_pay_again=url is not None,
                    pay_again_url=url)
 
 

@@ -51,6 +51,9 @@ class Situation(str, Enum):
     AWAITING_APPROVAL = "awaiting_approval"
     SUCCEEDED = "succeeded"
     FAILED_RETRIED = "failed_retried"  # follow the retry instead
+    # a person's "failed" the provider has not confirmed: money may have moved, so nobody
+    # pays again until the provider is read back (payment_create refuses the retry too)
+    FAILED_UNCONFIRMED = "failed_unconfirmed"
     FAILED_QUOTE_GONE = "failed_quote_gone"  # a retry needs a new quote
     FAILED_ATTEMPTS_EXHAUSTED = "failed_attempts_exhausted"
     FAILED_INVALID = "failed_invalid"  # the provider refused it as invalid
@@ -161,6 +164,9 @@ def operation_next_step(op: PaymentOperation) -> NextStep:
     if retry_id is not None:
         return step(Situation.FAILED_RETRIED, Owner.NONE, RetryAdvice.FORBIDDEN, reason,
                     retried_by=retry_id)
+    if by_team:
+        return step(Situation.FAILED_UNCONFIRMED, Owner.RECONCILIATION, RetryAdvice.FORBIDDEN,
+                    "failure_unconfirmed")
     if not quote_usable(op.purchase.quote):
         return step(Situation.FAILED_QUOTE_GONE, Owner.BUYER, RetryAdvice.NEW_QUOTE, reason)
     attempts = _payment_attempts(op)
@@ -294,6 +300,10 @@ def api_message(step: NextStep) -> str:
                            "again."),
         s.FAILED_RETRIED: f"This payment failed and was already retried as "
                           f"{step.retried_by}; follow that operation instead.",
+        s.FAILED_UNCONFIRMED: "Our team resolved this payment as failed, but the provider has "
+                              "not confirmed it, so the buyer may still have been charged. "
+                              "Do not pay again and do not open a new purchase; "
+                              f"reconciliation reads the provider back. Poll GET {op_url}.",
         s.FAILED_QUOTE_GONE: f"{failed_nothing_moved} The quote is no longer valid: request a "
                              "new quote and create a new purchase.",
         s.FAILED_ATTEMPTS_EXHAUSTED: f"{failed_nothing_moved} This purchase had "

@@ -478,6 +478,9 @@ def _staff_words(step: NextStep) -> str:
         s.SUCCEEDED: "Nothing to do.",
         s.FAILED_RETRIED: f"{ref} failed{reason} and was retried as {step.retried_by}: "
                           "follow the retry.",
+        s.FAILED_UNCONFIRMED: f"{ref} was resolved failed by a person{reason}; the provider "
+                              "has not confirmed it: reconciliation reads it back before the "
+                              "buyer may pay again.",
         s.FAILED_QUOTE_GONE: f"{ref} failed{reason} and the quote has expired: the buyer "
                              "starts a new purchase at the storefront.",
         s.FAILED_ATTEMPTS_EXHAUSTED: f"{ref} failed{reason}; this purchase had "

@@ -8,12 +8,11 @@ view: its rule (payments/customer_copy.py) is that "Pay again" is offered only w
 last payment definitively failed. The buyer then follows the invitation while reads still
 fail. Counted at localstripe.
 
-Seen: can_pay_again=True, next step buyer/new_operation (by_team=True); the retry the page
-invites is refused (original_unverified) and localstripe holds 1 succeeded charge. So the
-money held, but the page (and the REST advice) invite an action the server refuses while
-money has in fact moved (DESIGN §8: pay again "only when the last payment definitively
-failed"). Not fixed here: REST, MCP and the agreement test
-(tests/support/test_next_action_agrees.py) share that advice; see the round 4 report.
+Seen before the fix: can_pay_again=True, next step buyer/new_operation (by_team=True);
+the retry the page invited was refused (original_unverified) and localstripe held 1
+succeeded charge: the page and the REST advice invited an action the server refuses while
+money had in fact moved. Fixed in payments.next_action (FAILED_UNCONFIRMED: reconciliation
+owns it, no retry), rendered by every surface.
 """
 import pytest
 
@@ -28,11 +27,6 @@ from payments.services import provider_for_rail
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "round 4: after a person's unverified 'failed' (grade acknowledged) on a charge that "
-    "succeeded at localstripe, the customer page offers 'Pay again' (can_pay_again, the "
-    "storefront URL) and next_action says buyer/new_operation, while payment_create "
-    "refuses that retry (503 original_unverified). Money held: 1 charge."))
 def test_a_persons_unverified_failure_does_not_invite_the_buyer_to_pay_again(
         api_client, new_purchase, drill, read_drill, django_user_model, localstripe,
         settings):

@@ -186,8 +186,10 @@ def test_a_payment_resolved_failed_by_a_person_says_so(new_purchase, api_client,
                                            actor="resolver", acting_user=resolver)
 
     assert "Our team resolved this payment as failed" in operation_next_action(op)["message"]
-    assert "Our team has confirmed" in customer_state(
-        Purchase.objects.get(pk=purchase.pk)).message
+    # the provider has not confirmed it: the buyer is told to wait, not to pay again
+    state = customer_state(Purchase.objects.get(pk=purchase.pk))
+    assert "confirming it with the payment provider" in state.message
+    assert not state.can_pay_again
 
 
 # -- also check: the buyer cancels before payment ------------------------------------------
