@@ -177,7 +177,7 @@ def _intent(event: ProviderEvent) -> MoveVerdict | None:
             or payment.outcome != Outcome.SUCCEEDED):
         return None
     external = payment.children.filter(origin=Origin.PROVIDER,
-                                       kind=(OperationKind.CAPTURE if obj.status == "succeeded"
+                                       kind=(OperationKind.CAPTURE if obj.succeeded
                                              else OperationKind.VOID)).first()
     if external is not None:  # redelivered or repeated: already recorded
         return MoveVerdict(EventResult.IGNORED, "made_outside_verity_known", external.pk,

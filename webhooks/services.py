@@ -326,7 +326,7 @@ def _evaluate_locked(event: ProviderEvent) -> _Verdict:
 def _void_of(op, obj: ProviderObject):
     """The void a `canceled` PaymentIntent answers, if Verity voided that payment."""
 
-    if obj.status != "canceled" or op.kind not in PAYMENT_KINDS:
+    if not obj.canceled or op.kind not in PAYMENT_KINDS:
         return None
     return (PaymentOperation.objects.select_related("purchase", "parent")
             .filter(parent=op, kind=OperationKind.VOID).exclude(outcome=Outcome.FAILED)

@@ -66,6 +66,12 @@ class ProviderObject:
         captured)."""
         return False
 
+    @property
+    def final(self) -> bool:
+        """A status the provider will not move on its own any more (a webhook stating it
+        is as good as a read-back)."""
+        return False
+
     def outcome_for(self, kind: str) -> Outcome | None:
         """The outcome this record states for an operation of `kind`, or None (no
         verdict: absence of evidence is not failure)."""

@@ -167,9 +167,6 @@ def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: st
         run_steps_put(purchase_id=purchase.id)
 
 
-# Provider statuses that never change again for the operation they settle (an event
-# carrying one may overturn a person's resolution without a read-back first).
-_FINAL_STATUSES = frozenset({"succeeded", "requires_capture", "canceled", "failed"})
 
 
 def _other_payment_success(op: PaymentOperation) -> PaymentOperation | None:
@@ -470,12 +467,12 @@ def _apply_observation_locked(purchase: Purchase, op: PaymentOperation, obj: Pro
     target = outcome_from_object(obj, kind=op.kind)
     if target is None:
         return ApplyResult.NO_CHANGE
-    if (op.kind == OperationKind.AUTHORIZE and obj.status == "canceled"
+    if (op.kind == OperationKind.AUTHORIZE and obj.canceled
             and op.outcome == Outcome.SUCCEEDED and _voided_by_verity(op)):
         # A canceled PaymentIntent after Verity's own void agrees with Verity: the
         # authorization did succeed, and the void cancelled it.
         return ApplyResult.NO_CHANGE
-    final = source == Verification.PROVIDER or obj.status in _FINAL_STATUSES
+    final = source == Verification.PROVIDER or obj.final
     return outcome_apply_locked(purchase, op, target, grade=Grade.CONFIRMED, verification=source,
                                 cause=cause, actor=actor, evidence=obj.safe_fields(), obj=obj,
                                 final=final)

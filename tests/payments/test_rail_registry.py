@@ -128,3 +128,28 @@ def test_no_generic_service_branches_on_a_named_rail():
             if branch.search(line):
                 found.append(f"{path.name}:{number}: {line.strip()}")
     assert found == []
+
+
+def test_no_provider_status_is_spelled_outside_its_adapter():
+    """Provider vocabulary stays in the adapter: the services and the webhook processing
+    ask the provider object (`canceled`, `succeeded`, `final`, ...), never compare its
+    status with one of Stripe's words (docs/architecture.md)."""
+    import re
+    from pathlib import Path
+
+    import webhooks
+
+    stripe_words = ("canceled", "succeeded", "requires_capture", "requires_confirmation",
+                    "requires_action", "requires_payment_method", "processing")
+    spelled = re.compile(r"\bstatus\s*(==|!=|in|not in)\s*[\(\{\[]?\s*\"(%s)\""
+                         % "|".join(stripe_words))
+    roots = [Path(services.__file__).parent, Path(webhooks.__file__).parent]
+    found = []
+    for root in roots:
+        for path in sorted(root.glob("*.py")):
+            if path.name.startswith("x402_"):
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if spelled.search(line):
+                    found.append(f"{path.parent.name}/{path.name}:{number}: {line.strip()}")
+    assert found == []

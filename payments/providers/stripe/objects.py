@@ -18,6 +18,8 @@ _NOT_APPLIED_INTENT = frozenset({"requires_payment_method", "requires_confirmati
 _REFUND_OUTCOME = {"succeeded": Outcome.SUCCEEDED, "pending": Outcome.AWAITING_PROVIDER,
                    "requires_action": Outcome.AWAITING_PROVIDER, "failed": Outcome.FAILED,
                    "canceled": Outcome.FAILED}
+# Statuses Stripe does not move on its own any more.
+_FINAL = frozenset({"succeeded", "requires_capture", "canceled", "failed"})
 # A refund's statuses in which the provider may still pay the buyer back.
 _REFUND_IN_FLIGHT = frozenset({"pending", "requires_action"})
 # A refund's statuses that returned nothing (a later event cannot revive them).
@@ -62,6 +64,10 @@ class StripeObject(ProviderObject):
     @property
     def succeeded(self) -> bool:
         return self.status == "succeeded"
+
+    @property
+    def final(self) -> bool:
+        return self.status in _FINAL
 
     def outcome_for(self, kind: str) -> Outcome | None:
         """docs/reliability.md#outcome-classification. For a capture, `requires_capture` is

@@ -91,6 +91,12 @@ class X402Transfer(ProviderObject):
     shows it: the x402 rail's vocabulary (payments.providers.base.ProviderObject)."""
 
     @property
+    def final(self) -> bool:
+        # Read from the chain only (no webhooks): mined, expired, cancelled or unusable.
+        return self.status in (ChainStatus.CONFIRMED, ChainStatus.EXPIRED,
+                               ChainStatus.CANCELED, ChainStatus.INVALID)
+
+    @property
     def canceled(self) -> bool:
         return self.status == ChainStatus.CANCELED
 
