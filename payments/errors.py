@@ -15,9 +15,9 @@ class ErrorCode(StrEnum):
     still passes or compares a literal keeps working; new code names the member. The values
     are part of the API contract: never rename one, add a new member instead."""
 
-    ALREADY_ACKNOWLEDGED = "already_acknowledged"
     ALREADY_PAID = "already_paid"
     ALREADY_RETRIED = "already_retried"
+    ALREADY_REVIEWED = "already_reviewed"
     ALREADY_SETTLED = "already_settled"
     AMOUNT_MISMATCH = "amount_mismatch"
     APPROVER_IS_REQUESTER = "approver_is_requester"

@@ -26,7 +26,7 @@ from payments.enums import (
     Outcome,
     Verification,
 )
-from payments.errors import ApplyResult, DomainError
+from payments.errors import ApplyResult, DomainError, ErrorCode
 from payments.models import OperationTransition, PaymentOperation
 from payments.providers.base import ProviderObject, outcome_from_object
 from payments.providers.stripe.webhooks import (
@@ -498,11 +498,11 @@ def _triage_locked(*, event_id: int, acting_user, reason: str) -> ProviderEvent:
     # The permission (Action.TRIAGE_QUARANTINE) is checked at the edge, by the console's
     # support.services.event_triage_by_user, before this runs.
     if not (reason or "").strip():
-        raise DomainError("reason_required", "A reason is required.", status=422,
+        raise DomainError(ErrorCode.REASON_REQUIRED, "A reason is required.", status=422,
                           owner="support")
     event = ProviderEvent.objects.select_for_update().get(pk=event_id)
     if event.result != EventResult.QUARANTINED:
-        raise DomainError("event_not_quarantined", "This event is not quarantined.",
+        raise DomainError(ErrorCode.EVENT_NOT_QUARANTINED, "This event is not quarantined.",
                           status=409, owner="support")
     return event
 

@@ -20,7 +20,7 @@ from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
 
 from ..enums import TERMINAL_OUTCOMES, Grade, OperationKind, Outcome, PurchaseStatus, Reason
-from ..errors import DomainError
+from ..errors import DomainError, ErrorCode
 from ..locks import lock_purchase_and_operation
 from ..models import OperationTransition, PaymentOperation, ProviderCall, Purchase, PurchaseChannel
 from ..providers.base import CallResult, RailAdapter
@@ -273,7 +273,7 @@ def _lock_or_404(operation_id: str) -> tuple[Purchase, PaymentOperation]:
     try:
         return lock_purchase_and_operation(operation_id)
     except PaymentOperation.DoesNotExist:
-        raise DomainError("not_found", "No such operation.", status=404) from None
+        raise DomainError(ErrorCode.NOT_FOUND, "No such operation.", status=404) from None
 
 
 def operation_audit_write(*, actor: str, action: str, op: PaymentOperation, reason: str,

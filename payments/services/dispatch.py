@@ -25,7 +25,7 @@ from ..enums import (
     RetryAdvice,
     Verification,
 )
-from ..errors import ApplyResult, DomainError
+from ..errors import ApplyResult, DomainError, ErrorCode
 from ..locks import (
     assert_outside_transaction,
     lock_operation,
@@ -292,7 +292,7 @@ def operation_dispatch_or_wait(*, operation_id: str) -> PaymentOperation:
     is halted) so the message backs off and runs again instead of being marked done."""
     op = operation_dispatch(operation_id=operation_id)
     if op.outcome == Outcome.PENDING:
-        raise DomainError("workflow_halted", f"The {operation_workflow(op.kind)} workflow is "
+        raise DomainError(ErrorCode.WORKFLOW_HALTED, f"The {operation_workflow(op.kind)} workflow is "
                           "halted; the dispatch waits.", status=503, retry=RetryAdvice.SAME_KEY,
                           owner=Owner.SUPPORT, purchase=op.purchase_id, operation=op.id)
     return op

@@ -32,7 +32,7 @@ from ..enums import (
     Stage,
     Verification,
 )
-from ..errors import DomainError
+from ..errors import DomainError, ErrorCode
 from ..locks import (
     assert_outside_transaction,
     lock_purchase_and_operation,
@@ -249,18 +249,18 @@ def external_operation_review(*, operation_id: str, acting_user, reason: str
                                    ) -> PaymentOperation:
     """A person has seen an operation made outside Verity (audited, same transaction)."""
     if not (reason or "").strip():
-        raise DomainError("reason_required", "A reason is required.", status=422,
+        raise DomainError(ErrorCode.REASON_REQUIRED, "A reason is required.", status=422,
                           owner=Owner.SUPPORT)
     with transaction.atomic():
         try:
             _, op = lock_purchase_and_operation(operation_id)
         except PaymentOperation.DoesNotExist:
-            raise DomainError("not_found", "No such operation.", status=404) from None
+            raise DomainError(ErrorCode.NOT_FOUND, "No such operation.", status=404) from None
         if op.origin != Origin.PROVIDER:
-            raise DomainError("not_external", "This operation was made by Verity.", status=409,
+            raise DomainError(ErrorCode.NOT_EXTERNAL, "This operation was made by Verity.", status=409,
                               operation=op.id, purchase=op.purchase_id, owner=Owner.SUPPORT)
         if op.reviewed_at is not None:
-            raise DomainError("already_reviewed", "Already reviewed.", status=409,
+            raise DomainError(ErrorCode.ALREADY_REVIEWED, "Already reviewed.", status=409,
                               operation=op.id, purchase=op.purchase_id, owner=Owner.NONE)
         op.reviewed_at = timezone.now()
         op.reviewed_by = acting_user.get_username()[:150]

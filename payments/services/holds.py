@@ -7,7 +7,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from ..enums import HoldState, LimitPeriod, OperationKind, Outcome, Owner, RetryAdvice
-from ..errors import DomainError
+from ..errors import DomainError, ErrorCode
 from ..locks import lock_client
 from ..models import ApiClient, Hold, PaymentOperation
 
@@ -47,7 +47,7 @@ def _check_currency_allowed(client: ApiClient | None, currency: str) -> None:
     across currencies as raw minor units, and a purchase in a currency the client has no
     limit for is refused (docs/walkthrough.md#api-rules-the-code-relies-on)."""
     if client is not None and currency.lower() != (client.currency or "").lower():
-        raise DomainError("currency_not_allowed",
+        raise DomainError(ErrorCode.CURRENCY_NOT_ALLOWED,
                           f"This API client's spending limit is in {client.currency}; a "
                           f"purchase in {currency.lower()} is not allowed.", status=422,
                           retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
@@ -59,7 +59,7 @@ def _check_limit(client: ApiClient | None, amount: int) -> None:
         return
     figures = client_limits(client)
     if figures["consumed"] + figures["reserved"] + amount > client.spending_limit:
-        raise DomainError("spending_limit_exceeded", "This API client's spending limit does not "
+        raise DomainError(ErrorCode.SPENDING_LIMIT_EXCEEDED, "This API client's spending limit does not "
                           "cover this amount.", status=409, retry=RetryAdvice.FORBIDDEN,
                           owner=Owner.SUPPORT, extra={"limits": figures})
 

@@ -21,7 +21,7 @@ from ..enums import (
     RetryAdvice,
     Verification,
 )
-from ..errors import DomainError
+from ..errors import DomainError, ErrorCode
 from ..locks import assert_outside_transaction, lock_purchase_and_operation
 from ..models import PaymentOperation, ProviderCall
 from ..providers.base import ProviderObject, outcome_from_object, shows_no_money_moved
@@ -41,18 +41,18 @@ from .reconcile import _read_back, _schedule_acknowledged_read_back, refund_neve
 def _refuse_unresolvable(op: PaymentOperation, *, acting_client, acting_user) -> None:
     if (acting_client is not None and op.requested_by_client_id == acting_client.id) or (
             acting_user is not None and op.requested_by_user_id == acting_user.id):
-        raise DomainError("resolver_is_requester", "The requester of an operation cannot "
+        raise DomainError(ErrorCode.RESOLVER_IS_REQUESTER, "The requester of an operation cannot "
                           "resolve it.", status=403, operation=op.id, purchase=op.purchase_id,
                           owner=Owner.SUPPORT)
     if op.outcome not in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER):
-        raise DomainError("not_resolvable", f"An operation that is {op.outcome} cannot be "
+        raise DomainError(ErrorCode.NOT_RESOLVABLE, f"An operation that is {op.outcome} cannot be "
                           "resolved by hand.", status=409, operation=op.id,
                           purchase=op.purchase_id, owner=Owner.NONE)
 
 
 def _provider_contradicts(op: PaymentOperation, obj: ProviderObject, proposed: str) -> None:
     raise DomainError(
-        "provider_contradicts",
+        ErrorCode.PROVIDER_CONTRADICTS,
         f"The provider's record contradicts '{proposed}': it shows {obj.object_type} "
         f"{obj.id} as '{obj.status}'. That record was applied; the resolution was not.",
         status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
@@ -78,7 +78,7 @@ def _cancel_before_manual_failure_outside_transaction(op: PaymentOperation, *, a
             # (docs/reliability.md#rules-every-money-movement-obeys). Nothing was claimed; the
             # person tries again later.
             raise DomainError(
-                "workflow_halted", f"The {workflow} workflow is halted: the payment cannot "
+                ErrorCode.WORKFLOW_HALTED, f"The {workflow} workflow is halted: the payment cannot "
                 "be cancelled at the provider now, so it cannot be settled failed. Try "
                 "again once the halt is cleared.", status=503, retry=RetryAdvice.SAME_KEY,
                 owner=Owner.SUPPORT, purchase=op.purchase_id, operation=op.id)
@@ -105,7 +105,7 @@ def _cancel_before_manual_failure_outside_transaction(op: PaymentOperation, *, a
         if obj.canceled:
             return
     raise DomainError(
-        "provider_cancel_failed", "The provider did not confirm cancelling this payment, so "
+        ErrorCode.PROVIDER_CANCEL_FAILED, "The provider did not confirm cancelling this payment, so "
         "it cannot be settled failed yet (the buyer could still complete it). Try again.",
         status=409, retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT,
         purchase=op.purchase_id, operation=op.id)
@@ -128,13 +128,13 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
     """
     assert_outside_transaction()
     if not (reason or "").strip():
-        raise DomainError("reason_required", "A reason is required.", status=422)
+        raise DomainError(ErrorCode.REASON_REQUIRED, "A reason is required.", status=422)
     if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):
-        raise DomainError("invalid_outcome", "outcome must be succeeded or failed.", status=422)
+        raise DomainError(ErrorCode.INVALID_OUTCOME, "outcome must be succeeded or failed.", status=422)
     op = (PaymentOperation.objects.select_related("purchase", "parent")
           .filter(id=operation_id).first())
     if op is None:
-        raise DomainError("not_found", "No such operation.", status=404)
+        raise DomainError(ErrorCode.NOT_FOUND, "No such operation.", status=404)
     _refuse_unresolvable(op, acting_client=acting_client, acting_user=acting_user)
     read = _read_back(op)
     obj = read.object if read.classification == Classification.OK else None
@@ -159,7 +159,7 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
         # window it will not. A person's "succeeded" would book money back that never
         # left (the same rule as for charges).
         raise DomainError(
-            "provider_contradicts", "The provider's record contradicts 'succeeded': it "
+            ErrorCode.PROVIDER_CONTRADICTS, "The provider's record contradicts 'succeeded': it "
             "holds no refund of this operation, so no money moved. The resolution was not "
             "applied.", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
             purchase=op.purchase_id, operation=op.id,
@@ -172,7 +172,7 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
         # may yet succeed; a "failed" now invites a retry that charges twice — or a second
         # refund that pays back twice — once the first settles.
         raise DomainError(
-            "provider_processing", f"The provider shows {obj.object_type} {obj.id} as "
+            ErrorCode.PROVIDER_PROCESSING, f"The provider shows {obj.object_type} {obj.id} as "
             "'processing': it may still succeed, so it cannot be settled failed. Wait for "
             "the provider's answer.", status=409, retry=RetryAdvice.SAME_KEY,
             owner=Owner.RECONCILIATION, purchase=op.purchase_id, operation=op.id,
@@ -187,7 +187,7 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
         evidence_applied = op.is_terminal
         if op.is_terminal and op.outcome != outcome:
             # settled meanwhile by other evidence that says otherwise
-            raise DomainError("provider_contradicts", f"The provider's record shows this "
+            raise DomainError(ErrorCode.PROVIDER_CONTRADICTS, f"The provider's record shows this "
                               f"operation {op.outcome}; the resolution was not applied.",
                               status=409, owner=Owner.SUPPORT, operation=op.id,
                               purchase=purchase.id)
@@ -215,12 +215,12 @@ def operation_resolve_manual(*, operation_id: str, outcome: str, reason: str, ac
 def operation_overturn_review(*, operation_id: str, actor: str, reason: str) -> PaymentOperation:
     """A person has looked at what followed an overturn: the queue item closes."""
     if not (reason or "").strip():
-        raise DomainError("reason_required", "A reason is required.", status=422)
+        raise DomainError(ErrorCode.REASON_REQUIRED, "A reason is required.", status=422)
     with transaction.atomic():
         purchase, op = _lock_or_404(operation_id)
         if (op.next_action_owner != Owner.SUPPORT
                 or not op.transitions.filter(cause=OVERTURN_CAUSE).exists()):
-            raise DomainError("not_overturned", "This operation has no overturn waiting for "
+            raise DomainError(ErrorCode.NOT_OVERTURNED, "This operation has no overturn waiting for "
                               "review.", status=409, owner=Owner.NONE, operation=op.id,
                               purchase=purchase.id)
         op.next_action_owner = (Owner.BUYER if op.outcome == Outcome.FAILED

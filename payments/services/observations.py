@@ -28,7 +28,7 @@ from ..enums import (
     RetryAdvice,
     Verification,
 )
-from ..errors import ApplyResult, DomainError
+from ..errors import ApplyResult, DomainError, ErrorCode
 from ..locks import lock_purchase_and_operation
 from ..models import Dispute, OperationTransition, PaymentOperation, Purchase
 from ..providers.base import ProviderObject, outcome_from_object
@@ -342,7 +342,7 @@ def duplicate_compensation_ensure(*, operation_id: str) -> PaymentOperation | No
         left = duplicate_left(op)
         if (comp is None and left > 0 and not _duplicate_refused(op, left)
                 and not _rail_cannot_refund(op)):
-            raise DomainError("payment_unresolved", "Another operation on this purchase is "
+            raise DomainError(ErrorCode.PAYMENT_UNRESOLVED, "Another operation on this purchase is "
                               "not settled yet; the duplicate's refund waits for it.",
                               status=409, retry=RetryAdvice.SAME_KEY,
                               owner=Owner.RECONCILIATION, purchase=purchase.id,

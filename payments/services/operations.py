@@ -29,7 +29,7 @@ from ..enums import (
     RetryAdvice,
     Verification,
 )
-from ..errors import DomainError
+from ..errors import DomainError, ErrorCode
 from ..locks import lock_client, lock_purchase, lock_purchase_or_none
 from ..models import ApiClient, PaymentOperation, Purchase
 from ..providers.registry import registered_rails
@@ -80,7 +80,7 @@ def operation_insert_guarded(**fields) -> PaymentOperation:
     except IntegrityError as exc:
         purchase_id = fields["purchase"].id
         raise DomainError(
-            "payment_unresolved", "Another payment operation on this purchase is in progress.",
+            ErrorCode.PAYMENT_UNRESOLVED, "Another payment operation on this purchase is in progress.",
             status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.RECONCILIATION,
             purchase=purchase_id) from exc
 
@@ -89,7 +89,7 @@ def _check_currency(purchase: Purchase, currency: str | None) -> None:
     """Strict money requests (docs/walkthrough.md#api-rules-the-code-relies-on): a currency
     other than the quote's is refused, never silently replaced by the quote's."""
     if currency is not None and currency.lower() != purchase.currency.lower():
-        raise DomainError("currency_mismatch",
+        raise DomainError(ErrorCode.CURRENCY_MISMATCH,
                           f"This purchase is priced in {purchase.currency}, not "
                           f"{currency.lower()}; nothing was charged.", status=422,
                           retry=RetryAdvice.FORBIDDEN, purchase=purchase.id,
@@ -101,21 +101,21 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
                    amount: int | None = None, currency: str | None = None,
                    rail: str = Rail.STRIPE) -> PaymentOperation:
     if _halted("checkout"):
-        raise DomainError("workflow_halted", "Checkout is paused by an operator; try later with "
+        raise DomainError(ErrorCode.WORKFLOW_HALTED, "Checkout is paused by an operator; try later with "
                           "the same Idempotency-Key.", status=503, retry=RetryAdvice.SAME_KEY,
                           owner=Owner.SUPPORT, purchase=purchase_id)
     if capture_method not in ("automatic", "manual"):
-        raise DomainError("invalid_request", "capture must be automatic or manual.", status=400,
+        raise DomainError(ErrorCode.INVALID_REQUEST, "capture must be automatic or manual.", status=400,
                           retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
     if not payment_method or len(payment_method) > 100:
-        raise DomainError("invalid_request", "payment_method is required (a provider token).",
+        raise DomainError(ErrorCode.INVALID_REQUEST, "payment_method is required (a provider token).",
                           status=400, retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
     if (provider_for_rail(rail).takes_payment_method_token
             and not PAYMENT_METHOD_TOKEN.fullmatch(payment_method)):
         # Verity never holds card data: anything but a provider token (a card number above
         # all) is refused here, before it is stored, logged or sent; the message never
         # repeats the value.
-        raise DomainError("invalid_payment_method", "payment_method must be a provider "
+        raise DomainError(ErrorCode.INVALID_PAYMENT_METHOD, "payment_method must be a provider "
                           "payment-method token (pm_… or tok_…), never card details.",
                           status=400, retry=RetryAdvice.NEW_OPERATION, purchase=purchase_id)
     if retry_of and not transaction.get_connection().in_atomic_block:
@@ -128,12 +128,12 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
         purchase = lock_purchase_or_none(purchase_id)
         if purchase is None or (api_client is not None and purchase.api_client_id not in
                                 (None, api_client.id)):
-            raise DomainError("not_found", "No such purchase.", status=404,
+            raise DomainError(ErrorCode.NOT_FOUND, "No such purchase.", status=404,
                               retry=RetryAdvice.FORBIDDEN)
         _check_currency(purchase, currency)
         _check_currency_allowed(api_client, purchase.currency)
         if amount is not None and amount != purchase.amount:
-            raise DomainError("amount_mismatch",
+            raise DomainError(ErrorCode.AMOUNT_MISMATCH,
                               "The amount comes from the accepted quote ("
                               f"{format_money(purchase.amount, purchase.currency)}, "
                               f"{purchase.amount} in minor units); a different amount is "
@@ -142,26 +142,26 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
         paid = purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED,
                                           is_duplicate=False).first()
         if retry_of and paid is not None and paid.id == retry_of:
-            raise DomainError("original_succeeded", "The payment this retry names did "
+            raise DomainError(ErrorCode.ORIGINAL_SUCCEEDED, "The payment this retry names did "
                               "succeed at the provider (its earlier failure was a person's "
                               "call, since overturned). Do not pay again.", status=409,
                               retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id, operation=paid.id)
         if paid:
-            raise DomainError("already_paid", "This purchase is already paid.", status=409,
+            raise DomainError(ErrorCode.ALREADY_PAID, "This purchase is already paid.", status=409,
                               retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id, operation=paid.id)
         active = _active_op(purchase)
         if active:
             raise DomainError(
-                "payment_unresolved",
+                ErrorCode.PAYMENT_UNRESOLVED,
                 "A payment on this purchase is not settled yet; the provider may have applied "
                 "it. Do not retry: poll the operation.", status=409,
                 retry=RetryAdvice.FORBIDDEN, owner=Owner.RECONCILIATION,
                 purchase=purchase.id, operation=active.id)
         if purchase.status in (PurchaseStatus.EXPIRED, PurchaseStatus.CANCELLED) or (
                 purchase.quote.expires_at <= timezone.now()):
-            raise DomainError("quote_expired", "The quote behind this purchase expired; get a "
+            raise DomainError(ErrorCode.QUOTE_EXPIRED, "The quote behind this purchase expired; get a "
                               "new quote.", status=409, retry=RetryAdvice.NEW_QUOTE,
                               purchase=purchase.id)
         last_failed = (purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.FAILED)
@@ -170,30 +170,30 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
         if retry_of:
             original = purchase.operations.filter(id=retry_of).first()
             if original is None or original.kind not in PAYMENT_KINDS:
-                raise DomainError("retry_of_not_found", "retry_of must name a payment "
+                raise DomainError(ErrorCode.RETRY_OF_NOT_FOUND, "retry_of must name a payment "
                                   "operation of this purchase.", status=422,
                                   retry=RetryAdvice.FORBIDDEN, purchase=purchase.id)
             if original.outcome != Outcome.FAILED:
-                raise DomainError("retry_not_allowed", "Only a failed operation can be retried.",
+                raise DomainError(ErrorCode.RETRY_NOT_ALLOWED, "Only a failed operation can be retried.",
                                   status=409, retry=RetryAdvice.FORBIDDEN,
                                   purchase=purchase.id, operation=original.id)
             if original.grade == Grade.ACKNOWLEDGED:
                 # Only a person's "failed", which the provider could not confirm yet (the
                 # read-back above failed): the first may still charge. No second charge
                 # until the provider is read.
-                raise DomainError("original_unverified", "The payment this retry names was "
+                raise DomainError(ErrorCode.ORIGINAL_UNVERIFIED, "The payment this retry names was "
                                   "settled failed by a person, and the provider could not be "
                                   "read back yet: it may still charge. Try again later.",
                                   status=503, retry=RetryAdvice.SAME_KEY,
                                   owner=Owner.RECONCILIATION, purchase=purchase.id,
                                   operation=original.id)
             if PaymentOperation.objects.filter(retry_of=original).exists():
-                raise DomainError("already_retried", "This operation was already retried once.",
+                raise DomainError(ErrorCode.ALREADY_RETRIED, "This operation was already retried once.",
                                   status=409, retry=RetryAdvice.FORBIDDEN,
                                   purchase=purchase.id, operation=original.id)
             if (original.reason == Reason.CARD_DECLINED
                     and original.payment_method == payment_method):
-                raise DomainError("retry_needs_new_method", "The card was declined; retry with "
+                raise DomainError(ErrorCode.RETRY_NEEDS_NEW_METHOD, "The card was declined; retry with "
                                   "a different payment_method.", status=422,
                                   retry=RetryAdvice.NEW_OPERATION, purchase=purchase.id,
                                   operation=original.id)
@@ -201,19 +201,19 @@ def payment_create(*, purchase_id: str, api_client: ApiClient | None, payment_me
                     and original.payment_method == payment_method):
                 # Sent again unchanged it fails the same way (a retry chain that never
                 # converges): something must change first.
-                raise DomainError("retry_needs_new_method", "The provider refused this payment "
+                raise DomainError(ErrorCode.RETRY_NEEDS_NEW_METHOD, "The provider refused this payment "
                                   "as invalid; retry only with a different payment_method, "
                                   "or start from a new quote.", status=422,
                                   retry=RetryAdvice.NEW_QUOTE, purchase=purchase.id,
                                   operation=original.id)
         elif last_failed is not None:
-            raise DomainError("retry_of_required", "The last payment failed; name it in "
+            raise DomainError(ErrorCode.RETRY_OF_REQUIRED, "The last payment failed; name it in "
                               "retry_of to try again on purpose.", status=409,
                               retry=RetryAdvice.NEW_OPERATION, purchase=purchase.id,
                               operation=last_failed.id)
         attempts = purchase.operations.filter(kind__in=PAYMENT_KINDS).count()
         if attempts >= settings.PAYMENT_ATTEMPTS_MAX:
-            raise DomainError("payment_attempts_exhausted",
+            raise DomainError(ErrorCode.PAYMENT_ATTEMPTS_EXHAUSTED,
                               f"This purchase already had {attempts} payment attempts; no "
                               "more are made. Support will contact the buyer.", status=409,
                               retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
@@ -251,14 +251,14 @@ def _linked_create(*, purchase_id: str, kind: str, api_client, acting_user,
                    halt: str, compensation: bool = False,
                    after_fulfilment: bool = False) -> PaymentOperation:
     if _halted(halt):
-        raise DomainError("workflow_halted", f"The {halt} workflow is paused.", status=503,
+        raise DomainError(ErrorCode.WORKFLOW_HALTED, f"The {halt} workflow is paused.", status=503,
                           retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT, purchase=purchase_id)
     if not transaction.get_connection().in_atomic_block:
         operations_verify_before_follow_up(purchase_id=purchase_id)
     with transaction.atomic():
         purchase = lock_purchase(purchase_id)
         if api_client is not None and purchase.api_client_id not in (None, api_client.id):
-            raise DomainError("not_found", "No such purchase.", status=404)
+            raise DomainError(ErrorCode.NOT_FOUND, "No such purchase.", status=404)
         final = purchase.operations.filter(kind__in=PAYMENT_KINDS, rail__in=_rails_final(),
                                            outcome=Outcome.SUCCEEDED).first()
         if final is not None:
@@ -274,7 +274,7 @@ def _linked_create(*, purchase_id: str, kind: str, api_client, acting_user,
                                           outcome=Outcome.SUCCEEDED,
                                           parent__is_duplicate=False).first()
         if auth is None or done is not None:
-            raise DomainError("not_capturable" if kind == OperationKind.CAPTURE else
+            raise DomainError(ErrorCode.NOT_CAPTURABLE if kind == OperationKind.CAPTURE else
                               "not_voidable", "There is no open authorization on this "
                               "purchase.", status=409, retry=RetryAdvice.FORBIDDEN,
                               owner=Owner.NONE, purchase=purchase.id,
@@ -283,14 +283,14 @@ def _linked_create(*, purchase_id: str, kind: str, api_client, acting_user,
                 and _fulfilment_started(purchase.id)):
             # Goods may be out: a void now would leave them unpaid.
             raise DomainError(
-                "fulfilment_started", "Fulfilment of this purchase has started, so its "
+                ErrorCode.FULFILMENT_STARTED, "Fulfilment of this purchase has started, so its "
                 "authorization can no longer be voided here. Capture it instead, or ask "
                 "support to void it in the console (with a reason): that also cancels the "
                 "order.", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
                 purchase=purchase.id, operation=auth.id)
         active = _active_op(purchase)
         if active:
-            raise DomainError("payment_unresolved", "Another operation on this purchase is "
+            raise DomainError(ErrorCode.PAYMENT_UNRESOLVED, "Another operation on this purchase is "
                               "not settled yet.", status=409, retry=RetryAdvice.FORBIDDEN,
                               owner=Owner.RECONCILIATION, purchase=purchase.id,
                               operation=active.id)
@@ -326,14 +326,14 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
     """A refund starts `awaiting_approval` unless it is a compensation or within the
     client's automatic-refund allowance (docs/console.md#refund-approval)."""
     if _halted("refunds"):
-        raise DomainError("workflow_halted", "Refunds are paused by an operator.", status=503,
+        raise DomainError(ErrorCode.WORKFLOW_HALTED, "Refunds are paused by an operator.", status=503,
                           retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT, purchase=purchase_id)
     if not transaction.get_connection().in_atomic_block:
         operations_verify_before_follow_up(purchase_id=purchase_id)
     with transaction.atomic():
         purchase = lock_purchase(purchase_id)
         if api_client is not None and purchase.api_client_id not in (None, api_client.id):
-            raise DomainError("not_found", "No such purchase.", status=404)
+            raise DomainError(ErrorCode.NOT_FOUND, "No such purchase.", status=404)
         _check_currency(purchase, currency)
         payment = purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED,
                                              is_duplicate=False).first()
@@ -345,7 +345,7 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
         refundable = payment_refund_room(payment) if payment is not None else 0
         amount = refundable if amount is None else amount
         if payment is None or captured <= 0:
-            raise DomainError("not_refundable", "Nothing was captured on this purchase.",
+            raise DomainError(ErrorCode.NOT_REFUNDABLE, "Nothing was captured on this purchase.",
                               status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                               purchase=purchase.id)
         rail = provider_for(payment)
@@ -356,7 +356,7 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
                               retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
                               purchase=purchase.id, operation=payment.id)
         if not isinstance(amount, int) or amount <= 0 or amount > refundable:
-            raise DomainError("refund_exceeds_refundable",
+            raise DomainError(ErrorCode.REFUND_EXCEEDS_REFUNDABLE,
                               f"Refundable now: {format_money(refundable, purchase.currency)} "
                               f"({refundable} in minor units).", status=422,
                               retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
@@ -436,18 +436,18 @@ def refund_approve(*, operation_id: str, acting_user, reason: str,
     """`audit=False` is for a caller that writes the one (richer) audit row of this action
     in the same transaction (the console: IP, before/after)."""
     if not (reason or "").strip():
-        raise DomainError("reason_required", "A reason is required.", status=422)
+        raise DomainError(ErrorCode.REASON_REQUIRED, "A reason is required.", status=422)
     with transaction.atomic():
         purchase, op = _lock_or_404(operation_id)
         if op.outcome != Outcome.AWAITING_APPROVAL:
-            raise DomainError("not_awaiting_approval", "This refund is not awaiting approval.",
+            raise DomainError(ErrorCode.NOT_AWAITING_APPROVAL, "This refund is not awaiting approval.",
                               status=409, operation=op.id, purchase=purchase.id)
         if acting_user is None or op.requested_by_user_id == acting_user.id:
-            raise DomainError("approver_is_requester", "The person who requested a refund "
+            raise DomainError(ErrorCode.APPROVER_IS_REQUESTER, "The person who requested a refund "
                               "cannot approve it.", status=403, operation=op.id,
                               purchase=purchase.id, owner=Owner.SUPPORT)
         if _active_op(purchase):
-            raise DomainError("payment_unresolved", "Another operation on this purchase is "
+            raise DomainError(ErrorCode.PAYMENT_UNRESOLVED, "Another operation on this purchase is "
                               "not settled yet.", status=409, operation=op.id,
                               purchase=purchase.id, owner=Owner.RECONCILIATION)
         # Money may have moved since the request (a refund made outside Verity is booked
@@ -456,7 +456,7 @@ def refund_approve(*, operation_id: str, acting_user, reason: str,
         # duplicate's compensation is the duplicate's, not a competitor).
         refundable = payment_refund_room(op.parent, exclude=op.pk) if op.parent else 0
         if op.amount > refundable:
-            raise DomainError("refund_exceeds_refundable",
+            raise DomainError(ErrorCode.REFUND_EXCEEDS_REFUNDABLE,
                               f"Refundable now: {max(refundable, 0)} {purchase.currency}.",
                               status=422, operation=op.id, purchase=purchase.id,
                               owner=Owner.SUPPORT, extra={"refundable": max(refundable, 0)})
@@ -476,11 +476,11 @@ def refund_decline(*, operation_id: str, reason: str, actor: str, acting_user=No
     graded acknowledged: a person's decision, nothing at the provider), which frees the
     refundable amount. Reason required; audited in the same transaction."""
     if not (reason or "").strip():
-        raise DomainError("reason_required", "A reason is required.", status=422)
+        raise DomainError(ErrorCode.REASON_REQUIRED, "A reason is required.", status=422)
     with transaction.atomic():
         purchase, op = _lock_or_404(operation_id)
         if op.kind != OperationKind.REFUND or op.outcome != Outcome.AWAITING_APPROVAL:
-            raise DomainError("not_awaiting_approval", "This refund is not awaiting approval.",
+            raise DomainError(ErrorCode.NOT_AWAITING_APPROVAL, "This refund is not awaiting approval.",
                               status=409, operation=op.id, purchase=purchase.id,
                               owner=Owner.NONE)
         outcome_apply_locked(purchase, op, Outcome.FAILED, grade=Grade.ACKNOWLEDGED,

@@ -27,7 +27,7 @@ from ..enums import (
     PurchaseStatus,
     RetryAdvice,
 )
-from ..errors import DomainError
+from ..errors import DomainError, ErrorCode
 from ..locks import (
     lock_buyer_confirmation_or_none,
     lock_customer,
@@ -46,7 +46,7 @@ QUOTE_TTL = timedelta(minutes=30)
 def quote_create(*, api_client: ApiClient | None, items: list[dict], currency: str) -> Quote:
     currency = (currency or "").lower()
     if not items:
-        raise DomainError("invalid_items", "A quote needs at least one item.", status=422,
+        raise DomainError(ErrorCode.INVALID_ITEMS, "A quote needs at least one item.", status=422,
                           retry=RetryAdvice.NEW_OPERATION)
     lines, amount = [], 0
     skus = [str(i.get("sku", "")) for i in items]
@@ -58,30 +58,30 @@ def quote_create(*, api_client: ApiClient | None, items: list[dict], currency: s
     for item in items:
         qty = item.get("quantity")
         if not isinstance(qty, int) or isinstance(qty, bool) or not 1 <= qty <= 1000:
-            raise DomainError("invalid_quantity", "Quantity must be an integer 1-1000.",
+            raise DomainError(ErrorCode.INVALID_QUANTITY, "Quantity must be an integer 1-1000.",
                               status=422, retry=RetryAdvice.NEW_OPERATION)
         sku = str(item.get("sku", ""))
         merged[sku] = merged.get(sku, 0) + qty
     for sku, qty in merged.items():
         product = products.get(sku)
         if product is None:
-            raise DomainError("unknown_sku", f"No product with sku {sku!r}.", status=422,
+            raise DomainError(ErrorCode.UNKNOWN_SKU, f"No product with sku {sku!r}.", status=422,
                               retry=RetryAdvice.NEW_OPERATION)
         if qty > 1000:
-            raise DomainError("invalid_quantity", f"Quantity of {sku} must be 1-1000 in "
+            raise DomainError(ErrorCode.INVALID_QUANTITY, f"Quantity of {sku} must be 1-1000 in "
                               "total.", status=422, retry=RetryAdvice.NEW_OPERATION)
         if product.currency != currency:
-            raise DomainError("currency_mismatch",
+            raise DomainError(ErrorCode.CURRENCY_MISMATCH,
                               f"{sku} is priced in {product.currency}, not {currency}.",
                               status=422, retry=RetryAdvice.NEW_OPERATION)
         if product.stock < qty:
-            raise DomainError("out_of_stock", f"{sku} has {product.stock} in stock.",
+            raise DomainError(ErrorCode.OUT_OF_STOCK, f"{sku} has {product.stock} in stock.",
                               status=409, retry=RetryAdvice.NEW_OPERATION)
         lines.append({"sku": sku, "name": product.name, "quantity": qty,
                       "unit_price": product.price})
         amount += product.price * qty
     if amount <= 0:
-        raise DomainError("invalid_items", "A quote must have a positive amount.", status=422,
+        raise DomainError(ErrorCode.INVALID_ITEMS, "A quote must have a positive amount.", status=422,
                           retry=RetryAdvice.NEW_OPERATION)
     return Quote.objects.create(api_client=api_client, items=lines, amount=amount,
                                 currency=currency, expires_at=timezone.now() + QUOTE_TTL)
@@ -140,7 +140,7 @@ def _buyer_lifted(*, code: str, candidates) -> BuyerConfirmation:
     confirmation = lock_buyer_confirmation_or_none(code_hash=_code_hash(code),
                                                    purchases=candidates, now=timezone.now())
     if confirmation is None:
-        raise DomainError("invalid_buyer_confirmation",
+        raise DomainError(ErrorCode.INVALID_BUYER_CONFIRMATION,
                           "This buyer confirmation is not valid for this customer (unknown, "
                           "used or expired). Ask the buyer to confirm again on the earlier "
                           "purchase's status page; the code is e-mailed to the buyer.", status=422, retry=RetryAdvice.FORBIDDEN)
@@ -164,7 +164,7 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
     """
     reference = customer_reference_clean(customer_reference)
     if not reference or len(reference) > 200:
-        raise DomainError("invalid_request", "customer.reference is required (at most 200 "
+        raise DomainError(ErrorCode.INVALID_REQUEST, "customer.reference is required (at most 200 "
                           "characters).", status=400, retry=RetryAdvice.NEW_OPERATION)
     email = (customer_email or "").strip()
     if email:
@@ -174,7 +174,7 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
                 raise ValidationError("too long")
             validate_email(email)
         except ValidationError:
-            raise DomainError("invalid_email", "customer.email is not a valid e-mail address "
+            raise DomainError(ErrorCode.INVALID_EMAIL, "customer.email is not a valid e-mail address "
                               f"(at most {_EMAIL_MAX} characters).", status=422,
                               retry=RetryAdvice.NEW_OPERATION) from None
     key = customer_key(reference)
@@ -182,7 +182,7 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
         quote = lock_quote_or_none(quote_id)
         if quote is None or (api_client is not None and quote.api_client_id not in
                              (None, api_client.id)):
-            raise DomainError("quote_not_found", "No such quote.", status=404,
+            raise DomainError(ErrorCode.QUOTE_NOT_FOUND, "No such quote.", status=404,
                               retry=RetryAdvice.NEW_QUOTE)
         # Under the quote's row lock: the purchase this quote already backs is this call's
         # purchase, whatever its customer fields say (the unique constraint backs it up).
@@ -190,14 +190,14 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
         if existing is not None:
             if existing.api_client_id != (api_client.id if api_client else None):
                 # A client-less quote another client already used: never name its purchase.
-                raise DomainError("quote_not_found", "No such quote.", status=404,
+                raise DomainError(ErrorCode.QUOTE_NOT_FOUND, "No such quote.", status=404,
                                   retry=RetryAdvice.NEW_QUOTE)
             return PurchaseOpened(existing, False)
         if quote.superseded_at or quote.version != quote_version:
-            raise DomainError("quote_superseded", "This quote was superseded; get a new quote.",
+            raise DomainError(ErrorCode.QUOTE_SUPERSEDED, "This quote was superseded; get a new quote.",
                               status=409, retry=RetryAdvice.NEW_QUOTE)
         if quote.expires_at <= timezone.now():
-            raise DomainError("quote_expired", "This quote expired; get a new quote.",
+            raise DomainError(ErrorCode.QUOTE_EXPIRED, "This quote expired; get a new quote.",
                               status=409, retry=RetryAdvice.NEW_QUOTE)
         _check_currency_allowed(api_client, quote.currency)
         lock_customer(api_client.pk if api_client else None, key)
@@ -228,7 +228,7 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
                       if pid not in lifted]
         if unresolved:
             raise DomainError(
-                "customer_has_unresolved_purchase",
+                ErrorCode.CUSTOMER_HAS_UNRESOLVED_PURCHASE,
                 "This customer has a purchase whose payment is not settled yet; the provider "
                 "may have charged the buyer. Do not open another purchase: follow that "
                 "purchase. Only the buyer can ask for a second one, on that purchase's status "
@@ -245,7 +245,7 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
                    .order_by("-created_at").first())
         if earlier is not None:
             raise DomainError(
-                "probable_duplicate_purchase",
+                ErrorCode.PROBABLE_DUPLICATE_PURCHASE,
                 f"This customer already has purchase {earlier.id} for the same items and "
                 f"amount (status {earlier.status}). Do not open another purchase: ask the "
                 "buyer whether they really want to buy the same items again; only the buyer "
@@ -306,7 +306,7 @@ def purchase_bought_elsewhere(*, purchase_id: str, api_client: ApiClient | None)
              .exclude(id=purchase.id).order_by("-created_at").first())
     if later is not None:
         raise DomainError(
-            "probable_duplicate_purchase",
+            ErrorCode.PROBABLE_DUPLICATE_PURCHASE,
             f"This buyer has since bought the same items and amount in purchase {later.id} "
             f"(status {later.status}); this purchase will not be charged again. Follow that "
             "purchase instead.", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.BUYER,
@@ -366,14 +366,14 @@ def purchase_cancel(*, purchase_id: str, api_client: ApiClient | None = None,
         purchase = lock_purchase_or_none(purchase_id)
         if purchase is None or (api_client is not None and purchase.api_client_id not in
                                 (None, api_client.id)):
-            raise DomainError("not_found", "No such purchase.", status=404)
+            raise DomainError(ErrorCode.NOT_FOUND, "No such purchase.", status=404)
         if purchase.status == PurchaseStatus.CANCELLED:
             return purchase
         claimed = purchase.operations.exclude(outcome=Outcome.FAILED, grade=Grade.CONFIRMED)
         if claimed.exists() or purchase.status not in (PurchaseStatus.AWAITING_PAYMENT,
                                                        PurchaseStatus.PAYMENT_FAILED):
             raise DomainError(
-                "cancel_not_allowed", f"This purchase is {purchase.status}: a payment was "
+                ErrorCode.CANCEL_NOT_ALLOWED, f"This purchase is {purchase.status}: a payment was "
                 "claimed, so it can no longer be cancelled (ask for a refund or void "
                 "instead).", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
                 purchase=purchase.id)

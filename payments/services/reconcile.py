@@ -30,7 +30,7 @@ from ..enums import (
     Stage,
     Verification,
 )
-from ..errors import DomainError
+from ..errors import DomainError, ErrorCode
 from ..locks import (
     assert_outside_transaction,
     lock_operation,
@@ -134,11 +134,11 @@ def _reconcile_refusal(op: PaymentOperation) -> DomainError | None:
     # and the provider's record outranks it
     # (docs/reliability.md#the-providers-record-outranks-a-person).
     if op.is_terminal and op.grade != Grade.ACKNOWLEDGED:
-        return DomainError("already_settled", f"This operation is already {op.outcome}.",
+        return DomainError(ErrorCode.ALREADY_SETTLED, f"This operation is already {op.outcome}.",
                            status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                            purchase=op.purchase_id, operation=op.id)
     if op.outcome in (Outcome.PENDING, Outcome.AWAITING_APPROVAL):
-        return DomainError("not_dispatched", "This operation was never sent to the provider.",
+        return DomainError(ErrorCode.NOT_DISPATCHED, "This operation was never sent to the provider.",
                            status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
                            purchase=op.purchase_id, operation=op.id)
     if op.outcome == Outcome.DISPATCHING:
@@ -146,7 +146,7 @@ def _reconcile_refusal(op: PaymentOperation) -> DomainError | None:
         # signer, about to sign. A read now finds nothing and would call that "nothing
         # moved" while the send can still happen. The worker's answer settles it; a dead
         # worker is found by the dead-dispatch sweep (-> unknown, then read back).
-        return DomainError("dispatch_in_progress", "This operation is being sent to the "
+        return DomainError(ErrorCode.DISPATCH_IN_PROGRESS, "This operation is being sent to the "
                            "provider right now; its answer settles it. Poll the operation.",
                            status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.RECONCILIATION,
                            purchase=op.purchase_id, operation=op.id)
@@ -455,7 +455,7 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
     Verity — if the provider applied the payment after all or the cancel fails.
     """
     if not (reason or "").strip():
-        raise DomainError("reason_required", "A reason is required.", status=422)
+        raise DomainError(ErrorCode.REASON_REQUIRED, "A reason is required.", status=422)
     with transaction.atomic():
         purchase, op = _lock_or_404(operation_id)
         # An unknown payment, or one a person called succeeded that the provider shows
@@ -465,13 +465,13 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
                         and op.grade == Grade.ACKNOWLEDGED)
         if op.kind not in PAYMENT_KINDS or not op.provider_reference \
                 or not (op.outcome == Outcome.UNKNOWN or contradicted):
-            raise DomainError("not_cancellable", "Only an unknown payment with a provider "
+            raise DomainError(ErrorCode.NOT_CANCELLABLE, "Only an unknown payment with a provider "
                               "reference can be cancelled here.", status=409,
                               purchase=purchase.id, operation=op.id, owner=Owner.SUPPORT)
         if _halted(operation_workflow(op.kind)):
             # A cancel is a write to the provider: it honours the halt like every dispatch
             # (invariant 9); the follow-up reads again later, a person tries again later.
-            raise DomainError("workflow_halted", f"The {operation_workflow(op.kind)} "
+            raise DomainError(ErrorCode.WORKFLOW_HALTED, f"The {operation_workflow(op.kind)} "
                               "workflow is halted: nothing is cancelled at the provider "
                               "now.", status=503, retry=RetryAdvice.SAME_KEY,
                               purchase=purchase.id, operation=op.id, owner=Owner.SUPPORT)
@@ -485,14 +485,14 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
                     key=(op.provider_key(CallStep.CANCEL) if attempt == 1 else
                          f"{op.idempotency_key}.{attempt}:{CallStep.CANCEL}"))
         except IntegrityError:
-            raise DomainError("cancel_in_progress", "Another cancel of this payment is in "
+            raise DomainError(ErrorCode.CANCEL_IN_PROGRESS, "Another cancel of this payment is in "
                               "progress.", status=409, purchase=purchase.id,
                               operation=op.id, owner=Owner.SUPPORT) from None
     assert_outside_transaction()
     read = _read_back(op)
     if read.classification != Classification.OK or read.object is None:
         _record_call(call, CallResult(Classification.NOT_SENT, detail="read-back failed"))
-        raise DomainError("cancel_failed", "The provider could not be read; nothing was "
+        raise DomainError(ErrorCode.CANCEL_FAILED, "The provider could not be read; nothing was "
                           "cancelled. Try again later.", status=502, purchase=op.purchase_id,
                           operation=op.id, owner=Owner.SUPPORT)
     unapplied = (shows_no_money_moved(read.object, kind=op.kind) if contradicted
@@ -502,7 +502,7 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
         operation_apply_observation(operation_id=op.id, obj=read.object,
                                     source=Verification.PROVIDER, cause="reconcile",
                                     actor=actor)
-        raise DomainError("provider_applied", f"The provider's record is now "
+        raise DomainError(ErrorCode.PROVIDER_APPLIED, f"The provider's record is now "
                           f"{read.object.status}: the confirm was not left unapplied; nothing "
                           "was cancelled.", status=409, purchase=op.purchase_id,
                           operation=op.id, owner=Owner.SUPPORT)
@@ -511,7 +511,7 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
     _record_call(call, result)
     if (result.classification != Classification.OK or result.object is None
             or not result.object.canceled):
-        raise DomainError("cancel_failed", "The provider did not confirm the cancel; the "
+        raise DomainError(ErrorCode.CANCEL_FAILED, "The provider did not confirm the cancel; the "
                           "payment stays unknown.", status=502, purchase=op.purchase_id,
                           operation=op.id, owner=Owner.SUPPORT)
     with transaction.atomic():
@@ -586,21 +586,21 @@ def operation_replay(*, operation_id: str, actor: str, acting_client=None,
     keys (Stripe does, within its window; localstripe does not)."""
     op = PaymentOperation.objects.filter(id=operation_id).first()
     if op is None:
-        raise DomainError("not_found", "No such operation.", status=404)
+        raise DomainError(ErrorCode.NOT_FOUND, "No such operation.", status=404)
     if (acting_client is not None and op.requested_by_client_id == acting_client.id) or (
             acting_user is not None and op.requested_by_user_id == acting_user.id):
-        raise DomainError("replayer_is_requester", "The requester cannot replay its own "
+        raise DomainError(ErrorCode.REPLAYER_IS_REQUESTER, "The requester cannot replay its own "
                           "operation.", status=403, operation=op.id, purchase=op.purchase_id)
     if not provider_for(op).dedupes_idempotency_keys():
-        raise DomainError("replay_unsupported", "This provider does not deduplicate "
+        raise DomainError(ErrorCode.REPLAY_UNSUPPORTED, "This provider does not deduplicate "
                           "idempotency keys, so a replay could charge twice. Reconcile "
                           "instead.", status=409, retry=RetryAdvice.FORBIDDEN,
                           owner=Owner.RECONCILIATION, operation=op.id, purchase=op.purchase_id)
     if op.outcome != Outcome.UNKNOWN:
-        raise DomainError("not_replayable", "Only an unknown operation can be replayed.",
+        raise DomainError(ErrorCode.NOT_REPLAYABLE, "Only an unknown operation can be replayed.",
                           status=409, operation=op.id, purchase=op.purchase_id)
     if op.created_at < timezone.now() - timedelta(hours=23):
-        raise DomainError("replay_window_closed", "The provider's idempotency window is over.",
+        raise DomainError(ErrorCode.REPLAY_WINDOW_CLOSED, "The provider's idempotency window is over.",
                           status=409, operation=op.id, purchase=op.purchase_id)
     # With a deduplicating provider, the same key returns the original result: a read.
     return operation_reconcile(operation_id=op.id, actor=actor)

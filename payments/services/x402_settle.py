@@ -39,7 +39,7 @@ from ..enums import (
     RetryAdvice,
     Verification,
 )
-from ..errors import DomainError
+from ..errors import DomainError, ErrorCode
 from ..locks import assert_outside_transaction
 from ..models import PaymentOperation, Product, ProviderCall, Purchase, X402Authorization
 from ..providers import x402 as adapter
@@ -74,7 +74,7 @@ def amount_atomic(purchase: Purchase) -> int:
     exponent = get_currency_precision(purchase.currency.upper())
     shift = settings.X402_DECIMALS - exponent
     if shift < 0:
-        raise DomainError("rail_not_available", "This currency cannot be paid with the "
+        raise DomainError(ErrorCode.RAIL_NOT_AVAILABLE, "This currency cannot be paid with the "
                           "configured asset.", status=409, retry=RetryAdvice.FORBIDDEN,
                           purchase=purchase.id)
     return purchase.amount * 10**shift
@@ -183,19 +183,19 @@ def _check_on_chain(purchase: Purchase, signed: adapter.SignedPayment) -> int:
     try:
         seen = adapter.get_chain_reader().precheck(payer=signed.payer, nonce=signed.nonce)
     except adapter.ChainMismatch as exc:  # a deployment error: nothing stored or sent
-        raise DomainError("chain_mismatch", "The payment rail is misconfigured (its chain is "
+        raise DomainError(ErrorCode.CHAIN_MISMATCH, "The payment rail is misconfigured (its chain is "
                           "not the one it offers); nothing was charged. Try later.",
                           status=503, retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT,
                           purchase=purchase.id, extra={"retry_after": 60}) from exc
     except Exception as exc:  # noqa: BLE001 - nothing was stored or sent
-        raise DomainError("chain_unreachable", "The chain cannot be read right now; nothing "
+        raise DomainError(ErrorCode.CHAIN_UNREACHABLE, "The chain cannot be read right now; nothing "
                           "was charged. Send the same PAYMENT-SIGNATURE again later.",
                           status=503, retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT,
                           purchase=purchase.id, extra={"retry_after": 5}) from exc
     try:
         adapter.get_facilitator().ensure_supported(scheme="exact", network=settings.X402_NETWORK)
     except adapter.FacilitatorUnsupported as exc:  # a deployment error: nothing stored
-        raise DomainError("facilitator_unsupported", "The payment rail is misconfigured "
+        raise DomainError(ErrorCode.FACILITATOR_UNSUPPORTED, "The payment rail is misconfigured "
                           "(its facilitator does not take this payment); nothing was "
                           "charged. Try later.", status=503, retry=RetryAdvice.SAME_KEY,
                           owner=Owner.SUPPORT, purchase=purchase.id,
