@@ -18,16 +18,19 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from urllib.parse import urlparse
 
 import pytest
 from django.conf import settings as django_settings
 from django.db import OperationalError, connection
+from django.utils import timezone
 from eth_account import Account
 
 from payments import services
 from payments.locks import signer_lock, signer_lock_key
 from payments.models import PaymentOperation, ProviderCall, X402RefundTransfer
+from recovery.models import OutboxMessage
 from bench.fault_proxy import FaultProxy
 from payments.providers.x402 import (
     REFUND_NONCE_ATTEMPTS,
@@ -78,6 +81,12 @@ def _two_approved_refunds(agent, report, chain, people):
     payer = chain.new_payer(FUNDS)
     first, second = _pay(agent, report, payer), _pay(agent, report, payer)
     refund_1, refund_2 = _approved_refund(first, people), _approved_refund(second, people)
+    # The test is each refund's dispatcher: their dispatch backstops (due 35 s after the
+    # approval, for a dispatcher that died) must not send them first on a slow machine,
+    # or the race below never happens (seen once in CI under load: no nonce read hooked).
+    OutboxMessage.objects.filter(
+        dedupe_key__in=[f"dispatch-backstop:{r.id}" for r in (refund_1, refund_2)],
+        processed_at__isnull=True).update(available_at=timezone.now() + timedelta(hours=1))
     sender = get_refund_sender()
     return payer, refund_1, refund_2, sender, chain.w3.eth.get_transaction_count(sender.address)
 
