@@ -63,7 +63,8 @@ SELECT qid, %(client)s,
     ("purchases", f"""
 INSERT INTO payments_purchase (id, quote_id, api_client_id, amount, currency,
     customer_reference, customer_key, basket_fingerprint, customer_email, status,
-    status_token, recovery_owner, acknowledged_unresolved, created_at, updated_at, paid_at)
+    status_token, recovery_owner, acknowledged_unresolved, created_at, updated_at, paid_at,
+    channel)
 SELECT pid, qid, %(client)s, 1500, 'usd', cust, cust, md5('basket:' || b), cust || '@example.com',
        CASE WHEN b < 140 OR b BETWEEN 170 AND 179 OR b >= 198 THEN 'completed'
             WHEN b BETWEEN 140 AND 159 THEN 'payment_failed'
@@ -75,7 +76,8 @@ SELECT pid, qid, %(client)s, 1500, 'usd', cust, cust, md5('basket:' || b), cust 
             ELSE 'expired' END,
        md5('t:' || g), CASE WHEN b BETWEEN 188 AND 195 THEN 'payments-oncall' ELSE '' END,
        '[]'::jsonb, ts, ts + interval '40 seconds',
-       CASE WHEN {SUCCEEDED_OP} THEN ts + interval '3 seconds' END  -- its 'paid' transition
+       CASE WHEN {SUCCEEDED_OP} THEN ts + interval '3 seconds' END,  -- its 'paid' transition
+       CASE WHEN b % 10 = 3 THEN 'mcp' WHEN b % 25 = 4 THEN 'acp' ELSE 'api' END
 {_G}"""),
     ("operations", f"""
 INSERT INTO payments_paymentoperation (id, purchase_id, kind, amount, currency,
