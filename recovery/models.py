@@ -231,8 +231,18 @@ class RetentionState(models.Model):
     due = models.BigIntegerField(default=0)
     kept = models.BigIntegerField(default=0, help_text="old rows kept: something still open "
                                                        "needs them")
-    # Every row below this id is pruned or kept for good (never prunable): the next run
-    # starts here, so rows kept for good are not walked again on every run.
+    # Every row at or below this id is pruned or kept for good (never prunable): a sweep
+    # starts here, so rows kept for good are not walked again.
     floor_id = models.BigIntegerField(default=0)
+    # A sweep walks (floor_id, the last id past the cutoff] over as many runs as it takes;
+    # each run resumes at cursor_id (where the previous one stopped), so rows held for now
+    # are walked once per sweep, never once per run, and rows due behind them are reached.
+    cursor_id = models.BigIntegerField(default=0)
+    # The current sweep's figures so far: the first row it left in place (the next floor
+    # stops below it), rows it left because they are held, rows it left because a worker
+    # held their lock (due again on the next sweep).
+    sweep_first_left_id = models.BigIntegerField(null=True, blank=True)
+    sweep_kept = models.BigIntegerField(default=0)
+    sweep_skipped = models.BigIntegerField(default=0)
     last_run_at = models.DateTimeField(null=True, blank=True)
     last_run_seconds = models.FloatField(default=0.0)

@@ -18,9 +18,15 @@ How a run stays cheap and lock-light, whatever the table's size:
 - a run does at most RETENTION_MAX_BATCHES pages per table, and records what is still
   due, so a backlog (the first run on a year of history) is worked off over several
   beat ticks instead of one long job;
-- the floor moves past rows pruned and past rows kept for good, but stops below the
-  first row held for now, so a held row is looked at again on the next run and goes
-  once what held it is closed.
+- runs resume where the previous one stopped (`RetentionState.cursor_id`): a sweep over
+  the rows past the cutoff takes as many runs as it needs, and each run's budget goes to
+  rows not yet looked at, so rows due behind many held rows (refund keys of purchases
+  not fully refunded, events of open purchases) are always reached. Progress is monotonic:
+  before, every run restarted at the first held row and, with more held rows than one
+  run's budget, never got past them;
+- when a sweep reaches the cutoff, the floor moves up past rows pruned and kept for good,
+  stopping below the first row left in place, and the next sweep starts there: a held
+  row is looked at again once per sweep and goes once what held it is closed.
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ from typing import Callable
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
-from django.db.models import Exists, F, Min, Model, OuterRef, Q
+from django.db.models import Count, Exists, F, Min, Model, OuterRef, Q
 from django.utils import timezone
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -237,7 +243,13 @@ def _archive_and_delete(policy: Policy, ids: list[int]) -> int:
 def retention_prune_table(*, policy: Policy, now: datetime | None = None,
                           batch_size: int | None = None,
                           max_batches: int | None = None) -> PruneResult:
-    """Prune one table: pages of at most `batch_size` ids, one short transaction each."""
+    """Prune one table: pages of at most `batch_size` ids, one short transaction each.
+
+    A run resumes the table's sweep where the previous run stopped (`cursor_id`), so its
+    budget is spent on rows not yet looked at in this sweep, however many held rows lie
+    before them; a sweep that reaches the cutoff ends, moves the floor up to just below
+    the first row it left in place, and the next run starts a new sweep there (held rows
+    are looked at again once per sweep, and go once what held them is closed)."""
     started = time.monotonic()
     now = now or timezone.now()
     batch_size = batch_size or settings.RETENTION_BATCH_SIZE
@@ -247,10 +259,14 @@ def retention_prune_table(*, policy: Policy, now: datetime | None = None,
     state, _ = RetentionState.objects.get_or_create(table=policy.table)
     floor = state.floor_id
     top = _last_id_before(model, policy.time_field, cutoff, floor)
-    eligible, held = policy.eligible(cutoff), policy.held(cutoff)
+    eligible = policy.eligible(cutoff)
+    old_rows = Q(**{f"{policy.time_field}__lt": cutoff})
+    cursor = max(state.cursor_id, floor)
+    first_left, sweep_kept, sweep_skipped = (
+        state.sweep_first_left_id, state.sweep_kept, state.sweep_skipped)
+    if cursor == floor:  # a new sweep
+        first_left, sweep_kept, sweep_skipped = None, 0, 0
     pruned = batches = 0
-    cursor = floor
-    first_held: int | None = None
     while cursor < top and batches < max_batches:
         page = list(model.objects.filter(pk__gt=cursor, pk__lte=top).order_by("pk")
                     .values_list("pk", flat=True)[:batch_size])
@@ -263,20 +279,41 @@ def retention_prune_table(*, policy: Policy, now: datetime | None = None,
                        .select_for_update(skip_locked=True).order_by("pk")
                        .values_list("pk", flat=True))
             pruned += _archive_and_delete(policy, ids)
-        if first_held is None:
-            # Held rows, and eligible rows skipped because a worker held their lock.
-            first_held = (model.objects.filter(page_range).filter(held | eligible)
-                          .aggregate(m=Min("pk"))["m"])
+        # What the page left: held rows, and eligible rows a worker held the lock of (an
+        # old row left that is not eligible is held). Evaluated on the rows left only:
+        # few, unless the page is all held rows.
+        left = model.objects.filter(page_range).aggregate(
+            first=Min("pk"), old=Count("pk", filter=old_rows),
+            skipped=Count("pk", filter=eligible))
+        if left["first"] is not None:
+            first_left = left["first"] if first_left is None else min(first_left, left["first"])
+            sweep_kept += left["old"] - left["skipped"]
+            sweep_skipped += left["skipped"]
         cursor = page[-1]
         batches += 1
-    new_floor = cursor if first_held is None else min(cursor, first_held - 1)
-    region = model.objects.filter(pk__gt=new_floor, pk__lte=top)
-    due = region.filter(eligible).count()
-    kept = region.filter(held).filter(**{f"{policy.time_field}__lt": cutoff}).count()
+    # Rows past the cutoff not yet looked at in this sweep (an upper bound of what is due
+    # there: held rows among them are counted kept once the sweep reaches them), counted
+    # on the primary key only and capped, so the figure costs the same whatever the backlog.
+    cap = getattr(settings, "RETENTION_DUE_COUNT_CAP", 1_000_000)
+    ahead = (model.objects.filter(pk__gt=cursor, pk__lte=top).values("pk")[:cap].count()
+             if cursor < top else 0)
+    due = ahead + sweep_skipped
+    swept = cursor >= top
+    if swept:
+        # The sweep is over: the next one starts just below the first row left in place.
+        kept = sweep_kept
+        new_floor = top if first_left is None else max(floor, first_left - 1)
+        values = dict(floor_id=new_floor, cursor_id=new_floor, sweep_first_left_id=None,
+                      sweep_kept=0, sweep_skipped=0)
+    else:
+        # Mid-sweep: the last complete sweep's figure, or this one's so far if larger.
+        kept = max(state.kept, sweep_kept)
+        values = dict(cursor_id=cursor, sweep_first_left_id=first_left,
+                      sweep_kept=sweep_kept, sweep_skipped=sweep_skipped)
     seconds = time.monotonic() - started
     RetentionState.objects.filter(pk=state.pk).update(
-        pruned_total=F("pruned_total") + pruned, due=due, kept=kept, floor_id=new_floor,
-        last_run_at=timezone.now(), last_run_seconds=seconds)
+        pruned_total=F("pruned_total") + pruned, due=due, kept=kept,
+        last_run_at=timezone.now(), last_run_seconds=seconds, **values)
     if pruned or due:
         log.info("retention %s: %d pruned (%s), %d still due, %d kept, %d batch(es), %.1fs",
                  policy.table, pruned, "archived" if policy.archive else "deleted", due,

@@ -104,6 +104,45 @@ def test_a_run_respects_its_batch_bound_and_the_backlog_is_due():
     assert RetentionState.objects.get(table=OUTBOX.table).pruned_total == 25
 
 
+def test_rows_due_behind_more_held_rows_than_a_run_can_walk_are_reached():
+    # given more held rows (old unprocessed work) than one run's budget (2 pages of 5),
+    # ahead of rows due for pruning: the shape of refund keys kept until their purchase is
+    # fully refunded, in front of a year of prunable keys
+    old = settings.RETENTION_OUTBOX_DAYS + 1
+    held = _outbox(23, age_days=old + 1, processed=False, tag="held")
+    due = _outbox(10, age_days=old, processed=True, tag="due")
+    assert max(held) < min(due)
+
+    # when retention runs a few times with that budget
+    runs = [retention_prune_table(policy=OUTBOX, batch_size=5, max_batches=2)
+            for _ in range(4)]
+
+    # then each run resumed where the last stopped (23 held rows walked once: 3 runs),
+    # the due rows were reached and pruned, and every held row is still there
+    assert [r.pruned for r in runs] == [0, 0, 7, 3]
+    assert not OutboxMessage.objects.filter(id__in=due).exists()
+    assert set(OutboxMessage.objects.values_list("id", flat=True)) == set(held)
+    assert (runs[3].due, runs[3].kept) == (0, 23)
+    state = RetentionState.objects.get(table=OUTBOX.table)
+    assert state.floor_id == min(held) - 1 and state.cursor_id == state.floor_id
+
+    # and once a held row is done with, the next sweep looks at it again and prunes it
+    OutboxMessage.objects.filter(pk=held[-1]).update(processed_at=_days_ago(old))
+    later = [retention_prune_table(policy=OUTBOX, batch_size=5, max_batches=2)
+             for _ in range(3)]
+    assert sum(r.pruned for r in later) == 1 and OutboxMessage.objects.count() == 22
+
+
+def test_a_run_mid_sweep_reports_what_is_ahead_as_due():
+    # given 30 rows due, a run's budget of 10
+    _outbox(30, age_days=settings.RETENTION_OUTBOX_DAYS + 1, processed=True, tag="mid")
+
+    # when runs are made one by one; then the backlog shrinks by a budget each time
+    assert [retention_prune_table(policy=OUTBOX, batch_size=5, max_batches=2).due
+            for _ in range(3)] == [20, 10, 0]
+    assert OutboxMessage.objects.count() == 0
+
+
 def test_events_are_archived_never_dropped_and_open_purchases_keep_theirs(new_purchase,
                                                                          api_client):
     old = settings.RETENTION_WEBHOOK_EVENT_DAYS + 1
