@@ -15,8 +15,13 @@ full/empty) so load drift on this shared machine cancels:
   SKIP LOCKED claims of 100: bench/outbox_drain.py's method), messages/s.
 Then the retention job prunes part of the full database's history (rows/s, per batch) and
 one more alternating round measures the full side right after it (dead tuples present,
-before any vacuum: the state a prune leaves the tables in).
-Also: one /metrics collection on each database (the DatabaseCollector's queries).
+before any vacuum: the state a prune leaves the tables in); then VACUUM (what autovacuum
+does after a prune) and one more round. Each index's size is printed after the fill,
+after the prune, after the VACUUM and after the last round: pages freed by a prune are
+reused by new rows, so the indexes stop growing once retention runs (the figure that
+argues retention alone holds, docs/retention.md).
+Also: one /metrics collection on each database (the DatabaseCollector's queries): its
+seconds and its statement count, which must not grow with the history.
 
 Headline: full / empty for each figure (goal: within 10 %, i.e. >= 0.90).
 
@@ -152,6 +157,20 @@ def fill_history(dsn: str, rows: int) -> dict:
     return figures
 
 
+def index_sizes(dsn: str) -> dict[str, int]:
+    """Bytes of each of the two history tables (`<table>`: its heap) and of each of their
+    indexes (`<table>.<index>`)."""
+    rows = _exec(dsn, f"""
+        SELECT t.relname || coalesce('.' || i.relname, ''),
+               pg_relation_size(coalesce(i.oid, t.oid))
+        FROM pg_class t LEFT JOIN pg_index x ON x.indrelid = t.oid
+        LEFT JOIN pg_class i ON i.oid = x.indexrelid
+        WHERE t.relname IN ('{OUTBOX}', '{EVENTS}')
+        UNION ALL SELECT relname, pg_relation_size(oid) FROM pg_class
+        WHERE relname IN ('{OUTBOX}', '{EVENTS}') ORDER BY 1""", fetch=True)
+    return dict(rows)
+
+
 def _count_rows(dsn: str) -> dict:
     return {t: _exec(dsn, f"SELECT count(*) FROM {t}", fetch=True)[0][0]
             for t in (OUTBOX, EVENTS)}
@@ -240,13 +259,23 @@ def run_prune(env: dict, *, table: str, max_batches: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def collect_metrics_seconds(env: dict) -> float:
-    code = ("import time; from recovery.metrics import DatabaseCollector as C; c = C(); "
-            "list(c._collect()); t = time.perf_counter(); list(c._collect()); "
-            "print(time.perf_counter() - t)")
+def collect_metrics(env: dict) -> tuple[float, int]:
+    """(seconds, SQL statements) of one DatabaseCollector collection, the second of two."""
+    code = ("import time; from django.db import connection as k; "
+            "from django.test.utils import CaptureQueriesContext as Q; "
+            "from recovery.metrics import DatabaseCollector as C; c = C(); "
+            "list(c._collect()); t = time.perf_counter(); q = Q(k); q.__enter__(); "
+            "list(c._collect()); s = time.perf_counter() - t; q.__exit__(None, None, None); "
+            "print(s, len(q.captured_queries))")
     out = subprocess.run([PY, "manage.py", "shell", "-c", code], env=env, cwd=ROOT, check=True,
                          capture_output=True, text=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    seconds, statements = out.stdout.strip().splitlines()[-1].split()
+    return float(seconds), int(statements)
+
+
+def _of(relation: str, table: str) -> bool:
+    """Is `relation` (a name from index_sizes) the table's heap or one of its indexes?"""
+    return relation == table or relation.startswith(table + ".")
 
 
 # -- the run ------------------------------------------------------------------------------
@@ -291,8 +320,10 @@ def main(argv: list[str] | None = None) -> Report:
             f"{args.rows:,} stored events (set-based SQL)")
         fill = fill_history(dsn["full"], args.rows)
 
-        res: dict[str, dict[str, list]] = {s: {"ingest": [], "drain": [], "ingest_after": [],
-                                               "drain_after": []} for s in SIDES}
+        sizes = {"filled": index_sizes(dsn["full"])}
+        res: dict[str, dict[str, list]] = {
+            s: {f"{kind}{suffix}": [] for kind in ("ingest", "drain")
+                for suffix in ("", "_after", "_vacuumed")} for s in SIDES}
         prune: dict[str, dict] = {}
         with contextlib.ExitStack() as stack_ctx:
             from celery import Celery
@@ -331,9 +362,16 @@ def main(argv: list[str] | None = None) -> Report:
                 prune[table] = run_prune(side_env["full"], table=table,
                                          max_batches=args.prune_batches)
                 prune[table]["wall"] = time.monotonic() - t
+            sizes["pruned"] = index_sizes(dsn["full"])
             one_round(rounds, "_after")
             one_round(rounds + 1, "_after")
-        scrape = {s: collect_metrics_seconds(side_env[s]) for s in SIDES}
+            # What autovacuum does after a prune: dead index entries and heap tuples become
+            # free space that the next inserts reuse.
+            _exec(dsn["full"], f"VACUUM (ANALYZE) {OUTBOX}", f"VACUUM (ANALYZE) {EVENTS}")
+            sizes["vacuumed"] = index_sizes(dsn["full"])
+            one_round(rounds + 2, "_vacuumed")
+            sizes["after_ingest"] = index_sizes(dsn["full"])
+        scrape = {s: collect_metrics(side_env[s]) for s in SIDES}
         rows_end = {s: _count_rows(dsn[s]) for s in SIDES}
 
     def m(side, kind, attr):
@@ -341,7 +379,8 @@ def main(argv: list[str] | None = None) -> Report:
 
     load_end = os.getloadavg()
     note = f"{rounds} alternating rounds, median; load avg {load_start[0]:.1f} -> {load_end[0]:.1f}"
-    for suffix, label in (("", ""), ("_after", " after prune")):
+    for suffix, label in (("", ""), ("_after", " after prune"),
+                          ("_vacuumed", " after prune + VACUUM")):
         e_rps, f_rps = m("empty", "ingest" + suffix, "rps"), m("full", "ingest" + suffix, "rps")
         report.add("history", f"webhook ingest req/s{label}", fmt(f_rps), fmt(e_rps),
                    f"{f_rps / e_rps:.2f}", ">= 0.90",
@@ -359,13 +398,23 @@ def main(argv: list[str] | None = None) -> Report:
                    f"{p['pruned']:,} rows in {p['batches']} batches, {p['seconds']:.1f}s "
                    f"({p['seconds'] / max(1, p['batches']) * 1000:.0f} ms/batch); "
                    f"{p['due']:,} still due")
-    report.add("history", "metrics collection s", f"{scrape['full']:.3f}",
-               f"{scrape['empty']:.3f}", f"{scrape['empty'] / scrape['full']:.2f}", "",
-               "DatabaseCollector, one scrape, no cache; floor col = empty")
+    report.add("history", "metrics collection s", f"{scrape['full'][0]:.3f}",
+               f"{scrape['empty'][0]:.3f}", f"{scrape['empty'][0] / scrape['full'][0]:.2f}",
+               ">= 0.90", f"DatabaseCollector, one scrape, no cache; statements full "
+               f"{scrape['full'][1]} vs empty {scrape['empty'][1]}; floor col = empty")
+    for table in (OUTBOX, EVENTS):
+        report.add("history", f"{table} heap + indexes MB (fill/prune/vacuum/ingest)",
+                   "/".join(f"{sum(v for k, v in sz.items() if _of(k, table)) / 2**20:,.0f}"
+                            for sz in sizes.values()), "", "", "",
+                   "full side; pruned pages are reused, not returned")
     report.add("history", "check", f"full: {rows_end['full'][OUTBOX]:,} outbox, "
                f"{rows_end['full'][EVENTS]:,} events", "", "", "",
                f"fill {fill[OUTBOX]:.0f}s + {fill[EVENTS]:.0f}s "
                f"({fill[OUTBOX + '_size']}, {fill[EVENTS + '_size']}); {note}")
+    print("index sizes on the full side, MB (after fill / prune / VACUUM / one more round):")
+    for name in sizes["filled"]:
+        print(f"  {name:48s} " + " / ".join(f"{sz.get(name, 0) / 2**20:9.1f}"
+                                            for sz in sizes.values()))
     raw = {s: {k: [getattr(x, "rps", x) for x in v] for k, v in res[s].items()} for s in SIDES}
     print(f"per-round figures (req/s or msgs/s): {json.dumps(raw)}")
     mach = machine()
