@@ -142,8 +142,12 @@ def test_make_run_then_the_walkthrough_works_on_the_embedded_default(embedded):
     env, base, var, out_path = embedded
 
     # the banner is the last thing on screen once everything is up, and stays so while
-    # idle: longer than beat's outbox sweep (5 s), whose INFO lines used to scroll it away
-    time.sleep(12)
+    # idle: once beat's outbox sweep (every 5 s), whose INFO lines used to scroll it away,
+    # has been sent and taken by the worker after the banner (the filesystem broker's
+    # folder changed since, and holds no message again)
+    broker, shown = var / "broker", time.time()
+    _wait_for(lambda: broker.stat().st_mtime > shown and not any(broker.glob("*.msg")),
+              60, "a beat tick sent and taken after the banner")
     screen = [_honcho_text(line).strip() for line in out_path.read_text().splitlines()]
     screen = [line for line in screen if line]
     assert screen[-1] == "=" * 78 and screen[-2] == BANNER_END, screen[-15:]
@@ -188,17 +192,27 @@ def test_make_run_then_the_walkthrough_works_on_the_embedded_default(embedded):
     _wait_for(lambda: deliveries_log.exists() and len(
         [line for line in deliveries_log.read_text().splitlines() if 'webhook "' in line]) >= 4,
         30, "four deliveries")
-    time.sleep(2)  # a delivery in flight lands in the log too
-    deliveries = [line for line in deliveries_log.read_text().splitlines()
-                  if 'webhook "' in line]
+    db_uri = f"file:{var / 'verity.sqlite3'}?mode=ro"
+
+    def delivered_and_stored():
+        deliveries = [line for line in deliveries_log.read_text().splitlines()
+                      if 'webhook "' in line]
+        with contextlib.closing(sqlite3.connect(db_uri, uri=True)) as db:
+            stored = db.execute("SELECT event_id, result FROM webhooks_providerevent "
+                                "WHERE event_id NOT LIKE 'evt_demo_%'").fetchall()
+            applied_to = {row[0] for row in db.execute(
+                "SELECT operation_id FROM webhooks_providerevent WHERE operation_id != ''")}
+        return deliveries, stored, applied_to
+
+    # a delivery in flight is stored before localstripe logs it: wait until every stored
+    # event's delivery is in the log (at most 30 s; a refused one is reported below)
+    deadline = time.monotonic() + 30
+    deliveries, stored, applied_to = delivered_and_stored()
+    while len(deliveries) != len(stored) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        deliveries, stored, applied_to = delivered_and_stored()
     refused = [line for line in deliveries if "successfully delivered" not in line]
     assert not refused, refused
-    with contextlib.closing(sqlite3.connect(f"file:{var / 'verity.sqlite3'}?mode=ro",
-                                            uri=True)) as db:
-        stored = db.execute("SELECT event_id, result FROM webhooks_providerevent "
-                            "WHERE event_id NOT LIKE 'evt_demo_%'").fetchall()
-        applied_to = {row[0] for row in db.execute(
-            "SELECT operation_id FROM webhooks_providerevent WHERE operation_id != ''")}
     assert len(stored) == len(deliveries), (stored, deliveries)
     assert len({event_id for event_id, _ in stored}) == len(stored)
     assert ids["UNKNOWN_OP"] in applied_to  # the drilled payment's webhook reached it
