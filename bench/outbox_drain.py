@@ -2,14 +2,16 @@
 
 20 000 OutboxMessage rows of category NOOP (handler does nothing) are written with one
 INSERT … SELECT generate_series, then drained by `celery -A config worker --pool solo`
-processes running the real task `recovery.relay_drain` (recovery.relay: SKIP LOCKED claim
-of 100, handlers outside the transaction, one batched UPDATE marking the batch processed). Throughput is
-messages / (last processed_at − the moment the tasks were sent).
-Floor, same PostgreSQL, same table: a raw psycopg loop doing the same statements the relay
-needs (claim 100 with FOR UPDATE SKIP LOCKED + mark claimed, then mark them processed in
-one `UPDATE … WHERE id = ANY(…)`, as the relay does since issue 18),
-in 1 and 2 processes. Also the relay called in this process without Celery, to split the
-cost between the relay's ORM work and Celery's task machinery.
+processes running the real task `recovery.relay_drain` (recovery.relay: one autocommit
+SKIP LOCKED claim of 100, handlers outside any transaction, one batched UPDATE marking the
+batch processed). Throughput is messages / (last processed_at − the moment the tasks were
+sent).
+Floor, same PostgreSQL, same table: a raw psycopg loop doing the statements the relay needs
+(claim 100 with FOR UPDATE SKIP LOCKED, stamped and returned in one statement, then one
+`UPDATE … WHERE id = ANY(…)` marking them processed), in 1 and 2 processes; and, as a
+reference row, the floor of issues 18-33 (the claim inside BEGIN/COMMIT, 4 round trips).
+Also the relay called in this process without Celery, to split the cost between the
+relay's own work and Celery's task machinery.
 
     .venv/bin/python bench/outbox_drain.py [--messages 20000] [--runs 3]
 """
@@ -46,8 +48,30 @@ INSERT INTO {TABLE} (category, payload, dedupe_key, available_at, attempts, last
 SELECT 99, jsonb_build_object('n', g), 'bench:' || %s || ':' || g, now(), 0, '', now()
 FROM generate_series(1, %s) AS g
 """
-# The floor does what the relay needs, in SQL only (same predicate, order and batch).
+# The floor does what the relay needs, in SQL only (same predicate, order and batch): since
+# issue 34 the relay claims in ONE autocommit statement that returns what its handlers
+# read (id, category, payload, attempts), oldest first, then marks the batch processed in
+# one `UPDATE … WHERE id = ANY(…)`: two round trips per batch, and so does the floor.
 CLAIM_SQL = f"""
+WITH due AS (
+    SELECT id FROM {TABLE}
+    WHERE processed_at IS NULL AND available_at <= now()
+      AND (claimed_until IS NULL OR claimed_until < now())
+    ORDER BY available_at, id LIMIT 100
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {TABLE} m SET claimed_until = now() + interval '60 seconds',
+                         attempts = m.attempts + 1
+    FROM due WHERE m.id = due.id
+    RETURNING m.id, m.category, m.payload, m.attempts, m.available_at
+)
+SELECT id, category, payload, attempts FROM claimed ORDER BY available_at, id
+"""
+MARK_SQL = (f"UPDATE {TABLE} SET processed_at = now(), claimed_until = NULL, last_error = '' "
+            "WHERE id = ANY(%s) AND processed_at IS NULL")
+# The floor of issues 18-33 (kept as a reference row, 1 process): the claim returned ids
+# only, inside an explicit transaction (BEGIN, claim, COMMIT, mark: four round trips).
+CLAIM_IDS_SQL = f"""
 WITH due AS (
     SELECT id FROM {TABLE}
     WHERE processed_at IS NULL AND available_at <= now()
@@ -59,17 +83,37 @@ UPDATE {TABLE} m SET claimed_until = now() + interval '60 seconds', attempts = m
 FROM due WHERE m.id = due.id
 RETURNING m.id
 """
-MARK_SQL = (f"UPDATE {TABLE} SET processed_at = now(), claimed_until = NULL, last_error = '' "
-            "WHERE id = ANY(%s) AND processed_at IS NULL")
 
 
-def _floor_worker(dsn: str) -> None:
+def _start_line(ready, go) -> None:
+    # Connected: wait for the others, so the clock starts after every process is spawned
+    # and connected (a spawned interpreter takes 0.2-1 s to start, which used to count
+    # against the floor: ~10-40 % of a 20 000-message run).
+    if ready is not None:
+        ready.release()
+        go.wait()
+
+
+def _floor_worker(dsn: str, ready=None, go=None) -> None:
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
+        _start_line(ready, go)
+        while True:
+            ids = [r[0] for r in conn.execute(CLAIM_SQL).fetchall()]
+            if not ids:
+                return
+            conn.execute(MARK_SQL, [ids])
+
+
+def _floor_worker_v1(dsn: str, ready=None, go=None) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _start_line(ready, go)
         while True:
             with conn.transaction():
-                ids = [r[0] for r in conn.execute(CLAIM_SQL).fetchall()]
+                ids = [r[0] for r in conn.execute(CLAIM_IDS_SQL).fetchall()]
             if not ids:
                 return
             conn.execute(MARK_SQL, [ids])
@@ -109,15 +153,20 @@ def _unprocessed() -> int:
         return c.fetchone()[0]
 
 
-def run_floor(dsn: str, n: int, procs: int, tag: str) -> float:
+def run_floor(dsn: str, n: int, procs: int, tag: str, *, target=_floor_worker) -> float:
     _fill(n, tag)
-    t0 = _db_now()
     # spawn, not fork: this process has threads (Celery's control client, kombu pools) and a
     # forked child can inherit one of their locks held, and hang before it connects.
     ctx = multiprocessing.get_context("spawn")
-    ps = [ctx.Process(target=_floor_worker, args=(dsn,)) for _ in range(procs)]
+    ready, go = ctx.Semaphore(0), ctx.Event()
+    ps = [ctx.Process(target=target, args=(dsn, ready, go)) for _ in range(procs)]
     for p in ps:
         p.start()
+    for _ in ps:
+        if not ready.acquire(timeout=60):
+            raise RuntimeError("floor process did not connect")
+    t0 = _db_now()
+    go.set()
     for p in ps:
         p.join()
     count, secs = _elapsed_since(t0)
@@ -125,7 +174,8 @@ def run_floor(dsn: str, n: int, procs: int, tag: str) -> float:
     return n / secs
 
 
-def run_in_process(n: int, tag: str) -> float:
+def run_in_process(n: int, tag: str) -> tuple[float, float]:
+    """(msgs/s, CPU µs per message of this process: steadier than msgs/s under load)."""
     from django.db import connection
 
     from recovery.relay import relay_drain
@@ -133,11 +183,21 @@ def run_in_process(n: int, tag: str) -> float:
     _fill(n, tag)
     connection.close()  # no transaction open, fresh connection like a worker's
     t0 = _db_now()
+    cpu = time.process_time()
     while relay_drain():
         pass
+    cpu = time.process_time() - cpu
     count, secs = _elapsed_since(t0)
     assert count == n, (count, n)
-    return n / secs
+    return n / secs, cpu * 1e6 / n
+
+
+def floor_cpu(dsn: str, n: int, tag: str) -> float:
+    """The floor's loop in this process: CPU µs per message on the client side."""
+    _fill(n, tag)
+    cpu = time.process_time()
+    _floor_worker(dsn)
+    return (time.process_time() - cpu) * 1e6 / n
 
 
 @contextlib.contextmanager
@@ -206,7 +266,8 @@ def main(argv: list[str] | None = None) -> Report:
     with bench_stack(localstripe=False) as (stack, env):
         dsn = stack.env["DATABASE_URL"].replace("postgres://", "postgresql://")
         res: dict[str, list[float]] = {k: [] for k in
-                                       ("floor1", "floor2", "inproc", "celery1", "celery2")}
+                                       ("floor1", "floor2", "inproc", "celery1", "celery2",
+                                        "floor1v1", "cpu_relay", "cpu_floor")}
         # Each real figure is measured right after its floor (same minute, same load): the
         # machine's speed drifts too much for floors measured minutes apart.
         for workers in (1, 2):
@@ -219,7 +280,13 @@ def main(argv: list[str] | None = None) -> Report:
                                                               args.timeout))
                     if workers == 1:
                         log(f"run {run + 1}/{args.runs}: relay in-process (no Celery)")
-                        res["inproc"].append(run_in_process(n, f"ip{run}"))
+                        rate, cpu = run_in_process(n, f"ip{run}")
+                        res["inproc"].append(rate)
+                        res["cpu_relay"].append(cpu)
+                        res["cpu_floor"].append(floor_cpu(dsn, n, f"fc{run}"))
+                        log(f"run {run + 1}/{args.runs}: floor of issues 18-33, 1 process")
+                        res["floor1v1"].append(run_floor(dsn, n, 1, f"v1{run}",
+                                                         target=_floor_worker_v1))
     m = {k: med(v) for k, v in res.items()}
     note = f"{n} NOOP msgs, {args.runs} runs, median"
     report.add("outbox drain", "msgs/s 1 celery worker", fmt(m["celery1"]), fmt(m["floor1"]),
@@ -230,6 +297,13 @@ def main(argv: list[str] | None = None) -> Report:
                f"{m['floor2'] / m['floor1']:.2f}x", "", ">= 1.7x", "floor col = raw SQL 2 vs 1")
     report.add("outbox drain", "msgs/s relay in-process", fmt(m["inproc"]), fmt(m["floor1"]),
                ratio(m["inproc"], m["floor1"]), "", "recovery.relay.relay_drain, no Celery")
+    # Least of the runs: the least disturbed by neighbours on a shared machine.
+    report.add("outbox drain", "CPU us/msg relay in-process", f"{min(res['cpu_relay']):.1f}",
+               f"{min(res['cpu_floor']):.1f}", "", "",
+               "client-side CPU per message (process_time), least of runs; floor in-process")
+    report.add("outbox drain", "msgs/s 1 worker vs old floor", fmt(m["celery1"]),
+               fmt(m["floor1v1"]), ratio(m["celery1"], m["floor1v1"]), "",
+               "floor of issues 18-33: BEGIN, claim ids, COMMIT, mark (4 round trips)")
     report.dump(args.json)
     report.print("outbox drain")
     return report
