@@ -139,27 +139,41 @@ class WeekInterventions:
     incidents: int
 
 
+def _counts_in_windows(qs, field_name: str, windows: dict[str, tuple[datetime, datetime | None]]
+                       ) -> dict[str, int]:
+    """{name: rows with start <= field < end} for every window, in ONE statement that reads
+    only the rows of the widest window (an index range on `field_name`)."""
+    def between(start, end):
+        q = Q(**{f"{field_name}__gte": start})
+        return q & Q(**{f"{field_name}__lt": end}) if end is not None else q
+
+    lo = min(start for start, _ in windows.values())
+    return qs.filter(**{f"{field_name}__gte": lo}).aggregate(
+        **{name: Count("pk", filter=between(start, end))
+           for name, (start, end) in windows.items()})
+
+
 def manual_interventions(*, days: int = 7, weeks: int = 4) -> dict:
     """Manual resolutions and audited console actions: the last `days`, and per ISO week
-    (Monday 00:00 UTC) for the last `weeks` weeks."""
+    (Monday 00:00 UTC) for the last `weeks` weeks. One statement per table (filtered
+    counts), not one per table and week."""
 
     now = timezone.now()
     since = now - timedelta(days=days)
     monday = (now - timedelta(days=now.weekday())).replace(hour=0, minute=0, second=0,
                                                            microsecond=0)
-    per_week = []
-    for i in range(weeks):
-        start = monday - timedelta(weeks=i)
-        end = start + timedelta(weeks=1)
-        per_week.append(WeekInterventions(
-            start,
-            Resolution.objects.filter(created_at__gte=start, created_at__lt=end).count(),
-            AuditEntry.objects.filter(created_at__gte=start, created_at__lt=end).count(),
-            Incident.objects.filter(opened_at__gte=start, opened_at__lt=end).count()))
+    starts = [monday - timedelta(weeks=i) for i in range(weeks)]
+    windows = {f"w{i}": (start, start + timedelta(weeks=1)) for i, start in enumerate(starts)}
+    resolutions = _counts_in_windows(Resolution.objects.all(), "created_at",
+                                     {**windows, "recent": (since, None)})
+    audited = _counts_in_windows(AuditEntry.objects.all(), "created_at",
+                                 {**windows, "recent": (since, None)})
+    incidents = _counts_in_windows(Incident.objects.all(), "opened_at", windows)
     return {
-        "resolutions": Resolution.objects.filter(created_at__gte=since).count(),
-        "audited_actions": AuditEntry.objects.filter(created_at__gte=since).count(),
-        "weeks": per_week,
+        "resolutions": resolutions["recent"],
+        "audited_actions": audited["recent"],
+        "weeks": [WeekInterventions(start, resolutions[f"w{i}"], audited[f"w{i}"],
+                                    incidents[f"w{i}"]) for i, start in enumerate(starts)],
     }
 
 
