@@ -174,6 +174,12 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
             models.Index(fields=["updated_at"], name="purchase_awaiting_order_idx",
                          condition=Q(status__in=[PurchaseStatus.PAID.value,
                                                  PurchaseStatus.FULFILLING.value])),
+            # The same queue's count and oldest on the dashboard, read in paid_at order: a
+            # nested-loop anti join on the order's purchase_id stops at the count's cap
+            # instead of hashing every order (support.counts, bench/scale.py).
+            models.Index(fields=["paid_at"], name="purchase_paid_no_order_idx",
+                         condition=Q(status__in=[PurchaseStatus.PAID.value,
+                                                 PurchaseStatus.FULFILLING.value])),
             # Console search by e-mail: customer_email__iexact is UPPER(customer_email).
             models.Index(Upper("customer_email"), name="purchase_email_upper_idx"),
         ]
@@ -381,6 +387,15 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
             # The duplicate-charges queue, oldest by settled_at.
             models.Index(fields=["settled_at"], name="op_duplicate_settled_idx",
                          condition=Q(is_duplicate=True)),
+            # The escalated queue (support.queues), oldest first: only escalated
+            # operations, not every open one read back to find none escalated.
+            models.Index(fields=["created_at"], name="op_escalated_idx",
+                         condition=Q(stage=Stage.ESCALATED.value)
+                         | Q(escalated_at__isnull=False)),
+            # The overturned-resolution queue (support.queues): operations waiting for
+            # support, oldest by settled_at, each probed for an overturn transition.
+            models.Index(fields=["settled_at"], name="op_support_owned_settled_idx",
+                         condition=Q(next_action_owner=Owner.SUPPORT.value)),
         ]
 
     O = Outcome

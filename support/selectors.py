@@ -13,7 +13,8 @@ from statistics import median
 
 from django.conf import settings
 from django.contrib import messages as message_levels
-from django.db.models import Count, Q, Subquery, Sum
+from django.db import connection
+from django.db.models import Count, Q, Subquery
 from django.utils import timezone
 
 from payments.enums import (
@@ -30,6 +31,7 @@ from payments.enums import (
     Stage,
 )
 from payments.models import (
+    ApiClient,
     BuyerConfirmation,
     Hold,
     OperationTransition,
@@ -92,13 +94,31 @@ class Exposure:
     operations: int
 
 
+# Unknown exposure, hash-joined: the unknown operations' ids (op_open_by_outcome_idx) and
+# the reserved holds (hold_reserved_idx) are read once each. Written as the ORM's join, the
+# planner probes the operation of every reserved hold by primary key instead (a nested loop:
+# ~4 pages a hold, 86 k pages and 150-400 ms at 1 M purchases, 20 k reserved holds); the
+# MATERIALIZED CTE is what keeps it from doing so (bench/scale.py, docs/performance.md).
+_MONEY_AT_RISK_SQL = f"""
+WITH unknown AS MATERIALIZED (
+    SELECT id FROM {PaymentOperation._meta.db_table} WHERE outcome = %s)
+SELECT h.currency, c.name, SUM(h.amount) AS total, COUNT(*) AS n
+FROM {Hold._meta.db_table} h
+JOIN unknown ON h.operation_id = unknown.id
+JOIN {ApiClient._meta.db_table} c ON c.id = h.api_client_id
+WHERE h.state = %s
+GROUP BY h.currency, c.name
+ORDER BY h.currency ASC, total DESC
+"""
+
+
 def money_at_risk() -> list[Exposure]:
-    """Unknown exposure: reserved holds of operations whose outcome is unknown."""
-    rows = (Hold.objects.filter(state=HoldState.RESERVED, operation__outcome=Outcome.UNKNOWN)
-            .values("currency", "api_client__name")
-            .annotate(total=Sum("amount"), n=Count("pk")).order_by("currency", "-total"))
-    return [Exposure(r["currency"], r["api_client__name"] or "", r["total"] or 0, r["n"])
-            for r in rows]
+    """Unknown exposure: reserved holds of operations whose outcome is unknown, summed by
+    currency and API client (one statement; see _MONEY_AT_RISK_SQL for why it is SQL)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_MONEY_AT_RISK_SQL, [Outcome.UNKNOWN.value, HoldState.RESERVED.value])
+        rows = cursor.fetchall()
+    return [Exposure(currency, client or "", total or 0, n) for currency, client, total, n in rows]
 
 
 def order_after_payment_delays(*, since: datetime) -> list[float]:
@@ -139,27 +159,41 @@ class WeekInterventions:
     incidents: int
 
 
+def _counts_in_windows(qs, field_name: str, windows: dict[str, tuple[datetime, datetime | None]]
+                       ) -> dict[str, int]:
+    """{name: rows with start <= field < end} for every window, in ONE statement that reads
+    only the rows of the widest window (an index range on `field_name`)."""
+    def between(start, end):
+        q = Q(**{f"{field_name}__gte": start})
+        return q & Q(**{f"{field_name}__lt": end}) if end is not None else q
+
+    lo = min(start for start, _ in windows.values())
+    return qs.filter(**{f"{field_name}__gte": lo}).aggregate(
+        **{name: Count("pk", filter=between(start, end))
+           for name, (start, end) in windows.items()})
+
+
 def manual_interventions(*, days: int = 7, weeks: int = 4) -> dict:
     """Manual resolutions and audited console actions: the last `days`, and per ISO week
-    (Monday 00:00 UTC) for the last `weeks` weeks."""
+    (Monday 00:00 UTC) for the last `weeks` weeks. One statement per table (filtered
+    counts), not one per table and week."""
 
     now = timezone.now()
     since = now - timedelta(days=days)
     monday = (now - timedelta(days=now.weekday())).replace(hour=0, minute=0, second=0,
                                                            microsecond=0)
-    per_week = []
-    for i in range(weeks):
-        start = monday - timedelta(weeks=i)
-        end = start + timedelta(weeks=1)
-        per_week.append(WeekInterventions(
-            start,
-            Resolution.objects.filter(created_at__gte=start, created_at__lt=end).count(),
-            AuditEntry.objects.filter(created_at__gte=start, created_at__lt=end).count(),
-            Incident.objects.filter(opened_at__gte=start, opened_at__lt=end).count()))
+    starts = [monday - timedelta(weeks=i) for i in range(weeks)]
+    windows = {f"w{i}": (start, start + timedelta(weeks=1)) for i, start in enumerate(starts)}
+    resolutions = _counts_in_windows(Resolution.objects.all(), "created_at",
+                                     {**windows, "recent": (since, None)})
+    audited = _counts_in_windows(AuditEntry.objects.all(), "created_at",
+                                 {**windows, "recent": (since, None)})
+    incidents = _counts_in_windows(Incident.objects.all(), "opened_at", windows)
     return {
-        "resolutions": Resolution.objects.filter(created_at__gte=since).count(),
-        "audited_actions": AuditEntry.objects.filter(created_at__gte=since).count(),
-        "weeks": per_week,
+        "resolutions": resolutions["recent"],
+        "audited_actions": audited["recent"],
+        "weeks": [WeekInterventions(start, resolutions[f"w{i}"], audited[f"w{i}"],
+                                    incidents[f"w{i}"]) for i, start in enumerate(starts)],
     }
 
 
