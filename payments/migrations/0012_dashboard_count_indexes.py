@@ -1,4 +1,4 @@
-"""Partial indexes for the console dashboard's counts (issue 34): each holds only its queue's
+"""Partial indexes for the console dashboard's counts: each holds only its queue's
 rows, so a count reads the rows it reports, not the table (docs/performance.md).
 
 - purchase_paid_no_order_idx: paid/fulfilling purchases by paid_at, so the

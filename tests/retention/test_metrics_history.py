@@ -16,10 +16,6 @@ from webhooks.models import EventResult, ProviderEvent
 pytestmark = pytest.mark.django_db
 
 TABLE = ProviderEvent._meta.db_table
-# The partial index the waiting-events gauges read (requested in the webhooks app's
-# migrations; created here, with the same name and definition, until it is there).
-WAITING_INDEX = (f"CREATE INDEX IF NOT EXISTS providerevent_waiting_idx ON {TABLE} "
-                 "(result, received_at) WHERE result IN ('pending', 'held', 'quarantined')")
 
 
 def _events(n: int, *, tag: str, result=EventResult.APPLIED) -> None:
@@ -65,8 +61,7 @@ def test_a_scrape_reads_the_waiting_events_only_however_many_are_stored(client, 
     if connection.vendor != "postgresql":
         pytest.skip("the cost measured is PostgreSQL's plan")
     settings.METRICS_CACHE_SECONDS = 0
-    with connection.cursor() as c:
-        c.execute(WAITING_INDEX)
+    # (the waiting-events gauges read webhooks' providerevent_waiting_idx)
     # given a few events waiting (held, quarantined) and a few processed ones
     _events(3, tag="held", result=EventResult.HELD)
     _events(2, tag="quar", result=EventResult.QUARANTINED)

@@ -1,4 +1,4 @@
-"""The held-events queue's partial index (issue 34): the dashboard's held count read an
+"""The held-events queue's partial index: the dashboard's held count read an
 index of the held events only, not every event (a parallel sequential scan at 1 M).
 
 In production: AddIndexConcurrently with `atomic = False` (payments 0012 says why).
