@@ -54,9 +54,10 @@ def _layers(profile: cProfile.Profile, n: int) -> dict[str, float]:
 
 
 def _round_trips(profile: cProfile.Profile, n: int) -> tuple[float, float]:
-    """(PostgreSQL, Redis) round trips per request: psycopg waits once per round trip
-    (a statement, or a pipeline's sync), redis-py reads one reply per command or pipeline
-    (a pipeline of k commands reads k replies; the fast paths send none)."""
+    """(psycopg waits, Redis replies) per request. Outside a pipeline psycopg waits once
+    per statement, a round trip; inside one (the purchase view's reads) it also waits to
+    send each statement, so 7 waits there are ONE round trip (strace: one burst of sends,
+    then the replies). redis-py reads one reply per command (the fast paths send one)."""
     pg = redis = 0
     for (filename, _line, func), (_cc, ncalls, *_rest) in pstats.Stats(profile).stats.items():
         if func == "wait" and filename.endswith("psycopg/connection.py"):
@@ -172,8 +173,8 @@ def main(argv: list[str] | None = None) -> Report:
             results[name] = _measure(send, args.n, profile=True, timed=rounds[name])
     floor_cpu = results["floor (bare PK read)"][1]
     for name, (wall, cpu, layers) in results.items():
-        trips = f"round trips: PG {layers.pop('PG round trips', 0):.1f}, " \
-                f"Redis {layers.pop('Redis round trips', 0):.1f}"
+        trips = f"psycopg waits {layers.pop('PG round trips', 0):.1f}, " \
+                f"Redis replies {layers.pop('Redis round trips', 0):.1f}"
         split = ", ".join(f"{k} {v:.2f}" for k, v in layers.items() if v >= 0.005)
         report.add("read profile", name, f"{cpu:.2f} ms CPU", f"{floor_cpu:.2f}",
                    f"{floor_cpu / cpu:.2f}" if cpu else "n/a", "",
