@@ -168,7 +168,9 @@ _ONLY_WHEN_ASKED = 2**62
 
 
 @contextlib.contextmanager
-def _preparing(pg):
+def preparing(pg):
+    """Inside: `execute(..., prepare=True)` on `pg` (Django's psycopg connection) really
+    prepares; outside, the connection's threshold is as Django set it."""
     threshold = pg.prepare_threshold
     if threshold is not None:
         yield
@@ -327,7 +329,7 @@ def read_together(*calls: tuple[CompiledRead, tuple], using: str = "default") ->
         # config.db_unavailable / payments.api.problems, not a 500) and mark the
         # connection for CONN_HEALTH_CHECKS, as on Django's own cursors.
         pg = connection.connection
-        with connection.wrap_database_errors, _preparing(pg):
+        with connection.wrap_database_errors, preparing(pg):
             cursors = _raw_cursors(connection, pg, len(statements))
             if len(statements) == 1:
                 cursors[0].execute(statements[0][1], statements[0][2], prepare=True)
@@ -386,5 +388,5 @@ PURCHASE_OF_CLIENT = CompiledRead(
     .filter(pk=pk, api_client_id=client_id)[:1],
     "\x01verity-purchase", "\x01verity-client")
 
-__all__ += ["CompiledRead", "PURCHASE_OF_CLIENT", "operation_for_view",
+__all__ += ["CompiledRead", "PURCHASE_OF_CLIENT", "operation_for_view", "preparing",
             "prepared_statements_on", "read_together"]
