@@ -165,7 +165,7 @@ def _event_ingest_one_statement(*, params: list, rejected: str, event_id: str) -
     return True
 
 
-_NEVER_AUTOMATICALLY = 2**31 - 1
+_ONLY_WHEN_ASKED = 2**62
 
 
 def _fetchone_prepared(sql: str, params: list):
@@ -182,21 +182,23 @@ def _fetchone_prepared(sql: str, params: list):
     connection.close_if_health_check_failed()
     connection.ensure_connection()
     raw = connection.connection
-    if raw.prepare_threshold is None:
-        # Django opens psycopg connections with prepare_threshold None (automatic
-        # preparation off, for poolers), and psycopg then ignores `prepare=True` too: the
-        # statement would be parsed and planned on every delivery. A threshold no statement
-        # reaches keeps automatic preparation off and lets `prepare=True` prepare. Only
-        # server-side-binding cursors are concerned: Django's own ClientCursors never
-        # prepare.
-        raw.prepare_threshold = _NEVER_AUTOMATICALLY
+    # Django opens psycopg connections with prepare_threshold None (automatic preparation
+    # off, for poolers), and psycopg then ignores `prepare=True` too: the statement would be
+    # parsed and planned on every delivery. For our execute only, a threshold no statement
+    # reaches: only `prepare=True` prepares (as payments.view_queries does for its reads).
+    threshold = raw.prepare_threshold
     started = time.monotonic()
     # A plain psycopg Cursor binds server-side (Django's are ClientCursors); errors come out
     # as Django's (an unreachable database is OperationalError: config.db_unavailable's
     # 503) and mark the connection for the health check, as on Django's own cursors.
-    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
-        cursor.execute(sql, params, prepare=True)
-        row = cursor.fetchone()
+    try:
+        if threshold is None:
+            raw.prepare_threshold = _ONLY_WHEN_ASKED
+        with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
+            cursor.execute(sql, params, prepare=True)
+            row = cursor.fetchone()
+    finally:
+        raw.prepare_threshold = threshold
     if connection.queries_logged:  # DEBUG or a test counting statements: seen like any
         connection.queries_log.append({"sql": sql,
                                        "time": f"{time.monotonic() - started:.3f}"})
