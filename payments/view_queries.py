@@ -153,6 +153,7 @@ __all__ += ["purchase_disputes", "purchase_operations_forget", "purchase_operati
 import contextlib  # noqa: E402
 import re  # noqa: E402
 import threading  # noqa: E402
+import time  # noqa: E402
 
 from django.conf import settings as _settings  # noqa: E402
 from django.db import connections as _connections  # noqa: E402
@@ -315,6 +316,43 @@ class CompiledRead:
         return populating
 
 
+def execute_prepared(sql: str, params: list, *, fetch: str | None = "all",
+                     using: str = "default"):
+    """One raw statement (Django's `%s` placeholders) as a named prepared statement on the
+    connection: parsed and planned once per connection, not on every call. With prepared
+    statements off (SQLite, or PgBouncer < 1.21 in transaction mode) the same SQL runs on
+    Django's own cursor. `fetch`: "all" (the rows), "one" (a row or None) or None.
+
+    As on Django's cursors: the CONN_HEALTH_CHECKS probe of a reused connection runs first,
+    errors come out as Django's (an unreachable database is OperationalError: the 503 of
+    config.db_unavailable, not a 500) and mark the connection, and the statement is logged
+    when queries are (DEBUG, or a test counting statements)."""
+    connection = _connections[using]
+    if not prepared_statements_on(connection):
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return _fetched(cursor, fetch)
+    import psycopg
+
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    pg = connection.connection
+    started = time.monotonic()
+    # A plain psycopg Cursor binds server-side (Django's are ClientCursors).
+    with connection.wrap_database_errors, preparing(pg), psycopg.Cursor(pg) as cursor:
+        cursor.execute(sql, params, prepare=True)
+        out = _fetched(cursor, fetch)
+    if connection.queries_logged:
+        connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+    return out
+
+
+def _fetched(cursor, fetch: str | None):
+    if fetch == "all":
+        return cursor.fetchall()
+    return cursor.fetchone() if fetch == "one" else None
+
+
 def read_together(*calls: tuple[CompiledRead, tuple], using: str = "default") -> list[list]:
     """Run each (read, values) of `calls`; their rows, in order. On PostgreSQL with
     prepared statements the statements go in ONE round trip (a psycopg pipeline: each is
@@ -388,5 +426,6 @@ PURCHASE_OF_CLIENT = CompiledRead(
     .filter(pk=pk, api_client_id=client_id)[:1],
     "\x01verity-purchase", "\x01verity-client")
 
-__all__ += ["CompiledRead", "PURCHASE_OF_CLIENT", "operation_for_view", "preparing",
+__all__ += ["CompiledRead", "PURCHASE_OF_CLIENT", "execute_prepared", "operation_for_view",
+            "preparing",
             "prepared_statements_on", "read_together"]

@@ -219,7 +219,10 @@ def celery_worker(transactional_db):
     """
     import redis as redis_lib
 
+    from recovery.kick import relay_kick_forget
+
     redis_lib.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
+    relay_kick_forget()  # the drain this process remembered publishing went with the broker
     db = settings.DATABASES["default"]
     url = (f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}")
     env = {**os.environ, "DATABASE_URL": url, "CELERY_DB_REUSE_MAX": "1000"}

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
@@ -41,7 +39,7 @@ from payments.services import (
     operation_read_canonical,
     operation_reconcile,
 )
-from payments.view_queries import prepared_statements_on
+from payments.view_queries import execute_prepared
 from recovery.models import OutboxCategory, OutboxMessage
 from recovery.outbox import outbox_put, relay_kick
 
@@ -151,7 +149,7 @@ def _event_ingest_one_statement(*, params: list, rejected: str, event_id: str) -
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     outbox = [OutboxCategory.PROCESS_EVENT.value, f"event:{event_id}", now, now,
               not rejected]
-    row = _fetchone_prepared(_INSERT_WITH_OUTBOX_SQL, [*params, *outbox])
+    row = execute_prepared(_INSERT_WITH_OUTBOX_SQL, [*params, *outbox], fetch="one")
     if row is None:
         return False
     if rejected:
@@ -163,46 +161,6 @@ def _event_ingest_one_statement(*, params: list, rejected: str, event_id: str) -
     # robust as in outbox_put (a failed kick is logged; the beat sweep drains the row).
     relay_kick()
     return True
-
-
-_ONLY_WHEN_ASKED = 2**62
-
-
-def _fetchone_prepared(sql: str, params: list):
-    """One statement as a named prepared statement on this connection (parsed and planned
-    once per connection, not on every delivery: the same statement runs for each one), like
-    the API's hot reads (payments.view_queries). DATABASE_PREPARED_STATEMENTS off (PgBouncer
-    < 1.21 in transaction mode) runs it on Django's own, unprepared cursor."""
-    if not prepared_statements_on(connection):
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchone()
-    # What Django's cursor() does first: the per-request CONN_HEALTH_CHECKS probe of a
-    # reused connection, then connect if needed.
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    raw = connection.connection
-    # Django opens psycopg connections with prepare_threshold None (automatic preparation
-    # off, for poolers), and psycopg then ignores `prepare=True` too: the statement would be
-    # parsed and planned on every delivery. For our execute only, a threshold no statement
-    # reaches: only `prepare=True` prepares (as payments.view_queries does for its reads).
-    threshold = raw.prepare_threshold
-    started = time.monotonic()
-    # A plain psycopg Cursor binds server-side (Django's are ClientCursors); errors come out
-    # as Django's (an unreachable database is OperationalError: config.db_unavailable's
-    # 503) and mark the connection for the health check, as on Django's own cursors.
-    try:
-        if threshold is None:
-            raw.prepare_threshold = _ONLY_WHEN_ASKED
-        with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
-            cursor.execute(sql, params, prepare=True)
-            row = cursor.fetchone()
-    finally:
-        raw.prepare_threshold = threshold
-    if connection.queries_logged:  # DEBUG or a test counting statements: seen like any
-        connection.queries_log.append({"sql": sql,
-                                       "time": f"{time.monotonic() - started:.3f}"})
-    return row
 
 
 # -- processing ----------------------------------------------------------------------
