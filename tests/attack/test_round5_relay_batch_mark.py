@@ -9,8 +9,9 @@ the same key. `relay_flush_pending` marks the batch first only for writes made o
 drainer's OWN thread; a write from anywhere else (a web request, a person's resume,
 another worker's handler) is absorbed, and then the batch's UPDATE marks the handled row
 processed: the later request is gone, though it came after the handler had run.
-Before the change the window was one handler (the mark followed each handler); now it is
-the rest of the batch (up to 100 handlers, provider calls among them).
+Not new this session: the batched mark came with issue 18 (64550c4, before fca3a07); the
+test fails the same with fca3a07's relay.py. The window is the rest of the batch (up to
+100 handlers, provider calls among them), not one handler as with a mark per message.
 
 Reproduce: two drainers; drainer A's batch = [steps:P (handled at once), a slow message];
 while the slow one runs, a request elsewhere writes run_steps_put(P) (e.g. a person's
@@ -101,3 +102,113 @@ def test_a_request_after_its_key_was_handled_is_not_absorbed_by_another_drainers
     assert calls == ["pur_attack5", "pur_attack5"], (
         f"the resume written after the first run was absorbed: runs={calls}, "
         f"rows for the key at the resume={waiting}")
+
+
+# -- held: a lease that runs out mid-batch, a second drainer re-claims ---------------------
+
+from payments import services as pay  # noqa: E402
+from payments.enums import Outcome  # noqa: E402
+from recovery.outbox import dispatch_put  # noqa: E402
+from tests.recovery.conftest import pay_now  # noqa: E402,F401
+
+
+def test_a_refund_dispatch_reclaimed_after_its_lease_refunds_once(
+        settings, monkeypatch, api_client, new_purchase, pay_now, localstripe):  # noqa: F811
+    # Drainer A claims [refund dispatch]; its handler stalls past the 1 s lease; drainer B
+    # re-claims the same message (attempts 2) and dispatches; then A's handler goes on.
+    settings.OUTBOX_LEASE_SECONDS = 1
+    monkeypatch.setattr(outbox_mod, "_kick_relay", lambda: None)
+    purchase = new_purchase()
+    payment = pay_now(purchase)
+    assert payment.outcome == Outcome.SUCCEEDED, payment.outcome
+    refund = pay.refund_request(purchase_id=purchase.pk, amount=500, api_client=api_client,
+                                compensation=True)
+    OutboxMessage.objects.filter(category=OutboxCategory.DISPATCH).delete()
+    with transaction.atomic():
+        dispatch_put(operation_id=refund.pk)
+    message = OutboxMessage.objects.get(dedupe_key=f"dispatch:{refund.pk}")
+
+    real = outbox_mod._HANDLERS[int(OutboxCategory.DISPATCH)]
+    runs, reclaimed, entered = [], threading.Event(), threading.Event()
+
+    def stalling(payload):
+        runs.append(threading.current_thread().name)
+        if len(runs) == 1:
+            entered.set()  # A: stall until B has re-claimed the message
+            assert reclaimed.wait(15), "no second drainer re-claimed the message"
+        real(payload)
+
+    monkeypatch.setitem(outbox_mod._HANDLERS, int(OutboxCategory.DISPATCH), stalling)
+    errors = []
+    a = _drain_in_thread(errors)
+    try:
+        assert entered.wait(15), "drainer A never ran the dispatch"
+        deadline = timezone.now() + timedelta(seconds=15)
+        while timezone.now() < deadline:  # the lease runs out: B claims again
+            if relay_drain_once(batch=10):
+                break
+        message.refresh_from_db()
+        assert message.attempts == 2, message.attempts
+    finally:
+        reclaimed.set()
+        a.join(20)
+    assert not errors, errors
+    message.refresh_from_db()
+    refund.refresh_from_db()
+    refunds = localstripe.refunds_for(payment.provider_reference)
+    print(f"handler runs={len(runs)} attempts={message.attempts} refunds at localstripe="
+          f"{len(refunds)} refund outcome={refund.outcome} processed={message.processed_at}")
+    assert len(runs) == 2
+    assert len(refunds) == 1
+    assert refund.outcome == Outcome.SUCCEEDED
+    assert message.processed_at is not None
+
+
+# -- held: the connection is lost between the claim and the mark --------------------------
+
+import psycopg  # noqa: E402
+from django.db import OperationalError  # noqa: E402
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "plain"])
+def test_a_batch_whose_mark_lost_its_connection_comes_back_after_the_lease(
+        settings, monkeypatch, prepared):
+    settings.OUTBOX_LEASE_SECONDS = 1
+    settings.DATABASE_PREPARED_STATEMENTS = prepared
+    runs, kill = [], [False]
+
+    def noop(payload):
+        runs.append(payload["k"])
+        if payload["k"] == 2 and kill[0]:  # the batch's last handler, once
+            kill[0] = False
+            # The drainer's connection dies after its handlers, before the batch's mark.
+            pid = connection.connection.info.backend_pid
+            with psycopg.connect(**connection.get_connection_params(), autocommit=True) as c:
+                c.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+    monkeypatch.setitem(outbox_mod._HANDLERS, int(OutboxCategory.NOOP), noop)
+    for k in range(3):
+        OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={"k": k},
+                                     dedupe_key=f"lost:{k}")
+    relay_drain_once(batch=10)  # warm: the claim is prepared on this connection
+    assert runs == [0, 1, 2]
+    OutboxMessage.objects.update(processed_at=None, claimed_until=None)
+    runs.clear()
+    kill[0] = True
+
+    with pytest.raises(OperationalError):
+        relay_drain_once(batch=10)
+    # What a Celery worker does at the next task (Django fixup): drop the dead connection.
+    connection.close_if_unusable_or_obsolete()
+    marked = OutboxMessage.objects.filter(processed_at__isnull=False).count()
+    assert marked == 0, "a mark on a dead connection cannot have committed"
+    assert relay_drain_once(batch=10) == 0, "re-claimed inside the lease"
+    deadline = timezone.now() + timedelta(seconds=10)
+    while relay_drain_once(batch=10) == 0 and timezone.now() < deadline:
+        pass
+    left = OutboxMessage.objects.filter(processed_at__isnull=True).count()
+    attempts = sorted(OutboxMessage.objects.values_list("attempts", flat=True))
+    print(f"prepared={prepared} handler runs={runs} unprocessed={left} attempts={attempts}")
+    assert left == 0
+    assert attempts == [3, 3, 3]  # warm run, killed run, run after the lease
+    assert sorted(runs) == [0, 0, 1, 1, 2, 2]
