@@ -212,3 +212,46 @@ def test_a_batch_whose_mark_lost_its_connection_comes_back_after_the_lease(
     assert left == 0
     assert attempts == [3, 3, 3]  # warm run, killed run, run after the lease
     assert sorted(runs) == [0, 0, 1, 1, 2, 2]
+
+
+# -- held: three drainers at once, each message handled once ------------------------------
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "plain"])
+def test_three_drainers_at_once_handle_every_message_exactly_once(settings, monkeypatch,
+                                                                   prepared):
+    settings.DATABASE_PREPARED_STATEMENTS = prepared
+    seen, lock = [], threading.Lock()
+
+    def noop(payload):
+        with lock:
+            seen.append(payload["k"])
+
+    monkeypatch.setitem(outbox_mod._HANDLERS, int(OutboxCategory.NOOP), noop)
+    OutboxMessage.objects.bulk_create([
+        OutboxMessage(category=OutboxCategory.NOOP, payload={"k": k}, dedupe_key=f"three:{k}")
+        for k in range(600)])
+    barrier, errors = threading.Barrier(3), []
+
+    def drain():
+        try:
+            barrier.wait(10)
+            while relay_drain_once(batch=20):
+                pass
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=drain) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    twice = len(seen) - len(set(seen))
+    left = OutboxMessage.objects.filter(processed_at__isnull=True).count()
+    attempts = set(OutboxMessage.objects.values_list("attempts", flat=True))
+    print(f"prepared={prepared} handled={len(seen)} twice={twice} unprocessed={left} "
+          f"attempts={attempts}")
+    assert sorted(seen) == list(range(600))
+    assert left == 0 and attempts == {1}
