@@ -53,6 +53,20 @@ def _layers(profile: cProfile.Profile, n: int) -> dict[str, float]:
     return {k: v * 1000 / n for k, v in out.items()}
 
 
+def _round_trips(profile: cProfile.Profile, n: int) -> tuple[float, float]:
+    """(psycopg waits, Redis replies) per request. Outside a pipeline psycopg waits once
+    per statement, a round trip; inside one (the purchase view's reads) it also waits to
+    send each statement, so 7 waits there are ONE round trip (strace: one burst of sends,
+    then the replies). redis-py reads one reply per command (the fast paths send one)."""
+    pg = redis = 0
+    for (filename, _line, func), (_cc, ncalls, *_rest) in pstats.Stats(profile).stats.items():
+        if func == "wait" and filename.endswith("psycopg/connection.py"):
+            pg += ncalls
+        elif func == "read_response" and filename.endswith("redis/connection.py"):
+            redis += ncalls
+    return pg / n, redis / n
+
+
 TOP = 0  # --top N: print each case's N costliest functions (own time) on stderr
 
 
@@ -79,6 +93,7 @@ def _measure(send, n: int, *, profile: bool, timed: list | None = None
             send()
         prof.disable()
         layers = _layers(prof, n)
+        layers["PG round trips"], layers["Redis round trips"] = _round_trips(prof, n)
         if TOP:
             pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(TOP)
     return wall, cpu, layers
@@ -158,10 +173,12 @@ def main(argv: list[str] | None = None) -> Report:
             results[name] = _measure(send, args.n, profile=True, timed=rounds[name])
     floor_cpu = results["floor (bare PK read)"][1]
     for name, (wall, cpu, layers) in results.items():
+        trips = f"psycopg waits {layers.pop('PG round trips', 0):.1f}, " \
+                f"Redis replies {layers.pop('Redis round trips', 0):.1f}"
         split = ", ".join(f"{k} {v:.2f}" for k, v in layers.items() if v >= 0.005)
         report.add("read profile", name, f"{cpu:.2f} ms CPU", f"{floor_cpu:.2f}",
                    f"{floor_cpu / cpu:.2f}" if cpu else "n/a", "",
-                   f"wall {wall:.2f} ms; profiled ms: {split}")
+                   f"wall {wall:.2f} ms; {trips}; profiled ms: {split}")
     report.dump(args.json)
     report.print("read profile (per request, in one process; ratio = floor CPU / CPU)")
     return report

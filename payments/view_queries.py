@@ -16,7 +16,7 @@ from django.db.models import IntegerField, QuerySet
 from django.db.models.expressions import RawSQL
 
 from .enums import PAYMENT_KINDS, CallPurpose
-from .models import PaymentOperation, ProviderCall
+from .models import Dispute, PaymentOperation, ProviderCall, Purchase
 
 _OP = PaymentOperation._meta.db_table
 _CALL = ProviderCall._meta.db_table
@@ -61,28 +61,45 @@ def retried_by_id(op: PaymentOperation) -> str | None:
 __all__ = ["operations_for_view", "retried_by_id"]
 
 
-# -- the purchase view: its operations read once ----------------------------------------
+# -- the purchase view: its reads in one round trip ---------------------------------------
+#
+# `purchase_view` shows the purchase's operations (the latest payment, the refund summary,
+# the customer copy), its order reference, its disputes and its fulfilment steps. Each is a
+# `CompiledRead` below (the steps' is recovery.reads.STEP_STATES); the presenter runs them
+# with `read_together` — one round trip on PostgreSQL — and keeps the results on the
+# purchase instance for the rest of that one view (which drops them at its end).
 
 _OPS_ATTR = "_view_operations"
+_ORDER_ATTR = "_view_order_reference"
+_DISPUTES_ATTR = "_view_disputes"
 
 
-def purchase_operations_load(purchase) -> list:
-    """Read the purchase's operations once (with their parents), ordered by creation, and
-    keep them on the instance for the rest of one `purchase_view` (which drops them at its
-    end): the latest payment, the refund summary and the customer copy all read this list
-    instead of one query each."""
-    ops = _PURCHASE_OPERATIONS.instances(purchase.pk)
+def purchase_view_calls(purchase_id: str) -> list[tuple]:
+    """The (read, values) of the purchase view's own reads, for `read_together`: its
+    operations, its order reference, its disputes — `purchase_view_keep` takes their rows
+    in this order."""
+    values = (purchase_id,)
+    return [(_PURCHASE_OPERATIONS, values), (_ORDER_REFERENCE, values),
+            (_PURCHASE_DISPUTES, values)]
+
+
+def purchase_view_keep(purchase, ops_rows: list, order_rows: list, dispute_rows: list
+                       ) -> list:
+    """Keep the rows of `purchase_view_calls` on the instance; the operations as model
+    instances (with their parents), ordered by creation."""
+    ops = _PURCHASE_OPERATIONS.instances_of(ops_rows)
     for op in ops:  # as the related manager does: each operation knows this purchase
         op.purchase = purchase
     setattr(purchase, _OPS_ATTR, ops)
-    # The order reference the view shows (payments.api.presenters._order_reference's read,
-    # compiled once: `.first()` compiles an ORDER BY on every call).
-    found = _ORDER_REFERENCE.rows(purchase.pk)
-    purchase.__dict__[_ORDER_ATTR] = found[0][0] if found else None
+    purchase.__dict__[_ORDER_ATTR] = order_rows[0][0] if order_rows else None
+    purchase.__dict__[_DISPUTES_ATTR] = dispute_rows
     return ops
 
 
-_ORDER_ATTR = "_view_order_reference"
+def purchase_operations_load(purchase) -> list:
+    """Read the purchase's operations, order reference and disputes (one round trip) and
+    keep them on the instance (`purchase_view_keep`)."""
+    return purchase_view_keep(purchase, *read_together(*purchase_view_calls(purchase.pk)))
 
 
 def purchase_order_reference(purchase, read) -> str | None:
@@ -100,13 +117,22 @@ def purchase_operations_loaded(purchase) -> list | None:
     return getattr(purchase, _OPS_ATTR, None)
 
 
+def purchase_disputes(purchase) -> list[tuple]:
+    """(id, status, amount, currency, reason, evidence_due_by) of the purchase's
+    disputes, by opening time: the rows kept by `purchase_view_keep`, else read."""
+    kept = purchase.__dict__.get(_DISPUTES_ATTR)
+    return kept if kept is not None else _PURCHASE_DISPUTES.rows(purchase.pk)
+
+
 def purchase_operations_forget(purchase) -> None:
     purchase.__dict__.pop(_OPS_ATTR, None)
     purchase.__dict__.pop(_ORDER_ATTR, None)
+    purchase.__dict__.pop(_DISPUTES_ATTR, None)
 
 
-__all__ += ["purchase_operations_forget", "purchase_order_reference", "purchase_operations_load",
-            "purchase_operations_loaded"]
+__all__ += ["purchase_disputes", "purchase_operations_forget", "purchase_operations_load",
+            "purchase_operations_loaded", "purchase_order_reference", "purchase_view_calls",
+            "purchase_view_keep"]
 
 
 # -- hot reads compiled once per process, run as prepared statements ----------
@@ -124,10 +150,73 @@ __all__ += ["purchase_operations_forget", "purchase_order_reference", "purchase_
 # off (settings) runs the same compiled SQL on Django's cursor instead: no prepared
 # statements, still no compilation per request.
 
+import contextlib  # noqa: E402
+import re  # noqa: E402
 import threading  # noqa: E402
 
 from django.conf import settings as _settings  # noqa: E402
 from django.db import connections as _connections  # noqa: E402
+
+
+# Django opens its psycopg connections with `prepare_threshold=None` (to keep PgBouncer
+# < 1.21 working), and with the threshold None psycopg ignores `execute(prepare=True)`:
+# the statement is sent unnamed, parsed and planned again on every call. So the threshold
+# is set for the length of our own execute only: a number no statement reaches, so only an
+# explicit `prepare=True` prepares; Django's cursors (ClientCursor: never prepared) run
+# with the threshold as Django left it, and their statements are not counted.
+_ONLY_WHEN_ASKED = 2**62
+
+
+@contextlib.contextmanager
+def preparing(pg):
+    """Inside: `execute(..., prepare=True)` on `pg` (Django's psycopg connection) really
+    prepares; outside, the connection's threshold is as Django set it."""
+    threshold = pg.prepare_threshold
+    if threshold is not None:
+        yield
+        return
+    pg.prepare_threshold = _ONLY_WHEN_ASKED
+    try:
+        yield
+    finally:
+        pg.prepare_threshold = threshold
+
+
+_PLACEHOLDER = re.compile(r"%%|%s")
+
+
+def _numbered(sql: str) -> bytes:
+    """Django's SQL with PostgreSQL's own `$1, $2 …` placeholders (and `%%` as `%`), for a
+    psycopg RawCursor: psycopg converts `%s` queries on every execute and caches the
+    conversion only for statements under 4 KB, which the operation view's is not."""
+    count = 0
+
+    def number(match) -> str:
+        nonlocal count
+        if match.group() == "%%":
+            return "%"
+        count += 1
+        return f"${count}"
+
+    return _PLACEHOLDER.sub(number, sql).encode()
+
+
+_CURSORS_ATTR = "_verity_raw_cursors"
+
+
+def _raw_cursors(connection, pg, count: int) -> list:
+    """`count` RawCursors on this psycopg connection, kept on Django's connection wrapper and
+    reused (a cursor costs an adapters map to build); new ones after a reconnection."""
+    import psycopg
+
+    held = connection.__dict__.get(_CURSORS_ATTR)
+    if held is None or held[0] is not pg:
+        held = (pg, [])
+        connection.__dict__[_CURSORS_ATTR] = held
+    cursors = held[1]
+    while len(cursors) < count:
+        cursors.append(psycopg.RawCursor(pg))
+    return cursors[:count]
 
 
 def prepared_statements_on(connection) -> bool:
@@ -168,59 +257,94 @@ class CompiledRead:
         fields = [col[0] for col in compiler.select[:compiler.col_count]]
         converters = compiler.get_converters(fields)
         compiled = self._compiled[using] = (sql, tuple(params), tuple(slots), compiler,
-                                            converters)
+                                            converters, _numbered(sql))
         return compiled
 
-    def rows(self, *values, using: str = "default") -> list:
-        sql, params, slots, compiler, converters = (self._compiled.get(using)
-                                                    or self._compile(using))
-        args = [p if s is None else values[s] for p, s in zip(params, slots)]
-        connection = _connections[using]
-        if prepared_statements_on(connection):
-            import psycopg
+    def _statement(self, values, using: str) -> tuple[str, bytes, list]:
+        """(the SQL with `%s` placeholders, the same with `$n` ones, the arguments)."""
+        sql, params, slots, _compiler, _converters, numbered = (self._compiled.get(using)
+                                                                or self._compile(using))
+        return sql, numbered, [p if s is None else values[s] for p, s in zip(params, slots)]
 
-            connection.ensure_connection()
-            # A plain psycopg Cursor binds server-side; Django's are ClientCursors. Errors
-            # come out as Django's (an unreachable database is OperationalError: the 503
-            # of config.db_unavailable / payments.api.problems, not a 500) and mark the
-            # connection for CONN_HEALTH_CHECKS, as on Django's own cursors.
-            with connection.wrap_database_errors, \
-                    psycopg.Cursor(connection.connection) as cursor:
-                cursor.execute(sql, args, prepare=True)
-                raw = cursor.fetchall()
-        else:
-            with connection.cursor() as cursor:
-                cursor.execute(sql, args)
-                raw = cursor.fetchall()
+    def _convert(self, raw: list, using: str) -> list:
+        _sql, _params, _slots, compiler, converters, _numbered_sql = self._compiled[using]
         count = compiler.col_count
         rows = [r[:count] for r in raw]
         if converters:
             return [tuple(r) for r in compiler.apply_converters(rows, converters)]
         return rows
 
+    def rows(self, *values, using: str = "default") -> list:
+        return read_together((self, values), using=using)[0]
+
     def instances(self, *values, using: str = "default") -> list:
         """Model instances as the queryset would yield them (related objects and
         annotations set), from `rows`."""
-        from django.db.models.query import get_related_populators
+        return self.instances_of(self.rows(*values, using=using), using=using)
 
-        rows = self.rows(*values, using=using)
-        compiler = self._compiled[using][3]
-        select, klass_info = compiler.select, compiler.klass_info
-        annotation_col_map = compiler.annotation_col_map
-        model_cls = klass_info["model"]
-        fields = klass_info["select_fields"]
-        start, end = fields[0], fields[-1] + 1
-        init_list = [f[0].target.attname for f in select[start:end]]
-        populators = get_related_populators(klass_info, select, using)
+    def instances_of(self, rows: list, *, using: str = "default") -> list:
+        """`instances` of rows this read returned (from `rows` or `read_together`)."""
+        model_cls, init_list, start, end, populators, annotations = self._populating(using)
         out = []
         for row in rows:
             obj = model_cls.from_db(using, init_list, row[start:end])
             for populator in populators:
                 populator.populate(row, obj)
-            for attr_name, col_pos in (annotation_col_map or {}).items():
+            for attr_name, col_pos in annotations:
                 setattr(obj, attr_name, row[col_pos])
             out.append(obj)
         return out
+
+    def _populating(self, using: str) -> tuple:
+        # What turns a row into instances, found once per compilation (as the queryset's
+        # ModelIterable finds it on every evaluation).
+        from django.db.models.query import get_related_populators
+
+        compiled = self._compiled.get(using) or self._compile(using)
+        found = getattr(self._local, "populating", None)
+        if found is not None and found[0] is compiled:
+            return found[1]
+        compiler = compiled[3]
+        select, klass_info = compiler.select, compiler.klass_info
+        fields = klass_info["select_fields"]
+        start, end = fields[0], fields[-1] + 1
+        populating = (klass_info["model"], [f[0].target.attname for f in select[start:end]],
+                      start, end, get_related_populators(klass_info, select, using),
+                      tuple((compiler.annotation_col_map or {}).items()))
+        self._local.populating = (compiled, populating)
+        return populating
+
+
+def read_together(*calls: tuple[CompiledRead, tuple], using: str = "default") -> list[list]:
+    """Run each (read, values) of `calls`; their rows, in order. On PostgreSQL with
+    prepared statements the statements go in ONE round trip (a psycopg pipeline: each is
+    sent, then one Sync, then every result is read), each a named prepared statement;
+    otherwise one after the other on Django's cursor (unprepared, as before)."""
+    statements = [read._statement(values, using) for read, values in calls]
+    connection = _connections[using]
+    if prepared_statements_on(connection):
+        connection.ensure_connection()
+        # Server-side-binding psycopg cursors (Django's are ClientCursors). Errors come out
+        # as Django's (an unreachable database is OperationalError: the 503 of
+        # config.db_unavailable / payments.api.problems, not a 500) and mark the
+        # connection for CONN_HEALTH_CHECKS, as on Django's own cursors.
+        pg = connection.connection
+        with connection.wrap_database_errors, preparing(pg):
+            cursors = _raw_cursors(connection, pg, len(statements))
+            if len(statements) == 1:
+                cursors[0].execute(statements[0][1], statements[0][2], prepare=True)
+            else:
+                with pg.pipeline():
+                    for cursor, (_sql, numbered, args) in zip(cursors, statements):
+                        cursor.execute(numbered, args, prepare=True)
+            raws = [cursor.fetchall() for cursor in cursors]
+    else:
+        raws = []
+        with connection.cursor() as cursor:
+            for sql, _numbered_sql, args in statements:
+                cursor.execute(sql, args)
+                raws.append(cursor.fetchall())
+    return [read._convert(raw, using) for (read, _), raw in zip(calls, raws)]
 
 
 _OPERATION_VIEW = CompiledRead(
@@ -249,4 +373,20 @@ def _order_reference_query(purchase_id):
 
 _ORDER_REFERENCE = CompiledRead(_order_reference_query, "\x01verity-purchase")
 
-__all__ += ["CompiledRead", "operation_for_view", "prepared_statements_on"]
+# As presenters.disputes_view read them: `purchase.disputes.order_by("opened_at", "id")`,
+# the six columns the view shows.
+_PURCHASE_DISPUTES = CompiledRead(
+    lambda purchase_id: Dispute.objects.filter(purchase_id=purchase_id)
+    .order_by("opened_at", "id")
+    .values_list("id", "status", "amount", "currency", "reason", "evidence_due_by"),
+    "\x01verity-purchase")
+
+# The client's purchase with its quote (as payments.selectors.purchase_get_for_client), for
+# a purchase view read in the same round trip as its other reads.
+PURCHASE_OF_CLIENT = CompiledRead(
+    lambda pk, client_id: Purchase.objects.select_related("quote")
+    .filter(pk=pk, api_client_id=client_id)[:1],
+    "\x01verity-purchase", "\x01verity-client")
+
+__all__ += ["CompiledRead", "PURCHASE_OF_CLIENT", "operation_for_view", "preparing",
+            "prepared_statements_on", "read_together"]

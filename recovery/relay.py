@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from payments.errors import DomainError
 from payments.locks import assert_outside_transaction
+from payments.view_queries import prepared_statements_on, preparing
 
 from .models import OutboxMessage
 from .outbox import outbox_before_put, outbox_handler_for
@@ -96,24 +97,21 @@ def _sql_on(connection) -> bool:
     return connection.vendor == "postgresql"
 
 
-def _prepared_on() -> bool:
-    # As payments.view_queries.prepared_statements_on (not imported: the relay imports no
-    # app): named prepared statements need a direct connection or PgBouncer >= 1.21.
-    return getattr(settings, "DATABASE_PREPARED_STATEMENTS", True)
-
-
 def _execute(sql: str, params: list, *, fetch: bool):
     """Run one statement on the default connection: on PostgreSQL as a named prepared
     statement (planned once per connection, like the floor's psycopg loop), else, with
     DATABASE_PREPARED_STATEMENTS off, the same SQL on Django's own cursor."""
     connection = connections["default"]
-    if _prepared_on():
+    if prepared_statements_on(connection):
         import psycopg
 
         connection.ensure_connection()
+        pg = connection.connection
         # A plain psycopg Cursor binds server-side (Django's are ClientCursors); errors
-        # come out as Django's and mark the connection for CONN_HEALTH_CHECKS.
-        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cur:
+        # come out as Django's and mark the connection for CONN_HEALTH_CHECKS. Django's
+        # connection has prepare_threshold None, which ignores prepare=True: `preparing`
+        # lifts it for this execute only.
+        with connection.wrap_database_errors, preparing(pg), psycopg.Cursor(pg) as cur:
             cur.execute(sql, params, prepare=True)
             return cur.fetchall() if fetch else None
     with connection.cursor() as cur:

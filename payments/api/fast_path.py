@@ -5,8 +5,9 @@ It answers only when every check is clean — the API key was verified within th
 cache's window (payments.client_cache: the documented revocation window), the key holds the
 route's scope, nothing in the request asks for DRF's negotiation (no query string, an
 `Accept` that only JSON satisfies), the replay is recognised (record `done`, same
-fingerprint: payments.api.idempotency.idempotency_replay_of), and the rate limiter allows it
-with no lockout (one Redis round trip: payments.api.ratelimit). Anything else is handed,
+fingerprint: payments.api.idempotency.idempotency_replayed_operation, which reads the record
+and the operation in one statement), and the rate limiter allows it with no lockout (one
+Redis round trip: payments.api.ratelimit). Anything else is handed,
 untouched, to the very DRF view, which answers every error (401, 403, 404, 409, 422, 429 …)
 as before. When the limit was already counted here the decision travels with the request
 (payments.api.authentication.COUNTED), so a request is counted once.
@@ -27,16 +28,14 @@ from rest_framework.renderers import JSONRenderer
 
 from recovery.metrics import IDEMPOTENT_REPLAYS
 
-from .. import selectors
 from ..client_cache import api_client_cached
-from ..view_queries import operation_for_view
 from . import presenters
 from .authentication import COUNTED, KEYWORD, ApiClientRateThrottle, _failure_keys
 from .idempotency import (
     HEADER,
     MAX_KEY_LENGTH,
     REPLAYED_HEADER,
-    idempotency_replay_of,
+    idempotency_replayed_operation,
     replay_body,
 )
 from .ratelimit import parse_rate, rate_limit_hit
@@ -105,11 +104,12 @@ def _purchase_get(request, kwargs, *, allow: str, scope: str, route: str):
     client, key = found
     if not _allowed(request, client, key):
         return None
-    purchase = selectors.purchase_get_for_client(purchase_id=kwargs["purchase_id"],
-                                                 api_client=client)
-    if purchase is None:
+    # The purchase and every read of its view: one round trip (payments.view_queries).
+    view = presenters.purchase_view_for_client(purchase_id=kwargs["purchase_id"],
+                                               api_client=client)
+    if view is None:
         return None  # 404: the view's problem body
-    return _answer(presenters.purchase_view(purchase), allow=allow)
+    return _answer(view, allow=allow)
 
 
 def _payment_replay(request, kwargs, *, allow: str, scope: str, route: str):
@@ -125,14 +125,12 @@ def _payment_replay(request, kwargs, *, allow: str, scope: str, route: str):
     body = replay_body(request)
     if body is None:
         return None
-    record = idempotency_replay_of(api_client=client, route=route, key=idem_key,
-                                   path=request.path, body=body)
-    if record is None or record.resource_type != "operation":
+    # The record and the operation it names: one statement (payments.api.idempotency).
+    op = idempotency_replayed_operation(api_client=client, route=route, key=idem_key,
+                                        path=request.path, body=body)
+    if op is None:
         return None
     if not _allowed(request, client, key):
-        return None
-    op = operation_for_view(record.resource_id)
-    if op is None:
         return None
     IDEMPOTENT_REPLAYS.labels(route=route).inc()
     return _answer(presenters.operation_view(op), allow=allow,

@@ -29,13 +29,14 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import Subquery
 from django.utils import timezone
 
 from ..enums import RetryAdvice
 from ..errors import ErrorCode
-from ..models import ApiClient, IdempotencyRecord
+from ..models import ApiClient, IdempotencyRecord, PaymentOperation
+from ..view_queries import CompiledRead, operations_for_view
 from .problems import Problem
-from ..view_queries import CompiledRead
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
@@ -186,6 +187,37 @@ def idempotency_replay_of(*, api_client: ApiClient, route: str, key: str, path: 
                              resource_id=row[3])
 
 
+def _replayed_operation_query(client_id, route, key):
+    record = IdempotencyRecord.objects.filter(api_client_id=client_id, route=route, key=key)
+    done = record.filter(state=IdempotencyRecord.State.DONE, resource_type="operation")
+    # One unique-index lookup each; the fingerprint is compared here, in constant time.
+    return (operations_for_view()
+            .filter(pk=Subquery(done.values("resource_id")[:1]))
+            .annotate(view_replay_fingerprint=Subquery(record.values("fingerprint")[:1]))[:1])
+
+
+# A replayed payment: the record and the operation view in ONE statement (prepared on
+# PostgreSQL), so a replay costs one database round trip.
+_REPLAYED_OPERATION = CompiledRead(_replayed_operation_query, "\x01verity-client",
+                                   "\x01verity-route", "\x01verity-key")
+
+
+def idempotency_replayed_operation(*, api_client: ApiClient, route: str, key: str,
+                                   path: str, body) -> PaymentOperation | None:
+    """The operation (loaded for payments.api.presenters.operation_view) when this request
+    replays a finished one that created it — record `done`, resource an operation, same
+    fingerprint — else None, and the caller goes through `idempotency_claim`, as
+    `idempotency_replay_of`."""
+    found = _REPLAYED_OPERATION.instances(api_client.pk, route, key)
+    if not found:
+        return None
+    op = found[0]
+    if not hmac.compare_digest(op.__dict__.pop("view_replay_fingerprint") or "",
+                               request_fingerprint(path=path, body=body)):
+        return None
+    return op
+
+
 def replay_body(request):
     """The request's JSON body parsed exactly as the DRF view would (same parser, same
     media type rule), or None when it would not parse — without touching the DRF request,
@@ -239,6 +271,6 @@ def _resource_ref(record: IdempotencyRecord) -> dict | None:
 __all__ = [
     "HEADER", "REPLAYED_HEADER", "Claim", "canonical_json", "idempotency_bind",
     "idempotency_claim", "idempotency_complete", "idempotency_release",
-    "idempotency_replay_of", "key_from_headers", "replay_body",
+    "idempotency_replay_of", "idempotency_replayed_operation", "key_from_headers", "replay_body",
     "request_fingerprint",
 ]

@@ -15,7 +15,7 @@ from datetime import timezone as dt_timezone
 from django.conf import settings
 
 from recovery.models import Order
-from recovery.selectors import steps_for_purchase
+from recovery.reads import STEP_STATES, steps_of
 
 from ..customer_copy import customer_state
 from ..enums import (
@@ -47,10 +47,14 @@ from ..next_action import (  # noqa: F401 (UNKNOWN_MESSAGE: re-exported)
 )
 from ..services.holds import _period_start, client_limits as figures_for
 from ..view_queries import (
+    PURCHASE_OF_CLIENT,
+    purchase_disputes,
     purchase_operations_forget,
-    purchase_operations_load,
     purchase_operations_loaded,
     purchase_order_reference,
+    purchase_view_calls,
+    purchase_view_keep,
+    read_together,
     retried_by_id,
 )
 
@@ -95,8 +99,6 @@ def _customer_message(purchase: Purchase) -> str:
     return customer_state(purchase).message
 
 
-def _fulfillment(purchase_id: str) -> dict:
-    return dict(steps_for_purchase(purchase_id))
 
 
 def _order_reference(purchase_id: str) -> str | None:
@@ -109,9 +111,11 @@ def status_url(purchase: Purchase) -> str:
 
 
 def disputes_view(purchase: Purchase) -> list[dict]:
-    return [{"id": d.id, "status": d.status, "amount": d.amount, "currency": d.currency,
-             "reason": d.reason or None, "evidence_due_by": _iso(d.evidence_due_by)}
-            for d in purchase.disputes.order_by("opened_at", "id")]
+    return [{"id": d_id, "status": status, "amount": amount, "currency": currency,
+             "reason": reason or None, "evidence_due_by": _iso(due_by)}
+            for d_id, status, amount, currency, reason, due_by in purchase_disputes(purchase)]
+
+
 def _refund_summary(purchase: Purchase) -> dict:
     """How much was refunded (provider-settled), how much is in flight or awaiting approval,
     and why the latest failed refund failed: a partially refunded purchase says so."""
@@ -142,16 +146,37 @@ def _refund_summary(purchase: Purchase) -> dict:
 
 
 def purchase_view(purchase: Purchase) -> dict:
-    # The operations are read once for the payment, the refunds and the customer copy.
-    purchase_operations_load(purchase)
+    # Every read of the view in one round trip (payments.view_queries.read_together): the
+    # operations (read once for the payment, the refunds and the customer copy), the order
+    # reference, the disputes and the fulfilment steps.
+    *rows, steps = read_together(*purchase_view_calls(purchase.id),
+                                 (STEP_STATES, (purchase.id,)))
+    return _purchase_view_with(purchase, rows, steps)
+
+
+def purchase_view_for_client(*, purchase_id: str, api_client: ApiClient) -> dict | None:
+    """`purchase_view` of the client's purchase (payments.selectors.purchase_get_for_client),
+    or None when it is not the client's: the purchase read in the same round trip as the
+    view's other reads (those are dropped unread when there is no purchase)."""
+    found, *rows, steps = read_together(
+        (PURCHASE_OF_CLIENT, (purchase_id, api_client.pk)),
+        *purchase_view_calls(purchase_id), (STEP_STATES, (purchase_id,)))
+    if not found:
+        return None
+    return _purchase_view_with(PURCHASE_OF_CLIENT.instances_of(found)[0], rows, steps)
+
+
+def _purchase_view_with(purchase: Purchase, rows: list, steps: list) -> dict:
+    purchase_view_keep(purchase, *rows)
     try:
         return _purchase_view_of(purchase, order_reference=purchase_order_reference(
-            purchase, _order_reference))
+            purchase, _order_reference), fulfillment=steps_of(steps))
     finally:
         purchase_operations_forget(purchase)
 
 
-def _purchase_view_of(purchase: Purchase, *, order_reference: str | None) -> dict:
+def _purchase_view_of(purchase: Purchase, *, order_reference: str | None,
+                      fulfillment: dict) -> dict:
     payment = _latest_payment(purchase)
     return {
         "id": purchase.id,
@@ -162,7 +187,7 @@ def _purchase_view_of(purchase: Purchase, *, order_reference: str | None) -> dic
         "customer": {"reference": purchase.customer_reference,
                      "email": purchase.customer_email},
         "payment": _payment_summary(payment),
-        "fulfillment": _fulfillment(purchase.id),
+        "fulfillment": fulfillment,
         "refunds": _refund_summary(purchase),
         "order_reference": order_reference,
         "disputes": disputes_view(purchase),

@@ -229,3 +229,126 @@ def test_a_database_lost_under_a_compiled_read_answers_503_not_500(storefront, p
     # then the database outage's 503, as from Django's own cursors
     assert answer.status_code == 503, answer.content
     assert answer.json()["code"] == "database_unavailable" and int(answer["Retry-After"]) > 0
+
+
+def _with_disputes_steps_and_order(purchase_id: str) -> None:
+    """Every read of the purchase view finds rows: two disputes (opened out of id order),
+    three step runs (one a deliverable), an order."""
+    from payments.enums import DisputeStatus
+    from payments.models import Dispute, PaymentOperation
+    from recovery.models import Order, StepName, StepRun, StepState
+
+    payment = PaymentOperation.objects.get(purchase_id=purchase_id)
+    now = timezone.now()
+    for n, (status, opened) in enumerate([(DisputeStatus.UNDER_REVIEW, now),
+                                          (DisputeStatus.NEEDS_RESPONSE,
+                                           now - timedelta(hours=1))]):
+        Dispute.objects.create(
+            id=f"dp_{purchase_id[-6:]}_{9 - n}", purchase_id=purchase_id, payment=payment,
+            amount=700 + n, currency="usd", reason="fraudulent" if n else "",
+            status=status, evidence_due_by=now + timedelta(days=n + 1), opened_at=opened)
+        Dispute.objects.filter(pk=f"dp_{purchase_id[-6:]}_{9 - n}").update(opened_at=opened)
+    for step, state in [(StepName.ORDER, StepState.DONE), (StepName.LEDGER, StepState.FAILED),
+                        (StepName.DELIVERABLE, StepState.RUNNING)]:
+        StepRun.objects.update_or_create(purchase_id=purchase_id, step=step,
+                                         defaults={"state": state,
+                                                   "key": f"{purchase_id}:{step}"})
+    Order.objects.get_or_create(purchase_id=purchase_id,
+                                defaults={"reference": f"ord-{purchase_id[-8:]}"})
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
+def test_a_purchase_read_with_disputes_steps_and_an_order_is_byte_identical(
+        storefront, product, fast_settings, prepared):
+    # given a purchase whose every view read finds rows
+    fast_settings.DATABASE_PREPARED_STATEMENTS = prepared
+    purchase, _ = _paid(storefront, product)
+    _with_disputes_steps_and_order(purchase["id"])
+
+    # when it is read on the fast path (one round trip) and by the DRF view
+    fast, drf = _both(fast_settings, lambda: storefront.get(f"purchases/{purchase['id']}"))
+
+    # then the same bytes, showing what the ORM querysets read
+    assert getattr(fast, "verity_fast_path", False) and not hasattr(drf, "verity_fast_path")
+    _same(fast, drf)
+    view = fast.json()
+    assert [d["id"] for d in view["disputes"]] == [
+        d.id for d in _disputes_of(purchase["id"]).order_by("opened_at", "id")]
+    assert view["disputes"][0]["reason"] == "fraudulent" and view["disputes"][1]["reason"] is None
+    assert view["fulfillment"]["order"] == "done" and view["fulfillment"]["ledger"] == "failed"
+    assert view["fulfillment"]["deliverable"] == "running"
+    assert view["fulfillment"]["inventory"] == "pending"
+    assert view["order_reference"].startswith("ord-")
+
+
+def _disputes_of(purchase_id):
+    from payments.models import Dispute
+
+    return Dispute.objects.filter(purchase_id=purchase_id)
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
+def test_compiled_view_reads_return_what_the_orm_reads(storefront, product, fast_settings,
+                                                       prepared):
+    from payments.api.presenters import disputes_view, purchase_view
+    from payments.models import Purchase
+    from payments.view_queries import purchase_disputes
+    from recovery.models import STEP_ORDER, StepName, StepRun, StepState
+    from recovery.reads import steps_for_purchase
+
+    fast_settings.DATABASE_PREPARED_STATEMENTS = prepared
+    purchase, _ = _paid(storefront, product)
+    pid = purchase["id"]
+    _with_disputes_steps_and_order(pid)
+    row = Purchase.objects.get(pk=pid)
+
+    # the disputes, as `purchase.disputes.order_by("opened_at", "id")` yields them
+    orm = [(d.id, d.status, d.amount, d.currency, d.reason, d.evidence_due_by)
+           for d in row.disputes.order_by("opened_at", "id")]
+    assert purchase_disputes(row) == orm and len(orm) == 2
+    assert [d["evidence_due_by"] for d in disputes_view(row)] == [
+        d[5].isoformat().replace("+00:00", "Z") for d in orm]
+    # the steps, as the ORM query that steps_for_purchase ran before
+    states = dict(StepRun.objects.filter(purchase_id=pid).values_list("step", "state"))
+    expected = {s.value: states.get(s.value, StepState.PENDING.value) for s in STEP_ORDER}
+    expected[StepName.DELIVERABLE.value] = states[StepName.DELIVERABLE.value]
+    assert steps_for_purchase(pid) == expected
+    # and the view built from them is the one the fast path serves
+    assert purchase_view(row)["fulfillment"] == expected
+
+
+def test_a_replay_reads_its_record_and_operation_in_one_statement(storefront, product,
+                                                                  fast_settings):
+    # given a finished payment and its replay, the key verified (no query to authenticate)
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    purchase, key = _paid(storefront, product)
+    replay = lambda: storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key)  # noqa
+    replay()
+    fast_settings.DATABASE_PREPARED_STATEMENTS = False  # so Django's cursor sees the SQL
+
+    with CaptureQueriesContext(connection) as queries:
+        answer = replay()
+
+    assert answer.status_code == 200 and getattr(answer, "verity_fast_path", False)
+    assert len(queries.captured_queries) == 1, [q["sql"][:80] for q in queries]
+
+
+def test_the_compiled_reads_are_prepared_statements_on_the_connection(storefront, product,
+                                                                      fast_settings):
+    # Django opens psycopg connections with prepare_threshold=None, under which psycopg
+    # ignores execute(prepare=True): the reads were parsed and planned on every request.
+    from django.db import connection
+
+    purchase, key = _paid(storefront, product)
+    for _ in range(2):
+        storefront.get(f"purchases/{purchase['id']}")
+        storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key)
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert any("payments_idempotencyrecord" in s for s in prepared), prepared
+    assert any("recovery_steprun" in s for s in prepared), prepared
+    assert connection.connection.prepare_threshold is None  # Django's cursors: unchanged

@@ -1,4 +1,4 @@
-"""The relay's one-statement claim and batched mark (issue 34): same guarantees as before."""
+"""The relay's one-statement claim and batched mark: same guarantees as before."""
 from datetime import timedelta
 
 import pytest
@@ -62,3 +62,21 @@ def test_without_prepared_statements_the_relay_drains_the_same(settings):
 
     assert not OutboxMessage.objects.filter(processed_at__isnull=True).exists()
     assert set(OutboxMessage.objects.values_list("attempts", flat=True)) == {1}
+
+
+def test_the_claim_and_the_mark_are_prepared_statements_on_the_connection():
+    # Django's connection has prepare_threshold None, under which psycopg ignores
+    # execute(prepare=True): the relay's two statements were parsed and planned per batch.
+    from django.db import connection
+
+    for i in range(3):
+        _noop(f"p:{i}")
+    assert relay_drain_once(batch=2) == 2
+    assert relay_drain_once(batch=2) == 1
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert any("SKIP LOCKED" in s for s in prepared), prepared  # the claim
+    assert any("processed_at" in s and "ANY" in s for s in prepared), prepared  # the mark
+    assert connection.connection.prepare_threshold is None  # Django's cursors: unchanged
