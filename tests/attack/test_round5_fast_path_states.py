@@ -7,7 +7,8 @@ and a purchase whose payment is unknown at Verity."""
 import pytest
 
 from payments.models import PaymentOperation
-from tests.api.conftest import new_key, product, settle_outbox, storefront  # noqa: F401
+from tests.api.conftest import (  # noqa: F401
+    new_key, other_storefront, product, settle_outbox, storefront)
 from tests.api.test_fast_path_equivalence import _both, _same, fast_settings  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -76,3 +77,36 @@ def test_replay_and_read_answer_as_drf_while_a_workflow_is_halted(
     assert first.status_code == 201, first.content
     halt_set(name=halt, reason="attack round 5", actor="attacker")
     _compare(storefront, purchase, key, body, fast_settings)
+
+
+def test_a_get_the_fast_path_hands_to_drf_after_counting_is_counted_once(
+        storefront, other_storefront, product, fast_settings):  # noqa: F811
+    # The fast path counts a GET before it reads the view; a purchase that is not this
+    # client's (404) or a read that raises goes to the DRF view, with that count.
+    from django.core.cache import cache
+
+    from payments.api import presenters
+
+    purchase, key, body, first = _pay(storefront, product, "pm_card_visa")
+    mine = f"rl:throttle_api_client_client:{storefront.client.pk}"
+    theirs = f"rl:throttle_api_client_client:{other_storefront.client.pk}"
+    other_storefront.get("products")  # verified: cache warm
+    cache.delete_many([mine, theirs])
+    assert other_storefront.get(f"purchases/{purchase['id']}").status_code == 404
+    not_mine = cache.get(theirs)
+
+    real = presenters.purchase_view_for_client
+
+    def broken(**kw):
+        raise RuntimeError("a read that fails on the fast path")
+
+    presenters.purchase_view_for_client = broken
+    try:
+        answer = storefront.get(f"purchases/{purchase['id']}")
+    finally:
+        presenters.purchase_view_for_client = real
+    print(f"404 counted {not_mine}; fast-path error -> {answer.status_code}, "
+          f"counted {cache.get(mine)}")
+    assert answer.status_code == 200 and not hasattr(answer, "verity_fast_path")
+    assert not_mine == 1
+    assert cache.get(mine) == 1
