@@ -2,9 +2,9 @@
 
 Real path: POST /webhooks/stripe/ with Stripe-signed events (HMAC-SHA256 over
 "<ts>.<body>"), 20 % of them redeliveries of an event already sent; the view verifies,
-inserts the event (ON CONFLICT DO NOTHING) and its outbox row in one transaction and kicks
-the relay on commit (a Redis round trip per new event; no worker runs, so nothing is
-processed during the measurement).
+inserts the event (ON CONFLICT DO NOTHING) and its outbox row in one prepared statement and
+kicks the relay (coalesced: a few Redis round trips per window per worker, not one per
+event; no worker runs, so nothing is processed during the measurement).
 Floor, same gunicorn, same run: a bare view that parses the body and inserts one row.
 Also: all-new vs all-duplicate passes over the real endpoint (duplicates must be no slower).
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> Report:
     floor_rps = m("floor", "rps")
     note = f"{args.connections} conns, {args.workers} gunicorn workers, {args.runs}x{args.seconds:.0f}s"
     report.add("webhook ingest", "req/s (20% dup)", fmt(m("mixed", "rps")), fmt(floor_rps),
-               ratio(m("mixed", "rps"), floor_rps), ">= 0.60", note)
+               ratio(m("mixed", "rps"), floor_rps), ">= 0.70", note)
     report.add("webhook ingest", "p50 / p99 ms (20% dup)",
                f"{m('mixed', 'p50_ms'):.1f} / {m('mixed', 'p99_ms'):.1f}",
                f"{m('floor', 'p50_ms'):.1f} / {m('floor', 'p99_ms'):.1f}", "", "",

@@ -8,6 +8,10 @@ from prometheus_client import Counter
 WEBHOOK_RESULTS = Counter(
     "verity_webhook_results", "Stripe webhook deliveries and processing results", ["result"],
 )
+# The two results every accepted delivery counts, bound once (labels() takes a lock and
+# looks the series up on every call).
+WEBHOOK_RECEIVED = WEBHOOK_RESULTS.labels(result="received")
+WEBHOOK_DUPLICATE = WEBHOOK_RESULTS.labels(result="duplicate")
 
 
 class WebhookFailure(StrEnum):

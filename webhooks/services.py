@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
@@ -39,8 +41,9 @@ from payments.services import (
     operation_read_canonical,
     operation_reconcile,
 )
+from payments.view_queries import prepared_statements_on
 from recovery.models import OutboxCategory, OutboxMessage
-from recovery.outbox import outbox_put
+from recovery.outbox import outbox_put, relay_kick
 
 from . import selectors
 from .metrics import WEBHOOK_RESULTS
@@ -145,14 +148,10 @@ SELECT id FROM e
 
 
 def _event_ingest_one_statement(*, params: list, rejected: str, event_id: str) -> bool:
-    from recovery.outbox import _kick_relay
-
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     outbox = [OutboxCategory.PROCESS_EVENT.value, f"event:{event_id}", now, now,
               not rejected]
-    with connection.cursor() as cursor:
-        cursor.execute(_INSERT_WITH_OUTBOX_SQL, [*params, *outbox])
-        row = cursor.fetchone()
+    row = _fetchone_prepared(_INSERT_WITH_OUTBOX_SQL, [*params, *outbox])
     if row is None:
         return False
     if rejected:
@@ -160,11 +159,50 @@ def _event_ingest_one_statement(*, params: list, rejected: str, event_id: str) -
         WEBHOOK_RESULTS.labels(result=EventResult.REJECTED.value).inc()
         log.warning("webhook rejected event=%s reason=%s", event_id, rejected)
         return True
-    try:  # committed already (autocommit): kick as outbox_put's on_commit would
-        _kick_relay()
-    except Exception:  # noqa: BLE001 - robust, like on_commit(robust=True); beat sweeps
-        log.warning("relay kick failed; the beat sweep drains the row", exc_info=True)
+    # Committed already (autocommit, no transaction open): on_commit runs the kick at once,
+    # robust as in outbox_put (a failed kick is logged; the beat sweep drains the row).
+    relay_kick()
     return True
+
+
+_ONLY_WHEN_ASKED = 2**62
+
+
+def _fetchone_prepared(sql: str, params: list):
+    """One statement as a named prepared statement on this connection (parsed and planned
+    once per connection, not on every delivery: the same statement runs for each one), like
+    the API's hot reads (payments.view_queries). DATABASE_PREPARED_STATEMENTS off (PgBouncer
+    < 1.21 in transaction mode) runs it on Django's own, unprepared cursor."""
+    if not prepared_statements_on(connection):
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+    # What Django's cursor() does first: the per-request CONN_HEALTH_CHECKS probe of a
+    # reused connection, then connect if needed.
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    raw = connection.connection
+    # Django opens psycopg connections with prepare_threshold None (automatic preparation
+    # off, for poolers), and psycopg then ignores `prepare=True` too: the statement would be
+    # parsed and planned on every delivery. For our execute only, a threshold no statement
+    # reaches: only `prepare=True` prepares (as payments.view_queries does for its reads).
+    threshold = raw.prepare_threshold
+    started = time.monotonic()
+    # A plain psycopg Cursor binds server-side (Django's are ClientCursors); errors come out
+    # as Django's (an unreachable database is OperationalError: config.db_unavailable's
+    # 503) and mark the connection for the health check, as on Django's own cursors.
+    try:
+        if threshold is None:
+            raw.prepare_threshold = _ONLY_WHEN_ASKED
+        with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
+            cursor.execute(sql, params, prepare=True)
+            row = cursor.fetchone()
+    finally:
+        raw.prepare_threshold = threshold
+    if connection.queries_logged:  # DEBUG or a test counting statements: seen like any
+        connection.queries_log.append({"sql": sql,
+                                       "time": f"{time.monotonic() - started:.3f}"})
+    return row
 
 
 # -- processing ----------------------------------------------------------------------

@@ -10,16 +10,28 @@ and an accepted one commits before the 200 is sent.
 import logging
 
 from django.conf import settings
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from payments.providers.stripe.webhooks import WebhookVerificationError, verify_and_parse
 
-from .metrics import VERIFICATION_FAILURES, WEBHOOK_FAILURES, WEBHOOK_RESULTS, WebhookFailure
+from .metrics import (
+    VERIFICATION_FAILURES,
+    WEBHOOK_DUPLICATE,
+    WEBHOOK_FAILURES,
+    WEBHOOK_RECEIVED,
+    WEBHOOK_RESULTS,
+    WebhookFailure,
+)
 from .services import event_ingest
 
 log = logging.getLogger(__name__)
+
+# The two answers to an accepted delivery, encoded once (JsonResponse's bytes for the same
+# dicts): every delivery gets one of them.
+_ACCEPTED = {duplicate: JsonResponse({"received": True, "duplicate": duplicate}).content
+             for duplicate in (False, True)}
 
 
 @csrf_exempt
@@ -38,7 +50,8 @@ def _receive(request):
     try:
         event = verify_and_parse(
             request.body,
-            request.headers.get("Stripe-Signature"),
+            # META, not request.headers (which builds a dict of every header first).
+            request.META.get("HTTP_STRIPE_SIGNATURE"),
             settings.STRIPE_WEBHOOK_SECRETS,
             settings.STRIPE_WEBHOOK_TOLERANCE,
         )
@@ -50,7 +63,7 @@ def _receive(request):
         log.warning("webhook refused reason=%s", exc.reason)
         return JsonResponse({"error": exc.reason}, status=400)
     inserted = event_ingest(event=event)
-    WEBHOOK_RESULTS.labels(result="received" if inserted else "duplicate").inc()
+    (WEBHOOK_RECEIVED if inserted else WEBHOOK_DUPLICATE).inc()
     log.info("webhook accepted event=%s type=%s duplicate=%s", event["id"], event["type"],
              not inserted)
-    return JsonResponse({"received": True, "duplicate": not inserted}, status=200)
+    return HttpResponse(_ACCEPTED[not inserted], content_type="application/json")
