@@ -255,3 +255,67 @@ def test_three_drainers_at_once_handle_every_message_exactly_once(settings, monk
           f"attempts={attempts}")
     assert sorted(seen) == list(range(600))
     assert left == 0 and attempts == {1}
+
+
+# -- held: a handler that escapes with a BaseException mid-batch ---------------------------
+
+def test_a_batch_cut_short_by_a_base_exception_marks_what_ran_and_loses_nothing(
+        settings, monkeypatch):
+    # SystemExit/KeyboardInterrupt are not handler failures (not caught, not backed off):
+    # the batch's earlier successes are marked, the rest come back after the lease.
+    settings.OUTBOX_LEASE_SECONDS = 1
+    runs, cut = [], [True]
+
+    def noop(payload):
+        runs.append(payload["k"])
+        if payload["k"] == 1 and cut[0]:
+            cut[0] = False
+            raise SystemExit("worker shutting down")
+
+    monkeypatch.setitem(outbox_mod._HANDLERS, int(OutboxCategory.NOOP), noop)
+    now = timezone.now()
+    for k in range(4):
+        OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={"k": k},
+                                     dedupe_key=f"cut:{k}",
+                                     available_at=now - timedelta(seconds=10 - k))
+    with pytest.raises(SystemExit):
+        relay_drain_once(batch=10)
+    processed = sorted(OutboxMessage.objects.filter(processed_at__isnull=False)
+                       .values_list("payload__k", flat=True))
+    assert processed == [0]
+    deadline = timezone.now() + timedelta(seconds=10)
+    while relay_drain_once(batch=10) == 0 and timezone.now() < deadline:
+        pass
+    left = OutboxMessage.objects.filter(processed_at__isnull=True).count()
+    print(f"runs={runs} marked after the cut={processed} unprocessed at the end={left}")
+    assert left == 0 and runs == [0, 1, 1, 2, 3]
+
+
+def test_a_flush_inside_a_handler_transaction_that_rolls_back_still_marks_the_batch(
+        monkeypatch):
+    # m0 succeeds; m1's handler writes a follow-up (the relay flushes m0's mark inside m1's
+    # transaction) and then fails: the transaction, flush included, rolls back. m0 must
+    # still end processed (the batch's final UPDATE), m1 backed off, the follow-up absent.
+    from recovery.outbox import outbox_put
+
+    def noop(payload):
+        if payload["k"] == 1:
+            with transaction.atomic():
+                outbox_put(category=OutboxCategory.NOOP, payload={"k": 9},
+                           dedupe_key="rollback:follow-up")
+                raise RuntimeError("the handler fails after its write")
+
+    monkeypatch.setitem(outbox_mod._HANDLERS, int(OutboxCategory.NOOP), noop)
+    monkeypatch.setattr(outbox_mod, "_kick_relay", lambda: None)
+    now = timezone.now()
+    for k in range(3):
+        OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={"k": k},
+                                     dedupe_key=f"rollback:{k}",
+                                     available_at=now - timedelta(seconds=10 - k))
+    assert relay_drain_once(batch=10) == 3
+    rows = {m.dedupe_key: m for m in OutboxMessage.objects.all()}
+    assert rows["rollback:0"].processed_at is not None
+    assert rows["rollback:2"].processed_at is not None
+    failed = rows["rollback:1"]
+    assert failed.processed_at is None and "RuntimeError" in failed.last_error
+    assert "rollback:follow-up" not in rows
