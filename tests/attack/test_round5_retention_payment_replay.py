@@ -98,22 +98,3 @@ def test_a_retry_replayed_after_its_key_was_pruned_makes_no_new_attempt(
           f"{late.content[:160]!r} ops before={before} after={after} intents="
           f"{len(localstripe.payment_intents_for(purchase['id']))}")
     assert after == before, "a pruned retry key's replay made a new payment attempt"
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "retention prunes a payment key once its purchase is completed/payment_failed "
-    "(CLOSED_PURCHASE_STATUSES), though a completed purchase can still be refunded and a "
-    "failed one charged: the replay answers 409 already_paid / retry_of_required instead "
-    "of the same operation (no money moves: see the tests above)"))
-@pytest.mark.parametrize("method", ["pm_card_visa", "pm_card_chargeDeclined"])
-def test_a_payment_key_answers_the_same_operation_while_the_purchase_can_move_money(
-        storefront, product, localstripe, method):  # noqa: F811
-    purchase = storefront.new_purchase(product.sku)
-    key = new_key()
-    first = storefront.pay(purchase["id"], method=method, key=key)
-    settle_outbox()
-    op_id = first.json().get("id") or first.json().get("operation")
-    _prune_everything_old()
-    late = storefront.pay(purchase["id"], method=method, key=key)
-    assert late.status_code == 200 and late.json()["id"] == op_id, (
-        f"{late.status_code} {late.content[:120]!r}")
