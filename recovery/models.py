@@ -29,6 +29,11 @@ class OutboxMessage(models.Model):
     last_error = models.TextField(blank=True)
     processed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Set when a write with this key arrives while the row is claimed (its handler may
+    # have run already): the relay then releases the row for another run instead of
+    # marking it processed, so the absorbed write is not lost (recovery.outbox). A DB
+    # default too: raw inserts (webhooks' event+outbox statement, benches) omit it.
+    rerun = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         constraints = [

@@ -62,8 +62,9 @@ def outbox_put(*, category: OutboxCategory, payload: dict, dedupe_key: str,
                delay_seconds: float = 0) -> None:
     """Write a message in the caller's transaction; kick the relay after commit.
 
-    INSERT ... ON CONFLICT DO NOTHING against the partial unique index on unprocessed
-    dedupe keys: a duplicate while one is pending is absorbed, never an error.
+    INSERT ... ON CONFLICT against the partial unique index on unprocessed dedupe keys: a
+    duplicate while one is pending is absorbed, never an error; if the pending one is
+    claimed (being handled), it is flagged to run once more (see `_INSERT_SQL`).
     """
     assert transaction.get_connection().in_atomic_block, "outbox_put needs the caller's atomic()"
     row = OutboxMessage(category=category, payload=payload, dedupe_key=dedupe_key,
@@ -77,10 +78,38 @@ def outbox_put(*, category: OutboxCategory, payload: dict, dedupe_key: str,
         transaction.on_commit(_kick_relay, robust=True)
 
 
+_INSERT_FIELDS = [OutboxMessage._meta.get_field(name) for name in (
+    "category", "payload", "dedupe_key", "available_at", "attempts", "last_error",
+    "created_at")]
+_TABLE = OutboxMessage._meta.db_table
+# A duplicate of a pending row is absorbed (the partial unique index on unprocessed keys).
+# If that row is claimed, its handler may have run already, before this write's state:
+# flag it, and the relay releases it for another run instead of marking it processed
+# (recovery.relay). An unclaimed pending row will run and see the latest state as it is.
+# Same text on PostgreSQL and SQLite (both take ON CONFLICT with the index predicate).
+_INSERT_SQL = (
+    f'INSERT INTO "{_TABLE}" ({", ".join(f.column for f in _INSERT_FIELDS)}) VALUES {{rows}} '
+    "ON CONFLICT (dedupe_key) WHERE processed_at IS NULL "
+    f'DO UPDATE SET rerun = TRUE WHERE "{_TABLE}".claimed_until IS NOT NULL')
+
+
 def _outbox_insert(rows: list[OutboxMessage]) -> None:
     for hook in _BEFORE_PUT:  # the relay marks its batch's handled messages first
         hook()
-    OutboxMessage.objects.bulk_create(rows, ignore_conflicts=True)
+    # One row per key, the first (as DO NOTHING kept): DO UPDATE may not touch a row the
+    # same statement inserted.
+    rows = list({row.dedupe_key: row for row in reversed(rows)}.values())[::-1]
+    if not rows:
+        return
+    connection = transaction.get_connection()
+    size = connection.ops.bulk_batch_size(_INSERT_FIELDS, rows) or len(rows)
+    one = "(" + ", ".join(["%s"] * len(_INSERT_FIELDS)) + ")"
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), size):  # one statement, unless SQLite's limit
+            chunk = rows[start:start + size]
+            params = [f.get_db_prep_save(f.pre_save(row, True), connection)
+                      for row in chunk for f in _INSERT_FIELDS]
+            cursor.execute(_INSERT_SQL.format(rows=", ".join([one] * len(chunk))), params)
 
 
 _OUTBOX_BATCH = threading.local()
@@ -89,7 +118,7 @@ _OUTBOX_BATCH = threading.local()
 @contextmanager
 def outbox_batch() -> Iterator[None]:
     """Inside the caller's transaction: messages written by `outbox_put` are collected and
-    inserted in one `INSERT … ON CONFLICT DO NOTHING` when the block ends (discarded if it
+    inserted in one `INSERT … ON CONFLICT` when the block ends (discarded if it
     raises, as the transaction is). For a set-based apply (the reconcile sweep)."""
     if getattr(_OUTBOX_BATCH, "rows", None) is not None:
         yield  # already collecting: the outer block inserts

@@ -9,9 +9,11 @@ Shape (after sentry's hybridcloud outbox):
      handlers are registered per category by the app that owns the work
      (recovery.outbox.outbox_handler, from each AppConfig.ready()): the relay imports
      no app;
-  3. success sets `processed_at`; failure records `last_error` and moves `available_at`
-     by capped exponential backoff. Backoff lives only in `available_at` — never in a
-     Celery countdown/eta, which a lost Redis would forget.
+  3. success sets `processed_at` (or releases the row to run once more if a write with
+     its key came while it was claimed: `rerun`, recovery.outbox); failure records
+     `last_error` and moves `available_at` by capped exponential backoff. Backoff lives
+     only in `available_at` — never in a Celery countdown/eta, which a lost Redis would
+     forget.
 A worker that dies between 1 and 3 leaves the row claimed: once the lease passes, the
 next drain (the on-commit kick or the beat sweep) claims it again. Every handler is
 idempotent, so a message handled twice is harmless; the lease only keeps that rare.
@@ -26,7 +28,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connections, transaction
-from django.db.models import F, Q
+from django.db.models import Case, DateTimeField, F, Q, Value, When
 from django.utils import timezone
 
 from payments.errors import DomainError
@@ -81,14 +83,31 @@ WITH due AS (
     ORDER BY available_at, id LIMIT %s
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
-    UPDATE "{_TABLE}" m SET claimed_until = %s, attempts = m.attempts + 1
+    UPDATE "{_TABLE}" m SET claimed_until = %s, attempts = m.attempts + 1, rerun = false
     FROM due WHERE m.id = due.id
     RETURNING m.id, m.category, m.payload, m.attempts, m.available_at
 )
 SELECT id, category, payload, attempts FROM claimed ORDER BY available_at, id
 """
-_MARK_SQL = (f'UPDATE "{_TABLE}" SET processed_at = %s, claimed_until = NULL, last_error = \'\' '
-             "WHERE id = ANY(%s::bigint[]) AND processed_at IS NULL")
+# A row flagged `rerun` (a write with its key came while it was claimed: recovery.outbox)
+# is released for another run instead: due now, attempts kept. Only rows this batch still
+# holds (its claimed_until): a row released by an earlier flush and claimed again since
+# belongs to its new drainer.
+_MARK_SQL = (
+    f'UPDATE "{_TABLE}" SET processed_at = CASE WHEN rerun THEN NULL ELSE %s::timestamptz END, '
+    "available_at = CASE WHEN rerun THEN %s::timestamptz ELSE available_at END, "
+    "claimed_until = NULL, last_error = '', rerun = false "
+    "WHERE id = ANY(%s::bigint[]) AND processed_at IS NULL AND claimed_until = %s")
+
+
+def _mark_values(now) -> dict:
+    """The ORM path's `_MARK_SQL` SET: processed, or released when flagged `rerun`."""
+    rerun = Q(rerun=True)
+    return {"processed_at": Case(When(rerun, then=Value(None)), default=Value(now),
+                                 output_field=DateTimeField()),
+            "available_at": Case(When(rerun, then=Value(now)), default=F("available_at"),
+                                 output_field=DateTimeField()),
+            "claimed_until": None, "last_error": "", "rerun": False}
 
 
 def _sql_on(connection) -> bool:
@@ -129,7 +148,7 @@ def _claim(batch: int) -> list[OutboxMessage] | list[ClaimedMessage]:
         if not rows:
             return []
         OutboxMessage.objects.filter(id__in=[r.id for r in rows]).update(
-            claimed_until=claimed_until, attempts=F("attempts") + 1)
+            claimed_until=claimed_until, attempts=F("attempts") + 1, rerun=False)
     for row in rows:
         row.claimed_until = claimed_until
         row.attempts += 1
@@ -138,7 +157,7 @@ def _claim(batch: int) -> list[OutboxMessage] | list[ClaimedMessage]:
 
 def _succeed(message: OutboxMessage | ClaimedMessage) -> None:
     OutboxMessage.objects.filter(id=message.id, processed_at__isnull=True).update(
-        processed_at=timezone.now(), claimed_until=None, last_error="")
+        **_mark_values(timezone.now()))
 
 
 def _fail(message: OutboxMessage | ClaimedMessage, exc: BaseException) -> None:
@@ -147,21 +166,23 @@ def _fail(message: OutboxMessage | ClaimedMessage, exc: BaseException) -> None:
     error = f"{type(exc).__name__}: {exc}"[:1000]
     OutboxMessage.objects.filter(id=message.id, processed_at__isnull=True).update(
         available_at=timezone.now() + timedelta(seconds=delay), claimed_until=None,
-        last_error=error)
+        last_error=error, rerun=False)  # the next run sees the latest state anyway
     log.warning("outbox message failed id=%s category=%s attempts=%s retry_in=%.1fs error=%s",
                 message.id, message.category, message.attempts, delay, error)
 
 
-def _succeed_all(ids: list[int]) -> None:
-    """Mark a batch's handled messages processed in one UPDATE."""
+def _succeed_all(ids: list[int], claimed_until) -> None:
+    """Mark a batch's handled messages processed in one UPDATE (those flagged `rerun`
+    released for another run), if the batch (its `claimed_until`) still holds them."""
     if not ids:
         return
+    now = timezone.now()
     if _sql_on(connections["default"]):
         # Runs in the caller's transaction when called from relay_flush_pending.
-        _execute(_MARK_SQL, [timezone.now(), ids], fetch=False)
+        _execute(_MARK_SQL, [now, now, ids, claimed_until], fetch=False)
     else:
-        OutboxMessage.objects.filter(id__in=ids, processed_at__isnull=True).update(
-            processed_at=timezone.now(), claimed_until=None, last_error="")
+        OutboxMessage.objects.filter(id__in=ids, processed_at__isnull=True,
+                                     claimed_until=claimed_until).update(**_mark_values(now))
 
 
 # The relay's batch of handled-but-not-yet-marked messages, per thread. A handler that
@@ -178,7 +199,7 @@ def relay_flush_pending() -> None:
     flushed = _batch.flushed
     marked = [i for i in ids if i not in flushed]
     if marked:
-        _succeed_all(marked)
+        _succeed_all(marked, _batch.claimed_until)
         # Marked once per batch; if the caller's transaction rolls back, the batch's
         # final UPDATE (which covers every id again) marks them.
         flushed.update(marked)
@@ -223,7 +244,8 @@ def relay_drain_once(batch: int = 100) -> int:
     assert_outside_transaction()
     messages = _claim(batch)
     succeeded: list[int] = []
-    _batch.succeeded, _batch.flushed = succeeded, set()
+    claimed_until = messages[0].claimed_until if messages else None
+    _batch.succeeded, _batch.flushed, _batch.claimed_until = succeeded, set(), claimed_until
     try:
         for message in messages:
             # A message whose lease ran out while earlier ones were handled may already be
@@ -234,8 +256,8 @@ def relay_drain_once(batch: int = 100) -> int:
     finally:
         # Within the claim's lease: a drainer that dies before this line leaves the
         # batch's handled rows claimed; the next drain handles them again (idempotent).
-        _batch.succeeded = _batch.flushed = None
-        _succeed_all(succeeded)
+        _batch.succeeded = _batch.flushed = _batch.claimed_until = None
+        _succeed_all(succeeded, claimed_until)
     return len(messages)
 
 

@@ -18,6 +18,8 @@ while the slow one runs, a request elsewhere writes run_steps_put(P) (e.g. a per
 resume after a step failed). Expected: P's steps run again. Seen: the write is absorbed,
 A marks the old row, nothing is left due for P (the stalled-fulfilment sweep is the only
 backstop for RUN_STEPS; OPERATION_SETTLED/DISPATCH keys have none).
+Fixed: the absorbed write flags the claimed row `rerun`; the batch's mark releases it
+for another run instead of marking it processed (recovery.outbox, recovery.relay).
 """
 import threading
 from datetime import timedelta
@@ -66,9 +68,6 @@ def _drain_in_thread(errors):
     return thread
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "batched mark: a write from another thread/process while a handled message of the "
-    "batch is not yet marked is absorbed by outbox_dedupe_unprocessed, then marked away"))
 def test_a_request_after_its_key_was_handled_is_not_absorbed_by_another_drainers_batch(
         recorded):
     calls, entered, release = recorded
