@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> Report:
     bad = sum(r.non2xx + r.errors for rs in res.values() for r in rs)
     note = f"{args.connections} conns, {args.workers} gunicorn workers, {args.runs}x{args.seconds:.0f}s"
     report.add("idempotent replay", "req/s replayed POST", fmt(m("replay", "rps")), fmt(floor),
-               ratio(m("replay", "rps"), floor), ">= 0.70", note)
+               ratio(m("replay", "rps"), floor), ">= 0.60", note)
     report.add("idempotent replay", "p50 / p99 ms",
                f"{m('replay', 'p50_ms'):.1f} / {m('replay', 'p99_ms'):.1f}",
                f"{m('floor', 'p50_ms'):.1f} / {m('floor', 'p99_ms'):.1f}", "", "",
