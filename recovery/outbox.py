@@ -90,7 +90,23 @@ _TABLE = OutboxMessage._meta.db_table
 _INSERT_SQL = (
     f'INSERT INTO "{_TABLE}" ({", ".join(f.column for f in _INSERT_FIELDS)}) VALUES {{rows}} '
     "ON CONFLICT (dedupe_key) WHERE processed_at IS NULL "
-    f'DO UPDATE SET rerun = TRUE WHERE "{_TABLE}".claimed_until IS NOT NULL')
+    f'DO UPDATE SET rerun = TRUE WHERE "{_TABLE}".claimed_until IS NOT NULL '
+    f'AND "{_TABLE}".id <> %s')
+# The message this thread's relay is handling now (recovery.relay sets it). A handler that
+# writes its own message's key again is absorbed, as before: flagging its own row would
+# release it after every run and run it forever (it rewrites the key each time).
+_HANDLING = threading.local()
+
+
+@contextmanager
+def outbox_handling(message_id: int) -> Iterator[None]:
+    """While the relay runs `message_id`'s handler: a write of that message's own key is
+    absorbed, never flagged to run again."""
+    _HANDLING.id = message_id
+    try:
+        yield
+    finally:
+        _HANDLING.id = None
 
 
 def _outbox_insert(rows: list[OutboxMessage]) -> None:
@@ -109,7 +125,9 @@ def _outbox_insert(rows: list[OutboxMessage]) -> None:
             chunk = rows[start:start + size]
             params = [f.get_db_prep_save(f.pre_save(row, True), connection)
                       for row in chunk for f in _INSERT_FIELDS]
-            cursor.execute(_INSERT_SQL.format(rows=", ".join([one] * len(chunk))), params)
+            handling = getattr(_HANDLING, "id", None)
+            cursor.execute(_INSERT_SQL.format(rows=", ".join([one] * len(chunk))),
+                           [*params, -1 if handling is None else handling])
 
 
 _OUTBOX_BATCH = threading.local()

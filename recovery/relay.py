@@ -36,7 +36,7 @@ from payments.locks import assert_outside_transaction
 from payments.view_queries import execute_prepared
 
 from .models import OutboxMessage
-from .outbox import outbox_before_put, outbox_handler_for
+from .outbox import outbox_before_put, outbox_handler_for, outbox_handling
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,8 @@ _MARK_SQL = (
     f'UPDATE "{_TABLE}" SET processed_at = CASE WHEN rerun THEN NULL ELSE %s::timestamptz END, '
     "available_at = CASE WHEN rerun THEN %s::timestamptz ELSE available_at END, "
     "claimed_until = NULL, last_error = '', rerun = false "
-    "WHERE id = ANY(%s::bigint[]) AND processed_at IS NULL AND claimed_until = %s")
+    "WHERE id = ANY(%s::bigint[]) AND processed_at IS NULL AND claimed_until = %s "
+    "RETURNING processed_at IS NULL")  # true: released for another run
 
 
 def _mark_values(now) -> dict:
@@ -179,10 +180,19 @@ def _succeed_all(ids: list[int], claimed_until) -> None:
     now = timezone.now()
     if _sql_on(connections["default"]):
         # Runs in the caller's transaction when called from relay_flush_pending.
-        _execute(_MARK_SQL, [now, now, ids, claimed_until], fetch=False)
+        rows = _execute(_MARK_SQL, [now, now, ids, claimed_until], fetch=True)
+        released = sum(1 for (again,) in rows if again)
     else:
-        OutboxMessage.objects.filter(id__in=ids, processed_at__isnull=True,
-                                     claimed_until=claimed_until).update(**_mark_values(now))
+        batch = OutboxMessage.objects.filter(id__in=ids, processed_at__isnull=True,
+                                             claimed_until=claimed_until)
+        released = batch.filter(rerun=True).count()
+        batch.update(**_mark_values(now))
+    # A released row is due now: relay_drain takes another batch for it rather than
+    # leaving it to the beat sweep.
+    _released.count = getattr(_released, "count", 0) + released
+
+
+_released = threading.local()
 
 
 # The relay's batch of handled-but-not-yet-marked messages, per thread. A handler that
@@ -224,7 +234,8 @@ def handle_message(message: OutboxMessage | ClaimedMessage, *,
     try:
         if handler is None:
             raise LookupError(f"no handler for outbox category {message.category}")
-        handler(message.payload)
+        with outbox_handling(message.id):
+            handler(message.payload)
     except DomainError as exc:
         if exc.code in _DONE_CODES:
             done(message)
@@ -265,8 +276,9 @@ def relay_drain(*, batch: int = 100, max_batches: int = 50) -> int:
     """Drain until nothing is due (bounded, so one task never runs forever)."""
     total = 0
     for _ in range(max_batches):
+        _released.count = 0
         n = relay_drain_once(batch)
         total += n
-        if n < batch:
+        if n < batch and not _released.count:
             break
     return total

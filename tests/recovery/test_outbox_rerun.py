@@ -205,3 +205,53 @@ def test_the_rerun_statements_work_on_sqlite(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "SQLITE RERUN OK" in done.stdout
+
+
+def test_a_handler_that_writes_its_own_key_runs_once_not_forever(monkeypatch):
+    # A handler that re-enqueues its own message's key (run the steps again) is absorbed
+    # into the message being handled: flagging it would release it after every run.
+    seen = []
+
+    def again(payload):
+        seen.append(payload["k"])
+        _put("self", k=len(seen))
+
+    monkeypatch.setitem(outbox_mod._HANDLERS, int(OutboxCategory.NOOP), again)
+    monkeypatch.setattr(outbox_mod, "_kick_relay", lambda: None)
+    _put("self")
+    from recovery.relay import relay_drain
+
+    assert relay_drain(max_batches=5) == 1
+    assert seen == [0]
+    assert not OutboxMessage.objects.filter(processed_at__isnull=True).exists()
+
+
+def test_a_message_released_by_the_mark_is_drained_in_the_same_drain(runs):
+    # Released rows are due at once; the drain takes another batch for them instead of
+    # returning and leaving them to the beat sweep (no kick follows a release).
+    from recovery.relay import relay_drain
+
+    _put("later")
+    original = outbox_mod._HANDLERS[int(OutboxCategory.NOOP)]
+
+    def write_during(payload):
+        original(payload)
+        if len(runs) == 1:  # another request writes the key while this one is handled
+            done = threading.Event()
+
+            def other():
+                try:
+                    _put("later", k=1)
+                finally:
+                    connection.close()
+                    done.set()
+            threading.Thread(target=other).start()
+            done.wait(10)
+
+    outbox_mod._HANDLERS[int(OutboxCategory.NOOP)] = write_during
+    try:
+        assert relay_drain(batch=100) == 2  # the first claim, then the released row
+    finally:
+        outbox_mod._HANDLERS[int(OutboxCategory.NOOP)] = original
+    assert runs == [0, 0]
+    assert not OutboxMessage.objects.filter(processed_at__isnull=True).exists()
