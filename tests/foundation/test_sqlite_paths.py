@@ -60,6 +60,15 @@ assert IdempotencyRecord.objects.filter(lease_until__gt=timezone.now()).count() 
 halt_set(name="checkout", reason="sqlite check", actor="test")
 halt_set(name="checkout", reason="sqlite check", actor="test")
 assert WorkflowHalt.objects.filter(name="checkout", created_at__gte=recent).count() == 1
+# /metrics on SQLite: every database gauge collects (no PostgreSQL-only SQL: the
+# collector's own error guard is bypassed so a failure shows), and the final results of
+# stored events are counted exactly here (PostgreSQL estimates them from its statistics)
+from recovery.metrics import DatabaseCollector
+ProviderEvent.objects.filter(event_id="evt_sqlite_1").update(result="applied")
+families = {f.name: f for f in DatabaseCollector()._collect()}
+assert "verity_unknown_operations" in families, sorted(families)
+events = {s.labels["result"]: s.value for s in families["verity_webhook_events"].samples}
+assert (events["applied"], events["ignored"], events["pending"]) == (1, 0, 0), events
 print("SQLITE PATHS OK", sqlite3.sqlite_version)
 '''
 

@@ -129,19 +129,39 @@ def _another_process_dispatches_meanwhile(chain, sender, op, signer_nonce: int, 
     then half a second more. What was seen goes into `seen` (asserting here would only
     make the hooked nonce read fail)."""
     def competitor() -> None:
-        worker = _start_in_another_process(op, **env)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            held, waiting = _signer_lock_now(sender.address)
-            if (waiting or worker.poll() is not None or signer_nonce !=
-                    chain.w3.eth.get_transaction_count(sender.address, "pending")):
-                break
-            time.sleep(0.1)
-        time.sleep(0.5)
-        seen.update(worker=worker, held=held, waiting=waiting,
-                    running=worker.poll() is None,
-                    pending_nonce=chain.w3.eth.get_transaction_count(sender.address, "pending"))
+        try:
+            worker = _start_in_another_process(op, **env)
+            seen["started"] = worker
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                held, waiting = _signer_lock_now(sender.address)
+                if (waiting or worker.poll() is not None or signer_nonce !=
+                        chain.w3.eth.get_transaction_count(sender.address, "pending")):
+                    break
+                time.sleep(0.1)
+            time.sleep(0.5)
+            seen.update(worker=worker, held=held, waiting=waiting,
+                        running=worker.poll() is None,
+                        pending_nonce=chain.w3.eth.get_transaction_count(sender.address,
+                                                                         "pending"))
+        except BaseException as exc:
+            seen["error"] = repr(exc)  # said by _competitor_seen, not lost in the dispatch
+            raise
     return competitor
+
+
+def _competitor_seen(other: dict, op: PaymentOperation) -> subprocess.Popen:
+    """The competitor's process, or a failure that says why it never ran or broke off
+    (with what the hooked dispatch of `op` recorded)."""
+    if "worker" not in other:
+        started = other.get("started")
+        if started is not None:
+            started.kill()
+        calls = list(ProviderCall.objects.filter(operation=op).values(
+            "step", "classification", "safe_fields"))
+        pytest.fail(f"the competitor did not run to the end: {other.get('error', 'no nonce read')}"
+                    f"; {op.id} is {PaymentOperation.objects.get(id=op.id).outcome}, calls {calls}")
+    return other["worker"]
 
 
 def _race_after_the_nonce_read(monkeypatch, sender, competitor, times: int = 1) -> list[int]:
@@ -205,7 +225,7 @@ def test_two_refunds_at_once_in_two_processes_take_the_signers_nonces_in_turn(
 
     # when refund 1 is dispatched
     done_1 = services.operation_dispatch(operation_id=refund_1.id)
-    outcome_2 = _outcome_of(other["worker"])
+    outcome_2 = _outcome_of(_competitor_seen(other, refund_1))
     settle_outbox()
 
     # then the other process waited for the signer's lock, which refund 1 held, and
@@ -253,7 +273,7 @@ def test_a_refund_pending_at_a_nonce_is_never_signed_over_by_another_process(
     # when refund 1 is dispatched (its transfer stays pending), then the block is mined
     # and both are read back
     waiting_1 = services.operation_dispatch(operation_id=refund_1.id)
-    outcome_2 = _outcome_of(other["worker"])
+    outcome_2 = _outcome_of(_competitor_seen(other, refund_1))
     pending = chain.pending()
     chain.mine()
     read_1 = services.operation_reconcile(operation_id=refund_1.id, actor="test")

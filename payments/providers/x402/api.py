@@ -615,6 +615,7 @@ class RefundSender:
 
     def __init__(self, *, rpc_url: str, asset: str, private_key: str,
                  receipt_timeout: float) -> None:
+        self.rpc_url = rpc_url
         self.w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 10},
                                          exception_retry_configuration=_REFUND_RETRY))
         self.asset = Web3.to_checksum_address(asset)
@@ -820,14 +821,18 @@ _refund_sender: RefundSender | None = None
 
 
 def get_refund_sender() -> RefundSender:
-    """The refund signer (X402_REFUND_PRIVATE_KEY, from the environment only)."""
+    """The refund signer (X402_REFUND_PRIVATE_KEY, from the environment only). Built
+    again when a setting it was built from changes (as the chain reader is): a signer
+    kept from before a change would send to the old node, or wait the old receipt time."""
     global _refund_sender
     with _lock:
         key = settings.X402_REFUND_PRIVATE_KEY
         if not key:
             raise RuntimeError("X402_REFUND_PRIVATE_KEY is not set")
         if (_refund_sender is None or _refund_sender._key != key
-                or _refund_sender.asset.lower() != settings.X402_ASSET.lower()):
+                or _refund_sender.asset.lower() != settings.X402_ASSET.lower()
+                or _refund_sender.rpc_url != settings.X402_RPC_URL
+                or _refund_sender.receipt_timeout != settings.X402_REFUND_RECEIPT_TIMEOUT):
             _refund_sender = RefundSender(
                 rpc_url=settings.X402_RPC_URL, asset=settings.X402_ASSET, private_key=key,
                 receipt_timeout=settings.X402_REFUND_RECEIPT_TIMEOUT)
