@@ -66,8 +66,17 @@ def api_client_cached(key: str) -> ApiClient | None:
     if (until > time.monotonic()
             and hmac.compare_digest(known_digest, hashlib.sha256(key.encode()).digest())
             and not client.has_expired):
-        return copy.copy(client)  # each request gets its own instance
+        return _own_copy(client)  # each request gets its own instance
     return None
+
+
+def _own_copy(client: ApiClient) -> ApiClient:
+    """`copy.copy(client)` without its pickle round (reduce, model_unpickle, the version
+    check of __setstate__): the state Django's own __getstate__ copies (the instance's
+    fields and its relation cache), on a new instance."""
+    clone = client.__class__.__new__(client.__class__)
+    clone.__dict__.update(client.__getstate__())
+    return clone
 
 
 def api_client_cache_clear(**_kwargs) -> None:

@@ -216,8 +216,30 @@ def _raw_cursors(connection, pg, count: int) -> list:
         connection.__dict__[_CURSORS_ATTR] = held
     cursors = held[1]
     while len(cursors) < count:
-        cursors.append(psycopg.RawCursor(pg))
+        cursor = psycopg.RawCursor(pg)
+        _fast_timestamps(connection, cursor)
+        cursors.append(cursor)
     return cursors[:count]
+
+
+def _fast_timestamps(connection, cursor) -> None:
+    """Django loads every timestamptz with its own loader, a Python subclass of psycopg's
+    (a regular expression per value, then `replace(tzinfo=…)`); an operation row has
+    twelve. When the session's time zone is Django's very tzinfo (TIME_ZONE = "UTC" both
+    ways), psycopg's C loader gives the same datetime, tzinfo object included: this cursor
+    uses it. Otherwise Django's loader stays."""
+    from psycopg import adapters, pq
+
+    try:
+        from psycopg._tz import get_tzinfo
+
+        same = get_tzinfo(cursor.connection.pgconn) is connection.timezone
+    except Exception:  # noqa: BLE001 - psycopg's internals moved: keep Django's loader
+        same = False
+    if same:
+        cursor.adapters.register_loader(
+            "timestamptz", adapters.get_loader(adapters.types["timestamptz"].oid,
+                                               pq.Format.TEXT))
 
 
 def prepared_statements_on(connection) -> bool:
@@ -288,9 +310,9 @@ class CompiledRead:
         model_cls, init_list, start, end, populators, annotations = self._populating(using)
         out = []
         for row in rows:
-            obj = model_cls.from_db(using, init_list, row[start:end])
+            obj = _instance(model_cls, using, init_list, row[start:end])
             for populator in populators:
-                populator.populate(row, obj)
+                _populate(populator, row, obj, using)
             for attr_name, col_pos in annotations:
                 setattr(obj, attr_name, row[col_pos])
             out.append(obj)
@@ -314,6 +336,91 @@ class CompiledRead:
                       tuple((compiler.annotation_col_map or {}).items()))
         self._local.populating = (compiled, populating)
         return populating
+
+
+# -- model instances from rows, without Model.__init__
+#
+# `Model.from_db` builds an instance through `Model.__init__`: the pre_init and post_init
+# signals, a descriptor `__set__` per field, and (ConcurrentTransitionMixin) the FSM's
+# initial states: ~40 % of a replayed payment's ORM time for its four instances. For a
+# model whose construction is only that (no __init__ or from_db of its own, no pre_init /
+# post_init receiver, every concrete column selected) the same instance is built by
+# filling its __dict__ in `from_db`'s positional order; any other model goes through
+# `from_db` itself. tests/payments/test_view_queries.py compares both field by field.
+
+_PLAIN_INITS: tuple = ()
+_plans: dict = {}
+
+
+def _plain_setter(model_cls, field) -> bool:
+    """Setting this field in __init__ only stores the value in the instance's __dict__."""
+    import inspect
+
+    from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
+    from django_fsm import FSMFieldDescriptor, FSMKeyField
+
+    descriptor = inspect.getattr_static(model_cls, field.attname, None)
+    if not hasattr(type(descriptor), "__set__"):
+        return True
+    if isinstance(descriptor, ForeignKeyDeferredAttribute):
+        return True  # on a new instance: no cached related object to drop
+    # An FSM state: stored as is, unless it switches the class (state proxies) or converts.
+    return (isinstance(descriptor, FSMFieldDescriptor) and not descriptor.field.state_proxy
+            and not isinstance(descriptor.field, FSMKeyField))
+
+
+def _build_plan(model_cls) -> tuple | None:
+    from django.db.models import Model, signals
+    from django_fsm import ConcurrentTransitionMixin
+
+    global _PLAIN_INITS
+    if not _PLAIN_INITS:
+        _PLAIN_INITS = (Model.__init__, ConcurrentTransitionMixin.__init__)
+    if (model_cls.__init__ not in _PLAIN_INITS
+            or model_cls.from_db.__func__ is not Model.from_db.__func__
+            or signals.pre_init.has_listeners(model_cls)
+            or signals.post_init.has_listeners(model_cls)
+            or not all(_plain_setter(model_cls, f) for f in model_cls._meta.concrete_fields)):
+        return None
+    initial = model_cls.__init__ is ConcurrentTransitionMixin.__init__
+    return tuple(f.attname for f in model_cls._meta.concrete_fields), initial
+
+
+def _instance(model_cls, using: str, init_list, values):
+    """`model_cls.from_db(using, init_list, values)`, without Model.__init__ when that
+    builds the same instance (see above)."""
+    plan = _plans.get(model_cls, False)
+    if plan is False:
+        plan = _plans[model_cls] = _build_plan(model_cls)
+    if plan is None or len(values) != len(plan[0]):
+        return model_cls.from_db(using, init_list, values)  # deferred fields, or special
+    from django.db.models.base import ModelState
+
+    obj = model_cls.__new__(model_cls)
+    state = ModelState()
+    state.adding, state.db = False, using
+    obj.__dict__["_state"] = state
+    obj.__dict__.update(zip(plan[0], values))
+    if plan[1]:
+        obj._update_initial_state()  # ConcurrentTransitionMixin.__init__'s own step
+    return obj
+
+
+def _populate(populator, row, from_obj, using: str) -> None:
+    """Django's RelatedPopulator.populate (select_related), building with `_instance`."""
+    if populator.reorder_for_init:
+        obj_data = populator.reorder_for_init(row)
+    else:
+        obj_data = row[populator.cols_start:populator.cols_end]
+    if obj_data[populator.pk_idx] is None:
+        obj = None
+    else:
+        obj = _instance(populator.model_cls, using, populator.init_list, obj_data)
+        for related in populator.related_populators:
+            _populate(related, row, obj, using)
+    populator.local_setter(from_obj, obj)
+    if obj is not None:
+        populator.remote_setter(obj, from_obj)
 
 
 def execute_prepared(sql: str, params: list, *, fetch: str | None = "all",

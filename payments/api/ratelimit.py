@@ -87,10 +87,12 @@ def rate_limit_hit(*, ident: str, limit: int, window_seconds: int,
 
     `lock_keys` (Django cache key, limit): when one is at its limit the answer is
     `locked` and nothing is counted — read in the same Redis round trip."""
-    key = cache.make_and_validate_key(f"rl:{ident}")
     client = _redis_client()
     if client is not None:
-        keys = [key, *(cache.make_and_validate_key(k) for k, _ in lock_keys)]
+        # make_key: the very key make_and_validate_key gives (the lockout counters are
+        # written through it), without its per-character scan, which only warns about
+        # keys memcached would refuse; this cache is Redis.
+        keys = [cache.make_key(f"rl:{ident}"), *(cache.make_key(k) for k, _ in lock_keys)]
         count, pttl = _script(client)(keys=keys, args=[window_seconds,
                                                         *(n for _, n in lock_keys)])
         if count < 0:

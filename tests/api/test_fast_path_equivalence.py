@@ -5,7 +5,7 @@ did, and a request is counted once against the client's limit.
 
 Each comparison sends the same request twice against unchanged state: once with the fast
 path on, once with it off (`API_FAST_PATH = False`: the DRF view alone)."""
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.core.cache import cache
@@ -168,6 +168,11 @@ def test_a_locked_key_prefix_is_refused_429_on_both_paths(storefront, product, f
 def _state(obj, relations=()) -> dict:
     """Every loaded field and annotation of a model instance, and its loaded relations'."""
     out = {k: v for k, v in obj.__dict__.items() if not k.startswith("_")}
+    # built as from_db builds it: class, database state, the FSM's initial states, and
+    # each datetime's very tzinfo (== on datetimes alone ignores which tzinfo it is)
+    out["(class, adding, db)"] = (type(obj), obj._state.adding, obj._state.db)
+    out["(fsm initial)"] = obj.__dict__.get("_ConcurrentTransitionMixin__initial_states")
+    out["(tzinfo)"] = {k: v.tzinfo for k, v in out.items() if isinstance(v, datetime)}
     for name in relations:
         try:
             related = getattr(obj, name)
@@ -352,3 +357,32 @@ def test_the_compiled_reads_are_prepared_statements_on_the_connection(storefront
     assert any("payments_idempotencyrecord" in s for s in prepared), prepared
     assert any("recovery_steprun" in s for s in prepared), prepared
     assert connection.connection.prepare_threshold is None  # Django's cursors: unchanged
+
+
+def test_an_instance_built_from_a_row_is_from_dbs_and_saves_as_one(storefront, product):
+    """payments.view_queries._instance fills an instance's __dict__ instead of running
+    Model.__init__: only for models where that builds the same instance; and such an
+    instance saves with its FSM's concurrent-transition check intact."""
+    from django.db.models.signals import post_init
+    from django_fsm import ConcurrentTransition
+
+    from payments.models import Hold, PaymentOperation
+    from payments.view_queries import _build_plan, operation_for_view
+
+    purchase, _ = _paid(storefront, product)
+    op = operation_for_view(PaymentOperation.objects.get(purchase_id=purchase["id"]).id)
+    assert _build_plan(PaymentOperation) is not None and _build_plan(Hold) is not None
+    op.save(update_fields=["updated_at"])  # its initial state is the row's: saved
+    stale = operation_for_view(op.id)
+    PaymentOperation.objects.filter(pk=op.id).update(outcome="unknown")
+    with pytest.raises(ConcurrentTransition):  # the row's state moved since it was read
+        stale.save()
+
+    def receiver(**kwargs):
+        pass
+
+    post_init.connect(receiver, sender=Hold)
+    try:
+        assert _build_plan(Hold) is None  # a post_init receiver: Model.__init__ runs
+    finally:
+        post_init.disconnect(receiver, sender=Hold)
