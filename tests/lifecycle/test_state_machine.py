@@ -364,20 +364,24 @@ _PROXY = None
 
 
 def _chain_proxy():
-    """A real TCP proxy in front of the chain node for Verity's chain READS (the reader
-    follows settings.X402_RPC_URL); `down()` makes the chain unreadable to Verity while the
-    facilitator and the refund signer still reach the node. Set up once per process."""
+    """A real TCP proxy in front of the chain node for Verity's own chain calls (the
+    reader and the refund signer follow settings.X402_RPC_URL); `down()` makes the chain
+    unreachable to Verity while the facilitator still reaches the node. Set up once per
+    process; the setting points at it for each example."""
     global _PROXY
     if _PROXY is None:
         from urllib.parse import urlparse
 
         from bench.fault_proxy import FaultProxy
-        from payments.providers.x402 import api as x402_provider
 
         _PROXY = FaultProxy(urlparse(os.environ["X402_RPC_URL"]).port)
         _PROXY.up()
-        django_settings.X402_RPC_URL = _PROXY.base
-        x402_provider._reader = None  # rebuilt from the setting on its next use
+    # For this example only (teardown puts the node's own address back): the reader and
+    # the refund signer are rebuilt from the setting on their next use.
+    from payments.providers.x402 import api as x402_provider
+
+    django_settings.X402_RPC_URL = _PROXY.base
+    x402_provider._reader = None
     return _PROXY
 
 
@@ -442,6 +446,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
         if X402:
             self.chain.automine(True)
+            # Later tests of this process reach the node directly, as they expect.
+            django_settings.X402_RPC_URL = os.environ["X402_RPC_URL"]
         WorkflowHalt.objects.all().delete()
 
     # -- helpers ---------------------------------------------------------------------------
