@@ -93,11 +93,17 @@ SELECT id, category, payload, attempts FROM claimed ORDER BY available_at, id
 # is released for another run instead: due now, attempts kept. Only rows this batch still
 # holds (its claimed_until): a row released by an earlier flush and claimed again since
 # belongs to its new drainer.
+# No `processed_at IS NULL` here: `claimed_until = <this batch's>` already implies it
+# (every write of processed_at clears claimed_until in the same UPDATE), and with it the
+# planner may find the rows through the partial indexes on unprocessed rows instead of
+# the primary key. On a table whose statistics count millions of processed rows those
+# indexes look empty, so it did: every mark read the whole backlog (measured with 2 M
+# processed rows: 6 ms a batch against 2 ms on empty tables, docs/performance.md).
 _MARK_SQL = (
     f'UPDATE "{_TABLE}" SET processed_at = CASE WHEN rerun THEN NULL ELSE %s::timestamptz END, '
     "available_at = CASE WHEN rerun THEN %s::timestamptz ELSE available_at END, "
     "claimed_until = NULL, last_error = '', rerun = false "
-    "WHERE id = ANY(%s::bigint[]) AND processed_at IS NULL AND claimed_until = %s "
+    "WHERE id = ANY(%s::bigint[]) AND claimed_until = %s "
     "RETURNING processed_at IS NULL")  # true: released for another run
 
 
