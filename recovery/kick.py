@@ -30,7 +30,7 @@ import time
 from django.conf import settings
 from django.core.cache import cache
 
-from config.redis_client import redis_client
+from config.redis_client import redis_client, run_script
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def _take(window_ms: int) -> tuple[int, int]:
         if script is None:
             script = _scripts[id(client)] = client.register_script(_TAKE_LUA)
         keys = [cache.make_and_validate_key(_LEADING), cache.make_and_validate_key(_TRAILING)]
-        taken, ttl_ms = script(keys=keys, args=[window_ms])
+        taken, ttl_ms = run_script(client, script, keys=keys, args=[window_ms])
         return int(taken), max(0, int(ttl_ms))
     timeout = max(1, window_ms // 1000)
     if cache.add(_LEADING, 1, timeout=timeout):

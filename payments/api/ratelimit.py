@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from django.core.cache import cache
 
 from config.redis_client import redis_client as _redis_client
+from config.redis_client import run_script
 
 _DURATIONS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -93,8 +94,8 @@ def rate_limit_hit(*, ident: str, limit: int, window_seconds: int,
         # written through it), without its per-character scan, which only warns about
         # keys memcached would refuse; this cache is Redis.
         keys = [cache.make_key(f"rl:{ident}"), *(cache.make_key(k) for k, _ in lock_keys)]
-        count, pttl = _script(client)(keys=keys, args=[window_seconds,
-                                                        *(n for _, n in lock_keys)])
+        count, pttl = run_script(client, _script(client), keys=keys,
+                                 args=[window_seconds, *(n for _, n in lock_keys)])
         if count < 0:
             return Decision(allowed=False, wait_seconds=0, locked=True)
         left = pttl / 1000 if pttl and pttl > 0 else window_seconds
