@@ -21,23 +21,61 @@ def redis_client():
     return client
 
 
+class PendingScript:
+    """A script sent on a pooled connection held until its reply is read (`reply()`,
+    once): the caller does other I/O meanwhile — the API fast path reads PostgreSQL — so
+    both round trips overlap and the process sleeps once, not twice."""
+
+    __slots__ = ("_client", "_script", "_keys", "_args", "_conn", "_reply", "_read")
+
+    def __init__(self, client, script, keys: list, args: list) -> None:
+        self._client, self._script, self._keys, self._args = client, script, keys, args
+        self._conn = None
+        self._read = False
+        pool = client.connection_pool
+        try:
+            conn = pool.get_connection()
+        except Exception:  # noqa: BLE001 - redis-py's own path decides (and raises)
+            return
+        try:
+            conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except Exception:  # noqa: BLE001 - as redis-py would after a failed command
+            conn.disconnect()
+            pool.release(conn)
+            return
+        self._conn = conn
+
+    def reply(self):
+        if self._read:
+            return self._reply
+        conn, self._conn = self._conn, None
+        self._read = True
+        if conn is None:  # not sent: redis-py's own path, its retry included
+            self._reply = self._script(keys=self._keys, args=self._args)
+            return self._reply
+        pool = self._client.connection_pool
+        try:
+            reply = conn.read_response()
+        except Exception:  # noqa: BLE001 - NOSCRIPT after a restart, a lost connection
+            conn.disconnect()
+            pool.release(conn)
+            self._reply = self._script(keys=self._keys, args=self._args)
+            return self._reply
+        pool.release(conn)
+        self._reply = reply
+        return reply
+
+
+def send_script(client, script, *, keys: list, args: list) -> PendingScript:
+    """`run_script` in two halves: EVALSHA is sent now, its reply read by `.reply()`.
+    Call `.reply()` on every path (a `finally`): the connection is held until then."""
+    return PendingScript(client, script, keys, args)
+
+
 def run_script(client, script, *, keys: list, args: list):
     """`script(keys=…, args=…)` (a redis-py Script: EVALSHA) on one pooled connection,
     without redis-py's per-command path (option parsing, the retry wrapper, the
     observability hooks: about a third of this call's CPU, and every API request makes
     it). Anything but a plain reply — a connection error, NOSCRIPT after a Redis restart —
     goes through `script(...)` itself, its retry and script load included, as before."""
-    pool = client.connection_pool
-    try:
-        conn = pool.get_connection()
-    except Exception:  # noqa: BLE001 - redis-py's own path decides (and raises)
-        return script(keys=keys, args=args)
-    try:
-        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        reply = conn.read_response()
-    except Exception:  # noqa: BLE001 - as redis-py would after a failed command
-        conn.disconnect()
-        pool.release(conn)
-        return script(keys=keys, args=args)
-    pool.release(conn)
-    return reply
+    return send_script(client, script, keys=keys, args=args).reply()

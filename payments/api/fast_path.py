@@ -7,7 +7,8 @@ route's scope, nothing in the request asks for DRF's negotiation (no query strin
 `Accept` that only JSON satisfies), the replay is recognised (record `done`, same
 fingerprint: payments.api.idempotency.idempotency_replayed_operation, which reads the record
 and the operation in one statement), and the rate limiter allows it with no lockout (one
-Redis round trip: payments.api.ratelimit). Anything else is handed,
+Redis round trip: payments.api.ratelimit, sent before the PostgreSQL read and answered
+after it, so the two round trips overlap). Anything else is handed,
 untouched, to the very DRF view, which answers every error (401, 403, 404, 409, 422, 429 …)
 as before. When the limit was already counted here the decision travels with the request
 (payments.api.authentication.COUNTED), so a request is counted once.
@@ -38,7 +39,7 @@ from .idempotency import (
     idempotency_replayed_operation,
     replay_body,
 )
-from .ratelimit import parse_rate, rate_limit_hit
+from .ratelimit import PendingDecision, parse_rate, rate_limit_send
 
 logger = logging.getLogger(__name__)
 
@@ -72,14 +73,21 @@ def _client(request, scope: str):
     return client, key
 
 
-def _allowed(request, client, key: str) -> bool:
-    """Count this request against the client's limit, with the lockout, in one round trip.
-    A refusal is left to the DRF view, which reuses this very decision."""
+def _count(request, client, key: str) -> PendingDecision:
+    """Count this request against the client's limit, with the lockout, in one Redis round
+    trip left open: the caller reads PostgreSQL meanwhile and then `_allowed` reads the
+    answer, so the two round trips overlap."""
     limit, window = parse_rate(settings.API_THROTTLE_RATE)
     throttle = ApiClientRateThrottle
     ident = throttle.cache_format % {"scope": throttle.scope, "ident": f"client:{client.pk}"}
-    decision = rate_limit_hit(ident=ident, limit=limit, window_seconds=window,
-                              lock_keys=_failure_keys(request, key))
+    return rate_limit_send(ident=ident, limit=limit, window_seconds=window,
+                           lock_keys=_failure_keys(request, key))
+
+
+def _allowed(request, pending: PendingDecision) -> bool:
+    """The limiter's answer; a refusal is left to the DRF view, which reuses this very
+    decision (the request is counted once, whichever path answers)."""
+    decision = pending.decision()
     setattr(request, COUNTED, decision)
     return decision.allowed and not decision.locked
 
@@ -102,11 +110,16 @@ def _purchase_get(request, kwargs, *, allow: str, scope: str, route: str):
     if found is None:
         return None
     client, key = found
-    if not _allowed(request, client, key):
+    pending = _count(request, client, key)
+    try:
+        # The purchase and every read of its view: one round trip (payments.view_queries),
+        # overlapping the limiter's.
+        view = presenters.purchase_view_for_client(purchase_id=kwargs["purchase_id"],
+                                                   api_client=client)
+    finally:
+        allowed = _allowed(request, pending)
+    if not allowed:
         return None
-    # The purchase and every read of its view: one round trip (payments.view_queries).
-    view = presenters.purchase_view_for_client(purchase_id=kwargs["purchase_id"],
-                                               api_client=client)
     if view is None:
         return None  # 404: the view's problem body
     return _answer(view, allow=allow)
@@ -125,12 +138,15 @@ def _payment_replay(request, kwargs, *, allow: str, scope: str, route: str):
     body = replay_body(request)
     if body is None:
         return None
-    # The record and the operation it names: one statement (payments.api.idempotency).
-    op = idempotency_replayed_operation(api_client=client, route=route, key=idem_key,
-                                        path=request.path, body=body)
-    if op is None:
-        return None
-    if not _allowed(request, client, key):
+    pending = _count(request, client, key)
+    try:
+        # The record and the operation it names: one statement (payments.api.idempotency),
+        # overlapping the limiter's round trip.
+        op = idempotency_replayed_operation(api_client=client, route=route, key=idem_key,
+                                            path=request.path, body=body)
+    finally:
+        allowed = _allowed(request, pending)
+    if op is None or not allowed:
         return None
     IDEMPOTENT_REPLAYS.labels(route=route).inc()
     return _answer(presenters.operation_view(op), allow=allow,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from django.core.cache import cache
 
 from config.redis_client import redis_client as _redis_client
-from config.redis_client import run_script
+from config.redis_client import send_script
 
 _DURATIONS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -82,32 +82,68 @@ def lockout_locked(lock_keys: list[tuple[str, int]]) -> bool:
     return any(counts.get(k, 0) >= limit for k, limit in lock_keys)
 
 
+class PendingDecision:
+    """A limiter hit sent to Redis, its answer read by `decision()` (once; later calls
+    give the same Decision). Without Redis the hit is counted at once."""
+
+    __slots__ = ("_pending", "_limit", "_window", "_decision")
+
+    def __init__(self, *, pending=None, limit: int = 0, window: int = 0,
+                 decision: Decision | None = None) -> None:
+        self._pending, self._limit, self._window = pending, limit, window
+        self._decision = decision
+
+    def decision(self) -> Decision:
+        if self._decision is None:
+            count, pttl = self._pending.reply()
+            if count < 0:
+                self._decision = Decision(allowed=False, wait_seconds=0, locked=True)
+            else:
+                left = pttl / 1000 if pttl and pttl > 0 else self._window
+                self._decision = Decision(allowed=count <= self._limit,
+                                          wait_seconds=max(1, math.ceil(left)))
+        return self._decision
+
+
+def rate_limit_send(*, ident: str, limit: int, window_seconds: int,
+                    lock_keys: list[tuple[str, int]] = ()) -> PendingDecision:
+    """`rate_limit_hit` with its Redis round trip left open: the hit is sent now and
+    `.decision()` reads the answer, so the caller can overlap it with a database read.
+    Call `.decision()` on every path (the pooled connection is held until then)."""
+    client = _redis_client()
+    if client is None:
+        return PendingDecision(decision=_memory_hit(ident, limit, window_seconds, lock_keys))
+    # make_key: the very key make_and_validate_key gives (the lockout counters are
+    # written through it), without its per-character scan, which only warns about
+    # keys memcached would refuse; this cache is Redis.
+    keys = [cache.make_key(f"rl:{ident}"), *(cache.make_key(k) for k, _ in lock_keys)]
+    pending = send_script(client, _script(client), keys=keys,
+                          args=[window_seconds, *(n for _, n in lock_keys)])
+    return PendingDecision(pending=pending, limit=limit, window=window_seconds)
+
+
 def rate_limit_hit(*, ident: str, limit: int, window_seconds: int,
                    lock_keys: list[tuple[str, int]] = ()) -> Decision:
     """Count one request against `ident`'s window; allowed while the count ≤ limit.
 
     `lock_keys` (Django cache key, limit): when one is at its limit the answer is
     `locked` and nothing is counted — read in the same Redis round trip."""
-    client = _redis_client()
-    if client is not None:
-        # make_key: the very key make_and_validate_key gives (the lockout counters are
-        # written through it), without its per-character scan, which only warns about
-        # keys memcached would refuse; this cache is Redis.
-        keys = [cache.make_key(f"rl:{ident}"), *(cache.make_key(k) for k, _ in lock_keys)]
-        count, pttl = run_script(client, _script(client), keys=keys,
-                                 args=[window_seconds, *(n for _, n in lock_keys)])
-        if count < 0:
-            return Decision(allowed=False, wait_seconds=0, locked=True)
-        left = pttl / 1000 if pttl and pttl > 0 else window_seconds
-    else:
-        if lock_keys and lockout_locked(list(lock_keys)):
-            return Decision(allowed=False, wait_seconds=0, locked=True)  # per-process memory cache: not shared, good enough for one dev process
-        started = f"rl:{ident}:t"
-        if cache.add(f"rl:{ident}", 0, timeout=window_seconds):
-            cache.set(started, time.monotonic(), timeout=window_seconds)
-        count = cache.incr(f"rl:{ident}")
-        begun = cache.get(started) or time.monotonic()
-        left = max(0.0, window_seconds - (time.monotonic() - begun))
+    return rate_limit_send(ident=ident, limit=limit, window_seconds=window_seconds,
+                           lock_keys=lock_keys).decision()
+
+
+def _memory_hit(ident: str, limit: int, window_seconds: int,
+                lock_keys: list[tuple[str, int]]) -> Decision:
+    # The per-process memory cache (`make run` without Redis): not shared, good enough
+    # for one development process.
+    if lock_keys and lockout_locked(list(lock_keys)):
+        return Decision(allowed=False, wait_seconds=0, locked=True)
+    started = f"rl:{ident}:t"
+    if cache.add(f"rl:{ident}", 0, timeout=window_seconds):
+        cache.set(started, time.monotonic(), timeout=window_seconds)
+    count = cache.incr(f"rl:{ident}")
+    begun = cache.get(started) or time.monotonic()
+    left = max(0.0, window_seconds - (time.monotonic() - begun))
     return Decision(allowed=count <= limit, wait_seconds=max(1, math.ceil(left)))
 
 
@@ -123,5 +159,5 @@ def x402_settle_hit(*, client_id, rate: str) -> Decision:
                           window_seconds=window)
 
 
-__all__ = ["Decision", "X402_SETTLE_BUCKET", "lockout_locked", "parse_rate",
-           "rate_limit_hit", "x402_settle_hit"]
+__all__ = ["Decision", "PendingDecision", "X402_SETTLE_BUCKET", "lockout_locked",
+           "parse_rate", "rate_limit_hit", "rate_limit_send", "x402_settle_hit"]

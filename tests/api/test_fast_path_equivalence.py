@@ -386,3 +386,62 @@ def test_an_instance_built_from_a_row_is_from_dbs_and_saves_as_one(storefront, p
         assert _build_plan(Hold) is None  # a post_init receiver: Model.__init__ runs
     finally:
         post_init.disconnect(receiver, sender=Hold)
+
+
+def test_every_handed_over_request_is_counted_once(storefront, product, other_storefront,
+                                                   fast_settings):
+    """The fast path counts a request before its database read (the two round trips
+    overlap); a request it then hands over — a first payment, a reused key with another
+    body, another client's purchase — is counted by it once, never again by the view."""
+    purchase, key = _paid(storefront, product)
+    pid = purchase["id"]
+    second = storefront.new_purchase(product.sku)
+    counter = f"rl:throttle_api_client_client:{storefront.client.pk}"
+    sends = {
+        201: lambda: storefront.post(f"purchases/{second['id']}/payments", BODY, key=new_key()),
+        422: lambda: storefront.post(f"purchases/{pid}/payments",
+                                     {**BODY, "payment_method": "pm_card_mastercard"}, key=key),
+        200: lambda: storefront.post(f"purchases/{pid}/payments", BODY, key=key),
+    }
+    for status, send in sends.items():
+        cache.delete(counter)
+        answer = send()
+        assert answer.status_code == status, answer.content
+        assert cache.get(counter) == 1, status
+
+    other_counter = f"rl:throttle_api_client_client:{other_storefront.client.pk}"
+    other_storefront.get(f"purchases/{other_storefront.new_purchase(product.sku)['id']}")
+    cache.delete(other_counter)
+    assert other_storefront.get(f"purchases/{pid}").status_code == 404
+    assert cache.get(other_counter) == 1
+
+
+def test_a_read_failing_between_the_limiters_send_and_reply_leaves_redis_in_step(
+        storefront, product, fast_settings, monkeypatch):
+    """The limiter's reply is read even when the database read between its send and its
+    reply raises: the request is counted once (the view reuses the decision), and the
+    pooled Redis connection is not left holding an unread reply for the next command."""
+    from config.redis_client import redis_client
+    from payments.api import fast_path
+
+    purchase, key = _paid(storefront, product)
+    counter = f"rl:throttle_api_client_client:{storefront.client.pk}"
+    cache.delete(counter)
+
+    def broken(**kwargs):
+        raise RuntimeError("the read failed")
+
+    monkeypatch.setattr(fast_path, "idempotency_replayed_operation", broken)
+    answer = storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key)
+    assert answer.status_code == 200 and not hasattr(answer, "verity_fast_path")
+    assert answer["Idempotent-Replayed"] == "true"  # the DRF view's own replay
+    assert cache.get(counter) == 1
+
+    client = redis_client()
+    for n in range(20):  # every pooled connection answers its own command
+        client.set(f"test-in-step-{n}", n)
+        assert int(client.get(f"test-in-step-{n}")) == n
+    monkeypatch.undo()
+    cache.delete(counter)
+    replay = storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key)
+    assert getattr(replay, "verity_fast_path", False) and cache.get(counter) == 1
