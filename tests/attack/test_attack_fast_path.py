@@ -114,3 +114,34 @@ def test_missing_scope_and_revoked_key_beyond_the_window(storefront, product, fa
     assert after.status_code == 401 and not hasattr(after, "verity_fast_path")
     replay = storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key)
     assert replay.status_code == 401
+
+
+def test_over_the_limit_is_429_and_counted_once_on_either_path(storefront, product,
+                                                               fast_settings):
+    purchase, _ = _paid(storefront, product)
+    c = _counter(storefront.client)
+    fast_settings.API_THROTTLE_RATE = f"{c + 1}/min"
+    ok = storefront.get(f"purchases/{purchase['id']}")
+    assert ok.status_code == 200 and getattr(ok, "verity_fast_path", False)
+    over = storefront.get(f"purchases/{purchase['id']}")
+    assert over.status_code == 429 and over.get("Retry-After")
+    assert not hasattr(over, "verity_fast_path")
+    assert _counter(storefront.client) == c + 2
+    over_drf = storefront.get(f"purchases/{purchase['id']}?x=1")
+    assert over_drf.status_code == 429 and _counter(storefront.client) == c + 3
+
+
+def test_a_locked_prefix_is_refused_on_the_fast_path_after_script_flush(
+        storefront, product, fast_settings):
+    purchase, _ = _paid(storefront, product)
+    prefix = storefront.key.partition(".")[0][:16]
+    cache.set(f"api-auth-fail:prefix:{prefix}", fast_settings.API_AUTH_FAILURES_PER_PREFIX,
+              timeout=60)
+    redis_client().script_flush()
+    c = _counter(storefront.client)
+    locked = storefront.get(f"purchases/{purchase['id']}")
+    assert locked.status_code == 429 and not hasattr(locked, "verity_fast_path")
+    replay_locked = storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=new_key())
+    assert replay_locked.status_code == 429
+    assert _counter(storefront.client) == c  # a locked request is not counted
+    cache.delete(f"api-auth-fail:prefix:{prefix}")
