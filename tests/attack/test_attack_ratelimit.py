@@ -3,7 +3,13 @@ connection falls back to redis-py's Script call on *any* exception, including a 
 that timed out after Redis had already run the script. Real Redis, no fakes: another
 connection keeps Redis busy (a Lua busy loop) longer than the cache's socket_timeout (1 s),
 so the limiter's EVALSHA is queued, its read times out, and the fallback sends it again.
-Both run: one request is counted twice (the counter in Redis says so)."""
+Both run: one request is counted twice (the counter in Redis says so).
+
+Failing on purpose (breaks): test_one_request_is_counted_once_when_redis_answers_late,
+test_one_api_request_is_counted_once_when_redis_answers_late[*] (af921b0), and
+test_old_script_path_one_api_request_counted_once[fast-path] (the fast path's
+swallowed exception, independent of af921b0). Passing controls: the redis-py Script path
+alone counts once (unit and drf-only)."""
 import threading
 import time
 
@@ -87,3 +93,60 @@ def test_lockout_holds_after_script_flush():
     client.script_flush()
     free = rate_limit_hit(ident=ident, limit=10, window_seconds=60)
     assert free.allowed and _count(ident) == 1
+
+
+from tests.api.conftest import new_key, product, storefront  # noqa: E402,F401 - fixtures
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("stall_us, fast", [(1_500_000, True), (1_500_000, False),
+                                            (2_500_000, True)])
+def test_one_api_request_is_counted_once_when_redis_answers_late(storefront, product,
+                                                                 settings, stall_us, fast):
+    """End to end: one GET /purchases/{id} (fast path, or DRF alone via a query string)
+    while Redis answers after the socket timeout. The client's counter must rise by one."""
+    from payments.api.authentication import ApiClientRateThrottle
+
+    settings.API_CLIENT_CACHE_SECONDS = 60
+    settings.API_FAST_PATH = True
+    purchase = storefront.new_purchase(product.sku)
+    storefront.get(f"purchases/{purchase['id']}")  # key verified, script loaded
+    t = ApiClientRateThrottle
+    ident = t.cache_format % {"scope": t.scope, "ident": f"client:{storefront.client.pk}"}
+    before = _count(ident)
+    busy = _busy_redis(stall_us)
+    answer = storefront.get(f"purchases/{purchase['id']}" + ("" if fast else "?x=1"))
+    busy.join(5)
+    counted = _count(ident) - before
+    print("status", answer.status_code, "counted", counted)
+    assert answer.status_code == 200
+    assert counted == 1, f"one request counted {counted} times"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("fast", [False, True], ids=["drf-only", "fast-path"])
+def test_old_script_path_one_api_request_counted_once(storefront, product, settings,
+                                                      monkeypatch, fast):
+    """run_script replaced by the pre-af921b0 call (redis-py's Script alone), same 1.5 s
+    stall. drf-only passes (counted once: so the double count above is af921b0's).
+    fast-path FAILS, independently of af921b0: the fast path's count raised (timeout) after
+    Redis had run the script; fast() swallows the error, sets no COUNTED decision, and the
+    DRF throttle counts the same request again."""
+    import payments.api.ratelimit as rl
+    from payments.api.authentication import ApiClientRateThrottle
+
+    monkeypatch.setattr(rl, "run_script",
+                        lambda client, script, *, keys, args: script(keys=keys, args=args))
+    settings.API_CLIENT_CACHE_SECONDS = 60
+    settings.API_FAST_PATH = True
+    purchase = storefront.new_purchase(product.sku)
+    storefront.get(f"purchases/{purchase['id']}")
+    t = ApiClientRateThrottle
+    ident = t.cache_format % {"scope": t.scope, "ident": f"client:{storefront.client.pk}"}
+    before = _count(ident)
+    busy = _busy_redis(1_500_000)
+    answer = storefront.get(f"purchases/{purchase['id']}" + ("" if fast else "?x=1"))
+    busy.join(5)
+    assert answer.status_code == 200
+    counted = _count(ident) - before
+    assert counted == 1, f"one request counted {counted} times"
