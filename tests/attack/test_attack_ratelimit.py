@@ -150,3 +150,26 @@ def test_old_script_path_one_api_request_counted_once(storefront, product, setti
     assert answer.status_code == 200
     counted = _count(ident) - before
     assert counted == 1, f"one request counted {counted} times"
+
+
+def test_killed_connections_then_flush_count_once_and_keep_the_lockout():
+    """A Redis restart as the pool sees it: every pooled connection killed by the server,
+    and the scripts gone. One hit counts once; a locked prefix stays locked."""
+    client = redis_client()
+    ident = f"attack-kill:{time.time_ns()}"
+    rate_limit_hit(ident=ident, limit=100, window_seconds=60)
+    cache.set("api-auth-fail:prefix:attack-kill", 5, timeout=60)
+    for _ in range(2):
+        client.script_flush()
+        killer = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+        killer.client_kill_filter(_type="normal", skipme=True)
+        killer.close()
+        locked = rate_limit_hit(ident=ident, limit=100, window_seconds=60,
+                                lock_keys=[("api-auth-fail:prefix:attack-kill", 5)])
+        assert locked.locked
+    assert _count(ident) == 1
+    client.script_flush()
+    killer = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    killer.client_kill_filter(_type="normal", skipme=True)
+    rate_limit_hit(ident=ident, limit=100, window_seconds=60)
+    assert _count(ident) == 2
