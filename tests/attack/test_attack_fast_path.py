@@ -145,3 +145,27 @@ def test_a_locked_prefix_is_refused_on_the_fast_path_after_script_flush(
     assert replay_locked.status_code == 429
     assert _counter(storefront.client) == c  # a locked request is not counted
     cache.delete(f"api-auth-fail:prefix:{prefix}")
+
+
+@pytest.mark.parametrize("accept", ["", "*/*", "application/json", "application/*"])
+def test_every_accept_the_fast_path_takes_answers_as_drf(storefront, product, fast_settings,
+                                                         accept):
+    purchase, key = _paid(storefront, product)
+    headers = {"HTTP_ACCEPT": accept} if accept else {}
+
+    def both(send):
+        fast_settings.API_FAST_PATH = True
+        fast = send()
+        fast_settings.API_FAST_PATH = False
+        drf = send()
+        fast_settings.API_FAST_PATH = True
+        return fast, drf
+
+    for send in (lambda: storefront.http.get(f"/api/v1/purchases/{purchase['id']}", **headers),
+                 lambda: storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key,
+                                         **headers)):
+        fast, drf = both(send)
+        assert getattr(fast, "verity_fast_path", False)
+        assert fast.status_code == drf.status_code
+        assert dict(fast.items()) == dict(drf.items())
+        assert fast.content == drf.content
