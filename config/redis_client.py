@@ -3,7 +3,10 @@ need one Redis round trip of their own (the API rate limiter, the coalesced rela
 Infrastructure: it imports no app, so any layer may use it."""
 from __future__ import annotations
 
+import sys
+
 from django.core.cache import caches
+from redis.exceptions import NoScriptError
 
 _clients: dict[int, object] = {}
 
@@ -26,11 +29,12 @@ class PendingScript:
     once): the caller does other I/O meanwhile — the API fast path reads PostgreSQL — so
     both round trips overlap and the process sleeps once, not twice."""
 
-    __slots__ = ("_client", "_script", "_keys", "_args", "_conn", "_reply", "_read")
+    __slots__ = ("_client", "_script", "_keys", "_args", "_conn", "_reply", "_read",
+                 "_error")
 
     def __init__(self, client, script, keys: list, args: list) -> None:
         self._client, self._script, self._keys, self._args = client, script, keys, args
-        self._conn = None
+        self._conn = self._reply = self._error = None
         self._read = False
         pool = client.connection_pool
         try:
@@ -46,6 +50,8 @@ class PendingScript:
         self._conn = conn
 
     def reply(self):
+        if self._error is not None:
+            raise self._error
         if self._read:
             return self._reply
         conn, self._conn = self._conn, None
@@ -56,11 +62,22 @@ class PendingScript:
         pool = self._client.connection_pool
         try:
             reply = conn.read_response()
-        except Exception:  # noqa: BLE001 - NOSCRIPT after a restart, a lost connection
-            conn.disconnect()
+        except NoScriptError:
+            # Redis lost its scripts (a restart, SCRIPT FLUSH) and ran nothing: redis-py's
+            # path loads the script and runs it once. The error reply was read: the
+            # connection is in step.
             pool.release(conn)
             self._reply = self._script(keys=self._keys, args=self._args)
             return self._reply
+        except BaseException:
+            # A timeout or a lost connection after the command was sent: Redis may have
+            # run it (it answers late), so it is never sent again — the caller decides
+            # (the limiter fails open, counted at most once). The connection may hold an
+            # unread reply: dropped, not reused.
+            conn.disconnect()
+            pool.release(conn)
+            self._error = sys.exc_info()[1]
+            raise
         pool.release(conn)
         self._reply = reply
         return reply
@@ -76,6 +93,8 @@ def run_script(client, script, *, keys: list, args: list):
     """`script(keys=…, args=…)` (a redis-py Script: EVALSHA) on one pooled connection,
     without redis-py's per-command path (option parsing, the retry wrapper, the
     observability hooks: about a third of this call's CPU, and every API request makes
-    it). Anything but a plain reply — a connection error, NOSCRIPT after a Redis restart —
-    goes through `script(...)` itself, its retry and script load included, as before."""
+    it). A command that could not be sent, or that Redis refused with NOSCRIPT (a restart,
+    SCRIPT FLUSH: nothing ran), goes through `script(...)` itself, its retry and script
+    load included. A failure after the command was sent (a timeout: Redis may still run
+    it) raises instead of sending it again: one call, at most one effect."""
     return send_script(client, script, keys=keys, args=args).reply()

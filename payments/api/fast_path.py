@@ -39,7 +39,7 @@ from .idempotency import (
     idempotency_replayed_operation,
     replay_body,
 )
-from .ratelimit import PendingDecision, parse_rate, rate_limit_send
+from .ratelimit import Decision, PendingDecision, parse_rate, rate_limit_send
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,14 @@ def _count(request, client, key: str) -> PendingDecision:
 def _allowed(request, pending: PendingDecision) -> bool:
     """The limiter's answer; a refusal is left to the DRF view, which reuses this very
     decision (the request is counted once, whichever path answers)."""
-    decision = pending.decision()
+    try:
+        decision = pending.decision()
+    except Exception:  # noqa: BLE001 - Redis may have counted it all the same (a late reply)
+        # The view must not count it again: it is allowed, as the view's own throttle
+        # allows a request when the cache is unavailable, and the view answers it.
+        logger.warning("throttle cache unavailable; request allowed", exc_info=True)
+        setattr(request, COUNTED, Decision(allowed=True, wait_seconds=0))
+        return False
     setattr(request, COUNTED, decision)
     return decision.allowed and not decision.locked
 

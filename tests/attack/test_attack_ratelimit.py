@@ -5,11 +5,12 @@ connection keeps Redis busy (a Lua busy loop) longer than the cache's socket_tim
 so the limiter's EVALSHA is queued, its read times out, and the fallback sends it again.
 Both run: one request is counted twice (the counter in Redis says so).
 
-Failing on purpose (breaks): test_one_request_is_counted_once_when_redis_answers_late,
-test_one_api_request_is_counted_once_when_redis_answers_late[*] (af921b0), and
-test_old_script_path_one_api_request_counted_once[fast-path] (the fast path's
-swallowed exception, independent of af921b0). Passing controls: the redis-py Script path
-alone counts once (unit and drf-only)."""
+Found failing (both fixed): test_one_request_is_counted_once_when_redis_answers_late,
+test_one_api_request_is_counted_once_when_redis_answers_late[*] (af921b0: the fallback
+now runs only when nothing was sent or Redis answered NOSCRIPT), and
+test_old_script_path_one_api_request_counted_once[fast-path] (the fast path's swallowed
+exception, independent of af921b0: it now leaves a fail-open decision for the view).
+Controls: the redis-py Script path alone counts once (unit and drf-only)."""
 import threading
 import time
 
@@ -127,16 +128,22 @@ def test_one_api_request_is_counted_once_when_redis_answers_late(storefront, pro
 @pytest.mark.parametrize("fast", [False, True], ids=["drf-only", "fast-path"])
 def test_old_script_path_one_api_request_counted_once(storefront, product, settings,
                                                       monkeypatch, fast):
-    """run_script replaced by the pre-af921b0 call (redis-py's Script alone), same 1.5 s
-    stall. drf-only passes (counted once: so the double count above is af921b0's).
-    fast-path FAILS, independently of af921b0: the fast path's count raised (timeout) after
-    Redis had run the script; fast() swallows the error, sets no COUNTED decision, and the
-    DRF throttle counts the same request again."""
+    """send_script replaced by the pre-af921b0 call (redis-py's Script alone), same 1.5 s
+    stall. drf-only: counted once (so the double count above was af921b0's).
+    fast-path failed before its fix, independently of af921b0: the fast path's count raised
+    (timeout) after Redis had run the script; fast() swallowed the error, set no COUNTED
+    decision, and the DRF throttle counted the same request again."""
     import payments.api.ratelimit as rl
     from payments.api.authentication import ApiClientRateThrottle
 
-    monkeypatch.setattr(rl, "run_script",
-                        lambda client, script, *, keys, args: script(keys=keys, args=args))
+    class _ScriptAlone:  # send_script's shape: the call happens when the reply is asked
+        def __init__(self, client, script, *, keys, args):
+            self.call = lambda: script(keys=keys, args=args)
+
+        def reply(self):
+            return self.call()
+
+    monkeypatch.setattr(rl, "send_script", _ScriptAlone)
     settings.API_CLIENT_CACHE_SECONDS = 60
     settings.API_FAST_PATH = True
     purchase = storefront.new_purchase(product.sku)
