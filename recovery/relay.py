@@ -171,7 +171,12 @@ def _fail(message: OutboxMessage | ClaimedMessage, exc: BaseException) -> None:
     delay = backoff_seconds(message.attempts)
     # Type and message only: handlers raise DomainError/ORM errors, never provider payloads.
     error = f"{type(exc).__name__}: {exc}"[:1000]
-    OutboxMessage.objects.filter(id=message.id, processed_at__isnull=True).update(
+    rows = OutboxMessage.objects.filter(id=message.id, processed_at__isnull=True)
+    if isinstance(message, ClaimedMessage):
+        # Only while this run's claim holds: a holder whose lease ran out and whose row was
+        # claimed again must not cancel the new claim (a redundant later run).
+        rows = rows.filter(claimed_until=message.claimed_until)
+    rows.update(
         available_at=timezone.now() + timedelta(seconds=delay), claimed_until=None,
         last_error=error, rerun=False)  # the next run sees the latest state anyway
     log.warning("outbox message failed id=%s category=%s attempts=%s retry_in=%.1fs error=%s",
