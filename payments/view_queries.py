@@ -382,8 +382,32 @@ def _build_plan(model_cls) -> tuple | None:
             or signals.post_init.has_listeners(model_cls)
             or not all(_plain_setter(model_cls, f) for f in model_cls._meta.concrete_fields)):
         return None
-    initial = model_cls.__init__ is ConcurrentTransitionMixin.__init__
-    return tuple(f.attname for f in model_cls._meta.concrete_fields), initial
+    attnames = tuple(f.attname for f in model_cls._meta.concrete_fields)
+    initial = None
+    if model_cls.__init__ is ConcurrentTransitionMixin.__init__:
+        initial = _initial_states_plan(model_cls, attnames)
+    return attnames, initial
+
+
+def _initial_states_plan(model_cls, attnames: tuple):
+    """How ConcurrentTransitionMixin.__init__ records the state fields' initial values:
+    (the attribute it writes, the state fields' attnames) — checked on a probe instance,
+    so the dict is built directly (`_update_initial_state` walks every field through
+    filter/lambda on each instance). True: call `_update_initial_state` as it is."""
+    from django_fsm import FSMFieldMixin
+
+    states = tuple(f.attname for f in model_cls._meta.fields if isinstance(f, FSMFieldMixin))
+    probe = model_cls.__new__(model_cls)
+    probe.__dict__.update((a, f"\x01probe-{i}") for i, a in enumerate(attnames))
+    before = set(probe.__dict__)
+    probe._update_initial_state()
+    added = set(probe.__dict__) - before
+    if len(added) != 1:
+        return True
+    (name,) = added
+    if probe.__dict__[name] != {a: probe.__dict__[a] for a in states}:
+        return True
+    return name, states
 
 
 def _instance(model_cls, using: str, init_list, values):
@@ -400,9 +424,14 @@ def _instance(model_cls, using: str, init_list, values):
     state = ModelState()
     state.adding, state.db = False, using
     obj.__dict__["_state"] = state
-    obj.__dict__.update(zip(plan[0], values))
-    if plan[1]:
+    values_of = obj.__dict__
+    values_of.update(zip(plan[0], values))
+    initial = plan[1]
+    if initial is True:
         obj._update_initial_state()  # ConcurrentTransitionMixin.__init__'s own step
+    elif initial is not None:  # the same step, its dict built directly
+        name, states = initial
+        values_of[name] = {a: values_of[a] for a in states}
     return obj
 
 

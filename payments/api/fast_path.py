@@ -25,6 +25,7 @@ import logging
 
 from django.conf import settings
 from django.http import HttpResponse
+from django.urls import Resolver404, resolve
 from rest_framework.renderers import JSONRenderer
 
 from recovery.metrics import IDEMPOTENT_REPLAYS
@@ -46,6 +47,7 @@ logger = logging.getLogger(__name__)
 _ACCEPTS = frozenset({"", "*/*", "application/json", "application/*"})
 _KEYWORD = KEYWORD.lower()
 _RENDERER = JSONRenderer()
+_IDEM_META = "HTTP_" + HEADER.upper().replace("-", "_")
 
 
 def _allow_header(cls) -> str:
@@ -139,7 +141,8 @@ def _payment_replay(request, kwargs, *, allow: str, scope: str, route: str):
     if found is None:
         return None
     client, key = found
-    idem_key = (request.headers.get(HEADER) or "").strip()
+    # META, not request.headers: the same value, without building every header's name.
+    idem_key = (request.META.get(_IDEM_META) or "").strip()
     if not idem_key or len(idem_key) > MAX_KEY_LENGTH or not idem_key.isprintable():
         return None
     body = replay_body(request)
@@ -165,24 +168,78 @@ _HANDLERS = {"purchase_get": (_purchase_get, "purchases:read", "purchases_retrie
                                 "purchases_payments_create")}
 
 
+_FAST = "verity_fast_path"  # on a view wrapped by `fast`: how to answer it early
+_TRIED = "_verity_fast_path_tried"  # on a request the middleware already tried
+
+
+def _answer_early(request, view, kwargs):
+    """The fast path's answer to `request` for `view`, or None (the view answers)."""
+    setattr(request, _TRIED, True)
+    if not getattr(settings, "API_FAST_PATH", True):
+        return None
+    handler, scope, route, allow = getattr(view, _FAST)
+    try:
+        return handler(request, kwargs, allow=allow, scope=scope, route=route)
+    except Exception:  # noqa: BLE001 - the DRF view answers every failure itself
+        logger.debug("fast path declined on an error", exc_info=True)
+        return None
+
+
 def fast(view, kind: str):
-    """`view` (a DRF view function) behind the fast path `kind`."""
+    """`view` (a DRF view function) behind the fast path `kind`: tried by
+    `FastPathMiddleware` before the middleware an API request never uses, or, where that
+    middleware is not installed, by this wrapper."""
     handler, scope, route = _HANDLERS[kind]
-    allow = _allow_header(view.cls)
 
     @functools.wraps(view)  # keeps cls / initkwargs / csrf_exempt: the schema still sees it
     def wrapped(request, *args, **kwargs):
-        if getattr(settings, "API_FAST_PATH", True):
-            try:
-                answer = handler(request, kwargs, allow=allow, scope=scope, route=route)
-            except Exception:  # noqa: BLE001 - the DRF view answers every failure itself
-                logger.debug("fast path declined on an error", exc_info=True)
-                answer = None
+        if not getattr(request, _TRIED, False):
+            answer = _answer_early(request, wrapped, kwargs)
             if answer is not None:
                 return answer
         return view(request, *args, **kwargs)
 
+    setattr(wrapped, _FAST, (handler, scope, route, _allow_header(view.cls)))
     return wrapped
 
 
-__all__ = ["fast"]
+class FastPathMiddleware:
+    """The fast path before the session, CSRF, authentication, session-lifetime, messages
+    and database-error middleware: a request with an API key and no session cookie never
+    uses them (it carries no session; the views are CSRF-exempt; a database error falls
+    back to the view, behind them all). It sits after the middleware whose work every
+    answer keeps — SecurityMiddleware (the HTTPS redirect, its headers), CommonMiddleware
+    (the Host check, Content-Length) and XFrameOptionsMiddleware — and answers only
+    requests under `_PREFIX` whose view `fast` wrapped; everything else, and every request
+    it declines, goes on down the chain unchanged."""
+
+    _PREFIX = "/api/v1/purchases/"
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if (request.path_info.startswith(self._PREFIX)
+                and settings.SESSION_COOKIE_NAME not in request.COOKIES):
+            route = _fast_route(settings.ROOT_URLCONF, request.path_info)
+            if route is not None:
+                answer = _answer_early(request, route[0], dict(route[1]))
+                if answer is not None:
+                    return answer
+        return self.get_response(request)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fast_route(urlconf: str, path_info: str):
+    """(view, kwargs) when `path_info` resolves to a view `fast` wrapped, else None —
+    kept per path (an agent replays and polls the same purchase), bounded."""
+    try:
+        match = resolve(path_info, urlconf)
+    except Resolver404:
+        return None
+    if not hasattr(match.func, _FAST) or match.args:
+        return None
+    return match.func, tuple(match.kwargs.items())
+
+
+__all__ = ["FastPathMiddleware", "fast"]

@@ -445,3 +445,31 @@ def test_a_read_failing_between_the_limiters_send_and_reply_leaves_redis_in_step
     cache.delete(counter)
     replay = storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key)
     assert getattr(replay, "verity_fast_path", False) and cache.get(counter) == 1
+
+
+def test_the_fast_path_answers_before_the_middleware_an_api_request_never_uses(
+        storefront, product, fast_settings, monkeypatch):
+    """FastPathMiddleware answers a clean replay and read before the session, CSRF, auth
+    and messages middleware run (it sits after them in MIDDLEWARE); a request carrying a
+    session cookie goes down the whole chain and the view's own wrapper answers it early."""
+    from django.contrib.messages.middleware import MessageMiddleware
+
+    purchase, key = _paid(storefront, product)
+    seen = []
+    original = MessageMiddleware.process_request
+    monkeypatch.setattr(MessageMiddleware, "process_request",
+                        lambda self, request: (seen.append(request.path),
+                                               original(self, request))[1])
+    replay = storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key)
+    read = storefront.get(f"purchases/{purchase['id']}")
+    assert getattr(replay, "verity_fast_path", False) and getattr(read, "verity_fast_path", False)
+    assert seen == []
+    for name, value in (("X-Frame-Options", "DENY"), ("X-Content-Type-Options", "nosniff"),
+                        ("Content-Length", str(len(read.content)))):
+        assert read[name] == value
+
+    storefront.http.cookies["sessionid"] = "not-a-session"
+    with_cookie = storefront.get(f"purchases/{purchase['id']}")
+    assert getattr(with_cookie, "verity_fast_path", False)
+    assert seen == [f"/api/v1/purchases/{purchase['id']}"]
+    assert with_cookie.content == read.content
