@@ -15,6 +15,7 @@ from payments.api.authentication import ApiClientRateThrottle
 from payments.models import ApiClient, IdempotencyRecord, PaymentOperation
 from tests.api.conftest import (  # noqa: F401 - fixtures
     Api, leave_crashed_payment_request, new_key, other_storefront, product, storefront)
+from tests.api.test_fast_path_equivalence import _both
 from tests.factories import make_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -153,18 +154,10 @@ def test_every_accept_the_fast_path_takes_answers_as_drf(storefront, product, fa
     purchase, key = _paid(storefront, product)
     headers = {"HTTP_ACCEPT": accept} if accept else {}
 
-    def both(send):
-        fast_settings.API_FAST_PATH = True
-        fast = send()
-        fast_settings.API_FAST_PATH = False
-        drf = send()
-        fast_settings.API_FAST_PATH = True
-        return fast, drf
-
     for send in (lambda: storefront.http.get(f"/api/v1/purchases/{purchase['id']}", **headers),
                  lambda: storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key,
                                          **headers)):
-        fast, drf = both(send)
+        fast, drf = _both(fast_settings, send)
         assert getattr(fast, "verity_fast_path", False)
         assert fast.status_code == drf.status_code
         assert dict(fast.items()) == dict(drf.items())
