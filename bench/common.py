@@ -152,14 +152,18 @@ def manage(env: dict, *args: str) -> str:
 
 
 @contextlib.contextmanager
-def gunicorn(env: dict, stack: Stack, *, workers: int = 4):
-    """gunicorn (sync workers) with the bench settings; yields the base URL."""
+def gunicorn(env: dict, stack: Stack, *, workers: int = 4, root: Path | None = None):
+    """gunicorn (sync workers) with the bench settings; yields the base URL. `root`: run
+    the code of another checkout (bench/ab_reads.py), same stack."""
     port = free_port()
+    if root is not None:
+        env = {**env, "PYTHONPATH": str(root)}
     logf = open(stack.tmp / f"gunicorn-{port}.log", "ab")
     proc = subprocess.Popen(
         [str(BIN / "gunicorn"), "config.wsgi:application", "-b", f"127.0.0.1:{port}",
          "-w", str(workers), "--backlog", "2048", "--timeout", "60"],
-        env=env, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        env=env, cwd=root or ROOT, stdout=logf, stderr=subprocess.STDOUT,
+        start_new_session=True)
     try:
         _wait_port(port, timeout=60, proc=proc)
         base = f"http://127.0.0.1:{port}"
