@@ -214,3 +214,35 @@ def test_a_stalled_reply_leaves_every_pooled_connection_in_step(storefront, prod
         again = storefront.get(f"purchases/{purchase['id']}")
         assert again.status_code == 200 and again.json()["id"] == purchase["id"]
     assert _raw(ident) == before + 6
+
+
+@pytest.mark.parametrize("cookies", ["session", "csrf-bad", "csrf-good"])
+def test_requests_with_cookies_count_once_on_both_paths(storefront, product, fast_settings,
+                                                        cookies):
+    """A console session cookie (the middleware declines; the view's wrapper counts) or a
+    CSRF cookie (the middleware answers): one count per request either way."""
+    import uuid
+
+    from django.contrib.auth.models import User
+
+    purchase, key = _paid(storefront, product)
+    jar = {}
+    if cookies == "session":
+        user = User.objects.create_user(username=f"ops-{uuid.uuid4().hex[:6]}", password="pw")
+        storefront.http.force_login(user)
+        jar["sessionid"] = storefront.http.cookies["sessionid"].value
+    else:
+        jar["csrftoken"] = "bad" if cookies == "csrf-bad" else "a" * 32
+    ident = f"rl:{_ident(storefront.client)}"
+    for on in (True, False):
+        fast_settings.API_FAST_PATH = on
+        for send in (lambda: storefront.get(f"purchases/{purchase['id']}"),
+                     lambda: storefront.post(f"purchases/{purchase['id']}/payments", BODY,
+                                             key=key)):
+            storefront.http.cookies.clear()
+            for k, v in jar.items():
+                storefront.http.cookies[k] = v
+            before = _raw(ident)
+            answer = send()
+            assert answer.status_code == 200, answer.content
+            assert _raw(ident) == before + 1, (cookies, on)
