@@ -246,3 +246,18 @@ def test_requests_with_cookies_count_once_on_both_paths(storefront, product, fas
             answer = send()
             assert answer.status_code == 200, answer.content
             assert _raw(ident) == before + 1, (cookies, on)
+
+
+def test_an_empty_accept_counts_as_the_drf_view_alone(storefront, product, fast_settings):
+    """DRF refuses `Accept:` (present, empty) 406 in its negotiation, before authentication:
+    nothing counted. The fast path answers it 200, counted."""
+    purchase, key = _paid(storefront, product)
+    ident = f"rl:{_ident(storefront.client)}"
+    seen = []
+    for on in (True, False):
+        fast_settings.API_FAST_PATH = on
+        before = _raw(ident)
+        answer = storefront.get(f"purchases/{purchase['id']}", HTTP_ACCEPT="")
+        seen.append((answer.status_code, _raw(ident) - before))
+    print(seen)
+    assert seen[0] == seen[1]

@@ -285,3 +285,18 @@ def test_a_urlconf_changed_in_place_is_not_answered_from_a_stale_route(storefron
             round6_urls.urlpatterns[:] = saved
             clear_url_caches()
             fast_path._fast_route.cache_clear()
+
+
+@pytest.mark.parametrize("accept", ["", "   "], ids=["empty", "blank"])
+def test_a_present_but_empty_accept_answers_as_drf(storefront, product, fast_settings,
+                                                   accept):
+    """`Accept:` sent with no value is not a missing header: DRF's negotiation finds no
+    media type in it and answers 406; the fast path treats it as absent (`""` in
+    _ACCEPTS, after .strip())."""
+    purchase, key = _paid(storefront, product)
+    for send in (lambda: storefront.get(f"purchases/{purchase['id']}", HTTP_ACCEPT=accept),
+                 lambda: storefront.post(f"purchases/{purchase['id']}/payments", BODY,
+                                         key=key, HTTP_ACCEPT=accept)):
+        fast, drf = _both(storefront, fast_settings, send)
+        print(repr(accept), "fast", fast.status_code, _fast(fast), "drf", drf.status_code)
+        _same(fast, drf)
