@@ -25,7 +25,7 @@ import logging
 
 from django.conf import settings
 from django.http import HttpResponse
-from django.urls import Resolver404, resolve
+from django.urls import Resolver404, get_resolver, get_urlconf
 from rest_framework.renderers import JSONRenderer
 
 from recovery.metrics import IDEMPOTENT_REPLAYS
@@ -44,7 +44,7 @@ from .ratelimit import Decision, PendingDecision, parse_rate, rate_limit_send
 
 logger = logging.getLogger(__name__)
 
-_ACCEPTS = frozenset({"", "*/*", "application/json", "application/*"})
+_ACCEPTS = frozenset({"*/*", "application/json", "application/*"})
 _KEYWORD = KEYWORD.lower()
 _RENDERER = JSONRenderer()
 _IDEM_META = "HTTP_" + HEADER.upper().replace("-", "_")
@@ -59,8 +59,14 @@ def _allow_header(cls) -> str:
 
 def _clean(request, kwargs, method: str) -> bool:
     return (request.method == method and not request.META.get("QUERY_STRING")
-            and request.META.get("HTTP_ACCEPT", "").strip() in _ACCEPTS
+            and _json_only(request.META.get("HTTP_ACCEPT"))
             and not any("\x00" in str(v) for v in kwargs.values()))
+
+
+def _json_only(accept: str | None) -> bool:
+    """No `Accept` header, or one only JSON satisfies. A header sent empty is not the same:
+    DRF finds no media type in it and answers 406."""
+    return accept is None or accept.strip() in _ACCEPTS
 
 
 def _client(request, scope: str):
@@ -205,8 +211,8 @@ def fast(view, kind: str):
 
 class FastPathMiddleware:
     """The fast path before the session, CSRF, authentication, session-lifetime, messages
-    and database-error middleware: a request with an API key and no session cookie never
-    uses them (it carries no session; the views are CSRF-exempt; a database error falls
+    and database-error middleware: a request with an API key and no cookie never
+    uses them (it carries no cookie; the views are CSRF-exempt; a database error falls
     back to the view, behind them all). It sits after the middleware whose work every
     answer keeps — SecurityMiddleware (the HTTPS redirect, its headers), CommonMiddleware
     (the Host check, Content-Length) and XFrameOptionsMiddleware — and answers only
@@ -219,9 +225,10 @@ class FastPathMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        if (request.path_info.startswith(self._PREFIX)
-                and settings.SESSION_COOKIE_NAME not in request.COOKIES):
-            route = _fast_route(settings.ROOT_URLCONF, request.path_info)
+        # Any cookie (a session, a CSRF token the CSRF middleware would replace, a stored
+        # message): the whole chain, where the view's wrapper still tries the fast path.
+        if request.path_info.startswith(self._PREFIX) and not request.COOKIES:
+            route = _fast_route(get_resolver(get_urlconf()), request.path_info)
             if route is not None:
                 answer = _answer_early(request, route[0], dict(route[1]))
                 if answer is not None:
@@ -230,11 +237,12 @@ class FastPathMiddleware:
 
 
 @functools.lru_cache(maxsize=4096)
-def _fast_route(urlconf: str, path_info: str):
+def _fast_route(resolver, path_info: str):
     """(view, kwargs) when `path_info` resolves to a view `fast` wrapped, else None —
-    kept per path (an agent replays and polls the same purchase), bounded."""
+    kept per path (an agent replays and polls the same purchase), bounded, and per
+    resolver: a changed ROOT_URLCONF or `clear_url_caches()` gives a new one."""
     try:
-        match = resolve(path_info, urlconf)
+        match = resolver.resolve(path_info)
     except Resolver404:
         return None
     if not hasattr(match.func, _FAST) or match.args:
