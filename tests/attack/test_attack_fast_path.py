@@ -15,34 +15,18 @@ from payments.api.authentication import ApiClientRateThrottle
 from payments.models import ApiClient, IdempotencyRecord, PaymentOperation
 from tests.api.conftest import (  # noqa: F401 - fixtures
     Api, leave_crashed_payment_request, new_key, other_storefront, product, storefront)
-from tests.api.test_fast_path_equivalence import _both
 from tests.factories import make_client
 
+from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
+    BODY, _both, _paid, fast_settings)
+
 pytestmark = pytest.mark.django_db(transaction=True)
-
-BODY = {"payment_method": "pm_card_visa", "capture": "automatic"}
-
-
-@pytest.fixture(autouse=True)
-def fast_settings(settings):
-    settings.API_CLIENT_CACHE_SECONDS = 60
-    settings.API_FAST_PATH = True
-    return settings
 
 
 def _counter(client) -> int:
     t = ApiClientRateThrottle
     ident = t.cache_format % {"scope": t.scope, "ident": f"client:{client.pk}"}
     return int(redis_client().get(cache.make_key(f"rl:{ident}")) or 0)
-
-
-def _paid(api, product):
-    purchase = api.new_purchase(product.sku)
-    key = new_key()
-    paid = api.post(f"purchases/{purchase['id']}/payments", BODY, key=key)
-    assert paid.status_code == 201, paid.content
-    api.get(f"purchases/{purchase['id']}")  # key verified: fast path warm
-    return purchase, key
 
 
 def test_fast_path_and_drf_share_one_counter_counted_once(storefront, product):

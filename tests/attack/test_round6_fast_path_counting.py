@@ -23,17 +23,14 @@ from tests.api.conftest import (  # noqa: F401 - fixtures
     Api, new_key, other_storefront, product, storefront)
 from tests.factories import make_client
 
+from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
+    _paid, BODY, fast_settings)
+
+from tests.attack.test_attack_ratelimit import _BUSY
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
-BODY = {"payment_method": "pm_card_visa", "capture": "automatic"}
 ADDR = "api-auth-fail:ip:127.0.0.1"
-
-
-@pytest.fixture(autouse=True)
-def fast_settings(settings):
-    settings.API_CLIENT_CACHE_SECONDS = 60
-    settings.API_FAST_PATH = True
-    return settings
 
 
 def _ident(client) -> str:
@@ -54,15 +51,6 @@ def _snapshot(clients, extra=()) -> dict:
 
 def _delta(before: dict, after: dict) -> dict:
     return {k: after[k] - before[k] for k in before if after[k] != before[k]}
-
-
-def _paid(api, product):  # noqa: F811
-    purchase = api.new_purchase(product.sku)
-    key = new_key()
-    paid = api.post(f"purchases/{purchase['id']}/payments", BODY, key=key)
-    assert paid.status_code == 201, paid.content
-    api.get(f"purchases/{purchase['id']}")
-    return purchase, key
 
 
 def test_every_answer_counts_as_the_drf_view_alone(storefront, other_storefront, product,
@@ -177,16 +165,6 @@ def test_script_flush_between_requests_counts_each_once(storefront, product, fas
         b = storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key)
         assert b.status_code == 200 and getattr(b, "verity_fast_path", False)
         assert _raw(ident) == before + 2, n
-
-
-_BUSY = """
-local t = redis.call('TIME')
-while true do
-  local n = redis.call('TIME')
-  if (n[1] - t[1]) * 1000000 + (n[2] - t[2]) > tonumber(ARGV[1]) then break end
-end
-return 1
-"""
 
 
 def test_a_stalled_reply_leaves_every_pooled_connection_in_step(storefront, product,

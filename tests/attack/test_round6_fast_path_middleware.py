@@ -17,31 +17,16 @@ from config.redis_client import redis_client
 from tests.api.conftest import (  # noqa: F401 - fixtures
     Api, new_key, other_storefront, product, storefront)
 
+from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
+    _paid, BODY, fast_settings)
+
 pytestmark = pytest.mark.django_db(transaction=True)
-
-BODY = {"payment_method": "pm_card_visa", "capture": "automatic"}
-
-
-@pytest.fixture(autouse=True)
-def fast_settings(settings):
-    settings.API_CLIENT_CACHE_SECONDS = 60  # the key stays verified through one test
-    settings.API_FAST_PATH = True
-    return settings
 
 
 def _counter(client) -> int:
     t = ApiClientRateThrottle
     ident = t.cache_format % {"scope": t.scope, "ident": f"client:{client.pk}"}
     return int(redis_client().get(cache.make_key(f"rl:{ident}")) or 0)
-
-
-def _paid(api, product):  # noqa: F811
-    purchase = api.new_purchase(product.sku)
-    key = new_key()
-    paid = api.post(f"purchases/{purchase['id']}/payments", BODY, key=key)
-    assert paid.status_code == 201, paid.content
-    api.get(f"purchases/{purchase['id']}")  # the key is verified: cache warm
-    return purchase, key
 
 
 def _cookies(response) -> dict:

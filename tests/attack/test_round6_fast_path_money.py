@@ -9,17 +9,10 @@ from django.db import connection
 
 from payments.models import IdempotencyRecord, PaymentOperation, ProviderCall
 from tests.api.conftest import Api, new_key, product, storefront  # noqa: F401 - fixtures
+from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
+    BODY, fast_settings)
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-BODY = {"payment_method": "pm_card_visa", "capture": "automatic"}
-
-
-@pytest.fixture(autouse=True)
-def fast_settings(settings):
-    settings.API_CLIENT_CACHE_SECONDS = 60
-    settings.API_FAST_PATH = True
-    return settings
 
 
 def _parallel(sends):
@@ -48,15 +41,14 @@ def test_parallel_first_payments_replays_and_reads_charge_once(storefront, produ
     purchase = storefront.new_purchase(product.sku)
     pid = purchase["id"]
     storefront.get(f"purchases/{pid}")  # the key verified: the fast path is warm
-    key = new_key()
+    shared = new_key()
+    keys = [shared] * 4 + [new_key(), new_key()]  # four with one key, two with their own
     apis = [Api(storefront.key, storefront.client) for _ in range(8)]
     sends = []
     for n, api in enumerate(apis):
-        if n < 4:
-            sends.append(lambda api=api: api.post(f"purchases/{pid}/payments", BODY, key=key))
-        elif n < 6:
-            sends.append(lambda api=api: api.post(f"purchases/{pid}/payments", BODY,
-                                                  key=new_key()))
+        if n < 6:
+            sends.append(lambda api=api, k=keys[n]: api.post(f"purchases/{pid}/payments",
+                                                             BODY, key=k))
         else:
             sends.append(lambda api=api: api.get(f"purchases/{pid}"))
     answers = _parallel(sends)
@@ -71,7 +63,9 @@ def test_parallel_first_payments_replays_and_reads_charge_once(storefront, produ
     assert ops.count() == 1
     calls = ProviderCall.objects.filter(operation__purchase_id=pid).count()
 
-    # every replay after it: fast or DRF, no provider call, no operation, no intent
+    # every replay of the winning request after it (whichever key won the race): fast or
+    # DRF, no provider call, no operation, no intent
+    key = next(k for k, a in zip(keys, answers) if a.status_code == 201)
     replays = _parallel([lambda api=api: api.post(f"purchases/{pid}/payments", BODY, key=key)
                          for api in apis])
     assert all(r.status_code == 200 and r["Idempotent-Replayed"] == "true" for r in replays)

@@ -9,14 +9,10 @@ from tests.api.conftest import settle_outbox
 from tests.api.test_fast_path_equivalence import _both, _same
 from tests.x402.conftest import SIGNATURE, agent, chain, report, sign  # noqa: F401
 
+from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
+    fast_settings)
+
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def fast_settings(settings):
-    settings.API_CLIENT_CACHE_SECONDS = 60
-    settings.API_FAST_PATH = True
-    return settings
 
 
 def test_an_x402_purchase_reads_the_same_pending_and_paid(agent, report, chain,  # noqa: F811

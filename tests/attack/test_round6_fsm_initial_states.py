@@ -14,18 +14,12 @@ from payments.models import PaymentOperation, Purchase
 from payments.view_queries import (
     PURCHASE_OF_CLIENT, _PURCHASE_OPERATIONS, _build_plan, _plans, operation_for_view)
 from tests.api.conftest import new_key, product, storefront  # noqa: F401 - fixtures
+from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
+    BODY, fast_settings)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-BODY = {"payment_method": "pm_card_visa", "capture": "automatic"}
 STATES = "_ConcurrentTransitionMixin__initial_states"
-
-
-@pytest.fixture(autouse=True)
-def fast_settings(settings):
-    settings.API_CLIENT_CACHE_SECONDS = 60
-    settings.API_FAST_PATH = True
-    return settings
 
 
 def _paid_and_refunded(api, product):  # noqa: F811
