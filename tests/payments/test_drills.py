@@ -155,3 +155,22 @@ def test_provider_calls_under_a_drill_are_labelled(new_purchase, api_client, dri
     services.operation_dispatch(operation_id=op.id)
     labels = dict(ProviderCall.objects.filter(operation=op).values_list("step", "fault_drill"))
     assert labels == {"create": "", "confirm": DrillMode.DROP_RESPONSE_AFTER_SEND}
+
+
+def test_the_platform_account_is_read_on_each_use_not_kept_from_the_first(settings):
+    """The provider is built once per process; the account it labels objects with is the
+    setting of now. Kept from the first build, a test's override (STRIPE_ACCOUNT =
+    "acct_platform") leaked into every later test of the worker: their payments read back
+    with a foreign account and stayed unknown (seen: test_process's account tests, then
+    test_disputes)."""
+    from payments.providers import stripe as adapter
+
+    adapter.get_provider.cache_clear()
+    try:
+        settings.STRIPE_ACCOUNT = "acct_first_build"
+        provider = adapter.get_provider()
+        assert provider.account == "acct_first_build"
+        settings.STRIPE_ACCOUNT = ""
+        assert adapter.get_provider() is provider and provider.account == ""
+    finally:
+        adapter.get_provider.cache_clear()

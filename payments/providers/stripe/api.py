@@ -284,7 +284,13 @@ class StripeProvider:
         base = {"api": api_base} if api_base else None
         self.client = stripe.StripeClient(api_key, base_addresses=base, http_client=http_client,
                                           max_network_retries=0)
-        self.account = settings.STRIPE_ACCOUNT
+
+    @property
+    def account(self) -> str:
+        """The platform account, read on each use: the provider is built once per process
+        (get_provider), and a value kept from that moment would outlive a settings change
+        (a test's override once leaked into every later test of its worker)."""
+        return settings.STRIPE_ACCOUNT
 
     # -- fault drills ---------------------------------------------------------------
     def arm_drill(self, *, key_prefix: str, step: str, mode: str, times: int = 1) -> None:
