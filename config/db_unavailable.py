@@ -30,12 +30,18 @@ class DatabaseUnavailableMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request, exception):
-        if not is_database_unavailable(exception):
-            return None
-        logger.warning("database unavailable for %s: %s", request.path, type(exception).__name__)
-        problem = database_unavailable_problem()
-        body = problem_body(code=problem.code, detail=problem.detail, status=problem.status,
-                            retry=problem.retry, owner=problem.owner,
-                            action_message=problem.action_message)
-        return HttpResponse(json.dumps(body), status=problem.status,
-                            content_type=PROBLEM_CONTENT_TYPE, headers=problem.headers)
+        return database_unavailable_response(request, exception)
+
+
+def database_unavailable_response(request, exception) -> HttpResponse | None:
+    """The 503 for `exception` when it means PostgreSQL is unreachable, else None (also
+    for config.early_webhook, which answers the webhook before this middleware)."""
+    if not is_database_unavailable(exception):
+        return None
+    logger.warning("database unavailable for %s: %s", request.path, type(exception).__name__)
+    problem = database_unavailable_problem()
+    body = problem_body(code=problem.code, detail=problem.detail, status=problem.status,
+                        retry=problem.retry, owner=problem.owner,
+                        action_message=problem.action_message)
+    return HttpResponse(json.dumps(body), status=problem.status,
+                        content_type=PROBLEM_CONTENT_TYPE, headers=problem.headers)

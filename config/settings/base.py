@@ -45,6 +45,8 @@ MIDDLEWARE = [
     # request never uses (payments.api.fast_path); every answer keeps the checks and
     # headers of the middleware above.
     "payments.api.fast_path.FastPathMiddleware",
+    # The provider's webhook, likewise (config.early_webhook): a cookie-less signed POST.
+    "config.early_webhook.EarlyWebhookMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

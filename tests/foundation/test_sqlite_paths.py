@@ -69,6 +69,19 @@ families = {f.name: f for f in DatabaseCollector()._collect()}
 assert "verity_unknown_operations" in families, sorted(families)
 events = {s.labels["result"]: s.value for s in families["verity_webhook_events"].samples}
 assert (events["applied"], events["ignored"], events["pending"]) == (1, 0, 0), events
+# the webhook over HTTP, as a delivery arrives (answered by config.early_webhook): stored
+# once, and a redelivery is a duplicate
+import hashlib, hmac, json
+from django.test import Client
+body = json.dumps({**event, "id": "evt_sqlite_http"}).encode()
+ts = int(time.time())
+mac = hmac.new(b"whsec_sqlite", f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
+answers = [Client().post("/webhooks/stripe/", data=body, content_type="application/json",
+                         HTTP_STRIPE_SIGNATURE=f"t={ts},v1={mac}") for _ in range(2)]
+assert [(a.status_code, a.json()["duplicate"]) for a in answers] == [
+    (200, False), (200, True)], [a.content for a in answers]
+assert ProviderEvent.objects.filter(event_id="evt_sqlite_http").count() == 1
+assert OutboxMessage.objects.filter(dedupe_key="event:evt_sqlite_http").count() == 1
 print("SQLITE PATHS OK", sqlite3.sqlite_version)
 '''
 
@@ -76,6 +89,7 @@ print("SQLITE PATHS OK", sqlite3.sqlite_version)
 def test_raw_sql_paths_work_on_sqlite(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in STACK_VARIABLES}
     env["VERITY_VAR_DIR"] = str(tmp_path / "var")
+    env.update(STRIPE_WEBHOOK_SECRETS="whsec_sqlite", ALLOWED_HOSTS="testserver")
     manage = [sys.executable, str(ROOT / "manage.py")]
 
     migrate = subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
