@@ -414,6 +414,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.snapshots: list[tuple[str, dict]] = []  # (resource, object) seen at the provider
         self.halted_calls: dict[str, int] = {}
         self.web = Client()
+        # A delivery with a cookie goes down the whole middleware chain instead of
+        # config.early_webhook: a redelivery (`twice`) arrives that way.
+        self.web_chain = Client()
+        self.web_chain.cookies["machine"] = "1"
         self.x402_purchases: list[str] = []
         self.delivered: set[str] = set()  # provider object ids with an event sent
         self.dashboard_refunds: list[str] = []  # refunds made at the provider directly
@@ -843,9 +847,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         event = {"id": f"evt_{uuid.uuid4().hex[:16]}", "object": "event",
                  "created": int(time.time()), "type": type_, "data": {"object": obj}}
         body = json.dumps(event).encode()
-        for _ in range(2 if twice else 1):
-            r = self.web.post("/webhooks/stripe/", data=body, content_type="application/json",
-                              HTTP_STRIPE_SIGNATURE=sign(body, SECRET))
+        for web in (self.web, self.web_chain)[:2 if twice else 1]:
+            r = web.post("/webhooks/stripe/", data=body, content_type="application/json",
+                         HTTP_STRIPE_SIGNATURE=sign(body, SECRET))
             assert r.status_code == 200, r.content
         self.delivered.add(obj["id"])
         _settle_outbox_quietly()
