@@ -193,11 +193,20 @@ def test_https_redirect_and_a_disallowed_host_and_forwarded_headers_answer_the_s
                    "request.user (AuthenticationMiddleware's lazy user), which loads the "
                    "session, so SessionMiddleware adds `Vary: Cookie` and the page names "
                    "the user; the early path has no request.user: no Vary, no USER row")
-def test_under_debug_an_oversized_body_answers_the_same(settings):
+@pytest.mark.parametrize("case", ["oversized body (400)", "unstorable signed event (500)"])
+def test_under_debug_an_error_page_answers_the_same(settings, case):
     settings.DEBUG = True
-    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 64
-    early = _send(settings, True, _post(_event("evt_r7_dbg")))[0]
-    chain = _send(settings, False, _post(_event("evt_r7_dbg")))[0]
-    print(early.get("Vary"), chain.get("Vary"))
-    assert early.status_code == chain.status_code == 400
-    assert early.get("Vary") == chain.get("Vary")
+    if case.startswith("oversized"):
+        settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 64
+        send, status = _post(_event("evt_r7_dbg")), 400
+    else:  # `created` out of datetime's range: event_ingest raises (no patching)
+        body = json.dumps({**json.loads(_event("evt_r7_dbg")), "created": 10**12}).encode()
+        send, status = _post(body), 500
+    early = _send(settings, True, send)
+    chain = _send(settings, False, send)
+    e, c = early[0], chain[0]
+    print(e.get("Vary"), c.get("Vary"), b"AnonymousUser" in e.content,
+          b"AnonymousUser" in c.content)
+    assert e.status_code == c.status_code == status
+    assert early[1:] == chain[1:]  # the same counters and rows (none) either way
+    assert e.get("Vary") == c.get("Vary")
