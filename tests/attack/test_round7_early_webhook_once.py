@@ -114,3 +114,81 @@ def test_a_signed_event_verity_cannot_store_is_one_500_counted_once(settings, ea
     assert _counts()["received"] == before["received"]
     assert ProviderEvent.objects.filter(event_id=event_id).count() == 0
     assert OutboxMessage.objects.filter(dedupe_key=f"event:{event_id}").count() == 0
+
+
+@pytest.mark.parametrize("early", [True, False], ids=["early", "chain"])
+def test_postgresql_unreachable_is_one_503_counted_once_and_nothing_stored(settings, early):
+    """No patching: the connection is pointed at a port nothing listens on, so the view's
+    INSERT meets a real OperationalError. The answer is the same 503 on both paths and the
+    view ran once (one server_error); once the database is back the redelivery stores."""
+    client = _clients(settings, 1, early)[0]
+    event_id = f"evt_r7once_down_{early}"
+    body = _body(event_id)
+    before = _counts()
+    port = connection.settings_dict["PORT"]
+    connection.close()
+    connection.settings_dict["PORT"] = "1"
+    try:
+        answer = client.post(PATH, data=body, content_type="application/json",
+                             HTTP_STRIPE_SIGNATURE=sign(body))
+    finally:
+        connection.close()
+        connection.settings_dict["PORT"] = port
+    after = _counts()
+
+    assert answer.status_code == 503 and int(answer["Retry-After"]) > 0
+    assert json.loads(answer.content)["code"] == "database_unavailable"
+    assert after["server_error"] - before["server_error"] == 1
+    assert after["received"] == before["received"]
+    assert ProviderEvent.objects.filter(event_id=event_id).count() == 0
+
+    again = client.post(PATH, data=body, content_type="application/json",
+                        HTTP_STRIPE_SIGNATURE=sign(body))
+    assert again.status_code == 200 and json.loads(again.content)["duplicate"] is False
+    assert ProviderEvent.objects.filter(event_id=event_id).count() == 1
+    assert OutboxMessage.objects.filter(dedupe_key=f"event:{event_id}").count() == 1
+
+
+def test_postgresql_unreachable_answers_the_same_bytes_on_both_paths(settings):
+    answers = []
+    for early in (True, False):
+        client = _clients(settings, 1, early)[0]
+        body = _body(f"evt_r7once_down_bytes_{early}")
+        port = connection.settings_dict["PORT"]
+        connection.close()
+        connection.settings_dict["PORT"] = "1"
+        try:
+            answers.append(client.post(PATH, data=body, content_type="application/json",
+                                       HTTP_STRIPE_SIGNATURE=sign(body)))
+        finally:
+            connection.close()
+            connection.settings_dict["PORT"] = port
+    e, c = answers
+    assert (e.status_code, dict(e.items()), e.content) == (c.status_code, dict(c.items()),
+                                                           c.content)
+
+
+@pytest.mark.parametrize("early", [True, False], ids=["early", "chain"])
+def test_the_relay_kick_failing_on_redis_still_stores_once_and_answers_200(settings, early):
+    """The kick's coalescing keys live in Redis: the cache pointed at a port nothing listens
+    on makes the kick's Redis call fail after the commit. The delivery is still one 200, one
+    event, one outbox row, no failure counted; its redelivery a duplicate."""
+    from recovery.kick import relay_kick_forget
+
+    client = _clients(settings, 1, early)[0]
+    event_id = f"evt_r7once_redis_{early}"
+    body = _body(event_id)
+    relay_kick_forget()
+    settings.CACHES = {"default": {**settings.CACHES["default"],
+                                   "LOCATION": "redis://127.0.0.1:1/0"}}
+    before = _counts()
+    answers = [client.post(PATH, data=body, content_type="application/json",
+                           HTTP_STRIPE_SIGNATURE=sign(body)) for _ in range(2)]
+    after = _counts()
+
+    assert [(a.status_code, json.loads(a.content)["duplicate"]) for a in answers] == [
+        (200, False), (200, True)]
+    assert ProviderEvent.objects.filter(event_id=event_id).count() == 1
+    assert OutboxMessage.objects.filter(dedupe_key=f"event:{event_id}").count() == 1
+    assert {k: after[k] - before[k] for k in after} == {"received": 1, "duplicate": 1,
+                                                        "server_error": 0}
