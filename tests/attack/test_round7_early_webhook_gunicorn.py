@@ -37,7 +37,8 @@ def _free_port() -> int:
 @pytest.fixture
 def servers():
     db = settings.DATABASES["default"]
-    url = f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    url = (f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{db['HOST']}:{db['PORT']}"
+           f"/{db['NAME']}")
     procs, ports = [], {}
     for name, module in (("early", "config.settings"),
                          ("chain", "tests.attack.round7_chain_settings")):
