@@ -6,7 +6,7 @@ messages middleware do nothing for it but cost CPU on every delivery. This middl
 sits where payments.api.fast_path.FastPathMiddleware does — after Security, WhiteNoise,
 Common and XFrameOptions, whose checks and headers every answer keeps — and calls the
 webhook view itself for a cookie-less POST that resolves to it. Everything else goes on
-down the chain unchanged.
+down the chain unchanged, and so does every request under DEBUG.
 
 DatabaseUnavailableMiddleware, innermost in the chain, is skipped too, so its answer is
 given here: a database error from the view is the same 503 + Retry-After
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 
+from django.conf import settings
 from django.urls import Resolver404, get_resolver, get_urlconf
 
 from .db_unavailable import database_unavailable_response
@@ -34,8 +35,11 @@ class EarlyWebhookMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
+        # Not under DEBUG: Django's technical error page reads request.user, which only the
+        # chain sets (it loads the session: `Vary: Cookie`); a developer's error page is
+        # the chain's, byte for byte (found by an attack test).
         if (request.method == "POST" and request.path_info.startswith(self._PREFIX)
-                and not request.COOKIES):
+                and not request.COOKIES and not settings.DEBUG):
             match = _early_match(get_resolver(get_urlconf()), request.path_info)
             if match is not None:
                 request.resolver_match = match  # as Django's handler sets it

@@ -22,6 +22,8 @@ from functools import lru_cache
 
 import markdown
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from support import customer_copy, queues
 from support.access import MATRIX, Action
@@ -107,6 +109,13 @@ def _load(slug: str, mtime: float) -> Runbook:
     return Runbook(slug=slug, title=meta.get("title", slug), version=meta.get("version", ""),
                    queue=meta.get("queue", RUNBOOK_QUEUE.get(slug, "")), html=body,
                    path=f"docs/runbooks/{slug}.md")
+
+
+@receiver(setting_changed)
+def _forget_renders_on_setting_changed(**_kwargs) -> None:
+    """A render holds the settings of its moment (`_substitute`): a test's override must
+    neither outlive the test nor be missed by the next one (found by an attack)."""
+    _load.cache_clear()
 
 
 def runbook_get(slug: str) -> Runbook | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -30,6 +29,7 @@ from payments.errors import ApplyResult, DomainError, ErrorCode
 from payments.models import OperationTransition, PaymentOperation
 from payments.providers.base import ProviderObject, outcome_from_object
 from payments.providers.stripe.webhooks import (
+    event_created_at,
     event_shape_problem,
     object_from_event_payload,
     safe_event_payload,
@@ -97,8 +97,7 @@ def event_ingest(*, event: dict) -> bool:
     rejected = event_shape_problem(event)
     safe = safe_event_payload(event)
     obj = safe["data"]["object"]
-    created = (datetime.fromtimestamp(safe["created"], tz=UTC)
-               if safe["created"] is not None else None)
+    created = event_created_at(safe)
     # Datetimes through the backend's adapter, as the ORM would store them (SQLite keeps
     # naive UTC text; a raw aware value would be stored in another text format).
     adapt = connection.ops.adapt_datetimefield_value

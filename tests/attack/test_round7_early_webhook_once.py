@@ -98,21 +98,24 @@ def test_concurrent_duplicate_deliveries_store_one_event_and_one_outbox_row(sett
 
 
 @pytest.mark.parametrize("early", [True, False], ids=["early", "chain"])
-def test_a_signed_event_verity_cannot_store_is_one_500_counted_once(settings, early):
-    """`created` out of datetime's range: event_ingest's fromtimestamp raises (no patch).
-    The view runs once: one server_error per delivery, nothing stored, on both paths."""
+def test_a_signed_event_with_an_impossible_created_is_stored_rejected_once(settings, early):
+    """`created` out of datetime's range. It was a 500 on every delivery (the provider
+    would retry it for days, found by this attack); it is now stored once as rejected
+    (`malformed:created`), never processed, and a redelivery is a duplicate."""
     client = _clients(settings, 1, early)[0]
     event_id = f"evt_r7once_created_{early}"
     body = _body(event_id, created=10**12)
     before = _counts()
 
-    answer = client.post(PATH, data=body, content_type="application/json",
-                         HTTP_STRIPE_SIGNATURE=sign(body))
+    answers = [client.post(PATH, data=body, content_type="application/json",
+                           HTTP_STRIPE_SIGNATURE=sign(body)) for _ in range(2)]
 
-    assert answer.status_code == 500
-    assert _counts()["server_error"] - before["server_error"] == 1
-    assert _counts()["received"] == before["received"]
-    assert ProviderEvent.objects.filter(event_id=event_id).count() == 0
+    assert [a.status_code for a in answers] == [200, 200]
+    assert [a.json()["duplicate"] for a in answers] == [False, True]
+    assert _counts()["server_error"] == before["server_error"]
+    stored = ProviderEvent.objects.get(event_id=event_id)
+    assert (stored.result, stored.result_reason, stored.created) == (
+        "rejected", "malformed:created", None)
     assert OutboxMessage.objects.filter(dedupe_key=f"event:{event_id}").count() == 0
 
 

@@ -1,4 +1,8 @@
-"""Round 7, claim 4 (after 5dc774c made StripeProvider.account read settings on each use):
+"""Round 7, claim 4 (after 5dc774c made StripeProvider.account read settings on each use).
+Each was a strict xfail on 9c649a0 and passes since the fix: get_provider is rebuilt on a
+change of a setting it is built from, the x402 facilitator and chain reader compare every
+setting they are built from, the runbook renders are forgotten on any settings change.
+The original finding:
 other objects built once from settings, which a test's override leaks into every later test
 of its worker, or which ignore a later test's override. Each test plays the order out in
 itself: step 1 is "an earlier test" (a settings override in effect while the object is built
@@ -41,9 +45,6 @@ def fresh_provider():
     stripe_adapter.get_provider.cache_clear()
 
 
-@pytest.mark.xfail(strict=True, reason="support.runbooks._load is lru_cached by (slug, "
-                   "mtime) with the settings substituted in: an override in a later test "
-                   "is not shown (the earlier test's values are)")
 def test_a_runbook_shows_the_settings_of_now_not_of_the_first_render(settings):
     # an earlier test renders the runbook (default X402_CONFIRMATIONS)
     first = runbooks.runbook_get("x402-settlement").html
@@ -54,8 +55,6 @@ def test_a_runbook_shows_the_settings_of_now_not_of_the_first_render(settings):
     assert "987" in runbooks.runbook_get("x402-settlement").html
 
 
-@pytest.mark.xfail(strict=True, reason="support.runbooks._load lru_cache: an override's "
-                   "value rendered by one test is shown to every later test")
 def test_an_override_rendered_into_a_runbook_does_not_outlive_its_test():
     runbooks._load.cache_clear()  # as in a new worker
     with override_settings(RECONCILE_DEADLINE_SECONDS=424242):
@@ -63,9 +62,6 @@ def test_an_override_rendered_into_a_runbook_does_not_outlive_its_test():
     assert "424242" not in runbooks.runbook_get("unknown-operation").html
 
 
-@pytest.mark.xfail(strict=True, reason="get_provider() is built once (lru_cache) and keeps "
-                   "FAULT_DRILLS_ENABLED from its first build: a test with the override that "
-                   "builds it first makes every later drill test fail with DrillRefused")
 def test_fault_drills_follow_the_setting_of_now(fresh_provider):
     with override_settings(FAULT_DRILLS_ENABLED=False):
         with pytest.raises(stripe_adapter.DrillRefused):
@@ -77,16 +73,12 @@ def test_fault_drills_follow_the_setting_of_now(fresh_provider):
     stripe_adapter.get_provider().drill_client.disarm_all()
 
 
-@pytest.mark.xfail(strict=True, reason="get_provider() keeps FAULT_DRILL_RANDOM_RATE from its "
-                   "first build: an earlier test's random fault rate goes on injecting faults")
 def test_the_random_drill_rate_follows_the_setting_of_now(fresh_provider):
     with override_settings(FAULT_DRILL_RANDOM_RATE=1.0):
         stripe_adapter.get_provider()
     assert stripe_adapter.get_provider().drill_client._random_rate == 0.0
 
 
-@pytest.mark.xfail(strict=True, reason="get_provider() keeps STRIPE_READ_TIMEOUT from its "
-                   "first build")
 def test_the_stripe_read_timeout_follows_the_setting_of_now(fresh_provider, settings):
     with override_settings(STRIPE_READ_TIMEOUT=0.01):
         stripe_adapter.get_provider()
@@ -94,16 +86,12 @@ def test_the_stripe_read_timeout_follows_the_setting_of_now(fresh_provider, sett
     assert timeout == (settings.STRIPE_CONNECT_TIMEOUT, settings.STRIPE_READ_TIMEOUT)
 
 
-@pytest.mark.xfail(strict=True, reason="get_facilitator() is rebuilt on a change of URL or "
-                   "token only: X402_FACILITATOR_TIMEOUT stays the first test's")
 def test_the_facilitator_timeout_follows_the_setting_of_now(settings):
     with override_settings(X402_FACILITATOR_TIMEOUT=0.5):
         assert x402_api.get_facilitator().timeout == 0.5
     assert x402_api.get_facilitator().timeout == settings.X402_FACILITATOR_TIMEOUT
 
 
-@pytest.mark.xfail(strict=True, reason="get_chain_reader() is rebuilt on a change of "
-                   "confirmations/asset/network/rpc only: X402_LOG_LOOKBACK_BLOCKS stays")
 def test_the_chain_reader_lookback_follows_the_setting_of_now(settings):
     with override_settings(X402_LOG_LOOKBACK_BLOCKS=settings.X402_LOG_LOOKBACK_BLOCKS + 77):
         x402_api.get_chain_reader()

@@ -25,6 +25,8 @@ import requests
 import stripe
 import urllib3
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from payments.enums import Classification, OperationKind
 
@@ -515,3 +517,20 @@ def get_provider() -> StripeProvider:
     """One provider per process (the SDK client is thread-safe; sessions are per thread)."""
     return StripeProvider(api_key=settings.STRIPE_API_KEY, api_base=settings.STRIPE_API_BASE,
                           drills=settings.FAULT_DRILLS_ENABLED)
+
+
+# The settings the provider is built from. Settings never change in a running deployment;
+# a test's override does, and a provider built under it would outlive the test (found by
+# an attack: a test with FAULT_DRILLS_ENABLED off, first of its worker to build the
+# provider, made every later drill DrillRefused).
+_BUILT_FROM = frozenset({
+    "STRIPE_API_KEY", "STRIPE_API_BASE", "STRIPE_CONNECT_TIMEOUT", "STRIPE_READ_TIMEOUT",
+    "FAULT_DRILLS_ENABLED", "FAULT_DRILL_RANDOM_RATE", "FAULT_DRILL_RANDOM_MODES",
+    "FAULT_DRILL_RANDOM_SEED",
+})
+
+
+@receiver(setting_changed)
+def _rebuild_on_setting_changed(*, setting: str, **_kwargs) -> None:
+    if setting in _BUILT_FROM:
+        get_provider.cache_clear()

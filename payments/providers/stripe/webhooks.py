@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 
 import stripe
 from django.conf import settings
@@ -124,7 +125,22 @@ def event_shape_problem(event: dict) -> str:
     if "metadata" in obj and obj["metadata"] is not None and not isinstance(
             obj["metadata"], dict):
         return "malformed:metadata"
+    if event_created_at(event) is None and isinstance(event.get("created"), int):
+        # An instant no datetime holds (year > 9999): stored rejected, not a 500 the
+        # provider would retry for days (found by an attack test).
+        return "malformed:created"
     return ""
+
+
+def event_created_at(event: dict) -> datetime | None:
+    """The event's `created` as an aware datetime, or None (absent, or out of range)."""
+    created = event.get("created")
+    if not isinstance(created, int):
+        return None
+    try:
+        return datetime.fromtimestamp(created, tz=UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def safe_event_payload(event: dict) -> dict:

@@ -883,7 +883,8 @@ def get_facilitator() -> FacilitatorClient:
     with _lock:
         if (_facilitator is None
                 or _facilitator.base_url != settings.X402_FACILITATOR_URL.rstrip("/")
-                or _facilitator.auth_token != settings.X402_FACILITATOR_AUTH_TOKEN):
+                or _facilitator.auth_token != settings.X402_FACILITATOR_AUTH_TOKEN
+                or _facilitator.timeout != settings.X402_FACILITATOR_TIMEOUT):
             _facilitator = FacilitatorClient(base_url=settings.X402_FACILITATOR_URL,
                                              timeout=settings.X402_FACILITATOR_TIMEOUT,
                                              auth_token=settings.X402_FACILITATOR_AUTH_TOKEN)
@@ -891,13 +892,15 @@ def get_facilitator() -> FacilitatorClient:
 
 
 def get_chain_reader() -> ChainReader:
-    # Not cached across settings changes (tests change X402_CONFIRMATIONS).
+    # Not cached across settings changes (tests change X402_CONFIRMATIONS): every setting
+    # it is built from is compared.
     global _reader
     with _lock:
         if (_reader is None or _reader.confirmations != max(1, settings.X402_CONFIRMATIONS)
                 or _reader.asset.lower() != (settings.X402_ASSET or "").lower()
                 or _reader.network != settings.X402_NETWORK
-                or _reader.rpc_url != settings.X402_RPC_URL):
+                or _reader.rpc_url != settings.X402_RPC_URL
+                or _reader.lookback != settings.X402_LOG_LOOKBACK_BLOCKS):
             _reader = ChainReader(rpc_url=settings.X402_RPC_URL, asset=settings.X402_ASSET,
                                   confirmations=settings.X402_CONFIRMATIONS,
                                   lookback_blocks=settings.X402_LOG_LOOKBACK_BLOCKS,
