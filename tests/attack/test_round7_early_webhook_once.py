@@ -3,8 +3,8 @@ sent by many threads at once (each its own connection, real PostgreSQL), through
 path, through the whole chain, and both mixed; and a signed delivery Verity cannot store (a
 500 without any patching). Asserted on webhooks_providerevent, recovery_outboxmessage and
 the verity_webhook_* counters, not on the answers alone."""
+import functools
 import json
-import threading
 
 import pytest
 from django.db import connection
@@ -12,6 +12,7 @@ from django.test import Client
 from prometheus_client import REGISTRY
 
 from recovery.models import OutboxMessage
+from tests.attack.test_round6_fast_path_money import _parallel as _parallel_sends
 from tests.webhooks.conftest import (  # noqa: F401 - autouse fixture: the signing secrets
     event_for, intent_object, sign, webhook_secrets)
 from webhooks.models import ProviderEvent
@@ -53,26 +54,10 @@ def _clients(settings, n: int, early: bool) -> list[Client]:
 
 
 def _parallel(clients, body: bytes) -> list:
-    answers = [None] * len(clients)
-    barrier = threading.Barrier(len(clients))
     sig = sign(body)
-
-    def run(i, c):
-        try:
-            barrier.wait(10)
-            answers[i] = c.post(PATH, data=body, content_type="application/json",
-                                HTTP_STRIPE_SIGNATURE=sig)
-        except Exception as exc:  # noqa: BLE001
-            answers[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return answers
+    return _parallel_sends([
+        functools.partial(c.post, PATH, data=body, content_type="application/json",
+                          HTTP_STRIPE_SIGNATURE=sig) for c in clients])
 
 
 @pytest.mark.parametrize("mix", ["early", "chain", "mixed"])
