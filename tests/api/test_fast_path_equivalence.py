@@ -54,6 +54,16 @@ def _paid(storefront, product):
     return purchase, key
 
 
+def _running(storefront, path: str, *, lease_seconds: int) -> str:
+    """A key whose payment is still running (its record leased): a replay of it is 409."""
+    key = new_key()
+    IdempotencyRecord.objects.create(
+        api_client=storefront.client, route="purchases_payments_create", key=key,
+        fingerprint=request_fingerprint(path=path, body=BODY),
+        lease_until=timezone.now() + timedelta(seconds=lease_seconds))
+    return key
+
+
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
 def test_a_replay_is_byte_identical_to_the_drf_replay(storefront, product, fast_settings,
                                                       prepared):
@@ -87,11 +97,7 @@ def test_every_other_answer_is_the_drf_views(storefront, other_storefront, produ
     purchase, key = _paid(storefront, product)
     pid = purchase["id"]
     path = f"/api/v1/purchases/{pid}/payments"
-    running = new_key()
-    IdempotencyRecord.objects.create(
-        api_client=storefront.client, route="purchases_payments_create", key=running,
-        fingerprint=request_fingerprint(path=path, body=BODY),
-        lease_until=timezone.now() + timedelta(seconds=30))
+    running = _running(storefront, path, lease_seconds=30)
     _, reader_key = make_client(scopes=("purchases:read",), name="reader")
     reader = Api(reader_key)
     reader.get("products")  # verified: cache warm

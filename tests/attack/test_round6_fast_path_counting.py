@@ -6,25 +6,21 @@ does, and moves the failed-authentication counters exactly as it does. Counters 
 in Redis; each case is sent once with the fast path on and once with it off."""
 import threading
 import time
-from datetime import timedelta
 
 import pytest
 import redis
 from django.conf import settings as dj_settings
 from django.core.cache import cache
-from django.utils import timezone
 from rest_framework.test import APIClient
 
 from config.redis_client import redis_client
 from payments.api.authentication import ApiClientRateThrottle
-from payments.api.idempotency import request_fingerprint
-from payments.models import IdempotencyRecord
 from tests.api.conftest import (  # noqa: F401 - fixtures
     Api, new_key, other_storefront, product, storefront)
 from tests.factories import make_client
 
 from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
-    _paid, BODY, fast_settings)
+    _paid, _running, BODY, fast_settings)
 
 from tests.attack.test_attack_ratelimit import _BUSY
 
@@ -58,11 +54,7 @@ def test_every_answer_counts_as_the_drf_view_alone(storefront, other_storefront,
     purchase, key = _paid(storefront, product)
     pid = purchase["id"]
     path = f"/api/v1/purchases/{pid}/payments"
-    running = new_key()
-    IdempotencyRecord.objects.create(
-        api_client=storefront.client, route="purchases_payments_create", key=running,
-        fingerprint=request_fingerprint(path=path, body=BODY),
-        lease_until=timezone.now() + timedelta(seconds=300))
+    running = _running(storefront, path, lease_seconds=300)
     reader_client, reader_key = make_client(scopes=("purchases:read",), name="reader")
     reader = Api(reader_key, reader_client)
     reader.get("products")
