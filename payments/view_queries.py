@@ -503,6 +503,7 @@ def read_together(*calls: tuple[CompiledRead, tuple], using: str = "default") ->
         # config.db_unavailable / payments.api.problems, not a 500) and mark the
         # connection for CONN_HEALTH_CHECKS, as on Django's own cursors.
         pg = connection.connection
+        started = time.monotonic()
         with connection.wrap_database_errors, preparing(pg):
             cursors = _raw_cursors(connection, pg, len(statements))
             if len(statements) == 1:
@@ -512,6 +513,10 @@ def read_together(*calls: tuple[CompiledRead, tuple], using: str = "default") ->
                     for cursor, (_sql, numbered, args) in zip(cursors, statements):
                         cursor.execute(numbered, args, prepare=True)
             raws = [cursor.fetchall() for cursor in cursors]
+        if connection.queries_logged:  # as execute_prepared: counted like Django's own
+            took = f"{time.monotonic() - started:.3f}"
+            connection.queries_log.extend({"sql": sql, "time": took}
+                                          for sql, _numbered, _args in statements)
     else:
         raws = []
         with connection.cursor() as cursor:
