@@ -68,6 +68,7 @@ def _round_trips(profile: cProfile.Profile, n: int) -> tuple[float, float]:
 
 
 TOP = 0  # --top N: print each case's N costliest functions (own time) on stderr
+SORT = "tottime"  # --sort: a pstats key for --top (tottime, cumulative)
 
 
 def _timed(send, n: int) -> tuple[float, float]:
@@ -95,7 +96,7 @@ def _measure(send, n: int, *, profile: bool, timed: list | None = None
         layers = _layers(prof, n)
         layers["PG round trips"], layers["Redis round trips"] = _round_trips(prof, n)
         if TOP:
-            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(TOP)
+            pstats.Stats(prof, stream=sys.stderr).sort_stats(SORT).print_stats(TOP)
     return wall, cpu, layers
 
 
@@ -106,10 +107,11 @@ def main(argv: list[str] | None = None) -> Report:
     parser.add_argument("--rounds", type=int, default=5,
                         help="timed rounds per case, interleaved; the least is kept")
     parser.add_argument("--top", type=int, default=0, help="print the N costliest functions")
+    parser.add_argument("--sort", default="tottime", help="--top's order: tottime, cumulative")
     parser.add_argument("--only", default="", help="only cases whose name contains this")
     args = parser.parse_args(argv)
-    global TOP
-    TOP = args.top
+    global TOP, SORT
+    TOP, SORT = args.top, args.sort
     report = Report()
     with bench_stack() as (stack, env):
         from django.conf import settings

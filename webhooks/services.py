@@ -186,11 +186,13 @@ def event_process(*, event_id: int) -> str:
         if not verdict.conflict:
             result = _event_finish_locked(event, verdict)
     if verdict.conflict:
-        # A conflict (an event says failed, Verity holds succeeded, or the reverse): the
-        # provider's canonical object decides. The read is network I/O, so it happens
-        # with no transaction open; the event stays pending meanwhile (a concurrent run
-        # would only repeat the read).
-        verdict = _resolve_conflict_outside_transaction(event, verdict)
+        # A conflict (an event says failed, Verity holds succeeded, or the reverse), or a
+        # failure the provider can still undo: the provider's record decides. The read is
+        # network I/O, so it happens with no transaction open; the event stays pending
+        # meanwhile (a concurrent run would only repeat the read).
+        verdict = (_verify_failure_outside_transaction(verdict)
+                   if verdict.reason == _UNVERIFIED_FAILURE
+                   else _resolve_conflict_outside_transaction(event, verdict))
         with transaction.atomic():
             event = ProviderEvent.objects.select_for_update().get(pk=event_id)
             if event.result in FINAL_RESULTS:
@@ -351,6 +353,14 @@ def _apply(event: ProviderEvent, op, obj: ProviderObject) -> _Verdict:
     if (target is not None and target not in (Outcome.SUCCEEDED, Outcome.FAILED)
             and not op.is_terminal and _older_than_current(event, op)):
         return _Verdict(EventResult.IGNORED, "stale_event", op.pk, op.purchase_id)
+    if target == Outcome.FAILED and not obj.final and not op.is_terminal:
+        # A failed attempt is not the provider's last word: the same PaymentIntent can
+        # still be paid (the buyer's 3-D Secure again, another method), and the provider
+        # does not order its deliveries, so this event may be older than a success. It
+        # settles nothing by itself: the provider's record, read back outside this
+        # transaction, does (event_process -> _verify_failure_outside_transaction).
+        return _Verdict(EventResult.HELD, _UNVERIFIED_FAILURE, op.pk, op.purchase_id,
+                        conflict=True)
 
     applied = operation_apply_observation(
         operation_id=op.pk, obj=obj, source=Verification.WEBHOOK,
@@ -438,6 +448,32 @@ def _evaluate_charge_refunded(event: ProviderEvent, obj: ProviderObject) -> _Ver
                    dedupe_key=f"reconcile:{op_id}:{event.event_id}")
     return _Verdict(EventResult.IGNORED, f"charge_refunded_prompt:{len(open_refunds)}",
                     payment.pk, payment.purchase_id)
+
+
+_UNVERIFIED_FAILURE = "unverified_failure"
+
+
+def _verify_failure_outside_transaction(verdict: _Verdict) -> _Verdict:
+    """An event stating a failure the provider can still undo, about a payment Verity has
+    not settled: read the payment back (the read applies what the provider's record says).
+
+    - the provider's record says failed too -> applied (`readback_agrees`);
+    - it says something else that settles the payment (e.g. succeeded: the event was
+      older than the success) -> ignored (`superseded_by_readback`);
+    - still unsettled (the read failed, the payment is being sent right now, or the
+      provider is still working on it) -> held, waiting on Verity's own record: retried
+      with a read-back (never quarantined by a count of its retries).
+    """
+    try:
+        op = operation_reconcile(operation_id=verdict.operation_id,
+                                 actor="webhook-failure-check")
+    except DomainError:  # being sent right now (its worker settles it), or settled meanwhile
+        op = PaymentOperation.objects.get(pk=verdict.operation_id)
+    if op.outcome == Outcome.FAILED:
+        return _Verdict(EventResult.APPLIED, "readback_agrees", op.pk, op.purchase_id)
+    if op.is_terminal:
+        return _Verdict(EventResult.IGNORED, "superseded_by_readback", op.pk, op.purchase_id)
+    return _Verdict(EventResult.HELD, "payment_not_settled", op.pk, op.purchase_id)
 
 
 def _resolve_conflict_outside_transaction(event: ProviderEvent, verdict: _Verdict) -> _Verdict:

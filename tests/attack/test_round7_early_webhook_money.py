@@ -142,10 +142,10 @@ def test_a_payment_settled_by_raced_and_reordered_deliveries_charges_once_on_bot
 def test_a_stale_signed_decline_before_the_success_ends_the_same_on_both_paths(
         settings, new_purchase, api_client, drill, localstripe):
     """A signed `payment_failed` (older than the success) delivered first while the payment
-    is `unknown`: applied (failed), then the success is quarantined `conflict` for a person
-    (webhooks.services._resolve_conflict_outside_transaction: never overwritten there).
-    Money was taken and no order exists until a person acts — on BOTH paths alike: this is
-    not the early middleware's doing; asserted here only as equal effects."""
+    is `unknown`. It used to be applied (failed), and the success then quarantined
+    `conflict` for a person: money taken, no order. A failed attempt is not the provider's
+    last word now: the event prompts a read-back, which finds the success
+    (webhooks.services._verify_failure_outside_transaction) — on both paths alike."""
     early = _run(settings, new_purchase, api_client, drill, localstripe, True, "early_f",
                  "payment_intent.payment_failed")
     chain = _run(settings, new_purchase, api_client, drill, localstripe, False, "chain_f",
@@ -153,4 +153,7 @@ def test_a_stale_signed_decline_before_the_success_ends_the_same_on_both_paths(
     print("early", early)
     print("chain", chain)
     assert early == chain
-    assert early["charges"] == 1 and early["events"] == ["applied", "quarantined"]
+    assert (early["charges"], early["payment_intents"], early["orders"]) == (1, 1, 1)
+    assert early["outcome"] == Outcome.SUCCEEDED and early["balance"]
+    assert early["sales"] == 2  # one sale, double entry
+    assert early["events"] == ["ignored", "ignored"]  # superseded by the read-back; no news

@@ -842,10 +842,32 @@ class LifecycleMachine(RuleBasedStateMachine):
             resource) or PI_EVENT_TYPES.get(obj["status"], "payment_intent.created")
         self._send_event(type_, obj, twice=twice)
 
-    def _send_event(self, type_: str, obj: dict, *, twice: bool = False) -> None:
-        """A signed provider event about `obj`, delivered (and its work drained)."""
+    @precondition(lambda self: self.purchases)
+    @rule(i=st.integers(0, 99), twice=st.booleans())
+    def deliver_a_stale_decline(self, i, twice):
+        """A signed `payment_failed` of an earlier, failed attempt of a payment's
+        PaymentIntent (its object as the provider showed it then), delivered now: the
+        provider does not order its deliveries, and a failed attempt is not its last word
+        (the same PaymentIntent can still be paid). Half the time a payment Verity has not
+        settled: the event must not settle it against the provider's record."""
+        candidates = [o for o in self._ops(kind__in=PAYMENT_KINDS)
+                      if o.provider_reference and o.rail != "x402"]
+        unsettled = [o for o in candidates if o.outcome in (
+            Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)]
+        op = self._pick(unsettled if unsettled and i % 2 == 0 else candidates, i)
+        obj = self.provider.get("payment_intents", op.provider_reference) if op else None
+        if obj is None:
+            return
+        _event(f"stale decline: Verity {op.outcome}, provider {obj['status']}")
+        stale = {**obj, "status": "requires_payment_method",
+                 "last_payment_error": {"code": "card_declined", "message": "declined"}}
+        self._send_event("payment_intent.payment_failed", stale, twice=twice, age=60)
+
+    def _send_event(self, type_: str, obj: dict, *, twice: bool = False, age: int = 0) -> None:
+        """A signed provider event about `obj` created `age` seconds ago, delivered (and
+        its work drained)."""
         event = {"id": f"evt_{uuid.uuid4().hex[:16]}", "object": "event",
-                 "created": int(time.time()), "type": type_, "data": {"object": obj}}
+                 "created": int(time.time()) - age, "type": type_, "data": {"object": obj}}
         body = json.dumps(event).encode()
         for web in (self.web, self.web_chain)[:2 if twice else 1]:
             r = web.post("/webhooks/stripe/", data=body, content_type="application/json",

@@ -81,13 +81,67 @@ def test_signed_decline_settles_an_unknown_operation_failed(client, new_purchase
     pi = provider_object("payment_intents", op.provider_reference)
     assert pi["last_payment_error"]
 
-    assert deliver_and_process(client, event_for(pi, "payment_intent.payment_failed")) == \
-        EventResult.APPLIED
+    event = event_for(pi, "payment_intent.payment_failed")
+    assert deliver_and_process(client, event) == EventResult.APPLIED
 
+    # a failed attempt is not the provider's last word: the read-back it prompted settled it
     op = reload(op)
     assert (op.outcome, op.verification, op.reason) == (
-        Outcome.FAILED, Verification.WEBHOOK, "card_declined")
+        Outcome.FAILED, Verification.PROVIDER, "card_declined")
+    assert stored(event).result_reason == "readback_agrees"
+    assert op.provider_calls.filter(purpose="reconcile").count() == 1
     assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.PAYMENT_FAILED
+
+
+def test_a_stale_decline_delivered_before_the_success_does_not_fail_a_paid_purchase(
+        client, new_purchase, pay, localstripe):
+    # The provider charged (the answer was lost: unknown); an older signed event of a
+    # failed attempt of the same PaymentIntent arrives first (deliveries are unordered).
+    purchase = new_purchase()
+    op = pay(purchase, drop_response=True)
+    assert op.outcome == Outcome.UNKNOWN
+    pi = provider_object("payment_intents", op.provider_reference)
+    assert pi["status"] == "succeeded"
+    stale = {**pi, "status": "requires_payment_method",
+             "last_payment_error": {"code": "card_declined", "message": "declined"}}
+    event = event_for(stale, "payment_intent.payment_failed")
+    event["created"] -= 60
+
+    assert deliver_and_process(client, event) == EventResult.IGNORED
+
+    op = reload(op)
+    assert stored(event).result_reason == "superseded_by_readback"
+    assert (op.outcome, op.verification) == (Outcome.SUCCEEDED, Verification.PROVIDER)
+    assert Purchase.objects.get(pk=purchase.pk).status in PAID_OR_LATER
+    assert not OperationTransition.objects.filter(operation_id=op.pk,
+                                                  target=Outcome.FAILED).exists()
+    assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
+    assert outbox(OutboxCategory.RUN_STEPS, purchase=purchase.pk) == 1
+    # and the success itself, delivered after it, changes nothing more
+    assert deliver_and_process(client, event_for(pi, "payment_intent.succeeded")) == \
+        EventResult.IGNORED
+    assert outbox(OutboxCategory.RUN_STEPS, purchase=purchase.pk) == 1
+
+
+def test_a_decline_waits_while_the_provider_cannot_be_read(client, new_purchase, pay,
+                                                            read_drill):
+    purchase = new_purchase()
+    op = pay(purchase, drop_response=True, method="pm_card_chargeCustomerFail")
+    pi = provider_object("payment_intents", op.provider_reference)
+    event = event_for(pi, "payment_intent.payment_failed")
+    read_drill(op.provider_reference, times=1)
+
+    assert deliver_and_process(client, event) == EventResult.HELD
+
+    row = stored(event)
+    assert (row.result_reason, row.operation_id) == ("payment_not_settled", op.pk)
+    assert reload(op).outcome == Outcome.UNKNOWN  # absence of evidence is not failure
+    assert OutboxMessage.objects.filter(category=OutboxCategory.PROCESS_EVENT,
+                                        dedupe_key=f"event:{event['id']}:held:1").count() == 1
+    # the provider answers again: the retry reads it back and the failure stands
+    assert event_process(event_id=row.pk) == EventResult.APPLIED
+    assert (reload(op).outcome, stored(event).result_reason) == (Outcome.FAILED,
+                                                                 "readback_agrees")
 
 
 @pytest.mark.parametrize("field", ["amount", "currency", "purchase", "customer_reference",
