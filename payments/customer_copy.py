@@ -371,6 +371,11 @@ def _failed(f: _Facts) -> CustomerState:
 P = PurchaseStatus  # short, for the table below
 
 RULES: tuple[Rule, ...] = (
+    # A dispute won after the whole payment was returned (a compensation refund, say):
+    # "the payment stands" would be untrue for the buyer, whose money came back.
+    Rule("dispute won, returned in full", lambda f: f.status == P.DISPUTE_WON
+         and f.reversal is not None and f.reversal.full and not f.reversal.processing,
+         _reversed),
     Rule("dispute", lambda f: f.status in _DISPUTES, _disputed),
     Rule("reversal confirmed", lambda f: f.reversal is not None
          and f.status in _REVERSIBLE_STATUSES, _reversed),

@@ -63,6 +63,12 @@ CASES = [
      "the payment stands"),
     ("dispute_lost", S.DISPUTE_LOST, [SUCCEEDED], "ORD-8", StateCode.DISPUTE_LOST,
      "returned the money to you"),
+    # won after a refund of the whole payment: the buyer's money came back, it did not stand
+    ("dispute_won_refunded", S.DISPUTE_WON, [SUCCEEDED, REFUND_CONFIRMED], "ORD-9",
+     StateCode.REVERSED, "has confirmed that your payment is being returned"),
+    ("dispute_won_part_refunded", S.DISPUTE_WON, [SUCCEEDED, {**REFUND_CONFIRMED,
+                                                              "amount": 500}], "ORD-10",
+     StateCode.DISPUTE_WON, "the payment stands"),
 ]
 FINAL = {StateCode.COMPLETE, StateCode.CANCELLED, StateCode.EXPIRED, StateCode.DISPUTE_WON,
          StateCode.DISPUTE_LOST}
