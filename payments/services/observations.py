@@ -4,7 +4,6 @@ the purchase and the workflow, overturns of a person's resolution, and duplicate
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import timedelta
 
 from django.conf import settings
@@ -228,8 +227,8 @@ def _overturn_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, 
     # The earlier settled message was processed: a new one (own key) resumes the work.
     outbox_put(category=OutboxCategory.OPERATION_SETTLED, payload={"operation": op.id},
                dedupe_key=f"settled:{op.id}:overturn:{op.outcome}")
-    log.warning("outcome overturned by the provider's record operation=%s from=%s to=%s "
-                "by=%s", op.id, source, op.outcome, cause)
+    log.warning("manual resolution overturned operation=%s from=%s to=%s by=%s",
+                op.id, source, op.outcome, cause)
     review = "mark_manual_review"
     if op.kind in PAYMENT_KINDS:
         if target == Outcome.SUCCEEDED:
@@ -366,19 +365,6 @@ def _schedule_reconcile(op: PaymentOperation, *, first: bool) -> None:
                dedupe_key=f"reconcile:{op.id}", delay_seconds=delay)
 
 
-def _paid_after_failing(op: PaymentOperation, target: Outcome,
-                        obj: ProviderObject | None) -> bool:
-    """A payment settled `failed` on a status the provider could still move on from (a
-    declined attempt: the same PaymentIntent can still be paid, with the secret key or the
-    buyer's client secret), which the provider's final record now shows paid. The money
-    moved after the failure: it is a payment like any other (a second charge on the
-    purchase is compensated as a duplicate: invariant 8), not a conflict for a person.
-    The stored status is read in the rail's own words (its object's `final`)."""
-    return (target == Outcome.SUCCEEDED and op.outcome == Outcome.FAILED
-            and op.kind in PAYMENT_KINDS and obj is not None and bool(op.provider_status)
-            and not replace(obj, status=op.provider_status).final)
-
-
 def outcome_apply_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *,
                          grade: str, verification: str, cause: str, actor: str, evidence: dict,
                          reason: str = "", obj: ProviderObject | None = None,
@@ -411,11 +397,9 @@ def outcome_apply_locked(purchase: Purchase, op: PaymentOperation, target: Outco
                 return ApplyResult.APPLIED
             return ApplyResult.NO_CHANGE
         if target in (Outcome.SUCCEEDED, Outcome.FAILED):
-            if grade == Grade.CONFIRMED and final and (
-                    op.grade == Grade.ACKNOWLEDGED or _paid_after_failing(op, target, obj)):
+            if op.grade == Grade.ACKNOWLEDGED and grade == Grade.CONFIRMED and final:
                 # The provider's record outranks a person
-                # (docs/reliability.md#the-providers-record-outranks-a-person), and a
-                # failure the provider itself has since moved on from.
+                # (docs/reliability.md#the-providers-record-outranks-a-person).
                 return _overturn_locked(purchase, op, target, verification=verification,
                                         cause=cause, actor=actor, evidence=evidence,
                                         reason=reason, obj=obj)

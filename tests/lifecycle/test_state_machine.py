@@ -193,10 +193,6 @@ class Provider:
                 return out
             after = body["data"][-1]["id"]
 
-    def post(self, path: str, **data) -> requests.Response:
-        """A write at the provider made outside Verity (its dashboard, a buyer's page)."""
-        return requests.post(f"{self.base}{path}", data=data, auth=self.auth, timeout=10)
-
     def flush(self) -> None:
         requests.delete(f"{self.base}/_config/data", timeout=10)
 
@@ -866,57 +862,6 @@ class LifecycleMachine(RuleBasedStateMachine):
         stale = {**obj, "status": "requires_payment_method",
                  "last_payment_error": {"code": "card_declined", "message": "declined"}}
         self._send_event("payment_intent.payment_failed", stale, twice=twice, age=60)
-
-    @rule(shop=st.integers(0, 1), by_event=st.booleans(), retry=st.booleans(),
-          twice=st.booleans())
-    def a_declined_intent_paid_outside_verity(self, shop, by_event, retry, twice):
-        """A payment declined at the buyer's 3-D Secure — its PaymentIntent back in
-        `requires_payment_method`, where it can still be paid — is settled failed (by its
-        signed event, or a read-back); with `retry` the storefront pays again on a new
-        PaymentIntent. Then the first PaymentIntent is paid outside Verity (the buyer's
-        page, the merchant's dashboard) and the provider delivers its success. The
-        provider's final record wins: the purchase is paid, or, beside the retry that
-        succeeded, this later charge is a duplicate that a linked refund compensates
-        (invariant 8). Before, the success was quarantined: charged, no order, or two
-        charges kept. (localstripe re-confirms only a PaymentIntent whose 3-D Secure
-        failed, not one declined by the card.)"""
-        api = self.shops[shop]
-        product = ProductFactory(sku=f"LX-{uuid.uuid4().hex[:6]}", price=2000, stock=10)
-        pid = self._fresh_purchase(shop, product.sku)
-        self.purchases.append((pid, shop))
-        pm = self.provider.post("/v1/payment_methods", type="card", **{
-            "card[number]": "4000002760003184", "card[exp_month]": "12",
-            "card[exp_year]": "2030", "card[cvc]": "123"}).json()["id"]
-        _no_5xx(api.pay(pid, pm))
-        first = PaymentOperation.objects.filter(purchase_id=pid).order_by("created_at").first()
-        if first is None or first.outcome != Outcome.AWAITING_BUYER:
-            _event(f"declined 3DS: first payment {first and first.outcome}")
-            return
-        ref = first.provider_reference
-        secret = self.provider.get("payment_intents", ref)["client_secret"]
-        self.provider.post(f"/v1/payment_intents/{ref}/_authenticate", client_secret=secret,
-                           success="false")
-        if by_event:
-            self._send_event("payment_intent.payment_failed",
-                             self.provider.get("payment_intents", ref))
-        else:
-            self._overturn(first.id, "reconcile")
-        first.refresh_from_db()
-        if retry and first.outcome == Outcome.FAILED:
-            r = api.pay(pid, "pm_card_visa", extra={"retry_of": first.id})
-            _no_5xx(r)
-            answer = r.json()
-            _event(f"declined 3DS, retry: {r.status_code} "
-                   f"{answer.get('outcome') or answer.get('code')}")
-        self.provider.post(f"/v1/payment_intents/{ref}", payment_method="pm_card_visa")
-        self.provider.post(f"/v1/payment_intents/{ref}/confirm")
-        pi = self.provider.get("payment_intents", ref)
-        others = PaymentOperation.objects.filter(
-            purchase_id=pid, kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED).exists()
-        _event(f"declined 3DS paid outside Verity: {pi['status']}, Verity {first.outcome}, "
-               f"{'a retry succeeded' if others else 'the only payment'}")
-        if pi["status"] in ("succeeded", "requires_capture"):
-            self._send_event(PI_EVENT_TYPES[pi["status"]], pi, twice=twice)
 
     def _send_event(self, type_: str, obj: dict, *, twice: bool = False, age: int = 0) -> None:
         """A signed provider event about `obj` created `age` seconds ago, delivered (and

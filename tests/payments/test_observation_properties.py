@@ -1,7 +1,5 @@
 """Hypothesis state machine over provider observations (out of order, duplicated, foreign):
-no terminal outcome regresses — but one: a failed attempt (the PaymentIntent back in
-requires_payment_method, which can still be paid) that the provider's final record later
-shows paid; unknown never becomes failed without a failed record."""
+no terminal outcome regresses; unknown never becomes failed without a failed record."""
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -28,7 +26,6 @@ class ObservationMachine(RuleBasedStateMachine):
             currency=purchase.currency, provider_reference="pi_prop_" + purchase.id[-8:],
             outcome=Outcome.UNKNOWN, confirm_claimed_at=purchase.created_at)
         self.terminal = None
-        self.failed_status = ""  # the provider's status the operation settled failed on
         self.saw_failed_record = False
 
     def _obj(self, status, foreign):
@@ -61,17 +58,11 @@ class ObservationMachine(RuleBasedStateMachine):
 
     @invariant()
     def terminal_never_regresses(self):
-        outcome, status = PaymentOperation.objects.values_list(
-            "outcome", "provider_status").get(id=self.op.id)
-        if self.terminal is not None and outcome != self.terminal:
-            # The one flip: money the provider took after a declined attempt of the same
-            # PaymentIntent (payments.services.observations._paid_after_failing).
-            assert (self.terminal, outcome) == (Outcome.FAILED, Outcome.SUCCEEDED) and \
-                self.failed_status == "requires_payment_method" and \
-                status in ("succeeded", "requires_capture"), (
-                    "a terminal outcome regressed or flipped", self.terminal, outcome)
-        if outcome in TERMINAL and outcome != self.terminal:
-            self.terminal, self.failed_status = outcome, status
+        outcome = self._outcome()
+        if self.terminal is not None:
+            assert outcome == self.terminal, "a terminal outcome regressed or flipped"
+        if outcome in TERMINAL:
+            self.terminal = outcome
 
     @invariant()
     def failed_only_with_a_failed_record(self):
