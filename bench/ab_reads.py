@@ -66,20 +66,24 @@ def _procs() -> dict[int, tuple[str, int, int, int]]:
 
 
 def _cost(before: dict, after: dict, *, bind: str, postmaster: int, redis_port: str
-          ) -> tuple[float, float]:
-    """(CPU ms, gunicorn voluntary context switches) spent between the two snapshots by the
-    gunicorn of `bind`, the PostgreSQL backends and Redis."""
-    ticks = switches = 0
+          ) -> tuple[float, float, dict[str, float]]:
+    """(CPU ms, gunicorn voluntary context switches, CPU ms by process: gunicorn,
+    PostgreSQL, Redis) spent between the two snapshots by the gunicorn of `bind`, the
+    PostgreSQL backends and Redis."""
+    switches = 0
+    by = {"gunicorn": 0, "PostgreSQL": 0, "Redis": 0}
     for pid, (cmd, ppid, cpu, vcs) in after.items():
         gunicorn_side = "gunicorn" in cmd and bind in cmd
-        if not (gunicorn_side or ppid == postmaster
-                or ("redis-server" in cmd and redis_port in cmd)):
+        who = ("gunicorn" if gunicorn_side else "PostgreSQL" if ppid == postmaster
+               else "Redis" if "redis-server" in cmd and redis_port in cmd else None)
+        if who is None:
             continue
         old = before.get(pid)
-        ticks += cpu - (old[2] if old else 0)
+        by[who] += cpu - (old[2] if old else 0)
         if gunicorn_side and old:
             switches += vcs - old[3]
-    return ticks * 1000 / _TICK, switches
+    split = {k: v * 1000 / _TICK for k, v in by.items()}
+    return sum(split.values()), switches, split
 
 
 def main(argv: list[str] | None = None) -> Report:
@@ -112,8 +116,13 @@ def main(argv: list[str] | None = None) -> Report:
             rps = med([r[0] for r in rows[kind]])
             cpu = med([r[1] for r in rows[kind]])
             vcs = med([r[2] for r in rows[kind]])
+            split = "/".join(f"{med([r[4][k] for r in rows[kind]]):.2f}"
+                             for k in ("gunicorn", "PostgreSQL", "Redis"))
+            floor_split = "/".join(f"{med([r[4][k] for r in rows['floor']]):.2f}"
+                                   for k in ("gunicorn", "PostgreSQL", "Redis"))
             note = (f"{args.baseline} " if side == "baseline" else "") + \
-                f"CPU {cpu:.2f} ms/req (floor {floor_cpu:.2f}), {vcs:.2f} sleeps/req; " \
+                f"CPU {cpu:.2f} ms/req (floor {floor_cpu:.2f}; gunicorn/PostgreSQL/Redis " \
+                f"{split}, floor {floor_split}), {vcs:.2f} sleeps/req; " \
                 f"p50 {med([r[3] for r in rows[kind]]):.1f} ms"
             report.add("ab reads", f"{side}: {label} req/s", fmt(rps), fmt(floor),
                        f"{rps / floor:.2f}", ">= 0.60", note)
@@ -167,12 +176,14 @@ def _run(args, base_root: Path) -> dict:
                         before = _procs()
                         r = wrk(url, LUA / lua, seconds=args.seconds,
                                 connections=args.connections, env=wrk_env)
-                        cpu, switches = _cost(before, _procs(), bind=base.split("//")[1],
-                                              postmaster=postmaster, redis_port=redis_port)
+                        cpu, switches, split = _cost(
+                            before, _procs(), bind=base.split("//")[1], postmaster=postmaster,
+                            redis_port=redis_port)
                         if r.non2xx or r.errors > 2:
                             log(f"{side} {kind}: {r.non2xx} non-2xx, {r.errors} errors")
                         n = max(r.requests, 1)
-                        results[side][kind].append((r.rps, cpu / n, switches / n, r.p50_ms))
+                        results[side][kind].append((r.rps, cpu / n, switches / n, r.p50_ms,
+                                                    {k: v / n for k, v in split.items()}))
     return results
 
 
