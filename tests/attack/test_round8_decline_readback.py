@@ -96,6 +96,21 @@ def person(django_user_model):
     return django_user_model.objects.create(username="round8-resolver")
 
 
+def _person_says(op, outcome: str, person):
+    """A person's resolution while the provider cannot be read (acknowledged)."""
+    return services.operation_resolve_manual(operation_id=op.id, outcome=outcome,
+                                             reason="buyer says declined",
+                                             actor=person.username, acting_user=person)
+
+
+def _charged_answer_lost(new_purchase, pay):
+    """(purchase, operation, PaymentIntent): charged at the provider, its answer lost
+    (`unknown` at Verity)."""
+    purchase = new_purchase()
+    op = pay(purchase, drop_response=True)
+    return purchase, op, provider_object("payment_intents", op.provider_reference)
+
+
 # -- 1. Was broken: a stale decline turns a person's "failed" into the provider's word -------------
 
 # Broken on 28ee2dd (a strict xfail until the fix): a non-final stale decline upgrades a
@@ -113,9 +128,7 @@ def test_a_stale_decline_does_not_confirm_a_persons_failed_on_a_charged_payment(
     pi = provider_object("payment_intents", op.provider_reference)
     assert pi["status"] == "succeeded"
     read_drill(op.provider_reference, times=1)
-    op = services.operation_resolve_manual(operation_id=op.id, outcome="failed",
-                                           reason="buyer says declined", actor=person.username,
-                                           acting_user=person)
+    op = _person_says(op, "failed", person)
     assert (op.outcome, op.grade) == (Outcome.FAILED, Grade.ACKNOWLEDGED)
 
     # when an older signed decline of the same PaymentIntent arrives first, then the success
@@ -135,13 +148,9 @@ def test_a_stale_decline_does_not_confirm_a_persons_failed_on_a_charged_payment(
 
 def test_control_without_the_stale_decline_the_success_overturns_the_persons_failed(
         client, new_purchase, pay, read_drill, person, localstripe):
-    purchase = new_purchase()
-    op = pay(purchase, drop_response=True)
-    pi = provider_object("payment_intents", op.provider_reference)
+    purchase, op, pi = _charged_answer_lost(new_purchase, pay)
     read_drill(op.provider_reference, times=1)
-    services.operation_resolve_manual(operation_id=op.id, outcome="failed",
-                                      reason="buyer says declined", actor=person.username,
-                                      acting_user=person)
+    _person_says(op, "failed", person)
 
     assert _deliver(client, event_for(pi, "payment_intent.succeeded")) == EventResult.APPLIED
 
@@ -160,9 +169,7 @@ def test_a_held_stale_decline_does_not_confirm_the_failed_a_person_gave_during_t
 
     # given a charged payment (answer lost) and an older decline held while the provider
     # cannot be read
-    purchase = new_purchase()
-    op = pay(purchase, drop_response=True)
-    pi = provider_object("payment_intents", op.provider_reference)
+    purchase, op, pi = _charged_answer_lost(new_purchase, pay)
     read_drill(op.provider_reference, times=1000)
     stale = _stale_decline(pi)
     assert _deliver(client, stale) == EventResult.HELD
@@ -170,9 +177,7 @@ def test_a_held_stale_decline_does_not_confirm_the_failed_a_person_gave_during_t
 
     # when, still in the outage, a person settles it "failed" (acknowledged), and the
     # held event is retried at once because the payment settled
-    services.operation_resolve_manual(operation_id=op.id, outcome="failed",
-                                      reason="buyer says declined", actor=person.username,
-                                      acting_user=person)
+    _person_says(op, "failed", person)
     relay_drain()
     held = _stored(stale)
     after_retry = _reload(op)
@@ -196,13 +201,9 @@ def test_a_held_stale_decline_does_not_confirm_the_failed_a_person_gave_during_t
 # nothing reads the charged payment again
 def test_after_a_stale_decline_the_persons_failed_is_still_read_back(
         client, new_purchase, pay, read_drill, person, localstripe):
-    purchase = new_purchase()
-    op = pay(purchase, drop_response=True)
-    pi = provider_object("payment_intents", op.provider_reference)
+    purchase, op, pi = _charged_answer_lost(new_purchase, pay)
     read_drill(op.provider_reference, times=1)
-    services.operation_resolve_manual(operation_id=op.id, outcome="failed",
-                                      reason="buyer says declined", actor=person.username,
-                                      acting_user=person)
+    _person_says(op, "failed", person)
     _deliver(client, _stale_decline(pi))
 
     # the person's word is to be read back (its scheduled follow-up): the provider decides
@@ -314,9 +315,7 @@ def test_a_declined_3ds_then_a_retry_never_keeps_two_charges(
 
 def test_a_stale_decline_waits_out_a_long_read_outage_then_the_success_stands(
         client, new_purchase, pay, read_drill, localstripe):
-    purchase = new_purchase()
-    op = pay(purchase, drop_response=True)
-    pi = provider_object("payment_intents", op.provider_reference)
+    purchase, op, pi = _charged_answer_lost(new_purchase, pay)
     stale = _stale_decline(pi)
     read_drill(op.provider_reference, times=1000)
     pk = _ingest(client, stale)
@@ -389,9 +388,7 @@ def test_a_stale_decline_during_an_unknown_capture_settles_nothing(
 
 def test_two_workers_processing_the_same_stale_decline_settle_it_once(
         client, new_purchase, pay, localstripe):
-    purchase = new_purchase()
-    op = pay(purchase, drop_response=True)
-    pi = provider_object("payment_intents", op.provider_reference)
+    purchase, op, pi = _charged_answer_lost(new_purchase, pay)
     pk = _ingest(client, _stale_decline(pi))
     success_pk = _ingest(client, event_for(pi, "payment_intent.succeeded"))
     results, errors = [], []
@@ -444,9 +441,7 @@ def test_a_canceled_intent_still_applies_directly(client, new_purchase, api_clie
 
 def test_a_stale_decline_against_a_persons_succeeded_is_superseded(
         client, new_purchase, pay, read_drill, person, localstripe):
-    purchase = new_purchase()
-    op = pay(purchase, drop_response=True)
-    pi = provider_object("payment_intents", op.provider_reference)
+    purchase, op, pi = _charged_answer_lost(new_purchase, pay)
     read_drill(op.provider_reference, times=1)
     op = services.operation_resolve_manual(operation_id=op.id, outcome="succeeded",
                                            reason="provider dashboard shows paid",
@@ -490,9 +485,7 @@ def test_a_held_decline_is_retried_at_once_when_a_reconcile_settles_the_payment(
 
     from recovery.relay import relay_drain
 
-    purchase = new_purchase()
-    op = pay(purchase, drop_response=True)
-    pi = provider_object("payment_intents", op.provider_reference)
+    purchase, op, pi = _charged_answer_lost(new_purchase, pay)
     read_drill(op.provider_reference, times=1)
     stale = _stale_decline(pi)
     assert _deliver(client, stale) == EventResult.HELD
@@ -518,9 +511,7 @@ def test_a_held_decline_retried_by_the_success_during_the_outage_leaves_the_succ
     # provider's (succeeded); the event is only a person's to dismiss, never applied.
     from recovery.relay import relay_drain
 
-    purchase = new_purchase()
-    op = pay(purchase, drop_response=True)
-    pi = provider_object("payment_intents", op.provider_reference)
+    purchase, op, pi = _charged_answer_lost(new_purchase, pay)
     read_drill(op.provider_reference, times=1000)
     stale = _stale_decline(pi)
     assert _deliver(client, stale) == EventResult.HELD
