@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -170,9 +171,10 @@ class _Verdict:
     reason: str = ""
     operation_id: str = ""
     purchase_id: str = ""
-    # set when the observation conflicts with a terminal outcome: decide after a
-    # canonical read at the provider (outside any transaction)
-    conflict: bool = False
+    # set when the provider's record must decide, read outside any transaction: the
+    # observation conflicts with a terminal outcome, or states a failure the provider can
+    # still undo. Called as decide(event, verdict) -> the final verdict.
+    decide: Callable[[ProviderEvent, _Verdict], _Verdict] | None = None
 
 
 def event_process(*, event_id: int) -> str:
@@ -183,16 +185,13 @@ def event_process(*, event_id: int) -> str:
         if event.result in FINAL_RESULTS:
             return event.result
         verdict = _evaluate_locked(event)
-        if not verdict.conflict:
+        if verdict.decide is None:
             result = _event_finish_locked(event, verdict)
-    if verdict.conflict:
-        # A conflict (an event says failed, Verity holds succeeded, or the reverse), or a
-        # failure the provider can still undo: the provider's record decides. The read is
-        # network I/O, so it happens with no transaction open; the event stays pending
-        # meanwhile (a concurrent run would only repeat the read).
-        verdict = (_verify_failure_outside_transaction(verdict)
-                   if verdict.reason == _UNVERIFIED_FAILURE
-                   else _resolve_conflict_outside_transaction(event, verdict))
+    if verdict.decide is not None:
+        # The provider's record decides. The read is network I/O, so it happens with no
+        # transaction open; the event stays pending meanwhile (a concurrent run would only
+        # repeat the read).
+        verdict = verdict.decide(event, verdict)
         with transaction.atomic():
             event = ProviderEvent.objects.select_for_update().get(pk=event_id)
             if event.result in FINAL_RESULTS:
@@ -359,8 +358,8 @@ def _apply(event: ProviderEvent, op, obj: ProviderObject) -> _Verdict:
         # does not order its deliveries, so this event may be older than a success. It
         # settles nothing by itself: the provider's record, read back outside this
         # transaction, does (event_process -> _verify_failure_outside_transaction).
-        return _Verdict(EventResult.HELD, _UNVERIFIED_FAILURE, op.pk, op.purchase_id,
-                        conflict=True)
+        return _Verdict(EventResult.HELD, "unverified_failure", op.pk, op.purchase_id,
+                        decide=_verify_failure_outside_transaction)
 
     applied = operation_apply_observation(
         operation_id=op.pk, obj=obj, source=Verification.WEBHOOK,
@@ -376,7 +375,7 @@ def _apply(event: ProviderEvent, op, obj: ProviderObject) -> _Verdict:
         return _Verdict(EventResult.QUARANTINED, "mismatch", op.pk, op.purchase_id)
     if applied is ApplyResult.CONFLICT:
         return _Verdict(EventResult.QUARANTINED, "conflict", op.pk, op.purchase_id,
-                        conflict=True)
+                        decide=_resolve_conflict_outside_transaction)
     raise ValueError(f"unexpected apply result {value!r}")
 
 
@@ -450,10 +449,16 @@ def _evaluate_charge_refunded(event: ProviderEvent, obj: ProviderObject) -> _Ver
                     payment.pk, payment.purchase_id)
 
 
-_UNVERIFIED_FAILURE = "unverified_failure"
+def _read_back_outside_transaction(operation_id: str, *, actor: str) -> PaymentOperation:
+    """The operation after a read-back at the provider (which applies its record); as it
+    stands when none may run (being sent right now, or settled meanwhile)."""
+    try:
+        return operation_reconcile(operation_id=operation_id, actor=actor)
+    except DomainError:
+        return PaymentOperation.objects.get(pk=operation_id)
 
 
-def _verify_failure_outside_transaction(verdict: _Verdict) -> _Verdict:
+def _verify_failure_outside_transaction(event: ProviderEvent, verdict: _Verdict) -> _Verdict:
     """An event stating a failure the provider can still undo, about a payment Verity has
     not settled: read the payment back (the read applies what the provider's record says).
 
@@ -464,11 +469,7 @@ def _verify_failure_outside_transaction(verdict: _Verdict) -> _Verdict:
       provider is still working on it) -> held, waiting on Verity's own record: retried
       with a read-back (never quarantined by a count of its retries).
     """
-    try:
-        op = operation_reconcile(operation_id=verdict.operation_id,
-                                 actor="webhook-failure-check")
-    except DomainError:  # being sent right now (its worker settles it), or settled meanwhile
-        op = PaymentOperation.objects.get(pk=verdict.operation_id)
+    op = _read_back_outside_transaction(verdict.operation_id, actor="webhook-failure-check")
     if op.outcome == Outcome.FAILED:
         return _Verdict(EventResult.APPLIED, "readback_agrees", op.pk, op.purchase_id)
     if op.is_terminal:
@@ -492,10 +493,7 @@ def _resolve_conflict_outside_transaction(event: ProviderEvent, verdict: _Verdic
     canonical_outcome = None
     if not op.is_terminal or op.grade == Grade.ACKNOWLEDGED:
         # A person's outcome is read back too: the provider's record outranks it.
-        try:
-            op = operation_reconcile(operation_id=op.pk, actor="webhook-conflict")
-        except DomainError:
-            op = PaymentOperation.objects.get(pk=op.pk)
+        op = _read_back_outside_transaction(op.pk, actor="webhook-conflict")
     if op.outcome == event_outcome:
         return _Verdict(EventResult.APPLIED, "readback_agrees", op.pk, op.purchase_id)
     canonical = _read_canonical_outside_transaction(op, obj)
