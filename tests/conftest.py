@@ -274,6 +274,32 @@ def drill():
     provider.drill_client.disarm_all()
 
 
+_HANGING_DISPATCH = """
+import django, sys
+django.setup()
+from payments import services
+from payments.enums import Rail
+from payments.services import provider_for_rail
+from payments.models import PaymentOperation
+op = PaymentOperation.objects.get(id=sys.argv[1])
+provider_for_rail(Rail.STRIPE).arm_drill(key_prefix=op.idempotency_key, step="confirm",
+                                         mode="hang_after_send")
+services.operation_dispatch(operation_id=op.id)
+"""
+
+
+def start_hanging_dispatch(operation_id: str) -> subprocess.Popen:
+    """A child interpreter (its own process, as a worker is) that dispatches the operation
+    and hangs once the confirm is sent: the provider charges, the answer never comes. Its
+    dispatch lease is 1 s. The caller kills it (SIGKILL) to play a worker that died."""
+    db = settings.DATABASES["default"]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings",
+           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+           "DISPATCH_LEASE_SECONDS": "1"}
+    return subprocess.Popen([sys.executable, "-c", _HANGING_DISPATCH, operation_id],
+                            cwd=Path(__file__).resolve().parents[1], env=env)
+
+
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1):
     """Poll a condition with a deadline (tests never sleep for a fixed long time)."""
     deadline = time.monotonic() + timeout

@@ -530,42 +530,19 @@ def test_a_held_decline_retried_by_the_success_during_the_outage_leaves_the_succ
     assert _run_steps(purchase) == 1
 
 
-_HANGING_DISPATCH = """
-import django, sys
-django.setup()
-from payments import services
-from payments.enums import Rail
-from payments.services import provider_for_rail
-from payments.models import PaymentOperation
-op = PaymentOperation.objects.get(id=sys.argv[1])
-provider_for_rail(Rail.STRIPE).arm_drill(key_prefix=op.idempotency_key, step="confirm",
-                                         mode="hang_after_send")
-services.operation_dispatch(operation_id=op.id)
-"""
-
-
 @pytest.mark.alone  # a child interpreter must charge within 30 s
 def test_a_stale_decline_during_the_dispatch_waits_for_it_and_never_fails_the_charge(
         client, new_purchase, api_client, localstripe):
     # The confirm is sent and the provider charges; the dispatching worker is still waiting
     # for the answer (then dies). A stale decline of that intent arrives meanwhile.
-    import os
     import signal
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    from tests.conftest import wait_for
+    from tests.conftest import start_hanging_dispatch, wait_for
 
     purchase = new_purchase()
     op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
                                  payment_method="pm_card_visa")
-    db = settings.DATABASES["default"]
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings",
-           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-           "DISPATCH_LEASE_SECONDS": "1"}
-    child = subprocess.Popen([sys.executable, "-c", _HANGING_DISPATCH, op.id],
-                             cwd=Path(__file__).resolve().parents[2], env=env)
+    child = start_hanging_dispatch(op.id)
     try:
         charged = wait_for(lambda: localstripe.succeeded_charges_for(purchase.id), timeout=30)
         assert _reload(op).outcome == Outcome.DISPATCHING
