@@ -6,7 +6,10 @@ it sits above both layers, beside every surface that reads it.
 """
 from __future__ import annotations
 
-from .models import ApiClient, PaymentOperation, Product, Purchase
+from dataclasses import dataclass
+
+from .enums import PAYMENT_KINDS, DisputeStatus, OperationKind, Outcome
+from .models import ApiClient, Dispute, PaymentOperation, Product, Purchase
 from .view_queries import CompiledRead, operations_for_view
 
 # -- lookups (ownership: a client sees only its own purchases) ------------------------
@@ -37,3 +40,54 @@ def operation_get_for_client(*, operation_id: str, api_client: ApiClient
     if not api_client.has_scope("operations:resolve"):
         qs = qs.filter(purchase__api_client=api_client)
     return next(iter(qs[:1]), None)  # by primary key: no ORDER BY to compile
+
+
+# -- money (goods follow it: DESIGN.md §5.12) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class PurchaseMoney:
+    """What the purchase's OWN payment did with the buyer's money (a duplicate charge and
+    its return excluded): read from the operations and disputes, never from the status."""
+
+    paid: bool  # a charge succeeded or an authorization is held
+    captured: int  # charged, or captured of an authorization
+    refunded: int  # own refunds the provider confirmed
+    refund_awaiting_provider: bool  # an own refund the provider has not settled yet
+    voided: bool  # the authorization was released
+    dispute_lost: bool  # the bank gave the money back to the buyer
+
+    @property
+    def returned(self) -> bool:
+        """The money went back to the buyer: refunded in full, voided, or a dispute lost."""
+        return (self.voided or self.dispute_lost
+                or (self.captured > 0 and self.refunded >= self.captured))
+
+    @property
+    def kept(self) -> bool:
+        return self.paid and not self.returned
+
+
+def purchase_money(purchase_id: str) -> PurchaseMoney:
+    own = (PaymentOperation.objects.filter(purchase_id=purchase_id, is_duplicate=False)
+           .exclude(parent__is_duplicate=True))
+    rows = own.values_list("kind", "outcome", "amount")
+    paid = captured = refunded = 0
+    awaiting = voided = False
+    for kind, outcome, amount in rows:
+        if kind in PAYMENT_KINDS and outcome == Outcome.SUCCEEDED:
+            paid = 1
+            if kind == OperationKind.CHARGE:
+                captured += amount
+        elif kind == OperationKind.CAPTURE and outcome == Outcome.SUCCEEDED:
+            captured += amount
+        elif kind == OperationKind.REFUND and outcome == Outcome.SUCCEEDED:
+            refunded += amount
+        elif kind == OperationKind.REFUND and outcome == Outcome.AWAITING_PROVIDER:
+            awaiting = True
+        elif kind == OperationKind.VOID and outcome == Outcome.SUCCEEDED:
+            voided = True
+    lost = Dispute.objects.filter(purchase_id=purchase_id, payment__is_duplicate=False,
+                                  status=DisputeStatus.LOST).exists()
+    return PurchaseMoney(paid=bool(paid), captured=captured, refunded=refunded,
+                         refund_awaiting_provider=awaiting, voided=voided, dispute_lost=lost)

@@ -22,16 +22,16 @@ from payments.enums import (
     DisputeStatus,
     OperationKind,
     Outcome,
-    PurchaseStatus,
 )
 from payments.models import Dispute, Purchase
+from payments.selectors import purchase_money
 
 from .models import LedgerAccount, OutboxCategory
 from .orchestrator import (
     FULFILLABLE_STATUSES,
     duplicate_return_book,
     fulfilment_unfinished,
-    order_cancel,
+    purchase_goods_unwind,
 )
 from .outbox import outbox_put, run_steps_put
 from .steps import PaymentInfo, _ledger_pair, ledger_record_sale
@@ -98,17 +98,26 @@ def dispute_changed(*, dispute_id: str) -> None:
 
 def dispute_fulfilment_follow(*, dispute_id: str) -> str:
     """An open dispute pauses fulfilment (steps run only on a fulfillable purchase). Once it
-    closes, what is left of fulfilment follows how it ended:
-    - won, or an inquiry withdrawn: the money is the merchant's, the remaining steps resume
-      (each once: the orchestrator skips the steps already done);
-    - lost: the money went back to the buyer, nothing more ships, an order already made is
-      cancelled (as after a void).
+    closes, what is left follows the MONEY (DESIGN.md §5.12), not the status recorded when
+    the dispute opened:
+    - the money went back to the buyer (the dispute lost, or a full refund or a void,
+      whenever it came): nothing more ships, an order already made is cancelled, stock goes
+      back, the deliverable is withdrawn and the customer told (as after a void);
+    - the merchant kept it (won, an inquiry withdrawn) and the purchase is fulfillable
+      again: the remaining steps resume (each once: the orchestrator skips the steps done).
     Returns what it did: `resumed`, `order_cancelled` or `nothing`. Idempotent."""
 
     dispute = Dispute.objects.select_related("payment").get(id=dispute_id)
     if dispute.payment.is_duplicate:
         # A duplicate charge's dispute neither pauses nor cancels the real order: the
         # purchase's own payment paid for it.
+        return "nothing"
+    if purchase_money(dispute.purchase_id).returned:
+        if purchase_goods_unwind(
+                purchase_id=dispute.purchase_id,
+                detail=f"dispute {dispute_id} {dispute.status}: the money went back, "
+                       "order cancelled"):
+            return "order_cancelled"
         return "nothing"
     status = Purchase.objects.filter(id=dispute.purchase_id).values_list("status", flat=True).get()
     if not fulfilment_unfinished(dispute.purchase_id):
@@ -119,10 +128,6 @@ def dispute_fulfilment_follow(*, dispute_id: str) -> str:
         log.info("fulfilment resumed after dispute=%s status=%s purchase=%s", dispute_id,
                  dispute.status, dispute.purchase_id)
         return "resumed"
-    if status == PurchaseStatus.DISPUTE_LOST and order_cancel(
-            purchase_id=dispute.purchase_id,
-            detail=f"dispute {dispute_id} lost before fulfilment finished: order cancelled"):
-        return "order_cancelled"
     return "nothing"
 
 

@@ -120,6 +120,9 @@ class InventoryCommit(models.Model):
     purchase_id = models.CharField(max_length=40)
     sku = models.CharField(max_length=64)
     quantity = models.IntegerField()
+    # Set once when the money went back and the stock went back to the shelf (the unwind
+    # of recovery.orchestrator.purchase_goods_unwind): a released commit never releases again.
+    released_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -25,6 +25,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from audit.services import audit_write
@@ -38,6 +39,7 @@ from payments.enums import (
 )
 from payments.models import PaymentOperation, Product, Purchase
 from payments.money import format_money
+from payments.selectors import purchase_money
 from payments.services import (
     DomainError,
     duplicate_compensation_ensure,
@@ -51,6 +53,7 @@ from .halts import is_halted, step_halt_name
 from .metrics import REFUND_OUTCOMES
 from .models import (
     EmailMessage,
+    InventoryCommit,
     LedgerEntry,
     Order,
     RecoveryDecision,
@@ -194,6 +197,10 @@ def _run_db_step(ctx: PurchaseContext, step: str) -> str:
             return run.state
         if is_halted(step_halt_name(step)):
             return HALTED
+        if not _still_fulfillable(ctx.purchase_id):
+            # Under the step's lock: the unwind of money that went back takes every step's
+            # lock, so an effect is either made before it (and unwound) or never.
+            return NOT_READY
         now = timezone.now()
         run.attempts += 1
         run.started_at = run.started_at or now
@@ -327,6 +334,8 @@ def _run_deliverable(ctx: PurchaseContext) -> str:
             return BUSY
         if is_halted(step_halt_name(step)):
             return HALTED
+        if not _still_fulfillable(ctx.purchase_id):
+            return NOT_READY
         if not run.external_reference:
             run.external_reference = deliverable_job_reference(run)
         run.state, run.started_at = StepState.RUNNING, now
@@ -353,8 +362,12 @@ def _run_deliverable(ctx: PurchaseContext) -> str:
     with transaction.atomic():
         run = _lock_run(ctx.purchase_id, step)
         if run.state == StepState.RUNNING:
+            now = timezone.now()
+            # The money went back while the job ran (the unwind found it running): the
+            # result is kept for the record, never served.
+            expires = deliverable_expiry() if _still_fulfillable(ctx.purchase_id) else now
             run.state, run.result = StepState.DONE, result
-            run.completed_at, run.result_expires_at = timezone.now(), deliverable_expiry()
+            run.completed_at, run.result_expires_at = now, expires
             run.save(update_fields=["state", "result", "completed_at", "result_expires_at"])
         return run.state
 
@@ -485,9 +498,13 @@ def operation_settled(*, operation_id: str) -> None:
             # (else the duplicate could be returned twice).
             _duplicate_settled(op.parent)
         return  # the return of a duplicate: nothing downstream bought anything with it
-    if (op.kind == OperationKind.VOID and op.outcome == Outcome.SUCCEEDED
-            and not op.is_compensation):
+    if op.kind == OperationKind.VOID and op.outcome == Outcome.SUCCEEDED:
         _unwind_after_void(op)
+    if (op.kind == OperationKind.REFUND and op.outcome == Outcome.SUCCEEDED
+            and purchase_money(op.purchase_id).returned):
+        purchase_goods_unwind(purchase_id=op.purchase_id,
+                              detail=f"refund {op.id} returned the payment in full: "
+                                     "order cancelled")
     with transaction.atomic():
         if op.outcome == Outcome.SUCCEEDED:
             if op.kind in PAYMENT_KINDS:
@@ -575,9 +592,80 @@ def fulfilment_unfinished(purchase_id: str) -> bool:
 
 
 def _unwind_after_void(op) -> None:
-    """An operator voided after fulfilment started (console, with a reason): the
-    compensating steps run once — the order is cancelled, the decision recorded."""
-    _cancel_order(op, detail=f"void {op.id} after fulfilment: order cancelled")
+    """A void (an operator's, after fulfilment started, or a step's compensation): the
+    goods follow the money back."""
+    purchase_goods_unwind(purchase_id=op.purchase_id,
+                          detail=f"void {op.id} after fulfilment: order cancelled")
+
+
+def purchase_goods_unwind(*, purchase_id: str, detail: str) -> bool:
+    """The purchase's money went back (voided, refunded in full, a dispute lost): nothing it
+    bought stays live (DESIGN.md §5.12). The order is cancelled, committed stock goes back
+    to the shelf, the deliverable is no longer served, the decision is recorded and the
+    customer is told once. Idempotent; True when this call unwound something.
+
+    Every step's lock first (lock order StepRun -> Purchase): a step that is making its
+    effect right now commits it before the unwind reads, and a step that runs after finds
+    the purchase no longer fulfillable under its own lock (the status changed before this
+    runs), so no effect outlives the unwind."""
+    now = timezone.now()
+    with transaction.atomic():
+        list(StepRun.objects.select_for_update().filter(purchase_id=purchase_id)
+             .order_by("id").values_list("id", flat=True))
+        cancelled = Order.objects.filter(purchase_id=purchase_id,
+                                         cancelled_at__isnull=True).update(cancelled_at=now)
+        released = 0
+        for commit in (InventoryCommit.objects.select_for_update()
+                       .filter(purchase_id=purchase_id, released_at__isnull=True)):
+            # Only physical goods took stock (steps.run_inventory); F(): never read-then-write.
+            Product.objects.filter(sku=commit.sku).exclude(kind=Product.Kind.DIGITAL).update(
+                stock=F("stock") + commit.quantity)
+            commit.released_at = now
+            commit.save(update_fields=["released_at"])
+            released += 1
+        withdrawn = StepRun.objects.filter(
+            purchase_id=purchase_id, step=StepName.DELIVERABLE, state=StepState.DONE).filter(
+            Q(result_expires_at__isnull=True) | Q(result_expires_at__gt=now)).update(
+            result_expires_at=now)
+        unwound = bool(cancelled or released or withdrawn)
+        if unwound:
+            _decide(purchase_id, RecoveryDecision.Decision.COMPENSATED, detail)
+            log.warning("goods unwound purchase=%s order=%s stock=%s deliverable=%s: %s",
+                        purchase_id, cancelled, released, withdrawn, detail)
+        email = _cancellation_recorded(purchase_id) if unwound else None
+    if email is not None:
+        _cancellation_send_outside_transaction(email)
+    return unwound
+
+
+def _cancellation_recorded(purchase_id: str) -> EmailMessage | None:
+    """The customer is told once (recorded before sending: an e-mail cannot be unsent)."""
+    purchase = Purchase.objects.filter(id=purchase_id).only("customer_email").get()
+    if not purchase.customer_email:
+        return None
+    subject = f"Purchase {purchase_id}: your order is cancelled, your money went back"
+    _, created = EmailMessage.objects.get_or_create(
+        purchase_id=purchase_id, kind="cancellation",
+        defaults={"to": purchase.customer_email, "subject": subject[:200]})
+    if not created:
+        return None
+    return EmailMessage.objects.get(purchase_id=purchase_id, kind="cancellation")
+
+
+def _cancellation_send_outside_transaction(email: EmailMessage) -> None:
+    body = (f"Your payment for purchase {email.purchase_id} went back to you, so your "
+            f"order is cancelled and nothing more will be delivered.\n\n"
+            f"Status: {_status_url(email.purchase_id)}\n"
+            f"Questions: {settings.SUPPORT_CONTACT}\n")
+    try:
+        send_mail(email.subject, body, settings.DEFAULT_FROM_EMAIL, [email.to],
+                  fail_silently=False)
+    except Exception:  # at most once: a person sees the unsent row, nothing resends it
+        log.warning("cancellation e-mail not sent purchase=%s", email.purchase_id,
+                    exc_info=True)
+        return
+    EmailMessage.objects.filter(id=email.id, sent_at__isnull=True).update(
+        sent_at=timezone.now())
 
 
 def _unwind_after_overturn(op) -> None:

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from payments.enums import Outcome, PurchaseStatus
 from payments.models import PaymentOperation, Purchase
+from payments.selectors import purchase_money
 
 from .halts import is_halted, step_halt_name  # noqa: F401  (re-exported: the console reads them here)
 from .models import (
@@ -41,7 +42,11 @@ def step_runs_for_purchase(purchase_id: str) -> QuerySet[StepRun]:
 
 
 def deliverable_for(purchase_id: str) -> dict | None:
-    """The stored deliverable result while its redelivery period lasts, else None."""
+    """The stored deliverable result while its redelivery period lasts and the purchase
+    keeps its money, else None: a purchase refunded in full, voided or whose dispute was
+    lost serves nothing (DESIGN.md §5.12; its unwind also ends the period)."""
+    if purchase_money(purchase_id).returned:
+        return None
     run = StepRun.objects.filter(purchase_id=purchase_id, step=StepName.DELIVERABLE,
                                  state=StepState.DONE).first()
     if run is None:

@@ -14,7 +14,9 @@ read-back needs, in Stripe's object shape (`GET /v1/disputes/{id}`, `GET /v1/dis
 plus two sandbox-only routes that play the card network's part (like a test card that
 gets disputed): `POST /_config/disputes` {charge, reason?, amount?, fee?, due_by?}
 opens a dispute and withdraws the amount plus the fee from the balance (an `adjustment`
-balance transaction, reporting category `dispute`); `POST /_config/disputes/{id}`
+balance transaction, reporting category `dispute`); with `inquiry=true` it opens an
+inquiry instead (`warning_needs_response`: the bank asks, no funds are withdrawn, no fee),
+which closes with `warning_closed`; `POST /_config/disputes/{id}`
 {status, fee_returned?} moves it (`under_review`, `won` -> a `dispute_reversal`
 adjustment reinstating the amount, `lost`, `warning_closed`, `charge_refunded`).
 Events are not sent: tests sign `charge.dispute.*` events built from this object.
@@ -69,7 +71,7 @@ class Dispute(resources.StripeObject):
     _id_prefix = "dp_"
 
     def __init__(self, charge=None, reason="fraudulent", amount=None, fee=DISPUTE_FEE,
-                 due_by=None, **kwargs):
+                 due_by=None, inquiry=False, **kwargs):
         if kwargs:
             raise UserError(400, "Unexpected " + ", ".join(kwargs.keys()))
         if not isinstance(charge, str) or not charge.startswith("ch_"):
@@ -83,8 +85,10 @@ class Dispute(resources.StripeObject):
         self.currency = charge_obj.currency
         self.payment_intent = charge_obj.payment_intent
         self.reason = reason
-        self.status = "needs_response"
-        self.is_charge_refundable = False
+        inquiry = str(inquiry).lower() == "true"
+        # An inquiry (a retrieval request) withdraws nothing until it escalates.
+        self.status = "warning_needs_response" if inquiry else "needs_response"
+        self.is_charge_refundable = inquiry
         self.metadata = {}
         self.evidence = {"customer_name": None, "customer_email_address": None,
                          "product_description": None, "uncategorized_text": None}
@@ -92,7 +96,7 @@ class Dispute(resources.StripeObject):
             "due_by": resources.try_convert_to_int(due_by) if due_by
             else int(time.time()) + 7 * 86400,
             "has_evidence": False, "past_due": False, "submission_count": 0}
-        self.balance_transactions = [_adjustment(
+        self.balance_transactions = [] if inquiry else [_adjustment(
             amount=-amount, fee=fee, currency=self.currency, source=self.id,
             category="dispute")]
         charge_obj.disputed = True
@@ -100,6 +104,11 @@ class Dispute(resources.StripeObject):
     def _move(self, status, fee_returned=False):
         if status not in DISPUTE_STATUSES:
             raise UserError(400, "Bad request")
+        inquiry = self.status.startswith("warning_")
+        if inquiry and status not in ("warning_under_review", "warning_closed"):
+            raise UserError(400, "An inquiry closes with warning_closed")
+        if not inquiry and status.startswith("warning_"):
+            raise UserError(400, "A dispute is not an inquiry")
         if status == "won" and self.status != "won":
             fee = self.balance_transactions[0].fee if str(fee_returned).lower() == "true" else 0
             self.balance_transactions.append(_adjustment(

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from recovery.models import OutboxCategory
+from recovery.models import OutboxCategory, StepRun, StepState
 from recovery.outbox import outbox_put
 
 from ..enums import (
@@ -41,6 +41,7 @@ from ..locks import (
 )
 from ..models import Dispute, PaymentOperation, ProviderCall, Purchase
 from ..providers.base import DisputeObject
+from ..selectors import PurchaseMoney, purchase_money
 from .common import _purchase_to, payment_unsettled, provider_for, transition_record
 from .observations import duplicate_compensate_locked
 
@@ -120,7 +121,12 @@ def _follow_purchase(purchase: Purchase, dispute: Dispute, *, cause: str, actor:
     """A disputed purchase says so until the dispute closes, then how it ended (§5.10).
     A dispute of a DUPLICATE charge is about money the purchase never kept (its own
     compensation returns what is left of it): the purchase's status, its order and what
-    the customer is told follow the purchase's own payment only."""
+    the customer is told follow the purchase's own payment only.
+
+    What a closed dispute leaves is decided on the money (§5.12), never on the status the
+    purchase had when it opened: money that went back meanwhile (a full refund while an
+    inquiry was open, a refunded charge disputed and won) stays back, and a refund still
+    in flight keeps the purchase `refund_pending`."""
     evidence = {"dispute": dispute.id, "status": dispute.status}
     if dispute.payment.is_duplicate:
         return
@@ -131,23 +137,48 @@ def _follow_purchase(purchase: Purchase, dispute: Dispute, *, cause: str, actor:
                   .exclude(id=dispute.id).exclude(status__in=DISPUTE_CLOSED_STATUSES).exists())
     if other_open:
         return
+    money = purchase_money(purchase.id)
+    name, arg = _closed_status(purchase, dispute, money)
     if purchase.status != PurchaseStatus.DISPUTED:
+        if name == "mark_refunded" and purchase.status == PurchaseStatus.REFUNDED:
+            return  # refunded while the inquiry was open: the closure changes nothing
         # First evidence of this dispute is already its closure: record that it was open.
         if not _purchase_status(purchase, "mark_disputed", cause=cause, actor=actor,
                                 evidence=evidence):
             return
+    _purchase_status(purchase, name, cause=cause, actor=actor, evidence=evidence, arg=arg)
+
+
+# The statuses an inquiry's closure may restore as they were: a paid purchase, fulfilled
+# or not. Anything else recorded before (a refund in flight, refunded, a dispute's end) is
+# decided again from the money.
+_RESTORABLE = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED,
+               PurchaseStatus.MANUAL_REVIEW)
+
+
+def _closed_status(purchase: Purchase, dispute: Dispute,
+                   money: PurchaseMoney) -> tuple[str, str | None]:
+    """The transition (and its argument) a closed dispute takes the purchase through."""
+    if dispute.status == DisputeStatus.LOST:
+        return "mark_dispute_lost", None
+    if money.returned or dispute.status == DisputeStatus.CHARGE_REFUNDED:
+        # The buyer has the money back (the provider's `charge_refunded` says so before
+        # Verity may have heard of the refund): nothing to restore.
+        return "mark_refunded", None
     if dispute.status == DisputeStatus.WON:
-        _purchase_status(purchase, "mark_dispute_won", cause=cause, actor=actor,
-                         evidence=evidence)
-    elif dispute.status == DisputeStatus.LOST:
-        _purchase_status(purchase, "mark_dispute_lost", cause=cause, actor=actor,
-                         evidence=evidence)
-    elif dispute.status == DisputeStatus.CHARGE_REFUNDED:
-        _purchase_status(purchase, "mark_refunded", cause=cause, actor=actor, evidence=evidence)
-    else:  # warning_closed: an inquiry that never became a dispute
-        _purchase_status(purchase, "mark_dispute_withdrawn", cause=cause, actor=actor,
-                         evidence=evidence,
-                         arg=dispute.purchase_status_before or PurchaseStatus.COMPLETED)
+        return "mark_dispute_won", None
+    # warning_closed: an inquiry that never became a dispute; the purchase is paid for
+    # what it kept.
+    if money.refund_awaiting_provider:
+        return "mark_dispute_withdrawn", PurchaseStatus.REFUND_PENDING
+    before = dispute.purchase_status_before
+    if before in _RESTORABLE:
+        return "mark_dispute_withdrawn", before
+    finished = StepRun.objects.filter(purchase_id=purchase.id).exists() and not (
+        StepRun.objects.filter(purchase_id=purchase.id)
+        .exclude(state__in=[StepState.DONE, StepState.COMPENSATED]).exists())
+    return ("mark_dispute_withdrawn",
+            PurchaseStatus.COMPLETED if finished else PurchaseStatus.PAID)
 
 
 def _totals(moves: list[dict]) -> tuple[int, int, int]:

@@ -1,0 +1,282 @@
+"""Goods follow the money (DESIGN.md §5.12): a purchase whose money went back (refunded in
+full, voided, a dispute lost) has no live order, serves no deliverable and runs no step
+that would make one; closing a dispute restores nothing the money no longer supports.
+
+Driven from where a storefront and the card network stand: the public REST API with a
+storefront key allowed automatic refunds, and localstripe's dispute resource (inquiries
+included) whose signed `charge.dispute.*` events reach the webhook. Effects are counted at
+localstripe and in the database (orders, stock, e-mails, step runs)."""
+import pytest
+import requests
+from django.conf import settings
+from django.db import transaction
+
+from payments.enums import PurchaseStatus
+from payments.models import Product, Purchase
+from recovery.halts import halt_set
+from recovery.models import EmailMessage, InventoryCommit, Order, StepRun
+from recovery.outbox import run_steps_put
+from tests.api.conftest import Api
+from tests.factories import ProductFactory, make_client
+from tests.recovery.conftest import lift_halt_quietly, settle
+from tests.webhooks.conftest import SECRET, deliver_and_process, event_for, provider_object
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PRICE = 2000
+
+
+@pytest.fixture(autouse=True)
+def webhook_secrets(settings):
+    settings.STRIPE_WEBHOOK_SECRETS = [SECRET]
+    settings.STRIPE_WEBHOOK_TOLERANCE = 300
+    settings.STRIPE_ACCOUNT = ""
+
+
+@pytest.fixture
+def shop(db):
+    """A storefront key with an automatic-refund allowance (no person approves)."""
+    client, key = make_client(name="storefront-auto-refunds", limit=10_000_000,
+                              auto_refund_limit=10_000_000)
+    return Api(key, client)
+
+
+def _buy(shop: Api, *, kind: str = "physical", stock: int = 10) -> tuple[str, str]:
+    product = ProductFactory(price=PRICE, stock=stock, kind=kind)
+    purchase = shop.new_purchase(product.sku)
+    r = shop.pay(purchase["id"])
+    assert r.status_code == 201, r.content
+    return purchase["id"], product.sku
+
+
+def _refund(shop: Api, purchase_id: str, amount: int | None = None) -> dict:
+    r = shop.post(f"purchases/{purchase_id}/refunds", {} if amount is None else
+                  {"amount": amount})
+    assert r.status_code in (201, 202), r.content
+    return r.json()
+
+
+def _charge(purchase_id: str) -> str:
+    from payments.models import PaymentOperation
+
+    return PaymentOperation.objects.get(purchase_id=purchase_id, kind="charge").provider_charge
+
+
+def _dispute(charge: str, *, inquiry: bool = False) -> str:
+    data = {"charge": charge, "reason": "fraudulent"}
+    if inquiry:
+        data["inquiry"] = "true"
+    r = requests.post(f"{settings.STRIPE_API_BASE}/_config/disputes", data=data, timeout=10)
+    r.raise_for_status()
+    return r.json()["id"]
+
+
+def _move(dispute_id: str, status: str) -> None:
+    r = requests.post(f"{settings.STRIPE_API_BASE}/_config/disputes/{dispute_id}",
+                      data={"status": status}, timeout=10)
+    r.raise_for_status()
+
+
+def _event(client, dispute_id: str, type_: str) -> None:
+    deliver_and_process(client, event_for(provider_object("disputes", dispute_id), type_))
+
+
+def _live_orders(purchase_id: str) -> int:
+    return Order.objects.filter(purchase_id=purchase_id, cancelled_at__isnull=True).count()
+
+
+def _confirmations(purchase_id: str) -> int:
+    return EmailMessage.objects.filter(purchase_id=purchase_id, kind="confirmation").count()
+
+
+def _provider_refunds(purchase_id: str) -> list[dict]:
+    from payments.models import PaymentOperation
+
+    pi = PaymentOperation.objects.get(purchase_id=purchase_id, kind="charge").provider_reference
+    r = requests.get(f"{settings.STRIPE_API_BASE}/v1/refunds", params={"payment_intent": pi},
+                     auth=(settings.STRIPE_API_KEY, ""), timeout=10)
+    return r.json()["data"]
+
+
+def _refunded_at_provider(purchase_id: str) -> int:
+    return sum(x["amount"] for x in _provider_refunds(purchase_id)
+               if x["status"] == "succeeded")
+
+
+def _faces_agree(client, shop: Api, purchase_id: str, status: str) -> None:
+    purchase = Purchase.objects.get(pk=purchase_id)
+    assert purchase.status == status
+    assert shop.get(f"purchases/{purchase_id}").json()["status"] == status
+    page = client.get(f"/status/{purchase.status_token}/")
+    assert page.status_code == 200
+
+
+def test_a_full_refund_mid_fulfilment_cancels_the_order_and_releases_the_stock(client, shop):
+    # given a paid purchase whose fulfilment stopped after the order (the stock step halted)
+    halt_set(name="step:inventory", reason="fence: fulfilment mid-way", actor="test")
+    purchase_id, sku = _buy(shop, stock=10)
+    settle()
+    assert _live_orders(purchase_id) == 1
+    # when the storefront refunds it in full through the public API, and the halt lifts
+    _refund(shop, purchase_id)
+    settle()
+    lift_halt_quietly("step:inventory")
+    with transaction.atomic():
+        run_steps_put(purchase_id=purchase_id)  # what clearing the halt would kick
+    settle()
+    # then the money went back, and so did the goods: no live order, no stock taken,
+    # no confirmation, the customer told once
+    assert _refunded_at_provider(purchase_id) == PRICE
+    assert _live_orders(purchase_id) == 0
+    assert Product.objects.get(sku=sku).stock == 10
+    assert not InventoryCommit.objects.filter(purchase_id=purchase_id,
+                                              released_at__isnull=True).exists()
+    assert _confirmations(purchase_id) == 0
+    assert EmailMessage.objects.filter(purchase_id=purchase_id, kind="cancellation").count() == 1
+    _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
+
+
+def test_a_full_refund_after_fulfilment_unwinds_order_and_stock(client, shop):
+    purchase_id, sku = _buy(shop, stock=10)
+    settle()
+    assert Product.objects.get(sku=sku).stock == 9 and _live_orders(purchase_id) == 1
+    _refund(shop, purchase_id)
+    settle()
+    assert _refunded_at_provider(purchase_id) == PRICE
+    assert _live_orders(purchase_id) == 0
+    assert Product.objects.get(sku=sku).stock == 10
+    _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
+
+
+def test_a_partial_refund_keeps_the_order(shop):
+    purchase_id, sku = _buy(shop, stock=10)
+    settle()
+    _refund(shop, purchase_id, amount=500)
+    settle()
+    assert _live_orders(purchase_id) == 1
+    assert Product.objects.get(sku=sku).stock == 9
+
+
+def test_a_refunded_purchase_serves_no_deliverable(shop):
+    # given a digital good delivered (a licence key served for the redelivery period)
+    purchase_id, _ = _buy(shop, kind="digital")
+    settle()
+    assert shop.get(f"purchases/{purchase_id}/deliverable").status_code == 200
+    # when it is refunded in full
+    _refund(shop, purchase_id)
+    settle()
+    # then the licence key is no longer served
+    assert _refunded_at_provider(purchase_id) == PRICE
+    r = shop.get(f"purchases/{purchase_id}/deliverable")
+    assert r.status_code == 404, r.content
+    assert "licence_key" not in r.content.decode()
+
+
+def test_a_lost_dispute_serves_no_deliverable(client, shop):
+    purchase_id, _ = _buy(shop, kind="digital")
+    settle()
+    assert shop.get(f"purchases/{purchase_id}/deliverable").status_code == 200
+    dispute = _dispute(_charge(purchase_id))
+    _event(client, dispute, "charge.dispute.created")
+    _move(dispute, "lost")
+    _event(client, dispute, "charge.dispute.closed")
+    settle()
+    assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTE_LOST
+    assert shop.get(f"purchases/{purchase_id}/deliverable").status_code == 404
+
+
+def test_an_inquiry_answered_with_a_full_refund_closes_without_fulfilling(client, shop):
+    # given a charge whose steps have not run when the bank's inquiry opens
+    halt_set(name="step:order", reason="fence: before fulfilment", actor="test")
+    purchase_id, sku = _buy(shop, stock=10)
+    settle()
+    inquiry = _dispute(_charge(purchase_id), inquiry=True)
+    _event(client, inquiry, "charge.dispute.created")
+    lift_halt_quietly("step:order")
+    settle()
+    assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTED
+    # when the merchant answers it with a full refund, and the inquiry closes
+    _refund(shop, purchase_id)
+    settle()
+    _move(inquiry, "warning_closed")
+    _event(client, inquiry, "charge.dispute.closed")
+    settle()
+    # then the money stays back: no order, no stock taken, no "confirmed" e-mail
+    assert _refunded_at_provider(purchase_id) == PRICE
+    assert Order.objects.filter(purchase_id=purchase_id).count() == 0
+    assert Product.objects.get(sku=sku).stock == 10
+    assert _confirmations(purchase_id) == 0
+    _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
+
+
+def test_a_refunded_charge_disputed_and_won_is_not_fulfilled(client, shop):
+    halt_set(name="step:order", reason="fence: before fulfilment", actor="test")
+    purchase_id, sku = _buy(shop, stock=10)
+    settle()
+    _refund(shop, purchase_id)
+    settle()
+    lift_halt_quietly("step:order")
+    dispute = _dispute(_charge(purchase_id))
+    _event(client, dispute, "charge.dispute.created")
+    _move(dispute, "won")
+    _event(client, dispute, "charge.dispute.closed")
+    settle()
+    assert Order.objects.filter(purchase_id=purchase_id).count() == 0
+    assert Product.objects.get(sku=sku).stock == 10
+    assert _confirmations(purchase_id) == 0
+    assert not StepRun.objects.filter(purchase_id=purchase_id, state="done").exists()
+    _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
+
+
+def test_an_inquiry_withdrawn_without_a_refund_resumes_fulfilment(client, shop):
+    halt_set(name="step:order", reason="fence: before fulfilment", actor="test")
+    purchase_id, _ = _buy(shop)
+    settle()
+    inquiry = _dispute(_charge(purchase_id), inquiry=True)
+    _event(client, inquiry, "charge.dispute.created")
+    lift_halt_quietly("step:order")
+    _move(inquiry, "warning_closed")
+    _event(client, inquiry, "charge.dispute.closed")
+    settle()
+    assert _live_orders(purchase_id) == 1 and _confirmations(purchase_id) == 1
+    _faces_agree(client, shop, purchase_id, PurchaseStatus.COMPLETED)
+
+
+def test_an_inquiry_during_a_pending_partial_refund_does_not_strand_the_purchase(client, shop):
+    from payments import services
+    from payments.enums import Outcome, Rail
+    from payments.models import PaymentOperation
+    from payments.providers.stripe import DrillMode
+    from payments.services import provider_for_rail
+
+    # given a paid purchase whose partial refund the provider accepted as `pending`
+    halt_set(name="step:order", reason="fence: before fulfilment", actor="test")
+    purchase_id, _ = _buy(shop)
+    settle()
+    stripe = provider_for_rail(Rail.STRIPE)
+    stripe.arm_drill(key_prefix="*", step="refund", mode=DrillMode.DROP_RESPONSE_AFTER_SEND,
+                     times=1)
+    try:
+        _refund(shop, purchase_id, amount=500)
+        settle()
+    finally:
+        stripe.drill_client.disarm_all()
+    refund = PaymentOperation.objects.get(purchase_id=purchase_id, kind="refund")
+    assert refund.outcome == Outcome.UNKNOWN  # its answer was lost
+    [real] = _provider_refunds(purchase_id)
+    real = {**real, "status": "pending"}
+    deliver_and_process(client, event_for(real, "refund.updated"))
+    assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.REFUND_PENDING
+    # when an inquiry opens, the refund settles, and the inquiry closes
+    inquiry = _dispute(_charge(purchase_id), inquiry=True)
+    _event(client, inquiry, "charge.dispute.created")
+    services.operation_reconcile(operation_id=refund.id)
+    assert PaymentOperation.objects.get(id=refund.id).outcome == Outcome.SUCCEEDED
+    lift_halt_quietly("step:order")
+    _move(inquiry, "warning_closed")
+    _event(client, inquiry, "charge.dispute.closed")
+    settle()
+    # then the purchase is fulfilled for what it kept, not `refund_pending` for ever
+    assert _refunded_at_provider(purchase_id) == 500
+    assert _live_orders(purchase_id) == 1 and _confirmations(purchase_id) == 1
+    _faces_agree(client, shop, purchase_id, PurchaseStatus.COMPLETED)
