@@ -193,8 +193,11 @@ def test_inventory_failure_compensates_with_one_linked_refund(new_purchase, pay_
     assert _status(purchase) == PurchaseStatus.REFUNDED
     assert compensation_needed_count() == 0
     assert Order.objects.filter(purchase_id=purchase.id).count() == 1  # no duplicate order
+    # the money went back, so did the order; the customer is told once, never "confirmed"
+    assert Order.objects.get(purchase_id=purchase.id).cancelled_at is not None
     assert InventoryCommit.objects.filter(purchase_id=purchase.id).count() == 0
-    assert not EmailMessage.objects.filter(purchase_id=purchase.id).exists()
+    assert list(EmailMessage.objects.filter(purchase_id=purchase.id)
+                .values_list("kind", flat=True)) == ["cancellation"]
     assert _decisions(purchase) == ["compensated"]
     refund_ledger = LedgerEntry.objects.filter(operation_id=refund.id)
     assert sorted(e.amount for e in refund_ledger) == [-charge.amount, charge.amount]
