@@ -104,11 +104,23 @@ def _refunded_at_provider(purchase_id: str) -> int:
 
 
 def _faces_agree(client, shop: Api, purchase_id: str, status: str) -> None:
+    """The record, the REST purchase view and the customer page say the same thing."""
+    from payments.customer_copy import StateCode, customer_state
+
     purchase = Purchase.objects.get(pk=purchase_id)
     assert purchase.status == status
-    assert shop.get(f"purchases/{purchase_id}").json()["status"] == status
-    page = client.get(f"/status/{purchase.status_token}/")
-    assert page.status_code == 200
+    body = shop.get(f"purchases/{purchase_id}").json()
+    assert body["status"] == status
+    state = customer_state(purchase)
+    page = client.get(f"/status/{purchase.status_token}/").content.decode()
+    assert state.headline in page
+    if status == PurchaseStatus.REFUNDED:
+        assert body["refunds"]["refunded"] == PRICE
+        assert state.code == StateCode.REVERSED and state.order_reference is None
+    elif status == PurchaseStatus.COMPLETED:
+        # complete, or complete with part of the payment refunded
+        partly = body["refunds"]["refunded"] > 0
+        assert state.code == (StateCode.REVERSED if partly else StateCode.COMPLETE)
 
 
 def test_a_full_refund_mid_fulfilment_cancels_the_order_and_releases_the_stock(client, shop):
