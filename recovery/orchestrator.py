@@ -566,24 +566,6 @@ def _duplicate_settled(op) -> None:
         raise StepRetryLater(f"duplicate compensation waits: {exc.code}") from exc
 
 
-def _cancel_order(op, *, detail: str) -> None:
-    """The order of `op`'s purchase is cancelled once (the ORDER step's compensation)."""
-    order_cancel(purchase_id=op.purchase_id, detail=detail)
-
-
-def order_cancel(*, purchase_id: str, detail: str) -> bool:
-    """The purchase's order is cancelled once, the decision recorded with `detail`.
-    Idempotent; True when this call cancelled it."""
-    with transaction.atomic():
-        cancelled = Order.objects.filter(purchase_id=purchase_id,
-                                         cancelled_at__isnull=True).update(
-            cancelled_at=timezone.now())
-        if cancelled:
-            _decide(purchase_id, RecoveryDecision.Decision.COMPENSATED, detail)
-            log.warning("order cancelled purchase=%s: %s", purchase_id, detail)
-    return bool(cancelled)
-
-
 def fulfilment_unfinished(purchase_id: str) -> bool:
     """Some step of the purchase has not reached a final state (done or compensated)."""
     runs = StepRun.objects.filter(purchase_id=purchase_id)
@@ -598,7 +580,7 @@ def _unwind_after_void(op) -> None:
                           detail=f"void {op.id} after fulfilment: order cancelled")
 
 
-def purchase_goods_unwind(*, purchase_id: str, detail: str) -> bool:
+def purchase_goods_unwind(*, purchase_id: str, detail: str, tell_customer: bool = True) -> bool:
     """The purchase's money went back (voided, refunded in full, a dispute lost): nothing it
     bought stays live (DESIGN.md §5.12). The order is cancelled, committed stock goes back
     to the shelf, the deliverable is no longer served, the decision is recorded and the
@@ -632,7 +614,7 @@ def purchase_goods_unwind(*, purchase_id: str, detail: str) -> bool:
             _decide(purchase_id, RecoveryDecision.Decision.COMPENSATED, detail)
             log.warning("goods unwound purchase=%s order=%s stock=%s deliverable=%s: %s",
                         purchase_id, cancelled, released, withdrawn, detail)
-        email = _cancellation_recorded(purchase_id) if unwound else None
+        email = _cancellation_recorded(purchase_id) if unwound and tell_customer else None
     if email is not None:
         _cancellation_send_outside_transaction(email)
     return unwound
@@ -670,11 +652,13 @@ def _cancellation_send_outside_transaction(email: EmailMessage) -> None:
 
 def _unwind_after_overturn(op) -> None:
     """A payment fulfilled on a person's "succeeded" that the provider's record overturned
-    (no money came): the order is cancelled, as after a void; an e-mail already sent
-    cannot be unsent — the purchase waits in manual review for a person to write to the
-    buyer. Idempotent."""
+    (no money came): the goods go, as after a void; an e-mail already sent cannot be
+    unsent — the purchase waits in manual review for a person to write to the buyer (so
+    no automatic e-mail here). Idempotent."""
     if op.transitions.filter(cause=OVERTURN_CAUSE, target=Outcome.FAILED).exists():
-        _cancel_order(op, detail=f"payment {op.id} overturned by the provider: order cancelled")
+        purchase_goods_unwind(
+            purchase_id=op.purchase_id, tell_customer=False,
+            detail=f"payment {op.id} overturned by the provider: order cancelled")
 
 
 def step_resolve(*, purchase_id: str, step: str, resolution: str, actor: str,

@@ -19,6 +19,7 @@ from recovery.selectors import deliverable_for
 from . import presenters
 from ..enums import PAYMENT_KINDS, Outcome, Owner, PurchaseStatus, Rail, RetryAdvice
 from ..models import PaymentOperation, Purchase
+from ..selectors import purchase_money
 from ..errors import DomainError, ErrorCode
 from .problems import Problem, problem_from_domain_error
 from .ratelimit import x402_settle_hit
@@ -50,7 +51,11 @@ def _latest_x402(purchase: Purchase) -> PaymentOperation | None:
 
 
 def deliverable_unpaid(purchase: Purchase) -> bool:
-    """The purchase has no deliverable yet and x402 is how it can be paid (or is being)."""
+    """The purchase has no deliverable yet and x402 is how it can be paid (or is being).
+    Not once its money went back (refunded, a dispute lost): it serves nothing, and never
+    says "paid, being prepared" (DESIGN.md §5.12)."""
+    if purchase_money(purchase.id).returned:
+        return False
     if _latest_x402(purchase) is not None:
         return True
     return x402_offered(purchase) and purchase.status in PAYABLE_STATUSES
