@@ -428,6 +428,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         # what is left (Stripe refuses; localstripe does not check).
         self.unheard_refunds: set[str] = set()
         self.closed_disputes: set[str] = set()
+        # A digital good paid by card: its deliverable (a licence key) is what a refund or a
+        # lost dispute must stop serving.
+        self.licence = ProductFactory(sku=f"LL-{tag}", price=2000, stock=100_000,
+                                      kind="digital")
         self.x402_signed: list[tuple[str, str]] = []  # (purchase id, PAYMENT-SIGNATURE)
         # Writes whose dedupe key met a message a relay had claimed (the outbox rerun):
         # {"key", "message", "attempts"} of that message when the write committed.
@@ -949,6 +953,132 @@ class LifecycleMachine(RuleBasedStateMachine):
         obj = self.provider.get("disputes", dispute_id)
         self.snapshots.append(("disputes", obj))
         self._send_event("charge.dispute.created", obj)
+
+    # -- goods follow the money (DESIGN.md §5.12) -------------------------------------------
+    def _charge_of(self, pi: dict) -> str | None:
+        charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data") or [{}])[0]
+        return charge.get("id") if isinstance(charge, dict) else charge
+
+    def _refund_through_the_api(self, pid: str, partial: bool) -> None:
+        """The merchant refunds through its own face: the storefront's key (automatic up to
+        its allowance), or a person approves it in the console."""
+        shop = next((s for p, s in self.purchases if p == pid), None)
+        if shop is None:
+            return
+        r = self.shops[shop].post(f"purchases/{pid}/refunds", {"amount": 500} if partial else {})
+        _no_5xx(r)
+        if r.status_code in (201, 202) and r.json().get("outcome") == "awaiting_approval":
+            op = PaymentOperation.objects.get(id=r.json()["id"])
+            try:
+                self._approve(op, self.finance[1])
+            except services.DomainError:
+                pass
+        _settle_outbox_quietly()
+
+    def _open_dispute(self, charge: str, *, inquiry: bool) -> dict | None:
+        data = {"charge": charge, **({"inquiry": "true"} if inquiry else {})}
+        r = requests.post(f"{self.provider.base}/_config/disputes", data=data, timeout=10)
+        if r.status_code != 200:
+            return None
+        dispute_id = r.json()["id"]
+        self.disputes.append(dispute_id)
+        self.disputed_charges.add(charge)
+        obj = self.provider.get("disputes", dispute_id)
+        self.snapshots.append(("disputes", obj))
+        self._send_event("charge.dispute.created", obj)
+        return obj
+
+    def _close_dispute(self, dispute_id: str, status: str) -> None:
+        r = requests.post(f"{self.provider.base}/_config/disputes/{dispute_id}",
+                          data={"status": status}, timeout=10)
+        if r.status_code != 200:
+            return
+        self.closed_disputes.add(dispute_id)
+        self._send_event("charge.dispute.closed", self.provider.get("disputes", dispute_id))
+
+    @precondition(lambda self: self.purchases)
+    @rule(i=st.integers(0, 99), refund=st.sampled_from([None, "full", "partial"]),
+          close=st.booleans())
+    def inquiry_at_the_provider(self, i, refund, close):
+        """The bank asks about a charge (an inquiry, `warning_needs_response`: no funds
+        withdrawn); the merchant answers it with a refund through its API, full or
+        partial, or not at all; the inquiry closes (`warning_closed`) or stays open."""
+        pi = self._pick(self._charged_intents(), i)
+        charge = self._charge_of(pi) if pi else None
+        if not charge or charge in self.disputed_charges:
+            return
+        obj = self._open_dispute(charge, inquiry=True)
+        if obj is None:
+            return
+        _event(f"inquiry: refund {refund}, closed {close}")
+        if refund:
+            self._refund_through_the_api(pi["metadata"].get("purchase_id", ""),
+                                         partial=refund == "partial")
+        if close:
+            self._close_dispute(obj["id"], "warning_closed")
+
+    @rule(step=st.sampled_from(["order", "inventory", "ledger", "deliverable",
+                                "confirmation", "crm"]),
+          partial=st.booleans(), digital=st.booleans(), pending=st.booleans())
+    def refund_settles_at_a_fulfilment_step(self, step, partial, digital, pending):
+        """A storefront refunds a purchase through the public API while its fulfilment
+        stands at `step` (the step halted, so the refund settles there); with `pending`
+        the provider's answer is lost and the refund is read back later. Then the step
+        works again."""
+        digital = digital or step == "deliverable"
+        pid = self._fresh_purchase(0, self.licence.sku if digital else self.product.sku)
+        self.purchases.append((pid, 0))
+        halt = step_halt_name(step)
+        halt_set(name=halt, reason="machine: a refund settles at this step", actor="machine")
+        try:
+            _no_5xx(self.shops[0].pay(pid))
+            _settle_outbox_quietly()  # fulfilment runs up to the halted step
+            self._armed(DrillMode.DROP_RESPONSE_AFTER_SEND if pending else None,
+                        CallStep.REFUND)
+            try:
+                r = self.shops[0].post(f"purchases/{pid}/refunds",
+                                       {"amount": 500} if partial else {})
+            finally:
+                self._disarm()
+            _no_5xx(r)
+            _settle_outbox_quietly()
+            if pending:
+                for op in self._ops(purchase_id=pid, kind=OperationKind.REFUND,
+                                    outcome=Outcome.UNKNOWN):
+                    services.operation_reconcile(operation_id=op.id)
+                _settle_outbox_quietly()
+        finally:
+            halt_clear(name=halt, actor="machine", reason="machine: the step works again")
+        _settle_outbox_quietly()
+        _event(f"refund settles at {step}: partial {partial}, digital {digital}")
+
+    @rule(partial=st.booleans(), verdict=st.sampled_from(["won", "lost"]),
+          before_fulfilment=st.booleans(), digital=st.booleans())
+    def dispute_after_a_refund(self, partial, verdict, before_fulfilment, digital):
+        """A purchase refunded (in full or in part) through the API whose charge is then
+        disputed at the provider, and the dispute is won or lost; with `before_fulfilment`
+        the refund and the dispute come before its steps ran."""
+        pid = self._fresh_purchase(0, self.licence.sku if digital else self.product.sku)
+        self.purchases.append((pid, 0))
+        halt = step_halt_name(StepName.ORDER.value)
+        if before_fulfilment:
+            halt_set(name=halt, reason="machine: before fulfilment", actor="machine")
+        try:
+            _no_5xx(self.shops[0].pay(pid))
+            _settle_outbox_quietly()
+            self._refund_through_the_api(pid, partial=partial)
+            pi = next((p for p in self._charged_intents()
+                       if (p.get("metadata") or {}).get("purchase_id") == pid), None)
+            charge = self._charge_of(pi) if pi else None
+            obj = self._open_dispute(charge, inquiry=False) if charge else None
+            if obj is not None:
+                self._close_dispute(obj["id"], verdict)
+        finally:
+            if before_fulfilment:
+                halt_clear(name=halt, actor="machine", reason="machine: fulfilment may run")
+        _settle_outbox_quietly()
+        _event(f"dispute {verdict} after a refund: partial {partial}, "
+               f"before fulfilment {before_fulfilment}")
 
     @precondition(lambda self: self.purchases)
     @rule(i=st.integers(0, 99))
@@ -2130,6 +2260,81 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert OutboxMessage.objects.filter(
                 category__in=[OutboxCategory.RUN_STEPS, OutboxCategory.DISPUTE_CHANGED],
                 processed_at__isnull=True).exists(), f"{pid}: won, fulfilment not resumed"
+
+    def _money_went_back(self) -> dict[str, bool]:
+        """Each card purchase of this example -> its money went back to the buyer, by
+        localstripe's record: what its PaymentIntents captured, minus its refunds that
+        succeeded there, minus its disputes lost there, or an authorization cancelled. Only
+        what Verity has been told counts (a refund or dispute Verity has not heard of yet,
+        or whose answer it lost and has not read back, cannot bind it): the provider says
+        what happened; Verity's record only says whether it could know."""
+        from payments.models import Dispute
+
+        ids = {p for p, _ in self.purchases}
+        by_pid: dict[str, list[dict]] = {}
+        for pi in self.provider.list("payment_intents"):
+            pid = (pi.get("metadata") or {}).get("purchase_id")
+            if pid in ids:
+                by_pid.setdefault(pid, []).append(pi)
+        refunds = self._provider_refunds()
+        disputes: dict[str, list[dict]] = {}
+        for d in self.provider.list("disputes"):
+            disputes.setdefault(d.get("payment_intent"), []).append(d)
+        settled_refunds = set(PaymentOperation.objects.filter(
+            kind=OperationKind.REFUND, outcome=Outcome.SUCCEEDED
+        ).values_list("provider_reference", flat=True))
+        lost_known = set(Dispute.objects.filter(status="lost").values_list("id", flat=True))
+        voided_known = set(PaymentOperation.objects.filter(
+            kind=OperationKind.VOID, outcome=Outcome.SUCCEEDED
+        ).values_list("parent__provider_reference", flat=True))
+        out = {}
+        for pid, intents in by_pid.items():
+            if any(pi["id"] in self.unheard_refunds for pi in intents):
+                continue
+            held = any(pi["status"] in ("requires_capture", "processing") for pi in intents)
+            captured = sum(pi.get("amount_received") or pi["amount"] for pi in intents
+                           if pi["status"] == "succeeded")
+            voided = any(pi["status"] == "canceled" and pi["id"] in voided_known
+                         for pi in intents)
+            back = sum(r["amount"] for pi in intents for r in refunds.get(pi["id"], [])
+                       if r["status"] == "succeeded"
+                       and (r["id"] in settled_refunds or r["id"] in self.delivered))
+            lost = sum(d["amount"] for pi in intents for d in disputes.get(pi["id"], [])
+                       if d["status"] == "lost" and d["id"] in lost_known)
+            if held or not (captured or voided):
+                continue
+            out[pid] = captured - back - lost <= 0
+        return out
+
+    def _still_settling(self, pid: str) -> bool:
+        """Work for the purchase is still in the outbox (the unwind runs there)."""
+        ids = list(PaymentOperation.objects.filter(purchase_id=pid).values_list("id", flat=True))
+        from payments.models import Dispute
+
+        disputes = list(Dispute.objects.filter(purchase_id=pid).values_list("id", flat=True))
+        return OutboxMessage.objects.filter(id__gt=self.outbox_floor,
+                                            processed_at__isnull=True).filter(
+            Q(payload__purchase=pid) | Q(payload__operation__in=ids)
+            | Q(payload__dispute__in=disputes)).exists()
+
+    @invariant()
+    def goods_follow_the_money(self):
+        """A purchase whose money went back (refunded in full, voided, a dispute lost) has no
+        live order and serves no deliverable; a purchase with a live order or deliverable
+        keeps its money (DESIGN.md §5.12). Judged on localstripe's record."""
+        for pid, back in self._money_went_back().items():
+            if not back or self._still_settling(pid):
+                continue
+            live = Order.objects.filter(purchase_id=pid, cancelled_at__isnull=True).exists()
+            assert not live, f"{pid}: the money went back at the provider, its order is live"
+            if StepRun.objects.filter(purchase_id=pid, step=StepName.DELIVERABLE).exists():
+                shop = next(s for p, s in self.purchases if p == pid)
+                r = self.shops[shop].get(f"purchases/{pid}/deliverable")
+                assert not (r.status_code == 200 and "licence_key" in r.content.decode()), (
+                    f"{pid}: the money went back at the provider, its licence is served")
+            status = Purchase.objects.get(id=pid).status
+            assert status not in FULFILLABLE_STATUSES + (PurchaseStatus.COMPLETED,), (
+                f"{pid}: the money went back at the provider, the purchase says {status}")
 
     @invariant()
     def a_halt_binds_at_claim(self):
