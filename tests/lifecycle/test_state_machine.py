@@ -996,24 +996,49 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.closed_disputes.add(dispute_id)
         self._send_event("charge.dispute.closed", self.provider.get("disputes", dispute_id))
 
+    def _refund_left_pending(self, pid: str) -> PaymentOperation | None:
+        """A partial refund the provider accepted as `pending`: its answer is lost, then the
+        provider's signed `refund.updated` (its own object, status pending) arrives."""
+        self._armed(DrillMode.DROP_RESPONSE_AFTER_SEND, CallStep.REFUND)
+        try:
+            self._refund_through_the_api(pid, partial=True)
+        finally:
+            self._disarm()
+        op = next(iter(self._ops(purchase_id=pid, kind=OperationKind.REFUND,
+                                 outcome=Outcome.UNKNOWN)), None)
+        if op is None:
+            return None
+        real = [r for r in self._provider_refunds().get(op.parent.provider_reference, [])
+                if (r.get("metadata") or {}).get("operation_id") == op.id]
+        if real:
+            self._send_event("refund.updated", {**real[0], "status": "pending"})
+        return op
+
     @precondition(lambda self: self.purchases)
-    @rule(i=st.integers(0, 99), refund=st.sampled_from([None, "full", "partial"]),
+    @rule(i=st.integers(0, 99),
+          refund=st.sampled_from([None, "full", "partial", "pending_before"]),
           close=st.booleans())
     def inquiry_at_the_provider(self, i, refund, close):
         """The bank asks about a charge (an inquiry, `warning_needs_response`: no funds
         withdrawn); the merchant answers it with a refund through its API, full or
-        partial, or not at all; the inquiry closes (`warning_closed`) or stays open."""
+        partial, or not at all; or a partial refund was still pending at the provider
+        when the inquiry opened and settles while it is open (`pending_before`). The
+        inquiry closes (`warning_closed`) or stays open."""
         pi = self._pick(self._charged_intents(), i)
         charge = self._charge_of(pi) if pi else None
         if not charge or charge in self.disputed_charges:
             return
+        pid = (pi.get("metadata") or {}).get("purchase_id", "")
+        pending = self._refund_left_pending(pid) if refund == "pending_before" else None
         obj = self._open_dispute(charge, inquiry=True)
         if obj is None:
             return
         _event(f"inquiry: refund {refund}, closed {close}")
-        if refund:
-            self._refund_through_the_api(pi["metadata"].get("purchase_id", ""),
-                                         partial=refund == "partial")
+        if pending is not None:
+            services.operation_reconcile(operation_id=pending.id)
+            _settle_outbox_quietly()
+        elif refund:
+            self._refund_through_the_api(pid, partial=refund == "partial")
         if close:
             self._close_dispute(obj["id"], "warning_closed")
 
@@ -2335,6 +2360,27 @@ class LifecycleMachine(RuleBasedStateMachine):
             status = Purchase.objects.get(id=pid).status
             assert status not in FULFILLABLE_STATUSES + (PurchaseStatus.COMPLETED,), (
                 f"{pid}: the money went back at the provider, the purchase says {status}")
+
+    @invariant()
+    def refund_pending_only_while_a_refund_is_in_flight(self):
+        """`refund_pending` only while a refund is in flight (DESIGN.md §5.10): once every
+        refund of the purchase is final at the provider and Verity has read each one, the
+        purchase no longer says a refund is in progress (nor blocks the buyer with it)."""
+        refunds = None
+        for pid, _ in self.purchases:
+            if Purchase.objects.get(id=pid).status != PurchaseStatus.REFUND_PENDING:
+                continue
+            if self._still_settling(pid):
+                continue
+            ops = self._ops(purchase_id=pid, kind=OperationKind.REFUND)
+            if any(op.outcome not in (Outcome.SUCCEEDED, Outcome.FAILED) for op in ops):
+                continue  # Verity has not read one back yet
+            refunds = refunds if refunds is not None else self._provider_refunds()
+            intents = {op.parent.provider_reference for op in ops if op.parent_id}
+            if any(r["status"] == "pending" for pi in intents for r in refunds.get(pi, [])):
+                continue
+            raise AssertionError(f"{pid} says refund_pending, every refund is final: "
+                                 + ", ".join(f"{op.id}:{op.outcome}" for op in ops))
 
     @invariant()
     def a_halt_binds_at_claim(self):
