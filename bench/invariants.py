@@ -699,6 +699,63 @@ def _paid_purchase_fulfilled_once(f: Facts, rep: Report) -> None:
             "reported")
 
 
+@invariant("goods-follow-the-money", When.DRAINED)
+def _goods_follow_the_money(f: Facts, rep: Report) -> None:
+    """A purchase whose money went back (refunded in full, voided, a dispute lost) has no
+    live order, serves no deliverable and does not say it is paid or fulfilled; a purchase
+    with a live order or deliverable keeps its money (DESIGN.md §5.12). Judged on the
+    provider's record: what its PaymentIntents captured minus their refunds and lost
+    disputes there; a void is an authorization the provider cancelled after Verity held it."""
+    from payments.enums import OperationKind, Outcome, PurchaseStatus
+    from payments.models import PaymentOperation, Purchase
+    from recovery.models import StepName, StepRun, StepState
+
+    intents: dict[str, list[dict]] = defaultdict(list)
+    for pi in f.intents:
+        pid = (pi.get("metadata") or {}).get("purchase_id")
+        if pid:
+            intents[pid].append(pi)
+    refunded: Counter = Counter()
+    for r in f.refunds:
+        if r["status"] == "succeeded" and r.get("payment_intent"):
+            refunded[r["payment_intent"]] += r["amount"]
+    lost: Counter = Counter()
+    for d in f.disputes:
+        if d["status"] == "lost" and d.get("payment_intent"):
+            lost[d["payment_intent"]] += d["amount"]
+    # Authorizations Verity held (its record of the hold); the provider says whether they
+    # were cancelled since.
+    authorized = set(PaymentOperation.objects.filter(
+        kind=OperationKind.AUTHORIZE, outcome=Outcome.SUCCEEDED
+    ).values_list("provider_reference", flat=True))
+    back = set()
+    for pid, pis in intents.items():
+        if any(pi["status"] in ("requires_capture", "processing") for pi in pis):
+            continue  # money held
+        captured = sum(pi.get("amount_received") or pi["amount"] for pi in pis
+                       if pi["status"] == "succeeded")
+        voided = any(pi["status"] == "canceled" and pi["id"] in authorized for pi in pis)
+        returned = sum(refunded[pi["id"]] + lost[pi["id"]] for pi in pis)
+        if (captured and returned >= captured) or (voided and not captured):
+            back.add(pid)
+    now = timezone.now()
+    serving = set(StepRun.objects.filter(step=StepName.DELIVERABLE, state=StepState.DONE,
+                                         result_expires_at__gt=now)
+                  .values_list("purchase_id", flat=True))
+    live = (back & f.live_orders) | (back & serving)
+    says_paid = set(Purchase.objects.filter(id__in=back, status__in=[
+        PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED,
+        PurchaseStatus.DISPUTE_WON]).values_list("id", flat=True))
+    rep.add("purchases whose money went back at the provider", len(back), "reported")
+    rep.add("  ...with a live order or a served deliverable", len(live), "must be 0",
+            ok=not live)
+    rep.add("  ...saying paid, fulfilling, completed or dispute won", len(says_paid),
+            "must be 0", ok=not says_paid)
+    for pid in sorted(live | says_paid)[:5]:
+        rep.add(f"  {pid}", Purchase.objects.get(id=pid).status,
+                f"order live={pid in f.live_orders} deliverable served={pid in serving}")
+
+
 @invariant("effects-once", When.DRAINED)
 def _effects_once(f: Facts, rep: Report) -> None:
     effect_dupes = _effects_executed_twice()

@@ -159,7 +159,8 @@ _RESTORABLE = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.CO
 def _closed_status(purchase: Purchase, dispute: Dispute,
                    money: PurchaseMoney) -> tuple[str, str | None]:
     """The transition (and its argument) a closed dispute takes the purchase through."""
-    if dispute.status == DisputeStatus.LOST:
+    if dispute.status == DisputeStatus.LOST or money.dispute_lost:
+        # This dispute, or an earlier one of the same payment, gave the money back.
         return "mark_dispute_lost", None
     if money.returned or dispute.status == DisputeStatus.CHARGE_REFUNDED:
         # The buyer has the money back (the provider's `charge_refunded` says so before

@@ -292,3 +292,23 @@ def test_an_inquiry_during_a_pending_partial_refund_does_not_strand_the_purchase
     assert _refunded_at_provider(purchase_id) == 500
     assert _live_orders(purchase_id) == 1 and _confirmations(purchase_id) == 1
     _faces_agree(client, shop, purchase_id, PurchaseStatus.COMPLETED)
+
+
+def test_a_dispute_won_after_another_was_lost_keeps_the_purchase_lost(client, shop):
+    # given a charge whose dispute was lost (the money went back to the buyer)
+    purchase_id, _ = _buy(shop)
+    settle()
+    first = _dispute(_charge(purchase_id))
+    _event(client, first, "charge.dispute.created")
+    _move(first, "lost")
+    _event(client, first, "charge.dispute.closed")
+    # when a second dispute of the same charge is won
+    second = _dispute(_charge(purchase_id))
+    _event(client, second, "charge.dispute.created")
+    _move(second, "won")
+    _event(client, second, "charge.dispute.closed")
+    settle()
+    # then the purchase still says the money went back by the dispute, never "refunded"
+    assert _refunded_at_provider(purchase_id) == 0
+    assert _live_orders(purchase_id) == 0
+    _faces_agree(client, shop, purchase_id, PurchaseStatus.DISPUTE_LOST)
