@@ -10,8 +10,6 @@ rows) are counted on the primary.
 from __future__ import annotations
 
 import pytest
-
-from support.services import form_token_mint
 from django.contrib.auth.models import Group, User
 from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
@@ -191,7 +189,7 @@ def test_money_paths_never_open_the_replica(replica, client, drill, localstripe,
         client.force_login(requester)
         client.post(reverse("support:refund-request", args=[purchase["id"]]),
                     {"step": "confirm", "amount_minor": "1000", "reason": "damaged",
-                     "form_token": form_token_mint(requester), **CONFIRM})
+                     "form_token": console.form_token_mint(requester), **CONFIRM})
         refund = PaymentOperation.objects.get(purchase_id=purchase["id"],
                                               kind=OperationKind.REFUND)
         client.force_login(approver)
