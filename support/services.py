@@ -82,8 +82,8 @@ class ConsoleError(Exception):
 
 
 # -------------------------------------------------------------- one-time form tokens
-# A console form that moves money makes its effect once (docs/console.md#one-submission-
-# per-form): the page carries a token minted when it was rendered; the action consumes it
+# A console form that moves money makes its effect once
+# (docs/console.md#one-submission-per-form): the page carries a token minted when it was rendered; the action consumes it
 # in the transaction that makes the effect. A double click, a resent POST or two tabs of
 # the same page are one submission: the later ones are shown the first one's result.
 
