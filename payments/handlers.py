@@ -4,6 +4,7 @@ from __future__ import annotations
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_handler
 
+from .services.cancels import payment_cancel_after_failure
 from .services.external import ExternalResult, external_refunds_read
 from .services import operation_dispatch_or_wait, operation_reconcile
 
@@ -17,6 +18,11 @@ def _handle_reconcile(payload: dict) -> None:
 def _handle_dispatch(payload: dict) -> None:
     # Still queued after the call = its workflow is halted: back off, do not drop it.
     operation_dispatch_or_wait(operation_id=payload["operation"])
+
+
+@outbox_handler(OutboxCategory.PAYMENT_CANCEL)
+def _handle_payment_cancel(payload: dict) -> None:
+    payment_cancel_after_failure(operation_id=payload["operation"])
 
 
 class ExternalRefundsWait(Exception):

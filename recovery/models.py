@@ -14,6 +14,8 @@ class OutboxCategory(models.IntegerChoices):
     DISPUTE_CHANGED = 20  # payload {"dispute": id}: book its ledger entries, read it back
     PROVIDER_REFUNDS_READ = 21  # payload {"operation": id}: read a payment's refunds at the
     #                             provider and record those no Verity operation requested
+    PAYMENT_CANCEL = 22  # payload {"operation": id}: cancel at the provider a payment
+    #                      Verity settled failed that the provider still holds open
     ACP_ORDER_EVENT = 30  # payload {"purchase": id, "event": type, "status": s}: tell the
     #                       ACP agent platform about its order (acp.handlers)
     NOOP = 99  # benchmarks and tests

@@ -37,6 +37,7 @@ from payments.enums import (
     Outcome,
     PurchaseStatus,
 )
+from payments.locks import lock_operation
 from payments.models import PaymentOperation, Product, Purchase
 from payments.money import format_money
 from payments.selectors import purchase_money
@@ -485,9 +486,12 @@ def operation_settled(*, operation_id: str) -> None:
         _duplicate_settled(op)
         return
     if op.parent_id and op.parent.is_duplicate:
-        if op.kind == OperationKind.REFUND and op.outcome == Outcome.SUCCEEDED:
+        if op.kind == OperationKind.REFUND and op.is_terminal:
             with transaction.atomic():
-                duplicate_return_book(op)
+                if _outcome_locked(op) == Outcome.SUCCEEDED:
+                    duplicate_return_book(op)
+                else:
+                    ledger_reverse_unmade(purchase_id=op.purchase_id, operation_id=op.id)
         if (op.is_compensation and op.outcome == Outcome.FAILED
                 and op.grade != Grade.ACKNOWLEDGED):
             # The provider refused the duplicate's return (e.g. part of it was refunded in
@@ -506,7 +510,10 @@ def operation_settled(*, operation_id: str) -> None:
                               detail=f"refund {op.id} returned the payment in full: "
                                      "order cancelled")
     with transaction.atomic():
-        if op.outcome == Outcome.SUCCEEDED:
+        outcome = op.outcome
+        if op.kind in (OperationKind.REFUND, OperationKind.VOID):
+            outcome = _outcome_locked(op)
+        if outcome == Outcome.SUCCEEDED:
             if op.kind in PAYMENT_KINDS:
                 run_steps_message_put(op.purchase_id)
             elif op.kind == OperationKind.CAPTURE:
@@ -520,7 +527,13 @@ def operation_settled(*, operation_id: str) -> None:
                 ledger_record_refund(purchase_id=op.purchase_id, refund=info)
             elif op.kind == OperationKind.VOID:
                 ledger_record_void(purchase_id=op.purchase_id, void=info, amount=op.amount)
-        elif op.outcome == Outcome.FAILED and op.kind in (*PAYMENT_KINDS, OperationKind.CAPTURE):
+        elif outcome == Outcome.FAILED and op.kind in (OperationKind.REFUND, OperationKind.VOID):
+            # A person's "succeeded" the provider's record overturned (the refund never
+            # happened, the authorization still stands): what was booked on it is reversed,
+            # or the room the overturn freed would be booked a second time.
+            if ledger_reverse_unmade(purchase_id=op.purchase_id, operation_id=op.id):
+                log.warning("ledger reversed for overturned operation=%s", op.id)
+        elif outcome == Outcome.FAILED and op.kind in (*PAYMENT_KINDS, OperationKind.CAPTURE):
             # Overturned: a person's "succeeded" the provider's record contradicts. The
             # ledger step's row lock first, so a booking in flight lands before the reversal.
             StepRun.objects.select_for_update().filter(purchase_id=op.purchase_id,
@@ -543,6 +556,15 @@ def operation_settled(*, operation_id: str) -> None:
                 run.last_error = f"compensation {op.kind} {op.id} failed: {op.reason}"[:1000]
                 run.save(update_fields=["state", "last_error"])
             _manual_review(op.purchase_id, f"compensation {op.kind} {op.id} failed")
+
+
+def _outcome_locked(op) -> str:
+    """The operation's outcome read under its row lock (inside the caller's atomic()): an
+    overturn committing while a booking is in flight waits for it, and its own settled
+    message then reverses what was booked; a booking never lands after its reversal.
+    The step runs it compensates are locked first (the lock order above)."""
+    list(StepRun.objects.select_for_update().filter(compensation_operation_id=op.id))
+    return lock_operation(op.id).outcome
 
 
 def duplicate_return_book(refund) -> None:

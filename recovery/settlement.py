@@ -46,8 +46,10 @@ class ComparisonResult:
 # Dispute withdrawals/reinstatements are `adjustment` balance transactions whose source is
 # the dispute; their fee (the dispute fee) is booked in the ledger, so they compare net.
 _DISPUTE_CATEGORIES = ("dispute", "dispute_reversal")
+# A reversal (recovery.steps.ledger_reverse_unmade: the provider overturned a person's
+# word) nets its booking to nothing, so a movement the provider never made is not missing.
 LEDGER_ENTRY_TYPES = ("sale", "refund", "dispute_withdrawal", "dispute_fee",
-                      "dispute_reinstatement")
+                      "dispute_reinstatement", "sale_reversal", "refund_reversal")
 
 
 def _provider_totals(transactions: list[dict]) -> dict[str, tuple[int, str]]:
@@ -136,7 +138,8 @@ def settlement_compare(*, grace_seconds: float | None = None) -> ComparisonResul
             matched.add(reference)
     if not truncated:  # a truncated provider list cannot prove absence
         for reference, (ledger_amount, currency) in ledger_totals.items():
-            if reference in provider_totals or reference in young_ledger:
+            if (reference in provider_totals or reference in young_ledger
+                    or ledger_amount == 0):
                 continue
             found.append(SettlementDiscrepancy(
                 provider_reference=reference, kind=Kind.MISSING_AT_PROVIDER,

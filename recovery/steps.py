@@ -217,12 +217,18 @@ def ledger_record_void(*, purchase_id: str, void: PaymentInfo, amount: int) -> N
                  amount=amount, currency=void.currency)
 
 
+# What an operation books under its own id, so what an overturn of it takes back.
+UNMADE_REVERSIBLE = ("sale", "authorization", "refund", "void")
+
+
 def ledger_reverse_unmade(*, purchase_id: str, operation_id: str) -> int:
     """The provider's record overturned a person's "succeeded": what the ledger booked for
-    that operation on their word (the sale, or the authorization) is reversed, row by row,
-    so the ledger follows the provider. Idempotent (one reversal per booked row)."""
+    that operation on their word (the sale, the authorization, the refund or the void) is
+    reversed, row by row, so the ledger follows the provider (a refund that never happened
+    no longer books money back, so the room it freed is not booked twice). Idempotent (one
+    reversal per booked row); an operation that booked nothing reverses nothing."""
     booked = list(LedgerEntry.objects.filter(operation_id=operation_id,
-                                             entry_type__in=("sale", "authorization")))
+                                             entry_type__in=UNMADE_REVERSIBLE))
     LedgerEntry.objects.bulk_create([
         LedgerEntry(purchase_id=purchase_id, operation_id=operation_id,
                     provider_reference=row.provider_reference,

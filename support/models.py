@@ -5,7 +5,7 @@ from django.db import models
 
 from audit.models import AuditEntry, Note, Resolution
 
-__all__ = ["AuditEntry", "Incident", "IncidentItem", "IncidentOutcome", "IncidentStatus",
+__all__ = ["AuditEntry", "FormSubmission", "Incident", "IncidentItem", "IncidentOutcome", "IncidentStatus",
            "LoginFailure", "Note", "Resolution"]
 
 
@@ -77,3 +77,21 @@ class IncidentItem(models.Model):
         ordering = ["attached_at", "id"]
         constraints = [models.UniqueConstraint(fields=["incident", "purchase_id", "operation_id"],
                                                name="incidentitem_once_per_incident")]
+
+
+class FormSubmission(models.Model):
+    """A console form that moves money, submitted once: the page mints a one-time token
+    (support.services.form_token_mint); the action inserts its nonce here in the
+    transaction that makes its effect. A second POST of the same form (a double click, a
+    resent request) meets the unique nonce — PostgreSQL makes it wait for the first
+    transaction, then refuses it — and is shown the first one's result; it creates
+    nothing."""
+
+    nonce = models.CharField(max_length=64, unique=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                             related_name="+")
+    action = models.CharField(max_length=64)
+    target_id = models.CharField(max_length=40)
+    result_type = models.CharField(max_length=16, blank=True)  # "operation" | "purchase"
+    result_id = models.CharField(max_length=40, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)

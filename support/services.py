@@ -11,6 +11,7 @@ transaction right after.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable
 from contextlib import contextmanager
 import unicodedata
@@ -19,8 +20,9 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any
 
+from django.core import signing
 from django.core.exceptions import ObjectDoesNotExist
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit import services as audit_services
@@ -51,6 +53,7 @@ from webhooks.models import ProviderEvent
 from support.access import Action, require
 from support.models import (
     AuditEntry,
+    FormSubmission,
     Incident,
     IncidentItem,
     IncidentOutcome,
@@ -76,6 +79,97 @@ class ConsoleError(Exception):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+
+# -------------------------------------------------------------- one-time form tokens
+# A console form that moves money makes its effect once
+# (docs/console.md#one-submission-per-form): the page carries a token minted when it was rendered; the action consumes it
+# in the transaction that makes the effect. A double click, a resent POST or two tabs of
+# the same page are one submission: the later ones are shown the first one's result.
+
+FORM_TOKEN_SALT = "console-form-once"
+FORM_TOKEN_MAX_AGE_SECONDS = 12 * 3600
+
+
+class FormAlreadySubmitted(ConsoleError):
+    """This form's effect was made already (shown as information, not as a refusal)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("already_submitted", message, 200)
+
+
+def form_token_mint(user) -> str:
+    """A one-time token for one rendering of a form, signed and bound to `user`: nothing
+    is stored until it is used (a page view writes nothing)."""
+    return signing.dumps({"n": secrets.token_urlsafe(18), "u": user.pk}, salt=FORM_TOKEN_SALT)
+
+
+def _form_nonce(token: str | None, user, *, required: bool) -> str | None:
+    if not token:
+        if required:
+            raise ConsoleError("form_token_missing", "This form came without its one-time "
+                               "token: reload the page and submit it again.", 400)
+        return None
+    try:
+        data = signing.loads(token, salt=FORM_TOKEN_SALT, max_age=FORM_TOKEN_MAX_AGE_SECONDS)
+    except signing.SignatureExpired:
+        raise ConsoleError("form_expired", "This form is too old: reload the page and "
+                           "submit it again.", 409) from None
+    except signing.BadSignature:
+        raise ConsoleError("form_token_invalid", "This form's one-time token is not valid: "
+                           "reload the page and submit it again.", 400) from None
+    if data.get("u") != user.pk:
+        raise ConsoleError("form_token_invalid", "This form was rendered for another user: "
+                           "reload the page and submit it again.", 400)
+    return str(data["n"])[:64]
+
+
+def _first_result(row: FormSubmission) -> str:
+    if row.result_type == "operation":
+        op = PaymentOperation.objects.filter(pk=row.result_id).first()
+        if op is not None:
+            amount = format_money(op.amount, op.currency)
+            return (f"This form was already submitted: {op.kind} {op.pk} of {amount} is "
+                    f"{op.outcome.replace('_', ' ')}. Nothing new was requested.")
+    if row.result_type == "purchase":
+        purchase = Purchase.objects.filter(pk=row.result_id).first()
+        if purchase is not None:
+            return (f"This form was already submitted: purchase {purchase.pk} is "
+                    f"{purchase.status.replace('_', ' ')}. Nothing new was done.")
+    return ("This form was already submitted (its result is on its way); nothing new was "
+            "done. Reload the page to see it.")
+
+
+def _form_claim(nonce: str | None, *, user, action: str, target_id: str) -> None:
+    """Inside the transaction that makes the effect: the form's nonce, once. A concurrent
+    second submission waits on the unique index until the first commits, then is refused
+    with the first one's result (FormAlreadySubmitted); if the first rolled back, the
+    second goes ahead."""
+    if nonce is None:
+        return
+    try:
+        with transaction.atomic():
+            FormSubmission.objects.create(nonce=nonce, user=user, action=action,
+                                          target_id=target_id)
+    except IntegrityError:
+        raise FormAlreadySubmitted(_first_result(FormSubmission.objects.get(nonce=nonce))) \
+            from None
+
+
+def _form_result(nonce: str | None, changed) -> None:
+    """What the form made, for a later submission of it to show."""
+    if nonce is None or changed is None:
+        return
+    FormSubmission.objects.filter(nonce=nonce).update(
+        result_type="purchase" if isinstance(changed, Purchase) else "operation",
+        result_id=changed.pk)
+
+
+def _form_release(nonce: str | None) -> None:
+    """The action was refused before any effect: the same form may be corrected and sent
+    again."""
+    if nonce is not None:
+        FormSubmission.objects.filter(nonce=nonce, result_id="").delete()
 
 
 def _reason_required(reason: str) -> str:
@@ -176,16 +270,23 @@ def _act_by_user(*, user, ip: str | None, permission: Action, action: str, reaso
                  purchase_id: str = "", check: Callable[[], None] | None = None,
                  not_by_requester: tuple[str, str] | None = None, verify_first: bool = False,
                  with_purchase: bool = False, before: Callable[[Any], dict] | None = None,
-                 after: Callable[[Any], dict] | None = None):
+                 after: Callable[[Any], dict] | None = None, form_token: str | None = None,
+                 form_token_required: bool = False):
     """The one shape of a console action on an operation or a purchase: check the role, ask
     for a reason, load the target (404 if gone), refuse the requester where the rule says
     so, snapshot it, run the core's service (`act(reason)`; `act(reason, record)` for
     Txn.INSIDE) and write the console audit row (actor, IP, reason, before, after) in the
     same transaction as the change. A refusal from the core is audited as
     `<action>.refused` and shown as a ConsoleError. The audit row names what changed: the
-    operation the action created or changed, else the purchase."""
+    operation the action created or changed, else the purchase.
+
+    `form_token` (support.services.form_token_mint, from the page the person submitted):
+    the form's effect is made once — consumed in the transaction that makes it (Txn.AROUND,
+    Txn.INSIDE), or claimed just before a provider call that runs outside any transaction
+    (Txn.AFTER) and released if the action is refused."""
     require(user, permission)
     reason = _reason_required(reason)
+    nonce = _form_nonce(form_token, user, required=form_token_required)
     if check is not None:
         check()
     if operation_id:
@@ -223,22 +324,38 @@ def _act_by_user(*, user, ip: str | None, permission: Action, action: str, reaso
                                 target_type="operation" if operation_id else "purchase",
                                 target_id=operation_id or purchase_id, reason=reason,
                                 purchase_id=purchase_id):
+        claim = dict(user=user, action=action, target_id=operation_id or purchase_id)
         if verify_first:  # a payment only a person settled is read back first (network)
             operations_verify_before_follow_up(purchase_id=purchase_id)
         if txn is Txn.INSIDE:
-            act(reason, lambda resolved: record(_reload_op(operation_id)))
+            def bind(resolved) -> None:
+                _form_claim(nonce, **claim)
+                changed = _reload_op(operation_id)
+                record(changed)
+                _form_result(nonce, changed)
+
+            act(reason, bind)
             return _reload_op(operation_id)
         if txn is Txn.AFTER:
-            act(reason)  # network I/O: outside any transaction
+            with transaction.atomic():
+                _form_claim(nonce, **claim)
+            try:
+                act(reason)  # network I/O: outside any transaction
+            except DomainError:
+                _form_release(nonce)
+                raise
             with transaction.atomic():
                 changed = _reload_op(operation_id)
                 record(changed)
+                _form_result(nonce, changed)
             return changed
         with transaction.atomic():
+            _form_claim(nonce, **claim)
             changed = act(reason)  # the operation or purchase it created, for a purchase
             if operation_id:
                 changed = _reload_op(operation_id)
             record(changed)
+            _form_result(nonce, changed)
         return changed
 
 
@@ -263,7 +380,8 @@ def operation_reconcile_by_user(*, operation_id: str, user, reason: str,
 
 
 def operation_resolve_by_user(*, operation_id: str, outcome: str, user, reason: str,
-                              ip: str | None = None) -> PaymentOperation:
+                              ip: str | None = None,
+                              form_token: str | None = None) -> PaymentOperation:
     """Manual resolution (grade acknowledged, verification manual); never by the person
     or client that requested the operation (the core refuses `resolver_is_requester`).
     The core reads the provider back first (outside any transaction), then records the
@@ -273,6 +391,7 @@ def operation_resolve_by_user(*, operation_id: str, outcome: str, user, reason: 
             raise ConsoleError("invalid_outcome", "Resolve as succeeded or failed.", 422)
 
     return _act_by_user(
+        form_token=form_token,
         user=user, ip=ip, permission=Action.RESOLVE, action=AuditAction.CONSOLE_RESOLVE, reason=reason,
         operation_id=operation_id, txn=Txn.INSIDE, check=check, with_purchase=True,
         not_by_requester=("resolver_is_requester",
@@ -283,9 +402,11 @@ def operation_resolve_by_user(*, operation_id: str, outcome: str, user, reason: 
 
 
 def operation_replay_by_user(*, operation_id: str, user, reason: str,
-                             ip: str | None = None) -> PaymentOperation:
+                             ip: str | None = None,
+                             form_token: str | None = None) -> PaymentOperation:
     """Resend with the same provider key (only where the provider dedupes keys)."""
     return _act_by_user(
+        form_token=form_token,
         user=user, ip=ip, permission=Action.REPLAY, action=AuditAction.CONSOLE_REPLAY, reason=reason,
         operation_id=operation_id, txn=Txn.AFTER,
         act=lambda reason: operation_replay(operation_id=operation_id,
@@ -293,11 +414,13 @@ def operation_replay_by_user(*, operation_id: str, user, reason: str,
 
 
 def operation_cancel_unapplied_by_user(*, operation_id: str, user, reason: str,
-                                       ip: str | None = None) -> PaymentOperation:
+                                       ip: str | None = None,
+                                       form_token: str | None = None) -> PaymentOperation:
     """"Cancel at the provider and mark failed" for a confirm the provider never applied:
     a write (the provider call runs outside any transaction), audited with its reason,
     refused (and the refusal audited) if the provider applied it or the cancel fails."""
     return _act_by_user(
+        form_token=form_token,
         user=user, ip=ip, permission=Action.RESOLVE, action=AuditAction.CONSOLE_CANCEL_UNAPPLIED,
         reason=reason, operation_id=operation_id, txn=Txn.AFTER, with_purchase=True,
         act=lambda reason: operation_cancel_unapplied(operation_id=operation_id,
@@ -309,10 +432,13 @@ def operation_cancel_unapplied_by_user(*, operation_id: str, user, reason: str,
 
 
 def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int | None = None,
-                           ip: str | None = None) -> PaymentOperation:
+                           ip: str | None = None,
+                           form_token: str | None = None,
+                           form_token_required: bool = False) -> PaymentOperation:
     """A console refund starts awaiting_approval (docs/console.md#refund-approval)."""
     try:
         return _act_by_user(
+            form_token=form_token, form_token_required=form_token_required,
             user=user, ip=ip, permission=Action.REQUEST_REFUND,
             action=AuditAction.CONSOLE_REFUND_REQUEST, reason=reason, purchase_id=purchase_id,
             verify_first=True,
@@ -332,9 +458,11 @@ def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int |
 
 
 def refund_approve_by_user(*, operation_id: str, user, reason: str,
-                           ip: str | None = None) -> PaymentOperation:
+                           ip: str | None = None,
+                           form_token: str | None = None) -> PaymentOperation:
     """Finance approves a refund someone else requested, then it is dispatched."""
     op = _act_by_user(
+        form_token=form_token,
         user=user, ip=ip, permission=Action.APPROVE_REFUND, action=AuditAction.CONSOLE_REFUND_APPROVE,
         reason=reason, operation_id=operation_id,
         not_by_requester=("approver_is_requester",
@@ -345,11 +473,13 @@ def refund_approve_by_user(*, operation_id: str, user, reason: str,
 
 
 def refund_decline_by_user(*, operation_id: str, user, reason: str,
-                           ip: str | None = None) -> PaymentOperation:
+                           ip: str | None = None,
+                           form_token: str | None = None) -> PaymentOperation:
     """Finance declines a refund awaiting approval: nothing goes to the provider, and the
     refundable amount is free again. Any finance user may decline (the requester too: a
     decline moves no money)."""
     return _act_by_user(
+        form_token=form_token,
         user=user, ip=ip, permission=Action.APPROVE_REFUND, action=AuditAction.CONSOLE_REFUND_DECLINE,
         reason=reason, operation_id=operation_id,
         act=lambda reason: refund_decline(operation_id=operation_id, reason=reason,
@@ -357,9 +487,11 @@ def refund_decline_by_user(*, operation_id: str, user, reason: str,
 
 
 def overturn_review_by_user(*, operation_id: str, user, reason: str,
-                            ip: str | None = None) -> PaymentOperation:
+                            ip: str | None = None,
+                            form_token: str | None = None) -> PaymentOperation:
     """Close a "manual resolution overturned" queue item after checking what followed."""
     return _act_by_user(
+        form_token=form_token,
         user=user, ip=ip, permission=Action.RESOLVE, action=AuditAction.CONSOLE_OVERTURN_REVIEW,
         reason=reason, operation_id=operation_id,
         act=lambda reason: operation_overturn_review(operation_id=operation_id,
@@ -368,11 +500,13 @@ def overturn_review_by_user(*, operation_id: str, user, reason: str,
 
 
 def void_by_user(*, purchase_id: str, user, reason: str,
-                 ip: str | None = None) -> PaymentOperation:
+                 ip: str | None = None,
+                 form_token: str | None = None) -> PaymentOperation:
     """An operator voids an authorization, also after fulfilment started (the API refuses
     that with `fulfilment_started`): the decision is recorded, the void is sent, and when
     the provider confirms it the purchase is `voided` and the order cancelled."""
     op = _act_by_user(
+        form_token=form_token,
         user=user, ip=ip, permission=Action.RESOLVE, action=AuditAction.CONSOLE_VOID, reason=reason,
         purchase_id=purchase_id, verify_first=True,
         act=lambda reason: void_create(purchase_id=purchase_id, acting_user=user,
@@ -381,9 +515,11 @@ def void_by_user(*, purchase_id: str, user, reason: str,
 
 
 def purchase_cancel_by_user(*, purchase_id: str, user, reason: str,
-                            ip: str | None = None) -> Purchase:
+                            ip: str | None = None,
+                            form_token: str | None = None) -> Purchase:
     """Support cancels a purchase before any payment was claimed."""
     return _act_by_user(
+        form_token=form_token,
         user=user, ip=ip, permission=Action.REQUEST_REFUND, action=AuditAction.CONSOLE_CANCEL,
         reason=reason, purchase_id=purchase_id,
         act=lambda reason: purchase_cancel(purchase_id=purchase_id, acting_user=user,

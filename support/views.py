@@ -181,6 +181,19 @@ def _back(request, fallback: str):
     return HttpResponseRedirect(target)
 
 
+def _refused(request, e: services.ConsoleError) -> None:
+    if isinstance(e, services.FormAlreadySubmitted):
+        # A double click or a resent form: the first submission's result, nothing new.
+        messages.info(request, e.message)
+    else:
+        messages.error(request, f"Refused ({e.code}): {e.message}")
+
+
+def _form_token(request) -> str:
+    """The one-time token the submitted form carried (support.services.form_token_mint)."""
+    return request.POST.get("form_token", "")
+
+
 def _run(request, fallback: str, fn, ok_message: str, **kwargs):
     if not _confirmed(request):
         messages.error(request, "Tick the confirmation box to go ahead.")
@@ -189,7 +202,7 @@ def _run(request, fallback: str, fn, ok_message: str, **kwargs):
         fn(user=request.user, reason=request.POST.get("reason", ""), ip=client_ip(request),
            **kwargs)
     except services.ConsoleError as e:
-        messages.error(request, f"Refused ({e.code}): {e.message}")
+        _refused(request, e)
         return _back(request, fallback)
     messages.success(request, ok_message)
     return _back(request, fallback)
@@ -233,10 +246,12 @@ def refund_request(request, purchase_id: str):
         except ValueError:
             messages.error(request, "The confirmed amount was missing; start again.")
             return _back(request, url)
+        # The confirm moves money once approved: only with the echo page's one-time token.
         return _run(request, url, services.refund_request_by_user,
                     f"Refund of {format_money(amount, p.currency)} requested; it waits for "
                     "a finance approver (not the requester).",
-                    purchase_id=purchase_id, amount=amount)
+                    purchase_id=purchase_id, amount=amount, form_token=_form_token(request),
+                    form_token_required=True)
     if not _confirmed(request):
         messages.error(request, "Tick the confirmation box to go ahead.")
         return _back(request, url)
@@ -276,39 +291,45 @@ def reconcile(request, operation_id: str):
 def resolve(request, operation_id: str):
     return _run(request, _op_purchase_url(operation_id), services.operation_resolve_by_user,
                 "Operation resolved manually.", operation_id=operation_id,
-                outcome=request.POST.get("outcome", ""))
+                outcome=request.POST.get("outcome", ""),
+                form_token=_form_token(request))
 
 
 @console_view(Action.RESOLVE, post=True)
 def overturn_review(request, operation_id: str):
     return _run(request, _op_purchase_url(operation_id), services.overturn_review_by_user,
-                "Overturn marked reviewed.", operation_id=operation_id)
+                "Overturn marked reviewed.", operation_id=operation_id,
+                form_token=_form_token(request))
 
 
 @console_view(Action.RESOLVE, post=True)
 def void(request, purchase_id: str):
     return _run(request, _purchase_url(purchase_id), services.void_by_user,
                 "Void sent to the provider; the order is cancelled once it confirms.",
-                purchase_id=purchase_id)
+                purchase_id=purchase_id,
+                form_token=_form_token(request))
 
 
 @console_view(Action.REQUEST_REFUND, post=True)
 def cancel(request, purchase_id: str):
     return _run(request, _purchase_url(purchase_id), services.purchase_cancel_by_user,
-                "Purchase cancelled.", purchase_id=purchase_id)
+                "Purchase cancelled.", purchase_id=purchase_id,
+                form_token=_form_token(request))
 
 
 @console_view(Action.REPLAY, post=True)
 def replay(request, operation_id: str):
     return _run(request, _op_purchase_url(operation_id), services.operation_replay_by_user,
-                "Replayed with the same provider key.", operation_id=operation_id)
+                "Replayed with the same provider key.", operation_id=operation_id,
+                form_token=_form_token(request))
 
 
 @console_view(Action.RESOLVE, post=True)
 def cancel_unapplied(request, operation_id: str):
     return _run(request, _op_purchase_url(operation_id),
                 services.operation_cancel_unapplied_by_user,
-                "Cancelled at the provider; the payment is failed.", operation_id=operation_id)
+                "Cancelled at the provider; the payment is failed.", operation_id=operation_id,
+                form_token=_form_token(request))
 
 
 @console_view(Action.APPROVE_REFUND, post=True)
@@ -320,9 +341,10 @@ def refund_approve(request, operation_id: str):
     try:
         op = services.refund_approve_by_user(operation_id=operation_id, user=request.user,
                                              reason=request.POST.get("reason", ""),
-                                             ip=client_ip(request))
+                                             ip=client_ip(request),
+                                             form_token=_form_token(request))
     except services.ConsoleError as e:
-        messages.error(request, f"Refused ({e.code}): {e.message}")
+        _refused(request, e)
         return _back(request, url)
     level, text = selectors.refund_approve_feedback(op=op)
     messages.add_message(request, level, text)
@@ -333,7 +355,8 @@ def refund_approve(request, operation_id: str):
 def refund_decline(request, operation_id: str):
     return _run(request, _op_purchase_url(operation_id), services.refund_decline_by_user,
                 "Refund declined; nothing was sent to the provider.",
-                operation_id=operation_id)
+                operation_id=operation_id,
+                form_token=_form_token(request))
 
 
 @console_view(Action.HALT, post=True)

@@ -88,12 +88,31 @@ def _hold_reserve(op: PaymentOperation) -> bool:
     return True
 
 
+def _duplicate_returned_release(op: PaymentOperation) -> None:
+    """A duplicate charge the client never asked for, returned in full by its compensation:
+    its hold is released (docs/walkthrough.md, "Spending limits"). An ordinary refund never
+    restores consumed allowance (refund and charge again would spend past the limit)."""
+    parent = op.parent
+    if not (op.kind == OperationKind.REFUND and op.is_compensation and parent is not None
+            and parent.is_duplicate):
+        return
+    returned = (PaymentOperation.objects.filter(parent=parent, kind=OperationKind.REFUND,
+                                                outcome=Outcome.SUCCEEDED)
+                .aggregate(s=Sum("amount"))["s"] or 0)
+    if returned >= parent.amount:
+        Hold.objects.filter(operation=parent, state=HoldState.CONSUMED).update(
+            state=HoldState.RELEASED, updated_at=timezone.now())
+
+
 def _hold_settle(op: PaymentOperation, *, succeeded: bool) -> None:
-    """consume on charge/capture success; release on failure, void, or manual failed."""
+    """consume on charge/capture success; release on failure, void, or manual failed;
+    release a duplicate's once its compensation returned it in full."""
     if op.kind in (OperationKind.CHARGE, OperationKind.REFUND):
         Hold.objects.filter(operation=op, state=HoldState.RESERVED).update(
             state=HoldState.CONSUMED if succeeded else HoldState.RELEASED,
             updated_at=timezone.now())
+        if succeeded:
+            _duplicate_returned_release(op)
     elif op.kind == OperationKind.AUTHORIZE and not succeeded:
         Hold.objects.filter(operation=op, state=HoldState.RESERVED).update(
             state=HoldState.RELEASED, updated_at=timezone.now())

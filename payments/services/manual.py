@@ -34,6 +34,7 @@ from .common import (
     provider_for,
     transition_record,
 )
+from .cancels import payment_cancel_outside_transaction
 from .observations import _mismatch, operation_apply_observation, outcome_apply_locked
 from .reconcile import _read_back, _schedule_acknowledged_read_back, refund_never_received
 
@@ -64,40 +65,32 @@ def _cancel_before_manual_failure_outside_transaction(op: PaymentOperation, *, a
                                                       reason: str) -> None:
     """Cancel the PaymentIntent at the provider before a person settles it `failed`.
 
-    A write: claimed and audited in one transaction (three phases), refused if the
-    provider does not confirm the cancel."""
-    ref = op.provider_reference
-    with transaction.atomic():
-        purchase, locked = lock_purchase_and_operation(op.id)
-        if locked.outcome not in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER,
-                                  Outcome.AWAITING_BUYER):
-            return
-        workflow = operation_workflow(locked.kind)
-        if _halted(workflow):
-            # A cancel is a write to the provider: it honours the halt like every dispatch
-            # (docs/reliability.md#rules-every-money-movement-obeys). Nothing was claimed; the
-            # person tries again later.
-            raise DomainError(
-                ErrorCode.WORKFLOW_HALTED, f"The {workflow} workflow is halted: the payment cannot "
-                "be cancelled at the provider now, so it cannot be settled failed. Try "
-                "again once the halt is cleared.", status=503, retry=RetryAdvice.SAME_KEY,
-                owner=Owner.SUPPORT, purchase=op.purchase_id, operation=op.id)
-        attempt = (ProviderCall.objects.filter(operation=locked, purpose=CallPurpose.DISPATCH,
-                                               step=CallStep.CANCEL).count() + 1)
-        call = ProviderCall.objects.create(
-            operation=locked, purpose=CallPurpose.DISPATCH, step=CallStep.CANCEL,
-            attempt=attempt, key=locked.provider_key(CallStep.CANCEL))  # same key: idempotent
+    A write: claimed and audited in one transaction (three phases,
+    payments.services.cancels), refused if the provider does not confirm the cancel."""
+    def audit(locked: PaymentOperation) -> None:
         operation_audit_write(actor=actor, action="operation_cancel_at_provider", op=locked,
                               reason=reason,
-                              detail={"provider_reference": ref, "before_manual_failure": True})
-    result = provider_for(op).cancel_payment_intent(key=call.key, intent_id=ref)
-    _record_call(call, result)
-    obj = result.object
-    if result.classification != Classification.OK or obj is None:
-        read = _read_back(PaymentOperation.objects.select_related("purchase", "parent")
-                          .get(id=op.id))
-        obj = read.object if read.classification == Classification.OK else None
-    if obj is not None and _mismatch(op, obj) == "":
+                              detail={"provider_reference": op.provider_reference,
+                                      "before_manual_failure": True})
+
+    try:
+        obj = payment_cancel_outside_transaction(
+            op, open_outcomes=(Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER,
+                               Outcome.AWAITING_BUYER), on_claim=audit)
+    except DomainError as exc:
+        if exc.code != ErrorCode.WORKFLOW_HALTED:
+            raise
+        raise DomainError(
+            ErrorCode.WORKFLOW_HALTED, f"The {operation_workflow(op.kind)} workflow is halted: "
+            "the payment cannot be cancelled at the provider now, so it cannot be settled "
+            "failed. Try again once the halt is cleared.", status=503,
+            retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT, purchase=op.purchase_id,
+            operation=op.id) from None
+    if obj is None and PaymentOperation.objects.filter(id=op.id).exclude(
+            outcome__in=(Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER,
+                         Outcome.AWAITING_BUYER)).exists():
+        return  # settled meanwhile: the resolution's own check decides
+    if obj is not None:
         operation_apply_observation(operation_id=op.id, obj=obj, source=Verification.PROVIDER,
                                     cause="cancel_before_manual_failure", actor=actor)
         if outcome_from_object(obj, kind=op.kind) == Outcome.SUCCEEDED:

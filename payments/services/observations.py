@@ -47,6 +47,26 @@ from .common import (
 from .holds import _hold_overturn, _hold_settle
 
 
+def payment_cancel_due(op: PaymentOperation, obj: ProviderObject | None) -> bool:
+    """Verity has settled `op` failed on the provider's or its own evidence (never on a
+    person's word: the manual path cancels before it settles) and the provider may still
+    hold it open: a payment with a PaymentIntent on a rail that can cancel one, whose
+    record (when there is one) is still cancellable. Anyone holding the secret key could
+    otherwise attach a card and confirm it later: a charge with no order."""
+    return (op.kind in PAYMENT_KINDS and op.outcome == Outcome.FAILED
+            and op.grade == Grade.CONFIRMED and bool(op.provider_reference)
+            and provider_for(op).has_capture_and_void  # a rail whose payments can be cancelled
+            and (obj is None or obj.cancellable))
+
+
+def _cancel_if_left_open_put(op: PaymentOperation, obj: ProviderObject | None) -> None:
+    """In the settling transaction: the cancel at the provider follows through the outbox
+    (payments.services.cancels.payment_cancel_after_failure), outside any transaction."""
+    if payment_cancel_due(op, obj):
+        outbox_put(category=OutboxCategory.PAYMENT_CANCEL, payload={"operation": op.id},
+                   dedupe_key=f"cancel:{op.id}")
+
+
 def _expected_amount(op: PaymentOperation) -> int:
     if op.kind in (OperationKind.CAPTURE, OperationKind.VOID) and op.parent_id:
         return op.parent.amount
@@ -219,6 +239,8 @@ def _overturn_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, 
                                                 Reason.PROVIDER_FAILED)
         op.overturn_to_failed()
     op.save(update_fields=fields)
+    if target == Outcome.FAILED:
+        _cancel_if_left_open_put(op, obj)
     transition_record(purchase_id=purchase.id, operation=op, field="outcome", source=source,
                       target=op.outcome, cause=OVERTURN_CAUSE,
                       evidence={"overturned": overturned, "by": cause, "verification": verification,
@@ -443,6 +465,8 @@ def outcome_apply_locked(purchase: Purchase, op: PaymentOperation, target: Outco
         _schedule_reconcile(op, first=current not in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER,
                                                       Outcome.AWAITING_BUYER))
     _settle_effects(purchase, op, cause=cause, actor=actor)
+    if target == Outcome.FAILED:
+        _cancel_if_left_open_put(op, obj)
     return ApplyResult.APPLIED
 
 

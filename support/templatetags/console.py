@@ -6,6 +6,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from payments.money import format_money
+from support.services import form_token_mint
 from support.timefmt import span, absolute, relative
 
 register = template.Library()
@@ -166,3 +167,15 @@ def tx_link(tx_hash: str):
         return format_html("<code>{}</code>", tx_hash)
     return format_html('<a href="{}" rel="noreferrer"><code>{}</code></a>',
                        template_url.replace("{tx}", tx_hash), tx_hash)
+
+
+@register.simple_tag(takes_context=True)
+def form_token(context):
+    """The hidden one-time token of a console form that moves money: its effect is made
+    once, however often it is posted (support.services, `_act_by_user`)."""
+    request = context.get("request")
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return ""
+    return format_html('<input type="hidden" name="form_token" value="{}">',
+                       form_token_mint(user))

@@ -11,12 +11,12 @@ endpoint. Effects are counted at localstripe (PaymentIntents, charges) and in th
 
 Five breaks, each a strict xfail on 28ee2dd. Three pass since
 payments.services.observations.outcome_apply_locked confirms a person's word only on the
-provider's last word (`final`). Two stay strict xfails (section 2): a payment settled failed
-on a declined 3-D Secure attempt, whose PaymentIntent is then paid outside Verity, keeps
-`failed` and its success is quarantined for a person. An automatic overturn of such a
-failure was tried and withdrawn after a second attack (round 9, branch h-attack9: a
-cancelled purchase, a retry still pending, a person's unconfirmed retry). The way out is
-to cancel a declined PaymentIntent at the provider when Verity settles it failed.
+provider's last word (`final`). Two (section 2: a payment settled failed on a declined
+3-D Secure attempt, whose PaymentIntent is then paid outside Verity) pass since Verity
+cancels a payment it settled failed that the provider still holds open
+(payments.services.cancels, through the outbox: the relay runs before the buyer comes
+back). An automatic overturn of such a failure was tried and withdrawn after a second
+attack (a cancelled purchase, a retry still pending, a person's unconfirmed retry).
 """
 import threading
 
@@ -216,17 +216,15 @@ def test_after_a_stale_decline_the_persons_failed_is_still_read_back(
     assert _run_steps(purchase) == 1
 
 
-# -- 2. Still broken (open): the read-back "agrees" with a record that is not final -----
+# -- 2. Was broken: the read-back "agrees" with a record that is not final -----
 
-# Broken on 28ee2dd, still open: a failed 3-D Secure read back as
-# requires_payment_method is settled failed without cancelling the still-payable
-# PaymentIntent; paid later on that same intent, Verity keeps 'failed' (confirmed) and
-# quarantines the success: charged, no order
-@pytest.mark.xfail(strict=True, reason=(
-    "a declined 3-D Secure PaymentIntent paid later outside Verity: Verity keeps failed, "
-    "the success is quarantined (charged, no order)"))
+# Broken on 28ee2dd: a failed 3-D Secure read back as requires_payment_method was settled
+# failed without cancelling the still-payable PaymentIntent; paid later on that same
+# intent, Verity kept 'failed' (confirmed) and quarantined the success: charged, no order
 def test_a_declined_3ds_read_back_failed_leaves_no_payable_intent_behind(
         client, new_purchase, api_client, localstripe):
+    from recovery.relay import relay_drain
+
     # given a payment awaiting the buyer's 3-D Secure
     purchase = new_purchase()
     op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
@@ -247,6 +245,7 @@ def test_a_declined_3ds_read_back_failed_leaves_no_payable_intent_behind(
     assert _stored(event).result_reason == "readback_agrees"
     op = _reload(op)
     assert (op.outcome, op.grade) == (Outcome.FAILED, Grade.CONFIRMED)
+    relay_drain()  # the follow-ups of the settled failure
 
     # and the buyer, still on the provider's page, pays the same intent with another card
     _ls("POST", f"/v1/payment_intents/{ref}", payment_method="pm_card_visa")
@@ -263,13 +262,9 @@ def test_a_declined_3ds_read_back_failed_leaves_no_payable_intent_behind(
     assert not (now["status"] == "succeeded" and op.outcome == Outcome.FAILED)
 
 
-# Broken on 28ee2dd, still open: after a 3-D Secure decline read back
-# 'failed', the client's retry charges a new intent and the old, never cancelled, intent
-# is paid too: two charges kept, the second's success quarantined instead of compensated
-# as a duplicate
-@pytest.mark.xfail(strict=True, reason=(
-    "a declined 3-D Secure PaymentIntent paid outside Verity after a retry: two charges "
-    "kept, the second quarantined, not compensated"))
+# Broken on 28ee2dd: after a 3-D Secure decline read back 'failed', the client's retry
+# charged a new intent and the old, never cancelled, intent was paid too: two charges
+# kept, the second's success quarantined instead of compensated as a duplicate
 def test_a_declined_3ds_then_a_retry_never_keeps_two_charges(
         client, new_purchase, api_client, localstripe):
     from recovery.relay import relay_drain
@@ -286,6 +281,7 @@ def test_a_declined_3ds_then_a_retry_never_keeps_two_charges(
     assert _deliver(client, event_for(declined, "payment_intent.payment_failed")) == \
         EventResult.APPLIED
     assert _reload(op).outcome == Outcome.FAILED
+    relay_drain()  # the follow-ups of the settled failure
 
     # the storefront retries (a new operation, a new intent): paid
     retry = services.payment_create(purchase_id=purchase.id, api_client=api_client,

@@ -188,7 +188,8 @@ def test_money_paths_never_open_the_replica(replica, client, drill, localstripe,
         # A refund requested by support and approved by finance (dispatched at once).
         client.force_login(requester)
         client.post(reverse("support:refund-request", args=[purchase["id"]]),
-                    {"step": "confirm", "amount_minor": "1000", "reason": "damaged", **CONFIRM})
+                    {"step": "confirm", "amount_minor": "1000", "reason": "damaged",
+                     "form_token": console.form_token_mint(requester), **CONFIRM})
         refund = PaymentOperation.objects.get(purchase_id=purchase["id"],
                                               kind=OperationKind.REFUND)
         client.force_login(approver)

@@ -58,6 +58,15 @@ def login(client, users):
 
 
 @pytest.fixture
+def form_token(users):
+    """form_token("support") -> a one-time form token as the console page mints it for
+    that role's user (for a test that posts a form without rendering its page)."""
+    from support.services import form_token_mint
+
+    return lambda role: form_token_mint(users[role])
+
+
+@pytest.fixture
 def api_client(db):
     return make_client(limit=1_000_000)[0]
 

@@ -93,7 +93,8 @@ def test_support_reconciles_now(login, new_purchase, drill, api_client):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_refund_needs_a_different_finance_user(login, new_purchase, pay_now, localstripe):
+def test_refund_needs_a_different_finance_user(login, new_purchase, pay_now, localstripe,
+                                               form_token):
     purchase = new_purchase()
     charge = pay_now(purchase)
     assert charge.outcome == Outcome.SUCCEEDED
@@ -106,7 +107,7 @@ def test_refund_needs_a_different_finance_user(login, new_purchase, pay_now, loc
     assert not PaymentOperation.objects.filter(purchase=purchase, kind="refund").exists()
     client.post(reverse("support:refund-request", args=[purchase.pk]),
                 {"step": "confirm", "amount_minor": "1500", "reason": "item never shipped",
-                 **CONFIRM})
+                 "form_token": form_token("finance"), **CONFIRM})
     refund = PaymentOperation.objects.get(purchase=purchase, kind="refund")
     assert refund.outcome == Outcome.AWAITING_APPROVAL
     assert refund.requested_by_user.get_username() == "fred"

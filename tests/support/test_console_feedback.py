@@ -70,12 +70,12 @@ def test_manual_resolution_writes_one_audit_row(login, new_purchase, drill, api_
 
 
 def test_refund_approval_writes_one_audit_row_and_says_what_the_provider_did(
-        login, new_purchase, pay_now, localstripe):
+        login, new_purchase, pay_now, localstripe, form_token):
     purchase = new_purchase(price=1500)
     charge = pay_now(purchase)
     login("finance").post(reverse("support:refund-request", args=[purchase.pk]),
                           {"step": "confirm", "amount_minor": "1500", "reason": "returned",
-                           **CONFIRM})
+                           "form_token": form_token("finance"), **CONFIRM})
     refund = PaymentOperation.objects.get(purchase=purchase, kind="refund")
 
     response = login("finance2").post(reverse("support:refund-approve", args=[refund.pk]),

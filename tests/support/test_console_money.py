@@ -19,7 +19,8 @@ def _refunds(purchase):
 
 @pytest.mark.parametrize("typed", ["10", "10.00"])
 def test_typed_major_units_are_echoed_then_requested_in_minor_units(login, new_purchase,
-                                                                     pay_now, typed):
+                                                                     pay_now, typed,
+                                                                     form_token):
     purchase = new_purchase(price=1500)
     assert pay_now(purchase).outcome == Outcome.SUCCEEDED
     client = login("support")
@@ -35,7 +36,7 @@ def test_typed_major_units_are_echoed_then_requested_in_minor_units(login, new_p
     assert not _refunds(purchase).exists()  # nothing requested before the echo
 
     done = client.post(url, {"step": "confirm", "amount_minor": "1000", "reason": "damaged",
-                             **CONFIRM}, follow=True)
+                             "form_token": form_token("support"), **CONFIRM}, follow=True)
 
     refund = _refunds(purchase).get()
     assert (refund.amount, refund.outcome) == (1000, Outcome.AWAITING_APPROVAL)
@@ -63,7 +64,8 @@ def test_an_amount_that_cannot_be_taken_changes_nothing(login, new_purchase, pay
     assert AuditEntry.objects.filter(action__startswith="console.refund_request").count() == 0
 
 
-def test_core_refusal_names_the_refundable_amount_in_major_units(login, new_purchase, pay_now):
+def test_core_refusal_names_the_refundable_amount_in_major_units(login, new_purchase, pay_now,
+                                                                   form_token):
     purchase = new_purchase(price=1500)
     pay_now(purchase)
     client = login("support")
@@ -71,7 +73,7 @@ def test_core_refusal_names_the_refundable_amount_in_major_units(login, new_purc
     # A confirmed amount above the refundable one (e.g. someone refunded meanwhile).
     response = client.post(reverse("support:refund-request", args=[purchase.pk]),
                            {"step": "confirm", "amount_minor": "1501", "reason": "x",
-                            **CONFIRM}, follow=True)
+                            "form_token": form_token("support"), **CONFIRM}, follow=True)
 
     html = response.content.decode()
     assert "Refundable now: 15.00 USD." in html and "1500 usd" not in html

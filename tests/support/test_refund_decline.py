@@ -10,14 +10,15 @@ from tests.support.test_actions import CONFIRM
 
 
 @pytest.mark.django_db(transaction=True)
-def test_finance_declines_a_refund_in_the_console(login, new_purchase, pay_now, localstripe):
+def test_finance_declines_a_refund_in_the_console(login, new_purchase, pay_now, localstripe,
+                                                  form_token):
     purchase = new_purchase()
     charge = pay_now(purchase)
     fin = login("finance")
     # the console echoes the amount back first; the confirming post requests it
     fin.post(reverse("support:refund-request", args=[purchase.pk]),
              {"step": "confirm", "amount_minor": str(charge.amount), "reason": "customer asked",
-              **CONFIRM})
+              "form_token": form_token("finance"), **CONFIRM})
     refund = PaymentOperation.objects.get(purchase=purchase, kind="refund")
     assert refund.outcome == Outcome.AWAITING_APPROVAL
     html = fin.get(reverse("support:purchase", args=[purchase.pk])).content.decode()
@@ -42,6 +43,6 @@ def test_finance_declines_a_refund_in_the_console(login, new_purchase, pay_now, 
     # the amount is refundable again
     fin.post(reverse("support:refund-request", args=[purchase.pk]),
              {"step": "confirm", "amount_minor": str(charge.amount), "reason": "second thoughts",
-              **CONFIRM})
+              "form_token": form_token("finance"), **CONFIRM})
     assert PaymentOperation.objects.filter(purchase=purchase, kind="refund",
                                            outcome=Outcome.AWAITING_APPROVAL).count() == 1
