@@ -547,6 +547,10 @@ def _run_keyed(*, api_client: ApiClient, route: str, key: str,
         else:
             idempotency_release(claim)  # refused before any effect: the key stays free
         return _domain_refusal(exc, api_client, retry_call=retry_call)
+    except Problem as problem:
+        if problem.code == "request_in_progress":  # another call took the key over
+            return _in_progress(retry_call.name, arguments, problem)
+        raise
     except Exception:
         if not claim.resource_id:
             idempotency_release(claim)

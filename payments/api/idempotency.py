@@ -12,6 +12,12 @@ cannot both win), state `in_flight` with a lease. Then:
 - same key, in flight, lease expired           -> the request is taken over (a crashed
   request's key is not stuck forever); the record's bound resource, if any, is resumed.
 
+Fencing: the lease a request was granted (`lease_until` at its claim or take-over) is its
+token. Binding an effect, completing and releasing the key compare-and-set on it, and the
+binding runs in the transaction that creates the effect: a request whose lease ran out and
+whose key was taken over creates nothing (its transaction rolls back), however long it
+stalled before.
+
 A refusal made before any effect deletes the record so it does not bind the key. Once
 the effect exists the record names it (`resource_type`, `resource_id`) and is never
 deleted by a refusal again.
@@ -74,6 +80,7 @@ class Claim:
     record: IdempotencyRecord
     replay: bool = False       # a finished request: answer with the resource's current state
     taken_over: bool = False   # the previous holder's lease expired; resume its resource
+    token: object = None       # the lease this request was granted: its fencing token
 
     @property
     def resource_id(self) -> str:
@@ -84,7 +91,8 @@ def _lease_until():
     return timezone.now() + timedelta(seconds=settings.IDEMPOTENCY_LEASE_SECONDS)
 
 
-def _insert_unsafe(*, api_client: ApiClient, route: str, key: str, fingerprint: str):
+def _insert_unsafe(*, api_client: ApiClient, route: str, key: str, fingerprint: str,
+                   lease_until):
     """INSERT … ON CONFLICT DO NOTHING RETURNING id -> new id, or None if the key exists.
 
     bulk_create(ignore_conflicts=True) cannot tell us whether *this* request inserted the
@@ -105,7 +113,7 @@ def _insert_unsafe(*, api_client: ApiClient, route: str, key: str, fingerprint: 
         # Datetimes through the backend's adapter, as the ORM stores them (SQLite: text).
         adapt = connection.ops.adapt_datetimefield_value
         cursor.execute(sql, [api_client.pk, route, key, fingerprint,
-                             IdempotencyRecord.State.IN_FLIGHT, adapt(_lease_until()),
+                             IdempotencyRecord.State.IN_FLIGHT, adapt(lease_until),
                              adapt(now)])
         row = cursor.fetchone()
     return row[0] if row else None
@@ -120,10 +128,12 @@ def idempotency_claim(*, api_client: ApiClient, route: str, key: str, path: str,
         record = next(iter(IdempotencyRecord.objects.filter(
             api_client=api_client, route=route, key=key)[:1]), None)  # unique: no ORDER BY
         if record is None:
+            lease = _lease_until()
             new_id = _insert_unsafe(api_client=api_client, route=route, key=key,
-                                    fingerprint=fingerprint)
+                                    fingerprint=fingerprint, lease_until=lease)
             if new_id is not None:
-                return Claim(record=IdempotencyRecord.objects.get(pk=new_id))
+                record = IdempotencyRecord.objects.get(pk=new_id)
+                return Claim(record=record, token=record.lease_until)
             continue  # inserted by a racing request between our read and insert: read it
         if record.fingerprint != fingerprint:
             raise Problem(
@@ -146,13 +156,16 @@ def idempotency_claim(*, api_client: ApiClient, route: str, key: str, path: str,
                                "do not use a new key.",
                 headers={"Retry-After": str(wait)}, extra={"resource": _resource_ref(record)})
         # The holder's lease expired (it crashed or hung): compare-and-set takes it over.
+        # The new lease is later than the old one, so the old holder's token no longer
+        # matches: whatever it still tries to bind, complete or release is refused.
+        lease = _lease_until()
         taken = IdempotencyRecord.objects.filter(
             pk=record.pk, state=IdempotencyRecord.State.IN_FLIGHT,
             lease_until=record.lease_until,
-        ).update(lease_until=_lease_until())
+        ).update(lease_until=lease)
         if taken:
             record.refresh_from_db()
-            return Claim(record=record, taken_over=True)
+            return Claim(record=record, taken_over=True, token=record.lease_until)
     raise Problem(code=ErrorCode.REQUEST_IN_PROGRESS, status=409, retry=RetryAdvice.SAME_KEY,
                   detail="A request with this Idempotency-Key is still being processed.",
                   headers={"Retry-After": "1"})
@@ -240,26 +253,39 @@ def replay_body(request):
         return None
 
 
+def _held(claim: Claim):
+    """The record while this request still holds it (its fencing token matches)."""
+    return IdempotencyRecord.objects.filter(
+        pk=claim.record.pk, state=IdempotencyRecord.State.IN_FLIGHT, lease_until=claim.token)
+
+
 def idempotency_bind(claim: Claim, *, resource_type: str, resource_id: str) -> None:
-    """Name the effect. Call in the same transaction that creates it."""
-    IdempotencyRecord.objects.filter(pk=claim.record.pk).update(
-        resource_type=resource_type, resource_id=resource_id)
+    """Name the effect. Call in the same transaction that creates it: when another request
+    took the key over meanwhile, this raises and the effect's transaction rolls back."""
+    if not _held(claim).update(resource_type=resource_type, resource_id=resource_id):
+        raise Problem(
+            code=ErrorCode.REQUEST_IN_PROGRESS, status=409, retry=RetryAdvice.SAME_KEY,
+            detail="This request's hold on its Idempotency-Key ran out and a retry took the "
+                   "key over; this request did nothing.",
+            action_message="Send the same request with the same key to see the answer of "
+                           "the request that holds it; do not use a new key.",
+            headers={"Retry-After": "1"})
     claim.record.resource_type = resource_type
     claim.record.resource_id = resource_id
 
 
 def idempotency_complete(claim: Claim, *, status: int) -> None:
-    IdempotencyRecord.objects.filter(pk=claim.record.pk).update(
-        state=IdempotencyRecord.State.DONE, response_status=status)
+    """Mark the key done; a no-op for a request that no longer holds it (the holder's
+    answer stands)."""
+    _held(claim).update(state=IdempotencyRecord.State.DONE, response_status=status)
     claim.record.state = IdempotencyRecord.State.DONE
     claim.record.response_status = status
 
 
 def idempotency_release(claim: Claim) -> None:
-    """A refusal before any effect: the key stays free for a corrected request."""
-    IdempotencyRecord.objects.filter(
-        pk=claim.record.pk, state=IdempotencyRecord.State.IN_FLIGHT, resource_id="",
-    ).delete()
+    """A refusal before any effect: the key stays free for a corrected request (only while
+    this request still holds it: never the key of the request that took it over)."""
+    _held(claim).filter(resource_id="").delete()
 
 
 def _resource_ref(record: IdempotencyRecord) -> dict | None:
