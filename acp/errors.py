@@ -44,9 +44,11 @@ def from_problem(exc: Problem) -> AcpError:
 
 def from_domain_error(exc: DomainError) -> AcpError:
     headers = {}
-    if exc.status == 503:
-        headers["Retry-After"] = str(int((exc.extra or {}).get("retry_after") or 30))
-    return AcpError(status=exc.status, code=exc.code, message=exc.message, headers=headers)
+    retry_after = (exc.extra or {}).get("retry_after")
+    if exc.status == 503 or retry_after is not None:
+        headers["Retry-After"] = str(int(retry_after or 30))
+    return AcpError(status=exc.status, code=_IDEMPOTENCY_CODES.get(exc.code, exc.code),
+                    message=exc.message, headers=headers)
 
 
 def from_drf(exc: drf.APIException) -> AcpError:
