@@ -50,7 +50,7 @@ from payments.enums import (
     RetryAdvice,
 )
 from payments.keyed import Created, Keyed, KeyedRequest, dispatch_when_pending, keyed_effect
-from payments.services.requests import follow_up_request
+from payments.services.requests import follow_up_request, payment_request
 from payments.locks import assert_outside_transaction
 from payments.models import ApiClient, PaymentOperation, Purchase, PurchaseChannel
 from payments.money import format_money
@@ -702,11 +702,14 @@ def retry_failed_payment(*, api_client: ApiClient, operation_id: str,
             "retry_not_allowed",
             f"Only a definitively failed payment can be retried; this one is {op.outcome}."),
             note="Refused: nothing was sent to the provider.")
+    request = KeyedRequest(api_client=api_client, route="mcp.retry_failed_payment",
+                           key=logical_key("retry", op.id),
+                           path="mcp:mcp.retry_failed_payment", body={})
     try:
-        new = services.payment_create(
-            purchase_id=op.purchase_id, api_client=api_client,
-            payment_method=payment_method or op.payment_method,
-            capture_method=op.capture_method, retry_of=op.id)
+        # The core's ladder: a person's "failed" is read back before the retry is decided.
+        keyed = payment_request(request, purchase_id=op.purchase_id,
+                                payment_method=payment_method or op.payment_method,
+                                capture_method=op.capture_method, retry_of=op.id)
     except DomainError as exc:
         if exc.code in ("already_retried", "payment_unresolved"):
             retry = PaymentOperation.objects.filter(retry_of=op).first()
@@ -714,6 +717,8 @@ def retry_failed_payment(*, api_client: ApiClient, operation_id: str,
                 return operation_result(
                     retry, replayed=True,
                     note="This payment was already retried; no new payment was made.")
+        if exc.code == ErrorCode.REQUEST_IN_PROGRESS:
+            return _in_progress("retry_failed_payment", {"operation_id": op.id}, exc)
         if exc.code == "retry_needs_new_method":
             return AgentResult(
                 instruction="The card was declined; ask the buyer for a different payment "
@@ -723,8 +728,8 @@ def retry_failed_payment(*, api_client: ApiClient, operation_id: str,
                 refusal=Refusal.of(exc.code, exc.message))
         return _domain_refusal(exc, api_client, retry_call=_tool(
             "retry_failed_payment", operation_id=op.id))
-    _dispatch_if_pending(new.id)
-    return operation_result(new)
+    return operation_result(_load_op(keyed.resource_id),
+                            replayed=keyed.replayed or keyed.resumed)
 
 
 __all__ = [
