@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
-from payments.errors import DomainError
+from payments.errors import DomainError, ErrorCode
 from payments.api.problems import Problem
 
 # Verity's idempotency codes -> the ACP RFC §6 codes (same rules, the protocol's names).
@@ -42,13 +42,39 @@ def from_problem(exc: Problem) -> AcpError:
                     message=exc.detail, headers=exc.headers)
 
 
+def _guard_message(exc: DomainError) -> str:
+    """The buyer guards over ACP. REST and MCP lift them with the code the buyer gets from
+    the earlier purchase's status page; the ACP complete request has no field that could
+    carry it (every object of the spec is closed), so over ACP the guard cannot be lifted
+    and the answer does not promise it can (docs/acp.md#the-buyer-guards)."""
+    earlier = exc.purchase or "an earlier purchase"
+    if exc.code == ErrorCode.CUSTOMER_HAS_UNRESOLVED_PURCHASE:
+        return (f"This buyer has purchase {earlier} whose payment is not settled yet; the "
+                "provider may have charged the buyer. This session cannot be completed "
+                "while it is unsettled: do not pay again, and tell the buyer to follow that "
+                "purchase on its status page. A new session is accepted once it is settled.")
+    never = bool((exc.extra or {}).get("never_twice"))
+    return (f"This buyer already has purchase {earlier} for the same items and amount. This "
+            "session cannot be completed: over this protocol a buyer cannot confirm buying "
+            "the same basket again" + (
+                ", and these items are sold once per buyer." if never else
+                "; a new session for it is accepted once that purchase neither holds nor "
+                "awaits the buyer's money (refunded, cancelled, failed, or its quote "
+                "expired unpaid) or once the duplicate window has passed.") + " Tell the buyer about the earlier order; do not retry "
+            "unchanged.")
+
+
 def from_domain_error(exc: DomainError) -> AcpError:
     headers = {}
+    message = exc.message
+    if exc.code in (ErrorCode.PROBABLE_DUPLICATE_PURCHASE,
+                    ErrorCode.CUSTOMER_HAS_UNRESOLVED_PURCHASE):
+        message = _guard_message(exc)
     retry_after = (exc.extra or {}).get("retry_after")
     if exc.status == 503 or retry_after is not None:
         headers["Retry-After"] = str(int(retry_after or 30))
     return AcpError(status=exc.status, code=_IDEMPOTENCY_CODES.get(exc.code, exc.code),
-                    message=exc.message, headers=headers)
+                    message=message, headers=headers)
 
 
 def from_drf(exc: drf.APIException) -> AcpError:

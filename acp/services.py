@@ -156,9 +156,11 @@ def session_complete(request: KeyedRequest, *, session_id: str, data: dict,
             raise AcpError(status=409, code="session_not_completable",
                            message="This session was canceled.")
         op = sessions.payment_op(s.purchase)
-        if op is not None and op.outcome != Outcome.FAILED:
-            # Queued, sent, unknown or succeeded: this complete is not a new payment,
-            # whatever its key; it answers the session's current state.
+        if op is not None and (op.outcome != Outcome.FAILED
+                               or sessions.failure_unconfirmed(op)):
+            # Queued, sent, unknown or succeeded — or a person's "failed" the provider
+            # could not confirm (read back just before): this complete is not a new
+            # payment, whatever its key; it answers the session's current state.
             return Created(RESOURCE, s.id, operation_id=op.id, created=False)
         buyer = data.get("buyer") or s.buyer or {}
         email = (buyer.get("email") or "").strip()
