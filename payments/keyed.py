@@ -23,7 +23,7 @@ The ladder, in this order, written once (`keyed_effect`):
    after it keeps the lease, so the same key resumes the effect once the lease expires.
 
 The faces only parse input and render a `Keyed` (a problem document, an MCP result, an
-ACP object): tests/foundation/test_keyed_faces.py keeps them from growing their own ladder.
+ACP object): tests/api/test_keyed_faces.py keeps them from growing their own ladder.
 The provider never sees this key: operations carry their own server-generated keys.
 """
 from __future__ import annotations
