@@ -9,9 +9,9 @@ from payments.errors import DomainError, ErrorCode
 from payments.api.problems import Problem
 
 # Verity's idempotency codes -> the ACP RFC §6 codes (same rules, the protocol's names).
-_IDEMPOTENCY_CODES = {"idempotency_key_reused": "idempotency_conflict",
-                      "request_in_progress": "idempotency_in_flight",
-                      "idempotency_key_required": "idempotency_key_required"}
+_IDEMPOTENCY_CODES = {ErrorCode.IDEMPOTENCY_KEY_REUSED: ErrorCode.IDEMPOTENCY_CONFLICT,
+                      ErrorCode.REQUEST_IN_PROGRESS: ErrorCode.IDEMPOTENCY_IN_FLIGHT,
+                      ErrorCode.IDEMPOTENCY_KEY_REQUIRED: ErrorCode.IDEMPOTENCY_KEY_REQUIRED}
 
 
 class AcpError(Exception):
@@ -79,11 +79,11 @@ def from_domain_error(exc: DomainError) -> AcpError:
 
 def from_drf(exc: drf.APIException) -> AcpError:
     headers = {}
-    code = {drf.NotAuthenticated: "unauthenticated", drf.AuthenticationFailed: "unauthenticated",
-            drf.PermissionDenied: "forbidden_scope", drf.Throttled: "rate_limited",
-            drf.ParseError: "invalid_json", drf.UnsupportedMediaType: "unsupported_media_type",
-            drf.MethodNotAllowed: "method_not_allowed", drf.NotFound: "not_found",
-            drf.NotAcceptable: "not_acceptable"}.get(type(exc), "invalid_request")
+    code = {drf.NotAuthenticated: ErrorCode.UNAUTHENTICATED, drf.AuthenticationFailed: ErrorCode.UNAUTHENTICATED,
+            drf.PermissionDenied: ErrorCode.FORBIDDEN_SCOPE, drf.Throttled: ErrorCode.RATE_LIMITED,
+            drf.ParseError: ErrorCode.INVALID_JSON, drf.UnsupportedMediaType: ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+            drf.MethodNotAllowed: ErrorCode.METHOD_NOT_ALLOWED, drf.NotFound: ErrorCode.NOT_FOUND,
+            drf.NotAcceptable: ErrorCode.NOT_ACCEPTABLE}.get(type(exc), ErrorCode.INVALID_REQUEST)
     if isinstance(exc, drf.Throttled) and exc.wait:
         headers["Retry-After"] = str(max(1, int(exc.wait)))
     if isinstance(exc, (drf.NotAuthenticated, drf.AuthenticationFailed)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from payments.errors import ErrorCode
 from payments import services
 from payments.errors import DomainError
 from payments.keyed import Created, Keyed, KeyedRequest, keyed_effect
@@ -59,7 +60,7 @@ def session_update(request: KeyedRequest, *, session_id: str, data: dict) -> Key
     def create() -> Created:
         s = _locked(session_id)
         if s.purchase_id is not None or s.canceled_at is not None:
-            raise AcpError(status=409, code="session_not_updatable",
+            raise AcpError(status=409, code=ErrorCode.SESSION_NOT_UPDATABLE,
                            message="This session is "
                                    f"{sessions.session_status(_fresh(s.id))}; it can no "
                                    "longer be changed.")
@@ -85,7 +86,7 @@ def _selected_options(session: CheckoutSession, selected: list[dict]) -> list[di
         sessions.products_for(session.items))}
     for index, option in enumerate(selected):
         if offered.get(option["option_id"]) != option["type"]:
-            raise AcpError(status=400, code="invalid",
+            raise AcpError(status=400, code=ErrorCode.INVALID,
                            param=f"$.selected_fulfillment_options[{index}]",
                            message="No such fulfillment option for this session.")
     return selected
@@ -99,13 +100,13 @@ def session_cancel(request: KeyedRequest, *, session_id: str) -> Keyed:
         status = sessions.session_status(_fresh(s.id))
         if status in (Status.COMPLETED, Status.IN_PROGRESS, Status.CANCELED, Status.EXPIRED):
             # After payment the refund path stays with people and the REST API.
-            raise AcpError(status=405, code="not_cancelable",
+            raise AcpError(status=405, code=ErrorCode.NOT_CANCELABLE,
                            message=f"This session is {status}; it cannot be canceled.")
         if s.purchase_id is not None:
             try:
                 services.purchase_cancel(purchase_id=s.purchase_id, api_client=client)
             except DomainError as exc:
-                raise AcpError(status=405, code="not_cancelable", message=exc.message) from None
+                raise AcpError(status=405, code=ErrorCode.NOT_CANCELABLE, message=exc.message) from None
         s.canceled_at = timezone.now()
         s.save()
         return Created(RESOURCE, s.id)
@@ -121,7 +122,7 @@ def _requote_if_expired(session_id: str) -> None:
         if s.purchase_id is not None:
             return  # its purchase carries its own (accepted) quote
         if s.quote is None or sessions.item_problems(s):
-            raise AcpError(status=409, code="session_not_ready",
+            raise AcpError(status=409, code=ErrorCode.SESSION_NOT_READY,
                            message="This session is not ready for payment: see its messages.")
         if s.quote.expires_at > timezone.now():
             return
@@ -129,7 +130,7 @@ def _requote_if_expired(session_id: str) -> None:
         sessions.reprice(s)
         s.save()
     if s.quote is None or s.quote.amount != amount:
-        raise AcpError(status=409, code="price_changed",
+        raise AcpError(status=409, code=ErrorCode.PRICE_CHANGED,
                        message="Prices or stock changed since this session was priced; "
                                "retrieve it and review the new totals.")
 
@@ -153,7 +154,7 @@ def session_complete(request: KeyedRequest, *, session_id: str, data: dict,
     def create() -> Created:
         s = _locked(session_id)
         if s.canceled_at is not None:
-            raise AcpError(status=409, code="session_not_completable",
+            raise AcpError(status=409, code=ErrorCode.SESSION_NOT_COMPLETABLE,
                            message="This session was canceled.")
         op = sessions.payment_op(s.purchase)
         if op is not None and (op.outcome != Outcome.FAILED
@@ -165,12 +166,12 @@ def session_complete(request: KeyedRequest, *, session_id: str, data: dict,
         buyer = data.get("buyer") or s.buyer or {}
         email = (buyer.get("email") or "").strip()
         if not email:
-            raise AcpError(status=400, code="missing", param="$.buyer.email",
+            raise AcpError(status=400, code=ErrorCode.MISSING, param="$.buyer.email",
                            message="The buyer's email is required to complete.")
         if data.get("buyer"):
             s.buyer = data["buyer"]
         if s.purchase_id is None and s.quote is None:
-            raise AcpError(status=409, code="session_not_ready",
+            raise AcpError(status=409, code=ErrorCode.SESSION_NOT_READY,
                            message="This session is not ready for payment: see its messages.")
 
         def attach(purchase_id: str) -> None:

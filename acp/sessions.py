@@ -3,6 +3,7 @@ purchase, and the spec's `CheckoutSession` shape. Reads payments models; writes 
 CheckoutSession rows (Purchase and PaymentOperation are written by payments.services)."""
 from __future__ import annotations
 
+from payments.errors import ErrorCode
 from payments import services
 from payments.enums import PAYMENT_KINDS, Grade, Outcome, PurchaseStatus
 from payments.errors import DomainError
@@ -101,15 +102,15 @@ def item_problems(session: CheckoutSession, products: dict | None = None) -> lis
         product = products.get(str(item["id"]))
         param = f"$.line_items[{index}]"
         if product is None:
-            out.append(_message("not_found", param, f"No product {item['id']!r}."))
+            out.append(_message(ErrorCode.NOT_FOUND, param, f"No product {item['id']!r}."))
         elif product.currency != session.currency:
-            out.append(_message("invalid", param, f"{product.sku} is sold in "
+            out.append(_message(ErrorCode.INVALID, param, f"{product.sku} is sold in "
                                 f"{product.currency}, not {session.currency}."))
         elif product.stock < item["quantity"]:
-            out.append(_message("out_of_stock", param,
+            out.append(_message(ErrorCode.OUT_OF_STOCK, param,
                                 f"{product.sku}: {max(product.stock, 0)} in stock."))
         elif item["quantity"] > 1000:
-            out.append(_message("quantity_exceeded", param, "At most 1000 per item."))
+            out.append(_message(ErrorCode.QUANTITY_EXCEEDED, param, "At most 1000 per item."))
     return out
 
 
@@ -184,7 +185,7 @@ def session_view(session: CheckoutSession) -> dict:
          "item_ids": [str(i["id"]) for i in session.items]}]
     messages = [] if purchase is not None else item_problems(session, products)
     if op is not None and op.outcome == Outcome.FAILED and status == Status.READY:
-        messages.append({**_message("payment_declined", "$.payment_data",
+        messages.append({**_message(ErrorCode.PAYMENT_DECLINED, "$.payment_data",
                                     "The last payment did not go through; no money "
                                     "moved. Complete again (a new Idempotency-Key)."),
                          "resolution": "requires_buyer_input"})

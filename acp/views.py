@@ -29,7 +29,7 @@ from rest_framework.views import APIView
 
 from payments.api.authentication import ApiClientRateThrottle, ApiKeyAuthentication, HasScope
 from payments.enums import Outcome, Reason
-from payments.errors import DomainError
+from payments.errors import DomainError, ErrorCode
 from payments.api.idempotency import key_from_headers
 from payments.keyed import HEADER as IDEMPOTENCY_HEADER
 from payments.keyed import REPLAYED_HEADER, Keyed, KeyedRequest, canonical_json
@@ -66,12 +66,12 @@ def _validated(schema: str, body) -> dict:
     nul = _nul_path(body, "$")
     if nul:
         # PostgreSQL text and jsonb cannot hold NUL: refused here, not a 500 at the save.
-        raise AcpError(status=400, code="invalid", param=nul,
+        raise AcpError(status=400, code=ErrorCode.INVALID, param=nul,
                        message=f"{nul} contains a NUL character.")
     currency = body.get("currency") if isinstance(body, dict) else None
     if currency is not None and not (len(currency) == 3 and currency.isascii()
                                      and currency.isalpha()):
-        raise AcpError(status=400, code="invalid", param="$.currency",
+        raise AcpError(status=400, code=ErrorCode.INVALID, param="$.currency",
                        message="currency must be an ISO 4217 code (three letters).")
     return body
 
@@ -95,7 +95,7 @@ def _nul_path(value, path: str) -> str:
 def _session_or_404(request, session_id: str) -> CheckoutSession:
     session = sessions.session_for_client(session_id, request.auth)
     if session is None:
-        raise AcpError(status=404, code="not_found", message="No such checkout session.")
+        raise AcpError(status=404, code=ErrorCode.NOT_FOUND, message="No such checkout session.")
     return session
 
 
@@ -125,16 +125,16 @@ def _verify_signature(request) -> None:
     timestamp = (request.headers.get("Timestamp") or "").strip()
     when = parse_datetime(timestamp) if timestamp else None
     if not signature or when is None or when.tzinfo is None:
-        raise AcpError(status=401, code="invalid_signature", param="Signature",
+        raise AcpError(status=401, code=ErrorCode.INVALID_SIGNATURE, param="Signature",
                        message="This platform signs its requests: send Signature and an "
                                "RFC 3339 Timestamp.")
     if abs((timezone.now() - when).total_seconds()) > SIGNATURE_SKEW_SECONDS:
-        raise AcpError(status=401, code="invalid_signature", param="Timestamp",
+        raise AcpError(status=401, code=ErrorCode.INVALID_SIGNATURE, param="Timestamp",
                        message="The request's Timestamp is too far from now.")
     body = request.data if request.method == "POST" else None
     expected = request_signature(platform.signing_secret, timestamp, body)
     if not hmac.compare_digest(signature, expected):
-        raise AcpError(status=401, code="invalid_signature", param="Signature",
+        raise AcpError(status=401, code=ErrorCode.INVALID_SIGNATURE, param="Signature",
                        message="The request signature does not match.")
 
 
@@ -148,15 +148,15 @@ class AcpView(APIView):
 
     def initial(self, request, *args, **kwargs):
         if any("\x00" in str(v) for v in kwargs.values()):
-            raise AcpError(status=404, code="not_found", message="No such checkout session.")
+            raise AcpError(status=404, code=ErrorCode.NOT_FOUND, message="No such checkout session.")
         super().initial(request, *args, **kwargs)  # authentication, scope, throttle
         version = (request.headers.get("API-Version") or "").strip()
         if not version:
-            raise AcpError(status=400, code="missing_api_version", param="API-Version",
+            raise AcpError(status=400, code=ErrorCode.MISSING_API_VERSION, param="API-Version",
                            message="Send an API-Version header; supported: "
                                    + ", ".join(SUPPORTED_VERSIONS) + ".")
         if version not in SUPPORTED_VERSIONS:
-            raise AcpError(status=400, code="unsupported_api_version", param="API-Version",
+            raise AcpError(status=400, code=ErrorCode.UNSUPPORTED_API_VERSION, param="API-Version",
                            message="Unsupported API-Version; supported: "
                                    + ", ".join(SUPPORTED_VERSIONS) + ".")
         _verify_signature(request)
@@ -169,12 +169,12 @@ class AcpView(APIView):
         elif isinstance(exc, DomainError):
             err = from_domain_error(exc)
         elif isinstance(exc, Http404):
-            err = AcpError(status=404, code="not_found", message="Not found.")
+            err = AcpError(status=404, code=ErrorCode.NOT_FOUND, message="Not found.")
         elif isinstance(exc, drf.APIException):
             err = from_drf(exc)
         else:
             logger.exception("acp request failed")
-            err = AcpError(status=500, code="internal_error",
+            err = AcpError(status=500, code=ErrorCode.INTERNAL_ERROR,
                            message="Something failed on our side; retry with the same "
                                    "Idempotency-Key.")
         return err.response()
@@ -241,10 +241,10 @@ def _payment_token(payment_data: dict) -> str:
         instrument = payment_data.get("instrument") or {}
         token = (instrument.get("credential") or {}).get("token", "")
         if payment_data.get("handler_id") != sessions.HANDLER["id"]:
-            raise AcpError(status=400, code="invalid", param="$.payment_data.handler_id",
+            raise AcpError(status=400, code=ErrorCode.INVALID, param="$.payment_data.handler_id",
                            message=f"Unknown payment handler; use {sessions.HANDLER['id']!r}.")
     if not isinstance(token, str) or not token.startswith("spt_"):
-        raise AcpError(status=400, code="invalid", param="$.payment_data",
+        raise AcpError(status=400, code=ErrorCode.INVALID, param="$.payment_data",
                        message="payment_data must carry a Stripe shared payment token "
                                "(spt_…).")
     return token
@@ -264,7 +264,7 @@ def _complete_answer(session_id: str) -> Response:
     op = sessions.payment_op(session.purchase)
     if op is not None and op.outcome == Outcome.FAILED:
         raise _payment_failed(op)
-    raise AcpError(status=409, code="session_not_completable",
+    raise AcpError(status=409, code=ErrorCode.SESSION_NOT_COMPLETABLE,
                    message=f"This session is {view['status']}; it cannot be completed.")
 
 
@@ -272,18 +272,18 @@ def _payment_failed(op: PaymentOperation) -> AcpError:
     """A payment that provably moved no money, said as the spec's Error."""
     after = "; no money moved. Complete again with a new Idempotency-Key."
     if op.reason == Reason.CARD_DECLINED:
-        return AcpError(status=402, code="payment_declined", param="$.payment_data",
+        return AcpError(status=402, code=ErrorCode.PAYMENT_DECLINED, param="$.payment_data",
                         message="The card was declined" + after)
     if op.reason == Reason.PROVIDER_UNREACHABLE:
-        return AcpError(status=503, code="provider_unavailable",
+        return AcpError(status=503, code=ErrorCode.PROVIDER_UNAVAILABLE,
                         headers={"Retry-After": "30"},
                         message="The payment provider could not be reached" + after)
     if op.reason == Reason.INVALID_REQUEST:
-        return AcpError(status=400, code="payment_declined", param="$.payment_data",
+        return AcpError(status=400, code=ErrorCode.PAYMENT_DECLINED, param="$.payment_data",
                         message="The provider refused the payment token (used, expired, or "
                                 "not valid for this amount or currency)" + after
                                 + " Ask the agent platform for a new token.")
-    return AcpError(status=402, code="payment_declined", param="$.payment_data",
+    return AcpError(status=402, code=ErrorCode.PAYMENT_DECLINED, param="$.payment_data",
                     message="The payment failed" + after)
 
 
