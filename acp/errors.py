@@ -5,13 +5,13 @@ from __future__ import annotations
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
-from payments.errors import DomainError
+from payments.errors import DomainError, ErrorCode
 from payments.api.problems import Problem
 
 # Verity's idempotency codes -> the ACP RFC §6 codes (same rules, the protocol's names).
-_IDEMPOTENCY_CODES = {"idempotency_key_reused": "idempotency_conflict",
-                      "request_in_progress": "idempotency_in_flight",
-                      "idempotency_key_required": "idempotency_key_required"}
+_IDEMPOTENCY_CODES = {ErrorCode.IDEMPOTENCY_KEY_REUSED: ErrorCode.IDEMPOTENCY_CONFLICT,
+                      ErrorCode.REQUEST_IN_PROGRESS: ErrorCode.IDEMPOTENCY_IN_FLIGHT,
+                      ErrorCode.IDEMPOTENCY_KEY_REQUIRED: ErrorCode.IDEMPOTENCY_KEY_REQUIRED}
 
 
 class AcpError(Exception):
@@ -42,20 +42,48 @@ def from_problem(exc: Problem) -> AcpError:
                     message=exc.detail, headers=exc.headers)
 
 
+def _guard_message(exc: DomainError) -> str:
+    """The buyer guards over ACP. REST and MCP lift them with the code the buyer gets from
+    the earlier purchase's status page; the ACP complete request has no field that could
+    carry it (every object of the spec is closed), so over ACP the guard cannot be lifted
+    and the answer does not promise it can (docs/acp.md#the-buyer-guards)."""
+    earlier = exc.purchase or "an earlier purchase"
+    if exc.code == ErrorCode.CUSTOMER_HAS_UNRESOLVED_PURCHASE:
+        return (f"This buyer has purchase {earlier} whose payment is not settled yet; the "
+                "provider may have charged the buyer. This session cannot be completed "
+                "while it is unsettled: do not pay again, and tell the buyer to follow that "
+                "purchase on its status page. A new session is accepted once it is settled.")
+    never = bool((exc.extra or {}).get("never_twice"))
+    return (f"This buyer already has purchase {earlier} for the same items and amount. This "
+            "session cannot be completed: over this protocol a buyer cannot confirm buying "
+            "the same basket again" + (
+                ", and these items are sold once per buyer." if never else
+                "; a new session for it is accepted once that purchase neither holds nor "
+                "awaits the buyer's money (refunded, cancelled, failed, or its quote "
+                "expired unpaid) or once the duplicate window has passed.") + " Tell the buyer about the earlier order; do not retry "
+            "unchanged.")
+
+
 def from_domain_error(exc: DomainError) -> AcpError:
     headers = {}
-    if exc.status == 503:
-        headers["Retry-After"] = str(int((exc.extra or {}).get("retry_after") or 30))
-    return AcpError(status=exc.status, code=exc.code, message=exc.message, headers=headers)
+    message = exc.message
+    if exc.code in (ErrorCode.PROBABLE_DUPLICATE_PURCHASE,
+                    ErrorCode.CUSTOMER_HAS_UNRESOLVED_PURCHASE):
+        message = _guard_message(exc)
+    retry_after = (exc.extra or {}).get("retry_after")
+    if exc.status == 503 or retry_after is not None:
+        headers["Retry-After"] = str(int(retry_after or 30))
+    return AcpError(status=exc.status, code=_IDEMPOTENCY_CODES.get(exc.code, exc.code),
+                    message=message, headers=headers)
 
 
 def from_drf(exc: drf.APIException) -> AcpError:
     headers = {}
-    code = {drf.NotAuthenticated: "unauthenticated", drf.AuthenticationFailed: "unauthenticated",
-            drf.PermissionDenied: "forbidden_scope", drf.Throttled: "rate_limited",
-            drf.ParseError: "invalid_json", drf.UnsupportedMediaType: "unsupported_media_type",
-            drf.MethodNotAllowed: "method_not_allowed", drf.NotFound: "not_found",
-            drf.NotAcceptable: "not_acceptable"}.get(type(exc), "invalid_request")
+    code = {drf.NotAuthenticated: ErrorCode.UNAUTHENTICATED, drf.AuthenticationFailed: ErrorCode.UNAUTHENTICATED,
+            drf.PermissionDenied: ErrorCode.FORBIDDEN_SCOPE, drf.Throttled: ErrorCode.RATE_LIMITED,
+            drf.ParseError: ErrorCode.INVALID_JSON, drf.UnsupportedMediaType: ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+            drf.MethodNotAllowed: ErrorCode.METHOD_NOT_ALLOWED, drf.NotFound: ErrorCode.NOT_FOUND,
+            drf.NotAcceptable: ErrorCode.NOT_ACCEPTABLE}.get(type(exc), ErrorCode.INVALID_REQUEST)
     if isinstance(exc, drf.Throttled) and exc.wait:
         headers["Retry-After"] = str(max(1, int(exc.wait)))
     if isinstance(exc, (drf.NotAuthenticated, drf.AuthenticationFailed)):

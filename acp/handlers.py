@@ -17,22 +17,14 @@ import time
 
 import requests
 
-from payments.enums import PurchaseStatus
 from payments.api.presenters import status_url
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_handler
 
 from .models import AgentPlatform, CheckoutSession
+from .sessions import order_status
 
 DELIVERY_TIMEOUT_SECONDS = 5
-# The purchase's status once paid -> the order status the platform sees.
-_ORDER_STATUS = {PurchaseStatus.PAID: "confirmed", PurchaseStatus.FULFILLING: "processing",
-                 PurchaseStatus.COMPLETED: "completed", PurchaseStatus.REFUND_PENDING:
-                 "refund_pending", PurchaseStatus.REFUNDED: "refunded",
-                 PurchaseStatus.DISPUTED: "disputed", PurchaseStatus.DISPUTE_WON: "completed",
-                 PurchaseStatus.DISPUTE_LOST: "refunded", PurchaseStatus.VOIDED: "canceled"}
-
-
 class DeliveryFailed(Exception):
     """The platform did not take the event (not 2xx, or unreachable): back off, retry."""
 
@@ -54,7 +46,7 @@ def _deliver_order_event(payload: dict) -> None:
     body = json.dumps({"type": payload["event"], "data": {
         "type": "order", "id": session.purchase_id, "checkout_session_id": session.id,
         "permalink_url": status_url(session.purchase),
-        "status": _ORDER_STATUS.get(payload["status"], payload["status"])}},
+        "status": order_status(payload["status"])}},
         separators=(",", ":")).encode()
     now = int(time.time())
     try:

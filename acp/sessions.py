@@ -3,8 +3,9 @@ purchase, and the spec's `CheckoutSession` shape. Reads payments models; writes 
 CheckoutSession rows (Purchase and PaymentOperation are written by payments.services)."""
 from __future__ import annotations
 
+from payments.errors import ErrorCode
 from payments import services
-from payments.enums import PAYMENT_KINDS, Outcome, PurchaseStatus
+from payments.enums import PAYMENT_KINDS, Grade, Outcome, PurchaseStatus
 from payments.errors import DomainError
 from payments.models import PaymentOperation, Product, Purchase
 from payments.api.presenters import status_url
@@ -25,6 +26,27 @@ HANDLER = {
     "instrument_schemas": ["https://docs.stripe.com/api/shared-payment/granted-token"],
     "config": {"token_prefix": "spt_"},
 }
+
+
+# The purchase's status once paid -> the order status the platform sees: the same words in
+# the session's `order` and in the order webhook (acp.handlers), so no face says
+# "confirmed" about money that went back.
+ORDER_STATUS = {PurchaseStatus.PAID: "confirmed", PurchaseStatus.FULFILLING: "processing",
+                PurchaseStatus.COMPLETED: "completed", PurchaseStatus.REFUND_PENDING:
+                "refund_pending", PurchaseStatus.REFUNDED: "refunded",
+                PurchaseStatus.DISPUTED: "disputed", PurchaseStatus.DISPUTE_WON: "completed",
+                PurchaseStatus.DISPUTE_LOST: "refunded", PurchaseStatus.VOIDED: "canceled"}
+
+
+def order_status(purchase_status: str) -> str:
+    return ORDER_STATUS.get(purchase_status, purchase_status)
+
+
+def failure_unconfirmed(op: PaymentOperation | None) -> bool:
+    """A person's "failed" the provider has not confirmed (REST's `failure_unconfirmed`):
+    money may have moved, so nothing may say "no money moved, pay again"."""
+    return (op is not None and op.outcome == Outcome.FAILED and op.grade == Grade.ACKNOWLEDGED
+            and not PaymentOperation.objects.filter(retry_of=op).exists())
 
 
 class Status:
@@ -53,7 +75,8 @@ def session_status(session: CheckoutSession, op: PaymentOperation | None = None)
         op = op or payment_op(purchase)
         if op is not None and op.outcome == Outcome.SUCCEEDED:
             return Status.COMPLETED
-        if op is not None and op.outcome != Outcome.FAILED:
+        if op is not None and (op.outcome != Outcome.FAILED or failure_unconfirmed(op)):
+            # Queued, sent, unknown, or a person's unconfirmed "failed": not known yet.
             return Status.IN_PROGRESS
         if purchase.status == PurchaseStatus.CANCELLED:
             return Status.CANCELED
@@ -79,15 +102,15 @@ def item_problems(session: CheckoutSession, products: dict | None = None) -> lis
         product = products.get(str(item["id"]))
         param = f"$.line_items[{index}]"
         if product is None:
-            out.append(_message("not_found", param, f"No product {item['id']!r}."))
+            out.append(_message(ErrorCode.NOT_FOUND, param, f"No product {item['id']!r}."))
         elif product.currency != session.currency:
-            out.append(_message("invalid", param, f"{product.sku} is sold in "
+            out.append(_message(ErrorCode.INVALID, param, f"{product.sku} is sold in "
                                 f"{product.currency}, not {session.currency}."))
         elif product.stock < item["quantity"]:
-            out.append(_message("out_of_stock", param,
+            out.append(_message(ErrorCode.OUT_OF_STOCK, param,
                                 f"{product.sku}: {max(product.stock, 0)} in stock."))
         elif item["quantity"] > 1000:
-            out.append(_message("quantity_exceeded", param, "At most 1000 per item."))
+            out.append(_message(ErrorCode.QUANTITY_EXCEEDED, param, "At most 1000 per item."))
     return out
 
 
@@ -162,15 +185,28 @@ def session_view(session: CheckoutSession) -> dict:
          "item_ids": [str(i["id"]) for i in session.items]}]
     messages = [] if purchase is not None else item_problems(session, products)
     if op is not None and op.outcome == Outcome.FAILED and status == Status.READY:
-        messages.append({**_message("payment_declined", "$.payment_data",
+        messages.append({**_message(ErrorCode.PAYMENT_DECLINED, "$.payment_data",
                                     "The last payment did not go through; no money "
                                     "moved. Complete again (a new Idempotency-Key)."),
                          "resolution": "requires_buyer_input"})
-    if status == Status.IN_PROGRESS:
+    if status == Status.IN_PROGRESS and failure_unconfirmed(op):
+        messages.append({"type": "info", "severity": "info", "content_type": "plain",
+                         "content": "Our team resolved this payment as failed, but the "
+                                    "provider has not confirmed it, so the buyer may have "
+                                    "been charged. Do not pay again: retrieve this session "
+                                    "later; it says completed if the provider shows the "
+                                    "charge, ready_for_payment if it confirms the failure."})
+    elif status == Status.IN_PROGRESS:
         messages.append({"type": "info", "severity": "info", "content_type": "plain",
                          "content": "The payment's outcome is not known yet; the provider "
                                     "may have charged. Do not pay again: retrieve this "
                                     f"session after {IN_PROGRESS_RETRY_AFTER} seconds."})
+    if status == Status.COMPLETED and order_status(purchase.status) in ("refunded",
+                                                                         "refund_pending"):
+        messages.append({"type": "info", "severity": "info", "content_type": "plain",
+                         "content": "The payment was refunded to the buyer in full."
+                         if order_status(purchase.status) == "refunded" else
+                         "A refund of this payment is in progress."})
     view = {
         "id": session.id,
         "protocol": {"version": API_VERSION},
@@ -198,7 +234,8 @@ def session_view(session: CheckoutSession) -> dict:
         view["fulfillment_details"] = session.fulfillment_details
     if status == Status.COMPLETED:
         view["order"] = {"type": "order", "id": purchase.id, "checkout_session_id": session.id,
-                         "permalink_url": status_url(purchase), "status": "confirmed"}
+                         "permalink_url": status_url(purchase),
+                         "status": order_status(purchase.status)}
     return view
 
 
@@ -207,5 +244,6 @@ def session_for_client(session_id: str, api_client) -> CheckoutSession | None:
             .filter(pk=session_id, api_client=api_client).first())
 
 
-__all__ = ["HANDLER", "IN_PROGRESS_RETRY_AFTER", "Status", "item_problems", "normalise_items",
+__all__ = ["HANDLER", "IN_PROGRESS_RETRY_AFTER", "ORDER_STATUS", "Status",
+           "failure_unconfirmed", "order_status", "item_problems", "normalise_items",
            "payment_op", "reprice", "session_for_client", "session_status", "session_view"]

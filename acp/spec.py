@@ -9,6 +9,8 @@ from pathlib import Path
 import yaml
 from jsonschema import Draft202012Validator
 
+from payments.errors import ErrorCode
+
 SPEC_PATH = Path(__file__).resolve().parent / "spec" / "openapi.agentic_checkout.yaml"
 API_VERSION = "2026-04-17"
 SUPPORTED_VERSIONS = (API_VERSION,)
@@ -42,15 +44,15 @@ def request_errors(schema_name: str, body) -> list[tuple[str, str, str]]:
         if error.validator == "additionalProperties":
             extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
             for name in extra:
-                out.append(("unknown_field", f"{_path(error)}.{name}",
+                out.append((ErrorCode.UNKNOWN_FIELD, f"{_path(error)}.{name}",
                             f"Unknown field {name!r}: nothing was done; send only the "
                             "fields the spec defines."))
         elif error.validator == "required":
-            out.append(("missing", _path(error), error.message))
+            out.append((ErrorCode.MISSING, _path(error), error.message))
         else:
             # Never the value itself in the answer (it may be a token or card data).
-            out.append(("invalid", _path(error), f"{_path(error)} does not match the spec "
+            out.append((ErrorCode.INVALID, _path(error), f"{_path(error)} does not match the spec "
                         f"({error.validator}: {str(error.validator_value)[:80]})."))
     # An unknown field is named before anything else (as the REST API's strict requests).
-    out.sort(key=lambda e: e[0] != "unknown_field")
+    out.sort(key=lambda e: e[0] != ErrorCode.UNKNOWN_FIELD)
     return out

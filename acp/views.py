@@ -20,7 +20,6 @@ import hashlib
 import hmac
 import logging
 
-from django.db import transaction
 from django.http import Http404
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -28,34 +27,25 @@ from rest_framework import exceptions as drf
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from payments import services
 from payments.api.authentication import ApiClientRateThrottle, ApiKeyAuthentication, HasScope
 from payments.enums import Outcome, Reason
-from payments.errors import DomainError
-from payments.api.idempotency import (
-    HEADER as IDEMPOTENCY_HEADER,
-    REPLAYED_HEADER,
-    canonical_json,
-    idempotency_bind,
-    idempotency_claim,
-    idempotency_complete,
-    idempotency_release,
-    key_from_headers,
-)
-from payments.locks import assert_outside_transaction
-from payments.models import PaymentOperation, PurchaseChannel
+from payments.errors import DomainError, ErrorCode
+from payments.api.idempotency import key_from_headers
+from payments.keyed import HEADER as IDEMPOTENCY_HEADER
+from payments.keyed import REPLAYED_HEADER, Keyed, KeyedRequest, canonical_json
+from payments.models import PaymentOperation
 from payments.api.problems import Problem
 
-from . import sessions
+from . import services, sessions
 from .errors import AcpError, from_domain_error, from_drf, from_problem
 from .models import AgentPlatform, CheckoutSession
+from .services import RESOURCE
 from .sessions import Status
 from .spec import SUPPORTED_VERSIONS, request_errors
 
 logger = logging.getLogger(__name__)
 
 SCOPE = "acp"
-RESOURCE = "acp_session"
 
 
 class AcpBearerAuthentication(ApiKeyAuthentication):
@@ -76,12 +66,12 @@ def _validated(schema: str, body) -> dict:
     nul = _nul_path(body, "$")
     if nul:
         # PostgreSQL text and jsonb cannot hold NUL: refused here, not a 500 at the save.
-        raise AcpError(status=400, code="invalid", param=nul,
+        raise AcpError(status=400, code=ErrorCode.INVALID, param=nul,
                        message=f"{nul} contains a NUL character.")
     currency = body.get("currency") if isinstance(body, dict) else None
     if currency is not None and not (len(currency) == 3 and currency.isascii()
                                      and currency.isalpha()):
-        raise AcpError(status=400, code="invalid", param="$.currency",
+        raise AcpError(status=400, code=ErrorCode.INVALID, param="$.currency",
                        message="currency must be an ISO 4217 code (three letters).")
     return body
 
@@ -105,12 +95,8 @@ def _nul_path(value, path: str) -> str:
 def _session_or_404(request, session_id: str) -> CheckoutSession:
     session = sessions.session_for_client(session_id, request.auth)
     if session is None:
-        raise AcpError(status=404, code="not_found", message="No such checkout session.")
+        raise AcpError(status=404, code=ErrorCode.NOT_FOUND, message="No such checkout session.")
     return session
-
-
-def _locked(session_id: str) -> CheckoutSession:
-    return CheckoutSession.objects.select_for_update().get(pk=session_id)
 
 
 def _fresh(session_id: str) -> CheckoutSession:
@@ -139,16 +125,16 @@ def _verify_signature(request) -> None:
     timestamp = (request.headers.get("Timestamp") or "").strip()
     when = parse_datetime(timestamp) if timestamp else None
     if not signature or when is None or when.tzinfo is None:
-        raise AcpError(status=401, code="invalid_signature", param="Signature",
+        raise AcpError(status=401, code=ErrorCode.INVALID_SIGNATURE, param="Signature",
                        message="This platform signs its requests: send Signature and an "
                                "RFC 3339 Timestamp.")
     if abs((timezone.now() - when).total_seconds()) > SIGNATURE_SKEW_SECONDS:
-        raise AcpError(status=401, code="invalid_signature", param="Timestamp",
+        raise AcpError(status=401, code=ErrorCode.INVALID_SIGNATURE, param="Timestamp",
                        message="The request's Timestamp is too far from now.")
     body = request.data if request.method == "POST" else None
     expected = request_signature(platform.signing_secret, timestamp, body)
     if not hmac.compare_digest(signature, expected):
-        raise AcpError(status=401, code="invalid_signature", param="Signature",
+        raise AcpError(status=401, code=ErrorCode.INVALID_SIGNATURE, param="Signature",
                        message="The request signature does not match.")
 
 
@@ -162,15 +148,15 @@ class AcpView(APIView):
 
     def initial(self, request, *args, **kwargs):
         if any("\x00" in str(v) for v in kwargs.values()):
-            raise AcpError(status=404, code="not_found", message="No such checkout session.")
+            raise AcpError(status=404, code=ErrorCode.NOT_FOUND, message="No such checkout session.")
         super().initial(request, *args, **kwargs)  # authentication, scope, throttle
         version = (request.headers.get("API-Version") or "").strip()
         if not version:
-            raise AcpError(status=400, code="missing_api_version", param="API-Version",
+            raise AcpError(status=400, code=ErrorCode.MISSING_API_VERSION, param="API-Version",
                            message="Send an API-Version header; supported: "
                                    + ", ".join(SUPPORTED_VERSIONS) + ".")
         if version not in SUPPORTED_VERSIONS:
-            raise AcpError(status=400, code="unsupported_api_version", param="API-Version",
+            raise AcpError(status=400, code=ErrorCode.UNSUPPORTED_API_VERSION, param="API-Version",
                            message="Unsupported API-Version; supported: "
                                    + ", ".join(SUPPORTED_VERSIONS) + ".")
         _verify_signature(request)
@@ -183,12 +169,12 @@ class AcpView(APIView):
         elif isinstance(exc, DomainError):
             err = from_domain_error(exc)
         elif isinstance(exc, Http404):
-            err = AcpError(status=404, code="not_found", message="Not found.")
+            err = AcpError(status=404, code=ErrorCode.NOT_FOUND, message="Not found.")
         elif isinstance(exc, drf.APIException):
             err = from_drf(exc)
         else:
             logger.exception("acp request failed")
-            err = AcpError(status=500, code="internal_error",
+            err = AcpError(status=500, code=ErrorCode.INTERNAL_ERROR,
                            message="Something failed on our side; retry with the same "
                                    "Idempotency-Key.")
         return err.response()
@@ -204,55 +190,33 @@ class AcpView(APIView):
         response.setdefault("Cache-Control", "no-store")
         return response
 
-    # -- the Idempotency-Key contract around one effect -------------------------------
-    def idempotent(self, request, *, route: str, body, effect, replay) -> Response:
-        key = key_from_headers(request.headers)
-        claim = idempotency_claim(api_client=request.auth, route=route, key=key,
-                                  path=request.path, body=body)
-        if claim.replay:
-            response = replay(claim)
-            response[REPLAYED_HEADER] = "true"
-            return response
-        try:
-            return effect(claim)
-        except (AcpError, DomainError, Problem) as exc:
-            if claim.resource_id:
-                # The effect exists: the key stays bound to it; a replay shows its state.
-                idempotency_complete(claim, status=exc.status)
-            else:
-                idempotency_release(claim)  # refused before any effect: key stays free
-            raise
-        except Exception:
-            if not claim.resource_id:
-                idempotency_release(claim)
-            raise
+    # -- one keyed request: the core's ladder (payments.keyed), rendered as ACP ----------
+    @staticmethod
+    def keyed(request, *, route: str, body, run) -> Keyed:
+        return run(KeyedRequest(api_client=request.auth, route=route,
+                                key=key_from_headers(request.headers), path=request.path,
+                                body=body))
 
 
 def _session_response(session_id: str, status: int) -> Response:
     return Response(sessions.session_view(_fresh(session_id)), status=status)
 
 
+def _session_answer(keyed: Keyed, status: int) -> Response:
+    response = _session_response(keyed.resource_id, status)
+    if keyed.replayed:
+        response[REPLAYED_HEADER] = "true"
+    return response
+
+
 class SessionCreateApi(AcpView):
     def post(self, request):
         key_from_headers(request.headers)
         data = _validated("CheckoutSessionCreateRequest", request.data)
-
-        def effect(claim):
-            with transaction.atomic():
-                session = CheckoutSession(
-                    api_client=request.auth, currency=data["currency"].lower(),
-                    items=sessions.normalise_items(data["line_items"]),
-                    buyer=data.get("buyer"),
-                    fulfillment_details=data.get("fulfillment_details"))
-                sessions.reprice(session)
-                session.save()
-                idempotency_bind(claim, resource_type=RESOURCE, resource_id=session.id)
-            idempotency_complete(claim, status=201)
-            return _session_response(session.id, 201)
-
-        return self.idempotent(
-            request, route="acp_checkout_sessions_create", body=request.data, effect=effect,
-            replay=lambda claim: _session_response(claim.resource_id, 201))
+        keyed = self.keyed(request, route="acp_checkout_sessions_create", body=request.data,
+                           run=lambda keyed_request: services.session_create(
+                               keyed_request, data=data))
+        return _session_answer(keyed, 201)
 
 
 class SessionApi(AcpView):
@@ -263,45 +227,10 @@ class SessionApi(AcpView):
         key_from_headers(request.headers)
         session = _session_or_404(request, session_id)
         data = _validated("CheckoutSessionUpdateRequest", request.data)
-
-        def effect(claim):
-            with transaction.atomic():
-                s = _locked(session.id)
-                if s.purchase_id is not None or s.canceled_at is not None:
-                    raise AcpError(status=409, code="session_not_updatable",
-                                   message="This session is "
-                                           f"{sessions.session_status(_fresh(s.id))}; it can "
-                                           "no longer be changed.")
-                if "line_items" in data:
-                    s.items = sessions.normalise_items(data["line_items"])
-                if "buyer" in data:
-                    s.buyer = data["buyer"]
-                if "fulfillment_details" in data:
-                    s.fulfillment_details = data["fulfillment_details"]
-                if "selected_fulfillment_options" in data:
-                    s.selected_fulfillment_options = _selected_options(
-                        s, data["selected_fulfillment_options"])
-                # Every update reprices from the catalogue (prices and stock move).
-                sessions.reprice(s)
-                s.save()
-                idempotency_bind(claim, resource_type=RESOURCE, resource_id=s.id)
-            idempotency_complete(claim, status=200)
-            return _session_response(s.id, 200)
-
-        return self.idempotent(
-            request, route="acp_checkout_sessions_update", body=request.data, effect=effect,
-            replay=lambda claim: _session_response(claim.resource_id, 200))
-
-
-def _selected_options(session: CheckoutSession, selected: list[dict]) -> list[dict]:
-    offered = {o["id"]: o["type"] for o in sessions.fulfillment_options(
-        sessions.products_for(session.items))}
-    for index, option in enumerate(selected):
-        if offered.get(option["option_id"]) != option["type"]:
-            raise AcpError(status=400, code="invalid",
-                           param=f"$.selected_fulfillment_options[{index}]",
-                           message="No such fulfillment option for this session.")
-    return selected
+        keyed = self.keyed(request, route="acp_checkout_sessions_update", body=request.data,
+                           run=lambda keyed_request: services.session_update(
+                               keyed_request, session_id=session.id, data=data))
+        return _session_answer(keyed, 200)
 
 
 def _payment_token(payment_data: dict) -> str:
@@ -312,10 +241,10 @@ def _payment_token(payment_data: dict) -> str:
         instrument = payment_data.get("instrument") or {}
         token = (instrument.get("credential") or {}).get("token", "")
         if payment_data.get("handler_id") != sessions.HANDLER["id"]:
-            raise AcpError(status=400, code="invalid", param="$.payment_data.handler_id",
+            raise AcpError(status=400, code=ErrorCode.INVALID, param="$.payment_data.handler_id",
                            message=f"Unknown payment handler; use {sessions.HANDLER['id']!r}.")
     if not isinstance(token, str) or not token.startswith("spt_"):
-        raise AcpError(status=400, code="invalid", param="$.payment_data",
+        raise AcpError(status=400, code=ErrorCode.INVALID, param="$.payment_data",
                        message="payment_data must carry a Stripe shared payment token "
                                "(spt_…).")
     return token
@@ -335,7 +264,7 @@ def _complete_answer(session_id: str) -> Response:
     op = sessions.payment_op(session.purchase)
     if op is not None and op.outcome == Outcome.FAILED:
         raise _payment_failed(op)
-    raise AcpError(status=409, code="session_not_completable",
+    raise AcpError(status=409, code=ErrorCode.SESSION_NOT_COMPLETABLE,
                    message=f"This session is {view['status']}; it cannot be completed.")
 
 
@@ -343,18 +272,18 @@ def _payment_failed(op: PaymentOperation) -> AcpError:
     """A payment that provably moved no money, said as the spec's Error."""
     after = "; no money moved. Complete again with a new Idempotency-Key."
     if op.reason == Reason.CARD_DECLINED:
-        return AcpError(status=402, code="payment_declined", param="$.payment_data",
+        return AcpError(status=402, code=ErrorCode.PAYMENT_DECLINED, param="$.payment_data",
                         message="The card was declined" + after)
     if op.reason == Reason.PROVIDER_UNREACHABLE:
-        return AcpError(status=503, code="provider_unavailable",
+        return AcpError(status=503, code=ErrorCode.PROVIDER_UNAVAILABLE,
                         headers={"Retry-After": "30"},
                         message="The payment provider could not be reached" + after)
     if op.reason == Reason.INVALID_REQUEST:
-        return AcpError(status=400, code="payment_declined", param="$.payment_data",
+        return AcpError(status=400, code=ErrorCode.PAYMENT_DECLINED, param="$.payment_data",
                         message="The provider refused the payment token (used, expired, or "
                                 "not valid for this amount or currency)" + after
                                 + " Ask the agent platform for a new token.")
-    return AcpError(status=402, code="payment_declined", param="$.payment_data",
+    return AcpError(status=402, code=ErrorCode.PAYMENT_DECLINED, param="$.payment_data",
                     message="The payment failed" + after)
 
 
@@ -364,83 +293,13 @@ class SessionCompleteApi(AcpView):
         session = _session_or_404(request, session_id)
         data = _validated("CheckoutSessionCompleteRequest", request.data)
         token = _payment_token(data["payment_data"])
-        client = request.auth
-
-        def effect(claim):
-            self._requote_if_expired(session.id)
-            with transaction.atomic():
-                s = _locked(session.id)
-                if s.canceled_at is not None:
-                    raise AcpError(status=409, code="session_not_completable",
-                                   message="This session was canceled.")
-                op = sessions.payment_op(s.purchase)
-                if op is not None and op.outcome != Outcome.FAILED:
-                    # Queued, sent, unknown or succeeded: this complete is not a new payment,
-                    # whatever its key; it answers the session's current state.
-                    idempotency_bind(claim, resource_type=RESOURCE, resource_id=s.id)
-                    op_id = op.id
-                else:
-                    op_id = self._pay(s, data, token, client, retry_of=op.id if op else None)
-                    idempotency_bind(claim, resource_type=RESOURCE, resource_id=s.id)
-            # Outside the transaction on purpose: a transaction never waits on the provider.
-            assert_outside_transaction()
-            if PaymentOperation.objects.filter(pk=op_id, outcome=Outcome.PENDING).exists():
-                services.operation_dispatch(operation_id=op_id)
-            response = _complete_answer(session.id)
-            idempotency_complete(claim, status=response.status_code)
-            return response
-
-        return self.idempotent(
-            request, route="acp_checkout_sessions_complete", body=request.data, effect=effect,
-            replay=lambda claim: _complete_answer(claim.resource_id))
-
-    @staticmethod
-    def _requote_if_expired(session_id: str) -> None:
-        """A quote lives 30 minutes; an agent may complete later. Reprice first: the same
-        amount goes on; another amount is shown to the agent, never charged unseen."""
-        with transaction.atomic():
-            s = _locked(session_id)
-            if s.purchase_id is not None:
-                return  # its purchase carries its own (accepted) quote
-            if s.quote is None or sessions.item_problems(s):
-                raise AcpError(status=409, code="session_not_ready",
-                               message="This session is not ready for payment: see its "
-                                       "messages.")
-            if s.quote.expires_at > timezone.now():
-                return
-            amount = s.quote.amount
-            sessions.reprice(s)
-            s.save()
-        if s.quote is None or s.quote.amount != amount:
-            raise AcpError(status=409, code="price_changed",
-                           message="Prices or stock changed since this session was priced; "
-                                   "retrieve it and review the new totals.")
-
-    @staticmethod
-    def _pay(s: CheckoutSession, data: dict, token: str, client, *, retry_of) -> str:
-        buyer = data.get("buyer") or s.buyer or {}
-        email = (buyer.get("email") or "").strip()
-        if not email:
-            raise AcpError(status=400, code="missing", param="$.buyer.email",
-                           message="The buyer's email is required to complete.")
-        if data.get("buyer"):
-            s.buyer = data["buyer"]
-        if s.purchase is None:
-            # The buyer is the ACP customer: the same guards (an unresolved purchase, the
-            # same basket again) apply across sessions as across REST purchases.
-            opened = services.purchase_open(
-                api_client=client, quote_id=s.quote.id, quote_version=s.quote.version,
-                customer_reference=f"acp:{email.lower()}", customer_email=email,
-                channel=PurchaseChannel.ACP)
-            s.purchase = opened.purchase
-        # A retry (retry_of) on a session whose payment failed: payment_create asks the
-        # duplicate guard again (the buyer may have bought the same basket elsewhere since).
-        op = services.payment_create(
-            purchase_id=s.purchase.id, api_client=client, payment_method=token,
-            capture_method="automatic", retry_of=retry_of, amount=s.purchase.amount,
-            currency=s.purchase.currency)
-        s.save()
-        return op.id
+        keyed = self.keyed(request, route="acp_checkout_sessions_complete", body=request.data,
+                           run=lambda keyed_request: services.session_complete(
+                               keyed_request, session_id=session.id, data=data, token=token))
+        response = _complete_answer(keyed.resource_id)
+        if keyed.replayed:
+            response[REPLAYED_HEADER] = "true"
+        return response
 
 
 class SessionCancelApi(AcpView):
@@ -449,29 +308,7 @@ class SessionCancelApi(AcpView):
         session = _session_or_404(request, session_id)
         body = request.data if request.data else {}
         _validated("CancelSessionRequest", body)
-
-        def effect(claim):
-            with transaction.atomic():
-                s = _locked(session.id)
-                status = sessions.session_status(_fresh(s.id))
-                if status in (Status.COMPLETED, Status.IN_PROGRESS, Status.CANCELED,
-                              Status.EXPIRED):
-                    # After payment the refund path stays with people and the REST API.
-                    raise AcpError(status=405, code="not_cancelable",
-                                   message=f"This session is {status}; it cannot be canceled.")
-                if s.purchase_id is not None:
-                    try:
-                        services.purchase_cancel(purchase_id=s.purchase_id, api_client=client)
-                    except DomainError as exc:
-                        raise AcpError(status=405, code="not_cancelable",
-                                       message=exc.message) from None
-                s.canceled_at = timezone.now()
-                s.save()
-                idempotency_bind(claim, resource_type=RESOURCE, resource_id=s.id)
-            idempotency_complete(claim, status=200)
-            return _session_response(s.id, 200)
-
-        client = request.auth
-        return self.idempotent(
-            request, route="acp_checkout_sessions_cancel", body=body, effect=effect,
-            replay=lambda claim: _session_response(claim.resource_id, 200))
+        keyed = self.keyed(request, route="acp_checkout_sessions_cancel", body=body,
+                           run=lambda keyed_request: services.session_cancel(
+                               keyed_request, session_id=session.id))
+        return _session_answer(keyed, 200)

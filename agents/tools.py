@@ -49,17 +49,12 @@ from payments.enums import (
     Outcome,
     RetryAdvice,
 )
-from payments.api.idempotency import (
-    idempotency_bind,
-    idempotency_claim,
-    idempotency_complete,
-    idempotency_release,
-)
+from payments.keyed import Created, Keyed, KeyedRequest, dispatch_when_pending, keyed_effect
+from payments.services.requests import follow_up_request, payment_request
 from payments.locks import assert_outside_transaction
 from payments.models import ApiClient, PaymentOperation, Purchase, PurchaseChannel
 from payments.money import format_money
-from payments.api.problems import Problem
-from payments.errors import DomainError
+from payments.errors import DomainError, ErrorCode
 
 READ = "purchases:read"
 WRITE = "purchases:write"
@@ -104,52 +99,16 @@ class NextTool(BaseModel):
                              description="Arguments you must supply (e.g. payment_method).")
 
 
-class RefusalCode(str, Enum):
-    """Every refusal code a tool can answer (the outputSchema publishes them as an enum)."""
-
-    # the MCP layer's own
-    INVALID_ARGUMENTS = "invalid_arguments"
-    CARD_DATA_REFUSED = "card_data_refused"
-    UNAUTHENTICATED = "unauthenticated"
-    FORBIDDEN_SCOPE = "forbidden_scope"
-    NOT_FOUND = "not_found"
-    REQUEST_IN_PROGRESS = "request_in_progress"
-    REFUSED = "refused"  # a core code this list does not know yet (see `message`)
-    # the core's (payments.errors.DomainError codes)
-    ALREADY_PAID = "already_paid"
-    ALREADY_RETRIED = "already_retried"
-    ALREADY_SETTLED = "already_settled"
-    AMOUNT_MISMATCH = "amount_mismatch"
-    CURRENCY_MISMATCH = "currency_mismatch"
-    CURRENCY_NOT_ALLOWED = "currency_not_allowed"
-    CUSTOMER_HAS_UNRESOLVED_PURCHASE = "customer_has_unresolved_purchase"
-    FULFILMENT_STARTED = "fulfilment_started"
-    INVALID_BUYER_CONFIRMATION = "invalid_buyer_confirmation"
-    INVALID_EMAIL = "invalid_email"
-    INVALID_ITEMS = "invalid_items"
-    INVALID_PAYMENT_METHOD = "invalid_payment_method"
-    INVALID_QUANTITY = "invalid_quantity"
-    INVALID_REQUEST = "invalid_request"
-    NOT_CAPTURABLE = "not_capturable"
-    NOT_DISPATCHED = "not_dispatched"
-    NOT_REFUNDABLE = "not_refundable"
-    ORIGINAL_SUCCEEDED = "original_succeeded"
-    OUT_OF_STOCK = "out_of_stock"
-    PAYMENT_ATTEMPTS_EXHAUSTED = "payment_attempts_exhausted"
-    PAYMENT_UNRESOLVED = "payment_unresolved"
-    PROBABLE_DUPLICATE_PURCHASE = "probable_duplicate_purchase"
-    QUOTE_EXPIRED = "quote_expired"
-    QUOTE_NOT_FOUND = "quote_not_found"
-    QUOTE_SUPERSEDED = "quote_superseded"
-    RATE_LIMITED = "rate_limited"
-    REFUND_EXCEEDS_REFUNDABLE = "refund_exceeds_refundable"
-    RETRY_NEEDS_NEW_METHOD = "retry_needs_new_method"
-    RETRY_NOT_ALLOWED = "retry_not_allowed"
-    RETRY_OF_NOT_FOUND = "retry_of_not_found"
-    RETRY_OF_REQUIRED = "retry_of_required"
-    SPENDING_LIMIT_EXCEEDED = "spending_limit_exceeded"
-    UNKNOWN_SKU = "unknown_sku"
-    WORKFLOW_HALTED = "workflow_halted"
+# Every refusal code a tool can answer (the outputSchema publishes them as an enum): the
+# core's codes (payments.errors.ErrorCode, one list for every face) plus the MCP layer's own.
+_MCP_CODES = {
+    "INVALID_ARGUMENTS": "invalid_arguments",
+    "CARD_DATA_REFUSED": "card_data_refused",
+    "REFUSED": "refused",  # a code that is no ErrorCode (see `message`)
+}
+RefusalCode = Enum("RefusalCode", {**{code.name: code.value for code in ErrorCode},
+                                   **_MCP_CODES}, type=str)
+RefusalCode.__doc__ = "Every refusal code a tool can answer: ErrorCode and the MCP layer's own."
 
 
 _REFUSAL_CODES = {c.value for c in RefusalCode}
@@ -498,13 +457,13 @@ def _domain_refusal(exc: DomainError, api_client: ApiClient, *, retry_call: Next
                                    "do not repeat it unchanged.", refusal=refusal)
 
 
-def _in_progress(tool: str, arguments: dict, problem: Problem) -> AgentResult:
-    wait = int(problem.headers.get("Retry-After", "2"))
+def _in_progress(tool: str, arguments: dict, exc: DomainError) -> AgentResult:
+    wait = int((exc.extra or {}).get("retry_after") or 2)
     return AgentResult(
         instruction=f"This same {tool} call is still being processed; call {tool} again with "
                     f"the same arguments in {wait} seconds — it will not be done twice.",
         next_tool=_tool(tool, wait, **arguments),
-        refusal=Refusal.of(problem.code, problem.detail))
+        refusal=Refusal.of(exc.code, exc.message))
 
 
 # -- derived keys -------------------------------------------------------------------------
@@ -519,49 +478,26 @@ def logical_key(*parts: str) -> str:
 
 
 def _run_keyed(*, api_client: ApiClient, route: str, key: str,
-               create: Callable[[Any], tuple[str, str]],
-               render: Callable[[str, str, bool], AgentResult],
+               run: Callable[[KeyedRequest], Keyed],
+               render: Callable[[Keyed], AgentResult],
                retry_call: NextTool, arguments: dict) -> AgentResult:
-    """The Idempotency-Key contract of payments.api.idempotency with a server-derived key.
-
-    `create(claim)` makes the effect and binds it in one transaction, returning
-    (resource_type, resource_id); `render(type, id, replayed)` answers with its current
-    state (and may resume it, e.g. dispatch a still-pending operation).
-    """
+    """One keyed request through the core's ladder (payments.keyed) with a server-derived
+    key; this face only renders what happened (`render(keyed)`) or the refusal."""
+    request = KeyedRequest(api_client=api_client, route=route, key=key, path=f"mcp:{route}",
+                           body={})
     try:
-        claim = idempotency_claim(api_client=api_client, route=route, key=key,
-                                  path=f"mcp:{route}", body={})
-    except Problem as problem:
-        if problem.code == "request_in_progress":
-            return _in_progress(retry_call.name, arguments, problem)
-        raise
-    if claim.replay or (claim.taken_over and claim.resource_id):
-        if claim.taken_over:
-            idempotency_complete(claim, status=200)
-        return render(claim.record.resource_type, claim.resource_id, True)
-    try:
-        resource_type, resource_id = create(claim)
+        keyed = run(request)
     except DomainError as exc:
-        if claim.resource_id:
-            idempotency_complete(claim, status=exc.status)
-        else:
-            idempotency_release(claim)  # refused before any effect: the key stays free
+        if exc.code == ErrorCode.REQUEST_IN_PROGRESS:
+            return _in_progress(retry_call.name, arguments, exc)
         return _domain_refusal(exc, api_client, retry_call=retry_call)
-    except Exception:
-        if not claim.resource_id:
-            idempotency_release(claim)
-        raise
-    idempotency_complete(claim, status=201)
-    return render(resource_type, resource_id, False)
+    return render(keyed)
 
 
 def _dispatch_if_pending(operation_id: str) -> None:
     # Outside any transaction on purpose (STYLE 5): the provider call. operation_dispatch
     # claims the pending operation under a row lock, so two callers never both send it.
-    assert_outside_transaction()
-    outcome = PaymentOperation.objects.values_list("outcome", flat=True).get(pk=operation_id)
-    if outcome == Outcome.PENDING:
-        services.operation_dispatch(operation_id=operation_id)
+    dispatch_when_pending(operation_id)
 
 
 # -- the tools ------------------------------------------------------------------------------
@@ -626,31 +562,27 @@ def create_purchase(*, api_client: ApiClient, quote_id: str, quote_version: int,
     confirmation is off over MCP)."""
     arguments = dict(quote_id=quote_id, quote_version=quote_version,
                      customer_reference=customer_reference)
-    created = {"new": True}
 
-    def create(claim):
-        with transaction.atomic():
-            opened = services.purchase_open(
-                api_client=api_client, quote_id=quote_id, quote_version=quote_version,
-                customer_reference=customer_reference, customer_email=customer_email,
-                buyer_confirmation=buyer_confirmation, storefront_confirmation=False,
-                channel=PurchaseChannel.MCP)
-            idempotency_bind(claim, resource_type="purchase", resource_id=opened.purchase.id)
-        created["new"] = opened.created
-        return "purchase", opened.purchase.id
+    def create() -> Created:
+        opened = services.purchase_open(
+            api_client=api_client, quote_id=quote_id, quote_version=quote_version,
+            customer_reference=customer_reference, customer_email=customer_email,
+            buyer_confirmation=buyer_confirmation, storefront_confirmation=False,
+            channel=PurchaseChannel.MCP)
+        return Created("purchase", opened.purchase.id, created=opened.created)
 
-    def render(_type, purchase_id, replayed):
-        replayed = replayed or not created["new"]
+    def render(keyed: Keyed) -> AgentResult:
+        replayed = keyed.replayed or keyed.resumed or not keyed.created
         return purchase_result(
-            _load_purchase(purchase_id), replayed=replayed,
+            _load_purchase(keyed.resource_id), replayed=replayed,
             note=("This quote already has a purchase; no new purchase was made." if replayed
                   else None))
 
     return _run_keyed(
         api_client=api_client, route="mcp.create_purchase",
         key=logical_key("purchase", quote_id, f"v{quote_version}"),
-        create=create, render=render, retry_call=_tool("create_purchase", **arguments),
-        arguments=arguments)
+        run=lambda request: keyed_effect(request, create=create), render=render,
+        retry_call=_tool("create_purchase", **arguments), arguments=arguments)
 
 
 def pay_purchase(*, api_client: ApiClient, purchase_id: str, payment_method: str,
@@ -734,18 +666,10 @@ def request_refund(*, api_client: ApiClient, purchase_id: str, amount: int | Non
     if request != 1:
         arguments["request"] = request
 
-    def create(claim):
-        services.operations_verify_before_follow_up(purchase_id=purchase.id)
-        with transaction.atomic():
-            op = services.refund_request(purchase_id=purchase.id, amount=amount,
-                                         api_client=api_client)
-            idempotency_bind(claim, resource_type="operation", resource_id=op.id)
-        return "operation", op.id
-
-    def render(_type, operation_id, replayed):
-        _dispatch_if_pending(operation_id)
+    def render(keyed: Keyed) -> AgentResult:
+        replayed = keyed.replayed or keyed.resumed
         return operation_result(
-            _load_op(operation_id), replayed=replayed,
+            _load_op(keyed.resource_id), replayed=replayed,
             note="This refund was already requested; no new refund was made." if replayed
             else None)
 
@@ -754,8 +678,9 @@ def request_refund(*, api_client: ApiClient, purchase_id: str, amount: int | Non
         # Request 1 keeps the original key shape, so existing records still replay.
         key=logical_key("refund", purchase.id, str(amount) if amount is not None else "full",
                         *([f"n{request}"] if request != 1 else [])),
-        create=create, render=render, retry_call=_tool("request_refund", **arguments),
-        arguments=arguments)
+        run=lambda keyed_request: follow_up_request(
+            keyed_request, purchase_id=purchase.id, kind=OperationKind.REFUND, amount=amount),
+        render=render, retry_call=_tool("request_refund", **arguments), arguments=arguments)
 
 
 def retry_failed_payment(*, api_client: ApiClient, operation_id: str,
@@ -777,11 +702,14 @@ def retry_failed_payment(*, api_client: ApiClient, operation_id: str,
             "retry_not_allowed",
             f"Only a definitively failed payment can be retried; this one is {op.outcome}."),
             note="Refused: nothing was sent to the provider.")
+    request = KeyedRequest(api_client=api_client, route="mcp.retry_failed_payment",
+                           key=logical_key("retry", op.id),
+                           path="mcp:mcp.retry_failed_payment", body={})
     try:
-        new = services.payment_create(
-            purchase_id=op.purchase_id, api_client=api_client,
-            payment_method=payment_method or op.payment_method,
-            capture_method=op.capture_method, retry_of=op.id)
+        # The core's ladder: a person's "failed" is read back before the retry is decided.
+        keyed = payment_request(request, purchase_id=op.purchase_id,
+                                payment_method=payment_method or op.payment_method,
+                                capture_method=op.capture_method, retry_of=op.id)
     except DomainError as exc:
         if exc.code in ("already_retried", "payment_unresolved"):
             retry = PaymentOperation.objects.filter(retry_of=op).first()
@@ -789,6 +717,8 @@ def retry_failed_payment(*, api_client: ApiClient, operation_id: str,
                 return operation_result(
                     retry, replayed=True,
                     note="This payment was already retried; no new payment was made.")
+        if exc.code == ErrorCode.REQUEST_IN_PROGRESS:
+            return _in_progress("retry_failed_payment", {"operation_id": op.id}, exc)
         if exc.code == "retry_needs_new_method":
             return AgentResult(
                 instruction="The card was declined; ask the buyer for a different payment "
@@ -798,8 +728,8 @@ def retry_failed_payment(*, api_client: ApiClient, operation_id: str,
                 refusal=Refusal.of(exc.code, exc.message))
         return _domain_refusal(exc, api_client, retry_call=_tool(
             "retry_failed_payment", operation_id=op.id))
-    _dispatch_if_pending(new.id)
-    return operation_result(new)
+    return operation_result(_load_op(keyed.resource_id),
+                            replayed=keyed.replayed or keyed.resumed)
 
 
 __all__ = [

@@ -13,7 +13,9 @@ class ErrorCode(StrEnum):
     what an API client, the MCP tools and the console branch on. A member *is* its string
     (`ErrorCode.NOT_FOUND == "not_found"`, JSON and f-strings give the value), so code that
     still passes or compares a literal keeps working; new code names the member. The values
-    are part of the API contract: never rename one, add a new member instead."""
+    are part of the API contract: never rename one, add a new member instead. Members marked
+    ACP are the Agentic Commerce Protocol's own names (acp.errors answers them as the spec's
+    `Error`); the other faces never answer them."""
 
     ALREADY_PAID = "already_paid"
     ALREADY_RETRIED = "already_retried"
@@ -40,19 +42,27 @@ class ErrorCode(StrEnum):
     FACILITATOR_UNSUPPORTED = "facilitator_unsupported"
     FORBIDDEN_SCOPE = "forbidden_scope"
     FULFILMENT_STARTED = "fulfilment_started"
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"  # ACP
+    IDEMPOTENCY_IN_FLIGHT = "idempotency_in_flight"  # ACP
     IDEMPOTENCY_KEY_REQUIRED = "idempotency_key_required"
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     INTERNAL_ERROR = "internal_error"
+    INVALID = "invalid"  # ACP
     INVALID_BUYER_CONFIRMATION = "invalid_buyer_confirmation"
     INVALID_EMAIL = "invalid_email"
     INVALID_ITEMS = "invalid_items"
+    INVALID_JSON = "invalid_json"  # ACP
     INVALID_OUTCOME = "invalid_outcome"
     INVALID_PAYMENT_METHOD = "invalid_payment_method"
     INVALID_QUANTITY = "invalid_quantity"
     INVALID_REQUEST = "invalid_request"
+    INVALID_SIGNATURE = "invalid_signature"  # ACP
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    MISSING = "missing"  # ACP
+    MISSING_API_VERSION = "missing_api_version"  # ACP
     NOT_ACCEPTABLE = "not_acceptable"
     NOT_AWAITING_APPROVAL = "not_awaiting_approval"
+    NOT_CANCELABLE = "not_cancelable"  # ACP
     NOT_CANCELLABLE = "not_cancellable"
     NOT_CAPTURABLE = "not_capturable"
     NOT_DISPATCHED = "not_dispatched"
@@ -66,17 +76,21 @@ class ErrorCode(StrEnum):
     ORIGINAL_UNVERIFIED = "original_unverified"
     OUT_OF_STOCK = "out_of_stock"
     PAYMENT_ATTEMPTS_EXHAUSTED = "payment_attempts_exhausted"
+    PAYMENT_DECLINED = "payment_declined"  # ACP
     PAYMENT_FAILED = "payment_failed"
     PAYMENT_IDENTIFIER_REUSED = "payment_identifier_reused"
     PAYMENT_REQUIRED = "payment_required"
     PAYMENT_REQUIREMENTS_MISMATCH = "payment_requirements_mismatch"
     PAYMENT_SIGNATURE_INVALID = "payment_signature_invalid"
     PAYMENT_UNRESOLVED = "payment_unresolved"
+    PRICE_CHANGED = "price_changed"  # ACP
     PROBABLE_DUPLICATE_PURCHASE = "probable_duplicate_purchase"
     PROVIDER_APPLIED = "provider_applied"
     PROVIDER_CANCEL_FAILED = "provider_cancel_failed"
     PROVIDER_CONTRADICTS = "provider_contradicts"
     PROVIDER_PROCESSING = "provider_processing"
+    PROVIDER_UNAVAILABLE = "provider_unavailable"  # ACP
+    QUANTITY_EXCEEDED = "quantity_exceeded"  # ACP
     QUOTE_EXPIRED = "quote_expired"
     QUOTE_NOT_FOUND = "quote_not_found"
     QUOTE_SUPERSEDED = "quote_superseded"
@@ -94,6 +108,9 @@ class ErrorCode(StrEnum):
     RETRY_NOT_ALLOWED = "retry_not_allowed"
     RETRY_OF_NOT_FOUND = "retry_of_not_found"
     RETRY_OF_REQUIRED = "retry_of_required"
+    SESSION_NOT_COMPLETABLE = "session_not_completable"  # ACP
+    SESSION_NOT_READY = "session_not_ready"  # ACP
+    SESSION_NOT_UPDATABLE = "session_not_updatable"  # ACP
     SHARED_PAYMENT_GRANTED_TOKEN_CONSUMED = "shared_payment_granted_token_consumed"
     SHARED_PAYMENT_GRANTED_TOKEN_EXPIRED = "shared_payment_granted_token_expired"
     SHARED_PAYMENT_GRANTED_TOKEN_USAGE_LIMIT_EXCEEDED = (
@@ -102,6 +119,7 @@ class ErrorCode(StrEnum):
     UNAUTHENTICATED = "unauthenticated"
     UNKNOWN_FIELD = "unknown_field"
     UNKNOWN_SKU = "unknown_sku"
+    UNSUPPORTED_API_VERSION = "unsupported_api_version"  # ACP
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     WORKFLOW_HALTED = "workflow_halted"
     X402_HAS_NO_VOID = "x402_has_no_void"

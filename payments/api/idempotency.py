@@ -1,58 +1,32 @@
-"""The storefront's `Idempotency-Key` contract (see
-docs/walkthrough.md#api-rules-the-code-relies-on).
-
-Scope: (API client, route name). The first request inserts its record with one
-`INSERT … ON CONFLICT DO NOTHING RETURNING id` (no read-then-write: two racing requests
-cannot both win), state `in_flight` with a lease. Then:
-
-- same key, same canonical body, record `done`  -> replay: 200 with the resource's
-  *current* state and `Idempotent-Replayed: true`;
-- same key, different body                     -> 422 `idempotency_key_reused`;
-- same key, in flight, lease running           -> 409 `request_in_progress` + Retry-After;
-- same key, in flight, lease expired           -> the request is taken over (a crashed
-  request's key is not stuck forever); the record's bound resource, if any, is resumed.
-
-A refusal made before any effect deletes the record so it does not bind the key. Once
-the effect exists the record names it (`resource_type`, `resource_id`) and is never
-deleted by a refusal again.
-
-The provider never sees this key: operations carry their own server-generated keys.
+"""The REST face of the `Idempotency-Key` contract (see
+docs/walkthrough.md#api-rules-the-code-relies-on): reading the key from the headers and a
+replay's body. The contract itself — claim, replay, take-over, fenced binding, complete or
+release — is the core's, once for every face: payments.keyed. The old names stay here for
+callers outside the faces (their refusals as problem documents).
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
-import math
-from dataclasses import dataclass
-from datetime import timedelta
-
 from django.conf import settings
-from django.db import connection
-from django.db.models import Subquery
-from django.utils import timezone
 
 from ..enums import RetryAdvice
-from ..errors import ErrorCode
-from ..models import ApiClient, IdempotencyRecord, PaymentOperation
-from ..view_queries import CompiledRead, operations_for_view
-from .problems import Problem
-
-HEADER = "Idempotency-Key"
-MAX_KEY_LENGTH = 255
-REPLAYED_HEADER = "Idempotent-Replayed"
-
-
-def canonical_json(data) -> str:
-    """Key order and whitespace do not matter; values and types do."""
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def request_fingerprint(*, path: str, body) -> str:
-    # The route name is the scope; the concrete path (which purchase, which operation) is
-    # part of the request, so one key reused for another purchase is a different request.
-    return hashlib.sha256(f"{path}\n{canonical_json(body)}".encode()).hexdigest()
-
+from ..errors import DomainError, ErrorCode
+from ..keyed import _REPLAYED_OPERATION  # noqa: F401 - tests read its compiled statement
+from ..keyed import (
+    HEADER,
+    MAX_KEY_LENGTH,
+    REPLAYED_HEADER,
+    Claim,
+    canonical_json,
+    key_bind,
+    key_claim,
+    key_complete,
+    key_release,
+    key_replay_of,
+    key_replayed_operation,
+    request_fingerprint,
+)
+from ..models import ApiClient
+from .problems import Problem, problem_from_domain_error
 
 def key_from_headers(headers) -> str:
     key = (headers.get(HEADER) or "").strip()
@@ -69,153 +43,29 @@ def key_from_headers(headers) -> str:
     return key
 
 
-@dataclass
-class Claim:
-    record: IdempotencyRecord
-    replay: bool = False       # a finished request: answer with the resource's current state
-    taken_over: bool = False   # the previous holder's lease expired; resume its resource
-
-    @property
-    def resource_id(self) -> str:
-        return self.record.resource_id
-
-
-def _lease_until():
-    return timezone.now() + timedelta(seconds=settings.IDEMPOTENCY_LEASE_SECONDS)
-
-
-def _insert_unsafe(*, api_client: ApiClient, route: str, key: str, fingerprint: str):
-    """INSERT … ON CONFLICT DO NOTHING RETURNING id -> new id, or None if the key exists.
-
-    bulk_create(ignore_conflicts=True) cannot tell us whether *this* request inserted the
-    row (no id comes back on conflict), which is the whole point; hence one raw statement.
-    """
-    table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
-    q = connection.ops.quote_name
-    now = timezone.now()
-    sql = (
-        f"INSERT INTO {table} ({q('api_client_id')}, {q('route')}, {q('key')}, "
-        f"{q('fingerprint')}, {q('state')}, {q('lease_until')}, {q('resource_type')}, "
-        f"{q('resource_id')}, {q('created_at')}) "
-        f"VALUES (%s, %s, %s, %s, %s, %s, '', '', %s) "
-        f"ON CONFLICT ({q('api_client_id')}, {q('route')}, {q('key')}) DO NOTHING "
-        f"RETURNING {q('id')}"
-    )
-    with connection.cursor() as cursor:
-        # Datetimes through the backend's adapter, as the ORM stores them (SQLite: text).
-        adapt = connection.ops.adapt_datetimefield_value
-        cursor.execute(sql, [api_client.pk, route, key, fingerprint,
-                             IdempotencyRecord.State.IN_FLIGHT, adapt(_lease_until()),
-                             adapt(now)])
-        row = cursor.fetchone()
-    return row[0] if row else None
+def _as_problem(exc: DomainError) -> Problem:
+    return problem_from_domain_error(exc)
 
 
 def idempotency_claim(*, api_client: ApiClient, route: str, key: str, path: str, body) -> Claim:
-    """Claim the key for this request, or raise the Problem the contract prescribes."""
-    fingerprint = request_fingerprint(path=path, body=body)
-    for _ in range(5):
-        # Read first (one indexed read of the unique key): a replay — the common case for
-        # an agent that retries — costs no INSERT. Absent: the INSERT decides the race.
-        record = next(iter(IdempotencyRecord.objects.filter(
-            api_client=api_client, route=route, key=key)[:1]), None)  # unique: no ORDER BY
-        if record is None:
-            new_id = _insert_unsafe(api_client=api_client, route=route, key=key,
-                                    fingerprint=fingerprint)
-            if new_id is not None:
-                return Claim(record=IdempotencyRecord.objects.get(pk=new_id))
-            continue  # inserted by a racing request between our read and insert: read it
-        if record.fingerprint != fingerprint:
-            raise Problem(
-                code=ErrorCode.IDEMPOTENCY_KEY_REUSED, status=422, retry=RetryAdvice.FORBIDDEN,
-                detail=f"This {HEADER} was already used for a different request body. "
-                       "A key names one intended effect; changing the body does not make "
-                       "it a new request.",
-                action_message="If this is a new intent, use a new key; if it is a retry, "
-                               "send the original body unchanged.",
-                extra={"resource": _resource_ref(record)})
-        if record.state == IdempotencyRecord.State.DONE:
-            return Claim(record=record, replay=True)
-        now = timezone.now()
-        if record.lease_until > now:
-            wait = max(1, math.ceil((record.lease_until - now).total_seconds()))
-            raise Problem(
-                code=ErrorCode.REQUEST_IN_PROGRESS, status=409, retry=RetryAdvice.SAME_KEY,
-                detail="A request with this Idempotency-Key is still being processed.",
-                action_message=f"Wait {wait} s and send the same request with the same key; "
-                               "do not use a new key.",
-                headers={"Retry-After": str(wait)}, extra={"resource": _resource_ref(record)})
-        # The holder's lease expired (it crashed or hung): compare-and-set takes it over.
-        taken = IdempotencyRecord.objects.filter(
-            pk=record.pk, state=IdempotencyRecord.State.IN_FLIGHT,
-            lease_until=record.lease_until,
-        ).update(lease_until=_lease_until())
-        if taken:
-            record.refresh_from_db()
-            return Claim(record=record, taken_over=True)
-    raise Problem(code=ErrorCode.REQUEST_IN_PROGRESS, status=409, retry=RetryAdvice.SAME_KEY,
-                  detail="A request with this Idempotency-Key is still being processed.",
-                  headers={"Retry-After": "1"})
+    """payments.keyed.key_claim, its refusals as problems (the faces use keyed_effect)."""
+    try:
+        return key_claim(api_client=api_client, route=route, key=key, path=path, body=body)
+    except DomainError as exc:
+        raise _as_problem(exc) from None
 
 
-# Compiled once per process, a prepared statement on PostgreSQL (payments.view_queries).
-_REPLAY_READ = CompiledRead(
-    lambda client_id, route, key: IdempotencyRecord.objects.filter(
-        api_client_id=client_id, route=route, key=key,
-    ).values_list("state", "fingerprint", "resource_type", "resource_id")[:1],
-    "\x01verity-client", "\x01verity-route", "\x01verity-key")
+def idempotency_bind(claim: Claim, *, resource_type: str, resource_id: str) -> None:
+    try:
+        key_bind(claim, resource_type=resource_type, resource_id=resource_id)
+    except DomainError as exc:
+        raise _as_problem(exc) from None
 
 
-def idempotency_replay_of(*, api_client: ApiClient, route: str, key: str, path: str, body
-                          ) -> IdempotencyRecord | None:
-    """The record when this request is a replay (record `done`, same fingerprint), else
-    None — then the caller goes through `idempotency_claim`, which decides every other case
-    (new, 422 reused, 409 in flight, take-over) exactly as before.
-
-    Asked first, before the purchase read and the body's validation, because a
-    replay needs neither: the original request with this very body and path passed both
-    for this client (a record is scoped by client and route), so their answers cannot
-    differ now. One indexed read of the unique key, its four needed columns only."""
-    found = _REPLAY_READ.rows(api_client.pk, route, key)
-    row = found[0] if found else None
-    if row is None or row[0] != IdempotencyRecord.State.DONE or not row[3]:
-        return None
-    if not hmac.compare_digest(row[1], request_fingerprint(path=path, body=body)):
-        return None
-    return IdempotencyRecord(api_client_id=api_client.pk, route=route, key=key,
-                             state=row[0], fingerprint=row[1], resource_type=row[2],
-                             resource_id=row[3])
-
-
-def _replayed_operation_query(client_id, route, key):
-    record = IdempotencyRecord.objects.filter(api_client_id=client_id, route=route, key=key)
-    done = record.filter(state=IdempotencyRecord.State.DONE, resource_type="operation")
-    # One unique-index lookup each; the fingerprint is compared here, in constant time.
-    return (operations_for_view()
-            .filter(pk=Subquery(done.values("resource_id")[:1]))
-            .annotate(view_replay_fingerprint=Subquery(record.values("fingerprint")[:1]))[:1])
-
-
-# A replayed payment: the record and the operation view in ONE statement (prepared on
-# PostgreSQL), so a replay costs one database round trip.
-_REPLAYED_OPERATION = CompiledRead(_replayed_operation_query, "\x01verity-client",
-                                   "\x01verity-route", "\x01verity-key")
-
-
-def idempotency_replayed_operation(*, api_client: ApiClient, route: str, key: str,
-                                   path: str, body) -> PaymentOperation | None:
-    """The operation (loaded for payments.api.presenters.operation_view) when this request
-    replays a finished one that created it — record `done`, resource an operation, same
-    fingerprint — else None, and the caller goes through `idempotency_claim`, as
-    `idempotency_replay_of`."""
-    found = _REPLAYED_OPERATION.instances(api_client.pk, route, key)
-    if not found:
-        return None
-    op = found[0]
-    if not hmac.compare_digest(op.__dict__.pop("view_replay_fingerprint") or "",
-                               request_fingerprint(path=path, body=body)):
-        return None
-    return op
+idempotency_complete = key_complete
+idempotency_release = key_release
+idempotency_replay_of = key_replay_of
+idempotency_replayed_operation = key_replayed_operation
 
 
 def replay_body(request):
@@ -238,34 +88,6 @@ def replay_body(request):
         return BoundedJSONParser().parse(BytesIO(http.body), media, context)
     except Exception:  # noqa: BLE001 - any refusal is the view's to answer
         return None
-
-
-def idempotency_bind(claim: Claim, *, resource_type: str, resource_id: str) -> None:
-    """Name the effect. Call in the same transaction that creates it."""
-    IdempotencyRecord.objects.filter(pk=claim.record.pk).update(
-        resource_type=resource_type, resource_id=resource_id)
-    claim.record.resource_type = resource_type
-    claim.record.resource_id = resource_id
-
-
-def idempotency_complete(claim: Claim, *, status: int) -> None:
-    IdempotencyRecord.objects.filter(pk=claim.record.pk).update(
-        state=IdempotencyRecord.State.DONE, response_status=status)
-    claim.record.state = IdempotencyRecord.State.DONE
-    claim.record.response_status = status
-
-
-def idempotency_release(claim: Claim) -> None:
-    """A refusal before any effect: the key stays free for a corrected request."""
-    IdempotencyRecord.objects.filter(
-        pk=claim.record.pk, state=IdempotencyRecord.State.IN_FLIGHT, resource_id="",
-    ).delete()
-
-
-def _resource_ref(record: IdempotencyRecord) -> dict | None:
-    if not record.resource_id:
-        return None
-    return {"type": record.resource_type, "id": record.resource_id}
 
 
 __all__ = [

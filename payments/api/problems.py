@@ -107,7 +107,8 @@ def problem_from_domain_error(exc) -> Problem:
     retry_after = extra.pop("retry_after", None)
     if exc.status == 503 or retry_after is not None:
         headers["Retry-After"] = str(int(retry_after or 30))
-    action = exc.message
+    # A refusal that says what to do in its own words (payments.keyed's key refusals).
+    action = extra.pop("action_message", None) or exc.message
     if exc.operation:
         # Point at the one resource whose state settles the question.
         action = f"{action} Its current state: GET /api/v1/operations/{exc.operation}."

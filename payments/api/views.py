@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-from django.db import transaction
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -25,7 +24,7 @@ from recovery.metrics import BLOCKED_DUPLICATES, IDEMPOTENT_REPLAYS
 from recovery.selectors import deliverable_for
 
 from .. import selectors, services
-from ..enums import PAYMENT_KINDS, Outcome, Owner, RetryAdvice
+from ..enums import PAYMENT_KINDS, OperationKind, Outcome, Owner, RetryAdvice
 from ..errors import DomainError, ErrorCode
 from ..locks import assert_outside_transaction
 from ..models import PaymentOperation, Purchase, PurchaseChannel, Quote
@@ -47,17 +46,16 @@ from .examples import (
     EXAMPLE_SUCCEEDED,
     EXAMPLE_UNKNOWN,
 )
-from .idempotency import (
+from ..keyed import (
     REPLAYED_HEADER,
-    Claim,
-    idempotency_bind,
-    idempotency_claim,
-    idempotency_complete,
-    idempotency_release,
-    idempotency_replay_of,
-    key_from_headers,
-    replay_body,
+    Created,
+    Keyed,
+    KeyedRequest,
+    key_replay_of,
+    keyed_effect,
 )
+from ..services.requests import follow_up_request, payment_request
+from .idempotency import key_from_headers, replay_body
 from .problems import PROBLEM_CONTENT_TYPE, Problem, problem_body
 from .serializers import (
     DeclineIn,
@@ -188,48 +186,33 @@ def _count(*, replayed_route: str | None = None, refused_code: str | None = None
         BLOCKED_DUPLICATES.labels(reason=refused_code).inc()
 
 
-def _run_idempotent(request, *, route: str, create: Callable[[Claim], Response],
-                    resume: Callable[[Claim], Response] | None = None) -> Response:
-    """The Idempotency-Key contract around one effect (see payments.api.idempotency).
-
-    `create(claim)` makes the effect and binds it inside one transaction, then answers.
-    `resume(claim)` continues a request whose holder died after binding (lease expired).
-    """
-    key = key_from_headers(request.headers)
+def _keyed(request, route: str, run: Callable[[KeyedRequest], Keyed]) -> Keyed:
+    """One keyed request through the core's ladder (payments.keyed): this face only reads
+    the key and counts what happened (metrics)."""
+    keyed_request = KeyedRequest(api_client=request.auth, route=route,
+                                 key=key_from_headers(request.headers), path=request.path,
+                                 body=request.data)
     try:
-        claim = idempotency_claim(api_client=request.auth, route=route, key=key,
-                                  path=request.path, body=request.data)
-    except Problem as exc:
-        _count(refused_code=exc.code)
-        raise
-    if claim.replay:
-        _count(replayed_route=route)
-        body = _render_current(claim.record.resource_type, claim.record.resource_id)
-        return Response(body, status=200, headers={REPLAYED_HEADER: "true"})
-    try:
-        if claim.taken_over and claim.resource_id:
-            if resume is not None:
-                return resume(claim)
-            body = _render_current(claim.record.resource_type, claim.resource_id)
-            idempotency_complete(claim, status=201)
-            return Response(body, status=201)
-        return create(claim)
+        keyed = run(keyed_request)
     except (DomainError, Problem) as exc:
         _count(refused_code=exc.code)
-        if claim.resource_id:
-            # The effect exists: the key stays bound to it; a replay shows its state.
-            idempotency_complete(claim, status=exc.status)
-        else:
-            # Refused before any effect: the key must not be bound
-            # (docs/walkthrough.md#api-rules-the-code-relies-on).
-            idempotency_release(claim)
         raise
-    except Exception:
-        if not claim.resource_id:
-            # The effect's transaction rolled back with the binding: nothing happened.
-            idempotency_release(claim)
-        # else: keep the lease; the same key resumes the bound resource once it expires.
-        raise
+    if keyed.replayed:
+        _count(replayed_route=route)
+    return keyed
+
+
+def _effect(request, route: str, create: Callable[..., Created], **options) -> Keyed:
+    return _keyed(request, route, lambda keyed_request: keyed_effect(
+        keyed_request, create=create, **options))
+
+
+def _replayed(keyed: Keyed) -> Response | None:
+    """A replay of a finished request: 200 with the resource's current state."""
+    if not keyed.replayed:
+        return None
+    return Response(_render_current(keyed.resource_type, keyed.resource_id), status=200,
+                    headers={REPLAYED_HEADER: "true"})
 
 
 def _replay_first(request, route: str) -> Response | None:
@@ -240,8 +223,8 @@ def _replay_first(request, route: str) -> Response | None:
     body = replay_body(request)
     if body is None:
         return None
-    record = idempotency_replay_of(api_client=request.auth, route=route, key=key,
-                                   path=request.path, body=body)
+    record = key_replay_of(api_client=request.auth, route=route, key=key,
+                           path=request.path, body=body)
     if record is None:
         return None
     _count(replayed_route=route)
@@ -272,15 +255,8 @@ def _operation_answer(op: PaymentOperation) -> Response:
     return Response(body, status=202, headers=headers)
 
 
-def _dispatch_and_answer(claim: Claim, operation_id: str) -> Response:
-    _assert_no_transaction_open()
-    op = _load_operation(operation_id)
-    if op.outcome == Outcome.PENDING:
-        services.operation_dispatch(operation_id=operation_id)
-        op = _load_operation(operation_id)
-    response = _operation_answer(op)
-    idempotency_complete(claim, status=response.status_code)
-    return response
+def _operation_keyed_answer(keyed: Keyed) -> Response:
+    return _replayed(keyed) or _operation_answer(_load_operation(keyed.operation_id))
 
 
 # -- OpenAPI helpers ----------------------------------------------------------------
@@ -373,16 +349,15 @@ class QuoteCreateApi(ApiView):
         key_from_headers(request.headers)
         data = _validated(QuoteCreateIn, request.data, strict=True)
 
-        def create(claim):
-            with transaction.atomic():
-                quote = services.quote_create(
-                    api_client=request.auth, currency=data["currency"].lower(),
-                    items=[{"sku": i["sku"], "quantity": i["quantity"]} for i in data["items"]])
-                idempotency_bind(claim, resource_type="quote", resource_id=quote.id)
-            idempotency_complete(claim, status=201)
-            return Response(presenters.quote_view(quote), status=201)
+        def create() -> Created:
+            quote = services.quote_create(
+                api_client=request.auth, currency=data["currency"].lower(),
+                items=[{"sku": i["sku"], "quantity": i["quantity"]} for i in data["items"]])
+            return Created("quote", quote.id)
 
-        return _run_idempotent(request, route="quotes_create", create=create)
+        keyed = _effect(request, "quotes_create", create)
+        return _replayed(keyed) or Response(
+            presenters.quote_view(Quote.objects.get(pk=keyed.resource_id)), status=201)
 
 
 class PurchaseCreateApi(ApiView):
@@ -417,26 +392,27 @@ class PurchaseCreateApi(ApiView):
         key_from_headers(request.headers)
         data = _validated(PurchaseCreateIn, request.data)
 
-        def create(claim):
-            with transaction.atomic():
-                opened = services.purchase_open(
-                    api_client=request.auth, quote_id=data["quote_id"],
-                    quote_version=data["quote_version"],
-                    customer_reference=data["customer"]["reference"],
-                    customer_email=data["customer"].get("email", ""),
-                    acknowledge_unresolved=tuple(data["acknowledge_unresolved"]),
-                    buyer_confirmation=data.get("buyer_confirmation") or "",
-                    storefront_confirmation=request.auth.storefront_confirmation,
-                    channel=PurchaseChannel.API)
-                idempotency_bind(claim, resource_type="purchase", resource_id=opened.purchase.id)
-            # 200: the quote already backed this purchase (the same intent, nothing new).
-            status = 201 if opened.created else 200
-            idempotency_complete(claim, status=status)
-            purchase = Purchase.objects.select_related("quote").get(pk=opened.purchase.pk)
-            return Response(presenters.purchase_view(purchase), status=status,
-                            headers={"Location": _location("purchase", purchase.id)})
+        def create() -> Created:
+            opened = services.purchase_open(
+                api_client=request.auth, quote_id=data["quote_id"],
+                quote_version=data["quote_version"],
+                customer_reference=data["customer"]["reference"],
+                customer_email=data["customer"].get("email", ""),
+                acknowledge_unresolved=tuple(data["acknowledge_unresolved"]),
+                buyer_confirmation=data.get("buyer_confirmation") or "",
+                storefront_confirmation=request.auth.storefront_confirmation,
+                channel=PurchaseChannel.API)
+            return Created("purchase", opened.purchase.id, created=opened.created)
 
-        return _run_idempotent(request, route="purchases_create", create=create)
+        keyed = _effect(request, "purchases_create", create)
+        replayed = _replayed(keyed)
+        if replayed is not None:
+            return replayed
+        # 200: the quote already backed this purchase (the same intent, nothing new).
+        purchase = Purchase.objects.select_related("quote").get(pk=keyed.resource_id)
+        return Response(presenters.purchase_view(purchase),
+                        status=201 if keyed.created else 200,
+                        headers={"Location": _location("purchase", purchase.id)})
 
 
 class PurchaseDetailApi(ApiView):
@@ -466,15 +442,13 @@ class PurchaseCancelApi(ApiView):
         purchase = _purchase_or_404(request, purchase_id)
         _validated(EmptyIn, request.data)
 
-        def create(claim):
-            with transaction.atomic():
-                services.purchase_cancel(purchase_id=purchase.id, api_client=request.auth)
-                idempotency_bind(claim, resource_type="purchase", resource_id=purchase.id)
-            idempotency_complete(claim, status=200)
-            return Response(presenters.purchase_view(
-                Purchase.objects.select_related("quote").get(pk=purchase.pk)), status=200)
+        def create() -> Created:
+            services.purchase_cancel(purchase_id=purchase.id, api_client=request.auth)
+            return Created("purchase", purchase.id)
 
-        return _run_idempotent(request, route="purchases_cancel", create=create)
+        keyed = _effect(request, "purchases_cancel", create)
+        return _replayed(keyed) or Response(presenters.purchase_view(
+            Purchase.objects.select_related("quote").get(pk=purchase.pk)), status=200)
 
 
 class DeliverableApi(ApiView):
@@ -568,26 +542,12 @@ class PaymentCreateApi(ApiView):
         purchase = _purchase_or_404(request, purchase_id)
         data = _validated(PaymentCreateIn, request.data, strict=True)
 
-        def create(claim):
-            if data["retry_of"]:
-                # The original is read back first if only a person settled it
-                # (docs/reliability.md#the-providers-record-outranks-a-person).
-                services.operations_verify_before_follow_up(purchase_id=purchase.id)
-            with transaction.atomic():
-                op = services.payment_create(
-                    purchase_id=purchase.id, api_client=request.auth,
-                    payment_method=data["payment_method"], capture_method=data["capture"],
-                    retry_of=data["retry_of"], amount=data["amount"],
-                    currency=data["currency"])
-                idempotency_bind(claim, resource_type="operation", resource_id=op.id)
-            # Outside the transaction on purpose: a transaction never waits on the provider.
-            return _dispatch_and_answer(claim, op.id)
-
-        def resume(claim):
-            return _dispatch_and_answer(claim, claim.resource_id)
-
-        return _run_idempotent(request, route="purchases_payments_create", create=create,
-                               resume=resume)
+        keyed = _keyed(request, "purchases_payments_create", lambda keyed_request: (
+            payment_request(keyed_request, purchase_id=purchase.id,
+                            payment_method=data["payment_method"],
+                            capture_method=data["capture"], retry_of=data["retry_of"],
+                            amount=data["amount"], currency=data["currency"])))
+        return _operation_keyed_answer(keyed)
 
 
 class _LinkedOperationApi(ApiView):
@@ -595,8 +555,7 @@ class _LinkedOperationApi(ApiView):
 
     route = ""
 
-    def _start(self, request, purchase: Purchase, data: dict) -> PaymentOperation:
-        raise NotImplementedError
+    kind: OperationKind
 
     def post(self, request, purchase_id: str):
         replay = _replay_first(request, self.route)
@@ -604,19 +563,10 @@ class _LinkedOperationApi(ApiView):
             return replay
         purchase = _purchase_or_404(request, purchase_id)
         data = _validated(self.input_serializer, request.data, strict=True)
-
-        def create(claim):
-            # A follow-up on a payment only a person settled: read it back first.
-            services.operations_verify_before_follow_up(purchase_id=purchase.id)
-            with transaction.atomic():
-                op = self._start(request, purchase, data)
-                idempotency_bind(claim, resource_type="operation", resource_id=op.id)
-            return _dispatch_and_answer(claim, op.id)
-
-        def resume(claim):
-            return _dispatch_and_answer(claim, claim.resource_id)
-
-        return _run_idempotent(request, route=self.route, create=create, resume=resume)
+        keyed = _keyed(request, self.route, lambda keyed_request: follow_up_request(
+            keyed_request, purchase_id=purchase.id, kind=self.kind,
+            amount=data.get("amount"), currency=data.get("currency")))
+        return _operation_keyed_answer(keyed)
 
 
 def _linked_schema(operation_id: str, summary: str, description: str, request_serializer):
@@ -640,8 +590,7 @@ class CaptureApi(_LinkedOperationApi):
     route = "purchases_capture_create"
     input_serializer = EmptyIn
 
-    def _start(self, request, purchase, data):
-        return services.capture_create(purchase_id=purchase.id, api_client=request.auth)
+    kind = OperationKind.CAPTURE
 
     @_linked_schema("purchases_capture_create", "Capture an authorization",
                     "Captures the purchase's authorized payment.", EmptyIn)
@@ -654,8 +603,7 @@ class VoidApi(_LinkedOperationApi):
     route = "purchases_void_create"
     input_serializer = EmptyIn
 
-    def _start(self, request, purchase, data):
-        return services.void_create(purchase_id=purchase.id, api_client=request.auth)
+    kind = OperationKind.VOID
 
     @_linked_schema("purchases_void_create", "Void an authorization",
                     "Cancels the purchase's uncaptured authorization.", EmptyIn)
@@ -668,9 +616,7 @@ class RefundApi(_LinkedOperationApi):
     route = "purchases_refunds_create"
     input_serializer = RefundCreateIn
 
-    def _start(self, request, purchase, data):
-        return services.refund_request(purchase_id=purchase.id, amount=data["amount"],
-                                       api_client=request.auth, currency=data["currency"])
+    kind = OperationKind.REFUND
 
     @extend_schema(examples=[EXAMPLE_REFUND_REQUEST])
     @_linked_schema("purchases_refunds_create", "Refund a captured payment",
@@ -743,18 +689,18 @@ class OperationReplayApi(ApiView):
         key_from_headers(request.headers)
         op = _operation_or_404(request, operation_id)
 
-        def create(claim):
+        def create(bind) -> Created:
             _assert_no_transaction_open()
             # Refusals (requester, unsupported provider, window closed) come before any
             # provider request and release the key.
             services.operation_replay(operation_id=op.id, actor=_actor(request),
                                       acting_client=request.auth)
-            idempotency_bind(claim, resource_type="operation", resource_id=op.id)
-            response = _operation_answer(_load_operation(op.id))
-            idempotency_complete(claim, status=response.status_code)
-            return response
+            return Created("operation", op.id)
 
-        return _run_idempotent(request, route="operations_replay", create=create)
+        # Resending is the effect: no dispatch of its own.
+        keyed = _effect(request, "operations_replay", create, in_transaction=False,
+                        dispatch=False)
+        return _replayed(keyed) or _operation_answer(_load_operation(op.id))
 
 
 class OperationResolveApi(ApiView):
@@ -782,19 +728,20 @@ class OperationResolveApi(ApiView):
         op = _operation_or_404(request, operation_id)
         data = _validated(ResolveIn, request.data)
 
-        def create(claim):
+        def create(bind) -> Created:
             # Not atomic here: the core reads the provider back first (network I/O) and
             # binds the key inside its own resolving transaction.
             _assert_no_transaction_open()
             services.operation_resolve_manual(
                 operation_id=op.id, outcome=data["outcome"], reason=data["reason"],
                 actor=_actor(request), acting_client=request.auth,
-                bind=lambda resolved: idempotency_bind(claim, resource_type="operation",
-                                                       resource_id=resolved.id))
-            idempotency_complete(claim, status=200)
-            return Response(presenters.operation_view(_load_operation(op.id)), status=200)
+                bind=lambda resolved: bind("operation", resolved.id))
+            return Created("operation", op.id)
 
-        return _run_idempotent(request, route="operations_resolve", create=create)
+        keyed = _effect(request, "operations_resolve", create, in_transaction=False,
+                        dispatch=False)
+        return _replayed(keyed) or Response(
+            presenters.operation_view(_load_operation(op.id)), status=200)
 
 
 class RefundDeclineApi(ApiView):
@@ -816,15 +763,14 @@ class RefundDeclineApi(ApiView):
         op = _operation_or_404(request, operation_id)
         data = _validated(DeclineIn, request.data, strict=True)
 
-        def create(claim):
-            with transaction.atomic():
-                services.refund_decline(operation_id=op.id, reason=data["reason"],
-                                        actor=_actor(request), acting_client=request.auth)
-                idempotency_bind(claim, resource_type="operation", resource_id=op.id)
-            idempotency_complete(claim, status=200)
-            return Response(presenters.operation_view(_load_operation(op.id)), status=200)
+        def create() -> Created:
+            services.refund_decline(operation_id=op.id, reason=data["reason"],
+                                    actor=_actor(request), acting_client=request.auth)
+            return Created("operation", op.id)
 
-        return _run_idempotent(request, route="operations_decline", create=create)
+        keyed = _effect(request, "operations_decline", create, dispatch=False)
+        return _replayed(keyed) or Response(
+            presenters.operation_view(_load_operation(op.id)), status=200)
 
 
 class UnknownRouteApi(ApiView):

@@ -50,12 +50,16 @@ class DrillMode:
     HANG_AFTER_SEND = "hang_after_send"
     # Reads only (GET): the provider cannot be reached for a read-back.
     READ_UNAVAILABLE = "read_unavailable"
+    # Reads only (GET): the provider answers, but only after SLOW_READ_SECONDS (a read-back
+    # that outlives a request's Idempotency-Key lease).
+    READ_SLOW = "read_slow"
+    SLOW_READ_SECONDS = 3.0
     # A definitive refusal, as Stripe answers a refund of a charge already refunded in
     # the dashboard (localstripe accepts any refund): 400 `charge_already_refunded`,
     # nothing sent on, nothing applied.
     HTTP_400_REFUSED = "http_400_refused"
     WRITES = (DROP_RESPONSE_AFTER_SEND, TIMEOUT_BEFORE_SEND, RESET_AFTER_WRITE, HTTP_500, HTTP_409)
-    ALL = WRITES + (HANG_AFTER_SEND, READ_UNAVAILABLE, HTTP_429, HTTP_400_REFUSED)
+    ALL = WRITES + (HANG_AFTER_SEND, READ_UNAVAILABLE, READ_SLOW, HTTP_429, HTTP_400_REFUSED)
 
 
 class DrillRefused(Exception):
@@ -169,6 +173,8 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
                                          "message": "fault drill: Charge has already been "
                                                     "refunded."}})
             return body, 400, drill_header
+        if mode == DrillMode.READ_SLOW:
+            threading.Event().wait(DrillMode.SLOW_READ_SECONDS)
         body, status, resp_headers = self._inner.request(method, url, headers, post_data)
         if mode == DrillMode.HANG_AFTER_SEND:
             threading.Event().wait()

@@ -1,0 +1,397 @@
+"""One keyed request around one effect, for every face (REST, MCP, ACP).
+
+The ladder, in this order, written once (`keyed_effect`):
+
+1. claim the Idempotency-Key (scope: API client + route; the first request inserts its
+   record with one `INSERT … ON CONFLICT DO NOTHING RETURNING id`, state `in_flight` with a
+   lease): another body under the key -> `idempotency_key_reused`; in flight with its lease
+   running -> `request_in_progress` (`retry_after`);
+2. replay when done: nothing is done again, the face answers (REST: the resource's current
+   state; ACP may answer what the first request answered);
+3. take over a dead request (its lease expired, compare-and-set on the lease): a resource it
+   bound is resumed (dispatched when pending), never created twice;
+4. read back a person's word (`verify`, outside any transaction: network I/O) before a
+   follow-up money movement decides on it;
+5. create the effect and bind the key in one transaction, fenced: the lease a request was
+   granted is its token, and the binding compare-and-sets on it, so a request whose lease
+   ran out and whose key was taken over meanwhile creates nothing (its transaction rolls
+   back), however long it stalled;
+6. dispatch the effect's operation when it is pending (no transaction open);
+7. complete the key (done, with the status its effect means), or release it when nothing
+   was created (a refusal before any effect leaves the key free for a corrected request).
+   A refusal after the effect exists completes the key (bound to it for good); a crash
+   after it keeps the lease, so the same key resumes the effect once the lease expires.
+
+The faces only parse input and render a `Keyed` (a problem document, an MCP result, an
+ACP object): tests/api/test_keyed_faces.py keeps them from growing their own ladder.
+The provider never sees this key: operations carry their own server-generated keys.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Callable
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Subquery
+from django.utils import timezone
+
+from .enums import PAYMENT_KINDS, Outcome, RetryAdvice
+from .errors import DomainError, ErrorCode
+from .locks import assert_outside_transaction
+from .models import ApiClient, IdempotencyRecord, PaymentOperation
+from .view_queries import CompiledRead, operations_for_view
+
+HEADER = "Idempotency-Key"
+MAX_KEY_LENGTH = 255
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+def canonical_json(data) -> str:
+    """Key order and whitespace do not matter; values and types do."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def request_fingerprint(*, path: str, body) -> str:
+    # The route name is the scope; the concrete path (which purchase, which operation) is
+    # part of the request, so one key reused for another purchase is a different request.
+    return hashlib.sha256(f"{path}\n{canonical_json(body)}".encode()).hexdigest()
+
+
+def _refusal(code: ErrorCode, status: int, retry: str, detail: str, action: str,
+             **extra) -> DomainError:
+    """A key refusal; `action_message` and `retry_after` are rendered by each face (the
+    REST problem's next_action and Retry-After, the ACP error's headers)."""
+    return DomainError(code, detail, status=status, retry=retry,
+                       extra={"action_message": action, **extra})
+
+
+@dataclass
+class Claim:
+    record: IdempotencyRecord
+    replay: bool = False       # a finished request: nothing is done again
+    taken_over: bool = False   # the previous holder's lease expired; resume its resource
+    token: datetime | None = None  # the lease this request was granted: its fencing token
+
+    @property
+    def resource_id(self) -> str:
+        return self.record.resource_id
+
+
+def _lease_until():
+    return timezone.now() + timedelta(seconds=settings.IDEMPOTENCY_LEASE_SECONDS)
+
+
+def _insert_unsafe(*, api_client: ApiClient, route: str, key: str, fingerprint: str,
+                   lease_until: datetime):
+    """INSERT … ON CONFLICT DO NOTHING RETURNING id -> new id, or None if the key exists.
+
+    bulk_create(ignore_conflicts=True) cannot tell us whether *this* request inserted the
+    row (no id comes back on conflict), which is the whole point; hence one raw statement.
+    """
+    table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
+    q = connection.ops.quote_name
+    now = timezone.now()
+    sql = (
+        f"INSERT INTO {table} ({q('api_client_id')}, {q('route')}, {q('key')}, "
+        f"{q('fingerprint')}, {q('state')}, {q('lease_until')}, {q('resource_type')}, "
+        f"{q('resource_id')}, {q('created_at')}) "
+        f"VALUES (%s, %s, %s, %s, %s, %s, '', '', %s) "
+        f"ON CONFLICT ({q('api_client_id')}, {q('route')}, {q('key')}) DO NOTHING "
+        f"RETURNING {q('id')}"
+    )
+    with connection.cursor() as cursor:
+        # Datetimes through the backend's adapter, as the ORM stores them (SQLite: text).
+        adapt = connection.ops.adapt_datetimefield_value
+        cursor.execute(sql, [api_client.pk, route, key, fingerprint,
+                             IdempotencyRecord.State.IN_FLIGHT, adapt(lease_until),
+                             adapt(now)])
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def _in_progress(record: IdempotencyRecord | None, wait: int) -> DomainError:
+    return _refusal(
+        ErrorCode.REQUEST_IN_PROGRESS, 409, RetryAdvice.SAME_KEY,
+        f"A request with this {HEADER} is still being processed.",
+        f"Wait {wait} s and send the same request with the same key; do not use a new key.",
+        retry_after=wait, resource=_resource_ref(record) if record is not None else None)
+
+
+def key_claim(*, api_client: ApiClient, route: str, key: str, path: str, body) -> Claim:
+    """Claim the key for this request (ladder steps 1-3), or raise the key's refusal."""
+    fingerprint = request_fingerprint(path=path, body=body)
+    for _ in range(5):
+        # Read first (one indexed read of the unique key): a replay — the common case for
+        # an agent that retries — costs no INSERT. Absent: the INSERT decides the race.
+        record = next(iter(IdempotencyRecord.objects.filter(
+            api_client=api_client, route=route, key=key)[:1]), None)  # unique: no ORDER BY
+        if record is None:
+            new_id = _insert_unsafe(api_client=api_client, route=route, key=key,
+                                    fingerprint=fingerprint, lease_until=_lease_until())
+            if new_id is not None:
+                record = IdempotencyRecord.objects.get(pk=new_id)
+                return Claim(record=record, token=record.lease_until)
+            continue  # inserted by a racing request between our read and insert: read it
+        if record.fingerprint != fingerprint:
+            raise _refusal(
+                ErrorCode.IDEMPOTENCY_KEY_REUSED, 422, RetryAdvice.FORBIDDEN,
+                f"This {HEADER} was already used for a different request body. A key names "
+                "one intended effect; changing the body does not make it a new request.",
+                "If this is a new intent, use a new key; if it is a retry, send the original "
+                "body unchanged.", resource=_resource_ref(record))
+        if record.state == IdempotencyRecord.State.DONE:
+            return Claim(record=record, replay=True)
+        now = timezone.now()
+        if record.lease_until > now:
+            raise _in_progress(record, max(1, math.ceil(
+                (record.lease_until - now).total_seconds())))
+        # The holder's lease expired (it crashed or hung): compare-and-set takes it over.
+        # The new lease is later than the old one, so the old holder's token no longer
+        # matches: whatever it still tries to bind, complete or release is refused.
+        taken = IdempotencyRecord.objects.filter(
+            pk=record.pk, state=IdempotencyRecord.State.IN_FLIGHT,
+            lease_until=record.lease_until,
+        ).update(lease_until=_lease_until())
+        if taken:
+            record.refresh_from_db()
+            return Claim(record=record, taken_over=True, token=record.lease_until)
+    raise _in_progress(None, 1)
+
+
+def _held(claim: Claim):
+    """The record while this request still holds it (its fencing token matches)."""
+    return IdempotencyRecord.objects.filter(
+        pk=claim.record.pk, state=IdempotencyRecord.State.IN_FLIGHT, lease_until=claim.token)
+
+
+def key_bind(claim: Claim, *, resource_type: str, resource_id: str) -> None:
+    """Name the effect. Call in the same transaction that creates it: when another request
+    took the key over meanwhile, this raises and the effect's transaction rolls back."""
+    if not _held(claim).update(resource_type=resource_type, resource_id=resource_id):
+        raise _refusal(
+            ErrorCode.REQUEST_IN_PROGRESS, 409, RetryAdvice.SAME_KEY,
+            f"This request's hold on its {HEADER} ran out and a retry took the key over; "
+            "this request did nothing.",
+            "Send the same request with the same key to see the answer of the request that "
+            "holds it; do not use a new key.", retry_after=1)
+    claim.record.resource_type = resource_type
+    claim.record.resource_id = resource_id
+
+
+def key_complete(claim: Claim, *, status: int) -> None:
+    """Mark the key done; a no-op for a request that no longer holds it (the holder's
+    answer stands)."""
+    _held(claim).update(state=IdempotencyRecord.State.DONE, response_status=status)
+    claim.record.state = IdempotencyRecord.State.DONE
+    claim.record.response_status = status
+
+
+def key_release(claim: Claim) -> None:
+    """A refusal before any effect: the key stays free for a corrected request (only while
+    this request still holds it: never the key of the request that took it over)."""
+    _held(claim).filter(resource_id="").delete()
+
+
+def _resource_ref(record: IdempotencyRecord) -> dict | None:
+    if not record.resource_id:
+        return None
+    return {"type": record.resource_type, "id": record.resource_id}
+
+
+# -- the ladder -----------------------------------------------------------------------------
+
+
+@dataclass
+class Created:
+    """What `create` made: the resource the key names, and the operation to dispatch."""
+
+    resource_type: str
+    resource_id: str
+    operation_id: str | None = None
+    created: bool = True   # False: the effect already existed (a quote's one purchase)
+
+
+@dataclass
+class Keyed:
+    """What happened to a keyed request; each face renders it."""
+
+    resource_type: str
+    resource_id: str
+    replayed: bool = False   # finished earlier: nothing was done now
+    resumed: bool = False    # a dead request's effect, continued (nothing created now)
+    created: bool = True
+    operation_id: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class KeyedRequest:
+    """The key as a face read it: its client, route, key and the request's identity."""
+
+    api_client: ApiClient
+    route: str
+    key: str
+    path: str
+    body: object
+
+
+def operation_of(resource_type: str, resource_id: str) -> str | None:
+    return resource_id if resource_type == "operation" else None
+
+
+def dispatch_when_pending(operation_id: str | None) -> None:
+    """Ladder step 6: send a pending operation (claim-guarded: never sent twice). No
+    transaction may be open (the provider call)."""
+    if not operation_id:
+        return
+    assert_outside_transaction()
+    outcome = PaymentOperation.objects.values_list("outcome", flat=True).get(pk=operation_id)
+    if outcome == Outcome.PENDING:
+        from .services import operation_dispatch  # services sit beside this module
+
+        operation_dispatch(operation_id=operation_id)
+
+
+def effect_status(operation_id: str | None, created: bool) -> int:
+    """The status an effect means (stored on the key): 201 succeeded or created, 202 still
+    unsettled, 402 a failed payment, 409 a failed follow-up, 200 nothing new."""
+    if operation_id:
+        op = PaymentOperation.objects.only("kind", "outcome").get(pk=operation_id)
+        if op.outcome == Outcome.SUCCEEDED:
+            return 201
+        if op.outcome == Outcome.FAILED:
+            return 402 if op.kind in PAYMENT_KINDS else 409
+        return 202
+    return 201 if created else 200
+
+
+def keyed_effect(request: KeyedRequest, *, create: Callable[..., Created],
+                 verify: Callable[[], None] | None = None, in_transaction: bool = True,
+                 operation_for: Callable[[str, str], str | None] = operation_of,
+                 dispatch: bool = True) -> Keyed:
+    """The ladder (module docstring). `create()` makes the effect and returns `Created`;
+    with `in_transaction` (the default) it runs inside the transaction that binds the key.
+    An effect whose core call must read the provider first (a manual resolution) runs with
+    `in_transaction=False` and gets `bind(resource_type, resource_id)` to call inside its
+    own transaction. `verify()` reads back a person's word first, outside any transaction.
+    `operation_for(type, id)` names the operation to dispatch of a resumed resource."""
+    claim = key_claim(api_client=request.api_client, route=request.route, key=request.key,
+                      path=request.path, body=request.body)
+    if claim.replay:
+        record = claim.record
+        return Keyed(record.resource_type, record.resource_id, replayed=True, created=False,
+                     operation_id=operation_for(record.resource_type, record.resource_id))
+    try:
+        if claim.taken_over and claim.resource_id:
+            kind, ident = claim.record.resource_type, claim.resource_id
+            op_id = operation_for(kind, ident)
+            if dispatch:
+                dispatch_when_pending(op_id)
+            key_complete(claim, status=effect_status(op_id, True))
+            return Keyed(kind, ident, resumed=True, operation_id=op_id)
+        if verify is not None:
+            assert_outside_transaction()
+            verify()
+        if in_transaction:
+            with transaction.atomic():
+                made = create()
+                key_bind(claim, resource_type=made.resource_type, resource_id=made.resource_id)
+        else:
+            made = create(lambda kind, ident: key_bind(claim, resource_type=kind,
+                                                       resource_id=ident))
+            if not claim.resource_id:
+                key_bind(claim, resource_type=made.resource_type, resource_id=made.resource_id)
+        if dispatch:
+            dispatch_when_pending(made.operation_id)
+        key_complete(claim, status=effect_status(made.operation_id, made.created))
+        return Keyed(made.resource_type, made.resource_id, created=made.created,
+                     operation_id=made.operation_id)
+    except Exception as exc:
+        status = getattr(exc, "status", None)
+        if not claim.resource_id:
+            # Nothing was created (the effect's transaction rolled back with the binding):
+            # the key must not be bound.
+            key_release(claim)
+        elif isinstance(status, int):
+            # A refusal once the effect exists: the key stays bound to it; a replay shows
+            # its state.
+            key_complete(claim, status=status)
+        # else: a crash after the effect: keep the lease; the same key resumes the bound
+        # resource once it expires.
+        raise
+
+
+# -- replays answered before anything else (REST's fast answers) --------------------------
+
+
+# Compiled once per process, a prepared statement on PostgreSQL (payments.view_queries).
+_REPLAY_READ = CompiledRead(
+    lambda client_id, route, key: IdempotencyRecord.objects.filter(
+        api_client_id=client_id, route=route, key=key,
+    ).values_list("state", "fingerprint", "resource_type", "resource_id")[:1],
+    "\x01verity-client", "\x01verity-route", "\x01verity-key")
+
+
+def key_replay_of(*, api_client: ApiClient, route: str, key: str, path: str, body
+                  ) -> IdempotencyRecord | None:
+    """The record when this request is a replay (record `done`, same fingerprint), else
+    None — then the caller goes through `keyed_effect`, which decides every other case
+    (new, reused, in flight, take-over) exactly as before.
+
+    Asked first, before the purchase read and the body's validation, because a
+    replay needs neither: the original request with this very body and path passed both
+    for this client (a record is scoped by client and route), so their answers cannot
+    differ now. One indexed read of the unique key, its four needed columns only."""
+    found = _REPLAY_READ.rows(api_client.pk, route, key)
+    row = found[0] if found else None
+    if row is None or row[0] != IdempotencyRecord.State.DONE or not row[3]:
+        return None
+    if not hmac.compare_digest(row[1], request_fingerprint(path=path, body=body)):
+        return None
+    return IdempotencyRecord(api_client_id=api_client.pk, route=route, key=key,
+                             state=row[0], fingerprint=row[1], resource_type=row[2],
+                             resource_id=row[3])
+
+
+def _replayed_operation_query(client_id, route, key):
+    record = IdempotencyRecord.objects.filter(api_client_id=client_id, route=route, key=key)
+    done = record.filter(state=IdempotencyRecord.State.DONE, resource_type="operation")
+    # One unique-index lookup each; the fingerprint is compared here, in constant time.
+    return (operations_for_view()
+            .filter(pk=Subquery(done.values("resource_id")[:1]))
+            .annotate(view_replay_fingerprint=Subquery(record.values("fingerprint")[:1]))[:1])
+
+
+# A replayed payment: the record and the operation view in ONE statement (prepared on
+# PostgreSQL), so a replay costs one database round trip.
+_REPLAYED_OPERATION = CompiledRead(_replayed_operation_query, "\x01verity-client",
+                                   "\x01verity-route", "\x01verity-key")
+
+
+def key_replayed_operation(*, api_client: ApiClient, route: str, key: str, path: str, body
+                           ) -> PaymentOperation | None:
+    """The operation (loaded for the operation view) when this request replays a finished
+    one that created it — record `done`, resource an operation, same fingerprint — else
+    None, and the caller goes through `keyed_effect`, as `key_replay_of`."""
+    found = _REPLAYED_OPERATION.instances(api_client.pk, route, key)
+    if not found:
+        return None
+    op = found[0]
+    if not hmac.compare_digest(op.__dict__.pop("view_replay_fingerprint") or "",
+                               request_fingerprint(path=path, body=body)):
+        return None
+    return op
+
+
+__all__ = [
+    "HEADER", "MAX_KEY_LENGTH", "REPLAYED_HEADER", "Claim", "Created", "Keyed", "KeyedRequest",
+    "canonical_json", "dispatch_when_pending", "effect_status", "key_bind", "key_claim",
+    "key_complete", "key_release", "key_replay_of", "key_replayed_operation", "keyed_effect",
+    "operation_of", "request_fingerprint",
+]
