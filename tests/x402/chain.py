@@ -112,6 +112,16 @@ class Chain:
         the refund account (issue 31 #4), or from `sender` when given."""
         return len(self._transfers_from(sender or self.refund_account, payer))
 
+    def returned_to(self, payer: str) -> int:
+        """The atomic units the refund account has sent to `payer`."""
+        return sum(int(Web3.to_hex(e["data"]), 16)
+                   for e in self._transfers_from(self.refund_account, payer))
+
+    def received_from(self, payer: str) -> int:
+        """The atomic units `payer` has sent to pay_to (every Transfer log)."""
+        return sum(int(Web3.to_hex(e["data"]), 16)
+                   for e in self._transfers_from(payer, self.pay_to))
+
     def refunds_sent(self) -> int:
         """The atomic units the refund account has sent, to anyone (its outflow)."""
         return sum(int(Web3.to_hex(e["data"]), 16)
@@ -218,6 +228,59 @@ class Chain:
         return any(self.paid_in(Web3.to_hex(log["transactionHash"]), auth.payer, value)
                    for log in used)
 
+    def deploy_forwarder(self) -> str:
+        """A forwarder contract (anyone may deploy one): one transaction that submits any
+        number of signed EIP-3009 transfers to the token (FORWARDER_RUNTIME)."""
+        init = _forwarder_initcode()
+        tx = self.w3.eth.send_transaction({"from": self.admin, "data": init})
+        if not self._automining():
+            self.mine()
+        address = self.w3.eth.get_transaction_receipt(tx)["contractAddress"]
+        assert self.w3.eth.get_code(address) == bytes.fromhex(FORWARDER_RUNTIME.hex()), address
+        return address
+
+    def _automining(self) -> bool:
+        return bool(self.rpc("anvil_getAutomine"))
+
+    def batch_transfers(self, forwarder: str, calls: list[tuple[dict, str]], *,
+                        gas_price: int | None = None) -> str:
+        """ONE transaction through `forwarder` carrying each (authorization, signature 0x..
+        of 65 bytes) as its own transferWithAuthorization call to the token: several
+        EIP-3009 nonces used by one transaction. Sent by the admin (anyone may submit
+        anyone's signed authorizations). Returns the transaction hash."""
+        fn = self.token.get_function_by_signature(
+            "transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,"
+            "uint8,bytes32,bytes32)")
+        data = bytes(12) + bytes.fromhex(self.token.address[2:])
+        for auth, signature in calls:
+            sig = bytes.fromhex(signature[2:])
+            r, s, v = sig[:32], sig[32:64], sig[64]
+            call = fn(Web3.to_checksum_address(auth["from"]),
+                      Web3.to_checksum_address(auth["to"]), int(auth["value"]),
+                      int(auth["validAfter"]), int(auth["validBefore"]),
+                      bytes.fromhex(auth["nonce"][2:]), v, r, s)._encode_transaction_data()
+            encoded = bytes.fromhex(call[2:])
+            assert len(encoded) == _TWA_CALL_BYTES, len(encoded)
+            data += encoded
+        tx = {"from": self.admin, "to": Web3.to_checksum_address(forwarder),
+              "data": Web3.to_hex(data), "gas": 200_000 * len(calls) + 50_000}
+        if gas_price:
+            tx["gasPrice"] = gas_price
+        return Web3.to_hex(self.w3.eth.send_transaction(tx))
+
+    def authorization_for(self, account, *, to: str, value: int, nonce: str | None = None
+                          ) -> tuple[dict, str]:
+        """The payer signs any EIP-3009 transfer of its own (to itself, to pay_to...) with
+        `nonce` (a fresh one unless given): (authorization, signature)."""
+        import secrets
+
+        now = int(self.w3.eth.get_block("latest")["timestamp"])
+        auth = {"from": account.address, "to": Web3.to_checksum_address(to), "value": value,
+                "validAfter": 0, "validBefore": now + 3600,
+                "nonce": nonce or "0x" + secrets.token_hex(32)}
+        sig = authorization_signature(account, auth, self.token.address)
+        return auth, Web3.to_hex(sig.signature)
+
     def facilitator_config(self, **body) -> None:
         r = requests.post(f"{self.facilitator}/_config", json=body, timeout=5)
         r.raise_for_status()
@@ -299,3 +362,57 @@ def craft(header_value: str, account, *, signer=None, inner_extra: dict | None =
     if required.get("resource"):
         payload["resource"] = required["resource"]
     return encode_header(payload), auth
+
+
+# -- a forwarder contract, hand-assembled (no compiler needed) ------------------------------
+# Calldata: the target (one 32-byte word), then k transferWithAuthorization calls of the
+# 9-word overload (4 + 9 * 32 bytes each). It calls the target with each in turn and reverts
+# if any call fails: several EIP-3009 authorizations (several nonces) used by ONE
+# transaction, as a multicall or a relayer's batch does on a real chain.
+_TWA_CALL_BYTES = 4 + 9 * 32
+
+
+def _assemble(program: list) -> bytes:
+    """A tiny two-pass assembler: ints/bytes are raw, ("push2", label) a label's offset,
+    ("label", name) marks a JUMPDEST."""
+    labels: dict[str, int] = {}
+    for _ in range(2):
+        out = bytearray()
+        for item in program:
+            if isinstance(item, tuple) and item[0] == "label":
+                labels[item[1]] = len(out)
+                out.append(0x5B)  # JUMPDEST
+            elif isinstance(item, tuple) and item[0] == "push2":
+                out += bytes([0x61]) + labels.get(item[1], 0).to_bytes(2, "big")
+            elif isinstance(item, int):
+                out.append(item)
+            else:
+                out += item
+    return bytes(out)
+
+
+_PUSH1, _PUSH2 = 0x60, 0x61
+_SIZE = bytes([_PUSH2]) + _TWA_CALL_BYTES.to_bytes(2, "big")
+FORWARDER_RUNTIME = _assemble([
+    _PUSH1, 0x20,                      # [off]                      off = 32
+    ("label", "loop"),
+    0x36, 0x81, 0x10, 0x15,            # CALLDATASIZE DUP2 LT ISZERO: [off, !(off < cds)]
+    ("push2", "end"), 0x57,            # JUMPI end                   [off]
+    _SIZE, 0x81, _PUSH1, 0x00, 0x37,   # CALLDATACOPY(0, off, SIZE)  [off]
+    _PUSH1, 0x00, _PUSH1, 0x00,        # retSize, retOffset
+    _SIZE, _PUSH1, 0x00, _PUSH1, 0x00,  # argsSize, argsOffset 0, value 0
+    _PUSH1, 0x00, 0x35,                # CALLDATALOAD(0): the target
+    0x5A, 0xF1,                        # GAS CALL                    [off, ok]
+    0x15, ("push2", "fail"), 0x57,     # ISZERO JUMPI fail           [off]
+    _SIZE, 0x01,                       # off += SIZE
+    ("push2", "loop"), 0x56,           # JUMP loop
+    ("label", "end"), 0x00,            # STOP
+    ("label", "fail"), _PUSH1, 0x00, _PUSH1, 0x00, 0xFD,  # REVERT(0, 0)
+])
+
+
+def _forwarder_initcode() -> str:
+    n = len(FORWARDER_RUNTIME)
+    # PUSH1 n DUP1 PUSH1 11 PUSH1 0 CODECOPY PUSH1 0 RETURN, then the runtime
+    init = bytes([_PUSH1, n, 0x80, _PUSH1, 11, _PUSH1, 0, 0x39, _PUSH1, 0, 0xF3])
+    return Web3.to_hex(init + FORWARDER_RUNTIME)

@@ -9,6 +9,7 @@ registered in `payments/providers/registry.py`; services reach it through
 from .adapter import X402Provider, get_provider
 from .api import (
     OBJECT_TYPE,
+    authorization_transfer,
     PAYMENT_REQUIRED_HEADER,
     PAYMENT_RESPONSE_HEADER,
     PAYMENT_SIGNATURE_HEADER,
@@ -55,6 +56,7 @@ from .api import (
 
 __all__ = [
     "OBJECT_TYPE",
+    "authorization_transfer",
     "PAYMENT_REQUIRED_HEADER",
     "PAYMENT_RESPONSE_HEADER",
     "PAYMENT_SIGNATURE_HEADER",
