@@ -17,6 +17,7 @@ from payments import services
 from payments.models import PaymentOperation, X402Authorization
 from payments.providers.x402 import decode_header
 from recovery.models import LedgerEntry, StepRun
+from tests.x402.chain import ChainJudge
 from tests.x402.conftest import SIGNATURE, settle_outbox, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -57,7 +58,7 @@ def _batched_attack(agent, report, chain):
                                   gas_price=chain.w3.eth.gas_price * 20)
     chain.mine()
     chain.automine(True)
-    receipt = chain.w3.eth.get_transaction_receipt(batch)
+    receipt = chain.w3.eth.wait_for_transaction_receipt(batch, timeout=30)
     assert receipt["status"] == 1
     assert chain.authorization_used(payer.address, auth_n["nonce"])
     assert chain.authorization_used(payer.address, auth_m["nonce"])
@@ -93,6 +94,11 @@ def test_one_batched_transaction_pays_only_the_purchase_whose_transfer_it_carrie
     proof = X402Authorization.objects.get(pk=op_m.id)
     assert (proof.proof_transaction, proof.proof_log_index is not None) == (batch, True)
     assert X402Authorization.objects.get(pk=op_n.id).proof_transaction == ""
+    # The independent chain judge agrees, log for log.
+    audit = ChainJudge(chain).audit(X402Authorization.objects.filter(pk__in=[op_n.id, op_m.id]),
+                                    succeeded={op_m.id})
+    assert audit.violations == []
+    assert audit.paid == {op_n.id: None, op_m.id: (batch, proof.proof_log_index)}
 
     # Refunds cannot return more than arrived: one refund of 12.50 at most.
     requester, approver = people
@@ -126,3 +132,22 @@ def test_a_proving_log_is_claimed_by_one_operation_only_in_the_database(
     with pytest.raises(IntegrityError), transaction.atomic():
         X402Authorization.objects.filter(pk=second.pk).update(
             proof_transaction=first.proof_transaction, proof_log_index=first.proof_log_index)
+
+
+def test_the_chain_judge_finds_one_transfer_counted_for_two_purchases(agent, report, chain):
+    """The judge of the lifecycle machine, the soak and the drills reads the raw chain (call
+    traces and Transfer logs), not Verity's proof: asked about the batched transaction
+    with both purchases counted as paid (what the defect did), it finds the purchase that
+    nothing paid and the payer counted twice what arrived."""
+    payer, _first, _second, (op_n, op_m), _batch = _batched_attack(agent, report, chain)
+    auths = X402Authorization.objects.filter(pk__in=[op_n.id, op_m.id])
+
+    audit = ChainJudge(chain).audit(auths, succeeded={op_n.id, op_m.id})
+
+    assert audit.paid[op_n.id] is None and audit.paid[op_m.id] is not None
+    assert any(v.startswith(f"{op_n.id}: counted as paid") for v in audit.violations), \
+        audit.violations
+    assert any(f"Verity counts {2 * PRICE_ATOMIC} received" in v and f"sum to {PRICE_ATOMIC}"
+               in v for v in audit.violations), audit.violations
+    assert not chain.operation_paid(auths.get(pk=op_n.id))
+    assert chain.operation_paid(auths.get(pk=op_m.id))
