@@ -151,6 +151,12 @@ def _check_against_requirements(purchase: Purchase, signed: adapter.SignedPaymen
         raise refuse("payment_requirements_mismatch", ERR_NO_MATCHING_REQUIREMENTS,
                      "The payment does not match this purchase's requirements (scheme, "
                      "network, asset, pay_to, amount, EIP-3009 transfer method).")
+    if adapter.signature_refused_by_token(signed):
+        # The token would revert it (a malleated high-s signature, v not 27/28): the
+        # facilitator's broadcast would burn gas and hold the purchase until validBefore.
+        raise refuse("authorization_invalid", ERR_SIGNATURE,
+                     "The signature is not in the form the token accepts (s in the lower "
+                     "half of the curve order, v 27 or 28).")
     if signed.to.lower() != req["payTo"].lower():
         raise refuse("payment_requirements_mismatch", ERR_RECIPIENT_MISMATCH,
                      "The authorization does not pay this purchase's pay_to.")

@@ -1033,6 +1033,23 @@ def signature_matches(signed: SignedPayment, *, chain_id: int, token_name: str,
         return False
 
 
+_SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+
+
+def signature_refused_by_token(signed: SignedPayment) -> bool:
+    """An EOA's 65-byte signature the token refuses (OpenZeppelin ECDSA.tryRecover, used
+    by FiatTokenV2_2's SignatureChecker): s in the upper half of the curve order (a
+    malleated signature) or v not 27/28. A longer signature is a contract wallet's: the
+    chain judges it."""
+    try:
+        sig = bytes.fromhex(signed.signature[2:])
+    except ValueError:
+        return True
+    if len(sig) != 65:
+        return False
+    return int.from_bytes(sig[32:64], "big") > _SECP256K1_N // 2 or sig[64] not in (27, 28)
+
+
 def requirements_for(*, amount_atomic: int, network: str, asset: str, pay_to: str,
                      max_timeout_seconds: int, token_name: str, token_version: str) -> dict:
     return PaymentRequirements(
