@@ -183,10 +183,9 @@ def main() -> int:
                 chain.reset_clock()
             price = product.price * 10**4  # USD cents -> USDC's 6 decimals
             transfers = chain.transfers(payer.address, price)
-            # Judged per operation: its recorded transaction carries Transfer(payer ->
-            # pay_to, price), not "some transfer to pay_to happened" (issue 31).
-            tx = tx_of(op)
-            paid = bool(tx) and _mined(chain, tx) and chain.paid_in(tx, payer.address, price)
+            # Judged per operation by the chain judge (tests.x402.chain.ChainJudge): what
+            # THIS authorization's call moved, from the call trace, not Verity's proof.
+            paid = chain.operation_paid(X402Authorization.objects.get(operation=op))
         row = Row(name, recorded, transfers, " -> ".join(seen), op.reason or "")
         if transfers > 1:
             row.violation = "more than one transfer"

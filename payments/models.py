@@ -481,12 +481,22 @@ class X402Authorization(models.Model):
     confirmations = models.PositiveIntegerField(default=0)
     settle_answer = models.JSONField(default=dict, blank=True,
                                      help_text="the facilitator's SettleResponse, safe fields")
+    # The proof of payment this operation claims: THIS authorization's Transfer(payer ->
+    # pay_to, value) log on chain, by transaction and block log index
+    # (payments.providers.x402.authorization_transfer). One log pays one operation: the
+    # database refuses a second claim (x402_one_op_per_proving_log).
+    proof_transaction = models.CharField(max_length=66, blank=True, default="")
+    proof_log_index = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["payer", "nonce"], name="x402_one_op_per_authorization"),
+            models.UniqueConstraint(fields=["network", "asset", "proof_transaction",
+                                            "proof_log_index"],
+                                    condition=~Q(proof_transaction=""),
+                                    name="x402_one_op_per_proving_log"),
             models.UniqueConstraint(fields=["payment_identifier"],
                                     condition=~Q(payment_identifier=""),
                                     name="x402_one_op_per_payment_identifier"),

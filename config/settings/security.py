@@ -11,8 +11,10 @@ from .provider import STRIPE_API_BASE, STRIPE_API_KEY
 from .queue import EMAIL_BACKEND
 from .x402 import (
     X402_ASSET,
+    X402_CONFIRMATIONS,
     X402_ENABLED,
     X402_FACILITATOR_URL,
+    X402_LOCAL_CHAIN,
     X402_NETWORK,
     X402_PAY_TO,
     X402_REFUND_PRIVATE_KEY,
@@ -57,11 +59,29 @@ def key_address(key: str) -> str:
         return ""
 
 
+# Off the local chain, a succeeded x402 payment needs its block this deep: below it a
+# reorg can take the transfer away after the deliverable went out. Per network (CAIP-2);
+# any other network: X402_DEFAULT_CONFIRMATIONS_FLOOR.
+X402_CONFIRMATIONS_FLOOR = {"eip155:1": 12, "eip155:8453": 10, "eip155:84532": 5}
+X402_DEFAULT_CONFIRMATIONS_FLOOR = 12
+
+
 def x402_refusals(*, enabled: bool, network: str, pay_to: str, asset: str, refund_key: str,
-                  facilitator_url: str) -> list[str]:
+                  facilitator_url: str, local_chain: bool = False,
+                  confirmations: int | None = None) -> list[str]:
     if not enabled:
         return []
     found = []
+    if local_chain and network != LOCAL_X402_NETWORK:
+        # The throwaway chain's flag on a real network would let development shortcuts
+        # stand for money: refused (the receipt is read on every chain regardless).
+        found.append(f"X402_LOCAL_CHAIN is set but X402_NETWORK is {network!r}: the flag is "
+                     f"for `make run`'s throwaway chain ({LOCAL_X402_NETWORK}) only")
+    floor = X402_CONFIRMATIONS_FLOOR.get(network, X402_DEFAULT_CONFIRMATIONS_FLOOR)
+    if network != LOCAL_X402_NETWORK and confirmations is not None and confirmations < floor:
+        found.append(f"X402_CONFIRMATIONS is {confirmations} on {network}: below {floor} a "
+                     "reorg can take a transfer away after the deliverable went out; set it "
+                     f"to at least {floor}")
     refund_account = key_address(refund_key) if refund_key else ""
     if refund_account and pay_to and refund_account == pay_to.lower():
         # The refund key sits in every web, worker and beat process; the
@@ -107,6 +127,7 @@ _refused = refusals(debug=DEBUG, secret_key=SECRET_KEY, stripe_api_key=STRIPE_AP
                     stripe_api_base=STRIPE_API_BASE, email_backend=EMAIL_BACKEND)
 _refused += x402_refusals(enabled=X402_ENABLED, network=X402_NETWORK, pay_to=X402_PAY_TO,
                           asset=X402_ASSET, refund_key=X402_REFUND_PRIVATE_KEY,
-                          facilitator_url=X402_FACILITATOR_URL)
+                          facilitator_url=X402_FACILITATOR_URL,
+                          local_chain=X402_LOCAL_CHAIN, confirmations=X402_CONFIRMATIONS)
 if _refused:
     raise ImproperlyConfigured("Verity refuses to start: " + "; ".join(_refused))

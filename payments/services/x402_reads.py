@@ -9,6 +9,10 @@ the one observation function applies. Never a settle.
 """
 from __future__ import annotations
 
+import logging
+
+from django.db import IntegrityError, transaction
+
 from ..enums import PAYMENT_KINDS, Classification, OperationKind, Outcome
 from ..models import PaymentOperation, X402Authorization, X402RefundTransfer
 from ..providers.base import CallResult
@@ -20,6 +24,8 @@ from ..providers.x402 import (
     read_refund_transfer,
     transfer_object,
 )
+
+log = logging.getLogger(__name__)
 
 
 def x402_operation_read_back(op: PaymentOperation) -> CallResult:
@@ -37,8 +43,9 @@ def x402_read_back(op: PaymentOperation) -> CallResult:
     auth = X402Authorization.objects.filter(pk=op.id).first()
     if auth is None:  # never persisted: the settle was never called for it
         return CallResult(Classification.NOT_FOUND, detail="no x402 authorization recorded")
-    # Paid only by Transfer(payer -> pay_to, value) in the transaction that used the nonce;
-    # the log search starts where the nonce was read unused before the settle.
+    # Paid only by THIS authorization's Transfer(payer -> pay_to, value) (the log right
+    # after its AuthorizationUsed); the log search starts where the nonce was read unused
+    # before the settle.
     from_block = (auth.settle_answer or {}).get("search_from_block")
     try:
         view = get_chain_reader().read(payer=auth.payer, nonce=auth.nonce,
@@ -49,9 +56,28 @@ def x402_read_back(op: PaymentOperation) -> CallResult:
                                        else None)
     except Exception as exc:  # noqa: BLE001 - an unreachable chain is absence of evidence
         return CallResult(Classification.UNKNOWN, detail=f"chain read failed: {exc}"[:200])
-    X402Authorization.objects.filter(pk=op.id).update(
-        transaction_hash=view.transaction or auth.transaction_hash,
-        block_number=view.block_number, confirmations=view.confirmations)
+    seen = dict(transaction_hash=view.transaction or auth.transaction_hash,
+                block_number=view.block_number, confirmations=view.confirmations)
+    if view.proof_log_index is not None:
+        # The proving log is claimed by this operation, once: the database refuses a log
+        # another operation already counted (x402_one_op_per_proving_log).
+        seen.update(proof_transaction=view.transaction, proof_log_index=view.proof_log_index)
+    try:
+        with transaction.atomic():
+            X402Authorization.objects.filter(pk=op.id).update(**seen)
+    except IntegrityError:
+        owner = (X402Authorization.objects.filter(
+            network=auth.network, asset=auth.asset, proof_transaction=view.transaction,
+            proof_log_index=view.proof_log_index).exclude(pk=op.id)
+            .values_list("operation_id", flat=True).first())
+        log.error("x402 operation %s: its proving log %s#%s is already counted for "
+                  "operation %s; not paid by it", op.id, view.transaction,
+                  view.proof_log_index, owner)
+        # No verdict: a log that pays another operation never pays this one; a person
+        # decides (the operation stays open, in the unknown queue).
+        return CallResult(Classification.UNKNOWN,
+                          detail=f"proving log {view.transaction}#{view.proof_log_index} "
+                                 f"already counted for operation {owner}"[:200])
     return CallResult(Classification.OK, object=transfer_object(
         view=view, operation_id=op.id, purchase_id=op.purchase_id, amount=op.amount,
         currency=op.currency))

@@ -48,6 +48,7 @@ from .dispatch import operation_claim_write
 from .observations import operation_apply_observation
 from .operations import payment_create
 from .reconcile import operation_reconcile_on_demand, operations_verify_before_follow_up
+from .x402_reads import x402_read_back
 
 _PAYABLE = ("awaiting_payment", "payment_failed")
 
@@ -150,6 +151,12 @@ def _check_against_requirements(purchase: Purchase, signed: adapter.SignedPaymen
         raise refuse("payment_requirements_mismatch", ERR_NO_MATCHING_REQUIREMENTS,
                      "The payment does not match this purchase's requirements (scheme, "
                      "network, asset, pay_to, amount, EIP-3009 transfer method).")
+    if adapter.signature_refused_by_token(signed):
+        # The token would revert it (a malleated high-s signature, v not 27/28): the
+        # facilitator's broadcast would burn gas and hold the purchase until validBefore.
+        raise refuse("authorization_invalid", ERR_SIGNATURE,
+                     "The signature is not in the form the token accepts (s in the lower "
+                     "half of the curve order, v 27 or 28).")
     if signed.to.lower() != req["payTo"].lower():
         raise refuse("payment_requirements_mismatch", ERR_RECIPIENT_MISMATCH,
                      "The authorization does not pay this purchase's pay_to.")
@@ -274,12 +281,6 @@ def _phase1(*, purchase: Purchase, api_client, signed: adapter.SignedPayment,
     return PaymentOperation.objects.get(id=op.id), call
 
 
-def _local_network() -> bool:
-    """The throwaway chain of `make run` and tests.stack (X402_LOCAL_CHAIN): nobody else's
-    money moves on it, so the facilitator's word may stand in for the read-back."""
-    return bool(settings.X402_LOCAL_CHAIN)
-
-
 _CLASSIFICATION = {adapter.SettleKind.SUCCESS: Classification.OK,
                    adapter.SettleKind.PENDING: Classification.OK,
                    adapter.SettleKind.INVALID: Classification.DECLINED,
@@ -289,12 +290,9 @@ _CLASSIFICATION = {adapter.SettleKind.SUCCESS: Classification.OK,
 
 def _answer_object(op: PaymentOperation, answer: adapter.SettleAnswer) -> ProviderObject:
     if answer.kind == adapter.SettleKind.SUCCESS:
-        # The facilitator saw the receipt. On the local chain with one confirmation its
-        # word is enough; elsewhere the chain's read-back decides (the Transfer log to
-        # pay_to, the confirmations): a facilitator is not the proof of money.
-        status = (adapter.ChainStatus.CONFIRMED
-                  if settings.X402_CONFIRMATIONS <= 1 and _local_network()
-                  else adapter.ChainStatus.PENDING)
+        # The facilitator's word is never the proof of money, on any chain: the chain's
+        # read-back decides (_success_read_back). Without a proof yet: in flight.
+        status = adapter.ChainStatus.PENDING
     elif answer.kind == adapter.SettleKind.PENDING:
         status = adapter.ChainStatus.PENDING
     elif answer.kind == adapter.SettleKind.INVALID:
@@ -305,9 +303,26 @@ def _answer_object(op: PaymentOperation, answer: adapter.SettleAnswer) -> Provid
         status = adapter.ChainStatus.UNKNOWN
     failure = answer.reason or ("provider_unreachable"
                                 if answer.kind == adapter.SettleKind.NOT_SENT else "")
-    return adapter.X402Transfer(adapter.OBJECT_TYPE, id=answer.transaction, status=status,
+    # A "success" names a transaction the read-back has not tied to this authorization:
+    # it is not adopted as the operation's reference (the proof's transaction will be).
+    reference = "" if answer.kind == adapter.SettleKind.SUCCESS else answer.transaction
+    return adapter.X402Transfer(adapter.OBJECT_TYPE, id=reference, status=status,
                                 amount=op.amount, currency=op.currency, failure_code=failure,
                                 metadata={"operation_id": op.id, "purchase_id": op.purchase_id})
+
+
+def _success_read_back(op: PaymentOperation) -> ProviderObject | None:
+    """After a facilitator's "success": what the chain shows of THIS authorization (its
+    AuthorizationUsed log and the Transfer right after it, the receipt's confirmations),
+    never the transaction hash the facilitator named -- it may be anyone's. A verdict
+    (confirmed, used elsewhere, expired, cancelled) is applied as the chain's; nothing
+    yet (unused, unreadable) leaves the operation in flight for the reconciler."""
+    result = x402_read_back(op)
+    obj = result.object
+    if (result.classification != Classification.OK or obj is None
+            or obj.status in (adapter.ChainStatus.UNUSED, adapter.ChainStatus.UNKNOWN)):
+        return None
+    return obj
 
 
 def _search_from_block(op: PaymentOperation) -> int | None:
@@ -333,6 +348,8 @@ def _settle_outside_transaction(op: PaymentOperation, call: ProviderCall,
                        "search_from_block": _search_from_block(op)},
         transaction_hash=answer.transaction or "")
     obj = _answer_object(op, answer)
+    if answer.kind == adapter.SettleKind.SUCCESS:
+        obj = _success_read_back(op) or obj
     operation_apply_observation(operation_id=op.id, obj=obj, source=Verification.PROVIDER,
                                 cause=f"settle_{answer.kind}")
     if PaymentOperation.objects.filter(id=op.id, outcome=Outcome.DISPATCHING).exists():

@@ -80,7 +80,8 @@ def test_a_refund_key_of_the_receiving_account_refuses_to_start():
     other_key, _other = x402_chain.new_key()
     ok = _check(DEBUG="true", X402_ENABLED="true", X402_NETWORK="eip155:8453",
                 X402_FACILITATOR_URL="https://facilitator.example", X402_PAY_TO=own_pay_to,
-                X402_ASSET="0x" + "34" * 20, X402_REFUND_PRIVATE_KEY=other_key)
+                X402_ASSET="0x" + "34" * 20, X402_REFUND_PRIVATE_KEY=other_key,
+                X402_CONFIRMATIONS="10")
     assert ok.returncode == 0, ok.stderr
 
 
@@ -89,7 +90,7 @@ def test_make_runs_x402_keys_on_another_network_refuse_to_start():
 
     local = x402_chain.local_env(port=8545, facilitator_port=8402)
     real = {"X402_ENABLED": "true", "X402_NETWORK": "eip155:8453",
-            "X402_FACILITATOR_URL": "https://facilitator.example"}
+            "X402_FACILITATOR_URL": "https://facilitator.example", "X402_CONFIRMATIONS": "10"}
     for name in ("X402_PAY_TO", "X402_ASSET", "X402_REFUND_PRIVATE_KEY"):
         result = _check(DEBUG="true", **real, **{name: local[name]})
         assert result.returncode != 0 and "make run" in result.stderr, (name, result.stderr)

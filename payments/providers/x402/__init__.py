@@ -9,6 +9,7 @@ registered in `payments/providers/registry.py`; services reach it through
 from .adapter import X402Provider, get_provider
 from .api import (
     OBJECT_TYPE,
+    authorization_transfer,
     PAYMENT_REQUIRED_HEADER,
     PAYMENT_RESPONSE_HEADER,
     PAYMENT_SIGNATURE_HEADER,
@@ -48,6 +49,7 @@ from .api import (
     SettleAnswer,
     SettleKind,
     signature_matches,
+    signature_refused_by_token,
     SignedPayment,
     transfer_logs,
     transfer_object,
@@ -55,6 +57,7 @@ from .api import (
 
 __all__ = [
     "OBJECT_TYPE",
+    "authorization_transfer",
     "PAYMENT_REQUIRED_HEADER",
     "PAYMENT_RESPONSE_HEADER",
     "PAYMENT_SIGNATURE_HEADER",
@@ -96,6 +99,7 @@ __all__ = [
     "SettleAnswer",
     "SettleKind",
     "signature_matches",
+    "signature_refused_by_token",
     "SignedPayment",
     "transfer_logs",
     "transfer_object",

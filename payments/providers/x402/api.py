@@ -340,12 +340,15 @@ class ChainView:
     authorization_state: bool = False
     chain_time: int = 0
     receipt_status: int | None = None  # of the stored transaction, when mined
+    # The proof of payment: the logIndex of THIS authorization's Transfer(payer -> pay_to,
+    # value) in `transaction` (authorization_transfer). Set only with a proof.
+    proof_log_index: int | None = None
 
     def safe_fields(self) -> dict:
         return {"status": self.status, "transaction": self.transaction,
                 "block_number": self.block_number, "confirmations": self.confirmations,
                 "authorization_state": self.authorization_state, "chain_time": self.chain_time,
-                "receipt_status": self.receipt_status}
+                "receipt_status": self.receipt_status, "proof_log_index": self.proof_log_index}
 
 
 class ChainMismatch(RuntimeError):
@@ -372,11 +375,48 @@ _TRANSFER_TOPIC = "0x" + Web3.keccak(
 def transfer_logs(logs, *, asset: str, sender: str, to: str, value: int) -> list:
     """The asset's Transfer(sender -> to, value) entries among a receipt's logs."""
     return [entry for entry in logs
-            if entry["address"].lower() == asset.lower()
+            if entry["address"].lower() == asset.lower() and len(entry["topics"]) == 3
             and _hex(entry["topics"][0]) == _TRANSFER_TOPIC
             and _hex(entry["topics"][1])[-40:] == sender.lower()[2:]
             and _hex(entry["topics"][2])[-40:] == to.lower()[2:]
             and int(_hex(entry["data"]), 16) == value]
+
+
+_AUTHORIZATION_USED_TOPIC = "0x" + Web3.keccak(
+    text="AuthorizationUsed(address,bytes32)").hex().removeprefix("0x")
+
+
+def _address_topic(address: str) -> str:
+    return "0x" + "0" * 24 + address.lower()[2:]
+
+
+def authorization_transfer(logs, *, asset: str, payer: str, nonce: str, pay_to: str,
+                           value: int):
+    """The Transfer log that THIS authorization moved, or None: the proof that Verity was
+    paid by (payer, nonce), from one receipt's logs (in their order).
+
+    FiatTokenV2_2 (contracts/v2/EIP3009.sol `_transferWithAuthorization`) checks the
+    signature (a view: an EIP-1271 wallet is asked by staticcall, which cannot log), then
+    `_markAuthorizationAsUsed` emits AuthorizationUsed(authorizer, nonce) and `_transfer`
+    (v1/FiatTokenV1.sol) emits Transfer(from, to, value) with nothing in between. So the
+    transfer of this authorization is the log immediately after its AuthorizationUsed, from
+    the same token. Any other Transfer(payer -> pay_to, value) in the same transaction -- a
+    multicall or forwarder carrying several authorizations -- is another authorization's
+    and proves nothing about this one."""
+    logs = list(logs)
+    for i, entry in enumerate(logs):
+        topics = [_hex(t) for t in entry["topics"]]
+        if (entry["address"].lower() != asset.lower() or len(topics) != 3
+                or topics[0] != _AUTHORIZATION_USED_TOPIC
+                or topics[1] != _address_topic(payer) or topics[2] != nonce.lower()):
+            continue
+        if i + 1 >= len(logs):
+            return None
+        moved = transfer_logs([logs[i + 1]], asset=asset, sender=payer, to=pay_to, value=value)
+        if moved and int(moved[0]["logIndex"]) == int(entry["logIndex"]) + 1:
+            return moved[0]
+        return None  # the nonce was used by a transfer elsewhere (to anyone, of anything)
+    return None
 
 
 def _hex(value) -> str:
@@ -427,12 +467,15 @@ class ChainReader:
                                      "toBlock": latest, "topics": topics})
         return logs[-1] if logs else None
 
-    def paid_in(self, transaction: str, *, payer: str, pay_to: str, value: int) -> bool:
-        """The transaction's receipt carries the asset's Transfer(payer -> pay_to, value):
-        the only proof that Verity was paid (the same test as the refund reader's)."""
+    def proof_in(self, transaction: str, *, payer: str, nonce: str, pay_to: str, value: int
+                 ) -> dict | None:
+        """THIS authorization's Transfer(payer -> pay_to, value) log in the transaction's
+        receipt (authorization_transfer), or None: the only proof that Verity was paid."""
         receipt = self.w3.eth.get_transaction_receipt(transaction)
-        return int(receipt["status"]) == 1 and bool(transfer_logs(
-            receipt["logs"], asset=self.asset, sender=payer, to=pay_to, value=value))
+        if int(receipt["status"]) != 1:
+            return None
+        return authorization_transfer(receipt["logs"], asset=self.asset, payer=payer,
+                                      nonce=nonce, pay_to=pay_to, value=value)
 
     def precheck(self, *, payer: str, nonce: str) -> Precheck:
         """Before an operation exists: the latest block, whether the payer's nonce is
@@ -448,14 +491,15 @@ class ChainReader:
         is_contract = len(self.w3.eth.get_code(payer, block_identifier=latest)) > 0
         return Precheck(block=latest, used=used, balance=balance, is_contract=is_contract)
 
-    def read(self, *, payer: str, nonce: str, valid_before: int, transaction: str = "",
-             pay_to: str = "", value: int | None = None, from_block: int | None = None
-             ) -> ChainView:
+    def read(self, *, payer: str, nonce: str, valid_before: int, pay_to: str, value: int,
+             transaction: str = "", from_block: int | None = None) -> ChainView:
         """Raises on RPC failure (the caller records an unknown read, never a verdict).
 
-        A used nonce is a payment only when the transaction that used it carries the
-        Transfer(payer -> pay_to, value) log: the nonce may have been spent on any other
-        transfer of the payer's."""
+        A used nonce is a payment only when the transferWithAuthorization call that used
+        it moved value to pay_to: its AuthorizationUsed log is immediately followed by
+        Transfer(payer -> pay_to, value) (authorization_transfer). The nonce may have been
+        spent on any other transfer of the payer's, in a transaction that also carries
+        another authorization's transfer to pay_to."""
         self._check_chain()
         payer = Web3.to_checksum_address(payer)
         latest_block = self.w3.eth.get_block("latest")
@@ -477,8 +521,9 @@ class ChainReader:
                 block = int(found["blockNumber"])
                 confs = latest - block + 1
                 used_by = _hex(found["transactionHash"])
-                if pay_to and value is not None and not self.paid_in(
-                        used_by, payer=payer, pay_to=pay_to, value=value):
+                proof = self.proof_in(used_by, payer=payer, nonce=nonce, pay_to=pay_to,
+                                      value=value)
+                if proof is None:
                     # Spent on another transfer. A verdict only once that block is as
                     # deep as a payment would have to be: a reorg could free the nonce.
                     status = (ChainStatus.USED_ELSEWHERE if confs >= self.confirmations
@@ -488,7 +533,8 @@ class ChainReader:
                 status = (ChainStatus.CONFIRMED if confs >= self.confirmations
                           else ChainStatus.PENDING)
                 return ChainView(status, transaction=used_by, block_number=block,
-                                 confirmations=confs, **common)
+                                 confirmations=confs, proof_log_index=int(proof["logIndex"]),
+                                 **common)
             if self._auth_log("AuthorizationCanceled", payer, nonce, latest,
                               from_block) is not None:
                 return ChainView(ChainStatus.CANCELED, transaction=transaction, **common)
@@ -985,6 +1031,23 @@ def signature_matches(signed: SignedPayment, *, chain_id: int, token_name: str,
         return verify_eoa_signature(digest, sig, signed.payer)
     except Exception:  # noqa: BLE001 - unrecoverable: not an EOA's signature of this
         return False
+
+
+_SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+
+
+def signature_refused_by_token(signed: SignedPayment) -> bool:
+    """An EOA's 65-byte signature the token refuses (OpenZeppelin ECDSA.tryRecover, used
+    by FiatTokenV2_2's SignatureChecker): s in the upper half of the curve order (a
+    malleated signature) or v not 27/28. A longer signature is a contract wallet's: the
+    chain judges it."""
+    try:
+        sig = bytes.fromhex(signed.signature[2:])
+    except ValueError:
+        return True
+    if len(sig) != 65:
+        return False
+    return int.from_bytes(sig[32:64], "big") > _SECP256K1_N // 2 or sig[64] not in (27, 28)
 
 
 def requirements_for(*, amount_atomic: int, network: str, asset: str, pay_to: str,
