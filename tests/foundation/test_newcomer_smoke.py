@@ -27,17 +27,14 @@ import requests
 
 from tools import x402_chain
 from tests.conftest import Localstripe
-from tests.stack import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+from .serve import ROOT, processes_of, serve_env, stop
+
 WALKTHROUGH = ROOT / "docs" / "walkthrough.md"
 # A timeout, not a target: a quiet 2-core machine boots in 30-60 s, a fresh clone's first
 # boot (no bytecode yet) on a loaded one took 120 s.
 BOOT_SECONDS = 240
 BANNER_END = "Ctrl-C stops everything."
-# What `make test`'s stack sets and the embedded default must not see.
-STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "STRIPE_API_KEY",
-                   "STRIPE_API_BASE", "VERITY_STACK_DIR", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
 # With Node (tools/chain installed) `make serve` starts the x402 chain and facilitator too.
 X402_LOCAL = x402_chain.available()
 
@@ -55,33 +52,13 @@ def _honcho_text(line: str) -> str:
     return line.split("| ", 1)[1] if "| " in line else line
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    # Ctrl-C as a person would (honcho stops every process), then make sure.
-    for sig, wait in ((signal.SIGINT, 20), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-        if proc.poll() is not None:
-            break
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(wait)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group
-
-
 @pytest.fixture
 def embedded(tmp_path):
-    """`make serve` on free ports with a temporary var/; yields (env, base URL, var dir)."""
-    var, web_port, ls_port = tmp_path / "var", free_port(), free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in STACK_VARIABLES and not k.startswith("X402_")}  # tests.stack --x402's
-    env.update({
-        "X402_CHAIN_PORT": str(free_port()), "X402_FACILITATOR_PORT": str(free_port()),
-        "VERITY_VAR_DIR": str(var), "VERITY_PORT": str(web_port),
-        "LOCALSTRIPE_PORT": str(ls_port), "STRIPE_API_BASE": f"http://127.0.0.1:{ls_port}",
-        "PUBLIC_BASE_URL": f"http://127.0.0.1:{web_port}",
-        "STOREFRONT_CHECKOUT_URL": f"http://127.0.0.1:{web_port}/demo-checkout/{{purchase_id}}",
-        "PYTHONUNBUFFERED": "1",
-    })
+    """`make serve` on free ports with a temporary var/; yields (env, base URL, var dir,
+    output file, the make process)."""
+    var = tmp_path / "var"
+    env = serve_env(var)
+    web_port = env["VERITY_PORT"]
     out_path = tmp_path / "make-serve.log"
     with open(out_path, "wb") as out:
         proc = subprocess.Popen(["make", "--no-print-directory", "serve"], cwd=ROOT, env=env,
@@ -94,9 +71,9 @@ def embedded(tmp_path):
             assert time.monotonic() < deadline, ("no banner after %d s:\n" % BOOT_SECONDS
                                                  + out_path.read_text()[-4000:])
             time.sleep(0.5)
-        yield env, f"http://127.0.0.1:{web_port}", var, out_path
+        yield env, f"http://127.0.0.1:{web_port}", var, out_path, proc
     finally:
-        _stop(proc)
+        stop(proc, var)
 
 
 def run_walkthrough(env: dict, base: str, var: Path) -> dict[str, str]:
@@ -139,7 +116,7 @@ def _wait_for(predicate, timeout: float, what: str):
 
 
 def test_make_run_then_the_walkthrough_works_on_the_embedded_default(embedded):
-    env, base, var, out_path = embedded
+    env, base, var, out_path, make = embedded
 
     # the banner is the last thing on screen once everything is up, and stays so while
     # idle: once beat's outbox sweep (every 5 s), whose INFO lines used to scroll it away,
@@ -238,6 +215,14 @@ def test_make_run_then_the_walkthrough_works_on_the_embedded_default(embedded):
     assert status_url.startswith(f"{base}/status/")
     page = requests.get(status_url, timeout=10)
     assert page.status_code == 200 and ids["UNKNOWN_PURCHASE"] in page.text
+
+    # and: Ctrl-C (to make's foreground process group, as a terminal sends it) stops every
+    # process and ends the run quietly: exit 0, no "make: *** … Error 130", nothing left
+    os.killpg(make.pid, signal.SIGINT)
+    make.wait(60)
+    said = out_path.read_text(errors="replace")
+    assert make.returncode in (0, -signal.SIGINT) and "make: ***" not in said, said[-3000:]
+    _wait_for(lambda: not processes_of(var), 20, "every process of the run to stop")
 
 
 def _x402_quote_answers_402(base: str, key: str, chain_port: str) -> None:
