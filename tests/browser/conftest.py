@@ -41,9 +41,8 @@ class Person:
         return bool(self.b.evaluate(
             f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
             " if (!e) return false; const r = e.getBoundingClientRect();"
-            " const s = getComputedStyle(e);"
-            " return r.width > 0 && r.height > 0 && s.visibility !== 'hidden'"
-            " && s.display !== 'none'; })()"))
+            " return r.width > 0 && r.height > 0 && e.checkVisibility({"
+            " contentVisibilityAuto: true, visibilityProperty: true}); })()"))
 
     def tap(self, selector: str, *, navigates: bool = True) -> None:
         box = self.b.evaluate(
