@@ -7,6 +7,7 @@ come from payments.customer_copy only.
 from __future__ import annotations
 
 import secrets
+from decimal import Decimal
 from urllib.parse import quote
 
 from django.conf import settings
@@ -18,7 +19,8 @@ from django.core.mail import send_mail
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods
 
-from payments.enums import DUPLICATE_GUARD_STATUSES, PurchaseStatus
+from payments.enums import DUPLICATE_GUARD_STATUSES, PAYMENT_KINDS, PurchaseStatus, Rail
+from payments.models import PurchaseChannel
 from payments.services import buyer_confirmation_issue
 from recovery.models import EmailMessage
 from support import selectors
@@ -90,7 +92,24 @@ def status_page(request, token: str):
         "new_purchase_action": reverse("support:status-new-purchase", kwargs={"token": token}),
         "safe_action": _safe_action(state, purchase, token),
         "do_not_pay_again": state.code in _DO_NOT_PAY_AGAIN,
+        "bought_through": _CHANNEL_WORDS.get(purchase.channel),
+        "usdc_amount": _usdc_amount(purchase),
     }))
+
+
+# How the purchase was made, as the buyer knows it (the console keeps the technical names).
+_CHANNEL_WORDS = {PurchaseChannel.API: "The shop's website or app",
+                  PurchaseChannel.MCP: "An AI assistant, on your behalf",
+                  PurchaseChannel.ACP: "An AI assistant, on your behalf"}
+
+
+def _usdc_amount(purchase) -> str | None:
+    """"9.00 USDC" when the buyer paid (or is paying) with USDC over the x402 rail: the
+    amount as their wallet shows it, not only in dollars. None otherwise."""
+    if (purchase.currency or "").lower() != "usd" or not purchase.operations.filter(
+            kind__in=[k.value for k in PAYMENT_KINDS], rail=Rail.X402).exists():
+        return None
+    return f"{Decimal(purchase.amount) / 100:,.2f} USDC"
 
 
 # The pages that tell the buyer not to pay again. On them the safe path is the one primary
