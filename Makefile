@@ -23,11 +23,13 @@ X402_STACK := $(if $(HAVE_NPM),--x402,)
 $(VENV)/.installed: requirements.lock requirements-dev.lock
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 needed"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "Installing the Python dependencies into $(VENV)/ (hash-checked; about a minute the first time)..."
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.lock
 	touch $@
 
 $(CHAIN_DIR)/node_modules/.installed: $(CHAIN_DIR)/package.json $(CHAIN_DIR)/package-lock.json
+	@echo "Installing the local x402 chain's npm packages into $(CHAIN_DIR)/node_modules/..."
 	npm ci --prefix $(CHAIN_DIR) --no-audit --no-fund --loglevel error
 	touch $@
 
@@ -41,29 +43,61 @@ lock:
 	$(VENV)/bin/uv pip compile pyproject.toml --generate-hashes --python-version 3.11 -c requirements-dev.lock -o requirements.lock -q
 
 # Development: DEBUG on (the example SECRET_KEY and the console e-mail backend are
-# refused with DEBUG off, see docs/security.md).
+# refused with DEBUG off, see docs/security.md). Each port can be moved for one run
+# (`make run VERITY_PORT=8001`); the links and the webhook target follow it.
 run serve: export DEBUG ?= true
-run: deps
-	@$(MAKE) --no-print-directory serve
+run serve: export VERITY_PORT ?= 8000
+run serve: export LOCALSTRIPE_PORT ?= 8420
+run serve: export PUBLIC_BASE_URL ?= http://127.0.0.1:$(VERITY_PORT)
+run serve: export STRIPE_API_BASE ?= http://127.0.0.1:$(LOCALSTRIPE_PORT)
+run serve: export STOREFRONT_CHECKOUT_URL ?= http://127.0.0.1:$(VERITY_PORT)/demo-checkout/{purchase_id}
 
 # Procfile.dev's processes without the x402 chain (started only when Node is there).
 SERVE_PROCESSES := localstripe web worker beat banner
+# What the reader's own shell needs to talk to this run (config/env.py reads the file).
+DEV_ENV_VARIABLES := DEBUG VERITY_PORT LOCALSTRIPE_PORT PUBLIC_BASE_URL STRIPE_API_BASE \
+	STOREFRONT_CHECKOUT_URL
 
-# What `make run` starts, without the install step. The newcomer smoke test
-# (tests/foundation/test_newcomer_smoke.py) boots exactly this, on free ports.
+# What `make run` starts, without the install step (one recipe: a Ctrl-C reaches one make,
+# which then says nothing). The newcomer smoke test (tests/foundation/test_newcomer_smoke.py)
+# boots exactly this, on free ports.
+#  1. With Node and tools/chain installed (and X402_ENABLED not set by you), the x402 rail is
+#     on: Procfile.dev's `chain` process starts anvil + the token + the facilitator on
+#     X402_CHAIN_PORT / X402_FACILITATOR_PORT (8545 / 8402), and everything else gets its
+#     fixed X402_* settings (tools/x402_chain.py --print-env). Without Node: as before.
+#  2. Every port is checked before anything starts (tools/dev_ports.py): a taken one is
+#     named with the variable that moves it, and nothing is left running.
+#  3. $(VERITY_VAR_DIR)/.env: DEBUG and the URLs of this run, for commands typed in your
+#     own shell (manage.py, the stdio MCP server); your environment still wins.
+#  4. Ctrl-C stops every process (honcho) and ends the run quietly (exit 0, not "Error 130").
+define SERVE_RECIPE
+	@set -e; \
+	if [ -z "$${X402_ENABLED:-}" ] && x402_env="$$($(PY) -m tools.x402_chain --print-env)"; \
+	then eval "$$x402_env"; procs=""; \
+	  chain_ports="chain=$${X402_CHAIN_PORT:-8545} facilitator=$${X402_FACILITATOR_PORT:-8402}"; \
+	else x402_env=""; procs="$(SERVE_PROCESSES)"; chain_ports=""; fi; \
+	$(PY) -m tools.dev_ports web=$$VERITY_PORT localstripe=$$LOCALSTRIPE_PORT $$chain_ports; \
+	mkdir -p $(VERITY_VAR_DIR)/log $(VERITY_VAR_DIR)/run; \
+	rm -f $(VERITY_VAR_DIR)/run/*.ready; \
+	{ echo "# Written by make run for commands typed in your own shell (config/env.py);"; \
+	  echo "# development only. A variable set in your environment wins over this file."; \
+	  for name in $(DEV_ENV_VARIABLES); do echo "$$name=$${!name}"; done; \
+	  [ -z "$$x402_env" ] || echo "$$x402_env" | sed 's/^export //'; \
+	} > $(VERITY_VAR_DIR)/.env; \
+	echo "Preparing the database and the demo data in $(VERITY_VAR_DIR)/..."; \
+	$(PY) manage.py migrate --noinput -v 0; \
+	$(PY) manage.py seed_demo; \
+	$(PY) manage.py seed_console_demo; \
+	rc=0; PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev start $$procs \
+	  || rc=$$?; \
+	if [ $$rc -eq 130 ]; then echo "Stopped (Ctrl-C)."; exit 0; fi; exit $$rc
+endef
+
+run: deps
+	$(SERVE_RECIPE)
+
 serve:
-	mkdir -p $(VERITY_VAR_DIR)/log
-	rm -f $(VERITY_VAR_DIR)/run/*.ready
-	$(PY) manage.py migrate --noinput -v 0
-	$(PY) manage.py seed_demo
-	$(PY) manage.py seed_console_demo
-	@# With Node and tools/chain installed (and X402_ENABLED not set by you), the x402 rail is
-	@# on: Procfile.dev's `chain` process starts anvil + the token + the facilitator on
-	@# X402_CHAIN_PORT / X402_FACILITATOR_PORT (8545 / 8402), and everything else gets its
-	@# fixed X402_* settings (tools/x402_chain.py --print-env). Without Node: as before.
-	@if [ -z "$${X402_ENABLED:-}" ] && x402_env="$$($(PY) -m tools.x402_chain --print-env)"; \
-	then eval "$$x402_env"; procs=""; else procs="$(SERVE_PROCESSES)"; fi; \
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev start $$procs
+	$(SERVE_RECIPE)
 
 # pytest-xdist workers, each with its own stack (tests.stack starts one per worker; see
 # docs/performance.md "Test suite time"). TEST_WORKERS=0 runs serially on one stack.

@@ -3,15 +3,13 @@
 Verity never collects card data: "pay again" on a status page sends the customer to the
 storefront. In `make run` there is no storefront, so this page says where they would be.
 """
-from django.http import HttpResponse
-from django.utils.html import escape
+from django.shortcuts import render
 
 
 def demo_checkout(request, purchase_id: str):
-    return HttpResponse(
-        "<!doctype html><html lang=en><meta charset=utf-8><title>Demo storefront</title>"
-        f"<main><h1>Storefront checkout (demo)</h1><p>Purchase {escape(purchase_id)}: here "
-        "the storefront would ask for another payment method and call "
-        "<code>POST /api/v1/purchases/{id}/payments</code> with <code>retry_of</code>."
-        "</p></main></html>",
-        headers={"Content-Security-Policy": "default-src 'none'"})
+    # A page in the status pages' style (templates/status/demo_checkout.html), not a bare
+    # developer stub: it is where a customer's "Pay again" or "Finish the confirmation" lands.
+    response = render(request, "status/demo_checkout.html", {"purchase_id": purchase_id})
+    response["Content-Security-Policy"] = "default-src 'none'; style-src 'self'"
+    response["X-Robots-Tag"] = "noindex, nofollow"
+    return response

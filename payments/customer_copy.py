@@ -68,6 +68,7 @@ class CustomerState:
     final: bool = False
     order_reference: str | None = None
     support_contact: str = ""
+    returning: int | None = None  # minor units on their way back to the buyer (reversed)
 
     def as_dict(self) -> dict:
         return {
@@ -92,12 +93,11 @@ WORDS: dict[str, tuple[str, str]] = {
     "not_yet_confirmable": (
         "We are checking your payment",
         "We could not yet confirm whether your payment went through, so we are "
-        "checking with the payment provider. Please do not pay again. "
-        "This page updates by itself when we know."),
+        "checking with the payment provider. Please do not pay again."),
     "being_confirmed": (
         "Your payment is being confirmed",
         "Your payment has been sent to the payment provider and is being confirmed. "
-        "Please do not pay again. This page updates by itself."),
+        "Please do not pay again."),
     "paid_confirmation_delayed": (
         "Payment received — order confirmation in progress",
         "Your payment was received. We are still finishing your order and "
@@ -301,13 +301,15 @@ def _reversed(f: _Facts) -> CustomerState:
         who = "Our team has" if reversal.by_team else "The payment provider has"
         return f.state(StateCode.REVERSED, "Part of your payment is being refunded",
                        f"{who} confirmed a refund of {amount} to your payment "
-                       f"method{still}. {_BANK}", final=not reversal.processing)
+                       f"method{still}. {_BANK}", final=not reversal.processing,
+                       returning=reversal.amount)
     if not reversal.processing:
         key = "reversed_by_team" if reversal.by_team else "reversed"
-        return f.state(StateCode.REVERSED, *wording(key), final=True)
+        return f.state(StateCode.REVERSED, *wording(key), final=True,
+                       returning=reversal.amount)
     return f.state(StateCode.REVERSED, "Your refund is processing",
                    "The payment provider has accepted a refund of your payment and is "
-                   f"processing it. {_BANK}")
+                   f"processing it. {_BANK}", returning=reversal.amount)
 
 
 def _complete(f: _Facts) -> CustomerState:

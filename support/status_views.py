@@ -7,6 +7,8 @@ come from payments.customer_copy only.
 from __future__ import annotations
 
 import secrets
+from decimal import Decimal
+from urllib.parse import quote
 
 from django.conf import settings
 from django.http import HttpResponseRedirect, JsonResponse
@@ -17,11 +19,12 @@ from django.core.mail import send_mail
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods
 
-from payments.enums import DUPLICATE_GUARD_STATUSES, PurchaseStatus
+from payments.enums import DUPLICATE_GUARD_STATUSES, PAYMENT_KINDS, PurchaseStatus, Rail
+from payments.models import PurchaseChannel
 from payments.services import buyer_confirmation_issue
 from recovery.models import EmailMessage
 from support import selectors
-from payments.customer_copy import customer_state
+from payments.customer_copy import StateCode, customer_state
 from support.web import secure_headers, storefront_origin
 
 # Poll cadence for the page's script: quick at first, slower while it stays unsettled.
@@ -87,7 +90,61 @@ def status_page(request, token: str):
         "poll_max_seconds": POLL_MAX_SECONDS,
         "can_confirm_new_purchase": _can_confirm_new_purchase(purchase),
         "new_purchase_action": reverse("support:status-new-purchase", kwargs={"token": token}),
+        "safe_action": _safe_action(state, purchase, token),
+        "do_not_pay_again": state.code in _DO_NOT_PAY_AGAIN,
+        "bought_through": _CHANNEL_WORDS.get(purchase.channel),
+        "usdc_amount": _usdc_amount(purchase),
     }))
+
+
+# How the purchase was made, as the buyer knows it (the console keeps the technical names).
+_CHANNEL_WORDS = {PurchaseChannel.API: "The shop's website or app",
+                  PurchaseChannel.MCP: "An AI assistant, on your behalf",
+                  PurchaseChannel.ACP: "An AI assistant, on your behalf"}
+
+
+def _usdc_amount(purchase) -> str | None:
+    """"9.00 USDC" when the buyer paid (or is paying) with USDC over the x402 rail: the
+    amount as their wallet shows it, not only in dollars. None otherwise."""
+    if (purchase.currency or "").lower() != "usd" or not purchase.operations.filter(
+            kind__in=[k.value for k in PAYMENT_KINDS], rail=Rail.X402).exists():
+        return None
+    return f"{Decimal(purchase.amount) / 100:,.2f} USDC"
+
+
+# The pages that tell the buyer not to pay again. On them the safe path is the one primary
+# action, and "Yes, start a new purchase" is a folded, secondary choice for a buyer who
+# really wants a second, separate order (it must stay reachable: every status the
+# duplicate guard asks can be lifted by the buyer).
+_DO_NOT_PAY_AGAIN = (StateCode.BEING_CONFIRMED, StateCode.NOT_YET_CONFIRMABLE,
+                     StateCode.PAYMENT_PENDING, StateCode.UNDER_REVIEW, StateCode.DISPUTED,
+                     StateCode.PAID_CONFIRMATION_DELAYED)
+
+
+def _checkout_url(purchase_id: str) -> str | None:
+    template = getattr(settings, "STOREFRONT_CHECKOUT_URL", "") or ""
+    if "{purchase_id}" not in template:
+        return None
+    return template.replace("{purchase_id}", quote(purchase_id, safe=""))
+
+
+def _safe_action(state, purchase, token: str) -> dict | None:
+    """The one primary action of a page that says "do not pay again": what the buyer can
+    safely do now. {"id", "label", "href"} or None."""
+    if state.code == StateCode.PAYMENT_PENDING:
+        # The bank asked for a confirmation (3-D Secure) at the store's checkout: that is
+        # where the step is finished; Verity never shows the card step itself.
+        url = _checkout_url(purchase.pk)
+        return {"id": "finish-step", "label": "Finish the confirmation at the store",
+                "href": url} if url else None
+    if state.code in (StateCode.UNDER_REVIEW, StateCode.DISPUTED) and state.support_contact:
+        return {"id": "contact-support", "label": "Contact support",
+                "href": f"mailto:{state.support_contact}?subject="
+                        f"{quote('Purchase ' + purchase.pk)}"}
+    if state.code in _DO_NOT_PAY_AGAIN and not state.final:
+        return {"id": "check-now", "label": "Check again now",
+                "href": reverse("support:status", kwargs={"token": token})}
+    return None
 
 
 @require_GET

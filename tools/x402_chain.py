@@ -194,6 +194,10 @@ def main(argv: list[str]) -> int:
             return 1
         print("\n".join(f"export {name}={shlex.quote(value)}" for name, value in env.items()))
         return 0
+    # From before anvil starts: a stop while the token deploys (`make run` stopping because
+    # another process failed) still runs the `finally` below, or anvil and the facilitator,
+    # in sessions of their own, would outlive it and hold honcho's output pipe open.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     procs = [subprocess.Popen(anvil_command(args.port), start_new_session=True)]
     rpc = env["X402_RPC_URL"]
     w3 = Web3(Web3.HTTPProvider(rpc))
@@ -227,7 +231,6 @@ def main(argv: list[str]) -> int:
         if args.ready_file:
             Path(args.ready_file).parent.mkdir(parents=True, exist_ok=True)
             Path(args.ready_file).write_text(str(os.getpid()))
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         return procs[0].wait()
     except KeyboardInterrupt:
         return 0

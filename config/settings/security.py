@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .base import DEBUG, SECRET_KEY
+from .base import BASE_DIR, DEBUG, SECRET_KEY
 from .provider import STRIPE_API_BASE, STRIPE_API_KEY
 from .queue import EMAIL_BACKEND
 from .x402 import (
@@ -130,4 +130,9 @@ _refused += x402_refusals(enabled=X402_ENABLED, network=X402_NETWORK, pay_to=X40
                           facilitator_url=X402_FACILITATOR_URL,
                           local_chain=X402_LOCAL_CHAIN, confirmations=X402_CONFIRMATIONS)
 if _refused:
-    raise ImproperlyConfigured("Verity refuses to start: " + "; ".join(_refused))
+    # In a development checkout (the production image has no tools/) the likely reader is
+    # a developer whose shell lacks what `make run` set: say that first.
+    _hint = (" — developing in this checkout? Start `make run` first: it writes "
+             "var/.env (DEBUG=true and its URLs), which commands typed in your shell read"
+             if not DEBUG and (BASE_DIR / "tools").is_dir() else "")
+    raise ImproperlyConfigured("Verity refuses to start: " + "; ".join(_refused) + _hint)

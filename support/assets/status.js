@@ -25,6 +25,7 @@
     var button = document.createElement("button");
     button.type = "submit";
     button.id = "pay-again";
+    button.className = "primary";
     button.textContent = "Pay again";
     form.appendChild(button);
     box.appendChild(form);
@@ -40,6 +41,12 @@
     if (m.textContent !== state.message) { m.textContent = state.message; }
     document.title = state.headline;
     setPayAgain(state.can_pay_again ? state.pay_again_action : null);
+    // The page's safe action belongs to the state it was drawn for ("finish the step",
+    // "check again"): once the state moved on, it is no longer the thing to do.
+    var safe = document.querySelector("#state-actions a[data-for-code]");
+    if (safe && (safe.getAttribute("data-for-code") !== state.code || state.final)) {
+      safe.parentNode.removeChild(safe);
+    }
     if (state.final) {
       root.setAttribute("data-final", "true");
       var note = document.getElementById("refresh-note");

@@ -27,17 +27,14 @@ import requests
 
 from tools import x402_chain
 from tests.conftest import Localstripe
-from tests.stack import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+from .serve import ROOT, processes_of, serve_env, stop
+
 WALKTHROUGH = ROOT / "docs" / "walkthrough.md"
 # A timeout, not a target: a quiet 2-core machine boots in 30-60 s, a fresh clone's first
 # boot (no bytecode yet) on a loaded one took 120 s.
 BOOT_SECONDS = 240
 BANNER_END = "Ctrl-C stops everything."
-# What `make test`'s stack sets and the embedded default must not see.
-STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "STRIPE_API_KEY",
-                   "STRIPE_API_BASE", "VERITY_STACK_DIR", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
 # With Node (tools/chain installed) `make serve` starts the x402 chain and facilitator too.
 X402_LOCAL = x402_chain.available()
 
@@ -55,33 +52,13 @@ def _honcho_text(line: str) -> str:
     return line.split("| ", 1)[1] if "| " in line else line
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    # Ctrl-C as a person would (honcho stops every process), then make sure.
-    for sig, wait in ((signal.SIGINT, 20), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-        if proc.poll() is not None:
-            break
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(wait)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group
-
-
 @pytest.fixture
 def embedded(tmp_path):
-    """`make serve` on free ports with a temporary var/; yields (env, base URL, var dir)."""
-    var, web_port, ls_port = tmp_path / "var", free_port(), free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in STACK_VARIABLES and not k.startswith("X402_")}  # tests.stack --x402's
-    env.update({
-        "X402_CHAIN_PORT": str(free_port()), "X402_FACILITATOR_PORT": str(free_port()),
-        "VERITY_VAR_DIR": str(var), "VERITY_PORT": str(web_port),
-        "LOCALSTRIPE_PORT": str(ls_port), "STRIPE_API_BASE": f"http://127.0.0.1:{ls_port}",
-        "PUBLIC_BASE_URL": f"http://127.0.0.1:{web_port}",
-        "STOREFRONT_CHECKOUT_URL": f"http://127.0.0.1:{web_port}/demo-checkout/{{purchase_id}}",
-        "PYTHONUNBUFFERED": "1",
-    })
+    """`make serve` on free ports with a temporary var/; yields (env, base URL, var dir,
+    output file, the make process)."""
+    var = tmp_path / "var"
+    env = serve_env(var)
+    web_port = env["VERITY_PORT"]
     out_path = tmp_path / "make-serve.log"
     with open(out_path, "wb") as out:
         proc = subprocess.Popen(["make", "--no-print-directory", "serve"], cwd=ROOT, env=env,
@@ -94,19 +71,45 @@ def embedded(tmp_path):
             assert time.monotonic() < deadline, ("no banner after %d s:\n" % BOOT_SECONDS
                                                  + out_path.read_text()[-4000:])
             time.sleep(0.5)
-        yield env, f"http://127.0.0.1:{web_port}", var, out_path
+        yield env, f"http://127.0.0.1:{web_port}", var, out_path, proc
     finally:
-        _stop(proc)
+        stop(proc, var)
 
 
-def run_walkthrough(env: dict, base: str, var: Path) -> dict[str, str]:
+# The reader's own shell: nothing of make's or the test's environment, only what a login
+# shell has. VERITY_VAR_DIR stands for "this checkout's var/" (the test's make serve runs
+# in a temporary one); it is the only addition.
+SHELL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def readers_shell(var: Path) -> dict[str, str]:
+    home = var.parent / "home"
+    home.mkdir(exist_ok=True)
+    return {"PATH": SHELL_PATH, "HOME": str(home), "VERITY_VAR_DIR": str(var)}
+
+
+def _assigned(block: str) -> list[str]:
+    """The shell variables a block sets (comment lines excluded)."""
+    return [m.group(1) for line in block.splitlines() if not line.lstrip().startswith("#")
+            for m in [re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)=", line)] if m]
+
+
+def run_walkthrough(base: str, var: Path) -> dict[str, str]:
     blocks = walkthrough_blocks()
     setup = blocks[0]
     # The only edits: this stack's port and var/ instead of make run's fixed ones.
     assert "B=http://127.0.0.1:8000/api/v1" in setup and "$(cat var/demo-api-key)" in setup
     blocks[0] = (setup.replace("http://127.0.0.1:8000", base)
                  .replace("$(cat var/demo-api-key)", f"$(cat {var}/demo-api-key)"))
-    script = "\n".join(["set -euo pipefail", *blocks,
+    # After each block: every variable it set is non-empty (a command that printed nothing
+    # would otherwise send the next curls to /operations/ with no id).
+    checked = []
+    for n, block in enumerate(blocks, 1):
+        checked.append(block)
+        for name in _assigned(block):
+            checked.append(f'[ -n "${{{name}:-}}" ] || {{ echo "EMPTY VARIABLE {name} after '
+                           f'block {n}" >&2; exit 97; }}')
+    script = "\n".join(["set -euo pipefail", *checked,
                         'echo "WALKTHROUGH PURCHASE=$PURCHASE OP=$OP '
                         'UNKNOWN_PURCHASE=$UNKNOWN_PURCHASE UNKNOWN_OP=$UNKNOWN_OP '
                         'PURCHASE2=$PURCHASE2 DECLINED=$DECLINED"'])
@@ -114,9 +117,10 @@ def run_walkthrough(env: dict, base: str, var: Path) -> dict[str, str]:
     # that reopens /dev/stderr (and so truncates that file) shows up as lost answers.
     log = var.parent / "walkthrough.log"
     with open(log, "w") as out:
-        done = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=180)
+        done = subprocess.run(["bash", "-c", script], cwd=ROOT, env=readers_shell(var),
+                              stdout=out, stderr=subprocess.STDOUT, timeout=180)
     output = log.read_text()
+    assert "Traceback" not in output and "EMPTY VARIABLE" not in output, output
     assert done.returncode == 0, f"walk-through failed:\n{output}"
     for answer in ('"sku":"TEA-001"', "Idempotent-Replayed: true", "idempotency_key_reused",
                    "already_paid", "idempotency_key_required", "outcome=unknown",
@@ -126,6 +130,55 @@ def run_walkthrough(env: dict, base: str, var: Path) -> dict[str, str]:
     ids = dict(pair.split("=", 1) for pair in last.split()[1:])
     assert all(ids.values()), ids
     return ids
+
+
+def run_the_other_key_line(base: str, var: Path) -> None:
+    """The setup block's commented alternative (a key of your own), uncommented, as pasted."""
+    (line,) = [line.lstrip("# ").split("   #")[0] for line in walkthrough_blocks()[0].splitlines()
+               if line.startswith("# KEY=$(")]
+    script = "\n".join(["set -euo pipefail", line, '[ -n "$KEY" ]',
+                        f'curl -sf -H "Authorization: Api-Key $KEY" {base}/api/v1/products'])
+    done = subprocess.run(["bash", "-c", script], cwd=ROOT, env=readers_shell(var),
+                          capture_output=True, text=True, timeout=120)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0 and "Traceback" not in said, f"{line}\n{said}"
+    assert '"sku":"TEA-001"' in said.replace(" ", ""), said
+
+
+def run_the_documented_mcp_config(var: Path) -> None:
+    """docs/mcp.md's stdio configuration, as an MCP host runs it (the official client:
+    the SDK's default inherited variables plus the config's `env`, nothing else), with
+    its placeholders filled: this checkout's path and the demo key."""
+    import anyio
+    from mcp import Client, StdioServerParameters
+
+    text = (ROOT / "docs" / "mcp.md").read_text()
+    config = json.loads(re.search(r"```json\n(\{\n  \"mcpServers\".*?)```", text, re.S).group(1))
+    server = json.loads(json.dumps(config["mcpServers"]["verity"]).replace(
+        "/path/to/verity", str(ROOT)).replace("<the demo API key>",
+                                              (var / "demo-api-key").read_text().strip()))
+    assert set(server["env"]) == {"VERITY_API_KEY"}, server  # what a reader copies
+    # The SDK's client passes its safe defaults (HOME, PATH, …) from this process: give it
+    # the reader's shell's, and this checkout's var/ (the only addition, as above).
+    shell = readers_shell(var)
+    params = StdioServerParameters(command=server["command"], args=server["args"],
+                                   env={**server["env"], "VERITY_VAR_DIR": shell["VERITY_VAR_DIR"]},
+                                   cwd=shell["HOME"])  # a host starts it from anywhere
+
+    async def list_products():
+        async with Client(params, read_timeout_seconds=60) as client:
+            tools = {t.name for t in (await client.list_tools()).tools}
+            answer = await client.call_tool("list_products", {})
+            return tools, answer.structured_content
+
+    saved = {k: os.environ.get(k) for k in ("PATH", "HOME")}
+    os.environ.update({"PATH": shell["PATH"], "HOME": shell["HOME"]})
+    try:
+        tools, products = anyio.run(list_products)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    assert "list_products" in tools and "TEA-001" in json.dumps(products), products
 
 
 def _wait_for(predicate, timeout: float, what: str):
@@ -139,7 +192,7 @@ def _wait_for(predicate, timeout: float, what: str):
 
 
 def test_make_run_then_the_walkthrough_works_on_the_embedded_default(embedded):
-    env, base, var, out_path = embedded
+    env, base, var, out_path, make = embedded
 
     # the banner is the last thing on screen once everything is up, and stays so while
     # idle: once beat's outbox sweep (every 5 s), whose INFO lines used to scroll it away,
@@ -165,7 +218,11 @@ def test_make_run_then_the_walkthrough_works_on_the_embedded_default(embedded):
         assert "x402 rail: off" in banner, banner
 
     # when: a newcomer pastes the walk-through (docs/walkthrough.md)
-    ids = run_walkthrough(env, base, var)
+    ids = run_walkthrough(base, var)
+    # and: the setup's other way to a key, and the stdio MCP server as docs/mcp.md configures
+    # it, work from the reader's shell too
+    run_the_other_key_line(base, var)
+    run_the_documented_mcp_config(var)
 
     # then: the purchases ended as the walk-through says, one charge each at localstripe
     key = (var / "demo-api-key").read_text().strip()
@@ -238,6 +295,14 @@ def test_make_run_then_the_walkthrough_works_on_the_embedded_default(embedded):
     assert status_url.startswith(f"{base}/status/")
     page = requests.get(status_url, timeout=10)
     assert page.status_code == 200 and ids["UNKNOWN_PURCHASE"] in page.text
+
+    # and: Ctrl-C (to make's foreground process group, as a terminal sends it) stops every
+    # process and ends the run quietly: exit 0, no "make: *** … Error 130", nothing left
+    os.killpg(make.pid, signal.SIGINT)
+    make.wait(60)
+    said = out_path.read_text(errors="replace")
+    assert make.returncode in (0, -signal.SIGINT) and "make: ***" not in said, said[-3000:]
+    _wait_for(lambda: not processes_of(var), 20, "every process of the run to stop")
 
 
 def _x402_quote_answers_402(base: str, key: str, chain_port: str) -> None:
