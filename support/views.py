@@ -2,6 +2,8 @@
 render. Every view goes through web.console_view(action), the one permission gate."""
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
@@ -9,9 +11,9 @@ from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from payments.enums import Outcome
+from payments.enums import Outcome, PurchaseStatus
 from payments.money import format_major, format_money
-from support import charts, runbooks, selectors, services
+from support import charts, purchase_list, runbooks, selectors, services
 from support.admin_site import lockout_message
 from support.access import Action, can
 from payments.customer_copy import customer_state
@@ -111,6 +113,23 @@ def search(request):
     if len(result.purchases) == 1:
         return redirect("support:purchase", purchase_id=result.purchases[0].pk)
     return render(request, "console/search.html", _ctx(request, q=q, result=result))
+
+
+_LIST_PARAMS = ("q", "status", "created_from", "created_to", "amount_min", "amount_max",
+                "customer", "per_page")
+
+
+@console_view(Action.VIEW)
+def purchases(request):
+    filters, errors = purchase_list.filters_from_query(request.GET)
+    page = purchase_list.purchase_list(filters)
+    kept = {k: request.GET[k] for k in _LIST_PARAMS if request.GET.get(k)}
+    return render(request, "console/purchases.html", _ctx(
+        request, page=page, errors=errors, form=kept, q=filters.q,
+        statuses=PurchaseStatus.choices, paged=bool(filters.cursor),
+        first_url="?" + urlencode(kept),
+        next_url="?" + urlencode({**kept, "cursor": page.next_cursor})
+        if page.next_cursor else ""))
 
 
 @console_view(Action.VIEW)
