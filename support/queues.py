@@ -64,6 +64,7 @@ class QueueItem:
     anchor: str = ""  # where on the purchase page its actions are (operation id, "steps-h")
     action: str = ""  # what a person does with it, in words (the link or form says where)
     error: str = ""  # last error, for stuck outbox rows and failed steps
+    customer_email: str = ""  # whom to call back (filled for every row, one read a page)
 
     @property
     def age(self) -> timedelta:
@@ -148,7 +149,9 @@ class QueueSpec:
         if self.sort_by_since or len(self.parts) > 1:
             items.sort(key=lambda i: i.since)
             items = items[:limit]
-        return [replace(i, runbook=self.row_runbook(i) if self.row_runbook else self.runbook)
+        emails = customer_emails([i.purchase_id for i in items])
+        return [replace(i, runbook=self.row_runbook(i) if self.row_runbook else self.runbook,
+                        customer_email=emails.get(i.purchase_id, ""))
                 for i in items]
 
     def count_oldest(self, now: datetime | None = None) -> tuple[int, datetime | None]:
@@ -156,6 +159,15 @@ class QueueSpec:
         counted = [part.count_oldest(now) for part in self.parts]
         return (sum(n for n, _ in counted),
                 min((o for _, o in counted if o is not None), default=None))
+
+
+def customer_emails(purchase_ids: list[str]) -> dict[str, str]:
+    """purchase id -> the customer's e-mail, in one read for a page of queue rows (support
+    calls the customer back from the queue, not after opening each purchase)."""
+    ids = {pid for pid in purchase_ids if pid}
+    if not ids:
+        return {}
+    return dict(Purchase.objects.filter(pk__in=ids).values_list("pk", "customer_email"))
 
 
 QUEUES: dict[str, QueueSpec] = {}

@@ -99,3 +99,13 @@ def test_filters_narrow_the_list_by_status_amount_and_customer():
     assert _rows(support.get("/console/purchases/", {"amount_min": "15.01"})) == []
     assert set(_rows(support.get("/console/purchases/", {"amount_max": "15.00"}))) == {
         paid.pk, failed.pk}
+
+
+def test_queue_rows_show_the_customers_email():
+    from tests.support.builders import UNKNOWN
+
+    stuck = purchase_in(PurchaseStatus.PAYMENT_UNKNOWN, ops=[UNKNOWN],
+                        customer_email="caller-unknown@example.com")
+    html = _console(Role.SUPPORT).get("/console/queues/unknown/").content.decode()
+    assert stuck.pk in html
+    assert "caller-unknown@example.com" in html
