@@ -36,6 +36,8 @@ from recovery.models import (
 )
 from support import provider_queues
 from support.access import Action, can
+from payments.next_action import operation_next_step, purchase_next_step
+from support.owners import staff_owner
 from support.counts import capped_count_oldest, capped_counts_oldest, count_label, oldest
 from support.timefmt import relative
 from webhooks.models import EventResult, ProviderEvent
@@ -409,7 +411,8 @@ def discrepancy_summary(d: SettlementDiscrepancy) -> str:
 def _unknown_row(op, now) -> QueueItem:
     return QueueItem(op.created_at, "operation", op.id, op.purchase_id,
                      f"{_op_summary(op)} · {op.reconcile_attempts} read-backs",
-                     op.purchase.recovery_owner, anchor=op.id, action=_OP_ACTION)
+                     staff_owner(operation_next_step(op), op.purchase), anchor=op.id,
+                     action=_OP_ACTION)
 
 
 def _paid_at(p) -> datetime:
@@ -423,7 +426,8 @@ def _paid_without_order_fetch(qs, limit):
 
 def _paid_without_order_row(p, now) -> QueueItem:
     return QueueItem(_paid_at(p), "purchase", p.id, p.id,
-                     f"{p.status} {_money(p.amount, p.currency)}", p.recovery_owner,
+                     f"{p.status} {_money(p.amount, p.currency)}",
+                     staff_owner(purchase_next_step(p), p),
                      anchor="steps-h", action="Check its steps and halts; a note or a refund "
                                               "request if the order cannot be written")
 
@@ -482,7 +486,7 @@ def _settlement_rows(rows, now) -> list[QueueItem]:
 def _escalated_row(op, now) -> QueueItem:
     return QueueItem(op.escalated_at or op.created_at, "operation", op.id, op.purchase_id,
                      f"{_op_summary(op)} is {op.outcome}",
-                     op.purchase.recovery_owner or op.next_action_owner, anchor=op.id,
+                     staff_owner(operation_next_step(op), op.purchase), anchor=op.id,
                      action="Resolve with evidence from the provider dashboard")
 
 

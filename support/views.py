@@ -153,7 +153,7 @@ def purchase(request, purchase_id: str):
         refundable=selectors.refundable_payment(p),
         refundable_amount=refundable,
         refundable_major=format_major(refundable, p.currency) if refundable else "",
-        op_next=selectors.operation_next_actions(ops),
+        op_next=selectors.operation_next_actions(ops, p),
         steps=steps,
         step_trouble=[str(x) for x in selectors.STEP_TROUBLE],
         replay_available=settings.STRIPE_DEDUPES_KEYS,
