@@ -621,7 +621,15 @@ def incident_get(incident_id: int):
 
 
 def incident_items(incident) -> list:
-    return list(incident.items.select_related("attached_by").order_by("attached_at", "id"))
+    """The attached items, each with its purchase's customer e-mail and amount in words
+    (`customer_email`, `amount_text`): the page is read to tell customers, not by id."""
+    items = list(incident.items.select_related("attached_by").order_by("attached_at", "id"))
+    found = Purchase.objects.in_bulk({it.purchase_id for it in items})
+    for it in items:
+        p = found.get(it.purchase_id)
+        it.customer_email = p.customer_email if p else ""
+        it.amount_text = format_money(p.amount, p.currency) if p else ""
+    return items
 
 
 def incident_audit(incident) -> list[AuditEntry]:
