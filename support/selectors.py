@@ -558,8 +558,19 @@ def event_get(event_pk: int) -> ProviderEvent | None:
     return ProviderEvent.objects.filter(pk=event_pk).first()
 
 
-def audit_recent(*, limit: int = 200) -> list[AuditEntry]:
-    return list(AuditEntry.objects.order_by("-created_at", "-id")[:limit])
+def audit_recent(*, limit: int = 200, actor: str = "", action: str = "",
+                 target: str = "") -> list[AuditEntry]:
+    """The newest audit rows, optionally only one person's (`actor`), one kind of action
+    (`action`, whole or its start: "console." is every console action) or one target (a
+    purchase, operation or incident id)."""
+    qs = AuditEntry.objects.all()
+    if actor:
+        qs = qs.filter(actor=actor)
+    if action:
+        qs = qs.filter(action__startswith=action)
+    if target:
+        qs = qs.filter(Q(purchase_id=target) | Q(target_id=target))
+    return list(qs.order_by("-created_at", "-id")[:limit])
 
 
 def refundable_payment(purchase: Purchase) -> PaymentOperation | None:

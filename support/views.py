@@ -182,7 +182,9 @@ def halts(request):
 
 @console_view(Action.VIEW)
 def audit(request):
-    return render(request, "console/audit.html", _ctx(request, entries=selectors.audit_recent()))
+    wanted = {k: (request.GET.get(k) or "").strip() for k in ("actor", "action", "target")}
+    return render(request, "console/audit.html", _ctx(
+        request, entries=selectors.audit_recent(**wanted), wanted=wanted))
 
 
 # -------------------------------------------------------------- POST actions
