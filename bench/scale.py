@@ -60,6 +60,27 @@ def paths(size: int, rnd: random.Random) -> dict[str, list[tuple[str, dict]]]:
                                 for g in done]
     p["search idempotency key"] = [(f"/console/search/?q=vk_{_sql_id('', 'k', g, 32)}:confirm", {})
                                    for g in done]
+    # The purchases list (support.purchase_list): newest first, a later page by cursor, a
+    # rare status, a caller's e-mail, a name (trigram; the fill has no ACP buyer, so this
+    # is the cost of a name that matches nothing) and an amount every purchase has.
+    from datetime import datetime, timedelta, timezone
+
+    from support.purchase_list import cursor_encode
+
+    def created(g: int) -> datetime:  # bench/scale_fill.py's ts
+        return datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=25 * g)
+
+    p["purchases list"] = [("/console/purchases/", {})]
+    p["purchases list later page"] = [
+        (f"/console/purchases/?cursor={cursor_encode(created(g), _sql_id('pur_', 'p', g))}", {})
+        for g in done]
+    p["purchases list status"] = [("/console/purchases/?status=payment_unknown", {}),
+                                  ("/console/purchases/?status=manual_review", {})]
+    p["purchases search e-mail"] = [(f"/console/purchases/?q=cust-{g // 3}%40example.com", {})
+                                    for g in done]
+    p["purchases search name"] = [("/console/purchases/?q=hopperton", {})]
+    p["purchases search amount"] = [("/console/purchases/?q=15.00", {}),
+                                    ("/console/purchases/?q=12.50", {})]
     p["purchase timeline"] = [(f"/console/purchases/{_sql_id('pur_', 'p', g)}/", {})
                               for g in done + refunded + unknown]
     p["API GET /purchases/{id}"] = [(f"/api/v1/purchases/{_sql_id('pur_', 'p', g)}", {"api": True})

@@ -11,9 +11,11 @@ themselves still list the rows, oldest first.
 from __future__ import annotations
 
 from datetime import datetime
+from datetime import timezone as dt_timezone
 
 from django.db import connections
 from django.db.models import F, QuerySet
+from django.utils.dateparse import parse_datetime
 
 COUNT_CAP = 1000
 
@@ -65,8 +67,20 @@ def capped_counts_oldest(counted: list[tuple[QuerySet, str]]
         params.extend(branch_params)
     with connections[using.pop()].cursor() as cursor:
         cursor.execute(" UNION ALL ".join(branches), params)
-        found = {part: (n, oldest) for part, n, oldest in cursor.fetchall()}
+        found = {part: (n, as_datetime(oldest)) for part, n, oldest in cursor.fetchall()}
     return [found[i] for i in range(len(counted))]
+
+
+def as_datetime(value) -> datetime | None:
+    """A raw cursor's timestamp as an aware datetime. PostgreSQL's driver returns one;
+    SQLite (`make run`) returns the stored text, which the dashboard could not show (every
+    queue counted in the UNION read "Oldest —")."""
+    if value is None or isinstance(value, datetime):
+        return value
+    parsed = parse_datetime(str(value))
+    if parsed is not None and parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt_timezone.utc)  # Django stores UTC (USE_TZ)
+    return parsed
 
 
 def count_label(n: int) -> str:
@@ -77,4 +91,4 @@ def count_label(n: int) -> str:
 
 
 __all__ = ["COUNT_CAP", "capped_count", "capped_count_oldest", "capped_counts_oldest",
-           "count_label", "oldest"]
+           "count_label", "oldest", "as_datetime"]

@@ -39,6 +39,7 @@ class ProviderQueueItem:
     due: datetime | None = None
     status: str = ""
     review: bool = False
+    customer_email: str = ""  # filled by support.queues for every queue's rows
 
     @property
     def age(self) -> timedelta:

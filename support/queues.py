@@ -36,6 +36,8 @@ from recovery.models import (
 )
 from support import provider_queues
 from support.access import Action, can
+from payments.next_action import operation_next_step, purchase_next_step
+from support.owners import staff_owner
 from support.counts import capped_count_oldest, capped_counts_oldest, count_label, oldest
 from support.timefmt import relative
 from webhooks.models import EventResult, ProviderEvent
@@ -64,6 +66,7 @@ class QueueItem:
     anchor: str = ""  # where on the purchase page its actions are (operation id, "steps-h")
     action: str = ""  # what a person does with it, in words (the link or form says where)
     error: str = ""  # last error, for stuck outbox rows and failed steps
+    customer_email: str = ""  # whom to call back (filled for every row, one read a page)
 
     @property
     def age(self) -> timedelta:
@@ -148,7 +151,9 @@ class QueueSpec:
         if self.sort_by_since or len(self.parts) > 1:
             items.sort(key=lambda i: i.since)
             items = items[:limit]
-        return [replace(i, runbook=self.row_runbook(i) if self.row_runbook else self.runbook)
+        emails = customer_emails([i.purchase_id for i in items])
+        return [replace(i, runbook=self.row_runbook(i) if self.row_runbook else self.runbook,
+                        customer_email=emails.get(i.purchase_id, ""))
                 for i in items]
 
     def count_oldest(self, now: datetime | None = None) -> tuple[int, datetime | None]:
@@ -156,6 +161,15 @@ class QueueSpec:
         counted = [part.count_oldest(now) for part in self.parts]
         return (sum(n for n, _ in counted),
                 min((o for _, o in counted if o is not None), default=None))
+
+
+def customer_emails(purchase_ids: list[str]) -> dict[str, str]:
+    """purchase id -> the customer's e-mail, in one read for a page of queue rows (support
+    calls the customer back from the queue, not after opening each purchase)."""
+    ids = {pid for pid in purchase_ids if pid}
+    if not ids:
+        return {}
+    return dict(Purchase.objects.filter(pk__in=ids).values_list("pk", "customer_email"))
 
 
 QUEUES: dict[str, QueueSpec] = {}
@@ -397,7 +411,8 @@ def discrepancy_summary(d: SettlementDiscrepancy) -> str:
 def _unknown_row(op, now) -> QueueItem:
     return QueueItem(op.created_at, "operation", op.id, op.purchase_id,
                      f"{_op_summary(op)} · {op.reconcile_attempts} read-backs",
-                     op.purchase.recovery_owner, anchor=op.id, action=_OP_ACTION)
+                     staff_owner(operation_next_step(op), op.purchase), anchor=op.id,
+                     action=_OP_ACTION)
 
 
 def _paid_at(p) -> datetime:
@@ -411,7 +426,8 @@ def _paid_without_order_fetch(qs, limit):
 
 def _paid_without_order_row(p, now) -> QueueItem:
     return QueueItem(_paid_at(p), "purchase", p.id, p.id,
-                     f"{p.status} {_money(p.amount, p.currency)}", p.recovery_owner,
+                     f"{p.status} {_money(p.amount, p.currency)}",
+                     staff_owner(purchase_next_step(p), p),
                      anchor="steps-h", action="Check its steps and halts; a note or a refund "
                                               "request if the order cannot be written")
 
@@ -470,7 +486,7 @@ def _settlement_rows(rows, now) -> list[QueueItem]:
 def _escalated_row(op, now) -> QueueItem:
     return QueueItem(op.escalated_at or op.created_at, "operation", op.id, op.purchase_id,
                      f"{_op_summary(op)} is {op.outcome}",
-                     op.purchase.recovery_owner or op.next_action_owner, anchor=op.id,
+                     staff_owner(operation_next_step(op), op.purchase), anchor=op.id,
                      action="Resolve with evidence from the provider dashboard")
 
 

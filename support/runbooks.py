@@ -81,7 +81,36 @@ def _customer_quote(key: str) -> str:
             f'(payments/customer_copy.py)</small>\n\n')
 
 
+# "`[[setting:X_SECONDS]]` seconds" in a runbook reads as a duration ("3 days"), not as
+# "259200 seconds" a person must divide at 3 a.m.
+_DURATION_TOKEN = re.compile(r"`?\[\[setting:([A-Z0-9_]+_SECONDS)\]\]`?(?: seconds)?")
+_UNITS = (("day", 86400), ("hour", 3600), ("min", 60), ("s", 1))
+
+
+def duration_words(seconds: int) -> str:
+    """259200 -> "3 days", 90 -> "1 min 30 s", 0 -> "0 s"."""
+    parts, rest = [], int(seconds)
+    for name, size in _UNITS:
+        n, rest = divmod(rest, size)
+        if n:
+            plural = "s" if n > 1 and name in ("day", "hour") else ""
+            parts.append(f"{n} {name}{plural}")
+    return " ".join(parts) or "0 s"
+
+
+def _duration_setting(m: re.Match) -> str:
+    name = m.group(1)
+    value = getattr(settings, name, None) if name in RUNBOOK_SETTINGS else None
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+        return html.escape(", ".join(duration_words(v) for v in value))
+    if isinstance(value, int) and not isinstance(value, bool):
+        return html.escape(duration_words(value))
+    return m.group(0)  # left to the general substitution below
+
+
 def _substitute(text: str) -> str:
+    text = _DURATION_TOKEN.sub(_duration_setting, text)
+
     def one(m: re.Match) -> str:
         kind, name = m.group(1), m.group(2)
         if kind == "customer":

@@ -41,7 +41,7 @@ from payments.models import (
 )
 from payments.money import MoneyInputError, format_money, parse_money
 from payments.api.presenters import operation_next_action
-from payments.next_action import NextStep, Situation, staff_next_step
+from payments.next_action import NextStep, Situation, operation_next_step, staff_next_step
 from payments.services import provider_for_rail
 from payments.services.common import purchase_own_payments, purchase_refund_room
 from recovery.models import (
@@ -75,6 +75,7 @@ from support.queues import (  # noqa: F401
     queue_summaries,
     unknown_operations,
 )
+from support.owners import staff_owner
 from support.models import AuditEntry, Incident, IncidentStatus, Note, Resolution
 from support.timefmt import relative
 from webhooks.models import ProviderEvent
@@ -477,6 +478,9 @@ def _requester(op: PaymentOperation) -> str:
 class NextAction:
     owner: str
     text: str
+    # The purchase's named recovery owner, only while a person is the next to act on it
+    # (a resolved purchase keeps the column, but nobody owns nothing to do).
+    recovery_owner: str = ""
 
 
 def purchase_next_action(purchase: Purchase, ops: list[PaymentOperation]) -> NextAction:
@@ -485,12 +489,9 @@ def purchase_next_action(purchase: Purchase, ops: list[PaymentOperation]) -> Nex
     steps = tuple(f"{s.step} ({s.state})" for s in StepRun.objects.filter(
         purchase_id=purchase.pk, state__in=STEP_TROUBLE))
     step = staff_next_step(purchase, ops, steps_needing_decision=steps)
-    owner = str(step.owner)
-    if step.situation == Situation.AWAITING_APPROVAL:
-        owner = "finance"  # a renaming: finance is the support role that approves refunds
-    elif step.owner == Owner.SUPPORT and purchase.recovery_owner:
-        owner = purchase.recovery_owner  # the person support assigned
-    return NextAction(owner, _staff_words(step))
+    return NextAction(staff_owner(step, purchase), _staff_words(step),
+                      recovery_owner=purchase.recovery_owner
+                      if step.owner == Owner.SUPPORT else "")
 
 
 def _staff_words(step: NextStep) -> str:
@@ -557,8 +558,19 @@ def event_get(event_pk: int) -> ProviderEvent | None:
     return ProviderEvent.objects.filter(pk=event_pk).first()
 
 
-def audit_recent(*, limit: int = 200) -> list[AuditEntry]:
-    return list(AuditEntry.objects.order_by("-created_at", "-id")[:limit])
+def audit_recent(*, limit: int = 200, actor: str = "", action: str = "",
+                 target: str = "") -> list[AuditEntry]:
+    """The newest audit rows, optionally only one person's (`actor`), one kind of action
+    (`action`, whole or its start: "console." is every console action) or one target (a
+    purchase, operation or incident id)."""
+    qs = AuditEntry.objects.all()
+    if actor:
+        qs = qs.filter(actor=actor)
+    if action:
+        qs = qs.filter(action__startswith=action)
+    if target:
+        qs = qs.filter(Q(purchase_id=target) | Q(target_id=target))
+    return list(qs.order_by("-created_at", "-id")[:limit])
 
 
 def refundable_payment(purchase: Purchase) -> PaymentOperation | None:
@@ -620,7 +632,15 @@ def incident_get(incident_id: int):
 
 
 def incident_items(incident) -> list:
-    return list(incident.items.select_related("attached_by").order_by("attached_at", "id"))
+    """The attached items, each with its purchase's customer e-mail and amount in words
+    (`customer_email`, `amount_text`): the page is read to tell customers, not by id."""
+    items = list(incident.items.select_related("attached_by").order_by("attached_at", "id"))
+    found = Purchase.objects.in_bulk({it.purchase_id for it in items})
+    for it in items:
+        p = found.get(it.purchase_id)
+        it.customer_email = p.customer_email if p else ""
+        it.amount_text = format_money(p.amount, p.currency) if p else ""
+    return items
 
 
 def incident_audit(incident) -> list[AuditEntry]:
@@ -686,8 +706,9 @@ def _last_read_back(operation_id: str) -> ProviderCall | None:
 def _next_read_back(op: PaymentOperation) -> str:
     if op.next_reconcile_at is None:
         return ""
-    minutes = max(1, round((op.next_reconcile_at - timezone.now()).total_seconds() / 60))
-    return f" Next read-back in {minutes} min."
+    # The console's one time format (support.timefmt), as on the purchase page: two
+    # roundings of one moment read as two different times.
+    return f" Next read-back {relative(op.next_reconcile_at)}."
 
 
 def reconcile_feedback(*, before_outcome: str, op: PaymentOperation) -> tuple[int, str]:
@@ -735,10 +756,19 @@ def refund_approve_feedback(*, op: PaymentOperation) -> tuple[int, str]:
             "sent by the queue (e.g. while refunds are halted).")
 
 
-def operation_next_actions(ops: list[PaymentOperation]) -> dict[str, dict]:
+def operation_next_actions(ops: list[PaymentOperation], purchase: Purchase | None = None
+                           ) -> dict[str, dict]:
     """Each operation's next action from the one presenter (payments.api.presenters), so an
-    operation card never says "none" beside a purchase card naming an owner."""
-    return {op.pk: operation_next_action(op) for op in ops}
+    operation card never says "none" beside a purchase card naming an owner; its owner
+    named as the purchase card names it (staff_owner), never "support" beside
+    "payments-oncall" or "finance"."""
+    out = {}
+    for op in ops:
+        action = operation_next_action(op)
+        if purchase is not None:
+            action = {**action, "owner": staff_owner(operation_next_step(op), purchase)}
+        out[op.pk] = action
+    return out
 
 
 # ------------------------------------------------------------------------ charts

@@ -23,6 +23,7 @@ urlpatterns = [
     path("console/search/", views.search, name="search"),
     path("console/charts/<slug:name>.svg", views.chart, name="chart"),
     path("console/queues/<slug:name>/", views.queue, name="queue"),
+    path("console/purchases/", views.purchases, name="purchases"),
     path("console/purchases/<str:purchase_id>/", views.purchase, name="purchase"),
     path("console/purchases/<str:purchase_id>/notes", views.note_add, name="note-add"),
     path("console/purchases/<str:purchase_id>/refunds", views.refund_request,

@@ -2,6 +2,8 @@
 render. Every view goes through web.console_view(action), the one permission gate."""
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
@@ -9,9 +11,9 @@ from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from payments.enums import Outcome
+from payments.enums import Outcome, PurchaseStatus
 from payments.money import format_major, format_money
-from support import charts, runbooks, selectors, services
+from support import charts, purchase_list, runbooks, selectors, services
 from support.admin_site import lockout_message
 from support.access import Action, can
 from payments.customer_copy import customer_state
@@ -113,6 +115,23 @@ def search(request):
     return render(request, "console/search.html", _ctx(request, q=q, result=result))
 
 
+_LIST_PARAMS = ("q", "status", "created_from", "created_to", "amount_min", "amount_max",
+                "customer", "per_page")
+
+
+@console_view(Action.VIEW)
+def purchases(request):
+    filters, errors = purchase_list.filters_from_query(request.GET)
+    page = purchase_list.purchase_list(filters)
+    kept = {k: request.GET[k] for k in _LIST_PARAMS if request.GET.get(k)}
+    return render(request, "console/purchases.html", _ctx(
+        request, page=page, errors=errors, form=kept, q=filters.q,
+        statuses=PurchaseStatus.choices, paged=bool(filters.cursor),
+        first_url="?" + urlencode(kept),
+        next_url="?" + urlencode({**kept, "cursor": page.next_cursor})
+        if page.next_cursor else ""))
+
+
 @console_view(Action.VIEW)
 def purchase(request, purchase_id: str):
     p = selectors.purchase_get(purchase_id)
@@ -134,7 +153,7 @@ def purchase(request, purchase_id: str):
         refundable=selectors.refundable_payment(p),
         refundable_amount=refundable,
         refundable_major=format_major(refundable, p.currency) if refundable else "",
-        op_next=selectors.operation_next_actions(ops),
+        op_next=selectors.operation_next_actions(ops, p),
         steps=steps,
         step_trouble=[str(x) for x in selectors.STEP_TROUBLE],
         replay_available=settings.STRIPE_DEDUPES_KEYS,
@@ -163,7 +182,9 @@ def halts(request):
 
 @console_view(Action.VIEW)
 def audit(request):
-    return render(request, "console/audit.html", _ctx(request, entries=selectors.audit_recent()))
+    wanted = {k: (request.GET.get(k) or "").strip() for k in ("actor", "action", "target")}
+    return render(request, "console/audit.html", _ctx(
+        request, entries=selectors.audit_recent(**wanted), wanted=wanted))
 
 
 # -------------------------------------------------------------- POST actions
@@ -268,17 +289,21 @@ def refund_request(request, purchase_id: str):
         typed=check.typed, reason=reason))
 
 
+# A read-back changes nothing at the provider: one press, no typed reason and no tick (those
+# guard money movements). The audit row still records who read it back, with this reason
+# unless the person added a note.
+READ_BACK_REASON = "On-demand read-back (read-only at the provider)"
+
+
 @console_view(Action.RECONCILE, post=True)
 def reconcile(request, operation_id: str):
     url = _op_purchase_url(operation_id)
-    if not _confirmed(request):
-        messages.error(request, "Tick the confirmation box to go ahead.")
-        return _back(request, url)
     before = selectors.operation_get(operation_id)
     try:
         op = services.operation_reconcile_by_user(
             operation_id=operation_id, user=request.user,
-            reason=request.POST.get("reason", ""), ip=client_ip(request))
+            reason=(request.POST.get("reason") or "").strip() or READ_BACK_REASON,
+            ip=client_ip(request))
     except services.ConsoleError as e:
         messages.error(request, f"Refused ({e.code}): {e.message}")
         return _back(request, url)

@@ -3,6 +3,9 @@ from config.env import env
 STRIPE_API_KEY = env("STRIPE_API_KEY", default="sk_test_verity_local")
 # None = api.stripe.com; `make run`/tests point this at localstripe on loopback.
 STRIPE_API_BASE = env("STRIPE_API_BASE", default="http://127.0.0.1:8420")
+# Where the console links a pi_/ch_/re_ reference (support opens the provider's record).
+# Test mode by default; production sets https://dashboard.stripe.com. Empty: no links.
+STRIPE_DASHBOARD_URL = env("STRIPE_DASHBOARD_URL", default="https://dashboard.stripe.com/test")
 STRIPE_ACCOUNT = env("STRIPE_ACCOUNT", default="")  # platform account id if known
 # Several secrets allow rotation: an event signed by any of them is accepted.
 STRIPE_WEBHOOK_SECRETS = env.list("STRIPE_WEBHOOK_SECRETS", default=["whsec_verity_local"])

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('recovery', '0011_outbox_due_index_and_autovacuum'),
+        ('recovery', '0012_inventory_commit_released_at'),
     ]
 
     operations = [

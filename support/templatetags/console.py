@@ -179,3 +179,25 @@ def form_token(context):
         return ""
     return format_html('<input type="hidden" name="form_token" value="{}">',
                        form_token_mint(user))
+
+
+_STRIPE_PATHS = {"pi_": "payments", "ch_": "payments", "py_": "payments", "re_": "refunds"}
+
+
+@register.filter
+def provider_link(ref: str):
+    """A provider reference linked to where a person reads it: a Stripe object to the
+    Stripe dashboard (STRIPE_DASHBOARD_URL), an x402 transaction hash to the block
+    explorer (tx_link); anything else as code."""
+    from django.conf import settings
+
+    if not ref:
+        return "—"
+    if ref.startswith("0x") and len(ref) == 66:
+        return tx_link(ref)
+    base = (getattr(settings, "STRIPE_DASHBOARD_URL", "") or "").rstrip("/")
+    path = _STRIPE_PATHS.get(ref[:3])
+    if not base or path is None:
+        return format_html("<code>{}</code>", ref)
+    return format_html('<a href="{}/{}/{}" rel="noreferrer" data-provider-link>'
+                       "<code>{}</code></a>", base, path, ref, ref)
