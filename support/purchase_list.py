@@ -11,7 +11,7 @@ buyer's name). Each place is asked separately, each with the filters, the cursor
 page's limit, and the answers are merged in list order: one OR across them would stop
 PostgreSQL from using each place's own index (an OR over a join and a sub-select is a
 scan of every purchase at 1 M). The indexes are support migration
-0006_console_purchase_list_indexes (bench/scale.py measures the list).
+0007_console_purchase_list_indexes (bench/scale.py measures the list).
 """
 from __future__ import annotations
 
