@@ -13,7 +13,7 @@ SMTP = "django.core.mail.backends.smtp.EmailBackend"
 def _check(**env) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items()
             if k not in ("DEBUG", "SECRET_KEY", "EMAIL_BACKEND", "STRIPE_API_KEY",
-                         "STRIPE_API_BASE")}
+                         "STRIPE_API_BASE", "X402_LOCAL_CHAIN")}
     return subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT,
                           env={**base, **env}, capture_output=True, text=True, timeout=120)
 
