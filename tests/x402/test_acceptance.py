@@ -264,3 +264,14 @@ def test_an_rpc_of_another_chain_refuses_payments_and_gives_no_verdict(agent, re
     assert PaymentOperation.objects.filter(purchase_id=other["id"]).count() == 0
     assert read.outcome == "awaiting_provider"  # no verdict from a chain it cannot trust
     chain.mine()
+
+
+def test_the_first_402_is_payment_required_not_a_decline(agent, report, chain):
+    purchase = agent.new_purchase(report.sku)
+
+    r = agent.get(f"purchases/{purchase['id']}/deliverable")
+
+    assert r.status_code == 402 and r.headers["PAYMENT-REQUIRED"], r.content
+    body = r.json()
+    assert (body["title"], body["code"]) == ("Payment required", "payment_required"), body
+    assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 0
