@@ -942,9 +942,12 @@ def get_facilitator() -> FacilitatorClient:
     credential that cannot be used (a malformed API key secret) raises
     FacilitatorUnsupported: the settle answers 503 and stores nothing."""
     global _facilitator, _facilitator_built_from
+    # Compared by digest: the secrets stay in settings only, not in another long-lived
+    # object an error report could show.
     built_from = (settings.X402_FACILITATOR_URL.rstrip("/"), settings.X402_FACILITATOR_TIMEOUT,
-                  settings.X402_FACILITATOR_AUTH_TOKEN, settings.X402_FACILITATOR_API_KEY_ID,
-                  settings.X402_FACILITATOR_API_KEY_SECRET)
+                  settings.X402_FACILITATOR_API_KEY_ID, hashlib.sha256(
+                      f"{settings.X402_FACILITATOR_AUTH_TOKEN}\0"
+                      f"{settings.X402_FACILITATOR_API_KEY_SECRET}".encode()).hexdigest())
     with _lock:
         if _facilitator is None or _facilitator_built_from != built_from:
             try:
