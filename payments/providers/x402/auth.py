@@ -92,7 +92,8 @@ def request_uri(method: str, url: str) -> str:
     """The `uris` claim's entry for one request: `METHOD host[:port]/path` (no scheme, no
     query), as the facilitator compares it with the request it receives."""
     parts = urlsplit(url)
-    return f"{method.upper()} {parts.netloc}{parts.path or '/'}"
+    host = parts.netloc.rsplit("@", 1)[-1]  # never a URL's user:password
+    return f"{method.upper()} {host}{parts.path or '/'}"
 
 
 def mint_cdp_jwt(*, key_id: str, key, method: str, url: str, now: int | None = None,
