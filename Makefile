@@ -33,7 +33,15 @@ $(CHAIN_DIR)/node_modules/.installed: $(CHAIN_DIR)/package.json $(CHAIN_DIR)/pac
 	npm ci --prefix $(CHAIN_DIR) --no-audit --no-fund --loglevel error
 	touch $@
 
-deps: $(VENV)/.installed $(if $(HAVE_NPM),$(CHAIN_DIR)/node_modules/.installed,)
+# The x402 project's own npm client (@x402/fetch), run unmodified against Verity in
+# tests/x402/test_npm_client_buys.py; pinned by its package-lock.json.
+X402_FETCH_DIR := tools/x402_fetch
+$(X402_FETCH_DIR)/node_modules/.installed: $(X402_FETCH_DIR)/package.json $(X402_FETCH_DIR)/package-lock.json
+	@echo "Installing the npm x402 client into $(X402_FETCH_DIR)/node_modules/..."
+	npm ci --prefix $(X402_FETCH_DIR) --no-audit --no-fund --loglevel error
+	touch $@
+
+deps: $(VENV)/.installed $(if $(HAVE_NPM),$(CHAIN_DIR)/node_modules/.installed $(X402_FETCH_DIR)/node_modules/.installed,)
 
 # Regenerate both locks from pyproject.toml (after adding or bumping a dependency).
 # The dev lock is solved first; the production lock is constrained to the same pins.

@@ -475,6 +475,10 @@ class X402Authorization(models.Model):
     signature_hash = models.CharField(max_length=64)
     payload_hash = models.CharField(max_length=64)
     payment_identifier = models.CharField(max_length=128, blank=True)
+    # Whose `payment_identifier` it is: the buyer's idempotency key names a payment among
+    # its own API client's only (x402_one_op_per_client_payment_identifier).
+    api_client = models.ForeignKey(ApiClient, null=True, blank=True, on_delete=models.PROTECT,
+                                   related_name="+")
     # The settlement's transaction (broadcast or mined) and what the chain said last.
     transaction_hash = models.CharField(max_length=66, blank=True, db_index=True)
     block_number = models.BigIntegerField(null=True, blank=True)
@@ -497,9 +501,9 @@ class X402Authorization(models.Model):
                                             "proof_log_index"],
                                     condition=~Q(proof_transaction=""),
                                     name="x402_one_op_per_proving_log"),
-            models.UniqueConstraint(fields=["payment_identifier"],
+            models.UniqueConstraint(fields=["api_client", "payment_identifier"],
                                     condition=~Q(payment_identifier=""),
-                                    name="x402_one_op_per_payment_identifier"),
+                                    name="x402_one_op_per_client_payment_identifier"),
         ]
 
 

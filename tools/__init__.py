@@ -7,5 +7,7 @@ out of the production image (the Dockerfile's `production` stage).
 - `drill` — every fault drill against the configured test-mode provider (`make drill`).
 
 Run them as `python -m tools.<name>` from the checkout. `tools/chain/` holds the npm
-packages the chain runs (anvil, Circle's USDC build artifacts).
+packages the chain runs (anvil, Circle's USDC build artifacts); `tools/x402_fetch/` the x402
+project's npm client (`@x402/fetch`), which tests/x402/test_npm_client_buys.py runs against
+Verity unmodified.
 """

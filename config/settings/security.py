@@ -13,6 +13,9 @@ from .x402 import (
     X402_ASSET,
     X402_CONFIRMATIONS,
     X402_ENABLED,
+    X402_FACILITATOR_API_KEY_ID,
+    X402_FACILITATOR_API_KEY_SECRET,
+    X402_FACILITATOR_AUTH_TOKEN,
     X402_FACILITATOR_URL,
     X402_LOCAL_CHAIN,
     X402_NETWORK,
@@ -106,6 +109,26 @@ def x402_refusals(*, enabled: bool, network: str, pay_to: str, asset: str, refun
     return found
 
 
+def facilitator_credential_refusals(*, token: str, key_id: str, key_secret: str) -> list[str]:
+    """A hosted facilitator takes one kind of credential: a static bearer token or a CDP API
+    key (id and secret, a JWT minted per request). Both at once, or half a key, is a
+    deployment mistake that would otherwise show only as refused payments. Names only,
+    never the values."""
+    found = []
+    if token and (key_id or key_secret):
+        found.append("X402_FACILITATOR_AUTH_TOKEN and X402_FACILITATOR_API_KEY_ID / "
+                     "X402_FACILITATOR_API_KEY_SECRET are both set: a facilitator takes one "
+                     "credential; keep the static token only for a facilitator that documents "
+                     "one, the API key for Coinbase's (CDP) facilitator")
+    elif bool(key_id) != bool(key_secret):
+        have, missing = (("X402_FACILITATOR_API_KEY_ID", "X402_FACILITATOR_API_KEY_SECRET")
+                         if key_id else
+                         ("X402_FACILITATOR_API_KEY_SECRET", "X402_FACILITATOR_API_KEY_ID"))
+        found.append(f"{have} is set without {missing}: the facilitator's API key needs both "
+                     "(its id and its secret)")
+    return found
+
+
 def refusals(*, debug: bool, secret_key: str, stripe_api_key: str,
              stripe_api_base: str | None, email_backend: str) -> list[str]:
     found = []
@@ -129,6 +152,9 @@ _refused += x402_refusals(enabled=X402_ENABLED, network=X402_NETWORK, pay_to=X40
                           asset=X402_ASSET, refund_key=X402_REFUND_PRIVATE_KEY,
                           facilitator_url=X402_FACILITATOR_URL,
                           local_chain=X402_LOCAL_CHAIN, confirmations=X402_CONFIRMATIONS)
+_refused += facilitator_credential_refusals(token=X402_FACILITATOR_AUTH_TOKEN,
+                                           key_id=X402_FACILITATOR_API_KEY_ID,
+                                           key_secret=X402_FACILITATOR_API_KEY_SECRET)
 if _refused:
     # In a development checkout (the production image has no tools/) the likely reader is
     # a developer whose shell lacks what `make run` set: say that first.

@@ -21,9 +21,16 @@ X402_MIN_VALIDITY_SECONDS = env.int("X402_MIN_VALIDITY_SECONDS", default=30)
 # A transfer counts as succeeded once its block has this many confirmations.
 X402_CONFIRMATIONS = env.int("X402_CONFIRMATIONS", default=1)
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT", default=30.0)
-# A hosted facilitator's credential (e.g. the CDP facilitator's bearer JWT), sent as
-# `Authorization: Bearer ...` on /supported, /settle. Secret: environment only.
+# A hosted facilitator's credential (docs/x402.md#hosted-facilitators), one of two kinds,
+# never both (config/settings/security.py refuses it). Secrets: environment only.
+# - a static bearer token, for a facilitator that documents one: sent as
+#   `Authorization: Bearer ...` on /supported and /settle;
 X402_FACILITATOR_AUTH_TOKEN = env("X402_FACILITATOR_AUTH_TOKEN", default="")
+# - a CDP API key (Coinbase's hosted facilitator): its id and secret (an EC P-256 key in
+#   PEM, or a base64 Ed25519 key); Verity mints a JWT per request bound to its method, host
+#   and path, valid 120 s (payments/providers/x402/auth.py).
+X402_FACILITATOR_API_KEY_ID = env("X402_FACILITATOR_API_KEY_ID", default="")
+X402_FACILITATOR_API_KEY_SECRET = env("X402_FACILITATOR_API_KEY_SECRET", default="")
 # Where the console links a transaction hash ({tx} is replaced); empty: no link.
 X402_EXPLORER_TX_URL = env("X402_EXPLORER_TX_URL", default="")
 # How far back (blocks) the AuthorizationUsed log search looks; 0 = from genesis.

@@ -43,6 +43,11 @@ _TITLES = {
     500: "Internal error",
     503: "Service unavailable",
 }
+# A code whose status's title would say the wrong thing: the x402 deliverable's first 402
+# is the expected start of a purchase (no payment was tried), not a decline.
+_CODE_TITLES = {
+    ErrorCode.PAYMENT_REQUIRED: "Payment required",
+}
 
 
 class Problem(Exception):
@@ -71,7 +76,7 @@ def problem_body(*, code: str, detail: str, status: int, retry: str, owner: str,
                  action_message: str | None = None, extra: dict | None = None) -> dict:
     body = {
         "type": f"{PROBLEM_TYPE_PREFIX}{code}",
-        "title": _TITLES.get(status, "Error"),
+        "title": _CODE_TITLES.get(code) or _TITLES.get(status, "Error"),
         "status": status,
         "detail": detail,
         "code": code,

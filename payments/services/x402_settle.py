@@ -230,11 +230,15 @@ def _chain_id() -> int:
 def _existing(purchase: Purchase, signed: adapter.SignedPayment, api_client
               ) -> PaymentOperation | None:
     """The operation this authorization (or payment identifier) already names, or None;
-    409 when the identity is reused with a different payload. Ids of another API client's
-    purchase or operation are never shown (the 409 still refuses)."""
+    409 when the identity is reused with a different payload. The authorization (payer,
+    nonce) is one on chain, whoever sends it; a payment identifier is the buyer's own
+    idempotency key and names a payment among its API client's only: another client's
+    identical identifier is neither found nor refused. Ids of another API client's purchase
+    or operation are never shown (the 409 still refuses)."""
+    client_id = api_client.id if api_client is not None else None
     match = Q(payer=signed.payer, nonce=signed.nonce)
     if signed.payment_identifier:
-        match |= Q(payment_identifier=signed.payment_identifier)
+        match |= Q(payment_identifier=signed.payment_identifier, api_client_id=client_id)
     for auth in X402Authorization.objects.filter(match).select_related("operation__purchase"):
         op = auth.operation
         own = api_client is not None and op.purchase.api_client_id == api_client.id
@@ -245,7 +249,7 @@ def _existing(purchase: Purchase, signed: adapter.SignedPayment, api_client
                           "used with a different signature.", status=409,
                           purchase=purchase_id, operation=op_id)
         if (signed.payment_identifier and auth.payment_identifier == signed.payment_identifier
-                and not same_auth):
+                and auth.api_client_id == client_id and not same_auth):
             raise _refuse("payment_identifier_reused", "This payment identifier was already "
                           "used with a different payment.", status=409,
                           purchase=purchase_id, operation=op_id)
@@ -276,6 +280,7 @@ def _phase1(*, purchase: Purchase, api_client, signed: adapter.SignedPayment,
                 value=signed.value, valid_after=signed.valid_after,
                 valid_before=signed.valid_before, signature_hash=signed.signature_hash,
                 payload_hash=signed.payload_hash, payment_identifier=signed.payment_identifier,
+                api_client=api_client,
                 settle_answer={"search_from_block": checked_block})
         call = operation_claim_write(operation_id=op.id, step=CallStep.SETTLE)
     return PaymentOperation.objects.get(id=op.id), call

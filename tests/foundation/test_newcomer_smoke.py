@@ -280,6 +280,8 @@ def test_make_run_then_the_walkthrough_works_on_the_embedded_default(embedded):
     assert requests.get(f"{base}/readyz", timeout=10).status_code == 200
     if X402_LOCAL:  # and: an x402 quote's deliverable answers 402 on make run's chain
         _x402_quote_answers_402(base, key, env["X402_CHAIN_PORT"])
+        # and: docs/x402.md's example, pasted into the reader's shell, buys the report
+        _x402_doc_example_pays(base, var, key, env["X402_CHAIN_PORT"])
 
     # and: a console user logs in, and the customer's status page opens
     console = requests.Session()
@@ -334,6 +336,49 @@ def _x402_quote_answers_402(base: str, key: str, chain_port: str) -> None:
 
     w3 = Web3(Web3.HTTPProvider(f"http://127.0.0.1:{chain_port}"))
     assert len(w3.eth.get_code(Web3.to_checksum_address(accepts["asset"]))) > 0
+
+
+def x402_example_block() -> str:
+    """docs/x402.md's pasteable end-to-end example (the bash block marked
+    `<!-- x402-example -->`)."""
+    (block,) = re.findall(r"^<!-- x402-example -->\n```bash\n(.*?)^```$",
+                          (ROOT / "docs" / "x402.md").read_text(), re.M | re.S)
+    return block
+
+
+def _x402_doc_example_pays(base: str, var: Path, key: str, chain_port: str) -> None:
+    """The example as a reader pastes it (their shell's environment only; this stack's port
+    and var/ are the only edits, as for the walk-through). Judged on the chain: make run's
+    pay_to received exactly the report's 9.00 USDC, and Verity holds one succeeded x402
+    payment for the purchase."""
+    from web3 import Web3
+
+    block = x402_example_block()
+    assert "B=http://127.0.0.1:8000/api/v1" in block and "$(cat var/demo-api-key)" in block
+    block = (block.replace("http://127.0.0.1:8000", base)
+             .replace("$(cat var/demo-api-key)", f"$(cat {var}/demo-api-key)"))
+    local = x402_chain.local_env(port=0, facilitator_port=0)
+    w3 = Web3(Web3.HTTPProvider(f"http://127.0.0.1:{chain_port}"))
+    usdc = w3.eth.contract(address=Web3.to_checksum_address(local["X402_ASSET"]), abi=[{
+        "type": "function", "name": "balanceOf", "stateMutability": "view",
+        "inputs": [{"name": "a", "type": "address"}],
+        "outputs": [{"name": "", "type": "uint256"}]}])
+    pay_to = Web3.to_checksum_address(local["X402_PAY_TO"])
+    before = usdc.functions.balanceOf(pay_to).call()
+
+    done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + block], cwd=ROOT,
+                          env=readers_shell(var), capture_output=True, text=True, timeout=240)
+
+    said = done.stdout + done.stderr
+    assert done.returncode == 0 and "Traceback" not in said, said
+    (pid,) = re.findall(r"^PURCHASE (pur_\w+)$", done.stdout, re.M)
+    assert re.search(r"^200 \{", done.stdout, re.M), said
+    assert usdc.functions.balanceOf(pay_to).call() - before == 900 * 10**4
+    api = requests.Session()
+    api.headers["Authorization"] = f"Api-Key {key}"
+    view = api.get(f"{base}/api/v1/purchases/{pid}", timeout=10).json()
+    assert view["status"] in ("paid", "fulfilling", "completed"), view
+    assert view["payment"]["rail"] == "x402" and view["payment"]["outcome"] == "succeeded", view
 
 
 def test_the_walkthrough_covers_the_whole_story():

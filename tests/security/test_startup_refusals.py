@@ -109,3 +109,17 @@ def test_a_remote_facilitator_without_tls_refuses_to_start():
     for url in ("https://facilitator.example", "http://127.0.0.1:8402"):
         assert _check(DEBUG="true", X402_ENABLED="true",
                       X402_FACILITATOR_URL=url).returncode == 0
+
+
+def test_a_facilitator_takes_one_credential_and_a_whole_api_key():
+    secret = "a-facilitator-secret-that-must-not-be-echoed"
+    key = {"X402_FACILITATOR_API_KEY_ID": "organizations/o/apiKeys/k",
+           "X402_FACILITATOR_API_KEY_SECRET": secret}
+    both = _check(DEBUG="true", X402_FACILITATOR_AUTH_TOKEN=secret + "-token", **key)
+    assert both.returncode != 0 and "both set" in both.stderr, both.stderr
+    for half in ("X402_FACILITATOR_API_KEY_ID", "X402_FACILITATOR_API_KEY_SECRET"):
+        result = _check(DEBUG="true", **{half: key[half]})
+        assert result.returncode != 0 and "needs both" in result.stderr, result.stderr
+        assert secret not in result.stderr
+    assert secret not in both.stderr
+    assert _check(DEBUG="true", **key).returncode == 0

@@ -164,19 +164,48 @@ def test_the_409s_never_show_another_api_clients_purchase_or_operation(agent, re
     other_client, key = make_client(scopes=("purchases:read", "purchases:write"),
                                     limit=10_000_000, name="other")
     other = Api(key, other_client)
-    mine, mine_required = _required(other, report)
-    reused_id, _ = sign(mine_required, chain.new_payer(), payment_id="client-a-payment-0000001")
+    mine, _ = _required(other, report)
 
     same_auth = _send(other, mine, header)
-    same_id = _send(other, mine, reused_id)
 
-    for r in (same_auth, same_id):
-        assert r.status_code == 409, r.content
-        body = r.content.decode()
-        assert theirs.id not in body and purchase["id"] not in body
-        assert r.json()["operation"] is None
+    assert same_auth.status_code == 409, same_auth.content
+    body = same_auth.content.decode()
+    assert theirs.id not in body and purchase["id"] not in body
+    assert same_auth.json()["operation"] is None
     assert chain.transfers(payer.address) == 1
     assert PaymentOperation.objects.filter(purchase_id=mine["id"]).count() == 0
+
+
+def test_a_payment_identifier_belongs_to_its_api_client(agent, report, chain):
+    """The `payment-identifier` extension is the buyer's idempotency key: like
+    `Idempotency-Key` it names a payment among its own client's. Another client's payment
+    with the same identifier is neither found, replayed nor refused: its own payment."""
+    purchase, required = _required(agent, report)
+    header, _ = sign(required, chain.new_payer(), payment_id="shared-payment-id-0001")
+    assert _send(agent, purchase, header).status_code in (200, 202)
+    theirs = PaymentOperation.objects.get(purchase_id=purchase["id"])
+    other_client, key = make_client(scopes=("purchases:read", "purchases:write"),
+                                    limit=10_000_000, name="other")
+    other = Api(key, other_client)
+    mine, mine_required = _required(other, report)
+    payer = chain.new_payer()
+    same_id, _ = sign(mine_required, payer, payment_id="shared-payment-id-0001")
+
+    r = _send(other, mine, same_id)
+
+    assert r.status_code in (200, 202) and "Payment-Replayed" not in r.headers, r.content
+    assert theirs.id not in r.content.decode() and purchase["id"] not in r.content.decode()
+    op = PaymentOperation.objects.get(purchase_id=mine["id"])
+    assert op.id != theirs.id and op.outcome == "succeeded"
+    assert chain.transfers(payer.address) == 1
+    assert X402Authorization.objects.filter(
+        payment_identifier="shared-payment-id-0001").count() == 2
+    # within its own client the identifier still names one payment (409 on another)
+    again, again_required = _required(other, report)
+    reused, _ = sign(again_required, chain.new_payer(), payment_id="shared-payment-id-0001")
+    refused = _send(other, again, reused)
+    assert refused.status_code == 409 and refused.json()["code"] == \
+        "payment_identifier_reused", refused.content
 
 
 def test_the_log_search_starts_where_the_nonce_was_read_unused(agent, report, chain):
@@ -235,3 +264,14 @@ def test_an_rpc_of_another_chain_refuses_payments_and_gives_no_verdict(agent, re
     assert PaymentOperation.objects.filter(purchase_id=other["id"]).count() == 0
     assert read.outcome == "awaiting_provider"  # no verdict from a chain it cannot trust
     chain.mine()
+
+
+def test_the_first_402_is_payment_required_not_a_decline(agent, report, chain):
+    purchase = agent.new_purchase(report.sku)
+
+    r = agent.get(f"purchases/{purchase['id']}/deliverable")
+
+    assert r.status_code == 402 and r.headers["PAYMENT-REQUIRED"], r.content
+    body = r.json()
+    assert (body["title"], body["code"]) == ("Payment required", "payment_required"), body
+    assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 0

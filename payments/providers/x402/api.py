@@ -60,6 +60,12 @@ sys.setrecursionlimit(_RECURSION_LIMIT)
 from payments.enums import Classification, Outcome, Reason  # noqa: E402
 
 from ..base import CallResult, ProviderObject  # noqa: E402
+from .auth import (  # noqa: E402
+    FacilitatorAuth,
+    FacilitatorCredentialInvalid,
+    NoAuth,
+    facilitator_auth,
+)
 
 log = logging.getLogger(__name__)
 
@@ -222,17 +228,19 @@ class FacilitatorUnsupported(RuntimeError):
 
 
 class FacilitatorClient:
-    def __init__(self, *, base_url: str, timeout: float, auth_token: str = "") -> None:
+    def __init__(self, *, base_url: str, timeout: float, auth: FacilitatorAuth | None = None
+                 ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        self.auth_token = auth_token
+        self.auth = auth or NoAuth()
         self._drills: dict[str, str] = {}
         self._lock = threading.Lock()
         self._supported: set[tuple[str, str]] = set()
 
-    def _headers(self) -> dict:
-        # A hosted facilitator authenticates every call (the CDP facilitator: a bearer JWT).
-        return {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
+    def _headers(self, method: str, url: str) -> dict:
+        # A hosted facilitator authenticates every call: a static bearer token, or (the CDP
+        # facilitator) a JWT minted for this method, host and path (x402/auth.py).
+        return self.auth.headers(method=method, url=url)
 
     def ensure_supported(self, *, scheme: str, network: str) -> None:
         """Once per process: the facilitator's /supported lists (x402 v2, scheme, network).
@@ -241,13 +249,14 @@ class FacilitatorClient:
         if (scheme, network) in self._supported:
             return
         try:
-            resp = requests.get(f"{self.base_url}/supported", headers=self._headers(),
-                                timeout=(3.0, 10.0))
+            url = f"{self.base_url}/supported"
+            resp = requests.get(url, headers=self._headers("GET", url), timeout=(3.0, 10.0))
         except requests.exceptions.RequestException:
             return
         if resp.status_code in (401, 403):
             raise FacilitatorUnsupported(f"the facilitator refused Verity's credential "
-                                         f"({resp.status_code}): X402_FACILITATOR_AUTH_TOKEN")
+                                         f"({resp.status_code}): X402_FACILITATOR_AUTH_TOKEN "
+                                         "or X402_FACILITATOR_API_KEY_ID / _SECRET")
         try:
             kinds = resp.json().get("kinds") or []
         except (ValueError, AttributeError):
@@ -279,7 +288,8 @@ class FacilitatorClient:
         drill = self._take_drill(payer, nonce)
         body = {"x402Version": 2, "paymentPayload": payload, "paymentRequirements": requirements}
         try:
-            resp = requests.post(f"{self.base_url}/settle", json=body, headers=self._headers(),
+            url = f"{self.base_url}/settle"
+            resp = requests.post(url, json=body, headers=self._headers("POST", url),
                                  timeout=(3.0, self.timeout))
         except requests.exceptions.ConnectTimeout as exc:
             return SettleAnswer(SettleKind.NOT_SENT, detail=f"connect timeout: {exc}"[:200])
@@ -924,16 +934,32 @@ _reader: ChainReader | None = None
 _lock = threading.Lock()
 
 
+_facilitator_built_from: tuple = ()
+
+
 def get_facilitator() -> FacilitatorClient:
-    global _facilitator
+    """The facilitator client of the current settings (rebuilt when one changes). A
+    credential that cannot be used (a malformed API key secret) raises
+    FacilitatorUnsupported: the settle answers 503 and stores nothing."""
+    global _facilitator, _facilitator_built_from
+    # Compared by digest: the secrets stay in settings only, not in another long-lived
+    # object an error report could show.
+    built_from = (settings.X402_FACILITATOR_URL.rstrip("/"), settings.X402_FACILITATOR_TIMEOUT,
+                  settings.X402_FACILITATOR_API_KEY_ID, hashlib.sha256(
+                      f"{settings.X402_FACILITATOR_AUTH_TOKEN}\0"
+                      f"{settings.X402_FACILITATOR_API_KEY_SECRET}".encode()).hexdigest())
     with _lock:
-        if (_facilitator is None
-                or _facilitator.base_url != settings.X402_FACILITATOR_URL.rstrip("/")
-                or _facilitator.auth_token != settings.X402_FACILITATOR_AUTH_TOKEN
-                or _facilitator.timeout != settings.X402_FACILITATOR_TIMEOUT):
+        if _facilitator is None or _facilitator_built_from != built_from:
+            try:
+                auth = facilitator_auth(token=settings.X402_FACILITATOR_AUTH_TOKEN,
+                                        key_id=settings.X402_FACILITATOR_API_KEY_ID,
+                                        key_secret=settings.X402_FACILITATOR_API_KEY_SECRET)
+            except FacilitatorCredentialInvalid as exc:
+                raise FacilitatorUnsupported(str(exc)) from None
             _facilitator = FacilitatorClient(base_url=settings.X402_FACILITATOR_URL,
                                              timeout=settings.X402_FACILITATOR_TIMEOUT,
-                                             auth_token=settings.X402_FACILITATOR_AUTH_TOKEN)
+                                             auth=auth)
+            _facilitator_built_from = built_from
         return _facilitator
 
 
