@@ -126,3 +126,27 @@ def test_a_refusal_from_a_facilitator_that_sent_the_transfer_is_not_a_failure(
         f"{r2.status_code} {r2.content[:300]}; charges "
         f"{PaymentOperation.objects.filter(purchase_id=purchase['id']).count()}")
     assert received <= PRICE_ATOMIC
+
+
+@pytest.mark.xfail(strict=True, reason="ChainJudge.audit checks only 'counted <= received': "
+                   "12.50 received for a failed purchase (counted 0) is no violation")
+def test_the_chain_judge_finds_money_received_for_a_failed_purchase(agent, report, chain,
+                                                                     settings):
+    """The judge of the drills and the machine, asked about the refusing-facilitator case:
+    the chain's Transfer logs to pay_to must equal what Verity counts as received."""
+    from tests.attack_scratch.chainside import audit
+
+    server = _facilitator_that_refuses_after_sending(chain.facilitator)
+    settings.X402_FACILITATOR_URL = f"http://127.0.0.1:{server.server_port}"
+    try:
+        payer = chain.new_payer()
+        purchase = agent.new_purchase(report.sku)
+        header, _auth, _sig = signed(agent, purchase, payer)
+        send(agent, purchase, header)
+    finally:
+        server.shutdown()
+    settle_outbox()
+    assert charge(purchase).outcome == "failed"
+    assert chain.received_from(payer.address) == PRICE_ATOMIC
+
+    assert audit(chain, purchase).violations != []

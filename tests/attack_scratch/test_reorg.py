@@ -142,3 +142,43 @@ def charge_first(purchase):
 
     return PaymentOperation.objects.filter(purchase_id=purchase["id"],
                                            kind="charge").order_by("created_at").first()
+
+
+@pytest.mark.xfail(strict=True, reason="a succeeded x402 refund is never read again: after a "
+                   "re-org deeper than X402_CONFIRMATIONS it stays succeeded with 0 returned")
+def test_a_refund_reorged_away_after_it_succeeded_is_noticed(agent, report, chain, settings,
+                                                             people):
+    """The other direction: a refund counted as returned at X402_CONFIRMATIONS=3, then a
+    re-org one block deeper takes the transfer back away."""
+    from payments.models import PaymentOperation
+
+    settings.X402_CONFIRMATIONS = 3
+    payer = chain.new_payer()
+    purchase = agent.new_purchase(report.sku)
+    header, _auth, _sig = signed(agent, purchase, payer)
+    send(agent, purchase, header)
+    chain.mine(2)
+    assert services.operation_reconcile(operation_id=charge(purchase).id,
+                                        actor="test").outcome == "succeeded"
+    settle_outbox()
+    chain.mine(5)
+    requester, approver = people
+    refund = services.refund_request(purchase_id=purchase["id"], acting_user=requester)
+    services.refund_approve(operation_id=refund.id, acting_user=approver, reason="returned")
+    services.operation_dispatch(operation_id=refund.id)
+    chain.mine(2)
+    refund = services.operation_reconcile(operation_id=refund.id, actor="test")
+    assert refund.outcome == "succeeded", (refund.outcome, refund.reason)
+    assert chain.returned_to(payer.address) == PRICE_ATOMIC
+
+    chain.reorg(3)  # the refund's block and the two after it
+    chain.mine(5)
+    reconcile_due()
+    settle_outbox()
+
+    refund = PaymentOperation.objects.get(id=refund.id)
+    returned = chain.returned_to(payer.address)
+    counted = PRICE_ATOMIC if refund.outcome == "succeeded" else 0
+    assert returned == counted or SettlementDiscrepancy.objects.exists(), (
+        f"refund {refund.outcome}, the chain shows {returned} returned, the payment "
+        f"received {chain.received_from(payer.address)}")
