@@ -60,16 +60,23 @@ def test_an_expiry_verdict_rolled_back_is_not_kept_as_unpaid(agent, report, chai
                                  f"{op.outcome}/{op.reason}")
 
 
-def _facilitator_that_refuses_after_sending(real: str):
+class _Refuse(Exception):
+    """before_settle raises it to answer its body without forwarding anything."""
+
+
+def _facilitator_that_refuses_after_sending(real: str, *, status: int = 200,
+                                             before_settle=None):
     """Passes /supported and /settle to the real facilitator (which broadcasts and mines the
-    transfer), then answers /settle with an invalid-signature refusal."""
+    transfer), then answers /settle with a refusal: an invalid-signature verdict (status
+    200), or a refused credential (status 401/403, no body). `before_settle()` runs first
+    (e.g. the payer's balance moves away: the real facilitator then refuses honestly)."""
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
 
-        def _answer(self, status: int, body: dict) -> None:
+        def _answer(self, code: int, body: dict) -> None:
             data = json.dumps(body).encode()
-            self.send_response(status)
+            self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -81,9 +88,18 @@ def _facilitator_that_refuses_after_sending(real: str):
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            if self.path == "/settle" and before_settle is not None:
+                try:
+                    before_settle()
+                except _Refuse as refusal:
+                    return self._answer(200, refusal.args[0])
+                r = requests.post(f"{real}{self.path}", json=body, timeout=30)
+                return self._answer(r.status_code, r.json())
             r = requests.post(f"{real}{self.path}", json=body, timeout=30)
             answer = r.json()
             if self.path == "/settle":
+                if status != 200:
+                    return self._answer(status, {"error": "unauthorized"})
                 answer = {"success": False, "errorReason": "invalid_exact_evm_payload_signature",
                           "transaction": "", "network": answer.get("network", ""),
                           "payer": answer.get("payer", "")}
@@ -94,12 +110,14 @@ def _facilitator_that_refuses_after_sending(real: str):
     return server
 
 
-@pytest.mark.xfail(strict=True, reason="an invalid_* settle answer is failed without a "
-                   "chain read: the transfer the facilitator sent (12.50) arrives on a failed "
-                   "purchase, Verity counts 0, the same wallet's retry is refused 422")
+@pytest.mark.xfail(strict=True, reason="an invalid_* (200) or 401/403 settle answer is failed "
+                   "without a chain read: the transfer the facilitator sent (12.50) arrives on "
+                   "a failed purchase (200: counted 0, same wallet's retry refused 422; 403: "
+                   "the buyer pays again, 25.00 received, 12.50 counted)")
+@pytest.mark.parametrize("status", [200, 403])
 def test_a_refusal_from_a_facilitator_that_sent_the_transfer_is_not_a_failure(
-        agent, report, chain, settings):
-    server = _facilitator_that_refuses_after_sending(chain.facilitator)
+        agent, report, chain, settings, status):
+    server = _facilitator_that_refuses_after_sending(chain.facilitator, status=status)
     settings.X402_FACILITATOR_URL = f"http://127.0.0.1:{server.server_port}"
     try:
         payer = chain.new_payer()
@@ -150,3 +168,36 @@ def test_the_chain_judge_finds_money_received_for_a_failed_purchase(agent, repor
     assert chain.received_from(payer.address) == PRICE_ATOMIC
 
     assert audit(chain, purchase).violations != []
+
+
+def test_a_wallet_refused_for_its_balance_can_pay_again_once_funded(agent, report, chain,
+                                                                   settings):
+    """A facilitator refuses the settle at its verify (nothing broadcast): the payer's
+    balance is short in its view. The 402 says "sign a new authorization"; the payer tops
+    up and signs one from the same wallet."""
+    def refuse_only():
+        raise _Refuse({"success": False, "errorReason": "invalid_exact_evm_insufficient_balance",
+                       "transaction": "", "network": "eip155:31337"})
+
+    payer = chain.new_payer()
+    server = _facilitator_that_refuses_after_sending(chain.facilitator,
+                                                     before_settle=refuse_only)
+    settings.X402_FACILITATOR_URL = f"http://127.0.0.1:{server.server_port}"
+    try:
+        purchase = agent.new_purchase(report.sku)
+        header, auth, _sig = signed(agent, purchase, payer)
+        r = send(agent, purchase, header)
+    finally:
+        server.shutdown()
+    settings.X402_FACILITATOR_URL = chain.facilitator
+    assert r.status_code == 402, r.content
+    assert (charge(purchase).outcome, charge(purchase).reason) == ("failed",
+                                                                   "insufficient_balance")
+    assert not chain.authorization_used(payer.address, auth["nonce"])
+
+    header2, _a2, _s2 = signed(agent, purchase, payer)
+    r2 = send(agent, purchase, header2)
+    settle_outbox()
+
+    assert r2.status_code in (200, 202), (r2.status_code, r2.content[:300])
+    assert chain.received_from(payer.address) == PRICE_ATOMIC
