@@ -41,7 +41,6 @@ def test_signature_encodings_are_refused_or_pay_once(agent, report, chain, form)
                                        "v_plus_4": lambda s: s[:64] + bytes([s[64] + 4]),
                                        }[form])
     r = send(agent, purchase, bad)
-    print(f"\n{form}: {r.status_code} {r.json().get('code')}")
     settle_outbox()
     ops = PaymentOperation.objects.filter(purchase_id=purchase["id"])
     if r.status_code in (400, 402):
