@@ -15,7 +15,6 @@ from tests.attack_scratch.chainside import (
     counted_received,
     send,
     signed,
-    submit,
 )
 from tests.x402.conftest import settle_outbox
 
@@ -84,64 +83,6 @@ def test_a_refund_never_returns_more_than_arrived_after_a_reorg(agent, report, c
 
     received, returned = chain.received_from(payer.address), chain.returned_to(payer.address)
     assert returned <= received, f"returned {returned} to the payer, received {received}"
-
-
-@pytest.mark.xfail(strict=True, reason="a cancelled verdict is taken at 1 confirmation "
-                   "(X402_CONFIRMATIONS=3 gates only used-elsewhere and confirmed): after a "
-                   "1-block re-org 25.00 arrived, Verity counts 12.50")
-def test_a_cancelled_verdict_overturned_by_a_reorg_is_not_kept_as_unpaid(agent, report, chain,
-                                                                         settings):
-    """Expired/cancelled are verdicts of "no money ever": taken at one confirmation of
-    three, a re-org of that block brings the cancel back out and the signed authorization
-    lands. The purchase is failed; the buyer, told to sign a new one, pays again."""
-    settings.X402_CONFIRMATIONS = 3
-    payer = chain.new_payer()
-    purchase = agent.new_purchase(report.sku)
-    header, auth, signature = signed(agent, purchase, payer)
-    chain.automine(False)
-    r = send(agent, purchase, header)
-    assert r.status_code == 202 and r.json()["code"] == "settlement_pending", r.content
-    chain.cancel_authorization(payer, auth["nonce"], gas_price=chain.w3.eth.gas_price * 20)
-    chain.mine()
-    op = services.operation_reconcile(operation_id=charge(purchase).id, actor="test")
-    assert (op.outcome, op.reason) == ("failed", "authorization_canceled")
-
-    chain.reorg(1)  # the cancel's block (1 confirmation) is replaced
-    chain.automine(True)
-    chain.refill_facilitator_nonce()
-    assert not chain.authorization_used(payer.address, auth["nonce"])
-    submit(chain, auth, signature)  # the facilitator (or anyone) sends it again
-    chain.mine(5)
-    # The buyer was told 402 payment_failed: it signs a new authorization and pays again.
-    header2, _auth2, _sig2 = signed(agent, purchase, payer)
-    send(agent, purchase, header2)
-    chain.mine(3)
-    reconcile_due()
-    settle_outbox()
-    for o in purchase_ops(purchase):
-        if o.outcome in ("awaiting_provider", "unknown"):
-            services.operation_reconcile(operation_id=o.id, actor="test")
-
-    received = chain.received_from(payer.address)
-    counted = counted_received(payer.address)
-    first = charge_first(purchase)
-    assert received == counted, (f"received {received} from the payer on chain, Verity "
-                                 f"counts {counted}; first charge {first.outcome}/"
-                                 f"{first.reason}; discrepancies "
-                                 f"{SettlementDiscrepancy.objects.count()}")
-
-
-def purchase_ops(purchase):
-    from payments.models import PaymentOperation
-
-    return list(PaymentOperation.objects.filter(purchase_id=purchase["id"], kind="charge"))
-
-
-def charge_first(purchase):
-    from payments.models import PaymentOperation
-
-    return PaymentOperation.objects.filter(purchase_id=purchase["id"],
-                                           kind="charge").order_by("created_at").first()
 
 
 @pytest.mark.xfail(strict=True, reason="a succeeded x402 refund is never read again: after a "
