@@ -243,7 +243,7 @@ def _pay_through(agent, report, chain, settings, server):
     return payer, purchase, auth, signature, r
 
 
-@pytest.mark.parametrize("status", [200, 403])
+@pytest.mark.parametrize("status", [200, 401, 403])
 def test_a_refusal_from_a_facilitator_that_sent_the_transfer_is_not_a_failure(
         agent, report, chain, settings, status):
     payer, purchase, auth, _sig, r = _pay_through(
