@@ -98,11 +98,17 @@ def _answer(request, purchase: Purchase, op: PaymentOperation, *, replayed: bool
                           request, purchase, error=op.reason or "payment_failed"),
                           _EXPOSE: f"{PAYMENT_REQUIRED_HEADER}, {PAYMENT_RESPONSE_HEADER}"},
                       extra={"reason": op.reason or None})
-    code = ("settlement_pending" if op.outcome == Outcome.AWAITING_PROVIDER
-            else "payment_unknown")
+    if op.outcome == Outcome.AWAITING_PROVIDER:
+        code, detail = ("settlement_pending", f"Your payment was sent and is waiting for "
+                        f"confirmation on {_network_words(op)}. Don't pay again.")
+    else:
+        # Not known to be sent, nor known not to be: the signed authorization may still
+        # land until it expires on chain. Never "nothing was charged" before then.
+        code, detail = ("payment_unknown", f"Your payment's outcome is not known yet: it "
+                        f"may still be transferred on {_network_words(op)} until the "
+                        f"authorization expires. Don't pay again; GET this again later.")
     return Response({"code": code, "operation": op.id, "outcome": op.outcome,
-                     "detail": f"Your payment was sent and is waiting for confirmation on "
-                               f"{_network_words(op)}. Don't pay again.",
+                     "detail": detail,
                      "next_action": presenters.operation_view(op)["next_action"]},
                     status=202, headers={**headers, "Retry-After": "5"})
 

@@ -330,6 +330,32 @@ def _success_read_back(op: PaymentOperation) -> ProviderObject | None:
     return obj
 
 
+def _is_facilitator_refusal(answer: adapter.SettleAnswer) -> bool:
+    """A refusal that is only the facilitator's word: an `invalid_*` verdict, or a refused
+    credential (401/403). Not a connection Verity itself saw refused (nothing left it)."""
+    return (answer.kind == adapter.SettleKind.INVALID
+            or (answer.kind == adapter.SettleKind.NOT_SENT and answer.http_status is not None))
+
+
+def _refusal_read_back(op: PaymentOperation, answer: adapter.SettleAnswer) -> ProviderObject:
+    """After a facilitator's refusal: the chain decides, never the refusal. A facilitator
+    may broadcast the transfer (or keep the signed authorization and send it later) and
+    still answer a refusal. The chain's view is applied when it has one (the transfer
+    proven or in flight; cancelled, expired or used elsewhere, each at the confirmation
+    depth); while the authorization is unused and still valid it may land at any time, so
+    the operation is unknown and the reconciler keeps reading it until it lands or can no
+    longer be used -- never failed on the refusal alone."""
+    result = x402_read_back(op)
+    obj = result.object
+    if (result.classification == Classification.OK and obj is not None
+            and obj.status not in (adapter.ChainStatus.UNUSED, adapter.ChainStatus.UNKNOWN)):
+        return obj
+    return adapter.X402Transfer(adapter.OBJECT_TYPE, id=answer.transaction,
+                                status=adapter.ChainStatus.UNKNOWN, amount=op.amount,
+                                currency=op.currency,
+                                metadata={"operation_id": op.id, "purchase_id": op.purchase_id})
+
+
 def _search_from_block(op: PaymentOperation) -> int | None:
     auth = X402Authorization.objects.filter(pk=op.id).only("settle_answer").first()
     return (auth.settle_answer or {}).get("search_from_block") if auth else None
@@ -355,6 +381,8 @@ def _settle_outside_transaction(op: PaymentOperation, call: ProviderCall,
     obj = _answer_object(op, answer)
     if answer.kind == adapter.SettleKind.SUCCESS:
         obj = _success_read_back(op) or obj
+    elif _is_facilitator_refusal(answer):
+        obj = _refusal_read_back(op, answer)
     operation_apply_observation(operation_id=op.id, obj=obj, source=Verification.PROVIDER,
                                 cause=f"settle_{answer.kind}")
     if PaymentOperation.objects.filter(id=op.id, outcome=Outcome.DISPATCHING).exists():

@@ -545,19 +545,38 @@ class ChainReader:
                 return ChainView(status, transaction=used_by, block_number=block,
                                  confirmations=confs, proof_log_index=int(proof["logIndex"]),
                                  **common)
-            if self._auth_log("AuthorizationCanceled", payer, nonce, latest,
-                              from_block) is not None:
-                return ChainView(ChainStatus.CANCELED, transaction=transaction, **common)
+            canceled = self._auth_log("AuthorizationCanceled", payer, nonce, latest,
+                                      from_block)
+            if canceled is not None:
+                # "Never paid" only once the cancel is as deep as a payment would have to
+                # be: a reorg of a shallower block takes the cancel back out, and the
+                # signed authorization can then still land.
+                confs = latest - int(canceled["blockNumber"]) + 1
+                status = (ChainStatus.CANCELED if confs >= self.confirmations
+                          else ChainStatus.PENDING)
+                return ChainView(status, transaction=transaction, **common)
             # Used, but the log lies outside the lookback window: the signed transfer
             # happened somewhere; wait for a person or a wider search, never failed.
             return ChainView(ChainStatus.PENDING, transaction=transaction, **common)
-        if chain_time >= valid_before:
+        if chain_time >= valid_before and self._final_time(latest) >= valid_before:
             # No block at or after validBefore can include the transfer (EIP-3009 requires
-            # block.timestamp < validBefore): provably never moved money.
+            # block.timestamp < validBefore), and the block that passed validBefore is as
+            # deep as a payment would have to be: a reorg that brings the chain back
+            # before validBefore (and lets the transfer land) is one Verity waits out.
+            # Unused at `latest` and every block after the final one past validBefore:
+            # provably never moved money.
             return ChainView(ChainStatus.EXPIRED, transaction=transaction, **common)
         # Unused and still valid: pending in a mempool, dropped, reverted (a blacklist
         # can be lifted) -- none of them is a failure while the authorization is usable.
         return ChainView(ChainStatus.UNUSED, transaction=transaction, **common)
+
+    def _final_time(self, latest: int) -> int:
+        """The timestamp of the newest block at least X402_CONFIRMATIONS deep (-1: the
+        chain is not that long yet)."""
+        final = latest - self.confirmations + 1
+        if final < 0:
+            return -1
+        return int(self.w3.eth.get_block(final)["timestamp"])
 
     def count_transfers(self, *, payer: str, to: str) -> int:
         """Test/drill helper: confirmed ERC-20 Transfer events payer -> to on chain."""
