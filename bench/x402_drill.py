@@ -214,6 +214,8 @@ def main() -> int:
 
     if not only or "batched_transaction" in only:
         rows.append(batched_attack(http, purchase, chain, judge, product.price * 10**4))
+    if not only or "reorg_after_fulfilment" in only:
+        rows.append(reorg_after_fulfilment(http, purchase, chain, product.price * 10**4))
     # The whole run at once: every log claimed once, nothing counted that did not arrive,
     # every arrival of one of Verity's authorizations counted.
     audit = judge.audit(claims_from_rows(X402Authorization.objects.filter(
@@ -284,6 +286,52 @@ def batched_attack(http, purchase, chain, judge, price: int) -> Row:
         row.violation = f"{len(succeeded)} purchases paid by {transfers} transfer(s)"
     elif ops[1].outcome != "succeeded":
         row.violation = "the genuine transfer did not pay its purchase"
+    return row
+
+
+def reorg_after_fulfilment(http, purchase, chain, price: int) -> Row:
+    """Paid and delivered at one confirmation; then the payment's block is replaced
+    (anvil_reorg) and the payer cancels the authorization: the transfer is gone for good.
+    The finality sweep must turn it into a discrepancy with an owner: failed, support's,
+    revenue reversed (the purchase's ledger nets to zero), goods withdrawn, customer told."""
+    from django.db.models import Sum
+
+    from payments.models import PaymentOperation, X402Authorization
+    from payments.services.x402_finality import x402_finality_sweep
+    from recovery.models import EmailMessage, LedgerEntry
+    from recovery.relay import relay_drain
+    from tests.x402.chain import SIGNATURE, sign
+
+    payer = chain.new_payer()
+    pid = purchase()
+    required = http.get(f"/api/v1/purchases/{pid}/deliverable").headers["PAYMENT-REQUIRED"]
+    header, auth = sign(required, payer)
+    recorded = http.get(f"/api/v1/purchases/{pid}/deliverable", **{SIGNATURE: header})
+    relay_drain()
+    delivered = http.get(f"/api/v1/purchases/{pid}/deliverable").status_code == 200
+    op = PaymentOperation.objects.get(purchase_id=pid, kind="charge")
+    block = X402Authorization.objects.get(pk=op.id).block_number
+    chain.reorg(int(chain.w3.eth.block_number) - int(block) + 1)
+    chain.refill_facilitator_nonce()
+    chain.cancel_authorization(payer, auth["nonce"])
+    chain.mine()
+    swept = x402_finality_sweep()
+    relay_drain()
+    op.refresh_from_db()
+    transfers = chain.transfers(payer.address, price)
+    ledger = (LedgerEntry.objects.filter(purchase_id=pid, account="provider_balance")
+              .aggregate(s=Sum("amount"))["s"] or 0)
+    served = http.get(f"/api/v1/purchases/{pid}/deliverable").status_code == 200
+    told = EmailMessage.objects.filter(purchase_id=pid, kind="payment_reversed").exists()
+    row = Row("reorg_after_fulfilment", f"{recorded.status_code} delivered={delivered}",
+              transfers, f"succeeded -> {op.outcome} ({op.next_action_owner}) {swept}",
+              op.reason or "")
+    if op.outcome == "succeeded" and not transfers:
+        row.violation = "succeeded and delivered, the transfer is gone (a silent state)"
+    elif op.outcome == "failed" and not (op.next_action_owner == "support" and ledger == 0
+                                         and not served and told):
+        row.violation = (f"no full discrepancy: owner={op.next_action_owner} ledger={ledger} "
+                         f"served={served} told={told}")
     return row
 
 
