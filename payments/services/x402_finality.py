@@ -14,8 +14,8 @@ used elsewhere, expired) while its transfer is gone turns the payment into a dis
 with an owner, never a silent state: the operation is `failed`
 (`transfer_reversed_on_chain`, owner support, cause X402_VANISHED_CAUSE), the purchase
 goes to manual review, the console lists it (support queue `x402_transfers_reversed`),
-`verity_x402_transfers_reversed` counts it (from the history rows) (alert VerityX402TransferReversed), and the
-settled message reverses the revenue in the ledger, unwinds the goods and tells the
+`verity_x402_transfers_reversed_open` counts it (alert VerityX402TransferReversed), and
+the settled message reverses the revenue in the ledger, unwinds the goods and tells the
 customer (recovery.orchestrator). A transfer that left the chain but may still land
 (the authorization unused and valid) is read again, not judged.
 """
