@@ -3,8 +3,10 @@
 Used by bench/soak.py every 30 s during the run (`live=True`: only what must hold at every
 instant) and after the system drained (everything). Needs Django set up against the soak's
 database and the provider base URL in settings (the provider itself, not the soak's fault
-proxy). With the x402 rail on (X402_ENABLED and X402_RPC_URL), the chain is read too: the
-token's AuthorizationUsed and Transfer logs against Verity's x402 rows. Prints one table;
+proxy). With the x402 rail on (X402_ENABLED and X402_RPC_URL), the chain is read too, by
+bench/x402_judge.py (raw JSON-RPC logs and call traces, none of Verity's proof code): each
+counted x402 payment has the Transfer log its own authorization emitted, no log counts
+twice, and what Verity counts equals what its payers sent to pay_to. Prints one table;
 returns violations.
 
 Each invariant is one function registered with `@invariant(rule, when)`: `check()` runs
