@@ -3,8 +3,10 @@
 Used by bench/soak.py every 30 s during the run (`live=True`: only what must hold at every
 instant) and after the system drained (everything). Needs Django set up against the soak's
 database and the provider base URL in settings (the provider itself, not the soak's fault
-proxy). With the x402 rail on (X402_ENABLED and X402_RPC_URL), the chain is read too: the
-token's AuthorizationUsed and Transfer logs against Verity's x402 rows. Prints one table;
+proxy). With the x402 rail on (X402_ENABLED and X402_RPC_URL), the chain is read too, by
+bench/x402_judge.py (raw JSON-RPC logs and call traces, none of Verity's proof code): each
+counted x402 payment has the Transfer log its own authorization emitted, no log counts
+twice, and what Verity counts equals what its payers sent to pay_to. Prints one table;
 returns violations.
 
 Each invariant is one function registered with `@invariant(rule, when)`: `check()` runs
@@ -454,9 +456,12 @@ def _chain_snapshot() -> ChainSnapshot | None:
 
 
 class X402Facts:
-    """Verity's x402 authorizations against the snapshot of the chain."""
+    """Verity's x402 authorizations against the chain, judged by bench.x402_judge: which
+    Transfer log to pay_to each authorization's own call emitted (the call trace), read
+    with raw JSON-RPC. Never Verity's proof code, never its proof columns."""
 
     def __init__(self, snap: ChainSnapshot) -> None:
+        from bench.x402_judge import claims_from_rows, judge_from_env
         from payments.enums import Rail
         from payments.models import PaymentOperation, X402Authorization
 
@@ -464,13 +469,12 @@ class X402Facts:
         self.auths = {(a.payer.lower(), a.nonce.lower()): a
                       for a in X402Authorization.objects.select_related("operation")}
         self.ops = PaymentOperation.objects.filter(rail=Rail.X402)
-        # A payment is the Transfer(payer -> pay_to, value) log in the transaction that used
-        # the authorization's nonce (issue 31): a used nonce alone may be a transfer elsewhere.
-        self.moved = {(frm.lower(), value, tx) for frm, value, tx in snap.transfers}
+        self.claims = claims_from_rows(self.auths.values())
+        self.judge = judge_from_env()
+        self.audit = self.judge.audit(self.claims)
 
     def paid(self, key, a) -> bool:
-        tx = self.snap.used.get(key)
-        return bool(tx) and (a.payer.lower(), int(a.value), tx) in self.moved
+        return self.audit.paid.get(a.operation_id) is not None
 
     def used_now(self, a) -> bool:  # the snapshot was read first: look again before it counts
         return self.snap.chain.authorization_used(a.payer, a.nonce)
@@ -509,13 +513,41 @@ def _x402_transfers_known(f: Facts, x: X402Facts, rep: Report) -> None:
             " ".join(f"{k}:{v}" for k, v in sorted(by_outcome.items())))
     rep.add("x402 transfers on chain (to pay_to)", len(x.snap.transfers))
     rep.add("x402 payments made (succeeded)", by_outcome.get(Outcome.SUCCEEDED, 0))
-    used_tx = {tx: key for key, tx in x.snap.used.items()}
-    unknown_transfers = [tx for _frm, _v, tx in x.snap.transfers
-                         if used_tx.get(tx) not in x.auths]
-    rep.add("x402 transfers unknown to Verity", len(unknown_transfers), "must be 0",
-            ok=not unknown_transfers)
-    for tx in unknown_transfers[:5]:
-        rep.add(f"  {tx}", "", "Transfer to pay_to without a Verity authorization")
+    # Arrivals from Verity's payers that no authorization of Verity's explains (a payer's
+    # own transfer, another of its nonces): money Verity did not ask for, reported.
+    rep.add("x402 arrivals no Verity authorization explains", len(x.audit.unexplained),
+            "reported")
+    for a in x.audit.unexplained[:5]:
+        rep.add(f"  {a.transaction}#{a.log_index}", a.value, f"from {a.sender}")
+
+
+@x402_invariant("x402-each-log-claimed-once")
+def _x402_each_log_claimed_once(f: Facts, x: X402Facts, rep: Report) -> None:
+    """Each operation Verity counts as paid has the Transfer log its own authorization
+    emitted; each log (transaction, log index) is claimed once; Verity never counts more
+    than arrived from its payers (bench.x402_judge, from the raw chain)."""
+    rep.add("x402 counted as received (atomic)", x.audit.counted, "reported")
+    rep.add("x402 Transfer logs to pay_to from Verity's payers (atomic)", x.audit.received,
+            "at least the counted")
+    rep.add("x402 claims the raw chain contradicts", len(x.audit.violations), "must be 0",
+            ok=not x.audit.violations)
+    for v in x.audit.violations[:5]:
+        rep.add(f"  {v[:100]}", "", "")
+
+
+@x402_invariant("x402-received-equals-counted", When.DRAINED)
+def _x402_received_equals_counted(f: Facts, x: X402Facts, rep: Report) -> None:
+    """Drained: what arrived from Verity's payers is what Verity counts, but for arrivals
+    no authorization of Verity's explains; an authorization's arrival is counted."""
+    settled = x.judge.audit(x.claims, settled=True)
+    extra = sum(a.value for a in settled.unexplained)
+    rep.add("x402 received - counted - unexplained (atomic)",
+            settled.received - settled.counted - extra, "must be 0",
+            ok=settled.received - settled.counted - extra == 0)
+    late = [v for v in settled.violations if "does not count it" in v]
+    rep.add("x402 transfers arrived, payment not counted", len(late), "must be 0", ok=not late)
+    for v in late[:5]:
+        rep.add(f"  {v[:100]}", "", "")
 
 
 @x402_invariant("x402-one-transfer-per-purchase")

@@ -191,6 +191,10 @@ class Reason(models.TextChoices):
     # x402: the payer's nonce was used by a transaction that paid Verity nothing
     # (EIP-3009 nonces are shared by all of the payer's transfers): never a payment.
     AUTHORIZATION_USED_ELSEWHERE = "authorization_used_elsewhere"
+    # x402: a succeeded payment's transfer left the chain before its block was final (a
+    # reorg) and the authorization can no longer move money (cancelled, used elsewhere,
+    # expired): the payment that was counted never happened (payments.services.x402_finality).
+    TRANSFER_REVERSED_ON_CHAIN = "transfer_reversed_on_chain"
     # x402: the facilitator's verify refused the authorization (invalid_* reasons).
     AUTHORIZATION_INVALID = "authorization_invalid"
     INSUFFICIENT_BALANCE = "insufficient_balance"

@@ -491,6 +491,9 @@ class X402Authorization(models.Model):
     # database refuses a second claim (x402_one_op_per_proving_log).
     proof_transaction = models.CharField(max_length=66, blank=True, default="")
     proof_log_index = models.PositiveIntegerField(null=True, blank=True)
+    # When the proving log's block became final (the RPC's `finalized` tag, or the
+    # network's depth): until then a succeeded payment is read again (x402_finality).
+    final_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

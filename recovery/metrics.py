@@ -343,6 +343,26 @@ def _x402_gauges(now):
     yield GaugeMetricFamily("verity_x402_pending_oldest_age_seconds",
                             "Age of the oldest x402 settlement not yet confirmed",
                             value=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0)
+    # Successes the chain took back after the deliverable went out (a reorg, then the
+    # payer's cancel): all time (history rows are append-only) and those support has not
+    # reviewed yet; and proving logs another operation already claimed (someone tried to
+    # count one transfer twice). payments.services.x402_finality, .x402_reads.
+    from payments.services.x402_finality import X402_VANISHED_CAUSE, x402_transfers_reversed
+    from payments.services.x402_reads import PROOF_CLAIM_REFUSED_CAUSE
+
+    yield GaugeMetricFamily("verity_x402_transfers_reversed",
+                            "x402 payments whose transfer left the chain after success "
+                            "(all time)",
+                            value=OperationTransition.objects.filter(
+                                cause=X402_VANISHED_CAUSE, field="outcome").count())
+    yield GaugeMetricFamily("verity_x402_transfers_reversed_open",
+                            "x402 payments the chain took back, not yet reviewed by support",
+                            value=x402_transfers_reversed().count())
+    yield GaugeMetricFamily("verity_x402_proof_claims_refused",
+                            "Reads whose proving log another operation already claimed "
+                            "(all time)",
+                            value=OperationTransition.objects.filter(
+                                cause=PROOF_CLAIM_REFUSED_CAUSE).count())
     yield from _x402_refund_float_gauges()
 
 

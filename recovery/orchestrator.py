@@ -38,6 +38,7 @@ from payments.enums import (
     PurchaseStatus,
 )
 from payments.locks import lock_operation
+from payments.services.x402_finality import X402_VANISHED_CAUSE
 from payments.models import PaymentOperation, Product, Purchase
 from payments.money import format_money
 from payments.selectors import purchase_money
@@ -681,6 +682,46 @@ def _unwind_after_overturn(op) -> None:
         purchase_goods_unwind(
             purchase_id=op.purchase_id, tell_customer=False,
             detail=f"payment {op.id} overturned by the provider: order cancelled")
+    elif op.transitions.filter(cause=X402_VANISHED_CAUSE, target=Outcome.FAILED).exists():
+        # The chain took an x402 transfer back after the deliverable went out (a reorg,
+        # then the payer's cancel): no money came, nothing of it stays live, and the
+        # buyer is told why (once), with a way to pay again.
+        purchase_goods_unwind(
+            purchase_id=op.purchase_id, tell_customer=False,
+            detail=f"x402 payment {op.id}: its transfer left the chain before it was "
+                   f"final: order cancelled")
+        email = _reversed_payment_recorded(op.purchase_id)
+        if email is not None:
+            transaction.on_commit(lambda: _reversed_payment_send(email))
+
+
+def _reversed_payment_recorded(purchase_id: str) -> EmailMessage | None:
+    purchase = Purchase.objects.filter(id=purchase_id).only("customer_email").get()
+    if not purchase.customer_email:
+        return None
+    subject = f"Purchase {purchase_id}: your payment did not complete, your order is cancelled"
+    email, created = EmailMessage.objects.get_or_create(
+        purchase_id=purchase_id, kind="payment_reversed",
+        defaults={"to": purchase.customer_email, "subject": subject[:200]})
+    return email if created else None
+
+
+def _reversed_payment_send(email: EmailMessage) -> None:
+    body = (f"The on-chain transfer that paid for purchase {email.purchase_id} was undone "
+            f"by the network before it became final, and the authorization was cancelled, "
+            f"so no money reached us. Your order is cancelled and the report is no longer "
+            f"available. If you still want it, pay again from the status page.\n\n"
+            f"Status: {_status_url(email.purchase_id)}\n"
+            f"Questions: {settings.SUPPORT_CONTACT}\n")
+    try:
+        send_mail(email.subject, body, settings.DEFAULT_FROM_EMAIL, [email.to],
+                  fail_silently=False)
+    except Exception:  # at most once: a person sees the unsent row, nothing resends it
+        log.warning("payment-reversed e-mail not sent purchase=%s", email.purchase_id,
+                    exc_info=True)
+        return
+    EmailMessage.objects.filter(id=email.id, sent_at__isnull=True).update(
+        sent_at=timezone.now())
 
 
 def step_resolve(*, purchase_id: str, step: str, resolution: str, actor: str,

@@ -28,6 +28,18 @@ def sweep_dead_dispatches() -> int:
     return run()
 
 
+@shared_task(name="recovery.x402_finality", ignore_result=True)
+def x402_finality() -> dict:
+    """Succeeded x402 payments read again until their block is final (docs/x402.md)."""
+    from django.conf import settings
+
+    if not settings.X402_ENABLED:
+        return {}
+    from payments.services.x402_finality import x402_finality_sweep
+
+    return x402_finality_sweep()
+
+
 @shared_task(name="recovery.resume_stalled_fulfilment", ignore_result=True)
 def resume_stalled_fulfilment() -> int:
     from recovery.reconciler import resume_stalled_fulfilment as run

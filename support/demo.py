@@ -226,6 +226,12 @@ def demo_cases_seed() -> list[tuple[str, str]]:
                 target=O.SUCCEEDED, cause=OVERTURN_CAUSE, actor="webhook:evt_demo_overturn",
                 evidence={"overturned": {"outcome": "failed", "actor": "demo-operator",
                                          "reason": "demo: buyer said declined"}})
+        # An x402 payment whose transfer the chain took back after delivery (its queue).
+        _purchase("x402-transfer-reversed", S.MANUAL_REVIEW, [{
+            "outcome": O.FAILED, "stage": Stage.SETTLED, "grade": Grade.CONFIRMED,
+            "verification": Verification.PROVIDER, "rail": "x402",
+            "reason": "transfer_reversed_on_chain", "next_action_owner": "support",
+            "settled_at": timezone.now()}], False, client)
         dup = _purchase("duplicate-charge", S.PAID, [_OK, {**_OK, "is_duplicate": True}],
                         False, client)
         dup_op = dup.operations.filter(is_duplicate=True).first()

@@ -507,6 +507,19 @@ def _overturned_row(op, now) -> QueueItem:
                      "support")
 
 
+def _x402_reversed_operations(now=None):
+    from payments.services.x402_finality import x402_transfers_reversed
+
+    return x402_transfers_reversed()
+
+
+def _x402_reversed_row(op, now) -> QueueItem:
+    return QueueItem(op.settled_at or op.updated_at, "operation", op.id, op.purchase_id,
+                     f"x402 payment {_money(op.amount, op.currency)}: its transfer left the "
+                     f"chain before it was final", "support", anchor=op.id,
+                     action="Check what followed, then mark it reviewed")
+
+
 def _duplicate_row(op, now) -> QueueItem:
     comp = (PaymentOperation.objects.filter(parent=op, is_compensation=True)
             .order_by("-created_at").first())
@@ -605,6 +618,13 @@ for _spec in [
               "operation now shows the provider's outcome. Check what followed.",
               runbook="manual-resolution-overturned",
               parts=(QueuePart(overturned_operations, "settled_at", each(_overturned_row)),)),
+    QueueSpec("x402_transfers_reversed", "x402 payments the chain took back", Action.VIEW,
+              "A succeeded x402 payment whose transfer left the chain before its block was "
+              "final (a reorg, then the payer cancelled): revenue reversed, goods unwound, "
+              "customer told. Check what followed and mark it reviewed.",
+              runbook="x402-transfer-reversed",
+              parts=(QueuePart(_x402_reversed_operations, "settled_at",
+                               each(_x402_reversed_row)),)),
     QueueSpec("duplicates", "Duplicate charges", Action.VIEW,
               "A second confirmed charge on one purchase, and the linked refund or void "
               "that returns it.",

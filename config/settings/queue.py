@@ -110,6 +110,8 @@ CELERY_BEAT_SCHEDULE = {
     "disputes-refresh": {"task": "recovery.disputes_refresh_open",
                          "schedule": env.float("DISPUTE_REFRESH_SWEEP_SECONDS",
                                                default=3600.0)},
+    "x402-finality": {"task": "recovery.x402_finality",
+                      "schedule": env.float("X402_FINALITY_SWEEP_SECONDS", default=30.0)},
     "retention-prune": {"task": "recovery.retention_prune",
                         "schedule": env.float("RETENTION_SWEEP_SECONDS", default=600.0)},
 }

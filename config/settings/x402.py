@@ -20,6 +20,11 @@ X402_MAX_TIMEOUT_SECONDS = env.int("X402_MAX_TIMEOUT_SECONDS", default=300)
 X402_MIN_VALIDITY_SECONDS = env.int("X402_MIN_VALIDITY_SECONDS", default=30)
 # A transfer counts as succeeded once its block has this many confirmations.
 X402_CONFIRMATIONS = env.int("X402_CONFIRMATIONS", default=1)
+# A succeeded payment is read again until its block is final: the RPC's `finalized` tag
+# where it has one, else this many blocks deep (0: the network's confirmations floor,
+# config/settings/security.py). A transfer gone by then is a discrepancy (docs/x402.md).
+X402_FINALITY_BLOCKS = env.int("X402_FINALITY_BLOCKS", default=0)
+X402_FINALITY_SWEEP_BATCH = env.int("X402_FINALITY_SWEEP_BATCH", default=200)
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT", default=30.0)
 # A hosted facilitator's credential (docs/x402.md#hosted-facilitators), one of two kinds,
 # never both (config/settings/security.py refuses it). Secrets: environment only.

@@ -212,7 +212,8 @@ def operation_overturn_review(*, operation_id: str, actor: str, reason: str) -> 
     with transaction.atomic():
         purchase, op = _lock_or_404(operation_id)
         if (op.next_action_owner != Owner.SUPPORT
-                or not op.transitions.filter(cause=OVERTURN_CAUSE).exists()):
+                or not op.transitions.filter(
+                    cause__in=(OVERTURN_CAUSE, "x402_transfer_reversed")).exists()):
             raise DomainError(ErrorCode.NOT_OVERTURNED, "This operation has no overturn waiting for "
                               "review.", status=409, owner=Owner.NONE, operation=op.id,
                               purchase=purchase.id)

@@ -16,6 +16,7 @@ from django.db import IntegrityError, transaction
 from ..enums import PAYMENT_KINDS, Classification, OperationKind, Outcome
 from ..models import PaymentOperation, X402Authorization, X402RefundTransfer
 from ..providers.base import CallResult
+from .common import transition_record
 from ..providers.x402 import (
     OBJECT_TYPE,
     ChainStatus,
@@ -26,6 +27,9 @@ from ..providers.x402 import (
 )
 
 log = logging.getLogger(__name__)
+
+# The history row of a read whose proving log another operation already claimed.
+PROOF_CLAIM_REFUSED_CAUSE = "x402_proof_claim_refused"
 
 
 def x402_operation_read_back(op: PaymentOperation) -> CallResult:
@@ -73,6 +77,14 @@ def x402_read_back(op: PaymentOperation) -> CallResult:
         log.error("x402 operation %s: its proving log %s#%s is already counted for "
                   "operation %s; not paid by it", op.id, view.transaction,
                   view.proof_log_index, owner)
+        # Someone tried to count one transfer twice: on the operation's history (the
+        # metric verity_x402_proof_claims_refused and its alert count these rows).
+        transition_record(purchase_id=op.purchase_id, operation=op, field="outcome",
+                          source=op.outcome, target=op.outcome,
+                          cause=PROOF_CLAIM_REFUSED_CAUSE, actor="reconciler",
+                          evidence={"proof_transaction": view.transaction,
+                                    "proof_log_index": view.proof_log_index,
+                                    "claimed_by": owner})
         # No verdict: a log that pays another operation never pays this one; a person
         # decides (the operation stays open, in the unknown queue).
         return CallResult(Classification.UNKNOWN,

@@ -45,7 +45,13 @@ provider-confirmed for the moment of the retry, as the project's tests do). The 
 lifts a duplicate guard with the code e-mailed from the status page (`buyer_lifts_the_guard`);
 the agent, with its answers and the status link, finds no code. A refund the provider
 refuses (`http_400_refused`) is `failed` `provider_refused`. x402 payments are judged per
-operation (`Chain.operation_paid`). Defects found and still open are listed in
+operation (`Chain.operation_paid`) and, all together, by the raw-chain judge
+(bench/x402_judge.py: JSON-RPC logs and call traces, never Verity's proof): each counted
+payment has the log its own authorization emitted, no log counts twice, never more counted
+than arrived. Two x402 attacks are rules: one batched transaction carrying one genuine
+transfer and a self-transfer signed with another pending authorization's nonce
+(`batched_x402_transaction`), and a reorg after fulfilment, with or without the payer's
+cancel (`x402_reorg_after_fulfilment`). Defects found and still open are listed in
 OPEN_DEFECTS and reproduced in test_found_by_machine.py.
 
 The outbox rerun: a write whose dedupe key meets a message a relay has claimed flags it,
@@ -109,7 +115,13 @@ from payments.enums import (
     PurchaseStatus,
     Verification,
 )
-from payments.models import Hold, PaymentOperation, Purchase, X402Authorization
+from payments.models import (
+    Hold,
+    OperationTransition,
+    PaymentOperation,
+    Purchase,
+    X402Authorization,
+)
 from payments.enums import Rail
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
@@ -660,6 +672,129 @@ class LifecycleMachine(RuleBasedStateMachine):
             if mode == "pending":
                 self.chain.automine(True)
                 self.chain.mine()
+
+    @precondition(lambda self: X402)
+    @rule(shop=st.integers(0, 1), cancel=st.booleans())
+    def x402_reorg_after_fulfilment(self, shop, cancel):
+        """A fresh x402 purchase paid and delivered at one confirmation; its block (the
+        head, so nothing else of the example is touched) is then replaced by anvil_reorg.
+        With `cancel` the payer cancels the authorization (the transfer can never come
+        back); without, the signed authorization is submitted again and mined in a later
+        block (still paid, the new proving log recorded). The finality sweep runs; the invariants
+        then judge the purchase on the raw chain like any other."""
+        from payments.providers.x402 import decode_header
+        from payments.services.x402_finality import x402_finality_sweep
+        from tests.x402.chain import SIGNATURE, sign
+
+        api = self.shops[shop]
+        r = api.purchase(api.quote(self.report.sku).json(),
+                         f"reorg-{len(self.x402_purchases)}-{self.tag}")
+        assert r.status_code == 201, r.content
+        pid = r.json()["id"]
+        self.purchases.append((pid, shop))
+        self.x402_purchases.append(pid)
+        payer = self.chain.new_payer()
+        header, auth = sign(api.get(f"purchases/{pid}/deliverable").headers[
+            "PAYMENT-REQUIRED"], payer)
+        self.x402_signed.append((pid, header))
+        _no_5xx(api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header}))
+        _settle_outbox_quietly()
+        row = X402Authorization.objects.filter(operation__purchase_id=pid).first()
+        if row is None or not row.transaction_hash:
+            _event("x402_reorg_after_fulfilment: not settled")
+            return
+        block = int(self.chain.w3.eth.get_transaction_receipt(row.transaction_hash)[
+            "blockNumber"])
+        if int(self.chain.w3.eth.block_number) != block:
+            _event("x402_reorg_after_fulfilment: not at the head")
+            return  # a reorg would take others' transfers too
+        self.chain.reorg(1)
+        self.chain.refill_facilitator_nonce()
+        if cancel:
+            self.chain.cancel_authorization(payer, auth["nonce"])
+        else:
+            # As on a real chain, where a reorged-out transaction goes back to the pool
+            # (anvil drops it): the signed authorization is submitted again by anyone.
+            self._resubmit(auth, decode_header(header)["payload"]["signature"])
+        self.chain.mine()
+        swept = x402_finality_sweep()
+        _settle_outbox_quietly()
+        op = PaymentOperation.objects.get(id=row.operation_id)
+        _event(f"x402_reorg_after_fulfilment: cancel={cancel} {swept} -> {op.outcome} "
+               f"{op.reason}")
+        if cancel:
+            assert (op.outcome, op.reason, op.next_action_owner) == (
+                "failed", "transfer_reversed_on_chain", "support"), (op.outcome, op.reason)
+        else:  # mined again: still paid, the new proving log recorded
+            row.refresh_from_db()
+            assert op.outcome == "succeeded", (op.outcome, op.reason)
+            assert row.proof_transaction and row.block_number is not None
+
+    def _resubmit(self, auth: dict, signature: str) -> None:
+        from web3 import Web3
+
+        fn = self.chain.token.get_function_by_signature(
+            "transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,"
+            "uint8,bytes32,bytes32)")
+        sig = bytes.fromhex(signature[2:])
+        fn(Web3.to_checksum_address(auth["from"]), Web3.to_checksum_address(auth["to"]),
+           int(auth["value"]), int(auth["validAfter"]), int(auth["validBefore"]),
+           bytes.fromhex(auth["nonce"][2:]), sig[64], sig[:32], sig[32:64]
+           ).transact({"from": self.chain.admin})
+
+    @precondition(lambda self: X402)
+    @rule(shop=st.integers(0, 1), order=st.booleans(), reconcile_first=st.booleans())
+    def batched_x402_transaction(self, shop, order, reconcile_first):
+        """The payer signs N for one purchase and M for another; both settles are left
+        pending (a slow chain); the payer's own ONE transaction through a forwarder
+        contract carries M's genuine transfer and a 1-unit self-transfer signed with N
+        (in either order). One transfer arrived: the judges below must see at most one
+        purchase paid by it, whatever Verity reads first."""
+        from payments.providers.x402 import decode_header
+        from tests.x402.chain import SIGNATURE, sign
+
+        api = self.shops[shop]
+        pids = []
+        for k in range(2):  # two buyers of one agent platform: no duplicate guard between
+            r = api.purchase(api.quote(self.report.sku).json(),
+                             f"batch{k}-{len(self.x402_purchases)}-{self.tag}")
+            assert r.status_code == 201, r.content
+            pids.append(r.json()["id"])
+            self.purchases.append((pids[-1], shop))
+            self.x402_purchases.append(pids[-1])
+        payer = self.chain.new_payer()
+        if not getattr(self, "forwarder", None):
+            self.forwarder = self.chain.deploy_forwarder()
+        signed = []
+        for pid in pids:
+            unpaid = api.get(f"purchases/{pid}/deliverable")
+            required = unpaid.headers.get("PAYMENT-REQUIRED")
+            if unpaid.status_code != 402 or not required:
+                return
+            signed.append(sign(required, payer))
+        (header_n, auth_n), (header_m, auth_m) = signed
+        self.chain.automine(False)
+        try:
+            for pid, (header, _auth) in zip(pids, signed):
+                self.x402_signed.append((pid, header))
+                _no_5xx(api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header}))
+            genuine = (auth_m, decode_header(header_m)["payload"]["signature"])
+            self_n = self.chain.authorization_for(payer, to=payer.address, value=1,
+                                                  nonce=auth_n["nonce"])
+            calls = [genuine, self_n] if order else [self_n, genuine]
+            self.chain.batch_transfers(self.forwarder, calls,
+                                       gas_price=self.chain.w3.eth.gas_price * 20)
+            self.chain.mine()
+        finally:
+            self.chain.automine(True)
+            self.chain.mine()
+        ops = list(PaymentOperation.objects.filter(purchase_id__in=pids, kind__in=PAYMENT_KINDS,
+                                                   rail="x402").order_by("created_at"))
+        for op in (ops if reconcile_first else reversed(ops)):
+            services.operation_reconcile(operation_id=op.id, actor="machine")
+        _no_5xx(api.get(f"purchases/{pids[0]}/deliverable", **{SIGNATURE: header_n}))
+        _event(f"batched_x402_transaction: "
+               f"{[PaymentOperation.objects.get(id=o.id).outcome for o in ops]}")
 
     @precondition(lambda self: X402 and self.x402_purchases)
     @rule(i=st.integers(0, 99), partial=st.booleans(),
@@ -2149,13 +2284,37 @@ class LifecycleMachine(RuleBasedStateMachine):
                     assert not paid[op.id], (op.id, op.reason, "failed, but the chain paid")
             payers = {a.payer for a in auths}
             back = sum(self.chain.transfers_back(payer) for payer in payers)
+            # One payer may pay several purchases (an agent's wallet; the batched
+            # transaction signs two): its transfers back are claimed by the refunds of any.
+            to_payers = Q()
+            for payer in payers:
+                to_payers |= Q(to_address__iexact=payer)
+            claimed_back = X402RefundTransfer.objects.filter(to_payers).exclude(
+                transaction_hash="").count() if payers else 0
+            assert back <= claimed_back, f"{pid}: {back} transfers back, {claimed_back}"
             claimed = X402RefundTransfer.objects.filter(operation__purchase_id=pid).exclude(
                 transaction_hash="")
-            assert back <= claimed.count(), f"{pid}: {back} transfers back, {claimed.count()}"
             for row in claimed.select_related("operation"):
                 if (row.operation.outcome == Outcome.SUCCEEDED
                         and row.operation.grade == Grade.CONFIRMED):
                     assert self.chain.transfers_back(row.to_address) >= 1, row.operation_id
+
+    @invariant()
+    def x402_counted_is_what_arrived_on_the_raw_chain(self):
+        """The chain judge (bench.x402_judge: raw JSON-RPC, call traces; never Verity's
+        proof): each x402 payment Verity counts has the Transfer log its own
+        authorization emitted, no log counts twice, and Verity never counts more than its
+        payers' Transfer logs to pay_to add up to."""
+        if not X402:
+            return
+        from bench.x402_judge import claims_from_rows, judge_from_env
+
+        if getattr(self, "judge", None) is None:
+            self.judge = judge_from_env()
+        auths = X402Authorization.objects.filter(
+            operation__purchase_id__in=self.x402_purchases).select_related("operation")
+        audit = self.judge.audit(claims_from_rows(auths))
+        assert not audit.violations, audit.violations
 
     @invariant()
     def an_unknown_operation_keeps_its_hold(self):
@@ -2172,10 +2331,19 @@ class LifecycleMachine(RuleBasedStateMachine):
             orders = Order.objects.filter(purchase_id=pid).count()
             assert orders <= 1
             assert EmailMessage.objects.filter(purchase_id=pid, kind="confirmation").count() <= 1
-            if orders:
-                assert PaymentOperation.objects.filter(
+            if orders and not PaymentOperation.objects.filter(
                     purchase_id=pid, kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED
-                ).exists(), f"{pid} has an order without a settled payment"
+            ).exists():
+                # Only a payment the provider's record took back after it paid (an x402
+                # transfer gone before its block was final): it did succeed once, and the
+                # order it made is cancelled.
+                assert OperationTransition.objects.filter(
+                    purchase_id=pid, operation__kind__in=PAYMENT_KINDS, field="outcome",
+                    target=Outcome.SUCCEEDED).exists(), (
+                    f"{pid} has an order without a settled payment")
+                assert not Order.objects.filter(purchase_id=pid,
+                                                cancelled_at__isnull=True).exists(), (
+                    f"{pid}: its payment was taken back, its order is live")
 
     @invariant()
     def nothing_strands(self):

@@ -41,6 +41,9 @@ def _the_queues_test_queues_leave_empty():
         purchase=overturned, operation=op, field="outcome", source="failed",
         target="succeeded", cause=OVERTURN_CAUSE, actor="reconciler",
         evidence={"overturned": {"outcome": "failed", "actor": "olga"}})
+    purchase_in(PurchaseStatus.MANUAL_REVIEW, ops=[{
+        **SUCCEEDED, "outcome": Outcome.FAILED, "rail": "x402", "next_action_owner": "support",
+        "reason": "transfer_reversed_on_chain", "settled_at": timezone.now()}])
     disputed_purchase(timedelta(days=3), "dp_registry")
     external_refund(purchase_in(PurchaseStatus.PAID, ops=[SUCCEEDED]))
 

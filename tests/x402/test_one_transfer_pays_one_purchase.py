@@ -151,3 +151,34 @@ def test_the_chain_judge_finds_one_transfer_counted_for_two_purchases(agent, rep
                in v for v in audit.violations), audit.violations
     assert not chain.operation_paid(auths.get(pk=op_n.id))
     assert chain.operation_paid(auths.get(pk=op_m.id))
+
+
+def test_the_raw_chain_judge_finds_one_transfer_counted_for_two_purchases(agent, report,
+                                                                          chain):
+    """bench/x402_judge.py (plain JSON-RPC, call traces; no import of Verity's proof code,
+    no proof column read): told that both purchases of the batched transaction are paid
+    (what the defect did), it finds the purchase no log paid and the count above what
+    arrived; told the truth, it agrees log for log."""
+    from bench.x402_judge import Claim, claims_from_rows, judge_from_env
+
+    payer, _first, _second, (op_n, op_m), batch = _batched_attack(agent, report, chain)
+    auths = {a.operation_id: a for a in X402Authorization.objects.filter(
+        pk__in=[op_n.id, op_m.id])}
+    both = [Claim(operation=i, payer=a.payer, nonce=a.nonce, value=int(a.value), counted=True)
+            for i, a in auths.items()]
+    judge = judge_from_env()
+
+    audit = judge.audit(both)
+    assert audit.paid[op_n.id] is None and audit.paid[op_m.id].transaction == batch
+    assert any(v.startswith(f"{op_n.id}: counted as paid") for v in audit.violations)
+    assert f"Verity counts {2 * PRICE_ATOMIC} received" in " ".join(audit.violations)
+    assert audit.received == PRICE_ATOMIC
+
+    for op in (op_n, op_m):
+        services.operation_reconcile(operation_id=op.id, actor="test")
+    truth = judge.audit(claims_from_rows(X402Authorization.objects.filter(
+        pk__in=[op_n.id, op_m.id]).select_related("operation")), settled=True)
+    assert truth.violations == [] and truth.counted == PRICE_ATOMIC == truth.received
+    # The 1-unit self-transfer signed with N went to the payer, not to pay_to: nothing
+    # arrived that no authorization explains.
+    assert truth.unexplained == []

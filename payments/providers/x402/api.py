@@ -35,7 +35,7 @@ from django.conf import settings
 # (tests/api/test_hostile_input.py). Keep the interpreter's own limit.
 _RECURSION_LIMIT = sys.getrecursionlimit()
 from web3 import Web3  # noqa: E402
-from web3.exceptions import TransactionNotFound  # noqa: E402
+from web3.exceptions import BlockNotFound, TransactionNotFound, Web3RPCError  # noqa: E402
 from web3.providers.rpc.utils import (  # noqa: E402
     REQUEST_RETRY_ALLOWLIST,
     ExceptionRetryConfiguration,
@@ -577,6 +577,23 @@ class ChainReader:
         if final < 0:
             return -1
         return int(self.w3.eth.get_block(final)["timestamp"])
+
+    def finalized_block(self) -> int | None:
+        """The number of the RPC's `finalized` block, or None when the RPC has no such tag
+        (then depth decides: finality_depth). Raises on RPC failure."""
+        try:
+            block = self.w3.eth.get_block("finalized")
+        except (Web3RPCError, BlockNotFound):  # the node refuses the tag: no finality signal
+            return None
+        return int(block["number"]) if block is not None else None
+
+    def is_final(self, block_number: int, *, depth: int) -> bool:
+        """A block is final when the RPC's `finalized` tag has reached it, where the RPC
+        has one; otherwise when it is `depth` blocks deep (the network's floor)."""
+        finalized = self.finalized_block()
+        if finalized is not None:
+            return block_number <= finalized
+        return int(self.w3.eth.block_number) - block_number + 1 >= depth
 
     def count_transfers(self, *, payer: str, to: str) -> int:
         """Test/drill helper: confirmed ERC-20 Transfer events payer -> to on chain."""
