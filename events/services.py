@@ -18,6 +18,7 @@ from .delivery import deliver_kick
 from .destinations import DestinationRefused, destination_check
 from .models import (
     DeliveryState,
+    Event,
     EventType,
     WebhookDelivery,
     WebhookEndpoint,
@@ -153,3 +154,16 @@ def delivery_resend(*, delivery: WebhookDelivery, actor: str, reason: str = "") 
                     target_id=str(delivery.pk), purchase_id=delivery.purchase_id,
                     reason=reason or "resend")
         deliver_kick()
+
+
+def events_prune(*, batch: int = 5000) -> int:
+    """Delete events older than EVENTS_RETENTION_DAYS (their deliveries and attempts go with
+    them), a batch at a time; the feed answers only for what is kept (docs/events.md)."""
+    cutoff = timezone.now() - timedelta(days=settings.EVENTS_RETENTION_DAYS)
+    ids = list(Event.objects.filter(created_at__lt=cutoff).order_by("id")
+               .values_list("id", flat=True)[:batch])
+    if not ids:
+        return 0
+    with transaction.atomic():
+        Event.objects.filter(id__in=ids).delete()
+    return len(ids)

@@ -7,3 +7,10 @@ def deliver_due() -> int:
     from .delivery import deliveries_send_all_due
 
     return deliveries_send_all_due()
+
+
+@shared_task(name="events.prune", ignore_result=True)
+def prune() -> int:
+    from .services import events_prune
+
+    return events_prune()

@@ -29,3 +29,5 @@ EVENTS_RETENTION_DAYS = env.int("EVENTS_RETENTION_DAYS", default=30)
 # The feed shows events at least this old: a transaction that committed late cannot have
 # an event behind a cursor a reader already passed (money transactions are short).
 EVENTS_FEED_SETTLE_SECONDS = env.float("EVENTS_FEED_SETTLE_SECONDS", default=1.0)
+# The longest a long-poll (GET /api/v1/events?wait=, the MCP wait tool) holds a request.
+EVENTS_WAIT_MAX_SECONDS = env.float("EVENTS_WAIT_MAX_SECONDS", default=25.0)

@@ -98,6 +98,8 @@ CELERY_BEAT_SCHEDULE = {
     # Storefront webhooks due for a (re)try; commits kick it sooner (events.delivery).
     "webhook-deliveries": {"task": "events.deliver_due",
                            "schedule": env.float("WEBHOOK_SWEEP_SECONDS", default=5.0)},
+    "events-prune": {"task": "events.prune",
+                     "schedule": env.float("EVENTS_PRUNE_SWEEP_SECONDS", default=3600.0)},
     "outbox-sweep": {"task": "recovery.relay_drain", "schedule": OUTBOX_SWEEP_SECONDS},
     "reconcile-due": {"task": "recovery.reconcile_due",
                       "schedule": env.float("RECONCILE_SWEEP_SECONDS", default=10.0)},
