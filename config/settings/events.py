@@ -5,7 +5,7 @@ from .base import DEBUG, SECRET_KEY
 
 # Webhook signing secrets are derived from this key and a per-endpoint salt (events.secrets):
 # the database alone holds no usable secret. Changing it changes every endpoint's secret.
-EVENTS_SECRET_KEY = env("EVENTS_SECRET_KEY", default=SECRET_KEY)
+EVENTS_SECRET_KEY = env("EVENTS_SECRET_KEY", default="") or SECRET_KEY
 # Retries stop this long after an event's first attempt (Stripe's window: 3 days).
 WEBHOOK_RETRY_SECONDS = env.int("WEBHOOK_RETRY_SECONDS", default=3 * 86400)
 # Delay before attempt n+1 (the last value repeats): 5 s, 5 min, 30 min, 2 h, 5 h, 10 h.

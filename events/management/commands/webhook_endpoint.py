@@ -1,12 +1,13 @@
 """Manage an API client's webhook endpoints from the shell (docs/events.md).
 
-  python manage.py webhook_endpoint create --client PREFIX --url https://… [--types a,b]
-  python manage.py webhook_endpoint list --client PREFIX
+  python manage.py webhook_endpoint create --client NAME --url https://… [--types a,b]
+  python manage.py webhook_endpoint list --client NAME
   python manage.py webhook_endpoint disable|enable ENDPOINT_ID --reason "…"
   python manage.py webhook_endpoint rotate ENDPOINT_ID [--overlap-seconds 86400]
 create and rotate print the signing secret once, as their last line.
 """
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Q
 
 from events import selectors, services
 from events.models import WebhookEndpoint
@@ -19,7 +20,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("action", choices=["create", "list", "disable", "enable", "rotate"])
         parser.add_argument("endpoint", nargs="?", help="endpoint id (disable/enable/rotate)")
-        parser.add_argument("--client", help="the API client's key prefix (create/list)")
+        parser.add_argument("--client", help="the API client's name or key prefix (create/list)")
         parser.add_argument("--url")
         parser.add_argument("--types", default="", help="comma-separated; empty: every type")
         parser.add_argument("--reason", default="")
@@ -27,9 +28,10 @@ class Command(BaseCommand):
         parser.add_argument("--actor", default="cli")
 
     def _client(self, prefix: str | None) -> ApiClient:
-        client = ApiClient.objects.filter(prefix=prefix).first() if prefix else None
+        client = (ApiClient.objects.filter(Q(prefix=prefix) | Q(name=prefix))
+                  .order_by("-created").first() if prefix else None)
         if client is None:
-            raise CommandError("--client must name an API client's key prefix")
+            raise CommandError("--client must name an API client (its name or key prefix)")
         return client
 
     def _endpoint(self, endpoint_id: str | None) -> WebhookEndpoint:
