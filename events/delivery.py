@@ -11,7 +11,7 @@ WEBHOOK_RETRY_SECONDS.
      most one per (endpoint, purchase) at a time, so a purchase's events leave in their
      sequence order; stamps a lease;
   3. send with no transaction open, side by side (one thread per delivery);
-  4. settle each: delivered, or the next attempt's time from the schedule; past the retry
+  4. settle the batch in one transaction: delivered, or the next attempt's time from the schedule; past the retry
      window the delivery fails, and an endpoint that has failed everything for
      WEBHOOK_DISABLE_AFTER_SECONDS is disabled with its reason (console queue, metric).
 The `webhooks` halt stops step 2: deliveries wait, they do not fail.
@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, Q
+from django.db.models import Case, Count, F, PositiveSmallIntegerField, Q, Value, When
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
@@ -162,37 +162,54 @@ def retry_delay_seconds(attempts: int) -> float:
     return float(schedule[min(max(attempts, 1), len(schedule)) - 1])
 
 
-def _settle(delivery: WebhookDelivery, result: PostResult) -> None:
+def _settle_all(settled: list[tuple[WebhookDelivery, PostResult]]) -> None:
+    """Record a batch's answers in one transaction: the attempt log in one INSERT, the
+    delivered ones in one UPDATE; a failure is scheduled (or given up) row by row."""
     now = timezone.now()
-    error = result.error or (f"answered {result.status}" if result.status else "")
     with transaction.atomic():
-        WebhookAttempt.objects.create(delivery_id=delivery.id, status_code=result.status,
-                                      error=error[:300], duration_ms=result.duration_ms, at=now)
-        mine = WebhookDelivery.objects.filter(id=delivery.id, state=DeliveryState.PENDING)
-        if result.ok:
-            mine.update(state=DeliveryState.DELIVERED, delivered_at=now, claimed_until=None,
-                        attempts=F("attempts") + 1, last_status=result.status, last_error="")
-            WebhookEndpoint.objects.filter(id=delivery.endpoint_id,
+        WebhookAttempt.objects.bulk_create([
+            WebhookAttempt(delivery_id=d.id, status_code=r.status, error=_error(r)[:300],
+                           duration_ms=r.duration_ms, at=now) for d, r in settled])
+        ok = [d for d, r in settled if r.ok]
+        if ok:
+            WebhookDelivery.objects.filter(id__in=[d.id for d in ok],
+                                           state=DeliveryState.PENDING).update(
+                state=DeliveryState.DELIVERED, delivered_at=now, claimed_until=None,
+                attempts=F("attempts") + 1, last_error="", last_status=Case(
+                    *[When(id=d.id, then=Value(r.status)) for d, r in settled if r.ok],
+                    output_field=PositiveSmallIntegerField()))
+            WebhookEndpoint.objects.filter(id__in={d.endpoint_id for d in ok},
                                            failing_since__isnull=False).update(
                 failing_since=None)
-            return
-        attempts = delivery.attempts + 1
-        next_at = now + timedelta(seconds=retry_delay_seconds(attempts))
-        gave_up = next_at > delivery.give_up_at
-        mine.update(state=DeliveryState.FAILED if gave_up else DeliveryState.PENDING,
-                    attempts=F("attempts") + 1, next_attempt_at=next_at, claimed_until=None,
-                    last_status=result.status, last_error=error[:300])
-        WebhookEndpoint.objects.filter(id=delivery.endpoint_id,
-                                       failing_since__isnull=True).update(failing_since=now)
-        cutoff = now - timedelta(seconds=settings.WEBHOOK_DISABLE_AFTER_SECONDS)
-        disabled = WebhookEndpoint.objects.filter(
-            id=delivery.endpoint_id, enabled=True, failing_since__lte=cutoff).update(
-            enabled=False, disabled_at=now,
-            disabled_reason="every delivery failed since "
-                            f"{cutoff:%Y-%m-%d %H:%M} UTC or earlier (last: {error[:80]})")
-        if disabled:
-            log.warning("webhook endpoint disabled endpoint=%s reason=failing",
-                        delivery.endpoint_id)
+        for delivery, result in settled:
+            if not result.ok:
+                _failed(delivery, result, now)
+
+
+def _error(result: PostResult) -> str:
+    return result.error or (f"answered {result.status}" if result.status else "")
+
+
+def _failed(delivery: WebhookDelivery, result: PostResult, now: datetime) -> None:
+    error = _error(result)
+    attempts = delivery.attempts + 1
+    next_at = now + timedelta(seconds=retry_delay_seconds(attempts))
+    gave_up = next_at > delivery.give_up_at
+    WebhookDelivery.objects.filter(id=delivery.id, state=DeliveryState.PENDING).update(
+        state=DeliveryState.FAILED if gave_up else DeliveryState.PENDING,
+        attempts=F("attempts") + 1, next_attempt_at=next_at, claimed_until=None,
+        last_status=result.status, last_error=error[:300])
+    WebhookEndpoint.objects.filter(id=delivery.endpoint_id,
+                                   failing_since__isnull=True).update(failing_since=now)
+    cutoff = now - timedelta(seconds=settings.WEBHOOK_DISABLE_AFTER_SECONDS)
+    disabled = WebhookEndpoint.objects.filter(
+        id=delivery.endpoint_id, enabled=True, failing_since__lte=cutoff).update(
+        enabled=False, disabled_at=now,
+        disabled_reason="every delivery failed since "
+                        f"{cutoff:%Y-%m-%d %H:%M} UTC or earlier (last: {error[:80]})")
+    if disabled:
+        log.warning("webhook endpoint disabled endpoint=%s reason=failing",
+                    delivery.endpoint_id)
 
 
 def deliveries_send_due(*, batch: int = 20) -> int:
@@ -211,8 +228,7 @@ def deliveries_send_due(*, batch: int = 20) -> int:
     else:
         with ThreadPoolExecutor(threads) as pool:  # HTTP only: no database in the threads
             results = list(pool.map(_send, deliveries))
-    for delivery, result in zip(deliveries, results):
-        _settle(delivery, result)
+    _settle_all(list(zip(deliveries, results)))
     return len(deliveries)
 
 
