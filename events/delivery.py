@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
@@ -103,19 +104,29 @@ def _claim(batch: int) -> list[int]:
                     .values_list("endpoint_id", "n"))
         busy_pairs = set(in_flight.values_list("endpoint_id", "purchase_id"))
         due = (WebhookDelivery.objects
-               .filter(state=DeliveryState.PENDING, next_attempt_at__lte=now,
-                       endpoint__enabled=True)
-               .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lte=now))
-               .order_by("event_id", "id")
-               .values_list("id", "endpoint_id", "purchase_id", "endpoint__max_in_flight")
-               [:batch * 5])
+               .filter(state=DeliveryState.PENDING, next_attempt_at__lte=now)
+               .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lte=now)))
+        # Endpoint by endpoint, each read only as far as its free room: an endpoint with a
+        # long backlog and a full in-flight bound takes no place in anyone else's claim
+        # (one global "oldest first" read would put its backlog in front of everyone).
+        bounds = list(WebhookEndpoint.objects.filter(
+            enabled=True, id__in=due.values("endpoint_id")).values_list("id", "max_in_flight"))
+        random.shuffle(bounds)  # no endpoint always first when the batch fills up
         picked: list[int] = []
-        for delivery_id, endpoint_id, purchase_id, bound in due:
-            if (endpoint_id, purchase_id) in busy_pairs or busy.get(endpoint_id, 0) >= bound:
+        for endpoint_id, bound in bounds:
+            room = min(bound - busy.get(endpoint_id, 0), batch - len(picked))
+            if room <= 0:
                 continue
-            picked.append(delivery_id)
-            busy[endpoint_id] = busy.get(endpoint_id, 0) + 1
-            busy_pairs.add((endpoint_id, purchase_id))
+            rows = (due.filter(endpoint_id=endpoint_id).order_by("event_id", "id")
+                    .values_list("id", "purchase_id")[:room * 4 + 8])
+            for delivery_id, purchase_id in rows:
+                if (endpoint_id, purchase_id) in busy_pairs:
+                    continue  # one at a time per purchase: its events leave in order
+                picked.append(delivery_id)
+                busy_pairs.add((endpoint_id, purchase_id))
+                room -= 1
+                if room <= 0:
+                    break
             if len(picked) >= batch:
                 break
         if picked:

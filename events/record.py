@@ -145,9 +145,23 @@ def _next_sequence(purchase_id: str) -> int:
         return cursor.fetchone()[0]
 
 
-# The events this transaction wrote, per purchase: {purchase_id: [event ids]}, with the
-# transaction they belong to (its outermost atomic block).
+# The events this transaction wrote, per purchase: {purchase_id: [event ids]}. Valid while
+# its marker (an on-commit callback of this transaction) is still pending on the
+# connection: a commit runs it (and forgets), a rollback drops it (so does a rolled-back
+# savepoint: then a later event only leaves the earlier views as they were).
 _WRITTEN = threading.local()
+
+
+def _written_in_this_transaction() -> dict[str, list[int]]:
+    marker = getattr(_WRITTEN, "marker", None)
+    if marker is None or not any(entry[1] is marker for entry in connection.run_on_commit):
+        def marker() -> None:
+            if getattr(_WRITTEN, "marker", None) is marker:
+                _WRITTEN.marker, _WRITTEN.ids = None, {}
+
+        _WRITTEN.marker, _WRITTEN.ids = marker, {}
+        connection.on_commit(marker)
+    return _WRITTEN.ids
 
 
 def _same_transaction_views(purchase_id: str, event_id: int, view: dict) -> None:
@@ -156,11 +170,7 @@ def _same_transaction_views(purchase_id: str, event_id: int, view: dict) -> None
     follows from it, and a `payment.failed` whose view still said `payment_pending` would
     tell the storefront a state that never committed. So a later event of the same
     purchase in the same transaction brings its earlier ones' view up to date."""
-    block = connection.atomic_blocks[0] if connection.atomic_blocks else None
-    if getattr(_WRITTEN, "block", None) is not block:
-        _WRITTEN.block, _WRITTEN.ids = block, {}
-        connection.on_commit(_forget)
-    earlier = _WRITTEN.ids.setdefault(purchase_id, [])
+    earlier = _written_in_this_transaction().setdefault(purchase_id, [])
     if earlier:
         table = Event._meta.db_table
         placeholders = ", ".join(["%s"] * len(earlier))
@@ -173,7 +183,3 @@ def _same_transaction_views(purchase_id: str, event_id: int, view: dict) -> None
         with connection.cursor() as cursor:
             cursor.execute(sql, [json.dumps(view), *earlier])
     earlier.append(event_id)
-
-
-def _forget() -> None:
-    _WRITTEN.block, _WRITTEN.ids = None, {}

@@ -192,3 +192,66 @@ def test_endpoints_need_their_scope_and_belong_to_their_client(shop, receiver,
     assert body_of(other.get("webhook-endpoints"))["endpoints"] == []
     assert other.post(f"webhook-endpoints/{endpoint['id']}/rotate-secret", {},
                       key=None).status_code == 404
+
+
+def test_a_hanging_receiver_takes_only_its_own_bound(shop, product, loopback_allowed):
+    from tests.events.conftest import Receiver
+
+    slow, fast = Receiver(), Receiver()
+    try:
+        slow.script, slow.hang_seconds = ["hang"] * 20, 1.0
+        slow_ep, slow_secret = _endpoint(shop, slow.url, event_types=["purchase.created"])
+        fast_ep, fast_secret = _endpoint(shop, fast.url, event_types=["purchase.created"])
+        slow.secrets, fast.secrets = [slow_secret], [fast_secret]
+        WebhookEndpoint.objects.filter(pk=slow_ep["id"]).update(max_in_flight=1)
+        for _ in range(6):
+            shop.new_purchase(product.sku)
+        for _ in range(100):  # the fan-out only: nothing is sent yet
+            relay_drain_once()
+            if WebhookDelivery.objects.count() == 12:
+                break
+        assert slow.requests == fast.requests == 0
+
+        deliveries_send_due(batch=20)  # one claim: the slow endpoint gets one slot
+        assert slow.requests == 1
+        assert fast.requests == 2  # its own bound (2), not held back by the slow one
+        _pump(lambda: len(fast.accepted) == 6)
+        assert slow.requests < 6  # the slow one keeps going at its own pace
+    finally:
+        slow.close()
+        fast.close()
+
+
+def test_a_long_backlog_at_one_endpoint_does_not_starve_another(shop, loopback_allowed):
+    """Hundreds of due deliveries of a stalled endpoint, older than another endpoint's
+    one: the other's is sent in the very next claim."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.events.conftest import Receiver
+
+    slow, fast = Receiver(), Receiver()
+    try:
+        slow.script, slow.hang_seconds = ["hang"] * 10, 1.0
+        slow_ep = WebhookEndpoint.objects.create(api_client_id="backlog", url=slow.url,
+                                                 max_in_flight=1)
+        fast_ep = WebhookEndpoint.objects.create(api_client_id="backlog", url=fast.url)
+        now = timezone.now()
+        events = Event.objects.bulk_create([
+            Event(api_client_id="backlog", purchase_id=f"pur_backlog_{i}", sequence=1,
+                  type="purchase.created", data={"purchase": {"id": f"pur_backlog_{i}"}})
+            for i in range(301)])
+        WebhookDelivery.objects.bulk_create(
+            [WebhookDelivery(endpoint=slow_ep, event=e, purchase_id=e.purchase_id,
+                             next_attempt_at=now, give_up_at=now + timedelta(days=3))
+             for e in events[:300]]
+            + [WebhookDelivery(endpoint=fast_ep, event=events[300],
+                               purchase_id=events[300].purchase_id, next_attempt_at=now,
+                               give_up_at=now + timedelta(days=3))])
+        deliveries_send_due(batch=20)
+        assert fast.requests == 1
+        assert slow.requests == 1
+    finally:
+        slow.close()
+        fast.close()
