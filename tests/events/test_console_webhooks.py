@@ -63,3 +63,16 @@ def test_an_operator_resends_a_failed_delivery(login, endpoint, shop, product): 
                            {"reason": "the storefront asked", "confirm": "yes"})
     assert WebhookDelivery.objects.get().state == DeliveryState.PENDING
     assert AuditEntry.objects.filter(action="webhook_delivery_resend").count() == 1
+
+
+def test_the_purchase_page_links_its_delivery_log(login, endpoint, shop, product):  # noqa: F811
+    from recovery.relay import relay_drain_once
+
+    purchase = shop.new_purchase(product.sku)
+    relay_drain_once()
+    client = login("support")
+    page = client.get(reverse("support:purchase", args=[purchase["id"]])).content.decode()
+    assert f"/console/webhooks/?purchase={purchase['id']}" in page
+    log = client.get(reverse("support:webhooks") + f"?purchase={purchase['id']}")
+    assert log.status_code == 200
+    assert f'data-delivery="{WebhookDelivery.objects.get().pk}"' in log.content.decode()
