@@ -342,6 +342,37 @@ def get_purchase(ctx: Context, purchase_id: PurchaseId) -> AgentResult:
 
 
 @tool(annotations=READ_ONLY, description=(
+    "Your purchases, newest first, one page at a time: the purchase view of each. Filter by "
+    "status (a list) and customer_reference; pass next_cursor as cursor for the next page. "
+    "Needs scope purchases:read."))
+def list_purchases(
+    ctx: Context,
+    status: Annotated[list[str] | None, Field(max_length=20, description=(
+        "purchase statuses, e.g. [\"payment_unknown\"]; omit for all."))] = None,
+    customer_reference: Annotated[str | None, Field(min_length=1, max_length=200)] = None,
+    cursor: Annotated[str | None, Field(min_length=1, max_length=200, description=(
+        "next_cursor from the previous page; omit for the first page."))] = None,
+    limit: Annotated[int, Field(ge=1, le=100)] = tools.PURCHASES_PAGE,
+) -> AgentResult:
+    return _call(ctx, tools.list_purchases, status=status,
+                 customer_reference=customer_reference, cursor=cursor, limit=limit)
+
+
+@tool(annotations=READ_ONLY, description=(
+    "Wait (at most timeout_seconds, up to 25) until a purchase changes, instead of polling: "
+    "answers with its events after after_sequence (oldest first) and the purchase view as it "
+    "is now, or with no events when the time ran out. Pass the last event's sequence as "
+    "after_sequence next time (0 at first). Needs scope purchases:read."))
+def wait_for_purchase_change(
+    ctx: Context, purchase_id: PurchaseId,
+    after_sequence: Annotated[int, Field(ge=0, le=10**9)] = 0,
+    timeout_seconds: Annotated[int, Field(ge=0, le=tools.WAIT_MAX_SECONDS)] = 20,
+) -> AgentResult:
+    return _call(ctx, tools.wait_for_purchase_change, purchase_id=purchase_id,
+                 after_sequence=after_sequence, timeout_seconds=timeout_seconds)
+
+
+@tool(annotations=READ_ONLY, description=(
     "One money movement (payment, capture, void, refund): outcome (pending, dispatching, "
     "succeeded, failed, unknown, awaiting_provider, awaiting_buyer, awaiting_approval), "
     "stage, verification, attempts, next_action. Safe to call repeatedly. Needs scope "

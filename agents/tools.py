@@ -40,7 +40,10 @@ from django.db import transaction
 from pydantic import BaseModel, ConfigDict, Field
 
 from payments import next_action, selectors, services
+from events.selectors import event_document, purchase_events_wait
 from payments.api import presenters
+from payments.api.lists import purchase_list_cursor, purchase_list_query
+from payments.api.problems import Problem
 from payments.customers import CARD_NUMBER_LIKE
 from payments.enums import (
     PAYMENT_KINDS,
@@ -71,6 +74,8 @@ TOOL_SCOPES = {
     "reconcile_operation": WRITE,
     "request_refund": REFUNDS,
     "retry_failed_payment": WRITE,
+    "list_purchases": READ,
+    "wait_for_purchase_change": READ,
 }
 
 _PAYMENT_KIND_VALUES = [k.value for k in PAYMENT_KINDS]
@@ -137,8 +142,13 @@ class AgentResult(BaseModel):
     operation: dict[str, Any] | None = Field(None, description=_DATA)
     quote: dict[str, Any] | None = Field(None, description=_DATA)
     products: list[dict[str, Any]] | None = Field(None, description=_DATA)
-    next_cursor: str | None = Field(None, description="list_products: pass as `cursor` for "
-                                                      "the next page; null on the last page.")
+    next_cursor: str | None = Field(None, description="list_products, list_purchases: pass "
+                                                      "as `cursor` for the next page; null on "
+                                                      "the last page.")
+    purchases: list[dict[str, Any]] | None = Field(None, description=_DATA)
+    events: list[dict[str, Any]] | None = Field(
+        None, description="wait_for_purchase_change: the purchase's events after the sequence "
+                          "you passed, oldest first. " + _DATA)
 
 
 class QuoteItem(BaseModel):
@@ -627,6 +637,55 @@ def get_purchase(*, api_client: ApiClient, purchase_id: str) -> AgentResult:
     if purchase is None:
         return _not_found("purchase", purchase_id)
     return purchase_result(purchase)
+
+
+PURCHASES_PAGE = 20
+WAIT_MAX_SECONDS = 25
+
+
+def list_purchases(*, api_client: ApiClient, status: list[str] | None = None,
+                   customer_reference: str | None = None, cursor: str | None = None,
+                   limit: int = PURCHASES_PAGE) -> AgentResult:
+    """The client's purchases, newest first, one bounded page (the REST list's selector)."""
+    params = {"status": ",".join(status or []), "customer_reference": customer_reference or "",
+              "cursor": cursor or "", "limit": str(limit)}
+    try:
+        where, after, limit = purchase_list_query(params)
+    except Problem as exc:
+        return AgentResult(instruction="Fix the arguments named in refusal.message and call "
+                                       "list_purchases again.",
+                           refusal=Refusal.of("invalid_arguments", exc.detail))
+    rows = selectors.purchases_list_for_client(api_client=api_client, where=where,
+                                               cursor=after, limit=limit)
+    more = len(rows) == limit
+    return AgentResult(
+        instruction=("To follow one purchase, call wait_for_purchase_change with its id "
+                     "(more purchases: call list_purchases with next_cursor)." if more else
+                     "To follow one purchase, call wait_for_purchase_change with its id."),
+        next_tool=None, purchases=[presenters.purchase_view(p) for p in rows],
+        next_cursor=purchase_list_cursor(rows[-1]) if more and rows else None)
+
+
+def wait_for_purchase_change(*, api_client: ApiClient, purchase_id: str,
+                             after_sequence: int = 0,
+                             timeout_seconds: int = WAIT_MAX_SECONDS) -> AgentResult:
+    """A bounded long-poll on the purchase's events: answers when one after
+    `after_sequence` is there, or after the timeout with none. Never a tight loop."""
+    purchase = selectors.purchase_get_for_client(purchase_id=purchase_id, api_client=api_client)
+    if purchase is None:
+        return _not_found("purchase", purchase_id)
+    rows = purchase_events_wait(purchase_id=purchase.id, after_sequence=after_sequence,
+                                wait_seconds=min(max(timeout_seconds, 0), WAIT_MAX_SECONDS))
+    events = [event_document(e) for e in rows]
+    last = rows[-1].sequence if rows else after_sequence
+    result = purchase_result(purchase, note=("it changed" if rows else
+                                            "no change before the timeout"))
+    result.events = events
+    if not rows:
+        result.instruction = ("Nothing changed yet: call wait_for_purchase_change again with "
+                              "the same after_sequence, or follow next_tool.")
+    result.note = f"{result.note}; after_sequence for the next wait: {last}"
+    return result
 
 
 def get_operation(*, api_client: ApiClient, operation_id: str) -> AgentResult:

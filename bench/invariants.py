@@ -28,7 +28,7 @@ from functools import cached_property
 
 import requests
 from django.conf import settings
-from django.db.models import Count, Min, Sum
+from django.db.models import Count, F, Max, Min, Sum
 from django.utils import timezone
 
 PAID_STEPS = ("order", "inventory", "ledger", "confirmation", "crm")
@@ -915,3 +915,97 @@ def _outbox_drains(f: Facts, rep: Report) -> None:
     for m in lagging[:5]:
         rep.add(f"  outbox {m.id}", f"cat={m.category}",
                 f"attempts={m.attempts} {m.payload} {m.last_error[:80]!r}")
+
+
+# -- storefront events (events/): judged from the rows, by this file's own rule ----------
+# The record of every committed change is the transition history (OperationTransition);
+# the events are another table. Neither's writer is called here: the rule is read off
+# the two tables.
+
+_STATUS_EVENT_TYPES = ("purchase.status_changed", "purchase.completed")
+
+
+@invariant("events-numbered-without-gaps")
+def _events_numbered_without_gaps(f: Facts, rep: Report) -> None:
+    """Each purchase's events are numbered 1..n: one statement, one snapshot."""
+    from events.models import Event
+
+    gaps = list(Event.objects.values("purchase_id")
+                .annotate(n=Count("id"), top=Max("sequence"), low=Min("sequence"))
+                .exclude(n=F("top")).values_list("purchase_id", flat=True)[:5])
+    gaps += list(Event.objects.values("purchase_id").annotate(low=Min("sequence"))
+                 .exclude(low=1).values_list("purchase_id", flat=True)[:5])
+    rep.add("purchases whose events skip a number", len(gaps), "must be 0", ok=not gaps)
+    for pid in gaps[:5]:
+        rep.add(f"  {pid}", "gap", "")
+
+
+@invariant("every-committed-change-has-its-event", When.DRAINED)
+def _every_change_has_its_event(f: Facts, rep: Report) -> None:
+    """Every status change in the history has one status event, every purchase one
+    `purchase.created`, and no event reports a change the history does not have."""
+    from events.models import Event
+    from payments.models import OperationTransition
+
+    changes = Counter(dict(
+        OperationTransition.objects.filter(field="status", operation__isnull=True)
+        .exclude(source="").exclude(source=F("target"))
+        .values("purchase_id").annotate(n=Count("id")).values_list("purchase_id", "n")))
+    created = set(OperationTransition.objects.filter(field="status", operation__isnull=True,
+                                                     source="")
+                  .values_list("purchase_id", flat=True))
+    events = Counter(dict(
+        Event.objects.filter(type__in=_STATUS_EVENT_TYPES).values("purchase_id")
+        .annotate(n=Count("id")).values_list("purchase_id", "n")))
+    created_events = Counter(Event.objects.filter(type="purchase.created")
+                             .values_list("purchase_id", flat=True))
+    off = sorted(p for p in set(changes) | set(events) if changes[p] != events[p])
+    off_created = sorted(p for p in created | set(created_events)
+                         if created_events[p] != (1 if p in created else 0))
+    rep.add("status changes recorded", sum(changes.values()), "")
+    rep.add("status events", sum(events.values()), "")
+    rep.add("purchases whose status events differ from the history", len(off), "must be 0",
+            ok=not off)
+    rep.add("purchases without exactly one created event", len(off_created), "must be 0",
+            ok=not off_created)
+    for pid in (off + off_created)[:5]:
+        rep.add(f"  {pid}", f"{changes[pid]} changes", f"{events[pid]} events")
+
+
+@invariant("every-event-reaches-its-endpoint-or-the-endpoint-is-disabled", When.DRAINED)
+def _every_event_reaches_its_endpoint(f: Facts, rep: Report) -> None:
+    """For each event and each endpoint of its client that wants its type and existed when
+    it was written: delivered, or still in its retry schedule, or the endpoint is disabled
+    with a reason. A delivery that is due and not sent, or that gave up while its endpoint
+    stays enabled, breaks the rule."""
+    from events.models import Event, WebhookDelivery, WebhookEndpoint
+
+    now = timezone.now()
+    endpoints = list(WebhookEndpoint.objects.all())
+    delivered = set(WebhookDelivery.objects.filter(state="delivered")
+                    .values_list("endpoint_id", "event_id"))
+    retrying = set(WebhookDelivery.objects.filter(state="pending",
+                                                  next_attempt_at__gt=now - timedelta(seconds=60))
+                   .values_list("endpoint_id", "event_id"))
+    missing, in_retry, total = [], 0, 0
+    for ep in endpoints:
+        wanted = Event.objects.filter(api_client_id=ep.api_client_id, created_at__gte=ep.created_at)
+        if ep.event_types:
+            wanted = wanted.filter(type__in=ep.event_types)
+        for event_id in wanted.values_list("id", flat=True):
+            total += 1
+            key = (ep.id, event_id)
+            if key in delivered:
+                continue
+            if key in retrying:
+                in_retry += 1
+                continue
+            if not ep.enabled and ep.disabled_reason:
+                continue
+            missing.append(key)
+    rep.add("event deliveries owed", total, "")
+    rep.add("deliveries still in their retry schedule", in_retry, "")
+    rep.add("events neither delivered nor owed to a disabled endpoint", len(missing),
+            "must be 0", ok=not missing)
+    for ep_id, event_id in missing[:5]:
+        rep.add(f"  endpoint {ep_id}", f"event {event_id}", "")

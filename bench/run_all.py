@@ -39,6 +39,7 @@ BENCHES = {
     "idempotent_replay": {"full": [], "quick": ["--seconds", "4"]},
     "outbox_drain": {"full": [], "quick": ["--messages", "5000"]},
     "reconcile_sweep": {"full": [], "quick": ["--n", "300"]},
+    "webhook_delivery": {"full": [], "quick": ["--events", "300", "--runs", "1"]},
     "scale": {"full": [], "quick": ["--sizes", "2000,10000", "--reps", "5"]},
     # 5 M processed outbox rows + 5 M events vs empty tables (docs/retention.md).
     "history": {"full": [], "quick": ["--rows", "200000", "--seconds", "4",

@@ -9,6 +9,7 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/v1/", include("events.urls")),  # before payments' catch-all
     path("api/v1/", include("payments.api.urls")),
     path("webhooks/", include("webhooks.urls")),
     path("mcp/", include("agents.urls")),

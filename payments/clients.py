@@ -6,7 +6,8 @@ from django.db import transaction
 from .models import ApiClient
 
 SCOPES = ("purchases:read", "purchases:write", "refunds:write", "operations:resolve",
-          "acp")  # acp: the Agentic Commerce Protocol checkout (acp/), an agent platform
+          "acp",  # acp: the Agentic Commerce Protocol checkout (acp/), an agent platform
+          "webhooks:manage")  # its webhook endpoints (events/, docs/events.md)
 
 
 def api_client_create(*, name: str, scopes: list[str], limit: int = 0, currency: str = "usd",

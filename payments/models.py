@@ -3,7 +3,7 @@ import secrets
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.functions import Upper
 from django.utils import timezone
 from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
@@ -182,6 +182,9 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
                                                  PurchaseStatus.FULFILLING.value])),
             # Console search by e-mail: customer_email__iexact is UPPER(customer_email).
             models.Index(Upper("customer_email"), name="purchase_email_upper_idx"),
+            # GET /api/v1/purchases: a client's purchases newest first, keyset-paginated.
+            models.Index(F("api_client"), F("created_at").desc(), F("id").desc(),
+                         name="purchase_client_list_idx"),
         ]
 
     # Transitions set fields only (no side effects); services lock, transition, save.

@@ -7,6 +7,11 @@ it sits above both layers, beside every surface that reads it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Q
+
+from .customers import customer_key
 
 from .enums import PAYMENT_KINDS, DisputeStatus, OperationKind, Outcome
 from .models import ApiClient, Dispute, PaymentOperation, Product, Purchase
@@ -17,6 +22,44 @@ from .view_queries import CompiledRead, operations_for_view
 
 def products_list():
     return Product.objects.order_by("sku")
+
+
+PURCHASE_LIST_MAX = 100
+
+
+@dataclass(frozen=True)
+class PurchaseFilter:
+    statuses: tuple[str, ...] = ()
+    customer_reference: str = ""
+    created_after: datetime | None = None  # inclusive
+    created_before: datetime | None = None  # exclusive
+    amount_min: int | None = None
+    amount_max: int | None = None
+
+
+def purchases_list_for_client(*, api_client: ApiClient, where: PurchaseFilter,
+                              cursor: tuple[datetime, str] | None = None,
+                              limit: int = 20) -> list[Purchase]:
+    """The client's purchases, newest first, after `cursor` (the last row's created_at and
+    id): keyset pagination, so a page costs the same at row 10 and at row 1 000 000."""
+    qs = Purchase.objects.select_related("quote").filter(api_client=api_client)
+    if where.statuses:
+        qs = qs.filter(status__in=where.statuses)
+    if where.customer_reference:
+        # Matched as the purchase stored it: trimmed, NFKC, case-insensitive (its key).
+        qs = qs.filter(customer_key=customer_key(where.customer_reference))
+    if where.created_after:
+        qs = qs.filter(created_at__gte=where.created_after)
+    if where.created_before:
+        qs = qs.filter(created_at__lt=where.created_before)
+    if where.amount_min is not None:
+        qs = qs.filter(amount__gte=where.amount_min)
+    if where.amount_max is not None:
+        qs = qs.filter(amount__lte=where.amount_max)
+    if cursor is not None:
+        at, pk = cursor
+        qs = qs.filter(Q(created_at__lt=at) | Q(created_at=at, id__lt=pk))
+    return list(qs.order_by("-created_at", "-id")[:max(1, min(limit, PURCHASE_LIST_MAX))])
 
 
 # Compiled once per process, a prepared statement on PostgreSQL (payments.view_queries).

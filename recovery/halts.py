@@ -13,7 +13,7 @@ from audit.services import audit_write
 from .models import OutboxCategory, OutboxMessage, StepName, StepRun, StepState, WorkflowHalt
 from .outbox import outbox_put, run_steps_put
 
-WORKFLOW_HALTS = ("checkout", "refunds")
+WORKFLOW_HALTS = ("checkout", "refunds", "webhooks")  # webhooks: storefront deliveries wait
 STEP_HALT_PREFIX = "step:"
 
 

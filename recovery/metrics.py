@@ -25,6 +25,7 @@ from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
 from audit.models import Resolution
+from events.models import DeliveryState, WebhookDelivery, WebhookEndpoint
 from payments.enums import (
     DISPUTE_CLOSED_STATUSES,
     OVERTURN_CAUSE,
@@ -230,12 +231,32 @@ class DatabaseCollector:
         yield from _dispute_gauges(now)
         yield from _x402_gauges(now)
 
+        yield from _storefront_webhook_gauges(now)
+
         halts = GaugeMetricFamily("verity_workflow_halt_age_seconds",
                                   "Seconds each active workflow halt has been on",
                                   labels=["name"])
         for name, created in WorkflowHalt.objects.values_list("name", "created_at"):
             halts.add_metric([name], max(0.0, (now - created).total_seconds()))
         yield halts
+
+
+def _storefront_webhook_gauges(now):
+    """Storefront webhook endpoints (events/): how many Verity disabled because every
+    delivery failed (their owners are told: console page, alert), and the oldest due
+    delivery's age. Counts and ages only: never a URL or a secret."""
+    yield GaugeMetricFamily(
+        "verity_webhook_endpoints_disabled_failing",
+        "Storefront webhook endpoints disabled because every delivery failed",
+        value=WebhookEndpoint.objects.filter(
+            enabled=False, disabled_reason__startswith="every delivery").count())
+    oldest = (WebhookDelivery.objects.filter(state=DeliveryState.PENDING,
+                                             next_attempt_at__lte=now)
+              .order_by("next_attempt_at").values_list("next_attempt_at", flat=True).first())
+    yield GaugeMetricFamily(
+        "verity_webhook_delivery_oldest_due_seconds",
+        "Seconds the oldest due storefront webhook delivery has waited",
+        value=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0)
 
 
 # Results that wait for something (a record to settle, a person): few rows whatever the

@@ -18,6 +18,8 @@ class OutboxCategory(models.IntegerChoices):
     #                      Verity settled failed that the provider still holds open
     ACP_ORDER_EVENT = 30  # payload {"purchase": id, "event": type, "status": s}: tell the
     #                       ACP agent platform about its order (acp.handlers)
+    EVENT_FANOUT = 40  # payload {"event": id}: a storefront event's deliveries, one per
+    #                    endpoint that wants it (events.delivery)
     NOOP = 99  # benchmarks and tests
 
 

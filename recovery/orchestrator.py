@@ -29,6 +29,8 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from audit.services import audit_write
+from events.models import EventType
+from events.record import event_record
 from payments.enums import (
     OVERTURN_CAUSE,
     PAYMENT_KINDS,
@@ -371,6 +373,11 @@ def _run_deliverable(ctx: PurchaseContext) -> str:
             run.state, run.result = StepState.DONE, result
             run.completed_at, run.result_expires_at = now, expires
             run.save(update_fields=["state", "result", "completed_at", "result_expires_at"])
+            if expires > now:  # served: the storefront may fetch it now
+                event_record(purchase_id=ctx.purchase_id, event_type=EventType.DELIVERABLE_READY,
+                             change={"deliverable": {
+                                 "download_path": result.get("download_path"),
+                                 "expires_at": expires.isoformat()}})
         return run.state
 
 

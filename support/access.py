@@ -32,12 +32,13 @@ class Action(models.TextChoices):
     SETTLE_DISCREPANCY = "settle_discrepancy"  # explain and close a settlement row
     RETRY_OUTBOX = "retry_outbox"  # make a backed-off outbox row due now
     DECIDE_STEP = "decide_step"  # complete a compensation-queue step forward / mark handled
+    MANAGE_WEBHOOKS = "manage_webhooks"  # enable/disable a storefront's endpoint, resend
 
 
 _SUPPORT = {Action.VIEW, Action.ADD_NOTE, Action.RECONCILE, Action.REQUEST_REFUND}
 _OPERATOR = _SUPPORT | {Action.RESOLVE, Action.REPLAY, Action.HALT, Action.TRIAGE_QUARANTINE,
                         Action.VIEW_REDACTED_PAYLOAD, Action.MANAGE_INCIDENTS,
-                        Action.RETRY_OUTBOX, Action.DECIDE_STEP}
+                        Action.RETRY_OUTBOX, Action.DECIDE_STEP, Action.MANAGE_WEBHOOKS}
 _FINANCE = _SUPPORT | {Action.APPROVE_REFUND, Action.VIEW_SETTLEMENT,
                        Action.SETTLE_DISCREPANCY, Action.REVIEW_EXTERNAL}
 

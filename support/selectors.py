@@ -55,6 +55,7 @@ from recovery.models import (
     StepState,
     WorkflowHalt,
 )
+from events import selectors as event_selectors
 from support.access import Action, can
 # The console's queues live in one registry (support.queues); re-exported for the views.
 from support.queues import (  # noqa: F401
@@ -833,3 +834,21 @@ def queue_history(*, days: int = 7) -> tuple[list[str], dict[str, list[int]]]:
     }
     labels = [e.strftime("%a %d") if e is not now else "now" for e in ends]
     return labels, {name: [_open_at(iv, e) for e in ends] for name, iv in series.items()}
+
+
+# -- storefront webhooks (events/) ------------------------------------------------------
+
+
+def webhook_endpoints() -> list[dict]:
+    """Endpoints with their client's name; no secret or salt ever leaves events/."""
+    endpoints = event_selectors.endpoints_all()
+    names = dict(ApiClient.objects.filter(pk__in={e.api_client_id for e in endpoints})
+                 .values_list("pk", "name"))
+    return [{"id": e.id, "client": names.get(e.api_client_id, "?"), "url": e.url,
+             "event_types": ", ".join(e.event_types) or "every type", "enabled": e.enabled,
+             "disabled_reason": e.disabled_reason, "failing_since": e.failing_since,
+             "max_in_flight": e.max_in_flight} for e in endpoints]
+
+
+def webhook_deliveries(*, purchase_id: str | None = None) -> list:
+    return event_selectors.deliveries_of(purchase_id=purchase_id, limit=100)

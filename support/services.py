@@ -27,6 +27,8 @@ from django.utils import timezone
 
 from audit import services as audit_services
 from audit.actions import AuditAction
+from events import selectors as event_selectors
+from events import services as event_services
 from payments.enums import Outcome
 from payments.errors import DomainError
 from payments.money import format_money
@@ -832,3 +834,29 @@ def external_review_by_user(*, operation_id: str, user, reason: str,
                                                      acting_user=user, reason=reason),
         before=lambda op: {"reviewed_at": None},
         after=lambda op: {"reviewed_by": op.reviewed_by})
+
+
+# ------------------------------------------------------------ storefront webhooks
+
+
+def webhook_endpoint_enable_by_user(*, endpoint_id: str, enabled: bool, user, reason: str,
+                                    ip: str | None = None):
+    """Turn a storefront's webhook endpoint on or off (its audit row is written by
+    events.services in the same transaction)."""
+    require(user, Action.MANAGE_WEBHOOKS)
+    reason = _reason_required(reason)
+    endpoint = event_selectors.endpoint_get(endpoint_id)
+    if endpoint is None:
+        raise ConsoleError("not_found", "No such webhook endpoint.", 404)
+    return event_services.endpoint_update(endpoint=endpoint, enabled=enabled, reason=reason,
+                                          actor=user.get_username())
+
+
+def webhook_delivery_resend_by_user(*, delivery_id: int, user, reason: str,
+                                    ip: str | None = None) -> None:
+    require(user, Action.MANAGE_WEBHOOKS)
+    reason = _reason_required(reason)
+    delivery = event_selectors.delivery_get(delivery_id)
+    if delivery is None:
+        raise ConsoleError("not_found", "No such delivery.", 404)
+    event_services.delivery_resend(delivery=delivery, actor=user.get_username(), reason=reason)

@@ -173,6 +173,31 @@ def event(request, event_pk: int):
 
 
 @console_view(Action.VIEW)
+def webhooks(request):
+    """Storefront webhook endpoints (never their secrets) and the delivery log."""
+    purchase_id = request.GET.get("purchase", "")[:40] or None
+    return render(request, "console/webhooks.html", _ctx(
+        request, endpoints=selectors.webhook_endpoints(),
+        deliveries=selectors.webhook_deliveries(purchase_id=purchase_id),
+        purchase_filter=purchase_id))
+
+
+@console_view(Action.MANAGE_WEBHOOKS, post=True)
+def webhook_endpoint_enabled(request, endpoint_id: str, state: str):
+    if state not in ("enable", "disable"):
+        raise Http404
+    return _run(request, reverse("support:webhooks"), services.webhook_endpoint_enable_by_user,
+                f"Endpoint {state}d.", endpoint_id=endpoint_id, enabled=state == "enable")
+
+
+@console_view(Action.MANAGE_WEBHOOKS, post=True)
+def webhook_delivery_resend(request, delivery_id: int):
+    return _run(request, reverse("support:webhooks"), services.webhook_delivery_resend_by_user,
+                "Queued to be sent again (same webhook-id: a receiver that dedupes takes it "
+                "once).", delivery_id=delivery_id)
+
+
+@console_view(Action.VIEW)
 def halts(request):
     active = selectors.active_halts()
     return render(request, "console/halts.html", _ctx(

@@ -5,4 +5,5 @@ from .queue import *  # noqa: F401,F403
 from .provider import *  # noqa: F401,F403
 from .x402 import *  # noqa: F401,F403
 from .api import *  # noqa: F401,F403
+from .events import *  # noqa: F401,F403
 from .security import *  # noqa: F401,F403  (last: start-up refusals read the others)

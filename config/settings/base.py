@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "audit",
     "agents",
     "acp",
+    "events",
 ]
 
 MIDDLEWARE = [

@@ -95,6 +95,11 @@ RETENTION_MAX_BATCHES = env.int("RETENTION_MAX_BATCHES", default=200)
 # Exactly one beat process runs this (Procfile.dev `beat`). Tasks only find work and
 # write outbox rows; the relay does it.
 CELERY_BEAT_SCHEDULE = {
+    # Storefront webhooks due for a (re)try; commits kick it sooner (events.delivery).
+    "webhook-deliveries": {"task": "events.deliver_due",
+                           "schedule": env.float("WEBHOOK_SWEEP_SECONDS", default=5.0)},
+    "events-prune": {"task": "events.prune",
+                     "schedule": env.float("EVENTS_PRUNE_SWEEP_SECONDS", default=3600.0)},
     "outbox-sweep": {"task": "recovery.relay_drain", "schedule": OUTBOX_SWEEP_SECONDS},
     "reconcile-due": {"task": "recovery.reconcile_due",
                       "schedule": env.float("RECONCILE_SWEEP_SECONDS", default=10.0)},

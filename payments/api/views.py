@@ -56,6 +56,12 @@ from ..keyed import (
 )
 from ..services.requests import follow_up_request, payment_request
 from .idempotency import key_from_headers, replay_body
+from .lists import (
+    PURCHASE_LIST_PARAMETERS,
+    PurchaseListOut,
+    purchase_list_cursor,
+    purchase_list_query,
+)
 from .problems import PROBLEM_CONTENT_TYPE, Problem, problem_body
 from .serializers import (
     DeclineIn,
@@ -361,7 +367,23 @@ class QuoteCreateApi(ApiView):
 
 
 class PurchaseCreateApi(ApiView):
-    required_scopes = {"POST": WRITE}
+    # GET lists (the route is one path for both; the idempotency scope is POST's name).
+    required_scopes = {"POST": WRITE, "GET": READ}
+
+    @extend_schema(
+        operation_id="purchases_list", summary="Your purchases, newest first",
+        description="Filtered by status (comma-separated), customer reference (matched as "
+                    "stored: trimmed, NFKC, case-insensitive), created time and amount; "
+                    "keyset-paginated: pass `next_cursor` as `cursor` for the next page.",
+        parameters=PURCHASE_LIST_PARAMETERS,
+        responses={**_ok(200, PurchaseListOut, "Purchases"), **_problems()})
+    def get(self, request):
+        where, cursor, limit = purchase_list_query(request.query_params)
+        rows = selectors.purchases_list_for_client(api_client=request.auth, where=where,
+                                                   cursor=cursor, limit=limit)
+        return Response({"purchases": [presenters.purchase_view(p) for p in rows],
+                         "next_cursor": purchase_list_cursor(rows[-1])
+                         if len(rows) == limit else None})
 
     @extend_schema(
         operation_id="purchases_create", summary="Open a purchase for an accepted quote",

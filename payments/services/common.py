@@ -15,6 +15,7 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from audit.services import audit_write
+from events.record import event_record_transition
 from recovery.halts import is_halted
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
@@ -79,6 +80,10 @@ def transition_record(*, purchase_id: str, operation: PaymentOperation | None, f
     row = OperationTransition(
         purchase_id=purchase_id, operation=operation, field=field, source=source,
         target=target, cause=cause, evidence=evidence or {}, actor=actor)
+    # The storefront's event for this change, if it makes one (events.record): here, where
+    # every transition is recorded, so no change commits without its event.
+    event_record_transition(purchase_id=purchase_id, operation=operation, field=field,
+                            source=source, target=target, cause=cause, evidence=evidence)
     batch = getattr(_HISTORY_BATCH, "rows", None)
     if batch is not None:
         batch.append(row)

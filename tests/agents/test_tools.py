@@ -16,7 +16,8 @@ from tests.factories import make_client
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TOOLS = {"list_products", "get_quote", "create_purchase", "pay_purchase", "get_purchase",
-         "get_operation", "reconcile_operation", "request_refund", "retry_failed_payment"}
+         "get_operation", "reconcile_operation", "request_refund", "retry_failed_payment",
+         "list_purchases", "wait_for_purchase_change"}
 
 
 def run_agent(key: str, script, **server_kw):

@@ -21,6 +21,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from config.wsgi import application
+from events.models import WebhookEndpoint
 from tests.api.conftest import ALL_SCOPES, Api, settle_outbox
 from tests.factories import ProductFactory, make_client
 
@@ -39,13 +40,15 @@ class World:
     def __init__(self) -> None:
         # The schema's examples name TEA-001; make it exist so they reach real code.
         ProductFactory(sku="TEA-001", price=1250, stock=10_000)
-        client, key = make_client(scopes=ALL_SCOPES + ("operations:resolve",),
+        client, key = make_client(scopes=ALL_SCOPES + ("operations:resolve", "webhooks:manage"),
                                   name="fuzzer", auto_refund_limit=100_000)
         self.auth = {"Authorization": f"Api-Key {key}"}
         api = Api(key, client)
         self.open_purchase = api.new_purchase("TEA-001")["id"]
         paid = api.new_purchase("TEA-001")["id"]
         self.operation = api.pay(paid).json()["id"]
+        self.endpoint = WebhookEndpoint.objects.create(
+            api_client_id=client.pk, url="https://receiver.example/hooks").id
         self._turn = itertools.count()
 
     def ids(self, path_parameters: dict) -> dict:
@@ -56,11 +59,14 @@ class World:
             out["purchase_id"] = self.open_purchase
         if "operation_id" in out:
             out["operation_id"] = self.operation
+        if "endpoint_id" in out:
+            out["endpoint_id"] = self.endpoint
         return out
 
 
 @pytest.fixture
-def world(transactional_db, localstripe):
+def world(transactional_db, localstripe, settings):
+    settings.EVENTS_WAIT_MAX_SECONDS = 0.2  # the feed's long-poll, bounded for the fuzzer
     yield World()
     settle_outbox()
 

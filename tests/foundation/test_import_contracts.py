@@ -15,7 +15,7 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("config", "payments", "webhooks", "recovery", "support", "audit", "agents")
+APPS = ("config", "payments", "webhooks", "recovery", "support", "audit", "agents", "events")
 
 
 def test_the_import_linter_contracts_are_kept():

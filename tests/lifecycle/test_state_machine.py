@@ -88,7 +88,7 @@ import requests
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
-from django.db.models import Max, Q
+from django.db.models import F, Max, Q
 from django.test import Client
 from django.utils import timezone
 from hypothesis import HealthCheck, Phase, event, settings
@@ -461,6 +461,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         django_settings.STRIPE_WEBHOOK_SECRETS = [SECRET]
         django_settings.STRIPE_WEBHOOK_TOLERANCE = 300
         django_settings.STRIPE_ACCOUNT = ""
+        django_settings.EVENTS_FEED_SETTLE_SECONDS = 0
 
     def teardown(self):
         provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
@@ -2786,6 +2787,39 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert body["refunds"]["refunded"] == own, (
                 f"{pid}: the API says {body['refunds']['refunded']} refunded; the purchase's "
                 f"own payment got {own} back")
+
+    @invariant()
+    def the_events_a_storefront_reads_match_the_record(self):
+        """The events feed, as each shop reads it: a purchase's events are numbered 1..n in
+        the order they are listed, it was created once, and it has one status event per
+        status change in the transition history (the record), no more, no fewer."""
+        if not self.purchases:
+            return
+        mine = {pid: shop for pid, shop in self.purchases}
+        seen: dict[str, list[dict]] = {pid: [] for pid in mine}
+        for shop in {shop for _, shop in self.purchases}:
+            after = "0"
+            while True:
+                page = self.shops[shop].get(f"events?after={after}&limit=100")
+                assert page.status_code == 200, page.content
+                body = page.json()
+                for e in body["events"]:
+                    assert mine.get(e["purchase"], shop) == shop, "another shop's event"
+                    if e["purchase"] in seen:
+                        seen[e["purchase"]].append(e)
+                if len(body["events"]) < 100:
+                    break
+                after = body["next_cursor"]
+        for pid, events in seen.items():
+            assert [e["sequence"] for e in events] == list(range(1, len(events) + 1)), pid
+            assert [e["type"] for e in events].count("purchase.created") == 1, pid
+            changes = OperationTransition.objects.filter(
+                purchase_id=pid, field="status", operation__isnull=True).exclude(
+                source="").exclude(source=F("target")).count()
+            told = sum(e["type"] in ("purchase.status_changed", "purchase.completed")
+                       for e in events)
+            assert told == changes, f"{pid}: {changes} status changes, {told} events"
+
 
 # Rules or invariants left out by name (comma-separated), e.g. to look for one class of
 # defect while another known one is still open: VERITY_LIFECYCLE_SKIP=agent_with_only_its_answers

@@ -58,6 +58,10 @@ def _cells(t):
          Action.DECIDE_STEP),
         ("post", reverse("support:discrepancy-explain", args=[1]), Action.SETTLE_DISCREPANCY),
         ("post", reverse("support:outbox-retry", args=[1]), Action.RETRY_OUTBOX),
+        ("get", reverse("support:webhooks"), Action.VIEW),
+        ("post", reverse("support:webhook-endpoint-enabled", args=["we_matrix", "disable"]),
+         Action.MANAGE_WEBHOOKS),
+        ("post", reverse("support:webhook-delivery-resend", args=[1]), Action.MANAGE_WEBHOOKS),
     ]
 
 

@@ -1,0 +1,253 @@
+"""Delivering storefront events to webhook endpoints: at least once, signed per the
+Standard Webhooks spec with the `standardwebhooks` package, retried with backoff for
+WEBHOOK_RETRY_SECONDS.
+
+  1. fan-out (an outbox handler, EVENT_FANOUT): one WebhookDelivery per enabled endpoint
+     of the event's API client that wants its type (INSERT … ON CONFLICT DO NOTHING), then
+     a kick of the delivery task after commit;
+  2. claim (`events.deliver_due`, its own task: a slow receiver never holds the outbox
+     relay, so it never delays a money path): one short transaction, serialised by an
+     advisory lock, takes due deliveries within each endpoint's `max_in_flight` and at
+     most one per (endpoint, purchase) at a time, so a purchase's events leave in their
+     sequence order; stamps a lease;
+  3. send with no transaction open, side by side (one thread per delivery);
+  4. settle the batch in one transaction: delivered, or the next attempt's time from the schedule; past the retry
+     window the delivery fails, and an endpoint that has failed everything for
+     WEBHOOK_DISABLE_AFTER_SECONDS is disabled with its reason (console queue, metric).
+The `webhooks` halt stops step 2: deliveries wait, they do not fail.
+A worker that dies between 2 and 4 leaves the lease; the next claim after it takes the
+delivery again (the receiver dedupes on `webhook-id`, the event's id).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+
+from celery import current_app
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Case, Count, F, PositiveSmallIntegerField, Q, Value, When
+from django.utils import timezone
+from standardwebhooks.webhooks import Webhook
+
+from payments.locks import assert_outside_transaction
+from recovery.halts import is_halted
+from recovery.models import OutboxCategory
+from recovery.outbox import outbox_handler
+
+from .destinations import PostResult, post_checked
+from .models import (
+    DeliveryState,
+    Event,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
+from .secrets import signing_secret
+from .selectors import event_document
+
+log = logging.getLogger("verity.events")
+
+DELIVER_TASK = "events.deliver_due"
+HALT = "webhooks"
+
+
+# -- 1. fan-out -------------------------------------------------------------------------
+
+
+@outbox_handler(OutboxCategory.EVENT_FANOUT)
+def _fan_out(payload: dict) -> None:
+    event = Event.objects.filter(pk=payload["event"]).first()
+    if event is None or not event.api_client_id:
+        return  # pruned, or a purchase no API client owns: nobody to tell
+    endpoints = [e for e in WebhookEndpoint.objects.filter(api_client_id=event.api_client_id,
+                                                           enabled=True)
+                 if e.wants(event.type)]
+    if not endpoints:
+        return
+    now = timezone.now()
+    with transaction.atomic():
+        WebhookDelivery.objects.bulk_create(
+            [WebhookDelivery(endpoint=e, event=event, purchase_id=event.purchase_id,
+                             next_attempt_at=now,
+                             give_up_at=now + timedelta(seconds=settings.WEBHOOK_RETRY_SECONDS))
+             for e in endpoints], ignore_conflicts=True)  # a redelivered message adds nothing
+        deliver_kick()
+
+
+def deliver_kick() -> None:
+    """After commit, ask a worker to send what is due (the beat sweep is the backstop)."""
+    transaction.on_commit(lambda: current_app.send_task(DELIVER_TASK, retry=False),
+                          robust=True)
+
+
+# -- 2. claim ---------------------------------------------------------------------------
+
+_CLAIM_LOCK = 0x5645524954  # "VERIT": pg_advisory_xact_lock key of the delivery claim
+
+
+def _claim(batch: int) -> list[int]:
+    now = timezone.now()
+    lease = now + timedelta(seconds=settings.WEBHOOK_LEASE_SECONDS)
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # Claims are short and rare next to sends: one at a time keeps each endpoint's
+            # in-flight count exact without a counter that a dead worker would leak.
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CLAIM_LOCK])
+        in_flight = WebhookDelivery.objects.filter(state=DeliveryState.PENDING,
+                                                   claimed_until__gt=now)
+        busy = dict(in_flight.values("endpoint_id").annotate(n=Count("id"))
+                    .values_list("endpoint_id", "n"))
+        busy_pairs = set(in_flight.values_list("endpoint_id", "purchase_id"))
+        due = (WebhookDelivery.objects
+               .filter(state=DeliveryState.PENDING, next_attempt_at__lte=now)
+               .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lte=now)))
+        # Endpoint by endpoint, each read only as far as its free room: an endpoint with a
+        # long backlog and a full in-flight bound takes no place in anyone else's claim
+        # (one global "oldest first" read would put its backlog in front of everyone).
+        bounds = list(WebhookEndpoint.objects.filter(
+            enabled=True, id__in=due.values("endpoint_id")).values_list("id", "max_in_flight"))
+        random.shuffle(bounds)  # no endpoint always first when the batch fills up
+        picked: list[int] = []
+        for endpoint_id, bound in bounds:
+            room = min(bound - busy.get(endpoint_id, 0), batch - len(picked))
+            if room <= 0:
+                continue
+            rows = (due.filter(endpoint_id=endpoint_id).order_by("event_id", "id")
+                    .values_list("id", "purchase_id")[:room * 4 + 8])
+            for delivery_id, purchase_id in rows:
+                if (endpoint_id, purchase_id) in busy_pairs:
+                    continue  # one at a time per purchase: its events leave in order
+                picked.append(delivery_id)
+                busy_pairs.add((endpoint_id, purchase_id))
+                room -= 1
+                if room <= 0:
+                    break
+            if len(picked) >= batch:
+                break
+        if picked:
+            WebhookDelivery.objects.filter(id__in=picked).update(claimed_until=lease)
+    return picked
+
+
+# -- 3. send ----------------------------------------------------------------------------
+
+
+def event_body(event: Event) -> bytes:
+    """The JSON a receiver gets (docs/events.md): the feed's document, the same for every
+    attempt."""
+    return json.dumps(event_document(event), separators=(",", ":")).encode()
+
+
+def signed_headers(endpoint: WebhookEndpoint, *, msg_id: str, body: bytes,
+                   at: datetime) -> dict[str, str]:
+    """Standard Webhooks headers. While a rotation's overlap lasts, the old secret signs
+    too (a second `v1,` signature): a receiver with either secret verifies."""
+    salts = [endpoint.secret_salt]
+    if (endpoint.previous_secret_salt and endpoint.previous_secret_expires_at
+            and endpoint.previous_secret_expires_at > at):
+        salts.append(endpoint.previous_secret_salt)
+    text = body.decode()
+    signatures = [Webhook(signing_secret(endpoint_id=endpoint.id, salt=salt))
+                  .sign(msg_id=msg_id, timestamp=at, data=text) for salt in salts]
+    return {"webhook-id": msg_id, "webhook-timestamp": str(int(at.timestamp())),
+            "webhook-signature": " ".join(signatures)}
+
+
+def _send(delivery: WebhookDelivery) -> PostResult:
+    body = event_body(delivery.event)
+    headers = signed_headers(delivery.endpoint, msg_id=delivery.event.public_id, body=body,
+                             at=timezone.now())
+    return post_checked(delivery.endpoint.url, body=body, headers=headers)
+
+
+# -- 4. settle --------------------------------------------------------------------------
+
+
+def retry_delay_seconds(attempts: int) -> float:
+    schedule = settings.WEBHOOK_RETRY_SCHEDULE_SECONDS
+    return float(schedule[min(max(attempts, 1), len(schedule)) - 1])
+
+
+def _settle_all(settled: list[tuple[WebhookDelivery, PostResult]]) -> None:
+    """Record a batch's answers in one transaction: the attempt log in one INSERT, the
+    delivered ones in one UPDATE; a failure is scheduled (or given up) row by row."""
+    now = timezone.now()
+    with transaction.atomic():
+        WebhookAttempt.objects.bulk_create([
+            WebhookAttempt(delivery_id=d.id, status_code=r.status, error=_error(r)[:300],
+                           duration_ms=r.duration_ms, at=now) for d, r in settled])
+        ok = [d for d, r in settled if r.ok]
+        if ok:
+            WebhookDelivery.objects.filter(id__in=[d.id for d in ok],
+                                           state=DeliveryState.PENDING).update(
+                state=DeliveryState.DELIVERED, delivered_at=now, claimed_until=None,
+                attempts=F("attempts") + 1, last_error="", last_status=Case(
+                    *[When(id=d.id, then=Value(r.status)) for d, r in settled if r.ok],
+                    output_field=PositiveSmallIntegerField()))
+            WebhookEndpoint.objects.filter(id__in={d.endpoint_id for d in ok},
+                                           failing_since__isnull=False).update(
+                failing_since=None)
+        for delivery, result in settled:
+            if not result.ok:
+                _failed(delivery, result, now)
+
+
+def _error(result: PostResult) -> str:
+    return result.error or (f"answered {result.status}" if result.status else "")
+
+
+def _failed(delivery: WebhookDelivery, result: PostResult, now: datetime) -> None:
+    error = _error(result)
+    attempts = delivery.attempts + 1
+    next_at = now + timedelta(seconds=retry_delay_seconds(attempts))
+    gave_up = next_at > delivery.give_up_at
+    WebhookDelivery.objects.filter(id=delivery.id, state=DeliveryState.PENDING).update(
+        state=DeliveryState.FAILED if gave_up else DeliveryState.PENDING,
+        attempts=F("attempts") + 1, next_attempt_at=next_at, claimed_until=None,
+        last_status=result.status, last_error=error[:300])
+    WebhookEndpoint.objects.filter(id=delivery.endpoint_id,
+                                   failing_since__isnull=True).update(failing_since=now)
+    cutoff = now - timedelta(seconds=settings.WEBHOOK_DISABLE_AFTER_SECONDS)
+    disabled = WebhookEndpoint.objects.filter(
+        id=delivery.endpoint_id, enabled=True, failing_since__lte=cutoff).update(
+        enabled=False, disabled_at=now,
+        disabled_reason="every delivery failed since "
+                        f"{cutoff:%Y-%m-%d %H:%M} UTC or earlier (last: {error[:80]})")
+    if disabled:
+        log.warning("webhook endpoint disabled endpoint=%s reason=failing",
+                    delivery.endpoint_id)
+
+
+def deliveries_send_due(*, batch: int = 20) -> int:
+    """Claim, send and settle one batch; returns how many were sent."""
+    assert_outside_transaction()
+    if is_halted(HALT):
+        return 0
+    ids = _claim(batch)
+    if not ids:
+        return 0
+    deliveries = list(WebhookDelivery.objects.select_related("event", "endpoint")
+                      .filter(id__in=ids))
+    threads = min(len(deliveries), settings.WEBHOOK_SEND_THREADS)
+    if threads <= 1:
+        results = [_send(d) for d in deliveries]
+    else:
+        with ThreadPoolExecutor(threads) as pool:  # HTTP only: no database in the threads
+            results = list(pool.map(_send, deliveries))
+    _settle_all(list(zip(deliveries, results)))
+    return len(deliveries)
+
+
+def deliveries_send_all_due(*, max_batches: int = 50) -> int:
+    total = 0
+    for _ in range(max_batches):
+        sent = deliveries_send_due()
+        total += sent
+        if not sent:
+            break
+    return total

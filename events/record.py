@@ -1,0 +1,185 @@
+"""Writing storefront events, in the transaction of the change they report.
+
+A leaf: payments' services call `event_record_transition` from the one function that
+records every transition of a purchase or an operation (payments.services.common.
+transition_record), so an event exists if and only if its change committed. Each event
+gets the purchase's next sequence number (an upsert, never read-then-write) and the
+purchase view as its transaction leaves it, built by the presenter that events.apps
+registers (the API's own). Its delivery starts from an outbox row written in
+the same transaction (category EVENT_FANOUT, events.delivery).
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+
+from django.db import connection
+from django.utils import timezone
+
+from payments.enums import OperationKind, Origin, Outcome, Verification
+from recovery.models import OutboxCategory
+from recovery.outbox import outbox_put
+
+from .models import Event, EventType, PurchaseEventCounter
+
+# purchase id -> (its API client's id, the purchase view)
+ViewBuilder = Callable[[str], tuple[str, dict]]
+_VIEW: list[ViewBuilder | None] = [None]
+
+
+def event_view_register(builder: ViewBuilder) -> None:
+    """Install the purchase presenter (events.apps). The last one installed wins."""
+    _VIEW[0] = builder
+
+
+_GROUP = {OperationKind.CHARGE: "payment", OperationKind.AUTHORIZE: "payment",
+          OperationKind.CAPTURE: "capture", OperationKind.VOID: "void",
+          OperationKind.REFUND: "refund"}
+_SETTLED = {Outcome.SUCCEEDED: "succeeded", Outcome.FAILED: "failed",
+            Outcome.UNKNOWN: "unknown"}
+# An outcome that was still open: settling from one of these is "resolved" for a payment.
+_OPEN = {Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER}
+_DISPUTE_CLOSED = {"won", "lost", "warning_closed", "charge_refunded"}
+# Who settled an operation, in the storefront's words (never a staff member's name).
+_RESOLVED_BY = {Verification.PROVIDER: "provider", Verification.WEBHOOK: "provider",
+                Verification.MANUAL: "support", Verification.UNVERIFIED: "verity"}
+
+
+def _operation_type(op, source: str, target: str) -> str | None:
+    if op.origin == Origin.PROVIDER and not source:
+        return EventType.MONEY_MOVED_OUTSIDE
+    if source == target:
+        return None
+    group = _GROUP[OperationKind(op.kind)]
+    if group == "refund" and not source:
+        return EventType.REFUND_REQUESTED
+    word = _SETTLED.get(target)
+    if word is None:
+        return None
+    if group == "payment" and source in _OPEN and word != "unknown":
+        return EventType.PAYMENT_RESOLVED
+    return EventType(f"{group}.{word}")
+
+
+def _status_type(source: str, target: str) -> str | None:
+    if not source:
+        return EventType.PURCHASE_CREATED
+    if source == target:
+        return None
+    if target == "completed":
+        return EventType.PURCHASE_COMPLETED
+    return EventType.PURCHASE_STATUS_CHANGED
+
+
+def _dispute_type(source: str, target: str) -> str | None:
+    if source == target:
+        return None
+    if target in _DISPUTE_CLOSED:
+        return EventType.DISPUTE_CLOSED
+    return EventType.DISPUTE_OPENED if not source else EventType.DISPUTE_UPDATED
+
+
+def event_record_transition(*, purchase_id: str, operation,
+                            field: str, source: str, target: str, cause: str,
+                            evidence: dict | None) -> Event | None:
+    """The event a recorded transition makes, if it makes one (caller's transaction)."""
+    source, target = str(source or ""), str(target or "")
+    change: dict = {}
+    if field == "status":
+        event_type = _status_type(source, target)
+        change = {"previous_status": source or None, "status": target}
+    elif field == "dispute":
+        event_type = _dispute_type(source, target)
+        evidence = evidence or {}
+        change = {"dispute": {"id": evidence.get("id"), "status": target,
+                              "previous_status": source or None,
+                              "outcome": target if target in _DISPUTE_CLOSED else None,
+                              "amount": evidence.get("amount"),
+                              "currency": evidence.get("currency"),
+                              "reason": evidence.get("reason")}}
+    elif field == "outcome" and operation is not None:
+        event_type = _operation_type(operation, source, target)
+        change = {"operation": {
+            "id": operation.id, "kind": str(operation.kind), "outcome": target,
+            "previous_outcome": source or None, "amount": operation.amount,
+            "currency": operation.currency, "origin": str(operation.origin),
+            "grade": str(operation.grade or "") or None,
+            "reason": str(operation.reason or "") or None,
+            "settled_by": (_RESOLVED_BY.get(operation.verification)
+                           if target in _SETTLED else None)}}
+    else:
+        event_type = None
+    if event_type is None:
+        return None
+    return event_record(purchase_id=purchase_id, event_type=event_type, change={**change, "cause": cause or None})
+
+
+def event_record(*, purchase_id: str, event_type: str, change: dict) -> Event:
+    """Write one event and its fan-out message (caller's transaction)."""
+    assert connection.in_atomic_block, "an event is written in its change's transaction"
+    builder = _VIEW[0]
+    api_client_id, view = (builder(purchase_id) if builder is not None
+                           else ("", {"id": purchase_id}))
+    event = Event.objects.create(
+        api_client_id=api_client_id or "", purchase_id=purchase_id,
+        sequence=_next_sequence(purchase_id), type=event_type, created_at=timezone.now(),
+        data={"purchase": view, **change})
+    _same_transaction_views(purchase_id, event.id, view)
+    outbox_put(category=OutboxCategory.EVENT_FANOUT, payload={"event": event.id},
+               dedupe_key=f"event:{event.id}")
+    return event
+
+
+_COUNTER = PurchaseEventCounter._meta.db_table
+_NEXT_SQL = (f'INSERT INTO "{_COUNTER}" (purchase_id, last) VALUES (%s, 1) '
+             f'ON CONFLICT (purchase_id) DO UPDATE SET last = "{_COUNTER}".last + 1 '
+             "RETURNING last")
+
+
+def _next_sequence(purchase_id: str) -> int:
+    # The row lock the upsert takes orders concurrent writers of one purchase (they hold
+    # the purchase's lock already); same text on PostgreSQL and SQLite.
+    with connection.cursor() as cursor:
+        cursor.execute(_NEXT_SQL, [purchase_id])
+        return cursor.fetchone()[0]
+
+
+# The events this transaction wrote, per purchase: {purchase_id: [event ids]}. Valid while
+# its marker (an on-commit callback of this transaction) is still pending on the
+# connection: a commit runs it (and forgets), a rollback drops it (so does a rolled-back
+# savepoint: then a later event only leaves the earlier views as they were).
+_WRITTEN = threading.local()
+
+
+def _written_in_this_transaction() -> dict[str, list[int]]:
+    marker = getattr(_WRITTEN, "marker", None)
+    if marker is None or not any(entry[1] is marker for entry in connection.run_on_commit):
+        def marker() -> None:
+            if getattr(_WRITTEN, "marker", None) is marker:
+                _WRITTEN.marker, _WRITTEN.ids = None, {}
+
+        _WRITTEN.marker, _WRITTEN.ids = marker, {}
+        connection.on_commit(marker)
+    return _WRITTEN.ids
+
+
+def _same_transaction_views(purchase_id: str, event_id: int, view: dict) -> None:
+    """Every event a transaction writes about one purchase carries the view that
+    transaction leaves: an operation's outcome is saved before the purchase status that
+    follows from it, and a `payment.failed` whose view still said `payment_pending` would
+    tell the storefront a state that never committed. So a later event of the same
+    purchase in the same transaction brings its earlier ones' view up to date."""
+    earlier = _written_in_this_transaction().setdefault(purchase_id, [])
+    if earlier:
+        table = Event._meta.db_table
+        placeholders = ", ".join(["%s"] * len(earlier))
+        if connection.vendor == "postgresql":
+            sql = (f'UPDATE "{table}" SET data = jsonb_set(data, \'{{purchase}}\', %s::jsonb) '
+                   f"WHERE id IN ({placeholders})")
+        else:
+            sql = (f'UPDATE "{table}" SET data = json_set(data, \'$.purchase\', json(%s)) '
+                   f"WHERE id IN ({placeholders})")
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [json.dumps(view), *earlier])
+    earlier.append(event_id)

@@ -1,0 +1,43 @@
+"""Delivery from a real Celery worker process: the commit's outbox kick fans the event
+out, the fan-out's kick sends it; nothing is driven from the test process. A receiver
+that fails first still gets every event once."""
+from __future__ import annotations
+
+import pytest
+
+from events.models import DeliveryState, Event, WebhookDelivery
+from events.services import endpoint_create
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def worker_env(monkeypatch, loopback_allowed):
+    # The worker is another process: it reads these from its environment.
+    monkeypatch.setenv("WEBHOOK_ALLOW_LOOPBACK", "true")
+    monkeypatch.setenv("WEBHOOK_RETRY_SCHEDULE_SECONDS", "0.2,0.5,1")
+    monkeypatch.setenv("EVENTS_FEED_SETTLE_SECONDS", "0")
+
+
+def test_a_worker_delivers_every_event_of_a_paid_purchase(shop, product, receiver,
+                                                         worker_env, celery_worker):
+    made = endpoint_create(api_client_id=shop.client.pk, url=receiver.url, actor="test")
+    receiver.secrets = [made.secret]
+    receiver.script = [503, 500]
+    purchase = shop.new_purchase(product.sku)
+    assert shop.pay(purchase["id"]).status_code == 201
+
+    def all_there() -> bool:
+        stored = set(Event.objects.filter(purchase_id=purchase["id"])
+                     .values_list("public_id", flat=True))
+        return (stored and stored <= set(receiver.accepted)
+                and Event.objects.filter(purchase_id=purchase["id"],
+                                         type="purchase.completed").exists()
+                and not WebhookDelivery.objects.filter(state=DeliveryState.PENDING).exists())
+
+    wait_for(all_there, timeout=60)
+    stored = list(Event.objects.filter(purchase_id=purchase["id"]).order_by("sequence"))
+    assert set(receiver.accepted) == {e.public_id for e in stored}
+    assert receiver.rejected == 0
+    assert WebhookDelivery.objects.filter(state=DeliveryState.DELIVERED).count() == len(stored)
