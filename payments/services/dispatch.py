@@ -39,7 +39,9 @@ from .common import (
     _record_call,
     log,
     operation_workflow,
+    payment_request,
     provider_for,
+    provider_metadata,
     rail_evidence_for,
 )
 from .holds import _hold_reserve
@@ -49,7 +51,7 @@ from .observations import (
     operation_apply_observation,
     outcome_apply_locked,
 )
-from .reconcile import _read_back
+from .reconcile import _read_back, operation_reconcile
 
 
 # Resend a not_sent step at most twice (docs/reliability.md#outcome-classification).
@@ -203,13 +205,54 @@ def _outcome_after_call(op: PaymentOperation, step: str, result: CallResult) -> 
                                      "fault_drill": result.fault_drill, "detail": result.detail})
 
 
-def _metadata(op: PaymentOperation) -> dict:
-    return {"operation_id": op.id, "purchase_id": op.purchase_id,
-            "customer_reference": op.purchase.customer_reference}
+_metadata = provider_metadata
+
+
+def payment_money_step(op: PaymentOperation) -> str:
+    """The step of a card payment that can move money: `pay` (create with confirm=true)
+    where the rail's provider dedupes keys, else `confirm`. What a fault drill arms."""
+    return CallStep.PAY if provider_for(op).pays_in_one_call() else CallStep.CONFIRM
+
+
+def _dispatch_payment_one_call(op: PaymentOperation, provider) -> None:
+    """One round trip (DESIGN §10 rule 2; docs/reliability.md#one-round-trip-where-the-
+    provider-dedupes-keys). The claim stores the step key and, as `confirm_claimed_at`, the
+    time of the first send before anything leaves: from then on money may have moved, so a
+    dead worker is swept to `unknown`, never to `failed`. A lost answer is asked again
+    under the same key (the reconciler, at once below and on its schedule), found by the
+    signed webhook (metadata) or read by metadata — never created again under another key.
+    """
+    call = _claim(op.id, CallStep.PAY, from_pending=True, confirm=True)
+    if call is None:
+        return
+    key = op.provider_key(CallStep.PAY)
+    request = payment_request(op)
+    result = _send(op.id, CallStep.PAY, call,
+                   lambda: provider.create_and_confirm_payment_intent(key=key, **request))
+    if result.classification == Classification.REJECTED:
+        # A 4xx on create refuses the request before it executes: nothing was charged
+        # and the provider keeps no answer under the key (DESIGN §10 rule 3).
+        _settle_without_object(op.id, Outcome.FAILED, reason=Reason.INVALID_REQUEST,
+                               cause="pay_rejected", verification=Verification.PROVIDER,
+                               evidence={"http_status": result.http_status,
+                                         "code": result.error_code})
+        return
+    _outcome_after_call(op, CallStep.PAY, result)
+    if result.classification == Classification.UNKNOWN and result.http_status != 409:
+        # The answer was lost, or told nothing: ask once more now, under the same key, so
+        # the buyer hears the provider's own answer instead of "unknown". A 409 is the
+        # first request still running there: the schedule asks later.
+        try:
+            operation_reconcile(operation_id=op.id, actor="dispatcher")
+        except DomainError:
+            pass  # settled meanwhile (the webhook, another reconcile): nothing to ask
 
 
 def _dispatch_payment(op: PaymentOperation) -> None:
     provider = provider_for(op)
+    if provider.pays_in_one_call():
+        _dispatch_payment_one_call(op, provider)
+        return
     call = _claim(op.id, CallStep.CREATE, from_pending=True)
     if call is None:
         return
