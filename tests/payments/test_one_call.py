@@ -162,6 +162,8 @@ def test_past_the_window_edge_nothing_is_resent_and_reading_decides(
     while timezone.now() - first_send < timedelta(seconds=3.2):
         time.sleep(0.1)  # past Verity's usable window and past the provider's
     op = services.operation_reconcile(operation_id=op.id)
+    # A re-send now would meet a provider that forgot the key: a second PaymentIntent.
+    assert len(one_call.payment_intents_for(purchase.id)) == 1
     assert len(_calls(op, "replay")) == 1  # nothing re-sent after the edge
     assert (op.outcome, op.verification) == (Outcome.SUCCEEDED, Verification.PROVIDER)
     assert ProviderCall.objects.filter(operation=op, purpose="reconcile",
