@@ -342,8 +342,8 @@ async def idempotency_middleware(request, handler):
             response = err.to_response()
         except web.HTTPException:
             raise
-        except Exception:  # noqa: BLE001 - a fault inside the endpoint is Stripe's 500
-            logging.exception("localstripe endpoint failed")
+        except Exception:  # a fault inside the endpoint is Stripe's 500
+            logging.getLogger("localstripe").exception("localstripe endpoint failed")
             response = _stripe_error(500, {"type": "api_error",
                                            "message": "An unknown error occurred"})
     except BaseException:

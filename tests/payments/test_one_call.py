@@ -275,3 +275,14 @@ def test_a_provider_that_stops_deduping_is_never_resent(new_purchase, api_client
     assert len(_calls(op, "replay")) == 1
     assert op.outcome == Outcome.SUCCEEDED
     _one_charge(one_call, purchase)
+
+
+def test_a_replay_of_an_unknown_one_call_payment_is_its_resend(new_purchase, api_client,
+                                                               one_call, drill, read_drill):
+    purchase = new_purchase()
+    op = _lose_answers(_start(purchase, api_client), drill, read_drill)
+    assert op.outcome == Outcome.UNKNOWN
+    op = services.operation_replay(operation_id=op.id, actor="operator")
+    assert (op.outcome, op.verification) == (Outcome.SUCCEEDED, Verification.PROVIDER)
+    assert [c for _, _, c in _calls(op, "replay")] == ["unknown", "ok"]
+    _one_charge(one_call, purchase)
