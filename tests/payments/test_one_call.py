@@ -286,3 +286,20 @@ def test_a_replay_of_an_unknown_one_call_payment_is_its_resend(new_purchase, api
     assert (op.outcome, op.verification) == (Outcome.SUCCEEDED, Verification.PROVIDER)
     assert [c for _, _, c in _calls(op, "replay")] == ["unknown", "ok"]
     _one_charge(one_call, purchase)
+
+
+def test_the_reconcile_sweep_resends_one_call_payments_one_by_one(new_purchase, api_client,
+                                                                  one_call, drill, read_drill):
+    from recovery.sweep import reconcile_sweep
+
+    lost = []
+    for _ in range(2):
+        purchase = new_purchase()
+        lost.append((purchase, _lose_answers(_start(purchase, api_client), drill, read_drill)))
+    result = reconcile_sweep(operation_ids=[op.id for _, op in lost])
+    assert result.reconciled == 2 and result.failed == 0
+    for purchase, op in lost:
+        op = PaymentOperation.objects.get(id=op.id)
+        assert op.outcome == Outcome.SUCCEEDED
+        assert [c for _, _, c in _calls(op, "replay")] == ["unknown", "ok"]
+        _one_charge(one_call, purchase)
