@@ -52,9 +52,13 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+FAILURES: list[str] = []
+
+
 def _parallel(items: list, connections: int, fn) -> list[float]:
     """Run fn(connection_state, item) over items on `connections` threads, each with its
-    own keep-alive connection; returns the latencies in ms."""
+    own keep-alive connection; returns the latencies in ms of the payments that answered
+    as expected (the others are counted in FAILURES, with what came back)."""
     out: list[float] = []
     lock = threading.Lock()
     shares = [items[i::connections] for i in range(connections)]
@@ -63,7 +67,14 @@ def _parallel(items: list, connections: int, fn) -> list[float]:
         state: dict = {}
         for item in share:
             t = time.perf_counter()
-            fn(state, item)
+            try:
+                fn(state, item)
+            except Exception as exc:  # noqa: BLE001 - counted and shown, the run goes on
+                with lock:
+                    FAILURES.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+                if state.get("conn"):
+                    state.pop("conn").close()
+                continue
             ms = (time.perf_counter() - t) * 1000
             with lock:
                 out.append(ms)
@@ -288,6 +299,7 @@ def main(argv: list[str] | None = None) -> Report:
                 for face, run in faces:
                     for name, conns in series:
                         before = set(PaymentOperation.objects.values_list("id", flat=True))
+                        failed_before = len(FAILURES)
                         lat: list[float] = []
                         for r in range(args.runs):
                             log(f"{mode}: {face}, {name}, run {r + 1}/{args.runs}")
@@ -302,7 +314,10 @@ def main(argv: list[str] | None = None) -> Report:
                             f"{_pct(d, .5) / p50:.2f} / {_pct(d, .99) / p99:.2f}",
                             ">= 0.85" if args.hold else "",
                             f"{hold_note}; provider calls per payment {calls}; "
-                            f"n={len(lat)}, mean {statistics.mean(lat):.1f} ms")
+                            f"n={len(lat)}, mean {statistics.mean(lat) if lat else float('nan'):.1f} ms"
+                            + (f"; {len(FAILURES) - failed_before} not answered as "
+                               f"expected (first: {FAILURES[failed_before]})"
+                               if len(FAILURES) > failed_before else ""))
         proxy.down()
         if args.profile:
             from django.conf import settings
