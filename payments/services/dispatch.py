@@ -234,8 +234,8 @@ def payment_money_step(op: PaymentOperation) -> str:
 
 
 def _dispatch_payment_one_call(op: PaymentOperation, provider) -> None:
-    """One round trip (DESIGN §10 rule 2; docs/reliability.md#one-round-trip-where-the-
-    provider-dedupes-keys). The claim stores the step key and, as `confirm_claimed_at`, the
+    """One round trip (DESIGN §10 rule 2;
+    docs/reliability.md#one-round-trip-where-the-provider-dedupes-keys). The claim stores the step key and, as `confirm_claimed_at`, the
     time of the first send before anything leaves: from then on money may have moved, so a
     dead worker is swept to `unknown`, never to `failed`. A lost answer is asked again
     under the same key (the reconciler, at once below and on its schedule), found by the
