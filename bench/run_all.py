@@ -44,6 +44,10 @@ BENCHES = {
     # 5 M processed outbox rows + 5 M events vs empty tables (docs/retention.md).
     "history": {"full": [], "quick": ["--rows", "200000", "--seconds", "4",
                                       "--messages", "5000", "--prune-batches", "20"]},
+    # One payment through Verity against a direct create(confirm=true), provider answers
+    # held 100 ms (bench/pay_latency.py), with the SQL statements of one payment.
+    "pay_latency": {"full": ["--profile", "--modes", "one-call,two-step"],
+                    "quick": ["--payments", "8", "--connections", "4", "--profile"]},
 }
 
 

@@ -50,6 +50,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -917,6 +918,9 @@ def main(argv=None) -> int:
     ap.add_argument("--agents", "--clients", dest="agents", type=int, default=100,
                     help="concurrent agents (default 100)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--one-call", action="store_true",
+                    help="the provider dedupes keys (localstripe's idempotency layer on, "
+                         "STRIPE_DEDUPES_KEYS=true): every card payment is one round trip")
     ap.add_argument("--drain", type=float, default=180)
     ap.add_argument("--fault-rate", type=float, default=0.15,
                     help="share of provider requests drilled")
@@ -1017,7 +1021,12 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
                "RECONCILE_SWEEP_SECONDS": "1", "DEAD_DISPATCH_SWEEP_SECONDS": "2",
                "FAULT_DRILL_RANDOM_RATE": str(args.fault_rate),
                "FAULT_DRILL_RANDOM_SEED": str(args.seed),
-               "CELERY_DB_REUSE_MAX": "1000", **x402_env}
+               "CELERY_DB_REUSE_MAX": "1000",
+               "STRIPE_DEDUPES_KEYS": "true" if args.one_call else "false", **x402_env}
+        if args.one_call:
+            urllib.request.urlopen(urllib.request.Request(
+                f"{stack.env['STRIPE_API_BASE']}/_config/idempotency", data=b"enabled=true"),
+                timeout=10).read()
         subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env,
                        check=True)
         manage = [sys.executable, "manage.py", "create_api_client"]

@@ -50,7 +50,10 @@ def drills_run(*, modes=DRILLS) -> list[DrillRow]:
             channel=PurchaseChannel.DRILL)
         op = services.payment_create(purchase_id=purchase.id, api_client=client,
                                      payment_method="pm_card_visa")
-        provider.arm_drill(key_prefix=op.idempotency_key, step="confirm", mode=mode)
+        # The step that can move money: `pay` where the provider dedupes keys (one round
+        # trip), else `confirm`.
+        provider.arm_drill(key_prefix=op.idempotency_key, step=services.payment_money_step(op),
+                           mode=mode)
         op = services.operation_dispatch(operation_id=op.id)
         recorded = op.outcome
         if not op.is_terminal:

@@ -139,6 +139,9 @@ class CallPurpose(models.TextChoices):
 class CallStep(models.TextChoices):
     CREATE = "create"
     CONFIRM = "confirm"
+    # One round trip: create with confirm=true, where the provider dedupes keys
+    # (docs/reliability.md#one-round-trip-where-the-provider-dedupes-keys).
+    PAY = "pay"
     CAPTURE = "capture"
     CANCEL = "cancel"
     REFUND = "refund"

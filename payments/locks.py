@@ -48,10 +48,14 @@ def lock_operation(operation_id: str) -> PaymentOperation:
     return PaymentOperation.objects.select_for_update(of=("self",)).get(id=operation_id)
 
 
-def lock_purchase_and_operation(operation_id: str) -> tuple[Purchase, PaymentOperation]:
-    """Both locks, in the module's order (the purchase first). Raises DoesNotExist."""
-    purchase_id = (PaymentOperation.objects.filter(id=operation_id)
-                   .values_list("purchase_id", flat=True).get())
+def lock_purchase_and_operation(operation_id: str, *, purchase_id: str = ""
+                                ) -> tuple[Purchase, PaymentOperation]:
+    """Both locks, in the module's order (the purchase first). Raises DoesNotExist.
+    `purchase_id`: the operation's purchase when the caller already read it (an operation
+    never changes purchase), which saves a read."""
+    if not purchase_id:
+        purchase_id = (PaymentOperation.objects.filter(id=operation_id)
+                       .values_list("purchase_id", flat=True).get())
     purchase = lock_purchase(purchase_id)
     operation = lock_operation(operation_id)
     operation.purchase = purchase  # the locked row, not a second unlocked read

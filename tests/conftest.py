@@ -202,10 +202,37 @@ class Localstripe:
     def flush(self) -> None:
         requests.delete(f"{self.base}/_config/data", timeout=10)
 
+    def idempotency(self, **config) -> dict:
+        """Stripe's idempotency-key layer of the launcher (tools/localstripe_server.py):
+        enabled, window_seconds, hold_seconds, flush. Returns its state."""
+        r = requests.post(f"{self.base}/_config/idempotency", data=config, timeout=10)
+        r.raise_for_status()
+        return r.json()
+
 
 @pytest.fixture
 def localstripe() -> Localstripe:
     return Localstripe(settings.STRIPE_API_BASE, settings.STRIPE_API_KEY)
+
+
+def one_call_on(localstripe: Localstripe, settings_) -> None:
+    """The provider dedupes keys (localstripe's idempotency layer on) and Verity pays in one
+    round trip (STRIPE_DEDUPES_KEYS)."""
+    localstripe.idempotency(enabled="true", window_seconds=86400, hold_seconds=0, flush="true")
+    settings_.STRIPE_DEDUPES_KEYS = True
+
+
+def one_call_off(localstripe: Localstripe) -> None:
+    localstripe.idempotency(enabled="false", window_seconds=86400, hold_seconds=0,
+                            flush="true")
+
+
+@pytest.fixture
+def one_call(localstripe, settings):
+    """Payments in one round trip against a provider that dedupes keys, for one test."""
+    one_call_on(localstripe, settings)
+    yield localstripe
+    one_call_off(localstripe)
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ localstripe itself listens on every interface and pickles its store to
 /tmp/localstripe.pickle on each write (then reloads it at start). Both are wrong for a
 sandbox shared by tests: this launcher binds loopback only and keeps the store in memory.
 Usage: python -m tools.localstripe_server [--port 8420] [--webhook-url U --webhook-secret S]
-       [--delivery-log FILE]
+       [--delivery-log FILE] [--idempotency]
 `--delivery-log` keeps localstripe's own account of each webhook delivery (one line each,
 "successfully delivered" or "failed with response code N"): `make run` writes it under
 var/ and the newcomer smoke test asserts every delivery was a 2xx.
@@ -30,8 +30,25 @@ agent platform's part, `POST /v1/test_helpers/shared_payment/granted_tokens`
 method. The token is single use (consumed by the PaymentIntent it creates), refused once
 expired, and refused for another currency or an amount above its `max_amount`: a 400
 `invalid_request_error` whose `code` names why, and no PaymentIntent.
+
+localstripe ignores idempotency keys. This launcher adds Stripe's idempotency layer
+(docs.stripe.com/api/idempotent_requests), off unless `--idempotency` is given or
+`POST /_config/idempotency` {enabled: true} turns it on: a POST under /v1/ with an
+`Idempotency-Key` header stores its status and body once the endpoint began executing (a
+2xx, a 402 decline, a 500 alike; a 400/401/404 refusal before execution is not stored);
+the same key with the same method, path and parameters answers the stored result with
+`Idempotent-Replayed: true`; other parameters answer 400 `idempotency_error`; the same key
+while the first request is still executing answers 409 `idempotency_key_in_use`. Keys are
+scoped per API key and expire `window_seconds` after their first use (86400, Stripe's
+24 h), after which the key runs a new request. `POST /_config/idempotency` also takes
+`window_seconds` (a test moves a key to its window's edge), `hold_seconds` (each keyed
+request waits that long while in progress: a concurrent one meets the 409) and `flush`;
+`GET /_config/idempotency` reports the settings and the keys held.
+A PaymentIntent is created with `confirm=true` as Stripe does it (create, then confirm in
+the same request; a decline is a 402 whose body carries the PaymentIntent).
 """
 import argparse
+import asyncio
 import json
 import logging
 import socket
@@ -239,6 +256,132 @@ def add_shared_payment_tokens(app) -> None:
                                              "/v1/shared_payment/granted_tokens"))
 
 
+def _payment_intent_create_confirming(cls, **data):
+    """PaymentIntent create with `confirm=true` (localstripe refuses `confirm`): created,
+    then confirmed in the same request, as Stripe does; a decline answers 402 with the
+    PaymentIntent in the error body, as Stripe's does."""
+    confirm = str(data.pop("confirm", "false")).lower() == "true"
+    intent = _payment_intent_create_with_shared_token(cls, **data)
+    if not confirm:
+        return intent
+    try:
+        intent._confirm(on_failure_now=intent._report_failure)
+    except UserError as err:
+        if err.code == 402:
+            err.body["error"]["payment_intent"] = intent._export()
+        raise
+    return intent
+
+
+class IdempotencyLayer:
+    """Stripe's idempotency keys (see the module docstring). Single event loop: no lock."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.window_seconds = 86400.0
+        self.hold_seconds = 0.0
+        self.entries: dict[tuple[str, str], dict] = {}
+
+    def prune(self, now: float) -> None:
+        for scope in [s for s, e in self.entries.items()
+                      if now - e["created"] >= self.window_seconds]:
+            del self.entries[scope]
+
+    def state(self) -> dict:
+        return {"enabled": self.enabled, "window_seconds": self.window_seconds,
+                "hold_seconds": self.hold_seconds, "keys": len(self.entries)}
+
+
+IDEMPOTENCY = IdempotencyLayer()
+
+
+def _stripe_error(status: int, error: dict) -> web.Response:
+    return web.Response(text=json.dumps({"error": error}), status=status,
+                        content_type="application/json")
+
+
+@web.middleware
+async def idempotency_middleware(request, handler):
+    key = request.headers.get("Idempotency-Key", "")
+    if not (IDEMPOTENCY.enabled and key and request.method == "POST"
+            and request.path.startswith("/v1/")):
+        return await handler(request)
+    params = await server.get_post_data(request) or {}
+    fingerprint = json.dumps([request.path, params], sort_keys=True, default=str)
+    scope = (server.get_api_key(request) or "", key)
+    now = time.time()
+    IDEMPOTENCY.prune(now)
+    entry = IDEMPOTENCY.entries.get(scope)
+    if entry is not None:
+        if entry["fingerprint"] != fingerprint:
+            return _stripe_error(400, {
+                "type": "idempotency_error",
+                "message": "Keys for idempotent requests can only be used with the same "
+                           f"parameters they were first used with. Try using a key other "
+                           f"than '{key}' if you meant to execute a different request."})
+        if entry["status"] is None:
+            return _stripe_error(409, {
+                "type": "invalid_request_error", "code": "idempotency_key_in_use",
+                "message": "There is currently another in-progress request using this "
+                           "Idempotent Key (that probably means you submitted twice, and the "
+                           "other request is still going through): " + key + ". Please try "
+                           "again later."})
+        return web.Response(body=entry["body"], status=entry["status"],
+                            content_type="application/json",
+                            headers={"Idempotent-Replayed": "true",
+                                     "Original-Request": entry["request_id"]})
+    entry = {"fingerprint": fingerprint, "created": now, "status": None, "body": b"",
+             "request_id": "req_" + resources.random_id(14)}
+    IDEMPOTENCY.entries[scope] = entry
+    try:
+        if IDEMPOTENCY.hold_seconds:
+            await asyncio.sleep(IDEMPOTENCY.hold_seconds)
+        try:
+            response = await handler(request)
+        except UserError as err:
+            response = err.to_response()
+        except web.HTTPException:
+            raise
+        except Exception:  # a fault inside the endpoint is Stripe's 500
+            logging.getLogger("localstripe").exception("localstripe endpoint failed")
+            response = _stripe_error(500, {"type": "api_error",
+                                           "message": "An unknown error occurred"})
+    except BaseException:
+        IDEMPOTENCY.entries.pop(scope, None)
+        raise
+    if response.status in (400, 401, 404):
+        # Refused before the endpoint executed (validation): Stripe saves nothing.
+        IDEMPOTENCY.entries.pop(scope, None)
+        return response
+    entry["status"], entry["body"] = response.status, response.body
+    response.headers["Request-Id"] = entry["request_id"]
+    return response
+
+
+async def _idempotency_config(request):
+    if request.method == "POST":
+        data = await server.get_post_data(request) or {}
+        if "enabled" in data:
+            IDEMPOTENCY.enabled = str(data["enabled"]).lower() == "true"
+        if "window_seconds" in data:
+            IDEMPOTENCY.window_seconds = float(data["window_seconds"])
+        if "hold_seconds" in data:
+            IDEMPOTENCY.hold_seconds = float(data["hold_seconds"])
+        if str(data.get("flush", "")).lower() == "true":
+            IDEMPOTENCY.entries.clear()
+    return web.Response(text=json.dumps(IDEMPOTENCY.state()), content_type="application/json")
+
+
+def add_idempotency(app, *, enabled: bool) -> None:
+    IDEMPOTENCY.enabled = enabled
+    resources.PaymentIntent._api_create = classmethod(_payment_intent_create_confirming)
+    # Innermost: authenticated requests only, and the endpoint's own errors are caught here
+    # so they can be stored before error_middleware renders them.
+    app.middlewares.append(idempotency_middleware)
+    app.router.add_route("POST", "/_config/idempotency", _idempotency_config)
+    app.router.add_route("GET", "/_config/idempotency", _idempotency_config)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=8420)
@@ -246,12 +389,15 @@ def main() -> None:
     parser.add_argument("--webhook-url", default="")
     parser.add_argument("--webhook-secret", default="")
     parser.add_argument("--delivery-log", default="")
+    parser.add_argument("--idempotency", action="store_true",
+                        help="start with Stripe's idempotency-key semantics on")
     args = parser.parse_args()
 
     resources.Store.dump_to_disk = lambda self: None  # in-memory only
     resources.store.clear()
     add_disputes(server.app)
     add_shared_payment_tokens(server.app)
+    add_idempotency(server.app, enabled=args.idempotency)
 
     if args.webhook_url and args.webhook_secret:
         # localstripe forgets its webhook config on restart: register it at every start.

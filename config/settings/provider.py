@@ -15,6 +15,13 @@ STRIPE_READ_TIMEOUT = env.float("STRIPE_READ_TIMEOUT", default=20.0)
 # Whether the provider dedupes idempotency keys (Stripe does, localstripe does not).
 # Replay is only offered where it does.
 STRIPE_DEDUPES_KEYS = env.bool("STRIPE_DEDUPES_KEYS", default=False)
+# Where it does, a card payment is one round trip (create with confirm=true) and a lost
+# answer is re-sent under the same key only while its first send is younger than the
+# provider's key window minus a margin (Stripe keeps keys at least 24 h); after that,
+# reading alone. The margin absorbs clock skew and the provider pruning a little early:
+# a re-send after the provider forgot the key would be a second payment.
+STRIPE_IDEMPOTENCY_WINDOW_SECONDS = env.int("STRIPE_IDEMPOTENCY_WINDOW_SECONDS", default=86400)
+STRIPE_RESEND_MARGIN_SECONDS = env.int("STRIPE_RESEND_MARGIN_SECONDS", default=3600)
 # Fault drills: test-mode keys only; refused for live keys at start-up of a drill.
 FAULT_DRILLS_ENABLED = env.bool("FAULT_DRILLS_ENABLED", default=True)
 # Chaos (soak only): a seeded fraction of provider requests gets a random drill.

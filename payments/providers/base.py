@@ -210,6 +210,15 @@ class PaymentProvider(RailAdapter, Protocol):
 
     def confirm_payment_intent(self, *, key: str, intent_id: str) -> CallResult: ...
 
+    def pays_in_one_call(self) -> bool:
+        """A payment is one request (create with confirm) under one key: only where the
+        provider dedupes keys, so a lost answer can be asked again under that key."""
+        ...
+
+    def create_and_confirm_payment_intent(self, *, key: str, amount: int, currency: str,
+                                          payment_method: str, capture_method: str,
+                                          metadata: dict) -> CallResult: ...
+
     def capture_payment_intent(self, *, key: str, intent_id: str,
                                amount: int | None) -> CallResult: ...
 

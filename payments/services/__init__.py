@@ -63,6 +63,7 @@ from .dispatch import (
     operation_claim_write,
     operation_dispatch,
     operation_dispatch_or_wait,
+    payment_money_step,
 )
 from .operations import (
     capture_create,
@@ -94,6 +95,7 @@ __all__ = [
     "operation_apply_observation",
     "operation_cancel_unapplied",
     "operation_claim_write",
+    "payment_money_step",
     "operation_dispatch",
     "operation_dispatch_or_wait",
     "operation_overturn_review",

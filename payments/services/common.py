@@ -300,6 +300,20 @@ def provider_for_rail(rail: str) -> RailAdapter:
     return adapter_for_rail(rail)
 
 
+def provider_metadata(op: PaymentOperation) -> dict:
+    """The metadata every provider object of an operation carries (DESIGN §10 rule 1)."""
+    return {"operation_id": op.id, "purchase_id": op.purchase_id,
+            "customer_reference": op.purchase.customer_reference}
+
+
+def payment_request(op: PaymentOperation) -> dict:
+    """A payment's provider parameters, from the stored operation alone: the one-call
+    payment's re-send under the same key must be the request first sent (the provider
+    compares parameters and refuses a key reused with others)."""
+    return {"amount": op.amount, "currency": op.currency, "payment_method": op.payment_method,
+            "capture_method": op.capture_method, "metadata": provider_metadata(op)}
+
+
 def provider_for(op: PaymentOperation) -> RailAdapter:
     """The adapter of the operation's rail: the one way the services reach a provider."""
     return adapter_for_rail(op.rail)

@@ -39,7 +39,9 @@ from .common import (
     _record_call,
     log,
     operation_workflow,
+    payment_request,
     provider_for,
+    provider_metadata,
     rail_evidence_for,
 )
 from .holds import _hold_reserve
@@ -49,7 +51,7 @@ from .observations import (
     operation_apply_observation,
     outcome_apply_locked,
 )
-from .reconcile import _read_back
+from .reconcile import _read_back, operation_reconcile
 
 
 # Resend a not_sent step at most twice (docs/reliability.md#outcome-classification).
@@ -72,11 +74,11 @@ class _HaltedAtClaim(Exception):
 
 
 def _claim(operation_id: str, step: str, *, attempt: int = 1, from_pending: bool = False,
-           confirm: bool = False) -> ProviderCall | None:
+           confirm: bool = False, purchase_id: str = "") -> ProviderCall | None:
     """Phase 1. Returns the claimed ProviderCall, or None if someone else owns the step or
     the operation moved on (e.g. the dead-dispatch sweep settled it)."""
     with transaction.atomic():
-        purchase, op = lock_purchase_and_operation(operation_id)
+        purchase, op = lock_purchase_and_operation(operation_id, purchase_id=purchase_id)
         if from_pending:
             if op.outcome != Outcome.PENDING:
                 return None
@@ -88,17 +90,30 @@ def _claim(operation_id: str, step: str, *, attempt: int = 1, from_pending: bool
                 raise _HaltedAtClaim(operation_workflow(op.kind))
             op.dispatch_deadline = timezone.now() + timedelta(
                 seconds=settings.DISPATCH_LEASE_SECONDS)
+            fields = ("dispatch_deadline",)
+            if confirm:
+                # The money step is claimed with the dispatch itself (the one-call payment,
+                # an x402 settle): one UPDATE stores both.
+                op.confirm_claimed_at = timezone.now()
+                fields += ("confirm_claimed_at",)
             _op_to(op, "start_dispatch", cause=f"claim:{step}", actor="dispatcher",
-                   fields=("dispatch_deadline",))
+                   fields=fields)
+            # A pending operation has no claimed step (its claims are made here, with the
+            # move to dispatching, under the lock): the insert cannot meet another claim,
+            # so it needs no savepoint. Were it to, the whole claim rolls back and raises.
+            call = ProviderCall.objects.create(
+                operation=op, purpose=CallPurpose.DISPATCH, step=step, attempt=attempt,
+                key=op.provider_key(step))
         elif op.outcome != Outcome.DISPATCHING:
             return None
-        try:
-            with transaction.atomic():
-                call = ProviderCall.objects.create(
-                    operation=op, purpose=CallPurpose.DISPATCH, step=step, attempt=attempt,
-                    key=op.provider_key(step))
-        except IntegrityError:
-            return None  # invariant 2: this step was already claimed
+        else:
+            try:
+                with transaction.atomic():
+                    call = ProviderCall.objects.create(
+                        operation=op, purpose=CallPurpose.DISPATCH, step=step,
+                        attempt=attempt, key=op.provider_key(step))
+            except IntegrityError:
+                return None  # invariant 2: this step was already claimed
         if confirm or (from_pending and op.kind == OperationKind.REFUND):
             if not _hold_reserve(op):
                 outcome_apply_locked(purchase, op, Outcome.FAILED, grade=Grade.CONFIRMED,
@@ -106,8 +121,11 @@ def _claim(operation_id: str, step: str, *, attempt: int = 1, from_pending: bool
                                      actor="dispatcher", evidence={},
                                      reason="spending_limit_exceeded")
                 call.delete()
+                if op.confirm_claimed_at is not None and from_pending:
+                    # Refused before anything left: no money step was claimed after all.
+                    PaymentOperation.objects.filter(id=op.id).update(confirm_claimed_at=None)
                 return None
-        if confirm:
+        if confirm and not from_pending:
             op.confirm_claimed_at = timezone.now()
             op.save(update_fields=["confirm_claimed_at", "updated_at"])
         return call
@@ -152,7 +170,10 @@ def _outcome_after_call(op: PaymentOperation, step: str, result: CallResult) -> 
     if cls == Classification.OK and result.object is not None:
         applied = operation_apply_observation(operation_id=op.id, obj=result.object,
                                               source=Verification.PROVIDER,
-                                              cause=f"{step}_answer")
+                                              cause=f"{step}_answer",
+                                              purchase_id=op.purchase_id)
+        if applied == ApplyResult.APPLIED:
+            return  # it left `dispatching` (an applied answer always moves the outcome)
         current = PaymentOperation.objects.values_list("outcome", flat=True).get(id=op.id)
         if applied == ApplyResult.MISMATCH or current == Outcome.DISPATCHING:
             _settle_without_object(op.id, Outcome.UNKNOWN, reason="", cause=f"{step}_no_verdict",
@@ -203,14 +224,56 @@ def _outcome_after_call(op: PaymentOperation, step: str, result: CallResult) -> 
                                      "fault_drill": result.fault_drill, "detail": result.detail})
 
 
-def _metadata(op: PaymentOperation) -> dict:
-    return {"operation_id": op.id, "purchase_id": op.purchase_id,
-            "customer_reference": op.purchase.customer_reference}
+_metadata = provider_metadata
+
+
+def payment_money_step(op: PaymentOperation) -> str:
+    """The step of a card payment that can move money: `pay` (create with confirm=true)
+    where the rail's provider dedupes keys, else `confirm`. What a fault drill arms."""
+    return CallStep.PAY if provider_for(op).pays_in_one_call() else CallStep.CONFIRM
+
+
+def _dispatch_payment_one_call(op: PaymentOperation, provider) -> None:
+    """One round trip (DESIGN §10 rule 2;
+    docs/reliability.md#one-round-trip-where-the-provider-dedupes-keys). The claim stores the step key and, as `confirm_claimed_at`, the
+    time of the first send before anything leaves: from then on money may have moved, so a
+    dead worker is swept to `unknown`, never to `failed`. A lost answer is asked again
+    under the same key (the reconciler, at once below and on its schedule), found by the
+    signed webhook (metadata) or read by metadata — never created again under another key.
+    """
+    call = _claim(op.id, CallStep.PAY, from_pending=True, confirm=True,
+                  purchase_id=op.purchase_id)
+    if call is None:
+        return
+    key = op.provider_key(CallStep.PAY)
+    request = payment_request(op)
+    result = _send(op.id, CallStep.PAY, call,
+                   lambda: provider.create_and_confirm_payment_intent(key=key, **request))
+    if result.classification == Classification.REJECTED:
+        # A 4xx on create refuses the request before it executes: nothing was charged
+        # and the provider keeps no answer under the key (DESIGN §10 rule 3).
+        _settle_without_object(op.id, Outcome.FAILED, reason=Reason.INVALID_REQUEST,
+                               cause="pay_rejected", verification=Verification.PROVIDER,
+                               evidence={"http_status": result.http_status,
+                                         "code": result.error_code})
+        return
+    _outcome_after_call(op, CallStep.PAY, result)
+    if result.classification == Classification.UNKNOWN and result.http_status != 409:
+        # The answer was lost, or told nothing: ask once more now, under the same key, so
+        # the buyer hears the provider's own answer instead of "unknown". A 409 is the
+        # first request still running there: the schedule asks later.
+        try:
+            operation_reconcile(operation_id=op.id, actor="dispatcher")
+        except DomainError:
+            pass  # settled meanwhile (the webhook, another reconcile): nothing to ask
 
 
 def _dispatch_payment(op: PaymentOperation) -> None:
     provider = provider_for(op)
-    call = _claim(op.id, CallStep.CREATE, from_pending=True)
+    if provider.pays_in_one_call():
+        _dispatch_payment_one_call(op, provider)
+        return
+    call = _claim(op.id, CallStep.CREATE, from_pending=True, purchase_id=op.purchase_id)
     if call is None:
         return
     result = _send(op.id, CallStep.CREATE, call, lambda: provider.create_payment_intent(
@@ -236,7 +299,7 @@ def _dispatch_payment(op: PaymentOperation) -> None:
         if _mismatch(locked, result.object) in ("", "provider reference"):
             locked.provider_reference = result.object.id
             locked.save(update_fields=["provider_reference", "updated_at"])
-    call = _claim(op.id, CallStep.CONFIRM, confirm=True)
+    call = _claim(op.id, CallStep.CONFIRM, confirm=True, purchase_id=op.purchase_id)
     if call is None:
         return
     intent_id = result.object.id
@@ -256,7 +319,7 @@ def _dispatch_linked(op: PaymentOperation) -> None:
         return
     provider = provider_for(op)
     step = _LINKED_STEP[op.kind]
-    call = _claim(op.id, step, from_pending=True)
+    call = _claim(op.id, step, from_pending=True, purchase_id=op.purchase_id)
     if call is None:
         return
     parent_ref = op.parent.provider_reference if op.parent_id else op.provider_reference

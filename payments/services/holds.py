@@ -64,20 +64,22 @@ def _check_limit(client: ApiClient | None, amount: int) -> None:
                           owner=Owner.SUPPORT, extra={"limits": figures})
 
 
-def _hold_client(op: PaymentOperation) -> ApiClient | None:
+def _hold_client_id(op: PaymentOperation) -> str | None:
+    """The client whose allowance the operation spends (its id: the row is read once, when
+    it is locked)."""
     if op.requested_by_client_id:
-        return op.requested_by_client
+        return op.requested_by_client_id
     if op.kind != OperationKind.REFUND:
-        return op.purchase.api_client
+        return op.purchase.api_client_id
     return None
 
 
 def _hold_reserve(op: PaymentOperation) -> bool:
     """Reserve at the claim, under the client's row lock. False = limit exceeded."""
-    client = _hold_client(op)
-    if client is None:
+    client_id = _hold_client_id(op)
+    if client_id is None:
         return True
-    client = lock_client(client.id)
+    client = lock_client(client_id)
     if client.spending_limit:
         figures = client_limits(client)
         if figures["consumed"] + figures["reserved"] + op.amount > client.spending_limit:

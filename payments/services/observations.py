@@ -471,11 +471,13 @@ def outcome_apply_locked(purchase: Purchase, op: PaymentOperation, target: Outco
 
 
 def operation_apply_observation(*, operation_id: str, obj: ProviderObject, source: str,
-                                cause: str, actor: str = "") -> ApplyResult:
+                                cause: str, actor: str = "", purchase_id: str = ""
+                                ) -> ApplyResult:
     """THE one place a provider observation (sync answer, read-back, webhook) changes an
-    operation. Checks that the object is this operation's before anything is applied."""
+    operation. Checks that the object is this operation's before anything is applied.
+    `purchase_id`: the operation's purchase, when the caller knows it (saves a read)."""
     with transaction.atomic():
-        purchase, op = lock_purchase_and_operation(operation_id)
+        purchase, op = lock_purchase_and_operation(operation_id, purchase_id=purchase_id)
         return _apply_observation_locked(purchase, op, obj, source=source, cause=cause,
                                          actor=actor)
 

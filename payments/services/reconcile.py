@@ -48,6 +48,7 @@ from .common import (
     log,
     operation_audit_write,
     operation_workflow,
+    payment_request,
     provider_for,
     rail_evidence_for,
     transition_record,
@@ -79,6 +80,55 @@ def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
         return CallStep.RETRIEVE, provider.retrieve_payment_intent(ref)
     return CallStep.LIST, provider.find_by_metadata(
         object_type="payment_intent", operation_id=op.parent_id or op.id)
+
+
+def _resend_window_open(op: PaymentOperation) -> bool:
+    """A one-call payment (create with confirm=true, DESIGN §10 rule 2) whose answer Verity
+    lacks, its first send well inside the provider's key window: asking again under the
+    same key is answered from the provider's record of that key. Decided from the
+    operation's own fields (no query), so the sweep can sort a batch by it."""
+    if (op.kind not in PAYMENT_KINDS or op.provider_reference or op.confirm_claimed_at is None
+            or op.outcome != Outcome.UNKNOWN or rail_evidence_for(op.rail) is not None):
+        return False
+    provider = provider_for(op)
+    if not provider.pays_in_one_call():
+        # The provider no longer dedupes keys (configuration changed): a re-send would be a
+        # second payment. Reading alone.
+        return False
+    usable = timedelta(seconds=settings.STRIPE_IDEMPOTENCY_WINDOW_SECONDS
+                       - settings.STRIPE_RESEND_MARGIN_SECONDS)
+    return timezone.now() - op.confirm_claimed_at < usable
+
+
+def _one_call_resend(op: PaymentOperation) -> CallResult | None:
+    """Re-send a one-call payment's request, byte for byte, under its step key, or None
+    when none may leave (not a one-call payment, its window closing, settled meanwhile, or
+    the checkout halted: a re-send is a write, and a halt binds at claim time, invariant 9).
+    Claimed under the locks and recorded as a `replay` call of the `pay` step.
+
+    What comes back is the provider's stored answer for the key (the payment, or its
+    decline), or the one execution the key allows if the first never arrived; a 409 is the
+    first request still running there; a replayed 500 tells nothing. The caller reads when
+    this tells nothing."""
+    if not _resend_window_open(op):
+        return None
+    with transaction.atomic():
+        _purchase, locked = lock_purchase_and_operation(op.id)
+        if not _resend_window_open(locked) or _halted(operation_workflow(locked.kind)):
+            return None
+        if not locked.provider_calls.filter(purpose=CallPurpose.DISPATCH,
+                                            step=CallStep.PAY).exists():
+            return None  # sent in two steps (create, then confirm): never re-sent
+        attempt = locked.provider_calls.filter(purpose=CallPurpose.REPLAY,
+                                               step=CallStep.PAY).count() + 1
+        call = ProviderCall.objects.create(
+            operation=locked, purpose=CallPurpose.REPLAY, step=CallStep.PAY,
+            attempt=min(attempt, 32767), key=locked.provider_key(CallStep.PAY))
+    assert_outside_transaction()
+    result = provider_for(op).create_and_confirm_payment_intent(
+        key=call.key, **payment_request(op))
+    _record_call(call, result)
+    return result
 
 
 def _reconcile_call_row(op: PaymentOperation, step: str, result: CallResult) -> ProviderCall:
@@ -119,11 +169,20 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
     refusal = _reconcile_refusal(op)
     if refusal is not None:
         raise refusal
-    result = _read_back(op)
-    if result.classification == Classification.OK and result.object is not None:
-        operation_apply_observation(operation_id=op.id, obj=result.object,
-                                    source=Verification.PROVIDER, cause="reconcile",
+    resent = _one_call_resend(op)
+    if (resent is not None and resent.object is not None
+            and resent.classification in (Classification.OK, Classification.DECLINED)):
+        # The provider's own answer under the payment's key (a payment or its decline).
+        operation_apply_observation(operation_id=op.id, obj=resent.object,
+                                    source=Verification.PROVIDER, cause="resend_answer",
                                     actor=actor)
+        result = resent
+    else:
+        result = _read_back(op)
+        if result.classification == Classification.OK and result.object is not None:
+            operation_apply_observation(operation_id=op.id, obj=result.object,
+                                        source=Verification.PROVIDER, cause="reconcile",
+                                        actor=actor)
     settled = PaymentOperation.objects.select_related("purchase").get(id=operation_id)
     return _reconcile_finish(settled, result, actor=actor)
 
@@ -213,7 +272,9 @@ def operations_reconcile_prepare(*, operation_ids: list[str]
         refusal = _reconcile_refusal(op)
         if refusal is not None:
             refused[op_id] = refusal
-        elif rail_evidence_for(op.rail) is not None:  # its read-back reads the database
+        elif rail_evidence_for(op.rail) is not None or _resend_window_open(op):
+            # Its read-back reads the database (x402), or it is a one-call payment whose
+            # lost answer is asked again under its key (a claimed write): one by one.
             sequential.append(op)
         else:
             readable.append(op)

@@ -161,6 +161,11 @@ X402 = bool(os.environ.get("X402_RPC_URL"))
 X402_MODES = [None, None, "drop_answer", "pending", "replay"]
 
 EXAMPLES = int(os.environ.get("VERITY_LIFECYCLE_EXAMPLES", "6"))
+# VERITY_LIFECYCLE_ONE_CALL=1: the provider dedupes keys (localstripe's idempotency layer on,
+# STRIPE_DEDUPES_KEYS) and every card payment is one round trip (create with confirm=true);
+# the drills then hit that `pay` step. Otherwise create-then-confirm.
+ONE_CALL = os.environ.get("VERITY_LIFECYCLE_ONE_CALL", "") in ("1", "true")
+MONEY_STEP = CallStep.PAY if ONE_CALL else CallStep.CONFIRM
 STEPS = int(os.environ.get("VERITY_LIFECYCLE_STEPS", "14"))
 
 # Part A of issue 15 (provider evidence outranks a person, void after fulfilment) is
@@ -284,6 +289,12 @@ class AcpAgent:
 
     def get(self, path: str):
         return self.http.get(f"/acp/{path}")
+
+
+def _localstripe_idempotency(**config) -> None:
+    """Stripe's idempotency-key layer of the localstripe launcher, on or off."""
+    base = django_settings.STRIPE_API_BASE.rstrip("/")
+    requests.post(f"{base}/_config/idempotency", data=config, timeout=10).raise_for_status()
 
 
 def _issue_spt(amount: int, payment_method: str = "pm_card_visa") -> str:
@@ -462,9 +473,16 @@ class LifecycleMachine(RuleBasedStateMachine):
         django_settings.STRIPE_WEBHOOK_TOLERANCE = 300
         django_settings.STRIPE_ACCOUNT = ""
         django_settings.EVENTS_FEED_SETTLE_SECONDS = 0
+        self.dedupes_before = django_settings.STRIPE_DEDUPES_KEYS
+        if ONE_CALL:
+            _localstripe_idempotency(enabled="true")
+            django_settings.STRIPE_DEDUPES_KEYS = True
 
     def teardown(self):
         provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
+        if ONE_CALL:
+            _localstripe_idempotency(enabled="false", flush="true")
+            django_settings.STRIPE_DEDUPES_KEYS = self.dedupes_before
         if X402:
             self.chain.automine(True)
             # Later tests of this process reach the node directly, as they expect.
@@ -498,7 +516,8 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _dispatch_calls(self, workflow: str) -> int:
         from payments.models import ProviderCall
 
-        return ProviderCall.objects.filter(purpose="dispatch",
+        # A one-call payment's re-send under its key (purpose `replay`) is a write too.
+        return ProviderCall.objects.filter(purpose__in=("dispatch", "replay"),
                                            operation__kind__in=WORKFLOW_KINDS[workflow]).count()
 
 
@@ -620,7 +639,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             extra["retry_of"] = failed[-1].id  # a deliberate retry
             if method == failed[-1].payment_method:
                 method = "pm_card_mastercard"
-        self._armed(drill, CallStep.CONFIRM)
+        self._armed(drill, MONEY_STEP)
         try:
             r = api.pay(pid, method, capture=capture, extra=extra)
         finally:
@@ -1283,13 +1302,31 @@ class LifecycleMachine(RuleBasedStateMachine):
                                          payment_method="pm_card_visa")
         except services.DomainError:
             return
+        provider = provider_for_rail(Rail.STRIPE)
+        if ONE_CALL:
+            # One round trip: the claim stores the first-send time; the worker dies before
+            # or after its one request left.
+            try:
+                call = services._claim(op.id, CallStep.PAY, from_pending=True, confirm=True)
+            except services._HaltedAtClaim:
+                return
+            if call is None:
+                return
+            if after_confirm:
+                provider.create_and_confirm_payment_intent(
+                    key=call.key, amount=op.amount, currency=op.currency,
+                    payment_method=op.payment_method, capture_method=op.capture_method,
+                    metadata=services._metadata(op))
+            PaymentOperation.objects.filter(id=op.id).update(
+                dispatch_deadline=timezone.now() - timedelta(seconds=1))
+            services.operations_sweep_dead_dispatches()
+            return
         try:
             call = services._claim(op.id, CallStep.CREATE, from_pending=True)
         except services._HaltedAtClaim:
             return  # checkout is halted: it stays queued (the backstop owns it)
         if call is None:
             return
-        provider = provider_for_rail(Rail.STRIPE)
         result = provider.create_payment_intent(
             key=op.provider_key(CallStep.CREATE), amount=op.amount, currency=op.currency,
             payment_method=op.payment_method, capture_method=op.capture_method,
@@ -1437,7 +1474,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         from payments.models import ProviderCall
 
         intents = len(self._intents().get(pid, []))
-        calls = ProviderCall.objects.filter(operation__purchase_id=pid, purpose="dispatch",
+        calls = ProviderCall.objects.filter(operation__purchase_id=pid,
+                                            purpose__in=("dispatch", "replay"),
                                             operation__kind__in=PAYMENT_KINDS).count()
         return intents, calls
 
@@ -1556,7 +1594,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         product = ProductFactory(sku=f"LD-{uuid.uuid4().hex[:6]}", price=2000, stock=10)
         pid = self._fresh_purchase(shop, product.sku)
         self.purchases.append((pid, shop))
-        self._armed(DrillMode.DROP_RESPONSE_AFTER_SEND, CallStep.CONFIRM)
+        self._armed(DrillMode.DROP_RESPONSE_AFTER_SEND, MONEY_STEP)
         try:
             _no_5xx(api.pay(pid, "pm_card_visa"))
         finally:
@@ -2047,7 +2085,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             provider_for_rail(Rail.STRIPE).arm_drill(key_prefix="*", step=CallStep.CREATE,
                                      mode=DrillMode.TIMEOUT_BEFORE_SEND, times=20)
         else:
-            self._armed(fault, CallStep.CONFIRM)
+            self._armed(fault, MONEY_STEP)
         try:
             r = self.acp.post(f"checkout_sessions/{s['id']}/complete", body, key=idem)
         finally:

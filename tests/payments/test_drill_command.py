@@ -1,6 +1,6 @@
 import pytest
 
-from payments.models import PaymentOperation
+from payments.models import PaymentOperation, ProviderCall
 from tools.drill import drills_print
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,3 +39,18 @@ def test_drill_command_reports_progress_on_stderr_and_quiet_turns_it_off(capsys,
     captured = capsys.readouterr()
     assert captured.err == ""
     assert "http_409" in captured.out
+
+
+def test_drill_command_in_one_round_trip_mode_charges_once_at_most(capsys, one_call):
+    # when the provider dedupes keys and each payment is one request (create+confirm)
+    drills_print()
+    out = capsys.readouterr().out
+    # then every drill hit that request, and none charged twice or settled without evidence
+    assert "VIOLATION" not in out
+    purchases = set(PaymentOperation.objects.values_list("purchase_id", flat=True))
+    assert len(purchases) == 5
+    for pid in purchases:
+        assert len(one_call.succeeded_charges_for(pid)) <= 1
+        assert len(one_call.payment_intents_for(pid)) == 1
+    assert set(ProviderCall.objects.filter(purpose="dispatch").values_list("step", flat=True)) \
+        == {"pay"}

@@ -274,6 +274,11 @@ class StripeProvider:
         # Stripe does, within its window; localstripe does not.
         return bool(settings.STRIPE_DEDUPES_KEYS)
 
+    def pays_in_one_call(self) -> bool:
+        # The rail adapter chooses, not its callers: one round trip only where a lost
+        # answer can be asked again under the same key (DESIGN §10 rule 2).
+        return self.dedupes_idempotency_keys()
+
     def refund_refusal(self) -> RailRefusal | None:
         return None
 
@@ -359,26 +364,47 @@ class StripeProvider:
     # -- writes (each with its own "<key>:<step>" idempotency key) -------------------
     def create_payment_intent(self, *, key, amount, currency, payment_method, capture_method,
                               metadata) -> CallResult:
+        """Create only (the two-step flow): the id is stored before money can move."""
+        return self._create(key=key, amount=amount, currency=currency,
+                            payment_method=payment_method, capture_method=capture_method,
+                            metadata=metadata, confirm=False)
+
+    def create_and_confirm_payment_intent(self, *, key, amount, currency, payment_method,
+                                          capture_method, metadata) -> CallResult:
+        """The one-call payment, `create` with `confirm=true`: only where the provider
+        dedupes keys (`pays_in_one_call`). Built from the arguments alone, so a re-send
+        with the same arguments under the same key is the same request."""
+        return self._create(key=key, amount=amount, currency=currency,
+                            payment_method=payment_method, capture_method=capture_method,
+                            metadata=metadata, confirm=True)
+
+    def _create(self, *, key, amount, currency, payment_method, capture_method, metadata,
+                confirm: bool) -> CallResult:
         if payment_method.startswith(SHARED_PAYMENT_TOKEN_PREFIX):
             return self.create_payment_intent_with_shared_token(
                 key=key, amount=amount, currency=currency, token=payment_method,
-                capture_method=capture_method, metadata=metadata)
-        # Never confirm=true on create: the id must be stored before money can move.
+                capture_method=capture_method, metadata=metadata, confirm=confirm)
         params = {"amount": amount, "currency": currency, "payment_method": payment_method,
                   "capture_method": capture_method, "metadata": metadata}
+        if confirm:
+            params["confirm"] = True
         return self._call(lambda: self.client.v1.payment_intents.create(
             params=params, options={"idempotency_key": key}), step="create")
 
     def create_payment_intent_with_shared_token(self, *, key, amount, currency, token,
-                                                capture_method, metadata) -> CallResult:
+                                                capture_method, metadata,
+                                                confirm: bool = False) -> CallResult:
         """A shared payment token (spt_…) an agent platform delegated (ACP): Stripe
         takes it as `payment_method_data[shared_payment_granted_token]` on the PaymentIntent
         and resolves it to the granted PaymentMethod, within the token's usage limits
         (amount, currency, expiry, single use). Same two steps as any payment: created
-        unconfirmed under its own key, then confirmed by `confirm_payment_intent`."""
+        unconfirmed under its own key, then confirmed by `confirm_payment_intent` — or,
+        where the provider dedupes keys, created with `confirm=true` in one request."""
         params = {"amount": amount, "currency": currency, "capture_method": capture_method,
                   "payment_method_data": {"shared_payment_granted_token": token},
                   "metadata": metadata}
+        if confirm:
+            params["confirm"] = True
         return self._call(lambda: self.client.v1.payment_intents.create(
             params=params, options={"idempotency_key": key}), step="create")
 
