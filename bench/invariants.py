@@ -442,7 +442,7 @@ def _chain_snapshot() -> ChainSnapshot | None:
     used = {(address(log["topics"][1]), Web3.to_hex(log["topics"][2]).lower()):
             Web3.to_hex(log["transactionHash"])
             for log in logs("AuthorizationUsed(address,bytes32)")}
-    # Refunds leave from the separate refund account (issue 31 #4), not from pay_to: the
+    # Refunds leave from the separate refund account, not from pay_to: the
     # money Verity holds is what pay_to received minus what the refund account sent.
     return ChainSnapshot(chain, used, transfers,
                          chain.balance(chain.pay_to) - chain.refunds_sent())
@@ -465,7 +465,7 @@ class X402Facts:
                       for a in X402Authorization.objects.select_related("operation")}
         self.ops = PaymentOperation.objects.filter(rail=Rail.X402)
         # A payment is the Transfer(payer -> pay_to, value) log in the transaction that used
-        # the authorization's nonce (issue 31): a used nonce alone may be a transfer elsewhere.
+        # the authorization's nonce: a used nonce alone may be a transfer elsewhere.
         self.moved = {(frm.lower(), value, tx) for frm, value, tx in snap.transfers}
 
     def paid(self, key, a) -> bool:
@@ -827,7 +827,7 @@ def _ledger_matches_provider_balance(f: Facts, rep: Report) -> None:
             ok=ledger_net == provider_net)
 
 
-# Per operation, on the provider's and the chain's record (issue 30).
+# Per operation, on the provider's and the chain's record.
 
 
 @invariant("linked-operation-on-its-rail", When.DRAINED)

@@ -184,7 +184,7 @@ class Stack:
         rpc = f"http://127.0.0.1:{port}"
         fac_key, fac_address = x402_chain.new_key()
         # Verity's receiving address (its key is dropped: Verity only receives there) and
-        # the separate refund account, its float minted by the token's minter (issue 31 #4).
+        # the separate refund account, its float minted by the token's minter.
         _pay_key, pay_to = x402_chain.new_key()
         refund_key, refund_account = x402_chain.new_key()
         payer_keys = [x402_chain.new_key() for _ in range(payers)]

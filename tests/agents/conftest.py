@@ -52,11 +52,6 @@ class Transcript:
 
 
 @pytest.fixture
-def product(db):
-    return ProductFactory(price=2500, stock=50)
-
-
-@pytest.fixture
 def agent_key(db):
     _, key = make_client(scopes=("purchases:read", "purchases:write", "refunds:write"),
                          limit=1_000_000, name="agent")

@@ -1,4 +1,4 @@
-"""Issue 34: the fast path before DRF (payments.api.fast_path) answers exactly as the DRF view
+"""The fast path before DRF (payments.api.fast_path) answers exactly as the DRF view
 does for the same state — status, headers and body, byte for byte — for every answer it
 gives (200 replay, 200 GET); every other case is handed to the DRF view and answers as it
 did, and a request is counted once against the client's limit.

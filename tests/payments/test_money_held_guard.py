@@ -1,4 +1,4 @@
-"""Issue 30, general rule: one definition of "money is held" (payments.enums
+"""One definition of "money is held" (payments.enums
 MONEY_HELD_STATUSES) asked by every guard. The duplicate-purchase guard refused a second
 purchase of the same basket only while the first was paid/fulfilling/completed: with a
 refund of the first still in flight (it may fail and keep the money) or a dispute open,

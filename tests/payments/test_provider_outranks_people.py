@@ -1,4 +1,4 @@
-"""Issue 15 defect 1: the provider's record outranks a person's resolution.
+"""The provider's record outranks a person's resolution.
 
 Counted at localstripe (PaymentIntents, refunds) and in the database (operations,
 holds, history, queues); faults come from the fault-drill HTTP client only.
@@ -36,11 +36,6 @@ def deliver(settings, client):
         return event_process(event_id=ProviderEvent.objects.get(event_id=event["id"]).pk)
 
     return run
-
-
-@pytest.fixture
-def resolver(django_user_model):
-    return django_user_model.objects.create(username="resolver-1")
 
 
 def _unknown_charge(new_purchase, api_client, drill):
@@ -176,7 +171,7 @@ def _charged_twice(new_purchase, api_client, drill, read_drill, resolver, locals
     again: two charges at the provider.
 
     Verity's own paths no longer lead here on Stripe: a retry of a person's `failed` waits
-    until the provider is read (issue 30 #10), and a readable provider refuses the wrong word.
+    until the provider is read, and a readable provider refuses the wrong word.
     The duplicate handling stays as the defence behind those guards (x402 still produces
     duplicates for real: tests/x402/test_duplicate_compensation_rail.py), so the given is
     built explicitly: while the retry is made, the first failure is recorded as if the

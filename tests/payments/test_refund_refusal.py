@@ -1,4 +1,4 @@
-"""Issue 30 #7: a refund the provider refuses with a definitive 4xx (already refunded,
+"""A refund the provider refuses with a definitive 4xx (already refunded,
 disputed) is `failed` with its reason, not `unknown` for ever holding the purchase's slot;
 the compensation of a duplicate asks for what is LEFT of it.
 
@@ -23,13 +23,6 @@ from tests.recovery.conftest import settle
 from tests.webhooks.conftest import provider_object
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def people(django_user_model):
-    return (django_user_model.objects.create(username="resolver-1"),
-            django_user_model.objects.create(username="support-req"),
-            django_user_model.objects.create(username="finance-ok"))
 
 
 def _approved_refund(purchase, amount, requester, approver):

@@ -32,26 +32,6 @@ pytestmark = [
 ROLE_USER = {"support": "sam", "operator": "olga", "finance": "fred"}
 
 
-@pytest.fixture(scope="module")
-def chromium():
-    b = cdp.Browser()
-    yield b
-    b.quit()
-
-
-@pytest.fixture
-def browser(chromium):
-    chromium.call("Network.clearBrowserCookies")
-    chromium.events.clear()
-    return chromium
-
-
-@pytest.fixture
-def demo(users):
-    make_client(name="demo-storefront")
-    call_command("seed_console_demo", stdout=StringIO())
-
-
 def _log_in(browser, live_server, role):
     name = ROLE_USER[role]
     browser.goto(f"{live_server.url}/console/login/")

@@ -62,12 +62,6 @@ def test_runbook_requires_login_and_view(login):
     assert login("support").get("/console/runbooks/..%2Fsettings/").status_code == 404
 
 
-@pytest.fixture
-def demo(users):
-    make_client(name="demo-storefront")
-    call_command("seed_console_demo", stdout=StringIO())
-
-
 def test_every_queue_and_its_rows_link_their_runbook(login, demo):
     client = login("finance")  # finance sees every queue, settlement included
     dashboard = _text(client.get("/console/"))

@@ -25,23 +25,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 DISPUTE_FEE = 1500
 
 
-@pytest.fixture
-def keyed(db):
-    return make_client(limit=1_000_000)
-
-
-@pytest.fixture
-def api_client(keyed):  # the webhooks conftest's purchases belong to this client
-    return keyed[0]
-
-
-@pytest.fixture
-def api(keyed):
-    http = APIClient()
-    http.credentials(HTTP_AUTHORIZATION=f"Api-Key {keyed[1]}")
-    return http
-
-
 def finance_console(client):
     from django.contrib.auth.models import Group, User
 

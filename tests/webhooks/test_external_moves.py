@@ -23,23 +23,6 @@ from .conftest import deliver_and_process, event_for, provider_object
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def keyed(db):
-    return make_client(limit=1_000_000)
-
-
-@pytest.fixture
-def api_client(keyed):
-    return keyed[0]
-
-
-@pytest.fixture
-def api(keyed):
-    http = APIClient()
-    http.credentials(HTTP_AUTHORIZATION=f"Api-Key {keyed[1]}")
-    return http
-
-
 def at_provider(method: str, path: str, **data) -> dict:
     """What a person does in the provider's dashboard: no Verity key, no metadata."""
     r = requests.request(method, f"{settings.STRIPE_API_BASE}/v1/{path}", data=data,
@@ -313,7 +296,7 @@ def test_redelivered_provider_events_about_external_operations_are_ignored(
 @pytest.mark.parametrize("unsettled", ["payment", "capture"])
 def test_a_dashboard_refund_of_a_payment_verity_has_not_settled_yet_is_held_then_recorded(
         client, api_client, new_purchase, pay, drill, localstripe, unsettled):
-    """Found by the soak (issue 22): the dashboard refunds a charge whose answer Verity lost
+    """Found by the soak: the dashboard refunds a charge whose answer Verity lost
     (or whose capture it has not confirmed yet). The event must wait for Verity's record,
     not be quarantined as a mismatch: a refund the provider made is never lost."""
     from payments import services

@@ -1,4 +1,4 @@
-"""Issue 31 #7: a hosted facilitator. The SDK's own facilitator with authentication turned
+"""A hosted facilitator. The SDK's own facilitator with authentication turned
 on (its sandbox route plays the CDP facilitator's bearer requirement): Verity sends its
 credential, checks /supported for the configured scheme and network before the first
 settle, and `settlement_pending` answered as HTTP 500 keeps working."""
