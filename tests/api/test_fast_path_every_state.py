@@ -7,8 +7,7 @@ and a purchase whose payment is unknown at Verity."""
 import pytest
 
 from payments.models import PaymentOperation
-from tests.api.conftest import (  # noqa: F401
-    new_key, other_storefront, product, settle_outbox, storefront)
+from tests.api.conftest import new_key, other_storefront, settle_outbox, storefront
 from tests.api.test_fast_path_equivalence import _both, _same, fast_settings  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,8 +13,7 @@ from config.redis_client import redis_client
 from payments.api.idempotency import request_fingerprint
 from payments.api.authentication import ApiClientRateThrottle
 from payments.models import ApiClient, IdempotencyRecord, PaymentOperation
-from tests.api.conftest import (  # noqa: F401 - fixtures
-    Api, leave_crashed_payment_request, new_key, other_storefront, product, storefront)
+from tests.api.conftest import Api, leave_crashed_payment_request, new_key, other_storefront, storefront
 from tests.factories import make_client
 
 from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests

@@ -1,4 +1,5 @@
-"""Every request is sent twice against unchanged state — fast
+"""The fast path before the session, CSRF, auth and database-error middleware answers as
+the whole chain. Every request is sent twice against unchanged state — fast
 path on, then off (API_FAST_PATH=False: the DRF view alone, behind the whole chain) — and
 the two answers must be the same: status, headers, cookies, body. Real stack (PostgreSQL,
 Redis, localstripe); counters are read in Redis."""
@@ -12,8 +13,7 @@ from django.test.utils import override_settings
 from payments.api import fast_path
 from payments.api.authentication import ApiClientRateThrottle
 from config.redis_client import redis_client
-from tests.api.conftest import (  # noqa: F401 - fixtures
-    Api, new_key, other_storefront, product, storefront)
+from tests.api.conftest import Api, new_key, other_storefront, storefront
 
 from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
     _paid, BODY, fast_settings)

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 from payments.models import IdempotencyRecord, PaymentOperation, ProviderCall
-from tests.api.conftest import Api, new_key, product, storefront  # noqa: F401 - fixtures
+from tests.api.conftest import Api, new_key, storefront  # noqa: F401 - fixtures
 from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
     BODY, fast_settings)
 

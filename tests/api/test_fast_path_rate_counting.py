@@ -1,5 +1,6 @@
-"""Every answer the API
-gives on the two fast routes — fast or handed over, 200/400/401/403/404/405/406/409/415/
+"""The fast path counts a request as the DRF view does (the limiter's hit is sent before
+the fast path's database read, its decision left on the request for the view). Every
+answer the API gives on the two fast routes — fast or handed over, 200/400/401/403/404/405/406/409/415/
 422/429 — counts the request against the client's limit exactly as the DRF view alone
 does, and moves the failed-authentication counters exactly as it does. Counters are read
 in Redis; each case is sent once with the fast path on and once with it off."""
@@ -14,8 +15,7 @@ from rest_framework.test import APIClient
 
 from config.redis_client import redis_client
 from payments.api.authentication import ApiClientRateThrottle
-from tests.api.conftest import (  # noqa: F401 - fixtures
-    Api, new_key, other_storefront, product, storefront)
+from tests.api.conftest import Api, new_key, other_storefront, storefront
 from tests.factories import make_client
 
 from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests

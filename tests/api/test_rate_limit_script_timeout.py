@@ -96,7 +96,7 @@ def test_lockout_holds_after_script_flush():
     assert free.allowed and _count(ident) == 1
 
 
-from tests.api.conftest import new_key, product, storefront  # noqa: E402,F401 - fixtures
+from tests.api.conftest import new_key, storefront  # noqa: E402,F401 - fixtures
 
 
 @pytest.mark.django_db(transaction=True)

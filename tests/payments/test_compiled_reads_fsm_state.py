@@ -1,4 +1,4 @@
-"""Every instance
+"""The compiled reads arm the concurrent-transition check as the ORM does. Every instance
 the compiled reads build — the purchase of the purchase view, its operations and their
 parents, the replayed operation, the operation view — carries the same initial states as
 `from_db`'s, a dict of its own, and a save after a concurrent change of the state column
@@ -12,7 +12,7 @@ from payments.enums import Outcome, PurchaseStatus
 from payments.models import PaymentOperation, Purchase
 from payments.view_queries import (
     PURCHASE_OF_CLIENT, _PURCHASE_OPERATIONS, _build_plan, _plans, operation_for_view)
-from tests.api.conftest import new_key, product, storefront  # noqa: F401 - fixtures
+from tests.api.conftest import new_key, storefront  # noqa: F401 - fixtures
 from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
     BODY, fast_settings)
 

@@ -1,4 +1,34 @@
-"""From webhooks.models import ProviderEvent
+"""Edges of the lifecycle on the real stack: a void after fulfilment, a cancel before and
+after payment, a late provider event, a refund during a run, a person's word graded.
+
+Each test counts effects at localstripe and in the database.
+"""
+import threading
+import time
+
+import pytest
+import requests
+from django.conf import settings
+from django.contrib.auth.models import Group
+from django.db import connection, transaction
+
+from payments import services
+from payments.enums import Outcome, PurchaseStatus
+from payments.models import PaymentOperation, Product, ProviderCall, Purchase
+from payments.providers.stripe import DrillMode
+from recovery import orchestrator
+from recovery.models import CrmUpdate, EmailMessage, Order, StepRun
+from support.access import Role
+from tests.webhooks.conftest import event_for, post, provider_object
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SECRET = "whsec_i15a_edges"
+
+
+@pytest.fixture
+def deliver_event(settings, client):
+    from webhooks.models import ProviderEvent
     from webhooks.services import event_process
 
     settings.STRIPE_WEBHOOK_SECRETS = [SECRET]
