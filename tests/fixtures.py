@@ -130,3 +130,24 @@ def product(db):
     from tests.factories import ProductFactory
 
     return ProductFactory(price=2500, stock=1000)
+
+
+@pytest.fixture
+def storefront(db):
+    """A storefront with every API scope and an automatic-refund allowance, speaking HTTP
+    to the test client; its outbox is drained after the test."""
+    from tests.api.conftest import ALL_SCOPES, Api, settle_outbox
+    from tests.factories import make_client
+
+    client, key = make_client(scopes=ALL_SCOPES, limit=10_000_000, name="storefront",
+                              auto_refund_limit=100_000)
+    yield Api(key, client)
+    settle_outbox()
+
+
+@pytest.fixture
+def fast_settings(settings):
+    """The API's fast path on, and a verified key kept for the test."""
+    settings.API_CLIENT_CACHE_SECONDS = 60  # the key stays verified through one test
+    settings.API_FAST_PATH = True
+    return settings

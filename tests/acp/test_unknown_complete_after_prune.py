@@ -22,7 +22,7 @@ from payments.models import IdempotencyRecord, PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
 from recovery.retention import policy_for, retention_prune_table
-from tests.acp.conftest import agent, issue_spt, new_email, platform, tea  # noqa: F401
+from tests.acp.conftest import issue_spt, new_email
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -24,7 +24,7 @@ from tests.agents.careless import (
     raw,
 )
 from tests.agents.conftest import Transcript, stdio_server_params
-from tests.agents.test_http import mcp_url, run_http_agent  # noqa: F401 (fixture)
+from tests.agents.test_http import run_http_agent
 from tests.agents.test_tools import run_agent
 from tests.factories import ProductFactory, make_client
 

@@ -14,7 +14,6 @@ from payments.models import ApiClient
 from payments.enums import Rail
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
-from tests.agents.conftest import agent_key  # noqa: F401 (fixtures)
 from tests.agents.test_tools import run_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,7 +6,7 @@ import uuid
 import pytest
 from rest_framework.test import APIClient
 
-from tests.factories import ProductFactory, make_client
+from tests.factories import make_client
 
 ALL_SCOPES = ("purchases:read", "purchases:write", "refunds:write")
 
@@ -93,14 +93,6 @@ def settle_outbox(timeout: float = 15.0) -> None:
 
 
 @pytest.fixture
-def storefront(db):
-    client, key = make_client(scopes=ALL_SCOPES, limit=10_000_000, name="storefront",
-                              auto_refund_limit=100_000)
-    yield Api(key, client)
-    settle_outbox()
-
-
-@pytest.fixture
 def other_storefront(db):
     client, key = make_client(scopes=ALL_SCOPES, limit=10_000_000, name="other")
     return Api(key, client)
@@ -145,3 +137,5 @@ def leave_crashed_payment_request(api: Api, purchase_id: str, key: str, body: di
         lease_until=timezone.now() - timedelta(seconds=1),
         resource_type="operation", resource_id=op.id)
     return op
+
+

@@ -15,8 +15,6 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from payments import services
-from payments.enums import Outcome
 from payments.api.idempotency import request_fingerprint
 from payments.models import IdempotencyRecord, PaymentOperation, Purchase, Quote
 from payments.providers.stripe import DrillMode

@@ -17,16 +17,9 @@ from payments.models import IdempotencyRecord
 from tests.api.conftest import Api, new_key
 from tests.factories import make_client
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 
 BODY = {"payment_method": "pm_card_visa", "capture": "automatic"}
-
-
-@pytest.fixture(autouse=True)
-def fast_settings(settings):
-    settings.API_CLIENT_CACHE_SECONDS = 60  # the key stays verified through one test
-    settings.API_FAST_PATH = True
-    return settings
 
 
 def _both(settings, send):

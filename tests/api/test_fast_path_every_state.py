@@ -7,10 +7,10 @@ and a purchase whose payment is unknown at Verity."""
 import pytest
 
 from payments.models import PaymentOperation
-from tests.api.conftest import new_key, other_storefront, settle_outbox, storefront
-from tests.api.test_fast_path_equivalence import _both, _same, fast_settings  # noqa: F401
+from tests.api.conftest import new_key, settle_outbox
+from tests.api.test_fast_path_equivalence import _both, _same
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 
 
 def _pay(storefront, product, method, capture="automatic"):  # noqa: F811

@@ -13,13 +13,12 @@ from config.redis_client import redis_client
 from payments.api.idempotency import request_fingerprint
 from payments.api.authentication import ApiClientRateThrottle
 from payments.models import ApiClient, IdempotencyRecord, PaymentOperation
-from tests.api.conftest import Api, leave_crashed_payment_request, new_key, other_storefront, storefront
+from tests.api.conftest import Api, new_key
 from tests.factories import make_client
 
-from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
-    BODY, _both, _paid, fast_settings)
+from tests.api.test_fast_path_equivalence import BODY, _both, _paid
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 
 
 def _counter(client) -> int:

@@ -13,12 +13,11 @@ from django.test.utils import override_settings
 from payments.api import fast_path
 from payments.api.authentication import ApiClientRateThrottle
 from config.redis_client import redis_client
-from tests.api.conftest import Api, new_key, other_storefront, storefront
+from tests.api.conftest import Api
 
-from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
-    _paid, BODY, fast_settings)
+from tests.api.test_fast_path_equivalence import _paid, BODY
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 
 
 def _counter(client) -> int:

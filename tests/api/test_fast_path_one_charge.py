@@ -8,11 +8,10 @@ import pytest
 from django.db import connection
 
 from payments.models import IdempotencyRecord, PaymentOperation, ProviderCall
-from tests.api.conftest import Api, new_key, storefront  # noqa: F401 - fixtures
-from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
-    BODY, fast_settings)
+from tests.api.conftest import Api, new_key
+from tests.api.test_fast_path_equivalence import BODY
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 
 
 def _parallel(sends):

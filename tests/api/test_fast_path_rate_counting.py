@@ -15,15 +15,14 @@ from rest_framework.test import APIClient
 
 from config.redis_client import redis_client
 from payments.api.authentication import ApiClientRateThrottle
-from tests.api.conftest import Api, new_key, other_storefront, storefront
+from tests.api.conftest import Api, new_key
 from tests.factories import make_client
 
-from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
-    _paid, _running, BODY, fast_settings)
+from tests.api.test_fast_path_equivalence import _paid, _running, BODY
 
 from tests.api.test_rate_limit_script_timeout import _BUSY
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 
 ADDR = "api-auth-fail:ip:127.0.0.1"
 

@@ -96,7 +96,6 @@ def test_lockout_holds_after_script_flush():
     assert free.allowed and _count(ident) == 1
 
 
-from tests.api.conftest import new_key, storefront  # noqa: E402,F401 - fixtures
 
 
 @pytest.mark.django_db(transaction=True)

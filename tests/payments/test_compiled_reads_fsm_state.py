@@ -12,7 +12,7 @@ from payments.enums import Outcome, PurchaseStatus
 from payments.models import PaymentOperation, Purchase
 from payments.view_queries import (
     PURCHASE_OF_CLIENT, _PURCHASE_OPERATIONS, _build_plan, _plans, operation_for_view)
-from tests.api.conftest import new_key, storefront  # noqa: F401 - fixtures
+from tests.api.conftest import new_key
 from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
     BODY, fast_settings)
 

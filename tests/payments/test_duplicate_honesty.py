@@ -17,10 +17,7 @@ from payments.models import PaymentOperation, Purchase
 from payments.api.presenters import purchase_view
 from payments.providers.stripe import DrillMode
 from recovery.models import Order
-from tests.payments.test_provider_outranks_people import (  # noqa: F401 (fixtures)
-    _charged_twice,
-    deliver,
-)
+from tests.payments.test_provider_outranks_people import _charged_twice
 from tests.recovery.conftest import settle
 from tests.webhooks.conftest import provider_object
 from tests.webhooks.test_disputes import ledger_balance, move_dispute, open_dispute, provider_net

@@ -12,7 +12,6 @@ from payments import services
 from payments.enums import MONEY_HELD_STATUSES, Outcome, PurchaseStatus
 from payments.models import Purchase
 from tests.factories import ProductFactory
-from tests.payments.test_provider_outranks_people import deliver  # noqa: F401 (fixture)
 from tests.webhooks.conftest import provider_object
 from tests.webhooks.test_disputes import move_dispute, open_dispute
 

@@ -13,29 +13,11 @@ from payments.models import Hold, OperationTransition, PaymentOperation, Provide
 from payments.providers.stripe import DrillMode
 from recovery.models import OutboxCategory, OutboxMessage
 from support.models import AuditEntry, Resolution
-from tests.webhooks.conftest import event_for, post, provider_object
+from tests.webhooks.conftest import provider_object
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SECRET = "whsec_i15a_outranks"
-
-
-@pytest.fixture
-def deliver(settings, client):
-    """Deliver a signed provider event through the real endpoint and process it."""
-    from webhooks.models import ProviderEvent
-    from webhooks.services import event_process
-
-    settings.STRIPE_WEBHOOK_SECRETS = [SECRET]
-    settings.STRIPE_WEBHOOK_TOLERANCE = 300
-    settings.STRIPE_ACCOUNT = ""
-
-    def run(obj: dict, type_: str) -> str:
-        event = event_for(obj, type_)
-        assert post(client, event, secret=SECRET).status_code == 200
-        return event_process(event_id=ProviderEvent.objects.get(event_id=event["id"]).pk)
-
-    return run
 
 
 def _unknown_charge(new_purchase, api_client, drill):

@@ -15,9 +15,8 @@ from payments.enums import (
     CallStep,
     Grade,
     Outcome,
-    PurchaseStatus,
 )
-from payments.models import OperationTransition, PaymentOperation, ProviderCall, Purchase
+from payments.models import OperationTransition, PaymentOperation, ProviderCall
 from payments.providers.stripe import DrillMode
 from recovery.halts import halt_set
 from support.models import Resolution

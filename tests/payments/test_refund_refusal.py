@@ -15,10 +15,7 @@ from payments import services
 from payments.enums import Outcome, PurchaseStatus, Reason
 from payments.models import PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
-from tests.payments.test_provider_outranks_people import (  # noqa: F401 (fixtures)
-    _charged_twice,
-    deliver,
-)
+from tests.payments.test_provider_outranks_people import _charged_twice
 from tests.recovery.conftest import settle
 from tests.webhooks.conftest import provider_object
 

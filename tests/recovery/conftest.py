@@ -4,8 +4,6 @@ import threading
 import pytest
 from django.db import connection
 
-from payments import services as pay
-from tests.factories import ProductFactory, make_client
 
 
 def run_concurrently(fn, n: int) -> list:

@@ -10,7 +10,7 @@ from datetime import timedelta
 from payments.enums import OperationKind
 from payments.models import IdempotencyRecord, PaymentOperation, Purchase
 from recovery.retention import policy_for, retention_prune_table
-from tests.api.conftest import new_key, settle_outbox, storefront  # noqa: F401
+from tests.api.conftest import new_key, settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

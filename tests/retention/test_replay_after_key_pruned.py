@@ -20,7 +20,7 @@ from django.utils import timezone
 from payments.enums import OperationKind, Outcome
 from payments.models import IdempotencyRecord, PaymentOperation
 from recovery.retention import policy_for, retention_prune_table
-from tests.api.conftest import new_key, settle_outbox, storefront  # noqa: F401
+from tests.api.conftest import new_key, settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

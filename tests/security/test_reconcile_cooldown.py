@@ -7,7 +7,7 @@ from django.conf import settings
 
 from payments.enums import CallPurpose, Outcome
 from payments.models import OperationTransition, PaymentOperation, ProviderCall
-from tests.api.conftest import settle_outbox, storefront  # noqa: F401
+from tests.api.conftest import settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Group, User
 
-from payments import services as pay
 from support.access import Role, ensure_groups
-from tests.factories import ProductFactory, make_client
 
 
 @pytest.fixture

@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import json
 import re
-from io import StringIO
 
 import pytest
-from django.core.management import call_command
 
 from payments.enums import OperationKind, Outcome
 from payments.models import PaymentOperation, Purchase
 from support import selectors
-from support.access import Action, can
+from support.access import can
 from support.models import Incident
 from support.runbooks import runbooks_all
-from tests.factories import make_client
 from webhooks.models import ProviderEvent
 
 from . import cdp

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import html
 import re
-from io import StringIO
 
 import pytest
-from django.core.management import call_command
 
 from payments.models import Purchase
 from support import runbooks, selectors
 from support.access import MATRIX, Action
 from support.customer_copy import WORDS
-from tests.factories import make_client
 from webhooks.models import EventResult, ProviderEvent
 
 pytestmark = pytest.mark.django_db

@@ -8,13 +8,11 @@ import pytest
 import requests
 from django.conf import settings
 from django.db.models import Sum
-from rest_framework.test import APIClient
 
 from payments.enums import DisputeStatus, PurchaseStatus
 from payments.models import Dispute, ProviderCall, Purchase
 from recovery.models import LedgerEntry, SettlementDiscrepancy
 from recovery.settlement import settlement_compare
-from tests.factories import make_client
 from tests.recovery.conftest import settle
 from webhooks.models import EventResult, ProviderEvent
 

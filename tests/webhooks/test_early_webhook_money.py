@@ -19,8 +19,7 @@ from payments.enums import Outcome
 from payments.models import PaymentOperation, Purchase
 from recovery.models import LedgerEntry, Order, OutboxCategory, OutboxMessage
 from recovery.relay import relay_drain
-from tests.webhooks.conftest import (  # noqa: F401 - autouse fixture: the signing secrets
-    event_for, provider_object, sign, webhook_secrets)
+from tests.webhooks.conftest import event_for, provider_object, sign
 from webhooks.models import ProviderEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)

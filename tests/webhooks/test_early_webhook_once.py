@@ -13,8 +13,7 @@ from prometheus_client import REGISTRY
 
 from recovery.models import OutboxMessage
 from tests.api.test_fast_path_one_charge import _parallel as _parallel_sends
-from tests.webhooks.conftest import (  # noqa: F401 - autouse fixture: the signing secrets
-    event_for, intent_object, sign, webhook_secrets)
+from tests.webhooks.conftest import event_for, intent_object, sign
 from webhooks.models import ProviderEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,14 +7,12 @@ import pytest
 import requests
 from django.conf import settings
 from django.db.models import Sum
-from rest_framework.test import APIClient
 
 from payments.enums import HoldState, OperationKind, Origin, Outcome, PurchaseStatus
 from payments.models import Hold, PaymentOperation, Purchase
 from recovery.models import LedgerEntry, SettlementDiscrepancy
 from recovery.settlement import settlement_compare
 from support.models import AuditEntry
-from tests.factories import make_client
 from tests.recovery.conftest import settle
 from webhooks.models import EventResult
 

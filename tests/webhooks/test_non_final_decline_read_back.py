@@ -29,8 +29,7 @@ from payments import services
 from payments.enums import Grade, Outcome, PurchaseStatus, Rail, Verification
 from payments.models import OperationTransition, PaymentOperation, Purchase
 from recovery.models import OutboxCategory, OutboxMessage
-from tests.webhooks.conftest import (  # noqa: F401 - fixtures: the signing secrets, pay
-    _quiet_worker_before_flush, event_for, pay, post, provider_object, webhook_secrets)
+from tests.webhooks.conftest import event_for, post, provider_object
 from webhooks.models import EventResult, ProviderEvent
 from webhooks.services import HELD_MAX_ATTEMPTS, event_process
 

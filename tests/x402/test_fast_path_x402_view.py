@@ -7,12 +7,9 @@ import pytest
 from payments.models import PaymentOperation
 from tests.api.conftest import settle_outbox
 from tests.api.test_fast_path_equivalence import _both, _same
-from tests.x402.conftest import SIGNATURE, agent, chain, report, sign  # noqa: F401
+from tests.x402.conftest import SIGNATURE, sign
 
-from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
-    fast_settings)
-
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 
 
 def test_an_x402_purchase_reads_the_same_pending_and_paid(agent, report, chain,  # noqa: F811

@@ -12,7 +12,6 @@ from payments import services
 from payments.enums import Rail
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
-from tests.x402.conftest import agent, chain, report  # noqa: F401
 from tests.x402.test_refunds import _paid
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -12,7 +12,7 @@ from django.db import connection
 
 from payments.enums import OperationKind, Outcome
 from payments.models import PaymentOperation
-from tests.x402.conftest import SIGNATURE, agent, chain, report, settle_outbox, sign  # noqa: F401
+from tests.x402.conftest import SIGNATURE, settle_outbox, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,6 @@ import pytest
 
 from payments import services
 from payments.models import PaymentOperation
-from tests.x402.conftest import agent, chain, report  # noqa: F401 (fixtures)
 from tests.x402.conftest import settle_outbox
 from tests.x402.test_refunds import _paid
 

@@ -12,7 +12,6 @@ from payments import services
 from payments.enums import Grade, Outcome
 from payments.models import PaymentOperation
 from tests.x402.test_persons_failed_refund_awaiting_chain import _approved
-from tests.x402.conftest import agent, chain, report  # noqa: F401 (fixtures)
 from tests.x402.test_refunds import _paid
 
 pytestmark = pytest.mark.django_db(transaction=True)

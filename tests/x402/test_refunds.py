@@ -8,8 +8,7 @@ import pytest
 from payments import services
 from payments.models import PaymentOperation, ProviderCall, X402RefundTransfer
 from payments.providers.x402 import DrillMode, get_refund_sender
-from tests.factories import make_client
-from tests.x402.conftest import SIGNATURE, Api, settle_outbox, sign
+from tests.x402.conftest import SIGNATURE, settle_outbox, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
