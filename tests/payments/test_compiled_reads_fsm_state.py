@@ -13,10 +13,9 @@ from payments.models import PaymentOperation, Purchase
 from payments.view_queries import (
     PURCHASE_OF_CLIENT, _PURCHASE_OPERATIONS, _build_plan, _plans, operation_for_view)
 from tests.api.conftest import new_key
-from tests.api.test_fast_path_equivalence import (  # noqa: F401 - shared with the equivalence tests
-    BODY, fast_settings)
+from tests.api.test_fast_path_equivalence import BODY
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 
 STATES = "_ConcurrentTransitionMixin__initial_states"
 
