@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 VERITY_VAR_DIR ?= var
 export VERITY_VAR_DIR
 
-.PHONY: run serve test deps lock soak bench drill drill-x402 fuzz audit clean
+.PHONY: run serve test test-fast lint fmt deps lock soak bench drill drill-x402 fuzz audit clean
 
 # The x402 rail's local chain (anvil + Circle's USDC build artifacts, npm packages pinned in
 # tools/chain/package-lock.json). Installed when node/npm are present; tests.stack --x402
@@ -119,6 +119,26 @@ REPLICA_TESTS ?= tests/replica
 test: deps
 	$(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 $(PYTEST_ARGS)
 	$(if $(REPLICA_TESTS),$(PY) -m tests.stack --replica -- $(PY) -m pytest -q $(REPLICA_TESTS))
+
+# The inner loop: the linter, then the static checks and quick behaviour tests on one
+# stack without the chain (no anvil start), in about a minute. `make test` runs all.
+FAST_TESTS ?= tests/foundation/test_import_contracts.py tests/foundation/test_error_codes_named.py \
+  tests/foundation/test_no_status_literals.py tests/foundation/test_readme_rules.py \
+  tests/foundation/test_docs_links.py tests/foundation/test_vocabularies.py \
+  tests/foundation/test_squashed_migrations.py tests/api/test_strict_money_requests.py \
+  tests/api/test_hostile_input.py tests/api/test_idempotency_records.py \
+  tests/payments/test_refundable_room.py tests/security/test_api_hygiene.py
+test-fast: deps lint
+	$(PY) -m tests.stack -- $(PY) -m pytest -q -p no:cacheprovider $(FAST_TESTS) $(PYTEST_ARGS)
+
+# ruff lints and checks the format (`make fmt` applies both); run by `make test`.
+lint: deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+fmt: deps
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 soak: deps
 	$(PY) bench/soak.py $(SOAK_ARGS)

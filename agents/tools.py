@@ -505,7 +505,7 @@ def _run_keyed(*, api_client: ApiClient, route: str, key: str,
 
 
 def _dispatch_if_pending(operation_id: str) -> None:
-    # Outside any transaction on purpose (STYLE 5): the provider call. operation_dispatch
+    # Outside any transaction on purpose (no lock is held across a provider call). operation_dispatch
     # claims the pending operation under a row lock, so two callers never both send it.
     dispatch_when_pending(operation_id)
 

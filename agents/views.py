@@ -12,7 +12,7 @@ layer sees it. Each tool call then re-resolves the key and checks its scope (a r
 key or a missing scope is refused per call, with a structured answer).
 
 Not atomic and CSRF-exempt on purpose: tools open their own short transactions and make
-provider calls outside them (STYLE 5); the caller is authenticated by an API key, not a
+provider calls outside them (no lock held across a provider call); the caller is authenticated by an API key, not a
 cookie.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The replay and GET against their floor, this checkout and a baseline commit side by side
-in ONE stack (issue 34, round three).
+in ONE stack.
 
 On this shared 2-core machine two runs of bench/idempotent_replay.py a minute apart differ
 by more than most single changes are worth. Here both versions' gunicorns (4 sync workers

@@ -444,7 +444,7 @@ def _chain_snapshot() -> ChainSnapshot | None:
     used = {(address(log["topics"][1]), Web3.to_hex(log["topics"][2]).lower()):
             Web3.to_hex(log["transactionHash"])
             for log in logs("AuthorizationUsed(address,bytes32)")}
-    # Refunds leave from the separate refund account (issue 31 #4), not from pay_to: the
+    # Refunds leave from the separate refund account, not from pay_to: the
     # money Verity holds is what pay_to received minus what the refund account sent.
     return ChainSnapshot(chain, used, transfers,
                          chain.balance(chain.pay_to) - chain.refunds_sent())
@@ -859,7 +859,7 @@ def _ledger_matches_provider_balance(f: Facts, rep: Report) -> None:
             ok=ledger_net == provider_net)
 
 
-# Per operation, on the provider's and the chain's record (issue 30).
+# Per operation, on the provider's and the chain's record.
 
 
 @invariant("linked-operation-on-its-rail", When.DRAINED)

@@ -49,7 +49,7 @@ SELECT 99, jsonb_build_object('n', g), 'bench:' || %s || ':' || g, now(), 0, '',
 FROM generate_series(1, %s) AS g
 """
 # The floor does what the relay needs, in SQL only (same predicate, order and batch): since
-# issue 34 the relay claims in ONE autocommit statement that returns what its handlers
+# the relay claims in ONE autocommit statement that returns what its handlers
 # read (id, category, payload, attempts), oldest first, then marks the batch processed in
 # one `UPDATE … WHERE id = ANY(…)`: two round trips per batch, and so does the floor.
 CLAIM_SQL = f"""

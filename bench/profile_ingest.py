@@ -1,4 +1,4 @@
-"""Where a webhook delivery's time goes, per layer, in one process (issue 34).
+"""Where a webhook delivery's time goes, per layer, in one process.
 
 The companion of bench/webhook_ingest.py, as bench/profile_reads.py is of the replay
 bench: the same Stripe-signed events are posted N times through the full Django stack in

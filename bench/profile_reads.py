@@ -1,4 +1,4 @@
-"""Where a read's time goes, per layer, in one process (issue 34).
+"""Where a read's time goes, per layer, in one process.
 
 CPU seconds per request are much steadier than requests/s on a shared, loaded machine, so
 this complements bench/idempotent_replay.py: the same three requests (the floor's bare

@@ -1,4 +1,4 @@
-"""The provider's webhook answered before the middleware it never uses (issue 34).
+"""The provider's webhook answered before the middleware it never uses.
 
 A delivery is a cookie-less POST, CSRF-exempt, authenticated by its own signature over
 the body (webhooks.views): the session, CSRF, authentication, session-lifetime and

@@ -122,7 +122,7 @@ def _open_purchase_of_acp_session(ref) -> Exists:
 def _refund_with_room_left(ref) -> Exists:
     """A refund whose purchase is not fully refunded: the payment still has room, so the
     storefront's retry of that same refund request (same key, same body) would be a new,
-    second refund once its record were gone (round 4). Kept until the purchase is
+    second refund once its record were gone. Kept until the purchase is
     `refunded`; refunds are few, so these records stay small."""
     return Exists(PaymentOperation.objects.filter(pk=ref, kind=OperationKind.REFUND)
                   .exclude(purchase__status=PurchaseStatus.REFUNDED))

@@ -14,6 +14,8 @@ from django.conf import settings
 
 from tests.stack import WORKERS_FILE
 
+pytest_plugins = ["tests.fixtures"]  # the fixtures every folder shares
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

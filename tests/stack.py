@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,7 +183,7 @@ class Stack:
         rpc = f"http://127.0.0.1:{port}"
         fac_key, fac_address = x402_chain.new_key()
         # Verity's receiving address (its key is dropped: Verity only receives there) and
-        # the separate refund account, its float minted by the token's minter (issue 31 #4).
+        # the separate refund account, its float minted by the token's minter.
         _pay_key, pay_to = x402_chain.new_key()
         refund_key, refund_account = x402_chain.new_key()
         payer_keys = [x402_chain.new_key() for _ in range(payers)]

@@ -1,4 +1,4 @@
-"""AuditEntry, Resolution and Note move from support to audit (issue 17). State only: the
+"""AuditEntry, Resolution and Note move from support to audit. State only: the
 tables keep their names (and their append-only triggers); nothing in the database moves."""
 import django.db.models.deletion
 from django.conf import settings

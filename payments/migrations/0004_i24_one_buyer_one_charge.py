@@ -1,4 +1,4 @@
-"""One buyer, one charge (issue #24): normalised customer keys scoped per API client, the
+"""One buyer, one charge: normalised customer keys scoped per API client, the
 basket fingerprint of the duplicate-purchase guard, buyer confirmations, and one purchase
 per quote.
 

@@ -1,4 +1,4 @@
-"""Index for the console's duplicate-charges queue and its dashboard count (issue 18):
+"""Index for the console's duplicate-charges queue and its dashboard count:
 `support.selectors._q_duplicates` (is_duplicate, oldest by settled_at) was a sequential
 scan of every operation (bench/scale.py --explain: 67 ms, 5 700 pages read at 100 k
 purchases, growing with the table).

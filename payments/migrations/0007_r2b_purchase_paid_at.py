@@ -1,4 +1,4 @@
-"""Issue 18 follow-up: the time a purchase last entered `paid`, stored on the purchase
+"""The time a purchase last entered `paid`, stored on the purchase
 (the console computed it with a correlated subquery over the history per row). Backfilled
 from the history: the latest status transition to `paid` of each purchase."""
 from django.db import migrations, models

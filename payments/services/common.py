@@ -121,7 +121,7 @@ ORDER_STATUSES = frozenset({
 def purchase_order_event_put(*, purchase: Purchase, source: str) -> None:
     """An ACP purchase's order moved: the outbox row that tells its agent platform
     (delivered by acp.handlers), written by the service that saved the transition, in
-    its transaction — never from a django-fsm signal (STYLE 1). Call it once per saved
+    its transaction — never from a django-fsm signal (a signal would hide the write from its service). Call it once per saved
     status change; `source` is the status before it. `order_create` the first time the
     purchase becomes an order, `order_update` for every later move (a purchase that left
     the order statuses and came back, e.g. through manual review, is the same order)."""

@@ -2,7 +2,7 @@
 
 Verity is the resource server (seller). The deliverable endpoint without payment answers
 402 with the requirements built from the accepted quote; the agent repeats it with
-PAYMENT-SIGNATURE and this service settles it in three phases (STYLE rule 5):
+PAYMENT-SIGNATURE and this service settles it in three phases (claim in a transaction, call the facilitator outside any, apply in a second):
 
 1. one transaction: the same guards as any payment (payments.services.payment_create,
    rail x402: one money movement at a time, at most one success, limits, currency), the

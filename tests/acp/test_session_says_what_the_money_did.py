@@ -21,7 +21,7 @@ from payments.enums import Grade, Outcome, PurchaseStatus, Rail
 from payments.models import PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
-from tests.acp.conftest import AcpAgent, complete_body, issue_spt, new_email, valid
+from tests.acp.conftest import AcpAgent, issue_spt, new_email, valid
 from tests.factories import make_client
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""The most careless agent (issue #24), as a script any MCP transport can run.
+"""The most careless agent, as a script any MCP transport can run.
 
 It does everything a re-planning model does after a lost answer: opens the same quote again
 with the customer reference varied, opens a fresh quote for the same basket, tries to lift

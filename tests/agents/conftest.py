@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from tests.factories import ProductFactory, make_client
+from tests.factories import make_client
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,12 +52,18 @@ class Transcript:
 
 
 @pytest.fixture
-def product(db):
-    return ProductFactory(price=2500, stock=50)
-
-
-@pytest.fixture
 def agent_key(db):
     _, key = make_client(scopes=("purchases:read", "purchases:write", "refunds:write"),
                          limit=1_000_000, name="agent")
     return key
+
+
+@pytest.fixture
+def mcp_url(live_server, settings):
+    from django.urls import Resolver404, resolve
+
+    try:
+        resolve("/mcp/")  # config/urls.py mounts agents.urls
+    except Resolver404:
+        settings.ROOT_URLCONF = "tests.agents.urls"
+    return f"{live_server.url}/mcp/"

@@ -16,17 +16,6 @@ from tests.factories import make_client
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def mcp_url(live_server, settings):
-    from django.urls import Resolver404, resolve
-
-    try:
-        resolve("/mcp/")  # config/urls.py mounts agents.urls
-    except Resolver404:
-        settings.ROOT_URLCONF = "tests.agents.urls"
-    return f"{live_server.url}/mcp/"
-
-
 def run_http_agent(url: str, key: str, script):
     transcript = Transcript()
 

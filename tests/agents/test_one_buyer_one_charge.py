@@ -1,4 +1,4 @@
-"""One buyer, one charge (issue #24): each numbered observation, through the real MCP
+"""One buyer, one charge: each numbered observation, through the real MCP
 client against the real server, localstripe and PostgreSQL, counting charges at the
 provider. The whole careless agent runs over stdio and HTTP at the end."""
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.agents.careless import (
     raw,
 )
 from tests.agents.conftest import Transcript, stdio_server_params
-from tests.agents.test_http import mcp_url, run_http_agent  # noqa: F401 (fixture)
+from tests.agents.test_http import run_http_agent
 from tests.agents.test_tools import run_agent
 from tests.factories import ProductFactory, make_client
 
@@ -196,7 +196,7 @@ def _status_paths(answers) -> set[str]:
 
 def test_the_agent_with_only_its_answers_cannot_get_a_code_the_buyer_still_can(
         product, agent_key, localstripe):
-    """Issue 30 #3. The agent holds its MCP and REST answers, which carry `status_url`.
+    """The agent holds its MCP and REST answers, which carry `status_url`.
     It follows the link as any HTTP client can (GET every page, POST the form with the
     page's own CSRF token, POST without one, the JSON poll) and tries every code-shaped
     string it saw: none lifts the guard, so one charge. The code goes to the buyer's

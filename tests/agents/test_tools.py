@@ -256,7 +256,7 @@ def test_concurrent_pay_purchase_calls_are_one_payment(product, agent_key, local
 
 
 def test_a_second_refund_of_the_same_amount_is_request_two(product, localstripe):
-    """Issue 15: a key of (purchase, amount) could not express a second refund of 500."""
+    """A key of (purchase, amount) could not express a second refund of 500."""
     _, key = make_client(name="refunder2", auto_refund_limit=1_000_000)
 
     async def script(client, call):

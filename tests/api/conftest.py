@@ -6,7 +6,7 @@ import uuid
 import pytest
 from rest_framework.test import APIClient
 
-from tests.factories import ProductFactory, make_client
+from tests.factories import make_client
 
 ALL_SCOPES = ("purchases:read", "purchases:write", "refunds:write")
 
@@ -61,11 +61,6 @@ class Api:
         return self.post(f"purchases/{purchase_id}/payments", body, **kw)
 
 
-@pytest.fixture
-def product(db):
-    return ProductFactory(price=2500, stock=1000)
-
-
 def settle_outbox(timeout: float = 15.0) -> None:
     """Let follow-up work a test committed finish before the database is flushed.
 
@@ -98,14 +93,6 @@ def settle_outbox(timeout: float = 15.0) -> None:
 
 
 @pytest.fixture
-def storefront(db):
-    client, key = make_client(scopes=ALL_SCOPES, limit=10_000_000, name="storefront",
-                              auto_refund_limit=100_000)
-    yield Api(key, client)
-    settle_outbox()
-
-
-@pytest.fixture
 def other_storefront(db):
     client, key = make_client(scopes=ALL_SCOPES, limit=10_000_000, name="other")
     return Api(key, client)
@@ -118,26 +105,10 @@ def reader(db):
 
 
 @pytest.fixture
-def resolver(db):
+def ops_tool(db):
     client, key = make_client(scopes=("purchases:read", "purchases:write",
                                       "operations:resolve"), name="ops-tool")
     return Api(key, client)
-
-
-@pytest.fixture
-def drill():
-    """Arm a fault drill on an operation's provider key (the lead's fault-drill client)."""
-    from payments.enums import Rail
-    from payments.services import provider_for_rail
-
-    provider = provider_for_rail(Rail.STRIPE)
-
-    def arm(op, mode, step="confirm", times=1):
-        provider.arm_drill(key_prefix=op.idempotency_key, step=step, mode=mode, times=times)
-
-    yield arm
-    if provider.drill_client is not None:
-        provider.drill_client.disarm_all()
 
 
 def payment_body(method: str = "pm_card_visa", capture: str = "automatic", **extra) -> dict:
@@ -166,3 +137,5 @@ def leave_crashed_payment_request(api: Api, purchase_id: str, key: str, body: di
         lease_until=timezone.now() - timedelta(seconds=1),
         resource_type="operation", resource_id=op.id)
     return op
+
+

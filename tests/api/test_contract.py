@@ -15,8 +15,6 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from payments import services
-from payments.enums import Outcome
 from payments.api.idempotency import request_fingerprint
 from payments.models import IdempotencyRecord, PaymentOperation, Purchase, Quote
 from payments.providers.stripe import DrillMode
@@ -65,8 +63,8 @@ class Ctx:
 
 
 @pytest.fixture
-def ctx(storefront, other_storefront, reader, resolver, product, localstripe, drill, settings):
-    return Ctx(storefront, other_storefront, reader, resolver, product, localstripe, drill,
+def ctx(storefront, other_storefront, reader, ops_tool, product, localstripe, drill, settings):
+    return Ctx(storefront, other_storefront, reader, ops_tool, product, localstripe, drill,
                settings)
 
 
@@ -739,7 +737,7 @@ def resolve_by_another_credential(c):
                           {"outcome": "succeeded", "reason": "Seen in the provider dashboard"})
     body = out.json()
     # The provider is read back first; it agrees (it charged), so its record settles the
-    # operation, graded confirmed (issue 15: the provider outranks a person).
+    # operation, graded confirmed.
     assert (body["outcome"], body["grade"], body["verification"]) == (
         "succeeded", "confirmed", "provider")
     return out

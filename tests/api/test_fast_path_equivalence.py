@@ -1,4 +1,4 @@
-"""Issue 34: the fast path before DRF (payments.api.fast_path) answers exactly as the DRF view
+"""The fast path before DRF (payments.api.fast_path) answers exactly as the DRF view
 does for the same state — status, headers and body, byte for byte — for every answer it
 gives (200 replay, 200 GET); every other case is handed to the DRF view and answers as it
 did, and a request is counted once against the client's limit.
@@ -17,16 +17,9 @@ from payments.models import IdempotencyRecord
 from tests.api.conftest import Api, new_key
 from tests.factories import make_client
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 
 BODY = {"payment_method": "pm_card_visa", "capture": "automatic"}
-
-
-@pytest.fixture(autouse=True)
-def fast_settings(settings):
-    settings.API_CLIENT_CACHE_SECONDS = 60  # the key stays verified through one test
-    settings.API_FAST_PATH = True
-    return settings
 
 
 def _both(settings, send):

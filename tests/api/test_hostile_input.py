@@ -1,4 +1,4 @@
-"""Hostile input never gets a 5xx (issue 15 #7): a clear 4xx problem with nothing written, or
+"""Hostile input never gets a 5xx: a clear 4xx problem with nothing written, or
 for a signed malformed event a 2xx with the event stored as `rejected` and counted."""
 import pytest
 from prometheus_client import REGISTRY

@@ -116,7 +116,7 @@ def test_agent_that_ignores_an_unknown_outcome_causes_one_charge_and_one_order(
     r = agent.post(pay_path, {**body, "amount": 1}, key=str(uuid.uuid4()))
     assert r.status_code in (409, 422) and r.json()["code"] in ("amount_mismatch",
                                                                  "payment_unresolved")
-    # 5. Adds a note field, same key then new key: money requests are strict (issue 15 #8),
+    # 5. Adds a note field, same key then new key: money requests are strict,
     # so the field is refused by name before anything else is looked at.
     r = agent.post(pay_path, {**body, "note": "customer says it failed"}, key=key)
     assert (r.status_code, r.json()["code"]) == (400, "unknown_field")
@@ -172,7 +172,7 @@ def test_agent_that_times_out_on_a_normal_payment_causes_one_charge_and_one_orde
         assert r.json()["code"] in ("already_paid", "amount_mismatch", "unknown_field")
     second = agent.open_purchase(product.sku)
     # The first purchase is paid; the same buyer re-planning the same basket is a probable
-    # duplicate (issue #24): refused, naming the paid purchase. Only the buyer can ask.
+    # duplicate: refused, naming the paid purchase. Only the buyer can ask.
     assert (second.status_code, second.json()["code"]) == (409, "probable_duplicate_purchase")
     assert second.json()["purchase"] == purchase["id"]
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 1

@@ -1,4 +1,4 @@
-"""Money requests are strict (DESIGN §6; issue 15 #8, #9, duplicate SKU lines): a field Verity
+"""Money requests are strict (DESIGN §6, duplicate SKU lines): a field Verity
 does not understand, or another currency, is refused before anything is written."""
 import pytest
 

@@ -69,15 +69,6 @@ class Person:
         self.b.screenshot(SHOTS / name)
 
 
-@pytest.fixture(scope="module")
-def chromium():
-    if not cdp.available():
-        pytest.skip("/usr/bin/chromium is not installed")
-    b = cdp.Browser()
-    yield b
-    b.quit()
-
-
 @pytest.fixture
 def phone(chromium) -> Person:
     """A customer's phone: 390×844 CSS pixels, no cookies from an earlier test."""

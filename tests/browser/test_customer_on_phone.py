@@ -46,7 +46,7 @@ class Shop:
 
 
 @pytest.fixture
-def shop(live_server, settings):
+def live_shop(live_server, settings):
     settings.PUBLIC_BASE_URL = live_server.url  # the status links the API hands out
     _, key = make_client(name="phone-shop", limit=100_000_000,
                          scopes=("purchases:read", "purchases:write"))
@@ -59,12 +59,12 @@ def _codes_emailed(purchase_id: str) -> list[str]:
             if f"next to {purchase_id})" in m.subject and CODE.search(m.body)]
 
 
-def test_a_refused_buyer_taps_yes_on_their_phone_and_gets_the_code(phone, shop):
+def test_a_refused_buyer_taps_yes_on_their_phone_and_gets_the_code(phone, live_shop):
     product = ProductFactory(sku="PHONE-LAMP", price=2000, stock=100)
-    first = shop.buy(product.sku, "cust-phone", "ana@example.com")
+    first = live_shop.buy(product.sku, "cust-phone", "ana@example.com")
     assert first.status_code == 201, first.text
     first = first.json()
-    refused = shop.buy(product.sku, "cust-phone", "ana@example.com")
+    refused = live_shop.buy(product.sku, "cust-phone", "ana@example.com")
     assert refused.status_code == 409 and refused.json()["code"] == "probable_duplicate_purchase"
 
     # The customer opens the earlier purchase's status link on their phone, and the
@@ -92,7 +92,7 @@ def test_a_refused_buyer_taps_yes_on_their_phone_and_gets_the_code(phone, shop):
         ["ana@example.com"]]
 
     # With the code, the shop's second purchase goes through.
-    second = shop.buy(product.sku, "cust-phone", "ana@example.com",
+    second = live_shop.buy(product.sku, "cust-phone", "ana@example.com",
                       buyer_confirmation=codes[0])
     assert second.status_code == 201, second.text
     assert Purchase.objects.filter(customer_reference="cust-phone").count() == 2

@@ -1,4 +1,4 @@
-"""Defects the whole-lifecycle state machine found on the fixed code (issue 30/31 merged),
+"""Defects the whole-lifecycle state machine found on the fixed code,
 each reproduced on its own, small, on the real stack. A test here is marked xfail(strict)
 while its defect is open, and loses its mark when the product is fixed."""
 from __future__ import annotations

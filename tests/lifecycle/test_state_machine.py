@@ -1,4 +1,4 @@
-"""The whole-lifecycle state machine (issue 15): a Hypothesis RuleBasedStateMachine over the
+"""The whole-lifecycle state machine: a Hypothesis RuleBasedStateMachine over the
 REAL stack — the storefront API, the console services, signed webhooks built from
 localstripe's own objects, the relay, the reconciler, the dead-dispatch sweep — not over a
 model of it. After every step the invariants count at localstripe and in the database.
@@ -14,7 +14,7 @@ digital report paid over x402 on the real chain (a lost settle answer, a pending
 settlement, replays of an earlier signature, a second authorization), refunded as
 transfers back; the x402 invariants count transfers on chain.
 
-ACP (issue 33) is a way in like the REST API: an agent platform (the third API client,
+ACP is a way in like the REST API: an agent platform (the third API client,
 `ACP_SHOP`) opens checkout sessions, updates them, and completes them with a shared
 payment token — the provider's answer lost, the provider down, a declining card —
 retrying with the same key and body or with a new key and token, cancelling before and
@@ -23,7 +23,7 @@ and, after every step, each session as the agent reads it are judged on the prov
 record (`_acp_answer_is_true`); its purchases join the others, so every invariant below
 counts them (one charge per purchase at localstripe, and the rest) unchanged.
 
-Issue 30 (where duplicates, rails, refunds and people meet): a duplicate charge on each
+Where duplicates, rails, refunds and people meet: a duplicate charge on each
 rail (a person's wrong "failed" taken while the provider or the chain could not be read,
 then the retry charging again; overturned by a read-back or an event), a fulfilment step
 failing under COMPENSATE after it, refunds requested and approved after it; an x402 refund
@@ -37,7 +37,7 @@ not one of a disputed charge): before Verity's queued card refunds leave, the ma
 the `http_400_refused` drill for each asking more than the provider has left, as Stripe
 refuses it; elsewhere it sees the provider return more than the payment took.
 
-On the fixed code (issue 30/31 merged): a retry of a payment only a person called failed
+On the fixed code: a retry of a payment only a person called failed
 is refused 503 `original_unverified` (and a new x402 authorization while the chain cannot
 be read, 503 `chain_unreachable`): both are refusals, checked to charge nothing; the
 duplicate rules then build their duplicate as an explicit given (the failure written
@@ -168,9 +168,8 @@ ONE_CALL = os.environ.get("VERITY_LIFECYCLE_ONE_CALL", "") in ("1", "true")
 MONEY_STEP = CallStep.PAY if ONE_CALL else CallStep.CONFIRM
 STEPS = int(os.environ.get("VERITY_LIFECYCLE_STEPS", "14"))
 
-# Part A of issue 15 (provider evidence outranks a person, void after fulfilment) is
-# merged: the rules that need it always run (issue 17: the gate read services.py's source
-# text, which the split into payments/services/ would have silently turned off).
+# Provider evidence outranks a person, and a void after fulfilment, are
+# merged: the rules that need it always run.
 PART_A = True
 
 WRITE_DRILLS = [None, None, DrillMode.DROP_RESPONSE_AFTER_SEND, DrillMode.TIMEOUT_BEFORE_SEND,
@@ -216,7 +215,7 @@ class Provider:
 
 # The documented 503 refusals (retry later with the same key): a halted workflow, and a
 # retry (`retry_of`, or a new x402 authorization) of a payment only a person called failed
-# while the provider or the chain could not be read back (issue 30 #10).
+# while the provider or the chain could not be read back.
 # A new x402 authorization while the chain cannot be read is refused before anything is
 # stored or sent (`chain_unreachable`: nothing charged).
 REFUSALS_503 = ("workflow_halted", "original_unverified", "chain_unreachable")
@@ -248,7 +247,7 @@ def _refused_not_broken(exc) -> None:
     _unverified_refusal_is_right(exc.code, exc.operation)
 
 
-# ACP (issue 33): the agent platform's client is the third "shop" (its purchases are read,
+# ACP: the agent platform's client is the third "shop" (its purchases are read,
 # refunded and resolved through the REST API and the console like any other).
 ACP_SHOP = 2
 ACP_GUARDING = DUPLICATE_GUARD_STATUSES
@@ -316,8 +315,7 @@ def _stripe_refuses_over_refunds() -> None:
     refunds leave, the refusal drill is armed for each that asks more than the provider has
     left, so the machine sees what Stripe would do: the compensation of a duplicate
     partly refunded in the dashboard, whose event waited for the read-back, asks for the
-    whole charge, is refused, and a new one asks for what is left (issue 30 #7, as
-    tests/payments/test_refund_refusal.py)."""
+    whole charge, is refused, and a new one asks for what is left."""
     queued = list(PaymentOperation.objects.filter(
         kind=OperationKind.REFUND, outcome=Outcome.PENDING, parent__isnull=False
     ).exclude(rail="x402").select_related("parent"))
@@ -1351,7 +1349,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     # write here is a real one: a person clears a step halt (recovery.halts.halt_clear ->
     # run_steps_put for each purchase waiting on that step) from another request, right
     # after the purchase's RUN_STEPS handler found the step halted, while the relay's batch
-    # still holds the message (the hook of tests/attack/test_round5_relay_batch_mark.py:
+    # still holds the message (the hook of tests/recovery/test_relay_batch_mark.py:
     # the real handler runs; the hook only places the other request in time).
     def _steps_to_resume(self, i: int, fresh: bool, step: str, sold_out: bool
                          ) -> tuple[str, str] | None:
@@ -1550,7 +1548,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._steps_moved_no_payment(pid, seen)
         _settle_outbox_quietly()  # a compensation (sold out) leaves: judged on its refund
 
-    # -- issue 30: where duplicates, rails, refunds and people meet ------------------------
+    # -- where duplicates, rails, refunds and people meet ------------------------
     def _fresh_purchase(self, shop: int, sku: str) -> str | None:
         api = self.shops[shop]
         q = api.quote(sku)
@@ -1620,7 +1618,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                     retry.json()["code"] != "original_unverified"):
                 given = False
             else:
-                # Verity's own path no longer charges twice here (issue 30 #10), so the
+                # Verity's own path no longer charges twice here, so the
                 # duplicate is a given, as in the project's tests (_charged_twice): for the
                 # moment the retry is made, the first failure reads provider-confirmed.
                 provider_for_rail(Rail.STRIPE).arm_drill(key_prefix="*", step="read",
@@ -1997,7 +1995,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 f"readable, shows {auth.provider_reference} requires_capture")
 
     # -- invariants ------------------------------------------------------------------------
-    # -- ACP: agent platforms buy through checkout sessions (issue 33) ------------------
+    # -- ACP: agent platforms buy through checkout sessions ------------------
     def _acp_total(self, session_id: str) -> int:
         view = self.acp.get(f"checkout_sessions/{session_id}").json()
         return {t["type"]: t["amount"] for t in view["totals"]}["total"]
@@ -2305,7 +2303,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         for pid in self.x402_purchases:
             auths = X402Authorization.objects.filter(operation__purchase_id=pid).select_related(
                 "operation")
-            # Per operation (issue 31): did ITS authorization's transaction carry
+            # Per operation: did ITS authorization's transaction carry
             # Transfer(payer -> pay_to, value)? (A payer's transfers counted by address
             # mixed operations up; a used nonce alone is no payment.)
             paid = {a.operation_id: self.chain.operation_paid(a) for a in auths}
@@ -2603,7 +2601,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 f"a {workflow} dispatch left while {workflow} was halted")
 
 
-    # -- invariants of issue 30: each judged on the provider's and the chain's own record ----
+    # -- invariants where duplicates, rails, refunds and people meet: each judged on the provider's and the chain's own record ----
     @invariant()
     def a_failed_or_voided_operation_moved_no_money(self):
         """Verity's `failed` (confirmed) for a payment, capture or refund, and every x402

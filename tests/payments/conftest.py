@@ -1,35 +1,24 @@
 import pytest
 
-from payments import services
-from tests.factories import ProductFactory, make_client
+
+
+DELIVER_SECRET = "whsec_payments_deliver"
 
 
 @pytest.fixture
-def client_and_key(db):
-    return make_client(limit=1_000_000)
+def deliver(settings, client):
+    """Deliver a signed provider event through the real endpoint and process it."""
+    from tests.webhooks.conftest import event_for, post
+    from webhooks.models import ProviderEvent
+    from webhooks.services import event_process
 
+    settings.STRIPE_WEBHOOK_SECRETS = [DELIVER_SECRET]
+    settings.STRIPE_WEBHOOK_TOLERANCE = 300
+    settings.STRIPE_ACCOUNT = ""
 
-@pytest.fixture
-def api_client(client_and_key):
-    return client_and_key[0]
+    def run(obj: dict, type_: str) -> str:
+        event = event_for(obj, type_)
+        assert post(client, event, secret=DELIVER_SECRET).status_code == 200
+        return event_process(event_id=ProviderEvent.objects.get(event_id=event["id"]).pk)
 
-
-@pytest.fixture
-def new_purchase(api_client):
-    """Factory: a purchase for a fresh customer through the real services."""
-    counter = {"n": 0}
-
-    def make(price=1500, quantity=1, customer=None):
-        counter["n"] += 1
-        product = ProductFactory(price=price)
-        quote = services.quote_create(api_client=api_client,
-                                      items=[{"sku": product.sku, "quantity": quantity}],
-                                      currency="usd")
-        return services.purchase_create(
-            api_client=api_client, quote_id=quote.id, quote_version=quote.version,
-            customer_reference=customer or f"cust-{counter['n']}-{quote.id[-6:]}",
-            customer_email="buyer@example.com")
-
-    return make
-
-
+    return run

@@ -1,4 +1,4 @@
-"""Issue 22 (found by the soak with wrong resolutions): a person's outcome accepted while the
+"""A person's outcome accepted while the
 provider was unreachable is read back later, and the provider's record wins.
 
 The soak saw a resolver's "succeeded" accepted as `acknowledged` during a provider outage on
@@ -23,11 +23,6 @@ from recovery.models import EmailMessage, LedgerEntry, Order, OutboxCategory, Ou
 from recovery.reconciler import reconcile_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def resolver(django_user_model):
-    return django_user_model.objects.create(username="resolver-22")
 
 
 def _provider_balance(purchase) -> int:

@@ -12,7 +12,7 @@ import pytest
 from payments import services
 from payments.enums import HoldState
 from payments.models import Hold
-from tests.payments.test_provider_outranks_people import _charged_twice, _reload, resolver  # noqa: F401
+from tests.payments.test_provider_outranks_people import _charged_twice, _reload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -3,7 +3,7 @@ import signal
 import threading
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 
 from payments import services
 from payments.enums import Outcome

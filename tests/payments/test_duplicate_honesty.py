@@ -1,4 +1,4 @@
-"""Issue 30 #9: what the customer and the API read about a purchase follows the
+"""What the customer and the API read about a purchase follows the
 purchase's own payment. The return of a duplicate charge is not a refund of the purchase;
 a dispute of the duplicate neither moves the purchase to disputed nor pauses or cancels
 its order, nor tells the customer their bank returned the money. What is left of the
@@ -17,20 +17,12 @@ from payments.models import PaymentOperation, Purchase
 from payments.api.presenters import purchase_view
 from payments.providers.stripe import DrillMode
 from recovery.models import Order
-from tests.payments.test_provider_outranks_people import (  # noqa: F401 (fixtures)
-    _charged_twice,
-    deliver,
-)
+from tests.payments.test_provider_outranks_people import _charged_twice
 from tests.recovery.conftest import settle
 from tests.webhooks.conftest import provider_object
 from tests.webhooks.test_disputes import ledger_balance, move_dispute, open_dispute, provider_net
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def resolver(django_user_model):
-    return django_user_model.objects.create(username="resolver-1")
 
 
 def _view(purchase):

@@ -22,13 +22,6 @@ from recovery.relay import relay_drain
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def people(django_user_model):
-    return (django_user_model.objects.create(username="ledger-resolver"),
-            django_user_model.objects.create(username="ledger-support"),
-            django_user_model.objects.create(username="ledger-finance"))
-
-
 def _provider_balance(purchase_id: str) -> int:
     return (LedgerEntry.objects.filter(purchase_id=purchase_id, account="provider_balance")
             .aggregate(s=Sum("amount"))["s"] or 0)

@@ -1,4 +1,5 @@
-"""Issue 15 defects 4, 5, 10 and the "also check" items of part A, on the real stack.
+"""Edges of the lifecycle on the real stack: a void after fulfilment, a cancel before and
+after payment, a late provider event, a refund during a run, a person's word graded.
 
 Each test counts effects at localstripe and in the database.
 """
@@ -26,7 +27,7 @@ SECRET = "whsec_i15a_edges"
 
 
 @pytest.fixture
-def deliver(settings, client):
+def deliver_event(settings, client):
     from webhooks.models import ProviderEvent
     from webhooks.services import event_process
 
@@ -44,7 +45,7 @@ def deliver(settings, client):
 
 
 @pytest.fixture
-def api(client, client_and_key):
+def post_api(client, client_and_key):
     """POST to the storefront API as the purchase's own client."""
     counter = {"n": 0}
 
@@ -78,12 +79,12 @@ def _status(purchase) -> str:
 
 # -- defect 5: a void after fulfilment ---------------------------------------------------
 
-def test_api_void_after_fulfilment_is_refused_with_next_action(new_purchase, api_client, api,
+def test_api_void_after_fulfilment_is_refused_with_next_action(new_purchase, api_client, post_api,
                                                                localstripe):
     purchase, auth = _paid(new_purchase, api_client, capture="manual")
     assert orchestrator.purchase_fulfil(purchase_id=purchase.id) == orchestrator.COMPLETED
 
-    r = api(f"purchases/{purchase.id}/void")
+    r = post_api(f"purchases/{purchase.id}/void")
 
     assert r.status_code == 409, r.content
     body = r.json()
@@ -119,16 +120,16 @@ def test_console_void_after_fulfilment_voids_and_cancels_the_order(
 
 # -- defect 10: payment_intent.canceled after a void ---------------------------------------
 
-def test_canceled_event_after_a_void_is_agreeing_evidence(new_purchase, api_client, api,
-                                                         deliver):
+def test_canceled_event_after_a_void_is_agreeing_evidence(new_purchase, api_client, post_api,
+                                                         deliver_event):
     purchase, auth = _paid(new_purchase, api_client, capture="manual")
-    r = api(f"purchases/{purchase.id}/void")
+    r = post_api(f"purchases/{purchase.id}/void")
     assert r.status_code == 201, r.content
     void = PaymentOperation.objects.get(purchase=purchase, kind="void")
     pi = provider_object("payment_intents", auth.provider_reference)
     assert pi["status"] == "canceled"
 
-    event = deliver(event_for(pi, "payment_intent.canceled"))
+    event = deliver_event(event_for(pi, "payment_intent.canceled"))
 
     assert (event.result, event.result_reason) == ("applied", "agrees_with_void")
     assert event.operation_id == void.id
@@ -194,26 +195,26 @@ def test_a_payment_resolved_failed_by_a_person_says_so(new_purchase, api_client,
 
 # -- also check: the buyer cancels before payment ------------------------------------------
 
-def test_buyer_cancels_before_payment_idempotently(new_purchase, api, localstripe):
+def test_buyer_cancels_before_payment_idempotently(new_purchase, post_api, localstripe):
     purchase = new_purchase()
 
-    first = api(f"purchases/{purchase.id}/cancel", key="cancel-1")
-    again = api(f"purchases/{purchase.id}/cancel", key="cancel-1")
+    first = post_api(f"purchases/{purchase.id}/cancel", key="cancel-1")
+    again = post_api(f"purchases/{purchase.id}/cancel", key="cancel-1")
 
     assert first.status_code == 200 and first.json()["status"] == "cancelled", first.content
     assert again.status_code == 200 and again.headers.get("Idempotent-Replayed") == "true"
     assert _status(purchase) == PurchaseStatus.CANCELLED
     assert purchase.transitions.filter(target="cancelled").count() == 1
     # a cancelled purchase cannot be paid
-    r = api(f"purchases/{purchase.id}/payments", {"payment_method": "pm_card_visa"})
+    r = post_api(f"purchases/{purchase.id}/payments", {"payment_method": "pm_card_visa"})
     assert r.status_code == 409
     assert localstripe.payment_intents_for(purchase.id) == []
 
 
-def test_cancel_after_a_payment_was_claimed_is_refused(new_purchase, api_client, api):
+def test_cancel_after_a_payment_was_claimed_is_refused(new_purchase, api_client, post_api):
     purchase, _op = _paid(new_purchase, api_client)
 
-    r = api(f"purchases/{purchase.id}/cancel")
+    r = post_api(f"purchases/{purchase.id}/cancel")
 
     assert r.status_code == 409 and r.json()["code"] == "cancel_not_allowed"
     assert _status(purchase) == PurchaseStatus.PAID
@@ -293,7 +294,7 @@ def _three_d_secure_method() -> str:
 
 
 def test_a_late_processing_event_does_not_flip_awaiting_buyer(new_purchase, api_client,
-                                                              deliver):
+                                                              deliver_event):
     purchase = new_purchase()
     op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
                                  payment_method=_three_d_secure_method())
@@ -303,7 +304,7 @@ def test_a_late_processing_event_does_not_flip_awaiting_buyer(new_purchase, api_
     event = event_for(pi, "payment_intent.processing")
     event["created"] = int(time.time()) - 30  # created before requires_action was seen
 
-    stored = deliver(event)
+    stored = deliver_event(event)
 
     assert (stored.result, stored.result_reason) == ("ignored", "stale_event")
     assert PaymentOperation.objects.get(pk=op.pk).outcome == Outcome.AWAITING_BUYER

@@ -9,7 +9,7 @@ from payments import services
 from payments.enums import Grade, Outcome
 from payments.models import PaymentOperation
 from payments.providers.stripe import DrillMode
-from tests.attack.test_round3_refund_people import _paid, _refund, people  # noqa: F401
+from tests.payments.test_persons_failed_refund_then_follow_up import _paid, _refund
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

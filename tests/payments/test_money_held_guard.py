@@ -1,4 +1,4 @@
-"""Issue 30, general rule: one definition of "money is held" (payments.enums
+"""One definition of "money is held" (payments.enums
 MONEY_HELD_STATUSES) asked by every guard. The duplicate-purchase guard refused a second
 purchase of the same basket only while the first was paid/fulfilling/completed: with a
 refund of the first still in flight (it may fail and keep the money) or a dispute open,
@@ -12,7 +12,6 @@ from payments import services
 from payments.enums import MONEY_HELD_STATUSES, Outcome, PurchaseStatus
 from payments.models import Purchase
 from tests.factories import ProductFactory
-from tests.payments.test_provider_outranks_people import deliver  # noqa: F401 (fixture)
 from tests.webhooks.conftest import provider_object
 from tests.webhooks.test_disputes import move_dispute, open_dispute
 

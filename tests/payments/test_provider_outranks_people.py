@@ -1,4 +1,4 @@
-"""Issue 15 defect 1: the provider's record outranks a person's resolution.
+"""The provider's record outranks a person's resolution.
 
 Counted at localstripe (PaymentIntents, refunds) and in the database (operations,
 holds, history, queues); faults come from the fault-drill HTTP client only.
@@ -13,34 +13,11 @@ from payments.models import Hold, OperationTransition, PaymentOperation, Provide
 from payments.providers.stripe import DrillMode
 from recovery.models import OutboxCategory, OutboxMessage
 from support.models import AuditEntry, Resolution
-from tests.webhooks.conftest import event_for, post, provider_object
+from tests.webhooks.conftest import provider_object
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SECRET = "whsec_i15a_outranks"
-
-
-@pytest.fixture
-def deliver(settings, client):
-    """Deliver a signed provider event through the real endpoint and process it."""
-    from webhooks.models import ProviderEvent
-    from webhooks.services import event_process
-
-    settings.STRIPE_WEBHOOK_SECRETS = [SECRET]
-    settings.STRIPE_WEBHOOK_TOLERANCE = 300
-    settings.STRIPE_ACCOUNT = ""
-
-    def run(obj: dict, type_: str) -> str:
-        event = event_for(obj, type_)
-        assert post(client, event, secret=SECRET).status_code == 200
-        return event_process(event_id=ProviderEvent.objects.get(event_id=event["id"]).pk)
-
-    return run
-
-
-@pytest.fixture
-def resolver(django_user_model):
-    return django_user_model.objects.create(username="resolver-1")
 
 
 def _unknown_charge(new_purchase, api_client, drill):
@@ -176,7 +153,7 @@ def _charged_twice(new_purchase, api_client, drill, read_drill, resolver, locals
     again: two charges at the provider.
 
     Verity's own paths no longer lead here on Stripe: a retry of a person's `failed` waits
-    until the provider is read (issue 30 #10), and a readable provider refuses the wrong word.
+    until the provider is read, and a readable provider refuses the wrong word.
     The duplicate handling stays as the defence behind those guards (x402 still produces
     duplicates for real: tests/x402/test_duplicate_compensation_rail.py), so the given is
     built explicitly: while the retry is made, the first failure is recorded as if the

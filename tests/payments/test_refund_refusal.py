@@ -1,4 +1,4 @@
-"""Issue 30 #7: a refund the provider refuses with a definitive 4xx (already refunded,
+"""A refund the provider refuses with a definitive 4xx (already refunded,
 disputed) is `failed` with its reason, not `unknown` for ever holding the purchase's slot;
 the compensation of a duplicate asks for what is LEFT of it.
 
@@ -15,21 +15,11 @@ from payments import services
 from payments.enums import Outcome, PurchaseStatus, Reason
 from payments.models import PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
-from tests.payments.test_provider_outranks_people import (  # noqa: F401 (fixtures)
-    _charged_twice,
-    deliver,
-)
+from tests.payments.test_provider_outranks_people import _charged_twice
 from tests.recovery.conftest import settle
 from tests.webhooks.conftest import provider_object
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def people(django_user_model):
-    return (django_user_model.objects.create(username="resolver-1"),
-            django_user_model.objects.create(username="support-req"),
-            django_user_model.objects.create(username="finance-ok"))
 
 
 def _approved_refund(purchase, amount, requester, approver):

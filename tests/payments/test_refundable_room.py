@@ -1,4 +1,4 @@
-"""Issue 30 #6: one refundable room per payment (captured minus that payment's own
+"""One refundable room per payment (captured minus that payment's own
 refunds that are not failed), asked alike by refund request, approval, the console and
 external refunds. After a compensated duplicate, the purchase's own charge can still be
 refunded in full, and not a cent more.
@@ -14,13 +14,6 @@ from support.selectors import refundable_amount
 from tests.payments.test_provider_outranks_people import _charged_twice
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def people(django_user_model):
-    return (django_user_model.objects.create(username="resolver-1"),
-            django_user_model.objects.create(username="support-req"),
-            django_user_model.objects.create(username="finance-ok"))
 
 
 def _compensated_duplicate(new_purchase, api_client, drill, read_drill, resolver, localstripe):

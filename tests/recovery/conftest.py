@@ -4,43 +4,6 @@ import threading
 import pytest
 from django.db import connection
 
-from payments import services as pay
-from tests.factories import ProductFactory, make_client
-
-
-@pytest.fixture
-def api_client(db):
-    return make_client(limit=10_000_000)[0]
-
-
-@pytest.fixture
-def new_purchase(api_client):
-    """A purchase for a fresh customer; product options (stock, kind, step_policy)."""
-    counter = {"n": 0}
-
-    def make(price=1500, quantity=1, email="buyer@example.com", **product_fields):
-        counter["n"] += 1
-        product = ProductFactory(price=price, **product_fields)
-        quote = pay.quote_create(api_client=api_client,
-                                 items=[{"sku": product.sku, "quantity": quantity}],
-                                 currency="usd")
-        return pay.purchase_create(
-            api_client=api_client, quote_id=quote.id, quote_version=quote.version,
-            customer_reference=f"cust-{counter['n']}-{quote.id[-6:]}", customer_email=email)
-
-    return make
-
-
-@pytest.fixture
-def pay_now(api_client):
-    """Create and dispatch a payment (real provider call at localstripe)."""
-
-    def run(purchase, method="pm_card_visa", capture="automatic"):
-        op = pay.payment_create(purchase_id=purchase.pk, api_client=api_client,
-                                payment_method=method, capture_method=capture)
-        return pay.operation_dispatch(operation_id=op.pk)
-
-    return run
 
 
 def run_concurrently(fn, n: int) -> list:

@@ -1,4 +1,4 @@
-"""Issue 30 #2: a step that fails under COMPENSATE after a compensated duplicate charge
+"""A step that fails under COMPENSATE after a compensated duplicate charge
 refunds the purchase's OWN charge (a compensation belongs to the payment it returns).
 
 Real stack: the duplicate comes from a charge whose answer was lost, a person's wrong
@@ -17,11 +17,6 @@ from tests.payments.test_provider_outranks_people import _charged_twice
 from tests.recovery.conftest import lift_halt_quietly, settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def resolver(django_user_model):
-    return django_user_model.objects.create(username="resolver-1")
 
 
 def _compensated_duplicate(new_purchase, api_client, drill, read_drill, resolver, localstripe):

@@ -34,23 +34,23 @@ def webhook_secrets(settings):
 
 
 @pytest.fixture
-def shop(db):
+def auto_refund_shop(db):
     """A storefront key with an automatic-refund allowance (no person approves)."""
     client, key = make_client(name="storefront-auto-refunds", limit=10_000_000,
                               auto_refund_limit=10_000_000)
     return Api(key, client)
 
 
-def _buy(shop: Api, *, kind: str = "physical", stock: int = 10) -> tuple[str, str]:
+def _buy(auto_refund_shop: Api, *, kind: str = "physical", stock: int = 10) -> tuple[str, str]:
     product = ProductFactory(price=PRICE, stock=stock, kind=kind)
-    purchase = shop.new_purchase(product.sku)
-    r = shop.pay(purchase["id"])
+    purchase = auto_refund_shop.new_purchase(product.sku)
+    r = auto_refund_shop.pay(purchase["id"])
     assert r.status_code == 201, r.content
     return purchase["id"], product.sku
 
 
-def _refund(shop: Api, purchase_id: str, amount: int | None = None) -> dict:
-    r = shop.post(f"purchases/{purchase_id}/refunds", {} if amount is None else
+def _refund(auto_refund_shop: Api, purchase_id: str, amount: int | None = None) -> dict:
+    r = auto_refund_shop.post(f"purchases/{purchase_id}/refunds", {} if amount is None else
                   {"amount": amount})
     assert r.status_code in (201, 202), r.content
     return r.json()
@@ -103,13 +103,13 @@ def _refunded_at_provider(purchase_id: str) -> int:
                if x["status"] == "succeeded")
 
 
-def _faces_agree(client, shop: Api, purchase_id: str, status: str) -> None:
+def _faces_agree(client, auto_refund_shop: Api, purchase_id: str, status: str) -> None:
     """The record, the REST purchase view and the customer page say the same thing."""
     from payments.customer_copy import StateCode, customer_state
 
     purchase = Purchase.objects.get(pk=purchase_id)
     assert purchase.status == status
-    body = shop.get(f"purchases/{purchase_id}").json()
+    body = auto_refund_shop.get(f"purchases/{purchase_id}").json()
     assert body["status"] == status
     state = customer_state(purchase)
     page = client.get(f"/status/{purchase.status_token}/").content.decode()
@@ -123,14 +123,14 @@ def _faces_agree(client, shop: Api, purchase_id: str, status: str) -> None:
         assert state.code == (StateCode.REVERSED if partly else StateCode.COMPLETE)
 
 
-def test_a_full_refund_mid_fulfilment_cancels_the_order_and_releases_the_stock(client, shop):
+def test_a_full_refund_mid_fulfilment_cancels_the_order_and_releases_the_stock(client, auto_refund_shop):
     # given a paid purchase whose fulfilment stopped after the order (the stock step halted)
     halt_set(name="step:inventory", reason="fence: fulfilment mid-way", actor="test")
-    purchase_id, sku = _buy(shop, stock=10)
+    purchase_id, sku = _buy(auto_refund_shop, stock=10)
     settle()
     assert _live_orders(purchase_id) == 1
     # when the storefront refunds it in full through the public API, and the halt lifts
-    _refund(shop, purchase_id)
+    _refund(auto_refund_shop, purchase_id)
     settle()
     lift_halt_quietly("step:inventory")
     with transaction.atomic():
@@ -145,62 +145,62 @@ def test_a_full_refund_mid_fulfilment_cancels_the_order_and_releases_the_stock(c
                                               released_at__isnull=True).exists()
     assert _confirmations(purchase_id) == 0
     assert EmailMessage.objects.filter(purchase_id=purchase_id, kind="cancellation").count() == 1
-    _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
+    _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.REFUNDED)
 
 
-def test_a_full_refund_after_fulfilment_unwinds_order_and_stock(client, shop):
-    purchase_id, sku = _buy(shop, stock=10)
+def test_a_full_refund_after_fulfilment_unwinds_order_and_stock(client, auto_refund_shop):
+    purchase_id, sku = _buy(auto_refund_shop, stock=10)
     settle()
     assert Product.objects.get(sku=sku).stock == 9 and _live_orders(purchase_id) == 1
-    _refund(shop, purchase_id)
+    _refund(auto_refund_shop, purchase_id)
     settle()
     assert _refunded_at_provider(purchase_id) == PRICE
     assert _live_orders(purchase_id) == 0
     assert Product.objects.get(sku=sku).stock == 10
-    _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
+    _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.REFUNDED)
 
 
-def test_a_partial_refund_keeps_the_order(shop):
-    purchase_id, sku = _buy(shop, stock=10)
+def test_a_partial_refund_keeps_the_order(auto_refund_shop):
+    purchase_id, sku = _buy(auto_refund_shop, stock=10)
     settle()
-    _refund(shop, purchase_id, amount=500)
+    _refund(auto_refund_shop, purchase_id, amount=500)
     settle()
     assert _live_orders(purchase_id) == 1
     assert Product.objects.get(sku=sku).stock == 9
 
 
-def test_a_refunded_purchase_serves_no_deliverable(shop):
+def test_a_refunded_purchase_serves_no_deliverable(auto_refund_shop):
     # given a digital good delivered (a licence key served for the redelivery period)
-    purchase_id, _ = _buy(shop, kind="digital")
+    purchase_id, _ = _buy(auto_refund_shop, kind="digital")
     settle()
-    assert shop.get(f"purchases/{purchase_id}/deliverable").status_code == 200
+    assert auto_refund_shop.get(f"purchases/{purchase_id}/deliverable").status_code == 200
     # when it is refunded in full
-    _refund(shop, purchase_id)
+    _refund(auto_refund_shop, purchase_id)
     settle()
     # then the licence key is no longer served
     assert _refunded_at_provider(purchase_id) == PRICE
-    r = shop.get(f"purchases/{purchase_id}/deliverable")
+    r = auto_refund_shop.get(f"purchases/{purchase_id}/deliverable")
     assert r.status_code == 404, r.content
     assert "licence_key" not in r.content.decode()
 
 
-def test_a_lost_dispute_serves_no_deliverable(client, shop):
-    purchase_id, _ = _buy(shop, kind="digital")
+def test_a_lost_dispute_serves_no_deliverable(client, auto_refund_shop):
+    purchase_id, _ = _buy(auto_refund_shop, kind="digital")
     settle()
-    assert shop.get(f"purchases/{purchase_id}/deliverable").status_code == 200
+    assert auto_refund_shop.get(f"purchases/{purchase_id}/deliverable").status_code == 200
     dispute = _dispute(_charge(purchase_id))
     _event(client, dispute, "charge.dispute.created")
     _move(dispute, "lost")
     _event(client, dispute, "charge.dispute.closed")
     settle()
     assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTE_LOST
-    assert shop.get(f"purchases/{purchase_id}/deliverable").status_code == 404
+    assert auto_refund_shop.get(f"purchases/{purchase_id}/deliverable").status_code == 404
 
 
-def test_an_inquiry_answered_with_a_full_refund_closes_without_fulfilling(client, shop):
+def test_an_inquiry_answered_with_a_full_refund_closes_without_fulfilling(client, auto_refund_shop):
     # given a charge whose steps have not run when the bank's inquiry opens
     halt_set(name="step:order", reason="fence: before fulfilment", actor="test")
-    purchase_id, sku = _buy(shop, stock=10)
+    purchase_id, sku = _buy(auto_refund_shop, stock=10)
     settle()
     inquiry = _dispute(_charge(purchase_id), inquiry=True)
     _event(client, inquiry, "charge.dispute.created")
@@ -208,7 +208,7 @@ def test_an_inquiry_answered_with_a_full_refund_closes_without_fulfilling(client
     settle()
     assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTED
     # when the merchant answers it with a full refund, and the inquiry closes
-    _refund(shop, purchase_id)
+    _refund(auto_refund_shop, purchase_id)
     settle()
     _move(inquiry, "warning_closed")
     _event(client, inquiry, "charge.dispute.closed")
@@ -218,14 +218,14 @@ def test_an_inquiry_answered_with_a_full_refund_closes_without_fulfilling(client
     assert Order.objects.filter(purchase_id=purchase_id).count() == 0
     assert Product.objects.get(sku=sku).stock == 10
     assert _confirmations(purchase_id) == 0
-    _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
+    _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.REFUNDED)
 
 
-def test_a_refunded_charge_disputed_and_won_is_not_fulfilled(client, shop):
+def test_a_refunded_charge_disputed_and_won_is_not_fulfilled(client, auto_refund_shop):
     halt_set(name="step:order", reason="fence: before fulfilment", actor="test")
-    purchase_id, sku = _buy(shop, stock=10)
+    purchase_id, sku = _buy(auto_refund_shop, stock=10)
     settle()
-    _refund(shop, purchase_id)
+    _refund(auto_refund_shop, purchase_id)
     settle()
     lift_halt_quietly("step:order")
     dispute = _dispute(_charge(purchase_id))
@@ -237,12 +237,12 @@ def test_a_refunded_charge_disputed_and_won_is_not_fulfilled(client, shop):
     assert Product.objects.get(sku=sku).stock == 10
     assert _confirmations(purchase_id) == 0
     assert not StepRun.objects.filter(purchase_id=purchase_id, state="done").exists()
-    _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
+    _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.REFUNDED)
 
 
-def test_an_inquiry_withdrawn_without_a_refund_resumes_fulfilment(client, shop):
+def test_an_inquiry_withdrawn_without_a_refund_resumes_fulfilment(client, auto_refund_shop):
     halt_set(name="step:order", reason="fence: before fulfilment", actor="test")
-    purchase_id, _ = _buy(shop)
+    purchase_id, _ = _buy(auto_refund_shop)
     settle()
     inquiry = _dispute(_charge(purchase_id), inquiry=True)
     _event(client, inquiry, "charge.dispute.created")
@@ -251,10 +251,10 @@ def test_an_inquiry_withdrawn_without_a_refund_resumes_fulfilment(client, shop):
     _event(client, inquiry, "charge.dispute.closed")
     settle()
     assert _live_orders(purchase_id) == 1 and _confirmations(purchase_id) == 1
-    _faces_agree(client, shop, purchase_id, PurchaseStatus.COMPLETED)
+    _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.COMPLETED)
 
 
-def test_an_inquiry_during_a_pending_partial_refund_does_not_strand_the_purchase(client, shop):
+def test_an_inquiry_during_a_pending_partial_refund_does_not_strand_the_purchase(client, auto_refund_shop):
     from payments import services
     from payments.enums import Outcome, Rail
     from payments.models import PaymentOperation
@@ -263,13 +263,13 @@ def test_an_inquiry_during_a_pending_partial_refund_does_not_strand_the_purchase
 
     # given a paid purchase whose partial refund the provider accepted as `pending`
     halt_set(name="step:order", reason="fence: before fulfilment", actor="test")
-    purchase_id, _ = _buy(shop)
+    purchase_id, _ = _buy(auto_refund_shop)
     settle()
     stripe = provider_for_rail(Rail.STRIPE)
     stripe.arm_drill(key_prefix="*", step="refund", mode=DrillMode.DROP_RESPONSE_AFTER_SEND,
                      times=1)
     try:
-        _refund(shop, purchase_id, amount=500)
+        _refund(auto_refund_shop, purchase_id, amount=500)
         settle()
     finally:
         stripe.drill_client.disarm_all()
@@ -291,12 +291,12 @@ def test_an_inquiry_during_a_pending_partial_refund_does_not_strand_the_purchase
     # then the purchase is fulfilled for what it kept, not `refund_pending` for ever
     assert _refunded_at_provider(purchase_id) == 500
     assert _live_orders(purchase_id) == 1 and _confirmations(purchase_id) == 1
-    _faces_agree(client, shop, purchase_id, PurchaseStatus.COMPLETED)
+    _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.COMPLETED)
 
 
-def test_a_dispute_won_after_another_was_lost_keeps_the_purchase_lost(client, shop):
+def test_a_dispute_won_after_another_was_lost_keeps_the_purchase_lost(client, auto_refund_shop):
     # given a charge whose dispute was lost (the money went back to the buyer)
-    purchase_id, _ = _buy(shop)
+    purchase_id, _ = _buy(auto_refund_shop)
     settle()
     first = _dispute(_charge(purchase_id))
     _event(client, first, "charge.dispute.created")
@@ -311,4 +311,4 @@ def test_a_dispute_won_after_another_was_lost_keeps_the_purchase_lost(client, sh
     # then the purchase still says the money went back by the dispute, never "refunded"
     assert _refunded_at_provider(purchase_id) == 0
     assert _live_orders(purchase_id) == 0
-    _faces_agree(client, shop, purchase_id, PurchaseStatus.DISPUTE_LOST)
+    _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.DISPUTE_LOST)

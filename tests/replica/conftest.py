@@ -31,11 +31,6 @@ def django_db_setup(django_db_blocker):
         call_command("migrate", "--noinput", verbosity=0)
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hasher(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def _scalar(alias: str, sql: str):
     with connections[alias].cursor() as cur:
         cur.execute(sql)

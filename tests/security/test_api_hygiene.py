@@ -1,4 +1,4 @@
-"""Issue 25 #10: API answers carrying customer e-mails and status links are not cacheable,
+"""API answers carrying customer e-mails and status links are not cacheable,
 and failed API-key authentications are throttled per address and per key prefix.
 Effects counted: 401/429 answers, and whether a guess was still checked."""
 import pytest

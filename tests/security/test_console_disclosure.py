@@ -1,4 +1,4 @@
-"""Issue 25 #11: runbook placeholders cannot print secrets to console users, and ids that
+"""Runbook placeholders cannot print secrets to console users, and ids that
 came from outside (a signed event's metadata) cannot 500 the audit page."""
 import pytest
 from django.conf import settings
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def support_user(client):
+def support_client(client):
     ensure_groups()
     user = User.objects.create_user(username="sam", password="unused-in-this-test")
     user.groups.add(Group.objects.get(name=Role.SUPPORT))
@@ -37,16 +37,16 @@ def test_setting_placeholders_print_only_allow_listed_settings():
     assert runbooks.duration_words(settings.RECONCILE_DEADLINE_SECONDS) in out
 
 
-def test_every_rendered_runbook_is_free_of_secrets(support_user):
+def test_every_rendered_runbook_is_free_of_secrets(support_client):
     # given every runbook page as a support user sees it; then no secret is in any
-    pages = [support_user.get(f"/console/runbooks/{slug}/")
+    pages = [support_client.get(f"/console/runbooks/{slug}/")
              for slug in runbooks.runbook_slugs()]
     assert pages and all(p.status_code == 200 for p in pages)
     body = b"".join(p.content for p in pages).decode()
     assert settings.SECRET_KEY not in body and settings.STRIPE_API_KEY not in body
 
 
-def test_audit_page_survives_a_purchase_id_with_a_slash(support_user):
+def test_audit_page_survives_a_purchase_id_with_a_slash(support_client):
     # given an audit row whose purchase id came from a signed event's metadata
     AuditEntry.objects.create(actor="fred", action="event_triage", target_type="event",
                               target_id="evt_1", purchase_id="pur_x/../admin",
@@ -55,7 +55,7 @@ def test_audit_page_survives_a_purchase_id_with_a_slash(support_user):
                               target_id="pur_ok", purchase_id="pur_ok", reason="ok")
 
     # when the audit page is read
-    page = support_user.get("/console/audit/")
+    page = support_client.get("/console/audit/")
 
     # then it answers, links the well-formed id, and shows the other as text only
     assert page.status_code == 200

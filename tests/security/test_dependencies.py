@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# aiohttp was listed as localstripe's server; since issue 21 it is a production dependency
+# aiohttp was listed as localstripe's server; since the x402 rail it is a production dependency
 # of web3 (the x402 chain reader), so localstripe itself is what must stay out.
 DEV_TOOLS = {"pytest", "pytest-django", "pytest-xdist", "factory-boy", "hypothesis", "schemathesis",
              "pip-audit", "pyinstrument", "localstripe", "honcho"}

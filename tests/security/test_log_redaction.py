@@ -1,4 +1,4 @@
-"""Issue 25 #8: status tokens (customers' credentials) never reach a log line — neither
+"""Status tokens (customers' credentials) never reach a log line — neither
 Django's (a 405 or a refused pay-again on a status URL is logged at WARNING with its path)
 nor gunicorn's access log. Effects counted: the process's real log output, scanned."""
 import io

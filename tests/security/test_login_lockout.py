@@ -1,4 +1,4 @@
-"""Issue 25 #2, #3, #7: the login lockout counts the username as Django authenticates it,
+"""The login lockout counts the username as Django authenticates it,
 covers /admin/, says how long it lasts, and keys on the client behind trusted proxies.
 Effects counted: LoginFailure rows and whether a session was opened."""
 import pytest
@@ -13,11 +13,6 @@ from support.services import LOGIN_FAILURES_PER_IP, LOGIN_FAILURES_PER_USERNAME
 pytestmark = pytest.mark.django_db
 
 PASSWORD = "correct horse battery staple"
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hasher(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Issue 25 #4: /metrics answers only an allowed scraper (bearer token or allow-listed
+"""/metrics answers only an allowed scraper (bearer token or allow-listed
 network), computes its figures with bounded aggregate queries (no id lists), and caches
 them for a few seconds. Effects counted: SQL statements per scrape and their size."""
 from datetime import timedelta

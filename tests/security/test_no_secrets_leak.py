@@ -69,7 +69,7 @@ def test_flows_leak_nothing(caplog):
     leaks = []
     for body in bodies:
         leaks += _scan(body, secrets)
-    # Status tokens are customers' credentials: never in a log line (issue 25 #8).
+    # Status tokens are customers' credentials: never in a log line.
     from payments.models import Purchase
 
     tokens = list(Purchase.objects.filter(id__in=[ok["id"], declined["id"], lost["id"]])

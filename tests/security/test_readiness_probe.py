@@ -1,4 +1,4 @@
-"""Issue 25 #5: /readyz with an unreachable broker answers fast and does not open a broker
+"""/readyz with an unreachable broker answers fast and does not open a broker
 connection per request. The broker is a real TCP listener that never answers (a black
 hole), so a probe without a timeout would hang; effects counted: connections it received."""
 import socket

@@ -1,4 +1,4 @@
-"""Issue 25 #6: on-demand reconcile has a per-operation cooldown. 20 POSTs in a burst make
+"""On-demand reconcile has a per-operation cooldown. 20 POSTs in a burst make
 one provider read and one reconcile step; the others answer the current state with
 Retry-After. Effects counted: reconcile ProviderCall rows and timeline rows."""
 import pytest
@@ -7,7 +7,7 @@ from django.conf import settings
 
 from payments.enums import CallPurpose, Outcome
 from payments.models import OperationTransition, PaymentOperation, ProviderCall
-from tests.api.conftest import product, settle_outbox, storefront  # noqa: F401
+from tests.api.conftest import settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,4 +1,4 @@
-"""Issue 25 #1: the automatic-refund allowance is cumulative per payment and per client per
+"""The automatic-refund allowance is cumulative per payment and per client per
 period, so splitting a refund into allowance-sized pieces does not skip finance approval.
 Effects counted: refunds at localstripe and refund operations by outcome."""
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 25 #9: console sessions end 30 minutes idle and 12 h after login at most
+"""Console sessions end 30 minutes idle and 12 h after login at most
 (ASVS V3.3), and the session cookie is Secure outside development. Effects counted:
 sessions in the database and whether the console answers or sends to the login page."""
 import os

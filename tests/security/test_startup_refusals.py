@@ -1,4 +1,4 @@
-"""Issue 15 ("also check") and 25 #8: settings that are unsafe in production stop the
+"""Settings that are unsafe in production stop the
 process at start, naming what to set. Each case starts a real `manage.py check`."""
 import os
 import subprocess
@@ -43,7 +43,7 @@ def test_console_email_backend_with_debug_off_refuses_to_start():
     assert _check(SECRET_KEY=STRONG_KEY, DEBUG="true").returncode == 0
 
 
-# -- x402 (issue 31 #4) ----------------------------------------------------------------
+# -- x402 ----------------------------------------------------------------
 def test_the_security_constants_are_make_runs_throwaway_chain():
     from tools import x402_chain
     from config.settings.security import (
@@ -55,14 +55,14 @@ def test_the_security_constants_are_make_runs_throwaway_chain():
     env = x402_chain.local_env(port=8545, facilitator_port=8402)
     pay_key, _pay_to = x402_chain.local_key("pay-to")
     refund_key, refund_account = x402_chain.local_key("refund")
-    assert env["X402_REFUND_PRIVATE_KEY"] == refund_key  # never pay_to's key (issue 31 #4)
+    assert env["X402_REFUND_PRIVATE_KEY"] == refund_key  # never pay_to's key
     assert {env["X402_PAY_TO"].lower(), env["X402_ASSET"].lower(),
             refund_account.lower()} == MAKE_RUN_X402_ADDRESSES
     assert {key_digest(refund_key), key_digest(pay_key)} == MAKE_RUN_X402_KEY_SHA256
 
 
 def test_a_refund_key_of_the_receiving_account_refuses_to_start():
-    """Issue 31 #4: pay_to's key stays out of Verity on every network, the local one too:
+    """Pay_to's key stays out of Verity on every network, the local one too:
     refunds come from a separate account with a float (not from what Verity received)."""
     from tools import x402_chain
 

@@ -8,7 +8,7 @@ the drain fits in CI.
 
 Wrong manual resolutions are on (20 %, as in `make soak`): the provider's record must win
 over a person's wrong word — read back before the resolution and, when the provider could
-not be read then, on the reconcile schedule afterwards (issue #22). The provider's desk
+not be read then, on the reconcile schedule afterwards. The provider's desk
 refunds and disputes charges at the provider directly (signed events, redelivered until a
 2xx): a refund of a charge whose answer Verity lost waits for Verity's record instead of
 being quarantined (seen twice in CI before the fix), and a won dispute resumes the

@@ -9,15 +9,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Group, User
 
-from payments import services as pay
 from support.access import Role, ensure_groups
-from tests.factories import ProductFactory, make_client
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hasher(settings):
-    # PBKDF2 at production cost makes every test user take ~0.3 s to create.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture
@@ -66,37 +58,16 @@ def form_token(users):
     return lambda role: form_token_mint(users[role])
 
 
-@pytest.fixture
-def api_client(db):
-    return make_client(limit=1_000_000)[0]
 
 
 @pytest.fixture
-def new_purchase(api_client):
-    """A purchase through the real services (quote, purchase)."""
-    counter = {"n": 0}
+def demo(users):
+    """The console's demo purchases, as `make run` seeds them."""
+    from io import StringIO
 
-    def make(price=1500, quantity=1, customer=None, email="buyer@example.com"):
-        counter["n"] += 1
-        product = ProductFactory(price=price, name=f"Lamp {counter['n']}")
-        quote = pay.quote_create(api_client=api_client,
-                                 items=[{"sku": product.sku, "quantity": quantity}],
-                                 currency="usd")
-        return pay.purchase_create(
-            api_client=api_client, quote_id=quote.id, quote_version=quote.version,
-            customer_reference=customer or f"cust-{counter['n']}-{quote.id[-6:]}",
-            customer_email=email)
+    from django.core.management import call_command
 
-    return make
+    from tests.factories import make_client
 
-
-@pytest.fixture
-def pay_now(api_client):
-    """Create and dispatch a payment for a purchase through the payments core."""
-
-    def run(purchase, method="pm_card_visa"):
-        op = pay.payment_create(purchase_id=purchase.pk, api_client=api_client,
-                                payment_method=method)
-        return pay.operation_dispatch(operation_id=op.pk)
-
-    return run
+    make_client(name="demo-storefront")
+    call_command("seed_console_demo", stdout=StringIO())

@@ -28,21 +28,6 @@ ARTIFACTS = Path(os.environ.get("VERITY_ARTIFACT_DIR",
 SHOTS = ARTIFACTS / "screenshots"
 
 
-@pytest.fixture(scope="module")
-def chromium():
-    b = cdp.Browser()
-    yield b
-    b.quit()
-
-
-@pytest.fixture
-def browser(chromium):
-    # One Chromium per module (startup costs ~1 s); each test starts signed out.
-    chromium.call("Network.clearBrowserCookies")
-    chromium.events.clear()
-    return chromium
-
-
 def _code(browser) -> str:
     return browser.evaluate("document.getElementById('state').getAttribute('data-code')")
 

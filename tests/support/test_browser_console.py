@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import json
 import re
-from io import StringIO
 
 import pytest
-from django.core.management import call_command
 
 from payments.enums import OperationKind, Outcome
 from payments.models import PaymentOperation, Purchase
 from support import selectors
-from support.access import Action, can
+from support.access import can
 from support.models import Incident
 from support.runbooks import runbooks_all
-from tests.factories import make_client
 from webhooks.models import ProviderEvent
 
 from . import cdp
@@ -30,26 +27,6 @@ pytestmark = [
 ]
 
 ROLE_USER = {"support": "sam", "operator": "olga", "finance": "fred"}
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    b = cdp.Browser()
-    yield b
-    b.quit()
-
-
-@pytest.fixture
-def browser(chromium):
-    chromium.call("Network.clearBrowserCookies")
-    chromium.events.clear()
-    return chromium
-
-
-@pytest.fixture
-def demo(users):
-    make_client(name="demo-storefront")
-    call_command("seed_console_demo", stdout=StringIO())
 
 
 def _log_in(browser, live_server, role):

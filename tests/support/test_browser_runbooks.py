@@ -20,13 +20,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def chromium():
-    b = cdp.Browser()
-    yield b
-    b.quit()
-
-
 def _click(browser, selector: str) -> None:
     browser.events = [e for e in browser.events if e["method"] != "Page.loadEventFired"]
     browser.evaluate(f"document.querySelector({selector!r}).click()")

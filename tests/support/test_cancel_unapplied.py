@@ -1,4 +1,4 @@
-"""An `http_409` confirm the provider never applied (issue #24, observation 7): the read-back
+"""An `http_409` confirm the provider never applied: the read-back
 shows the PaymentIntent still `requires_confirmation`; past the provider's in-flight window
 the operation is escalated at once, and an operator can cancel it at the provider and mark
 it failed (audited, reason required, refused if the cancel fails). The customer page and

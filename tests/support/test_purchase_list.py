@@ -14,7 +14,7 @@ from django.utils import timezone
 from payments.enums import PurchaseStatus
 from payments.models import Purchase
 from support.access import Role, ensure_groups
-from tests.acp.conftest import agent, issue_spt, platform, tea  # noqa: F401 - fixtures
+from tests.acp.conftest import agent, issue_spt, platform, tea  # noqa: F401,F811 - ACP's buyer, in the console
 from tests.support.builders import purchase_in
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""Finance declines a refund awaiting approval (issue 15 #3): reason required, audited,
+"""Finance declines a refund awaiting approval: reason required, audited,
 nothing sent to the provider, the refundable amount freed — in the console."""
 import pytest
 from django.urls import reverse

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import html
 import re
-from io import StringIO
 
 import pytest
-from django.core.management import call_command
 
 from payments.models import Purchase
 from support import runbooks, selectors
 from support.access import MATRIX, Action
 from support.customer_copy import WORDS
-from tests.factories import make_client
 from webhooks.models import EventResult, ProviderEvent
 
 pytestmark = pytest.mark.django_db
@@ -60,12 +57,6 @@ def test_runbook_requires_login_and_view(login):
     assert login("nobody").get("/console/runbooks/stuck-outbox/").status_code == 403
     assert login("support").get("/console/runbooks/no-such-book/").status_code == 404
     assert login("support").get("/console/runbooks/..%2Fsettings/").status_code == 404
-
-
-@pytest.fixture
-def demo(users):
-    make_client(name="demo-storefront")
-    call_command("seed_console_demo", stdout=StringIO())
 
 
 def test_every_queue_and_its_rows_link_their_runbook(login, demo):

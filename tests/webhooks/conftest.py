@@ -85,29 +85,6 @@ def post(client, event: dict | bytes, *, secret: str = SECRET, ts: int | None = 
 
 # -- real operations through the payments services -----------------------------------
 
-@pytest.fixture
-def api_client(db):
-    from tests.factories import make_client
-
-    return make_client(limit=1_000_000)[0]
-
-
-@pytest.fixture
-def new_purchase(api_client):
-    from payments import services
-    from tests.factories import ProductFactory
-
-    def make(price=1500):
-        product = ProductFactory(price=price)
-        quote = services.quote_create(api_client=api_client,
-                                      items=[{"sku": product.sku, "quantity": 1}],
-                                      currency="usd")
-        return services.purchase_create(
-            api_client=api_client, quote_id=quote.id, quote_version=quote.version,
-            customer_reference=f"cust-{quote.id[-8:]}", customer_email="buyer@example.com")
-
-    return make
-
 
 @pytest.fixture
 def pay(api_client, drill):

@@ -8,13 +8,11 @@ import pytest
 import requests
 from django.conf import settings
 from django.db.models import Sum
-from rest_framework.test import APIClient
 
 from payments.enums import DisputeStatus, PurchaseStatus
 from payments.models import Dispute, ProviderCall, Purchase
 from recovery.models import LedgerEntry, SettlementDiscrepancy
 from recovery.settlement import settlement_compare
-from tests.factories import make_client
 from tests.recovery.conftest import settle
 from webhooks.models import EventResult, ProviderEvent
 
@@ -23,23 +21,6 @@ from .conftest import deliver_and_process, event_for, provider_object
 pytestmark = pytest.mark.django_db(transaction=True)
 
 DISPUTE_FEE = 1500
-
-
-@pytest.fixture
-def keyed(db):
-    return make_client(limit=1_000_000)
-
-
-@pytest.fixture
-def api_client(keyed):  # the webhooks conftest's purchases belong to this client
-    return keyed[0]
-
-
-@pytest.fixture
-def api(keyed):
-    http = APIClient()
-    http.credentials(HTTP_AUTHORIZATION=f"Api-Key {keyed[1]}")
-    return http
 
 
 def finance_console(client):

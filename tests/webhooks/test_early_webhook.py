@@ -1,5 +1,5 @@
 """config.early_webhook answers a delivery before the session, CSRF, auth, session-lifetime,
-messages and database-error middleware (issue 34): the same answer as the whole chain for
+messages and database-error middleware: the same answer as the whole chain for
 every status the view gives, the view run once, a database error the same 503."""
 import json
 

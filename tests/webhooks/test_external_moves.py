@@ -7,37 +7,18 @@ import pytest
 import requests
 from django.conf import settings
 from django.db.models import Sum
-from rest_framework.test import APIClient
 
 from payments.enums import HoldState, OperationKind, Origin, Outcome, PurchaseStatus
 from payments.models import Hold, PaymentOperation, Purchase
 from recovery.models import LedgerEntry, SettlementDiscrepancy
 from recovery.settlement import settlement_compare
 from support.models import AuditEntry
-from tests.factories import make_client
 from tests.recovery.conftest import settle
 from webhooks.models import EventResult
 
 from .conftest import deliver_and_process, event_for, provider_object
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def keyed(db):
-    return make_client(limit=1_000_000)
-
-
-@pytest.fixture
-def api_client(keyed):
-    return keyed[0]
-
-
-@pytest.fixture
-def api(keyed):
-    http = APIClient()
-    http.credentials(HTTP_AUTHORIZATION=f"Api-Key {keyed[1]}")
-    return http
 
 
 def at_provider(method: str, path: str, **data) -> dict:
@@ -313,7 +294,7 @@ def test_redelivered_provider_events_about_external_operations_are_ignored(
 @pytest.mark.parametrize("unsettled", ["payment", "capture"])
 def test_a_dashboard_refund_of_a_payment_verity_has_not_settled_yet_is_held_then_recorded(
         client, api_client, new_purchase, pay, drill, localstripe, unsettled):
-    """Found by the soak (issue 22): the dashboard refunds a charge whose answer Verity lost
+    """Found by the soak: the dashboard refunds a charge whose answer Verity lost
     (or whose capture it has not confirmed yet). The event must wait for Verity's record,
     not be quarantined as a mismatch: a refund the provider made is never lost."""
     from payments import services

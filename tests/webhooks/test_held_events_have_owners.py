@@ -1,4 +1,4 @@
-"""Issue 30 #8: every held provider event has an owner — it prompts a read-back of the
+"""Every held provider event has an owner — it prompts a read-back of the
 record it waits for, sits in a console queue, and is exported with its age for an alert.
 
 The scenario: a charge the provider took whose answer was lost, a person's "failed"

@@ -1,5 +1,5 @@
 """Ingestion on PostgreSQL outside a caller's transaction (a web request): the event and
-its outbox row are ONE statement (issue 18), with the same effects as the two-INSERT
+its outbox row are ONE statement, with the same effects as the two-INSERT
 transaction — counted in rows, not only in HTTP answers."""
 import json
 

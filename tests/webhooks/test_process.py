@@ -269,7 +269,7 @@ def test_signed_event_overturns_a_manual_resolution_the_provider_contradicts(
 
     event = event_for(pi, "payment_intent.succeeded")
 
-    # The provider's signed record outranks the person (issue 15 defect 1).
+    # The provider's signed record outranks the person.
     assert deliver_and_process(client, event) == EventResult.APPLIED
     op = reload(op)
     assert (op.outcome, op.grade, op.verification) == (Outcome.SUCCEEDED, "confirmed",

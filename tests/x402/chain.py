@@ -35,7 +35,7 @@ class Chain:
         self.token = self.w3.eth.contract(address=os.environ["X402_ASSET"], abi=abi)
         self.admin = os.environ["X402_CHAIN_ADMIN"]
         self.pay_to = os.environ["X402_PAY_TO"]
-        # Refunds are sent from a separate refund account (issue 31 #4), never from pay_to:
+        # Refunds are sent from a separate refund account, never from pay_to:
         # the address of the refund key the stack gives Verity (the key stays in tests).
         refund_key = os.environ.get("X402_REFUND_PRIVATE_KEY", "")
         self.refund_account = Account.from_key(refund_key).address if refund_key else ""
@@ -110,7 +110,7 @@ class Chain:
 
     def transfers_back(self, payer: str, *, sender: str | None = None) -> int:
         """ERC-20 Transfer events Verity -> payer on chain (refunds, transfers back): from
-        the refund account (issue 31 #4), or from `sender` when given."""
+        the refund account, or from `sender` when given."""
         return len(self._transfers_from(sender or self.refund_account, payer))
 
     def returned_to(self, payer: str) -> int:
@@ -198,7 +198,7 @@ class Chain:
                               ).transact(tx))
 
     def paid_in(self, transaction: str, payer: str, value: int) -> bool:
-        """The invariant (issue 31): the transaction carries the asset's
+        """The invariant: the transaction carries the asset's
         Transfer(payer -> pay_to, value) log. Money that arrived, per operation."""
         receipt = self.w3.eth.get_transaction_receipt(transaction)
         sig = Web3.to_hex(Web3.keccak(text="Transfer(address,address,uint256)"))

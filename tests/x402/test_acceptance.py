@@ -1,4 +1,4 @@
-"""Issue 31, items 2, 3, 5 and 6: what a buyer may choose is bounded and checked before an
+"""What a buyer may choose is bounded and checked before an
 operation exists, a payment that cannot pay answers 402 with PAYMENT-REQUIRED (the x402
 v2 HTTP transport) and the SDK's reason, the forwarded payload is exactly what was
 checked, and another API client's ids never leak. Counted on the real chain."""

@@ -1,4 +1,4 @@
-"""Done-when (issue 21): an agent pays for a report over x402, loses the settle answer,
+"""An agent pays for a report over x402, loses the settle answer,
 retries with the same signature three times and with a new authorization once, and ends
 with exactly one transfer on chain and the report delivered once."""
 from __future__ import annotations

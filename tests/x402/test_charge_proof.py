@@ -1,4 +1,4 @@
-"""Issue 31, item 1: only money that arrived is a payment. EIP-3009 nonces belong to the
+"""Only money that arrived is a payment. EIP-3009 nonces belong to the
 payer and are shared by every transfer of theirs on the token: a used nonce proves a
 payment to Verity only when the transaction that used it carries Transfer(payer ->
 pay_to, value). Everything counted on the real chain."""

@@ -1,4 +1,4 @@
-"""Issue 30 #4: the compensation of an x402 duplicate is a transfer back to the payer on
+"""The compensation of an x402 duplicate is a transfer back to the payer on
 the x402 rail, never a card refund (it ended `unknown` for ever on the Stripe rail,
 holding the purchase's slot, and the payer's second transfer was never returned).
 
@@ -6,7 +6,7 @@ The duplicate comes from the real chain: a settle whose answer was lost while th
 transfer waited in the mempool (automine off), a person's wrong "failed" (the chain showed
 nothing yet), a new authorization that paid again; both transfers then mined. Verity itself
 now refuses that second authorization while the first failure is only a person's word
-(issue 30 #10: 503 `original_unverified` until the chain proves it, at the latest by
+(503 `original_unverified` until the chain proves it, at the latest by
 expiry), so the given records the failure as chain-confirmed for the moment the agent pays
 again (one row write); everything else is the real path. Counted on chain (Transfer logs
 payer -> Verity and back) and in the database.
@@ -22,11 +22,6 @@ from payments.providers.x402 import DrillMode, get_facilitator
 from tests.x402.conftest import SIGNATURE, settle_outbox, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def resolver(django_user_model):
-    return django_user_model.objects.create(username="resolver-1")
 
 
 def test_an_x402_duplicate_is_returned_by_a_transfer_back_on_its_rail(agent, report, chain,

@@ -1,4 +1,4 @@
-"""Issue 31 #7: a hosted facilitator. The SDK's own facilitator with authentication turned
+"""A hosted facilitator. The SDK's own facilitator with authentication turned
 on (its sandbox route plays a static bearer token, or Coinbase's per-request CDP JWT):
 Verity sends its credential, checks /supported for the configured scheme and network before
 the first settle, and `settlement_pending` answered as HTTP 500 keeps working."""

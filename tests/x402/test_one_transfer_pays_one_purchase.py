@@ -25,12 +25,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 PRICE_ATOMIC = 1250 * 10**4
 
 
-@pytest.fixture
-def people(django_user_model):
-    return (django_user_model.objects.create(username="support-req"),
-            django_user_model.objects.create(username="finance-ok"))
-
-
 def _required(agent, purchase) -> str:
     return agent.get(f"purchases/{purchase['id']}/deliverable").headers["PAYMENT-REQUIRED"]
 
@@ -101,7 +95,7 @@ def test_one_batched_transaction_pays_only_the_purchase_whose_transfer_it_carrie
     assert audit.paid == {op_n.id: None, op_m.id: (batch, proof.proof_log_index)}
 
     # Refunds cannot return more than arrived: one refund of 12.50 at most.
-    requester, approver = people
+    _, requester, approver = people
     with pytest.raises(services.DomainError):
         services.refund_request(purchase_id=first["id"], acting_user=requester)
     refund = services.refund_request(purchase_id=second["id"], acting_user=requester)

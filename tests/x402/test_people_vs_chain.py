@@ -1,4 +1,4 @@
-"""Issue 30 #10 on the x402 rail: a person's "failed" is refused while the chain shows
+"""A person's "failed" is refused while the chain shows
 the payer's transfer broadcast but not mined (it may still land), so no retry can pay
 twice. Counted as Transfer logs on the real chain."""
 from __future__ import annotations

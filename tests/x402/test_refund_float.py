@@ -1,4 +1,4 @@
-"""Issue 31 #3, #4 on the real chain: refunds leave from a separate refund account (a
+"""Refunds leave from a separate refund account (a
 float finance tops up), never from the receiving account pay_to, whose key Verity does not
 hold; the float's balance is on the console and in /metrics; x402 settle attempts are
 limited per API client (429 with Retry-After, nothing stored)."""

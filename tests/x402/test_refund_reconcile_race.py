@@ -1,4 +1,4 @@
-"""Issue 30 defect 1: an x402 refund is never settled `failed` while its transfer can still
+"""An x402 refund is never settled `failed` while its transfer can still
 be signed and sent — on the real chain.
 
 An approved refund claims its send, then waits for the refund signer's lock (another
@@ -33,8 +33,7 @@ from payments.providers.x402 import get_refund_sender
 from recovery.models import LedgerEntry
 from support.access import Role, ensure_groups
 from support.services import ConsoleError, operation_reconcile_by_user
-from tests.factories import make_client
-from tests.x402.conftest import Api, settle_outbox
+from tests.x402.conftest import settle_outbox
 from tests.x402.test_refund_nonce_race import (
     _outcome_of,
     _pay,
@@ -48,19 +47,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 PRICE = 1250  # the report, in cents
 PRICE_ATOMIC = PRICE * 10**4  # in USDC's 6 decimals
 FUNDS = 1_000 * 10**6
-
-
-@pytest.fixture
-def people(django_user_model):
-    return (django_user_model.objects.create(username="support-req"),
-            django_user_model.objects.create(username="finance-ok"))
-
-
-@pytest.fixture
-def shop(db):
-    """The storefront's client: it pays, and it may request refunds (refunds:write)."""
-    client, key = make_client(name="shop", limit=10_000_000)
-    return Api(key, client)
 
 
 @pytest.fixture
@@ -115,7 +101,7 @@ def _approved_api_refund(shop, purchase, approver) -> PaymentOperation:
 
 
 def _approved_refund(purchase, people) -> PaymentOperation:
-    requester, approver = people
+    _, requester, approver = people
     refund = services.refund_request(purchase_id=purchase["id"], acting_user=requester)
     services.refund_approve(operation_id=refund.id, acting_user=approver, reason="returned")
     return PaymentOperation.objects.get(id=refund.id)
@@ -147,7 +133,7 @@ def _paid_once_back(chain, payer, refund, purchase, people) -> None:
                                        step="refund").count() == 1
     assert _refund_ledger_rows(refund) == 2  # one double entry
     assert done.purchase.status == "refunded"
-    assert _second_refund_of_the_same_amount(purchase, people[0]) == "refund_exceeds_refundable"
+    assert _second_refund_of_the_same_amount(purchase, people.requester) == "refund_exceeds_refundable"
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"], kind="refund").count() == 1
     assert chain.transfers_back(payer.address) == 1
 
@@ -157,7 +143,7 @@ def test_a_refund_waiting_for_the_signer_is_not_settled_by_an_on_demand_reconcil
     # given a paid x402 purchase, and its refund requested over the API and approved
     payer = chain.new_payer(FUNDS)
     purchase = _pay(shop, report, payer)
-    refund = _approved_api_refund(shop, purchase, people[1])
+    refund = _approved_api_refund(shop, purchase, people.approver)
     sender = get_refund_sender()
     # and another refund of the signer holding the signer's lock (this test's session)
     with signer_lock(sender.address):

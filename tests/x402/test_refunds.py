@@ -1,5 +1,5 @@
 """Refunds on the x402 rail: a separate token transfer back to the payer, from the refund
-signer (a separate refund account with a float, never pay_to: issue 31 #4), after an
+signer (a separate refund account with a float, never pay_to), after an
 operator's approval — counted on the real chain. There is no void: the transfer in is final."""
 from __future__ import annotations
 
@@ -8,25 +8,11 @@ import pytest
 from payments import services
 from payments.models import PaymentOperation, ProviderCall, X402RefundTransfer
 from payments.providers.x402 import DrillMode, get_refund_sender
-from tests.factories import make_client
-from tests.x402.conftest import SIGNATURE, Api, settle_outbox, sign
+from tests.x402.conftest import SIGNATURE, settle_outbox, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PRICE_ATOMIC = 1250 * 10**4  # the report's 12.50 USD in USDC's 6 decimals
-
-
-@pytest.fixture
-def shop(db):
-    """The storefront's client: it may request refunds (refunds:write)."""
-    client, key = make_client(name="shop", limit=10_000_000)
-    return Api(key, client)
-
-
-@pytest.fixture
-def people(django_user_model):
-    return (django_user_model.objects.create(username="support-req"),
-            django_user_model.objects.create(username="finance-ok"))
 
 
 def _paid(agent, report, chain):
@@ -54,7 +40,7 @@ def _sends(op) -> int:
 
 def test_an_approved_refund_is_exactly_one_transfer_back_on_chain(agent, report, chain, people):
     purchase, payer, charge = _paid(agent, report, chain)
-    requester, approver = people
+    _, requester, approver = people
     refund = _request(purchase, requester)
     assert chain.transfers_back(payer.address) == 0  # nothing moves before approval
     with pytest.raises(services.DomainError) as err:
@@ -88,7 +74,7 @@ def test_an_approved_refund_is_exactly_one_transfer_back_on_chain(agent, report,
 
 def test_a_lost_answer_is_unknown_and_the_receipt_settles_it(agent, report, chain, people):
     purchase, payer, _charge = _paid(agent, report, chain)
-    requester, approver = people
+    _, requester, approver = people
     refund = _request(purchase, requester)
     services.refund_approve(operation_id=refund.id, acting_user=approver, reason="returned")
     get_refund_sender().arm_drill(to=payer.address, mode=DrillMode.DROP_ANSWER_AFTER_SEND)
@@ -109,7 +95,7 @@ def test_a_transfer_back_not_yet_mined_waits_for_the_chain(agent, report, chain,
                                                            settings):
     settings.X402_REFUND_RECEIPT_TIMEOUT = 0.5
     purchase, payer, _charge = _paid(agent, report, chain)
-    requester, approver = people
+    _, requester, approver = people
     refund = _request(purchase, requester)
     services.refund_approve(operation_id=refund.id, acting_user=approver, reason="returned")
     chain.automine(False)
@@ -129,7 +115,7 @@ def test_a_transfer_back_not_yet_mined_waits_for_the_chain(agent, report, chain,
 
 def test_a_declined_refund_moves_nothing(agent, report, chain, people):
     purchase, payer, _charge = _paid(agent, report, chain)
-    requester, _approver = people
+    _, requester, _approver = people
     refund = _request(purchase, requester)
 
     declined = services.refund_decline(operation_id=refund.id, reason="not returned",
@@ -168,7 +154,7 @@ def test_without_a_refund_signer_the_refund_is_refused_and_nothing_is_stored(
     settings.X402_REFUND_PRIVATE_KEY = ""
 
     with pytest.raises(services.DomainError) as err:
-        services.refund_request(purchase_id=purchase["id"], acting_user=people[0])
+        services.refund_request(purchase_id=purchase["id"], acting_user=people.requester)
 
     assert (err.value.code, err.value.status) == ("x402_refund_signer_missing", 409)
     assert not PaymentOperation.objects.filter(purchase_id=purchase["id"], kind="refund").exists()

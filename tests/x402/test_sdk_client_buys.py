@@ -1,4 +1,4 @@
-"""Issue 31 #8: the x402 SDK's own `requests` client buys a report through Verity on the
+"""The x402 SDK's own `requests` client buys a report through Verity on the
 local chain, with no Verity-specific payment code: its stock spend policy only widened
 in configuration (the local USDC is not one of its default assets), the API key as a
 session header. 402 -> it pays -> 202 while the chain is slow -> 200 with the report,

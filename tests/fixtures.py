@@ -1,0 +1,153 @@
+"""Fixtures every test folder shares, defined once (loaded by tests/conftest.py as a
+pytest plugin). A folder's conftest.py keeps only what is its own; a fixture that means
+something else somewhere gets a name of its own there."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hasher(settings):
+    # PBKDF2 at production cost makes every test user take ~0.3 s to create; no test
+    # measures the hasher (tests/security checks the shipped setting itself).
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def client_and_key(db):
+    """A storefront's API client and its key, with room for any test's purchases."""
+    from tests.factories import make_client
+
+    return make_client(limit=10_000_000)
+
+
+@pytest.fixture
+def api_client(client_and_key):
+    return client_and_key[0]
+
+
+@pytest.fixture
+def api(client_and_key):
+    """DRF's test client speaking as `api_client` (its Api-Key header set)."""
+    from rest_framework.test import APIClient
+
+    http = APIClient()
+    http.credentials(HTTP_AUTHORIZATION=f"Api-Key {client_and_key[1]}")
+    return http
+
+
+@pytest.fixture
+def new_purchase(api_client):
+    """Factory: a purchase for a fresh customer through the real services (quote, then
+    purchase); product fields (stock, kind, step_policy, name) pass to the product."""
+    from payments import services
+    from tests.factories import ProductFactory
+
+    counter = {"n": 0}
+
+    def make(price=1500, quantity=1, customer=None, email="buyer@example.com",
+             **product_fields):
+        counter["n"] += 1
+        product_fields.setdefault("name", f"Lamp {counter['n']}")
+        product = ProductFactory(price=price, **product_fields)
+        quote = services.quote_create(api_client=api_client,
+                                      items=[{"sku": product.sku, "quantity": quantity}],
+                                      currency="usd")
+        return services.purchase_create(
+            api_client=api_client, quote_id=quote.id, quote_version=quote.version,
+            customer_reference=customer or f"cust-{counter['n']}-{quote.id[-6:]}",
+            customer_email=email)
+
+    return make
+
+
+@pytest.fixture
+def pay_now(api_client):
+    """Create and dispatch a payment (a real provider call at localstripe)."""
+    from payments import services
+
+    def run(purchase, method="pm_card_visa", capture="automatic"):
+        op = services.payment_create(purchase_id=purchase.pk, api_client=api_client,
+                                     payment_method=method, capture_method=capture)
+        return services.operation_dispatch(operation_id=op.pk)
+
+    return run
+
+
+class People(NamedTuple):
+    resolver: object   # settles an operation by hand
+    requester: object  # asks for a refund (support)
+    approver: object   # approves it (finance): never the requester
+
+
+@pytest.fixture
+def people(django_user_model) -> People:
+    return People(*(django_user_model.objects.create(username=name)
+                    for name in ("resolver", "support-requester", "finance-approver")))
+
+
+@pytest.fixture
+def resolver(people):
+    """The person who settles an operation by hand."""
+    return people.resolver
+
+
+@pytest.fixture
+def shop(db):
+    """A storefront speaking HTTP to the test client: it pays and may request refunds."""
+    from tests.api.conftest import Api
+    from tests.factories import make_client
+
+    client, key = make_client(name="shop", limit=10_000_000)
+    return Api(key, client)
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Debian's Chromium, headless, driven over the DevTools protocol (tests/support/cdp.py).
+    Not skipped when missing: .ci/run installs it, and a browser test that can skip
+    cannot fail."""
+    from tests.support import cdp
+
+    browser = cdp.Browser()
+    yield browser
+    browser.quit()
+
+
+@pytest.fixture
+def browser(chromium):
+    """The module's Chromium, signed out (cookies cleared) and with no events left over."""
+    chromium.call("Network.clearBrowserCookies")
+    chromium.events.clear()
+    return chromium
+
+
+@pytest.fixture
+def product(db):
+    """A product with stock for any test's purchases."""
+    from tests.factories import ProductFactory
+
+    return ProductFactory(price=2500, stock=1000)
+
+
+@pytest.fixture
+def storefront(db):
+    """A storefront with every API scope and an automatic-refund allowance, speaking HTTP
+    to the test client; its outbox is drained after the test."""
+    from tests.api.conftest import ALL_SCOPES, Api, settle_outbox
+    from tests.factories import make_client
+
+    client, key = make_client(scopes=ALL_SCOPES, limit=10_000_000, name="storefront",
+                              auto_refund_limit=100_000)
+    yield Api(key, client)
+    settle_outbox()
+
+
+@pytest.fixture
+def fast_settings(settings):
+    """The API's fast path on, and a verified key kept for the test."""
+    settings.API_CLIENT_CACHE_SECONDS = 60  # the key stays verified through one test
+    settings.API_FAST_PATH = True
+    return settings
