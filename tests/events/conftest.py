@@ -11,7 +11,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from tests.api.conftest import ALL_SCOPES, Api
-from tests.factories import ProductFactory, make_client
+from tests.factories import make_client
 
 
 class Receiver:
@@ -96,11 +96,6 @@ def loopback_allowed(settings):
     settings.WEBHOOK_READ_TIMEOUT_SECONDS = 0.5
     settings.WEBHOOK_CONNECT_TIMEOUT_SECONDS = 0.5
     return settings
-
-
-@pytest.fixture
-def product(db):
-    return ProductFactory(price=2500, stock=1000)
 
 
 @pytest.fixture
