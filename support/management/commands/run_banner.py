@@ -9,6 +9,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from support.demo import demo_provider_payments_seed
+
 from .seed_demo import DEMO_CLIENT, demo_users
 
 WAIT_SECONDS = 240
@@ -34,6 +36,14 @@ class Command(BaseCommand):
             waiting = {name: up for name, up in waiting.items() if not up()}
             time.sleep(0.5)
         time.sleep(1.0)  # let the last start-up lines of the others reach the screen
+        demo_payment = ""
+        if "localstripe" not in waiting:
+            # localstripe starts empty on every run: the refund awaiting approval needs a
+            # real payment there before finance can approve it (support.demo).
+            try:
+                demo_payment = demo_provider_payments_seed() or ""
+            except Exception as exc:  # the banner still prints; say what is missing
+                demo_payment = f"not created ({exc})"
         key_file = settings.VAR_DIR / "demo-api-key"
         key = key_file.read_text().strip() if key_file.exists() else "<run seed_demo>"
         links_file = settings.VAR_DIR / "demo-status-links"
@@ -54,6 +64,8 @@ class Command(BaseCommand):
             "Customer status pages (one per state):",
             *[f"  {line.split(' ', 1)[0]:26} {line.split(' ', 1)[1]}" for line in links
               if " " in line],
+            f"  (the refund awaiting approval pays localstripe PaymentIntent {demo_payment})"
+            if demo_payment else "",
             _x402_line(),
             "Try:",
             f"  curl -s -H 'Authorization: Api-Key {key}' {base}/api/v1/products",
