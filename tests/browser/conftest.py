@@ -130,17 +130,37 @@ def _watch_for_refusals(page, seen: list[str]) -> None:
             if r.request.resource_type == "document" and r.status >= 400 else None)
 
 
+def _close_quietly(page, context) -> None:
+    page.wait_for_load_state("networkidle")
+    page.goto("about:blank")
+    context.close()
+
+
+@pytest.fixture(autouse=True)
+def _live_server_closes_its_connections():
+    """The live server answers each request on a new thread; with the project's persistent
+    connections (CONN_MAX_AGE) each thread's session outlives it, and pytest-django then
+    cannot drop the test database. Requests during these tests close theirs."""
+    from django.db import connections
+
+    db = connections.settings["default"]
+    before = db.get("CONN_MAX_AGE")
+    db["CONN_MAX_AGE"] = 0
+    yield
+    db["CONN_MAX_AGE"] = before
+
+
 @pytest.fixture
 def person_on_phone(playwright_chromium):
     """A customer's phone (390×844, touch), a fresh browser profile."""
     context = playwright_chromium.new_context(viewport={"width": 390, "height": 844},
-                                              device_scale_factor=2, is_mobile=True,
+                                              device_scale_factor=1, is_mobile=True,
                                               has_touch=True)
     page = context.new_page()
     page.refusals = []
     _watch_for_refusals(page, page.refusals)
     yield page
-    context.close()
+    _close_quietly(page, context)
 
 
 @pytest.fixture
@@ -151,7 +171,7 @@ def person_at_desk(playwright_chromium):
     page.refusals = []
     _watch_for_refusals(page, page.refusals)
     yield page
-    context.close()
+    _close_quietly(page, context)
 
 
 def screenshot(page, name: str, *, docs: bool = False, full_page: bool = False,
