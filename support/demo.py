@@ -383,7 +383,9 @@ def demo_provider_payments_seed() -> str | None:
         found = provider.retrieve_payment_intent(op.provider_reference)
         if found.object is not None and found.object.succeeded:
             return op.provider_reference
-    metadata = {"operation_id": op.pk, "purchase_id": op.purchase_id}
+    # The metadata Verity's own dispatch writes: the webhook check compares every field.
+    metadata = {"operation_id": op.pk, "purchase_id": op.purchase_id,
+                "customer_reference": op.purchase.customer_reference}
     created = provider.create_payment_intent(
         key=f"demo:{op.pk}:{timezone.now().timestamp()}:create", amount=op.amount,
         currency=op.currency, payment_method="pm_card_visa", capture_method="automatic",

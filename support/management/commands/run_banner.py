@@ -64,8 +64,8 @@ class Command(BaseCommand):
             "Customer status pages (one per state):",
             *[f"  {line.split(' ', 1)[0]:26} {line.split(' ', 1)[1]}" for line in links
               if " " in line],
-            f"  (the refund awaiting approval pays localstripe PaymentIntent {demo_payment})"
-            if demo_payment else "",
+            *([f"Demo refund awaiting approval (finance approves it in the console): its "
+               f"payment is localstripe PaymentIntent {demo_payment}"] if demo_payment else []),
             _x402_line(),
             "Try:",
             f"  curl -s -H 'Authorization: Api-Key {key}' {base}/api/v1/products",
