@@ -10,8 +10,9 @@ made themselves are left alone, and the audit log keeps what was done (it is app
 
 Every case stays as seeded until a person acts: the sweeps of a running `make run`
 (reconcile, stalled fulfilment, expiry) find nothing of theirs to do, because each case
-carries the reason it waits for a person (a step the order system refused, an e-mail that
-may have been sent), not a fulfilment the orchestrator would simply finish. The one case
+carries the reason it waits for a person (a steps message the relay backed off for a
+day, an e-mail that may have been sent), not a fulfilment the orchestrator would simply
+finish. The one case
 whose action reaches the provider, the refund awaiting approval, pays a real PaymentIntent
 at localstripe once it is up (`demo_provider_payments_seed`, called by the banner).
 
@@ -76,8 +77,7 @@ STATE_CASES = [
     ("needs-buyer-step", S.ACTION_REQUIRED, [{"outcome": O.AWAITING_BUYER,
                                               "stage": Stage.RECONCILING}], False),
     ("checking-with-provider", S.PAYMENT_UNKNOWN, [_UNKNOWN], False),
-    # Fulfilling: its order step was tried (and refused, below), no order yet.
-    ("paid-confirmation-delayed", S.FULFILLING, [_OK], False),
+    ("paid-confirmation-delayed", S.PAID, [_OK], False),
     ("paid-with-order", S.FULFILLING, [_OK], True),
     ("failed", S.PAYMENT_FAILED, [{"outcome": O.FAILED, "stage": Stage.SETTLED,
                                    "grade": Grade.CONFIRMED,
@@ -141,14 +141,17 @@ def demo_cases_seed() -> list[tuple[str, str]]:
             p = _purchase(name, status, ops, order, client)
             links.append((name, f"{base}/status/{p.status_token}/"))
         # Paid, and fulfilment waits for a person (the stalled-fulfilment sweep would
-        # otherwise finish these within minutes and the states would be gone): the order
-        # system refused the order (support retries the step), and for the purchase with an
-        # order the confirmation e-mail may have been sent (never resent without review).
-        _steps_wait_for_a_person(
-            "demo-paid-confirmation-delayed", done=(), step=StepName.ORDER,
-            state=StepState.MANUAL,
-            error="demo: the order system refused the order three times; retry the step "
-                  "once it is back")
+        # otherwise finish these within minutes and the states would be gone). Paid without
+        # order: its steps message kept failing and the relay backed it off for a day (the
+        # sweep's own put is absorbed by that pending row); an operator's "Retry now" in
+        # the stuck-outbox queue runs it. With an order: the confirmation e-mail may have
+        # been sent (never resent without review).
+        delayed = Purchase.objects.get(customer_reference="demo-paid-confirmation-delayed")
+        OutboxMessage.objects.create(
+            category=OutboxCategory.RUN_STEPS, payload={"purchase": delayed.pk},
+            dedupe_key=f"steps:{delayed.pk}", attempts=7,
+            available_at=timezone.now() + timedelta(days=1),
+            last_error="demo: the order writer timed out seven times; backed off")
         _steps_wait_for_a_person(
             "demo-paid-with-order", done=(StepName.ORDER, StepName.INVENTORY, StepName.LEDGER),
             step=StepName.CONFIRMATION, state=StepState.UNKNOWN,
