@@ -35,7 +35,6 @@ class Command(BaseCommand):
         while waiting and time.monotonic() < deadline:
             waiting = {name: up for name, up in waiting.items() if not up()}
             time.sleep(0.5)
-        time.sleep(1.0)  # let the last start-up lines of the others reach the screen
         demo_payment = ""
         if "localstripe" not in waiting:
             # localstripe starts empty on every run: the refund awaiting approval needs a
@@ -44,6 +43,9 @@ class Command(BaseCommand):
                 demo_payment = demo_provider_payments_seed() or ""
             except Exception as exc:  # the banner still prints; say what is missing
                 demo_payment = f"not created ({exc})"
+            else:
+                _wait_for_webhook(demo_payment)  # its log line goes above the banner
+        time.sleep(1.0)  # let the last start-up lines of the others reach the screen
         key_file = settings.VAR_DIR / "demo-api-key"
         key = key_file.read_text().strip() if key_file.exists() else "<run seed_demo>"
         links_file = settings.VAR_DIR / "demo-status-links"
@@ -78,6 +80,16 @@ class Command(BaseCommand):
         self.stdout.flush()
         while True:
             time.sleep(3600)
+
+
+def _wait_for_webhook(object_id: str, timeout: float = 10.0) -> None:
+    """Until localstripe's webhook for the demo payment has been stored (or `timeout`)."""
+    from webhooks.models import ProviderEvent
+
+    deadline = time.monotonic() + timeout
+    while (object_id and time.monotonic() < deadline
+           and not ProviderEvent.objects.filter(object_id=object_id).exists()):
+        time.sleep(0.2)
 
 
 def _x402_line() -> str:
