@@ -25,6 +25,7 @@ from .enums import (
     OVERTURN_CAUSE,
     PAYMENT_KINDS,
     Grade,
+    OperationKind,
     Outcome,
     Owner,
     PurchaseStatus,
@@ -244,6 +245,13 @@ def staff_next_step(purchase: Purchase, ops: list[PaymentOperation], *,
                 and op.transitions.filter(cause=OVERTURN_CAUSE).exists()):
             return NextStep(Situation.OVERTURNED, Owner.SUPPORT, RetryAdvice.FORBIDDEN,
                             "manual_resolution_overturned", purchase.id, operation=op)
+    refunds = [op for op in ops if op.kind == OperationKind.REFUND]
+    latest_refund = max(refunds, key=lambda op: op.created_at, default=None)
+    if (latest_refund is not None and latest_refund.outcome == Outcome.FAILED
+            and latest_refund.reason == Reason.PROVIDER_REFUSED):
+        # The provider refused the last refund asked for: the customer was promised money
+        # that did not move, so "nothing to do" would be false until someone acts.
+        return operation_next_step(latest_refund)
     if steps_needing_decision:
         return NextStep(Situation.STEPS_NEED_DECISION, Owner.SUPPORT, RetryAdvice.FORBIDDEN,
                         "steps_need_decision", purchase.id, steps=steps_needing_decision)

@@ -15,17 +15,23 @@ from pygal.style import Style
 from payments.money import currency_code, format_money, to_major
 from support import selectors
 
+# Sizes are SVG units at WIDTH; the dashboard draws each chart about as wide as WIDTH
+# (two per row at 1440 px, console.css), so a 14-unit label reads at about 14 px and never
+# under 11 (tests/browser/test_dashboard_charts_readable.py measures it in Chromium).
+WIDTH, HEIGHT = 600, 340
 STYLE = Style(background="#ffffff", plot_background="#ffffff", foreground="#1b1f24",
               foreground_strong="#1b1f24", foreground_subtle="#4a5360",
               colors=("#0b5cad", "#a3222a", "#8a5a00", "#17663a", "#6b3fa0"),
-              font_family="system-ui, sans-serif", title_font_size=16, label_font_size=12,
-              major_label_font_size=12, legend_font_size=12, value_font_size=11)
+              font_family="system-ui, sans-serif", title_font_size=17, label_font_size=14,
+              major_label_font_size=14, legend_font_size=14, value_font_size=14,
+              value_label_font_size=14, no_data_font_size=16)
 _SCRIPT = re.compile(rb"<script\b.*?</script>", re.S)
 
 
 def _config(**kw) -> dict:
-    return {"js": [], "style": STYLE, "width": 640, "height": 300, "print_values": True,
-            "show_y_guides": True, "legend_at_bottom": True, "truncate_legend": -1, **kw}
+    return {"js": [], "style": STYLE, "width": WIDTH, "height": HEIGHT, "print_values": True,
+            "show_y_guides": True, "legend_at_bottom": True, "truncate_legend": -1,
+            "truncate_label": -1, **kw}
 
 
 def _count_labels(values) -> list[int]:
@@ -43,12 +49,17 @@ def money_at_risk_svg() -> bytes:
     """Unknown exposure per currency (major units), one bar per API client."""
     rows = selectors.money_at_risk()
     currencies = sorted({r.currency for r in rows})
+    bars = {client: [_money_bar(sum(r.amount for r in rows if r.currency == c and (
+                r.client or "no client") == client), c) for c in currencies] or [None]
+            for client in sorted({r.client or "no client" for r in rows}) or ["none"]}
+    heights = [b["value"] for values in bars.values() for b in values if b]
     chart = pygal.Bar(**_config(title="Money at risk (reserved on unknown outcomes)",
+                                x_title="Currency", y_title="Reserved (in the currency)",
                                 x_labels=[currency_code(c) for c in currencies] or ["—"],
-                                value_formatter=lambda v: ""))
-    for client in sorted({r.client or "no client" for r in rows}) or ["none"]:
-        chart.add(client, [_money_bar(sum(r.amount for r in rows if r.currency == c and (
-            r.client or "no client") == client), c) for c in currencies] or [None])
+                                y_labels=_count_labels(-(-h // 1) for h in heights),
+                                value_formatter=lambda v: f"{v:,.0f}"))
+    for client, values in bars.items():
+        chart.add(client, values)
     return _render(chart)
 
 
@@ -65,6 +76,8 @@ def _money_bar(amount_minor: int, currency: str) -> dict | None:
 def unknown_age_svg() -> bytes:
     buckets = selectors.unknown_by_age()
     chart = pygal.Bar(**_config(title="Unknown operations by age", show_legend=False,
+                                x_title="Time since the outcome became unknown",
+                                y_title="Operations",
                                 x_labels=[name for name, _ in buckets],
                                 y_labels=_count_labels(n for _, n in buckets),
                                 value_formatter=lambda v: f"{v:.0f}" if v else ""))
@@ -75,6 +88,7 @@ def unknown_age_svg() -> bytes:
 def queue_history_svg() -> bytes:
     labels, series = selectors.queue_history()
     chart = pygal.Line(**_config(title="Queue sizes, last 7 days", x_labels=labels,
+                                 x_title="Day (end of day)", y_title="Cases waiting",
                                  y_labels=_count_labels(v for vs in series.values() for v in vs),
                                  print_values=False, dots_size=3, min_scale=1,
                                  value_formatter=lambda v: f"{v:.0f}"))
@@ -86,6 +100,7 @@ def queue_history_svg() -> bytes:
 def interventions_svg() -> bytes:
     weeks = list(reversed(selectors.manual_interventions()["weeks"]))
     chart = pygal.Bar(**_config(title="Manual interventions per week",
+                                x_title="Week starting", y_title="Count",
                                 x_labels=[w.week_start.strftime("%d %b") for w in weeks],
                                 y_labels=_count_labels(
                                     n for w in weeks

@@ -3,8 +3,18 @@ in every console queue, so a person can click through the console and the status
 
 These rows are written directly (like test preconditions): at seed time no provider is
 running, and some states (an escalated unknown, a quarantined event) take hours or a
-misbehaving provider to reach for real. Every row is marked `demo-…` and the seed is
-idempotent (it finds its rows by their customer reference / keys).
+misbehaving provider to reach for real. Every row is marked `demo-…`. Each seed starts by
+removing the previous demo cases (`demo_cases_reset`), so a second `make run` shows the
+demo as new even after someone approved, refunded or resolved its cases; rows a developer
+made themselves are left alone, and the audit log keeps what was done (it is append-only).
+
+Every case stays as seeded until a person acts: the sweeps of a running `make run`
+(reconcile, stalled fulfilment, expiry) find nothing of theirs to do, because each case
+carries the reason it waits for a person (a steps message the relay backed off for a
+day, an e-mail that may have been sent), not a fulfilment the orchestrator would simply
+finish. The one case
+whose action reaches the provider, the refund awaiting approval, pays a real PaymentIntent
+at localstripe once it is up (`demo_provider_payments_seed`, called by the banner).
 
 Never run this against a production database: the command refuses unless DEBUG is on
 or the provider key is a test key.
@@ -13,6 +23,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.apps import apps
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -24,6 +35,7 @@ from payments.enums import (
     HoldState,
     OperationKind,
     Origin,
+    Rail,
     Outcome,
     PurchaseStatus,
     Stage,
@@ -38,6 +50,7 @@ from payments.models import (
     Purchase,
     Quote,
 )
+from payments.services.common import provider_for
 from recovery.models import (
     OutboxCategory,
     OutboxMessage,
@@ -49,7 +62,7 @@ from recovery.models import (
 )
 from support import services
 from support.access import Role, ensure_groups
-from support.models import Incident
+from support.models import Incident, IncidentItem
 from webhooks.models import EventResult, ProviderEvent
 
 S, O = PurchaseStatus, Outcome
@@ -123,9 +136,27 @@ def demo_cases_seed() -> list[tuple[str, str]]:
     base = getattr(settings, "PUBLIC_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
     links = []
     with transaction.atomic():
+        demo_cases_reset()
         for name, status, ops, order in STATE_CASES:
             p = _purchase(name, status, ops, order, client)
             links.append((name, f"{base}/status/{p.status_token}/"))
+        # Paid, and fulfilment waits for a person (the stalled-fulfilment sweep would
+        # otherwise finish these within minutes and the states would be gone). Paid without
+        # order: its steps message kept failing and the relay backed it off for a day (the
+        # sweep's own put is absorbed by that pending row); an operator's "Retry now" in
+        # the stuck-outbox queue runs it. With an order: the confirmation e-mail may have
+        # been sent (never resent without review).
+        delayed = Purchase.objects.get(customer_reference="demo-paid-confirmation-delayed")
+        OutboxMessage.objects.create(
+            category=OutboxCategory.RUN_STEPS, payload={"purchase": delayed.pk},
+            dedupe_key=f"steps:{delayed.pk}", attempts=7,
+            available_at=timezone.now() + timedelta(days=1),
+            last_error="demo: the order writer timed out seven times; backed off")
+        _steps_wait_for_a_person(
+            "demo-paid-with-order", done=(StepName.ORDER, StepName.INVENTORY, StepName.LEDGER),
+            step=StepName.CONFIRMATION, state=StepState.UNKNOWN,
+            error="demo: the mail server timed out after accepting the message; it may "
+                  "have been sent")
         # Paid an hour ago and still no order: past the paid-without-order grace period.
         Purchase.objects.filter(customer_reference="demo-paid-confirmation-delayed").update(
             updated_at=timezone.now() - timedelta(hours=1))
@@ -217,7 +248,8 @@ def demo_cases_seed() -> list[tuple[str, str]]:
                 parent=outside.operations.first(), **_OK)
         # A manual resolution overturned by the provider's record (its own queue), and a
         # duplicate charge with the refund returning it.
-        over = _purchase("manual-resolution-overturned", S.PAID, [_OK], False, client)
+        # Fulfilled (completed): what waits for a person here is the payment, not the order.
+        over = _purchase("manual-resolution-overturned", S.COMPLETED, [_OK], True, client)
         op = over.operations.first()
         if not op.transitions.filter(cause=OVERTURN_CAUSE).exists():
             PaymentOperation.objects.filter(pk=op.pk).update(next_action_owner="support")
@@ -232,8 +264,8 @@ def demo_cases_seed() -> list[tuple[str, str]]:
             "verification": Verification.PROVIDER, "rail": "x402",
             "reason": "transfer_reversed_on_chain", "next_action_owner": "support",
             "settled_at": timezone.now()}], False, client)
-        dup = _purchase("duplicate-charge", S.PAID, [_OK, {**_OK, "is_duplicate": True}],
-                        False, client)
+        dup = _purchase("duplicate-charge", S.COMPLETED, [_OK, {**_OK, "is_duplicate": True}],
+                        True, client)
         dup_op = dup.operations.filter(is_duplicate=True).first()
         if not dup.operations.filter(kind=OperationKind.REFUND).exists():
             PaymentOperation.objects.create(
@@ -241,6 +273,69 @@ def demo_cases_seed() -> list[tuple[str, str]]:
                 outcome=O.PENDING, is_compensation=True, parent=dup_op)
         _demo_incident()
     return links
+
+
+def _steps_wait_for_a_person(ref: str, *, done, step: str, state: str, error: str) -> None:
+    purchase = Purchase.objects.get(customer_reference=ref)
+    order = Order.objects.filter(purchase_id=purchase.pk).first()
+    for name in done:
+        StepRun.objects.create(purchase_id=purchase.pk, step=name, state=StepState.DONE,
+                               key=f"demo:{purchase.pk}:{name}", attempts=1,
+                               external_reference=order.reference if (
+                                   order and name == StepName.ORDER) else "",
+                               completed_at=timezone.now())
+    StepRun.objects.create(purchase_id=purchase.pk, step=step, state=state,
+                           key=f"demo:{purchase.pk}:{step}",
+                           attempts=settings.STEP_MAX_ATTEMPTS, last_error=error)
+
+
+def _demo_purchase_ids() -> list[str]:
+    return list(Purchase.objects.filter(customer_reference__startswith="demo-")
+                .values_list("pk", flat=True))
+
+
+def demo_cases_reset() -> int:
+    """Remove the demo cases of an earlier seed (and what the workflow did to them since),
+    so the next seed starts the demo anew. Only `demo-…` purchases and the demo's own
+    events, outbox row, discrepancy and incident are touched; the audit log is append-only
+    and keeps the history. Returns how many demo purchases were removed."""
+    _refuse_outside_development()
+    purchase_ids = _demo_purchase_ids()
+    op_ids = list(PaymentOperation.objects.filter(purchase_id__in=purchase_ids)
+                  .values_list("pk", flat=True))
+    keep_apps = {"audit"}  # append-only: history of what people did to the demo
+    with transaction.atomic():
+        IncidentItem.objects.filter(incident__title=DEMO_INCIDENT_TITLE).delete()
+        Incident.objects.filter(title=DEMO_INCIDENT_TITLE).delete()
+        ProviderEvent.objects.filter(event_id__startswith="evt_demo_").delete()
+        OutboxMessage.objects.filter(dedupe_key__startswith="demo:").delete()
+        SettlementDiscrepancy.objects.filter(provider_reference__startswith="ch_demo_").delete()
+        quote_ids = list(Purchase.objects.filter(pk__in=purchase_ids)
+                         .values_list("quote_id", flat=True))
+        # Rows that name a demo purchase or operation: by foreign key (payments) or by id
+        # (recovery, webhooks, support keep plain ids across app boundaries).
+        for model in apps.get_models():
+            if model._meta.app_label in keep_apps or model in (Purchase, PaymentOperation):
+                continue
+            for field in model._meta.concrete_fields:
+                target = getattr(field, "related_model", None)
+                if target is Purchase or field.name == "purchase_id":
+                    model.objects.filter(**{f"{field.attname}__in": purchase_ids}).delete()
+                elif target is PaymentOperation or field.name in (
+                        "operation_id", "compensation_operation_id"):
+                    model.objects.filter(**{f"{field.attname}__in": op_ids}).delete()
+        # Outbox messages carry ids in their payload.
+        OutboxMessage.objects.filter(payload__purchase__in=purchase_ids).delete()
+        OutboxMessage.objects.filter(payload__operation__in=op_ids).delete()
+        ops = PaymentOperation.objects.filter(pk__in=op_ids)
+        while ops.exists():  # children (refunds, retries) before the payments they name
+            ops.exclude(pk__in=PaymentOperation.objects.filter(pk__in=op_ids).exclude(
+                parent=None).values("parent_id")).exclude(
+                pk__in=PaymentOperation.objects.filter(pk__in=op_ids).exclude(
+                    retry_of=None).values("retry_of_id")).delete()
+        Purchase.objects.filter(pk__in=purchase_ids).delete()
+        Quote.objects.filter(pk__in=quote_ids).exclude(purchases__isnull=False).delete()
+    return len(purchase_ids)
 
 
 DEMO_INCIDENT_TITLE = "Demo: provider timeouts on payment confirmation"
@@ -271,3 +366,46 @@ def _demo_incident() -> None:
         purchase = Purchase.objects.get(customer_reference=ref)
         services.incident_attach(incident_id=incident.pk, ref=purchase.pk, user=user,
                                  reason="demo: affected by the provider timeouts")
+
+
+DEMO_REFUND_CASE = "demo-refund-awaiting-approval"
+
+
+def demo_provider_payments_seed() -> str | None:
+    """Pay the refund-awaiting-approval case's charge for real at the provider (localstripe
+    in `make run`), so finance's approval sends a refund the provider accepts and the page
+    ends "refunded", not "refused: no such payment". The seed cannot do it: it runs before
+    localstripe starts, and localstripe keeps nothing across runs. Idempotent: a charge
+    already backed by a PaymentIntent the provider knows is left alone.
+
+    The PaymentIntent is created (unconfirmed), its id stored, then confirmed, so the
+    provider's `payment_intent.succeeded` webhook names an operation Verity already knows
+    (like a real dispatch: the id is stored before money can move). Returns its id."""
+    _refuse_outside_development()
+    op = (PaymentOperation.objects.filter(purchase__customer_reference=DEMO_REFUND_CASE,
+                                          kind=OperationKind.CHARGE, rail=Rail.STRIPE)
+          .select_related("purchase").first())
+    if op is None:
+        return None
+    provider = provider_for(op)
+    if op.provider_reference and not op.provider_reference.startswith("pi_demo_"):
+        found = provider.retrieve_payment_intent(op.provider_reference)
+        if found.object is not None and found.object.succeeded:
+            return op.provider_reference
+    # The metadata Verity's own dispatch writes: the webhook check compares every field.
+    metadata = {"operation_id": op.pk, "purchase_id": op.purchase_id,
+                "customer_reference": op.purchase.customer_reference}
+    created = provider.create_payment_intent(
+        key=f"demo:{op.pk}:{timezone.now().timestamp()}:create", amount=op.amount,
+        currency=op.currency, payment_method="pm_card_visa", capture_method="automatic",
+        metadata=metadata)
+    if created.object is None:
+        raise RuntimeError(f"the provider refused the demo payment: {created.error_code}")
+    PaymentOperation.objects.filter(pk=op.pk).update(provider_reference=created.object.id)
+    confirmed = provider.confirm_payment_intent(
+        key=f"demo:{op.pk}:{created.object.id}:confirm", intent_id=created.object.id)
+    if confirmed.object is None or not confirmed.object.succeeded:
+        raise RuntimeError(f"the demo payment did not succeed: {confirmed.error_code}")
+    PaymentOperation.objects.filter(pk=op.pk).update(
+        provider_charge=confirmed.object.latest_charge or "")
+    return created.object.id

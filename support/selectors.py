@@ -28,6 +28,7 @@ from payments.enums import (
     Owner,
     PurchaseStatus,
     Rail,
+    Reason,
     Stage,
 )
 from payments.models import (
@@ -528,7 +529,9 @@ def _staff_words(step: NextStep) -> str:
                            "storefront with another payment method.",
         s.FAILED_RETRYABLE: f"{ref} failed{reason}: the buyer may pay again from the "
                             "storefront.",
-        s.FAILED_NOT_PAYMENT: f"{ref} failed at the provider{reason}: decide what follows.",
+        s.FAILED_NOT_PAYMENT: _refused_words(op) if op is not None and (
+            op.reason == Reason.PROVIDER_REFUSED and op.kind == OperationKind.REFUND)
+        else f"{ref} failed at the provider{reason}: decide what follows.",
         s.PAYMENT_REQUIRED: "The buyer may pay from the storefront.",
         s.QUOTE_EXPIRED: "The quote expired before payment: the buyer starts a new purchase.",
         s.UNKNOWN_UNRECORDED: "The payment's outcome is unknown and no payment is recorded "
@@ -549,6 +552,33 @@ def _staff_words(step: NextStep) -> str:
         s.STEPS_NEED_DECISION: f"Downstream steps need a decision: {', '.join(step.steps)}.",
     }
     return words[step.situation]
+
+
+# The provider's refusal codes for a refund, in the words support repeats to a customer.
+_REFUSAL_WORDS = {
+    "resource_missing": "it has no record of the payment this refund would return",
+    "charge_already_refunded": "the payment was already refunded in full",
+    "amount_too_large": "the amount is more than what is left to refund on the payment",
+    "charge_disputed": "the payment is disputed: the customer's bank holds the money",
+    "charge_expired_for_refund": "the payment is too old to be refunded by card",
+}
+
+
+def _refused_words(op: PaymentOperation) -> str:
+    """Why a refund did not happen and who acts next, in words (the code stays in the
+    timeline's evidence)."""
+    amount = format_money(op.amount, op.currency)
+    refused = op.transitions.filter(target=Outcome.FAILED).order_by("-id").first()
+    evidence = (refused.evidence or {}) if refused is not None else {}
+    code = str(evidence.get("code", ""))
+    if code not in _REFUSAL_WORDS and evidence.get("http_status") == 404:
+        code = "resource_missing"  # a 404 names no code everywhere (localstripe's does not)
+    why = _REFUSAL_WORDS.get(code, f"its answer was “{code}”" if code else
+                             "it gave no reason")
+    return (f"The provider refused refund {op.id} of {amount}: {why}. No money moved; the "
+            "customer has not been refunded. Next: support checks the payment in the "
+            "provider's dashboard and tells the customer; finance can request the refund "
+            "again once the cause is fixed.")
 
 
 def operation_get(operation_id: str) -> PaymentOperation | None:

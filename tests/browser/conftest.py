@@ -1,7 +1,9 @@
-"""The browser suite: Debian's /usr/bin/chromium, headless, driven over the DevTools
-protocol by tests/support/cdp.py (Playwright is not in the lock; its own browser download
-cannot run here). Each test plays one person's task against pytest-django's live server
-and asserts what that person sees and what happened (e-mails sent, rows written).
+"""The browser suite: Debian's /usr/bin/chromium, headless. Playwright (a dev dependency:
+its Python package ships its own driver, and it launches the system Chromium by path, so
+no browser is downloaded) drives the people's tasks (`person_on_phone`, `person_at_desk`);
+the older tests drive the same Chromium over the DevTools protocol (tests/support/cdp.py).
+Each test plays one person's task against pytest-django's live server and asserts what
+that person sees and what happened (e-mails sent, rows written, provider objects).
 
 Skipped only when /usr/bin/chromium is absent; .ci/run installs it."""
 from __future__ import annotations
@@ -77,3 +79,134 @@ def phone(chromium) -> Person:
     chromium.events.clear()
     yield Person(chromium)
     chromium.call("Emulation.clearDeviceMetricsOverride")
+
+
+# -- Playwright -------------------------------------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+# No network beyond loopback and nothing the browser would fetch on its own.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+DESK = {"width": 1440, "height": 900}
+
+
+@pytest.fixture(scope="module")
+def playwright_chromium():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an asyncio loop on this thread; Django then refuses ORM
+    # calls from "an async context" although every call here is plain synchronous code
+    # (pytest-playwright's documented workaround). Only while the browser is up.
+    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+    finally:
+        if before is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
+
+
+def _watch_for_refusals(page, seen: list[str]) -> None:
+    """Every document answer the person got: a 403 (CSRF or permission) is never
+    something a person should meet while doing their job."""
+    page.on("response", lambda r: seen.append(f"{r.status} {r.url}")
+            if r.request.resource_type == "document" and r.status >= 400 else None)
+
+
+def _close_quietly(page, context) -> None:
+    page.wait_for_load_state("networkidle")
+    page.goto("about:blank")
+    context.close()
+
+
+@pytest.fixture(autouse=True)
+def _live_server_closes_its_connections():
+    """The live server answers each request on a new thread; with the project's persistent
+    connections (CONN_MAX_AGE) each thread's session outlives it, and pytest-django then
+    cannot drop the test database. Requests during these tests close theirs."""
+    from django.db import connections
+
+    db = connections.settings["default"]
+    before = db.get("CONN_MAX_AGE")
+    db["CONN_MAX_AGE"] = 0
+    yield
+    db["CONN_MAX_AGE"] = before
+
+
+@pytest.fixture
+def person_on_phone(playwright_chromium):
+    """A customer's phone (390×844, touch), a fresh browser profile."""
+    context = playwright_chromium.new_context(viewport={"width": 390, "height": 844},
+                                              device_scale_factor=1, is_mobile=True,
+                                              has_touch=True)
+    page = context.new_page()
+    page.refusals = []
+    _watch_for_refusals(page, page.refusals)
+    yield page
+    _close_quietly(page, context)
+
+
+@pytest.fixture
+def person_at_desk(playwright_chromium):
+    """A console user's screen (1440×900), a fresh browser profile."""
+    context = playwright_chromium.new_context(viewport=DESK)
+    page = context.new_page()
+    page.refusals = []
+    _watch_for_refusals(page, page.refusals)
+    yield page
+    _close_quietly(page, context)
+
+
+def screenshot(page, name: str, *, docs: bool = False, full_page: bool = False,
+               only: str | None = None) -> Path:
+    """Keep what the person saw under the test artifacts. With `docs=True` and
+    VERITY_DOC_IMAGES=1 in the environment, also under docs/img/ (the pictures
+    docs/console.md shows): a run refreshes them only when asked, so `make test` leaves
+    the checkout clean."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / name
+    if only:  # one part of the page (a CSS selector)
+        page.locator(only).first.screenshot(path=str(path))
+    else:
+        page.screenshot(path=str(path), full_page=full_page)
+    if docs and os.environ.get("VERITY_DOC_IMAGES") == "1":
+        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        (DOCS_IMG / name).write_bytes(path.read_bytes())
+    return path
+
+
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+
+
+@pytest.fixture
+def console_people(db, settings):
+    """One console user per role, with a password a person types at the login page."""
+    from django.contrib.auth.models import Group, User
+
+    from support.access import Role, ensure_groups
+
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    ensure_groups()
+    people = {}
+    for role, name in (("support", "sam"), ("operator", "olga"), ("finance", "fred")):
+        user = User.objects.create_user(username=name, password=f"pw-{name}")
+        user.groups.add(Group.objects.get(name=getattr(Role, role.upper())))
+        people[role] = user
+    return people
+
+
+def log_in(page, base_url: str, username: str) -> None:
+    """The console's login page, typed and clicked like a person does."""
+    page.goto(f"{base_url}/console/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", f"pw-{username}")
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(f"{base_url}/console/")

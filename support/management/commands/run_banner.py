@@ -9,6 +9,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from support.demo import demo_provider_payments_seed
+
 from .seed_demo import DEMO_CLIENT, demo_users
 
 WAIT_SECONDS = 240
@@ -33,6 +35,16 @@ class Command(BaseCommand):
         while waiting and time.monotonic() < deadline:
             waiting = {name: up for name, up in waiting.items() if not up()}
             time.sleep(0.5)
+        demo_payment = ""
+        if "localstripe" not in waiting:
+            # localstripe starts empty on every run: the refund awaiting approval needs a
+            # real payment there before finance can approve it (support.demo).
+            try:
+                demo_payment = demo_provider_payments_seed() or ""
+            except Exception as exc:  # the banner still prints; say what is missing
+                demo_payment = f"not created ({exc})"
+            else:
+                _wait_for_webhook(demo_payment)  # its log line goes above the banner
         time.sleep(1.0)  # let the last start-up lines of the others reach the screen
         key_file = settings.VAR_DIR / "demo-api-key"
         key = key_file.read_text().strip() if key_file.exists() else "<run seed_demo>"
@@ -54,6 +66,8 @@ class Command(BaseCommand):
             "Customer status pages (one per state):",
             *[f"  {line.split(' ', 1)[0]:26} {line.split(' ', 1)[1]}" for line in links
               if " " in line],
+            *([f"Demo refund awaiting approval (finance approves it in the console): its "
+               f"payment is localstripe PaymentIntent {demo_payment}"] if demo_payment else []),
             _x402_line(),
             "Try:",
             f"  curl -s -H 'Authorization: Api-Key {key}' {base}/api/v1/products",
@@ -66,6 +80,16 @@ class Command(BaseCommand):
         self.stdout.flush()
         while True:
             time.sleep(3600)
+
+
+def _wait_for_webhook(object_id: str, timeout: float = 10.0) -> None:
+    """Until localstripe's webhook for the demo payment has been stored (or `timeout`)."""
+    from webhooks.models import ProviderEvent
+
+    deadline = time.monotonic() + timeout
+    while (object_id and time.monotonic() < deadline
+           and not ProviderEvent.objects.filter(object_id=object_id).exists()):
+        time.sleep(0.2)
 
 
 def _x402_line() -> str:
