@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 VERITY_VAR_DIR ?= var
 export VERITY_VAR_DIR
 
-.PHONY: run serve test test-fast lint fmt deps lock soak bench drill drill-x402 fuzz audit clean
+.PHONY: run serve test test-fast lint fmt typecheck deps lock soak bench drill drill-x402 fuzz audit clean
 
 # The x402 rail's local chain (anvil + Circle's USDC build artifacts, npm packages pinned in
 # tools/chain/package-lock.json). Installed when node/npm are present; tests.stack --x402
@@ -135,6 +135,9 @@ test-fast: deps lint
 lint: deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+typecheck: deps
+	DEBUG=true $(VENV)/bin/mypy
 
 fmt: deps
 	$(VENV)/bin/ruff format .
