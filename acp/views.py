@@ -301,6 +301,10 @@ def _complete_answer(keyed: Keyed) -> Answer:
 def _payment_failed(op: PaymentOperation) -> AcpError:
     """A payment that provably moved no money, said as the spec's Error."""
     after = "; no money moved. Complete again with a new Idempotency-Key."
+    if sessions.attempts_exhausted(op.purchase_id):
+        # Never an invitation the server would refuse (the session says so too).
+        after = ("; no money moved. That was this session's last payment attempt: it "
+                 "cannot be paid any more, and our support will contact the buyer.")
     if op.reason == Reason.CARD_DECLINED:
         return AcpError(status=402, code=ErrorCode.PAYMENT_DECLINED, param="$.payment_data",
                         message="The card was declined" + after)

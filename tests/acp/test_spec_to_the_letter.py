@@ -107,3 +107,48 @@ def test_a_5xx_is_not_stored_and_the_same_key_pays_once_the_provider_is_back(
     assert [pi["status"] for pi in localstripe.payment_intents_for(purchase.id)] == [
         "succeeded"]
     assert PaymentOperation.objects.filter(purchase=purchase, outcome="succeeded").count() == 1
+
+
+def _declined(agent, sid: str, email: str):
+    r = agent.complete(sid, issue_spt(1250, payment_method="pm_card_chargeCustomerFail"), email)
+    assert r.status_code == 402, r.text
+    return r
+
+
+def test_a_session_whose_price_ran_out_after_a_decline_is_expired_not_ready(
+        agent, tea, localstripe):
+    sid = agent.create(tea.sku, 1).json()["id"]
+    email = new_email()
+    _declined(agent, sid, email)
+    view = valid("CheckoutSession", agent.get(f"checkout_sessions/{sid}").json())
+    assert view["status"] == "ready_for_payment"  # another token may be tried: it may
+    purchase = Purchase.objects.get(acp_session__id=sid)
+    purchase.quote.expires_at = timezone.now() - timedelta(seconds=1)
+    purchase.quote.save(update_fields=["expires_at"])
+
+    view = valid("CheckoutSession", agent.get(f"checkout_sessions/{sid}").json())
+    assert view["status"] == "expired", view["status"]
+    assert any("cannot be paid" in m.get("content", "") for m in view["messages"])
+    # What the status says is what complete does: refused, nothing sent to the provider.
+    r = agent.complete(sid, issue_spt(1250), email)
+    assert r.status_code == 409 and valid("Error", r.json())["code"] == "quote_expired", r.text
+    assert len(localstripe.payment_intents_for(purchase.id)) == 1
+    assert PaymentOperation.objects.filter(purchase=purchase).count() == 1
+
+
+def test_a_session_out_of_payment_attempts_does_not_say_ready(agent, tea, localstripe,
+                                                                settings):
+    settings.PAYMENT_ATTEMPTS_MAX = 2
+    sid = agent.create(tea.sku, 1).json()["id"]
+    email = new_email()
+    assert "Complete again" in _declined(agent, sid, email).json()["message"]
+    last = _declined(agent, sid, email).json()["message"]
+    assert "Complete again" not in last and "last payment attempt" in last
+    view = valid("CheckoutSession", agent.get(f"checkout_sessions/{sid}").json())
+    assert view["status"] not in ("ready_for_payment", "not_ready_for_payment"), view
+    assert view["status"] == "requires_escalation"
+    r = agent.complete(sid, issue_spt(1250), email)
+    assert (r.status_code, valid("Error", r.json())["code"]) == (
+        409, "payment_attempts_exhausted"), r.text
+    purchase = Purchase.objects.get(acp_session__id=sid)
+    assert len(localstripe.payment_intents_for(purchase.id)) == 2
