@@ -312,3 +312,36 @@ def test_a_dispute_won_after_another_was_lost_keeps_the_purchase_lost(client, sh
     assert _refunded_at_provider(purchase_id) == 0
     assert _live_orders(purchase_id) == 0
     _faces_agree(client, shop, purchase_id, PurchaseStatus.DISPUTE_LOST)
+
+
+def test_a_cancellation_email_refused_by_the_mail_server_is_sent_again(client, shop, settings):
+    """The customer is told through the outbox, as other e-mails are retried: a mail
+    server that refused the connection (nothing sent) is tried again, and the buyer gets
+    exactly one cancellation."""
+    from django.core import mail
+    from django.utils import timezone
+
+    from recovery.models import OutboxMessage
+    from tests.stack import free_port
+
+    purchase_id, _ = _buy(shop, stock=10)
+    settle()
+    assert _live_orders(purchase_id) == 1
+    # when the mail server is down (nothing listens: refused before any data) ...
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", free_port()
+    _refund(shop, purchase_id)
+    settle()
+    assert _refunded_at_provider(purchase_id) == PRICE and _live_orders(purchase_id) == 0
+    told = EmailMessage.objects.get(purchase_id=purchase_id, kind="cancellation")
+    assert told.sent_at is None
+    # ... and back once the outbox's retry comes due
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    mail.outbox.clear()
+    OutboxMessage.objects.filter(processed_at__isnull=True).update(available_at=timezone.now())
+    settle()
+    told.refresh_from_db()
+    assert told.sent_at is not None
+    assert [m.subject for m in mail.outbox] == [told.subject]
+    settle()
+    assert len(mail.outbox) == 1  # told once
