@@ -513,13 +513,27 @@ class LifecycleMachine(RuleBasedStateMachine):
             ).values_list("amount", flat=True))
         return payment.amount if payment.outcome == Outcome.SUCCEEDED else 0
 
+    @staticmethod
+    def _refunds_holding_room(payment: PaymentOperation):
+        """A payment's refunds that may have moved money, by the rule: every one not
+        failed, and one only a person called failed (grade acknowledged: the provider
+        could not be read; finance's decline excepted, it was never sent). Such a refund
+        holds its room until the provider's record is read back: a second refund on top
+        could pay back twice (the lifecycle machine's `resolve` makes them)."""
+        from django.db.models import Q
+
+        from payments.enums import Reason
+
+        return PaymentOperation.objects.filter(parent=payment, kind=OperationKind.REFUND).filter(
+            ~Q(outcome=Outcome.FAILED)
+            | (Q(grade=Grade.ACKNOWLEDGED) & ~Q(reason=Reason.REFUND_DECLINED)))
+
     def _room(self, payment: PaymentOperation, *, excluding: str = "",
               provider_refunds: dict | None = None) -> int:
         """Refundable room of ONE payment by the rule: what it captured minus that
-        payment's own refunds (Verity's not failed, and the provider's record, whichever
-        is more)."""
-        ours = sum(PaymentOperation.objects.filter(parent=payment, kind=OperationKind.REFUND)
-                   .exclude(outcome=Outcome.FAILED).exclude(id=excluding)
+        payment's own refunds (Verity's that may have moved money, and the provider's
+        record, whichever is more)."""
+        ours = sum(self._refunds_holding_room(payment).exclude(id=excluding)
                    .values_list("amount", flat=True))
         theirs = 0
         if payment.rail != "x402" and payment.provider_reference:
@@ -2549,8 +2563,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             if PaymentOperation.objects.filter(
                     purchase_id=pid, outcome__in=SLOT_HOLDING_OUTCOMES).exists():
                 continue  # a read-back may still change the record
-            ours = sum(PaymentOperation.objects.filter(parent=payment, kind=OperationKind.REFUND)
-                       .exclude(outcome=Outcome.FAILED).values_list("amount", flat=True))
+            ours = sum(self._refunds_holding_room(payment).values_list("amount", flat=True))
             room = max(0, self._captured(payment) - ours)
             shown = refundable_amount(purchase)
             assert shown == room, (
