@@ -2549,9 +2549,15 @@ class LifecycleMachine(RuleBasedStateMachine):
     def refundable_room_is_one_payments_everywhere(self):
         """The console's and the service's refundable room of a purchase is its own
         payment's captured minus that payment's refunds (a duplicate's return is not the
-        purchase's refund)."""
+        purchase's refund) and minus what a lost dispute of it gave back (the bank
+        returned that money: localstripe's dispute record)."""
+        from payments.models import Dispute
         from support.selectors import refundable_amount
 
+        lost_at_provider: dict[str, list[dict]] = {}
+        for d in self.provider.list("disputes"):
+            if d.get("status") == "lost":
+                lost_at_provider.setdefault(d.get("charge") or "", []).append(d)
         for pid, _ in self.purchases:
             purchase = Purchase.objects.get(id=pid)
             own = PaymentOperation.objects.filter(purchase_id=pid, kind__in=PAYMENT_KINDS,
@@ -2563,12 +2569,18 @@ class LifecycleMachine(RuleBasedStateMachine):
             if PaymentOperation.objects.filter(
                     purchase_id=pid, outcome__in=SLOT_HOLDING_OUTCOMES).exists():
                 continue  # a read-back may still change the record
+            lost = lost_at_provider.get(payment.provider_charge or "-", [])
+            if any(not Dispute.objects.filter(id=d["id"], status="lost").exists()
+                   for d in lost):
+                continue  # lost at the provider, not heard yet: its event or read-back will
             ours = sum(self._refunds_holding_room(payment).values_list("amount", flat=True))
-            room = max(0, self._captured(payment) - ours)
+            back = sum(d["amount"] for d in lost)
+            room = max(0, self._captured(payment) - ours - back)
             shown = refundable_amount(purchase)
             assert shown == room, (
                 f"{pid}: the console offers {shown} refundable; payment {payment.id} has "
-                f"{room} ({self._captured(payment)} captured, {ours} refunded)")
+                f"{room} ({self._captured(payment)} captured, {ours} refunded, {back} lost "
+                "in a dispute)")
 
     @invariant()
     def a_compensation_returns_the_purchases_own_payment(self):

@@ -345,3 +345,43 @@ def test_a_cancellation_email_refused_by_the_mail_server_is_sent_again(client, s
     assert [m.subject for m in mail.outbox] == [told.subject]
     settle()
     assert len(mail.outbox) == 1  # told once
+
+
+def test_a_refund_awaiting_approval_when_the_dispute_is_lost_is_never_paid_on_top(
+        client, shop, django_user_model):
+    """Support asked for a partial refund (finance must approve); the bank then took the
+    whole payment back (a chargeback, lost). Approving that refund would pay the buyer
+    back a second time, so it is superseded (declined, audited), not left in finance's
+    queue, and nothing more is refundable."""
+    from django.contrib.auth.models import Group
+
+    from payments import services
+    from payments.models import PaymentOperation
+    from support.access import Role
+    from support.selectors import refundable_amount
+
+    purchase_id, _ = _buy(shop)
+    settle()
+    people = {}
+    for name, role in (("asker", Role.SUPPORT), ("approver", Role.FINANCE)):
+        people[name] = django_user_model.objects.create(username=name)
+        people[name].groups.add(Group.objects.get_or_create(name=role.value)[0])
+    refund = services.refund_request(purchase_id=purchase_id, amount=500,
+                                     acting_user=people["asker"])
+    assert refund.outcome == "awaiting_approval"
+    dispute = _dispute(_charge(purchase_id))
+    _event(client, dispute, "charge.dispute.created")
+    _move(dispute, "lost")
+    _event(client, dispute, "charge.dispute.closed")
+    settle()
+    assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTE_LOST
+
+    refund = PaymentOperation.objects.get(pk=refund.pk)
+    assert (refund.outcome, refund.reason) == ("failed", "refund_declined")
+    with pytest.raises(services.DomainError) as refused:
+        services.refund_approve(operation_id=refund.id, acting_user=people["approver"],
+                                reason="ok")
+    assert refused.value.code == "not_awaiting_approval"
+    assert refundable_amount(Purchase.objects.get(pk=purchase_id)) == 0
+    settle()
+    assert _provider_refunds(purchase_id) == []  # the bank's return only
