@@ -344,3 +344,13 @@ class SessionCancelApi(AcpView):
                           run=lambda keyed_request, **kw: services.session_cancel(
                               keyed_request, session_id=session.id, **kw),
                           render=_session_render(200))
+
+
+class UnknownApi(AcpView):
+    """No such ACP operation: the spec's Error (after the same doors as the others)."""
+
+    def _unknown(self, request, *args, **kwargs):
+        raise AcpError(status=404, code=ErrorCode.NOT_FOUND,
+                       message="No such ACP operation; see the checkout API's five.")
+
+    get = post = put = patch = delete = _unknown

@@ -39,6 +39,12 @@ def test_an_oversized_body_is_an_acp_error_and_creates_nothing(agent, tea):
     assert IdempotencyRecord.objects.count() == 0
 
 
+def test_an_unknown_acp_path_is_an_acp_error(agent):
+    for r in (agent.get("checkout_sessions/cs_x/orders"), agent.post("carts", {})):
+        assert r.status_code == 404, r.text
+        assert valid("Error", r.json())["code"] == "not_found"
+
+
 def test_a_replay_returns_the_first_answer_not_the_current_state(agent, tea):
     key = str(uuid.uuid4())
     body = {"line_items": [{"id": tea.sku, "quantity": 1}], "currency": "usd",
