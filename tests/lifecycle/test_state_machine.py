@@ -1940,6 +1940,17 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert ops - ops_before <= 1, f"{s['id']}: one complete made {ops - ops_before} ops"
         if r.headers.get("Idempotent-Replayed") == "true" or r.status_code in (409, 422):
             assert ops == ops_before, f"{s['id']}: a replay or a refusal made a payment"
+        answers = s.setdefault("answers", {})
+        if r.headers.get("Idempotent-Replayed") == "true":
+            # ACP §6.3: a replay is what the first request answered (status and body),
+            # judged then; the session's own state now is its GET, judged here.
+            if idem in answers:
+                assert answers[idem] == (r.status_code, r.json()), (
+                    f"{s['id']}: the replay of {idem} is not the answer it got first")
+            self._acp_answer_is_true(s["id"], self.acp.get(f"checkout_sessions/{s['id']}"))
+            return
+        if r.status_code < 500:
+            answers[idem] = (r.status_code, r.json())  # a 5xx is not stored (§6.5)
         self._acp_answer_is_true(s["id"], r)
 
     def _acp_answer_is_true(self, session_id: str, r, intents: dict | None = None) -> None:
