@@ -6,6 +6,7 @@ from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
 from payments.errors import DomainError, ErrorCode
+from payments.keyed import Answer
 from payments.api.problems import Problem
 
 # Verity's idempotency codes -> the ACP RFC §6 codes (same rules, the protocol's names).
@@ -35,6 +36,10 @@ class AcpError(Exception):
 
     def response(self) -> Response:
         return Response(self.body(), status=self.status, headers=self.headers)
+
+    def answer(self) -> Answer:
+        """This refusal as the answer stored with an Idempotency-Key (payments.keyed)."""
+        return Answer(self.status, self.body(), dict(self.headers))
 
 
 def from_problem(exc: Problem) -> AcpError:

@@ -43,7 +43,7 @@ def _session_payment(resource_type: str, session_id: str) -> str | None:
     return op.id if op is not None else None
 
 
-def session_create(request: KeyedRequest, *, data: dict) -> Keyed:
+def session_create(request: KeyedRequest, *, data: dict, answer=None) -> Keyed:
     def create() -> Created:
         session = CheckoutSession(
             api_client=request.api_client, currency=data["currency"].lower(),
@@ -53,10 +53,11 @@ def session_create(request: KeyedRequest, *, data: dict) -> Keyed:
         session.save()
         return Created(RESOURCE, session.id)
 
-    return keyed_effect(request, create=create, operation_for=_session_payment)
+    return keyed_effect(request, create=create, operation_for=_session_payment,
+                        answer=answer)
 
 
-def session_update(request: KeyedRequest, *, session_id: str, data: dict) -> Keyed:
+def session_update(request: KeyedRequest, *, session_id: str, data: dict, answer=None) -> Keyed:
     def create() -> Created:
         s = _locked(session_id)
         if s.purchase_id is not None or s.canceled_at is not None:
@@ -78,7 +79,8 @@ def session_update(request: KeyedRequest, *, session_id: str, data: dict) -> Key
         s.save()
         return Created(RESOURCE, s.id)
 
-    return keyed_effect(request, create=create, operation_for=_session_payment)
+    return keyed_effect(request, create=create, operation_for=_session_payment,
+                        answer=answer)
 
 
 def _selected_options(session: CheckoutSession, selected: list[dict]) -> list[dict]:
@@ -92,7 +94,7 @@ def _selected_options(session: CheckoutSession, selected: list[dict]) -> list[di
     return selected
 
 
-def session_cancel(request: KeyedRequest, *, session_id: str) -> Keyed:
+def session_cancel(request: KeyedRequest, *, session_id: str, answer=None) -> Keyed:
     client = request.api_client
 
     def create() -> Created:
@@ -111,7 +113,8 @@ def session_cancel(request: KeyedRequest, *, session_id: str) -> Keyed:
         s.save()
         return Created(RESOURCE, s.id)
 
-    return keyed_effect(request, create=create, operation_for=_session_payment)
+    return keyed_effect(request, create=create, operation_for=_session_payment,
+                        answer=answer)
 
 
 def _requote_if_expired(session_id: str) -> None:
@@ -136,7 +139,7 @@ def _requote_if_expired(session_id: str) -> None:
 
 
 def session_complete(request: KeyedRequest, *, session_id: str, data: dict,
-                     token: str) -> Keyed:
+                     token: str, answer=None) -> Keyed:
     """The one money path of ACP: at most one purchase and one payment at a time per
     session. A session whose payment is queued, unknown or succeeded answers its current
     state to any further complete, whatever the key: never a second charge."""
@@ -184,7 +187,8 @@ def session_complete(request: KeyedRequest, *, session_id: str, data: dict,
         s.save()
         return Created(RESOURCE, s.id, operation_id=new.id)
 
-    return keyed_effect(request, create=create, verify=prepare, operation_for=_session_payment)
+    return keyed_effect(request, create=create, verify=prepare, operation_for=_session_payment,
+                        answer=answer)
 
 
 __all__ = ["RESOURCE", "session_cancel", "session_complete", "session_create",

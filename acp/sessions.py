@@ -3,6 +3,9 @@ purchase, and the spec's `CheckoutSession` shape. Reads payments models; writes 
 CheckoutSession rows (Purchase and PaymentOperation are written by payments.services)."""
 from __future__ import annotations
 
+from django.conf import settings
+from django.utils import timezone
+
 from payments.errors import ErrorCode
 from payments import services
 from payments.enums import PAYMENT_KINDS, Grade, Outcome, PurchaseStatus
@@ -49,8 +52,15 @@ def failure_unconfirmed(op: PaymentOperation | None) -> bool:
             and not PaymentOperation.objects.filter(retry_of=op).exists())
 
 
+def attempts_exhausted(purchase_id: str) -> bool:
+    """The purchase had as many payment attempts as Verity makes (services refuse more)."""
+    return (PaymentOperation.objects.filter(purchase_id=purchase_id, kind__in=PAYMENT_KINDS)
+            .count() >= settings.PAYMENT_ATTEMPTS_MAX)
+
+
 class Status:
     NOT_READY = "not_ready_for_payment"
+    REQUIRES_ESCALATION = "requires_escalation"
     READY = "ready_for_payment"
     IN_PROGRESS = "complete_in_progress"
     COMPLETED = "completed"
@@ -80,8 +90,13 @@ def session_status(session: CheckoutSession, op: PaymentOperation | None = None)
             return Status.IN_PROGRESS
         if purchase.status == PurchaseStatus.CANCELLED:
             return Status.CANCELED
-        if purchase.status == PurchaseStatus.EXPIRED:
+        if purchase.status == PurchaseStatus.EXPIRED or (
+                purchase.quote.expires_at <= timezone.now()):
+            # A session is one purchase, priced by its quote: once that quote has run out
+            # after a failed payment, nothing can pay this session (a new session can).
             return Status.EXPIRED
+        if attempts_exhausted(purchase.id):
+            return Status.REQUIRES_ESCALATION  # no more attempts; support contacts the buyer
         return Status.READY  # a declined payment: another token may be tried
     if session.canceled_at is not None:
         return Status.CANCELED
@@ -168,8 +183,10 @@ def session_view(session: CheckoutSession) -> dict:
         unit = (priced[sku]["unit_price"] if sku in priced
                 else product.price if product else 0)
         base_total += unit * qty
+        # The item without `quantity` (the line carries it): the official Item schema has
+        # none, so the answer validates with and without patch 1 (requests need it).
         line = {"id": f"li_{index + 1}",
-                "item": {"id": sku, "quantity": qty, "unit_amount": unit},
+                "item": {"id": sku, "unit_amount": unit},
                 "quantity": qty, "unit_amount": unit,
                 "totals": [_total("items_base_amount", "Items", unit * qty),
                            _total("subtotal", "Subtotal", unit * qty),
@@ -189,6 +206,17 @@ def session_view(session: CheckoutSession) -> dict:
                                     "The last payment did not go through; no money "
                                     "moved. Complete again (a new Idempotency-Key)."),
                          "resolution": "requires_buyer_input"})
+    if op is not None and op.outcome == Outcome.FAILED and status == Status.EXPIRED:
+        messages.append({"type": "info", "severity": "info", "content_type": "plain",
+                         "content": "The last payment did not go through and no money "
+                                    "moved; this session's price has expired since, so it "
+                                    "cannot be paid. Open a new session for the buyer."})
+    if status == Status.REQUIRES_ESCALATION:
+        messages.append({"type": "info", "severity": "info", "content_type": "plain",
+                         "content": "No payment went through and this session had as many "
+                                    "payment attempts as Verity makes; no money moved. It "
+                                    "cannot be paid any more: our support will contact "
+                                    "the buyer."})
     if status == Status.IN_PROGRESS and failure_unconfirmed(op):
         messages.append({"type": "info", "severity": "info", "content_type": "plain",
                          "content": "Our team resolved this payment as failed, but the "
@@ -245,5 +273,5 @@ def session_for_client(session_id: str, api_client) -> CheckoutSession | None:
 
 
 __all__ = ["HANDLER", "IN_PROGRESS_RETRY_AFTER", "ORDER_STATUS", "Status",
-           "failure_unconfirmed", "order_status", "item_problems", "normalise_items",
+           "attempts_exhausted", "failure_unconfirmed", "order_status", "item_problems", "normalise_items",
            "payment_op", "reprice", "session_for_client", "session_status", "session_view"]

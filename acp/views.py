@@ -2,10 +2,12 @@
 
 `Authorization: Bearer <Verity API key>` with the `acp` scope; `API-Version` required and
 checked; `Signature` + `Timestamp` verified when the platform has a signing secret;
-`Request-Id` and `Idempotency-Key` echoed; every POST under the same
-Idempotency-Key contract as the REST API (payments.api.idempotency, scoped to client + route):
-replay -> the session's current state with `Idempotent-Replayed: true`, another body ->
-422 `idempotency_conflict`, still running -> 409 `idempotency_in_flight` + Retry-After.
+`Request-Id` and `Idempotency-Key` echoed; every POST under the core's keyed ladder
+(payments.keyed, scoped to client + route) with the ACP's own replay rules (RFC §6):
+replay -> the answer the first request gave, stored with the key (same status, same body)
+and `Idempotent-Replayed: true`; a 5xx answer is not stored (the same key is processed
+afresh); another body -> 422 `idempotency_conflict`; still running -> 409
+`idempotency_in_flight` + Retry-After. Every refusal is an ACP `Error`.
 
 `complete` is the one money path: it opens at most one purchase (services.purchase_open,
 channel acp) and one payment operation (services.payment_create) in one transaction with
@@ -20,6 +22,7 @@ import hashlib
 import hmac
 import logging
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -32,9 +35,9 @@ from payments.enums import Outcome, Reason
 from payments.errors import DomainError, ErrorCode
 from payments.api.idempotency import key_from_headers
 from payments.keyed import HEADER as IDEMPOTENCY_HEADER
-from payments.keyed import REPLAYED_HEADER, Keyed, KeyedRequest, canonical_json
+from payments.keyed import REPLAYED_HEADER, Answer, Keyed, KeyedRequest, canonical_json
 from payments.models import PaymentOperation
-from payments.api.problems import Problem
+from payments.api.problems import DATABASE_UNAVAILABLE_RETRY_AFTER, Problem, is_database_unavailable
 
 from . import services, sessions
 from .errors import AcpError, from_domain_error, from_drf, from_problem
@@ -162,17 +165,8 @@ class AcpView(APIView):
         _verify_signature(request)
 
     def handle_exception(self, exc):
-        if isinstance(exc, AcpError):
-            err = exc
-        elif isinstance(exc, Problem):
-            err = from_problem(exc)
-        elif isinstance(exc, DomainError):
-            err = from_domain_error(exc)
-        elif isinstance(exc, Http404):
-            err = AcpError(status=404, code=ErrorCode.NOT_FOUND, message="Not found.")
-        elif isinstance(exc, drf.APIException):
-            err = from_drf(exc)
-        else:
+        err = acp_error(exc)
+        if err is None:
             logger.exception("acp request failed")
             err = AcpError(status=500, code=ErrorCode.INTERNAL_ERROR,
                            message="Something failed on our side; retry with the same "
@@ -192,31 +186,67 @@ class AcpView(APIView):
 
     # -- one keyed request: the core's ladder (payments.keyed), rendered as ACP ----------
     @staticmethod
-    def keyed(request, *, route: str, body, run) -> Keyed:
-        return run(KeyedRequest(api_client=request.auth, route=route,
-                                key=key_from_headers(request.headers), path=request.path,
-                                body=body))
+    def keyed(request, *, route: str, body, run, render) -> Response:
+        """Run the keyed request and answer it. `render(keyed) -> Answer` is the answer to
+        a request that ran; the ladder stores it (or the refusal raised, as an ACP Error)
+        with the key, and a replay answers the stored one unchanged (RFC §6.3)."""
+
+        def answer(outcome) -> Answer | None:
+            if isinstance(outcome, Exception):
+                err = acp_error(outcome)
+                return None if err is None else err.answer()
+            return render(outcome)
+
+        keyed = run(KeyedRequest(api_client=request.auth, route=route,
+                                 key=key_from_headers(request.headers), path=request.path,
+                                 body=body), answer=answer)
+        # A replay of a key stored before answers were (none stored): its current state.
+        done = keyed.answer if keyed.answer is not None else render(keyed)
+        response = Response(done.body, status=done.status, headers=done.headers)
+        if keyed.replayed:
+            response[REPLAYED_HEADER] = "true"
+        return response
 
 
-def _session_response(session_id: str, status: int) -> Response:
-    return Response(sessions.session_view(_fresh(session_id)), status=status)
+def acp_error(exc: BaseException) -> AcpError | None:
+    """Any refusal as the spec's Error; None for a crash (the caller answers 500)."""
+    if isinstance(exc, AcpError):
+        return exc
+    if isinstance(exc, Problem):
+        return from_problem(exc)
+    if isinstance(exc, DomainError):
+        return from_domain_error(exc)
+    if isinstance(exc, Http404):
+        return AcpError(status=404, code=ErrorCode.NOT_FOUND, message="Not found.")
+    if isinstance(exc, RequestDataTooBig):
+        return AcpError(status=413, code=ErrorCode.REQUEST_TOO_LARGE,
+                        message="The request body is larger than this API accepts; nothing "
+                                "was done. Send a smaller body.")
+    if isinstance(exc, drf.APIException):
+        return from_drf(exc)
+    if is_database_unavailable(exc):
+        wait = DATABASE_UNAVAILABLE_RETRY_AFTER
+        return AcpError(status=503, code=ErrorCode.DATABASE_UNAVAILABLE,
+                        headers={"Retry-After": str(wait)},
+                        message=f"The service's database is briefly unavailable; retry with "
+                                f"the same Idempotency-Key after {wait} s.")
+    return None
 
 
-def _session_answer(keyed: Keyed, status: int) -> Response:
-    response = _session_response(keyed.resource_id, status)
-    if keyed.replayed:
-        response[REPLAYED_HEADER] = "true"
-    return response
+def _session_render(status: int):
+    def render(keyed: Keyed) -> Answer:
+        return Answer(status, sessions.session_view(_fresh(keyed.resource_id)))
+    return render
 
 
 class SessionCreateApi(AcpView):
     def post(self, request):
         key_from_headers(request.headers)
         data = _validated("CheckoutSessionCreateRequest", request.data)
-        keyed = self.keyed(request, route="acp_checkout_sessions_create", body=request.data,
-                           run=lambda keyed_request: services.session_create(
-                               keyed_request, data=data))
-        return _session_answer(keyed, 201)
+        return self.keyed(request, route="acp_checkout_sessions_create", body=request.data,
+                          run=lambda keyed_request, **kw: services.session_create(
+                              keyed_request, data=data, **kw),
+                          render=_session_render(201))
 
 
 class SessionApi(AcpView):
@@ -227,10 +257,10 @@ class SessionApi(AcpView):
         key_from_headers(request.headers)
         session = _session_or_404(request, session_id)
         data = _validated("CheckoutSessionUpdateRequest", request.data)
-        keyed = self.keyed(request, route="acp_checkout_sessions_update", body=request.data,
-                           run=lambda keyed_request: services.session_update(
-                               keyed_request, session_id=session.id, data=data))
-        return _session_answer(keyed, 200)
+        return self.keyed(request, route="acp_checkout_sessions_update", body=request.data,
+                          run=lambda keyed_request, **kw: services.session_update(
+                              keyed_request, session_id=session.id, data=data, **kw),
+                          render=_session_render(200))
 
 
 def _payment_token(payment_data: dict) -> str:
@@ -250,27 +280,31 @@ def _payment_token(payment_data: dict) -> str:
     return token
 
 
-def _complete_answer(session_id: str) -> Response:
+def _complete_answer(keyed: Keyed) -> Answer:
     """The truth about a completed-or-trying session: 200 with the order once the provider's
     success is recorded; 202 `complete_in_progress` + Retry-After while it is not known;
     the payment's refusal as an Error when it failed."""
-    session = _fresh(session_id)
+    session = _fresh(keyed.resource_id)
     view = sessions.session_view(session)
     if view["status"] == Status.COMPLETED:
-        return Response(view, status=200)
+        return Answer(200, view)
     if view["status"] == Status.IN_PROGRESS:
-        return Response(view, status=202,
-                        headers={"Retry-After": str(sessions.IN_PROGRESS_RETRY_AFTER)})
+        return Answer(202, view, {"Retry-After": str(sessions.IN_PROGRESS_RETRY_AFTER)})
     op = sessions.payment_op(session.purchase)
     if op is not None and op.outcome == Outcome.FAILED:
-        raise _payment_failed(op)
-    raise AcpError(status=409, code=ErrorCode.SESSION_NOT_COMPLETABLE,
-                   message=f"This session is {view['status']}; it cannot be completed.")
+        return _payment_failed(op).answer()
+    return AcpError(status=409, code=ErrorCode.SESSION_NOT_COMPLETABLE,
+                    message=f"This session is {view['status']}; it cannot be "
+                            "completed.").answer()
 
 
 def _payment_failed(op: PaymentOperation) -> AcpError:
     """A payment that provably moved no money, said as the spec's Error."""
     after = "; no money moved. Complete again with a new Idempotency-Key."
+    if sessions.attempts_exhausted(op.purchase_id):
+        # Never an invitation the server would refuse (the session says so too).
+        after = ("; no money moved. That was this session's last payment attempt: it "
+                 "cannot be paid any more, and our support will contact the buyer.")
     if op.reason == Reason.CARD_DECLINED:
         return AcpError(status=402, code=ErrorCode.PAYMENT_DECLINED, param="$.payment_data",
                         message="The card was declined" + after)
@@ -293,13 +327,11 @@ class SessionCompleteApi(AcpView):
         session = _session_or_404(request, session_id)
         data = _validated("CheckoutSessionCompleteRequest", request.data)
         token = _payment_token(data["payment_data"])
-        keyed = self.keyed(request, route="acp_checkout_sessions_complete", body=request.data,
-                           run=lambda keyed_request: services.session_complete(
-                               keyed_request, session_id=session.id, data=data, token=token))
-        response = _complete_answer(keyed.resource_id)
-        if keyed.replayed:
-            response[REPLAYED_HEADER] = "true"
-        return response
+        return self.keyed(request, route="acp_checkout_sessions_complete", body=request.data,
+                          run=lambda keyed_request, **kw: services.session_complete(
+                              keyed_request, session_id=session.id, data=data, token=token,
+                              **kw),
+                          render=_complete_answer)
 
 
 class SessionCancelApi(AcpView):
@@ -308,7 +340,17 @@ class SessionCancelApi(AcpView):
         session = _session_or_404(request, session_id)
         body = request.data if request.data else {}
         _validated("CancelSessionRequest", body)
-        keyed = self.keyed(request, route="acp_checkout_sessions_cancel", body=body,
-                           run=lambda keyed_request: services.session_cancel(
-                               keyed_request, session_id=session.id))
-        return _session_answer(keyed, 200)
+        return self.keyed(request, route="acp_checkout_sessions_cancel", body=body,
+                          run=lambda keyed_request, **kw: services.session_cancel(
+                              keyed_request, session_id=session.id, **kw),
+                          render=_session_render(200))
+
+
+class UnknownApi(AcpView):
+    """No such ACP operation: the spec's Error (after the same doors as the others)."""
+
+    def _unknown(self, request, *args, **kwargs):
+        raise AcpError(status=404, code=ErrorCode.NOT_FOUND,
+                       message="No such ACP operation; see the checkout API's five.")
+
+    get = post = put = patch = delete = _unknown

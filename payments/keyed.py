@@ -7,7 +7,7 @@ The ladder, in this order, written once (`keyed_effect`):
    lease): another body under the key -> `idempotency_key_reused`; in flight with its lease
    running -> `request_in_progress` (`retry_after`);
 2. replay when done: nothing is done again, the face answers (REST: the resource's current
-   state; ACP may answer what the first request answered);
+   state; ACP: what the first request answered, stored with the key — `answer`);
 3. take over a dead request (its lease expired, compare-and-set on the lease): a resource it
    bound is resumed (dispatched when pending), never created twice;
 4. read back a person's word (`verify`, outside any transaction: network I/O) before a
@@ -21,6 +21,8 @@ The ladder, in this order, written once (`keyed_effect`):
    was created (a refusal before any effect leaves the key free for a corrected request).
    A refusal after the effect exists completes the key (bound to it for good); a crash
    after it keeps the lease, so the same key resumes the effect once the lease expires.
+   A face that stores its answers (ACP) stores its refusals too, and never a 5xx: that
+   key is forgotten, and the same key is processed afresh.
 
 The faces only parse input and render a `Keyed` (a problem document, an MCP result, an
 ACP object): tests/api/test_keyed_faces.py keeps them from growing their own ladder.
@@ -184,18 +186,27 @@ def key_bind(claim: Claim, *, resource_type: str, resource_id: str) -> None:
     claim.record.resource_id = resource_id
 
 
-def key_complete(claim: Claim, *, status: int) -> None:
-    """Mark the key done; a no-op for a request that no longer holds it (the holder's
-    answer stands)."""
-    _held(claim).update(state=IdempotencyRecord.State.DONE, response_status=status)
+def key_complete(claim: Claim, *, status: int, answer: Answer | None = None) -> None:
+    """Mark the key done (with the answer itself for a face that replays it); a no-op for
+    a request that no longer holds it (the holder's answer stands)."""
+    stored = answer.stored() if answer is not None else None
+    _held(claim).update(state=IdempotencyRecord.State.DONE, response_status=status,
+                        response_body=stored)
     claim.record.state = IdempotencyRecord.State.DONE
     claim.record.response_status = status
+    claim.record.response_body = stored
 
 
 def key_release(claim: Claim) -> None:
     """A refusal before any effect: the key stays free for a corrected request (only while
     this request still holds it: never the key of the request that took it over)."""
     _held(claim).filter(resource_id="").delete()
+
+
+def key_forget(claim: Claim) -> None:
+    """A 5xx answer is not stored against the key, whatever it bound (ACP §6.5): the same
+    key is processed afresh, as a new request. Only while this request holds it."""
+    _held(claim).delete()
 
 
 def _resource_ref(record: IdempotencyRecord) -> dict | None:
@@ -218,6 +229,19 @@ class Created:
 
 
 @dataclass
+class Answer:
+    """A face's answer, stored against the key when its protocol replays answers (ACP:
+    "same key + identical body -> the original response with the same status code")."""
+
+    status: int
+    body: object
+    headers: dict = field(default_factory=dict)
+
+    def stored(self) -> dict:
+        return {"status": self.status, "body": self.body, "headers": dict(self.headers)}
+
+
+@dataclass
 class Keyed:
     """What happened to a keyed request; each face renders it."""
 
@@ -228,6 +252,7 @@ class Keyed:
     created: bool = True
     operation_id: str | None = None
     extra: dict = field(default_factory=dict)
+    answer: Answer | None = None  # with `keyed_effect(answer=…)`: the (stored) answer
 
 
 @dataclass
@@ -274,27 +299,46 @@ def effect_status(operation_id: str | None, created: bool) -> int:
 def keyed_effect(request: KeyedRequest, *, create: Callable[..., Created],
                  verify: Callable[[], None] | None = None, in_transaction: bool = True,
                  operation_for: Callable[[str, str], str | None] = operation_of,
-                 dispatch: bool = True) -> Keyed:
+                 dispatch: bool = True,
+                 answer: Callable[[Keyed | Exception], Answer | None] | None = None) -> Keyed:
     """The ladder (module docstring). `create()` makes the effect and returns `Created`;
     with `in_transaction` (the default) it runs inside the transaction that binds the key.
     An effect whose core call must read the provider first (a manual resolution) runs with
     `in_transaction=False` and gets `bind(resource_type, resource_id)` to call inside its
     own transaction. `verify()` reads back a person's word first, outside any transaction.
-    `operation_for(type, id)` names the operation to dispatch of a resumed resource."""
+    `operation_for(type, id)` names the operation to dispatch of a resumed resource.
+
+    `answer` (a face whose protocol replays answers: ACP) renders the request's outcome —
+    a `Keyed`, or the refusal raised — as the face's `Answer`, stored with the key, so a
+    replay returns it unchanged (`Keyed.answer`); a 5xx answer is not stored (the key is
+    forgotten and the same key processed afresh); None (a crash) keeps today's rule."""
     claim = key_claim(api_client=request.api_client, route=request.route, key=request.key,
                       path=request.path, body=request.body)
     if claim.replay:
         record = claim.record
+        stored = record.response_body if answer is not None else None
         return Keyed(record.resource_type, record.resource_id, replayed=True, created=False,
-                     operation_id=operation_for(record.resource_type, record.resource_id))
+                     operation_id=operation_for(record.resource_type, record.resource_id),
+                     answer=Answer(**stored) if stored else None)
+
+    def finish(keyed: Keyed) -> Keyed:
+        if answer is None:
+            key_complete(claim, status=effect_status(keyed.operation_id, keyed.created))
+            return keyed
+        keyed.answer = answer(keyed)
+        if keyed.answer.status >= 500:
+            key_forget(claim)
+        else:
+            key_complete(claim, status=keyed.answer.status, answer=keyed.answer)
+        return keyed
+
     try:
         if claim.taken_over and claim.resource_id:
             kind, ident = claim.record.resource_type, claim.resource_id
             op_id = operation_for(kind, ident)
             if dispatch:
                 dispatch_when_pending(op_id)
-            key_complete(claim, status=effect_status(op_id, True))
-            return Keyed(kind, ident, resumed=True, operation_id=op_id)
+            return finish(Keyed(kind, ident, resumed=True, operation_id=op_id))
         if verify is not None:
             assert_outside_transaction()
             verify()
@@ -309,12 +353,19 @@ def keyed_effect(request: KeyedRequest, *, create: Callable[..., Created],
                 key_bind(claim, resource_type=made.resource_type, resource_id=made.resource_id)
         if dispatch:
             dispatch_when_pending(made.operation_id)
-        key_complete(claim, status=effect_status(made.operation_id, made.created))
-        return Keyed(made.resource_type, made.resource_id, created=made.created,
-                     operation_id=made.operation_id)
+        return finish(Keyed(made.resource_type, made.resource_id, created=made.created,
+                            operation_id=made.operation_id))
     except Exception as exc:
         status = getattr(exc, "status", None)
-        if not claim.resource_id:
+        refused = answer(exc) if answer is not None else None
+        if refused is not None:
+            # The face's own refusal (ACP): stored with the key, as any answer — a
+            # refusal before any effect too (the same key replays it) — except a 5xx.
+            if refused.status >= 500:
+                key_forget(claim)
+            else:
+                key_complete(claim, status=refused.status, answer=refused)
+        elif not claim.resource_id:
             # Nothing was created (the effect's transaction rolled back with the binding):
             # the key must not be bound.
             key_release(claim)
@@ -390,8 +441,8 @@ def key_replayed_operation(*, api_client: ApiClient, route: str, key: str, path:
 
 
 __all__ = [
-    "HEADER", "MAX_KEY_LENGTH", "REPLAYED_HEADER", "Claim", "Created", "Keyed", "KeyedRequest",
-    "canonical_json", "dispatch_when_pending", "effect_status", "key_bind", "key_claim",
-    "key_complete", "key_release", "key_replay_of", "key_replayed_operation", "keyed_effect",
+    "HEADER", "MAX_KEY_LENGTH", "REPLAYED_HEADER", "Answer", "Claim", "Created", "Keyed",
+    "KeyedRequest", "canonical_json", "dispatch_when_pending", "effect_status", "key_bind",
+    "key_claim", "key_complete", "key_forget", "key_release", "key_replay_of", "key_replayed_operation", "keyed_effect",
     "operation_of", "request_fingerprint",
 ]

@@ -626,6 +626,9 @@ class IdempotencyRecord(models.Model):
     resource_type = models.CharField(max_length=32, blank=True)
     resource_id = models.CharField(max_length=64, blank=True)
     response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    # The answer itself, for a face whose protocol replays it (ACP: {"status", "body",
+    # "headers"}); null where a replay answers the current state (REST, MCP).
+    response_body = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

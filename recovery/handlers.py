@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .disputes import dispute_changed
 from .models import OutboxCategory
-from .orchestrator import operation_settled, purchase_fulfil
+from .orchestrator import customer_email_send, operation_settled, purchase_fulfil
 from .outbox import outbox_handler
 
 
@@ -20,6 +20,11 @@ def _handle_run_steps(payload: dict) -> None:
 @outbox_handler(OutboxCategory.DISPUTE_CHANGED)
 def _handle_dispute_changed(payload: dict) -> None:
     dispute_changed(dispute_id=payload["dispute"])
+
+
+@outbox_handler(OutboxCategory.CUSTOMER_EMAIL)
+def _handle_customer_email(payload: dict) -> None:
+    customer_email_send(email_id=payload["email"])
 
 
 @outbox_handler(OutboxCategory.NOOP)

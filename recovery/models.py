@@ -16,6 +16,9 @@ class OutboxCategory(models.IntegerChoices):
     #                             provider and record those no Verity operation requested
     PAYMENT_CANCEL = 22  # payload {"operation": id}: cancel at the provider a payment
     #                      Verity settled failed that the provider still holds open
+    CUSTOMER_EMAIL = 23  # payload {"email": id}: send a recorded customer e-mail (the
+    #                      cancellation after the goods were unwound), retried while the
+    #                      mail server provably took nothing
     ACP_ORDER_EVENT = 30  # payload {"purchase": id, "event": type, "status": s}: tell the
     #                       ACP agent platform about its order (acp.handlers)
     EVENT_FANOUT = 40  # payload {"event": id}: a storefront event's deliveries, one per

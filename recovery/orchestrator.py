@@ -60,12 +60,13 @@ from .models import (
     InventoryCommit,
     LedgerEntry,
     Order,
+    OutboxCategory,
     RecoveryDecision,
     StepName,
     StepRun,
     StepState,
 )
-from .outbox import dispatch_put, run_steps_put
+from .outbox import dispatch_put, outbox_put, run_steps_put
 from .steps import (
     DB_STEPS,
     PaymentInfo,
@@ -645,8 +646,11 @@ def purchase_goods_unwind(*, purchase_id: str, detail: str, tell_customer: bool 
             log.warning("goods unwound purchase=%s order=%s stock=%s deliverable=%s: %s",
                         purchase_id, cancelled, released, withdrawn, detail)
         email = _cancellation_recorded(purchase_id) if unwound and tell_customer else None
-    if email is not None:
-        _cancellation_send_outside_transaction(email)
+        if email is not None:
+            # Sent by the relay after this commits, and sent again while the mail server
+            # provably took nothing (recovery.handlers): never lost to one failed send.
+            outbox_put(category=OutboxCategory.CUSTOMER_EMAIL, payload={"email": email.id},
+                       dedupe_key=f"email:{email.id}")
     return unwound
 
 
@@ -664,7 +668,19 @@ def _cancellation_recorded(purchase_id: str) -> EmailMessage | None:
     return EmailMessage.objects.get(purchase_id=purchase_id, kind="cancellation")
 
 
-def _cancellation_send_outside_transaction(email: EmailMessage) -> None:
+class EmailNotSentYet(Exception):
+    """The mail server refused before taking any data: the outbox sends it again."""
+
+
+def customer_email_send(*, email_id: int) -> None:
+    """The outbox's CUSTOMER_EMAIL: send a recorded e-mail once. Refused before any data
+    (`_definitely_not_sent`, as the confirmation step decides): raise, and the relay tries
+    again with its capped backoff (a message that keeps failing shows in the console's
+    stuck-outbox queue). Any other failure may have sent it: never resent (an e-mail cannot
+    be unsent), logged, the row left unsent for a person. No transaction may be open."""
+    email = EmailMessage.objects.filter(id=email_id, sent_at__isnull=True).first()
+    if email is None:
+        return  # sent already (or gone)
     body = (f"Your payment for purchase {email.purchase_id} went back to you, so your "
             f"order is cancelled and nothing more will be delivered.\n\n"
             f"Status: {_status_url(email.purchase_id)}\n"
@@ -672,9 +688,12 @@ def _cancellation_send_outside_transaction(email: EmailMessage) -> None:
     try:
         send_mail(email.subject, body, settings.DEFAULT_FROM_EMAIL, [email.to],
                   fail_silently=False)
-    except Exception:  # at most once: a person sees the unsent row, nothing resends it
-        log.warning("cancellation e-mail not sent purchase=%s", email.purchase_id,
-                    exc_info=True)
+    except Exception as exc:
+        if _definitely_not_sent(exc):
+            raise EmailNotSentYet(f"{email.kind} e-mail {email.id}: "
+                                  f"{type(exc).__name__}") from None
+        log.warning("%s e-mail outcome unknown, not resent purchase=%s", email.kind,
+                    email.purchase_id, exc_info=True)
         return
     EmailMessage.objects.filter(id=email.id, sent_at__isnull=True).update(
         sent_at=timezone.now())

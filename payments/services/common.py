@@ -20,10 +20,25 @@ from recovery.halts import is_halted
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
 
-from ..enums import TERMINAL_OUTCOMES, Grade, OperationKind, Outcome, PurchaseStatus, Reason
+from ..enums import (
+    TERMINAL_OUTCOMES,
+    DisputeStatus,
+    Grade,
+    OperationKind,
+    Outcome,
+    PurchaseStatus,
+    Reason,
+)
 from ..errors import DomainError, ErrorCode
 from ..locks import lock_purchase_and_operation
-from ..models import OperationTransition, PaymentOperation, ProviderCall, Purchase, PurchaseChannel
+from ..models import (
+    Dispute,
+    OperationTransition,
+    PaymentOperation,
+    ProviderCall,
+    Purchase,
+    PurchaseChannel,
+)
 from ..providers.base import CallResult, RailAdapter
 from ..providers.registry import adapter_for_rail
 
@@ -237,7 +252,11 @@ def payment_refund_room(payment: PaymentOperation, *, exclude: str | None = None
         refunds = refunds.exclude(outcome=Outcome.AWAITING_APPROVAL)
     refunds = (refunds.filter(outcome__in=counted) if counted is not None
                else refunds.filter(refund_may_have_moved()))
-    return max(0, payment_captured(payment) - (refunds.aggregate(s=Sum("amount"))["s"] or 0))
+    # A dispute lost on this payment: the bank returned that money to the buyer already.
+    lost = (Dispute.objects.filter(payment=payment, status=DisputeStatus.LOST)
+            .aggregate(s=Sum("amount"))["s"] or 0)
+    return max(0, payment_captured(payment) - (refunds.aggregate(s=Sum("amount"))["s"] or 0)
+               - lost)
 
 
 def purchase_own_payments(purchase: Purchase):

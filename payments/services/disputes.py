@@ -261,6 +261,15 @@ def dispute_apply_observation(*, obj: DisputeObject, verification: str, cause: s
                               source=source, target=dispute.status, cause=cause[:64],
                               evidence=obj.safe_fields(), actor=actor)
         _follow_purchase(purchase, dispute, cause=cause[:64], actor=actor)
+        if dispute.status == DisputeStatus.LOST:
+            # The bank gave the buyer the money back: a refund still awaiting approval
+            # would pay it back twice. Superseded (declined, audited), as by a
+            # compensation; never left in finance's queue.
+            from .operations import _supersede_pending_approvals
+
+            _supersede_pending_approvals(
+                purchase, payment, reason=f"superseded by dispute {dispute.id}, lost",
+                detail="superseded_by_lost_dispute")
         if payment.is_duplicate and dispute.status in DISPUTE_CLOSED_STATUSES:
             # The bank gave a duplicate's money back to the merchant (won, or an inquiry
             # closed): its compensation now returns what is left (none while it was open).

@@ -379,14 +379,18 @@ def refund_request(*, purchase_id: str, amount: int | None = None, api_client=No
     return op
 
 
-def _supersede_pending_approvals(purchase: Purchase, payment: PaymentOperation) -> None:
+def _supersede_pending_approvals(
+        purchase: Purchase, payment: PaymentOperation, *,
+        reason: str = "superseded by the compensation of a failed fulfilment step",
+        detail: str = "superseded_by_compensation") -> None:
     """A failed step's compensation returns everything the payment still holds: a refund
     of it still awaiting approval has sent nothing, so it is superseded — declined, with
     the reason recorded and audited — rather than subtracted.
     Subtracted, the compensation returned only the rest and, once finance declined the
     pending one, that part stayed with the merchant for a step the buyer never received.
+    A lost dispute supersedes them too (payments.services.disputes): the bank returned
+    the money, and approving one would pay the buyer back twice.
     Caller holds the purchase lock (approve and decline take it first too)."""
-    reason = "superseded by the compensation of a failed fulfilment step"
     for pending in (payment_refunds(payment).filter(outcome=Outcome.AWAITING_APPROVAL)
                     .select_for_update().order_by("created_at")):
         outcome_apply_locked(purchase, pending, Outcome.FAILED, grade=Grade.ACKNOWLEDGED,
@@ -394,7 +398,7 @@ def _supersede_pending_approvals(purchase: Purchase, payment: PaymentOperation) 
                              actor="recovery", evidence={"reason": reason},
                              reason=Reason.REFUND_DECLINED)
         operation_audit_write(actor="recovery", action="refund_decline", op=pending, reason=reason,
-                              detail={"amount": pending.amount, "superseded_by_compensation": True})
+                              detail={"amount": pending.amount, detail: True})
 
 
 # Outcomes of an automatic refund that still count against the allowance: everything but

@@ -9,6 +9,35 @@ import textwrap
 
 import yaml
 
+# The official document, unpatched, as fetched (commit c2afc86), beside this script:
+# tests/acp/test_unpatched_spec.py validates Verity's answers against it.
+UPSTREAM = "openapi.agentic_checkout.upstream.yaml"
+
+# Where an answer cannot validate against the UNPATCHED document, because the document
+# contradicts itself or the RFC it implements (rfcs/rfc.agentic_checkout.md at the same
+# commit). Every other answer validates unpatched; tests/acp/test_unpatched_spec.py checks
+# both halves (these answers fail unpatched, for this reason, and pass patched).
+CONTRADICTIONS = {
+    "completed_session_order": (
+        "A completed session's `order`. RFC §4.1 lists `order` in the authoritative session "
+        "state, §4.3 says retrieve returns that full state and §4.4 says complete MUST "
+        "answer it; the schema's CheckoutSessionBase is `additionalProperties: false` "
+        "without `order`, so CheckoutSession refuses it, and CheckoutSessionWithOrder "
+        "(allOf Base + required `order`) admits no object at all. No shape satisfies both: "
+        "Verity follows the RFC (patch 2)."),
+    "complete_in_progress_202": (
+        "complete's 202 (`complete_in_progress`, Retry-After) when the provider's answer is "
+        "lost. The document's only success is 200 CheckoutSessionWithOrder (an order "
+        "Verity cannot promise), and its errors invite a new payment; the schema's own "
+        "status enum has `complete_in_progress`, which no documented complete answer "
+        "can carry (patch 4)."),
+    "retrieve_and_cancel_errors": (
+        "A retrieve answered 400/401/403/429 (missing API-Version, bad key) or a cancel "
+        "answered 401/404/413: RFC §3 requires API-Version and Bearer on every request, "
+        "but retrieve documents only 200/404 and cancel only 200/400/405/409/422 (no "
+        "`4XX`), so the answers the RFC requires are undocumented there (patch 7)."),
+}
+
 
 def main() -> None:
 

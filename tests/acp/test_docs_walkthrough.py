@@ -2,7 +2,11 @@
 and localstripe (the only edits: their addresses, localstripe's key, and the platform's
 API key instead of the `create_api_client` line, which would write to `make run`'s own
 database). Effects counted: one purchase, one charge at localstripe, the second session
-canceled with no purchase, the unused token never presented."""
+canceled with no purchase, the unused token never presented.
+
+localstripe is shared by every test of a run (and `make run`'s by every paste): the test
+first fills it with more than a page of other PaymentIntents, so a command that reads one
+page only (`limit=100`) misses this purchase's, as it did in long runs."""
 from __future__ import annotations
 
 import re
@@ -32,8 +36,20 @@ def _blocks() -> list[str]:
     return blocks
 
 
+def _others_traffic(count: int) -> None:
+    """PaymentIntents nobody in this walk-through made, created before it (oldest first)."""
+    import requests
+
+    for _ in range(count):
+        r = requests.post(f"{settings.STRIPE_API_BASE.rstrip('/')}/v1/payment_intents",
+                          auth=(settings.STRIPE_API_KEY, ""), timeout=10,
+                          data={"amount": 100, "currency": "usd"})
+        assert r.status_code == 200, r.text
+
+
 def test_the_acp_walkthrough_runs_as_written(live_server, platform, localstripe, tmp_path):
     ProductFactory(sku="TEA-001", name="Sencha green tea, 100 g", price=1250, stock=50)
+    _others_traffic(101)
     blocks = _blocks()
     setup = blocks[0]
     for needle in ("http://127.0.0.1:8000", "http://127.0.0.1:8420", "sk_test_verity_local",

@@ -104,10 +104,12 @@ def test_lost_answer_to_complete_then_retries_make_one_charge_and_one_order(
     view = _session(agent, sid)
     assert view["status"] == "completed"
     assert valid("CheckoutSessionWithOrder", view)["order"]["id"] == purchase.id
-    # 5. The agent, following answers again: same key, new key -> completed, no new charge.
+    # 5. The agent, following answers again: the same key is the answer that key got
+    #    (RFC §6.3: stored, "in progress, retrieve the session"); a new key answers the
+    #    session's state, completed; no new charge either way.
     r = agent.post(f"checkout_sessions/{sid}/complete", body, key=key)
-    assert (r.status_code, r.headers.get("Idempotent-Replayed")) == (200, "true")
-    assert valid("CheckoutSessionWithOrder", r.json())["status"] == "completed"
+    assert (r.status_code, r.headers.get("Idempotent-Replayed")) == (202, "true")
+    assert valid("CheckoutSession", r.json())["status"] == "complete_in_progress"
     r = agent.post(f"checkout_sessions/{sid}/complete", complete_body(token2, email),
                    key=str(uuid.uuid4()))
     assert r.status_code == 200 and r.json()["order"]["id"] == purchase.id
@@ -148,20 +150,19 @@ def test_provider_down_during_complete_then_retries_make_one_charge_and_one_orde
     assert spt_state(token)["deactivated_reason"] is None
     view = _session(agent, sid)
     assert view["status"] == "ready_for_payment"
-    # Same key: the same truth (a replay).
-    r = agent.post(f"checkout_sessions/{sid}/complete", body, key=key)
-    assert r.status_code == 503
+    # A 5xx is not stored against the key (RFC §6.5): the same key is processed afresh.
     # A second session for the same basket meanwhile: no money moved on the first (its
     # payment provably failed), so the second may buy...
     other = agent.create(tea.sku, 2).json()
     r = agent.complete(other["id"], issue_spt(2500), email)
     assert r.status_code == 200, r.text
     bought = valid("CheckoutSessionWithOrder", r.json())["order"]["id"]
-    # ...and then the first session, retried with a new key once the provider is back, is
-    # not charged again: the buyer has that basket already.
-    r = agent.post(f"checkout_sessions/{sid}/complete", body, key=str(uuid.uuid4()))
-    assert (r.status_code, valid("Error", r.json())["code"]) == (
-        409, "probable_duplicate_purchase")
+    # ...and then the first session, retried with its key (and with a new one) once the
+    # provider is back, is not charged again: the buyer has that basket already.
+    for again in (key, str(uuid.uuid4())):
+        r = agent.post(f"checkout_sessions/{sid}/complete", body, key=again)
+        assert (r.status_code, valid("Error", r.json())["code"]) == (
+            409, "probable_duplicate_purchase")
     assert spt_state(token)["deactivated_reason"] is None
     assert _session(agent, other["id"])["status"] == "completed"
     assert PaymentOperation.objects.filter(purchase=purchase).count() == 1

@@ -40,7 +40,7 @@ FACES = ("payments/api/views.py", "agents/tools.py", "acp/views.py", "acp/servic
 # for callers outside the faces) may use them.
 LADDER_STEPS = {
     "idempotency_claim", "idempotency_bind", "idempotency_complete", "idempotency_release",
-    "key_claim", "key_bind", "key_complete", "key_release", "IdempotencyRecord",
+    "key_claim", "key_bind", "key_complete", "key_release", "key_forget", "IdempotencyRecord",
     "operation_dispatch",
 }
 LADDER_ENTRIES = {"keyed_effect", "payment_request", "follow_up_request", "checkout_complete",

@@ -543,13 +543,27 @@ class LifecycleMachine(RuleBasedStateMachine):
             ).values_list("amount", flat=True))
         return payment.amount if payment.outcome == Outcome.SUCCEEDED else 0
 
+    @staticmethod
+    def _refunds_holding_room(payment: PaymentOperation):
+        """A payment's refunds that may have moved money, by the rule: every one not
+        failed, and one only a person called failed (grade acknowledged: the provider
+        could not be read; finance's decline excepted, it was never sent). Such a refund
+        holds its room until the provider's record is read back: a second refund on top
+        could pay back twice (the lifecycle machine's `resolve` makes them)."""
+        from django.db.models import Q
+
+        from payments.enums import Reason
+
+        return PaymentOperation.objects.filter(parent=payment, kind=OperationKind.REFUND).filter(
+            ~Q(outcome=Outcome.FAILED)
+            | (Q(grade=Grade.ACKNOWLEDGED) & ~Q(reason=Reason.REFUND_DECLINED)))
+
     def _room(self, payment: PaymentOperation, *, excluding: str = "",
               provider_refunds: dict | None = None) -> int:
         """Refundable room of ONE payment by the rule: what it captured minus that
-        payment's own refunds (Verity's not failed, and the provider's record, whichever
-        is more)."""
-        ours = sum(PaymentOperation.objects.filter(parent=payment, kind=OperationKind.REFUND)
-                   .exclude(outcome=Outcome.FAILED).exclude(id=excluding)
+        payment's own refunds (Verity's that may have moved money, and the provider's
+        record, whichever is more)."""
+        ours = sum(self._refunds_holding_room(payment).exclude(id=excluding)
                    .values_list("amount", flat=True))
         theirs = 0
         if payment.rail != "x402" and payment.provider_reference:
@@ -2098,6 +2112,17 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert ops - ops_before <= 1, f"{s['id']}: one complete made {ops - ops_before} ops"
         if r.headers.get("Idempotent-Replayed") == "true" or r.status_code in (409, 422):
             assert ops == ops_before, f"{s['id']}: a replay or a refusal made a payment"
+        answers = s.setdefault("answers", {})
+        if r.headers.get("Idempotent-Replayed") == "true":
+            # ACP §6.3: a replay is what the first request answered (status and body),
+            # judged then; the session's own state now is its GET, judged here.
+            if idem in answers:
+                assert answers[idem] == (r.status_code, r.json()), (
+                    f"{s['id']}: the replay of {idem} is not the answer it got first")
+            self._acp_answer_is_true(s["id"], self.acp.get(f"checkout_sessions/{s['id']}"))
+            return
+        if r.status_code < 500:
+            answers[idem] = (r.status_code, r.json())  # a 5xx is not stored (§6.5)
         self._acp_answer_is_true(s["id"], r)
 
     def _acp_answer_is_true(self, session_id: str, r, intents: dict | None = None) -> None:
@@ -2740,9 +2765,15 @@ class LifecycleMachine(RuleBasedStateMachine):
     def refundable_room_is_one_payments_everywhere(self):
         """The console's and the service's refundable room of a purchase is its own
         payment's captured minus that payment's refunds (a duplicate's return is not the
-        purchase's refund)."""
+        purchase's refund) and minus what a lost dispute of it gave back (the bank
+        returned that money: localstripe's dispute record)."""
+        from payments.models import Dispute
         from support.selectors import refundable_amount
 
+        lost_at_provider: dict[str, list[dict]] = {}
+        for d in self.provider.list("disputes"):
+            if d.get("status") == "lost":
+                lost_at_provider.setdefault(d.get("charge") or "", []).append(d)
         for pid, _ in self.purchases:
             purchase = Purchase.objects.get(id=pid)
             own = PaymentOperation.objects.filter(purchase_id=pid, kind__in=PAYMENT_KINDS,
@@ -2754,13 +2785,18 @@ class LifecycleMachine(RuleBasedStateMachine):
             if PaymentOperation.objects.filter(
                     purchase_id=pid, outcome__in=SLOT_HOLDING_OUTCOMES).exists():
                 continue  # a read-back may still change the record
-            ours = sum(PaymentOperation.objects.filter(parent=payment, kind=OperationKind.REFUND)
-                       .exclude(outcome=Outcome.FAILED).values_list("amount", flat=True))
-            room = max(0, self._captured(payment) - ours)
+            lost = lost_at_provider.get(payment.provider_charge or "-", [])
+            if any(not Dispute.objects.filter(id=d["id"], status="lost").exists()
+                   for d in lost):
+                continue  # lost at the provider, not heard yet: its event or read-back will
+            ours = sum(self._refunds_holding_room(payment).values_list("amount", flat=True))
+            back = sum(d["amount"] for d in lost)
+            room = max(0, self._captured(payment) - ours - back)
             shown = refundable_amount(purchase)
             assert shown == room, (
                 f"{pid}: the console offers {shown} refundable; payment {payment.id} has "
-                f"{room} ({self._captured(payment)} captured, {ours} refunded)")
+                f"{room} ({self._captured(payment)} captured, {ours} refunded, {back} lost "
+                "in a dispute)")
 
     @invariant()
     def a_compensation_returns_the_purchases_own_payment(self):

@@ -312,3 +312,76 @@ def test_a_dispute_won_after_another_was_lost_keeps_the_purchase_lost(client, au
     assert _refunded_at_provider(purchase_id) == 0
     assert _live_orders(purchase_id) == 0
     _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.DISPUTE_LOST)
+
+
+def test_a_cancellation_email_refused_by_the_mail_server_is_sent_again(client, auto_refund_shop, settings):
+    """The customer is told through the outbox, as other e-mails are retried: a mail
+    server that refused the connection (nothing sent) is tried again, and the buyer gets
+    exactly one cancellation."""
+    from django.core import mail
+    from django.utils import timezone
+
+    from recovery.models import OutboxMessage
+    from tests.stack import free_port
+
+    purchase_id, _ = _buy(auto_refund_shop, stock=10)
+    settle()
+    assert _live_orders(purchase_id) == 1
+    # when the mail server is down (nothing listens: refused before any data) ...
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", free_port()
+    _refund(auto_refund_shop, purchase_id)
+    settle()
+    assert _refunded_at_provider(purchase_id) == PRICE and _live_orders(purchase_id) == 0
+    told = EmailMessage.objects.get(purchase_id=purchase_id, kind="cancellation")
+    assert told.sent_at is None
+    # ... and back once the outbox's retry comes due
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    mail.outbox.clear()
+    OutboxMessage.objects.filter(processed_at__isnull=True).update(available_at=timezone.now())
+    settle()
+    told.refresh_from_db()
+    assert told.sent_at is not None
+    assert [m.subject for m in mail.outbox] == [told.subject]
+    settle()
+    assert len(mail.outbox) == 1  # told once
+
+
+def test_a_refund_awaiting_approval_when_the_dispute_is_lost_is_never_paid_on_top(
+        client, auto_refund_shop, django_user_model):
+    """Support asked for a partial refund (finance must approve); the bank then took the
+    whole payment back (a chargeback, lost). Approving that refund would pay the buyer
+    back a second time, so it is superseded (declined, audited), not left in finance's
+    queue, and nothing more is refundable."""
+    from django.contrib.auth.models import Group
+
+    from payments import services
+    from payments.models import PaymentOperation
+    from support.access import Role
+    from support.selectors import refundable_amount
+
+    purchase_id, _ = _buy(auto_refund_shop)
+    settle()
+    people = {}
+    for name, role in (("asker", Role.SUPPORT), ("approver", Role.FINANCE)):
+        people[name] = django_user_model.objects.create(username=name)
+        people[name].groups.add(Group.objects.get_or_create(name=role.value)[0])
+    refund = services.refund_request(purchase_id=purchase_id, amount=500,
+                                     acting_user=people["asker"])
+    assert refund.outcome == "awaiting_approval"
+    dispute = _dispute(_charge(purchase_id))
+    _event(client, dispute, "charge.dispute.created")
+    _move(dispute, "lost")
+    _event(client, dispute, "charge.dispute.closed")
+    settle()
+    assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTE_LOST
+
+    refund = PaymentOperation.objects.get(pk=refund.pk)
+    assert (refund.outcome, refund.reason) == ("failed", "refund_declined")
+    with pytest.raises(services.DomainError) as refused:
+        services.refund_approve(operation_id=refund.id, acting_user=people["approver"],
+                                reason="ok")
+    assert refused.value.code == "not_awaiting_approval"
+    assert refundable_amount(Purchase.objects.get(pk=purchase_id)) == 0
+    settle()
+    assert _provider_refunds(purchase_id) == []  # the bank's return only
