@@ -5,9 +5,9 @@ from __future__ import annotations
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
+from payments.api.problems import Problem
 from payments.errors import DomainError, ErrorCode
 from payments.keyed import Answer
-from payments.api.problems import Problem
 
 # Verity's idempotency codes -> the ACP RFC §6 codes (same rules, the protocol's names).
 _IDEMPOTENCY_CODES = {ErrorCode.IDEMPOTENCY_KEY_REUSED: ErrorCode.IDEMPOTENCY_CONFLICT,

@@ -11,11 +11,10 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from payments.errors import ErrorCode
 from payments import services
-from payments.errors import DomainError
-from payments.keyed import Created, Keyed, KeyedRequest, keyed_effect
 from payments.enums import Outcome
+from payments.errors import DomainError, ErrorCode
+from payments.keyed import Created, Keyed, KeyedRequest, keyed_effect
 from payments.services.requests import checkout_complete
 
 from . import sessions

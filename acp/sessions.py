@@ -6,12 +6,11 @@ from __future__ import annotations
 from django.conf import settings
 from django.utils import timezone
 
-from payments.errors import ErrorCode
 from payments import services
-from payments.enums import PAYMENT_KINDS, Grade, Outcome, PurchaseStatus
-from payments.errors import DomainError
-from payments.models import PaymentOperation, Product, Purchase
 from payments.api.presenters import status_url
+from payments.enums import PAYMENT_KINDS, Grade, Outcome, PurchaseStatus
+from payments.errors import DomainError, ErrorCode
+from payments.models import PaymentOperation, Product, Purchase
 
 from .models import CheckoutSession
 from .spec import API_VERSION

@@ -3,7 +3,7 @@ validation against its schemas: bodies are the spec's shapes, and since its obje
 `additionalProperties: false`, an unknown field is refused by name, never dropped."""
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import yaml
@@ -21,7 +21,7 @@ def spec() -> dict:
     return yaml.safe_load(SPEC_PATH.read_text())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _validator(schema_name: str) -> Draft202012Validator:
     root = {"$ref": f"#/components/schemas/{schema_name}",
             "components": spec()["components"]}

@@ -31,18 +31,17 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from payments.api.authentication import ApiClientRateThrottle, ApiKeyAuthentication, HasScope
+from payments.api.idempotency import key_from_headers
+from payments.api.problems import DATABASE_UNAVAILABLE_RETRY_AFTER, Problem, is_database_unavailable
 from payments.enums import Outcome, Reason
 from payments.errors import DomainError, ErrorCode
-from payments.api.idempotency import key_from_headers
 from payments.keyed import HEADER as IDEMPOTENCY_HEADER
 from payments.keyed import REPLAYED_HEADER, Answer, Keyed, KeyedRequest, canonical_json
 from payments.models import PaymentOperation
-from payments.api.problems import DATABASE_UNAVAILABLE_RETRY_AFTER, Problem, is_database_unavailable
 
 from . import services, sessions
 from .errors import AcpError, from_domain_error, from_drf, from_problem
 from .models import AgentPlatform, CheckoutSession
-from .services import RESOURCE
 from .sessions import Status
 from .spec import SUPPORTED_VERSIONS, request_errors
 

@@ -15,8 +15,9 @@ Django's ORM must run (never on the event loop).
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connection

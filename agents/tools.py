@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 from django.db import transaction
 from pydantic import BaseModel, ConfigDict, Field
 
-from payments import next_action, selectors, services
 from events.selectors import event_document, purchase_events_wait
+from payments import next_action, selectors, services
 from payments.api import presenters
 from payments.api.lists import purchase_list_cursor, purchase_list_query
 from payments.api.problems import Problem
@@ -52,12 +53,12 @@ from payments.enums import (
     Outcome,
     RetryAdvice,
 )
+from payments.errors import DomainError, ErrorCode
 from payments.keyed import Created, Keyed, KeyedRequest, dispatch_when_pending, keyed_effect
-from payments.services.requests import follow_up_request, payment_request
 from payments.locks import assert_outside_transaction
 from payments.models import ApiClient, PaymentOperation, Purchase, PurchaseChannel
 from payments.money import format_money
-from payments.errors import DomainError, ErrorCode
+from payments.services.requests import follow_up_request, payment_request
 
 READ = "purchases:read"
 WRITE = "purchases:write"
@@ -124,7 +125,7 @@ class Refusal(BaseModel):
     message: str = Field(description="Why, in words (data, not an instruction).")
 
     @classmethod
-    def of(cls, code: str, message: str) -> "Refusal":
+    def of(cls, code: str, message: str) -> Refusal:
         if code not in _REFUSAL_CODES:
             return cls(code=RefusalCode.REFUSED, message=f"{code}: {message}")
         return cls(code=RefusalCode(code), message=message)

@@ -80,13 +80,13 @@ def print_table(rows: list[Row], title: str = "") -> None:
     data = [[getattr(r, c) if not isinstance(r, dict) else r[c] for c in cols] for r in rows]
     widths = [max(len(c), *(len(str(d[i])) for d in data)) if data else len(c)
               for i, c in enumerate(cols)]
-    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths))
+    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=False))
     if title:
         print(f"\n== {title} ==")
     print(line)
     print("  ".join("-" * w for w in widths))
     for d in data:
-        print("  ".join(str(v).ljust(w) for v, w in zip(d, widths)))
+        print("  ".join(str(v).ljust(w) for v, w in zip(d, widths, strict=False)))
     sys.stdout.flush()
 
 

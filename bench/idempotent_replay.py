@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> Report:
     require_wrk()
     report = Report()
     with bench_stack() as (stack, env):
-        from payments.models import PaymentOperation, ProviderCall, Product
+        from payments.models import PaymentOperation, Product, ProviderCall
 
         Product.objects.create(sku="BENCH-1", name="Bench item", price=1500, currency="usd",
                                stock=10**6)

@@ -64,7 +64,7 @@ class When(Enum):
 class Invariant:
     rule: str
     when: When
-    fn: Callable[["Facts", Report], None]
+    fn: Callable[[Facts, Report], None]
 
 
 INVARIANTS: list[Invariant] = []

@@ -34,8 +34,7 @@ AMOUNT, CURRENCY = 1500, "usd"
 
 
 def _make_intent(op_id: str, purchase_id: str, customer: str, key: str) -> str:
-    from payments.enums import Classification
-    from payments.enums import Rail
+    from payments.enums import Classification, Rail
     from payments.services import provider_for_rail
 
     provider = provider_for_rail(Rail.STRIPE)
@@ -87,7 +86,7 @@ def build(n: int) -> list[str]:
         refs = list(pool.map(lambda s: _make_intent(*s), specs))
     log(f"  {n} intents in {time.monotonic() - t:.0f}s; inserting rows")
     quotes, purchases, ops, calls, holds = [], [], [], [], []
-    for (op_id, pur_id, cust, key), ref in zip(specs, refs):
+    for (op_id, pur_id, cust, key), ref in zip(specs, refs, strict=False):
         q = Quote(items=[{"sku": "BENCH", "name": "Bench", "quantity": 1, "unit_price": AMOUNT}],
                   amount=AMOUNT, currency=CURRENCY, expires_at=now + timedelta(minutes=30),
                   api_client=client)
@@ -154,6 +153,7 @@ def main(argv: list[str] | None = None) -> Report:
 
         from django.conf import settings
         from django.db import connection
+
         from bench.fault_proxy import FaultProxy
         from payments.enums import CallPurpose, Outcome
         from payments.models import PaymentOperation, ProviderCall

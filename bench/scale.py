@@ -21,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from datetime import UTC
+
 from bench.common import Report, bench_stack, common_args, fmt, log  # noqa: E402
 from tools.progress import Progress, eta  # noqa: E402
 
@@ -63,12 +65,12 @@ def paths(size: int, rnd: random.Random) -> dict[str, list[tuple[str, dict]]]:
     # The purchases list (support.purchase_list): newest first, a later page by cursor, a
     # rare status, a caller's e-mail, a name (trigram; the fill has no ACP buyer, so this
     # is the cost of a name that matches nothing) and an amount every purchase has.
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from support.purchase_list import cursor_encode
 
     def created(g: int) -> datetime:  # bench/scale_fill.py's ts
-        return datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=25 * g)
+        return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=25 * g)
 
     p["purchases list"] = [("/console/purchases/", {})]
     p["purchases list later page"] = [

@@ -61,8 +61,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.fault_proxy import FaultProxy  # noqa: E402
 from bench.soak_report import Recorder, endpoint_of  # noqa: E402
-from tools.progress import Progress, fmt_duration  # noqa: E402
 from tests.stack import Stack, _as_pg_user, _wait_port, free_port  # noqa: E402
+from tools.progress import Progress, fmt_duration  # noqa: E402
 
 SECRET = "whsec_soak"
 # localstripe knows one working token (pm_card_mastercard is a 404 there: failed invalid_request)

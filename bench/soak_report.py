@@ -91,7 +91,7 @@ class Recorder:
         bad = []
         with self.lock:
             samples = list(self.samples)
-        for t, endpoint, status, ms, code in samples:
+        for t, endpoint, status, _ms, code in samples:
             if not status.isdigit() or int(status) < 500:
                 continue
             if status == "503" and code in ("database_unavailable", "workflow_halted") \
@@ -116,11 +116,11 @@ class Recorder:
         head = ("endpoint", "requests", "p50 ms", "p99 ms", "answers by status")
         widths = [max(len(head[i]), *(len(r[i]) for r in rows)) if rows else len(head[i])
                   for i in range(4)]
-        out = ["  ".join(h.ljust(w) for h, w in zip(head[:4], widths)) + "  " + head[4],
+        out = ["  ".join(h.ljust(w) for h, w in zip(head[:4], widths, strict=False)) + "  " + head[4],
                "  ".join("-" * w for w in widths) + "  " + "-" * 20]
         for r in rows:
             out.append("  ".join(v.rjust(w) if i else v.ljust(w)
-                                 for i, (v, w) in enumerate(zip(r[:4], widths))) + "  " + r[4])
+                                 for i, (v, w) in enumerate(zip(r[:4], widths, strict=False))) + "  " + r[4])
         return "\n".join(out)
 
     def fault_table(self) -> str:

@@ -21,7 +21,7 @@ import multiprocessing
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -54,7 +54,7 @@ def _fill(n: int, tag: str, url: str, threads: int):
 
     endpoint = WebhookEndpoint.objects.create(api_client_id=f"bench-{tag}", url=url,
                                               max_in_flight=threads)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     events = Event.objects.bulk_create([
         Event(api_client_id=f"bench-{tag}", purchase_id=f"pur_bench_{tag}_{i}", sequence=1,
               type="payment.succeeded", created_at=now,
@@ -98,7 +98,7 @@ def run_floor(n: int, url: str, threads: int, tag: str) -> float:
 
     def post(item):
         msg_id, body = item
-        at = datetime.now(timezone.utc)
+        at = datetime.now(UTC)
         r = pool.request("POST", url, body=body.encode(), headers={
             "webhook-id": msg_id, "webhook-timestamp": str(int(at.timestamp())),
             "webhook-signature": wh.sign(msg_id=msg_id, timestamp=at, data=body),

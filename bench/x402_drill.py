@@ -41,10 +41,10 @@ def main() -> int:
     from django.test.utils import override_settings, setup_test_environment
     from rest_framework.test import APIClient
 
+    from bench.x402_judge import claims_from_rows, judge_from_env
     from payments import services
     from payments.models import PaymentOperation, Product, X402Authorization
     from payments.providers.x402 import DrillMode, get_facilitator
-    from bench.x402_judge import claims_from_rows, judge_from_env
     from tests.factories import make_client
     from tests.x402.chain import SIGNATURE, Chain, craft, sign
 

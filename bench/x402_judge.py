@@ -155,7 +155,7 @@ class X402Judge:
         block = int(receipt["blockNumber"], 16)
         lined_up = len(frames) == len(logs) and all(
             f[0] == _addr(log["topics"][1]) and f[1] == int(log["data"], 16)
-            for f, log in zip(frames, logs))
+            for f, log in zip(frames, logs, strict=False))
         return [Arrival(tx, int(log["logIndex"], 16), block, _addr(log["topics"][1]),
                         int(log["data"], 16), frames[i][2] if lined_up else None,
                         explained=lined_up)

@@ -239,7 +239,7 @@ def deliveries_send_due(*, batch: int = 20) -> int:
     else:
         with ThreadPoolExecutor(threads) as pool:  # HTTP only: no database in the threads
             results = list(pool.map(_send, deliveries))
-    _settle_all(list(zip(deliveries, results)))
+    _settle_all(list(zip(deliveries, results, strict=False)))
     return len(deliveries)
 
 

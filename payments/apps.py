@@ -7,6 +7,7 @@ class PaymentsConfig(AppConfig):
 
     def ready(self) -> None:
         # Register this app's outbox handlers with the relay (recovery.outbox).
-        from . import handlers  # noqa: F401
         # The deploy check that the database keeps acknowledged commits (config.durability).
         import config.durability  # noqa: F401
+
+        from . import handlers  # noqa: F401

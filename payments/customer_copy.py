@@ -15,17 +15,14 @@ support sees. The rules:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import quote
 
 from django.conf import settings
 
 from recovery.models import Order
 
-from .money import format_money
-from .next_action import Situation, purchase_next_step
-from .view_queries import purchase_operations_loaded, purchase_order_reference
 from .enums import (
     PAYMENT_KINDS,
     Grade,
@@ -35,6 +32,9 @@ from .enums import (
     Rail,
     Verification,
 )
+from .money import format_money
+from .next_action import Situation, purchase_next_step
+from .view_queries import purchase_operations_loaded, purchase_order_reference
 
 
 class StateCode:

@@ -4,9 +4,9 @@ from __future__ import annotations
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_handler
 
+from .services import operation_dispatch_or_wait, operation_reconcile
 from .services.cancels import payment_cancel_after_failure
 from .services.external import ExternalResult, external_refunds_read
-from .services import operation_dispatch_or_wait, operation_reconcile
 
 
 @outbox_handler(OutboxCategory.RECONCILE)

@@ -34,9 +34,9 @@ import hashlib
 import hmac
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Callable
 
 from django.conf import settings
 from django.db import connection, transaction

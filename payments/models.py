@@ -403,47 +403,47 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
                          condition=Q(next_action_owner=Owner.SUPPORT.value)),
         ]
 
-    O = Outcome
-    _SETTLEABLE = [O.DISPATCHING, O.UNKNOWN, O.AWAITING_PROVIDER, O.AWAITING_BUYER]
+    Oc = Outcome
+    _SETTLEABLE = [Oc.DISPATCHING, Oc.UNKNOWN, Oc.AWAITING_PROVIDER, Oc.AWAITING_BUYER]
 
-    @transition(field=outcome, source=O.AWAITING_APPROVAL, target=O.PENDING)
+    @transition(field=outcome, source=Oc.AWAITING_APPROVAL, target=Oc.PENDING)
     def approve(self):
         self.stage = Stage.QUEUED
 
-    @transition(field=outcome, source=[O.PENDING, O.DISPATCHING], target=O.DISPATCHING)
+    @transition(field=outcome, source=[Oc.PENDING, Oc.DISPATCHING], target=Oc.DISPATCHING)
     def start_dispatch(self):
         self.stage = Stage.DISPATCHING
 
-    @transition(field=outcome, source=_SETTLEABLE + [O.PENDING], target=O.SUCCEEDED)
+    @transition(field=outcome, source=_SETTLEABLE + [Oc.PENDING], target=Oc.SUCCEEDED)
     def settle_succeeded(self):
         self.stage = Stage.SETTLED
 
-    @transition(field=outcome, source=_SETTLEABLE + [O.PENDING, O.AWAITING_APPROVAL],
-                target=O.FAILED)
+    @transition(field=outcome, source=_SETTLEABLE + [Oc.PENDING, Oc.AWAITING_APPROVAL],
+                target=Oc.FAILED)
     def settle_failed(self):
         self.stage = Stage.SETTLED
 
     # Verified provider evidence overturns a person's (acknowledged) terminal outcome.
-    @transition(field=outcome, source=[O.FAILED], target=O.SUCCEEDED)
+    @transition(field=outcome, source=[Oc.FAILED], target=Oc.SUCCEEDED)
     def overturn_to_succeeded(self):
         self.stage = Stage.SETTLED
 
-    @transition(field=outcome, source=[O.SUCCEEDED], target=O.FAILED)
+    @transition(field=outcome, source=[Oc.SUCCEEDED], target=Oc.FAILED)
     def overturn_to_failed(self):
         self.stage = Stage.SETTLED
 
-    @transition(field=outcome, source=[O.PENDING, O.DISPATCHING, O.AWAITING_PROVIDER,
-                                       O.AWAITING_BUYER], target=O.UNKNOWN)
+    @transition(field=outcome, source=[Oc.PENDING, Oc.DISPATCHING, Oc.AWAITING_PROVIDER,
+                                       Oc.AWAITING_BUYER], target=Oc.UNKNOWN)
     def mark_unknown(self):
         self.stage = Stage.RECONCILING
 
-    @transition(field=outcome, source=[O.DISPATCHING, O.UNKNOWN, O.AWAITING_BUYER,
-                                       O.AWAITING_PROVIDER], target=O.AWAITING_PROVIDER)
+    @transition(field=outcome, source=[Oc.DISPATCHING, Oc.UNKNOWN, Oc.AWAITING_BUYER,
+                                       Oc.AWAITING_PROVIDER], target=Oc.AWAITING_PROVIDER)
     def mark_awaiting_provider(self):
         self.stage = Stage.RECONCILING
 
-    @transition(field=outcome, source=[O.DISPATCHING, O.UNKNOWN, O.AWAITING_PROVIDER,
-                                       O.AWAITING_BUYER], target=O.AWAITING_BUYER)
+    @transition(field=outcome, source=[Oc.DISPATCHING, Oc.UNKNOWN, Oc.AWAITING_PROVIDER,
+                                       Oc.AWAITING_BUYER], target=Oc.AWAITING_BUYER)
     def mark_awaiting_buyer(self):
         self.stage = Stage.RECONCILING
 

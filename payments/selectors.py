@@ -12,7 +12,6 @@ from datetime import datetime
 from django.db.models import Q
 
 from .customers import customer_key
-
 from .enums import PAYMENT_KINDS, DisputeStatus, OperationKind, Outcome
 from .models import ApiClient, Dispute, PaymentOperation, Product, Purchase
 from .view_queries import CompiledRead, operations_for_view

@@ -158,7 +158,6 @@ import time  # noqa: E402
 from django.conf import settings as _settings  # noqa: E402
 from django.db import connections as _connections  # noqa: E402
 
-
 # Django opens its psycopg connections with `prepare_threshold=None` (to keep PgBouncer
 # < 1.21 working), and with the threshold None psycopg ignores `execute(prepare=True)`:
 # the statement is sent unnamed, parsed and planned again on every call. So the threshold
@@ -287,7 +286,7 @@ class CompiledRead:
         """(the SQL with `%s` placeholders, the same with `$n` ones, the arguments)."""
         sql, params, slots, _compiler, _converters, numbered = (self._compiled.get(using)
                                                                 or self._compile(using))
-        return sql, numbered, [p if s is None else values[s] for p, s in zip(params, slots)]
+        return sql, numbered, [p if s is None else values[s] for p, s in zip(params, slots, strict=False)]
 
     def _convert(self, raw: list, using: str) -> list:
         _sql, _params, _slots, compiler, converters, _numbered_sql = self._compiled[using]
@@ -425,7 +424,7 @@ def _instance(model_cls, using: str, init_list, values):
     state.adding, state.db = False, using
     obj.__dict__["_state"] = state
     values_of = obj.__dict__
-    values_of.update(zip(plan[0], values))
+    values_of.update(zip(plan[0], values, strict=False))
     initial = plan[1]
     if initial is True:
         obj._update_initial_state()  # ConcurrentTransitionMixin.__init__'s own step
@@ -510,7 +509,7 @@ def read_together(*calls: tuple[CompiledRead, tuple], using: str = "default") ->
                 cursors[0].execute(statements[0][1], statements[0][2], prepare=True)
             else:
                 with pg.pipeline():
-                    for cursor, (_sql, numbered, args) in zip(cursors, statements):
+                    for cursor, (_sql, numbered, args) in zip(cursors, statements, strict=False):
                         cursor.execute(numbered, args, prepare=True)
             raws = [cursor.fetchall() for cursor in cursors]
         if connection.queries_logged:  # as execute_prepared: counted like Django's own
@@ -523,7 +522,7 @@ def read_together(*calls: tuple[CompiledRead, tuple], using: str = "default") ->
             for sql, _numbered_sql, args in statements:
                 cursor.execute(sql, args)
                 raws.append(cursor.fetchall())
-    return [read._convert(raw, using) for (read, _), raw in zip(calls, raws)]
+    return [read._convert(raw, using) for (read, _), raw in zip(calls, raws, strict=False)]
 
 
 _OPERATION_VIEW = CompiledRead(

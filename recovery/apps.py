@@ -8,6 +8,7 @@ class RecoveryConfig(AppConfig):
     def ready(self) -> None:
         # Register this app's outbox handlers with the relay (recovery.outbox).
         from . import handlers  # noqa: F401
+
         # The outbox (a leaf) publishes its on-commit kicks through the policy installed
         # here: the coalesced kick depends on the outbox, never the reverse.
         from .kick import relay_kick_coalesced

@@ -16,7 +16,6 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from payments.services.disputes import dispute_refresh
 from payments.enums import (
     DISPUTE_CLOSED_STATUSES,
     DisputeStatus,
@@ -25,6 +24,7 @@ from payments.enums import (
 )
 from payments.models import Dispute, Purchase
 from payments.selectors import purchase_money
+from payments.services.disputes import dispute_refresh
 
 from .models import LedgerAccount, OutboxCategory
 from .orchestrator import (

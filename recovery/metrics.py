@@ -63,8 +63,16 @@ _READBACK_WINDOW_MINUTES = 15
 def _delay_histogram(name: str, doc: str, rows, at: str, since) -> HistogramMetricFamily:
     """Histogram of (rows.<at> − the purchase's provider success), for successes since
     `since`, as one aggregate: COUNT(*) FILTER per bucket and the sum, nothing per row."""
-    from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, Q, Subquery, \
-        Sum, Value
+    from django.db.models import (
+        DurationField,
+        ExpressionWrapper,
+        F,
+        OuterRef,
+        Q,
+        Subquery,
+        Sum,
+        Value,
+    )
     from django.db.models.functions import Greatest
 
     settled = (PaymentOperation.objects.filter(

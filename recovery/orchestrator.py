@@ -40,7 +40,6 @@ from payments.enums import (
     PurchaseStatus,
 )
 from payments.locks import lock_operation
-from payments.services.x402_finality import X402_VANISHED_CAUSE
 from payments.models import PaymentOperation, Product, Purchase
 from payments.money import format_money
 from payments.selectors import purchase_money
@@ -51,6 +50,7 @@ from payments.services import (
     refund_request,
     void_create,
 )
+from payments.services.x402_finality import X402_VANISHED_CAUSE
 from webhooks.services import held_events_retry_now
 
 from .halts import is_halted, step_halt_name
@@ -77,9 +77,9 @@ from .steps import (
     deliverable_expiry,
     deliverable_job_reference,
     ledger_record_refund,
-    ledger_reverse_unmade,
     ledger_record_sale,
     ledger_record_void,
+    ledger_reverse_unmade,
     step_key,
 )
 

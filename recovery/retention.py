@@ -34,9 +34,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Callable
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
@@ -46,8 +46,7 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from payments.enums import (DISPUTE_CLOSED_STATUSES, TERMINAL_OUTCOMES, OperationKind,
-                            PurchaseStatus)
+from payments.enums import DISPUTE_CLOSED_STATUSES, TERMINAL_OUTCOMES, OperationKind, PurchaseStatus
 from payments.models import Dispute, IdempotencyRecord, PaymentOperation, Purchase
 from webhooks.models import EventResult, ProviderEvent
 

@@ -98,7 +98,7 @@ def reconcile_sweep(*, operation_ids: Iterable[str], concurrency: int = 4,
 
     def apply(ops, futures) -> None:
         reads, outcomes = [], {}
-        for op, future in zip(ops, futures):
+        for op, future in zip(ops, futures, strict=False):
             try:
                 call_result, call = future.result()
             except Exception as exc:  # noqa: BLE001 - one bad operation must not stop

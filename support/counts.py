@@ -10,8 +10,7 @@ themselves still list the rows, oldest first.
 """
 from __future__ import annotations
 
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 
 from django.db import connections
 from django.db.models import F, QuerySet
@@ -79,7 +78,7 @@ def as_datetime(value) -> datetime | None:
         return value
     parsed = parse_datetime(str(value))
     if parsed is not None and parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt_timezone.utc)  # Django stores UTC (USE_TZ)
+        parsed = parsed.replace(tzinfo=UTC)  # Django stores UTC (USE_TZ)
     return parsed
 
 

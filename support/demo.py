@@ -35,9 +35,9 @@ from payments.enums import (
     HoldState,
     OperationKind,
     Origin,
-    Rail,
     Outcome,
     PurchaseStatus,
+    Rail,
     Stage,
     Verification,
 )
@@ -52,9 +52,9 @@ from payments.models import (
 )
 from payments.services.common import provider_for
 from recovery.models import (
+    Order,
     OutboxCategory,
     OutboxMessage,
-    Order,
     SettlementDiscrepancy,
     StepName,
     StepRun,
@@ -65,21 +65,21 @@ from support.access import Role, ensure_groups
 from support.models import Incident, IncidentItem
 from webhooks.models import EventResult, ProviderEvent
 
-S, O = PurchaseStatus, Outcome
-_OK = {"outcome": O.SUCCEEDED, "stage": Stage.SETTLED, "grade": Grade.CONFIRMED,
+S, Oc = PurchaseStatus, Outcome
+_OK = {"outcome": Oc.SUCCEEDED, "stage": Stage.SETTLED, "grade": Grade.CONFIRMED,
        "verification": Verification.PROVIDER}
-_UNKNOWN = {"outcome": O.UNKNOWN, "stage": Stage.RECONCILING}
+_UNKNOWN = {"outcome": Oc.UNKNOWN, "stage": Stage.RECONCILING}
 
 # (name, purchase status, operations, order reference?)
 STATE_CASES = [
-    ("being-confirmed", S.PAYMENT_PENDING, [{"outcome": O.AWAITING_PROVIDER,
+    ("being-confirmed", S.PAYMENT_PENDING, [{"outcome": Oc.AWAITING_PROVIDER,
                                              "stage": Stage.RECONCILING}], False),
-    ("needs-buyer-step", S.ACTION_REQUIRED, [{"outcome": O.AWAITING_BUYER,
+    ("needs-buyer-step", S.ACTION_REQUIRED, [{"outcome": Oc.AWAITING_BUYER,
                                               "stage": Stage.RECONCILING}], False),
     ("checking-with-provider", S.PAYMENT_UNKNOWN, [_UNKNOWN], False),
     ("paid-confirmation-delayed", S.PAID, [_OK], False),
     ("paid-with-order", S.FULFILLING, [_OK], True),
-    ("failed", S.PAYMENT_FAILED, [{"outcome": O.FAILED, "stage": Stage.SETTLED,
+    ("failed", S.PAYMENT_FAILED, [{"outcome": Oc.FAILED, "stage": Stage.SETTLED,
                                    "grade": Grade.CONFIRMED,
                                    "verification": Verification.PROVIDER,
                                    "reason": "card_declined"}], False),
@@ -227,7 +227,7 @@ def demo_cases_seed() -> list[tuple[str, str]]:
         if not ref_p.operations.filter(kind=OperationKind.REFUND).exists():
             PaymentOperation.objects.create(
                 purchase=ref_p, kind=OperationKind.REFUND, amount=1250, currency="usd",
-                outcome=O.AWAITING_APPROVAL, requested_by_client=client,
+                outcome=Oc.AWAITING_APPROVAL, requested_by_client=client,
                 parent=ref_p.operations.first())
         # A dispute whose evidence is due tomorrow (the disputes queue), and a refund made
         # in the provider's dashboard waiting to be reviewed (made outside Verity).
@@ -254,13 +254,13 @@ def demo_cases_seed() -> list[tuple[str, str]]:
         if not op.transitions.filter(cause=OVERTURN_CAUSE).exists():
             PaymentOperation.objects.filter(pk=op.pk).update(next_action_owner="support")
             OperationTransition.objects.create(
-                purchase=over, operation=op, field="outcome", source=O.FAILED,
-                target=O.SUCCEEDED, cause=OVERTURN_CAUSE, actor="webhook:evt_demo_overturn",
+                purchase=over, operation=op, field="outcome", source=Oc.FAILED,
+                target=Oc.SUCCEEDED, cause=OVERTURN_CAUSE, actor="webhook:evt_demo_overturn",
                 evidence={"overturned": {"outcome": "failed", "actor": "demo-operator",
                                          "reason": "demo: buyer said declined"}})
         # An x402 payment whose transfer the chain took back after delivery (its queue).
         _purchase("x402-transfer-reversed", S.MANUAL_REVIEW, [{
-            "outcome": O.FAILED, "stage": Stage.SETTLED, "grade": Grade.CONFIRMED,
+            "outcome": Oc.FAILED, "stage": Stage.SETTLED, "grade": Grade.CONFIRMED,
             "verification": Verification.PROVIDER, "rail": "x402",
             "reason": "transfer_reversed_on_chain", "next_action_owner": "support",
             "settled_at": timezone.now()}], False, client)
@@ -270,7 +270,7 @@ def demo_cases_seed() -> list[tuple[str, str]]:
         if not dup.operations.filter(kind=OperationKind.REFUND).exists():
             PaymentOperation.objects.create(
                 purchase=dup, kind=OperationKind.REFUND, amount=dup_op.amount, currency="usd",
-                outcome=O.PENDING, is_compensation=True, parent=dup_op)
+                outcome=Oc.PENDING, is_compensation=True, parent=dup_op)
         _demo_incident()
     return links
 

@@ -19,8 +19,7 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass, field
-from datetime import date, datetime, time, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal, InvalidOperation
 from functools import cache
 
@@ -242,7 +241,7 @@ def search_branches(q: str) -> list[tuple[str, Q]]:
 
 
 def cursor_encode(created_at: datetime, pk: str) -> str:
-    raw = f"{created_at.astimezone(dt_timezone.utc).isoformat()}|{pk}".encode()
+    raw = f"{created_at.astimezone(UTC).isoformat()}|{pk}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -272,10 +271,10 @@ def _filtered(f: PurchaseFilters) -> QuerySet:
         qs = qs.filter(status=f.status)
     if f.created_from:
         qs = qs.filter(created_at__gte=datetime.combine(f.created_from, time.min,
-                                                        tzinfo=dt_timezone.utc))
+                                                        tzinfo=UTC))
     if f.created_to:
         qs = qs.filter(created_at__lt=datetime.combine(f.created_to + timedelta(days=1),
-                                                       time.min, tzinfo=dt_timezone.utc))
+                                                       time.min, tzinfo=UTC))
     if f.amount_min is not None:
         qs = qs.filter(amount_q(f.amount_min, "gte"))
     if f.amount_max is not None:

@@ -24,6 +24,7 @@ from django.utils import timezone
 from payments.enums import OVERTURN_CAUSE, Outcome, Owner, PurchaseStatus, Stage
 from payments.models import OperationTransition, PaymentOperation, Purchase
 from payments.money import format_money
+from payments.next_action import operation_next_step, purchase_next_step
 from recovery import selectors as recovery_selectors
 from recovery.models import (
     LedgerEntry,
@@ -36,9 +37,8 @@ from recovery.models import (
 )
 from support import provider_queues
 from support.access import Action, can
-from payments.next_action import operation_next_step, purchase_next_step
-from support.owners import staff_owner
 from support.counts import capped_count_oldest, capped_counts_oldest, count_label, oldest
+from support.owners import staff_owner
 from support.timefmt import relative
 from webhooks.models import EventResult, ProviderEvent
 

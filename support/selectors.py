@@ -14,11 +14,12 @@ from statistics import median
 from django.conf import settings
 from django.contrib import messages as message_levels
 from django.db import connection
-from django.db.models import Count, Q, Subquery
+from django.db.models import Count, Q
 from django.utils import timezone
 
+from events import selectors as event_selectors
+from payments.api.presenters import operation_next_action
 from payments.enums import (
-    OVERTURN_CAUSE,
     PAYMENT_KINDS,
     CallPurpose,
     Classification,
@@ -26,7 +27,6 @@ from payments.enums import (
     OperationKind,
     Outcome,
     Owner,
-    PurchaseStatus,
     Rail,
     Reason,
     Stage,
@@ -41,7 +41,6 @@ from payments.models import (
     Purchase,
 )
 from payments.money import MoneyInputError, format_money, parse_money
-from payments.api.presenters import operation_next_action
 from payments.next_action import NextStep, Situation, operation_next_step, staff_next_step
 from payments.services import provider_for_rail
 from payments.services.common import purchase_own_payments, purchase_refund_room
@@ -56,8 +55,10 @@ from recovery.models import (
     StepState,
     WorkflowHalt,
 )
-from events import selectors as event_selectors
 from support.access import Action, can
+from support.models import AuditEntry, Incident, IncidentStatus, Note, Resolution
+from support.owners import staff_owner
+
 # The console's queues live in one registry (support.queues); re-exported for the views.
 from support.queues import (  # noqa: F401
     MISMATCH_PREFIX,
@@ -77,10 +78,9 @@ from support.queues import (  # noqa: F401
     queue_summaries,
     unknown_operations,
 )
-from support.owners import staff_owner
-from support.models import AuditEntry, Incident, IncidentStatus, Note, Resolution
 from support.timefmt import relative
 from webhooks.models import ProviderEvent
+
 
 def _money(amount: int | None, currency: str) -> str:
     return format_money(amount, currency)

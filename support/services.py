@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import secrets
+import unicodedata
 from collections.abc import Callable
 from contextlib import contextmanager
-import unicodedata
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
@@ -31,9 +31,8 @@ from events import selectors as event_selectors
 from events import services as event_services
 from payments.enums import Outcome
 from payments.errors import DomainError
-from payments.money import format_money
 from payments.models import PaymentOperation, Purchase
-from payments.services.external import external_operation_review
+from payments.money import format_money
 from payments.services import (
     operation_cancel_unapplied,
     operation_dispatch,
@@ -48,10 +47,10 @@ from payments.services import (
     refund_request,
     void_create,
 )
-from recovery import halts, services as recovery_services
+from payments.services.external import external_operation_review
+from recovery import halts
+from recovery import services as recovery_services
 from recovery.models import WorkflowHalt
-from webhooks import services as webhook_services
-from webhooks.models import ProviderEvent
 from support.access import Action, require
 from support.models import (
     AuditEntry,
@@ -63,6 +62,8 @@ from support.models import (
     LoginFailure,
     Note,
 )
+from webhooks import services as webhook_services
+from webhooks.models import ProviderEvent
 
 log = logging.getLogger(__name__)
 
@@ -691,7 +692,7 @@ def login_is_throttled(*, ip: str | None, username: str) -> bool:
 # --------------------------------------------------------------------- incidents
 
 
-def _incident_locked(incident_id) -> "Incident":
+def _incident_locked(incident_id) -> Incident:
     incident = Incident.objects.select_for_update().filter(pk=incident_id).first()
     if incident is None:
         raise ConsoleError("not_found", "No such incident.", 404)

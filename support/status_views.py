@@ -11,20 +11,20 @@ from decimal import Decimal
 from urllib.parse import quote
 
 from django.conf import settings
+from django.core.mail import send_mail
 from django.http import HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
-from django.core.mail import send_mail
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods
 
+from payments.customer_copy import StateCode, customer_state
 from payments.enums import DUPLICATE_GUARD_STATUSES, PAYMENT_KINDS, PurchaseStatus, Rail
 from payments.models import PurchaseChannel
 from payments.services import buyer_confirmation_issue
 from recovery.models import EmailMessage
 from support import selectors
-from payments.customer_copy import StateCode, customer_state
 from support.web import secure_headers, storefront_origin
 
 # Poll cadence for the page's script: quick at first, slower while it stays unsettled.

@@ -2,8 +2,7 @@
 absolute UTC for hover and records."""
 from __future__ import annotations
 
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 
 from django.utils import timezone
 
@@ -22,7 +21,7 @@ def span(seconds: int) -> str:
 
 
 def absolute(value: datetime) -> str:
-    return value.astimezone(dt_timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def relative(value: datetime, now: datetime | None = None) -> str:

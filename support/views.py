@@ -11,12 +11,12 @@ from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
+from payments.customer_copy import customer_state
 from payments.enums import Outcome, PurchaseStatus
 from payments.money import format_major, format_money
 from support import charts, purchase_list, runbooks, selectors, services
-from support.admin_site import lockout_message
 from support.access import Action, can
-from payments.customer_copy import customer_state
+from support.admin_site import lockout_message
 from support.models import IncidentOutcome
 from support.web import client_ip, console_view, not_allowed, secure_headers
 

@@ -129,7 +129,7 @@ def pytest_collection_modifyitems(items):
     rest = [i for i in items if rank(i) == len(SLOWEST_FIRST)]
     # xdist's first hand-out is two consecutive tests per worker: alternate slow and quick
     # so no worker starts with two slow ones queued.
-    ordered = [t for pair in zip(slow, rest) for t in pair]
+    ordered = [t for pair in zip(slow, rest, strict=False) for t in pair]
     ordered += slow[len(rest):] + rest[len(slow):]
     items[:] = ordered
 
@@ -346,8 +346,8 @@ def read_drill():
     """Make the provider unreachable for reads: of one object (its id appears in the read's
     URL) or of anything (`"*"`, lists included), `times` times. Through the fault-drill
     HTTP client like every drill; disarmed after the test."""
-    from payments.providers.stripe import DrillMode
     from payments.enums import Rail
+    from payments.providers.stripe import DrillMode
     from payments.services import provider_for_rail
 
     provider = provider_for_rail(Rail.STRIPE)

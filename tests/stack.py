@@ -211,7 +211,7 @@ class Stack:
         })
         self.x402_ports = (port, fport)
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:
         try:
             self.start_postgres()
             if self.want_replica:

@@ -95,7 +95,7 @@ class Progress:
             self._plain(message)
 
     # -- lifecycle ---------------------------------------------------------------------
-    def start(self) -> "Progress":
+    def start(self) -> Progress:
         if self.quiet or self._thread is not None:
             return self
         self.started = time.monotonic()
@@ -136,7 +136,7 @@ class Progress:
             self._thread = None
             self._plain(self.line() + " (done)")
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self.start()
 
     def __exit__(self, *exc) -> None:

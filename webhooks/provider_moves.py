@@ -15,20 +15,20 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db.models import Sum
 
-from payments.enums import OperationKind, Origin, Outcome, PAYMENT_KINDS, Verification
+from payments.enums import PAYMENT_KINDS, OperationKind, Origin, Outcome, Verification
 from payments.errors import ApplyResult
 from payments.models import PaymentOperation
 from payments.providers.stripe.webhooks import (
     dispute_from_event_payload,
     object_from_event_payload,
 )
+from payments.services import operation_apply_observation
 from payments.services.disputes import DisputeApply, dispute_apply_observation
 from payments.services.external import (
     ExternalResult,
     external_intent_move_record,
     external_refund_record,
 )
-from payments.services import operation_apply_observation
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
 

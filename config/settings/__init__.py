@@ -1,4 +1,5 @@
 # Settings split by concern; each module reads the environment through config.env.
+# ruff: noqa: I001  (the order is the point: each module reads the ones before it)
 from .base import *  # noqa: F401,F403
 from .database import *  # noqa: F401,F403
 from .queue import *  # noqa: F401,F403

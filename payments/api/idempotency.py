@@ -10,8 +10,8 @@ from django.conf import settings
 
 from ..enums import RetryAdvice
 from ..errors import DomainError, ErrorCode
-from ..keyed import _REPLAYED_OPERATION  # noqa: F401 - tests read its compiled statement
 from ..keyed import (
+    _REPLAYED_OPERATION,  # noqa: F401 - tests read its compiled statement
     HEADER,
     MAX_KEY_LENGTH,
     REPLAYED_HEADER,
@@ -27,6 +27,7 @@ from ..keyed import (
 )
 from ..models import ApiClient
 from .problems import Problem, problem_from_domain_error
+
 
 def key_from_headers(headers) -> str:
     key = (headers.get(HEADER) or "").strip()

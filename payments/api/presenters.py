@@ -9,8 +9,7 @@ Read only. `next_action` is computed from state that is already stored, so every
 """
 from __future__ import annotations
 
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 
 from django.conf import settings
 
@@ -45,7 +44,8 @@ from ..next_action import (  # noqa: F401 (UNKNOWN_MESSAGE: re-exported)
     purchase_next_step,
     quote_usable,
 )
-from ..services.holds import _period_start, client_limits as figures_for
+from ..services.holds import _period_start
+from ..services.holds import client_limits as figures_for
 from ..view_queries import (
     PURCHASE_OF_CLIENT,
     purchase_disputes,
@@ -257,7 +257,7 @@ def _unix_iso(seconds: int) -> str | None:
     """A chain timestamp as ISO 8601; None when no datetime can hold it (a buyer-chosen
     uint256 stored before validBefore was bounded: year >= 10000 must not break a view)."""
     try:
-        return _iso(datetime.fromtimestamp(seconds, dt_timezone.utc))
+        return _iso(datetime.fromtimestamp(seconds, UTC))
     except (OverflowError, OSError, ValueError):
         return None
 

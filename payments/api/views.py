@@ -9,7 +9,7 @@ resumable resource.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -26,8 +26,17 @@ from recovery.selectors import deliverable_for
 from .. import selectors, services
 from ..enums import PAYMENT_KINDS, OperationKind, Outcome, Owner, RetryAdvice
 from ..errors import DomainError, ErrorCode
+from ..keyed import (
+    REPLAYED_HEADER,
+    Created,
+    Keyed,
+    KeyedRequest,
+    key_replay_of,
+    keyed_effect,
+)
 from ..locks import assert_outside_transaction
 from ..models import PaymentOperation, Purchase, PurchaseChannel, Quote
+from ..services.requests import follow_up_request, payment_request
 from ..view_queries import operations_for_view
 from . import presenters, x402_views
 from .examples import (
@@ -46,15 +55,6 @@ from .examples import (
     EXAMPLE_SUCCEEDED,
     EXAMPLE_UNKNOWN,
 )
-from ..keyed import (
-    REPLAYED_HEADER,
-    Created,
-    Keyed,
-    KeyedRequest,
-    key_replay_of,
-    keyed_effect,
-)
-from ..services.requests import follow_up_request, payment_request
 from .idempotency import key_from_headers, replay_body
 from .lists import (
     PURCHASE_LIST_PARAMETERS,

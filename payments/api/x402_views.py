@@ -16,18 +16,15 @@ from rest_framework.response import Response
 
 from recovery.selectors import deliverable_for
 
-from . import presenters
 from ..enums import PAYMENT_KINDS, Outcome, Owner, PurchaseStatus, Rail, RetryAdvice
-from ..models import PaymentOperation, Purchase
-from ..selectors import purchase_money
 from ..errors import DomainError, ErrorCode
-from .problems import Problem, problem_from_domain_error
-from .ratelimit import x402_settle_hit
+from ..models import PaymentOperation, Purchase
 from ..providers.x402 import (
     PAYMENT_REQUIRED_HEADER,
     PAYMENT_RESPONSE_HEADER,
     PAYMENT_SIGNATURE_HEADER,
 )
+from ..selectors import purchase_money
 from ..services.x402_settle import (
     encode_header,
     x402_offered,
@@ -35,6 +32,9 @@ from ..services.x402_settle import (
     x402_payment_required,
     x402_payment_response,
 )
+from . import presenters
+from .problems import Problem, problem_from_domain_error
+from .ratelimit import x402_settle_hit
 
 __all__ = ["PAYMENT_SIGNATURE_HEADER", "deliverable_pay", "deliverable_state",
            "deliverable_unpaid"]

@@ -16,6 +16,10 @@ branch on `op.rail` (docs/architecture.md).
 few private ones other modules still reach for).
 """
 from ..errors import ApplyResult, DomainError
+
+# The x402 rail's own read-back and refund send register themselves on import (its
+# RailEvidence): the generic dispatch and read-back reach them through the seam.
+from . import x402_refunds  # noqa: F401
 from .common import (
     operation_workflow,
     provider_for,
@@ -23,10 +27,38 @@ from .common import (
     rail_evidence_for,
     transition_record,
 )
-from .holds import _period_start, client_limits
+from .dispatch import (
+    NOT_SENT_RESENDS,
+    RETRYABLE_BACKOFF_BASE_SECONDS,
+    RETRYABLE_BACKOFF_CAP_SECONDS,
+    RETRYABLE_RESENDS,
+    _claim as _claim,  # the lifecycle machine drives the claim step by step
+    _HaltedAtClaim as _HaltedAtClaim,
+    _metadata as _metadata,
+    operation_claim_write,
+    operation_dispatch,
+    operation_dispatch_or_wait,
+    payment_money_step,
+)
+from .holds import _period_start as _period_start  # read by support's limits page
+from .holds import client_limits
+from .manual import operation_overturn_review, operation_resolve_manual
+from .observations import (
+    duplicate_compensate_locked,
+    duplicate_compensation_ensure,
+    operation_apply_observation,
+)
+from .operations import (
+    capture_create,
+    payment_create,
+    refund_approve,
+    refund_decline,
+    refund_request,
+    void_create,
+)
 from .purchases import (
-    PurchaseOpened,
     QUOTE_TTL,
+    PurchaseOpened,
     buyer_confirmation_issue,
     purchase_cancel,
     purchase_create,
@@ -34,11 +66,6 @@ from .purchases import (
     purchase_transition,
     purchases_expire_stale,
     quote_create,
-)
-from .observations import (
-    duplicate_compensate_locked,
-    duplicate_compensation_ensure,
-    operation_apply_observation,
 )
 from .reconcile import (
     operation_cancel_unapplied,
@@ -52,31 +79,6 @@ from .reconcile import (
     operations_sweep_dead_dispatches,
     operations_verify_before_follow_up,
 )
-from .dispatch import (
-    NOT_SENT_RESENDS,
-    RETRYABLE_BACKOFF_BASE_SECONDS,
-    RETRYABLE_BACKOFF_CAP_SECONDS,
-    RETRYABLE_RESENDS,
-    _HaltedAtClaim,
-    _claim,
-    _metadata,
-    operation_claim_write,
-    operation_dispatch,
-    operation_dispatch_or_wait,
-    payment_money_step,
-)
-from .operations import (
-    capture_create,
-    payment_create,
-    refund_approve,
-    refund_decline,
-    refund_request,
-    void_create,
-)
-from .manual import operation_overturn_review, operation_resolve_manual
-# The x402 rail's own read-back and refund send register themselves on import (its
-# RailEvidence): the generic dispatch and read-back reach them through the seam.
-from . import x402_refunds  # noqa: F401
 
 __all__ = [
     "ApplyResult",

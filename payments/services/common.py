@@ -42,7 +42,6 @@ from ..models import (
 from ..providers.base import CallResult, RailAdapter
 from ..providers.registry import adapter_for_rail
 
-
 log = logging.getLogger("verity.payments")
 
 

@@ -13,6 +13,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ..enums import (
+    PAYMENT_KINDS,
     CallPurpose,
     CallStep,
     Classification,
@@ -20,7 +21,6 @@ from ..enums import (
     OperationKind,
     Outcome,
     Owner,
-    PAYMENT_KINDS,
     Reason,
     RetryAdvice,
     Verification,
@@ -52,7 +52,6 @@ from .observations import (
     outcome_apply_locked,
 )
 from .reconcile import _read_back, operation_reconcile
-
 
 # Resend a not_sent step at most twice (docs/reliability.md#outcome-classification).
 NOT_SENT_RESENDS = 2

@@ -10,8 +10,6 @@ from audit.models import Resolution
 from ..enums import (
     OVERTURN_CAUSE,
     PAYMENT_KINDS,
-    CallPurpose,
-    CallStep,
     Classification,
     Grade,
     OperationKind,
@@ -22,19 +20,16 @@ from ..enums import (
     Verification,
 )
 from ..errors import DomainError, ErrorCode
-from ..locks import assert_outside_transaction, lock_purchase_and_operation
-from ..models import PaymentOperation, ProviderCall
+from ..locks import assert_outside_transaction
+from ..models import PaymentOperation
 from ..providers.base import ProviderObject, outcome_from_object, shows_no_money_moved
+from .cancels import payment_cancel_outside_transaction
 from .common import (
-    _halted,
     _lock_or_404,
-    _record_call,
     operation_audit_write,
     operation_workflow,
-    provider_for,
     transition_record,
 )
-from .cancels import payment_cancel_outside_transaction
 from .observations import _mismatch, operation_apply_observation, outcome_apply_locked
 from .reconcile import _read_back, _schedule_acknowledged_read_back, refund_never_received
 

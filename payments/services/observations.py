@@ -41,8 +41,8 @@ from .common import (
     log,
     payment_refund_room,
     provider_for,
-    transition_record,
     purchase_order_event_put,
+    transition_record,
 )
 from .holds import _hold_overturn, _hold_settle
 

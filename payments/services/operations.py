@@ -32,16 +32,16 @@ from ..enums import (
 from ..errors import DomainError, ErrorCode
 from ..locks import lock_client, lock_purchase, lock_purchase_or_none
 from ..models import ApiClient, PaymentOperation, Purchase
-from ..providers.registry import registered_rails
 from ..money import format_money
+from ..providers.registry import registered_rails
 from .common import (
+    REFUND_FAILURE_UNVERIFIED,
     _actor,
     _dispatch_backstop,
     _halted,
     _lock_or_404,
     _op_to,
     _purchase_to,
-    REFUND_FAILURE_UNVERIFIED,
     operation_audit_write,
     payment_captured,
     payment_refund_room,

@@ -39,7 +39,6 @@ from ..models import ApiClient, BuyerConfirmation, Product, Purchase, PurchaseCh
 from .common import _actor, _purchase_to, transition_record
 from .holds import _check_currency_allowed
 
-
 QUOTE_TTL = timedelta(minutes=30)
 
 

@@ -14,7 +14,7 @@ it gets back; it never claims, binds, completes or releases a key itself.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..enums import OperationKind
 from ..keyed import Created, Keyed, KeyedRequest, keyed_effect

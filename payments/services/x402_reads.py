@@ -16,7 +16,6 @@ from django.db import IntegrityError, transaction
 from ..enums import PAYMENT_KINDS, Classification, OperationKind, Outcome
 from ..models import PaymentOperation, X402Authorization, X402RefundTransfer
 from ..providers.base import CallResult
-from .common import transition_record
 from ..providers.x402 import (
     OBJECT_TYPE,
     ChainStatus,
@@ -25,6 +24,7 @@ from ..providers.x402 import (
     read_refund_transfer,
     transfer_object,
 )
+from .common import transition_record
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from django.utils.html import format_html
 
 from payments.money import format_money
 from support.services import form_token_mint
-from support.timefmt import span, absolute, relative
+from support.timefmt import absolute, relative, span
 
 register = template.Library()
 

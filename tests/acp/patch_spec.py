@@ -127,7 +127,7 @@ def main() -> None:
     for i, p in enumerate(PATCHES, 1):
         lines = textwrap.wrap(p, 84)
         header.append(f"#  {i}. {lines[0]}")
-        header += [f"#     {l}" for l in lines[1:]]
+        header += [f"#     {line}" for line in lines[1:]]
     out = "\n".join(header) + "\n" + yaml.safe_dump(d, sort_keys=False, allow_unicode=True, width=100)
     open(sys.argv[2], "w").write(out)
 

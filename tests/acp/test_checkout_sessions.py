@@ -195,7 +195,7 @@ def test_a_platform_with_a_signing_secret_must_sign_its_requests(agent, platform
     AgentPlatform.objects.create(api_client=platform[0], signing_secret="sig_secret")
     body = {"line_items": [{"id": tea.sku, "quantity": 1}], "currency": "usd",
             "capabilities": {}}
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     r = agent.post("checkout_sessions", body)
     assert (r.status_code, valid("Error", r.json())["code"]) == (401, "invalid_signature")
     signed = {"Timestamp": now, "Signature": request_signature("sig_secret", now, body)}

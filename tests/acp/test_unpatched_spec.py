@@ -11,7 +11,7 @@ unpatched (so the list stays true) and pass the patched copy Verity serves.
 from __future__ import annotations
 
 import uuid
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,7 @@ COMPLETE = "/checkout_sessions/{checkout_session_id}/complete"
 CANCEL = "/checkout_sessions/{checkout_session_id}/cancel"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _document(name: str) -> dict:
     return yaml.safe_load((HERE / name).read_text())
 

@@ -76,7 +76,7 @@ def test_an_amount_or_a_key_sent_to_pay_purchase_is_refused_not_ignored(product,
         return purchase, answers
 
     (purchase, answers), _ = run_agent(agent_key, script)
-    for answer, name in zip(answers, ("amount", "idempotency_key")):
+    for answer, name in zip(answers, ("amount", "idempotency_key"), strict=False):
         assert answer.is_error is True
         assert name in answer.content[0].text and "not permitted" in answer.content[0].text
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 0

@@ -9,9 +9,8 @@ faults only through the fault-drill HTTP client.
 import pytest
 
 from payments import services
-from payments.enums import Outcome
+from payments.enums import Outcome, Rail
 from payments.models import ApiClient
-from payments.enums import Rail
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
 from tests.agents.test_tools import run_agent

@@ -7,9 +7,9 @@ the database, objects at localstripe) where an effect is at stake.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable
 
 import pytest
 from django.utils import timezone
@@ -20,7 +20,6 @@ from payments.models import IdempotencyRecord, PaymentOperation, Purchase, Quote
 from payments.providers.stripe import DrillMode
 from tests.api.conftest import Api, leave_crashed_payment_request, new_key, payment_body
 from tests.factories import make_client
-
 
 PROBLEM = "application/problem+json"
 

@@ -202,7 +202,6 @@ def test_compiled_reads_load_what_the_querysets_load(storefront, product, fast_s
     assert _state(compiled, ("quote",)) == _state(orm, ("quote",))
     from payments.api.presenters import _order_reference
     from payments.view_queries import purchase_operations_load, purchase_order_reference
-
     from recovery.models import Order
 
     for _ in range(2):  # without an order, then with one (as the order writer leaves it)

@@ -10,13 +10,12 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from config.redis_client import redis_client
-from payments.api.idempotency import request_fingerprint
 from payments.api.authentication import ApiClientRateThrottle
+from payments.api.idempotency import request_fingerprint
 from payments.models import ApiClient, IdempotencyRecord, PaymentOperation
 from tests.api.conftest import Api, new_key
-from tests.factories import make_client
-
 from tests.api.test_fast_path_equivalence import BODY, _both, _paid
+from tests.factories import make_client
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 

@@ -64,7 +64,7 @@ def test_parallel_first_payments_replays_and_reads_charge_once(storefront, produ
 
     # every replay of the winning request after it (whichever key won the race): fast or
     # DRF, no provider call, no operation, no intent
-    key = next(k for k, a in zip(keys, answers) if a.status_code == 201)
+    key = next(k for k, a in zip(keys, answers, strict=False) if a.status_code == 201)
     replays = _parallel([lambda api=api: api.post(f"purchases/{pid}/payments", BODY, key=key)
                          for api in apis])
     assert all(r.status_code == 200 and r["Idempotent-Replayed"] == "true" for r in replays)

@@ -16,11 +16,9 @@ from rest_framework.test import APIClient
 from config.redis_client import redis_client
 from payments.api.authentication import ApiClientRateThrottle
 from tests.api.conftest import Api, new_key
-from tests.factories import make_client
-
-from tests.api.test_fast_path_equivalence import _paid, _running, BODY
-
+from tests.api.test_fast_path_equivalence import BODY, _paid, _running
 from tests.api.test_rate_limit_script_timeout import _BUSY
+from tests.factories import make_client
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 

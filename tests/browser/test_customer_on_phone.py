@@ -11,9 +11,9 @@ import pytest
 import requests
 from django.core import mail
 
+from payments.enums import Outcome, PurchaseStatus, Stage
 from payments.models import Purchase
 from recovery.models import EmailMessage
-from payments.enums import Outcome, PurchaseStatus, Stage
 from tests.api.conftest import settle_outbox
 from tests.factories import ProductFactory, make_client
 from tests.support.builders import UNKNOWN, purchase_in

@@ -25,8 +25,8 @@ from recovery.models import EmailMessage, WorkflowHalt
 from support.customer_copy import customer_state
 from support.demo import DEMO_INCIDENT_TITLE, DEMO_REFUND_CASE, demo_provider_payments_seed
 from support.models import Incident
-from tests.api.conftest import settle_outbox
 from tests.acp.conftest import agent, issue_spt, platform, tea  # noqa: F401 - fixtures
+from tests.api.conftest import settle_outbox
 from tests.factories import ProductFactory, make_client
 
 from .conftest import log_in, screenshot

@@ -13,7 +13,7 @@ def _stages() -> dict[str, str]:
     """The Dockerfile's stages by name, in order, each with its instructions."""
     parts = re.split(r"^FROM\s+\S+\s+AS\s+(\S+)\s*$", (ROOT / "Dockerfile").read_text(),
                      flags=re.M | re.I)
-    return dict(zip(parts[1::2], parts[2::2]))
+    return dict(zip(parts[1::2], parts[2::2], strict=False))
 
 
 def test_the_production_image_holds_no_development_tools():

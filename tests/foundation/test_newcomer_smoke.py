@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tools import x402_chain
 from tests.conftest import Localstripe
+from tools import x402_chain
 
 from .serve import ROOT, processes_of, serve_env, stop
 
@@ -68,7 +68,7 @@ def embedded(tmp_path):
         deadline = time.monotonic() + BOOT_SECONDS
         while BANNER_END not in out_path.read_text(errors="replace"):
             assert proc.poll() is None, "make serve exited:\n" + out_path.read_text()[-4000:]
-            assert time.monotonic() < deadline, ("no banner after %d s:\n" % BOOT_SECONDS
+            assert time.monotonic() < deadline, (f"no banner after {BOOT_SECONDS:.0f} s:\n"
                                                  + out_path.read_text()[-4000:])
             time.sleep(0.5)
         yield env, f"http://127.0.0.1:{web_port}", var, out_path, proc
@@ -208,7 +208,7 @@ def test_make_run_then_the_walkthrough_works_on_the_embedded_default(embedded):
     assert "NOT UP" not in banner, banner
     for needle in ("support1 / support-demo-pass", "operator1 / operator-demo-pass",
                    "finance1 / finance-demo-pass", (var / "demo-api-key").read_text().strip(),
-                   f"{base}/console/", f"{base}/status/", f"curl -s -H 'Authorization"):
+                   f"{base}/console/", f"{base}/status/", "curl -s -H 'Authorization"):
         assert needle in banner, needle
     assert not (ROOT / "control").exists()  # runtime folders stay under var/
     if X402_LOCAL:

@@ -85,7 +85,7 @@ def literal_comparisons(source: str, filename: str = "<src>") -> list[str]:
     for node in ast.walk(ast.parse(source, filename)):
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            for a, b in zip(sides, sides[1:]):
+            for a, b in zip(sides, sides[1:], strict=False):
                 for expr, lit in ((a, b), (b, a)):
                     field = _field(expr)
                     if field and set(_literals(lit)) & _values(field):

@@ -113,6 +113,7 @@ from payments.enums import (
     OperationKind,
     Outcome,
     PurchaseStatus,
+    Rail,
     Verification,
 )
 from payments.models import (
@@ -122,7 +123,6 @@ from payments.models import (
     Purchase,
     X402Authorization,
 )
-from payments.enums import Rail
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
 from recovery import outbox as outbox_mod
@@ -807,7 +807,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         (header_n, auth_n), (header_m, auth_m) = signed
         self.chain.automine(False)
         try:
-            for pid, (header, _auth) in zip(pids, signed):
+            for pid, (header, _auth) in zip(pids, signed, strict=False):
                 self.x402_signed.append((pid, header))
                 _no_5xx(api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header}))
             genuine = (auth_m, decode_header(header_m)["payload"]["signature"])

@@ -1,7 +1,5 @@
 import pytest
 
-
-
 DELIVER_SECRET = "whsec_payments_deliver"
 
 

@@ -11,7 +11,12 @@ from payments.api.idempotency import _REPLAYED_OPERATION
 from payments.enums import Outcome, PurchaseStatus
 from payments.models import PaymentOperation, Purchase
 from payments.view_queries import (
-    PURCHASE_OF_CLIENT, _PURCHASE_OPERATIONS, _build_plan, _plans, operation_for_view)
+    _PURCHASE_OPERATIONS,
+    PURCHASE_OF_CLIENT,
+    _build_plan,
+    _plans,
+    operation_for_view,
+)
 from tests.api.conftest import new_key
 from tests.api.test_fast_path_equivalence import BODY
 

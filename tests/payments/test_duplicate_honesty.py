@@ -11,10 +11,10 @@ refunds counted per PaymentIntent.
 import pytest
 
 from payments import services
+from payments.api.presenters import purchase_view
 from payments.customer_copy import StateCode, customer_state
 from payments.enums import Outcome, PurchaseStatus, Reason
 from payments.models import PaymentOperation, Purchase
-from payments.api.presenters import purchase_view
 from payments.providers.stripe import DrillMode
 from recovery.models import Order
 from tests.payments.test_provider_outranks_people import _charged_twice

@@ -6,9 +6,8 @@ Counted at localstripe; faults only through the fault-drill HTTP client."""
 import pytest
 
 from payments import services
-from payments.enums import Grade, Outcome
+from payments.enums import Grade, Outcome, Rail
 from payments.models import PaymentOperation
-from payments.enums import Rail
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
 from tests.payments.test_provider_outranks_people import _charged_twice

@@ -10,9 +10,8 @@ localstripe; faults only through the fault-drill HTTP client.
 import pytest
 
 from payments import services
-from payments.enums import Outcome, PurchaseStatus
+from payments.enums import Outcome, PurchaseStatus, Rail
 from payments.models import Purchase
-from payments.enums import Rail
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
 from tests.factories import ProductFactory

@@ -141,8 +141,7 @@ def test_no_provider_status_is_spelled_outside_its_adapter():
 
     stripe_words = ("canceled", "succeeded", "requires_capture", "requires_confirmation",
                     "requires_action", "requires_payment_method", "processing")
-    spelled = re.compile(r"\bstatus\s*(==|!=|in|not in)\s*[\(\{\[]?\s*\"(%s)\""
-                         % "|".join(stripe_words))
+    spelled = re.compile(r"\bstatus\s*(==|!=|in|not in)\s*[\(\{{\[]?\s*\"({})\"".format("|".join(stripe_words)))
     roots = [Path(services.__file__).parent, Path(webhooks.__file__).parent]
     found = []
     for root in roots:

@@ -6,9 +6,8 @@ free again. Counted at localstripe; faults only through the fault-drill HTTP cli
 import pytest
 
 from payments import services
-from payments.enums import Grade, Outcome, PurchaseStatus
+from payments.enums import Grade, Outcome, PurchaseStatus, Rail
 from payments.models import PaymentOperation, Purchase
-from payments.enums import Rail
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
 from tests.payments.test_persons_failed_refund_then_follow_up import _paid, _refund

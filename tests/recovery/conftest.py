@@ -5,7 +5,6 @@ import pytest
 from django.db import connection
 
 
-
 def run_concurrently(fn, n: int) -> list:
     """Run fn() in n threads released together; each thread closes its DB connection."""
     barrier = threading.Barrier(n)

@@ -49,9 +49,9 @@ def test_due_unknown_is_reconciled_and_then_fulfilled(new_purchase, api_client, 
 
 
 def test_due_reconcile_row_written_with_a_delay_is_made_due():
-    from recovery.outbox import outbox_put
     from django.db import transaction
 
+    from recovery.outbox import outbox_put
     from tests.factories import PurchaseFactory
 
     purchase = PurchaseFactory()

@@ -27,7 +27,6 @@ def test_stuck_outbox_lists_retried_or_old_messages():
 def test_paid_without_order_and_unknown_queue(new_purchase, pay_now, api_client, drill):
     from payments import services as pay
     from payments.models import Purchase
-
     from recovery.halts import halt_set
     from tests.recovery.conftest import settle
 

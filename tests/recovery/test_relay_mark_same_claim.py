@@ -135,8 +135,9 @@ def test_lease_expiry_reclaim_old_holder_never_marks_the_new_claim(monkeypatch, 
 
     monkeypatch.setattr(relay, "outbox_handler_for", lambda category: handler)
     for fail in (False, True):
-        runs.clear(); b_in.clear(); go.clear()
-        state.clear(); state["fail"] = fail
+        for each in (runs, b_in, go, state):
+            each.clear()
+        state["fail"] = fail
         if fail:
             _write("L2")
         threading.current_thread().name = "A-drainer"

@@ -1,8 +1,8 @@
 """Settlement comparison: provider balance transactions at localstripe vs the ledger."""
 import pytest
 
-from recovery.models import LedgerEntry, SettlementDiscrepancy
 from recovery.halts import halt_clear, halt_set
+from recovery.models import LedgerEntry, SettlementDiscrepancy
 from recovery.settlement import settlement_compare
 from tests.recovery.conftest import settle
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from celery import Celery
 from django.conf import settings
-from kombu import Connection
 from django.utils import timezone
+from kombu import Connection
 
 from payments import services as pay
 from payments.enums import Outcome, PurchaseStatus

@@ -1,11 +1,11 @@
 """Replays of a payment and of a purchase
 creation with an Idempotency-Key retention pruned. Counted at localstripe and in the DB."""
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.conf import settings
 from django.utils import timezone
-from datetime import timedelta
 
 from payments.enums import OperationKind
 from payments.models import IdempotencyRecord, PaymentOperation, Purchase

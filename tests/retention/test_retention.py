@@ -17,8 +17,7 @@ from payments import services as pay
 from payments.enums import Outcome, PurchaseStatus
 from payments.models import Dispute, IdempotencyRecord, PaymentOperation, Purchase
 from recovery.models import OutboxCategory, OutboxMessage, RetentionArchive, RetentionState
-from recovery.retention import RetentionCollector, policy_for, retention_prune_table, \
-    retention_run
+from recovery.retention import RetentionCollector, policy_for, retention_prune_table, retention_run
 from webhooks.models import EventResult, ProviderEvent
 
 pytestmark = pytest.mark.django_db

@@ -7,8 +7,8 @@ import re
 import pytest
 from django.conf import settings
 
-from payments.models import ProviderCall
 from payments.enums import Rail
+from payments.models import ProviderCall
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
 from support.models import AuditEntry

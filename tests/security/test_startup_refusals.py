@@ -45,12 +45,12 @@ def test_console_email_backend_with_debug_off_refuses_to_start():
 
 # -- x402 ----------------------------------------------------------------
 def test_the_security_constants_are_make_runs_throwaway_chain():
-    from tools import x402_chain
     from config.settings.security import (
         MAKE_RUN_X402_ADDRESSES,
         MAKE_RUN_X402_KEY_SHA256,
         key_digest,
     )
+    from tools import x402_chain
 
     env = x402_chain.local_env(port=8545, facilitator_port=8402)
     pay_key, _pay_to = x402_chain.local_key("pay-to")

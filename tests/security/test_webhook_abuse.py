@@ -6,8 +6,14 @@ import time
 import pytest
 
 from recovery.models import OutboxMessage
-from tests.webhooks.conftest import OLD_SECRET, SECRET, event_for, intent_object, sign
-from tests.webhooks.conftest import webhook_secrets  # noqa: F401  (autouse fixture)
+from tests.webhooks.conftest import (
+    OLD_SECRET,
+    SECRET,
+    event_for,
+    intent_object,
+    sign,
+    webhook_secrets,  # noqa: F401  (autouse fixture)
+)
 from webhooks.models import ProviderEvent
 
 pytestmark = pytest.mark.django_db

@@ -28,8 +28,9 @@ def _refused(fn):
 def test_orm_update_and_delete_are_refused(rows):
     for row in rows:
         model = type(row)
-        _refused(lambda: model.objects.filter(pk=row.pk).update(created_at=row.created_at))
-        _refused(lambda: model.objects.filter(pk=row.pk).delete())
+        rows_of = model.objects.filter(pk=row.pk)
+        _refused(lambda rows_of=rows_of, row=row: rows_of.update(created_at=row.created_at))
+        _refused(lambda rows_of=rows_of: rows_of.delete())
         _refused(row.delete)
         assert model.objects.filter(pk=row.pk).exists()
     assert AuditEntry.objects.get(pk=rows[0].pk).reason == "provider dashboard shows paid"
@@ -39,13 +40,13 @@ def test_raw_sql_update_and_delete_are_refused(rows):
     for row in rows:
         table = type(row)._meta.db_table
 
-        def update():
+        def update(table=table, pk=row.pk):
             with connection.cursor() as cur:
-                cur.execute(f"UPDATE {table} SET created_at = now() WHERE id = %s", [row.pk])
+                cur.execute(f"UPDATE {table} SET created_at = now() WHERE id = %s", [pk])
 
-        def delete():
+        def delete(table=table, pk=row.pk):
             with connection.cursor() as cur:
-                cur.execute(f"DELETE FROM {table} WHERE id = %s", [row.pk])
+                cur.execute(f"DELETE FROM {table} WHERE id = %s", [pk])
 
         _refused(update)
         _refused(delete)

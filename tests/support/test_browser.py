@@ -105,10 +105,10 @@ def test_console_support_then_operator(browser, live_server, users, new_purchase
     # Support posts the resolve form anyway: refused by the server.
     status = browser.call("Runtime.evaluate", awaitPromise=True, returnByValue=True,
                           expression=(
-        "fetch('/console/operations/%s/resolve', {method: 'POST', credentials: 'same-origin',"
+        f"fetch('/console/operations/{op.pk}/resolve', {{method: 'POST', credentials: 'same-origin',"
         " headers: {'Content-Type': 'application/x-www-form-urlencoded',"
         " 'X-CSRFToken': document.querySelector('[name=csrfmiddlewaretoken]').value},"
-        " body: 'outcome=succeeded&reason=x&confirm=yes'}).then(r => r.status)" % op.pk)
+        " body: 'outcome=succeeded&reason=x&confirm=yes'}).then(r => r.status)")
     )["result"]["value"]
     assert status == 403
     assert PaymentOperation.objects.get(pk=op.pk).outcome == Outcome.UNKNOWN

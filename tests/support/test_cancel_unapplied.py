@@ -6,6 +6,7 @@ the unresolved-customer guard follow."""
 from __future__ import annotations
 
 import pytest
+from django.core.exceptions import PermissionDenied
 
 from payments import services as pay
 from payments.enums import Grade, Outcome, PurchaseStatus, Stage
@@ -79,7 +80,7 @@ def test_the_cancel_is_refused_if_the_provider_does_not_confirm_it(unapplied, lo
     assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.PAYMENT_UNKNOWN
     assert AuditEntry.objects.filter(action="console.cancel_unapplied.refused").count() == 1
     # Support without the operator role cannot do it at all.
-    with pytest.raises(Exception):
+    with pytest.raises(PermissionDenied):
         operation_cancel_unapplied_by_user(operation_id=op.pk, user=users["support"],
                                            reason="try")
 

@@ -108,7 +108,7 @@ def _build(name: str, client):
         purchase.quote.expires_at = timezone.now() - timedelta(minutes=1)
         purchase.quote.save(update_fields=["expires_at"])
     if extra == "chain":  # each payment after the first retries the one before
-        for before, after in zip(made, made[1:]):
+        for before, after in zip(made, made[1:], strict=False):
             after.retry_of = before
             after.save(update_fields=["retry_of"])
     if extra == "parent":

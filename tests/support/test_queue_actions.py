@@ -47,7 +47,7 @@ def test_compensation_item_links_to_its_purchase_decision(login, db):
     assert "ledger writer refused the entry" in html
     page = login("operator").get(reverse("support:purchase", args=[purchase.pk])
                                  ).content.decode()
-    assert f'data-step-form="ledger"' in page
+    assert 'data-step-form="ledger"' in page
 
 
 def test_operator_marks_a_step_handled_once_audited_and_the_purchase_resumes(login, db):

@@ -91,7 +91,7 @@ def test_timeline_merges_every_source_in_time_order(login, users, db):
     order = ["Hold reserved", "Provider dispatch confirm", "Operation outcome: dispatching",
              "Webhook payment_intent.succeeded", "Step order started", "Note by sam"]
     positions = [html.index(marker) for marker in order]
-    assert positions == sorted(positions), list(zip(order, positions))
+    assert positions == sorted(positions), list(zip(order, positions, strict=False))
     assert "Fault drill" in html
     # Operators see the stored (already safe) payload; support does not.
     assert "Stored payload" in html

@@ -81,8 +81,9 @@ def test_prefix_search_never_matches_the_middle_or_too_short(login, db):
 
 
 def test_prefix_search_is_served_by_an_index(db):
-    from payments.models import Purchase
     from django.db.models import Q
+
+    from payments.models import Purchase
 
     qs = Purchase.objects.filter(Q(customer_reference__startswith="acme")
                                  | Q(customer_email__istartswith="ada"))

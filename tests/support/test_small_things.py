@@ -73,8 +73,9 @@ def test_customer_page_names_the_shop(client, db, settings):
 
 
 def test_demo_order_references_look_like_real_ones(users):
-    from django.core.management import call_command
     from io import StringIO
+
+    from django.core.management import call_command
 
     from tests.factories import make_client
 

@@ -33,7 +33,7 @@ def test_each_refusal_is_counted_by_reason_and_stores_nothing(client, case, reas
     event = an_event()
     body = b'{"hello": "world"}' if case == "not_an_event" else json.dumps(event).encode()
     header = {
-        "forged": "t=%d,v1=%s" % (time.time(), "0" * 64),
+        "forged": f"t={int(time.time())},v1={'0' * 64}",
         "missing": "",
         "stale": sign(body, SECRET, ts=int(time.time()) - 301),
         "not_an_event": sign(body),

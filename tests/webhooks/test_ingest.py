@@ -122,13 +122,13 @@ def test_refused_signatures_answer_400_and_write_nothing(client, case):
     event = a_succeeded_event()
     body = json.dumps(event).encode()
     header = {
-        "forged": "t=%d,v1=%s" % (time.time(), "0" * 64),
+        "forged": f"t={int(time.time())},v1={'0' * 64}",
         "wrong_secret": sign(body, "whsec_someone_else"),
         "missing": "",
         "stale": sign(body, SECRET, ts=int(time.time()) - 301),
         "body_changed": sign(body.replace(b"1500", b"1"), SECRET),
         "garbage_header": "not a signature",
-        "no_v1": "t=%d,v0=abc" % time.time(),
+        "no_v1": f"t={int(time.time())},v0=abc",
     }[case]
     label = {"missing": "missing_signature", "stale": "stale_signature"}.get(
         case, "bad_signature")

@@ -6,8 +6,8 @@ import pytest
 
 from payments.models import PaymentOperation, X402Authorization
 from tests.api.conftest import Api
-from tests.x402.chainside import PRICE_ATOMIC, charge, send, signed
 from tests.factories import make_client
+from tests.x402.chainside import PRICE_ATOMIC, charge, send, signed
 from tests.x402.conftest import settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)

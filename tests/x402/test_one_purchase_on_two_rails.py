@@ -28,14 +28,14 @@ def test_a_card_and_an_x402_payment_racing_on_one_purchase_move_money_once(
         start = threading.Barrier(2)
         answers = {}
 
-        def card():
+        def card(start=start, answers=answers, purchase=purchase):
             try:
                 start.wait()
                 answers["card"] = agent.pay(purchase["id"]).status_code
             finally:
                 connection.close()
 
-        def x402():
+        def x402(start=start, answers=answers, purchase=purchase, header=header):
             try:
                 start.wait()
                 answers["x402"] = agent.get(f"purchases/{purchase['id']}/deliverable",

@@ -10,8 +10,7 @@ import pytest
 from django.contrib.auth.models import Group, User
 
 from payments import services
-from payments.models import PaymentOperation, ProviderCall, X402Authorization, \
-    X402RefundTransfer
+from payments.models import PaymentOperation, ProviderCall, X402Authorization, X402RefundTransfer
 from support.access import Role, ensure_groups
 from tests.factories import make_client
 from tests.x402.conftest import SIGNATURE, Api, settle_outbox, sign

@@ -27,17 +27,17 @@ from django.db import OperationalError, connection
 from django.utils import timezone
 from eth_account import Account
 
+from bench.fault_proxy import FaultProxy
 from payments import services
 from payments.locks import signer_lock, signer_lock_key
 from payments.models import PaymentOperation, ProviderCall, X402RefundTransfer
-from recovery.models import OutboxMessage
-from bench.fault_proxy import FaultProxy
 from payments.providers.x402 import (
     REFUND_NONCE_ATTEMPTS,
     RefundSender,
     SettleKind,
     get_refund_sender,
 )
+from recovery.models import OutboxMessage
 from tests.conftest import ROOT
 from tests.x402.conftest import SIGNATURE, settle_outbox, sign
 

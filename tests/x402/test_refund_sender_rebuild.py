@@ -17,7 +17,14 @@ from payments import services
 from payments.models import PaymentOperation, X402RefundTransfer
 from payments.providers.x402 import get_refund_sender
 from tests.x402.conftest import settle_outbox
-from tests.x402.test_refund_nonce_race import FUNDS, _mined_nonce, _race_after_the_nonce_read, _sends, _signer_lock_now, _two_approved_refunds
+from tests.x402.test_refund_nonce_race import (
+    FUNDS,
+    _mined_nonce,
+    _race_after_the_nonce_read,
+    _sends,
+    _signer_lock_now,
+    _two_approved_refunds,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -461,7 +461,7 @@ class StripeProvider:
         for _ in range(LIST_MAX_PAGES):
             pages: list = []
 
-            def fetch():
+            def fetch(pages=pages):  # this page's list, bound now
                 pages.append(self.client.v1.refunds.list(params=dict(params)))
                 return {"object": "list"}
 
@@ -484,7 +484,7 @@ class StripeProvider:
         for _ in range(getattr(settings, "PROVIDER_LIST_MAX_PAGES", LIST_MAX_PAGES)):
             pages: list = []
 
-            def fetch():
+            def fetch(pages=pages):  # this page's list, bound now
                 pages.append(service.list(params=dict(params)))
                 return {"object": "list"}
 

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from recovery.retention import POLICIES, policy_for, retention_prune_table
 
+
 class Command(BaseCommand):
     help = "Prune the append-heavy tables past their retention (batched, lock-light)."
 
