@@ -447,7 +447,7 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
     def mark_awaiting_buyer(self):
         self.stage = Stage.RECONCILING
 
-    del O
+    del Oc
 
     @property
     def is_terminal(self) -> bool:
