@@ -26,7 +26,19 @@ def _withdrawn_by_bank(dispute_id: str) -> int:
     return -sum(t["amount"] for t in d.get("balance_transactions", []) if t["amount"] < 0)
 
 
-def test_a_refund_after_a_lost_chargeback_returns_nothing_more(client, shop):
+def _refund_rest(shop, purchase_id):
+    return shop.post(f"purchases/{purchase_id}/refunds", {}).status_code
+
+
+def _refund_mcp(shop, purchase_id):
+    from agents import tools
+
+    result = tools.request_refund(api_client=shop.client, purchase_id=purchase_id)
+    return result.refusal.code if result.refusal else "accepted"
+
+
+@pytest.mark.parametrize("face", [_refund_rest, _refund_mcp], ids=["rest", "mcp"])
+def test_a_refund_after_a_lost_chargeback_returns_nothing_more(client, shop, face):
     # given a paid purchase whose chargeback the merchant lost (the bank took 2000 back)
     purchase_id, _ = _buy(shop)
     settle()
@@ -37,13 +49,13 @@ def test_a_refund_after_a_lost_chargeback_returns_nothing_more(client, shop):
     settle()
     assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTE_LOST
     withdrawn = _withdrawn_by_bank(dispute)
-    # when the storefront then asks a full refund through the public API
-    r = shop.post(f"purchases/{purchase_id}/refunds", {})
+    # when the storefront then asks a full refund (REST, or the MCP tool)
+    answer = face(shop, purchase_id)
     settle()
     # then the buyer gets back at most what was paid, counted at the provider
     back = withdrawn + _refunded_at_provider(purchase_id)
     assert back <= PRICE, (
-        f"refund answered {r.status_code}; bank withdrew {withdrawn}, localstripe refunded "
+        f"refund answered {answer}; bank withdrew {withdrawn}, localstripe refunded "
         f"{_refunded_at_provider(purchase_id)}: {back} back for {PRICE} paid")
 
 
