@@ -41,3 +41,41 @@ def test_a_full_refund_after_a_won_chargeback_says_refunded_and_unwinds(client, 
         f"ACP order status {order_status(purchase.status)!r}; customer page "
         f"{state.code!r} {state.headline!r}")
     _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
+
+
+def test_a_full_refund_after_a_won_chargeback_before_fulfilment_ships_nothing(client, shop):
+    from recovery.halts import halt_set
+    from recovery.models import EmailMessage, Order
+    from tests.recovery.conftest import lift_halt_quietly
+
+    # given a paid purchase whose fulfilment has not run (the order step is halted), a
+    # chargeback opened and won (fulfilment may resume)
+    halt_set(name="step:order", reason="fence: before fulfilment", actor="test")
+    purchase_id, sku = _buy(shop, stock=10)
+    settle()
+    dispute = _dispute(_charge(purchase_id))
+    _event(client, dispute, "charge.dispute.created")
+    _move(dispute, "won")
+    _event(client, dispute, "charge.dispute.closed")
+    settle()
+    # when the merchant refunds the buyer in full, and the order writer comes back
+    r = shop.post(f"purchases/{purchase_id}/refunds", {})
+    assert r.status_code in (201, 202), r.content
+    settle()
+    assert _refunded_at_provider(purchase_id) == PRICE
+    lift_halt_quietly("step:order")
+    from django.db import transaction
+    from recovery.outbox import run_steps_put
+
+    with transaction.atomic():
+        run_steps_put(purchase_id=purchase_id)  # what clearing the halt would kick
+    settle()
+    # then nothing ships: the money is back with the buyer
+    orders = Order.objects.filter(purchase_id=purchase_id, cancelled_at__isnull=True).count()
+    confirmations = EmailMessage.objects.filter(purchase_id=purchase_id,
+                                                kind="confirmation").count()
+    stock = Product.objects.get(sku=sku).stock
+    assert (orders, confirmations, stock) == (0, 0, 10), (
+        f"refunded {PRICE} in full, then: live orders {orders}, confirmation e-mails "
+        f"{confirmations}, stock {stock} of 10; purchase "
+        f"{Purchase.objects.get(pk=purchase_id).status}")
