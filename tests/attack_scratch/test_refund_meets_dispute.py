@@ -133,3 +133,32 @@ def test_a_lost_chargeback_mid_fulfilment_cancels_the_order_and_runs_no_more_ste
                                               released_at__isnull=True).exists()
     assert EmailMessage.objects.filter(purchase_id=purchase_id, kind="confirmation").count() == 0
     assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTE_LOST
+
+
+def test_a_refund_approved_after_the_chargeback_was_lost_is_refused(
+        client, shop, django_user_model):
+    from payments import services
+
+    requester = django_user_model.objects.create(username="scratch-support")
+    approver = django_user_model.objects.create(username="scratch-finance")
+    # given a refund a person asked before the chargeback, waiting for finance
+    purchase_id, _ = _buy(shop)
+    settle()
+    refund = services.refund_request(purchase_id=purchase_id, amount=PRICE,
+                                     acting_user=requester)
+    dispute = _dispute(_charge(purchase_id))
+    _event(client, dispute, "charge.dispute.created")
+    _move(dispute, "lost")
+    _event(client, dispute, "charge.dispute.closed")
+    settle()
+    # when finance approves it (the approval re-checks the refundable room under the lock)
+    try:
+        services.refund_approve(operation_id=refund.id, acting_user=approver,
+                                reason="buyer asked before the chargeback")
+        answer = "approved"
+        services.operation_dispatch(operation_id=refund.id)  # as the console sends it
+    except services.DomainError as exc:
+        answer = exc.code
+    settle()
+    back = _withdrawn_by_bank(dispute) + _refunded_at_provider(purchase_id)
+    assert back <= PRICE, f"approval {answer}: {back} back to the buyer for {PRICE} paid"
