@@ -13,7 +13,7 @@ from payments.enums import Grade, HoldState, Outcome, PurchaseStatus, Rail
 from payments.models import Hold, PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
-from recovery.models import Order
+from recovery.models import EmailMessage, Order
 from recovery.relay import relay_drain
 from tests.payments.test_provider_outranks_people import _charged_twice, resolver  # noqa: F401
 from tests.recovery.conftest import settle
@@ -100,3 +100,41 @@ def test_a_full_refund_overturned_to_failed_does_not_stay_refunded(
     assert status != PurchaseStatus.REFUNDED
     # money kept: either the goods are live again, or a person owns the purchase
     assert live == 1 or status == PurchaseStatus.MANUAL_REVIEW, (status, live)
+
+
+def test_refunded_is_not_shown_on_a_persons_word_alone(
+        client, new_purchase, api_client, drill, read_drill, localstripe, settings,
+        django_user_model):
+    """docs/reliability.md: "Refunded and voided are shown only after the provider confirms
+    them." A person's "succeeded" on a full refund, taken while the provider cannot be read
+    (grade acknowledged): no face may say refunded yet."""
+    from payments.customer_copy import customer_state
+    from payments.api import presenters
+
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    resolver_, requester, approver = (django_user_model.objects.create(username=n) for n in
+                                      ("scratch-r2", "scratch-q2", "scratch-a2"))
+    purchase = new_purchase(price=1500)
+    pay = services.payment_create(purchase_id=purchase.id, api_client=api_client,
+                                  payment_method="pm_card_visa")
+    services.operation_dispatch(operation_id=pay.id)
+    settle()
+    refund = services.refund_request(purchase_id=purchase.id, amount=1500, acting_user=requester)
+    refund = services.refund_approve(operation_id=refund.id, acting_user=approver, reason="r")
+    drill(refund, DrillMode.HTTP_409, step="refund")
+    services.operation_dispatch(operation_id=refund.id)
+    read_drill("*", times=10)
+    services.operation_resolve_manual(operation_id=refund.id, outcome="succeeded",
+                                      reason="buyer says it arrived", actor="scratch-r2",
+                                      acting_user=resolver_)
+    provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
+    settle()
+    p = Purchase.objects.get(pk=purchase.id)
+    view = presenters.purchase_view(p)
+    state = customer_state(p)
+    assert localstripe.refunds_for(pay.provider_reference) == []  # nothing at the provider
+    assert view["status"] != PurchaseStatus.REFUNDED, (
+        f"shown {view['status']!r} on a person's word; customer page {state.code!r} "
+        f"{state.headline!r}; live orders "
+        f"{Order.objects.filter(purchase_id=p.id, cancelled_at__isnull=True).count()}; "
+        f"e-mails {list(EmailMessage.objects.filter(purchase_id=p.id).values_list('kind', flat=True))}")
