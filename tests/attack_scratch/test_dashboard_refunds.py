@@ -85,3 +85,28 @@ def test_a_refund_after_an_unreported_dashboard_refund_returns_nothing_more(clie
     assert _refunded_at_provider(purchase_id) <= PRICE, (
         f"refund answered {r.status_code}: {_refunded_at_provider(purchase_id)} refunded "
         f"at localstripe for {PRICE} paid")
+
+
+def test_a_full_dashboard_refund_mid_fulfilment_ships_nothing_more(client, shop):
+    from django.db import transaction
+
+    from recovery.halts import halt_set
+    from recovery.models import EmailMessage
+    from recovery.outbox import run_steps_put
+    from tests.recovery.conftest import lift_halt_quietly
+
+    halt_set(name="step:inventory", reason="fence: fulfilment mid-way", actor="test")
+    purchase_id, sku = _buy(shop, stock=10)
+    settle()
+    assert _live_orders(purchase_id) == 1
+    deliver_and_process(client, event_for(_dashboard_refund(purchase_id, PRICE),
+                                          "refund.created"))
+    settle()
+    lift_halt_quietly("step:inventory")
+    with transaction.atomic():
+        run_steps_put(purchase_id=purchase_id)
+    settle()
+    assert _live_orders(purchase_id) == 0
+    assert Product.objects.get(sku=sku).stock == 10
+    assert EmailMessage.objects.filter(purchase_id=purchase_id, kind="confirmation").count() == 0
+    _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
