@@ -11,8 +11,10 @@ from payments.models import Product
 from recovery.halts import halt_clear, halt_set
 from recovery.models import StepRun, StepState
 from recovery.orchestrator import purchase_fulfil
-from tests.recovery.conftest import new_purchase, pay_now, settle  # noqa: F401
-from tests.recovery.test_goods_follow_the_money import _dispute, _event, _move
+from tests.recovery.conftest import settle
+from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixtures)
+    _dispute, _event, _move, webhook_secrets,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,7 +26,7 @@ def _withdrawn(dispute_id: str) -> int:
 
 
 def test_a_compensation_held_by_the_halt_returns_nothing_after_a_lost_chargeback(
-        client, new_purchase, pay_now, localstripe):  # noqa: F811
+        client, new_purchase, pay_now, localstripe):
     purchase = new_purchase(stock=1)
     Product.objects.filter(sku=purchase.quote.items[0]["sku"]).update(stock=0)  # sold out
     halt_set(name="refunds", reason="hold compensation for a look", actor="op1")

@@ -6,9 +6,18 @@ import pytest
 from payments.enums import PurchaseStatus
 from payments.models import Product, Purchase
 from tests.recovery.conftest import settle
-from tests.recovery.test_goods_follow_the_money import (
-    PRICE, _buy, _charge, _dispute, _event, _faces_agree, _live_orders, _move,
+from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixtures)
+    PRICE,
+    _buy,
+    _charge,
+    _dispute,
+    _event,
+    _faces_agree,
+    _live_orders,
+    _move,
     _refunded_at_provider,
+    shop,
+    webhook_secrets,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -65,6 +74,7 @@ def test_a_full_refund_after_a_won_chargeback_before_fulfilment_ships_nothing(cl
     assert _refunded_at_provider(purchase_id) == PRICE
     lift_halt_quietly("step:order")
     from django.db import transaction
+
     from recovery.outbox import run_steps_put
 
     with transaction.atomic():

@@ -1,18 +1,28 @@
-"""Where a refund meets a chargeback. The bank already gave the buyer the money back (a
-dispute lost), or is about to (a chargeback open): a refund on top returns it twice.
-localstripe, like any fake, accepts it; Verity must count what the bank took back.
-Judged on localstripe's refunds and disputes and on Verity's rows."""
+"""The refundable room is net of chargebacks: the bank already gave the buyer the money
+back (a dispute lost), or holds it (a chargeback open: the provider's dispute says
+`is_charge_refundable` false), so a refund on top would return it twice. localstripe, like
+any fake, accepts such a refund; Verity must count what the bank took back
+(payments.services.common.payment_refund_room). Judged on localstripe's refunds and
+disputes and on Verity's rows."""
 import pytest
 import requests
 from django.conf import settings
 
 from payments.enums import PurchaseStatus
-from payments.models import PaymentOperation, Purchase
+from payments.models import Purchase
 from recovery.halts import halt_set
-from recovery.models import Order
 from tests.recovery.conftest import lift_halt_quietly, settle
-from tests.recovery.test_goods_follow_the_money import (
-    PRICE, _buy, _charge, _dispute, _event, _live_orders, _move, _refunded_at_provider,
+from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixtures)
+    PRICE,
+    _buy,
+    _charge,
+    _dispute,
+    _event,
+    _live_orders,
+    _move,
+    _refunded_at_provider,
+    shop,
+    webhook_secrets,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -109,10 +119,11 @@ def test_a_full_refund_during_an_inquiry_says_disputed_until_it_closes(client, s
 
 def test_a_lost_chargeback_mid_fulfilment_cancels_the_order_and_runs_no_more_steps(
         client, shop):
+    from django.db import transaction
+
     from payments.models import Product
     from recovery.models import EmailMessage, InventoryCommit
     from recovery.outbox import run_steps_put
-    from django.db import transaction
 
     halt_set(name="step:inventory", reason="fence: fulfilment mid-way", actor="test")
     purchase_id, sku = _buy(shop, stock=10)
@@ -139,8 +150,8 @@ def test_a_refund_approved_after_the_chargeback_was_lost_is_refused(
         client, shop, django_user_model):
     from payments import services
 
-    requester = django_user_model.objects.create(username="scratch-support")
-    approver = django_user_model.objects.create(username="scratch-finance")
+    requester = django_user_model.objects.create(username="support-1")
+    approver = django_user_model.objects.create(username="finance-1")
     # given a refund a person asked before the chargeback, waiting for finance
     purchase_id, _ = _buy(shop)
     settle()

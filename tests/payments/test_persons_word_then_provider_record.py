@@ -25,7 +25,7 @@ def test_a_duplicates_return_overturned_to_failed_counts_its_hold_again(
         new_purchase, api_client, drill, read_drill, resolver, localstripe, settings,
         django_user_model):
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
-    person = django_user_model.objects.create(username="scratch-resolver")
+    person = django_user_model.objects.create(username="resolver-dup")
     purchase, first, retry = _charged_twice(new_purchase, api_client, drill, read_drill,
                                             resolver, localstripe)
     services.operation_reconcile(operation_id=first.id)
@@ -39,7 +39,7 @@ def test_a_duplicates_return_overturned_to_failed_counts_its_hold_again(
     # a person says the duplicate's return arrived (provider unreadable): hold released
     comp = services.operation_resolve_manual(operation_id=comp.id, outcome="succeeded",
                                              reason="buyer's bank shows the return",
-                                             actor="scratch-resolver", acting_user=person)
+                                             actor="resolver-dup", acting_user=person)
     assert (comp.outcome, comp.grade) == (Outcome.SUCCEEDED, Grade.ACKNOWLEDGED)
     assert Hold.objects.get(operation=first).state == HoldState.RELEASED
     # the provider's record: no refund of the duplicate was ever made
@@ -73,7 +73,7 @@ def test_a_full_refund_overturned_to_failed_does_not_stay_refunded(
         new_purchase, api_client, drill, read_drill, localstripe, settings, django_user_model):
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
     resolver_, requester, approver = (django_user_model.objects.create(username=n) for n in
-                                      ("scratch-r", "scratch-q", "scratch-a"))
+                                      ("resolver-2", "support-2", "finance-2"))
     purchase = new_purchase(price=1500)
     pay = services.payment_create(purchase_id=purchase.id, api_client=api_client,
                                   payment_method="pm_card_visa")
@@ -87,11 +87,12 @@ def test_a_full_refund_overturned_to_failed_does_not_stay_refunded(
     assert refund.outcome == Outcome.UNKNOWN
     read_drill("*", times=10)
     services.operation_resolve_manual(operation_id=refund.id, outcome="succeeded",
-                                      reason="buyer says it arrived", actor="scratch-r",
+                                      reason="buyer says it arrived", actor="resolver-2",
                                       acting_user=resolver_)
     provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
     settle()
-    assert Purchase.objects.get(pk=purchase.id).status == PurchaseStatus.REFUNDED
+    # refunded is shown only once the provider confirms it: until then, in progress
+    assert Purchase.objects.get(pk=purchase.id).status == PurchaseStatus.REFUND_PENDING
     services.operation_reconcile(operation_id=refund.id)
     settle()
     assert localstripe.refunds_for(pay.provider_reference) == []
@@ -108,12 +109,12 @@ def test_refunded_is_not_shown_on_a_persons_word_alone(
     """docs/reliability.md: "Refunded and voided are shown only after the provider confirms
     them." A person's "succeeded" on a full refund, taken while the provider cannot be read
     (grade acknowledged): no face may say refunded yet."""
-    from payments.customer_copy import customer_state
     from payments.api import presenters
+    from payments.customer_copy import customer_state
 
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
     resolver_, requester, approver = (django_user_model.objects.create(username=n) for n in
-                                      ("scratch-r2", "scratch-q2", "scratch-a2"))
+                                      ("resolver-3", "support-3", "finance-3"))
     purchase = new_purchase(price=1500)
     pay = services.payment_create(purchase_id=purchase.id, api_client=api_client,
                                   payment_method="pm_card_visa")
@@ -125,7 +126,7 @@ def test_refunded_is_not_shown_on_a_persons_word_alone(
     services.operation_dispatch(operation_id=refund.id)
     read_drill("*", times=10)
     services.operation_resolve_manual(operation_id=refund.id, outcome="succeeded",
-                                      reason="buyer says it arrived", actor="scratch-r2",
+                                      reason="buyer says it arrived", actor="resolver-3",
                                       acting_user=resolver_)
     provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
     settle()
@@ -138,3 +139,42 @@ def test_refunded_is_not_shown_on_a_persons_word_alone(
         f"{state.headline!r}; live orders "
         f"{Order.objects.filter(purchase_id=p.id, cancelled_at__isnull=True).count()}; "
         f"e-mails {list(EmailMessage.objects.filter(purchase_id=p.id).values_list('kind', flat=True))}")
+
+
+def test_refunded_is_shown_once_the_provider_confirms_a_persons_word(
+        new_purchase, api_client, drill, read_drill, localstripe, settings, django_user_model):
+    """The refund did reach the provider (its answer was lost, the provider unreadable): a
+    person's "succeeded" says refund in progress; the read-back that confirms it says
+    refunded."""
+    from payments.api import presenters
+
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    resolver_, requester, approver = (django_user_model.objects.create(username=n) for n in
+                                      ("resolver-4", "support-4", "finance-4"))
+    purchase = new_purchase(price=1500)
+    pay = services.payment_create(purchase_id=purchase.id, api_client=api_client,
+                                  payment_method="pm_card_visa")
+    services.operation_dispatch(operation_id=pay.id)
+    pay = PaymentOperation.objects.get(pk=pay.pk)
+    settle()
+    refund = services.refund_request(purchase_id=purchase.id, amount=1500, acting_user=requester)
+    refund = services.refund_approve(operation_id=refund.id, acting_user=approver, reason="r")
+    drill(refund, DrillMode.DROP_RESPONSE_AFTER_SEND, step="refund")
+    services.operation_dispatch(operation_id=refund.id)
+    read_drill("*", times=10)
+    services.operation_resolve_manual(operation_id=refund.id, outcome="succeeded",
+                                      reason="buyer says it arrived", actor="resolver-4",
+                                      acting_user=resolver_)
+    provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
+    settle()
+    assert presenters.purchase_view(Purchase.objects.get(pk=purchase.id))["status"] == \
+        PurchaseStatus.REFUND_PENDING
+    services.operation_reconcile(operation_id=refund.id)
+    settle()
+    assert [r["amount"] for r in localstripe.refunds_for(pay.provider_reference)
+            if r["status"] == "succeeded"] == [1500]
+    refund = PaymentOperation.objects.get(pk=refund.pk)
+    assert (refund.outcome, refund.grade) == (Outcome.SUCCEEDED, Grade.CONFIRMED)
+    assert presenters.purchase_view(Purchase.objects.get(pk=purchase.id))["status"] == \
+        PurchaseStatus.REFUNDED
+    assert Order.objects.filter(purchase_id=purchase.id, cancelled_at__isnull=True).count() == 0
