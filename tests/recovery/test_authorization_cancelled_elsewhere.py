@@ -8,9 +8,13 @@ from django.conf import settings
 
 from payments.enums import PurchaseStatus
 from payments.models import PaymentOperation, Product, Purchase
-from tests.recovery.conftest import settle
-from tests.recovery.test_goods_follow_the_money import _live_orders
 from tests.factories import ProductFactory
+from tests.recovery.conftest import settle
+from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixtures)
+    _live_orders,
+    shop,
+    webhook_secrets,
+)
 from tests.webhooks.conftest import deliver_and_process, event_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
