@@ -2551,11 +2551,61 @@ class LifecycleMachine(RuleBasedStateMachine):
                 continue  # a read-back may still change the record
             ours = sum(PaymentOperation.objects.filter(parent=payment, kind=OperationKind.REFUND)
                        .exclude(outcome=Outcome.FAILED).values_list("amount", flat=True))
-            room = max(0, self._captured(payment) - ours)
+            with_bank = sum(d["amount"] for d in self._bank_holds(payment))
+            room = max(0, self._captured(payment) - ours - with_bank)
             shown = refundable_amount(purchase)
             assert shown == room, (
                 f"{pid}: the console offers {shown} refundable; payment {payment.id} has "
-                f"{room} ({self._captured(payment)} captured, {ours} refunded)")
+                f"{room} ({self._captured(payment)} captured, {ours} refunded, {with_bank} "
+                f"with the buyer's bank)")
+
+    def _bank_holds(self, payment: PaymentOperation) -> list[dict]:
+        """localstripe's chargebacks of this payment's charge that are open or lost: the
+        buyer's bank holds that money (Stripe refuses to refund it) or gave it back. An
+        inquiry moves nothing; a won chargeback gave it back to the merchant."""
+        if payment.rail == "x402" or not payment.provider_reference:
+            return []
+        return [d for d in self.provider.list("disputes")
+                if d.get("payment_intent") == payment.provider_reference
+                and d["status"] in ("needs_response", "under_review", "lost")]
+
+    @invariant()
+    def the_refund_room_is_net_of_chargebacks(self):
+        """A refund Verity asked once it knew of a chargeback never returns what the
+        buyer's bank holds or gave back: at localstripe (which accepts any refund; Stripe
+        refuses one of a disputed charge), the Verity refunds of a charge asked after its
+        open or lost chargeback reached Verity fit in what the charge kept once the
+        chargeback and the other refunds are taken off. Amounts from localstripe's
+        disputes and refunds; Verity's record gives only the moment it learned of the
+        chargeback (a refund asked before that is Stripe's to refuse). A dashboard refund
+        Verity never heard of excuses the charge, as in the rule above."""
+        from payments.models import Dispute
+
+        refunds_by_pi = self._provider_refunds()
+        for pid, _ in self.purchases:
+            for payment in PaymentOperation.objects.filter(purchase_id=pid,
+                                                           kind__in=PAYMENT_KINDS,
+                                                           outcome=Outcome.SUCCEEDED):
+                if payment.provider_reference in self.unheard_refunds:
+                    continue
+                for d in self._bank_holds(payment):
+                    known = (Dispute.objects.filter(id=d["id"])
+                             .values_list("opened_at", flat=True).first())
+                    if known is None:
+                        continue  # Verity has not heard of it: nothing to subtract yet
+                    moved = [r for r in refunds_by_pi.get(payment.provider_reference, [])
+                             if r["status"] in ("succeeded", "pending")]
+                    after = [r for r in moved if PaymentOperation.objects.filter(
+                        id=(r.get("metadata") or {}).get("operation_id") or "",
+                        created_at__gt=known).exists()]
+                    asked = sum(r["amount"] for r in after)
+                    others = sum(r["amount"] for r in moved) - asked
+                    kept = max(0, self._captured(payment) - others - d["amount"])
+                    assert asked <= kept, (
+                        f"{payment.provider_reference}: chargeback {d['id']} {d['status']} "
+                        f"of {d['amount']}; Verity refunds asked after it "
+                        f"{[(r['id'], r['amount']) for r in after]} return {asked}, the "
+                        f"charge kept {kept}")
 
     @invariant()
     def a_compensation_returns_the_purchases_own_payment(self):
