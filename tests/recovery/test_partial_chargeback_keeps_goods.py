@@ -54,6 +54,10 @@ def test_a_lost_partial_chargeback_keeps_goods_and_room_consistent(client, shop)
 
     assert not EmailMessage.objects.filter(purchase_id=purchase_id,
                                            kind="cancellation").exists()
+    from payments.customer_copy import customer_state
+
+    state = customer_state(Purchase.objects.get(pk=purchase_id))
+    assert "part of this payment" in state.headline, state.headline
 
 
 def test_after_a_lost_partial_chargeback_a_refund_returns_at_most_what_was_kept(client, shop):
