@@ -34,6 +34,7 @@ from .enums import (
 )
 from .money import format_money
 from .next_action import Situation, purchase_next_step
+from .selectors import purchase_money
 from .view_queries import purchase_operations_loaded, purchase_order_reference
 
 
@@ -126,6 +127,12 @@ WORDS: dict[str, tuple[str, str]] = {
         "Your bank returned this payment to you",
         "Your bank's review of this payment is finished and your bank has returned the "
         "money to you. You do not need to do anything, and please do not pay again."),
+    # A chargeback of part of the payment, lost: the rest stays paid, the order stands.
+    "dispute_lost_partial": (
+        "Your bank returned part of this payment to you",
+        "Your bank's review of this payment is finished and your bank has returned "
+        "{amount} to you; the rest of the payment stands and your order goes ahead. You do "
+        "not need to do anything. If you have questions, contact {contact}."),
     # A person (grade acknowledged) is never presented as the provider
     # (docs/reliability.md#the-providers-record-outranks-a-person).
     "reversed_by_team": (
@@ -290,6 +297,12 @@ def _under_review(f: _Facts) -> CustomerState:
 def _disputed(f: _Facts) -> CustomerState:
     # The money is with the customer's bank: never an invitation to pay again.
     code, key, final = _DISPUTES[f.status]
+    if f.status == PurchaseStatus.DISPUTE_LOST:
+        money = purchase_money(f.purchase.id)
+        if 0 < money.dispute_lost_amount and not money.returned:
+            amount = format_money(money.dispute_lost_amount, f.purchase.currency)
+            return f.state(code, *wording("dispute_lost_partial", contact=f.contact,
+                                          amount=amount), final=final)
     return f.state(code, *wording(key, contact=f.contact), final=final)
 
 

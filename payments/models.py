@@ -233,8 +233,10 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
                                       S.REFUND_PENDING], target=S.REFUND_PENDING)
     def mark_refund_pending(self): ...
 
+    # DISPUTE_WON too: the merchant kept the money, then gave it back in full (goodwill).
     @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
-                                      S.REFUND_PENDING, S.DISPUTED], target=S.REFUNDED)
+                                      S.REFUND_PENDING, S.DISPUTED, S.DISPUTE_WON],
+                target=S.REFUNDED)
     def mark_refunded(self): ...
 
     # Disputes (payments.services.disputes): open from any paid state, close by how it ended; an

@@ -344,8 +344,8 @@ def api_message(step: NextStep) -> str:
         s.DISPUTE_WON: "A dispute on this payment was decided in the merchant's favour; the "
                        "payment stands. Nothing to do.",
         s.DISPUTE_LOST: "A dispute on this payment was decided in the customer's favour; the "
-                        "bank returned the money to them. This purchase is closed; do not "
-                        "pay again.",
+                        "bank returned the disputed amount to them (`disputes` in the "
+                        "purchase view says how much). Do not pay again.",
         s.CLOSED: "This purchase is closed. Nothing to do.",
         s.EXPIRED: "This purchase expired before payment: request a new quote.",
         s.OVERTURNED: "The provider's record overturned a manual resolution; support is "

@@ -97,13 +97,16 @@ class PurchaseMoney:
     refunded: int  # own refunds the provider confirmed
     refund_awaiting_provider: bool  # an own refund the provider has not settled yet
     voided: bool  # the authorization was released
-    dispute_lost: bool  # the bank gave the money back to the buyer
+    dispute_lost: bool  # the bank gave (some of) the money back to the buyer
+    dispute_lost_amount: int = 0  # what lost disputes gave back (a chargeback may be partial)
 
     @property
     def returned(self) -> bool:
-        """The money went back to the buyer: refunded in full, voided, or a dispute lost."""
-        return (self.voided or self.dispute_lost
-                or (self.captured > 0 and self.refunded >= self.captured))
+        """The money went back to the buyer IN FULL: voided, or refunds and lost disputes
+        together gave back all that was captured. A lost chargeback of part of the payment
+        leaves the merchant the rest: the goods stay, as after a partial refund."""
+        return self.voided or (self.captured > 0
+                               and self.refunded + self.dispute_lost_amount >= self.captured)
 
     @property
     def kept(self) -> bool:
@@ -129,7 +132,8 @@ def purchase_money(purchase_id: str) -> PurchaseMoney:
             awaiting = True
         elif kind == OperationKind.VOID and outcome == Outcome.SUCCEEDED:
             voided = True
-    lost = Dispute.objects.filter(purchase_id=purchase_id, payment__is_duplicate=False,
-                                  status=DisputeStatus.LOST).exists()
+    lost = list(Dispute.objects.filter(purchase_id=purchase_id, payment__is_duplicate=False,
+                                       status=DisputeStatus.LOST).values_list("amount", flat=True))
     return PurchaseMoney(paid=bool(paid), captured=captured, refunded=refunded,
-                         refund_awaiting_provider=awaiting, voided=voided, dispute_lost=lost)
+                         refund_awaiting_provider=awaiting, voided=voided,
+                         dispute_lost=bool(lost), dispute_lost_amount=sum(lost))

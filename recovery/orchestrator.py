@@ -50,6 +50,7 @@ from payments.services import (
     refund_request,
     void_create,
 )
+from payments.services.external import external_intent_read
 from payments.services.x402_finality import X402_VANISHED_CAUSE
 from webhooks.services import held_events_retry_now
 
@@ -511,6 +512,12 @@ def operation_settled(*, operation_id: str) -> None:
             # (else the duplicate could be returned twice).
             _duplicate_settled(op.parent)
         return  # the return of a duplicate: nothing downstream bought anything with it
+    if (op.kind == OperationKind.CAPTURE and op.outcome == Outcome.FAILED
+            and op.grade != Grade.ACKNOWLEDGED and op.parent_id):
+        # The provider refused the capture: the authorization may be gone (cancelled in
+        # the dashboard, expired). Read it back; a cancel found there is recorded as the
+        # void it is, whose settlement unwinds the goods (the money is not coming).
+        _authorization_read_after_failed_capture(op)
     if op.kind == OperationKind.VOID and op.outcome == Outcome.SUCCEEDED:
         _unwind_after_void(op)
     if (op.kind == OperationKind.REFUND and op.outcome == Outcome.SUCCEEDED
@@ -609,6 +616,19 @@ def _unwind_after_void(op) -> None:
     goods follow the money back."""
     purchase_goods_unwind(purchase_id=op.purchase_id,
                           detail=f"void {op.id} after fulfilment: order cancelled")
+
+
+def _authorization_read_after_failed_capture(op: PaymentOperation) -> None:
+    try:
+        result = external_intent_read(payment_operation_id=op.parent_id,
+                                      cause="readback:capture_failed")
+    except Exception:  # a read-back is a refresh, not a precondition (the reconciler's)
+        log.warning("authorization read-back after failed capture=%s failed", op.id,
+                    exc_info=True)
+        return
+    if result is not None:
+        log.info("authorization read-back after failed capture=%s: %s %s", op.id,
+                 result.result, result.reason)
 
 
 def purchase_goods_unwind(*, purchase_id: str, detail: str, tell_customer: bool = True) -> bool:

@@ -32,13 +32,19 @@ from .dispatch import (
     RETRYABLE_BACKOFF_BASE_SECONDS,
     RETRYABLE_BACKOFF_CAP_SECONDS,
     RETRYABLE_RESENDS,
-    _claim as _claim,  # the lifecycle machine drives the claim step by step
-    _HaltedAtClaim as _HaltedAtClaim,
-    _metadata as _metadata,
     operation_claim_write,
     operation_dispatch,
     operation_dispatch_or_wait,
     payment_money_step,
+)
+from .dispatch import (
+    _claim as _claim,  # the lifecycle machine drives the claim step by step
+)
+from .dispatch import (
+    _HaltedAtClaim as _HaltedAtClaim,
+)
+from .dispatch import (
+    _metadata as _metadata,
 )
 from .holds import _period_start as _period_start  # read by support's limits page
 from .holds import client_limits

@@ -21,8 +21,8 @@ from recovery.models import OutboxCategory
 from recovery.outbox import outbox_put
 
 from ..enums import (
+    DISPUTE_FUNDS_WITH_BANK_STATUSES,
     TERMINAL_OUTCOMES,
-    DisputeStatus,
     Grade,
     OperationKind,
     Outcome,
@@ -238,7 +238,8 @@ def refund_may_have_moved() -> Q:
 def payment_refund_room(payment: PaymentOperation, *, exclude: str | None = None,
                         counted=None, pending_approval: bool = True) -> int:
     """Captured minus this payment's refunds that may have moved money (never below 0):
-    not failed, or failed on a person's word only (REFUND_FAILURE_UNVERIFIED).
+    not failed, or failed on a person's word only (REFUND_FAILURE_UNVERIFIED), minus what
+    the buyer's bank holds in a chargeback open or lost (payment_disputed_with_bank).
     `exclude`: an operation id left out (the refund being approved is not its own
     competitor). `counted`: the outcomes that count, when a caller judges a provider's
     fact against Verity's confirmed record only (external refunds: succeeded).
@@ -251,11 +252,18 @@ def payment_refund_room(payment: PaymentOperation, *, exclude: str | None = None
         refunds = refunds.exclude(outcome=Outcome.AWAITING_APPROVAL)
     refunds = (refunds.filter(outcome__in=counted) if counted is not None
                else refunds.filter(refund_may_have_moved()))
-    # A dispute lost on this payment: the bank returned that money to the buyer already.
-    lost = (Dispute.objects.filter(payment=payment, status=DisputeStatus.LOST)
-            .aggregate(s=Sum("amount"))["s"] or 0)
     return max(0, payment_captured(payment) - (refunds.aggregate(s=Sum("amount"))["s"] or 0)
-               - lost)
+               - payment_disputed_with_bank(payment))
+
+
+def payment_disputed_with_bank(payment: PaymentOperation) -> int:
+    """What the buyer's bank holds of this payment in a chargeback that is open or lost:
+    an open one the provider refuses to refund (`is_charge_refundable` false), a lost one
+    already gave the money back. A refund of it on top would return it twice. An inquiry
+    (warning_*) moves no funds and a won chargeback gave them back to the merchant: neither
+    counts."""
+    return (Dispute.objects.filter(payment=payment, status__in=DISPUTE_FUNDS_WITH_BANK_STATUSES)
+            .aggregate(s=Sum("amount"))["s"] or 0)
 
 
 def purchase_own_payments(purchase: Purchase):

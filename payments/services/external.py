@@ -24,6 +24,8 @@ from django.utils import timezone
 from ..enums import (
     PAYMENT_KINDS,
     SLOT_HOLDING_OUTCOMES,
+    CallPurpose,
+    CallStep,
     Grade,
     OperationKind,
     Origin,
@@ -37,7 +39,7 @@ from ..locks import (
     assert_outside_transaction,
     lock_purchase_and_operation,
 )
-from ..models import PaymentOperation
+from ..models import PaymentOperation, ProviderCall
 from ..providers.base import ProviderObject
 from .common import (
     operation_audit_write,
@@ -222,6 +224,36 @@ def external_intent_move_record(*, payment_operation_id: str, obj: ProviderObjec
         op = _record_locked(purchase, payment, kind=kind, obj=obj, amount=payment.amount,
                             verification=verification, cause=cause, actor=actor)
     return ExternalApplyResult(ExternalResult.RECORDED, "", op.id, purchase.id)
+
+
+def external_intent_read(*, payment_operation_id: str, cause: str
+                         ) -> ExternalApplyResult | None:
+    """Read an authorization back at the provider (no transaction open) and record a
+    capture or cancel made there with no Verity operation asking for it: a capture that
+    met an authorization cancelled in the dashboard (no event, or a lost one) learns that
+    the hold is gone, so the purchase is voided and its goods unwind like after Verity's
+    own void. A read that fails changes nothing (absence of evidence). None when there is
+    nothing to read."""
+    assert_outside_transaction()
+    payment = PaymentOperation.objects.get(id=payment_operation_id)
+    if (payment.kind != OperationKind.AUTHORIZE or payment.outcome != Outcome.SUCCEEDED
+            or not payment.provider_reference):
+        return None
+    result = provider_for(payment).retrieve_payment_intent(payment.provider_reference)
+    obj = result.object
+    ProviderCall.objects.create(
+        operation_id=payment.id, purpose=CallPurpose.RECONCILE, step=CallStep.RETRIEVE,
+        request_id=result.request_id[:100], http_status=result.http_status,
+        classification=result.classification, error_code=result.error_code[:64],
+        fault_drill=result.fault_drill,
+        safe_fields=obj.safe_fields() if obj else {"object": "payment_intent",
+                                                   "id": payment.provider_reference},
+        finished_at=timezone.now())
+    if obj is None:
+        return None
+    return external_intent_move_record(payment_operation_id=payment.id, obj=obj,
+                                       verification=Verification.PROVIDER, cause=cause,
+                                       actor="authorization-readback")
 
 
 def external_refunds_read(*, payment_operation_id: str) -> list[ExternalApplyResult]:

@@ -142,3 +142,23 @@ def _hold_overturn(op: PaymentOperation, *, succeeded: bool) -> None:
         rows, state = Hold.objects.filter(operation_id=op.parent_id), (
             HoldState.RELEASED if succeeded else HoldState.RESERVED)
     rows.update(state=state, updated_at=now)
+    if succeeded:
+        _duplicate_returned_release(op)
+    else:
+        _duplicate_unreturned_consume(op)
+
+
+def _duplicate_unreturned_consume(op: PaymentOperation) -> None:
+    """A duplicate's return a person called succeeded (its hold released on that word),
+    overturned to failed by the provider's record: the duplicate's money is still with
+    the merchant, so its hold counts as consumed again until a return lands in full."""
+    parent = op.parent
+    if not (op.kind == OperationKind.REFUND and op.is_compensation and parent is not None
+            and parent.is_duplicate and parent.outcome == Outcome.SUCCEEDED):
+        return
+    returned = (PaymentOperation.objects.filter(parent=parent, kind=OperationKind.REFUND,
+                                                outcome=Outcome.SUCCEEDED)
+                .aggregate(s=Sum("amount"))["s"] or 0)
+    if returned < parent.amount:
+        Hold.objects.filter(operation=parent, state=HoldState.RELEASED).update(
+            state=HoldState.CONSUMED, updated_at=timezone.now())

@@ -15,7 +15,6 @@ from recovery.models import OutboxCategory
 from recovery.outbox import dispatch_put, operation_settled_put, outbox_put, run_steps_put
 
 from ..enums import (
-    DISPUTE_FUNDS_WITH_BANK_STATUSES,
     OVERTURN_CAUSE,
     PAYMENT_KINDS,
     SLOT_HOLDING_OUTCOMES,
@@ -118,6 +117,17 @@ def _settle_effects_refund(purchase: Purchase, op: PaymentOperation, *, cause: s
     refunded = (_purchase_refunds(purchase).filter(outcome=Outcome.SUCCEEDED)
                 .aggregate(s=Sum("amount"))["s"] or 0)
     if refunded >= _captured_amount(purchase):
+        if purchase.status == PurchaseStatus.DISPUTED:
+            # A disputed purchase says so until the dispute closes (DESIGN.md §5.10); its
+            # closure decides from the money (disputes._closed_status: refunded). The goods
+            # unwind now all the same (recovery: the settled refund, on the money).
+            return
+        if op.grade == Grade.ACKNOWLEDGED:
+            # Refunded is shown only after the provider confirms it
+            # (docs/reliability.md#rules-every-money-movement-obeys): on a person's word
+            # the refund is in progress; the read-back that confirms it says refunded.
+            _purchase_to(purchase, "mark_refund_pending", cause=cause, actor=actor)
+            return
         _purchase_to(purchase, "mark_refunded", cause=cause, actor=actor)
     else:
         _restore_after_refund(purchase, op, cause=cause, actor=actor)
@@ -268,7 +278,9 @@ def _overturn_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, 
     elif op.kind == OperationKind.REFUND:
         if target == Outcome.SUCCEEDED:
             _settle_effects_refund(purchase, op, cause=OVERTURN_CAUSE, actor=actor)
-        elif purchase.status == PurchaseStatus.REFUNDED:
+        elif purchase.status in (PurchaseStatus.REFUNDED, PurchaseStatus.REFUND_PENDING):
+            # Shown refunded (or in progress) on a person's word, perhaps unwound: the
+            # provider says the money stayed; a person decides what to restore.
             _purchase_to(purchase, review, cause=OVERTURN_CAUSE, actor=actor)
     elif op.kind == OperationKind.CAPTURE and target == Outcome.FAILED:
         _purchase_to(purchase, review, cause=OVERTURN_CAUSE, actor=actor)
@@ -284,10 +296,7 @@ def duplicate_left(duplicate: PaymentOperation) -> int:
     if duplicate.kind == OperationKind.AUTHORIZE and not duplicate.children.filter(
             kind=OperationKind.CAPTURE, outcome=Outcome.SUCCEEDED).exists():
         return duplicate.amount  # an uncaptured duplicate authorization is voided whole
-    disputed = (Dispute.objects.filter(payment=duplicate,
-                                       status__in=DISPUTE_FUNDS_WITH_BANK_STATUSES)
-                .aggregate(s=Sum("amount"))["s"] or 0)
-    return max(0, payment_refund_room(duplicate) - disputed)
+    return payment_refund_room(duplicate)  # net of what the bank holds (one definition)
 
 
 def _duplicate_refused(duplicate: PaymentOperation, amount: int) -> bool:
@@ -416,6 +425,10 @@ def outcome_apply_locked(purchase: Purchase, op: PaymentOperation, target: Outco
                     # A duplicate's return a person called failed is re-asked only once the
                     # provider confirms that (recovery.orchestrator.operation_settled).
                     operation_settled_put(operation_id=op.id)
+                if (current == Outcome.SUCCEEDED and op.kind == OperationKind.REFUND
+                        and not (op.parent_id and op.parent.is_duplicate)):
+                    # The provider confirms a person's "refunded": now it may be shown.
+                    _settle_effects_refund(purchase, op, cause=cause, actor=actor)
                 return ApplyResult.APPLIED
             return ApplyResult.NO_CHANGE
         if target in (Outcome.SUCCEEDED, Outcome.FAILED):

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='outboxmessage',
             name='category',
-            field=models.PositiveSmallIntegerField(choices=[(1, 'Process Event'), (2, 'Operation Settled'), (3, 'Reconcile'), (4, 'Dispatch'), (5, 'Run Steps'), (20, 'Dispute Changed'), (21, 'Provider Refunds Read'), (22, 'Payment Cancel'), (23, 'Customer Email'), (30, 'Acp Order Event'), (99, 'Noop')]),
+            field=models.PositiveSmallIntegerField(choices=[(1, 'Process Event'), (2, 'Operation Settled'), (3, 'Reconcile'), (4, 'Dispatch'), (5, 'Run Steps'), (20, 'Dispute Changed'), (21, 'Provider Refunds Read'), (22, 'Payment Cancel'), (23, 'Customer Email'), (30, 'Acp Order Event'), (40, 'Event Fanout'), (99, 'Noop')]),
         ),
     ]

@@ -2765,15 +2765,11 @@ class LifecycleMachine(RuleBasedStateMachine):
     def refundable_room_is_one_payments_everywhere(self):
         """The console's and the service's refundable room of a purchase is its own
         payment's captured minus that payment's refunds (a duplicate's return is not the
-        purchase's refund) and minus what a lost dispute of it gave back (the bank
-        returned that money: localstripe's dispute record)."""
+        purchase's refund) and minus what the buyer's bank holds or gave back in an open
+        or lost chargeback (localstripe's dispute record)."""
         from payments.models import Dispute
         from support.selectors import refundable_amount
 
-        lost_at_provider: dict[str, list[dict]] = {}
-        for d in self.provider.list("disputes"):
-            if d.get("status") == "lost":
-                lost_at_provider.setdefault(d.get("charge") or "", []).append(d)
         for pid, _ in self.purchases:
             purchase = Purchase.objects.get(id=pid)
             own = PaymentOperation.objects.filter(purchase_id=pid, kind__in=PAYMENT_KINDS,
@@ -2785,18 +2781,68 @@ class LifecycleMachine(RuleBasedStateMachine):
             if PaymentOperation.objects.filter(
                     purchase_id=pid, outcome__in=SLOT_HOLDING_OUTCOMES).exists():
                 continue  # a read-back may still change the record
-            lost = lost_at_provider.get(payment.provider_charge or "-", [])
-            if any(not Dispute.objects.filter(id=d["id"], status="lost").exists()
-                   for d in lost):
-                continue  # lost at the provider, not heard yet: its event or read-back will
+            holds = self._bank_holds(payment)
+            if any(not Dispute.objects.filter(id=d["id"]).exists()
+                   or (d["status"] == "lost"
+                       and not Dispute.objects.filter(id=d["id"], status="lost").exists())
+                   for d in holds):
+                continue  # at the provider, not heard yet: its event or read-back will
             ours = sum(self._refunds_holding_room(payment).values_list("amount", flat=True))
-            back = sum(d["amount"] for d in lost)
-            room = max(0, self._captured(payment) - ours - back)
+            with_bank = sum(d["amount"] for d in holds)
+            room = max(0, self._captured(payment) - ours - with_bank)
             shown = refundable_amount(purchase)
             assert shown == room, (
                 f"{pid}: the console offers {shown} refundable; payment {payment.id} has "
-                f"{room} ({self._captured(payment)} captured, {ours} refunded, {back} lost "
-                "in a dispute)")
+                f"{room} ({self._captured(payment)} captured, {ours} refunded, {with_bank} "
+                f"with the buyer's bank)")
+
+    def _bank_holds(self, payment: PaymentOperation) -> list[dict]:
+        """localstripe's chargebacks of this payment's charge that are open or lost: the
+        buyer's bank holds that money (Stripe refuses to refund it) or gave it back. An
+        inquiry moves nothing; a won chargeback gave it back to the merchant."""
+        if payment.rail == "x402" or not payment.provider_reference:
+            return []
+        return [d for d in self.provider.list("disputes")
+                if d.get("payment_intent") == payment.provider_reference
+                and d["status"] in ("needs_response", "under_review", "lost")]
+
+    @invariant()
+    def the_refund_room_is_net_of_chargebacks(self):
+        """A refund Verity asked once it knew of a chargeback never returns what the
+        buyer's bank holds or gave back: at localstripe (which accepts any refund; Stripe
+        refuses one of a disputed charge), the Verity refunds of a charge asked after its
+        open or lost chargeback reached Verity fit in what the charge kept once the
+        chargeback and the other refunds are taken off. Amounts from localstripe's
+        disputes and refunds; Verity's record gives only the moment it learned of the
+        chargeback (a refund asked before that is Stripe's to refuse). A dashboard refund
+        Verity never heard of excuses the charge, as in the rule above."""
+        from payments.models import Dispute
+
+        refunds_by_pi = self._provider_refunds()
+        for pid, _ in self.purchases:
+            for payment in PaymentOperation.objects.filter(purchase_id=pid,
+                                                           kind__in=PAYMENT_KINDS,
+                                                           outcome=Outcome.SUCCEEDED):
+                if payment.provider_reference in self.unheard_refunds:
+                    continue
+                for d in self._bank_holds(payment):
+                    known = (Dispute.objects.filter(id=d["id"])
+                             .values_list("opened_at", flat=True).first())
+                    if known is None:
+                        continue  # Verity has not heard of it: nothing to subtract yet
+                    moved = [r for r in refunds_by_pi.get(payment.provider_reference, [])
+                             if r["status"] in ("succeeded", "pending")]
+                    after = [r for r in moved if PaymentOperation.objects.filter(
+                        id=(r.get("metadata") or {}).get("operation_id") or "",
+                        created_at__gt=known).exists()]
+                    asked = sum(r["amount"] for r in after)
+                    others = sum(r["amount"] for r in moved) - asked
+                    kept = max(0, self._captured(payment) - others - d["amount"])
+                    assert asked <= kept, (
+                        f"{payment.provider_reference}: chargeback {d['id']} {d['status']} "
+                        f"of {d['amount']}; Verity refunds asked after it "
+                        f"{[(r['id'], r['amount']) for r in after]} return {asked}, the "
+                        f"charge kept {kept}")
 
     @invariant()
     def a_compensation_returns_the_purchases_own_payment(self):
