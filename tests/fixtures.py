@@ -151,3 +151,14 @@ def fast_settings(settings):
     settings.API_CLIENT_CACHE_SECONDS = 60  # the key stays verified through one test
     settings.API_FAST_PATH = True
     return settings
+
+
+@pytest.fixture
+def auto_refund_shop(db):
+    """A storefront key with an automatic-refund allowance (no person approves)."""
+    from tests.api.conftest import Api
+    from tests.factories import make_client
+
+    client, key = make_client(name="storefront-auto-refunds", limit=10_000_000,
+                              auto_refund_limit=10_000_000)
+    return Api(key, client)

@@ -15,7 +15,7 @@ from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
 from recovery.models import EmailMessage, Order
 from recovery.relay import relay_drain
-from tests.payments.test_provider_outranks_people import _charged_twice, resolver  # noqa: F401
+from tests.payments.test_provider_outranks_people import _charged_twice
 from tests.recovery.conftest import settle
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -21,7 +21,6 @@ from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixture
     _live_orders,
     _move,
     _refunded_at_provider,
-    shop,
     webhook_secrets,
 )
 
@@ -36,21 +35,21 @@ def _withdrawn_by_bank(dispute_id: str) -> int:
     return -sum(t["amount"] for t in d.get("balance_transactions", []) if t["amount"] < 0)
 
 
-def _refund_rest(shop, purchase_id):
-    return shop.post(f"purchases/{purchase_id}/refunds", {}).status_code
+def _refund_rest(auto_refund_shop, purchase_id):
+    return auto_refund_shop.post(f"purchases/{purchase_id}/refunds", {}).status_code
 
 
-def _refund_mcp(shop, purchase_id):
+def _refund_mcp(auto_refund_shop, purchase_id):
     from agents import tools
 
-    result = tools.request_refund(api_client=shop.client, purchase_id=purchase_id)
+    result = tools.request_refund(api_client=auto_refund_shop.client, purchase_id=purchase_id)
     return result.refusal.code if result.refusal else "accepted"
 
 
 @pytest.mark.parametrize("face", [_refund_rest, _refund_mcp], ids=["rest", "mcp"])
-def test_a_refund_after_a_lost_chargeback_returns_nothing_more(client, shop, face):
+def test_a_refund_after_a_lost_chargeback_returns_nothing_more(client, auto_refund_shop, face):
     # given a paid purchase whose chargeback the merchant lost (the bank took 2000 back)
-    purchase_id, _ = _buy(shop)
+    purchase_id, _ = _buy(auto_refund_shop)
     settle()
     dispute = _dispute(_charge(purchase_id))
     _event(client, dispute, "charge.dispute.created")
@@ -60,7 +59,7 @@ def test_a_refund_after_a_lost_chargeback_returns_nothing_more(client, shop, fac
     assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTE_LOST
     withdrawn = _withdrawn_by_bank(dispute)
     # when the storefront then asks a full refund (REST, or the MCP tool)
-    answer = face(shop, purchase_id)
+    answer = face(auto_refund_shop, purchase_id)
     settle()
     # then the buyer gets back at most what was paid, counted at the provider
     back = withdrawn + _refunded_at_provider(purchase_id)
@@ -69,16 +68,16 @@ def test_a_refund_after_a_lost_chargeback_returns_nothing_more(client, shop, fac
         f"{_refunded_at_provider(purchase_id)}: {back} back for {PRICE} paid")
 
 
-def test_a_refund_during_an_open_chargeback_then_lost_returns_it_once(client, shop):
+def test_a_refund_during_an_open_chargeback_then_lost_returns_it_once(client, auto_refund_shop):
     # given a paid purchase with an open chargeback (needs_response)
-    purchase_id, _ = _buy(shop)
+    purchase_id, _ = _buy(auto_refund_shop)
     settle()
     dispute = _dispute(_charge(purchase_id))
     _event(client, dispute, "charge.dispute.created")
     settle()
     assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTED
     # when the storefront refunds in full meanwhile, and the chargeback is then lost
-    r = shop.post(f"purchases/{purchase_id}/refunds", {})
+    r = auto_refund_shop.post(f"purchases/{purchase_id}/refunds", {})
     settle()
     status_while_open = Purchase.objects.get(pk=purchase_id).status
     _move(dispute, "lost")
@@ -90,35 +89,35 @@ def test_a_refund_during_an_open_chargeback_then_lost_returns_it_once(client, sh
         f"chargeback was open; {back} back to the buyer for {PRICE} paid")
 
 
-def test_a_partial_refund_during_an_open_chargeback_keeps_it_disputed(client, shop):
-    purchase_id, _ = _buy(shop)
+def test_a_partial_refund_during_an_open_chargeback_keeps_it_disputed(client, auto_refund_shop):
+    purchase_id, _ = _buy(auto_refund_shop)
     settle()
     dispute = _dispute(_charge(purchase_id), inquiry=True)
     _event(client, dispute, "charge.dispute.created")
     settle()
-    r = shop.post(f"purchases/{purchase_id}/refunds", {"amount": 500})
+    r = auto_refund_shop.post(f"purchases/{purchase_id}/refunds", {"amount": 500})
     settle()
     # the dispute is still open: the purchase says so on every face (DESIGN §5.10)
     assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTED, r.content
-    assert shop.get(f"purchases/{purchase_id}").json()["status"] == PurchaseStatus.DISPUTED
+    assert auto_refund_shop.get(f"purchases/{purchase_id}").json()["status"] == PurchaseStatus.DISPUTED
 
 
-def test_a_full_refund_during_an_inquiry_says_disputed_until_it_closes(client, shop):
-    purchase_id, _ = _buy(shop)
+def test_a_full_refund_during_an_inquiry_says_disputed_until_it_closes(client, auto_refund_shop):
+    purchase_id, _ = _buy(auto_refund_shop)
     settle()
     inquiry = _dispute(_charge(purchase_id), inquiry=True)
     _event(client, inquiry, "charge.dispute.created")
     settle()
-    shop.post(f"purchases/{purchase_id}/refunds", {})
+    auto_refund_shop.post(f"purchases/{purchase_id}/refunds", {})
     settle()
     assert _refunded_at_provider(purchase_id) == PRICE
-    body = shop.get(f"purchases/{purchase_id}").json()
+    body = auto_refund_shop.get(f"purchases/{purchase_id}").json()
     assert _live_orders(purchase_id) == 0, "money back during the inquiry, order still live"
     assert body["status"] in (PurchaseStatus.DISPUTED, PurchaseStatus.REFUNDED)
 
 
 def test_a_lost_chargeback_mid_fulfilment_cancels_the_order_and_runs_no_more_steps(
-        client, shop):
+        client, auto_refund_shop):
     from django.db import transaction
 
     from payments.models import Product
@@ -126,7 +125,7 @@ def test_a_lost_chargeback_mid_fulfilment_cancels_the_order_and_runs_no_more_ste
     from recovery.outbox import run_steps_put
 
     halt_set(name="step:inventory", reason="fence: fulfilment mid-way", actor="test")
-    purchase_id, sku = _buy(shop, stock=10)
+    purchase_id, sku = _buy(auto_refund_shop, stock=10)
     settle()
     assert _live_orders(purchase_id) == 1
     dispute = _dispute(_charge(purchase_id))
@@ -147,13 +146,13 @@ def test_a_lost_chargeback_mid_fulfilment_cancels_the_order_and_runs_no_more_ste
 
 
 def test_a_refund_approved_after_the_chargeback_was_lost_is_refused(
-        client, shop, django_user_model):
+        client, auto_refund_shop, django_user_model):
     from payments import services
 
     requester = django_user_model.objects.create(username="support-1")
     approver = django_user_model.objects.create(username="finance-1")
     # given a refund a person asked before the chargeback, waiting for finance
-    purchase_id, _ = _buy(shop)
+    purchase_id, _ = _buy(auto_refund_shop)
     settle()
     refund = services.refund_request(purchase_id=purchase_id, amount=PRICE,
                                      acting_user=requester)

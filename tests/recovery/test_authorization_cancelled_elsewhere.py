@@ -12,7 +12,6 @@ from tests.factories import ProductFactory
 from tests.recovery.conftest import settle
 from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixtures)
     _live_orders,
-    shop,
     webhook_secrets,
 )
 from tests.webhooks.conftest import deliver_and_process, event_for
@@ -20,10 +19,10 @@ from tests.webhooks.conftest import deliver_and_process, event_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_an_authorization_cancelled_in_the_dashboard_unwinds_the_goods(client, shop):
+def test_an_authorization_cancelled_in_the_dashboard_unwinds_the_goods(client, auto_refund_shop):
     product = ProductFactory(price=2000, stock=10)
-    purchase = shop.new_purchase(product.sku)
-    r = shop.pay(purchase["id"], capture="manual")
+    purchase = auto_refund_shop.new_purchase(product.sku)
+    r = auto_refund_shop.pay(purchase["id"], capture="manual")
     assert r.status_code == 201, r.content
     settle()
     assert _live_orders(purchase["id"]) == 1
@@ -37,23 +36,23 @@ def test_an_authorization_cancelled_in_the_dashboard_unwinds_the_goods(client, s
     status = Purchase.objects.get(pk=purchase["id"]).status
     assert _live_orders(purchase["id"]) == 0, f"hold cancelled, order live; status {status}"
     assert Product.objects.get(sku=product.sku).stock == 10
-    assert shop.get(f"purchases/{purchase['id']}").json()["status"] in (
+    assert auto_refund_shop.get(f"purchases/{purchase['id']}").json()["status"] in (
         PurchaseStatus.VOIDED, PurchaseStatus.CANCELLED)
 
 
-def test_a_capture_that_finds_the_authorization_cancelled_unwinds_the_goods(client, shop):
+def test_a_capture_that_finds_the_authorization_cancelled_unwinds_the_goods(client, auto_refund_shop):
     """No event this time (lost, or never sent): Verity learns of the cancel only when its
     own capture meets the cancelled PaymentIntent."""
     product = ProductFactory(price=2000, stock=10)
-    purchase = shop.new_purchase(product.sku)
-    r = shop.pay(purchase["id"], capture="manual")
+    purchase = auto_refund_shop.new_purchase(product.sku)
+    r = auto_refund_shop.pay(purchase["id"], capture="manual")
     assert r.status_code == 201, r.content
     settle()
     assert _live_orders(purchase["id"]) == 1
     pi = PaymentOperation.objects.get(purchase_id=purchase["id"], kind="authorize")
     requests.post(f"{settings.STRIPE_API_BASE}/v1/payment_intents/{pi.provider_reference}"
                   f"/cancel", auth=(settings.STRIPE_API_KEY, ""), timeout=10).raise_for_status()
-    r = shop.post(f"purchases/{purchase['id']}/capture", {})
+    r = auto_refund_shop.post(f"purchases/{purchase['id']}/capture", {})
     settle()
     status = Purchase.objects.get(pk=purchase["id"]).status
     ops = list(PaymentOperation.objects.filter(purchase_id=purchase["id"]).values_list(
@@ -62,4 +61,4 @@ def test_a_capture_that_finds_the_authorization_cancelled_unwinds_the_goods(clie
     assert _live_orders(purchase["id"]) == 0 or status == PurchaseStatus.MANUAL_REVIEW, (
         f"capture answered {r.status_code} {r.json().get('code')}; purchase {status}; "
         f"live orders {_live_orders(purchase['id'])}; operations {ops}; next_action "
-        f"{shop.get('purchases/' + purchase['id']).json()['next_action']}")
+        f"{auto_refund_shop.get('purchases/' + purchase['id']).json()['next_action']}")

@@ -19,7 +19,6 @@ from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixture
     _live_orders,
     _move,
     _refunded_at_provider,
-    shop,
     webhook_secrets,
 )
 from tests.webhooks.conftest import deliver_and_process, event_for
@@ -36,8 +35,8 @@ def _dashboard_refund(purchase_id: str, amount: int) -> dict:
     return r.json()
 
 
-def test_a_full_dashboard_refund_after_fulfilment_unwinds_the_goods(client, shop):
-    purchase_id, sku = _buy(shop, stock=10)
+def test_a_full_dashboard_refund_after_fulfilment_unwinds_the_goods(client, auto_refund_shop):
+    purchase_id, sku = _buy(auto_refund_shop, stock=10)
     settle()
     assert _live_orders(purchase_id) == 1
     refund = _dashboard_refund(purchase_id, PRICE)
@@ -46,11 +45,11 @@ def test_a_full_dashboard_refund_after_fulfilment_unwinds_the_goods(client, shop
     assert _refunded_at_provider(purchase_id) == PRICE
     assert _live_orders(purchase_id) == 0
     assert Product.objects.get(sku=sku).stock == 10
-    _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
+    _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.REFUNDED)
 
 
-def test_two_dashboard_partial_refunds_making_it_whole_unwind_the_goods(client, shop):
-    purchase_id, sku = _buy(shop, stock=10)
+def test_two_dashboard_partial_refunds_making_it_whole_unwind_the_goods(client, auto_refund_shop):
+    purchase_id, sku = _buy(auto_refund_shop, stock=10)
     settle()
     for part in (PRICE // 2, PRICE - PRICE // 2):
         deliver_and_process(client, event_for(_dashboard_refund(purchase_id, part),
@@ -58,15 +57,15 @@ def test_two_dashboard_partial_refunds_making_it_whole_unwind_the_goods(client, 
         settle()
     assert _refunded_at_provider(purchase_id) == PRICE
     assert _live_orders(purchase_id) == 0
-    _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
+    _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.REFUNDED)
 
 
-def test_a_dashboard_refund_during_an_inquiry_then_closed_stays_refunded(client, shop):
+def test_a_dashboard_refund_during_an_inquiry_then_closed_stays_refunded(client, auto_refund_shop):
     from recovery.halts import halt_set
     from tests.recovery.conftest import lift_halt_quietly
 
     halt_set(name="step:order", reason="fence: before fulfilment", actor="test")
-    purchase_id, _ = _buy(shop)
+    purchase_id, _ = _buy(auto_refund_shop)
     settle()
     inquiry = _dispute(_charge(purchase_id), inquiry=True)
     _event(client, inquiry, "charge.dispute.created")
@@ -79,10 +78,10 @@ def test_a_dashboard_refund_during_an_inquiry_then_closed_stays_refunded(client,
     settle()
     assert _refunded_at_provider(purchase_id) == PRICE
     assert _live_orders(purchase_id) == 0
-    _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
+    _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.REFUNDED)
 
 
-def test_a_full_dashboard_refund_mid_fulfilment_ships_nothing_more(client, shop):
+def test_a_full_dashboard_refund_mid_fulfilment_ships_nothing_more(client, auto_refund_shop):
     from django.db import transaction
 
     from recovery.halts import halt_set
@@ -91,7 +90,7 @@ def test_a_full_dashboard_refund_mid_fulfilment_ships_nothing_more(client, shop)
     from tests.recovery.conftest import lift_halt_quietly
 
     halt_set(name="step:inventory", reason="fence: fulfilment mid-way", actor="test")
-    purchase_id, sku = _buy(shop, stock=10)
+    purchase_id, sku = _buy(auto_refund_shop, stock=10)
     settle()
     assert _live_orders(purchase_id) == 1
     deliver_and_process(client, event_for(_dashboard_refund(purchase_id, PRICE),
@@ -104,4 +103,4 @@ def test_a_full_dashboard_refund_mid_fulfilment_ships_nothing_more(client, shop)
     assert _live_orders(purchase_id) == 0
     assert Product.objects.get(sku=sku).stock == 10
     assert EmailMessage.objects.filter(purchase_id=purchase_id, kind="confirmation").count() == 0
-    _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
+    _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.REFUNDED)

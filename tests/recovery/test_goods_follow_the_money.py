@@ -17,7 +17,7 @@ from recovery.halts import halt_set
 from recovery.models import EmailMessage, InventoryCommit, Order, StepRun
 from recovery.outbox import run_steps_put
 from tests.api.conftest import Api
-from tests.factories import ProductFactory, make_client
+from tests.factories import ProductFactory
 from tests.recovery.conftest import lift_halt_quietly, settle
 from tests.webhooks.conftest import SECRET, deliver_and_process, event_for, provider_object
 
@@ -31,14 +31,6 @@ def webhook_secrets(settings):
     settings.STRIPE_WEBHOOK_SECRETS = [SECRET]
     settings.STRIPE_WEBHOOK_TOLERANCE = 300
     settings.STRIPE_ACCOUNT = ""
-
-
-@pytest.fixture
-def auto_refund_shop(db):
-    """A storefront key with an automatic-refund allowance (no person approves)."""
-    client, key = make_client(name="storefront-auto-refunds", limit=10_000_000,
-                              auto_refund_limit=10_000_000)
-    return Api(key, client)
 
 
 def _buy(auto_refund_shop: Api, *, kind: str = "physical", stock: int = 10) -> tuple[str, str]:

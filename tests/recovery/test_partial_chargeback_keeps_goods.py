@@ -16,7 +16,6 @@ from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixture
     _live_orders,
     _move,
     _refunded_at_provider,
-    shop,
     webhook_secrets,
 )
 
@@ -33,8 +32,8 @@ def _partial_chargeback(charge: str) -> str:
     return r.json()["id"]
 
 
-def test_a_lost_partial_chargeback_keeps_goods_and_room_consistent(client, shop):
-    purchase_id, _ = _buy(shop, stock=10)
+def test_a_lost_partial_chargeback_keeps_goods_and_room_consistent(client, auto_refund_shop):
+    purchase_id, _ = _buy(auto_refund_shop, stock=10)
     settle()
     dispute = _partial_chargeback(_charge(purchase_id))
     _event(client, dispute, "charge.dispute.created")
@@ -43,7 +42,7 @@ def test_a_lost_partial_chargeback_keeps_goods_and_room_consistent(client, shop)
     settle()
     status = Purchase.objects.get(pk=purchase_id).status
     live = _live_orders(purchase_id)
-    body = shop.get(f"purchases/{purchase_id}").json()
+    body = auto_refund_shop.get(f"purchases/{purchase_id}").json()
     room = body["refunds"].get("refundable")
     # the merchant kept PRICE - PART: goods cancelled with money kept is wrong, and so is
     # a refundable room that would return more than was kept
@@ -60,15 +59,15 @@ def test_a_lost_partial_chargeback_keeps_goods_and_room_consistent(client, shop)
     assert "part of this payment" in state.headline, state.headline
 
 
-def test_after_a_lost_partial_chargeback_a_refund_returns_at_most_what_was_kept(client, shop):
-    purchase_id, _ = _buy(shop, stock=10)
+def test_after_a_lost_partial_chargeback_a_refund_returns_at_most_what_was_kept(client, auto_refund_shop):
+    purchase_id, _ = _buy(auto_refund_shop, stock=10)
     settle()
     dispute = _partial_chargeback(_charge(purchase_id))
     _event(client, dispute, "charge.dispute.created")
     _move(dispute, "lost")
     _event(client, dispute, "charge.dispute.closed")
     settle()
-    r = shop.post(f"purchases/{purchase_id}/refunds", {})
+    r = auto_refund_shop.post(f"purchases/{purchase_id}/refunds", {})
     settle()
     back = PART + _refunded_at_provider(purchase_id)
     assert back <= PRICE, f"refund answered {r.status_code}: {back} back for {PRICE} paid"

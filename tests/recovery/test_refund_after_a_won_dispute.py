@@ -16,15 +16,14 @@ from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixture
     _live_orders,
     _move,
     _refunded_at_provider,
-    shop,
     webhook_secrets,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_full_refund_after_a_won_chargeback_says_refunded_and_unwinds(client, shop):
-    purchase_id, sku = _buy(shop, stock=10)
+def test_a_full_refund_after_a_won_chargeback_says_refunded_and_unwinds(client, auto_refund_shop):
+    purchase_id, sku = _buy(auto_refund_shop, stock=10)
     settle()
     dispute = _dispute(_charge(purchase_id))
     _event(client, dispute, "charge.dispute.created")
@@ -33,7 +32,7 @@ def test_a_full_refund_after_a_won_chargeback_says_refunded_and_unwinds(client, 
     settle()
     assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTE_WON
     assert _live_orders(purchase_id) == 1
-    r = shop.post(f"purchases/{purchase_id}/refunds", {})
+    r = auto_refund_shop.post(f"purchases/{purchase_id}/refunds", {})
     assert r.status_code in (201, 202), r.content
     settle()
     assert _refunded_at_provider(purchase_id) == PRICE
@@ -43,16 +42,16 @@ def test_a_full_refund_after_a_won_chargeback_says_refunded_and_unwinds(client, 
     from payments.customer_copy import customer_state
 
     purchase = Purchase.objects.get(pk=purchase_id)
-    body = shop.get(f"purchases/{purchase_id}").json()
+    body = auto_refund_shop.get(f"purchases/{purchase_id}").json()
     state = customer_state(purchase)
     assert body["status"] == PurchaseStatus.REFUNDED, (
         f"REST says {body['status']!r} with refunds.refunded={body['refunds']['refunded']}; "
         f"ACP order status {order_status(purchase.status)!r}; customer page "
         f"{state.code!r} {state.headline!r}")
-    _faces_agree(client, shop, purchase_id, PurchaseStatus.REFUNDED)
+    _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.REFUNDED)
 
 
-def test_a_full_refund_after_a_won_chargeback_before_fulfilment_ships_nothing(client, shop):
+def test_a_full_refund_after_a_won_chargeback_before_fulfilment_ships_nothing(client, auto_refund_shop):
     from recovery.halts import halt_set
     from recovery.models import EmailMessage, Order
     from tests.recovery.conftest import lift_halt_quietly
@@ -60,7 +59,7 @@ def test_a_full_refund_after_a_won_chargeback_before_fulfilment_ships_nothing(cl
     # given a paid purchase whose fulfilment has not run (the order step is halted), a
     # chargeback opened and won (fulfilment may resume)
     halt_set(name="step:order", reason="fence: before fulfilment", actor="test")
-    purchase_id, sku = _buy(shop, stock=10)
+    purchase_id, sku = _buy(auto_refund_shop, stock=10)
     settle()
     dispute = _dispute(_charge(purchase_id))
     _event(client, dispute, "charge.dispute.created")
@@ -68,7 +67,7 @@ def test_a_full_refund_after_a_won_chargeback_before_fulfilment_ships_nothing(cl
     _event(client, dispute, "charge.dispute.closed")
     settle()
     # when the merchant refunds the buyer in full, and the order writer comes back
-    r = shop.post(f"purchases/{purchase_id}/refunds", {})
+    r = auto_refund_shop.post(f"purchases/{purchase_id}/refunds", {})
     assert r.status_code in (201, 202), r.content
     settle()
     assert _refunded_at_provider(purchase_id) == PRICE
