@@ -9,10 +9,7 @@ from tests.recovery.conftest import settle
 
 from .conftest import deliver_and_process
 from .test_disputes import (  # noqa: F401 (fixtures)
-    api,
-    api_client,
     dispute_event,
-    keyed,
     move_dispute,
     open_dispute,
     paid_purchase,
