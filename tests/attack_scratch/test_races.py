@@ -171,3 +171,21 @@ def test_dedupe_turned_off_while_dispatching(new_purchase, api_client, one_call,
           "replays:", calls(op, "replay"), "provider:", counts)
     assert mid.outcome != Outcome.FAILED
     assert counts == (1, 1, 1) and op.outcome == Outcome.SUCCEEDED
+
+
+def test_a_409_on_the_first_send(new_purchase, api_client, one_call, drill):
+    """The first send is answered 409 in progress (nothing learned; here nothing reached the
+    provider): unknown, not asked at once; the schedule's re-send executes the one request
+    the key allows. One payment."""
+    from payments.providers.stripe import DrillMode
+
+    purchase = new_purchase()
+    op = start(purchase, api_client)
+    drill(op, DrillMode.HTTP_409, step=CallStep.PAY)
+    op = services.operation_dispatch(operation_id=op.id)
+    first = (op.outcome, calls(op), calls(op, "replay"), provider_count(one_call, purchase))
+    op = services.operation_reconcile(operation_id=op.id)
+    counts = provider_count(one_call, purchase)
+    print("after 409:", first, "final:", op.outcome, calls(op, "replay"), "provider:", counts)
+    assert first[0] == Outcome.UNKNOWN and first[2] == [] and first[3] == (0, 0, 0)
+    assert counts == (1, 1, 1) and op.outcome == Outcome.SUCCEEDED
