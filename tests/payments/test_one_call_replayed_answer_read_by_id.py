@@ -1,19 +1,18 @@
 """The provider's replay of a key is its answer of that moment, not the object now. A
 one-call authorization (`capture_method=manual`) whose answer was lost, then cancelled at
 the provider (a person in the provider's dashboard, a fraud rule) before Verity asked
-again: the re-send is answered with the stored `requires_capture`. Does Verity book an
-authorization the provider shows cancelled? (In the two-step flow the same lost answer is
-read by id and shows `canceled`.)"""
+again: the re-send is answered with the stored `requires_capture` (`Idempotent-Replayed`).
+Verity reads the PaymentIntent it names by id, as the two-step flow reads a lost answer,
+and books what the provider shows now: `canceled`, not an authorization."""
 import pytest
 import requests
 from django.conf import settings
 
 from payments import services
 from payments.enums import CallStep, Outcome
-from payments.models import PaymentOperation
 from payments.providers.stripe import DrillMode
 
-from .helpers import calls, start
+from .one_call_helpers import calls
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,8 +24,6 @@ def _cancel_at_provider(intent_id):
     return r.json()["status"]
 
 
-@pytest.mark.xfail(strict=True, reason="CONFIRMED: the replayed answer of a key is applied as the "
-                   "provider's current record (final); the authorization was cancelled since")
 @pytest.mark.parametrize("capture", ["manual"])
 def test_a_replayed_authorization_cancelled_since(capture, new_purchase, api_client, one_call,
                                                   drill, read_drill):
@@ -46,6 +43,7 @@ def test_a_replayed_authorization_cancelled_since(capture, new_purchase, api_cli
     print("op:", op.outcome, op.verification, op.provider_status, "purchase:", purchase.status,
           "replays:", calls(op, "replay"), "provider now:", [(p["id"], p["status"]) for p in now])
     assert [p["status"] for p in now] == ["canceled"]
+    assert [s for s, _, _ in calls(op, "replay")][-1:] == ["pay"]
     assert op.outcome != Outcome.SUCCEEDED, (
         f"Verity booked the authorization {op.outcome} (provider_status "
         f"{op.provider_status!r}, purchase {purchase.status}) from the replayed answer; the "

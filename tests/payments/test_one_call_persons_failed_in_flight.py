@@ -10,7 +10,7 @@ from payments import services
 from payments.enums import Outcome
 from payments.models import PaymentOperation
 
-from .helpers import calls, provider_count, start, wait_intents
+from .one_call_helpers import calls, provider_count, start, wait_intents
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

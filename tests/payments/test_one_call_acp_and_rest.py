@@ -9,12 +9,12 @@ from payments.models import PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
 from tests.acp.conftest import agent, issue_spt, new_email, platform, spt_state, tea  # noqa: F401
 
-from .helpers import provider_count
+from .one_call_helpers import provider_count
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_acp_complete_unknown_then_rest_and_a_second_complete(agent, tea, one_call, platform,
+def test_acp_complete_unknown_then_rest_and_a_second_complete(agent, tea, one_call, platform,  # noqa: F811
                                                               read_drill):
     from payments.enums import Rail
     from payments.services import provider_for_rail

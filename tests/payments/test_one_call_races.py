@@ -8,10 +8,10 @@ from django.db import connection
 from django.utils import timezone
 
 from payments import services
-from payments.enums import CallStep, HoldState, Outcome, Rail
+from payments.enums import CallStep, HoldState, Outcome
 from payments.models import Hold, OperationTransition, PaymentOperation
 
-from .helpers import calls, provider_count, start, wait_intents
+from .one_call_helpers import calls, provider_count, start, wait_intents
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
