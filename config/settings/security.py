@@ -7,7 +7,13 @@ from urllib.parse import urlsplit
 from django.core.exceptions import ImproperlyConfigured
 
 from .base import BASE_DIR, DEBUG, SECRET_KEY
-from .provider import STRIPE_API_BASE, STRIPE_API_KEY
+from .provider import (
+    STRIPE_API_BASE,
+    STRIPE_API_KEY,
+    STRIPE_DEDUPES_KEYS,
+    STRIPE_IDEMPOTENCY_WINDOW_SECONDS,
+    STRIPE_RESEND_MARGIN_SECONDS,
+)
 from .queue import EMAIL_BACKEND
 from .x402 import (
     X402_ASSET,
@@ -129,6 +135,41 @@ def facilitator_credential_refusals(*, token: str, key_id: str, key_secret: str)
     return found
 
 
+# How long Stripe documents it keeps an idempotency key ("at least 24 hours"): a one-call
+# payment's lost answer is re-sent under its key only inside this.
+STRIPE_KEY_RETENTION_SECONDS = 24 * 3600
+
+
+def _is_localstripe(api_base: str | None) -> bool:
+    """The development/test provider: plain http on loopback (`make run`, the test stack)."""
+    if not api_base:
+        return False  # api.stripe.com
+    parts = urlsplit(api_base)
+    return parts.scheme == "http" and parts.hostname in _LOOPBACK
+
+
+def idempotency_window_refusals(*, dedupes_keys: bool, window_seconds: int,
+                                margin_seconds: int, api_base: str | None) -> list[str]:
+    """Where a card payment is one round trip (the provider dedupes keys), a lost answer is
+    re-sent under its key while the first send is younger than the window minus the
+    margin. A window longer than the provider keeps keys, or no margin, re-sends after the
+    provider may have forgotten the key: a second payment. localstripe (tests, `make run`)
+    keeps keys as long as it is told, so short windows and a zero margin stay allowed there."""
+    if not dedupes_keys or _is_localstripe(api_base):
+        return []
+    found = []
+    if window_seconds > STRIPE_KEY_RETENTION_SECONDS:
+        found.append(f"STRIPE_IDEMPOTENCY_WINDOW_SECONDS={window_seconds} is longer than Stripe "
+                     f"keeps idempotency keys ({STRIPE_KEY_RETENTION_SECONDS} s): a lost "
+                     "answer re-sent after the key expired pays twice; set it to at most "
+                     f"{STRIPE_KEY_RETENTION_SECONDS}")
+    if margin_seconds <= 0:
+        found.append(f"STRIPE_RESEND_MARGIN_SECONDS={margin_seconds} leaves no margin before "
+                     "the provider's key window ends (clock skew, early pruning): set it above "
+                     "0 (default 3600)")
+    return found
+
+
 def refusals(*, debug: bool, secret_key: str, stripe_api_key: str,
              stripe_api_base: str | None, email_backend: str) -> list[str]:
     found = []
@@ -152,6 +193,10 @@ _refused += x402_refusals(enabled=X402_ENABLED, network=X402_NETWORK, pay_to=X40
                           asset=X402_ASSET, refund_key=X402_REFUND_PRIVATE_KEY,
                           facilitator_url=X402_FACILITATOR_URL,
                           local_chain=X402_LOCAL_CHAIN, confirmations=X402_CONFIRMATIONS)
+_refused += idempotency_window_refusals(dedupes_keys=STRIPE_DEDUPES_KEYS,
+                                       window_seconds=STRIPE_IDEMPOTENCY_WINDOW_SECONDS,
+                                       margin_seconds=STRIPE_RESEND_MARGIN_SECONDS,
+                                       api_base=STRIPE_API_BASE)
 _refused += facilitator_credential_refusals(token=X402_FACILITATOR_AUTH_TOKEN,
                                            key_id=X402_FACILITATOR_API_KEY_ID,
                                            key_secret=X402_FACILITATOR_API_KEY_SECRET)

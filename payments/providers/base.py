@@ -159,6 +159,9 @@ class CallResult:
     object: ProviderObject | None = None
     fault_drill: str = ""
     detail: str = ""
+    # The provider answered from its record of the idempotency key (Stripe's
+    # `Idempotent-Replayed: true`): what the object WAS when the key first ran, not now.
+    replayed: bool = False
 
 
 class RailRefusal(NamedTuple):

@@ -131,6 +131,30 @@ def _one_call_resend(op: PaymentOperation) -> CallResult | None:
     return result
 
 
+def _resend_refused(result: CallResult) -> bool:
+    """The provider refused the re-send as an invalid request (400/404, not an
+    idempotency error, not a fault drill's stand-in that never left). Stripe keeps no answer
+    under a key for a request it refused before executing, so had the first send run, the
+    key would answer its stored result (or 409 while it runs); a refusal of the
+    byte-identical request inside the key window says the first was refused too: nothing
+    moved, as when the first send hears the refusal itself."""
+    return (result.classification == Classification.REJECTED
+            and result.http_status in (400, 404)
+            and result.error_code != "idempotency_error" and not result.fault_drill)
+
+
+def _settle_resend_refused(operation_id: str, result: CallResult, *, actor: str) -> None:
+    with transaction.atomic():
+        purchase, locked = lock_purchase_and_operation(operation_id)
+        if locked.outcome != Outcome.UNKNOWN or locked.provider_reference:
+            return  # settled meanwhile (the webhook, another reconcile)
+        outcome_apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
+                             verification=Verification.PROVIDER, cause="resend_rejected",
+                             actor=actor, reason=Reason.INVALID_REQUEST,
+                             evidence={"http_status": result.http_status,
+                                       "code": result.error_code})
+
+
 def _reconcile_call_row(op: PaymentOperation, step: str, result: CallResult) -> ProviderCall:
     """The reconcile call's record, built right after the answer (not yet saved)."""
     return ProviderCall(
@@ -170,13 +194,29 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
     if refusal is not None:
         raise refusal
     resent = _one_call_resend(op)
+    if resent is not None and _resend_refused(resent):
+        _settle_resend_refused(op.id, resent, actor=actor)
+        settled = PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+        return _reconcile_finish(settled, resent, actor=actor)
     if (resent is not None and resent.object is not None
             and resent.classification in (Classification.OK, Classification.DECLINED)):
-        # The provider's own answer under the payment's key (a payment or its decline).
-        operation_apply_observation(operation_id=op.id, obj=resent.object,
-                                    source=Verification.PROVIDER, cause="resend_answer",
-                                    actor=actor)
-        result = resent
+        if resent.replayed:
+            # The key's stored answer says what the payment WAS when the key first ran
+            # (an authorization since cancelled, a payment since refunded): read the
+            # PaymentIntent it names, by id, and apply the provider's record of now.
+            result = provider_for(op).retrieve_payment_intent(resent.object.id)
+            _reconcile_call_row(op, CallStep.RETRIEVE, result).save(force_insert=True)
+            if result.classification == Classification.OK and result.object is not None:
+                operation_apply_observation(operation_id=op.id, obj=result.object,
+                                            source=Verification.PROVIDER,
+                                            cause="resend_readback", actor=actor)
+        else:
+            # The provider's own answer, executed now under the payment's key (a payment
+            # or its decline).
+            operation_apply_observation(operation_id=op.id, obj=resent.object,
+                                        source=Verification.PROVIDER, cause="resend_answer",
+                                        actor=actor)
+            result = resent
     else:
         result = _read_back(op)
         if result.classification == Classification.OK and result.object is not None:
@@ -446,11 +486,11 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
                                      evidence=obj.safe_fields(), reason=Reason.PROVIDER_FAILED,
                                      obj=obj, final=True)
         return PaymentOperation.objects.select_related("purchase").get(id=op.id)
-    if refund_never_received(op, result):
-        # A person's word on a refund the provider never received: the provider is readable,
-        # holds no refund of this operation and, past the in-flight window, will not. No
-        # money moved: a "succeeded" is overturned, a "failed" confirmed (its amount is free
-        # again).
+    if refund_never_received(op, result) or one_call_payment_never_received(op, result):
+        # A person's word on a refund (or a one-call payment) the provider never received:
+        # the provider is readable, holds no refund (no PaymentIntent) of this operation
+        # and, past the in-flight window, will not. No money moved: a "succeeded" is
+        # overturned, a "failed" confirmed (its amount, its purchase, are free again).
         with transaction.atomic():
             purchase, locked = lock_purchase_and_operation(op.id)
             if locked.grade == Grade.ACKNOWLEDGED and locked.outcome in (Outcome.SUCCEEDED,
@@ -458,7 +498,8 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
                 outcome_apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
                                      verification=Verification.PROVIDER,
                                      cause="readback_no_money_moved", actor=actor,
-                                     evidence={"provider": "no refund of this operation"},
+                                     evidence={"provider": f"no {_object_noun(op)} "
+                                                           "of this operation"},
                                      reason=Reason.PROVIDER_FAILED, final=True)
         return PaymentOperation.objects.select_related("purchase").get(id=op.id)
     with transaction.atomic():
@@ -483,6 +524,27 @@ def refund_never_received(op: PaymentOperation, result: CallResult) -> bool:
             and not op.provider_reference
             and result.classification == Classification.NOT_FOUND
             and _past_inflight_window(op))
+
+
+def one_call_payment_never_received(op: PaymentOperation, result: CallResult) -> bool:
+    """A one-call card payment (create with confirm=true) with no provider reference whose
+    read-back (by metadata, every page) found no PaymentIntent of this operation at a
+    readable provider, its last send (the first or a re-send under its key) older than the
+    provider's in-flight window: no PaymentIntent exists, so none was charged. (Refused
+    requests leave none: the provider keeps no answer for them.)"""
+    if not (op.kind in PAYMENT_KINDS and rail_evidence_for(op.rail) is None
+            and not op.provider_reference and op.confirm_claimed_at is not None
+            and result.classification == Classification.NOT_FOUND):
+        return False
+    sent = (op.provider_calls.filter(step=CallStep.PAY,
+                                     purpose__in=(CallPurpose.DISPATCH, CallPurpose.REPLAY))
+            .order_by("-started_at").values_list("started_at", flat=True).first())
+    return sent is not None and timezone.now() - sent >= timedelta(
+        seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
+
+
+def _object_noun(op: PaymentOperation) -> str:
+    return "refund" if op.kind == OperationKind.REFUND else "payment"
 
 
 def _past_inflight_window(op: PaymentOperation) -> bool:

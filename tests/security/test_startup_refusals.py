@@ -13,7 +13,9 @@ SMTP = "django.core.mail.backends.smtp.EmailBackend"
 def _check(**env) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items()
             if k not in ("DEBUG", "SECRET_KEY", "EMAIL_BACKEND", "STRIPE_API_KEY",
-                         "STRIPE_API_BASE", "X402_LOCAL_CHAIN")}
+                         "STRIPE_API_BASE", "X402_LOCAL_CHAIN", "STRIPE_DEDUPES_KEYS",
+                         "STRIPE_IDEMPOTENCY_WINDOW_SECONDS",
+                         "STRIPE_RESEND_MARGIN_SECONDS")}
     return subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT,
                           env={**base, **env}, capture_output=True, text=True, timeout=120)
 
@@ -123,3 +125,27 @@ def test_a_facilitator_takes_one_credential_and_a_whole_api_key():
         assert secret not in result.stderr
     assert secret not in both.stderr
     assert _check(DEBUG="true", **key).returncode == 0
+
+
+def test_a_key_window_longer_than_stripe_keeps_keys_or_no_margin_refuses_to_start():
+    """A one-call payment's lost answer is re-sent under its key inside the window: past
+    what Stripe keeps (24 h), or with no margin, the re-send may pay a second time."""
+    stripe = {"DEBUG": "true", "STRIPE_DEDUPES_KEYS": "true",
+              "STRIPE_API_BASE": "https://api.stripe.com"}
+    long = _check(**stripe, STRIPE_IDEMPOTENCY_WINDOW_SECONDS="86401")
+    assert long.returncode != 0 and "STRIPE_IDEMPOTENCY_WINDOW_SECONDS" in long.stderr
+    for margin in ("0", "-5"):
+        none = _check(**stripe, STRIPE_RESEND_MARGIN_SECONDS=margin)
+        assert none.returncode != 0 and "STRIPE_RESEND_MARGIN_SECONDS" in none.stderr
+    # Stripe's own 24 h with the default margin, and a shorter window, start
+    for window in ("86400", "3700"):
+        ok = _check(**stripe, STRIPE_IDEMPOTENCY_WINDOW_SECONDS=window)
+        assert ok.returncode == 0, ok.stderr
+    # localstripe keeps keys as long as it is told: tests set short windows, no margin
+    local = _check(DEBUG="true", STRIPE_DEDUPES_KEYS="true",
+                   STRIPE_API_BASE="http://127.0.0.1:8420",
+                   STRIPE_IDEMPOTENCY_WINDOW_SECONDS="999999", STRIPE_RESEND_MARGIN_SECONDS="0")
+    assert local.returncode == 0, local.stderr
+    # a provider that does not dedupes keys never re-sends: the window is not read
+    assert _check(DEBUG="true", STRIPE_API_BASE="https://api.stripe.com",
+                  STRIPE_RESEND_MARGIN_SECONDS="0").returncode == 0

@@ -207,6 +207,14 @@ def _never_connected(exc: stripe.APIConnectionError) -> bool:
     return False
 
 
+def _replayed(headers) -> bool:
+    """Stripe's `Idempotent-Replayed: true`: the answer is the key's stored one."""
+    if not hasattr(headers, "get"):
+        return False
+    value = headers.get("Idempotent-Replayed") or headers.get("idempotent-replayed") or ""
+    return str(value).lower() == "true"
+
+
 def _as_dict(value):
     return value.to_dict() if hasattr(value, "to_dict") else value
 
@@ -333,7 +341,8 @@ class StripeProvider:
             return CallResult(Classification.DECLINED, http_status=exc.http_status,
                               request_id=exc.request_id or "",
                               error_code=exc.code or "card_declined",
-                              object=normalise(pi, account=self.account) if pi else None)
+                              object=normalise(pi, account=self.account) if pi else None,
+                              replayed=_replayed(exc.headers))
         except stripe.RateLimitError as exc:
             return CallResult(Classification.RETRYABLE, http_status=exc.http_status,
                               request_id=exc.request_id or "", error_code="rate_limited")
@@ -359,7 +368,8 @@ class StripeProvider:
         return CallResult(
             Classification.OK, http_status=getattr(response, "code", 200),
             request_id=getattr(response, "request_id", "") or "",
-            object=normalise(obj, account=self.account))
+            object=normalise(obj, account=self.account),
+            replayed=_replayed(getattr(response, "headers", None)))
 
     # -- writes (each with its own "<key>:<step>" idempotency key) -------------------
     def create_payment_intent(self, *, key, amount, currency, payment_method, capture_method,

@@ -1,0 +1,118 @@
+"""The key window's edge and halts around a one-call payment's lost answer. (A window
+setting longer than the provider keeps keys, or no margin, is refused at start-up against
+a real provider: tests/security/test_startup_refusals.py.)"""
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from payments import services
+from payments.enums import Outcome
+from payments.models import PaymentOperation
+from recovery.halts import halt_clear, halt_set
+
+from .one_call_helpers import calls, provider_count, start
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _lose(op, drill, read_drill):
+    from payments.enums import CallStep
+    from payments.providers.stripe import DrillMode
+
+    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.PAY, times=2)
+    read_drill(times=1)
+    return services.operation_dispatch(operation_id=op.id)
+
+
+def test_margin_zero_at_the_edge(new_purchase, api_client, one_call, drill, read_drill,
+                                 settings):
+    """Margin 0, the setting equal to the provider's window: Verity counts from its claim,
+    before the request reaches the provider, so its last re-send still lands inside the
+    provider's window (the slack is the claim-to-arrival time). Re-sent until refused."""
+    one_call.idempotency(window_seconds=2)
+    settings.STRIPE_IDEMPOTENCY_WINDOW_SECONDS = 2
+    settings.STRIPE_RESEND_MARGIN_SECONDS = 0
+    purchase = new_purchase()
+    op = _lose(start(purchase, api_client), drill, read_drill)
+    deadline = op.confirm_claimed_at + timedelta(seconds=2.5)
+    while timezone.now() < deadline:
+        op = PaymentOperation.objects.get(id=op.id)
+        if op.outcome != Outcome.UNKNOWN:
+            # settled by a re-send: make it unknown again to keep re-sending at the edge
+            PaymentOperation.objects.filter(id=op.id).update(
+                outcome=Outcome.UNKNOWN, provider_reference="")
+        services.operation_reconcile(operation_id=op.id)
+    counts = provider_count(one_call, purchase)
+    print("re-sends:", len(calls(op, "replay")), "provider:", counts)
+    assert counts == (1, 1, 1)
+
+
+def test_a_halt_set_while_the_first_send_runs(new_purchase, api_client, one_call, settings):
+    """The first send is running at the provider (held 2 s, Verity's read timeout 0.5 s);
+    checkout is halted before the dispatcher asks again. No re-send leaves while halted;
+    the read decides once the provider finished; one payment."""
+    settings.STRIPE_READ_TIMEOUT = 0.5
+    one_call.idempotency(hold_seconds=2)
+    purchase = new_purchase()
+    op = start(purchase, api_client)
+    halt_set(name="checkout", reason="incident", actor="ops")
+    # claimed before the halt: dispatch the already-claimed payment's send by hand
+    from payments.enums import CallStep, Rail
+    call = None
+    halt_clear(name="checkout", actor="ops", reason="claim")
+    call = services._claim(op.id, CallStep.PAY, from_pending=True, confirm=True)
+    halt_set(name="checkout", reason="incident", actor="ops")
+    result = services.provider_for_rail(Rail.STRIPE).create_and_confirm_payment_intent(
+        key=call.key, **services.common.payment_request(op))
+    services.dispatch._record_call(call, result)
+    services.dispatch._outcome_after_call(op, CallStep.PAY, result)
+    try:
+        services.operation_reconcile(operation_id=op.id)
+    except services.DomainError:
+        pass
+    held = calls(op, "replay")
+    one_call.idempotency(hold_seconds=0)
+    time.sleep(2)
+    op = services.operation_reconcile(operation_id=op.id)
+    halt_clear(name="checkout", actor="ops", reason="over")
+    counts = provider_count(one_call, purchase)
+    print("first:", result.classification, "replays while halted:", held, "final:", op.outcome,
+          "provider:", counts)
+    assert held == []
+    assert counts == (1, 1, 1) and op.outcome == Outcome.SUCCEEDED
+
+
+def test_a_person_replays_mid_flight(new_purchase, api_client, one_call):
+    """A person replays the payment while its first send is still out: refused (only an
+    unknown payment is replayed); nothing leaves twice."""
+    one_call.idempotency(hold_seconds=1.5)
+    purchase = new_purchase()
+    op = start(purchase, api_client)
+    out = []
+
+    def dispatch():
+        try:
+            out.append(services.operation_dispatch(operation_id=op.id).outcome)
+        finally:
+            connection.close()
+
+    t = threading.Thread(target=dispatch)
+    t.start()
+    while PaymentOperation.objects.get(id=op.id).outcome == Outcome.PENDING:
+        time.sleep(0.02)
+    try:
+        services.operation_replay(operation_id=op.id, actor="support:carol")
+        replay = "accepted"
+    except services.DomainError as exc:
+        replay = exc.code
+    t.join(20)
+    one_call.idempotency(hold_seconds=0)
+    counts = provider_count(one_call, purchase)
+    print("replay:", replay, "dispatch:", out, "provider:", counts,
+          "replays:", calls(op, "replay"))
+    assert replay != "accepted" and calls(op, "replay") == []
+    assert counts == (1, 1, 1) and out == [Outcome.SUCCEEDED]
