@@ -7,6 +7,12 @@ not a signal receiver), and delivered here by the relay with no transaction open
 least once, with the relay's capped backoff; a delivery that keeps failing stays in the console's stuck-outbox queue with its error.
 Each event has a stable `Request-Id` (the receiver dedupes on it) and is signed
 `Merchant-Signature: t=<unix>,v1=HMAC-SHA256(secret, "<t>.<raw body>")`.
+
+The POST itself is the storefront webhooks' one (events.destinations.post_checked): the
+platform's URL is checked against private, loopback and link-local addresses at send time
+and the connection goes to the address that was checked (DNS rebinding), no redirects,
+timeouts, a bounded read of the answer. The retry schedule and the log are still the
+outbox's (docs/events.md says what is left to share).
 """
 from __future__ import annotations
 
@@ -15,8 +21,7 @@ import hmac
 import json
 import time
 
-import requests
-
+from events.destinations import post_checked
 from payments.api.presenters import status_url
 from recovery.models import OutboxCategory
 from recovery.outbox import outbox_handler
@@ -24,7 +29,7 @@ from recovery.outbox import outbox_handler
 from .models import AgentPlatform, CheckoutSession
 from .sessions import order_status
 
-DELIVERY_TIMEOUT_SECONDS = 5
+
 class DeliveryFailed(Exception):
     """The platform did not take the event (not 2xx, or unreachable): back off, retry."""
 
@@ -49,17 +54,13 @@ def _deliver_order_event(payload: dict) -> None:
         "status": order_status(payload["status"])}},
         separators=(",", ":")).encode()
     now = int(time.time())
-    try:
-        r = requests.post(platform.webhook_url, data=body, timeout=DELIVERY_TIMEOUT_SECONDS,
-                          allow_redirects=False, headers={
-                              "Content-Type": "application/json",
-                              "Merchant-Signature": sign(platform.webhook_secret, now, body),
-                              # Stable across retries: the receiver's dedupe key.
-                              "Request-Id": f"evt_{session.purchase_id}_{payload['status']}"
-                                            + (f"_{payload['n']}" if "n" in payload else ""),
-                              "Timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                         time.gmtime(now))})
-    except requests.RequestException as exc:
-        raise DeliveryFailed(f"{platform.webhook_url}: {type(exc).__name__}") from None
-    if not 200 <= r.status_code < 300:
-        raise DeliveryFailed(f"{platform.webhook_url} answered {r.status_code}")
+    result = post_checked(platform.webhook_url, body=body, headers={
+        "Merchant-Signature": sign(platform.webhook_secret, now, body),
+        # Stable across retries: the receiver's dedupe key.
+        "Request-Id": f"evt_{session.purchase_id}_{payload['status']}"
+                      + (f"_{payload['n']}" if "n" in payload else ""),
+        "Timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))})
+    if result.status is None:
+        raise DeliveryFailed(f"{platform.webhook_url}: {result.error}")
+    if not result.ok:
+        raise DeliveryFailed(f"{platform.webhook_url} answered {result.status}")

@@ -18,14 +18,16 @@ always has the same state. Mix, by g % 200:
     198-199  1 %  completed charge plus a quarantined (mismatched) webhook event
 
 Rows per purchase on average: 1 quote, ~1.2 operations, ~2.4 provider calls, ~5.5
-transitions, ~1.1 events, ~4.5 steps, ~0.9 orders, ~0.9 holds, 1 processed outbox row.
+transitions, ~1.1 events, ~4.5 steps, ~0.9 orders, ~0.9 holds, 1 processed outbox row,
+~1.9 storefront events (`purchase.created`, then `payment.succeeded` / `payment.failed` /
+`payment.unknown` when the purchase has a payment; the feed and webhooks read these).
 """
 from __future__ import annotations
 
 TABLES = ["payments_quote", "payments_purchase", "payments_paymentoperation",
           "payments_providercall", "payments_operationtransition", "payments_hold",
           "webhooks_providerevent", "recovery_steprun", "recovery_order",
-          "recovery_outboxmessage"]
+          "recovery_outboxmessage", "events_event"]
 
 # Derived columns shared by every statement (g = purchase number, b = bucket).
 _G = """
@@ -236,6 +238,22 @@ INSERT INTO recovery_outboxmessage (category, payload, dedupe_key, available_at,
 SELECT 2, jsonb_build_object('operation', oid), 'settled:' || oid, ts + interval '3 seconds',
        NULL, 1, '', ts + interval '4 seconds', ts + interval '3 seconds'
 {_G} WHERE {HAS_OP}"""),
+    ("storefront events", f"""
+INSERT INTO events_event (public_id, api_client_id, purchase_id, sequence, type, data,
+    created_at)
+SELECT 'evt_' || substr(md5(e.kind || ':' || s.g), 1, 24), %(client)s::text, s.pid, e.seq,
+       e.type, jsonb_build_object('purchase', jsonb_build_object(
+           'id', s.pid, 'status', e.status, 'amount', 1500, 'currency', 'usd')),
+       s.ts + e.off
+{_G}
+CROSS JOIN LATERAL (VALUES
+  ('s1', 1, 'purchase.created', 'awaiting_payment', interval '0 seconds', true),
+  ('s2', 2, CASE WHEN {FAILED} THEN 'payment.failed' WHEN {UNKNOWN} THEN 'payment.unknown'
+                 ELSE 'payment.succeeded' END,
+   CASE WHEN {FAILED} THEN 'payment_failed' WHEN {UNKNOWN} THEN 'payment_unknown'
+        ELSE 'paid' END, interval '3 seconds', {HAS_OP})
+) AS e(kind, seq, type, status, off, keep)
+WHERE e.keep"""),
 ]
 
 

@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.fault_proxy import FaultProxy  # noqa: E402
 from bench.soak_report import Recorder, endpoint_of  # noqa: E402
+from bench.storefront_receivers import StorefrontReceiver, judge  # noqa: E402
 from tests.stack import Stack, _as_pg_user, _wait_port, free_port  # noqa: E402
 from tools.progress import Progress, fmt_duration  # noqa: E402
 
@@ -869,6 +870,7 @@ def drain(seconds: float) -> float:
 
 
 def _busy(timezone, timedelta) -> int:
+    from events.models import WebhookDelivery
     from payments.enums import Outcome
     from payments.models import PaymentOperation, Purchase
     from recovery.models import OutboxMessage, StepRun
@@ -881,6 +883,7 @@ def _busy(timezone, timedelta) -> int:
                                                          Outcome.PENDING]).count()
             + OutboxMessage.objects.filter(processed_at__isnull=True,
                                            available_at__lte=timezone.now()).count()
+            + WebhookDelivery.objects.filter(state="pending").count()
             + ProviderEvent.objects.filter(result__in=[EventResult.PENDING,
                                                        EventResult.HELD]).count()
             + StepRun.objects.filter(state__in=["pending", "running"]).exclude(
@@ -1022,6 +1025,11 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
                "FAULT_DRILL_RANDOM_RATE": str(args.fault_rate),
                "FAULT_DRILL_RANDOM_SEED": str(args.seed),
                "CELERY_DB_REUSE_MAX": "1000",
+               # storefront webhook receivers on loopback (bench/storefront_receivers.py):
+               # a hung receiver is given up on after 1 s, retries come within seconds
+               "WEBHOOK_ALLOW_LOOPBACK": "true", "WEBHOOK_CONNECT_TIMEOUT_SECONDS": "1",
+               "WEBHOOK_READ_TIMEOUT_SECONDS": "1", "WEBHOOK_RETRY_SCHEDULE_SECONDS": "1,2,4",
+               "WEBHOOK_SWEEP_SECONDS": "1",
                "STRIPE_DEDUPES_KEYS": "true" if args.one_call else "false", **x402_env}
         if args.one_call:
             urllib.request.urlopen(urllib.request.Request(
@@ -1031,7 +1039,8 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
                        check=True)
         manage = [sys.executable, "manage.py", "create_api_client"]
         key = subprocess.run(manage + ["soak", "--scopes", "purchases:read", "purchases:write",
-                                       "refunds:write", "--limit", str(10**12),
+                                       "refunds:write", "webhooks:manage",
+                                       "--limit", str(10**12),
                                        "--auto-refund-limit", str(AUTO_REFUND_LIMIT),
                                        # its journeys name earlier purchases in
                                        # acknowledge_unresolved as a storefront's own
@@ -1084,6 +1093,11 @@ def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: 
     requests.post(f"{stack.env['STRIPE_API_BASE']}/_config/webhooks/soak",
                   data={"url": f"{base}/webhooks/stripe/", "secret": SECRET},
                   timeout=10).raise_for_status()
+    # The storefront's webhook receivers: one steady, one failing, one timing out.
+    receivers = [StorefrontReceiver(kind, args.seed + i)
+                 for i, kind in enumerate(("steady", "failing", "hanging"))]
+    for receiver in receivers:
+        receiver.register(Api(base, key, rec))
     rng = random.Random(args.seed)
     plan = fault_plan(args.seconds, rng, outage=outage, x402=x402_proxy is not None)
     rec.started = time.monotonic()
@@ -1133,12 +1147,17 @@ def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: 
     state["phase"] = "draining"
     state["planned"] = drove + args.drain
     services.stop()
+    for receiver in receivers:
+        receiver.chaos = False
     services.start(chaos=False)
     drained = drain(args.drain)
     state["phase"] = "checking"
     from bench.invariants import check
 
     report = check()
+    receiver_rows, receiver_violations = judge(receivers)
+    for receiver in receivers:
+        receiver.close()
     mining.set()
     services.stop()
     bad_5xx = rec.disallowed_5xx()
@@ -1155,6 +1174,7 @@ def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: 
         "answers": dict(rec.status_counts()),
         "faults": [f.__dict__ for f in rec.faults], "timeline": rec.timeline(),
         "live_checks": state["checks"], "invariants": report.rows,
+        "webhook_receivers": receiver_rows,
         "violations": report.violations, "disallowed_5xx": bad_5xx[:200]}, indent=1))
     progress.stop()
 
@@ -1168,12 +1188,16 @@ def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: 
     print(f"\n== invariants: {len(checks)} live checks during the run "
           f"({sum(len(v) for _, v in checks)} violations), then after the drain ==")
     report.print()
+    print("\n== storefront webhook receivers (their own record) ==")
+    for row in receiver_rows:
+        print("  " + ", ".join(f"{k}={v}" for k, v in row.items()))
     subprocess.run(["rm", "-rf", str(out / "logs")], check=False)
     subprocess.run(["cp", "-r", str(logdir), str(out / "logs")], check=False)
     print(f"\nchart: {out / 'soak.svg'}; figures: {out / 'soak.json'}; "
           f"process logs: {out / 'logs'}")
     violations = list(report.violations)
     violations += [f"live check at {t}s: {v}" for t, vs in checks for v in vs]
+    violations += receiver_violations
     violations += [f"5xx not allowed: {b}" for b in bad_5xx[:20]]
     if len(bad_5xx) > 20:
         violations.append(f"... and {len(bad_5xx) - 20} more 5xx answers")

@@ -1,14 +1,29 @@
 """REST: webhook endpoints (scope `webhooks:manage`) and the events feed
-(`purchases:read`). Thin: parse, call one service or selector, render."""
+(`purchases:read`). Thin: parse, call one service or selector, render.
+
+The two POSTs that make something (an endpoint, a new secret) are keyed like every other
+write: they go through the core's ladder (payments.keyed, via the REST face's `_effect`),
+so a retried create makes one endpoint and a retried rotation rotates once. A replay
+answers 200 with the endpoint and its current secret: the answer the first request's
+caller may never have read (only to the same API client, same key, same body)."""
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 
+from payments.api.idempotency import key_from_headers
 from payments.api.problems import Problem
-from payments.api.views import ApiView, _ok, _problems
+from payments.api.views import (
+    IDEMPOTENCY_HEADER,
+    IDEMPOTENT_NOTE,
+    ApiView,
+    _effect,
+    _ok,
+    _problems,
+)
 from payments.errors import ErrorCode
+from payments.keyed import REPLAYED_HEADER, Created, Keyed
 
 from . import selectors, services
 from .models import EventType, WebhookDelivery
@@ -112,6 +127,25 @@ def _actor(request) -> str:
     return f"api:{request.auth.name}"
 
 
+def _with_secret(keyed: Keyed, made: list, status: int, keyed_client: str) -> Response:
+    """The endpoint and its secret: made now, or (a replay) as it signs today."""
+    if keyed.replayed:
+        endpoint = _endpoint_of(keyed.resource_id, keyed_client)
+        secret = services.endpoint_current_secret(endpoint)
+        return Response({"endpoint": endpoint_view(endpoint), "secret": secret}, status=200,
+                        headers={REPLAYED_HEADER: "true"})
+    return Response({"endpoint": endpoint_view(made[0].endpoint), "secret": made[0].secret},
+                    status=status)
+
+
+def _endpoint_of(endpoint_id: str, api_client_id: str):
+    endpoint = selectors.endpoint_for_client(endpoint_id=endpoint_id, api_client_id=api_client_id)
+    if endpoint is None:
+        raise Problem(code=ErrorCode.NOT_FOUND, status=404,
+                      detail="The webhook endpoint this key made has been removed.")
+    return endpoint
+
+
 class EndpointListApi(ApiView):
     required_scopes = {"GET": MANAGE, "POST": MANAGE}
 
@@ -122,20 +156,30 @@ class EndpointListApi(ApiView):
                                        selectors.endpoints_for_client(request.auth.pk)]})
 
     @extend_schema(operation_id="webhook_endpoints_create", summary="Add a webhook endpoint",
-                   description="The signing secret is in this answer only; store it.",
-                   request=EndpointIn,
-                   responses={**_ok(201, EndpointWithSecretOut, "Created"), **_problems()})
+                   description="The signing secret is in this answer (and a replay of it) "
+                               "only; store it." + IDEMPOTENT_NOTE,
+                   request=EndpointIn, parameters=[IDEMPOTENCY_HEADER],
+                   responses={**_ok(201, EndpointWithSecretOut, "Created"),
+                              **_ok(200, EndpointWithSecretOut, "Replay of a finished request"),
+                              **_problems(409, 422, s409="request_in_progress",
+                                          s422="idempotency_key_reused")})
     def post(self, request):
+        key_from_headers(request.headers)
         data = _valid(EndpointIn, request.data)
-        try:
-            made = services.endpoint_create(api_client_id=request.auth.pk, url=data["url"],
-                                            event_types=data.get("event_types"),
-                                            description=data.get("description", ""),
-                                            actor=_actor(request))
-        except services.EndpointError as exc:
-            raise _refused(exc) from None
-        return Response({"endpoint": endpoint_view(made.endpoint), "secret": made.secret},
-                        status=201)
+        made: list[services.EndpointWithSecret] = []
+
+        def create() -> Created:
+            try:
+                made.append(services.endpoint_create(
+                    api_client_id=request.auth.pk, url=data["url"],
+                    event_types=data.get("event_types"),
+                    description=data.get("description", ""), actor=_actor(request)))
+            except services.EndpointError as exc:
+                raise _refused(exc) from None
+            return Created("webhook_endpoint", made[0].endpoint.id)
+
+        return _with_secret(_effect(request, "webhook_endpoints_create", create), made, 201,
+                            request.auth.pk)
 
 
 class EndpointDetailApi(ApiView):
@@ -172,17 +216,28 @@ class EndpointRotateApi(ApiView):
 
     @extend_schema(operation_id="webhook_endpoints_rotate_secret",
                    summary="New signing secret; the old one keeps signing for the overlap",
-                   request=RotateIn,
-                   responses={**_ok(200, EndpointWithSecretOut, "Rotated"), **_problems()})
+                   description="A retried rotation rotates once." + IDEMPOTENT_NOTE,
+                   request=RotateIn, parameters=[IDEMPOTENCY_HEADER],
+                   responses={**_ok(200, EndpointWithSecretOut, "Rotated, or a replay"),
+                              **_problems(409, 422, s409="request_in_progress",
+                                          s422="idempotency_key_reused")})
     def post(self, request, endpoint_id: str):
+        key_from_headers(request.headers)
         endpoint = _endpoint_or_404(request, endpoint_id)
         data = _valid(RotateIn, request.data)
-        try:
-            made = services.endpoint_rotate_secret(endpoint=endpoint, actor=_actor(request),
-                                                   overlap_seconds=data["overlap_seconds"])
-        except services.EndpointError as exc:
-            raise _refused(exc) from None
-        return Response({"endpoint": endpoint_view(made.endpoint), "secret": made.secret})
+        made: list[services.EndpointWithSecret] = []
+
+        def create() -> Created:
+            try:
+                made.append(services.endpoint_rotate_secret(
+                    endpoint=endpoint, actor=_actor(request),
+                    overlap_seconds=data["overlap_seconds"]))
+            except services.EndpointError as exc:
+                raise _refused(exc) from None
+            return Created("webhook_endpoint", endpoint.id)
+
+        return _with_secret(_effect(request, "webhook_endpoints_rotate_secret", create), made,
+                            200, request.auth.pk)
 
 
 class EndpointDeliveriesApi(ApiView):

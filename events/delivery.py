@@ -23,13 +23,15 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, Count, F, PositiveSmallIntegerField, Q, Value, When
+from django.db.models import Case, F, PositiveSmallIntegerField, Q, Value, When
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
@@ -98,11 +100,13 @@ def _claim(batch: int) -> list[int]:
             # in-flight count exact without a counter that a dead worker would leak.
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CLAIM_LOCK])
-        in_flight = WebhookDelivery.objects.filter(state=DeliveryState.PENDING,
-                                                   claimed_until__gt=now)
-        busy = dict(in_flight.values("endpoint_id").annotate(n=Count("id"))
-                    .values_list("endpoint_id", "n"))
-        busy_pairs = set(in_flight.values_list("endpoint_id", "purchase_id"))
+        # What is in flight, read once: per endpoint (its bound) and per (endpoint,
+        # purchase) (one at a time: its events leave in order).
+        in_flight = list(WebhookDelivery.objects.filter(
+            state=DeliveryState.PENDING, claimed_until__gt=now)
+            .values_list("endpoint_id", "purchase_id"))
+        busy = Counter(endpoint_id for endpoint_id, _ in in_flight)
+        busy_pairs = set(in_flight)
         due = (WebhookDelivery.objects
                .filter(state=DeliveryState.PENDING, next_attempt_at__lte=now)
                .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lte=now)))
@@ -223,6 +227,21 @@ def _failed(delivery: WebhookDelivery, result: PostResult, now: datetime) -> Non
                     delivery.endpoint_id)
 
 
+_SENDERS: ThreadPoolExecutor | None = None
+_SENDERS_LOCK = threading.Lock()
+
+
+def _senders() -> ThreadPoolExecutor:
+    """The process's sending threads, made once (a pool per batch cost a thread start per
+    delivery). HTTP only: no database in them."""
+    global _SENDERS
+    with _SENDERS_LOCK:
+        if _SENDERS is None:
+            _SENDERS = ThreadPoolExecutor(max(1, settings.WEBHOOK_SEND_THREADS),
+                                          thread_name_prefix="webhook-send")
+        return _SENDERS
+
+
 def deliveries_send_due(*, batch: int = 20) -> int:
     """Claim, send and settle one batch; returns how many were sent."""
     assert_outside_transaction()
@@ -233,13 +252,11 @@ def deliveries_send_due(*, batch: int = 20) -> int:
         return 0
     deliveries = list(WebhookDelivery.objects.select_related("event", "endpoint")
                       .filter(id__in=ids))
-    threads = min(len(deliveries), settings.WEBHOOK_SEND_THREADS)
-    if threads <= 1:
+    if len(deliveries) <= 1 or settings.WEBHOOK_SEND_THREADS <= 1:
         results = [_send(d) for d in deliveries]
     else:
-        with ThreadPoolExecutor(threads) as pool:  # HTTP only: no database in the threads
-            results = list(pool.map(_send, deliveries))
-    _settle_all(list(zip(deliveries, results, strict=False)))
+        results = list(_senders().map(_send, deliveries))
+    _settle_all(list(zip(deliveries, results, strict=True)))
     return len(deliveries)
 
 

@@ -6,12 +6,20 @@ reserved range; loopback only when WEBHOOK_ALLOW_LOOPBACK is on, for development
 the connection is made to the address that was checked — never a second resolution, so a
 name that rebinds between the check and the connect cannot reach an internal address.
 No redirects, connect/read timeouts, and at most WEBHOOK_RESPONSE_BYTES of the answer read.
+
+Connections are kept alive and reused, per checked destination: a pool is keyed by the
+scheme, the host name, the port AND the address the check chose, so every send is still
+checked first and a name that now resolves elsewhere gets a new pool (connecting to the
+newly checked address), never a connection opened to the old one. An answer longer than
+the bound is not read on: its connection is closed, not reused.
 """
 from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -83,6 +91,48 @@ class PostResult:
         return self.status is not None and 200 <= self.status < 300
 
 
+_POOLS: OrderedDict[tuple, urllib3.HTTPConnectionPool] = OrderedDict()
+_POOLS_LOCK = threading.Lock()
+MAX_POOLS = 256  # destinations kept open at once; the least recently used is closed
+
+
+def _pool(dest: Destination) -> urllib3.HTTPConnectionPool:
+    """The kept-alive pool of this checked destination (see the module docstring)."""
+    key = (dest.scheme, dest.host, dest.port, dest.address)
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is not None:
+            _POOLS.move_to_end(key)
+            return pool
+        timeout = urllib3.Timeout(connect=settings.WEBHOOK_CONNECT_TIMEOUT_SECONDS,
+                                  read=settings.WEBHOOK_READ_TIMEOUT_SECONDS)
+        size = max(1, settings.WEBHOOK_SEND_THREADS)
+        if dest.scheme == "https":
+            pool = urllib3.HTTPSConnectionPool(
+                dest.address, dest.port, timeout=timeout, retries=False, maxsize=size,
+                server_hostname=dest.host, assert_hostname=dest.host,
+                cert_reqs="CERT_REQUIRED")
+        else:
+            pool = urllib3.HTTPConnectionPool(dest.address, dest.port, timeout=timeout,
+                                              retries=False, maxsize=size)
+        _POOLS[key] = pool
+        evicted = []
+        while len(_POOLS) > MAX_POOLS:
+            evicted.append(_POOLS.popitem(last=False)[1])
+    for old in evicted:
+        old.close()
+    return pool
+
+
+def pools_close() -> None:
+    """Close every kept-alive connection (settings changed, a test's end)."""
+    with _POOLS_LOCK:
+        pools = list(_POOLS.values())
+        _POOLS.clear()
+    for pool in pools:
+        pool.close()
+
+
 def post_checked(url: str, *, body: bytes, headers: dict[str, str]) -> PostResult:
     """POST `body` to `url` after checking it (send-time check). Never raises."""
     started = time.monotonic()
@@ -94,24 +144,24 @@ def post_checked(url: str, *, body: bytes, headers: dict[str, str]) -> PostResul
         dest = destination_check(url)
     except DestinationRefused as exc:
         return PostResult(None, f"refused: {exc}", took())
+    host_header = dest.host if dest.port in (80, 443) else f"{dest.host}:{dest.port}"
+    # The timeouts are read per request: a settings change applies to a kept pool too.
     timeout = urllib3.Timeout(connect=settings.WEBHOOK_CONNECT_TIMEOUT_SECONDS,
                               read=settings.WEBHOOK_READ_TIMEOUT_SECONDS)
-    host_header = dest.host if dest.port in (80, 443) else f"{dest.host}:{dest.port}"
-    if dest.scheme == "https":
-        pool = urllib3.HTTPSConnectionPool(
-            dest.address, dest.port, timeout=timeout, retries=False, maxsize=1,
-            server_hostname=dest.host, assert_hostname=dest.host, cert_reqs="CERT_REQUIRED")
-    else:
-        pool = urllib3.HTTPConnectionPool(dest.address, dest.port, timeout=timeout,
-                                          retries=False, maxsize=1)
     try:
-        response = pool.urlopen("POST", dest.path, body=body, redirect=False,
-                                preload_content=False, assert_same_host=False,
-                                headers={**headers, "Host": host_header,
-                                         "Content-Type": "application/json",
-                                         "User-Agent": "Verity-Webhooks/1"})
+        response = _pool(dest).urlopen("POST", dest.path, body=body, redirect=False,
+                                       preload_content=False, assert_same_host=False,
+                                       timeout=timeout, retries=False,
+                                       headers={**headers, "Host": host_header,
+                                                "Content-Type": "application/json",
+                                                "User-Agent": "Verity-Webhooks/1"})
         try:
-            response.read(settings.WEBHOOK_RESPONSE_BYTES)  # bounded; the rest is dropped
+            limit = settings.WEBHOOK_RESPONSE_BYTES
+            if len(response.read(limit + 1)) > limit:
+                response.close()  # bounded: the rest is dropped with its connection
+        except BaseException:
+            response.close()
+            raise
         finally:
             response.release_conn()
         return PostResult(response.status, "", took())
@@ -120,5 +170,3 @@ def post_checked(url: str, *, body: bytes, headers: dict[str, str]) -> PostResul
         return PostResult(None, type(exc).__name__, took())
     except OSError as exc:
         return PostResult(None, type(exc).__name__, took())
-    finally:
-        pool.close()

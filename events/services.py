@@ -85,6 +85,12 @@ def endpoint_create(*, api_client_id: str, url: str, event_types: list[str] | No
                                                        salt=endpoint.secret_salt))
 
 
+def endpoint_current_secret(endpoint: WebhookEndpoint) -> str:
+    """The secret that signs today: only for a replay of the keyed request that made it
+    (create or rotate), whose first answer its caller may not have read."""
+    return signing_secret(endpoint_id=endpoint.id, salt=endpoint.secret_salt)
+
+
 def endpoint_update(*, endpoint: WebhookEndpoint, actor: str, url: str | None = None,
                     event_types: list[str] | None = None, description: str | None = None,
                     enabled: bool | None = None, reason: str = "") -> WebhookEndpoint:

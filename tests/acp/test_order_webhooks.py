@@ -51,7 +51,10 @@ class Receiver:
 
 
 @pytest.fixture
-def receiver():
+def receiver(settings):
+    # The receiver listens on loopback, which the webhook transport refuses unless allowed
+    # (development and tests only).
+    settings.WEBHOOK_ALLOW_LOOPBACK = True
     r = Receiver()
     yield r
     r.close()
@@ -237,3 +240,24 @@ def test_an_order_entering_a_status_again_is_a_new_event_with_its_own_request_id
     ids = [h["Request-Id"] for h, _ in receiver.received]
     assert ids[:2] == [f"evt_{pid}_paid", f"evt_{pid}_paid_2"]
     assert len(set(ids)) == len(ids)  # one delivery per event (it answered 200 at once)
+
+
+def test_a_platform_url_that_resolves_to_a_private_address_is_refused_at_send(
+        agent, platform, tea, receiver, settings):
+    """The order webhooks go through the storefront webhooks' transport: the platform's
+    URL is checked at send time, like an endpoint's (a platform saved while the address was
+    allowed, then refused: nothing reaches it, the outbox keeps the refusal)."""
+    settings.OUTBOX_BACKOFF_BASE_SECONDS = 0.05
+    settings.OUTBOX_BACKOFF_CAP_SECONDS = 0.2
+    receiver.status = 200
+    AgentPlatform.objects.create(api_client=platform[0], webhook_url=receiver.url,
+                                 webhook_secret=SECRET)
+    settings.WEBHOOK_ALLOW_LOOPBACK = False
+    session = agent.create(tea.sku).json()
+    r = agent.complete(session["id"], issue_spt(1250), new_email())
+    assert r.status_code == 200, r.text
+    events = OutboxMessage.objects.filter(category=OutboxCategory.ACP_ORDER_EVENT)
+    _drain_until(lambda: events.filter(attempts__gte=2).exists())
+    assert receiver.received == []
+    assert all(m.processed_at is None for m in events)
+    assert "refused" in events.filter(attempts__gte=2).first().last_error

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_the_agent_is_not_told_no_money_moved_on_a_persons_unverified_failed(
         agent_key, product, drill, read_drill, django_user_model, localstripe):
     client = ApiClient.objects.get(name="agent")
-    resolver = django_user_model.objects.create(username="resolver")
+    resolver = django_user_model.objects.create(username="words-resolver")
     quote = services.quote_create(api_client=client,
                                   items=[{"sku": product.sku, "quantity": 1}], currency="usd")
     purchase = services.purchase_create(api_client=client, quote_id=quote.id,

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _endpoint(shop, url: str, **extra) -> tuple[dict, str]:
-    answer = shop.post("webhook-endpoints", {"url": url, **extra}, key=None)
+    answer = shop.post("webhook-endpoints", {"url": url, **extra})
     assert answer.status_code == 201, answer.content
     made = body_of(answer)
     return made["endpoint"], made["secret"]
@@ -109,7 +109,7 @@ def test_a_rotated_secret_overlaps_then_the_old_one_stops(shop, product, receive
                                                          loopback_allowed):
     endpoint, old = _endpoint(shop, receiver.url, event_types=["purchase.created"])
     rotated = shop.post(f"webhook-endpoints/{endpoint['id']}/rotate-secret",
-                        {"overlap_seconds": 3600}, key=None)
+                        {"overlap_seconds": 3600})
     assert rotated.status_code == 200, rotated.content
     new = body_of(rotated)["secret"]
     assert new != old
@@ -122,8 +122,7 @@ def test_a_rotated_secret_overlaps_then_the_old_one_stops(shop, product, receive
     _pump(lambda: len(receiver.accepted) == 2 and _quiet())
 
     # No overlap: the old secret stops signing at once.
-    shop.post(f"webhook-endpoints/{endpoint['id']}/rotate-secret", {"overlap_seconds": 0},
-              key=None)
+    shop.post(f"webhook-endpoints/{endpoint['id']}/rotate-secret", {"overlap_seconds": 0})
     receiver.secrets = [new]
     shop.new_purchase(product.sku)
     _pump(lambda: receiver.rejected >= 1, timeout=10)
@@ -136,7 +135,7 @@ def test_a_rotated_secret_overlaps_then_the_old_one_stops(shop, product, receive
     "http://[fe80::1]/", "ftp://example.com/hooks"])
 def test_private_and_loopback_destinations_are_refused_at_save(shop, url, settings):
     settings.WEBHOOK_ALLOW_LOOPBACK = False
-    answer = shop.post("webhook-endpoints", {"url": url}, key=None)
+    answer = shop.post("webhook-endpoints", {"url": url})
     assert answer.status_code == 400, answer.content
     assert WebhookEndpoint.objects.count() == 0
 
@@ -190,8 +189,7 @@ def test_endpoints_need_their_scope_and_belong_to_their_client(shop, receiver,
     assert unscoped.get("webhook-endpoints").status_code == 403
     assert other.get(f"webhook-endpoints/{endpoint['id']}").status_code == 404
     assert body_of(other.get("webhook-endpoints"))["endpoints"] == []
-    assert other.post(f"webhook-endpoints/{endpoint['id']}/rotate-secret", {},
-                      key=None).status_code == 404
+    assert other.post(f"webhook-endpoints/{endpoint['id']}/rotate-secret", {}).status_code == 404
 
 
 def test_a_hanging_receiver_takes_only_its_own_bound(shop, product, loopback_allowed):

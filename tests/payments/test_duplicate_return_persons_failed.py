@@ -20,7 +20,7 @@ def test_a_duplicates_return_is_asked_again_only_once_the_provider_confirms_the_
         new_purchase, api_client, drill, read_drill, resolver, localstripe, settings,
         django_user_model):
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
-    person = django_user_model.objects.create(username="resolver")
+    person = django_user_model.objects.create(username="return-resolver")
     purchase, first, retry = _charged_twice(new_purchase, api_client, drill, read_drill,
                                             resolver, localstripe)
     services.operation_reconcile(operation_id=first.id)

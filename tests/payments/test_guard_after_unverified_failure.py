@@ -29,7 +29,7 @@ def _buy(api_client, product, customer):
 
 def test_a_basket_whose_charge_a_person_called_failed_unverified_is_not_bought_twice(
         api_client, drill, read_drill, django_user_model, localstripe):
-    resolver = django_user_model.objects.create(username="resolver")
+    resolver = django_user_model.objects.create(username="guard-resolver")
     product = ProductFactory(price=1500)
     first = _buy(api_client, product, "cust-guard")
     pay = services.payment_create(purchase_id=first.id, api_client=api_client,

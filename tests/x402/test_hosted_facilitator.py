@@ -170,6 +170,11 @@ def test_a_static_token_is_refused_by_a_jwt_facilitator_and_moves_nothing(
     chain, _, _ = cdp_hosted
     settings.X402_FACILITATOR_API_KEY_ID = settings.X402_FACILITATOR_API_KEY_SECRET = ""
     settings.X402_FACILITATOR_AUTH_TOKEN = TOKEN
+    # as in a new worker: a client built earlier with this token asked /supported of the
+    # facilitator before it demanded a JWT, and would not ask again
+    from payments.providers.x402 import get_facilitator
+
+    get_facilitator()._supported.clear()
 
     purchase, payer, r = _pay(agent, report, chain)
 

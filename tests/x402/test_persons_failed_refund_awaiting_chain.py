@@ -83,7 +83,7 @@ def test_a_duplicates_compensation_in_the_mempool_called_failed_is_not_sent_agai
     required = agent.get(url).headers["PAYMENT-REQUIRED"]
     payer = chain.new_payer()
     chain.automine(False)
-    header, auth = sign(required, payer, payment_id="dup-0001-abcdef")
+    header, auth = sign(required, payer, payment_id="dup-0001-abcdef-one")
     get_facilitator().arm_drill(payer=payer.address, nonce=auth["nonce"],
                                 mode=DrillMode.DROP_ANSWER_AFTER_SEND)
     agent.get(url, **{SIGNATURE: header})
@@ -97,7 +97,7 @@ def test_a_duplicates_compensation_in_the_mempool_called_failed_is_not_sent_agai
     wrong_word = PaymentOperation.objects.filter(id=first.id)
     grade = wrong_word.values_list("grade", "verification").get()
     wrong_word.update(grade="confirmed", verification="provider")
-    other, _auth2 = sign(required, payer, payment_id="dup-0002-abcdef")
+    other, _auth2 = sign(required, payer, payment_id="dup-0002-abcdef-two")
     agent.get(url, **{SIGNATURE: other})
     wrong_word.update(grade=grade[0], verification=grade[1])
     chain.mine(3)
