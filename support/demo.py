@@ -113,6 +113,10 @@ def _purchase(name: str, status: str, ops: list[dict], order: bool,
                                        **extra)
     for i, fields in enumerate(ops):
         fields = {"kind": OperationKind.CHARGE, **fields}
+        if fields.get("stage") == Stage.SETTLED:
+            # As the services write it: a settled operation has its settled time (the
+            # queues that age by it showed "Oldest —" for the demo's rows).
+            fields.setdefault("settled_at", timezone.now())
         PaymentOperation.objects.create(
             purchase=purchase, amount=3050, currency="usd",
             provider_reference=f"{'re' if fields['kind'] == 'refund' else 'pi'}_demo_{name}_{i}",

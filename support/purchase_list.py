@@ -288,7 +288,8 @@ _ROW_FIELDS = ("id", "created_at", "customer_email", "customer_reference", "amou
                "currency", "status", "channel")
 
 
-def _buyer_names(ids: list[str]) -> dict[str, str]:
+def buyer_names(ids: list[str]) -> dict[str, str]:
+    """The name an ACP buyer gave, per purchase id (only purchases that have one)."""
     out = {}
     for pid, buyer in Purchase.objects.filter(pk__in=ids, acp_session__isnull=False) \
             .values_list("pk", "acp_session__buyer"):
@@ -320,7 +321,7 @@ def purchase_list(f: PurchaseFilters) -> PurchasePage:
             found.setdefault(row["id"], row)
     ordered = sorted(found.values(), key=lambda r: (r["created_at"], r["id"]), reverse=True)
     page, more = ordered[:f.per_page], len(ordered) > f.per_page
-    names = _buyer_names([r["id"] for r in page])
+    names = buyer_names([r["id"] for r in page])
     labels = dict(PurchaseStatus.choices)
     channels = dict(Purchase._meta.get_field("channel").choices)
     return PurchasePage(

@@ -511,7 +511,7 @@ def _staff_words(step: NextStep) -> str:
         s.SENDING: f"Waiting for the provider's answer on {ref}.",
         s.AWAITING_PROVIDER: f"Waiting for the provider's answer on {ref}.",
         s.AWAITING_BUYER: f"The buyer completes authentication for {ref}.",
-        s.AWAITING_APPROVAL: f"Approve or leave refund {ref} (not by its requester).",
+        s.AWAITING_APPROVAL: f"Approve or decline refund {ref} (not by its requester).",
         s.SUCCEEDED: "Nothing to do.",
         s.FAILED_RETRIED: f"{ref} failed{reason} and was retried as {step.retried_by}: "
                           "follow the retry.",
@@ -775,8 +775,15 @@ def refund_approve_feedback(*, op: PaymentOperation) -> tuple[int, str]:
     if op.outcome == Outcome.SUCCEEDED:
         return message_levels.SUCCESS, f"Refund of {amount} approved; the provider confirmed it."
     if op.outcome == Outcome.FAILED:
+        call = (op.provider_calls.filter(purpose=CallPurpose.DISPATCH)
+                .order_by("-started_at", "-id").first())
+        answer = ", ".join(x for x in (
+            f"HTTP {call.http_status}" if call is not None and call.http_status else "",
+            call.error_code if call is not None else "") if x)
         return (message_levels.ERROR, f"Refund of {amount} approved, but the provider refused "
-                f"it ({op.reason or 'no reason given'}); no money moved.")
+                f"it ({op.reason or 'no reason given'}{': ' + answer if answer else ''}): "
+                f"no money moved, and {amount} can be refunded again. Next: support tells the "
+                "customer; the provider's answer is in the timeline below.")
     if op.outcome == Outcome.UNKNOWN:
         return (message_levels.WARNING, f"Refund of {amount} approved and sent; the provider's "
                 "answer was lost, so it is unknown and being read back. Do not send it again.")

@@ -89,6 +89,7 @@ def status_page(request, token: str):
         "poll_seconds": _poll_seconds(),
         "poll_max_seconds": POLL_MAX_SECONDS,
         "can_confirm_new_purchase": _can_confirm_new_purchase(purchase),
+        "guarded_over_acp": _guarded_over_acp(purchase),
         "new_purchase_action": reverse("support:status-new-purchase", kwargs={"token": token}),
         "safe_action": _safe_action(state, purchase, token),
         "do_not_pay_again": state.code in _DO_NOT_PAY_AGAIN,
@@ -179,7 +180,13 @@ _GUARDING = (*DUPLICATE_GUARD_STATUSES, PurchaseStatus.AWAITING_PAYMENT)
 
 
 def _can_confirm_new_purchase(purchase) -> bool:
-    return purchase.status in _GUARDING
+    return purchase.status in _GUARDING and purchase.channel != PurchaseChannel.ACP
+
+
+def _guarded_over_acp(purchase) -> bool:
+    # Over ACP the code would have nowhere to go: the spec's complete request cannot carry
+    # it (docs/acp.md#the-buyer-guards). The page says so instead of e-mailing a dead code.
+    return purchase.status in _GUARDING and purchase.channel == PurchaseChannel.ACP
 
 
 # Who holds the code decides who can lift the guard. The status link is in every REST and

@@ -146,6 +146,7 @@ def purchase(request, purchase_id: str):
         runbook=runbooks.runbook_get(slug) if slug else None,
         incidents=selectors.incidents_for_purchase(p.pk),
         purchase=p,
+        buyer_name=purchase_list.buyer_names([p.pk]).get(p.pk, ""),
         ops=ops,
         timeline=selectors.purchase_timeline(p, user=request.user, ops=ops, steps=steps),
         customer=customer_state(p),

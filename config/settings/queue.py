@@ -1,8 +1,9 @@
 from config.env import VAR_DIR, env
 
 REDIS_URL = env("REDIS_URL", default="")
-# Embedded default: kombu's filesystem transport under var/ (a real worker, no Redis).
-CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://")
+# Embedded default: kombu's filesystem transport under var/ (a real worker, no Redis). The
+# host is named only so that kombu does not warn "No hostname was supplied" at every start.
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://localhost/")
 CELERY_BROKER_TRANSPORT_OPTIONS = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _queue_dir = VAR_DIR / "broker"

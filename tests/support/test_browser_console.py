@@ -212,3 +212,21 @@ def test_screenshots_of_a_timeline_and_the_audit_page(browser, live_server, demo
     assert "step_resolve" in _text(browser)
     browser.screenshot(SHOTS / "console-audit.png")
     assert browser.csp_violations() == []
+
+
+def test_on_a_phone_every_console_link_shows_and_the_page_does_not_scroll_sideways(
+        browser, live_server, demo):
+    _log_in(browser, live_server, "support")
+    browser.call("Emulation.setDeviceMetricsOverride", width=390, height=844,
+                 deviceScaleFactor=1, mobile=True)
+    try:
+        for path in ("/console/", "/console/purchases/"):
+            browser.goto(f"{live_server.url}{path}")
+            assert browser.evaluate("document.documentElement.scrollWidth") <= 390, path
+            hidden = browser.evaluate(
+                "[...document.querySelectorAll('header.top nav a')]"
+                ".filter(a => a.getBoundingClientRect().right > 390).map(a => a.textContent)")
+            assert hidden == [], path
+        browser.screenshot(SHOTS / "console-purchases-phone.png")
+    finally:
+        browser.call("Emulation.clearDeviceMetricsOverride")

@@ -10,7 +10,7 @@ from payments.models import PaymentOperation
 from payments.providers.stripe import DrillMode
 from support.models import AuditEntry
 
-from .builders import UNKNOWN, purchase_in
+from .builders import SUCCEEDED, UNKNOWN, purchase_in
 
 CONFIRM = {"confirm": "yes"}
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -90,3 +90,23 @@ def test_refund_approval_writes_one_audit_row_and_says_what_the_provider_did(
     else:
         assert "Refund of 15.00 USD approved and accepted by the provider" in text
     assert len(localstripe.refunds_for(charge.provider_reference)) == 1
+
+
+def test_a_refused_refund_says_why_and_who_acts_next(login, localstripe, form_token):
+    # A paid purchase whose PaymentIntent the provider has no record of: it refuses (404).
+    purchase = purchase_in(PurchaseStatus.COMPLETED, ops=[
+        {**SUCCEEDED, "provider_reference": "pi_never_created_refund"}])
+    login("finance").post(reverse("support:refund-request", args=[purchase.pk]),
+                          {"step": "confirm", "amount_minor": "1000", "reason": "returned",
+                           "form_token": form_token("finance"), **CONFIRM})
+    refund = PaymentOperation.objects.get(purchase=purchase, kind="refund")
+
+    response = login("finance2").post(reverse("support:refund-approve", args=[refund.pk]),
+                                      {"reason": "checked", **CONFIRM}, follow=True)
+
+    assert PaymentOperation.objects.get(pk=refund.pk).outcome == Outcome.FAILED
+    assert localstripe.refunds_for("pi_never_created_refund") == []
+    text = _messages(response)
+    assert "the provider refused it (provider_refused: HTTP 404" in text
+    assert "no money moved, and 10.00 USD can be refunded again" in text
+    assert "Next: support tells the customer" in text

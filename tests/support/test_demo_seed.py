@@ -37,6 +37,9 @@ def test_seed_fills_every_queue_and_prints_a_link_per_state(users):
     summaries = selectors.queue_summaries(users["finance"])
     assert {s.spec.name for s in summaries} == set(selectors.QUEUES)
     assert all(s.count >= 1 for s in summaries), [(s.spec.name, s.count) for s in summaries]
+    # Each queue's "Oldest" column has an age, as it would for rows the services wrote.
+    assert all(s.oldest is not None for s in summaries), [
+        s.spec.name for s in summaries if s.oldest is None]
     assert selectors.money_at_risk()
 
     counts = (Purchase.objects.count(), PaymentOperation.objects.count())

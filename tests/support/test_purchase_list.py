@@ -56,6 +56,9 @@ def test_support_finds_an_acp_purchase_by_buyer_name_email_and_provider_id(agent
     assert email in page and "12.50 USD" in page and "Grace Hopperton" in page
     assert _rows(support.get("/console/purchases/", {"q": "12.50"})) == [purchase.pk]
     assert other.pk not in _rows(support.get("/console/purchases/", {"q": "grace"}))
+    # The row opens on the purchase page, which still names the caller support searched for.
+    opened = support.get(f"/console/purchases/{purchase.pk}/").content.decode()
+    assert "<span data-buyer-name>Grace Hopperton</span>" in opened and email in opened
 
 
 def test_a_user_without_console_access_is_refused():

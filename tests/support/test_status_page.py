@@ -218,3 +218,19 @@ def test_unknown_token_is_404_without_hints(client, db):
     assert client.post(f"/status/{near}/pay-again").status_code == 404
     # The purchase id is not a key.
     assert client.get(f"/status/{purchase.pk}/").status_code == 404
+
+
+def test_an_acp_purchase_does_not_offer_a_code_its_assistant_cannot_use(client, db):
+    # Over ACP the complete request cannot carry a buyer confirmation (docs/acp.md), so a
+    # code e-mailed from this page would lift nothing: say what works instead.
+    from payments.models import PurchaseChannel
+    from recovery.models import EmailMessage
+
+    purchase = purchase_in(PurchaseStatus.COMPLETED, ops=[SUCCEEDED], order="ORD-ACP",
+                           channel=PurchaseChannel.ACP, customer_email="ada@example.com")
+    html = client.get(f"/status/{purchase.status_token}/").content.decode()
+    assert 'id="confirm-new-purchase"' not in html
+    assert "buy them at the shop directly" in html
+    sent_before = EmailMessage.objects.count()
+    response = client.post(f"/status/{purchase.status_token}/new-purchase")
+    assert response.status_code == 303 and EmailMessage.objects.count() == sent_before
