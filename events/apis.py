@@ -51,14 +51,14 @@ def delivery_view(delivery: WebhookDelivery) -> dict:
 
 class EndpointIn(serializers.Serializer):
     url = serializers.URLField(max_length=2000)
-    event_types = serializers.ListField(child=serializers.ChoiceField(EventType.values),
+    event_types = serializers.ListField(child=serializers.ChoiceField(EventType.choices),
                                         required=False, max_length=len(EventType.values))
     description = serializers.CharField(max_length=200, required=False, allow_blank=True)
 
 
 class EndpointPatchIn(serializers.Serializer):
     url = serializers.URLField(max_length=2000, required=False)
-    event_types = serializers.ListField(child=serializers.ChoiceField(EventType.values),
+    event_types = serializers.ListField(child=serializers.ChoiceField(EventType.choices),
                                         required=False, max_length=len(EventType.values))
     description = serializers.CharField(max_length=200, required=False, allow_blank=True)
     enabled = serializers.BooleanField(required=False)
@@ -93,7 +93,7 @@ DeliveryListOut = inline_serializer("WebhookDeliveryList", {
         "delivered_at": serializers.DateTimeField(allow_null=True),
         "next_attempt_at": serializers.DateTimeField()}))})
 EventOut = inline_serializer("Event", {
-    "id": serializers.CharField(), "type": serializers.ChoiceField(EventType.values),
+    "id": serializers.CharField(), "type": serializers.ChoiceField(EventType.choices),
     "created": serializers.DateTimeField(), "purchase": serializers.CharField(),
     "sequence": serializers.IntegerField(), "cursor": serializers.CharField(),
     "data": serializers.DictField()})

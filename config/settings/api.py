@@ -51,6 +51,7 @@ SPECTACULAR_SETTINGS = {
         "RetryAdviceEnum": "payments.enums.RetryAdvice",
         "StageEnum": "payments.enums.Stage",
         "VerificationEnum": "payments.enums.Verification",
+        "EventTypeEnum": "events.models.EventType",
     },
 }
 API_KEY_CUSTOM_HEADER = "HTTP_AUTHORIZATION"
