@@ -116,7 +116,7 @@ TEST_WORKERS ?= 3
 # stack; docs/scaling.md). Without the standby it is not collected.
 # `make test REPLICA_TESTS=` skips it.
 REPLICA_TESTS ?= tests/replica
-test: deps
+test: deps lint
 	$(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 $(PYTEST_ARGS)
 	$(if $(REPLICA_TESTS),$(PY) -m tests.stack --replica -- $(PY) -m pytest -q $(REPLICA_TESTS))
 

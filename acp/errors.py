@@ -1,5 +1,6 @@
 """ACP `Error` answers: {type, code, message, param?} (spec `Error`), from Verity's own
 refusals (payments.errors.DomainError, payments.api.problems.Problem) and DRF's."""
+
 from __future__ import annotations
 
 from rest_framework import exceptions as drf
@@ -10,22 +11,37 @@ from payments.errors import DomainError, ErrorCode
 from payments.keyed import Answer
 
 # Verity's idempotency codes -> the ACP RFC §6 codes (same rules, the protocol's names).
-_IDEMPOTENCY_CODES = {ErrorCode.IDEMPOTENCY_KEY_REUSED: ErrorCode.IDEMPOTENCY_CONFLICT,
-                      ErrorCode.REQUEST_IN_PROGRESS: ErrorCode.IDEMPOTENCY_IN_FLIGHT,
-                      ErrorCode.IDEMPOTENCY_KEY_REQUIRED: ErrorCode.IDEMPOTENCY_KEY_REQUIRED}
+_IDEMPOTENCY_CODES = {
+    ErrorCode.IDEMPOTENCY_KEY_REUSED: ErrorCode.IDEMPOTENCY_CONFLICT,
+    ErrorCode.REQUEST_IN_PROGRESS: ErrorCode.IDEMPOTENCY_IN_FLIGHT,
+    ErrorCode.IDEMPOTENCY_KEY_REQUIRED: ErrorCode.IDEMPOTENCY_KEY_REQUIRED,
+}
 
 
 class AcpError(Exception):
-    def __init__(self, *, status: int, code: str, message: str, param: str | None = None,
-                 type: str | None = None, headers: dict | None = None,
-                 extra: dict | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        status: int,
+        code: str,
+        message: str,
+        param: str | None = None,
+        type: str | None = None,
+        headers: dict | None = None,
+        extra: dict | None = None,
+    ) -> None:
         super().__init__(f"{code}: {message}")
         self.status = status
         self.code = code
         self.message = message
         self.param = param
-        self.type = type or ("service_unavailable" if status == 503 else
-                             "processing_error" if status >= 500 else "invalid_request")
+        self.type = type or (
+            "service_unavailable"
+            if status == 503
+            else "processing_error"
+            if status >= 500
+            else "invalid_request"
+        )
         self.headers = headers or {}
 
     def body(self) -> dict:
@@ -43,8 +59,12 @@ class AcpError(Exception):
 
 
 def from_problem(exc: Problem) -> AcpError:
-    return AcpError(status=exc.status, code=_IDEMPOTENCY_CODES.get(exc.code, exc.code),
-                    message=exc.detail, headers=exc.headers)
+    return AcpError(
+        status=exc.status,
+        code=_IDEMPOTENCY_CODES.get(exc.code, exc.code),
+        message=exc.detail,
+        headers=exc.headers,
+    )
 
 
 def _guard_message(exc: DomainError) -> str:
@@ -54,41 +74,61 @@ def _guard_message(exc: DomainError) -> str:
     and the answer does not promise it can (docs/acp.md#the-buyer-guards)."""
     earlier = exc.purchase or "an earlier purchase"
     if exc.code == ErrorCode.CUSTOMER_HAS_UNRESOLVED_PURCHASE:
-        return (f"This buyer has purchase {earlier} whose payment is not settled yet; the "
-                "provider may have charged the buyer. This session cannot be completed "
-                "while it is unsettled: do not pay again, and tell the buyer to follow that "
-                "purchase on its status page. A new session is accepted once it is settled.")
+        return (
+            f"This buyer has purchase {earlier} whose payment is not settled yet; the "
+            "provider may have charged the buyer. This session cannot be completed "
+            "while it is unsettled: do not pay again, and tell the buyer to follow that "
+            "purchase on its status page. A new session is accepted once it is settled."
+        )
     never = bool((exc.extra or {}).get("never_twice"))
-    return (f"This buyer already has purchase {earlier} for the same items and amount. This "
-            "session cannot be completed: over this protocol a buyer cannot confirm buying "
-            "the same basket again" + (
-                ", and these items are sold once per buyer." if never else
-                "; a new session for it is accepted once that purchase neither holds nor "
-                "awaits the buyer's money (refunded, cancelled, failed, or its quote "
-                "expired unpaid) or once the duplicate window has passed.") + " Tell the buyer about the earlier order; do not retry "
-            "unchanged.")
+    return (
+        f"This buyer already has purchase {earlier} for the same items and amount. This "
+        "session cannot be completed: over this protocol a buyer cannot confirm buying "
+        "the same basket again"
+        + (
+            ", and these items are sold once per buyer."
+            if never
+            else "; a new session for it is accepted once that purchase neither holds nor "
+            "awaits the buyer's money (refunded, cancelled, failed, or its quote "
+            "expired unpaid) or once the duplicate window has passed."
+        )
+        + " Tell the buyer about the earlier order; do not retry "
+        "unchanged."
+    )
 
 
 def from_domain_error(exc: DomainError) -> AcpError:
     headers = {}
     message = exc.message
-    if exc.code in (ErrorCode.PROBABLE_DUPLICATE_PURCHASE,
-                    ErrorCode.CUSTOMER_HAS_UNRESOLVED_PURCHASE):
+    if exc.code in (
+        ErrorCode.PROBABLE_DUPLICATE_PURCHASE,
+        ErrorCode.CUSTOMER_HAS_UNRESOLVED_PURCHASE,
+    ):
         message = _guard_message(exc)
     retry_after = (exc.extra or {}).get("retry_after")
     if exc.status == 503 or retry_after is not None:
         headers["Retry-After"] = str(int(retry_after or 30))
-    return AcpError(status=exc.status, code=_IDEMPOTENCY_CODES.get(exc.code, exc.code),
-                    message=message, headers=headers)
+    return AcpError(
+        status=exc.status,
+        code=_IDEMPOTENCY_CODES.get(exc.code, exc.code),
+        message=message,
+        headers=headers,
+    )
 
 
 def from_drf(exc: drf.APIException) -> AcpError:
     headers = {}
-    code = {drf.NotAuthenticated: ErrorCode.UNAUTHENTICATED, drf.AuthenticationFailed: ErrorCode.UNAUTHENTICATED,
-            drf.PermissionDenied: ErrorCode.FORBIDDEN_SCOPE, drf.Throttled: ErrorCode.RATE_LIMITED,
-            drf.ParseError: ErrorCode.INVALID_JSON, drf.UnsupportedMediaType: ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-            drf.MethodNotAllowed: ErrorCode.METHOD_NOT_ALLOWED, drf.NotFound: ErrorCode.NOT_FOUND,
-            drf.NotAcceptable: ErrorCode.NOT_ACCEPTABLE}.get(type(exc), ErrorCode.INVALID_REQUEST)
+    code = {
+        drf.NotAuthenticated: ErrorCode.UNAUTHENTICATED,
+        drf.AuthenticationFailed: ErrorCode.UNAUTHENTICATED,
+        drf.PermissionDenied: ErrorCode.FORBIDDEN_SCOPE,
+        drf.Throttled: ErrorCode.RATE_LIMITED,
+        drf.ParseError: ErrorCode.INVALID_JSON,
+        drf.UnsupportedMediaType: ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+        drf.MethodNotAllowed: ErrorCode.METHOD_NOT_ALLOWED,
+        drf.NotFound: ErrorCode.NOT_FOUND,
+        drf.NotAcceptable: ErrorCode.NOT_ACCEPTABLE,
+    }.get(type(exc), ErrorCode.INVALID_REQUEST)
     if isinstance(exc, drf.Throttled) and exc.wait:
         headers["Retry-After"] = str(max(1, int(exc.wait)))
     if isinstance(exc, (drf.NotAuthenticated, drf.AuthenticationFailed)):

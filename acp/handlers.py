@@ -4,7 +4,8 @@
 Written to the outbox by the payments service that saves the purchase's transition, in
 its transaction (payments.services.common.purchase_order_event_put: an explicit write,
 not a signal receiver), and delivered here by the relay with no transaction open: at
-least once, with the relay's capped backoff; a delivery that keeps failing stays in the console's stuck-outbox queue with its error.
+least once, with the relay's capped backoff; a delivery that keeps failing stays in the console's
+stuck-outbox queue with its error.
 Each event has a stable `Request-Id` (the receiver dedupes on it) and is signed
 `Merchant-Signature: t=<unix>,v1=HMAC-SHA256(secret, "<t>.<raw body>")`.
 
@@ -14,6 +15,7 @@ and the connection goes to the address that was checked (DNS rebinding), no redi
 timeouts, a bounded read of the answer. The retry schedule and the log are still the
 outbox's (docs/events.md says what is left to share).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,25 +43,41 @@ def sign(secret: str, timestamp: int, body: bytes) -> str:
 
 @outbox_handler(OutboxCategory.ACP_ORDER_EVENT)
 def _deliver_order_event(payload: dict) -> None:
-    session = (CheckoutSession.objects.select_related("purchase")
-               .filter(purchase_id=payload["purchase"]).first())
+    session = (
+        CheckoutSession.objects.select_related("purchase")
+        .filter(purchase_id=payload["purchase"])
+        .first()
+    )
     if session is None:
         return  # not a session's purchase: nothing to tell
     platform = AgentPlatform.objects.filter(api_client_id=session.api_client_id).first()
     if platform is None or not platform.webhook_url:
         return  # the platform receives no webhooks (it polls the session)
-    body = json.dumps({"type": payload["event"], "data": {
-        "type": "order", "id": session.purchase_id, "checkout_session_id": session.id,
-        "permalink_url": status_url(session.purchase),
-        "status": order_status(payload["status"])}},
-        separators=(",", ":")).encode()
+    body = json.dumps(
+        {
+            "type": payload["event"],
+            "data": {
+                "type": "order",
+                "id": session.purchase_id,
+                "checkout_session_id": session.id,
+                "permalink_url": status_url(session.purchase),
+                "status": order_status(payload["status"]),
+            },
+        },
+        separators=(",", ":"),
+    ).encode()
     now = int(time.time())
-    result = post_checked(platform.webhook_url, body=body, headers={
-        "Merchant-Signature": sign(platform.webhook_secret, now, body),
-        # Stable across retries: the receiver's dedupe key.
-        "Request-Id": f"evt_{session.purchase_id}_{payload['status']}"
-                      + (f"_{payload['n']}" if "n" in payload else ""),
-        "Timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))})
+    result = post_checked(
+        platform.webhook_url,
+        body=body,
+        headers={
+            "Merchant-Signature": sign(platform.webhook_secret, now, body),
+            # Stable across retries: the receiver's dedupe key.
+            "Request-Id": f"evt_{session.purchase_id}_{payload['status']}"
+            + (f"_{payload['n']}" if "n" in payload else ""),
+            "Timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+        },
+    )
     if result.status is None:
         raise DeliveryFailed(f"{platform.webhook_url}: {result.error}")
     if not result.ok:

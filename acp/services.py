@@ -6,6 +6,7 @@ A session's keyed writes bind the key to the session (`RESOURCE`); `complete` na
 session's payment as the operation to dispatch, so a complete whose first request died is
 resumed (its payment dispatched when still pending), never run again.
 """
+
 from __future__ import annotations
 
 from django.db import transaction
@@ -45,25 +46,30 @@ def _session_payment(resource_type: str, session_id: str) -> str | None:
 def session_create(request: KeyedRequest, *, data: dict, answer=None) -> Keyed:
     def create() -> Created:
         session = CheckoutSession(
-            api_client=request.api_client, currency=data["currency"].lower(),
-            items=sessions.normalise_items(data["line_items"]), buyer=data.get("buyer"),
-            fulfillment_details=data.get("fulfillment_details"))
+            api_client=request.api_client,
+            currency=data["currency"].lower(),
+            items=sessions.normalise_items(data["line_items"]),
+            buyer=data.get("buyer"),
+            fulfillment_details=data.get("fulfillment_details"),
+        )
         sessions.reprice(session)
         session.save()
         return Created(RESOURCE, session.id)
 
-    return keyed_effect(request, create=create, operation_for=_session_payment,
-                        answer=answer)
+    return keyed_effect(request, create=create, operation_for=_session_payment, answer=answer)
 
 
 def session_update(request: KeyedRequest, *, session_id: str, data: dict, answer=None) -> Keyed:
     def create() -> Created:
         s = _locked(session_id)
         if s.purchase_id is not None or s.canceled_at is not None:
-            raise AcpError(status=409, code=ErrorCode.SESSION_NOT_UPDATABLE,
-                           message="This session is "
-                                   f"{sessions.session_status(_fresh(s.id))}; it can no "
-                                   "longer be changed.")
+            raise AcpError(
+                status=409,
+                code=ErrorCode.SESSION_NOT_UPDATABLE,
+                message="This session is "
+                f"{sessions.session_status(_fresh(s.id))}; it can no "
+                "longer be changed.",
+            )
         if "line_items" in data:
             s.items = sessions.normalise_items(data["line_items"])
         if "buyer" in data:
@@ -72,24 +78,29 @@ def session_update(request: KeyedRequest, *, session_id: str, data: dict, answer
             s.fulfillment_details = data["fulfillment_details"]
         if "selected_fulfillment_options" in data:
             s.selected_fulfillment_options = _selected_options(
-                s, data["selected_fulfillment_options"])
+                s, data["selected_fulfillment_options"]
+            )
         # Every update reprices from the catalogue (prices and stock move).
         sessions.reprice(s)
         s.save()
         return Created(RESOURCE, s.id)
 
-    return keyed_effect(request, create=create, operation_for=_session_payment,
-                        answer=answer)
+    return keyed_effect(request, create=create, operation_for=_session_payment, answer=answer)
 
 
 def _selected_options(session: CheckoutSession, selected: list[dict]) -> list[dict]:
-    offered = {o["id"]: o["type"] for o in sessions.fulfillment_options(
-        sessions.products_for(session.items))}
+    offered = {
+        o["id"]: o["type"]
+        for o in sessions.fulfillment_options(sessions.products_for(session.items))
+    }
     for index, option in enumerate(selected):
         if offered.get(option["option_id"]) != option["type"]:
-            raise AcpError(status=400, code=ErrorCode.INVALID,
-                           param=f"$.selected_fulfillment_options[{index}]",
-                           message="No such fulfillment option for this session.")
+            raise AcpError(
+                status=400,
+                code=ErrorCode.INVALID,
+                param=f"$.selected_fulfillment_options[{index}]",
+                message="No such fulfillment option for this session.",
+            )
     return selected
 
 
@@ -101,19 +112,23 @@ def session_cancel(request: KeyedRequest, *, session_id: str, answer=None) -> Ke
         status = sessions.session_status(_fresh(s.id))
         if status in (Status.COMPLETED, Status.IN_PROGRESS, Status.CANCELED, Status.EXPIRED):
             # After payment the refund path stays with people and the REST API.
-            raise AcpError(status=405, code=ErrorCode.NOT_CANCELABLE,
-                           message=f"This session is {status}; it cannot be canceled.")
+            raise AcpError(
+                status=405,
+                code=ErrorCode.NOT_CANCELABLE,
+                message=f"This session is {status}; it cannot be canceled.",
+            )
         if s.purchase_id is not None:
             try:
                 services.purchase_cancel(purchase_id=s.purchase_id, api_client=client)
             except DomainError as exc:
-                raise AcpError(status=405, code=ErrorCode.NOT_CANCELABLE, message=exc.message) from None
+                raise AcpError(
+                    status=405, code=ErrorCode.NOT_CANCELABLE, message=exc.message
+                ) from None
         s.canceled_at = timezone.now()
         s.save()
         return Created(RESOURCE, s.id)
 
-    return keyed_effect(request, create=create, operation_for=_session_payment,
-                        answer=answer)
+    return keyed_effect(request, create=create, operation_for=_session_payment, answer=answer)
 
 
 def _requote_if_expired(session_id: str) -> None:
@@ -124,21 +139,28 @@ def _requote_if_expired(session_id: str) -> None:
         if s.purchase_id is not None:
             return  # its purchase carries its own (accepted) quote
         if s.quote is None or sessions.item_problems(s):
-            raise AcpError(status=409, code=ErrorCode.SESSION_NOT_READY,
-                           message="This session is not ready for payment: see its messages.")
+            raise AcpError(
+                status=409,
+                code=ErrorCode.SESSION_NOT_READY,
+                message="This session is not ready for payment: see its messages.",
+            )
         if s.quote.expires_at > timezone.now():
             return
         amount = s.quote.amount
         sessions.reprice(s)
         s.save()
     if s.quote is None or s.quote.amount != amount:
-        raise AcpError(status=409, code=ErrorCode.PRICE_CHANGED,
-                       message="Prices or stock changed since this session was priced; "
-                               "retrieve it and review the new totals.")
+        raise AcpError(
+            status=409,
+            code=ErrorCode.PRICE_CHANGED,
+            message="Prices or stock changed since this session was priced; "
+            "retrieve it and review the new totals.",
+        )
 
 
-def session_complete(request: KeyedRequest, *, session_id: str, data: dict,
-                     token: str, answer=None) -> Keyed:
+def session_complete(
+    request: KeyedRequest, *, session_id: str, data: dict, token: str, answer=None
+) -> Keyed:
     """The one money path of ACP: at most one purchase and one payment at a time per
     session. A session whose payment is queued, unknown or succeeded answers its current
     state to any further complete, whatever the key: never a second charge."""
@@ -148,19 +170,24 @@ def session_complete(request: KeyedRequest, *, session_id: str, data: dict,
         _requote_if_expired(session_id)
         # A payment only a person settled is read back before a new one is decided on
         # (as REST's retry_of does): the provider's record outranks a person's word.
-        purchase_id = (CheckoutSession.objects.filter(pk=session_id)
-                       .values_list("purchase_id", flat=True).first())
+        purchase_id = (
+            CheckoutSession.objects.filter(pk=session_id)
+            .values_list("purchase_id", flat=True)
+            .first()
+        )
         if purchase_id:
             services.operations_verify_before_follow_up(purchase_id=purchase_id)
 
     def create() -> Created:
         s = _locked(session_id)
         if s.canceled_at is not None:
-            raise AcpError(status=409, code=ErrorCode.SESSION_NOT_COMPLETABLE,
-                           message="This session was canceled.")
+            raise AcpError(
+                status=409,
+                code=ErrorCode.SESSION_NOT_COMPLETABLE,
+                message="This session was canceled.",
+            )
         op = sessions.payment_op(s.purchase)
-        if op is not None and (op.outcome != Outcome.FAILED
-                               or sessions.failure_unconfirmed(op)):
+        if op is not None and (op.outcome != Outcome.FAILED or sessions.failure_unconfirmed(op)):
             # Queued, sent, unknown or succeeded — or a person's "failed" the provider
             # could not confirm (read back just before): this complete is not a new
             # payment, whatever its key; it answers the session's current state.
@@ -168,27 +195,40 @@ def session_complete(request: KeyedRequest, *, session_id: str, data: dict,
         buyer = data.get("buyer") or s.buyer or {}
         email = (buyer.get("email") or "").strip()
         if not email:
-            raise AcpError(status=400, code=ErrorCode.MISSING, param="$.buyer.email",
-                           message="The buyer's email is required to complete.")
+            raise AcpError(
+                status=400,
+                code=ErrorCode.MISSING,
+                param="$.buyer.email",
+                message="The buyer's email is required to complete.",
+            )
         if data.get("buyer"):
             s.buyer = data["buyer"]
         if s.purchase_id is None and s.quote is None:
-            raise AcpError(status=409, code=ErrorCode.SESSION_NOT_READY,
-                           message="This session is not ready for payment: see its messages.")
+            raise AcpError(
+                status=409,
+                code=ErrorCode.SESSION_NOT_READY,
+                message="This session is not ready for payment: see its messages.",
+            )
 
         def attach(purchase_id: str) -> None:
             s.purchase_id = purchase_id
 
         new = checkout_complete(
-            api_client=client, purchase_id=s.purchase_id, quote_id=s.quote_id,
-            quote_version=s.quote.version if s.quote_id else 0, email=email,
-            token=token, retry_of=op.id if op else None, on_purchase=attach)
+            api_client=client,
+            purchase_id=s.purchase_id,
+            quote_id=s.quote_id,
+            quote_version=s.quote.version if s.quote_id else 0,
+            email=email,
+            token=token,
+            retry_of=op.id if op else None,
+            on_purchase=attach,
+        )
         s.save()
         return Created(RESOURCE, s.id, operation_id=new.id)
 
-    return keyed_effect(request, create=create, verify=prepare, operation_for=_session_payment,
-                        answer=answer)
+    return keyed_effect(
+        request, create=create, verify=prepare, operation_for=_session_payment, answer=answer
+    )
 
 
-__all__ = ["RESOURCE", "session_cancel", "session_complete", "session_create",
-           "session_update"]
+__all__ = ["RESOURCE", "session_cancel", "session_complete", "session_create", "session_update"]

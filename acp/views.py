@@ -15,6 +15,7 @@ the key's binding, then dispatches it with no transaction open, exactly as the R
 A session whose payment is queued, unknown or succeeded answers its current state to any
 further complete, whatever the key: never a second charge.
 """
+
 from __future__ import annotations
 
 import base64
@@ -68,13 +69,22 @@ def _validated(schema: str, body) -> dict:
     nul = _nul_path(body, "$")
     if nul:
         # PostgreSQL text and jsonb cannot hold NUL: refused here, not a 500 at the save.
-        raise AcpError(status=400, code=ErrorCode.INVALID, param=nul,
-                       message=f"{nul} contains a NUL character.")
+        raise AcpError(
+            status=400,
+            code=ErrorCode.INVALID,
+            param=nul,
+            message=f"{nul} contains a NUL character.",
+        )
     currency = body.get("currency") if isinstance(body, dict) else None
-    if currency is not None and not (len(currency) == 3 and currency.isascii()
-                                     and currency.isalpha()):
-        raise AcpError(status=400, code=ErrorCode.INVALID, param="$.currency",
-                       message="currency must be an ISO 4217 code (three letters).")
+    if currency is not None and not (
+        len(currency) == 3 and currency.isascii() and currency.isalpha()
+    ):
+        raise AcpError(
+            status=400,
+            code=ErrorCode.INVALID,
+            param="$.currency",
+            message="currency must be an ISO 4217 code (three letters).",
+        )
     return body
 
 
@@ -127,17 +137,28 @@ def _verify_signature(request) -> None:
     timestamp = (request.headers.get("Timestamp") or "").strip()
     when = parse_datetime(timestamp) if timestamp else None
     if not signature or when is None or when.tzinfo is None:
-        raise AcpError(status=401, code=ErrorCode.INVALID_SIGNATURE, param="Signature",
-                       message="This platform signs its requests: send Signature and an "
-                               "RFC 3339 Timestamp.")
+        raise AcpError(
+            status=401,
+            code=ErrorCode.INVALID_SIGNATURE,
+            param="Signature",
+            message="This platform signs its requests: send Signature and an RFC 3339 Timestamp.",
+        )
     if abs((timezone.now() - when).total_seconds()) > SIGNATURE_SKEW_SECONDS:
-        raise AcpError(status=401, code=ErrorCode.INVALID_SIGNATURE, param="Timestamp",
-                       message="The request's Timestamp is too far from now.")
+        raise AcpError(
+            status=401,
+            code=ErrorCode.INVALID_SIGNATURE,
+            param="Timestamp",
+            message="The request's Timestamp is too far from now.",
+        )
     body = request.data if request.method == "POST" else None
     expected = request_signature(platform.signing_secret, timestamp, body)
     if not hmac.compare_digest(signature, expected):
-        raise AcpError(status=401, code=ErrorCode.INVALID_SIGNATURE, param="Signature",
-                       message="The request signature does not match.")
+        raise AcpError(
+            status=401,
+            code=ErrorCode.INVALID_SIGNATURE,
+            param="Signature",
+            message="The request signature does not match.",
+        )
 
 
 class AcpView(APIView):
@@ -150,26 +171,40 @@ class AcpView(APIView):
 
     def initial(self, request, *args, **kwargs):
         if any("\x00" in str(v) for v in kwargs.values()):
-            raise AcpError(status=404, code=ErrorCode.NOT_FOUND, message="No such checkout session.")
+            raise AcpError(
+                status=404, code=ErrorCode.NOT_FOUND, message="No such checkout session."
+            )
         super().initial(request, *args, **kwargs)  # authentication, scope, throttle
         version = (request.headers.get("API-Version") or "").strip()
         if not version:
-            raise AcpError(status=400, code=ErrorCode.MISSING_API_VERSION, param="API-Version",
-                           message="Send an API-Version header; supported: "
-                                   + ", ".join(SUPPORTED_VERSIONS) + ".")
+            raise AcpError(
+                status=400,
+                code=ErrorCode.MISSING_API_VERSION,
+                param="API-Version",
+                message="Send an API-Version header; supported: "
+                + ", ".join(SUPPORTED_VERSIONS)
+                + ".",
+            )
         if version not in SUPPORTED_VERSIONS:
-            raise AcpError(status=400, code=ErrorCode.UNSUPPORTED_API_VERSION, param="API-Version",
-                           message="Unsupported API-Version; supported: "
-                                   + ", ".join(SUPPORTED_VERSIONS) + ".")
+            raise AcpError(
+                status=400,
+                code=ErrorCode.UNSUPPORTED_API_VERSION,
+                param="API-Version",
+                message="Unsupported API-Version; supported: "
+                + ", ".join(SUPPORTED_VERSIONS)
+                + ".",
+            )
         _verify_signature(request)
 
     def handle_exception(self, exc):
         err = acp_error(exc)
         if err is None:
             logger.exception("acp request failed")
-            err = AcpError(status=500, code=ErrorCode.INTERNAL_ERROR,
-                           message="Something failed on our side; retry with the same "
-                                   "Idempotency-Key.")
+            err = AcpError(
+                status=500,
+                code=ErrorCode.INTERNAL_ERROR,
+                message="Something failed on our side; retry with the same Idempotency-Key.",
+            )
         return err.response()
 
     def finalize_response(self, request, response, *args, **kwargs):
@@ -196,9 +231,16 @@ class AcpView(APIView):
                 return None if err is None else err.answer()
             return render(outcome)
 
-        keyed = run(KeyedRequest(api_client=request.auth, route=route,
-                                 key=key_from_headers(request.headers), path=request.path,
-                                 body=body), answer=answer)
+        keyed = run(
+            KeyedRequest(
+                api_client=request.auth,
+                route=route,
+                key=key_from_headers(request.headers),
+                path=request.path,
+                body=body,
+            ),
+            answer=answer,
+        )
         # A replay of a key stored before answers were (none stored): its current state.
         done = keyed.answer if keyed.answer is not None else render(keyed)
         response = Response(done.body, status=done.status, headers=done.headers)
@@ -218,23 +260,30 @@ def acp_error(exc: BaseException) -> AcpError | None:
     if isinstance(exc, Http404):
         return AcpError(status=404, code=ErrorCode.NOT_FOUND, message="Not found.")
     if isinstance(exc, RequestDataTooBig):
-        return AcpError(status=413, code=ErrorCode.REQUEST_TOO_LARGE,
-                        message="The request body is larger than this API accepts; nothing "
-                                "was done. Send a smaller body.")
+        return AcpError(
+            status=413,
+            code=ErrorCode.REQUEST_TOO_LARGE,
+            message="The request body is larger than this API accepts; nothing "
+            "was done. Send a smaller body.",
+        )
     if isinstance(exc, drf.APIException):
         return from_drf(exc)
     if is_database_unavailable(exc):
         wait = DATABASE_UNAVAILABLE_RETRY_AFTER
-        return AcpError(status=503, code=ErrorCode.DATABASE_UNAVAILABLE,
-                        headers={"Retry-After": str(wait)},
-                        message=f"The service's database is briefly unavailable; retry with "
-                                f"the same Idempotency-Key after {wait} s.")
+        return AcpError(
+            status=503,
+            code=ErrorCode.DATABASE_UNAVAILABLE,
+            headers={"Retry-After": str(wait)},
+            message=f"The service's database is briefly unavailable; retry with "
+            f"the same Idempotency-Key after {wait} s.",
+        )
     return None
 
 
 def _session_render(status: int):
     def render(keyed: Keyed) -> Answer:
         return Answer(status, sessions.session_view(_fresh(keyed.resource_id)))
+
     return render
 
 
@@ -242,10 +291,13 @@ class SessionCreateApi(AcpView):
     def post(self, request):
         key_from_headers(request.headers)
         data = _validated("CheckoutSessionCreateRequest", request.data)
-        return self.keyed(request, route="acp_checkout_sessions_create", body=request.data,
-                          run=lambda keyed_request, **kw: services.session_create(
-                              keyed_request, data=data, **kw),
-                          render=_session_render(201))
+        return self.keyed(
+            request,
+            route="acp_checkout_sessions_create",
+            body=request.data,
+            run=lambda keyed_request, **kw: services.session_create(keyed_request, data=data, **kw),
+            render=_session_render(201),
+        )
 
 
 class SessionApi(AcpView):
@@ -256,10 +308,15 @@ class SessionApi(AcpView):
         key_from_headers(request.headers)
         session = _session_or_404(request, session_id)
         data = _validated("CheckoutSessionUpdateRequest", request.data)
-        return self.keyed(request, route="acp_checkout_sessions_update", body=request.data,
-                          run=lambda keyed_request, **kw: services.session_update(
-                              keyed_request, session_id=session.id, data=data, **kw),
-                          render=_session_render(200))
+        return self.keyed(
+            request,
+            route="acp_checkout_sessions_update",
+            body=request.data,
+            run=lambda keyed_request, **kw: services.session_update(
+                keyed_request, session_id=session.id, data=data, **kw
+            ),
+            render=_session_render(200),
+        )
 
 
 def _payment_token(payment_data: dict) -> str:
@@ -270,12 +327,19 @@ def _payment_token(payment_data: dict) -> str:
         instrument = payment_data.get("instrument") or {}
         token = (instrument.get("credential") or {}).get("token", "")
         if payment_data.get("handler_id") != sessions.HANDLER["id"]:
-            raise AcpError(status=400, code=ErrorCode.INVALID, param="$.payment_data.handler_id",
-                           message=f"Unknown payment handler; use {sessions.HANDLER['id']!r}.")
+            raise AcpError(
+                status=400,
+                code=ErrorCode.INVALID,
+                param="$.payment_data.handler_id",
+                message=f"Unknown payment handler; use {sessions.HANDLER['id']!r}.",
+            )
     if not isinstance(token, str) or not token.startswith("spt_"):
-        raise AcpError(status=400, code=ErrorCode.INVALID, param="$.payment_data",
-                       message="payment_data must carry a Stripe shared payment token "
-                               "(spt_…).")
+        raise AcpError(
+            status=400,
+            code=ErrorCode.INVALID,
+            param="$.payment_data",
+            message="payment_data must carry a Stripe shared payment token (spt_…).",
+        )
     return token
 
 
@@ -292,9 +356,11 @@ def _complete_answer(keyed: Keyed) -> Answer:
     op = sessions.payment_op(session.purchase)
     if op is not None and op.outcome == Outcome.FAILED:
         return _payment_failed(op).answer()
-    return AcpError(status=409, code=ErrorCode.SESSION_NOT_COMPLETABLE,
-                    message=f"This session is {view['status']}; it cannot be "
-                            "completed.").answer()
+    return AcpError(
+        status=409,
+        code=ErrorCode.SESSION_NOT_COMPLETABLE,
+        message=f"This session is {view['status']}; it cannot be completed.",
+    ).answer()
 
 
 def _payment_failed(op: PaymentOperation) -> AcpError:
@@ -302,22 +368,40 @@ def _payment_failed(op: PaymentOperation) -> AcpError:
     after = "; no money moved. Complete again with a new Idempotency-Key."
     if sessions.attempts_exhausted(op.purchase_id):
         # Never an invitation the server would refuse (the session says so too).
-        after = ("; no money moved. That was this session's last payment attempt: it "
-                 "cannot be paid any more, and our support will contact the buyer.")
+        after = (
+            "; no money moved. That was this session's last payment attempt: it "
+            "cannot be paid any more, and our support will contact the buyer."
+        )
     if op.reason == Reason.CARD_DECLINED:
-        return AcpError(status=402, code=ErrorCode.PAYMENT_DECLINED, param="$.payment_data",
-                        message="The card was declined" + after)
+        return AcpError(
+            status=402,
+            code=ErrorCode.PAYMENT_DECLINED,
+            param="$.payment_data",
+            message="The card was declined" + after,
+        )
     if op.reason == Reason.PROVIDER_UNREACHABLE:
-        return AcpError(status=503, code=ErrorCode.PROVIDER_UNAVAILABLE,
-                        headers={"Retry-After": "30"},
-                        message="The payment provider could not be reached" + after)
+        return AcpError(
+            status=503,
+            code=ErrorCode.PROVIDER_UNAVAILABLE,
+            headers={"Retry-After": "30"},
+            message="The payment provider could not be reached" + after,
+        )
     if op.reason == Reason.INVALID_REQUEST:
-        return AcpError(status=400, code=ErrorCode.PAYMENT_DECLINED, param="$.payment_data",
-                        message="The provider refused the payment token (used, expired, or "
-                                "not valid for this amount or currency)" + after
-                                + " Ask the agent platform for a new token.")
-    return AcpError(status=402, code=ErrorCode.PAYMENT_DECLINED, param="$.payment_data",
-                    message="The payment failed" + after)
+        return AcpError(
+            status=400,
+            code=ErrorCode.PAYMENT_DECLINED,
+            param="$.payment_data",
+            message="The provider refused the payment token (used, expired, or "
+            "not valid for this amount or currency)"
+            + after
+            + " Ask the agent platform for a new token.",
+        )
+    return AcpError(
+        status=402,
+        code=ErrorCode.PAYMENT_DECLINED,
+        param="$.payment_data",
+        message="The payment failed" + after,
+    )
 
 
 class SessionCompleteApi(AcpView):
@@ -326,11 +410,15 @@ class SessionCompleteApi(AcpView):
         session = _session_or_404(request, session_id)
         data = _validated("CheckoutSessionCompleteRequest", request.data)
         token = _payment_token(data["payment_data"])
-        return self.keyed(request, route="acp_checkout_sessions_complete", body=request.data,
-                          run=lambda keyed_request, **kw: services.session_complete(
-                              keyed_request, session_id=session.id, data=data, token=token,
-                              **kw),
-                          render=_complete_answer)
+        return self.keyed(
+            request,
+            route="acp_checkout_sessions_complete",
+            body=request.data,
+            run=lambda keyed_request, **kw: services.session_complete(
+                keyed_request, session_id=session.id, data=data, token=token, **kw
+            ),
+            render=_complete_answer,
+        )
 
 
 class SessionCancelApi(AcpView):
@@ -339,17 +427,25 @@ class SessionCancelApi(AcpView):
         session = _session_or_404(request, session_id)
         body = request.data if request.data else {}
         _validated("CancelSessionRequest", body)
-        return self.keyed(request, route="acp_checkout_sessions_cancel", body=body,
-                          run=lambda keyed_request, **kw: services.session_cancel(
-                              keyed_request, session_id=session.id, **kw),
-                          render=_session_render(200))
+        return self.keyed(
+            request,
+            route="acp_checkout_sessions_cancel",
+            body=body,
+            run=lambda keyed_request, **kw: services.session_cancel(
+                keyed_request, session_id=session.id, **kw
+            ),
+            render=_session_render(200),
+        )
 
 
 class UnknownApi(AcpView):
     """No such ACP operation: the spec's Error (after the same doors as the others)."""
 
     def _unknown(self, request, *args, **kwargs):
-        raise AcpError(status=404, code=ErrorCode.NOT_FOUND,
-                       message="No such ACP operation; see the checkout API's five.")
+        raise AcpError(
+            status=404,
+            code=ErrorCode.NOT_FOUND,
+            message="No such ACP operation; see the checkout API's five.",
+        )
 
     get = post = put = patch = delete = _unknown

@@ -1,4 +1,5 @@
 """Mounted by config/urls.py as `path("mcp/", include("agents.urls"))`."""
+
 from django.urls import path
 
 from .views import mcp_endpoint

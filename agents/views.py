@@ -12,9 +12,11 @@ layer sees it. Each tool call then re-resolves the key and checks its scope (a r
 key or a missing scope is refused per call, with a structured answer).
 
 Not atomic and CSRF-exempt on purpose: tools open their own short transactions and make
-provider calls outside them (no lock held across a provider call); the caller is authenticated by an API key, not a
+provider calls outside them (no lock held across a provider call); the caller is authenticated by
+an API key, not a
 cookie.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +34,11 @@ from .server import authenticate_key, build_server, key_from_headers
 logging.getLogger("mcp.server.streamable_http_manager").setLevel(logging.WARNING)
 
 _UNAUTHENTICATED = {
-    "type": "urn:verity:problem:unauthenticated", "title": "Unauthenticated", "status": 401,
-    "detail": "Send a valid key as 'Authorization: Api-Key <key>'.", "code": "unauthenticated",
+    "type": "urn:verity:problem:unauthenticated",
+    "title": "Unauthenticated",
+    "status": 401,
+    "detail": "Send a valid key as 'Authorization: Api-Key <key>'.",
+    "code": "unauthenticated",
 }
 
 
@@ -45,16 +50,25 @@ def _server():
 
 
 def _scope(request: HttpRequest) -> dict:
-    headers = [(name.lower().encode("latin-1"), value.encode("latin-1"))
-               for name, value in request.headers.items()]
+    headers = [
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in request.headers.items()
+    ]
     server_port = int(request.get_port() or 80)
     return {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1", "method": request.method, "scheme": request.scheme,
-        "path": request.path, "raw_path": request.path.encode(), "root_path": "",
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": request.method,
+        "scheme": request.scheme,
+        "path": request.path,
+        "raw_path": request.path.encode(),
+        "root_path": "",
         "query_string": request.META.get("QUERY_STRING", "").encode("latin-1"),
-        "headers": headers, "client": (request.META.get("REMOTE_ADDR", ""), 0),
-        "server": (request.get_host().split(":")[0], server_port), "state": {},
+        "headers": headers,
+        "client": (request.META.get("REMOTE_ADDR", ""), 0),
+        "server": (request.get_host().split(":")[0], server_port),
+        "state": {},
     }
 
 
@@ -83,10 +97,13 @@ def _serve_asgi_once(request: HttpRequest) -> HttpResponse:
                 done.set()
 
         manager = StreamableHTTPSessionManager(
-            app=_server()._lowlevel_server, json_response=True, stateless=True,
+            app=_server()._lowlevel_server,
+            json_response=True,
+            stateless=True,
             # Host/Origin checks: Django's ALLOWED_HOSTS already vetted the host, and a
             # browser cannot ride this endpoint (API key header, no cookies).
-            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
         async with manager.run():
             await manager.handle_request(scope, receive, send)
             done.set()
@@ -113,7 +130,10 @@ def mcp_endpoint(request: HttpRequest) -> HttpResponse:
         # 405 is how the MCP spec says "not offered"; clients carry on with POST.
         return HttpResponse(status=405, headers={"Allow": "POST"})
     if authenticate_key(key_from_headers(request.headers)) is None:
-        return HttpResponse(json.dumps(_UNAUTHENTICATED), status=401,
-                            content_type="application/problem+json",
-                            headers={"WWW-Authenticate": 'Api-Key realm="mcp"'})
+        return HttpResponse(
+            json.dumps(_UNAUTHENTICATED),
+            status=401,
+            content_type="application/problem+json",
+            headers={"WWW-Authenticate": 'Api-Key realm="mcp"'},
+        )
     return _serve_asgi_once(request)

@@ -5,6 +5,7 @@ literal and callers not yet moved to the enum all keep working; a new action is 
 member, never a renamed one (stored rows keep the old value). A refused console action is
 recorded as `<action>.refused`.
 """
+
 from __future__ import annotations
 
 from enum import StrEnum

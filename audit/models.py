@@ -3,6 +3,7 @@
 The tables keep their first names (`support_*`, where they were created): the
 append-only triggers of support/migrations/0002 are bound to them and still refuse
 UPDATE and DELETE (tests/support/test_audit_append_only.py)."""
+
 from django.conf import settings
 from django.db import models
 

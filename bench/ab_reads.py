@@ -15,6 +15,7 @@ sleep, e.g. on a round trip) per request.
 The baseline is checked out into a temporary git worktree (removed at the end); it must
 have this checkout's migrations (the stack is migrated once, by this checkout).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,9 @@ def _procs() -> dict[int, tuple[str, int, int, int]]:
     return out
 
 
-def _cost(before: dict, after: dict, *, bind: str, postmaster: int, redis_port: str
-          ) -> tuple[float, float, dict[str, float]]:
+def _cost(
+    before: dict, after: dict, *, bind: str, postmaster: int, redis_port: str
+) -> tuple[float, float, dict[str, float]]:
     """(CPU ms, gunicorn voluntary context switches, CPU ms by process: gunicorn,
     PostgreSQL, Redis) spent between the two snapshots by the gunicorn of `bind`, the
     PostgreSQL backends and Redis."""
@@ -74,8 +76,15 @@ def _cost(before: dict, after: dict, *, bind: str, postmaster: int, redis_port: 
     by = {"gunicorn": 0, "PostgreSQL": 0, "Redis": 0}
     for pid, (cmd, ppid, cpu, vcs) in after.items():
         gunicorn_side = "gunicorn" in cmd and bind in cmd
-        who = ("gunicorn" if gunicorn_side else "PostgreSQL" if ppid == postmaster
-               else "Redis" if "redis-server" in cmd and redis_port in cmd else None)
+        who = (
+            "gunicorn"
+            if gunicorn_side
+            else "PostgreSQL"
+            if ppid == postmaster
+            else "Redis"
+            if "redis-server" in cmd and redis_port in cmd
+            else None
+        )
         if who is None:
             continue
         old = before.get(pid)
@@ -96,14 +105,18 @@ def main(argv: list[str] | None = None) -> Report:
     args = parser.parse_args(argv)
     require_wrk()
     migrations = subprocess.run(
-        ["git", "diff", "--quiet", args.baseline, "--", "*/migrations/*"], cwd=ROOT)
+        ["git", "diff", "--quiet", args.baseline, "--", "*/migrations/*"], cwd=ROOT
+    )
     if migrations.returncode != 0:
         sys.exit(f"ab_reads: {args.baseline} has other migrations than this checkout")
     report = Report()
     with tempfile.TemporaryDirectory(prefix="verity-ab-") as tmp:
         base_root = Path(tmp) / "baseline"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base_root),
-                        args.baseline], cwd=ROOT, check=True)
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", "-q", str(base_root), args.baseline],
+            cwd=ROOT,
+            check=True,
+        )
         try:
             results = _run(args, base_root)
         finally:
@@ -116,16 +129,29 @@ def main(argv: list[str] | None = None) -> Report:
             rps = med([r[0] for r in rows[kind]])
             cpu = med([r[1] for r in rows[kind]])
             vcs = med([r[2] for r in rows[kind]])
-            split = "/".join(f"{med([r[4][k] for r in rows[kind]]):.2f}"
-                             for k in ("gunicorn", "PostgreSQL", "Redis"))
-            floor_split = "/".join(f"{med([r[4][k] for r in rows['floor']]):.2f}"
-                                   for k in ("gunicorn", "PostgreSQL", "Redis"))
-            note = (f"{args.baseline} " if side == "baseline" else "") + \
-                f"CPU {cpu:.2f} ms/req (floor {floor_cpu:.2f}; gunicorn/PostgreSQL/Redis " \
-                f"{split}, floor {floor_split}), {vcs:.2f} sleeps/req; " \
+            split = "/".join(
+                f"{med([r[4][k] for r in rows[kind]]):.2f}"
+                for k in ("gunicorn", "PostgreSQL", "Redis")
+            )
+            floor_split = "/".join(
+                f"{med([r[4][k] for r in rows['floor']]):.2f}"
+                for k in ("gunicorn", "PostgreSQL", "Redis")
+            )
+            note = (
+                (f"{args.baseline} " if side == "baseline" else "")
+                + f"CPU {cpu:.2f} ms/req (floor {floor_cpu:.2f}; gunicorn/PostgreSQL/Redis "
+                f"{split}, floor {floor_split}), {vcs:.2f} sleeps/req; "
                 f"p50 {med([r[3] for r in rows[kind]]):.1f} ms"
-            report.add("ab reads", f"{side}: {label} req/s", fmt(rps), fmt(floor),
-                       f"{rps / floor:.2f}", ">= 0.60", note)
+            )
+            report.add(
+                "ab reads",
+                f"{side}: {label} req/s",
+                fmt(rps),
+                fmt(floor),
+                f"{rps / floor:.2f}",
+                ">= 0.60",
+                note,
+            )
     report.dump(args.json)
     report.print("replay and GET, baseline vs this checkout, one stack, interleaved")
     return report
@@ -135,31 +161,65 @@ def _run(args, base_root: Path) -> dict:
     with bench_stack() as (stack, env):
         from payments.models import Product
 
-        Product.objects.create(sku="BENCH-1", name="Bench item", price=1500, currency="usd",
-                               stock=10**6)
-        key = manage(env, "create_api_client", "bench", "--scopes", "purchases:read",
-                     "purchases:write", "--limit", "0").strip().splitlines()[-1].strip()
+        Product.objects.create(
+            sku="BENCH-1", name="Bench item", price=1500, currency="usd", stock=10**6
+        )
+        key = (
+            manage(
+                env,
+                "create_api_client",
+                "bench",
+                "--scopes",
+                "purchases:read",
+                "purchases:write",
+                "--limit",
+                "0",
+            )
+            .strip()
+            .splitlines()[-1]
+            .strip()
+        )
         auth = {"Authorization": f"Api-Key {key}"}
         redis_port = stack.env["REDIS_URL"].rsplit(":", 1)[1].split("/")[0]
         with gunicorn(env, stack, root=base_root) as old, gunicorn(env, stack) as new:
             api = f"{new}/api/v1"
-            st, quote = http_json("POST", f"{api}/quotes", {
-                "items": [{"sku": "BENCH-1", "quantity": 1}], "currency": "usd"},
-                {**auth, "Idempotency-Key": "ab-quote"})
-            st, purchase = http_json("POST", f"{api}/purchases", {
-                "quote_id": quote["id"], "quote_version": quote["version"],
-                "customer": {"reference": "ab", "email": "ab@example.com"}},
-                {**auth, "Idempotency-Key": "ab-purchase"})
+            st, quote = http_json(
+                "POST",
+                f"{api}/quotes",
+                {"items": [{"sku": "BENCH-1", "quantity": 1}], "currency": "usd"},
+                {**auth, "Idempotency-Key": "ab-quote"},
+            )
+            st, purchase = http_json(
+                "POST",
+                f"{api}/purchases",
+                {
+                    "quote_id": quote["id"],
+                    "quote_version": quote["version"],
+                    "customer": {"reference": "ab", "email": "ab@example.com"},
+                },
+                {**auth, "Idempotency-Key": "ab-purchase"},
+            )
             pid = purchase["id"]
             body = {"payment_method": "pm_card_visa", "capture": "automatic"}
-            st, _op = http_json("POST", f"{api}/purchases/{pid}/payments", body,
-                                {**auth, "Idempotency-Key": "ab-pay"})
+            st, _op = http_json(
+                "POST",
+                f"{api}/purchases/{pid}/payments",
+                body,
+                {**auth, "Idempotency-Key": "ab-pay"},
+            )
             assert st == 201, st
-            postmaster = next(p for p, (cmd, *_r) in _procs().items()
-                              if str(stack.tmp) in cmd and " -D " in f" {cmd} "
-                              and "postgres" in cmd.split(" ")[0])
-            replay_env = {"BENCH_AUTH": auth["Authorization"], "BENCH_IDEM_KEY": "ab-pay",
-                          "BENCH_BODY": json.dumps(body)}
+            postmaster = next(
+                p
+                for p, (cmd, *_r) in _procs().items()
+                if str(stack.tmp) in cmd
+                and " -D " in f" {cmd} "
+                and "postgres" in cmd.split(" ")[0]
+            )
+            replay_env = {
+                "BENCH_AUTH": auth["Authorization"],
+                "BENCH_IDEM_KEY": "ab-pay",
+                "BENCH_BODY": json.dumps(body),
+            }
             sides = {"baseline": old, "this checkout": new}
             results = {side: {"floor": [], "replay": [], "get": []} for side in sides}
             for rnd in range(args.rounds):
@@ -167,23 +227,45 @@ def _run(args, base_root: Path) -> dict:
                     log(f"round {rnd + 1}/{args.rounds}: {side}")
                     cases = {
                         "floor": (f"{base}/bench-floor/purchase/{pid}", "get.lua", {}),
-                        "replay": (f"{base}/api/v1/purchases/{pid}/payments",
-                                   "same_post.lua", replay_env),
-                        "get": (f"{base}/api/v1/purchases/{pid}", "get.lua",
-                                {"BENCH_AUTH": auth["Authorization"]}),
+                        "replay": (
+                            f"{base}/api/v1/purchases/{pid}/payments",
+                            "same_post.lua",
+                            replay_env,
+                        ),
+                        "get": (
+                            f"{base}/api/v1/purchases/{pid}",
+                            "get.lua",
+                            {"BENCH_AUTH": auth["Authorization"]},
+                        ),
                     }
                     for kind, (url, lua, wrk_env) in cases.items():
                         before = _procs()
-                        r = wrk(url, LUA / lua, seconds=args.seconds,
-                                connections=args.connections, env=wrk_env)
+                        r = wrk(
+                            url,
+                            LUA / lua,
+                            seconds=args.seconds,
+                            connections=args.connections,
+                            env=wrk_env,
+                        )
                         cpu, switches, split = _cost(
-                            before, _procs(), bind=base.split("//")[1], postmaster=postmaster,
-                            redis_port=redis_port)
+                            before,
+                            _procs(),
+                            bind=base.split("//")[1],
+                            postmaster=postmaster,
+                            redis_port=redis_port,
+                        )
                         if r.non2xx or r.errors > 2:
                             log(f"{side} {kind}: {r.non2xx} non-2xx, {r.errors} errors")
                         n = max(r.requests, 1)
-                        results[side][kind].append((r.rps, cpu / n, switches / n, r.p50_ms,
-                                                    {k: v / n for k, v in split.items()}))
+                        results[side][kind].append(
+                            (
+                                r.rps,
+                                cpu / n,
+                                switches / n,
+                                r.p50_ms,
+                                {k: v / n for k, v in split.items()},
+                            )
+                        )
     return results
 
 

@@ -4,6 +4,7 @@ pygal (a project dependency, also used by the console's charts) renders the SVG 
 server; `js=[]` keeps it a plain image (no tooltip script, no CDN). One bar per row that
 has a ratio; the goal of each row (`>= 0.60`) is a second bar beside it.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,18 +32,33 @@ def ratio_chart_svg(rows, *, title: str) -> str:
         goal = _GOAL.search(r.goal or "")
         goal_value = float(goal.group(1)) if goal and "dup/new" not in r.goal else None
         labels.append(f"{r.bench}: {r.metric}")
-        ratios.append({"value": value,
-                       "color": ("#2e7d32" if goal_value is None or value >= goal_value
-                                 else "#c62828")})
+        ratios.append(
+            {
+                "value": value,
+                "color": ("#2e7d32" if goal_value is None or value >= goal_value else "#c62828"),
+            }
+        )
         goals.append(goal_value)
-    style = Style(background="white", plot_background="white", colors=("#2e7d32", "#9e9e9e"),
-                  font_family="sans-serif", label_font_size=11, major_label_font_size=11)
-    chart = pygal.HorizontalBar(title=title, style=style, js=[], width=900,
-                                height=max(300, 60 + 42 * len(labels)), show_legend=True,
-                                legend_at_bottom=True, print_values=True,
-                                value_formatter=lambda v: f"{v:.2f}" if v is not None else "",
-                                range=(0, max([1.0, *[r["value"] for r in ratios],
-                                               *[g for g in goals if g]]) * 1.05))
+    style = Style(
+        background="white",
+        plot_background="white",
+        colors=("#2e7d32", "#9e9e9e"),
+        font_family="sans-serif",
+        label_font_size=11,
+        major_label_font_size=11,
+    )
+    chart = pygal.HorizontalBar(
+        title=title,
+        style=style,
+        js=[],
+        width=900,
+        height=max(300, 60 + 42 * len(labels)),
+        show_legend=True,
+        legend_at_bottom=True,
+        print_values=True,
+        value_formatter=lambda v: f"{v:.2f}" if v is not None else "",
+        range=(0, max([1.0, *[r["value"] for r in ratios], *[g for g in goals if g]]) * 1.05),
+    )
     chart.x_labels = labels
     chart.add("ratio (green: goal met, red: missed)", ratios)
     chart.add("goal", goals)

@@ -5,6 +5,7 @@ localstripe), migrates, measures, prints its rows, and can dump them as JSON for
 bench/run_all.py. Figures are medians of several runs; headlines are ratios against a
 floor measured in the same run on the same PostgreSQL (DESIGN §2, STYLE rule 14).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,10 @@ WRK = shutil.which("wrk") or "/usr/bin/wrk"
 
 def require_wrk() -> None:
     if not Path(WRK).exists():
-        sys.exit("bench: `wrk` is not installed (Debian/Ubuntu: apt-get install wrk); "
-                 "the HTTP benchmarks need it.")
+        sys.exit(
+            "bench: `wrk` is not installed (Debian/Ubuntu: apt-get install wrk); "
+            "the HTTP benchmarks need it."
+        )
 
 
 @dataclass
@@ -78,8 +81,9 @@ class Report:
 def print_table(rows: list[Row], title: str = "") -> None:
     cols = ["bench", "metric", "value", "floor", "ratio", "goal", "note"]
     data = [[getattr(r, c) if not isinstance(r, dict) else r[c] for c in cols] for r in rows]
-    widths = [max(len(c), *(len(str(d[i])) for d in data)) if data else len(c)
-              for i, c in enumerate(cols)]
+    widths = [
+        max(len(c), *(len(str(d[i])) for d in data)) if data else len(c) for i, c in enumerate(cols)
+    ]
     line = "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=False))
     if title:
         print(f"\n== {title} ==")
@@ -127,17 +131,21 @@ def bench_stack(*, redis: bool = True, localstripe: bool = True, extra_env: dict
     """
     with Stack(redis=redis, localstripe=localstripe, durable=durable()) as stack:
         env = {
-            **os.environ, **stack.env,
+            **os.environ,
+            **stack.env,
             "DJANGO_SETTINGS_MODULE": "bench.settings",
             "STRIPE_WEBHOOK_SECRETS": WEBHOOK_SECRET,
             "API_THROTTLE_RATE": API_THROTTLE_RATE,
             "PYTHONPATH": str(ROOT),
             **(extra_env or {}),
         }
-        log(f"stack up: {stack.env.get('DATABASE_URL')} (synchronous_commit "
-            f"{'on' if durable() else 'off'}); migrating")
-        subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], env=env, cwd=ROOT,
-                       check=True)
+        log(
+            f"stack up: {stack.env.get('DATABASE_URL')} (synchronous_commit "
+            f"{'on' if durable() else 'off'}); migrating"
+        )
+        subprocess.run(
+            [PY, "manage.py", "migrate", "--noinput", "-v", "0"], env=env, cwd=ROOT, check=True
+        )
         os.environ.update(env)
         import django
 
@@ -146,8 +154,9 @@ def bench_stack(*, redis: bool = True, localstripe: bool = True, extra_env: dict
 
 
 def manage(env: dict, *args: str) -> str:
-    out = subprocess.run([PY, "manage.py", *args], env=env, cwd=ROOT, check=True,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [PY, "manage.py", *args], env=env, cwd=ROOT, check=True, capture_output=True, text=True
+    )
     return out.stdout
 
 
@@ -160,10 +169,24 @@ def gunicorn(env: dict, stack: Stack, *, workers: int = 4, root: Path | None = N
         env = {**env, "PYTHONPATH": str(root)}
     logf = open(stack.tmp / f"gunicorn-{port}.log", "ab")
     proc = subprocess.Popen(
-        [str(BIN / "gunicorn"), "config.wsgi:application", "-b", f"127.0.0.1:{port}",
-         "-w", str(workers), "--backlog", "2048", "--timeout", "60"],
-        env=env, cwd=root or ROOT, stdout=logf, stderr=subprocess.STDOUT,
-        start_new_session=True)
+        [
+            str(BIN / "gunicorn"),
+            "config.wsgi:application",
+            "-b",
+            f"127.0.0.1:{port}",
+            "-w",
+            str(workers),
+            "--backlog",
+            "2048",
+            "--timeout",
+            "60",
+        ],
+        env=env,
+        cwd=root or ROOT,
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         _wait_port(port, timeout=60, proc=proc)
         base = f"http://127.0.0.1:{port}"
@@ -211,14 +234,18 @@ class WrkResult:
     errors: int
 
 
-def wrk(url: str, script: Path, *, seconds: float, connections: int = 16,
-        env: dict | None = None) -> WrkResult:
+def wrk(
+    url: str, script: Path, *, seconds: float, connections: int = 16, env: dict | None = None
+) -> WrkResult:
     """One wrk run (one thread: request order is the script's order, so a 'new' event in
     the script is never sent by two threads)."""
     out = subprocess.run(
-        [WRK, "-t1", f"-c{connections}", f"-d{int(seconds)}s", "--latency", "-s", str(script),
-         url],
-        capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=seconds + 60)
+        [WRK, "-t1", f"-c{connections}", f"-d{int(seconds)}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=seconds + 60,
+    )
     text = out.stdout
     if out.returncode != 0:
         raise RuntimeError(f"wrk failed: {out.stderr or text}")
@@ -228,15 +255,26 @@ def wrk(url: str, script: Path, *, seconds: float, connections: int = 16,
     reqs = int(re.search(r"(\d+) requests in", text).group(1))
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
     errs = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
-    return WrkResult(rps, p50, p99, reqs, int(non2xx.group(1)) if non2xx else 0,
-                     sum(int(g) for g in errs.groups()) if errs else 0)
+    return WrkResult(
+        rps,
+        p50,
+        p99,
+        reqs,
+        int(non2xx.group(1)) if non2xx else 0,
+        sum(int(g) for g in errs.groups()) if errs else 0,
+    )
 
 
-def http_json(method: str, url: str, body: dict | None = None, headers: dict | None = None
-              ) -> tuple[int, dict]:
+def http_json(
+    method: str, url: str, body: dict | None = None, headers: dict | None = None
+) -> tuple[int, dict]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method=method,
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, json.loads(r.read() or b"{}")
@@ -255,10 +293,19 @@ def machine() -> dict:
     with contextlib.suppress(OSError):
         kb = int(Path("/proc/meminfo").read_text().split()[1])
         mem = f"{kb / 1024 / 1024:.1f} GiB"
-    pg = subprocess.run(["postgres", "--version"], capture_output=True, text=True).stdout.strip() \
-        if shutil.which("postgres") else ""
-    return {"nproc": os.cpu_count(), "cpu": cpu, "memory": mem, "postgres": pg,
-            "python": sys.version.split()[0], "load": os.getloadavg()}
+    pg = (
+        subprocess.run(["postgres", "--version"], capture_output=True, text=True).stdout.strip()
+        if shutil.which("postgres")
+        else ""
+    )
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "memory": mem,
+        "postgres": pg,
+        "python": sys.version.split()[0],
+        "load": os.getloadavg(),
+    }
 
 
 class _Durable(argparse.Action):
@@ -269,6 +316,11 @@ class _Durable(argparse.Action):
 
 def common_args(parser) -> None:
     parser.add_argument("--json", help="also write the rows as JSON to this path")
-    parser.add_argument("--durable", action=_Durable, nargs=0, default=False,
-                        help="synchronous_commit on (as production), not off")
+    parser.add_argument(
+        "--durable",
+        action=_Durable,
+        nargs=0,
+        default=False,
+        help="synchronous_commit on (as production), not off",
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (median)")

@@ -8,6 +8,7 @@ it" — the soak kills a web process inside that window. `drop_answers(rate)` fo
 request upstream and then, for a seeded share of connections, resets the connection
 instead of passing the answer back: the upstream acted, the caller never hears of it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -61,7 +62,9 @@ class FaultProxy:
             listener.close()
         for conn in conns:
             with contextlib.suppress(OSError):
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                conn.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+                )
                 conn.close()
 
     def hold(self, seconds: float) -> None:
@@ -94,10 +97,8 @@ class FaultProxy:
                     upstream.close()
                     continue
                 self._conns.update((client, upstream))
-            threading.Thread(target=self._pump, args=(client, upstream, False),
-                             daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, True),
-                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
         decided = False
@@ -112,8 +113,9 @@ class FaultProxy:
                     decided = True  # one decision per connection, at its first answer bytes
                     if self._drop_this():
                         # The request reached upstream and was answered: reset the caller.
-                        dst.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                       b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                        dst.setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+                        )
                         break
                 dst.sendall(data)
         except OSError:

@@ -4,6 +4,7 @@ They verify nothing, authenticate nothing and write no outbox row; they exist so
 headline figure is a ratio against what this machine, this PostgreSQL and this middleware
 stack allow at that moment (the machine is shared and noisy).
 """
+
 import json
 
 from django.db import connection
@@ -24,16 +25,19 @@ def insert_one_row(request):
     """Webhook floor: parse the body, insert one row by its id (ON CONFLICT DO NOTHING)."""
     key = json.loads(request.body)["id"]
     with connection.cursor() as cursor:
-        cursor.execute("INSERT INTO bench_floor_row (key) VALUES (%s) ON CONFLICT DO NOTHING",
-                       [key])
+        cursor.execute(
+            "INSERT INTO bench_floor_row (key) VALUES (%s) ON CONFLICT DO NOTHING", [key]
+        )
     return JsonResponse({"received": True})
 
 
 def get_one_row(request, purchase_id: str):
     """Replay floor: one indexed (primary key) read of one row, as JSON."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT id, status, amount, currency FROM payments_purchase WHERE id = %s",
-                       [purchase_id])
+        cursor.execute(
+            "SELECT id, status, amount, currency FROM payments_purchase WHERE id = %s",
+            [purchase_id],
+        )
         row = cursor.fetchone()
     if row is None:
         raise Http404

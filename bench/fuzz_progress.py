@@ -7,6 +7,7 @@ Loaded with `-p`, it is imported before pytest captures output, so it keeps its 
 the real stderr and the line is visible while a test runs (hypothesis runs every example
 of one operation inside one test). `-qq` or VERITY_PROGRESS=0 turns it off.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,10 +37,12 @@ def _status() -> str:
     # schemathesis names each operation's test `…[METHOD /path]` when it can.
     nodeid = _state["current"]
     current = nodeid.rsplit("[", 1)[-1].rstrip("]") if nodeid.endswith("]") else ""
-    return (f"cases {_state['cases']:,} of a budget of ~{_budget():,} "
-            f"({_state['total']} operations x {os.environ.get('VERITY_FUZZ_EXAMPLES', '5')} "
-            f"examples, plus schema examples); tests {_state['done']}/{_state['total']}; "
-            f"{_state['failures']} failure(s)" + (f"; now {current[:60]}" if current else ""))
+    return (
+        f"cases {_state['cases']:,} of a budget of ~{_budget():,} "
+        f"({_state['total']} operations x {os.environ.get('VERITY_FUZZ_EXAMPLES', '5')} "
+        f"examples, plus schema examples); tests {_state['done']}/{_state['total']}; "
+        f"{_state['failures']} failure(s)" + (f"; now {current[:60]}" if current else "")
+    )
 
 
 def pytest_configure(config):

@@ -28,6 +28,7 @@ Headline: full / empty for each figure (goal: within 10 %, i.e. >= 0.90).
 
     .venv/bin/python bench/history.py [--rows 5000000] [--rounds 3] [--seconds 8]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -120,11 +121,15 @@ def _exec(dsn: str, *statements, params=None, fetch=False):
 
 def _secondary_indexes(dsn: str, table: str) -> tuple[list[str], list[str]]:
     """(drop statements, create statements) for every index but the primary key."""
-    rows = _exec(dsn, f"""
+    rows = _exec(
+        dsn,
+        f"""
         SELECT i.relname, pg_get_indexdef(i.oid), c.conname, pg_get_constraintdef(c.oid)
         FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
         LEFT JOIN pg_constraint c ON c.conindid = x.indexrelid
-        WHERE x.indrelid = '{table}'::regclass AND NOT x.indisprimary""", fetch=True)
+        WHERE x.indrelid = '{table}'::regclass AND NOT x.indisprimary""",
+        fetch=True,
+    )
     drops, creates = [], []
     for name, indexdef, conname, condef in rows:
         if conname:
@@ -148,33 +153,38 @@ def fill_history(dsn: str, rows: int) -> dict:
         t_index = time.monotonic() - t - t_insert
         _exec(dsn, f"VACUUM (ANALYZE) {table}")
         figures[table] = time.monotonic() - t
-        log(f"  {table}: insert {t_insert:.0f}s, {len(creates)} indexes {t_index:.0f}s, "
-            f"vacuum {figures[table] - t_insert - t_index:.0f}s")
-        size = _exec(dsn, f"SELECT pg_size_pretty(pg_total_relation_size('{table}'))",
-                     fetch=True)[0][0]
+        log(
+            f"  {table}: insert {t_insert:.0f}s, {len(creates)} indexes {t_index:.0f}s, "
+            f"vacuum {figures[table] - t_insert - t_index:.0f}s"
+        )
+        size = _exec(dsn, f"SELECT pg_size_pretty(pg_total_relation_size('{table}'))", fetch=True)[
+            0
+        ][0]
         figures[f"{table}_size"] = size
-        log(f"filled {table}: {rows:,} rows, {size} with indexes, "
-            f"{figures[table]:.0f}s")
+        log(f"filled {table}: {rows:,} rows, {size} with indexes, {figures[table]:.0f}s")
     return figures
 
 
 def index_sizes(dsn: str) -> dict[str, int]:
     """Bytes of each of the two history tables (`<table>`: its heap) and of each of their
     indexes (`<table>.<index>`)."""
-    rows = _exec(dsn, f"""
+    rows = _exec(
+        dsn,
+        f"""
         SELECT t.relname || coalesce('.' || i.relname, ''),
                pg_relation_size(coalesce(i.oid, t.oid))
         FROM pg_class t LEFT JOIN pg_index x ON x.indrelid = t.oid
         LEFT JOIN pg_class i ON i.oid = x.indexrelid
         WHERE t.relname IN ('{OUTBOX}', '{EVENTS}')
         UNION ALL SELECT relname, pg_relation_size(oid) FROM pg_class
-        WHERE relname IN ('{OUTBOX}', '{EVENTS}') ORDER BY 1""", fetch=True)
+        WHERE relname IN ('{OUTBOX}', '{EVENTS}') ORDER BY 1""",
+        fetch=True,
+    )
     return dict(rows)
 
 
 def _count_rows(dsn: str) -> dict:
-    return {t: _exec(dsn, f"SELECT count(*) FROM {t}", fetch=True)[0][0]
-            for t in (OUTBOX, EVENTS)}
+    return {t: _exec(dsn, f"SELECT count(*) FROM {t}", fetch=True)[0][0] for t in (OUTBOX, EVENTS)}
 
 
 # -- one measurement each ---------------------------------------------------------------
@@ -183,8 +193,13 @@ def _count_rows(dsn: str) -> dict:
 def measure_ingest(base: str, stack, seconds: float, tag: str):
     path = stack.tmp / f"hist-{tag}.txt"
     write_requests(path, n=40000, prefix=tag, duplicates=DUPLICATE_SHARE)
-    return wrk(f"{base}/webhooks/stripe/", LUA, seconds=seconds, connections=16,
-               env={"BENCH_REQUESTS": str(path)})
+    return wrk(
+        f"{base}/webhooks/stripe/",
+        LUA,
+        seconds=seconds,
+        connections=16,
+        env={"BENCH_REQUESTS": str(path)},
+    )
 
 
 def settle_ingest_rows(dsn: str) -> None:
@@ -208,8 +223,10 @@ def measure_drain(app, dsn: str, n: int, tag: str, timeout: float = 300) -> floa
     for _ in range(-(-n // 5000) + 1):
         app.send_task("recovery.relay_drain")
     deadline = time.monotonic() + timeout
-    left_sql = (f"SELECT count(*) FROM {OUTBOX} WHERE processed_at IS NULL AND id > {below} "
-                "AND category = 99")
+    left_sql = (
+        f"SELECT count(*) FROM {OUTBOX} WHERE processed_at IS NULL AND id > {below} "
+        "AND category = 99"
+    )
     while time.monotonic() < deadline:
         left = _exec(dsn, left_sql, fetch=True)[0][0]
         if not left:
@@ -217,8 +234,11 @@ def measure_drain(app, dsn: str, n: int, tag: str, timeout: float = 300) -> floa
         time.sleep(0.25)
     else:
         raise RuntimeError(f"{left} messages left after {timeout}s")
-    count, last = _exec(dsn, f"SELECT count(*), max(processed_at) FROM {OUTBOX} "
-                             f"WHERE id > {below} AND category = 99", fetch=True)[0]
+    count, last = _exec(
+        dsn,
+        f"SELECT count(*), max(processed_at) FROM {OUTBOX} WHERE id > {below} AND category = 99",
+        fetch=True,
+    )[0]
     assert count == n, (count, n)
     return n / (last - t0).total_seconds()
 
@@ -231,10 +251,27 @@ def celery_worker(env: dict, stack, app, name: str):
 
     logf = open(stack.tmp / f"celery-history-{name}.log", "ab")
     proc = subprocess.Popen(
-        [str(BIN / "celery"), "-A", "config", "worker", "--pool", "solo", "-n",
-         f"history-{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
-         "-l", "WARNING"], env=env, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT,
-        start_new_session=True)
+        [
+            str(BIN / "celery"),
+            "-A",
+            "config",
+            "worker",
+            "--pool",
+            "solo",
+            "-n",
+            f"history-{name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "WARNING",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while not app.control.ping(timeout=1.0):
@@ -254,9 +291,23 @@ def celery_worker(env: dict, stack, app, name: str):
 
 
 def run_prune(env: dict, *, table: str, max_batches: int) -> dict:
-    out = subprocess.run([PY, "manage.py", "retention_prune", "--table", table, "--json",
-                          "--max-batches", str(max_batches)],
-                         env=env, cwd=ROOT, check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            PY,
+            "manage.py",
+            "retention_prune",
+            "--table",
+            table,
+            "--json",
+            "--max-batches",
+            str(max_batches),
+        ],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -264,19 +315,27 @@ def collect_metrics(env: dict, *, times: int = 3) -> tuple[float, int, str]:
     """(seconds, SQL statements, the slowest statement) of a DatabaseCollector collection:
     the median of `times` collections after a first one (one sample on a shared machine
     says more about the machine than about the tables)."""
-    code = ("import json, statistics, time; from django.db import connection as k; "
-            "from django.test.utils import CaptureQueriesContext as Q; "
-            "from recovery.metrics import DatabaseCollector as C; c = C(); "
-            "list(c._collect()); runs = []\n"
-            f"for _ in range({times}):\n"
-            "    t = time.perf_counter(); q = Q(k); q.__enter__(); list(c._collect()); "
-            "s = time.perf_counter() - t; q.__exit__(None, None, None); "
-            "slow = max(q.captured_queries, key=lambda x: float(x['time'])); "
-            "runs.append((s, len(q.captured_queries), f\"{float(slow['time']):.3f} s: "
-            "{slow['sql'][:90]}\"))\n"
-            "runs.sort(); print(json.dumps(runs[len(runs) // 2]))")
-    out = subprocess.run([PY, "manage.py", "shell", "-c", code], env=env, cwd=ROOT, check=True,
-                         capture_output=True, text=True)
+    code = (
+        "import json, statistics, time; from django.db import connection as k; "
+        "from django.test.utils import CaptureQueriesContext as Q; "
+        "from recovery.metrics import DatabaseCollector as C; c = C(); "
+        "list(c._collect()); runs = []\n"
+        f"for _ in range({times}):\n"
+        "    t = time.perf_counter(); q = Q(k); q.__enter__(); list(c._collect()); "
+        "s = time.perf_counter() - t; q.__exit__(None, None, None); "
+        "slow = max(q.captured_queries, key=lambda x: float(x['time'])); "
+        "runs.append((s, len(q.captured_queries), f\"{float(slow['time']):.3f} s: "
+        "{slow['sql'][:90]}\"))\n"
+        "runs.sort(); print(json.dumps(runs[len(runs) // 2]))"
+    )
+    out = subprocess.run(
+        [PY, "manage.py", "shell", "-c", code],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     seconds, statements, slowest = json.loads(out.stdout.strip().splitlines()[-1])
     return float(seconds), int(statements), slowest
 
@@ -292,14 +351,26 @@ def _of(relation: str, table: str) -> bool:
 def main(argv: list[str] | None = None) -> Report:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     common_args(parser)
-    parser.add_argument("--rows", type=int, default=5_000_000,
-                        help="processed outbox rows and stored events in the full database")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="alternating rounds before the prune (default --runs)")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=5_000_000,
+        help="processed outbox rows and stored events in the full database",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="alternating rounds before the prune (default --runs)",
+    )
     parser.add_argument("--seconds", type=float, default=8, help="wrk seconds per ingest")
     parser.add_argument("--messages", type=int, default=20000, help="outbox drain batch")
-    parser.add_argument("--prune-batches", type=int, default=300,
-                        help="retention pages (of RETENTION_BATCH_SIZE) pruned per table")
+    parser.add_argument(
+        "--prune-batches",
+        type=int,
+        default=300,
+        help="retention pages (of RETENTION_BATCH_SIZE) pruned per table",
+    )
     args = parser.parse_args(argv)
     rounds = args.rounds or args.runs
     require_wrk()
@@ -318,26 +389,41 @@ def main(argv: list[str] | None = None) -> Report:
         # go to a queue no worker reads (as in bench/webhook_ingest.py: nothing processed
         # while ingest is measured); the drain's tasks go to that side's worker only.
         side_env = {
-            side: {**env, "DATABASE_URL": dsn[side].replace("postgresql://", "postgres://"),
-                   "CELERY_BROKER_URL": f"{redis}/{2 + i}", "REDIS_URL": f"{redis}/{4 + i}",
-                   "METRICS_CACHE_SECONDS": "0"}
-            for i, side in enumerate(SIDES)}
-        web_env = {side: {**e, "CELERY_BROKER_URL": f"{redis}/{6 + i}"}
-                   for i, (side, e) in enumerate(side_env.items())}
-        log(f"filling verity_full with {args.rows:,} processed outbox rows and "
-            f"{args.rows:,} stored events (set-based SQL)")
+            side: {
+                **env,
+                "DATABASE_URL": dsn[side].replace("postgresql://", "postgres://"),
+                "CELERY_BROKER_URL": f"{redis}/{2 + i}",
+                "REDIS_URL": f"{redis}/{4 + i}",
+                "METRICS_CACHE_SECONDS": "0",
+            }
+            for i, side in enumerate(SIDES)
+        }
+        web_env = {
+            side: {**e, "CELERY_BROKER_URL": f"{redis}/{6 + i}"}
+            for i, (side, e) in enumerate(side_env.items())
+        }
+        log(
+            f"filling verity_full with {args.rows:,} processed outbox rows and "
+            f"{args.rows:,} stored events (set-based SQL)"
+        )
         fill = fill_history(dsn["full"], args.rows)
 
         sizes = {"filled": index_sizes(dsn["full"])}
         res: dict[str, dict[str, list]] = {
-            s: {f"{kind}{suffix}": [] for kind in ("ingest", "drain")
-                for suffix in ("", "_after", "_vacuumed")} for s in SIDES}
+            s: {
+                f"{kind}{suffix}": []
+                for kind in ("ingest", "drain")
+                for suffix in ("", "_after", "_vacuumed")
+            }
+            for s in SIDES
+        }
         prune: dict[str, dict] = {}
         with contextlib.ExitStack() as stack_ctx:
             from celery import Celery
 
-            bases = {s: stack_ctx.enter_context(gunicorn(web_env[s], stack, workers=4))
-                     for s in SIDES}
+            bases = {
+                s: stack_ctx.enter_context(gunicorn(web_env[s], stack, workers=4)) for s in SIDES
+            }
             apps = {}
             # Celery reads CELERY_BROKER_URL from the environment before its `broker`
             # argument: without this, both apps would ping and send to the stack's broker.
@@ -353,12 +439,14 @@ def main(argv: list[str] | None = None) -> Report:
                     tag = f"{side[0]}{r}{suffix}{secrets.token_hex(2)}"
                     log(f"round {r + 1}{suffix}: webhook ingest, {side}")
                     res[side]["ingest" + suffix].append(
-                        measure_ingest(bases[side], stack, args.seconds, tag))
+                        measure_ingest(bases[side], stack, args.seconds, tag)
+                    )
                     settle_ingest_rows(dsn[side])
                 for side in order:
                     log(f"round {r + 1}{suffix}: outbox drain, {side}")
                     res[side]["drain" + suffix].append(
-                        measure_drain(apps[side], dsn[side], args.messages, f"d{r}{suffix}"))
+                        measure_drain(apps[side], dsn[side], args.messages, f"d{r}{suffix}")
+                    )
 
             for r in range(rounds):
                 one_round(r, "")
@@ -367,8 +455,9 @@ def main(argv: list[str] | None = None) -> Report:
             for table in (OUTBOX, EVENTS):
                 log(f"retention: pruning {table} ({args.prune_batches} pages) on the full side")
                 t = time.monotonic()
-                prune[table] = run_prune(side_env["full"], table=table,
-                                         max_batches=args.prune_batches)
+                prune[table] = run_prune(
+                    side_env["full"], table=table, max_batches=args.prune_batches
+                )
                 prune[table]["wall"] = time.monotonic() - t
             sizes["pruned"] = index_sizes(dsn["full"])
             one_round(rounds, "_after")
@@ -387,51 +476,97 @@ def main(argv: list[str] | None = None) -> Report:
 
     load_end = os.getloadavg()
     note = f"{rounds} alternating rounds, median; load avg {load_start[0]:.1f} -> {load_end[0]:.1f}"
-    for suffix, label in (("", ""), ("_after", " after prune"),
-                          ("_vacuumed", " after prune + VACUUM")):
+    for suffix, label in (
+        ("", ""),
+        ("_after", " after prune"),
+        ("_vacuumed", " after prune + VACUUM"),
+    ):
         e_rps, f_rps = m("empty", "ingest" + suffix, "rps"), m("full", "ingest" + suffix, "rps")
-        report.add("history", f"webhook ingest req/s{label}", fmt(f_rps), fmt(e_rps),
-                   f"{f_rps / e_rps:.2f}", ">= 0.90",
-                   f"full p50/p99 {m('full', 'ingest' + suffix, 'p50_ms'):.1f}/"
-                   f"{m('full', 'ingest' + suffix, 'p99_ms'):.1f} ms, empty "
-                   f"{m('empty', 'ingest' + suffix, 'p50_ms'):.1f}/"
-                   f"{m('empty', 'ingest' + suffix, 'p99_ms'):.1f} ms; floor col = empty")
+        report.add(
+            "history",
+            f"webhook ingest req/s{label}",
+            fmt(f_rps),
+            fmt(e_rps),
+            f"{f_rps / e_rps:.2f}",
+            ">= 0.90",
+            f"full p50/p99 {m('full', 'ingest' + suffix, 'p50_ms'):.1f}/"
+            f"{m('full', 'ingest' + suffix, 'p99_ms'):.1f} ms, empty "
+            f"{m('empty', 'ingest' + suffix, 'p50_ms'):.1f}/"
+            f"{m('empty', 'ingest' + suffix, 'p99_ms'):.1f} ms; floor col = empty",
+        )
         e_d, f_d = med(res["empty"]["drain" + suffix]), med(res["full"]["drain" + suffix])
-        report.add("history", f"outbox drain msgs/s{label}", fmt(f_d), fmt(e_d),
-                   f"{f_d / e_d:.2f}", ">= 0.90",
-                   f"1 celery worker, {args.messages} NOOP msgs; floor col = empty")
+        report.add(
+            "history",
+            f"outbox drain msgs/s{label}",
+            fmt(f_d),
+            fmt(e_d),
+            f"{f_d / e_d:.2f}",
+            ">= 0.90",
+            f"1 celery worker, {args.messages} NOOP msgs; floor col = empty",
+        )
     for table, p in prune.items():
-        report.add("history", f"retention prune {table}",
-                   f"{p['pruned'] / p['seconds']:,.0f} rows/s", "", "", "",
-                   f"{p['pruned']:,} rows in {p['batches']} batches, {p['seconds']:.1f}s "
-                   f"({p['seconds'] / max(1, p['batches']) * 1000:.0f} ms/batch); "
-                   f"{p['due']:,} still due")
-    report.add("history", "metrics collection s", f"{scrape['full'][0]:.3f}",
-               f"{scrape['empty'][0]:.3f}", f"{scrape['empty'][0] / scrape['full'][0]:.2f}",
-               ">= 0.90", f"DatabaseCollector, median of 3 scrapes, no cache; statements "
-               f"full {scrape['full'][1]} vs empty {scrape['empty'][1]}; floor col = empty; "
-               f"slowest statement, full: {scrape['full'][2]}")
+        report.add(
+            "history",
+            f"retention prune {table}",
+            f"{p['pruned'] / p['seconds']:,.0f} rows/s",
+            "",
+            "",
+            "",
+            f"{p['pruned']:,} rows in {p['batches']} batches, {p['seconds']:.1f}s "
+            f"({p['seconds'] / max(1, p['batches']) * 1000:.0f} ms/batch); "
+            f"{p['due']:,} still due",
+        )
+    report.add(
+        "history",
+        "metrics collection s",
+        f"{scrape['full'][0]:.3f}",
+        f"{scrape['empty'][0]:.3f}",
+        f"{scrape['empty'][0] / scrape['full'][0]:.2f}",
+        ">= 0.90",
+        f"DatabaseCollector, median of 3 scrapes, no cache; statements "
+        f"full {scrape['full'][1]} vs empty {scrape['empty'][1]}; floor col = empty; "
+        f"slowest statement, full: {scrape['full'][2]}",
+    )
     for table in (OUTBOX, EVENTS):
-        report.add("history", f"{table} heap + indexes MB (fill/prune/vacuum/ingest)",
-                   "/".join(f"{sum(v for k, v in sz.items() if _of(k, table)) / 2**20:,.0f}"
-                            for sz in sizes.values()), "", "", "",
-                   "full side; pruned pages are reused, not returned")
-    report.add("history", "check", f"full: {rows_end['full'][OUTBOX]:,} outbox, "
-               f"{rows_end['full'][EVENTS]:,} events", "", "", "",
-               f"fill {fill[OUTBOX]:.0f}s + {fill[EVENTS]:.0f}s "
-               f"({fill[OUTBOX + '_size']}, {fill[EVENTS + '_size']}); {note}")
+        report.add(
+            "history",
+            f"{table} heap + indexes MB (fill/prune/vacuum/ingest)",
+            "/".join(
+                f"{sum(v for k, v in sz.items() if _of(k, table)) / 2**20:,.0f}"
+                for sz in sizes.values()
+            ),
+            "",
+            "",
+            "",
+            "full side; pruned pages are reused, not returned",
+        )
+    report.add(
+        "history",
+        "check",
+        f"full: {rows_end['full'][OUTBOX]:,} outbox, {rows_end['full'][EVENTS]:,} events",
+        "",
+        "",
+        "",
+        f"fill {fill[OUTBOX]:.0f}s + {fill[EVENTS]:.0f}s "
+        f"({fill[OUTBOX + '_size']}, {fill[EVENTS + '_size']}); {note}",
+    )
     print("index sizes on the full side, MB (after fill / prune / VACUUM / one more round):")
     for name in sizes["filled"]:
-        print(f"  {name:48s} " + " / ".join(f"{sz.get(name, 0) / 2**20:9.1f}"
-                                            for sz in sizes.values()))
+        print(
+            f"  {name:48s} "
+            + " / ".join(f"{sz.get(name, 0) / 2**20:9.1f}" for sz in sizes.values())
+        )
     raw = {s: {k: [getattr(x, "rps", x) for x in v] for k, v in res[s].items()} for s in SIDES}
     print(f"per-round figures (req/s or msgs/s): {json.dumps(raw)}")
     mach = machine()
-    print(f"machine: {mach['nproc']} cores, load average at start {load_start}, at end "
-          f"{load_end}: a shared machine, busy with other work during this run")
+    print(
+        f"machine: {mach['nproc']} cores, load average at start {load_start}, at end "
+        f"{load_end}: a shared machine, busy with other work during this run"
+    )
     report.dump(args.json)
-    report.print(f"history: full ({args.rows:,} rows per table) vs empty tables, same cluster, "
-                 "same run")
+    report.print(
+        f"history: full ({args.rows:,} rows per table) vs empty tables, same cluster, same run"
+    )
     return report
 
 

@@ -9,6 +9,7 @@ measured too.
 
     .venv/bin/python bench/idempotent_replay.py [--seconds 8] [--runs 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,50 +50,98 @@ def main(argv: list[str] | None = None) -> Report:
     with bench_stack() as (stack, env):
         from payments.models import PaymentOperation, Product, ProviderCall
 
-        Product.objects.create(sku="BENCH-1", name="Bench item", price=1500, currency="usd",
-                               stock=10**6)
-        key = manage(env, "create_api_client", "bench", "--scopes", "purchases:read",
-                     "purchases:write", "--limit", "0").strip().splitlines()[-1].strip()
+        Product.objects.create(
+            sku="BENCH-1", name="Bench item", price=1500, currency="usd", stock=10**6
+        )
+        key = (
+            manage(
+                env,
+                "create_api_client",
+                "bench",
+                "--scopes",
+                "purchases:read",
+                "purchases:write",
+                "--limit",
+                "0",
+            )
+            .strip()
+            .splitlines()[-1]
+            .strip()
+        )
         auth = {"Authorization": f"Api-Key {key}"}
         with gunicorn(env, stack, workers=args.workers) as base:
             api = f"{base}/api/v1"
-            st, quote = http_json("POST", f"{api}/quotes",
-                                  {"items": [{"sku": "BENCH-1", "quantity": 1}], "currency": "usd"},
-                                  {**auth, "Idempotency-Key": "bench-quote"})
+            st, quote = http_json(
+                "POST",
+                f"{api}/quotes",
+                {"items": [{"sku": "BENCH-1", "quantity": 1}], "currency": "usd"},
+                {**auth, "Idempotency-Key": "bench-quote"},
+            )
             assert st == 201, (st, quote)
-            st, purchase = http_json("POST", f"{api}/purchases",
-                                     {"quote_id": quote["id"], "quote_version": quote["version"],
-                                      "customer": {"reference": "bench-cust",
-                                                   "email": "bench@example.com"}},
-                                     {**auth, "Idempotency-Key": "bench-purchase"})
+            st, purchase = http_json(
+                "POST",
+                f"{api}/purchases",
+                {
+                    "quote_id": quote["id"],
+                    "quote_version": quote["version"],
+                    "customer": {"reference": "bench-cust", "email": "bench@example.com"},
+                },
+                {**auth, "Idempotency-Key": "bench-purchase"},
+            )
             assert st == 201, (st, purchase)
             pid = purchase["id"]
             body = {"payment_method": "pm_card_visa", "capture": "automatic"}
             headers = {**auth, "Idempotency-Key": "bench-pay-1"}
             st, op = http_json("POST", f"{api}/purchases/{pid}/payments", body, headers)
             assert st == 201, (st, op)
-            req = urllib.request.Request(f"{api}/purchases/{pid}/payments",
-                                         data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json", **headers})
+            req = urllib.request.Request(
+                f"{api}/purchases/{pid}/payments",
+                data=json.dumps(body).encode(),
+                method="POST",
+                headers={"Content-Type": "application/json", **headers},
+            )
             with urllib.request.urlopen(req) as r:
-                assert r.status == 200 and r.headers.get("Idempotent-Replayed") == "true", \
-                    (r.status, dict(r.headers))
+                assert r.status == 200 and r.headers.get("Idempotent-Replayed") == "true", (
+                    r.status,
+                    dict(r.headers),
+                )
             calls_before = ProviderCall.objects.count()
-            wrk_env = {"BENCH_AUTH": auth["Authorization"], "BENCH_IDEM_KEY": "bench-pay-1",
-                       "BENCH_BODY": json.dumps(body)}
+            wrk_env = {
+                "BENCH_AUTH": auth["Authorization"],
+                "BENCH_IDEM_KEY": "bench-pay-1",
+                "BENCH_BODY": json.dumps(body),
+            }
             res: dict[str, list] = {"floor": [], "replay": [], "get": []}
             for run in range(args.runs):
                 log(f"run {run + 1}/{args.runs}: floor GET")
-                res["floor"].append(wrk(f"{base}/bench-floor/purchase/{pid}", LUA / "get.lua",
-                                        seconds=args.seconds, connections=args.connections))
+                res["floor"].append(
+                    wrk(
+                        f"{base}/bench-floor/purchase/{pid}",
+                        LUA / "get.lua",
+                        seconds=args.seconds,
+                        connections=args.connections,
+                    )
+                )
                 log(f"run {run + 1}/{args.runs}: replayed POST …/payments")
-                res["replay"].append(wrk(f"{api}/purchases/{pid}/payments",
-                                         LUA / "same_post.lua", seconds=args.seconds,
-                                         connections=args.connections, env=wrk_env))
+                res["replay"].append(
+                    wrk(
+                        f"{api}/purchases/{pid}/payments",
+                        LUA / "same_post.lua",
+                        seconds=args.seconds,
+                        connections=args.connections,
+                        env=wrk_env,
+                    )
+                )
                 log(f"run {run + 1}/{args.runs}: GET /purchases/{{id}}")
-                res["get"].append(wrk(f"{api}/purchases/{pid}", LUA / "get.lua",
-                                      seconds=args.seconds, connections=args.connections,
-                                      env={"BENCH_AUTH": auth["Authorization"]}))
+                res["get"].append(
+                    wrk(
+                        f"{api}/purchases/{pid}",
+                        LUA / "get.lua",
+                        seconds=args.seconds,
+                        connections=args.connections,
+                        env={"BENCH_AUTH": auth["Authorization"]},
+                    )
+                )
         new_calls = ProviderCall.objects.count() - calls_before
         ops = PaymentOperation.objects.count()
 
@@ -101,18 +150,46 @@ def main(argv: list[str] | None = None) -> Report:
 
     floor = m("floor", "rps")
     bad = sum(r.non2xx + r.errors for rs in res.values() for r in rs)
-    note = f"{args.connections} conns, {args.workers} gunicorn workers, {args.runs}x{args.seconds:.0f}s"
-    report.add("idempotent replay", "req/s replayed POST", fmt(m("replay", "rps")), fmt(floor),
-               ratio(m("replay", "rps"), floor), ">= 0.60", note)
-    report.add("idempotent replay", "p50 / p99 ms",
-               f"{m('replay', 'p50_ms'):.1f} / {m('replay', 'p99_ms'):.1f}",
-               f"{m('floor', 'p50_ms'):.1f} / {m('floor', 'p99_ms'):.1f}", "", "",
-               "floor = bare view, one PK SELECT")
-    report.add("idempotent replay", "req/s GET /purchases/{id}", fmt(m("get", "rps")), fmt(floor),
-               ratio(m("get", "rps"), floor), ">= 0.60",
-               f"p50 {m('get', 'p50_ms'):.1f} ms, p99 {m('get', 'p99_ms'):.1f} ms")
-    report.add("idempotent replay", "check", f"{ops} operation, {new_calls} new provider calls",
-               "", "", "0 new calls", f"non-2xx+socket errors {bad}")
+    note = (
+        f"{args.connections} conns, {args.workers} gunicorn workers, "
+        f"{args.runs}x{args.seconds:.0f}s"
+    )
+    report.add(
+        "idempotent replay",
+        "req/s replayed POST",
+        fmt(m("replay", "rps")),
+        fmt(floor),
+        ratio(m("replay", "rps"), floor),
+        ">= 0.60",
+        note,
+    )
+    report.add(
+        "idempotent replay",
+        "p50 / p99 ms",
+        f"{m('replay', 'p50_ms'):.1f} / {m('replay', 'p99_ms'):.1f}",
+        f"{m('floor', 'p50_ms'):.1f} / {m('floor', 'p99_ms'):.1f}",
+        "",
+        "",
+        "floor = bare view, one PK SELECT",
+    )
+    report.add(
+        "idempotent replay",
+        "req/s GET /purchases/{id}",
+        fmt(m("get", "rps")),
+        fmt(floor),
+        ratio(m("get", "rps"), floor),
+        ">= 0.60",
+        f"p50 {m('get', 'p50_ms'):.1f} ms, p99 {m('get', 'p99_ms'):.1f} ms",
+    )
+    report.add(
+        "idempotent replay",
+        "check",
+        f"{ops} operation, {new_calls} new provider calls",
+        "",
+        "",
+        "0 new calls",
+        f"non-2xx+socket errors {bad}",
+    )
     report.dump(args.json)
     report.print("idempotent replay")
     return report

@@ -17,6 +17,7 @@ made once per check by `Facts`, in the order the rules depend on: the chain and 
 provider first, then Verity's rows, so anything Verity wrote in between is looked up again
 rather than counted.
 """
+
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -72,6 +73,7 @@ INVARIANTS: list[Invariant] = []
 
 def invariant(rule: str, when: When = When.ALWAYS):
     """Register one rule (its figures, its check, the rows that explain a violation)."""
+
     def register(fn):
         if any(i.rule == rule for i in INVARIANTS):
             raise ValueError(f"invariant {rule!r} is registered twice")
@@ -96,8 +98,9 @@ def check(*, live: bool = False) -> Report:
 def _provider_list(resource: str) -> list[dict]:
     base, out, params = settings.STRIPE_API_BASE.rstrip("/"), [], {"limit": 100}
     while True:
-        r = requests.get(f"{base}/v1/{resource}", params=params,
-                         auth=(settings.STRIPE_API_KEY, ""), timeout=30)
+        r = requests.get(
+            f"{base}/v1/{resource}", params=params, auth=(settings.STRIPE_API_KEY, ""), timeout=30
+        )
         r.raise_for_status()
         body = r.json()
         out.extend(body["data"])
@@ -107,16 +110,22 @@ def _provider_list(resource: str) -> list[dict]:
 
 
 def _provider_has(resource: str, object_id: str) -> bool:
-    r = requests.get(f"{settings.STRIPE_API_BASE.rstrip('/')}/v1/{resource}/{object_id}",
-                     auth=(settings.STRIPE_API_KEY, ""), timeout=30)
+    r = requests.get(
+        f"{settings.STRIPE_API_BASE.rstrip('/')}/v1/{resource}/{object_id}",
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=30,
+    )
     return r.status_code == 200
 
 
 def _provider_status(resource: str, object_id: str) -> str:
     if not object_id:
         return ""
-    r = requests.get(f"{settings.STRIPE_API_BASE.rstrip('/')}/v1/{resource}/{object_id}",
-                     auth=(settings.STRIPE_API_KEY, ""), timeout=30)
+    r = requests.get(
+        f"{settings.STRIPE_API_BASE.rstrip('/')}/v1/{resource}/{object_id}",
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=30,
+    )
     return r.json().get("status", "") if r.status_code == 200 else ""
 
 
@@ -125,13 +134,20 @@ def _stray_refund_detail(rid: str, refunds: list[dict], by_ref: dict, events) ->
     and every stored event about it (result, reason, attempts)."""
     refund = next((r for r in refunds if r["id"] == rid), {})
     payment = by_ref.get(refund.get("payment_intent") or "")
-    held = [f"{e.type}:{e.result}:{e.result_reason or '-'}:x{e.attempts}"
-            for e in events.objects.filter(payload__data__object__id=rid).order_by("id")]
-    return (f"amount={refund.get('amount')} status={refund.get('status')} "
-            f"intent={refund.get('payment_intent')} payment="
-            + (f"{payment.id} {payment.kind} {payment.outcome} purchase={payment.purchase_id}"
-               if payment else "absent")
-            + f" events={held or 'none'}")
+    held = [
+        f"{e.type}:{e.result}:{e.result_reason or '-'}:x{e.attempts}"
+        for e in events.objects.filter(payload__data__object__id=rid).order_by("id")
+    ]
+    return (
+        f"amount={refund.get('amount')} status={refund.get('status')} "
+        f"intent={refund.get('payment_intent')} payment="
+        + (
+            f"{payment.id} {payment.kind} {payment.outcome} purchase={payment.purchase_id}"
+            if payment
+            else "absent"
+        )
+        + f" events={held or 'none'}"
+    )
 
 
 class Facts:
@@ -166,8 +182,10 @@ class Facts:
         from payments.enums import PAYMENT_KINDS, Rail
         from payments.models import PaymentOperation
 
-        return {o.id: o for o in PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS,
-                                                                rail=Rail.STRIPE)}
+        return {
+            o.id: o
+            for o in PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS, rail=Rail.STRIPE)
+        }
 
     @cached_property
     def by_ref(self) -> dict:
@@ -186,22 +204,32 @@ class Facts:
         from payments.models import PaymentOperation
 
         # An authorization that was voided is canceled at the provider, as it should be.
-        voided = set(PaymentOperation.objects.filter(kind=OperationKind.VOID,
-                                                     outcome=Outcome.SUCCEEDED)
-                     .values_list("provider_reference", flat=True))
-        return [o.id for o in self.ops.values() if o.outcome == Outcome.SUCCEEDED
-                and o.provider_reference not in self.moved_ids
-                and not (o.kind == OperationKind.AUTHORIZE
-                         and o.provider_reference in voided
-                         and self.status_of.get(o.provider_reference) == "canceled")]
+        voided = set(
+            PaymentOperation.objects.filter(
+                kind=OperationKind.VOID, outcome=Outcome.SUCCEEDED
+            ).values_list("provider_reference", flat=True)
+        )
+        return [
+            o.id
+            for o in self.ops.values()
+            if o.outcome == Outcome.SUCCEEDED
+            and o.provider_reference not in self.moved_ids
+            and not (
+                o.kind == OperationKind.AUTHORIZE
+                and o.provider_reference in voided
+                and self.status_of.get(o.provider_reference) == "canceled"
+            )
+        ]
 
     def detail(self, op_id: str) -> str:
         from payments.models import PaymentOperation
 
         o = self.ops.get(op_id) or PaymentOperation.objects.get(id=op_id)
-        return (f"{o.kind} {o.outcome} grade={o.grade or '-'} verification="
-                f"{o.verification or '-'} reason={o.reason or '-'} purchase={o.purchase_id} "
-                f"provider={self.status_of.get(o.provider_reference, 'absent')}")
+        return (
+            f"{o.kind} {o.outcome} grade={o.grade or '-'} verification="
+            f"{o.verification or '-'} reason={o.reason or '-'} purchase={o.purchase_id} "
+            f"provider={self.status_of.get(o.provider_reference, 'absent')}"
+        )
 
     # -- fulfilment (after the drain) --
 
@@ -210,9 +238,11 @@ class Facts:
         from payments.enums import PAYMENT_KINDS, Outcome
         from payments.models import PaymentOperation
 
-        return set(PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS,
-                                                   outcome=Outcome.SUCCEEDED)
-                   .values_list("purchase_id", flat=True))
+        return set(
+            PaymentOperation.objects.filter(
+                kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED
+            ).values_list("purchase_id", flat=True)
+        )
 
     @cached_property
     def steps(self) -> dict:
@@ -229,14 +259,21 @@ class Facts:
     @cached_property
     def awaiting_review(self) -> set[str]:
         # An interrupted e-mail send is `unknown` (maybe sent): never resent without review.
-        return {pid for pid in self.paid_ids if self.steps[pid][("confirmation", "unknown")]
-                or any(self.steps[pid][(s, "manual")] for s in PAID_STEPS)}
+        return {
+            pid
+            for pid in self.paid_ids
+            if self.steps[pid][("confirmation", "unknown")]
+            or any(self.steps[pid][(s, "manual")] for s in PAID_STEPS)
+        }
 
     def _paid_in(self, *statuses) -> list[str]:
         from payments.models import Purchase
 
-        return list(Purchase.objects.filter(id__in=self.paid_ids, status__in=statuses)
-                    .values_list("id", flat=True))
+        return list(
+            Purchase.objects.filter(id__in=self.paid_ids, status__in=statuses).values_list(
+                "id", flat=True
+            )
+        )
 
     @cached_property
     def reversed_early(self) -> set[str]:
@@ -244,23 +281,32 @@ class Facts:
         # orchestrator re-checks the purchase before each step, so step rows may exist).
         from payments.enums import PurchaseStatus
 
-        return {pid for pid in self._paid_in(PurchaseStatus.REFUNDED, PurchaseStatus.VOIDED)
-                if not any(state == "done" for (_step, state) in self.steps[pid])}
+        return {
+            pid
+            for pid in self._paid_in(PurchaseStatus.REFUNDED, PurchaseStatus.VOIDED)
+            if not any(state == "done" for (_step, state) in self.steps[pid])
+        }
 
     @cached_property
     def live_orders(self) -> set[str]:
         from recovery.models import Order
 
-        return set(Order.objects.filter(cancelled_at__isnull=True)
-                   .values_list("purchase_id", flat=True))
+        return set(
+            Order.objects.filter(cancelled_at__isnull=True).values_list("purchase_id", flat=True)
+        )
 
     @cached_property
     def paused_by_dispute(self) -> dict:
         from payments.enums import PurchaseStatus
 
-        return {status: {pid for pid in self._paid_in(status) if self.unfinished(pid)}
-                for status in (PurchaseStatus.DISPUTED, PurchaseStatus.DISPUTE_WON,
-                               PurchaseStatus.DISPUTE_LOST)}
+        return {
+            status: {pid for pid in self._paid_in(status) if self.unfinished(pid)}
+            for status in (
+                PurchaseStatus.DISPUTED,
+                PurchaseStatus.DISPUTE_WON,
+                PurchaseStatus.DISPUTE_LOST,
+            )
+        }
 
     @cached_property
     def reversed_mid(self) -> set[str]:
@@ -268,8 +314,15 @@ class Facts:
         # never run, as long as the order was cancelled (the void's compensation).
         from payments.enums import PurchaseStatus
 
-        return ({pid for pid in self._paid_in(PurchaseStatus.REFUNDED, PurchaseStatus.VOIDED)
-                 if self.unfinished(pid)} - self.reversed_early - self.live_orders)
+        return (
+            {
+                pid
+                for pid in self._paid_in(PurchaseStatus.REFUNDED, PurchaseStatus.VOIDED)
+                if self.unfinished(pid)
+            }
+            - self.reversed_early
+            - self.live_orders
+        )
 
 
 def _after_drain(live: bool) -> str:
@@ -283,9 +336,13 @@ def _dupes(model, *fields) -> int:
 def _effects_executed_twice() -> int:
     from recovery.models import CrmUpdate, EmailMessage, InventoryCommit, LedgerEntry, Order
 
-    return (_dupes(Order, "purchase_id") + _dupes(InventoryCommit, "purchase_id", "sku")
-            + _dupes(LedgerEntry, "operation_id", "entry_type", "account")
-            + _dupes(EmailMessage, "purchase_id", "kind") + _dupes(CrmUpdate, "purchase_id"))
+    return (
+        _dupes(Order, "purchase_id")
+        + _dupes(InventoryCommit, "purchase_id", "sku")
+        + _dupes(LedgerEntry, "operation_id", "entry_type", "account")
+        + _dupes(EmailMessage, "purchase_id", "kind")
+        + _dupes(CrmUpdate, "purchase_id")
+    )
 
 
 # -- the card provider against Verity's rows ----------------------------------------------
@@ -304,13 +361,19 @@ def _charged_twice_compensated(f: Facts, rep: Report) -> None:
     worst = max(per_purchase.values(), default=0)
     rep.add("max charges per purchase", worst, "reported (a second one must be compensated)")
     doubled = [pid for pid, n in per_purchase.items() if pid and n > 1]
-    compensated = set(PaymentOperation.objects.filter(
-        purchase_id__in=doubled, is_compensation=True).values_list("purchase_id", flat=True))
+    compensated = set(
+        PaymentOperation.objects.filter(purchase_id__in=doubled, is_compensation=True).values_list(
+            "purchase_id", flat=True
+        )
+    )
     uncompensated = [pid for pid in doubled if pid not in compensated]
     rep.add("purchases charged twice, compensation queued", len(doubled) - len(uncompensated))
-    rep.add("purchases charged twice, no compensation queued", len(uncompensated),
-            "must be 0" + ("" if not f.live else " (live: reported)"),
-            ok=f.live or not uncompensated)
+    rep.add(
+        "purchases charged twice, no compensation queued",
+        len(uncompensated),
+        "must be 0" + ("" if not f.live else " (live: reported)"),
+        ok=f.live or not uncompensated,
+    )
     for pid in uncompensated[:5]:
         rep.add(f"  {pid}", per_purchase[pid], "charges at the provider")
 
@@ -318,10 +381,15 @@ def _charged_twice_compensated(f: Facts, rep: Report) -> None:
 @invariant("provider-objects-known")
 def _provider_objects_known(f: Facts, rep: Report) -> None:
     """Every payment intent at the provider is one of Verity's operations."""
-    lost_at_verity = [pi["id"] for pi in f.intents
-                      if (pi.get("metadata") or {}).get("operation_id") not in f.ops]
-    rep.add("provider objects unknown to Verity", len(lost_at_verity), "must be 0",
-            ok=not lost_at_verity)
+    lost_at_verity = [
+        pi["id"] for pi in f.intents if (pi.get("metadata") or {}).get("operation_id") not in f.ops
+    ]
+    rep.add(
+        "provider objects unknown to Verity",
+        len(lost_at_verity),
+        "must be 0",
+        ok=not lost_at_verity,
+    )
 
 
 @invariant("references-exist-at-provider")
@@ -330,10 +398,15 @@ def _references_exist_at_provider(f: Facts, rep: Report) -> None:
     ids_at_provider = {pi["id"] for pi in f.intents}
     # The listing was read before Verity's rows: an object created in between is not in it,
     # so each reference missing from the listing is looked up on its own before it counts.
-    lost_at_provider = [r for r in f.by_ref if r not in ids_at_provider
-                        and not _provider_has("payment_intents", r)]
-    rep.add("Verity references missing at provider", len(lost_at_provider), "must be 0",
-            ok=not lost_at_provider)
+    lost_at_provider = [
+        r for r in f.by_ref if r not in ids_at_provider and not _provider_has("payment_intents", r)
+    ]
+    rep.add(
+        "Verity references missing at provider",
+        len(lost_at_provider),
+        "must be 0",
+        ok=not lost_at_provider,
+    )
 
 
 @invariant("provider-refunds-known")
@@ -345,16 +418,22 @@ def _provider_refunds_known(f: Facts, rep: Report) -> None:
     # A refund made in the provider's dashboard carries no Verity metadata: it is accounted
     # for once Verity recorded it as an external linked operation (its reference).
     refund_refs = {o.provider_reference for o in f.refund_ops.values() if o.provider_reference}
-    stray_refunds = [r["id"] for r in f.refunds
-                     if (r.get("metadata") or {}).get("operation_id") not in f.refund_ops
-                     and r["id"] not in refund_refs]
+    stray_refunds = [
+        r["id"]
+        for r in f.refunds
+        if (r.get("metadata") or {}).get("operation_id") not in f.refund_ops
+        and r["id"] not in refund_refs
+    ]
     rep.add("provider refunds", len(f.refunds))
-    rep.add("provider refunds unknown to Verity", len(stray_refunds), "must be 0"
-            + _after_drain(f.live), ok=f.live or not stray_refunds)
+    rep.add(
+        "provider refunds unknown to Verity",
+        len(stray_refunds),
+        "must be 0" + _after_drain(f.live),
+        ok=f.live or not stray_refunds,
+    )
     if not f.live:
         for rid in stray_refunds[:5]:
-            rep.add(f"  {rid}", "", _stray_refund_detail(rid, f.refunds, f.by_ref,
-                                                         ProviderEvent))
+            rep.add(f"  {rid}", "", _stray_refund_detail(rid, f.refunds, f.by_ref, ProviderEvent))
     rep.add("provider disputes", len(f.disputes))
 
 
@@ -363,11 +442,17 @@ def _refund_success_confirmed(f: Facts, rep: Report) -> None:
     from payments.enums import Outcome
 
     refunded_ok = {r["id"] for r in f.refunds if r["status"] == "succeeded"}
-    refund_contradicted = [o.id for o in f.refund_ops.values()
-                           if o.outcome == Outcome.SUCCEEDED
-                           and o.provider_reference not in refunded_ok]
-    rep.add("refund succeeded at Verity, not at provider", len(refund_contradicted),
-            "must be 0", ok=not refund_contradicted)
+    refund_contradicted = [
+        o.id
+        for o in f.refund_ops.values()
+        if o.outcome == Outcome.SUCCEEDED and o.provider_reference not in refunded_ok
+    ]
+    rep.add(
+        "refund succeeded at Verity, not at provider",
+        len(refund_contradicted),
+        "must be 0",
+        ok=not refund_contradicted,
+    )
 
 
 @invariant("charged-never-failed")
@@ -376,10 +461,17 @@ def _charged_never_failed(f: Facts, rep: Report) -> None:
     a person's wrong "failed" may stand until verified evidence overturns it)."""
     from payments.enums import Outcome
 
-    charged_but_failed = [pi["id"] for pi in f.moved
-                          if pi["id"] in f.by_ref and f.by_ref[pi["id"]].outcome == Outcome.FAILED]
-    rep.add("charged at provider but failed at Verity", len(charged_but_failed), "must be 0"
-            + _after_drain(f.live), ok=f.live or not charged_but_failed)
+    charged_but_failed = [
+        pi["id"]
+        for pi in f.moved
+        if pi["id"] in f.by_ref and f.by_ref[pi["id"]].outcome == Outcome.FAILED
+    ]
+    rep.add(
+        "charged at provider but failed at Verity",
+        len(charged_but_failed),
+        "must be 0" + _after_drain(f.live),
+        ok=f.live or not charged_but_failed,
+    )
     for pi_id in charged_but_failed[:5]:
         rep.add(f"  {f.by_ref[pi_id].id}", "", f.detail(f.by_ref[pi_id].id))
 
@@ -387,8 +479,12 @@ def _charged_never_failed(f: Facts, rep: Report) -> None:
 @invariant("success-means-charged")
 def _success_means_charged(f: Facts, rep: Report) -> None:
     """A payment Verity shows succeeded moved money at the provider (after the drain)."""
-    rep.add("succeeded at Verity, not at provider", len(f.succeeded_not_charged), "must be 0"
-            + _after_drain(f.live), ok=f.live or not f.succeeded_not_charged)
+    rep.add(
+        "succeeded at Verity, not at provider",
+        len(f.succeeded_not_charged),
+        "must be 0" + _after_drain(f.live),
+        ok=f.live or not f.succeeded_not_charged,
+    )
 
 
 @invariant("provider-confirmed-success-stands")
@@ -400,12 +496,22 @@ def _provider_confirmed_success_stands(f: Facts, rep: Report) -> None:
     # The listing was read before Verity's rows: a payment confirmed in between shows its
     # older status there, so each one is read again on its own before it counts.
     confirmed_wrong = [
-        i for i in f.succeeded_not_charged if f.ops[i].grade == "confirmed"
+        i
+        for i in f.succeeded_not_charged
+        if f.ops[i].grade == "confirmed"
         and _provider_status("payment_intents", f.ops[i].provider_reference)
-        not in ("succeeded", "requires_capture",
-                *(("canceled",) if f.ops[i].kind == OperationKind.AUTHORIZE else ()))]
-    rep.add("provider-confirmed success the provider contradicts", len(confirmed_wrong),
-            "must be 0", ok=not confirmed_wrong)
+        not in (
+            "succeeded",
+            "requires_capture",
+            *(("canceled",) if f.ops[i].kind == OperationKind.AUTHORIZE else ()),
+        )
+    ]
+    rep.add(
+        "provider-confirmed success the provider contradicts",
+        len(confirmed_wrong),
+        "must be 0",
+        ok=not confirmed_wrong,
+    )
     for op_id in f.succeeded_not_charged[:5]:
         rep.add(f"  {op_id}", "", f.detail(op_id))
 
@@ -431,25 +537,36 @@ def _chain_snapshot() -> ChainSnapshot | None:
 
     def logs(event: str, *topics: str) -> list:
         sig = Web3.to_hex(Web3.keccak(text=event))
-        return chain.w3.eth.get_logs({"address": chain.token.address, "fromBlock": 0,
-                                      "toBlock": "latest", "topics": [sig, *topics]})
+        return chain.w3.eth.get_logs(
+            {
+                "address": chain.token.address,
+                "fromBlock": 0,
+                "toBlock": "latest",
+                "topics": [sig, *topics],
+            }
+        )
 
     def address(topic) -> str:
         return "0x" + Web3.to_hex(topic)[-40:]
 
     pay_to = "0x" + "0" * 24 + chain.pay_to.lower()[2:]
-    transfers = [(address(log["topics"][1]), int(Web3.to_hex(log["data"]), 16),
-                  Web3.to_hex(log["transactionHash"]))
-                 for log in logs("Transfer(address,address,uint256)", None, pay_to)]
-    used = {(address(log["topics"][1]), Web3.to_hex(log["topics"][2]).lower()):
-            Web3.to_hex(log["transactionHash"])
-            for log in logs("AuthorizationUsed(address,bytes32)")}
+    transfers = [
+        (
+            address(log["topics"][1]),
+            int(Web3.to_hex(log["data"]), 16),
+            Web3.to_hex(log["transactionHash"]),
+        )
+        for log in logs("Transfer(address,address,uint256)", None, pay_to)
+    ]
+    used = {
+        (address(log["topics"][1]), Web3.to_hex(log["topics"][2]).lower()): Web3.to_hex(
+            log["transactionHash"]
+        )
+        for log in logs("AuthorizationUsed(address,bytes32)")
+    }
     # Refunds leave from the separate refund account, not from pay_to: the
     # money Verity holds is what pay_to received minus what the refund account sent.
-    return ChainSnapshot(chain, used, transfers,
-                         chain.balance(chain.pay_to) - chain.refunds_sent())
-
-
+    return ChainSnapshot(chain, used, transfers, chain.balance(chain.pay_to) - chain.refunds_sent())
 
 
 # -- the x402 rail: the chain against Verity's rows ------------------------------------------
@@ -466,8 +583,10 @@ class X402Facts:
         from payments.models import PaymentOperation, X402Authorization
 
         self.snap = snap
-        self.auths = {(a.payer.lower(), a.nonce.lower()): a
-                      for a in X402Authorization.objects.select_related("operation")}
+        self.auths = {
+            (a.payer.lower(), a.nonce.lower()): a
+            for a in X402Authorization.objects.select_related("operation")
+        }
         self.ops = PaymentOperation.objects.filter(rail=Rail.X402)
         self.claims = claims_from_rows(self.auths.values())
         self.judge = judge_from_env()
@@ -490,6 +609,7 @@ def _x402_facts(f: Facts) -> X402Facts | None:
 
 def x402_invariant(rule: str, when: When = When.ALWAYS):
     """A rule of the x402 rail: skipped when the chain is not part of the run."""
+
     def register(fn):
         def run(f: Facts, rep: Report) -> None:
             x = _x402_facts(f)
@@ -509,14 +629,16 @@ def _x402_transfers_known(f: Facts, x: X402Facts, rep: Report) -> None:
 
     rep.add("x402 purchases", x.ops.values("purchase_id").distinct().count())
     by_outcome = Counter(x.ops.values_list("outcome", flat=True))
-    rep.add("x402 operations", sum(by_outcome.values()),
-            " ".join(f"{k}:{v}" for k, v in sorted(by_outcome.items())))
+    rep.add(
+        "x402 operations",
+        sum(by_outcome.values()),
+        " ".join(f"{k}:{v}" for k, v in sorted(by_outcome.items())),
+    )
     rep.add("x402 transfers on chain (to pay_to)", len(x.snap.transfers))
     rep.add("x402 payments made (succeeded)", by_outcome.get(Outcome.SUCCEEDED, 0))
     # Arrivals from Verity's payers that no authorization of Verity's explains (a payer's
     # own transfer, another of its nonces): money Verity did not ask for, reported.
-    rep.add("x402 arrivals no Verity authorization explains", len(x.audit.unexplained),
-            "reported")
+    rep.add("x402 arrivals no Verity authorization explains", len(x.audit.unexplained), "reported")
     for a in x.audit.unexplained[:5]:
         rep.add(f"  {a.transaction}#{a.log_index}", a.value, f"from {a.sender}")
 
@@ -527,10 +649,17 @@ def _x402_each_log_claimed_once(f: Facts, x: X402Facts, rep: Report) -> None:
     emitted; each log (transaction, log index) is claimed once; Verity never counts more
     than arrived from its payers (bench.x402_judge, from the raw chain)."""
     rep.add("x402 counted as received (atomic)", x.audit.counted, "reported")
-    rep.add("x402 Transfer logs to pay_to from Verity's payers (atomic)", x.audit.received,
-            "at least the counted")
-    rep.add("x402 claims the raw chain contradicts", len(x.audit.violations), "must be 0",
-            ok=not x.audit.violations)
+    rep.add(
+        "x402 Transfer logs to pay_to from Verity's payers (atomic)",
+        x.audit.received,
+        "at least the counted",
+    )
+    rep.add(
+        "x402 claims the raw chain contradicts",
+        len(x.audit.violations),
+        "must be 0",
+        ok=not x.audit.violations,
+    )
     for v in x.audit.violations[:5]:
         rep.add(f"  {v[:100]}", "", "")
 
@@ -541,9 +670,12 @@ def _x402_received_equals_counted(f: Facts, x: X402Facts, rep: Report) -> None:
     no authorization of Verity's explains; an authorization's arrival is counted."""
     settled = x.judge.audit(x.claims, settled=True)
     extra = sum(a.value for a in settled.unexplained)
-    rep.add("x402 received - counted - unexplained (atomic)",
-            settled.received - settled.counted - extra, "must be 0",
-            ok=settled.received - settled.counted - extra == 0)
+    rep.add(
+        "x402 received - counted - unexplained (atomic)",
+        settled.received - settled.counted - extra,
+        "must be 0",
+        ok=settled.received - settled.counted - extra == 0,
+    )
     late = [v for v in settled.violations if "does not count it" in v]
     rep.add("x402 transfers arrived, payment not counted", len(late), "must be 0", ok=not late)
     for v in late[:5]:
@@ -552,8 +684,7 @@ def _x402_received_equals_counted(f: Facts, x: X402Facts, rep: Report) -> None:
 
 @x402_invariant("x402-one-transfer-per-purchase")
 def _x402_one_transfer_per_purchase(f: Facts, x: X402Facts, rep: Report) -> None:
-    per_purchase = Counter(a.operation.purchase_id for key, a in x.auths.items()
-                           if x.paid(key, a))
+    per_purchase = Counter(a.operation.purchase_id for key, a in x.auths.items() if x.paid(key, a))
     worst = max(per_purchase.values(), default=0)
     twice = [pid for pid, n in per_purchase.items() if n > 1]
     rep.add("max x402 transfers per purchase", worst, "must be at most 1", ok=worst <= 1)
@@ -567,15 +698,30 @@ def _x402_outcome_matches_chain(f: Facts, x: X402Facts, rep: Report) -> None:
     from payments.enums import Outcome
     from payments.models import PaymentOperation
 
-    no_transfer = [a.operation_id for key, a in x.auths.items()
-                   if a.operation.outcome == Outcome.SUCCEEDED and not x.paid(key, a)
-                   and (key in x.snap.used or not x.used_now(a))]
-    rep.add("x402 succeeded at Verity, no transfer on chain", len(no_transfer), "must be 0",
-            ok=not no_transfer)
-    moved_but_failed = [a.operation_id for key, a in x.auths.items()
-                        if a.operation.outcome == Outcome.FAILED and x.paid(key, a)]
-    rep.add("x402 failed at Verity, transfer on chain", len(moved_but_failed), "must be 0",
-            ok=not moved_but_failed)
+    no_transfer = [
+        a.operation_id
+        for key, a in x.auths.items()
+        if a.operation.outcome == Outcome.SUCCEEDED
+        and not x.paid(key, a)
+        and (key in x.snap.used or not x.used_now(a))
+    ]
+    rep.add(
+        "x402 succeeded at Verity, no transfer on chain",
+        len(no_transfer),
+        "must be 0",
+        ok=not no_transfer,
+    )
+    moved_but_failed = [
+        a.operation_id
+        for key, a in x.auths.items()
+        if a.operation.outcome == Outcome.FAILED and x.paid(key, a)
+    ]
+    rep.add(
+        "x402 failed at Verity, transfer on chain",
+        len(moved_but_failed),
+        "must be 0",
+        ok=not moved_but_failed,
+    )
     for op_id in (no_transfer + moved_but_failed)[:5]:
         op = PaymentOperation.objects.get(id=op_id)
         rep.add(f"  {op_id}", op.outcome, f"reason={op.reason or '-'} purchase={op.purchase_id}")
@@ -588,21 +734,34 @@ def _x402_failed_only_when_unusable(f: Facts, x: X402Facts, rep: Report) -> None
     from payments.enums import Outcome, Rail
     from payments.models import OperationTransition, PaymentOperation
 
-    was_open = set(OperationTransition.objects.filter(
-        operation__rail=Rail.X402, field="outcome",
-        target__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER]).values_list("operation_id",
-                                                                             flat=True))
+    was_open = set(
+        OperationTransition.objects.filter(
+            operation__rail=Rail.X402,
+            field="outcome",
+            target__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER],
+        ).values_list("operation_id", flat=True)
+    )
     chain_time = int(x.snap.chain.w3.eth.get_block("latest")["timestamp"])
-    failed_usable = [a.operation_id for a in x.auths.values()
-                     if a.operation.outcome == Outcome.FAILED and a.operation_id in was_open
-                     and chain_time < a.valid_before and not x.used_now(a)]
-    rep.add("x402 unknown/awaiting failed while still usable on chain", len(failed_usable),
-            "must be 0", ok=not failed_usable)
+    failed_usable = [
+        a.operation_id
+        for a in x.auths.values()
+        if a.operation.outcome == Outcome.FAILED
+        and a.operation_id in was_open
+        and chain_time < a.valid_before
+        and not x.used_now(a)
+    ]
+    rep.add(
+        "x402 unknown/awaiting failed while still usable on chain",
+        len(failed_usable),
+        "must be 0",
+        ok=not failed_usable,
+    )
     for op_id in failed_usable[:5]:
         op = PaymentOperation.objects.get(id=op_id)
         rep.add(f"  {op_id}", op.outcome, f"reason={op.reason or '-'} purchase={op.purchase_id}")
-    rep.add("x402 operations once unknown/awaiting (answer lost, pending)", len(was_open),
-            "reported")
+    rep.add(
+        "x402 operations once unknown/awaiting (answer lost, pending)", len(was_open), "reported"
+    )
     open_now = x.ops.filter(outcome__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER]).count()
     rep.add("x402 unknown/awaiting the chain", open_now, "reported")
 
@@ -614,12 +773,19 @@ def _x402_ledger_matches_chain(f: Facts, x: X402Facts, rep: Report) -> None:
     from recovery.models import LedgerEntry
 
     shift = settings.X402_DECIMALS - 2
-    ledger = (LedgerEntry.objects.filter(account="provider_balance",
-                                         operation_id__in=x.ops.values("id"))
-              .aggregate(s=Sum("amount"))["s"] or 0)
+    ledger = (
+        LedgerEntry.objects.filter(
+            account="provider_balance", operation_id__in=x.ops.values("id")
+        ).aggregate(s=Sum("amount"))["s"]
+        or 0
+    )
     on_chain, rest = divmod(x.snap.balance, 10**shift)
-    rep.add("x402 ledger minus (pay_to balance - refunds sent)", ledger - on_chain,
-            "must be 0", ok=ledger == on_chain and not rest)
+    rep.add(
+        "x402 ledger minus (pay_to balance - refunds sent)",
+        ledger - on_chain,
+        "must be 0",
+        ok=ledger == on_chain and not rest,
+    )
 
 
 # -- downstream effects at every instant -------------------------------------------------
@@ -634,16 +800,20 @@ def _effects_once_live(f: Facts, rep: Report) -> None:
 
     effect_dupes = _effects_executed_twice()
     rep.add("downstream effects executed twice", effect_dupes, "must be 0", ok=effect_dupes == 0)
-    paid = PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS,
-                                           outcome=Outcome.SUCCEEDED).values("purchase_id")
+    paid = PaymentOperation.objects.filter(
+        kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED
+    ).values("purchase_id")
     # just overturned by the provider: the order's cancellation is in the outbox
-    overturned = PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS,
-                                                 transitions__cause=OVERTURN_CAUSE)
-    orders_unpaid = (Order.objects.exclude(purchase_id__in=paid).filter(
-        cancelled_at__isnull=True).exclude(purchase_id__in=overturned.values("purchase_id"))
-        .count())
-    rep.add("orders without a verified payment", orders_unpaid, "must be 0",
-            ok=orders_unpaid == 0)
+    overturned = PaymentOperation.objects.filter(
+        kind__in=PAYMENT_KINDS, transitions__cause=OVERTURN_CAUSE
+    )
+    orders_unpaid = (
+        Order.objects.exclude(purchase_id__in=paid)
+        .filter(cancelled_at__isnull=True)
+        .exclude(purchase_id__in=overturned.values("purchase_id"))
+        .count()
+    )
+    rep.add("orders without a verified payment", orders_unpaid, "must be 0", ok=orders_unpaid == 0)
 
 
 # -- after the drain ----------------------------------------------------------------------
@@ -656,24 +826,36 @@ def _unknown_converges(f: Facts, rep: Report) -> None:
     from payments.enums import PAYMENT_KINDS, OperationKind, Outcome
     from payments.models import Hold, PaymentOperation
 
-    unknown = PaymentOperation.objects.filter(outcome__in=[Outcome.UNKNOWN,
-                                                           Outcome.AWAITING_PROVIDER,
-                                                           Outcome.AWAITING_BUYER])
+    unknown = PaymentOperation.objects.filter(
+        outcome__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER]
+    )
     oldest = unknown.aggregate(m=Min("created_at"))["m"]
     rep.add("unknown left (no evidence yet)", unknown.count(), "reported; held allowance")
-    rep.add("oldest unknown age (s)",
-            int((timezone.now() - oldest).total_seconds()) if oldest else 0)
+    rep.add(
+        "oldest unknown age (s)", int((timezone.now() - oldest).total_seconds()) if oldest else 0
+    )
     # What the provider shows once each kind has been applied there.
     applied = {OperationKind.CAPTURE: ("succeeded",), OperationKind.VOID: ("canceled",)}
-    unknown_moved = [o.id for o in unknown if o.kind in (*PAYMENT_KINDS, *applied)
-                     and f.status_of.get(o.provider_reference)
-                     in applied.get(o.kind, ("succeeded", "requires_capture"))]
-    rep.add("unknown left although the provider charged", len(unknown_moved),
-            "must be 0 after drain (reconciler converges)", ok=not unknown_moved)
+    unknown_moved = [
+        o.id
+        for o in unknown
+        if o.kind in (*PAYMENT_KINDS, *applied)
+        and f.status_of.get(o.provider_reference)
+        in applied.get(o.kind, ("succeeded", "requires_capture"))
+    ]
+    rep.add(
+        "unknown left although the provider charged",
+        len(unknown_moved),
+        "must be 0 after drain (reconciler converges)",
+        ok=not unknown_moved,
+    )
     for op_id in unknown_moved[:5]:
         rep.add(f"  {op_id}", "", f.detail(op_id))
-    unheld = unknown.filter(kind__in=PAYMENT_KINDS, requested_by_client__isnull=False).exclude(
-        id__in=Hold.objects.filter(state="reserved").values("operation_id")).count()
+    unheld = (
+        unknown.filter(kind__in=PAYMENT_KINDS, requested_by_client__isnull=False)
+        .exclude(id__in=Hold.objects.filter(state="reserved").values("operation_id"))
+        .count()
+    )
     rep.add("unknown without its reserved hold", unheld, "must be 0", ok=unheld == 0)
     dispatching = PaymentOperation.objects.filter(outcome=Outcome.DISPATCHING).count()
     rep.add("dispatching left after drain", dispatching, "must be 0", ok=dispatching == 0)
@@ -688,11 +870,17 @@ def _won_dispute_resumes(f: Facts, rep: Report) -> None:
     rep.add("paid purchases", len(f.paid_ids))
     rep.add("paid purchases reversed before fulfilment", len(f.reversed_early), "reported")
     paused = f.paused_by_dispute
-    rep.add("paid purchases whose fulfilment an open dispute paused",
-            len(paused[PurchaseStatus.DISPUTED]), "reported")
-    rep.add("won disputes whose fulfilment did not resume",
-            len(paused[PurchaseStatus.DISPUTE_WON]), "must be 0",
-            ok=not paused[PurchaseStatus.DISPUTE_WON])
+    rep.add(
+        "paid purchases whose fulfilment an open dispute paused",
+        len(paused[PurchaseStatus.DISPUTED]),
+        "reported",
+    )
+    rep.add(
+        "won disputes whose fulfilment did not resume",
+        len(paused[PurchaseStatus.DISPUTE_WON]),
+        "must be 0",
+        ok=not paused[PurchaseStatus.DISPUTE_WON],
+    )
 
 
 @invariant("lost-dispute-cancels-order", When.DRAINED)
@@ -702,12 +890,18 @@ def _lost_dispute_cancels_order(f: Facts, rep: Report) -> None:
 
     lost = f.paused_by_dispute[PurchaseStatus.DISPUTE_LOST]
     lost_live = lost & f.live_orders
-    rep.add("lost disputes mid-fulfilment, no live order", len(lost - f.live_orders),
-            "reported")
-    rep.add("lost disputes mid-fulfilment, order not cancelled", len(lost_live), "must be 0",
-            ok=not lost_live)
-    rep.add("paid purchases reversed during fulfilment, order cancelled",
-            len(f.reversed_mid), "reported")
+    rep.add("lost disputes mid-fulfilment, no live order", len(lost - f.live_orders), "reported")
+    rep.add(
+        "lost disputes mid-fulfilment, order not cancelled",
+        len(lost_live),
+        "must be 0",
+        ok=not lost_live,
+    )
+    rep.add(
+        "paid purchases reversed during fulfilment, order cancelled",
+        len(f.reversed_mid),
+        "reported",
+    )
 
 
 @invariant("paid-purchase-fulfilled-once", When.DRAINED)
@@ -717,18 +911,27 @@ def _paid_purchase_fulfilled_once(f: Facts, rep: Report) -> None:
     from payments.models import Purchase
 
     disputed = set().union(*f.paused_by_dispute.values())
-    incomplete = [pid for pid in f.paid_ids - f.awaiting_review - f.reversed_early - disputed
-                  - f.reversed_mid if f.unfinished(pid)]
-    rep.add("paid purchases with a step not done once", len(incomplete), "must be 0",
-            ok=not incomplete)
+    incomplete = [
+        pid
+        for pid in f.paid_ids - f.awaiting_review - f.reversed_early - disputed - f.reversed_mid
+        if f.unfinished(pid)
+    ]
+    rep.add(
+        "paid purchases with a step not done once", len(incomplete), "must be 0", ok=not incomplete
+    )
     for pid in incomplete[:5]:
         purchase = Purchase.objects.get(id=pid)
-        rep.add(f"  {pid}", purchase.status,
-                " ".join(f"{s}:{st}" for (s, st), n in sorted(f.steps[pid].items()))
-                + " | " + " ".join(f"{o.kind}:{o.outcome}:{o.grade or '-'}"
-                                   for o in purchase.operations.order_by("created_at")))
-    rep.add("paid purchases awaiting a person (e-mail unknown)", len(f.awaiting_review),
-            "reported")
+        rep.add(
+            f"  {pid}",
+            purchase.status,
+            " ".join(f"{s}:{st}" for (s, st), n in sorted(f.steps[pid].items()))
+            + " | "
+            + " ".join(
+                f"{o.kind}:{o.outcome}:{o.grade or '-'}"
+                for o in purchase.operations.order_by("created_at")
+            ),
+        )
+    rep.add("paid purchases awaiting a person (e-mail unknown)", len(f.awaiting_review), "reported")
 
 
 @invariant("goods-follow-the-money", When.DRAINED)
@@ -757,35 +960,54 @@ def _goods_follow_the_money(f: Facts, rep: Report) -> None:
             lost[d["payment_intent"]] += d["amount"]
     # Authorizations Verity held (its record of the hold); the provider says whether they
     # were cancelled since.
-    authorized = set(PaymentOperation.objects.filter(
-        kind=OperationKind.AUTHORIZE, outcome=Outcome.SUCCEEDED
-    ).values_list("provider_reference", flat=True))
+    authorized = set(
+        PaymentOperation.objects.filter(
+            kind=OperationKind.AUTHORIZE, outcome=Outcome.SUCCEEDED
+        ).values_list("provider_reference", flat=True)
+    )
     back = set()
     for pid, pis in intents.items():
         if any(pi["status"] in ("requires_capture", "processing") for pi in pis):
             continue  # money held
-        captured = sum(pi.get("amount_received") or pi["amount"] for pi in pis
-                       if pi["status"] == "succeeded")
+        captured = sum(
+            pi.get("amount_received") or pi["amount"] for pi in pis if pi["status"] == "succeeded"
+        )
         voided = any(pi["status"] == "canceled" and pi["id"] in authorized for pi in pis)
         returned = sum(refunded[pi["id"]] + lost[pi["id"]] for pi in pis)
         if (captured and returned >= captured) or (voided and not captured):
             back.add(pid)
     now = timezone.now()
-    serving = set(StepRun.objects.filter(step=StepName.DELIVERABLE, state=StepState.DONE,
-                                         result_expires_at__gt=now)
-                  .values_list("purchase_id", flat=True))
+    serving = set(
+        StepRun.objects.filter(
+            step=StepName.DELIVERABLE, state=StepState.DONE, result_expires_at__gt=now
+        ).values_list("purchase_id", flat=True)
+    )
     live = (back & f.live_orders) | (back & serving)
-    says_paid = set(Purchase.objects.filter(id__in=back, status__in=[
-        PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED,
-        PurchaseStatus.DISPUTE_WON]).values_list("id", flat=True))
+    says_paid = set(
+        Purchase.objects.filter(
+            id__in=back,
+            status__in=[
+                PurchaseStatus.PAID,
+                PurchaseStatus.FULFILLING,
+                PurchaseStatus.COMPLETED,
+                PurchaseStatus.DISPUTE_WON,
+            ],
+        ).values_list("id", flat=True)
+    )
     rep.add("purchases whose money went back at the provider", len(back), "reported")
-    rep.add("  ...with a live order or a served deliverable", len(live), "must be 0",
-            ok=not live)
-    rep.add("  ...saying paid, fulfilling, completed or dispute won", len(says_paid),
-            "must be 0", ok=not says_paid)
+    rep.add("  ...with a live order or a served deliverable", len(live), "must be 0", ok=not live)
+    rep.add(
+        "  ...saying paid, fulfilling, completed or dispute won",
+        len(says_paid),
+        "must be 0",
+        ok=not says_paid,
+    )
     for pid in sorted(live | says_paid)[:5]:
-        rep.add(f"  {pid}", Purchase.objects.get(id=pid).status,
-                f"order live={pid in f.live_orders} deliverable served={pid in serving}")
+        rep.add(
+            f"  {pid}",
+            Purchase.objects.get(id=pid).status,
+            f"order live={pid in f.live_orders} deliverable served={pid in serving}",
+        )
 
 
 @invariant("effects-once", When.DRAINED)
@@ -803,18 +1025,32 @@ def _effects_need_a_verified_payment(f: Facts, rep: Report) -> None:
     from payments.models import PaymentOperation
     from recovery.models import EmailMessage, Order
 
-    overturned = set(PaymentOperation.objects.filter(
-        kind__in=PAYMENT_KINDS, outcome=Outcome.FAILED,
-        transitions__cause=OVERTURN_CAUSE, purchase__status=PurchaseStatus.MANUAL_REVIEW)
-        .values_list("purchase_id", flat=True)) - f.paid_ids
-    orders_unpaid = (Order.objects.exclude(purchase_id__in=f.paid_ids)
-                     .filter(cancelled_at__isnull=True).count())
-    mails_unpaid = (EmailMessage.objects.exclude(purchase_id__in=f.paid_ids)
-                    .exclude(purchase_id__in=overturned).count())
-    rep.add("orders/e-mails without a verified payment", orders_unpaid + mails_unpaid,
-            "must be 0", ok=orders_unpaid + mails_unpaid == 0)
-    rep.add("fulfilled on a person's word, overturned (manual review)", len(overturned),
-            "reported")
+    overturned = (
+        set(
+            PaymentOperation.objects.filter(
+                kind__in=PAYMENT_KINDS,
+                outcome=Outcome.FAILED,
+                transitions__cause=OVERTURN_CAUSE,
+                purchase__status=PurchaseStatus.MANUAL_REVIEW,
+            ).values_list("purchase_id", flat=True)
+        )
+        - f.paid_ids
+    )
+    orders_unpaid = (
+        Order.objects.exclude(purchase_id__in=f.paid_ids).filter(cancelled_at__isnull=True).count()
+    )
+    mails_unpaid = (
+        EmailMessage.objects.exclude(purchase_id__in=f.paid_ids)
+        .exclude(purchase_id__in=overturned)
+        .count()
+    )
+    rep.add(
+        "orders/e-mails without a verified payment",
+        orders_unpaid + mails_unpaid,
+        "must be 0",
+        ok=orders_unpaid + mails_unpaid == 0,
+    )
+    rep.add("fulfilled on a person's word, overturned (manual review)", len(overturned), "reported")
 
 
 @invariant("open-purchase-has-an-owner", When.DRAINED)
@@ -825,13 +1061,19 @@ def _open_purchase_has_an_owner(f: Facts, rep: Report) -> None:
     from payments.models import Purchase
     from webhooks.models import ProviderEvent
 
-    open_statuses = [PurchaseStatus.PAYMENT_PENDING, PurchaseStatus.PAYMENT_UNKNOWN,
-                     PurchaseStatus.ACTION_REQUIRED, PurchaseStatus.MANUAL_REVIEW,
-                     PurchaseStatus.REFUND_PENDING]
-    ownerless = [p.id for p in Purchase.objects.filter(status__in=open_statuses)
-                 if purchase_next_action(p).get("owner") in (None, "", Owner.NONE)]
-    rep.add("open purchases without a next owner", len(ownerless), "must be 0",
-            ok=not ownerless)
+    open_statuses = [
+        PurchaseStatus.PAYMENT_PENDING,
+        PurchaseStatus.PAYMENT_UNKNOWN,
+        PurchaseStatus.ACTION_REQUIRED,
+        PurchaseStatus.MANUAL_REVIEW,
+        PurchaseStatus.REFUND_PENDING,
+    ]
+    ownerless = [
+        p.id
+        for p in Purchase.objects.filter(status__in=open_statuses)
+        if purchase_next_action(p).get("owner") in (None, "", Owner.NONE)
+    ]
+    rep.add("open purchases without a next owner", len(ownerless), "must be 0", ok=not ownerless)
     for pid in ownerless[:5]:
         rep.add(f"  {pid}", "no owner")
     quarantined = ProviderEvent.objects.filter(result="quarantined").count()
@@ -845,18 +1087,29 @@ def _ledger_matches_provider_balance(f: Facts, rep: Report) -> None:
     from payments.models import PaymentOperation
     from recovery.models import LedgerEntry
 
-    provider_net = (sum(pi.get("amount_received") or pi["amount"] for pi in f.intents
-                        if pi["status"] == "succeeded")
-                    - sum(r["amount"] for r in f.refunds if r["status"] == "succeeded")
-                    # disputes: the withdrawal and fee, and a won dispute's reinstatement
-                    + sum(bt["net"] for d in f.disputes
-                          for bt in d.get("balance_transactions") or []))
+    provider_net = (
+        sum(
+            pi.get("amount_received") or pi["amount"]
+            for pi in f.intents
+            if pi["status"] == "succeeded"
+        )
+        - sum(r["amount"] for r in f.refunds if r["status"] == "succeeded")
+        # disputes: the withdrawal and fee, and a won dispute's reinstatement
+        + sum(bt["net"] for d in f.disputes for bt in d.get("balance_transactions") or [])
+    )
     x402_ops = PaymentOperation.objects.filter(rail=Rail.X402).values("id")
-    ledger_net = (LedgerEntry.objects.filter(account="provider_balance")
-                  .exclude(operation_id__in=x402_ops)
-                  .aggregate(s=Sum("amount"))["s"] or 0)
-    rep.add("ledger minus provider balance", ledger_net - provider_net, "must be 0",
-            ok=ledger_net == provider_net)
+    ledger_net = (
+        LedgerEntry.objects.filter(account="provider_balance")
+        .exclude(operation_id__in=x402_ops)
+        .aggregate(s=Sum("amount"))["s"]
+        or 0
+    )
+    rep.add(
+        "ledger minus provider balance",
+        ledger_net - provider_net,
+        "must be 0",
+        ok=ledger_net == provider_net,
+    )
 
 
 # Per operation, on the provider's and the chain's record.
@@ -868,8 +1121,9 @@ def _linked_operation_on_its_rail(f: Facts, rep: Report) -> None:
 
     linked = PaymentOperation.objects.filter(parent__isnull=False).select_related("parent")
     off_rail = [o.id for o in linked if o.rail != o.parent.rail]
-    rep.add("linked operations off their payment's rail", len(off_rail), "must be 0",
-            ok=not off_rail)
+    rep.add(
+        "linked operations off their payment's rail", len(off_rail), "must be 0", ok=not off_rail
+    )
     for op_id in off_rail[:5]:
         rep.add(f"  {op_id}", "off rail")
 
@@ -882,8 +1136,11 @@ def _refund_returns_its_payment(f: Facts, rep: Report) -> None:
     linked = PaymentOperation.objects.filter(parent__isnull=False).select_related("parent")
     by_op = {(r.get("metadata") or {}).get("operation_id"): r for r in f.refunds}
     parents = {o.id: o.parent.provider_reference for o in linked if o.id in by_op}
-    wrong = [op_id for op_id, ref in parents.items()
-             if by_op[op_id].get("payment_intent") and by_op[op_id]["payment_intent"] != ref]
+    wrong = [
+        op_id
+        for op_id, ref in parents.items()
+        if by_op[op_id].get("payment_intent") and by_op[op_id]["payment_intent"] != ref
+    ]
     rep.add("refunds returning another payment's money", len(wrong), "must be 0", ok=not wrong)
 
 
@@ -894,12 +1151,19 @@ def _compensation_returns_own_payment(f: Facts, rep: Report) -> None:
     from recovery.models import StepRun
 
     runs = StepRun.objects.exclude(compensation_operation_id="")
-    comp = {o.id: o for o in PaymentOperation.objects.filter(
-        id__in=runs.values("compensation_operation_id")).select_related("parent")}
-    astray = [r.purchase_id for r in runs if (o := comp.get(r.compensation_operation_id))
-              is not None and (o.parent is None or o.parent.is_duplicate)]
-    rep.add("steps compensated with a duplicate's return", len(astray), "must be 0",
-            ok=not astray)
+    comp = {
+        o.id: o
+        for o in PaymentOperation.objects.filter(
+            id__in=runs.values("compensation_operation_id")
+        ).select_related("parent")
+    }
+    astray = [
+        r.purchase_id
+        for r in runs
+        if (o := comp.get(r.compensation_operation_id)) is not None
+        and (o.parent is None or o.parent.is_duplicate)
+    ]
+    rep.add("steps compensated with a duplicate's return", len(astray), "must be 0", ok=not astray)
 
 
 @invariant("outbox-drains", When.DRAINED)
@@ -909,12 +1173,17 @@ def _outbox_drains(f: Facts, rep: Report) -> None:
     from recovery.models import OutboxMessage
 
     lagging = OutboxMessage.objects.filter(
-        processed_at__isnull=True, available_at__lte=timezone.now() - timedelta(seconds=60))
-    rep.add("outbox messages due for over 60 s", lagging.count(), "must be 0",
-            ok=not lagging.exists())
+        processed_at__isnull=True, available_at__lte=timezone.now() - timedelta(seconds=60)
+    )
+    rep.add(
+        "outbox messages due for over 60 s", lagging.count(), "must be 0", ok=not lagging.exists()
+    )
     for m in lagging[:5]:
-        rep.add(f"  outbox {m.id}", f"cat={m.category}",
-                f"attempts={m.attempts} {m.payload} {m.last_error[:80]!r}")
+        rep.add(
+            f"  outbox {m.id}",
+            f"cat={m.category}",
+            f"attempts={m.attempts} {m.payload} {m.last_error[:80]!r}",
+        )
 
 
 # -- storefront events (events/): judged from the rows, by this file's own rule ----------
@@ -930,11 +1199,18 @@ def _events_numbered_without_gaps(f: Facts, rep: Report) -> None:
     """Each purchase's events are numbered 1..n: one statement, one snapshot."""
     from events.models import Event
 
-    gaps = list(Event.objects.values("purchase_id")
-                .annotate(n=Count("id"), top=Max("sequence"), low=Min("sequence"))
-                .exclude(n=F("top")).values_list("purchase_id", flat=True)[:5])
-    gaps += list(Event.objects.values("purchase_id").annotate(low=Min("sequence"))
-                 .exclude(low=1).values_list("purchase_id", flat=True)[:5])
+    gaps = list(
+        Event.objects.values("purchase_id")
+        .annotate(n=Count("id"), top=Max("sequence"), low=Min("sequence"))
+        .exclude(n=F("top"))
+        .values_list("purchase_id", flat=True)[:5]
+    )
+    gaps += list(
+        Event.objects.values("purchase_id")
+        .annotate(low=Min("sequence"))
+        .exclude(low=1)
+        .values_list("purchase_id", flat=True)[:5]
+    )
     rep.add("purchases whose events skip a number", len(gaps), "must be 0", ok=not gaps)
     for pid in gaps[:5]:
         rep.add(f"  {pid}", "gap", "")
@@ -947,27 +1223,47 @@ def _every_change_has_its_event(f: Facts, rep: Report) -> None:
     from events.models import Event
     from payments.models import OperationTransition
 
-    changes = Counter(dict(
-        OperationTransition.objects.filter(field="status", operation__isnull=True)
-        .exclude(source="").exclude(source=F("target"))
-        .values("purchase_id").annotate(n=Count("id")).values_list("purchase_id", "n")))
-    created = set(OperationTransition.objects.filter(field="status", operation__isnull=True,
-                                                     source="")
-                  .values_list("purchase_id", flat=True))
-    events = Counter(dict(
-        Event.objects.filter(type__in=_STATUS_EVENT_TYPES).values("purchase_id")
-        .annotate(n=Count("id")).values_list("purchase_id", "n")))
-    created_events = Counter(Event.objects.filter(type="purchase.created")
-                             .values_list("purchase_id", flat=True))
+    changes = Counter(
+        dict(
+            OperationTransition.objects.filter(field="status", operation__isnull=True)
+            .exclude(source="")
+            .exclude(source=F("target"))
+            .values("purchase_id")
+            .annotate(n=Count("id"))
+            .values_list("purchase_id", "n")
+        )
+    )
+    created = set(
+        OperationTransition.objects.filter(
+            field="status", operation__isnull=True, source=""
+        ).values_list("purchase_id", flat=True)
+    )
+    events = Counter(
+        dict(
+            Event.objects.filter(type__in=_STATUS_EVENT_TYPES)
+            .values("purchase_id")
+            .annotate(n=Count("id"))
+            .values_list("purchase_id", "n")
+        )
+    )
+    created_events = Counter(
+        Event.objects.filter(type="purchase.created").values_list("purchase_id", flat=True)
+    )
     off = sorted(p for p in set(changes) | set(events) if changes[p] != events[p])
-    off_created = sorted(p for p in created | set(created_events)
-                         if created_events[p] != (1 if p in created else 0))
+    off_created = sorted(
+        p for p in created | set(created_events) if created_events[p] != (1 if p in created else 0)
+    )
     rep.add("status changes recorded", sum(changes.values()), "")
     rep.add("status events", sum(events.values()), "")
-    rep.add("purchases whose status events differ from the history", len(off), "must be 0",
-            ok=not off)
-    rep.add("purchases without exactly one created event", len(off_created), "must be 0",
-            ok=not off_created)
+    rep.add(
+        "purchases whose status events differ from the history", len(off), "must be 0", ok=not off
+    )
+    rep.add(
+        "purchases without exactly one created event",
+        len(off_created),
+        "must be 0",
+        ok=not off_created,
+    )
     for pid in (off + off_created)[:5]:
         rep.add(f"  {pid}", f"{changes[pid]} changes", f"{events[pid]} events")
 
@@ -982,11 +1278,14 @@ def _every_event_reaches_its_endpoint(f: Facts, rep: Report) -> None:
 
     now = timezone.now()
     endpoints = list(WebhookEndpoint.objects.all())
-    delivered = set(WebhookDelivery.objects.filter(state="delivered")
-                    .values_list("endpoint_id", "event_id"))
-    retrying = set(WebhookDelivery.objects.filter(state="pending",
-                                                  next_attempt_at__gt=now - timedelta(seconds=60))
-                   .values_list("endpoint_id", "event_id"))
+    delivered = set(
+        WebhookDelivery.objects.filter(state="delivered").values_list("endpoint_id", "event_id")
+    )
+    retrying = set(
+        WebhookDelivery.objects.filter(
+            state="pending", next_attempt_at__gt=now - timedelta(seconds=60)
+        ).values_list("endpoint_id", "event_id")
+    )
     missing, in_retry, total = [], 0, 0
     for ep in endpoints:
         wanted = Event.objects.filter(api_client_id=ep.api_client_id, created_at__gte=ep.created_at)
@@ -1005,7 +1304,11 @@ def _every_event_reaches_its_endpoint(f: Facts, rep: Report) -> None:
             missing.append(key)
     rep.add("event deliveries owed", total, "")
     rep.add("deliveries still in their retry schedule", in_retry, "")
-    rep.add("events neither delivered nor owed to a disabled endpoint", len(missing),
-            "must be 0", ok=not missing)
+    rep.add(
+        "events neither delivered nor owed to a disabled endpoint",
+        len(missing),
+        "must be 0",
+        ok=not missing,
+    )
     for ep_id, event_id in missing[:5]:
         rep.add(f"  endpoint {ep_id}", f"event {event_id}", "")

@@ -15,6 +15,7 @@ relay's own work and Celery's task machinery.
 
     .venv/bin/python bench/outbox_drain.py [--messages 20000] [--runs 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,10 @@ WITH due AS (
 )
 SELECT id, category, payload, attempts FROM claimed ORDER BY available_at, id
 """
-MARK_SQL = (f"UPDATE {TABLE} SET processed_at = now(), claimed_until = NULL, last_error = '' "
-            "WHERE id = ANY(%s) AND processed_at IS NULL")
+MARK_SQL = (
+    f"UPDATE {TABLE} SET processed_at = now(), claimed_until = NULL, last_error = '' "
+    "WHERE id = ANY(%s) AND processed_at IS NULL"
+)
 # The floor of issues 18-33 (kept as a reference row, 1 process): the claim returned ids
 # only, inside an explicit transaction (BEGIN, claim, COMMIT, mark: four round trips).
 CLAIM_IDS_SQL = f"""
@@ -205,11 +208,30 @@ def celery_workers(env: dict, stack, count: int):
     procs = []
     for i in range(count):
         logf = open(stack.tmp / f"celery-bench-{count}-{i}.log", "ab")
-        procs.append(subprocess.Popen(
-            [str(BIN / "celery"), "-A", "config", "worker", "--pool", "solo",
-             "-n", f"bench{count}-{i}@%h", "--without-gossip", "--without-mingle",
-             "--without-heartbeat", "-l", "WARNING"],
-            env=env, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(BIN / "celery"),
+                    "-A",
+                    "config",
+                    "worker",
+                    "--pool",
+                    "solo",
+                    "-n",
+                    f"bench{count}-{i}@%h",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                    "-l",
+                    "WARNING",
+                ],
+                env=env,
+                cwd=ROOT,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     try:
         from config.celery import app
 
@@ -265,9 +287,19 @@ def main(argv: list[str] | None = None) -> Report:
     n = args.messages
     with bench_stack(localstripe=False) as (stack, env):
         dsn = stack.env["DATABASE_URL"].replace("postgres://", "postgresql://")
-        res: dict[str, list[float]] = {k: [] for k in
-                                       ("floor1", "floor2", "inproc", "celery1", "celery2",
-                                        "floor1v1", "cpu_relay", "cpu_floor")}
+        res: dict[str, list[float]] = {
+            k: []
+            for k in (
+                "floor1",
+                "floor2",
+                "inproc",
+                "celery1",
+                "celery2",
+                "floor1v1",
+                "cpu_relay",
+                "cpu_floor",
+            )
+        }
         # Each real figure is measured right after its floor (same minute, same load): the
         # machine's speed drifts too much for floors measured minutes apart.
         for workers in (1, 2):
@@ -276,8 +308,9 @@ def main(argv: list[str] | None = None) -> Report:
                     log(f"run {run + 1}/{args.runs}: floor, {workers} process(es)")
                     res[f"floor{workers}"].append(run_floor(dsn, n, workers, f"f{workers}{run}"))
                     log(f"run {run + 1}/{args.runs}: {workers} celery worker(s)")
-                    res[f"celery{workers}"].append(run_celery(app, n, workers, f"c{workers}{run}",
-                                                              args.timeout))
+                    res[f"celery{workers}"].append(
+                        run_celery(app, n, workers, f"c{workers}{run}", args.timeout)
+                    )
                     if workers == 1:
                         log(f"run {run + 1}/{args.runs}: relay in-process (no Celery)")
                         rate, cpu = run_in_process(n, f"ip{run}")
@@ -285,25 +318,66 @@ def main(argv: list[str] | None = None) -> Report:
                         res["cpu_relay"].append(cpu)
                         res["cpu_floor"].append(floor_cpu(dsn, n, f"fc{run}"))
                         log(f"run {run + 1}/{args.runs}: floor of issues 18-33, 1 process")
-                        res["floor1v1"].append(run_floor(dsn, n, 1, f"v1{run}",
-                                                         target=_floor_worker_v1))
+                        res["floor1v1"].append(
+                            run_floor(dsn, n, 1, f"v1{run}", target=_floor_worker_v1)
+                        )
     m = {k: med(v) for k, v in res.items()}
     note = f"{n} NOOP msgs, {args.runs} runs, median"
-    report.add("outbox drain", "msgs/s 1 celery worker", fmt(m["celery1"]), fmt(m["floor1"]),
-               ratio(m["celery1"], m["floor1"]), ">= 0.60", f"{note}; floor = raw SQL, 1 proc")
-    report.add("outbox drain", "msgs/s 2 celery workers", fmt(m["celery2"]), fmt(m["floor2"]),
-               ratio(m["celery2"], m["floor2"]), ">= 0.50", "floor = raw SQL, 2 procs")
-    report.add("outbox drain", "2-worker speedup", f"{m['celery2'] / m['celery1']:.2f}x",
-               f"{m['floor2'] / m['floor1']:.2f}x", "", ">= 1.7x", "floor col = raw SQL 2 vs 1")
-    report.add("outbox drain", "msgs/s relay in-process", fmt(m["inproc"]), fmt(m["floor1"]),
-               ratio(m["inproc"], m["floor1"]), "", "recovery.relay.relay_drain, no Celery")
+    report.add(
+        "outbox drain",
+        "msgs/s 1 celery worker",
+        fmt(m["celery1"]),
+        fmt(m["floor1"]),
+        ratio(m["celery1"], m["floor1"]),
+        ">= 0.60",
+        f"{note}; floor = raw SQL, 1 proc",
+    )
+    report.add(
+        "outbox drain",
+        "msgs/s 2 celery workers",
+        fmt(m["celery2"]),
+        fmt(m["floor2"]),
+        ratio(m["celery2"], m["floor2"]),
+        ">= 0.50",
+        "floor = raw SQL, 2 procs",
+    )
+    report.add(
+        "outbox drain",
+        "2-worker speedup",
+        f"{m['celery2'] / m['celery1']:.2f}x",
+        f"{m['floor2'] / m['floor1']:.2f}x",
+        "",
+        ">= 1.7x",
+        "floor col = raw SQL 2 vs 1",
+    )
+    report.add(
+        "outbox drain",
+        "msgs/s relay in-process",
+        fmt(m["inproc"]),
+        fmt(m["floor1"]),
+        ratio(m["inproc"], m["floor1"]),
+        "",
+        "recovery.relay.relay_drain, no Celery",
+    )
     # Least of the runs: the least disturbed by neighbours on a shared machine.
-    report.add("outbox drain", "CPU us/msg relay in-process", f"{min(res['cpu_relay']):.1f}",
-               f"{min(res['cpu_floor']):.1f}", "", "",
-               "client-side CPU per message (process_time), least of runs; floor in-process")
-    report.add("outbox drain", "msgs/s 1 worker vs old floor", fmt(m["celery1"]),
-               fmt(m["floor1v1"]), ratio(m["celery1"], m["floor1v1"]), "",
-               "floor of issues 18-33: BEGIN, claim ids, COMMIT, mark (4 round trips)")
+    report.add(
+        "outbox drain",
+        "CPU us/msg relay in-process",
+        f"{min(res['cpu_relay']):.1f}",
+        f"{min(res['cpu_floor']):.1f}",
+        "",
+        "",
+        "client-side CPU per message (process_time), least of runs; floor in-process",
+    )
+    report.add(
+        "outbox drain",
+        "msgs/s 1 worker vs old floor",
+        fmt(m["celery1"]),
+        fmt(m["floor1v1"]),
+        ratio(m["celery1"], m["floor1v1"]),
+        "",
+        "floor of issues 18-33: BEGIN, claim ids, COMMIT, mark (4 round trips)",
+    )
     report.dump(args.json)
     report.print("outbox drain")
     return report

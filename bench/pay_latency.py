@@ -22,6 +22,7 @@ creation beside it.
     .venv/bin/python bench/pay_latency.py [--hold 0.1] [--payments 40] [--connections 16]
         [--modes one-call,two-step] [--profile] [--runs 1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,16 +95,18 @@ def _post(state: dict, base: str, path: str, body: dict, headers: dict) -> tuple
     if conn is None:
         host, port = base.replace("http://", "").split(":")
         conn = state["conn"] = http.client.HTTPConnection(host, int(port), timeout=60)
-    conn.request("POST", path, body=json.dumps(body),
-                 headers={"Content-Type": "application/json", **headers})
+    conn.request(
+        "POST", path, body=json.dumps(body), headers={"Content-Type": "application/json", **headers}
+    )
     r = conn.getresponse()
     return r.status, json.loads(r.read() or b"{}")
 
 
 def _localstripe_idempotency(base: str, **config) -> None:
     data = "&".join(f"{k}={v}" for k, v in config.items()).encode()
-    urllib.request.urlopen(urllib.request.Request(f"{base}/_config/idempotency", data=data),
-                           timeout=10).read()
+    urllib.request.urlopen(
+        urllib.request.Request(f"{base}/_config/idempotency", data=data), timeout=10
+    ).read()
 
 
 def _purchases(client, n: int, tag: str) -> list[str]:
@@ -111,11 +114,15 @@ def _purchases(client, n: int, tag: str) -> list[str]:
 
     out = []
     for i in range(n):
-        quote = services.quote_create(api_client=client, items=[{"sku": SKU, "quantity": 1}],
-                                      currency="usd")
+        quote = services.quote_create(
+            api_client=client, items=[{"sku": SKU, "quantity": 1}], currency="usd"
+        )
         purchase = services.purchase_create(
-            api_client=client, quote_id=quote.id, quote_version=quote.version,
-            customer_reference=f"bench-{tag}-{i}-{uuid.uuid4().hex[:6]}")
+            api_client=client,
+            quote_id=quote.id,
+            quote_version=quote.version,
+            customer_reference=f"bench-{tag}-{i}-{uuid.uuid4().hex[:6]}",
+        )
         out.append(purchase.id)
     return out
 
@@ -124,18 +131,30 @@ def _direct(proxy_base: str, n: int, connections: int) -> list[float]:
     import stripe
     from django.conf import settings
 
-    client = stripe.StripeClient(settings.STRIPE_API_KEY, base_addresses={"api": proxy_base},
-                                 max_network_retries=0)
-    client.v1.payment_intents.create(params={"amount": 1500, "currency": "usd",
-                                             "payment_method": "pm_card_visa",
-                                             "confirm": True})  # warm the connection pool
+    client = stripe.StripeClient(
+        settings.STRIPE_API_KEY, base_addresses={"api": proxy_base}, max_network_retries=0
+    )
+    client.v1.payment_intents.create(
+        params={
+            "amount": 1500,
+            "currency": "usd",
+            "payment_method": "pm_card_visa",
+            "confirm": True,
+        }
+    )  # warm the connection pool
 
     def pay(_state, i):
         pi = client.v1.payment_intents.create(
-            params={"amount": 1500, "currency": "usd", "payment_method": "pm_card_visa",
-                    "capture_method": "automatic", "confirm": True,
-                    "metadata": {"operation_id": f"direct-{i}"}},
-            options={"idempotency_key": f"direct-{uuid.uuid4().hex}:pay"})
+            params={
+                "amount": 1500,
+                "currency": "usd",
+                "payment_method": "pm_card_visa",
+                "capture_method": "automatic",
+                "confirm": True,
+                "metadata": {"operation_id": f"direct-{i}"},
+            },
+            options={"idempotency_key": f"direct-{uuid.uuid4().hex}:pay"},
+        )
         assert pi.status == "succeeded", pi.status
 
     return _parallel(list(range(n)), connections, pay)
@@ -145,9 +164,13 @@ def _rest(base: str, key: str, pids: list[str], connections: int) -> list[float]
     auth = {"Authorization": f"Api-Key {key}"}
 
     def pay(state, pid):
-        st, body = _post(state, base, f"/api/v1/purchases/{pid}/payments",
-                         {"payment_method": "pm_card_visa", "capture": "automatic"},
-                         {**auth, "Idempotency-Key": f"pay-{pid}"})
+        st, body = _post(
+            state,
+            base,
+            f"/api/v1/purchases/{pid}/payments",
+            {"payment_method": "pm_card_visa", "capture": "automatic"},
+            {**auth, "Idempotency-Key": f"pay-{pid}"},
+        )
         assert st == 201, (st, body)
 
     return _parallel(pids, connections, pay)
@@ -159,29 +182,55 @@ def _acp(base: str, key: str, stripe_base: str, n: int, connections: int) -> lis
     state: dict = {}
     sessions = []
     for _ in range(n):
-        st, s = _post(state, base, "/acp/checkout_sessions",
-                      {"line_items": [{"id": SKU, "quantity": 1}], "currency": "usd",
-                       "capabilities": {"interventions": {"supported": []}}},
-                      {**headers, "Idempotency-Key": str(uuid.uuid4()),
-                       "Request-Id": f"req_{uuid.uuid4().hex[:10]}"})
+        st, s = _post(
+            state,
+            base,
+            "/acp/checkout_sessions",
+            {
+                "line_items": [{"id": SKU, "quantity": 1}],
+                "currency": "usd",
+                "capabilities": {"interventions": {"supported": []}},
+            },
+            {
+                **headers,
+                "Idempotency-Key": str(uuid.uuid4()),
+                "Request-Id": f"req_{uuid.uuid4().hex[:10]}",
+            },
+        )
         assert st == 201, (st, s)
         total = next(t["amount"] for t in s["totals"] if t["type"] == "total")
-        data = (f"payment_method=pm_card_visa&usage_limits[currency]=usd&"
-                f"usage_limits[max_amount]={total}&usage_limits[expires_at]="
-                f"{int(time.time()) + 3600}").encode()
-        with urllib.request.urlopen(urllib.request.Request(
-                f"{stripe_base}/v1/test_helpers/shared_payment/granted_tokens", data=data,
-                headers={"Authorization": "Bearer sk_test_verity_local"}), timeout=10) as r:
+        data = (
+            f"payment_method=pm_card_visa&usage_limits[currency]=usd&"
+            f"usage_limits[max_amount]={total}&usage_limits[expires_at]="
+            f"{int(time.time()) + 3600}"
+        ).encode()
+        with urllib.request.urlopen(
+            urllib.request.Request(
+                f"{stripe_base}/v1/test_helpers/shared_payment/granted_tokens",
+                data=data,
+                headers={"Authorization": "Bearer sk_test_verity_local"},
+            ),
+            timeout=10,
+        ) as r:
             sessions.append((s["id"], json.loads(r.read())["id"]))
     state["conn"].close()
 
     def complete(state, item):
         sid, token = item
-        st, body = _post(state, base, f"/acp/checkout_sessions/{sid}/complete",
-                         {"buyer": {"first_name": "Ada", "email": f"{sid}@example.com"},
-                          "payment_data": {"provider": "stripe", "token": token}},
-                         {**headers, "Idempotency-Key": str(uuid.uuid4()),
-                          "Request-Id": f"req_{uuid.uuid4().hex[:10]}"})
+        st, body = _post(
+            state,
+            base,
+            f"/acp/checkout_sessions/{sid}/complete",
+            {
+                "buyer": {"first_name": "Ada", "email": f"{sid}@example.com"},
+                "payment_data": {"provider": "stripe", "token": token},
+            },
+            {
+                **headers,
+                "Idempotency-Key": str(uuid.uuid4()),
+                "Request-Id": f"req_{uuid.uuid4().hex[:10]}",
+            },
+        )
         assert st == 200 and body.get("status") == "completed", (st, body)
 
     return _parallel(sessions, connections, complete)
@@ -190,10 +239,17 @@ def _acp(base: str, key: str, stripe_base: str, n: int, connections: int) -> lis
 def _calls_per_payment(since_ops: set[str]) -> str:
     from payments.models import PaymentOperation, ProviderCall
 
-    ops = set(PaymentOperation.objects.filter(kind__in=("charge", "authorize"))
-              .values_list("id", flat=True)) - since_ops
-    writes = ProviderCall.objects.filter(operation_id__in=ops,
-                                         purpose__in=("dispatch", "replay")).count()
+    ops = (
+        set(
+            PaymentOperation.objects.filter(kind__in=("charge", "authorize")).values_list(
+                "id", flat=True
+            )
+        )
+        - since_ops
+    )
+    writes = ProviderCall.objects.filter(
+        operation_id__in=ops, purpose__in=("dispatch", "replay")
+    ).count()
     return f"{writes / len(ops):.2f}" if ops else "n/a"
 
 
@@ -211,32 +267,50 @@ def _profile(client, key: str, one_call: bool) -> dict:
     out = {}
     for _warm in range(2):
         with CaptureQueriesContext(connection) as quote_q:
-            r = http.post("/api/v1/quotes", {"items": [{"sku": SKU, "quantity": 1}],
-                                             "currency": "usd"},
-                          content_type="application/json",
-                          HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()), **auth)
+            r = http.post(
+                "/api/v1/quotes",
+                {"items": [{"sku": SKU, "quantity": 1}], "currency": "usd"},
+                content_type="application/json",
+                HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
+                **auth,
+            )
             assert r.status_code == 201, r.content
         quote = r.json()
         with CaptureQueriesContext(connection) as purchase_q:
-            r = http.post("/api/v1/purchases", {
-                "quote_id": quote["id"], "quote_version": quote["version"],
-                "customer": {"reference": f"prof-{uuid.uuid4().hex[:8]}",
-                             "email": "p@example.com"}},
-                content_type="application/json", HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()), **auth)
+            r = http.post(
+                "/api/v1/purchases",
+                {
+                    "quote_id": quote["id"],
+                    "quote_version": quote["version"],
+                    "customer": {
+                        "reference": f"prof-{uuid.uuid4().hex[:8]}",
+                        "email": "p@example.com",
+                    },
+                },
+                content_type="application/json",
+                HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
+                **auth,
+            )
             assert r.status_code == 201, r.content
         pid = r.json()["id"]
         with CaptureQueriesContext(connection) as pay_q:
             t = time.perf_counter()
-            r = http.post(f"/api/v1/purchases/{pid}/payments",
-                          {"payment_method": "pm_card_visa", "capture": "automatic"},
-                          content_type="application/json",
-                          HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()), **auth)
+            r = http.post(
+                f"/api/v1/purchases/{pid}/payments",
+                {"payment_method": "pm_card_visa", "capture": "automatic"},
+                content_type="application/json",
+                HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
+                **auth,
+            )
             wall = (time.perf_counter() - t) * 1000
             assert r.status_code == 201, r.content
     for name, q in (("quote", quote_q), ("purchase", purchase_q), ("payment", pay_q)):
         kinds = Counter(s["sql"].split(None, 1)[0].upper() for s in q.captured_queries)
-        out[name] = {"statements": len(q.captured_queries), "kinds": dict(kinds),
-                     "db_ms": round(sum(float(s["time"]) for s in q.captured_queries) * 1000, 1)}
+        out[name] = {
+            "statements": len(q.captured_queries),
+            "kinds": dict(kinds),
+            "db_ms": round(sum(float(s["time"]) for s in q.captured_queries) * 1000, 1),
+        }
     out["payment"]["wall_ms"] = round(wall, 1)
     return out
 
@@ -250,8 +324,11 @@ def main(argv: list[str] | None = None) -> Report:
     parser.add_argument("--workers", type=int, default=4, help="gunicorn sync workers")
     parser.add_argument("--modes", default="one-call", help="one-call,two-step")
     parser.add_argument("--no-acp", action="store_true")
-    parser.add_argument("--profile", action="store_true",
-                        help="also count the SQL statements of one payment, in-process")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also count the SQL statements of one payment, in-process",
+    )
     args = parser.parse_args(argv)
     report = Report()
     # At 16 connections, gunicorn needs as many workers as connections for the hold to be
@@ -260,12 +337,28 @@ def main(argv: list[str] | None = None) -> Report:
         from payments.clients import api_client_create
         from payments.models import PaymentOperation, Product
 
-        Product.objects.create(sku=SKU, name="Bench item", price=1500, currency="usd",
-                               stock=10**7)
-        key = manage(env, "create_api_client", "bench-pay", "--scopes", "purchases:read",
-                     "purchases:write", "--limit", "0").strip().splitlines()[-1].strip()
-        acp_key = manage(env, "create_api_client", "bench-acp", "--scopes", "acp",
-                         "--limit", "0").strip().splitlines()[-1].strip()
+        Product.objects.create(sku=SKU, name="Bench item", price=1500, currency="usd", stock=10**7)
+        key = (
+            manage(
+                env,
+                "create_api_client",
+                "bench-pay",
+                "--scopes",
+                "purchases:read",
+                "purchases:write",
+                "--limit",
+                "0",
+            )
+            .strip()
+            .splitlines()[-1]
+            .strip()
+        )
+        acp_key = (
+            manage(env, "create_api_client", "bench-acp", "--scopes", "acp", "--limit", "0")
+            .strip()
+            .splitlines()[-1]
+            .strip()
+        )
         from payments.models import ApiClient
 
         client = ApiClient.objects.get(name="bench-pay")
@@ -282,20 +375,37 @@ def main(argv: list[str] | None = None) -> Report:
         hold_note = f"hold {args.hold * 1000:.0f} ms per provider answer"
         for name, _ in series:
             d = direct[name]
-            report.add("pay latency", f"direct create(confirm) {name} p50 / p99 ms",
-                       f"{_pct(d, .5):.1f} / {_pct(d, .99):.1f}", "", "", "",
-                       f"{hold_note}; the floor; 1 provider call")
+            report.add(
+                "pay latency",
+                f"direct create(confirm) {name} p50 / p99 ms",
+                f"{_pct(d, 0.5):.1f} / {_pct(d, 0.99):.1f}",
+                "",
+                "",
+                "",
+                f"{hold_note}; the floor; 1 provider call",
+            )
         for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
             one_call = mode == "one-call"
             _localstripe_idempotency(stripe_base, enabled="true" if one_call else "false")
-            genv = {**env, "STRIPE_API_BASE": proxy.base,
-                    "STRIPE_DEDUPES_KEYS": "true" if one_call else "false"}
+            genv = {
+                **env,
+                "STRIPE_API_BASE": proxy.base,
+                "STRIPE_DEDUPES_KEYS": "true" if one_call else "false",
+            }
             with gunicorn(genv, stack, workers=max(args.workers, args.connections)) as base:
-                faces = [("REST POST /payments", lambda conns, n, tag: _rest(
-                    base, key, _purchases(client, n, tag), conns))]
+                faces = [
+                    (
+                        "REST POST /payments",
+                        lambda conns, n, tag: _rest(base, key, _purchases(client, n, tag), conns),
+                    )
+                ]
                 if not args.no_acp:
-                    faces.append(("ACP complete", lambda conns, n, tag: _acp(
-                        base, acp_key, stripe_base, n, conns)))
+                    faces.append(
+                        (
+                            "ACP complete",
+                            lambda conns, n, tag: _acp(base, acp_key, stripe_base, n, conns),
+                        )
+                    )
                 for face, run in faces:
                     for name, conns in series:
                         before = set(PaymentOperation.objects.values_list("id", flat=True))
@@ -306,18 +416,24 @@ def main(argv: list[str] | None = None) -> Report:
                             lat += run(conns, args.payments, f"{mode}-{name}-{r}")
                         calls = _calls_per_payment(before)
                         d = direct[name]
-                        p50, p99 = _pct(lat, .5), _pct(lat, .99)
+                        p50, p99 = _pct(lat, 0.5), _pct(lat, 0.99)
                         report.add(
-                            "pay latency", f"{mode}: {face} {name} p50 / p99 ms",
+                            "pay latency",
+                            f"{mode}: {face} {name} p50 / p99 ms",
                             f"{p50:.1f} / {p99:.1f}",
-                            f"{_pct(d, .5):.1f} / {_pct(d, .99):.1f}",
-                            f"{_pct(d, .5) / p50:.2f} / {_pct(d, .99) / p99:.2f}",
+                            f"{_pct(d, 0.5):.1f} / {_pct(d, 0.99):.1f}",
+                            f"{_pct(d, 0.5) / p50:.2f} / {_pct(d, 0.99) / p99:.2f}",
                             ">= 0.85" if args.hold else "",
                             f"{hold_note}; provider calls per payment {calls}; "
-                            f"n={len(lat)}, mean {statistics.mean(lat) if lat else float('nan'):.1f} ms"
-                            + (f"; {len(FAILURES) - failed_before} not answered as "
-                               f"expected (first: {FAILURES[failed_before]})"
-                               if len(FAILURES) > failed_before else ""))
+                            f"n={len(lat)}, "
+                            f"mean {statistics.mean(lat) if lat else float('nan'):.1f} ms"
+                            + (
+                                f"; {len(FAILURES) - failed_before} not answered as "
+                                f"expected (first: {FAILURES[failed_before]})"
+                                if len(FAILURES) > failed_before
+                                else ""
+                            ),
+                        )
         proxy.down()
         if args.profile:
             from django.conf import settings
@@ -326,9 +442,12 @@ def main(argv: list[str] | None = None) -> Report:
             from payments.providers.stripe import get_provider
 
             get_provider.cache_clear()
-            _, prof_key = api_client_create(name="bench-profile",
-                                            scopes=["purchases:read", "purchases:write"],
-                                            limit=0, currency="usd")
+            _, prof_key = api_client_create(
+                name="bench-profile",
+                scopes=["purchases:read", "purchases:write"],
+                limit=0,
+                currency="usd",
+            )
             from payments.models import ApiClient as _C  # noqa: F401
 
             for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
@@ -338,12 +457,20 @@ def main(argv: list[str] | None = None) -> Report:
                 for name in ("quote", "purchase", "payment"):
                     p = prof[name]
                     kinds = ", ".join(f"{k} {v}" for k, v in sorted(p["kinds"].items()))
-                    report.add("pay profile", f"{mode}: SQL statements per {name}",
-                               str(p["statements"]), "", "",
-                               "<= 20" if name == "payment" else "",
-                               f"{kinds}; {p['db_ms']} ms in PostgreSQL"
-                               + (f"; {p['wall_ms']} ms wall in-process, no hold"
-                                  if "wall_ms" in p else ""))
+                    report.add(
+                        "pay profile",
+                        f"{mode}: SQL statements per {name}",
+                        str(p["statements"]),
+                        "",
+                        "",
+                        "<= 20" if name == "payment" else "",
+                        f"{kinds}; {p['db_ms']} ms in PostgreSQL"
+                        + (
+                            f"; {p['wall_ms']} ms wall in-process, no hold"
+                            if "wall_ms" in p
+                            else ""
+                        ),
+                    )
     report.dump(args.json)
     report.print("pay latency")
     return report

@@ -17,6 +17,7 @@ machine); the layer split comes from one more, profiled round (cProfile inflates
 figure in it, and its wall time includes waiting for PostgreSQL and Redis: read it as
 shares). The events are signed before the clock starts (signing is the sender's work).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,13 +38,24 @@ from bench.webhook_ingest import _event, _signed_line  # noqa: E402
 # (layer, substrings of a function's file path or builtin's name) — first match wins, by
 # own (tottime) time. Builtins have the file "~" and names like "<built-in method ...>".
 LAYERS = [
-    ("signature (stripe, hmac)", ("/stripe/", "hmac", "_hashlib", "openssl_sha256",
-                                  "compare_digest")),
+    (
+        "signature (stripe, hmac)",
+        ("/stripe/", "hmac", "_hashlib", "openssl_sha256", "compare_digest"),
+    ),
     ("JSON (parse + dumps)", ("/json/", "_json", "scan_once")),
     ("PostgreSQL + psycopg", ("/psycopg/", "/psycopg_binary/", "psycopg")),
     ("ORM / django.db", ("/django/db/",)),
-    ("relay kick (redis, celery, kombu)", ("/redis/", "/celery/", "/kombu/", "/recovery/kick",
-                                           "/recovery/outbox", "/config/redis_client")),
+    (
+        "relay kick (redis, celery, kombu)",
+        (
+            "/redis/",
+            "/celery/",
+            "/kombu/",
+            "/recovery/kick",
+            "/recovery/outbox",
+            "/config/redis_client",
+        ),
+    ),
     ("logging", ("/logging/", "log_redaction")),
     ("prometheus metrics", ("/prometheus_client/",)),
     ("Django request + middleware", ("/django/", "/whitenoise/", "/config/")),
@@ -81,6 +93,7 @@ def _round_trips(cases, connection) -> dict[str, str]:
         def execute(self, *args, **kwargs):
             counts["pg"] += 1
             return original(self, *args, **kwargs)
+
         return execute
 
     def counted_redis(self, *args, **kwargs):
@@ -114,10 +127,18 @@ def main(argv: list[str] | None = None) -> Report:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     common_args(parser)
     parser.add_argument("--n", type=int, default=400, help="requests per round and case")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="timed rounds per case, interleaved; the least is kept")
-    parser.add_argument("--top", type=int, default=0,
-                        help="print each case's N costliest functions (own time) on stderr")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="timed rounds per case, interleaved; the least is kept",
+    )
+    parser.add_argument(
+        "--top",
+        type=int,
+        default=0,
+        help="print each case's N costliest functions (own time) on stderr",
+    )
     parser.add_argument("--only", default="", help="only cases whose name contains this")
     args = parser.parse_args(argv)
     report = Report()
@@ -137,14 +158,25 @@ def main(argv: list[str] | None = None) -> Report:
             data = body.encode()
             status = []
             environ = {
-                "REQUEST_METHOD": "POST", "PATH_INFO": path, "SCRIPT_NAME": "",
-                "QUERY_STRING": "", "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000",
-                "SERVER_PROTOCOL": "HTTP/1.1", "REMOTE_ADDR": "127.0.0.1",
-                "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(data)),
-                "HTTP_HOST": "127.0.0.1", "HTTP_STRIPE_SIGNATURE": sig,
-                "wsgi.input": io.BytesIO(data), "wsgi.url_scheme": "http",
-                "wsgi.errors": sys.stderr, "wsgi.version": (1, 0),
-                "wsgi.multithread": False, "wsgi.multiprocess": True, "wsgi.run_once": False,
+                "REQUEST_METHOD": "POST",
+                "PATH_INFO": path,
+                "SCRIPT_NAME": "",
+                "QUERY_STRING": "",
+                "SERVER_NAME": "127.0.0.1",
+                "SERVER_PORT": "8000",
+                "SERVER_PROTOCOL": "HTTP/1.1",
+                "REMOTE_ADDR": "127.0.0.1",
+                "CONTENT_TYPE": "application/json",
+                "CONTENT_LENGTH": str(len(data)),
+                "HTTP_HOST": "127.0.0.1",
+                "HTTP_STRIPE_SIGNATURE": sig,
+                "wsgi.input": io.BytesIO(data),
+                "wsgi.url_scheme": "http",
+                "wsgi.errors": sys.stderr,
+                "wsgi.version": (1, 0),
+                "wsgi.multithread": False,
+                "wsgi.multiprocess": True,
+                "wsgi.run_once": False,
             }
             if cookie:  # any cookie: the whole middleware chain (config.early_webhook)
                 environ["HTTP_COOKIE"] = cookie
@@ -154,6 +186,7 @@ def main(argv: list[str] | None = None) -> Report:
             finally:
                 response.close()  # request_finished, as gunicorn does
             return int(status[0].split()[0])
+
         seq = iter(range(10**9))
         # Each pass needs its own events (a "new" event is new once); signed up front.
         total = (args.rounds + 2) * args.n + 50
@@ -161,8 +194,9 @@ def main(argv: list[str] | None = None) -> Report:
         def new_lines(prefix: str) -> list[tuple[str, str]]:
             out = []
             for i in range(total):
-                sig, body = _signed_line(json.dumps(_event(f"evt_{prefix}_{i:07d}"),
-                                                    separators=(",", ":"))).split("\t", 1)
+                sig, body = _signed_line(
+                    json.dumps(_event(f"evt_{prefix}_{i:07d}"), separators=(",", ":"))
+                ).split("\t", 1)
                 out.append((sig, body))
             return out
 
@@ -179,6 +213,7 @@ def main(argv: list[str] | None = None) -> Report:
             def send():
                 sig, body = next(it)
                 assert post(path, sig, body, cookie) == 200
+
             return send
 
         for sig, body in dup_pool:  # stored once: from now on each is a redelivery
@@ -204,13 +239,14 @@ def main(argv: list[str] | None = None) -> Report:
             ("webhook, new event", poster("/webhooks/stripe/", new_events)),
             # The same through every middleware (a cookie declines the early answer): the
             # early answer's gain, measured in the same run.
-            ("webhook, new event, whole chain", poster("/webhooks/stripe/", chain_events,
-                                                       cookie="bench=1")),
+            (
+                "webhook, new event, whole chain",
+                poster("/webhooks/stripe/", chain_events, cookie="bench=1"),
+            ),
             ("webhook, redelivery", poster("/webhooks/stripe/", dup_stream())),
             ("webhook, 20 % redeliveries", poster("/webhooks/stripe/", mixed_stream())),
         ]
-        cases = [c for c in cases
-                 if not args.only or args.only in c[0] or c[0].startswith("floor")]
+        cases = [c for c in cases if not args.only or args.only in c[0] or c[0].startswith("floor")]
         for _name, send in cases:  # warm: caches, prepared statements, the relay kick key
             for _ in range(20):
                 send()
@@ -238,10 +274,15 @@ def main(argv: list[str] | None = None) -> Report:
     floor_cpu = results["floor (bare insert)"][1]
     for name, (wall, cpu, layers) in results.items():
         split = ", ".join(f"{k} {v:.3f}" for k, v in layers.items() if v >= 0.0005)
-        report.add("ingest profile", name, f"{cpu:.3f} ms CPU", f"{floor_cpu:.3f}",
-                   f"{floor_cpu / cpu:.2f}" if cpu else "n/a", "",
-                   f"wall {wall:.3f} ms; {statements.get(name, '')}; "
-                   f"profiled ms: {split}")
+        report.add(
+            "ingest profile",
+            name,
+            f"{cpu:.3f} ms CPU",
+            f"{floor_cpu:.3f}",
+            f"{floor_cpu / cpu:.2f}" if cpu else "n/a",
+            "",
+            f"wall {wall:.3f} ms; {statements.get(name, '')}; profiled ms: {split}",
+        )
     report.add("ingest profile", "check", f"{events} events, {outbox} outbox rows")
     report.dump(args.json)
     report.print("ingest profile (per request, in one process; ratio = floor CPU / CPU)")

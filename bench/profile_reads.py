@@ -14,6 +14,7 @@ CPU ms is the least of --rounds interleaved rounds (the least disturbed on a loa
 machine); the layer split comes from one more, profiled round (cProfile inflates every
 figure in it, and its wall time includes waiting for PostgreSQL: read it as shares).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,8 +79,9 @@ def _timed(send, n: int) -> tuple[float, float]:
     return (time.perf_counter() - wall) * 1000 / n, (time.process_time() - cpu) * 1000 / n
 
 
-def _measure(send, n: int, *, profile: bool, timed: list | None = None
-             ) -> tuple[float, float, dict]:
+def _measure(
+    send, n: int, *, profile: bool, timed: list | None = None
+) -> tuple[float, float, dict]:
     """(wall ms, CPU ms, layers). `timed`: (wall, cpu) of earlier rounds of this case; the
     least of them is kept (on a loaded machine the least is the least disturbed)."""
     for _ in range(20):  # warm: caches, prepared statements, the client cache
@@ -104,8 +106,12 @@ def main(argv: list[str] | None = None) -> Report:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     common_args(parser)
     parser.add_argument("--n", type=int, default=200, help="requests per figure")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="timed rounds per case, interleaved; the least is kept")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="timed rounds per case, interleaved; the least is kept",
+    )
     parser.add_argument("--top", type=int, default=0, help="print the N costliest functions")
     parser.add_argument("--sort", default="tottime", help="--top's order: tottime, cumulative")
     parser.add_argument("--only", default="", help="only cases whose name contains this")
@@ -119,21 +125,41 @@ def main(argv: list[str] | None = None) -> Report:
 
         from payments.models import Product
 
-        Product.objects.create(sku="BENCH-1", name="Bench item", price=1500, currency="usd",
-                               stock=10**6)
-        key = manage(env, "create_api_client", "bench", "--scopes", "purchases:read",
-                     "purchases:write", "--limit", "0").strip().splitlines()[-1].strip()
+        Product.objects.create(
+            sku="BENCH-1", name="Bench item", price=1500, currency="usd", stock=10**6
+        )
+        key = (
+            manage(
+                env,
+                "create_api_client",
+                "bench",
+                "--scopes",
+                "purchases:read",
+                "purchases:write",
+                "--limit",
+                "0",
+            )
+            .strip()
+            .splitlines()[-1]
+            .strip()
+        )
         http = Client(HTTP_AUTHORIZATION=f"Api-Key {key}")
 
         def post(path, body, idem):
-            return http.post(path, body, content_type="application/json",
-                             HTTP_IDEMPOTENCY_KEY=idem)
+            return http.post(path, body, content_type="application/json", HTTP_IDEMPOTENCY_KEY=idem)
 
-        quote = post("/api/v1/quotes", {"items": [{"sku": "BENCH-1", "quantity": 1}],
-                                        "currency": "usd"}, "q").json()
-        purchase = post("/api/v1/purchases", {
-            "quote_id": quote["id"], "quote_version": quote["version"],
-            "customer": {"reference": "bench-cust", "email": "bench@example.com"}}, "p").json()
+        quote = post(
+            "/api/v1/quotes", {"items": [{"sku": "BENCH-1", "quantity": 1}], "currency": "usd"}, "q"
+        ).json()
+        purchase = post(
+            "/api/v1/purchases",
+            {
+                "quote_id": quote["id"],
+                "quote_version": quote["version"],
+                "customer": {"reference": "bench-cust", "email": "bench@example.com"},
+            },
+            "p",
+        ).json()
         pid = purchase["id"]
         body = {"payment_method": "pm_card_visa", "capture": "automatic"}
         assert post(f"/api/v1/purchases/{pid}/payments", body, "pay").status_code == 201
@@ -155,11 +181,12 @@ def main(argv: list[str] | None = None) -> Report:
         cases = [("floor (bare PK read)", floor, None)]
         for fast in (False, True):
             label = "fast path" if fast else "DRF view"
-            cases += [(f"replayed POST, {label}", replay, fast),
-                      (f"GET /purchases/{{id}}, {label}", get, fast)]
+            cases += [
+                (f"replayed POST, {label}", replay, fast),
+                (f"GET /purchases/{{id}}, {label}", get, fast),
+            ]
         results = {}
-        cases = [c for c in cases
-                 if not args.only or args.only in c[0] or c[0].startswith("floor")]
+        cases = [c for c in cases if not args.only or args.only in c[0] or c[0].startswith("floor")]
         rounds: dict[str, list] = {name: [] for name, _, _ in cases}
         for i in range(args.rounds):  # interleaved: a load spike hits every case alike
             log(f"round {i + 1}/{args.rounds}: {len(cases)} cases x {args.n} requests")
@@ -175,12 +202,20 @@ def main(argv: list[str] | None = None) -> Report:
             results[name] = _measure(send, args.n, profile=True, timed=rounds[name])
     floor_cpu = results["floor (bare PK read)"][1]
     for name, (wall, cpu, layers) in results.items():
-        trips = f"psycopg waits {layers.pop('PG round trips', 0):.1f}, " \
-                f"Redis replies {layers.pop('Redis round trips', 0):.1f}"
+        trips = (
+            f"psycopg waits {layers.pop('PG round trips', 0):.1f}, "
+            f"Redis replies {layers.pop('Redis round trips', 0):.1f}"
+        )
         split = ", ".join(f"{k} {v:.2f}" for k, v in layers.items() if v >= 0.005)
-        report.add("read profile", name, f"{cpu:.2f} ms CPU", f"{floor_cpu:.2f}",
-                   f"{floor_cpu / cpu:.2f}" if cpu else "n/a", "",
-                   f"wall {wall:.2f} ms; {trips}; profiled ms: {split}")
+        report.add(
+            "read profile",
+            name,
+            f"{cpu:.2f} ms CPU",
+            f"{floor_cpu:.2f}",
+            f"{floor_cpu / cpu:.2f}" if cpu else "n/a",
+            "",
+            f"wall {wall:.2f} ms; {trips}; profiled ms: {split}",
+        )
     report.dump(args.json)
     report.print("read profile (per request, in one process; ratio = floor CPU / CPU)")
     return report

@@ -17,6 +17,7 @@ touch no database).
 
     .venv/bin/python bench/reconcile_sweep.py [--n 10000] [--runs 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,14 @@ def _make_intent(op_id: str, purchase_id: str, customer: str, key: str) -> str:
 
     provider = provider_for_rail(Rail.STRIPE)
     meta = {"operation_id": op_id, "purchase_id": purchase_id, "customer_reference": customer}
-    created = provider.create_payment_intent(key=f"{key}:create", amount=AMOUNT,
-                                             currency=CURRENCY, payment_method="pm_card_visa",
-                                             capture_method="automatic", metadata=meta)
+    created = provider.create_payment_intent(
+        key=f"{key}:create",
+        amount=AMOUNT,
+        currency=CURRENCY,
+        payment_method="pm_card_visa",
+        capture_method="automatic",
+        metadata=meta,
+    )
     assert created.classification == Classification.OK, created
     confirmed = provider.confirm_payment_intent(key=f"{key}:confirm", intent_id=created.object.id)
     assert confirmed.classification == Classification.OK, confirmed
@@ -75,11 +81,14 @@ def build(n: int) -> list[str]:
         new_purchase_id,
     )
 
-    client, _ = api_client_create(name="bench-reconcile", scopes=["purchases:write"], limit=0,
-                                  currency=CURRENCY)
+    client, _ = api_client_create(
+        name="bench-reconcile", scopes=["purchases:write"], limit=0, currency=CURRENCY
+    )
     now = timezone.now()
-    specs = [(new_operation_id(), new_purchase_id(), f"bench-cust-{i}", new_provider_key())
-             for i in range(n)]
+    specs = [
+        (new_operation_id(), new_purchase_id(), f"bench-cust-{i}", new_provider_key())
+        for i in range(n)
+    ]
     log(f"creating and confirming {n} PaymentIntents at localstripe")
     t = time.monotonic()
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -87,31 +96,75 @@ def build(n: int) -> list[str]:
     log(f"  {n} intents in {time.monotonic() - t:.0f}s; inserting rows")
     quotes, purchases, ops, calls, holds = [], [], [], [], []
     for (op_id, pur_id, cust, key), ref in zip(specs, refs, strict=False):
-        q = Quote(items=[{"sku": "BENCH", "name": "Bench", "quantity": 1, "unit_price": AMOUNT}],
-                  amount=AMOUNT, currency=CURRENCY, expires_at=now + timedelta(minutes=30),
-                  api_client=client)
+        q = Quote(
+            items=[{"sku": "BENCH", "name": "Bench", "quantity": 1, "unit_price": AMOUNT}],
+            amount=AMOUNT,
+            currency=CURRENCY,
+            expires_at=now + timedelta(minutes=30),
+            api_client=client,
+        )
         quotes.append(q)
-        purchases.append(Purchase(id=pur_id, quote=q, api_client=client, amount=AMOUNT,
-                                  currency=CURRENCY, customer_reference=cust,
-                                  customer_email=f"{cust}@example.com",
-                                  status=PurchaseStatus.PAYMENT_UNKNOWN))
+        purchases.append(
+            Purchase(
+                id=pur_id,
+                quote=q,
+                api_client=client,
+                amount=AMOUNT,
+                currency=CURRENCY,
+                customer_reference=cust,
+                customer_email=f"{cust}@example.com",
+                status=PurchaseStatus.PAYMENT_UNKNOWN,
+            )
+        )
         op = PaymentOperation(
-            id=op_id, purchase_id=pur_id, kind=OperationKind.CHARGE, amount=AMOUNT,
-            currency=CURRENCY, idempotency_key=key, provider_reference=ref,
-            payment_method="pm_card_visa", outcome=Outcome.UNKNOWN, stage=Stage.RECONCILING,
-            next_action_owner=Owner.RECONCILIATION, requested_by_client=client,
-            confirm_claimed_at=now, next_reconcile_at=now,
-            reconcile_deadline=now + timedelta(days=3))
+            id=op_id,
+            purchase_id=pur_id,
+            kind=OperationKind.CHARGE,
+            amount=AMOUNT,
+            currency=CURRENCY,
+            idempotency_key=key,
+            provider_reference=ref,
+            payment_method="pm_card_visa",
+            outcome=Outcome.UNKNOWN,
+            stage=Stage.RECONCILING,
+            next_action_owner=Owner.RECONCILIATION,
+            requested_by_client=client,
+            confirm_claimed_at=now,
+            next_reconcile_at=now,
+            reconcile_deadline=now + timedelta(days=3),
+        )
         ops.append(op)
-        calls.append(ProviderCall(operation_id=op_id, purpose=CallPurpose.DISPATCH,
-                                  step=CallStep.CREATE, key=f"{key}:create", http_status=200,
-                                  classification=Classification.OK, finished_at=now))
-        calls.append(ProviderCall(operation_id=op_id, purpose=CallPurpose.DISPATCH,
-                                  step=CallStep.CONFIRM, key=f"{key}:confirm",
-                                  classification=Classification.UNKNOWN, finished_at=now,
-                                  fault_drill="drop_response_after_send"))
-        holds.append(Hold(api_client=client, operation_id=op_id, amount=AMOUNT,
-                          currency=CURRENCY, state=HoldState.RESERVED))
+        calls.append(
+            ProviderCall(
+                operation_id=op_id,
+                purpose=CallPurpose.DISPATCH,
+                step=CallStep.CREATE,
+                key=f"{key}:create",
+                http_status=200,
+                classification=Classification.OK,
+                finished_at=now,
+            )
+        )
+        calls.append(
+            ProviderCall(
+                operation_id=op_id,
+                purpose=CallPurpose.DISPATCH,
+                step=CallStep.CONFIRM,
+                key=f"{key}:confirm",
+                classification=Classification.UNKNOWN,
+                finished_at=now,
+                fault_drill="drop_response_after_send",
+            )
+        )
+        holds.append(
+            Hold(
+                api_client=client,
+                operation_id=op_id,
+                amount=AMOUNT,
+                currency=CURRENCY,
+                state=HoldState.RESERVED,
+            )
+        )
     Quote.objects.bulk_create(quotes, batch_size=2000)
     Purchase.objects.bulk_create(purchases, batch_size=2000)
     PaymentOperation.objects.bulk_create(ops, batch_size=2000)
@@ -135,16 +188,31 @@ def main(argv: list[str] | None = None) -> Report:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     common_args(parser)
     parser.add_argument("--n", type=int, default=10000, help="unknown operations")
-    parser.add_argument("--concurrency", default="1,4,16",
-                        help="concurrent read-backs (recovery.sweep.reconcile_sweep), each "
-                             "level gets n / levels operations")
-    parser.add_argument("--latency-ms", type=float, default=150,
-                        help="added to every localstripe answer by a proxy (bench/"
-                             "fault_proxy.py); real Stripe answers in ~100-300 ms")
-    parser.add_argument("--reads-per-second", type=float, default=100,
-                        help="the sweep's provider rate limit (Stripe live: 100 reads/s)")
-    parser.add_argument("--batch-size", type=int, default=50,
-                        help="read-backs applied in one transaction (RECONCILE_SWEEP_BATCH_SIZE)")
+    parser.add_argument(
+        "--concurrency",
+        default="1,4,16",
+        help="concurrent read-backs (recovery.sweep.reconcile_sweep), each "
+        "level gets n / levels operations",
+    )
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=150,
+        help="added to every localstripe answer by a proxy (bench/"
+        "fault_proxy.py); real Stripe answers in ~100-300 ms",
+    )
+    parser.add_argument(
+        "--reads-per-second",
+        type=float,
+        default=100,
+        help="the sweep's provider rate limit (Stripe live: 100 reads/s)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=50,
+        help="read-backs applied in one transaction (RECONCILE_SWEEP_BATCH_SIZE)",
+    )
     args = parser.parse_args(argv)
     report = Report()
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
@@ -174,20 +242,25 @@ def main(argv: list[str] | None = None) -> Report:
         rates: dict[int, list[float]] = {c: [] for c in levels}
         queries = counted = 0
         for li, level in enumerate(levels):
-            ops_level = op_ids[li * per_level:(li + 1) * per_level]
+            ops_level = op_ids[li * per_level : (li + 1) * per_level]
             for run in range(args.runs):
-                part = ops_level[run * chunk:(run + 1) * chunk]
+                part = ops_level[run * chunk : (run + 1) * chunk]
                 if not part:
                     continue
-                log(f"concurrency {level}, run {run + 1}/{args.runs}: reconciling "
-                    f"{len(part)} operations (+{args.latency_ms:.0f} ms per answer)")
+                log(
+                    f"concurrency {level}, run {run + 1}/{args.runs}: reconciling "
+                    f"{len(part)} operations (+{args.latency_ms:.0f} ms per answer)"
+                )
                 # Every statement of the sweep runs on this thread's connection (the
                 # read-back threads only talk to the provider): count them all.
                 counter = _Counter()
                 with connection.execute_wrapper(counter):
-                    res = reconcile_sweep(operation_ids=part, concurrency=level,
-                                          reads_per_second=args.reads_per_second,
-                                          batch_size=args.batch_size)
+                    res = reconcile_sweep(
+                        operation_ids=part,
+                        concurrency=level,
+                        reads_per_second=args.reads_per_second,
+                        batch_size=args.batch_size,
+                    )
                 assert res.failed == 0, res.errors[:5]
                 queries += counter.n
                 counted += len(part)
@@ -200,19 +273,37 @@ def main(argv: list[str] | None = None) -> Report:
         if not rates[level]:
             continue
         rate = med(rates[level])
-        report.add("reconcile sweep", f"ops/s, {level} concurrent read-back"
-                   + ("s" if level > 1 else ""), fmt(rate, 1), "", "",
-                   "" if level == levels[0] else "scales",
-                   f"+{args.latency_ms:.0f} ms/answer; "
-                   + (f"{rate / base:.1f}x of {levels[0]}; " if base and level != levels[0]
-                      else "")
-                   + f"limit {args.reads_per_second:.0f} reads/s, "
-                   + f"batches of {args.batch_size}")
+        report.add(
+            "reconcile sweep",
+            f"ops/s, {level} concurrent read-back" + ("s" if level > 1 else ""),
+            fmt(rate, 1),
+            "",
+            "",
+            "" if level == levels[0] else "scales",
+            f"+{args.latency_ms:.0f} ms/answer; "
+            + (f"{rate / base:.1f}x of {levels[0]}; " if base and level != levels[0] else "")
+            + f"limit {args.reads_per_second:.0f} reads/s, "
+            + f"batches of {args.batch_size}",
+        )
     n_q = counted or 1
-    report.add("reconcile sweep", "provider calls / op", f"{reconcile_calls / n:.2f}", "", "",
-               "= 1", f"{reconcile_calls} reconcile ProviderCall rows")
-    report.add("reconcile sweep", "DB queries / op", f"{queries / n_q:.1f}", "", "", "<= 5",
-               f"every statement of the sweeps, {counted} ops (execute_wrapper)")
+    report.add(
+        "reconcile sweep",
+        "provider calls / op",
+        f"{reconcile_calls / n:.2f}",
+        "",
+        "",
+        "= 1",
+        f"{reconcile_calls} reconcile ProviderCall rows",
+    )
+    report.add(
+        "reconcile sweep",
+        "DB queries / op",
+        f"{queries / n_q:.1f}",
+        "",
+        "",
+        "<= 5",
+        f"every statement of the sweeps, {counted} ops (execute_wrapper)",
+    )
     report.add("reconcile sweep", "check", f"{settled}/{n} settled succeeded", "", "", "", "")
     report.dump(args.json)
     report.print("reconcile sweep")

@@ -17,6 +17,7 @@ own output is forwarded line by line.
 Figures are medians of --runs runs; every headline is a ratio against a floor measured in
 the same run on the same PostgreSQL. Benchmarks print figures; they never assert timings.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,12 +43,25 @@ BENCHES = {
     "webhook_delivery": {"full": [], "quick": ["--events", "300", "--runs", "1"]},
     "scale": {"full": [], "quick": ["--sizes", "2000,10000", "--reps", "5"]},
     # 5 M processed outbox rows + 5 M events vs empty tables (docs/retention.md).
-    "history": {"full": [], "quick": ["--rows", "200000", "--seconds", "4",
-                                      "--messages", "5000", "--prune-batches", "20"]},
+    "history": {
+        "full": [],
+        "quick": [
+            "--rows",
+            "200000",
+            "--seconds",
+            "4",
+            "--messages",
+            "5000",
+            "--prune-batches",
+            "20",
+        ],
+    },
     # One payment through Verity against a direct create(confirm=true), provider answers
     # held 100 ms (bench/pay_latency.py), with the SQL statements of one payment.
-    "pay_latency": {"full": ["--profile", "--modes", "one-call,two-step"],
-                    "quick": ["--payments", "8", "--connections", "4", "--profile"]},
+    "pay_latency": {
+        "full": ["--profile", "--modes", "one-call,two-step"],
+        "quick": ["--payments", "8", "--connections", "4", "--profile"],
+    },
 }
 
 
@@ -56,8 +70,15 @@ def _run_forwarding(cmd: list[str], progress: Progress, state: dict) -> int:
     latest log line (e.g. "run 2/3: floor") becomes part of the status."""
     if progress.quiet:
         return subprocess.run(cmd, cwd=ROOT, env=os.environ.copy()).returncode
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=os.environ.copy(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=os.environ.copy(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+    )
 
     def pump() -> None:
         for raw in proc.stdout:
@@ -77,17 +98,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, 1 run each")
     parser.add_argument("--runs", type=int, default=None, help="runs per figure (default 3)")
-    parser.add_argument("--only", default="", help="comma-separated subset of " +
-                        ",".join(BENCHES))
+    parser.add_argument("--only", default="", help="comma-separated subset of " + ",".join(BENCHES))
     parser.add_argument("--json", help="write all rows and the machine as JSON here")
     parser.add_argument("--reconcile-n", type=int, help="unknown operations (default 10000)")
     parser.add_argument("--scale-sizes", help="e.g. 10000,100000 (default up to 1000000)")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
-    parser.add_argument("--durable", action="store_true",
-                        help="PostgreSQL with synchronous_commit on, as in production")
+    parser.add_argument(
+        "--durable",
+        action="store_true",
+        help="PostgreSQL with synchronous_commit on, as in production",
+    )
     parser.add_argument("--svg", help="also draw the ratios against their goals here (SVG)")
-    parser.add_argument("--from-json", help="no run: redraw --svg / the table from a --json "
-                        "file written earlier")
+    parser.add_argument(
+        "--from-json", help="no run: redraw --svg / the table from a --json file written earlier"
+    )
     # `make bench` takes no arguments: BENCH_ARGS="--quick" make bench passes them through.
     args = parser.parse_args(sys.argv[1:] + os.environ.get("BENCH_ARGS", "").split())
     if args.from_json:
@@ -109,10 +133,12 @@ def main() -> int:
 
     def status() -> str:
         done = ", ".join(state["done"][-3:])
-        return (f"bench {state['i']}/{len(names)} {state['name']} "
-                f"({fmt_duration(time.monotonic() - state['since'])})"
-                + (f" | {state['last'][:90]}" if state["last"] else "")
-                + (f" | done: {done}" if done else ""))
+        return (
+            f"bench {state['i']}/{len(names)} {state['name']} "
+            f"({fmt_duration(time.monotonic() - state['since'])})"
+            + (f" | {state['last'][:90]}" if state["last"] else "")
+            + (f" | done: {done}" if done else "")
+        )
 
     progress = Progress(status, label="bench", quiet=args.quiet)
     with tempfile.TemporaryDirectory(prefix="verity-bench-") as tmp, progress:
@@ -125,8 +151,15 @@ def main() -> int:
                 extra += ["--sizes", args.scale_sizes]
             if args.durable:
                 extra.append("--durable")
-            cmd = [PY, str(ROOT / "bench" / f"{name}.py"), "--json", str(out),
-                   "--runs", str(runs), *extra]
+            cmd = [
+                PY,
+                str(ROOT / "bench" / f"{name}.py"),
+                "--json",
+                str(out),
+                "--runs",
+                str(runs),
+                *extra,
+            ]
             state.update(i=state["i"] + 1, name=name, since=time.monotonic(), last="")
             progress.note(f"\n### {name}: {' '.join(cmd[1:])}")
             t = time.monotonic()
@@ -143,23 +176,39 @@ def main() -> int:
             progress.note(f"### {name}: {time.monotonic() - t:.0f}s")
             state["done"].append(f"{name} {time.monotonic() - t:.0f}s")
     m = machine()
-    print(f"\nmachine: {m['nproc']} cores, {m['cpu']}, {m['memory']}, {m['postgres']}, "
-          f"Python {m['python']}; load average at the end "
-          f"{', '.join(f'{x:.1f}' for x in m['load'])} (shared, noisy machine)")
-    print(f"total {time.monotonic() - started:.0f}s; runs per figure: {runs}"
-          + ("; QUICK sizes" if args.quick else "")
-          + ("; DURABLE (synchronous_commit on)" if args.durable else ""))
+    print(
+        f"\nmachine: {m['nproc']} cores, {m['cpu']}, {m['memory']}, {m['postgres']}, "
+        f"Python {m['python']}; load average at the end "
+        f"{', '.join(f'{x:.1f}' for x in m['load'])} (shared, noisy machine)"
+    )
+    print(
+        f"total {time.monotonic() - started:.0f}s; runs per figure: {runs}"
+        + ("; QUICK sizes" if args.quick else "")
+        + ("; DURABLE (synchronous_commit on)" if args.durable else "")
+    )
     print_table(rows, "Verity benchmarks (ratios against floors measured in the same run)")
     if args.svg:
         from bench.chart import write_ratio_chart
 
-        write_ratio_chart(rows, args.svg, title="Verity: ratio to the floor, against goals"
-                          + (" (quick sizes)" if args.quick else ""))
+        write_ratio_chart(
+            rows,
+            args.svg,
+            title="Verity: ratio to the floor, against goals"
+            + (" (quick sizes)" if args.quick else ""),
+        )
         print(f"chart: {args.svg}")
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"machine": m, "quick": args.quick, "runs": runs,
-             "rows": [r.__dict__ for r in rows]}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "machine": m,
+                    "quick": args.quick,
+                    "runs": runs,
+                    "rows": [r.__dict__ for r in rows],
+                },
+                indent=1,
+            )
+        )
     return 1 if failed else 0
 
 

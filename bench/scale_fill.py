@@ -22,12 +22,22 @@ transitions, ~1.1 events, ~4.5 steps, ~0.9 orders, ~0.9 holds, 1 processed outbo
 ~1.9 storefront events (`purchase.created`, then `payment.succeeded` / `payment.failed` /
 `payment.unknown` when the purchase has a payment; the feed and webhooks read these).
 """
+
 from __future__ import annotations
 
-TABLES = ["payments_quote", "payments_purchase", "payments_paymentoperation",
-          "payments_providercall", "payments_operationtransition", "payments_hold",
-          "webhooks_providerevent", "recovery_steprun", "recovery_order",
-          "recovery_outboxmessage", "events_event"]
+TABLES = [
+    "payments_quote",
+    "payments_purchase",
+    "payments_paymentoperation",
+    "payments_providercall",
+    "payments_operationtransition",
+    "payments_hold",
+    "webhooks_providerevent",
+    "recovery_steprun",
+    "recovery_order",
+    "recovery_outboxmessage",
+    "events_event",
+]
 
 # Derived columns shared by every statement (g = purchase number, b = bucket).
 _G = """
@@ -55,14 +65,19 @@ SUCCEEDED_OP = f"({HAS_OP} AND NOT ({FAILED}) AND NOT ({UNKNOWN}))"
 SECOND_OP = "b BETWEEN 170 AND 187"  # capture (170-179) or refund (180-187)
 
 STATEMENTS: list[tuple[str, str]] = [
-    ("quotes", f"""
+    (
+        "quotes",
+        f"""
 INSERT INTO payments_quote (id, api_client_id, items, amount, currency, version, expires_at,
                             superseded_at, created_at)
 SELECT qid, %(client)s,
        '[{{"sku": "SKU-1", "name": "Item", "quantity": 1, "unit_price": 1500}}]'::jsonb,
        1500, 'usd', 1, ts + interval '30 minutes', NULL, ts
-{_G}"""),
-    ("purchases", f"""
+{_G}""",
+    ),
+    (
+        "purchases",
+        f"""
 INSERT INTO payments_purchase (id, quote_id, api_client_id, amount, currency,
     customer_reference, customer_key, basket_fingerprint, customer_email, status,
     status_token, recovery_owner, acknowledged_unresolved, created_at, updated_at, paid_at,
@@ -80,8 +95,11 @@ SELECT pid, qid, %(client)s, 1500, 'usd', cust, cust, md5('basket:' || b), cust 
        '[]'::jsonb, ts, ts + interval '40 seconds',
        CASE WHEN {SUCCEEDED_OP} THEN ts + interval '3 seconds' END,  -- its 'paid' transition
        CASE WHEN b % 10 = 3 THEN 'mcp' WHEN b % 25 = 4 THEN 'acp' ELSE 'api' END
-{_G}"""),
-    ("operations", f"""
+{_G}""",
+    ),
+    (
+        "operations",
+        f"""
 INSERT INTO payments_paymentoperation (id, purchase_id, kind, amount, currency,
     idempotency_key, request_fingerprint, provider_reference, provider_charge,
     provider_account, parent_id, retry_of_id, payment_method, capture_method, outcome, stage,
@@ -109,8 +127,11 @@ SELECT oid, pid, CASE WHEN b BETWEEN 170 AND 179 THEN 'authorize' ELSE 'charge' 
        ts + interval '1 second', ts + interval '3 seconds',
        CASE WHEN {UNKNOWN} THEN NULL ELSE ts + interval '3 seconds' END,
        'verity', '', false, 'stripe'
-{_G} WHERE {HAS_OP}"""),
-    ("second operations", f"""
+{_G} WHERE {HAS_OP}""",
+    ),
+    (
+        "second operations",
+        f"""
 INSERT INTO payments_paymentoperation (id, purchase_id, kind, amount, currency,
     idempotency_key, request_fingerprint, provider_reference, provider_charge,
     provider_account, parent_id, retry_of_id, payment_method, capture_method, outcome, stage,
@@ -124,11 +145,15 @@ SELECT oid2, pid, CASE WHEN b < 180 THEN 'capture' ELSE 'refund' END, 1500, 'usd
        'succeeded', %(client)s, NULL, ts + interval '120 seconds', 0, NULL, NULL, NULL, false,
        ts + interval '30 seconds', ts + interval '31 seconds', ts + interval '31 seconds',
        'verity', '', false, 'stripe'
-{_G} WHERE {SECOND_OP}"""),
-    ("provider calls", f"""
+{_G} WHERE {SECOND_OP}""",
+    ),
+    (
+        "provider calls",
+        f"""
 INSERT INTO payments_providercall (operation_id, purpose, step, attempt, key, request_id,
     http_status, classification, safe_fields, error_code, fault_drill, started_at, finished_at)
-SELECT c.op, c.purpose, c.step, c.attempt, c.key, 'req_' || substr(md5(c.op || c.step || c.attempt), 1, 14),
+SELECT c.op, c.purpose, c.step, c.attempt, c.key,
+       'req_' || substr(md5(c.op || c.step || c.attempt), 1, 14),
        c.http, c.cls, jsonb_build_object('id', s.pi, 'status', c.status), c.err, '',
        s.ts + c.off, s.ts + c.off + interval '200 milliseconds'
 {_G}
@@ -148,14 +173,18 @@ CROSS JOIN LATERAL (VALUES
    'vk_' || md5('k2:' || s.g) || CASE WHEN s.b < 180 THEN ':capture' ELSE ':refund' END, 200,
    'ok', 'succeeded', '', interval '30 seconds', {SECOND_OP})
 ) AS c(op, purpose, step, attempt, key, http, cls, status, err, off, keep)
-WHERE c.keep"""),
-    ("transitions", f"""
+WHERE c.keep""",
+    ),
+    (
+        "transitions",
+        f"""
 INSERT INTO payments_operationtransition (purchase_id, operation_id, field, source, target,
     cause, evidence, actor, created_at)
 SELECT s.pid, t.op, t.field, t.source, t.target, t.cause, '{{}}'::jsonb, t.actor, s.ts + t.off
 {_G}
 CROSS JOIN LATERAL (VALUES
-  (s.oid, 'outcome', 'pending', 'dispatching', 'claim:create', 'dispatcher', interval '1 second', {HAS_OP}),
+  (s.oid, 'outcome', 'pending', 'dispatching', 'claim:create', 'dispatcher',
+   interval '1 second', {HAS_OP}),
   (s.oid, 'outcome', 'dispatching',
    CASE WHEN {FAILED} THEN 'failed' WHEN {UNKNOWN} THEN 'unknown' ELSE 'succeeded' END,
    'confirm_answer', 'dispatcher', interval '3 seconds', {HAS_OP}),
@@ -175,15 +204,21 @@ CROSS JOIN LATERAL (VALUES
   (NULL, 'status', 'awaiting_payment', 'expired', 'quote_expired', 'beat',
    interval '31 minutes', s.b BETWEEN 196 AND 197)
 ) AS t(op, field, source, target, cause, actor, off, keep)
-WHERE t.keep"""),
-    ("holds", f"""
+WHERE t.keep""",
+    ),
+    (
+        "holds",
+        f"""
 INSERT INTO payments_hold (api_client_id, operation_id, amount, currency, state,
     period_start, created_at, updated_at)
 SELECT %(client)s, oid, 1500, 'usd',
        CASE WHEN {FAILED} THEN 'released' WHEN {UNKNOWN} THEN 'reserved' ELSE 'consumed' END,
        NULL, ts + interval '2 seconds', ts + interval '3 seconds'
-{_G} WHERE {HAS_OP}"""),
-    ("events", f"""
+{_G} WHERE {HAS_OP}""",
+    ),
+    (
+        "events",
+        f"""
 INSERT INTO webhooks_providerevent (event_id, type, account, object_id, created, received_at,
     payload, result, result_reason, operation_id, purchase_id, attempts, processed_at)
 SELECT 'evt_' || substr(md5(e.kind || ':' || s.g), 1, 24), e.type, '', e.obj, s.ts + e.off,
@@ -206,8 +241,11 @@ CROSS JOIN LATERAL (VALUES
   ('e3', 'payment_intent.succeeded', s.pi, 'succeeded', 999, 'quarantined',
    'mismatch:amount', s.oid, interval '60 seconds', s.b >= 198)
 ) AS e(kind, type, obj, status, amount, result, reason, op, off, keep)
-WHERE e.keep"""),
-    ("steps", f"""
+WHERE e.keep""",
+    ),
+    (
+        "steps",
+        f"""
 INSERT INTO recovery_steprun (purchase_id, step, state, key, attempts, external_reference,
     result, last_error, compensation_operation_id, result_expires_at, started_at,
     completed_at, created_at)
@@ -227,18 +265,27 @@ SELECT s.pid, st.step,
 CROSS JOIN LATERAL (VALUES (1, 'order'), (2, 'inventory'), (3, 'ledger'), (4, 'confirmation'),
                            (5, 'crm')) AS st(n, step)
 WHERE {COMPLETED} OR (s.b BETWEEN 192 AND 193 AND st.n = 1)
-   OR (s.b BETWEEN 194 AND 195 AND st.n <= 2)"""),
-    ("orders", f"""
+   OR (s.b BETWEEN 194 AND 195 AND st.n <= 2)""",
+    ),
+    (
+        "orders",
+        f"""
 INSERT INTO recovery_order (purchase_id, reference, created_at)
 SELECT pid, 'ord_' || substr(md5('r:' || g), 1, 20), ts + interval '6 seconds'
-{_G} WHERE {COMPLETED} OR b BETWEEN 194 AND 195"""),
-    ("outbox (processed)", f"""
+{_G} WHERE {COMPLETED} OR b BETWEEN 194 AND 195""",
+    ),
+    (
+        "outbox (processed)",
+        f"""
 INSERT INTO recovery_outboxmessage (category, payload, dedupe_key, available_at,
     claimed_until, attempts, last_error, processed_at, created_at)
 SELECT 2, jsonb_build_object('operation', oid), 'settled:' || oid, ts + interval '3 seconds',
        NULL, 1, '', ts + interval '4 seconds', ts + interval '3 seconds'
-{_G} WHERE {HAS_OP}"""),
-    ("storefront events", f"""
+{_G} WHERE {HAS_OP}""",
+    ),
+    (
+        "storefront events",
+        f"""
 INSERT INTO events_event (public_id, api_client_id, purchase_id, sequence, type, data,
     created_at)
 SELECT 'evt_' || substr(md5(e.kind || ':' || s.g), 1, 24), %(client)s::text, s.pid, e.seq,
@@ -253,7 +300,8 @@ CROSS JOIN LATERAL (VALUES
    CASE WHEN {FAILED} THEN 'payment_failed' WHEN {UNKNOWN} THEN 'payment_unknown'
         ELSE 'paid' END, interval '3 seconds', {HAS_OP})
 ) AS e(kind, seq, type, status, off, keep)
-WHERE e.keep"""),
+WHERE e.keep""",
+    ),
 ]
 
 
@@ -271,8 +319,15 @@ WHERE i.schemaname = 'public' AND i.tablename = ANY(%s)
 CHUNK = 100_000
 
 
-def fill(lo: int, hi: int, *, client_id: int, log=print, rebuild_indexes: bool | None = None,
-         state: dict | None = None) -> None:
+def fill(
+    lo: int,
+    hi: int,
+    *,
+    client_id: int,
+    log=print,
+    rebuild_indexes: bool | None = None,
+    state: dict | None = None,
+) -> None:
     """Add purchases lo..hi. For big batches the secondary indexes (not the primary keys
     or unique constraints) are dropped first and rebuilt after: building an index once is
     much cheaper than maintaining it row by row with random (md5) keys.
@@ -288,8 +343,13 @@ def fill(lo: int, hi: int, *, client_id: int, log=print, rebuild_indexes: bool |
     params = {"lo": lo, "hi": hi, "client": client_id}
     chunks = [(a, min(a + CHUNK - 1, hi)) for a in range(lo, hi + 1, CHUNK)]
     state = state if state is not None else {}
-    state.update(phase="indexes", rows=0, units_done=0,
-                 units_total=len(STATEMENTS) * (hi - lo + 1), started=time.monotonic())
+    state.update(
+        phase="indexes",
+        rows=0,
+        units_done=0,
+        units_total=len(STATEMENTS) * (hi - lo + 1),
+        started=time.monotonic(),
+    )
     with transaction.atomic(), connection.cursor() as cursor:
         # Bulk load of rows that are consistent by construction: skip the per-row foreign
         # key triggers (Django's FKs are DEFERRABLE, so millions of checks would queue up

@@ -37,6 +37,7 @@ table, the invariant table; a chart (SVG) and the figures (JSON) in --out. Exits
 on any violation or any 5xx other than a 503 with Retry-After while the database is down
 (or `workflow_halted` while a halt is set).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,14 @@ SECRET = "whsec_soak"
 CARDS_OK = ["pm_card_visa"]
 CARD_DECLINE = "pm_card_chargeCustomerFail"
 AUTO_REFUND_LIMIT = 1000  # refunds up to this are automatic; larger ones wait for approval
-FAULT_KINDS = ("pg_restart", "web_kill", "provider_outage", "redis_restart",
-               "worker_sigkill", "halt")
+FAULT_KINDS = (
+    "pg_restart",
+    "web_kill",
+    "provider_outage",
+    "redis_restart",
+    "worker_sigkill",
+    "halt",
+)
 X402_FAULT_KINDS = ("facilitator_outage",)  # with --x402: the facilitator refuses connections
 CHECK_EVERY_SECONDS = 30
 X402_SKU = "SOAK-REPORT"  # the x402 agents' digital good
@@ -87,21 +94,53 @@ class Services:
 
     def _spawn(self, name: str, cmd: list[str], env: dict) -> None:
         log = open(self.logdir / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def start(self, *, chaos: bool) -> None:
         env = dict(self.env)
         if not chaos:
             env["FAULT_DRILL_RANDOM_RATE"] = "0"
         py = sys.executable
-        self._spawn("web", [py, "-m", "gunicorn", "config.wsgi:application", "--bind",
-                            f"127.0.0.1:{self.web_port}", "--workers", "3", "--threads", "8",
-                            "--timeout", "30", "--backlog", "2048"], env)
+        self._spawn(
+            "web",
+            [
+                py,
+                "-m",
+                "gunicorn",
+                "config.wsgi:application",
+                "--bind",
+                f"127.0.0.1:{self.web_port}",
+                "--workers",
+                "3",
+                "--threads",
+                "8",
+                "--timeout",
+                "30",
+                "--backlog",
+                "2048",
+            ],
+            env,
+        )
         for i in (1, 2):
             self._spawn(f"worker{i}", self._worker_cmd(i), env)
-        self._spawn("beat", [py, "-m", "celery", "-A", "config", "beat", "--loglevel", "WARNING",
-                             "--schedule", str(self.logdir / "beat-schedule")], env)
+        self._spawn(
+            "beat",
+            [
+                py,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "beat",
+                "--loglevel",
+                "WARNING",
+                "--schedule",
+                str(self.logdir / "beat-schedule"),
+            ],
+            env,
+        )
         self.env_used = env
         _wait_port(self.web_port, timeout=60, proc=self.procs["web"])
         # Every worker booted and connected before anyone is timed.
@@ -109,15 +148,33 @@ class Services:
         ok = 0
         while ok < 6 and time.monotonic() < deadline:
             try:
-                ok += requests.get(f"http://127.0.0.1:{self.web_port}/readyz",
-                                   timeout=5).status_code == 200
+                ok += (
+                    requests.get(f"http://127.0.0.1:{self.web_port}/readyz", timeout=5).status_code
+                    == 200
+                )
             except requests.RequestException:
                 time.sleep(0.5)
 
     def _worker_cmd(self, i: int) -> list[str]:
-        return [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "WARNING",
-                "--pool", "threads", "--concurrency", "4", "-n", f"soak{i}@%h",
-                "--without-gossip", "--without-mingle", "--without-heartbeat"]
+        return [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--loglevel",
+            "WARNING",
+            "--pool",
+            "threads",
+            "--concurrency",
+            "4",
+            "-n",
+            f"soak{i}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
 
     def kill_worker(self, rng: random.Random) -> str:
         name = rng.choice(["worker1", "worker2"])
@@ -155,15 +212,45 @@ def restart_redis(stack: Stack, down_seconds: float) -> None:
     time.sleep(down_seconds)
     stack.procs.remove(proc)
     stack.redis_proc = stack._spawn(
-        ["redis-server", "--port", str(stack.redis_port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(stack.tmp)], stack.redis_port)
+        [
+            "redis-server",
+            "--port",
+            str(stack.redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(stack.tmp),
+        ],
+        stack.redis_port,
+    )
 
 
 def restart_postgres(stack: Stack) -> None:
     """Crash-stop and start again with the same options (postmaster.opts)."""
-    subprocess.run(_as_pg_user(["pg_ctl", "-D", str(stack.pgdata), "-m", "immediate", "-w",
-                                "-t", "60", "-l", str(stack.tmp / "pg.log"), "restart"]),
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        _as_pg_user(
+            [
+                "pg_ctl",
+                "-D",
+                str(stack.pgdata),
+                "-m",
+                "immediate",
+                "-w",
+                "-t",
+                "60",
+                "-l",
+                str(stack.tmp / "pg.log"),
+                "restart",
+            ]
+        ),
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 class Api:
@@ -175,8 +262,17 @@ class Api:
         if key:
             self.s.headers["Authorization"] = f"Api-Key {key}"
 
-    def call(self, method: str, path: str, body: dict | None = None, *, key: str | None = None,
-             timeout: float = 10, headers: dict | None = None, raw: bytes | None = None):
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: dict | None = None,
+        *,
+        key: str | None = None,
+        timeout: float = 10,
+        headers: dict | None = None,
+        raw: bytes | None = None,
+    ):
         hdrs = {"Content-Type": "application/json", **(headers or {})}
         if key:
             hdrs["Idempotency-Key"] = key
@@ -185,9 +281,13 @@ class Api:
             self.rec.inflight += 1
         t = time.monotonic()
         try:
-            r = self.s.request(method, self.base + path, timeout=timeout, headers=hdrs,
-                               data=raw if raw is not None else
-                               (json.dumps(body) if body is not None else None))
+            r = self.s.request(
+                method,
+                self.base + path,
+                timeout=timeout,
+                headers=hdrs,
+                data=raw if raw is not None else (json.dumps(body) if body is not None else None),
+            )
         except requests.Timeout:
             self.rec.record(endpoint, "timeout", (time.monotonic() - t) * 1000)
             return None
@@ -247,8 +347,11 @@ class Agent(threading.Thread):
             return self.pause()
         quote = q.json()
         customer = rng.choice(self.customers)
-        body = {"quote_id": quote["id"], "quote_version": quote["version"],
-                "customer": {"reference": customer, "email": f"{customer}@example.com"}}
+        body = {
+            "quote_id": quote["id"],
+            "quote_version": quote["version"],
+            "customer": {"reference": customer, "email": f"{customer}@example.com"},
+        }
         p = self.post("/api/v1/purchases", body, uuid.uuid4().hex)
         if p is not None and p.status_code == 409 and rng.random() < 0.5:
             unresolved = _json(p).get("unresolved") or [_json(p).get("purchase")]
@@ -290,8 +393,11 @@ class Agent(threading.Thread):
             if r is not None and r.status_code == 402:
                 op = _json(r).get("operation")
                 if op and rng.random() < 0.5:
-                    pay = {"payment_method": rng.choice(CARDS_OK), "capture": capture,
-                           "retry_of": op}
+                    pay = {
+                        "payment_method": rng.choice(CARDS_OK),
+                        "capture": capture,
+                        "retry_of": op,
+                    }
                     key = uuid.uuid4().hex
                     self.rec.count("retry_after_decline")
                     continue
@@ -331,8 +437,12 @@ class Agent(threading.Thread):
     def linked(self, purchase_id: str, action: str, body: dict) -> dict | None:
         key = uuid.uuid4().hex
         for _ in range(self.rng.randint(1, 3)):  # sometimes the same request again
-            r = self.post(f"/api/v1/purchases/{purchase_id}/{action}", body, key,
-                          self.rng.choice([1.0, 5.0, 15.0]))
+            r = self.post(
+                f"/api/v1/purchases/{purchase_id}/{action}",
+                body,
+                key,
+                self.rng.choice([1.0, 5.0, 15.0]),
+            )
             if r is not None and r.status_code == 503:
                 time.sleep(float(r.headers.get("Retry-After", "1")))
                 continue
@@ -352,8 +462,11 @@ class Agent(threading.Thread):
         op = self.linked(purchase["id"], "refunds", {"amount": first})
         if op and rng.random() < 0.5:
             self.settle(op, waits=3)
-            self.linked(purchase["id"], "refunds", {"amount": rng.randint(1, amount - first)
-                                                    if amount - first >= 1 else 1})
+            self.linked(
+                purchase["id"],
+                "refunds",
+                {"amount": rng.randint(1, amount - first) if amount - first >= 1 else 1},
+            )
 
 
 class X402Agent(Agent):
@@ -363,8 +476,7 @@ class X402Agent(Agent):
     signature, sometimes signs a second, different authorization for the same purchase,
     and signs a new one after a failure."""
 
-    def __init__(self, n: int, api: Api, sku: str, deadline: float, seed: int,
-                 payer) -> None:
+    def __init__(self, n: int, api: Api, sku: str, deadline: float, seed: int, payer) -> None:
         super().__init__(n, api, [sku], deadline, seed)
         self.payer = payer
 
@@ -372,16 +484,24 @@ class X402Agent(Agent):
         from tests.x402.chain import sign
 
         rng = self.rng
-        q = self.post("/api/v1/quotes", {"items": [{"sku": self.skus[0], "quantity": 1}],
-                                         "currency": "usd"}, uuid.uuid4().hex)
+        q = self.post(
+            "/api/v1/quotes",
+            {"items": [{"sku": self.skus[0], "quantity": 1}], "currency": "usd"},
+            uuid.uuid4().hex,
+        )
         if q is None or q.status_code not in (200, 201):
             return self.pause()
         quote = q.json()
         customer = rng.choice(self.customers)
-        p = self.post("/api/v1/purchases", {
-            "quote_id": quote["id"], "quote_version": quote["version"],
-            "customer": {"reference": customer, "email": f"{customer}@example.com"}},
-            uuid.uuid4().hex)
+        p = self.post(
+            "/api/v1/purchases",
+            {
+                "quote_id": quote["id"],
+                "quote_version": quote["version"],
+                "customer": {"reference": customer, "email": f"{customer}@example.com"},
+            },
+            uuid.uuid4().hex,
+        )
         if p is None or p.status_code not in (200, 201):
             return self.pause()
         url = f"/api/v1/purchases/{p.json()['id']}/deliverable"
@@ -393,8 +513,12 @@ class X402Agent(Agent):
         header, _auth = sign(required, self.payer)
         self.rec.count("x402_signed")
         for _ in range(rng.randint(1, 5)):
-            r = self.api.call("GET", url, headers={"PAYMENT-SIGNATURE": header},
-                              timeout=rng.choice([0.3, 1.0, 5.0, 15.0]))
+            r = self.api.call(
+                "GET",
+                url,
+                headers={"PAYMENT-SIGNATURE": header},
+                timeout=rng.choice([0.3, 1.0, 5.0, 15.0]),
+            )
             body = _json(r)
             if r is not None and r.status_code == 200:
                 self.rec.count("x402_delivered")
@@ -431,8 +555,15 @@ class People(threading.Thread):
     """A finance user approving refunds (console-style, in this process) and a resolver
     settling unknown operations through the API — sometimes wrongly."""
 
-    def __init__(self, resolver: Api, provider_base: str, deadline: float,
-                 rng: random.Random, rec: Recorder, wrong_rate: float) -> None:
+    def __init__(
+        self,
+        resolver: Api,
+        provider_base: str,
+        deadline: float,
+        rng: random.Random,
+        rec: Recorder,
+        wrong_rate: float,
+    ) -> None:
         super().__init__(daemon=True)
         self.resolver, self.deadline, self.rng, self.rec = resolver, deadline, rng, rec
         self.base, self.wrong_rate = provider_base, wrong_rate
@@ -457,18 +588,25 @@ class People(threading.Thread):
         from payments.models import PaymentOperation
 
         finance = User.objects.get(username="soak-finance")
-        waiting = list(PaymentOperation.objects.filter(outcome=Outcome.AWAITING_APPROVAL)
-                       .values_list("id", flat=True)[:10])
+        waiting = list(
+            PaymentOperation.objects.filter(outcome=Outcome.AWAITING_APPROVAL).values_list(
+                "id", flat=True
+            )[:10]
+        )
         for op_id in waiting:
             try:
                 if self.rng.random() < 0.25:  # finance says no to some
-                    services.refund_decline(operation_id=op_id, acting_user=finance,
-                                            actor=finance.username,
-                                            reason="soak: finance declined")
+                    services.refund_decline(
+                        operation_id=op_id,
+                        acting_user=finance,
+                        actor=finance.username,
+                        reason="soak: finance declined",
+                    )
                     self.rec.count("refund_declined")
                     continue
-                services.refund_approve(operation_id=op_id, acting_user=finance,
-                                        reason="soak: finance approval")
+                services.refund_approve(
+                    operation_id=op_id, acting_user=finance, reason="soak: finance approval"
+                )
                 self.rec.count("refund_approved")
             except services.DomainError as exc:
                 self.rec.count(f"approve_refused_{exc.code}")
@@ -484,26 +622,43 @@ class People(threading.Thread):
         old = timezone.now() - timedelta(seconds=15)
         # The resolver reads the card provider's dashboard: card payments only (x402 ones
         # are the chain's to settle).
-        ops = list(PaymentOperation.objects.filter(outcome=Outcome.UNKNOWN, created_at__lt=old,
-                                                   kind__in=PAYMENT_KINDS, rail=Rail.STRIPE)
-                   .order_by("?")[:2])
+        ops = list(
+            PaymentOperation.objects.filter(
+                outcome=Outcome.UNKNOWN,
+                created_at__lt=old,
+                kind__in=PAYMENT_KINDS,
+                rail=Rail.STRIPE,
+            ).order_by("?")[:2]
+        )
         for op in ops:
             # The person looks at the provider's dashboard first (and sometimes misreads it).
             truth = "failed"
             if op.provider_reference:
                 try:
-                    status = requests.get(
-                        f"{self.base}/v1/payment_intents/{op.provider_reference}",
-                        auth=("sk_test_verity_stack", ""), timeout=10).json().get("status")
+                    status = (
+                        requests.get(
+                            f"{self.base}/v1/payment_intents/{op.provider_reference}",
+                            auth=("sk_test_verity_stack", ""),
+                            timeout=10,
+                        )
+                        .json()
+                        .get("status")
+                    )
                 except (requests.RequestException, ValueError):
                     continue
                 truth = "succeeded" if status in ("succeeded", "requires_capture") else "failed"
             wrong = self.rng.random() < self.wrong_rate
-            outcome = ({"succeeded": "failed", "failed": "succeeded"}[truth] if wrong else truth)
-            r = self.resolver.call("POST", f"/api/v1/operations/{op.id}/resolve",
-                                   {"outcome": outcome, "reason": "soak: resolver checked the "
-                                    "provider dashboard" + (" (wrongly)" if wrong else "")},
-                                   key=uuid.uuid4().hex)
+            outcome = {"succeeded": "failed", "failed": "succeeded"}[truth] if wrong else truth
+            r = self.resolver.call(
+                "POST",
+                f"/api/v1/operations/{op.id}/resolve",
+                {
+                    "outcome": outcome,
+                    "reason": "soak: resolver checked the "
+                    "provider dashboard" + (" (wrongly)" if wrong else ""),
+                },
+                key=uuid.uuid4().hex,
+            )
             if r is not None and r.status_code == 200:
                 self.rec.count("resolved_wrongly" if wrong else "resolved")
             elif r is not None:
@@ -514,17 +669,25 @@ class Events(threading.Thread):
     """Signed provider events built from localstripe's real objects, delivered late, twice
     and out of order (an older state after a newer one)."""
 
-    TYPES = {"succeeded": "payment_intent.succeeded",
-             "requires_capture": "payment_intent.amount_capturable_updated",
-             "canceled": "payment_intent.canceled",
-             "requires_payment_method": "payment_intent.payment_failed",
-             "processing": "payment_intent.processing"}
+    TYPES = {
+        "succeeded": "payment_intent.succeeded",
+        "requires_capture": "payment_intent.amount_capturable_updated",
+        "canceled": "payment_intent.canceled",
+        "requires_payment_method": "payment_intent.payment_failed",
+        "processing": "payment_intent.processing",
+    }
 
-    def __init__(self, web: Api, provider_base: str, deadline: float, rng: random.Random,
-                 rec: Recorder) -> None:
+    def __init__(
+        self, web: Api, provider_base: str, deadline: float, rng: random.Random, rec: Recorder
+    ) -> None:
         super().__init__(daemon=True)
-        self.web, self.base, self.deadline, self.rng, self.rec = (web, provider_base, deadline,
-                                                                  rng, rec)
+        self.web, self.base, self.deadline, self.rng, self.rec = (
+            web,
+            provider_base,
+            deadline,
+            rng,
+            rec,
+        )
         self.late: list[tuple[float, bytes]] = []
 
     def recent_intent(self) -> dict | None:
@@ -532,20 +695,27 @@ class Events(threading.Thread):
         from payments.enums import PAYMENT_KINDS, Rail
         from payments.models import PaymentOperation
 
-        refs = list(PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS, rail=Rail.STRIPE)
-                    .exclude(provider_reference="").order_by("-created_at")
-                    .values_list("provider_reference", flat=True)[:50])
+        refs = list(
+            PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS, rail=Rail.STRIPE)
+            .exclude(provider_reference="")
+            .order_by("-created_at")
+            .values_list("provider_reference", flat=True)[:50]
+        )
         if not refs:
             return None
-        r = requests.get(f"{self.base}/v1/payment_intents/{self.rng.choice(refs)}",
-                         auth=("sk_test_verity_stack", ""), timeout=10)
+        r = requests.get(
+            f"{self.base}/v1/payment_intents/{self.rng.choice(refs)}",
+            auth=("sk_test_verity_stack", ""),
+            timeout=10,
+        )
         return r.json() if r.status_code == 200 else None
 
     def deliver(self, body: bytes) -> None:
         ts = int(time.time())
         sig = hmac.new(SECRET.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
-        self.web.call("POST", "/webhooks/stripe/", raw=body,
-                      headers={"Stripe-Signature": f"t={ts},v1={sig}"})
+        self.web.call(
+            "POST", "/webhooks/stripe/", raw=body, headers={"Stripe-Signature": f"t={ts},v1={sig}"}
+        )
 
     def run(self) -> None:
         while time.monotonic() < self.deadline:
@@ -566,17 +736,27 @@ class Events(threading.Thread):
             if pi is None:
                 continue
             status = pi["status"]
-            if pi["status"] == "succeeded" and pi.get("capture_method") == "manual" \
-                    and self.rng.random() < 0.5:
+            if (
+                pi["status"] == "succeeded"
+                and pi.get("capture_method") == "manual"
+                and self.rng.random() < 0.5
+            ):
                 status = "requires_capture"  # out of order: the state before the capture
                 self.rec.count("event_out_of_order")
             if status not in self.TYPES:
                 continue
             obj = dict(pi, status=status)
-            body = json.dumps({"id": f"evt_soak_{uuid.uuid4().hex[:20]}", "object": "event",
-                               "api_version": "2024-06-20", "created": int(time.time()),
-                               "livemode": False, "type": self.TYPES[status],
-                               "data": {"object": obj}}).encode()
+            body = json.dumps(
+                {
+                    "id": f"evt_soak_{uuid.uuid4().hex[:20]}",
+                    "object": "event",
+                    "api_version": "2024-06-20",
+                    "created": int(time.time()),
+                    "livemode": False,
+                    "type": self.TYPES[status],
+                    "data": {"object": obj},
+                }
+            ).encode()
             roll = self.rng.random()
             if roll < 0.4:
                 self.late.append((now + self.rng.uniform(10, 40), body))
@@ -605,21 +785,31 @@ class ProviderDesk(Events):
         the database restarting, a timeout) is sent again later."""
         ts = int(time.time())
         sig = hmac.new(SECRET.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
-        r = self.web.call("POST", "/webhooks/stripe/", raw=body,
-                          headers={"Stripe-Signature": f"t={ts},v1={sig}"})
+        r = self.web.call(
+            "POST", "/webhooks/stripe/", raw=body, headers={"Stripe-Signature": f"t={ts},v1={sig}"}
+        )
         if r is None or not 200 <= r.status_code < 300:
             self.late.append((time.monotonic() + self.rng.uniform(5, 15), body))
             self.rec.count("desk_event_redelivered")
 
     def provider(self, method: str, path: str, **data) -> dict | None:
-        r = requests.request(method, f"{self.base}{path}", data=data,
-                             auth=("sk_test_verity_stack", ""), timeout=10)
+        r = requests.request(
+            method, f"{self.base}{path}", data=data, auth=("sk_test_verity_stack", ""), timeout=10
+        )
         return r.json() if r.status_code == 200 else None
 
     def event(self, obj: dict, type_: str) -> None:
-        body = json.dumps({"id": f"evt_desk_{uuid.uuid4().hex[:20]}", "object": "event",
-                           "api_version": "2024-06-20", "created": int(time.time()),
-                           "livemode": False, "type": type_, "data": {"object": obj}}).encode()
+        body = json.dumps(
+            {
+                "id": f"evt_desk_{uuid.uuid4().hex[:20]}",
+                "object": "event",
+                "api_version": "2024-06-20",
+                "created": int(time.time()),
+                "livemode": False,
+                "type": type_,
+                "data": {"object": obj},
+            }
+        ).encode()
         roll = self.rng.random()
         if roll < 0.3:
             self.late.append((time.monotonic() + self.rng.uniform(5, 20), body))
@@ -630,18 +820,25 @@ class ProviderDesk(Events):
 
     def refunded_at_provider(self, intent_id: str) -> int:
         listed = self.provider("GET", f"/v1/refunds?payment_intent={intent_id}&limit=100")
-        return sum(r["amount"] for r in (listed or {}).get("data", [])
-                   if r.get("status") != "failed")
+        return sum(
+            r["amount"] for r in (listed or {}).get("data", []) if r.get("status") != "failed"
+        )
 
     def charged_intent(self) -> dict | None:
         from payments.enums import OperationKind, Outcome, Rail
         from payments.models import PaymentOperation
 
-        refs = list(PaymentOperation.objects.filter(kind=OperationKind.CHARGE,
-                                                    outcome=Outcome.SUCCEEDED, rail=Rail.STRIPE,
-                                                    is_duplicate=False)
-                    .exclude(provider_reference="").order_by("-created_at")
-                    .values_list("provider_reference", flat=True)[:40])
+        refs = list(
+            PaymentOperation.objects.filter(
+                kind=OperationKind.CHARGE,
+                outcome=Outcome.SUCCEEDED,
+                rail=Rail.STRIPE,
+                is_duplicate=False,
+            )
+            .exclude(provider_reference="")
+            .order_by("-created_at")
+            .values_list("provider_reference", flat=True)[:40]
+        )
         if not refs:
             return None
         pi = self.provider("GET", f"/v1/payment_intents/{self.rng.choice(refs)}")
@@ -675,16 +872,22 @@ class ProviderDesk(Events):
     def act(self, now: float) -> None:
         pi = self.charged_intent()
         if pi is not None:
-            charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data")
-                                                 or [{}])[0]
+            charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data") or [{}])[0]
             charge = charge.get("id") if isinstance(charge, dict) else charge  # embedded
             if self.rng.random() < 0.5 or not charge or charge in self.disputed:
                 # A person in the dashboard refunds only what is left of the charge (Stripe
                 # refuses more; localstripe does not check, so the desk must).
                 left = pi["amount"] - self.refunded_at_provider(pi["id"])
-                refund = (self.provider("POST", "/v1/refunds", payment_intent=pi["id"],
-                                        amount=min(left, max(1, pi["amount"] // 10)))
-                          if left > 0 else None)
+                refund = (
+                    self.provider(
+                        "POST",
+                        "/v1/refunds",
+                        payment_intent=pi["id"],
+                        amount=min(left, max(1, pi["amount"] // 10)),
+                    )
+                    if left > 0
+                    else None
+                )
                 if refund is not None:
                     self.event(refund, "refund.created")
                     self.rec.count("provider_refund_outside_verity")
@@ -707,8 +910,9 @@ class ProviderDesk(Events):
                 self.rec.count(f"dispute_{status}")
 
 
-def fault_plan(seconds: float, rng: random.Random, *, outage: tuple[float, float],
-               x402: bool = False) -> list:
+def fault_plan(
+    seconds: float, rng: random.Random, *, outage: tuple[float, float], x402: bool = False
+) -> list:
     """(at, kind) for the run: every kind at least once, then random ones, spaced out.
     The first faults come in a fixed order so even a short run sees a database restart
     and a web kill early."""
@@ -719,8 +923,10 @@ def fault_plan(seconds: float, rng: random.Random, *, outage: tuple[float, float
     kinds = kinds[:2] + rest
     gap = max(4.0, min(25.0, (end - start) / max(len(kinds), 1)))
     n_more = max(0, int((end - start) / gap) - len(kinds))
-    more, weights = (["worker_sigkill", "redis_restart", "web_kill", "pg_restart", "halt",
-                      "provider_outage"], [3, 2, 3, 2, 2, 1])
+    more, weights = (
+        ["worker_sigkill", "redis_restart", "web_kill", "pg_restart", "halt", "provider_outage"],
+        [3, 2, 3, 2, 2, 1],
+    )
     if x402:
         more, weights = more + list(X402_FAULT_KINDS), weights + [1]
     kinds += rng.choices(more, weights=weights, k=n_more)
@@ -733,9 +939,18 @@ def fault_plan(seconds: float, rng: random.Random, *, outage: tuple[float, float
     return plan
 
 
-def chaos(plan: list, services: Services, stack: Stack, proxy: FaultProxy,
-          rec: Recorder, rng: random.Random, deadline: float, outage: tuple[float, float],
-          progress: Progress, x402_proxy: FaultProxy | None = None) -> None:
+def chaos(
+    plan: list,
+    services: Services,
+    stack: Stack,
+    proxy: FaultProxy,
+    rec: Recorder,
+    rng: random.Random,
+    deadline: float,
+    outage: tuple[float, float],
+    progress: Progress,
+    x402_proxy: FaultProxy | None = None,
+) -> None:
     from django.db import connection
 
     outage_until = [0.0]
@@ -773,8 +988,11 @@ def chaos(plan: list, services: Services, stack: Stack, proxy: FaultProxy,
             proxy.hold(0)
             if x402_proxy is not None:
                 x402_proxy.hold(0)
-            f = rec.fault(kind, f"SIGKILL gunicorn worker {victim}, {inflight} requests in "
-                                "flight, provider answers held 1.5 s")
+            f = rec.fault(
+                kind,
+                f"SIGKILL gunicorn worker {victim}, {inflight} requests in "
+                "flight, provider answers held 1.5 s",
+            )
         elif kind == "provider_outage":
             if time.monotonic() < outage_until[0]:
                 continue
@@ -793,8 +1011,7 @@ def chaos(plan: list, services: Services, stack: Stack, proxy: FaultProxy,
         elif kind == "redis_restart":
             down = rng.uniform(1, 4)
             restart_redis(stack, down)
-            f = rec.fault(kind, "redis-server SIGKILL, then started", time.monotonic() - t0,
-                          at=t0)
+            f = rec.fault(kind, "redis-server SIGKILL, then started", time.monotonic() - t0, at=t0)
         elif kind == "worker_sigkill":
             f = rec.fault(kind, f"SIGKILL celery {services.kill_worker(rng)}")
         elif kind == "halt":
@@ -814,8 +1031,10 @@ def chaos(plan: list, services: Services, stack: Stack, proxy: FaultProxy,
             f = rec.fault(kind, f"{name} set, then cleared", seconds, at=t0)
         else:
             continue
-        progress.note(f"[{f.t:6.1f}s] fault: {f.kind} {f.detail}"
-                      + (f" ({f.seconds:.1f}s)" if f.seconds else ""))
+        progress.note(
+            f"[{f.t:6.1f}s] fault: {f.kind} {f.detail}"
+            + (f" ({f.seconds:.1f}s)" if f.seconds else "")
+        )
 
 
 def checker(rec: Recorder, deadline: float, progress: Progress, results: list) -> None:
@@ -838,8 +1057,10 @@ def checker(rec: Recorder, deadline: float, progress: Progress, results: list) -
         for name, value, rule in rep.rows:
             if rule.endswith("VIOLATION"):
                 showing = True
-                progress.note(f"[{rec.now():6.1f}s] VIOLATION (live check): {name.strip()} = "
-                              f"{value} ({rule.replace('<-- VIOLATION', '').strip()})")
+                progress.note(
+                    f"[{rec.now():6.1f}s] VIOLATION (live check): {name.strip()} = "
+                    f"{value} ({rule.replace('<-- VIOLATION', '').strip()})"
+                )
             elif showing and name.startswith("  "):
                 progress.note(f"           {name.strip()} {value} {rule}")
             else:
@@ -879,16 +1100,17 @@ def _busy(timezone, timedelta) -> int:
     # Every outbox row due now (an event that just arrived, the last one the provider
     # redelivered: found by the short soak in CI, checked before its row ran) and every
     # event not yet judged or held for a re-match.
-    return (PaymentOperation.objects.filter(outcome__in=[Outcome.DISPATCHING,
-                                                         Outcome.PENDING]).count()
-            + OutboxMessage.objects.filter(processed_at__isnull=True,
-                                           available_at__lte=timezone.now()).count()
-            + WebhookDelivery.objects.filter(state="pending").count()
-            + ProviderEvent.objects.filter(result__in=[EventResult.PENDING,
-                                                       EventResult.HELD]).count()
-            + StepRun.objects.filter(state__in=["pending", "running"]).exclude(
-                purchase_id__in=Purchase.objects.filter(status="manual_review")
-                .values("id")).count())
+    return (
+        PaymentOperation.objects.filter(outcome__in=[Outcome.DISPATCHING, Outcome.PENDING]).count()
+        + OutboxMessage.objects.filter(
+            processed_at__isnull=True, available_at__lte=timezone.now()
+        ).count()
+        + WebhookDelivery.objects.filter(state="pending").count()
+        + ProviderEvent.objects.filter(result__in=[EventResult.PENDING, EventResult.HELD]).count()
+        + StepRun.objects.filter(state__in=["pending", "running"])
+        .exclude(purchase_id__in=Purchase.objects.filter(status="manual_review").values("id"))
+        .count()
+    )
 
 
 def x402_available() -> bool:
@@ -897,9 +1119,12 @@ def x402_available() -> bool:
 
     from tools import x402_chain
 
-    return bool(shutil.which("node") and shutil.which("npm")
-                and (x402_chain.CHAIN_TOOLS / "node_modules").is_dir()
-                and x402_chain.available())
+    return bool(
+        shutil.which("node")
+        and shutil.which("npm")
+        and (x402_chain.CHAIN_TOOLS / "node_modules").is_dir()
+        and x402_chain.available()
+    )
 
 
 def miner(stop: threading.Event) -> None:
@@ -918,31 +1143,61 @@ def miner(stop: threading.Event) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=600, help="driving time (default 600)")
-    ap.add_argument("--agents", "--clients", dest="agents", type=int, default=100,
-                    help="concurrent agents (default 100)")
+    ap.add_argument(
+        "--agents",
+        "--clients",
+        dest="agents",
+        type=int,
+        default=100,
+        help="concurrent agents (default 100)",
+    )
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--one-call", action="store_true",
-                    help="the provider dedupes keys (localstripe's idempotency layer on, "
-                         "STRIPE_DEDUPES_KEYS=true): every card payment is one round trip")
+    ap.add_argument(
+        "--one-call",
+        action="store_true",
+        help="the provider dedupes keys (localstripe's idempotency layer on, "
+        "STRIPE_DEDUPES_KEYS=true): every card payment is one round trip",
+    )
     ap.add_argument("--drain", type=float, default=180)
-    ap.add_argument("--fault-rate", type=float, default=0.15,
-                    help="share of provider requests drilled")
+    ap.add_argument(
+        "--fault-rate", type=float, default=0.15, help="share of provider requests drilled"
+    )
     ap.add_argument("--outage", default="30,60", help="provider outage seconds: min,max")
-    ap.add_argument("--provider-desk", action=argparse.BooleanOptionalAction, default=True,
-                    help="refunds and disputes made in the provider's dashboard (default on)")
-    ap.add_argument("--wrong-resolutions", type=float, default=0.2,
-                    help="share of manual resolutions that are wrong")
-    ap.add_argument("--out", default=str(ROOT / "var" / "soak"),
-                    help="directory for soak.svg and soak.json")
+    ap.add_argument(
+        "--provider-desk",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="refunds and disputes made in the provider's dashboard (default on)",
+    )
+    ap.add_argument(
+        "--wrong-resolutions",
+        type=float,
+        default=0.2,
+        help="share of manual resolutions that are wrong",
+    )
+    ap.add_argument(
+        "--out", default=str(ROOT / "var" / "soak"), help="directory for soak.svg and soak.json"
+    )
     ap.add_argument("--quiet", action="store_true", help="no progress line")
-    ap.add_argument("--x402", action=argparse.BooleanOptionalAction, default=x402_available(),
-                    help="also start the chain and the x402 facilitator and pay x402 "
-                         "(default: on when Node/npm and tools/chain/node_modules are there)")
-    ap.add_argument("--x402-share", type=float, default=0.2,
-                    help="share of agents that buy reports over x402 (default 0.2)")
-    ap.add_argument("--x402-drop-rate", type=float, default=0.1,
-                    help="share of facilitator answers dropped after the settle was "
-                         "forwarded (default 0.1)")
+    ap.add_argument(
+        "--x402",
+        action=argparse.BooleanOptionalAction,
+        default=x402_available(),
+        help="also start the chain and the x402 facilitator and pay x402 "
+        "(default: on when Node/npm and tools/chain/node_modules are there)",
+    )
+    ap.add_argument(
+        "--x402-share",
+        type=float,
+        default=0.2,
+        help="share of agents that buy reports over x402 (default 0.2)",
+    )
+    ap.add_argument(
+        "--x402-drop-rate",
+        type=float,
+        default=0.1,
+        help="share of facilitator answers dropped after the settle was forwarded (default 0.1)",
+    )
     args = ap.parse_args(argv)
     outage = tuple(float(x) for x in args.outage.split(","))
     rec = Recorder()
@@ -960,11 +1215,13 @@ def main(argv=None) -> int:
             from django.db import connection
 
             with connection.cursor() as cursor:
-                cursor.execute("SELECT (SELECT count(*) FROM payments_purchase), "
-                               "count(*) FILTER (WHERE kind = 'charge'), "
-                               "count(*) FILTER (WHERE kind = 'authorize'), "
-                               "count(*) FILTER (WHERE kind = 'refund') "
-                               "FROM payments_paymentoperation WHERE outcome = 'succeeded'")
+                cursor.execute(
+                    "SELECT (SELECT count(*) FROM payments_purchase), "
+                    "count(*) FILTER (WHERE kind = 'charge'), "
+                    "count(*) FILTER (WHERE kind = 'authorize'), "
+                    "count(*) FILTER (WHERE kind = 'refund') "
+                    "FROM payments_paymentoperation WHERE outcome = 'succeeded'"
+                )
                 db["purchases"], db["charges"], db["auths"], db["refunds"] = cursor.fetchone()
         except Exception:  # noqa: BLE001 - restarting: keep the last figures
             from django.db import connection
@@ -980,11 +1237,13 @@ def main(argv=None) -> int:
         faults = " ".join(f"{k}:{v}" for k, v in sorted(fl.items())) or "none yet"
         if state["phase"] == "starting":
             return "starting the stack, migrating, booting gunicorn and Celery"
-        return (f"{state['phase']} {fmt_duration(rec.now())}/{fmt_duration(state['planned'])}"
-                f" | {args.agents} agents | purchases {db['purchases']}, succeeded: charges "
-                f"{db['charges']} authorizations {db['auths']} refunds {db['refunds']}"
-                f" | faults {faults} | answers {statuses}"
-                f" | live checks {len(checks)} ({bad} violations)")
+        return (
+            f"{state['phase']} {fmt_duration(rec.now())}/{fmt_duration(state['planned'])}"
+            f" | {args.agents} agents | purchases {db['purchases']}, succeeded: charges "
+            f"{db['charges']} authorizations {db['auths']} refunds {db['refunds']}"
+            f" | faults {faults} | answers {statuses}"
+            f" | live checks {len(checks)} ({bad} violations)"
+        )
 
     progress = Progress(status, label="soak", quiet=args.quiet)
     progress.start()
@@ -1009,53 +1268,104 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
             x402_proxy = FaultProxy(stack.x402_ports[1], seed=args.seed)
             x402_proxy.up()
             x402_proxy.drop_answers(args.x402_drop_rate)
-            x402_env = {"X402_FACILITATOR_URL": x402_proxy.base,
-                        # an authorization nobody used expires (provably failed) in the drain
-                        "X402_MAX_TIMEOUT_SECONDS": "60", "X402_FACILITATOR_TIMEOUT": "5"}
-        env = {**os.environ, **stack.env,
-               "DJANGO_SETTINGS_MODULE": "config.settings",
-               "STRIPE_API_BASE": proxy.base,  # the processes under test see the proxy
-               "STRIPE_WEBHOOK_SECRETS": SECRET,
-               "STRIPE_CONNECT_TIMEOUT": "2", "STRIPE_READ_TIMEOUT": "5",
-               "DISPATCH_LEASE_SECONDS": "12", "RECONCILE_SCHEDULE_SECONDS": "2,4,8",
-               "OUTBOX_SWEEP_SECONDS": "1", "API_THROTTLE_RATE": "1000000/min",
-               "STEP_LEASE_SECONDS": "10", "EMAIL_TIMEOUT": "5",
-               "PAID_WITHOUT_ORDER_SECONDS": "5", "STALLED_FULFILMENT_SWEEP_SECONDS": "2",
-               "RECONCILE_SWEEP_SECONDS": "1", "DEAD_DISPATCH_SWEEP_SECONDS": "2",
-               "FAULT_DRILL_RANDOM_RATE": str(args.fault_rate),
-               "FAULT_DRILL_RANDOM_SEED": str(args.seed),
-               "CELERY_DB_REUSE_MAX": "1000",
-               # storefront webhook receivers on loopback (bench/storefront_receivers.py):
-               # a hung receiver is given up on after 1 s, retries come within seconds
-               "WEBHOOK_ALLOW_LOOPBACK": "true", "WEBHOOK_CONNECT_TIMEOUT_SECONDS": "1",
-               "WEBHOOK_READ_TIMEOUT_SECONDS": "1", "WEBHOOK_RETRY_SCHEDULE_SECONDS": "1,2,4",
-               "WEBHOOK_SWEEP_SECONDS": "1",
-               "STRIPE_DEDUPES_KEYS": "true" if args.one_call else "false", **x402_env}
+            x402_env = {
+                "X402_FACILITATOR_URL": x402_proxy.base,
+                # an authorization nobody used expires (provably failed) in the drain
+                "X402_MAX_TIMEOUT_SECONDS": "60",
+                "X402_FACILITATOR_TIMEOUT": "5",
+            }
+        env = {
+            **os.environ,
+            **stack.env,
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "STRIPE_API_BASE": proxy.base,  # the processes under test see the proxy
+            "STRIPE_WEBHOOK_SECRETS": SECRET,
+            "STRIPE_CONNECT_TIMEOUT": "2",
+            "STRIPE_READ_TIMEOUT": "5",
+            "DISPATCH_LEASE_SECONDS": "12",
+            "RECONCILE_SCHEDULE_SECONDS": "2,4,8",
+            "OUTBOX_SWEEP_SECONDS": "1",
+            "API_THROTTLE_RATE": "1000000/min",
+            "STEP_LEASE_SECONDS": "10",
+            "EMAIL_TIMEOUT": "5",
+            "PAID_WITHOUT_ORDER_SECONDS": "5",
+            "STALLED_FULFILMENT_SWEEP_SECONDS": "2",
+            "RECONCILE_SWEEP_SECONDS": "1",
+            "DEAD_DISPATCH_SWEEP_SECONDS": "2",
+            "FAULT_DRILL_RANDOM_RATE": str(args.fault_rate),
+            "FAULT_DRILL_RANDOM_SEED": str(args.seed),
+            "CELERY_DB_REUSE_MAX": "1000",
+            # storefront webhook receivers on loopback (bench/storefront_receivers.py):
+            # a hung receiver is given up on after 1 s, retries come within seconds
+            "WEBHOOK_ALLOW_LOOPBACK": "true",
+            "WEBHOOK_CONNECT_TIMEOUT_SECONDS": "1",
+            "WEBHOOK_READ_TIMEOUT_SECONDS": "1",
+            "WEBHOOK_RETRY_SCHEDULE_SECONDS": "1,2,4",
+            "WEBHOOK_SWEEP_SECONDS": "1",
+            "STRIPE_DEDUPES_KEYS": "true" if args.one_call else "false",
+            **x402_env,
+        }
         if args.one_call:
-            urllib.request.urlopen(urllib.request.Request(
-                f"{stack.env['STRIPE_API_BASE']}/_config/idempotency", data=b"enabled=true"),
-                timeout=10).read()
-        subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env,
-                       check=True)
+            urllib.request.urlopen(
+                urllib.request.Request(
+                    f"{stack.env['STRIPE_API_BASE']}/_config/idempotency", data=b"enabled=true"
+                ),
+                timeout=10,
+            ).read()
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True
+        )
         manage = [sys.executable, "manage.py", "create_api_client"]
-        key = subprocess.run(manage + ["soak", "--scopes", "purchases:read", "purchases:write",
-                                       "refunds:write", "webhooks:manage",
-                                       "--limit", str(10**12),
-                                       "--auto-refund-limit", str(AUTO_REFUND_LIMIT),
-                                       # its journeys name earlier purchases in
-                                       # acknowledge_unresolved as a storefront's own
-                                       # checkout would (DESIGN §6)
-                                       "--storefront-confirmation"],
-                             cwd=ROOT, env=env, check=True, capture_output=True,
-                             text=True).stdout.strip().splitlines()[-1]
-        resolver_key = subprocess.run(manage + ["soak-resolver", "--scopes", "purchases:read",
-                                                "operations:resolve"], cwd=ROOT, env=env,
-                                      check=True, capture_output=True,
-                                      text=True).stdout.strip().splitlines()[-1]
+        key = (
+            subprocess.run(
+                manage
+                + [
+                    "soak",
+                    "--scopes",
+                    "purchases:read",
+                    "purchases:write",
+                    "refunds:write",
+                    "webhooks:manage",
+                    "--limit",
+                    str(10**12),
+                    "--auto-refund-limit",
+                    str(AUTO_REFUND_LIMIT),
+                    # its journeys name earlier purchases in
+                    # acknowledge_unresolved as a storefront's own
+                    # checkout would (DESIGN §6)
+                    "--storefront-confirmation",
+                ],
+                cwd=ROOT,
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        resolver_key = (
+            subprocess.run(
+                manage + ["soak-resolver", "--scopes", "purchases:read", "operations:resolve"],
+                cwd=ROOT,
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         # This process checks and approves: it talks to the provider itself, not the proxy.
-        os.environ.update({**env, "STRIPE_API_BASE": stack.env["STRIPE_API_BASE"],
-                           **({"X402_FACILITATOR_URL": stack.env["X402_FACILITATOR_URL"]}
-                              if args.x402 else {})})
+        os.environ.update(
+            {
+                **env,
+                "STRIPE_API_BASE": stack.env["STRIPE_API_BASE"],
+                **(
+                    {"X402_FACILITATOR_URL": stack.env["X402_FACILITATOR_URL"]} if args.x402 else {}
+                ),
+            }
+        )
         import django
 
         django.setup()
@@ -1070,32 +1380,66 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
         finance.groups.add(Group.objects.get_or_create(name="finance")[0])
         skus = []
         for i, price in enumerate([700, 1250, 1800, 2600]):
-            Product.objects.get_or_create(sku=f"SOAK-{i}", defaults={
-                "name": f"Soak item {i}", "price": price, "stock": 10**8})
+            Product.objects.get_or_create(
+                sku=f"SOAK-{i}", defaults={"name": f"Soak item {i}", "price": price, "stock": 10**8}
+            )
             skus.append(f"SOAK-{i}")
         if args.x402:  # a digital good: the x402 agents' report (the deliverable step)
-            Product.objects.get_or_create(sku=X402_SKU, defaults={
-                "name": "Soak report", "price": 900, "stock": 10**8, "kind": "digital"})
+            Product.objects.get_or_create(
+                sku=X402_SKU,
+                defaults={"name": "Soak report", "price": 900, "stock": 10**8, "kind": "digital"},
+            )
 
         services = Services(stack, env, logdir)
         try:
-            return _drive(args, outage, rec, state, progress, stack, proxy, services, env,
-                          key, resolver_key, skus, logdir, x402_proxy)
+            return _drive(
+                args,
+                outage,
+                rec,
+                state,
+                progress,
+                stack,
+                proxy,
+                services,
+                env,
+                key,
+                resolver_key,
+                skus,
+                logdir,
+                x402_proxy,
+            )
         finally:
             services.stop()  # also when something above failed: no process outlives the run
 
 
-def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: Stack,
-           proxy: FaultProxy, services: Services, env: dict, key: str, resolver_key: str,
-           skus: list[str], logdir: Path, x402_proxy: FaultProxy | None = None) -> int:
+def _drive(
+    args,
+    outage,
+    rec: Recorder,
+    state: dict,
+    progress: Progress,
+    stack: Stack,
+    proxy: FaultProxy,
+    services: Services,
+    env: dict,
+    key: str,
+    resolver_key: str,
+    skus: list[str],
+    logdir: Path,
+    x402_proxy: FaultProxy | None = None,
+) -> int:
     services.start(chaos=True)
     base = f"http://127.0.0.1:{services.web_port}"
-    requests.post(f"{stack.env['STRIPE_API_BASE']}/_config/webhooks/soak",
-                  data={"url": f"{base}/webhooks/stripe/", "secret": SECRET},
-                  timeout=10).raise_for_status()
+    requests.post(
+        f"{stack.env['STRIPE_API_BASE']}/_config/webhooks/soak",
+        data={"url": f"{base}/webhooks/stripe/", "secret": SECRET},
+        timeout=10,
+    ).raise_for_status()
     # The storefront's webhook receivers: one steady, one failing, one timing out.
-    receivers = [StorefrontReceiver(kind, args.seed + i)
-                 for i, kind in enumerate(("steady", "failing", "hanging"))]
+    receivers = [
+        StorefrontReceiver(kind, args.seed + i)
+        for i, kind in enumerate(("steady", "failing", "hanging"))
+    ]
     for receiver in receivers:
         receiver.register(Api(base, key, rec))
     rng = random.Random(args.seed)
@@ -1109,25 +1453,55 @@ def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: 
         from eth_account import Account
 
         payers = [Account.from_key(k) for k in stack.env["X402_PAYER_KEYS"].split(",")]
-        x402_agents = set(random.Random(args.seed + 4).sample(
-            range(args.agents), max(1, round(args.agents * args.x402_share))))
+        x402_agents = set(
+            random.Random(args.seed + 4).sample(
+                range(args.agents), max(1, round(args.agents * args.x402_share))
+            )
+        )
         threading.Thread(target=miner, args=(mining,), daemon=True).start()
-    threads = [X402Agent(n, Api(base, key, rec), X402_SKU, deadline, args.seed,
-                         payers[n % len(payers)]) if n in x402_agents
-               else Agent(n, Api(base, key, rec), skus, deadline, args.seed)
-               for n in range(args.agents)]
-    threads += [People(Api(base, resolver_key, rec), stack.env["STRIPE_API_BASE"], deadline,
-                       random.Random(args.seed + 1), rec, args.wrong_resolutions),
-                Events(Api(base, None, rec), stack.env["STRIPE_API_BASE"], deadline,
-                       random.Random(args.seed + 2), rec)]
+    threads = [
+        X402Agent(n, Api(base, key, rec), X402_SKU, deadline, args.seed, payers[n % len(payers)])
+        if n in x402_agents
+        else Agent(n, Api(base, key, rec), skus, deadline, args.seed)
+        for n in range(args.agents)
+    ]
+    threads += [
+        People(
+            Api(base, resolver_key, rec),
+            stack.env["STRIPE_API_BASE"],
+            deadline,
+            random.Random(args.seed + 1),
+            rec,
+            args.wrong_resolutions,
+        ),
+        Events(
+            Api(base, None, rec),
+            stack.env["STRIPE_API_BASE"],
+            deadline,
+            random.Random(args.seed + 2),
+            rec,
+        ),
+    ]
     if args.provider_desk:
-        threads.append(ProviderDesk(Api(base, None, rec), stack.env["STRIPE_API_BASE"],
-                                    deadline, random.Random(args.seed + 3), rec))
-    side = [threading.Thread(target=chaos, args=(plan, services, stack, proxy, rec, rng,
-                                                 deadline, outage, progress, x402_proxy),
-                             daemon=True),
-            threading.Thread(target=checker, args=(rec, deadline, progress,
-                                                   state["checks"]), daemon=True)]
+        threads.append(
+            ProviderDesk(
+                Api(base, None, rec),
+                stack.env["STRIPE_API_BASE"],
+                deadline,
+                random.Random(args.seed + 3),
+                rec,
+            )
+        )
+    side = [
+        threading.Thread(
+            target=chaos,
+            args=(plan, services, stack, proxy, rec, rng, deadline, outage, progress, x402_proxy),
+            daemon=True,
+        ),
+        threading.Thread(
+            target=checker, args=(rec, deadline, progress, state["checks"]), daemon=True
+        ),
+    ]
     for t in threads + side:
         t.start()
     for t in threads + side:
@@ -1164,37 +1538,56 @@ def _drive(args, outage, rec: Recorder, state: dict, progress: Progress, stack: 
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    title = (f"Verity soak: {args.agents} agents, {drove:.0f} s, seed {args.seed} "
-             f"(throughput and latency, faults marked)")
+    title = (
+        f"Verity soak: {args.agents} agents, {drove:.0f} s, seed {args.seed} "
+        f"(throughput and latency, faults marked)"
+    )
     (out / "soak.svg").write_text(rec.chart_svg(title))
-    (out / "soak.json").write_text(json.dumps({
-        "seconds": drove, "agents": args.agents, "seed": args.seed,
-        "x402_agents": len(x402_agents),
-        "drained_seconds": drained, "counters": dict(rec.counters),
-        "answers": dict(rec.status_counts()),
-        "faults": [f.__dict__ for f in rec.faults], "timeline": rec.timeline(),
-        "live_checks": state["checks"], "invariants": report.rows,
-        "webhook_receivers": receiver_rows,
-        "violations": report.violations, "disallowed_5xx": bad_5xx[:200]}, indent=1))
+    (out / "soak.json").write_text(
+        json.dumps(
+            {
+                "seconds": drove,
+                "agents": args.agents,
+                "seed": args.seed,
+                "x402_agents": len(x402_agents),
+                "drained_seconds": drained,
+                "counters": dict(rec.counters),
+                "answers": dict(rec.status_counts()),
+                "faults": [f.__dict__ for f in rec.faults],
+                "timeline": rec.timeline(),
+                "live_checks": state["checks"],
+                "invariants": report.rows,
+                "webhook_receivers": receiver_rows,
+                "violations": report.violations,
+                "disallowed_5xx": bad_5xx[:200],
+            },
+            indent=1,
+        )
+    )
     progress.stop()
 
-    print(f"\nsoak: {drove:.0f}s driving, {args.agents} agents "
-          f"({len(x402_agents)} paying over x402), seed {args.seed}, "
-          f"fault rate {args.fault_rate}, drained in {drained:.0f}s")
+    print(
+        f"\nsoak: {drove:.0f}s driving, {args.agents} agents "
+        f"({len(x402_agents)} paying over x402), seed {args.seed}, "
+        f"fault rate {args.fault_rate}, drained in {drained:.0f}s"
+    )
     print("events: " + ", ".join(f"{k}={v}" for k, v in sorted(rec.counters.items())))
     print(f"\n== per endpoint ==\n{rec.endpoint_table()}")
     print(f"\n== faults ({len(rec.faults)}) ==\n{rec.fault_table()}")
     checks = state["checks"]
-    print(f"\n== invariants: {len(checks)} live checks during the run "
-          f"({sum(len(v) for _, v in checks)} violations), then after the drain ==")
+    print(
+        f"\n== invariants: {len(checks)} live checks during the run "
+        f"({sum(len(v) for _, v in checks)} violations), then after the drain =="
+    )
     report.print()
     print("\n== storefront webhook receivers (their own record) ==")
     for row in receiver_rows:
         print("  " + ", ".join(f"{k}={v}" for k, v in row.items()))
     subprocess.run(["rm", "-rf", str(out / "logs")], check=False)
     subprocess.run(["cp", "-r", str(logdir), str(out / "logs")], check=False)
-    print(f"\nchart: {out / 'soak.svg'}; figures: {out / 'soak.json'}; "
-          f"process logs: {out / 'logs'}")
+    print(
+        f"\nchart: {out / 'soak.svg'}; figures: {out / 'soak.json'}; process logs: {out / 'logs'}"
+    )
     violations = list(report.violations)
     violations += [f"live check at {t}s: {v}" for t, vs in checks for v in vs]
     violations += receiver_violations

@@ -1,5 +1,6 @@
 """What the soak saw: every request (endpoint, answer, latency, time), every fault, and the
 tables and the SVG chart made from them."""
+
 from __future__ import annotations
 
 import re
@@ -26,7 +27,7 @@ def pct(values: list[float], q: float) -> float:
 
 @dataclass
 class Fault:
-    t: float            # seconds since the start of the run
+    t: float  # seconds since the start of the run
     kind: str
     detail: str = ""
     seconds: float = 0.0  # how long it lasted (outages, restarts)
@@ -54,8 +55,9 @@ class Recorder:
         with self.lock:
             self.counters[what] += n
 
-    def fault(self, kind: str, detail: str = "", seconds: float = 0.0,
-              at: float | None = None) -> Fault:
+    def fault(
+        self, kind: str, detail: str = "", seconds: float = 0.0, at: float | None = None
+    ) -> Fault:
         """`at` (monotonic) is when the fault began; default now."""
         t = self.now() if at is None else at - self.started
         f = Fault(round(t, 1), kind, detail, seconds)
@@ -94,8 +96,11 @@ class Recorder:
         for t, endpoint, status, _ms, code in samples:
             if not status.isdigit() or int(status) < 500:
                 continue
-            if status == "503" and code in ("database_unavailable", "workflow_halted") \
-                    and self.in_window(code, t, grace):
+            if (
+                status == "503"
+                and code in ("database_unavailable", "workflow_halted")
+                and self.in_window(code, t, grace)
+            ):
                 continue
             bad.append((round(t, 1), endpoint, status, code))
         return bad
@@ -111,16 +116,33 @@ class Recorder:
             ss = by_ep[ep]
             ms = [s[3] for s in ss if s[2].isdigit()]
             answers = Counter(s[2] if s[2] != "503" or not s[4] else f"503 {s[4]}" for s in ss)
-            rows.append((ep, str(len(ss)), f"{pct(ms, 0.5):.0f}", f"{pct(ms, 0.99):.0f}",
-                         ", ".join(f"{k}:{v}" for k, v in sorted(answers.items()))))
+            rows.append(
+                (
+                    ep,
+                    str(len(ss)),
+                    f"{pct(ms, 0.5):.0f}",
+                    f"{pct(ms, 0.99):.0f}",
+                    ", ".join(f"{k}:{v}" for k, v in sorted(answers.items())),
+                )
+            )
         head = ("endpoint", "requests", "p50 ms", "p99 ms", "answers by status")
-        widths = [max(len(head[i]), *(len(r[i]) for r in rows)) if rows else len(head[i])
-                  for i in range(4)]
-        out = ["  ".join(h.ljust(w) for h, w in zip(head[:4], widths, strict=False)) + "  " + head[4],
-               "  ".join("-" * w for w in widths) + "  " + "-" * 20]
+        widths = [
+            max(len(head[i]), *(len(r[i]) for r in rows)) if rows else len(head[i])
+            for i in range(4)
+        ]
+        out = [
+            "  ".join(h.ljust(w) for h, w in zip(head[:4], widths, strict=False)) + "  " + head[4],
+            "  ".join("-" * w for w in widths) + "  " + "-" * 20,
+        ]
         for r in rows:
-            out.append("  ".join(v.rjust(w) if i else v.ljust(w)
-                                 for i, (v, w) in enumerate(zip(r[:4], widths, strict=False))) + "  " + r[4])
+            out.append(
+                "  ".join(
+                    v.rjust(w) if i else v.ljust(w)
+                    for i, (v, w) in enumerate(zip(r[:4], widths, strict=False))
+                )
+                + "  "
+                + r[4]
+            )
         return "\n".join(out)
 
     def fault_table(self) -> str:
@@ -140,11 +162,20 @@ class Recorder:
         for b in range(0, (max(buckets) + 1) if buckets else 0):
             ss = buckets.get(b, [])
             ms = [s[3] for s in ss if s[2].isdigit()]
-            out.append({"t": b * BUCKET_SECONDS, "rps": len(ss) / BUCKET_SECONDS,
-                        "p50": pct(ms, 0.5) if ms else 0, "p99": pct(ms, 0.99) if ms else 0,
-                        # client timeouts are the careless agents' own (0.3 s and up)
-                        "errors": sum(1 for s in ss if s[2] == "no_answer"
-                                      or (s[2].isdigit() and int(s[2]) >= 500))})
+            out.append(
+                {
+                    "t": b * BUCKET_SECONDS,
+                    "rps": len(ss) / BUCKET_SECONDS,
+                    "p50": pct(ms, 0.5) if ms else 0,
+                    "p99": pct(ms, 0.99) if ms else 0,
+                    # client timeouts are the careless agents' own (0.3 s and up)
+                    "errors": sum(
+                        1
+                        for s in ss
+                        if s[2] == "no_answer" or (s[2].isdigit() and int(s[2]) >= 500)
+                    ),
+                }
+            )
         return out
 
     def chart_svg(self, title: str) -> str:
@@ -153,20 +184,43 @@ class Recorder:
         from pygal.style import Style
 
         tl = self.timeline()
-        style = Style(background="white", plot_background="white", font_family="sans-serif",
-                      colors=("#1f77b4", "#ff7f0e", "#d62728", "#7f7f7f", "#2ca02c",
-                              "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"))
-        chart = pygal.XY(style=style, title=title, x_title="seconds into the run",
-                         y_title="requests per second", show_dots=False, width=1100,
-                         height=520, legend_at_bottom=True, legend_at_bottom_columns=4,
-                         truncate_legend=-1, dots_size=4)
+        style = Style(
+            background="white",
+            plot_background="white",
+            font_family="sans-serif",
+            colors=(
+                "#1f77b4",
+                "#ff7f0e",
+                "#d62728",
+                "#7f7f7f",
+                "#2ca02c",
+                "#9467bd",
+                "#8c564b",
+                "#e377c2",
+                "#17becf",
+                "#bcbd22",
+            ),
+        )
+        chart = pygal.XY(
+            style=style,
+            title=title,
+            x_title="seconds into the run",
+            y_title="requests per second",
+            show_dots=False,
+            width=1100,
+            height=520,
+            legend_at_bottom=True,
+            legend_at_bottom_columns=4,
+            truncate_legend=-1,
+            dots_size=4,
+        )
         chart.add("throughput (req/s)", [(p["t"], p["rps"]) for p in tl])
-        chart.add("5xx answers or connection lost (per s)",
-                  [(p["t"], p["errors"] / BUCKET_SECONDS) for p in tl])
-        chart.add("p50 latency (ms, right axis)", [(p["t"], p["p50"]) for p in tl],
-                  secondary=True)
-        chart.add("p99 latency (ms, right axis)", [(p["t"], p["p99"]) for p in tl],
-                  secondary=True)
+        chart.add(
+            "5xx answers or connection lost (per s)",
+            [(p["t"], p["errors"] / BUCKET_SECONDS) for p in tl],
+        )
+        chart.add("p50 latency (ms, right axis)", [(p["t"], p["p50"]) for p in tl], secondary=True)
+        chart.add("p99 latency (ms, right axis)", [(p["t"], p["p99"]) for p in tl], secondary=True)
         top = max((p["rps"] for p in tl), default=1) or 1
         for kind, faults in sorted(_group(self.faults).items()):
             # Each fault is a marker at its start; an outage is a bar over its duration.
@@ -176,8 +230,12 @@ class Recorder:
                 if f.seconds:
                     points += [(f.t + f.seconds, top * 1.05), (f.t + f.seconds, 0)]
                 points.append(None)
-            chart.add(f"fault: {kind} ({len(faults)})", points, show_dots=False,
-                      stroke_style={"width": 2, "dasharray": "4, 3"})
+            chart.add(
+                f"fault: {kind} ({len(faults)})",
+                points,
+                show_dots=False,
+                stroke_style={"width": 2, "dasharray": "4, 3"},
+            )
         return chart.render(is_unicode=True)
 
 

@@ -6,6 +6,7 @@ The judge after the drain reads the receiver's own record (what arrived, verifie
 the delivery rows: a delivery marked delivered whose event never reached the receiver, or
 a request whose signature does not verify, is a violation. Nothing of events/ is called.
 """
+
 from __future__ import annotations
 
 import random
@@ -82,8 +83,12 @@ class StorefrontReceiver:
         same key until it answers: one endpoint however many tries)."""
         key = f"soak-endpoint-{self.kind}-{uuid.uuid4().hex[:8]}"
         for _ in range(20):
-            r = api.call("POST", "/api/v1/webhook-endpoints",
-                         {"url": self.url, "description": f"soak {self.kind}"}, key=key)
+            r = api.call(
+                "POST",
+                "/api/v1/webhook-endpoints",
+                {"url": self.url, "description": f"soak {self.kind}"},
+                key=key,
+            )
             if r is not None and r.status_code in (200, 201):
                 made = r.json()
                 self.secret, self.endpoint_id = made["secret"], made["endpoint"]["id"]
@@ -102,18 +107,31 @@ def judge(receivers: list[StorefrontReceiver]) -> tuple[list[dict], list[str]]:
 
     rows, violations = [], []
     for r in receivers:
-        delivered = set(WebhookDelivery.objects.filter(endpoint_id=r.endpoint_id,
-                                                       state="delivered")
-                        .values_list("event__public_id", flat=True))
+        delivered = set(
+            WebhookDelivery.objects.filter(
+                endpoint_id=r.endpoint_id, state="delivered"
+            ).values_list("event__public_id", flat=True)
+        )
         owed = WebhookDelivery.objects.filter(endpoint_id=r.endpoint_id).count()
         unseen = delivered - r.accepted
-        rows.append({"receiver": r.kind, "deliveries": owed, "delivered": len(delivered),
-                     "verified_unique": len(r.accepted), "requests": r.requests,
-                     "failed_on_purpose": r.failed, "held_past_timeout": r.hung,
-                     "duplicates_deduped": r.duplicates, "bad_signatures": r.rejected})
+        rows.append(
+            {
+                "receiver": r.kind,
+                "deliveries": owed,
+                "delivered": len(delivered),
+                "verified_unique": len(r.accepted),
+                "requests": r.requests,
+                "failed_on_purpose": r.failed,
+                "held_past_timeout": r.hung,
+                "duplicates_deduped": r.duplicates,
+                "bad_signatures": r.rejected,
+            }
+        )
         if unseen:
-            violations.append(f"{r.kind} receiver: {len(unseen)} deliveries marked delivered "
-                              f"never verified there (e.g. {sorted(unseen)[:3]})")
+            violations.append(
+                f"{r.kind} receiver: {len(unseen)} deliveries marked delivered "
+                f"never verified there (e.g. {sorted(unseen)[:3]})"
+            )
         if r.rejected:
             violations.append(f"{r.kind} receiver: {r.rejected} requests failed verification")
     return rows, violations

@@ -13,6 +13,7 @@ separate process answering 204 (its cost is in both figures).
 
     .venv/bin/python bench/webhook_delivery.py [--events 2000] [--runs 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,20 +53,43 @@ def _serve(port_queue) -> None:
 def _fill(n: int, tag: str, url: str, threads: int):
     from events.models import Event, WebhookDelivery, WebhookEndpoint
 
-    endpoint = WebhookEndpoint.objects.create(api_client_id=f"bench-{tag}", url=url,
-                                              max_in_flight=threads)
+    endpoint = WebhookEndpoint.objects.create(
+        api_client_id=f"bench-{tag}", url=url, max_in_flight=threads
+    )
     now = datetime.now(UTC)
-    events = Event.objects.bulk_create([
-        Event(api_client_id=f"bench-{tag}", purchase_id=f"pur_bench_{tag}_{i}", sequence=1,
-              type="payment.succeeded", created_at=now,
-              data={"purchase": {"id": f"pur_bench_{tag}_{i}", "status": "paid",
-                                 "amount": 2500, "currency": "usd"},
-                    "operation": {"id": f"op_bench_{i}", "outcome": "succeeded"}})
-        for i in range(n)])
-    WebhookDelivery.objects.bulk_create([
-        WebhookDelivery(endpoint=endpoint, event=e, purchase_id=e.purchase_id,
-                        next_attempt_at=now, give_up_at=now + timedelta(days=3))
-        for e in events])
+    events = Event.objects.bulk_create(
+        [
+            Event(
+                api_client_id=f"bench-{tag}",
+                purchase_id=f"pur_bench_{tag}_{i}",
+                sequence=1,
+                type="payment.succeeded",
+                created_at=now,
+                data={
+                    "purchase": {
+                        "id": f"pur_bench_{tag}_{i}",
+                        "status": "paid",
+                        "amount": 2500,
+                        "currency": "usd",
+                    },
+                    "operation": {"id": f"op_bench_{i}", "outcome": "succeeded"},
+                },
+            )
+            for i in range(n)
+        ]
+    )
+    WebhookDelivery.objects.bulk_create(
+        [
+            WebhookDelivery(
+                endpoint=endpoint,
+                event=e,
+                purchase_id=e.purchase_id,
+                next_attempt_at=now,
+                give_up_at=now + timedelta(days=3),
+            )
+            for e in events
+        ]
+    )
     return endpoint, events
 
 
@@ -91,18 +115,26 @@ def run_floor(n: int, url: str, threads: int, tag: str) -> float:
     from events.selectors import event_document
 
     _, events = _fill(n, tag, url, threads)  # the same rows, read from memory only
-    bodies = [(e.public_id, json.dumps(event_document(e), separators=(",", ":")))
-              for e in events]
+    bodies = [(e.public_id, json.dumps(event_document(e), separators=(",", ":"))) for e in events]
     wh = Webhook("whsec_" + "QmVuY2hTZWNyZXRCZW5jaFNlY3JldEJlbmNoU2VjcmV0")
     pool = urllib3.PoolManager(maxsize=threads)
 
     def post(item):
         msg_id, body = item
         at = datetime.now(UTC)
-        r = pool.request("POST", url, body=body.encode(), headers={
-            "webhook-id": msg_id, "webhook-timestamp": str(int(at.timestamp())),
-            "webhook-signature": wh.sign(msg_id=msg_id, timestamp=at, data=body),
-            "Content-Type": "application/json"}, retries=False, redirect=False)
+        r = pool.request(
+            "POST",
+            url,
+            body=body.encode(),
+            headers={
+                "webhook-id": msg_id,
+                "webhook-timestamp": str(int(at.timestamp())),
+                "webhook-signature": wh.sign(msg_id=msg_id, timestamp=at, data=body),
+                "Content-Type": "application/json",
+            },
+            retries=False,
+            redirect=False,
+        )
         assert r.status == 204
 
     started = time.perf_counter()
@@ -122,8 +154,9 @@ def main(argv: list[str] | None = None) -> Report:
     receiver.start()
     url = f"http://127.0.0.1:{ports.get(timeout=10)}/hooks"
     try:
-        with bench_stack(redis=False, localstripe=False,
-                         extra_env={"WEBHOOK_ALLOW_LOOPBACK": "true"}):
+        with bench_stack(
+            redis=False, localstripe=False, extra_env={"WEBHOOK_ALLOW_LOOPBACK": "true"}
+        ):
             from django.conf import settings
 
             threads = settings.WEBHOOK_SEND_THREADS
@@ -136,9 +169,16 @@ def main(argv: list[str] | None = None) -> Report:
     finally:
         receiver.terminate()
     v, f = med(verity), med(floor)
-    report.add("webhook delivery", "events/s to a local receiver", fmt(v), fmt(f), ratio(v, f),
-               "", f"{args.events} events, {threads} threads, {args.runs} runs, median; floor "
-                   "= signed POSTs over kept-alive connections, no database")
+    report.add(
+        "webhook delivery",
+        "events/s to a local receiver",
+        fmt(v),
+        fmt(f),
+        ratio(v, f),
+        "",
+        f"{args.events} events, {threads} threads, {args.runs} runs, median; floor "
+        "= signed POSTs over kept-alive connections, no database",
+    )
     report.dump(args.json)
     report.print("webhook delivery")
     return report

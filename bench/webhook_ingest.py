@@ -10,6 +10,7 @@ Also: all-new vs all-duplicate passes over the real endpoint (duplicates must be
 
     .venv/bin/python bench/webhook_ingest.py [--seconds 8] [--runs 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,18 +46,32 @@ DUPLICATE_SHARE = 0.2
 def _event(event_id: str) -> dict:
     op, pur = f"op_{secrets.token_hex(12)}", f"pur_{secrets.token_hex(12)}"
     return {
-        "id": event_id, "object": "event", "api_version": "2024-06-20",
-        "created": int(time.time()), "livemode": False, "pending_webhooks": 1,
+        "id": event_id,
+        "object": "event",
+        "api_version": "2024-06-20",
+        "created": int(time.time()),
+        "livemode": False,
+        "pending_webhooks": 1,
         "type": "payment_intent.succeeded",
-        "data": {"object": {
-            "id": f"pi_{secrets.token_hex(12)}", "object": "payment_intent",
-            "amount": 1500, "amount_received": 1500, "currency": "usd",
-            "capture_method": "automatic", "status": "succeeded",
-            "latest_charge": f"ch_{secrets.token_hex(12)}",
-            "metadata": {"operation_id": op, "purchase_id": pur,
-                         "customer_reference": f"cust-{secrets.token_hex(4)}"},
-            "payment_method": "pm_card_visa", "livemode": False,
-        }},
+        "data": {
+            "object": {
+                "id": f"pi_{secrets.token_hex(12)}",
+                "object": "payment_intent",
+                "amount": 1500,
+                "amount_received": 1500,
+                "currency": "usd",
+                "capture_method": "automatic",
+                "status": "succeeded",
+                "latest_charge": f"ch_{secrets.token_hex(12)}",
+                "metadata": {
+                    "operation_id": op,
+                    "purchase_id": pur,
+                    "customer_reference": f"cust-{secrets.token_hex(4)}",
+                },
+                "payment_method": "pm_card_visa",
+                "livemode": False,
+            }
+        },
     }
 
 
@@ -74,8 +89,9 @@ def write_requests(path: Path, *, n: int, prefix: str, duplicates: float) -> lis
         if duplicates and i >= 64 and random.random() < duplicates:
             lines.append(lines[random.randrange(0, i - 63)])
         else:
-            lines.append(_signed_line(json.dumps(_event(f"evt_{prefix}_{i:07d}"),
-                                                 separators=(",", ":"))))
+            lines.append(
+                _signed_line(json.dumps(_event(f"evt_{prefix}_{i:07d}"), separators=(",", ":")))
+            )
     path.write_text("\n".join(lines) + "\n")
     return lines
 
@@ -86,8 +102,12 @@ def main(argv: list[str] | None = None) -> Report:
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--workers", type=int, default=4, help="gunicorn sync workers")
-    parser.add_argument("--lines", type=int, default=40000,
-                        help="pre-signed requests per file (more than one pass sends)")
+    parser.add_argument(
+        "--lines",
+        type=int,
+        default=40000,
+        help="pre-signed requests per file (more than one pass sends)",
+    )
     args = parser.parse_args(argv)
     require_wrk()
     report = Report()
@@ -106,33 +126,57 @@ def main(argv: list[str] | None = None) -> Report:
             for run in range(args.runs):
                 tag = f"r{run}{secrets.token_hex(2)}"
                 files = {}
-                for kind, dup in (("floor", DUPLICATE_SHARE), ("mixed", DUPLICATE_SHARE),
-                                  ("chain", DUPLICATE_SHARE), ("new", 0.0)):
+                for kind, dup in (
+                    ("floor", DUPLICATE_SHARE),
+                    ("mixed", DUPLICATE_SHARE),
+                    ("chain", DUPLICATE_SHARE),
+                    ("new", 0.0),
+                ):
                     files[kind] = stack.tmp / f"wh-{tag}-{kind}.txt"
-                    write_requests(files[kind], n=args.lines, prefix=f"{tag}{kind}",
-                                   duplicates=dup)
+                    write_requests(files[kind], n=args.lines, prefix=f"{tag}{kind}", duplicates=dup)
                 log(f"run {run + 1}/{args.runs}: floor")
-                results["floor"].append(wrk(f"{base}/bench-floor/insert", LUA,
-                                            seconds=args.seconds, connections=args.connections,
-                                            env={"BENCH_REQUESTS": str(files["floor"])}))
-                log(f"run {run + 1}/{args.runs}: webhook, {DUPLICATE_SHARE:.0%} duplicates")
-                r = wrk(f"{base}/webhooks/stripe/", LUA, seconds=args.seconds,
+                results["floor"].append(
+                    wrk(
+                        f"{base}/bench-floor/insert",
+                        LUA,
+                        seconds=args.seconds,
                         connections=args.connections,
-                        env={"BENCH_REQUESTS": str(files["mixed"])})
+                        env={"BENCH_REQUESTS": str(files["floor"])},
+                    )
+                )
+                log(f"run {run + 1}/{args.runs}: webhook, {DUPLICATE_SHARE:.0%} duplicates")
+                r = wrk(
+                    f"{base}/webhooks/stripe/",
+                    LUA,
+                    seconds=args.seconds,
+                    connections=args.connections,
+                    env={"BENCH_REQUESTS": str(files["mixed"])},
+                )
                 results["mixed"].append(r)
                 wrapped.append(r.requests > args.lines)
                 # The same mix through every middleware (a cookie declines the early answer,
                 # config.early_webhook): that answer's gain, in the same run and stack.
-                log(f"run {run + 1}/{args.runs}: webhook, {DUPLICATE_SHARE:.0%} duplicates, "
-                    "whole middleware chain")
-                r = wrk(f"{base}/webhooks/stripe/", LUA, seconds=args.seconds,
-                        connections=args.connections,
-                        env={"BENCH_REQUESTS": str(files["chain"]), "BENCH_COOKIE": "bench=1"})
+                log(
+                    f"run {run + 1}/{args.runs}: webhook, {DUPLICATE_SHARE:.0%} duplicates, "
+                    "whole middleware chain"
+                )
+                r = wrk(
+                    f"{base}/webhooks/stripe/",
+                    LUA,
+                    seconds=args.seconds,
+                    connections=args.connections,
+                    env={"BENCH_REQUESTS": str(files["chain"]), "BENCH_COOKIE": "bench=1"},
+                )
                 results["chain"].append(r)
                 wrapped.append(r.requests > args.lines)
                 log(f"run {run + 1}/{args.runs}: webhook, all new")
-                r = wrk(f"{base}/webhooks/stripe/", LUA, seconds=args.seconds,
-                        connections=args.connections, env={"BENCH_REQUESTS": str(files["new"])})
+                r = wrk(
+                    f"{base}/webhooks/stripe/",
+                    LUA,
+                    seconds=args.seconds,
+                    connections=args.connections,
+                    env={"BENCH_REQUESTS": str(files["new"])},
+                )
                 results["new"].append(r)
                 wrapped.append(r.requests > args.lines)
                 # All-duplicate pass: only the events the all-new pass really stored.
@@ -140,12 +184,19 @@ def main(argv: list[str] | None = None) -> Report:
                 lines = files["new"].read_text().splitlines()[:stored]
                 files["dup"] = stack.tmp / f"wh-{tag}-dup.txt"
                 # Re-sign: the stored bodies, fresh timestamps (a redelivery is signed anew).
-                files["dup"].write_text("\n".join(_signed_line(ln.split("\t", 1)[1])
-                                                  for ln in lines) + "\n")
+                files["dup"].write_text(
+                    "\n".join(_signed_line(ln.split("\t", 1)[1]) for ln in lines) + "\n"
+                )
                 log(f"run {run + 1}/{args.runs}: webhook, all duplicates ({stored} events)")
-                results["dup"].append(wrk(f"{base}/webhooks/stripe/", LUA, seconds=args.seconds,
-                                          connections=args.connections,
-                                          env={"BENCH_REQUESTS": str(files["dup"])}))
+                results["dup"].append(
+                    wrk(
+                        f"{base}/webhooks/stripe/",
+                        LUA,
+                        seconds=args.seconds,
+                        connections=args.connections,
+                        env={"BENCH_REQUESTS": str(files["dup"])},
+                    )
+                )
         events = ProviderEvent.objects.count()
         outbox = OutboxMessage.objects.count()
 
@@ -154,25 +205,65 @@ def main(argv: list[str] | None = None) -> Report:
 
     errors = sum(r.non2xx + r.errors for rs in results.values() for r in rs)
     floor_rps = m("floor", "rps")
-    note = f"{args.connections} conns, {args.workers} gunicorn workers, {args.runs}x{args.seconds:.0f}s"
-    report.add("webhook ingest", "req/s (20% dup)", fmt(m("mixed", "rps")), fmt(floor_rps),
-               ratio(m("mixed", "rps"), floor_rps), ">= 0.70", note)
-    report.add("webhook ingest", "p50 / p99 ms (20% dup)",
-               f"{m('mixed', 'p50_ms'):.1f} / {m('mixed', 'p99_ms'):.1f}",
-               f"{m('floor', 'p50_ms'):.1f} / {m('floor', 'p99_ms'):.1f}", "", "",
-               "floor = bare view, one INSERT")
-    report.add("webhook ingest", "req/s (20% dup), whole chain", fmt(m("chain", "rps")),
-               fmt(floor_rps), ratio(m("chain", "rps"), floor_rps), "",
-               f"a cookie on each delivery: every middleware, as before the early answer; "
-               f"p50 {m('chain', 'p50_ms'):.1f} ms, p99 {m('chain', 'p99_ms'):.1f} ms")
-    report.add("webhook ingest", "req/s all new", fmt(m("new", "rps")), fmt(floor_rps),
-               ratio(m("new", "rps"), floor_rps), "",
-               f"p50 {m('new', 'p50_ms'):.1f} ms, p99 {m('new', 'p99_ms'):.1f} ms")
-    report.add("webhook ingest", "req/s all duplicates", fmt(m("dup", "rps")), fmt(m("new", "rps")),
-               ratio(m("dup", "rps"), m("new", "rps")), "dup/new >= 1.0",
-               f"p50 {m('dup', 'p50_ms'):.1f} ms, p99 {m('dup', 'p99_ms'):.1f} ms; floor col = all new")
-    report.add("webhook ingest", "check", f"{events} events, {outbox} outbox rows", "", "", "",
-               f"non-2xx+socket errors {errors}; file wrapped: {any(wrapped)}")
+    note = (
+        f"{args.connections} conns, {args.workers} gunicorn workers, "
+        f"{args.runs}x{args.seconds:.0f}s"
+    )
+    report.add(
+        "webhook ingest",
+        "req/s (20% dup)",
+        fmt(m("mixed", "rps")),
+        fmt(floor_rps),
+        ratio(m("mixed", "rps"), floor_rps),
+        ">= 0.70",
+        note,
+    )
+    report.add(
+        "webhook ingest",
+        "p50 / p99 ms (20% dup)",
+        f"{m('mixed', 'p50_ms'):.1f} / {m('mixed', 'p99_ms'):.1f}",
+        f"{m('floor', 'p50_ms'):.1f} / {m('floor', 'p99_ms'):.1f}",
+        "",
+        "",
+        "floor = bare view, one INSERT",
+    )
+    report.add(
+        "webhook ingest",
+        "req/s (20% dup), whole chain",
+        fmt(m("chain", "rps")),
+        fmt(floor_rps),
+        ratio(m("chain", "rps"), floor_rps),
+        "",
+        f"a cookie on each delivery: every middleware, as before the early answer; "
+        f"p50 {m('chain', 'p50_ms'):.1f} ms, p99 {m('chain', 'p99_ms'):.1f} ms",
+    )
+    report.add(
+        "webhook ingest",
+        "req/s all new",
+        fmt(m("new", "rps")),
+        fmt(floor_rps),
+        ratio(m("new", "rps"), floor_rps),
+        "",
+        f"p50 {m('new', 'p50_ms'):.1f} ms, p99 {m('new', 'p99_ms'):.1f} ms",
+    )
+    report.add(
+        "webhook ingest",
+        "req/s all duplicates",
+        fmt(m("dup", "rps")),
+        fmt(m("new", "rps")),
+        ratio(m("dup", "rps"), m("new", "rps")),
+        "dup/new >= 1.0",
+        f"p50 {m('dup', 'p50_ms'):.1f} ms, p99 {m('dup', 'p99_ms'):.1f} ms; floor col = all new",
+    )
+    report.add(
+        "webhook ingest",
+        "check",
+        f"{events} events, {outbox} outbox rows",
+        "",
+        "",
+        "",
+        f"non-2xx+socket errors {errors}; file wrapped: {any(wrapped)}",
+    )
     report.dump(args.json)
     report.print("webhook ingest")
     return report

@@ -11,14 +11,18 @@ failed before the chain proves it (expired, cancelled, or the nonce used elsewhe
 authorization Verity must refuse up front (nonce already used, validBefore far in the
 future) creates no operation and moves nothing.
 """
+
 from __future__ import annotations
 
 import os
 import sys
 from dataclasses import dataclass
 
-PROVEN_FAILURES = ("authorization_expired", "authorization_canceled",
-                   "authorization_used_elsewhere")
+PROVEN_FAILURES = (
+    "authorization_expired",
+    "authorization_canceled",
+    "authorization_used_elsewhere",
+)
 REFUSED = "refused"  # 402 before any operation: nothing stored, nothing sent
 
 
@@ -54,28 +58,43 @@ def main() -> int:
     judge = judge_from_env()  # raw JSON-RPC and call traces: never Verity's proof
 
     def judged_paid(op) -> bool:
-        claims = claims_from_rows(X402Authorization.objects.filter(operation=op)
-                                  .select_related("operation"))
+        claims = claims_from_rows(
+            X402Authorization.objects.filter(operation=op).select_related("operation")
+        )
         return judge.audit(claims).paid.get(op.id) is not None
-    _client, key = make_client(scopes=("purchases:read", "purchases:write"),
-                               limit=10**9, name="x402-drill")
+
+    _client, key = make_client(
+        scopes=("purchases:read", "purchases:write"), limit=10**9, name="x402-drill"
+    )
     http = APIClient()
     http.credentials(HTTP_AUTHORIZATION=f"Api-Key {key}")
     product, _ = Product.objects.get_or_create(
-        sku="X402-DRILL-REPORT", defaults={"name": "Drill report", "price": 500,
-                                           "stock": 10**9, "kind": "digital"})
+        sku="X402-DRILL-REPORT",
+        defaults={"name": "Drill report", "price": 500, "stock": 10**9, "kind": "digital"},
+    )
 
     made: list[str] = []
 
     def purchase() -> str:
-        q = http.post("/api/v1/quotes", {"items": [{"sku": product.sku, "quantity": 1}],
-                                         "currency": "usd"}, format="json",
-                      HTTP_IDEMPOTENCY_KEY=os.urandom(8).hex())
-        p = http.post("/api/v1/purchases", {
-            "quote_id": q.json()["id"], "quote_version": q.json()["version"],
-            "customer": {"reference": f"x402-drill-{os.urandom(4).hex()}",
-                         "email": "drill@example.com"}},
-            format="json", HTTP_IDEMPOTENCY_KEY=os.urandom(8).hex())
+        q = http.post(
+            "/api/v1/quotes",
+            {"items": [{"sku": product.sku, "quantity": 1}], "currency": "usd"},
+            format="json",
+            HTTP_IDEMPOTENCY_KEY=os.urandom(8).hex(),
+        )
+        p = http.post(
+            "/api/v1/purchases",
+            {
+                "quote_id": q.json()["id"],
+                "quote_version": q.json()["version"],
+                "customer": {
+                    "reference": f"x402-drill-{os.urandom(4).hex()}",
+                    "email": "drill@example.com",
+                },
+            },
+            format="json",
+            HTTP_IDEMPOTENCY_KEY=os.urandom(8).hex(),
+        )
         made.append(p.json()["id"])
         return made[-1]
 
@@ -100,13 +119,15 @@ def main() -> int:
         ctx["then"] = lambda: chain.expire(int(ctx["auth"]["validBefore"]))
 
     def cancel_after(ctx):
-        chain.cancel_authorization(ctx["payer"], ctx["auth"]["nonce"],
-                                   gas_price=chain.w3.eth.gas_price * 20)
+        chain.cancel_authorization(
+            ctx["payer"], ctx["auth"]["nonce"], gas_price=chain.w3.eth.gas_price * 20
+        )
         chain.mine()
 
     def blocklist_after(ctx):
         chain.token.functions.blacklist(ctx["payer"].address).transact(
-            {"from": chain.admin, "gasPrice": chain.w3.eth.gas_price * 20})
+            {"from": chain.admin, "gasPrice": chain.w3.eth.gas_price * 20}
+        )
         chain.mine()
 
     def expire_after(ctx):
@@ -118,14 +139,22 @@ def main() -> int:
         chain.mine(3)
 
     def drop_answer_before(ctx):
-        get_facilitator().arm_drill(payer=ctx["payer"].address, nonce=ctx["auth"]["nonce"],
-                                    mode=DrillMode.DROP_ANSWER_AFTER_SEND)
+        get_facilitator().arm_drill(
+            payer=ctx["payer"].address,
+            nonce=ctx["auth"]["nonce"],
+            mode=DrillMode.DROP_ANSWER_AFTER_SEND,
+        )
 
     def front_run_after(ctx):
         # The payer spends its own nonce on a 1-unit transfer to pay_to, ahead of the
         # facilitator's pending transaction: a Transfer to pay_to exists, not the payment.
-        chain.spend_nonce(ctx["payer"], ctx["auth"]["nonce"], to=chain.pay_to, value=1,
-                          gas_price=chain.w3.eth.gas_price * 20)
+        chain.spend_nonce(
+            ctx["payer"],
+            ctx["auth"]["nonce"],
+            to=chain.pay_to,
+            value=1,
+            gas_price=chain.w3.eth.gas_price * 20,
+        )
         chain.mine()
 
     def spent_before(ctx):
@@ -158,21 +187,23 @@ def main() -> int:
             continue
         with override_settings(**overrides):
             pid = purchase()
-            required = http.get(f"/api/v1/purchases/{pid}/deliverable").headers[
-                "PAYMENT-REQUIRED"]
+            required = http.get(f"/api/v1/purchases/{pid}/deliverable").headers["PAYMENT-REQUIRED"]
             payer = chain.new_payer()
             header, auth = signers.get(name, sign)(required, payer)
             ctx = {"payer": payer, "auth": auth}
             try:
                 before(ctx)
-                answer = http.get(f"/api/v1/purchases/{pid}/deliverable",
-                                  **{SIGNATURE: header})
+                answer = http.get(f"/api/v1/purchases/{pid}/deliverable", **{SIGNATURE: header})
                 if after is None:  # must be refused before anything is stored or sent
                     ops = PaymentOperation.objects.filter(purchase_id=pid).count()
                     transfers = chain.transfers(payer.address, product.price * 10**4)
-                    row = Row(name, REFUSED if answer.status_code == 402 else
-                              str(answer.status_code), transfers, f"{ops} operation(s)",
-                              answer.json().get("code", ""))
+                    row = Row(
+                        name,
+                        REFUSED if answer.status_code == 402 else str(answer.status_code),
+                        transfers,
+                        f"{ops} operation(s)",
+                        answer.json().get("code", ""),
+                    )
                     if answer.status_code != 402 or "PAYMENT-REQUIRED" not in answer.headers:
                         row.violation = "not refused with 402 + PAYMENT-REQUIRED"
                     elif ops or transfers:
@@ -218,18 +249,31 @@ def main() -> int:
         rows.append(reorg_after_fulfilment(http, purchase, chain, product.price * 10**4))
     # The whole run at once: every log claimed once, nothing counted that did not arrive,
     # every arrival of one of Verity's authorizations counted.
-    audit = judge.audit(claims_from_rows(X402Authorization.objects.filter(
-        operation__purchase_id__in=made).select_related("operation")), settled=True)
-    whole = Row("judge_all_drills", f"{audit.counted} counted", len(audit.paid),
-                f"{audit.received} received", f"{len(audit.unexplained)} unexplained")
+    audit = judge.audit(
+        claims_from_rows(
+            X402Authorization.objects.filter(operation__purchase_id__in=made).select_related(
+                "operation"
+            )
+        ),
+        settled=True,
+    )
+    whole = Row(
+        "judge_all_drills",
+        f"{audit.counted} counted",
+        len(audit.paid),
+        f"{audit.received} received",
+        f"{len(audit.unexplained)} unexplained",
+    )
     if audit.violations:
         whole.violation = "; ".join(audit.violations)[:300]
     rows.append(whole)
 
     print(f"{'drill':24} {'recorded':18} {'transfers':>9}  {'after reconcile':34} reason")
     for r in rows:
-        print(f"{r.drill:24} {r.recorded:18} {r.transfers:>9}  {r.after:34} {r.reason}"
-              + (f"  VIOLATION: {r.violation}" if r.violation else ""))
+        print(
+            f"{r.drill:24} {r.recorded:18} {r.transfers:>9}  {r.after:34} {r.reason}"
+            + (f"  VIOLATION: {r.violation}" if r.violation else "")
+        )
     bad = [r for r in rows if r.violation]
     print(f"{len(rows)} drills, {len(bad)} violation(s)")
     return 1 if bad else 0
@@ -257,28 +301,37 @@ def batched_attack(http, purchase, chain, judge, price: int) -> Row:
     try:
         recorded = []
         for pid in (first, second):
-            answer = http.get(f"/api/v1/purchases/{pid}/deliverable",
-                              **{SIGNATURE: headers[pid][0]})
+            answer = http.get(
+                f"/api/v1/purchases/{pid}/deliverable", **{SIGNATURE: headers[pid][0]}
+            )
             recorded.append(answer.json().get("code") or str(answer.status_code))
         auth_n, (header_m, auth_m) = headers[first][1], headers[second]
         m_signature = decode_header(header_m)["payload"]["signature"]
-        self_n = chain.authorization_for(payer, to=payer.address, value=1,
-                                         nonce=auth_n["nonce"])
-        chain.batch_transfers(forwarder, [(auth_m, m_signature), self_n],
-                              gas_price=chain.w3.eth.gas_price * 20)
+        self_n = chain.authorization_for(payer, to=payer.address, value=1, nonce=auth_n["nonce"])
+        chain.batch_transfers(
+            forwarder, [(auth_m, m_signature), self_n], gas_price=chain.w3.eth.gas_price * 20
+        )
         chain.mine()
     finally:
         chain.automine(True)
-    ops = [PaymentOperation.objects.get(purchase_id=pid, kind="charge") for pid in
-           (first, second)]
+    ops = [PaymentOperation.objects.get(purchase_id=pid, kind="charge") for pid in (first, second)]
     ops = [services.operation_reconcile(operation_id=op.id, actor="drill") for op in ops]
     http.get(f"/api/v1/purchases/{first}/deliverable", **{SIGNATURE: headers[first][0]})
     ops = [PaymentOperation.objects.get(id=op.id) for op in ops]
-    audit = judge.audit(claims_from_rows(X402Authorization.objects.filter(
-        operation__in=ops).select_related("operation")), settled=True)
+    audit = judge.audit(
+        claims_from_rows(
+            X402Authorization.objects.filter(operation__in=ops).select_related("operation")
+        ),
+        settled=True,
+    )
     transfers = chain.transfers(payer.address, price)
-    row = Row("batched_transaction", "/".join(recorded), transfers,
-              " / ".join(op.outcome for op in ops), " / ".join(op.reason or "-" for op in ops))
+    row = Row(
+        "batched_transaction",
+        "/".join(recorded),
+        transfers,
+        " / ".join(op.outcome for op in ops),
+        " / ".join(op.reason or "-" for op in ops),
+    )
     succeeded = [op for op in ops if op.outcome == "succeeded"]
     if audit.violations:
         row.violation = "; ".join(audit.violations)[:300]
@@ -319,19 +372,30 @@ def reorg_after_fulfilment(http, purchase, chain, price: int) -> Row:
     relay_drain()
     op.refresh_from_db()
     transfers = chain.transfers(payer.address, price)
-    ledger = (LedgerEntry.objects.filter(purchase_id=pid, account="provider_balance")
-              .aggregate(s=Sum("amount"))["s"] or 0)
+    ledger = (
+        LedgerEntry.objects.filter(purchase_id=pid, account="provider_balance").aggregate(
+            s=Sum("amount")
+        )["s"]
+        or 0
+    )
     served = http.get(f"/api/v1/purchases/{pid}/deliverable").status_code == 200
     told = EmailMessage.objects.filter(purchase_id=pid, kind="payment_reversed").exists()
-    row = Row("reorg_after_fulfilment", f"{recorded.status_code} delivered={delivered}",
-              transfers, f"succeeded -> {op.outcome} ({op.next_action_owner}) {swept}",
-              op.reason or "")
+    row = Row(
+        "reorg_after_fulfilment",
+        f"{recorded.status_code} delivered={delivered}",
+        transfers,
+        f"succeeded -> {op.outcome} ({op.next_action_owner}) {swept}",
+        op.reason or "",
+    )
     if op.outcome == "succeeded" and not transfers:
         row.violation = "succeeded and delivered, the transfer is gone (a silent state)"
-    elif op.outcome == "failed" and not (op.next_action_owner == "support" and ledger == 0
-                                         and not served and told):
-        row.violation = (f"no full discrepancy: owner={op.next_action_owner} ledger={ledger} "
-                         f"served={served} told={told}")
+    elif op.outcome == "failed" and not (
+        op.next_action_owner == "support" and ledger == 0 and not served and told
+    ):
+        row.violation = (
+            f"no full discrepancy: owner={op.next_action_owner} ledger={ledger} "
+            f"served={served} told={told}"
+        )
     return row
 
 

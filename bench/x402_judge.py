@@ -28,6 +28,7 @@ The rules (Audit.violations):
   explains (reported: a payer's own transfer, another nonce's), and an arrival that IS
   one of Verity's authorizations of the right value is counted (else: paid, not counted).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -48,9 +49,11 @@ def _selector(signature: str) -> str:
 TRANSFER = _topic("Transfer(address,address,uint256)")
 _AUTH_WORDS = "address,address,uint256,uint256,uint256,bytes32"
 # selector -> how to read (from, to, value, nonce) from the ABI words (and the caller)
-_AUTHORIZED = {_selector(f"{name}({_AUTH_WORDS},{tail})")
-               for name in ("transferWithAuthorization", "receiveWithAuthorization")
-               for tail in ("uint8,bytes32,bytes32", "bytes")}
+_AUTHORIZED = {
+    _selector(f"{name}({_AUTH_WORDS},{tail})")
+    for name in ("transferWithAuthorization", "receiveWithAuthorization")
+    for tail in ("uint8,bytes32,bytes32", "bytes")
+}
 _TRANSFER = _selector("transfer(address,uint256)")
 _TRANSFER_FROM = _selector("transferFrom(address,address,uint256)")
 _MINT = _selector("mint(address,uint256)")
@@ -109,9 +112,11 @@ class RawRpc:
 
     def __call__(self, method: str, *params):
         self._id += 1
-        r = self.session.post(self.url, json={"jsonrpc": "2.0", "id": self._id,
-                                              "method": method, "params": list(params)},
-                              timeout=self.timeout)
+        r = self.session.post(
+            self.url,
+            json={"jsonrpc": "2.0", "id": self._id, "method": method, "params": list(params)},
+            timeout=self.timeout,
+        )
         r.raise_for_status()
         out = r.json()
         if out.get("error"):
@@ -129,10 +134,15 @@ class X402Judge:
     # -- the raw record -------------------------------------------------------------------
     def arrivals(self) -> list[Arrival]:
         """Every Transfer log to pay_to on the canonical chain, attributed."""
-        logs = self.rpc("eth_getLogs", {"address": self.token, "fromBlock": "0x0",
-                                        "toBlock": "latest",
-                                        "topics": [TRANSFER, None,
-                                                   "0x" + "0" * 24 + self.pay_to[2:]]})
+        logs = self.rpc(
+            "eth_getLogs",
+            {
+                "address": self.token,
+                "fromBlock": "0x0",
+                "toBlock": "latest",
+                "topics": [TRANSFER, None, "0x" + "0" * 24 + self.pay_to[2:]],
+            },
+        )
         seen: dict[tuple[str, str], None] = {}
         for log in logs:
             seen[(log["transactionHash"], log["blockHash"])] = None
@@ -147,27 +157,44 @@ class X402Judge:
         receipt = self.rpc("eth_getTransactionReceipt", tx)
         if receipt is None or int(receipt["status"], 16) != 1:
             return []
-        logs = [log for log in receipt["logs"]
-                if log["address"].lower() == self.token and len(log["topics"]) == 3
-                and log["topics"][0] == TRANSFER and _addr(log["topics"][2]) == self.pay_to]
+        logs = [
+            log
+            for log in receipt["logs"]
+            if log["address"].lower() == self.token
+            and len(log["topics"]) == 3
+            and log["topics"][0] == TRANSFER
+            and _addr(log["topics"][2]) == self.pay_to
+        ]
         frames: list[tuple[str, int, str | None]] = []
         self._walk(self.rpc("debug_traceTransaction", tx, {"tracer": "callTracer"}), frames)
         block = int(receipt["blockNumber"], 16)
         lined_up = len(frames) == len(logs) and all(
             f[0] == _addr(log["topics"][1]) and f[1] == int(log["data"], 16)
-            for f, log in zip(frames, logs, strict=False))
-        return [Arrival(tx, int(log["logIndex"], 16), block, _addr(log["topics"][1]),
-                        int(log["data"], 16), frames[i][2] if lined_up else None,
-                        explained=lined_up)
-                for i, log in enumerate(logs)]
+            for f, log in zip(frames, logs, strict=False)
+        )
+        return [
+            Arrival(
+                tx,
+                int(log["logIndex"], 16),
+                block,
+                _addr(log["topics"][1]),
+                int(log["data"], 16),
+                frames[i][2] if lined_up else None,
+                explained=lined_up,
+            )
+            for i, log in enumerate(logs)
+        ]
 
     def _walk(self, frame: dict, found: list) -> None:
         if frame.get("error"):
             return  # reverted: nothing in it (or below it) happened
         data = (frame.get("input") or "0x")[2:].lower()
-        if (str(frame.get("to") or "").lower() == self.token
-                and frame.get("type", "CALL") == "CALL" and len(data) >= 8):
-            words = [data[8 + 64 * i: 8 + 64 * (i + 1)] for i in range((len(data) - 8) // 64)]
+        if (
+            str(frame.get("to") or "").lower() == self.token
+            and frame.get("type", "CALL") == "CALL"
+            and len(data) >= 8
+        ):
+            words = [data[8 + 64 * i : 8 + 64 * (i + 1)] for i in range((len(data) - 8) // 64)]
             sel = data[:8]
             move = None
             if sel in _AUTHORIZED and len(words) >= 6:
@@ -199,29 +226,39 @@ class X402Judge:
                 explained.add(mine.key)
             if not c.counted:
                 if mine is not None and settled and not c.open:
-                    out.violations.append(f"{c.operation}: its transfer {mine.transaction}"
-                                          f"#{mine.log_index} arrived, Verity does not "
-                                          f"count it")
+                    out.violations.append(
+                        f"{c.operation}: its transfer {mine.transaction}"
+                        f"#{mine.log_index} arrived, Verity does not "
+                        f"count it"
+                    )
                 continue
             out.counted += c.value
             if mine is None:
-                out.violations.append(f"{c.operation}: counted as paid, but no Transfer log "
-                                      f"to pay_to was emitted by its authorization")
+                out.violations.append(
+                    f"{c.operation}: counted as paid, but no Transfer log "
+                    f"to pay_to was emitted by its authorization"
+                )
                 continue
             if mine.key in claimed:
-                out.violations.append(f"{c.operation}: log {mine.transaction}#"
-                                      f"{mine.log_index} is claimed by {claimed[mine.key]} too")
+                out.violations.append(
+                    f"{c.operation}: log {mine.transaction}#"
+                    f"{mine.log_index} is claimed by {claimed[mine.key]} too"
+                )
             claimed[mine.key] = c.operation
         mine_ = [a for a in arrivals if a.sender in payers]
         out.received = sum(a.value for a in mine_)
         out.unexplained = [a for a in mine_ if a.key not in explained]
         if out.counted > out.received:
-            out.violations.append(f"Verity counts {out.counted} received, the Transfer logs "
-                                  f"to pay_to from its payers sum to {out.received}")
+            out.violations.append(
+                f"Verity counts {out.counted} received, the Transfer logs "
+                f"to pay_to from its payers sum to {out.received}"
+            )
         for a in arrivals:
             if not a.explained:
-                out.violations.append(f"{a.transaction}#{a.log_index}: a Transfer to pay_to "
-                                      f"the call trace does not explain")
+                out.violations.append(
+                    f"{a.transaction}#{a.log_index}: a Transfer to pay_to "
+                    f"the call trace does not explain"
+                )
         dup = [k for k, n in Counter(a.key for a in arrivals).items() if n > 1]
         if dup:
             out.violations.append(f"logs listed twice by the node: {dup[:3]}")
@@ -231,8 +268,11 @@ class X402Judge:
 def judge_from_env() -> X402Judge:
     import os
 
-    return X402Judge(rpc_url=os.environ["X402_RPC_URL"], token=os.environ["X402_ASSET"],
-                     pay_to=os.environ["X402_PAY_TO"])
+    return X402Judge(
+        rpc_url=os.environ["X402_RPC_URL"],
+        token=os.environ["X402_ASSET"],
+        pay_to=os.environ["X402_PAY_TO"],
+    )
 
 
 def claims_from_rows(auths) -> list[Claim]:
@@ -243,7 +283,14 @@ def claims_from_rows(auths) -> list[Claim]:
     for a in auths:
         op = a.operation
         confirmed = op.outcome == "succeeded" and op.grade == "confirmed"
-        out.append(Claim(operation=a.operation_id, payer=a.payer, nonce=a.nonce,
-                         value=int(a.value), counted=confirmed,
-                         open=op.outcome != "failed" and not confirmed))
+        out.append(
+            Claim(
+                operation=a.operation_id,
+                payer=a.payer,
+                nonce=a.nonce,
+                value=int(a.value),
+                counted=confirmed,
+                open=op.outcome != "failed" and not confirmed,
+            )
+        )
     return out

@@ -7,6 +7,7 @@ entries the proxies in front of Verity appended themselves: with TRUSTED_PROXY_C
 entry from the right. Anything to its left was sent by the client and is ignored; a header
 too short or not an IP address falls back to `REMOTE_ADDR`.
 """
+
 from __future__ import annotations
 
 import ipaddress

@@ -18,6 +18,7 @@ and even inside `replica_reads()` the primary is used:
   REPLICA_MAX_LAG_SECONDS (checked at most every REPLICA_LAG_CHECK_SECONDS per process).
 Writes always go to the primary. Raw SQL on `django.db.connection` is always the primary.
 """
+
 from __future__ import annotations
 
 import logging

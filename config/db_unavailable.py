@@ -5,6 +5,7 @@ this middleware covers what DRF does not see: the webhook view, the console and 
 customer page. A restart or failover of the database is not a bug in a view: the answer
 says when to come back, and nothing was recorded (every write is one transaction).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,17 @@ def database_unavailable_response(request, exception) -> HttpResponse | None:
         return None
     logger.warning("database unavailable for %s: %s", request.path, type(exception).__name__)
     problem = database_unavailable_problem()
-    body = problem_body(code=problem.code, detail=problem.detail, status=problem.status,
-                        retry=problem.retry, owner=problem.owner,
-                        action_message=problem.action_message)
-    return HttpResponse(json.dumps(body), status=problem.status,
-                        content_type=PROBLEM_CONTENT_TYPE, headers=problem.headers)
+    body = problem_body(
+        code=problem.code,
+        detail=problem.detail,
+        status=problem.status,
+        retry=problem.retry,
+        owner=problem.owner,
+        action_message=problem.action_message,
+    )
+    return HttpResponse(
+        json.dumps(body),
+        status=problem.status,
+        content_type=PROBLEM_CONTENT_TYPE,
+        headers=problem.headers,
+    )

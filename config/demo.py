@@ -3,6 +3,7 @@
 Verity never collects card data: "pay again" on a status page sends the customer to the
 storefront. In `make run` there is no storefront, so this page says where they would be.
 """
+
 from django.shortcuts import render
 
 

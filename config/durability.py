@@ -11,6 +11,7 @@ crashes. Both are fine for a test database and never for a payments one.
 `manage.py check --deploy --database default` runs it (database checks run only when a
 database is named).
 """
+
 from __future__ import annotations
 
 from django.core import checks
@@ -31,10 +32,13 @@ def database_keeps_acknowledged_commits(app_configs=None, databases=None, **kwar
                 cursor.execute(f"SHOW {setting}")
                 value = cursor.fetchone()[0]
                 if value in bad:
-                    problems.append(checks.Error(
-                        f"PostgreSQL {setting} = {value} on database '{alias}': a commit "
-                        "Verity already answered for can be lost in a crash.",
-                        hint=f"Set {setting} = on (the PostgreSQL default) for Verity's "
-                             "database.",
-                        id="verity.E001" if setting == "synchronous_commit" else "verity.E002"))
+                    problems.append(
+                        checks.Error(
+                            f"PostgreSQL {setting} = {value} on database '{alias}': a commit "
+                            "Verity already answered for can be lost in a crash.",
+                            hint=f"Set {setting} = on (the PostgreSQL default) for Verity's "
+                            "database.",
+                            id="verity.E001" if setting == "synchronous_commit" else "verity.E002",
+                        )
+                    )
     return problems

@@ -14,6 +14,7 @@ given here: a database error from the view is the same 503 + Retry-After
 would from the chain (Django's handler makes it a 500). The view runs once either way:
 a declined or failed request is never handed on to the chain.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,8 +39,12 @@ class EarlyWebhookMiddleware:
         # Not under DEBUG: Django's technical error page reads request.user, which only the
         # chain sets (it loads the session: `Vary: Cookie`); a developer's error page is
         # the chain's, byte for byte (found by an attack test).
-        if (request.method == "POST" and request.path_info.startswith(self._PREFIX)
-                and not request.COOKIES and not settings.DEBUG):
+        if (
+            request.method == "POST"
+            and request.path_info.startswith(self._PREFIX)
+            and not request.COOKIES
+            and not settings.DEBUG
+        ):
             match = _early_match(get_resolver(get_urlconf()), request.path_info)
             if match is not None:
                 request.resolver_match = match  # as Django's handler sets it

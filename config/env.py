@@ -3,6 +3,7 @@
 Every setting has a safe development default so `make run` works on a clean clone;
 production overrides them through the environment only (never through files in git).
 """
+
 import os
 from pathlib import Path
 
@@ -23,6 +24,9 @@ VAR_DIR = BASE_DIR / env("VERITY_VAR_DIR", default="var")
 # always wins. Never read in the production image (it has no tools/ folder) nor under the
 # test stack (VERITY_STACK_DIR: it sets every variable itself).
 DEV_ENV_FILE = VAR_DIR / ".env"
-if (DEV_ENV_FILE.is_file() and (BASE_DIR / "tools").is_dir()
-        and not os.environ.get("VERITY_STACK_DIR")):
+if (
+    DEV_ENV_FILE.is_file()
+    and (BASE_DIR / "tools").is_dir()
+    and not os.environ.get("VERITY_STACK_DIR")
+):
     environ.Env.read_env(DEV_ENV_FILE, overwrite=False)

@@ -5,6 +5,7 @@ worker for seconds while Redis is unreachable, or a broker outage becomes a web 
 One check per READYZ_CACHE_SECONDS per process and broker URL, each with a timeout of
 READYZ_BROKER_TIMEOUT seconds; concurrent probes wait for the one in flight, not a new one.
 """
+
 import threading
 import time
 from urllib.parse import urlsplit
@@ -27,15 +28,19 @@ def _broker_probe(url: str, timeout: float) -> str:
         if urlsplit(url).scheme in ("redis", "rediss"):
             import redis
 
-            client = redis.Redis.from_url(url, socket_connect_timeout=timeout,
-                                          socket_timeout=timeout, retry_on_timeout=False)
+            client = redis.Redis.from_url(
+                url, socket_connect_timeout=timeout, socket_timeout=timeout, retry_on_timeout=False
+            )
             try:
                 client.ping()
             finally:
                 client.close()
         else:
-            with Connection(url, transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS,
-                            connect_timeout=timeout) as conn:
+            with Connection(
+                url,
+                transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+                connect_timeout=timeout,
+            ) as conn:
                 conn.ensure_connection(max_retries=0, timeout=timeout)
         return "ok"
     except Exception:  # any failure means not ready; the reason stays in logs
@@ -64,5 +69,6 @@ def readyz(request):
         checks["database"] = "unavailable"
     checks["broker"] = broker_status()
     ready = all(v == "ok" for v in checks.values())
-    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks},
-                        status=200 if ready else 503)
+    return JsonResponse(
+        {"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503
+    )

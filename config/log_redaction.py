@@ -10,6 +10,7 @@ which rewrites the formatted message with each token replaced by `‹token›`.
 - gunicorn: `RedactingGunicornLogger` (named in gunicorn.conf.py, which gunicorn loads from
   the working directory) puts the same filter on its access and error logs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,6 +42,7 @@ except ImportError:  # gunicorn is the production server; `manage.py` runs witho
     _GunicornLogger = None
 
 if _GunicornLogger is not None:
+
     class RedactingGunicornLogger(_GunicornLogger):
         def setup(self, cfg):
             super().setup(cfg)

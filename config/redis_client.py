@@ -1,6 +1,7 @@
 """The raw redis-py client behind django.core.cache's RedisCache, for the few paths that
 need one Redis round trip of their own (the API rate limiter, the coalesced relay kick).
 Infrastructure: it imports no app, so any layer may use it."""
+
 from __future__ import annotations
 
 import sys
@@ -29,8 +30,7 @@ class PendingScript:
     once): the caller does other I/O meanwhile — the API fast path reads PostgreSQL — so
     both round trips overlap and the process sleeps once, not twice."""
 
-    __slots__ = ("_client", "_script", "_keys", "_args", "_conn", "_reply", "_read",
-                 "_error")
+    __slots__ = ("_client", "_script", "_keys", "_args", "_conn", "_reply", "_read", "_error")
 
     def __init__(self, client, script, keys: list, args: list) -> None:
         self._client, self._script, self._keys, self._args = client, script, keys, args

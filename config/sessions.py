@@ -5,6 +5,7 @@ Django alone offers one age (absolute, or sliding with SESSION_SAVE_EVERY_REQUES
 both; so the two instants live in the session and are checked on every request. Only
 signed-in sessions are touched: the API and the customer page carry none.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,16 +29,21 @@ class SessionLifetimeMiddleware:
             now = time.time()
             login_at = request.session.get(LOGIN_AT, now)
             seen_at = request.session.get(SEEN_AT, now)
-            if (now - login_at > settings.SESSION_MAX_AGE_SECONDS
-                    or now - seen_at > settings.SESSION_IDLE_SECONDS):
+            if (
+                now - login_at > settings.SESSION_MAX_AGE_SECONDS
+                or now - seen_at > settings.SESSION_IDLE_SECONDS
+            ):
                 logout(request)  # flushes the session; the view sees an anonymous user
             else:
                 request.session[LOGIN_AT] = login_at
                 request.session[SEEN_AT] = now
         response = self.get_response(request)
         # (request.user may be DRF's API client here: read the session, not the user.)
-        if (request.session.modified and SESSION_KEY in request.session
-                and LOGIN_AT not in request.session):
+        if (
+            request.session.modified
+            and SESSION_KEY in request.session
+            and LOGIN_AT not in request.session
+        ):
             # Just signed in (the login view rotated the session): the 12 h start now.
             now = time.time()
             request.session[LOGIN_AT] = now

@@ -11,13 +11,15 @@ WEBHOOK_RETRY_SECONDS.
      most one per (endpoint, purchase) at a time, so a purchase's events leave in their
      sequence order; stamps a lease;
   3. send with no transaction open, side by side (one thread per delivery);
-  4. settle the batch in one transaction: delivered, or the next attempt's time from the schedule; past the retry
+  4. settle the batch in one transaction: delivered, or the next attempt's time from the schedule;
+  past the retry
      window the delivery fails, and an endpoint that has failed everything for
      WEBHOOK_DISABLE_AFTER_SECONDS is disabled with its reason (console queue, metric).
 The `webhooks` halt stops step 2: deliveries wait, they do not fail.
 A worker that dies between 2 and 4 leaves the lease; the next claim after it takes the
 delivery again (the receiver dedupes on `webhook-id`, the event's id).
 """
+
 from __future__ import annotations
 
 import json
@@ -65,25 +67,34 @@ def _fan_out(payload: dict) -> None:
     event = Event.objects.filter(pk=payload["event"]).first()
     if event is None or not event.api_client_id:
         return  # pruned, or a purchase no API client owns: nobody to tell
-    endpoints = [e for e in WebhookEndpoint.objects.filter(api_client_id=event.api_client_id,
-                                                           enabled=True)
-                 if e.wants(event.type)]
+    endpoints = [
+        e
+        for e in WebhookEndpoint.objects.filter(api_client_id=event.api_client_id, enabled=True)
+        if e.wants(event.type)
+    ]
     if not endpoints:
         return
     now = timezone.now()
     with transaction.atomic():
         WebhookDelivery.objects.bulk_create(
-            [WebhookDelivery(endpoint=e, event=event, purchase_id=event.purchase_id,
-                             next_attempt_at=now,
-                             give_up_at=now + timedelta(seconds=settings.WEBHOOK_RETRY_SECONDS))
-             for e in endpoints], ignore_conflicts=True)  # a redelivered message adds nothing
+            [
+                WebhookDelivery(
+                    endpoint=e,
+                    event=event,
+                    purchase_id=event.purchase_id,
+                    next_attempt_at=now,
+                    give_up_at=now + timedelta(seconds=settings.WEBHOOK_RETRY_SECONDS),
+                )
+                for e in endpoints
+            ],
+            ignore_conflicts=True,
+        )  # a redelivered message adds nothing
         deliver_kick()
 
 
 def deliver_kick() -> None:
     """After commit, ask a worker to send what is due (the beat sweep is the backstop)."""
-    transaction.on_commit(lambda: current_app.send_task(DELIVER_TASK, retry=False),
-                          robust=True)
+    transaction.on_commit(lambda: current_app.send_task(DELIVER_TASK, retry=False), robust=True)
 
 
 # -- 2. claim ---------------------------------------------------------------------------
@@ -102,27 +113,35 @@ def _claim(batch: int) -> list[int]:
                 cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CLAIM_LOCK])
         # What is in flight, read once: per endpoint (its bound) and per (endpoint,
         # purchase) (one at a time: its events leave in order).
-        in_flight = list(WebhookDelivery.objects.filter(
-            state=DeliveryState.PENDING, claimed_until__gt=now)
-            .values_list("endpoint_id", "purchase_id"))
+        in_flight = list(
+            WebhookDelivery.objects.filter(
+                state=DeliveryState.PENDING, claimed_until__gt=now
+            ).values_list("endpoint_id", "purchase_id")
+        )
         busy = Counter(endpoint_id for endpoint_id, _ in in_flight)
         busy_pairs = set(in_flight)
-        due = (WebhookDelivery.objects
-               .filter(state=DeliveryState.PENDING, next_attempt_at__lte=now)
-               .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lte=now)))
+        due = WebhookDelivery.objects.filter(
+            state=DeliveryState.PENDING, next_attempt_at__lte=now
+        ).filter(Q(claimed_until__isnull=True) | Q(claimed_until__lte=now))
         # Endpoint by endpoint, each read only as far as its free room: an endpoint with a
         # long backlog and a full in-flight bound takes no place in anyone else's claim
         # (one global "oldest first" read would put its backlog in front of everyone).
-        bounds = list(WebhookEndpoint.objects.filter(
-            enabled=True, id__in=due.values("endpoint_id")).values_list("id", "max_in_flight"))
+        bounds = list(
+            WebhookEndpoint.objects.filter(
+                enabled=True, id__in=due.values("endpoint_id")
+            ).values_list("id", "max_in_flight")
+        )
         random.shuffle(bounds)  # no endpoint always first when the batch fills up
         picked: list[int] = []
         for endpoint_id, bound in bounds:
             room = min(bound - busy.get(endpoint_id, 0), batch - len(picked))
             if room <= 0:
                 continue
-            rows = (due.filter(endpoint_id=endpoint_id).order_by("event_id", "id")
-                    .values_list("id", "purchase_id")[:room * 4 + 8])
+            rows = (
+                due.filter(endpoint_id=endpoint_id)
+                .order_by("event_id", "id")
+                .values_list("id", "purchase_id")[: room * 4 + 8]
+            )
             for delivery_id, purchase_id in rows:
                 if (endpoint_id, purchase_id) in busy_pairs:
                     continue  # one at a time per purchase: its events leave in order
@@ -147,25 +166,37 @@ def event_body(event: Event) -> bytes:
     return json.dumps(event_document(event), separators=(",", ":")).encode()
 
 
-def signed_headers(endpoint: WebhookEndpoint, *, msg_id: str, body: bytes,
-                   at: datetime) -> dict[str, str]:
+def signed_headers(
+    endpoint: WebhookEndpoint, *, msg_id: str, body: bytes, at: datetime
+) -> dict[str, str]:
     """Standard Webhooks headers. While a rotation's overlap lasts, the old secret signs
     too (a second `v1,` signature): a receiver with either secret verifies."""
     salts = [endpoint.secret_salt]
-    if (endpoint.previous_secret_salt and endpoint.previous_secret_expires_at
-            and endpoint.previous_secret_expires_at > at):
+    if (
+        endpoint.previous_secret_salt
+        and endpoint.previous_secret_expires_at
+        and endpoint.previous_secret_expires_at > at
+    ):
         salts.append(endpoint.previous_secret_salt)
     text = body.decode()
-    signatures = [Webhook(signing_secret(endpoint_id=endpoint.id, salt=salt))
-                  .sign(msg_id=msg_id, timestamp=at, data=text) for salt in salts]
-    return {"webhook-id": msg_id, "webhook-timestamp": str(int(at.timestamp())),
-            "webhook-signature": " ".join(signatures)}
+    signatures = [
+        Webhook(signing_secret(endpoint_id=endpoint.id, salt=salt)).sign(
+            msg_id=msg_id, timestamp=at, data=text
+        )
+        for salt in salts
+    ]
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(int(at.timestamp())),
+        "webhook-signature": " ".join(signatures),
+    }
 
 
 def _send(delivery: WebhookDelivery) -> PostResult:
     body = event_body(delivery.event)
-    headers = signed_headers(delivery.endpoint, msg_id=delivery.event.public_id, body=body,
-                             at=timezone.now())
+    headers = signed_headers(
+        delivery.endpoint, msg_id=delivery.event.public_id, body=body, at=timezone.now()
+    )
     return post_checked(delivery.endpoint.url, body=body, headers=headers)
 
 
@@ -182,20 +213,36 @@ def _settle_all(settled: list[tuple[WebhookDelivery, PostResult]]) -> None:
     delivered ones in one UPDATE; a failure is scheduled (or given up) row by row."""
     now = timezone.now()
     with transaction.atomic():
-        WebhookAttempt.objects.bulk_create([
-            WebhookAttempt(delivery_id=d.id, status_code=r.status, error=_error(r)[:300],
-                           duration_ms=r.duration_ms, at=now) for d, r in settled])
+        WebhookAttempt.objects.bulk_create(
+            [
+                WebhookAttempt(
+                    delivery_id=d.id,
+                    status_code=r.status,
+                    error=_error(r)[:300],
+                    duration_ms=r.duration_ms,
+                    at=now,
+                )
+                for d, r in settled
+            ]
+        )
         ok = [d for d, r in settled if r.ok]
         if ok:
-            WebhookDelivery.objects.filter(id__in=[d.id for d in ok],
-                                           state=DeliveryState.PENDING).update(
-                state=DeliveryState.DELIVERED, delivered_at=now, claimed_until=None,
-                attempts=F("attempts") + 1, last_error="", last_status=Case(
+            WebhookDelivery.objects.filter(
+                id__in=[d.id for d in ok], state=DeliveryState.PENDING
+            ).update(
+                state=DeliveryState.DELIVERED,
+                delivered_at=now,
+                claimed_until=None,
+                attempts=F("attempts") + 1,
+                last_error="",
+                last_status=Case(
                     *[When(id=d.id, then=Value(r.status)) for d, r in settled if r.ok],
-                    output_field=PositiveSmallIntegerField()))
-            WebhookEndpoint.objects.filter(id__in={d.endpoint_id for d in ok},
-                                           failing_since__isnull=False).update(
-                failing_since=None)
+                    output_field=PositiveSmallIntegerField(),
+                ),
+            )
+            WebhookEndpoint.objects.filter(
+                id__in={d.endpoint_id for d in ok}, failing_since__isnull=False
+            ).update(failing_since=None)
         for delivery, result in settled:
             if not result.ok:
                 _failed(delivery, result, now)
@@ -212,19 +259,26 @@ def _failed(delivery: WebhookDelivery, result: PostResult, now: datetime) -> Non
     gave_up = next_at > delivery.give_up_at
     WebhookDelivery.objects.filter(id=delivery.id, state=DeliveryState.PENDING).update(
         state=DeliveryState.FAILED if gave_up else DeliveryState.PENDING,
-        attempts=F("attempts") + 1, next_attempt_at=next_at, claimed_until=None,
-        last_status=result.status, last_error=error[:300])
-    WebhookEndpoint.objects.filter(id=delivery.endpoint_id,
-                                   failing_since__isnull=True).update(failing_since=now)
+        attempts=F("attempts") + 1,
+        next_attempt_at=next_at,
+        claimed_until=None,
+        last_status=result.status,
+        last_error=error[:300],
+    )
+    WebhookEndpoint.objects.filter(id=delivery.endpoint_id, failing_since__isnull=True).update(
+        failing_since=now
+    )
     cutoff = now - timedelta(seconds=settings.WEBHOOK_DISABLE_AFTER_SECONDS)
     disabled = WebhookEndpoint.objects.filter(
-        id=delivery.endpoint_id, enabled=True, failing_since__lte=cutoff).update(
-        enabled=False, disabled_at=now,
+        id=delivery.endpoint_id, enabled=True, failing_since__lte=cutoff
+    ).update(
+        enabled=False,
+        disabled_at=now,
         disabled_reason="every delivery failed since "
-                        f"{cutoff:%Y-%m-%d %H:%M} UTC or earlier (last: {error[:80]})")
+        f"{cutoff:%Y-%m-%d %H:%M} UTC or earlier (last: {error[:80]})",
+    )
     if disabled:
-        log.warning("webhook endpoint disabled endpoint=%s reason=failing",
-                    delivery.endpoint_id)
+        log.warning("webhook endpoint disabled endpoint=%s reason=failing", delivery.endpoint_id)
 
 
 _SENDERS: ThreadPoolExecutor | None = None
@@ -237,8 +291,9 @@ def _senders() -> ThreadPoolExecutor:
     global _SENDERS
     with _SENDERS_LOCK:
         if _SENDERS is None:
-            _SENDERS = ThreadPoolExecutor(max(1, settings.WEBHOOK_SEND_THREADS),
-                                          thread_name_prefix="webhook-send")
+            _SENDERS = ThreadPoolExecutor(
+                max(1, settings.WEBHOOK_SEND_THREADS), thread_name_prefix="webhook-send"
+            )
         return _SENDERS
 
 
@@ -250,8 +305,9 @@ def deliveries_send_due(*, batch: int = 20) -> int:
     ids = _claim(batch)
     if not ids:
         return 0
-    deliveries = list(WebhookDelivery.objects.select_related("event", "endpoint")
-                      .filter(id__in=ids))
+    deliveries = list(
+        WebhookDelivery.objects.select_related("event", "endpoint").filter(id__in=ids)
+    )
     if len(deliveries) <= 1 or settings.WEBHOOK_SEND_THREADS <= 1:
         results = [_send(d) for d in deliveries]
     else:

@@ -13,6 +13,7 @@ checked first and a name that now resolves elsewhere gets a new pool (connecting
 newly checked address), never a connection opened to the old one. An answer longer than
 the bound is not read on: its connection is closed, not reused.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -72,8 +73,7 @@ def destination_check(url: str) -> Destination:
         if not _allowed(ipaddress.ip_address(address.split("%", 1)[0])):
             # Every address must pass: a name with one public and one private address
             # would otherwise be a coin toss between them.
-            raise DestinationRefused("the URL resolves to a private, loopback or reserved "
-                                     "address")
+            raise DestinationRefused("the URL resolves to a private, loopback or reserved address")
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
@@ -104,17 +104,26 @@ def _pool(dest: Destination) -> urllib3.HTTPConnectionPool:
         if pool is not None:
             _POOLS.move_to_end(key)
             return pool
-        timeout = urllib3.Timeout(connect=settings.WEBHOOK_CONNECT_TIMEOUT_SECONDS,
-                                  read=settings.WEBHOOK_READ_TIMEOUT_SECONDS)
+        timeout = urllib3.Timeout(
+            connect=settings.WEBHOOK_CONNECT_TIMEOUT_SECONDS,
+            read=settings.WEBHOOK_READ_TIMEOUT_SECONDS,
+        )
         size = max(1, settings.WEBHOOK_SEND_THREADS)
         if dest.scheme == "https":
             pool = urllib3.HTTPSConnectionPool(
-                dest.address, dest.port, timeout=timeout, retries=False, maxsize=size,
-                server_hostname=dest.host, assert_hostname=dest.host,
-                cert_reqs="CERT_REQUIRED")
+                dest.address,
+                dest.port,
+                timeout=timeout,
+                retries=False,
+                maxsize=size,
+                server_hostname=dest.host,
+                assert_hostname=dest.host,
+                cert_reqs="CERT_REQUIRED",
+            )
         else:
-            pool = urllib3.HTTPConnectionPool(dest.address, dest.port, timeout=timeout,
-                                              retries=False, maxsize=size)
+            pool = urllib3.HTTPConnectionPool(
+                dest.address, dest.port, timeout=timeout, retries=False, maxsize=size
+            )
         _POOLS[key] = pool
         evicted = []
         while len(_POOLS) > MAX_POOLS:
@@ -146,15 +155,26 @@ def post_checked(url: str, *, body: bytes, headers: dict[str, str]) -> PostResul
         return PostResult(None, f"refused: {exc}", took())
     host_header = dest.host if dest.port in (80, 443) else f"{dest.host}:{dest.port}"
     # The timeouts are read per request: a settings change applies to a kept pool too.
-    timeout = urllib3.Timeout(connect=settings.WEBHOOK_CONNECT_TIMEOUT_SECONDS,
-                              read=settings.WEBHOOK_READ_TIMEOUT_SECONDS)
+    timeout = urllib3.Timeout(
+        connect=settings.WEBHOOK_CONNECT_TIMEOUT_SECONDS, read=settings.WEBHOOK_READ_TIMEOUT_SECONDS
+    )
     try:
-        response = _pool(dest).urlopen("POST", dest.path, body=body, redirect=False,
-                                       preload_content=False, assert_same_host=False,
-                                       timeout=timeout, retries=False,
-                                       headers={**headers, "Host": host_header,
-                                                "Content-Type": "application/json",
-                                                "User-Agent": "Verity-Webhooks/1"})
+        response = _pool(dest).urlopen(
+            "POST",
+            dest.path,
+            body=body,
+            redirect=False,
+            preload_content=False,
+            assert_same_host=False,
+            timeout=timeout,
+            retries=False,
+            headers={
+                **headers,
+                "Host": host_header,
+                "Content-Type": "application/json",
+                "User-Agent": "Verity-Webhooks/1",
+            },
+        )
         try:
             limit = settings.WEBHOOK_RESPONSE_BYTES
             if len(response.read(limit + 1)) > limit:

@@ -7,6 +7,7 @@ transaction of the change it reports. Endpoints and deliveries belong to the del
 No foreign keys into payments: a leaf sits below the core (api_client_id and purchase_id
 are plain columns, as recovery's rows name purchases).
 """
+
 from __future__ import annotations
 
 import secrets
@@ -68,8 +69,9 @@ class Event(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["purchase_id", "sequence"],
-                                               name="event_sequence_once")]
+        constraints = [
+            models.UniqueConstraint(fields=["purchase_id", "sequence"], name="event_sequence_once")
+        ]
         indexes = [
             models.Index(fields=["api_client_id", "id"], name="event_feed_idx"),
             models.Index(fields=["created_at"], name="event_created_idx"),
@@ -85,8 +87,7 @@ class PurchaseEventCounter(models.Model):
 
 
 class WebhookEndpoint(models.Model):
-    id = models.CharField(primary_key=True, max_length=40, default=new_endpoint_id,
-                          editable=False)
+    id = models.CharField(primary_key=True, max_length=40, default=new_endpoint_id, editable=False)
     api_client_id = models.CharField(max_length=150, db_index=True)
     url = models.URLField(max_length=2000)
     description = models.CharField(max_length=200, blank=True)
@@ -121,12 +122,14 @@ class WebhookDelivery(models.Model):
     receiver that dedupes by id takes it once)."""
 
     id = models.BigAutoField(primary_key=True)
-    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE,
-                                 related_name="deliveries")
+    endpoint = models.ForeignKey(
+        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
+    )
     event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="deliveries")
     purchase_id = models.CharField(max_length=40, db_index=True)
-    state = models.CharField(max_length=16, choices=DeliveryState.choices,
-                             default=DeliveryState.PENDING)
+    state = models.CharField(
+        max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING
+    )
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(default=timezone.now)
     claimed_until = models.DateTimeField(null=True, blank=True)
@@ -138,17 +141,24 @@ class WebhookDelivery(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["endpoint", "event"],
-                                               name="delivery_once_per_endpoint")]
-        indexes = [models.Index(fields=["next_attempt_at", "id"],
-                                condition=Q(state="pending"), name="delivery_due_idx")]
+        constraints = [
+            models.UniqueConstraint(fields=["endpoint", "event"], name="delivery_once_per_endpoint")
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at", "id"],
+                condition=Q(state="pending"),
+                name="delivery_due_idx",
+            )
+        ]
 
 
 class WebhookAttempt(models.Model):
     """The delivery log: one row per POST (what came back, never what was sent)."""
 
-    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE,
-                                 related_name="attempt_log")
+    delivery = models.ForeignKey(
+        WebhookDelivery, on_delete=models.CASCADE, related_name="attempt_log"
+    )
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     error = models.CharField(max_length=300, blank=True)
     duration_ms = models.PositiveIntegerField(default=0)

@@ -8,6 +8,7 @@ purchase view as its transaction leaves it, built by the presenter that events.a
 registers (the API's own). Its delivery starts from an outbox row written in
 the same transaction (category EVENT_FANOUT, events.delivery).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,17 +34,24 @@ def event_view_register(builder: ViewBuilder) -> None:
     _VIEW[0] = builder
 
 
-_GROUP = {OperationKind.CHARGE: "payment", OperationKind.AUTHORIZE: "payment",
-          OperationKind.CAPTURE: "capture", OperationKind.VOID: "void",
-          OperationKind.REFUND: "refund"}
-_SETTLED = {Outcome.SUCCEEDED: "succeeded", Outcome.FAILED: "failed",
-            Outcome.UNKNOWN: "unknown"}
+_GROUP = {
+    OperationKind.CHARGE: "payment",
+    OperationKind.AUTHORIZE: "payment",
+    OperationKind.CAPTURE: "capture",
+    OperationKind.VOID: "void",
+    OperationKind.REFUND: "refund",
+}
+_SETTLED = {Outcome.SUCCEEDED: "succeeded", Outcome.FAILED: "failed", Outcome.UNKNOWN: "unknown"}
 # An outcome that was still open: settling from one of these is "resolved" for a payment.
 _OPEN = {Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER}
 _DISPUTE_CLOSED = {"won", "lost", "warning_closed", "charge_refunded"}
 # Who settled an operation, in the storefront's words (never a staff member's name).
-_RESOLVED_BY = {Verification.PROVIDER: "provider", Verification.WEBHOOK: "provider",
-                Verification.MANUAL: "support", Verification.UNVERIFIED: "verity"}
+_RESOLVED_BY = {
+    Verification.PROVIDER: "provider",
+    Verification.WEBHOOK: "provider",
+    Verification.MANUAL: "support",
+    Verification.UNVERIFIED: "verity",
+}
 
 
 def _operation_type(op, source: str, target: str) -> str | None:
@@ -80,9 +88,16 @@ def _dispute_type(source: str, target: str) -> str | None:
     return EventType.DISPUTE_OPENED if not source else EventType.DISPUTE_UPDATED
 
 
-def event_record_transition(*, purchase_id: str, operation,
-                            field: str, source: str, target: str, cause: str,
-                            evidence: dict | None) -> Event | None:
+def event_record_transition(
+    *,
+    purchase_id: str,
+    operation,
+    field: str,
+    source: str,
+    target: str,
+    cause: str,
+    evidence: dict | None,
+) -> Event | None:
     """The event a recorded transition makes, if it makes one (caller's transaction)."""
     source, target = str(source or ""), str(target or "")
     change: dict = {}
@@ -92,49 +107,72 @@ def event_record_transition(*, purchase_id: str, operation,
     elif field == "dispute":
         event_type = _dispute_type(source, target)
         evidence = evidence or {}
-        change = {"dispute": {"id": evidence.get("id"), "status": target,
-                              "previous_status": source or None,
-                              "outcome": target if target in _DISPUTE_CLOSED else None,
-                              "amount": evidence.get("amount"),
-                              "currency": evidence.get("currency"),
-                              "reason": evidence.get("reason")}}
+        change = {
+            "dispute": {
+                "id": evidence.get("id"),
+                "status": target,
+                "previous_status": source or None,
+                "outcome": target if target in _DISPUTE_CLOSED else None,
+                "amount": evidence.get("amount"),
+                "currency": evidence.get("currency"),
+                "reason": evidence.get("reason"),
+            }
+        }
     elif field == "outcome" and operation is not None:
         event_type = _operation_type(operation, source, target)
-        change = {"operation": {
-            "id": operation.id, "kind": str(operation.kind), "outcome": target,
-            "previous_outcome": source or None, "amount": operation.amount,
-            "currency": operation.currency, "origin": str(operation.origin),
-            "grade": str(operation.grade or "") or None,
-            "reason": str(operation.reason or "") or None,
-            "settled_by": (_RESOLVED_BY.get(operation.verification)
-                           if target in _SETTLED else None)}}
+        change = {
+            "operation": {
+                "id": operation.id,
+                "kind": str(operation.kind),
+                "outcome": target,
+                "previous_outcome": source or None,
+                "amount": operation.amount,
+                "currency": operation.currency,
+                "origin": str(operation.origin),
+                "grade": str(operation.grade or "") or None,
+                "reason": str(operation.reason or "") or None,
+                "settled_by": (
+                    _RESOLVED_BY.get(operation.verification) if target in _SETTLED else None
+                ),
+            }
+        }
     else:
         event_type = None
     if event_type is None:
         return None
-    return event_record(purchase_id=purchase_id, event_type=event_type, change={**change, "cause": cause or None})
+    return event_record(
+        purchase_id=purchase_id, event_type=event_type, change={**change, "cause": cause or None}
+    )
 
 
 def event_record(*, purchase_id: str, event_type: str, change: dict) -> Event:
     """Write one event and its fan-out message (caller's transaction)."""
     assert connection.in_atomic_block, "an event is written in its change's transaction"
     builder = _VIEW[0]
-    api_client_id, view = (builder(purchase_id) if builder is not None
-                           else ("", {"id": purchase_id}))
+    api_client_id, view = builder(purchase_id) if builder is not None else ("", {"id": purchase_id})
     event = Event.objects.create(
-        api_client_id=api_client_id or "", purchase_id=purchase_id,
-        sequence=_next_sequence(purchase_id), type=event_type, created_at=timezone.now(),
-        data={"purchase": view, **change})
+        api_client_id=api_client_id or "",
+        purchase_id=purchase_id,
+        sequence=_next_sequence(purchase_id),
+        type=event_type,
+        created_at=timezone.now(),
+        data={"purchase": view, **change},
+    )
     _same_transaction_views(purchase_id, event.id, view)
-    outbox_put(category=OutboxCategory.EVENT_FANOUT, payload={"event": event.id},
-               dedupe_key=f"event:{event.id}")
+    outbox_put(
+        category=OutboxCategory.EVENT_FANOUT,
+        payload={"event": event.id},
+        dedupe_key=f"event:{event.id}",
+    )
     return event
 
 
 _COUNTER = PurchaseEventCounter._meta.db_table
-_NEXT_SQL = (f'INSERT INTO "{_COUNTER}" (purchase_id, last) VALUES (%s, 1) '
-             f'ON CONFLICT (purchase_id) DO UPDATE SET last = "{_COUNTER}".last + 1 '
-             "RETURNING last")
+_NEXT_SQL = (
+    f'INSERT INTO "{_COUNTER}" (purchase_id, last) VALUES (%s, 1) '
+    f'ON CONFLICT (purchase_id) DO UPDATE SET last = "{_COUNTER}".last + 1 '
+    "RETURNING last"
+)
 
 
 def _next_sequence(purchase_id: str) -> int:
@@ -155,6 +193,7 @@ _WRITTEN = threading.local()
 def _written_in_this_transaction() -> dict[str, list[int]]:
     marker = getattr(_WRITTEN, "marker", None)
     if marker is None or not any(entry[1] is marker for entry in connection.run_on_commit):
+
         def marker() -> None:
             if getattr(_WRITTEN, "marker", None) is marker:
                 _WRITTEN.marker, _WRITTEN.ids = None, {}
@@ -175,11 +214,15 @@ def _same_transaction_views(purchase_id: str, event_id: int, view: dict) -> None
         table = Event._meta.db_table
         placeholders = ", ".join(["%s"] * len(earlier))
         if connection.vendor == "postgresql":
-            sql = (f'UPDATE "{table}" SET data = jsonb_set(data, \'{{purchase}}\', %s::jsonb) '
-                   f"WHERE id IN ({placeholders})")
+            sql = (
+                f"UPDATE \"{table}\" SET data = jsonb_set(data, '{{purchase}}', %s::jsonb) "
+                f"WHERE id IN ({placeholders})"
+            )
         else:
-            sql = (f'UPDATE "{table}" SET data = json_set(data, \'$.purchase\', json(%s)) '
-                   f"WHERE id IN ({placeholders})")
+            sql = (
+                f"UPDATE \"{table}\" SET data = json_set(data, '$.purchase', json(%s)) "
+                f"WHERE id IN ({placeholders})"
+            )
         with connection.cursor() as cursor:
             cursor.execute(sql, [json.dumps(view), *earlier])
     earlier.append(event_id)

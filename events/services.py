@@ -3,6 +3,7 @@
 Every change writes its audit row in the same transaction. A secret is returned only by
 the call that makes it (create, rotate); nothing else returns it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,31 +59,51 @@ def _url(url: str) -> str:
     return url
 
 
-def _audit(actor: str, action: str, endpoint: WebhookEndpoint, reason: str,
-           before: dict | None = None, after: dict | None = None) -> None:
-    audit_write(actor=actor, action=action, target_type="webhook_endpoint",
-                target_id=endpoint.id, reason=reason or action, before=before, after=after)
+def _audit(
+    actor: str,
+    action: str,
+    endpoint: WebhookEndpoint,
+    reason: str,
+    before: dict | None = None,
+    after: dict | None = None,
+) -> None:
+    audit_write(
+        actor=actor,
+        action=action,
+        target_type="webhook_endpoint",
+        target_id=endpoint.id,
+        reason=reason or action,
+        before=before,
+        after=after,
+    )
 
 
 def _public(endpoint: WebhookEndpoint) -> dict:
-    return {"url": endpoint.url, "event_types": endpoint.event_types,
-            "enabled": endpoint.enabled}
+    return {"url": endpoint.url, "event_types": endpoint.event_types, "enabled": endpoint.enabled}
 
 
-def endpoint_create(*, api_client_id: str, url: str, event_types: list[str] | None = None,
-                    description: str = "", actor: str) -> EndpointWithSecret:
+def endpoint_create(
+    *,
+    api_client_id: str,
+    url: str,
+    event_types: list[str] | None = None,
+    description: str = "",
+    actor: str,
+) -> EndpointWithSecret:
     url, types = _url(url), _types(event_types)
     with transaction.atomic():
-        if WebhookEndpoint.objects.filter(api_client_id=api_client_id).count() \
-                >= MAX_ENDPOINTS_PER_CLIENT:
+        if (
+            WebhookEndpoint.objects.filter(api_client_id=api_client_id).count()
+            >= MAX_ENDPOINTS_PER_CLIENT
+        ):
             raise EndpointError(f"at most {MAX_ENDPOINTS_PER_CLIENT} endpoints per API client")
-        endpoint = WebhookEndpoint.objects.create(api_client_id=api_client_id, url=url,
-                                                  event_types=types,
-                                                  description=description[:200])
-        _audit(actor, "webhook_endpoint_create", endpoint, "created",
-               after=_public(endpoint))
-    return EndpointWithSecret(endpoint, signing_secret(endpoint_id=endpoint.id,
-                                                       salt=endpoint.secret_salt))
+        endpoint = WebhookEndpoint.objects.create(
+            api_client_id=api_client_id, url=url, event_types=types, description=description[:200]
+        )
+        _audit(actor, "webhook_endpoint_create", endpoint, "created", after=_public(endpoint))
+    return EndpointWithSecret(
+        endpoint, signing_secret(endpoint_id=endpoint.id, salt=endpoint.secret_salt)
+    )
 
 
 def endpoint_current_secret(endpoint: WebhookEndpoint) -> str:
@@ -91,9 +112,16 @@ def endpoint_current_secret(endpoint: WebhookEndpoint) -> str:
     return signing_secret(endpoint_id=endpoint.id, salt=endpoint.secret_salt)
 
 
-def endpoint_update(*, endpoint: WebhookEndpoint, actor: str, url: str | None = None,
-                    event_types: list[str] | None = None, description: str | None = None,
-                    enabled: bool | None = None, reason: str = "") -> WebhookEndpoint:
+def endpoint_update(
+    *,
+    endpoint: WebhookEndpoint,
+    actor: str,
+    url: str | None = None,
+    event_types: list[str] | None = None,
+    description: str | None = None,
+    enabled: bool | None = None,
+    reason: str = "",
+) -> WebhookEndpoint:
     with transaction.atomic():
         endpoint = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
         before = _public(endpoint)
@@ -114,15 +142,22 @@ def endpoint_update(*, endpoint: WebhookEndpoint, actor: str, url: str | None = 
             endpoint.failing_since = None  # a fresh start either way
             fields += ["enabled", "disabled_at", "disabled_reason", "failing_since"]
         endpoint.save(update_fields=fields)
-        _audit(actor, "webhook_endpoint_update", endpoint, reason, before=before,
-               after=_public(endpoint))
+        _audit(
+            actor,
+            "webhook_endpoint_update",
+            endpoint,
+            reason,
+            before=before,
+            after=_public(endpoint),
+        )
         if enabled:
             deliver_kick()  # what waited while it was off goes now
     return endpoint
 
 
-def endpoint_rotate_secret(*, endpoint: WebhookEndpoint, actor: str,
-                           overlap_seconds: int = 86400, reason: str = "") -> EndpointWithSecret:
+def endpoint_rotate_secret(
+    *, endpoint: WebhookEndpoint, actor: str, overlap_seconds: int = 86400, reason: str = ""
+) -> EndpointWithSecret:
     """A new secret signs from now on; the old one signs too for `overlap_seconds`."""
     if not 0 <= overlap_seconds <= MAX_ROTATION_OVERLAP_SECONDS:
         raise EndpointError(f"overlap_seconds must be 0..{MAX_ROTATION_OVERLAP_SECONDS}")
@@ -130,15 +165,28 @@ def endpoint_rotate_secret(*, endpoint: WebhookEndpoint, actor: str,
         endpoint = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
         now = timezone.now()
         endpoint.previous_secret_salt = endpoint.secret_salt if overlap_seconds else ""
-        endpoint.previous_secret_expires_at = (now + timedelta(seconds=overlap_seconds)
-                                               if overlap_seconds else None)
+        endpoint.previous_secret_expires_at = (
+            now + timedelta(seconds=overlap_seconds) if overlap_seconds else None
+        )
         endpoint.secret_salt = new_secret_salt()
-        endpoint.save(update_fields=["previous_secret_salt", "previous_secret_expires_at",
-                                     "secret_salt", "updated_at"])
-        _audit(actor, "webhook_endpoint_rotate_secret", endpoint, reason,
-               after={"overlap_seconds": overlap_seconds})
-    return EndpointWithSecret(endpoint, signing_secret(endpoint_id=endpoint.id,
-                                                       salt=endpoint.secret_salt))
+        endpoint.save(
+            update_fields=[
+                "previous_secret_salt",
+                "previous_secret_expires_at",
+                "secret_salt",
+                "updated_at",
+            ]
+        )
+        _audit(
+            actor,
+            "webhook_endpoint_rotate_secret",
+            endpoint,
+            reason,
+            after={"overlap_seconds": overlap_seconds},
+        )
+    return EndpointWithSecret(
+        endpoint, signing_secret(endpoint_id=endpoint.id, salt=endpoint.secret_salt)
+    )
 
 
 def endpoint_delete(*, endpoint: WebhookEndpoint, actor: str, reason: str = "") -> None:
@@ -152,13 +200,20 @@ def delivery_resend(*, delivery: WebhookDelivery, actor: str, reason: str = "") 
     once), with a fresh retry window."""
     now = timezone.now()
     with transaction.atomic():
-
         WebhookDelivery.objects.filter(pk=delivery.pk).update(
-            state=DeliveryState.PENDING, next_attempt_at=now, claimed_until=None,
-            give_up_at=now + timedelta(seconds=settings.WEBHOOK_RETRY_SECONDS))
-        audit_write(actor=actor, action="webhook_delivery_resend", target_type="webhook_delivery",
-                    target_id=str(delivery.pk), purchase_id=delivery.purchase_id,
-                    reason=reason or "resend")
+            state=DeliveryState.PENDING,
+            next_attempt_at=now,
+            claimed_until=None,
+            give_up_at=now + timedelta(seconds=settings.WEBHOOK_RETRY_SECONDS),
+        )
+        audit_write(
+            actor=actor,
+            action="webhook_delivery_resend",
+            target_type="webhook_delivery",
+            target_id=str(delivery.pk),
+            purchase_id=delivery.purchase_id,
+            reason=reason or "resend",
+        )
         deliver_kick()
 
 
@@ -166,8 +221,11 @@ def events_prune(*, batch: int = 5000) -> int:
     """Delete events older than EVENTS_RETENTION_DAYS (their deliveries and attempts go with
     them), a batch at a time; the feed answers only for what is kept (docs/events.md)."""
     cutoff = timezone.now() - timedelta(days=settings.EVENTS_RETENTION_DAYS)
-    ids = list(Event.objects.filter(created_at__lt=cutoff).order_by("id")
-               .values_list("id", flat=True)[:batch])
+    ids = list(
+        Event.objects.filter(created_at__lt=cutoff)
+        .order_by("id")
+        .values_list("id", flat=True)[:batch]
+    )
     if not ids:
         return 0
     with transaction.atomic():

@@ -1,4 +1,5 @@
 """Tasks are an API: thin, named, idempotent."""
+
 from celery import shared_task
 
 

@@ -12,6 +12,7 @@ save clears the cache); in other processes they take effect within the window â€
 scopes and the automatic-refund allowance. The spending limit is not affected: the hold
 reserve locks and re-reads the client row (payments.locks.lock_client).
 """
+
 from __future__ import annotations
 
 import copy
@@ -63,9 +64,11 @@ def api_client_cached(key: str) -> ApiClient | None:
     if entry is None:
         return None
     known_digest, client, until = entry
-    if (until > time.monotonic()
-            and hmac.compare_digest(known_digest, hashlib.sha256(key.encode()).digest())
-            and not client.has_expired):
+    if (
+        until > time.monotonic()
+        and hmac.compare_digest(known_digest, hashlib.sha256(key.encode()).digest())
+        and not client.has_expired
+    ):
         return _own_copy(client)  # each request gets its own instance
     return None
 

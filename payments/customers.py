@@ -7,6 +7,7 @@ uses its case-folded form (`customer_key`), always together with the API client:
 storefronts' "cust-42" are two different buyers
 (docs/reliability.md#rules-every-money-movement-obeys).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,6 +40,9 @@ def basket_fingerprint(*, items: list, amount: int, currency: str) -> str:
         if isinstance(item, dict):
             sku = str(item.get("sku", ""))
             lines[sku] = lines.get(sku, 0) + int(item.get("quantity") or 0)
-    body = {"lines": sorted(lines.items()), "amount": int(amount),
-            "currency": (currency or "").lower()}
+    body = {
+        "lines": sorted(lines.items()),
+        "amount": int(amount),
+        "currency": (currency or "").lower(),
+    }
     return hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()

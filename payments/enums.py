@@ -1,4 +1,5 @@
 """Stable vocabularies. The string values are part of the API and never change."""
+
 from django.db import models
 
 
@@ -210,6 +211,8 @@ class Reason(models.TextChoices):
 # A failed payment with one of these reasons will fail the same way if sent again
 # unchanged: the answer advises a different payment method or a new quote, never "retry".
 NON_RETRYABLE_REASONS = (Reason.INVALID_REQUEST, Reason.MISMATCH, Reason.AUTHORIZATION_INVALID)
+
+
 class Origin(models.TextChoices):
     """Who started a money movement: Verity, or the provider (a dashboard refund, a capture
     or cancel made outside Verity) -- recorded as an external linked operation."""
@@ -243,17 +246,26 @@ DISPUTE_STATUS_RANK = {
     DisputeStatus.LOST: 4,
     DisputeStatus.CHARGE_REFUNDED: 4,
 }
-DISPUTE_CLOSED_STATUSES = (DisputeStatus.WARNING_CLOSED, DisputeStatus.WON, DisputeStatus.LOST,
-                           DisputeStatus.CHARGE_REFUNDED)
+DISPUTE_CLOSED_STATUSES = (
+    DisputeStatus.WARNING_CLOSED,
+    DisputeStatus.WON,
+    DisputeStatus.LOST,
+    DisputeStatus.CHARGE_REFUNDED,
+)
 # A chargeback open or lost: the buyer's bank holds the disputed amount (the provider
 # refuses a refund of it; a lost one already returned it). An inquiry (warning_*) moves no
 # funds; a won dispute reinstated them; `charge_refunded` closed on a refund (counted as
 # the refund it is).
-DISPUTE_FUNDS_WITH_BANK_STATUSES = (DisputeStatus.NEEDS_RESPONSE, DisputeStatus.UNDER_REVIEW,
-                                    DisputeStatus.LOST)
+DISPUTE_FUNDS_WITH_BANK_STATUSES = (
+    DisputeStatus.NEEDS_RESPONSE,
+    DisputeStatus.UNDER_REVIEW,
+    DisputeStatus.LOST,
+)
 # Open disputes that still wait for the merchant's evidence (the finance queue's urgency).
-DISPUTE_NEEDS_RESPONSE_STATUSES = (DisputeStatus.WARNING_NEEDS_RESPONSE,
-                                   DisputeStatus.NEEDS_RESPONSE)
+DISPUTE_NEEDS_RESPONSE_STATUSES = (
+    DisputeStatus.WARNING_NEEDS_RESPONSE,
+    DisputeStatus.NEEDS_RESPONSE,
+)
 # The history cause of a transition where verified provider evidence overturned a
 # person's (acknowledged) resolution
 # (docs/reliability.md#the-providers-record-outranks-a-person): queues, metrics and alerts key

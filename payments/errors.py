@@ -1,5 +1,6 @@
 """The core's refusal type and the result of applying an observation: a leaf every layer
 may import (the API and MCP map `DomainError` to a problem; the relay reads its code)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -114,7 +115,8 @@ class ErrorCode(StrEnum):
     SHARED_PAYMENT_GRANTED_TOKEN_CONSUMED = "shared_payment_granted_token_consumed"
     SHARED_PAYMENT_GRANTED_TOKEN_EXPIRED = "shared_payment_granted_token_expired"
     SHARED_PAYMENT_GRANTED_TOKEN_USAGE_LIMIT_EXCEEDED = (
-        "shared_payment_granted_token_usage_limit_exceeded")
+        "shared_payment_granted_token_usage_limit_exceeded"
+    )
     SPENDING_LIMIT_EXCEEDED = "spending_limit_exceeded"
     UNAUTHENTICATED = "unauthenticated"
     UNKNOWN_FIELD = "unknown_field"

@@ -1,4 +1,5 @@
 """The outbox categories the payments core owns (registered from PaymentsConfig.ready())."""
+
 from __future__ import annotations
 
 from recovery.models import OutboxCategory

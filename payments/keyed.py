@@ -28,6 +28,7 @@ The faces only parse input and render a `Keyed` (a problem document, an MCP resu
 ACP object): tests/api/test_keyed_faces.py keeps them from growing their own ladder.
 The provider never sees this key: operations carry their own server-generated keys.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -65,19 +66,21 @@ def request_fingerprint(*, path: str, body) -> str:
     return hashlib.sha256(f"{path}\n{canonical_json(body)}".encode()).hexdigest()
 
 
-def _refusal(code: ErrorCode, status: int, retry: str, detail: str, action: str,
-             **extra) -> DomainError:
+def _refusal(
+    code: ErrorCode, status: int, retry: str, detail: str, action: str, **extra
+) -> DomainError:
     """A key refusal; `action_message` and `retry_after` are rendered by each face (the
     REST problem's next_action and Retry-After, the ACP error's headers)."""
-    return DomainError(code, detail, status=status, retry=retry,
-                       extra={"action_message": action, **extra})
+    return DomainError(
+        code, detail, status=status, retry=retry, extra={"action_message": action, **extra}
+    )
 
 
 @dataclass
 class Claim:
     record: IdempotencyRecord
-    replay: bool = False       # a finished request: nothing is done again
-    taken_over: bool = False   # the previous holder's lease expired; resume its resource
+    replay: bool = False  # a finished request: nothing is done again
+    taken_over: bool = False  # the previous holder's lease expired; resume its resource
     token: datetime | None = None  # the lease this request was granted: its fencing token
 
     @property
@@ -89,8 +92,9 @@ def _lease_until():
     return timezone.now() + timedelta(seconds=settings.IDEMPOTENCY_LEASE_SECONDS)
 
 
-def _insert_unsafe(*, api_client: ApiClient, route: str, key: str, fingerprint: str,
-                   lease_until: datetime):
+def _insert_unsafe(
+    *, api_client: ApiClient, route: str, key: str, fingerprint: str, lease_until: datetime
+):
     """INSERT … ON CONFLICT DO NOTHING RETURNING id -> new id, or None if the key exists.
 
     bulk_create(ignore_conflicts=True) cannot tell us whether *this* request inserted the
@@ -110,19 +114,32 @@ def _insert_unsafe(*, api_client: ApiClient, route: str, key: str, fingerprint: 
     with connection.cursor() as cursor:
         # Datetimes through the backend's adapter, as the ORM stores them (SQLite: text).
         adapt = connection.ops.adapt_datetimefield_value
-        cursor.execute(sql, [api_client.pk, route, key, fingerprint,
-                             IdempotencyRecord.State.IN_FLIGHT, adapt(lease_until),
-                             adapt(now)])
+        cursor.execute(
+            sql,
+            [
+                api_client.pk,
+                route,
+                key,
+                fingerprint,
+                IdempotencyRecord.State.IN_FLIGHT,
+                adapt(lease_until),
+                adapt(now),
+            ],
+        )
         row = cursor.fetchone()
     return row[0] if row else None
 
 
 def _in_progress(record: IdempotencyRecord | None, wait: int) -> DomainError:
     return _refusal(
-        ErrorCode.REQUEST_IN_PROGRESS, 409, RetryAdvice.SAME_KEY,
+        ErrorCode.REQUEST_IN_PROGRESS,
+        409,
+        RetryAdvice.SAME_KEY,
         f"A request with this {HEADER} is still being processed.",
         f"Wait {wait} s and send the same request with the same key; do not use a new key.",
-        retry_after=wait, resource=_resource_ref(record) if record is not None else None)
+        retry_after=wait,
+        resource=_resource_ref(record) if record is not None else None,
+    )
 
 
 def key_claim(*, api_client: ApiClient, route: str, key: str, path: str, body) -> Claim:
@@ -131,33 +148,46 @@ def key_claim(*, api_client: ApiClient, route: str, key: str, path: str, body) -
     for _ in range(5):
         # Read first (one indexed read of the unique key): a replay — the common case for
         # an agent that retries — costs no INSERT. Absent: the INSERT decides the race.
-        record = next(iter(IdempotencyRecord.objects.filter(
-            api_client=api_client, route=route, key=key)[:1]), None)  # unique: no ORDER BY
+        record = next(
+            iter(IdempotencyRecord.objects.filter(api_client=api_client, route=route, key=key)[:1]),
+            None,
+        )  # unique: no ORDER BY
         if record is None:
-            new_id = _insert_unsafe(api_client=api_client, route=route, key=key,
-                                    fingerprint=fingerprint, lease_until=_lease_until())
+            new_id = _insert_unsafe(
+                api_client=api_client,
+                route=route,
+                key=key,
+                fingerprint=fingerprint,
+                lease_until=_lease_until(),
+            )
             if new_id is not None:
                 record = IdempotencyRecord.objects.get(pk=new_id)
                 return Claim(record=record, token=record.lease_until)
             continue  # inserted by a racing request between our read and insert: read it
         if record.fingerprint != fingerprint:
             raise _refusal(
-                ErrorCode.IDEMPOTENCY_KEY_REUSED, 422, RetryAdvice.FORBIDDEN,
+                ErrorCode.IDEMPOTENCY_KEY_REUSED,
+                422,
+                RetryAdvice.FORBIDDEN,
                 f"This {HEADER} was already used for a different request body. A key names "
                 "one intended effect; changing the body does not make it a new request.",
                 "If this is a new intent, use a new key; if it is a retry, send the original "
-                "body unchanged.", resource=_resource_ref(record))
+                "body unchanged.",
+                resource=_resource_ref(record),
+            )
         if record.state == IdempotencyRecord.State.DONE:
             return Claim(record=record, replay=True)
         now = timezone.now()
         if record.lease_until > now:
-            raise _in_progress(record, max(1, math.ceil(
-                (record.lease_until - now).total_seconds())))
+            raise _in_progress(
+                record, max(1, math.ceil((record.lease_until - now).total_seconds()))
+            )
         # The holder's lease expired (it crashed or hung): compare-and-set takes it over.
         # The new lease is later than the old one, so the old holder's token no longer
         # matches: whatever it still tries to bind, complete or release is refused.
         taken = IdempotencyRecord.objects.filter(
-            pk=record.pk, state=IdempotencyRecord.State.IN_FLIGHT,
+            pk=record.pk,
+            state=IdempotencyRecord.State.IN_FLIGHT,
             lease_until=record.lease_until,
         ).update(lease_until=_lease_until())
         if taken:
@@ -169,7 +199,8 @@ def key_claim(*, api_client: ApiClient, route: str, key: str, path: str, body) -
 def _held(claim: Claim):
     """The record while this request still holds it (its fencing token matches)."""
     return IdempotencyRecord.objects.filter(
-        pk=claim.record.pk, state=IdempotencyRecord.State.IN_FLIGHT, lease_until=claim.token)
+        pk=claim.record.pk, state=IdempotencyRecord.State.IN_FLIGHT, lease_until=claim.token
+    )
 
 
 def key_bind(claim: Claim, *, resource_type: str, resource_id: str) -> None:
@@ -177,11 +208,15 @@ def key_bind(claim: Claim, *, resource_type: str, resource_id: str) -> None:
     took the key over meanwhile, this raises and the effect's transaction rolls back."""
     if not _held(claim).update(resource_type=resource_type, resource_id=resource_id):
         raise _refusal(
-            ErrorCode.REQUEST_IN_PROGRESS, 409, RetryAdvice.SAME_KEY,
+            ErrorCode.REQUEST_IN_PROGRESS,
+            409,
+            RetryAdvice.SAME_KEY,
             f"This request's hold on its {HEADER} ran out and a retry took the key over; "
             "this request did nothing.",
             "Send the same request with the same key to see the answer of the request that "
-            "holds it; do not use a new key.", retry_after=1)
+            "holds it; do not use a new key.",
+            retry_after=1,
+        )
     claim.record.resource_type = resource_type
     claim.record.resource_id = resource_id
 
@@ -190,8 +225,9 @@ def key_complete(claim: Claim, *, status: int, answer: Answer | None = None) -> 
     """Mark the key done (with the answer itself for a face that replays it); a no-op for
     a request that no longer holds it (the holder's answer stands)."""
     stored = answer.stored() if answer is not None else None
-    _held(claim).update(state=IdempotencyRecord.State.DONE, response_status=status,
-                        response_body=stored)
+    _held(claim).update(
+        state=IdempotencyRecord.State.DONE, response_status=status, response_body=stored
+    )
     claim.record.state = IdempotencyRecord.State.DONE
     claim.record.response_status = status
     claim.record.response_body = stored
@@ -225,7 +261,7 @@ class Created:
     resource_type: str
     resource_id: str
     operation_id: str | None = None
-    created: bool = True   # False: the effect already existed (a quote's one purchase)
+    created: bool = True  # False: the effect already existed (a quote's one purchase)
 
 
 @dataclass
@@ -247,8 +283,8 @@ class Keyed:
 
     resource_type: str
     resource_id: str
-    replayed: bool = False   # finished earlier: nothing was done now
-    resumed: bool = False    # a dead request's effect, continued (nothing created now)
+    replayed: bool = False  # finished earlier: nothing was done now
+    resumed: bool = False  # a dead request's effect, continued (nothing created now)
     created: bool = True
     operation_id: str | None = None
     extra: dict = field(default_factory=dict)
@@ -296,11 +332,16 @@ def effect_status(operation_id: str | None, created: bool) -> int:
     return 201 if created else 200
 
 
-def keyed_effect(request: KeyedRequest, *, create: Callable[..., Created],
-                 verify: Callable[[], None] | None = None, in_transaction: bool = True,
-                 operation_for: Callable[[str, str], str | None] = operation_of,
-                 dispatch: bool = True,
-                 answer: Callable[[Keyed | Exception], Answer | None] | None = None) -> Keyed:
+def keyed_effect(
+    request: KeyedRequest,
+    *,
+    create: Callable[..., Created],
+    verify: Callable[[], None] | None = None,
+    in_transaction: bool = True,
+    operation_for: Callable[[str, str], str | None] = operation_of,
+    dispatch: bool = True,
+    answer: Callable[[Keyed | Exception], Answer | None] | None = None,
+) -> Keyed:
     """The ladder (module docstring). `create()` makes the effect and returns `Created`;
     with `in_transaction` (the default) it runs inside the transaction that binds the key.
     An effect whose core call must read the provider first (a manual resolution) runs with
@@ -312,14 +353,24 @@ def keyed_effect(request: KeyedRequest, *, create: Callable[..., Created],
     a `Keyed`, or the refusal raised — as the face's `Answer`, stored with the key, so a
     replay returns it unchanged (`Keyed.answer`); a 5xx answer is not stored (the key is
     forgotten and the same key processed afresh); None (a crash) keeps today's rule."""
-    claim = key_claim(api_client=request.api_client, route=request.route, key=request.key,
-                      path=request.path, body=request.body)
+    claim = key_claim(
+        api_client=request.api_client,
+        route=request.route,
+        key=request.key,
+        path=request.path,
+        body=request.body,
+    )
     if claim.replay:
         record = claim.record
         stored = record.response_body if answer is not None else None
-        return Keyed(record.resource_type, record.resource_id, replayed=True, created=False,
-                     operation_id=operation_for(record.resource_type, record.resource_id),
-                     answer=Answer(**stored) if stored else None)
+        return Keyed(
+            record.resource_type,
+            record.resource_id,
+            replayed=True,
+            created=False,
+            operation_id=operation_for(record.resource_type, record.resource_id),
+            answer=Answer(**stored) if stored else None,
+        )
 
     def finish(keyed: Keyed) -> Keyed:
         if answer is None:
@@ -347,14 +398,21 @@ def keyed_effect(request: KeyedRequest, *, create: Callable[..., Created],
                 made = create()
                 key_bind(claim, resource_type=made.resource_type, resource_id=made.resource_id)
         else:
-            made = create(lambda kind, ident: key_bind(claim, resource_type=kind,
-                                                       resource_id=ident))
+            made = create(
+                lambda kind, ident: key_bind(claim, resource_type=kind, resource_id=ident)
+            )
             if not claim.resource_id:
                 key_bind(claim, resource_type=made.resource_type, resource_id=made.resource_id)
         if dispatch:
             dispatch_when_pending(made.operation_id)
-        return finish(Keyed(made.resource_type, made.resource_id, created=made.created,
-                            operation_id=made.operation_id))
+        return finish(
+            Keyed(
+                made.resource_type,
+                made.resource_id,
+                created=made.created,
+                operation_id=made.operation_id,
+            )
+        )
     except Exception as exc:
         status = getattr(exc, "status", None)
         refused = answer(exc) if answer is not None else None
@@ -384,13 +442,19 @@ def keyed_effect(request: KeyedRequest, *, create: Callable[..., Created],
 # Compiled once per process, a prepared statement on PostgreSQL (payments.view_queries).
 _REPLAY_READ = CompiledRead(
     lambda client_id, route, key: IdempotencyRecord.objects.filter(
-        api_client_id=client_id, route=route, key=key,
+        api_client_id=client_id,
+        route=route,
+        key=key,
     ).values_list("state", "fingerprint", "resource_type", "resource_id")[:1],
-    "\x01verity-client", "\x01verity-route", "\x01verity-key")
+    "\x01verity-client",
+    "\x01verity-route",
+    "\x01verity-key",
+)
 
 
-def key_replay_of(*, api_client: ApiClient, route: str, key: str, path: str, body
-                  ) -> IdempotencyRecord | None:
+def key_replay_of(
+    *, api_client: ApiClient, route: str, key: str, path: str, body
+) -> IdempotencyRecord | None:
     """The record when this request is a replay (record `done`, same fingerprint), else
     None — then the caller goes through `keyed_effect`, which decides every other case
     (new, reused, in flight, take-over) exactly as before.
@@ -405,28 +469,38 @@ def key_replay_of(*, api_client: ApiClient, route: str, key: str, path: str, bod
         return None
     if not hmac.compare_digest(row[1], request_fingerprint(path=path, body=body)):
         return None
-    return IdempotencyRecord(api_client_id=api_client.pk, route=route, key=key,
-                             state=row[0], fingerprint=row[1], resource_type=row[2],
-                             resource_id=row[3])
+    return IdempotencyRecord(
+        api_client_id=api_client.pk,
+        route=route,
+        key=key,
+        state=row[0],
+        fingerprint=row[1],
+        resource_type=row[2],
+        resource_id=row[3],
+    )
 
 
 def _replayed_operation_query(client_id, route, key):
     record = IdempotencyRecord.objects.filter(api_client_id=client_id, route=route, key=key)
     done = record.filter(state=IdempotencyRecord.State.DONE, resource_type="operation")
     # One unique-index lookup each; the fingerprint is compared here, in constant time.
-    return (operations_for_view()
-            .filter(pk=Subquery(done.values("resource_id")[:1]))
-            .annotate(view_replay_fingerprint=Subquery(record.values("fingerprint")[:1]))[:1])
+    return (
+        operations_for_view()
+        .filter(pk=Subquery(done.values("resource_id")[:1]))
+        .annotate(view_replay_fingerprint=Subquery(record.values("fingerprint")[:1]))[:1]
+    )
 
 
 # A replayed payment: the record and the operation view in ONE statement (prepared on
 # PostgreSQL), so a replay costs one database round trip.
-_REPLAYED_OPERATION = CompiledRead(_replayed_operation_query, "\x01verity-client",
-                                   "\x01verity-route", "\x01verity-key")
+_REPLAYED_OPERATION = CompiledRead(
+    _replayed_operation_query, "\x01verity-client", "\x01verity-route", "\x01verity-key"
+)
 
 
-def key_replayed_operation(*, api_client: ApiClient, route: str, key: str, path: str, body
-                           ) -> PaymentOperation | None:
+def key_replayed_operation(
+    *, api_client: ApiClient, route: str, key: str, path: str, body
+) -> PaymentOperation | None:
     """The operation (loaded for the operation view) when this request replays a finished
     one that created it — record `done`, resource an operation, same fingerprint — else
     None, and the caller goes through `keyed_effect`, as `key_replay_of`."""
@@ -434,15 +508,33 @@ def key_replayed_operation(*, api_client: ApiClient, route: str, key: str, path:
     if not found:
         return None
     op = found[0]
-    if not hmac.compare_digest(op.__dict__.pop("view_replay_fingerprint") or "",
-                               request_fingerprint(path=path, body=body)):
+    if not hmac.compare_digest(
+        op.__dict__.pop("view_replay_fingerprint") or "", request_fingerprint(path=path, body=body)
+    ):
         return None
     return op
 
 
 __all__ = [
-    "HEADER", "MAX_KEY_LENGTH", "REPLAYED_HEADER", "Answer", "Claim", "Created", "Keyed",
-    "KeyedRequest", "canonical_json", "dispatch_when_pending", "effect_status", "key_bind",
-    "key_claim", "key_complete", "key_forget", "key_release", "key_replay_of", "key_replayed_operation", "keyed_effect",
-    "operation_of", "request_fingerprint",
+    "HEADER",
+    "MAX_KEY_LENGTH",
+    "REPLAYED_HEADER",
+    "Answer",
+    "Claim",
+    "Created",
+    "Keyed",
+    "KeyedRequest",
+    "canonical_json",
+    "dispatch_when_pending",
+    "effect_status",
+    "key_bind",
+    "key_claim",
+    "key_complete",
+    "key_forget",
+    "key_release",
+    "key_replay_of",
+    "key_replayed_operation",
+    "keyed_effect",
+    "operation_of",
+    "request_fingerprint",
 ]

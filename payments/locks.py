@@ -9,6 +9,7 @@ claim check (the compare-and-set before signing and before broadcasting) and bet
 wait slices: nobody waits for the signer lock while holding a row lock, so the order is
 always signer lock -> row lock and there is no cycle.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,9 +38,13 @@ def lock_quote_or_none(quote_id: str) -> Quote | None:
 
 def lock_buyer_confirmation_or_none(*, code_hash: str, purchases, now) -> BuyerConfirmation | None:
     """The unused, unexpired confirmation with this code on one of `purchases`, locked."""
-    return (BuyerConfirmation.objects.select_for_update()
-            .filter(code_hash=code_hash, used_at__isnull=True, expires_at__gt=now,
-                    purchase__in=purchases).first())
+    return (
+        BuyerConfirmation.objects.select_for_update()
+        .filter(
+            code_hash=code_hash, used_at__isnull=True, expires_at__gt=now, purchase__in=purchases
+        )
+        .first()
+    )
 
 
 def lock_operation(operation_id: str) -> PaymentOperation:
@@ -48,30 +53,43 @@ def lock_operation(operation_id: str) -> PaymentOperation:
     return PaymentOperation.objects.select_for_update(of=("self",)).get(id=operation_id)
 
 
-def lock_purchase_and_operation(operation_id: str, *, purchase_id: str = ""
-                                ) -> tuple[Purchase, PaymentOperation]:
+def lock_purchase_and_operation(
+    operation_id: str, *, purchase_id: str = ""
+) -> tuple[Purchase, PaymentOperation]:
     """Both locks, in the module's order (the purchase first). Raises DoesNotExist.
     `purchase_id`: the operation's purchase when the caller already read it (an operation
     never changes purchase), which saves a read."""
     if not purchase_id:
-        purchase_id = (PaymentOperation.objects.filter(id=operation_id)
-                       .values_list("purchase_id", flat=True).get())
+        purchase_id = (
+            PaymentOperation.objects.filter(id=operation_id)
+            .values_list("purchase_id", flat=True)
+            .get()
+        )
     purchase = lock_purchase(purchase_id)
     operation = lock_operation(operation_id)
     operation.purchase = purchase  # the locked row, not a second unlocked read
     return purchase, operation
 
 
-def lock_purchases_and_operations(pairs: list[tuple[str, str]]
-                                  ) -> list[tuple[Purchase, PaymentOperation]]:
+def lock_purchases_and_operations(
+    pairs: list[tuple[str, str]],
+) -> list[tuple[Purchase, PaymentOperation]]:
     """`lock_purchase_and_operation` for a batch of (operation id, purchase id) pairs, in
     two statements: every purchase first, then every operation, each in id order (so two
     batches never wait on each other in a cycle). Pairs whose operation is gone are left
     out."""
-    purchases = {p.id: p for p in Purchase.objects.select_for_update(of=("self",))
-                 .filter(id__in={pid for _, pid in pairs}).order_by("id")}
-    ops = {o.id: o for o in PaymentOperation.objects.select_for_update(of=("self",))
-           .filter(id__in=[oid for oid, _ in pairs]).order_by("id")}
+    purchases = {
+        p.id: p
+        for p in Purchase.objects.select_for_update(of=("self",))
+        .filter(id__in={pid for _, pid in pairs})
+        .order_by("id")
+    }
+    ops = {
+        o.id: o
+        for o in PaymentOperation.objects.select_for_update(of=("self",))
+        .filter(id__in=[oid for oid, _ in pairs])
+        .order_by("id")
+    }
     locked = []
     for op_id, _ in pairs:
         op = ops.get(op_id)
@@ -115,8 +133,12 @@ def signer_lock_key(address: str) -> int:
 
 
 @contextlib.contextmanager
-def signer_lock(address: str, *, while_waiting: Callable[[], None] | None = None,
-                wait_slice_seconds: float = 5.0) -> Iterator[None]:
+def signer_lock(
+    address: str,
+    *,
+    while_waiting: Callable[[], None] | None = None,
+    wait_slice_seconds: float = 5.0,
+) -> Iterator[None]:
     """One nonce allocator per chain signer across processes: a PostgreSQL session-level
     advisory lock, held for the block (nonce read -> sign -> persist -> broadcast).
 
@@ -153,14 +175,18 @@ def signer_lock(address: str, *, while_waiting: Callable[[], None] | None = None
             with connection.cursor() as cur:
                 cur.execute("SELECT pg_advisory_unlock(%s)", [key])
         except Exception:  # noqa: BLE001 - the session's end releases it
-            _log.warning("signer lock %s: unlock failed; closing the connection releases it",
-                         address, exc_info=True)
+            _log.warning(
+                "signer lock %s: unlock failed; closing the connection releases it",
+                address,
+                exc_info=True,
+            )
             with contextlib.suppress(Exception):
                 connection.close()
 
 
-def _signer_lock_in_slices(key: int, while_waiting: Callable[[], None],
-                           slice_seconds: float) -> None:
+def _signer_lock_in_slices(
+    key: int, while_waiting: Callable[[], None], slice_seconds: float
+) -> None:
     """pg_advisory_lock under a session `lock_timeout` (autocommit: a timed-out statement
     aborts no transaction), `while_waiting()` between slices. The timeout is reset before
     returning or raising, so the session's later statements keep the default."""
@@ -197,4 +223,5 @@ def assert_outside_transaction() -> None:
 
 def _only_test_case_blocks(conn) -> bool:
     return bool(conn.atomic_blocks) and all(
-        getattr(block, "_from_testcase", False) for block in conn.atomic_blocks)
+        getattr(block, "_from_testcase", False) for block in conn.atomic_blocks
+    )

@@ -1,4 +1,5 @@
 """Payments domain. Only payments.services writes Purchase and PaymentOperation."""
+
 import secrets
 
 from django.conf import settings
@@ -101,7 +102,9 @@ class Product(models.Model):
     never_twice = models.BooleanField(default=False)
 
     class Meta:
-        constraints = [models.CheckConstraint(condition=Q(price__gte=0), name="product_price_nonneg")]
+        constraints = [
+            models.CheckConstraint(condition=Q(price__gte=0), name="product_price_nonneg")
+        ]
 
     def __str__(self) -> str:
         return self.sku
@@ -146,7 +149,9 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     basket_fingerprint = models.CharField(max_length=64, blank=True)
     customer_email = models.EmailField(blank=True, db_index=True)
     status = FSMField(
-        max_length=32, choices=PurchaseStatus.choices, default=PurchaseStatus.AWAITING_PAYMENT,
+        max_length=32,
+        choices=PurchaseStatus.choices,
+        default=PurchaseStatus.AWAITING_PAYMENT,
         protected=True,
     )
     status_token = models.CharField(max_length=64, unique=True, default=new_status_token)
@@ -158,8 +163,9 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     # paid; stored so the console need not derive it with a subquery per row). Written by
     # every status change that saves through `status_change_fields()`.
     paid_at = models.DateTimeField(null=True, blank=True)
-    channel = models.CharField(max_length=16, choices=PurchaseChannel.choices,
-                               default=PurchaseChannel.API)
+    channel = models.CharField(
+        max_length=16, choices=PurchaseChannel.choices, default=PurchaseChannel.API
+    )
 
     class Meta:
         constraints = [
@@ -168,38 +174,67 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
             models.UniqueConstraint(fields=["quote"], name="purchase_one_per_quote"),
         ]
         indexes = [
-            models.Index(fields=["api_client", "customer_key", "created_at"],
-                         name="purchase_client_customer_idx"),
+            models.Index(
+                fields=["api_client", "customer_key", "created_at"],
+                name="purchase_client_customer_idx",
+            ),
             # The console's paid-without-order queue (support.selectors).
-            models.Index(fields=["updated_at"], name="purchase_awaiting_order_idx",
-                         condition=Q(status__in=[PurchaseStatus.PAID.value,
-                                                 PurchaseStatus.FULFILLING.value])),
+            models.Index(
+                fields=["updated_at"],
+                name="purchase_awaiting_order_idx",
+                condition=Q(
+                    status__in=[PurchaseStatus.PAID.value, PurchaseStatus.FULFILLING.value]
+                ),
+            ),
             # The same queue's count and oldest on the dashboard, read in paid_at order: a
             # nested-loop anti join on the order's purchase_id stops at the count's cap
             # instead of hashing every order (support.counts, bench/scale.py).
-            models.Index(fields=["paid_at"], name="purchase_paid_no_order_idx",
-                         condition=Q(status__in=[PurchaseStatus.PAID.value,
-                                                 PurchaseStatus.FULFILLING.value])),
+            models.Index(
+                fields=["paid_at"],
+                name="purchase_paid_no_order_idx",
+                condition=Q(
+                    status__in=[PurchaseStatus.PAID.value, PurchaseStatus.FULFILLING.value]
+                ),
+            ),
             # Console search by e-mail: customer_email__iexact is UPPER(customer_email).
             models.Index(Upper("customer_email"), name="purchase_email_upper_idx"),
             # GET /api/v1/purchases: a client's purchases newest first, keyset-paginated.
-            models.Index(F("api_client"), F("created_at").desc(), F("id").desc(),
-                         name="purchase_client_list_idx"),
+            models.Index(
+                F("api_client"),
+                F("created_at").desc(),
+                F("id").desc(),
+                name="purchase_client_list_idx",
+            ),
         ]
 
     # Transitions set fields only (no side effects); services lock, transition, save.
     S = PurchaseStatus
 
-    @transition(field=status, source=[S.AWAITING_PAYMENT, S.PAYMENT_FAILED, S.PAYMENT_UNKNOWN,
-                                      S.ACTION_REQUIRED, S.MANUAL_REVIEW], target=S.PAYMENT_PENDING)
+    @transition(
+        field=status,
+        source=[
+            S.AWAITING_PAYMENT,
+            S.PAYMENT_FAILED,
+            S.PAYMENT_UNKNOWN,
+            S.ACTION_REQUIRED,
+            S.MANUAL_REVIEW,
+        ],
+        target=S.PAYMENT_PENDING,
+    )
     def mark_payment_pending(self): ...
 
-    @transition(field=status, source=[S.PAYMENT_PENDING, S.AWAITING_PAYMENT, S.MANUAL_REVIEW],
-                target=S.PAYMENT_UNKNOWN)
+    @transition(
+        field=status,
+        source=[S.PAYMENT_PENDING, S.AWAITING_PAYMENT, S.MANUAL_REVIEW],
+        target=S.PAYMENT_UNKNOWN,
+    )
     def mark_payment_unknown(self): ...
 
-    @transition(field=status, source=[S.PAYMENT_PENDING, S.PAYMENT_UNKNOWN, S.AWAITING_PAYMENT,
-                                      S.MANUAL_REVIEW], target=S.ACTION_REQUIRED)
+    @transition(
+        field=status,
+        source=[S.PAYMENT_PENDING, S.PAYMENT_UNKNOWN, S.AWAITING_PAYMENT, S.MANUAL_REVIEW],
+        target=S.ACTION_REQUIRED,
+    )
     def mark_action_required(self): ...
 
     def status_change_fields(self) -> list[str]:
@@ -211,13 +246,31 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
             return ["status", "paid_at", "updated_at"]
         return ["status", "updated_at"]
 
-    @transition(field=status, source=[S.PAYMENT_PENDING, S.PAYMENT_UNKNOWN, S.ACTION_REQUIRED,
-                                      S.AWAITING_PAYMENT, S.MANUAL_REVIEW], target=S.PAYMENT_FAILED)
+    @transition(
+        field=status,
+        source=[
+            S.PAYMENT_PENDING,
+            S.PAYMENT_UNKNOWN,
+            S.ACTION_REQUIRED,
+            S.AWAITING_PAYMENT,
+            S.MANUAL_REVIEW,
+        ],
+        target=S.PAYMENT_FAILED,
+    )
     def mark_payment_failed(self): ...
 
-    @transition(field=status, source=[S.PAYMENT_PENDING, S.PAYMENT_UNKNOWN, S.ACTION_REQUIRED,
-                                      S.AWAITING_PAYMENT, S.PAYMENT_FAILED, S.MANUAL_REVIEW],
-                target=S.PAID)
+    @transition(
+        field=status,
+        source=[
+            S.PAYMENT_PENDING,
+            S.PAYMENT_UNKNOWN,
+            S.ACTION_REQUIRED,
+            S.AWAITING_PAYMENT,
+            S.PAYMENT_FAILED,
+            S.MANUAL_REVIEW,
+        ],
+        target=S.PAID,
+    )
     def mark_paid(self): ...
 
     @transition(field=status, source=[S.PAID, S.MANUAL_REVIEW], target=S.FULFILLING)
@@ -229,21 +282,45 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     @transition(field=status, source="*", target=S.MANUAL_REVIEW)
     def mark_manual_review(self): ...
 
-    @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
-                                      S.REFUND_PENDING], target=S.REFUND_PENDING)
+    @transition(
+        field=status,
+        source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW, S.REFUND_PENDING],
+        target=S.REFUND_PENDING,
+    )
     def mark_refund_pending(self): ...
 
     # DISPUTE_WON too: the merchant kept the money, then gave it back in full (goodwill).
-    @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
-                                      S.REFUND_PENDING, S.DISPUTED, S.DISPUTE_WON],
-                target=S.REFUNDED)
+    @transition(
+        field=status,
+        source=[
+            S.PAID,
+            S.FULFILLING,
+            S.COMPLETED,
+            S.MANUAL_REVIEW,
+            S.REFUND_PENDING,
+            S.DISPUTED,
+            S.DISPUTE_WON,
+        ],
+        target=S.REFUNDED,
+    )
     def mark_refunded(self): ...
 
     # Disputes (payments.services.disputes): open from any paid state, close by how it ended; an
     # inquiry closed without a dispute (`warning_closed`) returns to the state before it.
-    @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
-                                      S.REFUND_PENDING, S.REFUNDED, S.DISPUTE_WON,
-                                      S.DISPUTE_LOST], target=S.DISPUTED)
+    @transition(
+        field=status,
+        source=[
+            S.PAID,
+            S.FULFILLING,
+            S.COMPLETED,
+            S.MANUAL_REVIEW,
+            S.REFUND_PENDING,
+            S.REFUNDED,
+            S.DISPUTE_WON,
+            S.DISPUTE_LOST,
+        ],
+        target=S.DISPUTED,
+    )
     def mark_disputed(self): ...
 
     @transition(field=status, source=S.DISPUTED, target=S.DISPUTE_WON)
@@ -252,27 +329,39 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     @transition(field=status, source=S.DISPUTED, target=S.DISPUTE_LOST)
     def mark_dispute_lost(self): ...
 
-    @transition(field=status, source=S.DISPUTED,
-                target=RETURN_VALUE(S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
-                                    S.REFUND_PENDING, S.REFUNDED))
+    @transition(
+        field=status,
+        source=S.DISPUTED,
+        target=RETURN_VALUE(
+            S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW, S.REFUND_PENDING, S.REFUNDED
+        ),
+    )
     def mark_dispute_withdrawn(self, restore_to: str) -> str:
         return restore_to
+
     # A refund that left `refund_pending` without refunding everything (partial success,
     # failure) returns the purchase to where it was before
     # (docs/reliability.md#rules-every-money-movement-obeys).
-    @transition(field=status, source=S.REFUND_PENDING,
-                target=RETURN_VALUE(S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW))
+    @transition(
+        field=status,
+        source=S.REFUND_PENDING,
+        target=RETURN_VALUE(S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW),
+    )
     def restore_after_refund(self, prior):
         return prior
 
     # COMPLETED too: an operator may void after fulfilment (console, with a reason); the
     # compensating steps then cancel the order (docs/recovery.md#cancelled-and-expired).
-    @transition(field=status, source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW,
-                                      S.REFUND_PENDING], target=S.VOIDED)
+    @transition(
+        field=status,
+        source=[S.PAID, S.FULFILLING, S.COMPLETED, S.MANUAL_REVIEW, S.REFUND_PENDING],
+        target=S.VOIDED,
+    )
     def mark_voided(self): ...
 
-    @transition(field=status, source=[S.AWAITING_PAYMENT, S.PAYMENT_FAILED, S.VOIDED],
-                target=S.CANCELLED)
+    @transition(
+        field=status, source=[S.AWAITING_PAYMENT, S.PAYMENT_FAILED, S.VOIDED], target=S.CANCELLED
+    )
     def mark_cancelled(self): ...
 
     @transition(field=status, source=[S.AWAITING_PAYMENT, S.PAYMENT_FAILED], target=S.EXPIRED)
@@ -286,8 +375,9 @@ class BuyerConfirmation(models.Model):
     page. Single use, short-lived, stored only as a hash: the buyer reads the code off the
     page and gives it to the storefront; an agent cannot make one up."""
 
-    purchase = models.ForeignKey(Purchase, on_delete=models.PROTECT,
-                                 related_name="buyer_confirmations")
+    purchase = models.ForeignKey(
+        Purchase, on_delete=models.PROTECT, related_name="buyer_confirmations"
+    )
     code_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField()
@@ -308,27 +398,34 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
     provider_reference = models.CharField(max_length=100, blank=True, db_index=True)
     provider_charge = models.CharField(max_length=100, blank=True, db_index=True)
     provider_account = models.CharField(max_length=100, blank=True)
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT,
-                               related_name="children")
-    retry_of = models.OneToOneField("self", null=True, blank=True, on_delete=models.PROTECT,
-                                    related_name="retried_by")
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+    retry_of = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="retried_by"
+    )
     payment_method = models.CharField(max_length=100, blank=True, help_text="a provider token")
     capture_method = models.CharField(max_length=16, default="automatic")
-    outcome = FSMField(max_length=24, choices=Outcome.choices, default=Outcome.PENDING,
-                       protected=True)
+    outcome = FSMField(
+        max_length=24, choices=Outcome.choices, default=Outcome.PENDING, protected=True
+    )
     stage = models.CharField(max_length=16, choices=Stage.choices, default=Stage.QUEUED)
     grade = models.CharField(max_length=16, choices=Grade.choices, default=Grade.NONE, blank=True)
-    verification = models.CharField(max_length=16, choices=Verification.choices,
-                                    default=Verification.UNVERIFIED)
+    verification = models.CharField(
+        max_length=16, choices=Verification.choices, default=Verification.UNVERIFIED
+    )
     reason = models.CharField(max_length=40, blank=True)
     next_action_owner = models.CharField(max_length=16, choices=Owner.choices, default=Owner.NONE)
     provider_status = models.CharField(max_length=40, blank=True)
-    requested_by_client = models.ForeignKey(ApiClient, null=True, blank=True,
-                                            on_delete=models.PROTECT)
-    requested_by_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
-                                          on_delete=models.PROTECT, related_name="+")
-    approved_by_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
-                                         on_delete=models.PROTECT, related_name="+")
+    requested_by_client = models.ForeignKey(
+        ApiClient, null=True, blank=True, on_delete=models.PROTECT
+    )
+    requested_by_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    approved_by_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     confirm_claimed_at = models.DateTimeField(null=True, blank=True)
     dispatch_deadline = models.DateTimeField(null=True, blank=True, db_index=True)
     reconcile_attempts = models.PositiveIntegerField(default=0)
@@ -364,8 +461,11 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
             # provider did, and compensated; it never counts as the purchase's payment.
             models.UniqueConstraint(
                 fields=["purchase"],
-                condition=Q(outcome=Outcome.SUCCEEDED.value,
-                            kind__in=[k.value for k in PAYMENT_KINDS], is_duplicate=False),
+                condition=Q(
+                    outcome=Outcome.SUCCEEDED.value,
+                    kind__in=[k.value for k in PAYMENT_KINDS],
+                    is_duplicate=False,
+                ),
                 name="op_one_success_payment_per_purchase",
             ),
             # One external operation per provider object (a refund reported by both
@@ -382,27 +482,41 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
         indexes = [
             # Open operations by outcome, oldest first: unknown, escalated, refund approval.
             # `id` included: money at risk takes the unknown ids from the index alone.
-            models.Index(fields=["outcome", "created_at"], name="op_open_by_outcome_idx",
-                         include=["id"],
-                         condition=~Q(outcome__in=[Outcome.SUCCEEDED.value,
-                                                   Outcome.FAILED.value])),
-            models.Index(fields=["created_at"], name="op_compensation_idx",
-                         condition=Q(is_compensation=True)),
+            models.Index(
+                fields=["outcome", "created_at"],
+                name="op_open_by_outcome_idx",
+                include=["id"],
+                condition=~Q(outcome__in=[Outcome.SUCCEEDED.value, Outcome.FAILED.value]),
+            ),
+            models.Index(
+                fields=["created_at"], name="op_compensation_idx", condition=Q(is_compensation=True)
+            ),
             # The dashboard's "recently settled payments" figure.
-            models.Index(fields=["settled_at"], name="op_succeeded_settled_idx",
-                         condition=Q(outcome=Outcome.SUCCEEDED.value)),
+            models.Index(
+                fields=["settled_at"],
+                name="op_succeeded_settled_idx",
+                condition=Q(outcome=Outcome.SUCCEEDED.value),
+            ),
             # The duplicate-charges queue, oldest by settled_at.
-            models.Index(fields=["settled_at"], name="op_duplicate_settled_idx",
-                         condition=Q(is_duplicate=True)),
+            models.Index(
+                fields=["settled_at"],
+                name="op_duplicate_settled_idx",
+                condition=Q(is_duplicate=True),
+            ),
             # The escalated queue (support.queues), oldest first: only escalated
             # operations, not every open one read back to find none escalated.
-            models.Index(fields=["created_at"], name="op_escalated_idx",
-                         condition=Q(stage=Stage.ESCALATED.value)
-                         | Q(escalated_at__isnull=False)),
+            models.Index(
+                fields=["created_at"],
+                name="op_escalated_idx",
+                condition=Q(stage=Stage.ESCALATED.value) | Q(escalated_at__isnull=False),
+            ),
             # The overturned-resolution queue (support.queues): operations waiting for
             # support, oldest by settled_at, each probed for an overturn transition.
-            models.Index(fields=["settled_at"], name="op_support_owned_settled_idx",
-                         condition=Q(next_action_owner=Owner.SUPPORT.value)),
+            models.Index(
+                fields=["settled_at"],
+                name="op_support_owned_settled_idx",
+                condition=Q(next_action_owner=Owner.SUPPORT.value),
+            ),
         ]
 
     Oc = Outcome
@@ -420,8 +534,9 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
     def settle_succeeded(self):
         self.stage = Stage.SETTLED
 
-    @transition(field=outcome, source=_SETTLEABLE + [Oc.PENDING, Oc.AWAITING_APPROVAL],
-                target=Oc.FAILED)
+    @transition(
+        field=outcome, source=_SETTLEABLE + [Oc.PENDING, Oc.AWAITING_APPROVAL], target=Oc.FAILED
+    )
     def settle_failed(self):
         self.stage = Stage.SETTLED
 
@@ -434,18 +549,27 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
     def overturn_to_failed(self):
         self.stage = Stage.SETTLED
 
-    @transition(field=outcome, source=[Oc.PENDING, Oc.DISPATCHING, Oc.AWAITING_PROVIDER,
-                                       Oc.AWAITING_BUYER], target=Oc.UNKNOWN)
+    @transition(
+        field=outcome,
+        source=[Oc.PENDING, Oc.DISPATCHING, Oc.AWAITING_PROVIDER, Oc.AWAITING_BUYER],
+        target=Oc.UNKNOWN,
+    )
     def mark_unknown(self):
         self.stage = Stage.RECONCILING
 
-    @transition(field=outcome, source=[Oc.DISPATCHING, Oc.UNKNOWN, Oc.AWAITING_BUYER,
-                                       Oc.AWAITING_PROVIDER], target=Oc.AWAITING_PROVIDER)
+    @transition(
+        field=outcome,
+        source=[Oc.DISPATCHING, Oc.UNKNOWN, Oc.AWAITING_BUYER, Oc.AWAITING_PROVIDER],
+        target=Oc.AWAITING_PROVIDER,
+    )
     def mark_awaiting_provider(self):
         self.stage = Stage.RECONCILING
 
-    @transition(field=outcome, source=[Oc.DISPATCHING, Oc.UNKNOWN, Oc.AWAITING_PROVIDER,
-                                       Oc.AWAITING_BUYER], target=Oc.AWAITING_BUYER)
+    @transition(
+        field=outcome,
+        source=[Oc.DISPATCHING, Oc.UNKNOWN, Oc.AWAITING_PROVIDER, Oc.AWAITING_BUYER],
+        target=Oc.AWAITING_BUYER,
+    )
     def mark_awaiting_buyer(self):
         self.stage = Stage.RECONCILING
 
@@ -467,8 +591,9 @@ class X402Authorization(models.Model):
     hash of the signature is kept: the signature itself lets anyone move the money.
     """
 
-    operation = models.OneToOneField(PaymentOperation, on_delete=models.PROTECT,
-                                     related_name="x402", primary_key=True)
+    operation = models.OneToOneField(
+        PaymentOperation, on_delete=models.PROTECT, related_name="x402", primary_key=True
+    )
     network = models.CharField(max_length=40)
     asset = models.CharField(max_length=42)
     pay_to = models.CharField(max_length=42)
@@ -482,14 +607,16 @@ class X402Authorization(models.Model):
     payment_identifier = models.CharField(max_length=128, blank=True)
     # Whose `payment_identifier` it is: the buyer's idempotency key names a payment among
     # its own API client's only (x402_one_op_per_client_payment_identifier).
-    api_client = models.ForeignKey(ApiClient, null=True, blank=True, on_delete=models.PROTECT,
-                                   related_name="+")
+    api_client = models.ForeignKey(
+        ApiClient, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     # The settlement's transaction (broadcast or mined) and what the chain said last.
     transaction_hash = models.CharField(max_length=66, blank=True, db_index=True)
     block_number = models.BigIntegerField(null=True, blank=True)
     confirmations = models.PositiveIntegerField(default=0)
-    settle_answer = models.JSONField(default=dict, blank=True,
-                                     help_text="the facilitator's SettleResponse, safe fields")
+    settle_answer = models.JSONField(
+        default=dict, blank=True, help_text="the facilitator's SettleResponse, safe fields"
+    )
     # The proof of payment this operation claims: THIS authorization's Transfer(payer ->
     # pay_to, value) log on chain, by transaction and block log index
     # (payments.providers.x402.authorization_transfer). One log pays one operation: the
@@ -504,14 +631,19 @@ class X402Authorization(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["payer", "nonce"], name="x402_one_op_per_authorization"),
-            models.UniqueConstraint(fields=["network", "asset", "proof_transaction",
-                                            "proof_log_index"],
-                                    condition=~Q(proof_transaction=""),
-                                    name="x402_one_op_per_proving_log"),
-            models.UniqueConstraint(fields=["api_client", "payment_identifier"],
-                                    condition=~Q(payment_identifier=""),
-                                    name="x402_one_op_per_client_payment_identifier"),
+            models.UniqueConstraint(
+                fields=["payer", "nonce"], name="x402_one_op_per_authorization"
+            ),
+            models.UniqueConstraint(
+                fields=["network", "asset", "proof_transaction", "proof_log_index"],
+                condition=~Q(proof_transaction=""),
+                name="x402_one_op_per_proving_log",
+            ),
+            models.UniqueConstraint(
+                fields=["api_client", "payment_identifier"],
+                condition=~Q(payment_identifier=""),
+                name="x402_one_op_per_client_payment_identifier",
+            ),
         ]
 
 
@@ -524,8 +656,9 @@ class X402RefundTransfer(models.Model):
     receipt. The refund signer's key is never stored (X402_REFUND_PRIVATE_KEY).
     """
 
-    operation = models.OneToOneField(PaymentOperation, on_delete=models.PROTECT,
-                                     related_name="x402_refund", primary_key=True)
+    operation = models.OneToOneField(
+        PaymentOperation, on_delete=models.PROTECT, related_name="x402_refund", primary_key=True
+    )
     network = models.CharField(max_length=40)
     asset = models.CharField(max_length=42)
     from_address = models.CharField(max_length=42, help_text="the refund signer")
@@ -542,8 +675,9 @@ class X402RefundTransfer(models.Model):
 class ProviderCall(models.Model):
     """Every request to the provider. Safe fields only: no card data, no secrets."""
 
-    operation = models.ForeignKey(PaymentOperation, on_delete=models.PROTECT,
-                                  related_name="provider_calls")
+    operation = models.ForeignKey(
+        PaymentOperation, on_delete=models.PROTECT, related_name="provider_calls"
+    )
     purpose = models.CharField(max_length=16, choices=CallPurpose.choices)
     step = models.CharField(max_length=16, choices=CallStep.choices)
     attempt = models.PositiveSmallIntegerField(default=1)
@@ -574,8 +708,9 @@ class Hold(models.Model):
     """A spending reservation of one operation against an API client's limit."""
 
     api_client = models.ForeignKey(ApiClient, on_delete=models.PROTECT, related_name="holds")
-    operation = models.OneToOneField(PaymentOperation, on_delete=models.PROTECT,
-                                     related_name="hold")
+    operation = models.OneToOneField(
+        PaymentOperation, on_delete=models.PROTECT, related_name="hold"
+    )
     amount = models.BigIntegerField()
     currency = models.CharField(max_length=3)
     state = models.CharField(max_length=16, choices=HoldState.choices, default=HoldState.RESERVED)
@@ -588,9 +723,12 @@ class Hold(models.Model):
         indexes = [
             # The dashboard's money at risk (reserved holds, unknown exposure).
             # Covering: the sum reads the index only (no heap page per hold).
-            models.Index(fields=["operation"], name="hold_reserved_idx",
-                         include=["currency", "amount", "api_client"],
-                         condition=Q(state=HoldState.RESERVED.value)),
+            models.Index(
+                fields=["operation"],
+                name="hold_reserved_idx",
+                include=["currency", "amount", "api_client"],
+                condition=Q(state=HoldState.RESERVED.value),
+            ),
         ]
 
 
@@ -598,8 +736,13 @@ class OperationTransition(models.Model):
     """Append-only history of every operation or purchase transition (the timeline)."""
 
     purchase = models.ForeignKey(Purchase, on_delete=models.PROTECT, related_name="transitions")
-    operation = models.ForeignKey(PaymentOperation, null=True, blank=True,
-                                  on_delete=models.PROTECT, related_name="transitions")
+    operation = models.ForeignKey(
+        PaymentOperation,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="transitions",
+    )
     field = models.CharField(max_length=16)  # "outcome" | "status"
     source = models.CharField(max_length=32)
     target = models.CharField(max_length=32)
@@ -635,7 +778,9 @@ class IdempotencyRecord(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["api_client", "route", "key"], name="idem_scope_unique"),
+            models.UniqueConstraint(
+                fields=["api_client", "route", "key"], name="idem_scope_unique"
+            ),
         ]
 
 
@@ -648,8 +793,7 @@ class Dispute(models.Model):
 
     id = models.CharField(primary_key=True, max_length=100, help_text="the provider's id")
     purchase = models.ForeignKey(Purchase, on_delete=models.PROTECT, related_name="disputes")
-    payment = models.ForeignKey(PaymentOperation, on_delete=models.PROTECT,
-                                related_name="disputes")
+    payment = models.ForeignKey(PaymentOperation, on_delete=models.PROTECT, related_name="disputes")
     charge = models.CharField(max_length=100, blank=True)
     payment_intent = models.CharField(max_length=100, blank=True)
     amount = models.BigIntegerField()

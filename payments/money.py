@@ -8,6 +8,7 @@ an amount from a person goes through this module, so a typed `10` can never beco
 
 A leaf: imports nothing from Verity.
 """
+
 from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
@@ -48,8 +49,13 @@ def to_major(amount_minor: int, currency: str) -> Decimal:
     return Decimal(int(amount_minor)).scaleb(-currency_exponent(currency))
 
 
-def format_money(amount_minor: int | None, currency: str | None, *,
-                 locale: str = DEFAULT_LOCALE, missing: str = "—") -> str:
+def format_money(
+    amount_minor: int | None,
+    currency: str | None,
+    *,
+    locale: str = DEFAULT_LOCALE,
+    missing: str = "—",
+) -> str:
     """`3050, "usd"` -> "30.50 USD"; `1000, "jpy"` -> "1,000 JPY"; None -> "—"."""
     code = currency_code(currency)
     if amount_minor is None:
@@ -58,8 +64,7 @@ def format_money(amount_minor: int | None, currency: str | None, *,
         return f"{int(amount_minor):,} (minor units, no currency)"
     value = to_major(amount_minor, code)
     pattern = _NEGATIVE_PATTERN if value < 0 else _PATTERN
-    return format_currency(abs(value), code, format=pattern, locale=locale,
-                           currency_digits=True)
+    return format_currency(abs(value), code, format=pattern, locale=locale, currency_digits=True)
 
 
 def format_major(amount_minor: int, currency: str, *, locale: str = DEFAULT_LOCALE) -> str:
@@ -82,21 +87,24 @@ def parse_money(text: str, currency: str, *, locale: str = DEFAULT_LOCALE) -> in
     if upper.endswith(code):
         raw = raw[: -len(code)].strip()
     elif upper.startswith(code):
-        raw = raw[len(code):].strip()
+        raw = raw[len(code) :].strip()
     if not raw:
         raise MoneyInputError("amount_required", "Enter an amount.")
     try:
         value = parse_decimal(raw, locale=locale, strict=True)
     except (NumberFormatError, InvalidOperation, ValueError):
         raise MoneyInputError(
-            "amount_invalid", f"“{text.strip()}” is not an amount in {code} "
-            f"(write it like {format_major(123450, code)}).") from None
+            "amount_invalid",
+            f"“{text.strip()}” is not an amount in {code} "
+            f"(write it like {format_major(123450, code)}).",
+        ) from None
     if not value.is_finite() or value <= 0:
         raise MoneyInputError("amount_not_positive", "The amount must be more than zero.")
     exp = currency_exponent(code)
     minor = value.scaleb(exp)
     if minor != minor.to_integral_value():
         places = "no decimals" if exp == 0 else f"at most {exp} decimals"
-        raise MoneyInputError("amount_precision",
-                              f"{code} amounts have {places}; “{text.strip()}” has more.")
+        raise MoneyInputError(
+            "amount_precision", f"{code} amounts have {places}; “{text.strip()}” has more."
+        )
     return int(minor)

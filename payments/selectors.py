@@ -4,6 +4,7 @@ The views and their `next_action` are built by payments/api/presenters.py, at th
 view joins the core's rows with the workflow's (fulfilment steps, the order reference), so
 it sits above both layers, beside every surface that reads it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,9 +37,13 @@ class PurchaseFilter:
     amount_max: int | None = None
 
 
-def purchases_list_for_client(*, api_client: ApiClient, where: PurchaseFilter,
-                              cursor: tuple[datetime, str] | None = None,
-                              limit: int = 20) -> list[Purchase]:
+def purchases_list_for_client(
+    *,
+    api_client: ApiClient,
+    where: PurchaseFilter,
+    cursor: tuple[datetime, str] | None = None,
+    limit: int = 20,
+) -> list[Purchase]:
     """The client's purchases, newest first, after `cursor` (the last row's created_at and
     id): keyset pagination, so a page costs the same at row 10 and at row 1 000 000."""
     qs = Purchase.objects.select_related("quote").filter(api_client=api_client)
@@ -61,15 +66,19 @@ def purchases_list_for_client(*, api_client: ApiClient, where: PurchaseFilter,
         # OR alone made the planner walk the client's index from its newest row (a page
         # deep in 1 M purchases read ~half of them: bench/scale.py "later page").
         qs = qs.filter(created_at__lte=at).filter(
-            Q(created_at__lt=at) | Q(created_at=at, id__lt=pk))
-    return list(qs.order_by("-created_at", "-id")[:max(1, min(limit, PURCHASE_LIST_MAX))])
+            Q(created_at__lt=at) | Q(created_at=at, id__lt=pk)
+        )
+    return list(qs.order_by("-created_at", "-id")[: max(1, min(limit, PURCHASE_LIST_MAX))])
 
 
 # Compiled once per process, a prepared statement on PostgreSQL (payments.view_queries).
 _PURCHASE_OF_CLIENT = CompiledRead(
-    lambda pk, client_id: Purchase.objects.select_related("quote")
-    .filter(pk=pk, api_client_id=client_id)[:1],
-    "\x01verity-purchase", "\x01verity-client")
+    lambda pk, client_id: Purchase.objects.select_related("quote").filter(
+        pk=pk, api_client_id=client_id
+    )[:1],
+    "\x01verity-purchase",
+    "\x01verity-client",
+)
 
 
 def purchase_get_for_client(*, purchase_id: str, api_client: ApiClient) -> Purchase | None:
@@ -78,8 +87,9 @@ def purchase_get_for_client(*, purchase_id: str, api_client: ApiClient) -> Purch
     return found[0] if found else None
 
 
-def operation_get_for_client(*, operation_id: str, api_client: ApiClient
-                             ) -> PaymentOperation | None:
+def operation_get_for_client(
+    *, operation_id: str, api_client: ApiClient
+) -> PaymentOperation | None:
     """The client's own operations; a resolver credential (`operations:resolve`, an
     operations tool that must act on operations it did not request) sees every one."""
     qs = operations_for_view().filter(pk=operation_id)
@@ -109,8 +119,9 @@ class PurchaseMoney:
         """The money went back to the buyer IN FULL: voided, or refunds and lost disputes
         together gave back all that was captured. A lost chargeback of part of the payment
         leaves the merchant the rest: the goods stay, as after a partial refund."""
-        return self.voided or (self.captured > 0
-                               and self.refunded + self.dispute_lost_amount >= self.captured)
+        return self.voided or (
+            self.captured > 0 and self.refunded + self.dispute_lost_amount >= self.captured
+        )
 
     @property
     def kept(self) -> bool:
@@ -118,8 +129,9 @@ class PurchaseMoney:
 
 
 def purchase_money(purchase_id: str) -> PurchaseMoney:
-    own = (PaymentOperation.objects.filter(purchase_id=purchase_id, is_duplicate=False)
-           .exclude(parent__is_duplicate=True))
+    own = PaymentOperation.objects.filter(purchase_id=purchase_id, is_duplicate=False).exclude(
+        parent__is_duplicate=True
+    )
     rows = own.values_list("kind", "outcome", "amount")
     paid = captured = refunded = 0
     awaiting = voided = False
@@ -136,8 +148,17 @@ def purchase_money(purchase_id: str) -> PurchaseMoney:
             awaiting = True
         elif kind == OperationKind.VOID and outcome == Outcome.SUCCEEDED:
             voided = True
-    lost = list(Dispute.objects.filter(purchase_id=purchase_id, payment__is_duplicate=False,
-                                       status=DisputeStatus.LOST).values_list("amount", flat=True))
-    return PurchaseMoney(paid=bool(paid), captured=captured, refunded=refunded,
-                         refund_awaiting_provider=awaiting, voided=voided,
-                         dispute_lost=bool(lost), dispute_lost_amount=sum(lost))
+    lost = list(
+        Dispute.objects.filter(
+            purchase_id=purchase_id, payment__is_duplicate=False, status=DisputeStatus.LOST
+        ).values_list("amount", flat=True)
+    )
+    return PurchaseMoney(
+        paid=bool(paid),
+        captured=captured,
+        refunded=refunded,
+        refund_awaiting_provider=awaiting,
+        voided=voided,
+        dispute_lost=bool(lost),
+        dispute_lost_amount=sum(lost),
+    )

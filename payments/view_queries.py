@@ -10,6 +10,7 @@ The counts are `RawSQL` on purpose: the ORM's `Subquery(…annotate(Count))` cos
 to compile on every request (~5 ms, expression hashing) than the whole query takes in
 PostgreSQL. The SQL is plain and portable (PostgreSQL and SQLite).
 """
+
 from __future__ import annotations
 
 from django.db.models import IntegerField, QuerySet
@@ -24,15 +25,22 @@ _PAYMENT_KIND_VALUES = [k.value for k in PAYMENT_KINDS]
 
 
 def _calls(purpose: CallPurpose) -> RawSQL:
-    return RawSQL(f'SELECT COUNT(*) FROM "{_CALL}" c WHERE c."operation_id" = "{_OP}"."id" '
-                  f'AND c."purpose" = %s', [purpose.value], output_field=IntegerField())
+    return RawSQL(
+        f'SELECT COUNT(*) FROM "{_CALL}" c WHERE c."operation_id" = "{_OP}"."id" '
+        f'AND c."purpose" = %s',
+        [purpose.value],
+        output_field=IntegerField(),
+    )
 
 
 def _payment_attempts() -> RawSQL:
     marks = ", ".join(["%s"] * len(_PAYMENT_KIND_VALUES))
-    return RawSQL(f'SELECT COUNT(*) FROM "{_OP}" p WHERE p."purchase_id" = '
-                  f'"{_OP}"."purchase_id" AND p."kind" IN ({marks})', _PAYMENT_KIND_VALUES,
-                  output_field=IntegerField())
+    return RawSQL(
+        f'SELECT COUNT(*) FROM "{_OP}" p WHERE p."purchase_id" = '
+        f'"{_OP}"."purchase_id" AND p."kind" IN ({marks})',
+        _PAYMENT_KIND_VALUES,
+        output_field=IntegerField(),
+    )
 
 
 def _retried_by_id() -> RawSQL:
@@ -43,11 +51,12 @@ def _retried_by_id() -> RawSQL:
 def operations_for_view(qs: QuerySet | None = None) -> QuerySet:
     """`qs` (default: every operation) joined and annotated for `operation_view`."""
     qs = PaymentOperation.objects.all() if qs is None else qs
-    return (qs.select_related("purchase", "purchase__quote", "hold")
-            .annotate(view_dispatch_attempts=_calls(CallPurpose.DISPATCH),
-                      view_reconcile_attempts=_calls(CallPurpose.RECONCILE),
-                      view_payment_attempts=_payment_attempts(),
-                      view_retried_by_id=_retried_by_id()))
+    return qs.select_related("purchase", "purchase__quote", "hold").annotate(
+        view_dispatch_attempts=_calls(CallPurpose.DISPATCH),
+        view_reconcile_attempts=_calls(CallPurpose.RECONCILE),
+        view_payment_attempts=_payment_attempts(),
+        view_retried_by_id=_retried_by_id(),
+    )
 
 
 def retried_by_id(op: PaymentOperation) -> str | None:
@@ -79,12 +88,14 @@ def purchase_view_calls(purchase_id: str) -> list[tuple]:
     operations, its order reference, its disputes — `purchase_view_keep` takes their rows
     in this order."""
     values = (purchase_id,)
-    return [(_PURCHASE_OPERATIONS, values), (_ORDER_REFERENCE, values),
-            (_PURCHASE_DISPUTES, values)]
+    return [
+        (_PURCHASE_OPERATIONS, values),
+        (_ORDER_REFERENCE, values),
+        (_PURCHASE_DISPUTES, values),
+    ]
 
 
-def purchase_view_keep(purchase, ops_rows: list, order_rows: list, dispute_rows: list
-                       ) -> list:
+def purchase_view_keep(purchase, ops_rows: list, order_rows: list, dispute_rows: list) -> list:
     """Keep the rows of `purchase_view_calls` on the instance; the operations as model
     instances (with their parents), ordered by creation."""
     ops = _PURCHASE_OPERATIONS.instances_of(ops_rows)
@@ -130,9 +141,15 @@ def purchase_operations_forget(purchase) -> None:
     purchase.__dict__.pop(_DISPUTES_ATTR, None)
 
 
-__all__ += ["purchase_disputes", "purchase_operations_forget", "purchase_operations_load",
-            "purchase_operations_loaded", "purchase_order_reference", "purchase_view_calls",
-            "purchase_view_keep"]
+__all__ += [
+    "purchase_disputes",
+    "purchase_operations_forget",
+    "purchase_operations_load",
+    "purchase_operations_loaded",
+    "purchase_order_reference",
+    "purchase_view_calls",
+    "purchase_view_keep",
+]
 
 
 # -- hot reads compiled once per process, run as prepared statements ----------
@@ -237,13 +254,14 @@ def _fast_timestamps(connection, cursor) -> None:
         same = False
     if same:
         cursor.adapters.register_loader(
-            "timestamptz", adapters.get_loader(adapters.types["timestamptz"].oid,
-                                               pq.Format.TEXT))
+            "timestamptz", adapters.get_loader(adapters.types["timestamptz"].oid, pq.Format.TEXT)
+        )
 
 
 def prepared_statements_on(connection) -> bool:
-    return (connection.vendor == "postgresql"
-            and getattr(_settings, "DATABASE_PREPARED_STATEMENTS", True))
+    return connection.vendor == "postgresql" and getattr(
+        _settings, "DATABASE_PREPARED_STATEMENTS", True
+    )
 
 
 class CompiledRead:
@@ -276,17 +294,28 @@ class CompiledRead:
             raise ValueError(f"marker(s) {sorted(missing)} not found in the compiled SQL")
         # The columns' converters (from_db_value & co.), found once: results_iter would
         # look them up again on every call (a field comparison per column).
-        fields = [col[0] for col in compiler.select[:compiler.col_count]]
+        fields = [col[0] for col in compiler.select[: compiler.col_count]]
         converters = compiler.get_converters(fields)
-        compiled = self._compiled[using] = (sql, tuple(params), tuple(slots), compiler,
-                                            converters, _numbered(sql))
+        compiled = self._compiled[using] = (
+            sql,
+            tuple(params),
+            tuple(slots),
+            compiler,
+            converters,
+            _numbered(sql),
+        )
         return compiled
 
     def _statement(self, values, using: str) -> tuple[str, bytes, list]:
         """(the SQL with `%s` placeholders, the same with `$n` ones, the arguments)."""
-        sql, params, slots, _compiler, _converters, numbered = (self._compiled.get(using)
-                                                                or self._compile(using))
-        return sql, numbered, [p if s is None else values[s] for p, s in zip(params, slots, strict=False)]
+        sql, params, slots, _compiler, _converters, numbered = self._compiled.get(
+            using
+        ) or self._compile(using)
+        return (
+            sql,
+            numbered,
+            [p if s is None else values[s] for p, s in zip(params, slots, strict=False)],
+        )
 
     def _convert(self, raw: list, using: str) -> list:
         _sql, _params, _slots, compiler, converters, _numbered_sql = self._compiled[using]
@@ -330,9 +359,14 @@ class CompiledRead:
         select, klass_info = compiler.select, compiler.klass_info
         fields = klass_info["select_fields"]
         start, end = fields[0], fields[-1] + 1
-        populating = (klass_info["model"], [f[0].target.attname for f in select[start:end]],
-                      start, end, get_related_populators(klass_info, select, using),
-                      tuple((compiler.annotation_col_map or {}).items()))
+        populating = (
+            klass_info["model"],
+            [f[0].target.attname for f in select[start:end]],
+            start,
+            end,
+            get_related_populators(klass_info, select, using),
+            tuple((compiler.annotation_col_map or {}).items()),
+        )
         self._local.populating = (compiled, populating)
         return populating
 
@@ -364,8 +398,11 @@ def _plain_setter(model_cls, field) -> bool:
     if isinstance(descriptor, ForeignKeyDeferredAttribute):
         return True  # on a new instance: no cached related object to drop
     # An FSM state: stored as is, unless it switches the class (state proxies) or converts.
-    return (isinstance(descriptor, FSMFieldDescriptor) and not descriptor.field.state_proxy
-            and not isinstance(descriptor.field, FSMKeyField))
+    return (
+        isinstance(descriptor, FSMFieldDescriptor)
+        and not descriptor.field.state_proxy
+        and not isinstance(descriptor.field, FSMKeyField)
+    )
 
 
 def _build_plan(model_cls) -> tuple | None:
@@ -375,11 +412,13 @@ def _build_plan(model_cls) -> tuple | None:
     global _PLAIN_INITS
     if not _PLAIN_INITS:
         _PLAIN_INITS = (Model.__init__, ConcurrentTransitionMixin.__init__)
-    if (model_cls.__init__ not in _PLAIN_INITS
-            or model_cls.from_db.__func__ is not Model.from_db.__func__
-            or signals.pre_init.has_listeners(model_cls)
-            or signals.post_init.has_listeners(model_cls)
-            or not all(_plain_setter(model_cls, f) for f in model_cls._meta.concrete_fields)):
+    if (
+        model_cls.__init__ not in _PLAIN_INITS
+        or model_cls.from_db.__func__ is not Model.from_db.__func__
+        or signals.pre_init.has_listeners(model_cls)
+        or signals.post_init.has_listeners(model_cls)
+        or not all(_plain_setter(model_cls, f) for f in model_cls._meta.concrete_fields)
+    ):
         return None
     attnames = tuple(f.attname for f in model_cls._meta.concrete_fields)
     initial = None
@@ -439,7 +478,7 @@ def _populate(populator, row, from_obj, using: str) -> None:
     if populator.reorder_for_init:
         obj_data = populator.reorder_for_init(row)
     else:
-        obj_data = row[populator.cols_start:populator.cols_end]
+        obj_data = row[populator.cols_start : populator.cols_end]
     if obj_data[populator.pk_idx] is None:
         obj = None
     else:
@@ -451,8 +490,7 @@ def _populate(populator, row, from_obj, using: str) -> None:
         populator.remote_setter(obj, from_obj)
 
 
-def execute_prepared(sql: str, params: list, *, fetch: str | None = "all",
-                     using: str = "default"):
+def execute_prepared(sql: str, params: list, *, fetch: str | None = "all", using: str = "default"):
     """One raw statement (Django's `%s` placeholders) as a named prepared statement on the
     connection: parsed and planned once per connection, not on every call. With prepared
     statements off (SQLite, or PgBouncer < 1.21 in transaction mode) the same SQL runs on
@@ -514,8 +552,9 @@ def read_together(*calls: tuple[CompiledRead, tuple], using: str = "default") ->
             raws = [cursor.fetchall() for cursor in cursors]
         if connection.queries_logged:  # as execute_prepared: counted like Django's own
             took = f"{time.monotonic() - started:.3f}"
-            connection.queries_log.extend({"sql": sql, "time": took}
-                                          for sql, _numbered, _args in statements)
+            connection.queries_log.extend(
+                {"sql": sql, "time": took} for sql, _numbered, _args in statements
+            )
     else:
         raws = []
         with connection.cursor() as cursor:
@@ -526,7 +565,8 @@ def read_together(*calls: tuple[CompiledRead, tuple], using: str = "default") ->
 
 
 _OPERATION_VIEW = CompiledRead(
-    lambda pk: operations_for_view().filter(pk=pk)[:1], "\x01verity-operation-id")
+    lambda pk: operations_for_view().filter(pk=pk)[:1], "\x01verity-operation-id"
+)
 
 
 def operation_for_view(operation_id: str) -> PaymentOperation | None:
@@ -536,17 +576,20 @@ def operation_for_view(operation_id: str) -> PaymentOperation | None:
 
 
 _PURCHASE_OPERATIONS = CompiledRead(
-    lambda purchase_id: PaymentOperation.objects.filter(purchase_id=purchase_id)
-    .select_related("parent").order_by("created_at", "id"), "\x01verity-purchase")
-
+    lambda purchase_id: (
+        PaymentOperation.objects.filter(purchase_id=purchase_id)
+        .select_related("parent")
+        .order_by("created_at", "id")
+    ),
+    "\x01verity-purchase",
+)
 
 
 def _order_reference_query(purchase_id):
     from recovery.models import Order
 
     # As presenters._order_reference: `.first()` of the purchase's orders, by primary key.
-    return Order.objects.filter(purchase_id=purchase_id).values_list(
-        "reference").order_by("pk")[:1]
+    return Order.objects.filter(purchase_id=purchase_id).values_list("reference").order_by("pk")[:1]
 
 
 _ORDER_REFERENCE = CompiledRead(_order_reference_query, "\x01verity-purchase")
@@ -554,18 +597,30 @@ _ORDER_REFERENCE = CompiledRead(_order_reference_query, "\x01verity-purchase")
 # As presenters.disputes_view read them: `purchase.disputes.order_by("opened_at", "id")`,
 # the six columns the view shows.
 _PURCHASE_DISPUTES = CompiledRead(
-    lambda purchase_id: Dispute.objects.filter(purchase_id=purchase_id)
-    .order_by("opened_at", "id")
-    .values_list("id", "status", "amount", "currency", "reason", "evidence_due_by"),
-    "\x01verity-purchase")
+    lambda purchase_id: (
+        Dispute.objects.filter(purchase_id=purchase_id)
+        .order_by("opened_at", "id")
+        .values_list("id", "status", "amount", "currency", "reason", "evidence_due_by")
+    ),
+    "\x01verity-purchase",
+)
 
 # The client's purchase with its quote (as payments.selectors.purchase_get_for_client), for
 # a purchase view read in the same round trip as its other reads.
 PURCHASE_OF_CLIENT = CompiledRead(
-    lambda pk, client_id: Purchase.objects.select_related("quote")
-    .filter(pk=pk, api_client_id=client_id)[:1],
-    "\x01verity-purchase", "\x01verity-client")
+    lambda pk, client_id: Purchase.objects.select_related("quote").filter(
+        pk=pk, api_client_id=client_id
+    )[:1],
+    "\x01verity-purchase",
+    "\x01verity-client",
+)
 
-__all__ += ["CompiledRead", "PURCHASE_OF_CLIENT", "execute_prepared", "operation_for_view",
-            "preparing",
-            "prepared_statements_on", "read_together"]
+__all__ += [
+    "CompiledRead",
+    "PURCHASE_OF_CLIENT",
+    "execute_prepared",
+    "operation_for_view",
+    "preparing",
+    "prepared_statements_on",
+    "read_together",
+]

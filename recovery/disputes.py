@@ -9,6 +9,7 @@ and, once a dispute is lost, dispute_loss: revenue +(withdrawn - reinstated), di
 The provider_balance rows carry the dispute id as their reference, the `source` of the
 provider's balance transactions, so the settlement comparison matches them.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,37 +52,67 @@ def dispute_ledger_book(*, dispute_id: str) -> int:
             # A dispute can open before fulfilment ever ran: the purchase is no longer paid,
             # so the ledger step never books the sale the withdrawal takes back. Book it
             # here first (idempotent: the ledger step books the same rows).
-            ledger_record_sale(purchase_id=dispute.purchase_id, payment=PaymentInfo(
-                id=payment.id, kind=payment.kind, amount=payment.amount,
-                currency=payment.currency, provider_reference=payment.provider_reference or "",
-                provider_charge=payment.provider_charge or ""))
+            ledger_record_sale(
+                purchase_id=dispute.purchase_id,
+                payment=PaymentInfo(
+                    id=payment.id,
+                    kind=payment.kind,
+                    amount=payment.amount,
+                    currency=payment.currency,
+                    provider_reference=payment.provider_reference or "",
+                    provider_charge=payment.provider_charge or "",
+                ),
+            )
         if moves and payment.is_duplicate:
             # The duplicate's sale is booked (above): its returns already made net it out.
-            for refund in payment.children.filter(kind=OperationKind.REFUND,
-                                                  outcome=Outcome.SUCCEEDED):
+            for refund in payment.children.filter(
+                kind=OperationKind.REFUND, outcome=Outcome.SUCCEEDED
+            ):
                 duplicate_return_book(refund)
         for move in moves:
-            common = {"purchase_id": dispute.purchase_id, "operation_id": move["id"][:40],
-                      "provider_reference": dispute.id, "currency": move["currency"]
-                      or dispute.currency}
+            common = {
+                "purchase_id": dispute.purchase_id,
+                "operation_id": move["id"][:40],
+                "provider_reference": dispute.id,
+                "currency": move["currency"] or dispute.currency,
+            }
             amount, fee = int(move["amount"]), int(move["fee"])
             if amount < 0:
-                _ledger_pair(**common, entry_type="dispute_withdrawal",
-                             debit=LedgerAccount.DISPUTED,
-                             credit=LedgerAccount.PROVIDER_BALANCE, amount=-amount)
+                _ledger_pair(
+                    **common,
+                    entry_type="dispute_withdrawal",
+                    debit=LedgerAccount.DISPUTED,
+                    credit=LedgerAccount.PROVIDER_BALANCE,
+                    amount=-amount,
+                )
             elif amount > 0:
-                _ledger_pair(**common, entry_type="dispute_reinstatement",
-                             debit=LedgerAccount.PROVIDER_BALANCE,
-                             credit=LedgerAccount.DISPUTED, amount=amount)
+                _ledger_pair(
+                    **common,
+                    entry_type="dispute_reinstatement",
+                    debit=LedgerAccount.PROVIDER_BALANCE,
+                    credit=LedgerAccount.DISPUTED,
+                    amount=amount,
+                )
             if fee:
-                _ledger_pair(**common, entry_type="dispute_fee", debit=LedgerAccount.FEES,
-                             credit=LedgerAccount.PROVIDER_BALANCE, amount=fee)
+                _ledger_pair(
+                    **common,
+                    entry_type="dispute_fee",
+                    debit=LedgerAccount.FEES,
+                    credit=LedgerAccount.PROVIDER_BALANCE,
+                    amount=fee,
+                )
         lost = dispute.funds_withdrawn - dispute.funds_reinstated
         if dispute.status == DisputeStatus.LOST and lost > 0:
-            _ledger_pair(purchase_id=dispute.purchase_id, operation_id=dispute.id[:40],
-                         provider_reference=dispute.id, entry_type="dispute_loss",
-                         debit=LedgerAccount.REVENUE, credit=LedgerAccount.DISPUTED,
-                         amount=lost, currency=dispute.currency)
+            _ledger_pair(
+                purchase_id=dispute.purchase_id,
+                operation_id=dispute.id[:40],
+                provider_reference=dispute.id,
+                entry_type="dispute_loss",
+                debit=LedgerAccount.REVENUE,
+                credit=LedgerAccount.DISPUTED,
+                amount=lost,
+                currency=dispute.currency,
+            )
     return len(moves)
 
 
@@ -114,9 +145,9 @@ def dispute_fulfilment_follow(*, dispute_id: str) -> str:
         return "nothing"
     if purchase_money(dispute.purchase_id).returned:
         if purchase_goods_unwind(
-                purchase_id=dispute.purchase_id,
-                detail=f"dispute {dispute_id} {dispute.status}: the money went back, "
-                       "order cancelled"):
+            purchase_id=dispute.purchase_id,
+            detail=f"dispute {dispute_id} {dispute.status}: the money went back, order cancelled",
+        ):
             return "order_cancelled"
         return "nothing"
     status = Purchase.objects.filter(id=dispute.purchase_id).values_list("status", flat=True).get()
@@ -125,8 +156,12 @@ def dispute_fulfilment_follow(*, dispute_id: str) -> str:
     if status in FULFILLABLE_STATUSES:
         with transaction.atomic():
             run_steps_put(purchase_id=dispute.purchase_id)
-        log.info("fulfilment resumed after dispute=%s status=%s purchase=%s", dispute_id,
-                 dispute.status, dispute.purchase_id)
+        log.info(
+            "fulfilment resumed after dispute=%s status=%s purchase=%s",
+            dispute_id,
+            dispute.status,
+            dispute.purchase_id,
+        )
         return "resumed"
     return "nothing"
 
@@ -136,10 +171,14 @@ def disputes_refresh_open() -> int:
     leave one stale). Finds work and writes outbox rows only; one per dispute per hour."""
 
     hour = timezone.now().strftime("%Y%m%d%H")
-    ids = list(Dispute.objects.exclude(status__in=DISPUTE_CLOSED_STATUSES)
-               .values_list("id", flat=True))
+    ids = list(
+        Dispute.objects.exclude(status__in=DISPUTE_CLOSED_STATUSES).values_list("id", flat=True)
+    )
     with transaction.atomic():
         for dispute_id in ids:
-            outbox_put(category=OutboxCategory.DISPUTE_CHANGED, payload={"dispute": dispute_id},
-                       dedupe_key=f"dispute-refresh:{dispute_id}:{hour}")
+            outbox_put(
+                category=OutboxCategory.DISPUTE_CHANGED,
+                payload={"dispute": dispute_id},
+                dedupe_key=f"dispute-refresh:{dispute_id}:{hour}",
+            )
     return len(ids)

@@ -3,6 +3,7 @@
 A halt is a row; `recovery.selectors.is_halted` reads it on every use. Setting or clearing
 one is a manual action: it writes its AuditEntry in the same transaction.
 """
+
 from __future__ import annotations
 
 from django.db import connection, transaction
@@ -44,9 +45,15 @@ def _validate(name: str, reason: str, actor: str) -> None:
 
 
 def _audit(*, actor: str, action: str, name: str, reason: str, halted: bool) -> None:
-    audit_write(actor=actor, action=action, target_type="workflow_halt",
-                target_id=name, reason=reason, before={"halted": not halted},
-                after={"halted": halted})
+    audit_write(
+        actor=actor,
+        action=action,
+        target_type="workflow_halt",
+        target_id=name,
+        reason=reason,
+        before={"halted": not halted},
+        after={"halted": halted},
+    )
 
 
 def halt_set(*, name: str, reason: str, actor: str, audit: bool = True) -> WorkflowHalt:
@@ -62,7 +69,8 @@ def halt_set(*, name: str, reason: str, actor: str, audit: bool = True) -> Workf
             cursor.execute(
                 f"INSERT INTO {WorkflowHalt._meta.db_table} (name, reason, halted_by, created_at)"
                 " VALUES (%s, %s, %s, %s) ON CONFLICT (name) DO NOTHING RETURNING id",
-                [name, reason, actor, connection.ops.adapt_datetimefield_value(timezone.now())])
+                [name, reason, actor, connection.ops.adapt_datetimefield_value(timezone.now())],
+            )
             inserted = cursor.fetchone() is not None
         if inserted and audit:
             _audit(actor=actor, action="halt_set", name=name, reason=reason, halted=True)
@@ -81,7 +89,7 @@ def halt_clear(*, name: str, actor: str, reason: str, audit: bool = True) -> boo
         if audit:
             _audit(actor=actor, action="halt_clear", name=name, reason=reason, halted=False)
         if name.startswith(STEP_HALT_PREFIX):
-            _resume_waiting_on_step(name[len(STEP_HALT_PREFIX):])
+            _resume_waiting_on_step(name[len(STEP_HALT_PREFIX) :])
         else:
             _resume_waiting_dispatches()
     return True
@@ -90,9 +98,9 @@ def halt_clear(*, name: str, actor: str, reason: str, audit: bool = True) -> boo
 def _resume_waiting_dispatches() -> None:
     # Dispatches held by the halt back off in the outbox; make them due now so the queued
     # operations go out at once (a dispatch of a still-halted workflow just waits again).
-    waiting = OutboxMessage.objects.filter(category=OutboxCategory.DISPATCH,
-                                           processed_at__isnull=True,
-                                           available_at__gt=timezone.now())
+    waiting = OutboxMessage.objects.filter(
+        category=OutboxCategory.DISPATCH, processed_at__isnull=True, available_at__gt=timezone.now()
+    )
     if waiting.update(available_at=timezone.now()):
         outbox_put(category=OutboxCategory.NOOP, payload={}, dedupe_key="halt-cleared-kick")
 
@@ -102,10 +110,8 @@ def _resume_waiting_on_step(step: str) -> None:
     # the beat's stalled-fulfilment sweep would find them later anyway.
     if step not in [s.value for s in StepName]:
         return
-    purchase_ids = (StepRun.objects.filter(step=step, state__in=(StepState.PENDING,
-                                                                 StepState.FAILED))
-                    .values_list("purchase_id", flat=True)[:2000])
+    purchase_ids = StepRun.objects.filter(
+        step=step, state__in=(StepState.PENDING, StepState.FAILED)
+    ).values_list("purchase_id", flat=True)[:2000]
     for purchase_id in purchase_ids:
         run_steps_put(purchase_id=purchase_id)
-
-

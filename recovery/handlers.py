@@ -1,4 +1,5 @@
 """The outbox categories recovery owns (registered from RecoveryConfig.ready())."""
+
 from __future__ import annotations
 
 from .disputes import dispute_changed

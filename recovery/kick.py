@@ -22,6 +22,7 @@ a steady stream that is a few round trips per window per process instead of one 
 Installed as the outbox's kick policy by RecoveryConfig.ready() (recovery/outbox.py imports
 nothing of this module).
 """
+
 from __future__ import annotations
 
 import logging

@@ -8,8 +8,10 @@ Two kinds:
 - figures computed from PostgreSQL at scrape time by `DatabaseCollector`, so they are
   right whichever process did the work (purchases by channel and status, unknown
   operations and oldest age, compensation needed, outbox backlog, escalations,
-  discrepancies, operation and webhook results, manual resolutions, time from provider success to order, notification delay).
+  discrepancies, operation and webhook results, manual resolutions, time from provider success to
+  order, notification delay).
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,15 +47,19 @@ log = logging.getLogger(__name__)
 
 # -- counters (increment at the event) -------------------------------------------------
 IDEMPOTENT_REPLAYS = Counter(
-    "verity_idempotent_replays", "Requests answered from an Idempotency-Key record", ["route"])
+    "verity_idempotent_replays", "Requests answered from an Idempotency-Key record", ["route"]
+)
 BLOCKED_DUPLICATES = Counter(
     "verity_blocked_duplicates",
     "Attempts refused because they would duplicate a money movement or an in-flight request",
-    ["reason"])
+    ["reason"],
+)
 MANUAL_RESOLUTIONS = Counter(
-    "verity_manual_resolutions", "Operations settled by a person", ["outcome"])
+    "verity_manual_resolutions", "Operations settled by a person", ["outcome"]
+)
 REFUND_OUTCOMES = Counter(
-    "verity_refund_outcomes", "Refund/void operations reaching an outcome", ["kind", "outcome"])
+    "verity_refund_outcomes", "Refund/void operations reaching an outcome", ["kind", "outcome"]
+)
 
 _BUCKETS = (1, 5, 15, 30, 60, 120, 300, 900, 1800, 3600, 4 * 3600, 86400)
 _WINDOW_HOURS = 24
@@ -75,24 +81,42 @@ def _delay_histogram(name: str, doc: str, rows, at: str, since) -> HistogramMetr
     )
     from django.db.models.functions import Greatest
 
-    settled = (PaymentOperation.objects.filter(
-        purchase_id=OuterRef("purchase_id"), kind__in=PAYMENT_KINDS,
-        outcome=Outcome.SUCCEEDED, settled_at__gte=since).order_by("settled_at")
-        .values("settled_at")[:1])
+    settled = (
+        PaymentOperation.objects.filter(
+            purchase_id=OuterRef("purchase_id"),
+            kind__in=PAYMENT_KINDS,
+            outcome=Outcome.SUCCEEDED,
+            settled_at__gte=since,
+        )
+        .order_by("settled_at")
+        .values("settled_at")[:1]
+    )
     # Only the rows of purchases paid in the window (the partial index of succeeded
     # operations by settled_at, then each row by its purchase_id index): the statement
     # reads a day of rows, not every order or e-mail ever written.
-    paid = PaymentOperation.objects.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED,
-                                           settled_at__gte=since).values("purchase_id")
-    delays = (rows.filter(purchase_id__in=paid)
-              .annotate(paid_at=Subquery(settled)).filter(paid_at__isnull=False)
-              .annotate(delay=Greatest(ExpressionWrapper(F(at) - F("paid_at"),
-                                                         output_field=DurationField()),
-                                       Value(timedelta(0)), output_field=DurationField())))
+    paid = PaymentOperation.objects.filter(
+        kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED, settled_at__gte=since
+    ).values("purchase_id")
+    delays = (
+        rows.filter(purchase_id__in=paid)
+        .annotate(paid_at=Subquery(settled))
+        .filter(paid_at__isnull=False)
+        .annotate(
+            delay=Greatest(
+                ExpressionWrapper(F(at) - F("paid_at"), output_field=DurationField()),
+                Value(timedelta(0)),
+                output_field=DurationField(),
+            )
+        )
+    )
     figures = delays.aggregate(
-        n=Count("pk"), total=Sum("delay"),
-        **{f"le{i}": Count("pk", filter=Q(delay__lte=timedelta(seconds=bound)))
-           for i, bound in enumerate(_BUCKETS)})
+        n=Count("pk"),
+        total=Sum("delay"),
+        **{
+            f"le{i}": Count("pk", filter=Q(delay__lte=timedelta(seconds=bound)))
+            for i, bound in enumerate(_BUCKETS)
+        },
+    )
     buckets = [(str(float(bound)), figures[f"le{i}"]) for i, bound in enumerate(_BUCKETS)]
     buckets.append(("+Inf", figures["n"]))
     total = figures["total"].total_seconds() if figures["total"] else 0.0
@@ -130,47 +154,62 @@ class DatabaseCollector:
 
     def _collect(self):
         count, age = selectors.unknown_operations_stats()
-        yield GaugeMetricFamily("verity_unknown_operations",
-                                "Operations whose outcome is unknown", value=count)
-        yield GaugeMetricFamily("verity_unknown_oldest_age_seconds",
-                                "Age of the oldest unknown operation", value=age)
-        yield GaugeMetricFamily("verity_compensation_needed",
-                                "Steps waiting for a person or for a compensation to settle",
-                                value=selectors.compensation_needed_count())
-        yield GaugeMetricFamily("verity_outbox_backlog", "Unprocessed outbox messages",
-                                value=selectors.outbox_backlog())
-        yield GaugeMetricFamily("verity_outbox_stuck",
-                                "Outbox messages retried repeatedly or old",
-                                value=selectors.queue_stuck_outbox(limit=100000).count())
         yield GaugeMetricFamily(
-            "verity_escalated_operations", "Open operations escalated to a recovery owner",
+            "verity_unknown_operations", "Operations whose outcome is unknown", value=count
+        )
+        yield GaugeMetricFamily(
+            "verity_unknown_oldest_age_seconds", "Age of the oldest unknown operation", value=age
+        )
+        yield GaugeMetricFamily(
+            "verity_compensation_needed",
+            "Steps waiting for a person or for a compensation to settle",
+            value=selectors.compensation_needed_count(),
+        )
+        yield GaugeMetricFamily(
+            "verity_outbox_backlog", "Unprocessed outbox messages", value=selectors.outbox_backlog()
+        )
+        yield GaugeMetricFamily(
+            "verity_outbox_stuck",
+            "Outbox messages retried repeatedly or old",
+            value=selectors.queue_stuck_outbox(limit=100000).count(),
+        )
+        yield GaugeMetricFamily(
+            "verity_escalated_operations",
+            "Open operations escalated to a recovery owner",
             value=PaymentOperation.objects.filter(
                 escalated_at__isnull=False,
-                outcome__in=(
-                    Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)).count())
+                outcome__in=(Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER),
+            ).count(),
+        )
         yield GaugeMetricFamily(
-            "verity_settlement_discrepancies_open", "Open settlement discrepancies",
-            value=SettlementDiscrepancy.objects.filter(resolved_at__isnull=True).count())
+            "verity_settlement_discrepancies_open",
+            "Open settlement discrepancies",
+            value=SettlementDiscrepancy.objects.filter(resolved_at__isnull=True).count(),
+        )
 
-        ops = GaugeMetricFamily("verity_operations", "Operations by kind and outcome",
-                                labels=["kind", "outcome"])
+        ops = GaugeMetricFamily(
+            "verity_operations", "Operations by kind and outcome", labels=["kind", "outcome"]
+        )
         for row in PaymentOperation.objects.values("kind", "outcome").annotate(n=Count("id")):
             ops.add_metric([row["kind"], row["outcome"]], row["n"])
         yield ops
 
         # By the way in (REST API, MCP, ACP, drills): ACP purchases counted like any other.
         # One GROUP BY whatever the volume (tests/security/test_metrics_exposure.py).
-        purchases = GaugeMetricFamily("verity_purchases", "Purchases by channel and status",
-                                      labels=["channel", "status"])
+        purchases = GaugeMetricFamily(
+            "verity_purchases", "Purchases by channel and status", labels=["channel", "status"]
+        )
         for row in Purchase.objects.values("channel", "status").annotate(n=Count("id")):
             purchases.add_metric([row["channel"], row["status"]], row["n"])
         yield purchases
 
         yield from _webhook_event_gauges()
 
-        yield GaugeMetricFamily("verity_manual_resolutions_recorded",
-                                "Manual resolutions recorded (all time)",
-                                value=Resolution.objects.count())
+        yield GaugeMetricFamily(
+            "verity_manual_resolutions_recorded",
+            "Manual resolutions recorded (all time)",
+            value=Resolution.objects.count(),
+        )
         # Provider evidence outranks a person
         # (docs/reliability.md#the-providers-record-outranks-a-person): every overturn, all time (a
         # counter in effect: rows are append-only), and those not yet reviewed.
@@ -178,26 +217,33 @@ class DatabaseCollector:
         yield GaugeMetricFamily(
             "verity_manual_resolutions_overturned",
             "Manual resolutions overturned by verified provider evidence (all time)",
-            value=OperationTransition.objects.filter(cause=OVERTURN_CAUSE,
-                                                    field="outcome").count())
+            value=OperationTransition.objects.filter(cause=OVERTURN_CAUSE, field="outcome").count(),
+        )
         yield GaugeMetricFamily(
             "verity_duplicate_charges",
             "Second confirmed charges on one purchase (each compensated by a linked refund)",
-            value=PaymentOperation.objects.filter(is_duplicate=True).count())
+            value=PaymentOperation.objects.filter(is_duplicate=True).count(),
+        )
 
         # Time from provider success to order (and to the confirmation e-mail), over the
         # last day; computed here so it does not matter which worker did the step. One
         # aggregate query each (buckets counted in SQL): never a list of ids, whatever the
         # volume (20 000 ids would make a 640 KB statement).
         since = timezone.now() - timedelta(hours=_WINDOW_HOURS)
-        yield _delay_histogram("verity_order_after_payment_seconds",
-                               "Provider success to order row (last 24 h)",
-                               Order.objects.all(), "created_at", since)
-        yield _delay_histogram("verity_notification_delay_seconds",
-                               "Provider success to confirmation e-mail sent (last 24 h)",
-                               EmailMessage.objects.filter(kind="confirmation",
-                                                           sent_at__isnull=False),
-                               "sent_at", since)
+        yield _delay_histogram(
+            "verity_order_after_payment_seconds",
+            "Provider success to order row (last 24 h)",
+            Order.objects.all(),
+            "created_at",
+            since,
+        )
+        yield _delay_histogram(
+            "verity_notification_delay_seconds",
+            "Provider success to confirmation e-mail sent (last 24 h)",
+            EmailMessage.objects.filter(kind="confirmation", sent_at__isnull=False),
+            "sent_at",
+            since,
+        )
 
         yield from self._collect_alert_inputs()
 
@@ -209,30 +255,40 @@ class DatabaseCollector:
         # Past the grace period already (recovery.selectors.paid_without_order).
         pwo = selectors.paid_without_order(limit=None)
         agg = pwo.aggregate(n=Count("id"), oldest=Min("updated_at"))
-        yield GaugeMetricFamily("verity_paid_without_order",
-                                "Paid purchases with no order past the grace period",
-                                value=agg["n"])
+        yield GaugeMetricFamily(
+            "verity_paid_without_order",
+            "Paid purchases with no order past the grace period",
+            value=agg["n"],
+        )
         yield GaugeMetricFamily(
             "verity_paid_without_order_oldest_age_seconds",
             "Age of the oldest paid-without-order purchase (since it was last updated)",
-            value=(now - agg["oldest"]).total_seconds() if agg["oldest"] else 0.0)
+            value=(now - agg["oldest"]).total_seconds() if agg["oldest"] else 0.0,
+        )
 
-        due = OutboxMessage.objects.filter(processed_at__isnull=True,
-                                           available_at__lte=now).aggregate(
-            oldest=Min("available_at"))["oldest"]
+        due = OutboxMessage.objects.filter(
+            processed_at__isnull=True, available_at__lte=now
+        ).aggregate(oldest=Min("available_at"))["oldest"]
         yield GaugeMetricFamily(
             "verity_outbox_oldest_due_age_seconds",
             "How long the oldest due, unprocessed outbox message has waited (relay lag)",
-            value=(now - due).total_seconds() if due else 0.0)
+            value=(now - due).total_seconds() if due else 0.0,
+        )
 
         readbacks = GaugeMetricFamily(
             "verity_reconcile_readbacks_recent",
             f"Reconcile read-backs in the last {_READBACK_WINDOW_MINUTES} minutes by "
-            "classification", labels=["classification"])
-        for row in (ProviderCall.objects.filter(
+            "classification",
+            labels=["classification"],
+        )
+        for row in (
+            ProviderCall.objects.filter(
                 purpose=CallPurpose.RECONCILE,
-                started_at__gte=now - timedelta(minutes=_READBACK_WINDOW_MINUTES))
-                .values("classification").annotate(n=Count("id"))):
+                started_at__gte=now - timedelta(minutes=_READBACK_WINDOW_MINUTES),
+            )
+            .values("classification")
+            .annotate(n=Count("id"))
+        ):
             readbacks.add_metric([row["classification"] or "none"], row["n"])
         yield readbacks
 
@@ -241,9 +297,11 @@ class DatabaseCollector:
 
         yield from _storefront_webhook_gauges(now)
 
-        halts = GaugeMetricFamily("verity_workflow_halt_age_seconds",
-                                  "Seconds each active workflow halt has been on",
-                                  labels=["name"])
+        halts = GaugeMetricFamily(
+            "verity_workflow_halt_age_seconds",
+            "Seconds each active workflow halt has been on",
+            labels=["name"],
+        )
         for name, created in WorkflowHalt.objects.values_list("name", "created_at"):
             halts.add_metric([name], max(0.0, (now - created).total_seconds()))
         yield halts
@@ -257,20 +315,29 @@ def _storefront_webhook_gauges(now):
         "verity_webhook_endpoints_disabled_failing",
         "Storefront webhook endpoints disabled because every delivery failed",
         value=WebhookEndpoint.objects.filter(
-            enabled=False, disabled_reason__startswith="every delivery").count())
-    oldest = (WebhookDelivery.objects.filter(state=DeliveryState.PENDING,
-                                             next_attempt_at__lte=now)
-              .order_by("next_attempt_at").values_list("next_attempt_at", flat=True).first())
+            enabled=False, disabled_reason__startswith="every delivery"
+        ).count(),
+    )
+    oldest = (
+        WebhookDelivery.objects.filter(state=DeliveryState.PENDING, next_attempt_at__lte=now)
+        .order_by("next_attempt_at")
+        .values_list("next_attempt_at", flat=True)
+        .first()
+    )
     yield GaugeMetricFamily(
         "verity_webhook_delivery_oldest_due_seconds",
         "Seconds the oldest due storefront webhook delivery has waited",
-        value=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0)
+        value=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
+    )
 
 
 # Results that wait for something (a record to settle, a person): few rows whatever the
 # history, each one work. Counted exactly, through the partial index on these results.
-_WAITING_RESULTS = (EventResult.PENDING.value, EventResult.HELD.value,
-                    EventResult.QUARANTINED.value)
+_WAITING_RESULTS = (
+    EventResult.PENDING.value,
+    EventResult.HELD.value,
+    EventResult.QUARANTINED.value,
+)
 
 
 def _webhook_event_gauges():
@@ -281,13 +348,18 @@ def _webhook_event_gauges():
     rejected: the bulk of the table) are PostgreSQL's own statistics, kept by autovacuum's
     ANALYZE: reltuples times the column's value frequency, the planner's estimate, read
     from the catalog in one query. On SQLite (the small embedded default) they are exact."""
-    waiting = {row["result"]: row for row in
-               ProviderEvent.objects.filter(result__in=_WAITING_RESULTS).values("result")
-               .annotate(n=Count("id"), oldest=Min("received_at"))}
+    waiting = {
+        row["result"]: row
+        for row in ProviderEvent.objects.filter(result__in=_WAITING_RESULTS)
+        .values("result")
+        .annotate(n=Count("id"), oldest=Min("received_at"))
+    }
     events = GaugeMetricFamily(
         "verity_webhook_events",
         "Stored webhook events by result (pending, held, quarantined exact; the final "
-        "results estimated from PostgreSQL's table statistics)", labels=["result"])
+        "results estimated from PostgreSQL's table statistics)",
+        labels=["result"],
+    )
     for result in _WAITING_RESULTS:
         events.add_metric([result], waiting[result]["n"] if result in waiting else 0)
     for result, n in _final_event_counts().items():
@@ -297,20 +369,27 @@ def _webhook_event_gauges():
     # Held events wait for a record to settle (webhooks.services): each has an owner,
     # and this age is what VerityHeldEventsTooOld reads.
     held = waiting.get(EventResult.HELD.value)
-    yield GaugeMetricFamily("verity_webhook_held_events",
-                            "Provider events held waiting for a record to settle",
-                            value=held["n"] if held else 0)
+    yield GaugeMetricFamily(
+        "verity_webhook_held_events",
+        "Provider events held waiting for a record to settle",
+        value=held["n"] if held else 0,
+    )
     yield GaugeMetricFamily(
         "verity_webhook_held_oldest_age_seconds",
         "Age of the oldest held provider event (since it was received)",
-        value=(timezone.now() - held["oldest"]).total_seconds() if held else 0.0)
+        value=(timezone.now() - held["oldest"]).total_seconds() if held else 0.0,
+    )
 
 
 def _final_event_counts() -> dict[str, float]:
     final = [r for r in EventResult.values if r not in _WAITING_RESULTS]
     if connection.vendor != "postgresql":
-        found = dict(ProviderEvent.objects.filter(result__in=final).values("result")
-                     .annotate(n=Count("id")).values_list("result", "n"))
+        found = dict(
+            ProviderEvent.objects.filter(result__in=final)
+            .values("result")
+            .annotate(n=Count("id"))
+            .values_list("result", "n")
+        )
         return {r: found.get(r, 0) for r in final}
     with connection.cursor() as c:
         c.execute(
@@ -318,7 +397,9 @@ def _final_event_counts() -> dict[str, float]:
             "s.most_common_vals::text::text[], s.most_common_freqs "
             "FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema() "
             "AND s.tablename = c.relname AND s.attname = 'result' "
-            "WHERE c.oid = %s::regclass", [ProviderEvent._meta.db_table])
+            "WHERE c.oid = %s::regclass",
+            [ProviderEvent._meta.db_table],
+        )
         row = c.fetchone()
     return {r: round(n) for r, n in _estimate_by_value(row, final).items()}
 
@@ -342,17 +423,21 @@ def _dispute_gauges(now):
     VerityDisputeEvidenceDue alert and the finance queue read the same rows."""
 
     open_disputes = Dispute.objects.exclude(status__in=DISPUTE_CLOSED_STATUSES)
-    yield GaugeMetricFamily("verity_disputes_open", "Open disputes at the provider",
-                            value=open_disputes.count())
+    yield GaugeMetricFamily(
+        "verity_disputes_open", "Open disputes at the provider", value=open_disputes.count()
+    )
     yield GaugeMetricFamily(
         "verity_disputes_evidence_due_soon",
         "Open disputes whose evidence is due within 48 hours or overdue",
-        value=open_disputes.filter(evidence_due_by__lte=now + timedelta(hours=48)).count())
+        value=open_disputes.filter(evidence_due_by__lte=now + timedelta(hours=48)).count(),
+    )
     yield GaugeMetricFamily(
         "verity_external_operations_unreviewed",
         "Refunds/captures/cancels made outside Verity not yet acknowledged by a person",
-        value=PaymentOperation.objects.filter(origin=Origin.PROVIDER,
-                                              reviewed_at__isnull=True).count())
+        value=PaymentOperation.objects.filter(
+            origin=Origin.PROVIDER, reviewed_at__isnull=True
+        ).count(),
+    )
 
 
 def _x402_gauges(now):
@@ -363,15 +448,20 @@ def _x402_gauges(now):
 
     from payments.models import PaymentOperation
 
-    open_ops = PaymentOperation.objects.filter(rail=Rail.X402,
-                                               outcome__in=(Outcome.AWAITING_PROVIDER, Outcome.UNKNOWN))
+    open_ops = PaymentOperation.objects.filter(
+        rail=Rail.X402, outcome__in=(Outcome.AWAITING_PROVIDER, Outcome.UNKNOWN)
+    )
     oldest = open_ops.aggregate(m=Min("created_at"))["m"]
-    yield GaugeMetricFamily("verity_x402_pending_settlements",
-                            "x402 settlements not yet confirmed on chain",
-                            value=open_ops.count())
-    yield GaugeMetricFamily("verity_x402_pending_oldest_age_seconds",
-                            "Age of the oldest x402 settlement not yet confirmed",
-                            value=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0)
+    yield GaugeMetricFamily(
+        "verity_x402_pending_settlements",
+        "x402 settlements not yet confirmed on chain",
+        value=open_ops.count(),
+    )
+    yield GaugeMetricFamily(
+        "verity_x402_pending_oldest_age_seconds",
+        "Age of the oldest x402 settlement not yet confirmed",
+        value=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
+    )
     # Successes the chain took back after the deliverable went out (a reorg, then the
     # payer's cancel): all time (history rows are append-only) and those support has not
     # reviewed yet; and proving logs another operation already claimed (someone tried to
@@ -379,19 +469,23 @@ def _x402_gauges(now):
     from payments.services.x402_finality import X402_VANISHED_CAUSE, x402_transfers_reversed
     from payments.services.x402_reads import PROOF_CLAIM_REFUSED_CAUSE
 
-    yield GaugeMetricFamily("verity_x402_transfers_reversed",
-                            "x402 payments whose transfer left the chain after success "
-                            "(all time)",
-                            value=OperationTransition.objects.filter(
-                                cause=X402_VANISHED_CAUSE, field="outcome").count())
-    yield GaugeMetricFamily("verity_x402_transfers_reversed_open",
-                            "x402 payments the chain took back, not yet reviewed by support",
-                            value=x402_transfers_reversed().count())
-    yield GaugeMetricFamily("verity_x402_proof_claims_refused",
-                            "Reads whose proving log another operation already claimed "
-                            "(all time)",
-                            value=OperationTransition.objects.filter(
-                                cause=PROOF_CLAIM_REFUSED_CAUSE).count())
+    yield GaugeMetricFamily(
+        "verity_x402_transfers_reversed",
+        "x402 payments whose transfer left the chain after success (all time)",
+        value=OperationTransition.objects.filter(
+            cause=X402_VANISHED_CAUSE, field="outcome"
+        ).count(),
+    )
+    yield GaugeMetricFamily(
+        "verity_x402_transfers_reversed_open",
+        "x402 payments the chain took back, not yet reviewed by support",
+        value=x402_transfers_reversed().count(),
+    )
+    yield GaugeMetricFamily(
+        "verity_x402_proof_claims_refused",
+        "Reads whose proving log another operation already claimed (all time)",
+        value=OperationTransition.objects.filter(cause=PROOF_CLAIM_REFUSED_CAUSE).count(),
+    )
     yield from _x402_refund_float_gauges()
 
 
@@ -404,10 +498,12 @@ def _x402_refund_float_gauges():
     threshold = GaugeMetricFamily(
         "verity_x402_refund_low_balance",
         "x402 refund account level below which finance tops it up (X402_REFUND_LOW_BALANCE, "
-        "whole tokens)")
+        "whole tokens)",
+    )
     balance = GaugeMetricFamily(
         "verity_x402_refund_balance",
-        "x402 refund account's balance of the asset (whole tokens, e.g. USDC)")
+        "x402 refund account's balance of the asset (whole tokens, e.g. USDC)",
+    )
     if settings.X402_ENABLED and settings.X402_REFUND_PRIVATE_KEY:
         from payments.providers.x402 import refund_float
 

@@ -1,4 +1,5 @@
 """Recovery: transactional outbox, downstream steps, halts, settlement discrepancies."""
+
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -45,7 +46,8 @@ class OutboxMessage(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["dedupe_key"], condition=Q(processed_at__isnull=True),
+                fields=["dedupe_key"],
+                condition=Q(processed_at__isnull=True),
                 name="outbox_dedupe_unprocessed",
             ),
         ]
@@ -54,8 +56,11 @@ class OutboxMessage(models.Model):
             # sharing an available_at (a batch written by one statement) were all read and
             # sorted by id on every claim, so a claim cost grew with the backlog. (The
             # table's autovacuum goes by dead rows, not by its size: migration 0011.)
-            models.Index(fields=["available_at", "id"], condition=Q(processed_at__isnull=True),
-                         name="outbox_due_idx"),
+            models.Index(
+                fields=["available_at", "id"],
+                condition=Q(processed_at__isnull=True),
+                name="outbox_due_idx",
+            ),
         ]
 
 
@@ -68,8 +73,13 @@ class StepName(models.TextChoices):
     DELIVERABLE = "deliverable"
 
 
-STEP_ORDER = [StepName.ORDER, StepName.INVENTORY, StepName.LEDGER, StepName.CONFIRMATION,
-              StepName.CRM]
+STEP_ORDER = [
+    StepName.ORDER,
+    StepName.INVENTORY,
+    StepName.LEDGER,
+    StepName.CONFIRMATION,
+    StepName.CRM,
+]
 
 
 class StepState(models.TextChoices):
@@ -106,10 +116,18 @@ class StepRun(models.Model):
         indexes = [
             # The compensation queue (recovery.selectors) and the support fallback select
             # subsets of these states; the few runs in trouble, not five per purchase.
-            models.Index(fields=["created_at"], name="steprun_attention_idx",
-                         condition=Q(state__in=[StepState.FAILED.value, StepState.UNKNOWN.value,
-                                                StepState.MANUAL.value,
-                                                StepState.COMPENSATED.value])),
+            models.Index(
+                fields=["created_at"],
+                name="steprun_attention_idx",
+                condition=Q(
+                    state__in=[
+                        StepState.FAILED.value,
+                        StepState.UNKNOWN.value,
+                        StepState.MANUAL.value,
+                        StepState.COMPENSATED.value,
+                    ]
+                ),
+            ),
         ]
 
 
@@ -133,8 +151,9 @@ class InventoryCommit(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["purchase_id", "sku"],
-                                               name="inventory_once")]
+        constraints = [
+            models.UniqueConstraint(fields=["purchase_id", "sku"], name="inventory_once")
+        ]
 
 
 class LedgerAccount(models.TextChoices):
@@ -153,15 +172,20 @@ class LedgerEntry(models.Model):
     # "sale" | "refund" | "void" | "dispute_withdrawal" | "dispute_fee" |
     # "dispute_reinstatement" | "dispute_loss"
     entry_type = models.CharField(max_length=24)
-    account = models.CharField(max_length=24, choices=LedgerAccount.choices,
-                               default=LedgerAccount.PROVIDER_BALANCE)
+    account = models.CharField(
+        max_length=24, choices=LedgerAccount.choices, default=LedgerAccount.PROVIDER_BALANCE
+    )
     amount = models.BigIntegerField(help_text="signed minor units")
     currency = models.CharField(max_length=3)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["operation_id", "entry_type", "account"],
-                                               name="ledger_once_per_operation_account")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["operation_id", "entry_type", "account"],
+                name="ledger_once_per_operation_account",
+            )
+        ]
 
 
 class EmailMessage(models.Model):
@@ -197,8 +221,9 @@ class RecoveryDecision(models.Model):
 
     class Meta:
         # Each decision is recorded once per purchase even under redelivery.
-        constraints = [models.UniqueConstraint(fields=["purchase_id", "decision"],
-                                               name="decision_once")]
+        constraints = [
+            models.UniqueConstraint(fields=["purchase_id", "decision"], name="decision_once")
+        ]
 
 
 class WorkflowHalt(models.Model):
@@ -221,9 +246,13 @@ class SettlementDiscrepancy(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(
-            fields=["provider_reference", "kind"], condition=Q(resolved_at__isnull=True),
-            name="discrepancy_open_once")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["provider_reference", "kind"],
+                condition=Q(resolved_at__isnull=True),
+                name="discrepancy_open_once",
+            )
+        ]
 
 
 class RetentionArchive(models.Model):
@@ -248,8 +277,9 @@ class RetentionState(models.Model):
     table = models.CharField(max_length=64, unique=True)
     pruned_total = models.BigIntegerField(default=0)
     due = models.BigIntegerField(default=0)
-    kept = models.BigIntegerField(default=0, help_text="old rows kept: something still open "
-                                                       "needs them")
+    kept = models.BigIntegerField(
+        default=0, help_text="old rows kept: something still open needs them"
+    )
     # Every row at or below this id is pruned or kept for good (never prunable): a sweep
     # starts here, so rows kept for good are not walked again.
     floor_id = models.BigIntegerField(default=0)

@@ -15,6 +15,7 @@ Rules (docs/recovery.md#step-policy):
 - the decision (completed_forward, compensated, manual) is recorded once.
 Lock order in recovery: StepRun -> (payments) Purchase -> PaymentOperation.
 """
+
 from __future__ import annotations
 
 import logging
@@ -97,8 +98,7 @@ _WAITING_FOR_PERSON = (StepState.MANUAL, StepState.UNKNOWN)
 # Steps run on a paid purchase, and on one whose dispute was won: the money is the
 # merchant's again, so fulfilment the dispute paused resumes (recovery.disputes). The
 # purchase keeps saying `dispute_won` meanwhile (no transition leaves it for fulfilling).
-FULFILLABLE_STATUSES = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING,
-                        PurchaseStatus.DISPUTE_WON)
+FULFILLABLE_STATUSES = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.DISPUTE_WON)
 
 
 class StepRetryLater(Exception):
@@ -114,9 +114,14 @@ def run_steps_message_put(purchase_id: str) -> None:
 
 
 def _info(op) -> PaymentInfo:
-    return PaymentInfo(id=op.id, kind=op.kind, amount=op.amount, currency=op.currency,
-                       provider_reference=op.provider_reference or "",
-                       provider_charge=op.provider_charge or "")
+    return PaymentInfo(
+        id=op.id,
+        kind=op.kind,
+        amount=op.amount,
+        currency=op.currency,
+        provider_reference=op.provider_reference or "",
+        provider_charge=op.provider_charge or "",
+    )
 
 
 def load_context(purchase_id: str) -> PurchaseContext | None:
@@ -125,18 +130,24 @@ def load_context(purchase_id: str) -> PurchaseContext | None:
     purchase = Purchase.objects.select_related("quote").get(id=purchase_id)
     if purchase.status not in FULFILLABLE_STATUSES:
         return None
-    payment = (purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED,
-                                          is_duplicate=False).first())
+    payment = purchase.operations.filter(
+        kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED, is_duplicate=False
+    ).first()
     if payment is None:
         return None  # unknown/pending never satisfies a dependency (invariant 5)
-    capture = purchase.operations.filter(kind=OperationKind.CAPTURE,
-                                         outcome=Outcome.SUCCEEDED).first()
+    capture = purchase.operations.filter(
+        kind=OperationKind.CAPTURE, outcome=Outcome.SUCCEEDED
+    ).first()
     items = [i for i in (purchase.quote.items or []) if i.get("sku")]
     products = Product.objects.filter(sku__in=[i["sku"] for i in items])
     return PurchaseContext(
-        purchase_id=purchase.id, customer_reference=purchase.customer_reference,
-        customer_email=purchase.customer_email, amount=purchase.amount,
-        currency=purchase.currency, items=items, payment=_info(payment),
+        purchase_id=purchase.id,
+        customer_reference=purchase.customer_reference,
+        customer_email=purchase.customer_email,
+        amount=purchase.amount,
+        currency=purchase.currency,
+        items=items,
+        payment=_info(payment),
         product_kinds={p.sku: p.kind for p in products},
         product_policies={p.sku: p.step_policy or {} for p in products},
         captured=_info(capture) if capture else None,
@@ -157,9 +168,12 @@ def _status_url(purchase_id: str) -> str:
 
 def _ensure_step_runs(ctx: PurchaseContext) -> None:
     StepRun.objects.bulk_create(
-        [StepRun(purchase_id=ctx.purchase_id, step=step, key=step_key(ctx.purchase_id, step))
-         for step in ctx.steps],
-        ignore_conflicts=True)
+        [
+            StepRun(purchase_id=ctx.purchase_id, step=step, key=step_key(ctx.purchase_id, step))
+            for step in ctx.steps
+        ],
+        ignore_conflicts=True,
+    )
 
 
 def _lock_run(purchase_id: str, step: str) -> StepRun:
@@ -169,14 +183,16 @@ def _lock_run(purchase_id: str, step: str) -> StepRun:
 def _decide(purchase_id: str, decision: str, detail: str = "") -> None:
     RecoveryDecision.objects.bulk_create(
         [RecoveryDecision(purchase_id=purchase_id, decision=decision, detail=detail[:2000])],
-        ignore_conflicts=True)
+        ignore_conflicts=True,
+    )
 
 
 def _manual_review(purchase_id: str, detail: str) -> None:
     """Inside the caller's atomic(): the purchase goes to a person; decision `manual`."""
 
-    purchase_transition(purchase_id=purchase_id, name="mark_manual_review",
-                        cause="step_needs_review", actor=ACTOR)
+    purchase_transition(
+        purchase_id=purchase_id, name="mark_manual_review", cause="step_needs_review", actor=ACTOR
+    )
     _decide(purchase_id, RecoveryDecision.Decision.MANUAL, detail)
 
 
@@ -225,8 +241,16 @@ def _run_db_step(ctx: PurchaseContext, step: str) -> str:
         else:
             run.state, run.result, run.last_error = StepState.DONE, result, ""
             run.completed_at = now
-        run.save(update_fields=["state", "attempts", "started_at", "completed_at", "result",
-                                "last_error"])
+        run.save(
+            update_fields=[
+                "state",
+                "attempts",
+                "started_at",
+                "completed_at",
+                "result",
+                "last_error",
+            ]
+        )
         state = run.state
     if retry_error is not None:
         raise StepRetryLater(f"{step}: {retry_error}") from retry_error
@@ -235,20 +259,33 @@ def _run_db_step(ctx: PurchaseContext, step: str) -> str:
 
 def _definitely_not_sent(exc: BaseException) -> bool:
     # Refused before any message data was accepted: safe to send again later.
-    return isinstance(exc, (ConnectionRefusedError, socket.gaierror, smtplib.SMTPConnectError,
-                            smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused,
-                            smtplib.SMTPHeloError))
+    return isinstance(
+        exc,
+        (
+            ConnectionRefusedError,
+            socket.gaierror,
+            smtplib.SMTPConnectError,
+            smtplib.SMTPRecipientsRefused,
+            smtplib.SMTPSenderRefused,
+            smtplib.SMTPHeloError,
+        ),
+    )
 
 
 def _confirmation_text(ctx: PurchaseContext) -> tuple[str, str]:
-    order = Order.objects.filter(purchase_id=ctx.purchase_id).values_list("reference",
-                                                                          flat=True).first()
+    order = (
+        Order.objects.filter(purchase_id=ctx.purchase_id)
+        .values_list("reference", flat=True)
+        .first()
+    )
     amount = format_money(ctx.payment.amount, ctx.payment.currency)
     subject = f"Order {order or ctx.purchase_id} confirmed"
-    body = (f"Thank you. Your payment of {amount} is confirmed and your order "
-            f"{order or ''} is being prepared.\n\nPurchase: {ctx.purchase_id}\n"
-            f"Status: {_status_url(ctx.purchase_id)}\n"
-            f"Questions: {settings.SUPPORT_CONTACT}\n")
+    body = (
+        f"Thank you. Your payment of {amount} is confirmed and your order "
+        f"{order or ''} is being prepared.\n\nPurchase: {ctx.purchase_id}\n"
+        f"Status: {_status_url(ctx.purchase_id)}\n"
+        f"Questions: {settings.SUPPORT_CONTACT}\n"
+    )
     return subject, body
 
 
@@ -281,9 +318,16 @@ def _run_confirmation(ctx: PurchaseContext) -> str:
         subject, body = _confirmation_text(ctx)
         # The attempt is recorded before sending (an e-mail cannot be unsent).
         EmailMessage.objects.bulk_create(
-            [EmailMessage(purchase_id=ctx.purchase_id, kind="confirmation",
-                          to=ctx.customer_email, subject=subject[:200])],
-            ignore_conflicts=True)
+            [
+                EmailMessage(
+                    purchase_id=ctx.purchase_id,
+                    kind="confirmation",
+                    to=ctx.customer_email,
+                    subject=subject[:200],
+                )
+            ],
+            ignore_conflicts=True,
+        )
         email = EmailMessage.objects.get(purchase_id=ctx.purchase_id, kind="confirmation")
         if email.sent_at is not None:  # the effect exists already
             run.state, run.completed_at = StepState.DONE, now
@@ -376,10 +420,16 @@ def _run_deliverable(ctx: PurchaseContext) -> str:
             run.completed_at, run.result_expires_at = now, expires
             run.save(update_fields=["state", "result", "completed_at", "result_expires_at"])
             if expires > now:  # served: the storefront may fetch it now
-                event_record(purchase_id=ctx.purchase_id, event_type=EventType.DELIVERABLE_READY,
-                             change={"deliverable": {
-                                 "download_path": result.get("download_path"),
-                                 "expires_at": expires.isoformat()}})
+                event_record(
+                    purchase_id=ctx.purchase_id,
+                    event_type=EventType.DELIVERABLE_READY,
+                    change={
+                        "deliverable": {
+                            "download_path": result.get("download_path"),
+                            "expires_at": expires.isoformat(),
+                        }
+                    },
+                )
         return run.state
 
 
@@ -391,9 +441,14 @@ def _existing_compensation(ctx: PurchaseContext):
     payment it returns (its parent). A duplicate charge's refund is a compensation of the
     same purchase but returns the duplicate; taking it left the own charge unrefunded, no
     decision recorded and the purchase `fulfilling` for ever."""
-    return (PaymentOperation.objects.filter(purchase_id=ctx.purchase_id, is_compensation=True,
-                                            parent_id=ctx.payment.id)
-            .exclude(outcome=Outcome.FAILED).order_by("created_at").first())
+    return (
+        PaymentOperation.objects.filter(
+            purchase_id=ctx.purchase_id, is_compensation=True, parent_id=ctx.payment.id
+        )
+        .exclude(outcome=Outcome.FAILED)
+        .order_by("created_at")
+        .first()
+    )
 
 
 def _compensate(ctx: PurchaseContext, step: str) -> str:
@@ -427,12 +482,18 @@ def _compensate(ctx: PurchaseContext, step: str) -> str:
                 return StepState.MANUAL
     with transaction.atomic():
         StepRun.objects.filter(id=run.id, compensation_operation_id="").update(
-            compensation_operation_id=op.id)
+            compensation_operation_id=op.id
+        )
         # Compensations need no approval: dispatch through the outbox (a second dispatch
         # of the same operation is a no-op in the core).
         dispatch_put(operation_id=op.id)
-    log.info("compensation started purchase=%s step=%s operation=%s kind=%s",
-             ctx.purchase_id, step, op.id, op.kind)
+    log.info(
+        "compensation started purchase=%s step=%s operation=%s kind=%s",
+        ctx.purchase_id,
+        step,
+        op.id,
+        op.kind,
+    )
     return StepState.COMPENSATED
 
 
@@ -452,8 +513,9 @@ def purchase_fulfil(*, purchase_id: str) -> str:
         status = Purchase.objects.filter(id=purchase_id).values_list("status", flat=True).get()
         return COMPLETED if status == PurchaseStatus.COMPLETED else NOT_READY
     _ensure_step_runs(ctx)
-    purchase_transition(purchase_id=purchase_id, name="mark_fulfilling",
-                        cause="fulfilment_started", actor=ACTOR)
+    purchase_transition(
+        purchase_id=purchase_id, name="mark_fulfilling", cause="fulfilment_started", actor=ACTOR
+    )
     for step in ctx.steps:
         if not _still_fulfillable(purchase_id):
             # A void or full refund (or a person) changed the purchase during this run:
@@ -474,8 +536,12 @@ def purchase_fulfil(*, purchase_id: str) -> str:
         if state != StepState.DONE:
             return state
     with transaction.atomic():
-        purchase = purchase_transition(purchase_id=purchase_id, name="mark_completed",
-                                       cause="fulfilment_completed", actor=ACTOR)
+        purchase = purchase_transition(
+            purchase_id=purchase_id,
+            name="mark_completed",
+            cause="fulfilment_completed",
+            actor=ACTOR,
+        )
         if purchase.status == PurchaseStatus.COMPLETED:
             _decide(purchase_id, RecoveryDecision.Decision.COMPLETED_FORWARD)
     return COMPLETED
@@ -488,8 +554,9 @@ def operation_settled(*, operation_id: str) -> None:
     info = _info(op)
     if op.kind in (*PAYMENT_KINDS, OperationKind.CAPTURE) and op.is_terminal:
         with transaction.atomic():  # provider events that waited for this record: now
-            held_events_retry_now(operation_id=op.parent_id if op.kind == OperationKind.CAPTURE
-                                  else op.id)
+            held_events_retry_now(
+                operation_id=op.parent_id if op.kind == OperationKind.CAPTURE else op.id
+            )
     if op.kind in (OperationKind.REFUND, OperationKind.VOID) and op.is_terminal:
         REFUND_OUTCOMES.labels(kind=op.kind, outcome=op.outcome).inc()
     if op.kind in PAYMENT_KINDS and op.is_duplicate:
@@ -502,8 +569,7 @@ def operation_settled(*, operation_id: str) -> None:
                     duplicate_return_book(op)
                 else:
                     ledger_reverse_unmade(purchase_id=op.purchase_id, operation_id=op.id)
-        if (op.is_compensation and op.outcome == Outcome.FAILED
-                and op.grade != Grade.ACKNOWLEDGED):
+        if op.is_compensation and op.outcome == Outcome.FAILED and op.grade != Grade.ACKNOWLEDGED:
             # The provider refused the duplicate's return (e.g. part of it was refunded in
             # the dashboard since): a new compensation asks for what is left, if anything
             # (the core refuses to ask again what the provider already refused). Only on
@@ -512,19 +578,27 @@ def operation_settled(*, operation_id: str) -> None:
             # (else the duplicate could be returned twice).
             _duplicate_settled(op.parent)
         return  # the return of a duplicate: nothing downstream bought anything with it
-    if (op.kind == OperationKind.CAPTURE and op.outcome == Outcome.FAILED
-            and op.grade != Grade.ACKNOWLEDGED and op.parent_id):
+    if (
+        op.kind == OperationKind.CAPTURE
+        and op.outcome == Outcome.FAILED
+        and op.grade != Grade.ACKNOWLEDGED
+        and op.parent_id
+    ):
         # The provider refused the capture: the authorization may be gone (cancelled in
         # the dashboard, expired). Read it back; a cancel found there is recorded as the
         # void it is, whose settlement unwinds the goods (the money is not coming).
         _authorization_read_after_failed_capture(op)
     if op.kind == OperationKind.VOID and op.outcome == Outcome.SUCCEEDED:
         _unwind_after_void(op)
-    if (op.kind == OperationKind.REFUND and op.outcome == Outcome.SUCCEEDED
-            and purchase_money(op.purchase_id).returned):
-        purchase_goods_unwind(purchase_id=op.purchase_id,
-                              detail=f"refund {op.id} returned the payment in full: "
-                                     "order cancelled")
+    if (
+        op.kind == OperationKind.REFUND
+        and op.outcome == Outcome.SUCCEEDED
+        and purchase_money(op.purchase_id).returned
+    ):
+        purchase_goods_unwind(
+            purchase_id=op.purchase_id,
+            detail=f"refund {op.id} returned the payment in full: order cancelled",
+        )
     with transaction.atomic():
         outcome = op.outcome
         if op.kind in (OperationKind.REFUND, OperationKind.VOID):
@@ -552,20 +626,23 @@ def operation_settled(*, operation_id: str) -> None:
         elif outcome == Outcome.FAILED and op.kind in (*PAYMENT_KINDS, OperationKind.CAPTURE):
             # Overturned: a person's "succeeded" the provider's record contradicts. The
             # ledger step's row lock first, so a booking in flight lands before the reversal.
-            StepRun.objects.select_for_update().filter(purchase_id=op.purchase_id,
-                                                       step=StepName.LEDGER).first()
+            StepRun.objects.select_for_update().filter(
+                purchase_id=op.purchase_id, step=StepName.LEDGER
+            ).first()
             if ledger_reverse_unmade(purchase_id=op.purchase_id, operation_id=op.id):
                 log.warning("ledger reversed for overturned operation=%s", op.id)
             if op.kind in PAYMENT_KINDS:
                 _unwind_after_overturn(op)
-        runs = list(StepRun.objects.select_for_update()
-                    .filter(compensation_operation_id=op.id))
+        runs = list(StepRun.objects.select_for_update().filter(compensation_operation_id=op.id))
         if not (op.is_compensation or runs):
             return
         if op.outcome == Outcome.SUCCEEDED:
             steps = ", ".join(r.step for r in runs) or "step"
-            _decide(op.purchase_id, RecoveryDecision.Decision.COMPENSATED,
-                    f"{steps}: {op.kind} {op.id} confirmed by the provider")
+            _decide(
+                op.purchase_id,
+                RecoveryDecision.Decision.COMPENSATED,
+                f"{steps}: {op.kind} {op.id} confirmed by the provider",
+            )
         elif op.outcome == Outcome.FAILED:
             for run in runs:
                 run.state = StepState.MANUAL
@@ -587,8 +664,9 @@ def duplicate_return_book(refund) -> None:
     """The return of a duplicate is booked only when the duplicate's sale was (a dispute of
     the duplicate books it): a duplicate and its return never touch the books otherwise,
     and when they do, they net to nothing. Idempotent; inside the caller's atomic()."""
-    if LedgerEntry.objects.filter(purchase_id=refund.purchase_id, operation_id=refund.parent_id,
-                                  entry_type="sale").exists():
+    if LedgerEntry.objects.filter(
+        purchase_id=refund.purchase_id, operation_id=refund.parent_id, entry_type="sale"
+    ).exists():
         ledger_record_refund(purchase_id=refund.purchase_id, refund=_info(refund))
 
 
@@ -607,28 +685,35 @@ def _duplicate_settled(op) -> None:
 def fulfilment_unfinished(purchase_id: str) -> bool:
     """Some step of the purchase has not reached a final state (done or compensated)."""
     runs = StepRun.objects.filter(purchase_id=purchase_id)
-    return (not runs.exists()
-            or runs.exclude(state__in=[StepState.DONE, StepState.COMPENSATED]).exists())
+    return (
+        not runs.exists()
+        or runs.exclude(state__in=[StepState.DONE, StepState.COMPENSATED]).exists()
+    )
 
 
 def _unwind_after_void(op) -> None:
     """A void (an operator's, after fulfilment started, or a step's compensation): the
     goods follow the money back."""
-    purchase_goods_unwind(purchase_id=op.purchase_id,
-                          detail=f"void {op.id} after fulfilment: order cancelled")
+    purchase_goods_unwind(
+        purchase_id=op.purchase_id, detail=f"void {op.id} after fulfilment: order cancelled"
+    )
 
 
 def _authorization_read_after_failed_capture(op: PaymentOperation) -> None:
     try:
-        result = external_intent_read(payment_operation_id=op.parent_id,
-                                      cause="readback:capture_failed")
+        result = external_intent_read(
+            payment_operation_id=op.parent_id, cause="readback:capture_failed"
+        )
     except Exception:  # a read-back is a refresh, not a precondition (the reconciler's)
-        log.warning("authorization read-back after failed capture=%s failed", op.id,
-                    exc_info=True)
+        log.warning("authorization read-back after failed capture=%s failed", op.id, exc_info=True)
         return
     if result is not None:
-        log.info("authorization read-back after failed capture=%s: %s %s", op.id,
-                 result.result, result.reason)
+        log.info(
+            "authorization read-back after failed capture=%s: %s %s",
+            op.id,
+            result.result,
+            result.reason,
+        )
 
 
 def purchase_goods_unwind(*, purchase_id: str, detail: str, tell_customer: bool = True) -> bool:
@@ -643,34 +728,53 @@ def purchase_goods_unwind(*, purchase_id: str, detail: str, tell_customer: bool 
     runs), so no effect outlives the unwind."""
     now = timezone.now()
     with transaction.atomic():
-        list(StepRun.objects.select_for_update().filter(purchase_id=purchase_id)
-             .order_by("id").values_list("id", flat=True))
-        cancelled = Order.objects.filter(purchase_id=purchase_id,
-                                         cancelled_at__isnull=True).update(cancelled_at=now)
+        list(
+            StepRun.objects.select_for_update()
+            .filter(purchase_id=purchase_id)
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+        cancelled = Order.objects.filter(purchase_id=purchase_id, cancelled_at__isnull=True).update(
+            cancelled_at=now
+        )
         released = 0
-        for commit in (InventoryCommit.objects.select_for_update()
-                       .filter(purchase_id=purchase_id, released_at__isnull=True)):
+        for commit in InventoryCommit.objects.select_for_update().filter(
+            purchase_id=purchase_id, released_at__isnull=True
+        ):
             # Only physical goods took stock (steps.run_inventory); F(): never read-then-write.
             Product.objects.filter(sku=commit.sku).exclude(kind=Product.Kind.DIGITAL).update(
-                stock=F("stock") + commit.quantity)
+                stock=F("stock") + commit.quantity
+            )
             commit.released_at = now
             commit.save(update_fields=["released_at"])
             released += 1
-        withdrawn = StepRun.objects.filter(
-            purchase_id=purchase_id, step=StepName.DELIVERABLE, state=StepState.DONE).filter(
-            Q(result_expires_at__isnull=True) | Q(result_expires_at__gt=now)).update(
-            result_expires_at=now)
+        withdrawn = (
+            StepRun.objects.filter(
+                purchase_id=purchase_id, step=StepName.DELIVERABLE, state=StepState.DONE
+            )
+            .filter(Q(result_expires_at__isnull=True) | Q(result_expires_at__gt=now))
+            .update(result_expires_at=now)
+        )
         unwound = bool(cancelled or released or withdrawn)
         if unwound:
             _decide(purchase_id, RecoveryDecision.Decision.COMPENSATED, detail)
-            log.warning("goods unwound purchase=%s order=%s stock=%s deliverable=%s: %s",
-                        purchase_id, cancelled, released, withdrawn, detail)
+            log.warning(
+                "goods unwound purchase=%s order=%s stock=%s deliverable=%s: %s",
+                purchase_id,
+                cancelled,
+                released,
+                withdrawn,
+                detail,
+            )
         email = _cancellation_recorded(purchase_id) if unwound and tell_customer else None
         if email is not None:
             # Sent by the relay after this commits, and sent again while the mail server
             # provably took nothing (recovery.handlers): never lost to one failed send.
-            outbox_put(category=OutboxCategory.CUSTOMER_EMAIL, payload={"email": email.id},
-                       dedupe_key=f"email:{email.id}")
+            outbox_put(
+                category=OutboxCategory.CUSTOMER_EMAIL,
+                payload={"email": email.id},
+                dedupe_key=f"email:{email.id}",
+            )
     return unwound
 
 
@@ -681,8 +785,10 @@ def _cancellation_recorded(purchase_id: str) -> EmailMessage | None:
         return None
     subject = f"Purchase {purchase_id}: your order is cancelled, your money went back"
     _, created = EmailMessage.objects.get_or_create(
-        purchase_id=purchase_id, kind="cancellation",
-        defaults={"to": purchase.customer_email, "subject": subject[:200]})
+        purchase_id=purchase_id,
+        kind="cancellation",
+        defaults={"to": purchase.customer_email, "subject": subject[:200]},
+    )
     if not created:
         return None
     return EmailMessage.objects.get(purchase_id=purchase_id, kind="cancellation")
@@ -701,22 +807,25 @@ def customer_email_send(*, email_id: int) -> None:
     email = EmailMessage.objects.filter(id=email_id, sent_at__isnull=True).first()
     if email is None:
         return  # sent already (or gone)
-    body = (f"Your payment for purchase {email.purchase_id} went back to you, so your "
-            f"order is cancelled and nothing more will be delivered.\n\n"
-            f"Status: {_status_url(email.purchase_id)}\n"
-            f"Questions: {settings.SUPPORT_CONTACT}\n")
+    body = (
+        f"Your payment for purchase {email.purchase_id} went back to you, so your "
+        f"order is cancelled and nothing more will be delivered.\n\n"
+        f"Status: {_status_url(email.purchase_id)}\n"
+        f"Questions: {settings.SUPPORT_CONTACT}\n"
+    )
     try:
-        send_mail(email.subject, body, settings.DEFAULT_FROM_EMAIL, [email.to],
-                  fail_silently=False)
+        send_mail(email.subject, body, settings.DEFAULT_FROM_EMAIL, [email.to], fail_silently=False)
     except Exception as exc:
         if _definitely_not_sent(exc):
-            raise EmailNotSentYet(f"{email.kind} e-mail {email.id}: "
-                                  f"{type(exc).__name__}") from None
-        log.warning("%s e-mail outcome unknown, not resent purchase=%s", email.kind,
-                    email.purchase_id, exc_info=True)
+            raise EmailNotSentYet(f"{email.kind} e-mail {email.id}: {type(exc).__name__}") from None
+        log.warning(
+            "%s e-mail outcome unknown, not resent purchase=%s",
+            email.kind,
+            email.purchase_id,
+            exc_info=True,
+        )
         return
-    EmailMessage.objects.filter(id=email.id, sent_at__isnull=True).update(
-        sent_at=timezone.now())
+    EmailMessage.objects.filter(id=email.id, sent_at__isnull=True).update(sent_at=timezone.now())
 
 
 def _unwind_after_overturn(op) -> None:
@@ -726,16 +835,20 @@ def _unwind_after_overturn(op) -> None:
     no automatic e-mail here). Idempotent."""
     if op.transitions.filter(cause=OVERTURN_CAUSE, target=Outcome.FAILED).exists():
         purchase_goods_unwind(
-            purchase_id=op.purchase_id, tell_customer=False,
-            detail=f"payment {op.id} overturned by the provider: order cancelled")
+            purchase_id=op.purchase_id,
+            tell_customer=False,
+            detail=f"payment {op.id} overturned by the provider: order cancelled",
+        )
     elif op.transitions.filter(cause=X402_VANISHED_CAUSE, target=Outcome.FAILED).exists():
         # The chain took an x402 transfer back after the deliverable went out (a reorg,
         # then the payer's cancel): no money came, nothing of it stays live, and the
         # buyer is told why (once), with a way to pay again.
         purchase_goods_unwind(
-            purchase_id=op.purchase_id, tell_customer=False,
+            purchase_id=op.purchase_id,
+            tell_customer=False,
             detail=f"x402 payment {op.id}: its transfer left the chain before it was "
-                   f"final: order cancelled")
+            f"final: order cancelled",
+        )
         email = _reversed_payment_recorded(op.purchase_id)
         if email is not None:
             transaction.on_commit(lambda: _reversed_payment_send(email))
@@ -747,31 +860,35 @@ def _reversed_payment_recorded(purchase_id: str) -> EmailMessage | None:
         return None
     subject = f"Purchase {purchase_id}: your payment did not complete, your order is cancelled"
     email, created = EmailMessage.objects.get_or_create(
-        purchase_id=purchase_id, kind="payment_reversed",
-        defaults={"to": purchase.customer_email, "subject": subject[:200]})
+        purchase_id=purchase_id,
+        kind="payment_reversed",
+        defaults={"to": purchase.customer_email, "subject": subject[:200]},
+    )
     return email if created else None
 
 
 def _reversed_payment_send(email: EmailMessage) -> None:
-    body = (f"The on-chain transfer that paid for purchase {email.purchase_id} was undone "
-            f"by the network before it became final, and the authorization was cancelled, "
-            f"so no money reached us. Your order is cancelled and the report is no longer "
-            f"available. If you still want it, pay again from the status page.\n\n"
-            f"Status: {_status_url(email.purchase_id)}\n"
-            f"Questions: {settings.SUPPORT_CONTACT}\n")
+    body = (
+        f"The on-chain transfer that paid for purchase {email.purchase_id} was undone "
+        f"by the network before it became final, and the authorization was cancelled, "
+        f"so no money reached us. Your order is cancelled and the report is no longer "
+        f"available. If you still want it, pay again from the status page.\n\n"
+        f"Status: {_status_url(email.purchase_id)}\n"
+        f"Questions: {settings.SUPPORT_CONTACT}\n"
+    )
     try:
-        send_mail(email.subject, body, settings.DEFAULT_FROM_EMAIL, [email.to],
-                  fail_silently=False)
+        send_mail(email.subject, body, settings.DEFAULT_FROM_EMAIL, [email.to], fail_silently=False)
     except Exception:  # at most once: a person sees the unsent row, nothing resends it
-        log.warning("payment-reversed e-mail not sent purchase=%s", email.purchase_id,
-                    exc_info=True)
+        log.warning(
+            "payment-reversed e-mail not sent purchase=%s", email.purchase_id, exc_info=True
+        )
         return
-    EmailMessage.objects.filter(id=email.id, sent_at__isnull=True).update(
-        sent_at=timezone.now())
+    EmailMessage.objects.filter(id=email.id, sent_at__isnull=True).update(sent_at=timezone.now())
 
 
-def step_resolve(*, purchase_id: str, step: str, resolution: str, actor: str,
-                 reason: str, ip: str | None = None) -> StepRun:
+def step_resolve(
+    *, purchase_id: str, step: str, resolution: str, actor: str, reason: str, ip: str | None = None
+) -> StepRun:
     """A person settles a step waiting for review: `done` (it did happen / was done by
     hand) or `retry` (safe to run again, e.g. the e-mail provably never left).
     Writes its AuditEntry in the same transaction, then resumes the purchase."""
@@ -789,14 +906,21 @@ def step_resolve(*, purchase_id: str, step: str, resolution: str, actor: str,
         else:
             run.state, run.attempts, run.started_at = StepState.PENDING, 0, None
         run.last_error = ""
-        run.save(update_fields=["state", "completed_at", "attempts", "started_at",
-                                "last_error"])
-        audit_write(actor=actor, action="step_resolve", target_type="step_run",
-                    target_id=run.key, purchase_id=purchase_id, reason=reason,
-                    ip=ip or None, before={"state": before},
-                    after={"state": run.state},
-                    detail={"step": step, "from": before, "to": run.state})
-        purchase_transition(purchase_id=purchase_id, name="mark_fulfilling",
-                            cause="step_resolved", actor=actor)
+        run.save(update_fields=["state", "completed_at", "attempts", "started_at", "last_error"])
+        audit_write(
+            actor=actor,
+            action="step_resolve",
+            target_type="step_run",
+            target_id=run.key,
+            purchase_id=purchase_id,
+            reason=reason,
+            ip=ip or None,
+            before={"state": before},
+            after={"state": run.state},
+            detail={"step": step, "from": before, "to": run.state},
+        )
+        purchase_transition(
+            purchase_id=purchase_id, name="mark_fulfilling", cause="step_resolved", actor=actor
+        )
         run_steps_message_put(purchase_id)
     return run

@@ -7,6 +7,7 @@ either. How a commit's kick is published (coalesced, recovery/kick.py) is regist
 same way, by recovery's AppConfig.ready(): the policy depends on the outbox, not the
 reverse.
 """
+
 from __future__ import annotations
 
 import threading
@@ -58,8 +59,9 @@ def outbox_before_put(hook: Callable[[], None]) -> Callable[[], None]:
     return hook
 
 
-def outbox_put(*, category: OutboxCategory, payload: dict, dedupe_key: str,
-               delay_seconds: float = 0) -> None:
+def outbox_put(
+    *, category: OutboxCategory, payload: dict, dedupe_key: str, delay_seconds: float = 0
+) -> None:
     """Write a message in the caller's transaction; kick the relay after commit.
 
     INSERT ... ON CONFLICT against the partial unique index on unprocessed dedupe keys: a
@@ -67,8 +69,12 @@ def outbox_put(*, category: OutboxCategory, payload: dict, dedupe_key: str,
     claimed (being handled), it is flagged to run once more (see `_INSERT_SQL`).
     """
     assert transaction.get_connection().in_atomic_block, "outbox_put needs the caller's atomic()"
-    row = OutboxMessage(category=category, payload=payload, dedupe_key=dedupe_key,
-                        available_at=timezone.now() + timedelta(seconds=delay_seconds))
+    row = OutboxMessage(
+        category=category,
+        payload=payload,
+        dedupe_key=dedupe_key,
+        available_at=timezone.now() + timedelta(seconds=delay_seconds),
+    )
     batch = getattr(_OUTBOX_BATCH, "rows", None)
     if batch is not None:
         batch.append(row)
@@ -78,9 +84,18 @@ def outbox_put(*, category: OutboxCategory, payload: dict, dedupe_key: str,
         transaction.on_commit(_kick_relay, robust=True)
 
 
-_INSERT_FIELDS = [OutboxMessage._meta.get_field(name) for name in (
-    "category", "payload", "dedupe_key", "available_at", "attempts", "last_error",
-    "created_at")]
+_INSERT_FIELDS = [
+    OutboxMessage._meta.get_field(name)
+    for name in (
+        "category",
+        "payload",
+        "dedupe_key",
+        "available_at",
+        "attempts",
+        "last_error",
+        "created_at",
+    )
+]
 _TABLE = OutboxMessage._meta.db_table
 # A duplicate of a pending row is absorbed (the partial unique index on unprocessed keys).
 # If that row is claimed, its handler may have run already, before this write's state:
@@ -91,7 +106,8 @@ _INSERT_SQL = (
     f'INSERT INTO "{_TABLE}" ({", ".join(f.column for f in _INSERT_FIELDS)}) VALUES {{rows}} '
     "ON CONFLICT (dedupe_key) WHERE processed_at IS NULL "
     f'DO UPDATE SET rerun = TRUE WHERE "{_TABLE}".claimed_until IS NOT NULL '
-    f'AND "{_TABLE}".id <> %s')
+    f'AND "{_TABLE}".id <> %s'
+)
 # The message this thread's relay is handling now (recovery.relay sets it). A handler that
 # writes its own message's key again is absorbed, as before: flagging its own row would
 # release it after every run and run it forever (it rewrites the key each time).
@@ -122,12 +138,17 @@ def _outbox_insert(rows: list[OutboxMessage]) -> None:
     one = "(" + ", ".join(["%s"] * len(_INSERT_FIELDS)) + ")"
     with connection.cursor() as cursor:
         for start in range(0, len(rows), size):  # one statement, unless SQLite's limit
-            chunk = rows[start:start + size]
-            params = [f.get_db_prep_save(f.pre_save(row, True), connection)
-                      for row in chunk for f in _INSERT_FIELDS]
+            chunk = rows[start : start + size]
+            params = [
+                f.get_db_prep_save(f.pre_save(row, True), connection)
+                for row in chunk
+                for f in _INSERT_FIELDS
+            ]
             handling = getattr(_HANDLING, "id", None)
-            cursor.execute(_INSERT_SQL.format(rows=", ".join([one] * len(chunk))),
-                           [*params, -1 if handling is None else handling])
+            cursor.execute(
+                _INSERT_SQL.format(rows=", ".join([one] * len(chunk))),
+                [*params, -1 if handling is None else handling],
+            )
 
 
 _OUTBOX_BATCH = threading.local()
@@ -158,20 +179,29 @@ def outbox_batch() -> Iterator[None]:
 def run_steps_put(*, purchase_id: str) -> None:
     """Run (or resume) a purchase's downstream steps. One pending message per purchase,
     whoever asks: a settled payment, a cleared halt, a person's resume."""
-    outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase_id},
-               dedupe_key=f"steps:{purchase_id}")
+    outbox_put(
+        category=OutboxCategory.RUN_STEPS,
+        payload={"purchase": purchase_id},
+        dedupe_key=f"steps:{purchase_id}",
+    )
 
 
 def dispatch_put(*, operation_id: str) -> None:
     """Send an operation to the provider (a compensation, a duplicate's refund)."""
-    outbox_put(category=OutboxCategory.DISPATCH, payload={"operation": operation_id},
-               dedupe_key=f"dispatch:{operation_id}")
+    outbox_put(
+        category=OutboxCategory.DISPATCH,
+        payload={"operation": operation_id},
+        dedupe_key=f"dispatch:{operation_id}",
+    )
 
 
 def operation_settled_put(*, operation_id: str) -> None:
     """An operation reached its outcome: the workflow follows it."""
-    outbox_put(category=OutboxCategory.OPERATION_SETTLED, payload={"operation": operation_id},
-               dedupe_key=f"settled:{operation_id}")
+    outbox_put(
+        category=OutboxCategory.OPERATION_SETTLED,
+        payload={"operation": operation_id},
+        dedupe_key=f"settled:{operation_id}",
+    )
 
 
 def _kick_at_once(publish: Publish) -> None:
@@ -208,5 +238,6 @@ def _kick_relay() -> None:
     # broker is back.
     # Through the installed policy: coalesced by recovery.kick (at most two publishes per
     # short window, not one per row).
-    _KICK_POLICY[0](lambda countdown: current_app.send_task(
-        RELAY_TASK, retry=False, countdown=countdown))
+    _KICK_POLICY[0](
+        lambda countdown: current_app.send_task(RELAY_TASK, retry=False, countdown=countdown)
+    )

@@ -3,6 +3,7 @@
 Beside recovery.models: it imports no app above the payments core, so the core's
 presenters may read it.
 """
+
 from __future__ import annotations
 
 from payments.view_queries import CompiledRead
@@ -13,9 +14,11 @@ from .models import STEP_ORDER, StepName, StepRun, StepState
 # PostgreSQL: payments.view_queries.CompiledRead). The purchase view runs it in the same
 # round trip as its other reads (payments.api.presenters).
 STEP_STATES = CompiledRead(
-    lambda purchase_id: StepRun.objects.filter(purchase_id=purchase_id)
-    .values_list("step", "state"),
-    "\x01verity-purchase")
+    lambda purchase_id: StepRun.objects.filter(purchase_id=purchase_id).values_list(
+        "step", "state"
+    ),
+    "\x01verity-purchase",
+)
 
 
 def steps_for_purchase(purchase_id: str) -> dict[str, str]:

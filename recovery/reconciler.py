@@ -6,6 +6,7 @@ the relay does the work. Reconciliation itself is payments.services.operation_re
 read-only at the provider, backoff schedule RECONCILE_SCHEDULE_SECONDS, escalation to the
 purchase's recovery_owner after RECONCILE_DEADLINE_SECONDS.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,21 +38,26 @@ def reconcile_due(*, limit: int = 500) -> int:
     """
     # Open operations, and outcomes only a person gave (acknowledged): those are read back
     # until the provider confirms or overturns them.
-    due = list(PaymentOperation.objects.filter(Q(outcome__in=_OPEN_OUTCOMES)
-                                               | Q(grade=Grade.ACKNOWLEDGED),
-                                               next_reconcile_at__lte=timezone.now())
-               .order_by("next_reconcile_at").values_list("id", flat=True)[:limit])
+    due = list(
+        PaymentOperation.objects.filter(
+            Q(outcome__in=_OPEN_OUTCOMES) | Q(grade=Grade.ACKNOWLEDGED),
+            next_reconcile_at__lte=timezone.now(),
+        )
+        .order_by("next_reconcile_at")
+        .values_list("id", flat=True)[:limit]
+    )
     now = timezone.now()
     with transaction.atomic():
         for op_id in due:
             key = f"reconcile:{op_id}"
-            outbox_put(category=OutboxCategory.RECONCILE, payload={"operation": op_id},
-                       dedupe_key=key)
+            outbox_put(
+                category=OutboxCategory.RECONCILE, payload={"operation": op_id}, dedupe_key=key
+            )
             # A pending row written earlier with a delay absorbed that put: it is due now.
             # Rows that already failed keep their own backoff.
-            OutboxMessage.objects.filter(dedupe_key=key, processed_at__isnull=True,
-                                         attempts=0, available_at__gt=now).update(
-                available_at=now)
+            OutboxMessage.objects.filter(
+                dedupe_key=key, processed_at__isnull=True, attempts=0, available_at__gt=now
+            ).update(available_at=now)
     return len(due)
 
 
@@ -67,8 +73,9 @@ def sweep_dead_dispatches() -> int:
 def resume_stalled_fulfilment(*, older_than_seconds: float | None = None) -> int:
     """Paid-without-order and any paid/fulfilling purchase left alone for a while get a
     RUN_STEPS message (the orchestrator resumes from the first incomplete step)."""
-    ids = list(stalled_fulfilment(older_than_seconds=older_than_seconds)
-               .values_list("id", flat=True))
+    ids = list(
+        stalled_fulfilment(older_than_seconds=older_than_seconds).values_list("id", flat=True)
+    )
     with transaction.atomic():
         for purchase_id in ids:
             run_steps_message_put(purchase_id)

@@ -18,6 +18,7 @@ A worker that dies between 1 and 3 leaves the row claimed: once the lease passes
 next drain (the on-commit kick or the beat sweep) claims it again. Every handler is
 idempotent, so a message handled twice is harmless; the lease only keeps that rare.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,8 +65,7 @@ class ClaimedMessage:
 
     __slots__ = ("id", "category", "payload", "attempts", "claimed_until")
 
-    def __init__(self, id: int, category: int, payload: dict, attempts: int,
-                 claimed_until) -> None:
+    def __init__(self, id: int, category: int, payload: dict, attempts: int, claimed_until) -> None:
         self.id, self.category, self.payload = id, category, payload
         self.attempts, self.claimed_until = attempts, claimed_until
 
@@ -104,17 +104,24 @@ _MARK_SQL = (
     "available_at = CASE WHEN rerun THEN %s::timestamptz ELSE available_at END, "
     "claimed_until = NULL, last_error = '', rerun = false "
     "WHERE id = ANY(%s::bigint[]) AND claimed_until = %s "
-    "RETURNING processed_at IS NULL")  # true: released for another run
+    "RETURNING processed_at IS NULL"
+)  # true: released for another run
 
 
 def _mark_values(now) -> dict:
     """The ORM path's `_MARK_SQL` SET: processed, or released when flagged `rerun`."""
     rerun = Q(rerun=True)
-    return {"processed_at": Case(When(rerun, then=Value(None)), default=Value(now),
-                                 output_field=DateTimeField()),
-            "available_at": Case(When(rerun, then=Value(now)), default=F("available_at"),
-                                 output_field=DateTimeField()),
-            "claimed_until": None, "last_error": "", "rerun": False}
+    return {
+        "processed_at": Case(
+            When(rerun, then=Value(None)), default=Value(now), output_field=DateTimeField()
+        ),
+        "available_at": Case(
+            When(rerun, then=Value(now)), default=F("available_at"), output_field=DateTimeField()
+        ),
+        "claimed_until": None,
+        "last_error": "",
+        "rerun": False,
+    }
 
 
 def _sql_on(connection) -> bool:
@@ -136,8 +143,10 @@ def _claim_sql(batch: int) -> list[ClaimedMessage]:
     rows = _execute(_CLAIM_SQL, [now, now, batch, claimed_until], fetch=True)
     # Django's psycopg setup loads jsonb as text (JSONField decodes it): decode it here.
     loads = json.loads
-    return [ClaimedMessage(i, c, p if not isinstance(p, str) else loads(p), a, claimed_until)
-            for i, c, p, a in rows]
+    return [
+        ClaimedMessage(i, c, p if not isinstance(p, str) else loads(p), a, claimed_until)
+        for i, c, p, a in rows
+    ]
 
 
 def _claim(batch: int) -> list[OutboxMessage] | list[ClaimedMessage]:
@@ -155,7 +164,8 @@ def _claim(batch: int) -> list[OutboxMessage] | list[ClaimedMessage]:
         if not rows:
             return []
         OutboxMessage.objects.filter(id__in=[r.id for r in rows]).update(
-            claimed_until=claimed_until, attempts=F("attempts") + 1, rerun=False)
+            claimed_until=claimed_until, attempts=F("attempts") + 1, rerun=False
+        )
     for row in rows:
         row.claimed_until = claimed_until
         row.attempts += 1
@@ -164,7 +174,8 @@ def _claim(batch: int) -> list[OutboxMessage] | list[ClaimedMessage]:
 
 def _succeed(message: OutboxMessage | ClaimedMessage) -> None:
     OutboxMessage.objects.filter(id=message.id, processed_at__isnull=True).update(
-        **_mark_values(timezone.now()))
+        **_mark_values(timezone.now())
+    )
 
 
 def _fail(message: OutboxMessage | ClaimedMessage, exc: BaseException) -> None:
@@ -177,10 +188,19 @@ def _fail(message: OutboxMessage | ClaimedMessage, exc: BaseException) -> None:
         # claimed again must not cancel the new claim (a redundant later run).
         rows = rows.filter(claimed_until=message.claimed_until)
     rows.update(
-        available_at=timezone.now() + timedelta(seconds=delay), claimed_until=None,
-        last_error=error, rerun=False)  # the next run sees the latest state anyway
-    log.warning("outbox message failed id=%s category=%s attempts=%s retry_in=%.1fs error=%s",
-                message.id, message.category, message.attempts, delay, error)
+        available_at=timezone.now() + timedelta(seconds=delay),
+        claimed_until=None,
+        last_error=error,
+        rerun=False,
+    )  # the next run sees the latest state anyway
+    log.warning(
+        "outbox message failed id=%s category=%s attempts=%s retry_in=%.1fs error=%s",
+        message.id,
+        message.category,
+        message.attempts,
+        delay,
+        error,
+    )
 
 
 def _succeed_all(ids: list[int], claimed_until) -> None:
@@ -194,8 +214,9 @@ def _succeed_all(ids: list[int], claimed_until) -> None:
         rows = _execute(_MARK_SQL, [now, now, ids, claimed_until], fetch=True)
         released = sum(1 for (again,) in rows if again)
     else:
-        batch = OutboxMessage.objects.filter(id__in=ids, processed_at__isnull=True,
-                                             claimed_until=claimed_until)
+        batch = OutboxMessage.objects.filter(
+            id__in=ids, processed_at__isnull=True, claimed_until=claimed_until
+        )
         released = batch.filter(rerun=True).count()
         batch.update(**_mark_values(now))
     # A released row is due now: relay_drain takes another batch for it rather than
@@ -229,12 +250,14 @@ def relay_flush_pending() -> None:
 outbox_before_put(relay_flush_pending)
 
 
-def handle_message(message: OutboxMessage | ClaimedMessage, *,
-                   succeeded: list[int] | None = None) -> bool:
+def handle_message(
+    message: OutboxMessage | ClaimedMessage, *, succeeded: list[int] | None = None
+) -> bool:
     """Run one claimed message's handler outside any transaction. True on success.
 
     With `succeeded` (the relay's batch), a success is appended there and marked with the
     rest of the batch in one UPDATE instead of one per message."""
+
     def done(message: OutboxMessage | ClaimedMessage) -> None:
         if succeeded is None:
             _succeed(message)

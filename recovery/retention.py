@@ -28,6 +28,7 @@ How a run stays cheap and lock-light, whatever the table's size:
   stopping below the first row left in place, and the next sweep starts there: a held
   row is looked at again once per sweep and goes once what held it is closed.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,9 +58,14 @@ log = logging.getLogger(__name__)
 # A purchase in one of these has nothing left to settle: no money movement in flight, no
 # step to run, no dispute open. Every other status is "open" and keeps what it needs.
 CLOSED_PURCHASE_STATUSES = (
-    PurchaseStatus.COMPLETED, PurchaseStatus.PAYMENT_FAILED, PurchaseStatus.REFUNDED,
-    PurchaseStatus.VOIDED, PurchaseStatus.CANCELLED, PurchaseStatus.EXPIRED,
-    PurchaseStatus.DISPUTE_WON, PurchaseStatus.DISPUTE_LOST,
+    PurchaseStatus.COMPLETED,
+    PurchaseStatus.PAYMENT_FAILED,
+    PurchaseStatus.REFUNDED,
+    PurchaseStatus.VOIDED,
+    PurchaseStatus.CANCELLED,
+    PurchaseStatus.EXPIRED,
+    PurchaseStatus.DISPUTE_WON,
+    PurchaseStatus.DISPUTE_LOST,
 )
 # Event results after which nothing reads the event again on its own. QUARANTINED is
 # final for the relay but waits for a person (release), HELD and PENDING wait for a
@@ -76,8 +82,9 @@ def _open_operation(ref) -> Exists:
 
 
 def _open_operation_of_purchase(ref) -> Exists:
-    return Exists(PaymentOperation.objects.filter(purchase_id=ref)
-                  .exclude(outcome__in=TERMINAL_OUTCOMES))
+    return Exists(
+        PaymentOperation.objects.filter(purchase_id=ref).exclude(outcome__in=TERMINAL_OUTCOMES)
+    )
 
 
 def _open_dispute(**match) -> Exists:
@@ -87,11 +94,13 @@ def _open_dispute(**match) -> Exists:
 def _event_needed() -> Q:
     """An event an open purchase, operation or dispute may still need (the timeline a
     person reads to settle it, the observation a read-back is compared with)."""
-    return (Q(_open_purchase(OuterRef("purchase_id")))
-            | Q(_open_operation(OuterRef("operation_id")))
-            | Q(_open_operation_of_purchase(OuterRef("purchase_id")))
-            | Q(_open_dispute(purchase_id=OuterRef("purchase_id")))
-            | Q(_open_dispute(pk=OuterRef("object_id"))))
+    return (
+        Q(_open_purchase(OuterRef("purchase_id")))
+        | Q(_open_operation(OuterRef("operation_id")))
+        | Q(_open_operation_of_purchase(OuterRef("purchase_id")))
+        | Q(_open_dispute(purchase_id=OuterRef("purchase_id")))
+        | Q(_open_dispute(pk=OuterRef("object_id")))
+    )
 
 
 def _idempotency_needed() -> Q:
@@ -100,22 +109,27 @@ def _idempotency_needed() -> Q:
     (docs/walkthrough.md#api-rules-the-code-relies-on), for as long as it is open."""
     purchase = Q(resource_type="purchase") & (
         Q(_open_purchase(OuterRef("resource_id")))
-        | Q(_open_operation_of_purchase(OuterRef("resource_id"))))
+        | Q(_open_operation_of_purchase(OuterRef("resource_id")))
+    )
     operation = Q(resource_type="operation") & (
         Q(_open_operation(OuterRef("resource_id")))
-        | Q(_refund_with_room_left(OuterRef("resource_id"))))
+        | Q(_refund_with_room_left(OuterRef("resource_id")))
+    )
     # An ACP key names its checkout session (acp/views.py RESOURCE); the session's purchase
     # is reached through its reverse relation (`acp_session`), so recovery imports no acp.
-    session = Q(resource_type="acp_session") & Q(_open_purchase_of_acp_session(
-        OuterRef("resource_id")))
+    session = Q(resource_type="acp_session") & Q(
+        _open_purchase_of_acp_session(OuterRef("resource_id"))
+    )
     return purchase | operation | session
 
 
 def _open_purchase_of_acp_session(ref) -> Exists:
     purchases = Purchase.objects.filter(acp_session__pk=ref)
     return Exists(purchases.exclude(status__in=CLOSED_PURCHASE_STATUSES)) | Exists(
-        PaymentOperation.objects.filter(purchase__acp_session__pk=ref)
-        .exclude(outcome__in=TERMINAL_OUTCOMES))
+        PaymentOperation.objects.filter(purchase__acp_session__pk=ref).exclude(
+            outcome__in=TERMINAL_OUTCOMES
+        )
+    )
 
 
 def _refund_with_room_left(ref) -> Exists:
@@ -123,8 +137,11 @@ def _refund_with_room_left(ref) -> Exists:
     storefront's retry of that same refund request (same key, same body) would be a new,
     second refund once its record were gone. Kept until the purchase is
     `refunded`; refunds are few, so these records stay small."""
-    return Exists(PaymentOperation.objects.filter(pk=ref, kind=OperationKind.REFUND)
-                  .exclude(purchase__status=PurchaseStatus.REFUNDED))
+    return Exists(
+        PaymentOperation.objects.filter(pk=ref, kind=OperationKind.REFUND).exclude(
+            purchase__status=PurchaseStatus.REFUNDED
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -144,28 +161,43 @@ class Policy:
 
 POLICIES: tuple[Policy, ...] = (
     Policy(
-        table=OutboxMessage._meta.db_table, model=OutboxMessage, time_field="created_at",
-        days_setting="RETENTION_OUTBOX_DAYS", archive=False,
+        table=OutboxMessage._meta.db_table,
+        model=OutboxMessage,
+        time_field="created_at",
+        days_setting="RETENTION_OUTBOX_DAYS",
+        archive=False,
         # Processed rows are read by nothing (the relay, the stuck queue and the metrics
         # read unprocessed rows only); an unprocessed row is work, never pruned.
         eligible=lambda cutoff: Q(processed_at__isnull=False, processed_at__lt=cutoff),
         held=lambda cutoff: Q(processed_at__isnull=True) | Q(processed_at__gte=cutoff),
     ),
     Policy(
-        table=ProviderEvent._meta.db_table, model=ProviderEvent, time_field="received_at",
-        days_setting="RETENTION_WEBHOOK_EVENT_DAYS", archive=True,
-        eligible=lambda cutoff: (Q(received_at__lt=cutoff, result__in=_EVENT_DONE)
-                                 & ~_event_needed()),
-        held=lambda cutoff: ~Q(result__in=_EVENT_DONE) | _event_needed()
-        | Q(received_at__gte=cutoff),
+        table=ProviderEvent._meta.db_table,
+        model=ProviderEvent,
+        time_field="received_at",
+        days_setting="RETENTION_WEBHOOK_EVENT_DAYS",
+        archive=True,
+        eligible=lambda cutoff: (
+            Q(received_at__lt=cutoff, result__in=_EVENT_DONE) & ~_event_needed()
+        ),
+        held=lambda cutoff: (
+            ~Q(result__in=_EVENT_DONE) | _event_needed() | Q(received_at__gte=cutoff)
+        ),
     ),
     Policy(
-        table=IdempotencyRecord._meta.db_table, model=IdempotencyRecord,
-        time_field="created_at", days_setting="RETENTION_IDEMPOTENCY_DAYS", archive=False,
-        eligible=lambda cutoff: (Q(created_at__lt=cutoff, state=IdempotencyRecord.State.DONE)
-                                 & ~_idempotency_needed()),
-        held=lambda cutoff: (Q(state=IdempotencyRecord.State.IN_FLIGHT) | _idempotency_needed()
-                             | Q(created_at__gte=cutoff)),
+        table=IdempotencyRecord._meta.db_table,
+        model=IdempotencyRecord,
+        time_field="created_at",
+        days_setting="RETENTION_IDEMPOTENCY_DAYS",
+        archive=False,
+        eligible=lambda cutoff: (
+            Q(created_at__lt=cutoff, state=IdempotencyRecord.State.DONE) & ~_idempotency_needed()
+        ),
+        held=lambda cutoff: (
+            Q(state=IdempotencyRecord.State.IN_FLIGHT)
+            | _idempotency_needed()
+            | Q(created_at__gte=cutoff)
+        ),
     ),
 )
 
@@ -228,20 +260,32 @@ def _archive_and_delete(policy: Policy, ids: list[int]) -> int:
                 "RETURNING *) "
                 f"INSERT INTO {RetentionArchive._meta.db_table} (source, row_id, row, archived_at) "
                 "SELECT %s, m.id, to_jsonb(m), now() FROM moved m",
-                [ids, policy.table])
+                [ids, policy.table],
+            )
             return c.rowcount
     # The embedded SQLite default: small volumes, the same effect row by row.
     rows = list(model.objects.filter(pk__in=ids).values())
-    RetentionArchive.objects.bulk_create([
-        RetentionArchive(source=policy.table, row_id=r["id"],
-                         row=json.loads(json.dumps(r, cls=DjangoJSONEncoder))) for r in rows])
+    RetentionArchive.objects.bulk_create(
+        [
+            RetentionArchive(
+                source=policy.table,
+                row_id=r["id"],
+                row=json.loads(json.dumps(r, cls=DjangoJSONEncoder)),
+            )
+            for r in rows
+        ]
+    )
     model.objects.filter(pk__in=[r["id"] for r in rows])._raw_delete(model.objects.db)
     return len(rows)
 
 
-def retention_prune_table(*, policy: Policy, now: datetime | None = None,
-                          batch_size: int | None = None,
-                          max_batches: int | None = None) -> PruneResult:
+def retention_prune_table(
+    *,
+    policy: Policy,
+    now: datetime | None = None,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+) -> PruneResult:
     """Prune one table: pages of at most `batch_size` ids, one short transaction each.
 
     A run resumes the table's sweep where the previous run stopped (`cursor_id`), so its
@@ -262,28 +306,38 @@ def retention_prune_table(*, policy: Policy, now: datetime | None = None,
     old_rows = Q(**{f"{policy.time_field}__lt": cutoff})
     cursor = max(state.cursor_id, floor)
     first_left, sweep_kept, sweep_skipped = (
-        state.sweep_first_left_id, state.sweep_kept, state.sweep_skipped)
+        state.sweep_first_left_id,
+        state.sweep_kept,
+        state.sweep_skipped,
+    )
     if cursor == floor:  # a new sweep
         first_left, sweep_kept, sweep_skipped = None, 0, 0
     pruned = batches = 0
     while cursor < top and batches < max_batches:
-        page = list(model.objects.filter(pk__gt=cursor, pk__lte=top).order_by("pk")
-                    .values_list("pk", flat=True)[:batch_size])
+        page = list(
+            model.objects.filter(pk__gt=cursor, pk__lte=top)
+            .order_by("pk")
+            .values_list("pk", flat=True)[:batch_size]
+        )
         if not page:
             cursor = top
             break
         page_range = Q(pk__gt=cursor, pk__lte=page[-1])
         with transaction.atomic():
-            ids = list(model.objects.filter(page_range).filter(eligible)
-                       .select_for_update(skip_locked=True).order_by("pk")
-                       .values_list("pk", flat=True))
+            ids = list(
+                model.objects.filter(page_range)
+                .filter(eligible)
+                .select_for_update(skip_locked=True)
+                .order_by("pk")
+                .values_list("pk", flat=True)
+            )
             pruned += _archive_and_delete(policy, ids)
         # What the page left: held rows, and eligible rows a worker held the lock of (an
         # old row left that is not eligible is held). Evaluated on the rows left only:
         # few, unless the page is all held rows.
         left = model.objects.filter(page_range).aggregate(
-            first=Min("pk"), old=Count("pk", filter=old_rows),
-            skipped=Count("pk", filter=eligible))
+            first=Min("pk"), old=Count("pk", filter=old_rows), skipped=Count("pk", filter=eligible)
+        )
         if left["first"] is not None:
             first_left = left["first"] if first_left is None else min(first_left, left["first"])
             sweep_kept += left["old"] - left["skipped"]
@@ -294,29 +348,53 @@ def retention_prune_table(*, policy: Policy, now: datetime | None = None,
     # there: held rows among them are counted kept once the sweep reaches them), counted
     # on the primary key only and capped, so the figure costs the same whatever the backlog.
     cap = getattr(settings, "RETENTION_DUE_COUNT_CAP", 1_000_000)
-    ahead = (model.objects.filter(pk__gt=cursor, pk__lte=top).values("pk")[:cap].count()
-             if cursor < top else 0)
+    ahead = (
+        model.objects.filter(pk__gt=cursor, pk__lte=top).values("pk")[:cap].count()
+        if cursor < top
+        else 0
+    )
     due = ahead + sweep_skipped
     swept = cursor >= top
     if swept:
         # The sweep is over: the next one starts just below the first row left in place.
         kept = sweep_kept
         new_floor = top if first_left is None else max(floor, first_left - 1)
-        values = dict(floor_id=new_floor, cursor_id=new_floor, sweep_first_left_id=None,
-                      sweep_kept=0, sweep_skipped=0)
+        values = dict(
+            floor_id=new_floor,
+            cursor_id=new_floor,
+            sweep_first_left_id=None,
+            sweep_kept=0,
+            sweep_skipped=0,
+        )
     else:
         # Mid-sweep: the last complete sweep's figure, or this one's so far if larger.
         kept = max(state.kept, sweep_kept)
-        values = dict(cursor_id=cursor, sweep_first_left_id=first_left,
-                      sweep_kept=sweep_kept, sweep_skipped=sweep_skipped)
+        values = dict(
+            cursor_id=cursor,
+            sweep_first_left_id=first_left,
+            sweep_kept=sweep_kept,
+            sweep_skipped=sweep_skipped,
+        )
     seconds = time.monotonic() - started
     RetentionState.objects.filter(pk=state.pk).update(
-        pruned_total=F("pruned_total") + pruned, due=due, kept=kept,
-        last_run_at=timezone.now(), last_run_seconds=seconds, **values)
+        pruned_total=F("pruned_total") + pruned,
+        due=due,
+        kept=kept,
+        last_run_at=timezone.now(),
+        last_run_seconds=seconds,
+        **values,
+    )
     if pruned or due:
-        log.info("retention %s: %d pruned (%s), %d still due, %d kept, %d batch(es), %.1fs",
-                 policy.table, pruned, "archived" if policy.archive else "deleted", due,
-                 kept, batches, seconds)
+        log.info(
+            "retention %s: %d pruned (%s), %d still due, %d kept, %d batch(es), %.1fs",
+            policy.table,
+            pruned,
+            "archived" if policy.archive else "deleted",
+            due,
+            kept,
+            batches,
+            seconds,
+        )
     return PruneResult(policy.table, pruned, due, kept, batches, seconds)
 
 
@@ -352,18 +430,26 @@ class RetentionCollector:
         yield from families
 
     def _collect(self):
-        pruned = CounterMetricFamily("verity_retention_pruned_rows",
-                                     "Rows pruned (deleted or archived) by retention, all time",
-                                     labels=["table"])
-        due = GaugeMetricFamily("verity_retention_due_rows",
-                                "Rows past their retention still in the table after the last "
-                                "run (a backlog)", labels=["table"])
-        kept = GaugeMetricFamily("verity_retention_kept_rows",
-                                 "Rows past their retention kept because something open needs "
-                                 "them", labels=["table"])
-        age = GaugeMetricFamily("verity_retention_last_run_age_seconds",
-                                "Seconds since retention last ran on the table",
-                                labels=["table"])
+        pruned = CounterMetricFamily(
+            "verity_retention_pruned_rows",
+            "Rows pruned (deleted or archived) by retention, all time",
+            labels=["table"],
+        )
+        due = GaugeMetricFamily(
+            "verity_retention_due_rows",
+            "Rows past their retention still in the table after the last run (a backlog)",
+            labels=["table"],
+        )
+        kept = GaugeMetricFamily(
+            "verity_retention_kept_rows",
+            "Rows past their retention kept because something open needs them",
+            labels=["table"],
+        )
+        age = GaugeMetricFamily(
+            "verity_retention_last_run_age_seconds",
+            "Seconds since retention last ran on the table",
+            labels=["table"],
+        )
         try:
             states = list(RetentionState.objects.all())
         except Exception:  # a scrape must never 500 because one query failed

@@ -4,6 +4,7 @@ Reads only; writes live in recovery.services / orchestrator / relay. Payments ro
 read here (never written): recovery decides *what* follow-up is due, payments.services
 performs it.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -47,14 +48,18 @@ def deliverable_for(purchase_id: str) -> dict | None:
     lost serves nothing (DESIGN.md §5.12; its unwind also ends the period)."""
     if purchase_money(purchase_id).returned:
         return None
-    run = StepRun.objects.filter(purchase_id=purchase_id, step=StepName.DELIVERABLE,
-                                 state=StepState.DONE).first()
+    run = StepRun.objects.filter(
+        purchase_id=purchase_id, step=StepName.DELIVERABLE, state=StepState.DONE
+    ).first()
     if run is None:
         return None
     if run.result_expires_at and run.result_expires_at < timezone.now():
         return None
-    return {"job_reference": run.external_reference, "result": run.result,
-            "expires_at": run.result_expires_at}
+    return {
+        "job_reference": run.external_reference,
+        "result": run.result,
+        "expires_at": run.result_expires_at,
+    }
 
 
 def order_for(purchase_id: str) -> Order | None:
@@ -74,13 +79,21 @@ def _operations():
 
 def queue_unknown_operations(limit: int = 200):
     """Operations waiting for evidence, oldest first (unknown by age)."""
-    return (_operations().filter(outcome__in=_OPEN_OUTCOMES)
-            .select_related("purchase").order_by("created_at")[:limit])
+    return (
+        _operations()
+        .filter(outcome__in=_OPEN_OUTCOMES)
+        .select_related("purchase")
+        .order_by("created_at")[:limit]
+    )
 
 
 def queue_escalated(limit: int = 200):
-    return (_operations().filter(escalated_at__isnull=False, outcome__in=_OPEN_OUTCOMES)
-            .select_related("purchase").order_by("escalated_at")[:limit])
+    return (
+        _operations()
+        .filter(escalated_at__isnull=False, outcome__in=_OPEN_OUTCOMES)
+        .select_related("purchase")
+        .order_by("escalated_at")[:limit]
+    )
 
 
 def paid_without_order(*, older_than_seconds: float | None = None, limit: int = 500):
@@ -89,9 +102,13 @@ def paid_without_order(*, older_than_seconds: float | None = None, limit: int = 
     if older_than_seconds is None:
         older_than_seconds = settings.PAID_WITHOUT_ORDER_SECONDS
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
-    return (Purchase.objects.filter(status__in=(PurchaseStatus.PAID, PurchaseStatus.FULFILLING), updated_at__lte=cutoff)
-            .exclude(Exists(Order.objects.filter(purchase_id=OuterRef("id"))))
-            .order_by("updated_at")[:limit])
+    return (
+        Purchase.objects.filter(
+            status__in=(PurchaseStatus.PAID, PurchaseStatus.FULFILLING), updated_at__lte=cutoff
+        )
+        .exclude(Exists(Order.objects.filter(purchase_id=OuterRef("id"))))
+        .order_by("updated_at")[:limit]
+    )
 
 
 def stalled_fulfilment(*, older_than_seconds: float | None = None, limit: int = 500):
@@ -104,11 +121,12 @@ def stalled_fulfilment(*, older_than_seconds: float | None = None, limit: int = 
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
     runs = StepRun.objects.filter(purchase_id=OuterRef("id"))
     paused_by_dispute = Q(status=PurchaseStatus.DISPUTE_WON) & (
-        Exists(runs.exclude(state__in=(StepState.DONE, StepState.COMPENSATED)))
-        | ~Exists(runs))
-    return (Purchase.objects.filter(Q(status__in=(PurchaseStatus.PAID, PurchaseStatus.FULFILLING)) | paused_by_dispute,
-                                    updated_at__lte=cutoff)
-            .order_by("updated_at")[:limit])
+        Exists(runs.exclude(state__in=(StepState.DONE, StepState.COMPENSATED))) | ~Exists(runs)
+    )
+    return Purchase.objects.filter(
+        Q(status__in=(PurchaseStatus.PAID, PurchaseStatus.FULFILLING)) | paused_by_dispute,
+        updated_at__lte=cutoff,
+    ).order_by("updated_at")[:limit]
 
 
 def _compensation_needed_qs() -> QuerySet[StepRun]:
@@ -116,10 +134,13 @@ def _compensation_needed_qs() -> QuerySet[StepRun]:
     # still needs attention (reversed only once the provider confirms:
     # docs/reliability.md#rules-every-money-movement-obeys).
     compensation_pending = Q(state=StepState.COMPENSATED) & ~Exists(
-        PaymentOperation.objects.filter(id=OuterRef("compensation_operation_id"),
-                                        outcome=Outcome.SUCCEEDED))
-    return StepRun.objects.filter(Q(state__in=(StepState.MANUAL, StepState.UNKNOWN))
-                                  | compensation_pending)
+        PaymentOperation.objects.filter(
+            id=OuterRef("compensation_operation_id"), outcome=Outcome.SUCCEEDED
+        )
+    )
+    return StepRun.objects.filter(
+        Q(state__in=(StepState.MANUAL, StepState.UNKNOWN)) | compensation_pending
+    )
 
 
 def queue_compensation_needed(limit: int = 200) -> QuerySet[StepRun]:
@@ -132,20 +153,24 @@ def compensation_needed_count() -> int:
     return _compensation_needed_qs().count()
 
 
-def queue_stuck_outbox(*, min_attempts: int | None = None, older_than_seconds: float | None = None,
-                       limit: int = 200) -> QuerySet[OutboxMessage]:
+def queue_stuck_outbox(
+    *, min_attempts: int | None = None, older_than_seconds: float | None = None, limit: int = 200
+) -> QuerySet[OutboxMessage]:
     if min_attempts is None:
         min_attempts = settings.OUTBOX_STUCK_ATTEMPTS
     if older_than_seconds is None:
         older_than_seconds = settings.OUTBOX_STUCK_SECONDS
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
-    return (OutboxMessage.objects.filter(processed_at__isnull=True)
-            .filter(Q(attempts__gte=min_attempts) | Q(created_at__lte=cutoff))
-            .order_by("created_at")[:limit])
+    return (
+        OutboxMessage.objects.filter(processed_at__isnull=True)
+        .filter(Q(attempts__gte=min_attempts) | Q(created_at__lte=cutoff))
+        .order_by("created_at")[:limit]
+    )
 
 
-def queue_settlement_discrepancies(*, include_resolved: bool = False,
-                                   limit: int = 200) -> QuerySet[SettlementDiscrepancy]:
+def queue_settlement_discrepancies(
+    *, include_resolved: bool = False, limit: int = 200
+) -> QuerySet[SettlementDiscrepancy]:
     qs = SettlementDiscrepancy.objects.all()
     if not include_resolved:
         qs = qs.filter(resolved_at__isnull=True)

@@ -2,6 +2,7 @@
 
 The implementations live next to their machinery; this module is the public surface.
 """
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -21,8 +22,9 @@ from .relay import relay_drain, relay_drain_once  # noqa: F401
 from .settlement import settlement_compare  # noqa: F401
 
 
-def discrepancy_resolve(*, discrepancy_id: int, actor: str, reason: str,
-                        ip: str | None = None) -> bool:
+def discrepancy_resolve(
+    *, discrepancy_id: int, actor: str, reason: str, ip: str | None = None
+) -> bool:
     """Finance closes a settlement discrepancy with its explanation; one audit row in the
     same transaction. False (and no row) if it was already closed."""
 
@@ -34,12 +36,17 @@ def discrepancy_resolve(*, discrepancy_id: int, actor: str, reason: str,
             return False
         row.resolved_at = timezone.now()
         row.save(update_fields=["resolved_at"])
-        audit_write(actor=actor, action="discrepancy_resolve",
-                    target_type="settlement_discrepancy", target_id=str(row.id),
-                    reason=reason, ip=ip or None,
-                    before={"open": True}, after={"open": False},
-                    detail={"reference": row.provider_reference,
-                            "kind": row.kind})
+        audit_write(
+            actor=actor,
+            action="discrepancy_resolve",
+            target_type="settlement_discrepancy",
+            target_id=str(row.id),
+            reason=reason,
+            ip=ip or None,
+            before={"open": True},
+            after={"open": False},
+            detail={"reference": row.provider_reference, "kind": row.kind},
+        )
     return True
 
 
@@ -47,8 +54,7 @@ class OutboxRetryRefused(ValueError):
     pass
 
 
-def outbox_retry_now(*, message_id: int, actor: str, reason: str,
-                     ip: str | None = None):
+def outbox_retry_now(*, message_id: int, actor: str, reason: str, ip: str | None = None):
     """A person makes a backed-off outbox row due now (after fixing its cause). The relay
     runs it as usual: claim, handler outside the transaction, backoff if it fails again.
     A row a worker holds right now, or one already processed, is refused."""
@@ -67,14 +73,19 @@ def outbox_retry_now(*, message_id: int, actor: str, reason: str,
         before = {"available_at": row.available_at.isoformat(), "attempts": row.attempts}
         row.available_at = now
         row.save(update_fields=["available_at"])
-        audit_write(actor=actor, action="outbox_retry_now",
-                    target_type="outbox_message", target_id=str(row.id),
-                    purchase_id=str((row.payload or {}).get("purchase", ""))[:40]
-                    if isinstance(row.payload, dict) else "",
-                    reason=reason, ip=ip or None, before=before,
-                    after={"available_at": now.isoformat(),
-                           "attempts": row.attempts},
-                    detail={"category": row.category,
-                            "last_error": row.last_error[:300]})
+        audit_write(
+            actor=actor,
+            action="outbox_retry_now",
+            target_type="outbox_message",
+            target_id=str(row.id),
+            purchase_id=str((row.payload or {}).get("purchase", ""))[:40]
+            if isinstance(row.payload, dict)
+            else "",
+            reason=reason,
+            ip=ip or None,
+            before=before,
+            after={"available_at": now.isoformat(), "attempts": row.attempts},
+            detail={"category": row.category, "last_error": row.last_error[:300]},
+        )
         relay_kick()
     return row

@@ -7,6 +7,7 @@ SettlementDiscrepancy row for finance (unique per reference and kind while open)
   amount_differs       both know it, amounts (or currencies) differ.
 A discrepancy that no longer differs on a later run is marked resolved.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,18 +49,27 @@ class ComparisonResult:
 _DISPUTE_CATEGORIES = ("dispute", "dispute_reversal")
 # A reversal (recovery.steps.ledger_reverse_unmade: the provider overturned a person's
 # word) nets its booking to nothing, so a movement the provider never made is not missing.
-LEDGER_ENTRY_TYPES = ("sale", "refund", "dispute_withdrawal", "dispute_fee",
-                      "dispute_reinstatement", "sale_reversal", "refund_reversal")
+LEDGER_ENTRY_TYPES = (
+    "sale",
+    "refund",
+    "dispute_withdrawal",
+    "dispute_fee",
+    "dispute_reinstatement",
+    "sale_reversal",
+    "refund_reversal",
+)
 
 
 def _provider_totals(transactions: list[dict]) -> dict[str, tuple[int, str]]:
     totals: dict[str, list] = defaultdict(lambda: [0, ""])
     for txn in transactions:
         source = txn.get("source") or ""
-        is_dispute = (txn.get("type") == "adjustment"
-                      and txn.get("reporting_category") in _DISPUTE_CATEGORIES)
-        if not source or not (is_dispute or txn.get("type") in ("charge", "refund", "payment",
-                                                                 "payment_refund")):
+        is_dispute = (
+            txn.get("type") == "adjustment" and txn.get("reporting_category") in _DISPUTE_CATEGORIES
+        )
+        if not source or not (
+            is_dispute or txn.get("type") in ("charge", "refund", "payment", "payment_refund")
+        ):
             continue
         amount = int(txn.get("amount") or 0)
         if is_dispute:
@@ -71,10 +81,15 @@ def _provider_totals(transactions: list[dict]) -> dict[str, tuple[int, str]]:
 
 def _ledger_totals(since) -> dict[str, tuple[int, str]]:
     totals: dict[str, list] = defaultdict(lambda: [0, ""])
-    rows = (LedgerEntry.objects.filter(account=LedgerAccount.PROVIDER_BALANCE,
-                                       entry_type__in=LEDGER_ENTRY_TYPES, created_at__gte=since)
-            .exclude(provider_reference="")
-            .values_list("provider_reference", "amount", "currency"))
+    rows = (
+        LedgerEntry.objects.filter(
+            account=LedgerAccount.PROVIDER_BALANCE,
+            entry_type__in=LEDGER_ENTRY_TYPES,
+            created_at__gte=since,
+        )
+        .exclude(provider_reference="")
+        .values_list("provider_reference", "amount", "currency")
+    )
     for reference, amount, currency in rows:
         totals[reference][0] += amount
         totals[reference][1] = currency.lower()
@@ -87,16 +102,22 @@ def _recently_settled_references(references: set[str], cutoff) -> set[str]:
 
     if not references:
         return set()
-    rows = (PaymentOperation.objects.filter(Q(provider_charge__in=references)
-                                            | Q(provider_reference__in=references))
-            .filter(Q(settled_at__gte=cutoff) | Q(settled_at__isnull=True))
-            .values_list("provider_charge", "provider_reference"))
+    rows = (
+        PaymentOperation.objects.filter(
+            Q(provider_charge__in=references) | Q(provider_reference__in=references)
+        )
+        .filter(Q(settled_at__gte=cutoff) | Q(settled_at__isnull=True))
+        .values_list("provider_charge", "provider_reference")
+    )
     out = set()
     for charge, reference in rows:
         out.update(x for x in (charge, reference) if x in references)
 
-    out.update(Dispute.objects.filter(id__in=references, updated_at__gte=cutoff)
-               .values_list("id", flat=True))
+    out.update(
+        Dispute.objects.filter(id__in=references, updated_at__gte=cutoff).values_list(
+            "id", flat=True
+        )
+    )
     return out
 
 
@@ -111,9 +132,13 @@ def settlement_compare(*, grace_seconds: float | None = None) -> ComparisonResul
     grace_cutoff = now - timedelta(seconds=grace_seconds)
     provider_totals = _provider_totals(transactions)
     ledger_totals = _ledger_totals(now - timedelta(hours=settings.SETTLEMENT_WINDOW_HOURS))
-    young_ledger = set(LedgerEntry.objects.filter(
-        account=LedgerAccount.PROVIDER_BALANCE, created_at__gt=grace_cutoff,
-        provider_reference__in=list(ledger_totals)).values_list("provider_reference", flat=True))
+    young_ledger = set(
+        LedgerEntry.objects.filter(
+            account=LedgerAccount.PROVIDER_BALANCE,
+            created_at__gt=grace_cutoff,
+            provider_reference__in=list(ledger_totals),
+        ).values_list("provider_reference", flat=True)
+    )
     unknown_locally = set(provider_totals) - set(ledger_totals)
     young_provider = _recently_settled_references(unknown_locally, grace_cutoff)
 
@@ -122,37 +147,58 @@ def settlement_compare(*, grace_seconds: float | None = None) -> ComparisonResul
     for reference, (amount, currency) in provider_totals.items():
         if reference not in ledger_totals:
             if reference not in young_provider:
-                found.append(SettlementDiscrepancy(
-                    provider_reference=reference, kind=Kind.MISSING_LOCALLY,
-                    provider_amount=amount, ledger_amount=None, currency=currency,
-                    detail="the provider shows this movement; the ledger has no entry"))
+                found.append(
+                    SettlementDiscrepancy(
+                        provider_reference=reference,
+                        kind=Kind.MISSING_LOCALLY,
+                        provider_amount=amount,
+                        ledger_amount=None,
+                        currency=currency,
+                        detail="the provider shows this movement; the ledger has no entry",
+                    )
+                )
             continue
         ledger_amount, ledger_currency = ledger_totals[reference]
         if ledger_amount != amount or (ledger_currency and ledger_currency != currency):
-            found.append(SettlementDiscrepancy(
-                provider_reference=reference, kind=Kind.AMOUNT_DIFFERS,
-                provider_amount=amount, ledger_amount=ledger_amount, currency=currency,
-                detail=f"provider {format_money(amount, currency)}, ledger "
-                       f"{format_money(ledger_amount, ledger_currency or currency)}"))
+            found.append(
+                SettlementDiscrepancy(
+                    provider_reference=reference,
+                    kind=Kind.AMOUNT_DIFFERS,
+                    provider_amount=amount,
+                    ledger_amount=ledger_amount,
+                    currency=currency,
+                    detail=f"provider {format_money(amount, currency)}, ledger "
+                    f"{format_money(ledger_amount, ledger_currency or currency)}",
+                )
+            )
         else:
             matched.add(reference)
     if not truncated:  # a truncated provider list cannot prove absence
         for reference, (ledger_amount, currency) in ledger_totals.items():
-            if (reference in provider_totals or reference in young_ledger
-                    or ledger_amount == 0):
+            if reference in provider_totals or reference in young_ledger or ledger_amount == 0:
                 continue
-            found.append(SettlementDiscrepancy(
-                provider_reference=reference, kind=Kind.MISSING_AT_PROVIDER,
-                provider_amount=None, ledger_amount=ledger_amount, currency=currency,
-                detail="the ledger books this movement; the provider shows none"))
+            found.append(
+                SettlementDiscrepancy(
+                    provider_reference=reference,
+                    kind=Kind.MISSING_AT_PROVIDER,
+                    provider_amount=None,
+                    ledger_amount=ledger_amount,
+                    currency=currency,
+                    detail="the ledger books this movement; the provider shows none",
+                )
+            )
 
     with transaction.atomic():
         # One open row per (reference, kind): a repeated finding writes nothing.
         SettlementDiscrepancy.objects.bulk_create(found, ignore_conflicts=True)
         resolved = SettlementDiscrepancy.objects.filter(
-            resolved_at__isnull=True, provider_reference__in=matched).update(resolved_at=now)
+            resolved_at__isnull=True, provider_reference__in=matched
+        ).update(resolved_at=now)
     if found:
         log.warning("settlement comparison: %d discrepancies", len(found))
-    return ComparisonResult(provider_transactions=len(transactions),
-                            ledger_references=len(ledger_totals), discrepancies=len(found),
-                            resolved=resolved)
+    return ComparisonResult(
+        provider_transactions=len(transactions),
+        ledger_references=len(ledger_totals),
+        discrepancies=len(found),
+        resolved=resolved,
+    )

@@ -11,6 +11,7 @@ Handlers raise:
   any other     — transient (database hiccup, mail server down): retried with backoff up
                   to the policy's bound, then the policy decides.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -142,15 +143,17 @@ def run_order(ctx: PurchaseContext, run: StepRun) -> dict:
     existing = Order.objects.filter(purchase_id=ctx.purchase_id).first()
     if existing is None:
         reference = f"ord_{secrets.token_hex(8)}"
-        Order.objects.bulk_create([Order(purchase_id=ctx.purchase_id, reference=reference)],
-                                  ignore_conflicts=True)
+        Order.objects.bulk_create(
+            [Order(purchase_id=ctx.purchase_id, reference=reference)], ignore_conflicts=True
+        )
         existing = Order.objects.get(purchase_id=ctx.purchase_id)
     return {"order": existing.reference}
 
 
 def run_inventory(ctx: PurchaseContext, run: StepRun) -> dict:
-    done = set(InventoryCommit.objects.filter(purchase_id=ctx.purchase_id)
-               .values_list("sku", flat=True))
+    done = set(
+        InventoryCommit.objects.filter(purchase_id=ctx.purchase_id).values_list("sku", flat=True)
+    )
     # One commit per SKU, so lines of one SKU are summed (quotes merge them; an older quote
     # with duplicate lines must not decrement twice and record once).
     quantities: dict[str, int] = {}
@@ -163,58 +166,107 @@ def run_inventory(ctx: PurchaseContext, run: StepRun) -> dict:
             # Conditional decrement: F() in the UPDATE, never read-then-write; 0 rows
             # means not enough stock (a definitive refusal, not worth retrying).
             updated = Product.objects.filter(sku=sku, stock__gte=quantity).update(
-                stock=F("stock") - quantity)
+                stock=F("stock") - quantity
+            )
             if not updated:
                 raise StepRejected(f"insufficient stock for {sku}")
         InventoryCommit.objects.bulk_create(
             [InventoryCommit(purchase_id=ctx.purchase_id, sku=sku, quantity=quantity)],
-            ignore_conflicts=True)
+            ignore_conflicts=True,
+        )
     return {"skus": sorted({i["sku"] for i in ctx.items})}
 
 
-def _ledger_pair(*, purchase_id: str, operation_id: str, provider_reference: str,
-                 entry_type: str, debit: str, credit: str, amount: int,
-                 currency: str) -> None:
+def _ledger_pair(
+    *,
+    purchase_id: str,
+    operation_id: str,
+    provider_reference: str,
+    entry_type: str,
+    debit: str,
+    credit: str,
+    amount: int,
+    currency: str,
+) -> None:
     # Double entry: the two rows of one movement sum to zero.
-    LedgerEntry.objects.bulk_create([
-        LedgerEntry(purchase_id=purchase_id, operation_id=operation_id,
-                    provider_reference=provider_reference, entry_type=entry_type,
-                    account=debit, amount=amount, currency=currency),
-        LedgerEntry(purchase_id=purchase_id, operation_id=operation_id,
-                    provider_reference=provider_reference, entry_type=entry_type,
-                    account=credit, amount=-amount, currency=currency),
-    ], ignore_conflicts=True)
+    LedgerEntry.objects.bulk_create(
+        [
+            LedgerEntry(
+                purchase_id=purchase_id,
+                operation_id=operation_id,
+                provider_reference=provider_reference,
+                entry_type=entry_type,
+                account=debit,
+                amount=amount,
+                currency=currency,
+            ),
+            LedgerEntry(
+                purchase_id=purchase_id,
+                operation_id=operation_id,
+                provider_reference=provider_reference,
+                entry_type=entry_type,
+                account=credit,
+                amount=-amount,
+                currency=currency,
+            ),
+        ],
+        ignore_conflicts=True,
+    )
 
 
 def ledger_record_sale(*, purchase_id: str, payment: PaymentInfo) -> None:
     """Money the provider holds for us: the charge (or the capture of an authorization)."""
-    _ledger_pair(purchase_id=purchase_id, operation_id=payment.id,
-                 provider_reference=payment.provider_charge or payment.provider_reference,
-                 entry_type="sale", debit=LedgerAccount.PROVIDER_BALANCE,
-                 credit=LedgerAccount.REVENUE if payment.kind != OperationKind.CAPTURE
-                 else LedgerAccount.AUTHORIZED,
-                 amount=payment.amount, currency=payment.currency)
+    _ledger_pair(
+        purchase_id=purchase_id,
+        operation_id=payment.id,
+        provider_reference=payment.provider_charge or payment.provider_reference,
+        entry_type="sale",
+        debit=LedgerAccount.PROVIDER_BALANCE,
+        credit=LedgerAccount.REVENUE
+        if payment.kind != OperationKind.CAPTURE
+        else LedgerAccount.AUTHORIZED,
+        amount=payment.amount,
+        currency=payment.currency,
+    )
 
 
 def ledger_record_authorization(*, purchase_id: str, payment: PaymentInfo) -> None:
-    _ledger_pair(purchase_id=purchase_id, operation_id=payment.id,
-                 provider_reference=payment.provider_reference, entry_type="authorization",
-                 debit=LedgerAccount.AUTHORIZED, credit=LedgerAccount.REVENUE,
-                 amount=payment.amount, currency=payment.currency)
+    _ledger_pair(
+        purchase_id=purchase_id,
+        operation_id=payment.id,
+        provider_reference=payment.provider_reference,
+        entry_type="authorization",
+        debit=LedgerAccount.AUTHORIZED,
+        credit=LedgerAccount.REVENUE,
+        amount=payment.amount,
+        currency=payment.currency,
+    )
 
 
 def ledger_record_refund(*, purchase_id: str, refund: PaymentInfo) -> None:
-    _ledger_pair(purchase_id=purchase_id, operation_id=refund.id,
-                 provider_reference=refund.provider_reference, entry_type="refund",
-                 debit=LedgerAccount.REVENUE, credit=LedgerAccount.PROVIDER_BALANCE,
-                 amount=refund.amount, currency=refund.currency)
+    _ledger_pair(
+        purchase_id=purchase_id,
+        operation_id=refund.id,
+        provider_reference=refund.provider_reference,
+        entry_type="refund",
+        debit=LedgerAccount.REVENUE,
+        credit=LedgerAccount.PROVIDER_BALANCE,
+        amount=refund.amount,
+        currency=refund.currency,
+    )
 
 
 def ledger_record_void(*, purchase_id: str, void: PaymentInfo, amount: int) -> None:
-    _ledger_pair(purchase_id=purchase_id, operation_id=void.id,
-                 provider_reference=void.provider_reference, entry_type="void",
-                 debit=LedgerAccount.REVENUE, credit=LedgerAccount.AUTHORIZED,
-                 amount=amount, currency=void.currency)
+    _ledger_pair(
+        purchase_id=purchase_id,
+        operation_id=void.id,
+        provider_reference=void.provider_reference,
+        entry_type="void",
+        debit=LedgerAccount.REVENUE,
+        credit=LedgerAccount.AUTHORIZED,
+        amount=amount,
+        currency=void.currency,
+    )
 
 
 # What an operation books under its own id, so what an overturn of it takes back.
@@ -227,14 +279,24 @@ def ledger_reverse_unmade(*, purchase_id: str, operation_id: str) -> int:
     reversed, row by row, so the ledger follows the provider (a refund that never happened
     no longer books money back, so the room it freed is not booked twice). Idempotent (one
     reversal per booked row); an operation that booked nothing reverses nothing."""
-    booked = list(LedgerEntry.objects.filter(operation_id=operation_id,
-                                             entry_type__in=UNMADE_REVERSIBLE))
-    LedgerEntry.objects.bulk_create([
-        LedgerEntry(purchase_id=purchase_id, operation_id=operation_id,
-                    provider_reference=row.provider_reference,
-                    entry_type=f"{row.entry_type}_reversal", account=row.account,
-                    amount=-row.amount, currency=row.currency)
-        for row in booked], ignore_conflicts=True)
+    booked = list(
+        LedgerEntry.objects.filter(operation_id=operation_id, entry_type__in=UNMADE_REVERSIBLE)
+    )
+    LedgerEntry.objects.bulk_create(
+        [
+            LedgerEntry(
+                purchase_id=purchase_id,
+                operation_id=operation_id,
+                provider_reference=row.provider_reference,
+                entry_type=f"{row.entry_type}_reversal",
+                account=row.account,
+                amount=-row.amount,
+                currency=row.currency,
+            )
+            for row in booked
+        ],
+        ignore_conflicts=True,
+    )
     return len(booked)
 
 
@@ -252,7 +314,8 @@ def run_ledger(ctx: PurchaseContext, run: StepRun) -> dict:
 def run_crm(ctx: PurchaseContext, run: StepRun) -> dict:
     CrmUpdate.objects.bulk_create(
         [CrmUpdate(purchase_id=ctx.purchase_id, customer_reference=ctx.customer_reference)],
-        ignore_conflicts=True)
+        ignore_conflicts=True,
+    )
     return {"customer_reference": ctx.customer_reference}
 
 
@@ -264,11 +327,14 @@ def deliverable_execute(ctx: PurchaseContext, job_reference: str) -> dict:
     """The 'external job': a licence derived from the job reference, so running it again
     for the same reference yields the same result (what an external system keyed by our
     reference would do)."""
-    digest = hmac.new(settings.SECRET_KEY.encode(), job_reference.encode(),
-                      hashlib.sha256).hexdigest()
-    return {"licence_key": "-".join(digest[i:i + 5].upper() for i in range(0, 25, 5)),
-            "download_path": f"/api/v1/purchases/{ctx.purchase_id}/deliverable",
-            "skus": sorted(s for s, k in ctx.product_kinds.items() if k == "digital")}
+    digest = hmac.new(
+        settings.SECRET_KEY.encode(), job_reference.encode(), hashlib.sha256
+    ).hexdigest()
+    return {
+        "licence_key": "-".join(digest[i : i + 5].upper() for i in range(0, 25, 5)),
+        "download_path": f"/api/v1/purchases/{ctx.purchase_id}/deliverable",
+        "skus": sorted(s for s, k in ctx.product_kinds.items() if k == "digital"),
+    }
 
 
 def deliverable_expiry():

@@ -14,6 +14,7 @@ the next batch run while the current one is applied. Operations of one purchase 
 serialised by the purchase lock, as they are for relay workers; x402 read-backs read the
 database, so they go through `operation_reconcile` one by one in the caller's thread.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,15 +57,20 @@ class TokenBucket:
 @dataclass
 class SweepResult:
     reconciled: int = 0
-    refused: int = 0          # DomainError (already settled, never dispatched): nothing read
-    failed: int = 0           # unexpected errors (logged); the beat's sweep retries later
+    refused: int = 0  # DomainError (already settled, never dispatched): nothing read
+    failed: int = 0  # unexpected errors (logged); the beat's sweep retries later
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
 
 
-def reconcile_sweep(*, operation_ids: Iterable[str], concurrency: int = 4,
-                    reads_per_second: float | None = None, actor: str = "reconciler",
-                    batch_size: int | None = None) -> SweepResult:
+def reconcile_sweep(
+    *,
+    operation_ids: Iterable[str],
+    concurrency: int = 4,
+    reads_per_second: float | None = None,
+    actor: str = "reconciler",
+    batch_size: int | None = None,
+) -> SweepResult:
     """Read back and apply every operation in `operation_ids`, `concurrency` read-backs
     at a time, applied `batch_size` at a time (RECONCILE_SWEEP_BATCH_SIZE)."""
     from payments.services import (
@@ -115,7 +121,8 @@ def reconcile_sweep(*, operation_ids: Iterable[str], concurrency: int = 4,
         pending = None
         for start in range(0, len(ids), batch_size):
             readable, sequential, refused = operations_reconcile_prepare(
-                operation_ids=ids[start:start + batch_size])
+                operation_ids=ids[start : start + batch_size]
+            )
             result.refused += len(refused)
             futures = [pool.submit(read, op) for op in readable]
             if pending is not None:

@@ -4,6 +4,7 @@ acks_late / reject_on_worker_lost come from settings. Tasks never carry backoff 
 countdown/eta: a failure is recorded on the outbox row (available_at), which survives a
 lost broker; the beat sweep re-kicks the relay.
 """
+
 from celery import shared_task
 
 

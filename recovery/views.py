@@ -3,6 +3,7 @@ ages (business volume), never ids, amounts per customer or payloads — and each
 queries the database — so it answers only a scraper that presents METRICS_TOKEN as a
 bearer token or comes from METRICS_ALLOWED_NETWORKS (default: loopback). Others get 404,
 before any query."""
+
 import hmac
 import ipaddress
 
@@ -22,8 +23,7 @@ def _scraper_allowed(request) -> bool:
     token = getattr(settings, "METRICS_TOKEN", "")
     if token:
         sent = request.headers.get("Authorization", "")
-        if sent.startswith("Bearer ") and hmac.compare_digest(sent[7:].encode(),
-                                                              token.encode()):
+        if sent.startswith("Bearer ") and hmac.compare_digest(sent[7:].encode(), token.encode()):
             return True
     address = client_address(request)
     if not address:
@@ -32,8 +32,10 @@ def _scraper_allowed(request) -> bool:
         ip = ipaddress.ip_address(address)
     except ValueError:
         return False
-    return any(ip in ipaddress.ip_network(net, strict=False)
-               for net in getattr(settings, "METRICS_ALLOWED_NETWORKS", ()))
+    return any(
+        ip in ipaddress.ip_network(net, strict=False)
+        for net in getattr(settings, "METRICS_ALLOWED_NETWORKS", ())
+    )
 
 
 @require_GET

@@ -3,6 +3,7 @@
 Roles are Django groups. The matrix below is the whole policy; tests check it as a
 matrix (every action x role).
 """
+
 from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied
@@ -36,11 +37,23 @@ class Action(models.TextChoices):
 
 
 _SUPPORT = {Action.VIEW, Action.ADD_NOTE, Action.RECONCILE, Action.REQUEST_REFUND}
-_OPERATOR = _SUPPORT | {Action.RESOLVE, Action.REPLAY, Action.HALT, Action.TRIAGE_QUARANTINE,
-                        Action.VIEW_REDACTED_PAYLOAD, Action.MANAGE_INCIDENTS,
-                        Action.RETRY_OUTBOX, Action.DECIDE_STEP, Action.MANAGE_WEBHOOKS}
-_FINANCE = _SUPPORT | {Action.APPROVE_REFUND, Action.VIEW_SETTLEMENT,
-                       Action.SETTLE_DISCREPANCY, Action.REVIEW_EXTERNAL}
+_OPERATOR = _SUPPORT | {
+    Action.RESOLVE,
+    Action.REPLAY,
+    Action.HALT,
+    Action.TRIAGE_QUARANTINE,
+    Action.VIEW_REDACTED_PAYLOAD,
+    Action.MANAGE_INCIDENTS,
+    Action.RETRY_OUTBOX,
+    Action.DECIDE_STEP,
+    Action.MANAGE_WEBHOOKS,
+}
+_FINANCE = _SUPPORT | {
+    Action.APPROVE_REFUND,
+    Action.VIEW_SETTLEMENT,
+    Action.SETTLE_DISCREPANCY,
+    Action.REVIEW_EXTERNAL,
+}
 
 MATRIX: dict[Role, frozenset[Action]] = {
     Role.SUPPORT: frozenset(_SUPPORT),

@@ -4,6 +4,7 @@ The admin login used to be outside the console throttle: unlimited guesses, no f
 rows. Its site now checks and records failures through the same support.services
 functions as the console login, keyed on the same normalised username and client IP.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,7 @@ from support.web import client_ip, secure_headers
 
 def lockout_message(seconds: int) -> str:
     minutes = max(1, math.ceil(seconds / 60))
-    return (f"Too many failed attempts. Try again in {minutes} minute"
-            f"{'' if minutes == 1 else 's'}.")
+    return f"Too many failed attempts. Try again in {minutes} minute{'' if minutes == 1 else 's'}."
 
 
 class LockedAdminSite(admin.AdminSite):
@@ -28,8 +28,9 @@ class LockedAdminSite(admin.AdminSite):
         ip, username = client_ip(request), request.POST.get("username", "")
         wait = services.login_lockout_seconds(ip=ip, username=username)
         if wait:
-            response = HttpResponse(lockout_message(wait), status=429,
-                                    content_type="text/plain; charset=utf-8")
+            response = HttpResponse(
+                lockout_message(wait), status=429, content_type="text/plain; charset=utf-8"
+            )
             response["Retry-After"] = str(wait)
             return secure_headers(response)
         response = super().login(request, extra_context)

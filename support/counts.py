@@ -8,6 +8,7 @@ instead of `MIN()` over every row; `capped_counts_oldest` puts every queue's cap
 one UNION ALL, so the landing page makes one round trip for all of them. The queue pages
 themselves still list the rows, oldest first.
 """
+
 from __future__ import annotations
 
 from datetime import UTC, datetime
@@ -21,13 +22,17 @@ COUNT_CAP = 1000
 
 def capped_count(qs) -> int:
     """len(qs), or COUNT_CAP + 1 if there are more than COUNT_CAP rows."""
-    return qs.order_by().values("pk")[:COUNT_CAP + 1].count()
+    return qs.order_by().values("pk")[: COUNT_CAP + 1].count()
 
 
 def oldest(qs, field_name: str) -> datetime | None:
     """min(field) over qs by one indexed ORDER BY … LIMIT 1 (NULLs ignored, like MIN)."""
-    return (qs.filter(**{f"{field_name}__isnull": False}).order_by(field_name)
-            .values_list(field_name, flat=True).first())
+    return (
+        qs.filter(**{f"{field_name}__isnull": False})
+        .order_by(field_name)
+        .values_list(field_name, flat=True)
+        .first()
+    )
 
 
 def capped_count_oldest(qs, field_name: str) -> tuple[int, datetime | None]:
@@ -36,13 +41,12 @@ def capped_count_oldest(qs, field_name: str) -> tuple[int, datetime | None]:
     the oldest, so the minimum over them is the minimum over the whole queue."""
     from django.db.models import Count, Min
 
-    capped = qs.order_by(F(field_name).asc(nulls_last=True))[:COUNT_CAP + 1]
+    capped = qs.order_by(F(field_name).asc(nulls_last=True))[: COUNT_CAP + 1]
     r = capped.aggregate(n=Count("pk"), oldest=Min(field_name))
     return r["n"], r["oldest"]
 
 
-def capped_counts_oldest(counted: list[tuple[QuerySet, str]]
-                         ) -> list[tuple[int, datetime | None]]:
+def capped_counts_oldest(counted: list[tuple[QuerySet, str]]) -> list[tuple[int, datetime | None]]:
     """`capped_count_oldest` of several (query set, field) pairs in ONE statement: each
     pair's capped subquery becomes one branch of a UNION ALL (planned on its own, as the
     separate statement was), so a landing page with fifteen queues makes one round trip.
@@ -56,13 +60,14 @@ def capped_counts_oldest(counted: list[tuple[QuerySet, str]]
     for i, (qs, field_name) in enumerate(counted):
         if qs.query.distinct:
             # values() below would make DISTINCT apply to the age field alone.
-            raise ValueError("a DISTINCT query set cannot be counted by its age field; "
-                             "use EXISTS")
-        capped = (qs.order_by(F(field_name).asc(nulls_last=True))
-                  .values(age=F(field_name))[:COUNT_CAP + 1])
+            raise ValueError("a DISTINCT query set cannot be counted by its age field; use EXISTS")
+        capped = qs.order_by(F(field_name).asc(nulls_last=True)).values(age=F(field_name))[
+            : COUNT_CAP + 1
+        ]
         sql, branch_params = capped.query.sql_with_params()
-        branches.append(f"SELECT {i} AS part, COUNT(*) AS n, MIN(capped.age) AS oldest "
-                        f"FROM ({sql}) capped")
+        branches.append(
+            f"SELECT {i} AS part, COUNT(*) AS n, MIN(capped.age) AS oldest FROM ({sql}) capped"
+        )
         params.extend(branch_params)
     with connections[using.pop()].cursor() as cursor:
         cursor.execute(" UNION ALL ".join(branches), params)
@@ -89,5 +94,12 @@ def count_label(n: int) -> str:
     return str(n)
 
 
-__all__ = ["COUNT_CAP", "capped_count", "capped_count_oldest", "capped_counts_oldest",
-           "count_label", "oldest", "as_datetime"]
+__all__ = [
+    "COUNT_CAP",
+    "capped_count",
+    "capped_count_oldest",
+    "capped_counts_oldest",
+    "count_label",
+    "oldest",
+    "as_datetime",
+]

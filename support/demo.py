@@ -19,6 +19,7 @@ at localstripe once it is up (`demo_provider_payments_seed`, called by the banne
 Never run this against a production database: the command refuses unless DEBUG is on
 or the provider key is a test key.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -66,23 +67,45 @@ from support.models import Incident, IncidentItem
 from webhooks.models import EventResult, ProviderEvent
 
 S, Oc = PurchaseStatus, Outcome
-_OK = {"outcome": Oc.SUCCEEDED, "stage": Stage.SETTLED, "grade": Grade.CONFIRMED,
-       "verification": Verification.PROVIDER}
+_OK = {
+    "outcome": Oc.SUCCEEDED,
+    "stage": Stage.SETTLED,
+    "grade": Grade.CONFIRMED,
+    "verification": Verification.PROVIDER,
+}
 _UNKNOWN = {"outcome": Oc.UNKNOWN, "stage": Stage.RECONCILING}
 
 # (name, purchase status, operations, order reference?)
 STATE_CASES = [
-    ("being-confirmed", S.PAYMENT_PENDING, [{"outcome": Oc.AWAITING_PROVIDER,
-                                             "stage": Stage.RECONCILING}], False),
-    ("needs-buyer-step", S.ACTION_REQUIRED, [{"outcome": Oc.AWAITING_BUYER,
-                                              "stage": Stage.RECONCILING}], False),
+    (
+        "being-confirmed",
+        S.PAYMENT_PENDING,
+        [{"outcome": Oc.AWAITING_PROVIDER, "stage": Stage.RECONCILING}],
+        False,
+    ),
+    (
+        "needs-buyer-step",
+        S.ACTION_REQUIRED,
+        [{"outcome": Oc.AWAITING_BUYER, "stage": Stage.RECONCILING}],
+        False,
+    ),
     ("checking-with-provider", S.PAYMENT_UNKNOWN, [_UNKNOWN], False),
     ("paid-confirmation-delayed", S.PAID, [_OK], False),
     ("paid-with-order", S.FULFILLING, [_OK], True),
-    ("failed", S.PAYMENT_FAILED, [{"outcome": Oc.FAILED, "stage": Stage.SETTLED,
-                                   "grade": Grade.CONFIRMED,
-                                   "verification": Verification.PROVIDER,
-                                   "reason": "card_declined"}], False),
+    (
+        "failed",
+        S.PAYMENT_FAILED,
+        [
+            {
+                "outcome": Oc.FAILED,
+                "stage": Stage.SETTLED,
+                "grade": Grade.CONFIRMED,
+                "verification": Verification.PROVIDER,
+                "reason": "card_declined",
+            }
+        ],
+        False,
+    ),
     ("reversed", S.REFUNDED, [_OK, {"kind": OperationKind.REFUND, **_OK}], True),
     ("complete", S.COMPLETED, [_OK], True),
     ("under-review", S.MANUAL_REVIEW, [_OK], False),
@@ -91,26 +114,42 @@ STATE_CASES = [
 ]
 
 
-def _purchase(name: str, status: str, ops: list[dict], order: bool,
-              client: ApiClient | None, **extra) -> Purchase:
+def _purchase(
+    name: str, status: str, ops: list[dict], order: bool, client: ApiClient | None, **extra
+) -> Purchase:
     ref = f"demo-{name}"
     existing = Purchase.objects.filter(customer_reference=ref).first()
     if existing:
         return existing
     quote = Quote.objects.create(
-        api_client=client, amount=3050, currency="usd",
-        items=[{"sku": "TEA-001", "name": "Sencha green tea, 100 g", "quantity": 1,
-                "unit_price": 1250},
-               {"sku": "MUG-002", "name": "Stoneware mug", "quantity": 1, "unit_price": 1800}],
-        expires_at=timezone.now() + timedelta(days=365))
-    purchase = Purchase.objects.create(quote=quote, api_client=client, amount=3050,
-                                       currency="usd", customer_reference=ref,
-                                       customer_key=customer_key(ref),
-                                       basket_fingerprint=basket_fingerprint(
-                                           items=quote.items, amount=quote.amount,
-                                           currency=quote.currency),
-                                       customer_email=f"{ref}@example.com", status=status,
-                                       **extra)
+        api_client=client,
+        amount=3050,
+        currency="usd",
+        items=[
+            {
+                "sku": "TEA-001",
+                "name": "Sencha green tea, 100 g",
+                "quantity": 1,
+                "unit_price": 1250,
+            },
+            {"sku": "MUG-002", "name": "Stoneware mug", "quantity": 1, "unit_price": 1800},
+        ],
+        expires_at=timezone.now() + timedelta(days=365),
+    )
+    purchase = Purchase.objects.create(
+        quote=quote,
+        api_client=client,
+        amount=3050,
+        currency="usd",
+        customer_reference=ref,
+        customer_key=customer_key(ref),
+        basket_fingerprint=basket_fingerprint(
+            items=quote.items, amount=quote.amount, currency=quote.currency
+        ),
+        customer_email=f"{ref}@example.com",
+        status=status,
+        **extra,
+    )
     for i, fields in enumerate(ops):
         fields = {"kind": OperationKind.CHARGE, **fields}
         if fields.get("stage") == Stage.SETTLED:
@@ -118,9 +157,12 @@ def _purchase(name: str, status: str, ops: list[dict], order: bool,
             # queues that age by it showed "Oldest —" for the demo's rows).
             fields.setdefault("settled_at", timezone.now())
         PaymentOperation.objects.create(
-            purchase=purchase, amount=3050, currency="usd",
+            purchase=purchase,
+            amount=3050,
+            currency="usd",
             provider_reference=f"{'re' if fields['kind'] == 'refund' else 'pi'}_demo_{name}_{i}",
-            **fields)
+            **fields,
+        )
     if order:
         # The same shape as the order writer's references (ord_…), so search finds it.
         Order.objects.create(purchase_id=purchase.pk, reference=f"ord_demo_{name}"[:40])
@@ -152,104 +194,189 @@ def demo_cases_seed() -> list[tuple[str, str]]:
         # been sent (never resent without review).
         delayed = Purchase.objects.get(customer_reference="demo-paid-confirmation-delayed")
         OutboxMessage.objects.create(
-            category=OutboxCategory.RUN_STEPS, payload={"purchase": delayed.pk},
-            dedupe_key=f"steps:{delayed.pk}", attempts=7,
+            category=OutboxCategory.RUN_STEPS,
+            payload={"purchase": delayed.pk},
+            dedupe_key=f"steps:{delayed.pk}",
+            attempts=7,
             available_at=timezone.now() + timedelta(days=1),
-            last_error="demo: the order writer timed out seven times; backed off")
+            last_error="demo: the order writer timed out seven times; backed off",
+        )
         _steps_wait_for_a_person(
-            "demo-paid-with-order", done=(StepName.ORDER, StepName.INVENTORY, StepName.LEDGER),
-            step=StepName.CONFIRMATION, state=StepState.UNKNOWN,
+            "demo-paid-with-order",
+            done=(StepName.ORDER, StepName.INVENTORY, StepName.LEDGER),
+            step=StepName.CONFIRMATION,
+            state=StepState.UNKNOWN,
             error="demo: the mail server timed out after accepting the message; it may "
-                  "have been sent")
+            "have been sent",
+        )
         # Paid an hour ago and still no order: past the paid-without-order grace period.
         Purchase.objects.filter(customer_reference="demo-paid-confirmation-delayed").update(
-            updated_at=timezone.now() - timedelta(hours=1))
+            updated_at=timezone.now() - timedelta(hours=1)
+        )
 
         # Unknown exposure (money at risk): the unknown payment holds its reservation.
         unknown = Purchase.objects.get(customer_reference="demo-checking-with-provider")
         op = unknown.operations.first()
         if client is not None and op is not None and not Hold.objects.filter(operation=op).exists():
-            Hold.objects.create(api_client=client, operation=op, amount=op.amount,
-                                currency=op.currency, state=HoldState.RESERVED)
+            Hold.objects.create(
+                api_client=client,
+                operation=op,
+                amount=op.amount,
+                currency=op.currency,
+                state=HoldState.RESERVED,
+            )
         # Escalated to a recovery owner.
-        _purchase("escalated", S.PAYMENT_UNKNOWN,
-                  [{**_UNKNOWN, "stage": Stage.ESCALATED,
-                    "escalated_at": timezone.now() - timedelta(hours=2)}], False, client,
-                  recovery_owner=getattr(settings, "RECOVERY_OWNER_DEFAULT", "payments-oncall"))
+        _purchase(
+            "escalated",
+            S.PAYMENT_UNKNOWN,
+            [
+                {
+                    **_UNKNOWN,
+                    "stage": Stage.ESCALATED,
+                    "escalated_at": timezone.now() - timedelta(hours=2),
+                }
+            ],
+            False,
+            client,
+            recovery_owner=getattr(settings, "RECOVERY_OWNER_DEFAULT", "payments-oncall"),
+        )
         # Compensation needed: a step a person must decide on.
         comp = _purchase("compensation-needed", S.FULFILLING, [_OK], True, client)
         StepRun.objects.get_or_create(
-            purchase_id=comp.pk, step=StepName.LEDGER,
-            defaults={"state": StepState.MANUAL, "key": f"demo:{comp.pk}:ledger",
-                      "attempts": 5, "last_error": "demo: ledger writer refused the entry"})
+            purchase_id=comp.pk,
+            step=StepName.LEDGER,
+            defaults={
+                "state": StepState.MANUAL,
+                "key": f"demo:{comp.pk}:ledger",
+                "attempts": 5,
+                "last_error": "demo: ledger writer refused the entry",
+            },
+        )
         # Quarantined events: one amount mismatch (its own queue and runbook), naming a
         # purchase under review, and one for an object Verity never created.
         mismatch = _purchase("amount-mismatch", S.MANUAL_REVIEW, [_OK], False, client)
         ProviderEvent.objects.get_or_create(
             event_id="evt_demo_quarantined",
-            defaults={"type": "payment_intent.succeeded",
-                      "object_id": "pi_demo_amount-mismatch_0",
-                      "payload": {"id": "pi_demo_amount-mismatch_0", "status": "succeeded",
-                                  "amount": 999, "currency": "usd"},
-                      "operation_id": mismatch.operations.first().pk,
-                      "purchase_id": mismatch.pk,
-                      "result": EventResult.QUARANTINED, "result_reason": "mismatch:amount"})
+            defaults={
+                "type": "payment_intent.succeeded",
+                "object_id": "pi_demo_amount-mismatch_0",
+                "payload": {
+                    "id": "pi_demo_amount-mismatch_0",
+                    "status": "succeeded",
+                    "amount": 999,
+                    "currency": "usd",
+                },
+                "operation_id": mismatch.operations.first().pk,
+                "purchase_id": mismatch.pk,
+                "result": EventResult.QUARANTINED,
+                "result_reason": "mismatch:amount",
+            },
+        )
         ProviderEvent.objects.get_or_create(
             event_id="evt_demo_unmatched",
-            defaults={"type": "payment_intent.succeeded", "object_id": "pi_demo_foreign",
-                      "payload": {"id": "pi_demo_foreign", "status": "succeeded",
-                                  "amount": 3050, "currency": "usd"},
-                      "result": EventResult.QUARANTINED, "result_reason": "unknown_object"})
+            defaults={
+                "type": "payment_intent.succeeded",
+                "object_id": "pi_demo_foreign",
+                "payload": {
+                    "id": "pi_demo_foreign",
+                    "status": "succeeded",
+                    "amount": 3050,
+                    "currency": "usd",
+                },
+                "result": EventResult.QUARANTINED,
+                "result_reason": "unknown_object",
+            },
+        )
         # Held: a dispute waiting for the record of the payment it names to settle.
         ProviderEvent.objects.get_or_create(
             event_id="evt_demo_held",
-            defaults={"type": "charge.dispute.created", "object_id": "dp_demo_held",
-                      "payload": {"id": "dp_demo_held", "status": "needs_response",
-                                  "amount": 3050, "currency": "usd"},
-                      "attempts": 4, "result": EventResult.HELD,
-                      "result_reason": "payment_not_settled"})
+            defaults={
+                "type": "charge.dispute.created",
+                "object_id": "dp_demo_held",
+                "payload": {
+                    "id": "dp_demo_held",
+                    "status": "needs_response",
+                    "amount": 3050,
+                    "currency": "usd",
+                },
+                "attempts": 4,
+                "result": EventResult.HELD,
+                "result_reason": "payment_not_settled",
+            },
+        )
         # Stuck outbox: retried and backed off far into the future (the relay leaves it).
-        if not OutboxMessage.objects.filter(dedupe_key="demo:stuck",
-                                            processed_at__isnull=True).exists():
-            OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={},
-                                         dedupe_key="demo:stuck", attempts=7,
-                                         available_at=timezone.now() + timedelta(days=1),
-                                         last_error="demo: handler kept failing")
+        if not OutboxMessage.objects.filter(
+            dedupe_key="demo:stuck", processed_at__isnull=True
+        ).exists():
+            OutboxMessage.objects.create(
+                category=OutboxCategory.NOOP,
+                payload={},
+                dedupe_key="demo:stuck",
+                attempts=7,
+                available_at=timezone.now() + timedelta(days=1),
+                last_error="demo: handler kept failing",
+            )
         # Settlement discrepancy.
         # A balance transaction's source is the charge (ch_…): the demo "complete"
         # purchase's, so the queue row links to it and searching the charge finds it.
         PaymentOperation.objects.filter(provider_reference="pi_demo_complete_0").update(
-            provider_charge="ch_demo_complete_0")
-        if not SettlementDiscrepancy.objects.filter(provider_reference="ch_demo_complete_0",
-                                                    resolved_at__isnull=True).exists():
+            provider_charge="ch_demo_complete_0"
+        )
+        if not SettlementDiscrepancy.objects.filter(
+            provider_reference="ch_demo_complete_0", resolved_at__isnull=True
+        ).exists():
             SettlementDiscrepancy.objects.create(
-                provider_reference="ch_demo_complete_0", kind="missing_locally",
-                provider_amount=3050, ledger_amount=None, currency="usd",
-                detail="demo: a provider balance transaction with no ledger entry")
+                provider_reference="ch_demo_complete_0",
+                kind="missing_locally",
+                provider_amount=3050,
+                ledger_amount=None,
+                currency="usd",
+                detail="demo: a provider balance transaction with no ledger entry",
+            )
         # Refund awaiting approval (requested through the API).
         ref_p = _purchase("refund-awaiting-approval", S.COMPLETED, [_OK], True, client)
         if not ref_p.operations.filter(kind=OperationKind.REFUND).exists():
             PaymentOperation.objects.create(
-                purchase=ref_p, kind=OperationKind.REFUND, amount=1250, currency="usd",
-                outcome=Oc.AWAITING_APPROVAL, requested_by_client=client,
-                parent=ref_p.operations.first())
+                purchase=ref_p,
+                kind=OperationKind.REFUND,
+                amount=1250,
+                currency="usd",
+                outcome=Oc.AWAITING_APPROVAL,
+                requested_by_client=client,
+                parent=ref_p.operations.first(),
+            )
         # A dispute whose evidence is due tomorrow (the disputes queue), and a refund made
         # in the provider's dashboard waiting to be reviewed (made outside Verity).
         disputed = Purchase.objects.get(customer_reference="demo-disputed")
         Dispute.objects.get_or_create(
-            id="dp_demo_disputed", defaults={
-                "purchase": disputed, "payment": disputed.operations.first(),
-                "charge": "ch_demo_disputed", "payment_intent": "pi_demo_disputed_0",
-                "amount": 3050, "currency": "usd", "reason": "product_not_received",
-                "status": "needs_response", "funds_withdrawn": 3050, "fees": 1500,
+            id="dp_demo_disputed",
+            defaults={
+                "purchase": disputed,
+                "payment": disputed.operations.first(),
+                "charge": "ch_demo_disputed",
+                "payment_intent": "pi_demo_disputed_0",
+                "amount": 3050,
+                "currency": "usd",
+                "reason": "product_not_received",
+                "status": "needs_response",
+                "funds_withdrawn": 3050,
+                "fees": 1500,
                 "evidence_due_by": timezone.now() + timedelta(hours=30),
-                "purchase_status_before": S.COMPLETED})
+                "purchase_status_before": S.COMPLETED,
+            },
+        )
         outside = _purchase("refunded-outside-verity", S.REFUNDED, [_OK], True, client)
         if not outside.operations.filter(origin=Origin.PROVIDER).exists():
             PaymentOperation.objects.create(
-                purchase=outside, kind=OperationKind.REFUND, amount=3050, currency="usd",
-                origin=Origin.PROVIDER, provider_reference="re_demo_dashboard",
-                parent=outside.operations.first(), **_OK)
+                purchase=outside,
+                kind=OperationKind.REFUND,
+                amount=3050,
+                currency="usd",
+                origin=Origin.PROVIDER,
+                provider_reference="re_demo_dashboard",
+                parent=outside.operations.first(),
+                **_OK,
+            )
         # A manual resolution overturned by the provider's record (its own queue), and a
         # duplicate charge with the refund returning it.
         # Fulfilled (completed): what waits for a person here is the payment, not the order.
@@ -258,23 +385,54 @@ def demo_cases_seed() -> list[tuple[str, str]]:
         if not op.transitions.filter(cause=OVERTURN_CAUSE).exists():
             PaymentOperation.objects.filter(pk=op.pk).update(next_action_owner="support")
             OperationTransition.objects.create(
-                purchase=over, operation=op, field="outcome", source=Oc.FAILED,
-                target=Oc.SUCCEEDED, cause=OVERTURN_CAUSE, actor="webhook:evt_demo_overturn",
-                evidence={"overturned": {"outcome": "failed", "actor": "demo-operator",
-                                         "reason": "demo: buyer said declined"}})
+                purchase=over,
+                operation=op,
+                field="outcome",
+                source=Oc.FAILED,
+                target=Oc.SUCCEEDED,
+                cause=OVERTURN_CAUSE,
+                actor="webhook:evt_demo_overturn",
+                evidence={
+                    "overturned": {
+                        "outcome": "failed",
+                        "actor": "demo-operator",
+                        "reason": "demo: buyer said declined",
+                    }
+                },
+            )
         # An x402 payment whose transfer the chain took back after delivery (its queue).
-        _purchase("x402-transfer-reversed", S.MANUAL_REVIEW, [{
-            "outcome": Oc.FAILED, "stage": Stage.SETTLED, "grade": Grade.CONFIRMED,
-            "verification": Verification.PROVIDER, "rail": "x402",
-            "reason": "transfer_reversed_on_chain", "next_action_owner": "support",
-            "settled_at": timezone.now()}], False, client)
-        dup = _purchase("duplicate-charge", S.COMPLETED, [_OK, {**_OK, "is_duplicate": True}],
-                        True, client)
+        _purchase(
+            "x402-transfer-reversed",
+            S.MANUAL_REVIEW,
+            [
+                {
+                    "outcome": Oc.FAILED,
+                    "stage": Stage.SETTLED,
+                    "grade": Grade.CONFIRMED,
+                    "verification": Verification.PROVIDER,
+                    "rail": "x402",
+                    "reason": "transfer_reversed_on_chain",
+                    "next_action_owner": "support",
+                    "settled_at": timezone.now(),
+                }
+            ],
+            False,
+            client,
+        )
+        dup = _purchase(
+            "duplicate-charge", S.COMPLETED, [_OK, {**_OK, "is_duplicate": True}], True, client
+        )
         dup_op = dup.operations.filter(is_duplicate=True).first()
         if not dup.operations.filter(kind=OperationKind.REFUND).exists():
             PaymentOperation.objects.create(
-                purchase=dup, kind=OperationKind.REFUND, amount=dup_op.amount, currency="usd",
-                outcome=Oc.PENDING, is_compensation=True, parent=dup_op)
+                purchase=dup,
+                kind=OperationKind.REFUND,
+                amount=dup_op.amount,
+                currency="usd",
+                outcome=Oc.PENDING,
+                is_compensation=True,
+                parent=dup_op,
+            )
         _demo_incident()
     return links
 
@@ -283,19 +441,29 @@ def _steps_wait_for_a_person(ref: str, *, done, step: str, state: str, error: st
     purchase = Purchase.objects.get(customer_reference=ref)
     order = Order.objects.filter(purchase_id=purchase.pk).first()
     for name in done:
-        StepRun.objects.create(purchase_id=purchase.pk, step=name, state=StepState.DONE,
-                               key=f"demo:{purchase.pk}:{name}", attempts=1,
-                               external_reference=order.reference if (
-                                   order and name == StepName.ORDER) else "",
-                               completed_at=timezone.now())
-    StepRun.objects.create(purchase_id=purchase.pk, step=step, state=state,
-                           key=f"demo:{purchase.pk}:{step}",
-                           attempts=settings.STEP_MAX_ATTEMPTS, last_error=error)
+        StepRun.objects.create(
+            purchase_id=purchase.pk,
+            step=name,
+            state=StepState.DONE,
+            key=f"demo:{purchase.pk}:{name}",
+            attempts=1,
+            external_reference=order.reference if (order and name == StepName.ORDER) else "",
+            completed_at=timezone.now(),
+        )
+    StepRun.objects.create(
+        purchase_id=purchase.pk,
+        step=step,
+        state=state,
+        key=f"demo:{purchase.pk}:{step}",
+        attempts=settings.STEP_MAX_ATTEMPTS,
+        last_error=error,
+    )
 
 
 def _demo_purchase_ids() -> list[str]:
-    return list(Purchase.objects.filter(customer_reference__startswith="demo-")
-                .values_list("pk", flat=True))
+    return list(
+        Purchase.objects.filter(customer_reference__startswith="demo-").values_list("pk", flat=True)
+    )
 
 
 def demo_cases_reset() -> int:
@@ -305,8 +473,9 @@ def demo_cases_reset() -> int:
     and keeps the history. Returns how many demo purchases were removed."""
     _refuse_outside_development()
     purchase_ids = _demo_purchase_ids()
-    op_ids = list(PaymentOperation.objects.filter(purchase_id__in=purchase_ids)
-                  .values_list("pk", flat=True))
+    op_ids = list(
+        PaymentOperation.objects.filter(purchase_id__in=purchase_ids).values_list("pk", flat=True)
+    )
     keep_apps = {"audit"}  # append-only: history of what people did to the demo
     with transaction.atomic():
         IncidentItem.objects.filter(incident__title=DEMO_INCIDENT_TITLE).delete()
@@ -314,8 +483,9 @@ def demo_cases_reset() -> int:
         ProviderEvent.objects.filter(event_id__startswith="evt_demo_").delete()
         OutboxMessage.objects.filter(dedupe_key__startswith="demo:").delete()
         SettlementDiscrepancy.objects.filter(provider_reference__startswith="ch_demo_").delete()
-        quote_ids = list(Purchase.objects.filter(pk__in=purchase_ids)
-                         .values_list("quote_id", flat=True))
+        quote_ids = list(
+            Purchase.objects.filter(pk__in=purchase_ids).values_list("quote_id", flat=True)
+        )
         # Rows that name a demo purchase or operation: by foreign key (payments) or by id
         # (recovery, webhooks, support keep plain ids across app boundaries).
         for model in apps.get_models():
@@ -326,17 +496,24 @@ def demo_cases_reset() -> int:
                 if target is Purchase or field.name == "purchase_id":
                     model.objects.filter(**{f"{field.attname}__in": purchase_ids}).delete()
                 elif target is PaymentOperation or field.name in (
-                        "operation_id", "compensation_operation_id"):
+                    "operation_id",
+                    "compensation_operation_id",
+                ):
                     model.objects.filter(**{f"{field.attname}__in": op_ids}).delete()
         # Outbox messages carry ids in their payload.
         OutboxMessage.objects.filter(payload__purchase__in=purchase_ids).delete()
         OutboxMessage.objects.filter(payload__operation__in=op_ids).delete()
         ops = PaymentOperation.objects.filter(pk__in=op_ids)
         while ops.exists():  # children (refunds, retries) before the payments they name
-            ops.exclude(pk__in=PaymentOperation.objects.filter(pk__in=op_ids).exclude(
-                parent=None).values("parent_id")).exclude(
-                pk__in=PaymentOperation.objects.filter(pk__in=op_ids).exclude(
-                    retry_of=None).values("retry_of_id")).delete()
+            ops.exclude(
+                pk__in=PaymentOperation.objects.filter(pk__in=op_ids)
+                .exclude(parent=None)
+                .values("parent_id")
+            ).exclude(
+                pk__in=PaymentOperation.objects.filter(pk__in=op_ids)
+                .exclude(retry_of=None)
+                .values("retry_of_id")
+            ).delete()
         Purchase.objects.filter(pk__in=purchase_ids).delete()
         Quote.objects.filter(pk__in=quote_ids).exclude(purchases__isnull=False).delete()
     return len(purchase_ids)
@@ -363,13 +540,19 @@ def _demo_incident() -> None:
             user.save(update_fields=["password"])
     user.groups.add(Group.objects.get(name=Role.OPERATOR))
     incident = services.incident_open(
-        user=user, title=DEMO_INCIDENT_TITLE,
+        user=user,
+        title=DEMO_INCIDENT_TITLE,
         reason="demo: confirm calls time out after sending; two payments are unknown and "
-               "one passed its reconciliation deadline.")
+        "one passed its reconciliation deadline.",
+    )
     for ref in ("demo-checking-with-provider", "demo-escalated"):
         purchase = Purchase.objects.get(customer_reference=ref)
-        services.incident_attach(incident_id=incident.pk, ref=purchase.pk, user=user,
-                                 reason="demo: affected by the provider timeouts")
+        services.incident_attach(
+            incident_id=incident.pk,
+            ref=purchase.pk,
+            user=user,
+            reason="demo: affected by the provider timeouts",
+        )
 
 
 DEMO_REFUND_CASE = "demo-refund-awaiting-approval"
@@ -386,9 +569,15 @@ def demo_provider_payments_seed() -> str | None:
     provider's `payment_intent.succeeded` webhook names an operation Verity already knows
     (like a real dispatch: the id is stored before money can move). Returns its id."""
     _refuse_outside_development()
-    op = (PaymentOperation.objects.filter(purchase__customer_reference=DEMO_REFUND_CASE,
-                                          kind=OperationKind.CHARGE, rail=Rail.STRIPE)
-          .select_related("purchase").first())
+    op = (
+        PaymentOperation.objects.filter(
+            purchase__customer_reference=DEMO_REFUND_CASE,
+            kind=OperationKind.CHARGE,
+            rail=Rail.STRIPE,
+        )
+        .select_related("purchase")
+        .first()
+    )
     if op is None:
         return None
     provider = provider_for(op)
@@ -397,19 +586,28 @@ def demo_provider_payments_seed() -> str | None:
         if found.object is not None and found.object.succeeded:
             return op.provider_reference
     # The metadata Verity's own dispatch writes: the webhook check compares every field.
-    metadata = {"operation_id": op.pk, "purchase_id": op.purchase_id,
-                "customer_reference": op.purchase.customer_reference}
+    metadata = {
+        "operation_id": op.pk,
+        "purchase_id": op.purchase_id,
+        "customer_reference": op.purchase.customer_reference,
+    }
     created = provider.create_payment_intent(
-        key=f"demo:{op.pk}:{timezone.now().timestamp()}:create", amount=op.amount,
-        currency=op.currency, payment_method="pm_card_visa", capture_method="automatic",
-        metadata=metadata)
+        key=f"demo:{op.pk}:{timezone.now().timestamp()}:create",
+        amount=op.amount,
+        currency=op.currency,
+        payment_method="pm_card_visa",
+        capture_method="automatic",
+        metadata=metadata,
+    )
     if created.object is None:
         raise RuntimeError(f"the provider refused the demo payment: {created.error_code}")
     PaymentOperation.objects.filter(pk=op.pk).update(provider_reference=created.object.id)
     confirmed = provider.confirm_payment_intent(
-        key=f"demo:{op.pk}:{created.object.id}:confirm", intent_id=created.object.id)
+        key=f"demo:{op.pk}:{created.object.id}:confirm", intent_id=created.object.id
+    )
     if confirmed.object is None or not confirmed.object.succeeded:
         raise RuntimeError(f"the demo payment did not succeed: {confirmed.error_code}")
     PaymentOperation.objects.filter(pk=op.pk).update(
-        provider_charge=confirmed.object.latest_charge or "")
+        provider_charge=confirmed.object.latest_charge or ""
+    )
     return created.object.id

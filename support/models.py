@@ -1,12 +1,22 @@
 """Support: console login limits and incidents. The audit log, resolutions and notes
 live in the `audit` leaf app (re-exported here for the console's callers)."""
+
 from django.conf import settings
 from django.db import models
 
 from audit.models import AuditEntry, Note, Resolution
 
-__all__ = ["AuditEntry", "FormSubmission", "Incident", "IncidentItem", "IncidentOutcome", "IncidentStatus",
-           "LoginFailure", "Note", "Resolution"]
+__all__ = [
+    "AuditEntry",
+    "FormSubmission",
+    "Incident",
+    "IncidentItem",
+    "IncidentOutcome",
+    "IncidentStatus",
+    "LoginFailure",
+    "Note",
+    "Resolution",
+]
 
 
 class LoginFailure(models.Model):
@@ -21,8 +31,10 @@ class LoginFailure(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
-        indexes = [models.Index(fields=["ip", "created_at"], name="loginfail_ip_idx"),
-                   models.Index(fields=["username", "created_at"], name="loginfail_user_idx")]
+        indexes = [
+            models.Index(fields=["ip", "created_at"], name="loginfail_ip_idx"),
+            models.Index(fields=["username", "created_at"], name="loginfail_user_idx"),
+        ]
 
 
 class IncidentStatus(models.TextChoices):
@@ -46,14 +58,17 @@ class Incident(models.Model):
 
     title = models.CharField(max_length=200)
     summary = models.TextField()
-    status = models.CharField(max_length=8, choices=IncidentStatus.choices,
-                              default=IncidentStatus.OPEN, db_index=True)
-    opened_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
-                                  related_name="+")
+    status = models.CharField(
+        max_length=8, choices=IncidentStatus.choices, default=IncidentStatus.OPEN, db_index=True
+    )
+    opened_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
     opened_at = models.DateTimeField(auto_now_add=True)
     halts = models.JSONField(default=list, blank=True)  # halt names set from this incident
-    closed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
-                                  null=True, blank=True, related_name="+")
+    closed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
     closed_at = models.DateTimeField(null=True, blank=True)
     review = models.TextField(blank=True)
 
@@ -67,16 +82,20 @@ class IncidentItem(models.Model):
     incident = models.ForeignKey(Incident, on_delete=models.PROTECT, related_name="items")
     purchase_id = models.CharField(max_length=40, db_index=True)
     operation_id = models.CharField(max_length=40, blank=True)
-    attached_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
-                                    related_name="+")
+    attached_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
     attached_at = models.DateTimeField(auto_now_add=True)
-    final_outcome = models.CharField(max_length=24, choices=IncidentOutcome.choices,
-                                     blank=True)
+    final_outcome = models.CharField(max_length=24, choices=IncidentOutcome.choices, blank=True)
 
     class Meta:
         ordering = ["attached_at", "id"]
-        constraints = [models.UniqueConstraint(fields=["incident", "purchase_id", "operation_id"],
-                                               name="incidentitem_once_per_incident")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["incident", "purchase_id", "operation_id"],
+                name="incidentitem_once_per_incident",
+            )
+        ]
 
 
 class FormSubmission(models.Model):
@@ -88,8 +107,7 @@ class FormSubmission(models.Model):
     nothing."""
 
     nonce = models.CharField(max_length=64, unique=True)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
-                             related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     action = models.CharField(max_length=64)
     target_id = models.CharField(max_length=40)
     result_type = models.CharField(max_length=16, blank=True)  # "operation" | "purchase"

@@ -1,6 +1,7 @@
 """One name per owner on every console screen: the purchase card, each operation card and
 each queue row name the next owner the same way. payments.next_action decides who acts;
 this only renames it for staff."""
+
 from __future__ import annotations
 
 from payments.enums import Owner

@@ -6,6 +6,7 @@ Kept out of support/selectors.py so those queues stay small, self-contained addi
 support.selectors delegates the two queue names here. Imports no other support module
 (support.selectors imports this one).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,19 +67,37 @@ def unreviewed_external_operations():
 def queue_items(name: str, *, limit: int) -> list[ProviderQueueItem]:
     if name == "disputes":
         rows = open_disputes().order_by("evidence_due_by", "opened_at")[:limit]
-        return [ProviderQueueItem(
-            d.opened_at, "dispute", d.id, d.purchase_id,
-            f"{format_money(d.amount, d.currency)} · {d.reason or 'no reason given'} · "
-            f"withdrawn {format_money(d.funds_withdrawn, d.currency)}, fees "
-            f"{format_money(d.fees, d.currency)}", "finance", due=d.evidence_due_by,
-            status=d.status) for d in rows]
+        return [
+            ProviderQueueItem(
+                d.opened_at,
+                "dispute",
+                d.id,
+                d.purchase_id,
+                f"{format_money(d.amount, d.currency)} · {d.reason or 'no reason given'} · "
+                f"withdrawn {format_money(d.funds_withdrawn, d.currency)}, fees "
+                f"{format_money(d.fees, d.currency)}",
+                "finance",
+                due=d.evidence_due_by,
+                status=d.status,
+            )
+            for d in rows
+        ]
     if name == "external":
         rows = unreviewed_external_operations().order_by("created_at")[:limit]
-        return [ProviderQueueItem(
-            op.created_at, "operation", op.id, op.purchase_id,
-            f"{op.kind} {format_money(op.amount, op.currency)} made outside Verity · "
-            f"{op.provider_reference} · evidence {op.verification}", "finance",
-            status=op.outcome, review=True) for op in rows]
+        return [
+            ProviderQueueItem(
+                op.created_at,
+                "operation",
+                op.id,
+                op.purchase_id,
+                f"{op.kind} {format_money(op.amount, op.currency)} made outside Verity · "
+                f"{op.provider_reference} · evidence {op.verification}",
+                "finance",
+                status=op.outcome,
+                review=True,
+            )
+            for op in rows
+        ]
     raise KeyError(name)
 
 
@@ -86,8 +105,7 @@ def count_oldest(name: str) -> tuple[int, datetime | None]:
     if name == "disputes":
         r = open_disputes().aggregate(n=Count("pk"), oldest=Min("opened_at"))
     elif name == "external":
-        r = unreviewed_external_operations().aggregate(n=Count("pk"),
-                                                           oldest=Min("created_at"))
+        r = unreviewed_external_operations().aggregate(n=Count("pk"), oldest=Min("created_at"))
     else:
         raise KeyError(name)
     return r["n"], r["oldest"]

@@ -13,6 +13,7 @@ PostgreSQL from using each place's own index (an OR over a join and a sub-select
 scan of every purchase at 1 M). The indexes are support migration
 0007_console_purchase_list_indexes (bench/scale.py measures the list).
 """
+
 from __future__ import annotations
 
 import base64
@@ -47,9 +48,11 @@ class BuyerName(Func):
     is the trigram index's expression (support migration 0006), so a name search is an
     index scan; change both together."""
 
-    template = ("UPPER(COALESCE(%(expressions)s->>'full_name', '') || ' ' || "
-                "COALESCE(%(expressions)s->>'first_name', '') || ' ' || "
-                "COALESCE(%(expressions)s->>'last_name', ''))")
+    template = (
+        "UPPER(COALESCE(%(expressions)s->>'full_name', '') || ' ' || "
+        "COALESCE(%(expressions)s->>'first_name', '') || ' ' || "
+        "COALESCE(%(expressions)s->>'last_name', ''))"
+    )
     output_field = TextField()
 
 
@@ -130,9 +133,14 @@ def filters_from_query(params) -> tuple[PurchaseFilters, list[str]]:
     except ValueError:
         per_page = PAGE_SIZE
     return PurchaseFilters(
-        q=(params.get("q") or "").strip(), status=status,
-        customer=(params.get("customer") or "").strip(), cursor=params.get("cursor", ""),
-        per_page=per_page, **days, **amounts), errors
+        q=(params.get("q") or "").strip(),
+        status=status,
+        customer=(params.get("customer") or "").strip(),
+        cursor=params.get("cursor", ""),
+        per_page=per_page,
+        **days,
+        **amounts,
+    ), errors
 
 
 # -------------------------------------------------------------------------- amounts
@@ -166,8 +174,11 @@ def amount_q(value: Decimal, lookup: str = "exact") -> Q:
             minor = minor.to_integral_value(rounding="ROUND_CEILING")
         elif lookup == "lte":
             minor = minor.to_integral_value(rounding="ROUND_FLOOR")
-        where = (Q(currency__in=codes) if codes is not None
-                 else ~Q(currency__in=[c for cs in others.values() for c in cs]))
+        where = (
+            Q(currency__in=codes)
+            if codes is not None
+            else ~Q(currency__in=[c for cs in others.values() for c in cs])
+        )
         q |= where & Q(**{f"amount__{lookup}": int(minor)})
     return q or Q(pk__in=[])
 
@@ -176,22 +187,30 @@ def amount_q(value: Decimal, lookup: str = "exact") -> Q:
 
 
 def _provider_reference_ids(ref: str) -> set[str]:
-    ids = set(PaymentOperation.objects.filter(Q(provider_reference=ref)
-                                              | Q(provider_charge=ref))
-              .values_list("purchase_id", flat=True))
-    ids |= set(LedgerEntry.objects.filter(provider_reference=ref)
-               .values_list("purchase_id", flat=True))
+    ids = set(
+        PaymentOperation.objects.filter(
+            Q(provider_reference=ref) | Q(provider_charge=ref)
+        ).values_list("purchase_id", flat=True)
+    )
+    ids |= set(
+        LedgerEntry.objects.filter(provider_reference=ref).values_list("purchase_id", flat=True)
+    )
     return ids
 
 
 def _tx_hash_ids(tx: str) -> set[str]:
     hashes = {tx, tx.lower()}
-    ops = set(X402Authorization.objects.filter(transaction_hash__in=hashes)
-              .values_list("operation_id", flat=True))
-    ops |= set(X402RefundTransfer.objects.filter(transaction_hash__in=hashes)
-               .values_list("operation_id", flat=True))
-    return set(PaymentOperation.objects.filter(pk__in=ops).values_list("purchase_id",
-                                                                        flat=True))
+    ops = set(
+        X402Authorization.objects.filter(transaction_hash__in=hashes).values_list(
+            "operation_id", flat=True
+        )
+    )
+    ops |= set(
+        X402RefundTransfer.objects.filter(transaction_hash__in=hashes).values_list(
+            "operation_id", flat=True
+        )
+    )
+    return set(PaymentOperation.objects.filter(pk__in=ops).values_list("purchase_id", flat=True))
 
 
 def _other_reference_ids(q: str) -> set[str]:
@@ -229,12 +248,16 @@ def search_branches(q: str) -> list[tuple[str, Q]]:
     # Driven from the sessions' trigram index, then each session's purchase by key (the
     # join is inner: `acp_session__isnull=False`). support may not import acp (layers), so
     # the session is read through the purchase's reverse relation.
-    names = (Purchase.objects.alias(buyer_name=BuyerName(F("acp_session__buyer")))
-             .filter(acp_session__isnull=False, buyer_name__contains=q.upper())
-             .values("pk"))
-    return [("customer reference", Q(customer_reference__startswith=q)),
-            ("e-mail", Q(customer_email__istartswith=q)),
-            ("buyer name", Q(pk__in=names))]
+    names = (
+        Purchase.objects.alias(buyer_name=BuyerName(F("acp_session__buyer")))
+        .filter(acp_session__isnull=False, buyer_name__contains=q.upper())
+        .values("pk")
+    )
+    return [
+        ("customer reference", Q(customer_reference__startswith=q)),
+        ("e-mail", Q(customer_email__istartswith=q)),
+        ("buyer name", Q(pk__in=names)),
+    ]
 
 
 # ------------------------------------------------------------------------ the cursor
@@ -270,11 +293,11 @@ def _filtered(f: PurchaseFilters) -> QuerySet:
     if f.status:
         qs = qs.filter(status=f.status)
     if f.created_from:
-        qs = qs.filter(created_at__gte=datetime.combine(f.created_from, time.min,
-                                                        tzinfo=UTC))
+        qs = qs.filter(created_at__gte=datetime.combine(f.created_from, time.min, tzinfo=UTC))
     if f.created_to:
-        qs = qs.filter(created_at__lt=datetime.combine(f.created_to + timedelta(days=1),
-                                                       time.min, tzinfo=UTC))
+        qs = qs.filter(
+            created_at__lt=datetime.combine(f.created_to + timedelta(days=1), time.min, tzinfo=UTC)
+        )
     if f.amount_min is not None:
         qs = qs.filter(amount_q(f.amount_min, "gte"))
     if f.amount_max is not None:
@@ -284,18 +307,29 @@ def _filtered(f: PurchaseFilters) -> QuerySet:
     return qs
 
 
-_ROW_FIELDS = ("id", "created_at", "customer_email", "customer_reference", "amount",
-               "currency", "status", "channel")
+_ROW_FIELDS = (
+    "id",
+    "created_at",
+    "customer_email",
+    "customer_reference",
+    "amount",
+    "currency",
+    "status",
+    "channel",
+)
 
 
 def buyer_names(ids: list[str]) -> dict[str, str]:
     """The name an ACP buyer gave, per purchase id (only purchases that have one)."""
     out = {}
-    for pid, buyer in Purchase.objects.filter(pk__in=ids, acp_session__isnull=False) \
-            .values_list("pk", "acp_session__buyer"):
+    for pid, buyer in Purchase.objects.filter(pk__in=ids, acp_session__isnull=False).values_list(
+        "pk", "acp_session__buyer"
+    ):
         buyer = buyer if isinstance(buyer, dict) else {}
-        name = (buyer.get("full_name") or " ".join(
-            str(buyer.get(k) or "") for k in ("first_name", "last_name")).strip())
+        name = (
+            buyer.get("full_name")
+            or " ".join(str(buyer.get(k) or "") for k in ("first_name", "last_name")).strip()
+        )
         if name:
             out[pid] = str(name)
     return out
@@ -313,24 +347,33 @@ def purchase_list(f: PurchaseFilters) -> PurchasePage:
     found: dict[str, dict] = {}
     matched: list[str] = []
     for words, condition in branches:
-        rows = list(base.filter(condition).order_by("-created_at", "-id")
-                    .values(*_ROW_FIELDS)[:limit])
+        rows = list(
+            base.filter(condition).order_by("-created_at", "-id").values(*_ROW_FIELDS)[:limit]
+        )
         if rows and words and words not in matched:
             matched.append(words)
         for row in rows:
             found.setdefault(row["id"], row)
     ordered = sorted(found.values(), key=lambda r: (r["created_at"], r["id"]), reverse=True)
-    page, more = ordered[:f.per_page], len(ordered) > f.per_page
+    page, more = ordered[: f.per_page], len(ordered) > f.per_page
     names = buyer_names([r["id"] for r in page])
     labels = dict(PurchaseStatus.choices)
     channels = dict(Purchase._meta.get_field("channel").choices)
     return PurchasePage(
-        rows=[PurchaseRow(
-            id=r["id"], customer_email=r["customer_email"],
-            customer_reference=r["customer_reference"], buyer_name=names.get(r["id"], ""),
-            amount=format_money(r["amount"], r["currency"]),
-            status=str(labels.get(r["status"], r["status"])), status_value=r["status"],
-            channel=str(channels.get(r["channel"], r["channel"])), created_at=r["created_at"])
-            for r in page],
+        rows=[
+            PurchaseRow(
+                id=r["id"],
+                customer_email=r["customer_email"],
+                customer_reference=r["customer_reference"],
+                buyer_name=names.get(r["id"], ""),
+                amount=format_money(r["amount"], r["currency"]),
+                status=str(labels.get(r["status"], r["status"])),
+                status_value=r["status"],
+                channel=str(channels.get(r["channel"], r["channel"])),
+                created_at=r["created_at"],
+            )
+            for r in page
+        ],
         next_cursor=cursor_encode(page[-1]["created_at"], page[-1]["id"]) if more else "",
-        matched_as=matched)
+        matched_as=matched,
+    )

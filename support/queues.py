@@ -9,6 +9,7 @@ find what to do with it.
 
 Counts are capped (support.counts): a landing page must not pay for a long queue.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -105,8 +106,11 @@ class QueuePart:
         qs = self.queryset(now)
         if self.related:
             qs = qs.select_related(*self.related)
-        fetched = (self.fetch(qs, limit) if self.fetch is not None
-                   else qs.order_by(*(self.order_by or (self.age_field,)))[:limit])
+        fetched = (
+            self.fetch(qs, limit)
+            if self.fetch is not None
+            else qs.order_by(*(self.order_by or (self.age_field,)))[:limit]
+        )
         return self.rows(list(fetched), now)
 
     def count_oldest(self, now: datetime) -> tuple[int, datetime | None]:
@@ -115,8 +119,9 @@ class QueuePart:
             return self.count(qs)
         return self.with_fallback(qs, capped_count_oldest(qs, self.age_field))
 
-    def with_fallback(self, qs: QuerySet, counted: tuple[int, datetime | None]
-                      ) -> tuple[int, datetime | None]:
+    def with_fallback(
+        self, qs: QuerySet, counted: tuple[int, datetime | None]
+    ) -> tuple[int, datetime | None]:
         n, found = counted
         if n and found is None and self.oldest_fallback:
             found = oldest(qs, self.oldest_fallback)
@@ -139,8 +144,10 @@ class QueueSpec:
 
     def __post_init__(self) -> None:
         if not self.runbook:
-            raise ValueError(f"console queue {self.name!r} has no runbook: a person who meets "
-                             "its rows must find what to do with them")
+            raise ValueError(
+                f"console queue {self.name!r} has no runbook: a person who meets "
+                "its rows must find what to do with them"
+            )
         if not self.parts:
             raise ValueError(f"console queue {self.name!r} has no rows")
 
@@ -152,15 +159,22 @@ class QueueSpec:
             items.sort(key=lambda i: i.since)
             items = items[:limit]
         emails = customer_emails([i.purchase_id for i in items])
-        return [replace(i, runbook=self.row_runbook(i) if self.row_runbook else self.runbook,
-                        customer_email=emails.get(i.purchase_id, ""))
-                for i in items]
+        return [
+            replace(
+                i,
+                runbook=self.row_runbook(i) if self.row_runbook else self.runbook,
+                customer_email=emails.get(i.purchase_id, ""),
+            )
+            for i in items
+        ]
 
     def count_oldest(self, now: datetime | None = None) -> tuple[int, datetime | None]:
         now = now or timezone.now()
         counted = [part.count_oldest(now) for part in self.parts]
-        return (sum(n for n, _ in counted),
-                min((o for _, o in counted if o is not None), default=None))
+        return (
+            sum(n for n, _ in counted),
+            min((o for _, o in counted if o is not None), default=None),
+        )
 
 
 def customer_emails(purchase_ids: list[str]) -> dict[str, str]:
@@ -181,8 +195,10 @@ def queue_register(spec: QueueSpec) -> QueueSpec:
     if spec.name in QUEUES:
         raise ValueError(f"console queue {spec.name!r} is registered twice")
     if not (RUNBOOK_DIR / f"{spec.runbook}.md").is_file():
-        raise ValueError(f"console queue {spec.name!r} names runbook {spec.runbook!r}, which "
-                         f"is not in {RUNBOOK_DIR}")
+        raise ValueError(
+            f"console queue {spec.name!r} names runbook {spec.runbook!r}, which "
+            f"is not in {RUNBOOK_DIR}"
+        )
     QUEUES[spec.name] = spec
     return spec
 
@@ -222,11 +238,14 @@ def queue_summaries(user) -> list[QueueSummary]:
     now = timezone.now()
     specs = [spec for spec in QUEUES.values() if can(user, spec.action)]
     parts = [(spec.name, part, part.queryset(now)) for spec in specs for part in spec.parts]
-    combined = [(part, qs) for _, part, qs in parts
-                if part.count is None and not part.count_alone]
-    counted = dict(zip((id(part) for part, _ in combined),
-                       capped_counts_oldest([(qs, part.age_field) for part, qs in combined]),
-                       strict=True))
+    combined = [(part, qs) for _, part, qs in parts if part.count is None and not part.count_alone]
+    counted = dict(
+        zip(
+            (id(part) for part, _ in combined),
+            capped_counts_oldest([(qs, part.age_field) for part, qs in combined]),
+            strict=True,
+        )
+    )
     per_queue: dict[str, list[tuple[int, datetime | None]]] = {}
     for name, part, qs in parts:
         if id(part) in counted:
@@ -234,10 +253,14 @@ def queue_summaries(user) -> list[QueueSummary]:
         else:
             found = part.count_oldest(now)
         per_queue.setdefault(name, []).append(found)
-    return [QueueSummary(spec, sum(n for n, _ in per_queue[spec.name]),
-                         min((o for _, o in per_queue[spec.name] if o is not None),
-                             default=None))
-            for spec in specs]
+    return [
+        QueueSummary(
+            spec,
+            sum(n for n, _ in per_queue[spec.name]),
+            min((o for _, o in per_queue[spec.name] if o is not None), default=None),
+        )
+        for spec in specs
+    ]
 
 
 # -- the query sets (unsliced; the beat jobs and /metrics read the same ones) -------------
@@ -256,17 +279,18 @@ def _recovery_queue(name: str):
 
 
 def unknown_operations(now=None):
-    return PaymentOperation.objects.filter(outcome=Outcome.UNKNOWN).exclude(
-        stage=Stage.ESCALATED)
+    return PaymentOperation.objects.filter(outcome=Outcome.UNKNOWN).exclude(stage=Stage.ESCALATED)
 
 
 def paid_without_order(now=None):
     qs = _recovery_queue("paid_without_order")  # with the beat job's grace period
     if qs is not None:
         return qs
-    return (Purchase.objects.filter(status__in=PAID_STATUSES)
-            .annotate(has_order=Exists(Order.objects.filter(purchase_id=OuterRef("pk"))))
-            .filter(has_order=False))
+    return (
+        Purchase.objects.filter(status__in=PAID_STATUSES)
+        .annotate(has_order=Exists(Order.objects.filter(purchase_id=OuterRef("pk"))))
+        .filter(has_order=False)
+    )
 
 
 def compensation_steps(now=None):
@@ -278,7 +302,8 @@ def compensation_steps(now=None):
 
 def compensation_operations(now=None):
     return PaymentOperation.objects.filter(
-        is_compensation=True, outcome__in=[Outcome.FAILED, Outcome.UNKNOWN])
+        is_compensation=True, outcome__in=[Outcome.FAILED, Outcome.UNKNOWN]
+    )
 
 
 def quarantined_events(now=None):
@@ -299,7 +324,8 @@ def stuck_outbox(now=None):
         return qs
     now = now or timezone.now()
     return OutboxMessage.objects.filter(processed_at__isnull=True).filter(
-        Q(available_at__lt=now - STUCK_OUTBOX_AFTER) | Q(attempts__gte=STUCK_OUTBOX_ATTEMPTS))
+        Q(available_at__lt=now - STUCK_OUTBOX_AFTER) | Q(attempts__gte=STUCK_OUTBOX_ATTEMPTS)
+    )
 
 
 def open_discrepancies(now=None):
@@ -308,8 +334,8 @@ def open_discrepancies(now=None):
 
 def escalated_operations(now=None):
     return PaymentOperation.objects.filter(
-        Q(stage=Stage.ESCALATED) | Q(escalated_at__isnull=False)).exclude(
-        outcome__in=[Outcome.SUCCEEDED, Outcome.FAILED])
+        Q(stage=Stage.ESCALATED) | Q(escalated_at__isnull=False)
+    ).exclude(outcome__in=[Outcome.SUCCEEDED, Outcome.FAILED])
 
 
 def refunds_awaiting_approval(now=None):
@@ -322,10 +348,10 @@ def overturned_operations(now=None):
     # come from the few support-owned operations (op_support_owned_settled_idx, in
     # settled_at order), each probed for an overturn by its transitions' operation index,
     # instead of DISTINCT over every column of every operation.
-    overturned = OperationTransition.objects.filter(operation_id=OuterRef("pk"),
-                                                    cause=OVERTURN_CAUSE)
-    return PaymentOperation.objects.filter(Exists(overturned),
-                                           next_action_owner=Owner.SUPPORT)
+    overturned = OperationTransition.objects.filter(
+        operation_id=OuterRef("pk"), cause=OVERTURN_CAUSE
+    )
+    return PaymentOperation.objects.filter(Exists(overturned), next_action_owner=Owner.SUPPORT)
 
 
 def duplicate_operations(now=None):
@@ -335,12 +361,17 @@ def duplicate_operations(now=None):
 # -- how rows read ---------------------------------------------------------------------
 
 _OP_ACTION = "Reconcile now, or resolve with provider evidence"
-_STEP_WORDS = {StepState.FAILED: "failed", StepState.UNKNOWN: "may or may not have happened",
-               StepState.MANUAL: "waits for a person"}
-_DISCREPANCY_WORDS = {"missing_locally": "In the provider's balance, not in the ledger",
-                      "missing_in_ledger": "In the provider's balance, not in the ledger",
-                      "missing_at_provider": "In the ledger, not in the provider's balance",
-                      "amount_differs": "Amounts differ"}
+_STEP_WORDS = {
+    StepState.FAILED: "failed",
+    StepState.UNKNOWN: "may or may not have happened",
+    StepState.MANUAL: "waits for a person",
+}
+_DISCREPANCY_WORDS = {
+    "missing_locally": "In the provider's balance, not in the ledger",
+    "missing_in_ledger": "In the provider's balance, not in the ledger",
+    "missing_at_provider": "In the ledger, not in the provider's balance",
+    "amount_differs": "Amounts differ",
+}
 
 
 def _money(amount: int | None, currency: str) -> str:
@@ -355,8 +386,12 @@ def event_purchase(event: ProviderEvent) -> str:
     if event.purchase_id:
         return event.purchase_id
     if event.operation_id:
-        return PaymentOperation.objects.filter(pk=event.operation_id).values_list(
-            "purchase_id", flat=True).first() or ""
+        return (
+            PaymentOperation.objects.filter(pk=event.operation_id)
+            .values_list("purchase_id", flat=True)
+            .first()
+            or ""
+        )
     return ""
 
 
@@ -367,14 +402,15 @@ def _purchase_for_references(refs: list[str]) -> dict[str, str]:
         return {}
     out: dict[str, str] = {}
     for ref, charge, pid in PaymentOperation.objects.filter(
-            Q(provider_reference__in=refs) | Q(provider_charge__in=refs)).values_list(
-            "provider_reference", "provider_charge", "purchase_id"):
+        Q(provider_reference__in=refs) | Q(provider_charge__in=refs)
+    ).values_list("provider_reference", "provider_charge", "purchase_id"):
         for r in (ref, charge):
             if r in refs:
                 out.setdefault(r, pid)
 
     for ref, pid in LedgerEntry.objects.filter(provider_reference__in=refs).values_list(
-            "provider_reference", "purchase_id"):
+        "provider_reference", "purchase_id"
+    ):
         out.setdefault(ref, pid)
     return out
 
@@ -385,8 +421,12 @@ def _outbox_purchase(payload) -> str:
     if payload.get("purchase"):
         return str(payload["purchase"])
     if payload.get("operation"):
-        return PaymentOperation.objects.filter(pk=payload["operation"]).values_list(
-            "purchase_id", flat=True).first() or ""
+        return (
+            PaymentOperation.objects.filter(pk=payload["operation"])
+            .values_list("purchase_id", flat=True)
+            .first()
+            or ""
+        )
     if payload.get("event"):
         e = ProviderEvent.objects.filter(pk=payload["event"]).first()
         return event_purchase(e) if e else ""
@@ -402,17 +442,24 @@ def _outbox_label(category: int) -> str:
 
 def discrepancy_summary(d: SettlementDiscrepancy) -> str:
     what = _DISCREPANCY_WORDS.get(d.kind, d.kind.replace("_", " ").capitalize())
-    provider = (_money(d.provider_amount, d.currency) if d.provider_amount is not None
-                else "no movement")
+    provider = (
+        _money(d.provider_amount, d.currency) if d.provider_amount is not None else "no movement"
+    )
     ledger = _money(d.ledger_amount, d.currency) if d.ledger_amount is not None else "no entry"
     return f"{what} · {d.provider_reference}: provider {provider}, ledger {ledger}"
 
 
 def _unknown_row(op, now) -> QueueItem:
-    return QueueItem(op.created_at, "operation", op.id, op.purchase_id,
-                     f"{_op_summary(op)} · {op.reconcile_attempts} read-backs",
-                     staff_owner(operation_next_step(op), op.purchase), anchor=op.id,
-                     action=_OP_ACTION)
+    return QueueItem(
+        op.created_at,
+        "operation",
+        op.id,
+        op.purchase_id,
+        f"{_op_summary(op)} · {op.reconcile_attempts} read-backs",
+        staff_owner(operation_next_step(op), op.purchase),
+        anchor=op.id,
+        action=_OP_ACTION,
+    )
 
 
 def _paid_at(p) -> datetime:
@@ -425,86 +472,146 @@ def _paid_without_order_fetch(qs, limit):
 
 
 def _paid_without_order_row(p, now) -> QueueItem:
-    return QueueItem(_paid_at(p), "purchase", p.id, p.id,
-                     f"{p.status} {_money(p.amount, p.currency)}",
-                     staff_owner(purchase_next_step(p), p),
-                     anchor="steps-h", action="Check its steps and halts; a note or a refund "
-                                              "request if the order cannot be written")
+    return QueueItem(
+        _paid_at(p),
+        "purchase",
+        p.id,
+        p.id,
+        f"{p.status} {_money(p.amount, p.currency)}",
+        staff_owner(purchase_next_step(p), p),
+        anchor="steps-h",
+        action="Check its steps and halts; a note or a refund "
+        "request if the order cannot be written",
+    )
 
 
 def _step_row(st, now) -> QueueItem:
     words = _STEP_WORDS.get(st.state, st.state)
-    return QueueItem(st.started_at or st.created_at, "step", st.step, st.purchase_id,
-                     f"Step {st.step} {words} after {st.attempts} attempts",
-                     anchor="steps-h", error=st.last_error[:300],
-                     action="Decide: complete forward, mark handled, or refund")
+    return QueueItem(
+        st.started_at or st.created_at,
+        "step",
+        st.step,
+        st.purchase_id,
+        f"Step {st.step} {words} after {st.attempts} attempts",
+        anchor="steps-h",
+        error=st.last_error[:300],
+        action="Decide: complete forward, mark handled, or refund",
+    )
 
 
 def _compensation_op_row(op, now) -> QueueItem:
-    return QueueItem(op.created_at, "operation", op.id, op.purchase_id,
-                     f"Compensating {_op_summary(op)} is {op.outcome}", anchor=op.id,
-                     action=_OP_ACTION)
+    return QueueItem(
+        op.created_at,
+        "operation",
+        op.id,
+        op.purchase_id,
+        f"Compensating {_op_summary(op)} is {op.outcome}",
+        anchor=op.id,
+        action=_OP_ACTION,
+    )
 
 
 def _held_row(e, now) -> QueueItem:
-    return QueueItem(e.received_at, "event", str(e.pk), event_purchase(e),
-                     f"{e.type} · waiting: {e.result_reason or 'no reason'} · "
-                     f"{e.attempts} attempts",
-                     action="Reconcile the operation it waits for (on the purchase), or "
-                            "triage the event")
+    return QueueItem(
+        e.received_at,
+        "event",
+        str(e.pk),
+        event_purchase(e),
+        f"{e.type} · waiting: {e.result_reason or 'no reason'} · {e.attempts} attempts",
+        action="Reconcile the operation it waits for (on the purchase), or triage the event",
+    )
 
 
 def _quarantined_row(e, now) -> QueueItem:
-    return QueueItem(e.received_at, "event", str(e.pk), event_purchase(e),
-                     f"{e.type} · {e.result_reason or 'no reason recorded'}",
-                     action="Release or dismiss (on the event)")
+    return QueueItem(
+        e.received_at,
+        "event",
+        str(e.pk),
+        event_purchase(e),
+        f"{e.type} · {e.result_reason or 'no reason recorded'}",
+        action="Release or dismiss (on the event)",
+    )
 
 
 def _mismatch_row(e, now) -> QueueItem:
-    return QueueItem(e.received_at, "event", str(e.pk), event_purchase(e),
-                     f"{e.type} {e.object_id} · {e.result_reason}",
-                     action="Compare with the operation, then release or dismiss (on the "
-                            "event)")
+    return QueueItem(
+        e.received_at,
+        "event",
+        str(e.pk),
+        event_purchase(e),
+        f"{e.type} {e.object_id} · {e.result_reason}",
+        action="Compare with the operation, then release or dismiss (on the event)",
+    )
 
 
 def _outbox_row(m, now) -> QueueItem:
-    return QueueItem(m.created_at, "outbox", str(m.pk), _outbox_purchase(m.payload),
-                     f"{_outbox_label(m.category)} · {m.attempts} attempts · next try "
-                     f"{relative(m.available_at, now)}", error=(m.last_error or "")[:300],
-                     action="Fix the cause, then retry now")
+    return QueueItem(
+        m.created_at,
+        "outbox",
+        str(m.pk),
+        _outbox_purchase(m.payload),
+        f"{_outbox_label(m.category)} · {m.attempts} attempts · next try "
+        f"{relative(m.available_at, now)}",
+        error=(m.last_error or "")[:300],
+        action="Fix the cause, then retry now",
+    )
 
 
 def _settlement_rows(rows, now) -> list[QueueItem]:
     purchases = _purchase_for_references([d.provider_reference for d in rows])  # one read
-    return [QueueItem(d.created_at, "discrepancy", str(d.pk),
-                      purchases.get(d.provider_reference, ""), discrepancy_summary(d),
-                      error=d.detail,
-                      action="Check at the provider, then mark it reviewed with the explanation")
-            for d in rows]
+    return [
+        QueueItem(
+            d.created_at,
+            "discrepancy",
+            str(d.pk),
+            purchases.get(d.provider_reference, ""),
+            discrepancy_summary(d),
+            error=d.detail,
+            action="Check at the provider, then mark it reviewed with the explanation",
+        )
+        for d in rows
+    ]
 
 
 def _escalated_row(op, now) -> QueueItem:
-    return QueueItem(op.escalated_at or op.created_at, "operation", op.id, op.purchase_id,
-                     f"{_op_summary(op)} is {op.outcome}",
-                     staff_owner(operation_next_step(op), op.purchase), anchor=op.id,
-                     action="Resolve with evidence from the provider dashboard")
+    return QueueItem(
+        op.escalated_at or op.created_at,
+        "operation",
+        op.id,
+        op.purchase_id,
+        f"{_op_summary(op)} is {op.outcome}",
+        staff_owner(operation_next_step(op), op.purchase),
+        anchor=op.id,
+        action="Resolve with evidence from the provider dashboard",
+    )
 
 
 def _refund_approval_row(op, now) -> QueueItem:
     who = op.requested_by_user.get_username() if op.requested_by_user else "API client"
-    return QueueItem(op.created_at, "operation", op.id, op.purchase_id,
-                     f"refund {_money(op.amount, op.currency)} requested by {who}", "finance",
-                     anchor=op.id, action="Approve (a finance user other than the requester)")
+    return QueueItem(
+        op.created_at,
+        "operation",
+        op.id,
+        op.purchase_id,
+        f"refund {_money(op.amount, op.currency)} requested by {who}",
+        "finance",
+        anchor=op.id,
+        action="Approve (a finance user other than the requester)",
+    )
 
 
 def _overturned_row(op, now) -> QueueItem:
     row = op.transitions.filter(cause=OVERTURN_CAUSE).order_by("-created_at").first()
     was = ((row.evidence or {}).get("overturned") or {}) if row else {}
-    return QueueItem(row.created_at if row else op.updated_at, "operation", op.id,
-                     op.purchase_id,
-                     f"{op.kind} resolved {was.get('outcome', '?')} by "
-                     f"{was.get('actor') or 'a person'}; the provider shows {op.outcome}",
-                     "support")
+    return QueueItem(
+        row.created_at if row else op.updated_at,
+        "operation",
+        op.id,
+        op.purchase_id,
+        f"{op.kind} resolved {was.get('outcome', '?')} by "
+        f"{was.get('actor') or 'a person'}; the provider shows {op.outcome}",
+        "support",
+    )
 
 
 def _x402_reversed_operations(now=None):
@@ -514,20 +621,34 @@ def _x402_reversed_operations(now=None):
 
 
 def _x402_reversed_row(op, now) -> QueueItem:
-    return QueueItem(op.settled_at or op.updated_at, "operation", op.id, op.purchase_id,
-                     f"x402 payment {_money(op.amount, op.currency)}: its transfer left the "
-                     f"chain before it was final", "support", anchor=op.id,
-                     action="Check what followed, then mark it reviewed")
+    return QueueItem(
+        op.settled_at or op.updated_at,
+        "operation",
+        op.id,
+        op.purchase_id,
+        f"x402 payment {_money(op.amount, op.currency)}: its transfer left the "
+        f"chain before it was final",
+        "support",
+        anchor=op.id,
+        action="Check what followed, then mark it reviewed",
+    )
 
 
 def _duplicate_row(op, now) -> QueueItem:
-    comp = (PaymentOperation.objects.filter(parent=op, is_compensation=True)
-            .order_by("-created_at").first())
+    comp = (
+        PaymentOperation.objects.filter(parent=op, is_compensation=True)
+        .order_by("-created_at")
+        .first()
+    )
     state = f"{comp.kind} {comp.id} is {comp.outcome}" if comp else "no refund yet"
-    return QueueItem(op.settled_at or op.created_at, "operation", op.id, op.purchase_id,
-                     f"duplicate {op.kind} {_money(op.amount, op.currency)} · {state}",
-                     "support" if comp is None or comp.outcome == Outcome.FAILED
-                     else "reconciliation")
+    return QueueItem(
+        op.settled_at or op.created_at,
+        "operation",
+        op.id,
+        op.purchase_id,
+        f"duplicate {op.kind} {_money(op.amount, op.currency)} · {state}",
+        "support" if comp is None or comp.outcome == Outcome.FAILED else "reconciliation",
+    )
 
 
 def _provider_queue_rows(name: str) -> Callable[[QuerySet, int], list]:
@@ -546,90 +667,177 @@ _AS_FETCHED: Rows = lambda objects, now: objects  # noqa: E731 - rows already re
 # -- the registry, in landing-page order --------------------------------------------------
 
 for _spec in [
-    QueueSpec("unknown", "Unknown operations", Action.VIEW,
-              "The provider may have applied these; reconciliation is reading them back.",
-              runbook="unknown-operation",
-              parts=(QueuePart(unknown_operations, "created_at", each(_unknown_row),
-                               related=("purchase",)),)),
-    QueueSpec("paid_without_order", "Paid without order", Action.VIEW,
-              "Payment verified, no order written yet.",
-              runbook="paid-without-order",
-              parts=(QueuePart(paid_without_order, "paid_at", each(_paid_without_order_row),
-                               fetch=_paid_without_order_fetch,
-                               # paid before paid_at was stored: updated_at, as its rows
-                               oldest_fallback="updated_at"),)),
-    QueueSpec("compensation", "Compensation needed", Action.VIEW,
-              "A downstream step failed or is uncertain, or a compensation did not settle.",
-              runbook="compensation-needed",
-              # recovery's query (an OR with a correlated NOT EXISTS) is estimated at
-              # ~200 k at 1 M purchases: alone, so its JIT compiles only itself.
-              parts=(QueuePart(compensation_steps, "created_at", each(_step_row),
-                               count_alone=True),
-                     QueuePart(compensation_operations, "created_at",
-                               each(_compensation_op_row)))),
-    QueueSpec("held", "Held provider events", Action.VIEW,
-              "Signed provider events waiting for the record they name to settle; each "
-              "retry asks for a read-back of that record. Old ones need a person.",
-              runbook="held-provider-event",
-              parts=(QueuePart(held_events, "received_at", each(_held_row)),)),
-    QueueSpec("quarantined", "Quarantined events", Action.VIEW,
-              "Signed provider events that did not match their operation.",
-              runbook="quarantined-event", row_runbook=_quarantined_row_runbook,
-              parts=(QueuePart(quarantined_events, "received_at", each(_quarantined_row)),)),
-    QueueSpec("mismatch", "Amount or currency mismatch", Action.VIEW,
-              "Quarantined events whose amount, currency, purchase or account disagree "
-              "with the operation they name.",
-              runbook="amount-currency-mismatch",
-              parts=(QueuePart(mismatch_events, "received_at", each(_mismatch_row)),)),
-    QueueSpec("stuck_outbox", "Stuck outbox", Action.VIEW,
-              "Follow-up work not processed long after it was due.",
-              runbook="stuck-outbox",
-              parts=(QueuePart(stuck_outbox, "created_at", each(_outbox_row)),)),
-    QueueSpec("settlement", "Settlement discrepancies", Action.VIEW_SETTLEMENT,
-              "Provider balance transactions that disagree with the ledger.",
-              runbook="settlement-discrepancy",
-              parts=(QueuePart(open_discrepancies, "created_at", _settlement_rows),)),
-    QueueSpec("escalated", "Escalated to a recovery owner", Action.VIEW,
-              "Reconciliation deadline passed; a named owner must settle these.",
-              runbook="escalated", sort_by_since=True,
-              parts=(QueuePart(escalated_operations, "created_at", each(_escalated_row),
-                               related=("purchase",)),)),
-    QueueSpec("refund_approval", "Refunds awaiting approval", Action.VIEW,
-              "Console and API refunds waiting for a finance approver.",
-              runbook="refund-awaiting-approval",
-              parts=(QueuePart(refunds_awaiting_approval, "created_at",
-                               each(_refund_approval_row), related=("requested_by_user",)),)),
-    QueueSpec("disputes", "Disputes", Action.VIEW_SETTLEMENT,
-              "Open disputes at the provider, the nearest evidence deadline first.",
-              runbook="dispute-evidence-due",
-              template=provider_queues.QUEUE_TEMPLATES["disputes"],
-              parts=(QueuePart(lambda now: provider_queues.open_disputes(), "opened_at",
-                               _AS_FETCHED, fetch=_provider_queue_rows("disputes")),)),
-    QueueSpec("external", "Made outside Verity", Action.VIEW,
-              "Refunds, captures and cancels the provider reported that no Verity operation "
-              "requested; a finance user reviews each one.",
-              runbook="made-outside-verity",
-              template=provider_queues.QUEUE_TEMPLATES["external"],
-              parts=(QueuePart(lambda now: provider_queues.unreviewed_external_operations(),
-                               "created_at", _AS_FETCHED,
-                               fetch=_provider_queue_rows("external")),)),
-    QueueSpec("overturned", "Manual resolution overturned", Action.VIEW,
-              "Verified provider evidence contradicted a person's resolution; the "
-              "operation now shows the provider's outcome. Check what followed.",
-              runbook="manual-resolution-overturned",
-              parts=(QueuePart(overturned_operations, "settled_at", each(_overturned_row)),)),
-    QueueSpec("x402_transfers_reversed", "x402 payments the chain took back", Action.VIEW,
-              "A succeeded x402 payment whose transfer left the chain before its block was "
-              "final (a reorg, then the payer cancelled): revenue reversed, goods unwound, "
-              "customer told. Check what followed and mark it reviewed.",
-              runbook="x402-transfer-reversed",
-              parts=(QueuePart(_x402_reversed_operations, "settled_at",
-                               each(_x402_reversed_row)),)),
-    QueueSpec("duplicates", "Duplicate charges", Action.VIEW,
-              "A second confirmed charge on one purchase, and the linked refund or void "
-              "that returns it.",
-              runbook="duplicate-charge",
-              parts=(QueuePart(duplicate_operations, "settled_at", each(_duplicate_row)),)),
+    QueueSpec(
+        "unknown",
+        "Unknown operations",
+        Action.VIEW,
+        "The provider may have applied these; reconciliation is reading them back.",
+        runbook="unknown-operation",
+        parts=(
+            QueuePart(unknown_operations, "created_at", each(_unknown_row), related=("purchase",)),
+        ),
+    ),
+    QueueSpec(
+        "paid_without_order",
+        "Paid without order",
+        Action.VIEW,
+        "Payment verified, no order written yet.",
+        runbook="paid-without-order",
+        parts=(
+            QueuePart(
+                paid_without_order,
+                "paid_at",
+                each(_paid_without_order_row),
+                fetch=_paid_without_order_fetch,
+                # paid before paid_at was stored: updated_at, as its rows
+                oldest_fallback="updated_at",
+            ),
+        ),
+    ),
+    QueueSpec(
+        "compensation",
+        "Compensation needed",
+        Action.VIEW,
+        "A downstream step failed or is uncertain, or a compensation did not settle.",
+        runbook="compensation-needed",
+        # recovery's query (an OR with a correlated NOT EXISTS) is estimated at
+        # ~200 k at 1 M purchases: alone, so its JIT compiles only itself.
+        parts=(
+            QueuePart(compensation_steps, "created_at", each(_step_row), count_alone=True),
+            QueuePart(compensation_operations, "created_at", each(_compensation_op_row)),
+        ),
+    ),
+    QueueSpec(
+        "held",
+        "Held provider events",
+        Action.VIEW,
+        "Signed provider events waiting for the record they name to settle; each "
+        "retry asks for a read-back of that record. Old ones need a person.",
+        runbook="held-provider-event",
+        parts=(QueuePart(held_events, "received_at", each(_held_row)),),
+    ),
+    QueueSpec(
+        "quarantined",
+        "Quarantined events",
+        Action.VIEW,
+        "Signed provider events that did not match their operation.",
+        runbook="quarantined-event",
+        row_runbook=_quarantined_row_runbook,
+        parts=(QueuePart(quarantined_events, "received_at", each(_quarantined_row)),),
+    ),
+    QueueSpec(
+        "mismatch",
+        "Amount or currency mismatch",
+        Action.VIEW,
+        "Quarantined events whose amount, currency, purchase or account disagree "
+        "with the operation they name.",
+        runbook="amount-currency-mismatch",
+        parts=(QueuePart(mismatch_events, "received_at", each(_mismatch_row)),),
+    ),
+    QueueSpec(
+        "stuck_outbox",
+        "Stuck outbox",
+        Action.VIEW,
+        "Follow-up work not processed long after it was due.",
+        runbook="stuck-outbox",
+        parts=(QueuePart(stuck_outbox, "created_at", each(_outbox_row)),),
+    ),
+    QueueSpec(
+        "settlement",
+        "Settlement discrepancies",
+        Action.VIEW_SETTLEMENT,
+        "Provider balance transactions that disagree with the ledger.",
+        runbook="settlement-discrepancy",
+        parts=(QueuePart(open_discrepancies, "created_at", _settlement_rows),),
+    ),
+    QueueSpec(
+        "escalated",
+        "Escalated to a recovery owner",
+        Action.VIEW,
+        "Reconciliation deadline passed; a named owner must settle these.",
+        runbook="escalated",
+        sort_by_since=True,
+        parts=(
+            QueuePart(
+                escalated_operations, "created_at", each(_escalated_row), related=("purchase",)
+            ),
+        ),
+    ),
+    QueueSpec(
+        "refund_approval",
+        "Refunds awaiting approval",
+        Action.VIEW,
+        "Console and API refunds waiting for a finance approver.",
+        runbook="refund-awaiting-approval",
+        parts=(
+            QueuePart(
+                refunds_awaiting_approval,
+                "created_at",
+                each(_refund_approval_row),
+                related=("requested_by_user",),
+            ),
+        ),
+    ),
+    QueueSpec(
+        "disputes",
+        "Disputes",
+        Action.VIEW_SETTLEMENT,
+        "Open disputes at the provider, the nearest evidence deadline first.",
+        runbook="dispute-evidence-due",
+        template=provider_queues.QUEUE_TEMPLATES["disputes"],
+        parts=(
+            QueuePart(
+                lambda now: provider_queues.open_disputes(),
+                "opened_at",
+                _AS_FETCHED,
+                fetch=_provider_queue_rows("disputes"),
+            ),
+        ),
+    ),
+    QueueSpec(
+        "external",
+        "Made outside Verity",
+        Action.VIEW,
+        "Refunds, captures and cancels the provider reported that no Verity operation "
+        "requested; a finance user reviews each one.",
+        runbook="made-outside-verity",
+        template=provider_queues.QUEUE_TEMPLATES["external"],
+        parts=(
+            QueuePart(
+                lambda now: provider_queues.unreviewed_external_operations(),
+                "created_at",
+                _AS_FETCHED,
+                fetch=_provider_queue_rows("external"),
+            ),
+        ),
+    ),
+    QueueSpec(
+        "overturned",
+        "Manual resolution overturned",
+        Action.VIEW,
+        "Verified provider evidence contradicted a person's resolution; the "
+        "operation now shows the provider's outcome. Check what followed.",
+        runbook="manual-resolution-overturned",
+        parts=(QueuePart(overturned_operations, "settled_at", each(_overturned_row)),),
+    ),
+    QueueSpec(
+        "x402_transfers_reversed",
+        "x402 payments the chain took back",
+        Action.VIEW,
+        "A succeeded x402 payment whose transfer left the chain before its block was "
+        "final (a reorg, then the payer cancelled): revenue reversed, goods unwound, "
+        "customer told. Check what followed and mark it reviewed.",
+        runbook="x402-transfer-reversed",
+        parts=(QueuePart(_x402_reversed_operations, "settled_at", each(_x402_reversed_row)),),
+    ),
+    QueueSpec(
+        "duplicates",
+        "Duplicate charges",
+        Action.VIEW,
+        "A second confirmed charge on one purchase, and the linked refund or void that returns it.",
+        runbook="duplicate-charge",
+        parts=(QueuePart(duplicate_operations, "settled_at", each(_duplicate_row)),),
+    ),
 ]:
     queue_register(_spec)
 del _spec

@@ -13,6 +13,7 @@ placeholder keep the runbooks from drifting away from the code they describe:
 The files are repository content (trusted, reviewed like code); substituted values are
 HTML-escaped anyway.
 """
+
 from __future__ import annotations
 
 import html
@@ -39,15 +40,31 @@ RUNBOOK_QUEUE: dict[str, str] = {slug: q for q, slug in QUEUE_RUNBOOK.items()}
 
 # The settings a runbook may quote: timings, limits and who gets escalations. Never a
 # secret, a URL with credentials or anything the environment adds later by default.
-RUNBOOK_SETTINGS = frozenset({
-    "DISPATCH_LEASE_SECONDS", "RECONCILE_SCHEDULE_SECONDS", "RECONCILE_DEADLINE_SECONDS",
-    "RECOVERY_OWNER_DEFAULT", "OUTBOX_SWEEP_SECONDS", "OUTBOX_LEASE_SECONDS",
-    "OUTBOX_STUCK_ATTEMPTS", "OUTBOX_STUCK_SECONDS", "OUTBOX_BACKOFF_BASE_SECONDS",
-    "OUTBOX_BACKOFF_CAP_SECONDS", "STEP_LEASE_SECONDS", "STEP_MAX_ATTEMPTS", "STEP_RETRY_LIMIT",
-    "PAID_WITHOUT_ORDER_SECONDS", "DELIVERABLE_RETENTION_DAYS", "SETTLEMENT_WINDOW_HOURS",
-    "SETTLEMENT_GRACE_SECONDS", "IDEMPOTENCY_LEASE_SECONDS", "SUPPORT_CONTACT",
-    "X402_MAX_TIMEOUT_SECONDS", "X402_CONFIRMATIONS",
-})
+RUNBOOK_SETTINGS = frozenset(
+    {
+        "DISPATCH_LEASE_SECONDS",
+        "RECONCILE_SCHEDULE_SECONDS",
+        "RECONCILE_DEADLINE_SECONDS",
+        "RECOVERY_OWNER_DEFAULT",
+        "OUTBOX_SWEEP_SECONDS",
+        "OUTBOX_LEASE_SECONDS",
+        "OUTBOX_STUCK_ATTEMPTS",
+        "OUTBOX_STUCK_SECONDS",
+        "OUTBOX_BACKOFF_BASE_SECONDS",
+        "OUTBOX_BACKOFF_CAP_SECONDS",
+        "STEP_LEASE_SECONDS",
+        "STEP_MAX_ATTEMPTS",
+        "STEP_RETRY_LIMIT",
+        "PAID_WITHOUT_ORDER_SECONDS",
+        "DELIVERABLE_RETENTION_DAYS",
+        "SETTLEMENT_WINDOW_HOURS",
+        "SETTLEMENT_GRACE_SECONDS",
+        "IDEMPOTENCY_LEASE_SECONDS",
+        "SUPPORT_CONTACT",
+        "X402_MAX_TIMEOUT_SECONDS",
+        "X402_CONFIRMATIONS",
+    }
+)
 
 _TOKEN = re.compile(r"\[\[(customer|roles|setting):([A-Za-z0-9_]+)\]\]")
 
@@ -75,10 +92,13 @@ def _customer_quote(key: str) -> str:
     if key not in customer_copy.WORDS:
         return f"(unknown customer wording {key})"
     headline, message = customer_copy.wording(
-        key, contact=getattr(settings, "SUPPORT_CONTACT", "") or "‹support contact›")
-    return (f'\n\n> **{html.escape(headline)}**  \n> {html.escape(message)}\n'
-            f'> <small class="meta">Customer page wording `{key}` '
-            f'(payments/customer_copy.py)</small>\n\n')
+        key, contact=getattr(settings, "SUPPORT_CONTACT", "") or "‹support contact›"
+    )
+    return (
+        f"\n\n> **{html.escape(headline)}**  \n> {html.escape(message)}\n"
+        f'> <small class="meta">Customer page wording `{key}` '
+        f"(payments/customer_copy.py)</small>\n\n"
+    )
 
 
 # "`[[setting:X_SECONDS]]` seconds" in a runbook reads as a duration ("3 days"), not as
@@ -135,9 +155,14 @@ def _load(slug: str, mtime: float) -> Runbook:
     md = markdown.Markdown(extensions=["meta", "tables", "sane_lists", "toc"])
     body = md.convert(_substitute(path.read_text(encoding="utf-8")))
     meta = {k: " ".join(v) for k, v in getattr(md, "Meta", {}).items()}
-    return Runbook(slug=slug, title=meta.get("title", slug), version=meta.get("version", ""),
-                   queue=meta.get("queue", RUNBOOK_QUEUE.get(slug, "")), html=body,
-                   path=f"docs/runbooks/{slug}.md")
+    return Runbook(
+        slug=slug,
+        title=meta.get("title", slug),
+        version=meta.get("version", ""),
+        queue=meta.get("queue", RUNBOOK_QUEUE.get(slug, "")),
+        html=body,
+        path=f"docs/runbooks/{slug}.md",
+    )
 
 
 @receiver(setting_changed)

@@ -8,6 +8,7 @@ the before/after snapshot a person saw). Actions that call the provider
 transaction, as every provider call in Verity does, and audit in their own
 transaction right after.
 """
+
 from __future__ import annotations
 
 import logging
@@ -86,7 +87,8 @@ class ConsoleError(Exception):
 
 # -------------------------------------------------------------- one-time form tokens
 # A console form that moves money makes its effect once
-# (docs/console.md#one-submission-per-form): the page carries a token minted when it was rendered; the action consumes it
+# (docs/console.md#one-submission-per-form): the page carries a token minted when it was rendered;
+# the action consumes it
 # in the transaction that makes the effect. A double click, a resent POST or two tabs of
 # the same page are one submission: the later ones are shown the first one's result.
 
@@ -110,20 +112,30 @@ def form_token_mint(user) -> str:
 def _form_nonce(token: str | None, user, *, required: bool) -> str | None:
     if not token:
         if required:
-            raise ConsoleError("form_token_missing", "This form came without its one-time "
-                               "token: reload the page and submit it again.", 400)
+            raise ConsoleError(
+                "form_token_missing",
+                "This form came without its one-time token: reload the page and submit it again.",
+                400,
+            )
         return None
     try:
         data = signing.loads(token, salt=FORM_TOKEN_SALT, max_age=FORM_TOKEN_MAX_AGE_SECONDS)
     except signing.SignatureExpired:
-        raise ConsoleError("form_expired", "This form is too old: reload the page and "
-                           "submit it again.", 409) from None
+        raise ConsoleError(
+            "form_expired", "This form is too old: reload the page and submit it again.", 409
+        ) from None
     except signing.BadSignature:
-        raise ConsoleError("form_token_invalid", "This form's one-time token is not valid: "
-                           "reload the page and submit it again.", 400) from None
+        raise ConsoleError(
+            "form_token_invalid",
+            "This form's one-time token is not valid: reload the page and submit it again.",
+            400,
+        ) from None
     if data.get("u") != user.pk:
-        raise ConsoleError("form_token_invalid", "This form was rendered for another user: "
-                           "reload the page and submit it again.", 400)
+        raise ConsoleError(
+            "form_token_invalid",
+            "This form was rendered for another user: reload the page and submit it again.",
+            400,
+        )
     return str(data["n"])[:64]
 
 
@@ -132,15 +144,21 @@ def _first_result(row: FormSubmission) -> str:
         op = PaymentOperation.objects.filter(pk=row.result_id).first()
         if op is not None:
             amount = format_money(op.amount, op.currency)
-            return (f"This form was already submitted: {op.kind} {op.pk} of {amount} is "
-                    f"{op.outcome.replace('_', ' ')}. Nothing new was requested.")
+            return (
+                f"This form was already submitted: {op.kind} {op.pk} of {amount} is "
+                f"{op.outcome.replace('_', ' ')}. Nothing new was requested."
+            )
     if row.result_type == "purchase":
         purchase = Purchase.objects.filter(pk=row.result_id).first()
         if purchase is not None:
-            return (f"This form was already submitted: purchase {purchase.pk} is "
-                    f"{purchase.status.replace('_', ' ')}. Nothing new was done.")
-    return ("This form was already submitted (its result is on its way); nothing new was "
-            "done. Reload the page to see it.")
+            return (
+                f"This form was already submitted: purchase {purchase.pk} is "
+                f"{purchase.status.replace('_', ' ')}. Nothing new was done."
+            )
+    return (
+        "This form was already submitted (its result is on its way); nothing new was "
+        "done. Reload the page to see it."
+    )
 
 
 def _form_claim(nonce: str | None, *, user, action: str, target_id: str) -> None:
@@ -152,11 +170,11 @@ def _form_claim(nonce: str | None, *, user, action: str, target_id: str) -> None
         return
     try:
         with transaction.atomic():
-            FormSubmission.objects.create(nonce=nonce, user=user, action=action,
-                                          target_id=target_id)
+            FormSubmission.objects.create(
+                nonce=nonce, user=user, action=action, target_id=target_id
+            )
     except IntegrityError:
-        raise FormAlreadySubmitted(_first_result(FormSubmission.objects.get(nonce=nonce))) \
-            from None
+        raise FormAlreadySubmitted(_first_result(FormSubmission.objects.get(nonce=nonce))) from None
 
 
 def _form_result(nonce: str | None, changed) -> None:
@@ -165,7 +183,8 @@ def _form_result(nonce: str | None, changed) -> None:
         return
     FormSubmission.objects.filter(nonce=nonce).update(
         result_type="purchase" if isinstance(changed, Purchase) else "operation",
-        result_id=changed.pk)
+        result_id=changed.pk,
+    )
 
 
 def _form_release(nonce: str | None) -> None:
@@ -185,9 +204,14 @@ def _reason_required(reason: str) -> str:
 def _op_snapshot(op: PaymentOperation | None) -> dict:
     if op is None:
         return {}
-    return {"outcome": op.outcome, "stage": op.stage, "grade": op.grade,
-            "verification": op.verification, "reason": op.reason,
-            "next_action_owner": op.next_action_owner}
+    return {
+        "outcome": op.outcome,
+        "stage": op.stage,
+        "grade": op.grade,
+        "verification": op.verification,
+        "reason": op.reason,
+        "next_action_owner": op.next_action_owner,
+    }
 
 
 def _purchase_snapshot(purchase: Purchase | None) -> dict:
@@ -198,39 +222,88 @@ def _reload_op(operation_id: str) -> PaymentOperation:
     return PaymentOperation.objects.get(pk=operation_id)
 
 
-def audit_write(*, user, action: str, target_type: str, target_id: str, reason: str,
-                purchase_id: str = "", ip: str | None = None, before: dict | None = None,
-                after: dict | None = None, detail: dict | None = None) -> AuditEntry:
+def audit_write(
+    *,
+    user,
+    action: str,
+    target_type: str,
+    target_id: str,
+    reason: str,
+    purchase_id: str = "",
+    ip: str | None = None,
+    before: dict | None = None,
+    after: dict | None = None,
+    detail: dict | None = None,
+) -> AuditEntry:
     """Append one audit row. Must run inside the caller's transaction (same commit as
     the change it records)."""
     return audit_services.audit_write(
-        actor=user.get_username(), action=action, target_type=target_type,
-        target_id=target_id, purchase_id=purchase_id, reason=reason, ip=ip, before=before,
-        after=after, detail=detail)
+        actor=user.get_username(),
+        action=action,
+        target_type=target_type,
+        target_id=target_id,
+        purchase_id=purchase_id,
+        reason=reason,
+        ip=ip,
+        before=before,
+        after=after,
+        detail=detail,
+    )
 
 
 @contextmanager
-def _core_refusals_audited(*, user, ip: str | None, action: str, target_type: str,
-                           target_id: str, reason: str, purchase_id: str):
+def _core_refusals_audited(
+    *,
+    user,
+    ip: str | None,
+    action: str,
+    target_type: str,
+    target_id: str,
+    reason: str,
+    purchase_id: str,
+):
     """A refusal from the core (DomainError) is audited as `<action>.refused`, with the
     IP, and shown to the console as a ConsoleError."""
     try:
         yield
     except DomainError as e:
-        _audit_refusal(user=user, action=action, target_type=target_type,
-                       target_id=target_id, reason=reason, purchase_id=purchase_id, ip=ip,
-                       code=e.code)
+        _audit_refusal(
+            user=user,
+            action=action,
+            target_type=target_type,
+            target_id=target_id,
+            reason=reason,
+            purchase_id=purchase_id,
+            ip=ip,
+            code=e.code,
+        )
         raise ConsoleError(e.code, e.message, e.status) from e
 
 
-def _audit_refusal(*, user, action: str, target_type: str, target_id: str, reason: str,
-                   purchase_id: str, ip: str | None, code: str) -> None:
+def _audit_refusal(
+    *,
+    user,
+    action: str,
+    target_type: str,
+    target_id: str,
+    reason: str,
+    purchase_id: str,
+    ip: str | None,
+    code: str,
+) -> None:
     # A refused manual action is still a console action worth knowing about (e.g. a
     # requester trying to resolve their own operation).
     with transaction.atomic():
-        audit_write(user=user, action=f"{action}.refused", target_type=target_type,
-                    target_id=target_id, reason=reason or "(none)", purchase_id=purchase_id,
-                    ip=ip, detail={"code": code})
+        audit_write(
+            user=user,
+            action=f"{action}.refused",
+            target_type=target_type,
+            target_id=target_id,
+            reason=reason or "(none)",
+            purchase_id=purchase_id,
+            ip=ip,
+            detail={"code": code},
+        )
 
 
 # ------------------------------------------------------------------------- notes
@@ -244,9 +317,16 @@ def note_add(*, purchase_id: str, user, body: str, ip: str | None = None) -> Not
         if purchase is None:
             raise ConsoleError("not_found", "No such purchase.", 404)
         note = Note.objects.create(purchase_id=purchase_id, author=user, body=body)
-        audit_write(user=user, action=AuditAction.CONSOLE_NOTE_ADD, target_type="purchase",
-                    target_id=purchase_id, purchase_id=purchase_id, reason=body, ip=ip,
-                    after={"note": note.pk})
+        audit_write(
+            user=user,
+            action=AuditAction.CONSOLE_NOTE_ADD,
+            target_type="purchase",
+            target_id=purchase_id,
+            purchase_id=purchase_id,
+            reason=body,
+            ip=ip,
+            after={"note": note.pk},
+        )
     return note
 
 
@@ -268,13 +348,26 @@ class Txn(Enum):
     INSIDE = "inside"  # the core reads the provider, then runs `record` in its own transaction
 
 
-def _act_by_user(*, user, ip: str | None, permission: Action, action: str, reason: str,
-                 act: Callable[..., Any], txn: Txn = Txn.AROUND, operation_id: str = "",
-                 purchase_id: str = "", check: Callable[[], None] | None = None,
-                 not_by_requester: tuple[str, str] | None = None, verify_first: bool = False,
-                 with_purchase: bool = False, before: Callable[[Any], dict] | None = None,
-                 after: Callable[[Any], dict] | None = None, form_token: str | None = None,
-                 form_token_required: bool = False):
+def _act_by_user(
+    *,
+    user,
+    ip: str | None,
+    permission: Action,
+    action: str,
+    reason: str,
+    act: Callable[..., Any],
+    txn: Txn = Txn.AROUND,
+    operation_id: str = "",
+    purchase_id: str = "",
+    check: Callable[[], None] | None = None,
+    not_by_requester: tuple[str, str] | None = None,
+    verify_first: bool = False,
+    with_purchase: bool = False,
+    before: Callable[[Any], dict] | None = None,
+    after: Callable[[Any], dict] | None = None,
+    form_token: str | None = None,
+    form_token_required: bool = False,
+):
     """The one shape of a console action on an operation or a purchase: check the role, ask
     for a reason, load the target (404 if gone), refuse the requester where the rule says
     so, snapshot it, run the core's service (`act(reason)`; `act(reason, record)` for
@@ -298,9 +391,16 @@ def _act_by_user(*, user, ip: str | None, permission: Action, action: str, reaso
         if not_by_requester and target.requested_by_user_id == user.pk:
             # Checked here as well as in the core so the refusal is audited with the IP.
             code, message = not_by_requester
-            _audit_refusal(user=user, action=action, target_type="operation",
-                           target_id=operation_id, reason=reason, purchase_id=purchase_id,
-                           ip=ip, code=code)
+            _audit_refusal(
+                user=user,
+                action=action,
+                target_type="operation",
+                target_id=operation_id,
+                reason=reason,
+                purchase_id=purchase_id,
+                ip=ip,
+                code=code,
+            )
             raise ConsoleError(code, message, 403)
     else:
         target = Purchase.objects.filter(pk=purchase_id).first()
@@ -311,26 +411,41 @@ def _act_by_user(*, user, ip: str | None, permission: Action, action: str, reaso
         if isinstance(obj, Purchase):
             return _purchase_snapshot(obj)
         if with_purchase:
-            return {**_op_snapshot(obj),
-                    **_purchase_snapshot(Purchase.objects.get(pk=obj.purchase_id))}
+            return {
+                **_op_snapshot(obj),
+                **_purchase_snapshot(Purchase.objects.get(pk=obj.purchase_id)),
+            }
         return _op_snapshot(obj)
 
     was = before(target) if before else snapshot(target)
 
     def record(changed) -> None:
-        audit_write(user=user, action=action,
-                    target_type="purchase" if isinstance(changed, Purchase) else "operation",
-                    target_id=changed.pk, purchase_id=purchase_id, reason=reason, ip=ip,
-                    before=was, after=after(changed) if after else snapshot(changed))
+        audit_write(
+            user=user,
+            action=action,
+            target_type="purchase" if isinstance(changed, Purchase) else "operation",
+            target_id=changed.pk,
+            purchase_id=purchase_id,
+            reason=reason,
+            ip=ip,
+            before=was,
+            after=after(changed) if after else snapshot(changed),
+        )
 
-    with _core_refusals_audited(user=user, ip=ip, action=action,
-                                target_type="operation" if operation_id else "purchase",
-                                target_id=operation_id or purchase_id, reason=reason,
-                                purchase_id=purchase_id):
+    with _core_refusals_audited(
+        user=user,
+        ip=ip,
+        action=action,
+        target_type="operation" if operation_id else "purchase",
+        target_id=operation_id or purchase_id,
+        reason=reason,
+        purchase_id=purchase_id,
+    ):
         claim = dict(user=user, action=action, target_id=operation_id or purchase_id)
         if verify_first:  # a payment only a person settled is read back first (network)
             operations_verify_before_follow_up(purchase_id=purchase_id)
         if txn is Txn.INSIDE:
+
             def bind(resolved) -> None:
                 _form_claim(nonce, **claim)
                 changed = _reload_op(operation_id)
@@ -372,161 +487,250 @@ def _dispatch_after_commit(op: PaymentOperation, what: str) -> PaymentOperation:
         return _reload_op(op.pk)
 
 
-def operation_reconcile_by_user(*, operation_id: str, user, reason: str,
-                                ip: str | None = None) -> PaymentOperation:
+def operation_reconcile_by_user(
+    *, operation_id: str, user, reason: str, ip: str | None = None
+) -> PaymentOperation:
     """Read the provider back now (read-only at the provider)."""
     return _act_by_user(
-        user=user, ip=ip, permission=Action.RECONCILE, action=AuditAction.CONSOLE_RECONCILE,
-        reason=reason, operation_id=operation_id, txn=Txn.AFTER,
-        act=lambda reason: operation_reconcile(operation_id=operation_id,
-                                               actor=user.get_username()))
+        user=user,
+        ip=ip,
+        permission=Action.RECONCILE,
+        action=AuditAction.CONSOLE_RECONCILE,
+        reason=reason,
+        operation_id=operation_id,
+        txn=Txn.AFTER,
+        act=lambda reason: operation_reconcile(
+            operation_id=operation_id, actor=user.get_username()
+        ),
+    )
 
 
-def operation_resolve_by_user(*, operation_id: str, outcome: str, user, reason: str,
-                              ip: str | None = None,
-                              form_token: str | None = None) -> PaymentOperation:
+def operation_resolve_by_user(
+    *,
+    operation_id: str,
+    outcome: str,
+    user,
+    reason: str,
+    ip: str | None = None,
+    form_token: str | None = None,
+) -> PaymentOperation:
     """Manual resolution (grade acknowledged, verification manual); never by the person
     or client that requested the operation (the core refuses `resolver_is_requester`).
     The core reads the provider back first (outside any transaction), then records the
     console row inside its resolving transaction: the row commits with the resolution."""
+
     def check() -> None:
         if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):
             raise ConsoleError("invalid_outcome", "Resolve as succeeded or failed.", 422)
 
     return _act_by_user(
         form_token=form_token,
-        user=user, ip=ip, permission=Action.RESOLVE, action=AuditAction.CONSOLE_RESOLVE, reason=reason,
-        operation_id=operation_id, txn=Txn.INSIDE, check=check, with_purchase=True,
-        not_by_requester=("resolver_is_requester",
-                          "The person who requested an operation cannot resolve it."),
+        user=user,
+        ip=ip,
+        permission=Action.RESOLVE,
+        action=AuditAction.CONSOLE_RESOLVE,
+        reason=reason,
+        operation_id=operation_id,
+        txn=Txn.INSIDE,
+        check=check,
+        with_purchase=True,
+        not_by_requester=(
+            "resolver_is_requester",
+            "The person who requested an operation cannot resolve it.",
+        ),
         act=lambda reason, record: operation_resolve_manual(
-            operation_id=operation_id, outcome=outcome, reason=reason,
-            actor=user.get_username(), acting_user=user, audit=False, bind=record))
+            operation_id=operation_id,
+            outcome=outcome,
+            reason=reason,
+            actor=user.get_username(),
+            acting_user=user,
+            audit=False,
+            bind=record,
+        ),
+    )
 
 
-def operation_replay_by_user(*, operation_id: str, user, reason: str,
-                             ip: str | None = None,
-                             form_token: str | None = None) -> PaymentOperation:
+def operation_replay_by_user(
+    *, operation_id: str, user, reason: str, ip: str | None = None, form_token: str | None = None
+) -> PaymentOperation:
     """Resend with the same provider key (only where the provider dedupes keys)."""
     return _act_by_user(
         form_token=form_token,
-        user=user, ip=ip, permission=Action.REPLAY, action=AuditAction.CONSOLE_REPLAY, reason=reason,
-        operation_id=operation_id, txn=Txn.AFTER,
-        act=lambda reason: operation_replay(operation_id=operation_id,
-                                            actor=user.get_username(), acting_user=user))
+        user=user,
+        ip=ip,
+        permission=Action.REPLAY,
+        action=AuditAction.CONSOLE_REPLAY,
+        reason=reason,
+        operation_id=operation_id,
+        txn=Txn.AFTER,
+        act=lambda reason: operation_replay(
+            operation_id=operation_id, actor=user.get_username(), acting_user=user
+        ),
+    )
 
 
-def operation_cancel_unapplied_by_user(*, operation_id: str, user, reason: str,
-                                       ip: str | None = None,
-                                       form_token: str | None = None) -> PaymentOperation:
-    """"Cancel at the provider and mark failed" for a confirm the provider never applied:
+def operation_cancel_unapplied_by_user(
+    *, operation_id: str, user, reason: str, ip: str | None = None, form_token: str | None = None
+) -> PaymentOperation:
+    """ "Cancel at the provider and mark failed" for a confirm the provider never applied:
     a write (the provider call runs outside any transaction), audited with its reason,
     refused (and the refusal audited) if the provider applied it or the cancel fails."""
     return _act_by_user(
         form_token=form_token,
-        user=user, ip=ip, permission=Action.RESOLVE, action=AuditAction.CONSOLE_CANCEL_UNAPPLIED,
-        reason=reason, operation_id=operation_id, txn=Txn.AFTER, with_purchase=True,
-        act=lambda reason: operation_cancel_unapplied(operation_id=operation_id,
-                                                      reason=reason,
-                                                      actor=user.get_username()))
+        user=user,
+        ip=ip,
+        permission=Action.RESOLVE,
+        action=AuditAction.CONSOLE_CANCEL_UNAPPLIED,
+        reason=reason,
+        operation_id=operation_id,
+        txn=Txn.AFTER,
+        with_purchase=True,
+        act=lambda reason: operation_cancel_unapplied(
+            operation_id=operation_id, reason=reason, actor=user.get_username()
+        ),
+    )
 
 
 # ------------------------------------------------------------------------ refunds
 
 
-def refund_request_by_user(*, purchase_id: str, user, reason: str, amount: int | None = None,
-                           ip: str | None = None,
-                           form_token: str | None = None,
-                           form_token_required: bool = False) -> PaymentOperation:
+def refund_request_by_user(
+    *,
+    purchase_id: str,
+    user,
+    reason: str,
+    amount: int | None = None,
+    ip: str | None = None,
+    form_token: str | None = None,
+    form_token_required: bool = False,
+) -> PaymentOperation:
     """A console refund starts awaiting_approval (docs/console.md#refund-approval)."""
     try:
         return _act_by_user(
-            form_token=form_token, form_token_required=form_token_required,
-            user=user, ip=ip, permission=Action.REQUEST_REFUND,
-            action=AuditAction.CONSOLE_REFUND_REQUEST, reason=reason, purchase_id=purchase_id,
+            form_token=form_token,
+            form_token_required=form_token_required,
+            user=user,
+            ip=ip,
+            permission=Action.REQUEST_REFUND,
+            action=AuditAction.CONSOLE_REFUND_REQUEST,
+            reason=reason,
+            purchase_id=purchase_id,
             verify_first=True,
-            act=lambda reason: refund_request(purchase_id=purchase_id, amount=amount,
-                                              acting_user=user),
-            after=lambda op: {**_op_snapshot(op), "amount": op.amount,
-                              "currency": op.currency})
+            act=lambda reason: refund_request(
+                purchase_id=purchase_id, amount=amount, acting_user=user
+            ),
+            after=lambda op: {**_op_snapshot(op), "amount": op.amount, "currency": op.currency},
+        )
     except ConsoleError as e:
         refundable = getattr(e.__cause__, "extra", {}).get("refundable")
         if refundable is not None:
             # The core speaks minor units ("1500 usd"); people read major units.
             currency = Purchase.objects.get(pk=purchase_id).currency
-            raise ConsoleError(e.code, "Refundable now: "
-                               f"{format_money(refundable, currency)}.",
-                               e.status) from e.__cause__
+            raise ConsoleError(
+                e.code, f"Refundable now: {format_money(refundable, currency)}.", e.status
+            ) from e.__cause__
         raise
 
 
-def refund_approve_by_user(*, operation_id: str, user, reason: str,
-                           ip: str | None = None,
-                           form_token: str | None = None) -> PaymentOperation:
+def refund_approve_by_user(
+    *, operation_id: str, user, reason: str, ip: str | None = None, form_token: str | None = None
+) -> PaymentOperation:
     """Finance approves a refund someone else requested, then it is dispatched."""
     op = _act_by_user(
         form_token=form_token,
-        user=user, ip=ip, permission=Action.APPROVE_REFUND, action=AuditAction.CONSOLE_REFUND_APPROVE,
-        reason=reason, operation_id=operation_id,
-        not_by_requester=("approver_is_requester",
-                          "The person who requested a refund cannot approve it."),
-        act=lambda reason: refund_approve(operation_id=operation_id, acting_user=user,
-                                          reason=reason, audit=False))
+        user=user,
+        ip=ip,
+        permission=Action.APPROVE_REFUND,
+        action=AuditAction.CONSOLE_REFUND_APPROVE,
+        reason=reason,
+        operation_id=operation_id,
+        not_by_requester=(
+            "approver_is_requester",
+            "The person who requested a refund cannot approve it.",
+        ),
+        act=lambda reason: refund_approve(
+            operation_id=operation_id, acting_user=user, reason=reason, audit=False
+        ),
+    )
     return _dispatch_after_commit(op, "refund after approval")
 
 
-def refund_decline_by_user(*, operation_id: str, user, reason: str,
-                           ip: str | None = None,
-                           form_token: str | None = None) -> PaymentOperation:
+def refund_decline_by_user(
+    *, operation_id: str, user, reason: str, ip: str | None = None, form_token: str | None = None
+) -> PaymentOperation:
     """Finance declines a refund awaiting approval: nothing goes to the provider, and the
     refundable amount is free again. Any finance user may decline (the requester too: a
     decline moves no money)."""
     return _act_by_user(
         form_token=form_token,
-        user=user, ip=ip, permission=Action.APPROVE_REFUND, action=AuditAction.CONSOLE_REFUND_DECLINE,
-        reason=reason, operation_id=operation_id,
-        act=lambda reason: refund_decline(operation_id=operation_id, reason=reason,
-                                          actor=user.get_username(), acting_user=user))
+        user=user,
+        ip=ip,
+        permission=Action.APPROVE_REFUND,
+        action=AuditAction.CONSOLE_REFUND_DECLINE,
+        reason=reason,
+        operation_id=operation_id,
+        act=lambda reason: refund_decline(
+            operation_id=operation_id, reason=reason, actor=user.get_username(), acting_user=user
+        ),
+    )
 
 
-def overturn_review_by_user(*, operation_id: str, user, reason: str,
-                            ip: str | None = None,
-                            form_token: str | None = None) -> PaymentOperation:
+def overturn_review_by_user(
+    *, operation_id: str, user, reason: str, ip: str | None = None, form_token: str | None = None
+) -> PaymentOperation:
     """Close a "manual resolution overturned" queue item after checking what followed."""
     return _act_by_user(
         form_token=form_token,
-        user=user, ip=ip, permission=Action.RESOLVE, action=AuditAction.CONSOLE_OVERTURN_REVIEW,
-        reason=reason, operation_id=operation_id,
-        act=lambda reason: operation_overturn_review(operation_id=operation_id,
-                                                     actor=user.get_username(),
-                                                     reason=reason))
+        user=user,
+        ip=ip,
+        permission=Action.RESOLVE,
+        action=AuditAction.CONSOLE_OVERTURN_REVIEW,
+        reason=reason,
+        operation_id=operation_id,
+        act=lambda reason: operation_overturn_review(
+            operation_id=operation_id, actor=user.get_username(), reason=reason
+        ),
+    )
 
 
-def void_by_user(*, purchase_id: str, user, reason: str,
-                 ip: str | None = None,
-                 form_token: str | None = None) -> PaymentOperation:
+def void_by_user(
+    *, purchase_id: str, user, reason: str, ip: str | None = None, form_token: str | None = None
+) -> PaymentOperation:
     """An operator voids an authorization, also after fulfilment started (the API refuses
     that with `fulfilment_started`): the decision is recorded, the void is sent, and when
     the provider confirms it the purchase is `voided` and the order cancelled."""
     op = _act_by_user(
         form_token=form_token,
-        user=user, ip=ip, permission=Action.RESOLVE, action=AuditAction.CONSOLE_VOID, reason=reason,
-        purchase_id=purchase_id, verify_first=True,
-        act=lambda reason: void_create(purchase_id=purchase_id, acting_user=user,
-                                       after_fulfilment=True))
+        user=user,
+        ip=ip,
+        permission=Action.RESOLVE,
+        action=AuditAction.CONSOLE_VOID,
+        reason=reason,
+        purchase_id=purchase_id,
+        verify_first=True,
+        act=lambda reason: void_create(
+            purchase_id=purchase_id, acting_user=user, after_fulfilment=True
+        ),
+    )
     return _dispatch_after_commit(op, "void")
 
 
-def purchase_cancel_by_user(*, purchase_id: str, user, reason: str,
-                            ip: str | None = None,
-                            form_token: str | None = None) -> Purchase:
+def purchase_cancel_by_user(
+    *, purchase_id: str, user, reason: str, ip: str | None = None, form_token: str | None = None
+) -> Purchase:
     """Support cancels a purchase before any payment was claimed."""
     return _act_by_user(
         form_token=form_token,
-        user=user, ip=ip, permission=Action.REQUEST_REFUND, action=AuditAction.CONSOLE_CANCEL,
-        reason=reason, purchase_id=purchase_id,
-        act=lambda reason: purchase_cancel(purchase_id=purchase_id, acting_user=user,
-                                           reason=reason))
+        user=user,
+        ip=ip,
+        permission=Action.REQUEST_REFUND,
+        action=AuditAction.CONSOLE_CANCEL,
+        reason=reason,
+        purchase_id=purchase_id,
+        act=lambda reason: purchase_cancel(
+            purchase_id=purchase_id, acting_user=user, reason=reason
+        ),
+    )
 
 
 # ------------------------------------------------------------- queue decisions
@@ -539,8 +743,9 @@ class StepDecision:
     DONE = "done"  # mark handled: the step was done by hand outside Verity
 
 
-def step_decide_by_user(*, purchase_id: str, step: str, decision: str, user, reason: str,
-                        ip: str | None = None):
+def step_decide_by_user(
+    *, purchase_id: str, step: str, decision: str, user, reason: str, ip: str | None = None
+):
     """Complete a compensation-queue step forward or mark it handled. recovery's
     step_resolve writes the one audit row (with this IP) and resumes the purchase in the
     same transaction. Compensating instead is a refund request (finance approves)."""
@@ -549,24 +754,31 @@ def step_decide_by_user(*, purchase_id: str, step: str, decision: str, user, rea
     if decision not in (StepDecision.RETRY, StepDecision.DONE):
         raise ConsoleError("invalid_decision", "Run the step again or mark it handled.", 422)
     try:
-        return recovery_services.step_resolve(purchase_id=purchase_id, step=step,
-                                              resolution=decision, actor=user.get_username(),
-                                              reason=reason, ip=ip)
+        return recovery_services.step_resolve(
+            purchase_id=purchase_id,
+            step=step,
+            resolution=decision,
+            actor=user.get_username(),
+            reason=reason,
+            ip=ip,
+        )
     except ObjectDoesNotExist as e:
         raise ConsoleError("not_found", f"No step {step} on this purchase.", 404) from e
     except ValueError as e:
         raise ConsoleError("step_not_waiting", str(e), 409) from e
 
 
-def discrepancy_explain_by_user(*, discrepancy_id: int, user, reason: str,
-                                ip: str | None = None) -> bool:
+def discrepancy_explain_by_user(
+    *, discrepancy_id: int, user, reason: str, ip: str | None = None
+) -> bool:
     """Finance acknowledges a settlement discrepancy with its explanation and closes it
     (one audit row, written by recovery in the same transaction)."""
     require(user, Action.SETTLE_DISCREPANCY)
     reason = _reason_required(reason)
     try:
         closed = recovery_services.discrepancy_resolve(
-            discrepancy_id=discrepancy_id, actor=user.get_username(), reason=reason, ip=ip)
+            discrepancy_id=discrepancy_id, actor=user.get_username(), reason=reason, ip=ip
+        )
     except ObjectDoesNotExist as e:
         raise ConsoleError("not_found", "No such discrepancy.", 404) from e
     if not closed:
@@ -579,9 +791,9 @@ def outbox_retry_by_user(*, message_id: int, user, reason: str, ip: str | None =
     require(user, Action.RETRY_OUTBOX)
     reason = _reason_required(reason)
     try:
-        return recovery_services.outbox_retry_now(message_id=message_id,
-                                                  actor=user.get_username(), reason=reason,
-                                                  ip=ip)
+        return recovery_services.outbox_retry_now(
+            message_id=message_id, actor=user.get_username(), reason=reason, ip=ip
+        )
     except recovery_services.OutboxRetryRefused as e:
         raise ConsoleError("outbox_retry_refused", str(e), 409) from e
 
@@ -593,8 +805,16 @@ def halt_names() -> list[str]:
     return list(halts.valid_halt_names())
 
 
-def _halt_change_by_user(*, name: str, user, reason: str, ip: str | None, action: str,
-                         halted: bool, change: Callable[[str], Any]):
+def _halt_change_by_user(
+    *,
+    name: str,
+    user,
+    reason: str,
+    ip: str | None,
+    action: str,
+    halted: bool,
+    change: Callable[[str], Any],
+):
     """Set or clear a workflow halt with the console's one (richer) audit row, so
     recovery's own row is off (`audit=False` in `change`)."""
     require(user, Action.HALT)
@@ -607,31 +827,51 @@ def _halt_change_by_user(*, name: str, user, reason: str, ip: str | None, action
             result = change(reason)
         except ValueError as e:  # recovery.halts.HaltError
             raise ConsoleError("halt_refused", str(e), 422) from e
-        audit_write(user=user, action=action, target_type="workflow_halt", target_id=name,
-                    reason=reason, ip=ip, before=before, after={"halted": halted})
+        audit_write(
+            user=user,
+            action=action,
+            target_type="workflow_halt",
+            target_id=name,
+            reason=reason,
+            ip=ip,
+            before=before,
+            after={"halted": halted},
+        )
     return result
 
 
 def halt_set_by_user(*, name: str, user, reason: str, ip: str | None = None) -> WorkflowHalt:
     return _halt_change_by_user(
-        name=name, user=user, reason=reason, ip=ip, action=AuditAction.CONSOLE_HALT_SET, halted=True,
-        change=lambda reason: halts.halt_set(name=name, reason=reason,
-                                             actor=user.get_username(), audit=False))
+        name=name,
+        user=user,
+        reason=reason,
+        ip=ip,
+        action=AuditAction.CONSOLE_HALT_SET,
+        halted=True,
+        change=lambda reason: halts.halt_set(
+            name=name, reason=reason, actor=user.get_username(), audit=False
+        ),
+    )
 
 
 def halt_clear_by_user(*, name: str, user, reason: str, ip: str | None = None) -> bool:
     return _halt_change_by_user(
-        name=name, user=user, reason=reason, ip=ip, action=AuditAction.CONSOLE_HALT_CLEAR,
+        name=name,
+        user=user,
+        reason=reason,
+        ip=ip,
+        action=AuditAction.CONSOLE_HALT_CLEAR,
         halted=False,
-        change=lambda reason: halts.halt_clear(name=name, actor=user.get_username(),
-                                               reason=reason, audit=False))
+        change=lambda reason: halts.halt_clear(
+            name=name, actor=user.get_username(), reason=reason, audit=False
+        ),
+    )
 
 
 # ------------------------------------------------------------ quarantine triage
 
 
-def event_triage_by_user(*, event_pk: int, decision: str, user, reason: str,
-                         ip: str | None = None):
+def event_triage_by_user(*, event_pk: int, decision: str, user, reason: str, ip: str | None = None):
     """Release a quarantined event for processing again, or dismiss it."""
     require(user, Action.TRIAGE_QUARANTINE)
     reason = _reason_required(reason)
@@ -673,9 +913,10 @@ def login_lockout_seconds(*, ip: str | None, username: str) -> int:
     recent = LoginFailure.objects.filter(created_at__gte=since)
     key = login_username_key(username)
     waits = []
-    for rows, limit in ((recent.filter(ip=ip) if ip else None, LOGIN_FAILURES_PER_IP),
-                        (recent.filter(username=key) if key else None,
-                         LOGIN_FAILURES_PER_USERNAME)):
+    for rows, limit in (
+        (recent.filter(ip=ip) if ip else None, LOGIN_FAILURES_PER_IP),
+        (recent.filter(username=key) if key else None, LOGIN_FAILURES_PER_USERNAME),
+    ):
         if rows is None:
             continue
         times = list(rows.order_by("-created_at").values_list("created_at", flat=True)[:limit])
@@ -713,9 +954,15 @@ def incident_open(*, user, title: str, reason: str, ip: str | None = None):
         raise ConsoleError("title_required", "An incident needs a title.", 422)
     with transaction.atomic():
         incident = Incident.objects.create(title=title, summary=summary, opened_by=user)
-        audit_write(user=user, action=AuditAction.INCIDENT_OPEN, target_type="incident",
-                    target_id=str(incident.pk), reason=summary, ip=ip,
-                    after={"status": incident.status, "title": title})
+        audit_write(
+            user=user,
+            action=AuditAction.INCIDENT_OPEN,
+            target_type="incident",
+            target_id=str(incident.pk),
+            reason=summary,
+            ip=ip,
+            after={"status": incident.status, "title": title},
+        )
     return incident
 
 
@@ -736,16 +983,27 @@ def incident_attach(*, incident_id: int, ref: str, user, reason: str, ip: str | 
         elif Purchase.objects.filter(pk=ref).exists():
             purchase_id = ref
         else:
-            raise ConsoleError("not_found", "Give a purchase id (pur_…) or an operation id "
-                                            "(op_…).", 404)
+            raise ConsoleError(
+                "not_found", "Give a purchase id (pur_…) or an operation id (op_…).", 404
+            )
         item, created = IncidentItem.objects.get_or_create(
-            incident=incident, purchase_id=purchase_id, operation_id=operation_id,
-            defaults={"attached_by": user})
+            incident=incident,
+            purchase_id=purchase_id,
+            operation_id=operation_id,
+            defaults={"attached_by": user},
+        )
         if not created:
             raise ConsoleError("already_attached", f"{ref} is already attached.", 409)
-        audit_write(user=user, action=AuditAction.INCIDENT_ATTACH, target_type="incident",
-                    target_id=str(incident.pk), purchase_id=purchase_id, reason=reason, ip=ip,
-                    after={"purchase": purchase_id, "operation": operation_id})
+        audit_write(
+            user=user,
+            action=AuditAction.INCIDENT_ATTACH,
+            target_type="incident",
+            target_id=str(incident.pk),
+            purchase_id=purchase_id,
+            reason=reason,
+            ip=ip,
+            after={"purchase": purchase_id, "operation": operation_id},
+        )
     return item
 
 
@@ -764,21 +1022,34 @@ def incident_halt(*, incident_id: int, name: str, user, reason: str, ip: str | N
         _incident_open_or_refuse(incident)
         before = {"halted": WorkflowHalt.objects.filter(name=name).exists()}
         try:
-            halt = halts.halt_set(name=name, reason=f"incident {incident.pk}: {reason}",
-                                  actor=user.get_username(), audit=False)
+            halt = halts.halt_set(
+                name=name,
+                reason=f"incident {incident.pk}: {reason}",
+                actor=user.get_username(),
+                audit=False,
+            )
         except halts.HaltError as e:
             raise ConsoleError("halt_refused", str(e), 422) from e
         if name not in incident.halts:
             incident.halts = [*incident.halts, name]
             incident.save(update_fields=["halts"])
-        audit_write(user=user, action=AuditAction.INCIDENT_HALT_SET, target_type="incident",
-                    target_id=str(incident.pk), reason=reason, ip=ip, before=before,
-                    after={"halted": True}, detail={"halt": name})
+        audit_write(
+            user=user,
+            action=AuditAction.INCIDENT_HALT_SET,
+            target_type="incident",
+            target_id=str(incident.pk),
+            reason=reason,
+            ip=ip,
+            before=before,
+            after={"halted": True},
+            detail={"halt": name},
+        )
     return halt
 
 
-def incident_close(*, incident_id: int, outcomes: dict[str, str], user, reason: str,
-                   ip: str | None = None):
+def incident_close(
+    *, incident_id: int, outcomes: dict[str, str], user, reason: str, ip: str | None = None
+):
     """Close with the final outcome of every attached purchase and a short review
     (`reason`). Refused while a halt set from this incident is still on: resume it (or
     decide to keep it, from the Halts page, under its own audit row) first."""
@@ -787,61 +1058,90 @@ def incident_close(*, incident_id: int, outcomes: dict[str, str], user, reason: 
     with transaction.atomic():
         incident = _incident_locked(incident_id)
         _incident_open_or_refuse(incident)
-        still_on = sorted(WorkflowHalt.objects.filter(name__in=incident.halts)
-                          .values_list("name", flat=True))
+        still_on = sorted(
+            WorkflowHalt.objects.filter(name__in=incident.halts).values_list("name", flat=True)
+        )
         if still_on:
-            raise ConsoleError("halts_still_on", "Halts set from this incident are still on: "
-                               f"{', '.join(still_on)}. Resume them first.", 409)
+            raise ConsoleError(
+                "halts_still_on",
+                "Halts set from this incident are still on: "
+                f"{', '.join(still_on)}. Resume them first.",
+                409,
+            )
         items = list(incident.items.select_for_update().order_by("id"))
         valid = set(IncidentOutcome.values)
         final: dict[str, str] = {}
         for item in items:
             outcome = (outcomes or {}).get(item.purchase_id, "")
             if outcome not in valid:
-                raise ConsoleError("outcome_required", "Record the final outcome (completed "
-                                   f"forward, compensated or manual) for {item.purchase_id}.",
-                                   422)
+                raise ConsoleError(
+                    "outcome_required",
+                    "Record the final outcome (completed "
+                    f"forward, compensated or manual) for {item.purchase_id}.",
+                    422,
+                )
             final[item.purchase_id] = outcome
         for item in items:
             item.final_outcome = final[item.purchase_id]
             item.save(update_fields=["final_outcome"])
         for purchase_id, outcome in final.items():
             # One row per purchase too, so each purchase's timeline shows how it ended.
-            audit_write(user=user, action=AuditAction.INCIDENT_OUTCOME, target_type="incident",
-                        target_id=str(incident.pk), purchase_id=purchase_id, reason=review,
-                        ip=ip, after={"final_outcome": outcome})
+            audit_write(
+                user=user,
+                action=AuditAction.INCIDENT_OUTCOME,
+                target_type="incident",
+                target_id=str(incident.pk),
+                purchase_id=purchase_id,
+                reason=review,
+                ip=ip,
+                after={"final_outcome": outcome},
+            )
         incident.status = IncidentStatus.CLOSED
         incident.closed_by = user
         incident.closed_at = timezone.now()
         incident.review = review
         incident.save(update_fields=["status", "closed_by", "closed_at", "review"])
-        audit_write(user=user, action=AuditAction.INCIDENT_CLOSE, target_type="incident",
-                    target_id=str(incident.pk), reason=review, ip=ip,
-                    before={"status": IncidentStatus.OPEN},
-                    after={"status": IncidentStatus.CLOSED, "outcomes": final})
+        audit_write(
+            user=user,
+            action=AuditAction.INCIDENT_CLOSE,
+            target_type="incident",
+            target_id=str(incident.pk),
+            reason=review,
+            ip=ip,
+            before={"status": IncidentStatus.OPEN},
+            after={"status": IncidentStatus.CLOSED, "outcomes": final},
+        )
     return incident
 
 
 # ------------------------------------------------ operations made outside Verity
 
 
-def external_review_by_user(*, operation_id: str, user, reason: str,
-                                 ip: str | None = None) -> PaymentOperation:
+def external_review_by_user(
+    *, operation_id: str, user, reason: str, ip: str | None = None
+) -> PaymentOperation:
     """Finance reviews a refund/capture/cancel made at the provider, not by Verity."""
     return _act_by_user(
-        user=user, ip=ip, permission=Action.REVIEW_EXTERNAL,
-        action=AuditAction.CONSOLE_EXTERNAL_REVIEW, reason=reason, operation_id=operation_id,
-        act=lambda reason: external_operation_review(operation_id=operation_id,
-                                                     acting_user=user, reason=reason),
+        user=user,
+        ip=ip,
+        permission=Action.REVIEW_EXTERNAL,
+        action=AuditAction.CONSOLE_EXTERNAL_REVIEW,
+        reason=reason,
+        operation_id=operation_id,
+        act=lambda reason: external_operation_review(
+            operation_id=operation_id, acting_user=user, reason=reason
+        ),
         before=lambda op: {"reviewed_at": None},
-        after=lambda op: {"reviewed_by": op.reviewed_by})
+        after=lambda op: {"reviewed_by": op.reviewed_by},
+    )
 
 
 # ------------------------------------------------------------ storefront webhooks
 
 
-def webhook_endpoint_enable_by_user(*, endpoint_id: str, enabled: bool, user, reason: str,
-                                    ip: str | None = None):
+def webhook_endpoint_enable_by_user(
+    *, endpoint_id: str, enabled: bool, user, reason: str, ip: str | None = None
+):
     """Turn a storefront's webhook endpoint on or off (its audit row is written by
     events.services in the same transaction)."""
     require(user, Action.MANAGE_WEBHOOKS)
@@ -849,12 +1149,14 @@ def webhook_endpoint_enable_by_user(*, endpoint_id: str, enabled: bool, user, re
     endpoint = event_selectors.endpoint_get(endpoint_id)
     if endpoint is None:
         raise ConsoleError("not_found", "No such webhook endpoint.", 404)
-    return event_services.endpoint_update(endpoint=endpoint, enabled=enabled, reason=reason,
-                                          actor=user.get_username())
+    return event_services.endpoint_update(
+        endpoint=endpoint, enabled=enabled, reason=reason, actor=user.get_username()
+    )
 
 
-def webhook_delivery_resend_by_user(*, delivery_id: int, user, reason: str,
-                                    ip: str | None = None) -> None:
+def webhook_delivery_resend_by_user(
+    *, delivery_id: int, user, reason: str, ip: str | None = None
+) -> None:
     require(user, Action.MANAGE_WEBHOOKS)
     reason = _reason_required(reason)
     delivery = event_selectors.delivery_get(delivery_id)

@@ -4,6 +4,7 @@ The token is the only key (unguessable, never sequential). An unknown token answ
 same 404 whatever exists, so the page cannot be used to probe for purchases. The words
 come from payments.customer_copy only.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -41,8 +42,9 @@ def _headers(response):
     # The token is in the URL: never leak it to the storefront in a Referer header.
     # same-origin sends none across origins, and keeps a real `Origin` on this page's own
     # form posts, which the CSRF check of "new purchase" needs (no-referrer sends `null`).
-    response = secure_headers(response, form_targets=(origin,) if origin else (),
-                              referrer="same-origin")
+    response = secure_headers(
+        response, form_targets=(origin,) if origin else (), referrer="same-origin"
+    )
     response["X-Robots-Tag"] = "noindex, nofollow"
     return response
 
@@ -60,16 +62,24 @@ def _items(purchase) -> list[dict]:
     for item in items:
         if not isinstance(item, dict):
             continue
-        out.append({"name": item.get("name") or item.get("sku") or "Item",
-                    "sku": item.get("sku", ""), "quantity": item.get("quantity", 1),
-                    "unit_price": item.get("unit_price")})
+        out.append(
+            {
+                "name": item.get("name") or item.get("sku") or "Item",
+                "sku": item.get("sku", ""),
+                "quantity": item.get("quantity", 1),
+                "unit_price": item.get("unit_price"),
+            }
+        )
     return out
 
 
 def _state_payload(token: str, state) -> dict:
     body = state.as_dict()
-    body["pay_again_action"] = (reverse("support:status-pay-again", kwargs={"token": token})
-                                if state.can_pay_again else None)
+    body["pay_again_action"] = (
+        reverse("support:status-pay-again", kwargs={"token": token})
+        if state.can_pay_again
+        else None
+    )
     return body
 
 
@@ -79,36 +89,47 @@ def status_page(request, token: str):
     if purchase is None:
         return _not_found(request)
     state = customer_state(purchase)
-    return _headers(render(request, "status/page.html", {
-        "purchase": purchase,
-        "items": _items(purchase),
-        "state": state,
-        "token": token,
-        "poll_url": reverse("support:status-json", kwargs={"token": token}),
-        "pay_again_action": reverse("support:status-pay-again", kwargs={"token": token}),
-        "poll_seconds": _poll_seconds(),
-        "poll_max_seconds": POLL_MAX_SECONDS,
-        "can_confirm_new_purchase": _can_confirm_new_purchase(purchase),
-        "guarded_over_acp": _guarded_over_acp(purchase),
-        "new_purchase_action": reverse("support:status-new-purchase", kwargs={"token": token}),
-        "safe_action": _safe_action(state, purchase, token),
-        "do_not_pay_again": state.code in _DO_NOT_PAY_AGAIN,
-        "bought_through": _CHANNEL_WORDS.get(purchase.channel),
-        "usdc_amount": _usdc_amount(purchase),
-    }))
+    return _headers(
+        render(
+            request,
+            "status/page.html",
+            {
+                "purchase": purchase,
+                "items": _items(purchase),
+                "state": state,
+                "token": token,
+                "poll_url": reverse("support:status-json", kwargs={"token": token}),
+                "pay_again_action": reverse("support:status-pay-again", kwargs={"token": token}),
+                "poll_seconds": _poll_seconds(),
+                "poll_max_seconds": POLL_MAX_SECONDS,
+                "can_confirm_new_purchase": _can_confirm_new_purchase(purchase),
+                "guarded_over_acp": _guarded_over_acp(purchase),
+                "new_purchase_action": reverse(
+                    "support:status-new-purchase", kwargs={"token": token}
+                ),
+                "safe_action": _safe_action(state, purchase, token),
+                "do_not_pay_again": state.code in _DO_NOT_PAY_AGAIN,
+                "bought_through": _CHANNEL_WORDS.get(purchase.channel),
+                "usdc_amount": _usdc_amount(purchase),
+            },
+        )
+    )
 
 
 # How the purchase was made, as the buyer knows it (the console keeps the technical names).
-_CHANNEL_WORDS = {PurchaseChannel.API: "The shop's website or app",
-                  PurchaseChannel.MCP: "An AI assistant, on your behalf",
-                  PurchaseChannel.ACP: "An AI assistant, on your behalf"}
+_CHANNEL_WORDS = {
+    PurchaseChannel.API: "The shop's website or app",
+    PurchaseChannel.MCP: "An AI assistant, on your behalf",
+    PurchaseChannel.ACP: "An AI assistant, on your behalf",
+}
 
 
 def _usdc_amount(purchase) -> str | None:
-    """"9.00 USDC" when the buyer paid (or is paying) with USDC over the x402 rail: the
+    """ "9.00 USDC" when the buyer paid (or is paying) with USDC over the x402 rail: the
     amount as their wallet shows it, not only in dollars. None otherwise."""
     if (purchase.currency or "").lower() != "usd" or not purchase.operations.filter(
-            kind__in=[k.value for k in PAYMENT_KINDS], rail=Rail.X402).exists():
+        kind__in=[k.value for k in PAYMENT_KINDS], rail=Rail.X402
+    ).exists():
         return None
     return f"{Decimal(purchase.amount) / 100:,.2f} USDC"
 
@@ -117,9 +138,14 @@ def _usdc_amount(purchase) -> str | None:
 # action, and "Yes, start a new purchase" is a folded, secondary choice for a buyer who
 # really wants a second, separate order (it must stay reachable: every status the
 # duplicate guard asks can be lifted by the buyer).
-_DO_NOT_PAY_AGAIN = (StateCode.BEING_CONFIRMED, StateCode.NOT_YET_CONFIRMABLE,
-                     StateCode.PAYMENT_PENDING, StateCode.UNDER_REVIEW, StateCode.DISPUTED,
-                     StateCode.PAID_CONFIRMATION_DELAYED)
+_DO_NOT_PAY_AGAIN = (
+    StateCode.BEING_CONFIRMED,
+    StateCode.NOT_YET_CONFIRMABLE,
+    StateCode.PAYMENT_PENDING,
+    StateCode.UNDER_REVIEW,
+    StateCode.DISPUTED,
+    StateCode.PAID_CONFIRMATION_DELAYED,
+)
 
 
 def _checkout_url(purchase_id: str) -> str | None:
@@ -136,15 +162,23 @@ def _safe_action(state, purchase, token: str) -> dict | None:
         # The bank asked for a confirmation (3-D Secure) at the store's checkout: that is
         # where the step is finished; Verity never shows the card step itself.
         url = _checkout_url(purchase.pk)
-        return {"id": "finish-step", "label": "Finish the confirmation at the store",
-                "href": url} if url else None
+        return (
+            {"id": "finish-step", "label": "Finish the confirmation at the store", "href": url}
+            if url
+            else None
+        )
     if state.code in (StateCode.UNDER_REVIEW, StateCode.DISPUTED) and state.support_contact:
-        return {"id": "contact-support", "label": "Contact support",
-                "href": f"mailto:{state.support_contact}?subject="
-                        f"{quote('Purchase ' + purchase.pk)}"}
+        return {
+            "id": "contact-support",
+            "label": "Contact support",
+            "href": f"mailto:{state.support_contact}?subject={quote('Purchase ' + purchase.pk)}",
+        }
     if state.code in _DO_NOT_PAY_AGAIN and not state.final:
-        return {"id": "check-now", "label": "Check again now",
-                "href": reverse("support:status", kwargs={"token": token})}
+        return {
+            "id": "check-now",
+            "label": "Check again now",
+            "href": reverse("support:status", kwargs={"token": token}),
+        }
     return None
 
 
@@ -167,8 +201,14 @@ def status_pay_again(request, token: str):
         return _not_found(request)
     state = customer_state(purchase)
     if not (state.can_pay_again and state.pay_again_url):
-        return _headers(render(request, "status/pay_again_refused.html",
-                               {"state": state, "token": token}, status=409))
+        return _headers(
+            render(
+                request,
+                "status/pay_again_refused.html",
+                {"state": state, "token": token},
+                status=409,
+            )
+        )
     return _headers(HttpResponseRedirect(state.pay_again_url, status=303))
 
 
@@ -203,14 +243,24 @@ def status_new_purchase(request, token: str):
     if purchase is None:
         return _not_found(request)
     if request.method == "GET" or not _can_confirm_new_purchase(purchase):
-        return _headers(HttpResponseRedirect(
-            reverse("support:status", kwargs={"token": token}), status=303))
+        return _headers(
+            HttpResponseRedirect(reverse("support:status", kwargs={"token": token}), status=303)
+        )
     sent = _send_confirmation_code(purchase)
-    response = _headers(render(request, "status/new_purchase.html", {
-        "purchase": purchase, "sent": sent, "token": token,
-        "to": _masked(purchase.customer_email),
-        "support_contact": settings.SUPPORT_CONTACT,
-        "ttl_minutes": max(1, settings.BUYER_CONFIRMATION_TTL_SECONDS // 60)}))
+    response = _headers(
+        render(
+            request,
+            "status/new_purchase.html",
+            {
+                "purchase": purchase,
+                "sent": sent,
+                "token": token,
+                "to": _masked(purchase.customer_email),
+                "support_contact": settings.SUPPORT_CONTACT,
+                "ttl_minutes": max(1, settings.BUYER_CONFIRMATION_TTL_SECONDS // 60),
+            },
+        )
+    )
     response["Cache-Control"] = "no-store"
     return response
 
@@ -223,7 +273,7 @@ def _masked(address: str) -> str:
 
 
 def _send_confirmation_code(purchase) -> str:
-    """"sent", "already_sent" (a live code went out already), "no_email" or "failed"."""
+    """ "sent", "already_sent" (a live code went out already), "no_email" or "failed"."""
     if not purchase.customer_email:
         return "no_email"
     if selectors.buyer_confirmation_live(purchase.pk):
@@ -231,19 +281,28 @@ def _send_confirmation_code(purchase) -> str:
     code = buyer_confirmation_issue(purchase_id=purchase.pk)
     # Recorded before sending (an e-mail cannot be unsent); one row per code.
     email = EmailMessage.objects.create(
-        purchase_id=purchase.pk, to=purchase.customer_email,
+        purchase_id=purchase.pk,
+        to=purchase.customer_email,
         kind=f"buyer_code:{secrets.token_hex(6)}",
-        subject="Your confirmation code for a new purchase")
+        subject="Your confirmation code for a new purchase",
+    )
     minutes = max(1, settings.BUYER_CONFIRMATION_TTL_SECONDS // 60)
-    body = (f"Someone asked, on the status page of your purchase {purchase.pk}, to start "
-            f"another purchase of the same kind.\n\nIf that was you, give this code to the "
-            f"shop or its assistant: {code}\nIt works once, within {minutes} minutes. Your "
-            f"purchase {purchase.pk} is not changed or cancelled.\n\nIf it was not you, "
-            f"ignore this e-mail: without the code no second purchase is started.\n"
-            f"Questions: {settings.SUPPORT_CONTACT}\n")
+    body = (
+        f"Someone asked, on the status page of your purchase {purchase.pk}, to start "
+        f"another purchase of the same kind.\n\nIf that was you, give this code to the "
+        f"shop or its assistant: {code}\nIt works once, within {minutes} minutes. Your "
+        f"purchase {purchase.pk} is not changed or cancelled.\n\nIf it was not you, "
+        f"ignore this e-mail: without the code no second purchase is started.\n"
+        f"Questions: {settings.SUPPORT_CONTACT}\n"
+    )
     try:  # outside any transaction: a slow mail server holds no lock
-        send_mail(f"Your confirmation code for a new purchase (next to {purchase.pk})", body,
-                  settings.DEFAULT_FROM_EMAIL, [purchase.customer_email], fail_silently=False)
+        send_mail(
+            f"Your confirmation code for a new purchase (next to {purchase.pk})",
+            body,
+            settings.DEFAULT_FROM_EMAIL,
+            [purchase.customer_email],
+            fail_silently=False,
+        )
     except Exception:
         return "failed"  # the code is unusable without the mail; the buyer may ask again
     EmailMessage.objects.filter(pk=email.pk, sent_at=None).update(sent_at=timezone.now())

@@ -1,5 +1,6 @@
 """The console's one time format: relative ("12 min ago", "in 5 min") for reading,
 absolute UTC for hover and records."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime

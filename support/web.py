@@ -4,6 +4,7 @@ one permission gate for console views, client IP, static assets served by Verity
 No inline script or style anywhere: the Content-Security-Policy below forbids them, and
 every asset is served from this origin (no third-party hosts).
 """
+
 from __future__ import annotations
 
 import time
@@ -23,9 +24,11 @@ from config.client_address import client_address
 from config.db_router import replica_configured, replica_reads
 from support import access
 
-_CSP_BASE = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
-             "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
-             "frame-ancestors 'none'")
+_CSP_BASE = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'"
+)
 
 
 def content_security_policy(*, form_targets: tuple[str, ...] = ()) -> str:
@@ -42,11 +45,17 @@ def storefront_origin() -> str | None:
     return None
 
 
-def secure_headers(response: HttpResponse, *, form_targets: tuple[str, ...] = (),
-                   cache: str = "no-store", referrer: str = "same-origin") -> HttpResponse:
+def secure_headers(
+    response: HttpResponse,
+    *,
+    form_targets: tuple[str, ...] = (),
+    cache: str = "no-store",
+    referrer: str = "same-origin",
+) -> HttpResponse:
     # setdefault: a response that is not a page (a chart image) may bring a stricter one.
-    response.setdefault("Content-Security-Policy",
-                        content_security_policy(form_targets=form_targets))
+    response.setdefault(
+        "Content-Security-Policy", content_security_policy(form_targets=form_targets)
+    )
     response["X-Content-Type-Options"] = "nosniff"
     # same-origin, not no-referrer: with no-referrer browsers send `Origin: null` on form
     # posts and Django's CSRF origin check (rightly) refuses them.
@@ -130,9 +139,15 @@ def console_read(view, request, post: bool, *args, **kwargs):
 
 def pin_primary_after_post(response, request, *, post: bool):
     if post and replica_configured():
-        response.set_cookie(PRIMARY_PIN_COOKIE, str(int(time.time()) + PRIMARY_PIN_SECONDS),
-                            max_age=PRIMARY_PIN_SECONDS, path="/console/", httponly=True,
-                            samesite="Lax", secure=settings.SESSION_COOKIE_SECURE)
+        response.set_cookie(
+            PRIMARY_PIN_COOKIE,
+            str(int(time.time()) + PRIMARY_PIN_SECONDS),
+            max_age=PRIMARY_PIN_SECONDS,
+            path="/console/",
+            httponly=True,
+            samesite="Lax",
+            secure=settings.SESSION_COOKIE_SECURE,
+        )
     return response
 
 
@@ -168,11 +183,14 @@ def page_not_found(request, exception=None):
         response = HttpResponse(
             '{"type": "about:blank", "title": "Not found", "status": 404, '
             '"code": "not_found", "detail": "No such resource."}',
-            content_type="application/problem+json", status=404)
+            content_type="application/problem+json",
+            status=404,
+        )
         return secure_headers(response)
     if path.startswith("/status/"):
-        return secure_headers(render(request, "status/not_found.html", status=404),
-                                     referrer="no-referrer")
+        return secure_headers(
+            render(request, "status/not_found.html", status=404), referrer="no-referrer"
+        )
     return secure_headers(render(request, "console/404.html", status=404))
 
 

@@ -1,4 +1,5 @@
 """Shared fixtures: real PostgreSQL, Redis and localstripe come from tests.stack."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "alone: no other xdist worker runs a test meanwhile "
-                            "(a wall-clock bound is asserted)")
+    config.addinivalue_line(
+        "markers",
+        "alone: no other xdist worker runs a test meanwhile (a wall-clock bound is asserted)",
+    )
     global _alone_lock_dir
     if not hasattr(config, "workerinput"):
         import tempfile
@@ -34,8 +37,9 @@ def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get(WORKERS_FILE):
         # Workers sharing one stack would see each other's chain clock, localstripe
         # objects and broker: every worker needs its own (tests/stack.py starts them).
-        raise pytest.UsageError("pytest -n needs a stack per worker: "
-                                "`python -m tests.stack -- pytest -n N` (make test)")
+        raise pytest.UsageError(
+            "pytest -n needs a stack per worker: `python -m tests.stack -- pytest -n N` (make test)"
+        )
 
 
 def _empty_tables_after_transactional_test(self) -> None:
@@ -51,9 +55,12 @@ def _empty_tables_after_transactional_test(self) -> None:
     """
     from django.db import connections, transaction
 
-    if (self.available_apps is not None or self.serialized_rollback
-            or os.environ.get("VERITY_TEST_DJANGO_FLUSH") == "1"  # to compare, or to doubt
-            or not _post_migrate_writes_only_content_types()):
+    if (
+        self.available_apps is not None
+        or self.serialized_rollback
+        or os.environ.get("VERITY_TEST_DJANGO_FLUSH") == "1"  # to compare, or to doubt
+        or not _post_migrate_writes_only_content_types()
+    ):
         return _django_fixture_teardown(self)
     for alias in self._databases_names(include_mirrors=False):
         conn = connections[alias]
@@ -61,8 +68,10 @@ def _empty_tables_after_transactional_test(self) -> None:
             _django_fixture_teardown(self)
             continue
         keep = {"django_content_type", "auth_permission"}
-        tables = sorted(set(conn.introspection.django_table_names(
-            only_existing=True, include_views=False)) - keep)
+        tables = sorted(
+            set(conn.introspection.django_table_names(only_existing=True, include_views=False))
+            - keep
+        )
         with transaction.atomic(using=alias), conn.cursor() as cur:
             cur.execute("SET LOCAL session_replication_role = replica")
             cur.execute("".join(f"DELETE FROM {conn.ops.quote_name(t)};" for t in tables))
@@ -76,8 +85,10 @@ def _post_migrate_writes_only_content_types() -> bool:
 
     from django.db.models.signals import post_migrate
 
-    known = {"django.contrib.auth.management.create_permissions",
-             "django.contrib.contenttypes.management.create_contenttypes"}
+    known = {
+        "django.contrib.auth.management.create_permissions",
+        "django.contrib.contenttypes.management.create_contenttypes",
+    }
     for entry in post_migrate.receivers:
         ref = entry[1]
         func = ref() if isinstance(ref, weakref.ReferenceType) else ref
@@ -122,15 +133,17 @@ SLOWEST_FIRST = (
 @pytest.hookimpl(trylast=True)  # after pytest-django's own ordering
 def pytest_collection_modifyitems(items):
     def rank(item) -> int:
-        return next((i for i, prefix in enumerate(SLOWEST_FIRST)
-                     if item.nodeid.startswith(prefix)), len(SLOWEST_FIRST))
+        return next(
+            (i for i, prefix in enumerate(SLOWEST_FIRST) if item.nodeid.startswith(prefix)),
+            len(SLOWEST_FIRST),
+        )
 
     slow = sorted((i for i in items if rank(i) < len(SLOWEST_FIRST)), key=rank)
     rest = [i for i in items if rank(i) == len(SLOWEST_FIRST)]
     # xdist's first hand-out is two consecutive tests per worker: alternate slow and quick
     # so no worker starts with two slow ones queued.
     ordered = [t for pair in zip(slow, rest, strict=False) for t in pair]
-    ordered += slow[len(rest):] + rest[len(slow):]
+    ordered += slow[len(rest) :] + rest[len(slow) :]
     items[:] = ordered
 
 
@@ -181,8 +194,9 @@ class Localstripe:
         while True:
             if starting_after:
                 params["starting_after"] = starting_after
-            r = requests.get(f"{self.base}/v1/{resource}", params=params, auth=self.auth,
-                             timeout=10)
+            r = requests.get(
+                f"{self.base}/v1/{resource}", params=params, auth=self.auth, timeout=10
+            )
             r.raise_for_status()
             body = r.json()
             out.extend(body["data"])
@@ -191,12 +205,18 @@ class Localstripe:
             starting_after = body["data"][-1]["id"]
 
     def payment_intents_for(self, purchase_id: str) -> list[dict]:
-        return [pi for pi in self.list("payment_intents")
-                if (pi.get("metadata") or {}).get("purchase_id") == purchase_id]
+        return [
+            pi
+            for pi in self.list("payment_intents")
+            if (pi.get("metadata") or {}).get("purchase_id") == purchase_id
+        ]
 
     def succeeded_charges_for(self, purchase_id: str) -> list[dict]:
-        return [pi for pi in self.payment_intents_for(purchase_id)
-                if pi["status"] in ("succeeded", "requires_capture")]
+        return [
+            pi
+            for pi in self.payment_intents_for(purchase_id)
+            if pi["status"] in ("succeeded", "requires_capture")
+        ]
 
     def refunds_for(self, payment_intent_id: str) -> list[dict]:
         return [r for r in self.list("refunds") if r.get("payment_intent") == payment_intent_id]
@@ -225,8 +245,7 @@ def one_call_on(localstripe: Localstripe, settings_) -> None:
 
 
 def one_call_off(localstripe: Localstripe) -> None:
-    localstripe.idempotency(enabled="false", window_seconds=86400, hold_seconds=0,
-                            flush="true")
+    localstripe.idempotency(enabled="false", window_seconds=86400, hold_seconds=0, flush="true")
 
 
 @pytest.fixture
@@ -253,14 +272,33 @@ def celery_worker(transactional_db):
     redis_lib.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
     relay_kick_forget()  # the drain this process remembered publishing went with the broker
     db = settings.DATABASES["default"]
-    url = (f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}")
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
     env = {**os.environ, "DATABASE_URL": url, "CELERY_DB_REUSE_MAX": "1000"}
     log = open(Path(os.environ.get("VERITY_STACK_DIR", "/tmp")) / "worker.log", "ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
-         "--concurrency", "2", "--pool", "threads", "--without-gossip", "--without-mingle",
-         "--without-heartbeat"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--loglevel",
+            "INFO",
+            "--concurrency",
+            "2",
+            "--pool",
+            "threads",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     yield proc
     _wait_outbox_quiet(timeout=15)
     os.killpg(proc.pid, signal.SIGTERM)  # warm shutdown: running tasks finish first
@@ -278,8 +316,9 @@ def _wait_outbox_quiet(timeout: float) -> None:
 
     def quiet():
         now = timezone.now()
-        return not OutboxMessage.objects.filter(processed_at__isnull=True,
-                                                claimed_until__gt=now).exists()
+        return not OutboxMessage.objects.filter(
+            processed_at__isnull=True, claimed_until__gt=now
+        ).exists()
 
     try:
         wait_for(quiet, timeout=timeout)
@@ -322,11 +361,17 @@ def start_hanging_dispatch(operation_id: str) -> subprocess.Popen:
     and hangs once the confirm is sent: the provider charges, the answer never comes. Its
     dispatch lease is 1 s. The caller kills it (SIGKILL) to play a worker that died."""
     db = settings.DATABASES["default"]
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings",
-           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-           "DISPATCH_LEASE_SECONDS": "1"}
-    return subprocess.Popen([sys.executable, "-c", _HANGING_DISPATCH, operation_id],
-                            cwd=Path(__file__).resolve().parents[1], env=env)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DISPATCH_LEASE_SECONDS": "1",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-c", _HANGING_DISPATCH, operation_id],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+    )
 
 
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1):
@@ -353,8 +398,9 @@ def read_drill():
     provider = provider_for_rail(Rail.STRIPE)
 
     def arm(ref: str = "*", times: int = 1):
-        provider.arm_drill(key_prefix=ref, step="read", mode=DrillMode.READ_UNAVAILABLE,
-                           times=times)
+        provider.arm_drill(
+            key_prefix=ref, step="read", mode=DrillMode.READ_UNAVAILABLE, times=times
+        )
 
     yield arm
     provider.drill_client.disarm_all()

@@ -1,4 +1,5 @@
 """factory-boy factories shared by every test package."""
+
 from datetime import timedelta
 
 import factory
@@ -8,11 +9,16 @@ from payments.clients import api_client_create
 from payments.models import Product, Purchase, Quote
 
 
-def make_client(*, scopes=("purchases:read", "purchases:write", "refunds:write"),
-                limit=1_000_000, currency="usd", name="storefront", **kw):
+def make_client(
+    *,
+    scopes=("purchases:read", "purchases:write", "refunds:write"),
+    limit=1_000_000,
+    currency="usd",
+    name="storefront",
+    **kw,
+):
     """Returns (ApiClient, plaintext key)."""
-    return api_client_create(name=name, scopes=list(scopes), limit=limit, currency=currency,
-                             **kw)
+    return api_client_create(name=name, scopes=list(scopes), limit=limit, currency=currency, **kw)
 
 
 class ProductFactory(factory.django.DjangoModelFactory):
@@ -30,8 +36,9 @@ class QuoteFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = Quote
 
-    items = factory.LazyFunction(lambda: [{"sku": "SKU-X", "name": "X", "quantity": 1,
-                                           "unit_price": 1500}])
+    items = factory.LazyFunction(
+        lambda: [{"sku": "SKU-X", "name": "X", "quantity": 1, "unit_price": 1500}]
+    )
     amount = 1500
     currency = "usd"
     version = 1

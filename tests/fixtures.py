@@ -1,6 +1,7 @@
 """Fixtures every test folder shares, defined once (loaded by tests/conftest.py as a
 pytest plugin). A folder's conftest.py keeps only what is its own; a fixture that means
 something else somewhere gets a name of its own there."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -47,18 +48,22 @@ def new_purchase(api_client):
 
     counter = {"n": 0}
 
-    def make(price=1500, quantity=1, customer=None, email="buyer@example.com",
-             **product_fields):
+    def make(price=1500, quantity=1, customer=None, email="buyer@example.com", **product_fields):
         counter["n"] += 1
         product_fields.setdefault("name", f"Lamp {counter['n']}")
         product = ProductFactory(price=price, **product_fields)
-        quote = services.quote_create(api_client=api_client,
-                                      items=[{"sku": product.sku, "quantity": quantity}],
-                                      currency="usd")
+        quote = services.quote_create(
+            api_client=api_client,
+            items=[{"sku": product.sku, "quantity": quantity}],
+            currency="usd",
+        )
         return services.purchase_create(
-            api_client=api_client, quote_id=quote.id, quote_version=quote.version,
+            api_client=api_client,
+            quote_id=quote.id,
+            quote_version=quote.version,
             customer_reference=customer or f"cust-{counter['n']}-{quote.id[-6:]}",
-            customer_email=email)
+            customer_email=email,
+        )
 
     return make
 
@@ -69,23 +74,31 @@ def pay_now(api_client):
     from payments import services
 
     def run(purchase, method="pm_card_visa", capture="automatic"):
-        op = services.payment_create(purchase_id=purchase.pk, api_client=api_client,
-                                     payment_method=method, capture_method=capture)
+        op = services.payment_create(
+            purchase_id=purchase.pk,
+            api_client=api_client,
+            payment_method=method,
+            capture_method=capture,
+        )
         return services.operation_dispatch(operation_id=op.pk)
 
     return run
 
 
 class People(NamedTuple):
-    resolver: object   # settles an operation by hand
+    resolver: object  # settles an operation by hand
     requester: object  # asks for a refund (support)
-    approver: object   # approves it (finance): never the requester
+    approver: object  # approves it (finance): never the requester
 
 
 @pytest.fixture
 def people(django_user_model) -> People:
-    return People(*(django_user_model.objects.create(username=name)
-                    for name in ("resolver", "support-requester", "finance-approver")))
+    return People(
+        *(
+            django_user_model.objects.create(username=name)
+            for name in ("resolver", "support-requester", "finance-approver")
+        )
+    )
 
 
 @pytest.fixture
@@ -139,8 +152,9 @@ def storefront(db):
     from tests.api.conftest import ALL_SCOPES, Api, settle_outbox
     from tests.factories import make_client
 
-    client, key = make_client(scopes=ALL_SCOPES, limit=10_000_000, name="storefront",
-                              auto_refund_limit=100_000)
+    client, key = make_client(
+        scopes=ALL_SCOPES, limit=10_000_000, name="storefront", auto_refund_limit=100_000
+    )
     yield Api(key, client)
     settle_outbox()
 
@@ -159,6 +173,7 @@ def auto_refund_shop(db):
     from tests.api.conftest import Api
     from tests.factories import make_client
 
-    client, key = make_client(name="storefront-auto-refunds", limit=10_000_000,
-                              auto_refund_limit=10_000_000)
+    client, key = make_client(
+        name="storefront-auto-refunds", limit=10_000_000, auto_refund_limit=10_000_000
+    )
     return Api(key, client)

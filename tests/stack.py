@@ -2,10 +2,12 @@
 
 Used by `make test` (python -m tests.stack -- pytest ...) and by bench/ scripts
 (`with Stack(): ...`). Each server gets a free port and a temp directory and is stopped
-on exit. With `pytest -n N` (pytest-xdist) N stacks are started, one per worker. PostgreSQL refuses to run as root, so as root the cluster is created and
+on exit. With `pytest -n N` (pytest-xdist) N stacks are started, one per worker. PostgreSQL refuses
+to run as root, so as root the cluster is created and
 started as the `postgres` user (runuser). pytest-postgresql/pytest-redis are not used
 because their executors cannot switch user, which this machine and CI need.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,8 +52,15 @@ def _as_pg_user(cmd: list[str]) -> list[str]:
 class Stack:
     """Context manager; `env` holds the variables Verity reads."""
 
-    def __init__(self, *, redis: bool = True, localstripe: bool = True,
-                 x402: bool = False, durable: bool = False, replica: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        redis: bool = True,
+        localstripe: bool = True,
+        x402: bool = False,
+        durable: bool = False,
+        replica: bool = False,
+    ) -> None:
         # durable: commits survive a crash of the server (synchronous_commit on, as in
         # production). The test suite trades that for speed; the soak, which crash-restarts
         # PostgreSQL (`-m immediate`), must not: with synchronous_commit off a commit Verity
@@ -77,22 +86,62 @@ class Stack:
             shutil.chown(self.tmp, "postgres")
             shutil.chown(sockdir, "postgres")
         subprocess.run(
-            _as_pg_user(["initdb", "-D", str(self.pgdata), "-U", "postgres", "-A", "trust",
-                         "-E", "UTF8", "--no-sync"]),
-            check=True, stdout=subprocess.DEVNULL,
+            _as_pg_user(
+                [
+                    "initdb",
+                    "-D",
+                    str(self.pgdata),
+                    "-U",
+                    "postgres",
+                    "-A",
+                    "trust",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                ]
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
         # fsync and full-page writes guard against the machine crashing, not the server:
         # off in both modes (the soak kills processes, never the machine).
         commit = "on" if self.durable else "off"
-        opts = (f"-p {port} -k {sockdir} -h 127.0.0.1 -c fsync=off -c synchronous_commit={commit} "
-                f"-c full_page_writes=off -c max_connections=300")
-        subprocess.run(
-            _as_pg_user(["pg_ctl", "-D", str(self.pgdata), "-o", opts, "-w", "-l",
-                         str(self.tmp / "pg.log"), "start"]),
-            check=True, stdout=subprocess.DEVNULL,
+        opts = (
+            f"-p {port} -k {sockdir} -h 127.0.0.1 -c fsync=off -c synchronous_commit={commit} "
+            f"-c full_page_writes=off -c max_connections=300"
         )
-        subprocess.run(["psql", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-q",
-                        "-c", "CREATE DATABASE verity"], check=True)
+        subprocess.run(
+            _as_pg_user(
+                [
+                    "pg_ctl",
+                    "-D",
+                    str(self.pgdata),
+                    "-o",
+                    opts,
+                    "-w",
+                    "-l",
+                    str(self.tmp / "pg.log"),
+                    "start",
+                ]
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        subprocess.run(
+            [
+                "psql",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-U",
+                "postgres",
+                "-q",
+                "-c",
+                "CREATE DATABASE verity",
+            ],
+            check=True,
+        )
         self.env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:{port}/verity"
         self.pg_port = port
 
@@ -106,10 +155,27 @@ class Stack:
         port = free_port()
         self.replica_data = self.tmp / "pg-replica"
         subprocess.run(
-            _as_pg_user(["pg_basebackup", "-h", "127.0.0.1", "-p", str(self.pg_port),
-                         "-U", "postgres", "-D", str(self.replica_data), "-R", "-X", "stream",
-                         "-c", "fast", "--no-sync"]),
-            check=True, stdout=subprocess.DEVNULL,
+            _as_pg_user(
+                [
+                    "pg_basebackup",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.pg_port),
+                    "-U",
+                    "postgres",
+                    "-D",
+                    str(self.replica_data),
+                    "-R",
+                    "-X",
+                    "stream",
+                    "-c",
+                    "fast",
+                    "--no-sync",
+                ]
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
         # Its own socket directory: the primary's lock file there names the primary's port.
         sockdir = self.tmp / "pgsock-replica"
@@ -118,24 +184,53 @@ class Stack:
             shutil.chown(sockdir, "postgres")
         # hot_standby_feedback: a long console read on the standby is not cancelled by the
         # primary's vacuum (the setting docs/scaling.md recommends for production too).
-        opts = (f"-p {port} -k {sockdir} -h 127.0.0.1 -c fsync=off -c full_page_writes=off "
-                f"-c max_connections=300 -c hot_standby=on -c hot_standby_feedback=on")
+        opts = (
+            f"-p {port} -k {sockdir} -h 127.0.0.1 -c fsync=off -c full_page_writes=off "
+            f"-c max_connections=300 -c hot_standby=on -c hot_standby_feedback=on"
+        )
         subprocess.run(
-            _as_pg_user(["pg_ctl", "-D", str(self.replica_data), "-o", opts, "-w", "-l",
-                         str(self.tmp / "pg-replica.log"), "start"]),
-            check=True, stdout=subprocess.DEVNULL,
+            _as_pg_user(
+                [
+                    "pg_ctl",
+                    "-D",
+                    str(self.replica_data),
+                    "-o",
+                    opts,
+                    "-w",
+                    "-l",
+                    str(self.tmp / "pg-replica.log"),
+                    "start",
+                ]
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout
         while True:
             status = subprocess.run(
-                ["psql", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", "verity",
-                 "-qAtc", "SELECT status FROM pg_stat_wal_receiver"],
-                capture_output=True, text=True).stdout.strip()
+                [
+                    "psql",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "-U",
+                    "postgres",
+                    "-d",
+                    "verity",
+                    "-qAtc",
+                    "SELECT status FROM pg_stat_wal_receiver",
+                ],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
             if status == "streaming":
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the replica on port {port} is not streaming after "
-                                   f"{timeout}s (status {status!r}); see pg-replica.log")
+                raise RuntimeError(
+                    f"the replica on port {port} is not streaming after "
+                    f"{timeout}s (status {status!r}); see pg-replica.log"
+                )
             time.sleep(0.1)
         self.env["DATABASE_REPLICA_URL"] = f"postgres://postgres@127.0.0.1:{port}/verity"
         self.replica_port = port
@@ -143,15 +238,18 @@ class Stack:
     def stop_postgres(self) -> None:
         for data in (getattr(self, "replica_data", None), self.pgdata):
             if data is not None and data.exists():
-                subprocess.run(_as_pg_user(["pg_ctl", "-D", str(data), "-m", "immediate",
-                                            "stop"]), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+                subprocess.run(
+                    _as_pg_user(["pg_ctl", "-D", str(data), "-m", "immediate", "stop"]),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
 
     # -- Redis and localstripe ----------------------------------------------------
     def _spawn(self, cmd: list[str], port: int) -> subprocess.Popen:
         log = open(self.tmp / f"{Path(cmd[0]).name}-{port}.log", "wb")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+        )
         self.procs.append(proc)
         _wait_port(port, proc=proc)
         return proc
@@ -159,16 +257,28 @@ class Stack:
     def start_redis(self) -> None:
         port = free_port()
         self.redis_proc = self._spawn(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.tmp)], port)
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.tmp),
+            ],
+            port,
+        )
         self.env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
         self.env["CELERY_BROKER_URL"] = f"redis://127.0.0.1:{port}/0"
         self.redis_port = port
 
     def start_localstripe(self) -> None:
         port = free_port()
-        self._spawn([sys.executable, "-m", "tools.localstripe_server", "--port", str(port)],
-                    port)
+        self._spawn([sys.executable, "-m", "tools.localstripe_server", "--port", str(port)], port)
         self.env["STRIPE_API_BASE"] = f"http://127.0.0.1:{port}"
         self.env["STRIPE_API_KEY"] = "sk_test_verity_stack"
         self.localstripe_port = port
@@ -187,28 +297,54 @@ class Stack:
         _pay_key, pay_to = x402_chain.new_key()
         refund_key, refund_account = x402_chain.new_key()
         payer_keys = [x402_chain.new_key() for _ in range(payers)]
-        info = x402_chain.deploy(rpc, payers=[a for _k, a in payer_keys],
-                                 facilitator=fac_address, refund_account=refund_account)
+        info = x402_chain.deploy(
+            rpc,
+            payers=[a for _k, a in payer_keys],
+            facilitator=fac_address,
+            refund_account=refund_account,
+        )
         fport = free_port()
         log = open(self.tmp / f"x402-facilitator-{fport}.log", "wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tools.x402_facilitator", "--port", str(fport),
-             "--rpc-url", rpc, "--network", info["network"],
-             "--confirmation-timeout", str(confirmation_timeout)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-            env={**os.environ, "X402_FACILITATOR_KEY": fac_key})
+            [
+                sys.executable,
+                "-m",
+                "tools.x402_facilitator",
+                "--port",
+                str(fport),
+                "--rpc-url",
+                rpc,
+                "--network",
+                info["network"],
+                "--confirmation-timeout",
+                str(confirmation_timeout),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+            env={**os.environ, "X402_FACILITATOR_KEY": fac_key},
+        )
         self.procs.append(proc)
         _wait_port(fport, proc=proc)
-        self.env.update({
-            "X402_ENABLED": "true", "X402_LOCAL_CHAIN": "true", "X402_RPC_URL": rpc,
-            "X402_FACILITATOR_URL": f"http://127.0.0.1:{fport}",
-            "X402_NETWORK": info["network"], "X402_ASSET": info["asset"],
-            "X402_PAY_TO": pay_to, "X402_TOKEN_NAME": info["token_name"],
-            "X402_TOKEN_VERSION": info["token_version"], "X402_REFUND_PRIVATE_KEY": refund_key,
-            # Test-only: the chain's unlocked admin (minter, blacklister) and payer keys.
-            "X402_CHAIN_ADMIN": info["admin"], "X402_FACILITATOR_ADDRESS": fac_address,
-            "X402_PAYER_KEYS": ",".join(k for k, _a in payer_keys),
-        })
+        self.env.update(
+            {
+                "X402_ENABLED": "true",
+                "X402_LOCAL_CHAIN": "true",
+                "X402_RPC_URL": rpc,
+                "X402_FACILITATOR_URL": f"http://127.0.0.1:{fport}",
+                "X402_NETWORK": info["network"],
+                "X402_ASSET": info["asset"],
+                "X402_PAY_TO": pay_to,
+                "X402_TOKEN_NAME": info["token_name"],
+                "X402_TOKEN_VERSION": info["token_version"],
+                "X402_REFUND_PRIVATE_KEY": refund_key,
+                # Test-only: the chain's unlocked admin (minter, blacklister) and payer keys.
+                "X402_CHAIN_ADMIN": info["admin"],
+                "X402_FACILITATOR_ADDRESS": fac_address,
+                "X402_PAYER_KEYS": ",".join(k for k, _a in payer_keys),
+            }
+        )
         self.x402_ports = (port, fport)
 
     def __enter__(self) -> Stack:
@@ -327,12 +463,17 @@ def main(argv: list[str]) -> int:
         # The controller (collection, and a run without -n) uses the first stack.
         env = {**os.environ, **stacks[0].env}
         for i, stack in enumerate(stacks):
-            extra = (f" anvil:{stack.x402_ports[0]} x402-facilitator:{stack.x402_ports[1]}"
-                     if x402 else "")
+            extra = (
+                f" anvil:{stack.x402_ports[0]} x402-facilitator:{stack.x402_ports[1]}"
+                if x402
+                else ""
+            )
             extra += f" postgres-replica:{stack.replica_port}" if replica else ""
-            print(f"stack{i if len(stacks) > 1 else ''}: postgres:{stack.pg_port} "
-                  f"redis:{stack.redis_port} localstripe:{stack.localstripe_port}{extra}",
-                  flush=True)
+            print(
+                f"stack{i if len(stacks) > 1 else ''}: postgres:{stack.pg_port} "
+                f"redis:{stack.redis_port} localstripe:{stack.localstripe_port}{extra}",
+                flush=True,
+            )
         if pytest_workers(argv):
             workers = stacks[0].tmp / "workers.json"
             workers.write_text(json.dumps([s.env for s in stacks]))
@@ -340,9 +481,11 @@ def main(argv: list[str]) -> int:
             # Loaded while pytest reads its options, before pytest-django reads settings
             # (a plugin named by PYTEST_PLUGINS; importable from the checkout's root).
             env["PYTEST_PLUGINS"] = ",".join(
-                p for p in (env.get("PYTEST_PLUGINS", ""), "tests.xdist_stack") if p)
+                p for p in (env.get("PYTEST_PLUGINS", ""), "tests.xdist_stack") if p
+            )
             env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+                p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p
+            )
         proc = subprocess.Popen(argv, env=env, cwd=ROOT)
         try:
             return proc.wait()

@@ -6,6 +6,7 @@ pytest-django imports the settings, which read DATABASE_URL, REDIS_URL, STRIPE_A
 X402_* from the environment. Processes a test starts (a Celery worker, `make serve`) inherit
 the adopted environment. Outside xdist, or in a single-stack run, it does nothing.
 """
+
 from __future__ import annotations
 
 import json

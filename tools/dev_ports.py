@@ -7,6 +7,7 @@ the variable that moves it (with a port that is free now), and exit 2: nothing i
 so nothing is left running (a server that cannot bind would otherwise take the others down
 with it after the demo data was seeded and the links printed).
 """
+
 from __future__ import annotations
 
 import errno
@@ -46,8 +47,11 @@ def main(argv: list[str]) -> int:
     for arg in argv:
         name, _, port = arg.partition("=")
         if name not in SERVICES or not port.isdigit():
-            print(f"usage: python -m tools.dev_ports NAME=PORT ... (NAME: "
-                  f"{', '.join(SERVICES)}); got {arg!r}", file=sys.stderr)
+            print(
+                f"usage: python -m tools.dev_ports NAME=PORT ... (NAME: "
+                f"{', '.join(SERVICES)}); got {arg!r}",
+                file=sys.stderr,
+            )
             return 64
         wanted[name] = int(port)
     busy = {name: port for name, port in wanted.items() if taken(port)}
@@ -60,16 +64,21 @@ def main(argv: list[str]) -> int:
         lines.append(f"Port {port} is already in use, and `make run` needs it for {what}.")
         free = a_free_port_after(port, set(wanted.values()))
         moves.append(f"{variable}={free if free else '<another port>'}")
-    print("\n".join([
-        "",
-        *lines,
-        "Another program (or an earlier `make run` still running) holds it; "
-        f"`ss -ltnp 'sport = :{next(iter(busy.values()))}'` shows which.",
-        "Stop it, or choose another port for this run:",
-        f"    make run {' '.join(moves)}",
-        "Nothing was started.",
-        "",
-    ]), file=sys.stderr)
+    print(
+        "\n".join(
+            [
+                "",
+                *lines,
+                "Another program (or an earlier `make run` still running) holds it; "
+                f"`ss -ltnp 'sport = :{next(iter(busy.values()))}'` shows which.",
+                "Stop it, or choose another port for this run:",
+                f"    make run {' '.join(moves)}",
+                "Nothing was started.",
+                "",
+            ]
+        ),
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -4,6 +4,7 @@ evidence-free settlement. The drills themselves are `payments.drills` (the runti
 fault-drill HTTP client); this is the development command around them, with its progress
 line (drills done / failures so far, on stderr).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,11 @@ class DrillFailed(Exception):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.drill", description=__doc__)
-    parser.add_argument("--quiet", action="store_true",
-                        help="no progress line (drills done / failures so far, on stderr)")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress line (drills done / failures so far, on stderr)",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
@@ -41,8 +45,9 @@ def drills_print(*, quiet: bool = False, out=None) -> None:
 
     def status() -> str:
         failures = sum(1 for r in rows if r.violation)
-        return (f"drills {len(rows)}/{len(DRILLS)} done, {failures} failure(s)"
-                + (f"; running {state['current']}" if state["current"] else ""))
+        return f"drills {len(rows)}/{len(DRILLS)} done, {failures} failure(s)" + (
+            f"; running {state['current']}" if state["current"] else ""
+        )
 
     # One drill at a time, so the progress line can say which one is running.
     with Progress(status, label="drill", quiet=quiet) as progress:
@@ -54,16 +59,19 @@ def drills_print(*, quiet: bool = False, out=None) -> None:
                 raise DrillFailed(str(exc)) from exc
             rows.append(row)
             if row.violation:
-                progress.note(f"VIOLATION in drill {row.drill} (purchase {row.purchase}): "
-                              f"{row.violation}")
+                progress.note(
+                    f"VIOLATION in drill {row.drill} (purchase {row.purchase}): {row.violation}"
+                )
         state["current"] = ""
     header = f"{'drill':26} {'recorded':10} {'charges':>7}  {'after reconcile':16} verification"
     print(header, file=out)
     print("-" * len(header), file=out)
     for r in rows:
-        print(f"{r.drill:26} {r.recorded:10} {r.charges:>7}  {r.after_reconcile:16} "
-              f"{r.verification}" + (f"   VIOLATION: {r.violation}" if r.violation else ""),
-              file=out)
+        print(
+            f"{r.drill:26} {r.recorded:10} {r.charges:>7}  {r.after_reconcile:16} "
+            f"{r.verification}" + (f"   VIOLATION: {r.violation}" if r.violation else ""),
+            file=out,
+        )
     bad = [r for r in rows if r.violation]
     if bad:
         raise DrillFailed(f"{len(bad)} drill(s) violated an invariant")
@@ -72,9 +80,12 @@ def drills_print(*, quiet: bool = False, out=None) -> None:
     if left:
         # Left on purpose (absence of evidence is not failure): say where they are so
         # nobody mistakes them for a real incident.
-        print(f"{len(left)} drill operation(s) stay unknown and remain in the console's "
-              "Unknown operations queue (customer references drill-…): "
-              + ", ".join(r.purchase for r in left), file=out)
+        print(
+            f"{len(left)} drill operation(s) stay unknown and remain in the console's "
+            "Unknown operations queue (customer references drill-…): "
+            + ", ".join(r.purchase for r in left),
+            file=out,
+        )
 
 
 if __name__ == "__main__":

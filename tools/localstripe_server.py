@@ -47,6 +47,7 @@ request waits that long while in progress: a concurrent one meets the 409) and `
 A PaymentIntent is created with `confirm=true` as Stripe does it (create, then confirm in
 the same request; a decline is a 402 whose body carries the PaymentIntent).
 """
+
 import argparse
 import asyncio
 import json
@@ -59,8 +60,16 @@ from localstripe import resources, server
 from localstripe.errors import UserError
 
 DISPUTE_FEE = 1500  # minor units, Stripe's US dispute fee
-DISPUTE_STATUSES = ("warning_needs_response", "warning_under_review", "warning_closed",
-                    "needs_response", "under_review", "won", "lost", "charge_refunded")
+DISPUTE_STATUSES = (
+    "warning_needs_response",
+    "warning_under_review",
+    "warning_closed",
+    "needs_response",
+    "under_review",
+    "won",
+    "lost",
+    "charge_refunded",
+)
 
 
 def _adjustment(*, amount: int, fee: int, currency: str, source: str, category: str):
@@ -72,8 +81,19 @@ def _adjustment(*, amount: int, fee: int, currency: str, source: str, category: 
     txn.available_on = txn.created
     txn.description = "Chargeback withdrawal" if amount < 0 else "Chargeback reversal"
     txn.exchange_rate = None
-    txn.fee_details = ([{"amount": fee, "currency": currency, "type": "stripe_fee",
-                         "description": "Dispute fee", "application": None}] if fee else [])
+    txn.fee_details = (
+        [
+            {
+                "amount": fee,
+                "currency": currency,
+                "type": "stripe_fee",
+                "description": "Dispute fee",
+                "application": None,
+            }
+        ]
+        if fee
+        else []
+    )
     txn.reporting_category = category
     txn.source = source
     txn.status = "available"
@@ -87,8 +107,16 @@ class Dispute(resources.StripeObject):
     object = "dispute"
     _id_prefix = "dp_"
 
-    def __init__(self, charge=None, reason="fraudulent", amount=None, fee=DISPUTE_FEE,
-                 due_by=None, inquiry=False, **kwargs):
+    def __init__(
+        self,
+        charge=None,
+        reason="fraudulent",
+        amount=None,
+        fee=DISPUTE_FEE,
+        due_by=None,
+        inquiry=False,
+        **kwargs,
+    ):
         if kwargs:
             raise UserError(400, "Unexpected " + ", ".join(kwargs.keys()))
         if not isinstance(charge, str) or not charge.startswith("ch_"):
@@ -107,15 +135,33 @@ class Dispute(resources.StripeObject):
         self.status = "warning_needs_response" if inquiry else "needs_response"
         self.is_charge_refundable = inquiry
         self.metadata = {}
-        self.evidence = {"customer_name": None, "customer_email_address": None,
-                         "product_description": None, "uncategorized_text": None}
+        self.evidence = {
+            "customer_name": None,
+            "customer_email_address": None,
+            "product_description": None,
+            "uncategorized_text": None,
+        }
         self.evidence_details = {
-            "due_by": resources.try_convert_to_int(due_by) if due_by
+            "due_by": resources.try_convert_to_int(due_by)
+            if due_by
             else int(time.time()) + 7 * 86400,
-            "has_evidence": False, "past_due": False, "submission_count": 0}
-        self.balance_transactions = [] if inquiry else [_adjustment(
-            amount=-amount, fee=fee, currency=self.currency, source=self.id,
-            category="dispute")]
+            "has_evidence": False,
+            "past_due": False,
+            "submission_count": 0,
+        }
+        self.balance_transactions = (
+            []
+            if inquiry
+            else [
+                _adjustment(
+                    amount=-amount,
+                    fee=fee,
+                    currency=self.currency,
+                    source=self.id,
+                    category="dispute",
+                )
+            ]
+        )
         charge_obj.disputed = True
 
     def _move(self, status, fee_returned=False):
@@ -128,9 +174,15 @@ class Dispute(resources.StripeObject):
             raise UserError(400, "A dispute is not an inquiry")
         if status == "won" and self.status != "won":
             fee = self.balance_transactions[0].fee if str(fee_returned).lower() == "true" else 0
-            self.balance_transactions.append(_adjustment(
-                amount=self.amount, fee=-fee, currency=self.currency, source=self.id,
-                category="dispute_reversal"))
+            self.balance_transactions.append(
+                _adjustment(
+                    amount=self.amount,
+                    fee=-fee,
+                    currency=self.currency,
+                    source=self.id,
+                    category="dispute_reversal",
+                )
+            )
         if status == "under_review":
             self.evidence_details["has_evidence"] = True
             self.evidence_details["submission_count"] += 1
@@ -166,17 +218,23 @@ class SharedPaymentGrantedToken(resources.StripeObject):
     object = "shared_payment.granted_token"
     _id_prefix = "spt_"
 
-    def __init__(self, payment_method=None, usage_limits=None, customer=None, metadata=None,
-                 **kwargs):
+    def __init__(
+        self, payment_method=None, usage_limits=None, customer=None, metadata=None, **kwargs
+    ):
         if kwargs:
             raise UserError(400, "Unexpected " + ", ".join(kwargs.keys()))
         limits = usage_limits if isinstance(usage_limits, dict) else {}
         max_amount = resources.try_convert_to_int(limits.get("max_amount"))
         expires_at = resources.try_convert_to_int(limits.get("expires_at"))
         currency = limits.get("currency")
-        if (not isinstance(payment_method, str) or not isinstance(max_amount, int)
-                or max_amount <= 0 or not isinstance(currency, str) or not currency
-                or not isinstance(expires_at, int)):
+        if (
+            not isinstance(payment_method, str)
+            or not isinstance(max_amount, int)
+            or max_amount <= 0
+            or not isinstance(currency, str)
+            or not currency
+            or not isinstance(expires_at, int)
+        ):
             raise UserError(400, "Bad request")
         # pm_card_visa & co. become a stored PaymentMethod, as a PaymentIntent makes them.
         method = resources.PaymentMethod._api_retrieve(payment_method)
@@ -184,8 +242,11 @@ class SharedPaymentGrantedToken(resources.StripeObject):
         self.payment_method = method.id
         self.customer = customer
         self.metadata = metadata or {}
-        self.usage_limits = {"currency": currency.lower(), "max_amount": max_amount,
-                             "expires_at": expires_at}
+        self.usage_limits = {
+            "currency": currency.lower(),
+            "max_amount": max_amount,
+            "expires_at": expires_at,
+        }
         self.usage_details = {"amount_captured": None}
         self.deactivated_at = None
         self.deactivated_reason = None
@@ -196,17 +257,24 @@ class SharedPaymentGrantedToken(resources.StripeObject):
     def _check(self, *, amount, currency) -> None:
         now = int(time.time())
         if self.deactivated_reason == "consumed":
-            self._refuse("shared_payment_granted_token_consumed",
-                         "This shared payment token was already used.")
+            self._refuse(
+                "shared_payment_granted_token_consumed",
+                "This shared payment token was already used.",
+            )
         if self.deactivated_reason or now >= self.usage_limits["expires_at"]:
-            self._refuse("shared_payment_granted_token_expired",
-                         "This shared payment token has expired.")
+            self._refuse(
+                "shared_payment_granted_token_expired", "This shared payment token has expired."
+            )
         if (currency or "").lower() != self.usage_limits["currency"]:
-            self._refuse("shared_payment_granted_token_usage_limit_exceeded",
-                         "This shared payment token is for another currency.")
+            self._refuse(
+                "shared_payment_granted_token_usage_limit_exceeded",
+                "This shared payment token is for another currency.",
+            )
         if not isinstance(amount, int) or amount > self.usage_limits["max_amount"]:
-            self._refuse("shared_payment_granted_token_usage_limit_exceeded",
-                         "The amount exceeds this shared payment token's max_amount.")
+            self._refuse(
+                "shared_payment_granted_token_usage_limit_exceeded",
+                "The amount exceeds this shared payment token's max_amount.",
+            )
 
     def _consume(self, *, amount) -> None:
         self.deactivated_at = int(time.time())
@@ -231,8 +299,11 @@ def _payment_intent_create_with_shared_token(cls, **data):
     try:
         token = SharedPaymentGrantedToken._api_retrieve(token_id)
     except UserError:
-        raise UserError(400, "No such shared payment token.",
-                        {"code": "resource_missing", "param": "payment_method_data"}) from None
+        raise UserError(
+            400,
+            "No such shared payment token.",
+            {"code": "resource_missing", "param": "payment_method_data"},
+        ) from None
     amount = resources.try_convert_to_int(data.get("amount"))
     token._check(amount=amount, currency=data.get("currency"))
     data = {k: v for k, v in data.items() if k != "payment_method_data"}
@@ -249,11 +320,14 @@ async def _issue_shared_token(request):
 
 def add_shared_payment_tokens(app) -> None:
     resources.PaymentIntent._api_create = classmethod(_payment_intent_create_with_shared_token)
-    app.router.add_route("POST", "/v1/test_helpers/shared_payment/granted_tokens",
-                         _issue_shared_token)
-    app.router.add_route("GET", "/v1/shared_payment/granted_tokens/{id}",
-                         server.api_retrieve(SharedPaymentGrantedToken,
-                                             "/v1/shared_payment/granted_tokens"))
+    app.router.add_route(
+        "POST", "/v1/test_helpers/shared_payment/granted_tokens", _issue_shared_token
+    )
+    app.router.add_route(
+        "GET",
+        "/v1/shared_payment/granted_tokens/{id}",
+        server.api_retrieve(SharedPaymentGrantedToken, "/v1/shared_payment/granted_tokens"),
+    )
 
 
 def _payment_intent_create_confirming(cls, **data):
@@ -283,28 +357,35 @@ class IdempotencyLayer:
         self.entries: dict[tuple[str, str], dict] = {}
 
     def prune(self, now: float) -> None:
-        for scope in [s for s, e in self.entries.items()
-                      if now - e["created"] >= self.window_seconds]:
+        for scope in [
+            s for s, e in self.entries.items() if now - e["created"] >= self.window_seconds
+        ]:
             del self.entries[scope]
 
     def state(self) -> dict:
-        return {"enabled": self.enabled, "window_seconds": self.window_seconds,
-                "hold_seconds": self.hold_seconds, "keys": len(self.entries)}
+        return {
+            "enabled": self.enabled,
+            "window_seconds": self.window_seconds,
+            "hold_seconds": self.hold_seconds,
+            "keys": len(self.entries),
+        }
 
 
 IDEMPOTENCY = IdempotencyLayer()
 
 
 def _stripe_error(status: int, error: dict) -> web.Response:
-    return web.Response(text=json.dumps({"error": error}), status=status,
-                        content_type="application/json")
+    return web.Response(
+        text=json.dumps({"error": error}), status=status, content_type="application/json"
+    )
 
 
 @web.middleware
 async def idempotency_middleware(request, handler):
     key = request.headers.get("Idempotency-Key", "")
-    if not (IDEMPOTENCY.enabled and key and request.method == "POST"
-            and request.path.startswith("/v1/")):
+    if not (
+        IDEMPOTENCY.enabled and key and request.method == "POST" and request.path.startswith("/v1/")
+    ):
         return await handler(request)
     params = await server.get_post_data(request) or {}
     fingerprint = json.dumps([request.path, params], sort_keys=True, default=str)
@@ -314,24 +395,40 @@ async def idempotency_middleware(request, handler):
     entry = IDEMPOTENCY.entries.get(scope)
     if entry is not None:
         if entry["fingerprint"] != fingerprint:
-            return _stripe_error(400, {
-                "type": "idempotency_error",
-                "message": "Keys for idempotent requests can only be used with the same "
-                           f"parameters they were first used with. Try using a key other "
-                           f"than '{key}' if you meant to execute a different request."})
+            return _stripe_error(
+                400,
+                {
+                    "type": "idempotency_error",
+                    "message": "Keys for idempotent requests can only be used with the same "
+                    f"parameters they were first used with. Try using a key other "
+                    f"than '{key}' if you meant to execute a different request.",
+                },
+            )
         if entry["status"] is None:
-            return _stripe_error(409, {
-                "type": "invalid_request_error", "code": "idempotency_key_in_use",
-                "message": "There is currently another in-progress request using this "
-                           "Idempotent Key (that probably means you submitted twice, and the "
-                           "other request is still going through): " + key + ". Please try "
-                           "again later."})
-        return web.Response(body=entry["body"], status=entry["status"],
-                            content_type="application/json",
-                            headers={"Idempotent-Replayed": "true",
-                                     "Original-Request": entry["request_id"]})
-    entry = {"fingerprint": fingerprint, "created": now, "status": None, "body": b"",
-             "request_id": "req_" + resources.random_id(14)}
+            return _stripe_error(
+                409,
+                {
+                    "type": "invalid_request_error",
+                    "code": "idempotency_key_in_use",
+                    "message": "There is currently another in-progress request using this "
+                    "Idempotent Key (that probably means you submitted twice, and the "
+                    "other request is still going through): " + key + ". Please try "
+                    "again later.",
+                },
+            )
+        return web.Response(
+            body=entry["body"],
+            status=entry["status"],
+            content_type="application/json",
+            headers={"Idempotent-Replayed": "true", "Original-Request": entry["request_id"]},
+        )
+    entry = {
+        "fingerprint": fingerprint,
+        "created": now,
+        "status": None,
+        "body": b"",
+        "request_id": "req_" + resources.random_id(14),
+    }
     IDEMPOTENCY.entries[scope] = entry
     try:
         if IDEMPOTENCY.hold_seconds:
@@ -344,8 +441,9 @@ async def idempotency_middleware(request, handler):
             raise
         except Exception:  # a fault inside the endpoint is Stripe's 500
             logging.getLogger("localstripe").exception("localstripe endpoint failed")
-            response = _stripe_error(500, {"type": "api_error",
-                                           "message": "An unknown error occurred"})
+            response = _stripe_error(
+                500, {"type": "api_error", "message": "An unknown error occurred"}
+            )
     except BaseException:
         IDEMPOTENCY.entries.pop(scope, None)
         raise
@@ -389,8 +487,11 @@ def main() -> None:
     parser.add_argument("--webhook-url", default="")
     parser.add_argument("--webhook-secret", default="")
     parser.add_argument("--delivery-log", default="")
-    parser.add_argument("--idempotency", action="store_true",
-                        help="start with Stripe's idempotency-key semantics on")
+    parser.add_argument(
+        "--idempotency",
+        action="store_true",
+        help="start with Stripe's idempotency-key semantics on",
+    )
     args = parser.parse_args()
 
     resources.Store.dump_to_disk = lambda self: None  # in-memory only

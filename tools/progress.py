@@ -1,6 +1,7 @@
 """Progress of long commands (soak, bench, fuzz, drills): one status line.
 
-On a terminal the line is redrawn in place (rich, where installed); in CI or when the stream is not a
+On a terminal the line is redrawn in place (rich, where installed); in CI or when the stream is not
+a
 terminal it is printed as a plain line at once and then every `plain_every` seconds (10 s),
 so logs stay readable. `quiet=True` turns it off. It writes to stderr by default, so the
 commands' final tables on stdout are unchanged.
@@ -12,6 +13,7 @@ commands' final tables on stdout are unchanged.
 The status callable runs on a background thread: keep it cheap and exception-free (an
 exception is shown as the line instead of killing the command).
 """
+
 from __future__ import annotations
 
 import os
@@ -54,9 +56,16 @@ def eta(*, done: float, total: float, elapsed: float) -> str:
 
 
 class Progress:
-    def __init__(self, status: Callable[[], str], *, label: str = "", quiet: bool = False,
-                 stream: TextIO | None = None, plain_every: float = PLAIN_EVERY_SECONDS,
-                 terminal: bool | None = None) -> None:
+    def __init__(
+        self,
+        status: Callable[[], str],
+        *,
+        label: str = "",
+        quiet: bool = False,
+        stream: TextIO | None = None,
+        plain_every: float = PLAIN_EVERY_SECONDS,
+        terminal: bool | None = None,
+    ) -> None:
         self.status, self.label = status, label
         self.stream = stream or sys.stderr
         self.quiet = quiet or progress_disabled()
@@ -107,12 +116,15 @@ class Progress:
             except ImportError:
                 self.terminal = False
         if self.terminal:
-
             console = Console(file=self.stream, force_terminal=True)
-            self._live = Live(get_renderable=lambda: Text(self.line(), no_wrap=True,
-                                                           overflow="ellipsis"),
-                              console=console, refresh_per_second=TTY_REFRESH_PER_SECOND,
-                              transient=False, redirect_stdout=False, redirect_stderr=False)
+            self._live = Live(
+                get_renderable=lambda: Text(self.line(), no_wrap=True, overflow="ellipsis"),
+                console=console,
+                refresh_per_second=TTY_REFRESH_PER_SECOND,
+                transient=False,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
             self._live.start()
             return self
         self._thread = threading.Thread(target=self._plain_loop, name="progress", daemon=True)

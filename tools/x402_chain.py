@@ -22,6 +22,7 @@ derived from fixed labels; pay_to's key is never exported: Verity only receives 
 Those keys guard only test USDC on a loopback chain thrown away at Ctrl-C; a real
 deployment sets its own X402_* environment and never runs this.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,15 @@ from web3 import Web3
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAIN_TOOLS = ROOT / "tools" / "chain"
-ARTIFACTS = (CHAIN_TOOLS / "node_modules" / "@offchainlabs" / "stablecoin-evm" / "artifacts"
-             / "hardhat" / "contracts")
+ARTIFACTS = (
+    CHAIN_TOOLS
+    / "node_modules"
+    / "@offchainlabs"
+    / "stablecoin-evm"
+    / "artifacts"
+    / "hardhat"
+    / "contracts"
+)
 TOKEN_ARTIFACT = ARTIFACTS / "v2" / "FiatTokenV2_2.sol" / "FiatTokenV2_2.json"
 CHECKER_ARTIFACT = ARTIFACTS / "util" / "SignatureChecker.sol" / "SignatureChecker.json"
 CHAIN_ID = 31337
@@ -71,11 +79,23 @@ def available() -> bool:
 def anvil_command(port: int) -> list[str]:
     binary = anvil_binary()
     if binary is None:
-        raise RuntimeError("anvil is not installed: run `npm ci --prefix tools/chain` "
-                           "(make deps does when node is present)")
+        raise RuntimeError(
+            "anvil is not installed: run `npm ci --prefix tools/chain` "
+            "(make deps does when node is present)"
+        )
     # Loopback only; no state file; a fixed chain id (the CAIP-2 network eip155:31337).
-    return [binary, "--host", "127.0.0.1", "--port", str(port), "--chain-id", str(CHAIN_ID),
-            "--silent", "--accounts", "1"]
+    return [
+        binary,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--chain-id",
+        str(CHAIN_ID),
+        "--silent",
+        "--accounts",
+        "1",
+    ]
 
 
 def _artifact(path: Path) -> dict:
@@ -89,7 +109,7 @@ def _linked_bytecode(artifact: dict, libraries: dict[str, str]) -> str:
             address = libraries[name][2:].lower()
             for ref in refs:
                 start = ref["start"] * 2
-                code = code[:start] + address + code[start + ref["length"] * 2:]
+                code = code[:start] + address + code[start + ref["length"] * 2 :]
     return "0x" + code
 
 
@@ -100,9 +120,15 @@ def _send(w3: Web3, tx) -> dict:
     return receipt
 
 
-def deploy(rpc_url: str, *, payers: list[str], facilitator: str,
-           extra_gas: tuple[str, ...] = (), refund_account: str = "",
-           refund_float: int = REFUND_FLOAT) -> dict:
+def deploy(
+    rpc_url: str,
+    *,
+    payers: list[str],
+    facilitator: str,
+    extra_gas: tuple[str, ...] = (),
+    refund_account: str = "",
+    refund_float: int = REFUND_FLOAT,
+) -> dict:
     """Deploy and initialise the token; fund payers (USDC), the facilitator (gas) and the
     refund account (its USDC float, minted, and gas): refunds are sent from it, never
     from pay_to."""
@@ -112,28 +138,43 @@ def deploy(rpc_url: str, *, payers: list[str], facilitator: str,
     lib = w3.eth.contract(abi=checker["abi"], bytecode=checker["bytecode"])
     lib_address = _send(w3, lib.constructor().transact({"from": admin}))["contractAddress"]
     token_artifact = _artifact(TOKEN_ARTIFACT)
-    factory = w3.eth.contract(abi=token_artifact["abi"], bytecode=_linked_bytecode(
-        token_artifact, {"SignatureChecker": lib_address}))
+    factory = w3.eth.contract(
+        abi=token_artifact["abi"],
+        bytecode=_linked_bytecode(token_artifact, {"SignatureChecker": lib_address}),
+    )
     address = _send(w3, factory.constructor().transact({"from": admin}))["contractAddress"]
     token = w3.eth.contract(address=address, abi=token_artifact["abi"])
     send = {"from": admin}
-    _send(w3, token.functions.initialize(TOKEN_NAME, "USDC", "USD", DECIMALS, admin, admin,
-                                         admin, admin).transact(send))
+    _send(
+        w3,
+        token.functions.initialize(
+            TOKEN_NAME, "USDC", "USD", DECIMALS, admin, admin, admin, admin
+        ).transact(send),
+    )
     _send(w3, token.functions.initializeV2(TOKEN_NAME).transact(send))
     _send(w3, token.functions.initializeV2_1(admin).transact(send))
     _send(w3, token.functions.initializeV2_2([], "USDC").transact(send))
     _send(w3, token.functions.configureMinter(admin, 2**255).transact(send))
     for payer in payers:
-        _send(w3, token.functions.mint(Web3.to_checksum_address(payer),
-                                       PAYER_FUNDS).transact(send))
+        _send(w3, token.functions.mint(Web3.to_checksum_address(payer), PAYER_FUNDS).transact(send))
     if refund_account:
-        _send(w3, token.functions.mint(Web3.to_checksum_address(refund_account),
-                                       refund_float).transact(send))
+        _send(
+            w3,
+            token.functions.mint(Web3.to_checksum_address(refund_account), refund_float).transact(
+                send
+            ),
+        )
     gas = (facilitator, *extra_gas, *((refund_account,) if refund_account else ()))
     for gas_payer in gas:  # the facilitator, the refund signer
         w3.provider.make_request("anvil_setBalance", [gas_payer, hex(10**21)])
-    return {"asset": address, "network": NETWORK, "token_name": TOKEN_NAME,
-            "token_version": TOKEN_VERSION, "decimals": DECIMALS, "admin": admin}
+    return {
+        "asset": address,
+        "network": NETWORK,
+        "token_name": TOKEN_NAME,
+        "token_version": TOKEN_VERSION,
+        "decimals": DECIMALS,
+        "admin": admin,
+    }
 
 
 # anvil's first account under its default mnemonic: the deployer of every fresh chain.
@@ -160,33 +201,48 @@ def local_env(*, port: int, facilitator_port: int) -> dict[str, str]:
     _pay_to_key, pay_to = local_key("pay-to")  # only its address: Verity receives there
     refund_key, _refund_account = local_key("refund")
     return {
-        "X402_ENABLED": "true", "X402_LOCAL_CHAIN": "true",
+        "X402_ENABLED": "true",
+        "X402_LOCAL_CHAIN": "true",
         "X402_RPC_URL": f"http://127.0.0.1:{port}",
         "X402_FACILITATOR_URL": f"http://127.0.0.1:{facilitator_port}",
-        "X402_NETWORK": NETWORK, "X402_ASSET": _create_address(ANVIL_ADMIN, TOKEN_DEPLOY_NONCE),
-        "X402_PAY_TO": pay_to, "X402_TOKEN_NAME": TOKEN_NAME, "X402_TOKEN_VERSION": TOKEN_VERSION,
+        "X402_NETWORK": NETWORK,
+        "X402_ASSET": _create_address(ANVIL_ADMIN, TOKEN_DEPLOY_NONCE),
+        "X402_PAY_TO": pay_to,
+        "X402_TOKEN_NAME": TOKEN_NAME,
+        "X402_TOKEN_VERSION": TOKEN_VERSION,
         "X402_REFUND_PRIVATE_KEY": refund_key,
     }
 
 
 def new_key() -> tuple[str, str]:
     account = Account.create()
-    return account.key.hex() if account.key.hex().startswith("0x") else "0x" + account.key.hex(), \
-        account.address
+    return account.key.hex() if account.key.hex().startswith(
+        "0x"
+    ) else "0x" + account.key.hex(), account.address
 
 
 def main(argv: list[str]) -> int:
     """For `make run`: anvil + the token + the SDK's facilitator on fixed loopback ports.
     With --print-env: print the X402_* exports (nothing started; exit 1 without Node)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int,
-                        default=int(os.environ.get("X402_CHAIN_PORT") or LOCAL_DEFAULT_PORTS[0]))
-    parser.add_argument("--facilitator-port", type=int, default=int(
-        os.environ.get("X402_FACILITATOR_PORT") or LOCAL_DEFAULT_PORTS[1]))
-    parser.add_argument("--print-env", action="store_true",
-                        help="print the settings of the chain this would start, and exit")
-    parser.add_argument("--ready-file", default="",
-                        help="written once the token is deployed and the facilitator answers")
+    parser.add_argument(
+        "--port", type=int, default=int(os.environ.get("X402_CHAIN_PORT") or LOCAL_DEFAULT_PORTS[0])
+    )
+    parser.add_argument(
+        "--facilitator-port",
+        type=int,
+        default=int(os.environ.get("X402_FACILITATOR_PORT") or LOCAL_DEFAULT_PORTS[1]),
+    )
+    parser.add_argument(
+        "--print-env",
+        action="store_true",
+        help="print the settings of the chain this would start, and exit",
+    )
+    parser.add_argument(
+        "--ready-file",
+        default="",
+        help="written once the token is deployed and the facilitator answers",
+    )
     args = parser.parse_args(argv)
     env = local_env(port=args.port, facilitator_port=args.facilitator_port)
     if args.print_env:
@@ -209,25 +265,44 @@ def main(argv: list[str]) -> int:
         fac_key, fac_address = local_key("facilitator")
         payer_key, payer = local_key("payer")
         _refund_key, refund_account = local_key("refund")
-        info = deploy(rpc, payers=[payer], facilitator=fac_address,
-                      refund_account=refund_account)
+        info = deploy(rpc, payers=[payer], facilitator=fac_address, refund_account=refund_account)
         if info["asset"] != env["X402_ASSET"]:
-            raise RuntimeError(f"token deployed at {info['asset']}, expected "
-                               f"{env['X402_ASSET']}: was anvil's chain fresh?")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tools.x402_facilitator", "--port",
-             str(args.facilitator_port), "--rpc-url", rpc, "--network", info["network"]],
-            cwd=ROOT, start_new_session=True,
-            env={**os.environ, "X402_FACILITATOR_KEY": fac_key}))
+            raise RuntimeError(
+                f"token deployed at {info['asset']}, expected "
+                f"{env['X402_ASSET']}: was anvil's chain fresh?"
+            )
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tools.x402_facilitator",
+                    "--port",
+                    str(args.facilitator_port),
+                    "--rpc-url",
+                    rpc,
+                    "--network",
+                    info["network"],
+                ],
+                cwd=ROOT,
+                start_new_session=True,
+                env={**os.environ, "X402_FACILITATOR_KEY": fac_key},
+            )
+        )
         _wait_http(f"{env['X402_FACILITATOR_URL']}/supported", procs[-1])
-        print("\n".join([
-            f"x402 chain {rpc} (token {info['asset']}), facilitator "
-            f"{env['X402_FACILITATOR_URL']}",
-            f"a funded test payer (10,000 USDC on this throwaway chain): {payer} "
-            f"key {payer_key}",
-            f"the refund account (its float: {REFUND_FLOAT // 10**DECIMALS:,} USDC): "
-            f"{refund_account}",
-        ]), flush=True)
+        print(
+            "\n".join(
+                [
+                    f"x402 chain {rpc} (token {info['asset']}), facilitator "
+                    f"{env['X402_FACILITATOR_URL']}",
+                    f"a funded test payer (10,000 USDC on this throwaway chain): {payer} "
+                    f"key {payer_key}",
+                    f"the refund account (its float: {REFUND_FLOAT // 10**DECIMALS:,} USDC): "
+                    f"{refund_account}",
+                ]
+            ),
+            flush=True,
+        )
         if args.ready_file:
             Path(args.ready_file).parent.mkdir(parents=True, exist_ok=True)
             Path(args.ready_file).write_text(str(os.getpid()))

@@ -25,6 +25,7 @@ The signer key comes from the environment (X402_FACILITATOR_KEY), never an argum
 Usage: python -m tools.x402_facilitator --port P --rpc-url URL --network eip155:31337
        [--confirmation-timeout 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,9 @@ class _State:
 JWT_MAX_LIFETIME = 120
 
 
-def cdp_jwt_refusal(authorization: str | None, *, key: dict, method: str, host: str,
-                    path: str, seen: set) -> str:
+def cdp_jwt_refusal(
+    authorization: str | None, *, key: dict, method: str, host: str, path: str, seen: set
+) -> str:
     """Why a CDP facilitator would refuse this request's credential ("" when it accepts)."""
     if not authorization or not authorization.startswith("Bearer "):
         return "missing_bearer_jwt"
@@ -68,9 +70,13 @@ def cdp_jwt_refusal(authorization: str | None, *, key: dict, method: str, host: 
     algorithm = "ES256" if isinstance(public, ec.EllipticCurvePublicKey) else "EdDSA"
     try:
         header = jwt.get_unverified_header(token)
-        claims = jwt.decode(token, public, algorithms=[algorithm], issuer="cdp",
-                            options={"require": ["exp", "nbf", "sub", "iss"],
-                                     "verify_aud": False})
+        claims = jwt.decode(
+            token,
+            public,
+            algorithms=[algorithm],
+            issuer="cdp",
+            options={"require": ["exp", "nbf", "sub", "iss"], "verify_aud": False},
+        )
     except jwt.ExpiredSignatureError:
         return "jwt_expired"
     except jwt.PyJWTError as exc:
@@ -90,9 +96,11 @@ def cdp_jwt_refusal(authorization: str | None, *, key: dict, method: str, host: 
 
 
 def build(*, rpc_url: str, network: str, confirmation_timeout: float) -> x402FacilitatorSync:
-    signer = FacilitatorWeb3Signer(private_key=os.environ["X402_FACILITATOR_KEY"],
-                                   rpc_url=rpc_url,
-                                   confirmation_timeout_seconds=confirmation_timeout)
+    signer = FacilitatorWeb3Signer(
+        private_key=os.environ["X402_FACILITATOR_KEY"],
+        rpc_url=rpc_url,
+        confirmation_timeout_seconds=confirmation_timeout,
+    )
     return register_exact_evm_facilitator(x402FacilitatorSync(), signer, networks=network)
 
 
@@ -122,10 +130,14 @@ def make_handler(facilitator: x402FacilitatorSync):
                 self._answer(401, {"error": "unauthorized"})
                 return False
             if cdp_key:
-                why = cdp_jwt_refusal(self.headers.get("Authorization"), key=cdp_key,
-                                      method=self.command, host=self.headers.get("Host", ""),
-                                      path=self.path.split("?", 1)[0],
-                                      seen=_State.seen_nonces)
+                why = cdp_jwt_refusal(
+                    self.headers.get("Authorization"),
+                    key=cdp_key,
+                    method=self.command,
+                    host=self.headers.get("Host", ""),
+                    path=self.path.split("?", 1)[0],
+                    seen=_State.seen_nonces,
+                )
                 if why:
                     self._answer(401, {"error": "unauthorized", "reason": why})
                     return False
@@ -135,8 +147,9 @@ def make_handler(facilitator: x402FacilitatorSync):
             if not self._authorized():
                 return None
             if self.path == "/supported":
-                return self._answer(200, facilitator.get_supported().model_dump(
-                    by_alias=True, exclude_none=True))
+                return self._answer(
+                    200, facilitator.get_supported().model_dump(by_alias=True, exclude_none=True)
+                )
             return self._answer(404, {"error": "not_found"})
 
         def do_POST(self):
@@ -150,9 +163,14 @@ def make_handler(facilitator: x402FacilitatorSync):
                     _State.bearer = str(body.get("bearer", _State.bearer))
                     if "cdp_key" in body:
                         _State.cdp_key = body["cdp_key"] or None
-                return self._answer(200, {"pending_status": _State.pending_status,
-                                          "auth": bool(_State.bearer),
-                                          "cdp_key": bool(_State.cdp_key)})
+                return self._answer(
+                    200,
+                    {
+                        "pending_status": _State.pending_status,
+                        "auth": bool(_State.bearer),
+                        "cdp_key": bool(_State.cdp_key),
+                    },
+                )
             if not self._authorized():
                 return None
             if self.path not in ("/verify", "/settle"):
@@ -182,8 +200,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--confirmation-timeout", type=float, default=3.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    facilitator = build(rpc_url=args.rpc_url, network=args.network,
-                        confirmation_timeout=args.confirmation_timeout)
+    facilitator = build(
+        rpc_url=args.rpc_url, network=args.network, confirmation_timeout=args.confirmation_timeout
+    )
     server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(facilitator))
     log.info("x402 facilitator on 127.0.0.1:%d for %s", args.port, args.network)
     try:

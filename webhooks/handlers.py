@@ -1,4 +1,5 @@
 """The outbox category webhooks owns (registered from WebhooksConfig.ready())."""
+
 from __future__ import annotations
 
 from recovery.models import OutboxCategory

@@ -1,4 +1,5 @@
 """Prometheus counters (default registry; /metrics is served by recovery.urls)."""
+
 from enum import StrEnum
 
 from prometheus_client import Counter
@@ -6,7 +7,9 @@ from prometheus_client import Counter
 # result: ingestion (received, duplicate, missing_signature, bad_signature,
 # stale_signature, malformed) and processing (applied, held, ignored, quarantined).
 WEBHOOK_RESULTS = Counter(
-    "verity_webhook_results", "Stripe webhook deliveries and processing results", ["result"],
+    "verity_webhook_results",
+    "Stripe webhook deliveries and processing results",
+    ["result"],
 )
 # The two results every accepted delivery counts, bound once (labels() takes a lock and
 # looks the series up on every call).
@@ -27,7 +30,9 @@ class WebhookFailure(StrEnum):
 # web process (a refused or failed request leaves no row to count at scrape time).
 # Alerts: deploy/prometheus/alerts.yml (VerityWebhookServerErrors pages on any 500).
 WEBHOOK_FAILURES = Counter(
-    "verity_webhook_failures", "Webhook requests refused or failed, by reason", ["reason"],
+    "verity_webhook_failures",
+    "Webhook requests refused or failed, by reason",
+    ["reason"],
 )
 
 for _reason in WebhookFailure:  # every series exists from the start (at 0) for increase()

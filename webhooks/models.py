@@ -14,8 +14,12 @@ class EventResult(models.TextChoices):
 
 # Results after which processing never runs again on its own (a person may release a
 # quarantined event; see webhooks.services.event_quarantine_release).
-FINAL_RESULTS = (EventResult.APPLIED, EventResult.IGNORED, EventResult.QUARANTINED,
-                 EventResult.REJECTED)
+FINAL_RESULTS = (
+    EventResult.APPLIED,
+    EventResult.IGNORED,
+    EventResult.QUARANTINED,
+    EventResult.REJECTED,
+)
 
 
 class ProviderEvent(models.Model):
@@ -26,8 +30,9 @@ class ProviderEvent(models.Model):
     created = models.DateTimeField(null=True)
     received_at = models.DateTimeField(auto_now_add=True, db_index=True)
     payload = models.JSONField(help_text="safe fields only")
-    result = models.CharField(max_length=16, choices=EventResult.choices,
-                              default=EventResult.PENDING)
+    result = models.CharField(
+        max_length=16, choices=EventResult.choices, default=EventResult.PENDING
+    )
     result_reason = models.CharField(max_length=200, blank=True)
     operation_id = models.CharField(max_length=40, blank=True)
     # From the object's metadata at ingestion (unverified until matched): lets a
@@ -49,15 +54,23 @@ class ProviderEvent(models.Model):
             models.Index(fields=["object_id"], name="providerevent_object_idx"),
             models.Index(fields=["operation_id"], name="providerevent_operation_idx"),
             models.Index(fields=["purchase_id"], name="providerevent_purchase_idx"),
-            models.Index(fields=["received_at"], condition=models.Q(result="quarantined"),
-                         name="providerevent_quarantine_idx"),
+            models.Index(
+                fields=["received_at"],
+                condition=models.Q(result="quarantined"),
+                name="providerevent_quarantine_idx",
+            ),
             # The console's held-events queue (support.queues), oldest first: as small
             # as the queue, while applied events (most of the table) stay out of it.
-            models.Index(fields=["received_at"], condition=models.Q(result="held"),
-                         name="providerevent_held_idx"),
+            models.Index(
+                fields=["received_at"],
+                condition=models.Q(result="held"),
+                name="providerevent_held_idx",
+            ),
             # The events still waiting (the /metrics gauges and the retention job): exact
             # counts that read the waiting rows only, never the applied history.
-            models.Index(fields=["result", "received_at"],
-                         condition=models.Q(result__in=["pending", "held", "quarantined"]),
-                         name="providerevent_waiting_idx"),
+            models.Index(
+                fields=["result", "received_at"],
+                condition=models.Q(result__in=["pending", "held", "quarantined"]),
+                name="providerevent_waiting_idx",
+            ),
         ]

@@ -8,6 +8,7 @@ a verdict, or None to let the ordinary matching judge the event (an event about
 Verity's own operation always goes there). Writes go through payments' services
 (`payments.services.disputes`, `payments.services.external`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,9 +37,13 @@ from . import selectors
 from .models import EventResult, ProviderEvent
 
 DISPUTE_EVENT_PREFIX = "charge.dispute."
-EXTERNAL_REFUND_EVENT_TYPES = frozenset({
-    "refund.created", "refund.updated", "charge.refund.updated",
-})
+EXTERNAL_REFUND_EVENT_TYPES = frozenset(
+    {
+        "refund.created",
+        "refund.updated",
+        "charge.refund.updated",
+    }
+)
 EXTERNAL_INTENT_EVENT_TYPES = frozenset({"payment_intent.succeeded", "payment_intent.canceled"})
 
 
@@ -70,8 +75,12 @@ def _actor(event: ProviderEvent) -> str:
 
 def _dispute(event: ProviderEvent) -> MoveVerdict:
     obj = dispute_from_event_payload(event.payload)
-    applied = dispute_apply_observation(obj=obj, verification=Verification.WEBHOOK,
-                                        cause=f"webhook:{event.type}"[:64], actor=_actor(event))
+    applied = dispute_apply_observation(
+        obj=obj,
+        verification=Verification.WEBHOOK,
+        cause=f"webhook:{event.type}"[:64],
+        actor=_actor(event),
+    )
     ids = {"operation_id": applied.operation_id, "purchase_id": applied.purchase_id}
     if applied.result == DisputeApply.APPLIED:
         return MoveVerdict(EventResult.APPLIED, "dispute", **ids)
@@ -89,9 +98,11 @@ def _dispute(event: ProviderEvent) -> MoveVerdict:
 def _payment_for(intent_id: str, charge_id: str):
     payment = selectors.payment_operation_for_intent(intent_id)
     if payment is None and charge_id:
-        payment = (PaymentOperation.objects.filter(provider_charge=charge_id,
-                                                   kind__in=PAYMENT_KINDS)
-                   .order_by("-created_at").first())
+        payment = (
+            PaymentOperation.objects.filter(provider_charge=charge_id, kind__in=PAYMENT_KINDS)
+            .order_by("-created_at")
+            .first()
+        )
     return payment
 
 
@@ -116,10 +127,13 @@ def _apply_to_external(event: ProviderEvent, op, obj) -> MoveVerdict:
     object carries none of Verity's metadata, which the ordinary matching would call a
     mismatch."""
 
-    applied = operation_apply_observation(operation_id=op.pk, obj=obj,
-                                          source=Verification.WEBHOOK,
-                                          cause=f"webhook:{event.type}"[:64],
-                                          actor=_actor(event))
+    applied = operation_apply_observation(
+        operation_id=op.pk,
+        obj=obj,
+        source=Verification.WEBHOOK,
+        cause=f"webhook:{event.type}"[:64],
+        actor=_actor(event),
+    )
     applied = ApplyResult(applied)
     value = applied.value
     ids = {"operation_id": op.pk, "purchase_id": op.purchase_id}
@@ -141,9 +155,13 @@ def _refund(event: ProviderEvent) -> MoveVerdict | None:
     payment = _payment_for(obj.payment_intent, charge)
     if payment is None:
         return None
-    recorded = external_refund_record(payment_operation_id=payment.pk, refund=obj,
-                                      verification=Verification.WEBHOOK,
-                                      cause=f"webhook:{event.type}"[:64], actor=_actor(event))
+    recorded = external_refund_record(
+        payment_operation_id=payment.pk,
+        refund=obj,
+        verification=Verification.WEBHOOK,
+        cause=f"webhook:{event.type}"[:64],
+        actor=_actor(event),
+    )
     return _external_verdict(recorded, fall_through_on=(ExternalResult.KNOWN,))
 
 
@@ -157,34 +175,49 @@ def _charge_refunded(event: ProviderEvent) -> None:
     refunded = data.get("amount_refunded")
     if payment is None or not isinstance(refunded, int):
         return
-    expected_account = (payment.provider_account or getattr(settings, "STRIPE_ACCOUNT", "")
-                        or "")
-    if obj.account != expected_account or (obj.currency and obj.currency.lower()
-                                           != payment.currency.lower()):
+    expected_account = payment.provider_account or getattr(settings, "STRIPE_ACCOUNT", "") or ""
+    if obj.account != expected_account or (
+        obj.currency and obj.currency.lower() != payment.currency.lower()
+    ):
         return  # the ordinary handler quarantines it
-    explained = (payment.children.filter(kind=OperationKind.REFUND)
-                 .exclude(outcome=Outcome.FAILED).aggregate(s=Sum("amount"))["s"] or 0)
+    explained = (
+        payment.children.filter(kind=OperationKind.REFUND)
+        .exclude(outcome=Outcome.FAILED)
+        .aggregate(s=Sum("amount"))["s"]
+        or 0
+    )
     if refunded > explained:
-        outbox_put(category=OutboxCategory.PROVIDER_REFUNDS_READ,
-                   payload={"operation": payment.pk},
-                   dedupe_key=f"refunds-read:{payment.pk}:{event.event_id}")
+        outbox_put(
+            category=OutboxCategory.PROVIDER_REFUNDS_READ,
+            payload={"operation": payment.pk},
+            dedupe_key=f"refunds-read:{payment.pk}:{event.event_id}",
+        )
 
 
 def _intent(event: ProviderEvent) -> MoveVerdict | None:
     obj = object_from_event_payload(event.payload)
     payment = selectors.payment_operation_for_intent(obj.id)
-    if (payment is None or payment.kind != OperationKind.AUTHORIZE
-            or payment.outcome != Outcome.SUCCEEDED):
+    if (
+        payment is None
+        or payment.kind != OperationKind.AUTHORIZE
+        or payment.outcome != Outcome.SUCCEEDED
+    ):
         return None
-    external = payment.children.filter(origin=Origin.PROVIDER,
-                                       kind=(OperationKind.CAPTURE if obj.succeeded
-                                             else OperationKind.VOID)).first()
+    external = payment.children.filter(
+        origin=Origin.PROVIDER,
+        kind=(OperationKind.CAPTURE if obj.succeeded else OperationKind.VOID),
+    ).first()
     if external is not None:  # redelivered or repeated: already recorded
-        return MoveVerdict(EventResult.IGNORED, "made_outside_verity_known", external.pk,
-                           external.purchase_id)
-    recorded = external_intent_move_record(payment_operation_id=payment.pk, obj=obj,
-                                           verification=Verification.WEBHOOK,
-                                           cause=f"webhook:{event.type}"[:64],
-                                           actor=_actor(event))
-    return _external_verdict(recorded, fall_through_on=(ExternalResult.NOT_EXTERNAL,
-                                                        ExternalResult.KNOWN))
+        return MoveVerdict(
+            EventResult.IGNORED, "made_outside_verity_known", external.pk, external.purchase_id
+        )
+    recorded = external_intent_move_record(
+        payment_operation_id=payment.pk,
+        obj=obj,
+        verification=Verification.WEBHOOK,
+        cause=f"webhook:{event.type}"[:64],
+        actor=_actor(event),
+    )
+    return _external_verdict(
+        recorded, fall_through_on=(ExternalResult.NOT_EXTERNAL, ExternalResult.KNOWN)
+    )

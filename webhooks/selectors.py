@@ -1,4 +1,5 @@
 """Reads for webhook processing and for the console (queues, timelines)."""
+
 from __future__ import annotations
 
 from django.db.models import Q, QuerySet
@@ -15,7 +16,8 @@ _PI_KINDS = (*PAYMENT_KINDS, OperationKind.CAPTURE, OperationKind.VOID)
 def quarantined_events() -> QuerySet[ProviderEvent]:
     """The operators' queue: oldest first."""
     return ProviderEvent.objects.filter(result=EventResult.QUARANTINED).order_by(
-        "received_at", "id")
+        "received_at", "id"
+    )
 
 
 def events_for_operation(op_id: str) -> QuerySet[ProviderEvent]:
@@ -30,6 +32,7 @@ def events_for_purchase(purchase_id: str) -> QuerySet[ProviderEvent]:
 
 # -- matching (reads payments' rows; the writes stay in payments.services) ------------
 
+
 def _operations():
     return PaymentOperation.objects.select_related("purchase", "parent")
 
@@ -38,8 +41,12 @@ def payment_operation_for_intent(intent_id: str):
     """The charge/authorize operation whose PaymentIntent this is, or None."""
     if not intent_id:
         return None
-    return (_operations().filter(provider_reference=intent_id, kind__in=PAYMENT_KINDS)
-            .order_by("-created_at").first())
+    return (
+        _operations()
+        .filter(provider_reference=intent_id, kind__in=PAYMENT_KINDS)
+        .order_by("-created_at")
+        .first()
+    )
 
 
 def operation_for_payment_intent(obj: ProviderObject):
@@ -50,11 +57,17 @@ def operation_for_payment_intent(obj: ProviderObject):
     otherwise the payment operation (where a late event is judged stale or conflicting).
     Falls back to the `operation_id` metadata when no operation holds the reference yet.
     """
-    ops = list(_operations().filter(
-        Q(provider_reference=obj.id, kind__in=_PI_KINDS)
-        | Q(parent__provider_reference=obj.id,
-            kind__in=(OperationKind.CAPTURE, OperationKind.VOID))
-    ).order_by("-created_at", "-pk"))
+    ops = list(
+        _operations()
+        .filter(
+            Q(provider_reference=obj.id, kind__in=_PI_KINDS)
+            | Q(
+                parent__provider_reference=obj.id,
+                kind__in=(OperationKind.CAPTURE, OperationKind.VOID),
+            )
+        )
+        .order_by("-created_at", "-pk")
+    )
     if not ops:
         meta_op = obj.metadata.get("operation_id")
         if not meta_op:
@@ -62,9 +75,12 @@ def operation_for_payment_intent(obj: ProviderObject):
         root = _operations().filter(pk=meta_op, kind__in=PAYMENT_KINDS).first()
         if root is None:
             return None
-        ops = [root, *_operations().filter(
-            parent=root, kind__in=(OperationKind.CAPTURE, OperationKind.VOID)
-        ).order_by("-created_at", "-pk")]
+        ops = [
+            root,
+            *_operations()
+            .filter(parent=root, kind__in=(OperationKind.CAPTURE, OperationKind.VOID))
+            .order_by("-created_at", "-pk"),
+        ]
         ops.sort(key=lambda o: (o.created_at, o.pk), reverse=True)
     for op in ops:
         if op.outcome not in TERMINAL_OUTCOMES:
@@ -77,9 +93,14 @@ def operation_for_payment_intent(obj: ProviderObject):
 
 def operation_for_refund(obj: ProviderObject):
     """The refund operation a Refund event is about: by reference, else metadata."""
-    op = (_operations().filter(provider_reference=obj.id, kind=OperationKind.REFUND)
-          .order_by("-created_at").first())
+    op = (
+        _operations()
+        .filter(provider_reference=obj.id, kind=OperationKind.REFUND)
+        .order_by("-created_at")
+        .first()
+    )
     if op is None and obj.metadata.get("operation_id"):
-        op = _operations().filter(pk=obj.metadata["operation_id"],
-                                  kind=OperationKind.REFUND).first()
+        op = (
+            _operations().filter(pk=obj.metadata["operation_id"], kind=OperationKind.REFUND).first()
+        )
     return op

@@ -4,6 +4,7 @@ that applies provider observations, and quarantine triage.
 Lock order (never reversed anywhere): ProviderEvent row, then the operation row (taken
 inside `payments.services.operation_apply_observation`).
 """
+
 from __future__ import annotations
 
 import json
@@ -62,12 +63,16 @@ HELD_BASE_DELAY_SECONDS = getattr(settings, "WEBHOOK_HELD_BASE_DELAY_SECONDS", 2
 HELD_MAX_DELAY_SECONDS = getattr(settings, "WEBHOOK_HELD_MAX_DELAY_SECONDS", 300.0)
 # ...polled at most this far apart; the settle of that record retries it at once
 # (held_events_retry_now, from the orchestrator's OPERATION_SETTLED follow-up).
-HELD_WAITING_MAX_DELAY_SECONDS = getattr(settings, "WEBHOOK_HELD_WAITING_MAX_DELAY_SECONDS",
-                                         60.0)
+HELD_WAITING_MAX_DELAY_SECONDS = getattr(settings, "WEBHOOK_HELD_WAITING_MAX_DELAY_SECONDS", 60.0)
 
-REFUND_EVENT_TYPES = frozenset({
-    "refund.created", "refund.updated", "refund.failed", "charge.refund.updated",
-})
+REFUND_EVENT_TYPES = frozenset(
+    {
+        "refund.created",
+        "refund.updated",
+        "refund.failed",
+        "charge.refund.updated",
+    }
+)
 CHARGE_REFUND_EVENT_TYPES = frozenset({"charge.refunded"})
 
 
@@ -103,14 +108,19 @@ def event_ingest(*, event: dict) -> bool:
     # naive UTC text; a raw aware value would be stored in another text format).
     adapt = connection.ops.adapt_datetimefield_value
     params = [
-        safe["id"][:100], safe["type"][:100], safe["account"][:100], obj["id"][:100],
-        adapt(created), adapt(timezone.now()), json.dumps(safe),
-        (EventResult.REJECTED if rejected else EventResult.PENDING).value, rejected,
+        safe["id"][:100],
+        safe["type"][:100],
+        safe["account"][:100],
+        obj["id"][:100],
+        adapt(created),
+        adapt(timezone.now()),
+        json.dumps(safe),
+        (EventResult.REJECTED if rejected else EventResult.PENDING).value,
+        rejected,
         "" if rejected else obj["metadata"].get("purchase_id", "")[:40],
     ]
     if connection.vendor == "postgresql" and not connection.in_atomic_block:
-        return _event_ingest_one_statement(params=params, rejected=rejected,
-                                           event_id=safe["id"])
+        return _event_ingest_one_statement(params=params, rejected=rejected, event_id=safe["id"])
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(_INSERT_SQL, params)
@@ -122,8 +132,11 @@ def event_ingest(*, event: dict) -> bool:
             WEBHOOK_RESULTS.labels(result=EventResult.REJECTED.value).inc()
             log.warning("webhook rejected event=%s reason=%s", safe["id"], rejected)
             return True
-        outbox_put(category=OutboxCategory.PROCESS_EVENT, payload={"event": row[0]},
-                   dedupe_key=f"event:{safe['id']}")
+        outbox_put(
+            category=OutboxCategory.PROCESS_EVENT,
+            payload={"event": row[0]},
+            dedupe_key=f"event:{safe['id']}",
+        )
     return True
 
 
@@ -131,8 +144,11 @@ def event_ingest(*, event: dict) -> bool:
 # CTE, atomic on its own, so no BEGIN/COMMIT round trips: 1 round trip instead of 4, and
 # the same guarantees (a duplicate writes nothing; a rejected event gets no outbox row).
 # SQLite has no INSERT inside WITH: it keeps the two statements in one transaction above.
-_INSERT_WITH_OUTBOX_SQL = """
-WITH e AS (""" + _INSERT_SQL + """),
+_INSERT_WITH_OUTBOX_SQL = (
+    """
+WITH e AS ("""
+    + _INSERT_SQL
+    + """),
 o AS (
     INSERT INTO recovery_outboxmessage
         (category, payload, dedupe_key, available_at, claimed_until, attempts, last_error,
@@ -143,12 +159,12 @@ o AS (
 )
 SELECT id FROM e
 """
+)
 
 
 def _event_ingest_one_statement(*, params: list, rejected: str, event_id: str) -> bool:
     now = connection.ops.adapt_datetimefield_value(timezone.now())
-    outbox = [OutboxCategory.PROCESS_EVENT.value, f"event:{event_id}", now, now,
-              not rejected]
+    outbox = [OutboxCategory.PROCESS_EVENT.value, f"event:{event_id}", now, now, not rejected]
     row = execute_prepared(_INSERT_WITH_OUTBOX_SQL, [*params, *outbox], fetch="one")
     if row is None:
         return False
@@ -164,6 +180,7 @@ def _event_ingest_one_statement(*, params: list, rejected: str, event_id: str) -
 
 
 # -- processing ----------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class _Verdict:
@@ -213,23 +230,28 @@ def _prompt_read_back_locked(operation_id: str) -> None:
     """Queue a read-back of the operation a held event waits for, if it can be read (open,
     or settled only by a person: an acknowledged outcome is no longer read on its own
     schedule after ACKNOWLEDGED_READBACK_SECONDS)."""
-    op = (PaymentOperation.objects.filter(pk=operation_id)
-          .values("outcome", "grade").first())
+    op = PaymentOperation.objects.filter(pk=operation_id).values("outcome", "grade").first()
     # Never sent, or being sent right now (its worker settles it): nothing to read yet.
-    if op is None or op["outcome"] in (Outcome.PENDING, Outcome.AWAITING_APPROVAL,
-                                       Outcome.DISPATCHING):
+    if op is None or op["outcome"] in (
+        Outcome.PENDING,
+        Outcome.AWAITING_APPROVAL,
+        Outcome.DISPATCHING,
+    ):
         return
     if op["outcome"] in TERMINAL_OUTCOMES and op["grade"] != Grade.ACKNOWLEDGED:
         return
     # A read-back already queued for later (the reconcile schedule) absorbs this one: make
     # it due now. Bounded by the held event's own cadence (HELD_WAITING_MAX_DELAY_SECONDS).
     key = f"reconcile:{operation_id}"
-    OutboxMessage.objects.filter(category=OutboxCategory.RECONCILE, dedupe_key=key,
-                                 processed_at__isnull=True,
-                                 available_at__gt=timezone.now()
-                                 ).update(available_at=timezone.now())
-    outbox_put(category=OutboxCategory.RECONCILE, payload={"operation": operation_id},
-               dedupe_key=key)
+    OutboxMessage.objects.filter(
+        category=OutboxCategory.RECONCILE,
+        dedupe_key=key,
+        processed_at__isnull=True,
+        available_at__gt=timezone.now(),
+    ).update(available_at=timezone.now())
+    outbox_put(
+        category=OutboxCategory.RECONCILE, payload={"operation": operation_id}, dedupe_key=key
+    )
 
 
 def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> str:
@@ -243,19 +265,25 @@ def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> str:
             if reason == "purchase_busy" and verdict.purchase_id:
                 # It waits for whatever holds the purchase's slot, not for its payment.
                 for busy in PaymentOperation.objects.filter(
-                        purchase_id=verdict.purchase_id,
-                        outcome__in=SLOT_HOLDING_OUTCOMES).values_list("pk", flat=True):
+                    purchase_id=verdict.purchase_id, outcome__in=SLOT_HOLDING_OUTCOMES
+                ).values_list("pk", flat=True):
                     _prompt_read_back_locked(busy)
             elif verdict.operation_id and reason in WAITING_ON_OWN_RECORD:
                 _prompt_read_back_locked(verdict.operation_id)
-            delay = min(HELD_BASE_DELAY_SECONDS * 2 ** (event.attempts - 1),
-                        HELD_WAITING_MAX_DELAY_SECONDS if reason in WAITING_ON_OWN_RECORD
-                        else HELD_MAX_DELAY_SECONDS)
+            delay = min(
+                HELD_BASE_DELAY_SECONDS * 2 ** (event.attempts - 1),
+                HELD_WAITING_MAX_DELAY_SECONDS
+                if reason in WAITING_ON_OWN_RECORD
+                else HELD_MAX_DELAY_SECONDS,
+            )
             # A new dedupe key per attempt: the message being handled right now is still
             # unprocessed and would absorb a re-put under the original key.
-            outbox_put(category=OutboxCategory.PROCESS_EVENT, payload={"event": event.pk},
-                       dedupe_key=f"event:{event.event_id}:held:{event.attempts}",
-                       delay_seconds=delay)
+            outbox_put(
+                category=OutboxCategory.PROCESS_EVENT,
+                payload={"event": event.pk},
+                dedupe_key=f"event:{event.event_id}:held:{event.attempts}",
+                delay_seconds=delay,
+            )
     event.result, event.result_reason = result, reason[:200]
     event.processed_at = None if result == EventResult.HELD else timezone.now()
     if verdict.operation_id:
@@ -265,8 +293,14 @@ def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> str:
         event.purchase_id = verdict.purchase_id
         fields.append("purchase_id")
     event.save(update_fields=fields)
-    log.info("webhook processed event=%s type=%s result=%s reason=%s operation=%s",
-             event.event_id, event.type, result, reason, event.operation_id)
+    log.info(
+        "webhook processed event=%s type=%s result=%s reason=%s operation=%s",
+        event.event_id,
+        event.type,
+        result,
+        reason,
+        event.operation_id,
+    )
     return result
 
 
@@ -275,16 +309,23 @@ def held_events_retry_now(*, operation_id: str) -> int:
     or a dispute of that payment, OWN_RECORD_UNSETTLED) are retried now instead of at their
     backoff. Call inside atomic(). Returns how many were waiting."""
     assert transaction.get_connection().in_atomic_block, "held_events_retry_now needs atomic()"
-    waiting = list(ProviderEvent.objects.filter(
-        operation_id=operation_id, result=EventResult.HELD,
-        result_reason__in=OWN_RECORD_UNSETTLED).values_list("pk", flat=True))
+    waiting = list(
+        ProviderEvent.objects.filter(
+            operation_id=operation_id,
+            result=EventResult.HELD,
+            result_reason__in=OWN_RECORD_UNSETTLED,
+        ).values_list("pk", flat=True)
+    )
     if waiting:
         OutboxMessage.objects.filter(
-            category=OutboxCategory.PROCESS_EVENT, processed_at__isnull=True,
-            payload__event__in=waiting, available_at__gt=timezone.now(),
+            category=OutboxCategory.PROCESS_EVENT,
+            processed_at__isnull=True,
+            payload__event__in=waiting,
+            available_at__gt=timezone.now(),
         ).update(available_at=timezone.now())
-        outbox_put(category=OutboxCategory.NOOP, payload={},
-                   dedupe_key=f"held-events-kick:{operation_id}")
+        outbox_put(
+            category=OutboxCategory.NOOP, payload={}, dedupe_key=f"held-events-kick:{operation_id}"
+        )
     return len(waiting)
 
 
@@ -324,9 +365,13 @@ def _void_of(op, obj: ProviderObject):
 
     if not obj.canceled or op.kind not in PAYMENT_KINDS:
         return None
-    return (PaymentOperation.objects.select_related("purchase", "parent")
-            .filter(parent=op, kind=OperationKind.VOID).exclude(outcome=Outcome.FAILED)
-            .order_by("-created_at").first())
+    return (
+        PaymentOperation.objects.select_related("purchase", "parent")
+        .filter(parent=op, kind=OperationKind.VOID)
+        .exclude(outcome=Outcome.FAILED)
+        .order_by("-created_at")
+        .first()
+    )
 
 
 def _older_than_current(event: ProviderEvent, op) -> bool:
@@ -336,21 +381,32 @@ def _older_than_current(event: ProviderEvent, op) -> bool:
 
     if event.created is None:
         return False
-    newer_event = ProviderEvent.objects.filter(
-        object_id=event.object_id, result=EventResult.APPLIED,
-        created__gt=event.created).exclude(pk=event.pk).exists()
+    newer_event = (
+        ProviderEvent.objects.filter(
+            object_id=event.object_id, result=EventResult.APPLIED, created__gt=event.created
+        )
+        .exclude(pk=event.pk)
+        .exists()
+    )
     if newer_event:
         return True
-    last = (OperationTransition.objects.filter(operation_id=op.pk, field="outcome",
-                                               target=op.outcome)
-            .order_by("-created_at", "-id").values_list("created_at", flat=True).first())
+    last = (
+        OperationTransition.objects.filter(operation_id=op.pk, field="outcome", target=op.outcome)
+        .order_by("-created_at", "-id")
+        .values_list("created_at", flat=True)
+        .first()
+    )
     return last is not None and event.created < last.replace(microsecond=0)
 
 
 def _apply(event: ProviderEvent, op, obj: ProviderObject) -> _Verdict:
     target = outcome_from_object(obj, kind=op.kind)
-    if (target is not None and target not in (Outcome.SUCCEEDED, Outcome.FAILED)
-            and not op.is_terminal and _older_than_current(event, op)):
+    if (
+        target is not None
+        and target not in (Outcome.SUCCEEDED, Outcome.FAILED)
+        and not op.is_terminal
+        and _older_than_current(event, op)
+    ):
         return _Verdict(EventResult.IGNORED, "stale_event", op.pk, op.purchase_id)
     if target == Outcome.FAILED and not obj.final and not op.is_terminal:
         # A failed attempt is not the provider's last word: the same PaymentIntent can
@@ -358,12 +414,20 @@ def _apply(event: ProviderEvent, op, obj: ProviderObject) -> _Verdict:
         # does not order its deliveries, so this event may be older than a success. It
         # settles nothing by itself: the provider's record, read back outside this
         # transaction, does (event_process -> _verify_failure_outside_transaction).
-        return _Verdict(EventResult.HELD, "unverified_failure", op.pk, op.purchase_id,
-                        decide=_verify_failure_outside_transaction)
+        return _Verdict(
+            EventResult.HELD,
+            "unverified_failure",
+            op.pk,
+            op.purchase_id,
+            decide=_verify_failure_outside_transaction,
+        )
 
     applied = operation_apply_observation(
-        operation_id=op.pk, obj=obj, source=Verification.WEBHOOK,
-        cause=f"webhook:{event.type}"[:64], actor=f"webhook:{event.event_id}"[:150],
+        operation_id=op.pk,
+        obj=obj,
+        source=Verification.WEBHOOK,
+        cause=f"webhook:{event.type}"[:64],
+        actor=f"webhook:{event.event_id}"[:150],
     )
     applied = ApplyResult(applied)
     value = applied.value
@@ -374,8 +438,13 @@ def _apply(event: ProviderEvent, op, obj: ProviderObject) -> _Verdict:
     if applied is ApplyResult.MISMATCH:
         return _Verdict(EventResult.QUARANTINED, "mismatch", op.pk, op.purchase_id)
     if applied is ApplyResult.CONFLICT:
-        return _Verdict(EventResult.QUARANTINED, "conflict", op.pk, op.purchase_id,
-                        decide=_resolve_conflict_outside_transaction)
+        return _Verdict(
+            EventResult.QUARANTINED,
+            "conflict",
+            op.pk,
+            op.purchase_id,
+            decide=_resolve_conflict_outside_transaction,
+        )
     raise ValueError(f"unexpected apply result {value!r}")
 
 
@@ -395,14 +464,17 @@ def _mismatch(op, obj: ProviderObject) -> str:
     else:
         payment = op
         expected_ref, expected_amount = op.provider_reference, op.amount
-    expected_account = (payment.provider_account or getattr(settings, "STRIPE_ACCOUNT", "")
-                        or "")
+    expected_account = payment.provider_account or getattr(settings, "STRIPE_ACCOUNT", "") or ""
     if obj.account != expected_account:
         return "account"
     if expected_ref and obj.id != expected_ref:
         return "reference"
-    if (op.kind == OperationKind.REFUND and obj.payment_intent and payment.provider_reference
-            and obj.payment_intent != payment.provider_reference):
+    if (
+        op.kind == OperationKind.REFUND
+        and obj.payment_intent
+        and payment.provider_reference
+        and obj.payment_intent != payment.provider_reference
+    ):
         return "reference"
     if obj.metadata.get("purchase_id") != op.purchase_id:
         return "purchase"
@@ -426,8 +498,7 @@ def _evaluate_charge_refunded(event: ProviderEvent, obj: ProviderObject) -> _Ver
     payment = selectors.payment_operation_for_intent(obj.payment_intent)
     if payment is None:
         return _Verdict(EventResult.HELD, "no_matching_operation")
-    expected_account = (payment.provider_account or getattr(settings, "STRIPE_ACCOUNT", "")
-                        or "")
+    expected_account = payment.provider_account or getattr(settings, "STRIPE_ACCOUNT", "") or ""
     why = ""
     if obj.account != expected_account:
         why = "account"
@@ -436,17 +507,27 @@ def _evaluate_charge_refunded(event: ProviderEvent, obj: ProviderObject) -> _Ver
     elif obj.currency and obj.currency.lower() != payment.currency.lower():
         why = "currency"
     if why:
-        return _Verdict(EventResult.QUARANTINED, f"mismatch:{why}", payment.pk,
-                        payment.purchase_id)
-    open_refunds = list(PaymentOperation.objects.filter(
-        parent=payment, kind=OperationKind.REFUND,
-        outcome__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER]).values_list("pk", flat=True))
+        return _Verdict(EventResult.QUARANTINED, f"mismatch:{why}", payment.pk, payment.purchase_id)
+    open_refunds = list(
+        PaymentOperation.objects.filter(
+            parent=payment,
+            kind=OperationKind.REFUND,
+            outcome__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER],
+        ).values_list("pk", flat=True)
+    )
     for op_id in open_refunds:
         # Own dedupe key: the reconciler's scheduled (delayed) message must not absorb it.
-        outbox_put(category=OutboxCategory.RECONCILE, payload={"operation": op_id},
-                   dedupe_key=f"reconcile:{op_id}:{event.event_id}")
-    return _Verdict(EventResult.IGNORED, f"charge_refunded_prompt:{len(open_refunds)}",
-                    payment.pk, payment.purchase_id)
+        outbox_put(
+            category=OutboxCategory.RECONCILE,
+            payload={"operation": op_id},
+            dedupe_key=f"reconcile:{op_id}:{event.event_id}",
+        )
+    return _Verdict(
+        EventResult.IGNORED,
+        f"charge_refunded_prompt:{len(open_refunds)}",
+        payment.pk,
+        payment.purchase_id,
+    )
 
 
 def _read_back_outside_transaction(operation_id: str, *, actor: str) -> PaymentOperation:
@@ -512,14 +593,25 @@ def _read_canonical_outside_transaction(op, obj: ProviderObject) -> ProviderObje
 
 # -- quarantine triage ---------------------------------------------------------------
 
-def _audit(*, acting_user, action: str, event: ProviderEvent, reason: str, before: dict,
-           ip: str | None):
+
+def _audit(
+    *, acting_user, action: str, event: ProviderEvent, reason: str, before: dict, ip: str | None
+):
     return audit_write(
-        actor=acting_user.get_username(), action=action, target_type="provider_event", target_id=str(event.pk),
-        reason=reason, purchase_id=event.purchase_id, ip=ip, before=before,
+        actor=acting_user.get_username(),
+        action=action,
+        target_type="provider_event",
+        target_id=str(event.pk),
+        reason=reason,
+        purchase_id=event.purchase_id,
+        ip=ip,
+        before=before,
         after={"result": event.result, "reason": event.result_reason},
-        detail={"event": event.event_id, "type": event.type,
-                "previous_reason": before.get("reason", "")},
+        detail={
+            "event": event.event_id,
+            "type": event.type,
+            "previous_reason": before.get("reason", ""),
+        },
     )
 
 
@@ -527,17 +619,23 @@ def _triage_locked(*, event_id: int, acting_user, reason: str) -> ProviderEvent:
     # The permission (Action.TRIAGE_QUARANTINE) is checked at the edge, by the console's
     # support.services.event_triage_by_user, before this runs.
     if not (reason or "").strip():
-        raise DomainError(ErrorCode.REASON_REQUIRED, "A reason is required.", status=422,
-                          owner="support")
+        raise DomainError(
+            ErrorCode.REASON_REQUIRED, "A reason is required.", status=422, owner="support"
+        )
     event = ProviderEvent.objects.select_for_update().get(pk=event_id)
     if event.result != EventResult.QUARANTINED:
-        raise DomainError(ErrorCode.EVENT_NOT_QUARANTINED, "This event is not quarantined.",
-                          status=409, owner="support")
+        raise DomainError(
+            ErrorCode.EVENT_NOT_QUARANTINED,
+            "This event is not quarantined.",
+            status=409,
+            owner="support",
+        )
     return event
 
 
-def event_quarantine_release(*, event_id: int, acting_user, reason: str,
-                             ip: str | None = None) -> ProviderEvent:
+def event_quarantine_release(
+    *, event_id: int, acting_user, reason: str, ip: str | None = None
+) -> ProviderEvent:
     """Send a quarantined event through processing again (e.g. after the operation it
     names was corrected). Matching rules still apply: a mismatched event is quarantined
     again, never forced through."""
@@ -547,15 +645,25 @@ def event_quarantine_release(*, event_id: int, acting_user, reason: str,
         event.result, event.result_reason, event.attempts = EventResult.PENDING, "", 0
         event.processed_at = None
         event.save(update_fields=["result", "result_reason", "attempts", "processed_at"])
-        audit = _audit(acting_user=acting_user, action="webhook_event_release", event=event,
-                       reason=reason, before=before, ip=ip)
-        outbox_put(category=OutboxCategory.PROCESS_EVENT, payload={"event": event.pk},
-                   dedupe_key=f"event:{event.event_id}:release:{audit.pk}")
+        audit = _audit(
+            acting_user=acting_user,
+            action="webhook_event_release",
+            event=event,
+            reason=reason,
+            before=before,
+            ip=ip,
+        )
+        outbox_put(
+            category=OutboxCategory.PROCESS_EVENT,
+            payload={"event": event.pk},
+            dedupe_key=f"event:{event.event_id}:release:{audit.pk}",
+        )
     return event
 
 
-def event_quarantine_dismiss(*, event_id: int, acting_user, reason: str,
-                             ip: str | None = None) -> ProviderEvent:
+def event_quarantine_dismiss(
+    *, event_id: int, acting_user, reason: str, ip: str | None = None
+) -> ProviderEvent:
     """Close a quarantined event without applying it (recorded as ignored)."""
     with transaction.atomic():
         event = _triage_locked(event_id=event_id, acting_user=acting_user, reason=reason)
@@ -564,6 +672,12 @@ def event_quarantine_dismiss(*, event_id: int, acting_user, reason: str,
         event.result_reason = f"dismissed:{before['reason']}"[:200]
         event.processed_at = timezone.now()
         event.save(update_fields=["result", "result_reason", "processed_at"])
-        _audit(acting_user=acting_user, action="webhook_event_dismiss", event=event,
-               reason=reason, before=before, ip=ip)
+        _audit(
+            acting_user=acting_user,
+            action="webhook_event_dismiss",
+            event=event,
+            reason=reason,
+            before=before,
+            ip=ip,
+        )
     return event

@@ -7,6 +7,7 @@ verification writes nothing, and the only writes (the event row and its outbox r
 are one explicit `atomic()` in `event_ingest`, so a refused delivery never opens one
 and an accepted one commits before the 200 is sent.
 """
+
 import logging
 
 from django.conf import settings
@@ -30,8 +31,10 @@ log = logging.getLogger(__name__)
 
 # The two answers to an accepted delivery, encoded once (JsonResponse's bytes for the same
 # dicts): every delivery gets one of them.
-_ACCEPTED = {duplicate: JsonResponse({"received": True, "duplicate": duplicate}).content
-             for duplicate in (False, True)}
+_ACCEPTED = {
+    duplicate: JsonResponse({"received": True, "duplicate": duplicate}).content
+    for duplicate in (False, True)
+}
 
 
 @csrf_exempt
@@ -64,6 +67,7 @@ def _receive(request):
         return JsonResponse({"error": exc.reason}, status=400)
     inserted = event_ingest(event=event)
     (WEBHOOK_RECEIVED if inserted else WEBHOOK_DUPLICATE).inc()
-    log.info("webhook accepted event=%s type=%s duplicate=%s", event["id"], event["type"],
-             not inserted)
+    log.info(
+        "webhook accepted event=%s type=%s duplicate=%s", event["id"], event["type"], not inserted
+    )
     return HttpResponse(_ACCEPTED[not inserted], content_type="application/json")

@@ -69,8 +69,7 @@ API_AUTH_FAILURES_PER_PREFIX = env.int("API_AUTH_FAILURES_PER_PREFIX", default=5
 # and basket within this window of a
 # paid or unresolved purchase is refused 409 probable_duplicate_purchase (per product:
 # Product.duplicate_window_seconds / never_twice). A buyer lifts it on the status page.
-DUPLICATE_PURCHASE_WINDOW_SECONDS = env.int("DUPLICATE_PURCHASE_WINDOW_SECONDS",
-                                            default=24 * 3600)
+DUPLICATE_PURCHASE_WINDOW_SECONDS = env.int("DUPLICATE_PURCHASE_WINDOW_SECONDS", default=24 * 3600)
 BUYER_CONFIRMATION_TTL_SECONDS = env.int("BUYER_CONFIRMATION_TTL_SECONDS", default=1800)
 # Payment attempts (the first payment plus its retries) per purchase; then support owns it.
 PAYMENT_ATTEMPTS_MAX = env.int("PAYMENT_ATTEMPTS_MAX", default=3)

@@ -98,8 +98,10 @@ SESSION_COOKIE_AGE = SESSION_MAX_AGE_SECONDS
 SESSION_EXPIRE_AT_BROWSER_CLOSE = True
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
-     "OPTIONS": {"min_length": 12}},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 12},
+    },
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
@@ -114,8 +116,11 @@ SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
 SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
 SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
-SECURE_PROXY_SSL_HEADER = (("HTTP_X_FORWARDED_PROTO", "https")
-                           if env.bool("TRUST_X_FORWARDED_PROTO", default=False) else None)
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_X_FORWARDED_PROTO", "https")
+    if env.bool("TRUST_X_FORWARDED_PROTO", default=False)
+    else None
+)
 # Request size limits: nothing Verity accepts is larger than this.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256 * 1024)
 
@@ -127,8 +132,13 @@ LOGGING = {
     },
     # Status tokens are customers' credentials: redacted from every line.
     "filters": {"status_tokens": {"()": "config.log_redaction.StatusTokenFilter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv",
-                             "filters": ["status_tokens"]}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "kv",
+            "filters": ["status_tokens"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
     # The SDK logs request lines at debug; keep it quiet so nothing sensitive leaks.
     "loggers": {"stripe": {"level": "WARNING"}},

@@ -1,9 +1,7 @@
 from config.env import VAR_DIR, env
 
 # PostgreSQL in production and tests; SQLite only for `make run`'s embedded default.
-DATABASES = {
-    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'verity.sqlite3'}")
-}
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'verity.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # IMMEDIATE takes the write lock at BEGIN, so two writers serialize instead of
     # failing with "database is locked" half-way through (select_for_update is a no-op).
@@ -40,21 +38,24 @@ if DATABASE_REPLICA_URL:
     if IS_SQLITE:
         raise ImproperlyConfigured(
             "DATABASE_REPLICA_URL needs PostgreSQL: the embedded SQLite default has no "
-            "replica (unset DATABASE_REPLICA_URL or set DATABASE_URL to PostgreSQL)")
+            "replica (unset DATABASE_REPLICA_URL or set DATABASE_URL to PostgreSQL)"
+        )
     DATABASES["replica"] = env.db("DATABASE_REPLICA_URL")
     if DATABASES["replica"]["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured("DATABASE_REPLICA_URL must be a postgres:// URL")
-    DATABASES["replica"].update({
-        "CONN_MAX_AGE": DATABASES["default"]["CONN_MAX_AGE"],
-        "CONN_HEALTH_CHECKS": True,
-        "ATOMIC_REQUESTS": False,
-        # A replica that does not answer within this is treated as down (the router
-        # falls back to the primary), instead of holding a console request.
-        "OPTIONS": {"connect_timeout": env.int("DATABASE_REPLICA_CONNECT_TIMEOUT", default=2)},
-        # Under Django's test runner the replica alias mirrors the primary (a standby
-        # cannot create a test database); tests/replica uses the real standby instead.
-        "TEST": {"MIRROR": "default"},
-    })
+    DATABASES["replica"].update(
+        {
+            "CONN_MAX_AGE": DATABASES["default"]["CONN_MAX_AGE"],
+            "CONN_HEALTH_CHECKS": True,
+            "ATOMIC_REQUESTS": False,
+            # A replica that does not answer within this is treated as down (the router
+            # falls back to the primary), instead of holding a console request.
+            "OPTIONS": {"connect_timeout": env.int("DATABASE_REPLICA_CONNECT_TIMEOUT", default=2)},
+            # Under Django's test runner the replica alias mirrors the primary (a standby
+            # cannot create a test database); tests/replica uses the real standby instead.
+            "TEST": {"MIRROR": "default"},
+        }
+    )
     DATABASE_ROUTERS = ["config.db_router.ReplicaRouter"]
 # Reads use the replica only while its replay lag is at most this (else the primary), checked
 # at most every REPLICA_LAG_CHECK_SECONDS per process.

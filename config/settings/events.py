@@ -1,4 +1,5 @@
 """Storefront events and webhook endpoints (docs/events.md)."""
+
 from config.env import env
 
 from .base import DEBUG, SECRET_KEY
@@ -10,7 +11,8 @@ EVENTS_SECRET_KEY = env("EVENTS_SECRET_KEY", default="") or SECRET_KEY
 WEBHOOK_RETRY_SECONDS = env.int("WEBHOOK_RETRY_SECONDS", default=3 * 86400)
 # Delay before attempt n+1 (the last value repeats): 5 s, 5 min, 30 min, 2 h, 5 h, 10 h.
 WEBHOOK_RETRY_SCHEDULE_SECONDS = env.list(
-    "WEBHOOK_RETRY_SCHEDULE_SECONDS", cast=float, default=[5, 300, 1800, 7200, 18000, 36000])
+    "WEBHOOK_RETRY_SCHEDULE_SECONDS", cast=float, default=[5, 300, 1800, 7200, 18000, 36000]
+)
 # An endpoint whose every attempt has failed for this long is disabled, its owner told.
 WEBHOOK_DISABLE_AFTER_SECONDS = env.int("WEBHOOK_DISABLE_AFTER_SECONDS", default=3 * 86400)
 WEBHOOK_CONNECT_TIMEOUT_SECONDS = env.float("WEBHOOK_CONNECT_TIMEOUT_SECONDS", default=3.0)

@@ -27,9 +27,17 @@ FAULT_DRILLS_ENABLED = env.bool("FAULT_DRILLS_ENABLED", default=True)
 # Chaos (soak only): a seeded fraction of provider requests gets a random drill.
 FAULT_DRILL_RANDOM_RATE = env.float("FAULT_DRILL_RANDOM_RATE", default=0.0)
 FAULT_DRILL_RANDOM_SEED = env.int("FAULT_DRILL_RANDOM_SEED", default=0)
-FAULT_DRILL_RANDOM_MODES = env.list("FAULT_DRILL_RANDOM_MODES", default=[
-    "drop_response_after_send", "timeout_before_send", "reset_after_write", "http_500",
-    "http_409", "read_unavailable"])
+FAULT_DRILL_RANDOM_MODES = env.list(
+    "FAULT_DRILL_RANDOM_MODES",
+    default=[
+        "drop_response_after_send",
+        "timeout_before_send",
+        "reset_after_write",
+        "http_500",
+        "http_409",
+        "read_unavailable",
+    ],
+)
 # How long the provider may take to apply a confirm it has not yet applied. A PaymentIntent
 # still `requires_confirmation` after this is an unapplied write: escalated at once, and the
 # console may cancel it at the provider and mark the payment failed

@@ -22,7 +22,10 @@ else:
         # Publishing (the outbox's on-commit kick) gives up fast when Redis is down:
         # kombu's defaults retry the channel for ~6 s, holding a committed request that
         # long. The row is committed already; the beat sweep re-kicks when Redis is back.
-        "max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5,
+        "max_retries": 1,
+        "interval_start": 0,
+        "interval_step": 0.2,
+        "interval_max": 0.5,
     }
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
@@ -97,29 +100,47 @@ RETENTION_MAX_BATCHES = env.int("RETENTION_MAX_BATCHES", default=200)
 # write outbox rows; the relay does it.
 CELERY_BEAT_SCHEDULE = {
     # Storefront webhooks due for a (re)try; commits kick it sooner (events.delivery).
-    "webhook-deliveries": {"task": "events.deliver_due",
-                           "schedule": env.float("WEBHOOK_SWEEP_SECONDS", default=5.0)},
-    "events-prune": {"task": "events.prune",
-                     "schedule": env.float("EVENTS_PRUNE_SWEEP_SECONDS", default=3600.0)},
+    "webhook-deliveries": {
+        "task": "events.deliver_due",
+        "schedule": env.float("WEBHOOK_SWEEP_SECONDS", default=5.0),
+    },
+    "events-prune": {
+        "task": "events.prune",
+        "schedule": env.float("EVENTS_PRUNE_SWEEP_SECONDS", default=3600.0),
+    },
     "outbox-sweep": {"task": "recovery.relay_drain", "schedule": OUTBOX_SWEEP_SECONDS},
-    "reconcile-due": {"task": "recovery.reconcile_due",
-                      "schedule": env.float("RECONCILE_SWEEP_SECONDS", default=10.0)},
-    "dead-dispatches": {"task": "recovery.sweep_dead_dispatches",
-                        "schedule": env.float("DEAD_DISPATCH_SWEEP_SECONDS", default=15.0)},
-    "stalled-fulfilment": {"task": "recovery.resume_stalled_fulfilment",
-                           "schedule": env.float("STALLED_FULFILMENT_SWEEP_SECONDS",
-                                                 default=60.0)},
-    "expire-stale-purchases": {"task": "recovery.expire_stale_purchases",
-                               "schedule": env.float("EXPIRE_SWEEP_SECONDS", default=60.0)},
-    "settlement-compare": {"task": "recovery.settlement_compare",
-                           "schedule": env.float("SETTLEMENT_SWEEP_SECONDS", default=3600.0)},
-    "disputes-refresh": {"task": "recovery.disputes_refresh_open",
-                         "schedule": env.float("DISPUTE_REFRESH_SWEEP_SECONDS",
-                                               default=3600.0)},
-    "x402-finality": {"task": "recovery.x402_finality",
-                      "schedule": env.float("X402_FINALITY_SWEEP_SECONDS", default=30.0)},
-    "retention-prune": {"task": "recovery.retention_prune",
-                        "schedule": env.float("RETENTION_SWEEP_SECONDS", default=600.0)},
+    "reconcile-due": {
+        "task": "recovery.reconcile_due",
+        "schedule": env.float("RECONCILE_SWEEP_SECONDS", default=10.0),
+    },
+    "dead-dispatches": {
+        "task": "recovery.sweep_dead_dispatches",
+        "schedule": env.float("DEAD_DISPATCH_SWEEP_SECONDS", default=15.0),
+    },
+    "stalled-fulfilment": {
+        "task": "recovery.resume_stalled_fulfilment",
+        "schedule": env.float("STALLED_FULFILMENT_SWEEP_SECONDS", default=60.0),
+    },
+    "expire-stale-purchases": {
+        "task": "recovery.expire_stale_purchases",
+        "schedule": env.float("EXPIRE_SWEEP_SECONDS", default=60.0),
+    },
+    "settlement-compare": {
+        "task": "recovery.settlement_compare",
+        "schedule": env.float("SETTLEMENT_SWEEP_SECONDS", default=3600.0),
+    },
+    "disputes-refresh": {
+        "task": "recovery.disputes_refresh_open",
+        "schedule": env.float("DISPUTE_REFRESH_SWEEP_SECONDS", default=3600.0),
+    },
+    "x402-finality": {
+        "task": "recovery.x402_finality",
+        "schedule": env.float("X402_FINALITY_SWEEP_SECONDS", default=30.0),
+    },
+    "retention-prune": {
+        "task": "recovery.retention_prune",
+        "schedule": env.float("RETENTION_SWEEP_SECONDS", default=600.0),
+    },
 }
 # On-demand read-backs (API/MCP reconcile): at most one per operation in this many seconds.
 RECONCILE_ON_DEMAND_COOLDOWN_SECONDS = env.int("RECONCILE_ON_DEMAND_COOLDOWN_SECONDS", default=5)

@@ -1,5 +1,6 @@
 """The x402 rail (docs/x402.md). Off unless X402_ENABLED: `make run`
 turns it on when Node and the local chain are installed, tests.stack --x402 always."""
+
 from config.env import env
 
 X402_ENABLED = env.bool("X402_ENABLED", default=False)

@@ -4,6 +4,7 @@ djangorestframework-api-key ships a *permission* class only; this authentication
 returns the ApiClient as both `request.user` and `request.auth`, so throttles, audit rows
 and ownership checks key on the client (docs/architecture.md#stack-traps).
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,12 @@ def _failure_keys(request, key: str) -> list[tuple[str, int]]:
     """(cache key, limit) for each thing failed authentications are counted against: the
     client address (config.client_address: TRUSTED_PROXY_COUNT applies) and the key's
     prefix (the part before the dot, which names one ApiClient)."""
-    keys = [(f"api-auth-fail:ip:{client_address(request) or '-'}",
-             settings.API_AUTH_FAILURES_PER_ADDRESS)]
+    keys = [
+        (
+            f"api-auth-fail:ip:{client_address(request) or '-'}",
+            settings.API_AUTH_FAILURES_PER_ADDRESS,
+        )
+    ]
     prefix = key.partition(".")[0][:16] if "." in key else ""
     if prefix:
         keys.append((f"api-auth-fail:prefix:{prefix}", settings.API_AUTH_FAILURES_PER_PREFIX))
@@ -175,9 +180,12 @@ class ApiClientRateThrottle(SimpleRateThrottle):
         if decision is None:
             lock_keys = getattr(request, DEFERRED_LOCKOUT, None) or ()
             try:
-                decision = rate_limit_hit(ident=self.get_cache_key(request, view),
-                                          limit=self.num_requests,
-                                          window_seconds=self.duration, lock_keys=lock_keys)
+                decision = rate_limit_hit(
+                    ident=self.get_cache_key(request, view),
+                    limit=self.num_requests,
+                    window_seconds=self.duration,
+                    lock_keys=lock_keys,
+                )
             except Exception:  # noqa: BLE001 - the cache is Redis; an outage must not 500
                 logger.warning("throttle cache unavailable; request allowed", exc_info=True)
                 return True
@@ -203,7 +211,11 @@ try:  # documents the scheme in /api/schema/ (registration happens on import)
         name = "ApiKey"
 
         def get_security_definition(self, auto_schema):
-            return {"type": "apiKey", "in": "header", "name": "Authorization",
-                    "description": "`Api-Key <key>` (keys are shown once at creation)."}
+            return {
+                "type": "apiKey",
+                "in": "header",
+                "name": "Authorization",
+                "description": "`Api-Key <key>` (keys are shown once at creation).",
+            }
 except ImportError:  # pragma: no cover - drf-spectacular is a dependency
     pass

@@ -18,6 +18,7 @@ same headers (`Allow`, `Cache-Control: no-store`, `Idempotent-Replayed: true`); 
 compares both paths byte for byte (tests/api/test_fast_path_equivalence.py).
 `API_FAST_PATH = False` turns it off.
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,15 +53,19 @@ _IDEM_META = "HTTP_" + HEADER.upper().replace("-", "_")
 
 def _allow_header(cls) -> str:
     # DRF's `Allow`: the methods the view defines (Django adds `head` for a `get`).
-    names = [m for m in cls.http_method_names
-             if hasattr(cls, m) or (m == "head" and hasattr(cls, "get"))]
+    names = [
+        m for m in cls.http_method_names if hasattr(cls, m) or (m == "head" and hasattr(cls, "get"))
+    ]
     return ", ".join(m.upper() for m in names)
 
 
 def _clean(request, kwargs, method: str) -> bool:
-    return (request.method == method and not request.META.get("QUERY_STRING")
-            and _json_only(request.META.get("HTTP_ACCEPT"))
-            and not any("\x00" in str(v) for v in kwargs.values()))
+    return (
+        request.method == method
+        and not request.META.get("QUERY_STRING")
+        and _json_only(request.META.get("HTTP_ACCEPT"))
+        and not any("\x00" in str(v) for v in kwargs.values())
+    )
 
 
 def _json_only(accept: str | None) -> bool:
@@ -88,8 +93,9 @@ def _count(request, client, key: str) -> PendingDecision:
     limit, window = parse_rate(settings.API_THROTTLE_RATE)
     throttle = ApiClientRateThrottle
     ident = throttle.cache_format % {"scope": throttle.scope, "ident": f"client:{client.pk}"}
-    return rate_limit_send(ident=ident, limit=limit, window_seconds=window,
-                           lock_keys=_failure_keys(request, key))
+    return rate_limit_send(
+        ident=ident, limit=limit, window_seconds=window, lock_keys=_failure_keys(request, key)
+    )
 
 
 def _allowed(request, pending: PendingDecision) -> bool:
@@ -108,8 +114,11 @@ def _allowed(request, pending: PendingDecision) -> bool:
 
 
 def _answer(data: dict, *, allow: str, headers: dict | None = None) -> HttpResponse:
-    response = HttpResponse(_RENDERER.render(data, JSONRenderer.media_type, {}),
-                            status=200, content_type=JSONRenderer.media_type)
+    response = HttpResponse(
+        _RENDERER.render(data, JSONRenderer.media_type, {}),
+        status=200,
+        content_type=JSONRenderer.media_type,
+    )
     for name, value in (headers or {}).items():
         response[name] = value
     response["Allow"] = allow
@@ -129,8 +138,9 @@ def _purchase_get(request, kwargs, *, allow: str, scope: str, route: str):
     try:
         # The purchase and every read of its view: one round trip (payments.view_queries),
         # overlapping the limiter's.
-        view = presenters.purchase_view_for_client(purchase_id=kwargs["purchase_id"],
-                                                   api_client=client)
+        view = presenters.purchase_view_for_client(
+            purchase_id=kwargs["purchase_id"], api_client=client
+        )
     finally:
         allowed = _allowed(request, pending)
     if not allowed:
@@ -158,20 +168,21 @@ def _payment_replay(request, kwargs, *, allow: str, scope: str, route: str):
     try:
         # The record and the operation it names: one statement (payments.api.idempotency),
         # overlapping the limiter's round trip.
-        op = idempotency_replayed_operation(api_client=client, route=route, key=idem_key,
-                                            path=request.path, body=body)
+        op = idempotency_replayed_operation(
+            api_client=client, route=route, key=idem_key, path=request.path, body=body
+        )
     finally:
         allowed = _allowed(request, pending)
     if op is None or not allowed:
         return None
     IDEMPOTENT_REPLAYS.labels(route=route).inc()
-    return _answer(presenters.operation_view(op), allow=allow,
-                   headers={REPLAYED_HEADER: "true"})
+    return _answer(presenters.operation_view(op), allow=allow, headers={REPLAYED_HEADER: "true"})
 
 
-_HANDLERS = {"purchase_get": (_purchase_get, "purchases:read", "purchases_retrieve"),
-             "payment_replay": (_payment_replay, "purchases:write",
-                                "purchases_payments_create")}
+_HANDLERS = {
+    "purchase_get": (_purchase_get, "purchases:read", "purchases_retrieve"),
+    "payment_replay": (_payment_replay, "purchases:write", "purchases_payments_create"),
+}
 
 
 _FAST = "verity_fast_path"  # on a view wrapped by `fast`: how to answer it early

@@ -4,6 +4,7 @@ replay's body. The contract itself — claim, replay, take-over, fenced binding,
 release — is the core's, once for every face: payments.keyed. The old names stay here for
 callers outside the faces (their refusals as problem documents).
 """
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -33,14 +34,20 @@ def key_from_headers(headers) -> str:
     key = (headers.get(HEADER) or "").strip()
     if not key:
         raise Problem(
-            code=ErrorCode.IDEMPOTENCY_KEY_REQUIRED, status=400, retry=RetryAdvice.SAME_KEY,
+            code=ErrorCode.IDEMPOTENCY_KEY_REQUIRED,
+            status=400,
+            retry=RetryAdvice.SAME_KEY,
             detail=f"This request creates an effect: send an {HEADER} header (a unique "
-                   "value per intended effect, reused only to retry that same request).",
+            "value per intended effect, reused only to retry that same request).",
             action_message=f"Generate one {HEADER} for this intent, send it, and reuse it "
-                           "only when retrying this exact request.")
+            "only when retrying this exact request.",
+        )
     if len(key) > MAX_KEY_LENGTH or not key.isprintable():
-        raise Problem(code=ErrorCode.INVALID_REQUEST, status=400,
-                      detail=f"{HEADER} must be 1-{MAX_KEY_LENGTH} printable characters.")
+        raise Problem(
+            code=ErrorCode.INVALID_REQUEST,
+            status=400,
+            detail=f"{HEADER} must be 1-{MAX_KEY_LENGTH} printable characters.",
+        )
     return key
 
 
@@ -92,8 +99,17 @@ def replay_body(request):
 
 
 __all__ = [
-    "HEADER", "REPLAYED_HEADER", "Claim", "canonical_json", "idempotency_bind",
-    "idempotency_claim", "idempotency_complete", "idempotency_release",
-    "idempotency_replay_of", "idempotency_replayed_operation", "key_from_headers", "replay_body",
+    "HEADER",
+    "REPLAYED_HEADER",
+    "Claim",
+    "canonical_json",
+    "idempotency_bind",
+    "idempotency_claim",
+    "idempotency_complete",
+    "idempotency_release",
+    "idempotency_replay_of",
+    "idempotency_replayed_operation",
+    "key_from_headers",
+    "replay_body",
     "request_fingerprint",
 ]

@@ -1,4 +1,5 @@
 """Parsing the purchases list's query (GET /api/v1/purchases) and its cursor."""
+
 from __future__ import annotations
 
 import base64
@@ -26,9 +27,13 @@ PURCHASE_LIST_PARAMETERS = [
     OpenApiParameter("limit", int, description=f"1..{PURCHASE_LIST_MAX}, default 20"),
 ]
 
-PurchaseListOut = inline_serializer("PurchaseList", {
-    "purchases": serializers.ListField(child=PurchaseOut()),
-    "next_cursor": serializers.CharField(allow_null=True)})
+PurchaseListOut = inline_serializer(
+    "PurchaseList",
+    {
+        "purchases": serializers.ListField(child=PurchaseOut()),
+        "next_cursor": serializers.CharField(allow_null=True),
+    },
+)
 
 
 def _bad(detail: str) -> Problem:
@@ -88,9 +93,11 @@ def purchase_list_query(params) -> tuple[PurchaseFilter, tuple[datetime, str] | 
         raise _bad("`customer_reference` is at most 200 characters.")
     limit = _amount(params.get("limit"), "limit") or 20
     where = PurchaseFilter(
-        statuses=statuses, customer_reference=reference,
+        statuses=statuses,
+        customer_reference=reference,
         created_after=_when(params.get("created_after"), "created_after"),
         created_before=_when(params.get("created_before"), "created_before"),
         amount_min=_amount(params.get("amount_min"), "amount_min"),
-        amount_max=_amount(params.get("amount_max"), "amount_max"))
+        amount_max=_amount(params.get("amount_max"), "amount_max"),
+    )
     return where, _cursor(params.get("cursor")), min(limit, PURCHASE_LIST_MAX)

@@ -1,4 +1,5 @@
 """Request parsing: the JSON parser that turns too-deep nesting into a 400, not a 500."""
+
 from __future__ import annotations
 
 from rest_framework.exceptions import ParseError

@@ -7,6 +7,7 @@ rename, never re-derive. Who acts next is derived in payments/next_action.py; th
 Read only. `next_action` is computed from state that is already stored, so every answer
 (fresh, replayed, or a later GET) tells an agent the same thing about the same state.
 """
+
 from __future__ import annotations
 
 from datetime import UTC, datetime
@@ -99,11 +100,8 @@ def _customer_message(purchase: Purchase) -> str:
     return customer_state(purchase).message
 
 
-
-
 def _order_reference(purchase_id: str) -> str | None:
-    return Order.objects.filter(purchase_id=purchase_id).values_list(
-        "reference", flat=True).first()
+    return Order.objects.filter(purchase_id=purchase_id).values_list("reference", flat=True).first()
 
 
 def status_url(purchase: Purchase) -> str:
@@ -111,9 +109,17 @@ def status_url(purchase: Purchase) -> str:
 
 
 def disputes_view(purchase: Purchase) -> list[dict]:
-    return [{"id": d_id, "status": status, "amount": amount, "currency": currency,
-             "reason": reason or None, "evidence_due_by": _iso(due_by)}
-            for d_id, status, amount, currency, reason, due_by in purchase_disputes(purchase)]
+    return [
+        {
+            "id": d_id,
+            "status": status,
+            "amount": amount,
+            "currency": currency,
+            "reason": reason or None,
+            "evidence_due_by": _iso(due_by),
+        }
+        for d_id, status, amount, currency, reason, due_by in purchase_disputes(purchase)
+    ]
 
 
 def _refund_summary(purchase: Purchase) -> dict:
@@ -126,12 +132,18 @@ def _refund_summary(purchase: Purchase) -> dict:
     # duplicate and its compensation are the duplicate's, as the refundable room has it.
     if loaded is not None:
         duplicates = {op.id for op in loaded if op.is_duplicate}
-        refunds = [op for op in loaded if op.kind == OperationKind.REFUND
-                   and op.parent_id not in duplicates]
+        refunds = [
+            op
+            for op in loaded
+            if op.kind == OperationKind.REFUND and op.parent_id not in duplicates
+        ]
     else:
-        refunds = (purchase.operations.filter(kind=OperationKind.REFUND)
-                   .exclude(parent__is_duplicate=True)
-                   .order_by("created_at").only("amount", "outcome", "reason"))
+        refunds = (
+            purchase.operations.filter(kind=OperationKind.REFUND)
+            .exclude(parent__is_duplicate=True)
+            .order_by("created_at")
+            .only("amount", "outcome", "reason")
+        )
     for op in refunds:
         if op.outcome == Outcome.SUCCEEDED:
             refunded += op.amount
@@ -141,16 +153,19 @@ def _refund_summary(purchase: Purchase) -> dict:
             last_failed = op.reason or "failed"
         else:
             in_flight += op.amount
-    return {"refunded": refunded, "in_flight": in_flight, "awaiting_approval": awaiting,
-            "last_failed_reason": last_failed}
+    return {
+        "refunded": refunded,
+        "in_flight": in_flight,
+        "awaiting_approval": awaiting,
+        "last_failed_reason": last_failed,
+    }
 
 
 def purchase_view(purchase: Purchase) -> dict:
     # Every read of the view in one round trip (payments.view_queries.read_together): the
     # operations (read once for the payment, the refunds and the customer copy), the order
     # reference, the disputes and the fulfilment steps.
-    *rows, steps = read_together(*purchase_view_calls(purchase.id),
-                                 (STEP_STATES, (purchase.id,)))
+    *rows, steps = read_together(*purchase_view_calls(purchase.id), (STEP_STATES, (purchase.id,)))
     return _purchase_view_with(purchase, rows, steps)
 
 
@@ -160,7 +175,9 @@ def purchase_view_for_client(*, purchase_id: str, api_client: ApiClient) -> dict
     view's other reads (those are dropped unread when there is no purchase)."""
     found, *rows, steps = read_together(
         (PURCHASE_OF_CLIENT, (purchase_id, api_client.pk)),
-        *purchase_view_calls(purchase_id), (STEP_STATES, (purchase_id,)))
+        *purchase_view_calls(purchase_id),
+        (STEP_STATES, (purchase_id,)),
+    )
     if not found:
         return None
     return _purchase_view_with(PURCHASE_OF_CLIENT.instances_of(found)[0], rows, steps)
@@ -169,14 +186,18 @@ def purchase_view_for_client(*, purchase_id: str, api_client: ApiClient) -> dict
 def _purchase_view_with(purchase: Purchase, rows: list, steps: list) -> dict:
     purchase_view_keep(purchase, *rows)
     try:
-        return _purchase_view_of(purchase, order_reference=purchase_order_reference(
-            purchase, _order_reference), fulfillment=steps_of(steps))
+        return _purchase_view_of(
+            purchase,
+            order_reference=purchase_order_reference(purchase, _order_reference),
+            fulfillment=steps_of(steps),
+        )
     finally:
         purchase_operations_forget(purchase)
 
 
-def _purchase_view_of(purchase: Purchase, *, order_reference: str | None,
-                      fulfillment: dict) -> dict:
+def _purchase_view_of(
+    purchase: Purchase, *, order_reference: str | None, fulfillment: dict
+) -> dict:
     payment = _latest_payment(purchase)
     return {
         "id": purchase.id,
@@ -184,8 +205,7 @@ def _purchase_view_of(purchase: Purchase, *, order_reference: str | None,
         "amount": purchase.amount,
         "currency": purchase.currency,
         "quote": {"id": purchase.quote_id, "version": purchase.quote.version},
-        "customer": {"reference": purchase.customer_reference,
-                     "email": purchase.customer_email},
+        "customer": {"reference": purchase.customer_reference, "email": purchase.customer_email},
         "payment": _payment_summary(payment),
         "fulfillment": fulfillment,
         "refunds": _refund_summary(purchase),
@@ -227,8 +247,11 @@ def operation_view(op: PaymentOperation) -> dict:
             "dispatch": dispatch,
             "reconcile": reconcile,
         },
-        "hold": ({"amount": hold.amount, "currency": hold.currency, "state": hold.state}
-                 if hold else None),
+        "hold": (
+            {"amount": hold.amount, "currency": hold.currency, "state": hold.state}
+            if hold
+            else None
+        ),
         "parent": op.parent_id,
         "origin": op.origin,
         "retry_of": op.retry_of_id,
@@ -244,8 +267,7 @@ def operation_view(op: PaymentOperation) -> dict:
 def _payment_summary(payment: PaymentOperation | None) -> dict | None:
     if payment is None:
         return None
-    summary = {"operation": payment.id, "outcome": payment.outcome,
-               "grade": payment.grade or None}
+    summary = {"operation": payment.id, "outcome": payment.outcome, "grade": payment.grade or None}
     if payment.rail != Rail.STRIPE:
         # For x402 (docs/walkthrough.md#api-rules-the-code-relies-on) the purchase view carries
         # the rail, network and transaction.
@@ -268,41 +290,71 @@ def x402_view(op: PaymentOperation) -> dict | None:
         return None
     back = X402RefundTransfer.objects.filter(pk=op.id).first()
     if back is not None:  # a refund: the transfer back to the payer
-        return {"network": back.network, "payer": back.to_address,
-                "transaction": back.transaction_hash or None,
-                "confirmations": back.confirmations, "valid_before": None,
-                "payment_identifier": None}
+        return {
+            "network": back.network,
+            "payer": back.to_address,
+            "transaction": back.transaction_hash or None,
+            "confirmations": back.confirmations,
+            "valid_before": None,
+            "payment_identifier": None,
+        }
     auth = X402Authorization.objects.filter(pk=op.id).first()
     if auth is None:
         return None
-    return {"network": auth.network, "payer": auth.payer,
-            "transaction": auth.transaction_hash or None, "confirmations": auth.confirmations,
-            "valid_before": _unix_iso(auth.valid_before),
-            "payment_identifier": auth.payment_identifier or None}
+    return {
+        "network": auth.network,
+        "payer": auth.payer,
+        "transaction": auth.transaction_hash or None,
+        "confirmations": auth.confirmations,
+        "valid_before": _unix_iso(auth.valid_before),
+        "payment_identifier": auth.payment_identifier or None,
+    }
 
 
 def quote_view(quote: Quote) -> dict:
     return {
         "id": quote.id,
         "version": quote.version,
-        "items": [{"sku": i.get("sku"), "name": i.get("name"), "quantity": i.get("quantity"),
-                   "unit_price": i.get("unit_price")} for i in quote.items],
+        "items": [
+            {
+                "sku": i.get("sku"),
+                "name": i.get("name"),
+                "quantity": i.get("quantity"),
+                "unit_price": i.get("unit_price"),
+            }
+            for i in quote.items
+        ],
         "amount": quote.amount,
         "currency": quote.currency,
         "expires_at": _iso(quote.expires_at),
         "next_action": (
-            _action(Owner.BUYER, RetryAdvice.NEW_OPERATION, "purchase_required",
-                    "Create a purchase: POST /api/v1/purchases with this quote's id and "
-                    "version and a new Idempotency-Key.")
-            if _quote_usable(quote) else
-            _action(Owner.BUYER, RetryAdvice.NEW_QUOTE, "quote_expired",
-                    "This quote is no longer valid: request a new quote.")),
+            _action(
+                Owner.BUYER,
+                RetryAdvice.NEW_OPERATION,
+                "purchase_required",
+                "Create a purchase: POST /api/v1/purchases with this quote's id and "
+                "version and a new Idempotency-Key.",
+            )
+            if _quote_usable(quote)
+            else _action(
+                Owner.BUYER,
+                RetryAdvice.NEW_QUOTE,
+                "quote_expired",
+                "This quote is no longer valid: request a new quote.",
+            )
+        ),
     }
 
 
 def product_view(product: Product) -> dict:
-    return {"sku": product.sku, "name": product.name, "price": product.price,
-            "currency": product.currency, "stock": product.stock, "kind": product.kind}
+    return {
+        "sku": product.sku,
+        "name": product.name,
+        "price": product.price,
+        "currency": product.currency,
+        "stock": product.stock,
+        "kind": product.kind,
+    }
 
 
 # -- limits -----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ operation it concerns and a `next_action` an agent can follow literally. Nothing
 exception's internals (stack traces, provider payloads, keys) reaches a response: only the
 fields built here.
 """
+
 from __future__ import annotations
 
 import logging
@@ -53,11 +54,20 @@ _CODE_TITLES = {
 class Problem(Exception):
     """A refusal raised by the API layer itself (auth, idempotency, validation, lookups)."""
 
-    def __init__(self, *, code: str, detail: str, status: int,
-                 retry: str = RetryAdvice.FORBIDDEN, owner: str = Owner.BUYER,
-                 purchase: str | None = None, operation: str | None = None,
-                 action_message: str | None = None, headers: dict | None = None,
-                 extra: dict | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        code: str,
+        detail: str,
+        status: int,
+        retry: str = RetryAdvice.FORBIDDEN,
+        owner: str = Owner.BUYER,
+        purchase: str | None = None,
+        operation: str | None = None,
+        action_message: str | None = None,
+        headers: dict | None = None,
+        extra: dict | None = None,
+    ) -> None:
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
@@ -71,9 +81,18 @@ class Problem(Exception):
         self.extra = extra or {}
 
 
-def problem_body(*, code: str, detail: str, status: int, retry: str, owner: str,
-                 purchase: str | None = None, operation: str | None = None,
-                 action_message: str | None = None, extra: dict | None = None) -> dict:
+def problem_body(
+    *,
+    code: str,
+    detail: str,
+    status: int,
+    retry: str,
+    owner: str,
+    purchase: str | None = None,
+    operation: str | None = None,
+    action_message: str | None = None,
+    extra: dict | None = None,
+) -> dict:
     body = {
         "type": f"{PROBLEM_TYPE_PREFIX}{code}",
         "title": _CODE_TITLES.get(code) or _TITLES.get(status, "Error"),
@@ -97,12 +116,19 @@ def problem_body(*, code: str, detail: str, status: int, retry: str, owner: str,
 
 def problem_response(problem: Problem) -> Response:
     body = problem_body(
-        code=problem.code, detail=problem.detail, status=problem.status, retry=problem.retry,
-        owner=problem.owner, purchase=problem.purchase, operation=problem.operation,
-        action_message=problem.action_message, extra=problem.extra,
+        code=problem.code,
+        detail=problem.detail,
+        status=problem.status,
+        retry=problem.retry,
+        owner=problem.owner,
+        purchase=problem.purchase,
+        operation=problem.operation,
+        action_message=problem.action_message,
+        extra=problem.extra,
     )
-    return Response(body, status=problem.status, headers=problem.headers,
-                    content_type=PROBLEM_CONTENT_TYPE)
+    return Response(
+        body, status=problem.status, headers=problem.headers, content_type=PROBLEM_CONTENT_TYPE
+    )
 
 
 def problem_from_domain_error(exc) -> Problem:
@@ -117,9 +143,18 @@ def problem_from_domain_error(exc) -> Problem:
     if exc.operation:
         # Point at the one resource whose state settles the question.
         action = f"{action} Its current state: GET /api/v1/operations/{exc.operation}."
-    return Problem(code=exc.code, detail=exc.message, status=exc.status, retry=exc.retry,
-                   owner=exc.owner, purchase=exc.purchase, operation=exc.operation,
-                   action_message=action, headers=headers, extra=_json_safe(extra))
+    return Problem(
+        code=exc.code,
+        detail=exc.message,
+        status=exc.status,
+        retry=exc.retry,
+        owner=exc.owner,
+        purchase=exc.purchase,
+        operation=exc.operation,
+        action_message=action,
+        headers=headers,
+        extra=_json_safe(extra),
+    )
 
 
 def _json_safe(extra: dict) -> dict:
@@ -164,11 +199,14 @@ DATABASE_UNAVAILABLE_RETRY_AFTER = 5
 def database_unavailable_problem() -> Problem:
     wait = DATABASE_UNAVAILABLE_RETRY_AFTER
     return Problem(
-        code=ErrorCode.DATABASE_UNAVAILABLE, status=503, retry=RetryAdvice.SAME_KEY,
-        owner=Owner.SUPPORT, detail="The service's database is briefly unavailable.",
-        action_message=f"Wait {wait} s, then send the same request with the same "
-                       "Idempotency-Key.",
-        headers={"Retry-After": str(wait)})
+        code=ErrorCode.DATABASE_UNAVAILABLE,
+        status=503,
+        retry=RetryAdvice.SAME_KEY,
+        owner=Owner.SUPPORT,
+        detail="The service's database is briefly unavailable.",
+        action_message=f"Wait {wait} s, then send the same request with the same Idempotency-Key.",
+        headers={"Retry-After": str(wait)},
+    )
 
 
 def is_database_unavailable(exc: BaseException) -> bool:
@@ -186,62 +224,117 @@ def exception_handler(exc, context):
     if isinstance(exc, DomainError):
         return problem_response(problem_from_domain_error(exc))
     if isinstance(exc, Http404) or isinstance(exc, drf.NotFound):
-        return problem_response(Problem(
-            code=ErrorCode.NOT_FOUND, status=404,
-            detail="No such resource for this API client.", owner=Owner.BUYER))
+        return problem_response(
+            Problem(
+                code=ErrorCode.NOT_FOUND,
+                status=404,
+                detail="No such resource for this API client.",
+                owner=Owner.BUYER,
+            )
+        )
     if isinstance(exc, (drf.NotAuthenticated, drf.AuthenticationFailed)):
-        return problem_response(Problem(
-            code=ErrorCode.UNAUTHENTICATED, status=401,
-            detail="Send a valid key as 'Authorization: Api-Key <key>'.",
-            headers={"WWW-Authenticate": 'Api-Key realm="api"'}))
+        return problem_response(
+            Problem(
+                code=ErrorCode.UNAUTHENTICATED,
+                status=401,
+                detail="Send a valid key as 'Authorization: Api-Key <key>'.",
+                headers={"WWW-Authenticate": 'Api-Key realm="api"'},
+            )
+        )
     if isinstance(exc, (drf.PermissionDenied, DjangoPermissionDenied)):
         detail = str(getattr(exc, "detail", "")) or "This API key lacks the scope required."
-        return problem_response(Problem(code=ErrorCode.FORBIDDEN_SCOPE, status=403, detail=detail,
-                                        owner=Owner.SUPPORT))
+        return problem_response(
+            Problem(code=ErrorCode.FORBIDDEN_SCOPE, status=403, detail=detail, owner=Owner.SUPPORT)
+        )
     if isinstance(exc, drf.ValidationError):
-        return problem_response(Problem(
-            code=ErrorCode.INVALID_REQUEST, status=400,
-            detail="The request body is not valid; see `errors`.",
-            action_message="Fix the request and send it again.",
-            extra={"errors": _flatten_errors(exc.detail)}))
+        return problem_response(
+            Problem(
+                code=ErrorCode.INVALID_REQUEST,
+                status=400,
+                detail="The request body is not valid; see `errors`.",
+                action_message="Fix the request and send it again.",
+                extra={"errors": _flatten_errors(exc.detail)},
+            )
+        )
     if isinstance(exc, RequestDataTooBig):
-        return problem_response(Problem(
-            code=ErrorCode.REQUEST_TOO_LARGE, status=413,
-            detail="The request body is larger than this API accepts.",
-            action_message="Send a smaller body; nothing was done."))
+        return problem_response(
+            Problem(
+                code=ErrorCode.REQUEST_TOO_LARGE,
+                status=413,
+                detail="The request body is larger than this API accepts.",
+                action_message="Send a smaller body; nothing was done.",
+            )
+        )
     if isinstance(exc, drf.ParseError):
-        return problem_response(Problem(code=ErrorCode.INVALID_REQUEST, status=400,
-                                        detail="The request body is not valid JSON."))
+        return problem_response(
+            Problem(
+                code=ErrorCode.INVALID_REQUEST,
+                status=400,
+                detail="The request body is not valid JSON.",
+            )
+        )
     if isinstance(exc, drf.UnsupportedMediaType):
-        return problem_response(Problem(code=ErrorCode.UNSUPPORTED_MEDIA_TYPE, status=415,
-                                        detail="Send the body as application/json."))
+        return problem_response(
+            Problem(
+                code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                status=415,
+                detail="Send the body as application/json.",
+            )
+        )
     if isinstance(exc, drf.MethodNotAllowed):
-        return problem_response(Problem(code=ErrorCode.METHOD_NOT_ALLOWED, status=405,
-                                        detail="This method is not allowed here."))
+        return problem_response(
+            Problem(
+                code=ErrorCode.METHOD_NOT_ALLOWED,
+                status=405,
+                detail="This method is not allowed here.",
+            )
+        )
     if isinstance(exc, drf.NotAcceptable):
-        return problem_response(Problem(code=ErrorCode.NOT_ACCEPTABLE, status=406,
-                                        detail="Responses are application/json."))
+        return problem_response(
+            Problem(
+                code=ErrorCode.NOT_ACCEPTABLE, status=406, detail="Responses are application/json."
+            )
+        )
     if isinstance(exc, drf.Throttled):
         wait = max(1, math.ceil(exc.wait or 1))
-        return problem_response(Problem(
-            code=ErrorCode.RATE_LIMITED, status=429, retry=RetryAdvice.SAME_KEY,
-            detail=f"Too many requests for this API client; wait {wait} s.",
-            action_message=f"Wait {wait} s, then send the same request with the same "
-                           "Idempotency-Key.",
-            headers={"Retry-After": str(wait)}))
+        return problem_response(
+            Problem(
+                code=ErrorCode.RATE_LIMITED,
+                status=429,
+                retry=RetryAdvice.SAME_KEY,
+                detail=f"Too many requests for this API client; wait {wait} s.",
+                action_message=f"Wait {wait} s, then send the same request with the same "
+                "Idempotency-Key.",
+                headers={"Retry-After": str(wait)},
+            )
+        )
     if isinstance(exc, drf.APIException):
-        return problem_response(Problem(code=ErrorCode.INVALID_REQUEST, status=exc.status_code,
-                                        detail="The request could not be processed."))
+        return problem_response(
+            Problem(
+                code=ErrorCode.INVALID_REQUEST,
+                status=exc.status_code,
+                detail="The request could not be processed.",
+            )
+        )
     if is_database_unavailable(exc):
-        logger.warning("database unavailable in %s: %s",
-                       context.get("view").__class__.__name__, type(exc).__name__)
+        logger.warning(
+            "database unavailable in %s: %s",
+            context.get("view").__class__.__name__,
+            type(exc).__name__,
+        )
         return problem_response(database_unavailable_problem())
     # Anything else is a bug: log it with its traceback, answer without internals. The
     # idempotency record (if any) keeps its lease, so the same key resumes the request.
     logger.exception("unhandled error in %s", context.get("view").__class__.__name__)
-    return problem_response(Problem(
-        code=ErrorCode.INTERNAL_ERROR, status=500, retry=RetryAdvice.SAME_KEY, owner=Owner.SUPPORT,
-        detail="An internal error occurred; nothing about it is shown here.",
-        action_message="Send the same request with the same Idempotency-Key after the "
-                       "Retry-After delay; it resumes rather than repeats.",
-        headers={"Retry-After": "30"}))
+    return problem_response(
+        Problem(
+            code=ErrorCode.INTERNAL_ERROR,
+            status=500,
+            retry=RetryAdvice.SAME_KEY,
+            owner=Owner.SUPPORT,
+            detail="An internal error occurred; nothing about it is shown here.",
+            action_message="Send the same request with the same Idempotency-Key after the "
+            "Retry-After delay; it resumes rather than repeats.",
+            headers={"Retry-After": "30"},
+        )
+    )

@@ -22,6 +22,7 @@ the limit (as before, when the lockout refused it before the throttle ran), and 
 one costs one Redis round trip in all instead of two (plus a client built per call by
 Django's cache for the lockout read).
 """
+
 from __future__ import annotations
 
 import math
@@ -88,8 +89,9 @@ class PendingDecision:
 
     __slots__ = ("_pending", "_limit", "_window", "_decision")
 
-    def __init__(self, *, pending=None, limit: int = 0, window: int = 0,
-                 decision: Decision | None = None) -> None:
+    def __init__(
+        self, *, pending=None, limit: int = 0, window: int = 0, decision: Decision | None = None
+    ) -> None:
         self._pending, self._limit, self._window = pending, limit, window
         self._decision = decision
 
@@ -100,13 +102,15 @@ class PendingDecision:
                 self._decision = Decision(allowed=False, wait_seconds=0, locked=True)
             else:
                 left = pttl / 1000 if pttl and pttl > 0 else self._window
-                self._decision = Decision(allowed=count <= self._limit,
-                                          wait_seconds=max(1, math.ceil(left)))
+                self._decision = Decision(
+                    allowed=count <= self._limit, wait_seconds=max(1, math.ceil(left))
+                )
         return self._decision
 
 
-def rate_limit_send(*, ident: str, limit: int, window_seconds: int,
-                    lock_keys: list[tuple[str, int]] = ()) -> PendingDecision:
+def rate_limit_send(
+    *, ident: str, limit: int, window_seconds: int, lock_keys: list[tuple[str, int]] = ()
+) -> PendingDecision:
     """`rate_limit_hit` with its Redis round trip left open: the hit is sent now and
     `.decision()` reads the answer, so the caller can overlap it with a database read.
     Call `.decision()` on every path (the pooled connection is held until then)."""
@@ -117,23 +121,27 @@ def rate_limit_send(*, ident: str, limit: int, window_seconds: int,
     # written through it), without its per-character scan, which only warns about
     # keys memcached would refuse; this cache is Redis.
     keys = [cache.make_key(f"rl:{ident}"), *(cache.make_key(k) for k, _ in lock_keys)]
-    pending = send_script(client, _script(client), keys=keys,
-                          args=[window_seconds, *(n for _, n in lock_keys)])
+    pending = send_script(
+        client, _script(client), keys=keys, args=[window_seconds, *(n for _, n in lock_keys)]
+    )
     return PendingDecision(pending=pending, limit=limit, window=window_seconds)
 
 
-def rate_limit_hit(*, ident: str, limit: int, window_seconds: int,
-                   lock_keys: list[tuple[str, int]] = ()) -> Decision:
+def rate_limit_hit(
+    *, ident: str, limit: int, window_seconds: int, lock_keys: list[tuple[str, int]] = ()
+) -> Decision:
     """Count one request against `ident`'s window; allowed while the count ≤ limit.
 
     `lock_keys` (Django cache key, limit): when one is at its limit the answer is
     `locked` and nothing is counted — read in the same Redis round trip."""
-    return rate_limit_send(ident=ident, limit=limit, window_seconds=window_seconds,
-                           lock_keys=lock_keys).decision()
+    return rate_limit_send(
+        ident=ident, limit=limit, window_seconds=window_seconds, lock_keys=lock_keys
+    ).decision()
 
 
-def _memory_hit(ident: str, limit: int, window_seconds: int,
-                lock_keys: list[tuple[str, int]]) -> Decision:
+def _memory_hit(
+    ident: str, limit: int, window_seconds: int, lock_keys: list[tuple[str, int]]
+) -> Decision:
     # The per-process memory cache (`make run` without Redis): not shared, good enough
     # for one development process.
     if lock_keys and lockout_locked(list(lock_keys)):
@@ -155,9 +163,18 @@ X402_SETTLE_BUCKET = "x402-settle"
 def x402_settle_hit(*, client_id, rate: str) -> Decision:
     """Count one x402 settle attempt of this API client against `rate` ('30/min')."""
     limit, window = parse_rate(rate)
-    return rate_limit_hit(ident=f"{X402_SETTLE_BUCKET}:client:{client_id}", limit=limit,
-                          window_seconds=window)
+    return rate_limit_hit(
+        ident=f"{X402_SETTLE_BUCKET}:client:{client_id}", limit=limit, window_seconds=window
+    )
 
 
-__all__ = ["Decision", "PendingDecision", "X402_SETTLE_BUCKET", "lockout_locked",
-           "parse_rate", "rate_limit_hit", "rate_limit_send", "x402_settle_hit"]
+__all__ = [
+    "Decision",
+    "PendingDecision",
+    "X402_SETTLE_BUCKET",
+    "lockout_locked",
+    "parse_rate",
+    "rate_limit_hit",
+    "rate_limit_send",
+    "x402_settle_hit",
+]

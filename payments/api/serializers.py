@@ -4,6 +4,7 @@ Input serializers only validate shapes (no business rules: those are the service
 output serializers exist to document the dicts built by payments.selectors in the
 OpenAPI schema — views render the selector dicts directly.
 """
+
 from __future__ import annotations
 
 from django.core.validators import RegexValidator
@@ -54,42 +55,73 @@ class PurchaseCreateIn(serializers.Serializer):
     quote_version = serializers.IntegerField(min_value=1, max_value=2_147_483_647)
     customer = CustomerIn()
     acknowledge_unresolved = serializers.ListField(
-        child=serializers.CharField(max_length=40), required=False, default=list,
+        child=serializers.CharField(max_length=40),
+        required=False,
+        default=list,
         max_length=20,
         help_text="Earlier purchases of this customer the storefront's own checkout asked "
-                  "the buyer about: honoured only for a client with storefront confirmation "
-                  "enabled (never over MCP).")
+        "the buyer about: honoured only for a client with storefront confirmation "
+        "enabled (never over MCP).",
+    )
     buyer_confirmation = serializers.CharField(
-        max_length=20, required=False, allow_blank=True, default="",
+        max_length=20,
+        required=False,
+        allow_blank=True,
+        default="",
         help_text="The single-use code the buyer got on the earlier purchase's status page "
-                  "(\"yes, start a new purchase\"): lifts the unresolved and duplicate guards "
-                  "for that purchase.")
+        '("yes, start a new purchase"): lifts the unresolved and duplicate guards '
+        "for that purchase.",
+    )
 
 
 class PaymentCreateIn(serializers.Serializer):
     payment_method = serializers.CharField(max_length=100, validators=[payment_method_token])
     capture = serializers.ChoiceField(choices=["automatic", "manual"], default="automatic")
     retry_of = serializers.CharField(
-        max_length=40, required=False, allow_null=True, default=None,
+        max_length=40,
+        required=False,
+        allow_null=True,
+        default=None,
         help_text="A failed payment operation of this purchase this payment deliberately "
-                  "retries (once, with a new key and a new payment method after a decline).")
+        "retries (once, with a new key and a new payment method after a decline).",
+    )
     amount = serializers.IntegerField(
-        min_value=1, max_value=10**12, required=False, allow_null=True, default=None,
-        help_text="Optional; the amount comes from the quote and any other value is refused.")
+        min_value=1,
+        max_value=10**12,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Optional; the amount comes from the quote and any other value is refused.",
+    )
     currency = serializers.CharField(
-        min_length=3, max_length=3, validators=[currency_code], required=False,
-        allow_null=True, default=None,
-        help_text="Optional; the quote's currency. Any other is 422 `currency_mismatch`.")
+        min_length=3,
+        max_length=3,
+        validators=[currency_code],
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Optional; the quote's currency. Any other is 422 `currency_mismatch`.",
+    )
 
 
 class RefundCreateIn(serializers.Serializer):
-    amount = serializers.IntegerField(min_value=1, max_value=10**12, required=False,
-                                      allow_null=True, default=None,
-                                      help_text="Minor units; default: all that is refundable.")
+    amount = serializers.IntegerField(
+        min_value=1,
+        max_value=10**12,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Minor units; default: all that is refundable.",
+    )
     currency = serializers.CharField(
-        min_length=3, max_length=3, validators=[currency_code], required=False,
-        allow_null=True, default=None,
-        help_text="Optional; the purchase's currency. Any other is 422 `currency_mismatch`.")
+        min_length=3,
+        max_length=3,
+        validators=[currency_code],
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Optional; the purchase's currency. Any other is 422 `currency_mismatch`.",
+    )
 
 
 class ResolveIn(serializers.Serializer):
@@ -126,8 +158,11 @@ class ProblemOut(serializers.Serializer):
     purchase = serializers.CharField(allow_null=True)
     operation = serializers.CharField(allow_null=True)
     next_action = NextActionOut()
-    errors = serializers.DictField(child=serializers.ListField(child=serializers.CharField()),
-                                   required=False, help_text="Field errors (invalid_request).")
+    errors = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        required=False,
+        help_text="Field errors (invalid_request).",
+    )
 
 
 class ProductOut(serializers.Serializer):
@@ -206,12 +241,15 @@ class DisputeOut(serializers.Serializer):
     currency = serializers.CharField()
     reason = serializers.CharField(allow_null=True)
     evidence_due_by = serializers.DateTimeField(allow_null=True)
+
+
 class RefundSummaryOut(serializers.Serializer):
     refunded = serializers.IntegerField(help_text="minor units the provider refunded")
     in_flight = serializers.IntegerField(help_text="minor units of refunds not settled yet")
     awaiting_approval = serializers.IntegerField()
-    last_failed_reason = serializers.CharField(allow_null=True,
-                                               help_text="why the latest failed refund failed")
+    last_failed_reason = serializers.CharField(
+        allow_null=True, help_text="why the latest failed refund failed"
+    )
 
 
 class PurchaseOut(serializers.Serializer):
@@ -277,7 +315,8 @@ class LimitsOut(serializers.Serializer):
     consumed = serializers.IntegerField()
     reserved = serializers.IntegerField()
     unknown_exposure = serializers.IntegerField(
-        help_text="Reserved amounts of operations whose outcome is unknown.")
+        help_text="Reserved amounts of operations whose outcome is unknown."
+    )
     available = serializers.IntegerField(allow_null=True)
 
 
@@ -291,8 +330,9 @@ class DeliverableOut(serializers.Serializer):
 class DeliverablePendingOut(serializers.Serializer):
     """x402: paid and being prepared, or sent and waiting for the chain (don't pay again)."""
 
-    code = serializers.CharField(help_text="deliverable_preparing / settlement_pending / "
-                                           "payment_unknown")
+    code = serializers.CharField(
+        help_text="deliverable_preparing / settlement_pending / payment_unknown"
+    )
     operation = serializers.CharField()
     outcome = serializers.CharField(required=False)
     detail = serializers.CharField()

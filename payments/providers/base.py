@@ -1,4 +1,5 @@
 """Provider-neutral types. Only payments/providers/stripe/ imports the Stripe SDK."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -84,12 +85,19 @@ class ProviderObject:
 
     def safe_fields(self) -> dict:
         return {
-            "object": self.object_type, "id": self.id, "status": self.status,
-            "amount": self.amount, "currency": self.currency,
-            "latest_charge": self.latest_charge, "payment_intent": self.payment_intent,
+            "object": self.object_type,
+            "id": self.id,
+            "status": self.status,
+            "amount": self.amount,
+            "currency": self.currency,
+            "latest_charge": self.latest_charge,
+            "payment_intent": self.payment_intent,
             "failure_code": self.failure_code,
-            "metadata": {k: v for k, v in self.metadata.items()
-                         if k in ("operation_id", "purchase_id", "customer_reference")},
+            "metadata": {
+                k: v
+                for k, v in self.metadata.items()
+                if k in ("operation_id", "purchase_id", "customer_reference")
+            },
         }
 
 
@@ -105,8 +113,14 @@ class BalanceMove:
     reporting_category: str = ""
 
     def as_dict(self) -> dict:
-        return {"id": self.id, "amount": self.amount, "fee": self.fee, "net": self.net,
-                "currency": self.currency, "reporting_category": self.reporting_category}
+        return {
+            "id": self.id,
+            "amount": self.amount,
+            "fee": self.fee,
+            "net": self.net,
+            "currency": self.currency,
+            "reporting_category": self.reporting_category,
+        }
 
 
 @dataclass(frozen=True)
@@ -127,11 +141,18 @@ class DisputeObject:
     is_charge_refundable: bool = False
 
     def safe_fields(self) -> dict:
-        return {"object": "dispute", "id": self.id, "status": self.status,
-                "amount": self.amount, "currency": self.currency, "reason": self.reason,
-                "charge": self.charge, "payment_intent": self.payment_intent,
-                "evidence_due_by": self.evidence_due_by,
-                "balance_transactions": [b.as_dict() for b in self.balance_transactions]}
+        return {
+            "object": "dispute",
+            "id": self.id,
+            "status": self.status,
+            "amount": self.amount,
+            "currency": self.currency,
+            "reason": self.reason,
+            "charge": self.charge,
+            "payment_intent": self.payment_intent,
+            "evidence_due_by": self.evidence_due_by,
+            "balance_transactions": [b.as_dict() for b in self.balance_transactions],
+        }
 
 
 def outcome_from_object(obj: ProviderObject, *, kind: str) -> Outcome | None:
@@ -207,9 +228,16 @@ class PaymentProvider(RailAdapter, Protocol):
     """A rail whose writes and reads are provider API calls (PaymentIntent-shaped): the
     services dispatch and read back through these."""
 
-    def create_payment_intent(self, *, key: str, amount: int, currency: str,
-                              payment_method: str, capture_method: str,
-                              metadata: dict) -> CallResult: ...
+    def create_payment_intent(
+        self,
+        *,
+        key: str,
+        amount: int,
+        currency: str,
+        payment_method: str,
+        capture_method: str,
+        metadata: dict,
+    ) -> CallResult: ...
 
     def confirm_payment_intent(self, *, key: str, intent_id: str) -> CallResult: ...
 
@@ -218,17 +246,26 @@ class PaymentProvider(RailAdapter, Protocol):
         provider dedupes keys, so a lost answer can be asked again under that key."""
         ...
 
-    def create_and_confirm_payment_intent(self, *, key: str, amount: int, currency: str,
-                                          payment_method: str, capture_method: str,
-                                          metadata: dict) -> CallResult: ...
+    def create_and_confirm_payment_intent(
+        self,
+        *,
+        key: str,
+        amount: int,
+        currency: str,
+        payment_method: str,
+        capture_method: str,
+        metadata: dict,
+    ) -> CallResult: ...
 
-    def capture_payment_intent(self, *, key: str, intent_id: str,
-                               amount: int | None) -> CallResult: ...
+    def capture_payment_intent(
+        self, *, key: str, intent_id: str, amount: int | None
+    ) -> CallResult: ...
 
     def cancel_payment_intent(self, *, key: str, intent_id: str) -> CallResult: ...
 
-    def create_refund(self, *, key: str, intent_id: str, amount: int,
-                      metadata: dict) -> CallResult: ...
+    def create_refund(
+        self, *, key: str, intent_id: str, amount: int, metadata: dict
+    ) -> CallResult: ...
 
     def retrieve_payment_intent(self, intent_id: str) -> CallResult: ...
 
@@ -240,6 +277,7 @@ class PaymentProvider(RailAdapter, Protocol):
 
     def retrieve_dispute(self, dispute_id: str) -> tuple[CallResult, DisputeObject | None]: ...
 
-    def list_refunds_for_intent(self, intent_id: str
-                                ) -> tuple[CallResult, list[ProviderObject]]: ...
+    def list_refunds_for_intent(
+        self, intent_id: str
+    ) -> tuple[CallResult, list[ProviderObject]]: ...
     def balance_transaction_source(self, txn_id: str) -> str | None: ...

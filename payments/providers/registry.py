@@ -8,6 +8,7 @@ else imports a rail's package to reach its provider. A rail that keeps its own e
 in Verity's tables (x402: the authorization and the refund transfer) also registers its
 read-back and refund send in `payments.services.rails`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -36,7 +37,9 @@ def adapter_for_rail(rail: str) -> RailAdapter:
     """The adapter of `rail`. Raises UnknownRail, naming the registered rails."""
     factory = _ADAPTERS.get(str(rail))
     if factory is None:
-        raise UnknownRail(f"no payment adapter is registered for rail {rail!r}; registered "
-                          f"rails: {', '.join(sorted(_ADAPTERS))} "
-                          "(payments/providers/registry.py)")
+        raise UnknownRail(
+            f"no payment adapter is registered for rail {rail!r}; registered "
+            f"rails: {', '.join(sorted(_ADAPTERS))} "
+            "(payments/providers/registry.py)"
+        )
     return factory()

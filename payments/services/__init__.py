@@ -15,6 +15,7 @@ branch on `op.rail` (docs/architecture.md).
 `from payments.services import <name>` keeps working for every public name (and the
 few private ones other modules still reach for).
 """
+
 from ..errors import ApplyResult, DomainError
 
 # The x402 rail's own read-back and refund send register themselves on import (its

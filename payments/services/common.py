@@ -2,6 +2,7 @@
 transition helpers, workflow halts as they bind a dispatch, and small reads of a
 purchase's money that several steps need.
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,9 +53,13 @@ def _halted(name: str) -> bool:
 # The workflow whose halt binds each kind of dispatch
 # (docs/reliability.md#rules-every-money-movement-obeys): money in, or money
 # back out (voids, refunds and compensations obey `refunds`).
-_WORKFLOW_OF_KIND = {OperationKind.CHARGE: "checkout", OperationKind.AUTHORIZE: "checkout",
-                     OperationKind.CAPTURE: "checkout", OperationKind.VOID: "refunds",
-                     OperationKind.REFUND: "refunds"}
+_WORKFLOW_OF_KIND = {
+    OperationKind.CHARGE: "checkout",
+    OperationKind.AUTHORIZE: "checkout",
+    OperationKind.CAPTURE: "checkout",
+    OperationKind.VOID: "refunds",
+    OperationKind.REFUND: "refunds",
+}
 
 
 def operation_workflow(kind: str) -> str:
@@ -84,20 +89,42 @@ def history_batch() -> Iterator[None]:
         _HISTORY_BATCH.rows = None
 
 
-def transition_record(*, purchase_id: str, operation: PaymentOperation | None, field: str,
-                      source: str, target: str, cause: str, evidence: dict | None = None,
-                      actor: str = "") -> None:
+def transition_record(
+    *,
+    purchase_id: str,
+    operation: PaymentOperation | None,
+    field: str,
+    source: str,
+    target: str,
+    cause: str,
+    evidence: dict | None = None,
+    actor: str = "",
+) -> None:
     """Append one row to the purchase's transition history (OperationTransition): a
     purchase's status (`operation=None`) or an operation's outcome moved from `source` to
     `target`, why (`cause`), on what evidence and by whom. Inside the caller's transaction,
     so a change and its history commit together; batched inside `history_batch()`."""
     row = OperationTransition(
-        purchase_id=purchase_id, operation=operation, field=field, source=source,
-        target=target, cause=cause, evidence=evidence or {}, actor=actor)
+        purchase_id=purchase_id,
+        operation=operation,
+        field=field,
+        source=source,
+        target=target,
+        cause=cause,
+        evidence=evidence or {},
+        actor=actor,
+    )
     # The storefront's event for this change, if it makes one (events.record): here, where
     # every transition is recorded, so no change commits without its event.
-    event_record_transition(purchase_id=purchase_id, operation=operation, field=field,
-                            source=source, target=target, cause=cause, evidence=evidence)
+    event_record_transition(
+        purchase_id=purchase_id,
+        operation=operation,
+        field=field,
+        source=source,
+        target=target,
+        cause=cause,
+        evidence=evidence,
+    )
     batch = getattr(_HISTORY_BATCH, "rows", None)
     if batch is not None:
         batch.append(row)
@@ -105,8 +132,9 @@ def transition_record(*, purchase_id: str, operation: PaymentOperation | None, f
     row.save(force_insert=True)
 
 
-def _purchase_to(purchase: Purchase, name: str, *args, cause: str, actor: str = "",
-                 evidence: dict | None = None) -> bool:
+def _purchase_to(
+    purchase: Purchase, name: str, *args, cause: str, actor: str = "", evidence: dict | None = None
+) -> bool:
     """Apply a purchase FSM transition (with its arguments) if allowed; record it with its
     order event. The one place a purchase's status moves. Caller holds the lock."""
     method = getattr(purchase, name)
@@ -119,38 +147,65 @@ def _purchase_to(purchase: Purchase, name: str, *args, cause: str, actor: str = 
     if purchase.status == source:
         return False
     purchase.save(update_fields=purchase.status_change_fields())
-    transition_record(purchase_id=purchase.id, operation=None, field="status", source=source,
-                      target=purchase.status, cause=cause, evidence=evidence, actor=actor)
+    transition_record(
+        purchase_id=purchase.id,
+        operation=None,
+        field="status",
+        source=source,
+        target=purchase.status,
+        cause=cause,
+        evidence=evidence,
+        actor=actor,
+    )
     purchase_order_event_put(purchase=purchase, source=source)
     return True
 
 
 # The statuses of a purchase that is an order (paid, then whatever became of it).
-ORDER_STATUSES = frozenset({
-    PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED,
-    PurchaseStatus.REFUND_PENDING, PurchaseStatus.REFUNDED, PurchaseStatus.DISPUTED,
-    PurchaseStatus.DISPUTE_WON, PurchaseStatus.DISPUTE_LOST, PurchaseStatus.VOIDED})
+ORDER_STATUSES = frozenset(
+    {
+        PurchaseStatus.PAID,
+        PurchaseStatus.FULFILLING,
+        PurchaseStatus.COMPLETED,
+        PurchaseStatus.REFUND_PENDING,
+        PurchaseStatus.REFUNDED,
+        PurchaseStatus.DISPUTED,
+        PurchaseStatus.DISPUTE_WON,
+        PurchaseStatus.DISPUTE_LOST,
+        PurchaseStatus.VOIDED,
+    }
+)
 
 
 def purchase_order_event_put(*, purchase: Purchase, source: str) -> None:
     """An ACP purchase's order moved: the outbox row that tells its agent platform
     (delivered by acp.handlers), written by the service that saved the transition, in
-    its transaction — never from a django-fsm signal (a signal would hide the write from its service). Call it once per saved
+    its transaction — never from a django-fsm signal (a signal would hide the write from its
+    service). Call it once per saved
     status change; `source` is the status before it. `order_create` the first time the
     purchase becomes an order, `order_update` for every later move (a purchase that left
     the order statuses and came back, e.g. through manual review, is the same order)."""
     target = purchase.status
-    if purchase.channel != PurchaseChannel.ACP or target == source \
-            or target not in ORDER_STATUSES:
+    if purchase.channel != PurchaseChannel.ACP or target == source or target not in ORDER_STATUSES:
         return
     # Its order-status history, this transition included (written just before this call,
     # or collected by history_batch and counted from there).
-    entered = list(OperationTransition.objects.filter(
-        purchase_id=purchase.id, field="status", operation__isnull=True,
-        target__in=ORDER_STATUSES).values_list("target", flat=True))
-    entered += [row.target for row in getattr(_HISTORY_BATCH, "rows", None) or ()
-                if row.purchase_id == purchase.id and row.field == "status"
-                and row.operation_id is None and row.target in ORDER_STATUSES]
+    entered = list(
+        OperationTransition.objects.filter(
+            purchase_id=purchase.id,
+            field="status",
+            operation__isnull=True,
+            target__in=ORDER_STATUSES,
+        ).values_list("target", flat=True)
+    )
+    entered += [
+        row.target
+        for row in getattr(_HISTORY_BATCH, "rows", None) or ()
+        if row.purchase_id == purchase.id
+        and row.field == "status"
+        and row.operation_id is None
+        and row.target in ORDER_STATUSES
+    ]
     event = "order_create" if len(entered) <= 1 else "order_update"
     payload = {"purchase": purchase.id, "event": event, "status": str(target)}
     # The receiver dedupes on the event's id (purchase, status): a purchase entering the
@@ -159,33 +214,55 @@ def purchase_order_event_put(*, purchase: Purchase, source: str) -> None:
     n = entered.count(target)
     if n > 1:
         payload["n"] = n
-    outbox_put(category=OutboxCategory.ACP_ORDER_EVENT, payload=payload,
-               dedupe_key=f"acp-order:{purchase.id}:{target}" + (f":{n}" if n > 1 else ""))
+    outbox_put(
+        category=OutboxCategory.ACP_ORDER_EVENT,
+        payload=payload,
+        dedupe_key=f"acp-order:{purchase.id}:{target}" + (f":{n}" if n > 1 else ""),
+    )
 
 
-def _op_to(op: PaymentOperation, name: str, *, cause: str, actor: str = "",
-           evidence: dict | None = None, fields: tuple = ()) -> None:
+def _op_to(
+    op: PaymentOperation,
+    name: str,
+    *,
+    cause: str,
+    actor: str = "",
+    evidence: dict | None = None,
+    fields: tuple = (),
+) -> None:
     source = op.outcome
     getattr(op, name)()
     op.save(update_fields=["outcome", "stage", "updated_at", *fields])
-    transition_record(purchase_id=op.purchase_id, operation=op, field="outcome", source=source,
-                      target=op.outcome, cause=cause, evidence=evidence, actor=actor)
+    transition_record(
+        purchase_id=op.purchase_id,
+        operation=op,
+        field="outcome",
+        source=source,
+        target=op.outcome,
+        cause=cause,
+        evidence=evidence,
+        actor=actor,
+    )
 
 
 def _dispatch_backstop(op: PaymentOperation) -> None:
     """The caller dispatches right after commit; if its process dies first, this delayed
     outbox message sends the queued operation anyway (a second dispatch is a no-op), so a
     `pending` operation never holds its purchase's slot forever."""
-    outbox_put(category=OutboxCategory.DISPATCH, payload={"operation": op.id},
-               dedupe_key=f"dispatch-backstop:{op.id}",  # never absorbs a prompt dispatch
-               delay_seconds=settings.IDEMPOTENCY_LEASE_SECONDS + 5)
+    outbox_put(
+        category=OutboxCategory.DISPATCH,
+        payload={"operation": op.id},
+        dedupe_key=f"dispatch-backstop:{op.id}",  # never absorbs a prompt dispatch
+        delay_seconds=settings.IDEMPOTENCY_LEASE_SECONDS + 5,
+    )
 
 
 def payment_unsettled(payment: PaymentOperation) -> bool:
     """Verity's own record of a payment is not settled yet: no terminal outcome, or a
     person's "failed" still awaiting the provider's read-back (it may be overturned)."""
     return payment.outcome not in TERMINAL_OUTCOMES or (
-        payment.outcome == Outcome.FAILED and payment.grade == Grade.ACKNOWLEDGED)
+        payment.outcome == Outcome.FAILED and payment.grade == Grade.ACKNOWLEDGED
+    )
 
 
 # -- refundable room (see docs/reliability.md#rules-every-money-movement-obeys)
@@ -208,9 +285,12 @@ def payment_captured(payment: PaymentOperation) -> int:
     if payment.kind == OperationKind.CHARGE:
         return payment.amount
     if payment.kind == OperationKind.AUTHORIZE:
-        return (PaymentOperation.objects.filter(parent=payment, kind=OperationKind.CAPTURE,
-                                                outcome=Outcome.SUCCEEDED)
-                .aggregate(s=Sum("amount"))["s"] or 0)
+        return (
+            PaymentOperation.objects.filter(
+                parent=payment, kind=OperationKind.CAPTURE, outcome=Outcome.SUCCEEDED
+            ).aggregate(s=Sum("amount"))["s"]
+            or 0
+        )
     return 0
 
 
@@ -225,8 +305,9 @@ def payment_refunds(payment: PaymentOperation):
 # It keeps its amount out of the room, and counts against an allowance, until
 # the provider's read-back confirms or overturns it. A refund finance declined was never
 # sent (`refund_declined`): its "failed" is the whole truth.
-REFUND_FAILURE_UNVERIFIED = (Q(outcome=Outcome.FAILED, grade=Grade.ACKNOWLEDGED)
-                             & ~Q(reason=Reason.REFUND_DECLINED))
+REFUND_FAILURE_UNVERIFIED = Q(outcome=Outcome.FAILED, grade=Grade.ACKNOWLEDGED) & ~Q(
+    reason=Reason.REFUND_DECLINED
+)
 
 
 def refund_may_have_moved() -> Q:
@@ -235,8 +316,13 @@ def refund_may_have_moved() -> Q:
     return ~Q(outcome=Outcome.FAILED) | REFUND_FAILURE_UNVERIFIED
 
 
-def payment_refund_room(payment: PaymentOperation, *, exclude: str | None = None,
-                        counted=None, pending_approval: bool = True) -> int:
+def payment_refund_room(
+    payment: PaymentOperation,
+    *,
+    exclude: str | None = None,
+    counted=None,
+    pending_approval: bool = True,
+) -> int:
     """Captured minus this payment's refunds that may have moved money (never below 0):
     not failed, or failed on a person's word only (REFUND_FAILURE_UNVERIFIED), minus what
     the buyer's bank holds in a chargeback open or lost (payment_disputed_with_bank).
@@ -250,10 +336,17 @@ def payment_refund_room(payment: PaymentOperation, *, exclude: str | None = None
         refunds = refunds.exclude(pk=exclude)
     if not pending_approval:
         refunds = refunds.exclude(outcome=Outcome.AWAITING_APPROVAL)
-    refunds = (refunds.filter(outcome__in=counted) if counted is not None
-               else refunds.filter(refund_may_have_moved()))
-    return max(0, payment_captured(payment) - (refunds.aggregate(s=Sum("amount"))["s"] or 0)
-               - payment_disputed_with_bank(payment))
+    refunds = (
+        refunds.filter(outcome__in=counted)
+        if counted is not None
+        else refunds.filter(refund_may_have_moved())
+    )
+    return max(
+        0,
+        payment_captured(payment)
+        - (refunds.aggregate(s=Sum("amount"))["s"] or 0)
+        - payment_disputed_with_bank(payment),
+    )
 
 
 def payment_disputed_with_bank(payment: PaymentOperation) -> int:
@@ -262,27 +355,35 @@ def payment_disputed_with_bank(payment: PaymentOperation) -> int:
     already gave the money back. A refund of it on top would return it twice. An inquiry
     (warning_*) moves no funds and a won chargeback gave them back to the merchant: neither
     counts."""
-    return (Dispute.objects.filter(payment=payment, status__in=DISPUTE_FUNDS_WITH_BANK_STATUSES)
-            .aggregate(s=Sum("amount"))["s"] or 0)
+    return (
+        Dispute.objects.filter(
+            payment=payment, status__in=DISPUTE_FUNDS_WITH_BANK_STATUSES
+        ).aggregate(s=Sum("amount"))["s"]
+        or 0
+    )
 
 
 def purchase_own_payments(purchase: Purchase):
     """The purchase's own payments (a duplicate is not one)."""
-    return purchase.operations.filter(kind__in=(OperationKind.CHARGE, OperationKind.AUTHORIZE),
-                                      is_duplicate=False)
+    return purchase.operations.filter(
+        kind__in=(OperationKind.CHARGE, OperationKind.AUTHORIZE), is_duplicate=False
+    )
 
 
 def purchase_refund_room(purchase: Purchase, *, exclude: str | None = None) -> int:
     """The sum of the room of the purchase's own payments."""
-    return sum(payment_refund_room(p, exclude=exclude)
-               for p in purchase_own_payments(purchase).filter(outcome=Outcome.SUCCEEDED))
+    return sum(
+        payment_refund_room(p, exclude=exclude)
+        for p in purchase_own_payments(purchase).filter(outcome=Outcome.SUCCEEDED)
+    )
 
 
 def _captured_amount(purchase: Purchase) -> int:
     """What the purchase's own payment captured (a duplicate and its return excluded)."""
     total = 0
-    for op in (purchase.operations.filter(outcome=Outcome.SUCCEEDED, is_duplicate=False)
-               .exclude(parent__is_duplicate=True)):
+    for op in purchase.operations.filter(outcome=Outcome.SUCCEEDED, is_duplicate=False).exclude(
+        parent__is_duplicate=True
+    ):
         if op.kind == OperationKind.CHARGE or op.kind == OperationKind.CAPTURE:
             total += op.amount
     return total
@@ -290,8 +391,7 @@ def _captured_amount(purchase: Purchase) -> int:
 
 def _purchase_refunds(purchase: Purchase):
     """Refunds of the purchase's own payment (not the compensation of a duplicate)."""
-    return purchase.operations.filter(kind=OperationKind.REFUND).exclude(
-        parent__is_duplicate=True)
+    return purchase.operations.filter(kind=OperationKind.REFUND).exclude(parent__is_duplicate=True)
 
 
 def _actor(api_client, acting_user) -> str:
@@ -307,13 +407,20 @@ def _lock_or_404(operation_id: str) -> tuple[Purchase, PaymentOperation]:
         raise DomainError(ErrorCode.NOT_FOUND, "No such operation.", status=404) from None
 
 
-def operation_audit_write(*, actor: str, action: str, op: PaymentOperation, reason: str,
-                          detail: dict | None = None) -> None:
+def operation_audit_write(
+    *, actor: str, action: str, op: PaymentOperation, reason: str, detail: dict | None = None
+) -> None:
     """The audit row (audit.services.audit_write) of a person's or the provider's action on
     one operation, in the caller's transaction (the action and its row commit together)."""
-    audit_write(actor=actor, action=action, target_type="operation",
-                target_id=op.id, purchase_id=op.purchase_id, reason=reason,
-                detail=detail or {})
+    audit_write(
+        actor=actor,
+        action=action,
+        target_type="operation",
+        target_id=op.id,
+        purchase_id=op.purchase_id,
+        reason=reason,
+        detail=detail or {},
+    )
 
 
 # -- the rail seam (docs/architecture.md) ------------------------------------------------
@@ -328,16 +435,24 @@ def provider_for_rail(rail: str) -> RailAdapter:
 
 def provider_metadata(op: PaymentOperation) -> dict:
     """The metadata every provider object of an operation carries (DESIGN §10 rule 1)."""
-    return {"operation_id": op.id, "purchase_id": op.purchase_id,
-            "customer_reference": op.purchase.customer_reference}
+    return {
+        "operation_id": op.id,
+        "purchase_id": op.purchase_id,
+        "customer_reference": op.purchase.customer_reference,
+    }
 
 
 def payment_request(op: PaymentOperation) -> dict:
     """A payment's provider parameters, from the stored operation alone: the one-call
     payment's re-send under the same key must be the request first sent (the provider
     compares parameters and refuses a key reused with others)."""
-    return {"amount": op.amount, "currency": op.currency, "payment_method": op.payment_method,
-            "capture_method": op.capture_method, "metadata": provider_metadata(op)}
+    return {
+        "amount": op.amount,
+        "currency": op.currency,
+        "payment_method": op.payment_method,
+        "capture_method": op.capture_method,
+        "metadata": provider_metadata(op),
+    }
 
 
 def provider_for(op: PaymentOperation) -> RailAdapter:
@@ -372,7 +487,11 @@ def rail_evidence_for(rail: str) -> RailEvidence | None:
 
 def _record_call(call: ProviderCall, result: CallResult) -> None:
     ProviderCall.objects.filter(id=call.id).update(
-        http_status=result.http_status, classification=result.classification,
-        request_id=result.request_id[:100], error_code=result.error_code[:64],
-        fault_drill=result.fault_drill, finished_at=timezone.now(),
-        safe_fields=result.object.safe_fields() if result.object else {"detail": result.detail})
+        http_status=result.http_status,
+        classification=result.classification,
+        request_id=result.request_id[:100],
+        error_code=result.error_code[:64],
+        fault_drill=result.fault_drill,
+        finished_at=timezone.now(),
+        safe_fields=result.object.safe_fields() if result.object else {"detail": result.detail},
+    )

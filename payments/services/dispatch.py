@@ -2,6 +2,7 @@
 halt checked), call the provider outside any transaction, apply the outcome in a second
 transaction.
 """
+
 from __future__ import annotations
 
 import random
@@ -72,8 +73,15 @@ class _HaltedAtClaim(Exception):
     """The operation's workflow is halted: the claim wrote nothing, it stays queued."""
 
 
-def _claim(operation_id: str, step: str, *, attempt: int = 1, from_pending: bool = False,
-           confirm: bool = False, purchase_id: str = "") -> ProviderCall | None:
+def _claim(
+    operation_id: str,
+    step: str,
+    *,
+    attempt: int = 1,
+    from_pending: bool = False,
+    confirm: bool = False,
+    purchase_id: str = "",
+) -> ProviderCall | None:
     """Phase 1. Returns the claimed ProviderCall, or None if someone else owns the step or
     the operation moved on (e.g. the dead-dispatch sweep settled it)."""
     with transaction.atomic():
@@ -88,37 +96,52 @@ def _claim(operation_id: str, step: str, *, attempt: int = 1, from_pending: bool
             if _halted(operation_workflow(op.kind)):
                 raise _HaltedAtClaim(operation_workflow(op.kind))
             op.dispatch_deadline = timezone.now() + timedelta(
-                seconds=settings.DISPATCH_LEASE_SECONDS)
+                seconds=settings.DISPATCH_LEASE_SECONDS
+            )
             fields = ("dispatch_deadline",)
             if confirm:
                 # The money step is claimed with the dispatch itself (the one-call payment,
                 # an x402 settle): one UPDATE stores both.
                 op.confirm_claimed_at = timezone.now()
                 fields += ("confirm_claimed_at",)
-            _op_to(op, "start_dispatch", cause=f"claim:{step}", actor="dispatcher",
-                   fields=fields)
+            _op_to(op, "start_dispatch", cause=f"claim:{step}", actor="dispatcher", fields=fields)
             # A pending operation has no claimed step (its claims are made here, with the
             # move to dispatching, under the lock): the insert cannot meet another claim,
             # so it needs no savepoint. Were it to, the whole claim rolls back and raises.
             call = ProviderCall.objects.create(
-                operation=op, purpose=CallPurpose.DISPATCH, step=step, attempt=attempt,
-                key=op.provider_key(step))
+                operation=op,
+                purpose=CallPurpose.DISPATCH,
+                step=step,
+                attempt=attempt,
+                key=op.provider_key(step),
+            )
         elif op.outcome != Outcome.DISPATCHING:
             return None
         else:
             try:
                 with transaction.atomic():
                     call = ProviderCall.objects.create(
-                        operation=op, purpose=CallPurpose.DISPATCH, step=step,
-                        attempt=attempt, key=op.provider_key(step))
+                        operation=op,
+                        purpose=CallPurpose.DISPATCH,
+                        step=step,
+                        attempt=attempt,
+                        key=op.provider_key(step),
+                    )
             except IntegrityError:
                 return None  # invariant 2: this step was already claimed
         if confirm or (from_pending and op.kind == OperationKind.REFUND):
             if not _hold_reserve(op):
-                outcome_apply_locked(purchase, op, Outcome.FAILED, grade=Grade.CONFIRMED,
-                                     verification=Verification.UNVERIFIED, cause="limit_at_claim",
-                                     actor="dispatcher", evidence={},
-                                     reason="spending_limit_exceeded")
+                outcome_apply_locked(
+                    purchase,
+                    op,
+                    Outcome.FAILED,
+                    grade=Grade.CONFIRMED,
+                    verification=Verification.UNVERIFIED,
+                    cause="limit_at_claim",
+                    actor="dispatcher",
+                    evidence={},
+                    reason="spending_limit_exceeded",
+                )
                 call.delete()
                 if op.confirm_claimed_at is not None and from_pending:
                     # Refused before anything left: no money step was claimed after all.
@@ -145,15 +168,16 @@ def _send(operation_id: str, step: str, first_call: ProviderCall, fn) -> CallRes
         assert_outside_transaction()
         result = fn()
         _record_call(call, result)
-        resend = (result.classification == Classification.NOT_SENT and attempt <= NOT_SENT_RESENDS
-                  ) or (result.classification == Classification.RETRYABLE
-                        and attempt <= RETRYABLE_RESENDS)
+        resend = (
+            result.classification == Classification.NOT_SENT and attempt <= NOT_SENT_RESENDS
+        ) or (result.classification == Classification.RETRYABLE and attempt <= RETRYABLE_RESENDS)
         if not resend:
             return result
         if result.classification == Classification.RETRYABLE:
             # Outside any transaction (phase 2), so the wait holds no lock.
-            delay = min(RETRYABLE_BACKOFF_BASE_SECONDS * 2 ** (attempt - 1),
-                        RETRYABLE_BACKOFF_CAP_SECONDS)
+            delay = min(
+                RETRYABLE_BACKOFF_BASE_SECONDS * 2 ** (attempt - 1), RETRYABLE_BACKOFF_CAP_SECONDS
+            )
             time.sleep(delay * (1 + random.random() * 0.1))
         attempt += 1
         call = _claim(operation_id, step, attempt=attempt)
@@ -167,60 +191,104 @@ def _outcome_after_call(op: PaymentOperation, step: str, result: CallResult) -> 
     if cls == Classification.IN_FLIGHT:
         return
     if cls == Classification.OK and result.object is not None:
-        applied = operation_apply_observation(operation_id=op.id, obj=result.object,
-                                              source=Verification.PROVIDER,
-                                              cause=f"{step}_answer",
-                                              purchase_id=op.purchase_id)
+        applied = operation_apply_observation(
+            operation_id=op.id,
+            obj=result.object,
+            source=Verification.PROVIDER,
+            cause=f"{step}_answer",
+            purchase_id=op.purchase_id,
+        )
         if applied == ApplyResult.APPLIED:
             return  # it left `dispatching` (an applied answer always moves the outcome)
         current = PaymentOperation.objects.values_list("outcome", flat=True).get(id=op.id)
         if applied == ApplyResult.MISMATCH or current == Outcome.DISPATCHING:
-            _settle_without_object(op.id, Outcome.UNKNOWN, reason="", cause=f"{step}_no_verdict",
-                                   evidence=result.object.safe_fields())
+            _settle_without_object(
+                op.id,
+                Outcome.UNKNOWN,
+                reason="",
+                cause=f"{step}_no_verdict",
+                evidence=result.object.safe_fields(),
+            )
         return
     if cls == Classification.DECLINED:
         if result.object is not None:
-            operation_apply_observation(operation_id=op.id, obj=result.object,
-                                        source=Verification.PROVIDER, cause=f"{step}_declined")
+            operation_apply_observation(
+                operation_id=op.id,
+                obj=result.object,
+                source=Verification.PROVIDER,
+                cause=f"{step}_declined",
+            )
         current = PaymentOperation.objects.values_list("outcome", flat=True).get(id=op.id)
         if current == Outcome.DISPATCHING:
-            _settle_without_object(op.id, Outcome.FAILED, reason=Reason.CARD_DECLINED,
-                                   cause=f"{step}_declined", verification=Verification.PROVIDER,
-                                   evidence={"http_status": result.http_status,
-                                             "code": result.error_code})
+            _settle_without_object(
+                op.id,
+                Outcome.FAILED,
+                reason=Reason.CARD_DECLINED,
+                cause=f"{step}_declined",
+                verification=Verification.PROVIDER,
+                evidence={"http_status": result.http_status, "code": result.error_code},
+            )
         return
     if cls in (Classification.NOT_SENT, Classification.RETRYABLE):
         # Provably not applied, resends exhausted: fail with evidence (retry: new_operation).
-        _settle_without_object(op.id, Outcome.FAILED, reason=Reason.PROVIDER_UNREACHABLE,
-                               cause=f"{step}_{cls}", evidence={"classification": cls})
+        _settle_without_object(
+            op.id,
+            Outcome.FAILED,
+            reason=Reason.PROVIDER_UNREACHABLE,
+            cause=f"{step}_{cls}",
+            evidence={"classification": cls},
+        )
         return
     if cls == Classification.REJECTED:
         # A 4xx on a non-create step: the object decides (e.g. a second confirm is a bare
         # 400 at localstripe, yet the first may have succeeded).
         read = _read_back(PaymentOperation.objects.get(id=op.id))
         if read.classification == Classification.OK and read.object is not None:
-            operation_apply_observation(operation_id=op.id, obj=read.object,
-                                        source=Verification.PROVIDER, cause=f"{step}_readback")
+            operation_apply_observation(
+                operation_id=op.id,
+                obj=read.object,
+                source=Verification.PROVIDER,
+                cause=f"{step}_readback",
+            )
         current = PaymentOperation.objects.values_list("outcome", flat=True).get(id=op.id)
-        if (current == Outcome.DISPATCHING and step == CallStep.REFUND
-                and read.classification == Classification.NOT_FOUND):
+        if (
+            current == Outcome.DISPATCHING
+            and step == CallStep.REFUND
+            and read.classification == Classification.NOT_FOUND
+        ):
             # The provider refused the refund (already refunded, disputed, ...) and a
             # readable provider holds no refund of this operation: nothing moved, and the
             # refusal is the provider's own statement. `failed` with its reason frees the
             # purchase's slot; `unknown` held it for ever
             # (docs/reliability.md#outcome-classification).
-            _settle_without_object(op.id, Outcome.FAILED, reason=Reason.PROVIDER_REFUSED,
-                                   cause=f"{step}_refused", verification=Verification.PROVIDER,
-                                   evidence={"http_status": result.http_status,
-                                             "code": result.error_code})
+            _settle_without_object(
+                op.id,
+                Outcome.FAILED,
+                reason=Reason.PROVIDER_REFUSED,
+                cause=f"{step}_refused",
+                verification=Verification.PROVIDER,
+                evidence={"http_status": result.http_status, "code": result.error_code},
+            )
         elif current == Outcome.DISPATCHING:
-            _settle_without_object(op.id, Outcome.UNKNOWN, reason="",
-                                   cause=f"{step}_rejected_no_verdict",
-                                   evidence={"http_status": result.http_status})
+            _settle_without_object(
+                op.id,
+                Outcome.UNKNOWN,
+                reason="",
+                cause=f"{step}_rejected_no_verdict",
+                evidence={"http_status": result.http_status},
+            )
         return
-    _settle_without_object(op.id, Outcome.UNKNOWN, reason="", cause=f"{step}_{cls}",
-                           evidence={"http_status": result.http_status,
-                                     "fault_drill": result.fault_drill, "detail": result.detail})
+    _settle_without_object(
+        op.id,
+        Outcome.UNKNOWN,
+        reason="",
+        cause=f"{step}_{cls}",
+        evidence={
+            "http_status": result.http_status,
+            "fault_drill": result.fault_drill,
+            "detail": result.detail,
+        },
+    )
 
 
 _metadata = provider_metadata
@@ -234,27 +302,35 @@ def payment_money_step(op: PaymentOperation) -> str:
 
 def _dispatch_payment_one_call(op: PaymentOperation, provider) -> None:
     """One round trip (DESIGN §10 rule 2;
-    docs/reliability.md#one-round-trip-where-the-provider-dedupes-keys). The claim stores the step key and, as `confirm_claimed_at`, the
+    docs/reliability.md#one-round-trip-where-the-provider-dedupes-keys). The claim stores the step
+    key and, as `confirm_claimed_at`, the
     time of the first send before anything leaves: from then on money may have moved, so a
     dead worker is swept to `unknown`, never to `failed`. A lost answer is asked again
     under the same key (the reconciler, at once below and on its schedule), found by the
     signed webhook (metadata) or read by metadata — never created again under another key.
     """
-    call = _claim(op.id, CallStep.PAY, from_pending=True, confirm=True,
-                  purchase_id=op.purchase_id)
+    call = _claim(op.id, CallStep.PAY, from_pending=True, confirm=True, purchase_id=op.purchase_id)
     if call is None:
         return
     key = op.provider_key(CallStep.PAY)
     request = payment_request(op)
-    result = _send(op.id, CallStep.PAY, call,
-                   lambda: provider.create_and_confirm_payment_intent(key=key, **request))
+    result = _send(
+        op.id,
+        CallStep.PAY,
+        call,
+        lambda: provider.create_and_confirm_payment_intent(key=key, **request),
+    )
     if result.classification == Classification.REJECTED:
         # A 4xx on create refuses the request before it executes: nothing was charged
         # and the provider keeps no answer under the key (DESIGN §10 rule 3).
-        _settle_without_object(op.id, Outcome.FAILED, reason=Reason.INVALID_REQUEST,
-                               cause="pay_rejected", verification=Verification.PROVIDER,
-                               evidence={"http_status": result.http_status,
-                                         "code": result.error_code})
+        _settle_without_object(
+            op.id,
+            Outcome.FAILED,
+            reason=Reason.INVALID_REQUEST,
+            cause="pay_rejected",
+            verification=Verification.PROVIDER,
+            evidence={"http_status": result.http_status, "code": result.error_code},
+        )
         return
     _outcome_after_call(op, CallStep.PAY, result)
     if result.classification == Classification.UNKNOWN and result.http_status != 409:
@@ -275,23 +351,37 @@ def _dispatch_payment(op: PaymentOperation) -> None:
     call = _claim(op.id, CallStep.CREATE, from_pending=True, purchase_id=op.purchase_id)
     if call is None:
         return
-    result = _send(op.id, CallStep.CREATE, call, lambda: provider.create_payment_intent(
-        key=op.provider_key(CallStep.CREATE), amount=op.amount, currency=op.currency,
-        payment_method=op.payment_method, capture_method=op.capture_method,
-        metadata=_metadata(op)))
+    result = _send(
+        op.id,
+        CallStep.CREATE,
+        call,
+        lambda: provider.create_payment_intent(
+            key=op.provider_key(CallStep.CREATE),
+            amount=op.amount,
+            currency=op.currency,
+            payment_method=op.payment_method,
+            capture_method=op.capture_method,
+            metadata=_metadata(op),
+        ),
+    )
     if result.classification == Classification.IN_FLIGHT:
         return
     if result.classification != Classification.OK or result.object is None:
         # Create never moves money and confirm was never claimed: whatever happened, this
         # operation cannot have charged (docs/reliability.md#create-then-claim-then-confirm).
-        reason = {Classification.DECLINED: Reason.CARD_DECLINED,
-                  Classification.REJECTED: Reason.INVALID_REQUEST,
-                  Classification.NOT_SENT: Reason.PROVIDER_UNREACHABLE,
-                  Classification.RETRYABLE: Reason.PROVIDER_UNREACHABLE}.get(
-            result.classification, Reason.NOT_CONFIRMED)
-        _settle_without_object(op.id, Outcome.FAILED, reason=reason, cause="create_failed",
-                               evidence={"classification": result.classification,
-                                         "http_status": result.http_status})
+        reason = {
+            Classification.DECLINED: Reason.CARD_DECLINED,
+            Classification.REJECTED: Reason.INVALID_REQUEST,
+            Classification.NOT_SENT: Reason.PROVIDER_UNREACHABLE,
+            Classification.RETRYABLE: Reason.PROVIDER_UNREACHABLE,
+        }.get(result.classification, Reason.NOT_CONFIRMED)
+        _settle_without_object(
+            op.id,
+            Outcome.FAILED,
+            reason=reason,
+            cause="create_failed",
+            evidence={"classification": result.classification, "http_status": result.http_status},
+        )
         return
     with transaction.atomic():
         locked = lock_operation(op.id)
@@ -302,13 +392,22 @@ def _dispatch_payment(op: PaymentOperation) -> None:
     if call is None:
         return
     intent_id = result.object.id
-    result = _send(op.id, CallStep.CONFIRM, call, lambda: provider.confirm_payment_intent(
-        key=op.provider_key(CallStep.CONFIRM), intent_id=intent_id))
+    result = _send(
+        op.id,
+        CallStep.CONFIRM,
+        call,
+        lambda: provider.confirm_payment_intent(
+            key=op.provider_key(CallStep.CONFIRM), intent_id=intent_id
+        ),
+    )
     _outcome_after_call(op, CallStep.CONFIRM, result)
 
 
-_LINKED_STEP = {OperationKind.CAPTURE: CallStep.CAPTURE, OperationKind.VOID: CallStep.CANCEL,
-                OperationKind.REFUND: CallStep.REFUND}
+_LINKED_STEP = {
+    OperationKind.CAPTURE: CallStep.CAPTURE,
+    OperationKind.VOID: CallStep.CANCEL,
+    OperationKind.REFUND: CallStep.REFUND,
+}
 
 
 def _dispatch_linked(op: PaymentOperation) -> None:
@@ -328,8 +427,12 @@ def _dispatch_linked(op: PaymentOperation) -> None:
     elif op.kind == OperationKind.VOID:
         fn = lambda: provider.cancel_payment_intent(key=key, intent_id=parent_ref)  # noqa: E731
     else:
-        fn = lambda: provider.create_refund(key=key, intent_id=parent_ref, amount=op.amount,  # noqa: E731
-                                            metadata=_metadata(op))
+        fn = lambda: provider.create_refund(  # noqa: E731
+            key=key,
+            intent_id=parent_ref,
+            amount=op.amount,
+            metadata=_metadata(op),
+        )
     result = _send(op.id, step, call, fn)
     _outcome_after_call(op, step, result)
 
@@ -354,7 +457,13 @@ def operation_dispatch_or_wait(*, operation_id: str) -> PaymentOperation:
     is halted) so the message backs off and runs again instead of being marked done."""
     op = operation_dispatch(operation_id=operation_id)
     if op.outcome == Outcome.PENDING:
-        raise DomainError(ErrorCode.WORKFLOW_HALTED, f"The {operation_workflow(op.kind)} workflow is "
-                          "halted; the dispatch waits.", status=503, retry=RetryAdvice.SAME_KEY,
-                          owner=Owner.SUPPORT, purchase=op.purchase_id, operation=op.id)
+        raise DomainError(
+            ErrorCode.WORKFLOW_HALTED,
+            f"The {operation_workflow(op.kind)} workflow is halted; the dispatch waits.",
+            status=503,
+            retry=RetryAdvice.SAME_KEY,
+            owner=Owner.SUPPORT,
+            purchase=op.purchase_id,
+            operation=op.id,
+        )
     return op

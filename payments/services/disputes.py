@@ -9,6 +9,7 @@ handler (recovery) books the ledger entries and reads the dispute back.
 
 Lock order: Purchase -> PaymentOperation -> Dispute (payments.locks).
 """
+
 from __future__ import annotations
 
 import logging
@@ -111,8 +112,9 @@ def _due(obj: DisputeObject) -> datetime | None:
     return datetime.fromtimestamp(obj.evidence_due_by, tz=UTC) if obj.evidence_due_by else None
 
 
-def _purchase_status(purchase: Purchase, name: str, *, cause: str, actor: str,
-                     evidence: dict, arg: str | None = None) -> bool:
+def _purchase_status(
+    purchase: Purchase, name: str, *, cause: str, actor: str, evidence: dict, arg: str | None = None
+) -> bool:
     args = (arg,) if arg is not None else ()
     return _purchase_to(purchase, name, *args, cause=cause, actor=actor, evidence=evidence)
 
@@ -133,8 +135,12 @@ def _follow_purchase(purchase: Purchase, dispute: Dispute, *, cause: str, actor:
     if dispute.status not in DISPUTE_CLOSED_STATUSES:
         _purchase_status(purchase, "mark_disputed", cause=cause, actor=actor, evidence=evidence)
         return
-    other_open = (Dispute.objects.filter(purchase_id=purchase.id, payment__is_duplicate=False)
-                  .exclude(id=dispute.id).exclude(status__in=DISPUTE_CLOSED_STATUSES).exists())
+    other_open = (
+        Dispute.objects.filter(purchase_id=purchase.id, payment__is_duplicate=False)
+        .exclude(id=dispute.id)
+        .exclude(status__in=DISPUTE_CLOSED_STATUSES)
+        .exists()
+    )
     if other_open:
         return
     money = purchase_money(purchase.id)
@@ -143,8 +149,9 @@ def _follow_purchase(purchase: Purchase, dispute: Dispute, *, cause: str, actor:
         if name == "mark_refunded" and purchase.status == PurchaseStatus.REFUNDED:
             return  # refunded while the inquiry was open: the closure changes nothing
         # First evidence of this dispute is already its closure: record that it was open.
-        if not _purchase_status(purchase, "mark_disputed", cause=cause, actor=actor,
-                                evidence=evidence):
+        if not _purchase_status(
+            purchase, "mark_disputed", cause=cause, actor=actor, evidence=evidence
+        ):
             return
     _purchase_status(purchase, name, cause=cause, actor=actor, evidence=evidence, arg=arg)
 
@@ -152,12 +159,17 @@ def _follow_purchase(purchase: Purchase, dispute: Dispute, *, cause: str, actor:
 # The statuses an inquiry's closure may restore as they were: a paid purchase, fulfilled
 # or not. Anything else recorded before (a refund in flight, refunded, a dispute's end) is
 # decided again from the money.
-_RESTORABLE = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED,
-               PurchaseStatus.MANUAL_REVIEW)
+_RESTORABLE = (
+    PurchaseStatus.PAID,
+    PurchaseStatus.FULFILLING,
+    PurchaseStatus.COMPLETED,
+    PurchaseStatus.MANUAL_REVIEW,
+)
 
 
-def _closed_status(purchase: Purchase, dispute: Dispute,
-                   money: PurchaseMoney) -> tuple[str, str | None]:
+def _closed_status(
+    purchase: Purchase, dispute: Dispute, money: PurchaseMoney
+) -> tuple[str, str | None]:
     """The transition (and its argument) a closed dispute takes the purchase through."""
     if dispute.status == DisputeStatus.LOST or money.dispute_lost:
         # This dispute, or an earlier one of the same payment, gave the money back.
@@ -177,9 +189,10 @@ def _closed_status(purchase: Purchase, dispute: Dispute,
         return "mark_dispute_withdrawn", before
     finished = StepRun.objects.filter(purchase_id=purchase.id).exists() and not (
         StepRun.objects.filter(purchase_id=purchase.id)
-        .exclude(state__in=[StepState.DONE, StepState.COMPENSATED]).exists())
-    return ("mark_dispute_withdrawn",
-            PurchaseStatus.COMPLETED if finished else PurchaseStatus.PAID)
+        .exclude(state__in=[StepState.DONE, StepState.COMPENSATED])
+        .exists()
+    )
+    return ("mark_dispute_withdrawn", PurchaseStatus.COMPLETED if finished else PurchaseStatus.PAID)
 
 
 def _totals(moves: list[dict]) -> tuple[int, int, int]:
@@ -189,8 +202,9 @@ def _totals(moves: list[dict]) -> tuple[int, int, int]:
     return withdrawn, reinstated, fees
 
 
-def dispute_apply_observation(*, obj: DisputeObject, verification: str, cause: str,
-                              actor: str = "") -> DisputeApplyResult:
+def dispute_apply_observation(
+    *, obj: DisputeObject, verification: str, cause: str, actor: str = ""
+) -> DisputeApplyResult:
     """THE one place provider evidence about a dispute changes Verity's record."""
     payment = dispute_payment_for(obj)
     if payment is None:
@@ -210,11 +224,20 @@ def dispute_apply_observation(*, obj: DisputeObject, verification: str, cause: s
             return DisputeApplyResult(DisputeApply.MISMATCH, "payment", **ids)
         source = dispute.status if dispute else ""
         if dispute is None:
-            dispute = Dispute(id=obj.id, purchase=purchase, payment=payment, charge=obj.charge,
-                              payment_intent=obj.payment_intent, amount=obj.amount,
-                              currency=obj.currency, reason=obj.reason, status=obj.status,
-                              evidence_due_by=_due(obj), verification=verification,
-                              purchase_status_before=purchase.status)
+            dispute = Dispute(
+                id=obj.id,
+                purchase=purchase,
+                payment=payment,
+                charge=obj.charge,
+                payment_intent=obj.payment_intent,
+                amount=obj.amount,
+                currency=obj.currency,
+                reason=obj.reason,
+                status=obj.status,
+                evidence_due_by=_due(obj),
+                verification=verification,
+                purchase_status_before=purchase.status,
+            )
             result = DisputeApply.APPLIED
         else:
             new_rank = DISPUTE_STATUS_RANK[DisputeStatus(obj.status)]
@@ -225,8 +248,9 @@ def dispute_apply_observation(*, obj: DisputeObject, verification: str, cause: s
                 result = DisputeApply.NO_CHANGE
             elif new_rank == old_rank == DISPUTE_STATUS_RANK[DisputeStatus.WON]:
                 # won vs lost: the provider never changes a closed verdict; a person looks.
-                log.warning("dispute %s: closed %s, evidence says %s", obj.id, dispute.status,
-                            obj.status)
+                log.warning(
+                    "dispute %s: closed %s, evidence says %s", obj.id, dispute.status, obj.status
+                )
                 return DisputeApplyResult(DisputeApply.CONFLICT, "closed_status_differs", **ids)
             else:
                 result = DisputeApply.STALE
@@ -245,10 +269,12 @@ def dispute_apply_observation(*, obj: DisputeObject, verification: str, cause: s
             result = DisputeApply.APPLIED
         if moves_changed:
             result = DisputeApply.APPLIED if result != DisputeApply.STALE else result
-        if result == DisputeApply.NO_CHANGE or (result == DisputeApply.STALE
-                                                and not moves_changed):
-            if (result == DisputeApply.NO_CHANGE and verification == Verification.PROVIDER
-                    and dispute.verification != Verification.PROVIDER):
+        if result == DisputeApply.NO_CHANGE or (result == DisputeApply.STALE and not moves_changed):
+            if (
+                result == DisputeApply.NO_CHANGE
+                and verification == Verification.PROVIDER
+                and dispute.verification != Verification.PROVIDER
+            ):
                 # the provider's own record confirms what the webhook said
                 dispute.verification = verification
                 dispute.save(update_fields=["verification", "updated_at"])
@@ -257,9 +283,16 @@ def dispute_apply_observation(*, obj: DisputeObject, verification: str, cause: s
         dispute.funds_withdrawn, dispute.funds_reinstated, dispute.fees = _totals(moves)
         dispute.save()
         if source != dispute.status:
-            transition_record(purchase_id=purchase.id, operation=payment, field="dispute",
-                              source=source, target=dispute.status, cause=cause[:64],
-                              evidence=obj.safe_fields(), actor=actor)
+            transition_record(
+                purchase_id=purchase.id,
+                operation=payment,
+                field="dispute",
+                source=source,
+                target=dispute.status,
+                cause=cause[:64],
+                evidence=obj.safe_fields(),
+                actor=actor,
+            )
         _follow_purchase(purchase, dispute, cause=cause[:64], actor=actor)
         if dispute.status == DisputeStatus.LOST:
             # The bank gave the buyer the money back: a refund still awaiting approval
@@ -268,18 +301,30 @@ def dispute_apply_observation(*, obj: DisputeObject, verification: str, cause: s
             from .operations import _supersede_pending_approvals
 
             _supersede_pending_approvals(
-                purchase, payment, reason=f"superseded by dispute {dispute.id}, lost",
-                detail="superseded_by_lost_dispute")
+                purchase,
+                payment,
+                reason=f"superseded by dispute {dispute.id}, lost",
+                detail="superseded_by_lost_dispute",
+            )
         if payment.is_duplicate and dispute.status in DISPUTE_CLOSED_STATUSES:
             # The bank gave a duplicate's money back to the merchant (won, or an inquiry
             # closed): its compensation now returns what is left (none while it was open).
             duplicate_compensate_locked(purchase=purchase, duplicate=payment)
-        outbox_put(category=OutboxCategory.DISPUTE_CHANGED, payload={"dispute": dispute.id},
-                   dedupe_key=f"dispute:{dispute.id}:{dispute.status}:{len(moves)}")
-    log.info("dispute %s applied status=%s purchase=%s verification=%s", obj.id, obj.status,
-             purchase.id, verification)
-    return DisputeApplyResult(result, "" if result == DisputeApply.APPLIED else "stale_status",
-                              **ids)
+        outbox_put(
+            category=OutboxCategory.DISPUTE_CHANGED,
+            payload={"dispute": dispute.id},
+            dedupe_key=f"dispute:{dispute.id}:{dispute.status}:{len(moves)}",
+        )
+    log.info(
+        "dispute %s applied status=%s purchase=%s verification=%s",
+        obj.id,
+        obj.status,
+        purchase.id,
+        verification,
+    )
+    return DisputeApplyResult(
+        result, "" if result == DisputeApply.APPLIED else "stale_status", **ids
+    )
 
 
 def dispute_refresh(*, dispute_id: str, actor: str = "dispute-readback") -> DisputeApplyResult:
@@ -293,14 +338,25 @@ def dispute_refresh(*, dispute_id: str, actor: str = "dispute-readback") -> Disp
     dispute = Dispute.objects.select_related("payment").get(id=dispute_id)
     result, obj = provider_for(dispute.payment).retrieve_dispute(dispute_id)
     ProviderCall.objects.create(
-        operation_id=dispute.payment_id, purpose=CallPurpose.RECONCILE, step=CallStep.RETRIEVE,
-        request_id=result.request_id, http_status=result.http_status,
-        classification=result.classification, error_code=result.error_code,
+        operation_id=dispute.payment_id,
+        purpose=CallPurpose.RECONCILE,
+        step=CallStep.RETRIEVE,
+        request_id=result.request_id,
+        http_status=result.http_status,
+        classification=result.classification,
+        error_code=result.error_code,
         fault_drill=result.fault_drill,
         safe_fields=obj.safe_fields() if obj else {"object": "dispute", "id": dispute_id},
-        finished_at=timezone.now())
+        finished_at=timezone.now(),
+    )
     if obj is None:
-        return DisputeApplyResult(DisputeApply.NO_CHANGE, f"readback:{result.classification}",
-                                  dispute_id, dispute.payment_id, dispute.purchase_id)
-    return dispute_apply_observation(obj=obj, verification=Verification.PROVIDER,
-                                     cause="dispute_readback", actor=actor)
+        return DisputeApplyResult(
+            DisputeApply.NO_CHANGE,
+            f"readback:{result.classification}",
+            dispute_id,
+            dispute.payment_id,
+            dispute.purchase_id,
+        )
+    return dispute_apply_observation(
+        obj=obj, verification=Verification.PROVIDER, cause="dispute_readback", actor=actor
+    )

@@ -11,6 +11,7 @@ disagree with Verity's books.
 
 Lock order: Purchase -> PaymentOperation (payments.locks).
 """
+
 from __future__ import annotations
 
 import logging
@@ -87,37 +88,84 @@ def _refund_room(payment: PaymentOperation) -> int:
     return payment_refund_room(payment, counted=(Outcome.SUCCEEDED,))
 
 
-def _record_locked(purchase, payment: PaymentOperation, *, kind: str, obj: ProviderObject,
-                   amount: int, verification: str, cause: str, actor: str,
-                   pending: bool = False) -> PaymentOperation:
+def _record_locked(
+    purchase,
+    payment: PaymentOperation,
+    *,
+    kind: str,
+    obj: ProviderObject,
+    amount: int,
+    verification: str,
+    cause: str,
+    actor: str,
+    pending: bool = False,
+) -> PaymentOperation:
     """Created already settled by the evidence; or, for a refund the provider is still
     processing, `awaiting_provider` (it holds the purchase's slot like any refund in
     flight and the reconciler reads it back by its id)."""
     now = timezone.now()
-    settled = {"outcome": Outcome.SUCCEEDED, "stage": Stage.SETTLED, "grade": Grade.CONFIRMED,
-               "verification": verification, "settled_at": now}
+    settled = {
+        "outcome": Outcome.SUCCEEDED,
+        "stage": Stage.SETTLED,
+        "grade": Grade.CONFIRMED,
+        "verification": verification,
+        "settled_at": now,
+    }
     if pending:
-        settled = {"outcome": Outcome.AWAITING_PROVIDER, "stage": Stage.RECONCILING,
-                   "verification": verification}
-    op = operation_insert_guarded(purchase=purchase, kind=kind, amount=amount,
-                                  currency=payment.currency, parent=payment,
-                                  provider_reference=obj.id,
-                                  provider_charge=obj.latest_charge or payment.provider_charge,
-                                  provider_account=payment.provider_account, origin=Origin.PROVIDER,
-                                  provider_status=obj.status, next_action_owner=Owner.SUPPORT,
-                                  is_compensation=False, **settled)
+        settled = {
+            "outcome": Outcome.AWAITING_PROVIDER,
+            "stage": Stage.RECONCILING,
+            "verification": verification,
+        }
+    op = operation_insert_guarded(
+        purchase=purchase,
+        kind=kind,
+        amount=amount,
+        currency=payment.currency,
+        parent=payment,
+        provider_reference=obj.id,
+        provider_charge=obj.latest_charge or payment.provider_charge,
+        provider_account=payment.provider_account,
+        origin=Origin.PROVIDER,
+        provider_status=obj.status,
+        next_action_owner=Owner.SUPPORT,
+        is_compensation=False,
+        **settled,
+    )
     if pending:
         _schedule_reconcile(op, first=True)
-    transition_record(purchase_id=purchase.id, operation=op, field="outcome", source="",
-                      target=op.outcome, cause=cause[:64],
-                      evidence={**obj.safe_fields(), "origin": Origin.PROVIDER.value}, actor=actor)
+    transition_record(
+        purchase_id=purchase.id,
+        operation=op,
+        field="outcome",
+        source="",
+        target=op.outcome,
+        cause=cause[:64],
+        evidence={**obj.safe_fields(), "origin": Origin.PROVIDER.value},
+        actor=actor,
+    )
     _settle_effects(purchase, op, cause=cause[:64], actor=actor)
-    operation_audit_write(actor="provider", action="external_operation_recorded", op=op,
-                          reason=EXTERNAL_AUDIT_REASON,
-                          detail={"kind": kind, "provider_reference": obj.id, "amount": amount,
-                                  "currency": op.currency, "evidence": cause[:64]})
-    log.warning("external %s recorded op=%s purchase=%s reference=%s amount=%s", kind, op.id,
-                purchase.id, obj.id, amount)
+    operation_audit_write(
+        actor="provider",
+        action="external_operation_recorded",
+        op=op,
+        reason=EXTERNAL_AUDIT_REASON,
+        detail={
+            "kind": kind,
+            "provider_reference": obj.id,
+            "amount": amount,
+            "currency": op.currency,
+            "evidence": cause[:64],
+        },
+    )
+    log.warning(
+        "external %s recorded op=%s purchase=%s reference=%s amount=%s",
+        kind,
+        op.id,
+        purchase.id,
+        obj.id,
+        amount,
+    )
     return op
 
 
@@ -131,23 +179,35 @@ def _own_record_unsettled(purchase, payment: PaymentOperation, refund: ProviderO
     or (the refund exceeding what is captured) a capture still in flight."""
     if payment_unsettled(payment):
         return "payment_not_settled"
-    if payment.outcome == Outcome.SUCCEEDED and refund.amount > _refund_room(payment) and (
+    if (
+        payment.outcome == Outcome.SUCCEEDED
+        and refund.amount > _refund_room(payment)
+        and (
             PaymentOperation.objects.filter(parent=payment, kind=OperationKind.CAPTURE)
-            .exclude(outcome__in=(Outcome.SUCCEEDED, Outcome.FAILED)).exists()):
+            .exclude(outcome__in=(Outcome.SUCCEEDED, Outcome.FAILED))
+            .exists()
+        )
+    ):
         return "capture_not_settled"
     return ""
 
 
-def external_refund_record(*, payment_operation_id: str, refund: ProviderObject,
-                           verification: str, cause: str, actor: str = ""
-                           ) -> ExternalApplyResult:
+def external_refund_record(
+    *,
+    payment_operation_id: str,
+    refund: ProviderObject,
+    verification: str,
+    cause: str,
+    actor: str = "",
+) -> ExternalApplyResult:
     """A Refund at the provider that no Verity operation requested (it carries no
     `operation_id` metadata and no operation holds its id)."""
     with transaction.atomic():
         purchase, payment = lock_purchase_and_operation(payment_operation_id)
         ids = {"operation_id": payment.id, "purchase_id": purchase.id}
-        known = PaymentOperation.objects.filter(kind=OperationKind.REFUND,
-                                                provider_reference=refund.id).first()
+        known = PaymentOperation.objects.filter(
+            kind=OperationKind.REFUND, provider_reference=refund.id
+        ).first()
         if known is not None:
             return ExternalApplyResult(ExternalResult.KNOWN, "", known.id, purchase.id)
         why = ""
@@ -173,8 +233,9 @@ def external_refund_record(*, payment_operation_id: str, refund: ProviderObject,
             return ExternalApplyResult(ExternalResult.MISMATCH, "payment_not_succeeded", **ids)
         if refund.refund_returned_nothing:
             # no money left: nothing to record (a later event cannot revive it)
-            return ExternalApplyResult(ExternalResult.NOTHING_MOVED, f"refund_{refund.status}",
-                                       **ids)
+            return ExternalApplyResult(
+                ExternalResult.NOTHING_MOVED, f"refund_{refund.status}", **ids
+            )
         pending = refund.refund_in_flight
         if not refund.succeeded and not pending:
             return ExternalApplyResult(ExternalResult.MISMATCH, "status", **ids)
@@ -183,26 +244,42 @@ def external_refund_record(*, payment_operation_id: str, refund: ProviderObject,
         if pending and _busy(purchase):
             # Another operation holds the slot: hold the event, retry after it settles.
             return ExternalApplyResult(ExternalResult.NOT_EXTERNAL, "purchase_busy", **ids)
-        op = _record_locked(purchase, payment, kind=OperationKind.REFUND, obj=refund,
-                            amount=refund.amount, verification=verification, cause=cause,
-                            actor=actor, pending=pending)
+        op = _record_locked(
+            purchase,
+            payment,
+            kind=OperationKind.REFUND,
+            obj=refund,
+            amount=refund.amount,
+            verification=verification,
+            cause=cause,
+            actor=actor,
+            pending=pending,
+        )
     return ExternalApplyResult(ExternalResult.RECORDED, "", op.id, purchase.id)
 
 
-def external_intent_move_record(*, payment_operation_id: str, obj: ProviderObject,
-                                verification: str, cause: str, actor: str = ""
-                                ) -> ExternalApplyResult:
+def external_intent_move_record(
+    *,
+    payment_operation_id: str,
+    obj: ProviderObject,
+    verification: str,
+    cause: str,
+    actor: str = "",
+) -> ExternalApplyResult:
     """An authorization captured (`succeeded`) or cancelled (`canceled`) at the provider
     with no Verity capture/void asking for it."""
     with transaction.atomic():
         purchase, payment = lock_purchase_and_operation(payment_operation_id)
         ids = {"operation_id": payment.id, "purchase_id": purchase.id}
-        if (payment.kind != OperationKind.AUTHORIZE or payment.outcome != Outcome.SUCCEEDED
-                or not (obj.succeeded or obj.canceled)):
+        if (
+            payment.kind != OperationKind.AUTHORIZE
+            or payment.outcome != Outcome.SUCCEEDED
+            or not (obj.succeeded or obj.canceled)
+        ):
             return ExternalApplyResult(ExternalResult.NOT_EXTERNAL, "", **ids)
-        children = purchase.operations.filter(parent=payment,
-                                              kind__in=[OperationKind.CAPTURE,
-                                                        OperationKind.VOID])
+        children = purchase.operations.filter(
+            parent=payment, kind__in=[OperationKind.CAPTURE, OperationKind.VOID]
+        )
         if children.exclude(outcome=Outcome.FAILED).exists() or _busy(purchase):
             # Verity's own capture/void (or something still in flight) explains it: the
             # ordinary matching judges the event.
@@ -221,13 +298,20 @@ def external_intent_move_record(*, payment_operation_id: str, obj: ProviderObjec
         if why:
             return ExternalApplyResult(ExternalResult.MISMATCH, why, **ids)
         kind = OperationKind.CAPTURE if obj.succeeded else OperationKind.VOID
-        op = _record_locked(purchase, payment, kind=kind, obj=obj, amount=payment.amount,
-                            verification=verification, cause=cause, actor=actor)
+        op = _record_locked(
+            purchase,
+            payment,
+            kind=kind,
+            obj=obj,
+            amount=payment.amount,
+            verification=verification,
+            cause=cause,
+            actor=actor,
+        )
     return ExternalApplyResult(ExternalResult.RECORDED, "", op.id, purchase.id)
 
 
-def external_intent_read(*, payment_operation_id: str, cause: str
-                         ) -> ExternalApplyResult | None:
+def external_intent_read(*, payment_operation_id: str, cause: str) -> ExternalApplyResult | None:
     """Read an authorization back at the provider (no transaction open) and record a
     capture or cancel made there with no Verity operation asking for it: a capture that
     met an authorization cancelled in the dashboard (no event, or a lost one) learns that
@@ -236,24 +320,37 @@ def external_intent_read(*, payment_operation_id: str, cause: str
     nothing to read."""
     assert_outside_transaction()
     payment = PaymentOperation.objects.get(id=payment_operation_id)
-    if (payment.kind != OperationKind.AUTHORIZE or payment.outcome != Outcome.SUCCEEDED
-            or not payment.provider_reference):
+    if (
+        payment.kind != OperationKind.AUTHORIZE
+        or payment.outcome != Outcome.SUCCEEDED
+        or not payment.provider_reference
+    ):
         return None
     result = provider_for(payment).retrieve_payment_intent(payment.provider_reference)
     obj = result.object
     ProviderCall.objects.create(
-        operation_id=payment.id, purpose=CallPurpose.RECONCILE, step=CallStep.RETRIEVE,
-        request_id=result.request_id[:100], http_status=result.http_status,
-        classification=result.classification, error_code=result.error_code[:64],
+        operation_id=payment.id,
+        purpose=CallPurpose.RECONCILE,
+        step=CallStep.RETRIEVE,
+        request_id=result.request_id[:100],
+        http_status=result.http_status,
+        classification=result.classification,
+        error_code=result.error_code[:64],
         fault_drill=result.fault_drill,
-        safe_fields=obj.safe_fields() if obj else {"object": "payment_intent",
-                                                   "id": payment.provider_reference},
-        finished_at=timezone.now())
+        safe_fields=obj.safe_fields()
+        if obj
+        else {"object": "payment_intent", "id": payment.provider_reference},
+        finished_at=timezone.now(),
+    )
     if obj is None:
         return None
-    return external_intent_move_record(payment_operation_id=payment.id, obj=obj,
-                                       verification=Verification.PROVIDER, cause=cause,
-                                       actor="authorization-readback")
+    return external_intent_move_record(
+        payment_operation_id=payment.id,
+        obj=obj,
+        verification=Verification.PROVIDER,
+        cause=cause,
+        actor="authorization-readback",
+    )
 
 
 def external_refunds_read(*, payment_operation_id: str) -> list[ExternalApplyResult]:
@@ -270,36 +367,56 @@ def external_refunds_read(*, payment_operation_id: str) -> list[ExternalApplyRes
     for refund in refunds:
         if refund.metadata.get("operation_id"):
             continue
-        out.append(external_refund_record(
-            payment_operation_id=payment.id, refund=refund,
-            verification=Verification.PROVIDER, cause="readback:refunds",
-            actor="external-refunds-readback"))
+        out.append(
+            external_refund_record(
+                payment_operation_id=payment.id,
+                refund=refund,
+                verification=Verification.PROVIDER,
+                cause="readback:refunds",
+                actor="external-refunds-readback",
+            )
+        )
     return out
 
 
-def external_operation_review(*, operation_id: str, acting_user, reason: str
-                                   ) -> PaymentOperation:
+def external_operation_review(*, operation_id: str, acting_user, reason: str) -> PaymentOperation:
     """A person has seen an operation made outside Verity (audited, same transaction)."""
     if not (reason or "").strip():
-        raise DomainError(ErrorCode.REASON_REQUIRED, "A reason is required.", status=422,
-                          owner=Owner.SUPPORT)
+        raise DomainError(
+            ErrorCode.REASON_REQUIRED, "A reason is required.", status=422, owner=Owner.SUPPORT
+        )
     with transaction.atomic():
         try:
             _, op = lock_purchase_and_operation(operation_id)
         except PaymentOperation.DoesNotExist:
             raise DomainError(ErrorCode.NOT_FOUND, "No such operation.", status=404) from None
         if op.origin != Origin.PROVIDER:
-            raise DomainError(ErrorCode.NOT_EXTERNAL, "This operation was made by Verity.", status=409,
-                              operation=op.id, purchase=op.purchase_id, owner=Owner.SUPPORT)
+            raise DomainError(
+                ErrorCode.NOT_EXTERNAL,
+                "This operation was made by Verity.",
+                status=409,
+                operation=op.id,
+                purchase=op.purchase_id,
+                owner=Owner.SUPPORT,
+            )
         if op.reviewed_at is not None:
-            raise DomainError(ErrorCode.ALREADY_REVIEWED, "Already reviewed.", status=409,
-                              operation=op.id, purchase=op.purchase_id, owner=Owner.NONE)
+            raise DomainError(
+                ErrorCode.ALREADY_REVIEWED,
+                "Already reviewed.",
+                status=409,
+                operation=op.id,
+                purchase=op.purchase_id,
+                owner=Owner.NONE,
+            )
         op.reviewed_at = timezone.now()
         op.reviewed_by = acting_user.get_username()[:150]
         op.next_action_owner = Owner.NONE
-        op.save(update_fields=["reviewed_at", "reviewed_by", "next_action_owner",
-                               "updated_at"])
-        operation_audit_write(actor=acting_user.get_username(),
-                              action="external_operation_review", op=op, reason=reason,
-                              detail={"kind": op.kind, "provider_reference": op.provider_reference})
+        op.save(update_fields=["reviewed_at", "reviewed_by", "next_action_owner", "updated_at"])
+        operation_audit_write(
+            actor=acting_user.get_username(),
+            action="external_operation_review",
+            op=op,
+            reason=reason,
+            detail={"kind": op.kind, "provider_reference": op.provider_reference},
+        )
     return op

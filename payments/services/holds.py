@@ -1,6 +1,7 @@
 """Spending limits: per API client holds (reserved, consumed, released) and the
 limit and currency checks a new money movement passes first.
 """
+
 from __future__ import annotations
 
 from django.db.models import Sum
@@ -33,13 +34,20 @@ def client_limits(client: ApiClient) -> dict:
     reserved_q = holds.filter(state=HoldState.RESERVED)
     consumed = consumed_q.aggregate(s=Sum("amount"))["s"] or 0
     reserved = reserved_q.aggregate(s=Sum("amount"))["s"] or 0
-    unknown = (reserved_q.filter(operation__outcome=Outcome.UNKNOWN)
-               .aggregate(s=Sum("amount"))["s"] or 0)
-    return {"limit": client.spending_limit, "currency": client.currency, "consumed": consumed,
-            "reserved": reserved, "unknown_exposure": unknown,
-            "available": (max(client.spending_limit - consumed - reserved, 0)
-                          if client.spending_limit else None),
-            "period": client.limit_period}
+    unknown = (
+        reserved_q.filter(operation__outcome=Outcome.UNKNOWN).aggregate(s=Sum("amount"))["s"] or 0
+    )
+    return {
+        "limit": client.spending_limit,
+        "currency": client.currency,
+        "consumed": consumed,
+        "reserved": reserved,
+        "unknown_exposure": unknown,
+        "available": (
+            max(client.spending_limit - consumed - reserved, 0) if client.spending_limit else None
+        ),
+        "period": client.limit_period,
+    }
 
 
 def _check_currency_allowed(client: ApiClient | None, currency: str) -> None:
@@ -47,11 +55,15 @@ def _check_currency_allowed(client: ApiClient | None, currency: str) -> None:
     across currencies as raw minor units, and a purchase in a currency the client has no
     limit for is refused (docs/walkthrough.md#api-rules-the-code-relies-on)."""
     if client is not None and currency.lower() != (client.currency or "").lower():
-        raise DomainError(ErrorCode.CURRENCY_NOT_ALLOWED,
-                          f"This API client's spending limit is in {client.currency}; a "
-                          f"purchase in {currency.lower()} is not allowed.", status=422,
-                          retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
-                          extra={"allowed_currencies": [client.currency]})
+        raise DomainError(
+            ErrorCode.CURRENCY_NOT_ALLOWED,
+            f"This API client's spending limit is in {client.currency}; a "
+            f"purchase in {currency.lower()} is not allowed.",
+            status=422,
+            retry=RetryAdvice.FORBIDDEN,
+            owner=Owner.SUPPORT,
+            extra={"allowed_currencies": [client.currency]},
+        )
 
 
 def _check_limit(client: ApiClient | None, amount: int) -> None:
@@ -59,9 +71,14 @@ def _check_limit(client: ApiClient | None, amount: int) -> None:
         return
     figures = client_limits(client)
     if figures["consumed"] + figures["reserved"] + amount > client.spending_limit:
-        raise DomainError(ErrorCode.SPENDING_LIMIT_EXCEEDED, "This API client's spending limit does not "
-                          "cover this amount.", status=409, retry=RetryAdvice.FORBIDDEN,
-                          owner=Owner.SUPPORT, extra={"limits": figures})
+        raise DomainError(
+            ErrorCode.SPENDING_LIMIT_EXCEEDED,
+            "This API client's spending limit does not cover this amount.",
+            status=409,
+            retry=RetryAdvice.FORBIDDEN,
+            owner=Owner.SUPPORT,
+            extra={"limits": figures},
+        )
 
 
 def _hold_client_id(op: PaymentOperation) -> str | None:
@@ -84,9 +101,18 @@ def _hold_reserve(op: PaymentOperation) -> bool:
         figures = client_limits(client)
         if figures["consumed"] + figures["reserved"] + op.amount > client.spending_limit:
             return False
-    Hold.objects.bulk_create([Hold(api_client=client, operation=op, amount=op.amount,
-                                   currency=op.currency, period_start=_period_start(client))],
-                             ignore_conflicts=True)
+    Hold.objects.bulk_create(
+        [
+            Hold(
+                api_client=client,
+                operation=op,
+                amount=op.amount,
+                currency=op.currency,
+                period_start=_period_start(client),
+            )
+        ],
+        ignore_conflicts=True,
+    )
     return True
 
 
@@ -95,15 +121,23 @@ def _duplicate_returned_release(op: PaymentOperation) -> None:
     its hold is released (docs/walkthrough.md, "Spending limits"). An ordinary refund never
     restores consumed allowance (refund and charge again would spend past the limit)."""
     parent = op.parent
-    if not (op.kind == OperationKind.REFUND and op.is_compensation and parent is not None
-            and parent.is_duplicate):
+    if not (
+        op.kind == OperationKind.REFUND
+        and op.is_compensation
+        and parent is not None
+        and parent.is_duplicate
+    ):
         return
-    returned = (PaymentOperation.objects.filter(parent=parent, kind=OperationKind.REFUND,
-                                                outcome=Outcome.SUCCEEDED)
-                .aggregate(s=Sum("amount"))["s"] or 0)
+    returned = (
+        PaymentOperation.objects.filter(
+            parent=parent, kind=OperationKind.REFUND, outcome=Outcome.SUCCEEDED
+        ).aggregate(s=Sum("amount"))["s"]
+        or 0
+    )
     if returned >= parent.amount:
         Hold.objects.filter(operation=parent, state=HoldState.CONSUMED).update(
-            state=HoldState.RELEASED, updated_at=timezone.now())
+            state=HoldState.RELEASED, updated_at=timezone.now()
+        )
 
 
 def _hold_settle(op: PaymentOperation, *, succeeded: bool) -> None:
@@ -111,36 +145,47 @@ def _hold_settle(op: PaymentOperation, *, succeeded: bool) -> None:
     release a duplicate's once its compensation returned it in full."""
     if op.kind in (OperationKind.CHARGE, OperationKind.REFUND):
         Hold.objects.filter(operation=op, state=HoldState.RESERVED).update(
-            state=HoldState.CONSUMED if succeeded else HoldState.RELEASED,
-            updated_at=timezone.now())
+            state=HoldState.CONSUMED if succeeded else HoldState.RELEASED, updated_at=timezone.now()
+        )
         if succeeded:
             _duplicate_returned_release(op)
     elif op.kind == OperationKind.AUTHORIZE and not succeeded:
         Hold.objects.filter(operation=op, state=HoldState.RESERVED).update(
-            state=HoldState.RELEASED, updated_at=timezone.now())
+            state=HoldState.RELEASED, updated_at=timezone.now()
+        )
     elif op.kind == OperationKind.CAPTURE and succeeded:
         Hold.objects.filter(operation_id=op.parent_id, state=HoldState.RESERVED).update(
-            state=HoldState.CONSUMED, updated_at=timezone.now())
+            state=HoldState.CONSUMED, updated_at=timezone.now()
+        )
     elif op.kind == OperationKind.VOID and succeeded:
         Hold.objects.filter(operation_id=op.parent_id, state=HoldState.RESERVED).update(
-            state=HoldState.RELEASED, updated_at=timezone.now())
+            state=HoldState.RELEASED, updated_at=timezone.now()
+        )
 
 
 def _hold_overturn(op: PaymentOperation, *, succeeded: bool) -> None:
     """Holds follow an overturned outcome, whatever state the person's outcome left."""
     now = timezone.now()
     if op.kind in (OperationKind.CHARGE, OperationKind.REFUND):
-        rows, state = Hold.objects.filter(operation=op), (
-            HoldState.CONSUMED if succeeded else HoldState.RELEASED)
+        rows, state = (
+            Hold.objects.filter(operation=op),
+            (HoldState.CONSUMED if succeeded else HoldState.RELEASED),
+        )
     elif op.kind == OperationKind.AUTHORIZE:
-        rows, state = Hold.objects.filter(operation=op), (
-            HoldState.RESERVED if succeeded else HoldState.RELEASED)
+        rows, state = (
+            Hold.objects.filter(operation=op),
+            (HoldState.RESERVED if succeeded else HoldState.RELEASED),
+        )
     elif op.kind == OperationKind.CAPTURE:
-        rows, state = Hold.objects.filter(operation_id=op.parent_id), (
-            HoldState.CONSUMED if succeeded else HoldState.RESERVED)
+        rows, state = (
+            Hold.objects.filter(operation_id=op.parent_id),
+            (HoldState.CONSUMED if succeeded else HoldState.RESERVED),
+        )
     else:  # void
-        rows, state = Hold.objects.filter(operation_id=op.parent_id), (
-            HoldState.RELEASED if succeeded else HoldState.RESERVED)
+        rows, state = (
+            Hold.objects.filter(operation_id=op.parent_id),
+            (HoldState.RELEASED if succeeded else HoldState.RESERVED),
+        )
     rows.update(state=state, updated_at=now)
     if succeeded:
         _duplicate_returned_release(op)
@@ -153,12 +198,21 @@ def _duplicate_unreturned_consume(op: PaymentOperation) -> None:
     overturned to failed by the provider's record: the duplicate's money is still with
     the merchant, so its hold counts as consumed again until a return lands in full."""
     parent = op.parent
-    if not (op.kind == OperationKind.REFUND and op.is_compensation and parent is not None
-            and parent.is_duplicate and parent.outcome == Outcome.SUCCEEDED):
+    if not (
+        op.kind == OperationKind.REFUND
+        and op.is_compensation
+        and parent is not None
+        and parent.is_duplicate
+        and parent.outcome == Outcome.SUCCEEDED
+    ):
         return
-    returned = (PaymentOperation.objects.filter(parent=parent, kind=OperationKind.REFUND,
-                                                outcome=Outcome.SUCCEEDED)
-                .aggregate(s=Sum("amount"))["s"] or 0)
+    returned = (
+        PaymentOperation.objects.filter(
+            parent=parent, kind=OperationKind.REFUND, outcome=Outcome.SUCCEEDED
+        ).aggregate(s=Sum("amount"))["s"]
+        or 0
+    )
     if returned < parent.amount:
         Hold.objects.filter(operation=parent, state=HoldState.RELEASED).update(
-            state=HoldState.CONSUMED, updated_at=timezone.now())
+            state=HoldState.CONSUMED, updated_at=timezone.now()
+        )

@@ -2,6 +2,7 @@
 evidence goes through (a read-back, a webhook, a dispatch answer), its effects on holds,
 the purchase and the workflow, overturns of a person's resolution, and duplicate charges.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -52,18 +53,25 @@ def payment_cancel_due(op: PaymentOperation, obj: ProviderObject | None) -> bool
     hold it open: a payment with a PaymentIntent on a rail that can cancel one, whose
     record (when there is one) is still cancellable. Anyone holding the secret key could
     otherwise attach a card and confirm it later: a charge with no order."""
-    return (op.kind in PAYMENT_KINDS and op.outcome == Outcome.FAILED
-            and op.grade == Grade.CONFIRMED and bool(op.provider_reference)
-            and provider_for(op).has_capture_and_void  # a rail whose payments can be cancelled
-            and (obj is None or obj.cancellable))
+    return (
+        op.kind in PAYMENT_KINDS
+        and op.outcome == Outcome.FAILED
+        and op.grade == Grade.CONFIRMED
+        and bool(op.provider_reference)
+        and provider_for(op).has_capture_and_void  # a rail whose payments can be cancelled
+        and (obj is None or obj.cancellable)
+    )
 
 
 def _cancel_if_left_open_put(op: PaymentOperation, obj: ProviderObject | None) -> None:
     """In the settling transaction: the cancel at the provider follows through the outbox
     (payments.services.cancels.payment_cancel_after_failure), outside any transaction."""
     if payment_cancel_due(op, obj):
-        outbox_put(category=OutboxCategory.PAYMENT_CANCEL, payload={"operation": op.id},
-                   dedupe_key=f"cancel:{op.id}")
+        outbox_put(
+            category=OutboxCategory.PAYMENT_CANCEL,
+            payload={"operation": op.id},
+            dedupe_key=f"cancel:{op.id}",
+        )
 
 
 def _expected_amount(op: PaymentOperation) -> int:
@@ -79,8 +87,7 @@ def _mismatch(op: PaymentOperation, obj: ProviderObject) -> str:
         return f"object type {obj.object_type}"
     # Where the provider's id is not the operation's identity (x402: the authorization is,
     # its transaction hash may only become known later), the id is not compared.
-    if (op.provider_reference and obj.id != op.provider_reference
-            and provider.reference_is_identity):
+    if op.provider_reference and obj.id != op.provider_reference and provider.reference_is_identity:
         return "provider reference"
     meta = obj.metadata or {}
     allowed_ops = {op.id, op.parent_id} if op.parent_id else {op.id}
@@ -88,8 +95,10 @@ def _mismatch(op: PaymentOperation, obj: ProviderObject) -> str:
         return "operation metadata"
     if meta.get("purchase_id") and meta["purchase_id"] != op.purchase_id:
         return "purchase"
-    if (meta.get("customer_reference")
-            and meta["customer_reference"] != op.purchase.customer_reference):
+    if (
+        meta.get("customer_reference")
+        and meta["customer_reference"] != op.purchase.customer_reference
+    ):
         return "customer reference"
     if obj.amount != _expected_amount(op):
         return "amount"
@@ -101,21 +110,34 @@ def _mismatch(op: PaymentOperation, obj: ProviderObject) -> str:
     return ""
 
 
-_FAIL_REASONS = {"card_declined": Reason.CARD_DECLINED, "generic_decline": Reason.CARD_DECLINED,
-                 "insufficient_funds": Reason.CARD_DECLINED,
-                 # x402 (payments.providers.x402): stable reasons, passed through
-                 **{r.value: r for r in (Reason.AUTHORIZATION_EXPIRED,
-                                         Reason.AUTHORIZATION_CANCELED,
-                                         Reason.AUTHORIZATION_USED_ELSEWHERE,
-                                         Reason.AUTHORIZATION_INVALID,
-                                         Reason.INSUFFICIENT_BALANCE,
-                                         Reason.PROVIDER_UNREACHABLE)}}
+_FAIL_REASONS = {
+    "card_declined": Reason.CARD_DECLINED,
+    "generic_decline": Reason.CARD_DECLINED,
+    "insufficient_funds": Reason.CARD_DECLINED,
+    # x402 (payments.providers.x402): stable reasons, passed through
+    **{
+        r.value: r
+        for r in (
+            Reason.AUTHORIZATION_EXPIRED,
+            Reason.AUTHORIZATION_CANCELED,
+            Reason.AUTHORIZATION_USED_ELSEWHERE,
+            Reason.AUTHORIZATION_INVALID,
+            Reason.INSUFFICIENT_BALANCE,
+            Reason.PROVIDER_UNREACHABLE,
+        )
+    },
+}
 
 
-def _settle_effects_refund(purchase: Purchase, op: PaymentOperation, *, cause: str,
-                           actor: str) -> None:
-    refunded = (_purchase_refunds(purchase).filter(outcome=Outcome.SUCCEEDED)
-                .aggregate(s=Sum("amount"))["s"] or 0)
+def _settle_effects_refund(
+    purchase: Purchase, op: PaymentOperation, *, cause: str, actor: str
+) -> None:
+    refunded = (
+        _purchase_refunds(purchase)
+        .filter(outcome=Outcome.SUCCEEDED)
+        .aggregate(s=Sum("amount"))["s"]
+        or 0
+    )
     if refunded >= _captured_amount(purchase):
         if purchase.status == PurchaseStatus.DISPUTED:
             # A disputed purchase says so until the dispute closes (DESIGN.md §5.10); its
@@ -146,11 +168,18 @@ def _settle_effects(purchase: Purchase, op: PaymentOperation, *, cause: str, act
     if op.parent_id and op.parent.is_duplicate:
         return  # returning a duplicate changes nothing the customer bought
     if op.kind in PAYMENT_KINDS:
-        name = {Outcome.SUCCEEDED: "mark_paid", Outcome.FAILED: "mark_payment_failed",
-                Outcome.UNKNOWN: "mark_payment_unknown",
-                Outcome.AWAITING_BUYER: "mark_action_required",
-                Outcome.AWAITING_PROVIDER: "mark_payment_pending"}.get(o)
-        if name and _purchase_to(purchase, name, cause=cause, actor=actor) and o == Outcome.SUCCEEDED:
+        name = {
+            Outcome.SUCCEEDED: "mark_paid",
+            Outcome.FAILED: "mark_payment_failed",
+            Outcome.UNKNOWN: "mark_payment_unknown",
+            Outcome.AWAITING_BUYER: "mark_action_required",
+            Outcome.AWAITING_PROVIDER: "mark_payment_pending",
+        }.get(o)
+        if (
+            name
+            and _purchase_to(purchase, name, cause=cause, actor=actor)
+            and o == Outcome.SUCCEEDED
+        ):
             run_steps_put(purchase_id=purchase.id)
     elif op.kind == OperationKind.VOID and o == Outcome.SUCCEEDED:
         _purchase_to(purchase, "mark_voided", cause=cause, actor=actor)
@@ -163,12 +192,17 @@ def _settle_effects(purchase: Purchase, op: PaymentOperation, *, cause: str, act
             _purchase_to(purchase, "mark_refund_pending", cause=cause, actor=actor)
 
 
-_RESTORABLE = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED,
-               PurchaseStatus.MANUAL_REVIEW)
+_RESTORABLE = (
+    PurchaseStatus.PAID,
+    PurchaseStatus.FULFILLING,
+    PurchaseStatus.COMPLETED,
+    PurchaseStatus.MANUAL_REVIEW,
+)
 
 
-def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: str,
-                          actor: str) -> None:
+def _restore_after_refund(
+    purchase: Purchase, op: PaymentOperation, *, cause: str, actor: str
+) -> None:
     """`refund_pending` only while a refund is in flight
     (docs/reliability.md#rules-every-money-movement-obeys): once the last one
     settles without refunding everything, the purchase goes back to the status it had
@@ -176,62 +210,109 @@ def _restore_after_refund(purchase: Purchase, op: PaymentOperation, *, cause: st
     resumes fulfilment. Caller holds the purchase lock."""
     if purchase.status != PurchaseStatus.REFUND_PENDING:
         return
-    if purchase.operations.filter(kind=OperationKind.REFUND,
-                                  outcome__in=SLOT_HOLDING_OUTCOMES).exclude(id=op.id).exists():
+    if (
+        purchase.operations.filter(kind=OperationKind.REFUND, outcome__in=SLOT_HOLDING_OUTCOMES)
+        .exclude(id=op.id)
+        .exists()
+    ):
         return  # another refund is still in flight
-    before = (OperationTransition.objects
-              .filter(purchase_id=purchase.id, operation__isnull=True, field="status",
-                      target=PurchaseStatus.REFUND_PENDING)
-              .exclude(source=PurchaseStatus.REFUND_PENDING)
-              .order_by("-id").values_list("source", flat=True).first())
+    before = (
+        OperationTransition.objects.filter(
+            purchase_id=purchase.id,
+            operation__isnull=True,
+            field="status",
+            target=PurchaseStatus.REFUND_PENDING,
+        )
+        .exclude(source=PurchaseStatus.REFUND_PENDING)
+        .order_by("-id")
+        .values_list("source", flat=True)
+        .first()
+    )
     prior = before if before in _RESTORABLE else PurchaseStatus.PAID
     source = purchase.status
     purchase.restore_after_refund(prior)
     purchase.save(update_fields=purchase.status_change_fields())
-    transition_record(purchase_id=purchase.id, operation=None, field="status", source=source,
-                      target=purchase.status, cause=f"refund_{op.outcome}:{cause}",
-                      evidence={"refund": op.id, "outcome": op.outcome, "reason": op.reason,
-                                "amount": op.amount}, actor=actor)
+    transition_record(
+        purchase_id=purchase.id,
+        operation=None,
+        field="status",
+        source=source,
+        target=purchase.status,
+        cause=f"refund_{op.outcome}:{cause}",
+        evidence={"refund": op.id, "outcome": op.outcome, "reason": op.reason, "amount": op.amount},
+        actor=actor,
+    )
     purchase_order_event_put(purchase=purchase, source=source)
     if purchase.status in (PurchaseStatus.PAID, PurchaseStatus.FULFILLING):
         run_steps_put(purchase_id=purchase.id)
 
 
-
-
 def _other_payment_success(op: PaymentOperation) -> PaymentOperation | None:
-    return (PaymentOperation.objects.filter(purchase_id=op.purchase_id, kind__in=PAYMENT_KINDS,
-                                            outcome=Outcome.SUCCEEDED, is_duplicate=False)
-            .exclude(id=op.id).first())
+    return (
+        PaymentOperation.objects.filter(
+            purchase_id=op.purchase_id,
+            kind__in=PAYMENT_KINDS,
+            outcome=Outcome.SUCCEEDED,
+            is_duplicate=False,
+        )
+        .exclude(id=op.id)
+        .first()
+    )
 
 
 def _voided_by_verity(op: PaymentOperation) -> bool:
-    return PaymentOperation.objects.filter(parent=op, kind=OperationKind.VOID).exclude(
-        outcome=Outcome.FAILED).exists()
+    return (
+        PaymentOperation.objects.filter(parent=op, kind=OperationKind.VOID)
+        .exclude(outcome=Outcome.FAILED)
+        .exists()
+    )
 
 
 def _overturned_resolution(op: PaymentOperation) -> dict:
     """Who resolved it by hand, when, and why (from the history row of the resolution)."""
-    row = (op.transitions.filter(cause="manual_resolution").order_by("-created_at", "-id")
-           .first())
+    row = op.transitions.filter(cause="manual_resolution").order_by("-created_at", "-id").first()
     if row is None:
         return {"outcome": op.outcome, "actor": "", "at": None, "reason": ""}
-    return {"outcome": op.outcome, "actor": row.actor,
-            "at": row.created_at.isoformat().replace("+00:00", "Z"),
-            "reason": (row.evidence or {}).get("reason", "")}
+    return {
+        "outcome": op.outcome,
+        "actor": row.actor,
+        "at": row.created_at.isoformat().replace("+00:00", "Z"),
+        "reason": (row.evidence or {}).get("reason", ""),
+    }
 
 
-def _overturn_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *,
-                     verification: str, cause: str, actor: str, evidence: dict, reason: str,
-                     obj: ProviderObject | None) -> ApplyResult:
+def _overturn_locked(
+    purchase: Purchase,
+    op: PaymentOperation,
+    target: Outcome,
+    *,
+    verification: str,
+    cause: str,
+    actor: str,
+    evidence: dict,
+    reason: str,
+    obj: ProviderObject | None,
+) -> ApplyResult:
     """Verified provider evidence contradicts an acknowledged outcome: the operation takes
     the provider's outcome, graded confirmed; holds, the purchase and a console queue item
     follow. Caller holds both locks."""
     overturned = _overturned_resolution(op)
     source = op.outcome
-    fields = ["outcome", "stage", "grade", "verification", "reason", "provider_status",
-              "provider_reference", "provider_charge", "settled_at", "next_action_owner",
-              "is_duplicate", "next_reconcile_at", "updated_at"]
+    fields = [
+        "outcome",
+        "stage",
+        "grade",
+        "verification",
+        "reason",
+        "provider_status",
+        "provider_reference",
+        "provider_charge",
+        "settled_at",
+        "next_action_owner",
+        "is_duplicate",
+        "next_reconcile_at",
+        "updated_at",
+    ]
     op.next_reconcile_at = None  # the provider has spoken: no further read-back is due
     if obj is not None:
         op.provider_status = obj.status
@@ -245,22 +326,42 @@ def _overturn_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, 
             op.is_duplicate = True
         op.overturn_to_succeeded()
     else:
-        op.reason = reason or _FAIL_REASONS.get(obj.failure_code if obj else "",
-                                                Reason.PROVIDER_FAILED)
+        op.reason = reason or _FAIL_REASONS.get(
+            obj.failure_code if obj else "", Reason.PROVIDER_FAILED
+        )
         op.overturn_to_failed()
     op.save(update_fields=fields)
     if target == Outcome.FAILED:
         _cancel_if_left_open_put(op, obj)
-    transition_record(purchase_id=purchase.id, operation=op, field="outcome", source=source,
-                      target=op.outcome, cause=OVERTURN_CAUSE,
-                      evidence={"overturned": overturned, "by": cause, "verification": verification,
-                                "provider": evidence}, actor=actor)
+    transition_record(
+        purchase_id=purchase.id,
+        operation=op,
+        field="outcome",
+        source=source,
+        target=op.outcome,
+        cause=OVERTURN_CAUSE,
+        evidence={
+            "overturned": overturned,
+            "by": cause,
+            "verification": verification,
+            "provider": evidence,
+        },
+        actor=actor,
+    )
     _hold_overturn(op, succeeded=target == Outcome.SUCCEEDED)
     # The earlier settled message was processed: a new one (own key) resumes the work.
-    outbox_put(category=OutboxCategory.OPERATION_SETTLED, payload={"operation": op.id},
-               dedupe_key=f"settled:{op.id}:overturn:{op.outcome}")
-    log.warning("manual resolution overturned operation=%s from=%s to=%s by=%s",
-                op.id, source, op.outcome, cause)
+    outbox_put(
+        category=OutboxCategory.OPERATION_SETTLED,
+        payload={"operation": op.id},
+        dedupe_key=f"settled:{op.id}:overturn:{op.outcome}",
+    )
+    log.warning(
+        "manual resolution overturned operation=%s from=%s to=%s by=%s",
+        op.id,
+        source,
+        op.outcome,
+        cause,
+    )
     review = "mark_manual_review"
     if op.kind in PAYMENT_KINDS:
         if target == Outcome.SUCCEEDED:
@@ -273,8 +374,12 @@ def _overturn_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, 
             # came: a person decides what to unwind.
             _purchase_to(purchase, review, cause=OVERTURN_CAUSE, actor=actor)
     elif op.kind == OperationKind.VOID:
-        _purchase_to(purchase, "mark_voided" if target == Outcome.SUCCEEDED else review,
-                     cause=OVERTURN_CAUSE, actor=actor)
+        _purchase_to(
+            purchase,
+            "mark_voided" if target == Outcome.SUCCEEDED else review,
+            cause=OVERTURN_CAUSE,
+            actor=actor,
+        )
     elif op.kind == OperationKind.REFUND:
         if target == Outcome.SUCCEEDED:
             _settle_effects_refund(purchase, op, cause=OVERTURN_CAUSE, actor=actor)
@@ -293,8 +398,12 @@ def duplicate_left(duplicate: PaymentOperation) -> int:
     minus what the buyer's bank holds in a dispute that is open or lost (the provider
     refuses a refund of a disputed charge; a lost dispute already returned the money).
     A won dispute gave the money back to the merchant: it counts as held again."""
-    if duplicate.kind == OperationKind.AUTHORIZE and not duplicate.children.filter(
-            kind=OperationKind.CAPTURE, outcome=Outcome.SUCCEEDED).exists():
+    if (
+        duplicate.kind == OperationKind.AUTHORIZE
+        and not duplicate.children.filter(
+            kind=OperationKind.CAPTURE, outcome=Outcome.SUCCEEDED
+        ).exists()
+    ):
         return duplicate.amount  # an uncaptured duplicate authorization is voided whole
     return payment_refund_room(duplicate)  # net of what the bank holds (one definition)
 
@@ -305,11 +414,16 @@ def _duplicate_refused(duplicate: PaymentOperation, amount: int) -> bool:
     shrank (a dashboard refund or a dispute recorded since); otherwise the duplicate
     waits in the duplicates queue for a person."""
     refused = PaymentOperation.objects.filter(
-        parent=duplicate, is_compensation=True, outcome=Outcome.FAILED,
-        reason=Reason.PROVIDER_REFUSED, amount__lte=amount)
+        parent=duplicate,
+        is_compensation=True,
+        outcome=Outcome.FAILED,
+        reason=Reason.PROVIDER_REFUSED,
+        amount__lte=amount,
+    )
     # A dispute closed since (won: the money came back) makes the refusal stale.
-    closed = (Dispute.objects.filter(payment=duplicate, closed_at__isnull=False)
-              .aggregate(m=Max("closed_at"))["m"])
+    closed = Dispute.objects.filter(payment=duplicate, closed_at__isnull=False).aggregate(
+        m=Max("closed_at")
+    )["m"]
     if closed is not None:
         refused = refused.filter(updated_at__gt=closed)
     return refused.exists()
@@ -323,40 +437,54 @@ def _rail_cannot_refund(duplicate: PaymentOperation) -> bool:
     return provider_for(duplicate).refund_refusal() is not None
 
 
-def duplicate_compensate_locked(*, purchase: Purchase, duplicate: PaymentOperation
-                                ) -> PaymentOperation | None:
+def duplicate_compensate_locked(
+    *, purchase: Purchase, duplicate: PaymentOperation
+) -> PaymentOperation | None:
     """The linked refund (or void, for an authorization) that returns a duplicate charge:
     its own operation and key, on the duplicate's own rail (an x402 duplicate is returned
     by a transfer back to its payer, never a card refund), for what is left
     of it, dispatched through the outbox and reconciled like any other.
     None while another operation holds the purchase's slot (the settled handler tries
     again) or when nothing is left to return. Caller holds the purchase lock."""
-    existing = (PaymentOperation.objects.filter(parent=duplicate, is_compensation=True)
-                .exclude(outcome=Outcome.FAILED).first())
+    existing = (
+        PaymentOperation.objects.filter(parent=duplicate, is_compensation=True)
+        .exclude(outcome=Outcome.FAILED)
+        .first()
+    )
     if existing is not None:
         return existing
-    kind = (OperationKind.VOID if duplicate.kind == OperationKind.AUTHORIZE
-            else OperationKind.REFUND)
+    kind = OperationKind.VOID if duplicate.kind == OperationKind.AUTHORIZE else OperationKind.REFUND
     amount = duplicate_left(duplicate)
     if amount <= 0 or _duplicate_refused(duplicate, amount) or _rail_cannot_refund(duplicate):
         return None
     try:
         with transaction.atomic():
             comp = PaymentOperation.objects.create(
-                purchase=purchase, kind=kind, amount=amount,
-                currency=duplicate.currency, parent=duplicate, is_compensation=True,
+                purchase=purchase,
+                kind=kind,
+                amount=amount,
+                currency=duplicate.currency,
+                parent=duplicate,
+                is_compensation=True,
                 rail=duplicate.rail,
-                provider_reference=(duplicate.provider_reference
-                                    if kind == OperationKind.VOID else ""))
+                provider_reference=(
+                    duplicate.provider_reference if kind == OperationKind.VOID else ""
+                ),
+            )
             _dispatch_backstop(comp)
             dispatch_put(operation_id=comp.id)
     except IntegrityError:
         return None
     transition_record(
-        purchase_id=purchase.id, operation=comp, field="outcome", source="", target=comp.outcome,
+        purchase_id=purchase.id,
+        operation=comp,
+        field="outcome",
+        source="",
+        target=comp.outcome,
         cause="duplicate_compensation",
         evidence={"duplicate": duplicate.id, "rail": duplicate.rail, "amount": amount},
-        actor="system")
+        actor="system",
+    )
     return comp
 
 
@@ -371,13 +499,22 @@ def duplicate_compensation_ensure(*, operation_id: str) -> PaymentOperation | No
             return None
         comp = duplicate_compensate_locked(purchase=purchase, duplicate=op)
         left = duplicate_left(op)
-        if (comp is None and left > 0 and not _duplicate_refused(op, left)
-                and not _rail_cannot_refund(op)):
-            raise DomainError(ErrorCode.PAYMENT_UNRESOLVED, "Another operation on this purchase is "
-                              "not settled yet; the duplicate's refund waits for it.",
-                              status=409, retry=RetryAdvice.SAME_KEY,
-                              owner=Owner.RECONCILIATION, purchase=purchase.id,
-                              operation=op.id)
+        if (
+            comp is None
+            and left > 0
+            and not _duplicate_refused(op, left)
+            and not _rail_cannot_refund(op)
+        ):
+            raise DomainError(
+                ErrorCode.PAYMENT_UNRESOLVED,
+                "Another operation on this purchase is "
+                "not settled yet; the duplicate's refund waits for it.",
+                status=409,
+                retry=RetryAdvice.SAME_KEY,
+                owner=Owner.RECONCILIATION,
+                purchase=purchase.id,
+                operation=op.id,
+            )
         return comp
 
 
@@ -390,16 +527,37 @@ def _schedule_reconcile(op: PaymentOperation, *, first: bool) -> None:
     delay = schedule[min(op.reconcile_attempts, len(schedule) - 1)]
     op.next_reconcile_at = now + timedelta(seconds=delay)
     op.next_action_owner = Owner.RECONCILIATION
-    op.save(update_fields=["reconcile_attempts", "reconcile_deadline", "next_reconcile_at",
-                           "next_action_owner", "updated_at"])
-    outbox_put(category=OutboxCategory.RECONCILE, payload={"operation": op.id},
-               dedupe_key=f"reconcile:{op.id}", delay_seconds=delay)
+    op.save(
+        update_fields=[
+            "reconcile_attempts",
+            "reconcile_deadline",
+            "next_reconcile_at",
+            "next_action_owner",
+            "updated_at",
+        ]
+    )
+    outbox_put(
+        category=OutboxCategory.RECONCILE,
+        payload={"operation": op.id},
+        dedupe_key=f"reconcile:{op.id}",
+        delay_seconds=delay,
+    )
 
 
-def outcome_apply_locked(purchase: Purchase, op: PaymentOperation, target: Outcome, *,
-                         grade: str, verification: str, cause: str, actor: str, evidence: dict,
-                         reason: str = "", obj: ProviderObject | None = None,
-                         final: bool = True) -> ApplyResult:
+def outcome_apply_locked(
+    purchase: Purchase,
+    op: PaymentOperation,
+    target: Outcome,
+    *,
+    grade: str,
+    verification: str,
+    cause: str,
+    actor: str,
+    evidence: dict,
+    reason: str = "",
+    obj: ProviderObject | None = None,
+    final: bool = True,
+) -> ApplyResult:
     """Move an operation to the outcome `target` and run what follows (holds, purchase
     status, outbox), the one transition path for evidence and for people alike; the
     caller holds the purchase and operation locks (payments.locks) in its transaction.
@@ -417,16 +575,30 @@ def outcome_apply_locked(purchase: Purchase, op: PaymentOperation, target: Outco
             if op.grade == Grade.ACKNOWLEDGED and grade == Grade.CONFIRMED and final:
                 op.grade, op.verification = grade, verification  # evidence upgrades a manual
                 op.save(update_fields=["grade", "verification", "updated_at"])
-                transition_record(purchase_id=purchase.id, operation=op, field="outcome",
-                                  source=current, target=current, cause=f"confirmed:{cause}"[:64],
-                                  evidence=evidence, actor=actor)
-                if (current == Outcome.FAILED and op.is_compensation
-                        and op.parent_id and op.parent.is_duplicate):
+                transition_record(
+                    purchase_id=purchase.id,
+                    operation=op,
+                    field="outcome",
+                    source=current,
+                    target=current,
+                    cause=f"confirmed:{cause}"[:64],
+                    evidence=evidence,
+                    actor=actor,
+                )
+                if (
+                    current == Outcome.FAILED
+                    and op.is_compensation
+                    and op.parent_id
+                    and op.parent.is_duplicate
+                ):
                     # A duplicate's return a person called failed is re-asked only once the
                     # provider confirms that (recovery.orchestrator.operation_settled).
                     operation_settled_put(operation_id=op.id)
-                if (current == Outcome.SUCCEEDED and op.kind == OperationKind.REFUND
-                        and not (op.parent_id and op.parent.is_duplicate)):
+                if (
+                    current == Outcome.SUCCEEDED
+                    and op.kind == OperationKind.REFUND
+                    and not (op.parent_id and op.parent.is_duplicate)
+                ):
                     # The provider confirms a person's "refunded": now it may be shown.
                     _settle_effects_refund(purchase, op, cause=cause, actor=actor)
                 return ApplyResult.APPLIED
@@ -435,15 +607,31 @@ def outcome_apply_locked(purchase: Purchase, op: PaymentOperation, target: Outco
             if op.grade == Grade.ACKNOWLEDGED and grade == Grade.CONFIRMED and final:
                 # The provider's record outranks a person
                 # (docs/reliability.md#the-providers-record-outranks-a-person).
-                return _overturn_locked(purchase, op, target, verification=verification,
-                                        cause=cause, actor=actor, evidence=evidence,
-                                        reason=reason, obj=obj)
+                return _overturn_locked(
+                    purchase,
+                    op,
+                    target,
+                    verification=verification,
+                    cause=cause,
+                    actor=actor,
+                    evidence=evidence,
+                    reason=reason,
+                    obj=obj,
+                )
             return ApplyResult.CONFLICT
         return ApplyResult.STALE  # a late non-terminal never regresses a terminal outcome
     if target == current:
         return ApplyResult.NO_CHANGE
-    fields = ["grade", "verification", "reason", "provider_status", "provider_reference",
-              "provider_charge", "next_action_owner", "settled_at"]
+    fields = [
+        "grade",
+        "verification",
+        "reason",
+        "provider_status",
+        "provider_reference",
+        "provider_charge",
+        "next_action_owner",
+        "settled_at",
+    ]
     if obj is not None:
         op.provider_status = obj.status
         op.provider_reference = op.provider_reference or obj.id
@@ -460,8 +648,9 @@ def outcome_apply_locked(purchase: Purchase, op: PaymentOperation, target: Outco
         op.next_reconcile_at = None
         fields.append("next_reconcile_at")
         if target == Outcome.FAILED:
-            op.reason = reason or _FAIL_REASONS.get(obj.failure_code if obj else "",
-                                                    Reason.PROVIDER_FAILED)
+            op.reason = reason or _FAIL_REASONS.get(
+                obj.failure_code if obj else "", Reason.PROVIDER_FAILED
+            )
             if op.kind in PAYMENT_KINDS:
                 op.next_action_owner = Owner.BUYER
         name = "settle_succeeded" if target == Outcome.SUCCEEDED else "settle_failed"
@@ -475,58 +664,107 @@ def outcome_apply_locked(purchase: Purchase, op: PaymentOperation, target: Outco
         return ApplyResult.NO_CHANGE
     _op_to(op, name, cause=cause, actor=actor, evidence=evidence, fields=tuple(fields))
     if target in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER):
-        _schedule_reconcile(op, first=current not in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER,
-                                                      Outcome.AWAITING_BUYER))
+        _schedule_reconcile(
+            op,
+            first=current
+            not in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER),
+        )
     _settle_effects(purchase, op, cause=cause, actor=actor)
     if target == Outcome.FAILED:
         _cancel_if_left_open_put(op, obj)
     return ApplyResult.APPLIED
 
 
-def operation_apply_observation(*, operation_id: str, obj: ProviderObject, source: str,
-                                cause: str, actor: str = "", purchase_id: str = ""
-                                ) -> ApplyResult:
+def operation_apply_observation(
+    *,
+    operation_id: str,
+    obj: ProviderObject,
+    source: str,
+    cause: str,
+    actor: str = "",
+    purchase_id: str = "",
+) -> ApplyResult:
     """THE one place a provider observation (sync answer, read-back, webhook) changes an
     operation. Checks that the object is this operation's before anything is applied.
     `purchase_id`: the operation's purchase, when the caller knows it (saves a read)."""
     with transaction.atomic():
         purchase, op = lock_purchase_and_operation(operation_id, purchase_id=purchase_id)
-        return _apply_observation_locked(purchase, op, obj, source=source, cause=cause,
-                                         actor=actor)
+        return _apply_observation_locked(purchase, op, obj, source=source, cause=cause, actor=actor)
 
 
-def _apply_observation_locked(purchase: Purchase, op: PaymentOperation, obj: ProviderObject, *,
-                              source: str, cause: str, actor: str = "") -> ApplyResult:
+def _apply_observation_locked(
+    purchase: Purchase,
+    op: PaymentOperation,
+    obj: ProviderObject,
+    *,
+    source: str,
+    cause: str,
+    actor: str = "",
+) -> ApplyResult:
     """`operation_apply_observation` once both locks are held (the set-based reconcile
     sweep takes them for a whole batch)."""
     why = _mismatch(op, obj)
     if why:
-        transition_record(purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
-                          target=op.outcome, cause=f"mismatch:{why}", evidence=obj.safe_fields(),
-                          actor=actor)
+        transition_record(
+            purchase_id=purchase.id,
+            operation=op,
+            field="outcome",
+            source=op.outcome,
+            target=op.outcome,
+            cause=f"mismatch:{why}",
+            evidence=obj.safe_fields(),
+            actor=actor,
+        )
         return ApplyResult.MISMATCH
     target = outcome_from_object(obj, kind=op.kind)
     if target is None:
         return ApplyResult.NO_CHANGE
-    if (op.kind == OperationKind.AUTHORIZE and obj.canceled
-            and op.outcome == Outcome.SUCCEEDED and _voided_by_verity(op)):
+    if (
+        op.kind == OperationKind.AUTHORIZE
+        and obj.canceled
+        and op.outcome == Outcome.SUCCEEDED
+        and _voided_by_verity(op)
+    ):
         # A canceled PaymentIntent after Verity's own void agrees with Verity: the
         # authorization did succeed, and the void cancelled it.
         return ApplyResult.NO_CHANGE
     final = source == Verification.PROVIDER or obj.final
-    return outcome_apply_locked(purchase, op, target, grade=Grade.CONFIRMED, verification=source,
-                                cause=cause, actor=actor, evidence=obj.safe_fields(), obj=obj,
-                                final=final)
+    return outcome_apply_locked(
+        purchase,
+        op,
+        target,
+        grade=Grade.CONFIRMED,
+        verification=source,
+        cause=cause,
+        actor=actor,
+        evidence=obj.safe_fields(),
+        obj=obj,
+        final=final,
+    )
 
 
-def _settle_without_object(operation_id: str, target: Outcome, *, reason: str, cause: str,
-                           evidence: dict | None = None,
-                           verification: str = Verification.UNVERIFIED) -> None:
+def _settle_without_object(
+    operation_id: str,
+    target: Outcome,
+    *,
+    reason: str,
+    cause: str,
+    evidence: dict | None = None,
+    verification: str = Verification.UNVERIFIED,
+) -> None:
     """failed with evidence that is not an object (not_sent thrice, declined without
     object, never confirmed) or unknown."""
     with transaction.atomic():
         purchase, op = lock_purchase_and_operation(operation_id)
         grade = Grade.CONFIRMED if target == Outcome.FAILED else Grade.NONE
-        outcome_apply_locked(purchase, op, target, grade=grade, verification=verification,
-                             cause=cause, actor="dispatcher", evidence=evidence or {},
-                             reason=reason)
+        outcome_apply_locked(
+            purchase,
+            op,
+            target,
+            grade=grade,
+            verification=verification,
+            cause=cause,
+            actor="dispatcher",
+            evidence=evidence or {},
+            reason=reason,
+        )

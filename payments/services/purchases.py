@@ -1,6 +1,7 @@
 """Quotes and purchases: the durable identity created before any money moves,
 the duplicate guard, buyer confirmations, cancel and expiry.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,8 +46,12 @@ QUOTE_TTL = timedelta(minutes=30)
 def quote_create(*, api_client: ApiClient | None, items: list[dict], currency: str) -> Quote:
     currency = (currency or "").lower()
     if not items:
-        raise DomainError(ErrorCode.INVALID_ITEMS, "A quote needs at least one item.", status=422,
-                          retry=RetryAdvice.NEW_OPERATION)
+        raise DomainError(
+            ErrorCode.INVALID_ITEMS,
+            "A quote needs at least one item.",
+            status=422,
+            retry=RetryAdvice.NEW_OPERATION,
+        )
     lines, amount = [], 0
     skus = [str(i.get("sku", "")) for i in items]
     products = {p.sku: p for p in Product.objects.filter(sku__in=skus)}
@@ -57,33 +62,62 @@ def quote_create(*, api_client: ApiClient | None, items: list[dict], currency: s
     for item in items:
         qty = item.get("quantity")
         if not isinstance(qty, int) or isinstance(qty, bool) or not 1 <= qty <= 1000:
-            raise DomainError(ErrorCode.INVALID_QUANTITY, "Quantity must be an integer 1-1000.",
-                              status=422, retry=RetryAdvice.NEW_OPERATION)
+            raise DomainError(
+                ErrorCode.INVALID_QUANTITY,
+                "Quantity must be an integer 1-1000.",
+                status=422,
+                retry=RetryAdvice.NEW_OPERATION,
+            )
         sku = str(item.get("sku", ""))
         merged[sku] = merged.get(sku, 0) + qty
     for sku, qty in merged.items():
         product = products.get(sku)
         if product is None:
-            raise DomainError(ErrorCode.UNKNOWN_SKU, f"No product with sku {sku!r}.", status=422,
-                              retry=RetryAdvice.NEW_OPERATION)
+            raise DomainError(
+                ErrorCode.UNKNOWN_SKU,
+                f"No product with sku {sku!r}.",
+                status=422,
+                retry=RetryAdvice.NEW_OPERATION,
+            )
         if qty > 1000:
-            raise DomainError(ErrorCode.INVALID_QUANTITY, f"Quantity of {sku} must be 1-1000 in "
-                              "total.", status=422, retry=RetryAdvice.NEW_OPERATION)
+            raise DomainError(
+                ErrorCode.INVALID_QUANTITY,
+                f"Quantity of {sku} must be 1-1000 in total.",
+                status=422,
+                retry=RetryAdvice.NEW_OPERATION,
+            )
         if product.currency != currency:
-            raise DomainError(ErrorCode.CURRENCY_MISMATCH,
-                              f"{sku} is priced in {product.currency}, not {currency}.",
-                              status=422, retry=RetryAdvice.NEW_OPERATION)
+            raise DomainError(
+                ErrorCode.CURRENCY_MISMATCH,
+                f"{sku} is priced in {product.currency}, not {currency}.",
+                status=422,
+                retry=RetryAdvice.NEW_OPERATION,
+            )
         if product.stock < qty:
-            raise DomainError(ErrorCode.OUT_OF_STOCK, f"{sku} has {product.stock} in stock.",
-                              status=409, retry=RetryAdvice.NEW_OPERATION)
-        lines.append({"sku": sku, "name": product.name, "quantity": qty,
-                      "unit_price": product.price})
+            raise DomainError(
+                ErrorCode.OUT_OF_STOCK,
+                f"{sku} has {product.stock} in stock.",
+                status=409,
+                retry=RetryAdvice.NEW_OPERATION,
+            )
+        lines.append(
+            {"sku": sku, "name": product.name, "quantity": qty, "unit_price": product.price}
+        )
         amount += product.price * qty
     if amount <= 0:
-        raise DomainError(ErrorCode.INVALID_ITEMS, "A quote must have a positive amount.", status=422,
-                          retry=RetryAdvice.NEW_OPERATION)
-    return Quote.objects.create(api_client=api_client, items=lines, amount=amount,
-                                currency=currency, expires_at=timezone.now() + QUOTE_TTL)
+        raise DomainError(
+            ErrorCode.INVALID_ITEMS,
+            "A quote must have a positive amount.",
+            status=422,
+            retry=RetryAdvice.NEW_OPERATION,
+        )
+    return Quote.objects.create(
+        api_client=api_client,
+        items=lines,
+        amount=amount,
+        currency=currency,
+        expires_at=timezone.now() + QUOTE_TTL,
+    )
 
 
 @dataclass(frozen=True)
@@ -109,13 +143,18 @@ _EMAIL_MAX = 254
 # bought twice after a person's unconfirmed "failed"). For the guard it is
 # unresolved until read back, per operation (as `payment_unsettled` says of a payment).
 # A purchase already held or unresolved by status is guarded by status.
-_SETTLED_ON_A_PERSONS_WORD = (
-    ~Q(status__in=DUPLICATE_GUARD_STATUSES)
-    & (Q(operations__grade=Grade.ACKNOWLEDGED, operations__kind__in=PAYMENT_KINDS,
-         operations__outcome=Outcome.FAILED)
-       | Q(operations__grade=Grade.ACKNOWLEDGED,
-           operations__kind__in=(OperationKind.VOID, OperationKind.REFUND),
-           operations__outcome=Outcome.SUCCEEDED)))
+_SETTLED_ON_A_PERSONS_WORD = ~Q(status__in=DUPLICATE_GUARD_STATUSES) & (
+    Q(
+        operations__grade=Grade.ACKNOWLEDGED,
+        operations__kind__in=PAYMENT_KINDS,
+        operations__outcome=Outcome.FAILED,
+    )
+    | Q(
+        operations__grade=Grade.ACKNOWLEDGED,
+        operations__kind__in=(OperationKind.VOID, OperationKind.REFUND),
+        operations__outcome=Outcome.SUCCEEDED,
+    )
+)
 
 
 def _code_hash(code: str) -> str:
@@ -126,8 +165,9 @@ def _duplicate_window(items: list) -> timedelta | None:
     """None: never twice. The longest window of any product in the basket."""
     skus = [str(i.get("sku", "")) for i in items if isinstance(i, dict)]
     window = settings.DUPLICATE_PURCHASE_WINDOW_SECONDS
-    for product in Product.objects.filter(sku__in=skus).only("never_twice",
-                                                             "duplicate_window_seconds"):
+    for product in Product.objects.filter(sku__in=skus).only(
+        "never_twice", "duplicate_window_seconds"
+    ):
         if product.never_twice:
             return None
         if product.duplicate_window_seconds is not None:
@@ -136,35 +176,52 @@ def _duplicate_window(items: list) -> timedelta | None:
 
 
 def _buyer_lifted(*, code: str, candidates) -> BuyerConfirmation:
-    confirmation = lock_buyer_confirmation_or_none(code_hash=_code_hash(code),
-                                                   purchases=candidates, now=timezone.now())
+    confirmation = lock_buyer_confirmation_or_none(
+        code_hash=_code_hash(code), purchases=candidates, now=timezone.now()
+    )
     if confirmation is None:
-        raise DomainError(ErrorCode.INVALID_BUYER_CONFIRMATION,
-                          "This buyer confirmation is not valid for this customer (unknown, "
-                          "used or expired). Ask the buyer to confirm again on the earlier "
-                          "purchase's status page; the code is e-mailed to the buyer.", status=422, retry=RetryAdvice.FORBIDDEN)
+        raise DomainError(
+            ErrorCode.INVALID_BUYER_CONFIRMATION,
+            "This buyer confirmation is not valid for this customer (unknown, "
+            "used or expired). Ask the buyer to confirm again on the earlier "
+            "purchase's status page; the code is e-mailed to the buyer.",
+            status=422,
+            retry=RetryAdvice.FORBIDDEN,
+        )
     return confirmation
 
 
-def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version: int,
-                  customer_reference: str, customer_email: str = "",
-                  acknowledge_unresolved=(), buyer_confirmation: str = "",
-                  storefront_confirmation: bool = False,
-                  channel: str = PurchaseChannel.API) -> PurchaseOpened:
+def purchase_open(
+    *,
+    api_client: ApiClient | None,
+    quote_id: str,
+    quote_version: int,
+    customer_reference: str,
+    customer_email: str = "",
+    acknowledge_unresolved=(),
+    buyer_confirmation: str = "",
+    storefront_confirmation: bool = False,
+    channel: str = PurchaseChannel.API,
+) -> PurchaseOpened:
     """Open the purchase a quote backs: one quote, one purchase (a repeat returns it).
 
     The guards, per API client and normalised customer reference: another purchase is
     refused while the buyer has an unresolved one (`customer_has_unresolved_purchase`), or
     a paid/unresolved/awaiting one with the same basket inside the window
     (`probable_duplicate_purchase`). Only the buyer lifts them: `buyer_confirmation` (the
-    single-use code the earlier purchase's status page e-mails to the buyer), or — for a storefront whose
+    single-use code the earlier purchase's status page e-mails to the buyer), or — for a storefront
+    whose
     own checkout asked the buyer (`storefront_confirmation`, never over MCP) — naming the
     earlier purchase in `acknowledge_unresolved`.
     """
     reference = customer_reference_clean(customer_reference)
     if not reference or len(reference) > 200:
-        raise DomainError(ErrorCode.INVALID_REQUEST, "customer.reference is required (at most 200 "
-                          "characters).", status=400, retry=RetryAdvice.NEW_OPERATION)
+        raise DomainError(
+            ErrorCode.INVALID_REQUEST,
+            "customer.reference is required (at most 200 characters).",
+            status=400,
+            retry=RetryAdvice.NEW_OPERATION,
+        )
     email = (customer_email or "").strip()
     if email:
         try:
@@ -173,37 +230,55 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
                 raise ValidationError("too long")
             validate_email(email)
         except ValidationError:
-            raise DomainError(ErrorCode.INVALID_EMAIL, "customer.email is not a valid e-mail address "
-                              f"(at most {_EMAIL_MAX} characters).", status=422,
-                              retry=RetryAdvice.NEW_OPERATION) from None
+            raise DomainError(
+                ErrorCode.INVALID_EMAIL,
+                f"customer.email is not a valid e-mail address (at most {_EMAIL_MAX} characters).",
+                status=422,
+                retry=RetryAdvice.NEW_OPERATION,
+            ) from None
     key = customer_key(reference)
     with transaction.atomic():
         quote = lock_quote_or_none(quote_id)
-        if quote is None or (api_client is not None and quote.api_client_id not in
-                             (None, api_client.id)):
-            raise DomainError(ErrorCode.QUOTE_NOT_FOUND, "No such quote.", status=404,
-                              retry=RetryAdvice.NEW_QUOTE)
+        if quote is None or (
+            api_client is not None and quote.api_client_id not in (None, api_client.id)
+        ):
+            raise DomainError(
+                ErrorCode.QUOTE_NOT_FOUND, "No such quote.", status=404, retry=RetryAdvice.NEW_QUOTE
+            )
         # Under the quote's row lock: the purchase this quote already backs is this call's
         # purchase, whatever its customer fields say (the unique constraint backs it up).
         existing = Purchase.objects.filter(quote=quote).first()
         if existing is not None:
             if existing.api_client_id != (api_client.id if api_client else None):
                 # A client-less quote another client already used: never name its purchase.
-                raise DomainError(ErrorCode.QUOTE_NOT_FOUND, "No such quote.", status=404,
-                                  retry=RetryAdvice.NEW_QUOTE)
+                raise DomainError(
+                    ErrorCode.QUOTE_NOT_FOUND,
+                    "No such quote.",
+                    status=404,
+                    retry=RetryAdvice.NEW_QUOTE,
+                )
             return PurchaseOpened(existing, False)
         if quote.superseded_at or quote.version != quote_version:
-            raise DomainError(ErrorCode.QUOTE_SUPERSEDED, "This quote was superseded; get a new quote.",
-                              status=409, retry=RetryAdvice.NEW_QUOTE)
+            raise DomainError(
+                ErrorCode.QUOTE_SUPERSEDED,
+                "This quote was superseded; get a new quote.",
+                status=409,
+                retry=RetryAdvice.NEW_QUOTE,
+            )
         if quote.expires_at <= timezone.now():
-            raise DomainError(ErrorCode.QUOTE_EXPIRED, "This quote expired; get a new quote.",
-                              status=409, retry=RetryAdvice.NEW_QUOTE)
+            raise DomainError(
+                ErrorCode.QUOTE_EXPIRED,
+                "This quote expired; get a new quote.",
+                status=409,
+                retry=RetryAdvice.NEW_QUOTE,
+            )
         _check_currency_allowed(api_client, quote.currency)
         lock_customer(api_client.pk if api_client else None, key)
         now = timezone.now()
         mine = Purchase.objects.filter(customer_key=key, api_client=api_client)
-        fingerprint = basket_fingerprint(items=quote.items, amount=quote.amount,
-                                         currency=quote.currency)
+        fingerprint = basket_fingerprint(
+            items=quote.items, amount=quote.amount, currency=quote.currency
+        )
         lifted: set[str] = set()
         if storefront_confirmation:
             lifted |= {str(p) for p in acknowledge_unresolved or ()}
@@ -215,33 +290,54 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
             # every purchase of the same basket opened before it, so those are lifted too
             # (else, with two of them in the window, each code lifts one and the guard
             # names the other for ever: the buyer could never open a third).
-            confirmed = mine.filter(id=confirmation.purchase_id).values_list(
-                "basket_fingerprint", "created_at").first()
+            confirmed = (
+                mine.filter(id=confirmation.purchase_id)
+                .values_list("basket_fingerprint", "created_at")
+                .first()
+            )
             if confirmed is not None:
-                lifted |= set(mine.filter(basket_fingerprint=confirmed[0],
-                                          created_at__lt=confirmed[1])
-                              .values_list("id", flat=True))
-        unresolved = [pid for pid in mine.filter(Q(status__in=UNRESOLVED_STATUSES)
-                                                 | _SETTLED_ON_A_PERSONS_WORD)
-                      .distinct().order_by("created_at").values_list("id", flat=True)
-                      if pid not in lifted]
+                lifted |= set(
+                    mine.filter(
+                        basket_fingerprint=confirmed[0], created_at__lt=confirmed[1]
+                    ).values_list("id", flat=True)
+                )
+        unresolved = [
+            pid
+            for pid in mine.filter(Q(status__in=UNRESOLVED_STATUSES) | _SETTLED_ON_A_PERSONS_WORD)
+            .distinct()
+            .order_by("created_at")
+            .values_list("id", flat=True)
+            if pid not in lifted
+        ]
         if unresolved:
             raise DomainError(
                 ErrorCode.CUSTOMER_HAS_UNRESOLVED_PURCHASE,
                 "This customer has a purchase whose payment is not settled yet; the provider "
                 "may have charged the buyer. Do not open another purchase: follow that "
                 "purchase. Only the buyer can ask for a second one, on that purchase's status "
-                "page.", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.BUYER,
-                purchase=unresolved[0], extra={"unresolved": unresolved})
+                "page.",
+                status=409,
+                retry=RetryAdvice.FORBIDDEN,
+                owner=Owner.BUYER,
+                purchase=unresolved[0],
+                extra={"unresolved": unresolved},
+            )
         window = _duplicate_window(quote.items)
         same = mine.filter(basket_fingerprint=fingerprint).exclude(id__in=lifted)
         if window is not None:
             same = same.filter(created_at__gte=now - window)
-        earlier = (same.filter(Q(status__in=_DUPLICATE_OF_STATUSES)
-                               | Q(status=PurchaseStatus.AWAITING_PAYMENT,
-                                   quote__superseded_at__isnull=True,
-                                   quote__expires_at__gt=now))
-                   .order_by("-created_at").first())
+        earlier = (
+            same.filter(
+                Q(status__in=_DUPLICATE_OF_STATUSES)
+                | Q(
+                    status=PurchaseStatus.AWAITING_PAYMENT,
+                    quote__superseded_at__isnull=True,
+                    quote__expires_at__gt=now,
+                )
+            )
+            .order_by("-created_at")
+            .first()
+        )
         if earlier is not None:
             raise DomainError(
                 ErrorCode.PROBABLE_DUPLICATE_PURCHASE,
@@ -250,33 +346,59 @@ def purchase_open(*, api_client: ApiClient | None, quote_id: str, quote_version:
                 "buyer whether they really want to buy the same items again; only the buyer "
                 "can confirm that, on that purchase's status page (the code is e-mailed to "
                 "the buyer).",
-                status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.BUYER,
+                status=409,
+                retry=RetryAdvice.FORBIDDEN,
+                owner=Owner.BUYER,
                 purchase=earlier.id,
-                extra={"earlier_purchase": {"id": earlier.id, "status": str(earlier.status),
-                                            "created_at": earlier.created_at.isoformat()},
-                       "never_twice": window is None})
+                extra={
+                    "earlier_purchase": {
+                        "id": earlier.id,
+                        "status": str(earlier.status),
+                        "created_at": earlier.created_at.isoformat(),
+                    },
+                    "never_twice": window is None,
+                },
+            )
         try:
             with transaction.atomic():
                 purchase = Purchase.objects.create(
-                    quote=quote, api_client=api_client, amount=quote.amount,
-                    currency=quote.currency, customer_reference=reference, customer_key=key,
-                    basket_fingerprint=fingerprint, customer_email=email,
+                    quote=quote,
+                    api_client=api_client,
+                    amount=quote.amount,
+                    currency=quote.currency,
+                    customer_reference=reference,
+                    customer_key=key,
+                    basket_fingerprint=fingerprint,
+                    customer_email=email,
                     recovery_owner=settings.RECOVERY_OWNER_DEFAULT,
-                    acknowledged_unresolved=sorted(lifted), channel=channel)
+                    acknowledged_unresolved=sorted(lifted),
+                    channel=channel,
+                )
         except IntegrityError:  # unreachable under the quote lock; the constraint is the guard
             return PurchaseOpened(Purchase.objects.get(quote=quote), False)
         if confirmation is not None:
             confirmation.used_at = now
             confirmation.used_for = purchase.id
             confirmation.save(update_fields=["used_at", "used_for"])
-        transition_record(purchase_id=purchase.id, operation=None, field="status", source="",
-                          target=purchase.status, cause="purchase_created",
-                          evidence={"quote": quote.id, "version": quote.version,
-                                    **({"buyer_confirmed": confirmation.purchase_id}
-                                       if confirmation else {}),
-                                    **({"storefront_confirmed": sorted(lifted)}
-                                       if lifted and confirmation is None else {})},
-                          actor=api_client.name if api_client else "")
+        transition_record(
+            purchase_id=purchase.id,
+            operation=None,
+            field="status",
+            source="",
+            target=purchase.status,
+            cause="purchase_created",
+            evidence={
+                "quote": quote.id,
+                "version": quote.version,
+                **({"buyer_confirmed": confirmation.purchase_id} if confirmation else {}),
+                **(
+                    {"storefront_confirmed": sorted(lifted)}
+                    if lifted and confirmation is None
+                    else {}
+                ),
+            },
+            actor=api_client.name if api_client else "",
+        )
     return PurchaseOpened(purchase, True)
 
 
@@ -290,42 +412,74 @@ def purchase_bought_elsewhere(*, purchase_id: str, api_client: ApiClient | None)
     or is unresolved (by status or on a person's word) refuses it. Takes the buyer's lock
     (the one `purchase_open` takes), so call it inside the caller's atomic() before the
     purchase's row lock (payments/locks.py order)."""
-    purchase = (Purchase.objects.filter(id=purchase_id)
-                .only("id", "api_client_id", "customer_key", "basket_fingerprint",
-                      "created_at").first())
-    if purchase is None or not purchase.customer_key or (
-            api_client is not None and purchase.api_client_id not in (None, api_client.id)):
+    purchase = (
+        Purchase.objects.filter(id=purchase_id)
+        .only("id", "api_client_id", "customer_key", "basket_fingerprint", "created_at")
+        .first()
+    )
+    if (
+        purchase is None
+        or not purchase.customer_key
+        or (api_client is not None and purchase.api_client_id not in (None, api_client.id))
+    ):
         return  # the caller answers not_found: nothing of another client's is named
     lock_customer(purchase.api_client_id, purchase.customer_key)
-    later = (Purchase.objects.filter(api_client_id=purchase.api_client_id,
-                                     customer_key=purchase.customer_key,
-                                     basket_fingerprint=purchase.basket_fingerprint,
-                                     created_at__gt=purchase.created_at)
-             .filter(Q(status__in=_DUPLICATE_OF_STATUSES) | _SETTLED_ON_A_PERSONS_WORD)
-             .exclude(id=purchase.id).order_by("-created_at").first())
+    later = (
+        Purchase.objects.filter(
+            api_client_id=purchase.api_client_id,
+            customer_key=purchase.customer_key,
+            basket_fingerprint=purchase.basket_fingerprint,
+            created_at__gt=purchase.created_at,
+        )
+        .filter(Q(status__in=_DUPLICATE_OF_STATUSES) | _SETTLED_ON_A_PERSONS_WORD)
+        .exclude(id=purchase.id)
+        .order_by("-created_at")
+        .first()
+    )
     if later is not None:
         raise DomainError(
             ErrorCode.PROBABLE_DUPLICATE_PURCHASE,
             f"This buyer has since bought the same items and amount in purchase {later.id} "
             f"(status {later.status}); this purchase will not be charged again. Follow that "
-            "purchase instead.", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.BUYER,
+            "purchase instead.",
+            status=409,
+            retry=RetryAdvice.FORBIDDEN,
+            owner=Owner.BUYER,
             purchase=later.id,
-            extra={"earlier_purchase": {"id": later.id, "status": str(later.status),
-                                        "created_at": later.created_at.isoformat()}})
+            extra={
+                "earlier_purchase": {
+                    "id": later.id,
+                    "status": str(later.status),
+                    "created_at": later.created_at.isoformat(),
+                }
+            },
+        )
 
 
-def purchase_create(*, api_client: ApiClient | None, quote_id: str, quote_version: int,
-                    customer_reference: str, customer_email: str = "",
-                    acknowledge_unresolved=(), buyer_confirmation: str = "",
-                    storefront_confirmation: bool = False,
-                    channel: str = PurchaseChannel.API) -> Purchase:
+def purchase_create(
+    *,
+    api_client: ApiClient | None,
+    quote_id: str,
+    quote_version: int,
+    customer_reference: str,
+    customer_email: str = "",
+    acknowledge_unresolved=(),
+    buyer_confirmation: str = "",
+    storefront_confirmation: bool = False,
+    channel: str = PurchaseChannel.API,
+) -> Purchase:
     """purchase_open, for callers that only need the purchase."""
-    return purchase_open(api_client=api_client, quote_id=quote_id, quote_version=quote_version,
-                         customer_reference=customer_reference, customer_email=customer_email,
-                         acknowledge_unresolved=acknowledge_unresolved,
-                         buyer_confirmation=buyer_confirmation,
-                         storefront_confirmation=storefront_confirmation,
-                         channel=channel).purchase
+    return purchase_open(
+        api_client=api_client,
+        quote_id=quote_id,
+        quote_version=quote_version,
+        customer_reference=customer_reference,
+        customer_email=customer_email,
+        acknowledge_unresolved=acknowledge_unresolved,
+        buyer_confirmation=buyer_confirmation,
+        storefront_confirmation=storefront_confirmation,
+        channel=channel,
+    ).purchase
 
 
 def buyer_confirmation_issue(*, purchase_id: str) -> str:
@@ -335,12 +489,19 @@ def buyer_confirmation_issue(*, purchase_id: str) -> str:
     with transaction.atomic():
         purchase = lock_purchase(purchase_id)
         BuyerConfirmation.objects.create(
-            purchase=purchase, code_hash=_code_hash(code),
-            expires_at=timezone.now() + timedelta(
-                seconds=settings.BUYER_CONFIRMATION_TTL_SECONDS))
-        transition_record(purchase_id=purchase.id, operation=None, field="status",
-                          source=purchase.status, target=purchase.status,
-                          cause="buyer_confirmed_new_purchase", actor="buyer:status_page")
+            purchase=purchase,
+            code_hash=_code_hash(code),
+            expires_at=timezone.now() + timedelta(seconds=settings.BUYER_CONFIRMATION_TTL_SECONDS),
+        )
+        transition_record(
+            purchase_id=purchase.id,
+            operation=None,
+            field="status",
+            source=purchase.status,
+            target=purchase.status,
+            cause="buyer_confirmed_new_purchase",
+            actor="buyer:status_page",
+        )
     return f"{code[:5]}-{code[5:]}"
 
 
@@ -355,30 +516,44 @@ def purchase_transition(*, purchase_id: str, name: str, cause: str, actor: str =
     return purchase
 
 
-def purchase_cancel(*, purchase_id: str, api_client: ApiClient | None = None,
-                    acting_user=None, reason: str = "") -> Purchase:
+def purchase_cancel(
+    *, purchase_id: str, api_client: ApiClient | None = None, acting_user=None, reason: str = ""
+) -> Purchase:
     """`cancelled` (docs/recovery.md#cancelled-and-expired): by the buyer or support before any
     payment was
     claimed — only failures the provider confirmed may precede it (a person's "failed"
     could still be overturned). Cancelling a cancelled purchase is a no-op."""
     with transaction.atomic():
         purchase = lock_purchase_or_none(purchase_id)
-        if purchase is None or (api_client is not None and purchase.api_client_id not in
-                                (None, api_client.id)):
+        if purchase is None or (
+            api_client is not None and purchase.api_client_id not in (None, api_client.id)
+        ):
             raise DomainError(ErrorCode.NOT_FOUND, "No such purchase.", status=404)
         if purchase.status == PurchaseStatus.CANCELLED:
             return purchase
         claimed = purchase.operations.exclude(outcome=Outcome.FAILED, grade=Grade.CONFIRMED)
-        if claimed.exists() or purchase.status not in (PurchaseStatus.AWAITING_PAYMENT,
-                                                       PurchaseStatus.PAYMENT_FAILED):
+        if claimed.exists() or purchase.status not in (
+            PurchaseStatus.AWAITING_PAYMENT,
+            PurchaseStatus.PAYMENT_FAILED,
+        ):
             raise DomainError(
-                ErrorCode.CANCEL_NOT_ALLOWED, f"This purchase is {purchase.status}: a payment was "
+                ErrorCode.CANCEL_NOT_ALLOWED,
+                f"This purchase is {purchase.status}: a payment was "
                 "claimed, so it can no longer be cancelled (ask for a refund or void "
-                "instead).", status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.SUPPORT,
-                purchase=purchase.id)
+                "instead).",
+                status=409,
+                retry=RetryAdvice.FORBIDDEN,
+                owner=Owner.SUPPORT,
+                purchase=purchase.id,
+            )
         actor = _actor(api_client, acting_user)
-        _purchase_to(purchase, "mark_cancelled", cause="purchase_cancelled", actor=actor,
-                     evidence={"reason": reason} if reason else None)
+        _purchase_to(
+            purchase,
+            "mark_cancelled",
+            cause="purchase_cancelled",
+            actor=actor,
+            evidence={"reason": reason} if reason else None,
+        )
     return purchase
 
 
@@ -386,8 +561,9 @@ def purchases_expire_stale() -> int:
     """`expired`: the quote expired before any payment was claimed
     (docs/recovery.md#cancelled-and-expired)."""
     count = 0
-    ids = Purchase.objects.filter(status=PurchaseStatus.AWAITING_PAYMENT,
-                                  quote__expires_at__lt=timezone.now()).values_list("id", flat=True)
+    ids = Purchase.objects.filter(
+        status=PurchaseStatus.AWAITING_PAYMENT, quote__expires_at__lt=timezone.now()
+    ).values_list("id", flat=True)
     for pid in list(ids[:500]):
         with transaction.atomic():
             purchase = lock_purchase(pid)

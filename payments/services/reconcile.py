@@ -3,6 +3,7 @@ transaction and applied through observations; on-demand reconciles, the sweep of
 dispatches, read-backs before a follow-up money movement, replays, and cancelling an
 unapplied confirm.
 """
+
 from __future__ import annotations
 
 import math
@@ -73,13 +74,13 @@ def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
     if op.kind == OperationKind.REFUND:
         if op.provider_reference:
             return CallStep.RETRIEVE, provider.retrieve_refund(op.provider_reference)
-        return CallStep.LIST, provider.find_by_metadata(object_type="refund",
-                                                        operation_id=op.id)
+        return CallStep.LIST, provider.find_by_metadata(object_type="refund", operation_id=op.id)
     ref = op.provider_reference or (op.parent.provider_reference if op.parent_id else "")
     if ref:
         return CallStep.RETRIEVE, provider.retrieve_payment_intent(ref)
     return CallStep.LIST, provider.find_by_metadata(
-        object_type="payment_intent", operation_id=op.parent_id or op.id)
+        object_type="payment_intent", operation_id=op.parent_id or op.id
+    )
 
 
 def _resend_window_open(op: PaymentOperation) -> bool:
@@ -87,16 +88,22 @@ def _resend_window_open(op: PaymentOperation) -> bool:
     lacks, its first send well inside the provider's key window: asking again under the
     same key is answered from the provider's record of that key. Decided from the
     operation's own fields (no query), so the sweep can sort a batch by it."""
-    if (op.kind not in PAYMENT_KINDS or op.provider_reference or op.confirm_claimed_at is None
-            or op.outcome != Outcome.UNKNOWN or rail_evidence_for(op.rail) is not None):
+    if (
+        op.kind not in PAYMENT_KINDS
+        or op.provider_reference
+        or op.confirm_claimed_at is None
+        or op.outcome != Outcome.UNKNOWN
+        or rail_evidence_for(op.rail) is not None
+    ):
         return False
     provider = provider_for(op)
     if not provider.pays_in_one_call():
         # The provider no longer dedupes keys (configuration changed): a re-send would be a
         # second payment. Reading alone.
         return False
-    usable = timedelta(seconds=settings.STRIPE_IDEMPOTENCY_WINDOW_SECONDS
-                       - settings.STRIPE_RESEND_MARGIN_SECONDS)
+    usable = timedelta(
+        seconds=settings.STRIPE_IDEMPOTENCY_WINDOW_SECONDS - settings.STRIPE_RESEND_MARGIN_SECONDS
+    )
     return timezone.now() - op.confirm_claimed_at < usable
 
 
@@ -116,17 +123,22 @@ def _one_call_resend(op: PaymentOperation) -> CallResult | None:
         _purchase, locked = lock_purchase_and_operation(op.id)
         if not _resend_window_open(locked) or _halted(operation_workflow(locked.kind)):
             return None
-        if not locked.provider_calls.filter(purpose=CallPurpose.DISPATCH,
-                                            step=CallStep.PAY).exists():
+        if not locked.provider_calls.filter(
+            purpose=CallPurpose.DISPATCH, step=CallStep.PAY
+        ).exists():
             return None  # sent in two steps (create, then confirm): never re-sent
-        attempt = locked.provider_calls.filter(purpose=CallPurpose.REPLAY,
-                                               step=CallStep.PAY).count() + 1
+        attempt = (
+            locked.provider_calls.filter(purpose=CallPurpose.REPLAY, step=CallStep.PAY).count() + 1
+        )
         call = ProviderCall.objects.create(
-            operation=locked, purpose=CallPurpose.REPLAY, step=CallStep.PAY,
-            attempt=min(attempt, 32767), key=locked.provider_key(CallStep.PAY))
+            operation=locked,
+            purpose=CallPurpose.REPLAY,
+            step=CallStep.PAY,
+            attempt=min(attempt, 32767),
+            key=locked.provider_key(CallStep.PAY),
+        )
     assert_outside_transaction()
-    result = provider_for(op).create_and_confirm_payment_intent(
-        key=call.key, **payment_request(op))
+    result = provider_for(op).create_and_confirm_payment_intent(key=call.key, **payment_request(op))
     _record_call(call, result)
     return result
 
@@ -138,9 +150,12 @@ def _resend_refused(result: CallResult) -> bool:
     key would answer its stored result (or 409 while it runs); a refusal of the
     byte-identical request inside the key window says the first was refused too: nothing
     moved, as when the first send hears the refusal itself."""
-    return (result.classification == Classification.REJECTED
-            and result.http_status in (400, 404)
-            and result.error_code != "idempotency_error" and not result.fault_drill)
+    return (
+        result.classification == Classification.REJECTED
+        and result.http_status in (400, 404)
+        and result.error_code != "idempotency_error"
+        and not result.fault_drill
+    )
 
 
 def _settle_resend_refused(operation_id: str, result: CallResult, *, actor: str) -> None:
@@ -148,22 +163,34 @@ def _settle_resend_refused(operation_id: str, result: CallResult, *, actor: str)
         purchase, locked = lock_purchase_and_operation(operation_id)
         if locked.outcome != Outcome.UNKNOWN or locked.provider_reference:
             return  # settled meanwhile (the webhook, another reconcile)
-        outcome_apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
-                             verification=Verification.PROVIDER, cause="resend_rejected",
-                             actor=actor, reason=Reason.INVALID_REQUEST,
-                             evidence={"http_status": result.http_status,
-                                       "code": result.error_code})
+        outcome_apply_locked(
+            purchase,
+            locked,
+            Outcome.FAILED,
+            grade=Grade.CONFIRMED,
+            verification=Verification.PROVIDER,
+            cause="resend_rejected",
+            actor=actor,
+            reason=Reason.INVALID_REQUEST,
+            evidence={"http_status": result.http_status, "code": result.error_code},
+        )
 
 
 def _reconcile_call_row(op: PaymentOperation, step: str, result: CallResult) -> ProviderCall:
     """The reconcile call's record, built right after the answer (not yet saved)."""
     return ProviderCall(
-        operation=op, purpose=CallPurpose.RECONCILE, step=step,
-        attempt=min(op.reconcile_attempts + 1, 32767), http_status=result.http_status,
-        classification=result.classification, request_id=result.request_id[:100],
-        error_code=result.error_code[:64], fault_drill=result.fault_drill,
+        operation=op,
+        purpose=CallPurpose.RECONCILE,
+        step=step,
+        attempt=min(op.reconcile_attempts + 1, 32767),
+        http_status=result.http_status,
+        classification=result.classification,
+        request_id=result.request_id[:100],
+        error_code=result.error_code[:64],
+        fault_drill=result.fault_drill,
         finished_at=timezone.now(),
-        safe_fields=result.object.safe_fields() if result.object else {"detail": result.detail})
+        safe_fields=result.object.safe_fields() if result.object else {"detail": result.detail},
+    )
 
 
 def _read_back(op: PaymentOperation) -> CallResult:
@@ -198,8 +225,11 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
         _settle_resend_refused(op.id, resent, actor=actor)
         settled = PaymentOperation.objects.select_related("purchase").get(id=operation_id)
         return _reconcile_finish(settled, resent, actor=actor)
-    if (resent is not None and resent.object is not None
-            and resent.classification in (Classification.OK, Classification.DECLINED)):
+    if (
+        resent is not None
+        and resent.object is not None
+        and resent.classification in (Classification.OK, Classification.DECLINED)
+    ):
         if resent.replayed:
             # The key's stored answer says what the payment WAS when the key first ran
             # (an authorization since cancelled, a payment since refunded): read the
@@ -207,22 +237,34 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
             result = provider_for(op).retrieve_payment_intent(resent.object.id)
             _reconcile_call_row(op, CallStep.RETRIEVE, result).save(force_insert=True)
             if result.classification == Classification.OK and result.object is not None:
-                operation_apply_observation(operation_id=op.id, obj=result.object,
-                                            source=Verification.PROVIDER,
-                                            cause="resend_readback", actor=actor)
+                operation_apply_observation(
+                    operation_id=op.id,
+                    obj=result.object,
+                    source=Verification.PROVIDER,
+                    cause="resend_readback",
+                    actor=actor,
+                )
         else:
             # The provider's own answer, executed now under the payment's key (a payment
             # or its decline).
-            operation_apply_observation(operation_id=op.id, obj=resent.object,
-                                        source=Verification.PROVIDER, cause="resend_answer",
-                                        actor=actor)
+            operation_apply_observation(
+                operation_id=op.id,
+                obj=resent.object,
+                source=Verification.PROVIDER,
+                cause="resend_answer",
+                actor=actor,
+            )
             result = resent
     else:
         result = _read_back(op)
         if result.classification == Classification.OK and result.object is not None:
-            operation_apply_observation(operation_id=op.id, obj=result.object,
-                                        source=Verification.PROVIDER, cause="reconcile",
-                                        actor=actor)
+            operation_apply_observation(
+                operation_id=op.id,
+                obj=result.object,
+                source=Verification.PROVIDER,
+                cause="reconcile",
+                actor=actor,
+            )
     settled = PaymentOperation.objects.select_related("purchase").get(id=operation_id)
     return _reconcile_finish(settled, result, actor=actor)
 
@@ -233,27 +275,46 @@ def _reconcile_refusal(op: PaymentOperation) -> DomainError | None:
     # and the provider's record outranks it
     # (docs/reliability.md#the-providers-record-outranks-a-person).
     if op.is_terminal and op.grade != Grade.ACKNOWLEDGED:
-        return DomainError(ErrorCode.ALREADY_SETTLED, f"This operation is already {op.outcome}.",
-                           status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
-                           purchase=op.purchase_id, operation=op.id)
+        return DomainError(
+            ErrorCode.ALREADY_SETTLED,
+            f"This operation is already {op.outcome}.",
+            status=409,
+            retry=RetryAdvice.FORBIDDEN,
+            owner=Owner.NONE,
+            purchase=op.purchase_id,
+            operation=op.id,
+        )
     if op.outcome in (Outcome.PENDING, Outcome.AWAITING_APPROVAL):
-        return DomainError(ErrorCode.NOT_DISPATCHED, "This operation was never sent to the provider.",
-                           status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.NONE,
-                           purchase=op.purchase_id, operation=op.id)
+        return DomainError(
+            ErrorCode.NOT_DISPATCHED,
+            "This operation was never sent to the provider.",
+            status=409,
+            retry=RetryAdvice.FORBIDDEN,
+            owner=Owner.NONE,
+            purchase=op.purchase_id,
+            operation=op.id,
+        )
     if op.outcome == Outcome.DISPATCHING:
         # Its worker holds the send: an x402 refund may be waiting for the
         # signer, about to sign. A read now finds nothing and would call that "nothing
         # moved" while the send can still happen. The worker's answer settles it; a dead
         # worker is found by the dead-dispatch sweep (-> unknown, then read back).
-        return DomainError(ErrorCode.DISPATCH_IN_PROGRESS, "This operation is being sent to the "
-                           "provider right now; its answer settles it. Poll the operation.",
-                           status=409, retry=RetryAdvice.FORBIDDEN, owner=Owner.RECONCILIATION,
-                           purchase=op.purchase_id, operation=op.id)
+        return DomainError(
+            ErrorCode.DISPATCH_IN_PROGRESS,
+            "This operation is being sent to the "
+            "provider right now; its answer settles it. Poll the operation.",
+            status=409,
+            retry=RetryAdvice.FORBIDDEN,
+            owner=Owner.RECONCILIATION,
+            purchase=op.purchase_id,
+            operation=op.id,
+        )
     return None
 
 
-def _reconcile_finish(settled: PaymentOperation, result: CallResult, *,
-                      actor: str) -> PaymentOperation:
+def _reconcile_finish(
+    settled: PaymentOperation, result: CallResult, *, actor: str
+) -> PaymentOperation:
     """After the read-back was applied: `settled` is the operation read again after that
     commit. A person's outcome is followed up; an open one is scheduled again (and
     escalated when it cannot settle by itself)."""
@@ -275,35 +336,52 @@ def _reconcile_finish(settled: PaymentOperation, result: CallResult, *,
                 # (the console's "cancel at the provider and mark failed").
                 op.stage, op.escalated_at = Stage.ESCALATED, timezone.now()
                 op.next_action_owner = Owner.SUPPORT
-                op.save(update_fields=["stage", "escalated_at", "next_action_owner",
-                                       "updated_at"])
+                op.save(update_fields=["stage", "escalated_at", "next_action_owner", "updated_at"])
                 transition_record(
-                    purchase_id=purchase.id, operation=op, field="outcome", source=op.outcome,
-                    target=op.outcome, cause="escalated_unapplied_write",
-                    evidence={"provider_status": result.object.status,
-                              "recovery_owner": purchase.recovery_owner}, actor=actor)
-            if (op.reconcile_deadline and timezone.now() >= op.reconcile_deadline
-                    and op.escalated_at is None):
+                    purchase_id=purchase.id,
+                    operation=op,
+                    field="outcome",
+                    source=op.outcome,
+                    target=op.outcome,
+                    cause="escalated_unapplied_write",
+                    evidence={
+                        "provider_status": result.object.status,
+                        "recovery_owner": purchase.recovery_owner,
+                    },
+                    actor=actor,
+                )
+            if (
+                op.reconcile_deadline
+                and timezone.now() >= op.reconcile_deadline
+                and op.escalated_at is None
+            ):
                 op.stage, op.escalated_at = Stage.ESCALATED, timezone.now()
                 op.next_action_owner = Owner.SUPPORT
-                op.save(update_fields=["stage", "escalated_at", "next_action_owner",
-                                       "updated_at"])
-                transition_record(purchase_id=purchase.id, operation=op, field="outcome",
-                                  source=op.outcome, target=op.outcome, cause="escalated",
-                                  evidence={"recovery_owner": purchase.recovery_owner}, actor=actor)
+                op.save(update_fields=["stage", "escalated_at", "next_action_owner", "updated_at"])
+                transition_record(
+                    purchase_id=purchase.id,
+                    operation=op,
+                    field="outcome",
+                    source=op.outcome,
+                    target=op.outcome,
+                    cause="escalated",
+                    evidence={"recovery_owner": purchase.recovery_owner},
+                    actor=actor,
+                )
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
 
 
-def operations_reconcile_prepare(*, operation_ids: list[str]
-                                 ) -> tuple[list[PaymentOperation], list[PaymentOperation],
-                                            dict[str, DomainError]]:
+def operations_reconcile_prepare(
+    *, operation_ids: list[str]
+) -> tuple[list[PaymentOperation], list[PaymentOperation], dict[str, DomainError]]:
     """The set-based reconcile (the sweep), step 1: one read of a batch. Returns
     the operations whose read-back is network only (`operation_reconcile_read` may run
     them on other threads), those read through the database too (x402: one by one with
     `operation_reconcile`), and the refused ones with the error `operation_reconcile`
     would raise (nothing is read or written for them)."""
     found = PaymentOperation.objects.select_related("purchase", "parent").in_bulk(
-        list(operation_ids))
+        list(operation_ids)
+    )
     readable, sequential, refused = [], [], {}
     for op_id in operation_ids:
         op = found.get(op_id)
@@ -328,8 +406,9 @@ def operation_reconcile_read(op: PaymentOperation) -> tuple[CallResult, Provider
     return result, _reconcile_call_row(op, step, result)
 
 
-def operations_reconcile_apply(*, reads: list[tuple[PaymentOperation, CallResult, ProviderCall]],
-                               actor: str = "reconciler") -> dict[str, str]:
+def operations_reconcile_apply(
+    *, reads: list[tuple[PaymentOperation, CallResult, ProviderCall]], actor: str = "reconciler"
+) -> dict[str, str]:
     """Step 3: apply a batch of read-backs set-based, with the effects of
     `operation_reconcile` on each: the reconcile call rows in one INSERT; every
     observation applied by the one apply path (`_apply_observation_locked`) in ONE
@@ -347,8 +426,7 @@ def operations_reconcile_apply(*, reads: list[tuple[PaymentOperation, CallResult
     try:
         ProviderCall.objects.bulk_create([call for _, _, call in reads])
     except Exception as exc:  # noqa: BLE001 - as operation_reconcile: nothing applied
-        log.warning("reconcile batch: recording %d read-backs failed", len(reads),
-                    exc_info=True)
+        log.warning("reconcile batch: recording %d read-backs failed", len(reads), exc_info=True)
         return {op.id: f"failed:{type(exc).__name__}" for op, _, _ in reads}
     batched: list[tuple[PaymentOperation, ProviderObject]] = []
     one_by_one: list[tuple[PaymentOperation, ProviderObject]] = []
@@ -363,24 +441,38 @@ def operations_reconcile_apply(*, reads: list[tuple[PaymentOperation, CallResult
         try:
             with transaction.atomic(), history_batch(), outbox_batch():
                 for purchase, locked in lock_purchases_and_operations(
-                        [(op.id, op.purchase_id) for op, _ in batched]):
-                    _apply_observation_locked(purchase, locked, objects[locked.id],
-                                              source=Verification.PROVIDER,
-                                              cause="reconcile", actor=actor)
+                    [(op.id, op.purchase_id) for op, _ in batched]
+                ):
+                    _apply_observation_locked(
+                        purchase,
+                        locked,
+                        objects[locked.id],
+                        source=Verification.PROVIDER,
+                        cause="reconcile",
+                        actor=actor,
+                    )
         except Exception:  # noqa: BLE001 - rolled back whole: apply one by one instead
-            log.warning("reconcile batch: set-based apply of %d failed; applying one by one",
-                        len(batched), exc_info=True)
+            log.warning(
+                "reconcile batch: set-based apply of %d failed; applying one by one",
+                len(batched),
+                exc_info=True,
+            )
             one_by_one = batched + one_by_one
     for op, obj in one_by_one:
         try:
-            operation_apply_observation(operation_id=op.id, obj=obj,
-                                        source=Verification.PROVIDER, cause="reconcile",
-                                        actor=actor)
+            operation_apply_observation(
+                operation_id=op.id,
+                obj=obj,
+                source=Verification.PROVIDER,
+                cause="reconcile",
+                actor=actor,
+            )
         except Exception as exc:  # noqa: BLE001 - as operation_reconcile raising for it
             log.warning("reconcile batch: %s failed", op.id, exc_info=True)
             outcomes[op.id] = f"failed:{type(exc).__name__}"
     settled = PaymentOperation.objects.select_related("purchase").in_bulk(
-        [op.id for op, _, _ in reads])
+        [op.id for op, _, _ in reads]
+    )
     for op, result, _ in reads:
         if op.id in outcomes:
             continue
@@ -437,12 +529,17 @@ def _schedule_acknowledged_read_back(op: PaymentOperation) -> None:
     delay = schedule[min(op.reconcile_attempts, len(schedule) - 1)]
     op.next_reconcile_at = now + timedelta(seconds=delay)
     op.save(update_fields=["next_reconcile_at", "updated_at"])
-    outbox_put(category=OutboxCategory.RECONCILE, payload={"operation": op.id},
-               dedupe_key=f"reconcile:{op.id}", delay_seconds=delay)
+    outbox_put(
+        category=OutboxCategory.RECONCILE,
+        payload={"operation": op.id},
+        dedupe_key=f"reconcile:{op.id}",
+        delay_seconds=delay,
+    )
 
 
-def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
-                            actor: str) -> PaymentOperation:
+def _acknowledged_follow_up(
+    op: PaymentOperation, result: CallResult, *, actor: str
+) -> PaymentOperation:
     """After a read-back of an operation a person settled (a "succeeded" accepted while the
     provider was unreachable must be read again: the provider may show the confirm
     unapplied). The observation was already applied: agreeing evidence
@@ -457,34 +554,59 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
             op.next_reconcile_at = None
         return op
     obj = result.object if result.classification == Classification.OK else None
-    if (obj is not None and op.kind in PAYMENT_KINDS
-            and op.outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
-            and op.provider_reference and obj.id == op.provider_reference
-            and shows_no_money_moved(obj, kind=op.kind)
-            and (op.confirm_claimed_at is None or timezone.now() - op.confirm_claimed_at
-                 >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS))):
+    if (
+        obj is not None
+        and op.kind in PAYMENT_KINDS
+        and op.outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
+        and op.provider_reference
+        and obj.id == op.provider_reference
+        and shows_no_money_moved(obj, kind=op.kind)
+        and (
+            op.confirm_claimed_at is None
+            or timezone.now() - op.confirm_claimed_at
+            >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
+        )
+    ):
         try:
             return operation_cancel_unapplied(
-                operation_id=op.id, actor=actor,
+                operation_id=op.id,
+                actor=actor,
                 reason="read-back: the provider shows this payment never applied, "
-                       "contradicting a person's 'succeeded'")
+                "contradicting a person's 'succeeded'",
+            )
         except DomainError as exc:
-            log.warning("acknowledged follow-up: cancel refused operation=%s code=%s",
-                        op.id, exc.code)
-    if (obj is not None and op.kind in (OperationKind.CAPTURE, OperationKind.VOID)
-            and op.outcome == Outcome.SUCCEEDED and shows_no_money_moved(obj, kind=op.kind)
-            and _past_inflight_window(op)):
+            log.warning(
+                "acknowledged follow-up: cancel refused operation=%s code=%s", op.id, exc.code
+            )
+    if (
+        obj is not None
+        and op.kind in (OperationKind.CAPTURE, OperationKind.VOID)
+        and op.outcome == Outcome.SUCCEEDED
+        and shows_no_money_moved(obj, kind=op.kind)
+        and _past_inflight_window(op)
+    ):
         # A person's "captured"/"voided" while the provider still shows the authorization
         # standing: the provider's record overturns it, as for charges.
         with transaction.atomic():
             purchase, locked = lock_purchase_and_operation(op.id)
-            if (locked.grade == Grade.ACKNOWLEDGED and locked.outcome == Outcome.SUCCEEDED
-                    and not _mismatch(locked, obj)):
-                outcome_apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
-                                     verification=Verification.PROVIDER,
-                                     cause="readback_no_money_moved", actor=actor,
-                                     evidence=obj.safe_fields(), reason=Reason.PROVIDER_FAILED,
-                                     obj=obj, final=True)
+            if (
+                locked.grade == Grade.ACKNOWLEDGED
+                and locked.outcome == Outcome.SUCCEEDED
+                and not _mismatch(locked, obj)
+            ):
+                outcome_apply_locked(
+                    purchase,
+                    locked,
+                    Outcome.FAILED,
+                    grade=Grade.CONFIRMED,
+                    verification=Verification.PROVIDER,
+                    cause="readback_no_money_moved",
+                    actor=actor,
+                    evidence=obj.safe_fields(),
+                    reason=Reason.PROVIDER_FAILED,
+                    obj=obj,
+                    final=True,
+                )
         return PaymentOperation.objects.select_related("purchase").get(id=op.id)
     if refund_never_received(op, result) or one_call_payment_never_received(op, result):
         # A person's word on a refund (or a one-call payment) the provider never received:
@@ -493,14 +615,22 @@ def _acknowledged_follow_up(op: PaymentOperation, result: CallResult, *,
         # overturned, a "failed" confirmed (its amount, its purchase, are free again).
         with transaction.atomic():
             purchase, locked = lock_purchase_and_operation(op.id)
-            if locked.grade == Grade.ACKNOWLEDGED and locked.outcome in (Outcome.SUCCEEDED,
-                                                                           Outcome.FAILED):
-                outcome_apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
-                                     verification=Verification.PROVIDER,
-                                     cause="readback_no_money_moved", actor=actor,
-                                     evidence={"provider": f"no {_object_noun(op)} "
-                                                           "of this operation"},
-                                     reason=Reason.PROVIDER_FAILED, final=True)
+            if locked.grade == Grade.ACKNOWLEDGED and locked.outcome in (
+                Outcome.SUCCEEDED,
+                Outcome.FAILED,
+            ):
+                outcome_apply_locked(
+                    purchase,
+                    locked,
+                    Outcome.FAILED,
+                    grade=Grade.CONFIRMED,
+                    verification=Verification.PROVIDER,
+                    cause="readback_no_money_moved",
+                    actor=actor,
+                    evidence={"provider": f"no {_object_noun(op)} of this operation"},
+                    reason=Reason.PROVIDER_FAILED,
+                    final=True,
+                )
         return PaymentOperation.objects.select_related("purchase").get(id=op.id)
     with transaction.atomic():
         lock_purchase(op.purchase_id)
@@ -520,10 +650,13 @@ def refund_never_received(op: PaymentOperation, result: CallResult) -> bool:
     provider's in-flight window: the provider never received it, so no money moved.
     (A rail that reads back from its own evidence says so itself: an x402 refund with no
     transfer stored is `invalid`.)"""
-    return (op.kind == OperationKind.REFUND and rail_evidence_for(op.rail) is None
-            and not op.provider_reference
-            and result.classification == Classification.NOT_FOUND
-            and _past_inflight_window(op))
+    return (
+        op.kind == OperationKind.REFUND
+        and rail_evidence_for(op.rail) is None
+        and not op.provider_reference
+        and result.classification == Classification.NOT_FOUND
+        and _past_inflight_window(op)
+    )
 
 
 def one_call_payment_never_received(op: PaymentOperation, result: CallResult) -> bool:
@@ -532,15 +665,25 @@ def one_call_payment_never_received(op: PaymentOperation, result: CallResult) ->
     readable provider, its last send (the first or a re-send under its key) older than the
     provider's in-flight window: no PaymentIntent exists, so none was charged. (Refused
     requests leave none: the provider keeps no answer for them.)"""
-    if not (op.kind in PAYMENT_KINDS and rail_evidence_for(op.rail) is None
-            and not op.provider_reference and op.confirm_claimed_at is not None
-            and result.classification == Classification.NOT_FOUND):
+    if not (
+        op.kind in PAYMENT_KINDS
+        and rail_evidence_for(op.rail) is None
+        and not op.provider_reference
+        and op.confirm_claimed_at is not None
+        and result.classification == Classification.NOT_FOUND
+    ):
         return False
-    sent = (op.provider_calls.filter(step=CallStep.PAY,
-                                     purpose__in=(CallPurpose.DISPATCH, CallPurpose.REPLAY))
-            .order_by("-started_at").values_list("started_at", flat=True).first())
+    sent = (
+        op.provider_calls.filter(
+            step=CallStep.PAY, purpose__in=(CallPurpose.DISPATCH, CallPurpose.REPLAY)
+        )
+        .order_by("-started_at")
+        .values_list("started_at", flat=True)
+        .first()
+    )
     return sent is not None and timezone.now() - sent >= timedelta(
-        seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
+        seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS
+    )
 
 
 def _object_noun(op: PaymentOperation) -> str:
@@ -550,21 +693,30 @@ def _object_noun(op: PaymentOperation) -> str:
 def _past_inflight_window(op: PaymentOperation) -> bool:
     """The operation's last write was sent longer ago than the provider's in-flight window:
     what the provider shows now is what it applied."""
-    sent = (op.provider_calls.filter(purpose=CallPurpose.DISPATCH).order_by("-started_at")
-            .values_list("started_at", flat=True).first())
+    sent = (
+        op.provider_calls.filter(purpose=CallPurpose.DISPATCH)
+        .order_by("-started_at")
+        .values_list("started_at", flat=True)
+        .first()
+    )
     return sent is None or timezone.now() - sent >= timedelta(
-        seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
+        seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS
+    )
 
 
 def _confirm_unapplied(op: PaymentOperation, result: CallResult) -> bool:
     """The read-back shows a confirm the provider never applied (the PaymentIntent still
     `requires_confirmation`), claimed longer ago than the provider's in-flight window."""
-    return (op.kind in PAYMENT_KINDS and op.outcome == Outcome.UNKNOWN
-            and result.classification == Classification.OK and result.object is not None
-            and result.object.confirm_unapplied
-            and op.confirm_claimed_at is not None
-            and timezone.now() - op.confirm_claimed_at
-            >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS))
+    return (
+        op.kind in PAYMENT_KINDS
+        and op.outcome == Outcome.UNKNOWN
+        and result.classification == Classification.OK
+        and result.object is not None
+        and result.object.confirm_unapplied
+        and op.confirm_claimed_at is not None
+        and timezone.now() - op.confirm_claimed_at
+        >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
+    )
 
 
 def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) -> PaymentOperation:
@@ -584,68 +736,133 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
         # An unknown payment, or one a person called succeeded that the provider shows
         # never applied (the acknowledged follow-up): the provider's record outranks them.
         # (A person's "failed" the provider cannot confirm is made final the same way.)
-        contradicted = (op.outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
-                        and op.grade == Grade.ACKNOWLEDGED)
-        if op.kind not in PAYMENT_KINDS or not op.provider_reference \
-                or not (op.outcome == Outcome.UNKNOWN or contradicted):
-            raise DomainError(ErrorCode.NOT_CANCELLABLE, "Only an unknown payment with a provider "
-                              "reference can be cancelled here.", status=409,
-                              purchase=purchase.id, operation=op.id, owner=Owner.SUPPORT)
+        contradicted = (
+            op.outcome in (Outcome.SUCCEEDED, Outcome.FAILED) and op.grade == Grade.ACKNOWLEDGED
+        )
+        if (
+            op.kind not in PAYMENT_KINDS
+            or not op.provider_reference
+            or not (op.outcome == Outcome.UNKNOWN or contradicted)
+        ):
+            raise DomainError(
+                ErrorCode.NOT_CANCELLABLE,
+                "Only an unknown payment with a provider reference can be cancelled here.",
+                status=409,
+                purchase=purchase.id,
+                operation=op.id,
+                owner=Owner.SUPPORT,
+            )
         if _halted(operation_workflow(op.kind)):
             # A cancel is a write to the provider: it honours the halt like every dispatch
             # (invariant 9); the follow-up reads again later, a person tries again later.
-            raise DomainError(ErrorCode.WORKFLOW_HALTED, f"The {operation_workflow(op.kind)} "
-                              "workflow is halted: nothing is cancelled at the provider "
-                              "now.", status=503, retry=RetryAdvice.SAME_KEY,
-                              purchase=purchase.id, operation=op.id, owner=Owner.SUPPORT)
-        attempt = op.provider_calls.filter(purpose=CallPurpose.DISPATCH,
-                                           step=CallStep.CANCEL).count() + 1
+            raise DomainError(
+                ErrorCode.WORKFLOW_HALTED,
+                f"The {operation_workflow(op.kind)} "
+                "workflow is halted: nothing is cancelled at the provider "
+                "now.",
+                status=503,
+                retry=RetryAdvice.SAME_KEY,
+                purchase=purchase.id,
+                operation=op.id,
+                owner=Owner.SUPPORT,
+            )
+        attempt = (
+            op.provider_calls.filter(purpose=CallPurpose.DISPATCH, step=CallStep.CANCEL).count() + 1
+        )
         try:
             with transaction.atomic():
                 call = ProviderCall.objects.create(
-                    operation=op, purpose=CallPurpose.DISPATCH, step=CallStep.CANCEL,
+                    operation=op,
+                    purpose=CallPurpose.DISPATCH,
+                    step=CallStep.CANCEL,
                     attempt=attempt,
-                    key=(op.provider_key(CallStep.CANCEL) if attempt == 1 else
-                         f"{op.idempotency_key}.{attempt}:{CallStep.CANCEL}"))
+                    key=(
+                        op.provider_key(CallStep.CANCEL)
+                        if attempt == 1
+                        else f"{op.idempotency_key}.{attempt}:{CallStep.CANCEL}"
+                    ),
+                )
         except IntegrityError:
-            raise DomainError(ErrorCode.CANCEL_IN_PROGRESS, "Another cancel of this payment is in "
-                              "progress.", status=409, purchase=purchase.id,
-                              operation=op.id, owner=Owner.SUPPORT) from None
+            raise DomainError(
+                ErrorCode.CANCEL_IN_PROGRESS,
+                "Another cancel of this payment is in progress.",
+                status=409,
+                purchase=purchase.id,
+                operation=op.id,
+                owner=Owner.SUPPORT,
+            ) from None
     assert_outside_transaction()
     read = _read_back(op)
     if read.classification != Classification.OK or read.object is None:
         _record_call(call, CallResult(Classification.NOT_SENT, detail="read-back failed"))
-        raise DomainError(ErrorCode.CANCEL_FAILED, "The provider could not be read; nothing was "
-                          "cancelled. Try again later.", status=502, purchase=op.purchase_id,
-                          operation=op.id, owner=Owner.SUPPORT)
-    unapplied = (shows_no_money_moved(read.object, kind=op.kind) if contradicted
-                 else read.object.confirm_unapplied)
+        raise DomainError(
+            ErrorCode.CANCEL_FAILED,
+            "The provider could not be read; nothing was cancelled. Try again later.",
+            status=502,
+            purchase=op.purchase_id,
+            operation=op.id,
+            owner=Owner.SUPPORT,
+        )
+    unapplied = (
+        shows_no_money_moved(read.object, kind=op.kind)
+        if contradicted
+        else read.object.confirm_unapplied
+    )
     if not unapplied:
         _record_call(call, CallResult(Classification.REJECTED, detail="not unapplied"))
-        operation_apply_observation(operation_id=op.id, obj=read.object,
-                                    source=Verification.PROVIDER, cause="reconcile",
-                                    actor=actor)
-        raise DomainError(ErrorCode.PROVIDER_APPLIED, f"The provider's record is now "
-                          f"{read.object.status}: the confirm was not left unapplied; nothing "
-                          "was cancelled.", status=409, purchase=op.purchase_id,
-                          operation=op.id, owner=Owner.SUPPORT)
-    result = provider_for(op).cancel_payment_intent(key=call.key,
-                                                    intent_id=op.provider_reference)
+        operation_apply_observation(
+            operation_id=op.id,
+            obj=read.object,
+            source=Verification.PROVIDER,
+            cause="reconcile",
+            actor=actor,
+        )
+        raise DomainError(
+            ErrorCode.PROVIDER_APPLIED,
+            f"The provider's record is now "
+            f"{read.object.status}: the confirm was not left unapplied; nothing "
+            "was cancelled.",
+            status=409,
+            purchase=op.purchase_id,
+            operation=op.id,
+            owner=Owner.SUPPORT,
+        )
+    result = provider_for(op).cancel_payment_intent(key=call.key, intent_id=op.provider_reference)
     _record_call(call, result)
-    if (result.classification != Classification.OK or result.object is None
-            or not result.object.canceled):
-        raise DomainError(ErrorCode.CANCEL_FAILED, "The provider did not confirm the cancel; the "
-                          "payment stays unknown.", status=502, purchase=op.purchase_id,
-                          operation=op.id, owner=Owner.SUPPORT)
+    if (
+        result.classification != Classification.OK
+        or result.object is None
+        or not result.object.canceled
+    ):
+        raise DomainError(
+            ErrorCode.CANCEL_FAILED,
+            "The provider did not confirm the cancel; the payment stays unknown.",
+            status=502,
+            purchase=op.purchase_id,
+            operation=op.id,
+            owner=Owner.SUPPORT,
+        )
     with transaction.atomic():
         purchase, locked = _lock_or_404(operation_id)
-        outcome_apply_locked(purchase, locked, Outcome.FAILED, grade=Grade.CONFIRMED,
-                             verification=Verification.PROVIDER, cause="cancelled_unapplied",
-                             actor=actor,
-                             evidence={"reason": reason, **result.object.safe_fields()},
-                             reason=Reason.PROVIDER_CANCELED, obj=result.object)
-        operation_audit_write(actor=actor, action="operation_cancel_unapplied", op=locked,
-                              reason=reason, detail={"provider_status": result.object.status})
+        outcome_apply_locked(
+            purchase,
+            locked,
+            Outcome.FAILED,
+            grade=Grade.CONFIRMED,
+            verification=Verification.PROVIDER,
+            cause="cancelled_unapplied",
+            actor=actor,
+            evidence={"reason": reason, **result.object.safe_fields()},
+            reason=Reason.PROVIDER_CANCELED,
+            obj=result.object,
+        )
+        operation_audit_write(
+            actor=actor,
+            action="operation_cancel_unapplied",
+            op=locked,
+            reason=reason,
+            detail={"provider_status": result.object.status},
+        )
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
 
 
@@ -659,8 +876,9 @@ def operations_sweep_dead_dispatches() -> int:
     compare-and-set on `dispatching` under this row lock, so it signs and sends nothing
     once swept (payments.services.dispatch._x402_refund_keep_claim)."""
     count = 0
-    stale = PaymentOperation.objects.filter(outcome=Outcome.DISPATCHING,
-                                            dispatch_deadline__lt=timezone.now())
+    stale = PaymentOperation.objects.filter(
+        outcome=Outcome.DISPATCHING, dispatch_deadline__lt=timezone.now()
+    )
     for op_id, purchase_id in list(stale.values_list("id", "purchase_id")[:500]):
         with transaction.atomic():
             purchase = lock_purchase(purchase_id)
@@ -669,10 +887,17 @@ def operations_sweep_dead_dispatches() -> int:
                 continue
             never_confirmed = op.kind in PAYMENT_KINDS and op.confirm_claimed_at is None
             target = Outcome.FAILED if never_confirmed else Outcome.UNKNOWN
-            outcome_apply_locked(purchase, op, target, grade=Grade.CONFIRMED if never_confirmed
-                                 else Grade.NONE, verification=Verification.UNVERIFIED,
-                                 cause="dead_dispatch", actor="sweeper", evidence={},
-                                 reason=Reason.NOT_CONFIRMED if never_confirmed else "")
+            outcome_apply_locked(
+                purchase,
+                op,
+                target,
+                grade=Grade.CONFIRMED if never_confirmed else Grade.NONE,
+                verification=Verification.UNVERIFIED,
+                cause="dead_dispatch",
+                actor="sweeper",
+                evidence={},
+                reason=Reason.NOT_CONFIRMED if never_confirmed else "",
+            )
             count += 1
     return count
 
@@ -686,13 +911,21 @@ def operations_verify_before_follow_up(*, purchase_id: str) -> None:
     # Refunds too: a refund a person called failed may have
     # been paid back all the same; read before another refund is asked. A refund finance
     # declined was never sent: nothing to read.
-    ids = list(PaymentOperation.objects.filter(
-        purchase_id=purchase_id, grade=Grade.ACKNOWLEDGED,
-        outcome__in=[Outcome.SUCCEEDED, Outcome.FAILED],
-        kind__in=[*PAYMENT_KINDS, OperationKind.CAPTURE, OperationKind.VOID,
-                  OperationKind.REFUND])
+    ids = list(
+        PaymentOperation.objects.filter(
+            purchase_id=purchase_id,
+            grade=Grade.ACKNOWLEDGED,
+            outcome__in=[Outcome.SUCCEEDED, Outcome.FAILED],
+            kind__in=[
+                *PAYMENT_KINDS,
+                OperationKind.CAPTURE,
+                OperationKind.VOID,
+                OperationKind.REFUND,
+            ],
+        )
         .exclude(reason=Reason.REFUND_DECLINED)
-        .values_list("id", flat=True))
+        .values_list("id", flat=True)
+    )
     if not ids:
         return  # nothing only a person settled: no read needed
     assert_outside_transaction()
@@ -703,27 +936,51 @@ def operations_verify_before_follow_up(*, purchase_id: str) -> None:
             continue
 
 
-def operation_replay(*, operation_id: str, actor: str, acting_client=None,
-                     acting_user=None) -> PaymentOperation:
+def operation_replay(
+    *, operation_id: str, actor: str, acting_client=None, acting_user=None
+) -> PaymentOperation:
     """Resend the last write with the same provider key: only where the provider dedupes
     keys (Stripe does, within its window; localstripe does not)."""
     op = PaymentOperation.objects.filter(id=operation_id).first()
     if op is None:
         raise DomainError(ErrorCode.NOT_FOUND, "No such operation.", status=404)
     if (acting_client is not None and op.requested_by_client_id == acting_client.id) or (
-            acting_user is not None and op.requested_by_user_id == acting_user.id):
-        raise DomainError(ErrorCode.REPLAYER_IS_REQUESTER, "The requester cannot replay its own "
-                          "operation.", status=403, operation=op.id, purchase=op.purchase_id)
+        acting_user is not None and op.requested_by_user_id == acting_user.id
+    ):
+        raise DomainError(
+            ErrorCode.REPLAYER_IS_REQUESTER,
+            "The requester cannot replay its own operation.",
+            status=403,
+            operation=op.id,
+            purchase=op.purchase_id,
+        )
     if not provider_for(op).dedupes_idempotency_keys():
-        raise DomainError(ErrorCode.REPLAY_UNSUPPORTED, "This provider does not deduplicate "
-                          "idempotency keys, so a replay could charge twice. Reconcile "
-                          "instead.", status=409, retry=RetryAdvice.FORBIDDEN,
-                          owner=Owner.RECONCILIATION, operation=op.id, purchase=op.purchase_id)
+        raise DomainError(
+            ErrorCode.REPLAY_UNSUPPORTED,
+            "This provider does not deduplicate "
+            "idempotency keys, so a replay could charge twice. Reconcile "
+            "instead.",
+            status=409,
+            retry=RetryAdvice.FORBIDDEN,
+            owner=Owner.RECONCILIATION,
+            operation=op.id,
+            purchase=op.purchase_id,
+        )
     if op.outcome != Outcome.UNKNOWN:
-        raise DomainError(ErrorCode.NOT_REPLAYABLE, "Only an unknown operation can be replayed.",
-                          status=409, operation=op.id, purchase=op.purchase_id)
+        raise DomainError(
+            ErrorCode.NOT_REPLAYABLE,
+            "Only an unknown operation can be replayed.",
+            status=409,
+            operation=op.id,
+            purchase=op.purchase_id,
+        )
     if op.created_at < timezone.now() - timedelta(hours=23):
-        raise DomainError(ErrorCode.REPLAY_WINDOW_CLOSED, "The provider's idempotency window is over.",
-                          status=409, operation=op.id, purchase=op.purchase_id)
+        raise DomainError(
+            ErrorCode.REPLAY_WINDOW_CLOSED,
+            "The provider's idempotency window is over.",
+            status=409,
+            operation=op.id,
+            purchase=op.purchase_id,
+        )
     # With a deduplicating provider, the same key returns the original result: a read.
     return operation_reconcile(operation_id=op.id, actor=actor)

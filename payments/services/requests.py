@@ -12,6 +12,7 @@ it gets back; it never claims, binds, completes or releases a key itself.
   if it has none, and its payment — called by acp.services inside the keyed transaction
   that also writes the session.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -24,24 +25,44 @@ from .purchases import purchase_open
 from .reconcile import operations_verify_before_follow_up
 
 
-def payment_request(request: KeyedRequest, *, purchase_id: str, payment_method: str,
-                    capture_method: str = "automatic", retry_of: str | None = None,
-                    amount: int | None = None, currency: str | None = None) -> Keyed:
+def payment_request(
+    request: KeyedRequest,
+    *,
+    purchase_id: str,
+    payment_method: str,
+    capture_method: str = "automatic",
+    retry_of: str | None = None,
+    amount: int | None = None,
+    currency: str | None = None,
+) -> Keyed:
     def create() -> Created:
-        op = payment_create(purchase_id=purchase_id, api_client=request.api_client,
-                            payment_method=payment_method, capture_method=capture_method,
-                            retry_of=retry_of, amount=amount, currency=currency)
+        op = payment_create(
+            purchase_id=purchase_id,
+            api_client=request.api_client,
+            payment_method=payment_method,
+            capture_method=capture_method,
+            retry_of=retry_of,
+            amount=amount,
+            currency=currency,
+        )
         return Created("operation", op.id, operation_id=op.id)
 
     # The original is read back first if only a person settled it
     # (docs/reliability.md#the-providers-record-outranks-a-person).
-    verify = (lambda: operations_verify_before_follow_up(purchase_id=purchase_id)
-              ) if retry_of else None
+    verify = (
+        (lambda: operations_verify_before_follow_up(purchase_id=purchase_id)) if retry_of else None
+    )
     return keyed_effect(request, create=create, verify=verify)
 
 
-def follow_up_request(request: KeyedRequest, *, purchase_id: str, kind: OperationKind,
-                      amount: int | None = None, currency: str | None = None) -> Keyed:
+def follow_up_request(
+    request: KeyedRequest,
+    *,
+    purchase_id: str,
+    kind: OperationKind,
+    amount: int | None = None,
+    currency: str | None = None,
+) -> Keyed:
     """A new operation linked to the purchase's payment: capture, void or refund."""
     client = request.api_client
 
@@ -51,20 +72,32 @@ def follow_up_request(request: KeyedRequest, *, purchase_id: str, kind: Operatio
         elif kind == OperationKind.VOID:
             op = void_create(purchase_id=purchase_id, api_client=client)
         elif kind == OperationKind.REFUND:
-            op = refund_request(purchase_id=purchase_id, amount=amount, api_client=client,
-                                currency=currency)
+            op = refund_request(
+                purchase_id=purchase_id, amount=amount, api_client=client, currency=currency
+            )
         else:
             raise ValueError(kind)
         return Created("operation", op.id, operation_id=op.id)
 
     # A follow-up on a payment only a person settled: read it back first.
-    return keyed_effect(request, create=create, verify=lambda: operations_verify_before_follow_up(
-        purchase_id=purchase_id))
+    return keyed_effect(
+        request,
+        create=create,
+        verify=lambda: operations_verify_before_follow_up(purchase_id=purchase_id),
+    )
 
 
-def checkout_complete(*, api_client: ApiClient, purchase_id: str | None, quote_id: str,
-                      quote_version: int, email: str, token: str, retry_of: str | None,
-                      on_purchase: Callable[[str], None]) -> PaymentOperation:
+def checkout_complete(
+    *,
+    api_client: ApiClient,
+    purchase_id: str | None,
+    quote_id: str,
+    quote_version: int,
+    email: str,
+    token: str,
+    retry_of: str | None,
+    on_purchase: Callable[[str], None],
+) -> PaymentOperation:
     """Inside the keyed transaction: open the session's purchase if it has none (the buyer
     is the ACP customer, so the same guards — an unresolved purchase, the same basket
     again — apply across sessions as across REST purchases; `on_purchase(id)` lets the
@@ -72,16 +105,25 @@ def checkout_complete(*, api_client: ApiClient, purchase_id: str | None, quote_i
     failed) asks the duplicate guard again in payment_create."""
     if purchase_id is None:
         purchase = purchase_open(
-            api_client=api_client, quote_id=quote_id, quote_version=quote_version,
-            customer_reference=f"acp:{email.lower()}", customer_email=email,
-            channel=PurchaseChannel.ACP).purchase
+            api_client=api_client,
+            quote_id=quote_id,
+            quote_version=quote_version,
+            customer_reference=f"acp:{email.lower()}",
+            customer_email=email,
+            channel=PurchaseChannel.ACP,
+        ).purchase
         on_purchase(purchase.id)
     else:
         purchase = Purchase.objects.get(pk=purchase_id)
-    return payment_create(purchase_id=purchase.id, api_client=api_client,
-                          payment_method=token, capture_method="automatic",
-                          retry_of=retry_of, amount=purchase.amount,
-                          currency=purchase.currency)
+    return payment_create(
+        purchase_id=purchase.id,
+        api_client=api_client,
+        payment_method=token,
+        capture_method="automatic",
+        retry_of=retry_of,
+        amount=purchase.amount,
+        currency=purchase.currency,
+    )
 
 
 __all__ = ["checkout_complete", "follow_up_request", "payment_request"]

@@ -4,6 +4,7 @@ with no transaction open; apply the answer through the one observation function)
 the rail's `RailEvidence` (payments.services.common): registered below, so the generic
 dispatch and read-back reach it through the seam and never import it.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -48,30 +49,42 @@ def _refund_claim(op: PaymentOperation) -> tuple[ProviderCall, X402RefundTransfe
         try:
             with transaction.atomic():
                 row = X402RefundTransfer.objects.create(
-                    operation=op, network=auth.network, asset=auth.asset,
+                    operation=op,
+                    network=auth.network,
+                    asset=auth.asset,
                     from_address=x402_adapter.get_refund_sender().address,
-                    to_address=auth.payer, value=str(value))
+                    to_address=auth.payer,
+                    value=str(value),
+                )
         except IntegrityError:
             return None  # already claimed: its transfer is the only one
         return call, row
 
 
-def _refund_object(op: PaymentOperation, answer: x402_adapter.RefundAnswer
-                   ) -> ProviderObject:
+def _refund_object(op: PaymentOperation, answer: x402_adapter.RefundAnswer) -> ProviderObject:
     kinds = x402_adapter.SettleKind
     if answer.kind == kinds.SUCCESS:
-        status = (x402_adapter.ChainStatus.CONFIRMED if settings.X402_CONFIRMATIONS <= 1
-                  else x402_adapter.ChainStatus.PENDING)
+        status = (
+            x402_adapter.ChainStatus.CONFIRMED
+            if settings.X402_CONFIRMATIONS <= 1
+            else x402_adapter.ChainStatus.PENDING
+        )
     else:
-        status = {kinds.PENDING: x402_adapter.ChainStatus.PENDING,
-                  kinds.INVALID: x402_adapter.ChainStatus.INVALID,
-                  kinds.NOT_SENT: x402_adapter.ChainStatus.INVALID,
-                  }.get(answer.kind, x402_adapter.ChainStatus.UNKNOWN)
+        status = {
+            kinds.PENDING: x402_adapter.ChainStatus.PENDING,
+            kinds.INVALID: x402_adapter.ChainStatus.INVALID,
+            kinds.NOT_SENT: x402_adapter.ChainStatus.INVALID,
+        }.get(answer.kind, x402_adapter.ChainStatus.UNKNOWN)
     failure = answer.reason or ("provider_unreachable" if answer.kind == kinds.NOT_SENT else "")
     return x402_adapter.X402Transfer(
-        x402_adapter.OBJECT_TYPE, id=answer.transaction, status=status, amount=op.amount,
-        currency=op.currency, failure_code=failure,
-        metadata={"operation_id": op.id, "purchase_id": op.purchase_id})
+        x402_adapter.OBJECT_TYPE,
+        id=answer.transaction,
+        status=status,
+        amount=op.amount,
+        currency=op.currency,
+        failure_code=failure,
+        metadata={"operation_id": op.id, "purchase_id": op.purchase_id},
+    )
 
 
 def _refund_wait_slice() -> float:
@@ -88,12 +101,12 @@ def _refund_keep_claim(operation_id: str, call_id: int) -> None:
     a refund settled or swept meanwhile signs and sends nothing."""
     with transaction.atomic():
         op = lock_operation(operation_id)
-        open_claim = ProviderCall.objects.filter(id=call_id, operation_id=operation_id,
-                                                 finished_at__isnull=True).exists()
+        open_claim = ProviderCall.objects.filter(
+            id=call_id, operation_id=operation_id, finished_at__isnull=True
+        ).exists()
         if op.outcome != Outcome.DISPATCHING or not open_claim:
             raise x402_adapter.ClaimLost(f"operation {op.outcome}")
-        op.dispatch_deadline = timezone.now() + timedelta(
-            seconds=settings.DISPATCH_LEASE_SECONDS)
+        op.dispatch_deadline = timezone.now() + timedelta(seconds=settings.DISPATCH_LEASE_SECONDS)
         op.save(update_fields=["dispatch_deadline", "updated_at"])
 
 
@@ -102,20 +115,30 @@ def _refund_conflict(op: PaymentOperation, answer: x402_adapter.RefundAnswer) ->
     settled while this send was out). Never dropped: the chain's own record decides (the
     receipt and its Transfer log, payments.services.x402_reads); a transfer back it shows
     overturns a `failed` to succeeded (the refund's room is taken again, a person is told)."""
-    log.warning("x402 refund %s: the signer's answer %s conflicts with %s; reading the chain",
-                op.id, answer.kind, PaymentOperation.objects.get(id=op.id).outcome)
-    read = _read_back(PaymentOperation.objects.select_related("purchase", "parent")
-                      .get(id=op.id))
+    log.warning(
+        "x402 refund %s: the signer's answer %s conflicts with %s; reading the chain",
+        op.id,
+        answer.kind,
+        PaymentOperation.objects.get(id=op.id).outcome,
+    )
+    read = _read_back(PaymentOperation.objects.select_related("purchase", "parent").get(id=op.id))
     obj = read.object if read.classification == Classification.OK else None
     if obj is None or obj.status != x402_adapter.ChainStatus.CONFIRMED:
         return  # no proof on chain (yet): the settled outcome stands
     with transaction.atomic():
         purchase, locked = lock_purchase_and_operation(op.id)
         if locked.outcome == Outcome.FAILED and not _mismatch(locked, obj):
-            _overturn_locked(purchase, locked, Outcome.SUCCEEDED,
-                             verification=Verification.PROVIDER,
-                             cause="refund_transfer_on_chain", actor="dispatcher",
-                             evidence=obj.safe_fields(), reason="", obj=obj)
+            _overturn_locked(
+                purchase,
+                locked,
+                Outcome.SUCCEEDED,
+                verification=Verification.PROVIDER,
+                cause="refund_transfer_on_chain",
+                actor="dispatcher",
+                evidence=obj.safe_fields(),
+                reason="",
+                obj=obj,
+            )
 
 
 def x402_refund_send(op: PaymentOperation) -> None:
@@ -138,46 +161,69 @@ def x402_refund_send(op: PaymentOperation) -> None:
         # settled or swept, no hash can be stored and nothing can leave.
         with transaction.atomic():
             _refund_keep_claim(op.id, call.id)
-            X402RefundTransfer.objects.filter(pk=op.id).update(transaction_hash=tx_hash,
-                                                               chain_nonce=nonce)
+            X402RefundTransfer.objects.filter(pk=op.id).update(
+                transaction_hash=tx_hash, chain_nonce=nonce
+            )
 
     sender = x402_adapter.get_refund_sender()
     wait_slice = _refund_wait_slice()
     # One nonce allocator for the signer across processes: a refund signed elsewhere can
     # neither refuse nor replace this one at its nonce. Waiting for it keeps the lease.
-    answer = sender.send(to=row.to_address, value=int(row.value), on_signed=on_signed,
-                         serialize=lambda: signer_lock(sender.address,
-                                                       while_waiting=still_claimed,
-                                                       wait_slice_seconds=wait_slice),
-                         still_claimed=still_claimed, wait_slice_seconds=wait_slice)
+    answer = sender.send(
+        to=row.to_address,
+        value=int(row.value),
+        on_signed=on_signed,
+        serialize=lambda: signer_lock(
+            sender.address, while_waiting=still_claimed, wait_slice_seconds=wait_slice
+        ),
+        still_claimed=still_claimed,
+        wait_slice_seconds=wait_slice,
+    )
     ProviderCall.objects.filter(id=call.id).update(
-        classification={x402_adapter.SettleKind.SUCCESS: Classification.OK,
-                        x402_adapter.SettleKind.PENDING: Classification.OK,
-                        x402_adapter.SettleKind.INVALID: Classification.DECLINED,
-                        x402_adapter.SettleKind.NOT_SENT: Classification.NOT_SENT,
-                        }.get(answer.kind, Classification.UNKNOWN),
-        fault_drill=answer.fault_drill, finished_at=timezone.now(),
-        safe_fields={"kind": answer.kind, "transaction": answer.transaction,
-                     "block_number": answer.block_number, "detail": answer.detail})
+        classification={
+            x402_adapter.SettleKind.SUCCESS: Classification.OK,
+            x402_adapter.SettleKind.PENDING: Classification.OK,
+            x402_adapter.SettleKind.INVALID: Classification.DECLINED,
+            x402_adapter.SettleKind.NOT_SENT: Classification.NOT_SENT,
+        }.get(answer.kind, Classification.UNKNOWN),
+        fault_drill=answer.fault_drill,
+        finished_at=timezone.now(),
+        safe_fields={
+            "kind": answer.kind,
+            "transaction": answer.transaction,
+            "block_number": answer.block_number,
+            "detail": answer.detail,
+        },
+    )
     if answer.aborted:
         # Settled or swept by someone else before anything of this send left: theirs.
-        log.warning("x402 refund %s: claim lost before the send (%s); nothing sent",
-                    op.id, answer.detail)
+        log.warning(
+            "x402 refund %s: claim lost before the send (%s); nothing sent", op.id, answer.detail
+        )
         return
     if answer.block_number is not None:
-        X402RefundTransfer.objects.filter(pk=op.id).update(block_number=answer.block_number,
-                                                           confirmations=1)
-    applied = operation_apply_observation(operation_id=op.id, obj=_refund_object(op, answer),
-                                          source=Verification.PROVIDER,
-                                          cause=f"refund_transfer_{answer.kind}")
+        X402RefundTransfer.objects.filter(pk=op.id).update(
+            block_number=answer.block_number, confirmations=1
+        )
+    applied = operation_apply_observation(
+        operation_id=op.id,
+        obj=_refund_object(op, answer),
+        source=Verification.PROVIDER,
+        cause=f"refund_transfer_{answer.kind}",
+    )
     if applied == ApplyResult.CONFLICT:
         _refund_conflict(op, answer)
         return
     if PaymentOperation.objects.filter(id=op.id, outcome=Outcome.DISPATCHING).exists():
-        _settle_without_object(op.id, Outcome.UNKNOWN, reason="",
-                               cause="refund_transfer_no_verdict",
-                               evidence={"kind": answer.kind, "transaction": answer.transaction})
+        _settle_without_object(
+            op.id,
+            Outcome.UNKNOWN,
+            reason="",
+            cause="refund_transfer_no_verdict",
+            evidence={"kind": answer.kind, "transaction": answer.transaction},
+        )
 
 
-rail_evidence_register(Rail.X402, RailEvidence(read_back=x402_operation_read_back,
-                                              refund_send=x402_refund_send))
+rail_evidence_register(
+    Rail.X402, RailEvidence(read_back=x402_operation_read_back, refund_send=x402_refund_send)
+)

@@ -36,8 +36,12 @@ def when(value):
     absolute UTC time on hover and in the machine-readable datetime attribute."""
     if not isinstance(value, datetime):
         return "—"
-    return format_html('<time datetime="{}" title="{}">{}</time>',
-                       value.isoformat(), absolute(value), relative(value))
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        value.isoformat(),
+        absolute(value),
+        relative(value),
+    )
 
 
 @register.filter
@@ -66,6 +70,8 @@ def purchase_url(purchase_id) -> str:
         return reverse("support:purchase", args=[str(purchase_id)])
     except NoReverseMatch:
         return ""
+
+
 @register.filter
 def label(key):
     """A field name as a person reads it: "http_status" -> "HTTP status"."""
@@ -75,8 +81,17 @@ def label(key):
     return text[:1].upper() + text[1:]
 
 
-_AMOUNT_KEYS = ("amount", "amount_received", "amount_capturable", "amount_refunded",
-                "provider_amount", "ledger_amount", "refundable", "limit", "reserved")
+_AMOUNT_KEYS = (
+    "amount",
+    "amount_received",
+    "amount_capturable",
+    "amount_refunded",
+    "provider_amount",
+    "ledger_amount",
+    "refundable",
+    "limit",
+    "reserved",
+)
 
 
 def _display(key: str, value, currency: str):
@@ -135,8 +150,13 @@ def changes(entry):
         if b == a:
             continue
         # before None: the action set this field (no arrow from nothing).
-        rows.append((label(key), None if b is None else _display(key, b, currency),
-                     "—" if a is None else _display(key, a, currency)))
+        rows.append(
+            (
+                label(key),
+                None if b is None else _display(key, b, currency),
+                "—" if a is None else _display(key, a, currency),
+            )
+        )
     return rows
 
 
@@ -165,8 +185,11 @@ def tx_link(tx_hash: str):
     template_url = getattr(settings, "X402_EXPLORER_TX_URL", "")
     if not template_url:
         return format_html("<code>{}</code>", tx_hash)
-    return format_html('<a href="{}" rel="noreferrer"><code>{}</code></a>',
-                       template_url.replace("{tx}", tx_hash), tx_hash)
+    return format_html(
+        '<a href="{}" rel="noreferrer"><code>{}</code></a>',
+        template_url.replace("{tx}", tx_hash),
+        tx_hash,
+    )
 
 
 @register.simple_tag(takes_context=True)
@@ -177,8 +200,7 @@ def form_token(context):
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return ""
-    return format_html('<input type="hidden" name="form_token" value="{}">',
-                       form_token_mint(user))
+    return format_html('<input type="hidden" name="form_token" value="{}">', form_token_mint(user))
 
 
 _STRIPE_PATHS = {"pi_": "payments", "ch_": "payments", "py_": "payments", "re_": "refunds"}
@@ -199,5 +221,10 @@ def provider_link(ref: str):
     path = _STRIPE_PATHS.get(ref[:3])
     if not base or path is None:
         return format_html("<code>{}</code>", ref)
-    return format_html('<a href="{}/{}/{}" rel="noreferrer" data-provider-link>'
-                       "<code>{}</code></a>", base, path, ref, ref)
+    return format_html(
+        '<a href="{}/{}/{}" rel="noreferrer" data-provider-link><code>{}</code></a>',
+        base,
+        path,
+        ref,
+        ref,
+    )

@@ -1,5 +1,6 @@
 """ACP fixtures: an agent platform's API client (scope `acp`), an HTTP agent speaking the
 protocol, and shared payment tokens issued at localstripe (the launcher's test helper)."""
+
 from __future__ import annotations
 
 import time
@@ -19,20 +20,25 @@ class AcpAgent:
     def __init__(self, base: str, api_key: str) -> None:
         self.base = f"{base}/acp"
         self.http = requests.Session()
-        self.http.headers.update({"Authorization": f"Bearer {api_key}",
-                                  "API-Version": API_VERSION})
+        self.http.headers.update({"Authorization": f"Bearer {api_key}", "API-Version": API_VERSION})
         self.log: list[tuple[str, int | str]] = []
 
-    def post(self, path: str, body: dict | None, *, key: str | None = "auto",
-             timeout: float = 20.0, **headers):
+    def post(
+        self,
+        path: str,
+        body: dict | None,
+        *,
+        key: str | None = "auto",
+        timeout: float = 20.0,
+        **headers,
+    ):
         if key == "auto":
             key = str(uuid.uuid4())
         if key is not None:
             headers["Idempotency-Key"] = key
         headers.setdefault("Request-Id", f"req_{uuid.uuid4().hex[:10]}")
         try:
-            r = self.http.post(f"{self.base}/{path}", json=body, headers=headers,
-                               timeout=timeout)
+            r = self.http.post(f"{self.base}/{path}", json=body, headers=headers, timeout=timeout)
         except requests.exceptions.Timeout:
             self.log.append((path, "timeout"))
             return None
@@ -56,18 +62,27 @@ class AcpAgent:
 
     # -- the protocol's steps --------------------------------------------------------
     def create(self, sku: str, quantity: int = 1, **kw):
-        return self.post("checkout_sessions", {
-            "line_items": [{"id": sku, "quantity": quantity}], "currency": "usd",
-            "capabilities": {"interventions": {"supported": []}}}, **kw)
+        return self.post(
+            "checkout_sessions",
+            {
+                "line_items": [{"id": sku, "quantity": quantity}],
+                "currency": "usd",
+                "capabilities": {"interventions": {"supported": []}},
+            },
+            **kw,
+        )
 
     def complete(self, session_id: str, token: str, email: str, **kw):
-        return self.post(f"checkout_sessions/{session_id}/complete", complete_body(token, email),
-                         **kw)
+        return self.post(
+            f"checkout_sessions/{session_id}/complete", complete_body(token, email), **kw
+        )
 
 
 def complete_body(token: str, email: str) -> dict:
-    return {"buyer": {"first_name": "Ada", "email": email},
-            "payment_data": {"provider": "stripe", "token": token}}
+    return {
+        "buyer": {"first_name": "Ada", "email": email},
+        "payment_data": {"provider": "stripe", "token": token},
+    }
 
 
 def valid(schema: str, body: dict) -> dict:
@@ -77,15 +92,25 @@ def valid(schema: str, body: dict) -> dict:
     return body
 
 
-def issue_spt(amount: int, *, currency: str = "usd", expires_in: int = 3600,
-              payment_method: str = "pm_card_visa") -> str:
+def issue_spt(
+    amount: int,
+    *,
+    currency: str = "usd",
+    expires_in: int = 3600,
+    payment_method: str = "pm_card_visa",
+) -> str:
     """What the agent platform gets from Stripe for this merchant (delegate payment)."""
     r = requests.post(
         f"{settings.STRIPE_API_BASE.rstrip('/')}/v1/test_helpers/shared_payment/granted_tokens",
-        auth=(settings.STRIPE_API_KEY, ""), timeout=10,
-        data={"payment_method": payment_method, "usage_limits[currency]": currency,
-              "usage_limits[max_amount]": amount,
-              "usage_limits[expires_at]": int(time.time()) + expires_in})
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=10,
+        data={
+            "payment_method": payment_method,
+            "usage_limits[currency]": currency,
+            "usage_limits[max_amount]": amount,
+            "usage_limits[expires_at]": int(time.time()) + expires_in,
+        },
+    )
     assert r.status_code == 200, r.text
     token = r.json()
     assert token["id"].startswith("spt_") and token["object"] == "shared_payment.granted_token"
@@ -93,8 +118,11 @@ def issue_spt(amount: int, *, currency: str = "usd", expires_in: int = 3600,
 
 
 def spt_state(token: str) -> dict:
-    r = requests.get(f"{settings.STRIPE_API_BASE.rstrip('/')}/v1/shared_payment/granted_tokens/"
-                     f"{token}", auth=(settings.STRIPE_API_KEY, ""), timeout=10)
+    r = requests.get(
+        f"{settings.STRIPE_API_BASE.rstrip('/')}/v1/shared_payment/granted_tokens/{token}",
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=10,
+    )
     assert r.status_code == 200, r.text
     return r.json()
 

@@ -2,6 +2,7 @@
 it: the console's purchase list (search) and detail, the customer's status page, and the
 `verity_purchases{channel,status}` gauge at /metrics. An ACP purchase beside a REST one
 (and an MCP one: each way in sets its own)."""
+
 from __future__ import annotations
 
 import re
@@ -27,15 +28,19 @@ def _rest_purchase(sku: str, reference: str) -> Purchase:
     api.credentials(HTTP_AUTHORIZATION=f"Api-Key {key}")
 
     def post(path, body):
-        r = api.post(f"/api/v1/{path}", body, format="json",
-                     HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()))
+        r = api.post(f"/api/v1/{path}", body, format="json", HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()))
         assert r.status_code == 201, r.content
         return r.json()
 
     quote = post("quotes", {"items": [{"sku": sku, "quantity": 1}], "currency": "usd"})
-    purchase = post("purchases", {"quote_id": quote["id"], "quote_version": quote["version"],
-                                  "customer": {"reference": reference,
-                                               "email": f"{reference}@example.com"}})
+    purchase = post(
+        "purchases",
+        {
+            "quote_id": quote["id"],
+            "quote_version": quote["version"],
+            "customer": {"reference": reference, "email": f"{reference}@example.com"},
+        },
+    )
     return Purchase.objects.get(pk=purchase["id"])
 
 
@@ -52,12 +57,16 @@ def test_each_way_in_sets_the_channel_and_every_surface_shows_it(agent, tea, set
     acp = _acp_purchase(agent, tea.sku, f"{prefix}-acp@example.com")
     rest = _rest_purchase(tea.sku, f"{prefix}-rest")
     client_obj, _ = make_client(name="mcp-agent")
-    quote = tools.get_quote(api_client=client_obj,
-                            items=[tools.QuoteItem(sku=tea.sku, quantity=1)]).quote
-    mcp = tools.create_purchase(api_client=client_obj, quote_id=quote["id"],
-                                quote_version=quote["version"],
-                                customer_reference=f"{prefix}-mcp",
-                                customer_email=f"{prefix}-mcp@example.com").purchase
+    quote = tools.get_quote(
+        api_client=client_obj, items=[tools.QuoteItem(sku=tea.sku, quantity=1)]
+    ).quote
+    mcp = tools.create_purchase(
+        api_client=client_obj,
+        quote_id=quote["id"],
+        quote_version=quote["version"],
+        customer_reference=f"{prefix}-mcp",
+        customer_email=f"{prefix}-mcp@example.com",
+    ).purchase
 
     # Stored by the way in.
     assert acp.channel == PurchaseChannel.ACP
@@ -70,13 +79,20 @@ def test_each_way_in_sets_the_channel_and_every_surface_shows_it(agent, tea, set
     user.groups.add(Group.objects.get(name=Role.SUPPORT))
     console = Client()
     console.force_login(user)
-    for purchase, label in ((acp, "AI agent (Agentic Commerce Protocol)"),
-                            (rest, "Shop checkout (REST API)")):
+    for purchase, label in (
+        (acp, "AI agent (Agentic Commerce Protocol)"),
+        (rest, "Shop checkout (REST API)"),
+    ):
         page = console.get(f"/console/purchases/{purchase.pk}/").content.decode()
         assert f'<dd data-channel="{purchase.channel}">{label}</dd>' in page
     listing = console.get("/console/search/", {"q": prefix}).content.decode()
-    rows = {m: line for line in listing.splitlines() if "<li>" in line
-            for m in (acp.pk, rest.pk, mcp["id"]) if m in line}
+    rows = {
+        m: line
+        for line in listing.splitlines()
+        if "<li>" in line
+        for m in (acp.pk, rest.pk, mcp["id"])
+        if m in line
+    }
     assert 'data-channel="acp"' in rows[acp.pk]
     assert 'data-channel="api"' in rows[rest.pk] and 'data-channel="mcp"' in rows[mcp["id"]]
 
@@ -87,8 +103,12 @@ def test_each_way_in_sets_the_channel_and_every_surface_shows_it(agent, tea, set
 
     # Metrics: a gauge by channel and status.
     text = Client().get("/metrics").content.decode()
-    samples = {(c, s): float(v) for c, s, v in re.findall(
-        r'^verity_purchases\{channel="(\w+)",status="(\w+)"\} (\S+)$', text, re.M)}
+    samples = {
+        (c, s): float(v)
+        for c, s, v in re.findall(
+            r'^verity_purchases\{channel="(\w+)",status="(\w+)"\} (\S+)$', text, re.M
+        )
+    }
     assert samples[("acp", "paid")] == 1.0
     assert samples[("api", "awaiting_payment")] == 1.0
     assert samples[("mcp", "awaiting_payment")] == 1.0

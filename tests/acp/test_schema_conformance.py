@@ -7,6 +7,7 @@ caller's instead of the generated id, so complete and update reach real code. Ev
 carries the platform's key and the supported API-Version (the spec makes both required
 parameters; generated values would only test the 401/400 doors).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -29,17 +30,24 @@ from tests.acp.conftest import issue_spt
 from tests.api.conftest import settle_outbox
 from tests.factories import ProductFactory, make_client
 
-CONFIG = schemathesis.Config.from_dict({
-    "seed": 20261202,
-    "generation": {"max-examples": 5, "deterministic": True, "mode": "all"},
-    "phases": {"coverage": {"enabled": False}, "stateful": {"enabled": False}},
-})
+CONFIG = schemathesis.Config.from_dict(
+    {
+        "seed": 20261202,
+        "generation": {"max-examples": 5, "deterministic": True, "mode": "all"},
+        "phases": {"coverage": {"enabled": False}, "stateful": {"enabled": False}},
+    }
+)
 schema = schemathesis.openapi.from_path(
-    Path(__file__).with_name("openapi.agentic_checkout.yaml"), config=CONFIG)
+    Path(__file__).with_name("openapi.agentic_checkout.yaml"), config=CONFIG
+)
 schema.app = application
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_schema_conformance]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
 
 
 class World:
@@ -52,10 +60,14 @@ class World:
         from rest_framework.test import APIClient
 
         http = APIClient()
-        r = http.post("/acp/checkout_sessions", {"line_items": [{"id": "item_123"}],
-                                                  "currency": "usd", "capabilities": {}},
-                      format="json", HTTP_AUTHORIZATION=self.headers["Authorization"],
-                      HTTP_API_VERSION=API_VERSION, HTTP_IDEMPOTENCY_KEY="world-1")
+        r = http.post(
+            "/acp/checkout_sessions",
+            {"line_items": [{"id": "item_123"}], "currency": "usd", "capabilities": {}},
+            format="json",
+            HTTP_AUTHORIZATION=self.headers["Authorization"],
+            HTTP_API_VERSION=API_VERSION,
+            HTTP_IDEMPOTENCY_KEY="world-1",
+        )
         assert r.status_code == 201, r.content
         self.session = r.json()["id"]
         self.token = issue_spt(1250)
@@ -74,22 +86,29 @@ def world(transactional_db, localstripe):
 
 
 @schema.include(path_regex="^/checkout_sessions").parametrize()
-@settings(max_examples=int(os.environ.get("VERITY_FUZZ_EXAMPLES", "5")), derandomize=True,
-          deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.filter_too_much])
+@settings(
+    max_examples=int(os.environ.get("VERITY_FUZZ_EXAMPLES", "5")),
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+    ],
+)
 @pytest.mark.django_db(transaction=True)
 def test_acp_conforms_to_the_patched_spec(case, world):
     if case.path_parameters:
         case.path_parameters = world.ids(case.path_parameters)
-    case.call_and_validate(headers=world.headers, checks=CHECKS,
-                           base_url="http://testserver/acp")
+    case.call_and_validate(headers=world.headers, checks=CHECKS, base_url="http://testserver/acp")
 
 
 STATEFUL = schemathesis.openapi.from_path(
     Path(__file__).with_name("openapi.agentic_checkout.yaml"),
-    config=schemathesis.Config.from_dict({
-        "seed": 20261202, "generation": {"mode": "positive", "deterministic": True}}))
+    config=schemathesis.Config.from_dict(
+        {"seed": 20261202, "generation": {"mode": "positive", "deterministic": True}}
+    ),
+)
 STATEFUL.app = application
 
 
@@ -109,13 +128,18 @@ def test_acp_create_update_complete_chain_conforms(world):
     def call(case):
         response = case.call(headers=world.headers, base_url="http://testserver/acp")
         case.validate_response(response, checks=CHECKS)
-        reached[f"{case.operation.label} {response.status_code}"] = reached.get(
-            f"{case.operation.label} {response.status_code}", 0) + 1
+        reached[f"{case.operation.label} {response.status_code}"] = (
+            reached.get(f"{case.operation.label} {response.status_code}", 0) + 1
+        )
         return response
 
     @given(c=create.as_strategy(), u=update.as_strategy(), k=complete.as_strategy())
-    @settings(max_examples=int(os.environ.get("VERITY_FUZZ_EXAMPLES", "5")) * 4,
-              derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=int(os.environ.get("VERITY_FUZZ_EXAMPLES", "5")) * 4,
+        derandomize=True,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
     def chain(c, u, k):
         real = next(turn) % 2 == 0
         if real and isinstance(c.body, dict):

@@ -11,6 +11,7 @@
 Real HTTP against the live server; money counted at localstripe; faults from the
 fault-drill client only.
 """
+
 import uuid
 
 import pytest
@@ -29,8 +30,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def refunding_agent(live_server, transactional_db):
-    client, key = make_client(scopes=("acp",), limit=10_000_000, name="agent-platform-r",
-                              auto_refund_limit=100_000)
+    client, key = make_client(
+        scopes=("acp",), limit=10_000_000, name="agent-platform-r", auto_refund_limit=100_000
+    )
     return client, AcpAgent(live_server.url, key)
 
 
@@ -40,8 +42,7 @@ def _ready_session(agent, sku: str, quantity: int = 1) -> str:
     return r.json()["id"]
 
 
-def test_a_session_refunded_in_full_says_its_order_is_refunded(refunding_agent, tea,
-                                                               localstripe):
+def test_a_session_refunded_in_full_says_its_order_is_refunded(refunding_agent, tea, localstripe):
     client, agent = refunding_agent
     sid = _ready_session(agent, tea.sku)
     r = agent.complete(sid, issue_spt(1250), new_email())
@@ -61,7 +62,8 @@ def test_a_session_refunded_in_full_says_its_order_is_refunded(refunding_agent, 
 
 
 def test_a_persons_unconfirmed_failed_on_a_charged_payment_is_not_no_money_moved(
-        agent, tea, localstripe, read_drill):
+    agent, tea, localstripe, read_drill
+):
     email = new_email()
     sid = _ready_session(agent, tea.sku)
     provider = provider_for_rail(Rail.STRIPE)
@@ -75,9 +77,13 @@ def test_a_persons_unconfirmed_failed_on_a_charged_payment_is_not_no_money_moved
     # A person calls it failed while the provider cannot be read.
     read_drill(op.provider_reference)
     person = get_user_model().objects.create(username=f"resolver-{uuid.uuid4().hex[:6]}")
-    op = services.operation_resolve_manual(operation_id=op.id, outcome="failed",
-                                           reason="buyer says declined", actor=person.username,
-                                           acting_user=person)
+    op = services.operation_resolve_manual(
+        operation_id=op.id,
+        outcome="failed",
+        reason="buyer says declined",
+        actor=person.username,
+        acting_user=person,
+    )
     assert (op.outcome, op.grade) == (Outcome.FAILED, Grade.ACKNOWLEDGED)
 
     session = valid("CheckoutSession", agent.get(f"checkout_sessions/{sid}").json())
@@ -107,5 +113,6 @@ def test_the_buyer_guard_over_acp_promises_no_code_it_cannot_take(agent, tea, lo
     assert "the code" not in error["message"] and "status page" not in error["message"]
     assert "cannot be completed" in error["message"]
     assert Purchase.objects.count() == 1
-    assert len(localstripe.succeeded_charges_for(
-        Purchase.objects.get(acp_session__id=first).id)) == 1
+    assert (
+        len(localstripe.succeeded_charges_for(Purchase.objects.get(acp_session__id=first).id)) == 1
+    )

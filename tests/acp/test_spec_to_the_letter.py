@@ -9,6 +9,7 @@
 - every refusal is an ACP Error object, never a 5xx, an oversized body included;
 - a session that can no longer be paid does not say `ready_for_payment`.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -29,9 +30,15 @@ def test_an_oversized_body_is_an_acp_error_and_creates_nothing(agent, tea):
     from django.conf import settings
 
     padding = "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)
-    r = agent.post("checkout_sessions", {
-        "line_items": [{"id": tea.sku, "quantity": 1}], "currency": "usd",
-        "capabilities": {}, "buyer": {"first_name": padding, "email": "a@example.com"}})
+    r = agent.post(
+        "checkout_sessions",
+        {
+            "line_items": [{"id": tea.sku, "quantity": 1}],
+            "currency": "usd",
+            "capabilities": {},
+            "buyer": {"first_name": padding, "email": "a@example.com"},
+        },
+    )
     assert r.status_code == 413, r.text
     assert valid("Error", r.json())["type"] == "invalid_request"
     assert r.json()["code"] == "request_too_large"
@@ -47,13 +54,11 @@ def test_an_unknown_acp_path_is_an_acp_error(agent):
 
 def test_a_replay_returns_the_first_answer_not_the_current_state(agent, tea):
     key = str(uuid.uuid4())
-    body = {"line_items": [{"id": tea.sku, "quantity": 1}], "currency": "usd",
-            "capabilities": {}}
+    body = {"line_items": [{"id": tea.sku, "quantity": 1}], "currency": "usd", "capabilities": {}}
     first = agent.post("checkout_sessions", body, key=key)
     assert first.status_code == 201, first.text
     sid = first.json()["id"]
-    r = agent.post(f"checkout_sessions/{sid}", {"line_items": [{"id": tea.sku,
-                                                                  "quantity": 3}]})
+    r = agent.post(f"checkout_sessions/{sid}", {"line_items": [{"id": tea.sku, "quantity": 3}]})
     assert r.status_code == 200 and r.json()["totals"][-1]["amount"] == 3750, r.text
 
     again = agent.post("checkout_sessions", body, key=key)
@@ -69,8 +74,7 @@ def test_a_refusal_replayed_is_the_same_refusal(agent, tea, localstripe):
     and the provider saw one attempt."""
     sid = agent.create(tea.sku, 1).json()["id"]
     key = str(uuid.uuid4())
-    body = complete_body(issue_spt(1250, payment_method="pm_card_chargeCustomerFail"),
-                         new_email())
+    body = complete_body(issue_spt(1250, payment_method="pm_card_chargeCustomerFail"), new_email())
     first = agent.post(f"checkout_sessions/{sid}/complete", body, key=key)
     assert first.status_code == 402, first.text
     again = agent.post(f"checkout_sessions/{sid}/complete", body, key=key)
@@ -82,14 +86,14 @@ def test_a_refusal_replayed_is_the_same_refusal(agent, tea, localstripe):
 
 
 def test_a_5xx_is_not_stored_and_the_same_key_pays_once_the_provider_is_back(
-        agent, tea, localstripe, celery_worker):
+    agent, tea, localstripe, celery_worker
+):
     from payments.enums import Rail
     from payments.services import provider_for_rail
 
     sid = agent.create(tea.sku, 1).json()["id"]
     provider = provider_for_rail(Rail.STRIPE)
-    provider.arm_drill(key_prefix="*", step="create", mode=DrillMode.TIMEOUT_BEFORE_SEND,
-                       times=20)
+    provider.arm_drill(key_prefix="*", step="create", mode=DrillMode.TIMEOUT_BEFORE_SEND, times=20)
     key = str(uuid.uuid4())
     body = complete_body(issue_spt(1250), new_email())
     try:
@@ -110,8 +114,7 @@ def test_a_5xx_is_not_stored_and_the_same_key_pays_once_the_provider_is_back(
     # Once stored, the same key is that answer, and nothing is paid again.
     again = agent.post(f"checkout_sessions/{sid}/complete", body, key=key)
     assert (again.status_code, again.headers.get("Idempotent-Replayed")) == (200, "true")
-    assert [pi["status"] for pi in localstripe.payment_intents_for(purchase.id)] == [
-        "succeeded"]
+    assert [pi["status"] for pi in localstripe.payment_intents_for(purchase.id)] == ["succeeded"]
     assert PaymentOperation.objects.filter(purchase=purchase, outcome="succeeded").count() == 1
 
 
@@ -122,7 +125,8 @@ def _declined(agent, sid: str, email: str):
 
 
 def test_a_session_whose_price_ran_out_after_a_decline_is_expired_not_ready(
-        agent, tea, localstripe):
+    agent, tea, localstripe
+):
     sid = agent.create(tea.sku, 1).json()["id"]
     email = new_email()
     _declined(agent, sid, email)
@@ -142,8 +146,7 @@ def test_a_session_whose_price_ran_out_after_a_decline_is_expired_not_ready(
     assert PaymentOperation.objects.filter(purchase=purchase).count() == 1
 
 
-def test_a_session_out_of_payment_attempts_does_not_say_ready(agent, tea, localstripe,
-                                                                settings):
+def test_a_session_out_of_payment_attempts_does_not_say_ready(agent, tea, localstripe, settings):
     settings.PAYMENT_ATTEMPTS_MAX = 2
     sid = agent.create(tea.sku, 1).json()["id"]
     email = new_email()
@@ -155,6 +158,8 @@ def test_a_session_out_of_payment_attempts_does_not_say_ready(agent, tea, locals
     assert view["status"] == "requires_escalation"
     r = agent.complete(sid, issue_spt(1250), email)
     assert (r.status_code, valid("Error", r.json())["code"]) == (
-        409, "payment_attempts_exhausted"), r.text
+        409,
+        "payment_attempts_exhausted",
+    ), r.text
     purchase = Purchase.objects.get(acp_session__id=sid)
     assert len(localstripe.payment_intents_for(purchase.id)) == 2

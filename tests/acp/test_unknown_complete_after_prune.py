@@ -11,6 +11,7 @@ the fix). Found: retention pruned the session's keys although its purchase was o
 from the session's state); the ACP keys are now held like REST ones while the session's
 purchase is open (kept=2).
 """
+
 from datetime import timedelta
 
 import pytest
@@ -41,15 +42,17 @@ def test_acp_complete_lost_then_keys_pruned_charges_once(agent, tea, localstripe
     finally:
         provider.drill_client.disarm_all()
     assert first.status_code == 202, first.text  # the answer was lost: not known yet
-    op = PaymentOperation.objects.get(kind=OperationKind.CHARGE,
-                                      purchase__customer_reference=f"acp:{email}")
+    op = PaymentOperation.objects.get(
+        kind=OperationKind.CHARGE, purchase__customer_reference=f"acp:{email}"
+    )
     assert op.outcome == Outcome.UNKNOWN
     purchase_id = op.purchase_id
     assert len(localstripe.succeeded_charges_for(purchase_id)) == 1
 
     # 31 days on: retention's beat run.
     IdempotencyRecord.objects.update(
-        created_at=timezone.now() - timedelta(days=settings.RETENTION_IDEMPOTENCY_DAYS + 1))
+        created_at=timezone.now() - timedelta(days=settings.RETENTION_IDEMPOTENCY_DAYS + 1)
+    )
     retention_prune_table(policy=policy_for(IdempotencyRecord._meta.db_table))
     kept = IdempotencyRecord.objects.filter(resource_id=session["id"]).count()
 
@@ -58,12 +61,15 @@ def test_acp_complete_lost_then_keys_pruned_charges_once(agent, tea, localstripe
     new_key = agent.complete(session["id"], issue_spt(amount), email, key="complete-2")
     s2 = agent.create(tea.sku)
     second = agent.complete(s2.json()["id"], issue_spt(amount), email, key="complete-3")
-    print(f"acp_session records kept={kept} replay={replay.status_code} "
-          f"reused={reused.status_code} new key={new_key.status_code} "
-          f"second session={second.status_code}")
+    print(
+        f"acp_session records kept={kept} replay={replay.status_code} "
+        f"reused={reused.status_code} new key={new_key.status_code} "
+        f"second session={second.status_code}"
+    )
 
-    purchases = list(Purchase.objects.filter(customer_reference=f"acp:{email}")
-                     .values_list("id", flat=True))
+    purchases = list(
+        Purchase.objects.filter(customer_reference=f"acp:{email}").values_list("id", flat=True)
+    )
     charged = sum(len(localstripe.succeeded_charges_for(p)) for p in purchases)
     intents = sum(len(localstripe.payment_intents_for(p)) for p in purchases)
     print(f"purchases={len(purchases)} intents={intents} charged={charged}")

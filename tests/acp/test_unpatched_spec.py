@@ -8,6 +8,7 @@ status, except where that document contradicts itself or its RFC: those answers 
 named in tests/acp/patch_spec.py `CONTRADICTIONS`, and this test checks they still fail
 unpatched (so the list stays true) and pass the patched copy Verity serves.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -42,8 +43,9 @@ def test_the_patched_copy_is_the_script_applied_to_the_official_document(tmp_pat
     import sys
 
     out = tmp_path / "patched.yaml"
-    subprocess.run([sys.executable, str(HERE / "patch_spec.py"), str(HERE / UPSTREAM),
-                    str(out)], check=True)
+    subprocess.run(
+        [sys.executable, str(HERE / "patch_spec.py"), str(HERE / UPSTREAM), str(out)], check=True
+    )
     assert out.read_text() == (HERE / "openapi.agentic_checkout.yaml").read_text()
 
 
@@ -57,8 +59,10 @@ def _errors(document: str, method: str, path: str, status: int, body) -> list[st
         response = spec["components"]["responses"][response["$ref"].rsplit("/", 1)[-1]]
     schema = response["content"]["application/json"]["schema"]
     validator = Draft202012Validator({**schema, "components": spec["components"]})
-    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"[:200]
-            for e in validator.iter_errors(body)]
+    return [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"[:200]
+        for e in validator.iter_errors(body)
+    ]
 
 
 def _contradiction(method: str, path: str, status: int, body) -> str | None:
@@ -68,7 +72,8 @@ def _contradiction(method: str, path: str, status: int, body) -> str | None:
     if (method, path, status) == ("post", COMPLETE, 202):
         return "complete_in_progress_202"
     if (method == "get" and path == SESSION and status not in (200, 404)) or (
-            path == CANCEL and status not in (200, 400, 405, 409, 422)):
+        path == CANCEL and status not in (200, 400, 405, 409, 422)
+    ):
         return "retrieve_and_cancel_errors"
     return None
 
@@ -95,7 +100,8 @@ class Judge:
 
 
 def test_every_answer_validates_against_the_official_document_unpatched(
-        agent, platform, tea, localstripe, live_server):
+    agent, platform, tea, localstripe, live_server
+):
     import requests
     from django.conf import settings
 
@@ -106,12 +112,18 @@ def test_every_answer_validates_against_the_official_document_unpatched(
     r = agent.create(tea.sku, 1)
     judge("post", SESSIONS, r)
     sid = r.json()["id"]
-    judge("post", SESSION, agent.post(f"checkout_sessions/{sid}", {
-        "line_items": [{"id": tea.sku, "quantity": 2}]}))
+    judge(
+        "post",
+        SESSION,
+        agent.post(f"checkout_sessions/{sid}", {"line_items": [{"id": tea.sku, "quantity": 2}]}),
+    )
     judge("get", SESSION, agent.get(f"checkout_sessions/{sid}"))
     # Declined, then paid; the same key again (a replay).
-    judge("post", COMPLETE, agent.complete(
-        sid, issue_spt(2500, payment_method="pm_card_chargeCustomerFail"), email))
+    judge(
+        "post",
+        COMPLETE,
+        agent.complete(sid, issue_spt(2500, payment_method="pm_card_chargeCustomerFail"), email),
+    )
     key = str(uuid.uuid4())
     body = complete_body(issue_spt(2500), email)
     paid = agent.post(f"checkout_sessions/{sid}/complete", body, key=key)
@@ -120,8 +132,11 @@ def test_every_answer_validates_against_the_official_document_unpatched(
     judge("post", COMPLETE, agent.post(f"checkout_sessions/{sid}/complete", body, key=key))
     judge("get", SESSION, agent.get(f"checkout_sessions/{sid}"))
     judge("post", CANCEL, agent.post(f"checkout_sessions/{sid}/cancel", {}))
-    judge("post", SESSION, agent.post(f"checkout_sessions/{sid}", {
-        "line_items": [{"id": tea.sku, "quantity": 5}]}))
+    judge(
+        "post",
+        SESSION,
+        agent.post(f"checkout_sessions/{sid}", {"line_items": [{"id": tea.sku, "quantity": 5}]}),
+    )
 
     # A complete whose provider answer is lost: 202 complete_in_progress.
     other = agent.create(tea.sku, 1).json()["id"]
@@ -140,13 +155,28 @@ def test_every_answer_validates_against_the_official_document_unpatched(
     judge("post", CANCEL, agent.post(f"checkout_sessions/{third}/cancel", {}))
     judge("get", SESSION, agent.get("checkout_sessions/cs_nope"))
     judge("post", SESSIONS, agent.post("checkout_sessions", {"line_items": [], "tip": 1}))
-    judge("post", SESSIONS, agent.post("checkout_sessions", {
-        "line_items": [{"id": tea.sku}], "currency": "usd", "capabilities": {},
-        "buyer": {"first_name": "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1),
-                  "email": email}}))
+    judge(
+        "post",
+        SESSIONS,
+        agent.post(
+            "checkout_sessions",
+            {
+                "line_items": [{"id": tea.sku}],
+                "currency": "usd",
+                "capabilities": {},
+                "buyer": {
+                    "first_name": "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1),
+                    "email": email,
+                },
+            },
+        ),
+    )
     judge("post", COMPLETE, agent.post(f"checkout_sessions/{third}/complete", body, key=None))
-    bare = requests.get(f"{live_server.url}/acp/checkout_sessions/{sid}", timeout=10,
-                        headers={"Authorization": f"Bearer {platform[1]}"})
+    bare = requests.get(
+        f"{live_server.url}/acp/checkout_sessions/{sid}",
+        timeout=10,
+        headers={"Authorization": f"Bearer {platform[1]}"},
+    )
     judge("get", SESSION, bare)
 
     print("answers judged:", sorted(judge.seen))

@@ -1,4 +1,5 @@
 """Helpers for the agent toolkit tests: a real MCP client talking to the real server."""
+
 from __future__ import annotations
 
 import os
@@ -27,9 +28,17 @@ def stdio_server_params(key: str, **env):
     from mcp import StdioServerParameters
 
     return StdioServerParameters(
-        command=sys.executable, args=["manage.py", "mcp_server"], cwd=str(ROOT),
-        env={**os.environ, "DATABASE_URL": test_database_url(), "VERITY_API_KEY": key,
-             "FAULT_DRILLS_ENABLED": "true", **env})
+        command=sys.executable,
+        args=["manage.py", "mcp_server"],
+        cwd=str(ROOT),
+        env={
+            **os.environ,
+            "DATABASE_URL": test_database_url(),
+            "VERITY_API_KEY": key,
+            "FAULT_DRILLS_ENABLED": "true",
+            **env,
+        },
+    )
 
 
 class Transcript:
@@ -53,8 +62,9 @@ class Transcript:
 
 @pytest.fixture
 def agent_key(db):
-    _, key = make_client(scopes=("purchases:read", "purchases:write", "refunds:write"),
-                         limit=1_000_000, name="agent")
+    _, key = make_client(
+        scopes=("purchases:read", "purchases:write", "refunds:write"), limit=1_000_000, name="agent"
+    )
     return key
 
 

@@ -1,5 +1,6 @@
 """The streamable HTTP transport mounted in the Django app, through the real MCP client
 over a real (loopback) HTTP server: Api-Key authentication and the same scopes."""
+
 from __future__ import annotations
 
 import anyio
@@ -21,8 +22,12 @@ def run_http_agent(url: str, key: str, script):
 
     async def main():
         http = httpx2.AsyncClient(headers={"Authorization": f"Api-Key {key}"}, timeout=60)
-        async with http, Client(streamable_http_client(url, http_client=http),
-                                read_timeout_seconds=30) as client:
+        async with (
+            http,
+            Client(
+                streamable_http_client(url, http_client=http), read_timeout_seconds=30
+            ) as client,
+        ):
             return await script(client, lambda name, **a: transcript.call(client, name, **a))
 
     return anyio.run(main), transcript
@@ -31,8 +36,12 @@ def run_http_agent(url: str, key: str, script):
 def test_without_a_valid_api_key_the_endpoint_answers_401(mcp_url):
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     for headers in ({}, {"Authorization": "Api-Key nope.nope"}, {"Authorization": "Bearer x"}):
-        r = requests.post(mcp_url, json=body, timeout=10, headers={
-            "Accept": "application/json, text/event-stream", **headers})
+        r = requests.post(
+            mcp_url,
+            json=body,
+            timeout=10,
+            headers={"Accept": "application/json, text/event-stream", **headers},
+        )
         assert r.status_code == 401
         assert r.json()["code"] == "unauthenticated"
         assert r.headers["WWW-Authenticate"].startswith("Api-Key")
@@ -42,13 +51,18 @@ def test_an_agent_pays_over_http_and_scopes_apply(mcp_url, product, agent_key, l
     async def script(client, call):
         names = {t.name for t in (await client.list_tools()).tools}
         quote = (await call("get_quote", items=[{"sku": product.sku, "quantity": 2}]))["quote"]
-        purchase = (await call("create_purchase", quote_id=quote["id"],
-                               quote_version=quote["version"],
-                               customer_reference="cust-http"))["purchase"]
-        paid = await call("pay_purchase", purchase_id=purchase["id"],
-                          payment_method="pm_card_visa")
-        again = await call("pay_purchase", purchase_id=purchase["id"],
-                           payment_method="pm_card_visa")
+        purchase = (
+            await call(
+                "create_purchase",
+                quote_id=quote["id"],
+                quote_version=quote["version"],
+                customer_reference="cust-http",
+            )
+        )["purchase"]
+        paid = await call("pay_purchase", purchase_id=purchase["id"], payment_method="pm_card_visa")
+        again = await call(
+            "pay_purchase", purchase_id=purchase["id"], payment_method="pm_card_visa"
+        )
         return names, quote, purchase, paid, again
 
     (names, quote, purchase, paid, again), t = run_http_agent(mcp_url, agent_key, script)

@@ -6,6 +6,7 @@ does what careless agents do: pays three more times, opens another purchase for 
 customer — then follows `next_tool` until there is nothing left to do. The money moved
 exactly once and exactly one order exists.
 """
+
 from __future__ import annotations
 
 import anyio
@@ -24,61 +25,86 @@ FOLLOWABLE = {"reconcile_operation", "get_operation", "get_purchase"}
 
 
 def test_lost_answer_then_careless_retries_charge_once_and_make_one_order(
-        celery_worker, localstripe, product, agent_key):
+    celery_worker, localstripe, product, agent_key
+):
     transcript = Transcript()
     seen: dict = {}
 
     async def agent() -> None:
-        params = stdio_server_params(agent_key,
-                                     VERITY_DRILL_NEXT_CONFIRM="drop_response_after_send")
+        params = stdio_server_params(
+            agent_key, VERITY_DRILL_NEXT_CONFIRM="drop_response_after_send"
+        )
         async with Client(params, read_timeout_seconds=60) as client:
             call = transcript.call
             catalogue = await call(client, "list_products")
             assert product.sku in [p["sku"] for p in catalogue["products"]]
 
-            quote = (await call(client, "get_quote",
-                                items=[{"sku": product.sku, "quantity": 1}]))["quote"]
-            created = await call(client, "create_purchase", quote_id=quote["id"],
-                                 quote_version=quote["version"], customer_reference="cust-mcp")
+            quote = (await call(client, "get_quote", items=[{"sku": product.sku, "quantity": 1}]))[
+                "quote"
+            ]
+            created = await call(
+                client,
+                "create_purchase",
+                quote_id=quote["id"],
+                quote_version=quote["version"],
+                customer_reference="cust-mcp",
+            )
             purchase_id = created["purchase"]["id"]
             assert created["next_tool"]["name"] == "pay_purchase"
             seen["purchase"] = purchase_id
 
             # 1. Pay; the provider charges but its answer is lost on the way back.
-            first = await call(client, "pay_purchase", purchase_id=purchase_id,
-                               payment_method="pm_card_visa")
+            first = await call(
+                client, "pay_purchase", purchase_id=purchase_id, payment_method="pm_card_visa"
+            )
             op = first["operation"]
             assert op["outcome"] == "unknown"
             assert op["next_action"]["retry"] == "forbidden"
             assert "Do not call pay_purchase" in first["instruction"]
-            assert first["next_tool"] == {"name": "reconcile_operation",
-                                          "arguments": {"operation_id": op["id"]},
-                                          "wait_seconds": 0, "needs": []}
+            assert first["next_tool"] == {
+                "name": "reconcile_operation",
+                "arguments": {"operation_id": op["id"]},
+                "wait_seconds": 0,
+                "needs": [],
+            }
             seen["operation"] = op["id"]
 
             # 2. The careless agent pays again, three times (even with another card).
             for method in ("pm_card_visa", "pm_card_visa", "pm_card_mastercard"):
-                again = await call(client, "pay_purchase", purchase_id=purchase_id,
-                                   payment_method=method)
+                again = await call(
+                    client, "pay_purchase", purchase_id=purchase_id, payment_method=method
+                )
                 assert again["replayed"] is True
                 assert again["operation"]["id"] == op["id"]
                 assert again["operation"]["outcome"] == "unknown"
-                assert again["note"] == ("This purchase already has a payment; no new payment "
-                                         "was made.")
+                assert again["note"] == (
+                    "This purchase already has a payment; no new payment was made."
+                )
                 assert "Do not call pay_purchase" in again["instruction"]
 
             # 3. ... and opens another purchase for the same customer: with a fresh quote it
             # is refused and pointed at the unresolved one; with the same quote it is the
             # same purchase.
-            quote2 = (await call(client, "get_quote",
-                                 items=[{"sku": product.sku, "quantity": 1}]))["quote"]
-            other = await call(client, "create_purchase", quote_id=quote2["id"],
-                               quote_version=quote2["version"], customer_reference="cust-mcp")
+            quote2 = (await call(client, "get_quote", items=[{"sku": product.sku, "quantity": 1}]))[
+                "quote"
+            ]
+            other = await call(
+                client,
+                "create_purchase",
+                quote_id=quote2["id"],
+                quote_version=quote2["version"],
+                customer_reference="cust-mcp",
+            )
             assert other["refusal"]["code"] == "customer_has_unresolved_purchase"
             assert other["purchase"]["id"] == purchase_id
             assert other["next_tool"]["name"] == "reconcile_operation"
-            same = await call(client, "create_purchase", quote_id=quote["id"],
-                              quote_version=quote["version"], customer_reference="cust-mcp")
+            same = await call(
+                client,
+                "create_purchase",
+                quote_id=quote["id"],
+                quote_version=quote["version"],
+                customer_reference="cust-mcp",
+            )
             assert same["replayed"] is True and same["purchase"]["id"] == purchase_id
             assert same["refusal"] is None and "no new purchase" in same["note"]
 

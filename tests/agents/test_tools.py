@@ -1,5 +1,6 @@
 """Tool schemas, scopes and the retry rules, through the real MCP client (in-process
 transport: the same server definition as stdio, without a subprocess per test)."""
+
 from __future__ import annotations
 
 import anyio
@@ -15,9 +16,19 @@ from tests.factories import make_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TOOLS = {"list_products", "get_quote", "create_purchase", "pay_purchase", "get_purchase",
-         "get_operation", "reconcile_operation", "request_refund", "retry_failed_payment",
-         "list_purchases", "wait_for_purchase_change"}
+TOOLS = {
+    "list_products",
+    "get_quote",
+    "create_purchase",
+    "pay_purchase",
+    "get_purchase",
+    "get_operation",
+    "reconcile_operation",
+    "request_refund",
+    "retry_failed_payment",
+    "list_purchases",
+    "wait_for_purchase_change",
+}
 
 
 def run_agent(key: str, script, **server_kw):
@@ -27,8 +38,7 @@ def run_agent(key: str, script, **server_kw):
     async def main():
         # close_connections: tools run on SDK worker threads; their DB connections must
         # not outlive the test (the test database is dropped at the end).
-        async with Client(build_server(api_key=key, close_connections=True, **server_kw)
-                          ) as client:
+        async with Client(build_server(api_key=key, close_connections=True, **server_kw)) as client:
             return await script(client, lambda name, **a: transcript.call(client, name, **a))
 
     return anyio.run(main), transcript
@@ -36,8 +46,14 @@ def run_agent(key: str, script, **server_kw):
 
 async def _new_purchase(call, sku: str, customer: str) -> dict:
     quote = (await call("get_quote", items=[{"sku": sku, "quantity": 1}]))["quote"]
-    return (await call("create_purchase", quote_id=quote["id"], quote_version=quote["version"],
-                       customer_reference=customer))["purchase"]
+    return (
+        await call(
+            "create_purchase",
+            quote_id=quote["id"],
+            quote_version=quote["version"],
+            customer_reference=customer,
+        )
+    )["purchase"]
 
 
 def test_each_tool_publishes_a_valid_schema_and_no_key_or_amount_to_pay(agent_key):
@@ -71,8 +87,12 @@ def test_an_amount_or_a_key_sent_to_pay_purchase_is_refused_not_ignored(product,
         purchase = await _new_purchase(call, product.sku, "cust-extra")
         answers = []
         for extra in ({"amount": 1}, {"idempotency_key": "mine"}):
-            answers.append(await client.call_tool("pay_purchase", {
-                "purchase_id": purchase["id"], "payment_method": "pm_card_visa", **extra}))
+            answers.append(
+                await client.call_tool(
+                    "pay_purchase",
+                    {"purchase_id": purchase["id"], "payment_method": "pm_card_visa", **extra},
+                )
+            )
         return purchase, answers
 
     (purchase, answers), _ = run_agent(agent_key, script)
@@ -92,8 +112,9 @@ def test_a_call_missing_a_scope_is_refused_with_a_clear_error(product, agent_key
 
     async def script(client, call):
         listed = await call("list_products")
-        paid = await client.call_tool("pay_purchase", {"purchase_id": purchase["id"],
-                                                       "payment_method": "pm_card_visa"})
+        paid = await client.call_tool(
+            "pay_purchase", {"purchase_id": purchase["id"], "payment_method": "pm_card_visa"}
+        )
         refund = await call("request_refund", purchase_id=purchase["id"])
         seen = await call("get_purchase", purchase_id=purchase["id"])
         return listed, paid, refund, seen
@@ -104,8 +125,9 @@ def test_a_call_missing_a_scope_is_refused_with_a_clear_error(product, agent_key
     assert paid.structured_content["refusal"]["code"] == "forbidden_scope"
     assert "'purchases:write'" in paid.content[0].text and "pay_purchase" in paid.content[0].text
     assert paid.structured_content["next_tool"] is None
-    assert refund["refusal"]["code"] == "forbidden_scope" and "refunds:write" in \
-        refund["instruction"]
+    assert (
+        refund["refusal"]["code"] == "forbidden_scope" and "refunds:write" in refund["instruction"]
+    )
     # Reads work with the read scope, for this client's own purchases only.
     assert seen["refusal"]["code"] == "not_found" and seen["purchase"] is None
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 0
@@ -124,17 +146,23 @@ def test_an_invalid_or_revoked_key_is_refused(product, agent_key):
 
 
 def test_retry_failed_payment_refuses_anything_not_definitively_failed(
-        product, agent_key, localstripe):
+    product, agent_key, localstripe
+):
     async def script(client, call):
         purchase = await _new_purchase(call, product.sku, "cust-retry-unknown")
-        unknown = await call("pay_purchase", purchase_id=purchase["id"],
-                             payment_method="pm_card_visa")
-        refused = await call("retry_failed_payment", operation_id=unknown["operation"]["id"],
-                             payment_method="pm_card_mastercard")
+        unknown = await call(
+            "pay_purchase", purchase_id=purchase["id"], payment_method="pm_card_visa"
+        )
+        refused = await call(
+            "retry_failed_payment",
+            operation_id=unknown["operation"]["id"],
+            payment_method="pm_card_mastercard",
+        )
         return purchase, unknown, refused
 
     (purchase, unknown, refused), _ = run_agent(
-        agent_key, script, before_dispatch=_ConfirmDrill("drop_response_after_send"))
+        agent_key, script, before_dispatch=_ConfirmDrill("drop_response_after_send")
+    )
     assert unknown["operation"]["outcome"] == "unknown"
     assert refused["refusal"]["code"] == "retry_not_allowed"
     assert refused["operation"]["id"] == unknown["operation"]["id"]
@@ -144,24 +172,30 @@ def test_retry_failed_payment_refuses_anything_not_definitively_failed(
 
 
 def test_a_declined_payment_is_retried_once_only_through_retry_failed_payment(
-        product, agent_key, localstripe):
+    product, agent_key, localstripe
+):
     async def script(client, call):
         purchase = await _new_purchase(call, product.sku, "cust-decline")
-        declined = await call("pay_purchase", purchase_id=purchase["id"],
-                              payment_method="pm_card_chargeCustomerFail")
+        declined = await call(
+            "pay_purchase", purchase_id=purchase["id"], payment_method="pm_card_chargeCustomerFail"
+        )
         op_id = declined["operation"]["id"]
-        pay_again = await call("pay_purchase", purchase_id=purchase["id"],
-                               payment_method="pm_card_visa")
+        pay_again = await call(
+            "pay_purchase", purchase_id=purchase["id"], payment_method="pm_card_visa"
+        )
         same_card = await call("retry_failed_payment", operation_id=op_id)
-        retried = await call("retry_failed_payment", operation_id=op_id,
-                             payment_method="pm_card_visa")
-        twice = await call("retry_failed_payment", operation_id=op_id,
-                           payment_method="pm_card_mastercard")
+        retried = await call(
+            "retry_failed_payment", operation_id=op_id, payment_method="pm_card_visa"
+        )
+        twice = await call(
+            "retry_failed_payment", operation_id=op_id, payment_method="pm_card_mastercard"
+        )
         after = await call("get_operation", operation_id=op_id)
         return purchase, declined, pay_again, same_card, retried, twice, after
 
     (purchase, declined, pay_again, same_card, retried, twice, after), t = run_agent(
-        agent_key, script)
+        agent_key, script
+    )
     assert declined["operation"]["outcome"] == "failed"
     assert declined["next_tool"]["name"] == "retry_failed_payment"
     assert declined["next_tool"]["needs"] == ["payment_method"]
@@ -171,8 +205,12 @@ def test_a_declined_payment_is_retried_once_only_through_retry_failed_payment(
     assert retried["operation"]["outcome"] == "succeeded", t
     assert retried["operation"]["retry_of"] == declined["operation"]["id"]
     assert twice["replayed"] and twice["operation"]["id"] == retried["operation"]["id"]
-    assert after["next_tool"] == {"name": "get_operation", "wait_seconds": 0, "needs": [],
-                                  "arguments": {"operation_id": retried["operation"]["id"]}}
+    assert after["next_tool"] == {
+        "name": "get_operation",
+        "wait_seconds": 0,
+        "needs": [],
+        "arguments": {"operation_id": retried["operation"]["id"]},
+    }
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 2
     assert len(localstripe.succeeded_charges_for(purchase["id"])) == 1
 
@@ -182,16 +220,16 @@ def test_refund_is_one_refund_per_purchase_and_amount(product, localstripe):
 
     async def script(client, call):
         purchase = await _new_purchase(call, product.sku, "cust-refund")
-        paid = await call("pay_purchase", purchase_id=purchase["id"],
-                          payment_method="pm_card_visa")
+        paid = await call("pay_purchase", purchase_id=purchase["id"], payment_method="pm_card_visa")
         first = await call("request_refund", purchase_id=purchase["id"])
         again = await call("request_refund", purchase_id=purchase["id"])
         return purchase, paid, first, again
 
     (purchase, paid, first, again), t = run_agent(key, script)
     assert paid["operation"]["outcome"] == "succeeded"
-    assert first["operation"]["kind"] == "refund" and first["operation"]["outcome"] == \
-        "succeeded", t
+    assert (
+        first["operation"]["kind"] == "refund" and first["operation"]["outcome"] == "succeeded"
+    ), t
     assert again["replayed"] and again["operation"]["id"] == first["operation"]["id"]
     assert len(localstripe.refunds_for(paid["operation"]["id"])) <= 1
     pi = localstripe.payment_intents_for(purchase["id"])[0]["id"]
@@ -211,15 +249,16 @@ def test_a_halted_checkout_is_a_wait_and_call_again_not_a_new_key(product, agent
     halt_set(name="checkout", reason="provider incident drill", actor="ops1")
 
     async def pay(client, call):
-        return await call("pay_purchase", purchase_id=purchase["id"],
-                          payment_method="pm_card_visa")
+        return await call("pay_purchase", purchase_id=purchase["id"], payment_method="pm_card_visa")
 
     halted, _ = run_agent(agent_key, pay)
     assert halted["refusal"]["code"] == "workflow_halted"
     assert "Idempotency" not in halted["instruction"]
     assert halted["next_tool"]["name"] == "pay_purchase"
-    assert halted["next_tool"]["arguments"] == {"purchase_id": purchase["id"],
-                                                "payment_method": "pm_card_visa"}
+    assert halted["next_tool"]["arguments"] == {
+        "purchase_id": purchase["id"],
+        "payment_method": "pm_card_visa",
+    }
     assert halted["next_tool"]["wait_seconds"] > 0
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 0
 
@@ -238,8 +277,11 @@ def test_concurrent_pay_purchase_calls_are_one_payment(product, agent_key, local
         answers = []
 
         async def pay():
-            answers.append(await call("pay_purchase", purchase_id=purchase["id"],
-                                      payment_method="pm_card_visa"))
+            answers.append(
+                await call(
+                    "pay_purchase", purchase_id=purchase["id"], payment_method="pm_card_visa"
+                )
+            )
 
         async with anyio.create_task_group() as tg:
             for _ in range(6):
@@ -261,14 +303,13 @@ def test_a_second_refund_of_the_same_amount_is_request_two(product, localstripe)
 
     async def script(client, call):
         purchase = await _new_purchase(call, product.sku, "cust-refund-2")
-        paid = await call("pay_purchase", purchase_id=purchase["id"],
-                          payment_method="pm_card_visa")
+        paid = await call("pay_purchase", purchase_id=purchase["id"], payment_method="pm_card_visa")
         first = await call("request_refund", purchase_id=purchase["id"], amount=500)
         again = await call("request_refund", purchase_id=purchase["id"], amount=500)
-        second = await call("request_refund", purchase_id=purchase["id"], amount=500,
-                            request=2)
-        second_again = await call("request_refund", purchase_id=purchase["id"], amount=500,
-                                  request=2)
+        second = await call("request_refund", purchase_id=purchase["id"], amount=500, request=2)
+        second_again = await call(
+            "request_refund", purchase_id=purchase["id"], amount=500, request=2
+        )
         return purchase, paid, first, again, second, second_again
 
     (purchase, paid, first, again, second, second_again), t = run_agent(key, script)
@@ -276,8 +317,7 @@ def test_a_second_refund_of_the_same_amount_is_request_two(product, localstripe)
     assert again["replayed"] and again["operation"]["id"] == first["operation"]["id"]
     assert second["operation"]["outcome"] == "succeeded", t
     assert second["operation"]["id"] != first["operation"]["id"]
-    assert second_again["replayed"] and second_again["operation"]["id"] == \
-        second["operation"]["id"]
+    assert second_again["replayed"] and second_again["operation"]["id"] == second["operation"]["id"]
     pi = localstripe.payment_intents_for(purchase["id"])[0]["id"]
     assert sorted(r["amount"] for r in localstripe.refunds_for(pi)) == [500, 500]
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"], kind="refund").count() == 2

@@ -1,4 +1,5 @@
 """Storefront API fixtures: API clients with keys, a catalogue, and small request helpers."""
+
 from __future__ import annotations
 
 import uuid
@@ -33,18 +34,25 @@ class Api:
             key = new_key()
         if key is not None:
             extra["HTTP_IDEMPOTENCY_KEY"] = key
-        return self.http.post(f"/api/v1/{path}", body if body is not None else {},
-                              format="json", **extra)
+        return self.http.post(
+            f"/api/v1/{path}", body if body is not None else {}, format="json", **extra
+        )
 
     # -- the happy path in three calls ------------------------------------------------
     def quote(self, sku: str, quantity: int = 1, **kw):
-        return self.post("quotes", {"items": [{"sku": sku, "quantity": quantity}],
-                                    "currency": "usd"}, **kw)
+        return self.post(
+            "quotes", {"items": [{"sku": sku, "quantity": quantity}], "currency": "usd"}, **kw
+        )
 
     def purchase(self, quote: dict, customer: str | None = None, **kw):
-        body = {"quote_id": quote["id"], "quote_version": quote["version"],
-                "customer": {"reference": customer or f"cust-{uuid.uuid4().hex[:10]}",
-                             "email": "buyer@example.com"}}
+        body = {
+            "quote_id": quote["id"],
+            "quote_version": quote["version"],
+            "customer": {
+                "reference": customer or f"cust-{uuid.uuid4().hex[:10]}",
+                "email": "buyer@example.com",
+            },
+        }
         body.update(kw.pop("extra", {}))
         return self.post("purchases", body, **kw)
 
@@ -86,7 +94,8 @@ def settle_outbox(timeout: float = 15.0) -> None:
         relay_drain_once()
         now = timezone.now()
         busy = OutboxMessage.objects.filter(processed_at__isnull=True).filter(
-            Q(available_at__lte=now) | Q(claimed_until__gt=now))
+            Q(available_at__lte=now) | Q(claimed_until__gt=now)
+        )
         if not busy.exists():
             return
         time.sleep(0.05)
@@ -106,8 +115,9 @@ def reader(db):
 
 @pytest.fixture
 def ops_tool(db):
-    client, key = make_client(scopes=("purchases:read", "purchases:write",
-                                      "operations:resolve"), name="ops-tool")
+    client, key = make_client(
+        scopes=("purchases:read", "purchases:write", "operations:resolve"), name="ops-tool"
+    )
     return Api(key, client)
 
 
@@ -126,16 +136,22 @@ def leave_crashed_payment_request(api: Api, purchase_id: str, key: str, body: di
     from payments.api.idempotency import request_fingerprint
     from payments.models import IdempotencyRecord
 
-    op = services.payment_create(purchase_id=purchase_id, api_client=api.client,
-                                 payment_method=body["payment_method"],
-                                 capture_method=body.get("capture", "automatic"))
+    op = services.payment_create(
+        purchase_id=purchase_id,
+        api_client=api.client,
+        payment_method=body["payment_method"],
+        capture_method=body.get("capture", "automatic"),
+    )
     IdempotencyRecord.objects.create(
-        api_client=api.client, route="purchases_payments_create", key=key,
-        fingerprint=request_fingerprint(path=f"/api/v1/purchases/{purchase_id}/payments",
-                                        body=body),
+        api_client=api.client,
+        route="purchases_payments_create",
+        key=key,
+        fingerprint=request_fingerprint(
+            path=f"/api/v1/purchases/{purchase_id}/payments", body=body
+        ),
         state=IdempotencyRecord.State.IN_FLIGHT,
         lease_until=timezone.now() - timedelta(seconds=1),
-        resource_type="operation", resource_id=op.id)
+        resource_type="operation",
+        resource_id=op.id,
+    )
     return op
-
-

@@ -1,5 +1,6 @@
 """A urlconf for tests/api/test_fast_path_middleware_order.py: the purchase path answers
 418 from a plain view (no fast path), unless `fast_patterns()` is swapped in."""
+
 from django.http import HttpResponse
 from django.urls import include, path
 

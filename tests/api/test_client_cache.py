@@ -1,6 +1,7 @@
 """The verified-client cache (payments.client_cache) hands each request its own copy of
 the cached ApiClient: a request that changes its instance, or caches a relation on it,
 changes nothing for the next request."""
+
 import pytest
 
 from payments.client_cache import api_client_cached, api_client_verified

@@ -5,6 +5,7 @@ way to produce it, e.g. a request that crashed half-way), sends one request, and
 table says what must come back: status, `code`, headers. Rows also count effects (rows in
 the database, objects at localstripe) where an effect is at stake.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -63,8 +64,9 @@ class Ctx:
 
 @pytest.fixture
 def ctx(storefront, other_storefront, reader, ops_tool, product, localstripe, drill, settings):
-    return Ctx(storefront, other_storefront, reader, ops_tool, product, localstripe, drill,
-               settings)
+    return Ctx(
+        storefront, other_storefront, reader, ops_tool, product, localstripe, drill, settings
+    )
 
 
 @dataclass
@@ -84,9 +86,18 @@ ROWS: list[Row] = []
 
 def row(status: int, code: str | None = None, offline: bool = False, **headers):
     def register(fn):
-        ROWS.append(Row(fn.__name__, fn, status, code,
-                        {k.replace("_", "-"): v for k, v in headers.items()}, offline))
+        ROWS.append(
+            Row(
+                fn.__name__,
+                fn,
+                status,
+                code,
+                {k.replace("_", "-"): v for k, v in headers.items()},
+                offline,
+            )
+        )
         return fn
+
     return register
 
 
@@ -134,8 +145,9 @@ def refund_needs_refunds_scope(c):
 @row(403, "forbidden_scope")
 def resolve_needs_resolve_scope(c):
     purchase, r = c.unknown_payment()
-    return c.storefront.post(f"operations/{r.json()['id']}/resolve",
-                             {"outcome": "failed", "reason": "checked"})
+    return c.storefront.post(
+        f"operations/{r.json()['id']}/resolve", {"outcome": "failed", "reason": "checked"}
+    )
 
 
 # -- ownership and lookups ------------------------------------------------------------------
@@ -204,17 +216,21 @@ def overlong_idempotency_key(c):
 
 @row(400, "invalid_request", offline=True)
 def invalid_body(c):
-    r = c.storefront.post("quotes", {"items": [{"sku": c.product.sku, "quantity": 0}],
-                                     "currency": "usd"})
+    r = c.storefront.post(
+        "quotes", {"items": [{"sku": c.product.sku, "quantity": 0}], "currency": "usd"}
+    )
     assert "items[0].quantity" in r.json()["errors"]
     return r
 
 
 @row(400, "invalid_request", offline=True)
 def malformed_json(c):
-    return c.storefront.http.post("/api/v1/quotes", data=b"{not json",
-                                  content_type="application/json",
-                                  HTTP_IDEMPOTENCY_KEY=new_key())
+    return c.storefront.http.post(
+        "/api/v1/quotes",
+        data=b"{not json",
+        content_type="application/json",
+        HTTP_IDEMPOTENCY_KEY=new_key(),
+    )
 
 
 @row(400, "invalid_request", offline=True)
@@ -227,8 +243,9 @@ def card_number_instead_of_token(c):
 
 @row(415, "unsupported_media_type", offline=True)
 def form_encoded_body(c):
-    return c.storefront.http.post("/api/v1/quotes", data={"currency": "usd"},
-                                  HTTP_IDEMPOTENCY_KEY=new_key())
+    return c.storefront.http.post(
+        "/api/v1/quotes", data={"currency": "usd"}, HTTP_IDEMPOTENCY_KEY=new_key()
+    )
 
 
 @row(405, "method_not_allowed", offline=True)
@@ -303,8 +320,9 @@ def second_purchase_while_first_is_unresolved(c):
 def second_purchase_naming_the_unresolved_one_without_storefront_confirmation(c):
     first, _ = c.unknown_payment()
     q = c.storefront.quote(c.product.sku).json()
-    r = c.storefront.purchase(q, first["customer"]["reference"],
-                              extra={"acknowledge_unresolved": [first["id"]]})
+    r = c.storefront.purchase(
+        q, first["customer"]["reference"], extra={"acknowledge_unresolved": [first["id"]]}
+    )
     assert Purchase.objects.count() == 1
     return r
 
@@ -315,8 +333,9 @@ def second_purchase_naming_the_unresolved_one(c):
     c.storefront.client.storefront_confirmation = True  # its own checkout asked the buyer
     c.storefront.client.save(update_fields=["storefront_confirmation"])
     q = c.storefront.quote(c.product.sku).json()
-    return c.storefront.purchase(q, first["customer"]["reference"],
-                                 extra={"acknowledge_unresolved": [first["id"]]})
+    return c.storefront.purchase(
+        q, first["customer"]["reference"], extra={"acknowledge_unresolved": [first["id"]]}
+    )
 
 
 @row(200, Location=True)
@@ -347,8 +366,9 @@ def same_basket_again_with_the_buyers_confirmation(c):
     first, _ = c.paid_purchase()
     code = buyer_confirmation_issue(purchase_id=first["id"])
     q = c.storefront.quote(c.product.sku).json()
-    return c.storefront.purchase(q, first["customer"]["reference"],
-                                 extra={"buyer_confirmation": code})
+    return c.storefront.purchase(
+        q, first["customer"]["reference"], extra={"buyer_confirmation": code}
+    )
 
 
 @row(422, "invalid_buyer_confirmation", offline=True)
@@ -362,8 +382,11 @@ def an_invented_buyer_confirmation(c):
 @row(422, "invalid_email", offline=True)
 def an_overlong_local_part_email(c):
     q = c.storefront.quote(c.product.sku).json()
-    body = {"quote_id": q["id"], "quote_version": q["version"],
-            "customer": {"reference": "cust-mail", "email": "x" * 70 + "@example.com"}}
+    body = {
+        "quote_id": q["id"],
+        "quote_version": q["version"],
+        "customer": {"reference": "cust-mail", "email": "x" * 70 + "@example.com"},
+    }
     r = c.storefront.post("purchases", body)
     assert Purchase.objects.count() == 0
     return r
@@ -378,7 +401,10 @@ def payment_succeeded(c):
     r = c.storefront.pay(purchase["id"])
     body = r.json()
     assert (body["outcome"], body["grade"], body["purchase_status"]) == (
-        "succeeded", "confirmed", "paid")
+        "succeeded",
+        "confirmed",
+        "paid",
+    )
     assert len(c.localstripe.succeeded_charges_for(purchase["id"])) == 1
     return r
 
@@ -417,8 +443,10 @@ def payment_declined(c):
     r = c.storefront.pay(purchase["id"], "pm_card_chargeCustomerFail")
     body = r.json()
     assert body["operation"] and body["purchase"] == purchase["id"]
-    assert (body["next_action"]["owner"], body["next_action"]["retry"]) == ("buyer",
-                                                                            "new_operation")
+    assert (body["next_action"]["owner"], body["next_action"]["retry"]) == (
+        "buyer",
+        "new_operation",
+    )
     assert c.localstripe.succeeded_charges_for(purchase["id"]) == []
     return r
 
@@ -490,15 +518,15 @@ def new_payment_after_decline_without_retry_of(c):
 @row(422, "retry_needs_new_method")
 def retry_after_decline_with_same_method(c):
     purchase, declined = c.declined_purchase()
-    return c.storefront.pay(purchase["id"], "pm_card_chargeCustomerFail",
-                            extra={"retry_of": declined["operation"]})
+    return c.storefront.pay(
+        purchase["id"], "pm_card_chargeCustomerFail", extra={"retry_of": declined["operation"]}
+    )
 
 
 @row(201)
 def retry_after_decline_with_new_method(c):
     purchase, declined = c.declined_purchase()
-    r = c.storefront.pay(purchase["id"], "pm_card_visa",
-                         extra={"retry_of": declined["operation"]})
+    r = c.storefront.pay(purchase["id"], "pm_card_visa", extra={"retry_of": declined["operation"]})
     assert r.json()["retry_of"] == declined["operation"]
     old = c.storefront.get(f"operations/{declined['operation']}").json()
     assert old["retried_by"] == r.json()["id"] and old["next_action"]["retry"] == "forbidden"
@@ -535,8 +563,12 @@ def same_key_same_body_is_replayed_with_current_state(c):
     from prometheus_client import REGISTRY
 
     def replays():
-        return REGISTRY.get_sample_value("verity_idempotent_replays_total",
-                                         {"route": "purchases_payments_create"}) or 0
+        return (
+            REGISTRY.get_sample_value(
+                "verity_idempotent_replays_total", {"route": "purchases_payments_create"}
+            )
+            or 0
+        )
 
     purchase = c.storefront.new_purchase(c.product.sku)
     key = new_key()
@@ -546,7 +578,9 @@ def same_key_same_body_is_replayed_with_current_state(c):
     r = c.storefront.http.post(
         f"/api/v1/purchases/{purchase['id']}/payments",
         data=b'{ "capture" : "automatic",\n "payment_method":"pm_card_visa" }',
-        content_type="application/json", HTTP_IDEMPOTENCY_KEY=key)
+        content_type="application/json",
+        HTTP_IDEMPOTENCY_KEY=key,
+    )
     assert r.json()["outcome"] == "succeeded"
     assert PaymentOperation.objects.count() == 1
     assert replays() == before + 1
@@ -557,8 +591,9 @@ def same_key_same_body_is_replayed_with_current_state(c):
 def replay_of_a_decline_shows_current_state(c):
     purchase = c.storefront.new_purchase(c.product.sku)
     key = new_key()
-    assert c.storefront.pay(purchase["id"], "pm_card_chargeCustomerFail",
-                            key=key).status_code == 402
+    assert (
+        c.storefront.pay(purchase["id"], "pm_card_chargeCustomerFail", key=key).status_code == 402
+    )
     r = c.storefront.pay(purchase["id"], "pm_card_chargeCustomerFail", key=key)
     assert (r.json()["outcome"], r.json()["reason"]) == ("failed", "card_declined")
     return r
@@ -568,8 +603,11 @@ def replay_of_a_decline_shows_current_state(c):
 def replay_of_purchase_creation(c):
     q = c.storefront.quote(c.product.sku).json()
     key = new_key()
-    body = {"quote_id": q["id"], "quote_version": q["version"],
-            "customer": {"reference": "cust-replay", "email": "a@example.com"}}
+    body = {
+        "quote_id": q["id"],
+        "quote_version": q["version"],
+        "customer": {"reference": "cust-replay", "email": "a@example.com"},
+    }
     assert c.storefront.post("purchases", body, key=key).status_code == 201
     r = c.storefront.post("purchases", body, key=key)
     assert Purchase.objects.count() == 1
@@ -631,10 +669,14 @@ def same_key_while_the_first_request_runs(c):
     purchase = c.storefront.new_purchase(c.product.sku)
     key, body = new_key(), payment_body()
     IdempotencyRecord.objects.create(
-        api_client=c.storefront.client, route="purchases_payments_create", key=key,
-        fingerprint=request_fingerprint(path=f"/api/v1/purchases/{purchase['id']}/payments",
-                                        body=body),
-        lease_until=timezone.now() + timedelta(seconds=30))
+        api_client=c.storefront.client,
+        route="purchases_payments_create",
+        key=key,
+        fingerprint=request_fingerprint(
+            path=f"/api/v1/purchases/{purchase['id']}/payments", body=body
+        ),
+        lease_until=timezone.now() + timedelta(seconds=30),
+    )
     r = c.storefront.post(f"purchases/{purchase['id']}/payments", body, key=key)
     assert 1 <= int(r["Retry-After"]) <= 30
     assert r.json()["next_action"]["retry"] == "same_key"
@@ -718,35 +760,43 @@ def replay_by_the_requester(c):
 @row(403, "resolver_is_requester")
 def resolve_by_the_requester(c):
     _, r = c.unknown_payment(c.resolver)
-    return c.resolver.post(f"operations/{r.json()['id']}/resolve",
-                           {"outcome": "succeeded", "reason": "I say so"})
+    return c.resolver.post(
+        f"operations/{r.json()['id']}/resolve", {"outcome": "succeeded", "reason": "I say so"}
+    )
 
 
 @row(400, "invalid_request")
 def resolve_without_a_reason(c):
     _, r = c.unknown_payment()
-    return c.resolver.post(f"operations/{r.json()['id']}/resolve",
-                           {"outcome": "failed", "reason": "  "})
+    return c.resolver.post(
+        f"operations/{r.json()['id']}/resolve", {"outcome": "failed", "reason": "  "}
+    )
 
 
 @row(200)
 def resolve_by_another_credential(c):
     purchase, r = c.unknown_payment()
-    out = c.resolver.post(f"operations/{r.json()['id']}/resolve",
-                          {"outcome": "succeeded", "reason": "Seen in the provider dashboard"})
+    out = c.resolver.post(
+        f"operations/{r.json()['id']}/resolve",
+        {"outcome": "succeeded", "reason": "Seen in the provider dashboard"},
+    )
     body = out.json()
     # The provider is read back first; it agrees (it charged), so its record settles the
     # operation, graded confirmed.
     assert (body["outcome"], body["grade"], body["verification"]) == (
-        "succeeded", "confirmed", "provider")
+        "succeeded",
+        "confirmed",
+        "provider",
+    )
     return out
 
 
 @row(409, "not_resolvable")
 def resolve_a_settled_operation(c):
     _, op = c.paid_purchase()
-    return c.resolver.post(f"operations/{op['id']}/resolve",
-                           {"outcome": "failed", "reason": "mistake"})
+    return c.resolver.post(
+        f"operations/{op['id']}/resolve", {"outcome": "failed", "reason": "mistake"}
+    )
 
 
 # -- refunds ----------------------------------------------------------------------------------
@@ -757,8 +807,14 @@ def refund_within_the_automatic_allowance(c):
     purchase, op = c.paid_purchase()
     r = c.storefront.post(f"purchases/{purchase['id']}/refunds", {"amount": 500})
     assert r.json()["kind"] == "refund" and r.json()["outcome"] == "succeeded"
-    assert len(c.localstripe.refunds_for(op and PaymentOperation.objects.get(
-        id=op["id"]).provider_reference)) == 1
+    assert (
+        len(
+            c.localstripe.refunds_for(
+                op and PaymentOperation.objects.get(id=op["id"]).provider_reference
+            )
+        )
+        == 1
+    )
     return r
 
 
@@ -770,16 +826,17 @@ def refund_above_the_allowance_awaits_approval(c):
     r = api.post(f"purchases/{purchase['id']}/refunds", {})
     assert r.json()["outcome"] == "awaiting_approval"
     assert r.json()["next_action"]["owner"] == "support"
-    assert c.localstripe.refunds_for(PaymentOperation.objects.get(
-        id=op["id"]).provider_reference) == []
+    assert (
+        c.localstripe.refunds_for(PaymentOperation.objects.get(id=op["id"]).provider_reference)
+        == []
+    )
     return r
 
 
 @row(422, "refund_exceeds_refundable")
 def refund_more_than_captured(c):
     purchase, _ = c.paid_purchase()
-    return c.storefront.post(f"purchases/{purchase['id']}/refunds",
-                             {"amount": c.product.price + 1})
+    return c.storefront.post(f"purchases/{purchase['id']}/refunds", {"amount": c.product.price + 1})
 
 
 @row(409, "not_refundable", offline=True)
@@ -801,10 +858,16 @@ def deliverable_stored_by_the_step(c):
     purchase, _ = c.paid_purchase()
     # What the deliverable step leaves once its job finished (recovery writes it).
     StepRun.objects.update_or_create(
-        purchase_id=purchase["id"], step=StepName.DELIVERABLE,
-        defaults={"state": StepState.DONE, "key": f"{purchase['id']}:deliverable",
-                  "external_reference": "job_123", "result": {"url": "https://dl/x"},
-                  "result_expires_at": timezone.now() + timedelta(days=30)})
+        purchase_id=purchase["id"],
+        step=StepName.DELIVERABLE,
+        defaults={
+            "state": StepState.DONE,
+            "key": f"{purchase['id']}:deliverable",
+            "external_reference": "job_123",
+            "result": {"url": "https://dl/x"},
+            "result_expires_at": timezone.now() + timedelta(days=30),
+        },
+    )
     r = c.storefront.get(f"purchases/{purchase['id']}/deliverable")
     assert r.json()["job_reference"] == "job_123"
     assert c.other.get(f"purchases/{purchase['id']}/deliverable").status_code == 404
@@ -879,6 +942,13 @@ def _check(r: Row, ctx) -> None:
     if r.status != 200 or "Idempotent-Replayed" not in r.headers:
         assert not response.has_header("Idempotent-Replayed")
     # Nothing internal leaks: no traces, no provider payloads, no secrets.
-    for leak in ("Traceback", "sk_test", "whsec_", "stripe.", "pi_secret", "client_secret",
-                 ctx.storefront.key):
+    for leak in (
+        "Traceback",
+        "sk_test",
+        "whsec_",
+        "stripe.",
+        "pi_secret",
+        "client_secret",
+        ctx.storefront.key,
+    ):
         assert leak not in content

@@ -5,6 +5,7 @@ did, and a request is counted once against the client's limit.
 
 Each comparison sends the same request twice against unchanged state: once with the fast
 path on, once with it off (`API_FAST_PATH = False`: the DRF view alone)."""
+
 from datetime import datetime, timedelta
 
 import pytest
@@ -51,20 +52,24 @@ def _running(storefront, path: str, *, lease_seconds: int) -> str:
     """A key whose payment is still running (its record leased): a replay of it is 409."""
     key = new_key()
     IdempotencyRecord.objects.create(
-        api_client=storefront.client, route="purchases_payments_create", key=key,
+        api_client=storefront.client,
+        route="purchases_payments_create",
+        key=key,
         fingerprint=request_fingerprint(path=path, body=BODY),
-        lease_until=timezone.now() + timedelta(seconds=lease_seconds))
+        lease_until=timezone.now() + timedelta(seconds=lease_seconds),
+    )
     return key
 
 
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
-def test_a_replay_is_byte_identical_to_the_drf_replay(storefront, product, fast_settings,
-                                                      prepared):
+def test_a_replay_is_byte_identical_to_the_drf_replay(storefront, product, fast_settings, prepared):
     fast_settings.DATABASE_PREPARED_STATEMENTS = prepared  # PgBouncer < 1.21: off
     purchase, key = _paid(storefront, product)
 
-    fast, drf = _both(fast_settings, lambda: storefront.post(
-        f"purchases/{purchase['id']}/payments", BODY, key=key))
+    fast, drf = _both(
+        fast_settings,
+        lambda: storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key),
+    )
 
     assert getattr(fast, "verity_fast_path", False) and not hasattr(drf, "verity_fast_path")
     assert fast.status_code == 200 and fast["Idempotent-Replayed"] == "true"
@@ -73,8 +78,9 @@ def test_a_replay_is_byte_identical_to_the_drf_replay(storefront, product, fast_
 
 
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
-def test_a_purchase_read_is_byte_identical_to_the_drf_read(storefront, product, fast_settings,
-                                                           prepared):
+def test_a_purchase_read_is_byte_identical_to_the_drf_read(
+    storefront, product, fast_settings, prepared
+):
     fast_settings.DATABASE_PREPARED_STATEMENTS = prepared
     purchase, _ = _paid(storefront, product)
 
@@ -85,8 +91,7 @@ def test_a_purchase_read_is_byte_identical_to_the_drf_read(storefront, product, 
     _same(fast, drf)
 
 
-def test_every_other_answer_is_the_drf_views(storefront, other_storefront, product,
-                                             fast_settings):
+def test_every_other_answer_is_the_drf_views(storefront, other_storefront, product, fast_settings):
     purchase, key = _paid(storefront, product)
     pid = purchase["id"]
     path = f"/api/v1/purchases/{pid}/payments"
@@ -96,8 +101,9 @@ def test_every_other_answer_is_the_drf_views(storefront, other_storefront, produ
     reader.get("products")  # verified: cache warm
     storefront.get("products")  # a client saved clears the cache: verify this key again
     cases = {
-        422: lambda: storefront.post(f"purchases/{pid}/payments",
-                                     {**BODY, "payment_method": "pm_card_mastercard"}, key=key),
+        422: lambda: storefront.post(
+            f"purchases/{pid}/payments", {**BODY, "payment_method": "pm_card_mastercard"}, key=key
+        ),
         409: lambda: storefront.post(f"purchases/{pid}/payments", BODY, key=running),
         404: lambda: other_storefront.get(f"purchases/{pid}"),
         401: lambda: Api("nope.wrong").get(f"purchases/{pid}"),
@@ -112,8 +118,7 @@ def test_every_other_answer_is_the_drf_views(storefront, other_storefront, produ
     assert IdempotencyRecord.objects.get(key=running).state == IdempotencyRecord.State.IN_FLIGHT
 
 
-def test_a_refused_request_is_counted_once_and_answers_as_drf(storefront, product,
-                                                              fast_settings):
+def test_a_refused_request_is_counted_once_and_answers_as_drf(storefront, product, fast_settings):
     purchase, key = _paid(storefront, product)
     fast_settings.API_THROTTLE_RATE = "3/min"
     counter = f"rl:throttle_api_client_client:{storefront.client.pk}"
@@ -151,11 +156,11 @@ def test_a_locked_key_prefix_is_refused_429_on_both_paths(storefront, product, f
         cache.set(lock, 3, timeout=60)
     try:
         # then every path answers the lockout's 429, the scope refusal included
-        for send in (lambda: storefront.get(f"purchases/{purchase['id']}"),
-                     lambda: storefront.post(f"purchases/{purchase['id']}/payments", BODY,
-                                             key=key),
-                     lambda: reader.post(f"purchases/{purchase['id']}/payments", BODY,
-                                         key=key)):
+        for send in (
+            lambda: storefront.get(f"purchases/{purchase['id']}"),
+            lambda: storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key),
+            lambda: reader.post(f"purchases/{purchase['id']}/payments", BODY, key=key),
+        ):
             fast, drf = _both(fast_settings, send)
             assert fast.status_code == 429, fast.content
             assert fast["Retry-After"] == str(fast_settings.API_AUTH_FAILURE_WINDOW_SECONDS)
@@ -182,8 +187,7 @@ def _state(obj, relations=()) -> dict:
 
 
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
-def test_compiled_reads_load_what_the_querysets_load(storefront, product, fast_settings,
-                                                     prepared):
+def test_compiled_reads_load_what_the_querysets_load(storefront, product, fast_settings, prepared):
     from payments.models import PaymentOperation, Purchase
     from payments.selectors import purchase_get_for_client
     from payments.view_queries import operation_for_view, operations_for_view
@@ -207,16 +211,19 @@ def test_compiled_reads_load_what_the_querysets_load(storefront, product, fast_s
     for _ in range(2):  # without an order, then with one (as the order writer leaves it)
         purchase_operations_load(compiled)
         assert purchase_order_reference(compiled, lambda _: "unused") == _order_reference(
-            purchase["id"])
-        Order.objects.get_or_create(purchase_id=purchase["id"],
-                                    defaults={"reference": f"ord-{purchase['id'][-8:]}"})
+            purchase["id"]
+        )
+        Order.objects.get_or_create(
+            purchase_id=purchase["id"], defaults={"reference": f"ord-{purchase['id'][-8:]}"}
+        )
     assert purchase_order_reference(compiled, lambda _: "unused") is not None
     other, _ = make_client(name="someone-else")
     assert purchase_get_for_client(purchase_id=purchase["id"], api_client=other) is None
 
 
-def test_a_database_lost_under_a_compiled_read_answers_503_not_500(storefront, product,
-                                                                   fast_settings):
+def test_a_database_lost_under_a_compiled_read_answers_503_not_500(
+    storefront, product, fast_settings
+):
     # given a verified key (no query to authenticate) and a connection the server dropped
     from django.db import connection
 
@@ -243,26 +250,43 @@ def _with_disputes_steps_and_order(purchase_id: str) -> None:
 
     payment = PaymentOperation.objects.get(purchase_id=purchase_id)
     now = timezone.now()
-    for n, (status, opened) in enumerate([(DisputeStatus.UNDER_REVIEW, now),
-                                          (DisputeStatus.NEEDS_RESPONSE,
-                                           now - timedelta(hours=1))]):
+    for n, (status, opened) in enumerate(
+        [
+            (DisputeStatus.UNDER_REVIEW, now),
+            (DisputeStatus.NEEDS_RESPONSE, now - timedelta(hours=1)),
+        ]
+    ):
         Dispute.objects.create(
-            id=f"dp_{purchase_id[-6:]}_{9 - n}", purchase_id=purchase_id, payment=payment,
-            amount=700 + n, currency="usd", reason="fraudulent" if n else "",
-            status=status, evidence_due_by=now + timedelta(days=n + 1), opened_at=opened)
+            id=f"dp_{purchase_id[-6:]}_{9 - n}",
+            purchase_id=purchase_id,
+            payment=payment,
+            amount=700 + n,
+            currency="usd",
+            reason="fraudulent" if n else "",
+            status=status,
+            evidence_due_by=now + timedelta(days=n + 1),
+            opened_at=opened,
+        )
         Dispute.objects.filter(pk=f"dp_{purchase_id[-6:]}_{9 - n}").update(opened_at=opened)
-    for step, state in [(StepName.ORDER, StepState.DONE), (StepName.LEDGER, StepState.FAILED),
-                        (StepName.DELIVERABLE, StepState.RUNNING)]:
-        StepRun.objects.update_or_create(purchase_id=purchase_id, step=step,
-                                         defaults={"state": state,
-                                                   "key": f"{purchase_id}:{step}"})
-    Order.objects.get_or_create(purchase_id=purchase_id,
-                                defaults={"reference": f"ord-{purchase_id[-8:]}"})
+    for step, state in [
+        (StepName.ORDER, StepState.DONE),
+        (StepName.LEDGER, StepState.FAILED),
+        (StepName.DELIVERABLE, StepState.RUNNING),
+    ]:
+        StepRun.objects.update_or_create(
+            purchase_id=purchase_id,
+            step=step,
+            defaults={"state": state, "key": f"{purchase_id}:{step}"},
+        )
+    Order.objects.get_or_create(
+        purchase_id=purchase_id, defaults={"reference": f"ord-{purchase_id[-8:]}"}
+    )
 
 
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
 def test_a_purchase_read_with_disputes_steps_and_an_order_is_byte_identical(
-        storefront, product, fast_settings, prepared):
+    storefront, product, fast_settings, prepared
+):
     # given a purchase whose every view read finds rows
     fast_settings.DATABASE_PREPARED_STATEMENTS = prepared
     purchase, _ = _paid(storefront, product)
@@ -276,7 +300,8 @@ def test_a_purchase_read_with_disputes_steps_and_an_order_is_byte_identical(
     _same(fast, drf)
     view = fast.json()
     assert [d["id"] for d in view["disputes"]] == [
-        d.id for d in _disputes_of(purchase["id"]).order_by("opened_at", "id")]
+        d.id for d in _disputes_of(purchase["id"]).order_by("opened_at", "id")
+    ]
     assert view["disputes"][0]["reason"] == "fraudulent" and view["disputes"][1]["reason"] is None
     assert view["fulfillment"]["order"] == "done" and view["fulfillment"]["ledger"] == "failed"
     assert view["fulfillment"]["deliverable"] == "running"
@@ -291,8 +316,9 @@ def _disputes_of(purchase_id):
 
 
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
-def test_compiled_view_reads_return_what_the_orm_reads(storefront, product, fast_settings,
-                                                       prepared):
+def test_compiled_view_reads_return_what_the_orm_reads(
+    storefront, product, fast_settings, prepared
+):
     from payments.api.presenters import disputes_view, purchase_view
     from payments.models import Purchase
     from payments.view_queries import purchase_disputes
@@ -306,11 +332,14 @@ def test_compiled_view_reads_return_what_the_orm_reads(storefront, product, fast
     row = Purchase.objects.get(pk=pid)
 
     # the disputes, as `purchase.disputes.order_by("opened_at", "id")` yields them
-    orm = [(d.id, d.status, d.amount, d.currency, d.reason, d.evidence_due_by)
-           for d in row.disputes.order_by("opened_at", "id")]
+    orm = [
+        (d.id, d.status, d.amount, d.currency, d.reason, d.evidence_due_by)
+        for d in row.disputes.order_by("opened_at", "id")
+    ]
     assert purchase_disputes(row) == orm and len(orm) == 2
     assert [d["evidence_due_by"] for d in disputes_view(row)] == [
-        d[5].isoformat().replace("+00:00", "Z") for d in orm]
+        d[5].isoformat().replace("+00:00", "Z") for d in orm
+    ]
     # the steps, as the ORM query that steps_for_purchase ran before
     states = dict(StepRun.objects.filter(purchase_id=pid).values_list("step", "state"))
     expected = {s.value: states.get(s.value, StepState.PENDING.value) for s in STEP_ORDER}
@@ -320,8 +349,9 @@ def test_compiled_view_reads_return_what_the_orm_reads(storefront, product, fast
     assert purchase_view(row)["fulfillment"] == expected
 
 
-def test_a_replay_reads_its_record_and_operation_in_one_statement(storefront, product,
-                                                                  fast_settings):
+def test_a_replay_reads_its_record_and_operation_in_one_statement(
+    storefront, product, fast_settings
+):
     # given a finished payment and its replay, the key verified (no query to authenticate)
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -339,8 +369,7 @@ def test_a_replay_reads_its_record_and_operation_in_one_statement(storefront, pr
 
 
 @pytest.mark.parametrize("prepared", [True, False])
-def test_prepared_reads_are_counted_like_djangos_own(storefront, product, fast_settings,
-                                                     prepared):
+def test_prepared_reads_are_counted_like_djangos_own(storefront, product, fast_settings, prepared):
     # The purchase view's five reads go in one pipeline of prepared statements, outside
     # Django's cursors: a statement count (tests, bench/scale.py) saw 0 of them.
     from django.db import connection
@@ -355,12 +384,18 @@ def test_prepared_reads_are_counted_like_djangos_own(storefront, product, fast_s
 
     assert answer.status_code == 200 and getattr(answer, "verity_fast_path", False)
     tables = [q["sql"].split(" FROM ", 1)[1].split()[0] for q in queries.captured_queries]
-    assert tables == ['"payments_purchase"', '"payments_paymentoperation"',
-                      '"recovery_order"', '"payments_dispute"', '"recovery_steprun"']
+    assert tables == [
+        '"payments_purchase"',
+        '"payments_paymentoperation"',
+        '"recovery_order"',
+        '"payments_dispute"',
+        '"recovery_steprun"',
+    ]
 
 
-def test_the_compiled_reads_are_prepared_statements_on_the_connection(storefront, product,
-                                                                      fast_settings):
+def test_the_compiled_reads_are_prepared_statements_on_the_connection(
+    storefront, product, fast_settings
+):
     # Django opens psycopg connections with prepare_threshold=None, under which psycopg
     # ignores execute(prepare=True): the reads were parsed and planned on every request.
     from django.db import connection
@@ -407,8 +442,9 @@ def test_an_instance_built_from_a_row_is_from_dbs_and_saves_as_one(storefront, p
         post_init.disconnect(receiver, sender=Hold)
 
 
-def test_every_handed_over_request_is_counted_once(storefront, product, other_storefront,
-                                                   fast_settings):
+def test_every_handed_over_request_is_counted_once(
+    storefront, product, other_storefront, fast_settings
+):
     """The fast path counts a request before its database read (the two round trips
     overlap); a request it then hands over — a first payment, a reused key with another
     body, another client's purchase — is counted by it once, never again by the view."""
@@ -418,8 +454,9 @@ def test_every_handed_over_request_is_counted_once(storefront, product, other_st
     counter = f"rl:throttle_api_client_client:{storefront.client.pk}"
     sends = {
         201: lambda: storefront.post(f"purchases/{second['id']}/payments", BODY, key=new_key()),
-        422: lambda: storefront.post(f"purchases/{pid}/payments",
-                                     {**BODY, "payment_method": "pm_card_mastercard"}, key=key),
+        422: lambda: storefront.post(
+            f"purchases/{pid}/payments", {**BODY, "payment_method": "pm_card_mastercard"}, key=key
+        ),
         200: lambda: storefront.post(f"purchases/{pid}/payments", BODY, key=key),
     }
     for status, send in sends.items():
@@ -436,7 +473,8 @@ def test_every_handed_over_request_is_counted_once(storefront, product, other_st
 
 
 def test_a_read_failing_between_the_limiters_send_and_reply_leaves_redis_in_step(
-        storefront, product, fast_settings, monkeypatch):
+    storefront, product, fast_settings, monkeypatch
+):
     """The limiter's reply is read even when the database read between its send and its
     reply raises: the request is counted once (the view reuses the decision), and the
     pooled Redis connection is not left holding an unread reply for the next command."""
@@ -467,7 +505,8 @@ def test_a_read_failing_between_the_limiters_send_and_reply_leaves_redis_in_step
 
 
 def test_the_fast_path_answers_before_the_middleware_an_api_request_never_uses(
-        storefront, product, fast_settings, monkeypatch):
+    storefront, product, fast_settings, monkeypatch
+):
     """FastPathMiddleware answers a clean replay and read before the session, CSRF, auth
     and messages middleware run (it sits after them in MIDDLEWARE); a request carrying a
     session cookie goes down the whole chain and the view's own wrapper answers it early."""
@@ -476,15 +515,20 @@ def test_the_fast_path_answers_before_the_middleware_an_api_request_never_uses(
     purchase, key = _paid(storefront, product)
     seen = []
     original = MessageMiddleware.process_request
-    monkeypatch.setattr(MessageMiddleware, "process_request",
-                        lambda self, request: (seen.append(request.path),
-                                               original(self, request))[1])
+    monkeypatch.setattr(
+        MessageMiddleware,
+        "process_request",
+        lambda self, request: (seen.append(request.path), original(self, request))[1],
+    )
     replay = storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key)
     read = storefront.get(f"purchases/{purchase['id']}")
     assert getattr(replay, "verity_fast_path", False) and getattr(read, "verity_fast_path", False)
     assert seen == []
-    for name, value in (("X-Frame-Options", "DENY"), ("X-Content-Type-Options", "nosniff"),
-                        ("Content-Length", str(len(read.content)))):
+    for name, value in (
+        ("X-Frame-Options", "DENY"),
+        ("X-Content-Type-Options", "nosniff"),
+        ("Content-Length", str(len(read.content))),
+    ):
         assert read[name] == value
 
     storefront.http.cookies["sessionid"] = "not-a-session"

@@ -1,6 +1,7 @@
 """Attacks on the API fast path (payments/api/fast_path.py) against the DRF view, and on
 the limiter key they share (af921b0: cache.make_key). Real stack: the counter is read
 in Redis, rows in PostgreSQL."""
+
 import time
 import uuid
 from datetime import timedelta
@@ -43,8 +44,7 @@ def test_fast_path_and_drf_share_one_counter_counted_once(storefront, product):
     assert _counter(storefront.client) == before + 4
 
 
-def test_another_clients_purchase_is_404_on_the_fast_path(storefront, other_storefront,
-                                                           product):
+def test_another_clients_purchase_is_404_on_the_fast_path(storefront, other_storefront, product):
     purchase, key = _paid(storefront, product)
     other_storefront.get("purchases/pur_x")  # warm the other key
     seen = other_storefront.get(f"purchases/{purchase['id']}")
@@ -59,22 +59,31 @@ def test_another_clients_purchase_is_404_on_the_fast_path(storefront, other_stor
 
 def test_same_key_different_body_is_422_and_in_flight_is_409(storefront, product):
     purchase, key = _paid(storefront, product)
-    other = storefront.post(f"purchases/{purchase['id']}/payments",
-                            {**BODY, "capture": "manual"}, key=key)
+    other = storefront.post(
+        f"purchases/{purchase['id']}/payments", {**BODY, "capture": "manual"}, key=key
+    )
     assert other.status_code == 422 and other.json()["code"] == "idempotency_key_reused"
     # Whitespace/key order differ, same canonical body: a replay.
-    same = storefront.http.post(f"/api/v1/purchases/{purchase['id']}/payments",
-                                data='{ "capture":"automatic" , "payment_method":"pm_card_visa"}',
-                                content_type="application/json", HTTP_IDEMPOTENCY_KEY=key)
+    same = storefront.http.post(
+        f"/api/v1/purchases/{purchase['id']}/payments",
+        data='{ "capture":"automatic" , "payment_method":"pm_card_visa"}',
+        content_type="application/json",
+        HTTP_IDEMPOTENCY_KEY=key,
+    )
     assert same.status_code == 200 and same["Idempotent-Replayed"] == "true"
     # In flight (not done): 409 with Retry-After, on either path.
     purchase2 = storefront.new_purchase(product.sku)
     key2 = new_key()
     IdempotencyRecord.objects.create(
-        api_client=storefront.client, route="purchases_payments_create", key=key2,
+        api_client=storefront.client,
+        route="purchases_payments_create",
+        key=key2,
         fingerprint=request_fingerprint(
-            path=f"/api/v1/purchases/{purchase2['id']}/payments", body=BODY), state=IdempotencyRecord.State.IN_FLIGHT,
-        lease_until=timezone.now() + timedelta(seconds=60))
+            path=f"/api/v1/purchases/{purchase2['id']}/payments", body=BODY
+        ),
+        state=IdempotencyRecord.State.IN_FLIGHT,
+        lease_until=timezone.now() + timedelta(seconds=60),
+    )
     busy = storefront.post(f"purchases/{purchase2['id']}/payments", BODY, key=key2)
     assert busy.status_code == 409 and busy.get("Retry-After"), busy.content
 
@@ -87,6 +96,7 @@ def test_missing_scope_and_revoked_key_beyond_the_window(storefront, product, fa
 
     fast_settings.API_CLIENT_CACHE_SECONDS = 1
     from payments.client_cache import api_client_cache_clear
+
     api_client_cache_clear()
     assert storefront.get(f"purchases/{purchase['id']}").status_code == 200  # verified
     # Revoked by another process: no post_save here, the cache is not cleared.
@@ -98,8 +108,7 @@ def test_missing_scope_and_revoked_key_beyond_the_window(storefront, product, fa
     assert replay.status_code == 401
 
 
-def test_over_the_limit_is_429_and_counted_once_on_either_path(storefront, product,
-                                                               fast_settings):
+def test_over_the_limit_is_429_and_counted_once_on_either_path(storefront, product, fast_settings):
     purchase, _ = _paid(storefront, product)
     c = _counter(storefront.client)
     fast_settings.API_THROTTLE_RATE = f"{c + 1}/min"
@@ -114,11 +123,13 @@ def test_over_the_limit_is_429_and_counted_once_on_either_path(storefront, produ
 
 
 def test_a_locked_prefix_is_refused_on_the_fast_path_after_script_flush(
-        storefront, product, fast_settings):
+    storefront, product, fast_settings
+):
     purchase, _ = _paid(storefront, product)
     prefix = storefront.key.partition(".")[0][:16]
-    cache.set(f"api-auth-fail:prefix:{prefix}", fast_settings.API_AUTH_FAILURES_PER_PREFIX,
-              timeout=60)
+    cache.set(
+        f"api-auth-fail:prefix:{prefix}", fast_settings.API_AUTH_FAILURES_PER_PREFIX, timeout=60
+    )
     redis_client().script_flush()
     c = _counter(storefront.client)
     locked = storefront.get(f"purchases/{purchase['id']}")
@@ -130,14 +141,16 @@ def test_a_locked_prefix_is_refused_on_the_fast_path_after_script_flush(
 
 
 @pytest.mark.parametrize("accept", ["", "*/*", "application/json", "application/*"])
-def test_every_accept_the_fast_path_takes_answers_as_drf(storefront, product, fast_settings,
-                                                         accept):
+def test_every_accept_the_fast_path_takes_answers_as_drf(
+    storefront, product, fast_settings, accept
+):
     purchase, key = _paid(storefront, product)
     headers = {"HTTP_ACCEPT": accept} if accept else {}
 
-    for send in (lambda: storefront.http.get(f"/api/v1/purchases/{purchase['id']}", **headers),
-                 lambda: storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key,
-                                         **headers)):
+    for send in (
+        lambda: storefront.http.get(f"/api/v1/purchases/{purchase['id']}", **headers),
+        lambda: storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key, **headers),
+    ):
         fast, drf = _both(fast_settings, send)
         assert getattr(fast, "verity_fast_path", False)
         assert fast.status_code == drf.status_code

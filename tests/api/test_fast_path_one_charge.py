@@ -2,6 +2,7 @@
 charges, or a replay make a provider call? Parallel first payments with one key and with
 new keys, racing replays and reads, then replays in every shape the fast path accepts.
 Asserted on localstripe's PaymentIntents and on ProviderCall / PaymentOperation rows."""
+
 import threading
 
 import pytest
@@ -35,8 +36,7 @@ def _parallel(sends):
     return answers
 
 
-def test_parallel_first_payments_replays_and_reads_charge_once(storefront, product,
-                                                               localstripe):
+def test_parallel_first_payments_replays_and_reads_charge_once(storefront, product, localstripe):
     purchase = storefront.new_purchase(product.sku)
     pid = purchase["id"]
     storefront.get(f"purchases/{pid}")  # the key verified: the fast path is warm
@@ -46,8 +46,9 @@ def test_parallel_first_payments_replays_and_reads_charge_once(storefront, produ
     sends = []
     for n, api in enumerate(apis):
         if n < 6:
-            sends.append(lambda api=api, k=keys[n]: api.post(f"purchases/{pid}/payments",
-                                                             BODY, key=k))
+            sends.append(
+                lambda api=api, k=keys[n]: api.post(f"purchases/{pid}/payments", BODY, key=k)
+            )
         else:
             sends.append(lambda api=api: api.get(f"purchases/{pid}"))
     answers = _parallel(sends)
@@ -65,8 +66,9 @@ def test_parallel_first_payments_replays_and_reads_charge_once(storefront, produ
     # every replay of the winning request after it (whichever key won the race): fast or
     # DRF, no provider call, no operation, no intent
     key = next(k for k, a in zip(keys, answers, strict=False) if a.status_code == 201)
-    replays = _parallel([lambda api=api: api.post(f"purchases/{pid}/payments", BODY, key=key)
-                         for api in apis])
+    replays = _parallel(
+        [lambda api=api: api.post(f"purchases/{pid}/payments", BODY, key=key) for api in apis]
+    )
     assert all(r.status_code == 200 and r["Idempotent-Replayed"] == "true" for r in replays)
     assert any(getattr(r, "verity_fast_path", False) for r in replays)
     assert ProviderCall.objects.filter(operation__purchase_id=pid).count() == calls
@@ -91,7 +93,8 @@ def test_a_replay_on_another_purchase_path_is_no_replay(storefront, product, loc
     assert not PaymentOperation.objects.filter(purchase_id=second["id"]).exists()
     # and a percent-encoded spelling of the first path replays the first operation
     encoded = "".join(f"%{ord(c):02X}" for c in first["id"])
-    again = storefront.http.post(f"/api/v1/purchases/{encoded}/payments", BODY, format="json",
-                                 HTTP_IDEMPOTENCY_KEY=key)
+    again = storefront.http.post(
+        f"/api/v1/purchases/{encoded}/payments", BODY, format="json", HTTP_IDEMPOTENCY_KEY=key
+    )
     assert again.status_code == 200, again.content
     assert len(localstripe.succeeded_charges_for(first["id"])) == 1

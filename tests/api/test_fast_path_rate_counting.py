@@ -1,9 +1,11 @@
 """The fast path counts a request as the DRF view does (the limiter's hit is sent before
 the fast path's database read, its decision left on the request for the view). Every
-answer the API gives on the two fast routes — fast or handed over, 200/400/401/403/404/405/406/409/415/
+answer the API gives on the two fast routes — fast or handed over,
+200/400/401/403/404/405/406/409/415/
 422/429 — counts the request against the client's limit exactly as the DRF view alone
 does, and moves the failed-authentication counters exactly as it does. Counters are read
 in Redis; each case is sent once with the fast path on and once with it off."""
+
 import threading
 import time
 
@@ -45,8 +47,9 @@ def _delta(before: dict, after: dict) -> dict:
     return {k: after[k] - before[k] for k in before if after[k] != before[k]}
 
 
-def test_every_answer_counts_as_the_drf_view_alone(storefront, other_storefront, product,
-                                                   fast_settings):
+def test_every_answer_counts_as_the_drf_view_alone(
+    storefront, other_storefront, product, fast_settings
+):
     purchase, key = _paid(storefront, product)
     pid = purchase["id"]
     path = f"/api/v1/purchases/{pid}/payments"
@@ -64,30 +67,39 @@ def test_every_answer_counts_as_the_drf_view_alone(storefront, other_storefront,
         "200 replay": lambda: storefront.post(f"purchases/{pid}/payments", BODY, key=key),
         "404 other client": lambda: other_storefront.get(f"purchases/{pid}"),
         "404 no such id": lambda: storefront.get("purchases/pur_nope"),
-        "404 replay no such id": lambda: storefront.post("purchases/pur_nope/payments", BODY,
-                                                         key=new_key()),
+        "404 replay no such id": lambda: storefront.post(
+            "purchases/pur_nope/payments", BODY, key=new_key()
+        ),
         "405 put": lambda: h.put(f"/api/v1/purchases/{pid}", {}, format="json"),
         "406 html": lambda: storefront.get(f"purchases/{pid}", HTTP_ACCEPT="text/html"),
-        "409 in flight": lambda: storefront.post(f"purchases/{pid}/payments", BODY,
-                                                 key=running),
-        "409 already paid": lambda: storefront.post(f"purchases/{pid}/payments", BODY,
-                                                    key=new_key()),
-        "415 text body": lambda: h.post(f"/api/v1/purchases/{pid}/payments", data="x",
-                                        content_type="text/plain",
-                                        HTTP_IDEMPOTENCY_KEY=key),
-        "400 bad json": lambda: h.post(f"/api/v1/purchases/{pid}/payments", data="{",
-                                       content_type="application/json",
-                                       HTTP_IDEMPOTENCY_KEY=key),
+        "409 in flight": lambda: storefront.post(f"purchases/{pid}/payments", BODY, key=running),
+        "409 already paid": lambda: storefront.post(
+            f"purchases/{pid}/payments", BODY, key=new_key()
+        ),
+        "415 text body": lambda: h.post(
+            f"/api/v1/purchases/{pid}/payments",
+            data="x",
+            content_type="text/plain",
+            HTTP_IDEMPOTENCY_KEY=key,
+        ),
+        "400 bad json": lambda: h.post(
+            f"/api/v1/purchases/{pid}/payments",
+            data="{",
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY=key,
+        ),
         "400 no key": lambda: storefront.post(f"purchases/{pid}/payments", BODY, key=None),
-        "422 reused": lambda: storefront.post(f"purchases/{pid}/payments",
-                                              {**BODY, "payment_method": "pm_card_mastercard"},
-                                              key=key),
+        "422 reused": lambda: storefront.post(
+            f"purchases/{pid}/payments", {**BODY, "payment_method": "pm_card_mastercard"}, key=key
+        ),
         "403 scope": lambda: reader.post(f"purchases/{pid}/payments", BODY, key=key),
         "401 wrong secret": lambda: Api(wrong).get(f"purchases/{pid}"),
-        "401 wrong secret post": lambda: Api(wrong).post(f"purchases/{pid}/payments", BODY,
-                                                         key=key),
-        "401 bearer": lambda: APIClient().get(f"/api/v1/purchases/{pid}",
-                                              HTTP_AUTHORIZATION=f"Bearer {storefront.key}"),
+        "401 wrong secret post": lambda: Api(wrong).post(
+            f"purchases/{pid}/payments", BODY, key=key
+        ),
+        "401 bearer": lambda: APIClient().get(
+            f"/api/v1/purchases/{pid}", HTTP_AUTHORIZATION=f"Bearer {storefront.key}"
+        ),
     }
     clients = (storefront.client, other_storefront.client, reader_client)
     failures = []
@@ -111,8 +123,9 @@ def test_every_answer_counts_as_the_drf_view_alone(storefront, other_storefront,
     assert failures == []
 
 
-def test_a_locked_address_is_refused_on_the_fast_path_behind_a_proxy(storefront, product,
-                                                                     fast_settings):
+def test_a_locked_address_is_refused_on_the_fast_path_behind_a_proxy(
+    storefront, product, fast_settings
+):
     """TRUSTED_PROXY_COUNT=1: the address the lockout counts is X-Forwarded-For's last hop.
     A locked address refuses a cached key's read and replay (429), nothing counted;
     another address is answered."""
@@ -126,14 +139,20 @@ def test_a_locked_address_is_refused_on_the_fast_path_behind_a_proxy(storefront,
         for on in (True, False):
             fast_settings.API_FAST_PATH = on
             before = _raw(ident)
-            a = storefront.get(f"purchases/{purchase['id']}",
-                               HTTP_X_FORWARDED_FOR="198.51.100.1, 203.0.113.9")
-            b = storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key,
-                                HTTP_X_FORWARDED_FOR="203.0.113.9")
+            a = storefront.get(
+                f"purchases/{purchase['id']}", HTTP_X_FORWARDED_FOR="198.51.100.1, 203.0.113.9"
+            )
+            b = storefront.post(
+                f"purchases/{purchase['id']}/payments",
+                BODY,
+                key=key,
+                HTTP_X_FORWARDED_FOR="203.0.113.9",
+            )
             assert (a.status_code, b.status_code) == (429, 429), (on, a.content, b.content)
             assert _raw(ident) == before
-            ok = storefront.get(f"purchases/{purchase['id']}",
-                                HTTP_X_FORWARDED_FOR="203.0.113.9, 198.51.100.1")
+            ok = storefront.get(
+                f"purchases/{purchase['id']}", HTTP_X_FORWARDED_FOR="203.0.113.9, 198.51.100.1"
+            )
             assert ok.status_code == 200 and _raw(ident) == before + 1
     finally:
         cache.delete(lock)
@@ -155,8 +174,7 @@ def test_script_flush_between_requests_counts_each_once(storefront, product, fas
         assert _raw(ident) == before + 2, n
 
 
-def test_a_stalled_reply_leaves_every_pooled_connection_in_step(storefront, product,
-                                                                fast_settings):
+def test_a_stalled_reply_leaves_every_pooled_connection_in_step(storefront, product, fast_settings):
     """Redis busy past the socket timeout while the fast path's EVALSHA waits: the
     request is answered (fail-open), counted once (Redis runs it late), and no pooled
     connection hands a later command the late reply."""
@@ -183,8 +201,9 @@ def test_a_stalled_reply_leaves_every_pooled_connection_in_step(storefront, prod
 
 
 @pytest.mark.parametrize("cookies", ["session", "csrf-bad", "csrf-good"])
-def test_requests_with_cookies_count_once_on_both_paths(storefront, product, fast_settings,
-                                                        cookies):
+def test_requests_with_cookies_count_once_on_both_paths(
+    storefront, product, fast_settings, cookies
+):
     """A console session cookie (the middleware declines; the view's wrapper counts) or a
     CSRF cookie (the middleware answers): one count per request either way."""
     import uuid
@@ -202,9 +221,10 @@ def test_requests_with_cookies_count_once_on_both_paths(storefront, product, fas
     ident = f"rl:{_ident(storefront.client)}"
     for on in (True, False):
         fast_settings.API_FAST_PATH = on
-        for send in (lambda: storefront.get(f"purchases/{purchase['id']}"),
-                     lambda: storefront.post(f"purchases/{purchase['id']}/payments", BODY,
-                                             key=key)):
+        for send in (
+            lambda: storefront.get(f"purchases/{purchase['id']}"),
+            lambda: storefront.post(f"purchases/{purchase['id']}/payments", BODY, key=key),
+        ):
             storefront.http.cookies.clear()
             for k, v in jar.items():
                 storefront.http.cookies[k] = v

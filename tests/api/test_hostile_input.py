@@ -1,5 +1,6 @@
 """Hostile input never gets a 5xx: a clear 4xx problem with nothing written, or
 for a signed malformed event a 2xx with the event stored as `rejected` and counted."""
+
 import pytest
 from prometheus_client import REGISTRY
 
@@ -33,8 +34,9 @@ def test_an_email_longer_than_the_column_is_a_400_and_writes_nothing(storefront,
     assert not IdempotencyRecord.objects.filter(route="purchases_create").exists()
 
 
-@pytest.mark.parametrize("path", ["purchases/pur_%00x", "operations/op_%00x",
-                                  "purchases/pur_%00x/deliverable"])
+@pytest.mark.parametrize(
+    "path", ["purchases/pur_%00x", "operations/op_%00x", "purchases/pur_%00x/deliverable"]
+)
 def test_a_nul_byte_in_a_path_id_is_a_400(storefront, path):
     r = storefront.get(path)
     assert r.status_code == 400 and r.json()["code"] == "invalid_request", r.content
@@ -48,8 +50,9 @@ def test_a_nul_byte_in_a_money_request_path_is_a_400_and_writes_nothing(storefro
 
 @pytest.mark.parametrize("body", [DEEP, '{"items":' + DEEP + ',"currency":"usd"}'])
 def test_a_3000_deep_json_body_is_a_400_and_writes_nothing(storefront, body):
-    r = storefront.http.post("/api/v1/quotes", body, content_type="application/json",
-                             HTTP_IDEMPOTENCY_KEY="deep-1")
+    r = storefront.http.post(
+        "/api/v1/quotes", body, content_type="application/json", HTTP_IDEMPOTENCY_KEY="deep-1"
+    )
     assert r.status_code == 400, r.content
     assert r["Content-Type"].startswith("application/problem+json")
     assert Quote.objects.count() == 0 and not IdempotencyRecord.objects.exists()
@@ -58,20 +61,28 @@ def test_a_3000_deep_json_body_is_a_400_and_writes_nothing(storefront, body):
 def test_a_signed_3000_deep_webhook_is_a_400_and_writes_nothing(client):
     from webhooks.models import ProviderEvent
 
-    body = ('{"id":"evt_deep","type":"payment_intent.succeeded","data":{"object":{"a":'
-            + DEEP + '}}}').encode()
+    body = (
+        '{"id":"evt_deep","type":"payment_intent.succeeded","data":{"object":{"a":' + DEEP + "}}}"
+    ).encode()
     r = post(client, body)
     assert r.status_code == 400
     assert ProviderEvent.objects.count() == 0 and OutboxMessage.objects.count() == 0
 
 
-@pytest.mark.parametrize("shape", ["metadata_list", "metadata_string", "account_object",
-                                   "account_number"])
+@pytest.mark.parametrize(
+    "shape", ["metadata_list", "metadata_string", "account_object", "account_number"]
+)
 def test_a_signed_malformed_event_is_stored_rejected_and_counted(client, shape):
     from webhooks.models import EventResult, ProviderEvent
 
-    obj = {"id": "pi_hostile", "object": "payment_intent", "status": "succeeded",
-           "amount": 1500, "currency": "usd", "metadata": {"purchase_id": "pur_x"}}
+    obj = {
+        "id": "pi_hostile",
+        "object": "payment_intent",
+        "status": "succeeded",
+        "amount": 1500,
+        "currency": "usd",
+        "metadata": {"purchase_id": "pur_x"},
+    }
     account = None
     if shape == "metadata_list":
         obj["metadata"] = ["purchase_id", "pur_x"]

@@ -1,4 +1,5 @@
 """Key records: retention purge, and the record's life through one request."""
+
 from datetime import timedelta
 
 import pytest
@@ -16,12 +17,18 @@ def test_purge_deletes_only_finished_records_past_retention(storefront, product)
     for key in (old_key, new):
         assert storefront.quote(product.sku, key=key).status_code == 201
     IdempotencyRecord.objects.filter(key=old_key).update(
-        created_at=timezone.now() - timedelta(days=31))
+        created_at=timezone.now() - timedelta(days=31)
+    )
     IdempotencyRecord.objects.create(
-        api_client=storefront.client, route="quotes_create", key=running, fingerprint="x",
-        lease_until=timezone.now() + timedelta(seconds=30))
+        api_client=storefront.client,
+        route="quotes_create",
+        key=running,
+        fingerprint="x",
+        lease_until=timezone.now() + timedelta(seconds=30),
+    )
     IdempotencyRecord.objects.filter(key=running).update(
-        created_at=timezone.now() - timedelta(days=31))
+        created_at=timezone.now() - timedelta(days=31)
+    )
 
     call_command("idempotency_purge", "--days", "30")
 
@@ -36,5 +43,9 @@ def test_a_finished_record_names_its_resource(storefront, product):
     quote = storefront.quote(product.sku, key=key).json()
     record = IdempotencyRecord.objects.get(key=key)
     assert (record.state, record.resource_type, record.resource_id, record.response_status) == (
-        "done", "quote", quote["id"], 201)
+        "done",
+        "quote",
+        quote["id"],
+        201,
+    )
     assert record.route == "quotes_create" and record.api_client_id == storefront.client.pk

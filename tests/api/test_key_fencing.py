@@ -11,6 +11,7 @@ Real stack: the payment is charged at localstripe, its answer lost, a person res
 the fault-drill client's `read_slow`; the lease is shortened by settings. Refunds are
 counted at localstripe and in the database, through REST and through the MCP tool.
 """
+
 import threading
 import time
 
@@ -34,16 +35,21 @@ def persons_word(storefront, product, drill, read_drill, django_user_model):
     """A purchase whose payment succeeded at localstripe but which only a person settled
     (the answer was lost, the read-back at the resolution unreachable)."""
     purchase = storefront.new_purchase(product.sku)
-    op = services.payment_create(purchase_id=purchase["id"], api_client=storefront.client,
-                                 payment_method="pm_card_visa")
+    op = services.payment_create(
+        purchase_id=purchase["id"], api_client=storefront.client, payment_method="pm_card_visa"
+    )
     drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
     op = services.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.UNKNOWN
     read_drill(op.provider_reference)
     person = django_user_model.objects.create(username="resolver-fencing")
-    op = services.operation_resolve_manual(operation_id=op.id, outcome="succeeded",
-                                           reason="the buyer's bank shows it",
-                                           actor="resolver-fencing", acting_user=person)
+    op = services.operation_resolve_manual(
+        operation_id=op.id,
+        outcome="succeeded",
+        reason="the buyer's bank shows it",
+        actor="resolver-fencing",
+        acting_user=person,
+    )
     assert (op.outcome, op.grade) == (Outcome.SUCCEEDED, Grade.ACKNOWLEDGED)
     return purchase, op
 
@@ -53,17 +59,18 @@ def _refund_by_rest(storefront, purchase_id, key):
 
 
 def _refund_by_mcp(storefront, purchase_id, key):
-    return tools.request_refund(api_client=storefront.client, purchase_id=purchase_id,
-                                amount=1000)
+    return tools.request_refund(api_client=storefront.client, purchase_id=purchase_id, amount=1000)
 
 
 @pytest.mark.parametrize("face", [_refund_by_rest, _refund_by_mcp], ids=["rest", "mcp"])
 def test_a_request_whose_lease_ran_out_during_the_read_back_creates_no_second_refund(
-        face, storefront, persons_word, settings, localstripe):
+    face, storefront, persons_word, settings, localstripe
+):
     settings.IDEMPOTENCY_LEASE_SECONDS = LEASE
     purchase, payment = persons_word
-    provider_for_rail(Rail.STRIPE).arm_drill(key_prefix=payment.provider_reference,
-                                             step="read", mode=DrillMode.READ_SLOW, times=1)
+    provider_for_rail(Rail.STRIPE).arm_drill(
+        key_prefix=payment.provider_reference, step="read", mode=DrillMode.READ_SLOW, times=1
+    )
     key = "refund-once"
     stalled: dict = {}
 
@@ -86,12 +93,12 @@ def test_a_request_whose_lease_ran_out_during_the_read_back_creates_no_second_re
     assert not thread.is_alive()
     assert "error" not in stalled, stalled
 
-    refunds = PaymentOperation.objects.filter(purchase_id=purchase["id"],
-                                              kind=OperationKind.REFUND)
+    refunds = PaymentOperation.objects.filter(purchase_id=purchase["id"], kind=OperationKind.REFUND)
     assert refunds.count() == 1, list(refunds.values("id", "outcome", "amount"))
     assert len(localstripe.refunds_for(payment.provider_reference)) == 1
-    [record] = IdempotencyRecord.objects.filter(resource_type="operation",
-                                                resource_id=refunds.get().id)
+    [record] = IdempotencyRecord.objects.filter(
+        resource_type="operation", resource_id=refunds.get().id
+    )
     assert record.state == IdempotencyRecord.State.DONE
     # The retry answers the refund; the stalled request says it did nothing.
     if face is _refund_by_rest:

@@ -10,6 +10,7 @@
    row: the same effects at localstripe (one charge, one payment operation) and the answer
    each face gives, side by side, meaning the same thing.
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,13 +40,29 @@ FACES = ("payments/api/views.py", "agents/tools.py", "acp/views.py", "acp/servic
 # The ladder's own steps: only payments.keyed (and payments.api.idempotency, its old names
 # for callers outside the faces) may use them.
 LADDER_STEPS = {
-    "idempotency_claim", "idempotency_bind", "idempotency_complete", "idempotency_release",
-    "key_claim", "key_bind", "key_complete", "key_release", "key_forget", "IdempotencyRecord",
+    "idempotency_claim",
+    "idempotency_bind",
+    "idempotency_complete",
+    "idempotency_release",
+    "key_claim",
+    "key_bind",
+    "key_complete",
+    "key_release",
+    "key_forget",
+    "IdempotencyRecord",
     "operation_dispatch",
 }
-LADDER_ENTRIES = {"keyed_effect", "payment_request", "follow_up_request", "checkout_complete",
-                  # acp.services: the session writes, each through keyed_effect
-                  "session_create", "session_update", "session_complete", "session_cancel"}
+LADDER_ENTRIES = {
+    "keyed_effect",
+    "payment_request",
+    "follow_up_request",
+    "checkout_complete",
+    # acp.services: the session writes, each through keyed_effect
+    "session_create",
+    "session_update",
+    "session_complete",
+    "session_cancel",
+}
 
 
 def _names(path: str) -> set[str]:
@@ -102,13 +119,17 @@ class RestFace:
         return self.pay(paid, f"retry-{uuid.uuid4()}", retry_of=failed.id)
 
     def die_holding(self, paid: Paid, key: str) -> None:
-        leave_crashed_payment_request(self.api, paid.purchase_id, key,
-                                      {"payment_method": "pm_card_visa",
-                                       "capture": "automatic"})
+        leave_crashed_payment_request(
+            self.api,
+            paid.purchase_id,
+            key,
+            {"payment_method": "pm_card_visa", "capture": "automatic"},
+        )
 
     def unknown_payment(self, paid: Paid, drill) -> PaymentOperation:
-        op = services.payment_create(purchase_id=paid.purchase_id, api_client=self.api.client,
-                                     payment_method="pm_card_visa")
+        op = services.payment_create(
+            purchase_id=paid.purchase_id, api_client=self.api.client, payment_method="pm_card_visa"
+        )
         drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
         return services.operation_dispatch(operation_id=op.id)
 
@@ -126,17 +147,22 @@ class McpFace(RestFace):
         return ("paid" if paid else "unpaid") + (", replayed" if result.replayed else "")
 
     def pay(self, paid: Paid, key: str, method: str = "pm_card_visa", retry_of=None) -> str:
-        return self._said(tools.pay_purchase(api_client=self.api.client,
-                                             purchase_id=paid.handle, payment_method=method))
+        return self._said(
+            tools.pay_purchase(
+                api_client=self.api.client, purchase_id=paid.handle, payment_method=method
+            )
+        )
 
     def retry(self, paid: Paid, failed: PaymentOperation) -> str:
-        return self._said(tools.retry_failed_payment(api_client=self.api.client,
-                                                     operation_id=failed.id))
+        return self._said(
+            tools.retry_failed_payment(api_client=self.api.client, operation_id=failed.id)
+        )
 
     def die_holding(self, paid: Paid, key: str) -> None:
         # The first pay_purchase died after recording its payment, before sending it.
-        services.payment_create(purchase_id=paid.purchase_id, api_client=self.api.client,
-                                payment_method="pm_card_visa")
+        services.payment_create(
+            purchase_id=paid.purchase_id, api_client=self.api.client, payment_method="pm_card_visa"
+        )
 
 
 class AcpFace:
@@ -161,7 +187,10 @@ class AcpFace:
     def _purchase(self, paid: Paid) -> str:
         paid.purchase_id = paid.purchase_id or (
             Purchase.objects.filter(acp_session__id=paid.handle)
-            .values_list("id", flat=True).first() or "")
+            .values_list("id", flat=True)
+            .first()
+            or ""
+        )
         return paid.purchase_id
 
     def _said(self, r) -> str:
@@ -171,8 +200,11 @@ class AcpFace:
         return f"refused {r.json()['code']}" if r.status_code >= 400 else f"status {r.status_code}"
 
     def pay(self, paid: Paid, key: str, method: str = "pm_card_visa", retry_of=None) -> str:
-        r = self.agent.post(f"checkout_sessions/{paid.handle}/complete",
-                            complete_body(self._token(method), self.email), key=key)
+        r = self.agent.post(
+            f"checkout_sessions/{paid.handle}/complete",
+            complete_body(self._token(method), self.email),
+            key=key,
+        )
         said = self._said(r)
         self._purchase(paid)
         return said
@@ -190,24 +222,35 @@ class AcpFace:
         session = CheckoutSession.objects.get(pk=paid.handle)
         with transaction.atomic():
             op = checkout_complete(
-                api_client=self.client, purchase_id=None, quote_id=session.quote_id,
-                quote_version=session.quote.version, email=self.email,
-                token=self._token("pm_card_visa"), retry_of=None,
-                on_purchase=lambda pid: setattr(session, "purchase_id", pid))
+                api_client=self.client,
+                purchase_id=None,
+                quote_id=session.quote_id,
+                quote_version=session.quote.version,
+                email=self.email,
+                token=self._token("pm_card_visa"),
+                retry_of=None,
+                on_purchase=lambda pid: setattr(session, "purchase_id", pid),
+            )
             session.save()
         body = complete_body(self._token("pm_card_visa"), self.email)
         IdempotencyRecord.objects.create(
-            api_client=self.client, route="acp_checkout_sessions_complete", key=key,
+            api_client=self.client,
+            route="acp_checkout_sessions_complete",
+            key=key,
             fingerprint=request_fingerprint(
-                path=f"/acp/checkout_sessions/{paid.handle}/complete", body=body),
+                path=f"/acp/checkout_sessions/{paid.handle}/complete", body=body
+            ),
             state=IdempotencyRecord.State.IN_FLIGHT,
             lease_until=timezone.now() - timedelta(seconds=1),
-            resource_type="acp_session", resource_id=paid.handle)
+            resource_type="acp_session",
+            resource_id=paid.handle,
+        )
         paid.purchase_id = op.purchase_id
 
     def unknown_payment(self, paid: Paid, drill) -> PaymentOperation:
-        provider_for_rail(Rail.STRIPE).arm_drill(key_prefix="*", step="confirm",
-                                                 mode=DrillMode.DROP_RESPONSE_AFTER_SEND)
+        provider_for_rail(Rail.STRIPE).arm_drill(
+            key_prefix="*", step="confirm", mode=DrillMode.DROP_RESPONSE_AFTER_SEND
+        )
         assert self.pay(paid, f"first-{uuid.uuid4()}") == "status 202"
         return PaymentOperation.objects.get(purchase_id=paid.purchase_id)
 
@@ -233,9 +276,13 @@ def _retry_after_a_persons_unconfirmed_failed(face, paid, drill=None, read_drill
     assert op.outcome == Outcome.UNKNOWN
     read_drill(op.provider_reference)  # the person's read-back cannot reach the provider
     person = get_user_model().objects.create(username=f"person-{uuid.uuid4().hex[:6]}")
-    op = services.operation_resolve_manual(operation_id=op.id, outcome="failed",
-                                           reason="the buyer says declined",
-                                           actor=person.username, acting_user=person)
+    op = services.operation_resolve_manual(
+        operation_id=op.id,
+        outcome="failed",
+        reason="the buyer says declined",
+        actor=person.username,
+        acting_user=person,
+    )
     assert (op.outcome, op.grade) == (Outcome.FAILED, Grade.ACKNOWLEDGED)
     return [face.retry(paid, op)]
 
@@ -243,23 +290,39 @@ def _retry_after_a_persons_unconfirmed_failed(face, paid, drill=None, read_drill
 # scenario -> what each face answers, call by call. The same meaning on every row: the
 # money moved once; a repeat is answered, never applied again.
 TABLE = {
-    "replay": (_replay, {
-        "rest": ["paid", "paid, replayed"],
-        "mcp": ["paid", "paid, replayed"],          # a second call is the same payment
-        "acp": ["paid", "paid, replayed"]}),
-    "another body under the same key": (_other_body, {
-        "rest": ["paid", "refused idempotency_key_reused"],
-        "mcp": ["paid", "paid, replayed"],          # no key to reuse: the same payment
-        "acp": ["paid", "refused idempotency_conflict"]}),
-    "a request that died holding the key, and its retry": (_died_holding_the_key, {
-        "rest": ["paid"],                           # the dead request's payment, sent now
-        "mcp": ["paid, replayed"],
-        "acp": ["paid"]}),
-    "a retry after a person's unconfirmed failed": (_retry_after_a_persons_unconfirmed_failed, {
-        # Read back first: the provider took the money, so nothing is paid again.
-        "rest": ["refused original_succeeded"],
-        "mcp": ["refused original_succeeded"],
-        "acp": ["paid"]}),
+    "replay": (
+        _replay,
+        {
+            "rest": ["paid", "paid, replayed"],
+            "mcp": ["paid", "paid, replayed"],  # a second call is the same payment
+            "acp": ["paid", "paid, replayed"],
+        },
+    ),
+    "another body under the same key": (
+        _other_body,
+        {
+            "rest": ["paid", "refused idempotency_key_reused"],
+            "mcp": ["paid", "paid, replayed"],  # no key to reuse: the same payment
+            "acp": ["paid", "refused idempotency_conflict"],
+        },
+    ),
+    "a request that died holding the key, and its retry": (
+        _died_holding_the_key,
+        {
+            "rest": ["paid"],  # the dead request's payment, sent now
+            "mcp": ["paid, replayed"],
+            "acp": ["paid"],
+        },
+    ),
+    "a retry after a person's unconfirmed failed": (
+        _retry_after_a_persons_unconfirmed_failed,
+        {
+            # Read back first: the provider took the money, so nothing is paid again.
+            "rest": ["refused original_succeeded"],
+            "mcp": ["refused original_succeeded"],
+            "acp": ["paid"],
+        },
+    ),
 }
 
 
@@ -278,8 +341,9 @@ def ctx(storefront, live_server):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("face_class", [RestFace, McpFace, AcpFace], ids=["rest", "mcp", "acp"])
 @pytest.mark.parametrize("scenario", list(TABLE))
-def test_the_same_sequence_means_the_same_in_every_face(scenario, face_class, ctx, drill,
-                                                        read_drill, localstripe):
+def test_the_same_sequence_means_the_same_in_every_face(
+    scenario, face_class, ctx, drill, read_drill, localstripe
+):
     run, expected = TABLE[scenario]
     face = face_class(ctx)
     paid = face.open()

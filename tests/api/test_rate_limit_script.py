@@ -2,6 +2,7 @@
 config.redis_client.run_script on a pooled connection): it counts once per request, and
 after Redis lost its scripts (a restart, SCRIPT FLUSH) the next request still counts
 once: the NOSCRIPT reply is taken through redis-py's own path, which loads the script."""
+
 import pytest
 
 from config.redis_client import redis_client
@@ -29,10 +30,12 @@ def test_a_lockout_counter_at_its_limit_refuses_without_counting():
 
     ident = "test-run-script:client:2"
     cache.set("api-auth-fail:prefix:abc", 5, timeout=60)  # as authentication writes it
-    locked = rate_limit_hit(ident=ident, limit=10, window_seconds=60,
-                            lock_keys=[("api-auth-fail:prefix:abc", 5)])
-    free = rate_limit_hit(ident=ident, limit=1, window_seconds=60,
-                          lock_keys=[("api-auth-fail:prefix:abc", 6)])
+    locked = rate_limit_hit(
+        ident=ident, limit=10, window_seconds=60, lock_keys=[("api-auth-fail:prefix:abc", 5)]
+    )
+    free = rate_limit_hit(
+        ident=ident, limit=1, window_seconds=60, lock_keys=[("api-auth-fail:prefix:abc", 6)]
+    )
 
     assert (locked.allowed, locked.locked) == (False, True)
     assert (free.allowed, free.locked) == (True, False)  # the locked one was not counted

@@ -11,6 +11,7 @@ now runs only when nothing was sent or Redis answered NOSCRIPT), and
 test_old_script_path_one_api_request_counted_once[fast-path] (the fast path's swallowed
 exception, independent of af921b0: it now leaves a fail-open decision for the view).
 Controls: the redis-py Script path alone counts once (unit and drf-only)."""
+
 import threading
 import time
 
@@ -87,8 +88,9 @@ def test_lockout_holds_after_script_flush():
     ident = f"attack-flush:{time.time_ns()}"
     cache.set("api-auth-fail:prefix:attack", 5, timeout=60)
     client.script_flush()
-    locked = rate_limit_hit(ident=ident, limit=10, window_seconds=60,
-                            lock_keys=[("api-auth-fail:prefix:attack", 5)])
+    locked = rate_limit_hit(
+        ident=ident, limit=10, window_seconds=60, lock_keys=[("api-auth-fail:prefix:attack", 5)]
+    )
     assert (locked.allowed, locked.locked) == (False, True)
     assert _count(ident) == 0
     client.script_flush()
@@ -96,13 +98,13 @@ def test_lockout_holds_after_script_flush():
     assert free.allowed and _count(ident) == 1
 
 
-
-
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("stall_us, fast", [(1_500_000, True), (1_500_000, False),
-                                            (2_500_000, True)])
-def test_one_api_request_is_counted_once_when_redis_answers_late(storefront, product,
-                                                                 settings, stall_us, fast):
+@pytest.mark.parametrize(
+    "stall_us, fast", [(1_500_000, True), (1_500_000, False), (2_500_000, True)]
+)
+def test_one_api_request_is_counted_once_when_redis_answers_late(
+    storefront, product, settings, stall_us, fast
+):
     """End to end: one GET /purchases/{id} (fast path, or DRF alone via a query string)
     while Redis answers after the socket timeout. The client's counter must rise by one."""
     from payments.api.authentication import ApiClientRateThrottle
@@ -125,8 +127,9 @@ def test_one_api_request_is_counted_once_when_redis_answers_late(storefront, pro
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("fast", [False, True], ids=["drf-only", "fast-path"])
-def test_old_script_path_one_api_request_counted_once(storefront, product, settings,
-                                                      monkeypatch, fast):
+def test_old_script_path_one_api_request_counted_once(
+    storefront, product, settings, monkeypatch, fast
+):
     """send_script replaced by the pre-af921b0 call (redis-py's Script alone), same 1.5 s
     stall. drf-only: counted once (so the double count above was af921b0's).
     fast-path failed before its fix, independently of af921b0: the fast path's count raised
@@ -170,8 +173,12 @@ def test_killed_connections_then_flush_count_once_and_keep_the_lockout():
         killer = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
         killer.client_kill_filter(_type="normal", skipme=True)
         killer.close()
-        locked = rate_limit_hit(ident=ident, limit=100, window_seconds=60,
-                                lock_keys=[("api-auth-fail:prefix:attack-kill", 5)])
+        locked = rate_limit_hit(
+            ident=ident,
+            limit=100,
+            window_seconds=60,
+            lock_keys=[("api-auth-fail:prefix:attack-kill", 5)],
+        )
         assert locked.locked
     assert _count(ident) == 1
     client.script_flush()

@@ -1,4 +1,5 @@
 """Declining a refund awaiting approval through the API."""
+
 import pytest
 
 from payments.models import PaymentOperation
@@ -7,8 +8,9 @@ from support.models import AuditEntry
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_declined_refund_sends_nothing_and_frees_the_amount(other_storefront, ops_tool,
-                                                              product, localstripe):
+def test_a_declined_refund_sends_nothing_and_frees_the_amount(
+    other_storefront, ops_tool, product, localstripe
+):
     # given a paid purchase of a client without automatic refunds, and a refund request
     purchase = other_storefront.new_purchase(product.sku)
     assert other_storefront.pay(purchase["id"]).status_code == 201

@@ -6,6 +6,7 @@ A afterwards would charge the buyer a second time for one basket: the duplicate 
 when a purchase opens, so it is asked again when a payment is retried (REST, MCP and ACP
 all go through `payment_create`). Counted at localstripe and in the database.
 """
+
 import pytest
 
 from payments.models import PaymentOperation
@@ -14,7 +15,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_retry_of_a_declined_purchase_is_refused_once_the_same_basket_was_bought_again(
-        storefront, product, localstripe):
+    storefront, product, localstripe
+):
     customer = "cust-bought-elsewhere"
     first = storefront.new_purchase(product.sku, customer)
     declined = storefront.pay(first["id"], "pm_card_chargeCustomerFail")
@@ -36,7 +38,8 @@ def test_a_retry_of_a_declined_purchase_is_refused_once_the_same_basket_was_boug
 
 
 def test_a_retry_of_a_declined_purchase_still_works_when_nothing_else_was_bought(
-        storefront, product, localstripe):
+    storefront, product, localstripe
+):
     first = storefront.new_purchase(product.sku, "cust-retry-alone")
     declined = storefront.pay(first["id"], "pm_card_chargeCustomerFail")
     assert declined.status_code == 402, declined.content

@@ -5,6 +5,7 @@ with the same key, retries with a new key, changes the amount, adds a field, ope
 second purchase for the same customer, hammers in parallel. Whatever it does, the
 provider must hold exactly one charge for the purchase and the shop exactly one order.
 """
+
 from __future__ import annotations
 
 import time
@@ -34,8 +35,9 @@ class Agent:
 
     def post(self, path: str, body: dict, *, key: str, timeout: float = 15.0):
         try:
-            r = self.session.post(f"{self.base}/{path}", json=body, timeout=timeout,
-                                  headers={"Idempotency-Key": key})
+            r = self.session.post(
+                f"{self.base}/{path}", json=body, timeout=timeout, headers={"Idempotency-Key": key}
+            )
         except requests.exceptions.Timeout:
             self.log.append((path, "timeout"))
             return None
@@ -59,14 +61,22 @@ class Agent:
             time.sleep(0.1)  # a hurried agent: shorter than Retry-After
 
     def open_purchase(self, sku: str) -> requests.Response:
-        q = self.post("quotes", {"items": [{"sku": sku, "quantity": 1}], "currency": "usd"},
-                      key=str(uuid.uuid4()))
+        q = self.post(
+            "quotes",
+            {"items": [{"sku": sku, "quantity": 1}], "currency": "usd"},
+            key=str(uuid.uuid4()),
+        )
         assert q.status_code == 201, q.text
         quote = q.json()
-        return self.post("purchases", {
-            "quote_id": quote["id"], "quote_version": quote["version"],
-            "customer": {"reference": self.customer, "email": "agent@example.com"}},
-            key=str(uuid.uuid4()))
+        return self.post(
+            "purchases",
+            {
+                "quote_id": quote["id"],
+                "quote_version": quote["version"],
+                "customer": {"reference": self.customer, "email": "agent@example.com"},
+            },
+            key=str(uuid.uuid4()),
+        )
 
 
 def _one_charge_and_one_order(localstripe, purchase_id: str) -> None:
@@ -76,13 +86,20 @@ def _one_charge_and_one_order(localstripe, purchase_id: str) -> None:
     wait_for(lambda: Order.objects.filter(purchase_id=purchase_id).exists(), timeout=30)
     # Count only once the worker has drained every message that is due (a duplicate step
     # run would be one of them), not after a fixed sleep that a slow worker outlasts.
-    wait_for(lambda: not OutboxMessage.objects.filter(
-        processed_at__isnull=True, available_at__lte=timezone.now()).exists(), timeout=30)
+    wait_for(
+        lambda: (
+            not OutboxMessage.objects.filter(
+                processed_at__isnull=True, available_at__lte=timezone.now()
+            ).exists()
+        ),
+        timeout=30,
+    )
     assert Order.objects.filter(purchase_id=purchase_id).count() == 1
 
 
 def test_agent_that_ignores_an_unknown_outcome_causes_one_charge_and_one_order(
-        live_server, celery_worker, storefront, product, localstripe, drill):
+    live_server, celery_worker, storefront, product, localstripe, drill
+):
     agent = Agent(live_server.url, storefront.key, customer=f"cust-{uuid.uuid4().hex[:8]}")
     p = agent.open_purchase(product.sku)
     assert p.status_code == 201, p.text
@@ -109,13 +126,18 @@ def test_agent_that_ignores_an_unknown_outcome_causes_one_charge_and_one_order(
     # 3. It does not obey. New key: refused, naming the unresolved operation.
     r = agent.post(pay_path, body, key=str(uuid.uuid4()))
     assert (r.status_code, r.json()["code"], r.json()["operation"]) == (
-        409, "payment_unresolved", op.id)
+        409,
+        "payment_unresolved",
+        op.id,
+    )
     # 4. Varies the amount, same key then new key.
     r = agent.post(pay_path, {**body, "amount": 1}, key=key)
     assert (r.status_code, r.json()["code"]) == (422, "idempotency_key_reused")
     r = agent.post(pay_path, {**body, "amount": 1}, key=str(uuid.uuid4()))
-    assert r.status_code in (409, 422) and r.json()["code"] in ("amount_mismatch",
-                                                                 "payment_unresolved")
+    assert r.status_code in (409, 422) and r.json()["code"] in (
+        "amount_mismatch",
+        "payment_unresolved",
+    )
     # 5. Adds a note field, same key then new key: money requests are strict,
     # so the field is refused by name before anything else is looked at.
     r = agent.post(pay_path, {**body, "note": "customer says it failed"}, key=key)
@@ -126,12 +148,12 @@ def test_agent_that_ignores_an_unknown_outcome_causes_one_charge_and_one_order(
     assert (r.status_code, r.json()["code"]) == (422, "idempotency_key_reused")
     # 6. Opens a second purchase for the same customer.
     second = agent.open_purchase(product.sku)
-    assert (second.status_code, second.json()["code"]) == (409,
-                                                           "customer_has_unresolved_purchase")
+    assert (second.status_code, second.json()["code"]) == (409, "customer_has_unresolved_purchase")
     # 7. Hammers in parallel with fresh keys.
     with ThreadPoolExecutor(8) as pool:
-        codes = list(pool.map(lambda _: agent.post(pay_path, body, key=str(uuid.uuid4())),
-                              range(8)))
+        codes = list(
+            pool.map(lambda _: agent.post(pay_path, body, key=str(uuid.uuid4())), range(8))
+        )
     assert {(r.status_code, r.json()["code"]) for r in codes} == {(409, "payment_unresolved")}
 
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 1
@@ -154,7 +176,8 @@ def test_agent_that_ignores_an_unknown_outcome_causes_one_charge_and_one_order(
 
 
 def test_agent_that_times_out_on_a_normal_payment_causes_one_charge_and_one_order(
-        live_server, celery_worker, storefront, product, localstripe):
+    live_server, celery_worker, storefront, product, localstripe
+):
     agent = Agent(live_server.url, storefront.key, customer=f"cust-{uuid.uuid4().hex[:8]}")
     purchase = agent.open_purchase(product.sku).json()
     pay_path = f"purchases/{purchase['id']}/payments"
@@ -179,8 +202,9 @@ def test_agent_that_times_out_on_a_normal_payment_causes_one_charge_and_one_orde
     _one_charge_and_one_order(localstripe, purchase["id"])
 
 
-def test_parallel_requests_with_one_key_make_one_operation(live_server, storefront, product,
-                                                           localstripe):
+def test_parallel_requests_with_one_key_make_one_operation(
+    live_server, storefront, product, localstripe
+):
     agent = Agent(live_server.url, storefront.key, customer=f"cust-{uuid.uuid4().hex[:8]}")
     purchase = agent.open_purchase(product.sku).json()
     pay_path = f"purchases/{purchase['id']}/payments"

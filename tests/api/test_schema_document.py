@@ -1,11 +1,14 @@
 """The OpenAPI document: every endpoint, its problems, the key header, examples."""
+
 import pytest
 from rest_framework.test import APIClient
 
 pytestmark = pytest.mark.django_db
 
 ENDPOINTS = {
-    ("get", "/api/v1/products"), ("post", "/api/v1/quotes"), ("post", "/api/v1/purchases"),
+    ("get", "/api/v1/products"),
+    ("post", "/api/v1/quotes"),
+    ("post", "/api/v1/purchases"),
     ("get", "/api/v1/purchases/{purchase_id}"),
     ("get", "/api/v1/purchases/{purchase_id}/deliverable"),
     ("post", "/api/v1/purchases/{purchase_id}/payments"),
@@ -19,8 +22,10 @@ ENDPOINTS = {
     ("post", "/api/v1/operations/{operation_id}/resolve"),
     ("post", "/api/v1/operations/{operation_id}/decline"),
     ("get", "/api/v1/clients/me/limits"),
-    ("get", "/api/v1/purchases"), ("get", "/api/v1/events"),
-    ("get", "/api/v1/webhook-endpoints"), ("post", "/api/v1/webhook-endpoints"),
+    ("get", "/api/v1/purchases"),
+    ("get", "/api/v1/events"),
+    ("get", "/api/v1/webhook-endpoints"),
+    ("post", "/api/v1/webhook-endpoints"),
     ("get", "/api/v1/webhook-endpoints/{endpoint_id}"),
     ("patch", "/api/v1/webhook-endpoints/{endpoint_id}"),
     ("delete", "/api/v1/webhook-endpoints/{endpoint_id}"),
@@ -52,8 +57,9 @@ def test_every_endpoint_is_documented_with_problems_and_key_header(document):
             assert "Idempotency-Key" in headers, path
             assert "200" in responses  # the replay answer
         ok = [s for s in responses if s.startswith("2")]
-        assert ok and all("application/json" in responses[s]["content"]
-                          for s in ok if s != "204")  # a 204 has no body
+        assert ok and all(
+            "application/json" in responses[s]["content"] for s in ok if s != "204"
+        )  # a 204 has no body
 
 
 def test_payments_document_the_unknown_answer_and_examples(document):

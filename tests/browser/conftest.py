@@ -6,6 +6,7 @@ Each test plays one person's task against pytest-django's live server and assert
 that person sees and what happened (e-mails sent, rows written, provider objects).
 
 Skipped only when /usr/bin/chromium is absent; .ci/run installs it."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,11 @@ import pytest
 
 from tests.support import cdp
 
-ARTIFACTS = Path(os.environ.get("VERITY_ARTIFACT_DIR",
-                                Path(__file__).resolve().parents[2] / "var" / "test-artifacts"))
+ARTIFACTS = Path(
+    os.environ.get(
+        "VERITY_ARTIFACT_DIR", Path(__file__).resolve().parents[2] / "var" / "test-artifacts"
+    )
+)
 SHOTS = ARTIFACTS / "screenshots"
 
 PHONE = {"width": 390, "height": 844, "deviceScaleFactor": 3, "mobile": True}
@@ -40,32 +44,38 @@ class Person:
         return self.b.evaluate(expression)
 
     def visible(self, selector: str) -> bool:
-        return bool(self.b.evaluate(
-            f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
-            " if (!e) return false; const r = e.getBoundingClientRect();"
-            " return r.width > 0 && r.height > 0 && e.checkVisibility({"
-            " contentVisibilityAuto: true, visibilityProperty: true}); })()"))
+        return bool(
+            self.b.evaluate(
+                f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
+                " if (!e) return false; const r = e.getBoundingClientRect();"
+                " return r.width > 0 && r.height > 0 && e.checkVisibility({"
+                " contentVisibilityAuto: true, visibilityProperty: true}); })()"
+            )
+        )
 
     def tap(self, selector: str, *, navigates: bool = True) -> None:
         box = self.b.evaluate(
             f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
             " if (!e) return null; e.scrollIntoView({block: 'center'});"
             " const r = e.getBoundingClientRect();"
-            " return [r.left + r.width / 2, r.top + r.height / 2]; })()")
+            " return [r.left + r.width / 2, r.top + r.height / 2]; })()"
+        )
         assert box is not None, f"nothing to tap: {selector}"
         x, y = box
         if navigates:
             self.b.events = [e for e in self.b.events if e["method"] != "Page.loadEventFired"]
         for kind in ("mousePressed", "mouseReleased"):
-            self.b.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left",
-                        clickCount=1)
+            self.b.call(
+                "Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1
+            )
         if navigates:
             self.b._wait_event("Page.loadEventFired")
 
     def last_document_status(self) -> int | None:
         """The HTTP status of the document now shown (Navigation Timing)."""
         return self.b.evaluate(
-            "(performance.getEntriesByType('navigation')[0] || {}).responseStatus || null")
+            "(performance.getEntriesByType('navigation')[0] || {}).responseStatus || null"
+        )
 
     def screenshot(self, name: str) -> None:
         self.b.screenshot(SHOTS / name)
@@ -85,9 +95,16 @@ def phone(chromium) -> Person:
 
 CHROMIUM = "/usr/bin/chromium"
 # No network beyond loopback and nothing the browser would fetch on its own.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 DESK = {"width": 1440, "height": 900}
 
 
@@ -117,8 +134,14 @@ def playwright_chromium():
 def _watch_for_refusals(page, seen: list[str]) -> None:
     """Every document answer the person got: a 403 (CSRF or permission) is never
     something a person should meet while doing their job."""
-    page.on("response", lambda r: seen.append(f"{r.status} {r.url}")
-            if r.request.resource_type == "document" and r.status >= 400 else None)
+    page.on(
+        "response",
+        lambda r: (
+            seen.append(f"{r.status} {r.url}")
+            if r.request.resource_type == "document" and r.status >= 400
+            else None
+        ),
+    )
 
 
 def _close_quietly(page, context) -> None:
@@ -144,9 +167,12 @@ def _live_server_closes_its_connections():
 @pytest.fixture
 def person_on_phone(playwright_chromium):
     """A customer's phone (390×844, touch), a fresh browser profile."""
-    context = playwright_chromium.new_context(viewport={"width": 390, "height": 844},
-                                              device_scale_factor=1, is_mobile=True,
-                                              has_touch=True)
+    context = playwright_chromium.new_context(
+        viewport={"width": 390, "height": 844},
+        device_scale_factor=1,
+        is_mobile=True,
+        has_touch=True,
+    )
     page = context.new_page()
     page.refusals = []
     _watch_for_refusals(page, page.refusals)
@@ -165,8 +191,9 @@ def person_at_desk(playwright_chromium):
     _close_quietly(page, context)
 
 
-def screenshot(page, name: str, *, docs: bool = False, full_page: bool = False,
-               only: str | None = None) -> Path:
+def screenshot(
+    page, name: str, *, docs: bool = False, full_page: bool = False, only: str | None = None
+) -> Path:
     """Keep what the person saw under the test artifacts. With `docs=True` and
     VERITY_DOC_IMAGES=1 in the environment, also under docs/img/ (the pictures
     docs/console.md shows): a run refreshes them only when asked, so `make test` leaves

@@ -2,6 +2,7 @@
 another one: they can ask for a second purchase and get the code by e-mail.
 
 The shop speaks REST to the live server, the customer taps in Chromium at 390×844."""
+
 from __future__ import annotations
 
 import re
@@ -32,31 +33,41 @@ class Shop:
         self.http.headers["Authorization"] = f"Api-Key {key}"
 
     def post(self, path: str, body: dict) -> requests.Response:
-        return self.http.post(self.base + path, json=body, timeout=30,
-                              headers={"Idempotency-Key": str(uuid.uuid4())})
+        return self.http.post(
+            self.base + path, json=body, timeout=30, headers={"Idempotency-Key": str(uuid.uuid4())}
+        )
 
     def buy(self, sku: str, customer: str, email: str, **extra) -> requests.Response:
-        quote = self.post("quotes", {"items": [{"sku": sku, "quantity": 1}],
-                                     "currency": "usd"})
+        quote = self.post("quotes", {"items": [{"sku": sku, "quantity": 1}], "currency": "usd"})
         assert quote.status_code == 201, quote.text
         q = quote.json()
-        return self.post("purchases", {"quote_id": q["id"], "quote_version": q["version"],
-                                       "customer": {"reference": customer, "email": email},
-                                       **extra})
+        return self.post(
+            "purchases",
+            {
+                "quote_id": q["id"],
+                "quote_version": q["version"],
+                "customer": {"reference": customer, "email": email},
+                **extra,
+            },
+        )
 
 
 @pytest.fixture
 def live_shop(live_server, settings):
     settings.PUBLIC_BASE_URL = live_server.url  # the status links the API hands out
-    _, key = make_client(name="phone-shop", limit=100_000_000,
-                         scopes=("purchases:read", "purchases:write"))
+    _, key = make_client(
+        name="phone-shop", limit=100_000_000, scopes=("purchases:read", "purchases:write")
+    )
     yield Shop(live_server.url, key)
     settle_outbox()
 
 
 def _codes_emailed(purchase_id: str) -> list[str]:
-    return [CODE.search(m.body).group(0) for m in mail.outbox
-            if f"next to {purchase_id})" in m.subject and CODE.search(m.body)]
+    return [
+        CODE.search(m.body).group(0)
+        for m in mail.outbox
+        if f"next to {purchase_id})" in m.subject and CODE.search(m.body)
+    ]
 
 
 def test_a_refused_buyer_taps_yes_on_their_phone_and_gets_the_code(phone, live_shop):
@@ -73,8 +84,9 @@ def test_a_refused_buyer_taps_yes_on_their_phone_and_gets_the_code(phone, live_s
     phone.tap("#new-purchase summary", navigates=False)
     assert phone.visible("#confirm-new-purchase"), phone.text()
     phone.screenshot("customer-phone-1-status-with-new-purchase.png")
-    rows_before = EmailMessage.objects.filter(purchase_id=first["id"],
-                                              kind__startswith="buyer_code:").count()
+    rows_before = EmailMessage.objects.filter(
+        purchase_id=first["id"], kind__startswith="buyer_code:"
+    ).count()
 
     phone.tap("#confirm-new-purchase")
 
@@ -84,16 +96,20 @@ def test_a_refused_buyer_taps_yes_on_their_phone_and_gets_the_code(phone, live_s
     assert "open too long" not in shown and "You asked for a new purchase" in shown, shown
     assert phone.js("document.getElementById('new-purchase-answer').dataset.sent") == "sent"
     assert not CODE.search(shown)  # the code is only e-mailed, never on the page
-    assert EmailMessage.objects.filter(purchase_id=first["id"],
-                                       kind__startswith="buyer_code:").count() == rows_before + 1
+    assert (
+        EmailMessage.objects.filter(purchase_id=first["id"], kind__startswith="buyer_code:").count()
+        == rows_before + 1
+    )
     codes = _codes_emailed(first["id"])
     assert len(codes) == 1
     assert [m.to for m in mail.outbox if f"next to {first['id']})" in m.subject] == [
-        ["ana@example.com"]]
+        ["ana@example.com"]
+    ]
 
     # With the code, the shop's second purchase goes through.
-    second = live_shop.buy(product.sku, "cust-phone", "ana@example.com",
-                      buyer_confirmation=codes[0])
+    second = live_shop.buy(
+        product.sku, "cust-phone", "ana@example.com", buyer_confirmation=codes[0]
+    )
     assert second.status_code == 201, second.text
     assert Purchase.objects.filter(customer_reference="cust-phone").count() == 2
 
@@ -107,8 +123,9 @@ FILLED = """[...document.querySelectorAll('button, a.button')].filter(e => {
 
 
 def test_a_buyer_told_not_to_pay_again_sees_the_safe_path_first(phone, live_server):
-    purchase = purchase_in(PurchaseStatus.PAYMENT_UNKNOWN, ops=[UNKNOWN],
-                           customer_email="ben@example.com")
+    purchase = purchase_in(
+        PurchaseStatus.PAYMENT_UNKNOWN, ops=[UNKNOWN], customer_email="ben@example.com"
+    )
     phone.open(f"{live_server.url}/status/{purchase.status_token}/")
     phone.screenshot("customer-phone-3-do-not-pay-again.png")
     assert "Please do not pay again" in phone.text()
@@ -129,9 +146,11 @@ def test_a_buyer_told_not_to_pay_again_sees_the_safe_path_first(phone, live_serv
 
 def test_a_buyer_asked_for_3d_secure_can_finish_the_step(phone, live_server, settings):
     settings.STOREFRONT_CHECKOUT_URL = f"{live_server.url}/demo-checkout/{{purchase_id}}"
-    purchase = purchase_in(PurchaseStatus.ACTION_REQUIRED, ops=[{
-        "outcome": Outcome.AWAITING_BUYER, "stage": Stage.RECONCILING}],
-        customer_email="cy@example.com")
+    purchase = purchase_in(
+        PurchaseStatus.ACTION_REQUIRED,
+        ops=[{"outcome": Outcome.AWAITING_BUYER, "stage": Stage.RECONCILING}],
+        customer_email="cy@example.com",
+    )
     phone.open(f"{live_server.url}/status/{purchase.status_token}/")
     phone.screenshot("customer-phone-5-needs-buyer-step.png")
     assert "one more step" in phone.text()

@@ -2,6 +2,7 @@
 name), the date, USDC named when they paid with it, how much is coming back on a refund,
 one sentence that the page updates itself, and a "Pay again" that lands on a page in the
 same style."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,9 +23,11 @@ def _open(phone, live_server, purchase) -> str:
 
 
 def test_the_page_says_how_and_when_in_a_persons_words(phone, live_server):
-    for channel, words in ((PurchaseChannel.API, "The shop's website or app"),
-                           (PurchaseChannel.MCP, "An AI assistant, on your behalf"),
-                           (PurchaseChannel.ACP, "An AI assistant, on your behalf")):
+    for channel, words in (
+        (PurchaseChannel.API, "The shop's website or app"),
+        (PurchaseChannel.MCP, "An AI assistant, on your behalf"),
+        (PurchaseChannel.ACP, "An AI assistant, on your behalf"),
+    ):
         purchase = purchase_in(PurchaseStatus.PAYMENT_UNKNOWN, ops=[UNKNOWN], channel=channel)
         text = _open(phone, live_server, purchase)
         assert not [w for w in ENGINEER_WORDS if w in text], text
@@ -35,8 +38,9 @@ def test_the_page_says_how_and_when_in_a_persons_words(phone, live_server):
 
 
 def test_a_usdc_payment_is_named_in_usdc(phone, live_server):
-    purchase = purchase_in(PurchaseStatus.PAID, ops=[{**SUCCEEDED, "rail": Rail.X402,
-                                                      "provider_reference": "0xabc"}])
+    purchase = purchase_in(
+        PurchaseStatus.PAID, ops=[{**SUCCEEDED, "rail": Rail.X402, "provider_reference": "0xabc"}]
+    )
     text = _open(phone, live_server, purchase)
     assert "15.00 USDC" in text and "wallet" in text, text
     assert not [w for w in ENGINEER_WORDS if w in text], text
@@ -44,8 +48,9 @@ def test_a_usdc_payment_is_named_in_usdc(phone, live_server):
 
 
 def test_a_refund_says_how_much_is_coming_back(phone, live_server):
-    purchase = purchase_in(PurchaseStatus.REFUNDED, ops=[SUCCEEDED, REFUND_CONFIRMED],
-                           order="ORD-9")
+    purchase = purchase_in(
+        PurchaseStatus.REFUNDED, ops=[SUCCEEDED, REFUND_CONFIRMED], order="ORD-9"
+    )
     text = _open(phone, live_server, purchase)
     assert "Coming back to you: 15.00 USD" in text, text
     phone.screenshot("customer-phone-9-refunded.png")

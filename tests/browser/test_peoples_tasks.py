@@ -6,6 +6,7 @@ objects at localstripe, rows in the database).
 
 The screenshots named here are the ones docs/console.md shows (VERITY_DOC_IMAGES=1 refreshes
 docs/img/)."""
+
 from __future__ import annotations
 
 import re
@@ -51,21 +52,26 @@ class Shop:
         self.http.headers["Authorization"] = f"Api-Key {key}"
 
     def post(self, path: str, body: dict) -> requests.Response:
-        return self.http.post(self.base + path, json=body, timeout=30,
-                              headers={"Idempotency-Key": str(uuid.uuid4())})
+        return self.http.post(
+            self.base + path, json=body, timeout=30, headers={"Idempotency-Key": str(uuid.uuid4())}
+        )
 
     def buy(self, sku: str, customer: str, email: str, **extra) -> requests.Response:
-        quote = self.post("quotes", {"items": [{"sku": sku, "quantity": 1}],
-                                     "currency": "usd"})
+        quote = self.post("quotes", {"items": [{"sku": sku, "quantity": 1}], "currency": "usd"})
         assert quote.status_code == 201, quote.text
         q = quote.json()
-        return self.post("purchases", {"quote_id": q["id"], "quote_version": q["version"],
-                                       "customer": {"reference": customer, "email": email},
-                                       **extra})
+        return self.post(
+            "purchases",
+            {
+                "quote_id": q["id"],
+                "quote_version": q["version"],
+                "customer": {"reference": customer, "email": email},
+                **extra,
+            },
+        )
 
     def pay(self, purchase_id: str) -> requests.Response:
-        return self.post(f"purchases/{purchase_id}/payments",
-                         {"payment_method": "pm_card_visa"})
+        return self.post(f"purchases/{purchase_id}/payments", {"payment_method": "pm_card_visa"})
 
 
 @pytest.fixture(autouse=True)
@@ -96,12 +102,14 @@ def _filled(page) -> list:
 
 
 def test_a_customer_told_not_to_pay_again_takes_the_safe_path_then_gets_a_code(
-        person_on_phone, shop, drill, localstripe):
+    person_on_phone, shop, drill, localstripe
+):
     product = ProductFactory(sku=f"LAMP-{uuid.uuid4().hex[:6]}", price=2000, stock=100)
     first = shop.buy(product.sku, "cust-ana", "ana@example.com").json()
     # The shop's payment reaches the provider, the answer is lost: the money may have moved.
-    op = services.payment_create(purchase_id=first["id"], api_client=shop.client,
-                                 payment_method="pm_card_visa")
+    op = services.payment_create(
+        purchase_id=first["id"], api_client=shop.client, payment_method="pm_card_visa"
+    )
     drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
     assert services.operation_dispatch(operation_id=op.id).outcome == Outcome.UNKNOWN
     again = shop.buy(product.sku, "cust-ana", "ana@example.com")
@@ -133,12 +141,14 @@ def test_a_customer_told_not_to_pay_again_takes_the_safe_path_then_gets_a_code(
     screenshot(page, "customer-phone-code-sent.png", docs=True)
     assert "You asked for a new purchase" in shown and not CODE.search(shown), shown
     assert page.refusals == []  # no 403 on the way (the CSRF check accepted the tap)
-    codes = [CODE.search(m.body).group(0) for m in mail.outbox
-             if f"next to {first['id']})" in m.subject and CODE.search(m.body)]
+    codes = [
+        CODE.search(m.body).group(0)
+        for m in mail.outbox
+        if f"next to {first['id']})" in m.subject and CODE.search(m.body)
+    ]
     assert len(codes) == 1
 
-    second = shop.buy(product.sku, "cust-ana", "ana@example.com",
-                      buyer_confirmation=codes[0])
+    second = shop.buy(product.sku, "cust-ana", "ana@example.com", buyer_confirmation=codes[0])
     assert second.status_code == 201, second.text
     # One payment at the provider for the first purchase: nothing was paid twice.
     assert len(localstripe.payment_intents_for(first["id"])) == 1
@@ -146,12 +156,20 @@ def test_a_customer_told_not_to_pay_again_takes_the_safe_path_then_gets_a_code(
 
 
 def test_support_finds_a_caller_by_name_and_reads_them_what_their_page_says(
-        person_at_desk, live_server, console_people, agent, tea):  # noqa: F811
+    person_at_desk, live_server, console_people, agent, tea
+):  # noqa: F811
     session = agent.create(tea.sku).json()
-    done = agent.post(f"checkout_sessions/{session['id']}/complete", {
-        "buyer": {"first_name": "Grace", "last_name": "Hopperton",
-                  "email": "grace@example.com"},
-        "payment_data": {"provider": "stripe", "token": issue_spt(1250)}})
+    done = agent.post(
+        f"checkout_sessions/{session['id']}/complete",
+        {
+            "buyer": {
+                "first_name": "Grace",
+                "last_name": "Hopperton",
+                "email": "grace@example.com",
+            },
+            "payment_data": {"provider": "stripe", "token": issue_spt(1250)},
+        },
+    )
     assert done.status_code == 200, done.text
     purchase = Purchase.objects.get(pk=done.json()["order"]["id"])
     page = person_at_desk
@@ -178,8 +196,9 @@ def test_support_finds_a_caller_by_name_and_reads_them_what_their_page_says(
     assert page.refusals == []
 
 
-def test_finance_approves_a_refund_and_the_provider_pays_it(person_at_desk, live_server, demo,
-                                                          localstripe):
+def test_finance_approves_a_refund_and_the_provider_pays_it(
+    person_at_desk, live_server, demo, localstripe
+):
     intent = demo_provider_payments_seed()
     purchase = Purchase.objects.get(customer_reference=DEMO_REFUND_CASE)
     page = person_at_desk
@@ -200,14 +219,16 @@ def test_finance_approves_a_refund_and_the_provider_pays_it(person_at_desk, live
     assert refund.outcome == Outcome.SUCCEEDED
     at_provider = localstripe.refunds_for(intent)
     assert [(r["id"], r["amount"], r["status"]) for r in at_provider] == [
-        (refund.provider_reference, 1250, "succeeded")]
+        (refund.provider_reference, 1250, "succeeded")
+    ]
     seen = page.inner_text("main")
     assert "Approve and send" not in seen and refund.provider_reference in seen
     assert page.refusals == []
 
 
-def test_an_operator_halts_checkout_during_an_incident_and_lifts_it(person_at_desk,
-                                                                    live_server, demo, shop):
+def test_an_operator_halts_checkout_during_an_incident_and_lifts_it(
+    person_at_desk, live_server, demo, shop
+):
     product = ProductFactory(sku=f"MUG-{uuid.uuid4().hex[:6]}", price=1800, stock=100)
     incident = Incident.objects.get(title=DEMO_INCIDENT_TITLE)
     page = person_at_desk
@@ -242,4 +263,3 @@ def test_an_operator_halts_checkout_during_an_incident_and_lifts_it(person_at_de
     assert WorkflowHalt.objects.filter(name="checkout").count() == 0
     assert shop.pay(held["id"]).status_code == 201
     assert page.refusals == []
-

@@ -1,5 +1,6 @@
 """Storefront events fixtures: a receiver that verifies with the stock `standardwebhooks`
 verifier, and a storefront allowed to manage its webhook endpoints."""
+
 from __future__ import annotations
 
 import json
@@ -100,8 +101,12 @@ def loopback_allowed(settings):
 
 @pytest.fixture
 def shop(db):
-    client, key = make_client(scopes=(*ALL_SCOPES, "webhooks:manage"), limit=10_000_000,
-                              name="shop", auto_refund_limit=100_000)
+    client, key = make_client(
+        scopes=(*ALL_SCOPES, "webhooks:manage"),
+        limit=10_000_000,
+        name="shop",
+        auto_refund_limit=100_000,
+    )
     return Api(key, client)
 
 

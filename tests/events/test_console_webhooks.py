@@ -1,6 +1,7 @@
 """The console's webhooks page: support sees endpoints and the delivery log, operators
 turn an endpoint off and on and resend a delivery (with a reason, audited), and no page
 shows a signing secret."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def endpoint(shop, receiver, loopback_allowed):
-    made = services.endpoint_create(api_client_id=shop.client.pk, url=receiver.url,
-                                    actor="test")
+    made = services.endpoint_create(api_client_id=shop.client.pk, url=receiver.url, actor="test")
     return made
 
 
@@ -41,8 +41,12 @@ def test_an_operator_disables_and_enables_with_a_reason(login, endpoint):  # noq
     url = reverse("support:webhook-endpoint-enabled", args=[endpoint.endpoint.id, "enable"])
     client.post(url, {"reason": "back", "confirm": "yes"})
     assert WebhookEndpoint.objects.get(pk=endpoint.endpoint.id).enabled
-    assert AuditEntry.objects.filter(target_type="webhook_endpoint",
-                                     action="webhook_endpoint_update").count() == 2
+    assert (
+        AuditEntry.objects.filter(
+            target_type="webhook_endpoint", action="webhook_endpoint_update"
+        ).count()
+        == 2
+    )
 
 
 def test_support_cannot_change_an_endpoint(login, endpoint):  # noqa: F811
@@ -59,8 +63,10 @@ def test_an_operator_resends_a_failed_delivery(login, endpoint, shop, product): 
     relay_drain_once()
     delivery = WebhookDelivery.objects.get()
     WebhookDelivery.objects.filter(pk=delivery.pk).update(state=DeliveryState.FAILED)
-    login("operator").post(reverse("support:webhook-delivery-resend", args=[delivery.pk]),
-                           {"reason": "the storefront asked", "confirm": "yes"})
+    login("operator").post(
+        reverse("support:webhook-delivery-resend", args=[delivery.pk]),
+        {"reason": "the storefront asked", "confirm": "yes"},
+    )
     assert WebhookDelivery.objects.get().state == DeliveryState.PENDING
     assert AuditEntry.objects.filter(action="webhook_delivery_resend").count() == 1
 

@@ -1,5 +1,6 @@
 """The webhook_endpoint command: create prints the secret once (its last line), list and
 disable never print it, and a private address is refused as the API refuses it."""
+
 from __future__ import annotations
 
 from io import StringIO
@@ -19,8 +20,15 @@ def _run(*args) -> str:
 
 
 def test_create_list_disable(shop, receiver, loopback_allowed):
-    created = _run("create", "--client", shop.client.name, "--url", receiver.url,
-                   "--types", "payment.resolved,purchase.completed")
+    created = _run(
+        "create",
+        "--client",
+        shop.client.name,
+        "--url",
+        receiver.url,
+        "--types",
+        "payment.resolved,purchase.completed",
+    )
     secret = created.strip().splitlines()[-1]
     assert secret.startswith("whsec_")
     endpoint = WebhookEndpoint.objects.get()

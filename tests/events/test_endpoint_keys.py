@@ -2,6 +2,7 @@
 one endpoint, a retried rotation rotates once (the secret a receiver still holds keeps
 verifying), a write without a key or with a reused key makes nothing. Counted in the
 endpoint rows and the key records, and checked with the stock `standardwebhooks` verifier."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,9 @@ from tests.events.test_webhook_delivery import _pump, _quiet
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_retried_create_makes_one_endpoint_and_answers_its_secret(shop, receiver,
-                                                                    loopback_allowed):
+def test_a_retried_create_makes_one_endpoint_and_answers_its_secret(
+    shop, receiver, loopback_allowed
+):
     key, body = new_key(), {"url": receiver.url, "event_types": ["purchase.created"]}
     first = shop.post("webhook-endpoints", body, key=key)
     again = shop.post("webhook-endpoints", body, key=key)
@@ -31,8 +33,9 @@ def test_a_retried_create_makes_one_endpoint_and_answers_its_secret(shop, receiv
     assert IdempotencyRecord.objects.filter(route="webhook_endpoints_create").count() == 1
 
 
-def test_a_create_without_a_key_or_with_a_reused_one_makes_nothing(shop, receiver,
-                                                                  loopback_allowed):
+def test_a_create_without_a_key_or_with_a_reused_one_makes_nothing(
+    shop, receiver, loopback_allowed
+):
     unkeyed = shop.post("webhook-endpoints", {"url": receiver.url}, key=None)
     assert unkeyed.status_code == 400
     assert body_of(unkeyed)["code"] == "idempotency_key_required"

@@ -1,6 +1,7 @@
 """The soak's event rules (bench/invariants.py) hold on a real flow and catch a broken
 record: a missing event, a gap in a purchase's numbering, an event owed to an enabled
 endpoint and never sent."""
+
 from __future__ import annotations
 
 import sys
@@ -19,8 +20,11 @@ from bench.invariants import INVARIANTS, Report  # noqa: E402
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-RULES = ("events-numbered-without-gaps", "every-committed-change-has-its-event",
-         "every-event-reaches-its-endpoint-or-the-endpoint-is-disabled")
+RULES = (
+    "events-numbered-without-gaps",
+    "every-committed-change-has-its-event",
+    "every-event-reaches-its-endpoint-or-the-endpoint-is-disabled",
+)
 
 
 def _judge() -> Report:
@@ -33,7 +37,8 @@ def _judge() -> Report:
 
 
 def test_the_rules_hold_after_a_paid_purchase_and_catch_a_broken_record(
-        shop, product, receiver, loopback_allowed):
+    shop, product, receiver, loopback_allowed
+):
     made = endpoint_create(api_client_id=shop.client.pk, url=receiver.url, actor="test")
     receiver.secrets = [made.secret]
     purchase = shop.new_purchase(product.sku)
@@ -41,14 +46,19 @@ def test_the_rules_hold_after_a_paid_purchase_and_catch_a_broken_record(
     settle_outbox()
     for _ in range(50):
         relay_drain_once()
-        if not deliveries_send_due() and not WebhookDelivery.objects.filter(
-                state="pending").exists():
+        if (
+            not deliveries_send_due()
+            and not WebhookDelivery.objects.filter(state="pending").exists()
+        ):
             break
     assert _judge().violations == []
 
     # A status event lost (as if written outside the change's transaction):
-    lost = Event.objects.filter(purchase_id=purchase["id"],
-                                type="purchase.status_changed").order_by("sequence").first()
+    lost = (
+        Event.objects.filter(purchase_id=purchase["id"], type="purchase.status_changed")
+        .order_by("sequence")
+        .first()
+    )
     lost.delete()
     violations = _judge().violations
     assert any(v.startswith("[every-committed-change-has-its-event]") for v in violations)
@@ -56,5 +66,7 @@ def test_the_rules_hold_after_a_paid_purchase_and_catch_a_broken_record(
 
     # An event owed to an enabled endpoint that was never sent:
     WebhookDelivery.objects.filter(state="delivered").delete()
-    assert any(v.startswith("[every-event-reaches-its-endpoint-or-the-endpoint-is-disabled]")
-               for v in _judge().violations)
+    assert any(
+        v.startswith("[every-event-reaches-its-endpoint-or-the-endpoint-is-disabled]")
+        for v in _judge().violations
+    )

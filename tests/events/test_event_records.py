@@ -1,6 +1,7 @@
 """Every committed change of a purchase has its event, written in the change's own
 transaction: numbered per purchase without gaps, carrying the purchase view as it was.
 Real stack: localstripe charges, the fault-drill client for a lost answer."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,7 @@ def _events(purchase_id: str) -> list[Event]:
     return list(Event.objects.filter(purchase_id=purchase_id).order_by("sequence"))
 
 
-def test_a_paid_purchase_has_one_event_per_change_numbered_without_gaps(
-        shop, product, localstripe):
+def test_a_paid_purchase_has_one_event_per_change_numbered_without_gaps(shop, product, localstripe):
     purchase = shop.new_purchase(product.sku)
     answer = shop.pay(purchase["id"])
     assert answer.status_code == 201, answer.content
@@ -35,11 +35,16 @@ def test_a_paid_purchase_has_one_event_per_change_numbered_without_gaps(
     assert [e.sequence for e in events] == list(range(1, len(events) + 1))
     # One event per status change the history recorded, and the view each carries is the
     # purchase as it was at that change.
-    status_rows = OperationTransition.objects.filter(
-        purchase_id=purchase["id"], field="status", operation__isnull=True).exclude(
-        source="").order_by("id")
-    status_events = [e for e in events if e.type in ("purchase.status_changed",
-                                                     "purchase.completed")]
+    status_rows = (
+        OperationTransition.objects.filter(
+            purchase_id=purchase["id"], field="status", operation__isnull=True
+        )
+        .exclude(source="")
+        .order_by("id")
+    )
+    status_events = [
+        e for e in events if e.type in ("purchase.status_changed", "purchase.completed")
+    ]
     assert [e.data["status"] for e in status_events] == [r.target for r in status_rows]
     # (the view is the one the change's transaction left: after its last status change)
     assert status_events[-1].data["purchase"]["status"] == status_events[-1].data["status"]
@@ -60,10 +65,12 @@ def test_a_declined_payment_has_its_failed_event(shop, product, localstripe):
 
 
 def test_an_unknown_payment_that_the_provider_confirms_is_resolved_by_the_provider(
-        shop, product, drill, localstripe):
+    shop, product, drill, localstripe
+):
     purchase = shop.new_purchase(product.sku)
-    op = services.payment_create(purchase_id=purchase["id"], api_client=shop.client,
-                                 payment_method="pm_card_visa")
+    op = services.payment_create(
+        purchase_id=purchase["id"], api_client=shop.client, payment_method="pm_card_visa"
+    )
     drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
     op = services.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.UNKNOWN
@@ -77,7 +84,10 @@ def test_an_unknown_payment_that_the_provider_confirms_is_resolved_by_the_provid
     assert len(resolved) == 1
     change = resolved[0].data["operation"]
     assert (change["previous_outcome"], change["outcome"], change["settled_by"]) == (
-        "unknown", "succeeded", "provider")
+        "unknown",
+        "succeeded",
+        "provider",
+    )
     assert resolved[0].sequence > unknown[0].sequence
     assert len(localstripe.succeeded_charges_for(purchase["id"])) == 1
 

@@ -1,5 +1,6 @@
 """Pull as well as push: the events feed (cursor, type filter, bounded long-poll), the
 purchases list (filters, keyset pages) and their MCP twins, each scoped to its API client."""
+
 from __future__ import annotations
 
 import threading
@@ -33,7 +34,9 @@ def test_the_feed_reads_on_from_a_cursor_and_filters_by_type(shop, product, loop
     shop.post(f"purchases/{second['id']}/cancel", {})
     page = _feed(shop, f"?after={cursor}")
     assert [(e["purchase"], e["type"]) for e in page["events"]] == [
-        (second["id"], "purchase.created"), (second["id"], "purchase.status_changed")]
+        (second["id"], "purchase.created"),
+        (second["id"], "purchase.status_changed"),
+    ]
     assert [e["sequence"] for e in page["events"]] == [1, 2]
     only = _feed(shop, "?type=purchase.status_changed")
     assert [e["data"]["status"] for e in only["events"]] == ["cancelled"]
@@ -71,8 +74,9 @@ def test_the_long_poll_answers_when_the_event_arrives(shop, product, loopback_al
 
 
 def test_the_purchases_list_filters_and_pages(shop, product, loopback_allowed):
-    ids = [shop.new_purchase(product.sku, customer=name)["id"]
-           for name in ("Ada-1", "ada-2", "carol")]
+    ids = [
+        shop.new_purchase(product.sku, customer=name)["id"] for name in ("Ada-1", "ada-2", "carol")
+    ]
     other_customer = shop.new_purchase(product.sku, customer="bob")["id"]
     shop.post(f"purchases/{ids[0]}/cancel", {})
     outsider = Api(make_client(scopes=ALL_SCOPES, name="outsider")[1])
@@ -93,8 +97,11 @@ def test_the_purchases_list_filters_and_pages(shop, product, loopback_allowed):
         cursor = page["next_cursor"]
         if not cursor:
             break
-    newest_first = list(Purchase.objects.filter(api_client=shop.client)
-                        .order_by("-created_at", "-id").values_list("id", flat=True))
+    newest_first = list(
+        Purchase.objects.filter(api_client=shop.client)
+        .order_by("-created_at", "-id")
+        .values_list("id", flat=True)
+    )
     assert seen == newest_first
     assert shop.get("purchases?status=nope").status_code == 400
     assert shop.get("purchases?cursor=garbage").status_code == 400
@@ -106,13 +113,14 @@ def test_the_mcp_tools_list_and_wait(shop, product, loopback_allowed):
     listed = tools.list_purchases(api_client=shop.client)
     assert [p["id"] for p in listed.purchases] == [purchase["id"]]
 
-    waited = tools.wait_for_purchase_change(api_client=shop.client, purchase_id=purchase["id"],
-                                            after_sequence=0, timeout_seconds=0)
+    waited = tools.wait_for_purchase_change(
+        api_client=shop.client, purchase_id=purchase["id"], after_sequence=0, timeout_seconds=0
+    )
     assert [e["type"] for e in waited.events] == ["purchase.created"]
     started = time.monotonic()
-    nothing = tools.wait_for_purchase_change(api_client=shop.client,
-                                             purchase_id=purchase["id"], after_sequence=1,
-                                             timeout_seconds=1)
+    nothing = tools.wait_for_purchase_change(
+        api_client=shop.client, purchase_id=purchase["id"], after_sequence=1, timeout_seconds=1
+    )
     assert nothing.events == [] and time.monotonic() - started >= 1
     outsider = make_client(scopes=ALL_SCOPES, name="outsider")[0]
     refused = tools.wait_for_purchase_change(api_client=outsider, purchase_id=purchase["id"])

@@ -2,6 +2,7 @@
 receiver reuse one TCP connection (counted at the receiver, by the client port it sees),
 every send is still address-checked first, and an answer longer than the read bound
 closes its connection instead of leaving unread bytes on a reused one."""
+
 from __future__ import annotations
 
 import threading
@@ -46,8 +47,10 @@ def loopback(settings):
 
 
 def _send(url: str, n: int) -> list:
-    return [post_checked(url, body=b'{"n":%d}' % i, headers={"webhook-id": f"msg_{i}"})
-            for i in range(n)]
+    return [
+        post_checked(url, body=b'{"n":%d}' % i, headers={"webhook-id": f"msg_{i}"})
+        for i in range(n)
+    ]
 
 
 def test_sends_to_one_receiver_reuse_one_connection(loopback):

@@ -2,6 +2,7 @@
 the REST API, events from real payments at localstripe, delivered over loopback HTTP to a
 receiver that verifies each request with the stock `standardwebhooks` verifier and dedupes
 on `webhook-id`. The delivery log (WebhookDelivery, WebhookAttempt rows) is counted too."""
+
 from __future__ import annotations
 
 import time
@@ -48,11 +49,14 @@ def _all_delivered(receiver, purchase_id: str) -> bool:
     from recovery.models import OutboxMessage
 
     now = timezone.now()
-    stored = set(Event.objects.filter(purchase_id=purchase_id).values_list("public_id",
-                                                                           flat=True))
-    return (stored <= set(receiver.accepted) and _quiet()
-            and not OutboxMessage.objects.filter(processed_at__isnull=True).filter(
-                Q(available_at__lte=now) | Q(claimed_until__gt=now)).exists())
+    stored = set(Event.objects.filter(purchase_id=purchase_id).values_list("public_id", flat=True))
+    return (
+        stored <= set(receiver.accepted)
+        and _quiet()
+        and not OutboxMessage.objects.filter(processed_at__isnull=True)
+        .filter(Q(available_at__lte=now) | Q(claimed_until__gt=now))
+        .exists()
+    )
 
 
 def _paid_purchase(shop, product) -> str:
@@ -62,8 +66,9 @@ def _paid_purchase(shop, product) -> str:
     return purchase["id"]
 
 
-def test_every_event_arrives_signed_in_sequence_order(shop, product, receiver,
-                                                      loopback_allowed, localstripe):
+def test_every_event_arrives_signed_in_sequence_order(
+    shop, product, receiver, loopback_allowed, localstripe
+):
     endpoint, secret = _endpoint(shop, receiver.url)
     assert secret.startswith("whsec_")
     receiver.secrets = [secret]
@@ -85,7 +90,8 @@ def test_every_event_arrives_signed_in_sequence_order(shop, product, receiver,
 
 
 def test_a_receiver_that_fails_and_times_out_gets_every_event_once(
-        shop, product, receiver, loopback_allowed):
+    shop, product, receiver, loopback_allowed
+):
     _, secret = _endpoint(shop, receiver.url)
     receiver.secrets = [secret]
     receiver.script = [500, "hang", 503, "hang", 502]
@@ -105,11 +111,13 @@ def test_a_receiver_that_fails_and_times_out_gets_every_event_once(
     assert not WebhookEndpoint.objects.filter(failing_since__isnull=False).exists()
 
 
-def test_a_rotated_secret_overlaps_then_the_old_one_stops(shop, product, receiver,
-                                                         loopback_allowed):
+def test_a_rotated_secret_overlaps_then_the_old_one_stops(
+    shop, product, receiver, loopback_allowed
+):
     endpoint, old = _endpoint(shop, receiver.url, event_types=["purchase.created"])
-    rotated = shop.post(f"webhook-endpoints/{endpoint['id']}/rotate-secret",
-                        {"overlap_seconds": 3600})
+    rotated = shop.post(
+        f"webhook-endpoints/{endpoint['id']}/rotate-secret", {"overlap_seconds": 3600}
+    )
     assert rotated.status_code == 200, rotated.content
     new = body_of(rotated)["secret"]
     assert new != old
@@ -129,10 +137,18 @@ def test_a_rotated_secret_overlaps_then_the_old_one_stops(shop, product, receive
     assert {e["purchase"] for e in receiver.events()} == {first["id"], second["id"]}
 
 
-@pytest.mark.parametrize("url", [
-    "http://10.0.0.7/hooks", "http://169.254.169.254/latest/meta-data",
-    "http://[::1]:8000/hooks", "http://localhost/hooks", "http://192.168.1.1/",
-    "http://[fe80::1]/", "ftp://example.com/hooks"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.0.0.7/hooks",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[::1]:8000/hooks",
+        "http://localhost/hooks",
+        "http://192.168.1.1/",
+        "http://[fe80::1]/",
+        "ftp://example.com/hooks",
+    ],
+)
 def test_private_and_loopback_destinations_are_refused_at_save(shop, url, settings):
     settings.WEBHOOK_ALLOW_LOOPBACK = False
     answer = shop.post("webhook-endpoints", {"url": url})
@@ -140,8 +156,9 @@ def test_private_and_loopback_destinations_are_refused_at_save(shop, url, settin
     assert WebhookEndpoint.objects.count() == 0
 
 
-def test_a_destination_that_turns_private_is_refused_at_send(shop, product, receiver,
-                                                            loopback_allowed):
+def test_a_destination_that_turns_private_is_refused_at_send(
+    shop, product, receiver, loopback_allowed
+):
     _, secret = _endpoint(shop, receiver.url, event_types=["purchase.created"])
     receiver.secrets = [secret]
     loopback_allowed.WEBHOOK_ALLOW_LOOPBACK = False  # now the address is not allowed
@@ -153,7 +170,8 @@ def test_a_destination_that_turns_private_is_refused_at_send(shop, product, rece
 
 
 def test_an_endpoint_failing_past_the_window_is_disabled_with_its_reason(
-        shop, product, receiver, loopback_allowed):
+    shop, product, receiver, loopback_allowed
+):
     loopback_allowed.WEBHOOK_DISABLE_AFTER_SECONDS = 0
     loopback_allowed.WEBHOOK_RETRY_SECONDS = 0
     endpoint, secret = _endpoint(shop, receiver.url, event_types=["purchase.created"])
@@ -181,8 +199,7 @@ def test_deliveries_wait_while_webhooks_are_halted(shop, product, receiver, loop
     _pump(lambda: len(receiver.accepted) == 1 and _quiet())
 
 
-def test_endpoints_need_their_scope_and_belong_to_their_client(shop, receiver,
-                                                               loopback_allowed):
+def test_endpoints_need_their_scope_and_belong_to_their_client(shop, receiver, loopback_allowed):
     unscoped = Api(make_client(scopes=ALL_SCOPES, name="no-webhooks")[1])
     other = Api(make_client(scopes=(*ALL_SCOPES, "webhooks:manage"), name="other")[1])
     endpoint, _ = _endpoint(shop, receiver.url)
@@ -232,21 +249,44 @@ def test_a_long_backlog_at_one_endpoint_does_not_starve_another(shop, loopback_a
     slow, fast = Receiver(), Receiver()
     try:
         slow.script, slow.hang_seconds = ["hang"] * 10, 1.0
-        slow_ep = WebhookEndpoint.objects.create(api_client_id="backlog", url=slow.url,
-                                                 max_in_flight=1)
+        slow_ep = WebhookEndpoint.objects.create(
+            api_client_id="backlog", url=slow.url, max_in_flight=1
+        )
         fast_ep = WebhookEndpoint.objects.create(api_client_id="backlog", url=fast.url)
         now = timezone.now()
-        events = Event.objects.bulk_create([
-            Event(api_client_id="backlog", purchase_id=f"pur_backlog_{i}", sequence=1,
-                  type="purchase.created", data={"purchase": {"id": f"pur_backlog_{i}"}})
-            for i in range(301)])
+        events = Event.objects.bulk_create(
+            [
+                Event(
+                    api_client_id="backlog",
+                    purchase_id=f"pur_backlog_{i}",
+                    sequence=1,
+                    type="purchase.created",
+                    data={"purchase": {"id": f"pur_backlog_{i}"}},
+                )
+                for i in range(301)
+            ]
+        )
         WebhookDelivery.objects.bulk_create(
-            [WebhookDelivery(endpoint=slow_ep, event=e, purchase_id=e.purchase_id,
-                             next_attempt_at=now, give_up_at=now + timedelta(days=3))
-             for e in events[:300]]
-            + [WebhookDelivery(endpoint=fast_ep, event=events[300],
-                               purchase_id=events[300].purchase_id, next_attempt_at=now,
-                               give_up_at=now + timedelta(days=3))])
+            [
+                WebhookDelivery(
+                    endpoint=slow_ep,
+                    event=e,
+                    purchase_id=e.purchase_id,
+                    next_attempt_at=now,
+                    give_up_at=now + timedelta(days=3),
+                )
+                for e in events[:300]
+            ]
+            + [
+                WebhookDelivery(
+                    endpoint=fast_ep,
+                    event=events[300],
+                    purchase_id=events[300].purchase_id,
+                    next_attempt_at=now,
+                    give_up_at=now + timedelta(days=3),
+                )
+            ]
+        )
         deliveries_send_due(batch=20)
         assert fast.requests == 1
         assert slow.requests == 1

@@ -1,6 +1,7 @@
 """Delivery from a real Celery worker process: the commit's outbox kick fans the event
 out, the fan-out's kick sends it; nothing is driven from the test process. A receiver
 that fails first still gets every event once."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,9 @@ def worker_env(monkeypatch, loopback_allowed):
     monkeypatch.setenv("EVENTS_FEED_SETTLE_SECONDS", "0")
 
 
-def test_a_worker_delivers_every_event_of_a_paid_purchase(shop, product, receiver,
-                                                         worker_env, celery_worker):
+def test_a_worker_delivers_every_event_of_a_paid_purchase(
+    shop, product, receiver, worker_env, celery_worker
+):
     made = endpoint_create(api_client_id=shop.client.pk, url=receiver.url, actor="test")
     receiver.secrets = [made.secret]
     receiver.script = [503, 500]
@@ -29,12 +31,15 @@ def test_a_worker_delivers_every_event_of_a_paid_purchase(shop, product, receive
     assert shop.pay(purchase["id"]).status_code == 201
 
     def all_there() -> bool:
-        stored = set(Event.objects.filter(purchase_id=purchase["id"])
-                     .values_list("public_id", flat=True))
-        return (stored and stored <= set(receiver.accepted)
-                and Event.objects.filter(purchase_id=purchase["id"],
-                                         type="purchase.completed").exists()
-                and not WebhookDelivery.objects.filter(state=DeliveryState.PENDING).exists())
+        stored = set(
+            Event.objects.filter(purchase_id=purchase["id"]).values_list("public_id", flat=True)
+        )
+        return (
+            stored
+            and stored <= set(receiver.accepted)
+            and Event.objects.filter(purchase_id=purchase["id"], type="purchase.completed").exists()
+            and not WebhookDelivery.objects.filter(state=DeliveryState.PENDING).exists()
+        )
 
     wait_for(all_there, timeout=60)
     stored = list(Event.objects.filter(purchase_id=purchase["id"]).order_by("sequence"))

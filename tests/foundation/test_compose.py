@@ -1,4 +1,5 @@
 """The compose stack cannot start here (no Docker engine): check it refers to real things."""
+
 from pathlib import Path
 
 import yaml
@@ -7,8 +8,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env_example() -> dict[str, str]:
-    pairs = [line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
-             if line and not line.startswith("#")]
+    pairs = [
+        line.split("=", 1)
+        for line in (ROOT / ".env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     return dict(pairs)
 
 

@@ -1,6 +1,7 @@
 """Development servers and tooling live in tools/, outside the runtime packages and the
 production image (import-linter's `runtime-never-imports-tools` keeps the runtime from
 importing them; this checks the image and the compose sandbox)."""
+
 import re
 from pathlib import Path
 
@@ -11,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _stages() -> dict[str, str]:
     """The Dockerfile's stages by name, in order, each with its instructions."""
-    parts = re.split(r"^FROM\s+\S+\s+AS\s+(\S+)\s*$", (ROOT / "Dockerfile").read_text(),
-                     flags=re.M | re.I)
+    parts = re.split(
+        r"^FROM\s+\S+\s+AS\s+(\S+)\s*$", (ROOT / "Dockerfile").read_text(), flags=re.M | re.I
+    )
     return dict(zip(parts[1::2], parts[2::2], strict=False))
 
 
@@ -41,7 +43,11 @@ def test_the_compose_sandbox_runs_localstripe_from_the_devtools_image():
 
 
 def test_no_runtime_package_holds_a_development_server():
-    for old in ("config/localstripe_server.py", "config/x402_chain.py",
-                "config/x402_facilitator.py", "payments/ops/progress.py",
-                "payments/management/commands/drill.py"):
+    for old in (
+        "config/localstripe_server.py",
+        "config/x402_chain.py",
+        "config/x402_facilitator.py",
+        "payments/ops/progress.py",
+        "payments/management/commands/drill.py",
+    ):
         assert not (ROOT / old).exists(), old

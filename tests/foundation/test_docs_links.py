@@ -2,12 +2,22 @@
 
 Code comments point at docs/ for the rules they rely on (the design contract is not in the
 repository); a renamed section or a typo would send the reader nowhere again."""
+
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNTIME = ("payments", "recovery", "webhooks", "support", "agents", "acp", "audit", "config",
-           "tools")
+RUNTIME = (
+    "payments",
+    "recovery",
+    "webhooks",
+    "support",
+    "agents",
+    "acp",
+    "audit",
+    "config",
+    "tools",
+)
 LINK = re.compile(r"docs/([\w/.-]+?\.md)(?:#([\w-]+))?")
 
 
@@ -19,13 +29,17 @@ def github_slug(heading: str) -> str:
 
 
 def anchors(doc: Path) -> set[str]:
-    return {github_slug(line.lstrip("#")) for line in doc.read_text().splitlines()
-            if line.startswith("#")}
+    return {
+        github_slug(line.lstrip("#"))
+        for line in doc.read_text().splitlines()
+        if line.startswith("#")
+    }
 
 
 def test_slug_matches_github():
     assert github_slug("The provider's record outranks a person") == (
-        "the-providers-record-outranks-a-person")
+        "the-providers-record-outranks-a-person"
+    )
     assert github_slug("Create, then claim, then confirm") == "create-then-claim-then-confirm"
 
 

@@ -5,6 +5,7 @@ outside `.venv` none of Verity's dependencies import: `python manage.py …` pas
 doc answers "python: command not found". The docs say `.venv/bin/python` (what `make run`
 installs). Not checked: commands run inside the image (`docker compose run … python`) and
 the design notes, which tell history rather than what to type."""
+
 import re
 from pathlib import Path
 
@@ -16,8 +17,11 @@ HISTORY = {"design-notes.md"}
 
 
 def bare_python_lines(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines()
-            if BARE.search(line) and not any(s in line for s in NOT_THE_READERS_SHELL)]
+    return [
+        line.strip()
+        for line in text.splitlines()
+        if BARE.search(line) and not any(s in line for s in NOT_THE_READERS_SHELL)
+    ]
 
 
 def test_the_check_sees_a_bare_python_and_lets_the_venv_pass():

@@ -1,5 +1,6 @@
 """A refusal's code is a member of payments.errors.ErrorCode, never a string typed at the
 raise: the codes clients branch on are listed in one place (docs/architecture.md)."""
+
 import re
 from pathlib import Path
 

@@ -6,6 +6,7 @@ never import support or agents" and "only payments/providers imports stripe". It
 so `make test` and CI fail when an import breaks one. A second check walks the import graph
 itself: no two modules of Verity's apps import each other, directly or around a circle
 (a function-local import counts: it is still an import)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -20,8 +21,9 @@ APPS = ("config", "payments", "webhooks", "recovery", "support", "audit", "agent
 
 def test_the_import_linter_contracts_are_kept():
     lint = Path(sys.executable).with_name("lint-imports")
-    run = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run(
+        [str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert "BROKEN" not in run.stdout and "KEPT" in run.stdout
 
@@ -97,8 +99,9 @@ def _importlinter() -> dict:
 
 def _layer_entries() -> list[str]:
     contract = next(c for c in _importlinter()["contracts"] if c["id"] == "layers")
-    return [name.strip() for layer in contract["layers"]
-            for name in layer.replace("|", ":").split(":")]
+    return [
+        name.strip() for layer in contract["layers"] for name in layer.replace("|", ":").split(":")
+    ]
 
 
 def _project_modules(root: str) -> list[str]:
@@ -138,6 +141,14 @@ def test_every_module_of_the_project_belongs_to_a_layer():
 
 def test_a_module_in_no_layer_is_reported():
     entries = ["payments.api", "payments.models", "recovery.outbox"]
-    modules = ["payments", "payments.api", "payments.api.views", "payments.models",
-               "payments.newcomer", "recovery", "recovery.outbox", "recovery.stray"]
+    modules = [
+        "payments",
+        "payments.api",
+        "payments.api.views",
+        "payments.models",
+        "payments.newcomer",
+        "recovery",
+        "recovery.outbox",
+        "recovery.stray",
+    ]
     assert _unplaced(modules, entries) == ["payments.newcomer", "recovery.stray"]

@@ -2,6 +2,7 @@
 (docs.stripe.com/api/idempotent_requests): same key and parameters -> the stored answer,
 replayed even when it was a 500; other parameters -> 400 idempotency_error; a key in use
 -> 409; keys expire after the window. Plain HTTP against the stack's localstripe."""
+
 import threading
 import time
 
@@ -14,24 +15,37 @@ from django.conf import settings
 def ls(localstripe):
     localstripe.idempotency(enabled="true", window_seconds=86400, hold_seconds=0, flush="true")
     yield localstripe
-    localstripe.idempotency(enabled="false", window_seconds=86400, hold_seconds=0,
-                            flush="true")
+    localstripe.idempotency(enabled="false", window_seconds=86400, hold_seconds=0, flush="true")
 
 
 def _post(path, data, key):
-    return requests.post(f"{settings.STRIPE_API_BASE}/v1/{path}", data=data, timeout=10,
-                         auth=(settings.STRIPE_API_KEY, ""), headers={"Idempotency-Key": key})
+    return requests.post(
+        f"{settings.STRIPE_API_BASE}/v1/{path}",
+        data=data,
+        timeout=10,
+        auth=(settings.STRIPE_API_KEY, ""),
+        headers={"Idempotency-Key": key},
+    )
 
 
 def _pay(ls_key, amount=700, method="pm_card_visa"):
-    return _post("payment_intents", {"amount": amount, "currency": "usd", "confirm": "true",
-                                     "payment_method": method,
-                                     "metadata[operation_id]": ls_key}, ls_key)
+    return _post(
+        "payment_intents",
+        {
+            "amount": amount,
+            "currency": "usd",
+            "confirm": "true",
+            "payment_method": method,
+            "metadata[operation_id]": ls_key,
+        },
+        ls_key,
+    )
 
 
 def _count(ls, key):
-    return len([pi for pi in ls.list("payment_intents")
-                if pi["metadata"].get("operation_id") == key])
+    return len(
+        [pi for pi in ls.list("payment_intents") if pi["metadata"].get("operation_id") == key]
+    )
 
 
 def test_the_same_key_and_parameters_replay_the_stored_answer(ls):
@@ -60,12 +74,17 @@ def test_a_decline_and_a_500_are_stored_and_replayed(ls):
     assert _pay("k-decline", method="pm_card_chargeCustomerFail").status_code == 402
     assert _count(ls, "k-decline") == 1
     # localstripe answers a confirm naming a payment method with a 500: stored like any.
-    intent = _post("payment_intents", {"amount": 500, "currency": "usd",
-                                       "payment_method": "pm_card_visa"}, "k-create").json()
-    failed = _post(f"payment_intents/{intent['id']}/confirm",
-                   {"payment_method": "pm_card_visa"}, "k-500")
-    replayed = _post(f"payment_intents/{intent['id']}/confirm",
-                     {"payment_method": "pm_card_visa"}, "k-500")
+    intent = _post(
+        "payment_intents",
+        {"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"},
+        "k-create",
+    ).json()
+    failed = _post(
+        f"payment_intents/{intent['id']}/confirm", {"payment_method": "pm_card_visa"}, "k-500"
+    )
+    replayed = _post(
+        f"payment_intents/{intent['id']}/confirm", {"payment_method": "pm_card_visa"}, "k-500"
+    )
     assert failed.status_code == replayed.status_code == 500
     assert replayed.headers["Idempotent-Replayed"] == "true"
 

@@ -3,6 +3,7 @@ when a port it needs is taken (an earlier `make run`, another project's server) 
 which port, what uses it for, and how to choose another, exits non-zero at once and leaves
 nothing running, instead of seeding, printing links and then looping on a server that
 cannot bind. (Ctrl-C on a healthy run: tests/foundation/test_newcomer_smoke.py.)"""
+
 from __future__ import annotations
 
 import socket
@@ -29,16 +30,24 @@ def test_a_taken_port_is_named_and_nothing_is_left_running(tmp_path, busy):
         other_program.bind(("127.0.0.1", port))
         other_program.listen()
         started = time.monotonic()
-        proc = subprocess.Popen(["make", "--no-print-directory", "serve"], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            ["make", "--no-print-directory", "serve"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             out, _ = proc.communicate(timeout=EXIT_SECONDS)
         except subprocess.TimeoutExpired:
             stop(proc, var)
             out, _ = proc.communicate()
-            pytest.fail(f"make serve with port {port} taken still ran after {EXIT_SECONDS} s:\n"
-                        + out.decode(errors="replace")[-3000:])
+            pytest.fail(
+                f"make serve with port {port} taken still ran after {EXIT_SECONDS} s:\n"
+                + out.decode(errors="replace")[-3000:]
+            )
         finally:
             left = processes_of(var)
             stop(proc, var)
@@ -59,11 +68,23 @@ def test_the_chain_stopped_while_it_deploys_leaves_nothing_running(tmp_path):
     var = tmp_path / "var"
     env = {**serve_env(var), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [str(ROOT / ".venv/bin/python"), "-m", "tools.x402_chain",
-         "--port", env["X402_CHAIN_PORT"], "--facilitator-port", env["X402_FACILITATOR_PORT"],
-         "--ready-file", str(var / "run" / "chain.ready")],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+        [
+            str(ROOT / ".venv/bin/python"),
+            "-m",
+            "tools.x402_chain",
+            "--port",
+            env["X402_CHAIN_PORT"],
+            "--facilitator-port",
+            env["X402_FACILITATOR_PORT"],
+            "--ready-file",
+            str(var / "run" / "chain.ready"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not any("anvil" in line for line in processes_of(var)):
@@ -82,8 +103,13 @@ def test_the_chain_stopped_while_it_deploys_leaves_nothing_running(tmp_path):
 
 def test_the_first_install_says_it_is_working_before_the_long_step():
     # -n: print the recipe only; -W: as if the lock had changed (a fresh clone)
-    plan = subprocess.run(["make", "-n", "-W", "requirements-dev.lock", ".venv/.installed"],
-                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    plan = subprocess.run(
+        ["make", "-n", "-W", "requirements-dev.lock", ".venv/.installed"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     lines = plan.splitlines()
     said = next(i for i, line in enumerate(lines) if "Installing the Python dependencies" in line)
     install = next(i for i, line in enumerate(lines) if "pip install -q -r" in line)

@@ -9,6 +9,7 @@ literal that is one of that vocabulary's values: `x.outcome == "unknown"`,
 Provider vocabulary (a Stripe PaymentIntent's `status`) is not one of Verity's values and
 so is not flagged.
 """
+
 import ast
 from pathlib import Path
 
@@ -42,8 +43,11 @@ def _values(field: str) -> set[str]:
 
 def _field(node) -> str | None:
     """The vocabulary field an expression reads (`op.outcome`, `outcome`, `op.purchase.status`)."""
-    name = node.attr if isinstance(node, ast.Attribute) else (
-        node.id if isinstance(node, ast.Name) else None)
+    name = (
+        node.attr
+        if isinstance(node, ast.Attribute)
+        else (node.id if isinstance(node, ast.Name) else None)
+    )
     if name is None:
         return None
     name = name.lstrip("_")
@@ -57,8 +61,9 @@ def _literals(node) -> list[str]:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return [node.value]
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return [e.value for e in node.elts
-                if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        return [
+            e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+        ]
     return []
 
 
@@ -67,8 +72,11 @@ LOOKUPS = {"filter", "exclude", "get", "Q", "When"}
 
 
 def _called(func) -> str | None:
-    return func.attr if isinstance(func, ast.Attribute) else (
-        func.id if isinstance(func, ast.Name) else None)
+    return (
+        func.attr
+        if isinstance(func, ast.Attribute)
+        else (func.id if isinstance(func, ast.Name) else None)
+    )
 
 
 def _kwarg_field(name: str) -> str | None:
@@ -108,10 +116,12 @@ def runtime_files():
 
 
 def test_the_scan_sees_each_form_of_a_literal_comparison():
-    src = ('a = op.outcome == "succeeded"\nb = p.status in ("paid", "completed")\n'
-           'c = Q(outcome__in=("unknown",))\nd = Op.objects.filter(kind="refund")\n'
-           'g = dispatch(step="confirm")\n'
-           'e = intent.status == "requires_capture"\nf = op.outcome == Outcome.SUCCEEDED\n')
+    src = (
+        'a = op.outcome == "succeeded"\nb = p.status in ("paid", "completed")\n'
+        'c = Q(outcome__in=("unknown",))\nd = Op.objects.filter(kind="refund")\n'
+        'g = dispatch(step="confirm")\n'
+        'e = intent.status == "requires_capture"\nf = op.outcome == Outcome.SUCCEEDED\n'
+    )
     found = literal_comparisons(src)
     assert [line.split(":")[1] for line in found] == ["1", "2", "3", "4"], found
 
@@ -120,5 +130,7 @@ def test_runtime_code_compares_statuses_with_enum_members():
     found = []
     for path in runtime_files():
         found += literal_comparisons(path.read_text(), str(path.relative_to(ROOT)))
-    assert not found, ("compare with the enum member from payments/enums.py, not a string "
-                       "literal:\n" + "\n".join(found))
+    assert not found, (
+        "compare with the enum member from payments/enums.py, not a string "
+        "literal:\n" + "\n".join(found)
+    )

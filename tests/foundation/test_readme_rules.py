@@ -1,5 +1,6 @@
 """The README's "Where each rule lives" table names real code: every `file:function` in it
 imports and resolves (modules move; a stale row fails here, not in a reader's hands)."""
+
 import importlib
 import re
 from pathlib import Path

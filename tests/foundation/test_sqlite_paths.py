@@ -4,6 +4,7 @@ halt insert are each one `INSERT … ON CONFLICT DO NOTHING RETURNING`, which Po
 (the rest of the suite) and SQLite >= 3.35 both parse. The suite's database is
 PostgreSQL, so this runs Verity's own services in a subprocess on a fresh SQLite file
 under a temporary var/ (the same settings `make run` reads)."""
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "VERITY_STACK_DIR")
 
-SCRIPT = r'''
+SCRIPT = r"""
 import sqlite3, time
 from datetime import timedelta
 from django.db import connection
@@ -83,7 +84,7 @@ assert [(a.status_code, a.json()["duplicate"]) for a in answers] == [
 assert ProviderEvent.objects.filter(event_id="evt_sqlite_http").count() == 1
 assert OutboxMessage.objects.filter(dedupe_key="event:evt_sqlite_http").count() == 1
 print("SQLITE PATHS OK", sqlite3.sqlite_version)
-'''
+"""
 
 
 def test_raw_sql_paths_work_on_sqlite(tmp_path):
@@ -92,11 +93,23 @@ def test_raw_sql_paths_work_on_sqlite(tmp_path):
     env.update(STRIPE_WEBHOOK_SECRETS="whsec_sqlite", ALLOWED_HOSTS="testserver")
     manage = [sys.executable, str(ROOT / "manage.py")]
 
-    migrate = subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=300)
+    migrate = subprocess.run(
+        [*manage, "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert migrate.returncode == 0, migrate.stderr[-3000:]
-    done = subprocess.run([*manage, "shell", "-c", SCRIPT], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [*manage, "shell", "-c", SCRIPT],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "SQLITE PATHS OK" in done.stdout

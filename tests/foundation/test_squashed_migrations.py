@@ -2,6 +2,7 @@
 database (the squashes) and an existing one (migrated with the old chain, then with the
 squashes and what follows them) must end in one schema: same tables and columns, indexes,
 constraints and triggers, with none of the old raw-SQL `bench_*` indexes left."""
+
 from __future__ import annotations
 
 import ast
@@ -63,8 +64,12 @@ def _old_chain_packages(tmp: Path) -> dict[str, str]:
 def _server() -> dict:
     db = settings.DATABASES["default"]
     assert db["ENGINE"].endswith("postgresql"), "needs the stack's PostgreSQL"
-    return {"host": db["HOST"], "port": db["PORT"], "user": db["USER"],
-            "password": db["PASSWORD"] or None}
+    return {
+        "host": db["HOST"],
+        "port": db["PORT"],
+        "user": db["USER"],
+        "password": db["PASSWORD"] or None,
+    }
 
 
 def _admin(sql: str) -> None:
@@ -78,12 +83,23 @@ def _url(name: str) -> str:
     return f"postgres://{auth}@{s['host']}:{s['port']}/{name}"
 
 
-def _manage(db: str, *args: str, settings_module: str = "config.settings",
-            pythonpath: str = "") -> None:
-    env = {**os.environ, "DATABASE_URL": _url(db), "DJANGO_SETTINGS_MODULE": settings_module,
-           "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p)}
-    done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+def _manage(
+    db: str, *args: str, settings_module: str = "config.settings", pythonpath: str = ""
+) -> None:
+    env = {
+        **os.environ,
+        "DATABASE_URL": _url(db),
+        "DJANGO_SETTINGS_MODULE": settings_module,
+        "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p),
+    }
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -93,30 +109,38 @@ def _migrate(db: str, **kwargs) -> None:
 
 def _schema(db: str) -> dict[str, set]:
     with psycopg.connect(dbname=db, **_server()) as conn:
+
         def rows(sql):
             return set(conn.execute(sql).fetchall())
 
         return {
-            "columns": rows("SELECT table_name, column_name, data_type, is_nullable, "
-                            "column_default, character_maximum_length "
-                            "FROM information_schema.columns WHERE table_schema = 'public'"),
-            "indexes": rows("SELECT tablename, indexname, indexdef FROM pg_indexes "
-                            "WHERE schemaname = 'public'"),
-            "constraints": rows("SELECT c.conrelid::regclass::text, c.conname, "
-                                "pg_get_constraintdef(c.oid) FROM pg_constraint c "
-                                "JOIN pg_namespace n ON n.oid = c.connamespace "
-                                "WHERE n.nspname = 'public'"),
-            "triggers": rows("SELECT event_object_table, trigger_name, event_manipulation, "
-                             "action_statement FROM information_schema.triggers "
-                             "WHERE trigger_schema = 'public'"),
+            "columns": rows(
+                "SELECT table_name, column_name, data_type, is_nullable, "
+                "column_default, character_maximum_length "
+                "FROM information_schema.columns WHERE table_schema = 'public'"
+            ),
+            "indexes": rows(
+                "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'"
+            ),
+            "constraints": rows(
+                "SELECT c.conrelid::regclass::text, c.conname, "
+                "pg_get_constraintdef(c.oid) FROM pg_constraint c "
+                "JOIN pg_namespace n ON n.oid = c.connamespace "
+                "WHERE n.nspname = 'public'"
+            ),
+            "triggers": rows(
+                "SELECT event_object_table, trigger_name, event_manipulation, "
+                "action_statement FROM information_schema.triggers "
+                "WHERE trigger_schema = 'public'"
+            ),
         }
 
 
 def test_a_fresh_database_and_one_migrated_with_the_old_chain_end_in_one_schema(tmp_path):
     modules = _old_chain_packages(tmp_path)
     (tmp_path / "old_chain_settings.py").write_text(
-        "from config.settings import *  # noqa: F401,F403\n"
-        f"MIGRATION_MODULES = {modules!r}\n")
+        f"from config.settings import *  # noqa: F401,F403\nMIGRATION_MODULES = {modules!r}\n"
+    )
     run = uuid.uuid4().hex[:8]
     fresh, existing = f"squash_fresh_{run}", f"squash_existing_{run}"
     _admin(f"CREATE DATABASE {fresh}")
@@ -137,15 +161,21 @@ def test_a_fresh_database_and_one_migrated_with_the_old_chain_end_in_one_schema(
         for part in new:
             assert old[part] == new[part], (
                 f"{part} differ:\nonly in the old chain's: {sorted(old[part] - new[part])}\n"
-                f"only in the fresh one's: {sorted(new[part] - old[part])}")
+                f"only in the fresh one's: {sorted(new[part] - old[part])}"
+            )
         names = {name for _t, name, _d in new["indexes"]}
         assert not {n for n in names if n.startswith("bench_")}
-        assert {"op_open_by_outcome_idx", "purchase_email_upper_idx", "steprun_attention_idx",
-                "purchase_ref_prefix_idx"} <= names
+        assert {
+            "op_open_by_outcome_idx",
+            "purchase_email_upper_idx",
+            "steprun_attention_idx",
+            "purchase_ref_prefix_idx",
+        } <= names
         assert {t for _tab, t, _e, _a in new["triggers"]} >= {
-            "support_auditentry_append_only", "support_note_append_only",
-            "support_resolution_append_only"}
+            "support_auditentry_append_only",
+            "support_note_append_only",
+            "support_resolution_append_only",
+        }
     finally:
         for db in (fresh, existing):
             _admin(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
-

@@ -1,6 +1,7 @@
 """Error codes and audit actions are enums whose members are their strings: the API's
 problem documents, stored audit rows and any caller still holding a literal read the same
 values as before."""
+
 import json
 
 from audit.actions import AuditAction
@@ -17,9 +18,17 @@ def test_an_error_code_is_its_string_everywhere_it_is_written():
 
 
 def test_a_problem_document_carries_the_plain_code():
-    body = json.loads(json.dumps(problem_body(
-        code=ErrorCode.NOT_FOUND, detail="No such purchase.", status=404,
-        retry=RetryAdvice.FORBIDDEN, owner=Owner.BUYER)))
+    body = json.loads(
+        json.dumps(
+            problem_body(
+                code=ErrorCode.NOT_FOUND,
+                detail="No such purchase.",
+                status=404,
+                retry=RetryAdvice.FORBIDDEN,
+                owner=Owner.BUYER,
+            )
+        )
+    )
     assert body["code"] == "not_found" and body["type"].endswith(":not_found")
 
 

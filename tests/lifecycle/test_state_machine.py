@@ -8,7 +8,8 @@ fault drill (automatic and manual capture, a declining card); `retry_of`; captur
 refund full and partial; approve and decline refunds; resolve by hand (each outcome, by the
 requester and by another principal); deliver signed provider events in any order,
 duplicated and late; refund in the provider's dashboard and dispute charges there (won,
-lost, left open), each known to Verity only from its event; reconcile; halt and clear each workflow; run the relay; kill a
+lost, left open), each known to Verity only from its event; reconcile; halt and clear each
+workflow; run the relay; kill a
 dispatch between its phases. With the x402 stack (tests.stack --x402): purchases of a
 digital report paid over x402 on the real chain (a lost settle answer, a pending
 settlement, replays of an earlier signature, a second authorization), refunded as
@@ -73,6 +74,7 @@ rules or invariants out by name; `VERITY_LIFECYCLE_SHRINK=0` reports a failing r
 `VERITY_LIFECYCLE_EVENTS=<file>` writes what the new branches did; `VERITY_LIFECYCLE_STRICT=1`
 fails on the open defects too.
 """
+
 from __future__ import annotations
 
 import json
@@ -172,19 +174,29 @@ STEPS = int(os.environ.get("VERITY_LIFECYCLE_STEPS", "14"))
 # merged: the rules that need it always run.
 PART_A = True
 
-WRITE_DRILLS = [None, None, DrillMode.DROP_RESPONSE_AFTER_SEND, DrillMode.TIMEOUT_BEFORE_SEND,
-                DrillMode.RESET_AFTER_WRITE, DrillMode.HTTP_500, DrillMode.HTTP_409]
+WRITE_DRILLS = [
+    None,
+    None,
+    DrillMode.DROP_RESPONSE_AFTER_SEND,
+    DrillMode.TIMEOUT_BEFORE_SEND,
+    DrillMode.RESET_AFTER_WRITE,
+    DrillMode.HTTP_500,
+    DrillMode.HTTP_409,
+]
 CUSTOMERS = ["cust-shared-1", "cust-shared-2", "cust-shared-3"]
 PAID_STATUSES = (PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED)
-WORKFLOW_KINDS = {"checkout": (OperationKind.CHARGE, OperationKind.AUTHORIZE,
-                               OperationKind.CAPTURE),
-                  "refunds": (OperationKind.VOID, OperationKind.REFUND)}
-PI_EVENT_TYPES = {"succeeded": "payment_intent.succeeded",
-                  "requires_capture": "payment_intent.amount_capturable_updated",
-                  "canceled": "payment_intent.canceled",
-                  "requires_payment_method": "payment_intent.payment_failed",
-                  "processing": "payment_intent.processing",
-                  "requires_action": "payment_intent.requires_action"}
+WORKFLOW_KINDS = {
+    "checkout": (OperationKind.CHARGE, OperationKind.AUTHORIZE, OperationKind.CAPTURE),
+    "refunds": (OperationKind.VOID, OperationKind.REFUND),
+}
+PI_EVENT_TYPES = {
+    "succeeded": "payment_intent.succeeded",
+    "requires_capture": "payment_intent.amount_capturable_updated",
+    "canceled": "payment_intent.canceled",
+    "requires_payment_method": "payment_intent.payment_failed",
+    "processing": "payment_intent.processing",
+    "requires_action": "payment_intent.requires_action",
+}
 
 
 class Provider:
@@ -202,8 +214,9 @@ class Provider:
         out, after = [], None
         while True:
             params = {"limit": 100, **({"starting_after": after} if after else {})}
-            body = requests.get(f"{self.base}/v1/{resource}", params=params, auth=self.auth,
-                                timeout=10).json()
+            body = requests.get(
+                f"{self.base}/v1/{resource}", params=params, auth=self.auth, timeout=10
+            ).json()
             out.extend(body["data"])
             if not body.get("has_more") or not body["data"]:
                 return out
@@ -228,7 +241,8 @@ def _unverified_refusal_is_right(code: str, operation: str | None) -> None:
     op = PaymentOperation.objects.filter(id=operation).first()
     assert op is not None and op.outcome == Outcome.FAILED and op.grade == Grade.ACKNOWLEDGED, (
         f"original_unverified for {operation}, which is "
-        f"{op and (op.outcome, op.grade, op.verification)}")
+        f"{op and (op.outcome, op.grade, op.verification)}"
+    )
 
 
 def _no_5xx(r) -> None:
@@ -283,8 +297,9 @@ class AcpAgent:
         self.http.credentials(HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_API_VERSION=API_VERSION)
 
     def post(self, path: str, body: dict, *, key: str | None = None):
-        return self.http.post(f"/acp/{path}", body, format="json",
-                              HTTP_IDEMPOTENCY_KEY=key or str(uuid.uuid4()))
+        return self.http.post(
+            f"/acp/{path}", body, format="json", HTTP_IDEMPOTENCY_KEY=key or str(uuid.uuid4())
+        )
 
     def get(self, path: str):
         return self.http.get(f"/acp/{path}")
@@ -300,11 +315,17 @@ def _issue_spt(amount: int, payment_method: str = "pm_card_visa") -> str:
     """The agent platform's shared payment token from the provider (localstripe's test
     helper, as Stripe issues them for the merchant): for this amount, usable once."""
     base = django_settings.STRIPE_API_BASE.rstrip("/")
-    r = requests.post(f"{base}/v1/test_helpers/shared_payment/granted_tokens",
-                      auth=(django_settings.STRIPE_API_KEY, ""), timeout=10, data={
-                          "payment_method": payment_method, "usage_limits[currency]": "usd",
-                          "usage_limits[max_amount]": amount,
-                          "usage_limits[expires_at]": int(time.time()) + 3600})
+    r = requests.post(
+        f"{base}/v1/test_helpers/shared_payment/granted_tokens",
+        auth=(django_settings.STRIPE_API_KEY, ""),
+        timeout=10,
+        data={
+            "payment_method": payment_method,
+            "usage_limits[currency]": "usd",
+            "usage_limits[max_amount]": amount,
+            "usage_limits[expires_at]": int(time.time()) + 3600,
+        },
+    )
     assert r.status_code == 200, r.text
     return r.json()["id"]
 
@@ -316,28 +337,40 @@ def _stripe_refuses_over_refunds() -> None:
     left, so the machine sees what Stripe would do: the compensation of a duplicate
     partly refunded in the dashboard, whose event waited for the read-back, asks for the
     whole charge, is refused, and a new one asks for what is left."""
-    queued = list(PaymentOperation.objects.filter(
-        kind=OperationKind.REFUND, outcome=Outcome.PENDING, parent__isnull=False
-    ).exclude(rail="x402").select_related("parent"))
+    queued = list(
+        PaymentOperation.objects.filter(
+            kind=OperationKind.REFUND, outcome=Outcome.PENDING, parent__isnull=False
+        )
+        .exclude(rail="x402")
+        .select_related("parent")
+    )
     if not queued:
         return
     base, auth = Provider().base, (django_settings.STRIPE_API_KEY, "")
     for op in queued:
-        pi = requests.get(f"{base}/v1/payment_intents/{op.parent.provider_reference}",
-                          auth=auth, timeout=10)
+        pi = requests.get(
+            f"{base}/v1/payment_intents/{op.parent.provider_reference}", auth=auth, timeout=10
+        )
         if not op.parent.provider_reference or pi.status_code != 200:
             continue
-        listed = requests.get(f"{base}/v1/refunds", auth=auth, timeout=10, params={
-            "payment_intent": op.parent.provider_reference, "limit": 100}).json()["data"]
+        listed = requests.get(
+            f"{base}/v1/refunds",
+            auth=auth,
+            timeout=10,
+            params={"payment_intent": op.parent.provider_reference, "limit": 100},
+        ).json()["data"]
         pi = pi.json()
-        captured = pi.get("amount_received") or (pi["amount"] if pi["status"] == "succeeded"
-                                                 else 0)
-        left = captured - sum(r["amount"] for r in listed
-                              if r["status"] not in ("failed", "canceled"))
+        captured = pi.get("amount_received") or (pi["amount"] if pi["status"] == "succeeded" else 0)
+        left = captured - sum(
+            r["amount"] for r in listed if r["status"] not in ("failed", "canceled")
+        )
         if op.amount > left:
             provider_for_rail(Rail.STRIPE).arm_drill(
-                key_prefix=op.idempotency_key, step=CallStep.REFUND,
-                mode=DrillMode.HTTP_400_REFUSED, times=1)
+                key_prefix=op.idempotency_key,
+                step=CallStep.REFUND,
+                mode=DrillMode.HTTP_400_REFUSED,
+                times=1,
+            )
 
 
 # What the new branches did, over a whole run: VERITY_LIFECYCLE_EVENTS=<file> writes the
@@ -415,16 +448,27 @@ class LifecycleMachine(RuleBasedStateMachine):
         provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
         tag = self.tag = uuid.uuid4().hex[:6]
         self.product = ProductFactory(sku=f"LC-{tag}", price=2000, stock=100_000)
-        a, a_key = make_client(name=f"shop-a-{tag}", limit=100_000_000, auto_refund_limit=10**9,
-                               scopes=("purchases:read", "purchases:write", "refunds:write"))
-        b, b_key = make_client(name=f"shop-b-{tag}", limit=100_000_000,
-                               scopes=("purchases:read", "purchases:write", "refunds:write"))
-        r, r_key = make_client(name=f"ops-{tag}", limit=0,
-                               scopes=("purchases:read", "purchases:write",
-                                       "operations:resolve"))
-        p, p_key = make_client(name=f"acp-platform-{tag}", limit=100_000_000,
-                               scopes=("acp", "purchases:read", "purchases:write",
-                                       "refunds:write"))
+        a, a_key = make_client(
+            name=f"shop-a-{tag}",
+            limit=100_000_000,
+            auto_refund_limit=10**9,
+            scopes=("purchases:read", "purchases:write", "refunds:write"),
+        )
+        b, b_key = make_client(
+            name=f"shop-b-{tag}",
+            limit=100_000_000,
+            scopes=("purchases:read", "purchases:write", "refunds:write"),
+        )
+        r, r_key = make_client(
+            name=f"ops-{tag}",
+            limit=0,
+            scopes=("purchases:read", "purchases:write", "operations:resolve"),
+        )
+        p, p_key = make_client(
+            name=f"acp-platform-{tag}",
+            limit=100_000_000,
+            scopes=("acp", "purchases:read", "purchases:write", "refunds:write"),
+        )
         self.shops = [Api(a_key, a), Api(b_key, b), Api(p_key, p)]  # ACP_SHOP = 2
         self.acp = AcpAgent(p_key)
         self.sessions: list[dict] = []  # {"id", "email", "last": (key, body) of complete}
@@ -451,8 +495,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.closed_disputes: set[str] = set()
         # A digital good paid by card: its deliverable (a licence key) is what a refund or a
         # lost dispute must stop serving.
-        self.licence = ProductFactory(sku=f"LL-{tag}", price=2000, stock=100_000,
-                                      kind="digital")
+        self.licence = ProductFactory(sku=f"LL-{tag}", price=2000, stock=100_000, kind="digital")
         self.x402_signed: list[tuple[str, str]] = []  # (purchase id, PAYMENT-SIGNATURE)
         # Writes whose dedupe key met a message a relay had claimed (the outbox rerun):
         # {"key", "message", "attempts"} of that message when the write committed.
@@ -464,8 +507,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
             self.chain = Chain()
             self.chain.automine(True)
-            self.report = ProductFactory(sku=f"LR-{tag}", price=2000, stock=100_000,
-                                         kind="digital")
+            self.report = ProductFactory(sku=f"LR-{tag}", price=2000, stock=100_000, kind="digital")
             _chain_proxy()  # Verity reads the chain through it from the start
         django_settings.STRIPE_WEBHOOK_SECRETS = [SECRET]
         django_settings.STRIPE_WEBHOOK_TOLERANCE = 300
@@ -494,8 +536,11 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _ops(self, **filters) -> list[PaymentOperation]:
         ids = [p for p, _ in self.purchases]
-        return list(PaymentOperation.objects.filter(purchase_id__in=ids, **filters)
-                    .select_related("parent", "purchase").order_by("created_at"))
+        return list(
+            PaymentOperation.objects.filter(purchase_id__in=ids, **filters)
+            .select_related("parent", "purchase")
+            .order_by("created_at")
+        )
 
     def purchase_api(self, op: PaymentOperation) -> Api:
         shop = next(s for p, s in self.purchases if p == op.purchase_id)
@@ -515,17 +560,16 @@ class LifecycleMachine(RuleBasedStateMachine):
         from payments.models import ProviderCall
 
         # A one-call payment's re-send under its key (purpose `replay`) is a write too.
-        return ProviderCall.objects.filter(purpose__in=("dispatch", "replay"),
-                                           operation__kind__in=WORKFLOW_KINDS[workflow]).count()
-
+        return ProviderCall.objects.filter(
+            purpose__in=("dispatch", "replay"), operation__kind__in=WORKFLOW_KINDS[workflow]
+        ).count()
 
     # -- the rule's own arithmetic (the provider's and the chain's record, not Verity's) ----
     def _provider_refunds(self) -> dict[str, list[dict]]:
         """localstripe's refunds by the PaymentIntent they return money of."""
         by_charge = {}
         for pi in self.provider.list("payment_intents"):
-            charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data")
-                                                 or [{}])[0]
+            charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data") or [{}])[0]
             charge = charge.get("id") if isinstance(charge, dict) else charge
             if charge:
                 by_charge[charge] = pi["id"]
@@ -538,9 +582,11 @@ class LifecycleMachine(RuleBasedStateMachine):
     @staticmethod
     def _captured(payment: PaymentOperation) -> int:
         if payment.kind == OperationKind.AUTHORIZE:
-            return sum(PaymentOperation.objects.filter(
-                parent=payment, kind=OperationKind.CAPTURE, outcome=Outcome.SUCCEEDED
-            ).values_list("amount", flat=True))
+            return sum(
+                PaymentOperation.objects.filter(
+                    parent=payment, kind=OperationKind.CAPTURE, outcome=Outcome.SUCCEEDED
+                ).values_list("amount", flat=True)
+            )
         return payment.amount if payment.outcome == Outcome.SUCCEEDED else 0
 
     @staticmethod
@@ -556,22 +602,35 @@ class LifecycleMachine(RuleBasedStateMachine):
 
         return PaymentOperation.objects.filter(parent=payment, kind=OperationKind.REFUND).filter(
             ~Q(outcome=Outcome.FAILED)
-            | (Q(grade=Grade.ACKNOWLEDGED) & ~Q(reason=Reason.REFUND_DECLINED)))
+            | (Q(grade=Grade.ACKNOWLEDGED) & ~Q(reason=Reason.REFUND_DECLINED))
+        )
 
-    def _room(self, payment: PaymentOperation, *, excluding: str = "",
-              provider_refunds: dict | None = None) -> int:
+    def _room(
+        self,
+        payment: PaymentOperation,
+        *,
+        excluding: str = "",
+        provider_refunds: dict | None = None,
+    ) -> int:
         """Refundable room of ONE payment by the rule: what it captured minus that
         payment's own refunds (Verity's that may have moved money, and the provider's
         record, whichever is more)."""
-        ours = sum(self._refunds_holding_room(payment).exclude(id=excluding)
-                   .values_list("amount", flat=True))
+        ours = sum(
+            self._refunds_holding_room(payment)
+            .exclude(id=excluding)
+            .values_list("amount", flat=True)
+        )
         theirs = 0
         if payment.rail != "x402" and payment.provider_reference:
-            refunds = (provider_refunds if provider_refunds is not None
-                       else self._provider_refunds()).get(payment.provider_reference, [])
-            theirs = sum(r["amount"] for r in refunds
-                         if r["status"] not in ("failed", "canceled")
-                         and (r.get("metadata") or {}).get("operation_id") != excluding)
+            refunds = (
+                provider_refunds if provider_refunds is not None else self._provider_refunds()
+            ).get(payment.provider_reference, [])
+            theirs = sum(
+                r["amount"]
+                for r in refunds
+                if r["status"] not in ("failed", "canceled")
+                and (r.get("metadata") or {}).get("operation_id") != excluding
+            )
         return self._captured(payment) - max(ours, theirs)
 
     def _disputed(self, payment: PaymentOperation) -> bool:
@@ -582,16 +641,17 @@ class LifecycleMachine(RuleBasedStateMachine):
         pi = self.provider.get("payment_intents", payment.provider_reference) or {}
         charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data") or [{}])[0]
         charge = charge.get("id") if isinstance(charge, dict) else charge
-        return bool(charge and (charge in self.disputed_charges
-                                or Dispute.objects.filter(charge=charge).exists()))
+        return bool(
+            charge
+            and (charge in self.disputed_charges or Dispute.objects.filter(charge=charge).exists())
+        )
 
     def _approve(self, op: PaymentOperation, user) -> None:
         """A person approves a refund. Refused for lack of room only when the payment it
         returns has none (#30 defect 6: a duplicate's return counted against the
         purchase's own charge)."""
         try:
-            services.refund_approve(operation_id=op.id, acting_user=user,
-                                    reason="machine approves")
+            services.refund_approve(operation_id=op.id, acting_user=user, reason="machine approves")
         except services.DomainError as exc:
             self.approval_refused_only_without_room(op, exc)
             raise
@@ -602,7 +662,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             room = self._room(op.parent, excluding=op.id)
             assert room < op.amount, (
                 f"refund {op.id} of {op.amount} refused ({exc.code}: {exc.message}) but "
-                f"payment {op.parent_id} has {room} of room by its own record")
+                f"payment {op.parent_id} has {room} of room by its own record"
+            )
 
     def _x402_moved(self, tx_hash: str) -> bool:
         """The chain's record: a mined transaction with a token Transfer log."""
@@ -616,9 +677,11 @@ class LifecycleMachine(RuleBasedStateMachine):
             return False
         sig = Web3.keccak(text="Transfer(address,address,uint256)")
         return receipt["status"] == 1 and any(
-            log["topics"] and log["topics"][0] == sig
+            log["topics"]
+            and log["topics"][0] == sig
             and log["address"].lower() == self.chain.token.address.lower()
-            for log in receipt["logs"])
+            for log in receipt["logs"]
+        )
 
     # -- rules -----------------------------------------------------------------------------
     @initialize()
@@ -640,9 +703,12 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.purchases.append((r.json()["id"], shop))
 
     @precondition(lambda self: self.purchases)
-    @rule(i=st.integers(0, 99), drill=st.sampled_from(WRITE_DRILLS),
-          capture=st.sampled_from(["automatic", "manual"]),
-          method=st.sampled_from(["pm_card_visa", "pm_card_visa", "pm_card_chargeCustomerFail"]))
+    @rule(
+        i=st.integers(0, 99),
+        drill=st.sampled_from(WRITE_DRILLS),
+        capture=st.sampled_from(["automatic", "manual"]),
+        method=st.sampled_from(["pm_card_visa", "pm_card_visa", "pm_card_chargeCustomerFail"]),
+    )
     def pay(self, i, drill, capture, method):
         pid, api = self._purchase(i)
         failed = self._ops(purchase_id=pid, kind__in=PAYMENT_KINDS, outcome=Outcome.FAILED)
@@ -694,8 +760,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         header, auth = sign(required, self.chain.new_payer())
         self.x402_signed.append((pid, header))
         if mode == "drop_answer":
-            get_facilitator().arm_drill(payer=auth["from"], nonce=auth["nonce"],
-                                        mode=DrillMode.DROP_ANSWER_AFTER_SEND)
+            get_facilitator().arm_drill(
+                payer=auth["from"], nonce=auth["nonce"], mode=DrillMode.DROP_ANSWER_AFTER_SEND
+            )
         if mode == "pending":
             self.chain.automine(False)
         try:
@@ -719,15 +786,17 @@ class LifecycleMachine(RuleBasedStateMachine):
         from tests.x402.chain import SIGNATURE, sign
 
         api = self.shops[shop]
-        r = api.purchase(api.quote(self.report.sku).json(),
-                         f"reorg-{len(self.x402_purchases)}-{self.tag}")
+        r = api.purchase(
+            api.quote(self.report.sku).json(), f"reorg-{len(self.x402_purchases)}-{self.tag}"
+        )
         assert r.status_code == 201, r.content
         pid = r.json()["id"]
         self.purchases.append((pid, shop))
         self.x402_purchases.append(pid)
         payer = self.chain.new_payer()
-        header, auth = sign(api.get(f"purchases/{pid}/deliverable").headers[
-            "PAYMENT-REQUIRED"], payer)
+        header, auth = sign(
+            api.get(f"purchases/{pid}/deliverable").headers["PAYMENT-REQUIRED"], payer
+        )
         self.x402_signed.append((pid, header))
         _no_5xx(api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header}))
         _settle_outbox_quietly()
@@ -735,8 +804,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         if row is None or not row.transaction_hash:
             _event("x402_reorg_after_fulfilment: not settled")
             return
-        block = int(self.chain.w3.eth.get_transaction_receipt(row.transaction_hash)[
-            "blockNumber"])
+        block = int(self.chain.w3.eth.get_transaction_receipt(row.transaction_hash)["blockNumber"])
         if int(self.chain.w3.eth.block_number) != block:
             _event("x402_reorg_after_fulfilment: not at the head")
             return  # a reorg would take others' transfers too
@@ -752,11 +820,13 @@ class LifecycleMachine(RuleBasedStateMachine):
         swept = x402_finality_sweep()
         _settle_outbox_quietly()
         op = PaymentOperation.objects.get(id=row.operation_id)
-        _event(f"x402_reorg_after_fulfilment: cancel={cancel} {swept} -> {op.outcome} "
-               f"{op.reason}")
+        _event(f"x402_reorg_after_fulfilment: cancel={cancel} {swept} -> {op.outcome} {op.reason}")
         if cancel:
             assert (op.outcome, op.reason, op.next_action_owner) == (
-                "failed", "transfer_reversed_on_chain", "support"), (op.outcome, op.reason)
+                "failed",
+                "transfer_reversed_on_chain",
+                "support",
+            ), (op.outcome, op.reason)
         else:  # mined again: still paid, the new proving log recorded
             row.refresh_from_db()
             assert op.outcome == "succeeded", (op.outcome, op.reason)
@@ -767,12 +837,20 @@ class LifecycleMachine(RuleBasedStateMachine):
 
         fn = self.chain.token.get_function_by_signature(
             "transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,"
-            "uint8,bytes32,bytes32)")
+            "uint8,bytes32,bytes32)"
+        )
         sig = bytes.fromhex(signature[2:])
-        fn(Web3.to_checksum_address(auth["from"]), Web3.to_checksum_address(auth["to"]),
-           int(auth["value"]), int(auth["validAfter"]), int(auth["validBefore"]),
-           bytes.fromhex(auth["nonce"][2:]), sig[64], sig[:32], sig[32:64]
-           ).transact({"from": self.chain.admin})
+        fn(
+            Web3.to_checksum_address(auth["from"]),
+            Web3.to_checksum_address(auth["to"]),
+            int(auth["value"]),
+            int(auth["validAfter"]),
+            int(auth["validBefore"]),
+            bytes.fromhex(auth["nonce"][2:]),
+            sig[64],
+            sig[:32],
+            sig[32:64],
+        ).transact({"from": self.chain.admin})
 
     @precondition(lambda self: X402)
     @rule(shop=st.integers(0, 1), order=st.booleans(), reconcile_first=st.booleans())
@@ -788,8 +866,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         api = self.shops[shop]
         pids = []
         for k in range(2):  # two buyers of one agent platform: no duplicate guard between
-            r = api.purchase(api.quote(self.report.sku).json(),
-                             f"batch{k}-{len(self.x402_purchases)}-{self.tag}")
+            r = api.purchase(
+                api.quote(self.report.sku).json(), f"batch{k}-{len(self.x402_purchases)}-{self.tag}"
+            )
             assert r.status_code == 201, r.content
             pids.append(r.json()["id"])
             self.purchases.append((pids[-1], shop))
@@ -811,35 +890,50 @@ class LifecycleMachine(RuleBasedStateMachine):
                 self.x402_signed.append((pid, header))
                 _no_5xx(api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header}))
             genuine = (auth_m, decode_header(header_m)["payload"]["signature"])
-            self_n = self.chain.authorization_for(payer, to=payer.address, value=1,
-                                                  nonce=auth_n["nonce"])
+            self_n = self.chain.authorization_for(
+                payer, to=payer.address, value=1, nonce=auth_n["nonce"]
+            )
             calls = [genuine, self_n] if order else [self_n, genuine]
-            self.chain.batch_transfers(self.forwarder, calls,
-                                       gas_price=self.chain.w3.eth.gas_price * 20)
+            self.chain.batch_transfers(
+                self.forwarder, calls, gas_price=self.chain.w3.eth.gas_price * 20
+            )
             self.chain.mine()
         finally:
             self.chain.automine(True)
             self.chain.mine()
-        ops = list(PaymentOperation.objects.filter(purchase_id__in=pids, kind__in=PAYMENT_KINDS,
-                                                   rail="x402").order_by("created_at"))
-        for op in (ops if reconcile_first else reversed(ops)):
+        ops = list(
+            PaymentOperation.objects.filter(
+                purchase_id__in=pids, kind__in=PAYMENT_KINDS, rail="x402"
+            ).order_by("created_at")
+        )
+        for op in ops if reconcile_first else reversed(ops):
             services.operation_reconcile(operation_id=op.id, actor="machine")
         _no_5xx(api.get(f"purchases/{pids[0]}/deliverable", **{SIGNATURE: header_n}))
-        _event(f"batched_x402_transaction: "
-               f"{[PaymentOperation.objects.get(id=o.id).outcome for o in ops]}")
+        _event(
+            f"batched_x402_transaction: "
+            f"{[PaymentOperation.objects.get(id=o.id).outcome for o in ops]}"
+        )
 
     @precondition(lambda self: X402 and self.x402_purchases)
-    @rule(i=st.integers(0, 99), partial=st.booleans(),
-          step=st.sampled_from(["request", "approve", "approve_answer_lost"]))
+    @rule(
+        i=st.integers(0, 99),
+        partial=st.booleans(),
+        step=st.sampled_from(["request", "approve", "approve_answer_lost"]),
+    )
     def refund_x402(self, i, partial, step):
         """A refund of an x402 purchase (a transfer back), or the approval of one awaiting
         it and its dispatch, its answer sometimes lost after the broadcast."""
         from payments.providers.x402 import DrillMode, get_refund_sender
 
         if step != "request":
-            op = self._pick(self._ops(kind=OperationKind.REFUND, rail="x402",
-                                      outcome__in=[Outcome.AWAITING_APPROVAL,
-                                                   Outcome.PENDING]), i)
+            op = self._pick(
+                self._ops(
+                    kind=OperationKind.REFUND,
+                    rail="x402",
+                    outcome__in=[Outcome.AWAITING_APPROVAL, Outcome.PENDING],
+                ),
+                i,
+            )
             if op is None:
                 return
             try:
@@ -849,12 +943,14 @@ class LifecycleMachine(RuleBasedStateMachine):
                 _refused_not_broken(exc)
                 return
             if step == "approve_answer_lost":
-                get_refund_sender().arm_drill(to=op.parent.x402.payer,
-                                              mode=DrillMode.DROP_ANSWER_AFTER_SEND)
+                get_refund_sender().arm_drill(
+                    to=op.parent.x402.payer, mode=DrillMode.DROP_ANSWER_AFTER_SEND
+                )
             services.operation_dispatch(operation_id=op.id)
             return
-        paid = self._pick(self._ops(kind__in=PAYMENT_KINDS, rail="x402",
-                                    outcome=Outcome.SUCCEEDED), i)
+        paid = self._pick(
+            self._ops(kind__in=PAYMENT_KINDS, rail="x402", outcome=Outcome.SUCCEEDED), i
+        )
         pid = paid.purchase_id if paid else self.x402_purchases[i % len(self.x402_purchases)]
         api = next(self.shops[s] for p, s in self.purchases if p == pid)
         _no_5xx(api.post(f"purchases/{pid}/refunds", {"amount": 500} if partial else {}))
@@ -884,8 +980,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         _no_5xx(r)
 
     @precondition(lambda self: self.purchases)
-    @rule(i=st.integers(0, 99), partial=st.booleans(),
-          drill=st.sampled_from(WRITE_DRILLS + [DrillMode.HTTP_400_REFUSED]))
+    @rule(
+        i=st.integers(0, 99),
+        partial=st.booleans(),
+        drill=st.sampled_from(WRITE_DRILLS + [DrillMode.HTTP_400_REFUSED]),
+    )
     def refund(self, i, partial, drill):
         pid, api = self._purchase(i)
         self._armed(drill, CallStep.REFUND)
@@ -902,17 +1001,28 @@ class LifecycleMachine(RuleBasedStateMachine):
         the `http_400_refused` drill: nothing applied): the refund is `failed`
         `provider_refused` at once, not left `unknown` holding the slot, and no refund of
         it exists at the provider."""
-        paid = self._pick([o for o in self._ops(kind__in=PAYMENT_KINDS, is_duplicate=False,
-                                                outcome=Outcome.SUCCEEDED,
-                                                purchase__status__in=PAID_STATUSES)
-                           if o.rail != "x402" and self._captured(o) > 0], i)
+        paid = self._pick(
+            [
+                o
+                for o in self._ops(
+                    kind__in=PAYMENT_KINDS,
+                    is_duplicate=False,
+                    outcome=Outcome.SUCCEEDED,
+                    purchase__status__in=PAID_STATUSES,
+                )
+                if o.rail != "x402" and self._captured(o) > 0
+            ],
+            i,
+        )
         if paid is None:
             _event("refund_refused_by_the_provider: no paid card purchase")
             return
         try:
-            op = services.refund_request(purchase_id=paid.purchase_id,
-                                         amount=500 if partial else None,
-                                         acting_user=self.finance[0])
+            op = services.refund_request(
+                purchase_id=paid.purchase_id,
+                amount=500 if partial else None,
+                acting_user=self.finance[0],
+            )
             if op.outcome == Outcome.AWAITING_APPROVAL:
                 self._approve(op, self.finance[1])
         except services.DomainError as exc:
@@ -932,16 +1042,18 @@ class LifecycleMachine(RuleBasedStateMachine):
         if op.outcome == Outcome.PENDING:
             return  # not claimed (the refunds workflow halted): the drill never fired
         assert (op.outcome, op.reason) == (Outcome.FAILED, "provider_refused"), (
-            f"refund {op.id} refused by the provider is {op.outcome} ({op.reason}, "
-            f"{op.grade})")
-        assert not [r for r in self.provider.list("refunds")
-                    if (r.get("metadata") or {}).get("operation_id") == op.id], op.id
+            f"refund {op.id} refused by the provider is {op.outcome} ({op.reason}, {op.grade})"
+        )
+        assert not [
+            r
+            for r in self.provider.list("refunds")
+            if (r.get("metadata") or {}).get("operation_id") == op.id
+        ], op.id
 
     @precondition(lambda self: self.purchases)
     @rule(i=st.integers(0, 99), approve=st.booleans(), who=st.integers(0, 1))
     def decide_refund(self, i, approve, who):
-        op = self._pick(self._ops(kind=OperationKind.REFUND,
-                                  outcome=Outcome.AWAITING_APPROVAL), i)
+        op = self._pick(self._ops(kind=OperationKind.REFUND, outcome=Outcome.AWAITING_APPROVAL), i)
         if op is None:
             return
         try:
@@ -950,32 +1062,42 @@ class LifecycleMachine(RuleBasedStateMachine):
                 _stripe_refuses_over_refunds()
                 services.operation_dispatch(operation_id=op.id)
             else:
-                services.refund_decline(operation_id=op.id, reason="machine declines",
-                                        actor=self.finance[who].username,
-                                        acting_user=self.finance[who])
+                services.refund_decline(
+                    operation_id=op.id,
+                    reason="machine declines",
+                    actor=self.finance[who].username,
+                    acting_user=self.finance[who],
+                )
         except services.DomainError as exc:
             _refused_not_broken(exc)
 
     @precondition(lambda self: PART_A and self.purchases)
-    @rule(i=st.integers(0, 99), outcome=st.sampled_from(["succeeded", "failed"]),
-          by_requester=st.booleans())
+    @rule(
+        i=st.integers(0, 99),
+        outcome=st.sampled_from(["succeeded", "failed"]),
+        by_requester=st.booleans(),
+    )
     def resolve(self, i, outcome, by_requester):
-        op = self._pick(self._ops(outcome__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER,
-                                               Outcome.AWAITING_BUYER]), i)
+        op = self._pick(
+            self._ops(
+                outcome__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER]
+            ),
+            i,
+        )
         if op is None:
             return
         api = self.shops[0] if by_requester else self.ops_tool
         if by_requester and op.requested_by_client_id:
             api = next(s for s in self.shops if s.client.id == op.requested_by_client_id)
-        r = api.post(f"operations/{op.id}/resolve", {"outcome": outcome,
-                                                      "reason": "machine resolves"})
+        r = api.post(
+            f"operations/{op.id}/resolve", {"outcome": outcome, "reason": "machine resolves"}
+        )
         _no_5xx(r)
         if by_requester and op.requested_by_client_id:
             assert r.status_code == 403, r.content
 
     @precondition(lambda self: self.purchases)
-    @rule(i=st.integers(0, 99), late=st.booleans(), twice=st.booleans(),
-          earlier=st.booleans())
+    @rule(i=st.integers(0, 99), late=st.booleans(), twice=st.booleans(), earlier=st.booleans())
     def deliver_event(self, i, late, twice, earlier):
         """A signed event of a real provider object; `earlier` sends a refund in the
         `pending` state Stripe passes through before `succeeded` (localstripe creates its
@@ -985,22 +1107,31 @@ class LifecycleMachine(RuleBasedStateMachine):
         else:
             candidates = [o for o in self._ops() if o.provider_reference or o.parent_id]
             # Half the time, an operation Verity has not settled yet: its events matter most.
-            unsettled = [o for o in candidates if o.outcome in (
-                Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)]
+            unsettled = [
+                o
+                for o in candidates
+                if o.outcome in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)
+            ]
             op = self._pick(unsettled if unsettled and i % 2 == 0 else candidates, i)
             if op is None:
                 return
             if op.kind == OperationKind.REFUND:
                 ref = op.provider_reference or next(
-                    (r["id"] for r in self.provider.list("refunds")
-                     if (r.get("metadata") or {}).get("operation_id") == op.id), "")
+                    (
+                        r["id"]
+                        for r in self.provider.list("refunds")
+                        if (r.get("metadata") or {}).get("operation_id") == op.id
+                    ),
+                    "",
+                )
                 if not ref:
                     return  # never reached the provider
                 resource = "refunds"
             else:
                 resource = "payment_intents"
-                ref = op.provider_reference or (op.parent.provider_reference if op.parent_id
-                                                else "")
+                ref = op.provider_reference or (
+                    op.parent.provider_reference if op.parent_id else ""
+                )
                 if not ref:
                     return
             obj = self.provider.get(resource, ref)
@@ -1010,7 +1141,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 obj = {**obj, "status": "pending"}
             self.snapshots.append((resource, obj))
         type_ = {"refunds": "refund.updated", "disputes": "charge.dispute.updated"}.get(
-            resource) or PI_EVENT_TYPES.get(obj["status"], "payment_intent.created")
+            resource
+        ) or PI_EVENT_TYPES.get(obj["status"], "payment_intent.created")
         self._send_event(type_, obj, twice=twice)
 
     @precondition(lambda self: self.purchases)
@@ -1021,28 +1153,46 @@ class LifecycleMachine(RuleBasedStateMachine):
         provider does not order its deliveries, and a failed attempt is not its last word
         (the same PaymentIntent can still be paid). Half the time a payment Verity has not
         settled: the event must not settle it against the provider's record."""
-        candidates = [o for o in self._ops(kind__in=PAYMENT_KINDS)
-                      if o.provider_reference and o.rail != "x402"]
-        unsettled = [o for o in candidates if o.outcome in (
-            Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)]
+        candidates = [
+            o
+            for o in self._ops(kind__in=PAYMENT_KINDS)
+            if o.provider_reference and o.rail != "x402"
+        ]
+        unsettled = [
+            o
+            for o in candidates
+            if o.outcome in (Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER)
+        ]
         op = self._pick(unsettled if unsettled and i % 2 == 0 else candidates, i)
         obj = self.provider.get("payment_intents", op.provider_reference) if op else None
         if obj is None:
             return
         _event(f"stale decline: Verity {op.outcome}, provider {obj['status']}")
-        stale = {**obj, "status": "requires_payment_method",
-                 "last_payment_error": {"code": "card_declined", "message": "declined"}}
+        stale = {
+            **obj,
+            "status": "requires_payment_method",
+            "last_payment_error": {"code": "card_declined", "message": "declined"},
+        }
         self._send_event("payment_intent.payment_failed", stale, twice=twice, age=60)
 
     def _send_event(self, type_: str, obj: dict, *, twice: bool = False, age: int = 0) -> None:
         """A signed provider event about `obj` created `age` seconds ago, delivered (and
         its work drained)."""
-        event = {"id": f"evt_{uuid.uuid4().hex[:16]}", "object": "event",
-                 "created": int(time.time()) - age, "type": type_, "data": {"object": obj}}
+        event = {
+            "id": f"evt_{uuid.uuid4().hex[:16]}",
+            "object": "event",
+            "created": int(time.time()) - age,
+            "type": type_,
+            "data": {"object": obj},
+        }
         body = json.dumps(event).encode()
-        for web in (self.web, self.web_chain)[:2 if twice else 1]:
-            r = web.post("/webhooks/stripe/", data=body, content_type="application/json",
-                         HTTP_STRIPE_SIGNATURE=sign(body, SECRET))
+        for web in (self.web, self.web_chain)[: 2 if twice else 1]:
+            r = web.post(
+                "/webhooks/stripe/",
+                data=body,
+                content_type="application/json",
+                HTTP_STRIPE_SIGNATURE=sign(body, SECRET),
+            )
             assert r.status_code == 200, r.content
         self.delivered.add(obj["id"])
         _settle_outbox_quietly()
@@ -1050,9 +1200,11 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _charged_intents(self) -> list[dict]:
         """This machine's PaymentIntents that moved money at the provider."""
         ids = {p for p, _ in self.purchases}
-        return [pi for pi in self.provider.list("payment_intents")
-                if (pi.get("metadata") or {}).get("purchase_id") in ids
-                and pi["status"] == "succeeded"]
+        return [
+            pi
+            for pi in self.provider.list("payment_intents")
+            if (pi.get("metadata") or {}).get("purchase_id") in ids and pi["status"] == "succeeded"
+        ]
 
     @precondition(lambda self: self.purchases)
     @rule(i=st.integers(0, 99), partial=st.booleans(), deliver=st.booleans())
@@ -1064,21 +1216,34 @@ class LifecycleMachine(RuleBasedStateMachine):
         if pi is None:
             return
         # Only what is left of the charge (Stripe refuses more; localstripe does not check)
-        listed = requests.get(f"{self.provider.base}/v1/refunds", auth=self.provider.auth,
-                              params={"payment_intent": pi["id"], "limit": 100}, timeout=10)
+        listed = requests.get(
+            f"{self.provider.base}/v1/refunds",
+            auth=self.provider.auth,
+            params={"payment_intent": pi["id"], "limit": 100},
+            timeout=10,
+        )
         left = pi["amount"] - sum(r["amount"] for r in listed.json()["data"])
         if left <= 0:
             return
         if PaymentOperation.objects.filter(
-                parent__provider_reference=pi["id"], kind=OperationKind.REFUND,
-                outcome__in=[Outcome.PENDING, Outcome.DISPATCHING, Outcome.UNKNOWN,
-                             Outcome.AWAITING_PROVIDER]).exists():
+            parent__provider_reference=pi["id"],
+            kind=OperationKind.REFUND,
+            outcome__in=[
+                Outcome.PENDING,
+                Outcome.DISPATCHING,
+                Outcome.UNKNOWN,
+                Outcome.AWAITING_PROVIDER,
+            ],
+        ).exists():
             # A person racing a refund Verity is already sending: Stripe refuses whichever
             # comes second; localstripe takes both (not Verity's over-refund).
             self.unheard_refunds.add(pi["id"])
-        r = requests.post(f"{self.provider.base}/v1/refunds", auth=self.provider.auth,
-                          data={"payment_intent": pi["id"],
-                                "amount": min(300, left) if partial else left}, timeout=10)
+        r = requests.post(
+            f"{self.provider.base}/v1/refunds",
+            auth=self.provider.auth,
+            data={"payment_intent": pi["id"], "amount": min(300, left) if partial else left},
+            timeout=10,
+        )
         if r.status_code != 200:
             return  # nothing left to refund at the provider
         refund = r.json()
@@ -1097,21 +1262,24 @@ class LifecycleMachine(RuleBasedStateMachine):
         open_ids = [d for d in self.disputes if d not in self.closed_disputes]
         if open_ids and verdict and i % 2:
             dispute_id = open_ids[i % len(open_ids)]
-            r = requests.post(f"{self.provider.base}/_config/disputes/{dispute_id}",
-                              data={"status": verdict}, timeout=10)
+            r = requests.post(
+                f"{self.provider.base}/_config/disputes/{dispute_id}",
+                data={"status": verdict},
+                timeout=10,
+            )
             if r.status_code != 200:
                 return  # the provider would not close it that way: it stays open
             self.closed_disputes.add(dispute_id)
-            self._send_event("charge.dispute.closed",
-                             self.provider.get("disputes", dispute_id))
+            self._send_event("charge.dispute.closed", self.provider.get("disputes", dispute_id))
             return
         pi = self._pick(self._charged_intents(), i)
         if pi is None:
             return
         charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data") or [{}])[0]
         charge = charge.get("id") if isinstance(charge, dict) else charge
-        r = requests.post(f"{self.provider.base}/_config/disputes", data={"charge": charge},
-                          timeout=10)
+        r = requests.post(
+            f"{self.provider.base}/_config/disputes", data={"charge": charge}, timeout=10
+        )
         if r.status_code != 200:
             return  # already disputed, or nothing left to dispute
         dispute_id = r.json()["id"]
@@ -1156,8 +1324,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         return obj
 
     def _close_dispute(self, dispute_id: str, status: str) -> None:
-        r = requests.post(f"{self.provider.base}/_config/disputes/{dispute_id}",
-                          data={"status": status}, timeout=10)
+        r = requests.post(
+            f"{self.provider.base}/_config/disputes/{dispute_id}",
+            data={"status": status},
+            timeout=10,
+        )
         if r.status_code != 200:
             return
         self.closed_disputes.add(dispute_id)
@@ -1171,20 +1342,27 @@ class LifecycleMachine(RuleBasedStateMachine):
             self._refund_through_the_api(pid, partial=True)
         finally:
             self._disarm()
-        op = next(iter(self._ops(purchase_id=pid, kind=OperationKind.REFUND,
-                                 outcome=Outcome.UNKNOWN)), None)
+        op = next(
+            iter(self._ops(purchase_id=pid, kind=OperationKind.REFUND, outcome=Outcome.UNKNOWN)),
+            None,
+        )
         if op is None:
             return None
-        real = [r for r in self._provider_refunds().get(op.parent.provider_reference, [])
-                if (r.get("metadata") or {}).get("operation_id") == op.id]
+        real = [
+            r
+            for r in self._provider_refunds().get(op.parent.provider_reference, [])
+            if (r.get("metadata") or {}).get("operation_id") == op.id
+        ]
         if real:
             self._send_event("refund.updated", {**real[0], "status": "pending"})
         return op
 
     @precondition(lambda self: self.purchases)
-    @rule(i=st.integers(0, 99),
-          refund=st.sampled_from([None, "full", "partial", "pending_before"]),
-          close=st.booleans())
+    @rule(
+        i=st.integers(0, 99),
+        refund=st.sampled_from([None, "full", "partial", "pending_before"]),
+        close=st.booleans(),
+    )
     def inquiry_at_the_provider(self, i, refund, close):
         """The bank asks about a charge (an inquiry, `warning_needs_response`: no funds
         withdrawn); the merchant answers it with a refund through its API, full or
@@ -1209,9 +1387,14 @@ class LifecycleMachine(RuleBasedStateMachine):
         if close:
             self._close_dispute(obj["id"], "warning_closed")
 
-    @rule(step=st.sampled_from(["order", "inventory", "ledger", "deliverable",
-                                "confirmation", "crm", None]),
-          partial=st.booleans(), digital=st.booleans(), pending=st.booleans())
+    @rule(
+        step=st.sampled_from(
+            ["order", "inventory", "ledger", "deliverable", "confirmation", "crm", None]
+        ),
+        partial=st.booleans(),
+        digital=st.booleans(),
+        pending=st.booleans(),
+    )
     def refund_settles_at_a_fulfilment_step(self, step, partial, digital, pending):
         """A storefront refunds a purchase through the public API while its fulfilment
         stands at `step` (the step halted, so the refund settles there); with `pending`
@@ -1223,23 +1406,23 @@ class LifecycleMachine(RuleBasedStateMachine):
         # None: no step halted, the refund comes after fulfilment completed.
         halt = step_halt_name(step or StepName.CRM.value)
         if step is not None:
-            halt_set(name=halt, reason="machine: a refund settles at this step",
-                     actor="machine")
+            halt_set(name=halt, reason="machine: a refund settles at this step", actor="machine")
         try:
             _no_5xx(self.shops[0].pay(pid))
             _settle_outbox_quietly()  # fulfilment runs up to the halted step
-            self._armed(DrillMode.DROP_RESPONSE_AFTER_SEND if pending else None,
-                        CallStep.REFUND)
+            self._armed(DrillMode.DROP_RESPONSE_AFTER_SEND if pending else None, CallStep.REFUND)
             try:
-                r = self.shops[0].post(f"purchases/{pid}/refunds",
-                                       {"amount": 500} if partial else {})
+                r = self.shops[0].post(
+                    f"purchases/{pid}/refunds", {"amount": 500} if partial else {}
+                )
             finally:
                 self._disarm()
             _no_5xx(r)
             _settle_outbox_quietly()
             if pending:
-                for op in self._ops(purchase_id=pid, kind=OperationKind.REFUND,
-                                    outcome=Outcome.UNKNOWN):
+                for op in self._ops(
+                    purchase_id=pid, kind=OperationKind.REFUND, outcome=Outcome.UNKNOWN
+                ):
                     services.operation_reconcile(operation_id=op.id)
                 _settle_outbox_quietly()
         finally:
@@ -1248,8 +1431,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         _settle_outbox_quietly()
         _event(f"refund settles at {step}: partial {partial}, digital {digital}")
 
-    @rule(partial=st.booleans(), verdict=st.sampled_from(["won", "lost"]),
-          before_fulfilment=st.booleans(), digital=st.booleans())
+    @rule(
+        partial=st.booleans(),
+        verdict=st.sampled_from(["won", "lost"]),
+        before_fulfilment=st.booleans(),
+        digital=st.booleans(),
+    )
     def dispute_after_a_refund(self, partial, verdict, before_fulfilment, digital):
         """A purchase refunded (in full or in part) through the API whose charge is then
         disputed at the provider, and the dispute is won or lost; with `before_fulfilment`
@@ -1263,8 +1450,14 @@ class LifecycleMachine(RuleBasedStateMachine):
             _no_5xx(self.shops[0].pay(pid))
             _settle_outbox_quietly()
             self._refund_through_the_api(pid, partial=partial)
-            pi = next((p for p in self._charged_intents()
-                       if (p.get("metadata") or {}).get("purchase_id") == pid), None)
+            pi = next(
+                (
+                    p
+                    for p in self._charged_intents()
+                    if (p.get("metadata") or {}).get("purchase_id") == pid
+                ),
+                None,
+            )
             charge = self._charge_of(pi) if pi else None
             obj = self._open_dispute(charge, inquiry=False) if charge else None
             if obj is not None:
@@ -1273,14 +1466,20 @@ class LifecycleMachine(RuleBasedStateMachine):
             if before_fulfilment:
                 halt_clear(name=halt, actor="machine", reason="machine: fulfilment may run")
         _settle_outbox_quietly()
-        _event(f"dispute {verdict} after a refund: partial {partial}, "
-               f"before fulfilment {before_fulfilment}")
+        _event(
+            f"dispute {verdict} after a refund: partial {partial}, "
+            f"before fulfilment {before_fulfilment}"
+        )
 
     @precondition(lambda self: self.purchases)
     @rule(i=st.integers(0, 99))
     def reconcile(self, i):
-        op = self._pick(self._ops(outcome__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER,
-                                               Outcome.AWAITING_BUYER]), i)
+        op = self._pick(
+            self._ops(
+                outcome__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER]
+            ),
+            i,
+        )
         if op is None:
             return
         r = self.purchase_api(op).post(f"operations/{op.id}/reconcile", {}, key=None)
@@ -1298,8 +1497,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule()
     def run_relay(self):
         # Delayed messages (backstops, reconciles) come due as if time had passed.
-        OutboxMessage.objects.filter(processed_at__isnull=True).update(
-            available_at=timezone.now())
+        OutboxMessage.objects.filter(processed_at__isnull=True).update(available_at=timezone.now())
         _settle_outbox_quietly()
 
     @precondition(lambda self: self.purchases)
@@ -1310,8 +1508,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         take over."""
         pid, api = self._purchase(i)
         try:
-            op = services.payment_create(purchase_id=pid, api_client=api.client,
-                                         payment_method="pm_card_visa")
+            op = services.payment_create(
+                purchase_id=pid, api_client=api.client, payment_method="pm_card_visa"
+            )
         except services.DomainError:
             return
         provider = provider_for_rail(Rail.STRIPE)
@@ -1326,11 +1525,16 @@ class LifecycleMachine(RuleBasedStateMachine):
                 return
             if after_confirm:
                 provider.create_and_confirm_payment_intent(
-                    key=call.key, amount=op.amount, currency=op.currency,
-                    payment_method=op.payment_method, capture_method=op.capture_method,
-                    metadata=services._metadata(op))
+                    key=call.key,
+                    amount=op.amount,
+                    currency=op.currency,
+                    payment_method=op.payment_method,
+                    capture_method=op.capture_method,
+                    metadata=services._metadata(op),
+                )
             PaymentOperation.objects.filter(id=op.id).update(
-                dispatch_deadline=timezone.now() - timedelta(seconds=1))
+                dispatch_deadline=timezone.now() - timedelta(seconds=1)
+            )
             services.operations_sweep_dead_dispatches()
             return
         try:
@@ -1340,20 +1544,24 @@ class LifecycleMachine(RuleBasedStateMachine):
         if call is None:
             return
         result = provider.create_payment_intent(
-            key=op.provider_key(CallStep.CREATE), amount=op.amount, currency=op.currency,
-            payment_method=op.payment_method, capture_method=op.capture_method,
-            metadata=services._metadata(op))
+            key=op.provider_key(CallStep.CREATE),
+            amount=op.amount,
+            currency=op.currency,
+            payment_method=op.payment_method,
+            capture_method=op.capture_method,
+            metadata=services._metadata(op),
+        )
         if after_confirm and result.object is not None:
-            PaymentOperation.objects.filter(id=op.id).update(
-                provider_reference=result.object.id)
+            PaymentOperation.objects.filter(id=op.id).update(provider_reference=result.object.id)
             if services._claim(op.id, CallStep.CONFIRM, confirm=True) is not None:
-                provider.confirm_payment_intent(key=op.provider_key(CallStep.CONFIRM),
-                                                intent_id=result.object.id)
+                provider.confirm_payment_intent(
+                    key=op.provider_key(CallStep.CONFIRM), intent_id=result.object.id
+                )
         # ...and the process dies here. Its lease runs out:
         PaymentOperation.objects.filter(id=op.id).update(
-            dispatch_deadline=timezone.now() - timedelta(seconds=1))
+            dispatch_deadline=timezone.now() - timedelta(seconds=1)
+        )
         services.operations_sweep_dead_dispatches()
-
 
     # -- the outbox rerun: a write that meets a message a relay has claimed ----------------
     # A write whose dedupe key matches a message being handled (claimed) flags it `rerun`:
@@ -1365,8 +1573,9 @@ class LifecycleMachine(RuleBasedStateMachine):
     # after the purchase's RUN_STEPS handler found the step halted, while the relay's batch
     # still holds the message (the hook of tests/recovery/test_relay_batch_mark.py:
     # the real handler runs; the hook only places the other request in time).
-    def _steps_to_resume(self, i: int, fresh: bool, step: str, sold_out: bool
-                         ) -> tuple[str, str] | None:
+    def _steps_to_resume(
+        self, i: int, fresh: bool, step: str, sold_out: bool
+    ) -> tuple[str, str] | None:
         """A paid purchase whose steps have not all run, and the step to halt: the first
         one not done of one of the machine's purchases, else (or with `fresh`) `step` of a
         new purchase paid now (`sold_out`: its product has no stock left, so the inventory
@@ -1379,8 +1588,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 ctx = load_context(pid)
                 if ctx is None:
                     continue
-                states = dict(StepRun.objects.filter(purchase_id=pid)
-                              .values_list("step", "state"))
+                states = dict(StepRun.objects.filter(purchase_id=pid).values_list("step", "state"))
                 for name in ctx.steps:
                     state = states.get(name, StepState.PENDING)
                     if state == StepState.DONE:
@@ -1409,22 +1617,44 @@ class LifecycleMachine(RuleBasedStateMachine):
         halt from another request. Returns what the drain did for `pid`."""
         key, halt = f"steps:{pid}", step_halt_name(step)
         real = outbox_mod._HANDLERS[int(OutboxCategory.RUN_STEPS)]
-        seen = {"runs": 0, "first_raised": False, "met": False, "error": None, "drained": 0,
-                "money_before": None}
+        seen = {
+            "runs": 0,
+            "first_raised": False,
+            "met": False,
+            "error": None,
+            "drained": 0,
+            "money_before": None,
+        }
 
         def resume_while_claimed() -> None:
             # The messages the batch holds now, and the keys the person's clear will write.
-            claimed = {m["dedupe_key"]: m for m in OutboxMessage.objects.filter(
-                processed_at__isnull=True, claimed_until__isnull=False,
-                dedupe_key__startswith="steps:").values("dedupe_key", "id", "attempts")}
-            waiting = {f"steps:{p}" for p in StepRun.objects.filter(
-                step=step, state__in=(StepState.PENDING, StepState.FAILED)
-            ).values_list("purchase_id", flat=True)}
-            _in_another_request(lambda: halt_clear(name=halt, actor="machine",
-                                                   reason="machine: the step works again"))
+            claimed = {
+                m["dedupe_key"]: m
+                for m in OutboxMessage.objects.filter(
+                    processed_at__isnull=True,
+                    claimed_until__isnull=False,
+                    dedupe_key__startswith="steps:",
+                ).values("dedupe_key", "id", "attempts")
+            }
+            waiting = {
+                f"steps:{p}"
+                for p in StepRun.objects.filter(
+                    step=step, state__in=(StepState.PENDING, StepState.FAILED)
+                ).values_list("purchase_id", flat=True)
+            }
+            _in_another_request(
+                lambda: halt_clear(
+                    name=halt, actor="machine", reason="machine: the step works again"
+                )
+            )
             for met in sorted(claimed.keys() & waiting):
-                self.met_claimed.append({"key": met, "message": claimed[met]["id"],
-                                         "attempts": claimed[met]["attempts"]})
+                self.met_claimed.append(
+                    {
+                        "key": met,
+                        "message": claimed[met]["id"],
+                        "attempts": claimed[met]["attempts"],
+                    }
+                )
             seen["met"] = key in claimed.keys() & waiting
 
         def handler(payload: dict) -> None:
@@ -1455,7 +1685,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             # First in the batch (as if its time had come long ago): the rest of the batch
             # is the window in which the write meets it claimed.
             OutboxMessage.objects.filter(dedupe_key=key, processed_at__isnull=True).update(
-                available_at=timezone.now() - timedelta(hours=1))
+                available_at=timezone.now() - timedelta(hours=1)
+            )
             _stripe_refuses_over_refunds()
             seen["money_before"] = self._money_moved_for(pid)
             outbox_mod._HANDLERS[int(OutboxCategory.RUN_STEPS)] = handler
@@ -1476,9 +1707,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         ctx = load_context(pid)
         if ctx is None or step not in ctx.steps:
             return True
-        earlier = ctx.steps[:ctx.steps.index(step)]
-        return StepRun.objects.filter(purchase_id=pid, step__in=earlier).exclude(
-            state=StepState.DONE).exists()
+        earlier = ctx.steps[: ctx.steps.index(step)]
+        return (
+            StepRun.objects.filter(purchase_id=pid, step__in=earlier)
+            .exclude(state=StepState.DONE)
+            .exists()
+        )
 
     def _money_moved_for(self, pid: str) -> tuple[int, int]:
         """The purchase's payments as the provider and Verity record them: PaymentIntents
@@ -1486,9 +1720,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         from payments.models import ProviderCall
 
         intents = len(self._intents().get(pid, []))
-        calls = ProviderCall.objects.filter(operation__purchase_id=pid,
-                                            purpose__in=("dispatch", "replay"),
-                                            operation__kind__in=PAYMENT_KINDS).count()
+        calls = ProviderCall.objects.filter(
+            operation__purchase_id=pid,
+            purpose__in=("dispatch", "replay"),
+            operation__kind__in=PAYMENT_KINDS,
+        ).count()
         return intents, calls
 
     def _steps_moved_no_payment(self, pid: str, seen: dict) -> None:
@@ -1497,22 +1733,30 @@ class LifecycleMachine(RuleBasedStateMachine):
         after = self._money_moved_for(pid)
         assert after == seen["money_before"], (
             f"{pid}: running its steps moved its payment at the provider: "
-            f"{seen['money_before']} -> {after} (intents, payment dispatch calls)")
+            f"{seen['money_before']} -> {after} (intents, payment dispatch calls)"
+        )
 
-    @initialize(same_drain=st.booleans(), step=st.sampled_from(RESUMED_STEPS),
-                sold_out=st.booleans())
+    @initialize(
+        same_drain=st.booleans(), step=st.sampled_from(RESUMED_STEPS), sold_out=st.booleans()
+    )
     def outbox_rerun_first(self, same_drain, step, sold_out):
         """Every example meets the outbox rerun once, on a purchase of its own, so the rerun
         is exercised at the default budget (the two rules below are drawn ~once a run);
         after one batch, the released message is left for the rules that follow."""
-        rule = (self.a_released_message_runs_again_in_the_same_drain if same_drain
-                else self.a_resume_meets_its_claimed_message)
+        rule = (
+            self.a_released_message_runs_again_in_the_same_drain
+            if same_drain
+            else self.a_resume_meets_its_claimed_message
+        )
         rule(i=0, fresh=True, step=step, sold_out=sold_out)
 
     @precondition(lambda self: self.purchases)
-    @rule(i=st.integers(0, 99), fresh=st.booleans(),
-          step=st.sampled_from(RESUMED_STEPS),
-          sold_out=st.booleans())
+    @rule(
+        i=st.integers(0, 99),
+        fresh=st.booleans(),
+        step=st.sampled_from(RESUMED_STEPS),
+        sold_out=st.booleans(),
+    )
     def a_resume_meets_its_claimed_message(self, i, fresh, step, sold_out):
         """One relay batch (claim, handlers, one mark): a person's resume written while the
         purchase's message is claimed, after its handler ran. The batch must not mark the
@@ -1524,15 +1768,20 @@ class LifecycleMachine(RuleBasedStateMachine):
             return
         pid, step = picked
         seen = self._resume_while_claimed(pid, step, lambda: relay_drain_once(batch=100))
-        _event(f"outbox rerun, one batch: runs={seen['runs']} met={seen['met']} "
-               f"raised={seen['first_raised']}")
+        _event(
+            f"outbox rerun, one batch: runs={seen['runs']} met={seen['met']} "
+            f"raised={seen['first_raised']}"
+        )
         assert seen["runs"] == 1, f"{pid}: one batch ran its steps {seen['runs']} times"
         self._steps_moved_no_payment(pid, seen)
 
     @precondition(lambda self: self.purchases)
-    @rule(i=st.integers(0, 99), fresh=st.booleans(),
-          step=st.sampled_from(RESUMED_STEPS),
-          sold_out=st.booleans())
+    @rule(
+        i=st.integers(0, 99),
+        fresh=st.booleans(),
+        step=st.sampled_from(RESUMED_STEPS),
+        sold_out=st.booleans(),
+    )
     def a_released_message_runs_again_in_the_same_drain(self, i, fresh, step, sold_out):
         """relay_drain (what the kick and the beat run): the message released by the
         batch's mark is due at once and no kick follows a release, so the same call takes
@@ -1545,16 +1794,23 @@ class LifecycleMachine(RuleBasedStateMachine):
             return
         pid, step = picked
         seen = self._resume_while_claimed(pid, step, lambda: relay_drain(max_batches=5))
-        _event(f"outbox rerun, drain: runs={seen['runs']} met={seen['met']} "
-               f"raised={seen['first_raised']}")
+        _event(
+            f"outbox rerun, drain: runs={seen['runs']} met={seen['met']} "
+            f"raised={seen['first_raised']}"
+        )
         if seen["met"] and not seen["first_raised"]:
             assert seen["runs"] == 2, (
                 f"{pid}: a resume written while its message was claimed, after its handler "
-                f"ran, was not run by the same drain (handler runs={seen['runs']})")
-            state = StepRun.objects.filter(purchase_id=pid, step=step).values_list(
-                "state", flat=True).first()
+                f"ran, was not run by the same drain (handler runs={seen['runs']})"
+            )
+            state = (
+                StepRun.objects.filter(purchase_id=pid, step=step)
+                .values_list("state", flat=True)
+                .first()
+            )
             assert state != StepState.PENDING or self._step_stopped_before(pid, step), (
-                f"{pid}: step {step} still pending after the drain that took the resume")
+                f"{pid}: step {step} still pending after the drain that took the resume"
+            )
             if step == StepName.ORDER and not self._step_stopped_before(pid, step):
                 assert Order.objects.filter(purchase_id=pid).count() == 1, pid
         else:
@@ -1583,13 +1839,17 @@ class LifecycleMachine(RuleBasedStateMachine):
             obj = self.provider.get("payment_intents", op.provider_reference)
             if obj is not None:
                 self.snapshots.append(("payment_intents", obj))
-                self._send_event(PI_EVENT_TYPES.get(obj["status"], "payment_intent.created"),
-                                 obj)
+                self._send_event(PI_EVENT_TYPES.get(obj["status"], "payment_intent.created"), obj)
         # "later": the other rules (events, follow-ups, reconciles) find it
 
-    @rule(shop=st.integers(0, 1), overturn=st.sampled_from(["reconcile", "event", "later"]),
-          sold_out=st.booleans(), then=st.sampled_from([None, "refund", "refund_partial"]),
-          dashboard_first=st.booleans(), given=st.sampled_from([True, True, False]))
+    @rule(
+        shop=st.integers(0, 1),
+        overturn=st.sampled_from(["reconcile", "event", "later"]),
+        sold_out=st.booleans(),
+        then=st.sampled_from([None, "refund", "refund_partial"]),
+        dashboard_first=st.booleans(),
+        given=st.sampled_from([True, True, False]),
+    )
     def duplicate_charge(self, shop, overturn, sold_out, then, dashboard_first, given):
         """A charge whose answer was lost, a person's wrong "failed" taken while the
         provider could not be read, and the buyer's retry charging again: two charges.
@@ -1597,7 +1857,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         `original_unverified`, no second charge: checked); with `given`, the duplicate is
         built explicitly as the project's tests do (the first failure reads
         provider-confirmed for the moment of the retry). The first is read back (now, by
-        its event, or later): a duplicate whose return is Verity's. `sold_out`: the inventory step then fails under COMPENSATE (the
+        its event, or later): a duplicate whose return is Verity's. `sold_out`: the inventory step
+        then fails under COMPENSATE (the
         purchase's OWN charge must be returned, #30 defect 2); `then`: a refund of the
         purchase is requested and approved (#30 defect 6); `dashboard_first`: a person
         refunded part of the first charge in the dashboard before it was read back (its
@@ -1615,28 +1876,37 @@ class LifecycleMachine(RuleBasedStateMachine):
         if first is None or first.outcome != Outcome.UNKNOWN:
             return
         # The provider unreadable through the resolution and the retry's read-back.
-        provider_for_rail(Rail.STRIPE).arm_drill(key_prefix="*", step="read",
-                                                 mode=DrillMode.READ_UNAVAILABLE, times=2)
+        provider_for_rail(Rail.STRIPE).arm_drill(
+            key_prefix="*", step="read", mode=DrillMode.READ_UNAVAILABLE, times=2
+        )
         try:
-            r = self.ops_tool.post(f"operations/{first.id}/resolve",
-                                   {"outcome": "failed", "reason": "buyer says declined"})
+            r = self.ops_tool.post(
+                f"operations/{first.id}/resolve",
+                {"outcome": "failed", "reason": "buyer says declined"},
+            )
             _no_5xx(r)
             if r.status_code != 200:
                 return
             retry = api.pay(pid, "pm_card_visa", extra={"retry_of": first.id})
             _no_5xx(retry)
-            _event(f"duplicate_charge: retry {retry.status_code} "
-                  f"{retry.json().get('code', '') if retry.status_code >= 400 else ''}")
+            _event(
+                f"duplicate_charge: retry {retry.status_code} "
+                f"{retry.json().get('code', '') if retry.status_code >= 400 else ''}"
+            )
             self.no_second_charge_while_unverified(pid, first.id, retry)
-            if not given or retry.status_code != 503 or (
-                    retry.json()["code"] != "original_unverified"):
+            if (
+                not given
+                or retry.status_code != 503
+                or (retry.json()["code"] != "original_unverified")
+            ):
                 given = False
             else:
                 # Verity's own path no longer charges twice here, so the
                 # duplicate is a given, as in the project's tests (_charged_twice): for the
                 # moment the retry is made, the first failure reads provider-confirmed.
-                provider_for_rail(Rail.STRIPE).arm_drill(key_prefix="*", step="read",
-                                                         mode=DrillMode.READ_UNAVAILABLE, times=1)
+                provider_for_rail(Rail.STRIPE).arm_drill(
+                    key_prefix="*", step="read", mode=DrillMode.READ_UNAVAILABLE, times=1
+                )
                 wrong_word = PaymentOperation.objects.filter(id=first.id)
                 grade = wrong_word.values_list("grade", "verification").get()
                 wrong_word.update(grade=Grade.CONFIRMED, verification=Verification.PROVIDER)
@@ -1650,9 +1920,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         if sold_out:  # another sale took the last unit before the inventory commit
             type(product).objects.filter(pk=product.pk).update(stock=0)
         if dashboard_first and first.provider_reference:
-            r = requests.post(f"{self.provider.base}/v1/refunds", auth=self.provider.auth,
-                              data={"payment_intent": first.provider_reference, "amount": 300},
-                              timeout=10)
+            r = requests.post(
+                f"{self.provider.base}/v1/refunds",
+                auth=self.provider.auth,
+                data={"payment_intent": first.provider_reference, "amount": 300},
+                timeout=10,
+            )
             if r.status_code == 200:
                 self.dashboard_refunds.append(r.json()["id"])
                 self.snapshots.append(("refunds", r.json()))
@@ -1660,12 +1933,16 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._overturn(first.id, overturn)
         if then:
             _settle_outbox_quietly()  # the duplicate's return goes first
-            r = api.post(f"purchases/{pid}/refunds", {"amount": 500} if then ==
-                         "refund_partial" else {})
+            r = api.post(
+                f"purchases/{pid}/refunds", {"amount": 500} if then == "refund_partial" else {}
+            )
             _no_5xx(r)
             op = PaymentOperation.objects.filter(
-                purchase_id=pid, kind=OperationKind.REFUND, is_compensation=False,
-                outcome=Outcome.AWAITING_APPROVAL).first()
+                purchase_id=pid,
+                kind=OperationKind.REFUND,
+                is_compensation=False,
+                outcome=Outcome.AWAITING_APPROVAL,
+            ).first()
             if op is not None:
                 try:
                     self._approve(op, self.finance[0])
@@ -1679,14 +1956,20 @@ class LifecycleMachine(RuleBasedStateMachine):
         provider for the purchase, and no retry operation."""
         if retry.status_code != 503 or retry.json()["code"] != "original_unverified":
             return
-        intents = [pi for pi in self.provider.list("payment_intents")
-                   if (pi.get("metadata") or {}).get("purchase_id") == pid]
+        intents = [
+            pi
+            for pi in self.provider.list("payment_intents")
+            if (pi.get("metadata") or {}).get("purchase_id") == pid
+        ]
         assert len(intents) <= 1, (pid, [(pi["id"], pi["status"]) for pi in intents])
         assert not PaymentOperation.objects.filter(retry_of_id=first_id).exists(), pid
 
     @precondition(lambda self: X402)
-    @rule(shop=st.integers(0, 1), overturn=st.sampled_from(["reconcile", "later"]),
-          given=st.sampled_from([True, True, False]))
+    @rule(
+        shop=st.integers(0, 1),
+        overturn=st.sampled_from(["reconcile", "later"]),
+        given=st.sampled_from([True, True, False]),
+    )
     def duplicate_x402(self, shop, overturn, given):
         """The same on the x402 rail: a settlement whose answer was lost, a person's wrong
         "failed" while the chain could not be read (a real proxy in front of the node,
@@ -1707,8 +1990,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert required
         header, auth = sign(required, self.chain.new_payer())
         self.x402_signed.append((pid, header))
-        get_facilitator().arm_drill(payer=auth["from"], nonce=auth["nonce"],
-                                    mode=X402Drill.DROP_ANSWER_AFTER_SEND)
+        get_facilitator().arm_drill(
+            payer=auth["from"], nonce=auth["nonce"], mode=X402Drill.DROP_ANSWER_AFTER_SEND
+        )
         _no_5xx(api.get(f"purchases/{pid}/deliverable", **{SIGNATURE: header}))
         first = PaymentOperation.objects.filter(purchase_id=pid, kind__in=PAYMENT_KINDS).first()
         if first is None or first.outcome != Outcome.UNKNOWN:
@@ -1716,8 +2000,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         proxy = _chain_proxy()
         proxy.down()
         try:
-            r = self.ops_tool.post(f"operations/{first.id}/resolve",
-                                   {"outcome": "failed", "reason": "agent says declined"})
+            r = self.ops_tool.post(
+                f"operations/{first.id}/resolve",
+                {"outcome": "failed", "reason": "agent says declined"},
+            )
             _no_5xx(r)
             if r.status_code != 200:
                 return
@@ -1731,15 +2017,18 @@ class LifecycleMachine(RuleBasedStateMachine):
             _no_5xx(again)
         finally:
             proxy.up()
-        _event(f"duplicate_x402: second authorization {again.status_code} "
-               f"{again.json().get('code', '') if again.status_code >= 400 else ''}")
+        _event(
+            f"duplicate_x402: second authorization {again.status_code} "
+            f"{again.json().get('code', '') if again.status_code >= 400 else ''}"
+        )
         if again.status_code != 503:
             return  # not refused: the invariants judge what it did
         # Refused (the chain unreadable: `chain_unreachable`; or the failure only a
         # person's word: `original_unverified`): nothing was paid.
         assert self.chain.transfers(second["from"]) == 0, (pid, again.json()["code"])
-        assert PaymentOperation.objects.filter(purchase_id=pid,
-                                               kind__in=PAYMENT_KINDS).count() == 1, pid
+        assert (
+            PaymentOperation.objects.filter(purchase_id=pid, kind__in=PAYMENT_KINDS).count() == 1
+        ), pid
         wrong_word = PaymentOperation.objects.filter(id=first.id)
         grade = wrong_word.values_list("grade", "verification").get()
         if not given or grade[0] != Grade.ACKNOWLEDGED:
@@ -1751,10 +2040,12 @@ class LifecycleMachine(RuleBasedStateMachine):
             _event(f"duplicate_x402: chain readable again, {again.status_code}")
             first.refresh_from_db()
             if again.status_code in (200, 202):
-                assert not (first.outcome == Outcome.FAILED
-                            and first.grade == Grade.ACKNOWLEDGED), (
+                assert not (
+                    first.outcome == Outcome.FAILED and first.grade == Grade.ACKNOWLEDGED
+                ), (
                     f"{pid}: a second authorization settled while {first.id}'s failure was "
-                    "only a person's word")
+                    "only a person's word"
+                )
         else:
             # The duplicate as a given (tests/x402/test_duplicate_compensation_rail.py): the
             # failure reads chain-confirmed for the moment the agent pays again.
@@ -1772,9 +2063,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         _settle_outbox_quietly()
 
     @precondition(lambda self: X402 and self.x402_purchases)
-    @rule(i=st.integers(0, 99), partial=st.booleans(),
-          verdict=st.sampled_from(["sweep_then_reconcile", "reconcile", "api_reconcile",
-                                   "sweep"]))
+    @rule(
+        i=st.integers(0, 99),
+        partial=st.booleans(),
+        verdict=st.sampled_from(["sweep_then_reconcile", "reconcile", "api_reconcile", "sweep"]),
+    )
     def x402_refund_waits_on_the_signer_lock(self, i, partial, verdict):
         """An approved x402 refund whose worker waits on the signer lock (another refund
         holds it), while the dead-dispatch sweep and an on-demand reconcile run; then the
@@ -1788,9 +2081,16 @@ class LifecycleMachine(RuleBasedStateMachine):
         from payments.providers.x402 import get_refund_sender
 
         def refundable():
-            return self._pick(self._ops(kind__in=PAYMENT_KINDS, rail="x402",
-                                        is_duplicate=False, outcome=Outcome.SUCCEEDED,
-                                        purchase__status__in=PAID_STATUSES), i)
+            return self._pick(
+                self._ops(
+                    kind__in=PAYMENT_KINDS,
+                    rail="x402",
+                    is_duplicate=False,
+                    outcome=Outcome.SUCCEEDED,
+                    purchase__status__in=PAID_STATUSES,
+                ),
+                i,
+            )
 
         paid = refundable()
         if paid is None:  # the agent buys and pays one first
@@ -1800,11 +2100,14 @@ class LifecycleMachine(RuleBasedStateMachine):
         if paid is None:
             return
         try:
-            op = services.refund_request(purchase_id=paid.purchase_id,
-                                         amount=500 if partial else None,
-                                         acting_user=self.finance[0])
-            services.refund_approve(operation_id=op.id, acting_user=self.finance[1],
-                                    reason="machine approves")
+            op = services.refund_request(
+                purchase_id=paid.purchase_id,
+                amount=500 if partial else None,
+                acting_user=self.finance[0],
+            )
+            services.refund_approve(
+                operation_id=op.id, acting_user=self.finance[1], reason="machine approves"
+            )
         except services.DomainError as exc:
             _refused_not_broken(exc)
             return
@@ -1834,13 +2137,16 @@ class LifecycleMachine(RuleBasedStateMachine):
         dispatcher.start()
         try:
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and not X402RefundTransfer.objects.filter(
-                    pk=op.id).exists():
+            while (
+                time.monotonic() < deadline
+                and not X402RefundTransfer.objects.filter(pk=op.id).exists()
+            ):
                 time.sleep(0.05)
             time.sleep(0.3)  # into the lock wait
             if verdict.startswith("sweep"):
                 PaymentOperation.objects.filter(id=op.id, outcome=Outcome.DISPATCHING).update(
-                    dispatch_deadline=timezone.now() - timedelta(seconds=1))
+                    dispatch_deadline=timezone.now() - timedelta(seconds=1)
+                )
                 services.operations_sweep_dead_dispatches()
             if verdict in ("sweep_then_reconcile", "reconcile"):
                 try:
@@ -1857,10 +2163,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert not errors, errors
         _settle_outbox_quietly()
 
-
     @precondition(lambda self: self.purchases)
-    @rule(shop=st.integers(0, 1), customer=st.integers(0, len(CUSTOMERS) - 1),
-          x402=st.booleans())
+    @rule(shop=st.integers(0, 1), customer=st.integers(0, len(CUSTOMERS) - 1), x402=st.booleans())
     def agent_with_only_its_answers(self, shop, customer, x402):
         """The agent is told "only the buyer can confirm" a second purchase of the same
         basket; it has only what its REST answers contain: it follows the purchase's
@@ -1895,10 +2199,20 @@ class LifecycleMachine(RuleBasedStateMachine):
         browser = Client(enforce_csrf_checks=True)
         page = browser.get(path + "/")
         token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content)
-        seen += [page.content, browser.post(path + "/new-purchase", {
-            "csrfmiddlewaretoken": token.group(1).decode() if token else ""}).content]
-        codes = {m.group(0).decode() for text in seen for m in re.finditer(
-            rb"\b[A-Z0-9]{5}-[A-Z0-9]{5}\b|(?<=id=\"buyer-confirmation-code\">)[^<]+", text)}
+        seen += [
+            page.content,
+            browser.post(
+                path + "/new-purchase",
+                {"csrfmiddlewaretoken": token.group(1).decode() if token else ""},
+            ).content,
+        ]
+        codes = {
+            m.group(0).decode()
+            for text in seen
+            for m in re.finditer(
+                rb"\b[A-Z0-9]{5}-[A-Z0-9]{5}\b|(?<=id=\"buyer-confirmation-code\">)[^<]+", text
+            )
+        }
         _event(f"agent_with_only_its_answers: {len(codes)} candidate code(s)")
         for code in sorted(codes):
             q = api.quote(sku)
@@ -1909,11 +2223,11 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert again.status_code != 201, (
                 f"the agent lifted the buyer-only guard on {earlier} with {code!r} from its "
                 f"own answers and status link, and bought the same basket again: "
-                f"{again.json()['id']}")
+                f"{again.json()['id']}"
+            )
 
     @precondition(lambda self: self.purchases)
-    @rule(shop=st.integers(0, 1), customer=st.integers(0, len(CUSTOMERS) - 1),
-          x402=st.booleans())
+    @rule(shop=st.integers(0, 1), customer=st.integers(0, len(CUSTOMERS) - 1), x402=st.booleans())
     def buyer_lifts_the_guard(self, shop, customer, x402):
         """The buyer, told by the shop that only they can confirm a second purchase of the
         same basket, presses "yes" on the earlier purchase's status page (a browser: CSRF
@@ -1930,8 +2244,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         for _ in range(4):  # one code lifts one earlier purchase
             q = api.quote(sku)
             assert q.status_code == 201, q.content
-            r = api.purchase(q.json(), customer_ref,
-                             extra={"buyer_confirmation": code} if code else {})
+            r = api.purchase(
+                q.json(), customer_ref, extra={"buyer_confirmation": code} if code else {}
+            )
             _no_5xx(r)
             if r.status_code == 201:
                 _event(f"buyer_lifts_the_guard: opened after {len(lifted)} code(s)")
@@ -1941,41 +2256,49 @@ class LifecycleMachine(RuleBasedStateMachine):
                 return
             assert r.status_code in (409, 422), r.content
             body = r.json()
-            if body["code"] not in ("probable_duplicate_purchase",
-                                    "customer_has_unresolved_purchase"):
-                assert not code, (f"the buyer's code {code} for {lifted} refused: "
-                                  f"{body['code']}: {body.get('message') or body}")
+            if body["code"] not in (
+                "probable_duplicate_purchase",
+                "customer_has_unresolved_purchase",
+            ):
+                assert not code, (
+                    f"the buyer's code {code} for {lifted} refused: "
+                    f"{body['code']}: {body.get('message') or body}"
+                )
                 return
             earlier = Purchase.objects.get(id=body["purchase"])
-            if earlier.id in lifted and len(set(lifted)) > 1 and (
-                    "buyer_one_code_one_purchase" in OPEN_DEFECTS):
+            if (
+                earlier.id in lifted
+                and len(set(lifted)) > 1
+                and ("buyer_one_code_one_purchase" in OPEN_DEFECTS)
+            ):
                 _event("buyer_lifts_the_guard: open defect buyer_one_code_one_purchase")
                 return  # known, open: tests/lifecycle/test_found_by_machine.py
             assert earlier.id not in lifted, (
                 f"the buyer confirmed {lifted} with the e-mailed codes, yet {earlier.id} "
-                f"guards again: {body['code']} (one code lifts one earlier purchase)")
+                f"guards again: {body['code']} (one code lifts one earlier purchase)"
+            )
             browser = Client(enforce_csrf_checks=True)
             page = browser.get(f"/status/{earlier.status_token}/")
             assert page.status_code == 200, page.status_code
             assert b"Yes, start a new purchase" in page.content, (
-                f"{earlier.id} ({earlier.status}) guards the buyer with no way to confirm")
+                f"{earlier.id} ({earlier.status}) guards the buyer with no way to confirm"
+            )
             token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content)
             before = len(mail.outbox)
-            given = browser.post(f"/status/{earlier.status_token}/new-purchase",
-                                 {"csrfmiddlewaretoken": token.group(1).decode()
-                                  if token else ""})
+            given = browser.post(
+                f"/status/{earlier.status_token}/new-purchase",
+                {"csrfmiddlewaretoken": token.group(1).decode() if token else ""},
+            )
             assert given.status_code == 200, (given.status_code, given.content[:300])
             # The code is in the newest e-mail about this purchase (a live code already
             # sent - the agent pressed the button, say - is not sent twice).
             about = [m for m in mail.outbox if f"next to {earlier.id})" in m.subject]
-            assert about, (f"no code e-mailed for {earlier.id}",
-                           len(mail.outbox) - before)
+            assert about, (f"no code e-mailed for {earlier.id}", len(mail.outbox) - before)
             found = re.search(r"\b[A-Z0-9]{5}-[A-Z0-9]{5}\b", about[-1].body)
             assert found, about[-1].body
             code = found.group(0)
             lifted.append(earlier.id)
         raise AssertionError(f"the buyer confirmed {lifted} and is still refused")
-
 
     @precondition(lambda self: self.purchases)
     @rule(i=st.integers(0, 99), outcome=st.sampled_from(["succeeded", "succeeded", "failed"]))
@@ -1983,10 +2306,13 @@ class LifecycleMachine(RuleBasedStateMachine):
         """A capture whose answer was refused as a conflict (nothing applied: the provider
         still shows `requires_capture`), then settled by a person while the provider CAN
         be read: a "succeeded" the record contradicts is refused (#30 item 5)."""
-        auth = self._pick(self._ops(kind=OperationKind.AUTHORIZE, outcome=Outcome.SUCCEEDED),
-                          i)
-        if auth is None or PaymentOperation.objects.filter(
-                parent=auth, kind__in=[OperationKind.CAPTURE, OperationKind.VOID]).exists():
+        auth = self._pick(self._ops(kind=OperationKind.AUTHORIZE, outcome=Outcome.SUCCEEDED), i)
+        if (
+            auth is None
+            or PaymentOperation.objects.filter(
+                parent=auth, kind__in=[OperationKind.CAPTURE, OperationKind.VOID]
+            ).exists()
+        ):
             return
         api = self.purchase_api(auth)
         self._armed(DrillMode.HTTP_409, CallStep.CAPTURE)
@@ -1994,19 +2320,22 @@ class LifecycleMachine(RuleBasedStateMachine):
             _no_5xx(api.post(f"purchases/{auth.purchase_id}/capture", {}))
         finally:
             self._disarm()
-        op = PaymentOperation.objects.filter(parent=auth, kind=OperationKind.CAPTURE,
-                                             outcome=Outcome.UNKNOWN).first()
+        op = PaymentOperation.objects.filter(
+            parent=auth, kind=OperationKind.CAPTURE, outcome=Outcome.UNKNOWN
+        ).first()
         if op is None:
             return
-        r = self.ops_tool.post(f"operations/{op.id}/resolve",
-                               {"outcome": outcome, "reason": "the dashboard shows it"})
+        r = self.ops_tool.post(
+            f"operations/{op.id}/resolve", {"outcome": outcome, "reason": "the dashboard shows it"}
+        )
         _no_5xx(r)
         pi = self.provider.get("payment_intents", auth.provider_reference)
         op.refresh_from_db()
         if pi and pi["status"] == "requires_capture":
             assert op.outcome != Outcome.SUCCEEDED, (
                 f"capture {op.id} settled succeeded on a person's word while the provider, "
-                f"readable, shows {auth.provider_reference} requires_capture")
+                f"readable, shows {auth.provider_reference} requires_capture"
+            )
 
     # -- invariants ------------------------------------------------------------------------
     # -- ACP: agent platforms buy through checkout sessions ------------------
@@ -2020,15 +2349,21 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _acp_purchase_of(self, session_id: str) -> str | None:
         from acp.models import CheckoutSession
 
-        pid = CheckoutSession.objects.filter(id=session_id).values_list(
-            "purchase_id", flat=True).first()
+        pid = (
+            CheckoutSession.objects.filter(id=session_id)
+            .values_list("purchase_id", flat=True)
+            .first()
+        )
         if pid and all(p != pid for p, _ in self.purchases):
             self.purchases.append((pid, ACP_SHOP))  # judged like every other purchase
         return pid
 
-    @initialize(fault=st.sampled_from([DrillMode.DROP_RESPONSE_AFTER_SEND, "provider_down",
-                                       None, DrillMode.HTTP_500]),
-                card=st.sampled_from(["pm_card_visa", "pm_card_chargeCustomerFail"]))
+    @initialize(
+        fault=st.sampled_from(
+            [DrillMode.DROP_RESPONSE_AFTER_SEND, "provider_down", None, DrillMode.HTTP_500]
+        ),
+        card=st.sampled_from(["pm_card_visa", "pm_card_chargeCustomerFail"]),
+    )
     def acp_first_session(self, fault, card):
         """Every example starts with one ACP session completed (its answer lost, the
         provider down, or neither), so the ACP rules below have a session to retry,
@@ -2040,15 +2375,21 @@ class LifecycleMachine(RuleBasedStateMachine):
     def acp_create_session(self, customer, quantity):
         """An agent platform opens a checkout session for a buyer (two buyers, so a second
         session for the same basket meets the guards)."""
-        r = self.acp.post("checkout_sessions", {
-            "line_items": [{"id": self.product.sku, "quantity": quantity}], "currency": "usd",
-            "capabilities": {"interventions": {"supported": []}}})
+        r = self.acp.post(
+            "checkout_sessions",
+            {
+                "line_items": [{"id": self.product.sku, "quantity": quantity}],
+                "currency": "usd",
+                "capabilities": {"interventions": {"supported": []}},
+            },
+        )
         assert r.status_code == 201, r.content
         body = r.json()
         assert body["status"] == "ready_for_payment", body
         assert self._acp_total(body["id"]) == self.product.price * quantity
-        self.sessions.append({"id": body["id"], "email": f"acp-{customer}-{self.tag}@example.com",
-                              "last": None})
+        self.sessions.append(
+            {"id": body["id"], "email": f"acp-{customer}-{self.tag}@example.com", "last": None}
+        )
 
     @precondition(lambda self: self.sessions)
     @rule(i=st.integers(0, 99), quantity=st.integers(1, 2))
@@ -2059,8 +2400,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         from acp.models import CheckoutSession
 
         before = CheckoutSession.objects.get(id=s["id"])
-        r = self.acp.post(f"checkout_sessions/{s['id']}",
-                          {"line_items": [{"id": self.product.sku, "quantity": quantity}]})
+        r = self.acp.post(
+            f"checkout_sessions/{s['id']}",
+            {"line_items": [{"id": self.product.sku, "quantity": quantity}]},
+        )
         _acp_no_5xx(r)
         if before.purchase_id or before.canceled_at:
             assert (r.status_code, r.json()["code"]) == (409, "session_not_updatable"), r.content
@@ -2070,13 +2413,22 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert self._acp_total(s["id"]) == self.product.price * quantity
 
     @precondition(lambda self: self.sessions)
-    @rule(i=st.integers(0, 99),
-          # (Hypothesis draws earlier elements more often: the faults come first.)
-          fault=st.sampled_from([DrillMode.DROP_RESPONSE_AFTER_SEND, "provider_down", None,
-                                 DrillMode.TIMEOUT_BEFORE_SEND, DrillMode.RESET_AFTER_WRITE,
-                                 DrillMode.HTTP_500]),
-          key=st.sampled_from(["same", "new"]),
-          card=st.sampled_from(["pm_card_visa", "pm_card_chargeCustomerFail"]))
+    @rule(
+        i=st.integers(0, 99),
+        # (Hypothesis draws earlier elements more often: the faults come first.)
+        fault=st.sampled_from(
+            [
+                DrillMode.DROP_RESPONSE_AFTER_SEND,
+                "provider_down",
+                None,
+                DrillMode.TIMEOUT_BEFORE_SEND,
+                DrillMode.RESET_AFTER_WRITE,
+                DrillMode.HTTP_500,
+            ]
+        ),
+        key=st.sampled_from(["same", "new"]),
+        card=st.sampled_from(["pm_card_visa", "pm_card_chargeCustomerFail"]),
+    )
     def acp_complete(self, i, fault, key, card):
         """complete with a shared payment token: the provider's answer lost
         (DROP_RESPONSE_AFTER_SEND and the other confirm drills), or the provider down
@@ -2087,15 +2439,22 @@ class LifecycleMachine(RuleBasedStateMachine):
         if key == "same" and s["last"]:
             idem, body = s["last"]
         else:
-            idem, body = str(uuid.uuid4()), {
-                "buyer": {"first_name": "Ada", "email": s["email"]},
-                "payment_data": {"provider": "stripe",
-                                 "token": _issue_spt(self._acp_total(s["id"]), card)}}
+            idem, body = (
+                str(uuid.uuid4()),
+                {
+                    "buyer": {"first_name": "Ada", "email": s["email"]},
+                    "payment_data": {
+                        "provider": "stripe",
+                        "token": _issue_spt(self._acp_total(s["id"]), card),
+                    },
+                },
+            )
         pid = self._acp_purchase_of(s["id"])
-        ops_before = (PaymentOperation.objects.filter(purchase_id=pid).count() if pid else 0)
+        ops_before = PaymentOperation.objects.filter(purchase_id=pid).count() if pid else 0
         if fault == "provider_down":
-            provider_for_rail(Rail.STRIPE).arm_drill(key_prefix="*", step=CallStep.CREATE,
-                                     mode=DrillMode.TIMEOUT_BEFORE_SEND, times=20)
+            provider_for_rail(Rail.STRIPE).arm_drill(
+                key_prefix="*", step=CallStep.CREATE, mode=DrillMode.TIMEOUT_BEFORE_SEND, times=20
+            )
         else:
             self._armed(fault, MONEY_STEP)
         try:
@@ -2104,8 +2463,10 @@ class LifecycleMachine(RuleBasedStateMachine):
             self._disarm()
         s["last"] = (idem, body)
         _acp_no_5xx(r)
-        _event(f"acp_complete: {fault} {key} -> {r.status_code} "
-               f"{r.json().get('code', r.json().get('status'))}")
+        _event(
+            f"acp_complete: {fault} {key} -> {r.status_code} "
+            f"{r.json().get('code', r.json().get('status'))}"
+        )
         after = self._acp_purchase_of(s["id"])
         assert pid is None or after == pid, f"{s['id']}: purchase {pid} became {after}"
         ops = PaymentOperation.objects.filter(purchase_id=after).count() if after else 0
@@ -2118,7 +2479,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             # judged then; the session's own state now is its GET, judged here.
             if idem in answers:
                 assert answers[idem] == (r.status_code, r.json()), (
-                    f"{s['id']}: the replay of {idem} is not the answer it got first")
+                    f"{s['id']}: the replay of {idem} is not the answer it got first"
+                )
             self._acp_answer_is_true(s["id"], self.acp.get(f"checkout_sessions/{s['id']}"))
             return
         if r.status_code < 500:
@@ -2135,8 +2497,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         session = CheckoutSession.objects.select_related("purchase").get(id=session_id)
         op = payment_op(session.purchase)
         status = r.json().get("status") if r.status_code in (200, 201, 202) else None
-        intents = ((intents if intents is not None else self._intents())
-                   .get(session.purchase_id, []) if session.purchase_id else [])
+        intents = (
+            (intents if intents is not None else self._intents()).get(session.purchase_id, [])
+            if session.purchase_id
+            else []
+        )
         taken = [pi for pi in intents if pi["status"] in ("succeeded", "requires_capture")]
         if status == "completed":
             assert op is not None and op.outcome == Outcome.SUCCEEDED, (session_id, op)
@@ -2145,20 +2510,25 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert r.json()["order"]["id"] == session.purchase_id
         elif status == "complete_in_progress":
             assert op is not None and op.outcome not in (Outcome.SUCCEEDED, Outcome.FAILED), (
-                session_id, op and op.outcome)
+                session_id,
+                op and op.outcome,
+            )
             if r.status_code == 202:
                 assert int(r.headers["Retry-After"]) >= 1
         elif status in ("ready_for_payment", "not_ready_for_payment", "canceled"):
             assert op is None or op.outcome == Outcome.FAILED, (session_id, status, op.outcome)
             if op is not None and op.grade == Grade.CONFIRMED:
-                assert not [pi for pi in taken
-                            if pi["metadata"].get("operation_id") == op.id], (
-                    f"{session_id} says {status}; the provider took {op.id}'s payment")
-        elif r.status_code >= 400 and r.json().get("code") in ("payment_declined",
-                                                                "provider_unavailable"):
+                assert not [pi for pi in taken if pi["metadata"].get("operation_id") == op.id], (
+                    f"{session_id} says {status}; the provider took {op.id}'s payment"
+                )
+        elif r.status_code >= 400 and r.json().get("code") in (
+            "payment_declined",
+            "provider_unavailable",
+        ):
             assert op is not None and op.outcome == Outcome.FAILED, (session_id, r.content)
             assert not [pi for pi in taken if pi["metadata"].get("operation_id") == op.id], (
-                f"{session_id}: {r.json()['code']} but the provider took the payment")
+                f"{session_id}: {r.json()['code']} but the provider took the payment"
+            )
 
     @precondition(lambda self: self.sessions)
     @rule(i=st.integers(0, 99))
@@ -2193,26 +2563,40 @@ class LifecycleMachine(RuleBasedStateMachine):
 
         first = self._acp_session(i)
         items = CheckoutSession.objects.get(id=first["id"]).items
-        r = self.acp.post("checkout_sessions", {
-            "line_items": items, "currency": "usd",
-            "capabilities": {"interventions": {"supported": []}}})
+        r = self.acp.post(
+            "checkout_sessions",
+            {
+                "line_items": items,
+                "currency": "usd",
+                "capabilities": {"interventions": {"supported": []}},
+            },
+        )
         assert r.status_code == 201, r.content
         second = {"id": r.json()["id"], "email": first["email"], "last": None}
         self.sessions.append(second)
         guarded = Purchase.objects.filter(
-            acp_session__id=first["id"], status__in=ACP_GUARDING).exists()
-        body = {"buyer": {"first_name": "Ada", "email": first["email"]},
-                "payment_data": {"provider": "stripe",
-                                 "token": _issue_spt(self._acp_total(second["id"]))}}
+            acp_session__id=first["id"], status__in=ACP_GUARDING
+        ).exists()
+        body = {
+            "buyer": {"first_name": "Ada", "email": first["email"]},
+            "payment_data": {
+                "provider": "stripe",
+                "token": _issue_spt(self._acp_total(second["id"])),
+            },
+        }
         idem = str(uuid.uuid4())
         r = self.acp.post(f"checkout_sessions/{second['id']}/complete", body, key=idem)
         _acp_no_5xx(r)
         second["last"] = (idem, body)
-        _event(f"acp_second_session_same_basket: guarded={guarded} -> {r.status_code} "
-               f"{r.json().get('code', r.json().get('status'))}")
+        _event(
+            f"acp_second_session_same_basket: guarded={guarded} -> {r.status_code} "
+            f"{r.json().get('code', r.json().get('status'))}"
+        )
         if guarded:
             assert r.status_code == 409 and r.json()["code"] in (
-                "probable_duplicate_purchase", "customer_has_unresolved_purchase"), r.content
+                "probable_duplicate_purchase",
+                "customer_has_unresolved_purchase",
+            ), r.content
             assert self._acp_purchase_of(second["id"]) is None
         self._acp_purchase_of(second["id"])
         self._acp_answer_is_true(second["id"], r)
@@ -2229,8 +2613,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         read-back is scheduled: a second charge beside one is found and returned then (an
         owner that will act; whether the retry should have waited is #30 item 10)."""
         return PaymentOperation.objects.filter(
-            purchase_id=pid, kind__in=PAYMENT_KINDS, outcome=Outcome.FAILED,
-            grade=Grade.ACKNOWLEDGED, next_reconcile_at__isnull=False).count()
+            purchase_id=pid,
+            kind__in=PAYMENT_KINDS,
+            outcome=Outcome.FAILED,
+            grade=Grade.ACKNOWLEDGED,
+            next_reconcile_at__isnull=False,
+        ).count()
 
     @invariant()
     def acp_sessions_tell_the_truth(self):
@@ -2249,19 +2637,25 @@ class LifecycleMachine(RuleBasedStateMachine):
     def at_most_one_confirmed_charge_unless_compensated(self):
         intents = self._intents()
         for pid, _ in self.purchases:
-            taken = [pi for pi in intents.get(pid, [])
-                     if pi["status"] in ("succeeded", "requires_capture")]
+            taken = [
+                pi
+                for pi in intents.get(pid, [])
+                if pi["status"] in ("succeeded", "requires_capture")
+            ]
             if len(taken) > 1:
                 compensations = PaymentOperation.objects.filter(
-                    purchase_id=pid, kind=OperationKind.REFUND, is_compensation=True).count()
+                    purchase_id=pid, kind=OperationKind.REFUND, is_compensation=True
+                ).count()
                 assert compensations + self._awaiting_read_back(pid) >= len(taken) - 1, (
                     f"{pid}: {len(taken)} charges at the provider, {compensations} queued for "
-                    "compensation")
+                    "compensation"
+                )
 
     @invariant()
     def provider_confirmed_operations_match_the_provider(self):
-        for op in self._ops(grade=Grade.CONFIRMED,
-                            verification__in=[Verification.PROVIDER, Verification.WEBHOOK]):
+        for op in self._ops(
+            grade=Grade.CONFIRMED, verification__in=[Verification.PROVIDER, Verification.WEBHOOK]
+        ):
             if op.rail == "x402":
                 continue  # the chain's word: x402_transfers_match_the_chain
             if op.kind == OperationKind.REFUND:
@@ -2269,48 +2663,53 @@ class LifecycleMachine(RuleBasedStateMachine):
                     obj = self.provider.get("refunds", op.provider_reference)
                     assert obj and obj["status"] == "succeeded", (op.id, obj)
                 continue
-            ref = op.provider_reference or (op.parent.provider_reference if op.parent_id
-                                            else "")
+            ref = op.provider_reference or (op.parent.provider_reference if op.parent_id else "")
             obj = self.provider.get("payment_intents", ref) if ref else None
             status = obj["status"] if obj else None
             if op.outcome == Outcome.SUCCEEDED:
-                allowed = {OperationKind.CHARGE: {"succeeded"},
-                           OperationKind.AUTHORIZE: {"requires_capture", "succeeded",
-                                                     "canceled"},
-                           OperationKind.CAPTURE: {"succeeded"},
-                           OperationKind.VOID: {"canceled"}}[op.kind]
+                allowed = {
+                    OperationKind.CHARGE: {"succeeded"},
+                    OperationKind.AUTHORIZE: {"requires_capture", "succeeded", "canceled"},
+                    OperationKind.CAPTURE: {"succeeded"},
+                    OperationKind.VOID: {"canceled"},
+                }[op.kind]
                 assert status in allowed, (op.id, op.kind, status)
             elif op.outcome == Outcome.FAILED and op.kind in PAYMENT_KINDS:
                 assert status not in ("succeeded", "requires_capture"), (
-                    f"{op.id} confirmed failed but the provider shows {status}")
+                    f"{op.id} confirmed failed but the provider shows {status}"
+                )
 
     @invariant()
     def nothing_shown_that_the_provider_contradicts(self):
         for pid, _ in self.purchases:
             purchase = Purchase.objects.get(id=pid)
-            payment = (PaymentOperation.objects.filter(purchase_id=pid, kind__in=PAYMENT_KINDS,
-                                                       outcome=Outcome.SUCCEEDED).first())
+            payment = PaymentOperation.objects.filter(
+                purchase_id=pid, kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED
+            ).first()
             # A linked operation still unsettled (a void whose answer was lost) may have
             # changed the provider's record: Verity does not know yet, and says so there.
             in_flight = PaymentOperation.objects.filter(
-                purchase_id=pid, outcome__in=SLOT_HOLDING_OUTCOMES).exists()
+                purchase_id=pid, outcome__in=SLOT_HOLDING_OUTCOMES
+            ).exists()
             if purchase.status in PAID_STATUSES + (PurchaseStatus.REFUND_PENDING,):
                 assert payment is not None, f"{pid} shown {purchase.status} without a payment"
                 if payment.grade == Grade.CONFIRMED and not in_flight and payment.rail != "x402":
                     obj = self.provider.get("payment_intents", payment.provider_reference)
                     assert obj and obj["status"] in ("succeeded", "requires_capture"), (
-                        f"{pid} shown {purchase.status}, provider shows "
-                        f"{obj and obj['status']}")
+                        f"{pid} shown {purchase.status}, provider shows {obj and obj['status']}"
+                    )
             if purchase.status == PurchaseStatus.REFUNDED:
                 refunds = PaymentOperation.objects.filter(
-                    purchase_id=pid, kind=OperationKind.REFUND, outcome=Outcome.SUCCEEDED)
+                    purchase_id=pid, kind=OperationKind.REFUND, outcome=Outcome.SUCCEEDED
+                )
                 for r in refunds.filter(grade=Grade.CONFIRMED).exclude(rail="x402"):
                     obj = self.provider.get("refunds", r.provider_reference)
                     assert obj and obj["status"] == "succeeded", (pid, r.id)
                 assert refunds.exists(), f"{pid} shown refunded without a refund"
             if purchase.status == PurchaseStatus.VOIDED:
-                void = PaymentOperation.objects.filter(purchase_id=pid, kind=OperationKind.VOID,
-                                                       outcome=Outcome.SUCCEEDED).first()
+                void = PaymentOperation.objects.filter(
+                    purchase_id=pid, kind=OperationKind.VOID, outcome=Outcome.SUCCEEDED
+                ).first()
                 assert void is not None, f"{pid} shown voided without a void"
                 if void.grade == Grade.CONFIRMED:
                     obj = self.provider.get("payment_intents", void.provider_reference)
@@ -2327,16 +2726,21 @@ class LifecycleMachine(RuleBasedStateMachine):
 
         for pid in self.x402_purchases:
             auths = X402Authorization.objects.filter(operation__purchase_id=pid).select_related(
-                "operation")
+                "operation"
+            )
             # Per operation: did ITS authorization's transaction carry
             # Transfer(payer -> pay_to, value)? (A payer's transfers counted by address
             # mixed operations up; a used nonce alone is no payment.)
             paid = {a.operation_id: self.chain.operation_paid(a) for a in auths}
             compensations = PaymentOperation.objects.filter(
-                purchase_id=pid, kind=OperationKind.REFUND, is_compensation=True,
-                parent__is_duplicate=True).count()
+                purchase_id=pid,
+                kind=OperationKind.REFUND,
+                is_compensation=True,
+                parent__is_duplicate=True,
+            ).count()
             assert sum(paid.values()) <= 1 + compensations + self._awaiting_read_back(pid), (
-                f"{pid}: {paid} paid, {compensations} returned")
+                f"{pid}: {paid} paid, {compensations} returned"
+            )
             for a in auths:
                 op = a.operation
                 if op.grade == Grade.CONFIRMED and op.verification == Verification.PROVIDER:
@@ -2351,14 +2755,20 @@ class LifecycleMachine(RuleBasedStateMachine):
             to_payers = Q()
             for payer in payers:
                 to_payers |= Q(to_address__iexact=payer)
-            claimed_back = X402RefundTransfer.objects.filter(to_payers).exclude(
-                transaction_hash="").count() if payers else 0
+            claimed_back = (
+                X402RefundTransfer.objects.filter(to_payers).exclude(transaction_hash="").count()
+                if payers
+                else 0
+            )
             assert back <= claimed_back, f"{pid}: {back} transfers back, {claimed_back}"
             claimed = X402RefundTransfer.objects.filter(operation__purchase_id=pid).exclude(
-                transaction_hash="")
+                transaction_hash=""
+            )
             for row in claimed.select_related("operation"):
-                if (row.operation.outcome == Outcome.SUCCEEDED
-                        and row.operation.grade == Grade.CONFIRMED):
+                if (
+                    row.operation.outcome == Outcome.SUCCEEDED
+                    and row.operation.grade == Grade.CONFIRMED
+                ):
                     assert self.chain.transfers_back(row.to_address) >= 1, row.operation_id
 
     @invariant()
@@ -2374,17 +2784,18 @@ class LifecycleMachine(RuleBasedStateMachine):
         if getattr(self, "judge", None) is None:
             self.judge = judge_from_env()
         auths = X402Authorization.objects.filter(
-            operation__purchase_id__in=self.x402_purchases).select_related("operation")
+            operation__purchase_id__in=self.x402_purchases
+        ).select_related("operation")
         audit = self.judge.audit(claims_from_rows(auths))
         assert not audit.violations, audit.violations
 
     @invariant()
     def an_unknown_operation_keeps_its_hold(self):
         for op in self._ops(outcome=Outcome.UNKNOWN):
-            holder = op.parent_id if op.kind in (OperationKind.CAPTURE,
-                                                 OperationKind.VOID) else op.id
-            states = set(Hold.objects.filter(operation_id=holder).values_list("state",
-                                                                              flat=True))
+            holder = (
+                op.parent_id if op.kind in (OperationKind.CAPTURE, OperationKind.VOID) else op.id
+            )
+            states = set(Hold.objects.filter(operation_id=holder).values_list("state", flat=True))
             assert states <= {HoldState.RESERVED}, (op.id, states)
 
     @invariant()
@@ -2393,43 +2804,56 @@ class LifecycleMachine(RuleBasedStateMachine):
             orders = Order.objects.filter(purchase_id=pid).count()
             assert orders <= 1
             assert EmailMessage.objects.filter(purchase_id=pid, kind="confirmation").count() <= 1
-            if orders and not PaymentOperation.objects.filter(
+            if (
+                orders
+                and not PaymentOperation.objects.filter(
                     purchase_id=pid, kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED
-            ).exists():
+                ).exists()
+            ):
                 # Only a payment the provider's record took back after it paid (an x402
                 # transfer gone before its block was final): it did succeed once, and the
                 # order it made is cancelled.
                 assert OperationTransition.objects.filter(
-                    purchase_id=pid, operation__kind__in=PAYMENT_KINDS, field="outcome",
-                    target=Outcome.SUCCEEDED).exists(), (
-                    f"{pid} has an order without a settled payment")
-                assert not Order.objects.filter(purchase_id=pid,
-                                                cancelled_at__isnull=True).exists(), (
-                    f"{pid}: its payment was taken back, its order is live")
+                    purchase_id=pid,
+                    operation__kind__in=PAYMENT_KINDS,
+                    field="outcome",
+                    target=Outcome.SUCCEEDED,
+                ).exists(), f"{pid} has an order without a settled payment"
+                assert not Order.objects.filter(
+                    purchase_id=pid, cancelled_at__isnull=True
+                ).exists(), f"{pid}: its payment was taken back, its order is live"
 
     @invariant()
     def nothing_strands(self):
         for op in self._ops(outcome=Outcome.PENDING):
             assert OutboxMessage.objects.filter(
-                category=OutboxCategory.DISPATCH, payload={"operation": op.id},
-                processed_at__isnull=True).exists(), f"queued {op.id} has no dispatch owner"
+                category=OutboxCategory.DISPATCH,
+                payload={"operation": op.id},
+                processed_at__isnull=True,
+            ).exists(), f"queued {op.id} has no dispatch owner"
         for op in self._ops(outcome__in=[Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER]):
-            assert op.next_reconcile_at is not None or OutboxMessage.objects.filter(
-                category=OutboxCategory.RECONCILE, payload={"operation": op.id},
-                processed_at__isnull=True).exists(), f"{op.id} has no reconcile owner"
+            assert (
+                op.next_reconcile_at is not None
+                or OutboxMessage.objects.filter(
+                    category=OutboxCategory.RECONCILE,
+                    payload={"operation": op.id},
+                    processed_at__isnull=True,
+                ).exists()
+            ), f"{op.id} has no reconcile owner"
         for pid, _ in self.purchases:
             if Purchase.objects.get(id=pid).status == PurchaseStatus.REFUND_PENDING:
                 assert PaymentOperation.objects.filter(
-                    purchase_id=pid, kind=OperationKind.REFUND,
-                    outcome__in=SLOT_HOLDING_OUTCOMES).exists(), (
-                    f"{pid} is refund_pending with no refund in flight")
+                    purchase_id=pid, kind=OperationKind.REFUND, outcome__in=SLOT_HOLDING_OUTCOMES
+                ).exists(), f"{pid} is refund_pending with no refund in flight"
         # Between steps no relay is running (the machine has no worker): a message still
         # claimed has no claimer (it waits out its lease), and a `rerun` flag outside a
         # claim is a write nobody will act on.
         held = OutboxMessage.objects.filter(id__gt=self.outbox_floor).filter(
-            Q(claimed_until__isnull=False) | Q(rerun=True))
+            Q(claimed_until__isnull=False) | Q(rerun=True)
+        )
         assert not held.exists(), "outbox messages left claimed or flagged: " + ", ".join(
-            f"{m.dedupe_key}:claimed_until={m.claimed_until}:rerun={m.rerun}" for m in held)
+            f"{m.dedupe_key}:claimed_until={m.claimed_until}:rerun={m.rerun}" for m in held
+        )
 
     @invariant()
     def every_write_that_met_a_claimed_message_is_handled_after_it(self):
@@ -2442,27 +2866,37 @@ class LifecycleMachine(RuleBasedStateMachine):
         ours = {p for p, _ in self.purchases}
         for met in self.met_claimed:
             rows = OutboxMessage.objects.filter(dedupe_key=met["key"])
-            ran_after = rows.filter(Q(id=met["message"], attempts__gt=met["attempts"])
-                                    | Q(id__gt=met["message"])).exists()
+            ran_after = rows.filter(
+                Q(id=met["message"], attempts__gt=met["attempts"]) | Q(id__gt=met["message"])
+            ).exists()
             waiting = rows.filter(processed_at__isnull=True, claimed_until__isnull=True)
             assert ran_after or waiting.exists(), (
                 f"{met['key']}: message {met['message']} was processed, but the write that met "
                 f"it claimed (attempt {met['attempts']}) was never handled: "
-                + ", ".join(f"{m.id}:attempts={m.attempts}:processed={m.processed_at}"
-                            for m in rows))
+                + ", ".join(
+                    f"{m.id}:attempts={m.attempts}:processed={m.processed_at}" for m in rows
+                )
+            )
             pid = met["key"].removeprefix("steps:")
             if pid not in ours or WorkflowHalt.objects.filter(name__startswith="step:").exists():
                 continue
-            ids = list(PaymentOperation.objects.filter(purchase_id=pid).values_list("id",
-                                                                                   flat=True))
-            if OutboxMessage.objects.filter(processed_at__isnull=True).filter(
-                    Q(payload__purchase=pid) | Q(payload__operation__in=ids)
-                    | Q(category__in=[OutboxCategory.DISPUTE_CHANGED,
-                                      OutboxCategory.PROCESS_EVENT])).exists():
+            ids = list(
+                PaymentOperation.objects.filter(purchase_id=pid).values_list("id", flat=True)
+            )
+            if (
+                OutboxMessage.objects.filter(processed_at__isnull=True)
+                .filter(
+                    Q(payload__purchase=pid)
+                    | Q(payload__operation__in=ids)
+                    | Q(category__in=[OutboxCategory.DISPUTE_CHANGED, OutboxCategory.PROCESS_EVENT])
+                )
+                .exists()
+            ):
                 continue  # something will still run (or resume) its steps
             for run in StepRun.objects.filter(purchase_id=pid, state=StepState.PENDING):
                 assert self._step_stopped_before(pid, run.step), (
-                    f"{pid}: step {run.step} pending, its message handled and none waiting")
+                    f"{pid}: step {run.step} pending, its message handled and none waiting"
+                )
 
     @invariant()
     def each_operation_is_at_most_one_object_at_the_provider(self):
@@ -2471,8 +2905,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         rerun, a lease run out) never sends an operation a second time."""
         ours = {op.id for op in self._ops()}
         for resource in ("payment_intents", "refunds"):
-            made = Counter((o.get("metadata") or {}).get("operation_id")
-                           for o in self.provider.list(resource))
+            made = Counter(
+                (o.get("metadata") or {}).get("operation_id") for o in self.provider.list(resource)
+            )
             twice = {op: n for op, n in made.items() if op in ours and n > 1}
             assert not twice, f"{resource} made more than once for one operation: {twice}"
 
@@ -2487,18 +2922,22 @@ class LifecycleMachine(RuleBasedStateMachine):
             if object_id not in self.delivered:
                 continue
             events = ProviderEvent.objects.filter(payload__data__object__id=object_id)
-            quarantined = [(e.type, e.result_reason) for e in events
-                           if e.result == EventResult.QUARANTINED]
+            quarantined = [
+                (e.type, e.result_reason) for e in events if e.result == EventResult.QUARANTINED
+            ]
             if quarantined == [(t, "mismatch:amount") for t, _ in quarantined] and (
-                    self._localstripe_overfilled(object_id)):
+                self._localstripe_overfilled(object_id)
+            ):
                 continue  # the room a refund Stripe would have refused took (localstripe)
             assert not quarantined, f"{object_id}: {quarantined}"
-            recorded = (PaymentOperation.objects.filter(provider_reference=object_id).exists()
-                        or Dispute.objects.filter(id=object_id).exists())
+            recorded = (
+                PaymentOperation.objects.filter(provider_reference=object_id).exists()
+                or Dispute.objects.filter(id=object_id).exists()
+            )
             waiting = events.filter(result__in=[EventResult.HELD, EventResult.PENDING]).exists()
-            assert recorded or waiting, (
-                f"{object_id}: " + ", ".join(f"{e.type}:{e.result}:{e.result_reason}"
-                                             for e in events))
+            assert recorded or waiting, f"{object_id}: " + ", ".join(
+                f"{e.type}:{e.result}:{e.result_reason}" for e in events
+            )
 
     @invariant()
     def a_won_dispute_resumes_fulfilment(self):
@@ -2510,15 +2949,17 @@ class LifecycleMachine(RuleBasedStateMachine):
             runs = StepRun.objects.filter(purchase_id=pid)
             if runs.exists() and not runs.filter(state=StepState.PENDING).exists():
                 continue
-            if runs.filter(state__in=[StepState.COMPENSATED, StepState.MANUAL,
-                                      StepState.UNKNOWN]).exists():
+            if runs.filter(
+                state__in=[StepState.COMPENSATED, StepState.MANUAL, StepState.UNKNOWN]
+            ).exists():
                 # Fulfilment stopped by a step's policy before or after the dispute: its
                 # compensation or a person owns the rest (a resumed run stops there again).
                 # Once the outbox drained, the global check below no longer hid it.
                 continue
             assert OutboxMessage.objects.filter(
                 category__in=[OutboxCategory.RUN_STEPS, OutboxCategory.DISPUTE_CHANGED],
-                processed_at__isnull=True).exists(), f"{pid}: won, fulfilment not resumed"
+                processed_at__isnull=True,
+            ).exists(), f"{pid}: won, fulfilment not resumed"
 
     def _money_went_back(self) -> dict[str, bool]:
         """Each card purchase of this example -> its money went back to the buyer, by
@@ -2539,27 +2980,41 @@ class LifecycleMachine(RuleBasedStateMachine):
         disputes: dict[str, list[dict]] = {}
         for d in self.provider.list("disputes"):
             disputes.setdefault(d.get("payment_intent"), []).append(d)
-        settled_refunds = set(PaymentOperation.objects.filter(
-            kind=OperationKind.REFUND, outcome=Outcome.SUCCEEDED
-        ).values_list("provider_reference", flat=True))
+        settled_refunds = set(
+            PaymentOperation.objects.filter(
+                kind=OperationKind.REFUND, outcome=Outcome.SUCCEEDED
+            ).values_list("provider_reference", flat=True)
+        )
         lost_known = set(Dispute.objects.filter(status="lost").values_list("id", flat=True))
-        voided_known = set(PaymentOperation.objects.filter(
-            kind=OperationKind.VOID, outcome=Outcome.SUCCEEDED
-        ).values_list("parent__provider_reference", flat=True))
+        voided_known = set(
+            PaymentOperation.objects.filter(
+                kind=OperationKind.VOID, outcome=Outcome.SUCCEEDED
+            ).values_list("parent__provider_reference", flat=True)
+        )
         out = {}
         for pid, intents in by_pid.items():
             if any(pi["id"] in self.unheard_refunds for pi in intents):
                 continue
             held = any(pi["status"] in ("requires_capture", "processing") for pi in intents)
-            captured = sum(pi.get("amount_received") or pi["amount"] for pi in intents
-                           if pi["status"] == "succeeded")
-            voided = any(pi["status"] == "canceled" and pi["id"] in voided_known
-                         for pi in intents)
-            back = sum(r["amount"] for pi in intents for r in refunds.get(pi["id"], [])
-                       if r["status"] == "succeeded"
-                       and (r["id"] in settled_refunds or r["id"] in self.delivered))
-            lost = sum(d["amount"] for pi in intents for d in disputes.get(pi["id"], [])
-                       if d["status"] == "lost" and d["id"] in lost_known)
+            captured = sum(
+                pi.get("amount_received") or pi["amount"]
+                for pi in intents
+                if pi["status"] == "succeeded"
+            )
+            voided = any(pi["status"] == "canceled" and pi["id"] in voided_known for pi in intents)
+            back = sum(
+                r["amount"]
+                for pi in intents
+                for r in refunds.get(pi["id"], [])
+                if r["status"] == "succeeded"
+                and (r["id"] in settled_refunds or r["id"] in self.delivered)
+            )
+            lost = sum(
+                d["amount"]
+                for pi in intents
+                for d in disputes.get(pi["id"], [])
+                if d["status"] == "lost" and d["id"] in lost_known
+            )
             if held or not (captured or voided):
                 continue
             out[pid] = captured - back - lost <= 0
@@ -2574,10 +3029,17 @@ class LifecycleMachine(RuleBasedStateMachine):
         ids = list(PaymentOperation.objects.filter(purchase_id=pid).values_list("id", flat=True))
         disputes = list(Dispute.objects.filter(purchase_id=pid).values_list("id", flat=True))
         soon = timezone.now() + timedelta(seconds=5)
-        return OutboxMessage.objects.filter(id__gt=self.outbox_floor, processed_at__isnull=True,
-                                            available_at__lte=soon).filter(
-            Q(payload__purchase=pid) | Q(payload__operation__in=ids)
-            | Q(payload__dispute__in=disputes)).exists()
+        return (
+            OutboxMessage.objects.filter(
+                id__gt=self.outbox_floor, processed_at__isnull=True, available_at__lte=soon
+            )
+            .filter(
+                Q(payload__purchase=pid)
+                | Q(payload__operation__in=ids)
+                | Q(payload__dispute__in=disputes)
+            )
+            .exists()
+        )
 
     @invariant()
     def goods_follow_the_money(self):
@@ -2593,10 +3055,12 @@ class LifecycleMachine(RuleBasedStateMachine):
                 shop = next(s for p, s in self.purchases if p == pid)
                 r = self.shops[shop].get(f"purchases/{pid}/deliverable")
                 assert not (r.status_code == 200 and "licence_key" in r.content.decode()), (
-                    f"{pid}: the money went back at the provider, its licence is served")
+                    f"{pid}: the money went back at the provider, its licence is served"
+                )
             status = Purchase.objects.get(id=pid).status
             assert status not in FULFILLABLE_STATUSES + (PurchaseStatus.COMPLETED,), (
-                f"{pid}: the money went back at the provider, the purchase says {status}")
+                f"{pid}: the money went back at the provider, the purchase says {status}"
+            )
 
     @invariant()
     def refund_pending_only_while_a_refund_is_in_flight(self):
@@ -2616,17 +3080,20 @@ class LifecycleMachine(RuleBasedStateMachine):
             intents = {op.parent.provider_reference for op in ops if op.parent_id}
             if any(r["status"] == "pending" for pi in intents for r in refunds.get(pi, [])):
                 continue
-            raise AssertionError(f"{pid} says refund_pending, every refund is final: "
-                                 + ", ".join(f"{op.id}:{op.outcome}" for op in ops))
+            raise AssertionError(
+                f"{pid} says refund_pending, every refund is final: "
+                + ", ".join(f"{op.id}:{op.outcome}" for op in ops)
+            )
 
     @invariant()
     def a_halt_binds_at_claim(self):
         for workflow, calls in self.halted_calls.items():
             assert self._dispatch_calls(workflow) == calls, (
-                f"a {workflow} dispatch left while {workflow} was halted")
+                f"a {workflow} dispatch left while {workflow} was halted"
+            )
 
-
-    # -- invariants where duplicates, rails, refunds and people meet: each judged on the provider's and the chain's own record ----
+    # -- invariants where duplicates, rails, refunds and people meet: each judged on the provider's
+    # and the chain's own record ----
     @invariant()
     def a_failed_or_voided_operation_moved_no_money(self):
         """Verity's `failed` (confirmed) for a payment, capture or refund, and every x402
@@ -2634,47 +3101,54 @@ class LifecycleMachine(RuleBasedStateMachine):
         that operation moved nothing."""
         from payments.models import X402RefundTransfer
 
-        refunds_by_op = {(r.get("metadata") or {}).get("operation_id"): r
-                         for r in self.provider.list("refunds")}
+        refunds_by_op = {
+            (r.get("metadata") or {}).get("operation_id"): r for r in self.provider.list("refunds")
+        }
         for op in self._ops(outcome=Outcome.FAILED):
             if op.rail == "x402":
                 if op.kind == OperationKind.REFUND:
                     row = X402RefundTransfer.objects.filter(pk=op.id).first()
                     assert not (row and self._x402_moved(row.transaction_hash)), (
                         f"x402 refund {op.id} failed ({op.reason}, {op.grade}) but its "
-                        f"transfer {row.transaction_hash} moved money on chain")
+                        f"transfer {row.transaction_hash} moved money on chain"
+                    )
                 continue
             if op.grade != Grade.CONFIRMED:
                 continue  # a person's word: read back before any follow-up
             if op.kind == OperationKind.REFUND:
                 obj = refunds_by_op.get(op.id)
                 assert not (obj and obj["status"] in ("succeeded", "pending")), (
-                    f"refund {op.id} failed ({op.reason}) but the provider shows {obj}")
+                    f"refund {op.id} failed ({op.reason}) but the provider shows {obj}"
+                )
             elif op.kind == OperationKind.CAPTURE and op.parent_id:
                 pi = self.provider.get("payment_intents", op.parent.provider_reference)
                 others = PaymentOperation.objects.filter(
-                    parent_id=op.parent_id, kind=OperationKind.CAPTURE,
-                    outcome=Outcome.SUCCEEDED).exists()
+                    parent_id=op.parent_id, kind=OperationKind.CAPTURE, outcome=Outcome.SUCCEEDED
+                ).exists()
                 assert others or not (pi and pi["status"] == "succeeded"), (
-                    f"capture {op.id} failed ({op.reason}) but the provider captured it")
+                    f"capture {op.id} failed ({op.reason}) but the provider captured it"
+                )
 
     @invariant()
     def each_refund_returns_the_payment_it_names_on_its_rail(self):
         from payments.models import X402RefundTransfer
 
-        refunds_by_op = {(r.get("metadata") or {}).get("operation_id"): r
-                         for r in self.provider.list("refunds")}
+        refunds_by_op = {
+            (r.get("metadata") or {}).get("operation_id"): r for r in self.provider.list("refunds")
+        }
         by_charge = {}
         for pi in self.provider.list("payment_intents"):
-            charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data")
-                                                 or [{}])[0]
+            charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data") or [{}])[0]
             charge = charge.get("id") if isinstance(charge, dict) else charge
             by_charge[charge] = pi["id"]
-        for op in self._ops(kind__in=[OperationKind.REFUND, OperationKind.VOID,
-                                      OperationKind.CAPTURE], parent__isnull=False):
+        for op in self._ops(
+            kind__in=[OperationKind.REFUND, OperationKind.VOID, OperationKind.CAPTURE],
+            parent__isnull=False,
+        ):
             assert op.rail == op.parent.rail, (
                 f"{op.kind} {op.id} (compensation={op.is_compensation}) on the {op.rail} rail "
-                f"returns payment {op.parent_id} made on the {op.parent.rail} rail")
+                f"returns payment {op.parent_id} made on the {op.parent.rail} rail"
+            )
             if op.kind != OperationKind.REFUND:
                 continue
             if op.rail == "x402":
@@ -2687,7 +3161,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             if obj is not None:
                 pi = obj.get("payment_intent") or by_charge.get(obj.get("charge"))
                 assert pi == op.parent.provider_reference, (
-                    f"refund {op.id} of {op.parent_id} returned money of {pi}")
+                    f"refund {op.id} of {op.parent_id} returned money of {pi}"
+                )
 
     @invariant()
     def the_provider_never_returns_more_than_a_payment_took(self):
@@ -2704,29 +3179,39 @@ class LifecycleMachine(RuleBasedStateMachine):
             pi = intents.get(pi_id)
             if pi is None or pi_id in self.unheard_refunds:
                 continue
-            if (pi.get("metadata") or {}).get("purchase_id") not in {p for p, _ in
-                                                                     self.purchases}:
+            if (pi.get("metadata") or {}).get("purchase_id") not in {p for p, _ in self.purchases}:
                 continue
-            captured = pi.get("amount_received") or (pi["amount"] if pi["status"] ==
-                                                     "succeeded" else 0)
+            captured = pi.get("amount_received") or (
+                pi["amount"] if pi["status"] == "succeeded" else 0
+            )
             taken, _excused = self._as_stripe_would(captured, refunds)
             assert taken <= captured, (
                 f"{pi_id}: {taken} refunded of {captured} captured: "
-                + ", ".join(f"{r['id']}:{r['amount']}:{(r.get('metadata') or {}).get('operation_id')}"
-                            for r in refunds))
+                + ", ".join(
+                    f"{r['id']}:{r['amount']}:{(r.get('metadata') or {}).get('operation_id')}"
+                    for r in refunds
+                )
+            )
 
     def _as_stripe_would(self, captured: int, refunds: list[dict]) -> tuple[int, list[dict]]:
         """The refunds of one charge in the provider's order, as Stripe judges them: what
         they return, and the Verity refunds localstripe took that Stripe would have refused
         (asked while a refund made outside Verity was not in Verity's record yet)."""
-        moved = sorted((r for r in refunds if r["status"] in ("succeeded", "pending")),
-                       key=lambda r: (r.get("created") or 0,
-                                      bool((r.get("metadata") or {}).get("operation_id"))))
+        moved = sorted(
+            (r for r in refunds if r["status"] in ("succeeded", "pending")),
+            key=lambda r: (
+                r.get("created") or 0,
+                bool((r.get("metadata") or {}).get("operation_id")),
+            ),
+        )
         taken, before, excused = 0, [], []
         for r in moved:
             op_id = (r.get("metadata") or {}).get("operation_id")
-            if taken + r["amount"] > captured and op_id and self._verity_did_not_know(
-                    op_id, before):
+            if (
+                taken + r["amount"] > captured
+                and op_id
+                and self._verity_did_not_know(op_id, before)
+            ):
                 excused.append(r)
                 continue
             taken += r["amount"]
@@ -2741,8 +3226,9 @@ class LifecycleMachine(RuleBasedStateMachine):
                 pi = self.provider.get("payment_intents", pi_id)
                 if not pi:
                     return False
-                captured = pi.get("amount_received") or (pi["amount"] if pi["status"] ==
-                                                         "succeeded" else 0)
+                captured = pi.get("amount_received") or (
+                    pi["amount"] if pi["status"] == "succeeded" else 0
+                )
                 return bool(self._as_stripe_would(captured, refunds)[1])
         return False
 
@@ -2756,8 +3242,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         for r in earlier:
             if (r.get("metadata") or {}).get("operation_id"):
                 continue
-            if not PaymentOperation.objects.filter(provider_reference=r["id"],
-                                                   created_at__lte=op.created_at).exists():
+            if not PaymentOperation.objects.filter(
+                provider_reference=r["id"], created_at__lte=op.created_at
+            ).exists():
                 return True
         return False
 
@@ -2772,20 +3259,28 @@ class LifecycleMachine(RuleBasedStateMachine):
 
         for pid, _ in self.purchases:
             purchase = Purchase.objects.get(id=pid)
-            own = PaymentOperation.objects.filter(purchase_id=pid, kind__in=PAYMENT_KINDS,
-                                                  outcome=Outcome.SUCCEEDED,
-                                                  is_duplicate=False)
+            own = PaymentOperation.objects.filter(
+                purchase_id=pid,
+                kind__in=PAYMENT_KINDS,
+                outcome=Outcome.SUCCEEDED,
+                is_duplicate=False,
+            )
             if own.count() != 1:
                 continue
             payment = own.get()
             if PaymentOperation.objects.filter(
-                    purchase_id=pid, outcome__in=SLOT_HOLDING_OUTCOMES).exists():
+                purchase_id=pid, outcome__in=SLOT_HOLDING_OUTCOMES
+            ).exists():
                 continue  # a read-back may still change the record
             holds = self._bank_holds(payment)
-            if any(not Dispute.objects.filter(id=d["id"]).exists()
-                   or (d["status"] == "lost"
-                       and not Dispute.objects.filter(id=d["id"], status="lost").exists())
-                   for d in holds):
+            if any(
+                not Dispute.objects.filter(id=d["id"]).exists()
+                or (
+                    d["status"] == "lost"
+                    and not Dispute.objects.filter(id=d["id"], status="lost").exists()
+                )
+                for d in holds
+            ):
                 continue  # at the provider, not heard yet: its event or read-back will
             ours = sum(self._refunds_holding_room(payment).values_list("amount", flat=True))
             with_bank = sum(d["amount"] for d in holds)
@@ -2794,7 +3289,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert shown == room, (
                 f"{pid}: the console offers {shown} refundable; payment {payment.id} has "
                 f"{room} ({self._captured(payment)} captured, {ours} refunded, {with_bank} "
-                f"with the buyer's bank)")
+                f"with the buyer's bank)"
+            )
 
     def _bank_holds(self, payment: PaymentOperation) -> list[dict]:
         """localstripe's chargebacks of this payment's charge that are open or lost: the
@@ -2802,9 +3298,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         inquiry moves nothing; a won chargeback gave it back to the merchant."""
         if payment.rail == "x402" or not payment.provider_reference:
             return []
-        return [d for d in self.provider.list("disputes")
-                if d.get("payment_intent") == payment.provider_reference
-                and d["status"] in ("needs_response", "under_review", "lost")]
+        return [
+            d
+            for d in self.provider.list("disputes")
+            if d.get("payment_intent") == payment.provider_reference
+            and d["status"] in ("needs_response", "under_review", "lost")
+        ]
 
     @invariant()
     def the_refund_room_is_net_of_chargebacks(self):
@@ -2820,21 +3319,32 @@ class LifecycleMachine(RuleBasedStateMachine):
 
         refunds_by_pi = self._provider_refunds()
         for pid, _ in self.purchases:
-            for payment in PaymentOperation.objects.filter(purchase_id=pid,
-                                                           kind__in=PAYMENT_KINDS,
-                                                           outcome=Outcome.SUCCEEDED):
+            for payment in PaymentOperation.objects.filter(
+                purchase_id=pid, kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED
+            ):
                 if payment.provider_reference in self.unheard_refunds:
                     continue
                 for d in self._bank_holds(payment):
-                    known = (Dispute.objects.filter(id=d["id"])
-                             .values_list("opened_at", flat=True).first())
+                    known = (
+                        Dispute.objects.filter(id=d["id"])
+                        .values_list("opened_at", flat=True)
+                        .first()
+                    )
                     if known is None:
                         continue  # Verity has not heard of it: nothing to subtract yet
-                    moved = [r for r in refunds_by_pi.get(payment.provider_reference, [])
-                             if r["status"] in ("succeeded", "pending")]
-                    after = [r for r in moved if PaymentOperation.objects.filter(
-                        id=(r.get("metadata") or {}).get("operation_id") or "",
-                        created_at__gt=known).exists()]
+                    moved = [
+                        r
+                        for r in refunds_by_pi.get(payment.provider_reference, [])
+                        if r["status"] in ("succeeded", "pending")
+                    ]
+                    after = [
+                        r
+                        for r in moved
+                        if PaymentOperation.objects.filter(
+                            id=(r.get("metadata") or {}).get("operation_id") or "",
+                            created_at__gt=known,
+                        ).exists()
+                    ]
                     asked = sum(r["amount"] for r in after)
                     others = sum(r["amount"] for r in moved) - asked
                     kept = max(0, self._captured(payment) - others - d["amount"])
@@ -2842,7 +3352,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                         f"{payment.provider_reference}: chargeback {d['id']} {d['status']} "
                         f"of {d['amount']}; Verity refunds asked after it "
                         f"{[(r['id'], r['amount']) for r in after]} return {asked}, the "
-                        f"charge kept {kept}")
+                        f"charge kept {kept}"
+                    )
 
     @invariant()
     def a_compensation_returns_the_purchases_own_payment(self):
@@ -2850,13 +3361,16 @@ class LifecycleMachine(RuleBasedStateMachine):
         return taken for it, #30 defect 2)."""
         from recovery.models import StepRun
 
-        for run in StepRun.objects.filter(purchase_id__in=[p for p, _ in self.purchases]
-                                          ).exclude(compensation_operation_id=""):
+        for run in StepRun.objects.filter(purchase_id__in=[p for p, _ in self.purchases]).exclude(
+            compensation_operation_id=""
+        ):
             op = PaymentOperation.objects.select_related("parent").get(
-                id=run.compensation_operation_id)
+                id=run.compensation_operation_id
+            )
             assert op.parent_id and not op.parent.is_duplicate, (
                 f"{run.purchase_id}: step {run.step} compensated by {op.kind} {op.id}, "
-                f"which returns {'the duplicate ' if op.parent_id else ''}{op.parent_id}")
+                f"which returns {'the duplicate ' if op.parent_id else ''}{op.parent_id}"
+            )
 
     @invariant()
     def a_purchase_holding_money_has_an_owner(self):
@@ -2874,19 +3388,25 @@ class LifecycleMachine(RuleBasedStateMachine):
             if WorkflowHalt.objects.exists():
                 continue  # clearing a halt kicks what it held
             runs = StepRun.objects.filter(purchase_id=pid)
-            if runs.filter(state__in=[StepState.RUNNING, StepState.MANUAL, StepState.FAILED,
-                                      StepState.UNKNOWN]).exists():
+            if runs.filter(
+                state__in=[StepState.RUNNING, StepState.MANUAL, StepState.FAILED, StepState.UNKNOWN]
+            ).exists():
                 continue
-            ids = list(PaymentOperation.objects.filter(purchase_id=pid)
-                       .values_list("id", flat=True))
+            ids = list(
+                PaymentOperation.objects.filter(purchase_id=pid).values_list("id", flat=True)
+            )
             if PaymentOperation.objects.filter(
-                    id__in=ids, outcome__in=[*SLOT_HOLDING_OUTCOMES, Outcome.PENDING]).exists():
+                id__in=ids, outcome__in=[*SLOT_HOLDING_OUTCOMES, Outcome.PENDING]
+            ).exists():
                 continue
-            assert OutboxMessage.objects.filter(processed_at__isnull=True).filter(
-                Q(payload__purchase=pid) | Q(payload__operation__in=ids)).exists(), (
+            assert (
+                OutboxMessage.objects.filter(processed_at__isnull=True)
+                .filter(Q(payload__purchase=pid) | Q(payload__operation__in=ids))
+                .exists()
+            ), (
                 f"{pid} is {purchase.status} holding the buyer's money and nobody will act: "
-                + ", ".join(f"{r.step}:{r.state}:{r.compensation_operation_id}"
-                            for r in runs))
+                + ", ".join(f"{r.step}:{r.state}:{r.compensation_operation_id}" for r in runs)
+            )
 
     @invariant()
     def the_api_reads_what_the_record_shows(self):
@@ -2899,12 +3419,17 @@ class LifecycleMachine(RuleBasedStateMachine):
             body = view.json()
             purchase = Purchase.objects.get(id=pid)
             assert body["status"] == purchase.status, (pid, body["status"], purchase.status)
-            own = sum(PaymentOperation.objects.filter(
-                purchase_id=pid, kind=OperationKind.REFUND, outcome=Outcome.SUCCEEDED
-            ).exclude(parent__is_duplicate=True).values_list("amount", flat=True))
+            own = sum(
+                PaymentOperation.objects.filter(
+                    purchase_id=pid, kind=OperationKind.REFUND, outcome=Outcome.SUCCEEDED
+                )
+                .exclude(parent__is_duplicate=True)
+                .values_list("amount", flat=True)
+            )
             assert body["refunds"]["refunded"] == own, (
                 f"{pid}: the API says {body['refunds']['refunded']} refunded; the purchase's "
-                f"own payment got {own} back")
+                f"own payment got {own} back"
+            )
 
     @invariant()
     def the_events_a_storefront_reads_match_the_record(self):
@@ -2931,11 +3456,17 @@ class LifecycleMachine(RuleBasedStateMachine):
         for pid, events in seen.items():
             assert [e["sequence"] for e in events] == list(range(1, len(events) + 1)), pid
             assert [e["type"] for e in events].count("purchase.created") == 1, pid
-            changes = OperationTransition.objects.filter(
-                purchase_id=pid, field="status", operation__isnull=True).exclude(
-                source="").exclude(source=F("target")).count()
-            told = sum(e["type"] in ("purchase.status_changed", "purchase.completed")
-                       for e in events)
+            changes = (
+                OperationTransition.objects.filter(
+                    purchase_id=pid, field="status", operation__isnull=True
+                )
+                .exclude(source="")
+                .exclude(source=F("target"))
+                .count()
+            )
+            told = sum(
+                e["type"] in ("purchase.status_changed", "purchase.completed") for e in events
+            )
             assert told == changes, f"{pid}: {changes} status changes, {told} events"
 
 
@@ -2950,8 +3481,11 @@ def _machine() -> type[LifecycleMachine]:
     unknown = SKIP - set(dir(LifecycleMachine))
     assert not unknown, f"VERITY_LIFECYCLE_SKIP names no rule or invariant: {unknown}"
     # A plain method shadows the rule/invariant: Hypothesis no longer collects it.
-    return type("LifecycleMachineSubset", (LifecycleMachine,),
-                {name: (lambda self, *args, **kwargs: None) for name in SKIP})
+    return type(
+        "LifecycleMachineSubset",
+        (LifecycleMachine,),
+        {name: (lambda self, *args, **kwargs: None) for name in SKIP},
+    )
 
 
 def test_the_whole_lifecycle_holds_its_invariants():
@@ -2970,6 +3504,15 @@ def test_the_whole_lifecycle_holds_its_invariants():
 
 
 def _run(phases) -> None:
-    run_state_machine_as_test(_machine(), settings=settings(
-        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, phases=phases,
-        suppress_health_check=list(HealthCheck), derandomize=False, database=None))
+    run_state_machine_as_test(
+        _machine(),
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            phases=phases,
+            suppress_health_check=list(HealthCheck),
+            derandomize=False,
+            database=None,
+        ),
+    )

@@ -1,5 +1,6 @@
 """The metrics added for the alert rules read the same rows as the console queues:
 paid-without-order past its grace period, relay lag, read-back failures, halts left on."""
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,9 @@ pytestmark = pytest.mark.django_db
 
 def _scrape(client) -> dict[str, float]:
     text = client.get("/metrics").content.decode()
-    return {m.group(1): float(m.group(2))
-            for m in re.finditer(r"^(verity_[^\s]+) (\S+)$", text, re.M)}
+    return {
+        m.group(1): float(m.group(2)) for m in re.finditer(r"^(verity_[^\s]+) (\S+)$", text, re.M)
+    }
 
 
 def test_alert_inputs_follow_the_database(client, settings):
@@ -34,14 +36,23 @@ def test_alert_inputs_follow_the_database(client, settings):
     paid = purchase_in(PurchaseStatus.PAID, ops=[SUCCEEDED])
     Purchase.objects.filter(pk=paid.pk).update(updated_at=timezone.now() - timedelta(hours=1))
     purchase_in(PurchaseStatus.PAID, ops=[{**SUCCEEDED, "provider_reference": "pi_new"}])
-    OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={}, dedupe_key="t:lag",
-                                 available_at=timezone.now() - timedelta(minutes=10))
+    OutboxMessage.objects.create(
+        category=OutboxCategory.NOOP,
+        payload={},
+        dedupe_key="t:lag",
+        available_at=timezone.now() - timedelta(minutes=10),
+    )
     unknown = purchase_in(PurchaseStatus.PAYMENT_UNKNOWN, ops=[UNKNOWN]).operations.get()
-    for attempt, cls in enumerate([Classification.RETRYABLE, Classification.RETRYABLE,
-                                   Classification.OK], start=1):
-        ProviderCall.objects.create(operation=unknown, purpose=CallPurpose.RECONCILE,
-                                    step=CallStep.RETRIEVE, attempt=attempt,
-                                    classification=cls)
+    for attempt, cls in enumerate(
+        [Classification.RETRYABLE, Classification.RETRYABLE, Classification.OK], start=1
+    ):
+        ProviderCall.objects.create(
+            operation=unknown,
+            purpose=CallPurpose.RECONCILE,
+            step=CallStep.RETRIEVE,
+            attempt=attempt,
+            classification=cls,
+        )
     halts.halt_set(name="checkout", reason="incident drill", actor="olga")
 
     m = _scrape(client)

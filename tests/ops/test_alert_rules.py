@@ -1,6 +1,7 @@
 """deploy/prometheus/alerts.yml: promtool validates the rules and runs the unit tests in
 alerts_test.yml (a firing and a non-firing case per alert); every alert names an existing
 runbook, and every metric it reads is exported by /metrics."""
+
 from __future__ import annotations
 
 import re
@@ -14,12 +15,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "alerts_test.yml"
-PROMTOOL = shutil.which("promtool") or ("/usr/bin/promtool"
-                                        if Path("/usr/bin/promtool").exists() else None)
+PROMTOOL = shutil.which("promtool") or (
+    "/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None
+)
 
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None,
-    reason="promtool is not installed (Debian package `prometheus`; .ci/run installs it)")
+    reason="promtool is not installed (Debian package `prometheus`; .ci/run installs it)",
+)
 
 
 def _alerts() -> list[dict]:
@@ -28,8 +31,9 @@ def _alerts() -> list[dict]:
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PROMTOOL, *args], cwd=RULES.parent, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [PROMTOOL, *args], cwd=RULES.parent, capture_output=True, text=True, timeout=60
+    )
 
 
 @needs_promtool
@@ -67,8 +71,7 @@ def test_every_alert_names_an_existing_runbook():
 
 @pytest.mark.django_db
 def test_alert_metrics_are_exported(client):
-    exported = set(re.findall(r"^# TYPE (\S+) ", client.get("/metrics").content.decode(),
-                              re.M))
+    exported = set(re.findall(r"^# TYPE (\S+) ", client.get("/metrics").content.decode(), re.M))
     used = set()
     for alert in _alerts():
         used |= set(re.findall(r"\b(verity_[a-z0-9_]+)", alert["expr"]))

@@ -1,5 +1,6 @@
 """deploy/grafana/verity-webhooks.json: the webhook dashboard is valid JSON, shows the
 failure counter by reason, and every metric it plots is exported by /metrics."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,7 @@ def test_the_dashboard_plots_webhook_failures_by_reason():
 
 @pytest.mark.django_db
 def test_dashboard_metrics_are_exported(client):
-    exported = set(re.findall(r"^# TYPE (\S+) ", client.get("/metrics").content.decode(),
-                              re.M))
+    exported = set(re.findall(r"^# TYPE (\S+) ", client.get("/metrics").content.decode(), re.M))
     used = {m for e in _exprs() for m in re.findall(r"\b(verity_[a-z_]+)", e)}
     missing = {m for m in used if m not in exported and m.removesuffix("_total") not in exported}
     assert not missing, missing

@@ -3,6 +3,7 @@ Retry-After (a retry with the same key resumes), never a 500 that looks like a b
 
 The server under test runs in its own process whose DATABASE_URL names a loopback port
 where nothing listens: a real refused connection, as during `pg_ctl restart`."""
+
 import json
 import os
 import subprocess
@@ -44,13 +45,23 @@ print(json.dumps(out))
 
 def test_requests_get_503_with_retry_after_while_the_database_is_unreachable():
     # given a server whose database refuses connections
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings",
-           "DATABASE_URL": f"postgres://postgres@127.0.0.1:{free_port()}/verity",
-           "STRIPE_WEBHOOK_SECRETS": "whsec_db_down", "ALLOWED_HOSTS": "testserver"}
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:{free_port()}/verity",
+        "STRIPE_WEBHOOK_SECRETS": "whsec_db_down",
+        "ALLOWED_HOSTS": "testserver",
+    }
 
     # when an API client and the provider's webhook call it
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -1,6 +1,7 @@
 """The progress line of long commands (tools/progress.py): plain lines at once and
 then every interval when the stream is not a terminal, redrawn in place on a terminal,
 nothing with quiet."""
+
 import io
 import time
 
@@ -13,8 +14,9 @@ def test_plain_progress_prints_at_once_then_every_interval_and_a_final_line():
     stream = io.StringIO()
 
     # when it runs for a little over three intervals
-    with Progress(lambda: f"{done['n']} done", label="job", stream=stream, terminal=False,
-                  plain_every=0.2) as progress:
+    with Progress(
+        lambda: f"{done['n']} done", label="job", stream=stream, terminal=False, plain_every=0.2
+    ) as progress:
         for _ in range(7):
             time.sleep(0.1)
             done["n"] += 1
@@ -30,8 +32,9 @@ def test_plain_progress_prints_at_once_then_every_interval_and_a_final_line():
 
 def test_quiet_progress_prints_nothing():
     stream = io.StringIO()
-    with Progress(lambda: "x", stream=stream, terminal=False, plain_every=0.05,
-                  quiet=True) as progress:
+    with Progress(
+        lambda: "x", stream=stream, terminal=False, plain_every=0.05, quiet=True
+    ) as progress:
         time.sleep(0.2)
         progress.note("not shown")
     assert stream.getvalue() == ""

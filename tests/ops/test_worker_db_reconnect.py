@@ -1,6 +1,7 @@
 """A Celery worker survives a database restart: after its connections are cut (as
 `pg_ctl restart` cuts them), its tasks work again instead of failing, one after another,
 on a dead persistent connection until the worker is restarted (the soak found this)."""
+
 from datetime import timedelta
 
 import pytest
@@ -20,17 +21,21 @@ SWEEP = "recovery.expire_stale_purchases"  # its first query runs outside any at
 
 def _worker_backends() -> int:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                       "current_database() AND pid <> pg_backend_pid() "
-                       "AND backend_type = 'client backend'")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+            "current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend'"
+        )
         return cursor.fetchone()[0]
 
 
 def _cut_the_workers_connections() -> int:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                       "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                       "AND backend_type = 'client backend'")
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend'"
+        )
         return cursor.fetchone()[0]
 
 
@@ -50,11 +55,11 @@ def test_worker_tasks_work_again_after_the_database_cut_their_connections(celery
     # when the database cuts every one of them
     assert _cut_the_workers_connections() >= 2
     # and a purchase is due to expire (its quote expired before any payment)
-    purchase = PurchaseFactory(quote=QuoteFactory(expires_at=timezone.now()
-                                                  - timedelta(minutes=1)))
+    purchase = PurchaseFactory(quote=QuoteFactory(expires_at=timezone.now() - timedelta(minutes=1)))
 
     # then the worker's sweep expires it: a thread fails at most the one task that found
     # its connection dead, then reconnects
-    _sweep_until(lambda: Purchase.objects.get(id=purchase.id).status == PurchaseStatus.EXPIRED,
-                 timeout=30)
+    _sweep_until(
+        lambda: Purchase.objects.get(id=purchase.id).status == PurchaseStatus.EXPIRED, timeout=30
+    )
     assert _worker_backends() >= 1

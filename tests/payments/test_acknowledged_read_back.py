@@ -11,6 +11,7 @@ canceled record overturns the person's word; the ledger reverses what it booked 
 Counted at localstripe (PaymentIntents, charges) and in the database (operations, outbox,
 transitions, ledger rows); faults come from the fault-drill HTTP client only.
 """
+
 import pytest
 from django.db.models import Sum
 
@@ -26,15 +27,20 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _provider_balance(purchase) -> int:
-    return (LedgerEntry.objects.filter(purchase_id=purchase.id, account="provider_balance")
-            .aggregate(s=Sum("amount"))["s"] or 0)
+    return (
+        LedgerEntry.objects.filter(purchase_id=purchase.id, account="provider_balance").aggregate(
+            s=Sum("amount")
+        )["s"]
+        or 0
+    )
 
 
 def _dispatched(new_purchase, api_client, drill, mode):
     """A payment whose dispatch met `mode` (a fault drill): `unknown` at Verity."""
     purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa")
+    op = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, mode)
     op = services.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.UNKNOWN
@@ -43,20 +49,30 @@ def _dispatched(new_purchase, api_client, drill, mode):
 
 def _resolve_while_unreachable(op, outcome, read_drill, resolver):
     read_drill(op.provider_reference)  # the read-back before the resolution fails
-    op = services.operation_resolve_manual(operation_id=op.id, outcome=outcome,
-                                           reason="resolver read the dashboard",
-                                           actor="resolver-22", acting_user=resolver)
+    op = services.operation_resolve_manual(
+        operation_id=op.id,
+        outcome=outcome,
+        reason="resolver read the dashboard",
+        actor="resolver-22",
+        acting_user=resolver,
+    )
     assert (op.outcome, op.grade) == (outcome, Grade.ACKNOWLEDGED)
     # a read-back is scheduled: a delayed outbox row and the sweep's due time
     assert op.next_reconcile_at is not None
-    assert OutboxMessage.objects.filter(category=OutboxCategory.RECONCILE,
-                                        dedupe_key=f"reconcile:{op.id}",
-                                        processed_at__isnull=True).count() == 1
+    assert (
+        OutboxMessage.objects.filter(
+            category=OutboxCategory.RECONCILE,
+            dedupe_key=f"reconcile:{op.id}",
+            processed_at__isnull=True,
+        ).count()
+        == 1
+    )
     return op
 
 
 def test_a_wrong_succeeded_on_an_unapplied_payment_is_cancelled_and_overturned(
-        new_purchase, api_client, drill, read_drill, resolver, localstripe, settings):
+    new_purchase, api_client, drill, read_drill, resolver, localstripe, settings
+):
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
     # given a payment whose confirm the provider never applied (409), unknown at Verity
     purchase, op = _dispatched(new_purchase, api_client, drill, DrillMode.HTTP_409)
@@ -76,8 +92,7 @@ def test_a_wrong_succeeded_on_an_unapplied_payment_is_cancelled_and_overturned(
     assert [pi["status"] for pi in localstripe.payment_intents_for(purchase.id)] == ["canceled"]
     assert localstripe.succeeded_charges_for(purchase.id) == []
     # and the provider's record overturned the person's word
-    assert (op.outcome, op.grade, op.verification) == (Outcome.FAILED, Grade.CONFIRMED,
-                                                       "provider")
+    assert (op.outcome, op.grade, op.verification) == (Outcome.FAILED, Grade.CONFIRMED, "provider")
     row = OperationTransition.objects.get(operation=op, cause=OVERTURN_CAUSE)
     assert (row.source, row.target) == ("succeeded", "failed")
     assert Hold.objects.get(operation_id=op.pk).state == HoldState.RELEASED
@@ -87,8 +102,7 @@ def test_a_wrong_succeeded_on_an_unapplied_payment_is_cancelled_and_overturned(
     orchestrator.operation_settled(operation_id=op.id)
     orchestrator.operation_settled(operation_id=op.id)  # handled twice: reversed once
     assert _provider_balance(purchase) == 0
-    assert LedgerEntry.objects.filter(operation_id=op.id,
-                                      entry_type="sale_reversal").count() == 2
+    assert LedgerEntry.objects.filter(operation_id=op.id, entry_type="sale_reversal").count() == 2
     # and the order made on the person's word is cancelled (once); the sent e-mail cannot
     # be unsent, so the purchase stays in manual review for a person
     order = Order.objects.get(purchase_id=purchase.id)
@@ -98,10 +112,10 @@ def test_a_wrong_succeeded_on_an_unapplied_payment_is_cancelled_and_overturned(
 
 
 def test_a_wrong_failed_is_read_back_and_overturned_without_any_event(
-        new_purchase, api_client, drill, read_drill, resolver, localstripe):
+    new_purchase, api_client, drill, read_drill, resolver, localstripe
+):
     # given a charge the provider took whose answer was lost
-    purchase, op = _dispatched(new_purchase, api_client, drill,
-                               DrillMode.DROP_RESPONSE_AFTER_SEND)
+    purchase, op = _dispatched(new_purchase, api_client, drill, DrillMode.DROP_RESPONSE_AFTER_SEND)
     # and a person's wrong "failed" accepted while the provider could not be read
     op = _resolve_while_unreachable(op, Outcome.FAILED, read_drill, resolver)
 
@@ -117,9 +131,9 @@ def test_a_wrong_failed_is_read_back_and_overturned_without_any_event(
 
 
 def test_an_acknowledged_outcome_is_read_again_while_the_provider_stays_unreachable(
-        new_purchase, api_client, drill, read_drill, resolver, localstripe):
-    purchase, op = _dispatched(new_purchase, api_client, drill,
-                               DrillMode.DROP_RESPONSE_AFTER_SEND)
+    new_purchase, api_client, drill, read_drill, resolver, localstripe
+):
+    purchase, op = _dispatched(new_purchase, api_client, drill, DrillMode.DROP_RESPONSE_AFTER_SEND)
     op = _resolve_while_unreachable(op, Outcome.SUCCEEDED, read_drill, resolver)
     first_due = op.next_reconcile_at
 

@@ -7,6 +7,7 @@ twice; Verity took it in error and its compensation returned it. Once that retur
 confirmed the duplicate's hold is released: it no longer counts as consumed.
 Counted at localstripe (refunds) and in the database (holds, client_limits).
 """
+
 import pytest
 
 from payments import services
@@ -18,16 +19,19 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_refunded_duplicates_hold_is_released_and_an_ordinary_refund_keeps_consumed(
-        new_purchase, api_client, drill, read_drill, resolver, localstripe):  # noqa: F811
+    new_purchase, api_client, drill, read_drill, resolver, localstripe
+):  # noqa: F811
     # given a purchase charged twice, the first charge the duplicate, returned in full
-    purchase, first, retry = _charged_twice(new_purchase, api_client, drill, read_drill,
-                                            resolver, localstripe)
+    purchase, first, retry = _charged_twice(
+        new_purchase, api_client, drill, read_drill, resolver, localstripe
+    )
     services.operation_reconcile(operation_id=first.id)
     assert _reload(first).is_duplicate
     [comp] = _reload(first).children.filter(kind="refund", is_compensation=True)
     services.operation_dispatch(operation_id=comp.id)
-    assert [r["amount"] for r in localstripe.refunds_for(first.provider_reference)] == \
-        [first.amount]
+    assert [r["amount"] for r in localstripe.refunds_for(first.provider_reference)] == [
+        first.amount
+    ]
 
     # then only the charge the client asked for counts as consumed
     assert Hold.objects.get(operation=first).state == HoldState.RELEASED
@@ -35,7 +39,8 @@ def test_a_refunded_duplicates_hold_is_released_and_an_ordinary_refund_keeps_con
     assert services.client_limits(api_client)["consumed"] == retry.amount
 
     # and an ordinary refund of the purchase gives nothing back to the allowance
-    refund = services.refund_request(purchase_id=purchase.id, amount=retry.amount,
-                                     compensation=True)
+    refund = services.refund_request(
+        purchase_id=purchase.id, amount=retry.amount, compensation=True
+    )
     services.operation_dispatch(operation_id=refund.id)
     assert services.client_limits(api_client)["consumed"] == retry.amount

@@ -3,6 +3,7 @@ the compiled reads build — the purchase of the purchase view, its operations a
 parents, the replayed operation, the operation view — carries the same initial states as
 `from_db`'s, a dict of its own, and a save after a concurrent change of the state column
 raises ConcurrentTransition and writes nothing. Real PostgreSQL."""
+
 import pytest
 from django.db import transaction
 from django_fsm import ConcurrentTransition
@@ -44,8 +45,9 @@ def _built(storefront, purchase, key):  # noqa: F811
         out[f"op{n}"] = op
         if op.parent_id:
             out[f"op{n}.parent"] = op.parent
-    out["replayed"] = _REPLAYED_OPERATION.instances(storefront.client.pk,
-                                                    "purchases_payments_create", key)[0]
+    out["replayed"] = _REPLAYED_OPERATION.instances(
+        storefront.client.pk, "purchases_payments_create", key
+    )[0]
     out["view"] = operation_for_view(out["replayed"].pk)
     return out
 
@@ -65,8 +67,7 @@ def test_every_built_instance_has_from_dbs_initial_states(storefront, product):
 
 
 @pytest.mark.parametrize("which", ["purchase", "op0", "op1", "op1.parent", "replayed", "view"])
-def test_a_concurrent_state_change_is_detected_on_every_built_instance(storefront, product,
-                                                                       which):
+def test_a_concurrent_state_change_is_detected_on_every_built_instance(storefront, product, which):
     purchase, key = _paid_and_refunded(storefront, product)
     inst = _built(storefront, purchase, key)[which]
     if isinstance(inst, Purchase):

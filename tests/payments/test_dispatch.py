@@ -1,4 +1,5 @@
 """Dispatch against localstripe through the real SDK: outcomes, provider counts, holds."""
+
 import pytest
 
 from payments import services
@@ -10,24 +11,35 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _pay(purchase, api_client, method="pm_card_visa", capture="automatic"):
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method=method, capture_method=capture)
+    op = services.payment_create(
+        purchase_id=purchase.id,
+        api_client=api_client,
+        payment_method=method,
+        capture_method=capture,
+    )
     return services.operation_dispatch(operation_id=op.id)
 
 
 def test_charge_succeeds_once_and_consumes_hold(new_purchase, api_client, localstripe):
     purchase = new_purchase()
     op = _pay(purchase, api_client)
-    assert (op.outcome, op.grade, op.verification) == (Outcome.SUCCEEDED, Grade.CONFIRMED,
-                                                       Verification.PROVIDER)
+    assert (op.outcome, op.grade, op.verification) == (
+        Outcome.SUCCEEDED,
+        Grade.CONFIRMED,
+        Verification.PROVIDER,
+    )
     assert op.provider_reference.startswith("pi_")
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
     assert op.purchase.status == PurchaseStatus.PAID
     assert Hold.objects.get(operation=op).state == HoldState.CONSUMED
     calls = list(ProviderCall.objects.filter(operation=op).values_list("step", "classification"))
     assert calls == [("create", "ok"), ("confirm", "ok")]
-    assert OutboxMessage.objects.filter(category=OutboxCategory.RUN_STEPS,
-                                        payload={"purchase": purchase.id}).count() == 1
+    assert (
+        OutboxMessage.objects.filter(
+            category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase.id}
+        ).count()
+        == 1
+    )
 
 
 def test_decline_fails_with_reason_and_releases_hold(new_purchase, api_client, localstripe):
@@ -62,7 +74,8 @@ def test_authorize_capture_and_void_are_linked_operations(new_purchase, api_clie
     other = new_purchase()
     auth2 = _pay(other, api_client, capture="manual")
     void = services.operation_dispatch(
-        operation_id=services.void_create(purchase_id=other.id, api_client=api_client).id)
+        operation_id=services.void_create(purchase_id=other.id, api_client=api_client).id
+    )
     assert void.outcome == Outcome.SUCCEEDED
     assert void.purchase.status == PurchaseStatus.VOIDED
     assert Hold.objects.get(operation=auth2).state == HoldState.RELEASED
@@ -70,12 +83,14 @@ def test_authorize_capture_and_void_are_linked_operations(new_purchase, api_clie
     assert pi2["status"] == "canceled"
 
 
-def test_refund_needs_provider_confirmation_and_respects_refundable(new_purchase, api_client,
-                                                                    localstripe):
+def test_refund_needs_provider_confirmation_and_respects_refundable(
+    new_purchase, api_client, localstripe
+):
     purchase = new_purchase(price=2000)
     charge = _pay(purchase, api_client)
-    refund = services.refund_request(purchase_id=purchase.id, amount=500, api_client=api_client,
-                                     compensation=True)
+    refund = services.refund_request(
+        purchase_id=purchase.id, amount=500, api_client=api_client, compensation=True
+    )
     refund = services.operation_dispatch(operation_id=refund.id)
     assert refund.outcome == Outcome.SUCCEEDED and refund.provider_reference.startswith("re_")
     assert len(localstripe.refunds_for(charge.provider_reference)) == 1
@@ -85,8 +100,7 @@ def test_refund_needs_provider_confirmation_and_respects_refundable(new_purchase
     assert len(localstripe.refunds_for(charge.provider_reference)) == 1
 
 
-def test_api_refund_waits_for_approval_by_someone_else(new_purchase, api_client,
-                                                       django_user_model):
+def test_api_refund_waits_for_approval_by_someone_else(new_purchase, api_client, django_user_model):
     purchase = new_purchase()
     _pay(purchase, api_client)
     requester = django_user_model.objects.create(username="req")
@@ -96,8 +110,9 @@ def test_api_refund_waits_for_approval_by_someone_else(new_purchase, api_client,
     with pytest.raises(services.DomainError) as err:
         services.refund_approve(operation_id=refund.id, acting_user=requester, reason="ok")
     assert err.value.code == "approver_is_requester"
-    approved = services.refund_approve(operation_id=refund.id, acting_user=approver,
-                                       reason="customer returned goods")
+    approved = services.refund_approve(
+        operation_id=refund.id, acting_user=approver, reason="customer returned goods"
+    )
     assert approved.outcome == Outcome.PENDING
     done = services.operation_dispatch(operation_id=refund.id)
     assert done.outcome == Outcome.SUCCEEDED
@@ -105,7 +120,8 @@ def test_api_refund_waits_for_approval_by_someone_else(new_purchase, api_client,
 
 
 def test_a_queued_operation_whose_dispatcher_died_is_sent_by_the_outbox(
-        new_purchase, api_client, localstripe, settings):
+    new_purchase, api_client, localstripe, settings
+):
     """The web process dies between creating the operation and dispatching it: the
     delayed DISPATCH message sends it, once."""
     from django.utils import timezone
@@ -113,10 +129,12 @@ def test_a_queued_operation_whose_dispatcher_died_is_sent_by_the_outbox(
     from recovery.relay import relay_drain_once
 
     purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa")  # ...and no dispatch call
-    message = OutboxMessage.objects.get(category=OutboxCategory.DISPATCH,
-                                        payload={"operation": op.id})
+    op = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )  # ...and no dispatch call
+    message = OutboxMessage.objects.get(
+        category=OutboxCategory.DISPATCH, payload={"operation": op.id}
+    )
     assert message.available_at > timezone.now()  # not before the request's own lease
     OutboxMessage.objects.filter(id=message.id).update(available_at=timezone.now())
     relay_drain_once()

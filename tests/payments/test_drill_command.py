@@ -9,8 +9,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_drill_command_prints_one_row_per_drill_and_one_charge_at_most(capsys, localstripe):
     drills_print()
     out = capsys.readouterr().out
-    for mode in ("drop_response_after_send", "timeout_before_send", "reset_after_write",
-                 "http_500", "http_409"):
+    for mode in (
+        "drop_response_after_send",
+        "timeout_before_send",
+        "reset_after_write",
+        "http_500",
+        "http_409",
+    ):
         assert mode in out
     assert "VIOLATION" not in out
     purchases = set(PaymentOperation.objects.values_list("purchase_id", flat=True))
@@ -18,8 +23,9 @@ def test_drill_command_prints_one_row_per_drill_and_one_charge_at_most(capsys, l
     for pid in purchases:
         assert len(localstripe.succeeded_charges_for(pid)) <= 1
     # Operations a drill leaves unknown stay in the console's queue: the command says so.
-    unknown = set(PaymentOperation.objects.filter(outcome="unknown")
-                  .values_list("purchase_id", flat=True))
+    unknown = set(
+        PaymentOperation.objects.filter(outcome="unknown").values_list("purchase_id", flat=True)
+    )
     if unknown:
         assert "remain in the console's Unknown operations queue" in out
         assert all(pid in out for pid in unknown)
@@ -52,5 +58,6 @@ def test_drill_command_in_one_round_trip_mode_charges_once_at_most(capsys, one_c
     for pid in purchases:
         assert len(one_call.succeeded_charges_for(pid)) <= 1
         assert len(one_call.payment_intents_for(pid)) == 1
-    assert set(ProviderCall.objects.filter(purpose="dispatch").values_list("step", flat=True)) \
-        == {"pay"}
+    assert set(ProviderCall.objects.filter(purpose="dispatch").values_list("step", flat=True)) == {
+        "pay"
+    }

@@ -1,4 +1,5 @@
 """Every fault drill and every row of the outcome table, counted at localstripe."""
+
 import pytest
 
 from payments import services
@@ -10,14 +11,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _start(purchase, api_client, method="pm_card_visa"):
-    return services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                   payment_method=method)
+    return services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method=method
+    )
 
 
-@pytest.mark.parametrize("mode", [DrillMode.DROP_RESPONSE_AFTER_SEND, DrillMode.RESET_AFTER_WRITE,
-                                  DrillMode.HTTP_500])
+@pytest.mark.parametrize(
+    "mode", [DrillMode.DROP_RESPONSE_AFTER_SEND, DrillMode.RESET_AFTER_WRITE, DrillMode.HTTP_500]
+)
 def test_answer_lost_after_send_is_unknown_then_reconciled_from_provider(
-        mode, new_purchase, api_client, localstripe, drill):
+    mode, new_purchase, api_client, localstripe, drill
+):
     purchase = new_purchase()
     op = _start(purchase, api_client)
     drill(op, mode)
@@ -33,30 +37,38 @@ def test_answer_lost_after_send_is_unknown_then_reconciled_from_provider(
     assert ProviderCall.objects.filter(operation=op, step="confirm").count() == 1
 
     op = services.operation_reconcile(operation_id=op.id)
-    assert (op.outcome, op.grade, op.verification) == (Outcome.SUCCEEDED, Grade.CONFIRMED,
-                                                       Verification.PROVIDER)
+    assert (op.outcome, op.grade, op.verification) == (
+        Outcome.SUCCEEDED,
+        Grade.CONFIRMED,
+        Verification.PROVIDER,
+    )
     assert op.purchase.status == PurchaseStatus.PAID
     assert Hold.objects.get(operation=op).state == HoldState.CONSUMED
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
     assert len(localstripe.payment_intents_for(purchase.id)) == 1
 
 
-def test_timeout_before_send_is_resent_with_the_same_key(new_purchase, api_client, localstripe,
-                                                         drill):
+def test_timeout_before_send_is_resent_with_the_same_key(
+    new_purchase, api_client, localstripe, drill
+):
     purchase = new_purchase()
     op = _start(purchase, api_client)
     drill(op, DrillMode.TIMEOUT_BEFORE_SEND)
     op = services.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.SUCCEEDED
-    confirms = list(ProviderCall.objects.filter(operation=op, step="confirm")
-                    .values_list("attempt", "classification", "key"))
+    confirms = list(
+        ProviderCall.objects.filter(operation=op, step="confirm").values_list(
+            "attempt", "classification", "key"
+        )
+    )
     assert [(a, c) for a, c, _ in confirms] == [(1, "not_sent"), (2, "ok")]
     assert confirms[0][2] == confirms[1][2] == f"{op.idempotency_key}:confirm"
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
 
 
-def test_never_sent_three_times_fails_provider_unreachable(new_purchase, api_client, localstripe,
-                                                           drill):
+def test_never_sent_three_times_fails_provider_unreachable(
+    new_purchase, api_client, localstripe, drill
+):
     purchase = new_purchase()
     op = _start(purchase, api_client)
     drill(op, DrillMode.TIMEOUT_BEFORE_SEND, times=3)
@@ -66,8 +78,9 @@ def test_never_sent_three_times_fails_provider_unreachable(new_purchase, api_cli
     assert Hold.objects.get(operation=op).state == HoldState.RELEASED
 
 
-def test_http_409_on_confirm_stays_unknown_without_evidence(new_purchase, api_client,
-                                                            localstripe, drill):
+def test_http_409_on_confirm_stays_unknown_without_evidence(
+    new_purchase, api_client, localstripe, drill
+):
     purchase = new_purchase()
     op = _start(purchase, api_client)
     drill(op, DrillMode.HTTP_409)
@@ -79,8 +92,9 @@ def test_http_409_on_confirm_stays_unknown_without_evidence(new_purchase, api_cl
     assert localstripe.succeeded_charges_for(purchase.id) == []
 
 
-def test_create_answer_lost_fails_not_confirmed_without_moving_money(new_purchase, api_client,
-                                                                    localstripe, drill):
+def test_create_answer_lost_fails_not_confirmed_without_moving_money(
+    new_purchase, api_client, localstripe, drill
+):
     purchase = new_purchase()
     op = _start(purchase, api_client)
     drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step="create")
@@ -100,8 +114,9 @@ def test_unknown_blocks_new_payments_whatever_the_key(new_purchase, api_client, 
     assert err.value.code == "payment_unresolved" and err.value.operation == op.id
 
 
-def test_reconcile_with_provider_unavailable_keeps_unknown(new_purchase, api_client, drill,
-                                                          settings):
+def test_reconcile_with_provider_unavailable_keeps_unknown(
+    new_purchase, api_client, drill, settings
+):
     purchase = new_purchase()
     op = _start(purchase, api_client)
     drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
@@ -119,7 +134,8 @@ def test_reconcile_with_provider_unavailable_keeps_unknown(new_purchase, api_cli
 
 
 def test_manual_resolution_needs_a_person_other_than_the_requester(
-        new_purchase, api_client, drill, read_drill, django_user_model):
+    new_purchase, api_client, drill, read_drill, django_user_model
+):
     purchase = new_purchase()
     op = _start(purchase, api_client)
     drill(op, DrillMode.HTTP_409)
@@ -127,13 +143,22 @@ def test_manual_resolution_needs_a_person_other_than_the_requester(
     # The provider cannot be read: the person's word stands, graded acknowledged.
     read_drill(op.provider_reference, times=2)
     with pytest.raises(services.DomainError) as err:
-        services.operation_resolve_manual(operation_id=op.id, outcome="failed", reason="x",
-                                          actor=api_client.name, acting_client=api_client)
+        services.operation_resolve_manual(
+            operation_id=op.id,
+            outcome="failed",
+            reason="x",
+            actor=api_client.name,
+            acting_client=api_client,
+        )
     assert err.value.code == "resolver_is_requester"
     person = django_user_model.objects.create(username="op1")
-    op = services.operation_resolve_manual(operation_id=op.id, outcome="failed",
-                                           reason="provider shows no confirm", actor="op1",
-                                           acting_user=person)
+    op = services.operation_resolve_manual(
+        operation_id=op.id,
+        outcome="failed",
+        reason="provider shows no confirm",
+        actor="op1",
+        acting_user=person,
+    )
     assert (op.outcome, op.grade, op.verification) == ("failed", "acknowledged", "manual")
     assert Hold.objects.get(operation=op).state == HoldState.RELEASED
     from support.models import AuditEntry, Resolution

@@ -3,6 +3,7 @@ person called "failed" while the provider could not be read is not asked again o
 word: the first return may still land. Once the provider's read-back confirms that none
 was made, a new return is asked and sent: the duplicate comes back exactly once.
 Counted at localstripe; faults only through the fault-drill HTTP client."""
+
 import pytest
 
 from payments import services
@@ -17,12 +18,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_duplicates_return_is_asked_again_only_once_the_provider_confirms_the_failure(
-        new_purchase, api_client, drill, read_drill, resolver, localstripe, settings,
-        django_user_model):
+    new_purchase, api_client, drill, read_drill, resolver, localstripe, settings, django_user_model
+):
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
     person = django_user_model.objects.create(username="return-resolver")
-    purchase, first, retry = _charged_twice(new_purchase, api_client, drill, read_drill,
-                                            resolver, localstripe)
+    purchase, first, retry = _charged_twice(
+        new_purchase, api_client, drill, read_drill, resolver, localstripe
+    )
     services.operation_reconcile(operation_id=first.id)
     first = PaymentOperation.objects.get(pk=first.pk)
     assert first.is_duplicate
@@ -32,13 +34,18 @@ def test_a_duplicates_return_is_asked_again_only_once_the_provider_confirms_the_
     assert comp.outcome == Outcome.UNKNOWN
 
     read_drill("*", times=10)  # unreadable: the person's word is taken, acknowledged
-    comp = services.operation_resolve_manual(operation_id=comp.id, outcome="failed",
-                                             reason="bank says nothing came back",
-                                             actor="resolver", acting_user=person)
+    comp = services.operation_resolve_manual(
+        operation_id=comp.id,
+        outcome="failed",
+        reason="bank says nothing came back",
+        actor="resolver",
+        acting_user=person,
+    )
     assert (comp.outcome, comp.grade) == (Outcome.FAILED, Grade.ACKNOWLEDGED)
     settle()
     assert PaymentOperation.objects.filter(parent=first, kind="refund").count() == 1, (
-        "a new return was asked on a person's unconfirmed word")
+        "a new return was asked on a person's unconfirmed word"
+    )
 
     provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
     services.operation_reconcile(operation_id=comp.id)  # the provider: no refund made
@@ -49,5 +56,8 @@ def test_a_duplicates_return_is_asked_again_only_once_the_provider_confirms_the_
     for op in returns:
         services.operation_dispatch(operation_id=op.id)
     settle()
-    assert [r["amount"] for r in localstripe.refunds_for(first.provider_reference)
-            if r["status"] == "succeeded"] == [first.amount]
+    assert [
+        r["amount"]
+        for r in localstripe.refunds_for(first.provider_reference)
+        if r["status"] == "succeeded"
+    ] == [first.amount]

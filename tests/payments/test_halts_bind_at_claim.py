@@ -1,5 +1,6 @@
 """A halt binds at claim time (DESIGN §5.9): queued work of every kind waits, still
 `pending`, and goes out once the halt clears. Counted at localstripe and in the outbox."""
+
 import pytest
 from django.utils import timezone
 
@@ -18,31 +19,35 @@ def _outcome(op_id: str) -> str:
 
 
 def _make_dispatches_due() -> None:
-    OutboxMessage.objects.filter(category=OutboxCategory.DISPATCH,
-                                 processed_at__isnull=True).update(available_at=timezone.now())
+    OutboxMessage.objects.filter(
+        category=OutboxCategory.DISPATCH, processed_at__isnull=True
+    ).update(available_at=timezone.now())
 
 
 def _waiting_dispatches(op_id: str) -> int:
-    return OutboxMessage.objects.filter(category=OutboxCategory.DISPATCH,
-                                        payload={"operation": op_id},
-                                        processed_at__isnull=True).count()
+    return OutboxMessage.objects.filter(
+        category=OutboxCategory.DISPATCH, payload={"operation": op_id}, processed_at__isnull=True
+    ).count()
 
 
 def _paid(new_purchase, api_client):
     purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa")
+    op = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     op = services.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.SUCCEEDED
     return purchase, op
 
 
 def test_a_queued_payment_waits_while_checkout_is_halted_and_goes_out_after(
-        new_purchase, api_client, localstripe):
+    new_purchase, api_client, localstripe
+):
     # given a payment queued before the halt (its web process died: only the backstop)
     purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa")
+    op = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     halt_set(name="checkout", reason="incident", actor="op1")
     # when the backstop runs, and a direct dispatch is tried too
     _make_dispatches_due()
@@ -63,7 +68,8 @@ def test_a_queued_payment_waits_while_checkout_is_halted_and_goes_out_after(
 
 
 def test_approving_a_refund_while_refunds_are_halted_does_not_dispatch_it(
-        new_purchase, api_client, localstripe, django_user_model):
+    new_purchase, api_client, localstripe, django_user_model
+):
     purchase, charge = _paid(new_purchase, api_client)
     requester = django_user_model.objects.create(username="req")
     approver = django_user_model.objects.create(username="fin")
@@ -88,8 +94,9 @@ def test_approving_a_refund_while_refunds_are_halted_does_not_dispatch_it(
     assert len(localstripe.refunds_for(charge.provider_reference)) == 1
 
 
-def test_a_queued_compensation_waits_while_refunds_are_halted(new_purchase, api_client,
-                                                              localstripe):
+def test_a_queued_compensation_waits_while_refunds_are_halted(
+    new_purchase, api_client, localstripe
+):
     purchase, charge = _paid(new_purchase, api_client)
     refund = services.refund_request(purchase_id=purchase.id, compensation=True)
     assert refund.outcome == Outcome.PENDING
@@ -107,8 +114,12 @@ def test_a_queued_compensation_waits_while_refunds_are_halted(new_purchase, api_
 
 def test_a_queued_capture_waits_while_checkout_is_halted(new_purchase, api_client, localstripe):
     purchase = new_purchase()
-    auth = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                   payment_method="pm_card_visa", capture_method="manual")
+    auth = services.payment_create(
+        purchase_id=purchase.id,
+        api_client=api_client,
+        payment_method="pm_card_visa",
+        capture_method="manual",
+    )
     assert services.operation_dispatch(operation_id=auth.id).outcome == Outcome.SUCCEEDED
     capture = services.capture_create(purchase_id=purchase.id, api_client=api_client)
     halt_set(name="checkout", reason="incident", actor="op1")

@@ -8,6 +8,7 @@ free it too, or a new refund is booked on top of one that never happened. Counte
 localstripe (refunds, PaymentIntents) and in the database (operations, ledger rows);
 faults only through the fault-drill HTTP client.
 """
+
 import pytest
 from django.db.models import Sum
 
@@ -23,30 +24,39 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _provider_balance(purchase_id: str) -> int:
-    return (LedgerEntry.objects.filter(purchase_id=purchase_id, account="provider_balance")
-            .aggregate(s=Sum("amount"))["s"] or 0)
+    return (
+        LedgerEntry.objects.filter(purchase_id=purchase_id, account="provider_balance").aggregate(
+            s=Sum("amount")
+        )["s"]
+        or 0
+    )
 
 
 def _refunded_at_localstripe(localstripe, pay) -> int:
-    return sum(r["amount"] for r in localstripe.refunds_for(pay.provider_reference)
-               if r["status"] == "succeeded")
+    return sum(
+        r["amount"]
+        for r in localstripe.refunds_for(pay.provider_reference)
+        if r["status"] == "succeeded"
+    )
 
 
 def _approved_refund(purchase, requester, approver, amount):
-    refund = services.refund_request(purchase_id=purchase.id, amount=amount,
-                                     acting_user=requester)
-    return services.refund_approve(operation_id=refund.id, acting_user=approver,
-                                   reason="buyer returned it")
+    refund = services.refund_request(purchase_id=purchase.id, amount=amount, acting_user=requester)
+    return services.refund_approve(
+        operation_id=refund.id, acting_user=approver, reason="buyer returned it"
+    )
 
 
 def test_a_refund_overturned_to_failed_is_unbooked_and_a_new_refund_books_once(
-        new_purchase, api_client, drill, read_drill, people, localstripe, settings):
+    new_purchase, api_client, drill, read_drill, people, localstripe, settings
+):
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
     resolver, requester, approver = people
     # given a paid, fulfilled purchase (the sale is booked)
     purchase = new_purchase(price=1500)
-    pay = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                  payment_method="pm_card_visa")
+    pay = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     pay = services.operation_dispatch(operation_id=pay.id)
     assert pay.outcome == Outcome.SUCCEEDED
     relay_drain()
@@ -62,9 +72,13 @@ def test_a_refund_overturned_to_failed_is_unbooked_and_a_new_refund_books_once(
 
     # and a person says "succeeded" while the provider cannot be read: acknowledged, booked
     read_drill("*", times=10)
-    first = services.operation_resolve_manual(operation_id=first.id, outcome="succeeded",
-                                              reason="the buyer says the money arrived",
-                                              actor="ledger-resolver", acting_user=resolver)
+    first = services.operation_resolve_manual(
+        operation_id=first.id,
+        outcome="succeeded",
+        reason="the buyer says the money arrived",
+        actor="ledger-resolver",
+        acting_user=resolver,
+    )
     assert (first.outcome, first.grade) == (Outcome.SUCCEEDED, Grade.ACKNOWLEDGED)
     services.provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
     relay_drain()
@@ -80,8 +94,9 @@ def test_a_refund_overturned_to_failed_is_unbooked_and_a_new_refund_books_once(
     # then the ledger books what localstripe refunded (nothing), reversed row by row
     assert _refunded_at_localstripe(localstripe, pay) == 0
     assert _provider_balance(purchase.id) == 1500
-    assert LedgerEntry.objects.filter(operation_id=first.id,
-                                      entry_type="refund_reversal").count() == 2
+    assert (
+        LedgerEntry.objects.filter(operation_id=first.id, entry_type="refund_reversal").count() == 2
+    )
 
     # and the freed room is refunded once, booked once
     again = _approved_refund(purchase, requester, approver, 1500)
@@ -92,24 +107,31 @@ def test_a_refund_overturned_to_failed_is_unbooked_and_a_new_refund_books_once(
     assert _refunded_at_localstripe(localstripe, pay) == 1500
     assert len(localstripe.refunds_for(pay.provider_reference)) == 1
     assert _provider_balance(purchase.id) == 1500 - _refunded_at_localstripe(localstripe, pay)
-    refunds_booked = (LedgerEntry.objects.filter(purchase_id=purchase.id,
-                                                 account="provider_balance",
-                                                 entry_type__startswith="refund")
-                      .aggregate(s=Sum("amount"))["s"])
+    refunds_booked = LedgerEntry.objects.filter(
+        purchase_id=purchase.id, account="provider_balance", entry_type__startswith="refund"
+    ).aggregate(s=Sum("amount"))["s"]
     assert refunds_booked == -1500
-    assert PaymentOperation.objects.filter(parent=pay, kind="refund",
-                                           outcome=Outcome.SUCCEEDED).count() == 1
+    assert (
+        PaymentOperation.objects.filter(
+            parent=pay, kind="refund", outcome=Outcome.SUCCEEDED
+        ).count()
+        == 1
+    )
 
 
 def test_a_void_overturned_to_failed_is_unbooked(
-        new_purchase, api_client, drill, read_drill, people, localstripe, settings):
+    new_purchase, api_client, drill, read_drill, people, localstripe, settings
+):
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
     resolver, _, _ = people
     # given an authorization, still standing at localstripe
     purchase = new_purchase(price=1500)
-    auth = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                   payment_method="pm_card_visa",
-                                   capture_method="manual")
+    auth = services.payment_create(
+        purchase_id=purchase.id,
+        api_client=api_client,
+        payment_method="pm_card_visa",
+        capture_method="manual",
+    )
     auth = services.operation_dispatch(operation_id=auth.id)
     assert auth.outcome == Outcome.SUCCEEDED
     # and a void whose send the provider refused unapplied (409): unknown
@@ -119,9 +141,13 @@ def test_a_void_overturned_to_failed_is_unbooked(
     assert void.outcome == Outcome.UNKNOWN
     # and a person says "succeeded" while the provider cannot be read: booked
     read_drill("*", times=10)
-    void = services.operation_resolve_manual(operation_id=void.id, outcome="succeeded",
-                                             reason="the dashboard showed it cancelled",
-                                             actor="ledger-resolver", acting_user=resolver)
+    void = services.operation_resolve_manual(
+        operation_id=void.id,
+        outcome="succeeded",
+        reason="the dashboard showed it cancelled",
+        actor="ledger-resolver",
+        acting_user=resolver,
+    )
     assert (void.outcome, void.grade) == (Outcome.SUCCEEDED, Grade.ACKNOWLEDGED)
     services.provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
     relay_drain()
@@ -135,8 +161,10 @@ def test_a_void_overturned_to_failed_is_unbooked(
     # then the void's booking is reversed: the ledger says what localstripe holds
     [pi] = localstripe.payment_intents_for(purchase.id)
     assert pi["status"] == "requires_capture"
-    booked = (LedgerEntry.objects.filter(operation_id=void.id)
-              .values_list("account").annotate(s=Sum("amount")))
+    booked = (
+        LedgerEntry.objects.filter(operation_id=void.id)
+        .values_list("account")
+        .annotate(s=Sum("amount"))
+    )
     assert all(s == 0 for _, s in booked), list(booked)
-    assert LedgerEntry.objects.filter(operation_id=void.id,
-                                      entry_type="void_reversal").count() == 2
+    assert LedgerEntry.objects.filter(operation_id=void.id, entry_type="void_reversal").count() == 2

@@ -3,6 +3,7 @@ after payment, a late provider event, a refund during a run, a person's word gra
 
 Each test counts effects at localstripe and in the database.
 """
+
 import threading
 import time
 
@@ -51,9 +52,13 @@ def post_api(client, client_and_key):
 
     def call(path: str, body: dict | None = None, key: str | None = None):
         counter["n"] += 1
-        return client.post(f"/api/v1/{path}", data=body or {}, content_type="application/json",
-                           HTTP_IDEMPOTENCY_KEY=key or f"k-{counter['n']}-{time.time()}",
-                           HTTP_AUTHORIZATION=f"Api-Key {client_and_key[1]}")
+        return client.post(
+            f"/api/v1/{path}",
+            data=body or {},
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY=key or f"k-{counter['n']}-{time.time()}",
+            HTTP_AUTHORIZATION=f"Api-Key {client_and_key[1]}",
+        )
 
     return call
 
@@ -66,8 +71,12 @@ def _person(django_user_model, name: str, role: Role):
 
 def _paid(new_purchase, api_client, capture="automatic"):
     purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa", capture_method=capture)
+    op = services.payment_create(
+        purchase_id=purchase.id,
+        api_client=api_client,
+        payment_method="pm_card_visa",
+        capture_method=capture,
+    )
     op = services.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.SUCCEEDED
     return purchase, op
@@ -79,8 +88,10 @@ def _status(purchase) -> str:
 
 # -- defect 5: a void after fulfilment ---------------------------------------------------
 
-def test_api_void_after_fulfilment_is_refused_with_next_action(new_purchase, api_client, post_api,
-                                                               localstripe):
+
+def test_api_void_after_fulfilment_is_refused_with_next_action(
+    new_purchase, api_client, post_api, localstripe
+):
     purchase, auth = _paid(new_purchase, api_client, capture="manual")
     assert orchestrator.purchase_fulfil(purchase_id=purchase.id) == orchestrator.COMPLETED
 
@@ -91,21 +102,26 @@ def test_api_void_after_fulfilment_is_refused_with_next_action(new_purchase, api
     assert body["code"] == "fulfilment_started"
     assert "Capture" in body["next_action"]["message"]
     assert not PaymentOperation.objects.filter(purchase=purchase, kind="void").exists()
-    assert provider_object("payment_intents", auth.provider_reference)["status"] == \
-        "requires_capture"
+    assert (
+        provider_object("payment_intents", auth.provider_reference)["status"] == "requires_capture"
+    )
     assert _status(purchase) == PurchaseStatus.COMPLETED
 
 
 def test_console_void_after_fulfilment_voids_and_cancels_the_order(
-        new_purchase, api_client, django_user_model, localstripe):
+    new_purchase, api_client, django_user_model, localstripe
+):
     from support.services import void_by_user
 
     purchase, auth = _paid(new_purchase, api_client, capture="manual")
     assert orchestrator.purchase_fulfil(purchase_id=purchase.id) == orchestrator.COMPLETED
     operator = _person(django_user_model, "op-void", Role.OPERATOR)
 
-    void = void_by_user(purchase_id=purchase.id, user=operator,
-                        reason="goods returned to the warehouse before capture")
+    void = void_by_user(
+        purchase_id=purchase.id,
+        user=operator,
+        reason="goods returned to the warehouse before capture",
+    )
 
     assert void.outcome == Outcome.SUCCEEDED
     assert provider_object("payment_intents", auth.provider_reference)["status"] == "canceled"
@@ -120,8 +136,10 @@ def test_console_void_after_fulfilment_voids_and_cancels_the_order(
 
 # -- defect 10: payment_intent.canceled after a void ---------------------------------------
 
-def test_canceled_event_after_a_void_is_agreeing_evidence(new_purchase, api_client, post_api,
-                                                         deliver_event):
+
+def test_canceled_event_after_a_void_is_agreeing_evidence(
+    new_purchase, api_client, post_api, deliver_event
+):
     purchase, auth = _paid(new_purchase, api_client, capture="manual")
     r = post_api(f"purchases/{purchase.id}/void")
     assert r.status_code == 201, r.content
@@ -139,8 +157,10 @@ def test_canceled_event_after_a_void_is_agreeing_evidence(new_purchase, api_clie
 
 # -- defect 4: words follow the grade --------------------------------------------------------
 
+
 def test_a_refund_resolved_by_a_person_is_never_called_provider_confirmed(
-        new_purchase, api_client, drill, read_drill, django_user_model):
+    new_purchase, api_client, drill, read_drill, django_user_model
+):
     from agents.tools import operation_result
     from payments.api.presenters import operation_next_action
     from support.customer_copy import customer_state
@@ -154,9 +174,13 @@ def test_a_refund_resolved_by_a_person_is_never_called_provider_confirmed(
     refund = services.operation_dispatch(operation_id=refund.id)
     assert refund.outcome == Outcome.UNKNOWN
     read_drill("*", times=1)  # the refund cannot be read back
-    refund = services.operation_resolve_manual(operation_id=refund.id, outcome="succeeded",
-                                               reason="provider dashboard shows it",
-                                               actor="approver", acting_user=approver)
+    refund = services.operation_resolve_manual(
+        operation_id=refund.id,
+        outcome="succeeded",
+        reason="provider dashboard shows it",
+        actor="approver",
+        acting_user=approver,
+    )
     assert (refund.grade, refund.verification) == ("acknowledged", "manual")
 
     customer = customer_state(Purchase.objects.get(pk=purchase.pk))
@@ -170,21 +194,27 @@ def test_a_refund_resolved_by_a_person_is_never_called_provider_confirmed(
     assert "our team confirmed" in mcp_words
 
 
-def test_a_payment_resolved_failed_by_a_person_says_so(new_purchase, api_client, drill,
-                                                       read_drill, django_user_model):
+def test_a_payment_resolved_failed_by_a_person_says_so(
+    new_purchase, api_client, drill, read_drill, django_user_model
+):
     from payments.api.presenters import operation_next_action
     from support.customer_copy import customer_state
 
     purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa")
+    op = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, DrillMode.HTTP_500)
     op = services.operation_dispatch(operation_id=op.id)
     read_drill(op.provider_reference)
     resolver = _person(django_user_model, "resolver", Role.OPERATOR)
-    op = services.operation_resolve_manual(operation_id=op.id, outcome="failed",
-                                           reason="no charge in the dashboard",
-                                           actor="resolver", acting_user=resolver)
+    op = services.operation_resolve_manual(
+        operation_id=op.id,
+        outcome="failed",
+        reason="no charge in the dashboard",
+        actor="resolver",
+        acting_user=resolver,
+    )
 
     assert "Our team resolved this payment as failed" in operation_next_action(op)["message"]
     # the provider has not confirmed it: the buyer is told to wait, not to pay again
@@ -194,6 +224,7 @@ def test_a_payment_resolved_failed_by_a_person_says_so(new_purchase, api_client,
 
 
 # -- also check: the buyer cancels before payment ------------------------------------------
+
 
 def test_buyer_cancels_before_payment_idempotently(new_purchase, post_api, localstripe):
     purchase = new_purchase()
@@ -233,8 +264,10 @@ def test_console_cancel(new_purchase, django_user_model):
 
 # -- also check: the orchestrator re-checks the purchase between steps --------------------
 
+
 def test_a_refund_during_a_run_stops_the_order_and_the_confirmation(
-        new_purchase, api_client, django_user_model):
+    new_purchase, api_client, django_user_model
+):
     purchase, _charge = _paid(new_purchase, api_client)
     sku = purchase.quote.items[0]["sku"]
     locked, release = threading.Event(), threading.Event()
@@ -277,27 +310,38 @@ def test_a_refund_during_a_run_stops_the_order_and_the_confirmation(
     assert result["state"] == orchestrator.NOT_READY
     assert not EmailMessage.objects.filter(purchase_id=purchase.id).exists()
     assert not CrmUpdate.objects.filter(purchase_id=purchase.id).exists()
-    assert not StepRun.objects.filter(purchase_id=purchase.id, step="confirmation",
-                                      state="done").exists()
+    assert not StepRun.objects.filter(
+        purchase_id=purchase.id, step="confirmation", state="done"
+    ).exists()
 
 
 # -- also check: a late non-terminal event does not flip awaiting_buyer -------------------
 
+
 def _three_d_secure_method() -> str:
-    r = requests.post(f"{settings.STRIPE_API_BASE}/v1/payment_methods",
-                      data={"type": "card", "card[number]": "4000002760003184",
-                            "card[exp_month]": "12", "card[exp_year]": "2030",
-                            "card[cvc]": "123"},
-                      auth=(settings.STRIPE_API_KEY, ""), timeout=10)
+    r = requests.post(
+        f"{settings.STRIPE_API_BASE}/v1/payment_methods",
+        data={
+            "type": "card",
+            "card[number]": "4000002760003184",
+            "card[exp_month]": "12",
+            "card[exp_year]": "2030",
+            "card[cvc]": "123",
+        },
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=10,
+    )
     r.raise_for_status()
     return r.json()["id"]
 
 
-def test_a_late_processing_event_does_not_flip_awaiting_buyer(new_purchase, api_client,
-                                                              deliver_event):
+def test_a_late_processing_event_does_not_flip_awaiting_buyer(
+    new_purchase, api_client, deliver_event
+):
     purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method=_three_d_secure_method())
+    op = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method=_three_d_secure_method()
+    )
     op = services.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.AWAITING_BUYER
     pi = {**provider_object("payment_intents", op.provider_reference), "status": "processing"}
@@ -313,11 +357,14 @@ def test_a_late_processing_event_does_not_flip_awaiting_buyer(new_purchase, api_
 
 # -- also check: a 429 is resent after a bounded backoff ----------------------------------
 
+
 def test_a_rate_limited_confirm_is_resent_with_the_same_key_after_a_backoff(
-        new_purchase, api_client, drill, localstripe):
+    new_purchase, api_client, drill, localstripe
+):
     purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa")
+    op = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, DrillMode.HTTP_429, step="confirm")
 
     op = services.operation_dispatch(operation_id=op.id)

@@ -3,6 +3,7 @@ bound with pages left is "not read", never "the provider has no such refund": a 
 read-back acts on the latter (no money moved: a person's "succeeded" is refused and a later
 read-back overturns it), so a bound reached must keep the person's word standing.
 Counted at localstripe; faults only through the fault-drill HTTP client."""
+
 import pytest
 
 from payments import services
@@ -15,7 +16,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_search_that_gave_up_at_its_page_bound_is_no_verdict_on_a_refund(
-        new_purchase, api_client, drill, people, localstripe, settings):
+    new_purchase, api_client, drill, people, localstripe, settings
+):
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
     resolver, requester, approver = people
     # two refunds the provider made for other purchases: the list has more than one page
@@ -31,9 +33,13 @@ def test_a_search_that_gave_up_at_its_page_bound_is_no_verdict_on_a_refund(
     settings.PROVIDER_LIST_PAGE_LIMIT = 1
     settings.PROVIDER_LIST_MAX_PAGES = 1  # the search gives up after one page of one
 
-    refund = services.operation_resolve_manual(operation_id=refund.id, outcome="succeeded",
-                                               reason="the buyer's bank shows it",
-                                               actor="resolver", acting_user=resolver)
+    refund = services.operation_resolve_manual(
+        operation_id=refund.id,
+        outcome="succeeded",
+        reason="the buyer's bank shows it",
+        actor="resolver",
+        acting_user=resolver,
+    )
     assert (refund.outcome, refund.grade) == (Outcome.SUCCEEDED, Grade.ACKNOWLEDGED)
     services.operation_reconcile(operation_id=refund.id)
 

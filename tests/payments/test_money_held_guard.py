@@ -6,6 +6,7 @@ a second purchase of the same basket went through, and the buyer could be charge
 
 Real stack: the dispute is localstripe's, delivered as a signed event.
 """
+
 import pytest
 
 from payments import services
@@ -25,21 +26,25 @@ def basket(api_client):
     product = ProductFactory(price=1500)
 
     def open_purchase():
-        quote = services.quote_create(api_client=api_client,
-                                      items=[{"sku": product.sku, "quantity": 1}],
-                                      currency="usd")
-        return services.purchase_create(api_client=api_client, quote_id=quote.id,
-                                        quote_version=quote.version,
-                                        customer_reference=CUSTOMER,
-                                        customer_email="buyer@example.com")
+        quote = services.quote_create(
+            api_client=api_client, items=[{"sku": product.sku, "quantity": 1}], currency="usd"
+        )
+        return services.purchase_create(
+            api_client=api_client,
+            quote_id=quote.id,
+            quote_version=quote.version,
+            customer_reference=CUSTOMER,
+            customer_email="buyer@example.com",
+        )
 
     return open_purchase
 
 
 def _paid(basket, api_client):
     purchase = basket()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa")
+    op = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     assert services.operation_dispatch(operation_id=op.id).outcome == Outcome.SUCCEEDED
     return purchase, op
 
@@ -63,18 +68,22 @@ def test_the_guard_asks_the_one_definition():
 
 
 @pytest.mark.parametrize("outcome", ["open", "won"])
-def test_a_dispute_open_or_won_still_holds_the_money(basket, api_client, deliver, localstripe,
-                                                     outcome):
+def test_a_dispute_open_or_won_still_holds_the_money(
+    basket, api_client, deliver, localstripe, outcome
+):
     first, pay = _paid(basket, api_client)
     pay.refresh_from_db()
     dispute = open_dispute(pay.provider_charge, reason="fraudulent")
-    assert deliver(provider_object("disputes", dispute["id"]),
-                   "charge.dispute.created") == "applied"
+    assert (
+        deliver(provider_object("disputes", dispute["id"]), "charge.dispute.created") == "applied"
+    )
     expected = PurchaseStatus.DISPUTED
     if outcome == "won":
         move_dispute(dispute["id"], "won")
-        assert deliver(provider_object("disputes", dispute["id"]),
-                       "charge.dispute.closed") == "applied"
+        assert (
+            deliver(provider_object("disputes", dispute["id"]), "charge.dispute.closed")
+            == "applied"
+        )
         expected = PurchaseStatus.DISPUTE_WON
     assert Purchase.objects.get(pk=first.pk).status == expected
 

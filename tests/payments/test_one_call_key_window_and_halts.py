@@ -1,6 +1,7 @@
 """The key window's edge and halts around a one-call payment's lost answer. (A window
 setting longer than the provider keeps keys, or no margin, is refused at start-up against
 a real provider: tests/security/test_startup_refusals.py.)"""
+
 import threading
 import time
 from datetime import timedelta
@@ -28,8 +29,7 @@ def _lose(op, drill, read_drill):
     return services.operation_dispatch(operation_id=op.id)
 
 
-def test_margin_zero_at_the_edge(new_purchase, api_client, one_call, drill, read_drill,
-                                 settings):
+def test_margin_zero_at_the_edge(new_purchase, api_client, one_call, drill, read_drill, settings):
     """Margin 0, the setting equal to the provider's window: Verity counts from its claim,
     before the request reaches the provider, so its last re-send still lands inside the
     provider's window (the slack is the claim-to-arrival time). Re-sent until refused."""
@@ -44,7 +44,8 @@ def test_margin_zero_at_the_edge(new_purchase, api_client, one_call, drill, read
         if op.outcome != Outcome.UNKNOWN:
             # settled by a re-send: make it unknown again to keep re-sending at the edge
             PaymentOperation.objects.filter(id=op.id).update(
-                outcome=Outcome.UNKNOWN, provider_reference="")
+                outcome=Outcome.UNKNOWN, provider_reference=""
+            )
         services.operation_reconcile(operation_id=op.id)
     counts = provider_count(one_call, purchase)
     print("re-sends:", len(calls(op, "replay")), "provider:", counts)
@@ -62,12 +63,14 @@ def test_a_halt_set_while_the_first_send_runs(new_purchase, api_client, one_call
     halt_set(name="checkout", reason="incident", actor="ops")
     # claimed before the halt: dispatch the already-claimed payment's send by hand
     from payments.enums import CallStep, Rail
+
     call = None
     halt_clear(name="checkout", actor="ops", reason="claim")
     call = services._claim(op.id, CallStep.PAY, from_pending=True, confirm=True)
     halt_set(name="checkout", reason="incident", actor="ops")
     result = services.provider_for_rail(Rail.STRIPE).create_and_confirm_payment_intent(
-        key=call.key, **services.common.payment_request(op))
+        key=call.key, **services.common.payment_request(op)
+    )
     services.dispatch._record_call(call, result)
     services.dispatch._outcome_after_call(op, CallStep.PAY, result)
     try:
@@ -80,8 +83,16 @@ def test_a_halt_set_while_the_first_send_runs(new_purchase, api_client, one_call
     op = services.operation_reconcile(operation_id=op.id)
     halt_clear(name="checkout", actor="ops", reason="over")
     counts = provider_count(one_call, purchase)
-    print("first:", result.classification, "replays while halted:", held, "final:", op.outcome,
-          "provider:", counts)
+    print(
+        "first:",
+        result.classification,
+        "replays while halted:",
+        held,
+        "final:",
+        op.outcome,
+        "provider:",
+        counts,
+    )
     assert held == []
     assert counts == (1, 1, 1) and op.outcome == Outcome.SUCCEEDED
 
@@ -112,7 +123,6 @@ def test_a_person_replays_mid_flight(new_purchase, api_client, one_call):
     t.join(20)
     one_call.idempotency(hold_seconds=0)
     counts = provider_count(one_call, purchase)
-    print("replay:", replay, "dispatch:", out, "provider:", counts,
-          "replays:", calls(op, "replay"))
+    print("replay:", replay, "dispatch:", out, "provider:", counts, "replays:", calls(op, "replay"))
     assert replay != "accepted" and calls(op, "replay") == []
     assert counts == (1, 1, 1) and out == [Outcome.SUCCEEDED]

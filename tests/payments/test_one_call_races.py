@@ -1,5 +1,6 @@
 """Races around a one-call payment's lost answer: the dead-dispatch sweep against a first
 send still running at the provider, and two reconcilers re-sending at once."""
+
 import threading
 from datetime import timedelta
 
@@ -35,15 +36,20 @@ def test_sweep_races_a_slow_first_send(new_purchase, api_client, one_call):
     purchase = new_purchase()
     op = start(purchase, api_client)
     errors, results = [], []
-    t = threading.Thread(target=_run, args=(
-        lambda: services.operation_dispatch(operation_id=op.id).outcome, errors, results))
+    t = threading.Thread(
+        target=_run,
+        args=(lambda: services.operation_dispatch(operation_id=op.id).outcome, errors, results),
+    )
     t.start()
     wait_for_dispatching = timezone.now() + timedelta(seconds=5)
-    while (PaymentOperation.objects.get(id=op.id).outcome != Outcome.DISPATCHING
-           and timezone.now() < wait_for_dispatching):
+    while (
+        PaymentOperation.objects.get(id=op.id).outcome != Outcome.DISPATCHING
+        and timezone.now() < wait_for_dispatching
+    ):
         pass
     PaymentOperation.objects.filter(id=op.id).update(
-        dispatch_deadline=timezone.now() - timedelta(seconds=1))
+        dispatch_deadline=timezone.now() - timedelta(seconds=1)
+    )
     assert services.operations_sweep_dead_dispatches() == 1
     one_call.idempotency(hold_seconds=0)
     mid = services.operation_reconcile(operation_id=op.id)
@@ -51,12 +57,26 @@ def test_sweep_races_a_slow_first_send(new_purchase, api_client, one_call):
     assert errors == []
     op = PaymentOperation.objects.get(id=op.id)
     counts = provider_count(one_call, purchase)
-    print("mid:", mid.outcome, "worker:", results, "final:", op.outcome,
-          "replays:", calls(op, "replay"), "provider:", counts)
+    print(
+        "mid:",
+        mid.outcome,
+        "worker:",
+        results,
+        "final:",
+        op.outcome,
+        "replays:",
+        calls(op, "replay"),
+        "provider:",
+        counts,
+    )
     assert counts == (1, 1, 1)
     assert op.outcome == Outcome.SUCCEEDED
-    assert OperationTransition.objects.filter(operation=op, field="outcome",
-                                              target=Outcome.SUCCEEDED).count() == 1
+    assert (
+        OperationTransition.objects.filter(
+            operation=op, field="outcome", target=Outcome.SUCCEEDED
+        ).count()
+        == 1
+    )
     assert Hold.objects.get(operation=op).state == HoldState.CONSUMED
 
 
@@ -68,13 +88,18 @@ def test_two_reconcilers_resend_at_once(new_purchase, api_client, one_call):
     op = start(purchase, api_client)
     services._claim(op.id, CallStep.PAY, from_pending=True, confirm=True)
     PaymentOperation.objects.filter(id=op.id).update(
-        dispatch_deadline=timezone.now() - timedelta(seconds=1))
+        dispatch_deadline=timezone.now() - timedelta(seconds=1)
+    )
     assert services.operations_sweep_dead_dispatches() == 1
     one_call.idempotency(hold_seconds=1.5)
     errors, results = [], []
-    threads = [threading.Thread(target=_run, args=(f, errors, results)) for f in (
-        lambda: services.operation_reconcile(operation_id=op.id).outcome,
-        lambda: services.operation_replay(operation_id=op.id, actor="support:bob").outcome)]
+    threads = [
+        threading.Thread(target=_run, args=(f, errors, results))
+        for f in (
+            lambda: services.operation_reconcile(operation_id=op.id).outcome,
+            lambda: services.operation_replay(operation_id=op.id, actor="support:bob").outcome,
+        )
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -85,15 +110,24 @@ def test_two_reconcilers_resend_at_once(new_purchase, api_client, one_call):
     if op.outcome != Outcome.SUCCEEDED:
         op = services.operation_reconcile(operation_id=op.id)
     counts = provider_count(one_call, purchase)
-    print("threads:", results, "final:", op.outcome, "replays:", calls(op, "replay"),
-          "provider:", counts)
+    print(
+        "threads:",
+        results,
+        "final:",
+        op.outcome,
+        "replays:",
+        calls(op, "replay"),
+        "provider:",
+        counts,
+    )
     assert counts == (1, 1, 1)
     assert op.outcome == Outcome.SUCCEEDED
     assert Hold.objects.get(operation=op).state == HoldState.CONSUMED
 
 
-def test_lost_decline_then_retry_with_another_card(new_purchase, api_client, one_call, drill,
-                                                   read_drill):
+def test_lost_decline_then_retry_with_another_card(
+    new_purchase, api_client, one_call, drill, read_drill
+):
     from payments.providers.stripe import DrillMode
 
     purchase = new_purchase()
@@ -111,8 +145,9 @@ def test_lost_decline_then_retry_with_another_card(new_purchase, api_client, one
             refusals.append(exc.code)
     op = services.operation_reconcile(operation_id=op.id)
     assert (op.outcome, op.reason) == (Outcome.FAILED, "card_declined")
-    retry = services.operation_dispatch(operation_id=start(
-        purchase, api_client, method="pm_card_visa", retry_of=op.id).id)
+    retry = services.operation_dispatch(
+        operation_id=start(purchase, api_client, method="pm_card_visa", retry_of=op.id).id
+    )
     counts = provider_count(one_call, purchase)
     print("while unknown:", refusals, "retry:", retry.outcome, "provider:", counts)
     assert "accepted" not in refusals
@@ -121,8 +156,9 @@ def test_lost_decline_then_retry_with_another_card(new_purchase, api_client, one
     assert Hold.objects.get(operation=op).state == HoldState.RELEASED
 
 
-def test_dedupe_turned_on_mid_flight_for_a_two_step_payment(new_purchase, api_client,
-                                                             localstripe, drill, settings):
+def test_dedupe_turned_on_mid_flight_for_a_two_step_payment(
+    new_purchase, api_client, localstripe, drill, settings
+):
     """Sent in two steps (create, confirm) while the provider did not dedupe; its confirm's
     answer lost; then the deployment turns one-call on. The unknown payment must be read,
     never re-sent as a `pay`."""
@@ -152,13 +188,16 @@ def test_dedupe_turned_off_while_dispatching(new_purchase, api_client, one_call,
     purchase = new_purchase()
     op = start(purchase, api_client)
     errors, results = [], []
-    t = threading.Thread(target=_run, args=(
-        lambda: services.operation_dispatch(operation_id=op.id).outcome, errors, results))
+    t = threading.Thread(
+        target=_run,
+        args=(lambda: services.operation_dispatch(operation_id=op.id).outcome, errors, results),
+    )
     t.start()
     wait_intents(one_call, purchase, 1, timeout=0.5)
     settings.STRIPE_DEDUPES_KEYS = False
     PaymentOperation.objects.filter(id=op.id).update(
-        dispatch_deadline=timezone.now() - timedelta(seconds=1))
+        dispatch_deadline=timezone.now() - timedelta(seconds=1)
+    )
     swept = services.operations_sweep_dead_dispatches()
     mid = PaymentOperation.objects.get(id=op.id)
     if mid.outcome == Outcome.UNKNOWN:
@@ -167,8 +206,19 @@ def test_dedupe_turned_off_while_dispatching(new_purchase, api_client, one_call,
     assert errors == []
     op = PaymentOperation.objects.get(id=op.id)
     counts = provider_count(one_call, purchase)
-    print("swept:", swept, "mid:", mid.outcome, mid.reason, "final:", op.outcome,
-          "replays:", calls(op, "replay"), "provider:", counts)
+    print(
+        "swept:",
+        swept,
+        "mid:",
+        mid.outcome,
+        mid.reason,
+        "final:",
+        op.outcome,
+        "replays:",
+        calls(op, "replay"),
+        "provider:",
+        counts,
+    )
     assert mid.outcome != Outcome.FAILED
     assert counts == (1, 1, 1) and op.outcome == Outcome.SUCCEEDED
 

@@ -4,6 +4,7 @@ the provider (a person in the provider's dashboard, a fraud rule) before Verity 
 again: the re-send is answered with the stored `requires_capture` (`Idempotent-Replayed`).
 Verity reads the PaymentIntent it names by id, as the two-step flow reads a lost answer,
 and books what the provider shows now: `canceled`, not an authorization."""
+
 import pytest
 import requests
 from django.conf import settings
@@ -18,18 +19,26 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _cancel_at_provider(intent_id):
-    r = requests.post(f"{settings.STRIPE_API_BASE.rstrip('/')}/v1/payment_intents/"
-                      f"{intent_id}/cancel", auth=(settings.STRIPE_API_KEY, ""), timeout=10)
+    r = requests.post(
+        f"{settings.STRIPE_API_BASE.rstrip('/')}/v1/payment_intents/{intent_id}/cancel",
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=10,
+    )
     r.raise_for_status()
     return r.json()["status"]
 
 
 @pytest.mark.parametrize("capture", ["manual"])
-def test_a_replayed_authorization_cancelled_since(capture, new_purchase, api_client, one_call,
-                                                  drill, read_drill):
+def test_a_replayed_authorization_cancelled_since(
+    capture, new_purchase, api_client, one_call, drill, read_drill
+):
     purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa", capture_method=capture)
+    op = services.payment_create(
+        purchase_id=purchase.id,
+        api_client=api_client,
+        payment_method="pm_card_visa",
+        capture_method=capture,
+    )
     drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.PAY, times=2)
     read_drill(times=1)
     op = services.operation_dispatch(operation_id=op.id)
@@ -40,11 +49,22 @@ def test_a_replayed_authorization_cancelled_since(capture, new_purchase, api_cli
     op = services.operation_reconcile(operation_id=op.id)
     now = one_call.payment_intents_for(purchase.id)
     purchase.refresh_from_db()
-    print("op:", op.outcome, op.verification, op.provider_status, "purchase:", purchase.status,
-          "replays:", calls(op, "replay"), "provider now:", [(p["id"], p["status"]) for p in now])
+    print(
+        "op:",
+        op.outcome,
+        op.verification,
+        op.provider_status,
+        "purchase:",
+        purchase.status,
+        "replays:",
+        calls(op, "replay"),
+        "provider now:",
+        [(p["id"], p["status"]) for p in now],
+    )
     assert [p["status"] for p in now] == ["canceled"]
     assert [s for s, _, _ in calls(op, "replay")][-1:] == ["pay"]
     assert op.outcome != Outcome.SUCCEEDED, (
         f"Verity booked the authorization {op.outcome} (provider_status "
         f"{op.provider_status!r}, purchase {purchase.status}) from the replayed answer; the "
-        f"provider shows it canceled")
+        f"provider shows it canceled"
+    )

@@ -1,4 +1,4 @@
-""""pay again" after a person's
+""" "pay again" after a person's
 unverified "failed".
 
 A charge succeeds at localstripe but its answer is lost (fault-drill HTTP client); the
@@ -14,6 +14,7 @@ succeeded charge: the page and the REST advice invited an action the server refu
 money had in fact moved. Fixed in payments.next_action (FAILED_UNCONFIRMED: reconciliation
 owns it, no retry), rendered by every surface.
 """
+
 import pytest
 
 from payments import services
@@ -28,33 +29,44 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_persons_unverified_failure_does_not_invite_the_buyer_to_pay_again(
-        api_client, new_purchase, drill, read_drill, django_user_model, localstripe,
-        settings):
+    api_client, new_purchase, drill, read_drill, django_user_model, localstripe, settings
+):
     settings.STOREFRONT_CHECKOUT_URL = "https://shop.example/checkout/{purchase_id}"
     resolver = django_user_model.objects.create(username="r4-resolver")
     purchase = new_purchase(customer="cust-r4-pay-again")
-    pay = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                  payment_method="pm_card_visa")
+    pay = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(pay, DrillMode.DROP_RESPONSE_AFTER_SEND)
     pay = services.operation_dispatch(operation_id=pay.id)
     assert pay.outcome == Outcome.UNKNOWN
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1  # money moved
 
     read_drill("*", times=10)
-    services.operation_resolve_manual(operation_id=pay.id, outcome="failed",
-                                      reason="buyer says it was declined",
-                                      actor="r4-resolver", acting_user=resolver)
+    services.operation_resolve_manual(
+        operation_id=pay.id,
+        outcome="failed",
+        reason="buyer says it was declined",
+        actor="r4-resolver",
+        acting_user=resolver,
+    )
     p = Purchase.objects.get(pk=purchase.pk)
     state = customer_state(p)
     step = purchase_next_step(p)
-    print(f"customer page can_pay_again={state.can_pay_again} "
-          f"next step retry={step.retry} owner={step.owner} by_team={step.by_team}")
+    print(
+        f"customer page can_pay_again={state.can_pay_again} "
+        f"next step retry={step.retry} owner={step.owner} by_team={step.by_team}"
+    )
     # The buyer follows the invitation; the provider still cannot be read.
     provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
     read_drill("*", times=10)
     try:
-        again = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                        payment_method="pm_card_mastercard", retry_of=pay.id)
+        again = services.payment_create(
+            purchase_id=purchase.id,
+            api_client=api_client,
+            payment_method="pm_card_mastercard",
+            retry_of=pay.id,
+        )
         services.operation_dispatch(operation_id=again.id)
     except services.DomainError as err:
         print(f"retry refused: {err.code}")

@@ -7,6 +7,7 @@ and voids, never refunds, and `payment_refund_room` frees the room of every `fai
 refund, a person's unverified word included. Counted at localstripe and in the database;
 faults only through the fault-drill HTTP client.
 """
+
 import pytest
 
 from payments import services
@@ -20,22 +21,24 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _paid(new_purchase, api_client):
     purchase = new_purchase(price=1500)
-    pay = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                  payment_method="pm_card_visa")
+    pay = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     pay = services.operation_dispatch(operation_id=pay.id)
     assert pay.outcome == Outcome.SUCCEEDED
     return purchase, pay
 
 
 def _refund(purchase, requester, approver, amount=None):
-    refund = services.refund_request(purchase_id=purchase.id, amount=amount,
-                                     acting_user=requester)
-    return services.refund_approve(operation_id=refund.id, acting_user=approver,
-                                   reason="buyer returned it")
+    refund = services.refund_request(purchase_id=purchase.id, amount=amount, acting_user=requester)
+    return services.refund_approve(
+        operation_id=refund.id, acting_user=approver, reason="buyer returned it"
+    )
 
 
 def test_a_refund_a_person_called_failed_unverified_is_read_back_before_another_refund(
-        new_purchase, api_client, drill, read_drill, people, localstripe):
+    new_purchase, api_client, drill, read_drill, people, localstripe
+):
     """A full refund whose answer was lost (the provider made it); a person, the provider
     unreadable for a moment, calls it "failed" (acknowledged). The provider is readable
     again when support asks for the refund once more. Correct: the follow-up reads the
@@ -52,9 +55,13 @@ def test_a_refund_a_person_called_failed_unverified_is_read_back_before_another_
     assert [r["amount"] for r in localstripe.refunds_for(pay.provider_reference)] == [1500]
 
     read_drill("*", times=10)  # the read-back before the resolution fails
-    first = services.operation_resolve_manual(operation_id=first.id, outcome="failed",
-                                              reason="bank says nothing came back",
-                                              actor="resolver", acting_user=resolver)
+    first = services.operation_resolve_manual(
+        operation_id=first.id,
+        outcome="failed",
+        reason="bank says nothing came back",
+        actor="resolver",
+        acting_user=resolver,
+    )
     assert (first.outcome, first.grade) == (Outcome.FAILED, "acknowledged")
     provider_for_rail(Rail.STRIPE).drill_client.disarm_all()  # the provider answers reads again
 
@@ -64,17 +71,23 @@ def test_a_refund_a_person_called_failed_unverified_is_read_back_before_another_
     except services.DomainError:
         pass  # refused: the correct answer
 
-    refunded = sum(r["amount"] for r in localstripe.refunds_for(pay.provider_reference)
-                   if r["status"] == "succeeded")
+    refunded = sum(
+        r["amount"]
+        for r in localstripe.refunds_for(pay.provider_reference)
+        if r["status"] == "succeeded"
+    )
     assert refunded <= pay.amount, f"{refunded} returned for a {pay.amount} charge"
-    booked = sum(PaymentOperation.objects.filter(parent=pay, kind="refund",
-                                                 outcome=Outcome.SUCCEEDED)
-                 .values_list("amount", flat=True))
+    booked = sum(
+        PaymentOperation.objects.filter(
+            parent=pay, kind="refund", outcome=Outcome.SUCCEEDED
+        ).values_list("amount", flat=True)
+    )
     assert booked == refunded
 
 
 def test_a_persons_succeeded_on_a_refund_the_provider_never_received_is_not_booked(
-        new_purchase, api_client, drill, people, localstripe, settings):
+    new_purchase, api_client, drill, people, localstripe, settings
+):
     """A refund whose send was refused before it reached the provider (409 key in use:
     nothing applied) is `unknown`. The provider is readable: it shows the charge with no
     refund at all. A person says "succeeded". Correct: the
@@ -91,9 +104,13 @@ def test_a_persons_succeeded_on_a_refund_the_provider_never_received_is_not_book
     assert localstripe.refunds_for(pay.provider_reference) == []
 
     try:
-        services.operation_resolve_manual(operation_id=refund.id, outcome="succeeded",
-                                          reason="the buyer says the money arrived",
-                                          actor="resolver", acting_user=resolver)
+        services.operation_resolve_manual(
+            operation_id=refund.id,
+            outcome="succeeded",
+            reason="the buyer says the money arrived",
+            actor="resolver",
+            acting_user=resolver,
+        )
     except services.DomainError:
         pass  # refused: the correct answer
     for _ in range(3):  # the read-backs that follow a person's word
@@ -106,4 +123,5 @@ def test_a_persons_succeeded_on_a_refund_the_provider_never_received_is_not_book
     assert localstripe.refunds_for(pay.provider_reference) == []
     assert refund.outcome != Outcome.SUCCEEDED, (
         f"booked {refund.amount} refunded ({refund.grade}) that the provider never made; "
-        f"purchase {purchase.__class__.objects.get(pk=purchase.pk).status}")
+        f"purchase {purchase.__class__.objects.get(pk=purchase.pk).status}"
+    )

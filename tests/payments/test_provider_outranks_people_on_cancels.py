@@ -4,6 +4,7 @@ every operation kind; a person's word is never a licence to charge again.
 Counted at localstripe (PaymentIntents, charges) and in the database (operations,
 history, provider calls); faults come from the fault-drill HTTP client only.
 """
+
 import pytest
 import requests
 from django.conf import settings
@@ -31,25 +32,34 @@ def _reload(op):
 
 
 def _resolve(op, outcome, resolver, reason="the person's word"):
-    return services.operation_resolve_manual(operation_id=op.id, outcome=outcome,
-                                             reason=reason, actor="resolver-r3",
-                                             acting_user=resolver)
+    return services.operation_resolve_manual(
+        operation_id=op.id,
+        outcome=outcome,
+        reason=reason,
+        actor="resolver-r3",
+        acting_user=resolver,
+    )
 
 
 def _unknown_capture(new_purchase, api_client, drill):
     """An authorization that succeeded and a capture the provider never applied (its
     answer was a 409 before anything was applied): `unknown` at Verity."""
     purchase = new_purchase()
-    auth = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                   payment_method="pm_card_visa", capture_method="manual")
+    auth = services.payment_create(
+        purchase_id=purchase.id,
+        api_client=api_client,
+        payment_method="pm_card_visa",
+        capture_method="manual",
+    )
     auth = services.operation_dispatch(operation_id=auth.id)
     assert auth.outcome == Outcome.SUCCEEDED
     capture = services.capture_create(purchase_id=purchase.id, api_client=api_client)
     drill(capture, DrillMode.HTTP_409, step="capture")
     capture = services.operation_dispatch(operation_id=capture.id)
     assert capture.outcome == Outcome.UNKNOWN, capture.outcome
-    assert provider_object("payment_intents", auth.provider_reference)["status"] \
-        == "requires_capture"
+    assert (
+        provider_object("payment_intents", auth.provider_reference)["status"] == "requires_capture"
+    )
     return purchase, auth, capture
 
 
@@ -57,7 +67,8 @@ def _unknown_capture(new_purchase, api_client, drill):
 
 
 def test_capture_succeeded_is_refused_while_the_provider_shows_requires_capture(
-        new_purchase, api_client, drill, resolver, localstripe):
+    new_purchase, api_client, drill, resolver, localstripe
+):
     purchase, auth, capture = _unknown_capture(new_purchase, api_client, drill)
 
     with pytest.raises(services.DomainError) as err:
@@ -68,12 +79,14 @@ def test_capture_succeeded_is_refused_while_the_provider_shows_requires_capture(
     assert _reload(capture).outcome == Outcome.UNKNOWN
     assert Resolution.objects.filter(operation_id=capture.id).count() == 0
     # Nothing was captured at the provider.
-    assert provider_object("payment_intents", auth.provider_reference)["status"] \
-        == "requires_capture"
+    assert (
+        provider_object("payment_intents", auth.provider_reference)["status"] == "requires_capture"
+    )
 
 
 def test_capture_succeeded_accepted_unread_is_overturned_by_a_later_read_back(
-        new_purchase, api_client, drill, read_drill, resolver, localstripe, settings):
+    new_purchase, api_client, drill, read_drill, resolver, localstripe, settings
+):
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
     purchase, auth, capture = _unknown_capture(new_purchase, api_client, drill)
     read_drill("*")  # the read-back before the resolution fails
@@ -88,19 +101,20 @@ def test_capture_succeeded_accepted_unread_is_overturned_by_a_later_read_back(
     row = OperationTransition.objects.get(operation=capture, cause=OVERTURN_CAUSE)
     assert (row.source, row.target) == ("succeeded", "failed")
     assert row.evidence["overturned"]["outcome"] == "succeeded"
-    assert provider_object("payment_intents", auth.provider_reference)["status"] \
-        == "requires_capture"
+    assert (
+        provider_object("payment_intents", auth.provider_reference)["status"] == "requires_capture"
+    )
 
 
 def test_charge_succeeded_accepted_unread_then_read_as_requires_action_is_overturned(
-        new_purchase, api_client, read_drill, resolver, localstripe, settings):
+    new_purchase, api_client, read_drill, resolver, localstripe, settings
+):
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
     purchase, op = _awaiting_buyer(new_purchase, api_client)
     read_drill("*")
     op = _resolve(op, "succeeded", resolver, reason="buyer says they authenticated")
     assert (op.outcome, op.grade) == (Outcome.SUCCEEDED, Grade.ACKNOWLEDGED)
-    assert provider_object("payment_intents", op.provider_reference)["status"] \
-        == "requires_action"
+    assert provider_object("payment_intents", op.provider_reference)["status"] == "requires_action"
 
     services.operation_reconcile(operation_id=op.id, actor="reconciler")
 
@@ -118,21 +132,28 @@ def test_charge_succeeded_accepted_unread_then_read_as_requires_action_is_overtu
 def _declining_sepa_method() -> str:
     """A SEPA debit the bank will refuse: the provider holds its PaymentIntent
     `processing` (localstripe: half a second) before it fails."""
-    r = requests.post(f"{settings.STRIPE_API_BASE}/v1/payment_methods",
-                      data={"type": "sepa_debit",
-                            "sepa_debit[iban]": "DE62370400440532013001",
-                            "billing_details[name]": "Ada", "billing_details[email]":
-                            "ada@example.com"},
-                      auth=(settings.STRIPE_API_KEY, ""), timeout=10)
+    r = requests.post(
+        f"{settings.STRIPE_API_BASE}/v1/payment_methods",
+        data={
+            "type": "sepa_debit",
+            "sepa_debit[iban]": "DE62370400440532013001",
+            "billing_details[name]": "Ada",
+            "billing_details[email]": "ada@example.com",
+        },
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=10,
+    )
     r.raise_for_status()
     return r.json()["id"]
 
 
 def test_a_persons_failed_is_refused_while_the_provider_is_processing(
-        new_purchase, api_client, drill, resolver, localstripe):
+    new_purchase, api_client, drill, resolver, localstripe
+):
     purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method=_declining_sepa_method())
+    op = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method=_declining_sepa_method()
+    )
     drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
     op = services.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.UNKNOWN
@@ -149,7 +170,8 @@ def test_a_persons_failed_is_refused_while_the_provider_is_processing(
 
 
 def test_on_demand_reconcile_cooldown_applies_to_an_operation_a_person_settled(
-        new_purchase, api_client, drill, read_drill, resolver, localstripe, settings):
+    new_purchase, api_client, drill, read_drill, resolver, localstripe, settings
+):
     settings.RECONCILE_ON_DEMAND_COOLDOWN_SECONDS = 60
     from django.core.cache import cache
 
@@ -160,18 +182,22 @@ def test_on_demand_reconcile_cooldown_applies_to_an_operation_a_person_settled(
     read_drill("*", times=100)  # keep it unreadable: the person's word stays
     reads = ProviderCall.objects.filter(operation=capture, purpose=CallPurpose.RECONCILE)
     before = reads.count()
-    waits = [services.operation_reconcile_on_demand(operation_id=capture.id, actor="api")
-             for _ in range(5)]
+    waits = [
+        services.operation_reconcile_on_demand(operation_id=capture.id, actor="api")
+        for _ in range(5)
+    ]
     assert waits[0] == 0 and all(w > 0 for w in waits[1:]), waits
     assert reads.count() == before + 1
 
 
 def test_retry_of_a_persons_failed_waits_until_the_provider_is_read(
-        new_purchase, api_client, drill, read_drill, resolver, localstripe):
+    new_purchase, api_client, drill, read_drill, resolver, localstripe
+):
     # given a charge the provider took whose answer was lost
     purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa")
+    op = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
     op = services.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.UNKNOWN
@@ -183,8 +209,12 @@ def test_retry_of_a_persons_failed_waits_until_the_provider_is_read(
     # when the agent retries it while the provider is still unreadable
     read_drill("*", times=100)
     with pytest.raises(services.DomainError) as err:
-        retry = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                        payment_method="pm_card_mastercard", retry_of=op.id)
+        retry = services.payment_create(
+            purchase_id=purchase.id,
+            api_client=api_client,
+            payment_method="pm_card_mastercard",
+            retry_of=op.id,
+        )
         services.operation_dispatch(operation_id=retry.id)
 
     # then no second charge: refused until the original is read back
@@ -198,7 +228,8 @@ def test_retry_of_a_persons_failed_waits_until_the_provider_is_read(
 
 
 def test_a_persons_failed_does_not_cancel_at_the_provider_while_checkout_is_halted(
-        new_purchase, api_client, resolver, localstripe):
+    new_purchase, api_client, resolver, localstripe
+):
     purchase, op = _awaiting_buyer(new_purchase, api_client)
     halt_set(name="checkout", reason="incident", actor="op1")
 
@@ -206,28 +237,32 @@ def test_a_persons_failed_does_not_cancel_at_the_provider_while_checkout_is_halt
         _resolve(op, "failed", resolver, reason="buyer abandoned 3-D Secure")
 
     assert err.value.code == "workflow_halted" and err.value.status == 503
-    assert provider_object("payment_intents", op.provider_reference)["status"] \
-        == "requires_action"
+    assert provider_object("payment_intents", op.provider_reference)["status"] == "requires_action"
     assert not ProviderCall.objects.filter(operation=op, step=CallStep.CANCEL).exists()
     assert _reload(op).outcome == Outcome.AWAITING_BUYER
 
 
 def test_the_unapplied_cancel_does_not_write_while_checkout_is_halted(
-        new_purchase, api_client, drill, resolver, localstripe, settings):
+    new_purchase, api_client, drill, resolver, localstripe, settings
+):
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
     purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa")
+    op = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, DrillMode.HTTP_409)
     op = services.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.UNKNOWN
     halt_set(name="checkout", reason="incident", actor="op1")
 
     with pytest.raises(services.DomainError) as err:
-        services.operation_cancel_unapplied(operation_id=op.id, reason="never applied",
-                                            actor="resolver-r3")
+        services.operation_cancel_unapplied(
+            operation_id=op.id, reason="never applied", actor="resolver-r3"
+        )
 
     assert err.value.code == "workflow_halted"
-    assert provider_object("payment_intents", op.provider_reference)["status"] \
+    assert (
+        provider_object("payment_intents", op.provider_reference)["status"]
         == "requires_confirmation"
+    )
     assert not ProviderCall.objects.filter(operation=op, step=CallStep.CANCEL).exists()

@@ -2,6 +2,7 @@
 that says what the rail can do, an unknown rail is refused by name (no default rail), and
 the provider's vocabulary ("unapplied", "cancellable", "canceled", in flight) is answered
 by each rail's own object, never by sets of status strings in the services."""
+
 import pytest
 
 from payments import services
@@ -14,8 +15,12 @@ from payments.providers.x402 import ChainStatus, X402Transfer
 from tests.factories import PurchaseFactory, make_client
 
 # What the services ask of every adapter (payments.providers.base.RailAdapter).
-_ASKED = [*RailAdapter.__annotations__, "object_type_for", "dedupes_idempotency_keys",
-          "refund_refusal"]
+_ASKED = [
+    *RailAdapter.__annotations__,
+    "object_type_for",
+    "dedupes_idempotency_keys",
+    "refund_refusal",
+]
 
 
 @pytest.mark.parametrize("rail", list(Rail))
@@ -46,8 +51,9 @@ def test_a_payment_on_an_unknown_rail_changes_nothing():
     purchase = PurchaseFactory(api_client=client)
     before, status = PaymentOperation.objects.count(), purchase.status
     with pytest.raises(UnknownRail):
-        services.payment_create(purchase_id=purchase.id, api_client=client,
-                                payment_method="pm_card_visa", rail="paypal")
+        services.payment_create(
+            purchase_id=purchase.id, api_client=client, payment_method="pm_card_visa", rail="paypal"
+        )
     assert PaymentOperation.objects.count() == before
     purchase.refresh_from_db()
     assert purchase.status == status
@@ -60,8 +66,10 @@ def _stripe(object_type, status):
 def test_the_stripe_vocabulary_is_the_stripe_objects():
     assert _stripe("payment_intent", "requires_confirmation").confirm_unapplied
     assert not _stripe("payment_intent", "requires_action").confirm_unapplied
-    assert all(_stripe("payment_intent", s).cancellable for s in (
-        "requires_payment_method", "requires_confirmation", "requires_action"))
+    assert all(
+        _stripe("payment_intent", s).cancellable
+        for s in ("requires_payment_method", "requires_confirmation", "requires_action")
+    )
     assert not _stripe("payment_intent", "processing").cancellable
     assert _stripe("payment_intent", "canceled").canceled
     assert _stripe("payment_intent", "processing").money_in_flight
@@ -87,10 +95,16 @@ def test_the_x402_vocabulary_is_the_chain_transfers():
 
 
 def test_a_bare_provider_object_belongs_to_no_rail_and_shows_nothing():
-    bare = ProviderObject("payment_intent", id="x", status="requires_confirmation",
-                          amount=1, currency="usd")
-    assert not (bare.confirm_unapplied or bare.cancellable or bare.canceled
-                or bare.money_in_flight or bare.refund_in_flight)
+    bare = ProviderObject(
+        "payment_intent", id="x", status="requires_confirmation", amount=1, currency="usd"
+    )
+    assert not (
+        bare.confirm_unapplied
+        or bare.cancellable
+        or bare.canceled
+        or bare.money_in_flight
+        or bare.refund_in_flight
+    )
 
 
 def test_each_rails_object_reads_its_own_statuses_as_outcomes():
@@ -98,15 +112,19 @@ def test_each_rails_object_reads_its_own_statuses_as_outcomes():
     from payments.providers.base import outcome_from_object, shows_no_money_moved
 
     assert outcome_from_object(_stripe("refund", "pending"), kind="refund") == (
-        Outcome.AWAITING_PROVIDER)
+        Outcome.AWAITING_PROVIDER
+    )
     assert outcome_from_object(_stripe("payment_intent", "canceled"), kind="void") == (
-        Outcome.SUCCEEDED)
+        Outcome.SUCCEEDED
+    )
     assert shows_no_money_moved(_stripe("payment_intent", "requires_capture"), kind="capture")
-    confirmed = X402Transfer("x402_transfer", id="0x1", status=ChainStatus.CONFIRMED,
-                             amount=1, currency="usdc")
+    confirmed = X402Transfer(
+        "x402_transfer", id="0x1", status=ChainStatus.CONFIRMED, amount=1, currency="usdc"
+    )
     assert outcome_from_object(confirmed, kind="charge") == Outcome.SUCCEEDED
-    unused = X402Transfer("x402_transfer", id="0x1", status=ChainStatus.UNUSED, amount=1,
-                          currency="usdc")
+    unused = X402Transfer(
+        "x402_transfer", id="0x1", status=ChainStatus.UNUSED, amount=1, currency="usdc"
+    )
     assert outcome_from_object(unused, kind="charge") is None  # still usable: no verdict
     assert not shows_no_money_moved(unused, kind="charge")  # a broadcast may still land
 
@@ -118,8 +136,10 @@ def test_no_generic_service_branches_on_a_named_rail():
     from pathlib import Path
 
     services_dir = Path(services.__file__).parent
-    branch = re.compile(r"\.rail\s*[!=]=|==\s*Rail\.|!=\s*Rail\.|rail\s*=\s*Rail\.X402"
-                        r"|Rail\.X402|\bin\s*\(?Rail\.")
+    branch = re.compile(
+        r"\.rail\s*[!=]=|==\s*Rail\.|!=\s*Rail\.|rail\s*=\s*Rail\.X402"
+        r"|Rail\.X402|\bin\s*\(?Rail\."
+    )
     found = []
     for path in sorted(services_dir.glob("*.py")):
         if path.name.startswith("x402_"):
@@ -139,9 +159,18 @@ def test_no_provider_status_is_spelled_outside_its_adapter():
 
     import webhooks
 
-    stripe_words = ("canceled", "succeeded", "requires_capture", "requires_confirmation",
-                    "requires_action", "requires_payment_method", "processing")
-    spelled = re.compile(r"\bstatus\s*(==|!=|in|not in)\s*[\(\{{\[]?\s*\"({})\"".format("|".join(stripe_words)))
+    stripe_words = (
+        "canceled",
+        "succeeded",
+        "requires_capture",
+        "requires_confirmation",
+        "requires_action",
+        "requires_payment_method",
+        "processing",
+    )
+    spelled = re.compile(
+        r"\bstatus\s*(==|!=|in|not in)\s*[\(\{{\[]?\s*\"({})\"".format("|".join(stripe_words))
+    )
     roots = [Path(services.__file__).parent, Path(webhooks.__file__).parent]
     found = []
     for root in roots:

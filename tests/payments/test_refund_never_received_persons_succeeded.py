@@ -3,6 +3,7 @@ provider never received is accepted only while the provider cannot be read; the 
 read-back (a readable provider, no refund of this operation, past the in-flight window)
 overturns it, and a person's "failed" on such a refund is confirmed so its amount is
 free again. Counted at localstripe; faults only through the fault-drill HTTP client."""
+
 import pytest
 
 from payments import services
@@ -17,7 +18,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.mark.parametrize("word", ["succeeded", "failed"])
 def test_a_persons_word_on_a_refund_the_provider_never_received_is_read_back(
-        word, new_purchase, api_client, drill, read_drill, people, localstripe, settings):
+    word, new_purchase, api_client, drill, read_drill, people, localstripe, settings
+):
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
     resolver, requester, approver = people
     purchase, pay = _paid(new_purchase, api_client)
@@ -27,9 +29,13 @@ def test_a_persons_word_on_a_refund_the_provider_never_received_is_read_back(
     assert refund.outcome == Outcome.UNKNOWN
 
     read_drill("*", times=10)  # the provider cannot be read: the person's word is taken
-    refund = services.operation_resolve_manual(operation_id=refund.id, outcome=word,
-                                               reason="the buyer's bank says so",
-                                               actor="resolver", acting_user=resolver)
+    refund = services.operation_resolve_manual(
+        operation_id=refund.id,
+        outcome=word,
+        reason="the buyer's bank says so",
+        actor="resolver",
+        acting_user=resolver,
+    )
     assert (refund.outcome, refund.grade) == (word, Grade.ACKNOWLEDGED)
     provider_for_rail(Rail.STRIPE).drill_client.disarm_all()
 

@@ -7,6 +7,7 @@ localstripe accepts any refund (Stripe refuses an over-refund with 400
 (DrillMode.HTTP_400_REFUSED), which answers as Stripe does and sends nothing on.
 Counted at localstripe (refunds per PaymentIntent) and in the database.
 """
+
 import pytest
 import requests
 from django.conf import settings
@@ -23,18 +24,20 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _approved_refund(purchase, amount, requester, approver):
-    refund = services.refund_request(purchase_id=purchase.id, amount=amount,
-                                     acting_user=requester)
-    return services.refund_approve(operation_id=refund.id, acting_user=approver,
-                                   reason="buyer returned it")
+    refund = services.refund_request(purchase_id=purchase.id, amount=amount, acting_user=requester)
+    return services.refund_approve(
+        operation_id=refund.id, acting_user=approver, reason="buyer returned it"
+    )
 
 
 def test_a_refund_the_provider_refuses_is_failed_with_its_reason_and_frees_the_slot(
-        new_purchase, api_client, drill, people, localstripe):
+    new_purchase, api_client, drill, people, localstripe
+):
     _resolver, requester, approver = people
     purchase = new_purchase()
-    pay = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                  payment_method="pm_card_visa")
+    pay = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     pay = services.operation_dispatch(operation_id=pay.id)
     assert pay.outcome == Outcome.SUCCEEDED
 
@@ -53,18 +56,23 @@ def test_a_refund_the_provider_refuses_is_failed_with_its_reason_and_frees_the_s
 
 
 def test_a_duplicate_partly_refunded_in_the_dashboard_is_compensated_for_what_is_left(
-        new_purchase, api_client, drill, read_drill, people, deliver, localstripe):
+    new_purchase, api_client, drill, read_drill, people, deliver, localstripe
+):
     resolver, _requester, _approver = people
-    purchase, first, retry = _charged_twice(new_purchase, api_client, drill, read_drill,
-                                            resolver, localstripe)
+    purchase, first, retry = _charged_twice(
+        new_purchase, api_client, drill, read_drill, resolver, localstripe
+    )
     services.operation_reconcile(operation_id=first.id)  # first is the duplicate
     [comp] = PaymentOperation.objects.filter(parent=first, kind="refund")
     assert comp.amount == first.amount and comp.outcome == Outcome.PENDING
 
     # before the compensation leaves, a person refunds 500 of the duplicate in the dashboard
-    r = requests.post(f"{settings.STRIPE_API_BASE}/v1/refunds", timeout=10,
-                      auth=(settings.STRIPE_API_KEY, ""),
-                      data={"payment_intent": first.provider_reference, "amount": 500})
+    r = requests.post(
+        f"{settings.STRIPE_API_BASE}/v1/refunds",
+        timeout=10,
+        auth=(settings.STRIPE_API_KEY, ""),
+        data={"payment_intent": first.provider_reference, "amount": 500},
+    )
     r.raise_for_status()
     assert deliver(provider_object("refunds", r.json()["id"]), "refund.created") == "applied"
 
@@ -75,14 +83,27 @@ def test_a_duplicate_partly_refunded_in_the_dashboard_is_compensated_for_what_is
     settle()
 
     # a new compensation asked for what was left, and returned it
-    rest = PaymentOperation.objects.filter(parent=first, kind="refund", is_compensation=True,
-                                           ).exclude(pk=comp.pk).get()
-    assert (rest.amount, rest.outcome, rest.rail) == (first.amount - 500, Outcome.SUCCEEDED,
-                                                      "stripe")
+    rest = (
+        PaymentOperation.objects.filter(
+            parent=first,
+            kind="refund",
+            is_compensation=True,
+        )
+        .exclude(pk=comp.pk)
+        .get()
+    )
+    assert (rest.amount, rest.outcome, rest.rail) == (
+        first.amount - 500,
+        Outcome.SUCCEEDED,
+        "stripe",
+    )
     assert sorted(x["amount"] for x in localstripe.refunds_for(first.provider_reference)) == [
-        500, first.amount - 500]
+        500,
+        first.amount - 500,
+    ]
     assert localstripe.refunds_for(retry.provider_reference) == []
     # nothing holds the purchase's slot; it is fulfilled on its own charge
     assert not PaymentOperation.objects.filter(
-        purchase=purchase, outcome__in=("pending", "dispatching", "unknown")).exists()
+        purchase=purchase, outcome__in=("pending", "dispatching", "unknown")
+    ).exists()
     assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.COMPLETED

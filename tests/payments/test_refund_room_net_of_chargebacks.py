@@ -4,6 +4,7 @@ back (a dispute lost), or holds it (a chargeback open: the provider's dispute sa
 any fake, accepts such a refund; Verity must count what the bank took back
 (payments.services.common.payment_refund_room). Judged on localstripe's refunds and
 disputes and on Verity's rows."""
+
 import pytest
 import requests
 from django.conf import settings
@@ -28,8 +29,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _withdrawn_by_bank(dispute_id: str) -> int:
-    r = requests.get(f"{settings.STRIPE_API_BASE}/v1/disputes/{dispute_id}",
-                     auth=(settings.STRIPE_API_KEY, ""), timeout=10)
+    r = requests.get(
+        f"{settings.STRIPE_API_BASE}/v1/disputes/{dispute_id}",
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=10,
+    )
     r.raise_for_status()
     d = r.json()
     return -sum(t["amount"] for t in d.get("balance_transactions", []) if t["amount"] < 0)
@@ -65,7 +69,8 @@ def test_a_refund_after_a_lost_chargeback_returns_nothing_more(client, auto_refu
     back = withdrawn + _refunded_at_provider(purchase_id)
     assert back <= PRICE, (
         f"refund answered {answer}; bank withdrew {withdrawn}, localstripe refunded "
-        f"{_refunded_at_provider(purchase_id)}: {back} back for {PRICE} paid")
+        f"{_refunded_at_provider(purchase_id)}: {back} back for {PRICE} paid"
+    )
 
 
 def test_a_refund_during_an_open_chargeback_then_lost_returns_it_once(client, auto_refund_shop):
@@ -86,7 +91,8 @@ def test_a_refund_during_an_open_chargeback_then_lost_returns_it_once(client, au
     back = _withdrawn_by_bank(dispute) + _refunded_at_provider(purchase_id)
     assert back <= PRICE, (
         f"refund answered {r.status_code}, purchase said {status_while_open!r} while the "
-        f"chargeback was open; {back} back to the buyer for {PRICE} paid")
+        f"chargeback was open; {back} back to the buyer for {PRICE} paid"
+    )
 
 
 def test_a_partial_refund_during_an_open_chargeback_keeps_it_disputed(client, auto_refund_shop):
@@ -99,7 +105,9 @@ def test_a_partial_refund_during_an_open_chargeback_keeps_it_disputed(client, au
     settle()
     # the dispute is still open: the purchase says so on every face (DESIGN §5.10)
     assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTED, r.content
-    assert auto_refund_shop.get(f"purchases/{purchase_id}").json()["status"] == PurchaseStatus.DISPUTED
+    assert (
+        auto_refund_shop.get(f"purchases/{purchase_id}").json()["status"] == PurchaseStatus.DISPUTED
+    )
 
 
 def test_a_full_refund_during_an_inquiry_says_disputed_until_it_closes(client, auto_refund_shop):
@@ -117,7 +125,8 @@ def test_a_full_refund_during_an_inquiry_says_disputed_until_it_closes(client, a
 
 
 def test_a_lost_chargeback_mid_fulfilment_cancels_the_order_and_runs_no_more_steps(
-        client, auto_refund_shop):
+    client, auto_refund_shop
+):
     from django.db import transaction
 
     from payments.models import Product
@@ -139,14 +148,16 @@ def test_a_lost_chargeback_mid_fulfilment_cancels_the_order_and_runs_no_more_ste
     settle()
     assert _live_orders(purchase_id) == 0
     assert Product.objects.get(sku=sku).stock == 10
-    assert not InventoryCommit.objects.filter(purchase_id=purchase_id,
-                                              released_at__isnull=True).exists()
+    assert not InventoryCommit.objects.filter(
+        purchase_id=purchase_id, released_at__isnull=True
+    ).exists()
     assert EmailMessage.objects.filter(purchase_id=purchase_id, kind="confirmation").count() == 0
     assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTE_LOST
 
 
 def test_a_refund_approved_after_the_chargeback_was_lost_is_refused(
-        client, auto_refund_shop, django_user_model):
+    client, auto_refund_shop, django_user_model
+):
     from payments import services
 
     requester = django_user_model.objects.create(username="support-1")
@@ -154,8 +165,7 @@ def test_a_refund_approved_after_the_chargeback_was_lost_is_refused(
     # given a refund a person asked before the chargeback, waiting for finance
     purchase_id, _ = _buy(auto_refund_shop)
     settle()
-    refund = services.refund_request(purchase_id=purchase_id, amount=PRICE,
-                                     acting_user=requester)
+    refund = services.refund_request(purchase_id=purchase_id, amount=PRICE, acting_user=requester)
     dispute = _dispute(_charge(purchase_id))
     _event(client, dispute, "charge.dispute.created")
     _move(dispute, "lost")
@@ -163,8 +173,9 @@ def test_a_refund_approved_after_the_chargeback_was_lost_is_refused(
     settle()
     # when finance approves it (the approval re-checks the refundable room under the lock)
     try:
-        services.refund_approve(operation_id=refund.id, acting_user=approver,
-                                reason="buyer asked before the chargeback")
+        services.refund_approve(
+            operation_id=refund.id, acting_user=approver, reason="buyer asked before the chargeback"
+        )
         answer = "approved"
         services.operation_dispatch(operation_id=refund.id)  # as the console sends it
     except services.DomainError as exc:

@@ -5,6 +5,7 @@ refunded in full, and not a cent more.
 
 Real stack: localstripe refunds counted per PaymentIntent, operations counted in the DB.
 """
+
 import pytest
 
 from payments import services
@@ -17,8 +18,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _compensated_duplicate(new_purchase, api_client, drill, read_drill, resolver, localstripe):
-    purchase, first, retry = _charged_twice(new_purchase, api_client, drill, read_drill,
-                                            resolver, localstripe)
+    purchase, first, retry = _charged_twice(
+        new_purchase, api_client, drill, read_drill, resolver, localstripe
+    )
     services.operation_reconcile(operation_id=first.id)
     comp = PaymentOperation.objects.get(parent=first, kind="refund")
     assert services.operation_dispatch(operation_id=comp.id).outcome == Outcome.SUCCEEDED
@@ -26,25 +28,31 @@ def _compensated_duplicate(new_purchase, api_client, drill, read_drill, resolver
 
 
 def test_after_a_compensated_duplicate_the_own_charge_is_refundable_and_approvable(
-        new_purchase, api_client, drill, read_drill, people, localstripe):
+    new_purchase, api_client, drill, read_drill, people, localstripe
+):
     resolver, requester, approver = people
-    purchase, first, retry = _compensated_duplicate(new_purchase, api_client, drill,
-                                                    read_drill, resolver, localstripe)
+    purchase, first, retry = _compensated_duplicate(
+        new_purchase, api_client, drill, read_drill, resolver, localstripe
+    )
     # the console offers what the core allows: the own charge, whole
     assert refundable_amount(purchase) == retry.amount
 
-    refund = services.refund_request(purchase_id=purchase.id, amount=retry.amount,
-                                     acting_user=requester)
+    refund = services.refund_request(
+        purchase_id=purchase.id, amount=retry.amount, acting_user=requester
+    )
     assert (refund.parent_id, refund.outcome) == (retry.id, Outcome.AWAITING_APPROVAL)
     # approval asks the same room (without the refund itself): not "refundable now: 0"
-    refund = services.refund_approve(operation_id=refund.id, acting_user=approver,
-                                     reason="buyer returned the goods")
+    refund = services.refund_approve(
+        operation_id=refund.id, acting_user=approver, reason="buyer returned the goods"
+    )
     refund = services.operation_dispatch(operation_id=refund.id)
     assert refund.outcome == Outcome.SUCCEEDED
     assert [r["amount"] for r in localstripe.refunds_for(retry.provider_reference)] == [
-        retry.amount]
+        retry.amount
+    ]
     assert [r["amount"] for r in localstripe.refunds_for(first.provider_reference)] == [
-        first.amount]
+        first.amount
+    ]
     # and nothing is left anywhere
     assert refundable_amount(purchase) == 0
     with pytest.raises(services.DomainError) as err:
@@ -54,12 +62,15 @@ def test_after_a_compensated_duplicate_the_own_charge_is_refundable_and_approvab
 
 
 def test_approval_still_refuses_beyond_the_own_charges_room(
-        new_purchase, api_client, drill, read_drill, people, localstripe):
+    new_purchase, api_client, drill, read_drill, people, localstripe
+):
     resolver, requester, approver = people
-    purchase, first, retry = _compensated_duplicate(new_purchase, api_client, drill,
-                                                    read_drill, resolver, localstripe)
-    a = services.refund_request(purchase_id=purchase.id, amount=retry.amount - 100,
-                                acting_user=requester)
+    purchase, first, retry = _compensated_duplicate(
+        new_purchase, api_client, drill, read_drill, resolver, localstripe
+    )
+    a = services.refund_request(
+        purchase_id=purchase.id, amount=retry.amount - 100, acting_user=requester
+    )
     # a second request fits only the room left beside the first (in flight counts)
     with pytest.raises(services.DomainError) as err:
         services.refund_request(purchase_id=purchase.id, amount=101, acting_user=requester)
@@ -72,4 +83,6 @@ def test_approval_still_refuses_beyond_the_own_charges_room(
     services.refund_approve(operation_id=b.id, acting_user=approver, reason="ok")
     assert services.operation_dispatch(operation_id=b.id).outcome == Outcome.SUCCEEDED
     assert sorted(r["amount"] for r in localstripe.refunds_for(retry.provider_reference)) == [
-        100, retry.amount - 100]
+        100,
+        retry.amount - 100,
+    ]

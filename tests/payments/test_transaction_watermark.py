@@ -3,6 +3,7 @@
 A rolled-back test runs inside atomic blocks django.test opened (the watermark); a block the
 code opens above them is still refused, exactly as every block is outside tests.
 """
+
 import pytest
 from django.db import transaction
 

@@ -2,6 +2,7 @@
 instance from these reads, saved or put through an FSM transition, must behave as one from
 the ORM: UPDATE not INSERT, the right columns, the concurrent-transition check armed, the
 protected state field protected, refresh_from_db working."""
+
 import pytest
 from django_fsm import ConcurrentTransition
 
@@ -46,7 +47,11 @@ def test_fast_instance_transition_and_save_updates_in_place(owned):
     row = Purchase.objects.get(pk=p.pk)
     assert row.status == PurchaseStatus.MANUAL_REVIEW
     assert (row.amount, row.currency, row.quote_id, row.api_client_id) == (
-        p.amount, p.currency, p.quote_id, p.api_client_id)
+        p.amount,
+        p.currency,
+        p.quote_id,
+        p.api_client_id,
+    )
 
 
 def test_fast_instance_stale_transition_is_refused(owned):

@@ -1,4 +1,5 @@
 """Recovery fixtures: real purchases and payments through the payments core."""
+
 import threading
 
 import pytest
@@ -37,9 +38,14 @@ def wait_outbox_idle(timeout: float = 30.0) -> None:
     from recovery.models import OutboxMessage
     from tests.conftest import wait_for
 
-    wait_for(lambda: not OutboxMessage.objects.filter(
-        processed_at__isnull=True, available_at__lte=timezone.now(),
-        attempts__lt=3).exists(), timeout=timeout)
+    wait_for(
+        lambda: (
+            not OutboxMessage.objects.filter(
+                processed_at__isnull=True, available_at__lte=timezone.now(), attempts__lt=3
+            ).exists()
+        ),
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -52,8 +58,11 @@ def worker_logs():
     stack = Path(os.environ.get("VERITY_STACK_DIR", "/tmp"))
     for log in sorted(stack.glob("worker*.log")):
         keep = ("Task ", "ERROR", "Error", "ready")
-        lines = [line for line in log.read_text(errors="replace").splitlines()
-                 if any(k in line for k in keep)][-60:]
+        lines = [
+            line
+            for line in log.read_text(errors="replace").splitlines()
+            if any(k in line for k in keep)
+        ][-60:]
         print(f"--- {log.name}\n" + "\n".join(lines))
 
 
@@ -77,8 +86,11 @@ def settle(timeout: float = 30.0) -> None:
         while relay_drain_once():
             pass
         now = timezone.now()
-        busy = OutboxMessage.objects.filter(processed_at__isnull=True).filter(
-            Q(available_at__lte=now, attempts__lt=5) | Q(claimed_until__gt=now)).exists()
+        busy = (
+            OutboxMessage.objects.filter(processed_at__isnull=True)
+            .filter(Q(available_at__lte=now, attempts__lt=5) | Q(claimed_until__gt=now))
+            .exists()
+        )
         if not busy:
             return
         if time.monotonic() > deadline:
@@ -107,7 +119,8 @@ def _no_claims_at_teardown(transactional_db):
 
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if not OutboxMessage.objects.filter(processed_at__isnull=True,
-                                            claimed_until__gt=timezone.now()).exists():
+        if not OutboxMessage.objects.filter(
+            processed_at__isnull=True, claimed_until__gt=timezone.now()
+        ).exists():
             return
         time.sleep(0.05)

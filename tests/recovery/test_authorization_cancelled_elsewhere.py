@@ -2,6 +2,7 @@
 the buyer's card is gone, so the goods unwind as after Verity's own void, and every face
 says so. The cancel is made at localstripe over plain HTTP and reported by a signed
 `payment_intent.canceled` event built from localstripe's own object."""
+
 import pytest
 import requests
 from django.conf import settings
@@ -27,9 +28,11 @@ def test_an_authorization_cancelled_in_the_dashboard_unwinds_the_goods(client, a
     settle()
     assert _live_orders(purchase["id"]) == 1
     pi = PaymentOperation.objects.get(purchase_id=purchase["id"], kind="authorize")
-    r = requests.post(f"{settings.STRIPE_API_BASE}/v1/payment_intents/"
-                      f"{pi.provider_reference}/cancel", auth=(settings.STRIPE_API_KEY, ""),
-                      timeout=10)
+    r = requests.post(
+        f"{settings.STRIPE_API_BASE}/v1/payment_intents/{pi.provider_reference}/cancel",
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=10,
+    )
     r.raise_for_status()
     deliver_and_process(client, event_for(r.json(), "payment_intent.canceled"))
     settle()
@@ -37,10 +40,14 @@ def test_an_authorization_cancelled_in_the_dashboard_unwinds_the_goods(client, a
     assert _live_orders(purchase["id"]) == 0, f"hold cancelled, order live; status {status}"
     assert Product.objects.get(sku=product.sku).stock == 10
     assert auto_refund_shop.get(f"purchases/{purchase['id']}").json()["status"] in (
-        PurchaseStatus.VOIDED, PurchaseStatus.CANCELLED)
+        PurchaseStatus.VOIDED,
+        PurchaseStatus.CANCELLED,
+    )
 
 
-def test_a_capture_that_finds_the_authorization_cancelled_unwinds_the_goods(client, auto_refund_shop):
+def test_a_capture_that_finds_the_authorization_cancelled_unwinds_the_goods(
+    client, auto_refund_shop
+):
     """No event this time (lost, or never sent): Verity learns of the cancel only when its
     own capture meets the cancelled PaymentIntent."""
     product = ProductFactory(price=2000, stock=10)
@@ -50,15 +57,22 @@ def test_a_capture_that_finds_the_authorization_cancelled_unwinds_the_goods(clie
     settle()
     assert _live_orders(purchase["id"]) == 1
     pi = PaymentOperation.objects.get(purchase_id=purchase["id"], kind="authorize")
-    requests.post(f"{settings.STRIPE_API_BASE}/v1/payment_intents/{pi.provider_reference}"
-                  f"/cancel", auth=(settings.STRIPE_API_KEY, ""), timeout=10).raise_for_status()
+    requests.post(
+        f"{settings.STRIPE_API_BASE}/v1/payment_intents/{pi.provider_reference}/cancel",
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=10,
+    ).raise_for_status()
     r = auto_refund_shop.post(f"purchases/{purchase['id']}/capture", {})
     settle()
     status = Purchase.objects.get(pk=purchase["id"]).status
-    ops = list(PaymentOperation.objects.filter(purchase_id=purchase["id"]).values_list(
-        "kind", "outcome", "origin"))
+    ops = list(
+        PaymentOperation.objects.filter(purchase_id=purchase["id"]).values_list(
+            "kind", "outcome", "origin"
+        )
+    )
     # the money is not coming: no live order, or a person owns the purchase
     assert _live_orders(purchase["id"]) == 0 or status == PurchaseStatus.MANUAL_REVIEW, (
         f"capture answered {r.status_code} {r.json().get('code')}; purchase {status}; "
         f"live orders {_live_orders(purchase['id'])}; operations {ops}; next_action "
-        f"{auto_refund_shop.get('purchases/' + purchase['id']).json()['next_action']}")
+        f"{auto_refund_shop.get('purchases/' + purchase['id']).json()['next_action']}"
+    )

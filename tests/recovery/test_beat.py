@@ -1,4 +1,5 @@
 """Beat jobs find work and write outbox rows; the schedule names registered tasks."""
+
 from datetime import timedelta
 
 import pytest
@@ -23,11 +24,11 @@ def test_every_beat_entry_names_a_registered_task():
         assert entry["task"] in app.tasks
 
 
-def test_due_unknown_is_reconciled_and_then_fulfilled(new_purchase, api_client, drill,
-                                                      localstripe):
+def test_due_unknown_is_reconciled_and_then_fulfilled(new_purchase, api_client, drill, localstripe):
     purchase = new_purchase()
-    op = pay.payment_create(purchase_id=purchase.id, api_client=api_client,
-                            payment_method="pm_card_visa")
+    op = pay.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, "drop_response_after_send")
     op = pay.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.UNKNOWN and op.next_reconcile_at > timezone.now()
@@ -37,7 +38,8 @@ def test_due_unknown_is_reconciled_and_then_fulfilled(new_purchase, api_client, 
 
     # Time passes: the read-back is due; the core's own delayed message is lost.
     PaymentOperation.objects.filter(id=op.id).update(
-        next_reconcile_at=timezone.now() - timedelta(seconds=1))
+        next_reconcile_at=timezone.now() - timedelta(seconds=1)
+    )
     OutboxMessage.objects.filter(category=OutboxCategory.RECONCILE).delete()
     assert reconcile_due() == 1
     settle()
@@ -55,12 +57,21 @@ def test_due_reconcile_row_written_with_a_delay_is_made_due():
     from tests.factories import PurchaseFactory
 
     purchase = PurchaseFactory()
-    op = PaymentOperation.objects.create(purchase=purchase, kind="charge", amount=1500,
-                                         currency="usd", outcome=Outcome.UNKNOWN,
-                                         next_reconcile_at=timezone.now())
+    op = PaymentOperation.objects.create(
+        purchase=purchase,
+        kind="charge",
+        amount=1500,
+        currency="usd",
+        outcome=Outcome.UNKNOWN,
+        next_reconcile_at=timezone.now(),
+    )
     with transaction.atomic():
-        outbox_put(category=OutboxCategory.RECONCILE, payload={"operation": op.id},
-                   dedupe_key=f"reconcile:{op.id}", delay_seconds=600)
+        outbox_put(
+            category=OutboxCategory.RECONCILE,
+            payload={"operation": op.id},
+            dedupe_key=f"reconcile:{op.id}",
+            delay_seconds=600,
+        )
 
     assert reconcile_due() == 1
     [row] = OutboxMessage.objects.filter(category=OutboxCategory.RECONCILE)
@@ -77,7 +88,8 @@ def test_paid_without_order_gets_its_steps_run(new_purchase, pay_now):
     assert resume_stalled_fulfilment() == 0  # too recent to call stalled
 
     Purchase.objects.filter(id=purchase.id).update(
-        updated_at=timezone.now() - timedelta(seconds=settings.PAID_WITHOUT_ORDER_SECONDS + 1))
+        updated_at=timezone.now() - timedelta(seconds=settings.PAID_WITHOUT_ORDER_SECONDS + 1)
+    )
     assert resume_stalled_fulfilment() == 1
     settle()
 
@@ -88,7 +100,8 @@ def test_paid_without_order_gets_its_steps_run(new_purchase, pay_now):
 def test_stale_unpaid_purchase_expires(new_purchase):
     purchase = new_purchase()
     purchase.quote.__class__.objects.filter(id=purchase.quote_id).update(
-        expires_at=timezone.now() - timedelta(seconds=1))
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
 
     assert expire_stale_purchases() == 1
     assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.EXPIRED

@@ -7,6 +7,7 @@ that smaller refund; finance then declines the one awaiting approval, and nothin
 returns that part: the buyer received nothing (the step was compensated) and paid for it.
 Counted at localstripe; the failing step is a real refused inventory commit.
 """
+
 import pytest
 
 from payments import services
@@ -22,19 +23,25 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_compensated_step_returns_everything_even_if_a_refund_awaiting_approval_is_declined(
-        api_client, django_user_model, localstripe):
+    api_client, django_user_model, localstripe
+):
     support = django_user_model.objects.create(username="support")
     finance = django_user_model.objects.create(username="finance")
     halt_set(name="step:order", reason="test fence", actor="test")
     product = ProductFactory(price=1500, stock=1)
-    quote = services.quote_create(api_client=api_client,
-                                  items=[{"sku": product.sku, "quantity": 1}], currency="usd")
-    purchase = services.purchase_create(api_client=api_client, quote_id=quote.id,
-                                        quote_version=quote.version,
-                                        customer_reference="cust-comp",
-                                        customer_email="buyer@example.com")
-    pay = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                  payment_method="pm_card_visa")
+    quote = services.quote_create(
+        api_client=api_client, items=[{"sku": product.sku, "quantity": 1}], currency="usd"
+    )
+    purchase = services.purchase_create(
+        api_client=api_client,
+        quote_id=quote.id,
+        quote_version=quote.version,
+        customer_reference="cust-comp",
+        customer_email="buyer@example.com",
+    )
+    pay = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     pay = services.operation_dispatch(operation_id=pay.id)
     assert pay.outcome == Outcome.SUCCEEDED
     settle()
@@ -49,21 +56,34 @@ def test_a_compensated_step_returns_everything_even_if_a_refund_awaiting_approva
     purchase_fulfil(purchase_id=purchase.id)
     settle()
     assert StepRun.objects.get(purchase_id=purchase.id, step="inventory").state in (
-        StepState.COMPENSATED, StepState.MANUAL)
+        StepState.COMPENSATED,
+        StepState.MANUAL,
+    )
 
     # finance declines the goodwill refund (the compensation returns the money anyway)
     try:
-        services.refund_decline(operation_id=asked.id, reason="compensated instead",
-                                actor="finance", acting_user=finance)
+        services.refund_decline(
+            operation_id=asked.id,
+            reason="compensated instead",
+            actor="finance",
+            acting_user=finance,
+        )
     except services.DomainError:
         pass
     settle()
 
-    refunded = sum(r["amount"] for r in localstripe.refunds_for(pay.provider_reference)
-                   if r["status"] == "succeeded")
+    refunded = sum(
+        r["amount"]
+        for r in localstripe.refunds_for(pay.provider_reference)
+        if r["status"] == "succeeded"
+    )
     status = Purchase.objects.get(pk=purchase.pk).status
-    ops = list(PaymentOperation.objects.filter(purchase=purchase)
-               .values_list("kind", "amount", "outcome", "is_compensation"))
+    ops = list(
+        PaymentOperation.objects.filter(purchase=purchase).values_list(
+            "kind", "amount", "outcome", "is_compensation"
+        )
+    )
     assert refunded == pay.amount, (
         f"the step was compensated but {pay.amount - refunded} stays with the merchant; "
-        f"purchase {status}; {ops}")
+        f"purchase {status}; {ops}"
+    )

@@ -2,6 +2,7 @@
 goods as Verity's own refund does: a full dashboard refund leaves no live order and no
 stock taken, and every face says refunded. Refunds made at localstripe over plain HTTP,
 reported by a signed `refund.created` event built from localstripe's own object."""
+
 import pytest
 import requests
 from django.conf import settings
@@ -28,9 +29,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _dashboard_refund(purchase_id: str, amount: int) -> dict:
     pi = PaymentOperation.objects.get(purchase_id=purchase_id, kind="charge").provider_reference
-    r = requests.post(f"{settings.STRIPE_API_BASE}/v1/refunds",
-                      data={"payment_intent": pi, "amount": amount},
-                      auth=(settings.STRIPE_API_KEY, ""), timeout=10)
+    r = requests.post(
+        f"{settings.STRIPE_API_BASE}/v1/refunds",
+        data={"payment_intent": pi, "amount": amount},
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=10,
+    )
     r.raise_for_status()
     return r.json()
 
@@ -52,8 +56,9 @@ def test_two_dashboard_partial_refunds_making_it_whole_unwind_the_goods(client, 
     purchase_id, sku = _buy(auto_refund_shop, stock=10)
     settle()
     for part in (PRICE // 2, PRICE - PRICE // 2):
-        deliver_and_process(client, event_for(_dashboard_refund(purchase_id, part),
-                                              "refund.created"))
+        deliver_and_process(
+            client, event_for(_dashboard_refund(purchase_id, part), "refund.created")
+        )
         settle()
     assert _refunded_at_provider(purchase_id) == PRICE
     assert _live_orders(purchase_id) == 0
@@ -69,8 +74,7 @@ def test_a_dashboard_refund_during_an_inquiry_then_closed_stays_refunded(client,
     settle()
     inquiry = _dispute(_charge(purchase_id), inquiry=True)
     _event(client, inquiry, "charge.dispute.created")
-    deliver_and_process(client, event_for(_dashboard_refund(purchase_id, PRICE),
-                                          "refund.created"))
+    deliver_and_process(client, event_for(_dashboard_refund(purchase_id, PRICE), "refund.created"))
     settle()
     lift_halt_quietly("step:order")
     _move(inquiry, "warning_closed")
@@ -93,8 +97,7 @@ def test_a_full_dashboard_refund_mid_fulfilment_ships_nothing_more(client, auto_
     purchase_id, sku = _buy(auto_refund_shop, stock=10)
     settle()
     assert _live_orders(purchase_id) == 1
-    deliver_and_process(client, event_for(_dashboard_refund(purchase_id, PRICE),
-                                          "refund.created"))
+    deliver_and_process(client, event_for(_dashboard_refund(purchase_id, PRICE), "refund.created"))
     settle()
     lift_halt_quietly("step:inventory")
     with transaction.atomic():

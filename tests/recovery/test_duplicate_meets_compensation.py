@@ -5,6 +5,7 @@ Real stack: the duplicate comes from a charge whose answer was lost, a person's 
 "failed" while the provider could not be read, and a retry that charged again; counted at
 localstripe (refunds per PaymentIntent) and in the database.
 """
+
 import pytest
 
 from payments import services
@@ -27,8 +28,9 @@ def _compensated_duplicate(new_purchase, api_client, drill, read_drill, resolver
     def make():
         return new_purchase(stock=1)
 
-    purchase, first, retry = _charged_twice(make, api_client, drill, read_drill, resolver,
-                                            localstripe)
+    purchase, first, retry = _charged_twice(
+        make, api_client, drill, read_drill, resolver, localstripe
+    )
     services.operation_reconcile(operation_id=first.id)
     settle()
     first = PaymentOperation.objects.get(pk=first.pk)
@@ -36,14 +38,17 @@ def _compensated_duplicate(new_purchase, api_client, drill, read_drill, resolver
     assert first.is_duplicate and dup_refund.is_compensation
     assert dup_refund.outcome == Outcome.SUCCEEDED
     assert [r["amount"] for r in localstripe.refunds_for(first.provider_reference)] == [
-        first.amount]
+        first.amount
+    ]
     return purchase, first, retry, dup_refund
 
 
 def test_a_failed_step_after_a_compensated_duplicate_refunds_the_own_charge(
-        new_purchase, api_client, drill, read_drill, resolver, localstripe):
+    new_purchase, api_client, drill, read_drill, resolver, localstripe
+):
     purchase, first, retry, dup_refund = _compensated_duplicate(
-        new_purchase, api_client, drill, read_drill, resolver, localstripe)
+        new_purchase, api_client, drill, read_drill, resolver, localstripe
+    )
     # the inventory commit will be refused: the step's policy compensates
     Product.objects.filter(sku=purchase.quote.items[0]["sku"]).update(stock=0)
     lift_halt_quietly("step:order")
@@ -61,11 +66,14 @@ def test_a_failed_step_after_a_compensated_duplicate_refunds_the_own_charge(
     assert own.outcome == Outcome.SUCCEEDED
     # at the provider: one refund of each charge, each of its own charge
     assert [r["amount"] for r in localstripe.refunds_for(retry.provider_reference)] == [
-        retry.amount]
+        retry.amount
+    ]
     assert [r["amount"] for r in localstripe.refunds_for(first.provider_reference)] == [
-        first.amount]
+        first.amount
+    ]
     assert PaymentOperation.objects.filter(purchase=purchase, kind="refund").count() == 2
     # the decision is recorded and the purchase left `fulfilling`
-    assert list(RecoveryDecision.objects.filter(purchase_id=purchase.id)
-                .values_list("decision", flat=True)) == ["compensated"]
+    assert list(
+        RecoveryDecision.objects.filter(purchase_id=purchase.id).values_list("decision", flat=True)
+    ) == ["compensated"]
     assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.REFUNDED

@@ -6,6 +6,7 @@ Driven from where a storefront and the card network stand: the public REST API w
 storefront key allowed automatic refunds, and localstripe's dispute resource (inquiries
 included) whose signed `charge.dispute.*` events reach the webhook. Effects are counted at
 localstripe and in the database (orders, stock, e-mails, step runs)."""
+
 import pytest
 import requests
 from django.conf import settings
@@ -42,8 +43,9 @@ def _buy(auto_refund_shop: Api, *, kind: str = "physical", stock: int = 10) -> t
 
 
 def _refund(auto_refund_shop: Api, purchase_id: str, amount: int | None = None) -> dict:
-    r = auto_refund_shop.post(f"purchases/{purchase_id}/refunds", {} if amount is None else
-                  {"amount": amount})
+    r = auto_refund_shop.post(
+        f"purchases/{purchase_id}/refunds", {} if amount is None else {"amount": amount}
+    )
     assert r.status_code in (201, 202), r.content
     return r.json()
 
@@ -64,8 +66,11 @@ def _dispute(charge: str, *, inquiry: bool = False) -> str:
 
 
 def _move(dispute_id: str, status: str) -> None:
-    r = requests.post(f"{settings.STRIPE_API_BASE}/_config/disputes/{dispute_id}",
-                      data={"status": status}, timeout=10)
+    r = requests.post(
+        f"{settings.STRIPE_API_BASE}/_config/disputes/{dispute_id}",
+        data={"status": status},
+        timeout=10,
+    )
     r.raise_for_status()
 
 
@@ -85,14 +90,17 @@ def _provider_refunds(purchase_id: str) -> list[dict]:
     from payments.models import PaymentOperation
 
     pi = PaymentOperation.objects.get(purchase_id=purchase_id, kind="charge").provider_reference
-    r = requests.get(f"{settings.STRIPE_API_BASE}/v1/refunds", params={"payment_intent": pi},
-                     auth=(settings.STRIPE_API_KEY, ""), timeout=10)
+    r = requests.get(
+        f"{settings.STRIPE_API_BASE}/v1/refunds",
+        params={"payment_intent": pi},
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=10,
+    )
     return r.json()["data"]
 
 
 def _refunded_at_provider(purchase_id: str) -> int:
-    return sum(x["amount"] for x in _provider_refunds(purchase_id)
-               if x["status"] == "succeeded")
+    return sum(x["amount"] for x in _provider_refunds(purchase_id) if x["status"] == "succeeded")
 
 
 def _faces_agree(client, auto_refund_shop: Api, purchase_id: str, status: str) -> None:
@@ -115,7 +123,9 @@ def _faces_agree(client, auto_refund_shop: Api, purchase_id: str, status: str) -
         assert state.code == (StateCode.REVERSED if partly else StateCode.COMPLETE)
 
 
-def test_a_full_refund_mid_fulfilment_cancels_the_order_and_releases_the_stock(client, auto_refund_shop):
+def test_a_full_refund_mid_fulfilment_cancels_the_order_and_releases_the_stock(
+    client, auto_refund_shop
+):
     # given a paid purchase whose fulfilment stopped after the order (the stock step halted)
     halt_set(name="step:inventory", reason="fence: fulfilment mid-way", actor="test")
     purchase_id, sku = _buy(auto_refund_shop, stock=10)
@@ -133,8 +143,9 @@ def test_a_full_refund_mid_fulfilment_cancels_the_order_and_releases_the_stock(c
     assert _refunded_at_provider(purchase_id) == PRICE
     assert _live_orders(purchase_id) == 0
     assert Product.objects.get(sku=sku).stock == 10
-    assert not InventoryCommit.objects.filter(purchase_id=purchase_id,
-                                              released_at__isnull=True).exists()
+    assert not InventoryCommit.objects.filter(
+        purchase_id=purchase_id, released_at__isnull=True
+    ).exists()
     assert _confirmations(purchase_id) == 0
     assert EmailMessage.objects.filter(purchase_id=purchase_id, kind="cancellation").count() == 1
     _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.REFUNDED)
@@ -246,7 +257,9 @@ def test_an_inquiry_withdrawn_without_a_refund_resumes_fulfilment(client, auto_r
     _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.COMPLETED)
 
 
-def test_an_inquiry_during_a_pending_partial_refund_does_not_strand_the_purchase(client, auto_refund_shop):
+def test_an_inquiry_during_a_pending_partial_refund_does_not_strand_the_purchase(
+    client, auto_refund_shop
+):
     from payments import services
     from payments.enums import Outcome, Rail
     from payments.models import PaymentOperation
@@ -258,8 +271,9 @@ def test_an_inquiry_during_a_pending_partial_refund_does_not_strand_the_purchase
     purchase_id, _ = _buy(auto_refund_shop)
     settle()
     stripe = provider_for_rail(Rail.STRIPE)
-    stripe.arm_drill(key_prefix="*", step="refund", mode=DrillMode.DROP_RESPONSE_AFTER_SEND,
-                     times=1)
+    stripe.arm_drill(
+        key_prefix="*", step="refund", mode=DrillMode.DROP_RESPONSE_AFTER_SEND, times=1
+    )
     try:
         _refund(auto_refund_shop, purchase_id, amount=500)
         settle()
@@ -306,7 +320,9 @@ def test_a_dispute_won_after_another_was_lost_keeps_the_purchase_lost(client, au
     _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.DISPUTE_LOST)
 
 
-def test_a_cancellation_email_refused_by_the_mail_server_is_sent_again(client, auto_refund_shop, settings):
+def test_a_cancellation_email_refused_by_the_mail_server_is_sent_again(
+    client, auto_refund_shop, settings
+):
     """The customer is told through the outbox, as other e-mails are retried: a mail
     server that refused the connection (nothing sent) is tried again, and the buyer gets
     exactly one cancellation."""
@@ -340,7 +356,8 @@ def test_a_cancellation_email_refused_by_the_mail_server_is_sent_again(client, a
 
 
 def test_a_refund_awaiting_approval_when_the_dispute_is_lost_is_never_paid_on_top(
-        client, auto_refund_shop, django_user_model):
+    client, auto_refund_shop, django_user_model
+):
     """Support asked for a partial refund (finance must approve); the bank then took the
     whole payment back (a chargeback, lost). Approving that refund would pay the buyer
     back a second time, so it is superseded (declined, audited), not left in finance's
@@ -358,8 +375,9 @@ def test_a_refund_awaiting_approval_when_the_dispute_is_lost_is_never_paid_on_to
     for name, role in (("asker", Role.SUPPORT), ("approver", Role.FINANCE)):
         people[name] = django_user_model.objects.create(username=name)
         people[name].groups.add(Group.objects.get_or_create(name=role.value)[0])
-    refund = services.refund_request(purchase_id=purchase_id, amount=500,
-                                     acting_user=people["asker"])
+    refund = services.refund_request(
+        purchase_id=purchase_id, amount=500, acting_user=people["asker"]
+    )
     assert refund.outcome == "awaiting_approval"
     dispute = _dispute(_charge(purchase_id))
     _event(client, dispute, "charge.dispute.created")
@@ -371,8 +389,7 @@ def test_a_refund_awaiting_approval_when_the_dispute_is_lost_is_never_paid_on_to
     refund = PaymentOperation.objects.get(pk=refund.pk)
     assert (refund.outcome, refund.reason) == ("failed", "refund_declined")
     with pytest.raises(services.DomainError) as refused:
-        services.refund_approve(operation_id=refund.id, acting_user=people["approver"],
-                                reason="ok")
+        services.refund_approve(operation_id=refund.id, acting_user=people["approver"], reason="ok")
     assert refused.value.code == "not_awaiting_approval"
     assert refundable_amount(Purchase.objects.get(pk=purchase_id)) == 0
     settle()

@@ -1,4 +1,5 @@
 """Workflow and step halts: stored rows, audited, read at every use."""
+
 import pytest
 from django.core.management import call_command
 
@@ -24,12 +25,15 @@ def test_halt_set_and_clear_are_audited_and_read_at_once():
     assert not halt_clear(name="refunds", actor="op2", reason="again")
     assert not is_halted("refunds")
     audit = list(AuditEntry.objects.values_list("action", "actor", "target_id", "reason"))
-    assert audit == [("halt_set", "op1", "refunds", "provider incident"),
-                     ("halt_clear", "op2", "refunds", "incident over")]
+    assert audit == [
+        ("halt_set", "op1", "refunds", "provider incident"),
+        ("halt_clear", "op2", "refunds", "incident over"),
+    ]
 
 
-@pytest.mark.parametrize("name,reason,actor", [("everything", "r", "a"), ("checkout", " ", "a"),
-                                               ("checkout", "r", "")])
+@pytest.mark.parametrize(
+    "name,reason,actor", [("everything", "r", "a"), ("checkout", " ", "a"), ("checkout", "r", "")]
+)
 def test_halt_needs_a_known_name_a_reason_and_an_actor(name, reason, actor):
     with pytest.raises(HaltError):
         halt_set(name=name, reason=reason, actor=actor)
@@ -47,7 +51,8 @@ def test_management_command_switches_halts(capsys):
 
 
 def test_checkout_halt_refuses_new_charges_and_refund_halt_refuses_compensation(
-        new_purchase, pay_now, localstripe):
+    new_purchase, pay_now, localstripe
+):
     purchase = new_purchase()
     halt_set(name="checkout", reason="incident", actor="op1")
 

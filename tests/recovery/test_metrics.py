@@ -1,4 +1,5 @@
 """/metrics: Prometheus text from the default registry, gauges read from the database."""
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
@@ -20,22 +21,25 @@ def _scrape(client) -> dict:
     return out
 
 
-def test_metrics_expose_unknown_operations_and_counters(client, new_purchase, api_client,
-                                                       drill):
+def test_metrics_expose_unknown_operations_and_counters(client, new_purchase, api_client, drill):
     purchase = new_purchase()
-    op = pay.payment_create(purchase_id=purchase.id, api_client=api_client,
-                            payment_method="pm_card_visa")
+    op = pay.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, "http_500")
     pay.operation_dispatch(operation_id=op.id)
     # A real replay: the same quote request sent twice with one Idempotency-Key. The
     # counter is read before and after, so only the API's own increment can pass.
-    before = _scrape(client).get(("verity_idempotent_replays_total",
-                                  (("route", "quotes_create"),)), 0)
+    before = _scrape(client).get(
+        ("verity_idempotent_replays_total", (("route", "quotes_create"),)), 0
+    )
     _, key = make_client(limit=10_000_000, name="metrics-replayer")
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Api-Key {key}")
-    body = {"items": [{"sku": purchase.quote.items[0]["sku"], "quantity": 1}],
-            "currency": purchase.currency}
+    body = {
+        "items": [{"sku": purchase.quote.items[0]["sku"], "quantity": 1}],
+        "currency": purchase.currency,
+    }
     first = api.post("/api/v1/quotes", body, format="json", HTTP_IDEMPOTENCY_KEY="metrics-1")
     again = api.post("/api/v1/quotes", body, format="json", HTTP_IDEMPOTENCY_KEY="metrics-1")
     assert (first.status_code, again.status_code) == (201, 200)  # 200: the stored answer
@@ -48,6 +52,5 @@ def test_metrics_expose_unknown_operations_and_counters(client, new_purchase, ap
     assert metrics[("verity_outbox_backlog", ())] >= 1
     assert ("verity_compensation_needed", ()) in metrics
     assert metrics[("verity_operations", (("kind", "charge"), ("outcome", "unknown")))] == 1
-    assert metrics[("verity_idempotent_replays_total", (("route", "quotes_create"),))] == \
-        before + 1
+    assert metrics[("verity_idempotent_replays_total", (("route", "quotes_create"),))] == before + 1
     assert ("verity_order_after_payment_seconds_count", ()) in metrics

@@ -6,6 +6,7 @@ A session Celery worker may be running (other test packages start it): every out
 message may be handled by it or by this process. Tests therefore fence with step halts
 where they need a purchase to wait, call `settle()` and assert final states.
 """
+
 from datetime import timedelta
 
 import pytest
@@ -42,10 +43,10 @@ def _effects(purchase_id):
     return {
         "order": Order.objects.filter(purchase_id=purchase_id).count(),
         "inventory": InventoryCommit.objects.filter(purchase_id=purchase_id).count(),
-        "ledger": LedgerEntry.objects.filter(purchase_id=purchase_id,
-                                             entry_type="sale").count(),
-        "email": EmailMessage.objects.filter(purchase_id=purchase_id,
-                                             sent_at__isnull=False).count(),
+        "ledger": LedgerEntry.objects.filter(purchase_id=purchase_id, entry_type="sale").count(),
+        "email": EmailMessage.objects.filter(
+            purchase_id=purchase_id, sent_at__isnull=False
+        ).count(),
         "crm": CrmUpdate.objects.filter(purchase_id=purchase_id).count(),
     }
 
@@ -66,8 +67,9 @@ def _status(purchase):
 
 
 def _decisions(purchase):
-    return list(RecoveryDecision.objects.filter(purchase_id=purchase.id)
-                .values_list("decision", flat=True))
+    return list(
+        RecoveryDecision.objects.filter(purchase_id=purchase.id).values_list("decision", flat=True)
+    )
 
 
 def _sell_out(purchase):
@@ -86,7 +88,8 @@ def _paid_and_waiting_at(step, new_purchase, pay_now, **product):
 
 
 def test_each_step_effect_happens_once_under_redelivery_and_concurrency(
-        new_purchase, pay_now, localstripe):
+    new_purchase, pay_now, localstripe
+):
     purchase, op = _paid_and_waiting_at("order", new_purchase, pay_now, stock=10, quantity=2)
     assert op.outcome == Outcome.SUCCEEDED
     assert set(steps_for_purchase(purchase.id).values()) == {StepState.PENDING}
@@ -127,8 +130,12 @@ def test_resumes_from_the_first_incomplete_step(new_purchase, pay_now):
     settle()
 
     assert steps_for_purchase(purchase.id) == {
-        "order": "done", "inventory": "done", "ledger": "pending", "confirmation": "pending",
-        "crm": "pending"}
+        "order": "done",
+        "inventory": "done",
+        "ledger": "pending",
+        "confirmation": "pending",
+        "crm": "pending",
+    }
     assert _effects(purchase.id)["email"] == 0  # later steps wait
     assert _status(purchase) == PurchaseStatus.FULFILLING
 
@@ -141,11 +148,13 @@ def test_resumes_from_the_first_incomplete_step(new_purchase, pay_now):
     assert runs["order"] == 1 and runs["inventory"] == 1  # done steps were not re-run
 
 
-def test_unknown_payment_produces_no_order_and_no_email(new_purchase, api_client, drill,
-                                                        localstripe):
+def test_unknown_payment_produces_no_order_and_no_email(
+    new_purchase, api_client, drill, localstripe
+):
     purchase = new_purchase()
-    op = pay.payment_create(purchase_id=purchase.id, api_client=api_client,
-                            payment_method="pm_card_visa")
+    op = pay.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, "drop_response_after_send")  # the provider applies it; the answer is lost
     op = pay.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.UNKNOWN
@@ -165,8 +174,7 @@ def test_unknown_payment_produces_no_order_and_no_email(new_purchase, api_client
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
 
 
-def test_inventory_failure_compensates_with_one_linked_refund(new_purchase, pay_now,
-                                                              localstripe):
+def test_inventory_failure_compensates_with_one_linked_refund(new_purchase, pay_now, localstripe):
     purchase = new_purchase(stock=1)
     _sell_out(purchase)  # the inventory commit will be refused
     halt_set(name="refunds", reason="hold compensation for a look", actor="op1")
@@ -174,8 +182,10 @@ def test_inventory_failure_compensates_with_one_linked_refund(new_purchase, pay_
     settle()
 
     # The policy decided to compensate, and the refunds halt holds the refund back.
-    assert StepRun.objects.get(purchase_id=purchase.id, step="inventory").state == \
-        StepState.COMPENSATED
+    assert (
+        StepRun.objects.get(purchase_id=purchase.id, step="inventory").state
+        == StepState.COMPENSATED
+    )
     assert not PaymentOperation.objects.filter(purchase_id=purchase.id, kind="refund").exists()
     assert compensation_needed_count() == 1
 
@@ -196,15 +206,17 @@ def test_inventory_failure_compensates_with_one_linked_refund(new_purchase, pay_
     # the money went back, so did the order; the customer is told once, never "confirmed"
     assert Order.objects.get(purchase_id=purchase.id).cancelled_at is not None
     assert InventoryCommit.objects.filter(purchase_id=purchase.id).count() == 0
-    assert list(EmailMessage.objects.filter(purchase_id=purchase.id)
-                .values_list("kind", flat=True)) == ["cancellation"]
+    assert list(
+        EmailMessage.objects.filter(purchase_id=purchase.id).values_list("kind", flat=True)
+    ) == ["cancellation"]
     assert _decisions(purchase) == ["compensated"]
     refund_ledger = LedgerEntry.objects.filter(operation_id=refund.id)
     assert sorted(e.amount for e in refund_ledger) == [-charge.amount, charge.amount]
 
 
-def test_authorization_is_voided_when_a_step_fails_before_capture(new_purchase, pay_now,
-                                                                  localstripe):
+def test_authorization_is_voided_when_a_step_fails_before_capture(
+    new_purchase, pay_now, localstripe
+):
     purchase = new_purchase(stock=1)
     _sell_out(purchase)
     auth = pay_now(purchase, capture="manual")
@@ -220,7 +232,8 @@ def test_authorization_is_voided_when_a_step_fails_before_capture(new_purchase, 
 
 
 def test_manual_policy_sends_the_purchase_to_review_without_moving_money(
-        new_purchase, pay_now, localstripe):
+    new_purchase, pay_now, localstripe
+):
     purchase = new_purchase(stock=1, step_policy={"inventory": "manual"})
     _sell_out(purchase)
     charge = pay_now(purchase)
@@ -228,22 +241,25 @@ def test_manual_policy_sends_the_purchase_to_review_without_moving_money(
 
     assert _status(purchase) == PurchaseStatus.MANUAL_REVIEW
     assert purchase_fulfil(purchase_id=purchase.id) == NOT_READY  # a person decides now
-    assert StepRun.objects.get(purchase_id=purchase.id, step="inventory").state == \
-        StepState.MANUAL
+    assert StepRun.objects.get(purchase_id=purchase.id, step="inventory").state == StepState.MANUAL
     assert not PaymentOperation.objects.filter(purchase_id=purchase.id, kind="refund").exists()
     assert localstripe.refunds_for(charge.provider_reference) == []
     assert _decisions(purchase) == ["manual"]
     assert compensation_needed_count() == 1  # waits for a person
 
 
-def test_confirmation_found_running_after_a_crash_is_unknown_and_not_resent(
-        new_purchase, pay_now):
+def test_confirmation_found_running_after_a_crash_is_unknown_and_not_resent(new_purchase, pay_now):
     purchase, _ = _paid_and_waiting_at("confirmation", new_purchase, pay_now)
     # What a worker killed mid-send leaves: the attempt recorded, the step running.
-    EmailMessage.objects.create(purchase_id=purchase.id, kind="confirmation",
-                                to="buyer@example.com", subject="Order confirmed")
+    EmailMessage.objects.create(
+        purchase_id=purchase.id,
+        kind="confirmation",
+        to="buyer@example.com",
+        subject="Order confirmed",
+    )
     StepRun.objects.filter(purchase_id=purchase.id, step="confirmation").update(
-        state=StepState.RUNNING, attempts=1, started_at=timezone.now() - timedelta(hours=1))
+        state=StepState.RUNNING, attempts=1, started_at=timezone.now() - timedelta(hours=1)
+    )
 
     assert purchase_fulfil(purchase_id=purchase.id) == StepState.UNKNOWN
     assert purchase_fulfil(purchase_id=purchase.id) == NOT_READY
@@ -254,8 +270,13 @@ def test_confirmation_found_running_after_a_crash_is_unknown_and_not_resent(
     assert compensation_needed_count() == 1
 
     # A person checked the mail log: it never left. Resend once, finish the purchase.
-    step_resolve(purchase_id=purchase.id, step="confirmation", resolution="retry",
-                 actor="op2", reason="mail relay log shows no delivery")
+    step_resolve(
+        purchase_id=purchase.id,
+        step="confirmation",
+        resolution="retry",
+        actor="op2",
+        reason="mail relay log shows no delivery",
+    )
     settle()
     assert _status(purchase) == PurchaseStatus.COMPLETED
     assert _effects(purchase.id) == ONCE
@@ -265,7 +286,8 @@ def test_confirmation_found_running_after_a_crash_is_unknown_and_not_resent(
 def test_a_send_in_progress_is_left_to_its_worker(new_purchase, pay_now):
     purchase, _ = _paid_and_waiting_at("confirmation", new_purchase, pay_now)
     StepRun.objects.filter(purchase_id=purchase.id, step="confirmation").update(
-        state=StepState.RUNNING, started_at=timezone.now())
+        state=StepState.RUNNING, started_at=timezone.now()
+    )
 
     with pytest.raises(StepRetryLater):  # the message backs off; the sender keeps it
         purchase_fulfil(purchase_id=purchase.id)

@@ -2,6 +2,7 @@
 forwards on the real PostgreSQL with unprocessed and processed rows present; the index is
 the claim's order on unprocessed rows only, the reloptions follow, and the relay drains
 everything afterwards (nothing lost across the rebuild)."""
+
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
@@ -32,7 +33,8 @@ def test_0011_backwards_and_forwards_keeps_every_message(monkeypatch):
         for i in range(20):
             outbox_put(category=OutboxCategory.NOOP, payload={}, dedupe_key=f"m:{i}")
     OutboxMessage.objects.filter(dedupe_key__in=["m:0", "m:1"]).update(
-        processed_at=OutboxMessage.objects.first().created_at)
+        processed_at=OutboxMessage.objects.first().created_at
+    )
     assert "(available_at, id)" in _index_def() and "processed_at IS NULL" in _index_def()
     assert "autovacuum_vacuum_scale_factor=0" in _reloptions()
     try:

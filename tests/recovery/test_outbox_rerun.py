@@ -6,6 +6,7 @@ row is claimed, its handler may have run before the write's state: the insert fl
 processed. A duplicate of an unclaimed row stays absorbed (it runs later and sees the
 latest state). On SQLite the same statements run (the ORM claim and mark).
 """
+
 import os
 import subprocess
 import sys
@@ -28,8 +29,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def runs(monkeypatch):
     seen = []
-    monkeypatch.setitem(outbox_mod._HANDLERS, int(OutboxCategory.NOOP),
-                        lambda payload: seen.append(payload["k"]))
+    monkeypatch.setitem(
+        outbox_mod._HANDLERS, int(OutboxCategory.NOOP), lambda payload: seen.append(payload["k"])
+    )
     monkeypatch.setattr(outbox_mod, "_kick_relay", lambda: None)
     return seen
 
@@ -59,6 +61,7 @@ def test_a_duplicate_of_a_claimed_message_releases_it_for_one_more_run(runs):
 
     # The drainer holding it marks its batch: the row is released, not processed.
     from recovery.relay import _succeed_all
+
     before = timezone.now()
     _succeed_all([row.id], lease)
     row.refresh_from_db()
@@ -97,6 +100,7 @@ def _put_elsewhere(key, k=1):
             errors.append(exc)
         finally:
             connection.close()
+
     thread = threading.Thread(target=target)
     thread.start()
     thread.join(15)
@@ -116,15 +120,17 @@ def test_a_row_released_by_a_flush_and_claimed_again_is_left_to_its_new_drainer(
             _put("flush:follow-up", k=9)  # own thread: flushes m0's mark (released)
             m0 = OutboxMessage.objects.get(dedupe_key="flush:0")
             assert m0.processed_at is None and m0.claimed_until is None
-            OutboxMessage.objects.filter(id=m0.id).update(claimed_until=other_lease,
-                                                          attempts=2)
+            OutboxMessage.objects.filter(id=m0.id).update(claimed_until=other_lease, attempts=2)
 
     monkeypatch.setitem(outbox_mod._HANDLERS, int(OutboxCategory.NOOP), noop)
     now = timezone.now()
     for k in range(2):
-        OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={"k": k},
-                                     dedupe_key=f"flush:{k}",
-                                     available_at=now - timedelta(seconds=10 - k))
+        OutboxMessage.objects.create(
+            category=OutboxCategory.NOOP,
+            payload={"k": k},
+            dedupe_key=f"flush:{k}",
+            available_at=now - timedelta(seconds=10 - k),
+        )
     assert relay_drain_once(batch=10) == 2
     rows = {m.dedupe_key: m for m in OutboxMessage.objects.all()}
     m0 = rows["flush:0"]
@@ -136,12 +142,12 @@ def test_a_row_released_by_a_flush_and_claimed_again_is_left_to_its_new_drainer(
 def test_one_batched_insert_with_a_key_twice_keeps_the_first(runs):
     _put("batch:claimed")
     OutboxMessage.objects.filter(dedupe_key="batch:claimed").update(
-        claimed_until=timezone.now() + timedelta(seconds=60))
+        claimed_until=timezone.now() + timedelta(seconds=60)
+    )
     with transaction.atomic(), outbox_batch():
         for k in range(3):
             outbox_put(category=OutboxCategory.NOOP, payload={"k": k}, dedupe_key="batch:a")
-            outbox_put(category=OutboxCategory.NOOP, payload={"k": k},
-                       dedupe_key="batch:claimed")
+            outbox_put(category=OutboxCategory.NOOP, payload={"k": k}, dedupe_key="batch:claimed")
         outbox_put(category=OutboxCategory.NOOP, payload={"k": 7}, dedupe_key="batch:b")
     rows = {m.dedupe_key: m for m in OutboxMessage.objects.all()}
     assert set(rows) == {"batch:a", "batch:b", "batch:claimed"}
@@ -151,7 +157,7 @@ def test_one_batched_insert_with_a_key_twice_keeps_the_first(runs):
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "VERITY_STACK_DIR")
-SQLITE_SCRIPT = r'''
+SQLITE_SCRIPT = r"""
 from datetime import timedelta
 from django.db import connection, transaction
 from django.utils import timezone
@@ -191,18 +197,30 @@ assert not OutboxMessage.objects.filter(processed_at__isnull=True).exists()
 row.refresh_from_db()
 assert row.attempts == 2 and row.processed_at is not None
 print("SQLITE RERUN OK")
-'''
+"""
 
 
 def test_the_rerun_statements_work_on_sqlite(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in STACK_VARIABLES}
     env["VERITY_VAR_DIR"] = str(tmp_path / "var")
     manage = [sys.executable, str(ROOT / "manage.py")]
-    migrate = subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=300)
+    migrate = subprocess.run(
+        [*manage, "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert migrate.returncode == 0, migrate.stderr[-3000:]
-    done = subprocess.run([*manage, "shell", "-c", SQLITE_SCRIPT], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [*manage, "shell", "-c", SQLITE_SCRIPT],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "SQLITE RERUN OK" in done.stdout
 
@@ -245,6 +263,7 @@ def test_a_message_released_by_the_mark_is_drained_in_the_same_drain(runs):
                 finally:
                     connection.close()
                     done.set()
+
             threading.Thread(target=other).start()
             done.wait(10)
 

@@ -1,4 +1,5 @@
 """Console queue selectors."""
+
 from datetime import timedelta
 
 import pytest
@@ -12,10 +13,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_stuck_outbox_lists_retried_or_old_messages():
     OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={}, dedupe_key="fresh")
-    OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={}, dedupe_key="retried",
-                                 attempts=3, last_error="boom")
-    old = OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={},
-                                       dedupe_key="old")
+    OutboxMessage.objects.create(
+        category=OutboxCategory.NOOP,
+        payload={},
+        dedupe_key="retried",
+        attempts=3,
+        last_error="boom",
+    )
+    old = OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={}, dedupe_key="old")
     OutboxMessage.objects.filter(id=old.id).update(created_at=timezone.now() - timedelta(hours=1))
 
     keys = {m.dedupe_key for m in selectors.queue_stuck_outbox()}
@@ -36,8 +41,9 @@ def test_paid_without_order_and_unknown_queue(new_purchase, pay_now, api_client,
     settle()
     Purchase.objects.filter(id=paid.id).update(updated_at=timezone.now() - timedelta(hours=1))
     unknown = new_purchase()
-    op = pay.payment_create(purchase_id=unknown.id, api_client=api_client,
-                            payment_method="pm_card_visa")
+    op = pay.payment_create(
+        purchase_id=unknown.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, "http_500")
     pay.operation_dispatch(operation_id=op.id)
 

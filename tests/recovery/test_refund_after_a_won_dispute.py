@@ -1,6 +1,7 @@
 """A chargeback the merchant won, then the merchant refunds the buyer in full anyway (a
 goodwill refund, through the public API): the money went back, so the goods unwind and
 every face says refunded, never "completed"/"won". Counted at localstripe and in the DB."""
+
 import pytest
 
 from payments.enums import PurchaseStatus
@@ -47,11 +48,14 @@ def test_a_full_refund_after_a_won_chargeback_says_refunded_and_unwinds(client, 
     assert body["status"] == PurchaseStatus.REFUNDED, (
         f"REST says {body['status']!r} with refunds.refunded={body['refunds']['refunded']}; "
         f"ACP order status {order_status(purchase.status)!r}; customer page "
-        f"{state.code!r} {state.headline!r}")
+        f"{state.code!r} {state.headline!r}"
+    )
     _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.REFUNDED)
 
 
-def test_a_full_refund_after_a_won_chargeback_before_fulfilment_ships_nothing(client, auto_refund_shop):
+def test_a_full_refund_after_a_won_chargeback_before_fulfilment_ships_nothing(
+    client, auto_refund_shop
+):
     from recovery.halts import halt_set
     from recovery.models import EmailMessage, Order
     from tests.recovery.conftest import lift_halt_quietly
@@ -81,10 +85,12 @@ def test_a_full_refund_after_a_won_chargeback_before_fulfilment_ships_nothing(cl
     settle()
     # then nothing ships: the money is back with the buyer
     orders = Order.objects.filter(purchase_id=purchase_id, cancelled_at__isnull=True).count()
-    confirmations = EmailMessage.objects.filter(purchase_id=purchase_id,
-                                                kind="confirmation").count()
+    confirmations = EmailMessage.objects.filter(
+        purchase_id=purchase_id, kind="confirmation"
+    ).count()
     stock = Product.objects.get(sku=sku).stock
     assert (orders, confirmations, stock) == (0, 0, 10), (
         f"refunded {PRICE} in full, then: live orders {orders}, confirmation e-mails "
         f"{confirmations}, stock {stock} of 10; purchase "
-        f"{Purchase.objects.get(pk=purchase_id).status}")
+        f"{Purchase.objects.get(pk=purchase_id).status}"
+    )

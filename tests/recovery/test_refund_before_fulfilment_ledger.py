@@ -1,6 +1,7 @@
 """A refund that settles before fulfilment ever ran still leaves the ledger equal to what
 the provider holds (found by the soak: a full refund of a charge whose RUN_STEPS had not
 been handled yet booked the refund but never the sale, ledger minus provider = -amount)."""
+
 import pytest
 from django.db.models import Sum
 
@@ -13,8 +14,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _provider_balance(purchase_id: str) -> int:
-    return (LedgerEntry.objects.filter(purchase_id=purchase_id, account="provider_balance")
-            .aggregate(s=Sum("amount"))["s"] or 0)
+    return (
+        LedgerEntry.objects.filter(purchase_id=purchase_id, account="provider_balance").aggregate(
+            s=Sum("amount")
+        )["s"]
+        or 0
+    )
 
 
 def test_a_refund_settled_before_fulfilment_books_the_sale_it_reverses(localstripe):
@@ -35,7 +40,8 @@ def test_a_refund_settled_before_fulfilment_books_the_sale_it_reverses(localstri
     # then the provider holds nothing for it, and neither does the ledger
     charged = sum(pi["amount"] for pi in localstripe.succeeded_charges_for(purchase))
     pi_id = localstripe.succeeded_charges_for(purchase)[0]["id"]
-    refunded = sum(r["amount"] for r in localstripe.refunds_for(pi_id)
-                   if r["status"] == "succeeded")
+    refunded = sum(
+        r["amount"] for r in localstripe.refunds_for(pi_id) if r["status"] == "succeeded"
+    )
     assert charged == refunded == 700
     assert _provider_balance(purchase) == charged - refunded == 0

@@ -1,4 +1,5 @@
 """The outbox relay: SKIP LOCKED claims, backoff in available_at, lease re-claim."""
+
 from datetime import timedelta
 
 import pytest
@@ -19,8 +20,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _rows(n, category=OutboxCategory.NOOP, **fields):
     # Written directly (no on-commit kick): these tests drive the relay themselves.
     return OutboxMessage.objects.bulk_create(
-        [OutboxMessage(category=category, payload={"n": i}, dedupe_key=f"t:{i}", **fields)
-         for i in range(n)])
+        [
+            OutboxMessage(category=category, payload={"n": i}, dedupe_key=f"t:{i}", **fields)
+            for i in range(n)
+        ]
+    )
 
 
 def test_two_concurrent_drainers_process_each_message_once():
@@ -42,8 +46,11 @@ def test_two_concurrent_drainers_process_each_message_once():
 def test_handler_failure_backs_off_then_succeeds_later():
     # A RUN_STEPS message for a purchase that does not exist (yet) fails in its handler.
     before = timezone.now()
-    OutboxMessage.objects.create(category=OutboxCategory.RUN_STEPS,
-                                 payload={"purchase": "pur_later"}, dedupe_key="steps:pur_later")
+    OutboxMessage.objects.create(
+        category=OutboxCategory.RUN_STEPS,
+        payload={"purchase": "pur_later"},
+        dedupe_key="steps:pur_later",
+    )
 
     assert relay_drain_once() == 1
 
@@ -73,8 +80,13 @@ def test_backoff_grows_with_attempts_and_is_capped(settings):
 def test_claimed_then_crashed_message_is_reclaimed_after_its_lease():
     now = timezone.now()
     [crashed] = _rows(1, claimed_until=now - timedelta(seconds=1), attempts=1)
-    OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={}, dedupe_key="live",
-                                 claimed_until=now + timedelta(seconds=60), attempts=1)
+    OutboxMessage.objects.create(
+        category=OutboxCategory.NOOP,
+        payload={},
+        dedupe_key="live",
+        claimed_until=now + timedelta(seconds=60),
+        attempts=1,
+    )
 
     assert relay_drain_once() == 1  # only the expired lease is taken
 
@@ -99,11 +111,15 @@ def test_relay_refuses_to_run_inside_a_transaction():
 def test_real_worker_drains_on_commit(celery_worker):
     purchase = PurchaseFactory()
     with transaction.atomic():
-        outbox_put(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase.id},
-                   dedupe_key=f"steps:{purchase.id}")
+        outbox_put(
+            category=OutboxCategory.RUN_STEPS,
+            payload={"purchase": purchase.id},
+            dedupe_key=f"steps:{purchase.id}",
+        )
         outbox_put(category=OutboxCategory.NOOP, payload={}, dedupe_key="noop:1")
 
-    wait_for(lambda: not OutboxMessage.objects.filter(processed_at__isnull=True).exists(),
-             timeout=20)
+    wait_for(
+        lambda: not OutboxMessage.objects.filter(processed_at__isnull=True).exists(), timeout=20
+    )
     assert set(OutboxMessage.objects.values_list("attempts", flat=True)) == {1}
     assert Purchase.objects.get(id=purchase.id).status == "awaiting_payment"  # not paid: no-op

@@ -20,6 +20,7 @@ backstop for RUN_STEPS; OPERATION_SETTLED/DISPATCH keys have none).
 Fixed: the absorbed write flags the claimed row `rerun`; the batch's mark releases it
 for another run instead of marking it processed (recovery.outbox, recovery.relay).
 """
+
 import threading
 from datetime import timedelta
 
@@ -62,22 +63,26 @@ def _drain_in_thread(errors):
             errors.append(exc)
         finally:
             connection.close()
+
     thread = threading.Thread(target=target)
     thread.start()
     return thread
 
 
-def test_a_request_after_its_key_was_handled_is_not_absorbed_by_another_drainers_batch(
-        recorded):
+def test_a_request_after_its_key_was_handled_is_not_absorbed_by_another_drainers_batch(recorded):
     calls, entered, release = recorded
     now = timezone.now()
     with transaction.atomic():
         run_steps_put(purchase_id="pur_attack5")
     OutboxMessage.objects.filter(dedupe_key="steps:pur_attack5").update(
-        available_at=now - timedelta(seconds=2))
-    OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={"block": True},
-                                 dedupe_key="attack5-slow",
-                                 available_at=now - timedelta(seconds=1))
+        available_at=now - timedelta(seconds=2)
+    )
+    OutboxMessage.objects.create(
+        category=OutboxCategory.NOOP,
+        payload={"block": True},
+        dedupe_key="attack5-slow",
+        available_at=now - timedelta(seconds=1),
+    )
     errors = []
     drainer = _drain_in_thread(errors)
     try:
@@ -93,13 +98,17 @@ def test_a_request_after_its_key_was_handled_is_not_absorbed_by_another_drainers
     assert not errors, errors
 
     relay_drain_once(batch=10)  # whatever is due now
-    due_left = OutboxMessage.objects.filter(dedupe_key="steps:pur_attack5",
-                                            processed_at__isnull=True).count()
-    print(f"rows for steps:P after the resume={waiting} handler runs={calls} "
-          f"unprocessed left={due_left}")
+    due_left = OutboxMessage.objects.filter(
+        dedupe_key="steps:pur_attack5", processed_at__isnull=True
+    ).count()
+    print(
+        f"rows for steps:P after the resume={waiting} handler runs={calls} "
+        f"unprocessed left={due_left}"
+    )
     assert calls == ["pur_attack5", "pur_attack5"], (
         f"the resume written after the first run was absorbed: runs={calls}, "
-        f"rows for the key at the resume={waiting}")
+        f"rows for the key at the resume={waiting}"
+    )
 
 
 # -- held: a lease that runs out mid-batch, a second drainer re-claims ---------------------
@@ -110,7 +119,8 @@ from recovery.outbox import dispatch_put  # noqa: E402
 
 
 def test_a_refund_dispatch_reclaimed_after_its_lease_refunds_once(
-        settings, monkeypatch, api_client, new_purchase, pay_now, localstripe):  # noqa: F811
+    settings, monkeypatch, api_client, new_purchase, pay_now, localstripe
+):  # noqa: F811
     # Drainer A claims [refund dispatch]; its handler stalls past the 1 s lease; drainer B
     # re-claims the same message (attempts 2) and dispatches; then A's handler goes on.
     settings.OUTBOX_LEASE_SECONDS = 1
@@ -118,8 +128,9 @@ def test_a_refund_dispatch_reclaimed_after_its_lease_refunds_once(
     purchase = new_purchase()
     payment = pay_now(purchase)
     assert payment.outcome == Outcome.SUCCEEDED, payment.outcome
-    refund = pay.refund_request(purchase_id=purchase.pk, amount=500, api_client=api_client,
-                                compensation=True)
+    refund = pay.refund_request(
+        purchase_id=purchase.pk, amount=500, api_client=api_client, compensation=True
+    )
     OutboxMessage.objects.filter(category=OutboxCategory.DISPATCH).delete()
     with transaction.atomic():
         dispatch_put(operation_id=refund.pk)
@@ -153,8 +164,10 @@ def test_a_refund_dispatch_reclaimed_after_its_lease_refunds_once(
     message.refresh_from_db()
     refund.refresh_from_db()
     refunds = localstripe.refunds_for(payment.provider_reference)
-    print(f"handler runs={len(runs)} attempts={message.attempts} refunds at localstripe="
-          f"{len(refunds)} refund outcome={refund.outcome} processed={message.processed_at}")
+    print(
+        f"handler runs={len(runs)} attempts={message.attempts} refunds at localstripe="
+        f"{len(refunds)} refund outcome={refund.outcome} processed={message.processed_at}"
+    )
     assert len(runs) == 2
     assert len(refunds) == 1
     assert refund.outcome == Outcome.SUCCEEDED
@@ -169,7 +182,8 @@ from django.db import OperationalError  # noqa: E402
 
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "plain"])
 def test_a_batch_whose_mark_lost_its_connection_comes_back_after_the_lease(
-        settings, monkeypatch, prepared):
+    settings, monkeypatch, prepared
+):
     settings.OUTBOX_LEASE_SECONDS = 1
     settings.DATABASE_PREPARED_STATEMENTS = prepared
     runs, kill = [], [False]
@@ -185,8 +199,9 @@ def test_a_batch_whose_mark_lost_its_connection_comes_back_after_the_lease(
 
     monkeypatch.setitem(outbox_mod._HANDLERS, int(OutboxCategory.NOOP), noop)
     for k in range(3):
-        OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={"k": k},
-                                     dedupe_key=f"lost:{k}")
+        OutboxMessage.objects.create(
+            category=OutboxCategory.NOOP, payload={"k": k}, dedupe_key=f"lost:{k}"
+        )
     relay_drain_once(batch=10)  # warm: the claim is prepared on this connection
     assert runs == [0, 1, 2]
     OutboxMessage.objects.update(processed_at=None, claimed_until=None)
@@ -213,9 +228,9 @@ def test_a_batch_whose_mark_lost_its_connection_comes_back_after_the_lease(
 
 # -- held: three drainers at once, each message handled once ------------------------------
 
+
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "plain"])
-def test_three_drainers_at_once_handle_every_message_exactly_once(settings, monkeypatch,
-                                                                   prepared):
+def test_three_drainers_at_once_handle_every_message_exactly_once(settings, monkeypatch, prepared):
     settings.DATABASE_PREPARED_STATEMENTS = prepared
     seen, lock = [], threading.Lock()
 
@@ -224,9 +239,12 @@ def test_three_drainers_at_once_handle_every_message_exactly_once(settings, monk
             seen.append(payload["k"])
 
     monkeypatch.setitem(outbox_mod._HANDLERS, int(OutboxCategory.NOOP), noop)
-    OutboxMessage.objects.bulk_create([
-        OutboxMessage(category=OutboxCategory.NOOP, payload={"k": k}, dedupe_key=f"three:{k}")
-        for k in range(600)])
+    OutboxMessage.objects.bulk_create(
+        [
+            OutboxMessage(category=OutboxCategory.NOOP, payload={"k": k}, dedupe_key=f"three:{k}")
+            for k in range(600)
+        ]
+    )
     barrier, errors = threading.Barrier(3), []
 
     def drain():
@@ -248,16 +266,20 @@ def test_three_drainers_at_once_handle_every_message_exactly_once(settings, monk
     twice = len(seen) - len(set(seen))
     left = OutboxMessage.objects.filter(processed_at__isnull=True).count()
     attempts = set(OutboxMessage.objects.values_list("attempts", flat=True))
-    print(f"prepared={prepared} handled={len(seen)} twice={twice} unprocessed={left} "
-          f"attempts={attempts}")
+    print(
+        f"prepared={prepared} handled={len(seen)} twice={twice} unprocessed={left} "
+        f"attempts={attempts}"
+    )
     assert sorted(seen) == list(range(600))
     assert left == 0 and attempts == {1}
 
 
 # -- held: a handler that escapes with a BaseException mid-batch ---------------------------
 
+
 def test_a_batch_cut_short_by_a_base_exception_marks_what_ran_and_loses_nothing(
-        settings, monkeypatch):
+    settings, monkeypatch
+):
     # SystemExit/KeyboardInterrupt are not handler failures (not caught, not backed off):
     # the batch's earlier successes are marked, the rest come back after the lease.
     settings.OUTBOX_LEASE_SECONDS = 1
@@ -272,13 +294,19 @@ def test_a_batch_cut_short_by_a_base_exception_marks_what_ran_and_loses_nothing(
     monkeypatch.setitem(outbox_mod._HANDLERS, int(OutboxCategory.NOOP), noop)
     now = timezone.now()
     for k in range(4):
-        OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={"k": k},
-                                     dedupe_key=f"cut:{k}",
-                                     available_at=now - timedelta(seconds=10 - k))
+        OutboxMessage.objects.create(
+            category=OutboxCategory.NOOP,
+            payload={"k": k},
+            dedupe_key=f"cut:{k}",
+            available_at=now - timedelta(seconds=10 - k),
+        )
     with pytest.raises(SystemExit):
         relay_drain_once(batch=10)
-    processed = sorted(OutboxMessage.objects.filter(processed_at__isnull=False)
-                       .values_list("payload__k", flat=True))
+    processed = sorted(
+        OutboxMessage.objects.filter(processed_at__isnull=False).values_list(
+            "payload__k", flat=True
+        )
+    )
     assert processed == [0]
     deadline = timezone.now() + timedelta(seconds=10)
     while relay_drain_once(batch=10) == 0 and timezone.now() < deadline:
@@ -288,8 +316,7 @@ def test_a_batch_cut_short_by_a_base_exception_marks_what_ran_and_loses_nothing(
     assert left == 0 and runs == [0, 1, 1, 2, 3]
 
 
-def test_a_flush_inside_a_handler_transaction_that_rolls_back_still_marks_the_batch(
-        monkeypatch):
+def test_a_flush_inside_a_handler_transaction_that_rolls_back_still_marks_the_batch(monkeypatch):
     # m0 succeeds; m1's handler writes a follow-up (the relay flushes m0's mark inside m1's
     # transaction) and then fails: the transaction, flush included, rolls back. m0 must
     # still end processed (the batch's final UPDATE), m1 backed off, the follow-up absent.
@@ -298,17 +325,21 @@ def test_a_flush_inside_a_handler_transaction_that_rolls_back_still_marks_the_ba
     def noop(payload):
         if payload["k"] == 1:
             with transaction.atomic():
-                outbox_put(category=OutboxCategory.NOOP, payload={"k": 9},
-                           dedupe_key="rollback:follow-up")
+                outbox_put(
+                    category=OutboxCategory.NOOP, payload={"k": 9}, dedupe_key="rollback:follow-up"
+                )
                 raise RuntimeError("the handler fails after its write")
 
     monkeypatch.setitem(outbox_mod._HANDLERS, int(OutboxCategory.NOOP), noop)
     monkeypatch.setattr(outbox_mod, "_kick_relay", lambda: None)
     now = timezone.now()
     for k in range(3):
-        OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={"k": k},
-                                     dedupe_key=f"rollback:{k}",
-                                     available_at=now - timedelta(seconds=10 - k))
+        OutboxMessage.objects.create(
+            category=OutboxCategory.NOOP,
+            payload={"k": k},
+            dedupe_key=f"rollback:{k}",
+            available_at=now - timedelta(seconds=10 - k),
+        )
     assert relay_drain_once(batch=10) == 3
     rows = {m.dedupe_key: m for m in OutboxMessage.objects.all()}
     assert rows["rollback:0"].processed_at is not None

@@ -1,4 +1,5 @@
 """The relay's one-statement claim and batched mark: same guarantees as before."""
+
 from datetime import timedelta
 
 import pytest
@@ -11,8 +12,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _noop(key, **fields):
-    return OutboxMessage.objects.create(category=OutboxCategory.NOOP, payload={"k": key},
-                                        dedupe_key=key, **fields)
+    return OutboxMessage.objects.create(
+        category=OutboxCategory.NOOP, payload={"k": key}, dedupe_key=key, **fields
+    )
 
 
 def test_a_claim_takes_the_oldest_due_messages_first():
@@ -24,8 +26,11 @@ def test_a_claim_takes_the_oldest_due_messages_first():
 
     assert relay_drain_once(batch=2) == 2
 
-    processed = set(OutboxMessage.objects.filter(processed_at__isnull=False)
-                    .values_list("dedupe_key", flat=True))
+    processed = set(
+        OutboxMessage.objects.filter(processed_at__isnull=False).values_list(
+            "dedupe_key", flat=True
+        )
+    )
     assert processed == {"oldest", "middle"}
     newest.refresh_from_db()
     assert newest.processed_at is None and newest.attempts == 0 and newest.claimed_until is None
@@ -36,14 +41,20 @@ def test_a_failing_message_is_not_marked_with_the_rest_of_its_batch():
     for i in range(5):
         _noop(f"ok:{i}")
     # A RUN_STEPS message for a purchase that does not exist: its handler fails.
-    failing = OutboxMessage.objects.create(category=OutboxCategory.RUN_STEPS,
-                                           payload={"purchase": "pur_missing"},
-                                           dedupe_key="steps:pur_missing")
+    failing = OutboxMessage.objects.create(
+        category=OutboxCategory.RUN_STEPS,
+        payload={"purchase": "pur_missing"},
+        dedupe_key="steps:pur_missing",
+    )
 
     assert relay_drain_once() == 6
 
-    assert OutboxMessage.objects.filter(dedupe_key__startswith="ok:",
-                                        processed_at__isnull=False).count() == 5
+    assert (
+        OutboxMessage.objects.filter(
+            dedupe_key__startswith="ok:", processed_at__isnull=False
+        ).count()
+        == 5
+    )
     failing.refresh_from_db()
     assert failing.processed_at is None and failing.attempts == 1
     assert "DoesNotExist" in failing.last_error

@@ -1,9 +1,11 @@
-"""The relay marks only what this drainer handled (recovery/relay.py `_MARK_SQL` marks by `id = ANY(ids) AND
+"""The relay marks only what this drainer handled (recovery/relay.py `_MARK_SQL` marks by `id =
+ANY(ids) AND
 claimed_until = <the batch's>`, no `processed_at IS NULL`): two drainers whose batches
 carry the *same* claimed_until (a frozen/colliding clock). Drainer A releases a `rerun` row
 in a mid-batch flush, drainer B claims it again with an identical claimed_until and is
 still handling it when A's final mark (which covers every id again) runs. The invariant:
 every write of a key is followed by a run of its message; nothing is left unprocessed."""
+
 import threading
 import types
 from datetime import timedelta
@@ -37,8 +39,9 @@ def _in_thread(fn):
 
 def _write(key: str, delay: float = 0) -> None:
     with transaction.atomic():
-        outbox_put(category=OutboxCategory.NOOP, payload={"k": key}, dedupe_key=key,
-                   delay_seconds=delay)
+        outbox_put(
+            category=OutboxCategory.NOOP, payload={"k": key}, dedupe_key=key, delay_seconds=delay
+        )
 
 
 def test_identical_claimed_until_never_loses_a_rerun(monkeypatch):
@@ -67,9 +70,11 @@ def test_identical_claimed_until_never_loses_a_rerun(monkeypatch):
             writes["k1"] += 1
         if key == "k2":
             _write("k3", delay=3)  # flush: A releases its flagged k1 row (rerun)
+
             def drain_b():
                 threading.current_thread().name = "B-drainer"
                 return relay.relay_drain_once(batch=1)
+
             b_thread["t"], b_thread["out"] = _in_thread(drain_b)
             assert b_in.wait(20), "B never claimed the released row"
 
@@ -124,10 +129,13 @@ def test_lease_expiry_reclaim_old_holder_never_marks_the_new_claim(monkeypatch, 
             return
         if who.startswith("A"):
             import time as _t
+
             _t.sleep(1.2)  # A's lease is over: B may claim the row
+
             def drain_b():
                 threading.current_thread().name = "B-drainer"
                 return relay.relay_drain_once(batch=1)
+
             state["t"], state["out"] = _in_thread(drain_b)
             assert b_in.wait(20)
             if state.get("fail"):

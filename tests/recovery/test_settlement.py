@@ -1,4 +1,5 @@
 """Settlement comparison: provider balance transactions at localstripe vs the ledger."""
+
 import pytest
 
 from recovery.halts import halt_clear, halt_set
@@ -10,9 +11,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _open(reference):
-    return set(SettlementDiscrepancy.objects.filter(provider_reference=reference,
-                                                    resolved_at__isnull=True)
-               .values_list("kind", flat=True))
+    return set(
+        SettlementDiscrepancy.objects.filter(
+            provider_reference=reference, resolved_at__isnull=True
+        ).values_list("kind", flat=True)
+    )
 
 
 def test_ledger_and_provider_differences_become_discrepancies(new_purchase, pay_now):
@@ -20,10 +23,12 @@ def test_ledger_and_provider_differences_become_discrepancies(new_purchase, pay_
     for purchase in (matched, tampered):
         pay_now(purchase)
     settle()  # fulfilment books the sales
-    [matched_sale] = LedgerEntry.objects.filter(purchase_id=matched.id, entry_type="sale",
-                                                account="provider_balance")
-    [tampered_sale] = LedgerEntry.objects.filter(purchase_id=tampered.id, entry_type="sale",
-                                                 account="provider_balance")
+    [matched_sale] = LedgerEntry.objects.filter(
+        purchase_id=matched.id, entry_type="sale", account="provider_balance"
+    )
+    [tampered_sale] = LedgerEntry.objects.filter(
+        purchase_id=tampered.id, entry_type="sale", account="provider_balance"
+    )
     assert matched_sale.provider_reference.startswith("ch_")
 
     settlement_compare(grace_seconds=0)
@@ -32,9 +37,15 @@ def test_ledger_and_provider_differences_become_discrepancies(new_purchase, pay_
 
     # The ledger books a different amount, and a sale the provider never saw.
     LedgerEntry.objects.filter(id=tampered_sale.id).update(amount=tampered_sale.amount + 100)
-    LedgerEntry.objects.create(purchase_id=tampered.id, operation_id="op_ghost",
-                               provider_reference="ch_ghost", entry_type="sale",
-                               account="provider_balance", amount=999, currency="usd")
+    LedgerEntry.objects.create(
+        purchase_id=tampered.id,
+        operation_id="op_ghost",
+        provider_reference="ch_ghost",
+        entry_type="sale",
+        account="provider_balance",
+        amount=999,
+        currency="usd",
+    )
     result = settlement_compare(grace_seconds=0)
     settlement_compare(grace_seconds=0)  # a repeated finding writes nothing new
 

@@ -5,6 +5,7 @@ provider is unreachable during reconciliation (while a checkout halt is on).
 Dedicated workers listen on their own Redis database so the session worker never takes
 their messages; the test hands them work with a plain `send_task`.
 """
+
 import os
 import signal
 import socket
@@ -53,16 +54,38 @@ def _broker(db_index: int) -> str:
 
 def _start_worker(db_index: int, **env_overrides) -> subprocess.Popen:
     db = settings.DATABASES["default"]
-    env = {**os.environ, "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/"
-                                         f"{db['NAME']}",
-           "CELERY_BROKER_URL": _broker(db_index), "REDIS_URL": _broker(db_index),
-           **{k: str(v) for k, v in env_overrides.items()}}
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "CELERY_BROKER_URL": _broker(db_index),
+        "REDIS_URL": _broker(db_index),
+        **{k: str(v) for k, v in env_overrides.items()},
+    }
     log = open(Path(os.environ.get("VERITY_STACK_DIR", "/tmp")) / f"worker-{db_index}.log", "ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
-         "--concurrency", "1", "--pool", "threads", "--without-gossip", "--without-mingle",
-         "--without-heartbeat"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--loglevel",
+            "INFO",
+            "--concurrency",
+            "1",
+            "--pool",
+            "threads",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _stop(proc: subprocess.Popen, sig=signal.SIGTERM) -> None:
@@ -124,26 +147,36 @@ def _make_steps_due(purchase_id: str) -> None:
     """A due RUN_STEPS row without an on-commit kick (the session worker must not see it)."""
     key = f"steps:{purchase_id}"
     OutboxMessage.objects.bulk_create(
-        [OutboxMessage(category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase_id},
-                       dedupe_key=key)], ignore_conflicts=True)
+        [
+            OutboxMessage(
+                category=OutboxCategory.RUN_STEPS, payload={"purchase": purchase_id}, dedupe_key=key
+            )
+        ],
+        ignore_conflicts=True,
+    )
     OutboxMessage.objects.filter(dedupe_key=key, processed_at__isnull=True).update(
-        available_at=timezone.now(), claimed_until=None)
+        available_at=timezone.now(), claimed_until=None
+    )
 
 
-def test_lost_answer_converges_through_the_worker(celery_worker, new_purchase, api_client,
-                                                  drill, localstripe):
+def test_lost_answer_converges_through_the_worker(
+    celery_worker, new_purchase, api_client, drill, localstripe
+):
     purchase = new_purchase()
-    op = pay.payment_create(purchase_id=purchase.id, api_client=api_client,
-                            payment_method="pm_card_visa")
+    op = pay.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, "drop_response_after_send")
     assert pay.operation_dispatch(operation_id=op.id).outcome == Outcome.UNKNOWN
 
     PaymentOperation.objects.filter(id=op.id).update(
-        next_reconcile_at=timezone.now() - timedelta(seconds=1))
+        next_reconcile_at=timezone.now() - timedelta(seconds=1)
+    )
     reconcile_due()  # the beat job; its commit kicks the worker
 
-    wait_for(lambda: Purchase.objects.get(id=purchase.id).status == PurchaseStatus.COMPLETED,
-             timeout=30)
+    wait_for(
+        lambda: Purchase.objects.get(id=purchase.id).status == PurchaseStatus.COMPLETED, timeout=30
+    )
     assert PaymentOperation.objects.get(id=op.id).outcome == Outcome.SUCCEEDED
     assert len(localstripe.succeeded_charges_for(purchase.id)) == 1
     assert Order.objects.filter(purchase_id=purchase.id).count() == 1
@@ -161,15 +194,24 @@ def test_worker_killed_mid_send_leaves_the_email_unknown_and_unsent(new_purchase
     _make_steps_due(purchase.id)
 
     smtp = _HangingSmtp()
-    sender = _start_worker(7, EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend",
-                           EMAIL_HOST="127.0.0.1", EMAIL_PORT=smtp.port, EMAIL_TIMEOUT=120,
-                           OUTBOX_LEASE_SECONDS=2)
+    sender = _start_worker(
+        7,
+        EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend",
+        EMAIL_HOST="127.0.0.1",
+        EMAIL_PORT=smtp.port,
+        EMAIL_TIMEOUT=120,
+        OUTBOX_LEASE_SECONDS=2,
+    )
     restarted = None
     try:
         _kick(7)
-        wait_for(lambda: StepRun.objects.get(purchase_id=purchase.id,
-                                             step="confirmation").state == StepState.RUNNING,
-                 timeout=30)
+        wait_for(
+            lambda: (
+                StepRun.objects.get(purchase_id=purchase.id, step="confirmation").state
+                == StepState.RUNNING
+            ),
+            timeout=30,
+        )
         _stop(sender, signal.SIGKILL)  # dies while the mail server has the message
         claimed = OutboxMessage.objects.filter(dedupe_key=f"steps:{purchase.id}").latest("id")
         assert claimed.processed_at is None and claimed.claimed_until is not None
@@ -179,8 +221,10 @@ def test_worker_killed_mid_send_leaves_the_email_unknown_and_unsent(new_purchase
         def settled():
             _kick(7)
             time.sleep(0.3)
-            return StepRun.objects.get(purchase_id=purchase.id,
-                                       step="confirmation").state == StepState.UNKNOWN
+            return (
+                StepRun.objects.get(purchase_id=purchase.id, step="confirmation").state
+                == StepState.UNKNOWN
+            )
 
         wait_for(settled, timeout=30, interval=0.5)
     finally:
@@ -194,15 +238,16 @@ def test_worker_killed_mid_send_leaves_the_email_unknown_and_unsent(new_purchase
     assert Purchase.objects.get(id=purchase.id).status == PurchaseStatus.MANUAL_REVIEW
     assert CrmUpdate.objects.filter(purchase_id=purchase.id).count() == 0
     assert Order.objects.filter(purchase_id=purchase.id).count() == 1
-    assert RecoveryDecision.objects.filter(purchase_id=purchase.id,
-                                           decision="manual").count() == 1
+    assert RecoveryDecision.objects.filter(purchase_id=purchase.id, decision="manual").count() == 1
 
 
 def test_provider_unreachable_during_reconcile_stays_unknown_and_halt_blocks_charges(
-        new_purchase, api_client, drill, localstripe):
+    new_purchase, api_client, drill, localstripe
+):
     purchase, other = new_purchase(), new_purchase()
-    op = pay.payment_create(purchase_id=purchase.id, api_client=api_client,
-                            payment_method="pm_card_visa")
+    op = pay.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, "drop_response_after_send")
     op = pay.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.UNKNOWN
@@ -213,12 +258,14 @@ def test_provider_unreachable_during_reconcile_stays_unknown_and_halt_blocks_cha
     reader = _start_worker(8, STRIPE_API_BASE=f"http://127.0.0.1:{dead_port}")
     try:
         OutboxMessage.objects.filter(dedupe_key=f"reconcile:{op.id}").update(
-            available_at=timezone.now())
+            available_at=timezone.now()
+        )
         _kick(8)
-        wait_for(lambda: ProviderCall.objects.filter(operation_id=op.id,
-                                                     purpose="reconcile").exists(), timeout=30)
-        wait_for(lambda: PaymentOperation.objects.get(id=op.id).reconcile_attempts >= 1,
-                 timeout=10)
+        wait_for(
+            lambda: ProviderCall.objects.filter(operation_id=op.id, purpose="reconcile").exists(),
+            timeout=30,
+        )
+        wait_for(lambda: PaymentOperation.objects.get(id=op.id).reconcile_attempts >= 1, timeout=10)
     finally:
         _stop(reader)
 
@@ -230,8 +277,9 @@ def test_provider_unreachable_during_reconcile_stays_unknown_and_halt_blocks_cha
 
     # The halt refuses a new charge, while reconciliation still settles the unknown one.
     with pytest.raises(DomainError) as refused:
-        pay.payment_create(purchase_id=other.id, api_client=api_client,
-                           payment_method="pm_card_visa")
+        pay.payment_create(
+            purchase_id=other.id, api_client=api_client, payment_method="pm_card_visa"
+        )
     assert refused.value.code == "workflow_halted"
     assert pay.operation_reconcile(operation_id=op.id).outcome == Outcome.SUCCEEDED
     settle()
@@ -250,13 +298,21 @@ def test_mail_server_down_the_email_is_retried_and_sent_once(new_purchase, pay_n
     _make_steps_due(purchase.id)
     log = Path(os.environ.get("VERITY_STACK_DIR", "/tmp")) / "worker-9.log"
 
-    refused = _start_worker(9, EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend",
-                            EMAIL_HOST="127.0.0.1", EMAIL_PORT=free_port())  # nothing listens
+    refused = _start_worker(
+        9,
+        EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend",
+        EMAIL_HOST="127.0.0.1",
+        EMAIL_PORT=free_port(),
+    )  # nothing listens
     try:
         _kick(9)
-        wait_for(lambda: StepRun.objects.get(purchase_id=purchase.id,
-                                             step="confirmation").state == StepState.FAILED,
-                 timeout=30)
+        wait_for(
+            lambda: (
+                StepRun.objects.get(purchase_id=purchase.id, step="confirmation").state
+                == StepState.FAILED
+            ),
+            timeout=30,
+        )
     finally:
         _stop(refused)
     failed = StepRun.objects.get(purchase_id=purchase.id, step="confirmation")
@@ -266,9 +322,11 @@ def test_mail_server_down_the_email_is_retried_and_sent_once(new_purchase, pay_n
 
     # The console backend (its output is the worker log, read below) is development-only:
     # DEBUG on, or Verity refuses to start with it (config/settings/security.py).
-    working = _start_worker(9, EMAIL_BACKEND="django.core.mail.backends.console.EmailBackend",
-                            DEBUG="true")  # the mail server is back
+    working = _start_worker(
+        9, EMAIL_BACKEND="django.core.mail.backends.console.EmailBackend", DEBUG="true"
+    )  # the mail server is back
     try:
+
         def sent():
             _kick(9)
             time.sleep(0.3)

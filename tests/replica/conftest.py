@@ -9,6 +9,7 @@ test runner mirrors the replica alias to the primary (settings TEST.MIRROR); tha
 redirection happens in pytest-django's database setup, which this conftest replaces, so
 here the alias is the real standby — and, being a mirror, it is not flushed after a test.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,7 @@ class Replica:
 
     def pause(self) -> None:
         _scalar("replica", "SELECT pg_wal_replay_pause()")
-        wait_for(lambda: _scalar("replica", "SELECT pg_get_wal_replay_pause_state()")
-                 == "paused")
+        wait_for(lambda: _scalar("replica", "SELECT pg_get_wal_replay_pause_state()") == "paused")
 
     def resume(self) -> None:
         _scalar("replica", "SELECT pg_wal_replay_resume()")

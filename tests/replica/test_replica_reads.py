@@ -7,6 +7,7 @@ touched the standby: its connection is closed before and still unopened after, w
 statement captured on it, while the same paths' answers and effects (localstripe objects,
 rows) are counted on the primary.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -43,12 +44,16 @@ def _user(username: str, role: str) -> User:
 
 def _purchase(api_client) -> Purchase:
     product = ProductFactory(price=1500)
-    quote = pay.quote_create(api_client=api_client,
-                             items=[{"sku": product.sku, "quantity": 1}], currency="usd")
-    return pay.purchase_create(api_client=api_client, quote_id=quote.id,
-                               quote_version=quote.version,
-                               customer_reference=f"cust-{quote.id[-8:]}",
-                               customer_email="buyer@example.com")
+    quote = pay.quote_create(
+        api_client=api_client, items=[{"sku": product.sku, "quantity": 1}], currency="usd"
+    )
+    return pay.purchase_create(
+        api_client=api_client,
+        quote_id=quote.id,
+        quote_version=quote.version,
+        customer_reference=f"cust-{quote.id[-8:]}",
+        customer_email="buyer@example.com",
+    )
 
 
 def _queries_on(captured: CaptureQueriesContext, table: str) -> int:
@@ -68,8 +73,10 @@ def test_console_page_reads_the_replica_and_shows_its_lag(replica, client):
     console.note_add(purchase_id=purchase.pk, user=operator, body="Customer phoned at 10:02")
     assert Note.objects.filter(purchase_id=purchase.pk).count() == 1  # on the primary
 
-    with CaptureQueriesContext(connections[REPLICA]) as on_replica, \
-            CaptureQueriesContext(connections["default"]) as on_primary:
+    with (
+        CaptureQueriesContext(connections[REPLICA]) as on_replica,
+        CaptureQueriesContext(connections["default"]) as on_primary,
+    ):
         stale = client.get(url)
 
     assert stale.status_code == 200
@@ -85,8 +92,7 @@ def test_console_page_reads_the_replica_and_shows_its_lag(replica, client):
     # before answering 404.
     newer = _purchase(api_client)
     assert client.get(reverse("support:purchase", args=[newer.pk])).status_code == 200
-    assert client.get(reverse("support:purchase", args=["pur_nosuchpurchase"])
-                      ).status_code == 404
+    assert client.get(reverse("support:purchase", args=["pur_nosuchpurchase"])).status_code == 404
 
     # Replay resumes: the same page now shows the note.
     replica.resume()
@@ -95,8 +101,10 @@ def test_console_page_reads_the_replica_and_shows_its_lag(replica, client):
 
 
 def test_metrics_scrape_reads_the_replica(replica, client):
-    with CaptureQueriesContext(connections[REPLICA]) as on_replica, \
-            CaptureQueriesContext(connections["default"]) as on_primary:
+    with (
+        CaptureQueriesContext(connections[REPLICA]) as on_replica,
+        CaptureQueriesContext(connections["default"]) as on_primary,
+    ):
         response = client.get("/metrics")
 
     assert response.status_code == 200 and b"verity_unknown_operations" in response.content
@@ -151,8 +159,9 @@ def test_money_paths_never_open_the_replica(replica, client, drill, localstripe,
     approval, a webhook's ingestion and processing, the outbox drain (steps): all on the
     primary, while the standby is configured, reachable and paused (a read there would be
     stale)."""
-    api_client, key = make_client(limit=10_000_000, scopes=(
-        "purchases:read", "purchases:write", "refunds:write"))
+    api_client, key = make_client(
+        limit=10_000_000, scopes=("purchases:read", "purchases:write", "refunds:write")
+    )
     api = Api(key, api_client)
     requester, approver = _user("sam", Role.SUPPORT), _user("fred", Role.FINANCE)
     operator = _user("olga", Role.OPERATOR)
@@ -178,32 +187,43 @@ def test_money_paths_never_open_the_replica(replica, client, drill, localstripe,
         # An unknown payment (answer dropped after the provider applied it), then the
         # console's reconcile settles it from the provider's record.
         other = _purchase(api_client)
-        op = pay.payment_create(purchase_id=other.pk, api_client=api_client,
-                                payment_method="pm_card_visa")
+        op = pay.payment_create(
+            purchase_id=other.pk, api_client=api_client, payment_method="pm_card_visa"
+        )
         drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
         assert pay.operation_dispatch(operation_id=op.pk).outcome == Outcome.UNKNOWN
         client.force_login(operator)
-        reconciled = client.post(reverse("support:reconcile", args=[op.pk]),
-                                 {"reason": "customer asks", **CONFIRM})
+        reconciled = client.post(
+            reverse("support:reconcile", args=[op.pk]), {"reason": "customer asks", **CONFIRM}
+        )
         # A refund requested by support and approved by finance (dispatched at once).
         client.force_login(requester)
-        client.post(reverse("support:refund-request", args=[purchase["id"]]),
-                    {"step": "confirm", "amount_minor": "1000", "reason": "damaged",
-                     "form_token": console.form_token_mint(requester), **CONFIRM})
-        refund = PaymentOperation.objects.get(purchase_id=purchase["id"],
-                                              kind=OperationKind.REFUND)
+        client.post(
+            reverse("support:refund-request", args=[purchase["id"]]),
+            {
+                "step": "confirm",
+                "amount_minor": "1000",
+                "reason": "damaged",
+                "form_token": console.form_token_mint(requester),
+                **CONFIRM,
+            },
+        )
+        refund = PaymentOperation.objects.get(purchase_id=purchase["id"], kind=OperationKind.REFUND)
         client.force_login(approver)
-        approved = client.post(reverse("support:refund-approve", args=[refund.pk]),
-                               {"reason": "checked", **CONFIRM})
+        approved = client.post(
+            reverse("support:refund-approve", args=[refund.pk]), {"reason": "checked", **CONFIRM}
+        )
         # Another unknown payment, settled by the provider's signed webhook (the object as
         # localstripe holds it): ingested by the view, processed by the outbox drain.
         third = _purchase(api_client)
-        op3 = pay.payment_create(purchase_id=third.pk, api_client=api_client,
-                                 payment_method="pm_card_visa")
+        op3 = pay.payment_create(
+            purchase_id=third.pk, api_client=api_client, payment_method="pm_card_visa"
+        )
         drill(op3, DrillMode.DROP_RESPONSE_AFTER_SEND)
         assert pay.operation_dispatch(operation_id=op3.pk).outcome == Outcome.UNKNOWN
-        intent = provider_object("payment_intents",
-                                 PaymentOperation.objects.get(pk=op3.pk).provider_reference)
+        intent = provider_object(
+            "payment_intents", PaymentOperation.objects.get(pk=op3.pk).provider_reference
+        )
         event = event_for(intent, "payment_intent.succeeded")
         delivered = post(client, event, secret=settings.STRIPE_WEBHOOK_SECRETS[0])
         # The outbox: webhook processing, steps, notifications, drained in this process.
@@ -239,20 +259,21 @@ def test_money_paths_never_open_the_replica(replica, client, drill, localstripe,
     assert _queries_on(page_reads, "payments_purchase") >= 1
 
 
-def test_an_action_offered_by_a_stale_page_is_decided_on_the_primary(replica, client,
-                                                                     localstripe):
+def test_an_action_offered_by_a_stale_page_is_decided_on_the_primary(replica, client, localstripe):
     """The danger of lag: a page offers a button the primary has already made obsolete. The
     action (a POST) decides on the primary under its lock: a second approval of a refund
     already approved is refused and moves no money."""
     api_client, _ = make_client()
     purchase = _purchase(api_client)
-    op = pay.payment_create(purchase_id=purchase.pk, api_client=api_client,
-                            payment_method="pm_card_visa")
+    op = pay.payment_create(
+        purchase_id=purchase.pk, api_client=api_client, payment_method="pm_card_visa"
+    )
     assert pay.operation_dispatch(operation_id=op.pk).outcome == Outcome.SUCCEEDED
     requester = _user("sam", Role.SUPPORT)
     fred, fiona = _user("fred", Role.FINANCE), _user("fiona", Role.FINANCE)
-    refund = console.refund_request_by_user(purchase_id=purchase.pk, user=requester,
-                                            reason="damaged", amount=500)
+    refund = console.refund_request_by_user(
+        purchase_id=purchase.pk, user=requester, reason="damaged", amount=500
+    )
     assert refund.outcome == Outcome.AWAITING_APPROVAL
     replica.wait_replayed()
 
@@ -269,8 +290,9 @@ def test_an_action_offered_by_a_stale_page_is_decided_on_the_primary(replica, cl
     assert "Refused" in response.content.decode()
     pi = localstripe.payment_intents_for(purchase.pk)
     assert len(localstripe.refunds_for(pi[0]["id"])) == 1  # one refund, not two
-    assert PaymentOperation.objects.filter(purchase=purchase,
-                                           kind=OperationKind.REFUND).count() == 1
+    assert (
+        PaymentOperation.objects.filter(purchase=purchase, kind=OperationKind.REFUND).count() == 1
+    )
 
 
 def test_an_unreachable_replica_leaves_the_console_on_the_primary(replica, client):

@@ -5,6 +5,7 @@ counted every event. The effect measured here is what each scrape statement read
 history table (PostgreSQL's own EXPLAIN ANALYZE row counts), with few and with many
 processed events: the waiting events only, however many processed ones there are.
 """
+
 import json
 
 import pytest
@@ -19,10 +20,18 @@ TABLE = ProviderEvent._meta.db_table
 
 
 def _events(n: int, *, tag: str, result=EventResult.APPLIED) -> None:
-    ProviderEvent.objects.bulk_create([
-        ProviderEvent(event_id=f"evt_{tag}_{i}", type="payment_intent.succeeded",
-                      payload={"id": f"evt_{tag}_{i}"}, result=result)
-        for i in range(n)], batch_size=2000)
+    ProviderEvent.objects.bulk_create(
+        [
+            ProviderEvent(
+                event_id=f"evt_{tag}_{i}",
+                type="payment_intent.succeeded",
+                payload={"id": f"evt_{tag}_{i}"},
+                result=result,
+            )
+            for i in range(n)
+        ],
+        batch_size=2000,
+    )
 
 
 def _rows_read(sql: str, table: str) -> int:
@@ -36,8 +45,11 @@ def _rows_read(sql: str, table: str) -> int:
         node = nodes.pop()
         nodes.extend(node.get("Plans", []))
         if node.get("Relation Name") == table:
-            looked = (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
-                      + node.get("Rows Removed by Index Recheck", 0))
+            looked = (
+                node.get("Actual Rows", 0)
+                + node.get("Rows Removed by Filter", 0)
+                + node.get("Rows Removed by Index Recheck", 0)
+            )
             total += looked * node.get("Actual Loops", 1)
     return total
 
@@ -47,14 +59,21 @@ def _scrape(client):
         answer = client.get("/metrics")
     assert answer.status_code == 200
     sql = [q["sql"] for q in queries.captured_queries]
-    return answer, sql, sum(_rows_read(s, TABLE) for s in sql
-                            if TABLE in s and s.lstrip().upper().startswith("SELECT"))
+    return (
+        answer,
+        sql,
+        sum(
+            _rows_read(s, TABLE)
+            for s in sql
+            if TABLE in s and s.lstrip().upper().startswith("SELECT")
+        ),
+    )
 
 
 def _sample(answer, result: str) -> float:
     prefix = f'verity_webhook_events{{result="{result}"}} '
     line = next(x for x in answer.content.decode().splitlines() if x.startswith(prefix))
-    return float(line[len(prefix):])
+    return float(line[len(prefix) :])
 
 
 def test_a_scrape_reads_the_waiting_events_only_however_many_are_stored(client, settings):
@@ -83,7 +102,10 @@ def test_a_scrape_reads_the_waiting_events_only_however_many_are_stored(client, 
     assert len(large_sql) == len(small_sql)
     assert read <= 10, read
     # and the figures: waiting ones exact, the processed total the planner's estimate
-    assert (_sample(answer, "held"), _sample(answer, "quarantined"),
-            _sample(answer, "pending")) == (3, 2, 0)
+    assert (
+        _sample(answer, "held"),
+        _sample(answer, "quarantined"),
+        _sample(answer, "pending"),
+    ) == (3, 2, 0)
     assert b"verity_webhook_held_events 3.0" in answer.content
     assert 5400 <= _sample(answer, "applied") <= 6600

@@ -11,6 +11,7 @@ Seen before the fix: 2 refunds at localstripe, 2 refund operations, the replay 2
 refund's record is kept until its purchase is fully refunded. Counted at localstripe
 (refunds of the PaymentIntent), on the real stack.
 """
+
 from datetime import timedelta
 
 import pytest
@@ -32,12 +33,12 @@ def _age_every_record(days: int) -> None:
 
 
 def test_a_replayed_partial_refund_after_the_key_was_pruned_refunds_once(
-        storefront, product, localstripe):  # noqa: F811
+    storefront, product, localstripe
+):  # noqa: F811
     purchase = storefront.new_purchase(product.sku)
     paid = storefront.pay(purchase["id"])
     assert paid.status_code == 201, paid.content
-    payment = PaymentOperation.objects.get(purchase_id=purchase["id"],
-                                           kind=OperationKind.CHARGE)
+    payment = PaymentOperation.objects.get(purchase_id=purchase["id"], kind=OperationKind.CHARGE)
     settle_outbox()
 
     key, body = new_key(), {"amount": 500}
@@ -59,22 +60,26 @@ def test_a_replayed_partial_refund_after_the_key_was_pruned_refunds_once(
     late = storefront.post(f"purchases/{purchase['id']}/refunds", body, key=key)
     settle_outbox()
     refunds_at_provider = len(localstripe.refunds_for(payment.provider_reference))
-    refund_ops = PaymentOperation.objects.filter(purchase_id=purchase["id"],
-                                                 kind=OperationKind.REFUND).count()
-    print(f"record pruned={pruned} late replay={late.status_code} "
-          f"refunds at localstripe={refunds_at_provider} refund ops={refund_ops}")
+    refund_ops = PaymentOperation.objects.filter(
+        purchase_id=purchase["id"], kind=OperationKind.REFUND
+    ).count()
+    print(
+        f"record pruned={pruned} late replay={late.status_code} "
+        f"refunds at localstripe={refunds_at_provider} refund ops={refund_ops}"
+    )
     assert refunds_at_provider == 1, (
         f"one refund request, {refunds_at_provider} refunds at the provider "
-        f"(replay answered {late.status_code})")
+        f"(replay answered {late.status_code})"
+    )
     assert refund_ops == 1
 
 
 def test_a_full_refund_key_still_goes_and_its_late_replay_refunds_nothing(
-        storefront, product, localstripe):  # noqa: F811
+    storefront, product, localstripe
+):  # noqa: F811
     purchase = storefront.new_purchase(product.sku)
     assert storefront.pay(purchase["id"]).status_code == 201
-    payment = PaymentOperation.objects.get(purchase_id=purchase["id"],
-                                           kind=OperationKind.CHARGE)
+    payment = PaymentOperation.objects.get(purchase_id=purchase["id"], kind=OperationKind.CHARGE)
     settle_outbox()
     key, body = new_key(), {"amount": payment.amount}
     first = storefront.post(f"purchases/{purchase['id']}/refunds", body, key=key)

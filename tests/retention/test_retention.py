@@ -3,6 +3,7 @@
 Rows are backdated with a queryset update (time passing); purchases and operations are
 made through the payments core. Every test counts rows before and after the run.
 """
+
 import threading
 from datetime import timedelta
 
@@ -32,21 +33,36 @@ def _days_ago(days: float):
 
 
 def _outbox(n: int, *, age_days: float, processed: bool, tag: str) -> list[int]:
-    OutboxMessage.objects.bulk_create([
-        OutboxMessage(category=OutboxCategory.NOOP, payload={}, dedupe_key=f"{tag}:{i}")
-        for i in range(n)])
+    OutboxMessage.objects.bulk_create(
+        [
+            OutboxMessage(category=OutboxCategory.NOOP, payload={}, dedupe_key=f"{tag}:{i}")
+            for i in range(n)
+        ]
+    )
     rows = OutboxMessage.objects.filter(dedupe_key__startswith=f"{tag}:")
     at = _days_ago(age_days)
     rows.update(created_at=at, available_at=at, processed_at=at if processed else None)
     return list(rows.values_list("id", flat=True))
 
 
-def _event(tag: str, *, age_days: float, result=EventResult.APPLIED, purchase_id="",
-           operation_id="", object_id="") -> ProviderEvent:
+def _event(
+    tag: str,
+    *,
+    age_days: float,
+    result=EventResult.APPLIED,
+    purchase_id="",
+    operation_id="",
+    object_id="",
+) -> ProviderEvent:
     event = ProviderEvent.objects.create(
-        event_id=f"evt_{tag}", type="payment_intent.succeeded", payload={"id": f"evt_{tag}"},
-        result=result, purchase_id=purchase_id, operation_id=operation_id,
-        object_id=object_id or f"pi_{tag}")
+        event_id=f"evt_{tag}",
+        type="payment_intent.succeeded",
+        payload={"id": f"evt_{tag}"},
+        result=result,
+        purchase_id=purchase_id,
+        operation_id=operation_id,
+        object_id=object_id or f"pi_{tag}",
+    )
     ProviderEvent.objects.filter(pk=event.pk).update(received_at=_days_ago(age_days))
     return event
 
@@ -61,8 +77,7 @@ def _close(purchase: Purchase, op: PaymentOperation | None = None) -> None:
 def test_processed_outbox_rows_past_retention_go_and_the_rest_stays():
     old = _outbox(30, age_days=settings.RETENTION_OUTBOX_DAYS + 1, processed=True, tag="old")
     recent = _outbox(5, age_days=1, processed=True, tag="recent")
-    stuck = _outbox(3, age_days=settings.RETENTION_OUTBOX_DAYS + 2, processed=False,
-                    tag="stuck")
+    stuck = _outbox(3, age_days=settings.RETENTION_OUTBOX_DAYS + 2, processed=False, tag="stuck")
     assert OutboxMessage.objects.count() == 38
 
     result = retention_prune_table(policy=OUTBOX, batch_size=7)
@@ -113,8 +128,7 @@ def test_rows_due_behind_more_held_rows_than_a_run_can_walk_are_reached():
     assert max(held) < min(due)
 
     # when retention runs a few times with that budget
-    runs = [retention_prune_table(policy=OUTBOX, batch_size=5, max_batches=2)
-            for _ in range(4)]
+    runs = [retention_prune_table(policy=OUTBOX, batch_size=5, max_batches=2) for _ in range(4)]
 
     # then each run resumed where the last stopped (23 held rows walked once: 3 runs),
     # the due rows were reached and pruned, and every held row is still there
@@ -127,8 +141,7 @@ def test_rows_due_behind_more_held_rows_than_a_run_can_walk_are_reached():
 
     # and once a held row is done with, the next sweep looks at it again and prunes it
     OutboxMessage.objects.filter(pk=held[-1]).update(processed_at=_days_ago(old))
-    later = [retention_prune_table(policy=OUTBOX, batch_size=5, max_batches=2)
-             for _ in range(3)]
+    later = [retention_prune_table(policy=OUTBOX, batch_size=5, max_batches=2) for _ in range(3)]
     assert sum(r.pruned for r in later) == 1 and OutboxMessage.objects.count() == 22
 
 
@@ -137,28 +150,36 @@ def test_a_run_mid_sweep_reports_what_is_ahead_as_due():
     _outbox(30, age_days=settings.RETENTION_OUTBOX_DAYS + 1, processed=True, tag="mid")
 
     # when runs are made one by one; then the backlog shrinks by a budget each time
-    assert [retention_prune_table(policy=OUTBOX, batch_size=5, max_batches=2).due
-            for _ in range(3)] == [20, 10, 0]
+    assert [
+        retention_prune_table(policy=OUTBOX, batch_size=5, max_batches=2).due for _ in range(3)
+    ] == [20, 10, 0]
     assert OutboxMessage.objects.count() == 0
 
 
-def test_events_are_archived_never_dropped_and_open_purchases_keep_theirs(new_purchase,
-                                                                         api_client):
+def test_events_are_archived_never_dropped_and_open_purchases_keep_theirs(new_purchase, api_client):
     old = settings.RETENTION_WEBHOOK_EVENT_DAYS + 1
     closed = new_purchase()
     _close(closed)
     unknown = new_purchase()
     Purchase.objects.filter(pk=unknown.pk).update(status=PurchaseStatus.PAYMENT_UNKNOWN)
     with_open_op = new_purchase()
-    op = pay.payment_create(purchase_id=with_open_op.pk, api_client=api_client,
-                            payment_method="pm_card_visa")  # pending: an open operation
+    op = pay.payment_create(
+        purchase_id=with_open_op.pk, api_client=api_client, payment_method="pm_card_visa"
+    )  # pending: an open operation
     disputed = new_purchase()
-    paid = pay.payment_create(purchase_id=disputed.pk, api_client=api_client,
-                              payment_method="pm_card_visa")
+    paid = pay.payment_create(
+        purchase_id=disputed.pk, api_client=api_client, payment_method="pm_card_visa"
+    )
     PaymentOperation.objects.filter(pk=paid.pk).update(outcome=Outcome.SUCCEEDED)
     Purchase.objects.filter(pk=disputed.pk).update(status=PurchaseStatus.COMPLETED)
-    Dispute.objects.create(id="dp_open", purchase=disputed, payment=paid, amount=1500,
-                           currency="usd", status="needs_response")
+    Dispute.objects.create(
+        id="dp_open",
+        purchase=disputed,
+        payment=paid,
+        amount=1500,
+        currency="usd",
+        status="needs_response",
+    )
 
     gone = _event("closed", age_days=old, purchase_id=closed.pk)
     kept = [
@@ -191,8 +212,15 @@ def test_events_are_archived_never_dropped_and_open_purchases_keep_theirs(new_pu
 
 def _record(client, key: str, *, state="done", resource_type="", resource_id="", age_days):
     record = IdempotencyRecord.objects.create(
-        api_client=client, route="purchases_create", key=key, fingerprint="f", state=state,
-        lease_until=timezone.now(), resource_type=resource_type, resource_id=resource_id)
+        api_client=client,
+        route="purchases_create",
+        key=key,
+        fingerprint="f",
+        state=state,
+        lease_until=timezone.now(),
+        resource_type=resource_type,
+        resource_id=resource_id,
+    )
     IdempotencyRecord.objects.filter(pk=record.pk).update(created_at=_days_ago(age_days))
     return record
 
@@ -203,21 +231,30 @@ def test_a_key_whose_purchase_is_still_open_is_kept(new_purchase, api_client):
     Purchase.objects.filter(pk=open_purchase.pk).update(status=PurchaseStatus.PAYMENT_UNKNOWN)
     _close(closed)
     IdempotencyRecord.objects.all().delete()  # only the records made below
-    gone = [_record(api_client, "k-closed", resource_type="purchase", resource_id=closed.pk,
-                    age_days=old),
-            _record(api_client, "k-quote", resource_type="quote", resource_id="q_1",
-                    age_days=old)]
-    kept = [_record(api_client, "k-open", resource_type="purchase",
-                    resource_id=open_purchase.pk, age_days=old),
-            _record(api_client, "k-inflight", state="in_flight", age_days=old),
-            _record(api_client, "k-recent", resource_type="purchase", resource_id=closed.pk,
-                    age_days=1)]
+    gone = [
+        _record(
+            api_client, "k-closed", resource_type="purchase", resource_id=closed.pk, age_days=old
+        ),
+        _record(api_client, "k-quote", resource_type="quote", resource_id="q_1", age_days=old),
+    ]
+    kept = [
+        _record(
+            api_client,
+            "k-open",
+            resource_type="purchase",
+            resource_id=open_purchase.pk,
+            age_days=old,
+        ),
+        _record(api_client, "k-inflight", state="in_flight", age_days=old),
+        _record(
+            api_client, "k-recent", resource_type="purchase", resource_id=closed.pk, age_days=1
+        ),
+    ]
 
     result = retention_prune_table(policy=IDEMPOTENCY)
 
     assert (result.pruned, result.kept) == (2, 2)
-    assert set(IdempotencyRecord.objects.values_list("key", flat=True)) == {
-        r.key for r in kept}
+    assert set(IdempotencyRecord.objects.values_list("key", flat=True)) == {r.key for r in kept}
     assert not IdempotencyRecord.objects.filter(pk__in=[r.pk for r in gone]).exists()
 
 
@@ -262,20 +299,27 @@ def test_metrics_report_rows_pruned_and_due_per_table():
     families = {f.name: f for f in RetentionCollector()._collect()}
 
     def sample(name):
-        return {s.labels["table"]: s.value for s in families[name].samples
-                if not s.name.endswith("_created")}
+        return {
+            s.labels["table"]: s.value
+            for s in families[name].samples
+            if not s.name.endswith("_created")
+        }
 
     assert sample("verity_retention_pruned_rows")[OUTBOX.table] == 12
     assert sample("verity_retention_due_rows")[OUTBOX.table] == 0
     assert set(sample("verity_retention_due_rows")) == {
-        OUTBOX.table, EVENTS.table, IDEMPOTENCY.table}
+        OUTBOX.table,
+        EVENTS.table,
+        IDEMPOTENCY.table,
+    }
     assert sample("verity_retention_last_run_age_seconds")[OUTBOX.table] < 60
 
 
 def test_beat_runs_retention():
     app.loader.import_default_modules()
-    entries = [e for e in settings.CELERY_BEAT_SCHEDULE.values()
-               if e["task"] == "recovery.retention_prune"]
+    entries = [
+        e for e in settings.CELERY_BEAT_SCHEDULE.values() if e["task"] == "recovery.retention_prune"
+    ]
     assert len(entries) == 1 and entries[0]["schedule"] > 0
     assert "recovery.retention_prune" in app.tasks
     _outbox(4, age_days=settings.RETENTION_OUTBOX_DAYS + 1, processed=True, tag="beat")

@@ -1,6 +1,7 @@
 """API answers carrying customer e-mails and status links are not cacheable,
 and failed API-key authentications are throttled per address and per key prefix.
 Effects counted: 401/429 answers, and whether a guess was still checked."""
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -17,8 +18,9 @@ def limits(settings):
     settings.API_AUTH_FAILURE_WINDOW_SECONDS = 900
     from django.core.cache import cache
 
-    cache.delete_many([f"api-auth-fail:ip:{a}" for a in ("127.0.0.1", "192.0.2.1",
-                                                        "192.0.2.2", "192.0.2.3")])
+    cache.delete_many(
+        [f"api-auth-fail:ip:{a}" for a in ("127.0.0.1", "192.0.2.1", "192.0.2.2", "192.0.2.3")]
+    )
 
 
 def _guess(key: str, address: str = "127.0.0.1"):

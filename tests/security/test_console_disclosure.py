@@ -1,5 +1,6 @@
 """Runbook placeholders cannot print secrets to console users, and ids that
 came from outside (a signed event's metadata) cannot 500 the audit page."""
+
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group, User
@@ -22,16 +23,22 @@ def support_client(client):
 
 def test_setting_placeholders_print_only_allow_listed_settings():
     # given placeholders naming secrets and a timing setting
-    text = " ".join(f"[[setting:{n}]]" for n in (
-        "SECRET_KEY", "STRIPE_API_KEY", "STRIPE_WEBHOOK_SECRETS", "DATABASES",
-        "RECONCILE_DEADLINE_SECONDS"))
+    text = " ".join(
+        f"[[setting:{n}]]"
+        for n in (
+            "SECRET_KEY",
+            "STRIPE_API_KEY",
+            "STRIPE_WEBHOOK_SECRETS",
+            "DATABASES",
+            "RECONCILE_DEADLINE_SECONDS",
+        )
+    )
 
     # when substituted
     out = runbooks._substitute(text)
 
     # then no secret value appears; the timing does, in words
-    for secret in (settings.SECRET_KEY, settings.STRIPE_API_KEY,
-                   *settings.STRIPE_WEBHOOK_SECRETS):
+    for secret in (settings.SECRET_KEY, settings.STRIPE_API_KEY, *settings.STRIPE_WEBHOOK_SECRETS):
         assert secret not in out
     assert "(setting SECRET_KEY is not shown in runbooks)" in out
     assert runbooks.duration_words(settings.RECONCILE_DEADLINE_SECONDS) in out
@@ -39,8 +46,7 @@ def test_setting_placeholders_print_only_allow_listed_settings():
 
 def test_every_rendered_runbook_is_free_of_secrets(support_client):
     # given every runbook page as a support user sees it; then no secret is in any
-    pages = [support_client.get(f"/console/runbooks/{slug}/")
-             for slug in runbooks.runbook_slugs()]
+    pages = [support_client.get(f"/console/runbooks/{slug}/") for slug in runbooks.runbook_slugs()]
     assert pages and all(p.status_code == 200 for p in pages)
     body = b"".join(p.content for p in pages).decode()
     assert settings.SECRET_KEY not in body and settings.STRIPE_API_KEY not in body
@@ -48,11 +54,22 @@ def test_every_rendered_runbook_is_free_of_secrets(support_client):
 
 def test_audit_page_survives_a_purchase_id_with_a_slash(support_client):
     # given an audit row whose purchase id came from a signed event's metadata
-    AuditEntry.objects.create(actor="fred", action="event_triage", target_type="event",
-                              target_id="evt_1", purchase_id="pur_x/../admin",
-                              reason="triaged")
-    AuditEntry.objects.create(actor="fred", action="note", target_type="purchase",
-                              target_id="pur_ok", purchase_id="pur_ok", reason="ok")
+    AuditEntry.objects.create(
+        actor="fred",
+        action="event_triage",
+        target_type="event",
+        target_id="evt_1",
+        purchase_id="pur_x/../admin",
+        reason="triaged",
+    )
+    AuditEntry.objects.create(
+        actor="fred",
+        action="note",
+        target_type="purchase",
+        target_id="pur_ok",
+        purchase_id="pur_ok",
+        reason="ok",
+    )
 
     # when the audit page is read
     page = support_client.get("/console/audit/")

@@ -1,5 +1,6 @@
 """The deploy check refuses a PostgreSQL that can lose a commit Verity answered for
 (`synchronous_commit` or `fsync` off): the soak lost an accepted webhook that way."""
+
 import pytest
 from django.db import connection
 

@@ -2,6 +2,7 @@
 and the lock had no hashes. Now: two hashed locks generated from pyproject.toml
 (`make lock`), the production one free of development tools, the Dockerfile installing
 only that one, and development installs using the same pins."""
+
 from __future__ import annotations
 
 import re
@@ -11,22 +12,37 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # aiohttp was listed as localstripe's server; since the x402 rail it is a production dependency
 # of web3 (the x402 chain reader), so localstripe itself is what must stay out.
-DEV_TOOLS = {"pytest", "pytest-django", "pytest-xdist", "factory-boy", "hypothesis", "schemathesis",
-             "pip-audit", "pyinstrument", "localstripe", "honcho"}
+DEV_TOOLS = {
+    "pytest",
+    "pytest-django",
+    "pytest-xdist",
+    "factory-boy",
+    "hypothesis",
+    "schemathesis",
+    "pip-audit",
+    "pyinstrument",
+    "localstripe",
+    "honcho",
+}
 UNUSED = {"pytest-postgresql", "pytest-redis"}
 
 
 def pins(lock: str) -> dict[str, str]:
     text = (ROOT / lock).read_text()
-    return {m.group(1).lower(): m.group(2)
-            for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+)", text, re.M)}
+    return {
+        m.group(1).lower(): m.group(2)
+        for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+)", text, re.M)
+    }
 
 
 def unhashed(lock: str) -> list[str]:
     # each requirement is "name==version \" followed by its "--hash=sha256:…" lines
     entries = re.split(r"^(?=[A-Za-z0-9_.-]+==)", (ROOT / lock).read_text(), flags=re.M)
-    return [e.split()[0] for e in entries
-            if re.match(r"[A-Za-z0-9_.-]+==", e) and "--hash=sha256:" not in e]
+    return [
+        e.split()[0]
+        for e in entries
+        if re.match(r"[A-Za-z0-9_.-]+==", e) and "--hash=sha256:" not in e
+    ]
 
 
 def test_the_production_lock_has_no_development_tools():

@@ -1,6 +1,7 @@
 """Status tokens (customers' credentials) never reach a log line — neither
 Django's (a 405 or a refused pay-again on a status URL is logged at WARNING with its path)
 nor gunicorn's access log. Effects counted: the process's real log output, scanned."""
+
 import io
 import logging
 import os
@@ -56,10 +57,24 @@ def test_gunicorn_access_log_does_not_carry_status_tokens():
     token = "T" * 12 + "o" * 12 + "k" * 8  # the shape of a status token
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind",
-         f"127.0.0.1:{port}", "--workers", "1", "--access-logfile", "-"],
-        cwd=ROOT, env={**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "config.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "1",
+            "--access-logfile",
+            "-",
+        ],
+        cwd=ROOT,
+        env={**os.environ},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -71,8 +86,11 @@ def test_gunicorn_access_log_does_not_carry_status_tokens():
                 time.sleep(0.2)
 
         # when a status page is requested (with a status link as referer, too)
-        requests.get(f"http://127.0.0.1:{port}/status/{token}/", timeout=30,
-                     headers={"Referer": f"{settings.PUBLIC_BASE_URL}/status/{token}/"})
+        requests.get(
+            f"http://127.0.0.1:{port}/status/{token}/",
+            timeout=30,
+            headers={"Referer": f"{settings.PUBLIC_BASE_URL}/status/{token}/"},
+        )
     finally:
         server.terminate()
         output = server.communicate(timeout=20)[0].decode()

@@ -1,6 +1,7 @@
 """The login lockout counts the username as Django authenticates it,
 covers /admin/, says how long it lasts, and keys on the client behind trusted proxies.
 Effects counted: LoginFailure rows and whether a session was opened."""
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
@@ -17,8 +18,7 @@ PASSWORD = "correct horse battery staple"
 
 @pytest.fixture
 def olga(db):
-    return get_user_model().objects.create_user(username="olga", password=PASSWORD,
-                                                is_staff=True)
+    return get_user_model().objects.create_user(username="olga", password=PASSWORD, is_staff=True)
 
 
 def _signed_in(client: Client) -> bool:
@@ -30,7 +30,8 @@ def test_username_variants_share_one_lockout(olga):
     variants = ["olga", "olga ", " olga", "\uff4flga", "OLGA"]
     for i, name in enumerate(variants):
         Client(REMOTE_ADDR=f"198.51.100.{i}").post(
-            "/console/login/", {"username": name, "password": "wrong"})
+            "/console/login/", {"username": name, "password": "wrong"}
+        )
 
     # when the right password comes under yet another variant from a fresh address
     client = Client(REMOTE_ADDR="203.0.113.9")
@@ -47,8 +48,10 @@ def test_username_variants_share_one_lockout(olga):
 def test_admin_login_is_behind_the_same_lockout(olga):
     # given an attacker guessing at the admin login
     client = Client(REMOTE_ADDR="198.51.100.77")
-    answers = [client.post("/admin/login/", {"username": "olga", "password": f"guess{i}"})
-               for i in range(LOGIN_FAILURES_PER_USERNAME + 3)]
+    answers = [
+        client.post("/admin/login/", {"username": "olga", "password": f"guess{i}"})
+        for i in range(LOGIN_FAILURES_PER_USERNAME + 3)
+    ]
 
     # when the right password arrives afterwards
     last = client.post("/admin/login/", {"username": "olga", "password": PASSWORD})

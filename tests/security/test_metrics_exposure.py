@@ -1,6 +1,7 @@
 """/metrics answers only an allowed scraper (bearer token or allow-listed
 network), computes its figures with bounded aggregate queries (no id lists), and caches
 them for a few seconds. Effects counted: SQL statements per scrape and their size."""
+
 from datetime import timedelta
 
 import pytest
@@ -19,14 +20,24 @@ def _paid_with_orders(n: int, start: int = 0) -> list[str]:
     now = timezone.now()
     ids = []
     for i in range(start, start + n):
-        quote = Quote.objects.create(items=[], amount=900, currency="usd",
-                                     expires_at=now + timedelta(minutes=30))
-        purchase = Purchase.objects.create(quote=quote, amount=900, currency="usd",
-                                           customer_reference=f"c{i}",
-                                           customer_email=f"c{i}@example.com")
-        PaymentOperation.objects.create(purchase=purchase, kind=OperationKind.CHARGE,
-                                        amount=900, currency="usd", outcome=Outcome.SUCCEEDED,
-                                        settled_at=now - timedelta(seconds=10))
+        quote = Quote.objects.create(
+            items=[], amount=900, currency="usd", expires_at=now + timedelta(minutes=30)
+        )
+        purchase = Purchase.objects.create(
+            quote=quote,
+            amount=900,
+            currency="usd",
+            customer_reference=f"c{i}",
+            customer_email=f"c{i}@example.com",
+        )
+        PaymentOperation.objects.create(
+            purchase=purchase,
+            kind=OperationKind.CHARGE,
+            amount=900,
+            currency="usd",
+            outcome=Outcome.SUCCEEDED,
+            settled_at=now - timedelta(seconds=10),
+        )
         Order.objects.create(purchase_id=purchase.id, reference=f"ord-{purchase.id}")
         ids.append(purchase.id)
     return ids
@@ -44,10 +55,10 @@ def test_metrics_refuse_an_outside_scraper_before_any_query(client, settings):
 
     # when an outside address scrapes with no token, and with a wrong one
     anonymous, sql = _scrape(client, REMOTE_ADDR="198.51.100.7")
-    wrong, _ = _scrape(client, REMOTE_ADDR="198.51.100.7",
-                       HTTP_AUTHORIZATION="Bearer nope")
-    right, _ = _scrape(client, REMOTE_ADDR="198.51.100.7",
-                       HTTP_AUTHORIZATION="Bearer scrape-token-for-tests")
+    wrong, _ = _scrape(client, REMOTE_ADDR="198.51.100.7", HTTP_AUTHORIZATION="Bearer nope")
+    right, _ = _scrape(
+        client, REMOTE_ADDR="198.51.100.7", HTTP_AUTHORIZATION="Bearer scrape-token-for-tests"
+    )
 
     # then only the token opens it, and the refused scrape touched no table
     assert (anonymous.status_code, wrong.status_code, right.status_code) == (404, 404, 200)
@@ -72,7 +83,7 @@ def test_scrape_work_does_not_grow_with_volume(client, settings):
     assert len(large) == len(small)
     assert not any(pid in sql for sql in large for pid in many)
     assert max(map(len, large)) == max(map(len, small))
-    assert b'verity_order_after_payment_seconds_count 153.0' in answer.content
+    assert b"verity_order_after_payment_seconds_count 153.0" in answer.content
     # (orders were written about 10 s after the provider success)
     assert b'verity_order_after_payment_seconds_bucket{le="5.0"} 0.0' in answer.content
     assert b'verity_order_after_payment_seconds_bucket{le="60.0"} 153.0' in answer.content

@@ -1,5 +1,6 @@
 """No secret, API key, card number or full provider payload in logs, responses, audit rows
 or stored provider fields — scanned after real flows (success, decline, unknown, refund)."""
+
 import json
 import logging
 import re
@@ -19,13 +20,24 @@ from webhooks.models import ProviderEvent
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CARD = re.compile(r"\b(?:4\d{15}|5[1-5]\d{14}|3[47]\d{13})\b")
-PROVIDER_ONLY = ("client_secret", "payment_method_details", "billing_details", "fingerprint",
-                 "\"exp_month\"", "\"last4\"")
+PROVIDER_ONLY = (
+    "client_secret",
+    "payment_method_details",
+    "billing_details",
+    "fingerprint",
+    '"exp_month"',
+    '"last4"',
+)
 
 
 def _secrets(api_key: str) -> list[str]:
-    return [api_key, api_key.split(".", 1)[1], settings.STRIPE_API_KEY, settings.SECRET_KEY,
-            *settings.STRIPE_WEBHOOK_SECRETS]
+    return [
+        api_key,
+        api_key.split(".", 1)[1],
+        settings.STRIPE_API_KEY,
+        settings.SECRET_KEY,
+        *settings.STRIPE_WEBHOOK_SECRETS,
+    ]
 
 
 def _scan(text: str, secrets: list[str]) -> list[str]:
@@ -37,8 +49,9 @@ def _scan(text: str, secrets: list[str]) -> list[str]:
 
 def test_flows_leak_nothing(caplog):
     caplog.set_level(logging.DEBUG)
-    client, key = make_client(scopes=("purchases:read", "purchases:write", "refunds:write"),
-                              auto_refund_limit=100_000)
+    client, key = make_client(
+        scopes=("purchases:read", "purchases:write", "refunds:write"), auto_refund_limit=100_000
+    )
     api = Api(key, client)
     product = ProductFactory(price=1500)
     bodies = []
@@ -54,8 +67,9 @@ def test_flows_leak_nothing(caplog):
     record(api.pay(declined["id"], method="pm_card_chargeCustomerFail"))
     lost = api.new_purchase(product.sku)
     # The next confirm answer is dropped after the provider applied it: an unknown outcome.
-    provider_for_rail(Rail.STRIPE).arm_drill(key_prefix="*", step="confirm",
-                                             mode=DrillMode.DROP_RESPONSE_AFTER_SEND)
+    provider_for_rail(Rail.STRIPE).arm_drill(
+        key_prefix="*", step="confirm", mode=DrillMode.DROP_RESPONSE_AFTER_SEND
+    )
     try:
         record(api.pay(lost["id"]))
     finally:
@@ -72,8 +86,11 @@ def test_flows_leak_nothing(caplog):
     # Status tokens are customers' credentials: never in a log line.
     from payments.models import Purchase
 
-    tokens = list(Purchase.objects.filter(id__in=[ok["id"], declined["id"], lost["id"]])
-                  .values_list("status_token", flat=True))
+    tokens = list(
+        Purchase.objects.filter(id__in=[ok["id"], declined["id"], lost["id"]]).values_list(
+            "status_token", flat=True
+        )
+    )
     leaks += _scan("\n".join(r.getMessage() for r in caplog.records), secrets + tokens)
     stored = json.dumps(list(ProviderCall.objects.values("safe_fields", "error_code", "key")))
     stored += json.dumps(list(ProviderEvent.objects.values("payload")))

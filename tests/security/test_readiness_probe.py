@@ -1,6 +1,7 @@
 """/readyz with an unreachable broker answers fast and does not open a broker
 connection per request. The broker is a real TCP listener that never answers (a black
 hole), so a probe without a timeout would hang; effects counted: connections it received."""
+
 import socket
 import threading
 import time

@@ -1,6 +1,7 @@
 """On-demand reconcile has a per-operation cooldown. 20 POSTs in a burst make
 one provider read and one reconcile step; the others answer the current state with
 Retry-After. Effects counted: reconcile ProviderCall rows and timeline rows."""
+
 import pytest
 import requests
 from django.conf import settings
@@ -14,11 +15,18 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _three_d_secure_method() -> str:
     """A localstripe PaymentMethod whose payments need the buyer (3-D Secure)."""
-    answer = requests.post(f"{settings.STRIPE_API_BASE}/v1/payment_methods",
-                           auth=(settings.STRIPE_API_KEY, ""), timeout=10,
-                           data={"type": "card", "card[number]": "4000002760003184",
-                                 "card[exp_month]": "12", "card[exp_year]": "2034",
-                                 "card[cvc]": "123"})
+    answer = requests.post(
+        f"{settings.STRIPE_API_BASE}/v1/payment_methods",
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=10,
+        data={
+            "type": "card",
+            "card[number]": "4000002760003184",
+            "card[exp_month]": "12",
+            "card[exp_year]": "2034",
+            "card[cvc]": "123",
+        },
+    )
     answer.raise_for_status()
     return answer.json()["id"]
 
@@ -41,8 +49,7 @@ def _reads(op) -> int:
     return ProviderCall.objects.filter(operation=op, purpose=CallPurpose.RECONCILE).count()
 
 
-def test_a_burst_of_reconcile_requests_reads_the_provider_once(storefront, open_payment,
-                                                               settings):
+def test_a_burst_of_reconcile_requests_reads_the_provider_once(storefront, open_payment, settings):
     # given a payment waiting for the buyer and a 60 s cooldown
     settings.RECONCILE_ON_DEMAND_COOLDOWN_SECONDS = 60
     op = open_payment

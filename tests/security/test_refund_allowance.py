@@ -1,6 +1,7 @@
 """The automatic-refund allowance is cumulative per payment and per client per
 period, so splitting a refund into allowance-sized pieces does not skip finance approval.
 Effects counted: refunds at localstripe and refund operations by outcome."""
+
 import pytest
 from django.test import override_settings
 
@@ -22,8 +23,9 @@ def _paid(api: Api, price: int) -> tuple[str, str]:
 
 
 def _refunds(purchase_id: str, outcome: Outcome) -> int:
-    return PaymentOperation.objects.filter(purchase_id=purchase_id, kind=OperationKind.REFUND,
-                                           outcome=outcome).count()
+    return PaymentOperation.objects.filter(
+        purchase_id=purchase_id, kind=OperationKind.REFUND, outcome=outcome
+    ).count()
 
 
 def test_five_refunds_of_the_allowance_do_not_skip_approval(localstripe):
@@ -37,8 +39,9 @@ def test_five_refunds_of_the_allowance_do_not_skip_approval(localstripe):
     settle_outbox()
 
     # then only the first went out without a person; four wait for finance
-    assert [a.status_code for a in answers] == [201, 202, 202, 202, 202], \
-        [a.content for a in answers]
+    assert [a.status_code for a in answers] == [201, 202, 202, 202, 202], [
+        a.content for a in answers
+    ]
     assert _refunds(purchase_id, Outcome.SUCCEEDED) == 1
     assert _refunds(purchase_id, Outcome.AWAITING_APPROVAL) == 4
     assert len(localstripe.refunds_for(intent)) == 1

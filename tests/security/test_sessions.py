@@ -1,6 +1,7 @@
 """Console sessions end 30 minutes idle and 12 h after login at most
 (ASVS V3.3), and the session cookie is Secure outside development. Effects counted:
 sessions in the database and whether the console answers or sends to the login page."""
+
 import os
 import subprocess
 import sys
@@ -66,10 +67,19 @@ def test_a_session_in_use_stays_open(signed_in):
 def _setting(name: str, **env) -> str:
     clean = {k: v for k, v in os.environ.items() if k not in ("DEBUG", name)}
     out = subprocess.run(
-        [sys.executable, "-c", "import django,os;"
-         "os.environ.setdefault('DJANGO_SETTINGS_MODULE','config.settings');"
-         f"django.setup();from django.conf import settings;print(settings.{name})"],
-        cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-c",
+            "import django,os;"
+            "os.environ.setdefault('DJANGO_SETTINGS_MODULE','config.settings');"
+            f"django.setup();from django.conf import settings;print(settings.{name})",
+        ],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return out.stdout.strip()
 
 

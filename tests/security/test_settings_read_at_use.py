@@ -16,6 +16,7 @@ Concrete orders, one process:
   later test using the `drill` fixture gets DrillRefused.
 - x402: get_facilitator() keeps X402_FACILITATOR_TIMEOUT, get_chain_reader() keeps
   X402_LOG_LOOKBACK_BLOCKS, from whichever test built them first."""
+
 import pytest
 from django.test import override_settings
 
@@ -65,11 +66,13 @@ def test_an_override_rendered_into_a_runbook_does_not_outlive_its_test():
 def test_fault_drills_follow_the_setting_of_now(fresh_provider):
     with override_settings(FAULT_DRILLS_ENABLED=False):
         with pytest.raises(stripe_adapter.DrillRefused):
-            stripe_adapter.get_provider().arm_drill(key_prefix="r7_", step="confirm",
-                                                    mode="drop_response_after_send")
+            stripe_adapter.get_provider().arm_drill(
+                key_prefix="r7_", step="confirm", mode="drop_response_after_send"
+            )
     # a later test: drills are enabled (the default); the drill fixture arms one
-    stripe_adapter.get_provider().arm_drill(key_prefix="r7_", step="confirm",
-                                            mode="drop_response_after_send")
+    stripe_adapter.get_provider().arm_drill(
+        key_prefix="r7_", step="confirm", mode="drop_response_after_send"
+    )
     stripe_adapter.get_provider().drill_client.disarm_all()
 
 

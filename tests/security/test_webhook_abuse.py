@@ -1,5 +1,6 @@
 """Webhook abuse: forged, replayed (old timestamp), oversized, malformed bodies.
 No state change and never a 5xx."""
+
 import json
 import time
 
@@ -40,9 +41,10 @@ CASES = {
     "body altered after signing": lambda b: (b.replace(b"1000", b"9000"), sign(b)),
     "malformed JSON, validly signed": lambda b: (b"{not json", sign(b"{not json")),
     "JSON that is not an event": lambda b: (b'{"hello": 1}', sign(b'{"hello": 1}')),
-    "event without id": lambda b: ((x := json.dumps({"type": "payment_intent.succeeded",
-                                                      "data": {"object": {}}}).encode()),
-                                   sign(x)),
+    "event without id": lambda b: (
+        (x := json.dumps({"type": "payment_intent.succeeded", "data": {"object": {}}}).encode()),
+        sign(x),
+    ),
     "oversized body": lambda b: ((x := b'{"pad": "' + b"a" * 400_000 + b'"}'), sign(x)),
     "empty body": lambda b: (b"", sign(b"")),
 }
@@ -74,8 +76,9 @@ def test_oversized_api_body_is_refused_without_effect():
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Api-Key {key}")
     body = '{"items": [], "currency": "usd", "pad": "' + "a" * 400_000 + '"}'
-    response = api.post("/api/v1/quotes", data=body, content_type="application/json",
-                        HTTP_IDEMPOTENCY_KEY="big-1")
+    response = api.post(
+        "/api/v1/quotes", data=body, content_type="application/json", HTTP_IDEMPOTENCY_KEY="big-1"
+    )
     assert response.status_code == 413 and response.json()["code"] == "request_too_large"
     assert Quote.objects.count() == 0
     from payments.models import IdempotencyRecord

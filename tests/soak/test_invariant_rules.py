@@ -1,6 +1,7 @@
 """bench/invariants.py is a registry of rules, one function each: a soak violation names the
 rule it broke, and each rule runs in the phase it holds in (during the run, after the drain,
 or both)."""
+
 import sys
 from pathlib import Path
 
@@ -18,10 +19,18 @@ def test_each_rule_is_one_registered_function_with_a_unique_name():
     live = {i.rule for i in INVARIANTS if i.when is not When.DRAINED}
     drained = {i.rule for i in INVARIANTS if i.when is not When.LIVE}
     # The rules that hold at every instant are checked during the run as well.
-    assert {"provider-objects-known", "charged-twice-compensated", "effects-once-live",
-            "x402-one-transfer-per-purchase"} <= live
-    assert {"paid-purchase-fulfilled-once", "ledger-matches-provider-balance",
-            "outbox-drains", "effects-once"} <= drained
+    assert {
+        "provider-objects-known",
+        "charged-twice-compensated",
+        "effects-once-live",
+        "x402-one-transfer-per-purchase",
+    } <= live
+    assert {
+        "paid-purchase-fulfilled-once",
+        "ledger-matches-provider-balance",
+        "outbox-drains",
+        "effects-once",
+    } <= drained
     assert "effects-once-live" not in drained
 
 
@@ -31,7 +40,8 @@ def test_a_violation_names_its_rule_in_the_list_and_in_the_table():
     rep.add("charged at provider but failed at Verity", 1, "must be 0", ok=False)
     rep.add("provider refunds", 3)
     assert rep.violations == [
-        "[charged-never-failed] charged at provider but failed at Verity = 1 (must be 0)"]
+        "[charged-never-failed] charged at provider but failed at Verity = 1 (must be 0)"
+    ]
     name, value, rule = rep.rows[0]
     assert rule.endswith("VIOLATION") and "[charged-never-failed]" in rule
     assert rep.rows[1] == ("provider refunds", "3", "")

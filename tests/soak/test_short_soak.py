@@ -19,6 +19,7 @@ run also starts the chain and the x402 facilitator (behind its fault proxy: an o
 dropped answers) and a seeded fifth of the agents buy reports over x402: at least one x402
 payment must be made, and the chain's transfers must match Verity's rows.
 """
+
 import re
 import subprocess
 import sys
@@ -32,16 +33,41 @@ from bench.soak import x402_available  # noqa: E402
 
 def test_short_chaos_soak_holds_every_invariant(tmp_path):
     result = subprocess.run(
-        [sys.executable, "bench/soak.py", "--seconds", "60", "--agents", "20", "--seed", "7",
-         "--drain", "120", "--outage", "8,12", "--wrong-resolutions", "0.2",
-         "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            "bench/soak.py",
+            "--seconds",
+            "60",
+            "--agents",
+            "20",
+            "--seed",
+            "7",
+            "--drain",
+            "120",
+            "--outage",
+            "8,12",
+            "--wrong-resolutions",
+            "0.2",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     print(result.stdout[-8000:], result.stderr[-3000:])
     out = result.stdout
     assert "max charges per purchase" in out
     faults = out.split("== faults", 1)[1].split("== invariants", 1)[0]
-    for kind in ("pg_restart", "web_kill", "provider_outage", "redis_restart",
-                 "worker_sigkill", "halt"):
+    for kind in (
+        "pg_restart",
+        "web_kill",
+        "provider_outage",
+        "redis_restart",
+        "worker_sigkill",
+        "halt",
+    ):
         assert re.search(rf"\s{kind}\s", faults), f"no {kind} in the fault log"
     if x402_available():
         assert re.search(r"\sfacilitator_outage\s", faults), "no facilitator outage"

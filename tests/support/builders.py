@@ -1,4 +1,5 @@
 """Direct model setup for preconditions only (states a test starts from)."""
+
 from __future__ import annotations
 
 from payments.enums import Grade, OperationKind, Outcome, PurchaseStatus, Stage, Verification
@@ -7,11 +8,19 @@ from recovery.models import Order
 from tests.factories import PurchaseFactory, QuoteFactory
 
 
-def purchase_in(status: str = PurchaseStatus.AWAITING_PAYMENT, *, ops=(), order: str | None = None,
-                items=None, **kw):
+def purchase_in(
+    status: str = PurchaseStatus.AWAITING_PAYMENT,
+    *,
+    ops=(),
+    order: str | None = None,
+    items=None,
+    **kw,
+):
     """A purchase in `status` with operations given as dicts of model fields."""
-    quote = QuoteFactory(items=items or [{"sku": "LAMP-1", "name": "Desk lamp", "quantity": 2,
-                                          "unit_price": 750}], amount=1500)
+    quote = QuoteFactory(
+        items=items or [{"sku": "LAMP-1", "name": "Desk lamp", "quantity": 2, "unit_price": 750}],
+        amount=1500,
+    )
     purchase = PurchaseFactory(quote=quote, status=status, **kw)
     for fields in ops:
         fields = dict(fields)
@@ -24,10 +33,23 @@ def purchase_in(status: str = PurchaseStatus.AWAITING_PAYMENT, *, ops=(), order:
     return purchase
 
 
-SUCCEEDED = {"outcome": Outcome.SUCCEEDED, "stage": Stage.SETTLED, "grade": Grade.CONFIRMED,
-             "verification": Verification.PROVIDER, "provider_reference": "pi_test_ok"}
-FAILED = {"outcome": Outcome.FAILED, "stage": Stage.SETTLED, "grade": Grade.CONFIRMED,
-          "verification": Verification.PROVIDER, "reason": "card_declined",
-          "provider_reference": "pi_test_declined"}
-UNKNOWN = {"outcome": Outcome.UNKNOWN, "stage": Stage.RECONCILING,
-           "provider_reference": "pi_test_unknown"}
+SUCCEEDED = {
+    "outcome": Outcome.SUCCEEDED,
+    "stage": Stage.SETTLED,
+    "grade": Grade.CONFIRMED,
+    "verification": Verification.PROVIDER,
+    "provider_reference": "pi_test_ok",
+}
+FAILED = {
+    "outcome": Outcome.FAILED,
+    "stage": Stage.SETTLED,
+    "grade": Grade.CONFIRMED,
+    "verification": Verification.PROVIDER,
+    "reason": "card_declined",
+    "provider_reference": "pi_test_declined",
+}
+UNKNOWN = {
+    "outcome": Outcome.UNKNOWN,
+    "stage": Stage.RECONCILING,
+    "provider_reference": "pi_test_unknown",
+}

@@ -4,6 +4,7 @@ Playwright is not in the lock file, so the browser tests drive headless Chromium
 directly: start it with --remote-debugging-port=0, read the port it picked, and speak
 CDP over a minimal RFC 6455 WebSocket client (standard library only, loopback only).
 """
+
 from __future__ import annotations
 
 import base64
@@ -19,23 +20,38 @@ import urllib.request
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-extensions", "--disable-default-apps", "--mute-audio",
-         "--window-size=1024,900", "--remote-debugging-address=127.0.0.1",
-         "--remote-debugging-port=0"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-default-apps",
+    "--mute-audio",
+    "--window-size=1024,900",
+    "--remote-debugging-address=127.0.0.1",
+    "--remote-debugging-port=0",
+]
 
 
 class WebSocket:
     def __init__(self, url: str, timeout: float = 30.0) -> None:
         assert url.startswith("ws://127.0.0.1:") or url.startswith("ws://localhost:"), url
-        hostport, _, path = url[len("ws://"):].partition("/")
+        hostport, _, path = url[len("ws://") :].partition("/")
         host, _, port = hostport.partition(":")
         self.sock = socket.create_connection((host, int(port)), timeout=timeout)
         key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET /{path} HTTP/1.1\r\nHost: {hostport}\r\nUpgrade: websocket\r\n"
-                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        self.sock.sendall(
+            (
+                f"GET /{path} HTTP/1.1\r\nHost: {hostport}\r\nUpgrade: websocket\r\n"
+                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                "Sec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
         head = b""
         while b"\r\n\r\n" not in head:
             chunk = self.sock.recv(1)
@@ -102,9 +118,12 @@ class Browser:
 
     def __init__(self) -> None:
         self.profile = tempfile.mkdtemp(prefix="verity-chromium-")
-        self.proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={self.profile}",
-                                      "about:blank"], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         port_file = Path(self.profile) / "DevToolsActivePort"
         deadline = time.monotonic() + 30
         while not (port_file.exists() and port_file.read_text().strip()):
@@ -113,8 +132,9 @@ class Browser:
                 raise RuntimeError("chromium did not start")
             time.sleep(0.05)
         port = int(port_file.read_text().split()[0])
-        targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list",
-                                                   timeout=10))
+        targets = json.load(
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10)
+        )
         page = next(t for t in targets if t["type"] == "page")
         self.ws = WebSocket(page["webSocketDebuggerUrl"])
         self._id = 0

@@ -4,6 +4,7 @@ Preconditions that no public service can produce quickly (a quarantined event, a
 outbox row, a step that failed) are built with factories and direct model setup; every
 action under test goes through Verity's services or HTTP views.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -56,8 +57,6 @@ def form_token(users):
     from support.services import form_token_mint
 
     return lambda role: form_token_mint(users[role])
-
-
 
 
 @pytest.fixture

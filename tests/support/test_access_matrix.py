@@ -2,6 +2,7 @@
 finance): allowed cells answer (200 for pages, a redirect back for actions), denied cells
 answer 403, anonymous is sent to the login page. The expectation comes from
 support.access.MATRIX, so a policy change and this test cannot drift apart silently."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,9 +21,12 @@ ROLES = [None, "nobody", "support", "operator", "finance"]
 def targets(db):
     purchase = purchase_in(PurchaseStatus.PAYMENT_UNKNOWN, ops=[UNKNOWN])
     op = purchase.operations.get()
-    event = ProviderEvent.objects.create(event_id="evt_matrix", type="payment_intent.succeeded",
-                                         payload={"id": "pi_test_unknown"},
-                                         result=EventResult.QUARANTINED)
+    event = ProviderEvent.objects.create(
+        event_id="evt_matrix",
+        type="payment_intent.succeeded",
+        payload={"id": "pi_test_unknown"},
+        result=EventResult.QUARANTINED,
+    )
     return {"purchase": purchase.pk, "op": op.pk, "event": event.pk}
 
 
@@ -31,11 +35,25 @@ def _cells(t):
     return [
         ("get", reverse("support:dashboard"), Action.VIEW),
         ("get", reverse("support:search") + "?q=nothing", Action.VIEW),
-        *[("get", reverse("support:queue", args=[name]),
-           Action.VIEW_SETTLEMENT if name in ("settlement", "disputes") else Action.VIEW)
-          for name in ("unknown", "paid_without_order", "compensation", "quarantined",
-                       "stuck_outbox", "settlement", "escalated", "refund_approval",
-                       "disputes", "external")],
+        *[
+            (
+                "get",
+                reverse("support:queue", args=[name]),
+                Action.VIEW_SETTLEMENT if name in ("settlement", "disputes") else Action.VIEW,
+            )
+            for name in (
+                "unknown",
+                "paid_without_order",
+                "compensation",
+                "quarantined",
+                "stuck_outbox",
+                "settlement",
+                "escalated",
+                "refund_approval",
+                "disputes",
+                "external",
+            )
+        ],
         ("get", reverse("support:purchase", args=[t["purchase"]]), Action.VIEW),
         ("get", reverse("support:event", args=[t["event"]]), Action.VIEW),
         ("get", reverse("support:halts"), Action.VIEW),
@@ -46,21 +64,32 @@ def _cells(t):
         ("post", reverse("support:resolve", args=[t["op"]]), Action.RESOLVE),
         ("post", reverse("support:replay", args=[t["op"]]), Action.REPLAY),
         ("post", reverse("support:refund-approve", args=[t["op"]]), Action.APPROVE_REFUND),
-        ("post", reverse("support:external-review", args=[t["op"]]),
-         Action.REVIEW_EXTERNAL),
+        ("post", reverse("support:external-review", args=[t["op"]]), Action.REVIEW_EXTERNAL),
         ("post", reverse("support:halt-set"), Action.HALT),
         ("post", reverse("support:halt-clear"), Action.HALT),
-        ("post", reverse("support:event-triage", args=[t["event"], "release"]),
-         Action.TRIAGE_QUARANTINE),
-        ("post", reverse("support:event-triage", args=[t["event"], "dismiss"]),
-         Action.TRIAGE_QUARANTINE),
-        ("post", reverse("support:step-decide", args=[t["purchase"], "ledger"]),
-         Action.DECIDE_STEP),
+        (
+            "post",
+            reverse("support:event-triage", args=[t["event"], "release"]),
+            Action.TRIAGE_QUARANTINE,
+        ),
+        (
+            "post",
+            reverse("support:event-triage", args=[t["event"], "dismiss"]),
+            Action.TRIAGE_QUARANTINE,
+        ),
+        (
+            "post",
+            reverse("support:step-decide", args=[t["purchase"], "ledger"]),
+            Action.DECIDE_STEP,
+        ),
         ("post", reverse("support:discrepancy-explain", args=[1]), Action.SETTLE_DISCREPANCY),
         ("post", reverse("support:outbox-retry", args=[1]), Action.RETRY_OUTBOX),
         ("get", reverse("support:webhooks"), Action.VIEW),
-        ("post", reverse("support:webhook-endpoint-enabled", args=["we_matrix", "disable"]),
-         Action.MANAGE_WEBHOOKS),
+        (
+            "post",
+            reverse("support:webhook-endpoint-enabled", args=["we_matrix", "disable"]),
+            Action.MANAGE_WEBHOOKS,
+        ),
         ("post", reverse("support:webhook-delivery-resend", args=[1]), Action.MANAGE_WEBHOOKS),
     ]
 
@@ -109,8 +138,10 @@ def test_denied_action_changes_nothing(login, targets):
     from support.models import AuditEntry, Resolution
 
     client = login("support")
-    response = client.post(reverse("support:resolve", args=[targets["op"]]),
-                           {"outcome": "succeeded", "reason": "looks paid", "confirm": "yes"})
+    response = client.post(
+        reverse("support:resolve", args=[targets["op"]]),
+        {"outcome": "succeeded", "reason": "looks paid", "confirm": "yes"},
+    )
     assert response.status_code == 403
     assert PaymentOperation.objects.get(pk=targets["op"]).outcome == "unknown"
     assert Resolution.objects.count() == 0
@@ -124,12 +155,18 @@ def test_get_on_action_is_refused(login, targets):
 
 
 def test_support_does_not_see_operator_forms(login, targets):
-    html = login("support").get(reverse("support:purchase", args=[targets["purchase"]])
-                                ).content.decode()
+    html = (
+        login("support")
+        .get(reverse("support:purchase", args=[targets["purchase"]]))
+        .content.decode()
+    )
     assert "Resolve manually" not in html
     assert "Reconcile now" in html
-    html = login("operator").get(reverse("support:purchase", args=[targets["purchase"]])
-                                 ).content.decode()
+    html = (
+        login("operator")
+        .get(reverse("support:purchase", args=[targets["purchase"]]))
+        .content.decode()
+    )
     assert "Resolve manually" in html
 
 

@@ -1,5 +1,6 @@
 """Audit, resolution and note rows are append-only, enforced by PostgreSQL itself:
 neither the ORM nor raw SQL from the application's connection can change them."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,11 +11,17 @@ from support.models import AuditEntry, Note, Resolution
 
 @pytest.fixture
 def rows(users):
-    audit = AuditEntry.objects.create(actor="olga", action="console.resolve",
-                                      target_type="operation", target_id="op_1",
-                                      reason="provider dashboard shows paid", ip="10.0.0.1")
-    resolution = Resolution.objects.create(operation_id="op_1", purchase_id="pur_1",
-                                           outcome="succeeded", reason="seen", actor="olga")
+    audit = AuditEntry.objects.create(
+        actor="olga",
+        action="console.resolve",
+        target_type="operation",
+        target_id="op_1",
+        reason="provider dashboard shows paid",
+        ip="10.0.0.1",
+    )
+    resolution = Resolution.objects.create(
+        operation_id="op_1", purchase_id="pur_1", outcome="succeeded", reason="seen", actor="olga"
+    )
     note = Note.objects.create(purchase_id="pur_1", author=users["support"], body="called")
     return [audit, resolution, note]
 

@@ -1,5 +1,6 @@
 """The audit log filters by who, what and which purchase: support answers "who touched this
 purchase?" without reading 200 rows."""
+
 from __future__ import annotations
 
 import pytest

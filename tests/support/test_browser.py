@@ -1,6 +1,7 @@
 """Headless Chromium (Debian's /usr/bin/chromium over CDP) against pytest-django's live
 server: the status page updates in place when the payment settles, the console flow
 from support to operator. Screenshots are saved as test artefacts."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,11 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
-ARTIFACTS = Path(os.environ.get("VERITY_ARTIFACT_DIR",
-                                Path(__file__).resolve().parents[2] / "var" / "test-artifacts"))
+ARTIFACTS = Path(
+    os.environ.get(
+        "VERITY_ARTIFACT_DIR", Path(__file__).resolve().parents[2] / "var" / "test-artifacts"
+    )
+)
 SHOTS = ARTIFACTS / "screenshots"
 
 
@@ -32,14 +36,16 @@ def _code(browser) -> str:
     return browser.evaluate("document.getElementById('state').getAttribute('data-code')")
 
 
-def test_status_page_updates_without_reload(browser, live_server, settings, new_purchase,
-                                            api_client, drill):
+def test_status_page_updates_without_reload(
+    browser, live_server, settings, new_purchase, api_client, drill
+):
     from payments import services as pay
 
     settings.STATUS_POLL_SECONDS = 1
     purchase = new_purchase()
-    op = pay.payment_create(purchase_id=purchase.pk, api_client=api_client,
-                            payment_method="pm_card_visa")
+    op = pay.payment_create(
+        purchase_id=purchase.pk, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
     assert pay.operation_dispatch(operation_id=op.pk).outcome == Outcome.UNKNOWN
 
@@ -56,7 +62,9 @@ def test_status_page_updates_without_reload(browser, live_server, settings, new_
     wait_for(lambda: _code(browser) in ("paid_confirmation_delayed", "complete"), timeout=20)
     assert browser.evaluate("window.__sameDocument") == "yes"
     assert browser.evaluate("document.getElementById('state-h').textContent") in (
-        "Payment received — order confirmation in progress", "Your order is complete")
+        "Payment received — order confirmation in progress",
+        "Your order is complete",
+    )
     assert browser.evaluate("document.getElementById('pay-again') === null")
     browser.screenshot(SHOTS / "status-live-2-paid.png")
     assert browser.csp_violations() == []
@@ -78,21 +86,25 @@ def test_screenshot_of_every_state(browser, live_server):
     assert browser.csp_violations() == []
 
 
-def test_console_support_then_operator(browser, live_server, users, new_purchase, api_client,
-                                       drill):
+def test_console_support_then_operator(
+    browser, live_server, users, new_purchase, api_client, drill
+):
     from payments import services as pay
 
     purchase = new_purchase()
-    op = pay.payment_create(purchase_id=purchase.pk, api_client=api_client,
-                            payment_method="pm_card_visa")
+    op = pay.payment_create(
+        purchase_id=purchase.pk, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
     op = pay.operation_dispatch(operation_id=op.pk)
     assert op.outcome == Outcome.UNKNOWN and op.provider_reference.startswith("pi_")
 
     def log_in(username):
         browser.goto(f"{live_server.url}/console/login/")
-        browser.evaluate(f"document.getElementById('id_username').value = '{username}';"
-                         f"document.getElementById('id_password').value = 'pw-{username}'")
+        browser.evaluate(
+            f"document.getElementById('id_username').value = '{username}';"
+            f"document.getElementById('id_password').value = 'pw-{username}'"
+        )
         browser.submit("form[action='/console/login/']")
 
     log_in("sam")  # support
@@ -103,12 +115,17 @@ def test_console_support_then_operator(browser, live_server, users, new_purchase
     assert "Resolve manually" not in text
     browser.screenshot(SHOTS / "console-1-support-sees-unknown.png")
     # Support posts the resolve form anyway: refused by the server.
-    status = browser.call("Runtime.evaluate", awaitPromise=True, returnByValue=True,
-                          expression=(
-        f"fetch('/console/operations/{op.pk}/resolve', {{method: 'POST', credentials: 'same-origin',"
-        " headers: {'Content-Type': 'application/x-www-form-urlencoded',"
-        " 'X-CSRFToken': document.querySelector('[name=csrfmiddlewaretoken]').value},"
-        " body: 'outcome=succeeded&reason=x&confirm=yes'}).then(r => r.status)")
+    status = browser.call(
+        "Runtime.evaluate",
+        awaitPromise=True,
+        returnByValue=True,
+        expression=(
+            f"fetch('/console/operations/{op.pk}/resolve', "
+            "{method: 'POST', credentials: 'same-origin',"
+            " headers: {'Content-Type': 'application/x-www-form-urlencoded',"
+            " 'X-CSRFToken': document.querySelector('[name=csrfmiddlewaretoken]').value},"
+            " body: 'outcome=succeeded&reason=x&confirm=yes'}).then(r => r.status)"
+        ),
     )["result"]["value"]
     assert status == 403
     assert PaymentOperation.objects.get(pk=op.pk).outcome == Outcome.UNKNOWN
@@ -116,8 +133,10 @@ def test_console_support_then_operator(browser, live_server, users, new_purchase
     browser.submit("form.logout")
     log_in("olga")  # operator
     browser.goto(f"{live_server.url}/console/")
-    assert browser.evaluate(
-        "document.querySelector('tr[data-queue=unknown] td.num').textContent") == "1"
+    assert (
+        browser.evaluate("document.querySelector('tr[data-queue=unknown] td.num').textContent")
+        == "1"
+    )
     browser.screenshot(SHOTS / "console-0-dashboard.png")
     browser.goto(f"{live_server.url}/console/purchases/{purchase.pk}/")
     form = f"form[action='/console/operations/{op.pk}/resolve']"
@@ -125,7 +144,8 @@ def test_console_support_then_operator(browser, live_server, users, new_purchase
         f"var f = document.querySelector({form!r});"
         "f.querySelector('input[value=succeeded]').checked = true;"
         "f.querySelector('textarea[name=reason]').value = 'Provider dashboard shows it paid';"
-        "f.querySelector('input[name=confirm]').checked = true;")
+        "f.querySelector('input[name=confirm]').checked = true;"
+    )
     browser.screenshot(SHOTS / "console-2-operator-resolves.png")
     browser.submit(form)
     text = browser.evaluate("document.body.innerText")
@@ -135,5 +155,8 @@ def test_console_support_then_operator(browser, live_server, users, new_purchase
     assert PaymentOperation.objects.get(pk=op.pk).outcome == Outcome.SUCCEEDED
     assert AuditEntry.objects.filter(action="console.resolve", actor="olga").count() == 1
     assert purchase.__class__.objects.get(pk=purchase.pk).status in (
-        PurchaseStatus.PAID, PurchaseStatus.FULFILLING, PurchaseStatus.COMPLETED)
+        PurchaseStatus.PAID,
+        PurchaseStatus.FULFILLING,
+        PurchaseStatus.COMPLETED,
+    )
     assert browser.csp_violations() == []

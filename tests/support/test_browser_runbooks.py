@@ -1,6 +1,7 @@
 """Headless Chromium: from a queue row to its runbook, and from the queue row's purchase
 to the runbook shown for its state (unknown, amount mismatch). No CSP violations (the
 rendered Markdown carries no inline style or script)."""
+
 from __future__ import annotations
 
 from io import StringIO
@@ -26,12 +27,16 @@ def _click(browser, selector: str) -> None:
     browser._wait_event("Page.loadEventFired")
 
 
-@pytest.mark.parametrize("queue,slug,words", [
-    ("unknown", "unknown-operation", "not_yet_confirmable"),
-    ("mismatch", "amount-currency-mismatch", "under_review"),
-])
-def test_queue_row_to_runbook_and_purchase_runbook(chromium, live_server, users, queue, slug,
-                                                   words):
+@pytest.mark.parametrize(
+    "queue,slug,words",
+    [
+        ("unknown", "unknown-operation", "not_yet_confirmable"),
+        ("mismatch", "amount-currency-mismatch", "under_review"),
+    ],
+)
+def test_queue_row_to_runbook_and_purchase_runbook(
+    chromium, live_server, users, queue, slug, words
+):
     browser = chromium
     browser.call("Network.clearBrowserCookies")
     browser.events.clear()
@@ -39,8 +44,10 @@ def test_queue_row_to_runbook_and_purchase_runbook(chromium, live_server, users,
     call_command("seed_console_demo", stdout=StringIO())
 
     browser.goto(f"{live_server.url}/console/login/")
-    browser.evaluate("document.getElementById('id_username').value = 'sam';"
-                     "document.getElementById('id_password').value = 'pw-sam'")
+    browser.evaluate(
+        "document.getElementById('id_username').value = 'sam';"
+        "document.getElementById('id_password').value = 'pw-sam'"
+    )
     browser.submit("form[action='/console/login/']")
 
     browser.goto(f"{live_server.url}/console/queues/{queue}/")

@@ -1,5 +1,6 @@
 """Messages say what happened (never "read back" when the provider said nothing), and a
 console action writes one audit row."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,12 +23,16 @@ def _messages(response) -> str:
 
 def test_read_back_that_finds_nothing_says_so(login, localstripe):
     # An unknown payment whose PaymentIntent the provider has never seen.
-    purchase = purchase_in(PurchaseStatus.PAYMENT_UNKNOWN,
-                           ops=[{**UNKNOWN, "provider_reference": "pi_never_created"}])
+    purchase = purchase_in(
+        PurchaseStatus.PAYMENT_UNKNOWN, ops=[{**UNKNOWN, "provider_reference": "pi_never_created"}]
+    )
     op = purchase.operations.get()
 
-    response = login("support").post(reverse("support:reconcile", args=[op.pk]),
-                                     {"reason": "customer called", **CONFIRM}, follow=True)
+    response = login("support").post(
+        reverse("support:reconcile", args=[op.pk]),
+        {"reason": "customer called", **CONFIRM},
+        follow=True,
+    )
 
     text = _messages(response)
     assert "The provider has no record of this payment yet; it stays unknown." in text
@@ -39,30 +44,37 @@ def test_read_back_that_settles_says_the_new_outcome(login, new_purchase, drill,
     from payments import services as pay
 
     purchase = new_purchase()
-    op = pay.payment_create(purchase_id=purchase.pk, api_client=api_client,
-                            payment_method="pm_card_visa")
+    op = pay.payment_create(
+        purchase_id=purchase.pk, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
     assert pay.operation_dispatch(operation_id=op.pk).outcome == Outcome.UNKNOWN
 
-    response = login("support").post(reverse("support:reconcile", args=[op.pk]),
-                                     {"reason": "customer called", **CONFIRM}, follow=True)
+    response = login("support").post(
+        reverse("support:reconcile", args=[op.pk]),
+        {"reason": "customer called", **CONFIRM},
+        follow=True,
+    )
 
-    assert ("The provider's record settles it: the payment is now succeeded (it was "
-            "unknown).") in _messages(response)
+    assert (
+        "The provider's record settles it: the payment is now succeeded (it was unknown)."
+    ) in _messages(response)
 
 
 def test_manual_resolution_writes_one_audit_row(login, new_purchase, drill, api_client):
     from payments import services as pay
 
     purchase = new_purchase()
-    op = pay.payment_create(purchase_id=purchase.pk, api_client=api_client,
-                            payment_method="pm_card_visa")
+    op = pay.payment_create(
+        purchase_id=purchase.pk, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND)
     pay.operation_dispatch(operation_id=op.pk)
 
-    login("operator").post(reverse("support:resolve", args=[op.pk]),
-                           {"outcome": "succeeded", "reason": "dashboard shows it paid",
-                            **CONFIRM})
+    login("operator").post(
+        reverse("support:resolve", args=[op.pk]),
+        {"outcome": "succeeded", "reason": "dashboard shows it paid", **CONFIRM},
+    )
 
     rows = AuditEntry.objects.filter(target_id=op.pk)
     assert [r.action for r in rows] == ["console.resolve"]
@@ -70,19 +82,32 @@ def test_manual_resolution_writes_one_audit_row(login, new_purchase, drill, api_
 
 
 def test_refund_approval_writes_one_audit_row_and_says_what_the_provider_did(
-        login, new_purchase, pay_now, localstripe, form_token):
+    login, new_purchase, pay_now, localstripe, form_token
+):
     purchase = new_purchase(price=1500)
     charge = pay_now(purchase)
-    login("finance").post(reverse("support:refund-request", args=[purchase.pk]),
-                          {"step": "confirm", "amount_minor": "1500", "reason": "returned",
-                           "form_token": form_token("finance"), **CONFIRM})
+    login("finance").post(
+        reverse("support:refund-request", args=[purchase.pk]),
+        {
+            "step": "confirm",
+            "amount_minor": "1500",
+            "reason": "returned",
+            "form_token": form_token("finance"),
+            **CONFIRM,
+        },
+    )
     refund = PaymentOperation.objects.get(purchase=purchase, kind="refund")
 
-    response = login("finance2").post(reverse("support:refund-approve", args=[refund.pk]),
-                                      {"reason": "checked", **CONFIRM}, follow=True)
+    response = login("finance2").post(
+        reverse("support:refund-approve", args=[refund.pk]),
+        {"reason": "checked", **CONFIRM},
+        follow=True,
+    )
 
     assert [r.action for r in AuditEntry.objects.filter(target_id=refund.pk)] == [
-        "console.refund_request", "console.refund_approve"]
+        "console.refund_request",
+        "console.refund_approve",
+    ]
     refund = PaymentOperation.objects.get(pk=refund.pk)
     text = _messages(response)
     if refund.outcome == Outcome.SUCCEEDED:
@@ -94,15 +119,27 @@ def test_refund_approval_writes_one_audit_row_and_says_what_the_provider_did(
 
 def test_a_refused_refund_says_why_and_who_acts_next(login, localstripe, form_token):
     # A paid purchase whose PaymentIntent the provider has no record of: it refuses (404).
-    purchase = purchase_in(PurchaseStatus.COMPLETED, ops=[
-        {**SUCCEEDED, "provider_reference": "pi_never_created_refund"}])
-    login("finance").post(reverse("support:refund-request", args=[purchase.pk]),
-                          {"step": "confirm", "amount_minor": "1000", "reason": "returned",
-                           "form_token": form_token("finance"), **CONFIRM})
+    purchase = purchase_in(
+        PurchaseStatus.COMPLETED,
+        ops=[{**SUCCEEDED, "provider_reference": "pi_never_created_refund"}],
+    )
+    login("finance").post(
+        reverse("support:refund-request", args=[purchase.pk]),
+        {
+            "step": "confirm",
+            "amount_minor": "1000",
+            "reason": "returned",
+            "form_token": form_token("finance"),
+            **CONFIRM,
+        },
+    )
     refund = PaymentOperation.objects.get(purchase=purchase, kind="refund")
 
-    response = login("finance2").post(reverse("support:refund-approve", args=[refund.pk]),
-                                      {"reason": "checked", **CONFIRM}, follow=True)
+    response = login("finance2").post(
+        reverse("support:refund-approve", args=[refund.pk]),
+        {"reason": "checked", **CONFIRM},
+        follow=True,
+    )
 
     assert PaymentOperation.objects.get(pk=refund.pk).outcome == Outcome.FAILED
     assert localstripe.refunds_for("pi_never_created_refund") == []

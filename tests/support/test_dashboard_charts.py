@@ -1,6 +1,7 @@
 """The dashboard draws its charts as server-rendered SVG images from this origin: no
 script, no third-party host, the page's CSP unchanged; halted workflows and open
 incidents look different."""
+
 from __future__ import annotations
 
 from django.urls import reverse
@@ -24,9 +25,13 @@ def test_dashboard_links_every_chart_as_an_image(login, db):
 
 def test_each_chart_is_svg_without_script_or_external_reference(login, db):
     purchase = purchase_in(PurchaseStatus.PAYMENT_UNKNOWN, ops=[UNKNOWN])
-    Hold.objects.create(api_client=make_client(name="shop-a")[0],
-                        operation=purchase.operations.get(), amount=3050, currency="usd",
-                        state=HoldState.RESERVED)
+    Hold.objects.create(
+        api_client=make_client(name="shop-a")[0],
+        operation=purchase.operations.get(),
+        amount=3050,
+        currency="usd",
+        state=HoldState.RESERVED,
+    )
     client = login("support")
 
     for slug in charts.CHARTS:
@@ -35,7 +40,8 @@ def test_each_chart_is_svg_without_script_or_external_reference(login, db):
         assert response.status_code == 200 and response["Content-Type"] == "image/svg+xml"
         assert body.lstrip().startswith("<?xml") and "<svg" in body
         assert "<script" not in body and "http://" not in body.split("-->")[-1].replace(
-            "http://www.w3.org/", "")
+            "http://www.w3.org/", ""
+        )
         assert "script-src" not in response["Content-Security-Policy"]
         assert "default-src 'none'" in response["Content-Security-Policy"]
     risk = client.get(reverse("support:chart", args=["money-at-risk"])).content.decode()

@@ -1,5 +1,6 @@
 """Every non-empty queue on the dashboard shows its oldest row's age, whatever database
 answers the one UNION ALL count (SQLite, `make run`, returns a timestamp as text)."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime

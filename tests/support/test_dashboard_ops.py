@@ -1,5 +1,6 @@
 """Dashboard figures: success-to-order percentiles on the same definition as /metrics'
 verity_order_after_payment_seconds, manual interventions per week, open incidents."""
+
 from __future__ import annotations
 
 import re
@@ -20,13 +21,14 @@ pytestmark = pytest.mark.django_db
 def test_success_to_order_percentiles_match_the_metric(client, login, users):
     now = timezone.now()
     for i, delay in enumerate([2, 4, 6, 8, 100]):
-        p = purchase_in(PurchaseStatus.COMPLETED,
-                        ops=[{**SUCCEEDED, "provider_reference": f"pi_lat_{i}"}])
-        PaymentOperation.objects.filter(purchase=p).update(
-            settled_at=now - timedelta(minutes=10))
+        p = purchase_in(
+            PurchaseStatus.COMPLETED, ops=[{**SUCCEEDED, "provider_reference": f"pi_lat_{i}"}]
+        )
+        PaymentOperation.objects.filter(purchase=p).update(settled_at=now - timedelta(minutes=10))
         order = Order.objects.create(purchase_id=p.pk, reference=f"ORD-{i}")
         Order.objects.filter(pk=order.pk).update(
-            created_at=now - timedelta(minutes=10) + timedelta(seconds=delay))
+            created_at=now - timedelta(minutes=10) + timedelta(seconds=delay)
+        )
 
     figures = selectors.success_to_order_seconds()
     assert figures["count"] == 5 and figures["median"] == pytest.approx(6, abs=0.5)
@@ -42,8 +44,9 @@ def test_success_to_order_percentiles_match_the_metric(client, login, users):
 
 
 def test_interventions_per_week_and_open_incidents_on_the_dashboard(login, users):
-    inc = services.incident_open(user=users["operator"], title="Webhook secret rotated",
-                                 reason="signature failures")
+    inc = services.incident_open(
+        user=users["operator"], title="Webhook secret rotated", reason="signature failures"
+    )
     weeks = selectors.manual_interventions()["weeks"]
     assert len(weeks) == 4 and weeks[0].incidents == 1 and weeks[0].audited_actions >= 1
     body = login("support").get("/console/").content.decode()

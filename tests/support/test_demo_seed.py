@@ -1,6 +1,7 @@
 """`seed_console_demo` (for `make run`): every queue has a case, every customer state a
 link, running it twice starts the demo anew, no case resolves itself while the sweeps run,
 and the refund awaiting approval is paid by the provider when finance approves it."""
+
 from __future__ import annotations
 
 import html
@@ -30,16 +31,24 @@ def test_seed_fills_every_queue_and_prints_a_link_per_state(users):
     call_command("seed_console_demo", stdout=out)
     tokens = re.findall(r"/status/([A-Za-z0-9_-]+)/", out.getvalue())
     codes = {customer_state(Purchase.objects.get(status_token=t)).code for t in tokens}
-    assert codes >= {StateCode.BEING_CONFIRMED, StateCode.PAYMENT_PENDING,
-                     StateCode.NOT_YET_CONFIRMABLE, StateCode.PAID_CONFIRMATION_DELAYED,
-                     StateCode.FAILED, StateCode.REVERSED, StateCode.COMPLETE,
-                     StateCode.UNDER_REVIEW, StateCode.AWAITING_PAYMENT}
+    assert codes >= {
+        StateCode.BEING_CONFIRMED,
+        StateCode.PAYMENT_PENDING,
+        StateCode.NOT_YET_CONFIRMABLE,
+        StateCode.PAID_CONFIRMATION_DELAYED,
+        StateCode.FAILED,
+        StateCode.REVERSED,
+        StateCode.COMPLETE,
+        StateCode.UNDER_REVIEW,
+        StateCode.AWAITING_PAYMENT,
+    }
     summaries = selectors.queue_summaries(users["finance"])
     assert {s.spec.name for s in summaries} == set(selectors.QUEUES)
     assert all(s.count >= 1 for s in summaries), [(s.spec.name, s.count) for s in summaries]
     # Each queue's "Oldest" column has an age, as it would for rows the services wrote.
     assert all(s.oldest is not None for s in summaries), [
-        s.spec.name for s in summaries if s.oldest is None]
+        s.spec.name for s in summaries if s.oldest is None
+    ]
     assert selectors.money_at_risk()
 
     counts = (Purchase.objects.count(), PaymentOperation.objects.count())
@@ -48,9 +57,13 @@ def test_seed_fills_every_queue_and_prints_a_link_per_state(users):
 
 
 def _demo_snapshot() -> dict:
-    return {p.customer_reference: (p.status, sorted((o.kind, o.outcome, o.stage)
-                                                    for o in p.operations.all()))
-            for p in Purchase.objects.filter(customer_reference__startswith="demo-")}
+    return {
+        p.customer_reference: (
+            p.status,
+            sorted((o.kind, o.outcome, o.stage) for o in p.operations.all()),
+        )
+        for p in Purchase.objects.filter(customer_reference__startswith="demo-")
+    }
 
 
 @pytest.mark.django_db(transaction=True)
@@ -63,15 +76,23 @@ def test_demo_cases_stay_as_seeded_while_the_sweeps_run(users, localstripe):
     Purchase.objects.filter(customer_reference__startswith="demo-").update(updated_at=later)
 
     for _ in range(3):
-        for sweep in (tasks.reconcile_due, tasks.sweep_dead_dispatches,
-                      tasks.resume_stalled_fulfilment, tasks.expire_stale_purchases,
-                      tasks.relay_drain, tasks.relay_drain):
+        for sweep in (
+            tasks.reconcile_due,
+            tasks.sweep_dead_dispatches,
+            tasks.resume_stalled_fulfilment,
+            tasks.expire_stale_purchases,
+            tasks.relay_drain,
+            tasks.relay_drain,
+        ):
             sweep()
 
     assert _demo_snapshot() == seeded
-    assert Order.objects.filter(
-        purchase_id=Purchase.objects.get(customer_reference="demo-paid-confirmation-delayed").pk
-    ).count() == 0
+    assert (
+        Order.objects.filter(
+            purchase_id=Purchase.objects.get(customer_reference="demo-paid-confirmation-delayed").pk
+        ).count()
+        == 0
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -85,8 +106,10 @@ def test_finance_approves_the_demo_refund_and_the_provider_pays_it(users, locals
     refund = purchase.operations.get(kind="refund")
 
     client.force_login(users["finance"])
-    client.post(reverse("support:refund-approve", args=[refund.pk]),
-                {"reason": "customer returned the tea", "confirm": "yes"})
+    client.post(
+        reverse("support:refund-approve", args=[refund.pk]),
+        {"reason": "customer returned the tea", "confirm": "yes"},
+    )
 
     refunds = localstripe.refunds_for(intent)
     assert [(r["amount"], r["status"]) for r in refunds] == [(1250, "succeeded")]
@@ -101,17 +124,21 @@ def test_a_second_seed_starts_the_demo_anew(users, client):
     call_command("seed_console_demo", stdout=StringIO())
     counts = (Purchase.objects.count(), PaymentOperation.objects.count())
     refund = PaymentOperation.objects.get(
-        purchase__customer_reference=DEMO_REFUND_CASE, kind="refund")
+        purchase__customer_reference=DEMO_REFUND_CASE, kind="refund"
+    )
     client.force_login(users["finance"])
-    client.post(reverse("support:refund-decline", args=[refund.pk]),
-                {"reason": "goods not returned", "confirm": "yes"})
+    client.post(
+        reverse("support:refund-decline", args=[refund.pk]),
+        {"reason": "goods not returned", "confirm": "yes"},
+    )
     assert PaymentOperation.objects.get(pk=refund.pk).outcome == Outcome.FAILED
 
     call_command("seed_console_demo", stdout=StringIO())
 
     assert (Purchase.objects.count(), PaymentOperation.objects.count()) == counts
-    again = PaymentOperation.objects.get(purchase__customer_reference=DEMO_REFUND_CASE,
-                                         kind="refund")
+    again = PaymentOperation.objects.get(
+        purchase__customer_reference=DEMO_REFUND_CASE, kind="refund"
+    )
     assert again.pk != refund.pk and again.outcome == Outcome.AWAITING_APPROVAL
     assert Incident.objects.filter(title=DEMO_INCIDENT_TITLE).count() == 1
 
@@ -125,17 +152,21 @@ def test_a_refused_refund_says_why_and_who_acts_next(users, localstripe, client)
     purchase = Purchase.objects.get(customer_reference=DEMO_REFUND_CASE)
     refund = purchase.operations.get(kind="refund")
     client.force_login(users["finance"])
-    client.post(reverse("support:refund-approve", args=[refund.pk]),
-                {"reason": "customer returned the tea", "confirm": "yes"})
+    client.post(
+        reverse("support:refund-approve", args=[refund.pk]),
+        {"reason": "customer returned the tea", "confirm": "yes"},
+    )
     refund.refresh_from_db()
     assert (refund.outcome, refund.reason) == (Outcome.FAILED, "provider_refused")
-    assert localstripe.refunds_for(purchase.operations.get(kind="charge").provider_reference
-                                   ) == []
+    assert localstripe.refunds_for(purchase.operations.get(kind="charge").provider_reference) == []
 
-    page = html.unescape(client.get(reverse("support:purchase", args=[purchase.pk])
-                                    ).content.decode())
+    page = html.unescape(
+        client.get(reverse("support:purchase", args=[purchase.pk])).content.decode()
+    )
 
     assert "Nothing to do" not in page
-    assert f"The provider refused refund {refund.pk} of 12.50 USD: it has no record of the " \
-           "payment this refund would return. No money moved" in page
+    assert (
+        f"The provider refused refund {refund.pk} of 12.50 USD: it has no record of the "
+        "payment this refund would return. No money moved" in page
+    )
     assert "Next: support checks the payment" in page and "Owner: support" in page

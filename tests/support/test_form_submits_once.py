@@ -6,6 +6,7 @@ token the action consumes in the transaction that makes its effect: a second POS
 same form (sequential or concurrent) is shown the first one's result and creates nothing.
 Counted in the database (refund operations, audit rows) and at localstripe (refunds).
 """
+
 from __future__ import annotations
 
 import html
@@ -32,9 +33,11 @@ def _hidden_fields(page: str, action: str) -> dict:
     """The fields the form posting to `action` sends as the page rendered it (its hidden
     inputs, the one-time token included), plus a reason and the confirmation box."""
     start = page.index(f'action="{action}"')
-    form = page[start:page.index("</form>", start)]
-    fields = {name: html.unescape(value) for name, value in
-              re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', form)}
+    form = page[start : page.index("</form>", start)]
+    fields = {
+        name: html.unescape(value)
+        for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', form)
+    }
     return {"reason": "checked", "confirm": "yes", **fields}
 
 
@@ -48,7 +51,8 @@ def _echoed_confirm(client, purchase, typed: str) -> tuple[str, dict]:
 
 
 def test_a_double_posted_refund_confirm_requests_and_pays_one_refund(
-        login, new_purchase, pay_now, localstripe):
+    login, new_purchase, pay_now, localstripe
+):
     # given a paid purchase and the refund's echo page, confirmed with a double click
     purchase = new_purchase(price=1500)
     charge = pay_now(purchase)
@@ -81,7 +85,8 @@ def test_a_double_posted_refund_confirm_requests_and_pays_one_refund(
 
 
 def test_a_refund_confirm_posted_twice_at_once_requests_one_refund(
-        users, login, new_purchase, pay_now):
+    users, login, new_purchase, pay_now
+):
     purchase = new_purchase(price=1500)
     pay_now(purchase)
     url, confirm = _echoed_confirm(login("support"), purchase, "5")

@@ -1,5 +1,6 @@
 """The incident page lists its purchases as support tells customers about them: the
 customer's e-mail and the amount, not only an id."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,9 @@ OK = {"confirm": "yes"}
 def test_the_incident_page_shows_each_purchases_email_and_amount(login, new_purchase):
     p = new_purchase(price=1250, email="caller-incident@example.com")
     client = login("operator")
-    client.post("/console/incidents/open", {"title": "Provider timeouts",
-                                            "reason": "many unknowns", **OK})
+    client.post(
+        "/console/incidents/open", {"title": "Provider timeouts", "reason": "many unknowns", **OK}
+    )
     inc = Incident.objects.get(title="Provider timeouts")
     client.post(f"/console/incidents/{inc.pk}/attach", {"ref": p.pk, "reason": "wrote in", **OK})
     assert inc.items.count() == 1

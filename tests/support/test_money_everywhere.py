@@ -6,6 +6,7 @@ REST `customer_message` and the MCP tool answers.
 A surface that divides by 100 itself shows 1 000 JPY as "10.00 JPY" and 1 500 KWD
 (1.500 KWD) as "15.00 KWD"; each case lists those wrong readings and asserts them absent.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -50,24 +51,34 @@ def _reads(text: str, shown: str, wrong: tuple[str, ...]) -> None:
 
 
 def _purchase(currency: str, amount: int, status: str, *, client=None, ops=()):
-    quote = QuoteFactory(amount=amount, currency=currency, items=[
-        {"sku": "LAMP-1", "name": "Desk lamp", "quantity": 1, "unit_price": amount}])
+    quote = QuoteFactory(
+        amount=amount,
+        currency=currency,
+        items=[{"sku": "LAMP-1", "name": "Desk lamp", "quantity": 1, "unit_price": amount}],
+    )
     purchase = PurchaseFactory(quote=quote, status=status, api_client=client)
     for fields in ops:
-        fields = {"kind": OperationKind.CHARGE, "amount": amount, "currency": currency,
-                  **fields}
+        fields = {"kind": OperationKind.CHARGE, "amount": amount, "currency": currency, **fields}
         PaymentOperation.objects.create(purchase=purchase, **fields)
     return purchase
 
 
 def _partly_refunded(currency: str, amount: int, refunded: int, *, client=None):
-    purchase = _purchase(currency, amount * 2, PurchaseStatus.COMPLETED, client=client,
-                         ops=[SUCCEEDED])
+    purchase = _purchase(
+        currency, amount * 2, PurchaseStatus.COMPLETED, client=client, ops=[SUCCEEDED]
+    )
     PaymentOperation.objects.create(
-        purchase=purchase, kind=OperationKind.REFUND, amount=refunded, currency=currency,
+        purchase=purchase,
+        kind=OperationKind.REFUND,
+        amount=refunded,
+        currency=currency,
         parent=purchase.operations.get(kind=OperationKind.CHARGE),
-        outcome=Outcome.SUCCEEDED, stage=Stage.SETTLED, grade=Grade.CONFIRMED,
-        verification="provider", provider_reference=f"re_{currency}_part")
+        outcome=Outcome.SUCCEEDED,
+        stage=Stage.SETTLED,
+        grade=Grade.CONFIRMED,
+        verification="provider",
+        provider_reference=f"re_{currency}_part",
+    )
     return purchase
 
 
@@ -76,16 +87,21 @@ def _partly_refunded(currency: str, amount: int, refunded: int, *, client=None):
 def test_confirmation_email_reads_the_currencys_own_decimals(currency, amount, shown, wrong):
     client = make_client(currency=currency, limit=10_000_000)[0]
     product = ProductFactory(price=amount, currency=currency)
-    quote = pay.quote_create(api_client=client, items=[{"sku": product.sku, "quantity": 1}],
-                             currency=currency)
-    purchase = pay.purchase_create(api_client=client, quote_id=quote.id,
-                                   quote_version=quote.version,
-                                   customer_reference=f"money-{currency}",
-                                   customer_email="buyer@example.com")
+    quote = pay.quote_create(
+        api_client=client, items=[{"sku": product.sku, "quantity": 1}], currency=currency
+    )
+    purchase = pay.purchase_create(
+        api_client=client,
+        quote_id=quote.id,
+        quote_version=quote.version,
+        customer_reference=f"money-{currency}",
+        customer_email="buyer@example.com",
+    )
     # The confirmation step waits at a halt, so this process sends it (locmem backend).
     halt_set(name="step:confirmation", reason="test fence", actor="test")
-    op = pay.payment_create(purchase_id=purchase.pk, api_client=client,
-                            payment_method="pm_card_visa")
+    op = pay.payment_create(
+        purchase_id=purchase.pk, api_client=client, payment_method="pm_card_visa"
+    )
     assert pay.operation_dispatch(operation_id=op.pk).outcome == Outcome.SUCCEEDED
     settle()
     lift_halt_quietly("step:confirmation")
@@ -95,8 +111,12 @@ def test_confirmation_email_reads_the_currencys_own_decimals(currency, amount, s
 
     sent = [m for m in mail.outbox[before:] if m.to == ["buyer@example.com"]]
     assert len(sent) == 1
-    assert EmailMessage.objects.filter(purchase_id=purchase.pk, kind="confirmation",
-                                       sent_at__isnull=False).count() == 1
+    assert (
+        EmailMessage.objects.filter(
+            purchase_id=purchase.pk, kind="confirmation", sent_at__isnull=False
+        ).count()
+        == 1
+    )
     _reads(sent[0].body, f"Your payment of {shown} is confirmed", wrong)
 
 
@@ -105,22 +125,51 @@ def test_confirmation_email_reads_the_currencys_own_decimals(currency, amount, s
 def test_console_pages_read_the_currencys_own_decimals(login, currency, amount, shown, wrong):
     purchase = _purchase(currency, amount, PurchaseStatus.DISPUTED, ops=[SUCCEEDED])
     charge = purchase.operations.get()
-    Dispute.objects.create(id=f"dp_{currency}", purchase=purchase, payment=charge,
-                           amount=amount, currency=currency, reason="fraudulent",
-                           status="needs_response",
-                           evidence_due_by=timezone.now() + timedelta(days=5),
-                           funds_withdrawn=amount, fees=amount)
+    Dispute.objects.create(
+        id=f"dp_{currency}",
+        purchase=purchase,
+        payment=charge,
+        amount=amount,
+        currency=currency,
+        reason="fraudulent",
+        status="needs_response",
+        evidence_due_by=timezone.now() + timedelta(days=5),
+        funds_withdrawn=amount,
+        fees=amount,
+    )
     PaymentOperation.objects.create(
-        purchase=purchase, kind=OperationKind.REFUND, amount=amount, currency=currency,
-        parent=charge, origin=Origin.PROVIDER, outcome=Outcome.SUCCEEDED,
-        stage=Stage.SETTLED, grade=Grade.CONFIRMED, verification="webhook",
-        provider_reference=f"re_dashboard_{currency}")
+        purchase=purchase,
+        kind=OperationKind.REFUND,
+        amount=amount,
+        currency=currency,
+        parent=charge,
+        origin=Origin.PROVIDER,
+        outcome=Outcome.SUCCEEDED,
+        stage=Stage.SETTLED,
+        grade=Grade.CONFIRMED,
+        verification="webhook",
+        provider_reference=f"re_dashboard_{currency}",
+    )
     client = make_client(currency=currency, name=f"shop-{currency}")[0]
-    unknown = _purchase(currency, amount, PurchaseStatus.PAYMENT_UNKNOWN, ops=[{
-        "outcome": Outcome.UNKNOWN, "stage": Stage.RECONCILING,
-        "provider_reference": f"pi_unknown_{currency}"}])
-    Hold.objects.create(api_client=client, operation=unknown.operations.get(), amount=amount,
-                        currency=currency, state=HoldState.RESERVED)
+    unknown = _purchase(
+        currency,
+        amount,
+        PurchaseStatus.PAYMENT_UNKNOWN,
+        ops=[
+            {
+                "outcome": Outcome.UNKNOWN,
+                "stage": Stage.RECONCILING,
+                "provider_reference": f"pi_unknown_{currency}",
+            }
+        ],
+    )
+    Hold.objects.create(
+        api_client=client,
+        operation=unknown.operations.get(),
+        amount=amount,
+        currency=currency,
+        state=HoldState.RESERVED,
+    )
     finance = login("finance")
 
     pages = {
@@ -140,7 +189,8 @@ def test_console_pages_read_the_currencys_own_decimals(login, currency, amount, 
 @pytest.mark.django_db
 @pytest.mark.parametrize("currency, amount, shown, wrong", CASES)
 def test_customer_page_json_and_rest_message_read_the_currencys_own_decimals(
-        client, currency, amount, shown, wrong):
+    client, currency, amount, shown, wrong
+):
     api_client, key = make_client(currency=currency)
     purchase = _partly_refunded(currency, amount, amount, client=api_client)
     api = APIClient()
@@ -162,8 +212,11 @@ def test_customer_page_json_and_rest_message_read_the_currencys_own_decimals(
 def test_mcp_answers_read_the_currencys_own_decimals(currency, amount, shown, wrong):
     api_client = make_client(currency=currency)[0]
     product = ProductFactory(price=amount, currency=currency)
-    quoted = tools.get_quote(api_client=api_client, currency=currency,
-                             items=[tools.QuoteItem(sku=product.sku, quantity=1)])
+    quoted = tools.get_quote(
+        api_client=api_client,
+        currency=currency,
+        items=[tools.QuoteItem(sku=product.sku, quantity=1)],
+    )
     purchase = _partly_refunded(currency, amount, amount, client=api_client)
 
     got = tools.get_purchase(api_client=api_client, purchase_id=purchase.pk)
@@ -171,7 +224,6 @@ def test_mcp_answers_read_the_currencys_own_decimals(currency, amount, shown, wr
     assert quoted.refusal is None and got.refusal is None
     _reads(quoted.instruction, shown, wrong)
     _reads(got.purchase["customer_message"], f"confirmed a refund of {shown}", wrong)
-
 
 
 @pytest.mark.django_db
@@ -182,11 +234,16 @@ def test_rest_refusal_detail_reads_the_currencys_own_decimals(currency, amount, 
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Api-Key {key}")
 
-    refused = api.post(f"/api/v1/purchases/{purchase.pk}/refunds", {"amount": amount + 1},
-                       format="json", HTTP_IDEMPOTENCY_KEY=f"too-much-{currency}")
+    refused = api.post(
+        f"/api/v1/purchases/{purchase.pk}/refunds",
+        {"amount": amount + 1},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY=f"too-much-{currency}",
+    )
 
     assert refused.status_code == 422, refused.content
     assert refused.json()["code"] == "refund_exceeds_refundable"
     _reads(refused.json()["detail"], f"Refundable now: {shown}", wrong)
-    assert PaymentOperation.objects.filter(purchase=purchase,
-                                           kind=OperationKind.REFUND).count() == 1
+    assert (
+        PaymentOperation.objects.filter(purchase=purchase, kind=OperationKind.REFUND).count() == 1
+    )

@@ -7,6 +7,7 @@ the console page over HTTP, the customer page's state); the expectations below c
 them with each other, not with payments.next_action, so a surface that re-derives shows
 up as a disagreement.
 """
+
 from __future__ import annotations
 
 import re
@@ -37,16 +38,29 @@ pytestmark = pytest.mark.django_db
 
 S = PurchaseStatus
 PENDING = {"outcome": Outcome.PENDING, "stage": Stage.QUEUED}
-DISPATCHING = {"outcome": Outcome.DISPATCHING, "stage": Stage.DISPATCHING,
-               "provider_reference": "pi_test_sending"}
-AWAITING_PROVIDER = {"outcome": Outcome.AWAITING_PROVIDER, "stage": Stage.RECONCILING,
-                     "verification": Verification.PROVIDER,
-                     "provider_reference": "pi_test_processing"}
-AWAITING_BUYER = {"outcome": Outcome.AWAITING_BUYER, "stage": Stage.DISPATCHING,
-                  "provider_reference": "pi_test_3ds"}
+DISPATCHING = {
+    "outcome": Outcome.DISPATCHING,
+    "stage": Stage.DISPATCHING,
+    "provider_reference": "pi_test_sending",
+}
+AWAITING_PROVIDER = {
+    "outcome": Outcome.AWAITING_PROVIDER,
+    "stage": Stage.RECONCILING,
+    "verification": Verification.PROVIDER,
+    "provider_reference": "pi_test_processing",
+}
+AWAITING_BUYER = {
+    "outcome": Outcome.AWAITING_BUYER,
+    "stage": Stage.DISPATCHING,
+    "provider_reference": "pi_test_3ds",
+}
 ESCALATED = {**UNKNOWN, "stage": Stage.ESCALATED}
-BY_TEAM_FAILED = {**FAILED, "grade": Grade.ACKNOWLEDGED, "verification": Verification.MANUAL,
-                  "reason": Reason.MANUAL}
+BY_TEAM_FAILED = {
+    **FAILED,
+    "grade": Grade.ACKNOWLEDGED,
+    "verification": Verification.MANUAL,
+    "reason": Reason.MANUAL,
+}
 PROVIDER_FAILED = {**FAILED, "reason": Reason.PROVIDER_FAILED}
 INVALID = {**FAILED, "reason": Reason.INVALID_REQUEST}
 X402_SENT = {**AWAITING_PROVIDER, "rail": "x402", "provider_reference": "0xsent"}
@@ -77,14 +91,37 @@ STATES = {
     "failed, quote expired": (S.PAYMENT_FAILED, [FAILED], "expire_quote"),
     "failed, attempts exhausted": (S.PAYMENT_FAILED, [FAILED, FAILED, FAILED], "chain"),
     "failed and retried": (S.PAYMENT_PENDING, [FAILED, AWAITING_PROVIDER], "chain"),
-    "refund waiting for approval": (S.COMPLETED, [SUCCEEDED, _refund(
-        Outcome.AWAITING_APPROVAL)], "parent"),
-    "refund pending": (S.REFUND_PENDING, [SUCCEEDED, _refund(
-        Outcome.AWAITING_PROVIDER, provider_reference="re_test_processing",
-        verification=Verification.PROVIDER)], "parent"),
-    "refunded": (S.REFUNDED, [SUCCEEDED, _refund(
-        Outcome.SUCCEEDED, amount=1500, provider_reference="re_test_ok",
-        verification=Verification.PROVIDER, grade=Grade.CONFIRMED)], "parent"),
+    "refund waiting for approval": (
+        S.COMPLETED,
+        [SUCCEEDED, _refund(Outcome.AWAITING_APPROVAL)],
+        "parent",
+    ),
+    "refund pending": (
+        S.REFUND_PENDING,
+        [
+            SUCCEEDED,
+            _refund(
+                Outcome.AWAITING_PROVIDER,
+                provider_reference="re_test_processing",
+                verification=Verification.PROVIDER,
+            ),
+        ],
+        "parent",
+    ),
+    "refunded": (
+        S.REFUNDED,
+        [
+            SUCCEEDED,
+            _refund(
+                Outcome.SUCCEEDED,
+                amount=1500,
+                provider_reference="re_test_ok",
+                verification=Verification.PROVIDER,
+                grade=Grade.CONFIRMED,
+            ),
+        ],
+        "parent",
+    ),
     "manual review": (S.MANUAL_REVIEW, [SUCCEEDED], None),
     "disputed": (S.DISPUTED, [SUCCEEDED], None),
     "dispute won": (S.DISPUTE_WON, [SUCCEEDED], None),
@@ -119,8 +156,11 @@ def _build(name: str, client):
 
 
 def _open_operation(purchase) -> PaymentOperation | None:
-    return (purchase.operations.exclude(outcome__in=[Outcome.SUCCEEDED, Outcome.FAILED])
-            .order_by("created_at", "id").first())
+    return (
+        purchase.operations.exclude(outcome__in=[Outcome.SUCCEEDED, Outcome.FAILED])
+        .order_by("created_at", "id")
+        .first()
+    )
 
 
 def _console_owner(html: str) -> str:
@@ -147,7 +187,8 @@ def test_every_surface_agrees_on_the_next_action(name, login, setting_storefront
 
     # MCP: the same document, renamed to tools, and a next tool that obeys its retry advice.
     assert {k: mcp.purchase["next_action"][k] for k in ("owner", "retry", "code")} == {
-        k: rest[k] for k in ("owner", "retry", "code")}
+        k: rest[k] for k in ("owner", "retry", "code")
+    }
     tool = mcp.next_tool.name if mcp.next_tool else None
     if rest["retry"] == "new_quote":
         assert tool == "get_quote", (rest, mcp.instruction)
@@ -162,13 +203,18 @@ def test_every_surface_agrees_on_the_next_action(name, login, setting_storefront
     # Console: the owner of the open operation it shows first, else the purchase's.
     assert console.status_code == 200
     open_op = _open_operation(purchase)
-    expected = (api.get(f"/api/v1/operations/{open_op.pk}").json()["next_action"]["owner"]
-                if open_op is not None else rest["owner"])
+    expected = (
+        api.get(f"/api/v1/operations/{open_op.pk}").json()["next_action"]["owner"]
+        if open_op is not None
+        else rest["owner"]
+    )
     assert _console_owner(console.content.decode()) == expected, name
 
     # Customer page: "Pay again" exactly when the buyer may start another payment.
     buyer_may_pay_again = (status_failed := purchase.status == S.PAYMENT_FAILED) and (
-        rest["owner"], rest["retry"]) == ("buyer", "new_operation")
+        rest["owner"],
+        rest["retry"],
+    ) == ("buyer", "new_operation")
     assert customer.can_pay_again == buyer_may_pay_again, (name, rest, customer.code)
     if status_failed and not buyer_may_pay_again:
         assert "You may try again" not in customer.message
@@ -185,7 +231,8 @@ def test_operation_views_agree(name):
         rest = api.get(f"/api/v1/operations/{op.pk}").json()["next_action"]
         mcp = tools.get_operation(api_client=client, operation_id=op.pk)
         assert {k: mcp.operation["next_action"][k] for k in ("owner", "retry", "code")} == {
-            k: rest[k] for k in ("owner", "retry", "code")}
+            k: rest[k] for k in ("owner", "retry", "code")
+        }
         if rest["retry"] == "forbidden" and rest["code"] != "operation_pending":
             tool = mcp.next_tool.name if mcp.next_tool else None
             assert tool in _FOLLOW, (name, op.kind, rest, mcp.instruction)

@@ -1,5 +1,6 @@
 """A provider reference on the purchase page links to where support reads it: the Stripe
 dashboard (configurable base URL) for pi_/ch_/re_."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """Support finds a caller in the purchases list by what the caller says: the ACP buyer's
 name, their e-mail, the provider's id of their payment; newest first, each row once across
 pages; behind the console's permission gate."""
+
 from __future__ import annotations
 
 import uuid
@@ -38,9 +39,13 @@ def _rows(response) -> list[str]:
 def test_support_finds_an_acp_purchase_by_buyer_name_email_and_provider_id(agent, tea):
     email = f"grace-{uuid.uuid4().hex[:6]}@example.com"
     session = agent.create(tea.sku).json()
-    r = agent.post(f"checkout_sessions/{session['id']}/complete", {
-        "buyer": {"first_name": "Grace", "last_name": "Hopperton", "email": email},
-        "payment_data": {"provider": "stripe", "token": issue_spt(1250)}})
+    r = agent.post(
+        f"checkout_sessions/{session['id']}/complete",
+        {
+            "buyer": {"first_name": "Grace", "last_name": "Hopperton", "email": email},
+            "payment_data": {"provider": "stripe", "token": issue_spt(1250)},
+        },
+    )
     assert r.status_code == 200, r.text
     purchase = Purchase.objects.get(pk=r.json()["order"]["id"])
     payment = purchase.operations.get()
@@ -70,8 +75,9 @@ def test_a_user_without_console_access_is_refused():
 
 
 def test_pagination_returns_each_row_once_newest_first():
-    made = [purchase_in(PurchaseStatus.COMPLETED, customer_email=f"p{i}@example.com")
-            for i in range(7)]
+    made = [
+        purchase_in(PurchaseStatus.COMPLETED, customer_email=f"p{i}@example.com") for i in range(7)
+    ]
     # Three share one instant: the cursor must still neither repeat nor skip them.
     same = timezone.now() - timedelta(hours=1)
     Purchase.objects.filter(pk__in=[p.pk for p in made[:3]]).update(created_at=same)
@@ -101,14 +107,17 @@ def test_filters_narrow_the_list_by_status_amount_and_customer():
     assert _rows(support.get("/console/purchases/", {"customer": "A@example.com"})) == [paid.pk]
     assert _rows(support.get("/console/purchases/", {"amount_min": "15.01"})) == []
     assert set(_rows(support.get("/console/purchases/", {"amount_max": "15.00"}))) == {
-        paid.pk, failed.pk}
+        paid.pk,
+        failed.pk,
+    }
 
 
 def test_queue_rows_show_the_customers_email():
     from tests.support.builders import UNKNOWN
 
-    stuck = purchase_in(PurchaseStatus.PAYMENT_UNKNOWN, ops=[UNKNOWN],
-                        customer_email="caller-unknown@example.com")
+    stuck = purchase_in(
+        PurchaseStatus.PAYMENT_UNKNOWN, ops=[UNKNOWN], customer_email="caller-unknown@example.com"
+    )
     html = _console(Role.SUPPORT).get("/console/queues/unknown/").content.decode()
     assert stuck.pk in html
     assert "caller-unknown@example.com" in html

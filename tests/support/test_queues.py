@@ -1,5 +1,6 @@
 """Dashboard queues: count and oldest age per queue, rows oldest first, and the
 settlement queue only for finance."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -33,32 +34,59 @@ def _one_case_per_queue():
     newer = purchase_in(PurchaseStatus.PAYMENT_UNKNOWN, ops=[UNKNOWN])
     _age(PaymentOperation, older.operations.get().pk, "created_at", 3600)
     client = make_client(name="shop-a")[0]
-    Hold.objects.create(api_client=client, operation=older.operations.get(), amount=1500,
-                        currency="usd", state=HoldState.RESERVED)
+    Hold.objects.create(
+        api_client=client,
+        operation=older.operations.get(),
+        amount=1500,
+        currency="usd",
+        state=HoldState.RESERVED,
+    )
     # Paid without order, past the beat job's grace period.
     stale_paid = purchase_in(PurchaseStatus.PAID, ops=[SUCCEEDED])
     _age(Purchase, stale_paid.pk, "updated_at", 3600)
     purchase_in(PurchaseStatus.PAID, ops=[SUCCEEDED])  # just paid: not (yet) in the queue
     failed_step = purchase_in(PurchaseStatus.FULFILLING, ops=[SUCCEEDED], order="ORD-9")
-    StepRun.objects.create(purchase_id=failed_step.pk, step=StepName.LEDGER,
-                           state=StepState.MANUAL, key=f"{failed_step.pk}:ledger")
-    ProviderEvent.objects.create(event_id="evt_dash", type="payment_intent.succeeded",
-                                 payload={}, result=EventResult.QUARANTINED,
-                                 result_reason="amount_mismatch")
-    m = OutboxMessage.objects.create(category=OutboxCategory.RUN_STEPS,
-                                     payload={"purchase": failed_step.pk},
-                                     dedupe_key="stuck-1", attempts=5, last_error="boom")
+    StepRun.objects.create(
+        purchase_id=failed_step.pk,
+        step=StepName.LEDGER,
+        state=StepState.MANUAL,
+        key=f"{failed_step.pk}:ledger",
+    )
+    ProviderEvent.objects.create(
+        event_id="evt_dash",
+        type="payment_intent.succeeded",
+        payload={},
+        result=EventResult.QUARANTINED,
+        result_reason="amount_mismatch",
+    )
+    m = OutboxMessage.objects.create(
+        category=OutboxCategory.RUN_STEPS,
+        payload={"purchase": failed_step.pk},
+        dedupe_key="stuck-1",
+        attempts=5,
+        last_error="boom",
+    )
     _age(OutboxMessage, m.pk, "available_at", 900)
-    SettlementDiscrepancy.objects.create(provider_reference="txn_1", kind="missing_in_ledger",
-                                         provider_amount=1500, ledger_amount=None,
-                                         currency="usd")
-    escalated = purchase_in(PurchaseStatus.PAYMENT_UNKNOWN, recovery_owner="payments-oncall",
-                            ops=[{**UNKNOWN, "stage": Stage.ESCALATED,
-                                  "escalated_at": timezone.now()}])
+    SettlementDiscrepancy.objects.create(
+        provider_reference="txn_1",
+        kind="missing_in_ledger",
+        provider_amount=1500,
+        ledger_amount=None,
+        currency="usd",
+    )
+    escalated = purchase_in(
+        PurchaseStatus.PAYMENT_UNKNOWN,
+        recovery_owner="payments-oncall",
+        ops=[{**UNKNOWN, "stage": Stage.ESCALATED, "escalated_at": timezone.now()}],
+    )
     refund_parent = purchase_in(PurchaseStatus.PAID, ops=[SUCCEEDED], order="ORD-10")
-    PaymentOperation.objects.create(purchase=refund_parent, kind=OperationKind.REFUND,
-                                    amount=500, currency="usd",
-                                    outcome=Outcome.AWAITING_APPROVAL)
+    PaymentOperation.objects.create(
+        purchase=refund_parent,
+        kind=OperationKind.REFUND,
+        amount=500,
+        currency="usd",
+        outcome=Outcome.AWAITING_APPROVAL,
+    )
     return older, newer, escalated
 
 
@@ -69,8 +97,15 @@ def test_every_queue_counts_its_case(login, db):
     summaries = {s.spec.name: s for s in selectors.queue_summaries(_finance_user())}
     assert summaries["unknown"].count == 2
     assert summaries["unknown"].oldest_age >= timedelta(minutes=59)
-    for name in ("paid_without_order", "compensation", "quarantined", "stuck_outbox",
-                 "settlement", "escalated", "refund_approval"):
+    for name in (
+        "paid_without_order",
+        "compensation",
+        "quarantined",
+        "stuck_outbox",
+        "settlement",
+        "escalated",
+        "refund_approval",
+    ):
         assert summaries[name].count == 1, name
         assert f'data-queue="{name}"' in html
     # Money at risk: the unknown operation's reserved hold, by currency and client.
@@ -86,8 +121,7 @@ def test_settlement_queue_is_finance_only(login, db):
     _one_case_per_queue()
     html = login("support").get(reverse("support:dashboard")).content.decode()
     assert 'data-queue="settlement"' not in html
-    assert login("support").get(reverse("support:queue", args=["settlement"])
-                                ).status_code == 403
+    assert login("support").get(reverse("support:queue", args=["settlement"])).status_code == 403
     assert login("operator").get(reverse("support:queue", args=["nope"])).status_code == 404
 
 

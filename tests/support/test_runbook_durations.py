@@ -1,4 +1,5 @@
 """Runbooks quote timings as a person reads them ("3 days"), never "259200 seconds"."""
+
 from __future__ import annotations
 
 import pytest

@@ -2,6 +2,7 @@
 its runbook (the queue page and each row), and a purchase page shows the runbook for the
 purchase's current state. Server-rendered HTML asserts; test_browser_runbooks.py clicks
 through two of them in Chromium."""
+
 from __future__ import annotations
 
 import html
@@ -34,8 +35,12 @@ def test_every_runbook_file_renders_for_support(login):
         assert f'data-runbook="{slug}"' in body and rb.title in body and rb.version
         # Every placeholder was filled; the four sections a runbook must have are there.
         assert "[[" not in body and "(unknown" not in body and "(unset" not in body, slug
-        for heading in ("What this state means", "Who may act", "What to tell the customer",
-                        "When to escalate"):
+        for heading in (
+            "What this state means",
+            "Who may act",
+            "What to tell the customer",
+            "When to escalate",
+        ):
             assert heading in body, (slug, heading)
     index = _text(client.get("/console/runbooks/"))
     assert all(f"/console/runbooks/{s}/" in index for s in slugs)
@@ -95,9 +100,15 @@ def test_purchase_page_shows_the_runbook_for_its_state(login, demo):
 
 def test_quarantined_event_without_mismatch_gets_the_quarantine_runbook(login, demo):
     p = Purchase.objects.get(customer_reference="demo-complete")
-    ProviderEvent.objects.create(event_id="evt_test_other", type="charge.refunded",
-                                 object_id="ch_test_other", payload={}, purchase_id=p.pk,
-                                 result=EventResult.QUARANTINED, result_reason="conflict")
+    ProviderEvent.objects.create(
+        event_id="evt_test_other",
+        type="charge.refunded",
+        object_id="ch_test_other",
+        payload={},
+        purchase_id=p.pk,
+        result=EventResult.QUARANTINED,
+        result_reason="conflict",
+    )
     client = login("support")
     body = _text(client.get(f"/console/purchases/{p.pk}/"))
     assert 'class="card runbook" data-runbook="quarantined-event"' in body

@@ -1,6 +1,7 @@
 """Small things that cost trust: a not-allowed page names who can open it, Verity's own
 404 and CSRF pages, Resume lists only what is halted, the customer page names the shop,
 the demo's order references look like real ones."""
+
 from __future__ import annotations
 
 from django.test import Client
@@ -30,15 +31,17 @@ def test_bad_status_link_and_unknown_console_address_get_verity_pages(client, lo
     assert "Nothing matches this address" in html
     elsewhere = client.get("/no-such-page")
     assert elsewhere.status_code == 404 and "Nothing matches this address" in (
-        elsewhere.content.decode())
+        elsewhere.content.decode()
+    )
 
 
 def test_stale_csrf_token_gets_a_page_that_says_nothing_changed(users):
     client = Client(enforce_csrf_checks=True)
     client.force_login(users["operator"])
 
-    response = client.post(reverse("support:halt-set"),
-                           {"name": "checkout", "reason": "x", "confirm": "yes"})
+    response = client.post(
+        reverse("support:halt-set"), {"name": "checkout", "reason": "x", "confirm": "yes"}
+    )
 
     assert response.status_code == 403
     assert "This form expired — nothing was changed" in response.content.decode()
@@ -46,16 +49,15 @@ def test_stale_csrf_token_gets_a_page_that_says_nothing_changed(users):
 
 
 def test_resume_lists_only_halted_workflows(login, db):
-    WorkflowHalt.objects.create(name="refunds", reason="provider refunds failing",
-                                halted_by="olga")
+    WorkflowHalt.objects.create(name="refunds", reason="provider refunds failing", halted_by="olga")
 
     html = login("operator").get(reverse("support:halts")).content.decode()
 
-    resume = html[html.index('id="resume-name"'):]
-    resume = resume[:resume.index("</select>")]
+    resume = html[html.index('id="resume-name"') :]
+    resume = resume[: resume.index("</select>")]
     assert "<option>refunds</option>" in resume and "checkout" not in resume
-    halt = html[html.index('id="halt-name"'):]
-    assert "<option>refunds</option>" not in halt[:halt.index("</select>")]
+    halt = html[html.index('id="halt-name"') :]
+    assert "<option>refunds</option>" not in halt[: halt.index("</select>")]
 
 
 def test_nothing_halted_offers_no_resume(login, db):
@@ -69,7 +71,7 @@ def test_customer_page_names_the_shop(client, db, settings):
 
     html = client.get(f"/status/{purchase.status_token}/").content.decode()
 
-    assert '<span data-shop-name>Tea &amp; Mugs Ltd</span> · purchase status' in html
+    assert "<span data-shop-name>Tea &amp; Mugs Ltd</span> · purchase status" in html
 
 
 def test_demo_order_references_look_like_real_ones(users):

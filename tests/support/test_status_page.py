@@ -1,5 +1,6 @@
 """The customer's status page: one plain-language state per verified situation, only
 the allowed actions, pay-again enforced on the server, strict CSP, no enumeration."""
+
 from __future__ import annotations
 
 import re
@@ -14,64 +15,176 @@ from support.customer_copy import StateCode, customer_state
 
 from .builders import FAILED, SUCCEEDED, UNKNOWN, purchase_in
 
-REFUND_CONFIRMED = {"kind": OperationKind.REFUND, "outcome": Outcome.SUCCEEDED,
-                    "stage": Stage.SETTLED, "grade": Grade.CONFIRMED,
-                    "verification": Verification.WEBHOOK, "provider_reference": "re_test_1"}
-REFUND_PROCESSING = {"kind": OperationKind.REFUND, "outcome": Outcome.AWAITING_PROVIDER,
-                     "stage": Stage.RECONCILING, "verification": Verification.PROVIDER,
-                     "provider_reference": "re_test_2"}
+REFUND_CONFIRMED = {
+    "kind": OperationKind.REFUND,
+    "outcome": Outcome.SUCCEEDED,
+    "stage": Stage.SETTLED,
+    "grade": Grade.CONFIRMED,
+    "verification": Verification.WEBHOOK,
+    "provider_reference": "re_test_1",
+}
+REFUND_PROCESSING = {
+    "kind": OperationKind.REFUND,
+    "outcome": Outcome.AWAITING_PROVIDER,
+    "stage": Stage.RECONCILING,
+    "verification": Verification.PROVIDER,
+    "provider_reference": "re_test_2",
+}
 REFUND_AWAITING_APPROVAL = {"kind": OperationKind.REFUND, "outcome": Outcome.AWAITING_APPROVAL}
 
 S = PurchaseStatus
 # (case id, purchase status, operations, order reference, expected code, words on page)
 CASES = [
-    ("awaiting", S.AWAITING_PAYMENT, [], None, StateCode.AWAITING_PAYMENT,
-     "No payment has been made"),
-    ("pending", S.PAYMENT_PENDING, [{"outcome": Outcome.DISPATCHING,
-                                     "stage": Stage.DISPATCHING}], None,
-     StateCode.BEING_CONFIRMED, "Please do not pay again"),
-    ("awaiting_provider", S.PAYMENT_PENDING, [{"outcome": Outcome.AWAITING_PROVIDER,
-                                               "stage": Stage.RECONCILING}], None,
-     StateCode.BEING_CONFIRMED, "being confirmed"),
-    ("action", S.ACTION_REQUIRED, [{"outcome": Outcome.AWAITING_BUYER,
-                                    "stage": Stage.RECONCILING}], None,
-     StateCode.PAYMENT_PENDING, "extra confirmation"),
-    ("unknown", S.PAYMENT_UNKNOWN, [UNKNOWN], None, StateCode.NOT_YET_CONFIRMABLE,
-     "checking with the payment provider"),
-    ("paid_no_order", S.PAID, [SUCCEEDED], None, StateCode.PAID_CONFIRMATION_DELAYED,
-     "Your payment was received"),
-    ("paid_order", S.FULFILLING, [SUCCEEDED], "ORD-7731", StateCode.PAID_CONFIRMATION_DELAYED,
-     "ORD-7731"),
+    (
+        "awaiting",
+        S.AWAITING_PAYMENT,
+        [],
+        None,
+        StateCode.AWAITING_PAYMENT,
+        "No payment has been made",
+    ),
+    (
+        "pending",
+        S.PAYMENT_PENDING,
+        [{"outcome": Outcome.DISPATCHING, "stage": Stage.DISPATCHING}],
+        None,
+        StateCode.BEING_CONFIRMED,
+        "Please do not pay again",
+    ),
+    (
+        "awaiting_provider",
+        S.PAYMENT_PENDING,
+        [{"outcome": Outcome.AWAITING_PROVIDER, "stage": Stage.RECONCILING}],
+        None,
+        StateCode.BEING_CONFIRMED,
+        "being confirmed",
+    ),
+    (
+        "action",
+        S.ACTION_REQUIRED,
+        [{"outcome": Outcome.AWAITING_BUYER, "stage": Stage.RECONCILING}],
+        None,
+        StateCode.PAYMENT_PENDING,
+        "extra confirmation",
+    ),
+    (
+        "unknown",
+        S.PAYMENT_UNKNOWN,
+        [UNKNOWN],
+        None,
+        StateCode.NOT_YET_CONFIRMABLE,
+        "checking with the payment provider",
+    ),
+    (
+        "paid_no_order",
+        S.PAID,
+        [SUCCEEDED],
+        None,
+        StateCode.PAID_CONFIRMATION_DELAYED,
+        "Your payment was received",
+    ),
+    (
+        "paid_order",
+        S.FULFILLING,
+        [SUCCEEDED],
+        "ORD-7731",
+        StateCode.PAID_CONFIRMATION_DELAYED,
+        "ORD-7731",
+    ),
     ("failed", S.PAYMENT_FAILED, [FAILED], None, StateCode.FAILED, "no order was placed"),
-    ("refund_unconfirmed", S.REFUND_PENDING, [SUCCEEDED, REFUND_AWAITING_APPROVAL], "ORD-1",
-     StateCode.PAID_CONFIRMATION_DELAYED, "Your payment was received"),
-    ("refund_processing", S.REFUND_PENDING, [SUCCEEDED, REFUND_PROCESSING], "ORD-2",
-     StateCode.REVERSED, "processing it"),
-    ("refunded", S.REFUNDED, [SUCCEEDED, REFUND_CONFIRMED], "ORD-3", StateCode.REVERSED,
-     "has confirmed"),
-    ("partial_refund", S.COMPLETED, [SUCCEEDED, {**REFUND_CONFIRMED, "amount": 500}], "ORD-5",
-     StateCode.REVERSED, "a refund of 5.00 USD"),
+    (
+        "refund_unconfirmed",
+        S.REFUND_PENDING,
+        [SUCCEEDED, REFUND_AWAITING_APPROVAL],
+        "ORD-1",
+        StateCode.PAID_CONFIRMATION_DELAYED,
+        "Your payment was received",
+    ),
+    (
+        "refund_processing",
+        S.REFUND_PENDING,
+        [SUCCEEDED, REFUND_PROCESSING],
+        "ORD-2",
+        StateCode.REVERSED,
+        "processing it",
+    ),
+    (
+        "refunded",
+        S.REFUNDED,
+        [SUCCEEDED, REFUND_CONFIRMED],
+        "ORD-3",
+        StateCode.REVERSED,
+        "has confirmed",
+    ),
+    (
+        "partial_refund",
+        S.COMPLETED,
+        [SUCCEEDED, {**REFUND_CONFIRMED, "amount": 500}],
+        "ORD-5",
+        StateCode.REVERSED,
+        "a refund of 5.00 USD",
+    ),
     ("complete", S.COMPLETED, [SUCCEEDED], "ORD-4", StateCode.COMPLETE, "ORD-4"),
-    ("review", S.MANUAL_REVIEW, [SUCCEEDED], None, StateCode.UNDER_REVIEW,
-     "support@verity.example"),
+    (
+        "review",
+        S.MANUAL_REVIEW,
+        [SUCCEEDED],
+        None,
+        StateCode.UNDER_REVIEW,
+        "support@verity.example",
+    ),
     ("paid_without_evidence", S.PAID, [UNKNOWN], None, StateCode.UNDER_REVIEW, "reviewing"),
     ("cancelled", S.CANCELLED, [], None, StateCode.CANCELLED, "cancelled"),
     ("expired", S.EXPIRED, [], None, StateCode.EXPIRED, "expired"),
-    ("disputed", S.DISPUTED, [SUCCEEDED], "ORD-6", StateCode.DISPUTED,
-     "being reviewed with your bank"),
-    ("dispute_won", S.DISPUTE_WON, [SUCCEEDED], "ORD-7", StateCode.DISPUTE_WON,
-     "the payment stands"),
-    ("dispute_lost", S.DISPUTE_LOST, [SUCCEEDED], "ORD-8", StateCode.DISPUTE_LOST,
-     "returned the money to you"),
+    (
+        "disputed",
+        S.DISPUTED,
+        [SUCCEEDED],
+        "ORD-6",
+        StateCode.DISPUTED,
+        "being reviewed with your bank",
+    ),
+    (
+        "dispute_won",
+        S.DISPUTE_WON,
+        [SUCCEEDED],
+        "ORD-7",
+        StateCode.DISPUTE_WON,
+        "the payment stands",
+    ),
+    (
+        "dispute_lost",
+        S.DISPUTE_LOST,
+        [SUCCEEDED],
+        "ORD-8",
+        StateCode.DISPUTE_LOST,
+        "returned the money to you",
+    ),
     # won after a refund of the whole payment: the buyer's money came back, it did not stand
-    ("dispute_won_refunded", S.DISPUTE_WON, [SUCCEEDED, REFUND_CONFIRMED], "ORD-9",
-     StateCode.REVERSED, "has confirmed that your payment is being returned"),
-    ("dispute_won_part_refunded", S.DISPUTE_WON, [SUCCEEDED, {**REFUND_CONFIRMED,
-                                                              "amount": 500}], "ORD-10",
-     StateCode.DISPUTE_WON, "the payment stands"),
+    (
+        "dispute_won_refunded",
+        S.DISPUTE_WON,
+        [SUCCEEDED, REFUND_CONFIRMED],
+        "ORD-9",
+        StateCode.REVERSED,
+        "has confirmed that your payment is being returned",
+    ),
+    (
+        "dispute_won_part_refunded",
+        S.DISPUTE_WON,
+        [SUCCEEDED, {**REFUND_CONFIRMED, "amount": 500}],
+        "ORD-10",
+        StateCode.DISPUTE_WON,
+        "the payment stands",
+    ),
 ]
-FINAL = {StateCode.COMPLETE, StateCode.CANCELLED, StateCode.EXPIRED, StateCode.DISPUTE_WON,
-         StateCode.DISPUTE_LOST}
+FINAL = {
+    StateCode.COMPLETE,
+    StateCode.CANCELLED,
+    StateCode.EXPIRED,
+    StateCode.DISPUTE_WON,
+    StateCode.DISPUTE_LOST,
+}
 # Words that would claim success or failure; each state may only use its own.
 SUCCESS_WORDS = ("payment was received", "is complete")
 FAILURE_WORDS = ("did not go through", "declined")
@@ -196,8 +309,9 @@ def test_csp_and_no_external_assets(client, db):
 def test_page_shows_no_provider_data(client, db):
     # The page carries its own token (poll URL, forms): token_urlsafe, whose alphabet has
     # "_", holds "vk_" or "op_" by chance in about 1 page in 4 400. Pinned here to hold both.
-    purchase = purchase_in(S.PAYMENT_UNKNOWN, ops=[UNKNOWN],
-                           status_token=f"op_vk_{secrets.token_urlsafe(24)[:26]}")
+    purchase = purchase_in(
+        S.PAYMENT_UNKNOWN, ops=[UNKNOWN], status_token=f"op_vk_{secrets.token_urlsafe(24)[:26]}"
+    )
     html = client.get(f"/status/{purchase.status_token}/").content.decode()
     assert f"/status/{purchase.status_token}.json" in html
     # The customer's own token is not provider data: search everything else.
@@ -226,8 +340,13 @@ def test_an_acp_purchase_does_not_offer_a_code_its_assistant_cannot_use(client, 
     from payments.models import PurchaseChannel
     from recovery.models import EmailMessage
 
-    purchase = purchase_in(PurchaseStatus.COMPLETED, ops=[SUCCEEDED], order="ORD-ACP",
-                           channel=PurchaseChannel.ACP, customer_email="ada@example.com")
+    purchase = purchase_in(
+        PurchaseStatus.COMPLETED,
+        ops=[SUCCEEDED],
+        order="ORD-ACP",
+        channel=PurchaseChannel.ACP,
+        customer_email="ada@example.com",
+    )
     html = client.get(f"/status/{purchase.status_token}/").content.decode()
     assert 'id="confirm-new-purchase"' not in html
     assert "buy them at the shop directly" in html

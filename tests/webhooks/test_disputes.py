@@ -2,6 +2,7 @@
 tools/localstripe_server.py) reaches Verity as signed `charge.dispute.*` events built
 from the provider's own Dispute object; the purchase says `disputed` everywhere, the
 ledger follows the provider's balance to the unit, and late events never regress it."""
+
 import copy
 
 import pytest
@@ -37,15 +38,21 @@ def finance_console(client):
 
 def open_dispute(charge: str, **fields) -> dict:
     """The card network's part: the provider opens a dispute and withdraws the funds."""
-    r = requests.post(f"{settings.STRIPE_API_BASE}/_config/disputes",
-                      data={"charge": charge, **fields}, timeout=10)
+    r = requests.post(
+        f"{settings.STRIPE_API_BASE}/_config/disputes",
+        data={"charge": charge, **fields},
+        timeout=10,
+    )
     r.raise_for_status()
     return r.json()
 
 
 def move_dispute(dispute_id: str, status: str, **fields) -> dict:
-    r = requests.post(f"{settings.STRIPE_API_BASE}/_config/disputes/{dispute_id}",
-                      data={"status": status, **fields}, timeout=10)
+    r = requests.post(
+        f"{settings.STRIPE_API_BASE}/_config/disputes/{dispute_id}",
+        data={"status": status, **fields},
+        timeout=10,
+    )
     r.raise_for_status()
     return r.json()
 
@@ -55,13 +62,16 @@ def dispute_event(dispute_id: str, type_: str) -> dict:
 
 
 def provider_net(localstripe, sources: set[str]) -> int:
-    return sum(t["net"] for t in localstripe.list("balance_transactions")
-               if t["source"] in sources)
+    return sum(t["net"] for t in localstripe.list("balance_transactions") if t["source"] in sources)
 
 
 def ledger_balance(purchase_id: str) -> int:
-    return (LedgerEntry.objects.filter(purchase_id=purchase_id, account="provider_balance")
-            .aggregate(s=Sum("amount"))["s"] or 0)
+    return (
+        LedgerEntry.objects.filter(purchase_id=purchase_id, account="provider_balance").aggregate(
+            s=Sum("amount")
+        )["s"]
+        or 0
+    )
 
 
 def entries(purchase_id: str, entry_type: str) -> int:
@@ -77,7 +87,8 @@ def paid_purchase(new_purchase, pay):
 
 
 def test_lost_dispute_is_disputed_everywhere_and_leaves_ledger_equal_to_provider(
-        client, api, new_purchase, pay, localstripe):
+    client, api, new_purchase, pay, localstripe
+):
     purchase, op = paid_purchase(new_purchase, pay)
     dispute = open_dispute(op.provider_charge, reason="fraudulent")
 
@@ -89,8 +100,13 @@ def test_lost_dispute_is_disputed_everywhere_and_leaves_ledger_equal_to_provider
     assert body["status"] == PurchaseStatus.DISPUTED
     assert body["next_action"]["code"] == "disputed"
     [shown] = body["disputes"]
-    assert (shown["id"], shown["status"], shown["amount"], shown["currency"],
-            shown["reason"]) == (dispute["id"], "needs_response", 1500, "usd", "fraudulent")
+    assert (shown["id"], shown["status"], shown["amount"], shown["currency"], shown["reason"]) == (
+        dispute["id"],
+        "needs_response",
+        1500,
+        "usd",
+        "fraudulent",
+    )
     assert shown["evidence_due_by"].startswith("20")
     page = client.get(f"/status/{purchase.status_token}/").content.decode()
     assert "being reviewed with your bank" in page and "Pay again" not in page
@@ -98,8 +114,12 @@ def test_lost_dispute_is_disputed_everywhere_and_leaves_ledger_equal_to_provider
     assert dispute["id"] in console and purchase.pk in console
     row = Dispute.objects.get(pk=dispute["id"])
     assert (row.funds_withdrawn, row.fees, row.verification) == (1500, DISPUTE_FEE, "provider")
-    assert ProviderCall.objects.filter(operation=op, purpose="reconcile",
-                                       safe_fields__object="dispute").count() >= 1
+    assert (
+        ProviderCall.objects.filter(
+            operation=op, purpose="reconcile", safe_fields__object="dispute"
+        ).count()
+        >= 1
+    )
     assert entries(purchase.pk, "dispute_withdrawal") == 2
     assert entries(purchase.pk, "dispute_fee") == 2
 
@@ -117,8 +137,9 @@ def test_lost_dispute_is_disputed_everywhere_and_leaves_ledger_equal_to_provider
     assert ledger_balance(purchase.pk) == 1500 - 1500 - DISPUTE_FEE
     assert entries(purchase.pk, "dispute_loss") == 2
     settlement_compare(grace_seconds=0)
-    assert not SettlementDiscrepancy.objects.filter(provider_reference__in=sources,
-                                                    resolved_at__isnull=True).exists()
+    assert not SettlementDiscrepancy.objects.filter(
+        provider_reference__in=sources, resolved_at__isnull=True
+    ).exists()
     # provider objects: one charge, one dispute, no refund
     assert len(localstripe.succeeded_charges_for(purchase.pk)) == 1
     assert len([d for d in localstripe.list("disputes") if d["charge"] == op.provider_charge]) == 1
@@ -126,14 +147,17 @@ def test_lost_dispute_is_disputed_everywhere_and_leaves_ledger_equal_to_provider
 
 
 def test_won_dispute_reinstates_the_funds_and_the_purchase_says_so(
-        client, api, new_purchase, pay, localstripe):
+    client, api, new_purchase, pay, localstripe
+):
     purchase, op = paid_purchase(new_purchase, pay)
     dispute = open_dispute(op.provider_charge, reason="product_not_received")
     deliver_and_process(client, dispute_event(dispute["id"], "charge.dispute.created"))
     move_dispute(dispute["id"], "won")
 
-    assert deliver_and_process(
-        client, dispute_event(dispute["id"], "charge.dispute.closed")) == EventResult.APPLIED
+    assert (
+        deliver_and_process(client, dispute_event(dispute["id"], "charge.dispute.closed"))
+        == EventResult.APPLIED
+    )
     settle()
 
     assert api.get(f"/api/v1/purchases/{purchase.pk}").json()["status"] == "dispute_won"
@@ -147,7 +171,8 @@ def test_won_dispute_reinstates_the_funds_and_the_purchase_says_so(
 
 
 def test_late_and_repeated_events_never_regress_a_closed_dispute(
-        client, new_purchase, pay, localstripe):
+    client, new_purchase, pay, localstripe
+):
     purchase, op = paid_purchase(new_purchase, pay)
     dispute = open_dispute(op.provider_charge)
     created = dispute_event(dispute["id"], "charge.dispute.created")  # built while open
@@ -169,12 +194,14 @@ def test_late_and_repeated_events_never_regress_a_closed_dispute(
     assert Dispute.objects.get(pk=dispute["id"]).status == DisputeStatus.LOST
     assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.DISPUTE_LOST
     assert LedgerEntry.objects.filter(purchase_id=purchase.pk).count() == ledger_rows
-    assert ledger_balance(purchase.pk) == provider_net(localstripe,
-                                                       {op.provider_charge, dispute["id"]})
+    assert ledger_balance(purchase.pk) == provider_net(
+        localstripe, {op.provider_charge, dispute["id"]}
+    )
 
 
 def test_a_dispute_that_disagrees_with_the_payment_is_quarantined_and_changes_nothing(
-        client, new_purchase, pay):
+    client, new_purchase, pay
+):
     purchase, op = paid_purchase(new_purchase, pay)
     dispute = open_dispute(op.provider_charge)
     event = dispute_event(dispute["id"], "charge.dispute.created")
@@ -202,7 +229,8 @@ def test_a_dispute_on_a_charge_verity_does_not_know_is_held(client, new_purchase
 
 
 def test_a_missed_closing_event_is_caught_by_the_periodic_read_back(
-        client, new_purchase, pay, localstripe):
+    client, new_purchase, pay, localstripe
+):
     from recovery.disputes import disputes_refresh_open
 
     purchase, op = paid_purchase(new_purchase, pay)
@@ -216,13 +244,15 @@ def test_a_missed_closing_event_is_caught_by_the_periodic_read_back(
 
     assert Dispute.objects.get(pk=dispute["id"]).status == DisputeStatus.LOST
     assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.DISPUTE_LOST
-    assert ledger_balance(purchase.pk) == provider_net(localstripe,
-                                                       {op.provider_charge, dispute["id"]})
+    assert ledger_balance(purchase.pk) == provider_net(
+        localstripe, {op.provider_charge, dispute["id"]}
+    )
     assert disputes_refresh_open() == 0  # nothing open is left to read
 
 
 def test_a_dispute_opened_before_fulfilment_books_the_sale_it_withdraws(
-        client, new_purchase, pay, localstripe):
+    client, new_purchase, pay, localstripe
+):
     # given a charge whose follow-up work (the ledger step) has not run yet
     purchase = new_purchase()
     op = pay(purchase)
@@ -256,7 +286,8 @@ def _steps(purchase_id: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("opened", ["before_fulfilment", "mid_fulfilment"])
 def test_a_won_dispute_resumes_the_fulfilment_it_paused(
-        client, api, new_purchase, pay, localstripe, opened):
+    client, api, new_purchase, pay, localstripe, opened
+):
     from recovery.models import EmailMessage, Order
     from tests.recovery.conftest import lift_halt_quietly
 
@@ -279,15 +310,21 @@ def test_a_won_dispute_resumes_the_fulfilment_it_paused(
 
     # when the merchant wins it
     move_dispute(dispute["id"], "won")
-    assert deliver_and_process(
-        client, dispute_event(dispute["id"], "charge.dispute.closed")) == EventResult.APPLIED
+    assert (
+        deliver_and_process(client, dispute_event(dispute["id"], "charge.dispute.closed"))
+        == EventResult.APPLIED
+    )
     settle()
 
     # then every remaining step ran, once; the purchase still says how the dispute ended
     assert set(_steps(purchase.pk).values()) == {"done"}
     assert Order.objects.filter(purchase_id=purchase.pk, cancelled_at__isnull=True).count() == 1
-    assert EmailMessage.objects.filter(purchase_id=purchase.pk, kind="confirmation",
-                                       sent_at__isnull=False).count() == 1
+    assert (
+        EmailMessage.objects.filter(
+            purchase_id=purchase.pk, kind="confirmation", sent_at__isnull=False
+        ).count()
+        == 1
+    )
     assert entries(purchase.pk, "sale") == 2
     assert api.get(f"/api/v1/purchases/{purchase.pk}").json()["status"] == "dispute_won"
     sources = {op.provider_charge, dispute["id"]}
@@ -295,7 +332,8 @@ def test_a_won_dispute_resumes_the_fulfilment_it_paused(
 
 
 def test_a_lost_dispute_mid_fulfilment_ships_nothing_more_and_cancels_the_order(
-        client, new_purchase, pay, localstripe):
+    client, new_purchase, pay, localstripe
+):
     from recovery.models import EmailMessage, Order
     from tests.recovery.conftest import lift_halt_quietly
 
@@ -313,15 +351,17 @@ def test_a_lost_dispute_mid_fulfilment_ships_nothing_more_and_cancels_the_order(
     assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.DISPUTE_LOST
     assert Order.objects.get(purchase_id=purchase.pk).cancelled_at is not None
     # never "confirmed"; told once that the order is cancelled (goods follow the money)
-    assert list(EmailMessage.objects.filter(purchase_id=purchase.pk)
-                .values_list("kind", flat=True)) == ["cancellation"]
+    assert list(
+        EmailMessage.objects.filter(purchase_id=purchase.pk).values_list("kind", flat=True)
+    ) == ["cancellation"]
     assert _steps(purchase.pk)["inventory"] == "pending"
     sources = {op.provider_charge, dispute["id"]}
     assert ledger_balance(purchase.pk) - provider_net(localstripe, sources) == 0
 
 
 def test_a_dispute_of_a_charge_whose_answer_verity_lost_waits_for_its_record(
-        client, new_purchase, pay, localstripe):
+    client, new_purchase, pay, localstripe
+):
     from payments import services
     from payments.enums import Outcome
 
@@ -331,7 +371,9 @@ def test_a_dispute_of_a_charge_whose_answer_verity_lost_waits_for_its_record(
     assert op.outcome == Outcome.UNKNOWN
     [intent] = localstripe.succeeded_charges_for(purchase.pk)
     charge = intent["latest_charge"]
-    charge = charge["id"] if isinstance(charge, dict) else charge or intent["charges"]["data"][0]["id"]
+    charge = (
+        charge["id"] if isinstance(charge, dict) else charge or intent["charges"]["data"][0]["id"]
+    )
     dispute = open_dispute(charge, reason="fraudulent")
     event = dispute_event(dispute["id"], "charge.dispute.created")
 

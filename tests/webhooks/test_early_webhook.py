@@ -1,6 +1,7 @@
 """config.early_webhook answers a delivery before the session, CSRF, auth, session-lifetime,
 messages and database-error middleware: the same answer as the whole chain for
 every status the view gives, the view run once, a database error the same 503."""
+
 import json
 
 import pytest
@@ -17,20 +18,32 @@ from .conftest import event_for, intent_object, post
 
 EARLY = "config.early_webhook.EarlyWebhookMiddleware"
 # Headers every answer carries from the middleware above the early one, and the view's own.
-COMPARED = ("Content-Type", "Content-Length", "X-Frame-Options", "X-Content-Type-Options",
-            "Referrer-Policy", "Cross-Origin-Opener-Policy", "Retry-After", "Allow", "Vary",
-            "Set-Cookie")
+COMPARED = (
+    "Content-Type",
+    "Content-Length",
+    "X-Frame-Options",
+    "X-Content-Type-Options",
+    "Referrer-Policy",
+    "Cross-Origin-Opener-Policy",
+    "Retry-After",
+    "Allow",
+    "Vary",
+    "Set-Cookie",
+)
 
 
 def _event(event_id: str) -> dict:
-    return event_for(intent_object(pi_id="pi_early", status="succeeded", amount=1500,
-                                   metadata={"purchase_id": "pur_early"}),
-                     "payment_intent.succeeded", event_id=event_id)
+    return event_for(
+        intent_object(
+            pi_id="pi_early", status="succeeded", amount=1500, metadata={"purchase_id": "pur_early"}
+        ),
+        "payment_intent.succeeded",
+        event_id=event_id,
+    )
 
 
 def _answer(response) -> tuple:
-    return (response.status_code, response.content,
-            {name: response.get(name) for name in COMPARED})
+    return (response.status_code, response.content, {name: response.get(name) for name in COMPARED})
 
 
 @pytest.fixture
@@ -39,22 +52,28 @@ def messages_seen(monkeypatch):
 
     seen = []
     original = MessageMiddleware.process_request
-    monkeypatch.setattr(MessageMiddleware, "process_request",
-                        lambda self, request: (seen.append(request.path),
-                                               original(self, request))[1])
+    monkeypatch.setattr(
+        MessageMiddleware,
+        "process_request",
+        lambda self, request: (seen.append(request.path), original(self, request))[1],
+    )
     return seen
 
 
 def test_the_early_middleware_is_installed_after_the_header_middleware():
     order = settings.MIDDLEWARE
     assert EARLY in order
-    for before in ("django.middleware.security.SecurityMiddleware",
-                   "django.middleware.common.CommonMiddleware",
-                   "django.middleware.clickjacking.XFrameOptionsMiddleware"):
+    for before in (
+        "django.middleware.security.SecurityMiddleware",
+        "django.middleware.common.CommonMiddleware",
+        "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    ):
         assert order.index(before) < order.index(EARLY)
-    for after in ("django.contrib.sessions.middleware.SessionMiddleware",
-                  "django.middleware.csrf.CsrfViewMiddleware",
-                  "config.db_unavailable.DatabaseUnavailableMiddleware"):
+    for after in (
+        "django.contrib.sessions.middleware.SessionMiddleware",
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "config.db_unavailable.DatabaseUnavailableMiddleware",
+    ):
         assert order.index(EARLY) < order.index(after)
 
 
@@ -64,8 +83,7 @@ def test_early_answers_equal_the_whole_chain_for_every_status(messages_seen, set
     cases = {
         "new": lambda c, n: post(c, _event(f"evt_early_new_{n}")),
         "duplicate": lambda c, n: post(c, _event("evt_early_dup")),
-        "bad signature": lambda c, n: post(c, _event(f"evt_early_bad_{n}"),
-                                           secret="whsec_wrong"),
+        "bad signature": lambda c, n: post(c, _event(f"evt_early_bad_{n}"), secret="whsec_wrong"),
         "no signature": lambda c, n: post(c, _event(f"evt_early_none_{n}"), header=""),
         "not json": lambda c, n: post(c, b"{not json"),
         "GET": lambda c, n: c.get("/webhooks/stripe/"),
@@ -76,8 +94,9 @@ def test_early_answers_equal_the_whole_chain_for_every_status(messages_seen, set
 
     settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if m != EARLY]
     chain = Client(raise_request_exception=False)
-    chain_answers = {name: _answer(send(chain, "a" if name != "new" else "b"))
-                     for name, send in cases.items()}
+    chain_answers = {
+        name: _answer(send(chain, "a" if name != "new" else "b")) for name, send in cases.items()
+    }
 
     assert [early_answers[n][0] for n in cases] == [200, 200, 400, 400, 400, 405]
     assert early_answers == chain_answers
@@ -95,18 +114,21 @@ def test_a_delivery_with_a_cookie_goes_down_the_whole_chain(client, messages_see
 
 
 def _failures(reason: str) -> float:
-    return REGISTRY.get_sample_value("verity_webhook_failures_total",
-                                     {"reason": reason}) or 0.0
+    return REGISTRY.get_sample_value("verity_webhook_failures_total", {"reason": reason}) or 0.0
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("path", ["early", "chain"])
-@pytest.mark.parametrize(("error", "status"), [
-    (OperationalError("connection refused"), 503),  # the database: the chain's 503
-    (RuntimeError("a bug"), 500),  # anything else: Django's 500
-])
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (OperationalError("connection refused"), 503),  # the database: the chain's 503
+        (RuntimeError("a bug"), 500),  # anything else: Django's 500
+    ],
+)
 def test_a_failing_view_runs_once_and_answers_as_the_chain(
-        path, error, status, monkeypatch, messages_seen, settings):
+    path, error, status, monkeypatch, messages_seen, settings
+):
     if path == "chain":
         settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if m != EARLY]
     calls = []
@@ -114,6 +136,7 @@ def test_a_failing_view_runs_once_and_answers_as_the_chain(
     def failing(*, event):
         calls.append(event["id"])
         raise error
+
     monkeypatch.setattr(views, "event_ingest", failing)
     before = _failures("server_error")
     event_id = f"evt_early_fail_{status}_{path}"

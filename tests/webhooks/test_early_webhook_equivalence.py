@@ -1,7 +1,9 @@
-"""The early webhook path answers as the whole middleware chain. Every request is sent to a client with settings.MIDDLEWARE as shipped
+"""The early webhook path answers as the whole middleware chain. Every request is sent to a client
+with settings.MIDDLEWARE as shipped
 (early) and to a fresh client with the early middleware removed (the whole chain); the two
 answers must be the same (status, every header, cookies, body) and so must the effects
 (webhooks_providerevent, recovery_outboxmessage rows, verity_webhook_* counters)."""
+
 import json
 
 import pytest
@@ -20,9 +22,15 @@ PATH = "/webhooks/stripe/"
 
 
 def _event(event_id: str) -> bytes:
-    return json.dumps(event_for(intent_object(pi_id="pi_r7", status="succeeded", amount=1500,
-                                              metadata={"purchase_id": "pur_r7"}),
-                                "payment_intent.succeeded", event_id=event_id)).encode()
+    return json.dumps(
+        event_for(
+            intent_object(
+                pi_id="pi_r7", status="succeeded", amount=1500, metadata={"purchase_id": "pur_r7"}
+            ),
+            "payment_intent.succeeded",
+            event_id=event_id,
+        )
+    ).encode()
 
 
 def _counters() -> dict:
@@ -40,13 +48,17 @@ def _delta(before: dict, after: dict) -> dict:
 
 
 def _rows() -> tuple:
-    return (ProviderEvent.objects.filter(event_id__startswith="evt_r7").count(),
-            OutboxMessage.objects.filter(dedupe_key__startswith="event:evt_r7").count())
+    return (
+        ProviderEvent.objects.filter(event_id__startswith="evt_r7").count(),
+        OutboxMessage.objects.filter(dedupe_key__startswith="event:evt_r7").count(),
+    )
 
 
 def _cookies(response) -> dict:
-    return {name: {k: v for k, v in morsel.items() if v and k != "expires"}
-            for name, morsel in response.cookies.items()}
+    return {
+        name: {k: v for k, v in morsel.items() if v and k != "expires"}
+        for name, morsel in response.cookies.items()
+    }
 
 
 def _send(settings, early: bool, send):
@@ -58,8 +70,11 @@ def _send(settings, early: bool, send):
         before, rows = _counters(), _rows()
         response = send(client)
         after_rows = _rows()
-        return response, _delta(before, _counters()), (after_rows[0] - rows[0],
-                                                       after_rows[1] - rows[1])
+        return (
+            response,
+            _delta(before, _counters()),
+            (after_rows[0] - rows[0], after_rows[1] - rows[1]),
+        )
     finally:
         if not early:
             settings.MIDDLEWARE = [*settings.MIDDLEWARE[:5], EARLY, *settings.MIDDLEWARE[5:]]
@@ -81,8 +96,9 @@ def _assert_same(settings, send_early, send_chain=None):
 
 def _post(body: bytes, *, path=PATH, signed=True, **extra):
     headers = {"HTTP_STRIPE_SIGNATURE": sign(body)} if signed else {}
-    return lambda c: c.post(path, data=body, content_type="application/json",
-                            **{**headers, **extra})
+    return lambda c: c.post(
+        path, data=body, content_type="application/json", **{**headers, **extra}
+    )
 
 
 def test_the_restore_helper_puts_the_early_middleware_back_where_it_was(settings):
@@ -92,8 +108,9 @@ def test_the_restore_helper_puts_the_early_middleware_back_where_it_was(settings
 
 
 def test_a_new_event_then_its_redelivery_answer_and_count_the_same(settings):
-    early, chain = _assert_same(settings, _post(_event("evt_r7_new_a")),
-                                _post(_event("evt_r7_new_b")))
+    early, chain = _assert_same(
+        settings, _post(_event("evt_r7_new_a")), _post(_event("evt_r7_new_b"))
+    )
     assert early[0].status_code == 200 and early[2] == (1, 1)
     _assert_same(settings, _post(_event("evt_r7_new_a")))
     _assert_same(settings, _post(_event("evt_r7_new_b")))
@@ -102,23 +119,39 @@ def test_a_new_event_then_its_redelivery_answer_and_count_the_same(settings):
 @pytest.mark.parametrize("method", ["get", "head", "options", "put", "patch", "delete"])
 def test_other_methods_answer_the_same(settings, method):
     body = _event("evt_r7_method")
-    _assert_same(settings, lambda c: getattr(c, method)(
-        PATH, data=body, content_type="application/json", HTTP_STRIPE_SIGNATURE=sign(body))
-        if method not in ("get", "head") else getattr(c, method)(PATH))
+    _assert_same(
+        settings,
+        lambda c: (
+            getattr(c, method)(
+                PATH, data=body, content_type="application/json", HTTP_STRIPE_SIGNATURE=sign(body)
+            )
+            if method not in ("get", "head")
+            else getattr(c, method)(PATH)
+        ),
+    )
 
 
-@pytest.mark.parametrize("case", ["bad signature", "no signature", "not json", "empty",
-                                  "stale", "not an event"])
+@pytest.mark.parametrize(
+    "case", ["bad signature", "no signature", "not json", "empty", "stale", "not an event"]
+)
 def test_refused_deliveries_answer_and_count_the_same(settings, case):
     body = _event("evt_r7_refused")
     send = {
-        "bad signature": lambda c: c.post(PATH, data=body, content_type="application/json",
-                                          HTTP_STRIPE_SIGNATURE=sign(body, "whsec_wrong")),
+        "bad signature": lambda c: c.post(
+            PATH,
+            data=body,
+            content_type="application/json",
+            HTTP_STRIPE_SIGNATURE=sign(body, "whsec_wrong"),
+        ),
         "no signature": _post(body, signed=False),
         "not json": _post(b"{not json"),
         "empty": _post(b""),
-        "stale": lambda c: c.post(PATH, data=body, content_type="application/json",
-                                  HTTP_STRIPE_SIGNATURE=sign(body, ts=1_000_000)),
+        "stale": lambda c: c.post(
+            PATH,
+            data=body,
+            content_type="application/json",
+            HTTP_STRIPE_SIGNATURE=sign(body, ts=1_000_000),
+        ),
         "not an event": _post(b'{"id": "evt_r7_x", "object": "charge"}'),
     }[case]
     early, _ = _assert_same(settings, send)
@@ -128,23 +161,39 @@ def test_refused_deliveries_answer_and_count_the_same(settings, case):
 def test_a_signed_event_sent_as_text_plain_answers_the_same(settings):
     def send(event_id):
         body = _event(event_id)
-        return lambda c: c.post(PATH, data=body, content_type="text/plain",
-                                HTTP_STRIPE_SIGNATURE=sign(body))
+        return lambda c: c.post(
+            PATH, data=body, content_type="text/plain", HTTP_STRIPE_SIGNATURE=sign(body)
+        )
+
     _assert_same(settings, send("evt_r7_text_a"), send("evt_r7_text_b"))
 
 
-@pytest.mark.parametrize("path", ["/webhooks/stripe", "//webhooks/stripe/",
-                                  "/webhooks//stripe/", "/webhooks/%73tripe/",
-                                  "/webhooks/stripe/?x=1", "/webhooks/stripe/extra",
-                                  "/WEBHOOKS/stripe/"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/webhooks/stripe",
+        "//webhooks/stripe/",
+        "/webhooks//stripe/",
+        "/webhooks/%73tripe/",
+        "/webhooks/stripe/?x=1",
+        "/webhooks/stripe/extra",
+        "/WEBHOOKS/stripe/",
+    ],
+)
 def test_path_variants_answer_the_same(settings, path):
-    _assert_same(settings, _post(_event("evt_r7_path_a"), path=path),
-                 _post(_event("evt_r7_path_b"), path=path))
+    _assert_same(
+        settings,
+        _post(_event("evt_r7_path_a"), path=path),
+        _post(_event("evt_r7_path_b"), path=path),
+    )
 
 
 def test_a_script_name_answers_the_same(settings):
-    _assert_same(settings, _post(_event("evt_r7_script_a"), SCRIPT_NAME="/verity"),
-                 _post(_event("evt_r7_script_b"), SCRIPT_NAME="/verity"))
+    _assert_same(
+        settings,
+        _post(_event("evt_r7_script_a"), SCRIPT_NAME="/verity"),
+        _post(_event("evt_r7_script_b"), SCRIPT_NAME="/verity"),
+    )
     settings.FORCE_SCRIPT_NAME = "/pay"
     _assert_same(settings, _post(_event("evt_r7_force_a")), _post(_event("evt_r7_force_b")))
 
@@ -159,32 +208,40 @@ def test_an_oversized_body_answers_and_counts_the_same(settings):
 def test_a_missing_or_wrong_content_length_answers_the_same(settings, length):
     body = _event("evt_r7_len")
     _assert_same(settings, _post(body, CONTENT_LENGTH=length))
-    _assert_same(settings, _post(body, CONTENT_LENGTH=length,
-                                 HTTP_TRANSFER_ENCODING="chunked"))
+    _assert_same(settings, _post(body, CONTENT_LENGTH=length, HTTP_TRANSFER_ENCODING="chunked"))
 
 
-@pytest.mark.parametrize("cookie", ["", ";", " ; ; ", "=", "garbage", "csrftoken=bad",
-                                    "sessionid=nope", "a=b"])
+@pytest.mark.parametrize(
+    "cookie", ["", ";", " ; ; ", "=", "garbage", "csrftoken=bad", "sessionid=nope", "a=b"]
+)
 def test_an_empty_or_malformed_cookie_header_answers_the_same(settings, cookie):
-    _assert_same(settings, _post(_event("evt_r7_cookie_a"), HTTP_COOKIE=cookie),
-                 _post(_event("evt_r7_cookie_b"), HTTP_COOKIE=cookie))
+    _assert_same(
+        settings,
+        _post(_event("evt_r7_cookie_a"), HTTP_COOKIE=cookie),
+        _post(_event("evt_r7_cookie_b"), HTTP_COOKIE=cookie),
+    )
 
 
-def test_https_redirect_and_a_disallowed_host_and_forwarded_headers_answer_the_same(
-        settings):
+def test_https_redirect_and_a_disallowed_host_and_forwarded_headers_answer_the_same(settings):
     settings.SECURE_SSL_REDIRECT = True
     _assert_same(settings, _post(_event("evt_r7_ssl")))
     settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    _assert_same(settings, _post(_event("evt_r7_fwd_a"), HTTP_X_FORWARDED_PROTO="https"),
-                 _post(_event("evt_r7_fwd_b"), HTTP_X_FORWARDED_PROTO="https"))
+    _assert_same(
+        settings,
+        _post(_event("evt_r7_fwd_a"), HTTP_X_FORWARDED_PROTO="https"),
+        _post(_event("evt_r7_fwd_b"), HTTP_X_FORWARDED_PROTO="https"),
+    )
     settings.SECURE_SSL_REDIRECT = False
     _assert_same(settings, _post(_event("evt_r7_host"), HTTP_HOST="evil.example"))
     settings.USE_X_FORWARDED_HOST = True
     _assert_same(settings, _post(_event("evt_r7_xfh"), HTTP_X_FORWARDED_HOST="evil.example"))
     settings.SECURE_HSTS_SECONDS = 3600
     settings.SECURE_SSL_REDIRECT = False
-    _assert_same(settings, _post(_event("evt_r7_hsts_a"), secure=True),
-                 _post(_event("evt_r7_hsts_b"), secure=True))
+    _assert_same(
+        settings,
+        _post(_event("evt_r7_hsts_a"), secure=True),
+        _post(_event("evt_r7_hsts_b"), secure=True),
+    )
 
 
 @pytest.mark.parametrize("case", ["oversized body (400)", "unstorable signed event (500)"])
@@ -194,15 +251,18 @@ def test_under_debug_an_error_page_answers_the_same(settings, case, monkeypatch)
         settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 64
         send, status = _post(_event("evt_r7_dbg")), 400
     else:  # a bug in the ingest (an impossible `created` was one, now stored rejected)
+
         def unstorable(*, event):
             raise RuntimeError("cannot store")
+
         monkeypatch.setattr(webhook_views, "event_ingest", unstorable)
         send, status = _post(_event("evt_r7_dbg")), 500
     early = _send(settings, True, send)
     chain = _send(settings, False, send)
     e, c = early[0], chain[0]
-    print(e.get("Vary"), c.get("Vary"), b"AnonymousUser" in e.content,
-          b"AnonymousUser" in c.content)
+    print(
+        e.get("Vary"), c.get("Vary"), b"AnonymousUser" in e.content, b"AnonymousUser" in c.content
+    )
     assert e.status_code == c.status_code == status
     assert early[1:] == chain[1:]  # the same counters and rows (none) either way
     assert e.get("Vary") == c.get("Vary")

@@ -5,6 +5,7 @@ secret — redelivered, raced and reordered (a stale `payment_failed` after and 
 success), through the early path and through the whole chain. The relay then runs every
 downstream step. Both must end with one charge at localstripe, one order, one sale in the
 ledger; and the same rows and counters on both paths."""
+
 import json
 import threading
 
@@ -39,8 +40,12 @@ def _client(settings, early: bool) -> Client:
 
 def _deliver(client, event: dict):
     body = json.dumps(event).encode()
-    return client.post("/webhooks/stripe/", data=body, content_type="application/json",
-                       HTTP_STRIPE_SIGNATURE=sign(body))
+    return client.post(
+        "/webhooks/stripe/",
+        data=body,
+        content_type="application/json",
+        HTTP_STRIPE_SIGNATURE=sign(body),
+    )
 
 
 def _sample(name, **labels) -> float:
@@ -48,9 +53,10 @@ def _sample(name, **labels) -> float:
 
 
 def _counts() -> dict:
-    return {r: _sample("verity_webhook_results_total", result=r)
-            for r in ("received", "duplicate", "applied", "ignored", "quarantined", "held")} | {
-        "server_error": _sample("verity_webhook_failures_total", reason="server_error")}
+    return {
+        r: _sample("verity_webhook_results_total", result=r)
+        for r in ("received", "duplicate", "applied", "ignored", "quarantined", "held")
+    } | {"server_error": _sample("verity_webhook_failures_total", reason="server_error")}
 
 
 def _drain() -> None:
@@ -59,21 +65,35 @@ def _drain() -> None:
             return
 
 
-def _run(settings, new_purchase, api_client, drill, localstripe, early: bool, tag: str,
-         stale_type: str = "payment_intent.processing"):
+def _run(
+    settings,
+    new_purchase,
+    api_client,
+    drill,
+    localstripe,
+    early: bool,
+    tag: str,
+    stale_type: str = "payment_intent.processing",
+):
     purchase = new_purchase()
-    op = services.payment_create(purchase_id=purchase.id, api_client=api_client,
-                                 payment_method="pm_card_visa")
+    op = services.payment_create(
+        purchase_id=purchase.id, api_client=api_client, payment_method="pm_card_visa"
+    )
     drill(op, "drop_response_after_send")
     op = services.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.UNKNOWN
     pi = provider_object("payment_intents", op.provider_reference)
     assert pi["status"] == "succeeded"
     succeeded = event_for(pi, "payment_intent.succeeded", event_id=f"evt_r7m_{tag}_ok")
-    stale_pi = ({**pi, "status": "requires_payment_method",
-                 "last_payment_error": {"code": "card_declined", "message": "declined"}}
-                if stale_type == "payment_intent.payment_failed"
-                else {**pi, "status": "processing"})
+    stale_pi = (
+        {
+            **pi,
+            "status": "requires_payment_method",
+            "last_payment_error": {"code": "card_declined", "message": "declined"},
+        }
+        if stale_type == "payment_intent.payment_failed"
+        else {**pi, "status": "processing"}
+    )
     stale = event_for(stale_pi, stale_type, event_id=f"evt_r7m_{tag}_stale")
     stale["created"] = succeeded["created"] - 60
     client = _client(settings, early)
@@ -90,6 +110,7 @@ def _run(settings, new_purchase, api_client, drill, localstripe, early: bool, ta
             raced[i] = _deliver(racers[i], succeeded)
         finally:
             connection.close()
+
     threads = [threading.Thread(target=race, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
@@ -110,19 +131,24 @@ def _run(settings, new_purchase, api_client, drill, localstripe, early: bool, ta
         "payment_intents": len(localstripe.payment_intents_for(purchase.id)),
         "orders": Order.objects.filter(purchase_id=purchase.id).count(),
         "sales": LedgerEntry.objects.filter(purchase_id=purchase.id, entry_type="sale").count(),
-        "balance": (LedgerEntry.objects.filter(purchase_id=purchase.id,
-                                               account="provider_balance")
-                    .aggregate(s=Sum("amount"))["s"] or 0) == op.amount,
+        "balance": (
+            LedgerEntry.objects.filter(
+                purchase_id=purchase.id, account="provider_balance"
+            ).aggregate(s=Sum("amount"))["s"]
+            or 0
+        )
+        == op.amount,
         "events": sorted(events.values_list("result", flat=True)),
         "outbox": OutboxMessage.objects.filter(
-            category=OutboxCategory.PROCESS_EVENT,
-            dedupe_key__startswith=f"event:evt_r7m_{tag}_").count(),
+            category=OutboxCategory.PROCESS_EVENT, dedupe_key__startswith=f"event:evt_r7m_{tag}_"
+        ).count(),
         "counters": {k: v - before[k] for k, v in _counts().items()},
     }
 
 
 def test_a_payment_settled_by_raced_and_reordered_deliveries_charges_once_on_both_paths(
-        settings, new_purchase, api_client, drill, localstripe):
+    settings, new_purchase, api_client, drill, localstripe
+):
     early = _run(settings, new_purchase, api_client, drill, localstripe, True, "early")
     chain = _run(settings, new_purchase, api_client, drill, localstripe, False, "chain")
     print("early", early)
@@ -139,16 +165,33 @@ def test_a_payment_settled_by_raced_and_reordered_deliveries_charges_once_on_bot
 
 
 def test_a_stale_signed_decline_before_the_success_ends_the_same_on_both_paths(
-        settings, new_purchase, api_client, drill, localstripe):
+    settings, new_purchase, api_client, drill, localstripe
+):
     """A signed `payment_failed` (older than the success) delivered first while the payment
     is `unknown`. It used to be applied (failed), and the success then quarantined
     `conflict` for a person: money taken, no order. A failed attempt is not the provider's
     last word now: the event prompts a read-back, which finds the success
     (webhooks.services._verify_failure_outside_transaction) — on both paths alike."""
-    early = _run(settings, new_purchase, api_client, drill, localstripe, True, "early_f",
-                 "payment_intent.payment_failed")
-    chain = _run(settings, new_purchase, api_client, drill, localstripe, False, "chain_f",
-                 "payment_intent.payment_failed")
+    early = _run(
+        settings,
+        new_purchase,
+        api_client,
+        drill,
+        localstripe,
+        True,
+        "early_f",
+        "payment_intent.payment_failed",
+    )
+    chain = _run(
+        settings,
+        new_purchase,
+        api_client,
+        drill,
+        localstripe,
+        False,
+        "chain_f",
+        "payment_intent.payment_failed",
+    )
     print("early", early)
     print("chain", chain)
     assert early == chain

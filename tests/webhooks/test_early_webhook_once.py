@@ -3,6 +3,7 @@ sent by many threads at once (each its own connection, real PostgreSQL), through
 path, through the whole chain, and both mixed; and a signed delivery Verity cannot store (a
 500 without any patching). Asserted on webhooks_providerevent, recovery_outboxmessage and
 the verity_webhook_* counters, not on the answers alone."""
+
 import functools
 import json
 
@@ -23,9 +24,16 @@ PATH = "/webhooks/stripe/"
 
 
 def _body(event_id: str, **extra) -> bytes:
-    event = event_for(intent_object(pi_id="pi_r7once", status="succeeded", amount=1500,
-                                    metadata={"purchase_id": "pur_r7once"}),
-                      "payment_intent.succeeded", event_id=event_id)
+    event = event_for(
+        intent_object(
+            pi_id="pi_r7once",
+            status="succeeded",
+            amount=1500,
+            metadata={"purchase_id": "pur_r7once"},
+        ),
+        "payment_intent.succeeded",
+        event_id=event_id,
+    )
     return json.dumps({**event, **extra}).encode()
 
 
@@ -34,9 +42,11 @@ def _sample(name: str, **labels) -> float:
 
 
 def _counts() -> dict:
-    return {"received": _sample("verity_webhook_results_total", result="received"),
-            "duplicate": _sample("verity_webhook_results_total", result="duplicate"),
-            "server_error": _sample("verity_webhook_failures_total", reason="server_error")}
+    return {
+        "received": _sample("verity_webhook_results_total", result="received"),
+        "duplicate": _sample("verity_webhook_results_total", result="duplicate"),
+        "server_error": _sample("verity_webhook_failures_total", reason="server_error"),
+    }
 
 
 def _clients(settings, n: int, early: bool) -> list[Client]:
@@ -54,17 +64,23 @@ def _clients(settings, n: int, early: bool) -> list[Client]:
 
 def _parallel(clients, body: bytes) -> list:
     sig = sign(body)
-    return _parallel_sends([
-        functools.partial(c.post, PATH, data=body, content_type="application/json",
-                          HTTP_STRIPE_SIGNATURE=sig) for c in clients])
+    return _parallel_sends(
+        [
+            functools.partial(
+                c.post, PATH, data=body, content_type="application/json", HTTP_STRIPE_SIGNATURE=sig
+            )
+            for c in clients
+        ]
+    )
 
 
 @pytest.mark.parametrize("mix", ["early", "chain", "mixed"])
 def test_concurrent_duplicate_deliveries_store_one_event_and_one_outbox_row(settings, mix):
-    clients = {"early": lambda: _clients(settings, 8, True),
-               "chain": lambda: _clients(settings, 8, False),
-               "mixed": lambda: _clients(settings, 4, True) + _clients(settings, 4, False),
-               }[mix]()
+    clients = {
+        "early": lambda: _clients(settings, 8, True),
+        "chain": lambda: _clients(settings, 8, False),
+        "mixed": lambda: _clients(settings, 4, True) + _clients(settings, 4, False),
+    }[mix]()
     event_id = f"evt_r7once_{mix}"
     before = _counts()
 
@@ -91,15 +107,22 @@ def test_a_signed_event_with_an_impossible_created_is_stored_rejected_once(setti
     body = _body(event_id, created=10**12)
     before = _counts()
 
-    answers = [client.post(PATH, data=body, content_type="application/json",
-                           HTTP_STRIPE_SIGNATURE=sign(body)) for _ in range(2)]
+    answers = [
+        client.post(
+            PATH, data=body, content_type="application/json", HTTP_STRIPE_SIGNATURE=sign(body)
+        )
+        for _ in range(2)
+    ]
 
     assert [a.status_code for a in answers] == [200, 200]
     assert [a.json()["duplicate"] for a in answers] == [False, True]
     assert _counts()["server_error"] == before["server_error"]
     stored = ProviderEvent.objects.get(event_id=event_id)
     assert (stored.result, stored.result_reason, stored.created) == (
-        "rejected", "malformed:created", None)
+        "rejected",
+        "malformed:created",
+        None,
+    )
     assert OutboxMessage.objects.filter(dedupe_key=f"event:{event_id}").count() == 0
 
 
@@ -116,8 +139,9 @@ def test_postgresql_unreachable_is_one_503_counted_once_and_nothing_stored(setti
     connection.close()
     connection.settings_dict["PORT"] = "1"
     try:
-        answer = client.post(PATH, data=body, content_type="application/json",
-                             HTTP_STRIPE_SIGNATURE=sign(body))
+        answer = client.post(
+            PATH, data=body, content_type="application/json", HTTP_STRIPE_SIGNATURE=sign(body)
+        )
     finally:
         connection.close()
         connection.settings_dict["PORT"] = port
@@ -129,8 +153,9 @@ def test_postgresql_unreachable_is_one_503_counted_once_and_nothing_stored(setti
     assert after["received"] == before["received"]
     assert ProviderEvent.objects.filter(event_id=event_id).count() == 0
 
-    again = client.post(PATH, data=body, content_type="application/json",
-                        HTTP_STRIPE_SIGNATURE=sign(body))
+    again = client.post(
+        PATH, data=body, content_type="application/json", HTTP_STRIPE_SIGNATURE=sign(body)
+    )
     assert again.status_code == 200 and json.loads(again.content)["duplicate"] is False
     assert ProviderEvent.objects.filter(event_id=event_id).count() == 1
     assert OutboxMessage.objects.filter(dedupe_key=f"event:{event_id}").count() == 1
@@ -145,14 +170,23 @@ def test_postgresql_unreachable_answers_the_same_bytes_on_both_paths(settings):
         connection.close()
         connection.settings_dict["PORT"] = "1"
         try:
-            answers.append(client.post(PATH, data=body, content_type="application/json",
-                                       HTTP_STRIPE_SIGNATURE=sign(body)))
+            answers.append(
+                client.post(
+                    PATH,
+                    data=body,
+                    content_type="application/json",
+                    HTTP_STRIPE_SIGNATURE=sign(body),
+                )
+            )
         finally:
             connection.close()
             connection.settings_dict["PORT"] = port
     e, c = answers
-    assert (e.status_code, dict(e.items()), e.content) == (c.status_code, dict(c.items()),
-                                                           c.content)
+    assert (e.status_code, dict(e.items()), e.content) == (
+        c.status_code,
+        dict(c.items()),
+        c.content,
+    )
 
 
 @pytest.mark.parametrize("early", [True, False], ids=["early", "chain"])
@@ -166,16 +200,26 @@ def test_the_relay_kick_failing_on_redis_still_stores_once_and_answers_200(setti
     event_id = f"evt_r7once_redis_{early}"
     body = _body(event_id)
     relay_kick_forget()
-    settings.CACHES = {"default": {**settings.CACHES["default"],
-                                   "LOCATION": "redis://127.0.0.1:1/0"}}
+    settings.CACHES = {
+        "default": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:1/0"}
+    }
     before = _counts()
-    answers = [client.post(PATH, data=body, content_type="application/json",
-                           HTTP_STRIPE_SIGNATURE=sign(body)) for _ in range(2)]
+    answers = [
+        client.post(
+            PATH, data=body, content_type="application/json", HTTP_STRIPE_SIGNATURE=sign(body)
+        )
+        for _ in range(2)
+    ]
     after = _counts()
 
     assert [(a.status_code, json.loads(a.content)["duplicate"]) for a in answers] == [
-        (200, False), (200, True)]
+        (200, False),
+        (200, True),
+    ]
     assert ProviderEvent.objects.filter(event_id=event_id).count() == 1
     assert OutboxMessage.objects.filter(dedupe_key=f"event:{event_id}").count() == 1
-    assert {k: after[k] - before[k] for k in after} == {"received": 1, "duplicate": 1,
-                                                        "server_error": 0}
+    assert {k: after[k] - before[k] for k in after} == {
+        "received": 1,
+        "duplicate": 1,
+        "server_error": 0,
+    }

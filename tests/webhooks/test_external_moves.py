@@ -3,6 +3,7 @@ plain refund at localstripe, no Verity metadata), a capture or a cancel of an
 authorization made there. Each is recorded once as an external linked operation
 (`origin: provider`) so status, refundable amount, holds, ledger and settlement stay true,
 and a further refund through the API is refused."""
+
 import pytest
 import requests
 from django.conf import settings
@@ -23,8 +24,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def at_provider(method: str, path: str, **data) -> dict:
     """What a person does in the provider's dashboard: no Verity key, no metadata."""
-    r = requests.request(method, f"{settings.STRIPE_API_BASE}/v1/{path}", data=data,
-                         auth=(settings.STRIPE_API_KEY, ""), timeout=10)
+    r = requests.request(
+        method,
+        f"{settings.STRIPE_API_BASE}/v1/{path}",
+        data=data,
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=10,
+    )
     r.raise_for_status()
     return r.json()
 
@@ -35,32 +41,46 @@ def external_ops(purchase, kind=None):
 
 
 def refund_via_api(api, purchase, amount=None, key="rf-1"):
-    return api.post(f"/api/v1/purchases/{purchase.pk}/refunds",
-                    {} if amount is None else {"amount": amount}, format="json",
-                    HTTP_IDEMPOTENCY_KEY=key)
+    return api.post(
+        f"/api/v1/purchases/{purchase.pk}/refunds",
+        {} if amount is None else {"amount": amount},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY=key,
+    )
 
 
 def provider_balance(purchase_id: str) -> int:
-    return (LedgerEntry.objects.filter(purchase_id=purchase_id, account="provider_balance")
-            .aggregate(s=Sum("amount"))["s"] or 0)
+    return (
+        LedgerEntry.objects.filter(purchase_id=purchase_id, account="provider_balance").aggregate(
+            s=Sum("amount")
+        )["s"]
+        or 0
+    )
 
 
 def test_a_dashboard_refund_turns_the_purchase_refunded_and_the_api_refuses_more(
-        client, api, new_purchase, pay, localstripe):
+    client, api, new_purchase, pay, localstripe
+):
     purchase = new_purchase()
     op = pay(purchase)
     settle()
     refund = at_provider("POST", "refunds", payment_intent=op.provider_reference)
 
-    result = deliver_and_process(client, event_for(provider_object("refunds", refund["id"]),
-                                                   "refund.created"))
+    result = deliver_and_process(
+        client, event_for(provider_object("refunds", refund["id"]), "refund.created")
+    )
     settle()  # OPERATION_SETTLED books the refund in the ledger
 
     assert result == EventResult.APPLIED
     [ext] = external_ops(purchase)
-    assert (ext.kind, ext.outcome, ext.amount, ext.provider_reference, ext.parent_id,
-            ext.verification) == (OperationKind.REFUND, Outcome.SUCCEEDED, 1500, refund["id"],
-                                  op.pk, "webhook")
+    assert (
+        ext.kind,
+        ext.outcome,
+        ext.amount,
+        ext.provider_reference,
+        ext.parent_id,
+        ext.verification,
+    ) == (OperationKind.REFUND, Outcome.SUCCEEDED, 1500, refund["id"], op.pk, "webhook")
     assert api.get(f"/api/v1/purchases/{purchase.pk}").json()["status"] == "refunded"
     assert api.get(f"/api/v1/operations/{ext.pk}").json()["origin"] == "provider"
     audit = AuditEntry.objects.get(action="external_operation_recorded", target_id=ext.pk)
@@ -81,12 +101,13 @@ def test_a_dashboard_refund_turns_the_purchase_refunded_and_the_api_refuses_more
     assert provider_balance(purchase.pk) == 0
     settlement_compare(grace_seconds=0)
     assert not SettlementDiscrepancy.objects.filter(
-        provider_reference__in=[op.provider_charge, refund["id"]],
-        resolved_at__isnull=True).exists()
+        provider_reference__in=[op.provider_charge, refund["id"]], resolved_at__isnull=True
+    ).exists()
 
 
 def test_charge_refunded_alone_is_read_back_and_a_partial_refund_limits_the_api(
-        client, api, new_purchase, pay, localstripe):
+    client, api, new_purchase, pay, localstripe
+):
     purchase = new_purchase()
     op = pay(purchase)
     settle()
@@ -97,8 +118,7 @@ def test_charge_refunded_alone_is_read_back_and_a_partial_refund_limits_the_api(
     settle()  # PROVIDER_REFUNDS_READ lists the refunds at the provider
 
     [ext] = external_ops(purchase, OperationKind.REFUND)
-    assert (ext.provider_reference, ext.amount, ext.verification) == (refund["id"], 500,
-                                                                      "provider")
+    assert (ext.provider_reference, ext.amount, ext.verification) == (refund["id"], 500, "provider")
     assert Purchase.objects.get(pk=purchase.pk).status != PurchaseStatus.REFUNDED
     refused = refund_via_api(api, purchase, amount=1500)
     assert refused.status_code == 422
@@ -107,7 +127,8 @@ def test_charge_refunded_alone_is_read_back_and_a_partial_refund_limits_the_api(
 
 
 def test_verity_s_own_refund_event_is_never_recorded_as_external(
-        client, new_purchase, pay, localstripe):
+    client, new_purchase, pay, localstripe
+):
     from payments import services
 
     purchase = new_purchase()
@@ -119,8 +140,9 @@ def test_verity_s_own_refund_event_is_never_recorded_as_external(
 
     event = event_for(provider_object("refunds", own.provider_reference), "refund.created")
     assert deliver_and_process(client, event) == EventResult.IGNORED
-    deliver_and_process(client, event_for(provider_object("charges", op.provider_charge),
-                                          "charge.refunded"))
+    deliver_and_process(
+        client, event_for(provider_object("charges", op.provider_charge), "charge.refunded")
+    )
     settle()
 
     assert external_ops(purchase).count() == 0
@@ -128,49 +150,60 @@ def test_verity_s_own_refund_event_is_never_recorded_as_external(
 
 
 def test_a_capture_made_at_the_provider_is_recorded_and_consumes_the_hold(
-        client, api, new_purchase, pay, localstripe):
+    client, api, new_purchase, pay, localstripe
+):
     purchase = new_purchase()
     auth = pay(purchase, capture="manual")
     assert auth.outcome == Outcome.SUCCEEDED
     intent = at_provider("POST", f"payment_intents/{auth.provider_reference}/capture")
     assert intent["status"] == "succeeded"
 
-    assert deliver_and_process(client, event_for(intent, "payment_intent.succeeded")) \
+    assert (
+        deliver_and_process(client, event_for(intent, "payment_intent.succeeded"))
         == EventResult.APPLIED
+    )
     settle()
 
     [ext] = external_ops(purchase)
-    assert (ext.kind, ext.outcome, ext.parent_id) == (OperationKind.CAPTURE, Outcome.SUCCEEDED,
-                                                     auth.pk)
+    assert (ext.kind, ext.outcome, ext.parent_id) == (
+        OperationKind.CAPTURE,
+        Outcome.SUCCEEDED,
+        auth.pk,
+    )
     assert Hold.objects.get(operation=auth).state == HoldState.CONSUMED
-    refused = api.post(f"/api/v1/purchases/{purchase.pk}/capture", {}, format="json",
-                       HTTP_IDEMPOTENCY_KEY="cap-1")
+    refused = api.post(
+        f"/api/v1/purchases/{purchase.pk}/capture", {}, format="json", HTTP_IDEMPOTENCY_KEY="cap-1"
+    )
     assert refused.status_code == 409
     assert LedgerEntry.objects.filter(operation_id=ext.pk, entry_type="sale").count() == 2
     assert [pi["status"] for pi in localstripe.payment_intents_for(purchase.pk)] == ["succeeded"]
 
 
 def test_a_cancel_made_at_the_provider_voids_the_purchase_and_releases_the_hold(
-        client, new_purchase, pay, localstripe):
+    client, new_purchase, pay, localstripe
+):
     purchase = new_purchase()
     auth = pay(purchase, capture="manual")
     intent = at_provider("POST", f"payment_intents/{auth.provider_reference}/cancel")
     assert intent["status"] == "canceled"
 
-    assert deliver_and_process(client, event_for(intent, "payment_intent.canceled")) \
+    assert (
+        deliver_and_process(client, event_for(intent, "payment_intent.canceled"))
         == EventResult.APPLIED
+    )
     settle()
 
     [ext] = external_ops(purchase)
     assert (ext.kind, ext.outcome) == (OperationKind.VOID, Outcome.SUCCEEDED)
     assert Hold.objects.get(operation=auth).state == HoldState.RELEASED
-    assert Purchase.objects.get(pk=purchase.pk).status in (PurchaseStatus.VOIDED,
-                                                           PurchaseStatus.CANCELLED)
+    assert Purchase.objects.get(pk=purchase.pk).status in (
+        PurchaseStatus.VOIDED,
+        PurchaseStatus.CANCELLED,
+    )
     assert [pi["status"] for pi in localstripe.payment_intents_for(purchase.pk)] == ["canceled"]
 
 
-def test_an_external_refund_that_disagrees_with_the_books_is_quarantined(
-        client, new_purchase, pay):
+def test_an_external_refund_that_disagrees_with_the_books_is_quarantined(client, new_purchase, pay):
     purchase = new_purchase()
     op = pay(purchase)
     settle()
@@ -183,7 +216,8 @@ def test_an_external_refund_that_disagrees_with_the_books_is_quarantined(
 
 
 def test_a_refund_awaiting_approval_is_refused_once_the_provider_refunded_outside_verity(
-        client, api, new_purchase, pay, localstripe, django_user_model):
+    client, api, new_purchase, pay, localstripe, django_user_model
+):
     from payments import services
     from payments.services import DomainError
 
@@ -195,13 +229,18 @@ def test_a_refund_awaiting_approval_is_refused_once_the_provider_refunded_outsid
     pending = PaymentOperation.objects.get(purchase=purchase, kind="refund")
     assert pending.outcome == Outcome.AWAITING_APPROVAL
     refund = at_provider("POST", "refunds", payment_intent=op.provider_reference)
-    assert deliver_and_process(client, event_for(provider_object("refunds", refund["id"]),
-                                                 "refund.created")) == EventResult.APPLIED
+    assert (
+        deliver_and_process(
+            client, event_for(provider_object("refunds", refund["id"]), "refund.created")
+        )
+        == EventResult.APPLIED
+    )
     finance = django_user_model.objects.create_user("fin-ext", password="x")
 
     with pytest.raises(DomainError) as refused:
-        services.refund_approve(operation_id=pending.pk, acting_user=finance,
-                                reason="customer asked")
+        services.refund_approve(
+            operation_id=pending.pk, acting_user=finance, reason="customer asked"
+        )
 
     assert refused.value.code == "refund_exceeds_refundable"
     settle()
@@ -210,7 +249,8 @@ def test_a_refund_awaiting_approval_is_refused_once_the_provider_refunded_outsid
 
 
 def test_a_compensation_refunds_only_what_the_dashboard_refund_left(
-        client, new_purchase, pay, localstripe):
+    client, new_purchase, pay, localstripe
+):
     from payments.models import Product
     from recovery.halts import halt_clear, halt_set
     from recovery.orchestrator import purchase_fulfil
@@ -221,8 +261,12 @@ def test_a_compensation_refunds_only_what_the_dashboard_refund_left(
     op = pay(purchase)
     settle()  # the inventory step is refused: compensation decided, held by the halt
     refund = at_provider("POST", "refunds", payment_intent=op.provider_reference, amount=500)
-    assert deliver_and_process(client, event_for(provider_object("refunds", refund["id"]),
-                                                 "refund.created")) == EventResult.APPLIED
+    assert (
+        deliver_and_process(
+            client, event_for(provider_object("refunds", refund["id"]), "refund.created")
+        )
+        == EventResult.APPLIED
+    )
 
     halt_clear(name="refunds", actor="op1", reason="go ahead")
     purchase_fulfil(purchase_id=purchase.pk)
@@ -231,16 +275,20 @@ def test_a_compensation_refunds_only_what_the_dashboard_refund_left(
     [compensation] = PaymentOperation.objects.filter(purchase=purchase, is_compensation=True)
     assert (compensation.amount, compensation.outcome) == (1000, Outcome.SUCCEEDED)
     assert sorted(r["amount"] for r in localstripe.refunds_for(op.provider_reference)) == [
-        500, 1000]
+        500,
+        1000,
+    ]
     assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.REFUNDED
     [ext] = external_ops(purchase)
     for refund_op in (ext, compensation):
-        assert LedgerEntry.objects.filter(operation_id=refund_op.pk,
-                                          entry_type="refund").count() == 2
+        assert (
+            LedgerEntry.objects.filter(operation_id=refund_op.pk, entry_type="refund").count() == 2
+        )
 
 
 def test_a_pending_dashboard_refund_holds_the_slot_until_the_provider_settles_it(
-        client, api, new_purchase, pay, localstripe):
+    client, api, new_purchase, pay, localstripe
+):
     from payments import services
 
     purchase = new_purchase()
@@ -250,8 +298,7 @@ def test_a_pending_dashboard_refund_holds_the_slot_until_the_provider_settles_it
     pending = provider_object("refunds", refund["id"])
     pending["status"] = "pending"  # Stripe answers pending for slower methods
 
-    assert deliver_and_process(client, event_for(pending, "refund.created")) \
-        == EventResult.APPLIED
+    assert deliver_and_process(client, event_for(pending, "refund.created")) == EventResult.APPLIED
     [ext] = external_ops(purchase)
     assert ext.outcome == Outcome.AWAITING_PROVIDER
     assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.REFUND_PENDING
@@ -271,7 +318,8 @@ def test_a_pending_dashboard_refund_holds_the_slot_until_the_provider_settles_it
 
 
 def test_redelivered_provider_events_about_external_operations_are_ignored(
-        client, new_purchase, pay):
+    client, new_purchase, pay
+):
     purchase = new_purchase()
     op = pay(purchase)
     settle()
@@ -286,14 +334,17 @@ def test_redelivered_provider_events_about_external_operations_are_ignored(
     auth = pay(auth_purchase, capture="manual")
     intent = at_provider("POST", f"payment_intents/{auth.provider_reference}/cancel")
     deliver_and_process(client, event_for(intent, "payment_intent.canceled"))
-    assert deliver_and_process(client, event_for(intent, "payment_intent.canceled")) \
+    assert (
+        deliver_and_process(client, event_for(intent, "payment_intent.canceled"))
         == EventResult.IGNORED
+    )
     assert external_ops(auth_purchase).count() == 1
 
 
 @pytest.mark.parametrize("unsettled", ["payment", "capture"])
 def test_a_dashboard_refund_of_a_payment_verity_has_not_settled_yet_is_held_then_recorded(
-        client, api_client, new_purchase, pay, drill, localstripe, unsettled):
+    client, api_client, new_purchase, pay, drill, localstripe, unsettled
+):
     """Found by the soak: the dashboard refunds a charge whose answer Verity lost
     (or whose capture it has not confirmed yet). The event must wait for Verity's record,
     not be quarantined as a mismatch: a refund the provider made is never lost."""
@@ -324,9 +375,15 @@ def test_a_dashboard_refund_of_a_payment_verity_has_not_settled_yet_is_held_then
     settle()
     assert ProviderEvent.objects.get(event_id=event["id"]).result == EventResult.APPLIED
     [ext] = external_ops(purchase, OperationKind.REFUND)
-    assert (ext.outcome, ext.amount, ext.provider_reference) == (Outcome.SUCCEEDED, 600,
-                                                                 refund["id"])
+    assert (ext.outcome, ext.amount, ext.provider_reference) == (
+        Outcome.SUCCEEDED,
+        600,
+        refund["id"],
+    )
     sources = {op.provider_charge or PaymentOperation.objects.get(pk=op.pk).provider_charge}
-    charge_net = sum(t["net"] for t in localstripe.list("balance_transactions")
-                     if t["source"] in sources | {refund["id"]})
+    charge_net = sum(
+        t["net"]
+        for t in localstripe.list("balance_transactions")
+        if t["source"] in sources | {refund["id"]}
+    )
     assert provider_balance(purchase.pk) == charge_net == 1500 - 600

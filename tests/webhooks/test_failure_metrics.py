@@ -1,6 +1,7 @@
 """Webhook failures are visible: every refused (4xx) and failed (5xx) webhook request is
 counted by reason in `verity_webhook_failures_total`, which /metrics exports and the
 VerityWebhookServerErrors / VerityWebhookRefusals alerts read."""
+
 import json
 import time
 
@@ -20,15 +21,27 @@ def failures(reason: str) -> float:
 
 
 def an_event():
-    return event_for(intent_object(pi_id="pi_failures", status="succeeded", amount=900,
-                                   metadata={"purchase_id": "pur_f", "operation_id": "op_f"}),
-                     "payment_intent.succeeded")
+    return event_for(
+        intent_object(
+            pi_id="pi_failures",
+            status="succeeded",
+            amount=900,
+            metadata={"purchase_id": "pur_f", "operation_id": "op_f"},
+        ),
+        "payment_intent.succeeded",
+    )
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("case", "reason"), [
-    ("forged", "bad_signature"), ("missing", "bad_signature"), ("stale", "stale"),
-    ("not_an_event", "malformed")])
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("forged", "bad_signature"),
+        ("missing", "bad_signature"),
+        ("stale", "stale"),
+        ("not_an_event", "malformed"),
+    ],
+)
 def test_each_refusal_is_counted_by_reason_and_stores_nothing(client, case, reason):
     event = an_event()
     body = b'{"hello": "world"}' if case == "not_an_event" else json.dumps(event).encode()
@@ -72,8 +85,10 @@ def test_a_delivery_verity_fails_to_store_is_a_500_and_counted_as_server_error()
         assert OutboxMessage.objects.filter(dedupe_key=f"event:{event['id']}").count() == 0
     finally:
         with connection.cursor() as cursor:
-            cursor.execute("DROP TRIGGER verity_test_refuse ON webhooks_providerevent;"
-                           "DROP FUNCTION verity_test_refuse();")
+            cursor.execute(
+                "DROP TRIGGER verity_test_refuse ON webhooks_providerevent;"
+                "DROP FUNCTION verity_test_refuse();"
+            )
 
 
 @pytest.mark.django_db

@@ -8,6 +8,7 @@ A dispute of the charge arrives and is held `payment_not_settled`. Without an ow
 waits forever; with one, its retry reads the charge back, the provider's record
 overturns the person's word and the held event applies.
 """
+
 import pytest
 from django.contrib.auth.models import User
 
@@ -25,23 +26,32 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_held_dispute_prompts_the_read_back_it_waits_for_and_is_owned_meanwhile(
-        client, new_purchase, pay, read_drill, localstripe, settings):
+    client, new_purchase, pay, read_drill, localstripe, settings
+):
     settings.ACKNOWLEDGED_READBACK_SECONDS = 0  # the person's word is no longer re-read
     purchase = new_purchase()
     op = pay(purchase, drop_response=True)
     assert op.outcome == Outcome.UNKNOWN
     read_drill("*")
     resolver = User.objects.create(username="resolver-held")
-    services.operation_resolve_manual(operation_id=op.id, outcome="failed",
-                                      reason="buyer says declined", actor="resolver-held",
-                                      acting_user=resolver)
+    services.operation_resolve_manual(
+        operation_id=op.id,
+        outcome="failed",
+        reason="buyer says declined",
+        actor="resolver-held",
+        acting_user=resolver,
+    )
     op = PaymentOperation.objects.get(pk=op.pk)
-    assert (op.outcome, op.grade, op.next_reconcile_at) == (Outcome.FAILED,
-                                                            Grade.ACKNOWLEDGED, None)
+    assert (op.outcome, op.grade, op.next_reconcile_at) == (
+        Outcome.FAILED,
+        Grade.ACKNOWLEDGED,
+        None,
+    )
     [intent] = localstripe.succeeded_charges_for(purchase.pk)
     charge = intent["latest_charge"]
-    charge = charge["id"] if isinstance(charge, dict) else charge or \
-        intent["charges"]["data"][0]["id"]
+    charge = (
+        charge["id"] if isinstance(charge, dict) else charge or intent["charges"]["data"][0]["id"]
+    )
     dispute = open_dispute(charge, reason="fraudulent")
     event = dispute_event(dispute["id"], "charge.dispute.created")
 
@@ -63,12 +73,16 @@ def test_a_held_dispute_prompts_the_read_back_it_waits_for_and_is_owned_meanwhil
     sam = User.objects.create(username="held-support")
     sam.groups.add(Group.objects.get(name=Role.SUPPORT))
     assert any(s.spec.name == "held" and s.count == 1 for s in queue_summaries(sam))
-    gauges = {m.name: m.samples[0].value for m in DatabaseCollector()._collect()
-              if m.name.startswith("verity_webhook_held")}
+    gauges = {
+        m.name: m.samples[0].value
+        for m in DatabaseCollector()._collect()
+        if m.name.startswith("verity_webhook_held")
+    }
     assert gauges["verity_webhook_held_events"] == 1
     assert gauges["verity_webhook_held_oldest_age_seconds"] >= 0
-    assert OutboxMessage.objects.filter(category=OutboxCategory.RECONCILE,
-                                        payload={"operation": op.id}).exists()
+    assert OutboxMessage.objects.filter(
+        category=OutboxCategory.RECONCILE, payload={"operation": op.id}
+    ).exists()
 
     # and the read-back it prompted settles the charge; the held event applies
     settle()
@@ -81,7 +95,8 @@ def test_a_held_dispute_prompts_the_read_back_it_waits_for_and_is_owned_meanwhil
 
 
 def test_a_pending_dashboard_refund_held_purchase_busy_is_never_quarantined_by_count(
-        client, new_purchase, pay, drill, localstripe):
+    client, new_purchase, pay, drill, localstripe
+):
     from webhooks.services import HELD_MAX_ATTEMPTS, event_process
 
     from .conftest import event_for, post, refund_object
@@ -92,16 +107,19 @@ def test_a_pending_dashboard_refund_held_purchase_busy_is_never_quarantined_by_c
     assert paid.outcome == Outcome.SUCCEEDED
     requester = User.objects.create(username="req-busy")
     approver = User.objects.create(username="fin-busy")
-    refund = services.refund_request(purchase_id=purchase.id, amount=500,
-                                     acting_user=requester)
+    refund = services.refund_request(purchase_id=purchase.id, amount=500, acting_user=requester)
     services.refund_approve(operation_id=refund.id, acting_user=approver, reason="returned")
     drill(refund, "drop_response_after_send", step="refund")
     refund = services.operation_dispatch(operation_id=refund.id)
     assert refund.outcome == Outcome.UNKNOWN
 
     # when a pending refund made in the dashboard arrives meanwhile
-    event = event_for(refund_object(re_id="re_dash_busy", status="pending", amount=100,
-                                    pi_id=paid.provider_reference), "refund.created")
+    event = event_for(
+        refund_object(
+            re_id="re_dash_busy", status="pending", amount=100, pi_id=paid.provider_reference
+        ),
+        "refund.created",
+    )
     assert post(client, event).status_code == 200
     stored = ProviderEvent.objects.get(event_id=event["id"])
     results = [event_process(event_id=stored.pk) for _ in range(HELD_MAX_ATTEMPTS + 2)]
@@ -111,6 +129,8 @@ def test_a_pending_dashboard_refund_held_purchase_busy_is_never_quarantined_by_c
     stored.refresh_from_db()
     assert results == [EventResult.HELD] * len(results), results
     assert (stored.result, stored.result_reason) == (EventResult.HELD, "purchase_busy")
-    assert OutboxMessage.objects.filter(category=OutboxCategory.RECONCILE,
-                                        payload={"operation": refund.id},
-                                        processed_at__isnull=True).exists()
+    assert OutboxMessage.objects.filter(
+        category=OutboxCategory.RECONCILE,
+        payload={"operation": refund.id},
+        processed_at__isnull=True,
+    ).exists()

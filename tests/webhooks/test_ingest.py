@@ -1,4 +1,5 @@
 """Ingestion: verify, insert once, one outbox row; refuse and write nothing otherwise."""
+
 import json
 import secrets
 import time
@@ -27,10 +28,16 @@ def metric(result: str) -> float:
 
 
 def a_succeeded_event(**kw):
-    return event_for(intent_object(pi_id="pi_ingest", status="succeeded", amount=1500,
-                                   metadata={"purchase_id": "pur_x", "operation_id": "op_x",
-                                             "customer_reference": "c-1"}),
-                     "payment_intent.succeeded", **kw)
+    return event_for(
+        intent_object(
+            pi_id="pi_ingest",
+            status="succeeded",
+            amount=1500,
+            metadata={"purchase_id": "pur_x", "operation_id": "op_x", "customer_reference": "c-1"},
+        ),
+        "payment_intent.succeeded",
+        **kw,
+    )
 
 
 def assert_nothing_written(event_id: str = "evt_"):
@@ -49,7 +56,10 @@ def test_valid_event_is_stored_once_with_one_outbox_message(client):
     assert response.status_code == 200
     stored = ProviderEvent.objects.get(event_id=event["id"])
     assert (stored.event_id, stored.type, stored.result) == (
-        event["id"], "payment_intent.succeeded", EventResult.PENDING)
+        event["id"],
+        "payment_intent.succeeded",
+        EventResult.PENDING,
+    )
     assert stored.object_id == "pi_ingest" and stored.purchase_id == "pur_x"
     assert stored.account == ""  # missing account = the platform
     message = OutboxMessage.objects.get(payload={"event": stored.pk})
@@ -61,11 +71,17 @@ def test_valid_event_is_stored_once_with_one_outbox_message(client):
 
 @pytest.mark.django_db
 def test_stored_payload_keeps_safe_fields_only(client):
-    event = event_for(intent_object(pi_id="pi_safe", status="requires_payment_method",
-                                    amount=1500, error_code="card_declined",
-                                    metadata={"purchase_id": "pur_x"}),
-                      "payment_intent.payment_failed",
-                      event_id=f"evt_4242{secrets.token_hex(6)}")  # digits by chance, pinned
+    event = event_for(
+        intent_object(
+            pi_id="pi_safe",
+            status="requires_payment_method",
+            amount=1500,
+            error_code="card_declined",
+            metadata={"purchase_id": "pur_x"},
+        ),
+        "payment_intent.payment_failed",
+        event_id=f"evt_4242{secrets.token_hex(6)}",
+    )  # digits by chance, pinned
 
     post(client, event)
 
@@ -74,9 +90,20 @@ def test_stored_payload_keeps_safe_fields_only(client):
     # The random id and the clock are not card data, and may hold "4242" by chance
     # (CI saw evt_43485424293e3026): search everything else.
     text = json.dumps({k: v for k, v in stored.items() if k not in ("id", "created")})
-    for secret_thing in ("4242", "0341", "Jane", "jane@example.com", "fingerprint",
-                         "exp_month", "client_secret", "_secret_", "billing_details",
-                         "declined.", "free text", "pm_card_visa"):
+    for secret_thing in (
+        "4242",
+        "0341",
+        "Jane",
+        "jane@example.com",
+        "fingerprint",
+        "exp_month",
+        "client_secret",
+        "_secret_",
+        "billing_details",
+        "declined.",
+        "free text",
+        "pm_card_visa",
+    ):
         assert secret_thing not in text, secret_thing
     obj = stored["data"]["object"]
     assert obj["latest_charge"] == "ch_embedded"  # embedded object normalised to its id
@@ -92,8 +119,12 @@ def test_ingestion_is_one_insert_of_the_event_and_one_of_the_outbox_message(clie
     header = sign(body)
 
     with CaptureQueriesContext(connection) as queries:
-        response = client.post("/webhooks/stripe/", data=body, content_type="application/json",
-                               HTTP_STRIPE_SIGNATURE=header)
+        response = client.post(
+            "/webhooks/stripe/",
+            data=body,
+            content_type="application/json",
+            HTTP_STRIPE_SIGNATURE=header,
+        )
 
     assert response.status_code == 200
     assert statements(queries) == ["INSERT", "INSERT"], queries.captured_queries
@@ -116,8 +147,10 @@ def test_duplicate_delivery_answers_200_and_writes_nothing(client):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("case", ["forged", "wrong_secret", "missing", "stale",
-                                  "body_changed", "garbage_header", "no_v1"])
+@pytest.mark.parametrize(
+    "case",
+    ["forged", "wrong_secret", "missing", "stale", "body_changed", "garbage_header", "no_v1"],
+)
 def test_refused_signatures_answer_400_and_write_nothing(client, case):
     event = a_succeeded_event()
     body = json.dumps(event).encode()
@@ -130,8 +163,7 @@ def test_refused_signatures_answer_400_and_write_nothing(client, case):
         "garbage_header": "not a signature",
         "no_v1": f"t={int(time.time())},v0=abc",
     }[case]
-    label = {"missing": "missing_signature", "stale": "stale_signature"}.get(
-        case, "bad_signature")
+    label = {"missing": "missing_signature", "stale": "stale_signature"}.get(case, "bad_signature")
     before = metric(label)
 
     response = post(client, body, header=header)
@@ -192,8 +224,12 @@ def test_twenty_concurrent_deliveries_store_one_event_and_one_outbox_message(liv
     url = f"{live_server.url}/webhooks/stripe/"
 
     def deliver(_):
-        return requests.post(url, data=body, timeout=15, headers={
-            "Stripe-Signature": sign(body), "Content-Type": "application/json"}).status_code
+        return requests.post(
+            url,
+            data=body,
+            timeout=15,
+            headers={"Stripe-Signature": sign(body), "Content-Type": "application/json"},
+        ).status_code
 
     with ThreadPoolExecutor(max_workers=20) as pool:
         statuses = list(pool.map(deliver, range(20)))
@@ -211,9 +247,13 @@ def test_processing_results_are_counted(client):
     post(client, event)
     before = metric("ignored")
 
-    assert event_process(event_id=ProviderEvent.objects.get(event_id=event["id"]).pk) == \
-        EventResult.IGNORED
-    assert event_process(event_id=ProviderEvent.objects.get(event_id=event["id"]).pk) == \
-        EventResult.IGNORED  # idempotent: counted once
+    assert (
+        event_process(event_id=ProviderEvent.objects.get(event_id=event["id"]).pk)
+        == EventResult.IGNORED
+    )
+    assert (
+        event_process(event_id=ProviderEvent.objects.get(event_id=event["id"]).pk)
+        == EventResult.IGNORED
+    )  # idempotent: counted once
 
     assert metric("ignored") == before + 1

@@ -1,6 +1,7 @@
 """Ingestion on PostgreSQL outside a caller's transaction (a web request): the event and
 its outbox row are ONE statement, with the same effects as the two-INSERT
 transaction — counted in rows, not only in HTTP answers."""
+
 import json
 
 import pytest
@@ -14,10 +15,20 @@ from .conftest import event_for, intent_object, post, sign
 
 
 def _event(event_id: str):
-    return event_for(intent_object(pi_id="pi_one_stmt", status="succeeded", amount=1500,
-                                   metadata={"purchase_id": "pur_one", "operation_id": "op_one",
-                                             "customer_reference": "c-1"}),
-                     "payment_intent.succeeded", event_id=event_id)
+    return event_for(
+        intent_object(
+            pi_id="pi_one_stmt",
+            status="succeeded",
+            amount=1500,
+            metadata={
+                "purchase_id": "pur_one",
+                "operation_id": "op_one",
+                "customer_reference": "c-1",
+            },
+        ),
+        "payment_intent.succeeded",
+        event_id=event_id,
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -26,8 +37,12 @@ def test_a_new_event_is_one_statement_writing_the_event_and_its_outbox_row(clien
     body = json.dumps(event).encode()
 
     with CaptureQueriesContext(connection) as queries:
-        response = client.post("/webhooks/stripe/", data=body, content_type="application/json",
-                               HTTP_STRIPE_SIGNATURE=sign(body))
+        response = client.post(
+            "/webhooks/stripe/",
+            data=body,
+            content_type="application/json",
+            HTTP_STRIPE_SIGNATURE=sign(body),
+        )
 
     assert response.status_code == 200 and response.json()["duplicate"] is False
     sql = [q["sql"].lstrip() for q in queries.captured_queries]

@@ -1,6 +1,7 @@
 """Ingestion's one statement runs as a named prepared statement on PostgreSQL (planned once
 per connection), and on Django's unprepared cursor with DATABASE_PREPARED_STATEMENTS off
 (PgBouncer < 1.21) — with the same rows written either way."""
+
 import pytest
 from django.db import connection
 
@@ -13,18 +14,30 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _event(event_id: str) -> dict:
-    return event_for(intent_object(pi_id="pi_prepared", status="succeeded", amount=1500,
-                                   metadata={"purchase_id": "pur_prep", "operation_id": "op_p",
-                                             "customer_reference": "c-1"}),
-                     "payment_intent.succeeded", event_id=event_id)
+    return event_for(
+        intent_object(
+            pi_id="pi_prepared",
+            status="succeeded",
+            amount=1500,
+            metadata={
+                "purchase_id": "pur_prep",
+                "operation_id": "op_p",
+                "customer_reference": "c-1",
+            },
+        ),
+        "payment_intent.succeeded",
+        event_id=event_id,
+    )
 
 
 def _prepared_ingest_statements() -> int:
     """Prepared statements of this connection (the test client's requests run on it) that
     insert provider events."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_prepared_statements "
-                       "WHERE statement LIKE %s", ["%INSERT INTO webhooks_providerevent%"])
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%INSERT INTO webhooks_providerevent%"],
+        )
         return cursor.fetchone()[0]
 
 
@@ -36,8 +49,7 @@ def _stored_once(event_id: str) -> None:
     assert message.payload == {"event": stored.pk} and message.processed_at is None
 
 
-def test_deliveries_share_one_prepared_statement_and_a_redelivery_writes_nothing(
-        client, settings):
+def test_deliveries_share_one_prepared_statement_and_a_redelivery_writes_nothing(client, settings):
     settings.DATABASE_PREPARED_STATEMENTS = True
     connection.close()  # a fresh connection: nothing prepared on it yet
 

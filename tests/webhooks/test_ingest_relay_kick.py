@@ -3,6 +3,7 @@ publishes per window, and a process whose commits a published drain already cove
 Redis nothing at all — while every stored delivery is still drained by a kick, with no beat
 sweep behind it. Effects are read where they land: the broker's queue, Redis's own command
 counters, the outbox rows a real worker processed."""
+
 import json
 import time
 
@@ -33,18 +34,30 @@ def no_kick_state():
 
 
 def _event(event_id: str) -> dict:
-    return event_for(intent_object(pi_id=f"pi_{event_id}", status="succeeded", amount=1500,
-                                   metadata={"purchase_id": "pur_kick", "operation_id": "op_k",
-                                             "customer_reference": "c-1"}),
-                     "payment_intent.succeeded", event_id=event_id)
+    return event_for(
+        intent_object(
+            pi_id=f"pi_{event_id}",
+            status="succeeded",
+            amount=1500,
+            metadata={
+                "purchase_id": "pur_kick",
+                "operation_id": "op_k",
+                "customer_reference": "c-1",
+            },
+        ),
+        "payment_intent.succeeded",
+        event_id=event_id,
+    )
 
 
 def _script_calls(redis) -> int:
     """Lua scripts Redis ran (a first EVALSHA the server did not know yet fails, NOSCRIPT,
     and is sent again with the script: not counted)."""
     stats = redis.info("commandstats")
-    return sum(s.get("calls", 0) - s.get("failed_calls", 0) - s.get("rejected_calls", 0)
-               for s in (stats.get("cmdstat_eval", {}), stats.get("cmdstat_evalsha", {})))
+    return sum(
+        s.get("calls", 0) - s.get("failed_calls", 0) - s.get("rejected_calls", 0)
+        for s in (stats.get("cmdstat_eval", {}), stats.get("cmdstat_evalsha", {}))
+    )
 
 
 def _queued_kicks(redis) -> list[dict]:
@@ -54,8 +67,9 @@ def _queued_kicks(redis) -> list[dict]:
     return [h for h in headers if h.get("task") == "recovery.relay_drain"]
 
 
-def test_a_burst_in_one_window_asks_redis_twice_and_publishes_twice(client, settings,
-                                                                   no_kick_state):
+def test_a_burst_in_one_window_asks_redis_twice_and_publishes_twice(
+    client, settings, no_kick_state
+):
     redis = no_kick_state
     settings.RELAY_KICK_WINDOW_MS = 3_600_000  # the whole burst in one window, however slow
     before = _script_calls(redis)
@@ -73,8 +87,7 @@ def test_a_burst_in_one_window_asks_redis_twice_and_publishes_twice(client, sett
     assert sorted(k.get("eta") is not None for k in kicks) == [False, True]
 
 
-def test_a_drain_another_process_published_covers_this_process_too(client, settings,
-                                                                   no_kick_state):
+def test_a_drain_another_process_published_covers_this_process_too(client, settings, no_kick_state):
     redis = no_kick_state
     settings.RELAY_KICK_WINDOW_MS = 3_600_000
     # Another web process's commits took both keys (and published both drains) just now.
@@ -91,7 +104,8 @@ def test_a_drain_another_process_published_covers_this_process_too(client, setti
 
 
 def test_every_delivery_of_a_steady_stream_is_drained_without_a_beat(
-        client, settings, no_kick_state, celery_worker):
+    client, settings, no_kick_state, celery_worker
+):
     relay_kick_forget()  # the worker fixture emptied the broker
     # Short windows: the stream crosses many of them (leading, trailing and covered
     # deliveries, over and over) with few enough deliveries for a loaded worker.
@@ -105,8 +119,14 @@ def test_every_delivery_of_a_steady_stream_is_drained_without_a_beat(
     keys = [f"event:{event_id}" for event_id in ids]
     # No beat runs here: a delivery whose kick was skipped for a drain that never came would
     # stay unprocessed.
-    wait_for(lambda: not OutboxMessage.objects.filter(dedupe_key__in=keys,
-                                                      processed_at__isnull=True).exists(),
-             timeout=90, interval=0.2)
+    wait_for(
+        lambda: (
+            not OutboxMessage.objects.filter(
+                dedupe_key__in=keys, processed_at__isnull=True
+            ).exists()
+        ),
+        timeout=90,
+        interval=0.2,
+    )
     assert OutboxMessage.objects.filter(dedupe_key__in=keys).count() == len(ids)
     assert ProviderEvent.objects.filter(event_id__in=ids).exclude(attempts=0).count() == len(ids)

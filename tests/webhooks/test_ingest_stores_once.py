@@ -1,6 +1,7 @@
 """A delivery answered 200 is stored with its
 one outbox row; a redelivery writes nothing — on a connection the database dropped, with
 prepared statements on and off, and with 0005's unique constraint the only dedupe."""
+
 import psycopg
 import pytest
 from django.db import connection
@@ -13,10 +14,20 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _event(event_id: str) -> dict:
-    return event_for(intent_object(pi_id="pi_attack5", status="succeeded", amount=1500,
-                                   metadata={"purchase_id": "pur_a5", "operation_id": "op_a5",
-                                             "customer_reference": "c-1"}),
-                     "payment_intent.succeeded", event_id=event_id)
+    return event_for(
+        intent_object(
+            pi_id="pi_attack5",
+            status="succeeded",
+            amount=1500,
+            metadata={
+                "purchase_id": "pur_a5",
+                "operation_id": "op_a5",
+                "customer_reference": "c-1",
+            },
+        ),
+        "payment_intent.succeeded",
+        event_id=event_id,
+    )
 
 
 def _kill_this_connection() -> None:
@@ -27,13 +38,16 @@ def _kill_this_connection() -> None:
 
 
 def _rows(event_id: str) -> tuple[int, int]:
-    return (ProviderEvent.objects.filter(event_id=event_id).count(),
-            OutboxMessage.objects.filter(dedupe_key=f"event:{event_id}").count())
+    return (
+        ProviderEvent.objects.filter(event_id=event_id).count(),
+        OutboxMessage.objects.filter(dedupe_key=f"event:{event_id}").count(),
+    )
 
 
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "plain"])
 def test_a_delivery_on_a_dropped_connection_is_never_a_200_without_its_rows(
-        client, settings, prepared):
+    client, settings, prepared
+):
     settings.DATABASE_PREPARED_STATEMENTS = prepared
     client.raise_request_exception = False
     assert post(client, _event("evt_a5_warm")).status_code == 200  # prepared on this conn
@@ -48,8 +62,10 @@ def test_a_delivery_on_a_dropped_connection_is_never_a_200_without_its_rows(
             break
     again = post(client, _event("evt_a5_dropped"))
     stored = _rows("evt_a5_dropped")
-    print(f"prepared={prepared} answers={answers} redelivery={again.status_code} "
-          f"{again.content!r} rows (event, outbox)={stored}")
+    print(
+        f"prepared={prepared} answers={answers} redelivery={again.status_code} "
+        f"{again.content!r} rows (event, outbox)={stored}"
+    )
     assert answers[-1] == 200, answers
     assert again.status_code == 200 and again.json()["duplicate"] is True
     assert stored == (1, 1)
@@ -59,7 +75,9 @@ def test_the_event_id_unique_constraint_alone_keeps_redeliveries_out():
     # 0005 recreated the dedupe as a named constraint: it is the one unique index on
     # event_id, and ingestion's ON CONFLICT (event_id) infers it.
     with connection.cursor() as cursor:
-        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s "
-                       "AND indexdef LIKE %s", ["webhooks_providerevent", "%UNIQUE%(event_id)%"])
+        cursor.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename = %s AND indexdef LIKE %s",
+            ["webhooks_providerevent", "%UNIQUE%(event_id)%"],
+        )
         names = [r[0] for r in cursor.fetchall()]
     assert names == ["providerevent_event_id_uniq"], names

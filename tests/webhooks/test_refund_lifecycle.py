@@ -1,6 +1,7 @@
 """A purchase's status follows its refunds (DESIGN §5.10): `refund_pending` only
 while a refund is in flight; a partial refund that succeeds lets fulfilment go on and says how
 much was refunded; a failed refund restores the prior status with the reason."""
+
 import pytest
 
 from payments import services
@@ -18,14 +19,14 @@ def _status(purchase_id: str) -> str:
     return Purchase.objects.values_list("status", flat=True).get(id=purchase_id)
 
 
-def _refund_in_provider_pending(client, purchase, charge, drill, localstripe,
-                                django_user_model, amount):
+def _refund_in_provider_pending(
+    client, purchase, charge, drill, localstripe, django_user_model, amount
+):
     """A refund the provider accepted as `pending`: its answer is lost (unknown), then the
     provider's signed `refund.updated` (built from localstripe's real object) says pending."""
     requester = django_user_model.objects.create(username=f"req-{purchase.id[-6:]}")
     approver = django_user_model.objects.create(username=f"fin-{purchase.id[-6:]}")
-    refund = services.refund_request(purchase_id=purchase.id, amount=amount,
-                                     acting_user=requester)
+    refund = services.refund_request(purchase_id=purchase.id, amount=amount, acting_user=requester)
     services.refund_approve(operation_id=refund.id, acting_user=approver, reason="returned")
     drill(refund, "drop_response_after_send", step="refund")
     assert services.operation_dispatch(operation_id=refund.id).outcome == Outcome.UNKNOWN
@@ -38,13 +39,15 @@ def _refund_in_provider_pending(client, purchase, charge, drill, localstripe,
 
 
 def test_a_partial_refund_that_succeeds_later_lets_fulfilment_go_on(
-        client, new_purchase, pay, drill, localstripe, django_user_model):
+    client, new_purchase, pay, drill, localstripe, django_user_model
+):
     # given a paid purchase whose fulfilment has not run yet
     purchase = new_purchase(price=2000)
     charge = pay(purchase)
     assert _status(purchase.id) == PurchaseStatus.PAID
-    refund, _ = _refund_in_provider_pending(client, purchase, charge, drill, localstripe,
-                                            django_user_model, amount=500)
+    refund, _ = _refund_in_provider_pending(
+        client, purchase, charge, drill, localstripe, django_user_model, amount=500
+    )
     # while it is pending, fulfilment waits
     relay_drain()
     assert _status(purchase.id) == PurchaseStatus.REFUND_PENDING
@@ -57,27 +60,34 @@ def test_a_partial_refund_that_succeeds_later_lets_fulfilment_go_on(
     assert _status(purchase.id) == PurchaseStatus.COMPLETED
     assert Order.objects.filter(purchase_id=purchase.id).count() == 1
     view = presenters.purchase_view(Purchase.objects.get(id=purchase.id))
-    assert view["refunds"] == {"refunded": 500, "in_flight": 0, "awaiting_approval": 0,
-                               "last_failed_reason": None}
+    assert view["refunds"] == {
+        "refunded": 500,
+        "in_flight": 0,
+        "awaiting_approval": 0,
+        "last_failed_reason": None,
+    }
     assert len(localstripe.refunds_for(charge.provider_reference)) == 1
 
 
 def test_a_refund_that_fails_later_restores_the_prior_status_with_the_reason(
-        client, new_purchase, pay, drill, localstripe, django_user_model):
+    client, new_purchase, pay, drill, localstripe, django_user_model
+):
     purchase = new_purchase(price=2000)
     charge = pay(purchase)
     relay_drain()
     assert _status(purchase.id) == PurchaseStatus.COMPLETED
-    refund, obj = _refund_in_provider_pending(client, purchase, charge, drill, localstripe,
-                                              django_user_model, amount=2000)
+    refund, obj = _refund_in_provider_pending(
+        client, purchase, charge, drill, localstripe, django_user_model, amount=2000
+    )
     # when the provider reports that the refund failed
     failed = {**obj, "status": "failed", "failure_reason": "expired_or_canceled_card"}
     assert deliver_and_process(client, event_for(failed, "refund.failed")) == "applied"
     # then the purchase is completed again, and the transition says why
     assert PaymentOperation.objects.get(id=refund.id).outcome == Outcome.FAILED
     assert _status(purchase.id) == PurchaseStatus.COMPLETED
-    back = OperationTransition.objects.filter(purchase_id=purchase.id, field="status",
-                                              source=PurchaseStatus.REFUND_PENDING).get()
+    back = OperationTransition.objects.filter(
+        purchase_id=purchase.id, field="status", source=PurchaseStatus.REFUND_PENDING
+    ).get()
     assert back.target == PurchaseStatus.COMPLETED
     assert back.evidence["refund"] == refund.id and back.evidence["reason"]
     view = presenters.purchase_view(Purchase.objects.get(id=purchase.id))

@@ -1,6 +1,7 @@
 """The payer's and the chain operator's side of the x402 tests and of `make drill-x402`:
 steer the throwaway chain with anvil's own RPC methods, read the real token, and sign
 EIP-3009 authorizations with the x402 SDK's EVM client. Needs tests.stack --x402."""
+
 from __future__ import annotations
 
 import json
@@ -90,8 +91,14 @@ class Chain:
         fac = Web3.to_checksum_address(os.environ["X402_FACILITATOR_ADDRESS"])
         self.rpc("anvil_impersonateAccount", [fac])
         try:
-            self.w3.eth.send_transaction({"from": fac, "to": fac, "value": 0,
-                                          "nonce": self.w3.eth.get_transaction_count(fac)})
+            self.w3.eth.send_transaction(
+                {
+                    "from": fac,
+                    "to": fac,
+                    "value": 0,
+                    "nonce": self.w3.eth.get_transaction_count(fac),
+                }
+            )
             self.mine()
         finally:
             self.rpc("anvil_stopImpersonatingAccount", [fac])
@@ -100,10 +107,18 @@ class Chain:
         """ERC-20 Transfer events payer -> Verity on chain (the money that moved); only
         those of `value` when given."""
         sig = Web3.keccak(text="Transfer(address,address,uint256)")
-        logs = self.w3.eth.get_logs({
-            "address": self.token.address, "fromBlock": 0, "toBlock": "latest",
-            "topics": [Web3.to_hex(sig), "0x" + "0" * 24 + payer.lower()[2:],
-                       "0x" + "0" * 24 + self.pay_to.lower()[2:]]})
+        logs = self.w3.eth.get_logs(
+            {
+                "address": self.token.address,
+                "fromBlock": 0,
+                "toBlock": "latest",
+                "topics": [
+                    Web3.to_hex(sig),
+                    "0x" + "0" * 24 + payer.lower()[2:],
+                    "0x" + "0" * 24 + self.pay_to.lower()[2:],
+                ],
+            }
+        )
         if value is not None:
             logs = [e for e in logs if int(Web3.to_hex(e["data"]), 16) == value]
         return len(logs)
@@ -115,25 +130,37 @@ class Chain:
 
     def returned_to(self, payer: str) -> int:
         """The atomic units the refund account has sent to `payer`."""
-        return sum(int(Web3.to_hex(e["data"]), 16)
-                   for e in self._transfers_from(self.refund_account, payer))
+        return sum(
+            int(Web3.to_hex(e["data"]), 16)
+            for e in self._transfers_from(self.refund_account, payer)
+        )
 
     def received_from(self, payer: str) -> int:
         """The atomic units `payer` has sent to pay_to (every Transfer log)."""
-        return sum(int(Web3.to_hex(e["data"]), 16)
-                   for e in self._transfers_from(payer, self.pay_to))
+        return sum(
+            int(Web3.to_hex(e["data"]), 16) for e in self._transfers_from(payer, self.pay_to)
+        )
 
     def refunds_sent(self) -> int:
         """The atomic units the refund account has sent, to anyone (its outflow)."""
-        return sum(int(Web3.to_hex(e["data"]), 16)
-                   for e in self._transfers_from(self.refund_account, None))
+        return sum(
+            int(Web3.to_hex(e["data"]), 16) for e in self._transfers_from(self.refund_account, None)
+        )
 
     def _transfers_from(self, sender: str, to: str | None) -> list:
         sig = Web3.keccak(text="Transfer(address,address,uint256)")
-        return self.w3.eth.get_logs({
-            "address": self.token.address, "fromBlock": 0, "toBlock": "latest",
-            "topics": [Web3.to_hex(sig), "0x" + "0" * 24 + sender.lower()[2:],
-                       "0x" + "0" * 24 + to.lower()[2:] if to else None]})
+        return self.w3.eth.get_logs(
+            {
+                "address": self.token.address,
+                "fromBlock": 0,
+                "toBlock": "latest",
+                "topics": [
+                    Web3.to_hex(sig),
+                    "0x" + "0" * 24 + sender.lower()[2:],
+                    "0x" + "0" * 24 + to.lower()[2:] if to else None,
+                ],
+            }
+        )
 
     def balance(self, address: str) -> int:
         return self.token.functions.balanceOf(Web3.to_checksum_address(address)).call()
@@ -155,47 +182,87 @@ class Chain:
         from eth_account.messages import encode_typed_data
 
         data = {
-            "types": {"EIP712Domain": [{"name": "name", "type": "string"},
-                                       {"name": "version", "type": "string"},
-                                       {"name": "chainId", "type": "uint256"},
-                                       {"name": "verifyingContract", "type": "address"}],
-                      "CancelAuthorization": [{"name": "authorizer", "type": "address"},
-                                              {"name": "nonce", "type": "bytes32"}]},
+            "types": {
+                "EIP712Domain": [
+                    {"name": "name", "type": "string"},
+                    {"name": "version", "type": "string"},
+                    {"name": "chainId", "type": "uint256"},
+                    {"name": "verifyingContract", "type": "address"},
+                ],
+                "CancelAuthorization": [
+                    {"name": "authorizer", "type": "address"},
+                    {"name": "nonce", "type": "bytes32"},
+                ],
+            },
             "primaryType": "CancelAuthorization",
-            "domain": {"name": x402_chain.TOKEN_NAME, "version": x402_chain.TOKEN_VERSION,
-                       "chainId": x402_chain.CHAIN_ID,
-                       "verifyingContract": self.token.address},
-            "message": {"authorizer": account.address, "nonce": bytes.fromhex(nonce[2:])}}
+            "domain": {
+                "name": x402_chain.TOKEN_NAME,
+                "version": x402_chain.TOKEN_VERSION,
+                "chainId": x402_chain.CHAIN_ID,
+                "verifyingContract": self.token.address,
+            },
+            "message": {"authorizer": account.address, "nonce": bytes.fromhex(nonce[2:])},
+        }
         signed = account.sign_message(encode_typed_data(full_message=data))
         tx = {"from": self.admin}
         if gas_price:
             tx["gasPrice"] = gas_price
         fn = self.token.get_function_by_signature(
-            "cancelAuthorization(address,bytes32,uint8,bytes32,bytes32)")
-        return Web3.to_hex(fn(account.address, bytes.fromhex(nonce[2:]), signed.v,
-                              signed.r.to_bytes(32, "big"), signed.s.to_bytes(32, "big")
-                              ).transact(tx))
+            "cancelAuthorization(address,bytes32,uint8,bytes32,bytes32)"
+        )
+        return Web3.to_hex(
+            fn(
+                account.address,
+                bytes.fromhex(nonce[2:]),
+                signed.v,
+                signed.r.to_bytes(32, "big"),
+                signed.s.to_bytes(32, "big"),
+            ).transact(tx)
+        )
 
-    def spend_nonce(self, account, nonce: str, *, to: str | None = None, value: int = 1,
-                    gas_price: int | None = None) -> str:
+    def spend_nonce(
+        self,
+        account,
+        nonce: str,
+        *,
+        to: str | None = None,
+        value: int = 1,
+        gas_price: int | None = None,
+    ) -> str:
         """The payer spends its own EIP-3009 nonce on another transfer (to itself unless
         `to` is given) with transferWithAuthorization, sent by the admin: the nonce space
         is the payer's, shared by every authorization on the token."""
         to = to or account.address
         now = int(self.w3.eth.get_block("latest")["timestamp"])
-        auth = {"from": account.address, "to": to, "value": value, "validAfter": 0,
-                "validBefore": now + 3600, "nonce": nonce}
+        auth = {
+            "from": account.address,
+            "to": to,
+            "value": value,
+            "validAfter": 0,
+            "validBefore": now + 3600,
+            "nonce": nonce,
+        }
         sig = authorization_signature(account, auth, self.token.address)
         tx = {"from": self.admin}
         if gas_price:
             tx["gasPrice"] = gas_price
         fn = self.token.get_function_by_signature(
             "transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,"
-            "uint8,bytes32,bytes32)")
-        return Web3.to_hex(fn(account.address, Web3.to_checksum_address(to), value, 0,
-                              auth["validBefore"], bytes.fromhex(nonce[2:]), sig.v,
-                              sig.r.to_bytes(32, "big"), sig.s.to_bytes(32, "big")
-                              ).transact(tx))
+            "uint8,bytes32,bytes32)"
+        )
+        return Web3.to_hex(
+            fn(
+                account.address,
+                Web3.to_checksum_address(to),
+                value,
+                0,
+                auth["validBefore"],
+                bytes.fromhex(nonce[2:]),
+                sig.v,
+                sig.r.to_bytes(32, "big"),
+                sig.s.to_bytes(32, "big"),
+            ).transact(tx)
+        )
 
     def paid_in(self, transaction: str, payer: str, value: int) -> bool:
         """The invariant: the transaction carries the asset's
@@ -208,7 +275,8 @@ class Chain:
             and Web3.to_hex(entry["topics"][1])[-40:] == payer.lower()[2:]
             and Web3.to_hex(entry["topics"][2])[-40:] == self.pay_to.lower()[2:]
             and int(Web3.to_hex(entry["data"]), 16) == value
-            for entry in receipt["logs"])
+            for entry in receipt["logs"]
+        )
 
     def operation_paid(self, auth) -> bool:
         """Per operation: did money arrive for this X402Authorization row? The chain
@@ -229,42 +297,61 @@ class Chain:
     def _automining(self) -> bool:
         return bool(self.rpc("anvil_getAutomine"))
 
-    def batch_transfers(self, forwarder: str, calls: list[tuple[dict, str]], *,
-                        gas_price: int | None = None) -> str:
+    def batch_transfers(
+        self, forwarder: str, calls: list[tuple[dict, str]], *, gas_price: int | None = None
+    ) -> str:
         """ONE transaction through `forwarder` carrying each (authorization, signature 0x..
         of 65 bytes) as its own transferWithAuthorization call to the token: several
         EIP-3009 nonces used by one transaction. Sent by the admin (anyone may submit
         anyone's signed authorizations). Returns the transaction hash."""
         fn = self.token.get_function_by_signature(
             "transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,"
-            "uint8,bytes32,bytes32)")
+            "uint8,bytes32,bytes32)"
+        )
         data = bytes(12) + bytes.fromhex(self.token.address[2:])
         for auth, signature in calls:
             sig = bytes.fromhex(signature[2:])
             r, s, v = sig[:32], sig[32:64], sig[64]
-            call = fn(Web3.to_checksum_address(auth["from"]),
-                      Web3.to_checksum_address(auth["to"]), int(auth["value"]),
-                      int(auth["validAfter"]), int(auth["validBefore"]),
-                      bytes.fromhex(auth["nonce"][2:]), v, r, s)._encode_transaction_data()
+            call = fn(
+                Web3.to_checksum_address(auth["from"]),
+                Web3.to_checksum_address(auth["to"]),
+                int(auth["value"]),
+                int(auth["validAfter"]),
+                int(auth["validBefore"]),
+                bytes.fromhex(auth["nonce"][2:]),
+                v,
+                r,
+                s,
+            )._encode_transaction_data()
             encoded = bytes.fromhex(call[2:])
             assert len(encoded) == _TWA_CALL_BYTES, len(encoded)
             data += encoded
-        tx = {"from": self.admin, "to": Web3.to_checksum_address(forwarder),
-              "data": Web3.to_hex(data), "gas": 200_000 * len(calls) + 50_000}
+        tx = {
+            "from": self.admin,
+            "to": Web3.to_checksum_address(forwarder),
+            "data": Web3.to_hex(data),
+            "gas": 200_000 * len(calls) + 50_000,
+        }
         if gas_price:
             tx["gasPrice"] = gas_price
         return Web3.to_hex(self.w3.eth.send_transaction(tx))
 
-    def authorization_for(self, account, *, to: str, value: int, nonce: str | None = None
-                          ) -> tuple[dict, str]:
+    def authorization_for(
+        self, account, *, to: str, value: int, nonce: str | None = None
+    ) -> tuple[dict, str]:
         """The payer signs any EIP-3009 transfer of its own (to itself, to pay_to...) with
         `nonce` (a fresh one unless given): (authorization, signature)."""
         import secrets
 
         now = int(self.w3.eth.get_block("latest")["timestamp"])
-        auth = {"from": account.address, "to": Web3.to_checksum_address(to), "value": value,
-                "validAfter": 0, "validBefore": now + 3600,
-                "nonce": nonce or "0x" + secrets.token_hex(32)}
+        auth = {
+            "from": account.address,
+            "to": Web3.to_checksum_address(to),
+            "value": value,
+            "validAfter": 0,
+            "validBefore": now + 3600,
+            "nonce": nonce or "0x" + secrets.token_hex(32),
+        }
         sig = authorization_signature(account, auth, self.token.address)
         return auth, Web3.to_hex(sig.signature)
 
@@ -282,9 +369,17 @@ def sign(header_value: str, account, *, payment_id: str | None = None) -> tuple[
     client = register_exact_evm_client(x402ClientSync(), EthAccountSigner(account))
     # The payer's own spend controls: the local chain's USDC is not one of the SDK's
     # default assets, so the agent allows it explicitly, capped like a real agent would.
-    client.set_spend_controls({"allowed_assets": [{
-        "network": os.environ["X402_NETWORK"], "asset": os.environ["X402_ASSET"],
-        "max_amount_per_payment": str(1_000 * 10**6)}]})
+    client.set_spend_controls(
+        {
+            "allowed_assets": [
+                {
+                    "network": os.environ["X402_NETWORK"],
+                    "asset": os.environ["X402_ASSET"],
+                    "max_amount_per_payment": str(1_000 * 10**6),
+                }
+            ]
+        }
+    )
     extensions = dict(required.extensions or {})
     if payment_id is not None:
         append_payment_identifier_to_extensions(extensions, payment_id)
@@ -295,36 +390,55 @@ def sign(header_value: str, account, *, payment_id: str | None = None) -> tuple[
     return encode_header(dumped), dumped["payload"]["authorization"]
 
 
-
-
 def authorization_signature(account, auth: dict, asset: str):
     """The payer's EIP-712 TransferWithAuthorization signature (any field values)."""
     from eth_account.messages import encode_typed_data
 
     data = {
-        "types": {"EIP712Domain": [{"name": "name", "type": "string"},
-                                   {"name": "version", "type": "string"},
-                                   {"name": "chainId", "type": "uint256"},
-                                   {"name": "verifyingContract", "type": "address"}],
-                  "TransferWithAuthorization": [
-                      {"name": "from", "type": "address"}, {"name": "to", "type": "address"},
-                      {"name": "value", "type": "uint256"},
-                      {"name": "validAfter", "type": "uint256"},
-                      {"name": "validBefore", "type": "uint256"},
-                      {"name": "nonce", "type": "bytes32"}]},
+        "types": {
+            "EIP712Domain": [
+                {"name": "name", "type": "string"},
+                {"name": "version", "type": "string"},
+                {"name": "chainId", "type": "uint256"},
+                {"name": "verifyingContract", "type": "address"},
+            ],
+            "TransferWithAuthorization": [
+                {"name": "from", "type": "address"},
+                {"name": "to", "type": "address"},
+                {"name": "value", "type": "uint256"},
+                {"name": "validAfter", "type": "uint256"},
+                {"name": "validBefore", "type": "uint256"},
+                {"name": "nonce", "type": "bytes32"},
+            ],
+        },
         "primaryType": "TransferWithAuthorization",
-        "domain": {"name": x402_chain.TOKEN_NAME, "version": x402_chain.TOKEN_VERSION,
-                   "chainId": x402_chain.CHAIN_ID,
-                   "verifyingContract": Web3.to_checksum_address(asset)},
-        "message": {"from": auth["from"], "to": Web3.to_checksum_address(auth["to"]),
-                    "value": int(auth["value"]), "validAfter": int(auth["validAfter"]),
-                    "validBefore": int(auth["validBefore"]),
-                    "nonce": bytes.fromhex(auth["nonce"][2:])}}
+        "domain": {
+            "name": x402_chain.TOKEN_NAME,
+            "version": x402_chain.TOKEN_VERSION,
+            "chainId": x402_chain.CHAIN_ID,
+            "verifyingContract": Web3.to_checksum_address(asset),
+        },
+        "message": {
+            "from": auth["from"],
+            "to": Web3.to_checksum_address(auth["to"]),
+            "value": int(auth["value"]),
+            "validAfter": int(auth["validAfter"]),
+            "validBefore": int(auth["validBefore"]),
+            "nonce": bytes.fromhex(auth["nonce"][2:]),
+        },
+    }
     return account.sign_message(encode_typed_data(full_message=data))
 
 
-def craft(header_value: str, account, *, signer=None, inner_extra: dict | None = None,
-          accepted_extra: dict | None = None, **fields) -> tuple[str, dict]:
+def craft(
+    header_value: str,
+    account,
+    *,
+    signer=None,
+    inner_extra: dict | None = None,
+    accepted_extra: dict | None = None,
+    **fields,
+) -> tuple[str, dict]:
     """A PAYMENT-SIGNATURE built by hand from PAYMENT-REQUIRED, as a hostile or careless
     buyer could: any authorization field overridden (`fields`, e.g. validBefore), signed
     by `signer` (default: the payer), extra keys beside the authorization."""
@@ -338,9 +452,14 @@ def craft(header_value: str, account, *, signer=None, inner_extra: dict | None =
     if accepted_extra:
         accepted["extra"] = {**accepted.get("extra", {}), **accepted_extra}
     now = int(time.time())
-    auth = {"from": account.address, "to": accepted["payTo"], "value": accepted["amount"],
-            "validAfter": str(now - 600), "validBefore": str(now + accepted["maxTimeoutSeconds"]),
-            "nonce": "0x" + secrets.token_hex(32)}
+    auth = {
+        "from": account.address,
+        "to": accepted["payTo"],
+        "value": accepted["amount"],
+        "validAfter": str(now - 600),
+        "validBefore": str(now + accepted["maxTimeoutSeconds"]),
+        "nonce": "0x" + secrets.token_hex(32),
+    }
     auth.update({k: str(v) if k != "nonce" else v for k, v in fields.items()})
     sig = authorization_signature(signer or account, auth, accepted["asset"])
     inner = {"authorization": auth, "signature": Web3.to_hex(sig.signature)}
@@ -380,22 +499,53 @@ def _assemble(program: list) -> bytes:
 
 _PUSH1, _PUSH2 = 0x60, 0x61
 _SIZE = bytes([_PUSH2]) + _TWA_CALL_BYTES.to_bytes(2, "big")
-FORWARDER_RUNTIME = _assemble([
-    _PUSH1, 0x20,                      # [off]                      off = 32
-    ("label", "loop"),
-    0x36, 0x81, 0x10, 0x15,            # CALLDATASIZE DUP2 LT ISZERO: [off, !(off < cds)]
-    ("push2", "end"), 0x57,            # JUMPI end                   [off]
-    _SIZE, 0x81, _PUSH1, 0x00, 0x37,   # CALLDATACOPY(0, off, SIZE)  [off]
-    _PUSH1, 0x00, _PUSH1, 0x00,        # retSize, retOffset
-    _SIZE, _PUSH1, 0x00, _PUSH1, 0x00,  # argsSize, argsOffset 0, value 0
-    _PUSH1, 0x00, 0x35,                # CALLDATALOAD(0): the target
-    0x5A, 0xF1,                        # GAS CALL                    [off, ok]
-    0x15, ("push2", "fail"), 0x57,     # ISZERO JUMPI fail           [off]
-    _SIZE, 0x01,                       # off += SIZE
-    ("push2", "loop"), 0x56,           # JUMP loop
-    ("label", "end"), 0x00,            # STOP
-    ("label", "fail"), _PUSH1, 0x00, _PUSH1, 0x00, 0xFD,  # REVERT(0, 0)
-])
+FORWARDER_RUNTIME = _assemble(
+    [
+        _PUSH1,
+        0x20,  # [off]                      off = 32
+        ("label", "loop"),
+        0x36,
+        0x81,
+        0x10,
+        0x15,  # CALLDATASIZE DUP2 LT ISZERO: [off, !(off < cds)]
+        ("push2", "end"),
+        0x57,  # JUMPI end                   [off]
+        _SIZE,
+        0x81,
+        _PUSH1,
+        0x00,
+        0x37,  # CALLDATACOPY(0, off, SIZE)  [off]
+        _PUSH1,
+        0x00,
+        _PUSH1,
+        0x00,  # retSize, retOffset
+        _SIZE,
+        _PUSH1,
+        0x00,
+        _PUSH1,
+        0x00,  # argsSize, argsOffset 0, value 0
+        _PUSH1,
+        0x00,
+        0x35,  # CALLDATALOAD(0): the target
+        0x5A,
+        0xF1,  # GAS CALL                    [off, ok]
+        0x15,
+        ("push2", "fail"),
+        0x57,  # ISZERO JUMPI fail           [off]
+        _SIZE,
+        0x01,  # off += SIZE
+        ("push2", "loop"),
+        0x56,  # JUMP loop
+        ("label", "end"),
+        0x00,  # STOP
+        ("label", "fail"),
+        _PUSH1,
+        0x00,
+        _PUSH1,
+        0x00,
+        0xFD,  # REVERT(0, 0)
+    ]
+)
 
 
 def _forwarder_initcode() -> str:
@@ -412,10 +562,11 @@ def _selector(signature: str) -> str:
 
 # Every FiatTokenV2_2 entry point that moves value by an EIP-3009 authorization; their first
 # six ABI words are (from, to, value, validAfter, validBefore, nonce).
-_AUTHORIZED_TRANSFERS = {_selector(f"{name}(address,address,uint256,uint256,uint256,bytes32,"
-                                   f"{tail})")
-                         for name in ("transferWithAuthorization", "receiveWithAuthorization")
-                         for tail in ("uint8,bytes32,bytes32", "bytes")}
+_AUTHORIZED_TRANSFERS = {
+    _selector(f"{name}(address,address,uint256,uint256,uint256,bytes32,{tail})")
+    for name in ("transferWithAuthorization", "receiveWithAuthorization")
+    for tail in ("uint8,bytes32,bytes32", "bytes")
+}
 
 
 @dataclass(frozen=True)
@@ -452,9 +603,14 @@ class ChainJudge:
 
     def _raw_logs(self, event: str, *topics) -> list:
         sig = Web3.to_hex(Web3.keccak(text=event))
-        return self.chain.w3.eth.get_logs({"address": self.chain.token.address,
-                                           "fromBlock": 0, "toBlock": "latest",
-                                           "topics": [sig, *topics]})
+        return self.chain.w3.eth.get_logs(
+            {
+                "address": self.chain.token.address,
+                "fromBlock": 0,
+                "toBlock": "latest",
+                "topics": [sig, *topics],
+            }
+        )
 
     def moves(self, transaction: str) -> list[Move]:
         """The authorized transfers a mined transaction really made, in execution order."""
@@ -462,8 +618,9 @@ class ChainJudge:
             receipt = self.chain.w3.eth.get_transaction_receipt(transaction)
             found: list[Move] = []
             if int(receipt["status"]) == 1:
-                trace = self.chain.rpc("debug_traceTransaction",
-                                       [transaction, {"tracer": "callTracer"}])
+                trace = self.chain.rpc(
+                    "debug_traceTransaction", [transaction, {"tracer": "callTracer"}]
+                )
                 self._walk(trace, transaction, found)
             self._traces[transaction] = found
         return self._traces[transaction]
@@ -472,20 +629,30 @@ class ChainJudge:
         if frame.get("error"):
             return  # reverted: nothing in it (or below it) happened
         data = (frame.get("input") or "0x")[2:]
-        if (str(frame.get("to") or "").lower() == self.token
-                and frame.get("type", "CALL") == "CALL"
-                and data[:8] in _AUTHORIZED_TRANSFERS and len(data) >= 8 + 6 * 64):
-            words = [data[8 + 64 * i: 8 + 64 * (i + 1)] for i in range(6)]
-            found.append(Move(transaction, Web3.to_checksum_address("0x" + words[0][-40:]),
-                              "0x" + words[5], Web3.to_checksum_address("0x" + words[1][-40:]),
-                              int(words[2], 16)))
+        if (
+            str(frame.get("to") or "").lower() == self.token
+            and frame.get("type", "CALL") == "CALL"
+            and data[:8] in _AUTHORIZED_TRANSFERS
+            and len(data) >= 8 + 6 * 64
+        ):
+            words = [data[8 + 64 * i : 8 + 64 * (i + 1)] for i in range(6)]
+            found.append(
+                Move(
+                    transaction,
+                    Web3.to_checksum_address("0x" + words[0][-40:]),
+                    "0x" + words[5],
+                    Web3.to_checksum_address("0x" + words[1][-40:]),
+                    int(words[2], 16),
+                )
+            )
         for child in frame.get("calls") or []:
             self._walk(child, transaction, found)
 
     def moved_by(self, payer: str, nonce: str) -> Move | None:
         """What the authorization (payer, nonce) moved, wherever and by whomever sent."""
-        used = self._raw_logs("AuthorizationUsed(address,bytes32)",
-                              "0x" + "0" * 24 + payer.lower()[2:], nonce.lower())
+        used = self._raw_logs(
+            "AuthorizationUsed(address,bytes32)", "0x" + "0" * 24 + payer.lower()[2:], nonce.lower()
+        )
         for log in used:
             for move in self.moves(Web3.to_hex(log["transactionHash"])):
                 if move.payer.lower() == payer.lower() and move.nonce == nonce.lower():
@@ -494,8 +661,11 @@ class ChainJudge:
 
     def operation_paid(self, auth) -> bool:
         move = self.moved_by(auth.payer, auth.nonce)
-        return (move is not None and move.to.lower() == self.chain.pay_to.lower()
-                and move.value == int(auth.value))
+        return (
+            move is not None
+            and move.to.lower() == self.chain.pay_to.lower()
+            and move.value == int(auth.value)
+        )
 
     def paying_log(self, auth) -> tuple[str, int] | None:
         """The Transfer(payer -> pay_to) log (transaction, logIndex) this authorization
@@ -503,14 +673,20 @@ class ChainJudge:
         if not self.operation_paid(auth):
             return None
         move = self.moved_by(auth.payer, auth.nonce)
-        to_us = [m for m in self.moves(move.transaction)
-                 if m.payer.lower() == move.payer.lower()
-                 and m.to.lower() == self.chain.pay_to.lower()]
-        logs = [log for log in self.chain.w3.eth.get_transaction_receipt(move.transaction)["logs"]
-                if log["address"].lower() == self.token and len(log["topics"]) == 3
-                and Web3.to_hex(log["topics"][0]) == _TRANSFER_SIG
-                and Web3.to_hex(log["topics"][1])[-40:] == move.payer.lower()[2:]
-                and Web3.to_hex(log["topics"][2])[-40:] == self.chain.pay_to.lower()[2:]]
+        to_us = [
+            m
+            for m in self.moves(move.transaction)
+            if m.payer.lower() == move.payer.lower() and m.to.lower() == self.chain.pay_to.lower()
+        ]
+        logs = [
+            log
+            for log in self.chain.w3.eth.get_transaction_receipt(move.transaction)["logs"]
+            if log["address"].lower() == self.token
+            and len(log["topics"]) == 3
+            and Web3.to_hex(log["topics"][0]) == _TRANSFER_SIG
+            and Web3.to_hex(log["topics"][1])[-40:] == move.payer.lower()[2:]
+            and Web3.to_hex(log["topics"][2])[-40:] == self.chain.pay_to.lower()[2:]
+        ]
         k = to_us.index(move)
         assert len(logs) >= len(to_us), (move.transaction, len(logs), len(to_us))
         return move.transaction, int(logs[k]["logIndex"])
@@ -531,18 +707,24 @@ class ChainJudge:
             counted[auth.payer.lower()] = counted.get(auth.payer.lower(), 0) + int(auth.value)
             log = paid[auth.operation_id]
             if log is None:
-                violations.append(f"{auth.operation_id}: counted as paid, but its "
-                                  f"authorization moved nothing to pay_to")
+                violations.append(
+                    f"{auth.operation_id}: counted as paid, but its "
+                    f"authorization moved nothing to pay_to"
+                )
                 continue
             if log in claimed:
-                violations.append(f"{auth.operation_id}: the Transfer log {log[0]}#{log[1]} "
-                                  f"is counted for {claimed[log]} too")
+                violations.append(
+                    f"{auth.operation_id}: the Transfer log {log[0]}#{log[1]} "
+                    f"is counted for {claimed[log]} too"
+                )
             claimed[log] = auth.operation_id
         for payer, amount in counted.items():
             received = self.chain.received_from(payer)
             if amount > received:
-                violations.append(f"payer {payer}: Verity counts {amount} received, the "
-                                  f"chain's Transfer logs to pay_to sum to {received}")
+                violations.append(
+                    f"payer {payer}: Verity counts {amount} received, the "
+                    f"chain's Transfer logs to pay_to sum to {received}"
+                )
         return Audit(paid, violations)
 
 

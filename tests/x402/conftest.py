@@ -3,6 +3,7 @@
 authorizations with the SDK's EVM client. Faults come from the chain itself (automine
 off, dropped transactions, time travel, snapshots, the token's blacklist and
 cancelAuthorization) and from the facilitator's sandbox route — never from a fake."""
+
 from __future__ import annotations
 
 import os
@@ -40,7 +41,8 @@ def report(db):
 
 @pytest.fixture
 def agent(db):
-    client, key = make_client(scopes=("purchases:read", "purchases:write"), limit=10_000_000,
-                              name="agent")
+    client, key = make_client(
+        scopes=("purchases:read", "purchases:write"), limit=10_000_000, name="agent"
+    )
     yield Api(key, client)
     settle_outbox()

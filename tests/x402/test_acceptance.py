@@ -2,6 +2,7 @@
 operation exists, a payment that cannot pay answers 402 with PAYMENT-REQUIRED (the x402
 v2 HTTP transport) and the SDK's reason, the forwarded payload is exactly what was
 checked, and another API client's ids never leak. Counted on the real chain."""
+
 from __future__ import annotations
 
 import time
@@ -46,14 +47,18 @@ def _refused_402(r, error: str, code: str):
 
 
 # -- item 2: validBefore bounded; a stored chain value never breaks a view ---------------
-@pytest.mark.parametrize("valid_before", [
-    "days",  # ten days: far beyond maxTimeoutSeconds
-    253402300800,  # year 10000
-    2**63,  # beyond PostgreSQL's bigint
-    2**256 - 1,  # uint256's largest
-])
+@pytest.mark.parametrize(
+    "valid_before",
+    [
+        "days",  # ten days: far beyond maxTimeoutSeconds
+        253402300800,  # year 10000
+        2**63,  # beyond PostgreSQL's bigint
+        2**256 - 1,  # uint256's largest
+    ],
+)
 def test_a_valid_before_beyond_the_requirements_timeout_is_refused_402(
-        agent, report, chain, valid_before):
+    agent, report, chain, valid_before
+):
     purchase, required = _required(agent, report)
     payer = chain.new_payer()
     if valid_before == "days":
@@ -62,8 +67,9 @@ def test_a_valid_before_beyond_the_requirements_timeout_is_refused_402(
 
     r = _send(agent, purchase, header)
 
-    _refused_402(r, "invalid_exact_evm_payload_authorization_valid_before",
-                 "authorization_expires_too_late")
+    _refused_402(
+        r, "invalid_exact_evm_payload_authorization_valid_before", "authorization_expires_too_late"
+    )
     _nothing_happened(purchase, payer, chain)
     assert agent.get(f"purchases/{purchase['id']}").status_code == 200
 
@@ -79,8 +85,9 @@ def test_a_valid_before_within_the_timeout_and_skew_is_accepted(agent, report, c
     assert chain.transfers(payer.address) == 1
 
 
-def test_a_stored_valid_before_no_datetime_can_hold_never_breaks_a_view(agent, report, chain,
-                                                                        client):
+def test_a_stored_valid_before_no_datetime_can_hold_never_breaks_a_view(
+    agent, report, chain, client
+):
     purchase, required = _required(agent, report)
     payer = chain.new_payer()
     header, _auth = sign(required, payer)
@@ -88,7 +95,8 @@ def test_a_stored_valid_before_no_datetime_can_hold_never_breaks_a_view(agent, r
     settle_outbox()
     # A row stored before the bound existed (the buyer chose year 10000).
     X402Authorization.objects.filter(operation__purchase_id=purchase["id"]).update(
-        valid_before=2**63 - 1)
+        valid_before=2**63 - 1
+    )
     ensure_groups()
     user = User.objects.create_user(username="olga-vb", password="pw")
     user.groups.add(*Group.objects.filter(name=Role.OPERATOR))
@@ -117,7 +125,8 @@ def test_an_unfunded_payer_is_refused_before_any_operation_or_settle(agent, repo
 
 
 def test_a_signature_by_someone_else_is_refused_before_any_operation_or_settle(
-        agent, report, chain):
+    agent, report, chain
+):
     purchase, required = _required(agent, report)
     payer, stranger = chain.new_payer(), chain.new_payer()
     header, _auth = craft(required, payer, signer=stranger)
@@ -132,11 +141,20 @@ def test_a_signature_by_someone_else_is_refused_before_any_operation_or_settle(
 def test_a_permit2_authorization_beside_the_eip3009_one_is_refused(agent, report, chain):
     purchase, required = _required(agent, report)
     payer = chain.new_payer()
-    header, _auth = craft(required, payer, inner_extra={"permit2Authorization": {
-        "from": payer.address, "permitted": {"token": chain.token.address,
-                                             "amount": str(PRICE_ATOMIC)},
-        "spender": payer.address, "nonce": "1", "deadline": "9999999999",
-        "witness": {"to": payer.address, "validAfter": "0"}}})
+    header, _auth = craft(
+        required,
+        payer,
+        inner_extra={
+            "permit2Authorization": {
+                "from": payer.address,
+                "permitted": {"token": chain.token.address, "amount": str(PRICE_ATOMIC)},
+                "spender": payer.address,
+                "nonce": "1",
+                "deadline": "9999999999",
+                "witness": {"to": payer.address, "validAfter": "0"},
+            }
+        },
+    )
 
     r = _send(agent, purchase, header)
 
@@ -161,8 +179,9 @@ def test_the_409s_never_show_another_api_clients_purchase_or_operation(agent, re
     header, _auth = sign(required, payer, payment_id="client-a-payment-0000001")
     assert _send(agent, purchase, header).status_code in (200, 202)
     theirs = PaymentOperation.objects.get(purchase_id=purchase["id"])
-    other_client, key = make_client(scopes=("purchases:read", "purchases:write"),
-                                    limit=10_000_000, name="other")
+    other_client, key = make_client(
+        scopes=("purchases:read", "purchases:write"), limit=10_000_000, name="other"
+    )
     other = Api(key, other_client)
     mine, _ = _required(other, report)
 
@@ -184,8 +203,9 @@ def test_a_payment_identifier_belongs_to_its_api_client(agent, report, chain):
     header, _ = sign(required, chain.new_payer(), payment_id="shared-payment-id-0001")
     assert _send(agent, purchase, header).status_code in (200, 202)
     theirs = PaymentOperation.objects.get(purchase_id=purchase["id"])
-    other_client, key = make_client(scopes=("purchases:read", "purchases:write"),
-                                    limit=10_000_000, name="other")
+    other_client, key = make_client(
+        scopes=("purchases:read", "purchases:write"), limit=10_000_000, name="other"
+    )
     other = Api(key, other_client)
     mine, mine_required = _required(other, report)
     payer = chain.new_payer()
@@ -198,14 +218,16 @@ def test_a_payment_identifier_belongs_to_its_api_client(agent, report, chain):
     op = PaymentOperation.objects.get(purchase_id=mine["id"])
     assert op.id != theirs.id and op.outcome == "succeeded"
     assert chain.transfers(payer.address) == 1
-    assert X402Authorization.objects.filter(
-        payment_identifier="shared-payment-id-0001").count() == 2
+    assert (
+        X402Authorization.objects.filter(payment_identifier="shared-payment-id-0001").count() == 2
+    )
     # within its own client the identifier still names one payment (409 on another)
     again, again_required = _required(other, report)
     reused, _ = sign(again_required, chain.new_payer(), payment_id="shared-payment-id-0001")
     refused = _send(other, again, reused)
-    assert refused.status_code == 409 and refused.json()["code"] == \
-        "payment_identifier_reused", refused.content
+    assert refused.status_code == 409 and refused.json()["code"] == "payment_identifier_reused", (
+        refused.content
+    )
 
 
 def test_the_log_search_starts_where_the_nonce_was_read_unused(agent, report, chain):
@@ -222,8 +244,7 @@ def test_the_log_search_starts_where_the_nonce_was_read_unused(agent, report, ch
     assert before < mined
 
 
-def test_a_facilitators_success_is_paid_by_the_receipt_read_at_once(agent, report, chain,
-                                                                    settings):
+def test_a_facilitators_success_is_paid_by_the_receipt_read_at_once(agent, report, chain, settings):
     """On or off the local chain, the facilitator's word is not the proof: its "success"
     is followed at once by the chain's read-back, which finds THIS authorization's
     transfer."""
@@ -244,8 +265,9 @@ def test_a_facilitators_success_is_paid_by_the_receipt_read_at_once(agent, repor
 
 
 # -- item 4: the RPC must serve X402_NETWORK's chain ---------------------------------------
-def test_an_rpc_of_another_chain_refuses_payments_and_gives_no_verdict(agent, report, chain,
-                                                                       settings):
+def test_an_rpc_of_another_chain_refuses_payments_and_gives_no_verdict(
+    agent, report, chain, settings
+):
     purchase, required = _required(agent, report)
     payer = chain.new_payer()
     header, _auth = sign(required, payer)
@@ -259,8 +281,9 @@ def test_an_rpc_of_another_chain_refuses_payments_and_gives_no_verdict(agent, re
     refused = _send(agent, other, other_header)
     read = services.operation_reconcile(operation_id=op.id, actor="test")
 
-    assert refused.status_code == 503 and refused.json()["code"] == "chain_mismatch", \
+    assert refused.status_code == 503 and refused.json()["code"] == "chain_mismatch", (
         refused.content
+    )
     assert PaymentOperation.objects.filter(purchase_id=other["id"]).count() == 0
     assert read.outcome == "awaiting_provider"  # no verdict from a chain it cannot trust
     chain.mine()

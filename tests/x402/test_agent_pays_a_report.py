@@ -1,6 +1,7 @@
 """An agent pays for a report over x402, loses the settle answer,
 retries with the same signature three times and with a new authorization once, and ends
 with exactly one transfer on chain and the report delivered once."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,15 +15,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_lost_answer_three_same_retries_and_a_new_authorization_move_money_once(
-        agent, report, chain, settings):
+    agent, report, chain, settings
+):
     settings.RECONCILE_ON_DEMAND_COOLDOWN_SECONDS = 0  # every retry may read the chain
     purchase = agent.new_purchase(report.sku)
     url = f"purchases/{purchase['id']}/deliverable"
     required = agent.get(url).headers["PAYMENT-REQUIRED"]
     payer = chain.new_payer()
     header, auth = sign(required, payer, payment_id="agent-report-0001-abcdef")
-    get_facilitator().arm_drill(payer=payer.address, nonce=auth["nonce"],
-                                mode=DrillMode.DROP_ANSWER_AFTER_SEND)
+    get_facilitator().arm_drill(
+        payer=payer.address, nonce=auth["nonce"], mode=DrillMode.DROP_ANSWER_AFTER_SEND
+    )
 
     lost = agent.get(url, **{SIGNATURE: header})
     retries = [agent.get(url, **{SIGNATURE: header}) for _ in range(3)]
@@ -39,15 +42,20 @@ def test_lost_answer_three_same_retries_and_a_new_authorization_move_money_once(
     assert chain.transfers(payer.address) == 1
     ops = PaymentOperation.objects.filter(purchase_id=purchase["id"])
     assert [(o.rail, o.outcome) for o in ops] == [("x402", "succeeded")]
-    assert ProviderCall.objects.filter(operation__purchase_id=purchase["id"], purpose="dispatch",
-                                       step="settle").count() == 1
+    assert (
+        ProviderCall.objects.filter(
+            operation__purchase_id=purchase["id"], purpose="dispatch", step="settle"
+        ).count()
+        == 1
+    )
     run = StepRun.objects.get(purchase_id=purchase["id"], step="deliverable")
     assert run.state == "done" and run.attempts == 1  # the report was made (and sent) once
     assert final.json()["job_reference"] == run.external_reference
 
 
 def test_the_same_payment_identifier_with_another_payload_is_409_and_changes_nothing(
-        agent, report, chain):
+    agent, report, chain
+):
     purchase = agent.new_purchase(report.sku)
     url = f"purchases/{purchase['id']}/deliverable"
     required = agent.get(url).headers["PAYMENT-REQUIRED"]
@@ -93,8 +101,9 @@ def test_a_malformed_payment_signature_is_400_and_changes_nothing(agent, report,
 
 def test_an_authorization_for_another_amount_is_402_and_nothing_is_sent(agent, report, chain):
     cheap = agent.new_purchase(report.sku)
-    other = type(report).objects.create(sku="REPORT-BIG", name="Big report", price=9900,
-                                        stock=10, kind="digital")
+    other = type(report).objects.create(
+        sku="REPORT-BIG", name="Big report", price=9900, stock=10, kind="digital"
+    )
     dear = agent.new_purchase(other.sku)
     required = agent.get(f"purchases/{cheap['id']}/deliverable").headers["PAYMENT-REQUIRED"]
     payer = chain.new_payer()
@@ -104,8 +113,9 @@ def test_an_authorization_for_another_amount_is_402_and_nothing_is_sent(agent, r
 
     # The x402 v2 transport: 402 with PAYMENT-REQUIRED (the SDK's reason), not 422.
     assert r.status_code == 402 and r.json()["code"] == "payment_requirements_mismatch"
-    assert decode_header(r.headers["PAYMENT-REQUIRED"])["error"] == \
-        "No matching payment requirements"
+    assert (
+        decode_header(r.headers["PAYMENT-REQUIRED"])["error"] == "No matching payment requirements"
+    )
     assert r.json()["error"] == "No matching payment requirements"
     assert chain.transfers(payer.address) == 0
     assert PaymentOperation.objects.filter(purchase_id=dear["id"]).count() == 0

@@ -1,5 +1,6 @@
 """The x402 identities Verity keys on: the payment-identifier extension across API clients,
 and one authorization offered to two purchases. Judged from DB rows and raw logs."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,15 +16,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def stranger(db):
-    client, key = make_client(scopes=("purchases:read", "purchases:write"), limit=10_000_000,
-                              name="another-tenant")
+    client, key = make_client(
+        scopes=("purchases:read", "purchases:write"), limit=10_000_000, name="another-tenant"
+    )
     yield Api(key, client)
     settle_outbox()
 
 
-
-def test_one_authorization_pays_one_of_two_purchases_across_clients(agent, stranger, report,
-                                                                     chain):
+def test_one_authorization_pays_one_of_two_purchases_across_clients(agent, stranger, report, chain):
     payer = chain.new_payer()
     first = agent.new_purchase(report.sku)
     second = stranger.new_purchase(report.sku)
@@ -61,6 +61,7 @@ def test_a_nonce_spelled_in_capitals_is_the_same_authorization(agent, report, ch
     settle_outbox()
 
     assert r.status_code in (402, 409), r.content
-    assert PaymentOperation.objects.filter(purchase_id=second["id"],
-                                           outcome="succeeded").count() == 0
+    assert (
+        PaymentOperation.objects.filter(purchase_id=second["id"], outcome="succeeded").count() == 0
+    )
     assert chain.received_from(payer.address) == PRICE_ATOMIC

@@ -4,6 +4,7 @@ forwarder (hand-assembled, like tests/x402/chain.py's) calls, per item, any targ
 any 9-word call: transferWithAuthorization, receiveWithAuthorization, a plain transfer,
 on the real token or on a second FiatTokenV2_2. Both purchases' settles are pending when
 the payer's own batch front-runs them. Judged from raw logs (ChainJudge) and DB rows."""
+
 from __future__ import annotations
 
 import secrets
@@ -26,25 +27,65 @@ pytestmark = pytest.mark.django_db(transaction=True)
 _CALL = 4 + 9 * 32
 _SIZE = bytes([0x61]) + _CALL.to_bytes(2, "big")
 # Calldata: items of (32-byte target word, 292 bytes of call). Reverts if any call fails.
-_RUNTIME = _assemble([
-    0x60, 0x00,                                    # [off=0]
-    ("label", "loop"),
-    0x36, 0x81, 0x10, 0x15, ("push2", "end"), 0x57,  # off >= cds -> end
-    _SIZE, 0x81, 0x60, 0x20, 0x01, 0x60, 0x00, 0x37,  # CALLDATACOPY(0, off+32, SIZE)
-    0x60, 0x00, 0x60, 0x00, _SIZE, 0x60, 0x00, 0x60, 0x00,  # ret 0,0 args SIZE@0 value 0
-    0x85, 0x35,                                    # DUP6 CALLDATALOAD: the target at off
-    0x5A, 0xF1,                                    # GAS CALL
-    0x15, ("push2", "fail"), 0x57,
-    0x61, (_CALL + 32).to_bytes(2, "big"), 0x01,   # off += 32 + SIZE
-    ("push2", "loop"), 0x56,
-    ("label", "end"), 0x00,
-    ("label", "fail"), 0x60, 0x00, 0x60, 0x00, 0xFD,
-])
+_RUNTIME = _assemble(
+    [
+        0x60,
+        0x00,  # [off=0]
+        ("label", "loop"),
+        0x36,
+        0x81,
+        0x10,
+        0x15,
+        ("push2", "end"),
+        0x57,  # off >= cds -> end
+        _SIZE,
+        0x81,
+        0x60,
+        0x20,
+        0x01,
+        0x60,
+        0x00,
+        0x37,  # CALLDATACOPY(0, off+32, SIZE)
+        0x60,
+        0x00,
+        0x60,
+        0x00,
+        _SIZE,
+        0x60,
+        0x00,
+        0x60,
+        0x00,  # ret 0,0 args SIZE@0 value 0
+        0x85,
+        0x35,  # DUP6 CALLDATALOAD: the target at off
+        0x5A,
+        0xF1,  # GAS CALL
+        0x15,
+        ("push2", "fail"),
+        0x57,
+        0x61,
+        (_CALL + 32).to_bytes(2, "big"),
+        0x01,  # off += 32 + SIZE
+        ("push2", "loop"),
+        0x56,
+        ("label", "end"),
+        0x00,
+        ("label", "fail"),
+        0x60,
+        0x00,
+        0x60,
+        0x00,
+        0xFD,
+    ]
+)
 
-_TWA = ("transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,"
-        "uint8,bytes32,bytes32)")
-_RWA = ("receiveWithAuthorization(address,address,uint256,uint256,uint256,bytes32,"
-        "uint8,bytes32,bytes32)")
+_TWA = (
+    "transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,"
+    "uint8,bytes32,bytes32)"
+)
+_RWA = (
+    "receiveWithAuthorization(address,address,uint256,uint256,uint256,bytes32,"
+    "uint8,bytes32,bytes32)"
+)
 
 
 def _deploy_forwarder(chain) -> str:
@@ -56,23 +97,41 @@ def _deploy_forwarder(chain) -> str:
     return address
 
 
-def _sign(account, *, token: str, primary: str, to: str, value: int, nonce: str,
-          valid_before: int):
-    kind = [{"name": "from", "type": "address"}, {"name": "to", "type": "address"},
-            {"name": "value", "type": "uint256"}, {"name": "validAfter", "type": "uint256"},
-            {"name": "validBefore", "type": "uint256"}, {"name": "nonce", "type": "bytes32"}]
-    data = {"types": {"EIP712Domain": [{"name": "name", "type": "string"},
-                                       {"name": "version", "type": "string"},
-                                       {"name": "chainId", "type": "uint256"},
-                                       {"name": "verifyingContract", "type": "address"}],
-                      primary: kind},
-            "primaryType": primary,
-            "domain": {"name": x402_chain.TOKEN_NAME, "version": x402_chain.TOKEN_VERSION,
-                       "chainId": x402_chain.CHAIN_ID,
-                       "verifyingContract": Web3.to_checksum_address(token)},
-            "message": {"from": account.address, "to": Web3.to_checksum_address(to),
-                        "value": value, "validAfter": 0, "validBefore": valid_before,
-                        "nonce": bytes.fromhex(nonce[2:])}}
+def _sign(account, *, token: str, primary: str, to: str, value: int, nonce: str, valid_before: int):
+    kind = [
+        {"name": "from", "type": "address"},
+        {"name": "to", "type": "address"},
+        {"name": "value", "type": "uint256"},
+        {"name": "validAfter", "type": "uint256"},
+        {"name": "validBefore", "type": "uint256"},
+        {"name": "nonce", "type": "bytes32"},
+    ]
+    data = {
+        "types": {
+            "EIP712Domain": [
+                {"name": "name", "type": "string"},
+                {"name": "version", "type": "string"},
+                {"name": "chainId", "type": "uint256"},
+                {"name": "verifyingContract", "type": "address"},
+            ],
+            primary: kind,
+        },
+        "primaryType": primary,
+        "domain": {
+            "name": x402_chain.TOKEN_NAME,
+            "version": x402_chain.TOKEN_VERSION,
+            "chainId": x402_chain.CHAIN_ID,
+            "verifyingContract": Web3.to_checksum_address(token),
+        },
+        "message": {
+            "from": account.address,
+            "to": Web3.to_checksum_address(to),
+            "value": value,
+            "validAfter": 0,
+            "validBefore": valid_before,
+            "nonce": bytes.fromhex(nonce[2:]),
+        },
+    }
     return account.sign_message(encode_typed_data(full_message=data))
 
 
@@ -82,36 +141,67 @@ class Batch:
         self.until = int(chain.w3.eth.get_block("latest")["timestamp"]) + 3600
 
     def _token(self, address: str | None):
-        return self.chain.w3.eth.contract(address=address or self.chain.token.address,
-                                          abi=self.chain.token.abi)
+        return self.chain.w3.eth.contract(
+            address=address or self.chain.token.address, abi=self.chain.token.abi
+        )
 
-    def authorized(self, account, *, to: str, value: int, nonce: str | None = None,
-                   receive: bool = False, token: str | None = None) -> str:
+    def authorized(
+        self,
+        account,
+        *,
+        to: str,
+        value: int,
+        nonce: str | None = None,
+        receive: bool = False,
+        token: str | None = None,
+    ) -> str:
         nonce = nonce or "0x" + secrets.token_hex(32)
         contract = self._token(token)
-        sig = _sign(account, token=contract.address, value=value, nonce=nonce,
-                    primary="ReceiveWithAuthorization" if receive
-                    else "TransferWithAuthorization", to=to, valid_before=self.until)
+        sig = _sign(
+            account,
+            token=contract.address,
+            value=value,
+            nonce=nonce,
+            primary="ReceiveWithAuthorization" if receive else "TransferWithAuthorization",
+            to=to,
+            valid_before=self.until,
+        )
         fn = contract.get_function_by_signature(_RWA if receive else _TWA)
-        data = fn(account.address, Web3.to_checksum_address(to), value, 0, self.until,
-                  bytes.fromhex(nonce[2:]), sig.v, sig.r.to_bytes(32, "big"),
-                  sig.s.to_bytes(32, "big"))._encode_transaction_data()
+        data = fn(
+            account.address,
+            Web3.to_checksum_address(to),
+            value,
+            0,
+            self.until,
+            bytes.fromhex(nonce[2:]),
+            sig.v,
+            sig.r.to_bytes(32, "big"),
+            sig.s.to_bytes(32, "big"),
+        )._encode_transaction_data()
         self._add(contract.address, data)
         return nonce
 
     def genuine(self, auth: dict, signature: str) -> None:
         sig = bytes.fromhex(signature[2:])
         fn = self.chain.token.get_function_by_signature(_TWA)
-        data = fn(Web3.to_checksum_address(auth["from"]), Web3.to_checksum_address(auth["to"]),
-                  int(auth["value"]), int(auth["validAfter"]), int(auth["validBefore"]),
-                  bytes.fromhex(auth["nonce"][2:]), sig[64], sig[:32], sig[32:64]
-                  )._encode_transaction_data()
+        data = fn(
+            Web3.to_checksum_address(auth["from"]),
+            Web3.to_checksum_address(auth["to"]),
+            int(auth["value"]),
+            int(auth["validAfter"]),
+            int(auth["validBefore"]),
+            bytes.fromhex(auth["nonce"][2:]),
+            sig[64],
+            sig[:32],
+            sig[32:64],
+        )._encode_transaction_data()
         self._add(self.chain.token.address, data)
 
     def plain_transfer(self, to: str, value: int) -> None:
         """The forwarder's own transfer (a third party's money) to `to`."""
-        data = self.chain.token.functions.transfer(Web3.to_checksum_address(to), value
-                                                   )._encode_transaction_data()
+        data = self.chain.token.functions.transfer(
+            Web3.to_checksum_address(to), value
+        )._encode_transaction_data()
         self._add(self.chain.token.address, data)
 
     def _add(self, target: str, data: str) -> None:
@@ -119,9 +209,13 @@ class Batch:
         self.items.append(bytes(12) + bytes.fromhex(target[2:]) + raw.ljust(_CALL, b"\0"))
 
     def send(self) -> str:
-        tx = {"from": self.chain.admin, "to": self.forwarder, "data": Web3.to_hex(
-            b"".join(self.items)), "gas": 250_000 * len(self.items) + 50_000,
-            "gasPrice": self.chain.w3.eth.gas_price * 20}
+        tx = {
+            "from": self.chain.admin,
+            "to": self.forwarder,
+            "data": Web3.to_hex(b"".join(self.items)),
+            "gas": 250_000 * len(self.items) + 50_000,
+            "gasPrice": self.chain.w3.eth.gas_price * 20,
+        }
         return Web3.to_hex(self.chain.w3.eth.send_transaction(tx))
 
 
@@ -267,13 +361,15 @@ def test_a_second_token_pays_pay_to_with_the_same_nonce(agent, report, chain):
     price with nonce N there, and spends N on the real token on itself, in one
     transaction. Same event signatures, another contract."""
     payer = chain.new_payer()
-    other_token = x402_chain.deploy(chain.w3.provider.endpoint_uri, payers=[payer.address],
-                                    facilitator=chain.admin)["asset"]
+    other_token = x402_chain.deploy(
+        chain.w3.provider.endpoint_uri, payers=[payer.address], facilitator=chain.admin
+    )["asset"]
     forwarder = _deploy_forwarder(chain)
     (p1, h1, a1, _s1), (p2, h2, a2, s2) = _pending_pair(agent, report, chain, payer, payer)
     batch = Batch(chain, forwarder)
-    batch.authorized(payer, to=chain.pay_to, value=PRICE_ATOMIC, nonce=a1["nonce"],
-                     token=other_token)
+    batch.authorized(
+        payer, to=chain.pay_to, value=PRICE_ATOMIC, nonce=a1["nonce"], token=other_token
+    )
     batch.authorized(payer, to=payer.address, value=1, nonce=a1["nonce"])
     batch.genuine(a2, s2)
     _land(agent, chain, batch, (p1, h1), (p2, h2))

@@ -2,6 +2,7 @@
 payer and are shared by every transfer of theirs on the token: a used nonce proves a
 payment to Verity only when the transaction that used it carries Transfer(payer ->
 pay_to, value). Everything counted on the real chain."""
+
 from __future__ import annotations
 
 import pytest
@@ -58,7 +59,8 @@ def test_a_nonce_spent_elsewhere_before_the_settle_is_refused_up_front(agent, re
 
 
 def test_a_nonce_spent_elsewhere_after_a_settle_that_did_not_land_is_failed_used_elsewhere(
-        agent, report, chain, requester, settings):
+    agent, report, chain, requester, settings
+):
     settings.RECONCILE_ON_DEMAND_COOLDOWN_SECONDS = 0
     purchase, payer, header, auth = _signed(agent, report, chain)
     chain.automine(False)
@@ -83,8 +85,9 @@ def test_a_nonce_spent_elsewhere_after_a_settle_that_did_not_land_is_failed_used
     assert ProviderCall.objects.filter(operation=op, purpose="dispatch", step="settle").count() == 1
 
 
-def test_a_front_run_of_a_pending_settlement_is_failed_used_elsewhere(agent, report, chain,
-                                                                      requester):
+def test_a_front_run_of_a_pending_settlement_is_failed_used_elsewhere(
+    agent, report, chain, requester
+):
     purchase, payer, header, auth = _signed(agent, report, chain)
     chain.automine(False)
     first = _send(agent, purchase, header)
@@ -98,7 +101,8 @@ def test_a_front_run_of_a_pending_settlement_is_failed_used_elsewhere(agent, rep
     assert chain.authorization_used(payer.address, auth["nonce"])
 
     op = services.operation_reconcile(
-        operation_id=PaymentOperation.objects.get(purchase_id=purchase["id"]).id, actor="test")
+        operation_id=PaymentOperation.objects.get(purchase_id=purchase["id"]).id, actor="test"
+    )
     replay = _send(agent, purchase, header)
     settle_outbox()
 
@@ -117,23 +121,28 @@ def test_a_genuine_payment_is_confirmed_by_its_transfer_log(agent, report, chain
     chain.mine()
 
     op = services.operation_reconcile(
-        operation_id=PaymentOperation.objects.get(purchase_id=purchase["id"]).id, actor="test")
+        operation_id=PaymentOperation.objects.get(purchase_id=purchase["id"]).id, actor="test"
+    )
 
     tx = X402Authorization.objects.get(operation=op).transaction_hash
     assert op.outcome == "succeeded" and op.provider_reference == tx
     assert chain.paid_in(tx, payer.address, PRICE_ATOMIC)
 
 
-def test_the_per_operation_judge_tells_a_payment_from_a_nonce_spent_elsewhere(
-        agent, report, chain):
+def test_the_per_operation_judge_tells_a_payment_from_a_nonce_spent_elsewhere(agent, report, chain):
     """tests.x402.chain.Chain.operation_paid: the lifecycle machine's and the soak's judge."""
     paid_purchase, payer, header, _auth = _signed(agent, report, chain)
     _send(agent, paid_purchase, header)
     cheated, cheater, cheat_header, cheat_auth = _signed(agent, report, chain)
     chain.automine(False)
     _send(agent, cheated, cheat_header)
-    chain.spend_nonce(cheater, cheat_auth["nonce"], to=chain.pay_to, value=1,
-                      gas_price=chain.w3.eth.gas_price * 20)
+    chain.spend_nonce(
+        cheater,
+        cheat_auth["nonce"],
+        to=chain.pay_to,
+        value=1,
+        gas_price=chain.w3.eth.gas_price * 20,
+    )
     chain.mine()
 
     good = X402Authorization.objects.get(operation__purchase_id=paid_purchase["id"])

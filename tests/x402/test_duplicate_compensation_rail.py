@@ -11,6 +11,7 @@ expiry), so the given records the failure as chain-confirmed for the moment the 
 again (one row write); everything else is the real path. Counted on chain (Transfer logs
 payer -> Verity and back) and in the database.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -24,24 +25,30 @@ from tests.x402.conftest import SIGNATURE, settle_outbox, sign
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_an_x402_duplicate_is_returned_by_a_transfer_back_on_its_rail(agent, report, chain,
-                                                                      resolver):
+def test_an_x402_duplicate_is_returned_by_a_transfer_back_on_its_rail(
+    agent, report, chain, resolver
+):
     purchase = agent.new_purchase(report.sku)
     url = f"purchases/{purchase['id']}/deliverable"
     required = agent.get(url).headers["PAYMENT-REQUIRED"]
     payer = chain.new_payer()
     chain.automine(False)
     header, auth = sign(required, payer, payment_id="dup-rail-0001-abcdef")
-    get_facilitator().arm_drill(payer=payer.address, nonce=auth["nonce"],
-                                mode=DrillMode.DROP_ANSWER_AFTER_SEND)
+    get_facilitator().arm_drill(
+        payer=payer.address, nonce=auth["nonce"], mode=DrillMode.DROP_ANSWER_AFTER_SEND
+    )
     r = agent.get(url, **{SIGNATURE: header})
     [first] = PaymentOperation.objects.filter(purchase_id=purchase["id"])
     assert first.outcome == Outcome.UNKNOWN, r.content
 
     # the chain shows nothing mined yet: a person says it failed
-    first = services.operation_resolve_manual(operation_id=first.id, outcome="failed",
-                                              reason="payer says nothing left",
-                                              actor="resolver-1", acting_user=resolver)
+    first = services.operation_resolve_manual(
+        operation_id=first.id,
+        outcome="failed",
+        reason="payer says nothing left",
+        actor="resolver-1",
+        acting_user=resolver,
+    )
     assert first.outcome == Outcome.FAILED
     # a second authorization is refused while that failure is only the person's word
     other, _auth2 = sign(required, payer, payment_id="dup-rail-0002-abcdef")
@@ -56,8 +63,9 @@ def test_an_x402_duplicate_is_returned_by_a_transfer_back_on_its_rail(agent, rep
     wrong_word.update(grade=first.grade, verification=first.verification)
     chain.mine(3)
     chain.automine(True)
-    second = PaymentOperation.objects.exclude(pk=first.pk).get(purchase_id=purchase["id"],
-                                                               kind="charge")
+    second = PaymentOperation.objects.exclude(pk=first.pk).get(
+        purchase_id=purchase["id"], kind="charge"
+    )
     services.operation_reconcile(operation_id=second.id, actor="test")
     services.operation_reconcile(operation_id=first.id, actor="test")
     assert chain.transfers(payer.address) == 2  # paid twice
@@ -73,5 +81,6 @@ def test_an_x402_duplicate_is_returned_by_a_transfer_back_on_its_rail(agent, rep
     assert comp.outcome == Outcome.SUCCEEDED
     assert chain.transfers_back(payer.address) == 1
     assert not PaymentOperation.objects.filter(
-        purchase_id=purchase["id"], outcome__in=("pending", "dispatching", "unknown",
-                                                 "awaiting_provider")).exists()
+        purchase_id=purchase["id"],
+        outcome__in=("pending", "dispatching", "unknown", "awaiting_provider"),
+    ).exists()

@@ -1,6 +1,7 @@
 """A facilitator's "success" is not the proof of money, on the local chain too: one that
 answers success naming another buyer's transaction gets nothing paid (the receipt read
 finds no transfer of THIS authorization)."""
+
 from __future__ import annotations
 
 import json
@@ -33,16 +34,14 @@ def _lying_facilitator(transaction: str, supported: dict):
 
         def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self._answer({"success": True, "transaction": transaction,
-                          "network": "eip155:31337"})
+            self._answer({"success": True, "transaction": transaction, "network": "eip155:31337"})
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
 
-def test_a_success_naming_another_buyers_transaction_pays_nothing(agent, report, chain,
-                                                                   settings):
+def test_a_success_naming_another_buyers_transaction_pays_nothing(agent, report, chain, settings):
     import requests
 
     other = agent.new_purchase(report.sku)
@@ -58,8 +57,7 @@ def test_a_success_naming_another_buyers_transaction_pays_nothing(agent, report,
     settings.X402_FACILITATOR_URL = f"http://127.0.0.1:{server.server_port}"
     try:
         purchase = agent.new_purchase(report.sku)
-        required = agent.get(
-            f"purchases/{purchase['id']}/deliverable").headers["PAYMENT-REQUIRED"]
+        required = agent.get(f"purchases/{purchase['id']}/deliverable").headers["PAYMENT-REQUIRED"]
         payer = chain.new_payer()
         header, auth = sign(required, payer)
         r = agent.get(f"purchases/{purchase['id']}/deliverable", **{SIGNATURE: header})

@@ -3,6 +3,7 @@ the chain, read at X402_CONFIRMATIONS, shows the authorization can no longer be 
 until then the charge stays open and is read again. Re-orgs (anvil_reorg), roll-backs
 (evm_snapshot / evm_revert) and a facilitator that broadcasts the transfer but answers a
 refusal, on anvil with FiatTokenV2_2. Judged from raw Transfer logs and DB rows."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,10 @@ from tests.x402.conftest import SIGNATURE, settle_outbox, sign
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PRICE_ATOMIC = 1250 * 10**4
-TWA = ("transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,"
-       "uint8,bytes32,bytes32)")
+TWA = (
+    "transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,"
+    "uint8,bytes32,bytes32)"
+)
 
 
 # -- the buyer's and the chain's side (raw reads, nothing of Verity's proof code) --------
@@ -51,16 +54,27 @@ def _submit(chain, auth: dict, signature: str) -> str:
     """Anyone (here: the facilitator that kept it) sends a signed authorization itself."""
     sig = bytes.fromhex(signature[2:])
     fn = chain.token.get_function_by_signature(TWA)
-    return Web3.to_hex(fn(Web3.to_checksum_address(auth["from"]),
-                          Web3.to_checksum_address(auth["to"]), int(auth["value"]),
-                          int(auth["validAfter"]), int(auth["validBefore"]),
-                          bytes.fromhex(auth["nonce"][2:]), sig[64], sig[:32], sig[32:64]
-                          ).transact({"from": chain.admin}))
+    return Web3.to_hex(
+        fn(
+            Web3.to_checksum_address(auth["from"]),
+            Web3.to_checksum_address(auth["to"]),
+            int(auth["value"]),
+            int(auth["validAfter"]),
+            int(auth["validBefore"]),
+            bytes.fromhex(auth["nonce"][2:]),
+            sig[64],
+            sig[:32],
+            sig[32:64],
+        ).transact({"from": chain.admin})
+    )
 
 
 def _charges(purchase) -> list[PaymentOperation]:
-    return list(PaymentOperation.objects.filter(purchase_id=purchase["id"], kind="charge")
-                .order_by("created_at"))
+    return list(
+        PaymentOperation.objects.filter(purchase_id=purchase["id"], kind="charge").order_by(
+            "created_at"
+        )
+    )
 
 
 def _first(purchase) -> PaymentOperation:
@@ -69,8 +83,10 @@ def _first(purchase) -> PaymentOperation:
 
 def _counted(payer: str) -> int:
     """What Verity counts as received from `payer`: its succeeded x402 charges' values."""
-    return sum(int(a.value) for a in X402Authorization.objects.filter(
-        payer=payer, operation__outcome="succeeded"))
+    return sum(
+        int(a.value)
+        for a in X402Authorization.objects.filter(payer=payer, operation__outcome="succeeded")
+    )
 
 
 def _read_open(purchase) -> None:
@@ -87,7 +103,8 @@ def _open(op: PaymentOperation) -> bool:
 
 # -- cancelled / expired: decided at the confirmation depth -------------------------------
 def test_a_cancel_shallower_than_the_confirmations_is_no_verdict_and_a_reorg_keeps_it_paid(
-        agent, report, chain, settings):
+    agent, report, chain, settings
+):
     settings.X402_CONFIRMATIONS = 3
     payer = chain.new_payer()
     purchase = agent.new_purchase(report.sku)
@@ -118,8 +135,7 @@ def test_a_cancel_shallower_than_the_confirmations_is_no_verdict_and_a_reorg_kee
     assert len(_charges(purchase)) == 1
 
 
-def test_a_cancel_as_deep_as_the_confirmations_fails_the_charge(agent, report, chain,
-                                                                settings):
+def test_a_cancel_as_deep_as_the_confirmations_fails_the_charge(agent, report, chain, settings):
     settings.X402_CONFIRMATIONS = 3
     payer = chain.new_payer()
     purchase = agent.new_purchase(report.sku)
@@ -136,7 +152,8 @@ def test_a_cancel_as_deep_as_the_confirmations_fails_the_charge(agent, report, c
 
 
 def test_an_expiry_rolled_back_before_the_confirmations_leaves_the_charge_open(
-        agent, report, chain, settings):
+    agent, report, chain, settings
+):
     settings.X402_CONFIRMATIONS = 3
     settings.X402_MAX_TIMEOUT_SECONDS = 60
     payer = chain.new_payer()
@@ -165,8 +182,7 @@ def test_an_expiry_rolled_back_before_the_confirmations_leaves_the_charge_open(
     assert op.outcome == "succeeded"
 
 
-def test_an_expiry_as_deep_as_the_confirmations_fails_the_charge(agent, report, chain,
-                                                                 settings):
+def test_an_expiry_as_deep_as_the_confirmations_fails_the_charge(agent, report, chain, settings):
     settings.X402_CONFIRMATIONS = 3
     settings.X402_MAX_TIMEOUT_SECONDS = 60
     payer = chain.new_payer()
@@ -196,6 +212,7 @@ def _facilitator_that_refuses(real: str, *, status: int = 200, forward: bool = T
     broadcasts and mines the transfer) and then answered with a refusal, or (forward=False)
     refused without sending anything -- the signed authorization stays in its hands. The
     refusal: an invalid-signature verdict (200) or a refused credential (401/403)."""
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -221,9 +238,15 @@ def _facilitator_that_refuses(real: str, *, status: int = 200, forward: bool = T
                 requests.post(f"{real}{self.path}", json=body, timeout=30)
             if status != 200:
                 return self._answer(status, {"error": "unauthorized"})
-            self._answer(200, {"success": False,
-                               "errorReason": "invalid_exact_evm_payload_signature",
-                               "transaction": "", "network": "eip155:31337"})
+            self._answer(
+                200,
+                {
+                    "success": False,
+                    "errorReason": "invalid_exact_evm_payload_signature",
+                    "transaction": "",
+                    "network": "eip155:31337",
+                },
+            )
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -245,10 +268,11 @@ def _pay_through(agent, report, chain, settings, server):
 
 @pytest.mark.parametrize("status", [200, 401, 403])
 def test_a_refusal_from_a_facilitator_that_sent_the_transfer_is_not_a_failure(
-        agent, report, chain, settings, status):
+    agent, report, chain, settings, status
+):
     payer, purchase, auth, _sig, r = _pay_through(
-        agent, report, chain, settings, _facilitator_that_refuses(chain.facilitator,
-                                                                  status=status))
+        agent, report, chain, settings, _facilitator_that_refuses(chain.facilitator, status=status)
+    )
     first = _first(purchase)
     assert first.outcome != "failed", (r.status_code, r.content[:300])
     # The buyer tries again anyway, through the honest facilitator: not taken.
@@ -260,7 +284,8 @@ def test_a_refusal_from_a_facilitator_that_sent_the_transfer_is_not_a_failure(
     first.refresh_from_db()
     assert received == counted == PRICE_ATOMIC, (
         f"received {received}, Verity counts {counted}; first answer {r.status_code}, first "
-        f"charge {first.outcome}/{first.reason}; retry {r2.status_code} {r2.content[:300]}")
+        f"charge {first.outcome}/{first.reason}; retry {r2.status_code} {r2.content[:300]}"
+    )
     assert first.outcome == "succeeded"
     assert len(_charges(purchase)) == 1
 
@@ -270,8 +295,8 @@ def test_a_refused_authorization_that_lands_later_is_counted(agent, report, chai
     it later: the charge was left open (not "nothing was charged"), so the transfer is
     counted when it lands."""
     payer, purchase, auth, signature, r = _pay_through(
-        agent, report, chain, settings,
-        _facilitator_that_refuses(chain.facilitator, forward=False))
+        agent, report, chain, settings, _facilitator_that_refuses(chain.facilitator, forward=False)
+    )
     first = _first(purchase)
     assert first.outcome == "unknown", (first.outcome, first.reason)
     assert r.status_code == 202 and "nothing was charged" not in r.content.decode(), r.content
@@ -288,13 +313,14 @@ def test_a_refused_authorization_that_lands_later_is_counted(agent, report, chai
 
 
 def test_a_refused_authorization_fails_once_expired_and_the_wallet_can_pay_again(
-        agent, report, chain, settings):
+    agent, report, chain, settings
+):
     """An honest refusal (nothing sent): failed once validBefore passed on chain, and then
     the same wallet signs a new authorization and pays."""
     settings.X402_MAX_TIMEOUT_SECONDS = 60
     payer, purchase, auth, _sig, _r = _pay_through(
-        agent, report, chain, settings,
-        _facilitator_that_refuses(chain.facilitator, forward=False))
+        agent, report, chain, settings, _facilitator_that_refuses(chain.facilitator, forward=False)
+    )
     assert _first(purchase).outcome == "unknown"
 
     chain.expire(int(auth["validBefore"]))

@@ -2,6 +2,7 @@
 read by FastPathMiddleware and by the DRF view alone — while the settlement waits for the
 chain, and once it is mined — answers the same bytes and headers. Real anvil chain and
 facilitator."""
+
 import pytest
 
 from payments.models import PaymentOperation
@@ -12,8 +13,12 @@ from tests.x402.conftest import SIGNATURE, sign
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 
 
-def test_an_x402_purchase_reads_the_same_pending_and_paid(agent, report, chain,  # noqa: F811
-                                                          fast_settings):
+def test_an_x402_purchase_reads_the_same_pending_and_paid(
+    agent,
+    report,
+    chain,  # noqa: F811
+    fast_settings,
+):
     purchase = agent.new_purchase(report.sku)
     url = f"purchases/{purchase['id']}/deliverable"
     payer = chain.new_payer()

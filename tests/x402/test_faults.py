@@ -3,6 +3,7 @@
 Rules (DESIGN §4, x402): at most one transfer per purchase; `unknown` or `awaiting` is
 never shown `failed` before the chain proves it (the authorization expired or was
 cancelled); reconciliation only reads the chain, it never settles again."""
+
 from __future__ import annotations
 
 import pytest
@@ -39,8 +40,9 @@ def _settles(op) -> int:
     return ProviderCall.objects.filter(operation=op, purpose="dispatch", step="settle").count()
 
 
-def test_settlement_pending_is_awaiting_with_its_hash_and_the_chain_settles_it(agent, report,
-                                                                                chain):
+def test_settlement_pending_is_awaiting_with_its_hash_and_the_chain_settles_it(
+    agent, report, chain
+):
     purchase, payer, header, _auth = _pay(agent, report, chain)
     chain.automine(False)  # broadcast, not mined: the facilitator's receipt wait times out
 
@@ -79,7 +81,8 @@ def test_pending_answered_as_http_500_keeps_the_body_and_is_awaiting(agent, repo
 
 
 def test_a_dropped_transaction_is_not_a_failure_until_the_authorization_expires(
-        agent, report, chain, settings):
+    agent, report, chain, settings
+):
     settings.X402_MAX_TIMEOUT_SECONDS = 60  # a short authorization: expiry comes quickly
     purchase, payer, header, auth = _pay(agent, report, chain)
     chain.automine(False)
@@ -101,7 +104,8 @@ def test_a_dropped_transaction_is_not_a_failure_until_the_authorization_expires(
 
 
 def test_a_cancelled_authorization_reverts_the_transfer_and_is_failed_by_the_chain(
-        agent, report, chain):
+    agent, report, chain
+):
     purchase, payer, header, auth = _pay(agent, report, chain)
     chain.automine(False)
     _send(agent, purchase, header)
@@ -114,17 +118,18 @@ def test_a_cancelled_authorization_reverts_the_transfer_and_is_failed_by_the_cha
     assert (op.outcome, op.reason) == ("failed", "authorization_canceled")
     assert chain.transfers(payer.address) == 0
     receipt = chain.w3.eth.get_transaction_receipt(
-        X402Authorization.objects.get(operation=op).transaction_hash)
+        X402Authorization.objects.get(operation=op).transaction_hash
+    )
     assert receipt["status"] == 0  # the facilitator's transfer really reverted
 
 
-def test_a_blocklisted_payer_reverts_but_the_authorization_is_still_usable(agent, report,
-                                                                            chain):
+def test_a_blocklisted_payer_reverts_but_the_authorization_is_still_usable(agent, report, chain):
     purchase, payer, header, _auth = _pay(agent, report, chain)
     chain.automine(False)
     _send(agent, purchase, header)
     chain.token.functions.blacklist(payer.address).transact(
-        {"from": chain.admin, "gasPrice": chain.w3.eth.gas_price * 20})
+        {"from": chain.admin, "gasPrice": chain.w3.eth.gas_price * 20}
+    )
     chain.mine()
 
     op = _reconcile(purchase)
@@ -132,8 +137,9 @@ def test_a_blocklisted_payer_reverts_but_the_authorization_is_still_usable(agent
     assert chain.transfers(payer.address) == 0
 
 
-def test_a_reorg_takes_an_unconfirmed_transfer_back_and_nothing_is_settled(agent, report, chain,
-                                                                            settings):
+def test_a_reorg_takes_an_unconfirmed_transfer_back_and_nothing_is_settled(
+    agent, report, chain, settings
+):
     settings.X402_CONFIRMATIONS = 3
     purchase, payer, header, _auth = _pay(agent, report, chain)
     r = _send(agent, purchase, header)
@@ -149,10 +155,12 @@ def test_a_reorg_takes_an_unconfirmed_transfer_back_and_nothing_is_settled(agent
 
 
 def test_an_answer_dropped_after_forwarding_is_unknown_and_the_chain_finds_the_transfer(
-        agent, report, chain):
+    agent, report, chain
+):
     purchase, payer, header, auth = _pay(agent, report, chain)
-    get_facilitator().arm_drill(payer=payer.address, nonce=auth["nonce"],
-                                mode=DrillMode.DROP_ANSWER_AFTER_SEND)
+    get_facilitator().arm_drill(
+        payer=payer.address, nonce=auth["nonce"], mode=DrillMode.DROP_ANSWER_AFTER_SEND
+    )
 
     r = _send(agent, purchase, header)
 
@@ -164,7 +172,8 @@ def test_an_answer_dropped_after_forwarding_is_unknown_and_the_chain_finds_the_t
     assert settled.outcome == "succeeded"
     # Found through the AuthorizationUsed log, without a hash from the answer.
     assert X402Authorization.objects.get(operation=op).transaction_hash
-    assert settled.provider_reference == X402Authorization.objects.get(
-        operation=op).transaction_hash
+    assert (
+        settled.provider_reference == X402Authorization.objects.get(operation=op).transaction_hash
+    )
     assert chain.transfers(payer.address) == 1
     assert _settles(op) == 1

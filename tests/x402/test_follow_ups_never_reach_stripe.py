@@ -6,6 +6,7 @@ fail. The x402 purchase is then refunded, reconciled (charge and refund), read b
 asked to capture and void. Afterwards no tripwire was taken, localstripe holds no object
 for the purchase, and the chain shows exactly one transfer back to the payer.
 """
+
 import pytest
 
 from payments import services
@@ -19,8 +20,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 _STEPS = ("create", "confirm", "capture", "cancel", "refund")
 
 
-def test_x402_follow_ups_never_reach_stripe(agent, report, chain, people,  # noqa: F811
-                                            localstripe):
+def test_x402_follow_ups_never_reach_stripe(
+    agent,
+    report,
+    chain,
+    people,  # noqa: F811
+    localstripe,
+):
     purchase, payer, charge = _paid(agent, report, chain)
     stripe = provider_for_rail(Rail.STRIPE)
     for step in _STEPS:

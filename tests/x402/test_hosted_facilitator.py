@@ -2,6 +2,7 @@
 on (its sandbox route plays a static bearer token, or Coinbase's per-request CDP JWT):
 Verity sends its credential, checks /supported for the configured scheme and network before
 the first settle, and `settlement_pending` answered as HTTP 500 keeps working."""
+
 from __future__ import annotations
 
 import base64
@@ -50,7 +51,8 @@ def _pay(agent, report, chain, *, slow_chain: bool = False):
 
 
 def test_with_its_credential_verity_pays_through_an_authenticating_facilitator(
-        agent, report, hosted, settings):
+    agent, report, hosted, settings
+):
     settings.X402_FACILITATOR_AUTH_TOKEN = TOKEN
 
     purchase, payer, r = _pay(agent, report, hosted)
@@ -61,8 +63,7 @@ def test_with_its_credential_verity_pays_through_an_authenticating_facilitator(
     assert hosted.transfers(payer.address) == 1
 
 
-def test_a_refused_credential_stores_nothing_and_moves_nothing(agent, report, hosted,
-                                                               settings):
+def test_a_refused_credential_stores_nothing_and_moves_nothing(agent, report, hosted, settings):
     settings.X402_FACILITATOR_AUTH_TOKEN = "not-the-token"
 
     purchase, payer, r = _pay(agent, report, hosted)
@@ -73,7 +74,8 @@ def test_a_refused_credential_stores_nothing_and_moves_nothing(agent, report, ho
 
 
 def test_pending_as_http_500_from_an_authenticating_facilitator_is_awaiting(
-        agent, report, hosted, settings):
+    agent, report, hosted, settings
+):
     settings.X402_FACILITATOR_AUTH_TOKEN = TOKEN
     hosted.facilitator_config(pending_status=500)
 
@@ -111,24 +113,29 @@ JWT_HEADER_START = base64.urlsafe_b64encode(b'{"alg"').decode()[:8]
 
 def _ec_key():
     key = ec.generate_private_key(ec.SECP256R1())
-    secret = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                               serialization.NoEncryption()).decode()
+    secret = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
     return key, secret
 
 
 def _ed25519_key():
     key = ed25519.Ed25519PrivateKey.generate()
-    raw = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                            serialization.NoEncryption())
-    public = key.public_key().public_bytes(serialization.Encoding.Raw,
-                                           serialization.PublicFormat.Raw)
+    raw = key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
     return key, base64.b64encode(raw + public).decode()
 
 
 def _public_pem(key) -> str:
-    return key.public_key().public_bytes(serialization.Encoding.PEM,
-                                         serialization.PublicFormat.SubjectPublicKeyInfo
-                                         ).decode()
+    return (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
 
 
 @pytest.fixture(params=["ES256", "EdDSA"])
@@ -144,8 +151,9 @@ def cdp_hosted(request, chain, settings):
     chain.facilitator_config(cdp_key=None)
 
 
-def test_with_a_cdp_api_key_verity_pays_through_a_jwt_facilitator(agent, report, cdp_hosted,
-                                                                  caplog):
+def test_with_a_cdp_api_key_verity_pays_through_a_jwt_facilitator(
+    agent, report, cdp_hosted, caplog
+):
     chain, _, secret = cdp_hosted
     caplog.set_level(logging.DEBUG)
 
@@ -166,7 +174,8 @@ def test_with_a_cdp_api_key_verity_pays_through_a_jwt_facilitator(agent, report,
 
 
 def test_a_static_token_is_refused_by_a_jwt_facilitator_and_moves_nothing(
-        agent, report, cdp_hosted, settings):
+    agent, report, cdp_hosted, settings
+):
     chain, _, _ = cdp_hosted
     settings.X402_FACILITATOR_API_KEY_ID = settings.X402_FACILITATOR_API_KEY_SECRET = ""
     settings.X402_FACILITATOR_AUTH_TOKEN = TOKEN
@@ -184,7 +193,8 @@ def test_a_static_token_is_refused_by_a_jwt_facilitator_and_moves_nothing(
 
 
 def test_an_unusable_api_key_secret_stores_nothing_and_is_never_answered(
-        agent, report, chain, settings):
+    agent, report, chain, settings
+):
     secret = base64.b64encode(b"not a key, 33 bytes of something.").decode()
     settings.X402_FACILITATOR_API_KEY_ID = KEY_ID
     settings.X402_FACILITATOR_API_KEY_SECRET = secret
@@ -207,8 +217,9 @@ def test_the_jwt_facilitator_refuses_a_stale_replayed_or_misbound_jwt(cdp_hosted
         return r.status_code, r.json().get("reason")
 
     def mint(**kw):
-        return mint_cdp_jwt(**{"key_id": KEY_ID, "key": key, "method": "GET",
-                               "url": supported, **kw})
+        return mint_cdp_jwt(
+            **{"key_id": KEY_ID, "key": key, "method": "GET", "url": supported, **kw}
+        )
 
     fresh = mint()
     assert get(fresh) == (200, None)

@@ -3,6 +3,7 @@
 report through Verity on the local chain, unmodified: tools/x402_fetch/buy.mjs only wires
 the stock wrapper to a viem account and sends the API key. 402 -> it pays -> 202 while the
 chain is slow -> 200 with the report; one transfer on chain, one settle."""
+
 from __future__ import annotations
 
 import json
@@ -30,12 +31,24 @@ if not (CLIENT / "node_modules" / "@x402" / "fetch").is_dir() or not shutil.whic
 
 
 def _buy(url: str, *, payer_key: str, api_key: str) -> dict:
-    env = {"PATH": os.environ["PATH"], "X402_BUYER_KEY": payer_key, "VERITY_API_KEY": api_key,
-           # the buyer's spend policy (configuration only): this chain's USDC, capped at 20
-           "X402_NETWORK": os.environ["X402_NETWORK"], "X402_ASSET": os.environ["X402_ASSET"],
-           "X402_MAX_AMOUNT": str(20 * 10**6)}
-    done = subprocess.run(["node", str(CLIENT / "buy.mjs"), url], env=env, cwd=CLIENT,
-                          capture_output=True, text=True, timeout=120, check=False)
+    env = {
+        "PATH": os.environ["PATH"],
+        "X402_BUYER_KEY": payer_key,
+        "VERITY_API_KEY": api_key,
+        # the buyer's spend policy (configuration only): this chain's USDC, capped at 20
+        "X402_NETWORK": os.environ["X402_NETWORK"],
+        "X402_ASSET": os.environ["X402_ASSET"],
+        "X402_MAX_AMOUNT": str(20 * 10**6),
+    }
+    done = subprocess.run(
+        ["node", str(CLIENT / "buy.mjs"), url],
+        env=env,
+        cwd=CLIENT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 

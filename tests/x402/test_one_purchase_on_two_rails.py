@@ -5,6 +5,7 @@ deliverable's GET with PAYMENT-SIGNATURE, settled on the anvil chain) race on th
 purchase from two threads, each with its own key. Counted on the provider and the chain:
 succeeded charges at localstripe plus Transfer logs payer -> Verity is at most one.
 """
+
 import threading
 
 import pytest
@@ -18,11 +19,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_card_and_an_x402_payment_racing_on_one_purchase_move_money_once(
-        agent, report, chain, localstripe):  # noqa: F811
+    agent, report, chain, localstripe
+):  # noqa: F811
     for _ in range(3):
         purchase = agent.new_purchase(report.sku)
-        required = agent.get(f"purchases/{purchase['id']}/deliverable"
-                             ).headers["PAYMENT-REQUIRED"]
+        required = agent.get(f"purchases/{purchase['id']}/deliverable").headers["PAYMENT-REQUIRED"]
         payer = chain.new_payer()
         header, _auth = sign(required, payer)
         start = threading.Barrier(2)
@@ -38,8 +39,9 @@ def test_a_card_and_an_x402_payment_racing_on_one_purchase_move_money_once(
         def x402(start=start, answers=answers, purchase=purchase, header=header):
             try:
                 start.wait()
-                answers["x402"] = agent.get(f"purchases/{purchase['id']}/deliverable",
-                                            **{SIGNATURE: header}).status_code
+                answers["x402"] = agent.get(
+                    f"purchases/{purchase['id']}/deliverable", **{SIGNATURE: header}
+                ).status_code
             finally:
                 connection.close()
 
@@ -52,9 +54,14 @@ def test_a_card_and_an_x402_payment_racing_on_one_purchase_move_money_once(
         card_charges = len(localstripe.succeeded_charges_for(purchase["id"]))
         transfers = chain.transfers(payer.address)
         succeeded = PaymentOperation.objects.filter(
-            purchase_id=purchase["id"], kind__in=[OperationKind.CHARGE, OperationKind.AUTHORIZE],
-            outcome=Outcome.SUCCEEDED, is_duplicate=False).count()
-        print(f"answers={answers} card charges={card_charges} transfers={transfers} "
-              f"succeeded ops={succeeded}")
+            purchase_id=purchase["id"],
+            kind__in=[OperationKind.CHARGE, OperationKind.AUTHORIZE],
+            outcome=Outcome.SUCCEEDED,
+            is_duplicate=False,
+        ).count()
+        print(
+            f"answers={answers} card charges={card_charges} transfers={transfers} "
+            f"succeeded ops={succeeded}"
+        )
         assert card_charges + transfers <= 1, answers
         assert succeeded <= 1

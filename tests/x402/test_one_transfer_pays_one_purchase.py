@@ -8,6 +8,7 @@ immediately Transfer(payer -> to, value) from the same token -- and each proving
 
 Everything is counted on the real chain (anvil + Circle's FiatTokenV2_2), with a
 hand-assembled forwarder contract sending the payer's own batched transaction."""
+
 from __future__ import annotations
 
 import pytest
@@ -48,23 +49,25 @@ def _batched_attack(agent, report, chain):
         assert r.status_code == 202 and r.json()["code"] == "settlement_pending", r.content
     m_signature = decode_header(header_m)["payload"]["signature"]
     self_n = chain.authorization_for(payer, to=payer.address, value=1, nonce=auth_n["nonce"])
-    batch = chain.batch_transfers(forwarder, [(auth_m, m_signature), self_n],
-                                  gas_price=chain.w3.eth.gas_price * 20)
+    batch = chain.batch_transfers(
+        forwarder, [(auth_m, m_signature), self_n], gas_price=chain.w3.eth.gas_price * 20
+    )
     chain.mine()
     chain.automine(True)
     receipt = chain.w3.eth.wait_for_transaction_receipt(batch, timeout=30)
     assert receipt["status"] == 1
     assert chain.authorization_used(payer.address, auth_n["nonce"])
     assert chain.authorization_used(payer.address, auth_m["nonce"])
-    ops = [PaymentOperation.objects.get(purchase_id=p["id"], kind="charge")
-           for p in (first, second)]
+    ops = [
+        PaymentOperation.objects.get(purchase_id=p["id"], kind="charge") for p in (first, second)
+    ]
     return payer, (first, header_n), second, ops, batch
 
 
 def test_one_batched_transaction_pays_only_the_purchase_whose_transfer_it_carries(
-        agent, report, chain, people):
-    payer, (first, header_n), second, (op_n, op_m), batch = _batched_attack(agent, report,
-                                                                            chain)
+    agent, report, chain, people
+):
+    payer, (first, header_n), second, (op_n, op_m), batch = _batched_attack(agent, report, chain)
 
     for op in (op_n, op_m):
         services.operation_reconcile(operation_id=op.id, actor="test")
@@ -89,8 +92,9 @@ def test_one_batched_transaction_pays_only_the_purchase_whose_transfer_it_carrie
     assert (proof.proof_transaction, proof.proof_log_index is not None) == (batch, True)
     assert X402Authorization.objects.get(pk=op_n.id).proof_transaction == ""
     # The independent chain judge agrees, log for log.
-    audit = ChainJudge(chain).audit(X402Authorization.objects.filter(pk__in=[op_n.id, op_m.id]),
-                                    succeeded={op_m.id})
+    audit = ChainJudge(chain).audit(
+        X402Authorization.objects.filter(pk__in=[op_n.id, op_m.id]), succeeded={op_m.id}
+    )
     assert audit.violations == []
     assert audit.paid == {op_n.id: None, op_m.id: (batch, proof.proof_log_index)}
 
@@ -106,8 +110,7 @@ def test_one_batched_transaction_pays_only_the_purchase_whose_transfer_it_carrie
     assert chain.returned_to(payer.address) == PRICE_ATOMIC == chain.received_from(payer.address)
 
 
-def test_a_proving_log_is_claimed_by_one_operation_only_in_the_database(
-        agent, report, chain):
+def test_a_proving_log_is_claimed_by_one_operation_only_in_the_database(agent, report, chain):
     """Belt and braces under the pairing: the database refuses a second operation that
     names the same (network, transaction, log index) as its proof."""
     payer = chain.new_payer()
@@ -116,16 +119,22 @@ def test_a_proving_log_is_claimed_by_one_operation_only_in_the_database(
         header, _auth = sign(_required(agent, purchase), payer)
         assert _send(agent, purchase, header).status_code in (200, 202)
     settle_outbox()
-    assert PaymentOperation.objects.filter(purchase_id__in=[p["id"] for p in purchases],
-                                           outcome="succeeded").count() == 2
-    first, second = (X402Authorization.objects.get(operation__purchase_id=p["id"])
-                     for p in purchases)
+    assert (
+        PaymentOperation.objects.filter(
+            purchase_id__in=[p["id"] for p in purchases], outcome="succeeded"
+        ).count()
+        == 2
+    )
+    first, second = (
+        X402Authorization.objects.get(operation__purchase_id=p["id"]) for p in purchases
+    )
     assert first.proof_transaction and first.proof_log_index is not None
     assert second.proof_transaction != first.proof_transaction
 
     with pytest.raises(IntegrityError), transaction.atomic():
         X402Authorization.objects.filter(pk=second.pk).update(
-            proof_transaction=first.proof_transaction, proof_log_index=first.proof_log_index)
+            proof_transaction=first.proof_transaction, proof_log_index=first.proof_log_index
+        )
 
 
 def test_the_chain_judge_finds_one_transfer_counted_for_two_purchases(agent, report, chain):
@@ -139,16 +148,18 @@ def test_the_chain_judge_finds_one_transfer_counted_for_two_purchases(agent, rep
     audit = ChainJudge(chain).audit(auths, succeeded={op_n.id, op_m.id})
 
     assert audit.paid[op_n.id] is None and audit.paid[op_m.id] is not None
-    assert any(v.startswith(f"{op_n.id}: counted as paid") for v in audit.violations), \
+    assert any(v.startswith(f"{op_n.id}: counted as paid") for v in audit.violations), (
         audit.violations
-    assert any(f"Verity counts {2 * PRICE_ATOMIC} received" in v and f"sum to {PRICE_ATOMIC}"
-               in v for v in audit.violations), audit.violations
+    )
+    assert any(
+        f"Verity counts {2 * PRICE_ATOMIC} received" in v and f"sum to {PRICE_ATOMIC}" in v
+        for v in audit.violations
+    ), audit.violations
     assert not chain.operation_paid(auths.get(pk=op_n.id))
     assert chain.operation_paid(auths.get(pk=op_m.id))
 
 
-def test_the_raw_chain_judge_finds_one_transfer_counted_for_two_purchases(agent, report,
-                                                                          chain):
+def test_the_raw_chain_judge_finds_one_transfer_counted_for_two_purchases(agent, report, chain):
     """bench/x402_judge.py (plain JSON-RPC, call traces; no import of Verity's proof code,
     no proof column read): told that both purchases of the batched transaction are paid
     (what the defect did), it finds the purchase no log paid and the count above what
@@ -156,10 +167,11 @@ def test_the_raw_chain_judge_finds_one_transfer_counted_for_two_purchases(agent,
     from bench.x402_judge import Claim, claims_from_rows, judge_from_env
 
     payer, _first, _second, (op_n, op_m), batch = _batched_attack(agent, report, chain)
-    auths = {a.operation_id: a for a in X402Authorization.objects.filter(
-        pk__in=[op_n.id, op_m.id])}
-    both = [Claim(operation=i, payer=a.payer, nonce=a.nonce, value=int(a.value), counted=True)
-            for i, a in auths.items()]
+    auths = {a.operation_id: a for a in X402Authorization.objects.filter(pk__in=[op_n.id, op_m.id])}
+    both = [
+        Claim(operation=i, payer=a.payer, nonce=a.nonce, value=int(a.value), counted=True)
+        for i, a in auths.items()
+    ]
     judge = judge_from_env()
 
     audit = judge.audit(both)
@@ -170,8 +182,12 @@ def test_the_raw_chain_judge_finds_one_transfer_counted_for_two_purchases(agent,
 
     for op in (op_n, op_m):
         services.operation_reconcile(operation_id=op.id, actor="test")
-    truth = judge.audit(claims_from_rows(X402Authorization.objects.filter(
-        pk__in=[op_n.id, op_m.id]).select_related("operation")), settled=True)
+    truth = judge.audit(
+        claims_from_rows(
+            X402Authorization.objects.filter(pk__in=[op_n.id, op_m.id]).select_related("operation")
+        ),
+        settled=True,
+    )
     assert truth.violations == [] and truth.counted == PRICE_ATOMIC == truth.received
     # The 1-unit self-transfer signed with N went to the payer, not to pay_to: nothing
     # arrived that no authorization explains.

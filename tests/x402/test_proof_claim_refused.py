@@ -2,6 +2,7 @@
 (x402_one_op_per_proving_log) and is not silent: the operation stays open for a person,
 the refusal is on its history, and the metric the alert VerityX402ProofClaimRefused reads
 counts it."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,11 +21,12 @@ def test_a_refused_claim_is_on_the_history_and_counted(agent, report, chain):
     ops = []
     for _ in range(2):
         purchase = agent.new_purchase(report.sku)
-        required = agent.get(f"purchases/{purchase['id']}/deliverable").headers[
-            "PAYMENT-REQUIRED"]
+        required = agent.get(f"purchases/{purchase['id']}/deliverable").headers["PAYMENT-REQUIRED"]
         header, _auth = sign(required, payer)
-        assert agent.get(f"purchases/{purchase['id']}/deliverable",
-                         **{SIGNATURE: header}).status_code == 202
+        assert (
+            agent.get(f"purchases/{purchase['id']}/deliverable", **{SIGNATURE: header}).status_code
+            == 202
+        )
         ops.append(PaymentOperation.objects.get(purchase_id=purchase["id"]))
     chain.mine()
     chain.automine(True)
@@ -33,12 +35,16 @@ def test_a_refused_claim_is_on_the_history_and_counted(agent, report, chain):
     # already, e.g. written by an earlier bug: the second's own read must not take it too.
     tx = X402Authorization.objects.get(pk=second.id).transaction_hash
     receipt = chain.w3.eth.get_transaction_receipt(tx)
-    index = next(int(log["logIndex"]) for log in receipt["logs"]
-                 if len(log["topics"]) == 3 and log["address"] == chain.token.address
-                 and log["topics"][0] == chain.w3.keccak(
-                     text="Transfer(address,address,uint256)"))
-    X402Authorization.objects.filter(pk=first.id).update(proof_transaction=tx,
-                                                         proof_log_index=index)
+    index = next(
+        int(log["logIndex"])
+        for log in receipt["logs"]
+        if len(log["topics"]) == 3
+        and log["address"] == chain.token.address
+        and log["topics"][0] == chain.w3.keccak(text="Transfer(address,address,uint256)")
+    )
+    X402Authorization.objects.filter(pk=first.id).update(
+        proof_transaction=tx, proof_log_index=index
+    )
     services.operation_reconcile(operation_id=second.id, actor="test")
     second.refresh_from_db()
     assert second.outcome != "succeeded", second.outcome  # not paid by a claimed log
@@ -47,7 +53,6 @@ def test_a_refused_claim_is_on_the_history_and_counted(agent, report, chain):
     assert rows.get().evidence["claimed_by"] == first.id
     from recovery.metrics import _x402_gauges
 
-    gauges = {m.name: m.samples[0].value for m in _x402_gauges(second.created_at)
-              if m.samples}
+    gauges = {m.name: m.samples[0].value for m in _x402_gauges(second.created_at) if m.samples}
     assert gauges["verity_x402_proof_claims_refused"] == 1
     settle_outbox()

@@ -1,5 +1,6 @@
 """The x402 rail end to end: 402 requirements -> PAYMENT-SIGNATURE -> one settle through
 the real facilitator -> one transfer on the real chain -> deliverable + PAYMENT-RESPONSE."""
+
 from __future__ import annotations
 
 import pytest
@@ -57,6 +58,8 @@ def test_a_signed_authorization_moves_money_once_and_delivers_the_report(agent, 
     assert stored.nonce == auth["nonce"].lower() and stored.payer == payer.address
     assert op.provider_reference == stored.transaction_hash == response["transaction"]
     assert ProviderCall.objects.filter(operation=op, purpose="dispatch", step="settle").count() == 1
-    assert StepRun.objects.filter(purchase_id=purchase["id"], step="deliverable",
-                                  state="done").count() == 1
+    assert (
+        StepRun.objects.filter(purchase_id=purchase["id"], step="deliverable", state="done").count()
+        == 1
+    )
     assert again.json()["result"]

@@ -2,6 +2,7 @@
 float finance tops up), never from the receiving account pay_to, whose key Verity does not
 hold; the float's balance is on the console and in /metrics; x402 settle attempts are
 limited per API client (429 with Retry-After, nothing stored)."""
+
 from __future__ import annotations
 
 import re
@@ -40,7 +41,8 @@ def _console(client):
 
 
 def test_a_refund_is_one_transfer_from_the_refund_account_and_pay_to_keeps_its_money(
-        agent, report, chain, django_user_model):
+    agent, report, chain, django_user_model
+):
     # given a purchase paid over x402 (the money is at pay_to)
     assert chain.refund_account and chain.refund_account.lower() != chain.pay_to.lower()
     purchase, payer, _header = _paid(agent, report, chain)
@@ -82,8 +84,7 @@ def test_the_console_and_the_metrics_show_the_refund_float(chain, client, settin
 
     assert "data-refund-float" in page and chain.refund_account in page
     shown = re.search(r"data-refund-balance>([^<]*)<", page).group(1)
-    assert f"{tokens:,.2f}".replace(",", "") in shown.replace(",", "") and "top it up" \
-        not in shown
+    assert f"{tokens:,.2f}".replace(",", "") in shown.replace(",", "") and "top it up" not in shown
     assert "data-refund-float-low" not in page
     assert f"verity_x402_refund_balance {float(tokens)}" in metrics
     assert "verity_x402_refund_low_balance 1.0" in metrics
@@ -92,12 +93,15 @@ def test_the_console_and_the_metrics_show_the_refund_float(chain, client, settin
     settings.X402_REFUND_LOW_BALANCE = tokens + 1
     page = client.get("/console/").content.decode()
     assert "data-refund-float-low" in page and "top it up" in page
-    assert f"verity_x402_refund_low_balance {float(tokens + 1)}" in \
-        client.get("/metrics").content.decode()
+    assert (
+        f"verity_x402_refund_low_balance {float(tokens + 1)}"
+        in client.get("/metrics").content.decode()
+    )
 
 
 def test_settle_attempts_past_the_per_client_limit_are_429_and_store_nothing(
-        agent, report, chain, settings):
+    agent, report, chain, settings
+):
     # given a limit of two settle attempts per client per minute
     settings.X402_SETTLE_RATE = "2/min"
     first, first_payer, first_header = _paid(agent, report, chain)
@@ -123,8 +127,9 @@ def test_settle_attempts_past_the_per_client_limit_are_429_and_store_nothing(
     assert replay.status_code in (200, 202) and replay.headers["Payment-Replayed"] == "true"
     assert chain.transfers(first_payer.address) == 1
     # another API client has its own count
-    other_client, key = make_client(scopes=("purchases:read", "purchases:write"),
-                                    limit=10_000_000, name="agent-2")
+    other_client, key = make_client(
+        scopes=("purchases:read", "purchases:write"), limit=10_000_000, name="agent-2"
+    )
     other = Api(key, other_client)
     other_purchase, _other_payer, _ = _paid(other, report, chain)
     assert PaymentOperation.objects.filter(purchase_id=other_purchase["id"]).count() == 1
@@ -132,7 +137,8 @@ def test_settle_attempts_past_the_per_client_limit_are_429_and_store_nothing(
 
 
 def test_an_unreadable_chain_shows_the_float_unreadable_and_metrics_still_answer(
-        chain, client, settings):
+    chain, client, settings
+):
     settings.X402_RPC_URL = "http://127.0.0.1:9"  # nothing listens: connection refused
 
     page = _console(client).get("/console/")

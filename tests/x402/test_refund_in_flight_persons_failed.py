@@ -1,9 +1,11 @@
 """A person's "failed" on a refund
 whose transfer back is broadcast but not mined is refused (`provider_processing`) and
 changes nothing: the refund stays awaiting the chain, and once mined it is the chain's
-"succeeded". (tests/x402/test_persons_failed_refund_awaiting_chain.py also accepts a run where the word was taken and
+"succeeded". (tests/x402/test_persons_failed_refund_awaiting_chain.py also accepts a run where the
+word was taken and
 its effects were contained; this one pins the refusal itself.) Real chain, automine off
 is the chain's own control."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,7 +20,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_persons_failed_on_a_refund_transfer_in_the_mempool_is_refused(
-        agent, report, chain, people, settings):
+    agent, report, chain, people, settings
+):
     settings.X402_REFUND_RECEIPT_TIMEOUT = 0.5
     resolver, requester, approver = people
     purchase, payer, _charge = _paid(agent, report, chain)
@@ -28,9 +31,13 @@ def test_a_persons_failed_on_a_refund_transfer_in_the_mempool_is_refused(
     assert refund.outcome == Outcome.AWAITING_PROVIDER  # broadcast, not mined
 
     with pytest.raises(services.DomainError) as refused:
-        services.operation_resolve_manual(operation_id=refund.id, outcome="failed",
-                                          reason="payer says nothing came back",
-                                          actor="resolver", acting_user=resolver)
+        services.operation_resolve_manual(
+            operation_id=refund.id,
+            outcome="failed",
+            reason="payer says nothing came back",
+            actor="resolver",
+            acting_user=resolver,
+        )
     assert refused.value.code == "provider_processing"
     assert PaymentOperation.objects.get(pk=refund.pk).outcome == Outcome.AWAITING_PROVIDER
 

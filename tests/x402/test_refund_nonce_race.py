@@ -11,6 +11,7 @@ refund 1, then — before refund 1 broadcasts — refund 2 is dispatched by anot
 process (a real second Verity process on the same database and chain), or another
 transaction of the signer takes the nonce. The chain itself refuses a stale nonce. And a
 broadcast the node took whose answer was lost is never taken for a refusal and signed again."""
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,10 @@ PRICE_ATOMIC = 1250 * 10**4  # the report's 12.50 USD in USDC's 6 decimals
 FUNDS = 1_000 * 10**6
 
 # What a second gunicorn/celery process does with an approved refund: dispatch it.
-_OTHER_WORKER = ("import sys, django; django.setup(); from payments import services; "
-                 "print(services.operation_dispatch(operation_id=sys.argv[1]).outcome)")
+_OTHER_WORKER = (
+    "import sys, django; django.setup(); from payments import services; "
+    "print(services.operation_dispatch(operation_id=sys.argv[1]).outcome)"
+)
 
 
 def _pay(agent, report, payer) -> dict:
@@ -80,7 +83,8 @@ def _two_approved_refunds(agent, report, chain, people):
     # or the race below never happens (seen once in CI under load: no nonce read hooked).
     OutboxMessage.objects.filter(
         dedupe_key__in=[f"dispatch-backstop:{r.id}" for r in (refund_1, refund_2)],
-        processed_at__isnull=True).update(available_at=timezone.now() + timedelta(hours=1))
+        processed_at__isnull=True,
+    ).update(available_at=timezone.now() + timedelta(hours=1))
     sender = get_refund_sender()
     return payer, refund_1, refund_2, sender, chain.w3.eth.get_transaction_count(sender.address)
 
@@ -89,10 +93,13 @@ def _start_in_another_process(op: PaymentOperation, **env) -> subprocess.Popen:
     db = django_settings.DATABASES["default"]
     url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"  # the test db
     return subprocess.Popen(
-        [sys.executable, "-c", _OTHER_WORKER, op.id], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "DATABASE_URL": url,
-             **env})
+        [sys.executable, "-c", _OTHER_WORKER, op.id],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "DATABASE_URL": url, **env},
+    )
 
 
 def _outcome_of(worker: subprocess.Popen) -> str:
@@ -112,16 +119,17 @@ def _signer_lock_now(address: str) -> tuple[int, int]:
             "  FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1"
             "   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
             "   AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
-            [(key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF])
+            [(key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF],
+        )
         return cur.fetchone()
 
 
-def _another_process_dispatches_meanwhile(chain, sender, op, signer_nonce: int, seen: dict,
-                                          **env):
+def _another_process_dispatches_meanwhile(chain, sender, op, signer_nonce: int, seen: dict, **env):
     """A competitor for the race hook: start `op`'s dispatch in another worker process and
     watch it until it waits for the signer's lock, broadcasts or exits (at most 60 s),
     then half a second more. What was seen goes into `seen` (asserting here would only
     make the hooked nonce read fail)."""
+
     def competitor() -> None:
         try:
             worker = _start_in_another_process(op, **env)
@@ -129,18 +137,25 @@ def _another_process_dispatches_meanwhile(chain, sender, op, signer_nonce: int, 
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 held, waiting = _signer_lock_now(sender.address)
-                if (waiting or worker.poll() is not None or signer_nonce !=
-                        chain.w3.eth.get_transaction_count(sender.address, "pending")):
+                if (
+                    waiting
+                    or worker.poll() is not None
+                    or signer_nonce != chain.w3.eth.get_transaction_count(sender.address, "pending")
+                ):
                     break
                 time.sleep(0.1)
             time.sleep(0.5)
-            seen.update(worker=worker, held=held, waiting=waiting,
-                        running=worker.poll() is None,
-                        pending_nonce=chain.w3.eth.get_transaction_count(sender.address,
-                                                                         "pending"))
+            seen.update(
+                worker=worker,
+                held=held,
+                waiting=waiting,
+                running=worker.poll() is None,
+                pending_nonce=chain.w3.eth.get_transaction_count(sender.address, "pending"),
+            )
         except BaseException as exc:
             seen["error"] = repr(exc)  # said by _competitor_seen, not lost in the dispatch
             raise
+
     return competitor
 
 
@@ -151,10 +166,15 @@ def _competitor_seen(other: dict, op: PaymentOperation) -> subprocess.Popen:
         started = other.get("started")
         if started is not None:
             started.kill()
-        calls = list(ProviderCall.objects.filter(operation=op).values(
-            "step", "classification", "safe_fields"))
-        pytest.fail(f"the competitor did not run to the end: {other.get('error', 'no nonce read')}"
-                    f"; {op.id} is {PaymentOperation.objects.get(id=op.id).outcome}, calls {calls}")
+        calls = list(
+            ProviderCall.objects.filter(operation=op).values(
+                "step", "classification", "safe_fields"
+            )
+        )
+        pytest.fail(
+            f"the competitor did not run to the end: {other.get('error', 'no nonce read')}"
+            f"; {op.id} is {PaymentOperation.objects.get(id=op.id).outcome}, calls {calls}"
+        )
     return other["worker"]
 
 
@@ -184,10 +204,16 @@ def _another_transaction_of_the_signer(chain):
 
     def send() -> None:
         w3 = chain.w3
-        tx = {"to": signer.address, "value": 0, "gas": 30_000, "gasPrice": w3.eth.gas_price,
-              "nonce": w3.eth.get_transaction_count(signer.address, "pending"),
-              "chainId": w3.eth.chain_id}
+        tx = {
+            "to": signer.address,
+            "value": 0,
+            "gas": 30_000,
+            "gasPrice": w3.eth.gas_price,
+            "nonce": w3.eth.get_transaction_count(signer.address, "pending"),
+            "chainId": w3.eth.chain_id,
+        }
         w3.eth.send_raw_transaction(signer.sign_transaction(tx).raw_transaction)
+
     return send
 
 
@@ -206,16 +232,21 @@ def _mined_nonce(chain, tx_hash: str) -> int:
 
 
 def test_two_refunds_at_once_in_two_processes_take_the_signers_nonces_in_turn(
-        agent, report, chain, people, monkeypatch):
+    agent, report, chain, people, monkeypatch
+):
     # given one payer who bought two reports, and a refund of each approved
     payer, refund_1, refund_2, sender, signer_nonce = _two_approved_refunds(
-        agent, report, chain, people)
+        agent, report, chain, people
+    )
     assert chain.balance(payer.address) == FUNDS - 2 * PRICE_ATOMIC
     other: dict = {}
     # and refund 2 dispatched by another worker process right after refund 1 read the
     # signer's nonce (before refund 1 signs and broadcasts with it)
-    seen = _race_after_the_nonce_read(monkeypatch, sender, _another_process_dispatches_meanwhile(
-        chain, sender, refund_2, signer_nonce, other))
+    seen = _race_after_the_nonce_read(
+        monkeypatch,
+        sender,
+        _another_process_dispatches_meanwhile(chain, sender, refund_2, signer_nonce, other),
+    )
 
     # when refund 1 is dispatched
     done_1 = services.operation_dispatch(operation_id=refund_1.id)
@@ -225,8 +256,12 @@ def test_two_refunds_at_once_in_two_processes_take_the_signers_nonces_in_turn(
     # then the other process waited for the signer's lock, which refund 1 held, and
     # broadcast nothing meanwhile
     assert seen == [signer_nonce]
-    assert (other["held"], other["waiting"], other["running"], other["pending_nonce"]) == \
-        (1, 1, True, signer_nonce)
+    assert (other["held"], other["waiting"], other["running"], other["pending_nonce"]) == (
+        1,
+        1,
+        True,
+        signer_nonce,
+    )
     # and both refunds succeeded, with nonces n and n + 1, each signed once
     assert (done_1.outcome, done_1.verification) == ("succeeded", "provider"), done_1.reason
     assert outcome_2 == "succeeded"
@@ -236,17 +271,23 @@ def test_two_refunds_at_once_in_two_processes_take_the_signers_nonces_in_turn(
     assert chain.w3.eth.get_transaction_count(sender.address) == signer_nonce + 2
     row_1 = X402RefundTransfer.objects.get(operation=refund_1)
     row_2 = X402RefundTransfer.objects.get(operation=refund_2)
-    assert (row_1.chain_nonce, _mined_nonce(chain, row_1.transaction_hash)) == \
-        (signer_nonce, signer_nonce)
-    assert (row_2.chain_nonce, _mined_nonce(chain, row_2.transaction_hash)) == \
-        (signer_nonce + 1, signer_nonce + 1)
+    assert (row_1.chain_nonce, _mined_nonce(chain, row_1.transaction_hash)) == (
+        signer_nonce,
+        signer_nonce,
+    )
+    assert (row_2.chain_nonce, _mined_nonce(chain, row_2.transaction_hash)) == (
+        signer_nonce + 1,
+        signer_nonce + 1,
+    )
     assert row_1.block_number and row_2.block_number
     assert _sends(refund_1) == 1 and _sends(refund_2) == 1
     # (a send's detail is empty only when its first sign was accepted: no refusal)
     for refund, row in ((refund_1, row_1), (refund_2, row_2)):
         call = _refund_call(refund)
-        assert (call.safe_fields["transaction"], call.safe_fields["detail"]) == \
-            (row.transaction_hash, "")
+        assert (call.safe_fields["transaction"], call.safe_fields["detail"]) == (
+            row.transaction_hash,
+            "",
+        )
     # and the read-back of refund 1 finds its transfer, and sends nothing
     seen_1 = services.operation_read_canonical(operation_id=refund_1.id)
     assert (seen_1.status, seen_1.id) == ("confirmed", row_1.transaction_hash)
@@ -254,15 +295,22 @@ def test_two_refunds_at_once_in_two_processes_take_the_signers_nonces_in_turn(
 
 
 def test_a_refund_pending_at_a_nonce_is_never_signed_over_by_another_process(
-        agent, report, chain, people, monkeypatch):
+    agent, report, chain, people, monkeypatch
+):
     # given two approved refunds to one payer and a chain that mines only when told
     payer, refund_1, refund_2, sender, signer_nonce = _two_approved_refunds(
-        agent, report, chain, people)
+        agent, report, chain, people
+    )
     chain.automine(False)
     other: dict = {}
     # and refund 2 dispatched by another process right after refund 1 read the nonce
-    seen = _race_after_the_nonce_read(monkeypatch, sender, _another_process_dispatches_meanwhile(
-        chain, sender, refund_2, signer_nonce, other, X402_REFUND_RECEIPT_TIMEOUT="0.5"))
+    seen = _race_after_the_nonce_read(
+        monkeypatch,
+        sender,
+        _another_process_dispatches_meanwhile(
+            chain, sender, refund_2, signer_nonce, other, X402_REFUND_RECEIPT_TIMEOUT="0.5"
+        ),
+    )
 
     # when refund 1 is dispatched (its transfer stays pending), then the block is mined
     # and both are read back
@@ -278,17 +326,25 @@ def test_a_refund_pending_at_a_nonce_is_never_signed_over_by_another_process(
     # transfer was pending: the next nonce (it can neither replace nor be refused by it,
     # whatever its gas price), and both moved their money
     assert seen == [signer_nonce]
-    assert (other["held"], other["waiting"], other["running"], other["pending_nonce"]) == \
-        (1, 1, True, signer_nonce)
+    assert (other["held"], other["waiting"], other["running"], other["pending_nonce"]) == (
+        1,
+        1,
+        True,
+        signer_nonce,
+    )
     assert (waiting_1.outcome, outcome_2) == ("awaiting_provider", "awaiting_provider")
     row_1 = X402RefundTransfer.objects.get(operation=refund_1)
     row_2 = X402RefundTransfer.objects.get(operation=refund_2)
     assert sorted(pending) == sorted([row_1.transaction_hash, row_2.transaction_hash])
     assert (read_1.outcome, read_2.outcome) == ("succeeded", "succeeded")
-    assert (row_1.chain_nonce, _mined_nonce(chain, row_1.transaction_hash)) == \
-        (signer_nonce, signer_nonce)
-    assert (row_2.chain_nonce, _mined_nonce(chain, row_2.transaction_hash)) == \
-        (signer_nonce + 1, signer_nonce + 1)
+    assert (row_1.chain_nonce, _mined_nonce(chain, row_1.transaction_hash)) == (
+        signer_nonce,
+        signer_nonce,
+    )
+    assert (row_2.chain_nonce, _mined_nonce(chain, row_2.transaction_hash)) == (
+        signer_nonce + 1,
+        signer_nonce + 1,
+    )
     assert chain.balance(payer.address) == FUNDS
     assert chain.transfers_back(payer.address) == 2
     assert _sends(refund_1) == 1 and _sends(refund_2) == 1
@@ -297,7 +353,8 @@ def test_a_refund_pending_at_a_nonce_is_never_signed_over_by_another_process(
 
 
 def test_a_nonce_held_by_a_pending_transaction_of_the_signer_is_signed_again(
-        agent, report, chain, people, monkeypatch):
+    agent, report, chain, people, monkeypatch
+):
     # given an approved refund, a chain that mines only when told, and another
     # transaction of the refund signer sent straight to the node right after the refund
     # read its nonce: pending with that nonce, at the same gas price
@@ -306,8 +363,9 @@ def test_a_nonce_held_by_a_pending_transaction_of_the_signer_is_signed_again(
     sender = get_refund_sender()
     signer_nonce = chain.w3.eth.get_transaction_count(sender.address)
     chain.automine(False)
-    seen = _race_after_the_nonce_read(monkeypatch, sender,
-                                      _another_transaction_of_the_signer(chain))
+    seen = _race_after_the_nonce_read(
+        monkeypatch, sender, _another_transaction_of_the_signer(chain)
+    )
 
     # when the refund is dispatched ("replacement transaction underpriced" for its first
     # transaction), then the block is mined and the refund read back
@@ -322,8 +380,10 @@ def test_a_nonce_held_by_a_pending_transaction_of_the_signer_is_signed_again(
     row = X402RefundTransfer.objects.get(operation=refund)
     assert len(pending) == 2 and row.transaction_hash in pending
     assert read.outcome == "succeeded"
-    assert (row.chain_nonce, _mined_nonce(chain, row.transaction_hash)) == \
-        (signer_nonce + 1, signer_nonce + 1)
+    assert (row.chain_nonce, _mined_nonce(chain, row.transaction_hash)) == (
+        signer_nonce + 1,
+        signer_nonce + 1,
+    )
     assert chain.balance(payer.address) == FUNDS
     assert chain.transfers_back(payer.address) == 1
     assert _sends(refund) == 1
@@ -331,16 +391,20 @@ def test_a_nonce_held_by_a_pending_transaction_of_the_signer_is_signed_again(
 
 
 def test_a_nonce_taken_at_every_sign_gives_up_after_the_bound_and_moves_nothing(
-        agent, report, chain, people, monkeypatch):
+    agent, report, chain, people, monkeypatch
+):
     # given an approved refund, and another transaction of the refund signer taking its
     # nonce after every read (a stuck fleet of workers, an operator's manual send)
     payer = chain.new_payer(FUNDS)
     refund = _approved_refund(_pay(agent, report, payer), people)
     sender = get_refund_sender()
     signer_nonce = chain.w3.eth.get_transaction_count(sender.address)
-    seen = _race_after_the_nonce_read(monkeypatch, sender,
-                                      _another_transaction_of_the_signer(chain),
-                                      times=REFUND_NONCE_ATTEMPTS + 1)
+    seen = _race_after_the_nonce_read(
+        monkeypatch,
+        sender,
+        _another_transaction_of_the_signer(chain),
+        times=REFUND_NONCE_ATTEMPTS + 1,
+    )
 
     # when the refund is dispatched
     lost = services.operation_dispatch(operation_id=refund.id)
@@ -359,13 +423,15 @@ def test_a_nonce_taken_at_every_sign_gives_up_after_the_bound_and_moves_nothing(
     assert (proven.outcome, proven.reason) == ("failed", "provider_failed")
     assert chain.transfers_back(payer.address) == 0
     assert chain.balance(payer.address) == FUNDS - PRICE_ATOMIC
-    assert chain.w3.eth.get_transaction_count(sender.address) == \
-        signer_nonce + REFUND_NONCE_ATTEMPTS  # only the competing transactions were mined
+    assert (
+        chain.w3.eth.get_transaction_count(sender.address) == signer_nonce + REFUND_NONCE_ATTEMPTS
+    )  # only the competing transactions were mined
     assert _sends(refund) == 1
 
 
 def test_a_refusal_that_is_not_about_the_nonce_is_not_signed_again(
-        agent, report, chain, people, monkeypatch):
+    agent, report, chain, people, monkeypatch
+):
     # given an approved refund and a refund signer with no ether left for gas
     payer = chain.new_payer(FUNDS)
     refund = _approved_refund(_pay(agent, report, payer), people)
@@ -404,9 +470,14 @@ def test_an_answer_lost_after_the_node_took_the_transfer_is_never_signed_again(c
     proxy.up()
     payer = chain.new_payer(FUNDS)
     chain.token.functions.mint(chain.refund_account, 2 * PRICE_ATOMIC).transact(
-        {"from": chain.admin})
-    sender = RefundSender(rpc_url=proxy.base, asset=os.environ["X402_ASSET"],
-                          private_key=os.environ["X402_REFUND_PRIVATE_KEY"], receipt_timeout=5)
+        {"from": chain.admin}
+    )
+    sender = RefundSender(
+        rpc_url=proxy.base,
+        asset=os.environ["X402_ASSET"],
+        private_key=os.environ["X402_REFUND_PRIVATE_KEY"],
+        receipt_timeout=5,
+    )
     signer_nonce = chain.w3.eth.get_transaction_count(sender.address)
     stored: list[tuple[str, int]] = []
 

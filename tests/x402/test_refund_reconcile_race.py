@@ -14,6 +14,7 @@ once, and leaves no room for a second refund of the same amount.
 The lock is held for real (a PostgreSQL advisory lock, `payments.locks.signer_lock`),
 the refund is dispatched on another thread (its own database session), and the slow RPC
 is a real pause after the signer's nonce read (the hook of test_refund_nonce_race)."""
+
 from __future__ import annotations
 
 import os
@@ -123,23 +124,30 @@ def _paid_once_back(chain, payer, refund, purchase, people) -> None:
     """After the wait: exactly one transfer back, the refund succeeded (by the chain), the
     ledger booked it once, and no room is left for a second refund of the same amount."""
     done = PaymentOperation.objects.get(id=refund.id)
-    assert (done.outcome, done.verification) == ("succeeded", "provider"), \
-        (done.outcome, done.reason)
+    assert (done.outcome, done.verification) == ("succeeded", "provider"), (
+        done.outcome,
+        done.reason,
+    )
     assert chain.transfers_back(payer.address) == 1
     assert chain.balance(payer.address) == FUNDS
     row = X402RefundTransfer.objects.get(operation=refund)
     assert row.transaction_hash and row.block_number
-    assert ProviderCall.objects.filter(operation=refund, purpose="dispatch",
-                                       step="refund").count() == 1
+    assert (
+        ProviderCall.objects.filter(operation=refund, purpose="dispatch", step="refund").count()
+        == 1
+    )
     assert _refund_ledger_rows(refund) == 2  # one double entry
     assert done.purchase.status == "refunded"
-    assert _second_refund_of_the_same_amount(purchase, people.requester) == "refund_exceeds_refundable"
+    assert (
+        _second_refund_of_the_same_amount(purchase, people.requester) == "refund_exceeds_refundable"
+    )
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"], kind="refund").count() == 1
     assert chain.transfers_back(payer.address) == 1
 
 
 def test_a_refund_waiting_for_the_signer_is_not_settled_by_an_on_demand_reconcile(
-        shop, report, chain, people, support_user):
+    shop, report, chain, people, support_user
+):
     # given a paid x402 purchase, and its refund requested over the API and approved
     payer = chain.new_payer(FUNDS)
     purchase = _pay(shop, report, payer)
@@ -155,16 +163,21 @@ def test_a_refund_waiting_for_the_signer_is_not_settled_by_an_on_demand_reconcil
         # when the refund is reconciled on demand while it waits: the API, the console,
         # the service
         api = shop.post(f"operations/{refund.id}/reconcile", key=None)
-        console = _refused(lambda: operation_reconcile_by_user(
-            operation_id=refund.id, user=support_user, reason="customer asks"))
-        service = _refused(lambda: services.operation_reconcile(operation_id=refund.id,
-                                                                actor="test"))
+        console = _refused(
+            lambda: operation_reconcile_by_user(
+                operation_id=refund.id, user=support_user, reason="customer asks"
+            )
+        )
+        service = _refused(
+            lambda: services.operation_reconcile(operation_id=refund.id, actor="test")
+        )
 
         # then each refuses (a send can still happen), the chain read itself gives no
         # verdict, and nothing was settled
         assert services.operation_read_canonical(operation_id=refund.id) is None
-        assert (api.status_code, api.json().get("code")) == (409, "dispatch_in_progress"), \
+        assert (api.status_code, api.json().get("code")) == (409, "dispatch_in_progress"), (
             api.content
+        )
         assert (console, service) == ("dispatch_in_progress", "dispatch_in_progress")
         still = PaymentOperation.objects.get(id=refund.id)
         assert (still.outcome, still.reason) == ("dispatching", "")
@@ -182,7 +195,8 @@ def test_a_refund_waiting_for_the_signer_is_not_settled_by_an_on_demand_reconcil
 
 
 def test_the_dead_dispatch_sweep_leaves_a_refund_that_waits_for_the_signer(
-        agent, report, chain, people, settings):
+    agent, report, chain, people, settings
+):
     # given a short dispatch lease, and an approved refund waiting for the signer's lock
     # (held by another refund, this test's session) far longer than that lease
     settings.DISPATCH_LEASE_SECONDS = 2
@@ -199,8 +213,9 @@ def test_the_dead_dispatch_sweep_leaves_a_refund_that_waits_for_the_signer(
         from recovery.reconciler import sweep_dead_dispatches
 
         swept = sweep_dead_dispatches()
-        reconciled = _refused(lambda: services.operation_reconcile(operation_id=refund.id,
-                                                                   actor="reconciler"))
+        reconciled = _refused(
+            lambda: services.operation_reconcile(operation_id=refund.id, actor="reconciler")
+        )
 
         # then the live wait was not taken for a dead worker, and nothing was settled
         assert swept == 0
@@ -219,7 +234,8 @@ def test_the_dead_dispatch_sweep_leaves_a_refund_that_waits_for_the_signer(
 
 
 def test_a_refund_settled_by_someone_else_before_it_is_signed_sends_nothing(
-        agent, report, chain, people, settings, monkeypatch):
+    agent, report, chain, people, settings, monkeypatch
+):
     # given a short dispatch lease and an approved refund
     settings.DISPATCH_LEASE_SECONDS = 1
     payer = chain.new_payer(FUNDS)
@@ -234,8 +250,9 @@ def test_a_refund_settled_by_someone_else_before_it_is_signed_sends_nothing(
         # sweep takes the worker for dead, and the reconciler settles what it reads.
         time.sleep(settings.DISPATCH_LEASE_SECONDS + 0.5)
         seen["swept"] = services.operations_sweep_dead_dispatches()
-        seen["read"] = _refused(lambda: services.operation_reconcile(
-            operation_id=refund.id, actor="reconciler"))
+        seen["read"] = _refused(
+            lambda: services.operation_reconcile(operation_id=refund.id, actor="reconciler")
+        )
 
     _race_after_the_nonce_read(monkeypatch, sender, the_rpc_stalls_and_someone_else_settles_it)
 
@@ -265,7 +282,8 @@ def test_a_refund_settled_by_someone_else_before_it_is_signed_sends_nothing(
 
 
 def test_a_worker_frozen_while_it_waits_for_the_signer_sends_nothing_once_swept(
-        agent, report, chain, people):
+    agent, report, chain, people
+):
     # given an approved refund whose worker — another process, with a 2-s dispatch lease —
     # waits for the signer's lock (held by another refund, this test's session)
     payer = chain.new_payer(FUNDS)
@@ -286,13 +304,15 @@ def test_a_worker_frozen_while_it_waits_for_the_signer_sends_nothing_once_swept(
             # its lease (2 s) runs out: wait on the deadline it stored, not a fixed sleep
             deadline = time.monotonic() + 30
             while PaymentOperation.objects.filter(
-                    pk=refund.pk, dispatch_deadline__gte=timezone.now()).exists():
+                pk=refund.pk, dispatch_deadline__gte=timezone.now()
+            ).exists():
                 assert time.monotonic() < deadline, "the frozen worker's lease never ran out"
                 time.sleep(0.1)
             # when the sweep takes it for dead and the reconciler reads it back
             swept = services.operations_sweep_dead_dispatches()
-            read = _refused(lambda: services.operation_reconcile(operation_id=refund.id,
-                                                                 actor="reconciler"))
+            read = _refused(
+                lambda: services.operation_reconcile(operation_id=refund.id, actor="reconciler")
+            )
     finally:
         # and the signer's lock is free when the worker wakes up
         if worker is not None:

@@ -4,6 +4,7 @@ refund 1 has read the signer's nonce (and will sign and broadcast with it) the s
 changes and refund 2 is dispatched in another thread of the same process through the
 rebuilt signer. Judged on the chain: each refund exactly one transfer, two distinct
 nonces, nothing signed over; the chain stays in control (automine off while pending)."""
+
 import os
 import threading
 import time
@@ -30,11 +31,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.mark.parametrize("change", ["receipt_timeout", "rpc_url"])
-def test_a_rebuild_mid_refund_never_signs_over_its_nonce(agent, report, chain, people,
-                                                         monkeypatch, settings, change):
+def test_a_rebuild_mid_refund_never_signs_over_its_nonce(
+    agent, report, chain, people, monkeypatch, settings, change
+):
     settings.X402_REFUND_RECEIPT_TIMEOUT = 0.5
     payer, refund_1, refund_2, sender, signer_nonce = _two_approved_refunds(
-        agent, report, chain, people)
+        agent, report, chain, people
+    )
     assert get_refund_sender() is sender
     chain.automine(False)
     proxy = None
@@ -84,14 +87,25 @@ def test_a_rebuild_mid_refund_never_signs_over_its_nonce(agent, report, chain, p
         if proxy is not None:
             proxy.down()
 
-    print("outcomes", done_1.outcome, other["op"].outcome, read_1.outcome, read_2.outcome,
-          "waited", other.get("waited"), "pending", len(pending))
+    print(
+        "outcomes",
+        done_1.outcome,
+        other["op"].outcome,
+        read_1.outcome,
+        read_2.outcome,
+        "waited",
+        other.get("waited"),
+        "pending",
+        len(pending),
+    )
     assert seen == [signer_nonce]
     row_1 = X402RefundTransfer.objects.get(operation=refund_1)
     row_2 = X402RefundTransfer.objects.get(operation=refund_2)
     assert (read_1.outcome, read_2.outcome) == ("succeeded", "succeeded")
-    assert {_mined_nonce(chain, row_1.transaction_hash),
-            _mined_nonce(chain, row_2.transaction_hash)} == {signer_nonce, signer_nonce + 1}
+    assert {
+        _mined_nonce(chain, row_1.transaction_hash),
+        _mined_nonce(chain, row_2.transaction_hash),
+    } == {signer_nonce, signer_nonce + 1}
     assert chain.transfers_back(payer.address) == 2
     assert chain.balance(payer.address) == FUNDS
     assert _sends(refund_1) == 1 and _sends(refund_2) == 1

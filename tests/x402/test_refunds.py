@@ -1,6 +1,7 @@
 """Refunds on the x402 rail: a separate token transfer back to the payer, from the refund
 signer (a separate refund account with a float, never pay_to), after an
 operator's approval — counted on the real chain. There is no void: the transfer in is final."""
+
 from __future__ import annotations
 
 import pytest
@@ -58,8 +59,7 @@ def test_an_approved_refund_is_exactly_one_transfer_back_on_chain(agent, report,
     assert chain.balance(payer.address) == 1_000 * 10**6  # all of it came back
     row = X402RefundTransfer.objects.get(operation=refund)
     assert row.to_address == payer.address and row.value == str(PRICE_ATOMIC)
-    assert row.from_address == chain.refund_account and row.transaction_hash \
-        and row.block_number
+    assert row.from_address == chain.refund_account and row.transaction_hash and row.block_number
     assert _sends(refund) == 1
     assert PaymentOperation.objects.get(id=refund.id).purchase.status == "refunded"
     view = agent.get(f"operations/{refund.id}").json()
@@ -67,8 +67,11 @@ def test_an_approved_refund_is_exactly_one_transfer_back_on_chain(agent, report,
     assert view["x402"]["payer"] == payer.address and view["x402"]["valid_before"] is None
     # the read-back (receipt + Transfer log) says the same, and sends nothing
     seen = services.operation_read_canonical(operation_id=refund.id)
-    assert (seen.object_type, seen.status, seen.id) == ("x402_transfer", "confirmed",
-                                                         row.transaction_hash)
+    assert (seen.object_type, seen.status, seen.id) == (
+        "x402_transfer",
+        "confirmed",
+        row.transaction_hash,
+    )
     assert chain.transfers_back(payer.address) == 1 and _sends(refund) == 1
 
 
@@ -91,8 +94,7 @@ def test_a_lost_answer_is_unknown_and_the_receipt_settles_it(agent, report, chai
     assert chain.transfers_back(payer.address) == 1 and _sends(refund) == 1
 
 
-def test_a_transfer_back_not_yet_mined_waits_for_the_chain(agent, report, chain, people,
-                                                           settings):
+def test_a_transfer_back_not_yet_mined_waits_for_the_chain(agent, report, chain, people, settings):
     settings.X402_REFUND_RECEIPT_TIMEOUT = 0.5
     purchase, payer, _charge = _paid(agent, report, chain)
     _, requester, approver = people
@@ -104,11 +106,12 @@ def test_a_transfer_back_not_yet_mined_waits_for_the_chain(agent, report, chain,
 
     assert waiting.outcome == "awaiting_provider"
     assert chain.transfers_back(payer.address) == 0
-    assert services.operation_reconcile(operation_id=refund.id, actor="test").outcome == \
-        "awaiting_provider"  # not mined: never failed, never sent again
+    assert (
+        services.operation_reconcile(operation_id=refund.id, actor="test").outcome
+        == "awaiting_provider"
+    )  # not mined: never failed, never sent again
     chain.mine()
-    assert services.operation_reconcile(operation_id=refund.id, actor="test").outcome == \
-        "succeeded"
+    assert services.operation_reconcile(operation_id=refund.id, actor="test").outcome == "succeeded"
     settle_outbox()
     assert chain.transfers_back(payer.address) == 1 and _sends(refund) == 1
 
@@ -118,8 +121,9 @@ def test_a_declined_refund_moves_nothing(agent, report, chain, people):
     _, requester, _approver = people
     refund = _request(purchase, requester)
 
-    declined = services.refund_decline(operation_id=refund.id, reason="not returned",
-                                       actor="finance-ok")
+    declined = services.refund_decline(
+        operation_id=refund.id, reason="not returned", actor="finance-ok"
+    )
     services.operation_dispatch(operation_id=refund.id)
     settle_outbox()
 
@@ -149,7 +153,8 @@ def test_the_api_request_waits_for_approval_and_there_is_no_void(report, chain, 
 
 
 def test_without_a_refund_signer_the_refund_is_refused_and_nothing_is_stored(
-        agent, report, chain, people, settings):
+    agent, report, chain, people, settings
+):
     purchase, payer, _charge = _paid(agent, report, chain)
     settings.X402_REFUND_PRIVATE_KEY = ""
 

@@ -6,6 +6,7 @@ come back: the payment becomes a discrepancy with an owner -- failed
 `transfer_reversed_on_chain` owned by support, the purchase in manual review, a console
 queue row, a metric, the revenue reversed in the ledger, the goods unwound, the customer
 told by e-mail. Never a silent state. Everything is counted on the real chain."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,8 +36,9 @@ def _paid_and_delivered(agent, report, chain):
     purchase = agent.new_purchase(report.sku)
     required = agent.get(f"purchases/{purchase['id']}/deliverable").headers["PAYMENT-REQUIRED"]
     header, auth = sign(required, payer)
-    assert agent.get(f"purchases/{purchase['id']}/deliverable",
-                     **{SIGNATURE: header}).status_code in (200, 202)
+    assert agent.get(
+        f"purchases/{purchase['id']}/deliverable", **{SIGNATURE: header}
+    ).status_code in (200, 202)
     settle_outbox()
     op = PaymentOperation.objects.get(purchase_id=purchase["id"], kind="charge")
     assert op.outcome == "succeeded", (op.outcome, op.reason)
@@ -53,8 +55,9 @@ def _reorg_out(chain, block: int) -> None:
     chain.refill_facilitator_nonce()
 
 
-def test_a_transfer_gone_after_delivery_is_a_discrepancy_with_an_owner(agent, report, chain,
-                                                                        django_user_model):
+def test_a_transfer_gone_after_delivery_is_a_discrepancy_with_an_owner(
+    agent, report, chain, django_user_model
+):
     payer, purchase, auth, op, _header = _paid_and_delivered(agent, report, chain)
     row = X402Authorization.objects.get(pk=op.id)
     assert row.final_at is None and x402_not_final().filter(pk=op.id).exists()
@@ -71,7 +74,11 @@ def test_a_transfer_gone_after_delivery_is_a_discrepancy_with_an_owner(agent, re
     op.refresh_from_db()
     # The operation: failed, the chain's word, owned by support.
     assert (op.outcome, op.reason, op.grade, op.next_action_owner) == (
-        "failed", "transfer_reversed_on_chain", "confirmed", "support")
+        "failed",
+        "transfer_reversed_on_chain",
+        "confirmed",
+        "support",
+    )
     assert Purchase.objects.get(id=purchase["id"]).status == "manual_review"
     # The revenue booked for it is reversed: the purchase's ledger nets to zero.
     entries = LedgerEntry.objects.filter(purchase_id=purchase["id"])
@@ -79,35 +86,48 @@ def test_a_transfer_gone_after_delivery_is_a_discrepancy_with_an_owner(agent, re
     assert entries.filter(account="provider_balance").aggregate(s=Sum("amount"))["s"] == 0
     # The goods: the report is no longer served.
     assert agent.get(f"purchases/{purchase['id']}/deliverable").status_code != 200
-    assert StepRun.objects.get(purchase_id=purchase["id"], step="deliverable") \
-        .result_expires_at is not None
+    assert (
+        StepRun.objects.get(purchase_id=purchase["id"], step="deliverable").result_expires_at
+        is not None
+    )
     # The customer is told, once.
     told = EmailMessage.objects.get(purchase_id=purchase["id"], kind="payment_reversed")
     assert told.sent_at is not None
-    assert sum(1 for m in mail.outbox if "did not complete" in m.subject
-               and purchase["id"] in m.subject) == 1
+    assert (
+        sum(
+            1
+            for m in mail.outbox
+            if "did not complete" in m.subject and purchase["id"] in m.subject
+        )
+        == 1
+    )
     # A console queue row and the metric the alert reads.
     assert [i.ref for i in queue_items("x402_transfers_reversed")] == [op.id]
     from recovery.metrics import _x402_gauges
 
-    gauges = {m.name: m.samples[0].value for m in _x402_gauges(op.created_at)
-              if m.samples}
+    gauges = {m.name: m.samples[0].value for m in _x402_gauges(op.created_at) if m.samples}
     assert gauges["verity_x402_transfers_reversed_open"] == 1
     assert gauges["verity_x402_transfers_reversed"] == 1
     # Read again: nothing happens twice.
     assert x402_finality_check(operation_id=op.id) == WATCHING
     settle_outbox()
-    assert EmailMessage.objects.filter(purchase_id=purchase["id"]).filter(
-        kind="payment_reversed").count() == 1
+    assert (
+        EmailMessage.objects.filter(purchase_id=purchase["id"])
+        .filter(kind="payment_reversed")
+        .count()
+        == 1
+    )
     # The judge, from the raw chain: nothing counted that did not arrive.
-    audit = judge_from_env().audit(claims_from_rows(
-        X402Authorization.objects.filter(pk=op.id).select_related("operation")),
-        settled=True)
+    audit = judge_from_env().audit(
+        claims_from_rows(X402Authorization.objects.filter(pk=op.id).select_related("operation")),
+        settled=True,
+    )
     assert audit.violations == [] and audit.counted == 0 == audit.received
     # Support marks it reviewed: the queue row closes.
     person = django_user_model.objects.create(username="support-reorg")
-    services.operation_overturn_review(operation_id=op.id, actor=person.username,
-                                       reason="buyer e-mailed; report withdrawn")
+    services.operation_overturn_review(
+        operation_id=op.id, actor=person.username, reason="buyer e-mailed; report withdrawn"
+    )
     assert queue_items("x402_transfers_reversed") == []
 
 
@@ -121,8 +141,9 @@ def test_a_transfer_that_may_land_again_is_read_again_not_judged(agent, report, 
     assert x402_finality_check(operation_id=op.id) == WATCHING
     op.refresh_from_db()
     assert op.outcome == "succeeded"
-    assert not EmailMessage.objects.filter(purchase_id=purchase["id"],
-                                           kind="payment_reversed").exists()
+    assert not EmailMessage.objects.filter(
+        purchase_id=purchase["id"], kind="payment_reversed"
+    ).exists()
 
 
 def test_a_final_block_is_not_read_again(agent, report, chain):

@@ -1,6 +1,7 @@
 """A signature the token refuses is refused before anything is stored or sent: a malleated
 (high-s) form of the payer's own signature recovers to the payer, but FiatTokenV2_2
 (OpenZeppelin ECDSA) reverts it, so a settle would burn gas and hold the purchase."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,7 +26,8 @@ def _malleated(header: str) -> str:
 
 @pytest.mark.parametrize("form", ["high_s", "v_not_27_28"])
 def test_a_signature_the_token_refuses_is_refused_before_anything_is_stored(
-        agent, report, chain, form):
+    agent, report, chain, form
+):
     purchase = agent.new_purchase(report.sku)
     required = agent.get(f"purchases/{purchase['id']}/deliverable").headers["PAYMENT-REQUIRED"]
     payer = chain.new_payer()
@@ -41,8 +43,10 @@ def test_a_signature_the_token_refuses_is_refused_before_anything_is_stored(
     r = agent.get(f"purchases/{purchase['id']}/deliverable", **{SIGNATURE: bad})
 
     assert r.status_code == 402, r.content
-    assert decode_header(r.headers["PAYMENT-REQUIRED"])["error"] == \
-        "invalid_exact_evm_payload_signature"
+    assert (
+        decode_header(r.headers["PAYMENT-REQUIRED"])["error"]
+        == "invalid_exact_evm_payload_signature"
+    )
     assert PaymentOperation.objects.filter(purchase_id=purchase["id"]).count() == 0
     assert ProviderCall.objects.filter(operation__purchase_id=purchase["id"]).count() == 0
     assert chain.transfers(payer.address) == 0

@@ -1,5 +1,6 @@
 """Signature encodings the token reads differently, and the two rails on one purchase.
 Counted on the chain (Transfer logs, authorizationState) and in DB rows."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,24 +37,33 @@ def test_signature_encodings_are_refused_or_pay_once(agent, report, chain, form)
         doc["payload"]["signature"] = "0x" + doc["payload"]["signature"][2:].upper()
         bad = encode_header(doc)
     else:
-        bad = _with_signature(header, {"compact_64": _compact,
-                                       "padded_66": lambda s: s + b"\0",
-                                       "v_plus_4": lambda s: s[:64] + bytes([s[64] + 4]),
-                                       }[form])
+        bad = _with_signature(
+            header,
+            {
+                "compact_64": _compact,
+                "padded_66": lambda s: s + b"\0",
+                "v_plus_4": lambda s: s[:64] + bytes([s[64] + 4]),
+            }[form],
+        )
     r = send(agent, purchase, bad)
     settle_outbox()
     ops = PaymentOperation.objects.filter(purchase_id=purchase["id"])
     if r.status_code in (400, 402):
-        assert not ops.exists() and not ProviderCall.objects.filter(
-            operation__purchase_id=purchase["id"]).exists()
+        assert (
+            not ops.exists()
+            and not ProviderCall.objects.filter(operation__purchase_id=purchase["id"]).exists()
+        )
         assert not chain.authorization_used(payer.address, auth["nonce"])
         # The genuine form still pays, once.
         assert send(agent, purchase, header).status_code in (200, 202)
         settle_outbox()
     assert chain.received_from(payer.address) == PRICE_ATOMIC or (
-        r.status_code == 202 and ops.get().outcome != "succeeded")
-    assert PaymentOperation.objects.filter(purchase_id=purchase["id"],
-                                           outcome="succeeded").count() <= 1
+        r.status_code == 202 and ops.get().outcome != "succeeded"
+    )
+    assert (
+        PaymentOperation.objects.filter(purchase_id=purchase["id"], outcome="succeeded").count()
+        <= 1
+    )
     assert chain.transfers(payer.address) <= 1
 
 
@@ -81,8 +91,11 @@ def test_an_x402_payment_after_a_card_payment_is_refused_before_settle(agent, re
     settle_outbox()
     assert paid.status_code in (200, 201, 202), paid.content
     payer = chain.new_payer()
-    header, auth, _sig = signed(agent, purchase, payer) if agent.get(
-        f"purchases/{purchase['id']}/deliverable").status_code == 402 else (None, None, None)
+    header, auth, _sig = (
+        signed(agent, purchase, payer)
+        if agent.get(f"purchases/{purchase['id']}/deliverable").status_code == 402
+        else (None, None, None)
+    )
     if header is None:  # no 402 offered once paid: sign against a fresh purchase's terms
         other = agent.new_purchase(report.sku)
         header, auth, _sig = signed(agent, other, payer)

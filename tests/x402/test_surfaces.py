@@ -1,5 +1,6 @@
 """A settlement waiting for the chain, as every surface shows it: the REST purchase view,
 the console purchase page, the customer's status page and the metrics."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,8 +25,9 @@ def _pending(agent, report, chain):
     return purchase, op, payer
 
 
-def test_every_surface_shows_the_rail_network_payer_and_transaction(agent, report, chain,
-                                                                    client, settings):
+def test_every_surface_shows_the_rail_network_payer_and_transaction(
+    agent, report, chain, client, settings
+):
     settings.X402_EXPLORER_TX_URL = "https://explorer.example/tx/{tx}"
     purchase, op, payer = _pending(agent, report, chain)
     tx = X402Authorization.objects.get(operation=op).transaction_hash

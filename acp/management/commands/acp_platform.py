@@ -5,6 +5,7 @@ events go and the secrets they and its requests are signed with.
                                        [--new-signing-secret] [--no-signing]
 A new secret is printed once (the platform keeps it); it is stored for signing only.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -26,8 +27,16 @@ class Command(BaseCommand):
         parser.add_argument("--new-signing-secret", action="store_true")
         parser.add_argument("--no-signing", action="store_true")
 
-    def handle(self, *args, client, webhook_url, new_webhook_secret, new_signing_secret,
-               no_signing, **options):
+    def handle(
+        self,
+        *args,
+        client,
+        webhook_url,
+        new_webhook_secret,
+        new_signing_secret,
+        no_signing,
+        **options,
+    ):
         api_client = ApiClient.objects.filter(name=client, revoked=False).first()
         if api_client is None or not api_client.has_scope("acp"):
             raise CommandError(f"no active API client {client!r} with the acp scope")
@@ -45,5 +54,7 @@ class Command(BaseCommand):
         if no_signing:
             platform.signing_secret = ""
         platform.save()
-        self.stdout.write(f"platform {client}: webhook={platform.webhook_url or '-'} "
-                          f"signing={'on' if platform.signing_secret else 'off'}")
+        self.stdout.write(
+            f"platform {client}: webhook={platform.webhook_url or '-'} "
+            f"signing={'on' if platform.signing_secret else 'off'}"
+        )

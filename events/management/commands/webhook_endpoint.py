@@ -6,6 +6,7 @@
   python manage.py webhook_endpoint rotate ENDPOINT_ID [--overlap-seconds 86400]
 create and rotate print the signing secret once, as their last line.
 """
+
 from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Q
 
@@ -28,8 +29,11 @@ class Command(BaseCommand):
         parser.add_argument("--actor", default="cli")
 
     def _client(self, prefix: str | None) -> ApiClient:
-        client = (ApiClient.objects.filter(Q(prefix=prefix) | Q(name=prefix))
-                  .order_by("-created").first() if prefix else None)
+        client = (
+            ApiClient.objects.filter(Q(prefix=prefix) | Q(name=prefix)).order_by("-created").first()
+            if prefix
+            else None
+        )
         if client is None:
             raise CommandError("--client must name an API client (its name or key prefix)")
         return client
@@ -40,13 +44,17 @@ class Command(BaseCommand):
             raise CommandError("no such endpoint")
         return endpoint
 
-    def handle(self, *args, action, endpoint, client, url, types, reason, overlap_seconds,
-               actor, **options):
+    def handle(
+        self, *args, action, endpoint, client, url, types, reason, overlap_seconds, actor, **options
+    ):
         try:
             if action == "create":
                 made = services.endpoint_create(
-                    api_client_id=self._client(client).pk, url=url or "",
-                    event_types=[t for t in types.split(",") if t], actor=actor)
+                    api_client_id=self._client(client).pk,
+                    url=url or "",
+                    event_types=[t for t in types.split(",") if t],
+                    actor=actor,
+                )
                 self.stdout.write(f"endpoint {made.endpoint.id} -> {made.endpoint.url}")
                 self.stdout.write(made.secret)
             elif action == "list":
@@ -54,15 +62,24 @@ class Command(BaseCommand):
                     state = "enabled" if e.enabled else f"disabled ({e.disabled_reason})"
                     self.stdout.write(f"{e.id} {e.url} {','.join(e.event_types) or '*'} {state}")
             elif action in ("disable", "enable"):
-                e = services.endpoint_update(endpoint=self._endpoint(endpoint), actor=actor,
-                                             enabled=action == "enable", reason=reason)
+                e = services.endpoint_update(
+                    endpoint=self._endpoint(endpoint),
+                    actor=actor,
+                    enabled=action == "enable",
+                    reason=reason,
+                )
                 self.stdout.write(f"endpoint {e.id} {'enabled' if e.enabled else 'disabled'}")
             else:
                 made = services.endpoint_rotate_secret(
-                    endpoint=self._endpoint(endpoint), actor=actor,
-                    overlap_seconds=overlap_seconds, reason=reason)
-                self.stdout.write(f"endpoint {made.endpoint.id}: new secret; the old one signs "
-                                  f"too for {overlap_seconds} s")
+                    endpoint=self._endpoint(endpoint),
+                    actor=actor,
+                    overlap_seconds=overlap_seconds,
+                    reason=reason,
+                )
+                self.stdout.write(
+                    f"endpoint {made.endpoint.id}: new secret; the old one signs "
+                    f"too for {overlap_seconds} s"
+                )
                 self.stdout.write(made.secret)
         except services.EndpointError as exc:
             raise CommandError(str(exc)) from None

@@ -5,6 +5,7 @@ verifies and normalises Stripe's webhook deliveries. The rail is registered in
 `payments/providers/registry.py`; services reach it through
 `payments.services.provider_for(operation)`, never by importing this package.
 """
+
 from .api import (
     LIST_MAX_PAGES,
     LIST_PAGE_LIMIT,

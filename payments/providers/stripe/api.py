@@ -13,6 +13,7 @@ The SDK's own retries are off (max_network_retries=0): Verity decides what is re
 Fault drills (`FaultDrillHTTPClient`) wrap the SDK's HTTP client; they are armed per
 provider key and refused for live keys.
 """
+
 from __future__ import annotations
 
 import json
@@ -86,8 +87,14 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
 
     name = "verity-fault-drill"
 
-    def __init__(self, inner: stripe.HTTPClient, *, random_rate: float = 0.0,
-                 random_modes: tuple[str, ...] = (), seed: int = 0) -> None:
+    def __init__(
+        self,
+        inner: stripe.HTTPClient,
+        *,
+        random_rate: float = 0.0,
+        random_modes: tuple[str, ...] = (),
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         self._inner = inner
         self._lock = threading.Lock()
@@ -154,24 +161,43 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
         self._local.mode = mode
         drill_header = {"Verity-Fault-Drill": mode} if mode else {}
         if mode in (DrillMode.TIMEOUT_BEFORE_SEND, DrillMode.READ_UNAVAILABLE):
-            raise stripe.APIConnectionError("fault drill: connect timeout",
-                                            should_retry=False) from requests.exceptions.ConnectTimeout(
-                urllib3.exceptions.ConnectTimeoutError(None, "fault drill"))
+            raise stripe.APIConnectionError(
+                "fault drill: connect timeout", should_retry=False
+            ) from requests.exceptions.ConnectTimeout(
+                urllib3.exceptions.ConnectTimeoutError(None, "fault drill")
+            )
         if mode == DrillMode.HTTP_429:
-            body = json.dumps({"error": {"type": "invalid_request_error",
-                                         "code": "rate_limit",
-                                         "message": "fault drill: too many requests"}})
+            body = json.dumps(
+                {
+                    "error": {
+                        "type": "invalid_request_error",
+                        "code": "rate_limit",
+                        "message": "fault drill: too many requests",
+                    }
+                }
+            )
             return body, 429, drill_header
         if mode == DrillMode.HTTP_409:
-            body = json.dumps({"error": {"type": "invalid_request_error",
-                                         "code": "idempotency_key_in_use",
-                                         "message": "fault drill: key in use"}})
+            body = json.dumps(
+                {
+                    "error": {
+                        "type": "invalid_request_error",
+                        "code": "idempotency_key_in_use",
+                        "message": "fault drill: key in use",
+                    }
+                }
+            )
             return body, 409, drill_header
         if mode == DrillMode.HTTP_400_REFUSED:
-            body = json.dumps({"error": {"type": "invalid_request_error",
-                                         "code": "charge_already_refunded",
-                                         "message": "fault drill: Charge has already been "
-                                                    "refunded."}})
+            body = json.dumps(
+                {
+                    "error": {
+                        "type": "invalid_request_error",
+                        "code": "charge_already_refunded",
+                        "message": "fault drill: Charge has already been refunded.",
+                    }
+                }
+            )
             return body, 400, drill_header
         if mode == DrillMode.READ_SLOW:
             threading.Event().wait(DrillMode.SLOW_READ_SECONDS)
@@ -179,12 +205,15 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
         if mode == DrillMode.HANG_AFTER_SEND:
             threading.Event().wait()
         if mode == DrillMode.DROP_RESPONSE_AFTER_SEND:
-            raise stripe.APIConnectionError("fault drill: response dropped",
-                                            should_retry=False) from requests.exceptions.ReadTimeout()
+            raise stripe.APIConnectionError(
+                "fault drill: response dropped", should_retry=False
+            ) from requests.exceptions.ReadTimeout()
         if mode == DrillMode.RESET_AFTER_WRITE:
-            raise stripe.APIConnectionError("fault drill: connection reset",
-                                            should_retry=False) from requests.exceptions.ConnectionError(
-                urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError()))
+            raise stripe.APIConnectionError(
+                "fault drill: connection reset", should_retry=False
+            ) from requests.exceptions.ConnectionError(
+                urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError())
+            )
         if mode == DrillMode.HTTP_500:
             body = json.dumps({"error": {"type": "api_error", "message": "fault drill"}})
             return body, 500, {**dict(resp_headers or {}), **drill_header}
@@ -201,9 +230,14 @@ def _never_connected(exc: stripe.APIConnectionError) -> bool:
         return True
     if isinstance(cause, requests.exceptions.ConnectionError) and cause.args:
         reason = getattr(cause.args[0], "reason", cause.args[0])
-        return isinstance(reason, (urllib3.exceptions.NewConnectionError,
-                                   urllib3.exceptions.ConnectTimeoutError,
-                                   urllib3.exceptions.NameResolutionError))
+        return isinstance(
+            reason,
+            (
+                urllib3.exceptions.NewConnectionError,
+                urllib3.exceptions.ConnectTimeoutError,
+                urllib3.exceptions.NameResolutionError,
+            ),
+        )
     return False
 
 
@@ -236,7 +270,7 @@ def normalise(data, *, account: str = "") -> ProviderObject:
     error = get("last_payment_error") or None
     failure_code = ""
     if error:
-        failure_code = (error.get("decline_code") or error.get("code") or "card_error")
+        failure_code = error.get("decline_code") or error.get("code") or "card_error"
     elif object_type == "refund":
         failure_code = get("failure_reason") or ""
     metadata = get("metadata") or {}
@@ -292,19 +326,23 @@ class StripeProvider:
 
     def __init__(self, *, api_key: str, api_base: str | None, drills: bool) -> None:
         inner = stripe.RequestsClient(
-            timeout=(settings.STRIPE_CONNECT_TIMEOUT, settings.STRIPE_READ_TIMEOUT))
+            timeout=(settings.STRIPE_CONNECT_TIMEOUT, settings.STRIPE_READ_TIMEOUT)
+        )
         self.live = api_key.startswith(("sk_live", "rk_live"))
         self.drill_client: FaultDrillHTTPClient | None = None
         http_client = inner
         if drills and not self.live:
             self.drill_client = FaultDrillHTTPClient(
-                inner, random_rate=settings.FAULT_DRILL_RANDOM_RATE,
+                inner,
+                random_rate=settings.FAULT_DRILL_RANDOM_RATE,
                 random_modes=tuple(settings.FAULT_DRILL_RANDOM_MODES),
-                seed=settings.FAULT_DRILL_RANDOM_SEED)
+                seed=settings.FAULT_DRILL_RANDOM_SEED,
+            )
             http_client = self.drill_client
         base = {"api": api_base} if api_base else None
-        self.client = stripe.StripeClient(api_key, base_addresses=base, http_client=http_client,
-                                          max_network_retries=0)
+        self.client = stripe.StripeClient(
+            api_key, base_addresses=base, http_client=http_client, max_network_retries=0
+        )
 
     @property
     def account(self) -> str:
@@ -338,17 +376,28 @@ class StripeProvider:
         except stripe.CardError as exc:
             body = (exc.json_body or {}).get("error", {}) if exc.json_body else {}
             pi = body.get("payment_intent")
-            return CallResult(Classification.DECLINED, http_status=exc.http_status,
-                              request_id=exc.request_id or "",
-                              error_code=exc.code or "card_declined",
-                              object=normalise(pi, account=self.account) if pi else None,
-                              replayed=_replayed(exc.headers))
+            return CallResult(
+                Classification.DECLINED,
+                http_status=exc.http_status,
+                request_id=exc.request_id or "",
+                error_code=exc.code or "card_declined",
+                object=normalise(pi, account=self.account) if pi else None,
+                replayed=_replayed(exc.headers),
+            )
         except stripe.RateLimitError as exc:
-            return CallResult(Classification.RETRYABLE, http_status=exc.http_status,
-                              request_id=exc.request_id or "", error_code="rate_limited")
+            return CallResult(
+                Classification.RETRYABLE,
+                http_status=exc.http_status,
+                request_id=exc.request_id or "",
+                error_code="rate_limited",
+            )
         except stripe.IdempotencyError as exc:
-            return CallResult(Classification.UNKNOWN, http_status=exc.http_status,
-                              request_id=exc.request_id or "", error_code="idempotency_error")
+            return CallResult(
+                Classification.UNKNOWN,
+                http_status=exc.http_status,
+                request_id=exc.request_id or "",
+                error_code="idempotency_error",
+            )
         except stripe.StripeError as exc:
             status = exc.http_status or 0
             headers = exc.headers or {}
@@ -362,79 +411,138 @@ class StripeProvider:
                 cls = Classification.REJECTED
             else:
                 cls = Classification.UNKNOWN
-            return CallResult(cls, http_status=status or None, request_id=exc.request_id or "",
-                              error_code=exc.code or type(exc).__name__, fault_drill=drill)
+            return CallResult(
+                cls,
+                http_status=status or None,
+                request_id=exc.request_id or "",
+                error_code=exc.code or type(exc).__name__,
+                fault_drill=drill,
+            )
         response = getattr(obj, "last_response", None)
         return CallResult(
-            Classification.OK, http_status=getattr(response, "code", 200),
+            Classification.OK,
+            http_status=getattr(response, "code", 200),
             request_id=getattr(response, "request_id", "") or "",
             object=normalise(obj, account=self.account),
-            replayed=_replayed(getattr(response, "headers", None)))
+            replayed=_replayed(getattr(response, "headers", None)),
+        )
 
     # -- writes (each with its own "<key>:<step>" idempotency key) -------------------
-    def create_payment_intent(self, *, key, amount, currency, payment_method, capture_method,
-                              metadata) -> CallResult:
+    def create_payment_intent(
+        self, *, key, amount, currency, payment_method, capture_method, metadata
+    ) -> CallResult:
         """Create only (the two-step flow): the id is stored before money can move."""
-        return self._create(key=key, amount=amount, currency=currency,
-                            payment_method=payment_method, capture_method=capture_method,
-                            metadata=metadata, confirm=False)
+        return self._create(
+            key=key,
+            amount=amount,
+            currency=currency,
+            payment_method=payment_method,
+            capture_method=capture_method,
+            metadata=metadata,
+            confirm=False,
+        )
 
-    def create_and_confirm_payment_intent(self, *, key, amount, currency, payment_method,
-                                          capture_method, metadata) -> CallResult:
+    def create_and_confirm_payment_intent(
+        self, *, key, amount, currency, payment_method, capture_method, metadata
+    ) -> CallResult:
         """The one-call payment, `create` with `confirm=true`: only where the provider
         dedupes keys (`pays_in_one_call`). Built from the arguments alone, so a re-send
         with the same arguments under the same key is the same request."""
-        return self._create(key=key, amount=amount, currency=currency,
-                            payment_method=payment_method, capture_method=capture_method,
-                            metadata=metadata, confirm=True)
+        return self._create(
+            key=key,
+            amount=amount,
+            currency=currency,
+            payment_method=payment_method,
+            capture_method=capture_method,
+            metadata=metadata,
+            confirm=True,
+        )
 
-    def _create(self, *, key, amount, currency, payment_method, capture_method, metadata,
-                confirm: bool) -> CallResult:
+    def _create(
+        self, *, key, amount, currency, payment_method, capture_method, metadata, confirm: bool
+    ) -> CallResult:
         if payment_method.startswith(SHARED_PAYMENT_TOKEN_PREFIX):
             return self.create_payment_intent_with_shared_token(
-                key=key, amount=amount, currency=currency, token=payment_method,
-                capture_method=capture_method, metadata=metadata, confirm=confirm)
-        params = {"amount": amount, "currency": currency, "payment_method": payment_method,
-                  "capture_method": capture_method, "metadata": metadata}
+                key=key,
+                amount=amount,
+                currency=currency,
+                token=payment_method,
+                capture_method=capture_method,
+                metadata=metadata,
+                confirm=confirm,
+            )
+        params = {
+            "amount": amount,
+            "currency": currency,
+            "payment_method": payment_method,
+            "capture_method": capture_method,
+            "metadata": metadata,
+        }
         if confirm:
             params["confirm"] = True
-        return self._call(lambda: self.client.v1.payment_intents.create(
-            params=params, options={"idempotency_key": key}), step="create")
+        return self._call(
+            lambda: self.client.v1.payment_intents.create(
+                params=params, options={"idempotency_key": key}
+            ),
+            step="create",
+        )
 
-    def create_payment_intent_with_shared_token(self, *, key, amount, currency, token,
-                                                capture_method, metadata,
-                                                confirm: bool = False) -> CallResult:
+    def create_payment_intent_with_shared_token(
+        self, *, key, amount, currency, token, capture_method, metadata, confirm: bool = False
+    ) -> CallResult:
         """A shared payment token (spt_…) an agent platform delegated (ACP): Stripe
         takes it as `payment_method_data[shared_payment_granted_token]` on the PaymentIntent
         and resolves it to the granted PaymentMethod, within the token's usage limits
         (amount, currency, expiry, single use). Same two steps as any payment: created
         unconfirmed under its own key, then confirmed by `confirm_payment_intent` — or,
         where the provider dedupes keys, created with `confirm=true` in one request."""
-        params = {"amount": amount, "currency": currency, "capture_method": capture_method,
-                  "payment_method_data": {"shared_payment_granted_token": token},
-                  "metadata": metadata}
+        params = {
+            "amount": amount,
+            "currency": currency,
+            "capture_method": capture_method,
+            "payment_method_data": {"shared_payment_granted_token": token},
+            "metadata": metadata,
+        }
         if confirm:
             params["confirm"] = True
-        return self._call(lambda: self.client.v1.payment_intents.create(
-            params=params, options={"idempotency_key": key}), step="create")
+        return self._call(
+            lambda: self.client.v1.payment_intents.create(
+                params=params, options={"idempotency_key": key}
+            ),
+            step="create",
+        )
 
     def confirm_payment_intent(self, *, key, intent_id) -> CallResult:
-        return self._call(lambda: self.client.v1.payment_intents.confirm(
-            intent_id, options={"idempotency_key": key}), step="confirm")
+        return self._call(
+            lambda: self.client.v1.payment_intents.confirm(
+                intent_id, options={"idempotency_key": key}
+            ),
+            step="confirm",
+        )
 
     def capture_payment_intent(self, *, key, intent_id, amount=None) -> CallResult:
         params = {"amount_to_capture": amount} if amount else {}
-        return self._call(lambda: self.client.v1.payment_intents.capture(
-            intent_id, params=params, options={"idempotency_key": key}), step="capture")
+        return self._call(
+            lambda: self.client.v1.payment_intents.capture(
+                intent_id, params=params, options={"idempotency_key": key}
+            ),
+            step="capture",
+        )
 
     def cancel_payment_intent(self, *, key, intent_id) -> CallResult:
-        return self._call(lambda: self.client.v1.payment_intents.cancel(
-            intent_id, options={"idempotency_key": key}), step="cancel")
+        return self._call(
+            lambda: self.client.v1.payment_intents.cancel(
+                intent_id, options={"idempotency_key": key}
+            ),
+            step="cancel",
+        )
 
     def create_refund(self, *, key, intent_id, amount, metadata) -> CallResult:
         params = {"payment_intent": intent_id, "amount": amount, "metadata": metadata}
-        return self._call(lambda: self.client.v1.refunds.create(
-            params=params, options={"idempotency_key": key}), step="refund")
+        return self._call(
+            lambda: self.client.v1.refunds.create(params=params, options={"idempotency_key": key}),
+            step="refund",
+        )
 
     # -- reads ----------------------------------------------------------------------
     def retrieve_payment_intent(self, intent_id) -> CallResult:
@@ -446,8 +554,9 @@ class StripeProvider:
     def _read(self, fn) -> CallResult:
         result = self._call(fn, step="retrieve")
         if result.classification == Classification.REJECTED and result.http_status == 404:
-            return CallResult(Classification.NOT_FOUND, http_status=404,
-                              request_id=result.request_id)
+            return CallResult(
+                Classification.NOT_FOUND, http_status=404, request_id=result.request_id
+            )
         return result
 
     def retrieve_dispute(self, dispute_id: str):
@@ -487,8 +596,11 @@ class StripeProvider:
 
     def find_by_metadata(self, *, object_type: str, operation_id: str) -> CallResult:
         """No search API at localstripe (and no `created` filter): page through, bounded."""
-        service = (self.client.v1.payment_intents if object_type == "payment_intent"
-                   else self.client.v1.refunds)
+        service = (
+            self.client.v1.payment_intents
+            if object_type == "payment_intent"
+            else self.client.v1.refunds
+        )
         # The bounds are settings so a test can reach them without thousands of objects.
         params: dict = {"limit": getattr(settings, "PROVIDER_LIST_PAGE_LIMIT", LIST_PAGE_LIMIT)}
         for _ in range(getattr(settings, "PROVIDER_LIST_MAX_PAGES", LIST_MAX_PAGES)):
@@ -504,8 +616,11 @@ class StripeProvider:
             page = pages[0]
             for item in map(_as_dict, page.data):
                 if (item.get("metadata") or {}).get("operation_id") == operation_id:
-                    return CallResult(Classification.OK, http_status=200,
-                                      object=normalise(item, account=self.account))
+                    return CallResult(
+                        Classification.OK,
+                        http_status=200,
+                        object=normalise(item, account=self.account),
+                    )
             if not page.data or not page.has_more:
                 return CallResult(Classification.NOT_FOUND)  # searched every page
             params["starting_after"] = page.data[-1].id
@@ -520,8 +635,9 @@ class StripeProvider:
         for _ in range(LIST_MAX_PAGES):
             page = self.client.v1.payment_intents.list(params=dict(params))
             for item in map(_as_dict, page.data):
-                if ((item.get("metadata") or {}).get("purchase_id") == purchase_id
-                        and item.get("status") in ("succeeded", "requires_capture")):
+                if (item.get("metadata") or {}).get("purchase_id") == purchase_id and item.get(
+                    "status"
+                ) in ("succeeded", "requires_capture"):
                     count += 1
             if not page.data or not page.has_more:
                 break
@@ -532,11 +648,18 @@ class StripeProvider:
         out, params = [], {"limit": min(limit, LIST_PAGE_LIMIT)}
         for _ in range(LIST_MAX_PAGES):
             page = self.client.v1.balance_transactions.list(params=dict(params))
-            data = [dict(amount=b.get("amount"), currency=b.get("currency"),
-                         source=_str(b.get("source")), type=b.get("type"), id=b.get("id"),
-                         fee=b.get("fee") or 0,
-                         reporting_category=b.get("reporting_category") or "")
-                    for b in map(_as_dict, page.data)]
+            data = [
+                dict(
+                    amount=b.get("amount"),
+                    currency=b.get("currency"),
+                    source=_str(b.get("source")),
+                    type=b.get("type"),
+                    id=b.get("id"),
+                    fee=b.get("fee") or 0,
+                    reporting_category=b.get("reporting_category") or "",
+                )
+                for b in map(_as_dict, page.data)
+            ]
             out.extend(data)
             if not page.has_more or not page.data or len(out) >= limit:
                 break
@@ -557,19 +680,29 @@ class StripeProvider:
 @lru_cache(maxsize=1)
 def get_provider() -> StripeProvider:
     """One provider per process (the SDK client is thread-safe; sessions are per thread)."""
-    return StripeProvider(api_key=settings.STRIPE_API_KEY, api_base=settings.STRIPE_API_BASE,
-                          drills=settings.FAULT_DRILLS_ENABLED)
+    return StripeProvider(
+        api_key=settings.STRIPE_API_KEY,
+        api_base=settings.STRIPE_API_BASE,
+        drills=settings.FAULT_DRILLS_ENABLED,
+    )
 
 
 # The settings the provider is built from. Settings never change in a running deployment;
 # a test's override does, and a provider built under it would outlive the test (found by
 # an attack: a test with FAULT_DRILLS_ENABLED off, first of its worker to build the
 # provider, made every later drill DrillRefused).
-_BUILT_FROM = frozenset({
-    "STRIPE_API_KEY", "STRIPE_API_BASE", "STRIPE_CONNECT_TIMEOUT", "STRIPE_READ_TIMEOUT",
-    "FAULT_DRILLS_ENABLED", "FAULT_DRILL_RANDOM_RATE", "FAULT_DRILL_RANDOM_MODES",
-    "FAULT_DRILL_RANDOM_SEED",
-})
+_BUILT_FROM = frozenset(
+    {
+        "STRIPE_API_KEY",
+        "STRIPE_API_BASE",
+        "STRIPE_CONNECT_TIMEOUT",
+        "STRIPE_READ_TIMEOUT",
+        "FAULT_DRILLS_ENABLED",
+        "FAULT_DRILL_RANDOM_RATE",
+        "FAULT_DRILL_RANDOM_MODES",
+        "FAULT_DRILL_RANDOM_SEED",
+    }
+)
 
 
 @receiver(setting_changed)

@@ -1,6 +1,7 @@
 """Stripe's vocabulary: what a PaymentIntent's or a Refund's status means in Verity's
 words (payments.providers.base.ProviderObject). The services ask these properties and
 never hold sets of Stripe statuses themselves."""
+
 from __future__ import annotations
 
 from payments.enums import OperationKind, Outcome
@@ -9,15 +10,21 @@ from ..base import ProviderObject
 
 # PaymentIntent statuses in which a cancel still stops the payment before money moves
 # (the buyer's 3-D Secure or a slow confirm could otherwise complete it later).
-_CANCELLABLE_INTENT = frozenset({"requires_payment_method", "requires_confirmation",
-                                 "requires_action"})
+_CANCELLABLE_INTENT = frozenset(
+    {"requires_payment_method", "requires_confirmation", "requires_action"}
+)
 # PaymentIntent statuses in which a payment's confirm never applied or the buyer never
 # acted: no money moved (yet).
-_NOT_APPLIED_INTENT = frozenset({"requires_payment_method", "requires_confirmation",
-                                 "requires_action"})
-_REFUND_OUTCOME = {"succeeded": Outcome.SUCCEEDED, "pending": Outcome.AWAITING_PROVIDER,
-                   "requires_action": Outcome.AWAITING_PROVIDER, "failed": Outcome.FAILED,
-                   "canceled": Outcome.FAILED}
+_NOT_APPLIED_INTENT = frozenset(
+    {"requires_payment_method", "requires_confirmation", "requires_action"}
+)
+_REFUND_OUTCOME = {
+    "succeeded": Outcome.SUCCEEDED,
+    "pending": Outcome.AWAITING_PROVIDER,
+    "requires_action": Outcome.AWAITING_PROVIDER,
+    "failed": Outcome.FAILED,
+    "canceled": Outcome.FAILED,
+}
 # Statuses Stripe does not move on its own any more.
 _FINAL = frozenset({"succeeded", "requires_capture", "canceled", "failed"})
 # A refund's statuses in which the provider may still pay the buyer back.

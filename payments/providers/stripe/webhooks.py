@@ -4,6 +4,7 @@ Besides the adapter (`api.py` beside it) this is the only module that imports
 `stripe`: signature checking is the SDK's (`WebhookSignature.verify_header`), so a
 constant-time compare and the header grammar are Stripe's, not ours.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,9 @@ def _header_timestamp(sig_header: str) -> int | None:
     return None
 
 
-def verify_and_parse(payload: bytes, sig_header: str | None, secrets: list[str],
-                     tolerance: int) -> dict:
+def verify_and_parse(
+    payload: bytes, sig_header: str | None, secrets: list[str], tolerance: int
+) -> dict:
     """Verify `Stripe-Signature` against every configured secret (rotation); parse.
 
     The signature is checked first without the time window and then with it, so a
@@ -70,8 +72,7 @@ def verify_and_parse(payload: bytes, sig_header: str | None, secrets: list[str],
     # A fresh delivery is verified once, with the time window; only a refused one is
     # checked again without it, to tell a stale delivery from a forged one.
     if not signed_with(tolerance):
-        raise WebhookVerificationError("stale_signature" if signed_with(None)
-                                       else "bad_signature")
+        raise WebhookVerificationError("stale_signature" if signed_with(None) else "bad_signature")
     ts = _header_timestamp(sig_header)
     if ts is None or (tolerance and ts > time.time() + tolerance):
         raise WebhookVerificationError("stale_signature")
@@ -79,9 +80,13 @@ def verify_and_parse(payload: bytes, sig_header: str | None, secrets: list[str],
         event = json.loads(text)
     except (ValueError, RecursionError):  # RecursionError: nested thousands deep
         raise WebhookVerificationError("malformed", "body is not JSON") from None
-    if (not isinstance(event, dict) or not isinstance(event.get("id"), str) or not event["id"]
-            or not isinstance(event.get("type"), str)
-            or not isinstance((event.get("data") or {}).get("object"), dict)):
+    if (
+        not isinstance(event, dict)
+        or not isinstance(event.get("id"), str)
+        or not event["id"]
+        or not isinstance(event.get("type"), str)
+        or not isinstance((event.get("data") or {}).get("object"), dict)
+    ):
         raise WebhookVerificationError("malformed", "not a Stripe event")
     return event
 
@@ -118,12 +123,14 @@ def _metadata_of(obj: dict) -> dict:
 def event_shape_problem(event: dict) -> str:
     """Why a signed event cannot be an event Verity may apply, or ''. Such an event is
     stored as `rejected` (the signature is good, so the delivery is answered 2xx)."""
-    if "account" in event and event["account"] is not None and not isinstance(
-            event["account"], str):
+    if (
+        "account" in event
+        and event["account"] is not None
+        and not isinstance(event["account"], str)
+    ):
         return "malformed:account"
     obj = event["data"]["object"]
-    if "metadata" in obj and obj["metadata"] is not None and not isinstance(
-            obj["metadata"], dict):
+    if "metadata" in obj and obj["metadata"] is not None and not isinstance(obj["metadata"], dict):
         return "malformed:metadata"
     if event_created_at(event) is None and isinstance(event.get("created"), int):
         # An instant no datetime holds (year > 9999): stored rejected, not a 500 the
@@ -157,8 +164,9 @@ def safe_event_payload(event: dict) -> dict:
         "metadata": _metadata_of(obj),
         "payment_intent": _id_of(obj.get("payment_intent")),
         "latest_charge": _id_of(obj.get("latest_charge")),
-        "last_payment_error": ({"code": str(error.get("code") or "")}
-                               if isinstance(error, dict) and error else None),
+        "last_payment_error": (
+            {"code": str(error.get("code") or "")} if isinstance(error, dict) and error else None
+        ),
     }
     if safe_obj["object"] == "refund":
         safe_obj["failure_reason"] = str(obj.get("failure_reason") or "")
@@ -214,6 +222,7 @@ def object_from_event_payload(event: dict) -> ProviderObject:
 
 # -- disputes ------------------------------------------------------------------------
 
+
 def _int(value, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
@@ -224,10 +233,16 @@ def _safe_balance_transactions(value) -> list[dict]:
         if not isinstance(txn, dict):
             continue  # an unexpanded id: nothing to book from it
         amount, fee = _int(txn.get("amount")), _int(txn.get("fee"))
-        out.append({"id": str(txn.get("id") or ""), "amount": amount, "fee": fee,
-                    "net": _int(txn.get("net"), amount - fee),
-                    "currency": str(txn.get("currency") or "").lower(),
-                    "reporting_category": str(txn.get("reporting_category") or "")})
+        out.append(
+            {
+                "id": str(txn.get("id") or ""),
+                "amount": amount,
+                "fee": fee,
+                "net": _int(txn.get("net"), amount - fee),
+                "currency": str(txn.get("currency") or "").lower(),
+                "reporting_category": str(txn.get("reporting_category") or ""),
+            }
+        )
     return out
 
 
@@ -248,18 +263,30 @@ def _safe_dispute_fields(obj: dict) -> dict:
 def dispute_from_payload(obj: dict, *, account: str) -> DisputeObject:
     """Normalise a Dispute (a raw or stored-safe event object, or a read-back)."""
     fields = {**obj, **_safe_dispute_fields(obj)} if "evidence_details" in obj else obj
-    moves = tuple(BalanceMove(id=b["id"], amount=b["amount"], fee=b["fee"], net=b["net"],
-                              currency=b["currency"],
-                              reporting_category=b.get("reporting_category", ""))
-                  for b in _safe_balance_transactions(fields.get("balance_transactions")))
+    moves = tuple(
+        BalanceMove(
+            id=b["id"],
+            amount=b["amount"],
+            fee=b["fee"],
+            net=b["net"],
+            currency=b["currency"],
+            reporting_category=b.get("reporting_category", ""),
+        )
+        for b in _safe_balance_transactions(fields.get("balance_transactions"))
+    )
     return DisputeObject(
-        id=str(fields.get("id") or ""), status=str(fields.get("status") or ""),
-        amount=_int(fields.get("amount"), -1), currency=str(fields.get("currency") or "").lower(),
-        reason=str(fields.get("reason") or "")[:40], charge=_id_of(fields.get("charge")),
+        id=str(fields.get("id") or ""),
+        status=str(fields.get("status") or ""),
+        amount=_int(fields.get("amount"), -1),
+        currency=str(fields.get("currency") or "").lower(),
+        reason=str(fields.get("reason") or "")[:40],
+        charge=_id_of(fields.get("charge")),
         payment_intent=_id_of(fields.get("payment_intent")),
         evidence_due_by=_int(fields.get("evidence_due_by"), 0) or None,
-        balance_transactions=moves, account=account,
-        is_charge_refundable=bool(fields.get("is_charge_refundable")))
+        balance_transactions=moves,
+        account=account,
+        is_charge_refundable=bool(fields.get("is_charge_refundable")),
+    )
 
 
 def dispute_from_event_payload(event: dict) -> DisputeObject:

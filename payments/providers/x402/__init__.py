@@ -6,6 +6,7 @@ the read-only chain reader, the refund signer and the PAYMENT-* header codec. Th
 registered in `payments/providers/registry.py`; services reach it through
 `payments.services.provider_for(operation)`.
 """
+
 from .adapter import X402Provider, get_provider
 from .api import (
     OBJECT_TYPE,

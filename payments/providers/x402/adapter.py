@@ -1,6 +1,7 @@
 """The x402 rail's adapter object: what the rail is and can do, for the services
 (payments.providers.base.RailAdapter). Its calls (the facilitator's settle, the chain
 reader, the refund signer) are in api.py."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -19,8 +20,10 @@ class X402Provider:
     # become known later (the AuthorizationUsed log), so it is not compared.
     reference_is_identity = False
     has_capture_and_void = False
-    no_capture_or_void_why = ("the transfer is final on chain, there is nothing to void or "
-                              "capture. A refund is a separate transfer back.")
+    no_capture_or_void_why = (
+        "the transfer is final on chain, there is nothing to void or "
+        "capture. A refund is a separate transfer back."
+    )
     takes_payment_method_token = False
     # A refund is a transfer back of Verity's own money: a person approves it.
     refunds_need_a_person = True
@@ -38,9 +41,12 @@ class X402Provider:
             return None
         # No reversal exists on a chain: the money goes back as a separate transfer from
         # the refund signer, and none is configured here.
-        return RailRefusal("x402_refund_signer_missing", "This purchase was paid over x402: "
-                           "a refund is a separate transfer back to the payer, and no refund "
-                           "signer is configured (X402_REFUND_PRIVATE_KEY).")
+        return RailRefusal(
+            "x402_refund_signer_missing",
+            "This purchase was paid over x402: "
+            "a refund is a separate transfer back to the payer, and no refund "
+            "signer is configured (X402_REFUND_PRIVATE_KEY).",
+        )
 
 
 @lru_cache(maxsize=1)

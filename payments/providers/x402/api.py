@@ -16,6 +16,7 @@ Fault drills (test mode): `arm_drill(payer, nonce, mode)` makes the next settle 
 authorization misbehave after (or instead of) the real request, like the Stripe adapter's
 FaultDrillHTTPClient: nothing about the facilitator or the chain is faked.
 """
+
 from __future__ import annotations
 
 import logging
@@ -71,6 +72,7 @@ log = logging.getLogger(__name__)
 
 OBJECT_TYPE = "x402_transfer"
 
+
 # The chain-level statuses an x402_transfer object carries (X402Transfer.outcome_for maps
 # them): confirmed -> succeeded; pending -> awaiting_provider; expired/canceled/invalid ->
 # failed; unknown -> unknown; anything else: no verdict.
@@ -99,8 +101,12 @@ class X402Transfer(ProviderObject):
     @property
     def final(self) -> bool:
         # Read from the chain only (no webhooks): mined, expired, cancelled or unusable.
-        return self.status in (ChainStatus.CONFIRMED, ChainStatus.EXPIRED,
-                               ChainStatus.CANCELED, ChainStatus.INVALID)
+        return self.status in (
+            ChainStatus.CONFIRMED,
+            ChainStatus.EXPIRED,
+            ChainStatus.CANCELED,
+            ChainStatus.INVALID,
+        )
 
     @property
     def canceled(self) -> bool:
@@ -111,7 +117,8 @@ class X402Transfer(ProviderObject):
         # Broadcast but not mined: `pending`, or an authorization still `unused` whose
         # transaction hash is known (it may still land).
         return self.status == ChainStatus.PENDING or (
-            self.status == ChainStatus.UNUSED and bool(self.id))
+            self.status == ChainStatus.UNUSED and bool(self.id)
+        )
 
     @property
     def refund_returned_nothing(self) -> bool:
@@ -137,10 +144,14 @@ class X402Transfer(ProviderObject):
         return False
 
 
-_CHAIN_OUTCOME = {ChainStatus.CONFIRMED: Outcome.SUCCEEDED,
-                  ChainStatus.PENDING: Outcome.AWAITING_PROVIDER,
-                  ChainStatus.EXPIRED: Outcome.FAILED, ChainStatus.CANCELED: Outcome.FAILED,
-                  ChainStatus.INVALID: Outcome.FAILED, ChainStatus.UNKNOWN: Outcome.UNKNOWN}
+_CHAIN_OUTCOME = {
+    ChainStatus.CONFIRMED: Outcome.SUCCEEDED,
+    ChainStatus.PENDING: Outcome.AWAITING_PROVIDER,
+    ChainStatus.EXPIRED: Outcome.FAILED,
+    ChainStatus.CANCELED: Outcome.FAILED,
+    ChainStatus.INVALID: Outcome.FAILED,
+    ChainStatus.UNKNOWN: Outcome.UNKNOWN,
+}
 
 
 class SettleKind:
@@ -203,21 +214,31 @@ def classify_settle(status: int | None, body: dict | None) -> SettleAnswer:
     tx = str(body.get("transaction") or "")
     network = str(body.get("network") or "")
     reason = str(body.get("errorReason") or "")
-    safe = {k: body[k] for k in ("success", "errorReason", "payer", "transaction", "network",
-                                 "amount") if k in body}
-    common = dict(http_status=status, transaction=tx, network=network, error_reason=reason,
-                  body=safe)
+    safe = {
+        k: body[k]
+        for k in ("success", "errorReason", "payer", "transaction", "network", "amount")
+        if k in body
+    }
+    common = dict(
+        http_status=status, transaction=tx, network=network, error_reason=reason, body=safe
+    )
     if status == 200 and body.get("success") is True and tx:
         return SettleAnswer(SettleKind.SUCCESS, **common)
     if status in (401, 403) and not tx:
         # The credential was refused: the facilitator did nothing with the payload.
-        return SettleAnswer(SettleKind.NOT_SENT, detail=f"facilitator refused the "
-                            f"credential ({status})", **common)
+        return SettleAnswer(
+            SettleKind.NOT_SENT, detail=f"facilitator refused the credential ({status})", **common
+        )
     # Pending is pending whatever the status line says (one hosted facilitator sends 500).
     if reason == "settlement_pending" and tx:
         return SettleAnswer(SettleKind.PENDING, **common)
-    if (status is not None and status < 500 and body.get("success") is False and not tx
-            and reason in _INVALID_REASONS):
+    if (
+        status is not None
+        and status < 500
+        and body.get("success") is False
+        and not tx
+        and reason in _INVALID_REASONS
+    ):
         return SettleAnswer(SettleKind.INVALID, reason=_INVALID_REASONS[reason], **common)
     # 5xx, a failure after a possible broadcast (hash or not), a used nonce, anything else.
     return SettleAnswer(SettleKind.UNKNOWN, **common)
@@ -228,8 +249,9 @@ class FacilitatorUnsupported(RuntimeError):
 
 
 class FacilitatorClient:
-    def __init__(self, *, base_url: str, timeout: float, auth: FacilitatorAuth | None = None
-                 ) -> None:
+    def __init__(
+        self, *, base_url: str, timeout: float, auth: FacilitatorAuth | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.auth = auth or NoAuth()
@@ -254,19 +276,25 @@ class FacilitatorClient:
         except requests.exceptions.RequestException:
             return
         if resp.status_code in (401, 403):
-            raise FacilitatorUnsupported(f"the facilitator refused Verity's credential "
-                                         f"({resp.status_code}): X402_FACILITATOR_AUTH_TOKEN "
-                                         "or X402_FACILITATOR_API_KEY_ID / _SECRET")
+            raise FacilitatorUnsupported(
+                f"the facilitator refused Verity's credential "
+                f"({resp.status_code}): X402_FACILITATOR_AUTH_TOKEN "
+                "or X402_FACILITATOR_API_KEY_ID / _SECRET"
+            )
         try:
             kinds = resp.json().get("kinds") or []
         except (ValueError, AttributeError):
             return
         if resp.status_code != 200:
             return
-        if not any(k.get("scheme") == scheme and k.get("network") == network
-                   and k.get("x402Version") == 2 for k in kinds if isinstance(k, dict)):
-            raise FacilitatorUnsupported(f"the facilitator does not support {scheme} on "
-                                         f"{network} (x402 v2)")
+        if not any(
+            k.get("scheme") == scheme and k.get("network") == network and k.get("x402Version") == 2
+            for k in kinds
+            if isinstance(k, dict)
+        ):
+            raise FacilitatorUnsupported(
+                f"the facilitator does not support {scheme} on {network} (x402 v2)"
+            )
         self._supported.add((scheme, network))
 
     # -- fault drills (test mode) ---------------------------------------------------
@@ -283,14 +311,14 @@ class FacilitatorClient:
             return self._drills.pop(f"{payer.lower()}:{nonce.lower()}", "")
 
     # -- settle -----------------------------------------------------------------------
-    def settle(self, *, payload: dict, requirements: dict, payer: str, nonce: str
-               ) -> SettleAnswer:
+    def settle(self, *, payload: dict, requirements: dict, payer: str, nonce: str) -> SettleAnswer:
         drill = self._take_drill(payer, nonce)
         body = {"x402Version": 2, "paymentPayload": payload, "paymentRequirements": requirements}
         try:
             url = f"{self.base_url}/settle"
-            resp = requests.post(url, json=body, headers=self._headers("POST", url),
-                                 timeout=(3.0, self.timeout))
+            resp = requests.post(
+                url, json=body, headers=self._headers("POST", url), timeout=(3.0, self.timeout)
+            )
         except requests.exceptions.ConnectTimeout as exc:
             return SettleAnswer(SettleKind.NOT_SENT, detail=f"connect timeout: {exc}"[:200])
         except requests.exceptions.ConnectionError as exc:
@@ -301,8 +329,11 @@ class FacilitatorClient:
         except requests.exceptions.Timeout as exc:
             return SettleAnswer(SettleKind.UNKNOWN, detail=f"read timeout: {exc}"[:200])
         if drill == DrillMode.DROP_ANSWER_AFTER_SEND:
-            return SettleAnswer(SettleKind.UNKNOWN, fault_drill=drill,
-                                detail="fault drill: answer dropped after the request")
+            return SettleAnswer(
+                SettleKind.UNKNOWN,
+                fault_drill=drill,
+                detail="fault drill: answer dropped after the request",
+            )
         try:
             parsed = resp.json()
         except ValueError:
@@ -317,25 +348,55 @@ def _never_connected(exc: Exception) -> bool:
 
 # -- the chain ---------------------------------------------------------------------------
 _TOKEN_ABI = [
-    {"type": "function", "name": "authorizationState", "stateMutability": "view",
-     "inputs": [{"name": "authorizer", "type": "address"}, {"name": "nonce", "type": "bytes32"}],
-     "outputs": [{"name": "", "type": "bool"}]},
-    {"type": "function", "name": "balanceOf", "stateMutability": "view",
-     "inputs": [{"name": "account", "type": "address"}],
-     "outputs": [{"name": "", "type": "uint256"}]},
-    {"type": "event", "name": "AuthorizationUsed", "anonymous": False,
-     "inputs": [{"name": "authorizer", "type": "address", "indexed": True},
-                {"name": "nonce", "type": "bytes32", "indexed": True}]},
-    {"type": "event", "name": "AuthorizationCanceled", "anonymous": False,
-     "inputs": [{"name": "authorizer", "type": "address", "indexed": True},
-                {"name": "nonce", "type": "bytes32", "indexed": True}]},
-    {"type": "function", "name": "transfer", "stateMutability": "nonpayable",
-     "inputs": [{"name": "to", "type": "address"}, {"name": "value", "type": "uint256"}],
-     "outputs": [{"name": "", "type": "bool"}]},
-    {"type": "event", "name": "Transfer", "anonymous": False,
-     "inputs": [{"name": "from", "type": "address", "indexed": True},
-                {"name": "to", "type": "address", "indexed": True},
-                {"name": "value", "type": "uint256", "indexed": False}]},
+    {
+        "type": "function",
+        "name": "authorizationState",
+        "stateMutability": "view",
+        "inputs": [{"name": "authorizer", "type": "address"}, {"name": "nonce", "type": "bytes32"}],
+        "outputs": [{"name": "", "type": "bool"}],
+    },
+    {
+        "type": "function",
+        "name": "balanceOf",
+        "stateMutability": "view",
+        "inputs": [{"name": "account", "type": "address"}],
+        "outputs": [{"name": "", "type": "uint256"}],
+    },
+    {
+        "type": "event",
+        "name": "AuthorizationUsed",
+        "anonymous": False,
+        "inputs": [
+            {"name": "authorizer", "type": "address", "indexed": True},
+            {"name": "nonce", "type": "bytes32", "indexed": True},
+        ],
+    },
+    {
+        "type": "event",
+        "name": "AuthorizationCanceled",
+        "anonymous": False,
+        "inputs": [
+            {"name": "authorizer", "type": "address", "indexed": True},
+            {"name": "nonce", "type": "bytes32", "indexed": True},
+        ],
+    },
+    {
+        "type": "function",
+        "name": "transfer",
+        "stateMutability": "nonpayable",
+        "inputs": [{"name": "to", "type": "address"}, {"name": "value", "type": "uint256"}],
+        "outputs": [{"name": "", "type": "bool"}],
+    },
+    {
+        "type": "event",
+        "name": "Transfer",
+        "anonymous": False,
+        "inputs": [
+            {"name": "from", "type": "address", "indexed": True},
+            {"name": "to", "type": "address", "indexed": True},
+            {"name": "value", "type": "uint256", "indexed": False},
+        ],
+    },
 ]
 
 
@@ -355,10 +416,16 @@ class ChainView:
     proof_log_index: int | None = None
 
     def safe_fields(self) -> dict:
-        return {"status": self.status, "transaction": self.transaction,
-                "block_number": self.block_number, "confirmations": self.confirmations,
-                "authorization_state": self.authorization_state, "chain_time": self.chain_time,
-                "receipt_status": self.receipt_status, "proof_log_index": self.proof_log_index}
+        return {
+            "status": self.status,
+            "transaction": self.transaction,
+            "block_number": self.block_number,
+            "confirmations": self.confirmations,
+            "authorization_state": self.authorization_state,
+            "chain_time": self.chain_time,
+            "receipt_status": self.receipt_status,
+            "proof_log_index": self.proof_log_index,
+        }
 
 
 class ChainMismatch(RuntimeError):
@@ -378,30 +445,35 @@ class Precheck:
 # How far below the block at which a nonce was read unused the log search starts: deeper
 # than any reorg Verity waits out (X402_CONFIRMATIONS), so the log of a reorged use is found.
 SEARCH_REORG_MARGIN_BLOCKS = 256
-_TRANSFER_TOPIC = "0x" + Web3.keccak(
-    text="Transfer(address,address,uint256)").hex().removeprefix("0x")
+_TRANSFER_TOPIC = "0x" + Web3.keccak(text="Transfer(address,address,uint256)").hex().removeprefix(
+    "0x"
+)
 
 
 def transfer_logs(logs, *, asset: str, sender: str, to: str, value: int) -> list:
     """The asset's Transfer(sender -> to, value) entries among a receipt's logs."""
-    return [entry for entry in logs
-            if entry["address"].lower() == asset.lower() and len(entry["topics"]) == 3
-            and _hex(entry["topics"][0]) == _TRANSFER_TOPIC
-            and _hex(entry["topics"][1])[-40:] == sender.lower()[2:]
-            and _hex(entry["topics"][2])[-40:] == to.lower()[2:]
-            and int(_hex(entry["data"]), 16) == value]
+    return [
+        entry
+        for entry in logs
+        if entry["address"].lower() == asset.lower()
+        and len(entry["topics"]) == 3
+        and _hex(entry["topics"][0]) == _TRANSFER_TOPIC
+        and _hex(entry["topics"][1])[-40:] == sender.lower()[2:]
+        and _hex(entry["topics"][2])[-40:] == to.lower()[2:]
+        and int(_hex(entry["data"]), 16) == value
+    ]
 
 
 _AUTHORIZATION_USED_TOPIC = "0x" + Web3.keccak(
-    text="AuthorizationUsed(address,bytes32)").hex().removeprefix("0x")
+    text="AuthorizationUsed(address,bytes32)"
+).hex().removeprefix("0x")
 
 
 def _address_topic(address: str) -> str:
     return "0x" + "0" * 24 + address.lower()[2:]
 
 
-def authorization_transfer(logs, *, asset: str, payer: str, nonce: str, pay_to: str,
-                           value: int):
+def authorization_transfer(logs, *, asset: str, payer: str, nonce: str, pay_to: str, value: int):
     """The Transfer log that THIS authorization moved, or None: the proof that Verity was
     paid by (payer, nonce), from one receipt's logs (in their order).
 
@@ -416,9 +488,13 @@ def authorization_transfer(logs, *, asset: str, payer: str, nonce: str, pay_to: 
     logs = list(logs)
     for i, entry in enumerate(logs):
         topics = [_hex(t) for t in entry["topics"]]
-        if (entry["address"].lower() != asset.lower() or len(topics) != 3
-                or topics[0] != _AUTHORIZATION_USED_TOPIC
-                or topics[1] != _address_topic(payer) or topics[2] != nonce.lower()):
+        if (
+            entry["address"].lower() != asset.lower()
+            or len(topics) != 3
+            or topics[0] != _AUTHORIZATION_USED_TOPIC
+            or topics[1] != _address_topic(payer)
+            or topics[2] != nonce.lower()
+        ):
             continue
         if i + 1 >= len(logs):
             return None
@@ -437,8 +513,15 @@ def _hex(value) -> str:
 
 
 class ChainReader:
-    def __init__(self, *, rpc_url: str, asset: str, confirmations: int,
-                 lookback_blocks: int = 0, network: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        rpc_url: str,
+        asset: str,
+        confirmations: int,
+        lookback_blocks: int = 0,
+        network: str = "",
+    ) -> None:
         self.w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 10}))
         self.rpc_url = rpc_url
         self.asset = Web3.to_checksum_address(asset) if asset else ""
@@ -456,15 +539,17 @@ class ChainReader:
         expected = int(self.network.split(":", 1)[1])
         actual = int(self.w3.eth.chain_id)
         if actual != expected:
-            raise ChainMismatch(f"X402_RPC_URL serves chain {actual}, X402_NETWORK is "
-                                f"{self.network}")
+            raise ChainMismatch(
+                f"X402_RPC_URL serves chain {actual}, X402_NETWORK is {self.network}"
+            )
         self._chain_checked = True
 
     def _token(self):
         return self.w3.eth.contract(address=self.asset, abi=_TOKEN_ABI)
 
-    def _auth_log(self, event: str, payer: str, nonce: str, latest: int,
-                  from_block: int | None = None) -> dict | None:
+    def _auth_log(
+        self, event: str, payer: str, nonce: str, latest: int, from_block: int | None = None
+    ) -> dict | None:
         sig = Web3.keccak(text=f"{event}(address,bytes32)")
         topics = [_hex(sig), "0x" + "0" * 24 + payer.lower()[2:], nonce.lower()]
         if from_block is not None:
@@ -473,19 +558,22 @@ class ChainReader:
             start = max(0, from_block - SEARCH_REORG_MARGIN_BLOCKS)
         else:
             start = max(0, latest - self.lookback) if self.lookback else 0
-        logs = self.w3.eth.get_logs({"address": self.asset, "fromBlock": start,
-                                     "toBlock": latest, "topics": topics})
+        logs = self.w3.eth.get_logs(
+            {"address": self.asset, "fromBlock": start, "toBlock": latest, "topics": topics}
+        )
         return logs[-1] if logs else None
 
-    def proof_in(self, transaction: str, *, payer: str, nonce: str, pay_to: str, value: int
-                 ) -> dict | None:
+    def proof_in(
+        self, transaction: str, *, payer: str, nonce: str, pay_to: str, value: int
+    ) -> dict | None:
         """THIS authorization's Transfer(payer -> pay_to, value) log in the transaction's
         receipt (authorization_transfer), or None: the only proof that Verity was paid."""
         receipt = self.w3.eth.get_transaction_receipt(transaction)
         if int(receipt["status"]) != 1:
             return None
-        return authorization_transfer(receipt["logs"], asset=self.asset, payer=payer,
-                                      nonce=nonce, pay_to=pay_to, value=value)
+        return authorization_transfer(
+            receipt["logs"], asset=self.asset, payer=payer, nonce=nonce, pay_to=pay_to, value=value
+        )
 
     def precheck(self, *, payer: str, nonce: str) -> Precheck:
         """Before an operation exists: the latest block, whether the payer's nonce is
@@ -495,14 +583,26 @@ class ChainReader:
         payer = Web3.to_checksum_address(payer)
         latest = int(self.w3.eth.block_number)
         token = self._token()
-        used = bool(token.functions.authorizationState(
-            payer, bytes.fromhex(nonce[2:])).call(block_identifier=latest))
+        used = bool(
+            token.functions.authorizationState(payer, bytes.fromhex(nonce[2:])).call(
+                block_identifier=latest
+            )
+        )
         balance = int(token.functions.balanceOf(payer).call(block_identifier=latest))
         is_contract = len(self.w3.eth.get_code(payer, block_identifier=latest)) > 0
         return Precheck(block=latest, used=used, balance=balance, is_contract=is_contract)
 
-    def read(self, *, payer: str, nonce: str, valid_before: int, pay_to: str, value: int,
-             transaction: str = "", from_block: int | None = None) -> ChainView:
+    def read(
+        self,
+        *,
+        payer: str,
+        nonce: str,
+        valid_before: int,
+        pay_to: str,
+        value: int,
+        transaction: str = "",
+        from_block: int | None = None,
+    ) -> ChainView:
         """Raises on RPC failure (the caller records an unknown read, never a verdict).
 
         A used nonce is a payment only when the transferWithAuthorization call that used
@@ -514,8 +614,11 @@ class ChainReader:
         payer = Web3.to_checksum_address(payer)
         latest_block = self.w3.eth.get_block("latest")
         latest, chain_time = int(latest_block["number"]), int(latest_block["timestamp"])
-        used = bool(self._token().functions.authorizationState(
-            payer, bytes.fromhex(nonce[2:])).call(block_identifier=latest))
+        used = bool(
+            self._token()
+            .functions.authorizationState(payer, bytes.fromhex(nonce[2:]))
+            .call(block_identifier=latest)
+        )
         receipt_status = None
         if transaction:
             try:
@@ -523,37 +626,46 @@ class ChainReader:
                 receipt_status = int(receipt["status"])
             except Exception:  # noqa: BLE001 - not mined (pending or dropped)
                 receipt_status = None
-        common = dict(authorization_state=used, chain_time=chain_time,
-                      receipt_status=receipt_status)
+        common = dict(
+            authorization_state=used, chain_time=chain_time, receipt_status=receipt_status
+        )
         if used:
             found = self._auth_log("AuthorizationUsed", payer, nonce, latest, from_block)
             if found is not None:
                 block = int(found["blockNumber"])
                 confs = latest - block + 1
                 used_by = _hex(found["transactionHash"])
-                proof = self.proof_in(used_by, payer=payer, nonce=nonce, pay_to=pay_to,
-                                      value=value)
+                proof = self.proof_in(used_by, payer=payer, nonce=nonce, pay_to=pay_to, value=value)
                 if proof is None:
                     # Spent on another transfer. A verdict only once that block is as
                     # deep as a payment would have to be: a reorg could free the nonce.
-                    status = (ChainStatus.USED_ELSEWHERE if confs >= self.confirmations
-                              else ChainStatus.PENDING)
+                    status = (
+                        ChainStatus.USED_ELSEWHERE
+                        if confs >= self.confirmations
+                        else ChainStatus.PENDING
+                    )
                     # The other transaction's block is not this payment's: none is shown.
                     return ChainView(status, transaction=transaction, **common)
-                status = (ChainStatus.CONFIRMED if confs >= self.confirmations
-                          else ChainStatus.PENDING)
-                return ChainView(status, transaction=used_by, block_number=block,
-                                 confirmations=confs, proof_log_index=int(proof["logIndex"]),
-                                 **common)
-            canceled = self._auth_log("AuthorizationCanceled", payer, nonce, latest,
-                                      from_block)
+                status = (
+                    ChainStatus.CONFIRMED if confs >= self.confirmations else ChainStatus.PENDING
+                )
+                return ChainView(
+                    status,
+                    transaction=used_by,
+                    block_number=block,
+                    confirmations=confs,
+                    proof_log_index=int(proof["logIndex"]),
+                    **common,
+                )
+            canceled = self._auth_log("AuthorizationCanceled", payer, nonce, latest, from_block)
             if canceled is not None:
                 # "Never paid" only once the cancel is as deep as a payment would have to
                 # be: a reorg of a shallower block takes the cancel back out, and the
                 # signed authorization can then still land.
                 confs = latest - int(canceled["blockNumber"]) + 1
-                status = (ChainStatus.CANCELED if confs >= self.confirmations
-                          else ChainStatus.PENDING)
+                status = (
+                    ChainStatus.CANCELED if confs >= self.confirmations else ChainStatus.PENDING
+                )
                 return ChainView(status, transaction=transaction, **common)
             # Used, but the log lies outside the lookback window: the signed transfer
             # happened somewhere; wait for a person or a wider search, never failed.
@@ -598,23 +710,40 @@ class ChainReader:
     def count_transfers(self, *, payer: str, to: str) -> int:
         """Test/drill helper: confirmed ERC-20 Transfer events payer -> to on chain."""
         sig = Web3.keccak(text="Transfer(address,address,uint256)")
-        logs = self.w3.eth.get_logs({
-            "address": self.asset, "fromBlock": 0, "toBlock": "latest",
-            "topics": [_hex(sig), "0x" + "0" * 24 + payer.lower()[2:],
-                       "0x" + "0" * 24 + to.lower()[2:]]})
+        logs = self.w3.eth.get_logs(
+            {
+                "address": self.asset,
+                "fromBlock": 0,
+                "toBlock": "latest",
+                "topics": [
+                    _hex(sig),
+                    "0x" + "0" * 24 + payer.lower()[2:],
+                    "0x" + "0" * 24 + to.lower()[2:],
+                ],
+            }
+        )
         return len(logs)
 
 
-def transfer_object(*, view: ChainView, operation_id: str, purchase_id: str, amount: int,
-                    currency: str) -> ProviderObject:
+def transfer_object(
+    *, view: ChainView, operation_id: str, purchase_id: str, amount: int, currency: str
+) -> ProviderObject:
     """A chain view as the provider-neutral object the one observation function applies."""
-    failure = {ChainStatus.EXPIRED: "authorization_expired",
-               ChainStatus.CANCELED: "authorization_canceled",
-               ChainStatus.USED_ELSEWHERE: USED_ELSEWHERE_REASON}.get(view.status, "")
+    failure = {
+        ChainStatus.EXPIRED: "authorization_expired",
+        ChainStatus.CANCELED: "authorization_canceled",
+        ChainStatus.USED_ELSEWHERE: USED_ELSEWHERE_REASON,
+    }.get(view.status, "")
     status = ChainStatus.INVALID if view.status == ChainStatus.USED_ELSEWHERE else view.status
-    return X402Transfer(OBJECT_TYPE, id=view.transaction, status=status, amount=amount,
-                        currency=currency, failure_code=failure,
-                        metadata={"operation_id": operation_id, "purchase_id": purchase_id})
+    return X402Transfer(
+        OBJECT_TYPE,
+        id=view.transaction,
+        status=status,
+        amount=amount,
+        currency=currency,
+        failure_code=failure,
+        metadata={"operation_id": operation_id, "purchase_id": purchase_id},
+    )
 
 
 def chain_call_result(fn) -> CallResult:
@@ -650,7 +779,8 @@ REFUND_NONCE_ATTEMPTS = 3  # signs per send: the first and at most two after a t
 #   gas) makes every signed refund transaction unique.
 _REFUND_RETRY = ExceptionRetryConfiguration(
     errors=(ConnectionError, requests.HTTPError, requests.Timeout),
-    method_allowlist=[m for m in REQUEST_RETRY_ALLOWLIST if m != "eth_sendRawTransaction"])
+    method_allowlist=[m for m in REQUEST_RETRY_ALLOWLIST if m != "eth_sendRawTransaction"],
+)
 _REFUND_TAG_BYTES = 16
 
 
@@ -681,8 +811,13 @@ class ClaimLost(Exception):
 
 
 def _aborted(exc: ClaimLost, *, transaction: str = "", attempts: int = 1) -> RefundAnswer:
-    return RefundAnswer(SettleKind.NOT_SENT, transaction=transaction, attempts=attempts,
-                        aborted=True, detail=f"aborted, nothing sent: {exc}"[:200])
+    return RefundAnswer(
+        SettleKind.NOT_SENT,
+        transaction=transaction,
+        attempts=attempts,
+        aborted=True,
+        detail=f"aborted, nothing sent: {exc}"[:200],
+    )
 
 
 @dataclass(frozen=True)
@@ -705,11 +840,15 @@ class RefundSender:
     refunds take their nonces one at a time across processes (`send(serialize=...)`), so
     that refusal comes only from a transaction of the signer made outside Verity."""
 
-    def __init__(self, *, rpc_url: str, asset: str, private_key: str,
-                 receipt_timeout: float) -> None:
+    def __init__(
+        self, *, rpc_url: str, asset: str, private_key: str, receipt_timeout: float
+    ) -> None:
         self.rpc_url = rpc_url
-        self.w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 10},
-                                         exception_retry_configuration=_REFUND_RETRY))
+        self.w3 = Web3(
+            Web3.HTTPProvider(
+                rpc_url, request_kwargs={"timeout": 10}, exception_retry_configuration=_REFUND_RETRY
+            )
+        )
         self.asset = Web3.to_checksum_address(asset)
         self._key = private_key
         self.address = self.w3.eth.account.from_key(private_key).address
@@ -735,10 +874,16 @@ class RefundSender:
         with self._lock:
             return self._drills.pop(to.lower(), "")
 
-    def send(self, *, to: str, value: int, on_signed,
-             serialize: Callable[[], AbstractContextManager] = nullcontext,
-             still_claimed: Callable[[], None] = lambda: None,
-             wait_slice_seconds: float = 5.0) -> RefundAnswer:
+    def send(
+        self,
+        *,
+        to: str,
+        value: int,
+        on_signed,
+        serialize: Callable[[], AbstractContextManager] = nullcontext,
+        still_claimed: Callable[[], None] = lambda: None,
+        wait_slice_seconds: float = 5.0,
+    ) -> RefundAnswer:
         """`serialize()` is the signer's nonce allocator across processes (Verity passes
         payments.locks.signer_lock): entered around nonce read -> sign -> persist ->
         broadcast, left before the receipt wait. If it cannot be entered, nothing was
@@ -765,8 +910,9 @@ class RefundSender:
                 except ClaimLost as exc:
                     return _aborted(exc)
                 except Exception as exc:  # noqa: BLE001 - no nonce read, nothing signed
-                    return RefundAnswer(SettleKind.NOT_SENT,
-                                        detail=f"not sent: signer lock: {exc}"[:200])
+                    return RefundAnswer(
+                        SettleKind.NOT_SENT, detail=f"not sent: signer lock: {exc}"[:200]
+                    )
                 sent = self._sign_and_broadcast(to=to, value=value, on_signed=on_signed)
         finally:
             self._send_lock.release()
@@ -774,22 +920,40 @@ class RefundSender:
             return sent.answer
         tx_hash, attempts, note = sent.answer.transaction, sent.answer.attempts, sent.answer.detail
         if self._take_drill(to) == DrillMode.DROP_ANSWER_AFTER_SEND:
-            return RefundAnswer(SettleKind.UNKNOWN, transaction=tx_hash,
-                                fault_drill=DrillMode.DROP_ANSWER_AFTER_SEND, attempts=attempts,
-                                detail="fault drill: answer dropped after the broadcast")
+            return RefundAnswer(
+                SettleKind.UNKNOWN,
+                transaction=tx_hash,
+                fault_drill=DrillMode.DROP_ANSWER_AFTER_SEND,
+                attempts=attempts,
+                detail="fault drill: answer dropped after the broadcast",
+            )
         try:
             receipt = self.w3.eth.wait_for_transaction_receipt(
-                sent.signed.hash, timeout=self.receipt_timeout, poll_latency=0.2)
+                sent.signed.hash, timeout=self.receipt_timeout, poll_latency=0.2
+            )
         except Exception as exc:  # noqa: BLE001 - broadcast, not mined yet (or unreachable)
-            return RefundAnswer(SettleKind.PENDING, transaction=tx_hash, attempts=attempts,
-                                detail=f"{note}no receipt yet: {exc}"[:200])
+            return RefundAnswer(
+                SettleKind.PENDING,
+                transaction=tx_hash,
+                attempts=attempts,
+                detail=f"{note}no receipt yet: {exc}"[:200],
+            )
         if int(receipt["status"]) != 1:
-            return RefundAnswer(SettleKind.INVALID, transaction=tx_hash,
-                                block_number=int(receipt["blockNumber"]), attempts=attempts,
-                                reason="provider_failed", detail=f"{note}transfer reverted"[:200])
-        return RefundAnswer(SettleKind.SUCCESS, transaction=tx_hash,
-                            block_number=int(receipt["blockNumber"]), attempts=attempts,
-                            detail=note.rstrip("; ")[:200])
+            return RefundAnswer(
+                SettleKind.INVALID,
+                transaction=tx_hash,
+                block_number=int(receipt["blockNumber"]),
+                attempts=attempts,
+                reason="provider_failed",
+                detail=f"{note}transfer reverted"[:200],
+            )
+        return RefundAnswer(
+            SettleKind.SUCCESS,
+            transaction=tx_hash,
+            block_number=int(receipt["blockNumber"]),
+            attempts=attempts,
+            detail=note.rstrip("; ")[:200],
+        )
 
     def _sign_and_broadcast(self, *, to: str, value: int, on_signed) -> _Broadcast:
         """Under the send lock and `serialize()`. Each signed transaction is broadcast
@@ -801,15 +965,22 @@ class RefundSender:
         for attempt in range(1, REFUND_NONCE_ATTEMPTS + 1):
             try:
                 nonce = self.w3.eth.get_transaction_count(self.address, "pending")
-                tx = token.functions.transfer(to, value).build_transaction({
-                    "from": self.address, "nonce": nonce, "gas": REFUND_GAS,
-                    "gasPrice": self.w3.eth.gas_price, "chainId": self.w3.eth.chain_id})
+                tx = token.functions.transfer(to, value).build_transaction(
+                    {
+                        "from": self.address,
+                        "nonce": nonce,
+                        "gas": REFUND_GAS,
+                        "gasPrice": self.w3.eth.gas_price,
+                        "chainId": self.w3.eth.chain_id,
+                    }
+                )
                 tx["data"] = tx["data"] + secrets.token_hex(_REFUND_TAG_BYTES)
             except Exception as exc:  # noqa: BLE001 - nothing (new) was signed or sent
                 if refused is not None:  # the refused one is stored: today's answer
                     return _Broadcast(None, refused)
-                return _Broadcast(None, RefundAnswer(SettleKind.NOT_SENT,
-                                                     detail=f"not sent: {exc}"[:200]))
+                return _Broadcast(
+                    None, RefundAnswer(SettleKind.NOT_SENT, detail=f"not sent: {exc}"[:200])
+                )
             signed = self.w3.eth.account.sign_transaction(tx, self._key)
             tx_hash = _hex(signed.hash)
             try:
@@ -817,32 +988,65 @@ class RefundSender:
                 # claim holds: a refund settled meanwhile never broadcasts.
                 on_signed(tx_hash, nonce)
             except ClaimLost as exc:
-                return _Broadcast(None, _aborted(exc, transaction=refused.transaction
-                                                 if refused else "", attempts=attempt))
+                return _Broadcast(
+                    None,
+                    _aborted(
+                        exc, transaction=refused.transaction if refused else "", attempts=attempt
+                    ),
+                )
             try:
                 self.w3.eth.send_raw_transaction(signed.raw_transaction)
             except requests.exceptions.ConnectionError as exc:
                 if _never_connected(exc):
-                    return _Broadcast(None, RefundAnswer(
-                        SettleKind.NOT_SENT, transaction=tx_hash, attempts=attempt,
-                        detail=f"not sent: {exc}"[:200]))
-                return _Broadcast(None, RefundAnswer(
-                    SettleKind.UNKNOWN, transaction=tx_hash, attempts=attempt,
-                    detail=f"connection lost: {exc}"[:200]))
+                    return _Broadcast(
+                        None,
+                        RefundAnswer(
+                            SettleKind.NOT_SENT,
+                            transaction=tx_hash,
+                            attempts=attempt,
+                            detail=f"not sent: {exc}"[:200],
+                        ),
+                    )
+                return _Broadcast(
+                    None,
+                    RefundAnswer(
+                        SettleKind.UNKNOWN,
+                        transaction=tx_hash,
+                        attempts=attempt,
+                        detail=f"connection lost: {exc}"[:200],
+                    ),
+                )
             except requests.exceptions.Timeout as exc:
-                return _Broadcast(None, RefundAnswer(SettleKind.UNKNOWN, transaction=tx_hash,
-                                                     attempts=attempt,
-                                                     detail=f"timeout: {exc}"[:200]))
+                return _Broadcast(
+                    None,
+                    RefundAnswer(
+                        SettleKind.UNKNOWN,
+                        transaction=tx_hash,
+                        attempts=attempt,
+                        detail=f"timeout: {exc}"[:200],
+                    ),
+                )
             except Exception as exc:  # noqa: BLE001 - the node answered with an RPC error
                 text = str(exc)
                 if _answer_says(text, _ALREADY_IN_POOL):
-                    return _Broadcast(None, RefundAnswer(SettleKind.PENDING, transaction=tx_hash,
-                                                         attempts=attempt, detail=text[:200]))
+                    return _Broadcast(
+                        None,
+                        RefundAnswer(
+                            SettleKind.PENDING,
+                            transaction=tx_hash,
+                            attempts=attempt,
+                            detail=text[:200],
+                        ),
+                    )
                 # The node refused it: it is in no mempool. Unless the refusal names a
                 # taken nonce, the same nonce may still be used again, so the receipt read
                 # decides if it is ever mined.
-                refused = RefundAnswer(SettleKind.UNKNOWN, transaction=tx_hash,
-                                       attempts=attempt, detail=f"rpc error: {text}"[:200])
+                refused = RefundAnswer(
+                    SettleKind.UNKNOWN,
+                    transaction=tx_hash,
+                    attempts=attempt,
+                    detail=f"rpc error: {text}"[:200],
+                )
                 if not _answer_says(text, _NONCE_TAKEN) or attempt == REFUND_NONCE_ATTEMPTS:
                     return _Broadcast(None, refused)
                 # Belt and braces before a new sign: the node must not know this hash (a
@@ -854,23 +1058,42 @@ class RefundSender:
                 except Exception:  # noqa: BLE001 - cannot tell: keep today's answer
                     return _Broadcast(None, refused)
                 else:
-                    return _Broadcast(signed, RefundAnswer(
-                        SettleKind.PENDING, transaction=tx_hash, attempts=attempt,
-                        detail=f"refused ({text[:60]}) yet known to the node; "))
+                    return _Broadcast(
+                        signed,
+                        RefundAnswer(
+                            SettleKind.PENDING,
+                            transaction=tx_hash,
+                            attempts=attempt,
+                            detail=f"refused ({text[:60]}) yet known to the node; ",
+                        ),
+                    )
                 taken.append(nonce)
-                log.warning("x402 refund %s refused (%s): nonce %s taken by another "
-                            "transaction of the signer; signing again", tx_hash, text[:80],
-                            nonce)
+                log.warning(
+                    "x402 refund %s refused (%s): nonce %s taken by another "
+                    "transaction of the signer; signing again",
+                    tx_hash,
+                    text[:80],
+                    nonce,
+                )
                 continue
-            note = (f"nonce {', '.join(map(str, taken))} taken by another transaction of the "
-                    f"signer; sent with nonce {nonce} (sign {attempt}); " if taken else "")
-            return _Broadcast(signed, RefundAnswer(SettleKind.PENDING, transaction=tx_hash,
-                                                   attempts=attempt, detail=note))
+            note = (
+                f"nonce {', '.join(map(str, taken))} taken by another transaction of the "
+                f"signer; sent with nonce {nonce} (sign {attempt}); "
+                if taken
+                else ""
+            )
+            return _Broadcast(
+                signed,
+                RefundAnswer(
+                    SettleKind.PENDING, transaction=tx_hash, attempts=attempt, detail=note
+                ),
+            )
         raise AssertionError("unreachable: the last attempt always returns")
 
 
-def read_refund_transfer(*, transaction: str, sender: str, nonce: int | None, to: str,
-                         value: int) -> ChainView:
+def read_refund_transfer(
+    *, transaction: str, sender: str, nonce: int | None, to: str, value: int
+) -> ChainView:
     """Read-only: what the chain says of one refund transfer (its receipt and its Transfer
     log; the sender's nonce proves a transaction that can no longer be mined)."""
     reader = get_chain_reader()
@@ -886,23 +1109,44 @@ def read_refund_transfer(*, transaction: str, sender: str, nonce: int | None, to
         block = int(receipt["blockNumber"])
         confs = latest - block + 1
         if int(receipt["status"]) != 1:
-            return ChainView(ChainStatus.INVALID, transaction=transaction, block_number=block,
-                             confirmations=confs, receipt_status=0)
+            return ChainView(
+                ChainStatus.INVALID,
+                transaction=transaction,
+                block_number=block,
+                confirmations=confs,
+                receipt_status=0,
+            )
         sig = _hex(Web3.keccak(text="Transfer(address,address,uint256)"))
-        moved = [entry for entry in receipt["logs"]
-                 if entry["address"].lower() == reader.asset.lower()
-                 and _hex(entry["topics"][0]) == sig
-                 and _hex(entry["topics"][1])[-40:] == sender.lower()[2:]
-                 and _hex(entry["topics"][2])[-40:] == to.lower()[2:]
-                 and int(_hex(entry["data"]), 16) == value]
+        moved = [
+            entry
+            for entry in receipt["logs"]
+            if entry["address"].lower() == reader.asset.lower()
+            and _hex(entry["topics"][0]) == sig
+            and _hex(entry["topics"][1])[-40:] == sender.lower()[2:]
+            and _hex(entry["topics"][2])[-40:] == to.lower()[2:]
+            and int(_hex(entry["data"]), 16) == value
+        ]
         if not moved:  # mined, but not this transfer: nothing of ours moved
-            return ChainView(ChainStatus.INVALID, transaction=transaction, block_number=block,
-                             confirmations=confs, receipt_status=1)
+            return ChainView(
+                ChainStatus.INVALID,
+                transaction=transaction,
+                block_number=block,
+                confirmations=confs,
+                receipt_status=1,
+            )
         status = ChainStatus.CONFIRMED if confs >= reader.confirmations else ChainStatus.PENDING
-        return ChainView(status, transaction=transaction, block_number=block,
-                         confirmations=confs, receipt_status=1)
-    if nonce is not None and transaction and int(w3.eth.get_transaction_count(
-            Web3.to_checksum_address(sender), "latest")) > nonce:
+        return ChainView(
+            status,
+            transaction=transaction,
+            block_number=block,
+            confirmations=confs,
+            receipt_status=1,
+        )
+    if (
+        nonce is not None
+        and transaction
+        and int(w3.eth.get_transaction_count(Web3.to_checksum_address(sender), "latest")) > nonce
+    ):
         # Another transaction of the signer took this nonce: this one can never be mined.
         return ChainView(ChainStatus.INVALID, transaction=transaction)
     # Broadcast (or maybe not) and unmined: no verdict.
@@ -921,13 +1165,19 @@ def get_refund_sender() -> RefundSender:
         key = settings.X402_REFUND_PRIVATE_KEY
         if not key:
             raise RuntimeError("X402_REFUND_PRIVATE_KEY is not set")
-        if (_refund_sender is None or _refund_sender._key != key
-                or _refund_sender.asset.lower() != settings.X402_ASSET.lower()
-                or _refund_sender.rpc_url != settings.X402_RPC_URL
-                or _refund_sender.receipt_timeout != settings.X402_REFUND_RECEIPT_TIMEOUT):
+        if (
+            _refund_sender is None
+            or _refund_sender._key != key
+            or _refund_sender.asset.lower() != settings.X402_ASSET.lower()
+            or _refund_sender.rpc_url != settings.X402_RPC_URL
+            or _refund_sender.receipt_timeout != settings.X402_REFUND_RECEIPT_TIMEOUT
+        ):
             _refund_sender = RefundSender(
-                rpc_url=settings.X402_RPC_URL, asset=settings.X402_ASSET, private_key=key,
-                receipt_timeout=settings.X402_REFUND_RECEIPT_TIMEOUT)
+                rpc_url=settings.X402_RPC_URL,
+                asset=settings.X402_ASSET,
+                private_key=key,
+                receipt_timeout=settings.X402_REFUND_RECEIPT_TIMEOUT,
+            )
         return _refund_sender
 
 
@@ -957,10 +1207,12 @@ def refund_float() -> RefundFloat | None:
         return None
     # Its own short-timeout, no-retry client: a scrape or a dashboard view must not wait
     # out the reader's 10-s timeout and web3's retries when the RPC is down.
-    w3 = Web3(Web3.HTTPProvider(settings.X402_RPC_URL, request_kwargs={"timeout": 3},
-                                exception_retry_configuration=None))
-    token = w3.eth.contract(address=Web3.to_checksum_address(settings.X402_ASSET),
-                            abi=_TOKEN_ABI)
+    w3 = Web3(
+        Web3.HTTPProvider(
+            settings.X402_RPC_URL, request_kwargs={"timeout": 3}, exception_retry_configuration=None
+        )
+    )
+    token = w3.eth.contract(address=Web3.to_checksum_address(settings.X402_ASSET), abi=_TOKEN_ABI)
     balance = int(token.functions.balanceOf(address).call())
     return RefundFloat(address=address, balance=balance, decimals=settings.X402_DECIMALS)
 
@@ -980,21 +1232,30 @@ def get_facilitator() -> FacilitatorClient:
     global _facilitator, _facilitator_built_from
     # Compared by digest: the secrets stay in settings only, not in another long-lived
     # object an error report could show.
-    built_from = (settings.X402_FACILITATOR_URL.rstrip("/"), settings.X402_FACILITATOR_TIMEOUT,
-                  settings.X402_FACILITATOR_API_KEY_ID, hashlib.sha256(
-                      f"{settings.X402_FACILITATOR_AUTH_TOKEN}\0"
-                      f"{settings.X402_FACILITATOR_API_KEY_SECRET}".encode()).hexdigest())
+    built_from = (
+        settings.X402_FACILITATOR_URL.rstrip("/"),
+        settings.X402_FACILITATOR_TIMEOUT,
+        settings.X402_FACILITATOR_API_KEY_ID,
+        hashlib.sha256(
+            f"{settings.X402_FACILITATOR_AUTH_TOKEN}\0"
+            f"{settings.X402_FACILITATOR_API_KEY_SECRET}".encode()
+        ).hexdigest(),
+    )
     with _lock:
         if _facilitator is None or _facilitator_built_from != built_from:
             try:
-                auth = facilitator_auth(token=settings.X402_FACILITATOR_AUTH_TOKEN,
-                                        key_id=settings.X402_FACILITATOR_API_KEY_ID,
-                                        key_secret=settings.X402_FACILITATOR_API_KEY_SECRET)
+                auth = facilitator_auth(
+                    token=settings.X402_FACILITATOR_AUTH_TOKEN,
+                    key_id=settings.X402_FACILITATOR_API_KEY_ID,
+                    key_secret=settings.X402_FACILITATOR_API_KEY_SECRET,
+                )
             except FacilitatorCredentialInvalid as exc:
                 raise FacilitatorUnsupported(str(exc)) from None
-            _facilitator = FacilitatorClient(base_url=settings.X402_FACILITATOR_URL,
-                                             timeout=settings.X402_FACILITATOR_TIMEOUT,
-                                             auth=auth)
+            _facilitator = FacilitatorClient(
+                base_url=settings.X402_FACILITATOR_URL,
+                timeout=settings.X402_FACILITATOR_TIMEOUT,
+                auth=auth,
+            )
             _facilitator_built_from = built_from
         return _facilitator
 
@@ -1004,15 +1265,21 @@ def get_chain_reader() -> ChainReader:
     # it is built from is compared.
     global _reader
     with _lock:
-        if (_reader is None or _reader.confirmations != max(1, settings.X402_CONFIRMATIONS)
-                or _reader.asset.lower() != (settings.X402_ASSET or "").lower()
-                or _reader.network != settings.X402_NETWORK
-                or _reader.rpc_url != settings.X402_RPC_URL
-                or _reader.lookback != settings.X402_LOG_LOOKBACK_BLOCKS):
-            _reader = ChainReader(rpc_url=settings.X402_RPC_URL, asset=settings.X402_ASSET,
-                                  confirmations=settings.X402_CONFIRMATIONS,
-                                  lookback_blocks=settings.X402_LOG_LOOKBACK_BLOCKS,
-                                  network=settings.X402_NETWORK)
+        if (
+            _reader is None
+            or _reader.confirmations != max(1, settings.X402_CONFIRMATIONS)
+            or _reader.asset.lower() != (settings.X402_ASSET or "").lower()
+            or _reader.network != settings.X402_NETWORK
+            or _reader.rpc_url != settings.X402_RPC_URL
+            or _reader.lookback != settings.X402_LOG_LOOKBACK_BLOCKS
+        ):
+            _reader = ChainReader(
+                rpc_url=settings.X402_RPC_URL,
+                asset=settings.X402_ASSET,
+                confirmations=settings.X402_CONFIRMATIONS,
+                lookback_blocks=settings.X402_LOG_LOOKBACK_BLOCKS,
+                network=settings.X402_NETWORK,
+            )
         return _reader
 
 
@@ -1067,16 +1334,22 @@ def forwarded_payload(signed: SignedPayment, requirements: dict) -> dict:
     authorization's six fields, the signature, Verity's own requirements as `accepted`),
     never the buyer's document as sent."""
     auth = signed.payload["payload"]["authorization"]
-    out = {"x402Version": 2, "accepted": requirements,
-           "payload": {"authorization": {k: auth[k] for k in sorted(_AUTH_KEYS)},
-                       "signature": signed.signature}}
+    out = {
+        "x402Version": 2,
+        "accepted": requirements,
+        "payload": {
+            "authorization": {k: auth[k] for k in sorted(_AUTH_KEYS)},
+            "signature": signed.signature,
+        },
+    }
     if signed.payload.get("resource"):
         out["resource"] = signed.payload["resource"]
     return out
 
 
-def signature_matches(signed: SignedPayment, *, chain_id: int, token_name: str,
-                      token_version: str, asset: str) -> bool:
+def signature_matches(
+    signed: SignedPayment, *, chain_id: int, token_name: str, token_version: str, asset: str
+) -> bool:
     """The EIP-712 TransferWithAuthorization signature recovers to `from` (an EOA's
     signature). False for anything else, including a contract wallet's (EIP-1271/6492),
     which only the chain can judge."""
@@ -1086,10 +1359,18 @@ def signature_matches(signed: SignedPayment, *, chain_id: int, token_name: str,
             return False
         digest = hash_eip3009_authorization(
             ExactEIP3009Authorization(
-                from_address=signed.payer, to=signed.to, value=signed.value,
-                valid_after=str(signed.valid_after), valid_before=str(signed.valid_before),
-                nonce=signed.nonce),
-            chain_id, Web3.to_checksum_address(asset), token_name, token_version)
+                from_address=signed.payer,
+                to=signed.to,
+                value=signed.value,
+                valid_after=str(signed.valid_after),
+                valid_before=str(signed.valid_before),
+                nonce=signed.nonce,
+            ),
+            chain_id,
+            Web3.to_checksum_address(asset),
+            token_name,
+            token_version,
+        )
         return verify_eoa_signature(digest, sig, signed.payer)
     except Exception:  # noqa: BLE001 - unrecoverable: not an EOA's signature of this
         return False
@@ -1112,21 +1393,36 @@ def signature_refused_by_token(signed: SignedPayment) -> bool:
     return int.from_bytes(sig[32:64], "big") > _SECP256K1_N // 2 or sig[64] not in (27, 28)
 
 
-def requirements_for(*, amount_atomic: int, network: str, asset: str, pay_to: str,
-                     max_timeout_seconds: int, token_name: str, token_version: str) -> dict:
+def requirements_for(
+    *,
+    amount_atomic: int,
+    network: str,
+    asset: str,
+    pay_to: str,
+    max_timeout_seconds: int,
+    token_name: str,
+    token_version: str,
+) -> dict:
     return PaymentRequirements(
-        scheme="exact", network=network, asset=asset, amount=str(amount_atomic), pay_to=pay_to,
+        scheme="exact",
+        network=network,
+        asset=asset,
+        amount=str(amount_atomic),
+        pay_to=pay_to,
         max_timeout_seconds=max_timeout_seconds,
         extra={"name": token_name, "version": token_version},
     ).model_dump(by_alias=True, exclude_none=True)
 
 
-def payment_required(*, requirements: dict, resource_url: str, description: str,
-                     error: str = "") -> dict:
+def payment_required(
+    *, requirements: dict, resource_url: str, description: str, error: str = ""
+) -> dict:
     return PaymentRequired(
-        x402_version=2, error=error or None,
-        resource=ResourceInfo(url=resource_url, description=description,
-                              mime_type="application/json"),
+        x402_version=2,
+        error=error or None,
+        resource=ResourceInfo(
+            url=resource_url, description=description, mime_type="application/json"
+        ),
         accepts=[PaymentRequirements.model_validate(requirements)],
         extensions={PAYMENT_IDENTIFIER: declare_payment_identifier_extension()},
     ).model_dump(by_alias=True, exclude_none=True)
@@ -1145,8 +1441,9 @@ def parse_payment_signature(header: str) -> SignedPayment:
         raw = decode_header(header.strip())
         payload = PaymentPayload.model_validate(raw)
     except Exception as exc:  # noqa: BLE001 - anything undecodable is the sender's error
-        raise PaymentSignatureInvalid("PAYMENT-SIGNATURE is not a base64 x402 v2 payment "
-                                      "payload") from exc
+        raise PaymentSignatureInvalid(
+            "PAYMENT-SIGNATURE is not a base64 x402 v2 payment payload"
+        ) from exc
     if payload.x402_version != 2:
         raise PaymentSignatureInvalid("only x402 version 2 is accepted")
     inner = payload.payload or {}
@@ -1155,9 +1452,11 @@ def parse_payment_signature(header: str) -> SignedPayment:
     # Exactly what Verity checks and nothing beside it: a Permit2 authorization next to the
     # EIP-3009 one would be settled as Permit2 by the facilitator.
     if set(inner) != _PAYLOAD_KEYS or not isinstance(auth, dict) or set(auth) != _AUTH_KEYS:
-        raise PaymentSignatureInvalid("the payload must be exactly an EIP-3009 authorization "
-                                      "(authorization: from, to, value, validAfter, "
-                                      "validBefore, nonce; signature) and nothing else")
+        raise PaymentSignatureInvalid(
+            "the payload must be exactly an EIP-3009 authorization "
+            "(authorization: from, to, value, validAfter, "
+            "validBefore, nonce; signature) and nothing else"
+        )
     try:
         payer = Web3.to_checksum_address(auth["from"])
         to = Web3.to_checksum_address(auth["to"])
@@ -1171,9 +1470,11 @@ def parse_payment_signature(header: str) -> SignedPayment:
         if not signature.startswith("0x") or len(signature) < 132:
             raise ValueError("signature")
     except (KeyError, TypeError, ValueError) as exc:
-        raise PaymentSignatureInvalid("the payload is not an EIP-3009 authorization "
-                                      "(from, to, value, validAfter, validBefore, nonce, "
-                                      "signature)") from exc
+        raise PaymentSignatureInvalid(
+            "the payload is not an EIP-3009 authorization "
+            "(from, to, value, validAfter, validBefore, nonce, "
+            "signature)"
+        ) from exc
     try:
         identifier = extract_payment_identifier(payload) or ""
     except Exception:  # noqa: BLE001 - a malformed extension is no identifier
@@ -1181,16 +1482,30 @@ def parse_payment_signature(header: str) -> SignedPayment:
     dumped = payload.model_dump(by_alias=True, exclude_none=True)
     canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":")).encode()
     return SignedPayment(
-        payload=dumped, accepted=dumped["accepted"], payer=payer, to=to, value=value,
+        payload=dumped,
+        accepted=dumped["accepted"],
+        payer=payer,
+        to=to,
+        value=value,
         signature=signature,
-        valid_after=valid_after, valid_before=valid_before, nonce=nonce,
+        valid_after=valid_after,
+        valid_before=valid_before,
+        nonce=nonce,
         signature_hash=hashlib.sha256(signature.lower().encode()).hexdigest(),
         payload_hash=hashlib.sha256(canonical).hexdigest(),
-        payment_identifier=str(identifier)[:128])
+        payment_identifier=str(identifier)[:128],
+    )
 
 
-def settle_response(*, success: bool, transaction: str, network: str, payer: str,
-                    error_reason: str = "", amount: str = "") -> dict:
+def settle_response(
+    *,
+    success: bool,
+    transaction: str,
+    network: str,
+    payer: str,
+    error_reason: str = "",
+    amount: str = "",
+) -> dict:
     body = {"success": success, "transaction": transaction, "network": network, "payer": payer}
     if error_reason:
         body["errorReason"] = error_reason

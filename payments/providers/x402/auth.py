@@ -14,6 +14,7 @@ Two shapes, one per kind of facilitator:
 Neither secret is ever logged, stored or answered: the objects below print without it and
 errors name the variable, never its value.
 """
+
 from __future__ import annotations
 
 import base64
@@ -64,27 +65,31 @@ def parse_api_key_secret(secret: str):
             key = serialization.load_pem_private_key(text.encode(), password=None)
         except (ValueError, TypeError) as exc:
             raise FacilitatorCredentialInvalid(
-                "X402_FACILITATOR_API_KEY_SECRET is not a readable PEM private key") from exc
+                "X402_FACILITATOR_API_KEY_SECRET is not a readable PEM private key"
+            ) from exc
         if isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(key.curve, ec.SECP256R1):
             return key
         raise FacilitatorCredentialInvalid(
-            "X402_FACILITATOR_API_KEY_SECRET is a PEM key but not EC P-256 (ES256)")
+            "X402_FACILITATOR_API_KEY_SECRET is a PEM key but not EC P-256 (ES256)"
+        )
     try:
         raw = base64.b64decode(text, validate=True)
     except ValueError as exc:
         raise FacilitatorCredentialInvalid(
-            "X402_FACILITATOR_API_KEY_SECRET is neither a PEM EC key nor a base64 Ed25519 "
-            "key") from exc
+            "X402_FACILITATOR_API_KEY_SECRET is neither a PEM EC key nor a base64 Ed25519 key"
+        ) from exc
     if len(raw) != 64:
         raise FacilitatorCredentialInvalid(
-            "X402_FACILITATOR_API_KEY_SECRET is base64 but not a 64-byte Ed25519 key")
+            "X402_FACILITATOR_API_KEY_SECRET is base64 but not a 64-byte Ed25519 key"
+        )
     key = ed25519.Ed25519PrivateKey.from_private_bytes(raw[:32])
-    public = key.public_key().public_bytes(serialization.Encoding.Raw,
-                                           serialization.PublicFormat.Raw)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
     if public != raw[32:]:
         raise FacilitatorCredentialInvalid(
-            "X402_FACILITATOR_API_KEY_SECRET: the Ed25519 key's public half does not match "
-            "its seed")
+            "X402_FACILITATOR_API_KEY_SECRET: the Ed25519 key's public half does not match its seed"
+        )
     return key
 
 
@@ -96,14 +101,26 @@ def request_uri(method: str, url: str) -> str:
     return f"{method.upper()} {host}{parts.path or '/'}"
 
 
-def mint_cdp_jwt(*, key_id: str, key, method: str, url: str, now: int | None = None,
-                 lifetime: int = JWT_LIFETIME_SECONDS) -> str:
+def mint_cdp_jwt(
+    *,
+    key_id: str,
+    key,
+    method: str,
+    url: str,
+    now: int | None = None,
+    lifetime: int = JWT_LIFETIME_SECONDS,
+) -> str:
     """One bearer JWT for one request (method, host and path bound; `nbf` now, `exp`
     `lifetime` later; a random header nonce so no two are alike)."""
     issued = int(time.time()) if now is None else now
     algorithm = "EdDSA" if isinstance(key, ed25519.Ed25519PrivateKey) else "ES256"
-    claims = {"sub": key_id, "iss": JWT_ISSUER, "nbf": issued, "exp": issued + lifetime,
-              "uris": [request_uri(method, url)]}
+    claims = {
+        "sub": key_id,
+        "iss": JWT_ISSUER,
+        "nbf": issued,
+        "exp": issued + lifetime,
+        "uris": [request_uri(method, url)],
+    }
     headers = {"kid": key_id, "typ": "JWT", "nonce": secrets.token_hex(16)}
     return jwt.encode(claims, key, algorithm=algorithm, headers=headers)
 

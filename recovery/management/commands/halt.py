@@ -1,4 +1,5 @@
 """python manage.py halt {set,clear,list} [NAME] --reason ... --actor ..."""
+
 import getpass
 
 from django.core.management.base import BaseCommand, CommandError

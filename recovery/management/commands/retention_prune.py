@@ -2,6 +2,7 @@
 
 What the beat task `recovery.retention_prune` runs every RETENTION_SWEEP_SECONDS, on
 demand: one run of every table's policy (docs/retention.md), or one table's."""
+
 import json as _json
 
 from django.core.management.base import BaseCommand, CommandError
@@ -23,12 +24,11 @@ class Command(BaseCommand):
             raise CommandError("--batch-size and --max-batches must be at least 1")
         policies = [policy_for(table)] if table else list(POLICIES)
         for policy in policies:
-            r = retention_prune_table(policy=policy, batch_size=batch_size,
-                                      max_batches=max_batches)
+            r = retention_prune_table(policy=policy, batch_size=batch_size, max_batches=max_batches)
             if json:
                 self.stdout.write(_json.dumps(r.__dict__))
             else:
                 self.stdout.write(
                     f"{r.table}: {r.pruned} pruned ({'archived' if policy.archive else 'deleted'}),"
-                    f" {r.due} still due, {r.kept} kept, {r.batches} batch(es), {r.seconds:.2f}s")
-
+                    f" {r.due} still due, {r.kept} kept, {r.batches} batch(es), {r.seconds:.2f}s"
+                )

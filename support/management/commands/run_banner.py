@@ -1,6 +1,7 @@
 """Printed by `make run` once every service is up: where to go, every demo credential and
 a working curl line — as the last thing on screen (the worker and beat log at WARNING and
 gunicorn's access log goes to var/log/, so nothing scrolls it away while idle)."""
+
 import socket
 import time
 import urllib.request
@@ -49,11 +50,12 @@ class Command(BaseCommand):
         key_file = settings.VAR_DIR / "demo-api-key"
         key = key_file.read_text().strip() if key_file.exists() else "<run seed_demo>"
         links_file = settings.VAR_DIR / "demo-status-links"
-        links = (links_file.read_text().splitlines() if links_file.exists() else [])
+        links = links_file.read_text().splitlines() if links_file.exists() else []
         lines = ["", "=" * 78]
         if waiting:
-            lines.append(f"NOT UP after {WAIT_SECONDS} s: {', '.join(sorted(waiting))} "
-                         "(see the lines above)")
+            lines.append(
+                f"NOT UP after {WAIT_SECONDS} s: {', '.join(sorted(waiting))} (see the lines above)"
+            )
         lines += [
             "Verity is running:",
             f"  console        {base}/console/",
@@ -64,10 +66,19 @@ class Command(BaseCommand):
             f"Demo API key (client {DEMO_CLIENT}, also in {key_file}):",
             f"  {key}",
             "Customer status pages (one per state):",
-            *[f"  {line.split(' ', 1)[0]:26} {line.split(' ', 1)[1]}" for line in links
-              if " " in line],
-            *([f"Demo refund awaiting approval (finance approves it in the console): its "
-               f"payment is localstripe PaymentIntent {demo_payment}"] if demo_payment else []),
+            *[
+                f"  {line.split(' ', 1)[0]:26} {line.split(' ', 1)[1]}"
+                for line in links
+                if " " in line
+            ],
+            *(
+                [
+                    f"Demo refund awaiting approval (finance approves it in the console): its "
+                    f"payment is localstripe PaymentIntent {demo_payment}"
+                ]
+                if demo_payment
+                else []
+            ),
             _x402_line(),
             "Try:",
             f"  curl -s -H 'Authorization: Api-Key {key}' {base}/api/v1/products",
@@ -87,18 +98,25 @@ def _wait_for_webhook(object_id: str, timeout: float = 10.0) -> None:
     from webhooks.models import ProviderEvent
 
     deadline = time.monotonic() + timeout
-    while (object_id and time.monotonic() < deadline
-           and not ProviderEvent.objects.filter(object_id=object_id).exists()):
+    while (
+        object_id
+        and time.monotonic() < deadline
+        and not ProviderEvent.objects.filter(object_id=object_id).exists()
+    ):
         time.sleep(0.2)
 
 
 def _x402_line() -> str:
     """Whether the x402 rail is on, or how to turn it on (it needs Node for the chain)."""
     if settings.X402_ENABLED and settings.X402_ASSET:
-        return (f"x402 rail: on ({settings.X402_NETWORK}, facilitator "
-                f"{settings.X402_FACILITATOR_URL}, chain {settings.X402_RPC_URL})")
-    return ("x402 rail: off. Install Node/npm (e.g. apt-get install nodejs npm) and run "
-            "`make run` again: it installs tools/chain and starts the chain and facilitator.")
+        return (
+            f"x402 rail: on ({settings.X402_NETWORK}, facilitator "
+            f"{settings.X402_FACILITATOR_URL}, chain {settings.X402_RPC_URL})"
+        )
+    return (
+        "x402 rail: off. Install Node/npm (e.g. apt-get install nodejs npm) and run "
+        "`make run` again: it installs tools/chain and starts the chain and facilitator."
+    )
 
 
 def _http_ok(url: str) -> bool:

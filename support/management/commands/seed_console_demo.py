@@ -1,5 +1,6 @@
 """`python manage.py seed_console_demo`: demo cases for every console queue and one
 status-page link per customer state (idempotent; development databases only)."""
+
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
@@ -14,8 +15,9 @@ class Command(BaseCommand):
         from support.customer_copy import customer_state
 
         links = demo_cases_seed()
-        self.stdout.write("Customer status pages (one per state; the headline is what the "
-                          "page shows):")
+        self.stdout.write(
+            "Customer status pages (one per state; the headline is what the page shows):"
+        )
         for name, url in links:
             token = url.rstrip("/").rsplit("/", 1)[-1]
             state = customer_state(Purchase.objects.get(status_token=token))

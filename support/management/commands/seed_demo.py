@@ -1,4 +1,5 @@
 """Idempotent demo data for `make run`: catalogue, an API client, one user per role."""
+
 import os
 
 from django.conf import settings
@@ -30,13 +31,25 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         for sku, name, price, stock, kind in CATALOGUE:
             Product.objects.get_or_create(
-                sku=sku, defaults={"name": name, "price": price, "currency": "usd",
-                                   "stock": stock, "kind": kind})
+                sku=sku,
+                defaults={
+                    "name": name,
+                    "price": price,
+                    "currency": "usd",
+                    "stock": stock,
+                    "kind": kind,
+                },
+            )
         key_file = settings.VAR_DIR / "demo-api-key"
         if not ApiClient.objects.filter(name=DEMO_CLIENT).exists() or not key_file.exists():
             ApiClient.objects.filter(name=DEMO_CLIENT).update(revoked=True)
-            _, key = api_client_create(name=DEMO_CLIENT, scopes=list(SCOPES), limit=100_000,
-                                       currency="usd", auto_refund_limit=5_000)
+            _, key = api_client_create(
+                name=DEMO_CLIENT,
+                scopes=list(SCOPES),
+                limit=100_000,
+                currency="usd",
+                auto_refund_limit=5_000,
+            )
             key_file.parent.mkdir(parents=True, exist_ok=True)
             key_file.write_text(key)
             os.chmod(key_file, 0o600)
