@@ -324,3 +324,23 @@ def deliveries_send_all_due(*, max_batches: int = 50) -> int:
         if not sent:
             break
     return total
+
+
+def next_retry_in() -> float | None:
+    """Seconds until the soonest pending delivery is due, when that is sooner than the
+    beat's next sweep (WEBHOOK_SWEEP_SECONDS); None when nothing is pending that soon."""
+    horizon = float(getattr(settings, "WEBHOOK_SWEEP_SECONDS", 5.0))
+    now = timezone.now()
+    # Only retries due LATER: a row due now that this run did not send is claimed by another
+    # sender, held by a halt or waiting on its endpoint's in-flight bound: the sweep takes
+    # it, and a run rescheduled for it would spin.
+    soonest = (
+        WebhookDelivery.objects.filter(state=DeliveryState.PENDING, next_attempt_at__gt=now)
+        .order_by("next_attempt_at")
+        .values_list("next_attempt_at", flat=True)
+        .first()
+    )
+    if soonest is None:
+        return None
+    wait = (soonest - now).total_seconds() + 0.05
+    return wait if wait <= horizon else None

@@ -5,9 +5,15 @@ from celery import shared_task
 
 @shared_task(name="events.deliver_due", ignore_result=True)
 def deliver_due() -> int:
-    from .delivery import deliveries_send_all_due
+    from .delivery import deliveries_send_all_due, next_retry_in
 
-    return deliveries_send_all_due()
+    sent = deliveries_send_all_due()
+    # A retry due before the beat's next sweep is sent when it is due, not up to a sweep
+    # late (and without a beat at all, as under tests): one delayed run, claims are leased.
+    wait = next_retry_in()
+    if wait is not None:
+        deliver_due.apply_async(countdown=wait)
+    return sent
 
 
 @shared_task(name="events.prune", ignore_result=True)
