@@ -322,6 +322,7 @@ def payment_refund_room(
     exclude: str | None = None,
     counted=None,
     pending_approval: bool = True,
+    net_of_chargebacks: bool = True,
 ) -> int:
     """Captured minus this payment's refunds that may have moved money (never below 0):
     not failed, or failed on a person's word only (REFUND_FAILURE_UNVERIFIED), minus what
@@ -330,7 +331,10 @@ def payment_refund_room(
     competitor). `counted`: the outcomes that count, when a caller judges a provider's
     fact against Verity's confirmed record only (external refunds: succeeded).
     `pending_approval=False`: refunds awaiting approval are left out (a compensation
-    supersedes them: nothing has left, and finance may decline them)."""
+    supersedes them: nothing has left, and finance may decline them).
+    `net_of_chargebacks=False`: what the provider itself can still refund, for judging a
+    refund the provider already made (it is a fact; the bank's hold limits only what
+    Verity may ask for)."""
     refunds = payment_refunds(payment)
     if exclude:
         refunds = refunds.exclude(pk=exclude)
@@ -345,7 +349,7 @@ def payment_refund_room(
         0,
         payment_captured(payment)
         - (refunds.aggregate(s=Sum("amount"))["s"] or 0)
-        - payment_disputed_with_bank(payment),
+        - (payment_disputed_with_bank(payment) if net_of_chargebacks else 0),
     )
 
 
