@@ -117,7 +117,7 @@ TEST_WORKERS ?= 3
 # `make test REPLICA_TESTS=` skips it.
 REPLICA_TESTS ?= tests/replica
 test: deps lint
-	$(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 $(PYTEST_ARGS)
+	$(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 $(PYTEST_ARGS)
 	$(if $(REPLICA_TESTS),$(PY) -m tests.stack --replica -- $(PY) -m pytest -q $(REPLICA_TESTS))
 
 # The inner loop: the linter, then the static checks and quick behaviour tests on one
