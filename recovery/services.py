@@ -10,7 +10,8 @@ from audit.services import audit_write
 
 from .halts import HaltError, halt_clear, halt_set, valid_halt_names  # noqa: F401
 from .models import OutboxMessage, SettlementDiscrepancy
-from .orchestrator import purchase_fulfil, step_resolve  # noqa: F401
+from .orchestrator import purchase_fulfil as purchase_fulfil
+from .orchestrator import step_resolve as step_resolve
 from .outbox import outbox_put, relay_kick  # noqa: F401
 from .reconciler import (  # noqa: F401
     expire_stale_purchases,

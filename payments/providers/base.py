@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from payments.enums import Classification, Outcome
 
@@ -224,6 +224,7 @@ class RailAdapter(Protocol):
         ...
 
 
+@runtime_checkable
 class PaymentProvider(RailAdapter, Protocol):
     """A rail whose writes and reads are provider API calls (PaymentIntent-shaped): the
     services dispatch and read back through these."""
@@ -281,3 +282,13 @@ class PaymentProvider(RailAdapter, Protocol):
         self, intent_id: str
     ) -> tuple[CallResult, list[ProviderObject]]: ...
     def balance_transaction_source(self, txn_id: str) -> str | None: ...
+
+
+def payment_provider(adapter: RailAdapter) -> PaymentProvider:
+    """`adapter` as a rail whose money moves are provider API calls (PaymentIntent-shaped).
+
+    Only such a rail reaches the code that calls these; one that keeps its own evidence
+    (payments.services.rail_evidence_for) never does. Raises TypeError for any other."""
+    if not isinstance(adapter, PaymentProvider):
+        raise TypeError(f"the {adapter.rail} adapter makes no provider API calls")
+    return adapter
