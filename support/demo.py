@@ -362,7 +362,7 @@ def demo_cases_seed() -> list[tuple[str, str]]:
             id="dp_demo_disputed",
             defaults={
                 "purchase": disputed,
-                "payment": disputed.operations.first(),
+                "payment": _first(disputed.operations.all()),
                 "charge": "ch_demo_disputed",
                 "payment_intent": "pi_demo_disputed_0",
                 "amount": 3050,

@@ -360,7 +360,7 @@ def purchase_list(f: PurchaseFilters) -> PurchasePage:
     page, more = ordered[: f.per_page], len(ordered) > f.per_page
     names = buyer_names([r["id"] for r in page])
     labels = dict(PurchaseStatus.choices)
-    channels = dict(Purchase._meta.get_field("channel").choices)
+    channels = dict(Purchase._meta.get_field("channel").choices or ())
     return PurchasePage(
         rows=[
             PurchaseRow(

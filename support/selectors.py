@@ -133,13 +133,15 @@ def order_after_payment_delays(*, since: datetime) -> list[float]:
     order row, for payments settled since `since`. The same definition as /metrics'
     verity_order_after_payment_seconds (recovery.metrics), so the dashboard and the
     alert agree."""
-    settled = dict(
-        PaymentOperation.objects.filter(
+    settled = {
+        purchase_id: at
+        for purchase_id, at in PaymentOperation.objects.filter(
             kind__in=(OperationKind.CHARGE, OperationKind.AUTHORIZE),
             outcome=Outcome.SUCCEEDED,
             settled_at__gte=since,
         ).values_list("purchase_id", "settled_at")
-    )
+        if at is not None  # settled_at__gte: never
+    }
     if not settled:
         return []
     return [
