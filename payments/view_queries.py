@@ -13,6 +13,8 @@ PostgreSQL. The SQL is plain and portable (PostgreSQL and SQLite).
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import IntegerField, QuerySet
 from django.db.models.expressions import RawSQL
 
@@ -490,7 +492,9 @@ def _populate(populator, row, from_obj, using: str) -> None:
         populator.remote_setter(obj, from_obj)
 
 
-def execute_prepared(sql: str, params: list, *, fetch: str | None = "all", using: str = "default"):
+def execute_prepared(
+    sql: str, params: list[Any], *, fetch: str | None = "all", using: str = "default"
+) -> Any:
     """One raw statement (Django's `%s` placeholders) as a named prepared statement on the
     connection: parsed and planned once per connection, not on every call. With prepared
     statements off (SQLite, or PgBouncer < 1.21 in transaction mode) the same SQL runs on

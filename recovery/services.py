@@ -55,7 +55,9 @@ class OutboxRetryRefused(ValueError):
     pass
 
 
-def outbox_retry_now(*, message_id: int, actor: str, reason: str, ip: str | None = None):
+def outbox_retry_now(
+    *, message_id: int, actor: str, reason: str, ip: str | None = None
+) -> OutboxMessage:
     """A person makes a backed-off outbox row due now (after fixing its cause). The relay
     runs it as usual: claim, handler outside the transaction, backoff if it fails again.
     A row a worker holds right now, or one already processed, is refused."""

@@ -26,6 +26,7 @@ import logging
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from recovery.models import OutboxCategory
@@ -207,7 +208,7 @@ def x402_transfer_reversed(*, operation_id: str, evidence: dict) -> bool:
     return True
 
 
-def x402_transfers_reversed():
+def x402_transfers_reversed() -> QuerySet[PaymentOperation]:
     """Payments the chain took back, until support marks them reviewed (the operation's
     next owner is support until then): the console queue."""
     return PaymentOperation.objects.filter(
