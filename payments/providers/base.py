@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from payments.enums import Classification, Outcome
 
@@ -17,7 +17,7 @@ class ProviderObject:
     status: str
     amount: int
     currency: str
-    metadata: dict = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
     account: str = ""
     latest_charge: str = ""
     payment_intent: str = ""  # for refunds
@@ -83,7 +83,7 @@ class ProviderObject:
         happen (and is no verdict yet: canceled and failed are `outcome_for`'s)."""
         return False
 
-    def safe_fields(self) -> dict:
+    def safe_fields(self) -> dict[str, Any]:
         return {
             "object": self.object_type,
             "id": self.id,
@@ -112,7 +112,7 @@ class BalanceMove:
     currency: str
     reporting_category: str = ""
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "amount": self.amount,
@@ -140,7 +140,7 @@ class DisputeObject:
     account: str = ""
     is_charge_refundable: bool = False
 
-    def safe_fields(self) -> dict:
+    def safe_fields(self) -> dict[str, Any]:
         return {
             "object": "dispute",
             "id": self.id,
@@ -237,7 +237,7 @@ class PaymentProvider(RailAdapter, Protocol):
         currency: str,
         payment_method: str,
         capture_method: str,
-        metadata: dict,
+        metadata: dict[str, Any],
     ) -> CallResult: ...
 
     def confirm_payment_intent(self, *, key: str, intent_id: str) -> CallResult: ...
@@ -255,7 +255,7 @@ class PaymentProvider(RailAdapter, Protocol):
         currency: str,
         payment_method: str,
         capture_method: str,
-        metadata: dict,
+        metadata: dict[str, Any],
     ) -> CallResult: ...
 
     def capture_payment_intent(
@@ -265,7 +265,7 @@ class PaymentProvider(RailAdapter, Protocol):
     def cancel_payment_intent(self, *, key: str, intent_id: str) -> CallResult: ...
 
     def create_refund(
-        self, *, key: str, intent_id: str, amount: int, metadata: dict
+        self, *, key: str, intent_id: str, amount: int, metadata: dict[str, Any]
     ) -> CallResult: ...
 
     def retrieve_payment_intent(self, intent_id: str) -> CallResult: ...
@@ -274,7 +274,7 @@ class PaymentProvider(RailAdapter, Protocol):
 
     def find_by_metadata(self, *, object_type: str, operation_id: str) -> CallResult: ...
 
-    def list_balance_transactions(self, *, limit: int = 100) -> list[dict]: ...
+    def list_balance_transactions(self, *, limit: int = 100) -> list[dict[str, Any]]: ...
 
     def retrieve_dispute(self, dispute_id: str) -> tuple[CallResult, DisputeObject | None]: ...
 
