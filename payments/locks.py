@@ -106,7 +106,7 @@ def lock_dispute(dispute_id: str):
     return Dispute.objects.select_for_update(of=("self",)).filter(id=dispute_id).first()
 
 
-def lock_client(client_id: int) -> ApiClient:
+def lock_client(client_id: str) -> ApiClient:
     return ApiClient.objects.select_for_update(of=("self",)).get(id=client_id)
 
 

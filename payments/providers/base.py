@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypedDict, cast, runtime_checkable
 
 from payments.enums import Classification, Outcome
 
@@ -192,6 +192,17 @@ class RailRefusal(NamedTuple):
     message: str
 
 
+class PaymentRequest(TypedDict):
+    """A payment's provider parameters (payments.services.payment_request): the keyword
+    arguments of a PaymentIntent create."""
+
+    amount: int
+    currency: str
+    payment_method: str
+    capture_method: str
+    metadata: dict[str, Any]
+
+
 class RailAdapter(Protocol):
     """What every rail's adapter tells the services about itself (the rail is a seam,
     so the services ask these instead of testing `op.rail`). Registered per rail in
@@ -289,6 +300,13 @@ def payment_provider(adapter: RailAdapter) -> PaymentProvider:
 
     Only such a rail reaches the code that calls these; one that keeps its own evidence
     (payments.services.rail_evidence_for) never does. Raises TypeError for any other."""
-    if not isinstance(adapter, PaymentProvider):
+    kind = type(adapter)
+    makes_calls = _MAKES_CALLS.get(kind)
+    if makes_calls is None:  # the protocol check reads every member: once per class
+        makes_calls = _MAKES_CALLS[kind] = isinstance(adapter, PaymentProvider)
+    if not makes_calls:
         raise TypeError(f"the {adapter.rail} adapter makes no provider API calls")
-    return adapter
+    return cast(PaymentProvider, adapter)
+
+
+_MAKES_CALLS: dict[type, bool] = {}
