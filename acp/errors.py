@@ -11,7 +11,7 @@ from payments.errors import DomainError, ErrorCode
 from payments.keyed import Answer
 
 # Verity's idempotency codes -> the ACP RFC §6 codes (same rules, the protocol's names).
-_IDEMPOTENCY_CODES = {
+_IDEMPOTENCY_CODES: dict[str, str] = {
     ErrorCode.IDEMPOTENCY_KEY_REUSED: ErrorCode.IDEMPOTENCY_CONFLICT,
     ErrorCode.REQUEST_IN_PROGRESS: ErrorCode.IDEMPOTENCY_IN_FLIGHT,
     ErrorCode.IDEMPOTENCY_KEY_REQUIRED: ErrorCode.IDEMPOTENCY_KEY_REQUIRED,
@@ -129,8 +129,10 @@ def from_drf(exc: drf.APIException) -> AcpError:
         drf.NotFound: ErrorCode.NOT_FOUND,
         drf.NotAcceptable: ErrorCode.NOT_ACCEPTABLE,
     }.get(type(exc), ErrorCode.INVALID_REQUEST)
-    if isinstance(exc, drf.Throttled) and exc.wait:
-        headers["Retry-After"] = str(max(1, int(exc.wait)))
+    # drf sets Throttled.wait in __init__; its stubs do not declare the attribute.
+    wait: float | None = exc.wait if isinstance(exc, drf.Throttled) else None  # type: ignore[attr-defined]
+    if wait:
+        headers["Retry-After"] = str(max(1, int(wait)))
     if isinstance(exc, (drf.NotAuthenticated, drf.AuthenticationFailed)):
         headers["WWW-Authenticate"] = 'Bearer realm="acp"'
     message = str(exc.detail) if isinstance(exc.detail, str) else "Invalid request."

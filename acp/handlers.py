@@ -50,6 +50,8 @@ def _deliver_order_event(payload: dict) -> None:
     )
     if session is None:
         return  # not a session's purchase: nothing to tell
+    purchase = session.purchase
+    assert purchase is not None  # found by its purchase
     platform = AgentPlatform.objects.filter(api_client_id=session.api_client_id).first()
     if platform is None or not platform.webhook_url:
         return  # the platform receives no webhooks (it polls the session)
@@ -60,7 +62,7 @@ def _deliver_order_event(payload: dict) -> None:
                 "type": "order",
                 "id": session.purchase_id,
                 "checkout_session_id": session.id,
-                "permalink_url": status_url(session.purchase),
+                "permalink_url": status_url(purchase),
                 "status": order_status(payload["status"]),
             },
         },

@@ -216,8 +216,8 @@ def session_complete(
         new = checkout_complete(
             api_client=client,
             purchase_id=s.purchase_id,
-            quote_id=s.quote_id,
-            quote_version=s.quote.version if s.quote_id else 0,
+            quote_id=s.quote_id or "",  # read only when the session has no purchase yet
+            quote_version=s.quote.version if s.quote is not None else 0,
             email=email,
             token=token,
             retry_of=op.id if op else None,

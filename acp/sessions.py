@@ -38,7 +38,7 @@ HANDLER = {
 # The purchase's status once paid -> the order status the platform sees: the same words in
 # the session's `order` and in the order webhook (acp.handlers), so no face says
 # "confirmed" about money that went back.
-ORDER_STATUS = {
+ORDER_STATUS: dict[str, str] = {
     PurchaseStatus.PAID: "confirmed",
     PurchaseStatus.FULFILLING: "processing",
     PurchaseStatus.COMPLETED: "completed",
@@ -305,7 +305,8 @@ def session_view(session: CheckoutSession) -> dict:
                 f"session after {IN_PROGRESS_RETRY_AFTER} seconds.",
             }
         )
-    if status == Status.COMPLETED and order_status(purchase.status) in (
+    completed = purchase if status == Status.COMPLETED else None  # session_status: a purchase's
+    if completed is not None and order_status(completed.status) in (
         "refunded",
         "refund_pending",
     ):
@@ -315,7 +316,7 @@ def session_view(session: CheckoutSession) -> dict:
                 "severity": "info",
                 "content_type": "plain",
                 "content": "The payment was refunded to the buyer in full."
-                if order_status(purchase.status) == "refunded"
+                if order_status(completed.status) == "refunded"
                 else "A refund of this payment is in progress.",
             }
         )
@@ -347,13 +348,13 @@ def session_view(session: CheckoutSession) -> dict:
         view["buyer"] = session.buyer
     if session.fulfillment_details:
         view["fulfillment_details"] = session.fulfillment_details
-    if status == Status.COMPLETED:
+    if completed is not None:
         view["order"] = {
             "type": "order",
-            "id": purchase.id,
+            "id": completed.id,
             "checkout_session_id": session.id,
-            "permalink_url": status_url(purchase),
-            "status": order_status(purchase.status),
+            "permalink_url": status_url(completed),
+            "status": order_status(completed.status),
         }
     return view
 

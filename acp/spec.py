@@ -41,7 +41,7 @@ def request_errors(schema_name: str, body) -> list[tuple[str, str, str]]:
         _validator(schema_name).iter_errors(body),
         key=lambda e: (-len(list(e.absolute_path)), e.message),
     )
-    out = []
+    out: list[tuple[str, str, str]] = []
     for error in errors[:10]:
         if error.validator == "additionalProperties":
             extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))

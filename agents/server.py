@@ -25,14 +25,14 @@ from django.db import close_old_connections, connection
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
-from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import ConfigDict, Field, ValidationError
 
 from payments.customers import CARD_NUMBER_LIKE
 from payments.enums import CallStep, Rail
-from payments.models import ApiClient
-from payments.providers.stripe import DrillMode
+from payments.models import ApiClient, PaymentOperation
+from payments.providers.stripe import DrillMode, StripeProvider
 from payments.services import provider_for_rail
 
 from . import tools
@@ -115,7 +115,11 @@ class _ConfirmDrill:
                 f"{DRILL_ENV}={mode!r} is not a fault drill mode; use one of: {', '.join(modes)}"
             )
         provider = provider_for_rail(Rail.STRIPE)
-        if provider.live or provider.drill_client is None:
+        if (
+            not isinstance(provider, StripeProvider)
+            or provider.live
+            or provider.drill_client is None
+        ):
             raise ImproperlyConfigured(
                 f"{DRILL_ENV} is refused: fault drills need test-mode keys and FAULT_DRILLS_ENABLED"
             )
@@ -123,14 +127,14 @@ class _ConfirmDrill:
         self._lock = threading.Lock()
         self._spent = False
 
-    def __call__(self, op) -> None:
+    def __call__(self, op: PaymentOperation) -> None:
         with self._lock:
             if self._spent:
                 return
             self._spent = True
-        provider_for_rail(Rail.STRIPE).arm_drill(
-            key_prefix=op.idempotency_key, step=CallStep.CONFIRM, mode=self.mode
-        )
+        provider = provider_for_rail(Rail.STRIPE)
+        assert isinstance(provider, StripeProvider)  # __init__ refused any other
+        provider.arm_drill(key_prefix=op.idempotency_key, step=CallStep.CONFIRM, mode=self.mode)
 
 
 def drill_from_env() -> _ConfirmDrill | None:
@@ -155,7 +159,7 @@ def _strict(tool: Tool) -> Tool:
     """
     meta = tool.fn_metadata
     loose = meta.arg_model
-    strict = type(
+    strict: type[ArgModelBase] = type(
         loose.__name__,
         (loose,),
         {
@@ -272,6 +276,10 @@ READ_BACK = ToolAnnotations(
     read_only_hint=False, idempotent_hint=True, destructive_hint=False, open_world_hint=True
 )
 
+# What a tool returns: the CallToolResult `_call` builds, whose structured content the SDK
+# checks against (and publishes as outputSchema) the AgentResult model.
+ToolAnswer = Annotated[CallToolResult, AgentResult]
+
 PurchaseId = Annotated[
     str, Field(min_length=1, max_length=40, description="A purchase id (pur_…).")
 ]
@@ -280,9 +288,15 @@ OperationId = Annotated[
 ]
 
 
+def _server(ctx: Context) -> VerityMCPServer:
+    server = ctx.mcp_server
+    assert isinstance(server, VerityMCPServer)  # build_server registers the tools on no other
+    return server
+
+
 def _call(ctx: Context, fn: Callable[..., AgentResult], **kwargs) -> CallToolResult:
     """Authenticate the call's key, check the tool's scope, run `fn` (agents.tools)."""
-    server: VerityMCPServer = ctx.mcp_server
+    server = _server(ctx)
     name = fn.__name__
     close_old_connections()
     try:
@@ -326,7 +340,7 @@ def list_products(
         ),
     ] = None,
     limit: Annotated[int, Field(ge=1, le=100)] = tools.PRODUCTS_PAGE,
-) -> AgentResult:
+) -> ToolAnswer:
     return _call(ctx, tools.list_products, cursor=cursor, limit=limit)
 
 
@@ -344,7 +358,7 @@ def get_quote(
         list[QuoteItem], Field(min_length=1, max_length=50, description="[{sku, quantity}]")
     ],
     currency: Annotated[str, Field(min_length=3, max_length=3)] = "usd",
-) -> AgentResult:
+) -> ToolAnswer:
     return _call(ctx, tools.get_quote, items=items, currency=currency)
 
 
@@ -382,7 +396,7 @@ def create_purchase(
             ),
         ),
     ] = "",
-) -> AgentResult:
+) -> ToolAnswer:
     return _call(
         ctx,
         tools.create_purchase,
@@ -419,13 +433,13 @@ def pay_purchase(
             ),
         ),
     ],
-) -> AgentResult:
+) -> ToolAnswer:
     return _call(
         ctx,
         tools.pay_purchase,
         purchase_id=purchase_id,
         payment_method=payment_method,
-        before_dispatch=ctx.mcp_server.before_dispatch,
+        before_dispatch=_server(ctx).before_dispatch,
     )
 
 
@@ -436,7 +450,7 @@ def pay_purchase(
         "order, next_action. Needs scope purchases:read."
     ),
 )
-def get_purchase(ctx: Context, purchase_id: PurchaseId) -> AgentResult:
+def get_purchase(ctx: Context, purchase_id: PurchaseId) -> ToolAnswer:
     return _call(ctx, tools.get_purchase, purchase_id=purchase_id)
 
 
@@ -467,7 +481,7 @@ def list_purchases(
         ),
     ] = None,
     limit: Annotated[int, Field(ge=1, le=100)] = tools.PURCHASES_PAGE,
-) -> AgentResult:
+) -> ToolAnswer:
     return _call(
         ctx,
         tools.list_purchases,
@@ -492,7 +506,7 @@ def wait_for_purchase_change(
     purchase_id: PurchaseId,
     after_sequence: Annotated[int, Field(ge=0, le=10**9)] = 0,
     timeout_seconds: Annotated[int, Field(ge=0, le=tools.WAIT_MAX_SECONDS)] = 20,
-) -> AgentResult:
+) -> ToolAnswer:
     return _call(
         ctx,
         tools.wait_for_purchase_change,
@@ -511,7 +525,7 @@ def wait_for_purchase_change(
         "purchases:read."
     ),
 )
-def get_operation(ctx: Context, operation_id: OperationId) -> AgentResult:
+def get_operation(ctx: Context, operation_id: OperationId) -> ToolAnswer:
     return _call(ctx, tools.get_operation, operation_id=operation_id)
 
 
@@ -523,7 +537,7 @@ def get_operation(ctx: Context, operation_id: OperationId) -> AgentResult:
         "operation it just returns the state. Needs scope purchases:write."
     ),
 )
-def reconcile_operation(ctx: Context, operation_id: OperationId) -> AgentResult:
+def reconcile_operation(ctx: Context, operation_id: OperationId) -> ToolAnswer:
     return _call(ctx, tools.reconcile_operation, operation_id=operation_id)
 
 
@@ -555,7 +569,7 @@ def request_refund(
             ),
         ),
     ] = 1,
-) -> AgentResult:
+) -> ToolAnswer:
     return _call(ctx, tools.request_refund, purchase_id=purchase_id, amount=amount, request=request)
 
 
@@ -581,7 +595,7 @@ def retry_failed_payment(
             ),
         ),
     ] = None,
-) -> AgentResult:
+) -> ToolAnswer:
     return _call(
         ctx, tools.retry_failed_payment, operation_id=operation_id, payment_method=payment_method
     )

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.db import transaction
 from pydantic import BaseModel, ConfigDict, Field
@@ -116,10 +116,16 @@ _MCP_CODES = {
     "CARD_DATA_REFUSED": "card_data_refused",
     "REFUSED": "refused",  # a code that is no ErrorCode (see `message`)
 }
-RefusalCode = Enum(
-    "RefusalCode", {**{code.name: code.value for code in ErrorCode}, **_MCP_CODES}, type=str
-)
-RefusalCode.__doc__ = "Every refusal code a tool can answer: ErrorCode and the MCP layer's own."
+if TYPE_CHECKING:
+    # mypy cannot read an Enum built from a dict; this is the one member the code names.
+    class RefusalCode(str, Enum):
+        REFUSED = "refused"
+
+else:
+    RefusalCode = Enum(
+        "RefusalCode", {**{code.name: code.value for code in ErrorCode}, **_MCP_CODES}, type=str
+    )
+    RefusalCode.__doc__ = "Every refusal code a tool can answer: ErrorCode and the MCP layer's own."
 
 
 _REFUSAL_CODES = {c.value for c in RefusalCode}
@@ -176,8 +182,21 @@ class QuoteItem(BaseModel):
 # -- guidance: state -> one sentence + the next tool ----------------------------------
 
 
-def _tool(name: str, wait: int = 0, needs: tuple[str, ...] = (), **arguments) -> NextTool:
+class _OperationArgs(TypedDict):
+    operation_id: str
+
+
+class _PurchaseArgs(TypedDict):
+    purchase_id: str
+
+
+def _tool(name: str, wait: int = 0, /, needs: tuple[str, ...] = (), **arguments: Any) -> NextTool:
     return NextTool(name=name, arguments=arguments, wait_seconds=wait, needs=list(needs))
+
+
+def _call(name: str, arguments: dict[str, Any], wait: int = 0) -> NextTool:
+    """The same call again, with the arguments the agent passed."""
+    return NextTool(name=name, arguments=dict(arguments), wait_seconds=wait)
 
 
 def _reconcile_reads(op: PaymentOperation) -> int:
@@ -215,11 +234,11 @@ def _guidance(step: next_action.NextStep) -> tuple[str, NextTool | None]:
     situation, owner and retry advice the REST `next_action` carries."""
     S = next_action.Situation
     situation, op = step.situation, step.operation
-    get_pur = dict(purchase_id=step.purchase_id)
+    get_pur = _PurchaseArgs(purchase_id=step.purchase_id)
     if op is None:
         return _PURCHASE_WORDS[situation](get_pur)
     noun, again = _noun(op), _creator(op)
-    get_op = dict(operation_id=op.id)
+    get_op = _OperationArgs(operation_id=op.id)
     if situation == S.ESCALATED:
         return (
             f"Support now owns this {noun}; do not retry it — call get_operation in a few "
@@ -349,7 +368,7 @@ def _guidance(step: next_action.NextStep) -> tuple[str, NextTool | None]:
     )
 
 
-def _new_quote(_get_pur) -> tuple[str, NextTool | None]:
+def _new_quote(_get_pur: _PurchaseArgs) -> tuple[str, NextTool | None]:
     return (
         "The quote expired before payment; call get_quote for a new quote.",
         _tool("get_quote", 0, needs=("items",)),
@@ -358,7 +377,7 @@ def _new_quote(_get_pur) -> tuple[str, NextTool | None]:
 
 _S = next_action.Situation
 # Purchase-level situations (no operation decides them), said in tools.
-_PURCHASE_WORDS: dict[Any, Callable[[dict], tuple[str, NextTool | None]]] = {
+_PURCHASE_WORDS: dict[Any, Callable[[_PurchaseArgs], tuple[str, NextTool | None]]] = {
     _S.PAYMENT_REQUIRED: lambda p: (
         "Nothing has been charged yet; call pay_purchase once with the buyer's payment method.",
         _tool("pay_purchase", 0, needs=("payment_method",), **p),
@@ -492,7 +511,7 @@ def _not_found(what: str, ident: str) -> AgentResult:
 
 
 def argument_refusal(
-    tool: str, fields: list[str], *, unknown: list[str] = (), card_data: bool = False
+    tool: str, fields: list[str], *, unknown: Sequence[str] = (), card_data: bool = False
 ) -> AgentResult:
     """Arguments that do not match the tool's input schema (names only, never values).
 
@@ -603,7 +622,7 @@ def _in_progress(tool: str, arguments: dict, exc: DomainError) -> AgentResult:
     return AgentResult(
         instruction=f"This same {tool} call is still being processed; call {tool} again with "
         f"the same arguments in {wait} seconds — it will not be done twice.",
-        next_tool=_tool(tool, wait, **arguments),
+        next_tool=_call(tool, arguments, wait),
         refusal=Refusal.of(exc.code, exc.message),
     )
 
@@ -767,7 +786,7 @@ def create_purchase(
         key=logical_key("purchase", quote_id, f"v{quote_version}"),
         run=lambda request: keyed_effect(request, create=create),
         render=render,
-        retry_call=_tool("create_purchase", **arguments),
+        retry_call=_call("create_purchase", arguments),
         arguments=arguments,
     )
 
@@ -967,7 +986,7 @@ def request_refund(
             keyed_request, purchase_id=purchase.id, kind=OperationKind.REFUND, amount=amount
         ),
         render=render,
-        retry_call=_tool("request_refund", **arguments),
+        retry_call=_call("request_refund", arguments),
         arguments=arguments,
     )
 

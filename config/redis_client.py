@@ -5,14 +5,15 @@ Infrastructure: it imports no app, so any layer may use it."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from django.core.cache import caches
 from redis.exceptions import NoScriptError
 
-_clients: dict[int, object] = {}
+_clients: dict[int, Any] = {}
 
 
-def redis_client():
+def redis_client() -> Any:
     """The client, or None when the default cache is not Redis. Kept per cache backend
     instance: building a redis-py client per call costs more CPU than the round trip (the
     connection pool is shared either way)."""
@@ -21,7 +22,9 @@ def redis_client():
         return None
     client = _clients.get(id(default))
     if client is None:
-        client = _clients[id(default)] = default._cache.get_client(None, write=True)
+        # RedisCache keeps its client holder in `_cache`, which the stubs do not declare.
+        holder = default._cache  # type: ignore[attr-defined]
+        client = _clients[id(default)] = holder.get_client(None, write=True)
     return client
 
 

@@ -41,7 +41,7 @@ class Destination:
     address: str  # the checked IP the connection goes to
 
 
-def _allowed(ip: ipaddress._BaseAddress) -> bool:
+def _allowed(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
         ip = ip.ipv4_mapped
     if ip.is_loopback:
@@ -66,7 +66,7 @@ def destination_check(url: str) -> Destination:
         infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
         raise DestinationRefused("the URL's host does not resolve") from None
-    addresses = sorted({info[4][0] for info in infos})
+    addresses = sorted({str(info[4][0]) for info in infos})
     if not addresses:
         raise DestinationRefused("the URL's host does not resolve")
     for address in addresses:

@@ -41,7 +41,11 @@ _GROUP = {
     OperationKind.VOID: "void",
     OperationKind.REFUND: "refund",
 }
-_SETTLED = {Outcome.SUCCEEDED: "succeeded", Outcome.FAILED: "failed", Outcome.UNKNOWN: "unknown"}
+_SETTLED: dict[str, str] = {
+    Outcome.SUCCEEDED: "succeeded",
+    Outcome.FAILED: "failed",
+    Outcome.UNKNOWN: "unknown",
+}
 # An outcome that was still open: settling from one of these is "resolved" for a payment.
 _OPEN = {Outcome.UNKNOWN, Outcome.AWAITING_PROVIDER, Outcome.AWAITING_BUYER}
 _DISPUTE_CLOSED = {"won", "lost", "warning_closed", "charge_refunded"}

@@ -42,4 +42,5 @@ def api_client_create(
             auto_refund_limit=auto_refund_limit,
             storefront_confirmation=storefront_confirmation,
         )
+    assert isinstance(client, ApiClient)  # the library's create_key types its base class
     return client, key

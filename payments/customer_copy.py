@@ -33,6 +33,7 @@ from .enums import (
     Rail,
     Verification,
 )
+from .models import PaymentOperation, Purchase
 from .money import format_money
 from .next_action import Situation, purchase_next_step
 from .selectors import purchase_money
@@ -284,7 +285,7 @@ _PAID_OR_AFTER = (
     PurchaseStatus.REFUNDED,
     PurchaseStatus.VOIDED,
 )
-_DISPUTES = {
+_DISPUTES: dict[str, tuple[str, str, bool]] = {
     PurchaseStatus.DISPUTED: (StateCode.DISPUTED, "disputed", False),
     PurchaseStatus.DISPUTE_WON: (StateCode.DISPUTE_WON, "dispute_won", True),
     PurchaseStatus.DISPUTE_LOST: (StateCode.DISPUTE_LOST, "dispute_lost", True),
@@ -302,9 +303,9 @@ _BANK = "How long it takes to appear depends on your bank. You do not need to do
 class _Facts:
     """What the rules may look at, read once from stored state."""
 
-    purchase: object
+    purchase: Purchase
     status: str
-    last_payment: object | None  # the latest non-duplicate payment
+    last_payment: PaymentOperation | None  # the latest non-duplicate payment
     paid: bool  # some non-duplicate payment succeeded
     reversal: _Reversal | None
     contact: str
@@ -366,6 +367,7 @@ def _disputed(f: _Facts) -> CustomerState:
 
 def _reversed(f: _Facts) -> CustomerState:
     reversal = f.reversal
+    assert reversal is not None  # both rules that answer this check it
     if not reversal.full:
         amount = format_money(reversal.amount, f.purchase.currency)
         still = " and is processing it" if reversal.processing else ""

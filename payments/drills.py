@@ -10,7 +10,7 @@ from . import services
 from .clients import api_client_create
 from .enums import Outcome, Rail, Verification
 from .models import ApiClient, PaymentOperation, Product, PurchaseChannel
-from .providers.stripe import DrillMode
+from .providers.stripe import DrillMode, StripeProvider
 
 DRILLS = [
     DrillMode.DROP_RESPONSE_AFTER_SEND,
@@ -43,6 +43,7 @@ def _drill_client() -> ApiClient:
 
 def drills_run(*, modes=DRILLS) -> list[DrillRow]:
     provider = services.provider_for_rail(Rail.STRIPE)
+    assert isinstance(provider, StripeProvider)  # the Stripe rail's adapter arms drills
     client = _drill_client()
     product, _ = Product.objects.get_or_create(
         sku="DRILL-001", defaults={"name": "Fault drill item", "price": 1000, "stock": 10**9}

@@ -199,7 +199,11 @@ def key_claim(*, api_client: ApiClient, route: str, key: str, path: str, body) -
 def _held(claim: Claim):
     """The record while this request still holds it (its fencing token matches)."""
     return IdempotencyRecord.objects.filter(
-        pk=claim.record.pk, state=IdempotencyRecord.State.IN_FLIGHT, lease_until=claim.token
+        pk=claim.record.pk,
+        state=IdempotencyRecord.State.IN_FLIGHT,
+        # A claim without a token holds nothing: `lease_until=None` (IS NULL) matches no
+        # row in flight. The stubs refuse None for this column's lookups.
+        lease_until=claim.token,  # type: ignore[misc]
     )
 
 
@@ -377,6 +381,7 @@ def keyed_effect(
             key_complete(claim, status=effect_status(keyed.operation_id, keyed.created))
             return keyed
         keyed.answer = answer(keyed)
+        assert keyed.answer is not None  # a face renders every Keyed (None answers a refusal)
         if keyed.answer.status >= 500:
             key_forget(claim)
         else:

@@ -106,11 +106,11 @@ def lock_dispute(dispute_id: str):
     return Dispute.objects.select_for_update(of=("self",)).filter(id=dispute_id).first()
 
 
-def lock_client(client_id: int) -> ApiClient:
+def lock_client(client_id: str) -> ApiClient:
     return ApiClient.objects.select_for_update(of=("self",)).get(id=client_id)
 
 
-def lock_customer(api_client_id: int | None, key: str) -> None:
+def lock_customer(api_client_id: str | None, key: str) -> None:
     """One buyer (an API client's normalised customer key), for the rest of the transaction.
 
     Serialises "is there an unresolved or duplicate purchase?" + insert across processes

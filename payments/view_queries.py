@@ -13,6 +13,8 @@ PostgreSQL. The SQL is plain and portable (PostgreSQL and SQLite).
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import IntegerField, QuerySet
 from django.db.models.expressions import RawSQL
 
@@ -62,7 +64,7 @@ def operations_for_view(qs: QuerySet | None = None) -> QuerySet:
 def retried_by_id(op: PaymentOperation) -> str | None:
     """The id of the operation that retried `op`, from the annotation if loaded."""
     if "view_retried_by_id" in op.__dict__:
-        return op.view_retried_by_id
+        return op.__dict__["view_retried_by_id"]
     retry = getattr(op, "retried_by", None)
     return retry.id if retry is not None else None
 
@@ -364,7 +366,8 @@ class CompiledRead:
             [f[0].target.attname for f in select[start:end]],
             start,
             end,
-            get_related_populators(klass_info, select, using),
+            # django-stubs 6 describes Django 6 (fetch_mode); Django 5.2 runs here.
+            get_related_populators(klass_info, select, using),  # type: ignore[call-arg]
             tuple((compiler.annotation_col_map or {}).items()),
         )
         self._local.populating = (compiled, populating)
@@ -414,7 +417,8 @@ def _build_plan(model_cls) -> tuple | None:
         _PLAIN_INITS = (Model.__init__, ConcurrentTransitionMixin.__init__)
     if (
         model_cls.__init__ not in _PLAIN_INITS
-        or model_cls.from_db.__func__ is not Model.from_db.__func__
+        # A bound classmethod has __func__; the stub types from_db as a plain callable.
+        or model_cls.from_db.__func__ is not Model.from_db.__func__  # type: ignore[attr-defined]
         or signals.pre_init.has_listeners(model_cls)
         or signals.post_init.has_listeners(model_cls)
         or not all(_plain_setter(model_cls, f) for f in model_cls._meta.concrete_fields)
@@ -490,7 +494,9 @@ def _populate(populator, row, from_obj, using: str) -> None:
         populator.remote_setter(obj, from_obj)
 
 
-def execute_prepared(sql: str, params: list, *, fetch: str | None = "all", using: str = "default"):
+def execute_prepared(
+    sql: str, params: list[Any], *, fetch: str | None = "all", using: str = "default"
+) -> Any:
     """One raw statement (Django's `%s` placeholders) as a named prepared statement on the
     connection: parsed and planned once per connection, not on every call. With prepared
     statements off (SQLite, or PgBouncer < 1.21 in transaction mode) the same SQL runs on

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.core.cache import cache
@@ -78,7 +79,7 @@ def _take(window_ms: int) -> tuple[int, int]:
     return (2, 0) if cache.add(_TRAILING, 1, timeout=timeout) else (0, 0)
 
 
-def relay_kick_coalesced(publish) -> None:
+def relay_kick_coalesced(publish: Callable[[float | None], object]) -> None:
     """`publish(countdown)` at most twice per window (see the module docstring)."""
     window_ms = _window_ms()
     if window_ms <= 0:

@@ -17,14 +17,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import timedelta
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Min
+from django.db.models import Count, Min, QuerySet
 from django.utils import timezone
 from prometheus_client import REGISTRY, Counter
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from audit.models import Resolution
 from events.models import DeliveryState, WebhookDelivery, WebhookEndpoint
@@ -66,7 +68,9 @@ _WINDOW_HOURS = 24
 _READBACK_WINDOW_MINUTES = 15
 
 
-def _delay_histogram(name: str, doc: str, rows, at: str, since) -> HistogramMetricFamily:
+def _delay_histogram(
+    name: str, doc: str, rows: QuerySet[Any], at: str, since: datetime
+) -> HistogramMetricFamily:
     """Histogram of (rows.<at> − the purchase's provider success), for successes since
     `since`, as one aggregate: COUNT(*) FILTER per bucket and the sum, nothing per row."""
     from django.db.models import (
@@ -128,14 +132,14 @@ class DatabaseCollector:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cached: tuple[float, list] | None = None
+        self._cached: tuple[float, list[Metric]] | None = None
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         # Without this, registering the collector runs collect() (the default registry
         # auto-describes) and the first scrape of a process queried everything twice.
         return []
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         # Cached for METRICS_CACHE_SECONDS per process: scrapes in a burst share one set
         # of queries instead of each holding a worker on the database.
         ttl = getattr(settings, "METRICS_CACHE_SECONDS", 5.0)
@@ -152,7 +156,7 @@ class DatabaseCollector:
                     families = []
         yield from families
 
-    def _collect(self):
+    def _collect(self) -> Iterator[Metric]:
         count, age = selectors.unknown_operations_stats()
         yield GaugeMetricFamily(
             "verity_unknown_operations", "Operations whose outcome is unknown", value=count
@@ -199,8 +203,8 @@ class DatabaseCollector:
         purchases = GaugeMetricFamily(
             "verity_purchases", "Purchases by channel and status", labels=["channel", "status"]
         )
-        for row in Purchase.objects.values("channel", "status").annotate(n=Count("id")):
-            purchases.add_metric([row["channel"], row["status"]], row["n"])
+        for by in Purchase.objects.values("channel", "status").annotate(n=Count("id")):
+            purchases.add_metric([by["channel"], by["status"]], by["n"])
         yield purchases
 
         yield from _webhook_event_gauges()
@@ -247,7 +251,7 @@ class DatabaseCollector:
 
         yield from self._collect_alert_inputs()
 
-    def _collect_alert_inputs(self):
+    def _collect_alert_inputs(self) -> Iterator[Metric]:
         """Figures the alert rules in deploy/prometheus/alerts.yml need."""
         from django.db.models import Min
 
@@ -307,7 +311,7 @@ class DatabaseCollector:
         yield halts
 
 
-def _storefront_webhook_gauges(now):
+def _storefront_webhook_gauges(now: datetime) -> Iterator[Metric]:
     """Storefront webhook endpoints (events/): how many Verity disabled because every
     delivery failed (their owners are told: console page, alert), and the oldest due
     delivery's age. Counts and ages only: never a URL or a secret."""
@@ -340,7 +344,7 @@ _WAITING_RESULTS = (
 )
 
 
-def _webhook_event_gauges():
+def _webhook_event_gauges() -> Iterator[Metric]:
     """verity_webhook_events{result} and the held events' count and age, at a cost that
     does not grow with stored history (5 M stored events made one GROUP BY over all of
     them take 7.6 s; docs/retention.md). Waiting results are counted exactly (one query on
@@ -404,7 +408,7 @@ def _final_event_counts() -> dict[str, float]:
     return {r: round(n) for r, n in _estimate_by_value(row, final).items()}
 
 
-def _estimate_by_value(row, values) -> dict[str, float]:
+def _estimate_by_value(row: tuple[Any, ...] | None, values: Iterable[str]) -> dict[str, float]:
     """The planner's row estimate for `col = value`, for each value: its frequency among
     the most common values, else an equal share of what those leave (PostgreSQL's
     var_eq_const), times the table's estimated rows. No statistics yet: zeros."""
@@ -418,7 +422,7 @@ def _estimate_by_value(row, values) -> dict[str, float]:
     return {v: reltuples * (freqs[mcv.index(v)] if v in mcv else rest) for v in values}
 
 
-def _dispute_gauges(now):
+def _dispute_gauges(now: datetime) -> Iterator[Metric]:
     """Open disputes, and those whose evidence is due within 48 hours (or overdue): the
     VerityDisputeEvidenceDue alert and the finance queue read the same rows."""
 
@@ -440,7 +444,7 @@ def _dispute_gauges(now):
     )
 
 
-def _x402_gauges(now):
+def _x402_gauges(now: datetime) -> Iterator[Metric]:
     """x402 settlements broadcast but not yet confirmed on chain (awaiting_provider or
     unknown on rail x402), and the age of the oldest: a stuck chain or facilitator shows
     here before any customer asks."""
@@ -489,7 +493,7 @@ def _x402_gauges(now):
     yield from _x402_refund_float_gauges()
 
 
-def _x402_refund_float_gauges():
+def _x402_refund_float_gauges() -> Iterator[Metric]:
     """The refund account's balance and the level below which finance tops it up: refunds on
     x402 are sent from a separate account holding a small float, so an empty float means
     refunds fail. Both families are always declared (the alert's inputs

@@ -113,7 +113,7 @@ def run_steps_message_put(purchase_id: str) -> None:
 # -- context --------------------------------------------------------------------------
 
 
-def _info(op) -> PaymentInfo:
+def _info(op: PaymentOperation) -> PaymentInfo:
     return PaymentInfo(
         id=op.id,
         kind=op.kind,
@@ -436,7 +436,7 @@ def _run_deliverable(ctx: PurchaseContext) -> str:
 # -- compensation ---------------------------------------------------------------------
 
 
-def _existing_compensation(ctx: PurchaseContext):
+def _existing_compensation(ctx: PurchaseContext) -> PaymentOperation | None:
     """The compensation of the purchase's OWN payment: a compensation belongs to the
     payment it returns (its parent). A duplicate charge's refund is a compensation of the
     same purchase but returns the duplicate; taking it left the own charge unrefunded, no
@@ -554,15 +554,15 @@ def operation_settled(*, operation_id: str) -> None:
     info = _info(op)
     if op.kind in (*PAYMENT_KINDS, OperationKind.CAPTURE) and op.is_terminal:
         with transaction.atomic():  # provider events that waited for this record: now
-            held_events_retry_now(
-                operation_id=op.parent_id if op.kind == OperationKind.CAPTURE else op.id
-            )
+            held_for = op.parent_id if op.kind == OperationKind.CAPTURE else op.id
+            assert held_for is not None  # a capture's parent is the authorization it takes
+            held_events_retry_now(operation_id=held_for)
     if op.kind in (OperationKind.REFUND, OperationKind.VOID) and op.is_terminal:
         REFUND_OUTCOMES.labels(kind=op.kind, outcome=op.outcome).inc()
     if op.kind in PAYMENT_KINDS and op.is_duplicate:
         _duplicate_settled(op)
         return
-    if op.parent_id and op.parent.is_duplicate:
+    if (parent := op.parent) is not None and parent.is_duplicate:
         if op.kind == OperationKind.REFUND and op.is_terminal:
             with transaction.atomic():
                 if _outcome_locked(op) == Outcome.SUCCEEDED:
@@ -576,7 +576,7 @@ def operation_settled(*, operation_id: str) -> None:
             # the provider's word: a person's "failed" may be overturned — the first
             # return may still land — so a new one waits until the read-back confirms it
             # (else the duplicate could be returned twice).
-            _duplicate_settled(op.parent)
+            _duplicate_settled(parent)
         return  # the return of a duplicate: nothing downstream bought anything with it
     if (
         op.kind == OperationKind.CAPTURE
@@ -651,16 +651,17 @@ def operation_settled(*, operation_id: str) -> None:
             _manual_review(op.purchase_id, f"compensation {op.kind} {op.id} failed")
 
 
-def _outcome_locked(op) -> str:
+def _outcome_locked(op: PaymentOperation) -> str:
     """The operation's outcome read under its row lock (inside the caller's atomic()): an
     overturn committing while a booking is in flight waits for it, and its own settled
     message then reverses what was booked; a booking never lands after its reversal.
     The step runs it compensates are locked first (the lock order above)."""
     list(StepRun.objects.select_for_update().filter(compensation_operation_id=op.id))
-    return lock_operation(op.id).outcome
+    outcome: str = lock_operation(op.id).outcome
+    return outcome
 
 
-def duplicate_return_book(refund) -> None:
+def duplicate_return_book(refund: PaymentOperation) -> None:
     """The return of a duplicate is booked only when the duplicate's sale was (a dispute of
     the duplicate books it): a duplicate and its return never touch the books otherwise,
     and when they do, they net to nothing. Idempotent; inside the caller's atomic()."""
@@ -670,7 +671,7 @@ def duplicate_return_book(refund) -> None:
         ledger_record_refund(purchase_id=refund.purchase_id, refund=_info(refund))
 
 
-def _duplicate_settled(op) -> None:
+def _duplicate_settled(op: PaymentOperation) -> None:
     """A confirmed duplicate: its compensating refund/void must exist (the core creates it
     in the same transaction when it can; this retries while the purchase's slot is busy)."""
 
@@ -691,7 +692,7 @@ def fulfilment_unfinished(purchase_id: str) -> bool:
     )
 
 
-def _unwind_after_void(op) -> None:
+def _unwind_after_void(op: PaymentOperation) -> None:
     """A void (an operator's, after fulfilment started, or a step's compensation): the
     goods follow the money back."""
     purchase_goods_unwind(
@@ -701,6 +702,7 @@ def _unwind_after_void(op) -> None:
 
 def _authorization_read_after_failed_capture(op: PaymentOperation) -> None:
     try:
+        assert op.parent_id is not None  # a capture's authorization
         result = external_intent_read(
             payment_operation_id=op.parent_id, cause="readback:capture_failed"
         )
@@ -828,7 +830,7 @@ def customer_email_send(*, email_id: int) -> None:
     EmailMessage.objects.filter(id=email.id, sent_at__isnull=True).update(sent_at=timezone.now())
 
 
-def _unwind_after_overturn(op) -> None:
+def _unwind_after_overturn(op: PaymentOperation) -> None:
     """A payment fulfilled on a person's "succeeded" that the provider's record overturned
     (no money came): the goods go, as after a void; an e-mail already sent cannot be
     unsent — the purchase waits in manual review for a person to write to the buyer (so

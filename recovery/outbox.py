@@ -14,16 +14,18 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any
 
 from celery import current_app
 from django.db import transaction
+from django.db.models import Field
 from django.utils import timezone
 
 from .models import OutboxCategory, OutboxMessage
 
 RELAY_TASK = "recovery.relay_drain"
 
-Handler = Callable[[dict], None]
+Handler = Callable[[dict[str, Any]], None]
 Publish = Callable[[float | None], None]  # publish(countdown_seconds_or_None)
 KickPolicy = Callable[[Publish], None]
 _HANDLERS: dict[int, Handler] = {}
@@ -60,7 +62,7 @@ def outbox_before_put(hook: Callable[[], None]) -> Callable[[], None]:
 
 
 def outbox_put(
-    *, category: OutboxCategory, payload: dict, dedupe_key: str, delay_seconds: float = 0
+    *, category: OutboxCategory, payload: dict[str, Any], dedupe_key: str, delay_seconds: float = 0
 ) -> None:
     """Write a message in the caller's transaction; kick the relay after commit.
 
@@ -84,8 +86,14 @@ def outbox_put(
         transaction.on_commit(_kick_relay, robust=True)
 
 
+def _column(name: str) -> Field[Any, Any]:
+    field = OutboxMessage._meta.get_field(name)
+    assert isinstance(field, Field)  # a column of the table, never a reverse relation
+    return field
+
+
 _INSERT_FIELDS = [
-    OutboxMessage._meta.get_field(name)
+    _column(name)
     for name in (
         "category",
         "payload",
@@ -103,7 +111,7 @@ _TABLE = OutboxMessage._meta.db_table
 # (recovery.relay). An unclaimed pending row will run and see the latest state as it is.
 # Same text on PostgreSQL and SQLite (both take ON CONFLICT with the index predicate).
 _INSERT_SQL = (
-    f'INSERT INTO "{_TABLE}" ({", ".join(f.column for f in _INSERT_FIELDS)}) VALUES {{rows}} '
+    f'INSERT INTO "{_TABLE}" ({", ".join(str(f.column) for f in _INSERT_FIELDS)}) VALUES {{rows}} '
     "ON CONFLICT (dedupe_key) WHERE processed_at IS NULL "
     f'DO UPDATE SET rerun = TRUE WHERE "{_TABLE}".claimed_until IS NOT NULL '
     f'AND "{_TABLE}".id <> %s'

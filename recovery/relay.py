@@ -25,10 +25,12 @@ import json
 import logging
 import random
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Case, DateTimeField, F, Q, Value, When
 from django.utils import timezone
 
@@ -50,9 +52,9 @@ _DONE_CODES = frozenset({"already_settled", "already_dispatched", "not_dispatcha
 
 def backoff_seconds(attempts: int) -> float:
     """Capped exponential backoff with a little jitter (attempts counts from 1)."""
-    base = settings.OUTBOX_BACKOFF_BASE_SECONDS
-    cap = settings.OUTBOX_BACKOFF_CAP_SECONDS
-    delay = min(cap, base * (2 ** max(0, attempts - 1)))
+    base: float = settings.OUTBOX_BACKOFF_BASE_SECONDS
+    cap: float = settings.OUTBOX_BACKOFF_CAP_SECONDS
+    delay: float = min(cap, base * (2 ** max(0, attempts - 1)))
     return delay * (1 + random.random() * 0.1)
 
 
@@ -65,7 +67,14 @@ class ClaimedMessage:
 
     __slots__ = ("id", "category", "payload", "attempts", "claimed_until")
 
-    def __init__(self, id: int, category: int, payload: dict, attempts: int, claimed_until) -> None:
+    def __init__(
+        self,
+        id: int,
+        category: int,
+        payload: dict[str, Any],
+        attempts: int,
+        claimed_until: datetime,
+    ) -> None:
         self.id, self.category, self.payload = id, category, payload
         self.attempts, self.claimed_until = attempts, claimed_until
 
@@ -108,7 +117,7 @@ _MARK_SQL = (
 )  # true: released for another run
 
 
-def _mark_values(now) -> dict:
+def _mark_values(now: datetime) -> dict[str, Any]:
     """The ORM path's `_MARK_SQL` SET: processed, or released when flagged `rerun`."""
     rerun = Q(rerun=True)
     return {
@@ -124,13 +133,13 @@ def _mark_values(now) -> dict:
     }
 
 
-def _sql_on(connection) -> bool:
+def _sql_on(connection: BaseDatabaseWrapper) -> bool:
     """The relay's two hot statements as plain SQL (PostgreSQL); SQLite (the embedded
     `make run` default) keeps the ORM path."""
     return connection.vendor == "postgresql"
 
 
-def _execute(sql: str, params: list, *, fetch: bool):
+def _execute(sql: str, params: list[Any], *, fetch: bool) -> Any:
     """One statement on the default connection: on PostgreSQL a named prepared statement
     (planned once per connection, like the floor's psycopg loop); with prepared statements
     off, the same SQL on Django's own cursor."""
@@ -203,7 +212,7 @@ def _fail(message: OutboxMessage | ClaimedMessage, exc: BaseException) -> None:
     )
 
 
-def _succeed_all(ids: list[int], claimed_until) -> None:
+def _succeed_all(ids: list[int], claimed_until: datetime | None) -> None:
     """Mark a batch's handled messages processed in one UPDATE (those flagged `rerun`
     released for another run), if the batch (its `claimed_until`) still holds them."""
     if not ids:
@@ -295,6 +304,7 @@ def relay_drain_once(batch: int = 100) -> int:
         for message in messages:
             # A message whose lease ran out while earlier ones were handled may already be
             # claimed by another drainer: leave it to that one.
+            assert message.claimed_until is not None  # claimed: the batch's lease
             if message.claimed_until < timezone.now():
                 continue
             handle_message(message, succeeded=succeeded)

@@ -35,7 +35,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -45,7 +45,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Exists, F, Min, Model, OuterRef, Q
 from django.utils import timezone
 from prometheus_client import REGISTRY
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from payments.enums import DISPUTE_CLOSED_STATUSES, TERMINAL_OUTCOMES, OperationKind, PurchaseStatus
 from payments.models import Dispute, IdempotencyRecord, PaymentOperation, Purchase
@@ -73,21 +73,21 @@ CLOSED_PURCHASE_STATUSES = (
 _EVENT_DONE = (EventResult.APPLIED, EventResult.IGNORED, EventResult.REJECTED)
 
 
-def _open_purchase(ref) -> Exists:
+def _open_purchase(ref: OuterRef) -> Exists:
     return Exists(Purchase.objects.filter(pk=ref).exclude(status__in=CLOSED_PURCHASE_STATUSES))
 
 
-def _open_operation(ref) -> Exists:
+def _open_operation(ref: OuterRef) -> Exists:
     return Exists(PaymentOperation.objects.filter(pk=ref).exclude(outcome__in=TERMINAL_OUTCOMES))
 
 
-def _open_operation_of_purchase(ref) -> Exists:
+def _open_operation_of_purchase(ref: OuterRef) -> Exists:
     return Exists(
         PaymentOperation.objects.filter(purchase_id=ref).exclude(outcome__in=TERMINAL_OUTCOMES)
     )
 
 
-def _open_dispute(**match) -> Exists:
+def _open_dispute(**match: OuterRef) -> Exists:
     return Exists(Dispute.objects.filter(**match).exclude(status__in=DISPUTE_CLOSED_STATUSES))
 
 
@@ -123,7 +123,7 @@ def _idempotency_needed() -> Q:
     return purchase | operation | session
 
 
-def _open_purchase_of_acp_session(ref) -> Exists:
+def _open_purchase_of_acp_session(ref: OuterRef) -> Q:
     purchases = Purchase.objects.filter(acp_session__pk=ref)
     return Exists(purchases.exclude(status__in=CLOSED_PURCHASE_STATUSES)) | Exists(
         PaymentOperation.objects.filter(purchase__acp_session__pk=ref).exclude(
@@ -132,7 +132,7 @@ def _open_purchase_of_acp_session(ref) -> Exists:
     )
 
 
-def _refund_with_room_left(ref) -> Exists:
+def _refund_with_room_left(ref: OuterRef) -> Exists:
     """A refund whose purchase is not fully refunded: the payment still has room, so the
     storefront's retry of that same refund request (same key, same body) would be a new,
     second refund once its record were gone. Kept until the purchase is
@@ -223,14 +223,18 @@ def _last_id_before(model: type[Model], field: str, cutoff: datetime, floor: int
     """The last id (above `floor`) whose `field` is older than `cutoff`, by binary search on
     the primary key: ids and insert times grow together, so this is ~log2(rows) indexed
     point reads instead of a scan by a time column that has no index."""
-    rows = model.objects.filter(pk__gt=floor).order_by("pk").values_list("pk", field)
+    rows = model._default_manager.filter(pk__gt=floor).order_by("pk").values_list("pk", field)
     first = rows.first()
     if first is None or first[1] >= cutoff:
         return floor
-    last = model.objects.order_by("-pk").values_list("pk", field).first()
+    last = model._default_manager.order_by("-pk").values_list("pk", field).first()
+    assert last is not None  # `first` is a row
     if last[1] < cutoff:
-        return last[0]
+        last_pk: int = last[0]
+        return last_pk
     # Invariant: row `lo` is older than the cutoff; every row at or above `hi` is not.
+    lo: int
+    hi: int
     lo, hi = first[0], last[0]
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -250,7 +254,10 @@ def _archive_and_delete(policy: Policy, ids: list[int]) -> int:
         return 0
     model = policy.model
     if not policy.archive:
-        return model.objects.filter(pk__in=ids)._raw_delete(model.objects.db)
+        deleted: int = model._default_manager.filter(pk__in=ids)._raw_delete(
+            model._default_manager.db
+        )
+        return deleted
     if connection.vendor == "postgresql":
         # One statement: the rows are copied as they were deleted (no window in which a
         # row is in neither table or in both).
@@ -262,9 +269,10 @@ def _archive_and_delete(policy: Policy, ids: list[int]) -> int:
                 "SELECT %s, m.id, to_jsonb(m), now() FROM moved m",
                 [ids, policy.table],
             )
-            return c.rowcount
+            moved: int = c.rowcount
+            return moved
     # The embedded SQLite default: small volumes, the same effect row by row.
-    rows = list(model.objects.filter(pk__in=ids).values())
+    rows = list(model._default_manager.filter(pk__in=ids).values())
     RetentionArchive.objects.bulk_create(
         [
             RetentionArchive(
@@ -275,7 +283,9 @@ def _archive_and_delete(policy: Policy, ids: list[int]) -> int:
             for r in rows
         ]
     )
-    model.objects.filter(pk__in=[r["id"] for r in rows])._raw_delete(model.objects.db)
+    model._default_manager.filter(pk__in=[r["id"] for r in rows])._raw_delete(
+        model._default_manager.db
+    )
     return len(rows)
 
 
@@ -315,7 +325,7 @@ def retention_prune_table(
     pruned = batches = 0
     while cursor < top and batches < max_batches:
         page = list(
-            model.objects.filter(pk__gt=cursor, pk__lte=top)
+            model._default_manager.filter(pk__gt=cursor, pk__lte=top)
             .order_by("pk")
             .values_list("pk", flat=True)[:batch_size]
         )
@@ -325,7 +335,7 @@ def retention_prune_table(
         page_range = Q(pk__gt=cursor, pk__lte=page[-1])
         with transaction.atomic():
             ids = list(
-                model.objects.filter(page_range)
+                model._default_manager.filter(page_range)
                 .filter(eligible)
                 .select_for_update(skip_locked=True)
                 .order_by("pk")
@@ -335,7 +345,7 @@ def retention_prune_table(
         # What the page left: held rows, and eligible rows a worker held the lock of (an
         # old row left that is not eligible is held). Evaluated on the rows left only:
         # few, unless the page is all held rows.
-        left = model.objects.filter(page_range).aggregate(
+        left = model._default_manager.filter(page_range).aggregate(
             first=Min("pk"), old=Count("pk", filter=old_rows), skipped=Count("pk", filter=eligible)
         )
         if left["first"] is not None:
@@ -349,7 +359,7 @@ def retention_prune_table(
     # on the primary key only and capped, so the figure costs the same whatever the backlog.
     cap = getattr(settings, "RETENTION_DUE_COUNT_CAP", 1_000_000)
     ahead = (
-        model.objects.filter(pk__gt=cursor, pk__lte=top).values("pk")[:cap].count()
+        model._default_manager.filter(pk__gt=cursor, pk__lte=top).values("pk")[:cap].count()
         if cursor < top
         else 0
     )
@@ -413,12 +423,12 @@ class RetentionCollector:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cached: tuple[float, list] | None = None
+        self._cached: tuple[float, list[Metric]] | None = None
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []  # registering must not query (as recovery.metrics.DatabaseCollector)
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         # Cached for METRICS_CACHE_SECONDS, as the database collector: a burst of scrapes
         # shares one query.
         ttl = getattr(settings, "METRICS_CACHE_SECONDS", 5.0)
@@ -429,7 +439,7 @@ class RetentionCollector:
             families = self._cached[1]
         yield from families
 
-    def _collect(self):
+    def _collect(self) -> Iterator[Metric]:
         pruned = CounterMetricFamily(
             "verity_retention_pruned_rows",
             "Rows pruned (deleted or archived) by retention, all time",

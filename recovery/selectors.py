@@ -8,9 +8,10 @@ performs it.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
-from django.db.models import Exists, Min, OuterRef, Q, QuerySet
+from django.db.models import Exists, Manager, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from payments.enums import Outcome, PurchaseStatus
@@ -42,7 +43,7 @@ def step_runs_for_purchase(purchase_id: str) -> QuerySet[StepRun]:
     return StepRun.objects.filter(purchase_id=purchase_id).order_by("created_at", "id")
 
 
-def deliverable_for(purchase_id: str) -> dict | None:
+def deliverable_for(purchase_id: str) -> dict[str, Any] | None:
     """The stored deliverable result while its redelivery period lasts and the purchase
     keeps its money, else None: a purchase refunded in full, voided or whose dispute was
     lost serves nothing (DESIGN.md §5.12; its unwind also ends the period)."""
@@ -73,11 +74,11 @@ def decisions_for(purchase_id: str) -> QuerySet[RecoveryDecision]:
 # -- console queues -----------------------------------------------------------------
 
 
-def _operations():
+def _operations() -> Manager[PaymentOperation]:
     return PaymentOperation.objects
 
 
-def queue_unknown_operations(limit: int = 200):
+def queue_unknown_operations(limit: int = 200) -> QuerySet[PaymentOperation]:
     """Operations waiting for evidence, oldest first (unknown by age)."""
     return (
         _operations()
@@ -87,7 +88,7 @@ def queue_unknown_operations(limit: int = 200):
     )
 
 
-def queue_escalated(limit: int = 200):
+def queue_escalated(limit: int = 200) -> QuerySet[PaymentOperation]:
     return (
         _operations()
         .filter(escalated_at__isnull=False, outcome__in=_OPEN_OUTCOMES)
@@ -96,7 +97,9 @@ def queue_escalated(limit: int = 200):
     )
 
 
-def paid_without_order(*, older_than_seconds: float | None = None, limit: int = 500):
+def paid_without_order(
+    *, older_than_seconds: float | None = None, limit: int | None = 500
+) -> QuerySet[Purchase]:
     """Purchases the provider says are paid whose order row does not exist yet."""
 
     if older_than_seconds is None:
@@ -111,7 +114,9 @@ def paid_without_order(*, older_than_seconds: float | None = None, limit: int = 
     )
 
 
-def stalled_fulfilment(*, older_than_seconds: float | None = None, limit: int = 500):
+def stalled_fulfilment(
+    *, older_than_seconds: float | None = None, limit: int = 500
+) -> QuerySet[Purchase]:
     """Paid/fulfilling purchases not touched for a while (any incomplete step), and won
     disputes whose fulfilment the dispute paused (a step not done, or none ever run): the
     status stays `dispute_won` after its steps finish, so only unfinished ones count."""

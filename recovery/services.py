@@ -10,7 +10,8 @@ from audit.services import audit_write
 
 from .halts import HaltError, halt_clear, halt_set, valid_halt_names  # noqa: F401
 from .models import OutboxMessage, SettlementDiscrepancy
-from .orchestrator import purchase_fulfil, step_resolve  # noqa: F401
+from .orchestrator import purchase_fulfil as purchase_fulfil
+from .orchestrator import step_resolve as step_resolve
 from .outbox import outbox_put, relay_kick  # noqa: F401
 from .reconciler import (  # noqa: F401
     expire_stale_purchases,
@@ -54,7 +55,9 @@ class OutboxRetryRefused(ValueError):
     pass
 
 
-def outbox_retry_now(*, message_id: int, actor: str, reason: str, ip: str | None = None):
+def outbox_retry_now(
+    *, message_id: int, actor: str, reason: str, ip: str | None = None
+) -> OutboxMessage:
     """A person makes a backed-off outbox row due now (after fixing its cause). The relay
     runs it as usual: claim, handler outside the transaction, backoff if it fails again.
     A row a worker holds right now, or one already processed, is refused."""

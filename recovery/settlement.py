@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -23,6 +24,7 @@ from django.utils import timezone
 from payments.enums import Rail
 from payments.models import Dispute, PaymentOperation
 from payments.money import format_money
+from payments.providers.base import payment_provider
 from payments.services import provider_for_rail
 
 from .models import LedgerAccount, LedgerEntry, SettlementDiscrepancy
@@ -60,8 +62,8 @@ LEDGER_ENTRY_TYPES = (
 )
 
 
-def _provider_totals(transactions: list[dict]) -> dict[str, tuple[int, str]]:
-    totals: dict[str, list] = defaultdict(lambda: [0, ""])
+def _provider_totals(transactions: list[dict[str, Any]]) -> dict[str, tuple[int, str]]:
+    totals: dict[str, list[Any]] = defaultdict(lambda: [0, ""])
     for txn in transactions:
         source = txn.get("source") or ""
         is_dispute = (
@@ -79,8 +81,8 @@ def _provider_totals(transactions: list[dict]) -> dict[str, tuple[int, str]]:
     return {k: (v[0], v[1]) for k, v in totals.items()}
 
 
-def _ledger_totals(since) -> dict[str, tuple[int, str]]:
-    totals: dict[str, list] = defaultdict(lambda: [0, ""])
+def _ledger_totals(since: datetime) -> dict[str, tuple[int, str]]:
+    totals: dict[str, list[Any]] = defaultdict(lambda: [0, ""])
     rows = (
         LedgerEntry.objects.filter(
             account=LedgerAccount.PROVIDER_BALANCE,
@@ -96,7 +98,7 @@ def _ledger_totals(since) -> dict[str, tuple[int, str]]:
     return {k: (v[0], v[1]) for k, v in totals.items()}
 
 
-def _recently_settled_references(references: set[str], cutoff) -> set[str]:
+def _recently_settled_references(references: set[str], cutoff: datetime) -> set[str]:
     """Provider references of operations settled after `cutoff`: the ledger step may not
     have run yet, so their absence from the ledger is not (yet) a discrepancy."""
 
@@ -109,7 +111,7 @@ def _recently_settled_references(references: set[str], cutoff) -> set[str]:
         .filter(Q(settled_at__gte=cutoff) | Q(settled_at__isnull=True))
         .values_list("provider_charge", "provider_reference")
     )
-    out = set()
+    out: set[str] = set()
     for charge, reference in rows:
         out.update(x for x in (charge, reference) if x in references)
 
@@ -124,7 +126,7 @@ def _recently_settled_references(references: set[str], cutoff) -> set[str]:
 def settlement_compare(*, grace_seconds: float | None = None) -> ComparisonResult:
     if grace_seconds is None:
         grace_seconds = settings.SETTLEMENT_GRACE_SECONDS
-    provider = provider_for_rail(Rail.STRIPE)
+    provider = payment_provider(provider_for_rail(Rail.STRIPE))
     # Network I/O first, outside any transaction.
     transactions = provider.list_balance_transactions(limit=settings.SETTLEMENT_MAX_TRANSACTIONS)
     truncated = len(transactions) >= settings.SETTLEMENT_MAX_TRANSACTIONS

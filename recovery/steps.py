@@ -17,8 +17,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db.models import F
@@ -63,7 +65,7 @@ DEFAULT_POLICY: dict[str, str] = {
 }
 
 # Which overrides a product may set per step (confirmation stays at-most-once).
-_ALLOWED_OVERRIDES = {
+_ALLOWED_OVERRIDES: dict[str, tuple[str, ...]] = {
     StepName.ORDER: (Policy.COMPENSATE, Policy.MANUAL),
     StepName.INVENTORY: (Policy.COMPENSATE, Policy.MANUAL),
     StepName.LEDGER: (Policy.COMPENSATE, Policy.MANUAL),
@@ -71,7 +73,12 @@ _ALLOWED_OVERRIDES = {
     StepName.DELIVERABLE: (Policy.RETRY, Policy.MANUAL, Policy.COMPENSATE),
 }
 # When several products of one purchase disagree, the most careful policy wins.
-_STRICTNESS = {Policy.MANUAL: 3, Policy.AT_MOST_ONCE: 2, Policy.COMPENSATE: 1, Policy.RETRY: 0}
+_STRICTNESS: dict[str, int] = {
+    Policy.MANUAL: 3,
+    Policy.AT_MOST_ONCE: 2,
+    Policy.COMPENSATE: 1,
+    Policy.RETRY: 0,
+}
 
 
 @dataclass(frozen=True)
@@ -91,10 +98,10 @@ class PurchaseContext:
     customer_email: str
     amount: int
     currency: str
-    items: list[dict]
+    items: list[dict[str, Any]]
     payment: PaymentInfo
     product_kinds: dict[str, str] = field(default_factory=dict)
-    product_policies: dict[str, dict] = field(default_factory=dict)
+    product_policies: dict[str, dict[str, Any]] = field(default_factory=dict)
     captured: PaymentInfo | None = None  # the capture op, for authorize-then-capture
 
     @property
@@ -111,7 +118,7 @@ class PurchaseContext:
 
     def policy(self, step: str) -> str:
         allowed = _ALLOWED_OVERRIDES.get(step, ())
-        chosen = []
+        chosen: list[str] = []
         for overrides in self.product_policies.values():
             value = (overrides or {}).get(step)
             if isinstance(value, dict):
@@ -126,10 +133,14 @@ class PurchaseContext:
         for overrides in self.product_policies.values():
             value = (overrides or {}).get(step)
             if isinstance(value, dict) and isinstance(value.get("max_attempts"), int):
-                return max(1, value["max_attempts"])
-        if self.policy(step) == Policy.RETRY:
-            return settings.STEP_RETRY_LIMIT
-        return settings.STEP_MAX_ATTEMPTS
+                attempts: int = value["max_attempts"]
+                return max(1, attempts)
+        limit: int = (
+            settings.STEP_RETRY_LIMIT
+            if self.policy(step) == Policy.RETRY
+            else settings.STEP_MAX_ATTEMPTS
+        )
+        return limit
 
 
 def step_key(purchase_id: str, step: str) -> str:
@@ -139,7 +150,7 @@ def step_key(purchase_id: str, step: str) -> str:
 # -- handlers: run inside the orchestrator's transaction holding the StepRun lock ------
 
 
-def run_order(ctx: PurchaseContext, run: StepRun) -> dict:
+def run_order(ctx: PurchaseContext, run: StepRun) -> dict[str, Any]:
     existing = Order.objects.filter(purchase_id=ctx.purchase_id).first()
     if existing is None:
         reference = f"ord_{secrets.token_hex(8)}"
@@ -150,7 +161,7 @@ def run_order(ctx: PurchaseContext, run: StepRun) -> dict:
     return {"order": existing.reference}
 
 
-def run_inventory(ctx: PurchaseContext, run: StepRun) -> dict:
+def run_inventory(ctx: PurchaseContext, run: StepRun) -> dict[str, Any]:
     done = set(
         InventoryCommit.objects.filter(purchase_id=ctx.purchase_id).values_list("sku", flat=True)
     )
@@ -300,7 +311,7 @@ def ledger_reverse_unmade(*, purchase_id: str, operation_id: str) -> int:
     return len(booked)
 
 
-def run_ledger(ctx: PurchaseContext, run: StepRun) -> dict:
+def run_ledger(ctx: PurchaseContext, run: StepRun) -> dict[str, Any]:
     if ctx.payment.kind == OperationKind.AUTHORIZE:
         # Not captured yet: the provider holds nothing; the sale is booked at capture.
         ledger_record_authorization(purchase_id=ctx.purchase_id, payment=ctx.payment)
@@ -311,7 +322,7 @@ def run_ledger(ctx: PurchaseContext, run: StepRun) -> dict:
     return {"operation": ctx.payment.id, "amount": ctx.payment.amount}
 
 
-def run_crm(ctx: PurchaseContext, run: StepRun) -> dict:
+def run_crm(ctx: PurchaseContext, run: StepRun) -> dict[str, Any]:
     CrmUpdate.objects.bulk_create(
         [CrmUpdate(purchase_id=ctx.purchase_id, customer_reference=ctx.customer_reference)],
         ignore_conflicts=True,
@@ -323,7 +334,7 @@ def deliverable_job_reference(run: StepRun) -> str:
     return f"job_{hashlib.sha256(run.key.encode()).hexdigest()[:20]}"
 
 
-def deliverable_execute(ctx: PurchaseContext, job_reference: str) -> dict:
+def deliverable_execute(ctx: PurchaseContext, job_reference: str) -> dict[str, Any]:
     """The 'external job': a licence derived from the job reference, so running it again
     for the same reference yields the same result (what an external system keyed by our
     reference would do)."""
@@ -337,11 +348,11 @@ def deliverable_execute(ctx: PurchaseContext, job_reference: str) -> dict:
     }
 
 
-def deliverable_expiry():
+def deliverable_expiry() -> datetime:
     return timezone.now() + timedelta(days=settings.DELIVERABLE_RETENTION_DAYS)
 
 
-DB_STEPS = {
+DB_STEPS: dict[str, Callable[[PurchaseContext, StepRun], dict[str, Any]]] = {
     StepName.ORDER: run_order,
     StepName.INVENTORY: run_inventory,
     StepName.LEDGER: run_ledger,

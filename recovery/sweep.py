@@ -21,10 +21,15 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from django.conf import settings
+
+if TYPE_CHECKING:
+    from payments.models import PaymentOperation, ProviderCall
+    from payments.providers.base import CallResult
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +95,7 @@ def reconcile_sweep(
     ids = list(dict.fromkeys(operation_ids))  # each operation once
     result = SweepResult()
 
-    def read(op):
+    def read(op: PaymentOperation) -> tuple[CallResult, ProviderCall]:
         bucket.acquire()
         return operation_reconcile_read(op)
 
@@ -102,8 +107,11 @@ def reconcile_sweep(
             else:
                 setattr(result, outcome, getattr(result, outcome) + 1)
 
-    def apply(ops, futures) -> None:
-        reads, outcomes = [], {}
+    def apply(
+        ops: list[PaymentOperation], futures: list[Future[tuple[CallResult, ProviderCall]]]
+    ) -> None:
+        reads: list[tuple[PaymentOperation, CallResult, ProviderCall]] = []
+        outcomes: dict[str, str] = {}
         for op, future in zip(ops, futures, strict=False):
             try:
                 call_result, call = future.result()

@@ -5,6 +5,8 @@ countdown/eta: a failure is recorded on the outbox row (available_at), which sur
 lost broker; the beat sweep re-kicks the relay.
 """
 
+from typing import Any
+
 from celery import shared_task
 
 
@@ -30,7 +32,7 @@ def sweep_dead_dispatches() -> int:
 
 
 @shared_task(name="recovery.x402_finality", ignore_result=True)
-def x402_finality() -> dict:
+def x402_finality() -> dict[str, Any]:
     """Succeeded x402 payments read again until their block is final (docs/x402.md)."""
     from django.conf import settings
 

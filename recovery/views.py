@@ -8,7 +8,7 @@ import hmac
 import ipaddress
 
 from django.conf import settings
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
@@ -19,7 +19,7 @@ from .metrics import register_database_collector
 from .retention import register_retention_collector
 
 
-def _scraper_allowed(request) -> bool:
+def _scraper_allowed(request: HttpRequest) -> bool:
     token = getattr(settings, "METRICS_TOKEN", "")
     if token:
         sent = request.headers.get("Authorization", "")
@@ -39,7 +39,7 @@ def _scraper_allowed(request) -> bool:
 
 
 @require_GET
-def metrics(request):
+def metrics(request: HttpRequest) -> HttpResponse:
     if not _scraper_allowed(request):
         raise Http404
     register_database_collector()

@@ -12,6 +12,7 @@ themselves still list the rows, oldest first.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from django.db import connections
 from django.db.models import F, QuerySet
@@ -56,7 +57,8 @@ def capped_counts_oldest(counted: list[tuple[QuerySet, str]]) -> list[tuple[int,
     using = {qs.db for qs, _ in counted}
     if len(using) != 1:
         raise ValueError(f"capped counts span databases {sorted(using)}")
-    branches, params = [], []
+    branches: list[str] = []
+    params: list[Any] = []
     for i, (qs, field_name) in enumerate(counted):
         if qs.query.distinct:
             # values() below would make DISTINCT apply to the age field alone.

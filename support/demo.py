@@ -23,10 +23,12 @@ or the provider key is a test key.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django.apps import apps
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from payments.customers import basket_fingerprint, customer_key
@@ -51,6 +53,7 @@ from payments.models import (
     Purchase,
     Quote,
 )
+from payments.providers.base import payment_provider
 from payments.services.common import provider_for
 from recovery.models import (
     Order,
@@ -76,7 +79,7 @@ _OK = {
 _UNKNOWN = {"outcome": Oc.UNKNOWN, "stage": Stage.RECONCILING}
 
 # (name, purchase status, operations, order reference?)
-STATE_CASES = [
+STATE_CASES: list[tuple[str, str, list[dict[str, Any]], bool]] = [
     (
         "being-confirmed",
         S.PAYMENT_PENDING,
@@ -112,6 +115,13 @@ STATE_CASES = [
     ("awaiting-payment", S.AWAITING_PAYMENT, [], False),
     ("disputed", S.DISPUTED, [_OK], True),
 ]
+
+
+def _first(operations: QuerySet[PaymentOperation]) -> PaymentOperation:
+    """The operation the demo case just made (so there is one)."""
+    op = operations.first()
+    assert op is not None
+    return op
 
 
 def _purchase(
@@ -266,7 +276,7 @@ def demo_cases_seed() -> list[tuple[str, str]]:
                     "amount": 999,
                     "currency": "usd",
                 },
-                "operation_id": mismatch.operations.first().pk,
+                "operation_id": _first(mismatch.operations.all()).pk,
                 "purchase_id": mismatch.pk,
                 "result": EventResult.QUARANTINED,
                 "result_reason": "mismatch:amount",
@@ -352,7 +362,7 @@ def demo_cases_seed() -> list[tuple[str, str]]:
             id="dp_demo_disputed",
             defaults={
                 "purchase": disputed,
-                "payment": disputed.operations.first(),
+                "payment": _first(disputed.operations.all()),
                 "charge": "ch_demo_disputed",
                 "payment_intent": "pi_demo_disputed_0",
                 "amount": 3050,
@@ -381,7 +391,7 @@ def demo_cases_seed() -> list[tuple[str, str]]:
         # duplicate charge with the refund returning it.
         # Fulfilled (completed): what waits for a person here is the payment, not the order.
         over = _purchase("manual-resolution-overturned", S.COMPLETED, [_OK], True, client)
-        op = over.operations.first()
+        op = _first(over.operations.all())
         if not op.transitions.filter(cause=OVERTURN_CAUSE).exists():
             PaymentOperation.objects.filter(pk=op.pk).update(next_action_owner="support")
             OperationTransition.objects.create(
@@ -422,7 +432,7 @@ def demo_cases_seed() -> list[tuple[str, str]]:
         dup = _purchase(
             "duplicate-charge", S.COMPLETED, [_OK, {**_OK, "is_duplicate": True}], True, client
         )
-        dup_op = dup.operations.filter(is_duplicate=True).first()
+        dup_op = _first(dup.operations.filter(is_duplicate=True))
         if not dup.operations.filter(kind=OperationKind.REFUND).exists():
             PaymentOperation.objects.create(
                 purchase=dup,
@@ -494,12 +504,12 @@ def demo_cases_reset() -> int:
             for field in model._meta.concrete_fields:
                 target = getattr(field, "related_model", None)
                 if target is Purchase or field.name == "purchase_id":
-                    model.objects.filter(**{f"{field.attname}__in": purchase_ids}).delete()
+                    model._default_manager.filter(**{f"{field.attname}__in": purchase_ids}).delete()
                 elif target is PaymentOperation or field.name in (
                     "operation_id",
                     "compensation_operation_id",
                 ):
-                    model.objects.filter(**{f"{field.attname}__in": op_ids}).delete()
+                    model._default_manager.filter(**{f"{field.attname}__in": op_ids}).delete()
         # Outbox messages carry ids in their payload.
         OutboxMessage.objects.filter(payload__purchase__in=purchase_ids).delete()
         OutboxMessage.objects.filter(payload__operation__in=op_ids).delete()
@@ -580,7 +590,7 @@ def demo_provider_payments_seed() -> str | None:
     )
     if op is None:
         return None
-    provider = provider_for(op)
+    provider = payment_provider(provider_for(op))
     if op.provider_reference and not op.provider_reference.startswith("pi_demo_"):
         found = provider.retrieve_payment_intent(op.provider_reference)
         if found.object is not None and found.object.succeeded:

@@ -114,14 +114,14 @@ def filters_from_query(params) -> tuple[PurchaseFilters, list[str]]:
     if status and status not in PurchaseStatus.values:
         errors.append(f"“{status}” is not a purchase status.")
         status = ""
-    days = {}
+    days: dict[str, date | None] = {}
     for name, words in (("created_from", "From"), ("created_to", "To")):
         try:
             days[name] = _day(params.get(name, ""))
         except ValueError:
             errors.append(f"{words}: a date reads like 2026-12-05.")
             days[name] = None
-    amounts = {}
+    amounts: dict[str, Decimal | None] = {}
     for name, words in (("amount_min", "Amount from"), ("amount_max", "Amount to")):
         try:
             amounts[name] = _major(params.get(name, ""))
@@ -138,8 +138,10 @@ def filters_from_query(params) -> tuple[PurchaseFilters, list[str]]:
         customer=(params.get("customer") or "").strip(),
         cursor=params.get("cursor", ""),
         per_page=per_page,
-        **days,
-        **amounts,
+        created_from=days["created_from"],
+        created_to=days["created_to"],
+        amount_min=amounts["amount_min"],
+        amount_max=amounts["amount_max"],
     ), errors
 
 
@@ -358,7 +360,7 @@ def purchase_list(f: PurchaseFilters) -> PurchasePage:
     page, more = ordered[: f.per_page], len(ordered) > f.per_page
     names = buyer_names([r["id"] for r in page])
     labels = dict(PurchaseStatus.choices)
-    channels = dict(Purchase._meta.get_field("channel").choices)
+    channels = dict(Purchase._meta.get_field("channel").choices or ())
     return PurchasePage(
         rows=[
             PurchaseRow(

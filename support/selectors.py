@@ -8,14 +8,16 @@ event payloads are only handed out to roles with VIEW_REDACTED_PAYLOAD.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from statistics import median
+from typing import Any
 
 from django.conf import settings
 from django.contrib import messages as message_levels
 from django.db import connection
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from events import selectors as event_selectors
@@ -43,6 +45,7 @@ from payments.models import (
 )
 from payments.money import MoneyInputError, format_money, parse_money
 from payments.next_action import NextStep, Situation, operation_next_step, staff_next_step
+from payments.providers.base import payment_provider
 from payments.services import provider_for_rail
 from payments.services.common import purchase_own_payments, purchase_refund_room
 from recovery.models import (
@@ -130,13 +133,15 @@ def order_after_payment_delays(*, since: datetime) -> list[float]:
     order row, for payments settled since `since`. The same definition as /metrics'
     verity_order_after_payment_seconds (recovery.metrics), so the dashboard and the
     alert agree."""
-    settled = dict(
-        PaymentOperation.objects.filter(
+    settled = {
+        purchase_id: at
+        for purchase_id, at in PaymentOperation.objects.filter(
             kind__in=(OperationKind.CHARGE, OperationKind.AUTHORIZE),
             outcome=Outcome.SUCCEEDED,
             settled_at__gte=since,
         ).values_list("purchase_id", "settled_at")
-    )
+        if at is not None  # settled_at__gte: never
+    }
     if not settled:
         return []
     return [
@@ -176,7 +181,7 @@ class WeekInterventions:
 
 
 def _counts_in_windows(
-    qs, field_name: str, windows: dict[str, tuple[datetime, datetime | None]]
+    qs: QuerySet[Any], field_name: str, windows: Mapping[str, tuple[datetime, datetime | None]]
 ) -> dict[str, int]:
     """{name: rows with start <= field < end} for every window, in ONE statement that reads
     only the rows of the widest window (an index range on `field_name`)."""
@@ -311,7 +316,7 @@ def _balance_transaction_sources(txn_id: str) -> set[str]:
         )
     )
 
-    source = provider_for_rail(Rail.STRIPE).balance_transaction_source(txn_id)
+    source = payment_provider(provider_for_rail(Rail.STRIPE)).balance_transaction_source(txn_id)
     if source:
         found.add(source)
     return found
@@ -647,10 +652,10 @@ def _safe_evidence(evidence) -> dict:
 
 
 def _requester(op: PaymentOperation) -> str:
-    if op.requested_by_user_id:
-        return f"user {op.requested_by_user.get_username()}"
-    if op.requested_by_client_id:
-        return f"API client {op.requested_by_client.name}"
+    if (user := op.requested_by_user) is not None:
+        return f"user {user.get_username()}"
+    if (client := op.requested_by_client) is not None:
+        return f"API client {client.name}"
     return "system" if op.is_compensation else ""
 
 
@@ -686,6 +691,7 @@ def _staff_words(step: NextStep) -> str:
     ref = op.id if op is not None else ""
     s = Situation
     if step.situation == s.UNKNOWN:
+        assert op is not None  # an unknown outcome is an operation's (operation_next_step)
         when = relative(op.next_reconcile_at) if op.next_reconcile_at else "soon"
         return f"Reading {ref} back from the provider (next read-back {when})."
     reason = f" ({op.reason})" if op is not None and op.reason else ""

@@ -385,6 +385,7 @@ def _act_by_user(
     nonce = _form_nonce(form_token, user, required=form_token_required)
     if check is not None:
         check()
+    target: PaymentOperation | Purchase | None
     if operation_id:
         target = _op_or_404(operation_id)
         purchase_id = target.purchase_id

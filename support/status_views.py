@@ -117,7 +117,7 @@ def status_page(request, token: str):
 
 
 # How the purchase was made, as the buyer knows it (the console keeps the technical names).
-_CHANNEL_WORDS = {
+_CHANNEL_WORDS: dict[str, str] = {
     PurchaseChannel.API: "The shop's website or app",
     PurchaseChannel.MCP: "An AI assistant, on your behalf",
     PurchaseChannel.ACP: "An AI assistant, on your behalf",

@@ -427,7 +427,8 @@ def reconcile(request, operation_id: str):
     except services.ConsoleError as e:
         messages.error(request, f"Refused ({e.code}): {e.message}")
         return _back(request, url)
-    level, text = selectors.reconcile_feedback(before_outcome=before.outcome, op=op)
+    before_outcome = before.outcome if before is not None else ""
+    level, text = selectors.reconcile_feedback(before_outcome=before_outcome, op=op)
     messages.add_message(request, level, text)
     return _back(request, url)
 

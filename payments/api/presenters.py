@@ -10,6 +10,7 @@ Read only. `next_action` is computed from state that is already stored, so every
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from django.conf import settings
@@ -130,6 +131,7 @@ def _refund_summary(purchase: Purchase) -> dict:
     loaded = purchase_operations_loaded(purchase)  # ordered by created_at, id
     # The return of a duplicate charge is not a refund of the purchase: the
     # duplicate and its compensation are the duplicate's, as the refundable room has it.
+    refunds: Iterable[PaymentOperation]
     if loaded is not None:
         duplicates = {op.id for op in loaded if op.is_duplicate}
         refunds = [

@@ -46,7 +46,7 @@ _TITLES = {
 }
 # A code whose status's title would say the wrong thing: the x402 deliverable's first 402
 # is the expected start of a purchase (no payment was tried), not a decline.
-_CODE_TITLES = {
+_CODE_TITLES: dict[str, str] = {
     ErrorCode.PAYMENT_REQUIRED: "Payment required",
 }
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.core.cache import cache
@@ -109,7 +110,7 @@ class PendingDecision:
 
 
 def rate_limit_send(
-    *, ident: str, limit: int, window_seconds: int, lock_keys: list[tuple[str, int]] = ()
+    *, ident: str, limit: int, window_seconds: int, lock_keys: Sequence[tuple[str, int]] = ()
 ) -> PendingDecision:
     """`rate_limit_hit` with its Redis round trip left open: the hit is sent now and
     `.decision()` reads the answer, so the caller can overlap it with a database read.
@@ -128,7 +129,7 @@ def rate_limit_send(
 
 
 def rate_limit_hit(
-    *, ident: str, limit: int, window_seconds: int, lock_keys: list[tuple[str, int]] = ()
+    *, ident: str, limit: int, window_seconds: int, lock_keys: Sequence[tuple[str, int]] = ()
 ) -> Decision:
     """Count one request against `ident`'s window; allowed while the count ≤ limit.
 
@@ -140,7 +141,7 @@ def rate_limit_hit(
 
 
 def _memory_hit(
-    ident: str, limit: int, window_seconds: int, lock_keys: list[tuple[str, int]]
+    ident: str, limit: int, window_seconds: int, lock_keys: Sequence[tuple[str, int]]
 ) -> Decision:
     # The per-process memory cache (`make run` without Redis): not shared, good enough
     # for one development process.

@@ -39,7 +39,8 @@ class QuoteItemIn(serializers.Serializer):
 
 
 class QuoteCreateIn(serializers.Serializer):
-    items = QuoteItemIn(many=True, allow_empty=False, max_length=50)
+    # many=True passes max_length on to the ListSerializer; the stubs allow it on neither.
+    items = QuoteItemIn(many=True, allow_empty=False, max_length=50)  # type: ignore[call-arg]
     currency = serializers.CharField(min_length=3, max_length=3, validators=[currency_code])
 
 
@@ -158,7 +159,9 @@ class ProblemOut(serializers.Serializer):
     purchase = serializers.CharField(allow_null=True)
     operation = serializers.CharField(allow_null=True)
     next_action = NextActionOut()
-    errors = serializers.DictField(
+    # A declared field: DRF's metaclass takes it out of the class, so Serializer.errors is
+    # untouched (the stubs read it as an override).
+    errors = serializers.DictField(  # type: ignore[assignment]
         child=serializers.ListField(child=serializers.CharField()),
         required=False,
         help_text="Field errors (invalid_request).",
@@ -296,7 +299,8 @@ class OperationOut(serializers.Serializer):
     reason = serializers.CharField(allow_null=True)
     attempts = AttemptsOut()
     hold = HoldOut(allow_null=True)
-    parent = serializers.CharField(allow_null=True)
+    # A declared field, not Field.parent (DRF's metaclass takes it out of the class).
+    parent = serializers.CharField(allow_null=True)  # type: ignore[assignment]
     origin = serializers.ChoiceField(choices=Origin.choices)
     retry_of = serializers.CharField(allow_null=True)
     retried_by = serializers.CharField(allow_null=True)

@@ -297,7 +297,12 @@ def _operation_answer(op: PaymentOperation) -> Response:
 
 
 def _operation_keyed_answer(keyed: Keyed) -> Response:
-    return _replayed(keyed) or _operation_answer(_load_operation(keyed.operation_id))
+    return _replayed(keyed) or _operation_answer(_load_operation(_made_operation_id(keyed)))
+
+
+def _made_operation_id(keyed: Keyed) -> str:
+    assert keyed.operation_id is not None  # an operation route's effect made one
+    return keyed.operation_id
 
 
 # -- OpenAPI helpers ----------------------------------------------------------------
@@ -715,6 +720,7 @@ class _LinkedOperationApi(ApiView):
     route = ""
 
     kind: OperationKind
+    input_serializer: type[serializers.Serializer]
 
     def post(self, request, purchase_id: str):
         replay = _replay_first(request, self.route)

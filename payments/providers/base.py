@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypedDict, cast, runtime_checkable
 
 from payments.enums import Classification, Outcome
 
@@ -17,7 +17,7 @@ class ProviderObject:
     status: str
     amount: int
     currency: str
-    metadata: dict = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
     account: str = ""
     latest_charge: str = ""
     payment_intent: str = ""  # for refunds
@@ -83,7 +83,7 @@ class ProviderObject:
         happen (and is no verdict yet: canceled and failed are `outcome_for`'s)."""
         return False
 
-    def safe_fields(self) -> dict:
+    def safe_fields(self) -> dict[str, Any]:
         return {
             "object": self.object_type,
             "id": self.id,
@@ -112,7 +112,7 @@ class BalanceMove:
     currency: str
     reporting_category: str = ""
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "amount": self.amount,
@@ -140,7 +140,7 @@ class DisputeObject:
     account: str = ""
     is_charge_refundable: bool = False
 
-    def safe_fields(self) -> dict:
+    def safe_fields(self) -> dict[str, Any]:
         return {
             "object": "dispute",
             "id": self.id,
@@ -192,6 +192,17 @@ class RailRefusal(NamedTuple):
     message: str
 
 
+class PaymentRequest(TypedDict):
+    """A payment's provider parameters (payments.services.payment_request): the keyword
+    arguments of a PaymentIntent create."""
+
+    amount: int
+    currency: str
+    payment_method: str
+    capture_method: str
+    metadata: dict[str, Any]
+
+
 class RailAdapter(Protocol):
     """What every rail's adapter tells the services about itself (the rail is a seam,
     so the services ask these instead of testing `op.rail`). Registered per rail in
@@ -224,6 +235,7 @@ class RailAdapter(Protocol):
         ...
 
 
+@runtime_checkable
 class PaymentProvider(RailAdapter, Protocol):
     """A rail whose writes and reads are provider API calls (PaymentIntent-shaped): the
     services dispatch and read back through these."""
@@ -236,7 +248,7 @@ class PaymentProvider(RailAdapter, Protocol):
         currency: str,
         payment_method: str,
         capture_method: str,
-        metadata: dict,
+        metadata: dict[str, Any],
     ) -> CallResult: ...
 
     def confirm_payment_intent(self, *, key: str, intent_id: str) -> CallResult: ...
@@ -254,17 +266,17 @@ class PaymentProvider(RailAdapter, Protocol):
         currency: str,
         payment_method: str,
         capture_method: str,
-        metadata: dict,
+        metadata: dict[str, Any],
     ) -> CallResult: ...
 
     def capture_payment_intent(
-        self, *, key: str, intent_id: str, amount: int | None
+        self, *, key: str, intent_id: str, amount: int | None = None
     ) -> CallResult: ...
 
     def cancel_payment_intent(self, *, key: str, intent_id: str) -> CallResult: ...
 
     def create_refund(
-        self, *, key: str, intent_id: str, amount: int, metadata: dict
+        self, *, key: str, intent_id: str, amount: int, metadata: dict[str, Any]
     ) -> CallResult: ...
 
     def retrieve_payment_intent(self, intent_id: str) -> CallResult: ...
@@ -273,7 +285,7 @@ class PaymentProvider(RailAdapter, Protocol):
 
     def find_by_metadata(self, *, object_type: str, operation_id: str) -> CallResult: ...
 
-    def list_balance_transactions(self, *, limit: int = 100) -> list[dict]: ...
+    def list_balance_transactions(self, *, limit: int = 100) -> list[dict[str, Any]]: ...
 
     def retrieve_dispute(self, dispute_id: str) -> tuple[CallResult, DisputeObject | None]: ...
 
@@ -281,3 +293,20 @@ class PaymentProvider(RailAdapter, Protocol):
         self, intent_id: str
     ) -> tuple[CallResult, list[ProviderObject]]: ...
     def balance_transaction_source(self, txn_id: str) -> str | None: ...
+
+
+def payment_provider(adapter: RailAdapter) -> PaymentProvider:
+    """`adapter` as a rail whose money moves are provider API calls (PaymentIntent-shaped).
+
+    Only such a rail reaches the code that calls these; one that keeps its own evidence
+    (payments.services.rail_evidence_for) never does. Raises TypeError for any other."""
+    kind = type(adapter)
+    makes_calls = _MAKES_CALLS.get(kind)
+    if makes_calls is None:  # the protocol check reads every member: once per class
+        makes_calls = _MAKES_CALLS[kind] = isinstance(adapter, PaymentProvider)
+    if not makes_calls:
+        raise TypeError(f"the {adapter.rail} adapter makes no provider API calls")
+    return cast(PaymentProvider, adapter)
+
+
+_MAKES_CALLS: dict[type, bool] = {}

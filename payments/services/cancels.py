@@ -20,7 +20,7 @@ from ..enums import CallPurpose, CallStep, Classification, Outcome, Owner, Retry
 from ..errors import DomainError, ErrorCode
 from ..locks import assert_outside_transaction, lock_purchase_and_operation
 from ..models import PaymentOperation, ProviderCall
-from ..providers.base import ProviderObject
+from ..providers.base import ProviderObject, payment_provider
 from .common import (
     _halted,
     _record_call,
@@ -92,7 +92,7 @@ def payment_cancel_outside_transaction(
                 owner=Owner.SUPPORT,
             ) from None
         on_claim(locked)
-    result = provider_for(op).cancel_payment_intent(key=call.key, intent_id=ref)
+    result = payment_provider(provider_for(op)).cancel_payment_intent(key=call.key, intent_id=ref)
     _record_call(call, result)
     obj = result.object
     if result.classification != Classification.OK or obj is None:

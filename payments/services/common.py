@@ -10,9 +10,10 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db.models import Q, Sum
+from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from audit.services import audit_write
@@ -33,6 +34,7 @@ from ..enums import (
 from ..errors import DomainError, ErrorCode
 from ..locks import lock_purchase_and_operation
 from ..models import (
+    ApiClient,
     Dispute,
     OperationTransition,
     PaymentOperation,
@@ -40,8 +42,11 @@ from ..models import (
     Purchase,
     PurchaseChannel,
 )
-from ..providers.base import CallResult, RailAdapter
+from ..providers.base import CallResult, PaymentRequest, RailAdapter
 from ..providers.registry import adapter_for_rail
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 log = logging.getLogger("verity.payments")
 
@@ -97,7 +102,7 @@ def transition_record(
     source: str,
     target: str,
     cause: str,
-    evidence: dict | None = None,
+    evidence: dict[str, Any] | None = None,
     actor: str = "",
 ) -> None:
     """Append one row to the purchase's transition history (OperationTransition): a
@@ -133,7 +138,12 @@ def transition_record(
 
 
 def _purchase_to(
-    purchase: Purchase, name: str, *args, cause: str, actor: str = "", evidence: dict | None = None
+    purchase: Purchase,
+    name: str,
+    *args: Any,
+    cause: str,
+    actor: str = "",
+    evidence: dict[str, Any] | None = None,
 ) -> bool:
     """Apply a purchase FSM transition (with its arguments) if allowed; record it with its
     order event. The one place a purchase's status moves. Caller holds the lock."""
@@ -207,7 +217,7 @@ def purchase_order_event_put(*, purchase: Purchase, source: str) -> None:
         and row.target in ORDER_STATUSES
     ]
     event = "order_create" if len(entered) <= 1 else "order_update"
-    payload = {"purchase": purchase.id, "event": event, "status": str(target)}
+    payload: dict[str, Any] = {"purchase": purchase.id, "event": event, "status": str(target)}
     # The receiver dedupes on the event's id (purchase, status): a purchase entering the
     # same status again (paid, refund pending, paid) is a new event, numbered by how many
     # times it has entered it.
@@ -227,8 +237,8 @@ def _op_to(
     *,
     cause: str,
     actor: str = "",
-    evidence: dict | None = None,
-    fields: tuple = (),
+    evidence: dict[str, Any] | None = None,
+    fields: tuple[Any, ...] = (),
 ) -> None:
     source = op.outcome
     getattr(op, name)()
@@ -294,7 +304,7 @@ def payment_captured(payment: PaymentOperation) -> int:
     return 0
 
 
-def payment_refunds(payment: PaymentOperation):
+def payment_refunds(payment: PaymentOperation) -> QuerySet[PaymentOperation]:
     """The refunds that return money of this one payment (compensations included)."""
     return PaymentOperation.objects.filter(parent=payment, kind=OperationKind.REFUND)
 
@@ -320,7 +330,7 @@ def payment_refund_room(
     payment: PaymentOperation,
     *,
     exclude: str | None = None,
-    counted=None,
+    counted: tuple[str, ...] | None = None,
     pending_approval: bool = True,
     net_of_chargebacks: bool = True,
 ) -> int:
@@ -367,7 +377,7 @@ def payment_disputed_with_bank(payment: PaymentOperation) -> int:
     )
 
 
-def purchase_own_payments(purchase: Purchase):
+def purchase_own_payments(purchase: Purchase) -> QuerySet[PaymentOperation]:
     """The purchase's own payments (a duplicate is not one)."""
     return purchase.operations.filter(
         kind__in=(OperationKind.CHARGE, OperationKind.AUTHORIZE), is_duplicate=False
@@ -393,12 +403,12 @@ def _captured_amount(purchase: Purchase) -> int:
     return total
 
 
-def _purchase_refunds(purchase: Purchase):
+def _purchase_refunds(purchase: Purchase) -> QuerySet[PaymentOperation]:
     """Refunds of the purchase's own payment (not the compensation of a duplicate)."""
     return purchase.operations.filter(kind=OperationKind.REFUND).exclude(parent__is_duplicate=True)
 
 
-def _actor(api_client, acting_user) -> str:
+def _actor(api_client: ApiClient | None, acting_user: User | None) -> str:
     if acting_user is not None:
         return acting_user.get_username()
     return api_client.name if api_client is not None else "system"
@@ -412,7 +422,12 @@ def _lock_or_404(operation_id: str) -> tuple[Purchase, PaymentOperation]:
 
 
 def operation_audit_write(
-    *, actor: str, action: str, op: PaymentOperation, reason: str, detail: dict | None = None
+    *,
+    actor: str,
+    action: str,
+    op: PaymentOperation,
+    reason: str,
+    detail: dict[str, Any] | None = None,
 ) -> None:
     """The audit row (audit.services.audit_write) of a person's or the provider's action on
     one operation, in the caller's transaction (the action and its row commit together)."""
@@ -437,7 +452,7 @@ def provider_for_rail(rail: str) -> RailAdapter:
     return adapter_for_rail(rail)
 
 
-def provider_metadata(op: PaymentOperation) -> dict:
+def provider_metadata(op: PaymentOperation) -> dict[str, Any]:
     """The metadata every provider object of an operation carries (DESIGN §10 rule 1)."""
     return {
         "operation_id": op.id,
@@ -446,7 +461,7 @@ def provider_metadata(op: PaymentOperation) -> dict:
     }
 
 
-def payment_request(op: PaymentOperation) -> dict:
+def payment_request(op: PaymentOperation) -> PaymentRequest:
     """A payment's provider parameters, from the stored operation alone: the one-call
     payment's re-send under the same key must be the request first sent (the provider
     compares parameters and refuses a key reused with others)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
@@ -33,7 +34,7 @@ from ..locks import (
     lock_purchase_and_operation,
 )
 from ..models import PaymentOperation, ProviderCall
-from ..providers.base import CallResult
+from ..providers.base import CallResult, PaymentProvider, payment_provider
 from .common import (
     _halted,
     _op_to,
@@ -98,7 +99,7 @@ def _claim(
             op.dispatch_deadline = timezone.now() + timedelta(
                 seconds=settings.DISPATCH_LEASE_SECONDS
             )
-            fields = ("dispatch_deadline",)
+            fields: tuple[str, ...] = ("dispatch_deadline",)
             if confirm:
                 # The money step is claimed with the dispatch itself (the one-call payment,
                 # an x402 settle): one UPDATE stores both.
@@ -160,9 +161,12 @@ def operation_claim_write(*, operation_id: str, step: str) -> ProviderCall | Non
     return _claim(operation_id, step, from_pending=True, confirm=True)
 
 
-def _send(operation_id: str, step: str, first_call: ProviderCall, fn) -> CallResult:
+def _send(
+    operation_id: str, step: str, first_call: ProviderCall, fn: Callable[[], CallResult]
+) -> CallResult:
     """Phase 2, outside any transaction. Resends the same step key only for answers that
     prove nothing was applied (not_sent, 429/should-retry), each resend claimed anew."""
+    call: ProviderCall | None
     call, attempt = first_call, 1
     while True:
         assert_outside_transaction()
@@ -297,10 +301,12 @@ _metadata = provider_metadata
 def payment_money_step(op: PaymentOperation) -> str:
     """The step of a card payment that can move money: `pay` (create with confirm=true)
     where the rail's provider dedupes keys, else `confirm`. What a fault drill arms."""
-    return CallStep.PAY if provider_for(op).pays_in_one_call() else CallStep.CONFIRM
+    return (
+        CallStep.PAY if payment_provider(provider_for(op)).pays_in_one_call() else CallStep.CONFIRM
+    )
 
 
-def _dispatch_payment_one_call(op: PaymentOperation, provider) -> None:
+def _dispatch_payment_one_call(op: PaymentOperation, provider: PaymentProvider) -> None:
     """One round trip (DESIGN §10 rule 2;
     docs/reliability.md#one-round-trip-where-the-provider-dedupes-keys). The claim stores the step
     key and, as `confirm_claimed_at`, the
@@ -344,7 +350,7 @@ def _dispatch_payment_one_call(op: PaymentOperation, provider) -> None:
 
 
 def _dispatch_payment(op: PaymentOperation) -> None:
-    provider = provider_for(op)
+    provider = payment_provider(provider_for(op))
     if provider.pays_in_one_call():
         _dispatch_payment_one_call(op, provider)
         return
@@ -403,7 +409,7 @@ def _dispatch_payment(op: PaymentOperation) -> None:
     _outcome_after_call(op, CallStep.CONFIRM, result)
 
 
-_LINKED_STEP = {
+_LINKED_STEP: dict[str, str] = {
     OperationKind.CAPTURE: CallStep.CAPTURE,
     OperationKind.VOID: CallStep.CANCEL,
     OperationKind.REFUND: CallStep.REFUND,
@@ -415,12 +421,12 @@ def _dispatch_linked(op: PaymentOperation) -> None:
     if evidence is not None and op.kind == OperationKind.REFUND:
         evidence.refund_send(op)  # the rail's own send (x402: a transfer back)
         return
-    provider = provider_for(op)
+    provider = payment_provider(provider_for(op))
     step = _LINKED_STEP[op.kind]
     call = _claim(op.id, step, from_pending=True, purchase_id=op.purchase_id)
     if call is None:
         return
-    parent_ref = op.parent.provider_reference if op.parent_id else op.provider_reference
+    parent_ref = parent.provider_reference if (parent := op.parent) else op.provider_reference
     key = op.provider_key(step)
     if op.kind == OperationKind.CAPTURE:
         fn = lambda: provider.capture_payment_intent(key=key, intent_id=parent_ref)  # noqa: E731

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -41,7 +42,7 @@ from ..locks import (
     lock_purchase_and_operation,
 )
 from ..models import Dispute, PaymentOperation, ProviderCall, Purchase
-from ..providers.base import DisputeObject
+from ..providers.base import DisputeObject, payment_provider
 from ..selectors import PurchaseMoney, purchase_money
 from .common import _purchase_to, payment_unsettled, provider_for, transition_record
 from .observations import duplicate_compensate_locked
@@ -99,7 +100,7 @@ def _mismatch(payment: PaymentOperation, obj: DisputeObject) -> str:
     return ""
 
 
-def _merge_moves(stored: list[dict], obj: DisputeObject) -> list[dict]:
+def _merge_moves(stored: list[dict[str, Any]], obj: DisputeObject) -> list[dict[str, Any]]:
     """Union of balance transactions by id: what the provider once reported stays booked."""
     by_id = {m["id"]: m for m in stored if m.get("id")}
     for move in obj.balance_transactions:
@@ -113,7 +114,13 @@ def _due(obj: DisputeObject) -> datetime | None:
 
 
 def _purchase_status(
-    purchase: Purchase, name: str, *, cause: str, actor: str, evidence: dict, arg: str | None = None
+    purchase: Purchase,
+    name: str,
+    *,
+    cause: str,
+    actor: str,
+    evidence: dict[str, Any],
+    arg: str | None = None,
 ) -> bool:
     args = (arg,) if arg is not None else ()
     return _purchase_to(purchase, name, *args, cause=cause, actor=actor, evidence=evidence)
@@ -195,7 +202,7 @@ def _closed_status(
     return ("mark_dispute_withdrawn", PurchaseStatus.COMPLETED if finished else PurchaseStatus.PAID)
 
 
-def _totals(moves: list[dict]) -> tuple[int, int, int]:
+def _totals(moves: list[dict[str, Any]]) -> tuple[int, int, int]:
     withdrawn = -sum(m["amount"] for m in moves if m["amount"] < 0)
     reinstated = sum(m["amount"] for m in moves if m["amount"] > 0)
     fees = sum(m["fee"] for m in moves)
@@ -336,7 +343,7 @@ def dispute_refresh(*, dispute_id: str, actor: str = "dispute-readback") -> Disp
 
     assert_outside_transaction()
     dispute = Dispute.objects.select_related("payment").get(id=dispute_id)
-    result, obj = provider_for(dispute.payment).retrieve_dispute(dispute_id)
+    result, obj = payment_provider(provider_for(dispute.payment)).retrieve_dispute(dispute_id)
     ProviderCall.objects.create(
         operation_id=dispute.payment_id,
         purpose=CallPurpose.RECONCILE,

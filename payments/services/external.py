@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import transaction
@@ -40,8 +41,8 @@ from ..locks import (
     assert_outside_transaction,
     lock_purchase_and_operation,
 )
-from ..models import PaymentOperation, ProviderCall
-from ..providers.base import ProviderObject
+from ..models import PaymentOperation, ProviderCall, Purchase
+from ..providers.base import ProviderObject, payment_provider
 from .common import (
     operation_audit_write,
     payment_refund_room,
@@ -51,6 +52,9 @@ from .common import (
 )
 from .observations import _schedule_reconcile, _settle_effects
 from .operations import operation_insert_guarded
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 log = logging.getLogger("verity.payments.external")
 
@@ -92,7 +96,7 @@ def _refund_room(payment: PaymentOperation) -> int:
 
 
 def _record_locked(
-    purchase,
+    purchase: Purchase,
     payment: PaymentOperation,
     *,
     kind: str,
@@ -172,11 +176,14 @@ def _record_locked(
     return op
 
 
-def _busy(purchase) -> bool:
-    return purchase.operations.filter(outcome__in=SLOT_HOLDING_OUTCOMES).exists()
+def _busy(purchase: Purchase) -> bool:
+    busy: bool = purchase.operations.filter(outcome__in=SLOT_HOLDING_OUTCOMES).exists()
+    return busy
 
 
-def _own_record_unsettled(purchase, payment: PaymentOperation, refund: ProviderObject) -> str:
+def _own_record_unsettled(
+    purchase: Purchase, payment: PaymentOperation, refund: ProviderObject
+) -> str:
     """Why Verity cannot judge this refund yet, or "" when its own record is settled: the
     payment not terminal, a person's "failed" not yet confirmed by the provider's read-back,
     or (the refund exceeding what is captured) a capture still in flight."""
@@ -329,7 +336,9 @@ def external_intent_read(*, payment_operation_id: str, cause: str) -> ExternalAp
         or not payment.provider_reference
     ):
         return None
-    result = provider_for(payment).retrieve_payment_intent(payment.provider_reference)
+    result = payment_provider(provider_for(payment)).retrieve_payment_intent(
+        payment.provider_reference
+    )
     obj = result.object
     ProviderCall.objects.create(
         operation_id=payment.id,
@@ -365,7 +374,9 @@ def external_refunds_read(*, payment_operation_id: str) -> list[ExternalApplyRes
     payment = PaymentOperation.objects.get(id=payment_operation_id)
     if not payment.provider_reference:
         return []
-    call, refunds = provider_for(payment).list_refunds_for_intent(payment.provider_reference)
+    call, refunds = payment_provider(provider_for(payment)).list_refunds_for_intent(
+        payment.provider_reference
+    )
     out = []
     for refund in refunds:
         if refund.metadata.get("operation_id"):
@@ -382,7 +393,9 @@ def external_refunds_read(*, payment_operation_id: str) -> list[ExternalApplyRes
     return out
 
 
-def external_operation_review(*, operation_id: str, acting_user, reason: str) -> PaymentOperation:
+def external_operation_review(
+    *, operation_id: str, acting_user: User, reason: str
+) -> PaymentOperation:
     """A person has seen an operation made outside Verity (audited, same transaction)."""
     if not (reason or "").strip():
         raise DomainError(

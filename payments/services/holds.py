@@ -4,6 +4,9 @@ limit and currency checks a new money movement passes first.
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -13,7 +16,7 @@ from ..locks import lock_client
 from ..models import ApiClient, Hold, PaymentOperation
 
 
-def _period_start(client: ApiClient, now=None):
+def _period_start(client: ApiClient, now: datetime | None = None) -> datetime | None:
     now = now or timezone.now()
     if client.limit_period == LimitPeriod.DAY:
         return now.replace(hour=0, minute=0, second=0, microsecond=0)
@@ -22,7 +25,7 @@ def _period_start(client: ApiClient, now=None):
     return None
 
 
-def client_limits(client: ApiClient) -> dict:
+def client_limits(client: ApiClient) -> dict[str, Any]:
     """limit, consumed, reserved, unknown_exposure (current period; a hold counts in the
     period it was reserved in until it settles)."""
     start = _period_start(client)

@@ -4,6 +4,9 @@ outranks a person) and the review of an overturned one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from django.db import transaction
 
 from audit.models import Resolution
@@ -22,7 +25,7 @@ from ..enums import (
 )
 from ..errors import DomainError, ErrorCode
 from ..locks import assert_outside_transaction
-from ..models import PaymentOperation
+from ..models import ApiClient, PaymentOperation
 from ..providers.base import ProviderObject, outcome_from_object, shows_no_money_moved
 from .cancels import payment_cancel_outside_transaction
 from .common import (
@@ -34,8 +37,13 @@ from .common import (
 from .observations import _mismatch, operation_apply_observation, outcome_apply_locked
 from .reconcile import _read_back, _schedule_acknowledged_read_back, refund_never_received
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
-def _refuse_unresolvable(op: PaymentOperation, *, acting_client, acting_user) -> None:
+
+def _refuse_unresolvable(
+    op: PaymentOperation, *, acting_client: ApiClient | None, acting_user: User | None
+) -> None:
     if (acting_client is not None and op.requested_by_client_id == acting_client.id) or (
         acting_user is not None and op.requested_by_user_id == acting_user.id
     ):
@@ -146,9 +154,9 @@ def operation_resolve_manual(
     outcome: str,
     reason: str,
     actor: str,
-    acting_user=None,
-    acting_client=None,
-    bind=None,
+    acting_user: User | None = None,
+    acting_client: ApiClient | None = None,
+    bind: Callable[[PaymentOperation], object] | None = None,
     audit: bool = True,
 ) -> PaymentOperation:
     """A person settles what machines could not — after the provider was asked.
@@ -184,6 +192,7 @@ def operation_resolve_manual(
         obj = None  # not this operation's record: no evidence either way
     verdict = outcome_from_object(obj, kind=op.kind) if obj is not None else None
     if verdict in (Outcome.SUCCEEDED, Outcome.FAILED):
+        assert obj is not None  # the verdict was read from it
         operation_apply_observation(
             operation_id=op.id,
             obj=obj,

@@ -6,6 +6,7 @@ the purchase and the workflow, overturns of a person's resolution, and duplicate
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -75,8 +76,8 @@ def _cancel_if_left_open_put(op: PaymentOperation, obj: ProviderObject | None) -
 
 
 def _expected_amount(op: PaymentOperation) -> int:
-    if op.kind in (OperationKind.CAPTURE, OperationKind.VOID) and op.parent_id:
-        return op.parent.amount
+    if op.kind in (OperationKind.CAPTURE, OperationKind.VOID) and (parent := op.parent):
+        return parent.amount
     return op.amount
 
 
@@ -165,7 +166,7 @@ def _settle_effects(purchase: Purchase, op: PaymentOperation, *, cause: str, act
         if o == Outcome.SUCCEEDED:
             duplicate_compensate_locked(purchase=purchase, duplicate=op)
         return  # a duplicate never pays (or un-pays) the purchase
-    if op.parent_id and op.parent.is_duplicate:
+    if (parent := op.parent) is not None and parent.is_duplicate:
         return  # returning a duplicate changes nothing the customer bought
     if op.kind in PAYMENT_KINDS:
         name = {
@@ -268,7 +269,7 @@ def _voided_by_verity(op: PaymentOperation) -> bool:
     )
 
 
-def _overturned_resolution(op: PaymentOperation) -> dict:
+def _overturned_resolution(op: PaymentOperation) -> dict[str, Any]:
     """Who resolved it by hand, when, and why (from the history row of the resolution)."""
     row = op.transitions.filter(cause="manual_resolution").order_by("-created_at", "-id").first()
     if row is None:
@@ -289,7 +290,7 @@ def _overturn_locked(
     verification: str,
     cause: str,
     actor: str,
-    evidence: dict,
+    evidence: dict[str, Any],
     reason: str,
     obj: ProviderObject | None,
 ) -> ApplyResult:
@@ -553,7 +554,7 @@ def outcome_apply_locked(
     verification: str,
     cause: str,
     actor: str,
-    evidence: dict,
+    evidence: dict[str, Any],
     reason: str = "",
     obj: ProviderObject | None = None,
     final: bool = True,
@@ -588,8 +589,8 @@ def outcome_apply_locked(
                 if (
                     current == Outcome.FAILED
                     and op.is_compensation
-                    and op.parent_id
-                    and op.parent.is_duplicate
+                    and (parent := op.parent) is not None
+                    and parent.is_duplicate
                 ):
                     # A duplicate's return a person called failed is re-asked only once the
                     # provider confirms that (recovery.orchestrator.operation_settled).
@@ -597,7 +598,7 @@ def outcome_apply_locked(
                 if (
                     current == Outcome.SUCCEEDED
                     and op.kind == OperationKind.REFUND
-                    and not (op.parent_id and op.parent.is_duplicate)
+                    and not ((parent := op.parent) is not None and parent.is_duplicate)
                 ):
                     # The provider confirms a person's "refunded": now it may be shown.
                     _settle_effects_refund(purchase, op, cause=cause, actor=actor)
@@ -749,7 +750,7 @@ def _settle_without_object(
     *,
     reason: str,
     cause: str,
-    evidence: dict | None = None,
+    evidence: dict[str, Any] | None = None,
     verification: str = Verification.UNVERIFIED,
 ) -> None:
     """failed with evidence that is not an object (not_sent thrice, declined without

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -56,8 +57,11 @@ from .observations import outcome_apply_locked
 from .purchases import purchase_bought_elsewhere
 from .reconcile import operations_verify_before_follow_up
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
-def _fingerprint(params: dict) -> str:
+
+def _fingerprint(params: dict[str, Any]) -> str:
     return hashlib.sha256(
         json.dumps(params, sort_keys=True, separators=(",", ":")).encode()
     ).hexdigest()
@@ -67,7 +71,7 @@ def _active_op(purchase: Purchase) -> PaymentOperation | None:
     return purchase.operations.filter(outcome__in=SLOT_HOLDING_OUTCOMES).first()
 
 
-def operation_insert_guarded(**fields) -> PaymentOperation:
+def operation_insert_guarded(**fields: Any) -> PaymentOperation:
     """Create an operation row, refused (DomainError `payment_unresolved`) when the
     purchase's partial unique indexes refuse it (another operation holds the purchase's
     slot). Inserted under a savepoint: the indexes, not a check before the insert, are
@@ -379,8 +383,8 @@ def _linked_create(
     *,
     purchase_id: str,
     kind: str,
-    api_client,
-    acting_user,
+    api_client: ApiClient | None,
+    acting_user: User | None,
     halt: str,
     compensation: bool = False,
     after_fulfilment: bool = False,
@@ -488,7 +492,9 @@ def _linked_create(
     return op
 
 
-def capture_create(*, purchase_id: str, api_client=None, acting_user=None) -> PaymentOperation:
+def capture_create(
+    *, purchase_id: str, api_client: ApiClient | None = None, acting_user: User | None = None
+) -> PaymentOperation:
     return _linked_create(
         purchase_id=purchase_id,
         kind=OperationKind.CAPTURE,
@@ -501,8 +507,8 @@ def capture_create(*, purchase_id: str, api_client=None, acting_user=None) -> Pa
 def void_create(
     *,
     purchase_id: str,
-    api_client=None,
-    acting_user=None,
+    api_client: ApiClient | None = None,
+    acting_user: User | None = None,
     compensation: bool = False,
     after_fulfilment: bool = False,
 ) -> PaymentOperation:
@@ -524,8 +530,8 @@ def refund_request(
     *,
     purchase_id: str,
     amount: int | None = None,
-    api_client=None,
-    acting_user=None,
+    api_client: ApiClient | None = None,
+    acting_user: User | None = None,
     compensation: bool = False,
     currency: str | None = None,
 ) -> PaymentOperation:
@@ -677,7 +683,7 @@ _AUTO_REFUND_COUNTED = (
 )
 
 
-def _auto_refunds(**filters) -> int:
+def _auto_refunds(**filters: Any) -> int:
     """Sum of automatic refunds (no person requested or approved them, not compensations)."""
     return (
         PaymentOperation.objects.filter(
@@ -704,12 +710,12 @@ def _auto_refund_allowed(*, payment: PaymentOperation, api_client: ApiClient, am
         return False
     client = lock_client(api_client.id)
     start = _period_start(client) or timezone.now() - timedelta(days=1)
-    period_cap = allowance * settings.AUTO_REFUND_PERIOD_MULTIPLE
+    period_cap: int = allowance * settings.AUTO_REFUND_PERIOD_MULTIPLE
     return _auto_refunds(requested_by_client=client, created_at__gte=start) + amount <= period_cap
 
 
 def refund_approve(
-    *, operation_id: str, acting_user, reason: str, audit: bool = True
+    *, operation_id: str, acting_user: User, reason: str, audit: bool = True
 ) -> PaymentOperation:
     """`audit=False` is for a caller that writes the one (richer) audit row of this action
     in the same transaction (the console: IP, before/after)."""
@@ -776,7 +782,12 @@ def refund_approve(
 
 
 def refund_decline(
-    *, operation_id: str, reason: str, actor: str, acting_user=None, acting_client=None
+    *,
+    operation_id: str,
+    reason: str,
+    actor: str,
+    acting_user: User | None = None,
+    acting_client: ApiClient | None = None,
 ) -> PaymentOperation:
     """Finance declines a refund awaiting approval: it settles `failed` (`refund_declined`,
     graded acknowledged: a person's decision, nothing at the provider), which frees the

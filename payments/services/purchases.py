@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from ..customers import basket_fingerprint, customer_key, customer_reference_clean
@@ -40,10 +42,15 @@ from ..models import ApiClient, BuyerConfirmation, Product, Purchase, PurchaseCh
 from .common import _actor, _purchase_to, transition_record
 from .holds import _check_currency_allowed
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
 QUOTE_TTL = timedelta(minutes=30)
 
 
-def quote_create(*, api_client: ApiClient | None, items: list[dict], currency: str) -> Quote:
+def quote_create(
+    *, api_client: ApiClient | None, items: list[dict[str, Any]], currency: str
+) -> Quote:
     currency = (currency or "").lower()
     if not items:
         raise DomainError(
@@ -161,7 +168,7 @@ def _code_hash(code: str) -> str:
     return hashlib.sha256("".join(code.split()).replace("-", "").upper().encode()).hexdigest()
 
 
-def _duplicate_window(items: list) -> timedelta | None:
+def _duplicate_window(items: list[Any]) -> timedelta | None:
     """None: never twice. The longest window of any product in the basket."""
     skus = [str(i.get("sku", "")) for i in items if isinstance(i, dict)]
     window = settings.DUPLICATE_PURCHASE_WINDOW_SECONDS
@@ -175,7 +182,7 @@ def _duplicate_window(items: list) -> timedelta | None:
     return timedelta(seconds=window)
 
 
-def _buyer_lifted(*, code: str, candidates) -> BuyerConfirmation:
+def _buyer_lifted(*, code: str, candidates: QuerySet[Purchase]) -> BuyerConfirmation:
     confirmation = lock_buyer_confirmation_or_none(
         code_hash=_code_hash(code), purchases=candidates, now=timezone.now()
     )
@@ -198,7 +205,7 @@ def purchase_open(
     quote_version: int,
     customer_reference: str,
     customer_email: str = "",
-    acknowledge_unresolved=(),
+    acknowledge_unresolved: Sequence[str] = (),
     buyer_confirmation: str = "",
     storefront_confirmation: bool = False,
     channel: str = PurchaseChannel.API,
@@ -463,7 +470,7 @@ def purchase_create(
     quote_version: int,
     customer_reference: str,
     customer_email: str = "",
-    acknowledge_unresolved=(),
+    acknowledge_unresolved: Sequence[str] = (),
     buyer_confirmation: str = "",
     storefront_confirmation: bool = False,
     channel: str = PurchaseChannel.API,
@@ -517,7 +524,11 @@ def purchase_transition(*, purchase_id: str, name: str, cause: str, actor: str =
 
 
 def purchase_cancel(
-    *, purchase_id: str, api_client: ApiClient | None = None, acting_user=None, reason: str = ""
+    *,
+    purchase_id: str,
+    api_client: ApiClient | None = None,
+    acting_user: User | None = None,
+    reason: str = "",
 ) -> Purchase:
     """`cancelled` (docs/recovery.md#cancelled-and-expired): by the buyer or support before any
     payment was

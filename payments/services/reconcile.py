@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -39,8 +40,8 @@ from ..locks import (
     lock_purchase_and_operation,
     lock_purchases_and_operations,
 )
-from ..models import PaymentOperation, ProviderCall
-from ..providers.base import CallResult, ProviderObject, shows_no_money_moved
+from ..models import ApiClient, PaymentOperation, ProviderCall
+from ..providers.base import CallResult, ProviderObject, payment_provider, shows_no_money_moved
 from .common import (
     _halted,
     _lock_or_404,
@@ -62,6 +63,9 @@ from .observations import (
     outcome_apply_locked,
 )
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
 
 def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
     """The provider read itself: by provider reference, else by metadata. Network only
@@ -70,12 +74,13 @@ def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
     evidence = rail_evidence_for(op.rail)
     if evidence is not None:
         return CallStep.RETRIEVE, evidence.read_back(op)
-    provider = provider_for(op)
+    provider = payment_provider(provider_for(op))
     if op.kind == OperationKind.REFUND:
         if op.provider_reference:
             return CallStep.RETRIEVE, provider.retrieve_refund(op.provider_reference)
         return CallStep.LIST, provider.find_by_metadata(object_type="refund", operation_id=op.id)
-    ref = op.provider_reference or (op.parent.provider_reference if op.parent_id else "")
+    parent = op.parent
+    ref = op.provider_reference or (parent.provider_reference if parent is not None else "")
     if ref:
         return CallStep.RETRIEVE, provider.retrieve_payment_intent(ref)
     return CallStep.LIST, provider.find_by_metadata(
@@ -96,7 +101,7 @@ def _resend_window_open(op: PaymentOperation) -> bool:
         or rail_evidence_for(op.rail) is not None
     ):
         return False
-    provider = provider_for(op)
+    provider = payment_provider(provider_for(op))
     if not provider.pays_in_one_call():
         # The provider no longer dedupes keys (configuration changed): a re-send would be a
         # second payment. Reading alone.
@@ -138,7 +143,9 @@ def _one_call_resend(op: PaymentOperation) -> CallResult | None:
             key=locked.provider_key(CallStep.PAY),
         )
     assert_outside_transaction()
-    result = provider_for(op).create_and_confirm_payment_intent(key=call.key, **payment_request(op))
+    result = payment_provider(provider_for(op)).create_and_confirm_payment_intent(
+        key=call.key, **payment_request(op)
+    )
     _record_call(call, result)
     return result
 
@@ -234,7 +241,7 @@ def operation_reconcile(*, operation_id: str, actor: str = "reconciler") -> Paym
             # The key's stored answer says what the payment WAS when the key first ran
             # (an authorization since cancelled, a payment since refunded): read the
             # PaymentIntent it names, by id, and apply the provider's record of now.
-            result = provider_for(op).retrieve_payment_intent(resent.object.id)
+            result = payment_provider(provider_for(op)).retrieve_payment_intent(resent.object.id)
             _reconcile_call_row(op, CallStep.RETRIEVE, result).save(force_insert=True)
             if result.classification == Classification.OK and result.object is not None:
                 operation_apply_observation(
@@ -331,6 +338,7 @@ def _reconcile_finish(
             op.reconcile_attempts += 1
             _schedule_reconcile(op, first=False)
             if unapplied and op.escalated_at is None:
+                assert result.object is not None  # unapplied was read from it
                 # The provider never applied the confirm and, past its in-flight window, it
                 # will not by itself: reading again cannot settle it. A person decides now
                 # (the console's "cancel at the provider and mark failed").
@@ -827,7 +835,9 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
             operation=op.id,
             owner=Owner.SUPPORT,
         )
-    result = provider_for(op).cancel_payment_intent(key=call.key, intent_id=op.provider_reference)
+    result = payment_provider(provider_for(op)).cancel_payment_intent(
+        key=call.key, intent_id=op.provider_reference
+    )
     _record_call(call, result)
     if (
         result.classification != Classification.OK
@@ -883,7 +893,11 @@ def operations_sweep_dead_dispatches() -> int:
         with transaction.atomic():
             purchase = lock_purchase(purchase_id)
             op = lock_operation(op_id)
-            if op.outcome != Outcome.DISPATCHING or op.dispatch_deadline >= timezone.now():
+            if (
+                op.outcome != Outcome.DISPATCHING
+                or op.dispatch_deadline is None  # never matched the query's deadline__lt
+                or op.dispatch_deadline >= timezone.now()
+            ):
                 continue
             never_confirmed = op.kind in PAYMENT_KINDS and op.confirm_claimed_at is None
             target = Outcome.FAILED if never_confirmed else Outcome.UNKNOWN
@@ -937,7 +951,11 @@ def operations_verify_before_follow_up(*, purchase_id: str) -> None:
 
 
 def operation_replay(
-    *, operation_id: str, actor: str, acting_client=None, acting_user=None
+    *,
+    operation_id: str,
+    actor: str,
+    acting_client: ApiClient | None = None,
+    acting_user: User | None = None,
 ) -> PaymentOperation:
     """Resend the last write with the same provider key: only where the provider dedupes
     keys (Stripe does, within its window; localstripe does not)."""

@@ -23,9 +23,11 @@ customer (recovery.orchestrator). A transfer that left the chain but may still l
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from recovery.models import OutboxCategory
@@ -50,14 +52,16 @@ _GONE = (ChainStatus.CANCELED, ChainStatus.EXPIRED, ChainStatus.USED_ELSEWHERE)
 def finality_depth(network: str) -> int:
     """How deep a block must be to be final when the RPC has no `finalized` tag."""
     if settings.X402_FINALITY_BLOCKS > 0:
-        return settings.X402_FINALITY_BLOCKS
-    return max(
+        blocks: int = settings.X402_FINALITY_BLOCKS
+        return blocks
+    depth: int = max(
         settings.X402_CONFIRMATIONS,
         settings.X402_CONFIRMATIONS_FLOOR.get(network, settings.X402_DEFAULT_CONFIRMATIONS_FLOOR),
     )
+    return depth
 
 
-def x402_not_final():
+def x402_not_final() -> QuerySet[X402Authorization]:
     """Succeeded x402 payments whose block is not known final yet."""
     return X402Authorization.objects.filter(
         final_at__isnull=True,
@@ -111,7 +115,7 @@ def x402_finality_check(*, operation_id: str) -> str:
     if view.proof_log_index is not None:
         # Still on chain (perhaps mined again in another block or transaction after a
         # reorg: the new proving log is recorded, claimed once like the first).
-        seen = dict(
+        seen: dict[str, object] = dict(
             transaction_hash=view.transaction,
             block_number=view.block_number,
             confirmations=view.confirmations,
@@ -147,7 +151,7 @@ def x402_finality_check(*, operation_id: str) -> str:
     return WATCHING
 
 
-def x402_transfer_reversed(*, operation_id: str, evidence: dict) -> bool:
+def x402_transfer_reversed(*, operation_id: str, evidence: dict[str, Any]) -> bool:
     """The chain's record overturns a success it once showed: the payment is failed
     (`transfer_reversed_on_chain`), owned by support, the purchase in manual review; the
     settled message reverses the ledger, unwinds the goods and tells the customer."""
@@ -207,7 +211,7 @@ def x402_transfer_reversed(*, operation_id: str, evidence: dict) -> bool:
     return True
 
 
-def x402_transfers_reversed():
+def x402_transfers_reversed() -> QuerySet[PaymentOperation]:
     """Payments the chain took back, until support marks them reviewed (the operation's
     next owner is support until then): the console queue."""
     return PaymentOperation.objects.filter(

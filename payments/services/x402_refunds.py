@@ -45,7 +45,9 @@ def _refund_claim(op: PaymentOperation) -> tuple[ProviderCall, X402RefundTransfe
             return None
         auth = X402Authorization.objects.get(pk=op.parent_id)
         # The charge's atomic value scaled to this refund (exact: value = amount * 10^k).
-        value = int(auth.value) * op.amount // op.parent.amount
+        parent = op.parent
+        assert parent is not None  # a refund's parent is the payment it returns
+        value = int(auth.value) * op.amount // parent.amount
         try:
             with transaction.atomic():
                 row = X402RefundTransfer.objects.create(
@@ -89,7 +91,8 @@ def _refund_object(op: PaymentOperation, answer: x402_adapter.RefundAnswer) -> P
 
 def _refund_wait_slice() -> float:
     """How often a refund waiting for the signer renews its lease: well inside it."""
-    return max(0.2, min(5.0, settings.DISPATCH_LEASE_SECONDS / 4))
+    lease: float = settings.DISPATCH_LEASE_SECONDS
+    return max(0.2, min(5.0, lease / 4))
 
 
 def _refund_keep_claim(operation_id: str, call_id: int) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from babel.numbers import get_currency_precision
 from django.conf import settings
@@ -43,7 +44,14 @@ from ..enums import (
 )
 from ..errors import DomainError, ErrorCode
 from ..locks import assert_outside_transaction
-from ..models import PaymentOperation, Product, ProviderCall, Purchase, X402Authorization
+from ..models import (
+    ApiClient,
+    PaymentOperation,
+    Product,
+    ProviderCall,
+    Purchase,
+    X402Authorization,
+)
 from ..providers import x402 as adapter
 from ..providers.base import ProviderObject
 from .dispatch import operation_claim_write
@@ -84,10 +92,11 @@ def amount_atomic(purchase: Purchase) -> int:
             retry=RetryAdvice.FORBIDDEN,
             purchase=purchase.id,
         )
-    return purchase.amount * 10**shift
+    atomic: int = purchase.amount * 10**shift
+    return atomic
 
 
-def x402_requirements(purchase: Purchase) -> dict:
+def x402_requirements(purchase: Purchase) -> dict[str, Any]:
     return adapter.requirements_for(
         amount_atomic=amount_atomic(purchase),
         network=settings.X402_NETWORK,
@@ -99,7 +108,9 @@ def x402_requirements(purchase: Purchase) -> dict:
     )
 
 
-def x402_payment_required(*, purchase: Purchase, resource_url: str, error: str = "") -> dict:
+def x402_payment_required(
+    *, purchase: Purchase, resource_url: str, error: str = ""
+) -> dict[str, Any]:
     return adapter.payment_required(
         requirements=x402_requirements(purchase),
         resource_url=resource_url,
@@ -166,12 +177,10 @@ def _check_against_requirements(purchase: Purchase, signed: adapter.SignedPaymen
     """Everything Verity can check itself before anything is stored or sent."""
     req = x402_requirements(purchase)
     acc = signed.accepted
-    refuse = lambda code, error, detail: _refuse_payment(  # noqa: E731
-        code,
-        error,
-        detail,
-        purchase=purchase.id,
-    )
+
+    def refuse(code: str, error: str, detail: str) -> DomainError:
+        return _refuse_payment(code, error, detail, purchase=purchase.id)
+
     if acc.get("scheme") != req["scheme"]:
         raise refuse(
             "payment_requirements_mismatch",
@@ -322,7 +331,7 @@ def _chain_id() -> int:
 
 
 def _existing(
-    purchase: Purchase, signed: adapter.SignedPayment, api_client
+    purchase: Purchase, signed: adapter.SignedPayment, api_client: ApiClient
 ) -> PaymentOperation | None:
     """The operation this authorization (or payment identifier) already names, or None;
     409 when the identity is reused with a different payload. The authorization (payer,
@@ -375,7 +384,7 @@ def _existing(
 def _phase1(
     *,
     purchase: Purchase,
-    api_client,
+    api_client: ApiClient,
     signed: adapter.SignedPayment,
     checked_block: int | None = None,
 ) -> tuple[PaymentOperation, ProviderCall | None]:
@@ -576,7 +585,11 @@ def _refreshed(op: PaymentOperation) -> PaymentOperation:
 
 
 def x402_pay(
-    *, purchase_id: str, api_client, header: str, settle_gate: Callable[[], None] | None = None
+    *,
+    purchase_id: str,
+    api_client: ApiClient,
+    header: str,
+    settle_gate: Callable[[], None] | None = None,
 ) -> X402Result:
     """Settle (or replay) one PAYMENT-SIGNATURE for a purchase. Bad input changes nothing.
     `settle_gate` (the per-client settle limit, payments.api.x402_views) runs once a new
@@ -627,7 +640,7 @@ def x402_pay(
     )
 
 
-def x402_payment_response(op: PaymentOperation) -> dict | None:
+def x402_payment_response(op: PaymentOperation) -> dict[str, Any] | None:
     """The PAYMENT-RESPONSE body for an operation's current state (None before settle)."""
     auth = X402Authorization.objects.filter(pk=op.id).first()
     if auth is None:
@@ -654,5 +667,5 @@ def x402_payment_response(op: PaymentOperation) -> dict | None:
     )
 
 
-def encode_header(value: dict) -> str:
+def encode_header(value: dict[str, Any]) -> str:
     return adapter.encode_header(value)

@@ -109,7 +109,8 @@ def _display(key: str, value, currency: str):
 
 
 def _flatten(mapping: dict, prefix: str = "") -> list[tuple[str, object]]:
-    currency = mapping.get("currency") if isinstance(mapping.get("currency"), str) else ""
+    given = mapping.get("currency")
+    currency = given if isinstance(given, str) else ""
     has_money = bool(currency) and any(isinstance(mapping.get(k), int) for k in _AMOUNT_KEYS)
     out = []
     for key in mapping:

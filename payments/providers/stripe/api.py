@@ -19,8 +19,10 @@ from __future__ import annotations
 import json
 import random
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 import requests
 import stripe
@@ -28,12 +30,22 @@ import urllib3
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from stripe.params import (
+    BalanceTransactionListParams,
+    PaymentIntentCaptureParams,
+    PaymentIntentListParams,
+    RefundCreateParams,
+    RefundListParams,
+)
 
 from payments.enums import Classification, OperationKind
 
-from ..base import CallResult, ProviderObject, RailRefusal
+from ..base import CallResult, DisputeObject, ProviderObject, RailRefusal
 from .objects import StripeObject
 from .webhooks import dispute_from_payload
+
+if TYPE_CHECKING:
+    from stripe._base_address import BaseAddresses
 
 LIST_PAGE_LIMIT = 100
 LIST_MAX_PAGES = 20
@@ -118,7 +130,7 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
         with self._lock:
             self._armed.clear()
 
-    def _take(self, method, headers, url: str = "") -> str:
+    def _take(self, method: str, headers: Mapping[str, str] | None, url: str = "") -> str:
         key = (headers or {}).get("Idempotency-Key", "")
         if self._random_rate:
             with self._lock:
@@ -156,7 +168,15 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
                     return armed.mode
         return ""
 
-    def request(self, method, url, headers, post_data=None, *, _usage=None):
+    def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str] | None,
+        post_data: Any = None,
+        *,
+        _usage: list[str] | None = None,
+    ) -> tuple[str, int, Mapping[str, str]]:
         mode = self._take(method, headers, url)
         self._local.mode = mode
         drill_header = {"Verity-Fault-Drill": mode} if mode else {}
@@ -219,7 +239,7 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
             return body, 500, {**dict(resp_headers or {}), **drill_header}
         return body, status, resp_headers
 
-    def close(self):
+    def close(self) -> None:
         self._inner.close()
 
 
@@ -241,7 +261,7 @@ def _never_connected(exc: stripe.APIConnectionError) -> bool:
     return False
 
 
-def _replayed(headers) -> bool:
+def _replayed(headers: Any) -> bool:
     """Stripe's `Idempotent-Replayed: true`: the answer is the key's stored one."""
     if not hasattr(headers, "get"):
         return False
@@ -249,11 +269,11 @@ def _replayed(headers) -> bool:
     return str(value).lower() == "true"
 
 
-def _as_dict(value):
+def _as_dict(value: Any) -> Any:
     return value.to_dict() if hasattr(value, "to_dict") else value
 
 
-def _str(value) -> str:
+def _str(value: Any) -> str:
     value = _as_dict(value)
     if value is None:
         return ""
@@ -262,7 +282,7 @@ def _str(value) -> str:
     return str(getattr(value, "id", "") or (value.get("id", "") if hasattr(value, "get") else ""))
 
 
-def normalise(data, *, account: str = "") -> ProviderObject:
+def normalise(data: Any, *, account: str = "") -> ProviderObject:
     """Safe fields of a PaymentIntent or Refund (SDK object or plain dict)."""
     data = _as_dict(data)
     get = data.get
@@ -291,12 +311,20 @@ def normalise(data, *, account: str = "") -> ProviderObject:
     )
 
 
-def _first_charge_id(data) -> str:
+def _first_charge_id(data: Any) -> str:
     charges = data.get("charges") if hasattr(data, "get") else None
     try:
         return charges["data"][0]["id"] if charges and charges["data"] else ""
     except (KeyError, TypeError, IndexError):
         return ""
+
+
+def _sdk(params: dict[str, Any]) -> Any:
+    """A request's parameters for the SDK, whose TypedDicts spell enums as literals (and do
+    not list `payment_method_data.shared_payment_granted_token`): the values come from
+    stored operations and the provider checks them (a bad one is its 400, classified
+    REJECTED), so the shape is not re-checked here."""
+    return params
 
 
 class StripeProvider:
@@ -330,7 +358,7 @@ class StripeProvider:
         )
         self.live = api_key.startswith(("sk_live", "rk_live"))
         self.drill_client: FaultDrillHTTPClient | None = None
-        http_client = inner
+        http_client: stripe.HTTPClient = inner
         if drills and not self.live:
             self.drill_client = FaultDrillHTTPClient(
                 inner,
@@ -339,7 +367,7 @@ class StripeProvider:
                 seed=settings.FAULT_DRILL_RANDOM_SEED,
             )
             http_client = self.drill_client
-        base = {"api": api_base} if api_base else None
+        base: BaseAddresses | None = {"api": api_base} if api_base else None
         self.client = stripe.StripeClient(
             api_key, base_addresses=base, http_client=http_client, max_network_retries=0
         )
@@ -349,7 +377,8 @@ class StripeProvider:
         """The platform account, read on each use: the provider is built once per process
         (get_provider), and a value kept from that moment would outlive a settings change
         (a test's override once leaked into every later test of its worker)."""
-        return settings.STRIPE_ACCOUNT
+        account: str = settings.STRIPE_ACCOUNT
+        return account
 
     # -- fault drills ---------------------------------------------------------------
     def arm_drill(self, *, key_prefix: str, step: str, mode: str, times: int = 1) -> None:
@@ -360,21 +389,21 @@ class StripeProvider:
         self.drill_client.arm(key_prefix=key_prefix, step=step, mode=mode, times=times)
 
     # -- classification -------------------------------------------------------------
-    def _call(self, fn, *, step: str) -> CallResult:
+    def _call(self, fn: Callable[[], object], *, step: str) -> CallResult:
         result = self._call_unlabelled(fn, step=step)
         drill = self.drill_client.last_drill() if self.drill_client else ""
         if drill and not result.fault_drill:
             result = replace(result, fault_drill=drill)
         return result
 
-    def _call_unlabelled(self, fn, *, step: str) -> CallResult:
+    def _call_unlabelled(self, fn: Callable[[], object], *, step: str) -> CallResult:
         try:
             obj = fn()
         except stripe.APIConnectionError as exc:
             cls = Classification.NOT_SENT if _never_connected(exc) else Classification.UNKNOWN
             return CallResult(cls, detail=type(exc.__cause__).__name__)
         except stripe.CardError as exc:
-            body = (exc.json_body or {}).get("error", {}) if exc.json_body else {}
+            body = exc.json_body.get("error", {}) if isinstance(exc.json_body, dict) else {}
             pi = body.get("payment_intent")
             return CallResult(
                 Classification.DECLINED,
@@ -429,7 +458,14 @@ class StripeProvider:
 
     # -- writes (each with its own "<key>:<step>" idempotency key) -------------------
     def create_payment_intent(
-        self, *, key, amount, currency, payment_method, capture_method, metadata
+        self,
+        *,
+        key: str,
+        amount: int,
+        currency: str,
+        payment_method: str,
+        capture_method: str,
+        metadata: dict[str, Any],
     ) -> CallResult:
         """Create only (the two-step flow): the id is stored before money can move."""
         return self._create(
@@ -443,7 +479,14 @@ class StripeProvider:
         )
 
     def create_and_confirm_payment_intent(
-        self, *, key, amount, currency, payment_method, capture_method, metadata
+        self,
+        *,
+        key: str,
+        amount: int,
+        currency: str,
+        payment_method: str,
+        capture_method: str,
+        metadata: dict[str, Any],
     ) -> CallResult:
         """The one-call payment, `create` with `confirm=true`: only where the provider
         dedupes keys (`pays_in_one_call`). Built from the arguments alone, so a re-send
@@ -459,7 +502,15 @@ class StripeProvider:
         )
 
     def _create(
-        self, *, key, amount, currency, payment_method, capture_method, metadata, confirm: bool
+        self,
+        *,
+        key: str,
+        amount: int,
+        currency: str,
+        payment_method: str,
+        capture_method: str,
+        metadata: dict[str, Any],
+        confirm: bool,
     ) -> CallResult:
         if payment_method.startswith(SHARED_PAYMENT_TOKEN_PREFIX):
             return self.create_payment_intent_with_shared_token(
@@ -471,7 +522,7 @@ class StripeProvider:
                 metadata=metadata,
                 confirm=confirm,
             )
-        params = {
+        params: dict[str, Any] = {
             "amount": amount,
             "currency": currency,
             "payment_method": payment_method,
@@ -482,13 +533,21 @@ class StripeProvider:
             params["confirm"] = True
         return self._call(
             lambda: self.client.v1.payment_intents.create(
-                params=params, options={"idempotency_key": key}
+                params=_sdk(params), options={"idempotency_key": key}
             ),
             step="create",
         )
 
     def create_payment_intent_with_shared_token(
-        self, *, key, amount, currency, token, capture_method, metadata, confirm: bool = False
+        self,
+        *,
+        key: str,
+        amount: int,
+        currency: str,
+        token: str,
+        capture_method: str,
+        metadata: dict[str, Any],
+        confirm: bool = False,
     ) -> CallResult:
         """A shared payment token (spt_…) an agent platform delegated (ACP): Stripe
         takes it as `payment_method_data[shared_payment_granted_token]` on the PaymentIntent
@@ -496,7 +555,7 @@ class StripeProvider:
         (amount, currency, expiry, single use). Same two steps as any payment: created
         unconfirmed under its own key, then confirmed by `confirm_payment_intent` — or,
         where the provider dedupes keys, created with `confirm=true` in one request."""
-        params = {
+        params: dict[str, Any] = {
             "amount": amount,
             "currency": currency,
             "capture_method": capture_method,
@@ -507,12 +566,12 @@ class StripeProvider:
             params["confirm"] = True
         return self._call(
             lambda: self.client.v1.payment_intents.create(
-                params=params, options={"idempotency_key": key}
+                params=_sdk(params), options={"idempotency_key": key}
             ),
             step="create",
         )
 
-    def confirm_payment_intent(self, *, key, intent_id) -> CallResult:
+    def confirm_payment_intent(self, *, key: str, intent_id: str) -> CallResult:
         return self._call(
             lambda: self.client.v1.payment_intents.confirm(
                 intent_id, options={"idempotency_key": key}
@@ -520,8 +579,10 @@ class StripeProvider:
             step="confirm",
         )
 
-    def capture_payment_intent(self, *, key, intent_id, amount=None) -> CallResult:
-        params = {"amount_to_capture": amount} if amount else {}
+    def capture_payment_intent(
+        self, *, key: str, intent_id: str, amount: int | None = None
+    ) -> CallResult:
+        params: PaymentIntentCaptureParams = {"amount_to_capture": amount} if amount else {}
         return self._call(
             lambda: self.client.v1.payment_intents.capture(
                 intent_id, params=params, options={"idempotency_key": key}
@@ -529,7 +590,7 @@ class StripeProvider:
             step="capture",
         )
 
-    def cancel_payment_intent(self, *, key, intent_id) -> CallResult:
+    def cancel_payment_intent(self, *, key: str, intent_id: str) -> CallResult:
         return self._call(
             lambda: self.client.v1.payment_intents.cancel(
                 intent_id, options={"idempotency_key": key}
@@ -537,21 +598,27 @@ class StripeProvider:
             step="cancel",
         )
 
-    def create_refund(self, *, key, intent_id, amount, metadata) -> CallResult:
-        params = {"payment_intent": intent_id, "amount": amount, "metadata": metadata}
+    def create_refund(
+        self, *, key: str, intent_id: str, amount: int, metadata: dict[str, Any]
+    ) -> CallResult:
+        params: RefundCreateParams = {
+            "payment_intent": intent_id,
+            "amount": amount,
+            "metadata": metadata,
+        }
         return self._call(
             lambda: self.client.v1.refunds.create(params=params, options={"idempotency_key": key}),
             step="refund",
         )
 
     # -- reads ----------------------------------------------------------------------
-    def retrieve_payment_intent(self, intent_id) -> CallResult:
+    def retrieve_payment_intent(self, intent_id: str) -> CallResult:
         return self._read(lambda: self.client.v1.payment_intents.retrieve(intent_id))
 
-    def retrieve_refund(self, refund_id) -> CallResult:
+    def retrieve_refund(self, refund_id: str) -> CallResult:
         return self._read(lambda: self.client.v1.refunds.retrieve(refund_id))
 
-    def _read(self, fn) -> CallResult:
+    def _read(self, fn: Callable[[], object]) -> CallResult:
         result = self._call(fn, step="retrieve")
         if result.classification == Classification.REJECTED and result.http_status == 404:
             return CallResult(
@@ -559,12 +626,12 @@ class StripeProvider:
             )
         return result
 
-    def retrieve_dispute(self, dispute_id: str):
+    def retrieve_dispute(self, dispute_id: str) -> tuple[CallResult, DisputeObject | None]:
         """(CallResult, DisputeObject | None): the dispute as the provider holds it."""
 
-        found: list = []
+        found: list[Any] = []
 
-        def fetch():
+        def fetch() -> dict[str, str]:
             found.append(_as_dict(self.client.v1.disputes.retrieve(dispute_id)))
             return {"object": "dispute"}
 
@@ -573,15 +640,15 @@ class StripeProvider:
             return result, None
         return result, dispute_from_payload(found[0], account=self.account)
 
-    def list_refunds_for_intent(self, intent_id: str):
+    def list_refunds_for_intent(self, intent_id: str) -> tuple[CallResult, list[ProviderObject]]:
         """(CallResult, [ProviderObject]): every refund of one PaymentIntent, bounded."""
-        out: list = []
-        params: dict = {"limit": LIST_PAGE_LIMIT, "payment_intent": intent_id}
+        out: list[ProviderObject] = []
+        params: RefundListParams = {"limit": LIST_PAGE_LIMIT, "payment_intent": intent_id}
         for _ in range(LIST_MAX_PAGES):
-            pages: list = []
+            pages: list[Any] = []
 
-            def fetch(pages=pages):  # this page's list, bound now
-                pages.append(self.client.v1.refunds.list(params=dict(params)))
+            def fetch(pages: list[Any] = pages) -> dict[str, str]:  # this page's list, bound now
+                pages.append(self.client.v1.refunds.list(params=RefundListParams(**params)))
                 return {"object": "list"}
 
             result = self._call(fetch, step="list")
@@ -602,12 +669,14 @@ class StripeProvider:
             else self.client.v1.refunds
         )
         # The bounds are settings so a test can reach them without thousands of objects.
-        params: dict = {"limit": getattr(settings, "PROVIDER_LIST_PAGE_LIMIT", LIST_PAGE_LIMIT)}
+        params: dict[str, Any] = {
+            "limit": getattr(settings, "PROVIDER_LIST_PAGE_LIMIT", LIST_PAGE_LIMIT)
+        }
         for _ in range(getattr(settings, "PROVIDER_LIST_MAX_PAGES", LIST_MAX_PAGES)):
-            pages: list = []
+            pages: list[Any] = []
 
-            def fetch(pages=pages):  # this page's list, bound now
-                pages.append(service.list(params=dict(params)))
+            def fetch(pages: list[Any] = pages) -> dict[str, str]:  # this page's list, bound now
+                pages.append(service.list(params=_sdk(dict(params))))
                 return {"object": "list"}
 
             result = self._call(fetch, step="list")
@@ -631,9 +700,10 @@ class StripeProvider:
 
     def count_succeeded_for_purchase(self, purchase_id: str) -> int:
         """Drill/soak evidence: PaymentIntents at the provider that moved money."""
-        count, params = 0, {"limit": LIST_PAGE_LIMIT}
+        count = 0
+        params: PaymentIntentListParams = {"limit": LIST_PAGE_LIMIT}
         for _ in range(LIST_MAX_PAGES):
-            page = self.client.v1.payment_intents.list(params=dict(params))
+            page = self.client.v1.payment_intents.list(params=PaymentIntentListParams(**params))
             for item in map(_as_dict, page.data):
                 if (item.get("metadata") or {}).get("purchase_id") == purchase_id and item.get(
                     "status"
@@ -644,10 +714,13 @@ class StripeProvider:
             params["starting_after"] = page.data[-1].id
         return count
 
-    def list_balance_transactions(self, *, limit: int = 100) -> list[dict]:
-        out, params = [], {"limit": min(limit, LIST_PAGE_LIMIT)}
+    def list_balance_transactions(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        params: BalanceTransactionListParams = {"limit": min(limit, LIST_PAGE_LIMIT)}
         for _ in range(LIST_MAX_PAGES):
-            page = self.client.v1.balance_transactions.list(params=dict(params))
+            page = self.client.v1.balance_transactions.list(
+                params=BalanceTransactionListParams(**params)
+            )
             data = [
                 dict(
                     amount=b.get("amount"),
@@ -706,6 +779,6 @@ _BUILT_FROM = frozenset(
 
 
 @receiver(setting_changed)
-def _rebuild_on_setting_changed(*, setting: str, **_kwargs) -> None:
+def _rebuild_on_setting_changed(*, setting: str, **_kwargs: object) -> None:
     if setting in _BUILT_FROM:
         get_provider.cache_clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import stripe
 from django.conf import settings
@@ -43,7 +44,7 @@ def _header_timestamp(sig_header: str) -> int | None:
 
 def verify_and_parse(
     payload: bytes, sig_header: str | None, secrets: list[str], tolerance: int
-) -> dict:
+) -> dict[str, Any]:
     """Verify `Stripe-Signature` against every configured secret (rotation); parse.
 
     The signature is checked first without the time window and then with it, so a
@@ -60,7 +61,7 @@ def verify_and_parse(
         raise WebhookVerificationError("malformed", "body is not UTF-8") from None
     usable = [s for s in secrets if s and s.strip()]
 
-    def signed_with(window) -> bool:
+    def signed_with(window: int | None) -> bool:
         for secret in usable:
             try:
                 stripe.WebhookSignature.verify_header(text, sig_header, secret, window)
@@ -96,7 +97,7 @@ def verify_and_parse(
 _SAFE_METADATA = ("operation_id", "purchase_id", "customer_reference")
 
 
-def _id_of(value) -> str:
+def _id_of(value: object) -> str:
     """`latest_charge`/`payment_intent`/`charge` are embedded objects on localstripe
     and ids on Stripe (unless expanded)."""
     if isinstance(value, dict):
@@ -104,7 +105,7 @@ def _id_of(value) -> str:
     return str(value or "")
 
 
-def event_account(event: dict) -> str:
+def event_account(event: dict[str, Any]) -> str:
     """A missing `account` means the platform account
     (docs/webhooks.md#which-account-an-event-is-about)."""
     account = event.get("account")
@@ -113,14 +114,14 @@ def event_account(event: dict) -> str:
     return account or getattr(settings, "STRIPE_ACCOUNT", "") or ""
 
 
-def _metadata_of(obj: dict) -> dict:
+def _metadata_of(obj: dict[str, Any]) -> dict[str, Any]:
     meta = obj.get("metadata")
     if not isinstance(meta, dict):
         return {}
     return {k: str(v) for k, v in meta.items() if k in _SAFE_METADATA}
 
 
-def event_shape_problem(event: dict) -> str:
+def event_shape_problem(event: dict[str, Any]) -> str:
     """Why a signed event cannot be an event Verity may apply, or ''. Such an event is
     stored as `rejected` (the signature is good, so the delivery is answered 2xx)."""
     if (
@@ -139,7 +140,7 @@ def event_shape_problem(event: dict) -> str:
     return ""
 
 
-def event_created_at(event: dict) -> datetime | None:
+def event_created_at(event: dict[str, Any]) -> datetime | None:
     """The event's `created` as an aware datetime, or None (absent, or out of range)."""
     created = event.get("created")
     if not isinstance(created, int):
@@ -150,7 +151,7 @@ def event_created_at(event: dict) -> datetime | None:
         return None
 
 
-def safe_event_payload(event: dict) -> dict:
+def safe_event_payload(event: dict[str, Any]) -> dict[str, Any]:
     """The fields Verity stores of an event. Never card details, billing details,
     customer PII or client secrets: only ids, status, money and our own metadata."""
     obj = event["data"]["object"]
@@ -189,7 +190,7 @@ def safe_event_payload(event: dict) -> dict:
     }
 
 
-def object_from_event_payload(event: dict) -> ProviderObject:
+def object_from_event_payload(event: dict[str, Any]) -> ProviderObject:
     """Normalise `data.object` (a PaymentIntent or Refund) of a raw or stored-safe event.
 
     Works on both the raw delivery and `safe_event_payload`'s output, so processing in
@@ -223,12 +224,12 @@ def object_from_event_payload(event: dict) -> ProviderObject:
 # -- disputes ------------------------------------------------------------------------
 
 
-def _int(value, default: int = 0) -> int:
+def _int(value: object, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def _safe_balance_transactions(value) -> list[dict]:
-    out = []
+def _safe_balance_transactions(value: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     for txn in value or []:
         if not isinstance(txn, dict):
             continue  # an unexpanded id: nothing to book from it
@@ -246,7 +247,7 @@ def _safe_balance_transactions(value) -> list[dict]:
     return out
 
 
-def _safe_dispute_fields(obj: dict) -> dict:
+def _safe_dispute_fields(obj: dict[str, Any]) -> dict[str, Any]:
     """A Dispute's safe fields: the evidence (names, e-mails, receipts, free text) is never
     kept -- only its deadline."""
     details = obj.get("evidence_details") or {}
@@ -260,7 +261,7 @@ def _safe_dispute_fields(obj: dict) -> dict:
     }
 
 
-def dispute_from_payload(obj: dict, *, account: str) -> DisputeObject:
+def dispute_from_payload(obj: dict[str, Any], *, account: str) -> DisputeObject:
     """Normalise a Dispute (a raw or stored-safe event object, or a read-back)."""
     fields = {**obj, **_safe_dispute_fields(obj)} if "evidence_details" in obj else obj
     moves = tuple(
@@ -289,5 +290,5 @@ def dispute_from_payload(obj: dict, *, account: str) -> DisputeObject:
     )
 
 
-def dispute_from_event_payload(event: dict) -> DisputeObject:
+def dispute_from_event_payload(event: dict[str, Any]) -> DisputeObject:
     return dispute_from_payload(event["data"]["object"], account=event_account(event))

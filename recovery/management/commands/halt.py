@@ -1,8 +1,9 @@
 """python manage.py halt {set,clear,list} [NAME] --reason ... --actor ..."""
 
 import getpass
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from recovery.halts import HaltError, halt_clear, halt_set, valid_halt_names
 from recovery.selectors import halts_list
@@ -11,13 +12,15 @@ from recovery.selectors import halts_list
 class Command(BaseCommand):
     help = "Pause or resume a workflow (checkout, refunds) or a step (step:<name>)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=["set", "clear", "list"])
         parser.add_argument("name", nargs="?", help=", ".join(valid_halt_names()))
         parser.add_argument("--reason", default="")
         parser.add_argument("--actor", default="")
 
-    def handle(self, *args, action, name, reason, actor, **options):
+    def handle(
+        self, *args: Any, action: str, name: str | None, reason: str, actor: str, **options: Any
+    ) -> None:
         if action == "list":
             for halt in halts_list():
                 since = halt.created_at.strftime("%Y-%m-%d %H:%M")
