@@ -13,7 +13,13 @@ from django.db.models import Max, Sum
 from django.utils import timezone
 
 from recovery.models import OutboxCategory
-from recovery.outbox import dispatch_put, operation_settled_put, outbox_put, run_steps_put
+from recovery.outbox import (
+    dispatch_put,
+    operation_settled_put,
+    outbox_put,
+    reconcile_put,
+    run_steps_put,
+)
 
 from ..enums import (
     OVERTURN_CAUSE,
@@ -536,12 +542,7 @@ def _schedule_reconcile(op: PaymentOperation, *, first: bool) -> None:
             "updated_at",
         ]
     )
-    outbox_put(
-        category=OutboxCategory.RECONCILE,
-        payload={"operation": op.id},
-        dedupe_key=f"reconcile:{op.id}",
-        delay_seconds=delay,
-    )
+    reconcile_put(operation_id=op.id, delay_seconds=delay)
 
 
 def outcome_apply_locked(
