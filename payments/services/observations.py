@@ -39,15 +39,15 @@ from ..locks import lock_purchase_and_operation
 from ..models import Dispute, OperationTransition, PaymentOperation, Purchase
 from ..providers.base import ProviderObject, outcome_from_object
 from .common import (
-    _captured_amount,
     _dispatch_backstop,
     _op_to,
-    _purchase_refunds,
     _purchase_to,
     log,
     payment_refund_room,
     provider_for,
+    purchase_captured,
     purchase_order_event_put,
+    purchase_refunds,
     transition_record,
 )
 from .holds import _hold_overturn, _hold_settle
@@ -139,12 +139,10 @@ def _settle_effects_refund(
     purchase: Purchase, op: PaymentOperation, *, cause: str, actor: str
 ) -> None:
     refunded = (
-        _purchase_refunds(purchase)
-        .filter(outcome=Outcome.SUCCEEDED)
-        .aggregate(s=Sum("amount"))["s"]
+        purchase_refunds(purchase).filter(outcome=Outcome.SUCCEEDED).aggregate(s=Sum("amount"))["s"]
         or 0
     )
-    if refunded >= _captured_amount(purchase):
+    if refunded >= purchase_captured(purchase):
         if purchase.status == PurchaseStatus.DISPUTED:
             # A disputed purchase says so until the dispute closes (DESIGN.md §5.10); its
             # closure decides from the money (disputes._closed_status: refunded). The goods
