@@ -212,6 +212,44 @@ def operation_settled_put(*, operation_id: str) -> None:
     )
 
 
+def reconcile_put(
+    *,
+    operation_id: str,
+    delay_seconds: float = 0,
+    event_id: str = "",
+    due_now: bool = False,
+    even_after_failure: bool = False,
+) -> None:
+    """Read an operation back from its provider (payments.services.operation_reconcile).
+    One pending message per operation (`reconcile:<id>`): a later put is absorbed by the
+    one already queued, at that one's time.
+
+    - `delay_seconds`: when it is due (the reconcile schedule's next step).
+    - `event_id`: a provider event's own prompt, under its own key, which the scheduled
+      (delayed) message cannot absorb.
+    - `due_now`: a message already queued for later is made due now, unless it already
+      failed (it keeps its own backoff) — or even then, with `even_after_failure` (a held
+      event's read-back, bounded by the event's own cadence)."""
+    key = f"reconcile:{operation_id}:{event_id}" if event_id else f"reconcile:{operation_id}"
+    outbox_put(
+        category=OutboxCategory.RECONCILE,
+        payload={"operation": operation_id},
+        dedupe_key=key,
+        delay_seconds=delay_seconds,
+    )
+    if not due_now:
+        return
+    queued_for_later = OutboxMessage.objects.filter(
+        category=OutboxCategory.RECONCILE,
+        dedupe_key=key,
+        processed_at__isnull=True,
+        available_at__gt=timezone.now(),
+    )
+    if not even_after_failure:
+        queued_for_later = queued_for_later.filter(attempts=0)
+    queued_for_later.update(available_at=timezone.now())
+
+
 def _kick_at_once(publish: Publish) -> None:
     publish(None)
 

@@ -19,9 +19,8 @@ from payments.enums import Grade
 from payments.models import PaymentOperation
 from payments.services import operations_sweep_dead_dispatches, purchases_expire_stale
 
-from .models import OutboxCategory, OutboxMessage
 from .orchestrator import run_steps_message_put
-from .outbox import outbox_put
+from .outbox import reconcile_put
 from .selectors import stalled_fulfilment
 
 log = logging.getLogger(__name__)
@@ -46,18 +45,11 @@ def reconcile_due(*, limit: int = 500) -> int:
         .order_by("next_reconcile_at")
         .values_list("id", flat=True)[:limit]
     )
-    now = timezone.now()
     with transaction.atomic():
         for op_id in due:
-            key = f"reconcile:{op_id}"
-            outbox_put(
-                category=OutboxCategory.RECONCILE, payload={"operation": op_id}, dedupe_key=key
-            )
             # A pending row written earlier with a delay absorbed that put: it is due now.
             # Rows that already failed keep their own backoff.
-            OutboxMessage.objects.filter(
-                dedupe_key=key, processed_at__isnull=True, attempts=0, available_at__gt=now
-            ).update(available_at=now)
+            reconcile_put(operation_id=op_id, due_now=True)
     return len(due)
 
 

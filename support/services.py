@@ -18,7 +18,6 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from enum import Enum
 from typing import Any
 
 from django.core import signing
@@ -109,14 +108,18 @@ def form_token_mint(user) -> str:
     return signing.dumps({"n": secrets.token_urlsafe(18), "u": user.pk}, salt=FORM_TOKEN_SALT)
 
 
-def _form_nonce(token: str | None, user, *, required: bool) -> str | None:
+def _form_token_present(token: str | None) -> None:
+    """A form whose page always carries its one-time token came without it."""
     if not token:
-        if required:
-            raise ConsoleError(
-                "form_token_missing",
-                "This form came without its one-time token: reload the page and submit it again.",
-                400,
-            )
+        raise ConsoleError(
+            "form_token_missing",
+            "This form came without its one-time token: reload the page and submit it again.",
+            400,
+        )
+
+
+def _form_nonce(token: str | None, user) -> str | None:
+    if not token:
         return None
     try:
         data = signing.loads(token, salt=FORM_TOKEN_SALT, max_age=FORM_TOKEN_MAX_AGE_SECONDS)
@@ -340,142 +343,296 @@ def _op_or_404(operation_id: str) -> PaymentOperation:
     return op
 
 
-class Txn(Enum):
-    """Where a console action's change and its audit row commit."""
-
-    AROUND = "around"  # the core's change and the console row in one transaction here
-    AFTER = "after"  # the core calls the provider (no transaction open); the row commits after
-    INSIDE = "inside"  # the core reads the provider, then runs `record` in its own transaction
+def _snapshot(obj: Any) -> dict:
+    if isinstance(obj, Purchase):
+        return _purchase_snapshot(obj)
+    return _op_snapshot(obj)
 
 
-def _act_by_user(
+def _snapshot_with_purchase(obj: Any) -> dict:
+    """An operation's snapshot and its purchase's status (what a resolution also moves)."""
+    if isinstance(obj, Purchase):
+        return _purchase_snapshot(obj)
+    return {**_op_snapshot(obj), **_purchase_snapshot(Purchase.objects.get(pk=obj.purchase_id))}
+
+
+def _console_action_begin(
+    *, user, permission: Action, reason: str, form_token: str | None
+) -> tuple[str, str | None]:
+    """Check the role, ask for a reason, read the form's one-time token: the reason and
+    the form's nonce (support.services.form_token_mint)."""
+    require(user, permission)
+    reason = _reason_required(reason)
+    return reason, _form_nonce(form_token, user)
+
+
+@dataclass
+class _ConsoleAction:
+    """One console action on an operation or a purchase, under way: who acts and why, on
+    what, what it was before, and how its audit row shows what it changed. The audit row
+    names what changed: the operation the action created or changed, else the purchase.
+    The form's effect is made once: its nonce is claimed with the change."""
+
+    user: Any
+    ip: str | None
+    action: str
+    reason: str
+    nonce: str | None
+    operation_id: str
+    purchase_id: str
+    was: dict
+    snapshot: Callable[[Any], dict] = _snapshot
+    after: Callable[[Any], dict] | None = None
+
+    @property
+    def target_id(self) -> str:
+        return self.operation_id or self.purchase_id
+
+    def refusals_audited(self):
+        """A refusal from the core is audited as `<action>.refused` and shown as a
+        ConsoleError."""
+        return _core_refusals_audited(
+            user=self.user,
+            ip=self.ip,
+            action=self.action,
+            target_type="operation" if self.operation_id else "purchase",
+            target_id=self.target_id,
+            reason=self.reason,
+            purchase_id=self.purchase_id,
+        )
+
+    def claim_form(self) -> None:
+        _form_claim(self.nonce, user=self.user, action=self.action, target_id=self.target_id)
+
+    def record(self, changed) -> None:
+        """The console audit row (actor, IP, reason, before, after) and the form's result,
+        in the transaction of the change."""
+        audit_write(
+            user=self.user,
+            action=self.action,
+            target_type="purchase" if isinstance(changed, Purchase) else "operation",
+            target_id=changed.pk,
+            purchase_id=self.purchase_id,
+            reason=self.reason,
+            ip=self.ip,
+            before=self.was,
+            after=self.after(changed) if self.after else self.snapshot(changed),
+        )
+        _form_result(self.nonce, changed)
+
+
+def _on_operation(
+    *,
+    user,
+    ip: str | None,
+    action: str,
+    reason: str,
+    nonce: str | None,
+    operation_id: str,
+    requester_refused: tuple[str, str] | None = None,
+    snapshot: Callable[[Any], dict] = _snapshot,
+    before: Callable[[Any], dict] | None = None,
+    after: Callable[[Any], dict] | None = None,
+) -> _ConsoleAction:
+    """The operation acted on (404 if gone), snapshotted. `requester_refused` (code,
+    message): the person who requested it may not take this action."""
+    target = _op_or_404(operation_id)
+    if requester_refused and target.requested_by_user_id == user.pk:
+        # Checked here as well as in the core so the refusal is audited with the IP.
+        code, message = requester_refused
+        _audit_refusal(
+            user=user,
+            action=action,
+            target_type="operation",
+            target_id=operation_id,
+            reason=reason,
+            purchase_id=target.purchase_id,
+            ip=ip,
+            code=code,
+        )
+        raise ConsoleError(code, message, 403)
+    return _ConsoleAction(
+        user=user,
+        ip=ip,
+        action=action,
+        reason=reason,
+        nonce=nonce,
+        operation_id=operation_id,
+        purchase_id=target.purchase_id,
+        was=before(target) if before else snapshot(target),
+        snapshot=snapshot,
+        after=after,
+    )
+
+
+def _on_purchase(
+    *,
+    user,
+    ip: str | None,
+    action: str,
+    reason: str,
+    nonce: str | None,
+    purchase_id: str,
+    after: Callable[[Any], dict] | None = None,
+) -> _ConsoleAction:
+    """The purchase acted on (404 if gone), snapshotted."""
+    target = Purchase.objects.filter(pk=purchase_id).first()
+    if target is None:
+        raise ConsoleError("not_found", "No such purchase.", 404)
+    return _ConsoleAction(
+        user=user,
+        ip=ip,
+        action=action,
+        reason=reason,
+        nonce=nonce,
+        operation_id="",
+        purchase_id=purchase_id,
+        was=_snapshot(target),
+        after=after,
+    )
+
+
+def _operation_decided_by_user(
     *,
     user,
     ip: str | None,
     permission: Action,
     action: str,
     reason: str,
-    act: Callable[..., Any],
-    txn: Txn = Txn.AROUND,
-    operation_id: str = "",
-    purchase_id: str = "",
-    check: Callable[[], None] | None = None,
-    not_by_requester: tuple[str, str] | None = None,
-    verify_first: bool = False,
-    with_purchase: bool = False,
+    operation_id: str,
+    act: Callable[[str], object],
+    form_token: str | None = None,
+    requester_refused: tuple[str, str] | None = None,
     before: Callable[[Any], dict] | None = None,
     after: Callable[[Any], dict] | None = None,
-    form_token: str | None = None,
-    form_token_required: bool = False,
-):
-    """The one shape of a console action on an operation or a purchase: check the role, ask
-    for a reason, load the target (404 if gone), refuse the requester where the rule says
-    so, snapshot it, run the core's service (`act(reason)`; `act(reason, record)` for
-    Txn.INSIDE) and write the console audit row (actor, IP, reason, before, after) in the
-    same transaction as the change. A refusal from the core is audited as
-    `<action>.refused` and shown as a ConsoleError. The audit row names what changed: the
-    operation the action created or changed, else the purchase.
-
-    `form_token` (support.services.form_token_mint, from the page the person submitted):
-    the form's effect is made once — consumed in the transaction that makes it (Txn.AROUND,
-    Txn.INSIDE), or claimed just before a provider call that runs outside any transaction
-    (Txn.AFTER) and released if the action is refused."""
-    require(user, permission)
-    reason = _reason_required(reason)
-    nonce = _form_nonce(form_token, user, required=form_token_required)
-    if check is not None:
-        check()
-    target: PaymentOperation | Purchase | None
-    if operation_id:
-        target = _op_or_404(operation_id)
-        purchase_id = target.purchase_id
-        if not_by_requester and target.requested_by_user_id == user.pk:
-            # Checked here as well as in the core so the refusal is audited with the IP.
-            code, message = not_by_requester
-            _audit_refusal(
-                user=user,
-                action=action,
-                target_type="operation",
-                target_id=operation_id,
-                reason=reason,
-                purchase_id=purchase_id,
-                ip=ip,
-                code=code,
-            )
-            raise ConsoleError(code, message, 403)
-    else:
-        target = Purchase.objects.filter(pk=purchase_id).first()
-        if target is None:
-            raise ConsoleError("not_found", "No such purchase.", 404)
-
-    def snapshot(obj) -> dict:
-        if isinstance(obj, Purchase):
-            return _purchase_snapshot(obj)
-        if with_purchase:
-            return {
-                **_op_snapshot(obj),
-                **_purchase_snapshot(Purchase.objects.get(pk=obj.purchase_id)),
-            }
-        return _op_snapshot(obj)
-
-    was = before(target) if before else snapshot(target)
-
-    def record(changed) -> None:
-        audit_write(
-            user=user,
-            action=action,
-            target_type="purchase" if isinstance(changed, Purchase) else "operation",
-            target_id=changed.pk,
-            purchase_id=purchase_id,
-            reason=reason,
-            ip=ip,
-            before=was,
-            after=after(changed) if after else snapshot(changed),
-        )
-
-    with _core_refusals_audited(
+) -> PaymentOperation:
+    """A person's decision on an operation: the core's change (`act(reason)`) and the
+    console row commit in one transaction here."""
+    reason, nonce = _console_action_begin(
+        user=user, permission=permission, reason=reason, form_token=form_token
+    )
+    acting = _on_operation(
         user=user,
         ip=ip,
         action=action,
-        target_type="operation" if operation_id else "purchase",
-        target_id=operation_id or purchase_id,
         reason=reason,
-        purchase_id=purchase_id,
-    ):
-        claim = dict(user=user, action=action, target_id=operation_id or purchase_id)
-        if verify_first:  # a payment only a person settled is read back first (network)
-            operations_verify_before_follow_up(purchase_id=purchase_id)
-        if txn is Txn.INSIDE:
+        nonce=nonce,
+        operation_id=operation_id,
+        requester_refused=requester_refused,
+        before=before,
+        after=after,
+    )
+    with acting.refusals_audited(), transaction.atomic():
+        acting.claim_form()
+        act(reason)
+        changed = _reload_op(operation_id)
+        acting.record(changed)
+    return changed
 
-            def bind(resolved) -> None:
-                _form_claim(nonce, **claim)
-                changed = _reload_op(operation_id)
-                record(changed)
-                _form_result(nonce, changed)
 
-            act(reason, bind)
-            return _reload_op(operation_id)
-        if txn is Txn.AFTER:
-            with transaction.atomic():
-                _form_claim(nonce, **claim)
-            try:
-                act(reason)  # network I/O: outside any transaction
-            except DomainError:
-                _form_release(nonce)
-                raise
-            with transaction.atomic():
-                changed = _reload_op(operation_id)
-                record(changed)
-                _form_result(nonce, changed)
-            return changed
+def _operation_sent_by_user(
+    *,
+    user,
+    ip: str | None,
+    permission: Action,
+    action: str,
+    reason: str,
+    operation_id: str,
+    act: Callable[[str], object],
+    form_token: str | None = None,
+    snapshot: Callable[[Any], dict] = _snapshot,
+) -> PaymentOperation:
+    """An action whose core calls the provider (`act(reason)`, network I/O): it runs
+    outside any transaction, the console row commits after it. The form is claimed just
+    before the call and released if the action is refused."""
+    reason, nonce = _console_action_begin(
+        user=user, permission=permission, reason=reason, form_token=form_token
+    )
+    acting = _on_operation(
+        user=user,
+        ip=ip,
+        action=action,
+        reason=reason,
+        nonce=nonce,
+        operation_id=operation_id,
+        snapshot=snapshot,
+    )
+    with acting.refusals_audited():
         with transaction.atomic():
-            _form_claim(nonce, **claim)
-            changed = act(reason)  # the operation or purchase it created, for a purchase
-            if operation_id:
-                changed = _reload_op(operation_id)
-            record(changed)
-            _form_result(nonce, changed)
-        return changed
+            acting.claim_form()
+        try:
+            act(reason)  # network I/O: outside any transaction
+        except DomainError:
+            _form_release(nonce)
+            raise
+        with transaction.atomic():
+            changed = _reload_op(operation_id)
+            acting.record(changed)
+    return changed
+
+
+def _purchase_changed_by_user(
+    *,
+    user,
+    ip: str | None,
+    permission: Action,
+    action: str,
+    reason: str,
+    purchase_id: str,
+    act: Callable[[str], Any],
+    form_token: str | None = None,
+) -> Any:
+    """A person's change to a purchase: the core's change (`act(reason)`, which answers
+    the purchase or the operation it created) and the console row commit in one
+    transaction here."""
+    reason, nonce = _console_action_begin(
+        user=user, permission=permission, reason=reason, form_token=form_token
+    )
+    acting = _on_purchase(
+        user=user, ip=ip, action=action, reason=reason, nonce=nonce, purchase_id=purchase_id
+    )
+    with acting.refusals_audited(), transaction.atomic():
+        acting.claim_form()
+        changed = act(reason)
+        acting.record(changed)
+    return changed
+
+
+def _follow_up_by_user(
+    *,
+    user,
+    ip: str | None,
+    permission: Action,
+    action: str,
+    reason: str,
+    purchase_id: str,
+    act: Callable[[str], PaymentOperation],
+    form_token: str | None = None,
+    after: Callable[[Any], dict] | None = None,
+) -> PaymentOperation:
+    """A new money movement on a purchase (a refund, a void): every payment of it only a
+    person settled is read back from the provider first (network, outside any
+    transaction), then the core creates the operation (`act(reason)`) and the console row
+    commits with it."""
+    reason, nonce = _console_action_begin(
+        user=user, permission=permission, reason=reason, form_token=form_token
+    )
+    acting = _on_purchase(
+        user=user,
+        ip=ip,
+        action=action,
+        reason=reason,
+        nonce=nonce,
+        purchase_id=purchase_id,
+        after=after,
+    )
+    with acting.refusals_audited():
+        operations_verify_before_follow_up(purchase_id=purchase_id)
+        with transaction.atomic():
+            acting.claim_form()
+            changed = act(reason)
+            acting.record(changed)
+    return changed
 
 
 def _dispatch_after_commit(op: PaymentOperation, what: str) -> PaymentOperation:
@@ -492,14 +649,13 @@ def operation_reconcile_by_user(
     *, operation_id: str, user, reason: str, ip: str | None = None
 ) -> PaymentOperation:
     """Read the provider back now (read-only at the provider)."""
-    return _act_by_user(
+    return _operation_sent_by_user(
         user=user,
         ip=ip,
         permission=Action.RECONCILE,
         action=AuditAction.CONSOLE_RECONCILE,
         reason=reason,
         operation_id=operation_id,
-        txn=Txn.AFTER,
         act=lambda reason: operation_reconcile(
             operation_id=operation_id, actor=user.get_username()
         ),
@@ -520,26 +676,31 @@ def operation_resolve_by_user(
     The core reads the provider back first (outside any transaction), then records the
     console row inside its resolving transaction: the row commits with the resolution."""
 
-    def check() -> None:
-        if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):
-            raise ConsoleError("invalid_outcome", "Resolve as succeeded or failed.", 422)
-
-    return _act_by_user(
-        form_token=form_token,
+    reason, nonce = _console_action_begin(
+        user=user, permission=Action.RESOLVE, reason=reason, form_token=form_token
+    )
+    if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):
+        raise ConsoleError("invalid_outcome", "Resolve as succeeded or failed.", 422)
+    acting = _on_operation(
         user=user,
         ip=ip,
-        permission=Action.RESOLVE,
         action=AuditAction.CONSOLE_RESOLVE,
         reason=reason,
+        nonce=nonce,
         operation_id=operation_id,
-        txn=Txn.INSIDE,
-        check=check,
-        with_purchase=True,
-        not_by_requester=(
+        requester_refused=(
             "resolver_is_requester",
             "The person who requested an operation cannot resolve it.",
         ),
-        act=lambda reason, record: operation_resolve_manual(
+        snapshot=_snapshot_with_purchase,
+    )
+
+    def record(resolved) -> None:  # inside the core's resolving transaction
+        acting.claim_form()
+        acting.record(_reload_op(operation_id))
+
+    with acting.refusals_audited():
+        operation_resolve_manual(
             operation_id=operation_id,
             outcome=outcome,
             reason=reason,
@@ -547,15 +708,15 @@ def operation_resolve_by_user(
             acting_user=user,
             audit=False,
             bind=record,
-        ),
-    )
+        )
+    return _reload_op(operation_id)
 
 
 def operation_replay_by_user(
     *, operation_id: str, user, reason: str, ip: str | None = None, form_token: str | None = None
 ) -> PaymentOperation:
     """Resend with the same provider key (only where the provider dedupes keys)."""
-    return _act_by_user(
+    return _operation_sent_by_user(
         form_token=form_token,
         user=user,
         ip=ip,
@@ -563,7 +724,6 @@ def operation_replay_by_user(
         action=AuditAction.CONSOLE_REPLAY,
         reason=reason,
         operation_id=operation_id,
-        txn=Txn.AFTER,
         act=lambda reason: operation_replay(
             operation_id=operation_id, actor=user.get_username(), acting_user=user
         ),
@@ -576,7 +736,7 @@ def operation_cancel_unapplied_by_user(
     """ "Cancel at the provider and mark failed" for a confirm the provider never applied:
     a write (the provider call runs outside any transaction), audited with its reason,
     refused (and the refusal audited) if the provider applied it or the cancel fails."""
-    return _act_by_user(
+    return _operation_sent_by_user(
         form_token=form_token,
         user=user,
         ip=ip,
@@ -584,8 +744,7 @@ def operation_cancel_unapplied_by_user(
         action=AuditAction.CONSOLE_CANCEL_UNAPPLIED,
         reason=reason,
         operation_id=operation_id,
-        txn=Txn.AFTER,
-        with_purchase=True,
+        snapshot=_snapshot_with_purchase,
         act=lambda reason: operation_cancel_unapplied(
             operation_id=operation_id, reason=reason, actor=user.get_username()
         ),
@@ -603,20 +762,17 @@ def refund_request_by_user(
     amount: int | None = None,
     ip: str | None = None,
     form_token: str | None = None,
-    form_token_required: bool = False,
 ) -> PaymentOperation:
     """A console refund starts awaiting_approval (docs/console.md#refund-approval)."""
     try:
-        return _act_by_user(
+        return _follow_up_by_user(
             form_token=form_token,
-            form_token_required=form_token_required,
             user=user,
             ip=ip,
             permission=Action.REQUEST_REFUND,
             action=AuditAction.CONSOLE_REFUND_REQUEST,
             reason=reason,
             purchase_id=purchase_id,
-            verify_first=True,
             act=lambda reason: refund_request(
                 purchase_id=purchase_id, amount=amount, acting_user=user
             ),
@@ -633,11 +789,36 @@ def refund_request_by_user(
         raise
 
 
+def refund_request_confirmed_by_user(
+    *,
+    purchase_id: str,
+    user,
+    reason: str,
+    amount: int,
+    ip: str | None = None,
+    form_token: str | None = None,
+) -> PaymentOperation:
+    """The refund page's confirm step (the amount echoed back): its page always carries a
+    one-time token, so a submission without one is refused (it would move money twice if
+    sent twice)."""
+    require(user, Action.REQUEST_REFUND)
+    _reason_required(reason)
+    _form_token_present(form_token)
+    return refund_request_by_user(
+        purchase_id=purchase_id,
+        user=user,
+        reason=reason,
+        amount=amount,
+        ip=ip,
+        form_token=form_token,
+    )
+
+
 def refund_approve_by_user(
     *, operation_id: str, user, reason: str, ip: str | None = None, form_token: str | None = None
 ) -> PaymentOperation:
     """Finance approves a refund someone else requested, then it is dispatched."""
-    op = _act_by_user(
+    op = _operation_decided_by_user(
         form_token=form_token,
         user=user,
         ip=ip,
@@ -645,7 +826,7 @@ def refund_approve_by_user(
         action=AuditAction.CONSOLE_REFUND_APPROVE,
         reason=reason,
         operation_id=operation_id,
-        not_by_requester=(
+        requester_refused=(
             "approver_is_requester",
             "The person who requested a refund cannot approve it.",
         ),
@@ -662,7 +843,7 @@ def refund_decline_by_user(
     """Finance declines a refund awaiting approval: nothing goes to the provider, and the
     refundable amount is free again. Any finance user may decline (the requester too: a
     decline moves no money)."""
-    return _act_by_user(
+    return _operation_decided_by_user(
         form_token=form_token,
         user=user,
         ip=ip,
@@ -680,7 +861,7 @@ def overturn_review_by_user(
     *, operation_id: str, user, reason: str, ip: str | None = None, form_token: str | None = None
 ) -> PaymentOperation:
     """Close a "manual resolution overturned" queue item after checking what followed."""
-    return _act_by_user(
+    return _operation_decided_by_user(
         form_token=form_token,
         user=user,
         ip=ip,
@@ -700,7 +881,7 @@ def void_by_user(
     """An operator voids an authorization, also after fulfilment started (the API refuses
     that with `fulfilment_started`): the decision is recorded, the void is sent, and when
     the provider confirms it the purchase is `voided` and the order cancelled."""
-    op = _act_by_user(
+    op = _follow_up_by_user(
         form_token=form_token,
         user=user,
         ip=ip,
@@ -708,7 +889,6 @@ def void_by_user(
         action=AuditAction.CONSOLE_VOID,
         reason=reason,
         purchase_id=purchase_id,
-        verify_first=True,
         act=lambda reason: void_create(
             purchase_id=purchase_id, acting_user=user, after_fulfilment=True
         ),
@@ -720,7 +900,7 @@ def purchase_cancel_by_user(
     *, purchase_id: str, user, reason: str, ip: str | None = None, form_token: str | None = None
 ) -> Purchase:
     """Support cancels a purchase before any payment was claimed."""
-    return _act_by_user(
+    return _purchase_changed_by_user(
         form_token=form_token,
         user=user,
         ip=ip,
@@ -1122,7 +1302,7 @@ def external_review_by_user(
     *, operation_id: str, user, reason: str, ip: str | None = None
 ) -> PaymentOperation:
     """Finance reviews a refund/capture/cancel made at the provider, not by Verity."""
-    return _act_by_user(
+    return _operation_decided_by_user(
         user=user,
         ip=ip,
         permission=Action.REVIEW_EXTERNAL,

@@ -374,13 +374,12 @@ def refund_request(request, purchase_id: str):
         return _run(
             request,
             url,
-            services.refund_request_by_user,
+            services.refund_request_confirmed_by_user,
             f"Refund of {format_money(amount, p.currency)} requested; it waits for "
             "a finance approver (not the requester).",
             purchase_id=purchase_id,
             amount=amount,
             form_token=_form_token(request),
-            form_token_required=True,
         )
     if not _confirmed(request):
         messages.error(request, "Tick the confirmation box to go ahead.")

@@ -43,7 +43,7 @@ from payments.services import (
 )
 from payments.view_queries import execute_prepared
 from recovery.models import OutboxCategory, OutboxMessage
-from recovery.outbox import outbox_put, relay_kick
+from recovery.outbox import outbox_put, reconcile_put, relay_kick
 
 from . import selectors
 from .metrics import WEBHOOK_RESULTS
@@ -242,16 +242,7 @@ def _prompt_read_back_locked(operation_id: str) -> None:
         return
     # A read-back already queued for later (the reconcile schedule) absorbs this one: make
     # it due now. Bounded by the held event's own cadence (HELD_WAITING_MAX_DELAY_SECONDS).
-    key = f"reconcile:{operation_id}"
-    OutboxMessage.objects.filter(
-        category=OutboxCategory.RECONCILE,
-        dedupe_key=key,
-        processed_at__isnull=True,
-        available_at__gt=timezone.now(),
-    ).update(available_at=timezone.now())
-    outbox_put(
-        category=OutboxCategory.RECONCILE, payload={"operation": operation_id}, dedupe_key=key
-    )
+    reconcile_put(operation_id=operation_id, due_now=True, even_after_failure=True)
 
 
 def _event_finish_locked(event: ProviderEvent, verdict: _Verdict) -> str:
@@ -517,11 +508,7 @@ def _evaluate_charge_refunded(event: ProviderEvent, obj: ProviderObject) -> _Ver
     )
     for op_id in open_refunds:
         # Own dedupe key: the reconciler's scheduled (delayed) message must not absorb it.
-        outbox_put(
-            category=OutboxCategory.RECONCILE,
-            payload={"operation": op_id},
-            dedupe_key=f"reconcile:{op_id}:{event.event_id}",
-        )
+        reconcile_put(operation_id=op_id, event_id=event.event_id)
     return _Verdict(
         EventResult.IGNORED,
         f"charge_refunded_prompt:{len(open_refunds)}",

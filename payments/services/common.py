@@ -392,20 +392,18 @@ def purchase_refund_room(purchase: Purchase, *, exclude: str | None = None) -> i
     )
 
 
-def _captured_amount(purchase: Purchase) -> int:
-    """What the purchase's own payment captured (a duplicate and its return excluded)."""
-    total = 0
-    for op in purchase.operations.filter(outcome=Outcome.SUCCEEDED, is_duplicate=False).exclude(
-        parent__is_duplicate=True
-    ):
-        if op.kind == OperationKind.CHARGE or op.kind == OperationKind.CAPTURE:
-            total += op.amount
-    return total
+def purchase_captured(purchase: Purchase) -> int:
+    """What the purchase's own payments captured (payment_captured of each; a duplicate
+    is not one)."""
+    return sum(payment_captured(p) for p in purchase_own_payments(purchase))
 
 
-def _purchase_refunds(purchase: Purchase) -> QuerySet[PaymentOperation]:
-    """Refunds of the purchase's own payment (not the compensation of a duplicate)."""
-    return purchase.operations.filter(kind=OperationKind.REFUND).exclude(parent__is_duplicate=True)
+def purchase_refunds(purchase: Purchase) -> QuerySet[PaymentOperation]:
+    """The refunds of the purchase's own payments (payment_refunds of each): a duplicate's
+    compensation is the duplicate's, never the purchase's."""
+    return PaymentOperation.objects.filter(
+        kind=OperationKind.REFUND, parent__in=purchase_own_payments(purchase)
+    )
 
 
 def _actor(api_client: ApiClient | None, acting_user: User | None) -> str:

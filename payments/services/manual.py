@@ -25,8 +25,13 @@ from ..enums import (
 )
 from ..errors import DomainError, ErrorCode
 from ..locks import assert_outside_transaction
-from ..models import ApiClient, PaymentOperation
-from ..providers.base import ProviderObject, outcome_from_object, shows_no_money_moved
+from ..models import ApiClient, PaymentOperation, Purchase
+from ..providers.base import (
+    CallResult,
+    ProviderObject,
+    outcome_from_object,
+    shows_no_money_moved,
+)
 from .cancels import payment_cancel_outside_transaction
 from .common import (
     _lock_or_404,
@@ -148,30 +153,8 @@ def _cancel_before_manual_failure_outside_transaction(
     )
 
 
-def operation_resolve_manual(
-    *,
-    operation_id: str,
-    outcome: str,
-    reason: str,
-    actor: str,
-    acting_user: User | None = None,
-    acting_client: ApiClient | None = None,
-    bind: Callable[[PaymentOperation], object] | None = None,
-    audit: bool = True,
-) -> PaymentOperation:
-    """A person settles what machines could not — after the provider was asked.
-
-    1. read back (no transaction open): a provider record that contradicts `outcome`
-       is applied and the resolution refused (409 `provider_contradicts`); one that agrees
-       settles it `confirmed`; no reachable record leaves the person's word, graded
-       `acknowledged`, verification `manual`;
-    2. `failed` for a payment the provider still holds open (awaiting the buyer, never
-       confirmed) cancels it at the provider first, audited, refused if the cancel fails;
-    3. one transaction records the Resolution and audit row (and `bind(op)`, the caller's
-       idempotency binding) with the outcome.
-    `audit=False`: the caller writes this action's one audit row in the same transaction.
-    """
-    assert_outside_transaction()
+def _operation_to_resolve(operation_id: str, *, outcome: str, reason: str) -> PaymentOperation:
+    """The operation a person resolves, with a reason and an outcome a resolution takes."""
     if not (reason or "").strip():
         raise DomainError(ErrorCode.REASON_REQUIRED, "A reason is required.", status=422)
     if outcome not in (Outcome.SUCCEEDED, Outcome.FAILED):
@@ -185,7 +168,17 @@ def operation_resolve_manual(
     )
     if op is None:
         raise DomainError(ErrorCode.NOT_FOUND, "No such operation.", status=404)
-    _refuse_unresolvable(op, acting_client=acting_client, acting_user=acting_user)
+    return op
+
+
+def _provider_read_before_resolution(
+    op: PaymentOperation, *, outcome: str, reason: str, actor: str
+) -> CallResult:
+    """Steps 1 and 2 (no transaction open): the provider's record read back and judged
+    against the person's `outcome` — applied and the resolution refused when it
+    contradicts, the resolution refused while the provider still moves the money, a
+    payment the provider holds open cancelled before a `failed`. The read, for the
+    record."""
     read = _read_back(op)
     obj = read.object if read.classification == Classification.OK else None
     if obj is not None and _mismatch(op, obj):
@@ -256,6 +249,63 @@ def operation_resolve_manual(
         and (op.outcome == Outcome.AWAITING_BUYER or (obj is not None and obj.cancellable))
     ):
         _cancel_before_manual_failure_outside_transaction(op, actor=actor, reason=reason)
+    return read
+
+
+def _settle_on_a_persons_word_locked(
+    purchase: Purchase,
+    op: PaymentOperation,
+    *,
+    outcome: str,
+    reason: str,
+    actor: str,
+    read: CallResult,
+) -> None:
+    """No provider evidence settled it: the person's outcome, graded `acknowledged`,
+    verification `manual`, read back from the provider on the acknowledged schedule."""
+    outcome_apply_locked(
+        purchase,
+        op,
+        Outcome(outcome),
+        grade=Grade.ACKNOWLEDGED,
+        verification=Verification.MANUAL,
+        cause="manual_resolution",
+        actor=actor,
+        evidence={"reason": reason, "provider_read": read.classification},
+        reason=Reason.MANUAL if outcome == Outcome.FAILED else "",
+    )
+    # The person's word stands until the provider can be read back.
+    op.reconcile_attempts = 0
+    _schedule_acknowledged_read_back(op)
+
+
+def operation_resolve_manual(
+    *,
+    operation_id: str,
+    outcome: str,
+    reason: str,
+    actor: str,
+    acting_user: User | None = None,
+    acting_client: ApiClient | None = None,
+    bind: Callable[[PaymentOperation], object] | None = None,
+    audit: bool = True,
+) -> PaymentOperation:
+    """A person settles what machines could not — after the provider was asked.
+
+    1. read back (no transaction open): a provider record that contradicts `outcome`
+       is applied and the resolution refused (409 `provider_contradicts`); one that agrees
+       settles it `confirmed`; no reachable record leaves the person's word, graded
+       `acknowledged`, verification `manual`;
+    2. `failed` for a payment the provider still holds open (awaiting the buyer, never
+       confirmed) cancels it at the provider first, audited, refused if the cancel fails;
+    3. one transaction records the Resolution and audit row (and `bind(op)`, the caller's
+       idempotency binding) with the outcome.
+    `audit=False`: the caller writes this action's one audit row in the same transaction.
+    """
+    assert_outside_transaction()
+    op = _operation_to_resolve(operation_id, outcome=outcome, reason=reason)
+    _refuse_unresolvable(op, acting_client=acting_client, acting_user=acting_user)
+    read = _provider_read_before_resolution(op, outcome=outcome, reason=reason, actor=actor)
     with transaction.atomic():
         purchase, op = _lock_or_404(operation_id)
         evidence_applied = op.is_terminal
@@ -272,20 +322,9 @@ def operation_resolve_manual(
             )
         if not evidence_applied:
             _refuse_unresolvable(op, acting_client=acting_client, acting_user=acting_user)
-            outcome_apply_locked(
-                purchase,
-                op,
-                Outcome(outcome),
-                grade=Grade.ACKNOWLEDGED,
-                verification=Verification.MANUAL,
-                cause="manual_resolution",
-                actor=actor,
-                evidence={"reason": reason, "provider_read": read.classification},
-                reason=Reason.MANUAL if outcome == Outcome.FAILED else "",
+            _settle_on_a_persons_word_locked(
+                purchase, op, outcome=outcome, reason=reason, actor=actor, read=read
             )
-            # The person's word stands until the provider can be read back.
-            op.reconcile_attempts = 0
-            _schedule_acknowledged_read_back(op)
         Resolution.objects.create(
             operation_id=op.id, purchase_id=purchase.id, outcome=outcome, reason=reason, actor=actor
         )

@@ -14,7 +14,13 @@ from django.db.models import Max, Sum
 from django.utils import timezone
 
 from recovery.models import OutboxCategory
-from recovery.outbox import dispatch_put, operation_settled_put, outbox_put, run_steps_put
+from recovery.outbox import (
+    dispatch_put,
+    operation_settled_put,
+    outbox_put,
+    reconcile_put,
+    run_steps_put,
+)
 
 from ..enums import (
     OVERTURN_CAUSE,
@@ -34,15 +40,15 @@ from ..locks import lock_purchase_and_operation
 from ..models import Dispute, OperationTransition, PaymentOperation, Purchase
 from ..providers.base import ProviderObject, outcome_from_object
 from .common import (
-    _captured_amount,
     _dispatch_backstop,
     _op_to,
-    _purchase_refunds,
     _purchase_to,
     log,
     payment_refund_room,
     provider_for,
+    purchase_captured,
     purchase_order_event_put,
+    purchase_refunds,
     transition_record,
 )
 from .holds import _hold_overturn, _hold_settle
@@ -134,12 +140,10 @@ def _settle_effects_refund(
     purchase: Purchase, op: PaymentOperation, *, cause: str, actor: str
 ) -> None:
     refunded = (
-        _purchase_refunds(purchase)
-        .filter(outcome=Outcome.SUCCEEDED)
-        .aggregate(s=Sum("amount"))["s"]
+        purchase_refunds(purchase).filter(outcome=Outcome.SUCCEEDED).aggregate(s=Sum("amount"))["s"]
         or 0
     )
-    if refunded >= _captured_amount(purchase):
+    if refunded >= purchase_captured(purchase):
         if purchase.status == PurchaseStatus.DISPUTED:
             # A disputed purchase says so until the dispute closes (DESIGN.md §5.10); its
             # closure decides from the money (disputes._closed_status: refunded). The goods
@@ -537,12 +541,7 @@ def _schedule_reconcile(op: PaymentOperation, *, first: bool) -> None:
             "updated_at",
         ]
     )
-    outbox_put(
-        category=OutboxCategory.RECONCILE,
-        payload={"operation": op.id},
-        dedupe_key=f"reconcile:{op.id}",
-        delay_seconds=delay,
-    )
+    reconcile_put(operation_id=op.id, delay_seconds=delay)
 
 
 def outcome_apply_locked(

@@ -8,7 +8,7 @@ import hashlib
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -221,6 +221,102 @@ def purchase_open(
     own checkout asked the buyer (`storefront_confirmation`, never over MCP) — naming the
     earlier purchase in `acknowledge_unresolved`.
     """
+    reference = _customer_reference_valid(customer_reference)
+    email = _customer_email_valid(customer_email)
+    key = customer_key(reference)
+    with transaction.atomic():
+        quote = _quote_locked(quote_id, api_client=api_client)
+        # Under the quote's row lock: the purchase this quote already backs is this call's
+        # purchase, whatever its customer fields say (the unique constraint backs it up).
+        existing = _purchase_of_quote(quote, api_client=api_client)
+        if existing is not None:
+            return PurchaseOpened(existing, False)
+        _quote_still_offered(quote, quote_version=quote_version)
+        _check_currency_allowed(api_client, quote.currency)
+        lock_customer(api_client.pk if api_client else None, key)
+        now = timezone.now()
+        mine = Purchase.objects.filter(customer_key=key, api_client=api_client)
+        fingerprint = basket_fingerprint(
+            items=quote.items, amount=quote.amount, currency=quote.currency
+        )
+        lifted, confirmation = _guards_lifted(
+            mine,
+            acknowledge_unresolved=acknowledge_unresolved if storefront_confirmation else (),
+            buyer_confirmation=buyer_confirmation,
+        )
+        _refuse_beside_unresolved(mine, lifted=lifted)
+        _refuse_probable_duplicate(
+            mine, quote=quote, fingerprint=fingerprint, lifted=lifted, now=now
+        )
+        return _purchase_create(
+            quote=quote,
+            api_client=api_client,
+            reference=reference,
+            key=key,
+            fingerprint=fingerprint,
+            email=email,
+            lifted=lifted,
+            confirmation=confirmation,
+            channel=channel,
+            now=now,
+        )
+
+
+def _purchase_create(
+    *,
+    quote: Quote,
+    api_client: ApiClient | None,
+    reference: str,
+    key: str,
+    fingerprint: str,
+    email: str,
+    lifted: set[str],
+    confirmation: BuyerConfirmation | None,
+    channel: str,
+    now: datetime,
+) -> PurchaseOpened:
+    """The new purchase, under the quote's and the buyer's locks: the buyer's confirmation
+    spent on it and its first transition recorded."""
+    try:
+        with transaction.atomic():
+            purchase = Purchase.objects.create(
+                quote=quote,
+                api_client=api_client,
+                amount=quote.amount,
+                currency=quote.currency,
+                customer_reference=reference,
+                customer_key=key,
+                basket_fingerprint=fingerprint,
+                customer_email=email,
+                recovery_owner=settings.RECOVERY_OWNER_DEFAULT,
+                acknowledged_unresolved=sorted(lifted),
+                channel=channel,
+            )
+    except IntegrityError:  # unreachable under the quote lock; the constraint is the guard
+        return PurchaseOpened(Purchase.objects.get(quote=quote), False)
+    if confirmation is not None:
+        confirmation.used_at = now
+        confirmation.used_for = purchase.id
+        confirmation.save(update_fields=["used_at", "used_for"])
+    transition_record(
+        purchase_id=purchase.id,
+        operation=None,
+        field="status",
+        source="",
+        target=purchase.status,
+        cause="purchase_created",
+        evidence={
+            "quote": quote.id,
+            "version": quote.version,
+            **({"buyer_confirmed": confirmation.purchase_id} if confirmation else {}),
+            **({"storefront_confirmed": sorted(lifted)} if lifted and confirmation is None else {}),
+        },
+        actor=api_client.name if api_client else "",
+    )
+    return PurchaseOpened(purchase, True)
+
+
+def _customer_reference_valid(customer_reference: str) -> str:
     reference = customer_reference_clean(customer_reference)
     if not reference or len(reference) > 200:
         raise DomainError(
@@ -229,6 +325,10 @@ def purchase_open(
             status=400,
             retry=RetryAdvice.NEW_OPERATION,
         )
+    return reference
+
+
+def _customer_email_valid(customer_email: str) -> str:
     email = (customer_email or "").strip()
     if email:
         try:
@@ -243,170 +343,154 @@ def purchase_open(
                 status=422,
                 retry=RetryAdvice.NEW_OPERATION,
             ) from None
-    key = customer_key(reference)
-    with transaction.atomic():
-        quote = lock_quote_or_none(quote_id)
-        if quote is None or (
-            api_client is not None and quote.api_client_id not in (None, api_client.id)
-        ):
-            raise DomainError(
-                ErrorCode.QUOTE_NOT_FOUND, "No such quote.", status=404, retry=RetryAdvice.NEW_QUOTE
-            )
-        # Under the quote's row lock: the purchase this quote already backs is this call's
-        # purchase, whatever its customer fields say (the unique constraint backs it up).
-        existing = Purchase.objects.filter(quote=quote).first()
-        if existing is not None:
-            if existing.api_client_id != (api_client.id if api_client else None):
-                # A client-less quote another client already used: never name its purchase.
-                raise DomainError(
-                    ErrorCode.QUOTE_NOT_FOUND,
-                    "No such quote.",
-                    status=404,
-                    retry=RetryAdvice.NEW_QUOTE,
-                )
-            return PurchaseOpened(existing, False)
-        if quote.superseded_at or quote.version != quote_version:
-            raise DomainError(
-                ErrorCode.QUOTE_SUPERSEDED,
-                "This quote was superseded; get a new quote.",
-                status=409,
-                retry=RetryAdvice.NEW_QUOTE,
-            )
-        if quote.expires_at <= timezone.now():
-            raise DomainError(
-                ErrorCode.QUOTE_EXPIRED,
-                "This quote expired; get a new quote.",
-                status=409,
-                retry=RetryAdvice.NEW_QUOTE,
-            )
-        _check_currency_allowed(api_client, quote.currency)
-        lock_customer(api_client.pk if api_client else None, key)
-        now = timezone.now()
-        mine = Purchase.objects.filter(customer_key=key, api_client=api_client)
-        fingerprint = basket_fingerprint(
-            items=quote.items, amount=quote.amount, currency=quote.currency
+    return email
+
+
+def _quote_locked(quote_id: str, *, api_client: ApiClient | None) -> Quote:
+    """The quote, locked; 404 when there is none or it is another client's."""
+    quote = lock_quote_or_none(quote_id)
+    if quote is None or (
+        api_client is not None and quote.api_client_id not in (None, api_client.id)
+    ):
+        raise DomainError(
+            ErrorCode.QUOTE_NOT_FOUND, "No such quote.", status=404, retry=RetryAdvice.NEW_QUOTE
         )
-        lifted: set[str] = set()
-        if storefront_confirmation:
-            lifted |= {str(p) for p in acknowledge_unresolved or ()}
-        confirmation = None
-        if buyer_confirmation:
-            confirmation = _buyer_lifted(code=buyer_confirmation, candidates=mine)
-            lifted.add(confirmation.purchase_id)
-            # The buyer confirmed buying again beside purchase P: P already stood beside
-            # every purchase of the same basket opened before it, so those are lifted too
-            # (else, with two of them in the window, each code lifts one and the guard
-            # names the other for ever: the buyer could never open a third).
-            confirmed = (
-                mine.filter(id=confirmation.purchase_id)
-                .values_list("basket_fingerprint", "created_at")
-                .first()
-            )
-            if confirmed is not None:
-                lifted |= set(
-                    mine.filter(
-                        basket_fingerprint=confirmed[0], created_at__lt=confirmed[1]
-                    ).values_list("id", flat=True)
-                )
-        unresolved = [
-            pid
-            for pid in mine.filter(Q(status__in=UNRESOLVED_STATUSES) | _SETTLED_ON_A_PERSONS_WORD)
-            .distinct()
-            .order_by("created_at")
-            .values_list("id", flat=True)
-            if pid not in lifted
-        ]
-        if unresolved:
-            raise DomainError(
-                ErrorCode.CUSTOMER_HAS_UNRESOLVED_PURCHASE,
-                "This customer has a purchase whose payment is not settled yet; the provider "
-                "may have charged the buyer. Do not open another purchase: follow that "
-                "purchase. Only the buyer can ask for a second one, on that purchase's status "
-                "page.",
-                status=409,
-                retry=RetryAdvice.FORBIDDEN,
-                owner=Owner.BUYER,
-                purchase=unresolved[0],
-                extra={"unresolved": unresolved},
-            )
-        window = _duplicate_window(quote.items)
-        same = mine.filter(basket_fingerprint=fingerprint).exclude(id__in=lifted)
-        if window is not None:
-            same = same.filter(created_at__gte=now - window)
-        earlier = (
-            same.filter(
-                Q(status__in=_DUPLICATE_OF_STATUSES)
-                | Q(
-                    status=PurchaseStatus.AWAITING_PAYMENT,
-                    quote__superseded_at__isnull=True,
-                    quote__expires_at__gt=now,
-                )
-            )
-            .order_by("-created_at")
+    return quote
+
+
+def _purchase_of_quote(quote: Quote, *, api_client: ApiClient | None) -> Purchase | None:
+    """The purchase the (locked) quote already backs, if any."""
+    existing = Purchase.objects.filter(quote=quote).first()
+    if existing is not None and existing.api_client_id != (api_client.id if api_client else None):
+        # A client-less quote another client already used: never name its purchase.
+        raise DomainError(
+            ErrorCode.QUOTE_NOT_FOUND,
+            "No such quote.",
+            status=404,
+            retry=RetryAdvice.NEW_QUOTE,
+        )
+    return existing
+
+
+def _quote_still_offered(quote: Quote, *, quote_version: int) -> None:
+    """The quote is the version the buyer saw, and it has not expired."""
+    if quote.superseded_at or quote.version != quote_version:
+        raise DomainError(
+            ErrorCode.QUOTE_SUPERSEDED,
+            "This quote was superseded; get a new quote.",
+            status=409,
+            retry=RetryAdvice.NEW_QUOTE,
+        )
+    if quote.expires_at <= timezone.now():
+        raise DomainError(
+            ErrorCode.QUOTE_EXPIRED,
+            "This quote expired; get a new quote.",
+            status=409,
+            retry=RetryAdvice.NEW_QUOTE,
+        )
+
+
+def _guards_lifted(
+    mine: QuerySet[Purchase],
+    *,
+    acknowledge_unresolved: Sequence[str] | None,
+    buyer_confirmation: str,
+) -> tuple[set[str], BuyerConfirmation | None]:
+    """The buyer's earlier purchases the guards no longer count, and the buyer's
+    confirmation that lifted them (if a code was given): the purchases a storefront's own
+    checkout acknowledged, or the one the buyer's code confirms and every purchase of the
+    same basket opened before it."""
+    lifted: set[str] = {str(p) for p in acknowledge_unresolved or ()}
+    confirmation = None
+    if buyer_confirmation:
+        confirmation = _buyer_lifted(code=buyer_confirmation, candidates=mine)
+        lifted.add(confirmation.purchase_id)
+        # The buyer confirmed buying again beside purchase P: P already stood beside
+        # every purchase of the same basket opened before it, so those are lifted too
+        # (else, with two of them in the window, each code lifts one and the guard
+        # names the other for ever: the buyer could never open a third).
+        confirmed = (
+            mine.filter(id=confirmation.purchase_id)
+            .values_list("basket_fingerprint", "created_at")
             .first()
         )
-        if earlier is not None:
-            raise DomainError(
-                ErrorCode.PROBABLE_DUPLICATE_PURCHASE,
-                f"This customer already has purchase {earlier.id} for the same items and "
-                f"amount (status {earlier.status}). Do not open another purchase: ask the "
-                "buyer whether they really want to buy the same items again; only the buyer "
-                "can confirm that, on that purchase's status page (the code is e-mailed to "
-                "the buyer).",
-                status=409,
-                retry=RetryAdvice.FORBIDDEN,
-                owner=Owner.BUYER,
-                purchase=earlier.id,
-                extra={
-                    "earlier_purchase": {
-                        "id": earlier.id,
-                        "status": str(earlier.status),
-                        "created_at": earlier.created_at.isoformat(),
-                    },
-                    "never_twice": window is None,
-                },
+        if confirmed is not None:
+            lifted |= set(
+                mine.filter(
+                    basket_fingerprint=confirmed[0], created_at__lt=confirmed[1]
+                ).values_list("id", flat=True)
             )
-        try:
-            with transaction.atomic():
-                purchase = Purchase.objects.create(
-                    quote=quote,
-                    api_client=api_client,
-                    amount=quote.amount,
-                    currency=quote.currency,
-                    customer_reference=reference,
-                    customer_key=key,
-                    basket_fingerprint=fingerprint,
-                    customer_email=email,
-                    recovery_owner=settings.RECOVERY_OWNER_DEFAULT,
-                    acknowledged_unresolved=sorted(lifted),
-                    channel=channel,
-                )
-        except IntegrityError:  # unreachable under the quote lock; the constraint is the guard
-            return PurchaseOpened(Purchase.objects.get(quote=quote), False)
-        if confirmation is not None:
-            confirmation.used_at = now
-            confirmation.used_for = purchase.id
-            confirmation.save(update_fields=["used_at", "used_for"])
-        transition_record(
-            purchase_id=purchase.id,
-            operation=None,
-            field="status",
-            source="",
-            target=purchase.status,
-            cause="purchase_created",
-            evidence={
-                "quote": quote.id,
-                "version": quote.version,
-                **({"buyer_confirmed": confirmation.purchase_id} if confirmation else {}),
-                **(
-                    {"storefront_confirmed": sorted(lifted)}
-                    if lifted and confirmation is None
-                    else {}
-                ),
-            },
-            actor=api_client.name if api_client else "",
+    return lifted, confirmation
+
+
+def _refuse_beside_unresolved(mine: QuerySet[Purchase], *, lifted: set[str]) -> None:
+    """`customer_has_unresolved_purchase`: the buyer has a purchase whose payment is not
+    settled (by status, or only on a person's word) that the buyer did not lift."""
+    unresolved = [
+        pid
+        for pid in mine.filter(Q(status__in=UNRESOLVED_STATUSES) | _SETTLED_ON_A_PERSONS_WORD)
+        .distinct()
+        .order_by("created_at")
+        .values_list("id", flat=True)
+        if pid not in lifted
+    ]
+    if unresolved:
+        raise DomainError(
+            ErrorCode.CUSTOMER_HAS_UNRESOLVED_PURCHASE,
+            "This customer has a purchase whose payment is not settled yet; the provider "
+            "may have charged the buyer. Do not open another purchase: follow that "
+            "purchase. Only the buyer can ask for a second one, on that purchase's status "
+            "page.",
+            status=409,
+            retry=RetryAdvice.FORBIDDEN,
+            owner=Owner.BUYER,
+            purchase=unresolved[0],
+            extra={"unresolved": unresolved},
         )
-    return PurchaseOpened(purchase, True)
+
+
+def _refuse_probable_duplicate(
+    mine: QuerySet[Purchase], *, quote: Quote, fingerprint: str, lifted: set[str], now: datetime
+) -> None:
+    """`probable_duplicate_purchase`: the buyer already has a paid, unresolved or awaiting
+    purchase of the same basket inside the window the basket's products set."""
+    window = _duplicate_window(quote.items)
+    same = mine.filter(basket_fingerprint=fingerprint).exclude(id__in=lifted)
+    if window is not None:
+        same = same.filter(created_at__gte=now - window)
+    earlier = (
+        same.filter(
+            Q(status__in=_DUPLICATE_OF_STATUSES)
+            | Q(
+                status=PurchaseStatus.AWAITING_PAYMENT,
+                quote__superseded_at__isnull=True,
+                quote__expires_at__gt=now,
+            )
+        )
+        .order_by("-created_at")
+        .first()
+    )
+    if earlier is not None:
+        raise DomainError(
+            ErrorCode.PROBABLE_DUPLICATE_PURCHASE,
+            f"This customer already has purchase {earlier.id} for the same items and "
+            f"amount (status {earlier.status}). Do not open another purchase: ask the "
+            "buyer whether they really want to buy the same items again; only the buyer "
+            "can confirm that, on that purchase's status page (the code is e-mailed to "
+            "the buyer).",
+            status=409,
+            retry=RetryAdvice.FORBIDDEN,
+            owner=Owner.BUYER,
+            purchase=earlier.id,
+            extra={
+                "earlier_purchase": {
+                    "id": earlier.id,
+                    "status": str(earlier.status),
+                    "created_at": earlier.created_at.isoformat(),
+                },
+                "never_twice": window is None,
+            },
+        )
 
 
 def purchase_bought_elsewhere(*, purchase_id: str, api_client: ApiClient | None) -> None:

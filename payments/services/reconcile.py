@@ -15,8 +15,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from recovery.models import OutboxCategory
-from recovery.outbox import outbox_batch, outbox_put
+from recovery.outbox import outbox_batch, reconcile_put
 
 from ..enums import (
     PAYMENT_KINDS,
@@ -537,12 +536,7 @@ def _schedule_acknowledged_read_back(op: PaymentOperation) -> None:
     delay = schedule[min(op.reconcile_attempts, len(schedule) - 1)]
     op.next_reconcile_at = now + timedelta(seconds=delay)
     op.save(update_fields=["next_reconcile_at", "updated_at"])
-    outbox_put(
-        category=OutboxCategory.RECONCILE,
-        payload={"operation": op.id},
-        dedupe_key=f"reconcile:{op.id}",
-        delay_seconds=delay,
-    )
+    reconcile_put(operation_id=op.id, delay_seconds=delay)
 
 
 def _acknowledged_follow_up(

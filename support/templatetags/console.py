@@ -196,7 +196,7 @@ def tx_link(tx_hash: str):
 @register.simple_tag(takes_context=True)
 def form_token(context):
     """The hidden one-time token of a console form that moves money: its effect is made
-    once, however often it is posted (support.services, `_act_by_user`)."""
+    once, however often it is posted (support.services, `_ConsoleAction.claim_form`)."""
     request = context.get("request")
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:

@@ -432,10 +432,10 @@ def _chain_proxy():
         _PROXY.up()
     # For this example only (teardown puts the node's own address back): the reader and
     # the refund signer are rebuilt from the setting on their next use.
-    from payments.providers.x402 import api as x402_provider
+    from payments.providers.x402 import chain as x402_chain
 
     django_settings.X402_RPC_URL = _PROXY.base
-    x402_provider._reader = None
+    x402_chain._reader = None
     return _PROXY
 
 

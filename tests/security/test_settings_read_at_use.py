@@ -21,7 +21,8 @@ import pytest
 from django.test import override_settings
 
 from payments.providers import stripe as stripe_adapter
-from payments.providers.x402 import api as x402_api
+from payments.providers.x402 import chain as x402_chain
+from payments.providers.x402 import facilitator as x402_facilitator
 from support import runbooks
 
 pytestmark = pytest.mark.django_db
@@ -33,8 +34,8 @@ def _forget_what_these_tests_built():
     them (the very leak they show)."""
     yield
     runbooks._load.cache_clear()
-    x402_api._facilitator = None
-    x402_api._reader = None
+    x402_facilitator._facilitator = None
+    x402_chain._reader = None
 
 
 @pytest.fixture
@@ -91,11 +92,11 @@ def test_the_stripe_read_timeout_follows_the_setting_of_now(fresh_provider, sett
 
 def test_the_facilitator_timeout_follows_the_setting_of_now(settings):
     with override_settings(X402_FACILITATOR_TIMEOUT=0.5):
-        assert x402_api.get_facilitator().timeout == 0.5
-    assert x402_api.get_facilitator().timeout == settings.X402_FACILITATOR_TIMEOUT
+        assert x402_facilitator.get_facilitator().timeout == 0.5
+    assert x402_facilitator.get_facilitator().timeout == settings.X402_FACILITATOR_TIMEOUT
 
 
 def test_the_chain_reader_lookback_follows_the_setting_of_now(settings):
     with override_settings(X402_LOG_LOOKBACK_BLOCKS=settings.X402_LOG_LOOKBACK_BLOCKS + 77):
-        x402_api.get_chain_reader()
-    assert x402_api.get_chain_reader().lookback == settings.X402_LOG_LOOKBACK_BLOCKS
+        x402_chain.get_chain_reader()
+    assert x402_chain.get_chain_reader().lookback == settings.X402_LOG_LOOKBACK_BLOCKS

@@ -130,7 +130,7 @@ def test_a_refund_confirm_without_its_token_requests_nothing(login, new_purchase
 
 
 def test_a_refused_form_can_be_corrected_and_sent_again(login, new_purchase, pay_now):
-    """A refusal made nothing: the token is not spent by it (Txn.AROUND rolls it back)."""
+    """A refusal made nothing: the token is not spent by it (its one transaction rolls it back)."""
     purchase = new_purchase(price=1500)
     pay_now(purchase)
     client = login("support")

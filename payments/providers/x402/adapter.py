@@ -1,6 +1,6 @@
 """The x402 rail's adapter object: what the rail is and can do, for the services
 (payments.providers.base.RailAdapter). Its calls (the facilitator's settle, the chain
-reader, the refund signer) are in api.py."""
+reader, the refund signer) are in facilitator.py, chain.py and refunds.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from django.conf import settings
 from payments.enums import Rail
 
 from ..base import RailRefusal
-from .api import OBJECT_TYPE
+from .objects import OBJECT_TYPE
 
 
 class X402Provider:

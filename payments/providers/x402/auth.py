@@ -32,6 +32,10 @@ JWT_LIFETIME_SECONDS = 120  # what the CDP facilitator accepts
 JWT_ISSUER = "cdp"
 
 
+# A CDP API key's private key: ES256 (EC P-256) or EdDSA (Ed25519).
+ApiKey = ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
+
+
 class FacilitatorCredentialInvalid(ValueError):
     """The configured facilitator credential cannot be used (the message names the
     variable, never the secret)."""
@@ -56,7 +60,7 @@ class StaticBearer:
         return {"Authorization": f"Bearer {self.token}"}
 
 
-def parse_api_key_secret(secret: str):
+def parse_api_key_secret(secret: str) -> ApiKey:
     """A CDP API key secret as a private key: an EC P-256 key in PEM (literal `\\n` as an
     unquoted environment variable carries them are accepted) or a base64 Ed25519 key."""
     text = secret.strip().replace("\\n", "\n")
@@ -104,7 +108,7 @@ def request_uri(method: str, url: str) -> str:
 def mint_cdp_jwt(
     *,
     key_id: str,
-    key,
+    key: ApiKey,
     method: str,
     url: str,
     now: int | None = None,
@@ -128,7 +132,7 @@ def mint_cdp_jwt(
 @dataclass(frozen=True)
 class CdpApiKey:
     key_id: str
-    key: object = field(repr=False)
+    key: ApiKey = field(repr=False)
 
     @classmethod
     def from_secret(cls, *, key_id: str, secret: str) -> CdpApiKey:
