@@ -116,7 +116,7 @@ TEST_WORKERS ?= 3
 # stack; docs/scaling.md). Without the standby it is not collected.
 # `make test REPLICA_TESTS=` skips it.
 REPLICA_TESTS ?= tests/replica
-test: deps lint
+test: deps lint typecheck
 	$(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 $(PYTEST_ARGS)
 	$(if $(REPLICA_TESTS),$(PY) -m tests.stack --replica -- $(PY) -m pytest -q $(REPLICA_TESTS))
 
@@ -136,6 +136,8 @@ lint: deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# mypy with the Django, DRF and pydantic plugins (pyproject.toml [tool.mypy]); strict on
+# the payments services and providers and on recovery. Run by `make test`.
 typecheck: deps
 	DEBUG=true $(VENV)/bin/mypy
 
