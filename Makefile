@@ -139,7 +139,7 @@ lint: deps
 # mypy with the Django, DRF and pydantic plugins (pyproject.toml [tool.mypy]); strict on
 # the payments services and providers and on recovery. Run by `make test`.
 typecheck: deps
-	DEBUG=true $(VENV)/bin/mypy
+	DEBUG=true $(PY) -m mypy
 
 fmt: deps
 	$(VENV)/bin/ruff format .
