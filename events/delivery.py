@@ -16,6 +16,11 @@ WEBHOOK_RETRY_SECONDS.
      window the delivery fails, and an endpoint that has failed everything for
      WEBHOOK_DISABLE_AFTER_SECONDS is disabled with its reason (console queue, metric).
 The `webhooks` halt stops step 2: deliveries wait, they do not fail.
+
+Endpoints of another kind take the same path (one claim, retry schedule, disabling rule
+and log): an ACP agent platform's order webhook (`EndpointKind.ACP`) is a delivery put by
+`message_delivery_create` with its own message id and body, signed by the headers its kind
+registered (`kind_signer_register`, from acp): its ACP shape and `Merchant-Signature` kept.
 A worker that dies between 2 and 4 leaves the lease; the next claim after it takes the
 delivery again (the receiver dedupes on `webhook-id`, the event's id).
 """
@@ -27,6 +32,7 @@ import logging
 import random
 import threading
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
@@ -45,6 +51,7 @@ from recovery.outbox import outbox_handler
 from .destinations import PostResult, post_checked
 from .models import (
     DeliveryState,
+    EndpointKind,
     Event,
     WebhookAttempt,
     WebhookDelivery,
@@ -69,7 +76,9 @@ def _fan_out(payload: dict) -> None:
         return  # pruned, or a purchase no API client owns: nobody to tell
     endpoints = [
         e
-        for e in WebhookEndpoint.objects.filter(api_client_id=event.api_client_id, enabled=True)
+        for e in WebhookEndpoint.objects.filter(
+            api_client_id=event.api_client_id, enabled=True, kind=EndpointKind.STANDARD
+        )
         if e.wants(event.type)
     ]
     if not endpoints:
@@ -90,6 +99,35 @@ def _fan_out(payload: dict) -> None:
             ignore_conflicts=True,
         )  # a redelivered message adds nothing
         deliver_kick()
+
+
+def message_delivery_create(
+    *, endpoint: WebhookEndpoint, message_id: str, purchase_id: str, body: bytes
+) -> bool:
+    """Put one message of a non-event kind (an ACP order event) on `endpoint`'s delivery
+    log, due now; from here it is retried, logged, halted and resent as an event's delivery
+    is. The same `message_id` twice on one endpoint is one delivery (a redelivered outbox
+    message adds nothing). Returns whether a delivery was made (False: a disabled endpoint
+    takes nothing, as fan-out gives a disabled storefront endpoint nothing)."""
+    if not endpoint.enabled:
+        return False
+    now = timezone.now()
+    with transaction.atomic():
+        made = WebhookDelivery.objects.bulk_create(
+            [
+                WebhookDelivery(
+                    endpoint=endpoint,
+                    message_id=message_id,
+                    body=body.decode(),
+                    purchase_id=purchase_id,
+                    next_attempt_at=now,
+                    give_up_at=now + timedelta(seconds=settings.WEBHOOK_RETRY_SECONDS),
+                )
+            ],
+            ignore_conflicts=True,
+        )
+        deliver_kick()
+    return bool(made)
 
 
 def deliver_kick() -> None:
@@ -192,11 +230,35 @@ def signed_headers(
     }
 
 
-def _send(delivery: WebhookDelivery) -> PostResult:
-    body = event_body(delivery.event)
-    headers = signed_headers(
-        delivery.endpoint, msg_id=delivery.event.public_id, body=body, at=timezone.now()
-    )
+# (message id, body, signing time) -> the headers that sign it
+Signer = Callable[[str, bytes, datetime], dict[str, str]]
+# An endpoint kind's signer, made once per endpoint per batch in the claiming thread (it
+# may read the database; what it returns must not); None: nothing can sign for it now.
+SignerFactory = Callable[[WebhookEndpoint], Signer | None]
+_KIND_SIGNERS: dict[str, SignerFactory] = {}
+
+
+def kind_signer_register(kind: str, factory: SignerFactory) -> None:
+    """How an endpoint of `kind` is signed (acp registers its `Merchant-Signature`)."""
+    _KIND_SIGNERS[kind] = factory
+
+
+def _signer(endpoint: WebhookEndpoint) -> Signer | None:
+    if endpoint.kind == EndpointKind.STANDARD:
+        return lambda msg_id, body, at: signed_headers(endpoint, msg_id=msg_id, body=body, at=at)
+    factory = _KIND_SIGNERS.get(endpoint.kind)
+    return factory(endpoint) if factory is not None else None
+
+
+def delivery_body(delivery: WebhookDelivery) -> bytes:
+    return event_body(delivery.event) if delivery.event_id else delivery.body.encode()
+
+
+def _send(delivery: WebhookDelivery, signer: Signer | None) -> PostResult:
+    if signer is None:
+        return PostResult(None, f"refused: no signer for a {delivery.endpoint.kind} endpoint", 0)
+    body = delivery_body(delivery)
+    headers = signer(delivery.msg_id, body, timezone.now())
     return post_checked(delivery.endpoint.url, body=body, headers=headers)
 
 
@@ -308,10 +370,13 @@ def deliveries_send_due(*, batch: int = 20) -> int:
     deliveries = list(
         WebhookDelivery.objects.select_related("event", "endpoint").filter(id__in=ids)
     )
+    endpoints = {d.endpoint_id: d.endpoint for d in deliveries}
+    signers = {endpoint_id: _signer(e) for endpoint_id, e in endpoints.items()}
+    signed = [signers[d.endpoint_id] for d in deliveries]
     if len(deliveries) <= 1 or settings.WEBHOOK_SEND_THREADS <= 1:
-        results = [_send(d) for d in deliveries]
+        results = [_send(d, s) for d, s in zip(deliveries, signed, strict=True)]
     else:
-        results = list(_senders().map(_send, deliveries))
+        results = list(_senders().map(_send, deliveries, signed))
     _settle_all(list(zip(deliveries, results, strict=True)))
     return len(deliveries)
 
