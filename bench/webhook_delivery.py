@@ -50,7 +50,7 @@ def _serve(port_queue) -> None:
     server.serve_forever()
 
 
-def _fill(n: int, tag: str, url: str, threads: int):
+def _fill(n: int, tag: str, url: str, threads: int, *, deliveries: bool = True):
     from events.models import Event, WebhookDelivery, WebhookEndpoint
 
     endpoint = WebhookEndpoint.objects.create(
@@ -78,6 +78,8 @@ def _fill(n: int, tag: str, url: str, threads: int):
             for i in range(n)
         ]
     )
+    if not deliveries:
+        return endpoint, events
     WebhookDelivery.objects.bulk_create(
         [
             WebhookDelivery(
@@ -108,13 +110,65 @@ def run_verity(n: int, url: str, threads: int, tag: str) -> float:
     return n / took
 
 
+def run_profile(n: int, url: str, threads: int, tag: str) -> dict:
+    """One run with every SQL statement counted and the time split by phase (claim, read,
+    send, settle): where a delivered event's cost goes."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from events import delivery
+
+    _fill(n, tag, url, threads)
+    spent: dict[str, float] = {}
+    originals = {}
+
+    def timed(name: str):
+        fn = getattr(delivery, name)
+        originals[name] = fn
+
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+
+        setattr(delivery, name, wrapper)
+
+    for name in PHASES:
+        if hasattr(delivery, name):
+            timed(name)
+    try:
+        started = time.perf_counter()
+        with CaptureQueriesContext(connection) as queries:
+            sent = 0
+            while batch := delivery.deliveries_send_all_due(max_batches=1000):
+                sent += batch
+        took = time.perf_counter() - started
+    finally:
+        for name, fn in originals.items():
+            setattr(delivery, name, fn)
+    return {
+        "events": sent,
+        "statements": len(queries.captured_queries),
+        "seconds": took,
+        "phases": spent,
+    }
+
+
+# The functions of events.delivery whose time the profile reports (those it has).
+PHASES = ("_claim", "_claimed", "_load", "_send_batch", "_settle_all", "is_halted")
+
+
 def run_floor(n: int, url: str, threads: int, tag: str) -> float:
     import urllib3
     from standardwebhooks.webhooks import Webhook
 
     from events.selectors import event_document
 
-    _, events = _fill(n, tag, url, threads)  # the same rows, read from memory only
+    # The same rows, read from memory only. No deliveries: rows left pending here would be
+    # sent by the next events.delivery run and counted as none of its own.
+    _, events = _fill(n, tag, url, threads, deliveries=False)
     bodies = [(e.public_id, json.dumps(event_document(e), separators=(",", ":"))) for e in events]
     wh = Webhook("whsec_" + "QmVuY2hTZWNyZXRCZW5jaFNlY3JldEJlbmNoU2VjcmV0")
     pool = urllib3.PoolManager(maxsize=threads)
@@ -147,6 +201,9 @@ def main(argv: list[str] | None = None) -> Report:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     common_args(parser)
     parser.add_argument("--events", type=int, default=2000)
+    parser.add_argument(
+        "--profile", action="store_true", help="also count statements and time per phase"
+    )
     args = parser.parse_args(argv)
     report = Report()
     ports: multiprocessing.Queue = multiprocessing.Queue()
@@ -166,6 +223,9 @@ def main(argv: list[str] | None = None) -> Report:
                 floor.append(run_floor(args.events, url, threads, f"f{run}"))
                 log(f"run {run + 1}/{args.runs}: events.delivery")
                 verity.append(run_verity(args.events, url, threads, f"v{run}"))
+            if args.profile:
+                log("profile: statements and time per phase")
+                prof = run_profile(args.events, url, threads, "p")
     finally:
         receiver.terminate()
     v, f = med(verity), med(floor)
@@ -179,6 +239,21 @@ def main(argv: list[str] | None = None) -> Report:
         f"{args.events} events, {threads} threads, {args.runs} runs, median; floor "
         "= signed POSTs over kept-alive connections, no database",
     )
+    if args.profile:
+        per = prof["statements"] / max(1, prof["events"])
+        phases = ", ".join(
+            f"{name.strip('_')} {1000 * sec / max(1, prof['events']):.2f} ms"
+            for name, sec in prof["phases"].items()
+        )
+        report.add(
+            "webhook delivery",
+            "SQL statements per delivered event",
+            f"{per:.2f}",
+            "",
+            "",
+            "",
+            f"{prof['events']} events in {prof['seconds']:.2f} s; per event: {phases}",
+        )
     report.dump(args.json)
     report.print("webhook delivery")
     return report
