@@ -9,12 +9,12 @@ WEBHOOK_RETRY_SECONDS.
      relay, so it never delays a money path): one short transaction, serialised by an
      advisory lock, takes due deliveries within each endpoint's `max_in_flight` and at
      most one per (endpoint, purchase) at a time, so a purchase's events leave in their
-     sequence order; stamps a lease;
+     sequence order; stamps a lease; the rows are read with their event and endpoint;
   3. send with no transaction open, side by side (one thread per delivery);
-  4. settle the batch in one transaction: delivered, or the next attempt's time from the schedule;
-  past the retry
-     window the delivery fails, and an endpoint that has failed everything for
-     WEBHOOK_DISABLE_AFTER_SECONDS is disabled with its reason (console queue, metric).
+  4. settle the batch in one transaction: delivered, or the next attempt's time from the
+     schedule; past the retry window the delivery fails, and an endpoint that has failed
+     everything for WEBHOOK_DISABLE_AFTER_SECONDS is disabled with its reason (console
+     queue, metric). The next batch's claim runs in the same transaction.
 The `webhooks` halt stops step 2: deliveries wait, they do not fail.
 
 Endpoints of another kind take the same path (one claim, retry schedule, disabling rule
@@ -39,13 +39,12 @@ from datetime import datetime, timedelta
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, F, PositiveSmallIntegerField, Q, Value, When
+from django.db.models import Case, Exists, F, PositiveSmallIntegerField, Q, Value, When
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
 from payments.locks import assert_outside_transaction
-from recovery.halts import is_halted
-from recovery.models import OutboxCategory
+from recovery.models import OutboxCategory, WorkflowHalt
 from recovery.outbox import outbox_handler
 
 from .destinations import PostResult, post_checked
@@ -140,10 +139,16 @@ def deliver_kick() -> None:
 _CLAIM_LOCK = 0x5645524954  # "VERIT": pg_advisory_xact_lock key of the delivery claim
 
 
-def _claim(batch: int) -> list[int]:
+def _claim(batch: int) -> list[WebhookDelivery]:
+    """Take up to `batch` due deliveries (with their event and endpoint read in the same
+    statement) and stamp their lease. Nothing while the `webhooks` halt is set: it is read
+    in this transaction, so a halt bites at the next claim. Runs in its own transaction, or
+    in the caller's (the settle of the batch before: one commit for both)."""
     now = timezone.now()
     lease = now + timedelta(seconds=settings.WEBHOOK_LEASE_SECONDS)
-    with transaction.atomic():
+    # No savepoint inside the settle's transaction: two statements fewer, and a failed
+    # claim there undoes the settle too (its deliveries are sent again: at least once).
+    with transaction.atomic(savepoint=False):
         if connection.vendor == "postgresql":
             # Claims are short and rare next to sends: one at a time keeps each endpoint's
             # in-flight count exact without a counter that a dead worker would leak.
@@ -164,34 +169,41 @@ def _claim(batch: int) -> list[int]:
         # Endpoint by endpoint, each read only as far as its free room: an endpoint with a
         # long backlog and a full in-flight bound takes no place in anyone else's claim
         # (one global "oldest first" read would put its backlog in front of everyone).
+        # A halt answers no endpoint (the halt's row is read in this statement).
         bounds = list(
-            WebhookEndpoint.objects.filter(
-                enabled=True, id__in=due.values("endpoint_id")
-            ).values_list("id", "max_in_flight")
+            WebhookEndpoint.objects.filter(enabled=True, id__in=due.values("endpoint_id"))
+            .filter(~Exists(WorkflowHalt.objects.filter(name=HALT)))
+            .values_list("id", "max_in_flight")
         )
         random.shuffle(bounds)  # no endpoint always first when the batch fills up
-        picked: list[int] = []
+        picked: list[WebhookDelivery] = []
         for endpoint_id, bound in bounds:
             room = min(bound - busy.get(endpoint_id, 0), batch - len(picked))
             if room <= 0:
                 continue
+            # The rows themselves, with their event and endpoint: no second read to send.
+            # Read past the room by what a purchase already in flight here may hold back.
             rows = (
                 due.filter(endpoint_id=endpoint_id)
-                .order_by("event_id", "id")
-                .values_list("id", "purchase_id")[: room * 4 + 8]
+                .select_related("event", "endpoint")
+                .order_by("event_id", "id")[: room + 8 + 3 * min(room, busy.get(endpoint_id, 0))]
             )
-            for delivery_id, purchase_id in rows:
-                if (endpoint_id, purchase_id) in busy_pairs:
+            for delivery in rows:
+                if (endpoint_id, delivery.purchase_id) in busy_pairs:
                     continue  # one at a time per purchase: its events leave in order
-                picked.append(delivery_id)
-                busy_pairs.add((endpoint_id, purchase_id))
+                picked.append(delivery)
+                busy_pairs.add((endpoint_id, delivery.purchase_id))
                 room -= 1
                 if room <= 0:
                     break
             if len(picked) >= batch:
                 break
         if picked:
-            WebhookDelivery.objects.filter(id__in=picked).update(claimed_until=lease)
+            WebhookDelivery.objects.filter(id__in=[d.id for d in picked]).update(
+                claimed_until=lease
+            )
+            for delivery in picked:
+                delivery.claimed_until = lease
     return picked
 
 
@@ -270,9 +282,13 @@ def retry_delay_seconds(attempts: int) -> float:
     return float(schedule[min(max(attempts, 1), len(schedule)) - 1])
 
 
-def _settle_all(settled: list[tuple[WebhookDelivery, PostResult]]) -> None:
+def _settle_all(
+    settled: list[tuple[WebhookDelivery, PostResult]], *, claim_next: int = 0
+) -> list[WebhookDelivery]:
     """Record a batch's answers in one transaction: the attempt log in one INSERT, the
-    delivered ones in one UPDATE; a failure is scheduled (or given up) row by row."""
+    delivered ones in one UPDATE; a failure is scheduled (or given up) row by row. With
+    `claim_next`, the next batch is claimed in the same transaction (one commit for both:
+    what this settles is no longer in flight for that claim) and returned."""
     now = timezone.now()
     with transaction.atomic():
         WebhookAttempt.objects.bulk_create(
@@ -302,12 +318,17 @@ def _settle_all(settled: list[tuple[WebhookDelivery, PostResult]]) -> None:
                     output_field=PositiveSmallIntegerField(),
                 ),
             )
-            WebhookEndpoint.objects.filter(
-                id__in={d.endpoint_id for d in ok}, failing_since__isnull=False
-            ).update(failing_since=None)
+            # Only when one was failing as read at the claim (a success that follows a
+            # failure settled after that read clears it at the endpoint's next success).
+            recovering = {d.endpoint_id for d in ok if d.endpoint.failing_since is not None}
+            if recovering:
+                WebhookEndpoint.objects.filter(
+                    id__in=recovering, failing_since__isnull=False
+                ).update(failing_since=None)
         for delivery, result in settled:
             if not result.ok:
                 _failed(delivery, result, now)
+        return _claim(claim_next) if claim_next else []
 
 
 def _error(result: PostResult) -> str:
@@ -359,35 +380,42 @@ def _senders() -> ThreadPoolExecutor:
         return _SENDERS
 
 
-def deliveries_send_due(*, batch: int = 20) -> int:
-    """Claim, send and settle one batch; returns how many were sent."""
-    assert_outside_transaction()
-    if is_halted(HALT):
-        return 0
-    ids = _claim(batch)
-    if not ids:
-        return 0
-    deliveries = list(
-        WebhookDelivery.objects.select_related("event", "endpoint").filter(id__in=ids)
-    )
+def _send_batch(deliveries: list[WebhookDelivery]) -> list[PostResult]:
+    """Send a claimed batch side by side, no transaction open; signers are made here, in
+    the calling thread (a kind's signer may read its secret from the database)."""
     endpoints = {d.endpoint_id: d.endpoint for d in deliveries}
     signers = {endpoint_id: _signer(e) for endpoint_id, e in endpoints.items()}
     signed = [signers[d.endpoint_id] for d in deliveries]
     if len(deliveries) <= 1 or settings.WEBHOOK_SEND_THREADS <= 1:
-        results = [_send(d, s) for d, s in zip(deliveries, signed, strict=True)]
-    else:
-        results = list(_senders().map(_send, deliveries, signed))
-    _settle_all(list(zip(deliveries, results, strict=True)))
+        return [_send(d, s) for d, s in zip(deliveries, signed, strict=True)]
+    return list(_senders().map(_send, deliveries, signed))
+
+
+def deliveries_send_due(*, batch: int = 20) -> int:
+    """Claim, send and settle one batch; returns how many were sent."""
+    assert_outside_transaction()
+    deliveries = _claim(batch)
+    if not deliveries:
+        return 0
+    _settle_all(list(zip(deliveries, _send_batch(deliveries), strict=True)))
     return len(deliveries)
 
 
-def deliveries_send_all_due(*, max_batches: int = 50) -> int:
+def deliveries_send_all_due(*, max_batches: int = 50, batch: int = 20) -> int:
+    """Batches until nothing is due (or `max_batches`): each batch's settle and the next
+    batch's claim share one transaction."""
+    assert_outside_transaction()
     total = 0
-    for _ in range(max_batches):
-        sent = deliveries_send_due()
-        total += sent
-        if not sent:
+    deliveries = _claim(batch)
+    for n in range(max_batches):
+        if not deliveries:
             break
+        results = _send_batch(deliveries)
+        total += len(deliveries)
+        deliveries = _settle_all(
+            list(zip(deliveries, results, strict=True)),
+            claim_next=batch if n + 1 < max_batches else 0,
+        )
     return total
 
 
