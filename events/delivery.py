@@ -44,6 +44,7 @@ from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
 from payments.locks import assert_outside_transaction
+from recovery.kick import relay_kick_coalesced
 from recovery.models import OutboxCategory, WorkflowHalt
 from recovery.outbox import outbox_handler
 
@@ -129,9 +130,21 @@ def message_delivery_create(
     return bool(made)
 
 
+DELIVER_KICK = "events-deliver-kick"
+
+
+def _deliver_publish(countdown: float | None) -> None:
+    current_app.send_task(DELIVER_TASK, countdown=countdown, retry=False)
+
+
 def deliver_kick() -> None:
-    """After commit, ask a worker to send what is due (the beat sweep is the backstop)."""
-    transaction.on_commit(lambda: current_app.send_task(DELIVER_TASK, retry=False), robust=True)
+    """After commit, ask a worker to send what is due (the beat sweep is the backstop).
+    Coalesced as the relay's kicks are (recovery.kick: at most two publishes per window,
+    each starting after the commits it covers): one run sends every due delivery, so a
+    burst of N events is not N runs that each find the first one's work done."""
+    transaction.on_commit(
+        lambda: relay_kick_coalesced(_deliver_publish, name=DELIVER_KICK), robust=True
+    )
 
 
 # -- 2. claim ---------------------------------------------------------------------------
@@ -401,22 +414,27 @@ def deliveries_send_due(*, batch: int = 20) -> int:
     return len(deliveries)
 
 
-def deliveries_send_all_due(*, max_batches: int = 50, batch: int = 20) -> int:
-    """Batches until nothing is due (or `max_batches`): each batch's settle and the next
-    batch's claim share one transaction."""
+def deliveries_send_run(*, max_batches: int = 50, batch: int = 20) -> tuple[int, bool]:
+    """Batches until nothing is due or `max_batches` were sent: each batch's settle and the
+    next batch's claim share one transaction. Returns (how many were sent, whether it
+    stopped at `max_batches` with more perhaps due)."""
     assert_outside_transaction()
     total = 0
     deliveries = _claim(batch)
     for n in range(max_batches):
         if not deliveries:
-            break
+            return total, False
         results = _send_batch(deliveries)
         total += len(deliveries)
         deliveries = _settle_all(
             list(zip(deliveries, results, strict=True)),
             claim_next=batch if n + 1 < max_batches else 0,
         )
-    return total
+    return total, True
+
+
+def deliveries_send_all_due(*, max_batches: int = 50, batch: int = 20) -> int:
+    return deliveries_send_run(max_batches=max_batches, batch=batch)[0]
 
 
 def next_retry_in() -> float | None:
