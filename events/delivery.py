@@ -9,7 +9,7 @@ WEBHOOK_RETRY_SECONDS.
      relay, so it never delays a money path): one short transaction, serialised by an
      advisory lock, takes due deliveries within each endpoint's `max_in_flight` and at
      most one per (endpoint, purchase) at a time, so a purchase's events leave in their
-     sequence order; stamps a lease; the rows are read with their event and endpoint;
+     sequence order; stamps a lease and reads the rows with their event and endpoint;
   3. send with no transaction open, side by side (one thread per delivery);
   4. settle the batch in one transaction: delivered, or the next attempt's time from the
      schedule; past the retry window the delivery fails, and an endpoint that has failed
@@ -152,9 +152,15 @@ def deliver_kick() -> None:
 _CLAIM_LOCK = 0x5645524954  # "VERIT": pg_advisory_xact_lock key of the delivery claim
 
 
-def _claim(batch: int) -> list[WebhookDelivery]:
-    """Take up to `batch` due deliveries (with their event and endpoint read in the same
-    statement) and stamp their lease. Nothing while the `webhooks` halt is set: it is read
+def _claim_lock() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CLAIM_LOCK])
+
+
+def _claim(batch: int, *, locked: bool = False) -> list[WebhookDelivery]:
+    """Take up to `batch` due deliveries, stamp their lease and read them with their event
+    and endpoint. Nothing while the `webhooks` halt is set: it is read
     in this transaction, so a halt bites at the next claim. Runs in its own transaction, or
     in the caller's (the settle of the batch before: one commit for both)."""
     now = timezone.now()
@@ -162,11 +168,10 @@ def _claim(batch: int) -> list[WebhookDelivery]:
     # No savepoint inside the settle's transaction: two statements fewer, and a failed
     # claim there undoes the settle too (its deliveries are sent again: at least once).
     with transaction.atomic(savepoint=False):
-        if connection.vendor == "postgresql":
+        if not locked:
             # Claims are short and rare next to sends: one at a time keeps each endpoint's
             # in-flight count exact without a counter that a dead worker would leak.
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CLAIM_LOCK])
+            _claim_lock()
         # What is in flight, read once: per endpoint (its bound) and per (endpoint,
         # purchase) (one at a time: its events leave in order).
         in_flight = list(
@@ -189,35 +194,37 @@ def _claim(batch: int) -> list[WebhookDelivery]:
             .values_list("id", "max_in_flight")
         )
         random.shuffle(bounds)  # no endpoint always first when the batch fills up
-        picked: list[WebhookDelivery] = []
+        picked: list[int] = []
         for endpoint_id, bound in bounds:
             room = min(bound - busy.get(endpoint_id, 0), batch - len(picked))
             if room <= 0:
                 continue
-            # The rows themselves, with their event and endpoint: no second read to send.
-            # Read past the room by what a purchase already in flight here may hold back.
             rows = (
                 due.filter(endpoint_id=endpoint_id)
-                .select_related("event", "endpoint")
-                .order_by("event_id", "id")[: room + 8 + 3 * min(room, busy.get(endpoint_id, 0))]
+                .order_by("event_id", "id")
+                .values_list("id", "purchase_id")[: room * 4 + 8]
             )
-            for delivery in rows:
-                if (endpoint_id, delivery.purchase_id) in busy_pairs:
+            for delivery_id, purchase_id in rows:
+                if (endpoint_id, purchase_id) in busy_pairs:
                     continue  # one at a time per purchase: its events leave in order
-                picked.append(delivery)
-                busy_pairs.add((endpoint_id, delivery.purchase_id))
+                picked.append(delivery_id)
+                busy_pairs.add((endpoint_id, purchase_id))
                 room -= 1
                 if room <= 0:
                     break
             if len(picked) >= batch:
                 break
-        if picked:
-            WebhookDelivery.objects.filter(id__in=[d.id for d in picked]).update(
-                claimed_until=lease
-            )
-            for delivery in picked:
-                delivery.claimed_until = lease
-    return picked
+        if not picked:
+            return []
+        WebhookDelivery.objects.filter(id__in=picked).update(claimed_until=lease)
+        # Only the picked rows are read whole (an event's data is the purchase view): in
+        # this transaction, so the claim and its rows are one commit.
+        deliveries = list(
+            WebhookDelivery.objects.select_related("event", "endpoint")
+            .filter(id__in=picked)
+            .order_by("id")
+        )
+    return deliveries
 
 
 # -- 3. send ----------------------------------------------------------------------------
@@ -304,6 +311,11 @@ def _settle_all(
     what this settles is no longer in flight for that claim) and returned."""
     now = timezone.now()
     with transaction.atomic():
+        if claim_next:
+            # Taken first, before this settle's row locks: a claimer then never waits on a
+            # row lock while holding it (a row a lapsed lease lets it pick could be one
+            # this settle holds), so the two cannot wait on each other.
+            _claim_lock()
         WebhookAttempt.objects.bulk_create(
             [
                 WebhookAttempt(
@@ -341,7 +353,7 @@ def _settle_all(
         for delivery, result in settled:
             if not result.ok:
                 _failed(delivery, result, now)
-        return _claim(claim_next) if claim_next else []
+        return _claim(claim_next, locked=True) if claim_next else []
 
 
 def _error(result: PostResult) -> str:
