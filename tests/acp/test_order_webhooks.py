@@ -36,6 +36,7 @@ from recovery.models import OutboxCategory, OutboxMessage
 from recovery.relay import relay_drain_once
 from support.selectors import queue_items
 from tests.acp.conftest import issue_spt, new_email, valid
+from tests.conftest import wait_for
 from tests.support.conftest import login, roles, users  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -497,3 +498,48 @@ def test_a_platform_url_that_resolves_to_a_private_address_is_refused_at_send(
     assert not OutboxMessage.objects.filter(
         category=OutboxCategory.ACP_ORDER_EVENT, processed_at__isnull=True
     ).exists()
+
+
+@pytest.fixture
+def worker_env(monkeypatch):
+    # The worker is another process, started after this: it reads these from its
+    # environment.
+    monkeypatch.setenv("WEBHOOK_ALLOW_LOOPBACK", "true")
+    monkeypatch.setenv("WEBHOOK_RETRY_SCHEDULE_SECONDS", "0.2,0.5,1")
+
+
+def test_a_worker_delivers_every_order_event_once_after_failures(
+    agent, platform, tea, receiver, worker_env, celery_worker
+):
+    """Nothing driven from the test process: the worker's relay hands each order event
+    over, the delivery task sends it, the failures are retried on the delivery schedule."""
+    _platform(platform, receiver)
+    receiver.status = 500
+
+    _, order = _order(agent, tea)
+    pid = order["id"]
+    deliveries = WebhookDelivery.objects.filter(purchase_id=pid)
+
+    def failed_twice() -> bool:
+        return WebhookAttempt.objects.filter(delivery__purchase_id=pid).count() >= 2
+
+    wait_for(failed_twice, timeout=60)
+    assert WebhookAttempt.objects.filter(status_code=500).count() >= 2  # the receiver's
+    receiver.status = 200
+
+    def all_there() -> bool:
+        handed = OutboxMessage.objects.filter(
+            category=OutboxCategory.ACP_ORDER_EVENT, payload__purchase=pid
+        )
+        return (
+            handed.filter(payload__status="completed").exists()
+            and not handed.filter(processed_at__isnull=True).exists()
+            and deliveries.count() == handed.count()
+            and not deliveries.exclude(state=DeliveryState.DELIVERED).exists()
+        )
+
+    wait_for(all_there, timeout=90)
+    ids = set(deliveries.values_list("message_id", flat=True))
+    assert receiver.accepted == {rid: 1 for rid in ids}  # each event once
+    assert receiver.bad_signatures == 0
+    assert deliveries.get(message_id=f"evt_{pid}_paid").attempts >= 3
