@@ -56,6 +56,14 @@ def platform_endpoint_sync(platform: AgentPlatform) -> WebhookEndpoint | None:
     platform without a URL has none enabled (turned off with that reason; a URL set again
     turns it back on). Returns the endpoint when order events can go to it."""
     client_id = str(platform.api_client_id)
+    current = WebhookEndpoint.objects.filter(kind=EndpointKind.ACP, api_client_id=client_id).first()
+    if (
+        current is not None
+        and platform.webhook_url
+        and current.url == platform.webhook_url
+        and current.disabled_reason != NO_WEBHOOK
+    ):
+        return current  # in step already (every order event asks): no lock taken
     with transaction.atomic():
         endpoint = (
             WebhookEndpoint.objects.select_for_update()

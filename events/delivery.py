@@ -343,13 +343,12 @@ def _settle_all(
                     output_field=PositiveSmallIntegerField(),
                 ),
             )
-            # Only when one was failing as read at the claim (a success that follows a
-            # failure settled after that read clears it at the endpoint's next success).
-            recovering = {d.endpoint_id for d in ok if d.endpoint.failing_since is not None}
-            if recovering:
-                WebhookEndpoint.objects.filter(
-                    id__in=recovering, failing_since__isnull=False
-                ).update(failing_since=None)
+            # Always asked (not only when the claim's read saw it failing): another
+            # worker's failure may have set it since, and a success left behind it would
+            # let the endpoint be disabled for failures this success interrupted.
+            WebhookEndpoint.objects.filter(
+                id__in={d.endpoint_id for d in ok}, failing_since__isnull=False
+            ).update(failing_since=None)
         for delivery, result in settled:
             if not result.ok:
                 _failed(delivery, result, now)
