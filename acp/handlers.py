@@ -54,7 +54,8 @@ def order_event_id(payload: dict) -> str:
 def platform_endpoint_sync(platform: AgentPlatform) -> WebhookEndpoint | None:
     """The platform's order-webhook endpoint, made on first need and kept at its URL. A
     platform without a URL has none enabled (turned off with that reason; a URL set again
-    turns it back on). Returns the endpoint when order events can go to it."""
+    turns it back on). Returns the endpoint (None: the platform receives no order events);
+    one disabled for failures is returned as it is, and takes no delivery until enabled."""
     client_id = str(platform.api_client_id)
     current = WebhookEndpoint.objects.filter(kind=EndpointKind.ACP, api_client_id=client_id).first()
     if (
@@ -84,7 +85,9 @@ def platform_endpoint_sync(platform: AgentPlatform) -> WebhookEndpoint | None:
                 endpoint.enabled = False
                 endpoint.disabled_at = timezone.now()
                 endpoint.disabled_reason = NO_WEBHOOK
-                endpoint.save(update_fields=["enabled", "disabled_at", "disabled_reason"])
+                endpoint.save(
+                    update_fields=["enabled", "disabled_at", "disabled_reason", "updated_at"]
+                )
             return None
         if endpoint.url != platform.webhook_url or endpoint.disabled_reason == NO_WEBHOOK:
             endpoint.url = platform.webhook_url
