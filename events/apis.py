@@ -51,8 +51,8 @@ def endpoint_view(endpoint) -> dict:
 def delivery_view(delivery: WebhookDelivery) -> dict:
     return {
         "id": delivery.id,
-        "event": delivery.event.public_id,
-        "type": delivery.event.type,
+        "event": delivery.msg_id,
+        "type": delivery.event.type if delivery.event is not None else None,
         "purchase": delivery.purchase_id,
         "state": delivery.state,
         "attempts": delivery.attempts,

@@ -9,13 +9,18 @@ WEBHOOK_RETRY_SECONDS.
      relay, so it never delays a money path): one short transaction, serialised by an
      advisory lock, takes due deliveries within each endpoint's `max_in_flight` and at
      most one per (endpoint, purchase) at a time, so a purchase's events leave in their
-     sequence order; stamps a lease;
+     sequence order; stamps a lease and reads the rows with their event and endpoint;
   3. send with no transaction open, side by side (one thread per delivery);
-  4. settle the batch in one transaction: delivered, or the next attempt's time from the schedule;
-  past the retry
-     window the delivery fails, and an endpoint that has failed everything for
-     WEBHOOK_DISABLE_AFTER_SECONDS is disabled with its reason (console queue, metric).
+  4. settle the batch in one transaction: delivered, or the next attempt's time from the
+     schedule; past the retry window the delivery fails, and an endpoint that has failed
+     everything for WEBHOOK_DISABLE_AFTER_SECONDS is disabled with its reason (console
+     queue, metric). The next batch's claim runs in the same transaction.
 The `webhooks` halt stops step 2: deliveries wait, they do not fail.
+
+Endpoints of another kind take the same path (one claim, retry schedule, disabling rule
+and log): an ACP agent platform's order webhook (`EndpointKind.ACP`) is a delivery put by
+`message_delivery_create` with its own message id and body, signed by the headers its kind
+registered (`kind_signer_register`, from acp): its ACP shape and `Merchant-Signature` kept.
 A worker that dies between 2 and 4 leaves the lease; the next claim after it takes the
 delivery again (the receiver dedupes on `webhook-id`, the event's id).
 """
@@ -27,24 +32,26 @@ import logging
 import random
 import threading
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, F, PositiveSmallIntegerField, Q, Value, When
+from django.db.models import Case, Exists, F, PositiveSmallIntegerField, Q, Value, When
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
 from payments.locks import assert_outside_transaction
-from recovery.halts import is_halted
-from recovery.models import OutboxCategory
+from recovery.kick import relay_kick_coalesced
+from recovery.models import OutboxCategory, WorkflowHalt
 from recovery.outbox import outbox_handler
 
 from .destinations import PostResult, post_checked
 from .models import (
     DeliveryState,
+    EndpointKind,
     Event,
     WebhookAttempt,
     WebhookDelivery,
@@ -69,7 +76,9 @@ def _fan_out(payload: dict) -> None:
         return  # pruned, or a purchase no API client owns: nobody to tell
     endpoints = [
         e
-        for e in WebhookEndpoint.objects.filter(api_client_id=event.api_client_id, enabled=True)
+        for e in WebhookEndpoint.objects.filter(
+            api_client_id=event.api_client_id, enabled=True, kind=EndpointKind.STANDARD
+        )
         if e.wants(event.type)
     ]
     if not endpoints:
@@ -92,9 +101,50 @@ def _fan_out(payload: dict) -> None:
         deliver_kick()
 
 
+def message_delivery_create(
+    *, endpoint: WebhookEndpoint, message_id: str, purchase_id: str, body: bytes
+) -> bool:
+    """Put one message of a non-event kind (an ACP order event) on `endpoint`'s delivery
+    log, due now; from here it is retried, logged, halted and resent as an event's delivery
+    is. The same `message_id` twice on one endpoint is one delivery (a redelivered outbox
+    message adds nothing). Returns whether a delivery was made (False: a disabled endpoint
+    takes nothing, as fan-out gives a disabled storefront endpoint nothing)."""
+    if not endpoint.enabled:
+        return False
+    now = timezone.now()
+    with transaction.atomic():
+        made = WebhookDelivery.objects.bulk_create(
+            [
+                WebhookDelivery(
+                    endpoint=endpoint,
+                    message_id=message_id,
+                    body=body.decode(),
+                    purchase_id=purchase_id,
+                    next_attempt_at=now,
+                    give_up_at=now + timedelta(seconds=settings.WEBHOOK_RETRY_SECONDS),
+                )
+            ],
+            ignore_conflicts=True,
+        )
+        deliver_kick()
+    return bool(made)
+
+
+DELIVER_KICK = "events-deliver-kick"
+
+
+def _deliver_publish(countdown: float | None) -> None:
+    current_app.send_task(DELIVER_TASK, countdown=countdown, retry=False)
+
+
 def deliver_kick() -> None:
-    """After commit, ask a worker to send what is due (the beat sweep is the backstop)."""
-    transaction.on_commit(lambda: current_app.send_task(DELIVER_TASK, retry=False), robust=True)
+    """After commit, ask a worker to send what is due (the beat sweep is the backstop).
+    Coalesced as the relay's kicks are (recovery.kick: at most two publishes per window,
+    each starting after the commits it covers): one run sends every due delivery, so a
+    burst of N events is not N runs that each find the first one's work done."""
+    transaction.on_commit(
+        lambda: relay_kick_coalesced(_deliver_publish, name=DELIVER_KICK), robust=True
+    )
 
 
 # -- 2. claim ---------------------------------------------------------------------------
@@ -102,15 +152,26 @@ def deliver_kick() -> None:
 _CLAIM_LOCK = 0x5645524954  # "VERIT": pg_advisory_xact_lock key of the delivery claim
 
 
-def _claim(batch: int) -> list[int]:
+def _claim_lock() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CLAIM_LOCK])
+
+
+def _claim(batch: int, *, locked: bool = False) -> list[WebhookDelivery]:
+    """Take up to `batch` due deliveries, stamp their lease and read them with their event
+    and endpoint. Nothing while the `webhooks` halt is set: it is read
+    in this transaction, so a halt bites at the next claim. Runs in its own transaction, or
+    in the caller's (the settle of the batch before: one commit for both)."""
     now = timezone.now()
     lease = now + timedelta(seconds=settings.WEBHOOK_LEASE_SECONDS)
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
+    # No savepoint inside the settle's transaction: two statements fewer, and a failed
+    # claim there undoes the settle too (its deliveries are sent again: at least once).
+    with transaction.atomic(savepoint=False):
+        if not locked:
             # Claims are short and rare next to sends: one at a time keeps each endpoint's
             # in-flight count exact without a counter that a dead worker would leak.
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CLAIM_LOCK])
+            _claim_lock()
         # What is in flight, read once: per endpoint (its bound) and per (endpoint,
         # purchase) (one at a time: its events leave in order).
         in_flight = list(
@@ -126,10 +187,11 @@ def _claim(batch: int) -> list[int]:
         # Endpoint by endpoint, each read only as far as its free room: an endpoint with a
         # long backlog and a full in-flight bound takes no place in anyone else's claim
         # (one global "oldest first" read would put its backlog in front of everyone).
+        # A halt answers no endpoint (the halt's row is read in this statement).
         bounds = list(
-            WebhookEndpoint.objects.filter(
-                enabled=True, id__in=due.values("endpoint_id")
-            ).values_list("id", "max_in_flight")
+            WebhookEndpoint.objects.filter(enabled=True, id__in=due.values("endpoint_id"))
+            .filter(~Exists(WorkflowHalt.objects.filter(name=HALT)))
+            .values_list("id", "max_in_flight")
         )
         random.shuffle(bounds)  # no endpoint always first when the batch fills up
         picked: list[int] = []
@@ -152,9 +214,17 @@ def _claim(batch: int) -> list[int]:
                     break
             if len(picked) >= batch:
                 break
-        if picked:
-            WebhookDelivery.objects.filter(id__in=picked).update(claimed_until=lease)
-    return picked
+        if not picked:
+            return []
+        WebhookDelivery.objects.filter(id__in=picked).update(claimed_until=lease)
+        # Only the picked rows are read whole (an event's data is the purchase view): in
+        # this transaction, so the claim and its rows are one commit.
+        deliveries = list(
+            WebhookDelivery.objects.select_related("event", "endpoint")
+            .filter(id__in=picked)
+            .order_by("id")
+        )
+    return deliveries
 
 
 # -- 3. send ----------------------------------------------------------------------------
@@ -192,11 +262,35 @@ def signed_headers(
     }
 
 
-def _send(delivery: WebhookDelivery) -> PostResult:
-    body = event_body(delivery.event)
-    headers = signed_headers(
-        delivery.endpoint, msg_id=delivery.event.public_id, body=body, at=timezone.now()
-    )
+# (message id, body, signing time) -> the headers that sign it
+Signer = Callable[[str, bytes, datetime], dict[str, str]]
+# An endpoint kind's signer, made once per endpoint per batch in the claiming thread (it
+# may read the database; what it returns must not); None: nothing can sign for it now.
+SignerFactory = Callable[[WebhookEndpoint], Signer | None]
+_KIND_SIGNERS: dict[str, SignerFactory] = {}
+
+
+def kind_signer_register(kind: str, factory: SignerFactory) -> None:
+    """How an endpoint of `kind` is signed (acp registers its `Merchant-Signature`)."""
+    _KIND_SIGNERS[kind] = factory
+
+
+def _signer(endpoint: WebhookEndpoint) -> Signer | None:
+    if endpoint.kind == EndpointKind.STANDARD:
+        return lambda msg_id, body, at: signed_headers(endpoint, msg_id=msg_id, body=body, at=at)
+    factory = _KIND_SIGNERS.get(endpoint.kind)
+    return factory(endpoint) if factory is not None else None
+
+
+def delivery_body(delivery: WebhookDelivery) -> bytes:
+    return event_body(delivery.event) if delivery.event is not None else delivery.body.encode()
+
+
+def _send(delivery: WebhookDelivery, signer: Signer | None) -> PostResult:
+    if signer is None:
+        return PostResult(None, f"refused: no signer for a {delivery.endpoint.kind} endpoint", 0)
+    body = delivery_body(delivery)
+    headers = signer(delivery.msg_id, body, timezone.now())
     return post_checked(delivery.endpoint.url, body=body, headers=headers)
 
 
@@ -208,11 +302,20 @@ def retry_delay_seconds(attempts: int) -> float:
     return float(schedule[min(max(attempts, 1), len(schedule)) - 1])
 
 
-def _settle_all(settled: list[tuple[WebhookDelivery, PostResult]]) -> None:
+def _settle_all(
+    settled: list[tuple[WebhookDelivery, PostResult]], *, claim_next: int = 0
+) -> list[WebhookDelivery]:
     """Record a batch's answers in one transaction: the attempt log in one INSERT, the
-    delivered ones in one UPDATE; a failure is scheduled (or given up) row by row."""
+    delivered ones in one UPDATE; a failure is scheduled (or given up) row by row. With
+    `claim_next`, the next batch is claimed in the same transaction (one commit for both:
+    what this settles is no longer in flight for that claim) and returned."""
     now = timezone.now()
     with transaction.atomic():
+        if claim_next:
+            # Taken first, before this settle's row locks: a claimer then never waits on a
+            # row lock while holding it (a row a lapsed lease lets it pick could be one
+            # this settle holds), so the two cannot wait on each other.
+            _claim_lock()
         WebhookAttempt.objects.bulk_create(
             [
                 WebhookAttempt(
@@ -240,12 +343,16 @@ def _settle_all(settled: list[tuple[WebhookDelivery, PostResult]]) -> None:
                     output_field=PositiveSmallIntegerField(),
                 ),
             )
+            # Always asked (not only when the claim's read saw it failing): another
+            # worker's failure may have set it since, and a success left behind it would
+            # let the endpoint be disabled for failures this success interrupted.
             WebhookEndpoint.objects.filter(
                 id__in={d.endpoint_id for d in ok}, failing_since__isnull=False
             ).update(failing_since=None)
         for delivery, result in settled:
             if not result.ok:
                 _failed(delivery, result, now)
+        return _claim(claim_next, locked=True) if claim_next else []
 
 
 def _error(result: PostResult) -> str:
@@ -297,33 +404,48 @@ def _senders() -> ThreadPoolExecutor:
         return _SENDERS
 
 
+def _send_batch(deliveries: list[WebhookDelivery]) -> list[PostResult]:
+    """Send a claimed batch side by side, no transaction open; signers are made here, in
+    the calling thread (a kind's signer may read its secret from the database)."""
+    endpoints = {d.endpoint_id: d.endpoint for d in deliveries}
+    signers = {endpoint_id: _signer(e) for endpoint_id, e in endpoints.items()}
+    signed = [signers[d.endpoint_id] for d in deliveries]
+    if len(deliveries) <= 1 or settings.WEBHOOK_SEND_THREADS <= 1:
+        return [_send(d, s) for d, s in zip(deliveries, signed, strict=True)]
+    return list(_senders().map(_send, deliveries, signed))
+
+
 def deliveries_send_due(*, batch: int = 20) -> int:
     """Claim, send and settle one batch; returns how many were sent."""
     assert_outside_transaction()
-    if is_halted(HALT):
+    deliveries = _claim(batch)
+    if not deliveries:
         return 0
-    ids = _claim(batch)
-    if not ids:
-        return 0
-    deliveries = list(
-        WebhookDelivery.objects.select_related("event", "endpoint").filter(id__in=ids)
-    )
-    if len(deliveries) <= 1 or settings.WEBHOOK_SEND_THREADS <= 1:
-        results = [_send(d) for d in deliveries]
-    else:
-        results = list(_senders().map(_send, deliveries))
-    _settle_all(list(zip(deliveries, results, strict=True)))
+    _settle_all(list(zip(deliveries, _send_batch(deliveries), strict=True)))
     return len(deliveries)
 
 
-def deliveries_send_all_due(*, max_batches: int = 50) -> int:
+def deliveries_send_run(*, max_batches: int = 50, batch: int = 20) -> tuple[int, bool]:
+    """Batches until nothing is due or `max_batches` were sent: each batch's settle and the
+    next batch's claim share one transaction. Returns (how many were sent, whether it
+    stopped at `max_batches` with more perhaps due)."""
+    assert_outside_transaction()
     total = 0
-    for _ in range(max_batches):
-        sent = deliveries_send_due()
-        total += sent
-        if not sent:
-            break
-    return total
+    deliveries = _claim(batch)
+    for n in range(max_batches):
+        if not deliveries:
+            return total, False
+        results = _send_batch(deliveries)
+        total += len(deliveries)
+        deliveries = _settle_all(
+            list(zip(deliveries, results, strict=True)),
+            claim_next=batch if n + 1 < max_batches else 0,
+        )
+    return total, True
+
+
+def deliveries_send_all_due(*, max_batches: int = 50, batch: int = 20) -> int:
+    return deliveries_send_run(max_batches=max_batches, batch=batch)[0]
 
 
 def next_retry_in() -> float | None:

@@ -10,6 +10,7 @@ are plain columns, as recovery's rows name purchases).
 
 from __future__ import annotations
 
+import json
 import secrets
 
 from django.db import models
@@ -86,9 +87,21 @@ class PurchaseEventCounter(models.Model):
     last = models.PositiveIntegerField(default=0)
 
 
+class EndpointKind(models.TextChoices):
+    # A storefront's endpoint: the events above, signed per Standard Webhooks.
+    STANDARD = "standard"
+    # An ACP agent platform's order webhook (acp.handlers): its own body and
+    # `Merchant-Signature`, the platform's URL and secret (acp.models.AgentPlatform); one per
+    # API client, made and kept in step by acp, never through the storefront API.
+    ACP = "acp"
+
+
 class WebhookEndpoint(models.Model):
     id = models.CharField(primary_key=True, max_length=40, default=new_endpoint_id, editable=False)
     api_client_id = models.CharField(max_length=150, db_index=True)
+    kind = models.CharField(
+        max_length=16, choices=EndpointKind.choices, default=EndpointKind.STANDARD
+    )
     url = models.URLField(max_length=2000)
     description = models.CharField(max_length=200, blank=True)
     # Empty: every type.
@@ -107,8 +120,19 @@ class WebhookEndpoint(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["api_client_id"],
+                condition=Q(kind="acp"),
+                name="endpoint_one_acp_per_client",
+            )
+        ]
+
     def wants(self, event_type: str) -> bool:
-        return not self.event_types or event_type in self.event_types
+        return self.kind == EndpointKind.STANDARD and (
+            not self.event_types or event_type in self.event_types
+        )
 
 
 class DeliveryState(models.TextChoices):
@@ -119,13 +143,21 @@ class DeliveryState(models.TextChoices):
 
 class WebhookDelivery(models.Model):
     """One event to one endpoint; retried in place (the webhook-id stays the event's, so a
-    receiver that dedupes by id takes it once)."""
+    receiver that dedupes by id takes it once).
+
+    A message of another kind of endpoint (an ACP order event) has no Event: it carries its
+    own id (`message_id`, the receiver's dedupe key) and the body as first written, sent
+    unchanged on every attempt; it is retried, logged and resent as an event's delivery is."""
 
     id = models.BigAutoField(primary_key=True)
     endpoint = models.ForeignKey(
         WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
     )
-    event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="deliveries")
+    event = models.ForeignKey(
+        Event, null=True, blank=True, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    message_id = models.CharField(max_length=120, blank=True)
+    body = models.TextField(blank=True)
     purchase_id = models.CharField(max_length=40, db_index=True)
     state = models.CharField(
         max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING
@@ -142,7 +174,18 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["endpoint", "event"], name="delivery_once_per_endpoint")
+            models.UniqueConstraint(
+                fields=["endpoint", "event"], name="delivery_once_per_endpoint"
+            ),
+            models.UniqueConstraint(
+                fields=["endpoint", "message_id"],
+                condition=Q(event__isnull=True),
+                name="delivery_message_once_per_endpoint",
+            ),
+            models.CheckConstraint(
+                condition=Q(event__isnull=False) | ~Q(message_id=""),
+                name="delivery_event_or_message",
+            ),
         ]
         indexes = [
             models.Index(
@@ -151,6 +194,23 @@ class WebhookDelivery(models.Model):
                 name="delivery_due_idx",
             )
         ]
+
+    @property
+    def msg_id(self) -> str:
+        """What the receiver dedupes on: the event's id, or the message's own."""
+        return self.event.public_id if self.event is not None else self.message_id
+
+    @property
+    def label(self) -> str:
+        """What was delivered, for the log: the event's type and sequence, or the ACP
+        order event's type and status."""
+        if self.event is not None:
+            return f"{self.event.type} #{self.event.sequence}"
+        try:
+            doc = json.loads(self.body)
+            return f"acp {doc['type']} {doc['data']['status']}"
+        except (ValueError, KeyError, TypeError):
+            return self.message_id
 
 
 class WebhookAttempt(models.Model):

@@ -9,7 +9,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from .models import Event, WebhookDelivery, WebhookEndpoint
+from .models import EndpointKind, Event, WebhookDelivery, WebhookEndpoint
 
 FEED_MAX = 100
 WAIT_MAX_SECONDS = 25  # the published bound; EVENTS_WAIT_MAX_SECONDS may lower it
@@ -87,12 +87,22 @@ def purchase_events_wait(
         time.sleep(_WAIT_POLL_SECONDS)
 
 
+# A client's own endpoints are its storefront ones: an ACP platform's order-webhook endpoint
+# is set through acp (acp_platform), never through the storefront API.
+
+
 def endpoints_for_client(api_client_id: str) -> list[WebhookEndpoint]:
-    return list(WebhookEndpoint.objects.filter(api_client_id=api_client_id).order_by("created_at"))
+    return list(
+        WebhookEndpoint.objects.filter(
+            api_client_id=api_client_id, kind=EndpointKind.STANDARD
+        ).order_by("created_at")
+    )
 
 
 def endpoint_for_client(*, endpoint_id: str, api_client_id: str) -> WebhookEndpoint | None:
-    return WebhookEndpoint.objects.filter(pk=endpoint_id, api_client_id=api_client_id).first()
+    return WebhookEndpoint.objects.filter(
+        pk=endpoint_id, api_client_id=api_client_id, kind=EndpointKind.STANDARD
+    ).first()
 
 
 def endpoint_get(endpoint_id: str) -> WebhookEndpoint | None:

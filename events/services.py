@@ -19,6 +19,7 @@ from .delivery import deliver_kick
 from .destinations import DestinationRefused, destination_check
 from .models import (
     DeliveryState,
+    EndpointKind,
     Event,
     EventType,
     WebhookDelivery,
@@ -93,7 +94,9 @@ def endpoint_create(
     url, types = _url(url), _types(event_types)
     with transaction.atomic():
         if (
-            WebhookEndpoint.objects.filter(api_client_id=api_client_id).count()
+            WebhookEndpoint.objects.filter(
+                api_client_id=api_client_id, kind=EndpointKind.STANDARD
+            ).count()
             >= MAX_ENDPOINTS_PER_CLIENT
         ):
             raise EndpointError(f"at most {MAX_ENDPOINTS_PER_CLIENT} endpoints per API client")
@@ -124,6 +127,8 @@ def endpoint_update(
 ) -> WebhookEndpoint:
     with transaction.atomic():
         endpoint = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+        if endpoint.kind != EndpointKind.STANDARD and (url is not None or event_types is not None):
+            raise EndpointError("an ACP platform's webhook URL is set with acp_platform")
         before = _public(endpoint)
         fields = ["updated_at"]
         if url is not None:
@@ -163,6 +168,8 @@ def endpoint_rotate_secret(
         raise EndpointError(f"overlap_seconds must be 0..{MAX_ROTATION_OVERLAP_SECONDS}")
     with transaction.atomic():
         endpoint = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+        if endpoint.kind != EndpointKind.STANDARD:
+            raise EndpointError("an ACP platform's secret is set with acp_platform")
         now = timezone.now()
         endpoint.previous_secret_salt = endpoint.secret_salt if overlap_seconds else ""
         endpoint.previous_secret_expires_at = (
@@ -219,15 +226,24 @@ def delivery_resend(*, delivery: WebhookDelivery, actor: str, reason: str = "") 
 
 def events_prune(*, batch: int = 5000) -> int:
     """Delete events older than EVENTS_RETENTION_DAYS (their deliveries and attempts go with
-    them), a batch at a time; the feed answers only for what is kept (docs/events.md)."""
+    them) and ACP order-event deliveries as old, a batch at a time; the feed answers only
+    for what is kept (docs/events.md)."""
     cutoff = timezone.now() - timedelta(days=settings.EVENTS_RETENTION_DAYS)
     ids = list(
         Event.objects.filter(created_at__lt=cutoff)
         .order_by("id")
         .values_list("id", flat=True)[:batch]
     )
-    if not ids:
+    # Messages of other kinds (ACP order events) have no event to go with: theirs is
+    # the same retention, counted from when they were put.
+    messages = list(
+        WebhookDelivery.objects.filter(event__isnull=True, created_at__lt=cutoff)
+        .order_by("id")
+        .values_list("id", flat=True)[:batch]
+    )
+    if not ids and not messages:
         return 0
     with transaction.atomic():
         Event.objects.filter(id__in=ids).delete()
-    return len(ids)
+        WebhookDelivery.objects.filter(id__in=messages).delete()
+    return len(ids) + len(messages)

@@ -1142,7 +1142,9 @@ def webhook_endpoints() -> list[dict]:
             "id": e.id,
             "client": names.get(e.api_client_id, "?"),
             "url": e.url,
-            "event_types": ", ".join(e.event_types) or "every type",
+            "event_types": "ACP order events"
+            if e.kind == "acp"
+            else (", ".join(e.event_types) or "every type"),
             "enabled": e.enabled,
             "disabled_reason": e.disabled_reason,
             "failing_since": e.failing_since,

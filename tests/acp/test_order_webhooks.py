@@ -1,24 +1,43 @@
-"""Order events to the agent platform: from the outbox, signed with the platform's secret,
-at least once with backoff, deduplicable (a stable Request-Id), and in the console's
-stuck-outbox queue while delivery keeps failing."""
+"""Order events to the agent platform: written to the outbox with the order's change,
+handed by the outbox to the events app's delivery module (one claim, retry schedule,
+disabling rule, halt and log with the storefront webhooks), signed with the platform's
+secret, deduplicable by a stable Request-Id, in the console's delivery log and resendable."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import hmac
+import inspect
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from acp.models import AgentPlatform
+from audit.models import AuditEntry
+from events.delivery import deliveries_send_due, retry_delay_seconds
+from events.models import (
+    DeliveryState,
+    EndpointKind,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
+from events.selectors import endpoints_disabled_by_failures
+from recovery.halts import halt_clear, halt_set
 from recovery.models import OutboxCategory, OutboxMessage
 from recovery.relay import relay_drain_once
 from support.selectors import queue_items
 from tests.acp.conftest import issue_spt, new_email, valid
+from tests.conftest import wait_for
+from tests.support.conftest import login, roles, users  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,24 +45,39 @@ SECRET = "whsec_acp_test"
 
 
 class Receiver:
-    """The agent platform's webhook endpoint: records what arrives, answers `status`."""
+    """The agent platform's webhook endpoint: verifies the `Merchant-Signature` of what
+    arrives, records it, answers `status`; `accepted` counts the 2xx answers per Request-Id
+    (a receiver that dedupes on it takes each event once)."""
 
     def __init__(self) -> None:
         self.received: list[tuple[dict, bytes]] = []
+        self.accepted: dict[str, int] = {}
+        self.bad_signatures = 0
         self.status = 500
+        self.lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.received.append((dict(self.headers), body))
-                self.send_response(receiver.status)
+                headers = dict(self.headers)
+                with receiver.lock:
+                    receiver.received.append((headers, body))
+                    status = receiver.status
+                    if not _verifies(headers, body):
+                        receiver.bad_signatures += 1
+                        status = 400
+                    elif 200 <= status < 300:
+                        rid = headers["Request-Id"]
+                        receiver.accepted[rid] = receiver.accepted.get(rid, 0) + 1
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
                 self.end_headers()
 
             def log_message(self, *args):
                 pass
 
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_port}/acp/order_events"
 
@@ -54,85 +88,233 @@ class Receiver:
 @pytest.fixture
 def receiver(settings):
     # The receiver listens on loopback, which the webhook transport refuses unless allowed
-    # (development and tests only).
+    # (development and tests only); the delivery schedule is shortened, not replaced.
     settings.WEBHOOK_ALLOW_LOOPBACK = True
+    settings.WEBHOOK_RETRY_SCHEDULE_SECONDS = [0.05, 0.1, 0.2]
     r = Receiver()
     yield r
     r.close()
 
 
-def _drain_until(predicate, timeout: float = 20.0) -> None:
+def _pump(predicate, timeout: float = 30.0) -> None:
+    """Run the relay (the outbox hands the order event over) and the delivery loop until
+    `predicate()` holds."""
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached"
         relay_drain_once()
+        deliveries_send_due()
         time.sleep(0.05)
 
 
-def _verify(headers: dict, body: bytes) -> None:
+# Kept for the tests below that only drain the outbox.
+_drain_until = _pump
+
+
+def _verifies(headers: dict, body: bytes) -> bool:
     t, v1 = (part.split("=", 1)[1] for part in headers["Merchant-Signature"].split(","))
     expected = hmac.new(SECRET.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
-    assert hmac.compare_digest(v1, expected)
+    return hmac.compare_digest(v1, expected)
 
 
-def test_order_created_is_delivered_signed_after_failures_and_deduplicable(
-    agent, platform, tea, receiver, settings
-):
-    settings.OUTBOX_BACKOFF_BASE_SECONDS = 0.05
-    settings.OUTBOX_BACKOFF_CAP_SECONDS = 0.2
-    AgentPlatform.objects.create(
+def _verify(headers: dict, body: bytes) -> None:
+    assert _verifies(headers, body)
+
+
+def _settled() -> bool:
+    now = timezone.now()
+    return not WebhookDelivery.objects.filter(state=DeliveryState.PENDING).exists() and not (
+        OutboxMessage.objects.filter(processed_at__isnull=True, available_at__lte=now).exists()
+    )
+
+
+def _platform(platform, receiver) -> AgentPlatform:
+    return AgentPlatform.objects.create(
         api_client=platform[0], webhook_url=receiver.url, webhook_secret=SECRET
     )
+
+
+def _order(agent, tea) -> tuple[dict, dict]:
     session = agent.create(tea.sku).json()
     r = agent.complete(session["id"], issue_spt(1250), new_email())
     assert r.status_code == 200, r.text
-    order = valid("CheckoutSessionWithOrder", r.json())["order"]
+    return session, valid("CheckoutSessionWithOrder", r.json())["order"]
 
-    # The platform is failing: the event is retried with backoff, and after a few
-    # attempts it is in the console's stuck-outbox queue with the error.
-    def message():
-        return OutboxMessage.objects.get(
-            category=OutboxCategory.ACP_ORDER_EVENT, payload__event="order_create"
-        )
 
-    _drain_until(lambda: message().attempts >= 3)
-    assert message().processed_at is None and "answered 500" in message().last_error
-    stuck = [i for i in queue_items("stuck_outbox") if i.purchase_id == order["id"]]
-    assert len(stuck) == 1 and "answered 500" in stuck[0].error
-    assert "Acp order event" in stuck[0].summary
+def test_a_failing_platform_is_retried_on_the_delivery_schedule_then_gets_each_event_once(
+    agent,
+    platform,
+    tea,
+    receiver,
+    login,  # noqa: F811
+):
+    _platform(platform, receiver)
+    session, order = _order(agent, tea)
+    pid = order["id"]
+    created = WebhookDelivery.objects.filter(purchase_id=pid, message_id=f"evt_{pid}_paid")
 
-    # The platform recovers: every event is delivered, then processed; nothing after that.
+    # The platform is failing: the delivery module retries the event on its own schedule.
+    _pump(lambda: created.filter(attempts__gte=3).exists())
+    delivery = created.get()
+    assert delivery.endpoint.kind == EndpointKind.ACP and delivery.endpoint.url == receiver.url
+    assert delivery.state == DeliveryState.PENDING and delivery.last_status == 500
+    # The outbox handed the fact over once and is done with it: no retry of its own.
+    message = OutboxMessage.objects.get(
+        category=OutboxCategory.ACP_ORDER_EVENT, payload__event="order_create"
+    )
+    assert message.processed_at is not None and message.last_error == ""
+    # The same policy as a storefront endpoint's: the next try is the schedule's delay after
+    # the last attempt, and retries stop WEBHOOK_RETRY_SECONDS after the first.
+    from django.conf import settings
+
+    last = WebhookAttempt.objects.filter(delivery=delivery).order_by("-at").first()
+    assert delivery.next_attempt_at - last.at == timedelta(
+        seconds=retry_delay_seconds(delivery.attempts)
+    )
+    window = (delivery.give_up_at - delivery.created_at).total_seconds()
+    assert abs(window - settings.WEBHOOK_RETRY_SECONDS) < 60
+    assert WebhookAttempt.objects.filter(delivery=delivery, status_code=500).count() >= 3
+    assert delivery.endpoint.failing_since is not None
+
+    # The console's delivery log of the purchase shows it with its answer.
+    page = login("support").get(reverse("support:webhooks") + f"?purchase={pid}")
+    html = page.content.decode()
+    assert f'data-delivery="{delivery.pk}"' in html
+    assert "acp order_create confirmed" in html and "HTTP 500" in html
+    assert SECRET not in html
+
+    # The platform recovers: every event arrives, each accepted once, signed, unchanged.
     receiver.status = 200
-    events = OutboxMessage.objects.filter(category=OutboxCategory.ACP_ORDER_EVENT)
-    _drain_until(lambda: not events.filter(processed_at__isnull=True).exists())
+    _pump(
+        lambda: (
+            _settled()
+            and WebhookDelivery.objects.filter(purchase_id=pid, message_id__endswith="_completed")
+            .filter(state=DeliveryState.DELIVERED)
+            .exists()
+        )
+    )
     n = len(receiver.received)
     relay_drain_once()
-    assert len(receiver.received) == n
+    assert deliveries_send_due() == 0 and len(receiver.received) == n
+    assert receiver.bad_signatures == 0
     by_id: dict[str, set[bytes]] = {}
     for headers, body in receiver.received:
         _verify(headers, body)
         by_id.setdefault(headers["Request-Id"], set()).add(body)
     # Each event is one Request-Id, sent identically on every attempt: the receiver dedupes.
     assert all(len(bodies) == 1 for bodies in by_id.values())
-    created = json.loads(next(iter(by_id[f"evt_{order['id']}_paid"])))
-    assert created == {
+    assert receiver.accepted == {rid: 1 for rid in by_id}
+    body = json.loads(next(iter(by_id[f"evt_{pid}_paid"])))
+    assert body == {
         "type": "order_create",
         "data": {
             "type": "order",
-            "id": order["id"],
+            "id": pid,
             "checkout_session_id": session["id"],
             "permalink_url": order["permalink_url"],
             "status": "confirmed",
         },
     }
-    assert (
-        sum(1 for h, _ in receiver.received if h["Request-Id"] == f"evt_{order['id']}_paid") >= 4
-    )  # 3 failed + delivered
-    # The orchestrator moved the order on: updates, one event per status.
+    assert sum(1 for h, _ in receiver.received if h["Request-Id"] == f"evt_{pid}_paid") >= 4
+    # The orchestrator moved the order on: updates, one event per status, one delivery each.
     updates = [json.loads(next(iter(b))) for rid, b in by_id.items() if not rid.endswith("_paid")]
     assert updates and {u["type"] for u in updates} == {"order_update"}
-    assert events.count() == len(by_id)
-    assert [i for i in queue_items("stuck_outbox") if i.purchase_id == order["id"]] == []
+    deliveries = WebhookDelivery.objects.filter(purchase_id=pid)
+    events = OutboxMessage.objects.filter(category=OutboxCategory.ACP_ORDER_EVENT)
+    assert deliveries.count() == events.count() == len(by_id)
+    assert set(deliveries.values_list("state", flat=True)) == {DeliveryState.DELIVERED}
+    assert not WebhookEndpoint.objects.filter(failing_since__isnull=False).exists()
+    assert [i for i in queue_items("stuck_outbox") if i.purchase_id == pid] == []
+
+
+def test_an_operator_resends_an_order_webhook_from_the_console(
+    agent,
+    platform,
+    tea,
+    receiver,
+    login,  # noqa: F811
+):
+    _platform(platform, receiver)
+    receiver.status = 200
+    _, order = _order(agent, tea)
+    pid = order["id"]
+    delivery = WebhookDelivery.objects.filter(purchase_id=pid, message_id=f"evt_{pid}_paid")
+    _pump(lambda: delivery.filter(state=DeliveryState.DELIVERED).exists())
+    first = [(h, b) for h, b in receiver.received if h["Request-Id"] == f"evt_{pid}_paid"]
+    assert len(first) == 1
+
+    answer = login("operator").post(
+        reverse("support:webhook-delivery-resend", args=[delivery.get().pk]),
+        {"reason": "the platform lost it", "confirm": "yes"},
+    )
+    assert answer.status_code in (200, 302)
+    assert AuditEntry.objects.filter(action="webhook_delivery_resend").count() == 1
+    _pump(lambda: delivery.filter(state=DeliveryState.DELIVERED, attempts=2).exists())
+    again = [(h, b) for h, b in receiver.received if h["Request-Id"] == f"evt_{pid}_paid"]
+    assert len(again) == 2 and again[0][1] == again[1][1]  # the same event, the same body
+    for headers, body in again:
+        _verify(headers, body)
+    assert WebhookAttempt.objects.filter(delivery=delivery.get()).count() == 2
+
+
+def test_order_webhooks_wait_while_webhooks_are_halted(agent, platform, tea, receiver):
+    _platform(platform, receiver)
+    receiver.status = 200
+    halt_set(name="webhooks", reason="receiver incident", actor="ops")
+    _, order = _order(agent, tea)
+    pid = order["id"]
+    pending = WebhookDelivery.objects.filter(purchase_id=pid)
+    _drain_until(lambda: pending.exists())
+    for _ in range(3):
+        assert deliveries_send_due() == 0
+    assert receiver.received == []
+    assert set(pending.values_list("state", "attempts")) == {(DeliveryState.PENDING, 0)}
+    halt_clear(name="webhooks", reason="over", actor="ops")
+    _pump(lambda: pending.filter(state=DeliveryState.DELIVERED).exists())
+    assert receiver.accepted.get(f"evt_{pid}_paid") == 1
+
+
+def test_a_platform_failing_past_the_window_is_disabled_with_its_reason(
+    agent, platform, tea, receiver, settings
+):
+    settings.WEBHOOK_DISABLE_AFTER_SECONDS = 0
+    _platform(platform, receiver)
+    _, order = _order(agent, tea)
+    endpoint = WebhookEndpoint.objects.filter(kind=EndpointKind.ACP)
+    _pump(lambda: endpoint.filter(enabled=False).exists())
+    stored = endpoint.get()
+    assert stored.disabled_reason.startswith("every delivery failed")
+    assert stored in endpoints_disabled_by_failures()  # the console's queue: its owner told
+    assert WebhookDelivery.objects.filter(purchase_id=order["id"]).exists()
+
+
+def test_acp_has_no_retry_loop_or_post_of_its_own():
+    """The order webhooks leave only through events.delivery: no module of acp POSTs or
+    re-raises to have the outbox retry, and the outbox handler of the order events only
+    puts a delivery."""
+    from acp import handlers
+    from recovery.outbox import outbox_handler_for
+
+    root = Path(handlers.__file__).parent
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {
+            n.attr if isinstance(n, ast.Attribute) else n.id
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute | ast.Name)
+        }
+        modules = {
+            (n.module or "") if isinstance(n, ast.ImportFrom) else a.name
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Import | ast.ImportFrom)
+            for a in n.names
+        }
+        assert not names & {"post_checked", "urlopen", "DeliveryFailed"}, path
+        assert not modules & {"urllib3", "requests", "httpx", "urllib.request"}, path
+    handler = outbox_handler_for(OutboxCategory.ACP_ORDER_EVENT)
+    assert handler is handlers._order_event_put
+    source = inspect.getsource(handler)
+    assert "raise" not in source and "message_delivery_create" in source
 
 
 def test_no_platform_webhook_configured_means_nothing_is_sent(agent, tea, receiver):
@@ -148,6 +330,7 @@ def test_no_platform_webhook_configured_means_nothing_is_sent(agent, tea, receiv
     events = OutboxMessage.objects.filter(category=OutboxCategory.ACP_ORDER_EVENT)
     assert events.exists() and not events.filter(processed_at__isnull=True).exists()
     assert receiver.received == []
+    assert not WebhookEndpoint.objects.exists() and not WebhookDelivery.objects.exists()
 
 
 def test_acp_platform_command_sets_the_webhook_and_prints_new_secrets_once(platform):
@@ -170,6 +353,26 @@ def test_acp_platform_command_sets_the_webhook_and_prints_new_secrets_once(platf
     call_command("acp_platform", platform[0].name, "--no-signing", stdout=StringIO())
     p.refresh_from_db()
     assert p.signing_secret == "" and p.webhook_secret
+    # Its order webhooks are the events app's deliveries: one `acp` endpoint at that URL,
+    # turned off with the URL and on again with a new one; never the storefront API's.
+    endpoint = WebhookEndpoint.objects.get()
+    assert (endpoint.kind, endpoint.url, endpoint.enabled) == (
+        EndpointKind.ACP,
+        "https://platform.example/acp/events",
+        True,
+    )
+    call_command("acp_platform", platform[0].name, "--webhook-url", "", stdout=StringIO())
+    endpoint.refresh_from_db()
+    assert not endpoint.enabled and "no order webhooks" in endpoint.disabled_reason
+    call_command(
+        "acp_platform", platform[0].name, "--webhook-url", "https://p2.example/h", stdout=out
+    )
+    endpoint.refresh_from_db()
+    assert endpoint.enabled and endpoint.url == "https://p2.example/h"
+    assert WebhookEndpoint.objects.count() == 1
+    from events.selectors import endpoints_for_client
+
+    assert endpoints_for_client(platform[0].pk) == []
 
 
 class _RolledBack(Exception):
@@ -271,7 +474,7 @@ def test_an_order_entering_a_status_again_is_a_new_event_with_its_own_request_id
         ("order_create", "paid"),
         ("order_update", "paid"),
     ]
-    _drain_until(lambda: not events.filter(processed_at__isnull=True).exists())
+    _pump(lambda: _settled() and not events.filter(processed_at__isnull=True).exists())
     ids = [h["Request-Id"] for h, _ in receiver.received]
     assert ids[:2] == [f"evt_{pid}_paid", f"evt_{pid}_paid_2"]
     assert len(set(ids)) == len(ids)  # one delivery per event (it answered 200 at once)
@@ -282,19 +485,61 @@ def test_a_platform_url_that_resolves_to_a_private_address_is_refused_at_send(
 ):
     """The order webhooks go through the storefront webhooks' transport: the platform's
     URL is checked at send time, like an endpoint's (a platform saved while the address was
-    allowed, then refused: nothing reaches it, the outbox keeps the refusal)."""
-    settings.OUTBOX_BACKOFF_BASE_SECONDS = 0.05
-    settings.OUTBOX_BACKOFF_CAP_SECONDS = 0.2
+    allowed, then refused: nothing reaches it, the delivery log keeps the refusal)."""
     receiver.status = 200
-    AgentPlatform.objects.create(
-        api_client=platform[0], webhook_url=receiver.url, webhook_secret=SECRET
-    )
+    _platform(platform, receiver)
     settings.WEBHOOK_ALLOW_LOOPBACK = False
-    session = agent.create(tea.sku).json()
-    r = agent.complete(session["id"], issue_spt(1250), new_email())
-    assert r.status_code == 200, r.text
-    events = OutboxMessage.objects.filter(category=OutboxCategory.ACP_ORDER_EVENT)
-    _drain_until(lambda: events.filter(attempts__gte=2).exists())
+    _, order = _order(agent, tea)
+    deliveries = WebhookDelivery.objects.filter(purchase_id=order["id"])
+    _pump(lambda: deliveries.filter(attempts__gte=2).exists())
     assert receiver.received == []
-    assert all(m.processed_at is None for m in events)
-    assert "refused" in events.filter(attempts__gte=2).first().last_error
+    assert not deliveries.filter(state=DeliveryState.DELIVERED).exists()
+    assert "refused" in deliveries.filter(attempts__gte=2).first().last_error
+    assert not OutboxMessage.objects.filter(
+        category=OutboxCategory.ACP_ORDER_EVENT, processed_at__isnull=True
+    ).exists()
+
+
+@pytest.fixture
+def worker_env(monkeypatch):
+    # The worker is another process, started after this: it reads these from its
+    # environment.
+    monkeypatch.setenv("WEBHOOK_ALLOW_LOOPBACK", "true")
+    monkeypatch.setenv("WEBHOOK_RETRY_SCHEDULE_SECONDS", "0.2,0.5,1")
+
+
+def test_a_worker_delivers_every_order_event_once_after_failures(
+    agent, platform, tea, receiver, worker_env, celery_worker
+):
+    """Nothing driven from the test process: the worker's relay hands each order event
+    over, the delivery task sends it, the failures are retried on the delivery schedule."""
+    _platform(platform, receiver)
+    receiver.status = 500
+
+    _, order = _order(agent, tea)
+    pid = order["id"]
+    deliveries = WebhookDelivery.objects.filter(purchase_id=pid)
+
+    def failed_twice() -> bool:
+        return WebhookAttempt.objects.filter(delivery__purchase_id=pid).count() >= 2
+
+    wait_for(failed_twice, timeout=60)
+    assert WebhookAttempt.objects.filter(status_code=500).count() >= 2  # the receiver's
+    receiver.status = 200
+
+    def all_there() -> bool:
+        handed = OutboxMessage.objects.filter(
+            category=OutboxCategory.ACP_ORDER_EVENT, payload__purchase=pid
+        )
+        return (
+            handed.filter(payload__status="completed").exists()
+            and not handed.filter(processed_at__isnull=True).exists()
+            and deliveries.count() == handed.count()
+            and not deliveries.exclude(state=DeliveryState.DELIVERED).exists()
+        )
+
+    wait_for(all_there, timeout=90)
+    ids = set(deliveries.values_list("message_id", flat=True))
+    assert receiver.accepted == {rid: 1 for rid in ids}  # each event once
+    assert receiver.bad_signatures == 0
+    assert deliveries.get(message_id=f"evt_{pid}_paid").attempts >= 3

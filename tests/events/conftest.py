@@ -100,6 +100,14 @@ def loopback_allowed(settings):
 
 
 @pytest.fixture
+def worker_env(monkeypatch, loopback_allowed):
+    # A worker is another process: it reads these from its environment.
+    monkeypatch.setenv("WEBHOOK_ALLOW_LOOPBACK", "true")
+    monkeypatch.setenv("WEBHOOK_RETRY_SCHEDULE_SECONDS", "0.2,0.5,1")
+    monkeypatch.setenv("EVENTS_FEED_SETTLE_SECONDS", "0")
+
+
+@pytest.fixture
 def shop(db):
     client, key = make_client(
         scopes=(*ALL_SCOPES, "webhooks:manage"),

@@ -13,14 +13,6 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def worker_env(monkeypatch, loopback_allowed):
-    # The worker is another process: it reads these from its environment.
-    monkeypatch.setenv("WEBHOOK_ALLOW_LOOPBACK", "true")
-    monkeypatch.setenv("WEBHOOK_RETRY_SCHEDULE_SECONDS", "0.2,0.5,1")
-    monkeypatch.setenv("EVENTS_FEED_SETTLE_SECONDS", "0")
-
-
 def test_a_worker_delivers_every_event_of_a_paid_purchase(
     shop, product, receiver, worker_env, celery_worker
 ):

@@ -4,6 +4,8 @@ events go and the secrets they and its requests are signed with.
   manage.py acp_platform <client name> [--webhook-url URL] [--new-webhook-secret]
                                        [--new-signing-secret] [--no-signing]
 A new secret is printed once (the platform keeps it); it is stored for signing only.
+The order webhooks themselves are delivered by the events app (docs/events.md): this
+keeps the platform's `acp` endpoint there at the URL given.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from payments.models import ApiClient
 
+from ...handlers import platform_endpoint_sync
 from ...models import AgentPlatform
 
 
@@ -54,6 +57,9 @@ class Command(BaseCommand):
         if no_signing:
             platform.signing_secret = ""
         platform.save()
+        # Its order webhooks are deliveries on an `acp` endpoint of the events app: kept at
+        # this URL (turned off when it is cleared), shown in the console's delivery log.
+        platform_endpoint_sync(platform)
         self.stdout.write(
             f"platform {client}: webhook={platform.webhook_url or '-'} "
             f"signing={'on' if platform.signing_secret else 'off'}"
