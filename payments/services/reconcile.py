@@ -558,6 +558,8 @@ def _acknowledged_follow_up(
             op.next_reconcile_at = None
         return op
     obj = result.object if result.classification == Classification.OK else None
+    if obj is not None and _created_unconfirmed_adopt(op, obj):
+        op.provider_reference = obj.id  # found by metadata: judged below as if stored
     if (
         obj is not None
         and op.kind in PAYMENT_KINDS
@@ -612,7 +614,11 @@ def _acknowledged_follow_up(
                     final=True,
                 )
         return PaymentOperation.objects.select_related("purchase").get(id=op.id)
-    if refund_never_received(op, result) or one_call_payment_never_received(op, result):
+    if (
+        refund_never_received(op, result)
+        or one_call_payment_never_received(op, result)
+        or two_step_payment_never_created(op, result)
+    ):
         # A person's word on a refund (or a one-call payment) the provider never received:
         # the provider is readable, holds no refund (no PaymentIntent) of this operation
         # and, past the in-flight window, will not. No money moved: a "succeeded" is
@@ -752,6 +758,43 @@ def _created_unconfirmed_settle(
             )
         return PaymentOperation.objects.select_related("purchase").get(id=op.id)
     return None
+
+
+def _created_unconfirmed_adopt(op: PaymentOperation, obj: ProviderObject) -> bool:
+    """A person's word on a two-step card payment whose confirm Verity never claimed and
+    whose PaymentIntent's id it never heard (the create's answer lost): the PaymentIntent
+    the read-back found by metadata is stored as its reference, so the provider's record of
+    it can confirm or overturn the person (and a payable one is cancelled)."""
+    if not (
+        op.kind in PAYMENT_KINDS
+        and op.grade == Grade.ACKNOWLEDGED
+        and not op.provider_reference
+        and op.confirm_claimed_at is None
+        and rail_evidence_for(op.rail) is None
+    ):
+        return False
+    with transaction.atomic():
+        _purchase, locked = lock_purchase_and_operation(op.id)
+        if locked.provider_reference or _mismatch(locked, obj):
+            return False
+        locked.provider_reference = obj.id
+        locked.save(update_fields=["provider_reference", "updated_at"])
+    return True
+
+
+def two_step_payment_never_created(op: PaymentOperation, result: CallResult) -> bool:
+    """A two-step card payment whose confirm Verity never claimed, with no provider
+    reference, whose read-back (by metadata, every page) found no PaymentIntent of it at a
+    readable provider, its create sent longer ago than the provider's in-flight window:
+    none exists, so none was charged (a person's "succeeded" is overturned)."""
+    return (
+        op.kind in PAYMENT_KINDS
+        and rail_evidence_for(op.rail) is None
+        and not op.provider_reference
+        and op.confirm_claimed_at is None
+        and result.classification == Classification.NOT_FOUND
+        and _past_inflight_window(op)
+    )
 
 
 def _object_noun(op: PaymentOperation) -> str:

@@ -149,3 +149,38 @@ def test_a_create_that_made_nothing_fails_once_a_complete_read_finds_nothing(
     again = services.operation_dispatch(operation_id=_start(purchase, api_client, op.id).id)
     assert again.outcome == Outcome.SUCCEEDED
     assert len(_charges_of(localstripe, purchase.id)) == 1
+
+
+@pytest.mark.parametrize("made", [True, False], ids=["intent-made", "nothing-made"])
+@pytest.mark.parametrize("word", ["succeeded", "failed"])
+def test_a_persons_word_on_it_is_judged_by_the_provider_record(
+    made, word, new_purchase, api_client, localstripe, drill, read_drill, people, settings
+):
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    # the create's answer lost (the provider made the intent) or a 409 (it made none)
+    mode = DrillMode.DROP_RESPONSE_AFTER_SEND if made else DrillMode.HTTP_409
+    drill(op, mode, step=CallStep.CREATE)
+    read_drill("*")  # the dispatcher's search cannot read the provider
+    op = services.operation_dispatch(operation_id=op.id)
+    assert op.outcome == Outcome.UNKNOWN
+    # a person settles it while the provider cannot be read: their word stands for now
+    read_drill("*")
+    op = services.operation_resolve_manual(
+        operation_id=op.id,
+        outcome=word,
+        reason="the buyer's bank statement",
+        actor="resolver",
+        acting_user=people.resolver,
+    )
+    assert (op.outcome, op.grade) == (word, "acknowledged")
+
+    # the read-back: Verity never sent a confirm, so no money moved whatever was said
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    op = services.operation_reconcile(operation_id=op.id)
+
+    assert (op.outcome, op.grade) == (Outcome.FAILED, "confirmed")
+    intents = _intents_of(localstripe, op)
+    assert [pi["status"] for pi in intents] == (["canceled"] if made else [])
+    assert _charges_of(localstripe, purchase.id) == []
+    _no_payable_intent_beside_the_record()
