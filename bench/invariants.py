@@ -895,8 +895,14 @@ def _unknown_converges(f: Facts, rep: Report) -> None:
     )
     for op_id in unknown_moved[:5]:
         rep.add(f"  {op_id}", "", f.detail(op_id))
+    # The hold is reserved when the money step is claimed: a two-step payment left unknown
+    # after its create (its answer lost) claimed none, and Verity sent nothing that moves money.
     unheld = (
-        unknown.filter(kind__in=PAYMENT_KINDS, requested_by_client__isnull=False)
+        unknown.filter(
+            kind__in=PAYMENT_KINDS,
+            requested_by_client__isnull=False,
+            confirm_claimed_at__isnull=False,
+        )
         .exclude(id__in=Hold.objects.filter(state="reserved").values("operation_id"))
         .count()
     )
