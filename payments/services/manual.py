@@ -32,7 +32,12 @@ from .common import (
     transition_record,
 )
 from .observations import _mismatch, operation_apply_observation, outcome_apply_locked
-from .reconcile import _read_back, _schedule_acknowledged_read_back, refund_never_received
+from .reconcile import (
+    _read_back,
+    _schedule_acknowledged_read_back,
+    created_unconfirmed_adopt,
+    refund_never_received,
+)
 
 
 def _refuse_unresolvable(op: PaymentOperation, *, acting_client, acting_user) -> None:
@@ -182,6 +187,8 @@ def operation_resolve_manual(
     obj = read.object if read.classification == Classification.OK else None
     if obj is not None and _mismatch(op, obj):
         obj = None  # not this operation's record: no evidence either way
+    if obj is not None and created_unconfirmed_adopt(op, obj):
+        op.provider_reference = obj.id  # found by metadata: judged (and cancelled) by its id
     verdict = outcome_from_object(obj, kind=op.kind) if obj is not None else None
     if verdict in (Outcome.SUCCEEDED, Outcome.FAILED):
         operation_apply_observation(

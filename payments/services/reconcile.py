@@ -558,7 +558,7 @@ def _acknowledged_follow_up(
             op.next_reconcile_at = None
         return op
     obj = result.object if result.classification == Classification.OK else None
-    if obj is not None and _created_unconfirmed_adopt(op, obj):
+    if obj is not None and created_unconfirmed_adopt(op, obj):
         op.provider_reference = obj.id  # found by metadata: judged below as if stored
     if (
         obj is not None
@@ -760,14 +760,14 @@ def _created_unconfirmed_settle(
     return None
 
 
-def _created_unconfirmed_adopt(op: PaymentOperation, obj: ProviderObject) -> bool:
-    """A person's word on a two-step card payment whose confirm Verity never claimed and
-    whose PaymentIntent's id it never heard (the create's answer lost): the PaymentIntent
-    the read-back found by metadata is stored as its reference, so the provider's record of
-    it can confirm or overturn the person (and a payable one is cancelled)."""
+def created_unconfirmed_adopt(op: PaymentOperation, obj: ProviderObject) -> bool:
+    """A two-step card payment whose confirm Verity never claimed and whose PaymentIntent's
+    id it never heard (the create's answer lost), judged by a person or after a person's
+    word: the PaymentIntent the read-back found by metadata is stored as its reference, so
+    the provider's record of it confirms or overturns the person and a payable one is
+    cancelled before the purchase is free for another payment. True when stored."""
     if not (
         op.kind in PAYMENT_KINDS
-        and op.grade == Grade.ACKNOWLEDGED
         and not op.provider_reference
         and op.confirm_claimed_at is None
         and rail_evidence_for(op.rail) is None

@@ -184,3 +184,32 @@ def test_a_persons_word_on_it_is_judged_by_the_provider_record(
     assert [pi["status"] for pi in intents] == (["canceled"] if made else [])
     assert _charges_of(localstripe, purchase.id) == []
     _no_payable_intent_beside_the_record()
+
+
+def test_a_persons_failed_cancels_the_found_intent_before_another_payment(
+    new_purchase, api_client, localstripe, drill, read_drill, people
+):
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.CREATE)
+    read_drill("*")  # the dispatcher's search cannot read the provider
+    op = services.operation_dispatch(operation_id=op.id)
+    assert op.outcome == Outcome.UNKNOWN
+
+    # a person settles it failed while the provider can be read
+    op = services.operation_resolve_manual(
+        operation_id=op.id,
+        outcome="failed",
+        reason="the buyer gave up",
+        actor="resolver",
+        acting_user=people.resolver,
+    )
+
+    # the intent the read found is cancelled before the purchase is free for another
+    assert op.outcome == Outcome.FAILED
+    [orphan] = _intents_of(localstripe, op)
+    assert orphan["status"] == "canceled"
+    again = services.operation_dispatch(operation_id=_start(purchase, api_client, op.id).id)
+    assert again.outcome == Outcome.SUCCEEDED
+    assert len(_charges_of(localstripe, purchase.id)) == 1
+    _no_payable_intent_beside_the_record()
