@@ -392,6 +392,50 @@ def _provider_objects_known(f: Facts, rep: Report) -> None:
     )
 
 
+# A PaymentIntent in these statuses can still be completed by whoever holds the secret key.
+PAYABLE_INTENT = ("requires_payment_method", "requires_confirmation", "requires_action")
+
+
+@invariant("no-payable-intent-beside-the-record", When.DRAINED)
+def _no_payable_intent_beside_the_record(f: Facts, rep: Report) -> None:
+    """A PaymentIntent left payable at the provider is the one an open operation follows:
+    never one whose operation is settled (a failed payment's, or a create whose answer was
+    lost while Verity went on), never one its operation does not name, never two for one
+    operation. A person's word is left out: it is read back before it stands."""
+    from payments.enums import Grade, Outcome
+
+    payable = [pi for pi in f.intents if pi["status"] in PAYABLE_INTENT]
+    per_op: dict[str, int] = {}
+    for pi in payable:
+        op_id = (pi.get("metadata") or {}).get("operation_id", "")
+        per_op[op_id] = per_op.get(op_id, 0) + 1
+    beside = [
+        pi["id"]
+        for pi in payable
+        if (o := f.ops.get((pi.get("metadata") or {}).get("operation_id", ""))) is not None
+        and o.grade != Grade.ACKNOWLEDGED
+        and (
+            o.outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
+            or (o.provider_reference and o.provider_reference != pi["id"])
+            or per_op[o.id] > 1
+        )
+    ]
+    rep.add("payable payment intents at the provider", len(payable))
+    rep.add(
+        "payable payment intents beside Verity's record",
+        len(beside),
+        "must be 0",
+        ok=not beside,
+    )
+    for pi_id in beside[:5]:
+        op_id = next(
+            (pi.get("metadata") or {}).get("operation_id", "")
+            for pi in payable
+            if pi["id"] == pi_id
+        )
+        rep.add(f"  {pi_id}", "", f.detail(op_id) if op_id in f.ops else "no operation")
+
+
 @invariant("references-exist-at-provider")
 def _references_exist_at_provider(f: Facts, rep: Report) -> None:
     """Every provider reference Verity stored exists at the provider."""
@@ -851,8 +895,14 @@ def _unknown_converges(f: Facts, rep: Report) -> None:
     )
     for op_id in unknown_moved[:5]:
         rep.add(f"  {op_id}", "", f.detail(op_id))
+    # The hold is reserved when the money step is claimed: a two-step payment left unknown
+    # after its create (its answer lost) claimed none, and Verity sent nothing that moves money.
     unheld = (
-        unknown.filter(kind__in=PAYMENT_KINDS, requested_by_client__isnull=False)
+        unknown.filter(
+            kind__in=PAYMENT_KINDS,
+            requested_by_client__isnull=False,
+            confirm_claimed_at__isnull=False,
+        )
         .exclude(id__in=Hold.objects.filter(state="reserved").values("operation_id"))
         .count()
     )

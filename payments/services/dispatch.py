@@ -53,7 +53,7 @@ from .observations import (
     operation_apply_observation,
     outcome_apply_locked,
 )
-from .reconcile import _read_back, operation_reconcile
+from .reconcile import _past_inflight_window, _read_back, operation_reconcile
 
 # Resend a not_sent step at most twice (docs/reliability.md#outcome-classification).
 NOT_SENT_RESENDS = 2
@@ -349,6 +349,54 @@ def _dispatch_payment_one_call(op: PaymentOperation, provider: PaymentProvider) 
             pass  # settled meanwhile (the webhook, another reconcile): nothing to ask
 
 
+# A create answered with these made no PaymentIntent: refused, declined, or provably
+# never applied (never sent, rate limited).
+_CREATE_REFUSED = (
+    Classification.DECLINED,
+    Classification.REJECTED,
+    Classification.NOT_SENT,
+    Classification.RETRYABLE,
+)
+
+
+def _created_found(op: PaymentOperation) -> CallResult | None:
+    """After a create whose answer was lost: the provider's PaymentIntent of this operation
+    (read by its metadata) as the create's answer, to confirm as if it had arrived.
+
+    None when the operation was settled here instead
+    (docs/reliability.md#create-then-claim-then-confirm): `unknown` while a PaymentIntent
+    may exist (unreadable, or none found yet inside the provider's in-flight window), so
+    the purchase stays busy and no second payment is made beside one that is payable with
+    the secret key, until the read-back cancels it or finds none. A complete read that
+    finds none past the in-flight window is returned as a create that made nothing."""
+    read = _read_back(op)
+    if read.classification == Classification.OK and read.object is not None:
+        if read.object.confirm_unapplied and not _mismatch(op, read.object):
+            return read  # adopted: its id is stored and it is confirmed below
+        # Moved on without Verity (confirmed, cancelled) or not this operation's: the
+        # read-back judges it.
+        operation_apply_observation(
+            operation_id=op.id,
+            obj=read.object,
+            source=Verification.PROVIDER,
+            cause="create_readback",
+            purchase_id=op.purchase_id,
+        )
+    current = PaymentOperation.objects.values_list("outcome", flat=True).get(id=op.id)
+    if current != Outcome.DISPATCHING:
+        return None
+    if read.classification == Classification.NOT_FOUND and _past_inflight_window(op):
+        return CallResult(Classification.UNKNOWN, detail="no payment intent of this operation")
+    _settle_without_object(
+        op.id,
+        Outcome.UNKNOWN,
+        reason="",
+        cause="create_no_answer",
+        evidence={"read_back": read.classification},
+    )
+    return None
+
+
 def _dispatch_payment(op: PaymentOperation) -> None:
     provider = payment_provider(provider_for(op))
     if provider.pays_in_one_call():
@@ -372,6 +420,15 @@ def _dispatch_payment(op: PaymentOperation) -> None:
     )
     if result.classification == Classification.IN_FLIGHT:
         return
+    if result.classification not in _CREATE_REFUSED and (
+        result.classification != Classification.OK or result.object is None
+    ):
+        # The answer was lost (timeout, reset, 5xx, 409): the provider may hold a
+        # PaymentIntent of this operation, waiting for a confirm. Find it, and confirm
+        # that one; never create another beside it.
+        result = _created_found(op)
+        if result is None:
+            return
     if result.classification != Classification.OK or result.object is None:
         # Create never moves money and confirm was never claimed: whatever happened, this
         # operation cannot have charged (docs/reliability.md#create-then-claim-then-confirm).

@@ -40,7 +40,12 @@ from .common import (
     transition_record,
 )
 from .observations import _mismatch, operation_apply_observation, outcome_apply_locked
-from .reconcile import _read_back, _schedule_acknowledged_read_back, refund_never_received
+from .reconcile import (
+    _read_back,
+    _schedule_acknowledged_read_back,
+    created_unconfirmed_adopt,
+    refund_never_received,
+)
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -183,6 +188,8 @@ def _provider_read_before_resolution(
     obj = read.object if read.classification == Classification.OK else None
     if obj is not None and _mismatch(op, obj):
         obj = None  # not this operation's record: no evidence either way
+    if obj is not None and created_unconfirmed_adopt(op, obj):
+        op.provider_reference = obj.id  # found by metadata: judged (and cancelled) by its id
     verdict = outcome_from_object(obj, kind=op.kind) if obj is not None else None
     if verdict in (Outcome.SUCCEEDED, Outcome.FAILED):
         assert obj is not None  # the verdict was read from it

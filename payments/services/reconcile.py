@@ -329,6 +329,10 @@ def _reconcile_finish(
         if settled.grade == Grade.ACKNOWLEDGED or settled.next_reconcile_at is not None:
             return _acknowledged_follow_up(settled, result, actor=actor)
         return settled  # nothing left to schedule
+    if _created_unconfirmed(settled):
+        resolved = _created_unconfirmed_settle(settled, result, actor=actor)
+        if resolved is not None:
+            return resolved
     unapplied = _confirm_unapplied(settled, result)
     with transaction.atomic():
         purchase = lock_purchase(settled.purchase_id)
@@ -556,6 +560,8 @@ def _acknowledged_follow_up(
             op.next_reconcile_at = None
         return op
     obj = result.object if result.classification == Classification.OK else None
+    if obj is not None and created_unconfirmed_adopt(op, obj):
+        op.provider_reference = obj.id  # found by metadata: judged below as if stored
     if (
         obj is not None
         and op.kind in PAYMENT_KINDS
@@ -610,7 +616,11 @@ def _acknowledged_follow_up(
                     final=True,
                 )
         return PaymentOperation.objects.select_related("purchase").get(id=op.id)
-    if refund_never_received(op, result) or one_call_payment_never_received(op, result):
+    if (
+        refund_never_received(op, result)
+        or one_call_payment_never_received(op, result)
+        or two_step_payment_never_created(op, result)
+    ):
         # A person's word on a refund (or a one-call payment) the provider never received:
         # the provider is readable, holds no refund (no PaymentIntent) of this operation
         # and, past the in-flight window, will not. No money moved: a "succeeded" is
@@ -685,6 +695,107 @@ def one_call_payment_never_received(op: PaymentOperation, result: CallResult) ->
     )
     return sent is not None and timezone.now() - sent >= timedelta(
         seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS
+    )
+
+
+def _created_unconfirmed(op: PaymentOperation) -> bool:
+    """A two-step card payment left `unknown` after its create (the answer lost, or its
+    worker died) and before its confirm was claimed: Verity sent no confirm, so it moved
+    no money, but the provider may hold its PaymentIntent, payable with the secret key.
+    The purchase stays busy until the read-back finds it (cancelled) or finds none."""
+    return (
+        op.kind in PAYMENT_KINDS
+        and op.outcome == Outcome.UNKNOWN
+        and op.confirm_claimed_at is None
+        and rail_evidence_for(op.rail) is None
+    )
+
+
+def _created_unconfirmed_settle(
+    op: PaymentOperation, result: CallResult, *, actor: str
+) -> PaymentOperation | None:
+    """Settle a `_created_unconfirmed` payment from its read-back: the PaymentIntent found
+    still waiting for a confirm is adopted (its id stored) and cancelled at the provider,
+    then the payment is `failed` on the provider's answer; none found by a complete read,
+    past the provider's in-flight window, is `failed` (`not_confirmed`). None when neither
+    holds yet (unreadable, still in flight, cancel refused): read again later."""
+    obj = result.object if result.classification == Classification.OK else None
+    if obj is not None and obj.confirm_unapplied:
+        with transaction.atomic():
+            _purchase, locked = lock_purchase_and_operation(op.id)
+            if locked.outcome != Outcome.UNKNOWN or _mismatch(locked, obj):
+                return None
+            if not locked.provider_reference:
+                locked.provider_reference = obj.id
+                locked.save(update_fields=["provider_reference", "updated_at"])
+        try:
+            return operation_cancel_unapplied(
+                operation_id=op.id,
+                actor=actor,
+                reason="the create's answer was lost and no confirm was sent: "
+                "the PaymentIntent is cancelled so nobody can pay it",
+            )
+        except DomainError as exc:
+            log.warning("unconfirmed create: cancel refused operation=%s code=%s", op.id, exc.code)
+            return None
+    if (
+        result.classification == Classification.NOT_FOUND
+        and not op.provider_reference
+        and _past_inflight_window(op)
+    ):
+        with transaction.atomic():
+            purchase, locked = lock_purchase_and_operation(op.id)
+            if locked.outcome != Outcome.UNKNOWN or locked.provider_reference:
+                return None
+            outcome_apply_locked(
+                purchase,
+                locked,
+                Outcome.FAILED,
+                grade=Grade.CONFIRMED,
+                verification=Verification.PROVIDER,
+                cause="readback_never_created",
+                actor=actor,
+                evidence={"provider": "no payment intent of this operation"},
+                reason=Reason.NOT_CONFIRMED,
+            )
+        return PaymentOperation.objects.select_related("purchase").get(id=op.id)
+    return None
+
+
+def created_unconfirmed_adopt(op: PaymentOperation, obj: ProviderObject) -> bool:
+    """A two-step card payment whose confirm Verity never claimed and whose PaymentIntent's
+    id it never heard (the create's answer lost), judged by a person or after a person's
+    word: the PaymentIntent the read-back found by metadata is stored as its reference, so
+    the provider's record of it confirms or overturns the person and a payable one is
+    cancelled before the purchase is free for another payment. True when stored."""
+    if not (
+        op.kind in PAYMENT_KINDS
+        and not op.provider_reference
+        and op.confirm_claimed_at is None
+        and rail_evidence_for(op.rail) is None
+    ):
+        return False
+    with transaction.atomic():
+        _purchase, locked = lock_purchase_and_operation(op.id)
+        if locked.provider_reference or _mismatch(locked, obj):
+            return False
+        locked.provider_reference = obj.id
+        locked.save(update_fields=["provider_reference", "updated_at"])
+    return True
+
+
+def two_step_payment_never_created(op: PaymentOperation, result: CallResult) -> bool:
+    """A two-step card payment whose confirm Verity never claimed, with no provider
+    reference, whose read-back (by metadata, every page) found no PaymentIntent of it at a
+    readable provider, its create sent longer ago than the provider's in-flight window:
+    none exists, so none was charged (a person's "succeeded" is overturned)."""
+    return (
+        op.kind in PAYMENT_KINDS
+        and rail_evidence_for(op.rail) is None
+        and not op.provider_reference
+        and op.confirm_claimed_at is None
+        and result.classification == Classification.NOT_FOUND
+        and _past_inflight_window(op)
     )
 
 
@@ -870,9 +981,30 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
     return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
 
 
+def _created_unanswered(op: PaymentOperation) -> bool:
+    """A two-step card payment whose create was sent and never answered (its worker died
+    meanwhile): the provider may hold its PaymentIntent, so it is swept to `unknown` and
+    read back (`_created_unconfirmed`), not to `failed` beside a payable PaymentIntent."""
+    return (
+        not op.provider_reference
+        and rail_evidence_for(op.rail) is None
+        and op.provider_calls.filter(purpose=CallPurpose.DISPATCH, step=CallStep.CREATE)
+        .exclude(
+            classification__in=(
+                Classification.DECLINED,
+                Classification.REJECTED,
+                Classification.NOT_SENT,
+                Classification.RETRYABLE,
+            )
+        )
+        .exists()
+    )
+
+
 def operations_sweep_dead_dispatches() -> int:
     """A dispatch with no recorded outcome past its lease: its worker died. Never resend:
-    confirm claimed -> unknown (reconcile); confirm never claimed -> failed not_confirmed.
+    confirm claimed, or a create sent and never answered -> unknown (reconcile); confirm
+    never claimed otherwise -> failed not_confirmed.
 
     A live worker keeps its lease: an x402 refund waiting for the signer's lock renews it
     between wait slices, so only a worker that stopped renewing is swept.
@@ -893,7 +1025,11 @@ def operations_sweep_dead_dispatches() -> int:
                 or op.dispatch_deadline >= timezone.now()
             ):
                 continue
-            never_confirmed = op.kind in PAYMENT_KINDS and op.confirm_claimed_at is None
+            never_confirmed = (
+                op.kind in PAYMENT_KINDS
+                and op.confirm_claimed_at is None
+                and not _created_unanswered(op)
+            )
             target = Outcome.FAILED if never_confirmed else Outcome.UNKNOWN
             outcome_apply_locked(
                 purchase,

@@ -708,8 +708,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         drill=st.sampled_from(WRITE_DRILLS),
         capture=st.sampled_from(["automatic", "manual"]),
         method=st.sampled_from(["pm_card_visa", "pm_card_visa", "pm_card_chargeCustomerFail"]),
+        # In two steps the create's answer can be lost too (the provider made the intent).
+        step=st.sampled_from([MONEY_STEP, MONEY_STEP, CallStep.CREATE]),
     )
-    def pay(self, i, drill, capture, method):
+    def pay(self, i, drill, capture, method, step):
         pid, api = self._purchase(i)
         failed = self._ops(purchase_id=pid, kind__in=PAYMENT_KINDS, outcome=Outcome.FAILED)
         extra = {}
@@ -717,7 +719,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             extra["retry_of"] = failed[-1].id  # a deliberate retry
             if method == failed[-1].payment_method:
                 method = "pm_card_mastercard"
-        self._armed(drill, MONEY_STEP)
+        self._armed(drill, MONEY_STEP if ONE_CALL else step)
         try:
             r = api.pay(pid, method, capture=capture, extra=extra)
         finally:
@@ -3094,6 +3096,25 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     # -- invariants where duplicates, rails, refunds and people meet: each judged on the provider's
     # and the chain's own record ----
+    @invariant()
+    def no_payable_intent_beside_the_record(self):
+        """On the provider's record: a payment settled failed without a PaymentIntent of its
+        own (its create's answer lost) leaves none payable, and no operation has two."""
+        payable: dict[str, list[str]] = {}
+        for pi in self.provider.list("payment_intents"):
+            if pi["status"] in ("requires_payment_method", "requires_confirmation"):
+                op_id = (pi.get("metadata") or {}).get("operation_id", "")
+                payable.setdefault(op_id, []).append(pi["id"])
+        for op in self._ops(kind__in=PAYMENT_KINDS, rail="stripe"):
+            left = payable.get(op.id, [])
+            assert len(left) <= 1, f"payment {op.id} has payable intents {left}"
+            assert not (
+                left
+                and op.outcome == Outcome.FAILED
+                and op.grade == Grade.CONFIRMED
+                and not op.provider_reference
+            ), f"payment {op.id} failed ({op.reason}) beside payable intent {left}"
+
     @invariant()
     def a_failed_or_voided_operation_moved_no_money(self):
         """Verity's `failed` (confirmed) for a payment, capture or refund, and every x402

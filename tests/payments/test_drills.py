@@ -92,18 +92,6 @@ def test_http_409_on_confirm_stays_unknown_without_evidence(
     assert localstripe.succeeded_charges_for(purchase.id) == []
 
 
-def test_create_answer_lost_fails_not_confirmed_without_moving_money(
-    new_purchase, api_client, localstripe, drill
-):
-    purchase = new_purchase()
-    op = _start(purchase, api_client)
-    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step="create")
-    op = services.operation_dispatch(operation_id=op.id)
-    assert op.outcome == Outcome.FAILED and op.reason == "not_confirmed"
-    assert not ProviderCall.objects.filter(operation=op, step="confirm").exists()
-    assert localstripe.succeeded_charges_for(purchase.id) == []
-
-
 def test_unknown_blocks_new_payments_whatever_the_key(new_purchase, api_client, drill):
     purchase = new_purchase()
     op = _start(purchase, api_client)

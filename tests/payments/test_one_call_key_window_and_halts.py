@@ -29,6 +29,24 @@ def _lose(op, drill, read_drill):
     return services.operation_dispatch(operation_id=op.id)
 
 
+def _wait_until_the_key_is_free(key: str, op, *, bound_seconds: float = 15.0) -> None:
+    """Until the provider has finished the first request under `key`: the same request sent
+    again is answered from the key's record (not 409 `idempotency_key_in_use`). Sent
+    straight through the adapter: Verity records nothing and no payment is added."""
+    from payments.enums import Rail
+
+    provider = services.provider_for_rail(Rail.STRIPE)
+    request = services.common.payment_request(op)
+    deadline = time.monotonic() + bound_seconds
+    while True:
+        answer = provider.create_and_confirm_payment_intent(key=key, **request)
+        if answer.http_status != 409:
+            assert answer.replayed, answer
+            return
+        assert time.monotonic() < deadline, "the provider still runs the first request"
+        time.sleep(0.05)
+
+
 def test_margin_zero_at_the_edge(new_purchase, api_client, one_call, drill, read_drill, settings):
     """Margin 0, the setting equal to the provider's window: Verity counts from its claim,
     before the request reaches the provider, so its last re-send still lands inside the
@@ -79,7 +97,7 @@ def test_a_halt_set_while_the_first_send_runs(new_purchase, api_client, one_call
         pass
     held = calls(op, "replay")
     one_call.idempotency(hold_seconds=0)
-    time.sleep(2)
+    _wait_until_the_key_is_free(call.key, op)
     op = services.operation_reconcile(operation_id=op.id)
     halt_clear(name="checkout", actor="ops", reason="over")
     counts = provider_count(one_call, purchase)

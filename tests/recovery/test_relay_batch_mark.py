@@ -118,12 +118,23 @@ from payments.enums import Outcome  # noqa: E402
 from recovery.outbox import dispatch_put  # noqa: E402
 
 
+def _lease_runs_out(*messages: OutboxMessage) -> None:
+    """The end of a claim's lease, moved into the past: what waiting out the lease does,
+    without betting on how long the machine takes to reach the next line."""
+    rows = OutboxMessage.objects.filter(claimed_until__isnull=False)
+    if messages:
+        rows = rows.filter(pk__in=[m.pk for m in messages])
+    rows.update(claimed_until=timezone.now() - timedelta(seconds=1))
+
+
 def test_a_refund_dispatch_reclaimed_after_its_lease_refunds_once(
     settings, monkeypatch, api_client, new_purchase, pay_now, localstripe
 ):  # noqa: F811
-    # Drainer A claims [refund dispatch]; its handler stalls past the 1 s lease; drainer B
+    # Drainer A claims [refund dispatch]; its handler stalls past its lease; drainer B
     # re-claims the same message (attempts 2) and dispatches; then A's handler goes on.
-    settings.OUTBOX_LEASE_SECONDS = 1
+    # The lease is long (no drainer loses it to a slow machine) and runs out when the test
+    # says so: its end is moved into the past while A stalls.
+    settings.OUTBOX_LEASE_SECONDS = 60
     monkeypatch.setattr(outbox_mod, "_kick_relay", lambda: None)
     purchase = new_purchase()
     payment = pay_now(purchase)
@@ -151,12 +162,9 @@ def test_a_refund_dispatch_reclaimed_after_its_lease_refunds_once(
     a = _drain_in_thread(errors)
     try:
         assert entered.wait(15), "drainer A never ran the dispatch"
-        deadline = timezone.now() + timedelta(seconds=15)
-        while timezone.now() < deadline:  # the lease runs out: B claims again
-            relay_drain_once(batch=10)  # other rows (the purchase's events) drain too
-            message.refresh_from_db()
-            if message.attempts >= 2:
-                break
+        _lease_runs_out(message)  # B claims again
+        relay_drain_once(batch=10)  # other rows (the purchase's events) drain too
+        message.refresh_from_db()
         assert message.attempts == 2, message.attempts
     finally:
         reclaimed.set()
@@ -185,7 +193,7 @@ from django.db import OperationalError  # noqa: E402
 def test_a_batch_whose_mark_lost_its_connection_comes_back_after_the_lease(
     settings, monkeypatch, prepared
 ):
-    settings.OUTBOX_LEASE_SECONDS = 1
+    settings.OUTBOX_LEASE_SECONDS = 60  # runs out when the test says so (_lease_runs_out)
     settings.DATABASE_PREPARED_STATEMENTS = prepared
     runs, kill = [], [False]
 
@@ -216,9 +224,8 @@ def test_a_batch_whose_mark_lost_its_connection_comes_back_after_the_lease(
     marked = OutboxMessage.objects.filter(processed_at__isnull=False).count()
     assert marked == 0, "a mark on a dead connection cannot have committed"
     assert relay_drain_once(batch=10) == 0, "re-claimed inside the lease"
-    deadline = timezone.now() + timedelta(seconds=10)
-    while relay_drain_once(batch=10) == 0 and timezone.now() < deadline:
-        pass
+    _lease_runs_out()
+    assert relay_drain_once(batch=10) == 3
     left = OutboxMessage.objects.filter(processed_at__isnull=True).count()
     attempts = sorted(OutboxMessage.objects.values_list("attempts", flat=True))
     print(f"prepared={prepared} handler runs={runs} unprocessed={left} attempts={attempts}")
@@ -283,7 +290,7 @@ def test_a_batch_cut_short_by_a_base_exception_marks_what_ran_and_loses_nothing(
 ):
     # SystemExit/KeyboardInterrupt are not handler failures (not caught, not backed off):
     # the batch's earlier successes are marked, the rest come back after the lease.
-    settings.OUTBOX_LEASE_SECONDS = 1
+    settings.OUTBOX_LEASE_SECONDS = 60  # runs out when the test says so (_lease_runs_out)
     runs, cut = [], [True]
 
     def noop(payload):
@@ -309,9 +316,9 @@ def test_a_batch_cut_short_by_a_base_exception_marks_what_ran_and_loses_nothing(
         )
     )
     assert processed == [0]
-    deadline = timezone.now() + timedelta(seconds=10)
-    while relay_drain_once(batch=10) == 0 and timezone.now() < deadline:
-        pass
+    assert relay_drain_once(batch=10) == 0, "re-claimed inside the lease"
+    _lease_runs_out()
+    assert relay_drain_once(batch=10) == 3
     left = OutboxMessage.objects.filter(processed_at__isnull=True).count()
     print(f"runs={runs} marked after the cut={processed} unprocessed at the end={left}")
     assert left == 0 and runs == [0, 1, 1, 2, 3]
