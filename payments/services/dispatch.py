@@ -426,9 +426,10 @@ def _dispatch_payment(op: PaymentOperation) -> None:
         # The answer was lost (timeout, reset, 5xx, 409): the provider may hold a
         # PaymentIntent of this operation, waiting for a confirm. Find it, and confirm
         # that one; never create another beside it.
-        result = _created_found(op)
-        if result is None:
+        found = _created_found(op)
+        if found is None:
             return
+        result = found
     if result.classification != Classification.OK or result.object is None:
         # Create never moves money and confirm was never claimed: whatever happened, this
         # operation cannot have charged (docs/reliability.md#create-then-claim-then-confirm).
