@@ -94,40 +94,78 @@ def _lease_until():
 
 def _insert_unsafe(
     *, api_client: ApiClient, route: str, key: str, fingerprint: str, lease_until: datetime
-):
-    """INSERT … ON CONFLICT DO NOTHING RETURNING id -> new id, or None if the key exists.
+) -> tuple[IdempotencyRecord | None, bool]:
+    """INSERT … ON CONFLICT DO NOTHING -> (the key's record, whether this request inserted
+    it); (None, False) when a racing request's insert is not visible yet (read again).
 
     bulk_create(ignore_conflicts=True) cannot tell us whether *this* request inserted the
-    row (no id comes back on conflict), which is the whole point; hence one raw statement.
+    row (no id comes back on conflict), which is the whole point; hence raw SQL. On
+    PostgreSQL one statement answers both cases: the INSERT in a WITH, and the key's
+    existing row read by the same statement (which cannot see its own insert, so exactly
+    one of the two returns a row). SQLite takes no INSERT inside WITH: read, then insert.
     """
     table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
     q = connection.ops.quote_name
     now = timezone.now()
-    sql = (
-        f"INSERT INTO {table} ({q('api_client_id')}, {q('route')}, {q('key')}, "
-        f"{q('fingerprint')}, {q('state')}, {q('lease_until')}, {q('resource_type')}, "
-        f"{q('resource_id')}, {q('created_at')}) "
-        f"VALUES (%s, %s, %s, %s, %s, %s, '', '', %s) "
-        f"ON CONFLICT ({q('api_client_id')}, {q('route')}, {q('key')}) DO NOTHING "
-        f"RETURNING {q('id')}"
+    # Datetimes through the backend's adapter, as the ORM stores them (SQLite: text).
+    adapt = connection.ops.adapt_datetimefield_value
+    values = [
+        api_client.pk,
+        route,
+        key,
+        fingerprint,
+        IdempotencyRecord.State.IN_FLIGHT,
+        adapt(lease_until),
+        adapt(now),
+    ]
+    columns = (
+        f"({q('api_client_id')}, {q('route')}, {q('key')}, {q('fingerprint')}, {q('state')}, "
+        f"{q('lease_until')}, {q('resource_type')}, {q('resource_id')}, {q('created_at')})"
     )
-    with connection.cursor() as cursor:
-        # Datetimes through the backend's adapter, as the ORM stores them (SQLite: text).
-        adapt = connection.ops.adapt_datetimefield_value
-        cursor.execute(
-            sql,
-            [
-                api_client.pk,
-                route,
-                key,
-                fingerprint,
-                IdempotencyRecord.State.IN_FLIGHT,
-                adapt(lease_until),
-                adapt(now),
-            ],
+    conflict = f"ON CONFLICT ({q('api_client_id')}, {q('route')}, {q('key')}) DO NOTHING"
+    scope = f"{q('api_client_id')} = %s AND {q('route')} = %s AND {q('key')} = %s"
+    if connection.vendor == "postgresql":
+        # The existing row is read first and the INSERT runs only when there is none: an
+        # existing key (a replay, a request in flight) never reaches the unique index's
+        # conflict check, which would wait for the transaction that holds its row.
+        found = list(
+            IdempotencyRecord.objects.raw(
+                f"WITH existing AS (SELECT * FROM {table} WHERE {scope}), "
+                f"ins AS (INSERT INTO {table} {columns} "
+                "SELECT %s, %s, %s, %s, %s, %s, '', '', %s "
+                f"WHERE NOT EXISTS (SELECT 1 FROM existing) {conflict} RETURNING *) "
+                f"SELECT ins.*, TRUE AS {q('inserted_now')} FROM ins "
+                "UNION ALL SELECT existing.*, FALSE FROM existing",
+                [api_client.pk, route, key, *values],
+            )
         )
+        if not found:
+            return None, False
+        record = found[0]
+        return record, bool(record.__dict__.pop("inserted_now"))
+    insert = f"INSERT INTO {table} {columns} VALUES (%s, %s, %s, %s, %s, %s, '', '', %s) {conflict}"
+    record = next(
+        iter(IdempotencyRecord.objects.filter(api_client=api_client, route=route, key=key)[:1]),
+        None,
+    )  # unique: no ORDER BY
+    if record is not None:
+        return record, False
+    with connection.cursor() as cursor:
+        cursor.execute(f"{insert} RETURNING {q('id')}", values)
         row = cursor.fetchone()
-    return row[0] if row else None
+    if row is None:
+        return None, False  # inserted by a racing request between our read and insert
+    record = IdempotencyRecord(
+        id=row[0],
+        api_client_id=api_client.pk,
+        route=route,
+        key=key,
+        fingerprint=fingerprint,
+        state=IdempotencyRecord.State.IN_FLIGHT,
+        lease_until=lease_until,
+        created_at=now,
+    )
+    return record, True
 
 
 def _in_progress(record: IdempotencyRecord | None, wait: int) -> DomainError:
@@ -146,24 +184,19 @@ def key_claim(*, api_client: ApiClient, route: str, key: str, path: str, body) -
     """Claim the key for this request (ladder steps 1-3), or raise the key's refusal."""
     fingerprint = request_fingerprint(path=path, body=body)
     for _ in range(5):
-        # Read first (one indexed read of the unique key): a replay — the common case for
-        # an agent that retries — costs no INSERT. Absent: the INSERT decides the race.
-        record = next(
-            iter(IdempotencyRecord.objects.filter(api_client=api_client, route=route, key=key)[:1]),
-            None,
-        )  # unique: no ORDER BY
+        # One statement: the key's record, inserted now when absent (the INSERT decides a
+        # race between two first requests).
+        record, inserted = _insert_unsafe(
+            api_client=api_client,
+            route=route,
+            key=key,
+            fingerprint=fingerprint,
+            lease_until=_lease_until(),
+        )
         if record is None:
-            new_id = _insert_unsafe(
-                api_client=api_client,
-                route=route,
-                key=key,
-                fingerprint=fingerprint,
-                lease_until=_lease_until(),
-            )
-            if new_id is not None:
-                record = IdempotencyRecord.objects.get(pk=new_id)
-                return Claim(record=record, token=record.lease_until)
-            continue  # inserted by a racing request between our read and insert: read it
+            continue  # a racing request's insert, not visible to this statement: read again
+        if inserted:
+            return Claim(record=record, token=record.lease_until)
         if record.fingerprint != fingerprint:
             raise _refusal(
                 ErrorCode.IDEMPOTENCY_KEY_REUSED,
@@ -185,14 +218,15 @@ def key_claim(*, api_client: ApiClient, route: str, key: str, path: str, body) -
         # The holder's lease expired (it crashed or hung): compare-and-set takes it over.
         # The new lease is later than the old one, so the old holder's token no longer
         # matches: whatever it still tries to bind, complete or release is refused.
+        lease_until = _lease_until()
         taken = IdempotencyRecord.objects.filter(
             pk=record.pk,
             state=IdempotencyRecord.State.IN_FLIGHT,
             lease_until=record.lease_until,
-        ).update(lease_until=_lease_until())
+        ).update(lease_until=lease_until)
         if taken:
-            record.refresh_from_db()
-            return Claim(record=record, taken_over=True, token=record.lease_until)
+            record.lease_until = lease_until  # the row as this update left it
+            return Claim(record=record, taken_over=True, token=lease_until)
     raise _in_progress(None, 1)
 
 
