@@ -144,12 +144,12 @@ def _insert_unsafe(
         record = found[0]
         return record, bool(record.__dict__.pop("inserted_now"))
     insert = f"INSERT INTO {table} {columns} VALUES (%s, %s, %s, %s, %s, %s, '', '', %s) {conflict}"
-    record = next(
+    existing = next(
         iter(IdempotencyRecord.objects.filter(api_client=api_client, route=route, key=key)[:1]),
         None,
     )  # unique: no ORDER BY
-    if record is not None:
-        return record, False
+    if existing is not None:
+        return existing, False
     with connection.cursor() as cursor:
         cursor.execute(f"{insert} RETURNING {q('id')}", values)
         row = cursor.fetchone()
@@ -300,6 +300,10 @@ class Created:
     resource_id: str
     operation_id: str | None = None
     created: bool = True  # False: the effect already existed (a quote's one purchase)
+    # An operation created already claimed for its send (a one-call payment: its provider
+    # call row and first-send time committed with it): sends it after commit, outside any
+    # transaction, instead of the dispatch of a pending operation.
+    send: Callable[[], object] | None = None
 
 
 @dataclass
@@ -327,6 +331,9 @@ class Keyed:
     operation_id: str | None = None
     extra: dict = field(default_factory=dict)
     answer: Answer | None = None  # with `keyed_effect(answer=…)`: the (stored) answer
+    # The operation as this request's send left it, loaded for the operation view (None:
+    # read it when needed).
+    operation: PaymentOperation | None = None
 
 
 @dataclass
@@ -357,11 +364,16 @@ def dispatch_when_pending(operation_id: str | None) -> None:
         operation_dispatch(operation_id=operation_id)
 
 
-def effect_status(operation_id: str | None, created: bool) -> int:
+def effect_status(
+    operation_id: str | None, created: bool, operation: PaymentOperation | None = None
+) -> int:
     """The status an effect means (stored on the key): 201 succeeded or created, 202 still
-    unsettled, 402 a failed payment, 409 a failed follow-up, 200 nothing new."""
+    unsettled, 402 a failed payment, 409 a failed follow-up, 200 nothing new. `operation`:
+    the operation already read after its send (saves reading it again)."""
     if operation_id:
-        op = PaymentOperation.objects.only("kind", "outcome").get(pk=operation_id)
+        op = operation
+        if op is None or op.id != operation_id:
+            op = PaymentOperation.objects.only("kind", "outcome").get(pk=operation_id)
         if op.outcome == Outcome.SUCCEEDED:
             return 201
         if op.outcome == Outcome.FAILED:
@@ -412,7 +424,9 @@ def keyed_effect(
 
     def finish(keyed: Keyed) -> Keyed:
         if answer is None:
-            key_complete(claim, status=effect_status(keyed.operation_id, keyed.created))
+            key_complete(
+                claim, status=effect_status(keyed.operation_id, keyed.created, keyed.operation)
+            )
             return keyed
         keyed.answer = answer(keyed)
         assert keyed.answer is not None  # a face renders every Keyed (None answers a refusal)
@@ -442,7 +456,16 @@ def keyed_effect(
             )
             if not claim.resource_id:
                 key_bind(claim, resource_type=made.resource_type, resource_id=made.resource_id)
-        if dispatch:
+        sent = None
+        if made.send is not None:
+            # Claimed in the transaction that created it (committed above): send it now.
+            assert_outside_transaction()
+            made.send()
+            if answer is None and made.operation_id:
+                # Read once as the send left it: the status stored on the key and the
+                # face's operation view both come from this row.
+                sent = operations_for_view().get(pk=made.operation_id)
+        elif dispatch:
             dispatch_when_pending(made.operation_id)
         return finish(
             Keyed(
@@ -450,6 +473,7 @@ def keyed_effect(
                 made.resource_id,
                 created=made.created,
                 operation_id=made.operation_id,
+                operation=sent,
             )
         )
     except Exception as exc:

@@ -299,7 +299,9 @@ def _operation_answer(op: PaymentOperation) -> Response:
 
 
 def _operation_keyed_answer(keyed: Keyed) -> Response:
-    return _replayed(keyed) or _operation_answer(_load_operation(_made_operation_id(keyed)))
+    return _replayed(keyed) or _operation_answer(
+        keyed.operation or _load_operation(_made_operation_id(keyed))
+    )
 
 
 def _made_operation_id(keyed: Keyed) -> str:
