@@ -16,7 +16,9 @@ The ladder, in this order, written once (`keyed_effect`):
    granted is its token, and the binding compare-and-sets on it, so a request whose lease
    ran out and whose key was taken over meanwhile creates nothing (its transaction rolls
    back), however long it stalled;
-6. dispatch the effect's operation when it is pending (no transaction open);
+6. dispatch the effect's operation when it is pending (no transaction open), or send the
+   one the effect created already claimed for its send (`Created.send`: a one-call
+   payment, its claim committed with it);
 7. complete the key (done, with the status its effect means), or release it when nothing
    was created (a refusal before any effect leaves the key free for a corrected request).
    A refusal after the effect exists completes the key (bound to it for good); a crash
