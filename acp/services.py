@@ -213,7 +213,7 @@ def session_complete(
         def attach(purchase_id: str) -> None:
             s.purchase_id = purchase_id
 
-        new = checkout_complete(
+        new, send = checkout_complete(
             api_client=client,
             purchase_id=s.purchase_id,
             quote_id=s.quote_id or "",  # read only when the session has no purchase yet
@@ -224,7 +224,7 @@ def session_complete(
             on_purchase=attach,
         )
         s.save()
-        return Created(RESOURCE, s.id, operation_id=new.id)
+        return Created(RESOURCE, s.id, operation_id=new.id, send=send)
 
     return keyed_effect(
         request, create=create, verify=prepare, operation_for=_session_payment, answer=answer

@@ -7,7 +7,11 @@ at --connections concurrent clients, each a fresh purchase paid once:
   - direct: the provider SDK's `PaymentIntent.create(confirm=true)` under an idempotency
     key (the floor: what a direct server-side integration pays),
   - REST: `POST /api/v1/purchases/{id}/payments` under gunicorn,
-  - ACP: `POST /acp/checkout_sessions/{id}/complete` with a shared payment token.
+  - ACP: `POST /acp/checkout_sessions/{id}/complete` with a shared payment token,
+  - MCP: the `pay_purchase` tool over the MCP server's streamable HTTP transport as the
+    Django app mounts it (`POST /mcp/`, one JSON-RPC `tools/call`, stateless JSON: the
+    request an MCP client sends for the call, through agents.views and agents.server into
+    agents.tools.pay_purchase), under the same gunicorn.
 
 Both payment modes of Verity can be measured (--modes): `one-call` (the provider dedupes
 keys: localstripe's idempotency layer on, STRIPE_DEDUPES_KEYS=true, one round trip) and
@@ -17,18 +21,30 @@ the provider calls per payment from Verity's own ProviderCall rows.
 
 `--hold 0` gives Verity's own time per payment; `--profile` adds, in this process (no
 HTTP), the SQL statements one REST payment runs, by kind, with the purchase and quote
-creation beside it.
+creation beside it. `--durable` runs PostgreSQL with synchronous_commit on (as
+production); every row says which.
+
+`--downstream` runs one Celery worker (solo pool, with its embedded beat: the outbox
+sweep behind the commit kicks) while the payments are made, and reports per face and
+series the time from "paid" (the purchase's `paid_at`) to "completed" (its status
+transition to `completed`): the five downstream steps through the outbox and the worker,
+under the load of the payments around them.
 
     .venv/bin/python bench/pay_latency.py [--hold 0.1] [--payments 40] [--connections 16]
-        [--modes one-call,two-step] [--profile] [--runs 1]
+        [--modes one-call,two-step] [--faces rest,acp,mcp] [--profile] [--downstream]
+        [--durable] [--runs 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
+import os
+import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -39,7 +55,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Report, bench_stack, common_args, gunicorn, log, manage  # noqa: E402
+from bench.common import (  # noqa: E402
+    BIN,
+    ROOT,
+    Report,
+    bench_stack,
+    common_args,
+    durable,
+    gunicorn,
+    log,
+    manage,
+)
 from bench.fault_proxy import FaultProxy  # noqa: E402
 
 ACP_API_VERSION = "2026-04-17"
@@ -236,6 +262,122 @@ def _acp(base: str, key: str, stripe_base: str, n: int, connections: int) -> lis
     return _parallel(sessions, connections, complete)
 
 
+def _mcp(base: str, key: str, pids: list[str], connections: int) -> list[float]:
+    """One JSON-RPC `tools/call` of `pay_purchase` per purchase, as an MCP client sends it
+    to the streamable HTTP endpoint (stateless: no session to open first)."""
+    headers = {"Authorization": f"Api-Key {key}", "Accept": "application/json, text/event-stream"}
+
+    def pay(state, pid):
+        st, body = _post(
+            state,
+            base,
+            "/mcp/",
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {
+                    "name": "pay_purchase",
+                    "arguments": {"purchase_id": pid, "payment_method": "pm_card_visa"},
+                },
+            },
+            headers,
+        )
+        result = body.get("result") or {}
+        found = result.get("structuredContent")
+        if found is None:
+            found = json.loads(result["content"][0]["text"])
+        outcome = (found.get("operation") or {}).get("outcome")
+        assert st == 200 and outcome == "succeeded", (st, str(body)[:300])
+
+    return _parallel(pids, connections, pay)
+
+
+def _paid_to_completed(since, timeout: float) -> tuple[list[float], list[float], int]:
+    """For the purchases paid since `since` (waiting up to `timeout` s for them to
+    complete): ms from `paid_at` to the `completed` transition, the part of it spent
+    before the worker started the steps (paid -> `fulfilling`: the commit's kick, the
+    broker, the messages ahead in the worker), and how many never completed."""
+    from django.db.models import Min, OuterRef, Subquery
+
+    from payments.models import OperationTransition, Purchase
+
+    def entered(status: str):
+        return Subquery(
+            OperationTransition.objects.filter(
+                purchase_id=OuterRef("pk"), field="status", operation__isnull=True, target=status
+            )
+            .values("purchase_id")
+            .annotate(at=Min("created_at"))
+            .values("at")
+        )
+
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = list(
+            Purchase.objects.filter(paid_at__gte=since)
+            .annotate(started=entered("fulfilling"), done=entered("completed"))
+            .values_list("paid_at", "started", "done")
+        )
+        waiting = sum(1 for *_, done in rows if done is None)
+        if not waiting or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    total = [(done - paid).total_seconds() * 1000 for paid, _, done in rows if done]
+    queued = [(started - paid).total_seconds() * 1000 for paid, started, done in rows if done]
+    return total, queued, waiting
+
+
+@contextlib.contextmanager
+def _worker(env: dict, stack):
+    """One Celery worker (solo pool) with its embedded beat, as bench/history.py starts
+    one, on the bench's database and broker."""
+    from config.celery import app
+
+    logf = open(stack.tmp / "celery-pay-latency.log", "ab")
+    proc = subprocess.Popen(
+        [
+            str(BIN / "celery"),
+            "-A",
+            "config",
+            "worker",
+            "-B",
+            "-s",
+            str(stack.tmp / "celerybeat-pay-latency"),
+            "--pool",
+            "solo",
+            "-n",
+            "pay-latency@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "WARNING",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not app.control.ping(timeout=1.0):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                logf.flush()
+                tail = (stack.tmp / "celery-pay-latency.log").read_text()[-2000:]
+                raise RuntimeError(f"celery worker not ready: {tail}")
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def _calls_per_payment(since_ops: set[str]) -> str:
     from payments.models import PaymentOperation, ProviderCall
 
@@ -323,7 +465,16 @@ def main(argv: list[str] | None = None) -> Report:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--workers", type=int, default=4, help="gunicorn sync workers")
     parser.add_argument("--modes", default="one-call", help="one-call,two-step")
-    parser.add_argument("--no-acp", action="store_true")
+    parser.add_argument("--no-acp", action="store_true", help="same as --faces without acp")
+    parser.add_argument("--faces", default="rest,acp,mcp", help="rest,acp,mcp")
+    parser.add_argument(
+        "--downstream",
+        action="store_true",
+        help="run a Celery worker and report paid -> completed (the five steps)",
+    )
+    parser.add_argument(
+        "--downstream-timeout", type=float, default=120.0, help="s to wait for completions"
+    )
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -334,6 +485,8 @@ def main(argv: list[str] | None = None) -> Report:
     # At 16 connections, gunicorn needs as many workers as connections for the hold to be
     # waited in parallel (sync workers block on the provider call).
     with bench_stack() as (stack, env):
+        from django.utils import timezone
+
         from payments.clients import api_client_create
         from payments.models import PaymentOperation, Product
 
@@ -372,7 +525,11 @@ def main(argv: list[str] | None = None) -> Report:
             for _ in range(args.runs):
                 log(f"direct create(confirm=true), {name}")
                 direct[name] += _direct(proxy.base, args.payments, conns)
-        hold_note = f"hold {args.hold * 1000:.0f} ms per provider answer"
+        commit_note = f"synchronous_commit {'on' if durable() else 'off'}"
+        hold_note = f"hold {args.hold * 1000:.0f} ms per provider answer; {commit_note}"
+        faces_wanted = {f.strip() for f in args.faces.split(",") if f.strip()}
+        if args.no_acp:
+            faces_wanted.discard("acp")
         for name, _ in series:
             d = direct[name]
             report.add(
@@ -392,18 +549,38 @@ def main(argv: list[str] | None = None) -> Report:
                 "STRIPE_API_BASE": proxy.base,
                 "STRIPE_DEDUPES_KEYS": "true" if one_call else "false",
             }
-            with gunicorn(genv, stack, workers=max(args.workers, args.connections)) as base:
-                faces = [
-                    (
-                        "REST POST /payments",
-                        lambda conns, n, tag: _rest(base, key, _purchases(client, n, tag), conns),
+            with contextlib.ExitStack() as running:
+                base = running.enter_context(
+                    gunicorn(genv, stack, workers=max(args.workers, args.connections))
+                )
+                if args.downstream:
+                    running.enter_context(_worker(genv, stack))
+                faces = []
+                if "rest" in faces_wanted:
+                    faces.append(
+                        (
+                            "REST POST /payments",
+                            lambda conns, n, tag, base=base: _rest(
+                                base, key, _purchases(client, n, tag), conns
+                            ),
+                        )
                     )
-                ]
-                if not args.no_acp:
+                if "acp" in faces_wanted:
                     faces.append(
                         (
                             "ACP complete",
-                            lambda conns, n, tag: _acp(base, acp_key, stripe_base, n, conns),
+                            lambda conns, n, tag, base=base: _acp(
+                                base, acp_key, stripe_base, n, conns
+                            ),
+                        )
+                    )
+                if "mcp" in faces_wanted:
+                    faces.append(
+                        (
+                            "MCP pay_purchase",
+                            lambda conns, n, tag, base=base: _mcp(
+                                base, key, _purchases(client, n, tag), conns
+                            ),
                         )
                     )
                 for face, run in faces:
@@ -411,6 +588,7 @@ def main(argv: list[str] | None = None) -> Report:
                         before = set(PaymentOperation.objects.values_list("id", flat=True))
                         failed_before = len(FAILURES)
                         lat: list[float] = []
+                        series_start = timezone.now()
                         for r in range(args.runs):
                             log(f"{mode}: {face}, {name}, run {r + 1}/{args.runs}")
                             lat += run(conns, args.payments, f"{mode}-{name}-{r}")
@@ -434,6 +612,24 @@ def main(argv: list[str] | None = None) -> Report:
                                 else ""
                             ),
                         )
+                        if args.downstream:
+                            log(f"{mode}: {face}, {name}: waiting for paid -> completed")
+                            done, queued, waiting = _paid_to_completed(
+                                series_start, args.downstream_timeout
+                            )
+                            report.add(
+                                "pay latency",
+                                f"{mode}: {face} {name} paid -> completed p50 / p99 ms",
+                                f"{_pct(done, 0.5):.1f} / {_pct(done, 0.99):.1f}",
+                                "",
+                                "",
+                                "",
+                                f"five steps through the outbox, 1 Celery worker (solo, "
+                                f"embedded beat); of it, paid -> fulfilling (kick, broker, "
+                                f"messages ahead) p50 / p99 {_pct(queued, 0.5):.1f} / "
+                                f"{_pct(queued, 0.99):.1f} ms; {commit_note}; n={len(done)}"
+                                + (f"; {waiting} not completed in time" if waiting else ""),
+                            )
         proxy.down()
         if args.profile:
             from django.conf import settings
@@ -464,7 +660,7 @@ def main(argv: list[str] | None = None) -> Report:
                         "",
                         "",
                         "<= 20" if name == "payment" else "",
-                        f"{kinds}; {p['db_ms']} ms in PostgreSQL"
+                        f"{kinds}; {p['db_ms']} ms in PostgreSQL; {commit_note}"
                         + (
                             f"; {p['wall_ms']} ms wall in-process, no hold"
                             if "wall_ms" in p

@@ -16,7 +16,9 @@ The ladder, in this order, written once (`keyed_effect`):
    granted is its token, and the binding compare-and-sets on it, so a request whose lease
    ran out and whose key was taken over meanwhile creates nothing (its transaction rolls
    back), however long it stalled;
-6. dispatch the effect's operation when it is pending (no transaction open);
+6. dispatch the effect's operation when it is pending (no transaction open), or send the
+   one the effect created already claimed for its send (`Created.send`: a one-call
+   payment, its claim committed with it);
 7. complete the key (done, with the status its effect means), or release it when nothing
    was created (a refusal before any effect leaves the key free for a corrected request).
    A refusal after the effect exists completes the key (bound to it for good); a crash
@@ -94,40 +96,78 @@ def _lease_until():
 
 def _insert_unsafe(
     *, api_client: ApiClient, route: str, key: str, fingerprint: str, lease_until: datetime
-):
-    """INSERT … ON CONFLICT DO NOTHING RETURNING id -> new id, or None if the key exists.
+) -> tuple[IdempotencyRecord | None, bool]:
+    """INSERT … ON CONFLICT DO NOTHING -> (the key's record, whether this request inserted
+    it); (None, False) when a racing request's insert is not visible yet (read again).
 
     bulk_create(ignore_conflicts=True) cannot tell us whether *this* request inserted the
-    row (no id comes back on conflict), which is the whole point; hence one raw statement.
+    row (no id comes back on conflict), which is the whole point; hence raw SQL. On
+    PostgreSQL one statement answers both cases: the INSERT in a WITH, and the key's
+    existing row read by the same statement (which cannot see its own insert, so exactly
+    one of the two returns a row). SQLite takes no INSERT inside WITH: read, then insert.
     """
     table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
     q = connection.ops.quote_name
     now = timezone.now()
-    sql = (
-        f"INSERT INTO {table} ({q('api_client_id')}, {q('route')}, {q('key')}, "
-        f"{q('fingerprint')}, {q('state')}, {q('lease_until')}, {q('resource_type')}, "
-        f"{q('resource_id')}, {q('created_at')}) "
-        f"VALUES (%s, %s, %s, %s, %s, %s, '', '', %s) "
-        f"ON CONFLICT ({q('api_client_id')}, {q('route')}, {q('key')}) DO NOTHING "
-        f"RETURNING {q('id')}"
+    # Datetimes through the backend's adapter, as the ORM stores them (SQLite: text).
+    adapt = connection.ops.adapt_datetimefield_value
+    values = [
+        api_client.pk,
+        route,
+        key,
+        fingerprint,
+        IdempotencyRecord.State.IN_FLIGHT,
+        adapt(lease_until),
+        adapt(now),
+    ]
+    columns = (
+        f"({q('api_client_id')}, {q('route')}, {q('key')}, {q('fingerprint')}, {q('state')}, "
+        f"{q('lease_until')}, {q('resource_type')}, {q('resource_id')}, {q('created_at')})"
     )
-    with connection.cursor() as cursor:
-        # Datetimes through the backend's adapter, as the ORM stores them (SQLite: text).
-        adapt = connection.ops.adapt_datetimefield_value
-        cursor.execute(
-            sql,
-            [
-                api_client.pk,
-                route,
-                key,
-                fingerprint,
-                IdempotencyRecord.State.IN_FLIGHT,
-                adapt(lease_until),
-                adapt(now),
-            ],
+    conflict = f"ON CONFLICT ({q('api_client_id')}, {q('route')}, {q('key')}) DO NOTHING"
+    scope = f"{q('api_client_id')} = %s AND {q('route')} = %s AND {q('key')} = %s"
+    if connection.vendor == "postgresql":
+        # The existing row is read first and the INSERT runs only when there is none: an
+        # existing key (a replay, a request in flight) never reaches the unique index's
+        # conflict check, which would wait for the transaction that holds its row.
+        found = list(
+            IdempotencyRecord.objects.raw(
+                f"WITH existing AS (SELECT * FROM {table} WHERE {scope}), "
+                f"ins AS (INSERT INTO {table} {columns} "
+                "SELECT %s, %s, %s, %s, %s, %s, '', '', %s "
+                f"WHERE NOT EXISTS (SELECT 1 FROM existing) {conflict} RETURNING *) "
+                f"SELECT ins.*, TRUE AS {q('inserted_now')} FROM ins "
+                "UNION ALL SELECT existing.*, FALSE FROM existing",
+                [api_client.pk, route, key, *values],
+            )
         )
+        if not found:
+            return None, False
+        record = found[0]
+        return record, bool(record.__dict__.pop("inserted_now"))
+    insert = f"INSERT INTO {table} {columns} VALUES (%s, %s, %s, %s, %s, %s, '', '', %s) {conflict}"
+    existing = next(
+        iter(IdempotencyRecord.objects.filter(api_client=api_client, route=route, key=key)[:1]),
+        None,
+    )  # unique: no ORDER BY
+    if existing is not None:
+        return existing, False
+    with connection.cursor() as cursor:
+        cursor.execute(f"{insert} RETURNING {q('id')}", values)
         row = cursor.fetchone()
-    return row[0] if row else None
+    if row is None:
+        return None, False  # inserted by a racing request between our read and insert
+    record = IdempotencyRecord(
+        id=row[0],
+        api_client_id=api_client.pk,
+        route=route,
+        key=key,
+        fingerprint=fingerprint,
+        state=IdempotencyRecord.State.IN_FLIGHT,
+        lease_until=lease_until,
+        created_at=now,
+    )
+    return record, True
 
 
 def _in_progress(record: IdempotencyRecord | None, wait: int) -> DomainError:
@@ -146,24 +186,19 @@ def key_claim(*, api_client: ApiClient, route: str, key: str, path: str, body) -
     """Claim the key for this request (ladder steps 1-3), or raise the key's refusal."""
     fingerprint = request_fingerprint(path=path, body=body)
     for _ in range(5):
-        # Read first (one indexed read of the unique key): a replay — the common case for
-        # an agent that retries — costs no INSERT. Absent: the INSERT decides the race.
-        record = next(
-            iter(IdempotencyRecord.objects.filter(api_client=api_client, route=route, key=key)[:1]),
-            None,
-        )  # unique: no ORDER BY
+        # One statement: the key's record, inserted now when absent (the INSERT decides a
+        # race between two first requests).
+        record, inserted = _insert_unsafe(
+            api_client=api_client,
+            route=route,
+            key=key,
+            fingerprint=fingerprint,
+            lease_until=_lease_until(),
+        )
         if record is None:
-            new_id = _insert_unsafe(
-                api_client=api_client,
-                route=route,
-                key=key,
-                fingerprint=fingerprint,
-                lease_until=_lease_until(),
-            )
-            if new_id is not None:
-                record = IdempotencyRecord.objects.get(pk=new_id)
-                return Claim(record=record, token=record.lease_until)
-            continue  # inserted by a racing request between our read and insert: read it
+            continue  # a racing request's insert, not visible to this statement: read again
+        if inserted:
+            return Claim(record=record, token=record.lease_until)
         if record.fingerprint != fingerprint:
             raise _refusal(
                 ErrorCode.IDEMPOTENCY_KEY_REUSED,
@@ -185,14 +220,15 @@ def key_claim(*, api_client: ApiClient, route: str, key: str, path: str, body) -
         # The holder's lease expired (it crashed or hung): compare-and-set takes it over.
         # The new lease is later than the old one, so the old holder's token no longer
         # matches: whatever it still tries to bind, complete or release is refused.
+        lease_until = _lease_until()
         taken = IdempotencyRecord.objects.filter(
             pk=record.pk,
             state=IdempotencyRecord.State.IN_FLIGHT,
             lease_until=record.lease_until,
-        ).update(lease_until=_lease_until())
+        ).update(lease_until=lease_until)
         if taken:
-            record.refresh_from_db()
-            return Claim(record=record, taken_over=True, token=record.lease_until)
+            record.lease_until = lease_until  # the row as this update left it
+            return Claim(record=record, taken_over=True, token=lease_until)
     raise _in_progress(None, 1)
 
 
@@ -266,6 +302,10 @@ class Created:
     resource_id: str
     operation_id: str | None = None
     created: bool = True  # False: the effect already existed (a quote's one purchase)
+    # An operation created already claimed for its send (a one-call payment: its provider
+    # call row and first-send time committed with it): sends it after commit, outside any
+    # transaction, instead of the dispatch of a pending operation.
+    send: Callable[[], object] | None = None
 
 
 @dataclass
@@ -293,6 +333,9 @@ class Keyed:
     operation_id: str | None = None
     extra: dict = field(default_factory=dict)
     answer: Answer | None = None  # with `keyed_effect(answer=…)`: the (stored) answer
+    # The operation as this request's send left it, loaded for the operation view (None:
+    # read it when needed).
+    operation: PaymentOperation | None = None
 
 
 @dataclass
@@ -323,11 +366,16 @@ def dispatch_when_pending(operation_id: str | None) -> None:
         operation_dispatch(operation_id=operation_id)
 
 
-def effect_status(operation_id: str | None, created: bool) -> int:
+def effect_status(
+    operation_id: str | None, created: bool, operation: PaymentOperation | None = None
+) -> int:
     """The status an effect means (stored on the key): 201 succeeded or created, 202 still
-    unsettled, 402 a failed payment, 409 a failed follow-up, 200 nothing new."""
+    unsettled, 402 a failed payment, 409 a failed follow-up, 200 nothing new. `operation`:
+    the operation already read after its send (saves reading it again)."""
     if operation_id:
-        op = PaymentOperation.objects.only("kind", "outcome").get(pk=operation_id)
+        op = operation
+        if op is None or op.id != operation_id:
+            op = PaymentOperation.objects.only("kind", "outcome").get(pk=operation_id)
         if op.outcome == Outcome.SUCCEEDED:
             return 201
         if op.outcome == Outcome.FAILED:
@@ -378,7 +426,9 @@ def keyed_effect(
 
     def finish(keyed: Keyed) -> Keyed:
         if answer is None:
-            key_complete(claim, status=effect_status(keyed.operation_id, keyed.created))
+            key_complete(
+                claim, status=effect_status(keyed.operation_id, keyed.created, keyed.operation)
+            )
             return keyed
         keyed.answer = answer(keyed)
         assert keyed.answer is not None  # a face renders every Keyed (None answers a refusal)
@@ -408,7 +458,16 @@ def keyed_effect(
             )
             if not claim.resource_id:
                 key_bind(claim, resource_type=made.resource_type, resource_id=made.resource_id)
-        if dispatch:
+        sent = None
+        if made.send is not None:
+            # Claimed in the transaction that created it (committed above): send it now.
+            assert_outside_transaction()
+            made.send()
+            if answer is None and made.operation_id:
+                # Read once as the send left it: the status stored on the key and the
+                # face's operation view both come from this row.
+                sent = operations_for_view().get(pk=made.operation_id)
+        elif dispatch:
             dispatch_when_pending(made.operation_id)
         return finish(
             Keyed(
@@ -416,6 +475,7 @@ def keyed_effect(
                 made.resource_id,
                 created=made.created,
                 operation_id=made.operation_id,
+                operation=sent,
             )
         )
     except Exception as exc:

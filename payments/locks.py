@@ -28,8 +28,12 @@ def lock_purchase(purchase_id: str) -> Purchase:
     return Purchase.objects.select_for_update(of=("self",)).get(id=purchase_id)
 
 
-def lock_purchase_or_none(purchase_id: str) -> Purchase | None:
-    return Purchase.objects.select_for_update(of=("self",)).filter(id=purchase_id).first()
+def lock_purchase_or_none(purchase_id: str, *, with_quote: bool = False) -> Purchase | None:
+    """`with_quote`: its quote read in the same statement (the quote row is not locked)."""
+    purchases = Purchase.objects.select_for_update(of=("self",))
+    if with_quote:
+        purchases = purchases.select_related("quote")
+    return purchases.filter(id=purchase_id).first()
 
 
 def lock_quote_or_none(quote_id: str) -> Quote | None:

@@ -37,6 +37,7 @@ from .authentication import COUNTED, KEYWORD, ApiClientRateThrottle, _failure_ke
 from .idempotency import (
     HEADER,
     MAX_KEY_LENGTH,
+    NOT_A_REPLAY,
     REPLAYED_HEADER,
     idempotency_replayed_operation,
     replay_body,
@@ -175,7 +176,10 @@ def _payment_replay(request, kwargs, *, allow: str, scope: str, route: str):
         )
     finally:
         allowed = _allowed(request, pending)
-    if op is None or not allowed:
+    if op is None:
+        setattr(request, NOT_A_REPLAY, True)
+        return None
+    if not allowed:
         return None
     IDEMPOTENT_REPLAYS.labels(route=route).inc()
     return _answer(presenters.operation_view(op), allow=allow, headers={REPLAYED_HEADER: "true"})

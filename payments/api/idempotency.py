@@ -70,6 +70,10 @@ def idempotency_bind(claim: Claim, *, resource_type: str, resource_id: str) -> N
         raise _as_problem(exc) from None
 
 
+# Set on a request whose replay the fast path already asked after (the record and its
+# operation, one statement) and found none: the view does not ask again.
+NOT_A_REPLAY = "_verity_not_a_replay"
+
 idempotency_complete = key_complete
 idempotency_release = key_release
 idempotency_replay_of = key_replay_of
@@ -100,6 +104,7 @@ def replay_body(request):
 
 __all__ = [
     "HEADER",
+    "NOT_A_REPLAY",
     "REPLAYED_HEADER",
     "Claim",
     "canonical_json",

@@ -56,7 +56,7 @@ from .examples import (
     EXAMPLE_SUCCEEDED,
     EXAMPLE_UNKNOWN,
 )
-from .idempotency import key_from_headers, replay_body
+from .idempotency import NOT_A_REPLAY, key_from_headers, replay_body
 from .lists import (
     PURCHASE_LIST_PARAMETERS,
     PurchaseListOut,
@@ -249,6 +249,8 @@ def _replay_first(request, route: str) -> Response | None:
     the body's validation, which a replay does not need (payments.api.idempotency
     .idempotency_replay_of); anything else returns None and takes the usual path."""
     key = key_from_headers(request.headers)
+    if getattr(request, NOT_A_REPLAY, False):
+        return None
     body = replay_body(request)
     if body is None:
         return None
@@ -297,7 +299,9 @@ def _operation_answer(op: PaymentOperation) -> Response:
 
 
 def _operation_keyed_answer(keyed: Keyed) -> Response:
-    return _replayed(keyed) or _operation_answer(_load_operation(_made_operation_id(keyed)))
+    return _replayed(keyed) or _operation_answer(
+        keyed.operation or _load_operation(_made_operation_id(keyed))
+    )
 
 
 def _made_operation_id(keyed: Keyed) -> str:

@@ -318,6 +318,17 @@ def _dispatch_payment_one_call(op: PaymentOperation, provider: PaymentProvider) 
     call = _claim(op.id, CallStep.PAY, from_pending=True, confirm=True, purchase_id=op.purchase_id)
     if call is None:
         return
+    payment_send_claimed(op, call, provider)
+
+
+def payment_send_claimed(
+    op: PaymentOperation, call: ProviderCall, provider: PaymentProvider | None = None
+) -> None:
+    """Phases 2 and 3 of a one-call payment whose claim (`call`) is committed: by the claim
+    above, or by the transaction that created it claimed
+    (payments.services.operations.payment_create_claimed)."""
+    assert_outside_transaction()
+    provider = provider or payment_provider(provider_for(op))
     key = op.provider_key(CallStep.PAY)
     request = payment_request(op)
     result = _send(

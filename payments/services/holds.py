@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Sum
+from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from ..enums import HoldState, LimitPeriod, OperationKind, Outcome, Owner, RetryAdvice
@@ -25,16 +25,31 @@ def _period_start(client: ApiClient, now: datetime | None = None) -> datetime | 
     return None
 
 
+def _counted_holds(client: ApiClient) -> tuple[QuerySet[Hold], Q, Q]:
+    """The client's holds and what of them counts against its limit: consumed in the
+    current period, and reserved (a hold counts in the period it was reserved in until it
+    settles). One limit, one currency: only holds in the client's currency count."""
+    start = _period_start(client)
+    holds = Hold.objects.filter(api_client=client, currency__iexact=client.currency)
+    consumed = Q(state=HoldState.CONSUMED)
+    if start is not None:
+        consumed &= Q(period_start=start)
+    return holds, consumed, Q(state=HoldState.RESERVED)
+
+
+def _limit_used(client: ApiClient) -> int:
+    """consumed + reserved, as `client_limits` counts them, in one statement."""
+    holds, consumed, reserved = _counted_holds(client)
+    used: int = holds.filter(consumed | reserved).aggregate(s=Sum("amount"))["s"] or 0
+    return used
+
+
 def client_limits(client: ApiClient) -> dict[str, Any]:
     """limit, consumed, reserved, unknown_exposure (current period; a hold counts in the
     period it was reserved in until it settles)."""
-    start = _period_start(client)
-    # One limit, one currency: only holds in the client's currency count against it.
-    holds = Hold.objects.filter(api_client=client, currency__iexact=client.currency)
-    consumed_q = holds.filter(state=HoldState.CONSUMED)
-    if start is not None:
-        consumed_q = consumed_q.filter(period_start=start)
-    reserved_q = holds.filter(state=HoldState.RESERVED)
+    holds, counted_consumed, counted_reserved = _counted_holds(client)
+    consumed_q = holds.filter(counted_consumed)
+    reserved_q = holds.filter(counted_reserved)
     consumed = consumed_q.aggregate(s=Sum("amount"))["s"] or 0
     reserved = reserved_q.aggregate(s=Sum("amount"))["s"] or 0
     unknown = (
@@ -72,8 +87,8 @@ def _check_currency_allowed(client: ApiClient | None, currency: str) -> None:
 def _check_limit(client: ApiClient | None, amount: int) -> None:
     if client is None or not client.spending_limit:
         return
-    figures = client_limits(client)
-    if figures["consumed"] + figures["reserved"] + amount > client.spending_limit:
+    if _limit_used(client) + amount > client.spending_limit:
+        figures = client_limits(client)  # the refusal shows them
         raise DomainError(
             ErrorCode.SPENDING_LIMIT_EXCEEDED,
             "This API client's spending limit does not cover this amount.",
@@ -100,10 +115,8 @@ def _hold_reserve(op: PaymentOperation) -> bool:
     if client_id is None:
         return True
     client = lock_client(client_id)
-    if client.spending_limit:
-        figures = client_limits(client)
-        if figures["consumed"] + figures["reserved"] + op.amount > client.spending_limit:
-            return False
+    if client.spending_limit and _limit_used(client) + op.amount > client.spending_limit:
+        return False
     Hold.objects.bulk_create(
         [
             Hold(

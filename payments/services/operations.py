@@ -15,12 +15,15 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from recovery.models import Order, StepRun, StepState
+from recovery.outbox import outbox_batch
 
 from ..customers import PAYMENT_METHOD_TOKEN
 from ..enums import (
     NON_RETRYABLE_REASONS,
     PAYMENT_KINDS,
     SLOT_HOLDING_OUTCOMES,
+    CallPurpose,
+    CallStep,
     Grade,
     OperationKind,
     Outcome,
@@ -29,12 +32,14 @@ from ..enums import (
     Rail,
     Reason,
     RetryAdvice,
+    Stage,
     Verification,
 )
 from ..errors import DomainError, ErrorCode
 from ..locks import lock_client, lock_purchase, lock_purchase_or_none
-from ..models import ApiClient, PaymentOperation, Purchase
+from ..models import ApiClient, PaymentOperation, ProviderCall, Purchase
 from ..money import format_money
+from ..providers.base import payment_provider
 from ..providers.registry import registered_rails
 from .common import (
     REFUND_FAILURE_UNVERIFIED,
@@ -44,6 +49,7 @@ from .common import (
     _lock_or_404,
     _op_to,
     _purchase_to,
+    history_batch,
     operation_audit_write,
     payment_captured,
     payment_refund_room,
@@ -52,7 +58,7 @@ from .common import (
     provider_for_rail,
     transition_record,
 )
-from .holds import _check_currency_allowed, _check_limit, _period_start
+from .holds import _check_currency_allowed, _check_limit, _hold_reserve, _period_start
 from .observations import outcome_apply_locked
 from .purchases import purchase_bought_elsewhere
 from .reconcile import operations_verify_before_follow_up
@@ -77,8 +83,14 @@ def operation_insert_guarded(**fields: Any) -> PaymentOperation:
     slot). Inserted under a savepoint: the indexes, not a check before the insert, are
     the real guard. A queued
     (pending) operation gets its dispatch backstop in the same transaction."""
+    return _operation_insert(fields, savepoint=True)
+
+
+def _operation_insert(fields: dict[str, Any], *, savepoint: bool) -> PaymentOperation:
+    """`operation_insert_guarded`; `savepoint=False` for a caller whose whole transaction
+    (or savepoint) rolls back on the refusal anyway: the insert needs none of its own."""
     try:
-        with transaction.atomic():
+        with transaction.atomic(savepoint=savepoint):
             op = PaymentOperation.objects.create(**fields)
             if op.outcome == Outcome.PENDING:
                 _dispatch_backstop(op)
@@ -110,17 +122,11 @@ def _check_currency(purchase: Purchase, currency: str | None) -> None:
         )
 
 
-def payment_create(
-    *,
-    purchase_id: str,
-    api_client: ApiClient | None,
-    payment_method: str,
-    capture_method: str = "automatic",
-    retry_of: str | None = None,
-    amount: int | None = None,
-    currency: str | None = None,
-    rail: str = Rail.STRIPE,
-) -> PaymentOperation:
+def _payment_request_refusal(
+    *, purchase_id: str, payment_method: str, capture_method: str, rail: str
+) -> None:
+    """The request itself, before anything is locked: checkout not halted, a known capture
+    method, a provider token for a payment method."""
     if _halted("checkout"):
         raise DomainError(
             ErrorCode.WORKFLOW_HALTED,
@@ -160,211 +166,399 @@ def payment_create(
             retry=RetryAdvice.NEW_OPERATION,
             purchase=purchase_id,
         )
-    if retry_of and not transaction.get_connection().in_atomic_block:
-        # Called outside a transaction: read the original back here (callers that bind an
-        # idempotency key in their transaction call operations_verify_before_follow_up first).
-        operations_verify_before_follow_up(purchase_id=purchase_id)
-    with transaction.atomic():
-        if retry_of:
-            purchase_bought_elsewhere(purchase_id=purchase_id, api_client=api_client)
-        purchase = lock_purchase_or_none(purchase_id)
-        if purchase is None or (
-            api_client is not None and purchase.api_client_id not in (None, api_client.id)
-        ):
+
+
+def _payment_purchase_locked(
+    *,
+    purchase_id: str,
+    api_client: ApiClient | None,
+    amount: int | None,
+    currency: str | None,
+    retry_of: str | None,
+) -> Purchase:
+    """The purchase, locked, and the request's money checked against it: the caller's own
+    purchase, its currency, the quote's amount (a retry first asks whether the buyer paid
+    for the same basket elsewhere meanwhile)."""
+    if retry_of:
+        purchase_bought_elsewhere(purchase_id=purchase_id, api_client=api_client)
+    purchase = lock_purchase_or_none(purchase_id, with_quote=True)
+    if purchase is None or (
+        api_client is not None and purchase.api_client_id not in (None, api_client.id)
+    ):
+        raise DomainError(
+            ErrorCode.NOT_FOUND, "No such purchase.", status=404, retry=RetryAdvice.FORBIDDEN
+        )
+    _check_currency(purchase, currency)
+    _check_currency_allowed(api_client, purchase.currency)
+    if amount is not None and amount != purchase.amount:
+        raise DomainError(
+            ErrorCode.AMOUNT_MISMATCH,
+            "The amount comes from the accepted quote ("
+            f"{format_money(purchase.amount, purchase.currency)}, "
+            f"{purchase.amount} in minor units); a different amount is "
+            "refused.",
+            status=422,
+            retry=RetryAdvice.FORBIDDEN,
+            purchase=purchase.id,
+        )
+    return purchase
+
+
+def _payment_refusal_locked(
+    *, purchase: Purchase, retry_of: str | None, payment_method: str
+) -> PaymentOperation | None:
+    """Whether the locked purchase may be paid now: not paid, no money movement in flight,
+    its quote alive, a failed payment retried only on purpose, once, with something
+    changed, and attempts left. Returns the payment a retry names."""
+    # One read: the purchase's payments and whatever holds its slot (no model ordering:
+    # by id, as `.first()` took them).
+    ops = sorted(
+        purchase.operations.filter(
+            Q(kind__in=PAYMENT_KINDS) | Q(outcome__in=SLOT_HOLDING_OUTCOMES)
+        ),
+        key=lambda o: o.id,
+    )
+    payments = [o for o in ops if o.kind in PAYMENT_KINDS]
+    paid = next(
+        (o for o in payments if o.outcome == Outcome.SUCCEEDED and not o.is_duplicate), None
+    )
+    if retry_of and paid is not None and paid.id == retry_of:
+        raise DomainError(
+            ErrorCode.ORIGINAL_SUCCEEDED,
+            "The payment this retry names did "
+            "succeed at the provider (its earlier failure was a person's "
+            "call, since overturned). Do not pay again.",
+            status=409,
+            retry=RetryAdvice.FORBIDDEN,
+            owner=Owner.NONE,
+            purchase=purchase.id,
+            operation=paid.id,
+        )
+    if paid:
+        raise DomainError(
+            ErrorCode.ALREADY_PAID,
+            "This purchase is already paid.",
+            status=409,
+            retry=RetryAdvice.FORBIDDEN,
+            owner=Owner.NONE,
+            purchase=purchase.id,
+            operation=paid.id,
+        )
+    active = next((o for o in ops if o.outcome in SLOT_HOLDING_OUTCOMES), None)
+    if active:
+        raise DomainError(
+            ErrorCode.PAYMENT_UNRESOLVED,
+            "A payment on this purchase is not settled yet; the provider may have applied "
+            "it. Do not retry: poll the operation.",
+            status=409,
+            retry=RetryAdvice.FORBIDDEN,
+            owner=Owner.RECONCILIATION,
+            purchase=purchase.id,
+            operation=active.id,
+        )
+    if purchase.status in (PurchaseStatus.EXPIRED, PurchaseStatus.CANCELLED) or (
+        purchase.quote.expires_at <= timezone.now()
+    ):
+        raise DomainError(
+            ErrorCode.QUOTE_EXPIRED,
+            "The quote behind this purchase expired; get a new quote.",
+            status=409,
+            retry=RetryAdvice.NEW_QUOTE,
+            purchase=purchase.id,
+        )
+    last_failed = max(
+        (o for o in payments if o.outcome == Outcome.FAILED),
+        key=lambda o: o.created_at,
+        default=None,
+    )
+    original = None
+    if retry_of:
+        original = next((o for o in ops if o.id == retry_of), None)
+        if original is None or original.kind not in PAYMENT_KINDS:
             raise DomainError(
-                ErrorCode.NOT_FOUND, "No such purchase.", status=404, retry=RetryAdvice.FORBIDDEN
-            )
-        _check_currency(purchase, currency)
-        _check_currency_allowed(api_client, purchase.currency)
-        if amount is not None and amount != purchase.amount:
-            raise DomainError(
-                ErrorCode.AMOUNT_MISMATCH,
-                "The amount comes from the accepted quote ("
-                f"{format_money(purchase.amount, purchase.currency)}, "
-                f"{purchase.amount} in minor units); a different amount is "
-                "refused.",
+                ErrorCode.RETRY_OF_NOT_FOUND,
+                "retry_of must name a payment operation of this purchase.",
                 status=422,
                 retry=RetryAdvice.FORBIDDEN,
                 purchase=purchase.id,
             )
-        paid = purchase.operations.filter(
-            kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED, is_duplicate=False
-        ).first()
-        if retry_of and paid is not None and paid.id == retry_of:
+        if original.outcome != Outcome.FAILED:
             raise DomainError(
-                ErrorCode.ORIGINAL_SUCCEEDED,
-                "The payment this retry names did "
-                "succeed at the provider (its earlier failure was a person's "
-                "call, since overturned). Do not pay again.",
+                ErrorCode.RETRY_NOT_ALLOWED,
+                "Only a failed operation can be retried.",
                 status=409,
                 retry=RetryAdvice.FORBIDDEN,
-                owner=Owner.NONE,
                 purchase=purchase.id,
-                operation=paid.id,
+                operation=original.id,
             )
-        if paid:
+        if original.grade == Grade.ACKNOWLEDGED:
+            # Only a person's "failed", which the provider could not confirm yet (the
+            # read-back above failed): the first may still charge. No second charge
+            # until the provider is read.
             raise DomainError(
-                ErrorCode.ALREADY_PAID,
-                "This purchase is already paid.",
-                status=409,
-                retry=RetryAdvice.FORBIDDEN,
-                owner=Owner.NONE,
-                purchase=purchase.id,
-                operation=paid.id,
-            )
-        active = _active_op(purchase)
-        if active:
-            raise DomainError(
-                ErrorCode.PAYMENT_UNRESOLVED,
-                "A payment on this purchase is not settled yet; the provider may have applied "
-                "it. Do not retry: poll the operation.",
-                status=409,
-                retry=RetryAdvice.FORBIDDEN,
+                ErrorCode.ORIGINAL_UNVERIFIED,
+                "The payment this retry names was "
+                "settled failed by a person, and the provider could not be "
+                "read back yet: it may still charge. Try again later.",
+                status=503,
+                retry=RetryAdvice.SAME_KEY,
                 owner=Owner.RECONCILIATION,
                 purchase=purchase.id,
-                operation=active.id,
+                operation=original.id,
             )
-        if purchase.status in (PurchaseStatus.EXPIRED, PurchaseStatus.CANCELLED) or (
-            purchase.quote.expires_at <= timezone.now()
-        ):
+        if PaymentOperation.objects.filter(retry_of=original).exists():
             raise DomainError(
-                ErrorCode.QUOTE_EXPIRED,
-                "The quote behind this purchase expired; get a new quote.",
-                status=409,
-                retry=RetryAdvice.NEW_QUOTE,
-                purchase=purchase.id,
-            )
-        last_failed = (
-            purchase.operations.filter(kind__in=PAYMENT_KINDS, outcome=Outcome.FAILED)
-            .order_by("-created_at")
-            .first()
-        )
-        original = None
-        if retry_of:
-            original = purchase.operations.filter(id=retry_of).first()
-            if original is None or original.kind not in PAYMENT_KINDS:
-                raise DomainError(
-                    ErrorCode.RETRY_OF_NOT_FOUND,
-                    "retry_of must name a payment operation of this purchase.",
-                    status=422,
-                    retry=RetryAdvice.FORBIDDEN,
-                    purchase=purchase.id,
-                )
-            if original.outcome != Outcome.FAILED:
-                raise DomainError(
-                    ErrorCode.RETRY_NOT_ALLOWED,
-                    "Only a failed operation can be retried.",
-                    status=409,
-                    retry=RetryAdvice.FORBIDDEN,
-                    purchase=purchase.id,
-                    operation=original.id,
-                )
-            if original.grade == Grade.ACKNOWLEDGED:
-                # Only a person's "failed", which the provider could not confirm yet (the
-                # read-back above failed): the first may still charge. No second charge
-                # until the provider is read.
-                raise DomainError(
-                    ErrorCode.ORIGINAL_UNVERIFIED,
-                    "The payment this retry names was "
-                    "settled failed by a person, and the provider could not be "
-                    "read back yet: it may still charge. Try again later.",
-                    status=503,
-                    retry=RetryAdvice.SAME_KEY,
-                    owner=Owner.RECONCILIATION,
-                    purchase=purchase.id,
-                    operation=original.id,
-                )
-            if PaymentOperation.objects.filter(retry_of=original).exists():
-                raise DomainError(
-                    ErrorCode.ALREADY_RETRIED,
-                    "This operation was already retried once.",
-                    status=409,
-                    retry=RetryAdvice.FORBIDDEN,
-                    purchase=purchase.id,
-                    operation=original.id,
-                )
-            if (
-                original.reason == Reason.CARD_DECLINED
-                and original.payment_method == payment_method
-            ):
-                raise DomainError(
-                    ErrorCode.RETRY_NEEDS_NEW_METHOD,
-                    "The card was declined; retry with a different payment_method.",
-                    status=422,
-                    retry=RetryAdvice.NEW_OPERATION,
-                    purchase=purchase.id,
-                    operation=original.id,
-                )
-            if (
-                original.reason in NON_RETRYABLE_REASONS
-                and original.payment_method == payment_method
-            ):
-                # Sent again unchanged it fails the same way (a retry chain that never
-                # converges): something must change first.
-                raise DomainError(
-                    ErrorCode.RETRY_NEEDS_NEW_METHOD,
-                    "The provider refused this payment "
-                    "as invalid; retry only with a different payment_method, "
-                    "or start from a new quote.",
-                    status=422,
-                    retry=RetryAdvice.NEW_QUOTE,
-                    purchase=purchase.id,
-                    operation=original.id,
-                )
-        elif last_failed is not None:
-            raise DomainError(
-                ErrorCode.RETRY_OF_REQUIRED,
-                "The last payment failed; name it in retry_of to try again on purpose.",
-                status=409,
-                retry=RetryAdvice.NEW_OPERATION,
-                purchase=purchase.id,
-                operation=last_failed.id,
-            )
-        attempts = purchase.operations.filter(kind__in=PAYMENT_KINDS).count()
-        if attempts >= settings.PAYMENT_ATTEMPTS_MAX:
-            raise DomainError(
-                ErrorCode.PAYMENT_ATTEMPTS_EXHAUSTED,
-                f"This purchase already had {attempts} payment attempts; no "
-                "more are made. Support will contact the buyer.",
+                ErrorCode.ALREADY_RETRIED,
+                "This operation was already retried once.",
                 status=409,
                 retry=RetryAdvice.FORBIDDEN,
-                owner=Owner.SUPPORT,
                 purchase=purchase.id,
-                operation=original.id if original else None,
+                operation=original.id,
             )
+        if original.reason == Reason.CARD_DECLINED and original.payment_method == payment_method:
+            raise DomainError(
+                ErrorCode.RETRY_NEEDS_NEW_METHOD,
+                "The card was declined; retry with a different payment_method.",
+                status=422,
+                retry=RetryAdvice.NEW_OPERATION,
+                purchase=purchase.id,
+                operation=original.id,
+            )
+        if original.reason in NON_RETRYABLE_REASONS and original.payment_method == payment_method:
+            # Sent again unchanged it fails the same way (a retry chain that never
+            # converges): something must change first.
+            raise DomainError(
+                ErrorCode.RETRY_NEEDS_NEW_METHOD,
+                "The provider refused this payment "
+                "as invalid; retry only with a different payment_method, "
+                "or start from a new quote.",
+                status=422,
+                retry=RetryAdvice.NEW_QUOTE,
+                purchase=purchase.id,
+                operation=original.id,
+            )
+    elif last_failed is not None:
+        raise DomainError(
+            ErrorCode.RETRY_OF_REQUIRED,
+            "The last payment failed; name it in retry_of to try again on purpose.",
+            status=409,
+            retry=RetryAdvice.NEW_OPERATION,
+            purchase=purchase.id,
+            operation=last_failed.id,
+        )
+    attempts = len(payments)
+    if attempts >= settings.PAYMENT_ATTEMPTS_MAX:
+        raise DomainError(
+            ErrorCode.PAYMENT_ATTEMPTS_EXHAUSTED,
+            f"This purchase already had {attempts} payment attempts; no "
+            "more are made. Support will contact the buyer.",
+            status=409,
+            retry=RetryAdvice.FORBIDDEN,
+            owner=Owner.SUPPORT,
+            purchase=purchase.id,
+            operation=original.id if original else None,
+        )
+    return original
+
+
+def _payment_claim_locked(op: PaymentOperation, api_client: ApiClient | None) -> ProviderCall:
+    """Claim a new one-call payment for its one send, in the transaction that creates it
+    (docs/reliability.md#one-round-trip-where-the-provider-dedupes-keys): its step key's
+    ProviderCall row and the time of the first send are persisted before anything leaves,
+    and the hold is reserved under the client's lock (the limit's check; refused, nothing
+    is created). The caller sends it right after commit
+    (payments.services.dispatch.payment_send_claimed); a caller that dies first leaves it
+    `dispatching` past its deadline, which the dead-dispatch sweep settles `unknown` and
+    the reconciler asks again under the same key."""
+    call = ProviderCall.objects.create(
+        operation=op,
+        purpose=CallPurpose.DISPATCH,
+        step=CallStep.PAY,
+        attempt=1,
+        key=op.provider_key(CallStep.PAY),
+    )
+    transition_record(
+        purchase_id=op.purchase_id,
+        operation=op,
+        field="outcome",
+        source=Outcome.PENDING,
+        target=op.outcome,
+        cause=f"claim:{CallStep.PAY}",
+        actor="dispatcher",
+    )
+    # Its backstop as a pending operation has (a second dispatch is a no-op).
+    _dispatch_backstop(op)
+    if not _hold_reserve(op):
+        _check_limit(api_client, op.amount)  # raises, with the client's figures
+        raise DomainError(
+            ErrorCode.SPENDING_LIMIT_EXCEEDED,
+            "This API client's spending limit does not cover this amount.",
+            status=409,
+            retry=RetryAdvice.FORBIDDEN,
+            owner=Owner.SUPPORT,
+        )
+    return call
+
+
+def _payment_insert_locked(
+    *,
+    purchase: Purchase,
+    api_client: ApiClient | None,
+    payment_method: str,
+    capture_method: str,
+    original: PaymentOperation | None,
+    rail: str,
+    claim_send: bool,
+) -> tuple[PaymentOperation, ProviderCall | None]:
+    """The operation (pending, or claimed for its one send with `claim_send`), its history
+    and the purchase's move to payment_pending."""
+    claimed = {}
+    if claim_send:
+        now = timezone.now()
+        claimed = {
+            "outcome": Outcome.DISPATCHING,
+            "stage": Stage.DISPATCHING,
+            "dispatch_deadline": now + timedelta(seconds=settings.DISPATCH_LEASE_SECONDS),
+            "confirm_claimed_at": now,
+        }
+    else:
         _check_limit(api_client, purchase.amount)
-        kind = OperationKind.AUTHORIZE if capture_method == "manual" else OperationKind.CHARGE
-        op = operation_insert_guarded(
+    kind = OperationKind.AUTHORIZE if capture_method == "manual" else OperationKind.CHARGE
+    fields: dict[str, Any] = dict(
+        purchase=purchase,
+        kind=kind,
+        amount=purchase.amount,
+        currency=purchase.currency,
+        payment_method=payment_method,
+        capture_method=capture_method,
+        retry_of=original,
+        rail=rail,
+        requested_by_client=api_client,
+        request_fingerprint=_fingerprint(
+            {
+                "purchase": purchase.id,
+                "kind": kind,
+                "amount": purchase.amount,
+                "currency": purchase.currency,
+                "payment_method": payment_method,
+            }
+        ),
+        **claimed,
+    )
+    op = _operation_insert(fields, savepoint=False)
+    transition_record(
+        purchase_id=purchase.id,
+        operation=op,
+        field="outcome",
+        source="",
+        target=Outcome.PENDING,
+        cause="operation_created",
+        actor=api_client.name if api_client else "",
+    )
+    call = _payment_claim_locked(op, api_client) if claim_send else None
+    _purchase_to(purchase, "mark_payment_pending", cause="payment_started")
+    return op, call
+
+
+def payment_create(
+    *,
+    purchase_id: str,
+    api_client: ApiClient | None,
+    payment_method: str,
+    capture_method: str = "automatic",
+    retry_of: str | None = None,
+    amount: int | None = None,
+    currency: str | None = None,
+    rail: str = Rail.STRIPE,
+) -> PaymentOperation:
+    """A payment operation, `pending`: the caller dispatches it after commit (its backstop
+    does if the caller dies first)."""
+    _payment_request_refusal(
+        purchase_id=purchase_id,
+        payment_method=payment_method,
+        capture_method=capture_method,
+        rail=rail,
+    )
+    if retry_of and not transaction.get_connection().in_atomic_block:
+        # Called outside a transaction: read the original back here (callers that bind an
+        # idempotency key in their transaction call operations_verify_before_follow_up first).
+        operations_verify_before_follow_up(purchase_id=purchase_id)
+    with transaction.atomic(), history_batch(), outbox_batch():
+        purchase = _payment_purchase_locked(
+            purchase_id=purchase_id,
+            api_client=api_client,
+            amount=amount,
+            currency=currency,
+            retry_of=retry_of,
+        )
+        original = _payment_refusal_locked(
+            purchase=purchase, retry_of=retry_of, payment_method=payment_method
+        )
+        op, _ = _payment_insert_locked(
             purchase=purchase,
-            kind=kind,
-            amount=purchase.amount,
-            currency=purchase.currency,
+            api_client=api_client,
             payment_method=payment_method,
             capture_method=capture_method,
-            retry_of=original,
+            original=original,
             rail=rail,
-            requested_by_client=api_client,
-            request_fingerprint=_fingerprint(
-                {
-                    "purchase": purchase.id,
-                    "kind": kind,
-                    "amount": purchase.amount,
-                    "currency": purchase.currency,
-                    "payment_method": payment_method,
-                }
-            ),
+            claim_send=False,
         )
-        transition_record(
-            purchase_id=purchase.id,
-            operation=op,
-            field="outcome",
-            source="",
-            target=op.outcome,
-            cause="operation_created",
-            actor=api_client.name if api_client else "",
-        )
-        _purchase_to(purchase, "mark_payment_pending", cause="payment_started")
     return op
+
+
+def _pays_in_one_call(rail: str) -> bool:
+    try:
+        provider = payment_provider(provider_for_rail(rail))
+    except TypeError:  # a rail that keeps its own evidence (x402) sends through its service
+        return False
+    return provider.pays_in_one_call()
+
+
+def payment_create_claimed(
+    *,
+    purchase_id: str,
+    api_client: ApiClient | None,
+    payment_method: str,
+    capture_method: str = "automatic",
+    retry_of: str | None = None,
+    amount: int | None = None,
+    currency: str | None = None,
+    rail: str = Rail.STRIPE,
+) -> tuple[PaymentOperation, ProviderCall | None]:
+    """`payment_create` in the caller's transaction (a keyed request's, which binds its key
+    in it), for a caller that sends right after commit: where the rail pays in one call
+    the operation is created already claimed for that send and its ProviderCall comes
+    back (send it with payments.services.dispatch.payment_send_claimed); elsewhere it is
+    `pending` (None: dispatch it as usual). No savepoint of its own: a refusal rolls back
+    the caller's whole transaction, which binds nothing then. A retry's original is read
+    back by the caller before its transaction (operations_verify_before_follow_up)."""
+    assert transaction.get_connection().in_atomic_block, "call in the caller's transaction"
+    _payment_request_refusal(
+        purchase_id=purchase_id,
+        payment_method=payment_method,
+        capture_method=capture_method,
+        rail=rail,
+    )
+    with history_batch(), outbox_batch():
+        purchase = _payment_purchase_locked(
+            purchase_id=purchase_id,
+            api_client=api_client,
+            amount=amount,
+            currency=currency,
+            retry_of=retry_of,
+        )
+        original = _payment_refusal_locked(
+            purchase=purchase, retry_of=retry_of, payment_method=payment_method
+        )
+        return _payment_insert_locked(
+            purchase=purchase,
+            api_client=api_client,
+            payment_method=payment_method,
+            capture_method=capture_method,
+            original=original,
+            rail=rail,
+            claim_send=api_client is not None and _pays_in_one_call(rail),
+        )
 
 
 def _rails_final() -> list[str]:

@@ -19,10 +19,23 @@ from collections.abc import Callable
 
 from ..enums import OperationKind
 from ..keyed import Created, Keyed, KeyedRequest, keyed_effect
-from ..models import ApiClient, PaymentOperation, Purchase, PurchaseChannel
-from .operations import capture_create, payment_create, refund_request, void_create
+from ..models import ApiClient, PaymentOperation, ProviderCall, Purchase, PurchaseChannel
+from .dispatch import payment_send_claimed
+from .operations import (
+    capture_create,
+    payment_create_claimed,
+    refund_request,
+    void_create,
+)
 from .purchases import purchase_open
 from .reconcile import operations_verify_before_follow_up
+
+
+def _sender(op: PaymentOperation, call: ProviderCall | None) -> Callable[[], None] | None:
+    """The send of an operation created claimed (None: it is pending, dispatch it)."""
+    if call is None:
+        return None
+    return lambda: payment_send_claimed(op, call)
 
 
 def payment_request(
@@ -36,7 +49,9 @@ def payment_request(
     currency: str | None = None,
 ) -> Keyed:
     def create() -> Created:
-        op = payment_create(
+        # In the keyed transaction: where the rail pays in one call, the operation is
+        # created claimed for its send, which the ladder makes right after commit.
+        op, call = payment_create_claimed(
             purchase_id=purchase_id,
             api_client=request.api_client,
             payment_method=payment_method,
@@ -45,7 +60,7 @@ def payment_request(
             amount=amount,
             currency=currency,
         )
-        return Created("operation", op.id, operation_id=op.id)
+        return Created("operation", op.id, operation_id=op.id, send=_sender(op, call))
 
     # The original is read back first if only a person settled it
     # (docs/reliability.md#the-providers-record-outranks-a-person).
@@ -97,12 +112,13 @@ def checkout_complete(
     token: str,
     retry_of: str | None,
     on_purchase: Callable[[str], None],
-) -> PaymentOperation:
+) -> tuple[PaymentOperation, Callable[[], None] | None]:
     """Inside the keyed transaction: open the session's purchase if it has none (the buyer
     is the ACP customer, so the same guards — an unresolved purchase, the same basket
     again — apply across sessions as across REST purchases; `on_purchase(id)` lets the
     session record it), then its payment. A retry (`retry_of`, a session whose payment
-    failed) asks the duplicate guard again in payment_create."""
+    failed) asks the duplicate guard again in payment_create. Returns the payment and,
+    when it was created claimed for its one send, that send (`Created.send`)."""
     if purchase_id is None:
         purchase = purchase_open(
             api_client=api_client,
@@ -115,7 +131,7 @@ def checkout_complete(
         on_purchase(purchase.id)
     else:
         purchase = Purchase.objects.get(pk=purchase_id)
-    return payment_create(
+    op, call = payment_create_claimed(
         purchase_id=purchase.id,
         api_client=api_client,
         payment_method=token,
@@ -124,6 +140,7 @@ def checkout_complete(
         amount=purchase.amount,
         currency=purchase.currency,
     )
+    return op, _sender(op, call)
 
 
 __all__ = ["checkout_complete", "follow_up_request", "payment_request"]

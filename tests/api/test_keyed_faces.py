@@ -221,7 +221,7 @@ class AcpFace:
 
         session = CheckoutSession.objects.get(pk=paid.handle)
         with transaction.atomic():
-            op = checkout_complete(
+            op, _send = checkout_complete(
                 api_client=self.client,
                 purchase_id=None,
                 quote_id=session.quote_id,
