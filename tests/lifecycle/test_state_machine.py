@@ -1291,7 +1291,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.snapshots.append(("disputes", obj))
         self._send_event("charge.dispute.created", obj)
 
-    # -- goods follow the money (DESIGN.md §5.12) -------------------------------------------
+    # -- goods follow the money (docs/reliability.md#rules-every-money-movement-obeys) ---
     def _charge_of(self, pi: dict) -> str | None:
         charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data") or [{}])[0]
         return charge.get("id") if isinstance(charge, dict) else charge
@@ -3047,7 +3047,8 @@ class LifecycleMachine(RuleBasedStateMachine):
     def goods_follow_the_money(self):
         """A purchase whose money went back (refunded in full, voided, a dispute lost) has no
         live order and serves no deliverable; a purchase with a live order or deliverable
-        keeps its money (DESIGN.md §5.12). Judged on localstripe's record."""
+        keeps its money (docs/reliability.md, "Goods follow the money"). Judged on localstripe's
+        record."""
         for pid, back in self._money_went_back().items():
             if not back or self._still_settling(pid):
                 continue
@@ -3066,7 +3067,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @invariant()
     def refund_pending_only_while_a_refund_is_in_flight(self):
-        """`refund_pending` only while a refund is in flight (DESIGN.md §5.10): once every
+        """`refund_pending` only while a refund is in flight (docs/reliability.md): once every
         refund of the purchase is final at the provider and Verity has read each one, the
         purchase no longer says a refund is in progress (nor blocks the buyer with it)."""
         refunds = None
