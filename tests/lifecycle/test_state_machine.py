@@ -648,7 +648,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _approve(self, op: PaymentOperation, user) -> None:
         """A person approves a refund. Refused for lack of room only when the payment it
-        returns has none (#30 defect 6: a duplicate's return counted against the
+        returns has none (before: a duplicate's return counted against the
         purchase's own charge)."""
         try:
             services.refund_approve(operation_id=op.id, acting_user=user, reason="machine approves")
@@ -973,7 +973,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def void(self, i, drill):
         pid, api = self._purchase(i)
         if not PART_A and Order.objects.filter(purchase_id=pid).exists():
-            return  # void after fulfilment is part A's fix (#15 defect 5)
+            return  # void after fulfilment is part A's fix
         self._armed(drill, CallStep.CANCEL)
         try:
             r = api.post(f"purchases/{pid}/void", {})
@@ -1861,10 +1861,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         provider-confirmed for the moment of the retry). The first is read back (now, by
         its event, or later): a duplicate whose return is Verity's. `sold_out`: the inventory step
         then fails under COMPENSATE (the
-        purchase's OWN charge must be returned, #30 defect 2); `then`: a refund of the
-        purchase is requested and approved (#30 defect 6); `dashboard_first`: a person
+        purchase's OWN charge must be returned); `then`: a refund of the
+        purchase is requested and approved; `dashboard_first`: a person
         refunded part of the first charge in the dashboard before it was read back (its
-        return must ask only for what is left, #30 defect 7)."""
+        return must ask only for what is left)."""
         api = self.shops[shop]
         product = ProductFactory(sku=f"LD-{uuid.uuid4().hex[:6]}", price=2000, stock=10)
         pid = self._fresh_purchase(shop, product.sku)
@@ -1979,7 +1979,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         the failure is only the person's word (nothing paid: checked on chain); with
         `given`, it settles too, the failure written chain-confirmed for that moment as the
         project's tests do; the first is read back: a duplicate whose return is a transfer
-        back to ITS payer (#30 defect 4)."""
+        back to ITS payer."""
         from payments.providers.x402 import DrillMode as X402Drill
         from payments.providers.x402 import get_facilitator
         from tests.x402.chain import SIGNATURE, sign
@@ -2073,7 +2073,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def x402_refund_waits_on_the_signer_lock(self, i, partial, verdict):
         """An approved x402 refund whose worker waits on the signer lock (another refund
         holds it), while the dead-dispatch sweep and an on-demand reconcile run; then the
-        lock is released and the worker goes on (#30 defect 1)."""
+        lock is released and the worker goes on."""
         import threading
 
         from django.db import connection
@@ -2171,7 +2171,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         """The agent is told "only the buyer can confirm" a second purchase of the same
         basket; it has only what its REST answers contain: it follows the purchase's
         `status_url` and tries to lift the guard itself. The lift must need something the
-        API client does not hold (#30 defect 3)."""
+        API client does not hold."""
         import re
         from urllib.parse import urlparse
 
@@ -2307,7 +2307,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def capture_resolved_by_a_person(self, i, outcome):
         """A capture whose answer was refused as a conflict (nothing applied: the provider
         still shows `requires_capture`), then settled by a person while the provider CAN
-        be read: a "succeeded" the record contradicts is refused (#30 item 5)."""
+        be read: a "succeeded" the record contradicts is refused."""
         auth = self._pick(self._ops(kind=OperationKind.AUTHORIZE, outcome=Outcome.SUCCEEDED), i)
         if (
             auth is None
@@ -2613,7 +2613,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _awaiting_read_back(pid: str) -> int:
         """Payments only a person called `failed` (the provider could not be read), whose
         read-back is scheduled: a second charge beside one is found and returned then (an
-        owner that will act; whether the retry should have waited is #30 item 10)."""
+        owner that will act; whether the retry should have waited is left open)."""
         return PaymentOperation.objects.filter(
             purchase_id=pid,
             kind__in=PAYMENT_KINDS,
@@ -3189,7 +3189,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @invariant()
     def the_provider_never_returns_more_than_a_payment_took(self):
         """What Stripe enforces and localstripe does not: the refunds of one PaymentIntent
-        never exceed what it captured (a compensation asks for what is left, #30 defect 7)
+        never exceed what it captured (a compensation asks for what is left)
         - unless a dashboard refund Verity never heard of came first. Replayed in the
         provider's order as Stripe would judge them: a Verity refund that would have
         overflowed is Verity's fault only if, when Verity made it, it had recorded every
@@ -3380,7 +3380,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @invariant()
     def a_compensation_returns_the_purchases_own_payment(self):
         """A step compensated returns the purchase's OWN payment (never the duplicate's
-        return taken for it, #30 defect 2)."""
+        return taken for it)."""
         from recovery.models import StepRun
 
         for run in StepRun.objects.filter(purchase_id__in=[p for p, _ in self.purchases]).exclude(
@@ -3434,7 +3434,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def the_api_reads_what_the_record_shows(self):
         """The API's purchase view (what the agent and the customer page read): its status
         is the record's, and "refunded" is what went back of the purchase's OWN payment
-        (a duplicate's return is Verity's, not a refund of the purchase, #30 item 9)."""
+        (a duplicate's return is Verity's, not a refund of the purchase)."""
         for pid, shop in self.purchases:
             view = self.shops[shop].get(f"purchases/{pid}")
             assert view.status_code == 200, view.content
