@@ -59,7 +59,7 @@ def test_no_test_file_or_folder_is_named_by_history():
     bad = [
         str(p.relative_to(ROOT))
         for p in (ROOT / "tests").rglob("*")
-        if re.search(r"round\d|_h\d+_|attack|issue_?\d", p.name)
+        if re.search(r"round\d|_h\d+_|attack|issue_?\d|found_by", p.name)
     ]
     assert bad == [], "\n".join(bad)
 

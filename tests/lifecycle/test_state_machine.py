@@ -53,7 +53,7 @@ than arrived. Two x402 attacks are rules: one batched transaction carrying one g
 transfer and a self-transfer signed with another pending authorization's nonce
 (`batched_x402_transaction`), and a reorg after fulfilment, with or without the payer's
 cancel (`x402_reorg_after_fulfilment`). Defects found and still open are listed in
-OPEN_DEFECTS and reproduced in test_found_by_machine.py.
+OPEN_DEFECTS, each reproduced on its own in the test file of the rule it breaks.
 
 The outbox rerun: a write whose dedupe key meets a message a relay has claimed flags it,
 and the batch's mark releases it for another run (recovery/outbox.py, recovery/relay.py).
@@ -149,10 +149,10 @@ from tests.webhooks.conftest import SECRET, sign
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # Defects the machine found on the fixed code and that are still open, each reproduced
-# in tests/lifecycle/test_found_by_machine.py: the rule that finds it stops there instead
-# of failing every run. VERITY_LIFECYCLE_STRICT=1 reports them as failures again.
-# (None open now: "buyer_one_code_one_purchase" was fixed in payments/services/purchases.py;
-# its test stays in test_found_by_machine.py.)
+# on its own (xfail strict) in the test file of the rule it breaks: the rule that finds it
+# stops there instead of failing every run. VERITY_LIFECYCLE_STRICT=1 reports them as
+# failures again. (None open now: "buyer_one_code_one_purchase" was fixed in
+# payments/services/purchases.py; tests/api/test_duplicate_guard_buyer_lift.py holds it.)
 OPEN_DEFECTS: set[str] = set()
 
 # The steps the outbox rerun rules halt and resume (values: halt names are built from them).
@@ -2274,7 +2274,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 and ("buyer_one_code_one_purchase" in OPEN_DEFECTS)
             ):
                 _event("buyer_lifts_the_guard: open defect buyer_one_code_one_purchase")
-                return  # known, open: tests/lifecycle/test_found_by_machine.py
+                return  # known, open: tests/api/test_duplicate_guard_buyer_lift.py
             assert earlier.id not in lifted, (
                 f"the buyer confirmed {lifted} with the e-mailed codes, yet {earlier.id} "
                 f"guards again: {body['code']} (one code lifts one earlier purchase)"
