@@ -14,6 +14,7 @@ RUNTIME = (
     "support",
     "agents",
     "acp",
+    "events",
     "audit",
     "config",
     "tools",
