@@ -3,7 +3,8 @@
 Every script starts what it needs on loopback (tests.stack.Stack: PostgreSQL, Redis,
 localstripe), migrates, measures, prints its rows, and can dump them as JSON for
 bench/run_all.py. Figures are medians of several runs; headlines are ratios against a
-floor measured in the same run on the same PostgreSQL (DESIGN §2, STYLE rule 14).
+floor measured in the same run on the same PostgreSQL; timing is measured here, never
+asserted in the test suite (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -988,7 +988,8 @@ def _paid_purchase_fulfilled_once(f: Facts, rep: Report) -> None:
 def _goods_follow_the_money(f: Facts, rep: Report) -> None:
     """A purchase whose money went back (refunded in full, voided, a dispute lost) has no
     live order, serves no deliverable and does not say it is paid or fulfilled; a purchase
-    with a live order or deliverable keeps its money (DESIGN.md §5.12). Judged on the
+    with a live order or deliverable keeps its money (docs/reliability.md, "Goods follow the
+    money"). Judged on the
     provider's record: what its PaymentIntents captured minus their refunds and lost
     disputes there; a void is an authorization the provider cancelled after Verity held it."""
     from payments.enums import OperationKind, Outcome, PurchaseStatus

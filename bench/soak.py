@@ -470,7 +470,7 @@ class Agent(threading.Thread):
 
 
 class X402Agent(Agent):
-    """A careless agent that buys a report over x402 (DESIGN §3): GET the deliverable,
+    """A careless agent that buys a report over x402 (docs/x402.md): GET the deliverable,
     402 -> sign PAYMENT-REQUIRED with the SDK's EVM client (a payer funded by the chain
     launcher) -> GET again with PAYMENT-SIGNATURE. Times out early, repeats the same
     signature, sometimes signs a second, different authorization for the same purchase,
@@ -1332,7 +1332,7 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
                     str(AUTO_REFUND_LIMIT),
                     # its journeys name earlier purchases in
                     # acknowledge_unresolved as a storefront's own
-                    # checkout would (DESIGN §6)
+                    # checkout would (docs/walkthrough.md#api-rules-the-code-relies-on)
                     "--storefront-confirmation",
                 ],
                 cwd=ROOT,

@@ -38,7 +38,7 @@ class EarlyWebhookMiddleware:
     def __call__(self, request):
         # Not under DEBUG: Django's technical error page reads request.user, which only the
         # chain sets (it loads the session: `Vary: Cookie`); a developer's error page is
-        # the chain's, byte for byte (found by an attack test).
+        # the chain's, byte for byte.
         if (
             request.method == "POST"
             and request.path_info.startswith(self._PREFIX)

@@ -6,9 +6,10 @@ class EventsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # The purchase view an event carries is the API's presenter (one presenter, STYLE
-        # 15); the leaf that writes events takes it by registration, as the relay takes
-        # its handlers, so the core never imports an interface.
+        # The purchase view an event carries is the API's presenter (one presenter for every
+        # surface, docs/design-notes.md); the leaf that writes events takes it by
+        # registration, as the relay takes its handlers, so the core never imports an
+        # interface.
         from payments.api.presenters import purchase_view
         from payments.models import Purchase
 

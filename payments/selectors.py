@@ -98,7 +98,7 @@ def operation_get_for_client(
     return next(iter(qs[:1]), None)  # by primary key: no ORDER BY to compile
 
 
-# -- money (goods follow it: DESIGN.md §5.12) -------------------------------------------
+# -- money (goods follow it: docs/reliability.md#rules-every-money-movement-obeys) ----
 
 
 @dataclass(frozen=True)

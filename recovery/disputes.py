@@ -129,8 +129,8 @@ def dispute_changed(*, dispute_id: str) -> None:
 
 def dispute_fulfilment_follow(*, dispute_id: str) -> str:
     """An open dispute pauses fulfilment (steps run only on a fulfillable purchase). Once it
-    closes, what is left follows the MONEY (DESIGN.md §5.12), not the status recorded when
-    the dispute opened:
+    closes, what is left follows the MONEY (docs/reliability.md, "Goods follow the money"),
+    not the status recorded when the dispute opened:
     - the money went back to the buyer (the dispute lost, or a full refund or a void,
       whenever it came): nothing more ships, an order already made is cancelled, stock goes
       back, the deliverable is withdrawn and the customer told (as after a void);

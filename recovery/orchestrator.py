@@ -720,9 +720,10 @@ def _authorization_read_after_failed_capture(op: PaymentOperation) -> None:
 
 def purchase_goods_unwind(*, purchase_id: str, detail: str, tell_customer: bool = True) -> bool:
     """The purchase's money went back (voided, refunded in full, a dispute lost): nothing it
-    bought stays live (DESIGN.md §5.12). The order is cancelled, committed stock goes back
-    to the shelf, the deliverable is no longer served, the decision is recorded and the
-    customer is told once. Idempotent; True when this call unwound something.
+    bought stays live (docs/reliability.md#rules-every-money-movement-obeys). The order is
+    cancelled, committed stock goes back to the shelf, the deliverable is no longer served,
+    the decision is recorded and the customer is told once. Idempotent; True when this call
+    unwound something.
 
     Every step's lock first (lock order StepRun -> Purchase): a step that is making its
     effect right now commits it before the unwind reads, and a step that runs after finds

@@ -46,7 +46,8 @@ def step_runs_for_purchase(purchase_id: str) -> QuerySet[StepRun]:
 def deliverable_for(purchase_id: str) -> dict[str, Any] | None:
     """The stored deliverable result while its redelivery period lasts and the purchase
     keeps its money, else None: a purchase refunded in full, voided or whose dispute was
-    lost serves nothing (DESIGN.md §5.12; its unwind also ends the period)."""
+    lost serves nothing (docs/reliability.md#rules-every-money-movement-obeys; its unwind also
+    ends the period)."""
     if purchase_money(purchase_id).returned:
         return None
     run = StepRun.objects.filter(

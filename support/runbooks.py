@@ -168,7 +168,7 @@ def _load(slug: str, mtime: float) -> Runbook:
 @receiver(setting_changed)
 def _forget_renders_on_setting_changed(**_kwargs) -> None:
     """A render holds the settings of its moment (`_substitute`): a test's override must
-    neither outlive the test nor be missed by the next one (found by an attack)."""
+    neither outlive the test nor be missed by the next one."""
     _load.cache_clear()
 
 

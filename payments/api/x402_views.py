@@ -56,7 +56,7 @@ def _latest_x402(purchase: Purchase) -> PaymentOperation | None:
 def deliverable_unpaid(purchase: Purchase) -> bool:
     """The purchase has no deliverable yet and x402 is how it can be paid (or is being).
     Not once its money went back (refunded, a dispute lost): it serves nothing, and never
-    says "paid, being prepared" (DESIGN.md §5.12)."""
+    says "paid, being prepared" (docs/reliability.md#rules-every-money-movement-obeys)."""
     if purchase_money(purchase.id).returned:
         return False
     if _latest_x402(purchase) is not None:

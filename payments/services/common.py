@@ -451,7 +451,9 @@ def provider_for_rail(rail: str) -> RailAdapter:
 
 
 def provider_metadata(op: PaymentOperation) -> dict[str, Any]:
-    """The metadata every provider object of an operation carries (DESIGN §10 rule 1)."""
+    """The metadata every provider object of an operation carries: its operation and purchase
+    ids and the customer reference, so a webhook or a read by metadata finds the operation
+    without Verity's answer."""
     return {
         "operation_id": op.id,
         "purchase_id": op.purchase_id,

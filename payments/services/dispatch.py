@@ -307,7 +307,7 @@ def payment_money_step(op: PaymentOperation) -> str:
 
 
 def _dispatch_payment_one_call(op: PaymentOperation, provider: PaymentProvider) -> None:
-    """One round trip (DESIGN §10 rule 2;
+    """One round trip (
     docs/reliability.md#one-round-trip-where-the-provider-dedupes-keys). The claim stores the step
     key and, as `confirm_claimed_at`, the
     time of the first send before anything leaves: from then on money may have moved, so a
@@ -339,7 +339,7 @@ def payment_send_claimed(
     )
     if result.classification == Classification.REJECTED:
         # A 4xx on create refuses the request before it executes: nothing was charged
-        # and the provider keeps no answer under the key (DESIGN §10 rule 3).
+        # and the provider keeps no answer under the key (a refusal is not stored by Stripe).
         _settle_without_object(
             op.id,
             Outcome.FAILED,

@@ -127,15 +127,16 @@ def _purchase_status(
 
 
 def _follow_purchase(purchase: Purchase, dispute: Dispute, *, cause: str, actor: str) -> None:
-    """A disputed purchase says so until the dispute closes, then how it ended (§5.10).
+    """A disputed purchase says so until the dispute closes, then how it ended
+    (docs/reliability.md#rules-every-money-movement-obeys).
     A dispute of a DUPLICATE charge is about money the purchase never kept (its own
     compensation returns what is left of it): the purchase's status, its order and what
     the customer is told follow the purchase's own payment only.
 
-    What a closed dispute leaves is decided on the money (§5.12), never on the status the
-    purchase had when it opened: money that went back meanwhile (a full refund while an
-    inquiry was open, a refunded charge disputed and won) stays back, and a refund still
-    in flight keeps the purchase `refund_pending`."""
+    What a closed dispute leaves is decided on the money (goods follow the money), never on
+    the status the purchase had when it opened: money that went back meanwhile (a full
+    refund while an inquiry was open, a refunded charge disputed and won) stays back, and a
+    refund still in flight keeps the purchase `refund_pending`."""
     evidence = {"dispute": dispute.id, "status": dispute.status}
     if dispute.payment.is_duplicate:
         return

@@ -88,7 +88,7 @@ def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
 
 
 def _resend_window_open(op: PaymentOperation) -> bool:
-    """A one-call payment (create with confirm=true, DESIGN §10 rule 2) whose answer Verity
+    """A one-call payment (create with confirm=true, docs/reliability.md) whose answer Verity
     lacks, its first send well inside the provider's key window: asking again under the
     same key is answered from the provider's record of that key. Decided from the
     operation's own fields (no query), so the sweep can sort a batch by it."""

@@ -1,4 +1,5 @@
-"""The storefront contract, one row per status code and `code` (DESIGN §6, §10.7).
+"""The storefront contract, one row per status code and `code`
+(docs/walkthrough.md#api-rules-the-code-relies-on).
 
 Each row builds its situation through the API (or the core services where the API has no
 way to produce it, e.g. a request that crashed half-way), sends one request, and the
@@ -308,8 +309,9 @@ def second_purchase_while_first_is_unresolved(c):
     assert Purchase.objects.count() == 1
     assert r.json()["purchase"] == first["id"]
     assert "acknowledge_unresolved" not in r.json()["detail"]
-    # ... but per API client (DESIGN §5.11): another storefront's customer of the same
-    # reference is another buyer, and its answer never names this client's purchase.
+    # ... but per API client (docs/reliability.md#rules-every-money-movement-obeys): another
+    # storefront's customer of the same reference is another buyer, and its answer never
+    # names this client's purchase.
     q2 = c.other.quote(c.product.sku).json()
     r2 = c.other.purchase(q2, first["customer"]["reference"])
     assert r2.status_code == 201 and first["id"] not in r2.content.decode()

@@ -1,4 +1,5 @@
-"""Money requests are strict (DESIGN §6, duplicate SKU lines): a field Verity
+"""Money requests are strict (docs/walkthrough.md#api-rules-the-code-relies-on; duplicate
+SKU lines are merged): a field Verity
 does not understand, or another currency, is refused before anything is written."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""The layers of DESIGN.md §1 are a contract, not a hope (STYLE.md rule 14).
+"""The layers of docs/architecture.md are a contract, not a hope: a check, not a review.
 
 `lint-imports` checks the contracts in pyproject.toml ([tool.importlinter]): the layers
 (interfaces -> workflow -> ingestion -> core -> leaves), "payments, recovery and webhooks

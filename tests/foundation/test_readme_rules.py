@@ -1,5 +1,6 @@
 """The README's "Where each rule lives" table names real code: every `file:function` in it
-imports and resolves (modules move; a stale row fails here, not in a reader's hands)."""
+imports and resolves, and every test file it names exists (modules and tests move; a stale
+row fails here, not in a reader's hands)."""
 
 import importlib
 import re
@@ -10,18 +11,31 @@ README = ROOT / "README.md"
 README_MAX_LINES = 150
 
 
-def rule_rows() -> list[tuple[str, list[tuple[str, str]]]]:
-    """(rule, [(file, dotted name), …]) for each row of the table."""
+def _cells() -> list[list[str]]:
+    """The cells of each row of the table (rule, homes, tests)."""
     text = README.read_text()
     section = text.split("## Where each rule lives", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 2 or cells[0] in ("rule", "---"):
+        if len(cells) != 3 or cells[0] in ("rule", "---"):
             continue
-        homes = re.findall(r"`([\w/]+\.py):([\w.]+)`", cells[1])
-        rows.append((cells[0], homes))
+        rows.append(cells)
     return rows
+
+
+def rule_rows() -> list[tuple[str, list[tuple[str, str]]]]:
+    """(rule, [(file, dotted name), …]) for each row of the table."""
+    return [(c[0], re.findall(r"`([\w/]+\.py):([\w.]+)`", c[1])) for c in _cells()]
+
+
+def test_every_rule_names_the_test_files_that_hold_it():
+    missing = []
+    for rule, _homes, tests in _cells():
+        files = re.findall(r"`(tests/[\w/]+\.py)`", tests)
+        assert files, f"row without a test file: {rule!r}"
+        missing += [f"{rule!r}: {f}" for f in files if not (ROOT / f).is_file()]
+    assert not missing, "\n".join(missing)
 
 
 def resolve(path: str, dotted: str):

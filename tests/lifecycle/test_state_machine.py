@@ -53,7 +53,7 @@ than arrived. Two x402 attacks are rules: one batched transaction carrying one g
 transfer and a self-transfer signed with another pending authorization's nonce
 (`batched_x402_transaction`), and a reorg after fulfilment, with or without the payer's
 cancel (`x402_reorg_after_fulfilment`). Defects found and still open are listed in
-OPEN_DEFECTS and reproduced in test_found_by_machine.py.
+OPEN_DEFECTS, each reproduced on its own in the test file of the rule it breaks.
 
 The outbox rerun: a write whose dedupe key meets a message a relay has claimed flags it,
 and the batch's mark releases it for another run (recovery/outbox.py, recovery/relay.py).
@@ -149,10 +149,10 @@ from tests.webhooks.conftest import SECRET, sign
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # Defects the machine found on the fixed code and that are still open, each reproduced
-# in tests/lifecycle/test_found_by_machine.py: the rule that finds it stops there instead
-# of failing every run. VERITY_LIFECYCLE_STRICT=1 reports them as failures again.
-# (None open now: "buyer_one_code_one_purchase" was fixed in payments/services/purchases.py;
-# its test stays in test_found_by_machine.py.)
+# on its own (xfail strict) in the test file of the rule it breaks: the rule that finds it
+# stops there instead of failing every run. VERITY_LIFECYCLE_STRICT=1 reports them as
+# failures again. (None open now: "buyer_one_code_one_purchase" was fixed in
+# payments/services/purchases.py; tests/api/test_duplicate_guard_buyer_lift.py holds it.)
 OPEN_DEFECTS: set[str] = set()
 
 # The steps the outbox rerun rules halt and resume (values: halt names are built from them).
@@ -648,7 +648,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _approve(self, op: PaymentOperation, user) -> None:
         """A person approves a refund. Refused for lack of room only when the payment it
-        returns has none (#30 defect 6: a duplicate's return counted against the
+        returns has none (before: a duplicate's return counted against the
         purchase's own charge)."""
         try:
             services.refund_approve(operation_id=op.id, acting_user=user, reason="machine approves")
@@ -973,7 +973,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def void(self, i, drill):
         pid, api = self._purchase(i)
         if not PART_A and Order.objects.filter(purchase_id=pid).exists():
-            return  # void after fulfilment is part A's fix (#15 defect 5)
+            return  # void after fulfilment is part A's fix
         self._armed(drill, CallStep.CANCEL)
         try:
             r = api.post(f"purchases/{pid}/void", {})
@@ -1291,7 +1291,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.snapshots.append(("disputes", obj))
         self._send_event("charge.dispute.created", obj)
 
-    # -- goods follow the money (DESIGN.md §5.12) -------------------------------------------
+    # -- goods follow the money (docs/reliability.md#rules-every-money-movement-obeys) ---
     def _charge_of(self, pi: dict) -> str | None:
         charge = pi.get("latest_charge") or ((pi.get("charges") or {}).get("data") or [{}])[0]
         return charge.get("id") if isinstance(charge, dict) else charge
@@ -1861,10 +1861,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         provider-confirmed for the moment of the retry). The first is read back (now, by
         its event, or later): a duplicate whose return is Verity's. `sold_out`: the inventory step
         then fails under COMPENSATE (the
-        purchase's OWN charge must be returned, #30 defect 2); `then`: a refund of the
-        purchase is requested and approved (#30 defect 6); `dashboard_first`: a person
+        purchase's OWN charge must be returned); `then`: a refund of the
+        purchase is requested and approved; `dashboard_first`: a person
         refunded part of the first charge in the dashboard before it was read back (its
-        return must ask only for what is left, #30 defect 7)."""
+        return must ask only for what is left)."""
         api = self.shops[shop]
         product = ProductFactory(sku=f"LD-{uuid.uuid4().hex[:6]}", price=2000, stock=10)
         pid = self._fresh_purchase(shop, product.sku)
@@ -1979,7 +1979,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         the failure is only the person's word (nothing paid: checked on chain); with
         `given`, it settles too, the failure written chain-confirmed for that moment as the
         project's tests do; the first is read back: a duplicate whose return is a transfer
-        back to ITS payer (#30 defect 4)."""
+        back to ITS payer."""
         from payments.providers.x402 import DrillMode as X402Drill
         from payments.providers.x402 import get_facilitator
         from tests.x402.chain import SIGNATURE, sign
@@ -2073,7 +2073,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def x402_refund_waits_on_the_signer_lock(self, i, partial, verdict):
         """An approved x402 refund whose worker waits on the signer lock (another refund
         holds it), while the dead-dispatch sweep and an on-demand reconcile run; then the
-        lock is released and the worker goes on (#30 defect 1)."""
+        lock is released and the worker goes on."""
         import threading
 
         from django.db import connection
@@ -2171,7 +2171,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         """The agent is told "only the buyer can confirm" a second purchase of the same
         basket; it has only what its REST answers contain: it follows the purchase's
         `status_url` and tries to lift the guard itself. The lift must need something the
-        API client does not hold (#30 defect 3)."""
+        API client does not hold."""
         import re
         from urllib.parse import urlparse
 
@@ -2274,7 +2274,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 and ("buyer_one_code_one_purchase" in OPEN_DEFECTS)
             ):
                 _event("buyer_lifts_the_guard: open defect buyer_one_code_one_purchase")
-                return  # known, open: tests/lifecycle/test_found_by_machine.py
+                return  # known, open: tests/api/test_duplicate_guard_buyer_lift.py
             assert earlier.id not in lifted, (
                 f"the buyer confirmed {lifted} with the e-mailed codes, yet {earlier.id} "
                 f"guards again: {body['code']} (one code lifts one earlier purchase)"
@@ -2307,7 +2307,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def capture_resolved_by_a_person(self, i, outcome):
         """A capture whose answer was refused as a conflict (nothing applied: the provider
         still shows `requires_capture`), then settled by a person while the provider CAN
-        be read: a "succeeded" the record contradicts is refused (#30 item 5)."""
+        be read: a "succeeded" the record contradicts is refused."""
         auth = self._pick(self._ops(kind=OperationKind.AUTHORIZE, outcome=Outcome.SUCCEEDED), i)
         if (
             auth is None
@@ -2613,7 +2613,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _awaiting_read_back(pid: str) -> int:
         """Payments only a person called `failed` (the provider could not be read), whose
         read-back is scheduled: a second charge beside one is found and returned then (an
-        owner that will act; whether the retry should have waited is #30 item 10)."""
+        owner that will act; whether the retry should have waited is left open)."""
         return PaymentOperation.objects.filter(
             purchase_id=pid,
             kind__in=PAYMENT_KINDS,
@@ -3047,7 +3047,8 @@ class LifecycleMachine(RuleBasedStateMachine):
     def goods_follow_the_money(self):
         """A purchase whose money went back (refunded in full, voided, a dispute lost) has no
         live order and serves no deliverable; a purchase with a live order or deliverable
-        keeps its money (DESIGN.md §5.12). Judged on localstripe's record."""
+        keeps its money (docs/reliability.md, "Goods follow the money"). Judged on localstripe's
+        record."""
         for pid, back in self._money_went_back().items():
             if not back or self._still_settling(pid):
                 continue
@@ -3066,7 +3067,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @invariant()
     def refund_pending_only_while_a_refund_is_in_flight(self):
-        """`refund_pending` only while a refund is in flight (DESIGN.md §5.10): once every
+        """`refund_pending` only while a refund is in flight (docs/reliability.md): once every
         refund of the purchase is final at the provider and Verity has read each one, the
         purchase no longer says a refund is in progress (nor blocks the buyer with it)."""
         refunds = None
@@ -3188,7 +3189,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @invariant()
     def the_provider_never_returns_more_than_a_payment_took(self):
         """What Stripe enforces and localstripe does not: the refunds of one PaymentIntent
-        never exceed what it captured (a compensation asks for what is left, #30 defect 7)
+        never exceed what it captured (a compensation asks for what is left)
         - unless a dashboard refund Verity never heard of came first. Replayed in the
         provider's order as Stripe would judge them: a Verity refund that would have
         overflowed is Verity's fault only if, when Verity made it, it had recorded every
@@ -3379,7 +3380,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @invariant()
     def a_compensation_returns_the_purchases_own_payment(self):
         """A step compensated returns the purchase's OWN payment (never the duplicate's
-        return taken for it, #30 defect 2)."""
+        return taken for it)."""
         from recovery.models import StepRun
 
         for run in StepRun.objects.filter(purchase_id__in=[p for p, _ in self.purchases]).exclude(
@@ -3433,7 +3434,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def the_api_reads_what_the_record_shows(self):
         """The API's purchase view (what the agent and the customer page read): its status
         is the record's, and "refunded" is what went back of the purchase's OWN payment
-        (a duplicate's return is Verity's, not a refund of the purchase, #30 item 9)."""
+        (a duplicate's return is Verity's, not a refund of the purchase)."""
         for pid, shop in self.purchases:
             view = self.shops[shop].get(f"purchases/{pid}")
             assert view.status_code == 200, view.content

@@ -1,4 +1,5 @@
-"""A payment Verity settled `failed` cannot be paid later (DESIGN §4, §10.1).
+"""A payment Verity settled `failed` cannot be paid later
+(docs/reliability.md#the-providers-record-outranks-a-person).
 
 A declined 3-D Secure PaymentIntent is `requires_payment_method` at the provider: Verity
 settles it failed (the buyer may try again, no order), but anyone holding the secret key

@@ -1,5 +1,6 @@
-"""A halt binds at claim time (DESIGN §5.9): queued work of every kind waits, still
-`pending`, and goes out once the halt clears. Counted at localstripe and in the outbox."""
+"""A halt binds at claim time (docs/reliability.md#rules-every-money-movement-obeys): queued
+work of every kind waits, still `pending`, and goes out once the halt clears. Counted at
+localstripe and in the outbox."""
 
 import pytest
 from django.utils import timezone

@@ -1,5 +1,5 @@
 """The ledger follows the provider's record when it overturns a person's word on a refund or
-a void (DESIGN §4, "the provider's record outranks a person"; §5: the refundable room of a
+a void (docs/reliability.md#the-providers-record-outranks-a-person; the refundable room of a
 payment is what it captured minus its own refunds, everywhere it is asked).
 
 A refund a person called "succeeded" is booked (money back to the buyer). When the

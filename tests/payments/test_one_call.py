@@ -1,4 +1,5 @@
-"""One round trip where the provider dedupes keys (DESIGN §10 rule 2), on the real stack:
+"""One round trip where the provider dedupes keys, on the real stack
+(docs/reliability.md#one-round-trip-where-the-provider-dedupes-keys):
 localstripe with Stripe's idempotency layer on, the real SDK, faults through the
 fault-drill HTTP client. Every test counts PaymentIntents and charges at localstripe."""
 

@@ -103,7 +103,7 @@ def test_a_partial_refund_during_an_open_chargeback_keeps_it_disputed(client, au
     settle()
     r = auto_refund_shop.post(f"purchases/{purchase_id}/refunds", {"amount": 500})
     settle()
-    # the dispute is still open: the purchase says so on every face (DESIGN §5.10)
+    # the dispute is still open: the purchase says so on every face (docs/reliability.md)
     assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.DISPUTED, r.content
     assert (
         auto_refund_shop.get(f"purchases/{purchase_id}").json()["status"] == PurchaseStatus.DISPUTED

@@ -10,8 +10,9 @@ import pytest
 
 from payments import services
 from payments.enums import Outcome
-from payments.models import PaymentOperation
+from payments.models import PaymentOperation, Purchase
 from support.selectors import refundable_amount
+from tests.factories import ProductFactory, make_client
 from tests.payments.test_provider_outranks_people import _charged_twice
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -86,3 +87,71 @@ def test_approval_still_refuses_beyond_the_own_charges_room(
         100,
         retry.amount - 100,
     ]
+
+
+def test_a_refund_a_person_called_failed_unread_holds_its_room(
+    localstripe, drill, read_drill, django_user_model
+):
+    """A refund whose answer was lost, settled `failed` by a person while the provider could
+    not be read, still holds its amount: the room counts a refund only a person called
+    failed until the provider is read back. The provider's record agrees (that refund did
+    pay 500 back), so offering 1500 would pay that 500 back twice (the lifecycle
+    machine's rule `refundable_room_is_one_payments_everywhere` counts it the same way)."""
+    from django.contrib.auth.models import Group
+
+    from payments import services
+    from payments.enums import Outcome
+    from payments.models import PaymentOperation
+    from payments.providers.stripe import DrillMode
+    from support.access import Role
+    from support.selectors import refundable_amount
+
+    product = ProductFactory(sku="FBM-ROOM", price=1500, stock=10)
+    client, _ = make_client(name="shop-room", limit=100_000_000)
+    quote = services.quote_create(
+        api_client=client, currency="usd", items=[{"sku": product.sku, "quantity": 1}]
+    )
+    purchase = services.purchase_create(
+        api_client=client,
+        quote_id=quote.id,
+        quote_version=quote.version,
+        customer_reference="cust-room",
+    )
+    payment = services.operation_dispatch(
+        operation_id=services.payment_create(
+            purchase_id=purchase.id, api_client=client, payment_method="pm_card_visa"
+        ).id
+    )
+    assert payment.outcome == Outcome.SUCCEEDED
+
+    people = {}
+    for name, role in (("asker", Role.SUPPORT), ("approver", Role.FINANCE)):
+        people[name] = django_user_model.objects.create(username=name)
+        people[name].groups.add(Group.objects.get_or_create(name=role.value)[0])
+    refund = services.refund_request(
+        purchase_id=purchase.id, amount=500, acting_user=people["asker"]
+    )
+    services.refund_approve(operation_id=refund.id, acting_user=people["approver"], reason="ok")
+    drill(refund, DrillMode.DROP_RESPONSE_AFTER_SEND, step="refund")
+    assert services.operation_dispatch(operation_id=refund.id).outcome == Outcome.UNKNOWN
+    read_drill("*", times=5)  # the provider cannot be read back
+    refund = services.operation_resolve_manual(
+        operation_id=refund.id,
+        outcome="failed",
+        reason="looks failed to me",
+        actor="approver",
+        acting_user=people["approver"],
+    )
+    assert (refund.outcome, refund.grade) == ("failed", "acknowledged")
+
+    # The provider's record: the refund did pay 500 back.
+    [back] = localstripe.refunds_for(payment.provider_reference)
+    assert (back["amount"], back["status"]) == (500, "succeeded")
+    # The console offers what is left by that record; "not failed only" would say 1500.
+    assert refundable_amount(Purchase.objects.get(id=purchase.id)) == 1000
+    not_failed = sum(
+        PaymentOperation.objects.filter(parent=payment, kind="refund")
+        .exclude(outcome="failed")
+        .values_list("amount", flat=True)
+    )
+    assert 1500 - not_failed == 1500  # the invariant's old rule: wrong by the provider

@@ -1,6 +1,7 @@
-"""Goods follow the money (DESIGN.md §5.12): a purchase whose money went back (refunded in
-full, voided, a dispute lost) has no live order, serves no deliverable and runs no step
-that would make one; closing a dispute restores nothing the money no longer supports.
+"""Goods follow the money (docs/reliability.md#rules-every-money-movement-obeys): a purchase
+whose money went back (refunded in full, voided, a dispute lost) has no live order, serves
+no deliverable and runs no step that would make one; closing a dispute restores nothing the
+money no longer supports.
 
 Driven from where a storefront and the card network stand: the public REST API with a
 storefront key allowed automatic refunds, and localstripe's dispute resource (inquiries

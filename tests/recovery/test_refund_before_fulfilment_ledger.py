@@ -1,6 +1,6 @@
 """A refund that settles before fulfilment ever ran still leaves the ledger equal to what
-the provider holds (found by the soak: a full refund of a charge whose RUN_STEPS had not
-been handled yet booked the refund but never the sale, ledger minus provider = -amount)."""
+the provider holds (a full refund of a charge whose RUN_STEPS had not been handled yet
+once booked the refund but never the sale: ledger minus provider = -amount)."""
 
 import pytest
 from django.db.models import Sum

@@ -73,25 +73,25 @@ def test_a_request_after_its_key_was_handled_is_not_absorbed_by_another_drainers
     calls, entered, release = recorded
     now = timezone.now()
     with transaction.atomic():
-        run_steps_put(purchase_id="pur_attack5")
-    OutboxMessage.objects.filter(dedupe_key="steps:pur_attack5").update(
+        run_steps_put(purchase_id="pur_batch_mark")
+    OutboxMessage.objects.filter(dedupe_key="steps:pur_batch_mark").update(
         available_at=now - timedelta(seconds=2)
     )
     OutboxMessage.objects.create(
         category=OutboxCategory.NOOP,
         payload={"block": True},
-        dedupe_key="attack5-slow",
+        dedupe_key="batch-mark-slow",
         available_at=now - timedelta(seconds=1),
     )
     errors = []
     drainer = _drain_in_thread(errors)
     try:
         assert entered.wait(15), "drainer A never reached its slow message"
-        assert calls == ["pur_attack5"]  # A handled steps:P ...
+        assert calls == ["pur_batch_mark"]  # A handled steps:P ...
         # ... and, while A's batch runs on, a person resumes P (another request).
         with transaction.atomic():
-            run_steps_put(purchase_id="pur_attack5")
-        waiting = OutboxMessage.objects.filter(dedupe_key="steps:pur_attack5").count()
+            run_steps_put(purchase_id="pur_batch_mark")
+        waiting = OutboxMessage.objects.filter(dedupe_key="steps:pur_batch_mark").count()
     finally:
         release.set()
         drainer.join(20)
@@ -99,13 +99,13 @@ def test_a_request_after_its_key_was_handled_is_not_absorbed_by_another_drainers
 
     relay_drain_once(batch=10)  # whatever is due now
     due_left = OutboxMessage.objects.filter(
-        dedupe_key="steps:pur_attack5", processed_at__isnull=True
+        dedupe_key="steps:pur_batch_mark", processed_at__isnull=True
     ).count()
     print(
         f"rows for steps:P after the resume={waiting} handler runs={calls} "
         f"unprocessed left={due_left}"
     )
-    assert calls == ["pur_attack5", "pur_attack5"], (
+    assert calls == ["pur_batch_mark", "pur_batch_mark"], (
         f"the resume written after the first run was absorbed: runs={calls}, "
         f"rows for the key at the resume={waiting}"
     )

@@ -1,5 +1,5 @@
-"""Security finding #25.12: the production image installed the test and development tools
-and the lock had no hashes. Now: two hashed locks generated from pyproject.toml
+"""The production image installs no test or development tool, and every pin is hashed:
+two hashed locks generated from pyproject.toml
 (`make lock`), the production one free of development tools, the Dockerfile installing
 only that one, and development installs using the same pins."""
 

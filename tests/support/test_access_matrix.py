@@ -181,3 +181,12 @@ def test_login_page_and_rate_limit(client, users):
     throttled = client.post(url, {"username": "olga", "password": "pw-olga"})
     assert throttled.status_code == 429
     assert "_auth_user_id" not in client.session
+
+
+def test_not_allowed_names_a_role_that_can_open_the_page(login, db):
+    response = login("support").get(reverse("support:queue", args=["settlement"]))
+
+    assert response.status_code == 403
+    assert "Ask someone with the <strong>finance</strong> role." in response.content.decode()
+    response = login("support").post(reverse("support:halt-set"), {"name": "checkout"})
+    assert "Ask someone with the <strong>operator</strong> role." in response.content.decode()

@@ -240,3 +240,20 @@ def test_note_is_recorded_with_ip(login):
     assert entry.ip == "127.0.0.1" and entry.purchase_id == purchase.pk
     client.post(reverse("support:note-add", args=[purchase.pk]), {"reason": ""})
     assert Note.objects.count() == 1
+
+
+def test_resume_lists_only_halted_workflows(login, db):
+    WorkflowHalt.objects.create(name="refunds", reason="provider refunds failing", halted_by="olga")
+
+    html = login("operator").get(reverse("support:halts")).content.decode()
+
+    resume = html[html.index('id="resume-name"') :]
+    resume = resume[: resume.index("</select>")]
+    assert "<option>refunds</option>" in resume and "checkout" not in resume
+    halt = html[html.index('id="halt-name"') :]
+    assert "<option>refunds</option>" not in halt[: halt.index("</select>")]
+
+
+def test_nothing_halted_offers_no_resume(login, db):
+    html = login("operator").get(reverse("support:halts")).content.decode()
+    assert 'id="resume-name"' not in html and "Nothing is halted." in html

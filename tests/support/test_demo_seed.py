@@ -170,3 +170,13 @@ def test_a_refused_refund_says_why_and_who_acts_next(users, localstripe, client)
         "payment this refund would return. No money moved" in page
     )
     assert "Next: support checks the payment" in page and "Owner: support" in page
+
+
+def test_demo_order_references_look_like_real_ones(users):
+    make_client(name="demo-storefront")
+    out = StringIO()
+    call_command("seed_console_demo", stdout=out)
+
+    refs = list(Order.objects.values_list("reference", flat=True))
+    assert refs and all(r.startswith("ord_") for r in refs)
+    assert "We are checking your payment" in out.getvalue() or "checking" in out.getvalue()

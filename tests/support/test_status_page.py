@@ -353,3 +353,12 @@ def test_an_acp_purchase_does_not_offer_a_code_its_assistant_cannot_use(client, 
     sent_before = EmailMessage.objects.count()
     response = client.post(f"/status/{purchase.status_token}/new-purchase")
     assert response.status_code == 303 and EmailMessage.objects.count() == sent_before
+
+
+def test_customer_page_names_the_shop(client, db, settings):
+    settings.SHOP_NAME = "Tea & Mugs Ltd"
+    purchase = purchase_in()
+
+    html = client.get(f"/status/{purchase.status_token}/").content.decode()
+
+    assert "<span data-shop-name>Tea &amp; Mugs Ltd</span> · purchase status" in html

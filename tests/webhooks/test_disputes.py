@@ -263,7 +263,7 @@ def test_a_dispute_opened_before_fulfilment_books_the_sale_it_withdraws(
     result = deliver_and_process(client, dispute_event(dispute["id"], "charge.dispute.created"))
     settle()
 
-    # then the ledger holds what the provider holds (found by the soak: -amount)
+    # then the ledger holds what the provider holds (not -amount)
     assert result == EventResult.APPLIED
     assert Purchase.objects.get(pk=purchase.pk).status == PurchaseStatus.DISPUTED
     assert entries(purchase.pk, "sale") == 2

@@ -26,7 +26,7 @@ from webhooks.models import ProviderEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
-SECRET = "whsec_round7_gunicorn"
+SECRET = "whsec_early_webhook_gunicorn"
 
 
 def _free_port() -> int:

@@ -100,7 +100,7 @@ def test_concurrent_duplicate_deliveries_store_one_event_and_one_outbox_row(sett
 @pytest.mark.parametrize("early", [True, False], ids=["early", "chain"])
 def test_a_signed_event_with_an_impossible_created_is_stored_rejected_once(settings, early):
     """`created` out of datetime's range. It was a 500 on every delivery (the provider
-    would retry it for days, found by this attack); it is now stored once as rejected
+    would retry it for days); it is now stored once as rejected
     (`malformed:created`), never processed, and a redelivery is a duplicate."""
     client = _clients(settings, 1, early)[0]
     event_id = f"evt_r7once_created_{early}"

@@ -345,7 +345,7 @@ def test_redelivered_provider_events_about_external_operations_are_ignored(
 def test_a_dashboard_refund_of_a_payment_verity_has_not_settled_yet_is_held_then_recorded(
     client, api_client, new_purchase, pay, drill, localstripe, unsettled
 ):
-    """Found by the soak: the dashboard refunds a charge whose answer Verity lost
+    """The dashboard refunds a charge whose answer Verity lost
     (or whose capture it has not confirmed yet). The event must wait for Verity's record,
     not be quarantined as a mismatch: a refund the provider made is never lost."""
     from payments import services

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _event(event_id: str) -> dict:
     return event_for(
         intent_object(
-            pi_id="pi_attack5",
+            pi_id="pi_stored_once",
             status="succeeded",
             amount=1500,
             metadata={

@@ -1,4 +1,4 @@
-"""A purchase's status follows its refunds (DESIGN §5.10): `refund_pending` only
+"""A purchase's status follows its refunds (docs/reliability.md): `refund_pending` only
 while a refund is in flight; a partial refund that succeeds lets fulfilment go on and says how
 much was refunded; a failed refund restores the prior status with the reason."""
 

@@ -1,4 +1,5 @@
-"""DESIGN §4 (x402): one settle answer -> an outcome class. The function is pure; the
+"""How a settle is classified (docs/x402.md#how-a-settle-is-classified): one settle answer
+-> an outcome class. The function is pure; the
 table is the rule, and the facilitator-down case runs through Verity for real."""
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Every x402 fault through Verity, counting transfers on the real chain.
 
-Rules (DESIGN §4, x402): at most one transfer per purchase; `unknown` or `awaiting` is
-never shown `failed` before the chain proves it (the authorization expired or was
-cancelled); reconciliation only reads the chain, it never settles again."""
+Rules (docs/x402.md#reconciled-from-the-chain-only): at most one transfer per purchase;
+`unknown` or `awaiting` is never shown `failed` before the chain proves it (the
+authorization expired or was cancelled); reconciliation only reads the chain, it never
+settles again."""
 
 from __future__ import annotations
 

@@ -346,7 +346,8 @@ class StripeProvider:
 
     def pays_in_one_call(self) -> bool:
         # The rail adapter chooses, not its callers: one round trip only where a lost
-        # answer can be asked again under the same key (DESIGN §10 rule 2).
+        # answer can be asked again under the same key
+        # (docs/reliability.md#one-round-trip-where-the-provider-dedupes-keys).
         return self.dedupes_idempotency_keys()
 
     def refund_refusal(self) -> RailRefusal | None:

@@ -135,7 +135,7 @@ def event_shape_problem(event: dict[str, Any]) -> str:
         return "malformed:metadata"
     if event_created_at(event) is None and isinstance(event.get("created"), int):
         # An instant no datetime holds (year > 9999): stored rejected, not a 500 the
-        # provider would retry for days (found by an attack test).
+        # provider would retry for days.
         return "malformed:created"
     return ""
 
