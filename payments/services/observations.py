@@ -147,8 +147,8 @@ def _settle_effects_refund(
     )
     if refunded >= purchase_captured(purchase):
         if purchase.status == PurchaseStatus.DISPUTED:
-            # A disputed purchase says so until the dispute closes (DESIGN.md §5.10); its
-            # closure decides from the money (disputes._closed_status: refunded). The goods
+            # A disputed purchase says so until the dispute closes (docs/webhooks.md#disputes);
+            # its closure decides from the money (disputes._closed_status: refunded). The goods
             # unwind now all the same (recovery: the settled refund, on the money).
             return
         if op.grade == Grade.ACKNOWLEDGED:

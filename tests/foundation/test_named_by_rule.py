@@ -26,9 +26,7 @@ TRACKER = re.compile(r"(?<![\w&#/\"'=(])#\d+(?:\.\d+)?(?![\w.-])|\(#\d+")
 # An upstream project's public issue, cited for a bug of theirs we work around.
 UPSTREAM = re.compile(r"dj-stripe #\d+")
 # Files another change is editing at the moment; each entry names the one line it allows.
-PENDING = {
-    "payments/services/observations.py": "DESIGN.md §5.10",
-}
+PENDING: dict[str, str] = {}
 # Text files other than Python and docs/ that carry prose: settings, deployment, templates.
 PROSE_FILES = ("pyproject.toml", ".env.example", "Makefile", "README.md")
 PROSE_DIRS = ("deploy", "templates")
