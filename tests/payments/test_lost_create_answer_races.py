@@ -266,3 +266,64 @@ def test_a_search_stopped_at_its_page_bound_never_settles_failed_beside_a_payabl
     assert orphan["status"] == "canceled"
     assert _charges_of(localstripe, purchase.id) == []
     _no_payable_intent_beside_the_record()
+
+
+def test_a_retry_that_takes_the_key_over_during_the_slow_search_makes_no_second_payment(
+    storefront, product, localstripe, settings
+):
+    """REST: the create's answer is lost and the search for the intent outlives the
+    Idempotency-Key lease. The client's retry (same key) takes the key over while the first
+    request is still searching; another request with a new key is refused while the first
+    is unresolved. One operation, one PaymentIntent, one charge; the key's replay says
+    what the provider did."""
+    import threading
+    import time
+
+    from django.db import connection
+
+    from payments.enums import Rail
+    from payments.models import IdempotencyRecord
+    from payments.services import provider_for_rail
+
+    settings.IDEMPOTENCY_LEASE_SECONDS = 1
+    purchase = storefront.new_purchase(product.sku)
+    stripe = provider_for_rail(Rail.STRIPE)
+    stripe.arm_drill(key_prefix="*", step="create", mode=DrillMode.DROP_RESPONSE_AFTER_SEND)
+    stripe.arm_drill(key_prefix="*", step="read", mode=DrillMode.READ_SLOW)
+    first: dict = {}
+
+    def first_request():
+        try:
+            first["answer"] = storefront.pay(purchase["id"], key="pay-once")
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=first_request)
+    thread.start()
+    try:
+        time.sleep(1.5)  # the first request is in its slow search; its lease ran out
+        assert thread.is_alive()
+        retry = storefront.pay(purchase["id"], key="pay-once")
+        other = storefront.pay(purchase["id"], key="pay-other-key")
+    finally:
+        thread.join(DrillMode.SLOW_READ_SECONDS + 30)
+        stripe.drill_client.disarm_all()
+    assert not thread.is_alive()
+
+    ops = PaymentOperation.objects.filter(purchase_id=purchase["id"])
+    [op] = ops
+    [pi] = localstripe.payment_intents_for(purchase["id"])
+    assert (op.outcome, op.provider_reference, pi["status"]) == (
+        Outcome.SUCCEEDED,
+        pi["id"],
+        "succeeded",
+    )
+    assert len(_charges_of(localstripe, purchase["id"])) == 1
+    assert retry.status_code in (201, 202), retry.content
+    assert retry.json()["id"] == op.id
+    assert other.status_code == 409, other.content
+    assert first["answer"].status_code in (201, 202), first["answer"].content
+    [record] = IdempotencyRecord.objects.filter(key="pay-once")
+    assert (record.state, record.resource_id) == (IdempotencyRecord.State.DONE, op.id)
+    replay = storefront.pay(purchase["id"], key="pay-once")
+    assert (replay.status_code, replay.json()["outcome"]) == (200, "succeeded"), replay.content
