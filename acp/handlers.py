@@ -125,7 +125,7 @@ def _order_event_put(payload: dict) -> None:
                 "id": session.purchase_id,
                 "checkout_session_id": session.id,
                 "permalink_url": status_url(purchase),
-                "status": order_status(payload["status"]),
+                "status": order_status(payload["status"], purchase.id),
             },
         },
         separators=(",", ":"),

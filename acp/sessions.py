@@ -12,6 +12,7 @@ from payments.api.presenters import status_url
 from payments.enums import PAYMENT_KINDS, Grade, Outcome, PurchaseStatus
 from payments.errors import DomainError, ErrorCode
 from payments.models import PaymentOperation, Product, Purchase
+from payments.selectors import purchase_money
 
 from .models import CheckoutSession
 from .spec import API_VERSION
@@ -51,7 +52,13 @@ ORDER_STATUS: dict[str, str] = {
 }
 
 
-def order_status(purchase_status: str) -> str:
+def order_status(purchase_status: str, purchase_id: str) -> str:
+    """The order status the platform sees for a purchase in `purchase_status`. A lost
+    chargeback of part of the payment leaves the merchant the rest and the order standing
+    (goods follow the money, read from its record: `purchase_money`), so it is not
+    `refunded`: only money back in full is."""
+    if purchase_status == PurchaseStatus.DISPUTE_LOST and not purchase_money(purchase_id).returned:
+        return "completed"
     return ORDER_STATUS.get(purchase_status, purchase_status)
 
 
@@ -306,18 +313,26 @@ def session_view(session: CheckoutSession) -> dict:
             }
         )
     completed = purchase if status == Status.COMPLETED else None  # session_status: a purchase's
-    if completed is not None and order_status(completed.status) in (
-        "refunded",
-        "refund_pending",
-    ):
+    said = order_status(completed.status, completed.id) if completed is not None else None
+    if said in ("refunded", "refund_pending"):
         messages.append(
             {
                 "type": "info",
                 "severity": "info",
                 "content_type": "plain",
                 "content": "The payment was refunded to the buyer in full."
-                if order_status(completed.status) == "refunded"
+                if said == "refunded"
                 else "A refund of this payment is in progress.",
+            }
+        )
+    elif completed is not None and completed.status == PurchaseStatus.DISPUTE_LOST:
+        messages.append(
+            {
+                "type": "info",
+                "severity": "info",
+                "content_type": "plain",
+                "content": "The buyer's bank returned part of this payment; the rest "
+                "stands and the order goes ahead.",
             }
         )
     view = {
@@ -354,7 +369,7 @@ def session_view(session: CheckoutSession) -> dict:
             "id": completed.id,
             "checkout_session_id": session.id,
             "permalink_url": status_url(completed),
-            "status": order_status(completed.status),
+            "status": order_status(completed.status, completed.id),
         }
     return view
 

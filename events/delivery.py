@@ -39,7 +39,17 @@ from datetime import datetime, timedelta
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, Exists, F, PositiveSmallIntegerField, Q, Value, When
+from django.db.models import (
+    Case,
+    Exists,
+    F,
+    OuterRef,
+    PositiveSmallIntegerField,
+    Q,
+    QuerySet,
+    Value,
+    When,
+)
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
@@ -158,6 +168,22 @@ def _claim_lock() -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CLAIM_LOCK])
 
 
+def _earlier_message_owed() -> QuerySet[WebhookDelivery]:
+    """For a message without an event (an ACP order event: the order's whole state, no
+    sequence, its `Timestamp` the attempt's): an earlier message of the same purchase to
+    the same endpoint still owed (pending, in flight or waiting for its retry). The later
+    one waits for it, so the receiver's last word is the purchase's latest (never
+    `confirmed` after `refunded`) and every message still arrives. Event deliveries carry
+    their sequence: a receiver orders those itself."""
+    return WebhookDelivery.objects.filter(
+        endpoint_id=OuterRef("endpoint_id"),
+        purchase_id=OuterRef("purchase_id"),
+        event__isnull=True,
+        state=DeliveryState.PENDING,
+        id__lt=OuterRef("id"),
+    )
+
+
 def _claim(batch: int, *, locked: bool = False) -> list[WebhookDelivery]:
     """Take up to `batch` due deliveries, stamp their lease and read them with their event
     and endpoint. Nothing while the `webhooks` halt is set: it is read
@@ -181,9 +207,11 @@ def _claim(batch: int, *, locked: bool = False) -> list[WebhookDelivery]:
         )
         busy = Counter(endpoint_id for endpoint_id, _ in in_flight)
         busy_pairs = set(in_flight)
-        due = WebhookDelivery.objects.filter(
-            state=DeliveryState.PENDING, next_attempt_at__lte=now
-        ).filter(Q(claimed_until__isnull=True) | Q(claimed_until__lte=now))
+        due = (
+            WebhookDelivery.objects.filter(state=DeliveryState.PENDING, next_attempt_at__lte=now)
+            .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lte=now))
+            .exclude(Q(event__isnull=True) & Exists(_earlier_message_owed()))
+        )
         # Endpoint by endpoint, each read only as far as its free room: an endpoint with a
         # long backlog and a full in-flight bound takes no place in anyone else's claim
         # (one global "oldest first" read would put its backlog in front of everyone).

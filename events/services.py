@@ -204,7 +204,21 @@ def endpoint_delete(*, endpoint: WebhookEndpoint, actor: str, reason: str = "") 
 
 def delivery_resend(*, delivery: WebhookDelivery, actor: str, reason: str = "") -> None:
     """Send an event to its endpoint again (same webhook-id: a deduping receiver takes it
-    once), with a fresh retry window."""
+    once), with a fresh retry window. A message without an event (an ACP order event: a
+    whole state, no sequence) is refused once a later message of its purchase was put on
+    the endpoint: resent, it would be the receiver's last word about an order whose state
+    moved on (`confirmed` after `refunded`); the later one is the one to resend."""
+    if delivery.event_id is None and (
+        WebhookDelivery.objects.filter(
+            endpoint_id=delivery.endpoint_id,
+            purchase_id=delivery.purchase_id,
+            event__isnull=True,
+            id__gt=delivery.id,
+        ).exists()
+    ):
+        raise EndpointError(
+            "a later order event of this purchase exists; resend that one, not this one"
+        )
     now = timezone.now()
     with transaction.atomic():
         WebhookDelivery.objects.filter(pk=delivery.pk).update(

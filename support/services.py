@@ -1343,4 +1343,7 @@ def webhook_delivery_resend_by_user(
     delivery = event_selectors.delivery_get(delivery_id)
     if delivery is None:
         raise ConsoleError("not_found", "No such delivery.", 404)
-    event_services.delivery_resend(delivery=delivery, actor=user.get_username(), reason=reason)
+    try:
+        event_services.delivery_resend(delivery=delivery, actor=user.get_username(), reason=reason)
+    except event_services.EndpointError as e:
+        raise ConsoleError("resend_refused", str(e), 409) from None

@@ -1,4 +1,4 @@
-"""The agent platform's last order word follows the money (DESIGN §5.12: every face,
+"""The agent platform's last order word follows the money (docs/reliability.md: every face,
 order events included, says the same about a purchase).
 
 An order event that failed is retried on the delivery schedule; meanwhile the money goes
@@ -19,11 +19,13 @@ from django.urls import reverse
 from django.utils import timezone
 
 from acp.models import AgentPlatform
+from events.delivery import deliveries_send_due
 from events.models import DeliveryState, WebhookDelivery
 from payments import services
 from payments.enums import Outcome, PurchaseStatus
 from payments.models import Purchase
 from recovery.models import OutboxMessage
+from recovery.relay import relay_drain_once
 from tests.acp.conftest import AcpAgent, issue_spt, new_email
 from tests.acp.test_order_webhooks import SECRET, _pump, _settled, receiver  # noqa: F401
 from tests.factories import make_client
@@ -50,11 +52,6 @@ def _statuses_received(platform_receiver, pid: str) -> list[str]:
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a failed ACP order event is retried after a later one was delivered; "
-    "its body has no sequence, so the platform's last word is 'completed' after 'refunded'",
-)
 def test_a_retried_confirmed_is_never_the_platforms_last_word_after_a_full_refund(
     refunding_agent,
     tea,
@@ -72,11 +69,11 @@ def test_a_retried_confirmed_is_never_the_platforms_last_word_after_a_full_refun
     assert r.status_code == 200, r.text
     pid = r.json()["order"]["id"]
     deliveries = WebhookDelivery.objects.filter(purchase_id=pid)
-    # every order event so far was tried once and failed: each waits for its retry
+    # the first order event was tried and failed: it waits for its retry, the later ones
+    # wait for it (a purchase's order events reach the platform in order)
     _pump(
         lambda: (
-            deliveries.exists()
-            and not deliveries.filter(attempts=0).exists()
+            deliveries.filter(message_id=f"evt_{pid}_paid", attempts=1).exists()
             and not OutboxMessage.objects.filter(
                 processed_at__isnull=True, available_at__lte=timezone.now()
             ).exists()
@@ -96,23 +93,35 @@ def test_a_retried_confirmed_is_never_the_platforms_last_word_after_a_full_refun
     receiver.status = 200
     n = len(receiver.received)
     refunded = deliveries.filter(message_id__startswith=f"evt_{pid}_refunded")
-    _pump(lambda: refunded.filter(state=DeliveryState.DELIVERED).exists())
+    # `refunded` is due now, the earlier words only at their retry: it waits for them
+    _pump(
+        lambda: (
+            refunded.exists()
+            and not OutboxMessage.objects.filter(
+                processed_at__isnull=True, available_at__lte=timezone.now()
+            ).exists()
+        )
+    )
+    for _ in range(3):
+        relay_drain_once()
+        deliveries_send_due()
+    assert not refunded.filter(state=DeliveryState.DELIVERED).exists()
+    assert len(receiver.received) == n
 
     # five minutes later the earlier events' retries are due
     deliveries.filter(state=DeliveryState.PENDING).update(next_attempt_at=timezone.now())
     _pump(lambda: _settled() and not deliveries.exclude(state=DeliveryState.DELIVERED).exists())
 
     accepted = [json.loads(b)["data"]["status"] for _, b in receiver.received[n:]]
-    # the purchase's money is back: the platform's last word about the order says so
+    # the purchase's money is back: the platform's last word about the order says so, and
+    # every word arrived once, in the order the purchase went through them
     assert Purchase.objects.get(pk=pid).status == PurchaseStatus.REFUNDED
     assert accepted[-1] == "refunded", accepted
+    ids = [h["Request-Id"] for h, _ in receiver.received[n:]]
+    assert len(ids) == len(set(ids)) == deliveries.count()
+    assert ids == list(deliveries.order_by("id").values_list("message_id", flat=True))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: the console resends an old ACP 'confirmed' after 'refunded' with a fresh "
-    "Timestamp and no sequence; nothing warns or refuses",
-)
 def test_an_operators_resend_of_confirmed_is_never_the_last_word_after_a_full_refund(
     refunding_agent,
     tea,
@@ -140,13 +149,26 @@ def test_an_operators_resend_of_confirmed_is_never_the_last_word_after_a_full_re
     [pi] = localstripe.payment_intents_for(pid)
     assert sum(x["amount"] for x in localstripe.refunds_for(pi["id"])) == pi["amount"]
 
-    # an operator resends the old `confirmed` (the platform says it lost it)
-    answer = login("operator").post(
+    # an operator resends the old `confirmed` (the platform says it lost it): refused,
+    # with the reason shown; the later word is the one to resend, and it goes out
+    sent = len(receiver.received)
+    operator = login("operator")
+    answer = operator.post(
         reverse("support:webhook-delivery-resend", args=[paid.get().pk]),
         {"reason": "the platform lost it", "confirm": "yes"},
     )
+    assert answer.status_code == 302
+    assert b"later order event" in operator.get(answer.url).content  # the refusal, shown
+    relay_drain_once()
+    deliveries_send_due()
+    assert len(receiver.received) == sent and paid.get().attempts == 1
+    last = refunded.order_by("-id").first()
+    answer = operator.post(
+        reverse("support:webhook-delivery-resend", args=[last.pk]),
+        {"reason": "the platform lost it", "confirm": "yes"},
+    )
     assert answer.status_code in (200, 302)
-    _pump(lambda: _settled() and paid.filter(attempts=2).exists())
+    _pump(lambda: _settled() and refunded.filter(pk=last.pk, attempts=2).exists())
 
     said = _statuses_received(receiver, pid)
     assert Purchase.objects.get(pk=pid).status == PurchaseStatus.REFUNDED

@@ -1,7 +1,7 @@
 """A payment refused at its confirm claim by the client's spending limit (two payments
 created while the allowance covered each, dispatched one after the other): it is settled
 `failed` after its PaymentIntent was created, so the intent must not stay payable with the
-secret key beside a failed record (DESIGN §5.1, docs/reliability.md
+secret key beside a failed record (docs/reliability.md
 #create-then-claim-then-confirm). Counted at localstripe and in the rows."""
 
 import pytest

@@ -1,5 +1,5 @@
 """A two-step card payment whose create answer was lost, raced by the others who can act
-on it (docs/reliability.md#create-then-claim-then-confirm, DESIGN §5.1, §5.2, §5.12).
+on it (docs/reliability.md#create-then-claim-then-confirm).
 
 Verity finds the PaymentIntent by `operation_id` metadata and confirms it, or leaves the
 payment `unknown` until the read-back cancels it. Here someone else moves between Verity's

@@ -1,4 +1,4 @@
-"""Goods follow the money at every step of fulfilment (DESIGN §5.12): an inquiry
+"""Goods follow the money at every step of fulfilment: an inquiry
 (`warning_needs_response`: no funds withdrawn) opens while fulfilment is stopped before one
 of its steps; the merchant answers with a full refund; the inquiry closes
 (`warning_closed`). Closing it restores nothing the money no longer supports: no live
