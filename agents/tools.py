@@ -414,9 +414,9 @@ _PURCHASE_WORDS: dict[Any, Callable[[_PurchaseArgs], tuple[str, NextTool | None]
         None,
     ),
     _S.DISPUTE_LOST: lambda p: (
-        "The dispute was decided in the buyer's favour and the bank "
-        "returned the money; this purchase is closed — do not pay "
-        "again.",
+        "The dispute was decided in the buyer's favour and the bank returned the disputed "
+        "amount to the buyer (all of the payment, or part of it: the refunds and disputes "
+        "in get_purchase say which); do not pay again.",
         None,
     ),
     _S.CLOSED: lambda p: ("This purchase is closed; nothing more to do.", None),
