@@ -116,8 +116,13 @@ TEST_WORKERS ?= 3
 # stack; docs/scaling.md). Without the standby it is not collected.
 # `make test REPLICA_TESTS=` skips it.
 REPLICA_TESTS ?= tests/replica
+# Tests that assert a wall-clock bound (`@pytest.mark.alone`, 4 tests, ~15 s) run by
+# themselves after the parallel run: inside it, each one waited for every running test to
+# end (the soak among them) while it held the other workers back, 1-2 idle minutes a run.
+ALONE_TESTS ?= $(shell grep -rl --include='test_*.py' '@pytest.mark.alone' tests)
 test: deps lint typecheck
-	$(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 $(PYTEST_ARGS)
+	$(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 -m "not alone" $(PYTEST_ARGS)
+	$(if $(ALONE_TESTS),$(PY) -m tests.stack -- $(PY) -m pytest -q -p no:cacheprovider -m alone $(ALONE_TESTS))
 	$(if $(REPLICA_TESTS),$(PY) -m tests.stack --replica -- $(PY) -m pytest -q $(REPLICA_TESTS))
 
 # The inner loop: the linter, then the static checks and quick behaviour tests on one

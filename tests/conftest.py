@@ -25,6 +25,11 @@ def pytest_configure(config):
         "markers",
         "alone: no other xdist worker runs a test meanwhile (a wall-clock bound is asserted)",
     )
+    config.addinivalue_line(
+        "markers",
+        "claims_left_by_the_test: the test leaves an outbox claim no worker handles "
+        "(tests/recovery: teardown does not wait for it to lapse)",
+    )
     global _alone_lock_dir
     if not hasattr(config, "workerinput"):
         import tempfile

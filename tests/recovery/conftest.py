@@ -107,12 +107,15 @@ def lift_halt_quietly(name: str) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _no_claims_at_teardown(transactional_db):
+def _no_claims_at_teardown(request, transactional_db):
     """A worker still writing while the database is flushed deadlocks the TRUNCATE:
-    wait (briefly) until no claimed message is being handled."""
+    wait (briefly) until no claimed message is being handled. A test marked
+    `claims_left_by_the_test` writes a live claim no one handles: nothing to wait for."""
     import time
 
     yield
+    if request.node.get_closest_marker("claims_left_by_the_test"):
+        return
     from django.utils import timezone
 
     from recovery.models import OutboxMessage

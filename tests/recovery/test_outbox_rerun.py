@@ -107,6 +107,7 @@ def _put_elsewhere(key, k=1):
     assert not errors, errors
 
 
+@pytest.mark.claims_left_by_the_test
 def test_a_row_released_by_a_flush_and_claimed_again_is_left_to_its_new_drainer(monkeypatch):
     # m0 handled; during m1 a write elsewhere flags m0, then m1's own write flushes the
     # batch's marks (m0 released); another drainer claims m0 again. The batch's final
@@ -139,6 +140,7 @@ def test_a_row_released_by_a_flush_and_claimed_again_is_left_to_its_new_drainer(
     assert rows["flush:follow-up"].processed_at is None
 
 
+@pytest.mark.claims_left_by_the_test
 def test_one_batched_insert_with_a_key_twice_keeps_the_first(runs):
     _put("batch:claimed")
     OutboxMessage.objects.filter(dedupe_key="batch:claimed").update(

@@ -77,6 +77,7 @@ def test_backoff_grows_with_attempts_and_is_capped(settings):
     assert max(delays) <= settings.OUTBOX_BACKOFF_CAP_SECONDS * 1.1
 
 
+@pytest.mark.claims_left_by_the_test
 def test_claimed_then_crashed_message_is_reclaimed_after_its_lease():
     now = timezone.now()
     [crashed] = _rows(1, claimed_until=now - timedelta(seconds=1), attempts=1)
