@@ -7,4 +7,8 @@ class AcpConfig(AppConfig):
 
     def ready(self) -> None:
         # The order-event outbox handler (its rows are written by payments.services).
-        from . import handlers  # noqa: F401
+        # The deploy-time warning about secrets still stored on a platform's row.
+        from . import (
+            checks,  # noqa: F401
+            handlers,  # noqa: F401
+        )

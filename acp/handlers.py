@@ -13,7 +13,9 @@ its own and never POSTs.
 Each event has a stable `Request-Id` (the receiver dedupes on it), its body is fixed when
 the event is first put, and every attempt is signed anew
 `Merchant-Signature: t=<unix>,v1=HMAC-SHA256(secret, "<t>.<raw body>")` with the
-platform's webhook secret (read when the batch is sent, so a new secret signs at once).
+platform's webhook secret (derived from the environment's key and the platform's salt:
+AgentPlatform.current_webhook_secret; read when the batch is sent, so a new secret signs at
+once).
 """
 
 from __future__ import annotations
@@ -139,11 +141,8 @@ def _order_event_put(payload: dict) -> None:
 
 
 def _acp_signer(endpoint: WebhookEndpoint) -> Signer | None:
-    secret = (
-        AgentPlatform.objects.filter(api_client_id=endpoint.api_client_id)
-        .values_list("webhook_secret", flat=True)
-        .first()
-    )
+    platform = AgentPlatform.objects.filter(api_client_id=endpoint.api_client_id).first()
+    secret = platform.current_webhook_secret() if platform is not None else ""
     if not secret:
         return None
 

@@ -131,7 +131,8 @@ def _verify_signature(request) -> None:
     """Only for a platform with a signing secret: then a request without a valid,
     fresh signature is refused before anything is read or written."""
     platform = AgentPlatform.objects.filter(api_client=request.auth).first()
-    if platform is None or not platform.signing_secret:
+    secret = platform.current_signing_secret() if platform is not None else ""
+    if not secret:
         return
     signature = (request.headers.get("Signature") or "").strip().rstrip("=")
     timestamp = (request.headers.get("Timestamp") or "").strip()
@@ -151,7 +152,7 @@ def _verify_signature(request) -> None:
             message="The request's Timestamp is too far from now.",
         )
     body = request.data if request.method == "POST" else None
-    expected = request_signature(platform.signing_secret, timestamp, body)
+    expected = request_signature(secret, timestamp, body)
     if not hmac.compare_digest(signature, expected):
         raise AcpError(
             status=401,

@@ -229,12 +229,14 @@ def test_a_platform_with_a_signing_secret_must_sign_its_requests(agent, platform
     from acp.models import AgentPlatform
     from acp.views import request_signature
 
-    AgentPlatform.objects.create(api_client=platform[0], signing_secret="sig_secret")
+    secret = AgentPlatform.objects.create(
+        api_client=platform[0], signing_secret_salt="a-salt"
+    ).current_signing_secret()
     body = {"line_items": [{"id": tea.sku, "quantity": 1}], "currency": "usd", "capabilities": {}}
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     r = agent.post("checkout_sessions", body)
     assert (r.status_code, valid("Error", r.json())["code"]) == (401, "invalid_signature")
-    signed = {"Timestamp": now, "Signature": request_signature("sig_secret", now, body)}
+    signed = {"Timestamp": now, "Signature": request_signature(secret, now, body)}
     r = agent.post("checkout_sessions", {**body, "currency": "USD"}, **signed)  # tampered
     assert (r.status_code, r.json()["code"]) == (401, "invalid_signature")
     stale = "2026-01-01T00:00:00Z"
@@ -242,7 +244,7 @@ def test_a_platform_with_a_signing_secret_must_sign_its_requests(agent, platform
         "checkout_sessions",
         body,
         Timestamp=stale,
-        Signature=request_signature("sig_secret", stale, body),
+        Signature=request_signature(secret, stale, body),
     )
     assert (r.status_code, r.json()["param"]) == (401, "Timestamp")
     assert CheckoutSession.objects.count() == 0
@@ -253,7 +255,7 @@ def test_a_platform_with_a_signing_secret_must_sign_its_requests(agent, platform
     r = agent.get(
         f"checkout_sessions/{sid}",
         Timestamp=now,
-        Signature=request_signature("sig_secret", now, None),
+        Signature=request_signature(secret, now, None),
     )
     assert r.status_code == 200 and r.json()["id"] == sid
 

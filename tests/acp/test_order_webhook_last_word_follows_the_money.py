@@ -18,7 +18,6 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from acp.models import AgentPlatform
 from events.delivery import deliveries_send_due
 from events.models import DeliveryState, WebhookDelivery
 from payments import services
@@ -27,7 +26,7 @@ from payments.models import Purchase
 from recovery.models import OutboxMessage
 from recovery.relay import relay_drain_once
 from tests.acp.conftest import AcpAgent, issue_spt, new_email
-from tests.acp.test_order_webhooks import SECRET, _pump, _settled, receiver  # noqa: F401
+from tests.acp.test_order_webhooks import _pump, _settled, platform_for, receiver  # noqa: F401
 from tests.factories import make_client
 from tests.support.conftest import login, roles, users  # noqa: F401 (fixtures)
 
@@ -60,7 +59,7 @@ def test_a_retried_confirmed_is_never_the_platforms_last_word_after_a_full_refun
     localstripe,
 ):
     client, agent = refunding_agent
-    AgentPlatform.objects.create(api_client=client, webhook_url=receiver.url, webhook_secret=SECRET)
+    platform_for(client, receiver)
     settings.WEBHOOK_RETRY_SCHEDULE_SECONDS = [300]  # a failed event waits 5 minutes
     receiver.status = 500  # the platform is down while the order is confirmed
 
@@ -131,7 +130,7 @@ def test_an_operators_resend_of_confirmed_is_never_the_last_word_after_a_full_re
     login,  # noqa: F811
 ):
     client, agent = refunding_agent
-    AgentPlatform.objects.create(api_client=client, webhook_url=receiver.url, webhook_secret=SECRET)
+    platform_for(client, receiver)
     receiver.status = 200
     sid = agent.create(tea.sku).json()["id"]
     r = agent.complete(sid, issue_spt(1250), new_email())

@@ -29,6 +29,7 @@ from events.models import (
     WebhookAttempt,
     WebhookDelivery,
     WebhookEndpoint,
+    new_secret_salt,
 )
 from events.selectors import endpoints_disabled_by_failures
 from recovery.halts import halt_clear, halt_set
@@ -41,8 +42,6 @@ from tests.support.conftest import login, roles, users  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SECRET = "whsec_acp_test"
-
 
 class Receiver:
     """The agent platform's webhook endpoint: verifies the `Merchant-Signature` of what
@@ -54,6 +53,8 @@ class Receiver:
         self.accepted: dict[str, int] = {}
         self.bad_signatures = 0
         self.status = 500
+        # The platform's webhook secret, as acp_platform showed it (platform_for sets it).
+        self.secret = ""
         self.lock = threading.Lock()
         receiver = self
 
@@ -64,7 +65,7 @@ class Receiver:
                 with receiver.lock:
                     receiver.received.append((headers, body))
                     status = receiver.status
-                    if not _verifies(headers, body):
+                    if not _verifies(receiver.secret, headers, body):
                         receiver.bad_signatures += 1
                         status = 400
                     elif 200 <= status < 300:
@@ -111,14 +112,10 @@ def _pump(predicate, timeout: float = 30.0) -> None:
 _drain_until = _pump
 
 
-def _verifies(headers: dict, body: bytes) -> bool:
+def _verifies(secret: str, headers: dict, body: bytes) -> bool:
     t, v1 = (part.split("=", 1)[1] for part in headers["Merchant-Signature"].split(","))
-    expected = hmac.new(SECRET.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(v1, expected)
-
-
-def _verify(headers: dict, body: bytes) -> None:
-    assert _verifies(headers, body)
+    expected = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    return bool(secret) and hmac.compare_digest(v1, expected)
 
 
 def _settled() -> bool:
@@ -128,10 +125,18 @@ def _settled() -> bool:
     )
 
 
-def _platform(platform, receiver) -> AgentPlatform:
-    return AgentPlatform.objects.create(
-        api_client=platform[0], webhook_url=receiver.url, webhook_secret=SECRET
+def platform_for(api_client, receiver) -> AgentPlatform:
+    """The platform as acp_platform leaves it: a salt on its row, its webhook secret derived
+    from it (never stored); the receiver verifies with that secret."""
+    platform = AgentPlatform.objects.create(
+        api_client=api_client, webhook_url=receiver.url, webhook_secret_salt=new_secret_salt()
     )
+    receiver.secret = platform.current_webhook_secret()
+    return platform
+
+
+def _platform(platform, receiver) -> AgentPlatform:
+    return platform_for(platform[0], receiver)
 
 
 def _order(agent, tea) -> tuple[dict, dict]:
@@ -181,7 +186,7 @@ def test_a_failing_platform_is_retried_on_the_delivery_schedule_then_gets_each_e
     html = page.content.decode()
     assert f'data-delivery="{delivery.pk}"' in html
     assert "acp order_create confirmed" in html and "HTTP 500" in html
-    assert SECRET not in html
+    assert receiver.secret not in html
 
     # The platform recovers: every event arrives, each accepted once, signed, unchanged.
     receiver.status = 200
@@ -199,7 +204,7 @@ def test_a_failing_platform_is_retried_on_the_delivery_schedule_then_gets_each_e
     assert receiver.bad_signatures == 0
     by_id: dict[str, set[bytes]] = {}
     for headers, body in receiver.received:
-        _verify(headers, body)
+        assert _verifies(receiver.secret, headers, body)
         by_id.setdefault(headers["Request-Id"], set()).add(body)
     # Each event is one Request-Id, sent identically on every attempt: the receiver dedupes.
     assert all(len(bodies) == 1 for bodies in by_id.values())
@@ -253,7 +258,7 @@ def test_an_operator_resends_an_order_webhook_from_the_console(
     again = [(h, b) for h, b in receiver.received if h["Request-Id"] == f"evt_{pid}_paid"]
     assert len(again) == 2 and again[0][1] == again[1][1]  # the same event, the same body
     for headers, body in again:
-        _verify(headers, body)
+        assert _verifies(receiver.secret, headers, body)
     assert WebhookAttempt.objects.filter(delivery=delivery.get()).count() == 2
 
 
@@ -349,10 +354,11 @@ def test_acp_platform_command_sets_the_webhook_and_prints_new_secrets_once(platf
     )
     p = AgentPlatform.objects.get(api_client=platform[0])
     assert p.webhook_url == "https://platform.example/acp/events"
-    assert p.webhook_secret in out.getvalue() and p.signing_secret in out.getvalue()
+    assert p.current_webhook_secret() in out.getvalue()
+    assert p.current_signing_secret() in out.getvalue()
     call_command("acp_platform", platform[0].name, "--no-signing", stdout=StringIO())
     p.refresh_from_db()
-    assert p.signing_secret == "" and p.webhook_secret
+    assert p.current_signing_secret() == "" and p.current_webhook_secret()
     # Its order webhooks are the events app's deliveries: one `acp` endpoint at that URL,
     # turned off with the URL and on again with a new one; never the storefront API's.
     endpoint = WebhookEndpoint.objects.get()
@@ -456,9 +462,7 @@ def test_an_order_entering_a_status_again_is_a_new_event_with_its_own_request_id
     `evt_<purchase>_paid`)."""
     from payments import services
 
-    AgentPlatform.objects.create(
-        api_client=platform[0], webhook_url=receiver.url, webhook_secret=SECRET
-    )
+    platform_for(platform[0], receiver)
     receiver.status = 200
     session = agent.create(tea.sku).json()
     r = agent.complete(session["id"], issue_spt(1250), new_email())

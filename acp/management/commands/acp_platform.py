@@ -3,17 +3,19 @@ events go and the secrets they and its requests are signed with.
 
   manage.py acp_platform <client name> [--webhook-url URL] [--new-webhook-secret]
                                        [--new-signing-secret] [--no-signing]
-A new secret is printed once (the platform keeps it); it is stored for signing only.
+A new secret is printed once (the platform keeps it). It is never stored: it is derived
+from EVENTS_SECRET_KEY and a salt kept on the platform's row (acp.models.AgentPlatform), so
+a new salt is a new secret. A secret stored in clear before secrets were derived keeps
+working until it is rotated here (which forgets it).
 The order webhooks themselves are delivered by the events app (docs/events.md): this
 keeps the platform's `acp` endpoint there at the URL given.
 """
 
 from __future__ import annotations
 
-import secrets
-
 from django.core.management.base import BaseCommand, CommandError
 
+from events.models import new_secret_salt
 from payments.models import ApiClient
 
 from ...handlers import platform_endpoint_sync
@@ -40,6 +42,8 @@ class Command(BaseCommand):
         no_signing,
         **options,
     ):
+        if new_signing_secret and no_signing:
+            raise CommandError("--new-signing-secret and --no-signing contradict each other")
         api_client = ApiClient.objects.filter(name=client, revoked=False).first()
         if api_client is None or not api_client.has_scope("acp"):
             raise CommandError(f"no active API client {client!r} with the acp scope")
@@ -48,19 +52,43 @@ class Command(BaseCommand):
             if webhook_url and not webhook_url.startswith(("https://", "http://")):
                 raise CommandError("--webhook-url must be an http(s) URL")
             platform.webhook_url = webhook_url
-        if new_webhook_secret or (platform.webhook_url and not platform.webhook_secret):
-            platform.webhook_secret = f"whsec_{secrets.token_urlsafe(32)}"
-            self.stdout.write(f"webhook secret (shown once): {platform.webhook_secret}")
+        shown = []
+        if new_webhook_secret or (platform.webhook_url and not platform.current_webhook_secret()):
+            platform.webhook_secret_salt = new_secret_salt()
+            platform.legacy_webhook_secret = ""
+            shown.append("webhook")
         if new_signing_secret:
-            platform.signing_secret = f"sigsec_{secrets.token_urlsafe(32)}"
-            self.stdout.write(f"request signing secret (shown once): {platform.signing_secret}")
+            platform.signing_secret_salt = new_secret_salt()
+            platform.legacy_signing_secret = ""
+            shown.append("request signing")
         if no_signing:
-            platform.signing_secret = ""
+            platform.signing_secret_salt = ""
+            platform.legacy_signing_secret = ""
         platform.save()
+        # Shown once, after the save that makes it the one in use; never logged.
+        if "webhook" in shown:
+            self.stdout.write(f"webhook secret (shown once): {platform.current_webhook_secret()}")
+        if "request signing" in shown:
+            self.stdout.write(
+                f"request signing secret (shown once): {platform.current_signing_secret()}"
+            )
         # Its order webhooks are deliveries on an `acp` endpoint of the events app: kept at
         # this URL (turned off when it is cleared), shown in the console's delivery log.
         platform_endpoint_sync(platform)
         self.stdout.write(
             f"platform {client}: webhook={platform.webhook_url or '-'} "
-            f"signing={'on' if platform.signing_secret else 'off'}"
+            f"signing={'on' if platform.current_signing_secret() else 'off'}"
         )
+        stored = [
+            flag
+            for flag, value in (
+                ("--new-webhook-secret", platform.legacy_webhook_secret),
+                ("--new-signing-secret", platform.legacy_signing_secret),
+            )
+            if value
+        ]
+        if stored:
+            self.stdout.write(
+                "a secret stored in the database before secrets were derived is still in "
+                f"use; rotate it ({' '.join(stored)}) once the platform can take a new one"
+            )
