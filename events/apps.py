@@ -17,7 +17,7 @@ class EventsConfig(AppConfig):
         from .record import event_view_register
 
         def view(purchase_id: str) -> tuple[str, dict]:
-            purchase = Purchase.objects.get(pk=purchase_id)
+            purchase = Purchase.objects.select_related("quote").get(pk=purchase_id)
             return purchase.api_client_id or "", purchase_view(purchase)
 
         event_view_register(view)
