@@ -212,23 +212,22 @@ def _events_write(pending: list[_Pending]) -> list[Event]:
             views[item.purchase_id] = (
                 builder(item.purchase_id) if builder is not None else ("", {"id": item.purchase_id})
             )
-    last = _last_sequences(counts)
-    next_of = {pid: last[pid] - n + 1 for pid, n in counts.items()}
-    events = []
+    events: list[Event] = []
+    seen = dict.fromkeys(counts, 0)
     for item in pending:
         api_client_id, view = views[item.purchase_id]
+        seen[item.purchase_id] += 1
         events.append(
             Event(
                 api_client_id=api_client_id or "",
                 purchase_id=item.purchase_id,
-                sequence=next_of[item.purchase_id],
+                sequence=seen[item.purchase_id],  # within this write; numbered on insert
                 type=item.event_type,
                 created_at=item.created_at,
                 data={"purchase": view, **item.change},
             )
         )
-        next_of[item.purchase_id] += 1
-    Event.objects.bulk_create(events)
+    _events_insert_numbered(events, counts)
     for purchase_id, (_client, view) in views.items():
         _same_transaction_views(
             purchase_id, [e.id for e in events if e.purchase_id == purchase_id], view
@@ -243,25 +242,63 @@ def _events_write(pending: list[_Pending]) -> list[Event]:
 
 
 _COUNTER = PurchaseEventCounter._meta.db_table
-_NEXT_SQL = (
+_EVENT = Event._meta.db_table
+# Take `n` numbers of each purchase: the counter's row lock orders concurrent writers of one
+# purchase (they hold the purchase's lock already); rows in id order, so two writers never
+# wait on each other in a cycle. Same text on PostgreSQL and SQLite.
+_TAKE_SQL = (
     f'INSERT INTO "{_COUNTER}" (purchase_id, last) VALUES {{rows}} '
     f'ON CONFLICT (purchase_id) DO UPDATE SET last = "{_COUNTER}".last + excluded.last '
     "RETURNING purchase_id, last"
 )
+_COLUMNS = ("public_id", "api_client_id", "purchase_id", "type", "data", "created_at")
+# PostgreSQL: the numbers taken and the events inserted in one statement. `back` is how far
+# an event is from its purchase's last number taken here.
+_INSERT_NUMBERED_SQL = (
+    f"WITH taken AS ({_TAKE_SQL}) "
+    f'INSERT INTO "{_EVENT}" ({", ".join(_COLUMNS)}, sequence) '
+    f"SELECT {', '.join('v.' + c for c in _COLUMNS)}, taken.last - v.back "
+    "FROM (VALUES {values}) AS "
+    f"v(ord, back, {', '.join(_COLUMNS)}) "
+    "JOIN taken ON taken.purchase_id = v.purchase_id ORDER BY v.ord "
+    "RETURNING id, purchase_id, sequence"
+)
+_VALUE = "(%s::integer, %s::integer, %s, %s, %s, %s, %s::jsonb, %s::timestamptz)"
 
 
-def _last_sequences(counts: dict[str, int]) -> dict[str, int]:
-    """Take `counts[purchase]` sequence numbers of each purchase; the last one taken, per
-    purchase. The row lock the upsert takes orders concurrent writers of one purchase
-    (they hold the purchase's lock already); rows in id order, so two batches never wait
-    on each other in a cycle. Same text on PostgreSQL and SQLite."""
+def _events_insert_numbered(events: list[Event], counts: dict[str, int]) -> None:
+    """Insert `events` (each `sequence` its place, from 1, among its purchase's events
+    here; `counts` how many each purchase has) numbered after their purchase's last event,
+    in their order; each gets its id and sequence number."""
     ids = sorted(counts)
-    rows = ", ".join(["(%s, %s)"] * len(ids))
+    take_params = [value for pid in ids for value in (pid, counts[pid])]
+    take = _TAKE_SQL.format(rows=", ".join(["(%s, %s)"] * len(ids)))
+    if connection.vendor != "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(take, take_params)
+            taken = dict(cursor.fetchall())
+        for event in events:
+            event.sequence = taken[event.purchase_id] - counts[event.purchase_id] + event.sequence
+        Event.objects.bulk_create(events)
+        return
+    fields = [Event._meta.get_field(c) for c in _COLUMNS]
+    params: list = list(take_params)
+    for position, event in enumerate(events):
+        params += [position, counts[event.purchase_id] - event.sequence]
+        params += [f.get_db_prep_save(f.pre_save(event, True), connection) for f in fields]
+    sql = _INSERT_NUMBERED_SQL.replace("{rows}", ", ".join(["(%s, %s)"] * len(ids)))
+    sql = sql.replace("{values}", ", ".join([_VALUE] * len(events)))
     with connection.cursor() as cursor:
-        cursor.execute(
-            _NEXT_SQL.format(rows=rows), [value for pid in ids for value in (pid, counts[pid])]
-        )
-        return dict(cursor.fetchall())
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    last: dict[str, int] = {}
+    numbered: dict[tuple[str, int], int] = {}
+    for pk, pid, sequence in rows:
+        last[pid] = max(last.get(pid, 0), sequence)
+        numbered[(pid, sequence)] = pk
+    for event in events:
+        event.sequence = last[event.purchase_id] - counts[event.purchase_id] + event.sequence
+        event.id = numbered[(event.purchase_id, event.sequence)]
 
 
 # The events this transaction wrote, per purchase: {purchase_id: [event ids]}. Valid while

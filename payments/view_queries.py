@@ -621,8 +621,14 @@ PURCHASE_OF_CLIENT = CompiledRead(
     "\x01verity-client",
 )
 
+# A purchase with its quote by id alone (the view a storefront event carries).
+PURCHASE_BY_ID = CompiledRead(
+    lambda pk: Purchase.objects.select_related("quote").filter(pk=pk)[:1], "\x01verity-purchase"
+)
+
 __all__ += [
     "CompiledRead",
+    "PURCHASE_BY_ID",
     "PURCHASE_OF_CLIENT",
     "execute_prepared",
     "operation_for_view",

@@ -49,6 +49,7 @@ from ..next_action import (  # noqa: F401 (UNKNOWN_MESSAGE: re-exported)
 from ..services.holds import _period_start
 from ..services.holds import client_limits as figures_for
 from ..view_queries import (
+    PURCHASE_BY_ID,
     PURCHASE_OF_CLIENT,
     purchase_disputes,
     purchase_operations_forget,
@@ -183,6 +184,20 @@ def purchase_view_for_client(*, purchase_id: str, api_client: ApiClient) -> dict
     if not found:
         return None
     return _purchase_view_with(PURCHASE_OF_CLIENT.instances_of(found)[0], rows, steps)
+
+
+def purchase_view_by_id(purchase_id: str) -> tuple[Purchase, dict]:
+    """The purchase and its `purchase_view`, the purchase read in the same round trip as
+    the view's other reads. Raises Purchase.DoesNotExist."""
+    found, *rows, steps = read_together(
+        (PURCHASE_BY_ID, (purchase_id,)),
+        *purchase_view_calls(purchase_id),
+        (STEP_STATES, (purchase_id,)),
+    )
+    if not found:
+        raise Purchase.DoesNotExist(purchase_id)
+    purchase = PURCHASE_BY_ID.instances_of(found)[0]
+    return purchase, _purchase_view_with(purchase, rows, steps)
 
 
 def _purchase_view_with(purchase: Purchase, rows: list, steps: list) -> dict:
