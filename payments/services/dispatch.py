@@ -74,6 +74,10 @@ class _HaltedAtClaim(Exception):
     """The operation's workflow is halted: the claim wrote nothing, it stays queued."""
 
 
+class _StepTaken(Exception):
+    """The step's claim row exists already (invariant 2): the claim rolls back whole."""
+
+
 def _claim(
     operation_id: str,
     step: str,
@@ -85,6 +89,28 @@ def _claim(
 ) -> ProviderCall | None:
     """Phase 1. Returns the claimed ProviderCall, or None if someone else owns the step or
     the operation moved on (e.g. the dead-dispatch sweep settled it)."""
+    try:
+        return _claim_in_transaction(
+            operation_id,
+            step,
+            attempt=attempt,
+            from_pending=from_pending,
+            confirm=confirm,
+            purchase_id=purchase_id,
+        )
+    except _StepTaken:
+        return None
+
+
+def _claim_in_transaction(
+    operation_id: str,
+    step: str,
+    *,
+    attempt: int,
+    from_pending: bool,
+    confirm: bool,
+    purchase_id: str,
+) -> ProviderCall | None:
     with transaction.atomic():
         purchase, op = lock_purchase_and_operation(operation_id, purchase_id=purchase_id)
         if from_pending:
@@ -119,17 +145,18 @@ def _claim(
         elif op.outcome != Outcome.DISPATCHING:
             return None
         else:
+            # Nothing is written before this insert (the locks only): a step claimed
+            # already rolls the whole claim back, so the insert needs no savepoint.
             try:
-                with transaction.atomic():
-                    call = ProviderCall.objects.create(
-                        operation=op,
-                        purpose=CallPurpose.DISPATCH,
-                        step=step,
-                        attempt=attempt,
-                        key=op.provider_key(step),
-                    )
-            except IntegrityError:
-                return None  # invariant 2: this step was already claimed
+                call = ProviderCall.objects.create(
+                    operation=op,
+                    purpose=CallPurpose.DISPATCH,
+                    step=step,
+                    attempt=attempt,
+                    key=op.provider_key(step),
+                )
+            except IntegrityError as exc:
+                raise _StepTaken from exc  # invariant 2: this step was already claimed
         if confirm or (from_pending and op.kind == OperationKind.REFUND):
             if not _hold_reserve(op):
                 outcome_apply_locked(
