@@ -35,6 +35,7 @@ from ..locks import (
 )
 from ..models import PaymentOperation, ProviderCall
 from ..providers.base import CallResult, PaymentProvider, payment_provider
+from ..view_queries import operations_for_view
 from .common import (
     _halted,
     _op_to,
@@ -540,7 +541,9 @@ def _dispatch_linked(op: PaymentOperation) -> None:
 
 
 def operation_dispatch(*, operation_id: str) -> PaymentOperation:
-    """Send one operation to the provider, at most once. No transaction may be open."""
+    """Send one operation to the provider, at most once (one that is not pending is left as
+    it is). No transaction may be open. Returns it as the dispatch left it, read for its
+    view (payments.view_queries.operations_for_view)."""
     assert_outside_transaction()
     op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
     if op.outcome == Outcome.PENDING:
@@ -551,7 +554,7 @@ def operation_dispatch(*, operation_id: str) -> PaymentOperation:
                 _dispatch_linked(op)
         except _HaltedAtClaim as halted:
             log.info("dispatch held: workflow %s is halted operation=%s", halted, op.id)
-    return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+    return operations_for_view().get(id=operation_id)
 
 
 def operation_dispatch_or_wait(*, operation_id: str) -> PaymentOperation:
