@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
+from django.db.models import Field
 from django.utils import timezone
 
 from payments.enums import OperationKind, Origin, Outcome, Verification
@@ -263,6 +264,15 @@ _INSERT_NUMBERED_SQL = (
     "JOIN taken ON taken.purchase_id = v.purchase_id ORDER BY v.ord "
     "RETURNING id, purchase_id, sequence"
 )
+
+
+def _column(name: str) -> Field:
+    field = Event._meta.get_field(name)
+    assert isinstance(field, Field)  # a column of the table, never a reverse relation
+    return field
+
+
+_FIELDS = [_column(name) for name in _COLUMNS]
 _VALUE = "(%s::integer, %s::integer, %s, %s, %s, %s, %s::jsonb, %s::timestamptz)"
 
 
@@ -281,11 +291,10 @@ def _events_insert_numbered(events: list[Event], counts: dict[str, int]) -> None
             event.sequence = taken[event.purchase_id] - counts[event.purchase_id] + event.sequence
         Event.objects.bulk_create(events)
         return
-    fields = [Event._meta.get_field(c) for c in _COLUMNS]
     params: list = list(take_params)
     for position, event in enumerate(events):
         params += [position, counts[event.purchase_id] - event.sequence]
-        params += [f.get_db_prep_save(f.pre_save(event, True), connection) for f in fields]
+        params += [f.get_db_prep_save(f.pre_save(event, True), connection) for f in _FIELDS]
     sql = _INSERT_NUMBERED_SQL.replace("{rows}", ", ".join(["(%s, %s)"] * len(ids)))
     sql = sql.replace("{values}", ", ".join([_VALUE] * len(events)))
     with connection.cursor() as cursor:

@@ -554,7 +554,8 @@ def operation_dispatch(*, operation_id: str) -> PaymentOperation:
                 _dispatch_linked(op)
         except _HaltedAtClaim as halted:
             log.info("dispatch held: workflow %s is halted operation=%s", halted, op.id)
-    return operations_for_view().get(id=operation_id)
+    dispatched: PaymentOperation = operations_for_view().get(id=operation_id)
+    return dispatched
 
 
 def operation_dispatch_or_wait(*, operation_id: str) -> PaymentOperation:
