@@ -50,7 +50,7 @@ from .enums import PAYMENT_KINDS, Outcome, RetryAdvice
 from .errors import DomainError, ErrorCode
 from .locks import assert_outside_transaction
 from .models import ApiClient, IdempotencyRecord, PaymentOperation
-from .view_queries import CompiledRead, operations_for_view
+from .view_queries import CompiledRead, operation_for_view, operations_for_view
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
@@ -473,7 +473,7 @@ def keyed_effect(
             if answer is None and made.operation_id:
                 # Read once as the send left it: the status stored on the key and the
                 # face's operation view both come from this row.
-                sent = operations_for_view().get(pk=made.operation_id)
+                sent = operation_for_view(made.operation_id)
         elif dispatch:
             dispatched = dispatch_when_pending(made.operation_id)
             if answer is None:

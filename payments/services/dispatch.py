@@ -35,7 +35,7 @@ from ..locks import (
 )
 from ..models import PaymentOperation, ProviderCall
 from ..providers.base import CallResult, PaymentProvider, payment_provider
-from ..view_queries import operations_for_view
+from ..view_queries import operation_for_view
 from .common import (
     _halted,
     _op_to,
@@ -554,7 +554,9 @@ def operation_dispatch(*, operation_id: str) -> PaymentOperation:
                 _dispatch_linked(op)
         except _HaltedAtClaim as halted:
             log.info("dispatch held: workflow %s is halted operation=%s", halted, op.id)
-    dispatched: PaymentOperation = operations_for_view().get(id=operation_id)
+    dispatched = operation_for_view(operation_id)
+    if dispatched is None:
+        raise PaymentOperation.DoesNotExist(operation_id)
     return dispatched
 
 
