@@ -10,14 +10,13 @@ class EventsConfig(AppConfig):
         # surface, docs/design-notes.md); the leaf that writes events takes it by
         # registration, as the relay takes its handlers, so the core never imports an
         # interface.
-        from payments.api.presenters import purchase_view
-        from payments.models import Purchase
+        from payments.api.presenters import purchase_view_by_id
 
         from . import delivery  # noqa: F401 (registers the fan-out handler)
         from .record import event_view_register
 
         def view(purchase_id: str) -> tuple[str, dict]:
-            purchase = Purchase.objects.get(pk=purchase_id)
-            return purchase.api_client_id or "", purchase_view(purchase)
+            purchase, view = purchase_view_by_id(purchase_id)
+            return purchase.api_client_id or "", view
 
         event_view_register(view)

@@ -80,8 +80,9 @@ class Event(models.Model):
 
 
 class PurchaseEventCounter(models.Model):
-    """The last sequence number given to a purchase's events: one upsert per event
-    (`INSERT … ON CONFLICT DO UPDATE … RETURNING`), never a read-then-write."""
+    """The last sequence number given to a purchase's events: one upsert per write of a
+    transaction's events (`INSERT … ON CONFLICT DO UPDATE … RETURNING`), never a
+    read-then-write."""
 
     purchase_id = models.CharField(max_length=40, primary_key=True)
     last = models.PositiveIntegerField(default=0)

@@ -7,15 +7,25 @@ gets the purchase's next sequence number (an upsert, never read-then-write) and 
 purchase view as its transaction leaves it, built by the presenter that events.apps
 registers (the API's own). Its delivery starts from an outbox row written in
 the same transaction (category EVENT_FANOUT, events.delivery).
+
+Inside `event_batch()` (a service's whole change, in its transaction) the events are
+collected and written when the block ends: the view built once per purchase, the
+sequence numbers taken in one upsert, the rows inserted in one statement. What is written
+is what one-by-one recording writes: every event of a purchase in one transaction carries
+the view that transaction leaves, and the sequence numbers follow the recording order.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import connection
+from django.db.models import Field
 from django.utils import timezone
 
 from payments.enums import OperationKind, Origin, Outcome, Verification
@@ -149,42 +159,155 @@ def event_record_transition(
     )
 
 
-def event_record(*, purchase_id: str, event_type: str, change: dict) -> Event:
-    """Write one event and its fan-out message (caller's transaction)."""
+def event_record(*, purchase_id: str, event_type: str, change: dict) -> Event | None:
+    """Write one event and its fan-out message (caller's transaction); inside
+    `event_batch()`, collect it for the block's end (and return None)."""
     assert connection.in_atomic_block, "an event is written in its change's transaction"
+    pending = _Pending(purchase_id, str(event_type), change, timezone.now())
+    batch = getattr(_BATCH, "pending", None)
+    if batch is not None:
+        batch.append(pending)
+        return None
+    return _events_write([pending])[0]
+
+
+@dataclass(frozen=True)
+class _Pending:
+    purchase_id: str
+    event_type: str
+    change: dict
+    created_at: datetime
+
+
+_BATCH = threading.local()
+
+
+@contextmanager
+def event_batch() -> Iterator[None]:
+    """Inside the caller's transaction: events recorded in the block are written when it
+    ends (discarded if it raises, as the transaction is). Enter it inside the outbox's
+    batch (recovery.outbox.outbox_batch) so the fan-out messages join that one insert."""
+    if getattr(_BATCH, "pending", None) is not None:
+        yield  # already collecting: the outer block writes
+        return
+    _BATCH.pending = []
+    try:
+        yield
+        pending = _BATCH.pending
+        _BATCH.pending = None
+        if pending:
+            _events_write(pending)
+    finally:
+        _BATCH.pending = None
+
+
+def _events_write(pending: list[_Pending]) -> list[Event]:
+    """The events of `pending`, in their order: each purchase's view built once, as the
+    transaction leaves it, and its sequence numbers taken in recording order."""
     builder = _VIEW[0]
-    api_client_id, view = builder(purchase_id) if builder is not None else ("", {"id": purchase_id})
-    event = Event.objects.create(
-        api_client_id=api_client_id or "",
-        purchase_id=purchase_id,
-        sequence=_next_sequence(purchase_id),
-        type=event_type,
-        created_at=timezone.now(),
-        data={"purchase": view, **change},
-    )
-    _same_transaction_views(purchase_id, event.id, view)
-    outbox_put(
-        category=OutboxCategory.EVENT_FANOUT,
-        payload={"event": event.id},
-        dedupe_key=f"event:{event.id}",
-    )
-    return event
+    views: dict[str, tuple[str, dict]] = {}
+    counts: dict[str, int] = {}
+    for item in pending:
+        counts[item.purchase_id] = counts.get(item.purchase_id, 0) + 1
+        if item.purchase_id not in views:
+            views[item.purchase_id] = (
+                builder(item.purchase_id) if builder is not None else ("", {"id": item.purchase_id})
+            )
+    events: list[Event] = []
+    seen = dict.fromkeys(counts, 0)
+    for item in pending:
+        api_client_id, view = views[item.purchase_id]
+        seen[item.purchase_id] += 1
+        events.append(
+            Event(
+                api_client_id=api_client_id or "",
+                purchase_id=item.purchase_id,
+                sequence=seen[item.purchase_id],  # within this write; numbered on insert
+                type=item.event_type,
+                created_at=item.created_at,
+                data={"purchase": view, **item.change},
+            )
+        )
+    _events_insert_numbered(events, counts)
+    for purchase_id, (_client, view) in views.items():
+        _same_transaction_views(
+            purchase_id, [e.id for e in events if e.purchase_id == purchase_id], view
+        )
+    for event in events:
+        outbox_put(
+            category=OutboxCategory.EVENT_FANOUT,
+            payload={"event": event.id},
+            dedupe_key=f"event:{event.id}",
+        )
+    return events
 
 
 _COUNTER = PurchaseEventCounter._meta.db_table
-_NEXT_SQL = (
-    f'INSERT INTO "{_COUNTER}" (purchase_id, last) VALUES (%s, 1) '
-    f'ON CONFLICT (purchase_id) DO UPDATE SET last = "{_COUNTER}".last + 1 '
-    "RETURNING last"
+_EVENT = Event._meta.db_table
+# Take `n` numbers of each purchase: the counter's row lock orders concurrent writers of one
+# purchase (they hold the purchase's lock already); rows in id order, so two writers never
+# wait on each other in a cycle. Same text on PostgreSQL and SQLite.
+_TAKE_SQL = (
+    f'INSERT INTO "{_COUNTER}" (purchase_id, last) VALUES {{rows}} '
+    f'ON CONFLICT (purchase_id) DO UPDATE SET last = "{_COUNTER}".last + excluded.last '
+    "RETURNING purchase_id, last"
+)
+_COLUMNS = ("public_id", "api_client_id", "purchase_id", "type", "data", "created_at")
+# PostgreSQL: the numbers taken and the events inserted in one statement. `back` is how far
+# an event is from its purchase's last number taken here.
+_INSERT_NUMBERED_SQL = (
+    f"WITH taken AS ({_TAKE_SQL}) "
+    f'INSERT INTO "{_EVENT}" ({", ".join(_COLUMNS)}, sequence) '
+    f"SELECT {', '.join('v.' + c for c in _COLUMNS)}, taken.last - v.back "
+    "FROM (VALUES {values}) AS "
+    f"v(ord, back, {', '.join(_COLUMNS)}) "
+    "JOIN taken ON taken.purchase_id = v.purchase_id ORDER BY v.ord "
+    "RETURNING id, purchase_id, sequence"
 )
 
 
-def _next_sequence(purchase_id: str) -> int:
-    # The row lock the upsert takes orders concurrent writers of one purchase (they hold
-    # the purchase's lock already); same text on PostgreSQL and SQLite.
+def _column(name: str) -> Field:
+    field = Event._meta.get_field(name)
+    assert isinstance(field, Field)  # a column of the table, never a reverse relation
+    return field
+
+
+_FIELDS = [_column(name) for name in _COLUMNS]
+_VALUE = "(%s::integer, %s::integer, %s, %s, %s, %s, %s::jsonb, %s::timestamptz)"
+
+
+def _events_insert_numbered(events: list[Event], counts: dict[str, int]) -> None:
+    """Insert `events` (each `sequence` its place, from 1, among its purchase's events
+    here; `counts` how many each purchase has) numbered after their purchase's last event,
+    in their order; each gets its id and sequence number."""
+    ids = sorted(counts)
+    take_params = [value for pid in ids for value in (pid, counts[pid])]
+    take = _TAKE_SQL.format(rows=", ".join(["(%s, %s)"] * len(ids)))
+    if connection.vendor != "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(take, take_params)
+            taken = dict(cursor.fetchall())
+        for event in events:
+            event.sequence = taken[event.purchase_id] - counts[event.purchase_id] + event.sequence
+        Event.objects.bulk_create(events)
+        return
+    params: list = list(take_params)
+    for position, event in enumerate(events):
+        params += [position, counts[event.purchase_id] - event.sequence]
+        params += [f.get_db_prep_save(f.pre_save(event, True), connection) for f in _FIELDS]
+    sql = _INSERT_NUMBERED_SQL.replace("{rows}", ", ".join(["(%s, %s)"] * len(ids)))
+    sql = sql.replace("{values}", ", ".join([_VALUE] * len(events)))
     with connection.cursor() as cursor:
-        cursor.execute(_NEXT_SQL, [purchase_id])
-        return cursor.fetchone()[0]
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    last: dict[str, int] = {}
+    numbered: dict[tuple[str, int], int] = {}
+    for pk, pid, sequence in rows:
+        last[pid] = max(last.get(pid, 0), sequence)
+        numbered[(pid, sequence)] = pk
+    for event in events:
+        event.sequence = last[event.purchase_id] - counts[event.purchase_id] + event.sequence
+        event.id = numbered[(event.purchase_id, event.sequence)]
 
 
 # The events this transaction wrote, per purchase: {purchase_id: [event ids]}. Valid while
@@ -207,7 +330,7 @@ def _written_in_this_transaction() -> dict[str, list[int]]:
     return _WRITTEN.ids
 
 
-def _same_transaction_views(purchase_id: str, event_id: int, view: dict) -> None:
+def _same_transaction_views(purchase_id: str, event_ids: list[int], view: dict) -> None:
     """Every event a transaction writes about one purchase carries the view that
     transaction leaves: an operation's outcome is saved before the purchase status that
     follows from it, and a `payment.failed` whose view still said `payment_pending` would
@@ -229,4 +352,4 @@ def _same_transaction_views(purchase_id: str, event_id: int, view: dict) -> None
             )
         with connection.cursor() as cursor:
             cursor.execute(sql, [json.dumps(view), *earlier])
-    earlier.append(event_id)
+    earlier.extend(event_ids)

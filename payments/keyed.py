@@ -50,7 +50,7 @@ from .enums import PAYMENT_KINDS, Outcome, RetryAdvice
 from .errors import DomainError, ErrorCode
 from .locks import assert_outside_transaction
 from .models import ApiClient, IdempotencyRecord, PaymentOperation
-from .view_queries import CompiledRead, operations_for_view
+from .view_queries import CompiledRead, operation_for_view, operations_for_view
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
@@ -353,17 +353,17 @@ def operation_of(resource_type: str, resource_id: str) -> str | None:
     return resource_id if resource_type == "operation" else None
 
 
-def dispatch_when_pending(operation_id: str | None) -> None:
-    """Ladder step 6: send a pending operation (claim-guarded: never sent twice). No
-    transaction may be open (the provider call)."""
+def dispatch_when_pending(operation_id: str | None) -> PaymentOperation | None:
+    """Ladder step 6: send a pending operation (claim-guarded: never sent twice; one that
+    is not pending is left as it is). No transaction may be open (the provider call).
+    Returns the operation as the dispatch left it, read for its view
+    (payments.view_queries.operations_for_view)."""
     if not operation_id:
-        return
+        return None
     assert_outside_transaction()
-    outcome = PaymentOperation.objects.values_list("outcome", flat=True).get(pk=operation_id)
-    if outcome == Outcome.PENDING:
-        from .services import operation_dispatch  # services sit beside this module
+    from .services import operation_dispatch  # services sit beside this module
 
-        operation_dispatch(operation_id=operation_id)
+    return operation_dispatch(operation_id=operation_id)
 
 
 def effect_status(
@@ -442,9 +442,16 @@ def keyed_effect(
         if claim.taken_over and claim.resource_id:
             kind, ident = claim.record.resource_type, claim.resource_id
             op_id = operation_for(kind, ident)
-            if dispatch:
-                dispatch_when_pending(op_id)
-            return finish(Keyed(kind, ident, resumed=True, operation_id=op_id))
+            dispatched = dispatch_when_pending(op_id) if dispatch else None
+            return finish(
+                Keyed(
+                    kind,
+                    ident,
+                    resumed=True,
+                    operation_id=op_id,
+                    operation=dispatched if answer is None else None,
+                )
+            )
         if verify is not None:
             assert_outside_transaction()
             verify()
@@ -466,9 +473,11 @@ def keyed_effect(
             if answer is None and made.operation_id:
                 # Read once as the send left it: the status stored on the key and the
                 # face's operation view both come from this row.
-                sent = operations_for_view().get(pk=made.operation_id)
+                sent = operation_for_view(made.operation_id)
         elif dispatch:
-            dispatch_when_pending(made.operation_id)
+            dispatched = dispatch_when_pending(made.operation_id)
+            if answer is None:
+                sent = dispatched
         return finish(
             Keyed(
                 made.resource_type,

@@ -49,11 +49,13 @@ from ..next_action import (  # noqa: F401 (UNKNOWN_MESSAGE: re-exported)
 from ..services.holds import _period_start
 from ..services.holds import client_limits as figures_for
 from ..view_queries import (
+    PURCHASE_BY_ID,
     PURCHASE_OF_CLIENT,
     purchase_disputes,
     purchase_operations_forget,
     purchase_operations_loaded,
     purchase_order_reference,
+    purchase_order_rows,
     purchase_view_calls,
     purchase_view_keep,
     read_together,
@@ -175,14 +177,32 @@ def purchase_view_for_client(*, purchase_id: str, api_client: ApiClient) -> dict
     """`purchase_view` of the client's purchase (payments.selectors.purchase_get_for_client),
     or None when it is not the client's: the purchase read in the same round trip as the
     view's other reads (those are dropped unread when there is no purchase)."""
-    found, *rows, steps = read_together(
-        (PURCHASE_OF_CLIENT, (purchase_id, api_client.pk)),
-        *purchase_view_calls(purchase_id),
+    found = _purchase_and_view(PURCHASE_OF_CLIENT, (purchase_id, api_client.pk), purchase_id)
+    return found[1] if found is not None else None
+
+
+def purchase_view_by_id(purchase_id: str) -> tuple[Purchase, dict]:
+    """The purchase and its `purchase_view`, the purchase read in the same round trip as
+    the view's other reads. Raises Purchase.DoesNotExist."""
+    found = _purchase_and_view(PURCHASE_BY_ID, (purchase_id,), purchase_id)
+    if found is None:
+        raise Purchase.DoesNotExist(purchase_id)
+    return found
+
+
+def _purchase_and_view(read, values: tuple, purchase_id: str) -> tuple[Purchase, dict] | None:
+    """The purchase `read` finds (with its quote and order reference) and its view, in one
+    round trip; None when there is none (the other reads are dropped unread)."""
+    found, ops_rows, dispute_rows, steps = read_together(
+        (read, values),
+        *purchase_view_calls(purchase_id, order_reference=False),
         (STEP_STATES, (purchase_id,)),
     )
     if not found:
         return None
-    return _purchase_view_with(PURCHASE_OF_CLIENT.instances_of(found)[0], rows, steps)
+    purchase = read.instances_of(found)[0]
+    rows = [ops_rows, purchase_order_rows(purchase), dispute_rows]
+    return purchase, _purchase_view_with(purchase, rows, steps)
 
 
 def _purchase_view_with(purchase: Purchase, rows: list, steps: list) -> dict:

@@ -17,10 +17,10 @@ from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from audit.services import audit_write
-from events.record import event_record_transition
+from events.record import event_batch, event_record_transition
 from recovery.halts import is_halted
 from recovery.models import OutboxCategory
-from recovery.outbox import outbox_put
+from recovery.outbox import outbox_batch, outbox_put
 
 from ..enums import (
     DISPUTE_FUNDS_WITH_BANK_STATUSES,
@@ -92,6 +92,16 @@ def history_batch() -> Iterator[None]:
             OperationTransition.objects.bulk_create(rows)
     finally:
         _HISTORY_BATCH.rows = None
+
+
+@contextmanager
+def change_batch() -> Iterator[None]:
+    """Inside the caller's transaction, around one service's whole change: its history
+    rows, outbox messages and storefront events are each written in one go when the block
+    ends (discarded if it raises, as the transaction is). The events are written first,
+    with the view the change leaves, and their fan-out messages join the outbox's insert."""
+    with history_batch(), outbox_batch(), event_batch():
+        yield
 
 
 def transition_record(

@@ -35,6 +35,7 @@ from ..locks import (
 )
 from ..models import PaymentOperation, ProviderCall
 from ..providers.base import CallResult, PaymentProvider, payment_provider
+from ..view_queries import operation_for_view
 from .common import (
     _halted,
     _op_to,
@@ -74,6 +75,10 @@ class _HaltedAtClaim(Exception):
     """The operation's workflow is halted: the claim wrote nothing, it stays queued."""
 
 
+class _StepTaken(Exception):
+    """The step's claim row exists already (invariant 2): the claim rolls back whole."""
+
+
 def _claim(
     operation_id: str,
     step: str,
@@ -85,6 +90,28 @@ def _claim(
 ) -> ProviderCall | None:
     """Phase 1. Returns the claimed ProviderCall, or None if someone else owns the step or
     the operation moved on (e.g. the dead-dispatch sweep settled it)."""
+    try:
+        return _claim_in_transaction(
+            operation_id,
+            step,
+            attempt=attempt,
+            from_pending=from_pending,
+            confirm=confirm,
+            purchase_id=purchase_id,
+        )
+    except _StepTaken:
+        return None
+
+
+def _claim_in_transaction(
+    operation_id: str,
+    step: str,
+    *,
+    attempt: int,
+    from_pending: bool,
+    confirm: bool,
+    purchase_id: str,
+) -> ProviderCall | None:
     with transaction.atomic():
         purchase, op = lock_purchase_and_operation(operation_id, purchase_id=purchase_id)
         if from_pending:
@@ -119,17 +146,18 @@ def _claim(
         elif op.outcome != Outcome.DISPATCHING:
             return None
         else:
+            # Nothing is written before this insert (the locks only): a step claimed
+            # already rolls the whole claim back, so the insert needs no savepoint.
             try:
-                with transaction.atomic():
-                    call = ProviderCall.objects.create(
-                        operation=op,
-                        purpose=CallPurpose.DISPATCH,
-                        step=step,
-                        attempt=attempt,
-                        key=op.provider_key(step),
-                    )
-            except IntegrityError:
-                return None  # invariant 2: this step was already claimed
+                call = ProviderCall.objects.create(
+                    operation=op,
+                    purpose=CallPurpose.DISPATCH,
+                    step=step,
+                    attempt=attempt,
+                    key=op.provider_key(step),
+                )
+            except IntegrityError as exc:
+                raise _StepTaken from exc  # invariant 2: this step was already claimed
         if confirm or (from_pending and op.kind == OperationKind.REFUND):
             if not _hold_reserve(op):
                 outcome_apply_locked(
@@ -513,7 +541,9 @@ def _dispatch_linked(op: PaymentOperation) -> None:
 
 
 def operation_dispatch(*, operation_id: str) -> PaymentOperation:
-    """Send one operation to the provider, at most once. No transaction may be open."""
+    """Send one operation to the provider, at most once (one that is not pending is left as
+    it is). No transaction may be open. Returns it as the dispatch left it, read for its
+    view (payments.view_queries.operations_for_view)."""
     assert_outside_transaction()
     op = PaymentOperation.objects.select_related("purchase", "parent").get(id=operation_id)
     if op.outcome == Outcome.PENDING:
@@ -524,7 +554,10 @@ def operation_dispatch(*, operation_id: str) -> PaymentOperation:
                 _dispatch_linked(op)
         except _HaltedAtClaim as halted:
             log.info("dispatch held: workflow %s is halted operation=%s", halted, op.id)
-    return PaymentOperation.objects.select_related("purchase").get(id=operation_id)
+    dispatched = operation_for_view(operation_id)
+    if dispatched is None:
+        raise PaymentOperation.DoesNotExist(operation_id)
+    return dispatched
 
 
 def operation_dispatch_or_wait(*, operation_id: str) -> PaymentOperation:

@@ -17,7 +17,6 @@ from recovery.models import OutboxCategory
 from recovery.outbox import (
     dispatch_put,
     operation_settled_put,
-    outbox_batch,
     outbox_put,
     reconcile_put,
     run_steps_put,
@@ -44,7 +43,7 @@ from .common import (
     _dispatch_backstop,
     _op_to,
     _purchase_to,
-    history_batch,
+    change_batch,
     log,
     payment_refund_room,
     provider_for,
@@ -691,7 +690,7 @@ def operation_apply_observation(
     `purchase_id`: the operation's purchase, when the caller knows it (saves a read).
     Its history rows and its outbox rows are each written in one statement at the end of
     the transaction, as the reconcile sweep writes the same apply's."""
-    with transaction.atomic(), history_batch(), outbox_batch():
+    with transaction.atomic(), change_batch():
         purchase, op = lock_purchase_and_operation(operation_id, purchase_id=purchase_id)
         return _apply_observation_locked(purchase, op, obj, source=source, cause=cause, actor=actor)
 

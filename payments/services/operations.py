@@ -15,7 +15,6 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from recovery.models import Order, StepRun, StepState
-from recovery.outbox import outbox_batch
 
 from ..customers import PAYMENT_METHOD_TOKEN
 from ..enums import (
@@ -49,7 +48,7 @@ from .common import (
     _lock_or_404,
     _op_to,
     _purchase_to,
-    history_batch,
+    change_batch,
     operation_audit_write,
     payment_captured,
     payment_refund_room,
@@ -483,7 +482,7 @@ def payment_create(
         # Called outside a transaction: read the original back here (callers that bind an
         # idempotency key in their transaction call operations_verify_before_follow_up first).
         operations_verify_before_follow_up(purchase_id=purchase_id)
-    with transaction.atomic(), history_batch(), outbox_batch():
+    with transaction.atomic(), change_batch():
         purchase = _payment_purchase_locked(
             purchase_id=purchase_id,
             api_client=api_client,
@@ -539,7 +538,7 @@ def payment_create_claimed(
         capture_method=capture_method,
         rail=rail,
     )
-    with history_batch(), outbox_batch():
+    with change_batch():
         purchase = _payment_purchase_locked(
             purchase_id=purchase_id,
             api_client=api_client,

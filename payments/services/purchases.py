@@ -224,7 +224,9 @@ def purchase_open(
     reference = _customer_reference_valid(customer_reference)
     email = _customer_email_valid(customer_email)
     key = customer_key(reference)
-    with transaction.atomic():
+    # No savepoint inside a caller's transaction (a keyed request's): nothing catches a
+    # refusal in between, it rolls back the caller's whole transaction.
+    with transaction.atomic(savepoint=False):
         quote = _quote_locked(quote_id, api_client=api_client)
         # Under the quote's row lock: the purchase this quote already backs is this call's
         # purchase, whatever its customer fields say (the unique constraint backs it up).

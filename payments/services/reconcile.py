@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from recovery.outbox import outbox_batch, reconcile_put
+from recovery.outbox import reconcile_put
 
 from ..enums import (
     PAYMENT_KINDS,
@@ -45,7 +45,7 @@ from .common import (
     _halted,
     _lock_or_404,
     _record_call,
-    history_batch,
+    change_batch,
     log,
     operation_audit_write,
     operation_workflow,
@@ -450,7 +450,7 @@ def operations_reconcile_apply(
     if batched:
         objects = {op.id: obj for op, obj in batched}
         try:
-            with transaction.atomic(), history_batch(), outbox_batch():
+            with transaction.atomic(), change_batch():
                 for purchase, locked in lock_purchases_and_operations(
                     [(op.id, op.purchase_id) for op, _ in batched]
                 ):

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from ..enums import OperationKind
 from ..keyed import Created, Keyed, KeyedRequest, keyed_effect
 from ..models import ApiClient, PaymentOperation, ProviderCall, Purchase, PurchaseChannel
+from .common import change_batch
 from .dispatch import payment_send_claimed
 from .operations import (
     capture_create,
@@ -118,7 +119,36 @@ def checkout_complete(
     again — apply across sessions as across REST purchases; `on_purchase(id)` lets the
     session record it), then its payment. A retry (`retry_of`, a session whose payment
     failed) asks the duplicate guard again in payment_create. Returns the payment and,
-    when it was created claimed for its one send, that send (`Created.send`)."""
+    when it was created claimed for its one send, that send (`Created.send`).
+
+    One change batch around both (payments.services.common.change_batch): the purchase's
+    first transition and the payment's are one history insert, and their storefront
+    events carry the view this transaction leaves, built once. A refusal of either raises
+    out of the caller's transaction, which rolls back whole."""
+    with change_batch():
+        return _checkout_complete_batched(
+            api_client=api_client,
+            purchase_id=purchase_id,
+            quote_id=quote_id,
+            quote_version=quote_version,
+            email=email,
+            token=token,
+            retry_of=retry_of,
+            on_purchase=on_purchase,
+        )
+
+
+def _checkout_complete_batched(
+    *,
+    api_client: ApiClient,
+    purchase_id: str | None,
+    quote_id: str,
+    quote_version: int,
+    email: str,
+    token: str,
+    retry_of: str | None,
+    on_purchase: Callable[[str], None],
+) -> tuple[PaymentOperation, Callable[[], None] | None]:
     if purchase_id is None:
         purchase = purchase_open(
             api_client=api_client,

@@ -1,9 +1,9 @@
 """Every raw SQL statement Verity runs also works on the embedded default (SQLite, as
-`make run` uses it): the duplicate-safe webhook insert, the idempotency-key claim and the
-halt insert are each one `INSERT … ON CONFLICT DO NOTHING RETURNING`, which PostgreSQL
-(the rest of the suite) and SQLite >= 3.35 both parse. The suite's database is
-PostgreSQL, so this runs Verity's own services in a subprocess on a fresh SQLite file
-under a temporary var/ (the same settings `make run` reads)."""
+`make run` uses it): the duplicate-safe webhook insert, the idempotency-key claim, the
+storefront events' numbering and the halt insert are each one `INSERT … ON CONFLICT …
+RETURNING`, which PostgreSQL (the rest of the suite) and SQLite >= 3.35 both parse. The
+suite's database is PostgreSQL, so this runs Verity's own services in a subprocess on a
+fresh SQLite file under a temporary var/ (the same settings `make run` reads)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,30 @@ except Problem as exc:
 else:
     raise AssertionError("a second claim of an in-flight key was not refused")
 assert IdempotencyRecord.objects.filter(lease_until__gt=timezone.now()).count() == 1
+# storefront events: numbered by the counter's upsert, one by one (the purchase's
+# creation) and a change's batch (two more, written together with one view)
+from django.db import transaction
+from events.models import Event, EventType
+from events.record import event_batch, event_record
+from payments import services
+from payments.models import Product
+from recovery.outbox import outbox_batch
+Product.objects.create(sku="SQLITE-1", name="Lamp", price=1250, currency="usd", stock=5)
+quote = services.quote_create(api_client=client, items=[{"sku": "SQLITE-1", "quantity": 1}],
+                              currency="usd")
+purchase = services.purchase_create(api_client=client, quote_id=quote.id,
+                                    quote_version=quote.version, customer_reference="c-1")
+with transaction.atomic(), outbox_batch(), event_batch():
+    for n in (1, 2):
+        event_record(purchase_id=purchase.id, event_type=EventType.PURCHASE_STATUS_CHANGED,
+                     change={"n": n})
+written = list(Event.objects.filter(purchase_id=purchase.id).order_by("id"))
+assert [(e.sequence, e.data.get("n")) for e in written] == [(1, None), (2, 1), (3, 2)], [
+    (e.sequence, e.data) for e in written]
+assert written[1].data["purchase"] == written[2].data["purchase"]
+assert written[2].data["purchase"]["id"] == purchase.id
+for e in written:
+    assert OutboxMessage.objects.filter(dedupe_key=f"event:{e.id}").count() == 1, e.id
 # the halt insert: set once, setting again is a no-op
 halt_set(name="checkout", reason="sqlite check", actor="test")
 halt_set(name="checkout", reason="sqlite check", actor="test")
