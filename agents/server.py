@@ -30,10 +30,10 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import ConfigDict, Field, ValidationError
 
 from payments.customers import CARD_NUMBER_LIKE
-from payments.enums import CallStep, Rail
+from payments.enums import Rail
 from payments.models import ApiClient, PaymentOperation
 from payments.providers.stripe import DrillMode, StripeProvider
-from payments.services import provider_for_rail
+from payments.services import payment_money_step, provider_for_rail
 
 from . import tools
 from .tools import AgentResult, QuoteItem
@@ -134,7 +134,10 @@ class _ConfirmDrill:
             self._spent = True
         provider = provider_for_rail(Rail.STRIPE)
         assert isinstance(provider, StripeProvider)  # __init__ refused any other
-        provider.arm_drill(key_prefix=op.idempotency_key, step=CallStep.CONFIRM, mode=self.mode)
+        # The step that can move money: `pay` where the provider dedupes keys (one call).
+        provider.arm_drill(
+            key_prefix=op.idempotency_key, step=payment_money_step(op), mode=self.mode
+        )
 
 
 def drill_from_env() -> _ConfirmDrill | None:

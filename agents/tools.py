@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -791,6 +792,9 @@ def create_purchase(
     )
 
 
+_ALREADY_PAID_NOTE = "This purchase already has a payment; no new payment was made."
+
+
 def pay_purchase(
     *,
     api_client: ApiClient,
@@ -798,7 +802,16 @@ def pay_purchase(
     payment_method: str,
     before_dispatch: Callable[[PaymentOperation], None] | None = None,
 ) -> AgentResult:
-    """The purchase's one payment. Never creates a second payment operation."""
+    """The purchase's one payment. Never creates a second payment operation.
+
+    A new payment takes the REST payment's keyed request (payments.services.requests):
+    where the provider dedupes keys, the operation is created already claimed for its one
+    send, in the transaction that binds the key, and sent right after commit.
+    `before_dispatch(op)` runs in that transaction, before any send (a test-mode fault
+    drill). What makes a second call the same payment is the purchase's one-payment rule,
+    decided under the purchase's lock, not the key: each call has a key of its own, so
+    concurrent calls wait for that lock (and answer with the payment the first made)
+    rather than for one another's key."""
     if CARD_NUMBER_LIKE.search(payment_method or ""):
         return argument_refusal("pay_purchase", ["payment_method"], card_data=True)
     purchase = selectors.purchase_get_for_client(purchase_id=purchase_id, api_client=api_client)
@@ -809,14 +822,20 @@ def pay_purchase(
         # The same logical operation: answer with its current state (resuming a payment
         # whose first call died before the provider call; dispatch is claim-guarded).
         _dispatch_if_pending(existing.id)
-        return operation_result(
-            existing,
-            replayed=True,
-            note="This purchase already has a payment; no new payment was made.",
-        )
+        return operation_result(existing, replayed=True, note=_ALREADY_PAID_NOTE)
+    request = KeyedRequest(
+        api_client=api_client,
+        route="mcp.pay_purchase",
+        key=logical_key("pay", purchase.id, uuid.uuid4().hex),
+        path="mcp:mcp.pay_purchase",
+        body={},
+    )
     try:
-        op = services.payment_create(
-            purchase_id=purchase.id, api_client=api_client, payment_method=payment_method
+        keyed = payment_request(
+            request,
+            purchase_id=purchase.id,
+            payment_method=payment_method,
+            before_send=before_dispatch,
         )
     except DomainError as exc:
         if exc.code in ("payment_unresolved", "already_paid"):
@@ -824,11 +843,7 @@ def pay_purchase(
             # index refused the insert): that call's operation is this call's operation.
             racing = _latest_payment(purchase)
             if racing is not None:
-                return operation_result(
-                    racing,
-                    replayed=True,
-                    note="This purchase already has a payment; no new payment was made.",
-                )
+                return operation_result(racing, replayed=True, note=_ALREADY_PAID_NOTE)
         return _domain_refusal(
             exc,
             api_client,
@@ -836,10 +851,7 @@ def pay_purchase(
                 "pay_purchase", purchase_id=purchase.id, payment_method=payment_method
             ),
         )
-    if before_dispatch is not None:
-        before_dispatch(op)
-    _dispatch_if_pending(op.id)
-    return operation_result(op)
+    return operation_result(keyed.operation or _load_op(keyed.resource_id))
 
 
 def get_purchase(*, api_client: ApiClient, purchase_id: str) -> AgentResult:

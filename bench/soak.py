@@ -1113,6 +1113,61 @@ def _busy(timezone, timedelta) -> int:
     )
 
 
+def fulfilment_rows(started_wall) -> tuple[list, dict[str, list[float]]]:
+    """Every paid purchase's paid / fulfilling / completed times (s since `started_wall`,
+    the run's start on the wall clock) from its rows — `paid_at` and the first status
+    transitions into `fulfilling` and `completed` — and each step's run times (s), for
+    bench.soak_report.paid_to_completed."""
+    from django.db.models import Min, OuterRef, Subquery
+
+    from bench.soak_report import Fulfilment
+    from payments.models import OperationTransition, Purchase
+    from recovery.models import StepRun, StepState
+
+    def entered(status: str):
+        return Subquery(
+            OperationTransition.objects.filter(
+                purchase_id=OuterRef("pk"), field="status", operation__isnull=True, target=status
+            )
+            .values("purchase_id")
+            .annotate(at=Min("created_at"))
+            .values("at")
+        )
+
+    def since(at):
+        return None if at is None else (at - started_wall).total_seconds()
+
+    rows = [
+        Fulfilment(since(paid), since(fulfilling), since(completed), status)
+        for paid, fulfilling, completed, status in Purchase.objects.filter(paid_at__isnull=False)
+        .annotate(fulfilling=entered("fulfilling"), completed=entered("completed"))
+        .values_list("paid_at", "fulfilling", "completed", "status")
+    ]
+    steps: dict[str, list[float]] = {}
+    for step, start, end in (
+        StepRun.objects.filter(state=StepState.DONE, started_at__isnull=False)
+        .exclude(completed_at__isnull=True)
+        .order_by("id")
+        .values_list("step", "started_at", "completed_at")
+    ):
+        steps.setdefault(step, []).append((end - start).total_seconds())
+    return rows, steps
+
+
+def payment_steps() -> dict[str, int]:
+    """Provider write calls by step (`pay`: one round trip; `create`, `confirm`: two)."""
+    from django.db.models import Count
+
+    from payments.models import ProviderCall
+
+    return dict(
+        ProviderCall.objects.filter(purpose="dispatch")
+        .values_list("step")
+        .annotate(n=Count("id"))
+        .order_by("step")
+    )
+
+
 def x402_available() -> bool:
     """Node/npm and the chain's npm packages (anvil, Circle's token artifacts) are here."""
     import shutil
@@ -1524,11 +1579,25 @@ def _drive(
     for receiver in receivers:
         receiver.chaos = False
     services.start(chaos=False)
+    restarted = rec.now()
     drained = drain(args.drain)
     state["phase"] = "checking"
     from bench.invariants import check
 
     report = check()
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from bench.soak_report import paid_to_completed
+
+    fulfilment_table, fulfilment = paid_to_completed(
+        *fulfilment_rows(timezone.now() - timedelta(seconds=rec.now())),
+        faults=rec.faults,
+        drove=drove,
+        restarted=restarted,
+    )
+    dispatched = payment_steps()
     receiver_rows, receiver_violations = judge(receivers)
     for receiver in receivers:
         receiver.close()
@@ -1550,7 +1619,10 @@ def _drive(
                 "agents": args.agents,
                 "seed": args.seed,
                 "x402_agents": len(x402_agents),
+                "card_payments": "one-call" if args.one_call else "two-step",
+                "dispatch_calls_by_step": dispatched,
                 "drained_seconds": drained,
+                "paid_to_completed": fulfilment,
                 "counters": dict(rec.counters),
                 "answers": dict(rec.status_counts()),
                 "faults": [f.__dict__ for f in rec.faults],
@@ -1571,9 +1643,16 @@ def _drive(
         f"({len(x402_agents)} paying over x402), seed {args.seed}, "
         f"fault rate {args.fault_rate}, drained in {drained:.0f}s"
     )
+    print(
+        "card payments: "
+        + ("one round trip (--one-call)" if args.one_call else "create, then confirm")
+        + "; provider writes by step: "
+        + ", ".join(f"{k} {v}" for k, v in dispatched.items())
+    )
     print("events: " + ", ".join(f"{k}={v}" for k, v in sorted(rec.counters.items())))
     print(f"\n== per endpoint ==\n{rec.endpoint_table()}")
     print(f"\n== faults ({len(rec.faults)}) ==\n{rec.fault_table()}")
+    print(f"\n== paid -> completed (the downstream steps, from the rows) ==\n{fulfilment_table}")
     checks = state["checks"]
     print(
         f"\n== invariants: {len(checks)} live checks during the run "

@@ -248,3 +248,87 @@ def _group(faults: list[Fault]) -> dict[str, list[Fault]]:
 
 def summary_line(values: list[float]) -> str:
     return f"median {statistics.median(values):.0f}" if values else "n/a"
+
+
+# -- paid -> completed ------------------------------------------------------------------
+
+
+@dataclass
+class Fulfilment:
+    """One paid purchase as its rows say: when it was paid (`paid_at`), entered
+    `fulfilling` (a worker took its steps) and `completed` (the last of them done), in
+    seconds since the start of the run; None where it never did."""
+
+    paid: float
+    fulfilling: float | None
+    completed: float | None
+    status: str
+
+
+def _ms_row(label: str, values: list[float]) -> str:
+    if not values:
+        return f"  {label:34} {'n/a':>6}"
+    ms = [v * 1000 for v in values]
+    return f"  {label:34} {len(ms):>6} {pct(ms, 0.5):>9.0f} {pct(ms, 0.99):>9.0f} {max(ms):>9.0f}"
+
+
+def paid_to_completed(
+    rows: list[Fulfilment],
+    steps: dict[str, list[float]],
+    *,
+    faults: list[Fault],
+    drove: float,
+    restarted: float,
+) -> tuple[str, dict]:
+    """The time from "paid" to "completed" (the purchase's downstream steps through the
+    outbox and a worker), from the database rows: every purchase paid while the soak drove,
+    then only those no fault touched between their payment and their completion (the
+    restart for the drain, from `drove` to `restarted`, counts as one), split into the wait
+    for a worker (paid -> fulfilling) and the steps themselves (fulfilling -> completed).
+    `steps`: each step's run times (s, `started_at` -> `completed_at`). Returns the table
+    and its figures."""
+    spans = [(f.t, f.t + f.seconds) for f in faults] + [(drove, restarted)]
+
+    def clear(r: Fulfilment) -> bool:
+        assert r.completed is not None
+        return not any(a <= r.completed and b >= r.paid for a, b in spans)
+
+    driving = [r for r in rows if r.paid <= drove]
+    done = [r for r in driving if r.completed is not None]
+    untouched = [r for r in done if clear(r)]
+    waits = [r for r in untouched if r.fulfilling is not None]
+    figures: dict = {"paid_while_driving": len(driving), "completed": len(done)}
+
+    def put(name: str, values: list[float]) -> None:
+        ms = [v * 1000 for v in values]
+        figures[name] = (
+            {
+                "n": len(ms),
+                "p50_ms": round(pct(ms, 0.5), 1),
+                "p99_ms": round(pct(ms, 0.99), 1),
+                "max_ms": round(max(ms), 1),
+            }
+            if ms
+            else {"n": 0}
+        )
+
+    series = [
+        ("paid -> completed, all", [r.completed - r.paid for r in done]),
+        ("paid -> completed, no fault", [r.completed - r.paid for r in untouched]),
+        ("  paid -> fulfilling (to a worker)", [r.fulfilling - r.paid for r in waits]),
+        ("  fulfilling -> completed (steps)", [r.completed - r.fulfilling for r in waits]),
+    ]
+    out = [f"  {'':34} {'n':>6} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}"]
+    for label, values in series:
+        out.append(_ms_row(label, values))
+        put(label.strip(), values)
+    for step, values in steps.items():
+        out.append(_ms_row(f"  step {step}", values))
+        put(f"step {step}", values)
+    left = Counter(r.status for r in driving if r.completed is None)
+    figures["not_completed"] = dict(left)
+    out.append(
+        "  paid while driving, not completed: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(left.items())) if left else "none")
+    )
+    return "\n".join(out), figures

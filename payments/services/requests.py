@@ -48,7 +48,11 @@ def payment_request(
     retry_of: str | None = None,
     amount: int | None = None,
     currency: str | None = None,
+    before_send: Callable[[PaymentOperation], None] | None = None,
 ) -> Keyed:
+    """`before_send(op)`: called with the new operation in the transaction that creates
+    it, before anything is sent (a test-mode fault drill arms itself on its key)."""
+
     def create() -> Created:
         # In the keyed transaction: where the rail pays in one call, the operation is
         # created claimed for its send, which the ladder makes right after commit.
@@ -61,6 +65,8 @@ def payment_request(
             amount=amount,
             currency=currency,
         )
+        if before_send is not None:
+            before_send(op)
         return Created("operation", op.id, operation_id=op.id, send=_sender(op, call))
 
     # The original is read back first if only a person settled it

@@ -18,8 +18,13 @@ When Node/npm and tools/chain/node_modules are present (`bench.soak.x402_availab
 run also starts the chain and the x402 facilitator (behind its fault proxy: an outage and
 dropped answers) and a seeded fifth of the agents buy reports over x402: at least one x402
 payment must be made, and the chain's transfers must match Verity's rows.
+
+It runs in both card payment modes: create then confirm (a provider that does not dedupe
+keys), and one round trip (`--one-call`: localstripe's idempotency layer on and
+STRIPE_DEDUPES_KEYS) — every provider write of a card payment then the `pay` step.
 """
 
+import json
 import re
 import subprocess
 import sys
@@ -28,10 +33,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+import pytest  # noqa: E402
+
 from bench.soak import x402_available  # noqa: E402
 
 
-def test_short_chaos_soak_holds_every_invariant(tmp_path):
+@pytest.mark.parametrize("mode", ["two_step", "one_call"])
+def test_short_chaos_soak_holds_every_invariant(tmp_path, mode):
     result = subprocess.run(
         [
             sys.executable,
@@ -50,6 +58,7 @@ def test_short_chaos_soak_holds_every_invariant(tmp_path):
             "0.2",
             "--out",
             str(tmp_path),
+            *(["--one-call"] if mode == "one_call" else []),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -81,3 +90,13 @@ def test_short_chaos_soak_holds_every_invariant(tmp_path):
     assert re.search(r"== invariants: [1-9]\d* live checks", out)
     assert (tmp_path / "soak.svg").read_text().startswith("<?xml")
     assert result.returncode == 0, out[-4000:]
+    # the mode took effect: the provider's card payment writes are the mode's steps
+    figures = json.loads((tmp_path / "soak.json").read_text())
+    steps = figures["dispatch_calls_by_step"]
+    if mode == "one_call":
+        assert steps.get("pay", 0) > 0 and "create" not in steps and "confirm" not in steps, steps
+    else:
+        assert steps.get("create", 0) > 0 and "pay" not in steps, steps
+    # paid -> completed, from the rows: the purchases paid while it drove did complete
+    assert "== paid -> completed" in out
+    assert figures["paid_to_completed"]["completed"] > 0, figures["paid_to_completed"]
