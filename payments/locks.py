@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Iterator
 
 from django.db import OperationalError, connection, transaction
+from django.db.models.expressions import BaseExpression
 
 from .models import ApiClient, BuyerConfirmation, Dispute, PaymentOperation, Purchase, Quote
 
@@ -28,11 +29,19 @@ def lock_purchase(purchase_id: str) -> Purchase:
     return Purchase.objects.select_for_update(of=("self",)).get(id=purchase_id)
 
 
-def lock_purchase_or_none(purchase_id: str, *, with_quote: bool = False) -> Purchase | None:
-    """`with_quote`: its quote read in the same statement (the quote row is not locked)."""
+def lock_purchase_or_none(
+    purchase_id: str, *, with_quote: bool = False, **reads: BaseExpression
+) -> Purchase | None:
+    """`with_quote`: its quote read in the same statement (the quote row is not locked).
+    `reads`: expressions read in the same statement, set on the purchase by name. They see
+    the rows as they were when the statement began, before its lock was granted: only for
+    a fact that no holder of this lock changes (a workflow halt), never for the purchase's
+    own operations."""
     purchases = Purchase.objects.select_for_update(of=("self",))
     if with_quote:
         purchases = purchases.select_related("quote")
+    if reads:
+        purchases = purchases.annotate(**reads)
     return purchases.filter(id=purchase_id).first()
 
 
@@ -51,18 +60,25 @@ def lock_buyer_confirmation_or_none(*, code_hash: str, purchases, now) -> BuyerC
     )
 
 
-def lock_operation(operation_id: str) -> PaymentOperation:
+def lock_operation(operation_id: str, **reads: BaseExpression) -> PaymentOperation:
+    """`reads`: expressions read in the same statement, set on the operation by name (as
+    `lock_purchase_or_none`'s: they see the rows as the statement began)."""
     # django-fsm protected fields: reload with select_for_update().get(), never
     # refresh_from_db.
-    return PaymentOperation.objects.select_for_update(of=("self",)).get(id=operation_id)
+    operations = PaymentOperation.objects.select_for_update(of=("self",))
+    if reads:
+        operations = operations.annotate(**reads)
+    return operations.get(id=operation_id)
 
 
 def lock_purchase_and_operation(
-    operation_id: str, *, purchase_id: str = ""
+    operation_id: str, *, purchase_id: str = "", **reads: BaseExpression
 ) -> tuple[Purchase, PaymentOperation]:
     """Both locks, in the module's order (the purchase first). Raises DoesNotExist.
     `purchase_id`: the operation's purchase when the caller already read it (an operation
-    never changes purchase), which saves a read."""
+    never changes purchase), which saves a read. `reads`: read with the operation's lock,
+    which is taken once the purchase's is held, so they see every change committed under
+    the purchase's lock (a sibling operation's outcome)."""
     if not purchase_id:
         purchase_id = (
             PaymentOperation.objects.filter(id=operation_id)
@@ -70,7 +86,7 @@ def lock_purchase_and_operation(
             .get()
         )
     purchase = lock_purchase(purchase_id)
-    operation = lock_operation(operation_id)
+    operation = lock_operation(operation_id, **reads)
     operation.purchase = purchase  # the locked row, not a second unlocked read
     return purchase, operation
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Max, Sum
+from django.db.models import Exists, Max, OuterRef, QuerySet, Sum
 from django.utils import timezone
 
 from recovery.models import OutboxCategory
@@ -253,17 +253,31 @@ def _restore_after_refund(
         run_steps_put(purchase_id=purchase.id)
 
 
-def _other_payment_success(op: PaymentOperation) -> PaymentOperation | None:
-    return (
-        PaymentOperation.objects.filter(
-            purchase_id=op.purchase_id,
-            kind__in=PAYMENT_KINDS,
-            outcome=Outcome.SUCCEEDED,
-            is_duplicate=False,
-        )
-        .exclude(id=op.id)
-        .first()
-    )
+def _other_payment_successes(purchase_id: Any, operation_id: Any) -> QuerySet[PaymentOperation]:
+    return PaymentOperation.objects.filter(
+        purchase_id=purchase_id,
+        kind__in=PAYMENT_KINDS,
+        outcome=Outcome.SUCCEEDED,
+        is_duplicate=False,
+    ).exclude(id=operation_id)
+
+
+# Whether another payment of the purchase succeeded, read in the operation's lock statement
+# (locks.lock_purchase_and_operation: after the purchase's lock, under which every payment's
+# outcome changes) instead of a statement of its own.
+_OTHER_SUCCESS = "other_payment_succeeded"
+
+
+def _other_payment_success_read() -> dict[str, Exists]:
+    return {
+        _OTHER_SUCCESS: Exists(_other_payment_successes(OuterRef("purchase_id"), OuterRef("id")))
+    }
+
+
+def _other_payment_success(op: PaymentOperation) -> bool:
+    if _OTHER_SUCCESS in op.__dict__:
+        return bool(op.__dict__[_OTHER_SUCCESS])
+    return _other_payment_successes(op.purchase_id, op.id).exists()
 
 
 def _voided_by_verity(op: PaymentOperation) -> bool:
@@ -691,7 +705,9 @@ def operation_apply_observation(
     Its history rows and its outbox rows are each written in one statement at the end of
     the transaction, as the reconcile sweep writes the same apply's."""
     with transaction.atomic(), change_batch():
-        purchase, op = lock_purchase_and_operation(operation_id, purchase_id=purchase_id)
+        purchase, op = lock_purchase_and_operation(
+            operation_id, purchase_id=purchase_id, **_other_payment_success_read()
+        )
         return _apply_observation_locked(purchase, op, obj, source=source, cause=cause, actor=actor)
 
 

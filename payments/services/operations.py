@@ -7,13 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
+from recovery.halts import halted_read
 from recovery.models import Order, StepRun, StepState
 
 from ..customers import PAYMENT_METHOD_TOKEN
@@ -124,17 +125,9 @@ def _check_currency(purchase: Purchase, currency: str | None) -> None:
 def _payment_request_refusal(
     *, purchase_id: str, payment_method: str, capture_method: str, rail: str
 ) -> None:
-    """The request itself, before anything is locked: checkout not halted, a known capture
-    method, a provider token for a payment method."""
-    if _halted("checkout"):
-        raise DomainError(
-            ErrorCode.WORKFLOW_HALTED,
-            "Checkout is paused by an operator; try later with the same Idempotency-Key.",
-            status=503,
-            retry=RetryAdvice.SAME_KEY,
-            owner=Owner.SUPPORT,
-            purchase=purchase_id,
-        )
+    """The request itself, before anything is locked: a known capture method, a provider
+    token for a payment method. Whether checkout is halted is read with the purchase's
+    lock (`_payment_purchase_locked`)."""
     if capture_method not in ("automatic", "manual"):
         raise DomainError(
             ErrorCode.INVALID_REQUEST,
@@ -167,6 +160,17 @@ def _payment_request_refusal(
         )
 
 
+def _checkout_halted_refusal(purchase_id: str) -> NoReturn:
+    raise DomainError(
+        ErrorCode.WORKFLOW_HALTED,
+        "Checkout is paused by an operator; try later with the same Idempotency-Key.",
+        status=503,
+        retry=RetryAdvice.SAME_KEY,
+        owner=Owner.SUPPORT,
+        purchase=purchase_id,
+    )
+
+
 def _payment_purchase_locked(
     *,
     purchase_id: str,
@@ -180,7 +184,13 @@ def _payment_purchase_locked(
     for the same basket elsewhere meanwhile)."""
     if retry_of:
         purchase_bought_elsewhere(purchase_id=purchase_id, api_client=api_client)
-    purchase = lock_purchase_or_none(purchase_id, with_quote=True)
+    # The halt is read in the lock's own statement: one round trip fewer, and a halt set
+    # before this statement began still refuses (halts bite at once).
+    purchase = lock_purchase_or_none(
+        purchase_id, with_quote=True, checkout_halted=halted_read("checkout")
+    )
+    if purchase is not None and purchase.__dict__["checkout_halted"]:
+        _checkout_halted_refusal(purchase_id)
     if purchase is None or (
         api_client is not None and purchase.api_client_id not in (None, api_client.id)
     ):
@@ -480,7 +490,10 @@ def payment_create(
     )
     if retry_of and not transaction.get_connection().in_atomic_block:
         # Called outside a transaction: read the original back here (callers that bind an
-        # idempotency key in their transaction call operations_verify_before_follow_up first).
+        # idempotency key in their transaction call operations_verify_before_follow_up first),
+        # unless checkout is halted: a halted checkout asks the provider nothing.
+        if _halted("checkout"):
+            _checkout_halted_refusal(purchase_id)
         operations_verify_before_follow_up(purchase_id=purchase_id)
     with transaction.atomic(), change_batch():
         purchase = _payment_purchase_locked(
