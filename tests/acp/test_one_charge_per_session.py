@@ -196,3 +196,98 @@ def test_a_complete_after_the_purchase_was_paid_elsewhere_charges_nothing(
     if again.status_code in (200, 201, 202):
         assert again.json()["status"] in ("completed", "complete_in_progress"), again.text[:300]
     _no_leftovers(purchase.id)
+
+
+def test_a_complete_refused_at_the_limit_leaves_no_purchase_and_no_event(
+    mode, live_server, tea, localstripe
+):
+    """The platform's spending limit does not cover the session: the complete's purchase
+    was opened and its events collected in the same change before the refusal (one-call:
+    at the claim; two-step: before the insert). Nothing of it is left: no purchase, no
+    operation, no hold, no event, no fan-out; the session is still payable; the same key
+    answers the stored refusal; a new key, once the limit allows it, pays once."""
+    from payments.client_cache import api_client_cache_clear
+    from tests.acp.conftest import AcpAgent
+    from tests.factories import make_client
+
+    client, key = make_client(scopes=("acp",), limit=1000, name="tight-platform")
+    tight = AcpAgent(live_server.url, key)
+    sid = tight.create(tea.sku, 1).json()["id"]
+    email = new_email()
+    idem = str(uuid.uuid4())
+    body = complete_body(issue_spt(1250), email)
+    r = tight.post(f"checkout_sessions/{sid}/complete", body, key=idem)
+    print(mode, r.status_code, r.text[:200])
+    assert r.status_code in (400, 402, 409, 422), r.text[:300]
+    assert not Purchase.objects.exists()
+    assert not PaymentOperation.objects.exists() and not Hold.objects.exists()
+    from events.models import Event, PurchaseEventCounter
+
+    assert not Event.objects.exists() and not PurchaseEventCounter.objects.exists()
+    assert orphan_fanout() == []
+    assert localstripe.list("payment_intents", limit=100) is not None
+    assert not [
+        pi for pi in localstripe.list("payment_intents")
+        if (pi.get("metadata") or {}).get("customer_reference") == f"acp:{email}"
+    ]
+    again = tight.post(f"checkout_sessions/{sid}/complete", body, key=idem)
+    assert (again.status_code, again.json()) == (r.status_code, r.json())
+
+    client.spending_limit = 10_000_000
+    client.save()
+    api_client_cache_clear()
+    paid = tight.post(
+        f"checkout_sessions/{sid}/complete", complete_body(issue_spt(1250), email),
+        key=str(uuid.uuid4()),
+    )
+    assert paid.status_code in (200, 201, 202), paid.text[:300]
+    purchase = Purchase.objects.get(acp_session__id=sid)
+    op = _settled(PaymentOperation.objects.get(purchase=purchase).id)
+    assert op.outcome == Outcome.SUCCEEDED
+    assert len(localstripe.payment_intents_for(purchase.id)) == 1
+    _no_leftovers(purchase.id)
+
+
+def test_a_complete_retried_while_the_first_is_at_the_provider_charges_once(
+    agent, tea, one_call
+):
+    """One-call: the provider holds the first complete's request (1.5 s); meanwhile the
+    agent retries with the same key and with a new key. One PaymentIntent, one charge;
+    the same key never creates a second operation."""
+    one_call.idempotency(hold_seconds=1.5)
+    sid = agent.create(tea.sku, 1).json()["id"]
+    email = new_email()
+    idem = str(uuid.uuid4())
+    body = complete_body(issue_spt(1250), email)
+    results: dict[str, object] = {}
+
+    def first():
+        results["first"] = agent.post(f"checkout_sessions/{sid}/complete", body, key=idem)
+        connection.close()
+
+    t = threading.Thread(target=first)
+    t.start()
+    import time
+
+    from tests.conftest import wait_for
+
+    wait_for(lambda: PaymentOperation.objects.exists(), timeout=10, interval=0.02)
+    time.sleep(0.2)
+    same = agent.post(f"checkout_sessions/{sid}/complete", body, key=idem)
+    other = agent.post(
+        f"checkout_sessions/{sid}/complete", complete_body(issue_spt(1250), email),
+        key=str(uuid.uuid4()),
+    )
+    t.join(30)
+    one_call.idempotency(hold_seconds=0)
+    print("first:", results["first"].status_code, "same:", same.status_code, "other:", other.status_code)
+    assert same.status_code in (409, 200, 201, 202), same.text[:300]
+    assert other.status_code in (200, 201, 202), other.text[:300]
+    purchase = Purchase.objects.get(acp_session__id=sid)
+    ops = list(PaymentOperation.objects.filter(purchase=purchase))
+    assert len(ops) == 1
+    op = _settled(ops[0].id)
+    assert op.outcome == Outcome.SUCCEEDED
+    assert len(one_call.payment_intents_for(purchase.id)) == 1
+    assert len(_paid(one_call, purchase.id)) == 1
+    _no_leftovers(purchase.id)
