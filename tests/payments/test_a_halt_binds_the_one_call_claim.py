@@ -34,11 +34,12 @@ def pay_mode(request, localstripe, settings):
         yield request.param
 
 
-def _waiting_on_a_lock() -> bool:
+def _waiting_on_a_lock(table: str = "payments_purchase") -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND query ILIKE '%%payments_purchase%%'"
+            "AND wait_event_type = 'Lock' AND query ILIKE %s",
+            [f"%{table}%"],
         )
         return cursor.fetchone()[0] > 0
 
@@ -106,3 +107,4 @@ def test_a_halt_set_before_the_claim_holds_the_payment(pay_mode, localstripe):
         assert all(o in (Outcome.PENDING,) for o in ops), ops
     finally:
         halt_clear(name="checkout", actor="ops", reason="over")
+
