@@ -127,6 +127,11 @@ def test_completes_raced_with_one_key_and_with_many_charge_once(
         assert a.json() == first or a.headers.get("Idempotent-Replayed") == "true"
     for a in answers:
         assert a.status_code in (200, 201, 202, 409), (a.status_code, a.text[:300])
+    # The shared key again, after the race: the answer its winner gave, unchanged.
+    replay = agent.post(f"checkout_sessions/{sid}/complete", body, key=shared)
+    assert (replay.status_code, replay.json()) == (same[0].status_code, first), (
+        replay.status_code, same[0].status_code,
+    )
     _no_leftovers(purchase.id)
 
 
