@@ -13,7 +13,7 @@ from django.db import connection, transaction
 
 from payments.models import PaymentOperation, Purchase
 from recovery.halts import halt_clear, halt_set
-from tests.acp.conftest import agent, issue_spt, new_email, platform, tea  # noqa: F401
+from tests.acp.conftest import issue_spt, new_email
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -95,10 +95,10 @@ def test_a_halt_set_before_the_complete_claims_holds_the_payment(pay_mode, agent
         release.set()
         holder.join(20)
         payer.join(30)
-        new = [
-            pi for pi in localstripe.payment_intents_for(purchase.id) if pi["id"] not in before
-        ]
-        ops = list(PaymentOperation.objects.filter(purchase=purchase).values_list("outcome", flat=True))
+        new = [pi for pi in localstripe.payment_intents_for(purchase.id) if pi["id"] not in before]
+        ops = list(
+            PaymentOperation.objects.filter(purchase=purchase).values_list("outcome", flat=True)
+        )
         print(pay_mode, answer["r"].status_code, ops, [pi["status"] for pi in new])
         assert new == [], [pi["status"] for pi in new]
     finally:

@@ -14,7 +14,7 @@ from payments import services
 from payments.enums import CallStep, Outcome, Rail
 from payments.models import PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
-from tests.acp.conftest import agent, complete_body, issue_spt, new_email, platform, tea  # noqa: F401
+from tests.acp.conftest import complete_body, issue_spt, new_email
 from tests.api.conftest import settle_outbox
 from tests.events.event_judge import event_rows, orphan_fanout, violations
 from tests.webhooks.conftest import event_for, post, provider_object
@@ -71,13 +71,17 @@ def test_a_lost_complete_answer_beside_the_webhook_settles_once(
     for pi in localstripe.payment_intents_for(purchase.id):
         obj = provider_object("payment_intents", pi["id"])
         if obj["status"] == "succeeded":
-            assert post(client, event_for(obj, "payment_intent.succeeded"), secret=SECRET).status_code == 200
+            assert (
+                post(client, event_for(obj, "payment_intent.succeeded"), secret=SECRET).status_code
+                == 200
+            )
     settle_outbox()
     same = agent.post(f"checkout_sessions/{sid}/complete", body, key=idem)
     if first.status_code < 500:
         assert same.status_code == first.status_code, (same.status_code, first.status_code)
     other = agent.post(
-        f"checkout_sessions/{sid}/complete", complete_body(issue_spt(1250), email),
+        f"checkout_sessions/{sid}/complete",
+        complete_body(issue_spt(1250), email),
         key=str(uuid.uuid4()),
     )
     for _ in range(4):
@@ -95,9 +99,16 @@ def test_a_lost_complete_answer_beside_the_webhook_settles_once(
     intents = localstripe.payment_intents_for(purchase.id)
     paid = [pi for pi in intents if pi["status"] in ("succeeded", "requires_capture")]
     ops = list(PaymentOperation.objects.filter(purchase=purchase).order_by("created_at"))
-    print("same:", same.status_code, "other:", other.status_code,
-          "ops:", [(o.outcome, o.provider_reference[:8]) for o in ops],
-          "intents:", [i["status"] for i in intents])
+    print(
+        "same:",
+        same.status_code,
+        "other:",
+        other.status_code,
+        "ops:",
+        [(o.outcome, o.provider_reference[:8]) for o in ops],
+        "intents:",
+        [i["status"] for i in intents],
+    )
     assert len(paid) <= 1, intents
     succeeded = [o for o in ops if o.outcome == Outcome.SUCCEEDED]
     assert len(succeeded) == len(paid)

@@ -14,14 +14,7 @@ from django.db import connection
 from payments import services
 from payments.enums import Outcome
 from payments.models import Hold, PaymentOperation, Purchase
-from tests.acp.conftest import (  # noqa: F401
-    agent,
-    complete_body,
-    issue_spt,
-    new_email,
-    platform,
-    tea,
-)
+from tests.acp.conftest import complete_body, issue_spt, new_email
 from tests.events.event_judge import orphan_events, orphan_fanout, violations
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -88,9 +81,7 @@ def _settled(op_id: str) -> PaymentOperation:
     return op
 
 
-def test_completes_raced_with_one_key_and_with_many_charge_once(
-    mode, agent, tea, localstripe
-):
+def test_completes_raced_with_one_key_and_with_many_charge_once(mode, agent, tea, localstripe):
     sid = agent.create(tea.sku, 1).json()["id"]
     email = new_email()
     token = issue_spt(1250)
@@ -130,13 +121,18 @@ def test_completes_raced_with_one_key_and_with_many_charge_once(
     # The shared key again, after the race: the answer its winner gave, unchanged.
     replay = agent.post(f"checkout_sessions/{sid}/complete", body, key=shared)
     assert (replay.status_code, replay.json()) == (same[0].status_code, first), (
-        replay.status_code, same[0].status_code,
+        replay.status_code,
+        same[0].status_code,
     )
     _no_leftovers(purchase.id)
 
 
 def test_a_complete_raced_by_a_payment_from_the_rest_side_charges_once(
-    mode, agent, tea, localstripe, platform  # noqa: F811
+    mode,
+    agent,
+    tea,
+    localstripe,
+    platform,
 ):
     """After a decline: a new complete (another token) and a payment on the same purchase
     by the same platform (the REST side's service: payment_request's core) race."""
@@ -175,7 +171,11 @@ def test_a_complete_raced_by_a_payment_from_the_rest_side_charges_once(
 
 
 def test_a_complete_after_the_purchase_was_paid_elsewhere_charges_nothing(
-    mode, agent, tea, localstripe, platform  # noqa: F811
+    mode,
+    agent,
+    tea,
+    localstripe,
+    platform,
 ):
     sid = agent.create(tea.sku, 1).json()["id"]
     email = new_email()
@@ -190,7 +190,11 @@ def test_a_complete_after_the_purchase_was_paid_elsewhere_charges_nothing(
         retry_of=failed.id,
     )
     op = _settled(services.operation_dispatch(operation_id=op.id).id)
-    assert op.outcome == Outcome.SUCCEEDED, (op.reason, op.grade, list(op.provider_calls.values("step", "http_status", "classification")))
+    assert op.outcome == Outcome.SUCCEEDED, (
+        op.reason,
+        op.grade,
+        list(op.provider_calls.values("step", "http_status", "classification")),
+    )
     before = len(localstripe.payment_intents_for(purchase.id))
     again = agent.complete(sid, issue_spt(1250), email)
     print(mode, again.status_code, again.text[:300])
@@ -232,7 +236,8 @@ def test_a_complete_refused_at_the_limit_leaves_no_purchase_and_no_event(
     assert orphan_fanout() == []
     assert localstripe.list("payment_intents", limit=100) is not None
     assert not [
-        pi for pi in localstripe.list("payment_intents")
+        pi
+        for pi in localstripe.list("payment_intents")
         if (pi.get("metadata") or {}).get("customer_reference") == f"acp:{email}"
     ]
     again = tight.post(f"checkout_sessions/{sid}/complete", body, key=idem)
@@ -242,7 +247,8 @@ def test_a_complete_refused_at_the_limit_leaves_no_purchase_and_no_event(
     client.save()
     api_client_cache_clear()
     paid = tight.post(
-        f"checkout_sessions/{sid}/complete", complete_body(issue_spt(1250), email),
+        f"checkout_sessions/{sid}/complete",
+        complete_body(issue_spt(1250), email),
         key=str(uuid.uuid4()),
     )
     assert paid.status_code in (200, 201, 202), paid.text[:300]
@@ -253,9 +259,7 @@ def test_a_complete_refused_at_the_limit_leaves_no_purchase_and_no_event(
     _no_leftovers(purchase.id)
 
 
-def test_a_complete_retried_while_the_first_is_at_the_provider_charges_once(
-    agent, tea, one_call
-):
+def test_a_complete_retried_while_the_first_is_at_the_provider_charges_once(agent, tea, one_call):
     """One-call: the provider holds the first complete's request (1.5 s); meanwhile the
     agent retries with the same key and with a new key. One PaymentIntent, one charge;
     the same key never creates a second operation."""
@@ -280,12 +284,20 @@ def test_a_complete_retried_while_the_first_is_at_the_provider_charges_once(
     time.sleep(0.2)
     same = agent.post(f"checkout_sessions/{sid}/complete", body, key=idem)
     other = agent.post(
-        f"checkout_sessions/{sid}/complete", complete_body(issue_spt(1250), email),
+        f"checkout_sessions/{sid}/complete",
+        complete_body(issue_spt(1250), email),
         key=str(uuid.uuid4()),
     )
     t.join(30)
     one_call.idempotency(hold_seconds=0)
-    print("first:", results["first"].status_code, "same:", same.status_code, "other:", other.status_code)
+    print(
+        "first:",
+        results["first"].status_code,
+        "same:",
+        same.status_code,
+        "other:",
+        other.status_code,
+    )
     assert same.status_code in (409, 200, 201, 202), same.text[:300]
     assert other.status_code in (200, 201, 202), other.text[:300]
     purchase = Purchase.objects.get(acp_session__id=sid)

@@ -58,7 +58,9 @@ def test_parallel_opens_of_one_basket_make_one_purchase(live_server):
 
     def send(k, b):
         return requests.post(
-            url, json=b, headers={"Authorization": f"Api-Key {key}", "Idempotency-Key": k},
+            url,
+            json=b,
+            headers={"Authorization": f"Api-Key {key}", "Idempotency-Key": k},
             timeout=30,
         )
 

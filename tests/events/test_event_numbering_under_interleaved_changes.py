@@ -112,20 +112,22 @@ def test_interleaved_changes_number_events_in_commit_order(
 
         def quiet() -> bool:
             stored = set(
-                Event.objects.filter(purchase_id__in=purchases).values_list(
-                    "public_id", flat=True
-                )
+                Event.objects.filter(purchase_id__in=purchases).values_list("public_id", flat=True)
             )
-            return stored <= set(receiver.accepted) and not WebhookDelivery.objects.filter(
-                state=DeliveryState.PENDING
-            ).exists()
+            return (
+                stored <= set(receiver.accepted)
+                and not WebhookDelivery.objects.filter(state=DeliveryState.PENDING).exists()
+            )
 
         wait_for(quiet, timeout=90)
     for pid in purchases:
-        print(pid, [
-            (e.sequence, e.type, e.data["purchase"]["status"])
-            for e in Event.objects.filter(purchase_id=pid).order_by("sequence")
-        ])
+        print(
+            pid,
+            [
+                (e.sequence, e.type, e.data["purchase"]["status"])
+                for e in Event.objects.filter(purchase_id=pid).order_by("sequence")
+            ],
+        )
     problems = {pid: violations(pid) for pid in purchases}
     assert all(not v for v in problems.values()), problems
     assert orphan_events() == [] and orphan_fanout() == []

@@ -82,7 +82,9 @@ def test_sweep_and_webhooks_together_number_events_once(
         settle_outbox()
 
     threads = [
-        threading.Thread(target=run, args=(lambda: reconcile_sweep(operation_ids=[o.id for _, o in lost]),)),
+        threading.Thread(
+            target=run, args=(lambda: reconcile_sweep(operation_ids=[o.id for _, o in lost]),)
+        ),
         threading.Thread(target=run, args=(webhooks,)),
     ]
     for t in threads:

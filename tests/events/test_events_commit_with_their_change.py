@@ -63,9 +63,7 @@ def trigger_cleanup():
         _drop_trigger(table)
 
 
-def test_a_spending_limit_refusal_after_the_events_were_collected_leaves_nothing(
-    mode, localstripe
-):
+def test_a_spending_limit_refusal_after_the_events_were_collected_leaves_nothing(mode, localstripe):
     """One-call: the limit is refused at the claim, after the operation's and the
     purchase's transitions were recorded in the change batch. Two-step: refused before.
     Either way: no operation, no hold, no event, no fan-out, no number taken, the key free;
@@ -98,9 +96,7 @@ def test_a_spending_limit_refusal_after_the_events_were_collected_leaves_nothing
     assert violations(purchase["id"]) == []
 
 
-def test_an_event_write_that_fails_rolls_the_payment_back_whole(
-    mode, localstripe, trigger_cleanup
-):
+def test_an_event_write_that_fails_rolls_the_payment_back_whole(mode, localstripe, trigger_cleanup):
     """The fan-out message of the payment's first event cannot be written (injected): the
     whole change rolls back — no operation, no event, no charge at the provider — and the
     same key afterwards pays once with gapless events."""

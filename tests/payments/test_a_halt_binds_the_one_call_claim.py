@@ -69,7 +69,9 @@ def test_a_halt_set_before_the_claim_holds_the_payment(pay_mode, localstripe):
         try:
             with transaction.atomic():
                 with connection.cursor() as cursor:
-                    cursor.execute("SELECT id FROM payments_purchase WHERE id = %s FOR UPDATE", [pid])
+                    cursor.execute(
+                        "SELECT id FROM payments_purchase WHERE id = %s FOR UPDATE", [pid]
+                    )
                 locked.set()
                 release.wait(20)
         finally:
@@ -100,11 +102,12 @@ def test_a_halt_set_before_the_claim_holds_the_payment(pay_mode, localstripe):
         payer.join(30)
         r = answer["r"]
         intents = localstripe.payment_intents_for(pid)
-        ops = list(PaymentOperation.objects.filter(purchase_id=pid).values_list("outcome", flat=True))
+        ops = list(
+            PaymentOperation.objects.filter(purchase_id=pid).values_list("outcome", flat=True)
+        )
         print(pay_mode, r.status_code, ops, [i["status"] for i in intents])
         # Nothing left for the provider while checkout is halted.
         assert intents == [], [i["status"] for i in intents]
         assert all(o in (Outcome.PENDING,) for o in ops), ops
     finally:
         halt_clear(name="checkout", actor="ops", reason="over")
-

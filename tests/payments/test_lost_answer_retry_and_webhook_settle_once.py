@@ -54,7 +54,9 @@ def _settle(op_id: str) -> PaymentOperation:
     return op
 
 
-@pytest.mark.parametrize("webhook_first", [True, False], ids=["webhook_then_retry", "retry_then_webhook"])
+@pytest.mark.parametrize(
+    "webhook_first", [True, False], ids=["webhook_then_retry", "retry_then_webhook"]
+)
 @pytest.mark.parametrize("drill_mode", MODES)
 def test_a_lost_answer_retried_under_its_key_beside_the_webhook_settles_once(
     drill_mode, webhook_first, pay_mode, localstripe, client, settings, read_drill
@@ -123,13 +125,22 @@ def test_a_lost_answer_retried_under_its_key_beside_the_webhook_settles_once(
 
     intents = localstripe.payment_intents_for(pid)
     paid = [pi for pi in intents if pi["status"] in ("succeeded", "requires_capture")]
-    print("again:", again.status_code, "final:", op.outcome, "intents:", [i["status"] for i in intents])
+    print(
+        "again:",
+        again.status_code,
+        "final:",
+        op.outcome,
+        "intents:",
+        [i["status"] for i in intents],
+    )
     assert len(intents) <= 1, intents
     assert PaymentOperation.objects.filter(purchase_id=pid).count() == 1
     assert op.outcome == (Outcome.SUCCEEDED if paid else Outcome.FAILED), (op.outcome, intents)
     if paid:
         assert op.provider_reference == paid[0]["id"]
-        charges = [c for c in localstripe.list("charges") if c.get("payment_intent") == paid[0]["id"]]
+        charges = [
+            c for c in localstripe.list("charges") if c.get("payment_intent") == paid[0]["id"]
+        ]
         assert len([c for c in charges if c["status"] == "succeeded"]) == 1
     assert (
         OperationTransition.objects.filter(
@@ -143,8 +154,10 @@ def test_a_lost_answer_retried_under_its_key_beside_the_webhook_settles_once(
     rec = IdempotencyRecord.objects.get(key=idem)
     assert rec.state == IdempotencyRecord.State.DONE and rec.resource_id == op.id
     kinds = [e[2] for e in event_rows(pid)]
-    settled = kinds.count("payment.succeeded") + kinds.count("payment.resolved") + kinds.count(
-        "payment.failed"
+    settled = (
+        kinds.count("payment.succeeded")
+        + kinds.count("payment.resolved")
+        + kinds.count("payment.failed")
     )
     assert settled == 1, kinds
     assert orphan_fanout() == []

@@ -67,14 +67,16 @@ def test_parallel_payments_of_one_purchase_charge_once(pay_mode, live_server, lo
 
     def send(k, b):
         return requests.post(
-            url, json=b, headers={"Authorization": f"Api-Key {key}", "Idempotency-Key": k},
+            url,
+            json=b,
+            headers={"Authorization": f"Api-Key {key}", "Idempotency-Key": k},
             timeout=30,
         )
 
     sends = [lambda: send(shared, body) for _ in range(4)]
     sends += [lambda: send(str(uuid.uuid4()), body) for _ in range(3)]
     sends += [lambda: send(str(uuid.uuid4()), {**body, "amount": 1500, "currency": "usd"})]
-    sends += [lambda: send(str(uuid.uuid4()), {**body, "payment_method": "pm_card_mastercard"})]
+    sends += [lambda: send(str(uuid.uuid4()), {**body, "currency": "usd"})]
     answers = _parallel(sends)
     codes = [getattr(a, "status_code", repr(a)) for a in answers]
     print(pay_mode, codes)
@@ -97,7 +99,9 @@ def test_parallel_payments_of_one_purchase_charge_once(pay_mode, live_server, lo
     assert op.outcome == Outcome.SUCCEEDED
     intents = localstripe.payment_intents_for(pid)
     assert len(intents) == 1 and intents[0]["status"] == "succeeded", intents
-    charges = [c for c in localstripe.list("charges") if c.get("payment_intent") == intents[0]["id"]]
+    charges = [
+        c for c in localstripe.list("charges") if c.get("payment_intent") == intents[0]["id"]
+    ]
     assert len(charges) == 1
     created = [a for a in answers if a.status_code in (201, 202)]
     assert len(created) == 1, codes  # one request made the operation

@@ -77,9 +77,7 @@ def test_racing_dispatchers_send_once(pay_mode, slow, new_purchase, api_client, 
     assert op.outcome == Outcome.SUCCEEDED
     assert provider_count(localstripe, purchase) == (1, 1, 1)
     steps = list(
-        ProviderCall.objects.filter(operation=op, purpose="dispatch").values_list(
-            "step", "attempt"
-        )
+        ProviderCall.objects.filter(operation=op, purpose="dispatch").values_list("step", "attempt")
     )
     assert len(steps) == len(set(steps)), steps
     assert (

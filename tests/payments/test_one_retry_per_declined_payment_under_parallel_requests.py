@@ -50,8 +50,11 @@ def test_parallel_retries_of_a_decline_make_one_retry(pay_mode, live_server, loc
             barrier.wait(10)
             answers[i] = requests.post(
                 f"{live_server.url}/api/v1/purchases/{pid}/payments",
-                json={"payment_method": "pm_card_visa", "capture": "automatic",
-                      "retry_of": failed.id},
+                json={
+                    "payment_method": "pm_card_visa",
+                    "capture": "automatic",
+                    "retry_of": failed.id,
+                },
                 headers={"Authorization": f"Api-Key {key}", "Idempotency-Key": str(uuid.uuid4())},
                 timeout=30,
             )

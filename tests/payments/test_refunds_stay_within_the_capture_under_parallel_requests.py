@@ -66,8 +66,10 @@ def test_parallel_refunds_never_return_more_than_the_capture(pay_mode, live_serv
 
     def send(k, amount):
         return requests.post(
-            url, json={"amount": amount},
-            headers={"Authorization": f"Api-Key {key}", "Idempotency-Key": k}, timeout=30,
+            url,
+            json={"amount": amount},
+            headers={"Authorization": f"Api-Key {key}", "Idempotency-Key": k},
+            timeout=30,
         )
 
     rounds = []
@@ -95,5 +97,7 @@ def test_parallel_refunds_never_return_more_than_the_capture(pay_mode, live_serv
     shared_rec = IdempotencyRecord.objects.filter(key=shared)
     assert shared_rec.count() <= 1
     kinds = [e[2] for e in event_rows(pid)]
-    assert kinds.count("refund.succeeded") == len([r for r in refunds if r["status"] == "succeeded"])
+    assert kinds.count("refund.succeeded") == len(
+        [r for r in refunds if r["status"] == "succeeded"]
+    )
     assert violations(pid) == []
