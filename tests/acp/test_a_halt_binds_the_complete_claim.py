@@ -1,0 +1,105 @@
+"""A halt binds at claim time (invariant 9) on the ACP face, in both payment modes: after
+a declined complete, checkout is halted while the next complete waits for its purchase's
+lock (its request checks passed). Nothing may leave for the provider while the halt
+stands. Counted at localstripe over plain HTTP."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection, transaction
+
+from payments.models import PaymentOperation, Purchase
+from recovery.halts import halt_clear, halt_set
+from tests.acp.conftest import issue_spt, new_email
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def pay_mode(request, localstripe, settings):
+    from tests.conftest import one_call_off, one_call_on
+
+    if request.param == "one_call":
+        one_call_on(localstripe, settings)
+        yield request.param
+        one_call_off(localstripe)
+    else:
+        one_call_off(localstripe)
+        yield request.param
+
+
+def _waiting_on_the_purchase() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query ILIKE '%%payments_purchase%%'"
+        )
+        return cursor.fetchone()[0] > 0
+
+
+@pytest.mark.parametrize(
+    "pay_mode",
+    [
+        "two_step",
+        pytest.param(
+            "one_call",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="one-call claim checks the checkout halt only before the purchase "
+                "lock; a halt committed before the claim does not stop the send",
+            ),
+        ),
+    ],
+    indirect=True,
+)
+def test_a_halt_set_before_the_complete_claims_holds_the_payment(pay_mode, agent, tea, localstripe):
+    sid = agent.create(tea.sku, 1).json()["id"]
+    email = new_email()
+    r = agent.complete(sid, issue_spt(1250, payment_method="pm_card_chargeCustomerFail"), email)
+    assert r.status_code == 402, r.text
+    purchase = Purchase.objects.get(acp_session__id=sid)
+    before = {pi["id"] for pi in localstripe.payment_intents_for(purchase.id)}
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_purchase():
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT id FROM payments_purchase WHERE id = %s FOR UPDATE", [purchase.id]
+                    )
+                locked.set()
+                release.wait(20)
+        finally:
+            connection.close()
+
+    answer: dict = {}
+
+    def complete():
+        answer["r"] = agent.complete(sid, issue_spt(1250), email)
+
+    holder = threading.Thread(target=hold_the_purchase)
+    holder.start()
+    assert locked.wait(10)
+    payer = threading.Thread(target=complete)
+    payer.start()
+    deadline = time.monotonic() + 10
+    while not _waiting_on_the_purchase():
+        assert time.monotonic() < deadline, "the complete never waited on the purchase"
+        time.sleep(0.02)
+    halt_set(name="checkout", reason="incident", actor="ops")
+    try:
+        release.set()
+        holder.join(20)
+        payer.join(30)
+        new = [pi for pi in localstripe.payment_intents_for(purchase.id) if pi["id"] not in before]
+        ops = list(
+            PaymentOperation.objects.filter(purchase=purchase).values_list("outcome", flat=True)
+        )
+        print(pay_mode, answer["r"].status_code, ops, [pi["status"] for pi in new])
+        assert new == [], [pi["status"] for pi in new]
+    finally:
+        halt_clear(name="checkout", actor="ops", reason="over")
