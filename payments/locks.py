@@ -29,19 +29,11 @@ def lock_purchase(purchase_id: str) -> Purchase:
     return Purchase.objects.select_for_update(of=("self",)).get(id=purchase_id)
 
 
-def lock_purchase_or_none(
-    purchase_id: str, *, with_quote: bool = False, **reads: BaseExpression
-) -> Purchase | None:
-    """`with_quote`: its quote read in the same statement (the quote row is not locked).
-    `reads`: expressions read in the same statement, set on the purchase by name. They see
-    the rows as they were when the statement began, before its lock was granted: only for
-    a fact that no holder of this lock changes (a workflow halt), never for the purchase's
-    own operations."""
+def lock_purchase_or_none(purchase_id: str, *, with_quote: bool = False) -> Purchase | None:
+    """`with_quote`: its quote read in the same statement (the quote row is not locked)."""
     purchases = Purchase.objects.select_for_update(of=("self",))
     if with_quote:
         purchases = purchases.select_related("quote")
-    if reads:
-        purchases = purchases.annotate(**reads)
     return purchases.filter(id=purchase_id).first()
 
 

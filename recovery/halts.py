@@ -7,7 +7,6 @@ one is a manual action: it writes its AuditEntry in the same transaction.
 from __future__ import annotations
 
 from django.db import connection, transaction
-from django.db.models import Exists
 from django.utils import timezone
 
 from audit.services import audit_write
@@ -30,12 +29,6 @@ def step_halt_name(step: str) -> str:
 def is_halted(name: str) -> bool:
     """`checkout`, `refunds` or `step:<name>`. Read on every call: halts must bite at once."""
     return WorkflowHalt.objects.filter(name=name).exists()
-
-
-def halted_read(name: str) -> Exists:
-    """`is_halted(name)` as an expression, for a caller that reads it in a statement it
-    sends anyway (the purchase's lock read: payments.locks.lock_purchase_or_none)."""
-    return Exists(WorkflowHalt.objects.filter(name=name))
 
 
 def valid_halt_names() -> list[str]:

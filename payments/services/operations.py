@@ -14,7 +14,6 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from recovery.halts import halted_read
 from recovery.models import Order, StepRun, StepState
 
 from ..customers import PAYMENT_METHOD_TOKEN
@@ -184,12 +183,11 @@ def _payment_purchase_locked(
     for the same basket elsewhere meanwhile)."""
     if retry_of:
         purchase_bought_elsewhere(purchase_id=purchase_id, api_client=api_client)
-    # The halt is read in the lock's own statement: one round trip fewer, and a halt set
-    # before this statement began still refuses (halts bite at once).
-    purchase = lock_purchase_or_none(
-        purchase_id, with_quote=True, checkout_halted=halted_read("checkout")
-    )
-    if purchase is not None and purchase.__dict__["checkout_halted"]:
+    purchase = lock_purchase_or_none(purchase_id, with_quote=True)
+    # Read once the lock is held, in a statement of its own: a halt committed while this
+    # request waited for the purchase binds it (read in the lock's statement, it would be
+    # seen as it was when that statement began, and a one-call payment would be sent).
+    if purchase is not None and _halted("checkout"):
         _checkout_halted_refusal(purchase_id)
     if purchase is None or (
         api_client is not None and purchase.api_client_id not in (None, api_client.id)

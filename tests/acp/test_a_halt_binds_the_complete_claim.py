@@ -44,14 +44,7 @@ def _waiting_on_the_purchase() -> bool:
     "pay_mode",
     [
         "two_step",
-        pytest.param(
-            "one_call",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="one-call claim checks the checkout halt only before the purchase "
-                "lock; a halt committed before the claim does not stop the send",
-            ),
-        ),
+        "one_call",
     ],
     indirect=True,
 )

@@ -27,9 +27,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # One-call mode: the session read and the ladder, one transaction that opens the purchase,
 # creates its payment already claimed and binds the key (one purchase view for both
 # events), the provider call, the answer applied, the session's answer and the key.
-ONE_CALL_STATEMENTS = 59
+ONE_CALL_STATEMENTS = 60
 # Two-step mode: create, store the id, confirm.
-TWO_STEP_STATEMENTS = 81
+TWO_STEP_STATEMENTS = 82
 
 
 def _post(client: Client, key: str, path: str, body: dict):

@@ -19,14 +19,14 @@ from .one_call_helpers import provider_count
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # One-call mode (the provider dedupes keys): the ladder (3), one transaction that creates
-# the operation already claimed (18, the checkout halt read with the purchase's lock; its
-# purchase view and event included), the one provider call recorded (1), the answer
+# the operation already claimed (19, the checkout halt read once the purchase is locked;
+# its purchase view and event included), the one provider call recorded (1), the answer
 # applied (14, the sibling payments' success read with the operation's lock; the view
 # built once for its two events), the operation read for the answer and the key
 # completed (2).
-ONE_CALL_STATEMENTS = 38
+ONE_CALL_STATEMENTS = 39
 # Two-step mode (create, store the id, confirm): two provider calls and their claims.
-TWO_STEP_STATEMENTS = 59
+TWO_STEP_STATEMENTS = 60
 
 
 def _pay(api, purchase_id: str):
