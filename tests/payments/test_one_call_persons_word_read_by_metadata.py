@@ -12,6 +12,8 @@ confirmed, and the PaymentIntent is the payment's from then on, kept by its id.
 Judged on localstripe's raw record and the soak's money rules."""
 
 import pytest
+import requests
+from django.conf import settings
 
 from payments import services
 from payments.enums import CallStep, Grade, OperationKind, Outcome
@@ -124,3 +126,49 @@ def test_persons_failed_confirmed_by_metadata_cancels_the_declined_intent(
     assert [pi["status"] for pi in intents if pi["status"] in PAYABLE] == []
     assert PaymentOperation.objects.get(id=op.id).provider_reference == intent["id"]
     _money_rules_hold()
+
+
+def _three_d_secure_method(localstripe) -> str:
+    r = requests.post(
+        f"{localstripe.base}/v1/payment_methods",
+        data={
+            "type": "card",
+            "card[number]": "4000002760003184",
+            "card[exp_month]": "12",
+            "card[exp_year]": "2030",
+            "card[cvc]": "123",
+        },
+        auth=(settings.STRIPE_API_KEY, ""),
+        timeout=10,
+    )
+    r.raise_for_status()
+    return r.json()["id"]
+
+
+def test_persons_failed_on_an_intent_found_by_metadata_cancels_it_first(
+    new_purchase, api_client, one_call, drill, read_drill
+):
+    """The same payment waiting for the buyer's 3-D Secure (`requires_action`), its answers
+    lost while the provider could not be read; the person decides once it can be: the read
+    finds the intent by metadata, and a `failed` cancels it at the provider first, as it
+    does for a payment whose id Verity holds."""
+    purchase = new_purchase(price=1500)
+    op = services.payment_create(
+        purchase_id=purchase.id,
+        api_client=api_client,
+        payment_method=_three_d_secure_method(one_call),
+    )
+    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.PAY, times=2)
+    read_drill("*", times=50)
+    op = services.operation_dispatch(operation_id=op.id)
+    assert (op.outcome, op.provider_reference) == (Outcome.UNKNOWN, "")
+    read_drill("*", times=0)
+    [intent] = one_call.payment_intents_for(purchase.id)
+    assert intent["status"] == "requires_action"
+
+    op = services.operation_resolve_manual(
+        operation_id=op.id, outcome=Outcome.FAILED, reason="abandoned", actor="support:alice"
+    )
+    assert op.outcome == Outcome.FAILED
+    assert [pi["status"] for pi in one_call.payment_intents_for(purchase.id)] == ["canceled"]
+    assert PaymentOperation.objects.get(id=op.id).provider_reference == intent["id"]
