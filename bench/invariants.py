@@ -1363,3 +1363,55 @@ def _every_event_reaches_its_endpoint(f: Facts, rep: Report) -> None:
     )
     for ep_id, event_id in missing[:5]:
         rep.add(f"  endpoint {ep_id}", f"event {event_id}", "")
+
+
+def explain_payments(report: Report) -> list[str]:
+    """Everything Verity and the provider hold about each card payment a money rule names:
+    its provider calls, its transitions, its reference, and the raw PaymentIntents whose
+    metadata names it (a failing run must say what happened without its database)."""
+    from payments.models import OperationTransition, PaymentOperation, ProviderCall
+
+    facts = Facts(live=False)
+    named = set(facts.succeeded_not_charged)
+    for pi in facts.intents:
+        op_id = (pi.get("metadata") or {}).get("operation_id", "")
+        if pi["status"] in PAYABLE_INTENT and op_id in facts.ops:
+            o = facts.ops[op_id]
+            if o.outcome in ("succeeded", "failed") or (
+                o.provider_reference and o.provider_reference != pi["id"]
+            ):
+                named.add(op_id)
+    lines = []
+    for op_id in sorted(named):
+        o = PaymentOperation.objects.get(id=op_id)
+        lines.append(
+            f"operation {o.id}: {o.kind} {o.outcome} grade={o.grade or '-'} "
+            f"reference={o.provider_reference or '-'} purchase={o.purchase_id} "
+            f"created={o.created_at.isoformat()}"
+        )
+        for c in ProviderCall.objects.filter(operation=o).order_by("started_at", "id"):
+            lines.append(
+                f"  call {c.started_at.isoformat()} {c.purpose} {c.step}#{c.attempt} "
+                f"key={c.key} http={c.http_status} {c.classification or '-'} "
+                f"error={c.error_code or '-'} drill={c.fault_drill or '-'} "
+                f"request={c.request_id or '-'} safe={c.safe_fields}"
+            )
+        for t in OperationTransition.objects.filter(operation=o).order_by("created_at", "id"):
+            lines.append(
+                f"  transition {t.created_at.isoformat()} {t.field} {t.source}->{t.target} "
+                f"cause={t.cause} actor={t.actor or '-'} evidence={t.evidence}"
+            )
+        for pi in facts.intents:
+            if (pi.get("metadata") or {}).get("operation_id") == op_id or pi["id"] == (
+                o.provider_reference
+            ):
+                lines.append(
+                    f"  provider {pi['id']} status={pi['status']} created={pi['created']} "
+                    f"metadata={pi.get('metadata')}"
+                )
+        if o.provider_reference and o.provider_reference not in facts.status_of:
+            lines.append(
+                f"  provider GET {o.provider_reference}: "
+                f"{_provider_status('payment_intents', o.provider_reference) or 'absent'}"
+            )
+    return lines

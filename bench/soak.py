@@ -1585,6 +1585,11 @@ def _drive(
     from bench.invariants import check
 
     report = check()
+    explained: list[str] = []
+    if report.violations or any(v for _, v in state["checks"]):
+        from bench.invariants import explain_payments
+
+        explained = explain_payments(report)
     from datetime import timedelta
 
     from django.utils import timezone
@@ -1662,6 +1667,10 @@ def _drive(
     print("\n== storefront webhook receivers (their own record) ==")
     for row in receiver_rows:
         print("  " + ", ".join(f"{k}={v}" for k, v in row.items()))
+    if explained:
+        (out / "explain.txt").write_text("\n".join(explained) + "\n")
+        print("\n== the payments a money rule names (calls, transitions, provider) ==")
+        print("\n".join(explained))
     subprocess.run(["rm", "-rf", str(out / "logs")], check=False)
     subprocess.run(["cp", "-r", str(logdir), str(out / "logs")], check=False)
     print(

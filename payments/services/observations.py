@@ -589,7 +589,19 @@ def outcome_apply_locked(
             # may be older than a success of the same PaymentIntent.
             if op.grade == Grade.ACKNOWLEDGED and grade == Grade.CONFIRMED and final:
                 op.grade, op.verification = grade, verification  # evidence upgrades a manual
-                op.save(update_fields=["grade", "verification", "updated_at"])
+                fields = ["grade", "verification", "updated_at"]
+                if obj is not None and not op.provider_reference:
+                    # Found by metadata (a one-call payment whose answer was lost): the
+                    # agreeing object is this payment's, kept by its id as every other
+                    # settled payment is — a capture, a refund, a cancel need it.
+                    op.provider_reference, op.provider_status = obj.id, obj.status
+                    op.provider_charge = obj.latest_charge or op.provider_charge
+                    fields += ["provider_reference", "provider_status", "provider_charge"]
+                op.save(update_fields=fields)
+                if current == Outcome.FAILED:
+                    # A person's failure the provider confirms on a PaymentIntent it still
+                    # holds payable (declined, requires_payment_method): cancelled there.
+                    _cancel_if_left_open_put(op, obj)
                 transition_record(
                     purchase_id=purchase.id,
                     operation=op,

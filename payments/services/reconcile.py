@@ -763,15 +763,15 @@ def _created_unconfirmed_settle(
 
 
 def created_unconfirmed_adopt(op: PaymentOperation, obj: ProviderObject) -> bool:
-    """A two-step card payment whose confirm Verity never claimed and whose PaymentIntent's
-    id it never heard (the create's answer lost), judged by a person or after a person's
-    word: the PaymentIntent the read-back found by metadata is stored as its reference, so
-    the provider's record of it confirms or overturns the person and a payable one is
-    cancelled before the purchase is free for another payment. True when stored."""
+    """A card payment whose PaymentIntent's id Verity never heard (a two-step create's
+    answer lost before its confirm was claimed, or a one-call payment's answers lost),
+    judged by a person or after a person's word: the PaymentIntent the read-back found by
+    metadata is stored as its reference, so the provider's record of it confirms or
+    overturns the person and a payable one is cancelled before the purchase is free for
+    another payment. True when stored."""
     if not (
         op.kind in PAYMENT_KINDS
         and not op.provider_reference
-        and op.confirm_claimed_at is None
         and rail_evidence_for(op.rail) is None
     ):
         return False
