@@ -44,6 +44,8 @@ scoped per API key and expire `window_seconds` after their first use (86400, Str
 `window_seconds` (a test moves a key to its window's edge), `hold_seconds` (each keyed
 request waits that long while in progress: a concurrent one meets the 409) and `flush`;
 `GET /_config/idempotency` reports the settings and the keys held.
+A refund returns at most what is left of its charge, as Stripe refuses more (localstripe
+does not check): 400 `amount_too_large`, or `charge_already_refunded` once nothing is left.
 A PaymentIntent is created with `confirm=true` as Stripe does it (create, then confirm in
 the same request; a decline is a 402 whose body carries the PaymentIntent).
 """
@@ -347,6 +349,46 @@ def _payment_intent_create_confirming(cls, **data):
     return intent
 
 
+_refund_create = resources.Refund._api_create
+
+
+def _refund_create_within_the_charge(cls, **data):
+    """A refund of no more than what is left of the charge, as Stripe allows: more answers
+    400 (`charge_already_refunded` once nothing is left), and a refund without an amount
+    returns what is left, not the whole charge. localstripe checks neither, so a refund in
+    the dashboard and one of Verity's could together return more than was paid — money no
+    real provider would move. Input localstripe itself refuses is left to it."""
+    charge_id, intent_id = data.get("charge"), data.get("payment_intent")
+    try:
+        if intent_id and not charge_id:
+            charge_id = resources.PaymentIntent._api_retrieve(intent_id).latest_charge.id
+        charge = resources.Charge._api_retrieve(charge_id) if charge_id else None
+        amount = int(data["amount"]) if data.get("amount") is not None else None
+    except (UserError, AttributeError, TypeError, ValueError):
+        charge = None  # malformed or unknown: localstripe's own answer
+    if charge is not None and charge.status == "succeeded":
+        left = charge.amount - charge.amount_refunded
+        if left <= 0:
+            raise UserError(
+                400,
+                f"Charge {charge.id} has already been refunded.",
+                {"code": "charge_already_refunded"},
+            )
+        if amount is not None and amount > left:
+            raise UserError(
+                400,
+                f"Refund amount ({amount}) is greater than unrefunded amount on charge ({left})",
+                {"code": "amount_too_large", "param": "amount"},
+            )
+        if amount is None:
+            data["amount"] = left
+    return _refund_create.__func__(cls, **data)
+
+
+def add_refund_limits() -> None:
+    resources.Refund._api_create = classmethod(_refund_create_within_the_charge)
+
+
 class IdempotencyLayer:
     """Stripe's idempotency keys (see the module docstring). Single event loop: no lock."""
 
@@ -498,6 +540,7 @@ def main() -> None:
     resources.store.clear()
     add_disputes(server.app)
     add_shared_payment_tokens(server.app)
+    add_refund_limits()
     add_idempotency(server.app, enabled=args.idempotency)
 
     if args.webhook_url and args.webhook_secret:
