@@ -486,10 +486,14 @@ def _refund_success_confirmed(f: Facts, rep: Report) -> None:
     from payments.enums import Outcome
 
     refunded_ok = {r["id"] for r in f.refunds if r["status"] == "succeeded"}
+    # The listing was read before Verity's rows: a refund made and recorded in between is
+    # not in it, so each one missing from the listing is read on its own before it counts.
     refund_contradicted = [
         o.id
         for o in f.refund_ops.values()
-        if o.outcome == Outcome.SUCCEEDED and o.provider_reference not in refunded_ok
+        if o.outcome == Outcome.SUCCEEDED
+        and o.provider_reference not in refunded_ok
+        and _provider_status("refunds", o.provider_reference) != "succeeded"
     ]
     rep.add(
         "refund succeeded at Verity, not at provider",
@@ -497,6 +501,15 @@ def _refund_success_confirmed(f: Facts, rep: Report) -> None:
         "must be 0",
         ok=not refund_contradicted,
     )
+    for op_id in refund_contradicted[:5]:
+        o = f.refund_ops[op_id]
+        rep.add(
+            f"  {op_id}",
+            "",
+            f"grade={o.grade} verification={o.verification} reason={o.reason or '-'} "
+            f"refund={o.provider_reference or '-'} "
+            f"provider={_provider_status('refunds', o.provider_reference) or 'absent'}",
+        )
 
 
 @invariant("charged-never-failed")

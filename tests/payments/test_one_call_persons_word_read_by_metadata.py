@@ -145,7 +145,7 @@ def _three_d_secure_method(localstripe) -> str:
     return r.json()["id"]
 
 
-def test_persons_failed_on_an_intent_found_by_metadata_cancels_it_first(
+def test_persons_failed_on_an_intent_read_by_metadata_cancels_it_first(
     new_purchase, api_client, one_call, drill, read_drill
 ):
     """The same payment waiting for the buyer's 3-D Secure (`requires_action`), its answers
