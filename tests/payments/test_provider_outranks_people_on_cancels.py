@@ -147,6 +147,9 @@ def _declining_sepa_method() -> str:
     return r.json()["id"]
 
 
+# The provider holds the payment `processing` for half a second (localstripe's SEPA window):
+# the person's word must land inside it, which the parallel run's load can outlast.
+@pytest.mark.alone
 def test_a_persons_failed_is_refused_while_the_provider_is_processing(
     new_purchase, api_client, drill, resolver, localstripe
 ):
