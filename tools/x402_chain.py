@@ -253,11 +253,14 @@ def main(argv: list[str]) -> int:
     # From before anvil starts: a stop while the token deploys (`make run` stopping because
     # another process failed) still runs the `finally` below, or anvil and the facilitator,
     # in sessions of their own, would outlive it and hold honcho's output pipe open.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    procs = [subprocess.Popen(anvil_command(args.port), start_new_session=True)]
+    stop = _Stop()
+    signal.signal(signal.SIGTERM, stop.handler)
+    procs: list[subprocess.Popen] = []
     rpc = env["X402_RPC_URL"]
     w3 = Web3(Web3.HTTPProvider(rpc))
     try:
+        with stop.deferred():
+            procs.append(subprocess.Popen(anvil_command(args.port), start_new_session=True))
         for _ in range(300):
             if w3.is_connected():
                 break
@@ -271,24 +274,25 @@ def main(argv: list[str]) -> int:
                 f"token deployed at {info['asset']}, expected "
                 f"{env['X402_ASSET']}: was anvil's chain fresh?"
             )
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tools.x402_facilitator",
-                    "--port",
-                    str(args.facilitator_port),
-                    "--rpc-url",
-                    rpc,
-                    "--network",
-                    info["network"],
-                ],
-                cwd=ROOT,
-                start_new_session=True,
-                env={**os.environ, "X402_FACILITATOR_KEY": fac_key},
+        with stop.deferred():
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "tools.x402_facilitator",
+                        "--port",
+                        str(args.facilitator_port),
+                        "--rpc-url",
+                        rpc,
+                        "--network",
+                        info["network"],
+                    ],
+                    cwd=ROOT,
+                    start_new_session=True,
+                    env={**os.environ, "X402_FACILITATOR_KEY": fac_key},
+                )
             )
-        )
         _wait_http(f"{env['X402_FACILITATOR_URL']}/supported", procs[-1])
         print(
             "\n".join(
@@ -313,6 +317,32 @@ def main(argv: list[str]) -> int:
         for proc in procs:  # each in its own session: anvil's npm wrapper has a child
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
+
+
+class _Stop:
+    """SIGTERM as SystemExit, except while a child is being started: raised inside `Popen`
+    after the fork, it lost the child's handle, and that anvil outlived the stop (seen in
+    CI: `make run` stopped while anvil was just starting). There it is held until the child
+    is in `procs`, where the `finally` of `main` stops it."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.holding = False
+
+    def handler(self, *_) -> None:
+        self.requested = True
+        if not self.holding:
+            raise SystemExit(0)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.requested:
+            raise SystemExit(0)
 
 
 def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:

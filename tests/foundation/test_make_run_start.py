@@ -60,13 +60,31 @@ def test_a_taken_port_is_named_and_nothing_is_left_running(tmp_path, busy):
     assert left == [], left
 
 
+# Held for a second in the starter once each child is started, before `Popen` returns:
+# the window in which a stop lost anvil's handle (rarely hit in CI, under load).
+SLOW_SPAWN = """
+import subprocess, time
+_start = subprocess.Popen._execute_child
+def _slow(self, *args, **kwargs):
+    _start(self, *args, **kwargs)
+    time.sleep(1.0)
+subprocess.Popen._execute_child = _slow
+"""
+
+
 @pytest.mark.skipif(not x402_chain.available(), reason="no local chain (Node/tools/chain)")
-def test_the_chain_stopped_while_it_deploys_leaves_nothing_running(tmp_path):
+@pytest.mark.parametrize("stopped", ["deploying", "starting_anvil"])
+def test_the_chain_stopped_while_it_deploys_leaves_nothing_running(tmp_path, stopped):
     """honcho stops every process when one fails; the chain may be deploying its token
-    then. Its anvil and facilitator run in sessions of their own: if they outlive it, they
-    hold honcho's pipe open and honcho loops on SIGKILL, deaf to Ctrl-C."""
+    then, or only starting anvil. Its anvil and facilitator run in sessions of their own:
+    if they outlive it, they hold honcho's pipe open and honcho loops on SIGKILL, deaf to
+    Ctrl-C."""
     var = tmp_path / "var"
     env = {**serve_env(var), "PYTHONUNBUFFERED": "1"}
+    if stopped == "starting_anvil":
+        (tmp_path / "slow").mkdir()
+        (tmp_path / "slow" / "sitecustomize.py").write_text(SLOW_SPAWN)
+        env["PYTHONPATH"] = str(tmp_path / "slow")
     proc = subprocess.Popen(
         [
             str(ROOT / ".venv/bin/python"),
