@@ -46,6 +46,12 @@ request waits that long while in progress: a concurrent one meets the 409) and `
 `GET /_config/idempotency` reports the settings and the keys held.
 A refund returns at most what is left of its charge, as Stripe refuses more (localstripe
 does not check): 400 `amount_too_large`, or `charge_already_refunded` once nothing is left.
+Lists answer newest first, as Stripe's do ("the most recent appearing first"); localstripe
+answered its store's insertion order, oldest first, for every resource that does not sort
+(PaymentIntents among them). A read-back by metadata pages from the first page, so it found
+a recent payment only after paging through every older one: in a long soak each lost answer
+cost up to 20 pages of 100 PaymentIntents, localstripe's one event loop fell behind, and past
+2 000 PaymentIntents the page bound left recent ones unread.
 A PaymentIntent is created with `confirm=true` as Stripe does it (create, then confirm in
 the same request; a decline is a 402 whose body carries the PaymentIntent).
 """
@@ -389,6 +395,23 @@ def add_refund_limits() -> None:
     resources.Refund._api_create = classmethod(_refund_create_within_the_charge)
 
 
+def _list_newest_first(cls, url, limit=None, starting_after=None, **kwargs):
+    """localstripe's own list (`StripeObject._api_list_all`), newest first: the store keeps
+    insertion order, which is creation order, so its reverse is Stripe's order."""
+    if kwargs:
+        raise UserError(400, "Unexpected " + ", ".join(kwargs.keys()))
+    listed = resources.List(url, limit=limit, starting_after=starting_after)
+    prefix = cls.object + ":"
+    listed._list = [
+        value for key, value in reversed(resources.store.items()) if key.startswith(prefix)
+    ]
+    return listed
+
+
+def add_newest_first_lists() -> None:
+    resources.StripeObject._api_list_all = classmethod(_list_newest_first)
+
+
 class IdempotencyLayer:
     """Stripe's idempotency keys (see the module docstring). Single event loop: no lock."""
 
@@ -541,6 +564,7 @@ def main() -> None:
     add_disputes(server.app)
     add_shared_payment_tokens(server.app)
     add_refund_limits()
+    add_newest_first_lists()
     add_idempotency(server.app, enabled=args.idempotency)
 
     if args.webhook_url and args.webhook_secret:

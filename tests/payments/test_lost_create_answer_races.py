@@ -233,22 +233,26 @@ def test_a_search_stopped_at_its_page_bound_never_settles_failed_beside_a_payabl
     """The metadata search gives up at its page bound: that is not "none found". The
     payment stays `unknown` (the purchase busy) however long it waits, and once the search
     can reach it the intent is cancelled before the purchase is free."""
-    # others' PaymentIntents listed before ours (localstripe lists oldest first)
-    for _ in range(2):
-        assert pay_now(new_purchase()).outcome == Outcome.SUCCEEDED
     purchase = new_purchase()
     op = _start(purchase, api_client)
     drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.CREATE)
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    settings.PROVIDER_LIST_MAX_PAGES = 0  # the search reads no page yet
+    op = services.operation_dispatch(operation_id=op.id)
+    assert op.outcome == Outcome.UNKNOWN
+    # others' PaymentIntents, newer, listed before ours (Stripe lists newest first)
+    for _ in range(2):
+        assert pay_now(new_purchase()).outcome == Outcome.SUCCEEDED
     # one PaymentIntent per page, one page: the search cannot reach ours
     settings.PROVIDER_LIST_PAGE_LIMIT = 1
     settings.PROVIDER_LIST_MAX_PAGES = 1
-    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
 
-    op = services.operation_dispatch(operation_id=op.id)
+    op = services.operation_reconcile(operation_id=op.id)
 
     [orphan] = _intents_of(localstripe, op)
     reads = ProviderCall.objects.filter(operation_id=op.id, purpose="reconcile", step="list")
-    assert list(reads.values_list("classification", flat=True)) == ["unknown"]
+    # the search with no page, then the one that stopped at its bound: neither a verdict
+    assert list(reads.values_list("classification", flat=True)) == ["unknown", "unknown"]
     assert op.outcome == Outcome.UNKNOWN
     assert orphan["status"] in PAYABLE
     for _ in range(3):
