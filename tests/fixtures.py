@@ -4,7 +4,9 @@ something else somewhere gets a name of its own there."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -83,6 +85,38 @@ def pay_now(api_client):
         return services.operation_dispatch(operation_id=op.pk)
 
     return run
+
+
+def _send_at_once(sends: list[Callable[[], Any]]) -> list[Any]:
+    answers: list[Any] = [None] * len(sends)
+    barrier = threading.Barrier(len(sends))
+
+    def run(i: int, send: Callable[[], Any]) -> None:
+        from django.db import connection
+
+        try:
+            barrier.wait(10)
+            answers[i] = send()
+        except Exception as exc:  # noqa: BLE001
+            answers[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i, s)) for i, s in enumerate(sends)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return answers
+
+
+@pytest.fixture
+def send_at_once():
+    """Races requests: `send_at_once(sends)` runs each callable in a thread of its own,
+    all released together by one barrier, each thread closing its own database connection
+    (a live server or the test client answers each on a connection of its own). Returns
+    the answers in the order of `sends`, an exception in place of an answer that raised."""
+    return _send_at_once
 
 
 class People(NamedTuple):
