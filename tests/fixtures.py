@@ -119,6 +119,71 @@ def send_at_once():
     return _send_at_once
 
 
+class HeldPurchase:
+    """A purchase row locked (FOR UPDATE) by a transaction in a thread of its own, as a
+    concurrent request holding it would: `hold(id)`, then `wait_for_a_waiter()` once a
+    request was started, then `release()`."""
+
+    def __init__(self) -> None:
+        self._release = threading.Event()
+        self._holder: threading.Thread | None = None
+
+    def hold(self, purchase_id: str) -> None:
+        from django.db import connection, transaction
+
+        locked = threading.Event()
+
+        def run() -> None:
+            try:
+                with transaction.atomic():
+                    with connection.cursor() as cursor:
+                        cursor.execute(
+                            "SELECT id FROM payments_purchase WHERE id = %s FOR UPDATE",
+                            [purchase_id],
+                        )
+                    locked.set()
+                    self._release.wait(20)
+            finally:
+                connection.close()
+
+        self._holder = threading.Thread(target=run)
+        self._holder.start()
+        assert locked.wait(10), "the purchase was never locked"
+
+    def wait_for_a_waiter(self, what: str = "the request") -> None:
+        """Returns once a statement on the purchases waits for a lock (PostgreSQL's own
+        view of its sessions)."""
+        import time
+
+        from django.db import connection
+
+        deadline = time.monotonic() + 10
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query ILIKE '%%payments_purchase%%'"
+                )
+                if cursor.fetchone()[0] > 0:
+                    return
+            assert time.monotonic() < deadline, f"{what} never waited on the purchase"
+            time.sleep(0.02)
+
+    def release(self) -> None:
+        self._release.set()
+        if self._holder is not None:
+            self._holder.join(20)
+
+
+@pytest.fixture
+def held_purchase():
+    """Locks a purchase as a concurrent request would (HeldPurchase); released at the end
+    of the test if the test did not."""
+    held = HeldPurchase()
+    yield held
+    held.release()
+
+
 class People(NamedTuple):
     resolver: object  # settles an operation by hand
     requester: object  # asks for a refund (support)

@@ -8,10 +8,8 @@ streamable HTTP transport; the provider is counted at localstripe over plain HTT
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
-from django.db import connection, transaction
 
 from payments.models import IdempotencyRecord, PaymentOperation, ProviderCall
 from recovery.halts import halt_clear, halt_set
@@ -20,17 +18,8 @@ from tests.agents.test_http import run_http_agent
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _waiting_on_the_purchase() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND query ILIKE '%%payments_purchase%%'"
-        )
-        return cursor.fetchone()[0] > 0
-
-
 def test_a_halt_set_while_pay_purchase_waits_for_the_purchase_holds_the_payment(
-    mcp_url, agent_key, product, one_call
+    mcp_url, agent_key, product, one_call, held_purchase
 ):
     async def open_purchase(client, call):
         quote = (await call("get_quote", items=[{"sku": product.sku, "quantity": 1}]))["quote"]
@@ -45,20 +34,6 @@ def test_a_halt_set_while_pay_purchase_waits_for_the_purchase_holds_the_payment(
 
     purchase, _ = run_http_agent(mcp_url, agent_key, open_purchase)
     pid = purchase["id"]
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_purchase():
-        try:
-            with transaction.atomic():
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        "SELECT id FROM payments_purchase WHERE id = %s FOR UPDATE", [pid]
-                    )
-                locked.set()
-                release.wait(20)
-        finally:
-            connection.close()
-
     answer: dict = {}
 
     async def pay(client, call):
@@ -67,20 +42,14 @@ def test_a_halt_set_while_pay_purchase_waits_for_the_purchase_holds_the_payment(
     def pay_over_mcp():
         answer["paid"], answer["transcript"] = run_http_agent(mcp_url, agent_key, pay)
 
-    holder = threading.Thread(target=hold_the_purchase)
-    holder.start()
-    assert locked.wait(10)
+    held_purchase.hold(pid)
     payer = threading.Thread(target=pay_over_mcp)
     payer.start()
-    deadline = time.monotonic() + 10
-    while not _waiting_on_the_purchase():
-        assert time.monotonic() < deadline, "pay_purchase never waited on the purchase"
-        time.sleep(0.02)
+    held_purchase.wait_for_a_waiter("pay_purchase")
     # The tool read the purchase, found no payment and waits for its lock: halt checkout.
     halt_set(name="checkout", reason="incident", actor="ops")
     try:
-        release.set()
-        holder.join(20)
+        held_purchase.release()
         payer.join(30)
         assert not payer.is_alive(), "pay_purchase never answered"
         paid = answer["paid"]
