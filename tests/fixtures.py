@@ -4,11 +4,17 @@ something else somewhere gets a name of its own there."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -182,6 +188,47 @@ def held_purchase():
     held = HeldPurchase()
     yield held
     held.release()
+
+
+class EmbeddedSqlite:
+    """`manage.py` on a fresh SQLite file under a temporary var/, as `make run` uses it:
+    the test process's environment less the test stack's database, broker and stack
+    variables. Set more variables in `env` before the first `shell`, which migrates."""
+
+    STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "VERITY_STACK_DIR")
+
+    def __init__(self, var: Path) -> None:
+        self.var = var
+        self.env = {k: v for k, v in os.environ.items() if k not in self.STACK_VARIABLES}
+        self.env["VERITY_VAR_DIR"] = str(var)
+        self._migrated = False
+
+    def _manage(self, *args: str, timeout: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def shell(self, script: str) -> str:
+        """Runs `script` with `manage.py shell -c`; its standard output (it must exit 0)."""
+        if not self._migrated:
+            migrate = self._manage("migrate", "--noinput", "-v", "0", timeout=300)
+            assert migrate.returncode == 0, migrate.stderr[-3000:]
+            self._migrated = True
+        done = self._manage("shell", "-c", script, timeout=120)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        return done.stdout
+
+
+@pytest.fixture
+def embedded_sqlite(tmp_path) -> EmbeddedSqlite:
+    """Verity on the embedded default database (SQLite) in a subprocess: the suite's own
+    database is PostgreSQL."""
+    return EmbeddedSqlite(tmp_path / "var")
 
 
 class People(NamedTuple):

@@ -4,20 +4,13 @@ are read two ways: on PostgreSQL from its table statistics (a catalog query with
 PostgreSQL-only cast), on SQLite by an exact count. The scrape's collector swallows a
 failing query (a scrape never answers 500), so a broken path shows only as missing
 figures: the figures themselves are compared. SQLite runs in a subprocess on a fresh
-file under a temporary var/ (as tests/foundation/test_sqlite_paths.py)."""
+file under a temporary var/ (the embedded_sqlite fixture)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "VERITY_STACK_DIR")
 
 # Each value stored more than once, and far fewer values than rows: PostgreSQL's ANALYZE
 # of a table it reads whole then keeps every value among its most common ones, with its
@@ -67,46 +60,26 @@ def store_and_scrape() -> dict[str, float]:
     return figures
 
 
-def _on_sqlite(tmp_path) -> dict[str, float]:
-    env = {k: v for k, v in os.environ.items() if k not in STACK_VARIABLES}
-    env.update(VERITY_VAR_DIR=str(tmp_path / "var"), ALLOWED_HOSTS="testserver")
-    manage = [sys.executable, str(ROOT / "manage.py")]
-    migrate = subprocess.run(
-        [*manage, "migrate", "--noinput", "-v", "0"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert migrate.returncode == 0, migrate.stderr[-3000:]
-    script = (
+def _on_sqlite(embedded_sqlite) -> dict[str, float]:
+    embedded_sqlite.env["ALLOWED_HOSTS"] = "testserver"
+    out = embedded_sqlite.shell(
         "import json\n"
         "from django.db import connection\n"
         "from tests.recovery.test_metrics_on_both_databases import store_and_scrape\n"
         "assert connection.vendor == 'sqlite', connection.vendor\n"
         "print('FIGURES', json.dumps(store_and_scrape()))\n"
     )
-    done = subprocess.run(
-        [*manage, "shell", "-c", script],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    [line] = [x for x in done.stdout.splitlines() if x.startswith("FIGURES ")]
+    [line] = [x for x in out.splitlines() if x.startswith("FIGURES ")]
     return json.loads(line[len("FIGURES ") :])
 
 
 @pytest.mark.django_db(transaction=True)
-def test_metrics_give_the_same_figures_on_sqlite_and_postgresql(tmp_path):
+def test_metrics_give_the_same_figures_on_sqlite_and_postgresql(embedded_sqlite):
     from django.db import connection
 
     assert connection.vendor == "postgresql", connection.vendor
     on_postgresql = store_and_scrape()
-    on_sqlite = _on_sqlite(tmp_path)
+    on_sqlite = _on_sqlite(embedded_sqlite)
     print(json.dumps({"postgresql": on_postgresql, "sqlite": on_sqlite}, indent=1))
 
     for name, want in EXPECTED.items():
