@@ -4,9 +4,17 @@ something else somewhere gets a name of its own there."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -83,6 +91,144 @@ def pay_now(api_client):
         return services.operation_dispatch(operation_id=op.pk)
 
     return run
+
+
+def _send_at_once(sends: list[Callable[[], Any]]) -> list[Any]:
+    answers: list[Any] = [None] * len(sends)
+    barrier = threading.Barrier(len(sends))
+
+    def run(i: int, send: Callable[[], Any]) -> None:
+        from django.db import connection
+
+        try:
+            barrier.wait(10)
+            answers[i] = send()
+        except Exception as exc:  # noqa: BLE001
+            answers[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i, s)) for i, s in enumerate(sends)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return answers
+
+
+@pytest.fixture
+def send_at_once():
+    """Races requests: `send_at_once(sends)` runs each callable in a thread of its own,
+    all released together by one barrier, each thread closing its own database connection
+    (a live server or the test client answers each on a connection of its own). Returns
+    the answers in the order of `sends`, an exception in place of an answer that raised."""
+    return _send_at_once
+
+
+class HeldPurchase:
+    """A purchase row locked (FOR UPDATE) by a transaction in a thread of its own, as a
+    concurrent request holding it would: `hold(id)`, then `wait_for_a_waiter()` once a
+    request was started, then `release()`."""
+
+    def __init__(self) -> None:
+        self._release = threading.Event()
+        self._holder: threading.Thread | None = None
+
+    def hold(self, purchase_id: str) -> None:
+        from django.db import connection, transaction
+
+        locked = threading.Event()
+
+        def run() -> None:
+            try:
+                with transaction.atomic():
+                    with connection.cursor() as cursor:
+                        cursor.execute(
+                            "SELECT id FROM payments_purchase WHERE id = %s FOR UPDATE",
+                            [purchase_id],
+                        )
+                    locked.set()
+                    self._release.wait(20)
+            finally:
+                connection.close()
+
+        self._holder = threading.Thread(target=run)
+        self._holder.start()
+        assert locked.wait(10), "the purchase was never locked"
+
+    def wait_for_a_waiter(self, what: str = "the request") -> None:
+        """Returns once a statement on the purchases waits for a lock (PostgreSQL's own
+        view of its sessions)."""
+        import time
+
+        from django.db import connection
+
+        deadline = time.monotonic() + 10
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query ILIKE '%%payments_purchase%%'"
+                )
+                if cursor.fetchone()[0] > 0:
+                    return
+            assert time.monotonic() < deadline, f"{what} never waited on the purchase"
+            time.sleep(0.02)
+
+    def release(self) -> None:
+        self._release.set()
+        if self._holder is not None:
+            self._holder.join(20)
+
+
+@pytest.fixture
+def held_purchase():
+    """Locks a purchase as a concurrent request would (HeldPurchase); released at the end
+    of the test if the test did not."""
+    held = HeldPurchase()
+    yield held
+    held.release()
+
+
+class EmbeddedSqlite:
+    """`manage.py` on a fresh SQLite file under a temporary var/, as `make run` uses it:
+    the test process's environment less the test stack's database, broker and stack
+    variables. Set more variables in `env` before the first `shell`, which migrates."""
+
+    STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "VERITY_STACK_DIR")
+
+    def __init__(self, var: Path) -> None:
+        self.var = var
+        self.env = {k: v for k, v in os.environ.items() if k not in self.STACK_VARIABLES}
+        self.env["VERITY_VAR_DIR"] = str(var)
+        self._migrated = False
+
+    def _manage(self, *args: str, timeout: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def shell(self, script: str) -> str:
+        """Runs `script` with `manage.py shell -c`; its standard output (it must exit 0)."""
+        if not self._migrated:
+            migrate = self._manage("migrate", "--noinput", "-v", "0", timeout=300)
+            assert migrate.returncode == 0, migrate.stderr[-3000:]
+            self._migrated = True
+        done = self._manage("shell", "-c", script, timeout=120)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        return done.stdout
+
+
+@pytest.fixture
+def embedded_sqlite(tmp_path) -> EmbeddedSqlite:
+    """Verity on the embedded default database (SQLite) in a subprocess: the suite's own
+    database is PostgreSQL."""
+    return EmbeddedSqlite(tmp_path / "var")
 
 
 class People(NamedTuple):

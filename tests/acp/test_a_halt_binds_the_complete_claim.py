@@ -6,10 +6,8 @@ stands. Counted at localstripe over plain HTTP."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
-from django.db import connection, transaction
 
 from payments.models import PaymentOperation, Purchase
 from recovery.halts import halt_clear, halt_set
@@ -31,15 +29,6 @@ def pay_mode(request, localstripe, settings):
         yield request.param
 
 
-def _waiting_on_the_purchase() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND query ILIKE '%%payments_purchase%%'"
-        )
-        return cursor.fetchone()[0] > 0
-
-
 @pytest.mark.parametrize(
     "pay_mode",
     [
@@ -48,45 +37,27 @@ def _waiting_on_the_purchase() -> bool:
     ],
     indirect=True,
 )
-def test_a_halt_set_before_the_complete_claims_holds_the_payment(pay_mode, agent, tea, localstripe):
+def test_a_halt_set_before_the_complete_claims_holds_the_payment(
+    pay_mode, agent, tea, localstripe, held_purchase
+):
     sid = agent.create(tea.sku, 1).json()["id"]
     email = new_email()
     r = agent.complete(sid, issue_spt(1250, payment_method="pm_card_chargeCustomerFail"), email)
     assert r.status_code == 402, r.text
     purchase = Purchase.objects.get(acp_session__id=sid)
     before = {pi["id"] for pi in localstripe.payment_intents_for(purchase.id)}
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_purchase():
-        try:
-            with transaction.atomic():
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        "SELECT id FROM payments_purchase WHERE id = %s FOR UPDATE", [purchase.id]
-                    )
-                locked.set()
-                release.wait(20)
-        finally:
-            connection.close()
-
     answer: dict = {}
 
     def complete():
         answer["r"] = agent.complete(sid, issue_spt(1250), email)
 
-    holder = threading.Thread(target=hold_the_purchase)
-    holder.start()
-    assert locked.wait(10)
+    held_purchase.hold(purchase.id)
     payer = threading.Thread(target=complete)
     payer.start()
-    deadline = time.monotonic() + 10
-    while not _waiting_on_the_purchase():
-        assert time.monotonic() < deadline, "the complete never waited on the purchase"
-        time.sleep(0.02)
+    held_purchase.wait_for_a_waiter("the complete")
     halt_set(name="checkout", reason="incident", actor="ops")
     try:
-        release.set()
-        holder.join(20)
+        held_purchase.release()
         payer.join(30)
         new = [pi for pi in localstripe.payment_intents_for(purchase.id) if pi["id"] not in before]
         ops = list(

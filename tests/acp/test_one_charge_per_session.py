@@ -33,27 +33,6 @@ def mode(request, localstripe, settings):
         yield request.param
 
 
-def _parallel(sends):
-    answers = [None] * len(sends)
-    barrier = threading.Barrier(len(sends))
-
-    def run(i, send):
-        try:
-            barrier.wait(10)
-            answers[i] = send()
-        except Exception as exc:  # noqa: BLE001
-            answers[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, s)) for i, s in enumerate(sends)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return answers
-
-
 def _paid(localstripe, purchase_id):
     return [
         pi
@@ -81,7 +60,9 @@ def _settled(op_id: str) -> PaymentOperation:
     return op
 
 
-def test_completes_raced_with_one_key_and_with_many_charge_once(mode, agent, tea, localstripe):
+def test_completes_raced_with_one_key_and_with_many_charge_once(
+    mode, agent, tea, localstripe, send_at_once
+):
     sid = agent.create(tea.sku, 1).json()["id"]
     email = new_email()
     token = issue_spt(1250)
@@ -100,7 +81,7 @@ def test_completes_raced_with_one_key_and_with_many_charge_once(mode, agent, tea
         )
         for _ in range(3)
     ]
-    answers = _parallel(sends)
+    answers = send_at_once(sends)
     print(mode, [getattr(a, "status_code", a) for a in answers])
     assert not [a for a in answers if isinstance(a, Exception)], answers
     purchase = Purchase.objects.get(acp_session__id=sid)
@@ -133,6 +114,7 @@ def test_a_complete_raced_by_a_payment_from_the_rest_side_charges_once(
     tea,
     localstripe,
     platform,
+    send_at_once,
 ):
     """After a decline: a new complete (another token) and a payment on the same purchase
     by the same platform (the REST side's service: payment_request's core) race."""
@@ -155,7 +137,7 @@ def test_a_complete_raced_by_a_payment_from_the_rest_side_charges_once(
     def acp():
         return agent.complete(sid, issue_spt(1250), email)
 
-    answers = _parallel([rest, acp])
+    answers = send_at_once([rest, acp])
     print(mode, [getattr(a, "status_code", getattr(a, "code", a)) for a in answers])
     for op in PaymentOperation.objects.filter(purchase=purchase):
         _settled(op.id)

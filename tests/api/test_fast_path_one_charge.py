@@ -3,10 +3,7 @@ charges, or a replay make a provider call? Parallel first payments with one key 
 new keys, racing replays and reads, then replays in every shape the fast path accepts.
 Asserted on localstripe's PaymentIntents and on ProviderCall / PaymentOperation rows."""
 
-import threading
-
 import pytest
-from django.db import connection
 
 from payments.models import IdempotencyRecord, PaymentOperation, ProviderCall
 from tests.api.conftest import Api, new_key
@@ -15,28 +12,9 @@ from tests.api.test_fast_path_equivalence import BODY
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 
 
-def _parallel(sends):
-    answers = [None] * len(sends)
-    barrier = threading.Barrier(len(sends))
-
-    def run(i, send):
-        try:
-            barrier.wait(10)
-            answers[i] = send()
-        except Exception as exc:  # noqa: BLE001
-            answers[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, s)) for i, s in enumerate(sends)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return answers
-
-
-def test_parallel_first_payments_replays_and_reads_charge_once(storefront, product, localstripe):
+def test_parallel_first_payments_replays_and_reads_charge_once(
+    storefront, product, localstripe, send_at_once
+):
     purchase = storefront.new_purchase(product.sku)
     pid = purchase["id"]
     storefront.get(f"purchases/{pid}")  # the key verified: the fast path is warm
@@ -51,7 +29,7 @@ def test_parallel_first_payments_replays_and_reads_charge_once(storefront, produ
             )
         else:
             sends.append(lambda api=api: api.get(f"purchases/{pid}"))
-    answers = _parallel(sends)
+    answers = send_at_once(sends)
     print([getattr(a, "status_code", a) for a in answers])
     assert not [a for a in answers if isinstance(a, Exception)], answers
     assert sum(1 for a in answers[:6] if a.status_code == 201) == 1
@@ -66,7 +44,7 @@ def test_parallel_first_payments_replays_and_reads_charge_once(storefront, produ
     # every replay of the winning request after it (whichever key won the race): fast or
     # DRF, no provider call, no operation, no intent
     key = next(k for k, a in zip(keys, answers, strict=False) if a.status_code == 201)
-    replays = _parallel(
+    replays = send_at_once(
         [lambda api=api: api.post(f"purchases/{pid}/payments", BODY, key=key) for api in apis]
     )
     assert all(r.status_code == 200 and r["Idempotent-Replayed"] == "true" for r in replays)

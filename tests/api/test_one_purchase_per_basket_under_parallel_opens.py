@@ -5,12 +5,10 @@ no event (the open runs in the keyed request's transaction, without a savepoint)
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
 import requests
-from django.db import connection
 
 from payments.models import IdempotencyRecord, OperationTransition, Purchase
 from tests.api.conftest import Api
@@ -20,28 +18,7 @@ from tests.factories import ProductFactory, make_client
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _parallel(sends):
-    answers = [None] * len(sends)
-    barrier = threading.Barrier(len(sends))
-
-    def run(i, send):
-        try:
-            barrier.wait(10)
-            answers[i] = send()
-        except Exception as exc:  # noqa: BLE001
-            answers[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, s)) for i, s in enumerate(sends)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return answers
-
-
-def test_parallel_opens_of_one_basket_make_one_purchase(live_server):
+def test_parallel_opens_of_one_basket_make_one_purchase(live_server, send_at_once):
     client, key = make_client(limit=10_000_000)
     shop = Api(key, client)
     sku = ProductFactory(price=1500).sku
@@ -68,7 +45,7 @@ def test_parallel_opens_of_one_basket_make_one_purchase(live_server):
     sends = [lambda: send(shared, body(quotes[0])) for _ in range(3)]
     sends += [lambda: send(str(uuid.uuid4()), body(quotes[0])) for _ in range(2)]
     sends += [lambda q=q: send(str(uuid.uuid4()), body(q)) for q in quotes[1:]]
-    answers = _parallel(sends)
+    answers = send_at_once(sends)
     codes = [getattr(a, "status_code", repr(a)) for a in answers]
     print(codes, [a.json().get("code") for a in answers if a.status_code >= 400])
     assert not [a for a in answers if isinstance(a, Exception)], answers

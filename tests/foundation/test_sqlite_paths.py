@@ -7,14 +7,6 @@ fresh SQLite file under a temporary var/ (the same settings `make run` reads).""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "VERITY_STACK_DIR")
-
 SCRIPT = r"""
 import sqlite3, time
 from datetime import timedelta
@@ -111,30 +103,10 @@ print("SQLITE PATHS OK", sqlite3.sqlite_version)
 """
 
 
-def test_raw_sql_paths_work_on_sqlite(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in STACK_VARIABLES}
-    env["VERITY_VAR_DIR"] = str(tmp_path / "var")
-    env.update(STRIPE_WEBHOOK_SECRETS="whsec_sqlite", ALLOWED_HOSTS="testserver")
-    manage = [sys.executable, str(ROOT / "manage.py")]
+def test_raw_sql_paths_work_on_sqlite(embedded_sqlite):
+    embedded_sqlite.env.update(STRIPE_WEBHOOK_SECRETS="whsec_sqlite", ALLOWED_HOSTS="testserver")
 
-    migrate = subprocess.run(
-        [*manage, "migrate", "--noinput", "-v", "0"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert migrate.returncode == 0, migrate.stderr[-3000:]
-    done = subprocess.run(
-        [*manage, "shell", "-c", SCRIPT],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = embedded_sqlite.shell(SCRIPT)
 
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "SQLITE PATHS OK" in done.stdout
-    assert (tmp_path / "var" / "verity.sqlite3").exists()
+    assert "SQLITE PATHS OK" in out
+    assert (embedded_sqlite.var / "verity.sqlite3").exists()

@@ -7,10 +7,9 @@ localstripe over plain HTTP."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 from payments.enums import Outcome
 from payments.models import PaymentOperation
@@ -34,16 +33,6 @@ def pay_mode(request, localstripe, settings):
         yield request.param
 
 
-def _waiting_on_a_lock(table: str = "payments_purchase") -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND query ILIKE %s",
-            [f"%{table}%"],
-        )
-        return cursor.fetchone()[0] > 0
-
-
 @pytest.mark.parametrize(
     "pay_mode",
     [
@@ -52,24 +41,10 @@ def _waiting_on_a_lock(table: str = "payments_purchase") -> bool:
     ],
     indirect=True,
 )
-def test_a_halt_set_before_the_claim_holds_the_payment(pay_mode, localstripe):
+def test_a_halt_set_before_the_claim_holds_the_payment(pay_mode, localstripe, held_purchase):
     client, key = make_client(limit=10_000_000)
     shop = Api(key, client)
     pid = shop.new_purchase(ProductFactory(price=1500).sku)["id"]
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_purchase():
-        try:
-            with transaction.atomic():
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        "SELECT id FROM payments_purchase WHERE id = %s FOR UPDATE", [pid]
-                    )
-                locked.set()
-                release.wait(20)
-        finally:
-            connection.close()
-
     answer: dict = {}
 
     def pay():
@@ -78,20 +53,14 @@ def test_a_halt_set_before_the_claim_holds_the_payment(pay_mode, localstripe):
         finally:
             connection.close()
 
-    holder = threading.Thread(target=hold_the_purchase)
-    holder.start()
-    assert locked.wait(10)
+    held_purchase.hold(pid)
     payer = threading.Thread(target=pay)
     payer.start()
-    deadline = time.monotonic() + 10
-    while not _waiting_on_a_lock():
-        assert time.monotonic() < deadline, "the payment request never waited on the lock"
-        time.sleep(0.02)
+    held_purchase.wait_for_a_waiter("the payment request")
     # The request passed its checks and waits for the purchase: now checkout is halted.
     halt_set(name="checkout", reason="incident", actor="ops")
     try:
-        release.set()
-        holder.join(20)
+        held_purchase.release()
         payer.join(30)
         r = answer["r"]
         intents = localstripe.payment_intents_for(pid)

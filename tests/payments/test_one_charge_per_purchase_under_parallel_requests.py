@@ -6,12 +6,10 @@ Counted at localstripe over plain HTTP and in raw rows."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
 import requests
-from django.db import connection
 
 from payments import services
 from payments.enums import Outcome
@@ -36,28 +34,9 @@ def pay_mode(request, localstripe, settings):
         yield request.param
 
 
-def _parallel(sends):
-    answers = [None] * len(sends)
-    barrier = threading.Barrier(len(sends))
-
-    def run(i, send):
-        try:
-            barrier.wait(10)
-            answers[i] = send()
-        except Exception as exc:  # noqa: BLE001
-            answers[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, s)) for i, s in enumerate(sends)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return answers
-
-
-def test_parallel_payments_of_one_purchase_charge_once(pay_mode, live_server, localstripe):
+def test_parallel_payments_of_one_purchase_charge_once(
+    pay_mode, live_server, localstripe, send_at_once
+):
     client, key = make_client(limit=10_000_000)
     shop = Api(key, client)
     pid = shop.new_purchase(ProductFactory(price=1500).sku)["id"]
@@ -77,7 +56,7 @@ def test_parallel_payments_of_one_purchase_charge_once(pay_mode, live_server, lo
     sends += [lambda: send(str(uuid.uuid4()), body) for _ in range(3)]
     sends += [lambda: send(str(uuid.uuid4()), {**body, "amount": 1500, "currency": "usd"})]
     sends += [lambda: send(str(uuid.uuid4()), {**body, "currency": "usd"})]
-    answers = _parallel(sends)
+    answers = send_at_once(sends)
     codes = [getattr(a, "status_code", repr(a)) for a in answers]
     print(pay_mode, codes)
     assert not [a for a in answers if isinstance(a, Exception)], answers

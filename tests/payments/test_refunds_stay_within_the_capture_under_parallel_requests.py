@@ -5,12 +5,10 @@ provider made. Counted at localstripe over plain HTTP."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
 import requests
-from django.db import connection
 
 from payments import services
 from payments.enums import OperationKind, Outcome
@@ -35,28 +33,9 @@ def pay_mode(request, localstripe, settings):
         yield request.param
 
 
-def _parallel(sends):
-    answers = [None] * len(sends)
-    barrier = threading.Barrier(len(sends))
-
-    def run(i, send):
-        try:
-            barrier.wait(10)
-            answers[i] = send()
-        except Exception as exc:  # noqa: BLE001
-            answers[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, s)) for i, s in enumerate(sends)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return answers
-
-
-def test_parallel_refunds_never_return_more_than_the_capture(pay_mode, live_server, localstripe):
+def test_parallel_refunds_never_return_more_than_the_capture(
+    pay_mode, live_server, localstripe, send_at_once
+):
     client, key = make_client(limit=10_000_000, auto_refund_limit=100_000)
     shop = Api(key, client)
     pid = shop.new_purchase(ProductFactory(price=1500).sku)["id"]
@@ -76,7 +55,7 @@ def test_parallel_refunds_never_return_more_than_the_capture(pay_mode, live_serv
     for _ in range(3):
         sends = [lambda: send(shared, 600) for _ in range(3)]
         sends += [lambda: send(str(uuid.uuid4()), 600) for _ in range(4)]
-        answers = _parallel(sends)
+        answers = send_at_once(sends)
         rounds.append([getattr(a, "status_code", repr(a)) for a in answers])
         assert not [a for a in answers if isinstance(a, Exception)], answers
         for op in PaymentOperation.objects.filter(

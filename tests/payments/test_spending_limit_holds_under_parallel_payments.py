@@ -5,12 +5,11 @@ localstripe over plain HTTP."""
 
 from __future__ import annotations
 
-import threading
+import functools
 import uuid
 
 import pytest
 import requests
-from django.db import connection
 
 from payments import services
 from payments.enums import HoldState, Outcome
@@ -34,32 +33,22 @@ def pay_mode(request, localstripe, settings):
         yield request.param
 
 
-def test_parallel_payments_never_charge_past_the_limit(pay_mode, live_server, localstripe):
+def test_parallel_payments_never_charge_past_the_limit(
+    pay_mode, live_server, localstripe, send_at_once
+):
     client, key = make_client(limit=4000, name="limited")
     shop = Api(key, client)
     pids = [shop.new_purchase(ProductFactory(price=1500).sku)["id"] for _ in range(6)]
-    answers: list = [None] * len(pids)
-    barrier = threading.Barrier(len(pids))
 
-    def pay(i, pid):
-        try:
-            barrier.wait(10)
-            answers[i] = requests.post(
-                f"{live_server.url}/api/v1/purchases/{pid}/payments",
-                json={"payment_method": "pm_card_visa", "capture": "automatic"},
-                headers={"Authorization": f"Api-Key {key}", "Idempotency-Key": str(uuid.uuid4())},
-                timeout=30,
-            )
-        except Exception as exc:  # noqa: BLE001
-            answers[i] = exc
-        finally:
-            connection.close()
+    def pay(pid):
+        return requests.post(
+            f"{live_server.url}/api/v1/purchases/{pid}/payments",
+            json={"payment_method": "pm_card_visa", "capture": "automatic"},
+            headers={"Authorization": f"Api-Key {key}", "Idempotency-Key": str(uuid.uuid4())},
+            timeout=30,
+        )
 
-    threads = [threading.Thread(target=pay, args=(i, p)) for i, p in enumerate(pids)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    answers = send_at_once([functools.partial(pay, pid) for pid in pids])
     codes = [getattr(a, "status_code", repr(a)) for a in answers]
     for op in PaymentOperation.objects.exclude(outcome__in=[Outcome.SUCCEEDED, Outcome.FAILED]):
         if op.outcome == Outcome.PENDING:

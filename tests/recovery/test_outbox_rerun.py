@@ -7,12 +7,8 @@ processed. A duplicate of an unclaimed row stays absorbed (it runs later and see
 latest state). On SQLite the same statements run (the ORM claim and mark).
 """
 
-import os
-import subprocess
-import sys
 import threading
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from django.db import connection, transaction
@@ -157,8 +153,6 @@ def test_one_batched_insert_with_a_key_twice_keeps_the_first(runs):
     assert rows["batch:claimed"].rerun is True
 
 
-ROOT = Path(__file__).resolve().parents[2]
-STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "VERITY_STACK_DIR")
 SQLITE_SCRIPT = r"""
 from datetime import timedelta
 from django.db import connection, transaction
@@ -202,29 +196,8 @@ print("SQLITE RERUN OK")
 """
 
 
-def test_the_rerun_statements_work_on_sqlite(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in STACK_VARIABLES}
-    env["VERITY_VAR_DIR"] = str(tmp_path / "var")
-    manage = [sys.executable, str(ROOT / "manage.py")]
-    migrate = subprocess.run(
-        [*manage, "migrate", "--noinput", "-v", "0"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert migrate.returncode == 0, migrate.stderr[-3000:]
-    done = subprocess.run(
-        [*manage, "shell", "-c", SQLITE_SCRIPT],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "SQLITE RERUN OK" in done.stdout
+def test_the_rerun_statements_work_on_sqlite(embedded_sqlite):
+    assert "SQLITE RERUN OK" in embedded_sqlite.shell(SQLITE_SCRIPT)
 
 
 def test_a_handler_that_writes_its_own_key_runs_once_not_forever(monkeypatch):

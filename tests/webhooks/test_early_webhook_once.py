@@ -13,7 +13,6 @@ from django.test import Client
 from prometheus_client import REGISTRY
 
 from recovery.models import OutboxMessage
-from tests.api.test_fast_path_one_charge import _parallel as _parallel_sends
 from tests.webhooks.conftest import event_for, intent_object, sign
 from webhooks.models import ProviderEvent
 
@@ -62,20 +61,20 @@ def _clients(settings, n: int, early: bool) -> list[Client]:
     return clients
 
 
-def _parallel(clients, body: bytes) -> list:
+def _posts(clients, body: bytes) -> list:
     sig = sign(body)
-    return _parallel_sends(
-        [
-            functools.partial(
-                c.post, PATH, data=body, content_type="application/json", HTTP_STRIPE_SIGNATURE=sig
-            )
-            for c in clients
-        ]
-    )
+    return [
+        functools.partial(
+            c.post, PATH, data=body, content_type="application/json", HTTP_STRIPE_SIGNATURE=sig
+        )
+        for c in clients
+    ]
 
 
 @pytest.mark.parametrize("mix", ["early", "chain", "mixed"])
-def test_concurrent_duplicate_deliveries_store_one_event_and_one_outbox_row(settings, mix):
+def test_concurrent_duplicate_deliveries_store_one_event_and_one_outbox_row(
+    settings, mix, send_at_once
+):
     clients = {
         "early": lambda: _clients(settings, 8, True),
         "chain": lambda: _clients(settings, 8, False),
@@ -85,7 +84,7 @@ def test_concurrent_duplicate_deliveries_store_one_event_and_one_outbox_row(sett
     before = _counts()
 
     for _ in range(3):  # three rounds: the first races the insert, the others redeliver
-        answers = _parallel(clients, _body(event_id))
+        answers = send_at_once(_posts(clients, _body(event_id)))
         assert not [a for a in answers if isinstance(a, Exception)], answers
         assert [a.status_code for a in answers] == [200] * 8
 
