@@ -162,7 +162,7 @@ def _payment_request_refusal(
 def _checkout_halted_refusal(purchase_id: str) -> NoReturn:
     raise DomainError(
         ErrorCode.WORKFLOW_HALTED,
-        "Checkout is paused by an operator; try later with the same Idempotency-Key.",
+        "Checkout is paused by an operator; send the same request again later.",
         status=503,
         retry=RetryAdvice.SAME_KEY,
         owner=Owner.SUPPORT,

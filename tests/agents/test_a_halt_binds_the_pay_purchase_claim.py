@@ -66,6 +66,8 @@ def test_a_halt_set_while_pay_purchase_waits_for_the_purchase_holds_the_payment(
         assert paid["operation"] is None, paid
         assert paid["instruction"].startswith("Nothing was done (workflow_halted)"), paid
         assert paid["next_tool"]["name"] == "pay_purchase", paid
+        # an MCP call has no Idempotency-Key header: the refusal names none
+        assert "Idempotency-Key" not in str(paid), paid
     finally:
         halt_clear(name="checkout", actor="ops", reason="over")
     # Once checkout resumes, the same call is the purchase's one payment, sent once.
