@@ -779,6 +779,11 @@ class ProviderDesk(Events):
         super().__init__(*args, **kwargs)
         self.disputed: set[str] = set()
         self.open_disputes: list[tuple[float, str]] = []
+        # A dashboard refund whose answer the desk lost (a timeout) may still have been
+        # made, and Stripe announces every refund it makes: its PaymentIntent is read again
+        # until each refund made there is announced (`announce_lost`).
+        self.answer_lost: set[str] = set()
+        self.announced: set[str] = set()
 
     def deliver(self, body: bytes) -> None:
         """As the provider does: an event not acknowledged with a 2xx (a web worker killed,
@@ -855,11 +860,18 @@ class ProviderDesk(Events):
             for body in due:
                 self.deliver(body)
             try:
+                self.announce_lost()
                 self.close_due(now)
                 self.act(now)
             except Exception as exc:  # the database restarting, the provider away: next
                 self.rec.count(f"desk_error_{type(exc).__name__}")
                 connection.close()
+        for _ in range(20):
+            try:
+                self.announce_lost()
+                break
+            except requests.RequestException:
+                time.sleep(3)
         # The provider retries undelivered events for days: the late ones arrive in the end.
         for _ in range(20):
             pending, self.late = self.late, []
@@ -878,17 +890,18 @@ class ProviderDesk(Events):
                 # A person in the dashboard refunds only what is left of the charge (Stripe
                 # refuses more; localstripe does not check, so the desk must).
                 left = pi["amount"] - self.refunded_at_provider(pi["id"])
-                refund = (
-                    self.provider(
+                refund = None
+                if left > 0:
+                    self.answer_lost.add(pi["id"])  # until its answer names the refund
+                    refund = self.provider(
                         "POST",
                         "/v1/refunds",
                         payment_intent=pi["id"],
                         amount=min(left, max(1, pi["amount"] // 10)),
                     )
-                    if left > 0
-                    else None
-                )
                 if refund is not None:
+                    self.answer_lost.discard(pi["id"])
+                    self.announced.add(refund["id"])
                     self.event(refund, "refund.created")
                     self.rec.count("provider_refund_outside_verity")
             else:
@@ -898,6 +911,21 @@ class ProviderDesk(Events):
                     self.event(dispute, "charge.dispute.created")
                     self.open_disputes.append((now + self.rng.uniform(10, 30), dispute["id"]))
                     self.rec.count("dispute_opened")
+
+    def announce_lost(self) -> None:
+        """The refunds made at the desk whose answer was lost: each one the provider shows
+        (no Verity `operation_id` in its metadata) is announced once, as Stripe would."""
+        for intent_id in sorted(self.answer_lost):
+            listed = self.provider("GET", f"/v1/refunds?payment_intent={intent_id}&limit=100")
+            if listed is None:
+                continue
+            for refund in listed.get("data", []):
+                outside = not (refund.get("metadata") or {}).get("operation_id")
+                if outside and refund["id"] not in self.announced:
+                    self.announced.add(refund["id"])
+                    self.event(refund, "refund.created")
+                    self.rec.count("provider_refund_outside_verity_answer_lost")
+            self.answer_lost.discard(intent_id)
 
     def close_due(self, now: float) -> None:
         due = [d for t, d in self.open_disputes if t <= now]
