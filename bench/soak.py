@@ -1067,8 +1067,9 @@ def checker(rec: Recorder, deadline: float, progress: Progress, results: list) -
                 showing = False
 
 
-def drain(seconds: float) -> float:
-    """Wait until no dispatch is open, the outbox is empty and paid purchases are done."""
+def drain(seconds: float) -> tuple[float, dict[str, int]]:
+    """Wait until no dispatch is open, the outbox is empty and paid purchases are done.
+    Returns the time it took and what was last seen busy (empty when it drained)."""
     from datetime import timedelta
 
     from django.db import connection
@@ -1076,21 +1077,22 @@ def drain(seconds: float) -> float:
 
     start = time.monotonic()
     stable = 0
+    busy: dict[str, int] = {}
     connection.close()  # opened before a database restart, perhaps
     while time.monotonic() - start < seconds:
         try:
-            busy = _busy(timezone, timedelta)
+            busy = {k: v for k, v in _busy(timezone, timedelta).items() if v}
         except Exception:  # noqa: BLE001 - the database came back; reconnect and go on
-            busy = -1
-        stable = stable + 1 if busy == 0 else 0
+            busy = {"database unreachable": 1}
+        stable = stable + 1 if not busy else 0
         if stable >= 5:
             break
         connection.close()
         time.sleep(2)
-    return time.monotonic() - start
+    return time.monotonic() - start, busy
 
 
-def _busy(timezone, timedelta) -> int:
+def _busy(timezone, timedelta) -> dict[str, int]:
     from events.models import WebhookDelivery
     from payments.enums import Outcome
     from payments.models import PaymentOperation, Purchase
@@ -1100,17 +1102,21 @@ def _busy(timezone, timedelta) -> int:
     # Every outbox row due now (an event that just arrived, the last one the provider
     # redelivered: found by the short soak in CI, checked before its row ran) and every
     # event not yet judged or held for a re-match.
-    return (
-        PaymentOperation.objects.filter(outcome__in=[Outcome.DISPATCHING, Outcome.PENDING]).count()
-        + OutboxMessage.objects.filter(
+    return {
+        "operations dispatching or pending": PaymentOperation.objects.filter(
+            outcome__in=[Outcome.DISPATCHING, Outcome.PENDING]
+        ).count(),
+        "outbox rows due": OutboxMessage.objects.filter(
             processed_at__isnull=True, available_at__lte=timezone.now()
-        ).count()
-        + WebhookDelivery.objects.filter(state="pending").count()
-        + ProviderEvent.objects.filter(result__in=[EventResult.PENDING, EventResult.HELD]).count()
-        + StepRun.objects.filter(state__in=["pending", "running"])
+        ).count(),
+        "webhook deliveries pending": WebhookDelivery.objects.filter(state="pending").count(),
+        "provider events pending or held": ProviderEvent.objects.filter(
+            result__in=[EventResult.PENDING, EventResult.HELD]
+        ).count(),
+        "steps pending or running": StepRun.objects.filter(state__in=["pending", "running"])
         .exclude(purchase_id__in=Purchase.objects.filter(status="manual_review").values("id"))
-        .count()
-    )
+        .count(),
+    }
 
 
 def fulfilment_rows(started_wall) -> tuple[list, dict[str, list[float]]]:
@@ -1195,6 +1201,20 @@ def miner(stop: threading.Event) -> None:
             pass
 
 
+def mark(state: dict, phase: str) -> None:
+    """End a phase of the run: its name and when it ended (monotonic), for the run's
+    phase table (where a short soak spends its time besides driving)."""
+    state["marks"].append((phase, time.monotonic()))
+
+
+def phases(state: dict) -> dict[str, float]:
+    marks = state["marks"]
+    return {
+        name: round(at - before, 1)
+        for (_, before), (name, at) in zip(marks, marks[1:], strict=False)
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=600, help="driving time (default 600)")
@@ -1256,7 +1276,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     outage = tuple(float(x) for x in args.outage.split(","))
     rec = Recorder()
-    state = {"phase": "starting", "checks": [], "planned": args.seconds}
+    state = {"phase": "starting", "checks": [], "planned": args.seconds, "marks": []}
+    mark(state, "")
 
     db = {"at": 0.0, "purchases": 0, "charges": 0, "auths": 0, "refunds": 0}
 
@@ -1312,6 +1333,7 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
     # durable: PostgreSQL is crash-restarted below, and a commit acknowledged to a client
     # must survive that, as in production (synchronous_commit on).
     with Stack(x402=args.x402, durable=True) as stack:
+        mark(state, "stack")
         logdir = stack.tmp / "soak-logs"
         logdir.mkdir()
         proxy = FaultProxy(stack.localstripe_port)
@@ -1370,6 +1392,7 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
         subprocess.run(
             [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True
         )
+        mark(state, "migrate")
         manage = [sys.executable, "manage.py", "create_api_client"]
         key = (
             subprocess.run(
@@ -1411,6 +1434,7 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
             .stdout.strip()
             .splitlines()[-1]
         )
+        mark(state, "api clients")
         # This process checks and approves: it talks to the provider itself, not the proxy.
         os.environ.update(
             {
@@ -1445,6 +1469,7 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
                 defaults={"name": "Soak report", "price": 900, "stock": 10**8, "kind": "digital"},
             )
 
+        mark(state, "django set-up, products")
         services = Services(stack, env, logdir)
         try:
             return _drive(
@@ -1484,6 +1509,7 @@ def _drive(
     x402_proxy: FaultProxy | None = None,
 ) -> int:
     services.start(chaos=True)
+    mark(state, "boot gunicorn, celery")
     base = f"http://127.0.0.1:{services.web_port}"
     requests.post(
         f"{stack.env['STRIPE_API_BASE']}/_config/webhooks/soak",
@@ -1557,10 +1583,15 @@ def _drive(
             target=checker, args=(rec, deadline, progress, state["checks"]), daemon=True
         ),
     ]
+    mark(state, "receivers, threads")
     for t in threads + side:
         t.start()
-    for t in threads + side:
+    for t in threads:
         t.join(timeout=max(0, deadline - time.monotonic()) + 90)
+    mark(state, "drive, agents' last journeys")
+    for t in side:
+        t.join(timeout=max(0, deadline - time.monotonic()) + 90)
+    mark(state, "last live check, last fault")
     drove = rec.now()
     if proxy._listener is None:  # an outage outlived the run
         proxy.up()
@@ -1576,15 +1607,19 @@ def _drive(
     state["phase"] = "draining"
     state["planned"] = drove + args.drain
     services.stop()
+    mark(state, "stop")
     for receiver in receivers:
         receiver.chaos = False
     services.start(chaos=False)
     restarted = rec.now()
-    drained = drain(args.drain)
+    mark(state, "restart without faults")
+    drained, still_busy = drain(args.drain)
+    mark(state, "drain")
     state["phase"] = "checking"
     from bench.invariants import check
 
     report = check()
+    mark(state, "invariants")
     explained: list[str] = []
     if report.violations or any(v for _, v in state["checks"]):
         from bench.invariants import explain_payments
@@ -1608,6 +1643,7 @@ def _drive(
         receiver.close()
     mining.set()
     services.stop()
+    mark(state, "figures, stop")
     bad_5xx = rec.disallowed_5xx()
 
     out = Path(args.out)
@@ -1627,6 +1663,8 @@ def _drive(
                 "card_payments": "one-call" if args.one_call else "two-step",
                 "dispatch_calls_by_step": dispatched,
                 "drained_seconds": drained,
+                "drain_still_busy": still_busy,
+                "phases_seconds": phases(state),
                 "paid_to_completed": fulfilment,
                 "counters": dict(rec.counters),
                 "answers": dict(rec.status_counts()),
@@ -1647,7 +1685,13 @@ def _drive(
         f"\nsoak: {drove:.0f}s driving, {args.agents} agents "
         f"({len(x402_agents)} paying over x402), seed {args.seed}, "
         f"fault rate {args.fault_rate}, drained in {drained:.0f}s"
+        + (
+            " (still busy: " + ", ".join(f"{k} {v}" for k, v in still_busy.items()) + ")"
+            if still_busy
+            else ""
+        )
     )
+    print("phases: " + ", ".join(f"{k} {v:.0f}s" for k, v in phases(state).items()))
     print(
         "card payments: "
         + ("one round trip (--one-call)" if args.one_call else "create, then confirm")
