@@ -91,6 +91,7 @@ class Services:
         self.stack, self.env, self.logdir = stack, env, logdir
         self.web_port = free_port()
         self.procs: dict[str, subprocess.Popen] = {}
+        self.stopped: list[tuple[str, float]] = []  # each process, s after its stop began
 
     def _spawn(self, name: str, cmd: list[str], env: dict) -> None:
         log = open(self.logdir / f"{name}.log", "ab")
@@ -194,14 +195,17 @@ class Services:
         return [int(c) for c in children]
 
     def stop(self) -> None:
+        t0 = time.monotonic()
         for proc in self.procs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
+        for name, proc in self.procs.items():
             try:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+                name += " (killed)"
+            self.stopped.append((name, round(time.monotonic() - t0, 1)))
         self.procs.clear()
 
 
@@ -1078,6 +1082,7 @@ def drain(seconds: float) -> tuple[float, dict[str, int]]:
     start = time.monotonic()
     stable = 0
     busy: dict[str, int] = {}
+    seen: list = []
     connection.close()  # opened before a database restart, perhaps
     while time.monotonic() - start < seconds:
         try:
@@ -1085,24 +1090,44 @@ def drain(seconds: float) -> tuple[float, dict[str, int]]:
         except Exception:  # noqa: BLE001 - the database came back; reconnect and go on
             busy = {"database unreachable": 1}
         stable = stable + 1 if not busy else 0
+        if not seen or seen[-1][1] != busy:
+            seen.append((round(time.monotonic() - start, 1), busy))
         if stable >= 5:
             break
         connection.close()
         time.sleep(2)
+    DRAIN_SEEN[:] = seen
     return time.monotonic() - start, busy
 
 
+DRAIN_SEEN: list = []  # what the last drain saw busy, as it changed
+
+
 def _busy(timezone, timedelta) -> dict[str, int]:
+    from collections import Counter
+
     from events.models import WebhookDelivery
     from payments.enums import Outcome
     from payments.models import PaymentOperation, Purchase
     from recovery.models import OutboxMessage, StepRun
     from webhooks.models import EventResult, ProviderEvent
 
-    # Every outbox row due now (an event that just arrived, the last one the provider
-    # redelivered: found by the short soak in CI, checked before its row ran) and every
-    # event not yet judged or held for a re-match.
+    steps = (
+        StepRun.objects.filter(state__in=["pending", "running"])
+        .exclude(purchase_id__in=Purchase.objects.filter(status="manual_review").values("id"))
+        .values_list("purchase_id", "step", "state")
+    )
+    status = dict(
+        Purchase.objects.filter(id__in={pid for pid, _, _ in steps}).values_list("id", "status")
+    )
+    steps_by_kind = Counter(
+        f"steps {state} (step {step}, purchase {status.get(pid)})" for pid, step, state in steps
+    )
     return {
+        **steps_by_kind,
+        # Every outbox row due now (an event that just arrived, the last one the provider
+        # redelivered: found by the short soak in CI, checked before its row ran) and every
+        # event not yet judged or held for a re-match.
         "operations dispatching or pending": PaymentOperation.objects.filter(
             outcome__in=[Outcome.DISPATCHING, Outcome.PENDING]
         ).count(),
@@ -1113,9 +1138,6 @@ def _busy(timezone, timedelta) -> dict[str, int]:
         "provider events pending or held": ProviderEvent.objects.filter(
             result__in=[EventResult.PENDING, EventResult.HELD]
         ).count(),
-        "steps pending or running": StepRun.objects.filter(state__in=["pending", "running"])
-        .exclude(purchase_id__in=Purchase.objects.filter(status="manual_review").values("id"))
-        .count(),
     }
 
 
@@ -1364,6 +1386,12 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
             "OUTBOX_SWEEP_SECONDS": "1",
             "API_THROTTLE_RATE": "1000000/min",
             "STEP_LEASE_SECONDS": "10",
+            # A worker killed mid-send (a fault, or a warm shutdown that outlasts the stop's
+            # 15 s) leaves its claimed deliveries leased: they go out again after this, not
+            # after production's 60 s, which held every receiver's queue behind them for a
+            # minute of the drain. A batch sends in seconds (1 s timeouts below); a lease
+            # that lapses mid-send sends again, which the receivers dedupe and count.
+            "WEBHOOK_LEASE_SECONDS": "15",
             "EMAIL_TIMEOUT": "5",
             "PAID_WITHOUT_ORDER_SECONDS": "5",
             "STALLED_FULFILMENT_SWEEP_SECONDS": "2",
@@ -1389,52 +1417,6 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
                 ),
                 timeout=10,
             ).read()
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True
-        )
-        mark(state, "migrate")
-        manage = [sys.executable, "manage.py", "create_api_client"]
-        key = (
-            subprocess.run(
-                manage
-                + [
-                    "soak",
-                    "--scopes",
-                    "purchases:read",
-                    "purchases:write",
-                    "refunds:write",
-                    "webhooks:manage",
-                    "--limit",
-                    str(10**12),
-                    "--auto-refund-limit",
-                    str(AUTO_REFUND_LIMIT),
-                    # its journeys name earlier purchases in
-                    # acknowledge_unresolved as a storefront's own
-                    # checkout would (docs/walkthrough.md#api-rules-the-code-relies-on)
-                    "--storefront-confirmation",
-                ],
-                cwd=ROOT,
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
-        resolver_key = (
-            subprocess.run(
-                manage + ["soak-resolver", "--scopes", "purchases:read", "operations:resolve"],
-                cwd=ROOT,
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
-        mark(state, "api clients")
         # This process checks and approves: it talks to the provider itself, not the proxy.
         os.environ.update(
             {
@@ -1448,6 +1430,39 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
         import django
 
         django.setup()
+        # Migrated and given its API clients here, in this process: three `manage.py`
+        # interpreters each spent seconds importing Django before doing the same.
+        from io import StringIO
+
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        mark(state, "migrate")
+
+        def api_client(*options: str) -> str:
+            said = StringIO()
+            call_command("create_api_client", *options, stdout=said)
+            return said.getvalue().strip().splitlines()[-1]  # its last line: the key alone
+
+        key = api_client(
+            "soak",
+            "--scopes",
+            "purchases:read",
+            "purchases:write",
+            "refunds:write",
+            "webhooks:manage",
+            "--limit",
+            str(10**12),
+            "--auto-refund-limit",
+            str(AUTO_REFUND_LIMIT),
+            # its journeys name earlier purchases in acknowledge_unresolved as a
+            # storefront's own checkout would (docs/walkthrough.md#api-rules-the-code-relies-on)
+            "--storefront-confirmation",
+        )
+        resolver_key = api_client(
+            "soak-resolver", "--scopes", "purchases:read", "operations:resolve"
+        )
+        mark(state, "api clients")
         import logging
 
         logging.getLogger("x402").setLevel(logging.WARNING)  # the SDK logs every signature
@@ -1665,6 +1680,8 @@ def _drive(
                 "drained_seconds": drained,
                 "drain_still_busy": still_busy,
                 "phases_seconds": phases(state),
+                "drain_seen": DRAIN_SEEN,
+                "stopped": services.stopped,
                 "paid_to_completed": fulfilment,
                 "counters": dict(rec.counters),
                 "answers": dict(rec.status_counts()),
