@@ -91,6 +91,7 @@ class Services:
         self.stack, self.env, self.logdir = stack, env, logdir
         self.web_port = free_port()
         self.procs: dict[str, subprocess.Popen] = {}
+        self.stopped: list[tuple[str, float]] = []  # each process, s after its stop began
 
     def _spawn(self, name: str, cmd: list[str], env: dict) -> None:
         log = open(self.logdir / f"{name}.log", "ab")
@@ -194,14 +195,17 @@ class Services:
         return [int(c) for c in children]
 
     def stop(self) -> None:
+        t0 = time.monotonic()
         for proc in self.procs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
+        for name, proc in self.procs.items():
             try:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+                name += " (killed)"
+            self.stopped.append((name, round(time.monotonic() - t0, 1)))
         self.procs.clear()
 
 
@@ -1095,8 +1099,9 @@ def checker(rec: Recorder, deadline: float, progress: Progress, results: list) -
                 showing = False
 
 
-def drain(seconds: float) -> float:
-    """Wait until no dispatch is open, the outbox is empty and paid purchases are done."""
+def drain(seconds: float) -> tuple[float, dict[str, int]]:
+    """Wait until no dispatch is open, the outbox is empty and paid purchases are done.
+    Returns the time it took and what was last seen busy (empty when it drained)."""
     from datetime import timedelta
 
     from django.db import connection
@@ -1104,41 +1109,64 @@ def drain(seconds: float) -> float:
 
     start = time.monotonic()
     stable = 0
+    busy: dict[str, int] = {}
+    seen: list = []
     connection.close()  # opened before a database restart, perhaps
     while time.monotonic() - start < seconds:
         try:
-            busy = _busy(timezone, timedelta)
+            busy = {k: v for k, v in _busy(timezone, timedelta).items() if v}
         except Exception:  # noqa: BLE001 - the database came back; reconnect and go on
-            busy = -1
-        stable = stable + 1 if busy == 0 else 0
+            busy = {"database unreachable": 1}
+        stable = stable + 1 if not busy else 0
+        if not seen or seen[-1][1] != busy:
+            seen.append((round(time.monotonic() - start, 1), busy))
         if stable >= 5:
             break
         connection.close()
         time.sleep(2)
-    return time.monotonic() - start
+    DRAIN_SEEN[:] = seen
+    return time.monotonic() - start, busy
 
 
-def _busy(timezone, timedelta) -> int:
+DRAIN_SEEN: list = []  # what the last drain saw busy, as it changed
+
+
+def _busy(timezone, timedelta) -> dict[str, int]:
+    from collections import Counter
+
     from events.models import WebhookDelivery
     from payments.enums import Outcome
     from payments.models import PaymentOperation, Purchase
     from recovery.models import OutboxMessage, StepRun
     from webhooks.models import EventResult, ProviderEvent
 
-    # Every outbox row due now (an event that just arrived, the last one the provider
-    # redelivered: found by the short soak in CI, checked before its row ran) and every
-    # event not yet judged or held for a re-match.
-    return (
-        PaymentOperation.objects.filter(outcome__in=[Outcome.DISPATCHING, Outcome.PENDING]).count()
-        + OutboxMessage.objects.filter(
-            processed_at__isnull=True, available_at__lte=timezone.now()
-        ).count()
-        + WebhookDelivery.objects.filter(state="pending").count()
-        + ProviderEvent.objects.filter(result__in=[EventResult.PENDING, EventResult.HELD]).count()
-        + StepRun.objects.filter(state__in=["pending", "running"])
+    steps = (
+        StepRun.objects.filter(state__in=["pending", "running"])
         .exclude(purchase_id__in=Purchase.objects.filter(status="manual_review").values("id"))
-        .count()
+        .values_list("purchase_id", "step", "state")
     )
+    status = dict(
+        Purchase.objects.filter(id__in={pid for pid, _, _ in steps}).values_list("id", "status")
+    )
+    steps_by_kind = Counter(
+        f"steps {state} (step {step}, purchase {status.get(pid)})" for pid, step, state in steps
+    )
+    return {
+        **steps_by_kind,
+        # Every outbox row due now (an event that just arrived, the last one the provider
+        # redelivered: found by the short soak in CI, checked before its row ran) and every
+        # event not yet judged or held for a re-match.
+        "operations dispatching or pending": PaymentOperation.objects.filter(
+            outcome__in=[Outcome.DISPATCHING, Outcome.PENDING]
+        ).count(),
+        "outbox rows due": OutboxMessage.objects.filter(
+            processed_at__isnull=True, available_at__lte=timezone.now()
+        ).count(),
+        "webhook deliveries pending": WebhookDelivery.objects.filter(state="pending").count(),
+        "provider events pending or held": ProviderEvent.objects.filter(
+            result__in=[EventResult.PENDING, EventResult.HELD]
+        ).count(),
+    }
 
 
 def fulfilment_rows(started_wall) -> tuple[list, dict[str, list[float]]]:
@@ -1223,6 +1251,20 @@ def miner(stop: threading.Event) -> None:
             pass
 
 
+def mark(state: dict, phase: str) -> None:
+    """End a phase of the run: its name and when it ended (monotonic), for the run's
+    phase table (where a short soak spends its time besides driving)."""
+    state["marks"].append((phase, time.monotonic()))
+
+
+def phases(state: dict) -> dict[str, float]:
+    marks = state["marks"]
+    return {
+        name: round(at - before, 1)
+        for (_, before), (name, at) in zip(marks, marks[1:], strict=False)
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=600, help="driving time (default 600)")
@@ -1284,7 +1326,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     outage = tuple(float(x) for x in args.outage.split(","))
     rec = Recorder()
-    state = {"phase": "starting", "checks": [], "planned": args.seconds}
+    state = {"phase": "starting", "checks": [], "planned": args.seconds, "marks": []}
+    mark(state, "")
 
     db = {"at": 0.0, "purchases": 0, "charges": 0, "auths": 0, "refunds": 0}
 
@@ -1340,6 +1383,7 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
     # durable: PostgreSQL is crash-restarted below, and a commit acknowledged to a client
     # must survive that, as in production (synchronous_commit on).
     with Stack(x402=args.x402, durable=True) as stack:
+        mark(state, "stack")
         logdir = stack.tmp / "soak-logs"
         logdir.mkdir()
         proxy = FaultProxy(stack.localstripe_port)
@@ -1370,6 +1414,12 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
             "OUTBOX_SWEEP_SECONDS": "1",
             "API_THROTTLE_RATE": "1000000/min",
             "STEP_LEASE_SECONDS": "10",
+            # A worker killed mid-send (a fault, or a warm shutdown that outlasts the stop's
+            # 15 s) leaves its claimed deliveries leased: they go out again after this, not
+            # after production's 60 s, which held every receiver's queue behind them for a
+            # minute of the drain. A batch sends in seconds (1 s timeouts below); a lease
+            # that lapses mid-send sends again, which the receivers dedupe and count.
+            "WEBHOOK_LEASE_SECONDS": "15",
             "EMAIL_TIMEOUT": "5",
             "PAID_WITHOUT_ORDER_SECONDS": "5",
             "STALLED_FULFILMENT_SWEEP_SECONDS": "2",
@@ -1395,50 +1445,6 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
                 ),
                 timeout=10,
             ).read()
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True
-        )
-        manage = [sys.executable, "manage.py", "create_api_client"]
-        key = (
-            subprocess.run(
-                manage
-                + [
-                    "soak",
-                    "--scopes",
-                    "purchases:read",
-                    "purchases:write",
-                    "refunds:write",
-                    "webhooks:manage",
-                    "--limit",
-                    str(10**12),
-                    "--auto-refund-limit",
-                    str(AUTO_REFUND_LIMIT),
-                    # its journeys name earlier purchases in
-                    # acknowledge_unresolved as a storefront's own
-                    # checkout would (docs/walkthrough.md#api-rules-the-code-relies-on)
-                    "--storefront-confirmation",
-                ],
-                cwd=ROOT,
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
-        resolver_key = (
-            subprocess.run(
-                manage + ["soak-resolver", "--scopes", "purchases:read", "operations:resolve"],
-                cwd=ROOT,
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
         # This process checks and approves: it talks to the provider itself, not the proxy.
         os.environ.update(
             {
@@ -1452,6 +1458,39 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
         import django
 
         django.setup()
+        # Migrated and given its API clients here, in this process: three `manage.py`
+        # interpreters each spent seconds importing Django before doing the same.
+        from io import StringIO
+
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        mark(state, "migrate")
+
+        def api_client(*options: str) -> str:
+            said = StringIO()
+            call_command("create_api_client", *options, stdout=said)
+            return said.getvalue().strip().splitlines()[-1]  # its last line: the key alone
+
+        key = api_client(
+            "soak",
+            "--scopes",
+            "purchases:read",
+            "purchases:write",
+            "refunds:write",
+            "webhooks:manage",
+            "--limit",
+            str(10**12),
+            "--auto-refund-limit",
+            str(AUTO_REFUND_LIMIT),
+            # its journeys name earlier purchases in acknowledge_unresolved as a
+            # storefront's own checkout would (docs/walkthrough.md#api-rules-the-code-relies-on)
+            "--storefront-confirmation",
+        )
+        resolver_key = api_client(
+            "soak-resolver", "--scopes", "purchases:read", "operations:resolve"
+        )
+        mark(state, "api clients")
         import logging
 
         logging.getLogger("x402").setLevel(logging.WARNING)  # the SDK logs every signature
@@ -1473,6 +1512,7 @@ def _run(args, outage, rec: Recorder, state: dict, progress: Progress) -> int:
                 defaults={"name": "Soak report", "price": 900, "stock": 10**8, "kind": "digital"},
             )
 
+        mark(state, "django set-up, products")
         services = Services(stack, env, logdir)
         try:
             return _drive(
@@ -1512,6 +1552,7 @@ def _drive(
     x402_proxy: FaultProxy | None = None,
 ) -> int:
     services.start(chaos=True)
+    mark(state, "boot gunicorn, celery")
     base = f"http://127.0.0.1:{services.web_port}"
     requests.post(
         f"{stack.env['STRIPE_API_BASE']}/_config/webhooks/soak",
@@ -1585,10 +1626,15 @@ def _drive(
             target=checker, args=(rec, deadline, progress, state["checks"]), daemon=True
         ),
     ]
+    mark(state, "receivers, threads")
     for t in threads + side:
         t.start()
-    for t in threads + side:
+    for t in threads:
         t.join(timeout=max(0, deadline - time.monotonic()) + 90)
+    mark(state, "drive, agents' last journeys")
+    for t in side:
+        t.join(timeout=max(0, deadline - time.monotonic()) + 90)
+    mark(state, "last live check, last fault")
     drove = rec.now()
     if proxy._listener is None:  # an outage outlived the run
         proxy.up()
@@ -1604,15 +1650,19 @@ def _drive(
     state["phase"] = "draining"
     state["planned"] = drove + args.drain
     services.stop()
+    mark(state, "stop")
     for receiver in receivers:
         receiver.chaos = False
     services.start(chaos=False)
     restarted = rec.now()
-    drained = drain(args.drain)
+    mark(state, "restart without faults")
+    drained, still_busy = drain(args.drain)
+    mark(state, "drain")
     state["phase"] = "checking"
     from bench.invariants import check
 
     report = check()
+    mark(state, "invariants")
     explained: list[str] = []
     if report.violations or any(v for _, v in state["checks"]):
         from bench.invariants import explain_payments
@@ -1636,6 +1686,7 @@ def _drive(
         receiver.close()
     mining.set()
     services.stop()
+    mark(state, "figures, stop")
     bad_5xx = rec.disallowed_5xx()
 
     out = Path(args.out)
@@ -1655,6 +1706,10 @@ def _drive(
                 "card_payments": "one-call" if args.one_call else "two-step",
                 "dispatch_calls_by_step": dispatched,
                 "drained_seconds": drained,
+                "drain_still_busy": still_busy,
+                "phases_seconds": phases(state),
+                "drain_seen": DRAIN_SEEN,
+                "stopped": services.stopped,
                 "paid_to_completed": fulfilment,
                 "counters": dict(rec.counters),
                 "answers": dict(rec.status_counts()),
@@ -1675,7 +1730,13 @@ def _drive(
         f"\nsoak: {drove:.0f}s driving, {args.agents} agents "
         f"({len(x402_agents)} paying over x402), seed {args.seed}, "
         f"fault rate {args.fault_rate}, drained in {drained:.0f}s"
+        + (
+            " (still busy: " + ", ".join(f"{k} {v}" for k, v in still_busy.items()) + ")"
+            if still_busy
+            else ""
+        )
     )
+    print("phases: " + ", ".join(f"{k} {v:.0f}s" for k, v in phases(state).items()))
     print(
         "card payments: "
         + ("one round trip (--one-call)" if args.one_call else "create, then confirm")
