@@ -1283,7 +1283,13 @@ def main(argv=None) -> int:
         help="the provider dedupes keys (localstripe's idempotency layer on, "
         "STRIPE_DEDUPES_KEYS=true): every card payment is one round trip",
     )
-    ap.add_argument("--drain", type=float, default=180)
+    ap.add_argument(
+        "--drain",
+        type=float,
+        default=600,
+        help="at most this long for recovery to finish after driving (default 600; it ends "
+        "once nothing is due: 100 agents on 2 cores left 5-10 minutes of backlog)",
+    )
     ap.add_argument(
         "--fault-rate", type=float, default=0.15, help="share of provider requests drilled"
     )
