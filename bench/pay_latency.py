@@ -454,7 +454,69 @@ def _profile(client, key: str, one_call: bool) -> dict:
             "db_ms": round(sum(float(s["time"]) for s in q.captured_queries) * 1000, 1),
         }
     out["payment"]["wall_ms"] = round(wall, 1)
+    out["layers"] = _layer_profile(http, auth)
     return out
+
+
+# Own time by layer for a payment (bench/profile_reads.py's split, with the provider's
+# SDK and its socket beside the ORM): first match wins.
+PAY_LAYERS = [
+    ("PostgreSQL + psycopg (waits included)", ("/psycopg/", "/psycopg_binary/", "psycopg")),
+    ("SQL compile (django.db.models.sql)", ("/django/db/models/sql/",)),
+    ("ORM, the rest (querysets, models)", ("/django/db/",)),
+    ("provider SDK (stripe)", ("/stripe/",)),
+    ("provider HTTP (requests, urllib3, socket)", ("/requests/", "/urllib3/", "socket")),
+    ("DRF", ("/rest_framework/",)),
+    ("Django request + middleware", ("/django/",)),
+    ("Verity", ("/payments/", "/recovery/", "/events/", "/api/", "/config/", "/support/")),
+]
+
+
+def _layer_profile(http, auth: dict, n: int = 30) -> dict[str, float]:
+    """ms per payment by layer under cProfile: n REST payments of purchases made first
+    (outside the profile). cProfile inflates every figure: read them as shares."""
+    import cProfile
+
+    from bench.profile_reads import _layers
+
+    pids = []
+    for _ in range(n):
+        r = http.post(
+            "/api/v1/quotes",
+            {"items": [{"sku": SKU, "quantity": 1}], "currency": "usd"},
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
+            **auth,
+        )
+        quote = r.json()
+        r = http.post(
+            "/api/v1/purchases",
+            {
+                "quote_id": quote["id"],
+                "quote_version": quote["version"],
+                "customer": {"reference": f"prof-{uuid.uuid4().hex[:8]}", "email": "p@example.com"},
+            },
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
+            **auth,
+        )
+        pids.append(r.json()["id"])
+    profile = cProfile.Profile()
+    t = time.perf_counter()
+    profile.enable()
+    for pid in pids:
+        r = http.post(
+            f"/api/v1/purchases/{pid}/payments",
+            {"payment_method": "pm_card_visa", "capture": "automatic"},
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
+            **auth,
+        )
+    profile.disable()
+    wall = (time.perf_counter() - t) * 1000 / n
+    assert r.status_code == 201, r.content
+    layers = _layers(profile, n, PAY_LAYERS)
+    return {"wall ms per payment, profiled": wall, **layers}
 
 
 def main(argv: list[str] | None = None) -> Report:
@@ -650,6 +712,20 @@ def main(argv: list[str] | None = None) -> Report:
                 one_call = mode == "one-call"
                 _localstripe_idempotency(stripe_base, enabled="true" if one_call else "false")
                 prof = _profile(client, prof_key, one_call)
+                report.add(
+                    "pay profile",
+                    f"{mode}: own time per payment by layer (cProfile, 30 payments)",
+                    f"{prof['layers']['wall ms per payment, profiled']:.1f} ms",
+                    "",
+                    "",
+                    "",
+                    "; ".join(
+                        f"{k} {v:.1f}"
+                        for k, v in sorted(prof["layers"].items(), key=lambda kv: -kv[1])
+                        if k != "wall ms per payment, profiled"
+                    )
+                    + f"; {commit_note}",
+                )
                 for name in ("quote", "purchase", "payment"):
                     p = prof[name]
                     kinds = ", ".join(f"{k} {v}" for k, v in sorted(p["kinds"].items()))
