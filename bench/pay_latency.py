@@ -395,6 +395,34 @@ def _calls_per_payment(since_ops: set[str]) -> str:
     return f"{writes / len(ops):.2f}" if ops else "n/a"
 
 
+def _post_quote(http, auth: dict) -> dict:
+    r = http.post(
+        "/api/v1/quotes",
+        {"items": [{"sku": SKU, "quantity": 1}], "currency": "usd"},
+        content_type="application/json",
+        HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
+        **auth,
+    )
+    assert r.status_code == 201, r.content
+    return r.json()
+
+
+def _post_purchase(http, auth: dict, quote: dict) -> str:
+    r = http.post(
+        "/api/v1/purchases",
+        {
+            "quote_id": quote["id"],
+            "quote_version": quote["version"],
+            "customer": {"reference": f"prof-{uuid.uuid4().hex[:8]}", "email": "p@example.com"},
+        },
+        content_type="application/json",
+        HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
+        **auth,
+    )
+    assert r.status_code == 201, r.content
+    return r.json()["id"]
+
+
 def _profile(client, key: str, one_call: bool) -> dict:
     """SQL statements of one REST payment in this process (Django's test client), by
     kind, and of the quote and purchase creation before it."""
@@ -409,32 +437,9 @@ def _profile(client, key: str, one_call: bool) -> dict:
     out = {}
     for _warm in range(2):
         with CaptureQueriesContext(connection) as quote_q:
-            r = http.post(
-                "/api/v1/quotes",
-                {"items": [{"sku": SKU, "quantity": 1}], "currency": "usd"},
-                content_type="application/json",
-                HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
-                **auth,
-            )
-            assert r.status_code == 201, r.content
-        quote = r.json()
+            quote = _post_quote(http, auth)
         with CaptureQueriesContext(connection) as purchase_q:
-            r = http.post(
-                "/api/v1/purchases",
-                {
-                    "quote_id": quote["id"],
-                    "quote_version": quote["version"],
-                    "customer": {
-                        "reference": f"prof-{uuid.uuid4().hex[:8]}",
-                        "email": "p@example.com",
-                    },
-                },
-                content_type="application/json",
-                HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
-                **auth,
-            )
-            assert r.status_code == 201, r.content
-        pid = r.json()["id"]
+            pid = _post_purchase(http, auth, quote)
         with CaptureQueriesContext(connection) as pay_q:
             t = time.perf_counter()
             r = http.post(
@@ -479,28 +484,7 @@ def _layer_profile(http, auth: dict, n: int = 30) -> dict[str, float]:
 
     from bench.profile_reads import _layers
 
-    pids = []
-    for _ in range(n):
-        r = http.post(
-            "/api/v1/quotes",
-            {"items": [{"sku": SKU, "quantity": 1}], "currency": "usd"},
-            content_type="application/json",
-            HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
-            **auth,
-        )
-        quote = r.json()
-        r = http.post(
-            "/api/v1/purchases",
-            {
-                "quote_id": quote["id"],
-                "quote_version": quote["version"],
-                "customer": {"reference": f"prof-{uuid.uuid4().hex[:8]}", "email": "p@example.com"},
-            },
-            content_type="application/json",
-            HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
-            **auth,
-        )
-        pids.append(r.json()["id"])
+    pids = [_post_purchase(http, auth, _post_quote(http, auth)) for _ in range(n)]
     profile = cProfile.Profile()
     t = time.perf_counter()
     profile.enable()
