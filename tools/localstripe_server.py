@@ -60,8 +60,10 @@ import argparse
 import asyncio
 import json
 import logging
+import operator
 import socket
 import time
+from typing import Any
 
 from aiohttp import web
 from localstripe import resources, server
@@ -395,21 +397,92 @@ def add_refund_limits() -> None:
     resources.Refund._api_create = classmethod(_refund_create_within_the_charge)
 
 
-def _list_newest_first(cls, url, limit=None, starting_after=None, **kwargs):
-    """localstripe's own list (`StripeObject._api_list_all`), newest first: the store keeps
-    insertion order, which is creation order, so its reverse is Stripe's order."""
+# Each object type's store keys in insertion (creation) order, kept beside localstripe's
+# one store: a list page reads its own type instead of walking every object in the store.
+_BY_TYPE: dict[str, dict[str, Any]] = {}
+_CREATED_BOUNDS = {"gt": operator.gt, "gte": operator.ge, "lt": operator.lt, "lte": operator.le}
+
+
+def _store_set(self, key, value):
+    dict.__setitem__(self, key, value)
+    _BY_TYPE.setdefault(key.split(":", 1)[0], {})[key] = value
+
+
+def _store_delete(self, key):
+    dict.__delitem__(self, key)
+    _BY_TYPE.get(key.split(":", 1)[0], {}).pop(key, None)
+
+
+def _store_clear(self):
+    dict.clear(self)
+    _BY_TYPE.clear()
+
+
+def _created_bounds(created: Any) -> dict[str, int]:
+    """`created[gt|gte|lt|lte]=<unix seconds>`, as Stripe's lists take it."""
+    if created is None:
+        return {}
+    if not isinstance(created, dict) or not created or set(created) - set(_CREATED_BOUNDS):
+        raise UserError(400, "Invalid created: use created[gt], [gte], [lt] or [lte]")
+    bounds = {}
+    for name, value in created.items():
+        number = resources.try_convert_to_int(value)
+        if type(number) is not int:
+            raise UserError(400, f"Invalid created[{name}]: an integer (Unix seconds)")
+        bounds[name] = number
+    return bounds
+
+
+def _within(obj: Any, bounds: dict[str, int]) -> bool:
+    return all(_CREATED_BOUNDS[name](obj.created, limit) for name, limit in bounds.items())
+
+
+def _newest_first(object_type: str, bounds: dict[str, int]) -> list[Any]:
+    """One type's objects, newest first, inside `bounds`: creation order is insertion
+    order, so the walk stops at the first one older than a lower bound."""
+    lower = {name: limit for name, limit in bounds.items() if name in ("gt", "gte")}
+    out = []
+    for value in reversed(_BY_TYPE.get(object_type, {}).values()):
+        if not _within(value, lower):
+            break
+        if _within(value, bounds):
+            out.append(value)
+    return out
+
+
+def _list_newest_first(cls, url, limit=None, starting_after=None, created=None, **kwargs):
+    """localstripe's own list (`StripeObject._api_list_all`), newest first, with Stripe's
+    `created` filter: the store keeps insertion order, which is creation order, so its
+    reverse is Stripe's order."""
     if kwargs:
         raise UserError(400, "Unexpected " + ", ".join(kwargs.keys()))
+    bounds = _created_bounds(created)
     listed = resources.List(url, limit=limit, starting_after=starting_after)
-    prefix = cls.object + ":"
-    listed._list = [
-        value for key, value in reversed(resources.store.items()) if key.startswith(prefix)
-    ]
+    listed._list = _newest_first(cls.object, bounds)
+    return listed
+
+
+_refund_list = resources.Refund._api_list_all
+
+
+def _refund_list_created(cls, url, created=None, **kwargs):
+    """localstripe's refund list (by charge or PaymentIntent, sorted newest first) with
+    Stripe's `created` filter, which it lacks."""
+    bounds = _created_bounds(created)
+    listed = _refund_list.__func__(cls, url, **kwargs)
+    listed._list = [refund for refund in listed._list if _within(refund, bounds)]
     return listed
 
 
 def add_newest_first_lists() -> None:
+    resources.Store.__setitem__ = _store_set
+    resources.Store.__delitem__ = _store_delete
+    resources.Store.clear = _store_clear
+    _BY_TYPE.clear()
+    for key, value in resources.store.items():
+        _BY_TYPE.setdefault(key.split(":", 1)[0], {})[key] = value
     resources.StripeObject._api_list_all = classmethod(_list_newest_first)
+    resources.Refund._api_list_all = classmethod(_refund_list_created)
 
 
 class IdempotencyLayer:

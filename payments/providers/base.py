@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, NamedTuple, Protocol, TypedDict, cast, runtime_checkable
 
 from payments.enums import Classification, Outcome
@@ -283,7 +284,9 @@ class PaymentProvider(RailAdapter, Protocol):
 
     def retrieve_refund(self, refund_id: str) -> CallResult: ...
 
-    def find_by_metadata(self, *, object_type: str, operation_id: str) -> CallResult: ...
+    def find_by_metadata(
+        self, *, object_type: str, operation_id: str, created_since: datetime
+    ) -> CallResult: ...
 
     def list_balance_transactions(self, *, limit: int = 100) -> list[dict[str, Any]]: ...
 

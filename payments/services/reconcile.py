@@ -77,13 +77,16 @@ def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
     if op.kind == OperationKind.REFUND:
         if op.provider_reference:
             return CallStep.RETRIEVE, provider.retrieve_refund(op.provider_reference)
-        return CallStep.LIST, provider.find_by_metadata(object_type="refund", operation_id=op.id)
+        return CallStep.LIST, provider.find_by_metadata(
+            object_type="refund", operation_id=op.id, created_since=op.created_at
+        )
     parent = op.parent
     ref = op.provider_reference or (parent.provider_reference if parent is not None else "")
     if ref:
         return CallStep.RETRIEVE, provider.retrieve_payment_intent(ref)
+    first = parent if parent is not None else op  # the metadata names the first attempt
     return CallStep.LIST, provider.find_by_metadata(
-        object_type="payment_intent", operation_id=op.parent_id or op.id
+        object_type="payment_intent", operation_id=first.id, created_since=first.created_at
     )
 
 

@@ -5,6 +5,7 @@ a create) pages from the first page, so in a long soak each one paged through ev
 PaymentIntent, the fake provider's one event loop fell behind, and past the page bound
 recent payments were never read. Plain HTTP."""
 
+import time
 import uuid
 
 import requests
@@ -41,3 +42,26 @@ def test_payment_intents_are_listed_newest_first_and_paged_on(localstripe):
     assert page["has_more"] is True
     after = _page(limit=2, starting_after=second)
     assert after["data"][0]["id"] == first
+
+
+def test_a_list_takes_stripes_created_bounds(localstripe):
+    """`created[gt|gte|lt|lte]` as Stripe's lists take them (a read by metadata bounds
+    itself to its operation's time); anything else is a 400, not a silent full list."""
+    tag = uuid.uuid4().hex
+    older = _intent(tag)
+    time.sleep(1.1)  # whole seconds
+    newer = _intent(tag)
+    [listed] = [pi for pi in _page(limit=5)["data"] if pi["id"] == newer]
+    since = listed["created"]
+
+    recent = [pi["id"] for pi in _page(limit=100, **{"created[gte]": since})["data"]]
+    before = [pi["id"] for pi in _page(limit=100, **{"created[lt]": since})["data"]]
+    assert newer in recent and older not in recent
+    assert older in before and newer not in before
+    refused = requests.get(
+        f"{settings.STRIPE_API_BASE}/v1/payment_intents",
+        params={"created[after]": since},
+        timeout=10,
+        auth=(settings.STRIPE_API_KEY, ""),
+    )
+    assert refused.status_code == 400, refused.text

@@ -4,12 +4,15 @@ read-back acts on the latter (no money moved: a person's "succeeded" is refused 
 read-back overturns it), so a bound reached must keep the person's word standing.
 Counted at localstripe; faults only through the fault-drill HTTP client."""
 
+import time
+
 import pytest
 
 from payments import services
-from payments.enums import Grade, Outcome
-from payments.models import PaymentOperation
+from payments.enums import CallStep, Grade, Outcome
+from payments.models import PaymentOperation, ProviderCall
 from payments.providers.stripe import DrillMode
+from tests.payments.test_create_answer_lost import _intents_of, _start
 from tests.payments.test_persons_failed_refund_then_follow_up import _paid, _refund
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,3 +49,30 @@ def test_a_search_that_gave_up_at_its_page_bound_is_no_verdict_on_a_refund(
     refund = PaymentOperation.objects.get(pk=refund.pk)
     assert (refund.outcome, refund.grade) == (Outcome.SUCCEEDED, Grade.ACKNOWLEDGED)
     assert localstripe.refunds_for(pay.provider_reference) == []
+
+
+def test_a_search_reads_only_what_the_provider_made_since_the_operation(
+    new_purchase, api_client, drill, pay_now, localstripe, settings
+):
+    """A payment whose create never reached the provider: the read by metadata lists only
+    the PaymentIntents created since the operation (Stripe's `created[gte]`, less a margin
+    for the two clocks), so others' older ones cost it no page. Paging from the newest with
+    one page of one, it stopped at its bound ("not read") however few payments were new;
+    bounded by the operation's own time it reaches the end and says "none"."""
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 0
+    for _ in range(2):
+        assert pay_now(new_purchase()).outcome == Outcome.SUCCEEDED
+    time.sleep(1.1)  # the provider's clock counts whole seconds
+    settings.PROVIDER_LIST_PAGE_LIMIT = 1
+    settings.PROVIDER_LIST_MAX_PAGES = 1
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.HTTP_409, step=CallStep.CREATE)  # answered here, never forwarded
+
+    op = services.operation_dispatch(operation_id=op.id)  # then reads back at once
+
+    reads = ProviderCall.objects.filter(operation_id=op.id, step="list")
+    assert list(reads.values_list("classification", flat=True)) == ["not_found"]
+    assert op.outcome == Outcome.FAILED
+    assert _intents_of(localstripe, op) == []

@@ -21,6 +21,7 @@ import random
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -662,16 +663,23 @@ class StripeProvider:
             params["starting_after"] = page.data[-1].id
         return CallResult(Classification.OK, http_status=200), out
 
-    def find_by_metadata(self, *, object_type: str, operation_id: str) -> CallResult:
-        """No search API at localstripe (and no `created` filter): page through, bounded."""
+    def find_by_metadata(
+        self, *, object_type: str, operation_id: str, created_since: datetime
+    ) -> CallResult:
+        """Page through the objects created since the operation was (less a margin for the
+        two clocks), newest first, bounded. Not the search API: it lags up to a minute, and
+        localstripe has none. Without the `created` bound, a read for an object the provider
+        never made pages every object of a busy account before it can say "none"."""
         service = (
             self.client.v1.payment_intents
             if object_type == "payment_intent"
             else self.client.v1.refunds
         )
         # The bounds are settings so a test can reach them without thousands of objects.
+        since = created_since - timedelta(seconds=settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS)
         params: dict[str, Any] = {
-            "limit": getattr(settings, "PROVIDER_LIST_PAGE_LIMIT", LIST_PAGE_LIMIT)
+            "limit": getattr(settings, "PROVIDER_LIST_PAGE_LIMIT", LIST_PAGE_LIMIT),
+            "created": {"gte": int(since.timestamp())},
         }
         for _ in range(getattr(settings, "PROVIDER_LIST_MAX_PAGES", LIST_MAX_PAGES)):
             pages: list[Any] = []
