@@ -65,3 +65,81 @@ def test_a_list_takes_stripes_created_bounds(localstripe):
         auth=(settings.STRIPE_API_KEY, ""),
     )
     assert refused.status_code == 400, refused.text
+
+
+def _post(path: str, **data) -> dict:
+    r = requests.post(
+        f"{settings.STRIPE_API_BASE}{path}",
+        data=data,
+        timeout=10,
+        auth=(settings.STRIPE_API_KEY, ""),
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _list(resource: str, **params) -> dict:
+    r = requests.get(
+        f"{settings.STRIPE_API_BASE}/v1/{resource}",
+        params=params,
+        timeout=10,
+        auth=(settings.STRIPE_API_KEY, ""),
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_refunds_of_a_payment_intent_take_the_created_bounds(localstripe):
+    """The refund list, by PaymentIntent or not, filtered by `created` after localstripe's
+    own filter: nothing outside the bound, nothing inside it missing, `has_more` counted
+    on what the bound leaves."""
+    pi = _post(
+        "/v1/payment_intents",
+        amount=900,
+        currency="usd",
+        payment_method="pm_card_visa",
+        confirm="true",
+    )
+    older = _post("/v1/refunds", payment_intent=pi["id"], amount=100)
+    time.sleep(1.1)  # whole seconds
+    newer = _post("/v1/refunds", payment_intent=pi["id"], amount=200)
+    since = newer["created"]
+
+    page = _list("refunds", payment_intent=pi["id"], limit=1, **{"created[gte]": since})
+    assert ([r["id"] for r in page["data"]], page["has_more"]) == ([newer["id"]], False)
+    page = _list("refunds", payment_intent=pi["id"], limit=1, **{"created[lt]": since})
+    assert ([r["id"] for r in page["data"]], page["has_more"]) == ([older["id"]], False)
+    everyone = [r["id"] for r in localstripe.list("refunds", **{"created[gte]": since})]
+    assert newer["id"] in everyone and older["id"] not in everyone
+
+
+def test_paging_inside_a_created_bound_reads_each_object_once(localstripe):
+    """`starting_after` pages on inside the bound, newest first, each object once."""
+    tag = uuid.uuid4().hex
+    made = [_intent(tag) for _ in range(3)]
+    [first] = [pi for pi in localstripe.list("payment_intents") if pi["id"] == made[0]]
+
+    seen = [
+        pi["id"]
+        for pi in localstripe.list("payment_intents", limit=1, **{"created[gte]": first["created"]})
+        if pi["metadata"].get("tag") == tag
+    ]
+    assert seen == made[::-1]
+
+
+def test_a_flush_empties_every_list(localstripe):
+    """`DELETE /_config/data` (localstripe's Store.clear) empties the by-type index too: no
+    object listed after the flush that the store no longer holds."""
+    tag = uuid.uuid4().hex
+    gone = _intent(tag)
+    localstripe.flush()
+
+    assert _list("payment_intents", limit=100)["data"] == []
+    fresh = _intent(tag)
+    assert [pi["id"] for pi in _list("payment_intents", limit=100)["data"]] == [fresh]
+    r = requests.get(
+        f"{settings.STRIPE_API_BASE}/v1/payment_intents/{gone}",
+        timeout=10,
+        auth=(settings.STRIPE_API_KEY, ""),
+    )
+    assert r.status_code == 404

@@ -5,6 +5,7 @@ read-back overturns it), so a bound reached must keep the person's word standing
 Counted at localstripe; faults only through the fault-drill HTTP client."""
 
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -76,3 +77,83 @@ def test_a_search_reads_only_what_the_provider_made_since_the_operation(
     assert list(reads.values_list("classification", flat=True)) == ["not_found"]
     assert op.outcome == Outcome.FAILED
     assert _intents_of(localstripe, op) == []
+
+
+def test_a_payment_sent_long_after_its_operation_was_created_is_found(
+    new_purchase, api_client, drill, localstripe, settings
+):
+    """An operation may wait long before its send (a queue, a halted workflow): the bound
+    is the operation's creation, a floor, so the PaymentIntent its late create made is
+    inside it. The create's answer lost, the read finds it, adopts it and confirms it."""
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 0
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    PaymentOperation.objects.filter(pk=op.pk).update(created_at=op.created_at - timedelta(hours=2))
+    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.CREATE)
+
+    op = services.operation_dispatch(operation_id=op.id)
+
+    [pi] = _intents_of(localstripe, op)
+    assert (op.outcome, op.provider_reference, pi["status"]) == (
+        Outcome.SUCCEEDED,
+        pi["id"],
+        "succeeded",
+    )
+    assert len(localstripe.payment_intents_for(purchase.id)) == 1
+
+
+def test_a_refund_sent_long_after_its_operation_was_created_is_found(
+    new_purchase, api_client, drill, people, localstripe, settings
+):
+    """A refund approved hours after it was asked for is sent then: its read by metadata,
+    bounded by the operation's creation, still finds the refund its lost answer made, and
+    the refund is settled succeeded, never sent a second time."""
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 0
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    _resolver, requester, approver = people
+    purchase, pay = _paid(new_purchase, api_client)
+    refund = _refund(purchase, requester, approver)
+    PaymentOperation.objects.filter(pk=refund.pk).update(
+        created_at=refund.created_at - timedelta(hours=2)
+    )
+    drill(refund, DrillMode.DROP_RESPONSE_AFTER_SEND, step="refund")
+    refund = services.operation_dispatch(operation_id=refund.id)
+    assert refund.outcome == Outcome.UNKNOWN
+
+    refund = services.operation_reconcile(operation_id=refund.id)
+
+    [made] = localstripe.refunds_for(pay.provider_reference)
+    assert (refund.outcome, refund.provider_reference) == (Outcome.SUCCEEDED, made["id"])
+    reads = ProviderCall.objects.filter(operation_id=refund.id, step="list")
+    assert list(reads.values_list("classification", flat=True)) == ["ok"]
+
+
+def test_a_late_read_back_is_not_crowded_out_by_newer_payments(
+    new_purchase, api_client, drill, read_drill, pay_now, localstripe, settings
+):
+    """A create whose answer was lost while the provider could not be read: the payment is
+    `unknown`, its PaymentIntent payable at the provider. Other buyers pay meanwhile. The
+    read-back, bounded below by the operation's creation only, pages from the newest: the
+    newer payments fill its page bound and it never reaches the PaymentIntent it looks
+    for, though that one sits near the operation's own time. Correct: it is found,
+    cancelled, and the payment settled failed on the provider's record."""
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 0
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.CREATE)
+    read_drill("*")  # the search right after cannot read the provider
+    op = services.operation_dispatch(operation_id=op.id)
+    [orphan] = _intents_of(localstripe, op)
+    assert op.outcome == Outcome.UNKNOWN
+    time.sleep(1.1)  # the provider's clock counts whole seconds: theirs come after
+    for _ in range(2):
+        assert pay_now(new_purchase()).outcome == Outcome.SUCCEEDED
+    settings.PROVIDER_LIST_PAGE_LIMIT = 1
+    settings.PROVIDER_LIST_MAX_PAGES = 2
+
+    op = services.operation_reconcile(operation_id=op.id)
+
+    assert (op.outcome, op.provider_reference) == (Outcome.FAILED, orphan["id"])
+    [orphan] = _intents_of(localstripe, op)
+    assert orphan["status"] == "canceled"
