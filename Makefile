@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 VERITY_VAR_DIR ?= var
 export VERITY_VAR_DIR
 
-.PHONY: run serve test test-fast lint fmt typecheck deps lock soak soak-short bench drill drill-x402 fuzz audit clean
+.PHONY: run serve test test-fast lint fmt typecheck deps lock soak bench drill drill-x402 fuzz audit clean
 
 # The x402 rail's local chain (anvil + Circle's USDC build artifacts, npm packages pinned in
 # tools/chain/package-lock.json). Installed when node/npm are present; tests.stack --x402
@@ -152,10 +152,6 @@ fmt: deps
 
 soak: deps
 	$(PY) bench/soak.py $(SOAK_ARGS)
-
-# The short seeded soak in both card payment modes (`make test` runs the one-call one).
-soak-short: deps
-	VERITY_SHORT_SOAK_MODES=two_step,one_call $(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest -q -p no:cacheprovider -n 2 tests/soak/test_short_soak.py
 
 bench: deps
 	$(PY) bench/run_all.py
