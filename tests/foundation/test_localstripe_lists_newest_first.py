@@ -12,26 +12,32 @@ import requests
 from django.conf import settings
 
 
-def _intent(tag: str) -> str:
-    r = requests.post(
-        f"{settings.STRIPE_API_BASE}/v1/payment_intents",
-        data={"amount": 500, "currency": "usd", "metadata[tag]": tag},
+def _call(method: str, path: str, status: int = 200, **kwargs) -> requests.Response:
+    r = requests.request(
+        method,
+        f"{settings.STRIPE_API_BASE}{path}",
         timeout=10,
         auth=(settings.STRIPE_API_KEY, ""),
+        **kwargs,
     )
-    assert r.status_code == 200, r.text
-    return r.json()["id"]
+    assert r.status_code == status, r.text
+    return r
+
+
+def _post(path: str, **data) -> dict:
+    return _call("POST", path, data=data).json()
+
+
+def _list(resource: str, **params) -> dict:
+    return _call("GET", f"/v1/{resource}", params=params).json()
+
+
+def _intent(tag: str) -> str:
+    return _post("/v1/payment_intents", amount=500, currency="usd", **{"metadata[tag]": tag})["id"]
 
 
 def _page(**params) -> dict:
-    r = requests.get(
-        f"{settings.STRIPE_API_BASE}/v1/payment_intents",
-        params=params,
-        timeout=10,
-        auth=(settings.STRIPE_API_KEY, ""),
-    )
-    assert r.status_code == 200, r.text
-    return r.json()
+    return _list("payment_intents", **params)
 
 
 def test_payment_intents_are_listed_newest_first_and_paged_on(localstripe):
@@ -58,35 +64,7 @@ def test_a_list_takes_stripes_created_bounds(localstripe):
     before = [pi["id"] for pi in _page(limit=100, **{"created[lt]": since})["data"]]
     assert newer in recent and older not in recent
     assert older in before and newer not in before
-    refused = requests.get(
-        f"{settings.STRIPE_API_BASE}/v1/payment_intents",
-        params={"created[after]": since},
-        timeout=10,
-        auth=(settings.STRIPE_API_KEY, ""),
-    )
-    assert refused.status_code == 400, refused.text
-
-
-def _post(path: str, **data) -> dict:
-    r = requests.post(
-        f"{settings.STRIPE_API_BASE}{path}",
-        data=data,
-        timeout=10,
-        auth=(settings.STRIPE_API_KEY, ""),
-    )
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def _list(resource: str, **params) -> dict:
-    r = requests.get(
-        f"{settings.STRIPE_API_BASE}/v1/{resource}",
-        params=params,
-        timeout=10,
-        auth=(settings.STRIPE_API_KEY, ""),
-    )
-    assert r.status_code == 200, r.text
-    return r.json()
+    _call("GET", "/v1/payment_intents", 400, params={"created[after]": since})
 
 
 def test_refunds_of_a_payment_intent_take_the_created_bounds(localstripe):
@@ -137,9 +115,4 @@ def test_a_flush_empties_every_list(localstripe):
     assert _list("payment_intents", limit=100)["data"] == []
     fresh = _intent(tag)
     assert [pi["id"] for pi in _list("payment_intents", limit=100)["data"]] == [fresh]
-    r = requests.get(
-        f"{settings.STRIPE_API_BASE}/v1/payment_intents/{gone}",
-        timeout=10,
-        auth=(settings.STRIPE_API_KEY, ""),
-    )
-    assert r.status_code == 404
+    _call("GET", f"/v1/payment_intents/{gone}", 404)
