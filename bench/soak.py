@@ -1141,17 +1141,17 @@ def _busy(timezone, timedelta) -> dict[str, int]:
     from payments.enums import Outcome
     from payments.models import PaymentOperation, Purchase
     from recovery.models import OutboxMessage, StepRun
+    from recovery.orchestrator import FULFILLABLE_STATUSES
     from webhooks.models import EventResult, ProviderEvent
 
-    # A step is due only while its purchase can be fulfilled (paid, fulfilling, a dispute
-    # won): one whose money went back (refunded, voided, a dispute lost), or is held (a
-    # dispute open, a person's review), keeps its unrun steps pending for good or until
-    # the dispute closes. Counting those, every short soak with one waited out its cap.
+    # A step is due only while its purchase can be fulfilled (the statuses the
+    # orchestrator runs steps in; a wait condition, not a judge): one whose money went
+    # back (refunded, voided, a dispute lost), or is held (a dispute open, a person's
+    # review), keeps its unrun steps pending for good or until the dispute closes.
+    # Counting those, every short soak with one waited out its cap.
     steps = StepRun.objects.filter(
         state__in=["pending", "running"],
-        purchase_id__in=Purchase.objects.filter(
-            status__in=["paid", "fulfilling", "dispute_won"]
-        ).values("id"),
+        purchase_id__in=Purchase.objects.filter(status__in=FULFILLABLE_STATUSES).values("id"),
     ).values_list("purchase_id", "step", "state")
     status = dict(
         Purchase.objects.filter(id__in={pid for pid, _, _ in steps}).values_list("id", "status")

@@ -84,9 +84,10 @@ def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
     ref = op.provider_reference or (parent.provider_reference if parent is not None else "")
     if ref:
         return CallStep.RETRIEVE, provider.retrieve_payment_intent(ref)
-    first = parent if parent is not None else op  # the metadata names the first attempt
+    # A capture or a void reads its authorization's PaymentIntent, which names the parent.
+    named = parent if parent is not None else op
     return CallStep.LIST, provider.find_by_metadata(
-        object_type="payment_intent", operation_id=first.id, created_since=first.created_at
+        object_type="payment_intent", operation_id=named.id, created_since=named.created_at
     )
 
 
