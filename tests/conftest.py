@@ -229,6 +229,13 @@ class Localstripe:
     def flush(self) -> None:
         requests.delete(f"{self.base}/_config/data", timeout=10)
 
+    def clock_offset(self, seconds: float) -> None:
+        """Move the launcher's `Date` header this far ahead of the machine's clock."""
+        r = requests.post(
+            f"{self.base}/_config/clock", data={"offset_seconds": seconds}, timeout=10
+        )
+        r.raise_for_status()
+
     def idempotency(self, **config) -> dict:
         """Stripe's idempotency-key layer of the launcher (tools/localstripe_server.py):
         enabled, window_seconds, hold_seconds, flush. Returns its state."""

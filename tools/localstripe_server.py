@@ -63,6 +63,7 @@ import logging
 import operator
 import socket
 import time
+from email.utils import formatdate
 from typing import Any
 
 from aiohttp import web
@@ -618,6 +619,35 @@ def add_idempotency(app, *, enabled: bool) -> None:
     app.router.add_route("GET", "/_config/idempotency", _idempotency_config)
 
 
+class Clock:
+    """How far the launcher's `Date` header runs ahead of the machine's clock (seconds;
+    negative: behind). Only the header moves: a drill of a provider whose clock disagrees
+    with Verity's, which Verity must notice before a read bounded by its own clock says
+    "none". `POST /_config/clock` with `offset_seconds`."""
+
+    offset_seconds = 0.0
+
+
+async def _date_header(request, response) -> None:
+    if Clock.offset_seconds:
+        response.headers["Date"] = formatdate(time.time() + Clock.offset_seconds, usegmt=True)
+
+
+async def _clock_config(request):
+    if request.method == "POST":
+        data = await server.get_post_data(request) or {}
+        if "offset_seconds" in data:
+            Clock.offset_seconds = float(data["offset_seconds"])
+    state = {"offset_seconds": Clock.offset_seconds}
+    return web.Response(text=json.dumps(state), content_type="application/json")
+
+
+def add_clock(app) -> None:
+    app.on_response_prepare.append(_date_header)
+    app.router.add_route("POST", "/_config/clock", _clock_config)
+    app.router.add_route("GET", "/_config/clock", _clock_config)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=8420)
@@ -639,6 +669,7 @@ def main() -> None:
     add_refund_limits()
     add_newest_first_lists()
     add_idempotency(server.app, enabled=args.idempotency)
+    add_clock(server.app)
 
     if args.webhook_url and args.webhook_secret:
         # localstripe forgets its webhook config on restart: register it at every start.

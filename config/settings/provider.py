@@ -23,9 +23,11 @@ STRIPE_DEDUPES_KEYS = env.bool("STRIPE_DEDUPES_KEYS", default=False)
 STRIPE_IDEMPOTENCY_WINDOW_SECONDS = env.int("STRIPE_IDEMPOTENCY_WINDOW_SECONDS", default=86400)
 STRIPE_RESEND_MARGIN_SECONDS = env.int("STRIPE_RESEND_MARGIN_SECONDS", default=3600)
 # A read by metadata (a lost answer with no provider id) lists only what the provider made
-# since the operation was created, less this margin for the two clocks: an object cannot
-# predate the row written before its request left.
-PROVIDER_READ_CLOCK_MARGIN_SECONDS = env.int("PROVIDER_READ_CLOCK_MARGIN_SECONDS", default=300)
+# between the operation's creation (an object cannot predate the row written before its
+# request left) and the latest its recorded sends can have made one, each bound widened by
+# this margin for the two clocks. Its "none" is a verdict only while the provider's clock
+# (its Date header) agrees with ours within half the margin.
+PROVIDER_READ_CLOCK_MARGIN_SECONDS = env.int("PROVIDER_READ_CLOCK_MARGIN_SECONDS", default=60)
 # Fault drills: test-mode keys only; refused for live keys at start-up of a drill.
 FAULT_DRILLS_ENABLED = env.bool("FAULT_DRILLS_ENABLED", default=True)
 # Chaos (soak only): a seeded fraction of provider requests gets a random drill.

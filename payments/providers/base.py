@@ -285,7 +285,12 @@ class PaymentProvider(RailAdapter, Protocol):
     def retrieve_refund(self, refund_id: str) -> CallResult: ...
 
     def find_by_metadata(
-        self, *, object_type: str, operation_id: str, created_since: datetime
+        self,
+        *,
+        object_type: str,
+        operation_id: str,
+        created_since: datetime,
+        created_until: datetime | None = None,
     ) -> CallResult: ...
 
     def list_balance_transactions(self, *, limit: int = 100) -> list[dict[str, Any]]: ...

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import timedelta
-from typing import TYPE_CHECKING
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, cast
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from recovery.outbox import reconcile_put
@@ -68,8 +69,9 @@ if TYPE_CHECKING:
 
 def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
     """The provider read itself: by provider reference, else by metadata. Network only
-    (no database access), so the sweep runs it on its own threads — except on a rail that
-    keeps its evidence in Verity's tables (RailEvidence: x402 reads the chain from them)."""
+    once the sweep's prepare stored when each object can have been made (`_made_until`),
+    so the sweep runs it on its own threads — except on a rail that keeps its evidence in
+    Verity's tables (RailEvidence: x402 reads the chain from them)."""
     evidence = rail_evidence_for(op.rail)
     if evidence is not None:
         return CallStep.RETRIEVE, evidence.read_back(op)
@@ -78,7 +80,10 @@ def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
         if op.provider_reference:
             return CallStep.RETRIEVE, provider.retrieve_refund(op.provider_reference)
         return CallStep.LIST, provider.find_by_metadata(
-            object_type="refund", operation_id=op.id, created_since=op.created_at
+            object_type="refund",
+            operation_id=op.id,
+            created_since=op.created_at,
+            created_until=_made_until(op),
         )
     parent = op.parent
     ref = op.provider_reference or (parent.provider_reference if parent is not None else "")
@@ -87,8 +92,63 @@ def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
     # A capture or a void reads its authorization's PaymentIntent, which names the parent.
     named = parent if parent is not None else op
     return CallStep.LIST, provider.find_by_metadata(
-        object_type="payment_intent", operation_id=named.id, created_since=named.created_at
+        object_type="payment_intent",
+        operation_id=named.id,
+        created_since=named.created_at,
+        created_until=_made_until(op),
     )
+
+
+_PREPARED_MADE_UNTIL = "made_until"
+
+
+def _metadata_owner(op: PaymentOperation) -> str:
+    """The operation whose id the provider object read by metadata carries."""
+    if op.kind == OperationKind.REFUND or op.parent_id is None:
+        return op.id
+    return op.parent_id
+
+
+def _made_until_of(operation_ids: list[str]) -> dict[str, datetime]:
+    """The latest time the provider can have made an object carrying each operation's id.
+    Only a send makes one, and each is recorded before it leaves (a dispatch call, or a
+    one-call re-send recorded as a replay): the latest of its answers, or a send's time
+    plus the longest a request lives while a send has none (a dead worker, a hung
+    request), and never before the last send plus the provider's in-flight window — the
+    same window every "none" verdict already waits out (`_past_inflight_window`). An
+    operation with no send recorded is absent: its read stays unbounded above."""
+    rows = (
+        ProviderCall.objects.filter(
+            operation_id__in=operation_ids,
+            purpose__in=(CallPurpose.DISPATCH, CallPurpose.REPLAY),
+        )
+        .values("operation_id")
+        .annotate(
+            last=Max("started_at"),
+            answered=Max("finished_at"),
+            unanswered=Count("id", filter=Q(finished_at__isnull=True)),
+        )
+    )
+    inflight = timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
+    lifetime = timedelta(seconds=settings.STRIPE_CONNECT_TIMEOUT + settings.STRIPE_READ_TIMEOUT)
+    out = {}
+    for row in rows:
+        ends = [row["last"] + inflight]
+        if row["answered"] is not None:
+            ends.append(row["answered"])
+        if row["unanswered"]:
+            ends.append(row["last"] + lifetime)
+        out[row["operation_id"]] = max(ends)
+    return out
+
+
+def _made_until(op: PaymentOperation) -> datetime | None:
+    """`_made_until_of` for one operation's object: stored on it by the sweep's prepare (its
+    reads run on other threads, without the database), else read now."""
+    if _PREPARED_MADE_UNTIL in op.__dict__:
+        return cast("datetime | None", op.__dict__[_PREPARED_MADE_UNTIL])
+    owner = _metadata_owner(op)
+    return _made_until_of([owner]).get(owner)
 
 
 def _resend_window_open(op: PaymentOperation) -> bool:
@@ -411,6 +471,11 @@ def operations_reconcile_prepare(
             sequential.append(op)
         else:
             readable.append(op)
+    # When each object read by metadata can have been made, read here: the reads run on
+    # other threads, without the database.
+    made_until = _made_until_of(sorted({_metadata_owner(op) for op in readable}))
+    for op in readable:
+        op.__dict__[_PREPARED_MADE_UNTIL] = made_until.get(_metadata_owner(op))
     return readable, sequential, refused
 
 

@@ -128,12 +128,6 @@ def test_a_refund_sent_long_after_its_operation_was_created_is_found(
     assert list(reads.values_list("classification", flat=True)) == ["ok"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit (docs/reliability.md): a read long after its sends pages from the "
-    "newest and stays 'not read' (safe: never a verdict) once newer payments fill its page "
-    "bound; the fix is to look near the operation's own sends first",
-)
 def test_a_late_read_back_is_not_crowded_out_by_newer_payments(
     new_purchase, api_client, drill, read_drill, pay_now, localstripe, settings
 ):
@@ -142,7 +136,8 @@ def test_a_late_read_back_is_not_crowded_out_by_newer_payments(
     read-back, bounded below by the operation's creation only, pages from the newest: the
     newer payments fill its page bound and it never reaches the PaymentIntent it looks
     for, though that one sits near the operation's own time. Correct: it is found,
-    cancelled, and the payment settled failed on the provider's record."""
+    cancelled, and the payment settled failed on the provider's record. Bounded above by
+    the operation's last answer it lists only the payments made near its sends."""
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
     settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 0
     purchase = new_purchase()
@@ -163,3 +158,66 @@ def test_a_late_read_back_is_not_crowded_out_by_newer_payments(
     assert (op.outcome, op.provider_reference) == (Outcome.FAILED, orphan["id"])
     [orphan] = _intents_of(localstripe, op)
     assert orphan["status"] == "canceled"
+
+
+def test_a_late_read_of_a_create_that_never_arrived_overturns_a_persons_succeeded(
+    new_purchase, api_client, drill, people, pay_now, localstripe, settings
+):
+    """The soak's case: a create answered here and never forwarded, a person's wrong
+    "succeeded", and other buyers paying before the reconciler reads. Bounded below only,
+    the read pages from the newest, the newer payments fill its page bound and it stays
+    "not read", so the person's word stands on money that never moved. Bounded above by
+    the latest its one send can have made an object, it reads the whole window: none, and
+    the payment is settled failed on the provider's record."""
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 0
+    resolver, _requester, _approver = people
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.HTTP_409, step=CallStep.CREATE)  # answered here, never forwarded
+    settings.PROVIDER_LIST_MAX_PAGES = 0  # the read at once reads nothing: "not read"
+    op = services.operation_dispatch(operation_id=op.id)
+    assert op.outcome == Outcome.UNKNOWN
+    op = services.operation_resolve_manual(
+        operation_id=op.id,
+        outcome="succeeded",
+        reason="the buyer says the bank shows it",
+        actor="resolver",
+        acting_user=resolver,
+    )
+    assert (op.outcome, op.grade) == (Outcome.SUCCEEDED, Grade.ACKNOWLEDGED)
+    time.sleep(1.1)  # the provider's clock counts whole seconds: theirs come after
+    for _ in range(2):
+        assert pay_now(new_purchase()).outcome == Outcome.SUCCEEDED
+    settings.PROVIDER_LIST_PAGE_LIMIT = 1
+    settings.PROVIDER_LIST_MAX_PAGES = 2
+
+    op = services.operation_reconcile(operation_id=op.id)
+
+    assert (op.outcome, op.grade) == (Outcome.FAILED, Grade.CONFIRMED)
+    assert _intents_of(localstripe, op) == []
+    assert localstripe.payment_intents_for(purchase.id) == []
+
+
+def test_a_read_whose_provider_clock_disagrees_is_no_verdict(
+    new_purchase, api_client, drill, localstripe, settings
+):
+    """The bounds are our clock's. A provider whose clock runs ahead of ours by more than
+    half the margin may have stamped the object outside them: its "none" is "not read"."""
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 60
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.HTTP_409, step=CallStep.CREATE)  # answered here, never forwarded
+    localstripe.clock_offset(120)
+    try:
+        op = services.operation_dispatch(operation_id=op.id)
+    finally:
+        localstripe.clock_offset(0)
+
+    reads = ProviderCall.objects.filter(operation_id=op.id, step="list")
+    assert list(reads.values_list("classification", "safe_fields__detail")) == [
+        ("unknown", "provider_clock_skew")
+    ]
+    assert op.outcome == Outcome.UNKNOWN
+    assert localstripe.payment_intents_for(purchase.id) == []

@@ -17,11 +17,14 @@ provider key and refused for live keys.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import random
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from email.utils import parsedate_to_datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +34,7 @@ import urllib3
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from django.utils import timezone
 from stripe.params import (
     BalanceTransactionListParams,
     PaymentIntentCaptureParams,
@@ -47,6 +51,8 @@ from .webhooks import dispute_from_payload
 
 if TYPE_CHECKING:
     from stripe._base_address import BaseAddresses
+
+log = logging.getLogger(__name__)
 
 LIST_PAGE_LIMIT = 100
 LIST_MAX_PAGES = 20
@@ -260,6 +266,24 @@ def _never_connected(exc: stripe.APIConnectionError) -> bool:
             ),
         )
     return False
+
+
+def _clock_skew_seconds(listed: Any) -> float | None:
+    """How far the provider's clock (its answer's `Date` header, whole seconds) is ahead
+    of ours, or None when the answer carries none. Our clock is read after the answer
+    came, so the figure errs by the answer's latency plus a second."""
+    response = getattr(listed, "last_response", None)
+    headers: Any = getattr(response, "headers", None)
+    if not hasattr(headers, "get"):
+        return None
+    stamp = headers.get("Date") or headers.get("date")
+    try:
+        theirs = parsedate_to_datetime(stamp) if stamp else None
+    except (TypeError, ValueError):
+        return None
+    if theirs is None or theirs.tzinfo is None:
+        return None
+    return (theirs - timezone.now()).total_seconds()
 
 
 def _replayed(headers: Any) -> bool:
@@ -664,22 +688,37 @@ class StripeProvider:
         return CallResult(Classification.OK, http_status=200), out
 
     def find_by_metadata(
-        self, *, object_type: str, operation_id: str, created_since: datetime
+        self,
+        *,
+        object_type: str,
+        operation_id: str,
+        created_since: datetime,
+        created_until: datetime | None = None,
     ) -> CallResult:
-        """Page through the objects created since the operation was (less a margin for the
-        two clocks), newest first, bounded. Not the search API: it lags up to a minute, and
-        localstripe has none. Without the `created` bound, a read for an object the provider
-        never made pages every object of a busy account before it can say "none"."""
+        """Page through the objects the provider made between the operation's creation and
+        the latest its sends can have made one (`created_until`, None while that is not yet
+        past), each bound widened by a margin for the two clocks, newest first, bounded.
+        Not the search API: it lags up to a minute, and localstripe has none. Unbounded
+        below, a read for an object the provider never made pages every object of a busy
+        account before it can say "none"; unbounded above, a late read pages every object
+        made since and is crowded out of its page bound.
+
+        "None" is a verdict a caller acts on (no money moved), and the bounds are our
+        clock's: it is said only while the provider's clock (its `Date` header) agrees
+        with ours within half the margin; otherwise "not read"."""
         service = (
             self.client.v1.payment_intents
             if object_type == "payment_intent"
             else self.client.v1.refunds
         )
+        margin = timedelta(seconds=settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS)
+        created: dict[str, int] = {"gte": math.floor((created_since - margin).timestamp())}
+        if created_until is not None and created_until + margin < timezone.now():
+            created["lte"] = math.floor((created_until + margin).timestamp())
         # The bounds are settings so a test can reach them without thousands of objects.
-        since = created_since - timedelta(seconds=settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS)
         params: dict[str, Any] = {
             "limit": getattr(settings, "PROVIDER_LIST_PAGE_LIMIT", LIST_PAGE_LIMIT),
-            "created": {"gte": int(since.timestamp())},
+            "created": created,
         }
         for _ in range(getattr(settings, "PROVIDER_LIST_MAX_PAGES", LIST_MAX_PAGES)):
             pages: list[Any] = []
@@ -694,12 +733,13 @@ class StripeProvider:
             page = pages[0]
             for item in map(_as_dict, page.data):
                 if (item.get("metadata") or {}).get("operation_id") == operation_id:
-                    return CallResult(
-                        Classification.OK,
-                        http_status=200,
-                        object=normalise(item, account=self.account),
-                    )
+                    found = normalise(item, account=self.account)
+                    return CallResult(Classification.OK, http_status=200, object=found)
             if not page.data or not page.has_more:
+                skew = _clock_skew_seconds(page)
+                if skew is not None and abs(skew) > max(margin.total_seconds() / 2, 2):
+                    log.warning("read by metadata: provider clock %+.0f s from ours", skew)
+                    return CallResult(Classification.UNKNOWN, detail="provider_clock_skew")
                 return CallResult(Classification.NOT_FOUND)  # searched every page
             params["starting_after"] = page.data[-1].id
         # Gave up at the page bound with more pages left: that is not "the provider has no
