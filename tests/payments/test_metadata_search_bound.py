@@ -319,3 +319,43 @@ def test_a_payment_the_provider_is_still_making_is_not_called_never_received(
         pi["id"],
     )
     assert len(one_call.succeeded_charges_for(purchase.id)) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the clock check compares the provider with the reading process only: a stamp "
+    "written by another host whose clock runs ahead moves the lower bound past the object",
+)
+def test_a_refund_asked_on_a_host_whose_clock_runs_ahead_is_found(
+    new_purchase, api_client, drill, people, localstripe, settings
+):
+    """The refund is asked on a web host whose clock runs 90 s ahead of the provider's and
+    of the worker's that reads it back (their clocks agree, so the Date check passes). Its
+    operation's creation is stamped 90 s late, more than the clock margin: a read bounded
+    below by it misses the refund the lost answer made and says "none": a person's
+    "failed" is accepted, and the follow-up's "none" confirms it final while the money went
+    back (a second refund may follow). The provider's record must refuse the person."""
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 60
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    resolver, requester, approver = people
+    purchase, pay = _paid(new_purchase, api_client)
+    refund = _refund(purchase, requester, approver)
+    PaymentOperation.objects.filter(pk=refund.pk).update(
+        created_at=refund.created_at + timedelta(seconds=90)
+    )
+    drill(refund, DrillMode.DROP_RESPONSE_AFTER_SEND, step="refund")
+    refund = services.operation_dispatch(operation_id=refund.id)
+    assert refund.outcome == Outcome.UNKNOWN
+    [made] = localstripe.refunds_for(pay.provider_reference)
+    with pytest.raises(services.DomainError) as refused:
+        services.operation_resolve_manual(
+            operation_id=refund.id,
+            outcome="failed",
+            reason="the provider shows no refund",
+            actor="resolver",
+            acting_user=resolver,
+        )
+
+    assert refused.value.code == "provider_contradicts"
+    refund = PaymentOperation.objects.get(pk=refund.pk)
+    assert (refund.outcome, refund.provider_reference) == (Outcome.SUCCEEDED, made["id"])
