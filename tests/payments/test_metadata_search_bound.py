@@ -359,3 +359,28 @@ def test_a_refund_asked_on_a_host_whose_clock_runs_ahead_is_found(
     assert refused.value.code == "provider_contradicts"
     refund = PaymentOperation.objects.get(pk=refund.pk)
     assert (refund.outcome, refund.provider_reference) == (Outcome.SUCCEEDED, made["id"])
+
+
+def test_a_read_whose_provider_clock_cannot_be_read_is_no_verdict(
+    new_purchase, api_client, drill, localstripe, settings
+):
+    """ "None" is said only while the provider's clock agrees with ours. An answer whose
+    `Date` header nobody can read (a proxy that rewrites it, a provider that garbles it)
+    tells nothing about that clock, so its "none" is "not read", as for a clock seen off."""
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 60
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.HTTP_409, step=CallStep.CREATE)  # answered here, never forwarded
+    localstripe.clock_date("not a date")
+    try:
+        op = services.operation_dispatch(operation_id=op.id)
+    finally:
+        localstripe.clock_date("")
+
+    reads = ProviderCall.objects.filter(operation_id=op.id, step="list")
+    assert list(reads.values_list("classification", "safe_fields__detail")) == [
+        ("unknown", "provider_clock_unknown")
+    ]
+    assert op.outcome == Outcome.UNKNOWN
+    assert localstripe.payment_intents_for(purchase.id) == []
