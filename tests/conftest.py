@@ -236,6 +236,11 @@ class Localstripe:
         )
         r.raise_for_status()
 
+    def clock_date(self, raw: str) -> None:
+        """Send this raw `Date` header ("" goes back to the machine's clock)."""
+        r = requests.post(f"{self.base}/_config/clock", data={"date": raw}, timeout=10)
+        r.raise_for_status()
+
     def idempotency(self, **config) -> dict:
         """Stripe's idempotency-key layer of the launcher (tools/localstripe_server.py):
         enabled, window_seconds, hold_seconds, flush. Returns its state."""

@@ -623,13 +623,18 @@ class Clock:
     """How far the launcher's `Date` header runs ahead of the machine's clock (seconds;
     negative: behind). Only the header moves: a drill of a provider whose clock disagrees
     with Verity's, which Verity must notice before a read bounded by its own clock says
-    "none". `POST /_config/clock` with `offset_seconds`."""
+    "none". `POST /_config/clock` with `offset_seconds`, or `date`: a raw `Date` value
+    sent as it is (one nobody can read: a provider whose clock cannot be checked); an
+    empty `date` goes back to the machine's clock."""
 
     offset_seconds = 0.0
+    raw_date = ""
 
 
 async def _date_header(request, response) -> None:
-    if Clock.offset_seconds:
+    if Clock.raw_date:
+        response.headers["Date"] = Clock.raw_date
+    elif Clock.offset_seconds:
         response.headers["Date"] = formatdate(time.time() + Clock.offset_seconds, usegmt=True)
 
 
@@ -638,7 +643,9 @@ async def _clock_config(request):
         data = await server.get_post_data(request) or {}
         if "offset_seconds" in data:
             Clock.offset_seconds = float(data["offset_seconds"])
-    state = {"offset_seconds": Clock.offset_seconds}
+        if "date" in data:
+            Clock.raw_date = str(data["date"])
+    state = {"offset_seconds": Clock.offset_seconds, "date": Clock.raw_date}
     return web.Response(text=json.dumps(state), content_type="application/json")
 
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, cast
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from recovery.outbox import reconcile_put
@@ -101,6 +100,9 @@ def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
 
 _PREPARED_MADE_UNTIL = "made_until"
 
+# One recorded send: step, started_at, finished_at, http_status.
+_Send = tuple[str, datetime, datetime | None, int | None]
+
 
 def _metadata_owner(op: PaymentOperation) -> str:
     """The operation whose id the provider object read by metadata carries."""
@@ -116,30 +118,55 @@ def _made_until_of(operation_ids: list[str]) -> dict[str, datetime]:
     plus the longest a request lives while a send has none (a dead worker, a hung
     request), and never before the last send plus the provider's in-flight window — the
     same window every "none" verdict already waits out (`_past_inflight_window`). An
-    operation with no send recorded is absent: its read stays unbounded above."""
-    rows = (
-        ProviderCall.objects.filter(
-            operation_id__in=operation_ids,
-            purpose__in=(CallPurpose.DISPATCH, CallPurpose.REPLAY),
-        )
-        .values("operation_id")
-        .annotate(
-            last=Max("started_at"),
-            answered=Max("finished_at"),
-            unanswered=Count("id", filter=Q(finished_at__isnull=True)),
-        )
-    )
+    operation with no send recorded is absent: its read stays unbounded above. So is one
+    the provider was seen holding a request longer than that window (`_held_past_window`):
+    the window bounds nothing it makes."""
+    sends: dict[str, list[_Send]] = {}
+    for op_id, step, started, finished, status in ProviderCall.objects.filter(
+        operation_id__in=operation_ids,
+        purpose__in=(CallPurpose.DISPATCH, CallPurpose.REPLAY),
+    ).values_list("operation_id", "step", "started_at", "finished_at", "http_status"):
+        sends.setdefault(op_id, []).append((step, started, finished, status))
     inflight = timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
     lifetime = timedelta(seconds=settings.STRIPE_CONNECT_TIMEOUT + settings.STRIPE_READ_TIMEOUT)
     out = {}
-    for row in rows:
-        ends = [row["last"] + inflight]
-        if row["answered"] is not None:
-            ends.append(row["answered"])
-        if row["unanswered"]:
-            ends.append(row["last"] + lifetime)
-        out[row["operation_id"]] = max(ends)
+    for op_id, made in sends.items():
+        if _held_past_window(made):
+            continue
+        last = max(started for _step, started, _finished, _status in made)
+        ends = [last + inflight]
+        ends += [finished for _step, _started, finished, _status in made if finished is not None]
+        if any(finished is None for _step, _started, finished, _status in made):
+            ends.append(last + lifetime)
+        out[op_id] = max(ends)
     return out
+
+
+def _held_past_window(sends: list[_Send]) -> bool:
+    """(step, started_at, finished_at, http_status) of an operation's sends: one answered
+    409 — its key's earlier request still running at the provider — that left longer than
+    the provider's in-flight window after the first send of its step. The provider was
+    seen holding a request longer than the window: it may still make its object, so
+    neither the window nor the answers bound when."""
+    inflight = timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
+    first: dict[str, datetime] = {}
+    for step, started, _finished, _status in sorted(sends, key=lambda send: send[1]):
+        first.setdefault(step, started)
+    return any(
+        status == 409 and started - first[step] > inflight
+        for step, started, _finished, status in sends
+    )
+
+
+def _provider_held_past_window(op: PaymentOperation) -> bool:
+    """`_held_past_window` of one operation's own sends, read now."""
+    return _held_past_window(
+        list(
+            op.provider_calls.filter(
+                purpose__in=(CallPurpose.DISPATCH, CallPurpose.REPLAY)
+            ).values_list("step", "started_at", "finished_at", "http_status")
+        )
+    )
 
 
 def _made_until(op: PaymentOperation) -> datetime | None:
@@ -762,8 +789,10 @@ def one_call_payment_never_received(op: PaymentOperation, result: CallResult) ->
         .values_list("started_at", flat=True)
         .first()
     )
-    return sent is not None and timezone.now() - sent >= timedelta(
-        seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS
+    return (
+        sent is not None
+        and timezone.now() - sent >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
+        and not _provider_held_past_window(op)
     )
 
 
@@ -873,7 +902,8 @@ def _object_noun(op: PaymentOperation) -> str:
 
 
 def _past_inflight_window(op: PaymentOperation) -> bool:
-    """The operation's last write was sent longer ago than the provider's in-flight window:
+    """The operation's last write was sent longer ago than the provider's in-flight window,
+    and the provider was never seen holding one of its requests longer than that window:
     what the provider shows now is what it applied."""
     sent = (
         op.provider_calls.filter(purpose=CallPurpose.DISPATCH)
@@ -881,8 +911,9 @@ def _past_inflight_window(op: PaymentOperation) -> bool:
         .values_list("started_at", flat=True)
         .first()
     )
-    return sent is None or timezone.now() - sent >= timedelta(
-        seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS
+    return sent is None or (
+        timezone.now() - sent >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
+        and not _provider_held_past_window(op)
     )
 
 

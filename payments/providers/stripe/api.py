@@ -705,7 +705,8 @@ class StripeProvider:
 
         "None" is a verdict a caller acts on (no money moved), and the bounds are our
         clock's: it is said only while the provider's clock (its `Date` header) agrees
-        with ours within half the margin; otherwise "not read"."""
+        with ours within half the margin; otherwise, or with no `Date` to check, "not
+        read"."""
         service = (
             self.client.v1.payment_intents
             if object_type == "payment_intent"
@@ -737,7 +738,11 @@ class StripeProvider:
                     return CallResult(Classification.OK, http_status=200, object=found)
             if not page.data or not page.has_more:
                 skew = _clock_skew_seconds(page)
-                if skew is not None and abs(skew) > max(margin.total_seconds() / 2, 2):
+                if skew is None:
+                    # No clock to check the bounds against: "none" would be a guess.
+                    log.warning("read by metadata: the provider's answer has no readable Date")
+                    return CallResult(Classification.UNKNOWN, detail="provider_clock_unknown")
+                if abs(skew) > max(margin.total_seconds() / 2, 2):
                     log.warning("read by metadata: provider clock %+.0f s from ours", skew)
                     return CallResult(Classification.UNKNOWN, detail="provider_clock_skew")
                 return CallResult(Classification.NOT_FOUND)  # searched every page
