@@ -234,6 +234,23 @@ def _wait_past(moment, seconds: float, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def _held_past_the_window(new_purchase, api_client, one_call, settings, *, hold: float):
+    """A one-call payment whose first request the provider holds `hold` seconds: its send
+    times out, and the reconcile's re-send under its key, past the in-flight window
+    (scaled down to 1 s, the clock margin to 0), is answered 409 "in progress"."""
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 1
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 0
+    settings.STRIPE_READ_TIMEOUT = 0.5
+    one_call.idempotency(hold_seconds=hold)
+    purchase = new_purchase()
+    op = services.operation_dispatch(operation_id=_start(purchase, api_client).id)
+    assert op.outcome == Outcome.UNKNOWN
+    first = ProviderCall.objects.get(operation_id=op.id, purpose="dispatch", step=CallStep.PAY)
+    _wait_past(first.started_at, 1.5)
+    services.operation_reconcile(operation_id=op.id)  # asked again, past the window
+    return purchase, op
+
+
 def test_a_payment_the_provider_makes_after_answering_in_progress_is_found(
     new_purchase, api_client, one_call, settings
 ):
@@ -245,16 +262,7 @@ def test_a_payment_the_provider_makes_after_answering_in_progress_is_found(
     confirm the person, not call it "never received" and overturn the person to "failed"
     (the buyer, told the payment failed, pays a second time). (The in-flight window and
     the clock margin are scaled down so the test waits seconds, not minutes.)"""
-    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 1
-    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 0
-    settings.STRIPE_READ_TIMEOUT = 0.5
-    one_call.idempotency(hold_seconds=6)
-    purchase = new_purchase()
-    op = services.operation_dispatch(operation_id=_start(purchase, api_client).id)
-    assert op.outcome == Outcome.UNKNOWN
-    first = ProviderCall.objects.get(operation_id=op.id, purpose="dispatch", step=CallStep.PAY)
-    _wait_past(first.started_at, 1.5)
-    services.operation_reconcile(operation_id=op.id)  # asked again, past the window
+    purchase, op = _held_past_the_window(new_purchase, api_client, one_call, settings, hold=6)
     replays = ProviderCall.objects.filter(operation_id=op.id, purpose="replay")
     assert list(replays.order_by("started_at").values_list("http_status", flat=True)) == [
         409,
@@ -285,16 +293,7 @@ def test_a_payment_the_provider_is_still_making_is_not_called_never_received(
     re-sends answered 409 "in progress" past the in-flight window, the provider has shown
     it takes longer than that window, so a read that finds nothing yet is no verdict. The
     person's "succeeded" stands, and the read after the provider completed confirms it."""
-    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 1
-    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 0
-    settings.STRIPE_READ_TIMEOUT = 0.5
-    one_call.idempotency(hold_seconds=8)
-    purchase = new_purchase()
-    op = services.operation_dispatch(operation_id=_start(purchase, api_client).id)
-    assert op.outcome == Outcome.UNKNOWN
-    first = ProviderCall.objects.get(operation_id=op.id, purpose="dispatch", step=CallStep.PAY)
-    _wait_past(first.started_at, 1.5)
-    services.operation_reconcile(operation_id=op.id)  # asked again, past the window
+    purchase, op = _held_past_the_window(new_purchase, api_client, one_call, settings, hold=8)
     one_call.idempotency(hold_seconds=0)
     op = services.operation_resolve_manual(
         operation_id=op.id,
