@@ -20,6 +20,17 @@ from tests.payments.test_persons_failed_refund_then_follow_up import _paid, _ref
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def _person_says(op, outcome, reason, resolver=None):
+    """A person's manual resolution of `op`, as the console records it."""
+    return services.operation_resolve_manual(
+        operation_id=op.id,
+        outcome=outcome,
+        reason=reason,
+        actor="resolver" if resolver is not None else "support:alice",
+        acting_user=resolver,
+    )
+
+
 def test_a_search_that_gave_up_at_its_page_bound_is_no_verdict_on_a_refund(
     new_purchase, api_client, drill, people, localstripe, settings
 ):
@@ -38,13 +49,7 @@ def test_a_search_that_gave_up_at_its_page_bound_is_no_verdict_on_a_refund(
     settings.PROVIDER_LIST_PAGE_LIMIT = 1
     settings.PROVIDER_LIST_MAX_PAGES = 1  # the search gives up after one page of one
 
-    refund = services.operation_resolve_manual(
-        operation_id=refund.id,
-        outcome="succeeded",
-        reason="the buyer's bank shows it",
-        actor="resolver",
-        acting_user=resolver,
-    )
+    refund = _person_says(refund, "succeeded", "the buyer's bank shows it", resolver)
     assert (refund.outcome, refund.grade) == (Outcome.SUCCEEDED, Grade.ACKNOWLEDGED)
     services.operation_reconcile(operation_id=refund.id)
 
@@ -179,13 +184,7 @@ def test_a_late_read_of_a_create_that_never_arrived_overturns_a_persons_succeede
     settings.PROVIDER_LIST_MAX_PAGES = 0  # the read at once reads nothing: "not read"
     op = services.operation_dispatch(operation_id=op.id)
     assert op.outcome == Outcome.UNKNOWN
-    op = services.operation_resolve_manual(
-        operation_id=op.id,
-        outcome="succeeded",
-        reason="the buyer says the bank shows it",
-        actor="resolver",
-        acting_user=resolver,
-    )
+    op = _person_says(op, "succeeded", "the buyer says the bank shows it", resolver)
     assert (op.outcome, op.grade) == (Outcome.SUCCEEDED, Grade.ACKNOWLEDGED)
     time.sleep(1.1)  # the provider's clock counts whole seconds: theirs come after
     for _ in range(2):
@@ -269,12 +268,7 @@ def test_a_payment_the_provider_makes_after_answering_in_progress_is_found(
         409,
     ]
     one_call.idempotency(hold_seconds=0)
-    op = services.operation_resolve_manual(
-        operation_id=op.id,
-        outcome=Outcome.SUCCEEDED,
-        reason="the buyer's bank shows the charge",
-        actor="support:alice",
-    )
+    op = _person_says(op, Outcome.SUCCEEDED, "the buyer's bank shows the charge")
     assert (op.outcome, op.grade) == (Outcome.SUCCEEDED, Grade.ACKNOWLEDGED)
     assert wait_intents(one_call, purchase, 1)  # the held first request completes
     [pi] = one_call.payment_intents_for(purchase.id)
@@ -295,12 +289,7 @@ def test_a_payment_the_provider_is_still_making_is_not_called_never_received(
     person's "succeeded" stands, and the read after the provider completed confirms it."""
     purchase, op = _held_past_the_window(new_purchase, api_client, one_call, settings, hold=8)
     one_call.idempotency(hold_seconds=0)
-    op = services.operation_resolve_manual(
-        operation_id=op.id,
-        outcome=Outcome.SUCCEEDED,
-        reason="the buyer's bank shows the charge",
-        actor="support:alice",
-    )
+    op = _person_says(op, Outcome.SUCCEEDED, "the buyer's bank shows the charge")
     last = ProviderCall.objects.filter(operation_id=op.id, purpose="replay").latest("started_at")
     assert last.http_status == 409
     _wait_past(last.started_at, 1.5)
@@ -347,13 +336,7 @@ def test_a_refund_asked_on_a_host_whose_clock_runs_ahead_is_found(
     assert refund.outcome == Outcome.UNKNOWN
     [made] = localstripe.refunds_for(pay.provider_reference)
     with pytest.raises(services.DomainError) as refused:
-        services.operation_resolve_manual(
-            operation_id=refund.id,
-            outcome="failed",
-            reason="the provider shows no refund",
-            actor="resolver",
-            acting_user=resolver,
-        )
+        _person_says(refund, "failed", "the provider shows no refund", resolver)
 
     assert refused.value.code == "provider_contradicts"
     refund = PaymentOperation.objects.get(pk=refund.pk)
