@@ -970,7 +970,7 @@ def _last_send_age(sends: QuerySet[ProviderCall]) -> timedelta | None:
     if last is None:
         return None
     started, db_now = last
-    return cast("timedelta", db_now - started)
+    return db_now - started
 
 
 def _confirm_unapplied(op: PaymentOperation, result: CallResult) -> bool:
