@@ -390,6 +390,60 @@ def test_a_payment_sent_by_a_worker_whose_clock_is_off_is_found(
     assert localstripe.succeeded_charges_for(purchase.id) == []
 
 
+def test_a_payment_sent_by_a_worker_whose_clock_runs_behind_is_found_by_the_sweep(
+    new_purchase, api_client, drill, read_drill, localstripe, settings, monkeypatch
+):
+    """As above, read by the sweep: its reads run on other threads without the database,
+    on the bounds and the database's clock read once for the batch."""
+    from recovery.sweep import reconcile_sweep
+
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 60
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.CREATE)
+    read_drill("*")  # the worker's own read right after cannot read the provider
+    with _host_clock(monkeypatch, -90):
+        op = services.operation_dispatch(operation_id=op.id)
+    [made] = _intents_of(localstripe, op)
+    assert op.outcome == Outcome.UNKNOWN
+
+    swept = reconcile_sweep(operation_ids=[op.id], concurrency=2)
+
+    assert (swept.reconciled, swept.failed) == (1, 0)
+    op = PaymentOperation.objects.get(pk=op.pk)
+    [pi] = _intents_of(localstripe, op)
+    assert (op.outcome, op.provider_reference, pi["status"]) == (
+        Outcome.FAILED,
+        made["id"],
+        "canceled",
+    )
+    reads = ProviderCall.objects.filter(operation_id=op.id, purpose="reconcile", step="list")
+    # the worker's own read, refused by the drill before it left, then the sweep's
+    assert list(reads.values_list("classification", flat=True)) == ["not_sent", "ok"]
+
+
+def test_a_reader_whose_own_clock_is_off_still_reads_a_verdict(
+    new_purchase, api_client, drill, localstripe, settings, monkeypatch
+):
+    """The provider's `Date` is checked against the clock the bounds were stamped by, the
+    database's, not the reading host's: a worker whose clock runs 90 s ahead, the
+    provider's and the database's agreeing, reads a create that never arrived completely
+    and its "none" is a verdict: the payment is failed, nothing made at the provider."""
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 60
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.HTTP_409, step=CallStep.CREATE)  # answered here, never forwarded
+    with _host_clock(monkeypatch, 90):
+        op = services.operation_dispatch(operation_id=op.id)  # then reads back at once
+
+    reads = ProviderCall.objects.filter(operation_id=op.id, step="list")
+    assert list(reads.values_list("classification", flat=True)) == ["not_found"]
+    assert op.outcome == Outcome.FAILED
+    assert localstripe.payment_intents_for(purchase.id) == []
+
+
 def test_a_read_whose_provider_clock_cannot_be_read_is_no_verdict(
     new_purchase, api_client, drill, localstripe, settings
 ):
