@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, ClassVar
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
-from django.db.models.functions import Upper
+from django.db.models.functions import Now, Upper
 from django.utils import timezone
 from django_fsm import RETURN_VALUE, FSMField, transition
 
@@ -463,7 +463,9 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
     # A second confirmed charge/authorization on a purchase (the one confirmed later): it
     # does not pay the purchase; a linked compensating refund/void returns it.
     is_duplicate = models.BooleanField(default=False)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # The database's clock, not the writing host's: it bounds below the read of the
+    # provider's objects by metadata (docs/reliability.md, "The read's bounds").
+    created_at = models.DateTimeField(db_default=Now(), db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
     settled_at = models.DateTimeField(null=True, blank=True)
 
@@ -708,7 +710,9 @@ class ProviderCall(models.Model):
     safe_fields = models.JSONField(default=dict, blank=True)
     error_code = models.CharField(max_length=64, blank=True)
     fault_drill = models.CharField(max_length=40, blank=True)
-    started_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # Both from the database's clock, whichever host sends: a send's stamps bound above
+    # the read of the provider's objects by metadata (docs/reliability.md).
+    started_at = models.DateTimeField(db_default=Now(), db_index=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol, TypedDict, cast, runtime_checkable
@@ -291,6 +292,7 @@ class PaymentProvider(RailAdapter, Protocol):
         operation_id: str,
         created_since: datetime,
         created_until: datetime | None = None,
+        now: Callable[[], datetime],
     ) -> CallResult: ...
 
     def list_balance_transactions(self, *, limit: int = 100) -> list[dict[str, Any]]: ...

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db.models import Q, QuerySet, Sum
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from audit.services import audit_write
 from events.record import event_batch, event_record_transition
@@ -515,12 +515,14 @@ def rail_evidence_for(rail: str) -> RailEvidence | None:
 
 
 def _record_call(call: ProviderCall, result: CallResult) -> None:
+    # The answer's time from the database's clock, as the send's own (`started_at`): a
+    # send's stamps bound the read by metadata, whichever host sent it.
     ProviderCall.objects.filter(id=call.id).update(
         http_status=result.http_status,
         classification=result.classification,
         request_id=result.request_id[:100],
         error_code=result.error_code[:64],
         fault_drill=result.fault_drill,
-        finished_at=timezone.now(),
+        finished_at=Now(),
         safe_fields=result.object.safe_fields() if result.object else {"detail": result.detail},
     )

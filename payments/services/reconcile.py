@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, cast
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import FilteredRelation, Q, QuerySet
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from recovery.outbox import reconcile_put
@@ -68,9 +71,9 @@ if TYPE_CHECKING:
 
 def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
     """The provider read itself: by provider reference, else by metadata. Network only
-    once the sweep's prepare stored when each object can have been made (`_made_until`),
-    so the sweep runs it on its own threads — except on a rail that keeps its evidence in
-    Verity's tables (RailEvidence: x402 reads the chain from them)."""
+    once the sweep's prepare stored the read's bounds and the database's clock
+    (`_read_bounds`), so the sweep runs it on its own threads — except on a rail that keeps
+    its evidence in Verity's tables (RailEvidence: x402 reads the chain from them)."""
     evidence = rail_evidence_for(op.rail)
     if evidence is not None:
         return CallStep.RETRIEVE, evidence.read_back(op)
@@ -78,11 +81,13 @@ def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
     if op.kind == OperationKind.REFUND:
         if op.provider_reference:
             return CallStep.RETRIEVE, provider.retrieve_refund(op.provider_reference)
+        made_until, clock = _read_bounds(op)
         return CallStep.LIST, provider.find_by_metadata(
             object_type="refund",
             operation_id=op.id,
             created_since=op.created_at,
-            created_until=_made_until(op),
+            created_until=made_until,
+            now=clock.now,
         )
     parent = op.parent
     ref = op.provider_reference or (parent.provider_reference if parent is not None else "")
@@ -90,18 +95,34 @@ def _read_back_call(op: PaymentOperation) -> tuple[str, CallResult]:
         return CallStep.RETRIEVE, provider.retrieve_payment_intent(ref)
     # A capture or a void reads its authorization's PaymentIntent, which names the parent.
     named = parent if parent is not None else op
+    made_until, clock = _read_bounds(op)
     return CallStep.LIST, provider.find_by_metadata(
         object_type="payment_intent",
         operation_id=named.id,
         created_since=named.created_at,
-        created_until=_made_until(op),
+        created_until=made_until,
+        now=clock.now,
     )
 
 
-_PREPARED_MADE_UNTIL = "made_until"
+_PREPARED_READ_BOUNDS = "read_bounds"
 
 # One recorded send: step, started_at, finished_at, http_status.
 _Send = tuple[str, datetime, datetime | None, int | None]
+
+
+@dataclass(frozen=True)
+class _DbClock:
+    """The database's clock, read once with a batch's bounds and carried forward on this
+    process's monotonic clock: the clock every stamp that bounds a read was taken from
+    (`PaymentOperation.created_at`, a send's `started_at` and `finished_at`), so a read
+    compares the provider's clock with it, never with this host's own."""
+
+    read: datetime  # the database's now() when read
+    at: float  # time.monotonic() then
+
+    def now(self) -> datetime:
+        return self.read + timedelta(seconds=time.monotonic() - self.at)
 
 
 def _metadata_owner(op: PaymentOperation) -> str:
@@ -111,8 +132,9 @@ def _metadata_owner(op: PaymentOperation) -> str:
     return op.parent_id
 
 
-def _made_until_of(operation_ids: list[str]) -> dict[str, datetime]:
-    """The latest time the provider can have made an object carrying each operation's id.
+def _made_until_of(operation_ids: list[str]) -> tuple[dict[str, datetime], _DbClock | None]:
+    """The latest time the provider can have made an object carrying each operation's id,
+    and the database's clock, read in the same statement (None for no operations).
     Only a send makes one, and each is recorded before it leaves (a dispatch call, or a
     one-call re-send recorded as a replay): the latest of its answers, or a send's time
     plus the longest a request lives while a send has none (a dead worker, a hung
@@ -122,11 +144,32 @@ def _made_until_of(operation_ids: list[str]) -> dict[str, datetime]:
     the provider was seen holding a request longer than that window (`_held_past_window`):
     the window bounds nothing it makes."""
     sends: dict[str, list[_Send]] = {}
-    for op_id, step, started, finished, status in ProviderCall.objects.filter(
-        operation_id__in=operation_ids,
-        purpose__in=(CallPurpose.DISPATCH, CallPurpose.REPLAY),
-    ).values_list("operation_id", "step", "started_at", "finished_at", "http_status"):
-        sends.setdefault(op_id, []).append((step, started, finished, status))
+    clock = None
+    # Each operation joined to its sends (none: one row of NULLs), so the database's
+    # clock comes back even for an operation that has sent nothing.
+    rows = (
+        PaymentOperation.objects.filter(id__in=operation_ids)
+        .annotate(
+            sends=FilteredRelation(
+                "provider_calls",
+                condition=Q(provider_calls__purpose__in=(CallPurpose.DISPATCH, CallPurpose.REPLAY)),
+            ),
+            db_now=Now(),
+        )
+        .values_list(
+            "id",
+            "sends__step",
+            "sends__started_at",
+            "sends__finished_at",
+            "sends__http_status",
+            "db_now",
+        )
+    )
+    for op_id, step, started, finished, status, db_now in rows:
+        if clock is None:
+            clock = _DbClock(read=db_now, at=time.monotonic())
+        if step is not None:
+            sends.setdefault(op_id, []).append((step, started, finished, status))
     inflight = timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
     lifetime = timedelta(seconds=settings.STRIPE_CONNECT_TIMEOUT + settings.STRIPE_READ_TIMEOUT)
     out = {}
@@ -139,7 +182,7 @@ def _made_until_of(operation_ids: list[str]) -> dict[str, datetime]:
         if any(finished is None for _step, _started, finished, _status in made):
             ends.append(last + lifetime)
         out[op_id] = max(ends)
-    return out
+    return out, clock
 
 
 def _held_past_window(sends: list[_Send]) -> bool:
@@ -169,13 +212,17 @@ def _provider_held_past_window(op: PaymentOperation) -> bool:
     )
 
 
-def _made_until(op: PaymentOperation) -> datetime | None:
-    """`_made_until_of` for one operation's object: stored on it by the sweep's prepare (its
-    reads run on other threads, without the database), else read now."""
-    if _PREPARED_MADE_UNTIL in op.__dict__:
-        return cast("datetime | None", op.__dict__[_PREPARED_MADE_UNTIL])
+def _read_bounds(op: PaymentOperation) -> tuple[datetime | None, _DbClock]:
+    """`_made_until_of` for one operation's object and the database's clock: stored on it
+    by the sweep's prepare (its reads run on other threads, without the database), else
+    read now."""
+    if _PREPARED_READ_BOUNDS in op.__dict__:
+        return cast("tuple[datetime | None, _DbClock]", op.__dict__[_PREPARED_READ_BOUNDS])
     owner = _metadata_owner(op)
-    return _made_until_of([owner]).get(owner)
+    made_until, clock = _made_until_of([owner])
+    if clock is None:  # the operation (or the parent its object names) is gone
+        raise PaymentOperation.DoesNotExist(owner)
+    return made_until.get(owner), clock
 
 
 def _resend_window_open(op: PaymentOperation) -> bool:
@@ -498,11 +545,12 @@ def operations_reconcile_prepare(
             sequential.append(op)
         else:
             readable.append(op)
-    # When each object read by metadata can have been made, read here: the reads run on
-    # other threads, without the database.
-    made_until = _made_until_of(sorted({_metadata_owner(op) for op in readable}))
+    # When each object read by metadata can have been made, and the database's clock the
+    # bounds are stamped by, read here: the reads run on other threads, without the
+    # database. One statement for the batch.
+    made_until, clock = _made_until_of(sorted({_metadata_owner(op) for op in readable}))
     for op in readable:
-        op.__dict__[_PREPARED_MADE_UNTIL] = made_until.get(_metadata_owner(op))
+        op.__dict__[_PREPARED_READ_BOUNDS] = (made_until.get(_metadata_owner(op)), clock)
     return readable, sequential, refused
 
 
@@ -781,17 +829,14 @@ def one_call_payment_never_received(op: PaymentOperation, result: CallResult) ->
         and result.classification == Classification.NOT_FOUND
     ):
         return False
-    sent = (
+    age = _last_send_age(
         op.provider_calls.filter(
             step=CallStep.PAY, purpose__in=(CallPurpose.DISPATCH, CallPurpose.REPLAY)
         )
-        .order_by("-started_at")
-        .values_list("started_at", flat=True)
-        .first()
     )
     return (
-        sent is not None
-        and timezone.now() - sent >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
+        age is not None
+        and age >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
         and not _provider_held_past_window(op)
     )
 
@@ -905,16 +950,27 @@ def _past_inflight_window(op: PaymentOperation) -> bool:
     """The operation's last write was sent longer ago than the provider's in-flight window,
     and the provider was never seen holding one of its requests longer than that window:
     what the provider shows now is what it applied."""
-    sent = (
-        op.provider_calls.filter(purpose=CallPurpose.DISPATCH)
-        .order_by("-started_at")
-        .values_list("started_at", flat=True)
-        .first()
-    )
-    return sent is None or (
-        timezone.now() - sent >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
+    age = _last_send_age(op.provider_calls.filter(purpose=CallPurpose.DISPATCH))
+    return age is None or (
+        age >= timedelta(seconds=settings.PROVIDER_INFLIGHT_WINDOW_SECONDS)
         and not _provider_held_past_window(op)
     )
+
+
+def _last_send_age(sends: QuerySet[ProviderCall]) -> timedelta | None:
+    """How long ago the latest of `sends` left, by the database's clock (the one its
+    `started_at` was stamped by, whichever host sent it), or None when none was. One
+    statement."""
+    last = (
+        sends.annotate(db_now=Now())
+        .order_by("-started_at")
+        .values_list("started_at", "db_now")
+        .first()
+    )
+    if last is None:
+        return None
+    started, db_now = last
+    return db_now - started
 
 
 def _confirm_unapplied(op: PaymentOperation, result: CallResult) -> bool:

@@ -5,6 +5,7 @@ read-back overturns it), so a bound reached must keep the person's word standing
 Counted at localstripe; faults only through the fault-drill HTTP client."""
 
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -309,27 +310,38 @@ def test_a_payment_the_provider_is_still_making_is_not_called_never_received(
     assert len(one_call.succeeded_charges_for(purchase.id)) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the clock check compares the provider with the reading process only: a stamp "
-    "written by another host whose clock runs ahead moves the lower bound past the object",
-)
+@contextmanager
+def _host_clock(monkeypatch, seconds: float):
+    """Inside: this process is a host whose clock runs `seconds` off the others' (ahead
+    when positive), as far as Django's clock reaches (every `timezone.now()`)."""
+    from django.utils import timezone
+
+    true_now = timezone.now
+    with monkeypatch.context() as patched:
+        patched.setattr(timezone, "now", lambda: true_now() + timedelta(seconds=seconds))
+        yield
+
+
 def test_a_refund_asked_on_a_host_whose_clock_runs_ahead_is_found(
-    new_purchase, api_client, drill, people, localstripe, settings
+    new_purchase, api_client, drill, people, localstripe, settings, monkeypatch
 ):
     """The refund is asked on a web host whose clock runs 90 s ahead of the provider's and
-    of the worker's that reads it back (their clocks agree, so the Date check passes). Its
-    operation's creation is stamped 90 s late, more than the clock margin: a read bounded
-    below by it misses the refund the lost answer made and says "none": a person's
-    "failed" is accepted, and the follow-up's "none" confirms it final while the money went
-    back (a second refund may follow). The provider's record must refuse the person."""
+    of the worker's that sends and reads it back (their clocks agree, so the Date check
+    passes). Were its operation's creation stamped by that host's clock, it would lie
+    90 s late, more than the clock margin: a read bounded below by it misses the refund
+    the lost answer made and says "none", a person's "failed" is accepted and the money
+    went back all the same (a second refund may follow). The provider's record must
+    refuse the person."""
     settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 60
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
     resolver, requester, approver = people
     purchase, pay = _paid(new_purchase, api_client)
-    refund = _refund(purchase, requester, approver)
-    PaymentOperation.objects.filter(pk=refund.pk).update(
-        created_at=refund.created_at + timedelta(seconds=90)
+    with _host_clock(monkeypatch, 90):
+        refund = services.refund_request(
+            purchase_id=purchase.id, amount=None, acting_user=requester
+        )
+    refund = services.refund_approve(
+        operation_id=refund.id, acting_user=approver, reason="buyer returned it"
     )
     drill(refund, DrillMode.DROP_RESPONSE_AFTER_SEND, step="refund")
     refund = services.operation_dispatch(operation_id=refund.id)
@@ -341,6 +353,95 @@ def test_a_refund_asked_on_a_host_whose_clock_runs_ahead_is_found(
     assert refused.value.code == "provider_contradicts"
     refund = PaymentOperation.objects.get(pk=refund.pk)
     assert (refund.outcome, refund.provider_reference) == (Outcome.SUCCEEDED, made["id"])
+    assert len(localstripe.refunds_for(pay.provider_reference)) == 1
+
+
+@pytest.mark.parametrize("offset", [-90, 90], ids=["behind", "ahead"])
+def test_a_payment_sent_by_a_worker_whose_clock_is_off_is_found(
+    new_purchase, api_client, drill, read_drill, localstripe, settings, monkeypatch, offset
+):
+    """A worker whose clock runs 90 s off the provider's and the reader's sends the
+    payment's create, and its answer is lost (its own read right after cannot read the
+    provider). Were the send's stamps (when it left, when its answer came) that worker's,
+    a clock behind would end the read's window before the PaymentIntent was made: the
+    reader, its clock and the provider's agreeing, would say "none" and settle the payment
+    failed beside a PaymentIntent anyone with the key can still pay. The read finds it,
+    adopts it and cancels it, and the payment is failed on the provider's record."""
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 60
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.CREATE)
+    read_drill("*")  # the worker's own read right after cannot read the provider
+    with _host_clock(monkeypatch, offset):
+        op = services.operation_dispatch(operation_id=op.id)
+    [made] = _intents_of(localstripe, op)
+    assert op.outcome == Outcome.UNKNOWN
+
+    op = services.operation_reconcile(operation_id=op.id)
+
+    [pi] = _intents_of(localstripe, op)
+    assert (op.outcome, op.provider_reference, pi["status"]) == (
+        Outcome.FAILED,
+        made["id"],
+        "canceled",
+    )
+    assert len(localstripe.payment_intents_for(purchase.id)) == 1
+    assert localstripe.succeeded_charges_for(purchase.id) == []
+
+
+def test_a_payment_sent_by_a_worker_whose_clock_runs_behind_is_found_by_the_sweep(
+    new_purchase, api_client, drill, read_drill, localstripe, settings, monkeypatch
+):
+    """As above, read by the sweep: its reads run on other threads without the database,
+    on the bounds and the database's clock read once for the batch."""
+    from recovery.sweep import reconcile_sweep
+
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 60
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.CREATE)
+    read_drill("*")  # the worker's own read right after cannot read the provider
+    with _host_clock(monkeypatch, -90):
+        op = services.operation_dispatch(operation_id=op.id)
+    [made] = _intents_of(localstripe, op)
+    assert op.outcome == Outcome.UNKNOWN
+
+    swept = reconcile_sweep(operation_ids=[op.id], concurrency=2)
+
+    assert (swept.reconciled, swept.failed) == (1, 0)
+    op = PaymentOperation.objects.get(pk=op.pk)
+    [pi] = _intents_of(localstripe, op)
+    assert (op.outcome, op.provider_reference, pi["status"]) == (
+        Outcome.FAILED,
+        made["id"],
+        "canceled",
+    )
+    reads = ProviderCall.objects.filter(operation_id=op.id, purpose="reconcile", step="list")
+    # the worker's own read, refused by the drill before it left, then the sweep's
+    assert list(reads.values_list("classification", flat=True)) == ["not_sent", "ok"]
+
+
+def test_a_reader_whose_own_clock_is_off_still_reads_a_verdict(
+    new_purchase, api_client, drill, localstripe, settings, monkeypatch
+):
+    """The provider's `Date` is checked against the clock the bounds were stamped by, the
+    database's, not the reading host's: a worker whose clock runs 90 s ahead, the
+    provider's and the database's agreeing, reads a create that never arrived completely
+    and its "none" is a verdict: the payment is failed, nothing made at the provider."""
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 60
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.HTTP_409, step=CallStep.CREATE)  # answered here, never forwarded
+    with _host_clock(monkeypatch, 90):
+        op = services.operation_dispatch(operation_id=op.id)  # then reads back at once
+
+    reads = ProviderCall.objects.filter(operation_id=op.id, step="list")
+    assert list(reads.values_list("classification", flat=True)) == ["not_found"]
+    assert op.outcome == Outcome.FAILED
+    assert localstripe.payment_intents_for(purchase.id) == []
 
 
 def test_a_read_whose_provider_clock_cannot_be_read_is_no_verdict(

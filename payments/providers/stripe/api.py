@@ -34,7 +34,6 @@ import urllib3
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
-from django.utils import timezone
 from stripe.params import (
     BalanceTransactionListParams,
     PaymentIntentCaptureParams,
@@ -268,10 +267,11 @@ def _never_connected(exc: stripe.APIConnectionError) -> bool:
     return False
 
 
-def _clock_skew_seconds(listed: Any) -> float | None:
+def _clock_skew_seconds(listed: Any, now: Callable[[], datetime]) -> float | None:
     """How far the provider's clock (its answer's `Date` header, whole seconds) is ahead
-    of ours, or None when the answer carries none. Our clock is read after the answer
-    came, so the figure errs by the answer's latency plus a second."""
+    of `now` (the clock the read's bounds were stamped by), or None when the answer
+    carries none. `now` is read after the answer came, so the figure errs by the answer's
+    latency plus a second."""
     response = getattr(listed, "last_response", None)
     headers: Any = getattr(response, "headers", None)
     if not hasattr(headers, "get"):
@@ -283,7 +283,7 @@ def _clock_skew_seconds(listed: Any) -> float | None:
         return None
     if theirs is None or theirs.tzinfo is None:
         return None
-    return (theirs - timezone.now()).total_seconds()
+    return (theirs - now()).total_seconds()
 
 
 def _replayed(headers: Any) -> bool:
@@ -694,18 +694,21 @@ class StripeProvider:
         operation_id: str,
         created_since: datetime,
         created_until: datetime | None = None,
+        now: Callable[[], datetime],
     ) -> CallResult:
         """Page through the objects the provider made between the operation's creation and
         the latest its sends can have made one (`created_until`, None while that is not yet
         past), each bound widened by a margin for the two clocks, newest first, bounded.
+        Both bounds are stamps of one clock, `now` (the database's, whichever host wrote
+        them), never the reading host's own.
         Not the search API: it lags up to a minute, and localstripe has none. Unbounded
         below, a read for an object the provider never made pages every object of a busy
         account before it can say "none"; unbounded above, a late read pages every object
         made since and is crowded out of its page bound.
 
-        "None" is a verdict a caller acts on (no money moved), and the bounds are our
+        "None" is a verdict a caller acts on (no money moved), and the bounds are `now`'s
         clock's: it is said only while the provider's clock (its `Date` header) agrees
-        with ours within half the margin; otherwise, or with no `Date` to check, "not
+        with `now` within half the margin; otherwise, or with no `Date` to check, "not
         read"."""
         service = (
             self.client.v1.payment_intents
@@ -714,7 +717,7 @@ class StripeProvider:
         )
         margin = timedelta(seconds=settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS)
         created: dict[str, int] = {"gte": math.floor((created_since - margin).timestamp())}
-        if created_until is not None and created_until + margin < timezone.now():
+        if created_until is not None and created_until + margin < now():
             created["lte"] = math.floor((created_until + margin).timestamp())
         # The bounds are settings so a test can reach them without thousands of objects.
         params: dict[str, Any] = {
@@ -737,13 +740,15 @@ class StripeProvider:
                     found = normalise(item, account=self.account)
                     return CallResult(Classification.OK, http_status=200, object=found)
             if not page.data or not page.has_more:
-                skew = _clock_skew_seconds(page)
+                skew = _clock_skew_seconds(page, now)
                 if skew is None:
                     # No clock to check the bounds against: "none" would be a guess.
                     log.warning("read by metadata: the provider's answer has no readable Date")
                     return CallResult(Classification.UNKNOWN, detail="provider_clock_unknown")
                 if abs(skew) > max(margin.total_seconds() / 2, 2):
-                    log.warning("read by metadata: provider clock %+.0f s from ours", skew)
+                    log.warning(
+                        "read by metadata: provider clock %+.0f s from the database's", skew
+                    )
                     return CallResult(Classification.UNKNOWN, detail="provider_clock_skew")
                 return CallResult(Classification.NOT_FOUND)  # searched every page
             params["starting_after"] = page.data[-1].id
