@@ -12,24 +12,19 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.conf import settings
 
 from payments.enums import Classification
 
 from ..base import CallResult, ProviderObject
+from . import sdk
 from .objects import OBJECT_TYPE, USED_ELSEWHERE_REASON, ChainStatus, X402Transfer
-from .sdk import (
-    BlockNotFound,
-    ChecksumAddress,
-    Contract,
-    HexAddress,
-    HexStr,
-    LogReceipt,
-    Web3,
-    Web3RPCError,
-)
+from .sdk import ChecksumAddress, HexAddress, HexStr
+
+if TYPE_CHECKING:
+    from .sdk import Contract, LogReceipt
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +137,8 @@ class Precheck:
 # How far below the block at which a nonce was read unused the log search starts: deeper
 # than any reorg Verity waits out (X402_CONFIRMATIONS), so the log of a reorged use is found.
 SEARCH_REORG_MARGIN_BLOCKS = 256
-_TRANSFER_TOPIC = "0x" + Web3.keccak(text="Transfer(address,address,uint256)").hex().removeprefix(
-    "0x"
-)
+# keccak256 of the event signatures (tests/x402/test_chain_topics.py computes them again).
+_TRANSFER_TOPIC = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
 
 
 def transfer_logs(
@@ -163,9 +157,7 @@ def transfer_logs(
     ]
 
 
-_AUTHORIZATION_USED_TOPIC = "0x" + Web3.keccak(
-    text="AuthorizationUsed(address,bytes32)"
-).hex().removeprefix("0x")
+_AUTHORIZATION_USED_TOPIC = "0x98de503528ee59b575ef0c0a2576a82497bfc029a5685b209e9ec333479b10a5"
 
 
 def _address_topic(address: str) -> str:
@@ -223,10 +215,12 @@ class ChainReader:
         lookback_blocks: int = 0,
         network: str = "",
     ) -> None:
-        self.w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 10}))
+        self.w3 = sdk.Web3(sdk.Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 10}))
         self.rpc_url = rpc_url
         self.asset: ChecksumAddress = (
-            Web3.to_checksum_address(asset) if asset else ChecksumAddress(HexAddress(HexStr("")))
+            sdk.Web3.to_checksum_address(asset)
+            if asset
+            else ChecksumAddress(HexAddress(HexStr("")))
         )
         self.confirmations = max(1, confirmations)
         self.lookback = lookback_blocks
@@ -253,7 +247,7 @@ class ChainReader:
     def _auth_log(
         self, event: str, payer: str, nonce: str, latest: int, from_block: int | None = None
     ) -> LogReceipt | None:
-        sig = Web3.keccak(text=f"{event}(address,bytes32)")
+        sig = sdk.Web3.keccak(text=f"{event}(address,bytes32)")
         topics = [as_hex(sig), "0x" + "0" * 24 + payer.lower()[2:], nonce.lower()]
         if from_block is not None:
             # Bounded by the operation: the nonce was read unused at that block before the
@@ -283,7 +277,7 @@ class ChainReader:
         already used, the payer's balance and whether the payer is a contract (its
         signature is then EIP-1271's to judge, not ecrecover's). Raises on RPC failure."""
         self._check_chain()
-        payer = Web3.to_checksum_address(payer)
+        payer = sdk.Web3.to_checksum_address(payer)
         latest = int(self.w3.eth.block_number)
         token = self._token()
         used = bool(
@@ -314,7 +308,7 @@ class ChainReader:
         spent on any other transfer of the payer's, in a transaction that also carries
         another authorization's transfer to pay_to."""
         self._check_chain()
-        payer = Web3.to_checksum_address(payer)
+        payer = sdk.Web3.to_checksum_address(payer)
         latest_block = self.w3.eth.get_block("latest")
         latest, chain_time = int(latest_block["number"]), int(latest_block["timestamp"])
         used = bool(
@@ -400,7 +394,10 @@ class ChainReader:
         (then depth decides: finality_depth). Raises on RPC failure."""
         try:
             block = self.w3.eth.get_block("finalized")
-        except (Web3RPCError, BlockNotFound):  # the node refuses the tag: no finality signal
+        except (
+            sdk.Web3RPCError,
+            sdk.BlockNotFound,
+        ):  # the node refuses the tag: no finality signal
             return None
         return int(block["number"]) if block is not None else None
 
@@ -414,7 +411,7 @@ class ChainReader:
 
     def count_transfers(self, *, payer: str, to: str) -> int:
         """Test/drill helper: confirmed ERC-20 Transfer events payer -> to on chain."""
-        sig = Web3.keccak(text="Transfer(address,address,uint256)")
+        sig = sdk.Web3.keccak(text="Transfer(address,address,uint256)")
         logs = self.w3.eth.get_logs(
             {
                 "address": self.asset,
@@ -485,7 +482,7 @@ def read_refund_transfer(
                 confirmations=confs,
                 receipt_status=0,
             )
-        sig = as_hex(Web3.keccak(text="Transfer(address,address,uint256)"))
+        sig = as_hex(sdk.Web3.keccak(text="Transfer(address,address,uint256)"))
         moved = [
             entry
             for entry in receipt["logs"]
@@ -514,7 +511,8 @@ def read_refund_transfer(
     if (
         nonce is not None
         and transaction
-        and int(w3.eth.get_transaction_count(Web3.to_checksum_address(sender), "latest")) > nonce
+        and int(w3.eth.get_transaction_count(sdk.Web3.to_checksum_address(sender), "latest"))
+        > nonce
     ):
         # Another transaction of the signer took this nonce: this one can never be mined.
         return ChainView(ChainStatus.INVALID, transaction=transaction)

@@ -15,16 +15,10 @@ from typing import Protocol
 import requests
 from django.conf import settings
 
+from . import sdk
 from .chain import TOKEN_ABI, as_hex
 from .objects import DrillMode, SettleKind, never_connected
-from .sdk import (
-    REQUEST_RETRY_ALLOWLIST,
-    ExceptionRetryConfiguration,
-    HexBytes,
-    HexStr,
-    TransactionNotFound,
-    Web3,
-)
+from .sdk import HexBytes, HexStr
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +35,8 @@ _NONCE_TAKEN = ("nonce too low", "replacement transaction underpriced")
 # The same signed transaction is already in the node's pool (geth / anvil): in flight.
 _ALREADY_IN_POOL = ("already known", "transaction already imported")
 REFUND_NONCE_ATTEMPTS = 3  # signs per send: the first and at most two after a taken nonce
+
+
 # Two things make "refused" mean "this transaction is in no mempool", found on the chain:
 # - web3's HTTPProvider re-posts eth_sendRawTransaction by itself after a read timeout or
 #   a 5xx; the node then answers "nonce too low" / "already imported" for *our own*
@@ -49,10 +45,13 @@ REFUND_NONCE_ATTEMPTS = 3  # signs per send: the first and at most two after a t
 #   price, are byte-identical: one transfer would be taken for both. A random tag after
 #   the ABI arguments (the token's decoder ignores trailing calldata; 16 bytes cost 256
 #   gas) makes every signed refund transaction unique.
-_REFUND_RETRY = ExceptionRetryConfiguration(
-    errors=(ConnectionError, requests.HTTPError, requests.Timeout),
-    method_allowlist=[m for m in REQUEST_RETRY_ALLOWLIST if m != "eth_sendRawTransaction"],
-)
+def _refund_retry() -> sdk.ExceptionRetryConfiguration:
+    return sdk.ExceptionRetryConfiguration(
+        errors=(ConnectionError, requests.HTTPError, requests.Timeout),
+        method_allowlist=[m for m in sdk.REQUEST_RETRY_ALLOWLIST if m != "eth_sendRawTransaction"],
+    )
+
+
 _REFUND_TAG_BYTES = 16
 
 
@@ -131,12 +130,14 @@ class RefundSender:
         self, *, rpc_url: str, asset: str, private_key: str, receipt_timeout: float
     ) -> None:
         self.rpc_url = rpc_url
-        self.w3 = Web3(
-            Web3.HTTPProvider(
-                rpc_url, request_kwargs={"timeout": 10}, exception_retry_configuration=_REFUND_RETRY
+        self.w3 = sdk.Web3(
+            sdk.Web3.HTTPProvider(
+                rpc_url,
+                request_kwargs={"timeout": 10},
+                exception_retry_configuration=_refund_retry(),
             )
         )
-        self.asset = Web3.to_checksum_address(asset)
+        self.asset = sdk.Web3.to_checksum_address(asset)
         self._key = private_key
         self.address = self.w3.eth.account.from_key(private_key).address
         self.receipt_timeout = receipt_timeout
@@ -182,7 +183,7 @@ class RefundSender:
         once the signer is held, before the nonce read and the sign; `on_signed` may raise
         ClaimLost too, before the broadcast. After ClaimLost nothing (new) leaves: the
         answer is `aborted`."""
-        to = Web3.to_checksum_address(to)
+        to = sdk.Web3.to_checksum_address(to)
         try:
             # A live wait for this process's other send, not a dead worker's.
             while not self._send_lock.acquire(timeout=wait_slice_seconds):
@@ -343,7 +344,7 @@ class RefundSender:
                 # proxy in front of it that re-posted would make it ours, in flight).
                 try:
                     self.w3.eth.get_transaction(signed.hash)
-                except TransactionNotFound:
+                except sdk.TransactionNotFound:
                     pass
                 except Exception:  # noqa: BLE001 - cannot tell: keep today's answer
                     return _Broadcast(None, refused)
@@ -414,7 +415,7 @@ def refund_account_address() -> str:
     """The refund account (the address of X402_REFUND_PRIVATE_KEY); "" when none is set.
     Never pay_to: Verity holds no key of its receiving account."""
     key = settings.X402_REFUND_PRIVATE_KEY
-    return Web3().eth.account.from_key(key).address if key else ""
+    return sdk.Web3().eth.account.from_key(key).address if key else ""
 
 
 @dataclass(frozen=True)
@@ -437,11 +438,13 @@ def refund_float() -> RefundFloat | None:
         return None
     # Its own short-timeout, no-retry client: a scrape or a dashboard view must not wait
     # out the reader's 10-s timeout and web3's retries when the RPC is down.
-    w3 = Web3(
-        Web3.HTTPProvider(
+    w3 = sdk.Web3(
+        sdk.Web3.HTTPProvider(
             settings.X402_RPC_URL, request_kwargs={"timeout": 3}, exception_retry_configuration=None
         )
     )
-    token = w3.eth.contract(address=Web3.to_checksum_address(settings.X402_ASSET), abi=TOKEN_ABI)
+    token = w3.eth.contract(
+        address=sdk.Web3.to_checksum_address(settings.X402_ASSET), abi=TOKEN_ABI
+    )
     balance = int(token.functions.balanceOf(address).call())
     return RefundFloat(address=address, balance=balance, decimals=settings.X402_DECIMALS)

@@ -10,19 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .sdk import (
-    PAYMENT_IDENTIFIER,
-    ExactEIP3009Authorization,
-    PaymentPayload,
-    PaymentRequired,
-    PaymentRequirements,
-    ResourceInfo,
-    Web3,
-    declare_payment_identifier_extension,
-    extract_payment_identifier,
-    hash_eip3009_authorization,
-    verify_eoa_signature,
-)
+from . import sdk
 
 PAYMENT_REQUIRED_HEADER = "PAYMENT-REQUIRED"
 PAYMENT_SIGNATURE_HEADER = "PAYMENT-SIGNATURE"
@@ -94,8 +82,8 @@ def signature_matches(
         sig = bytes.fromhex(signed.signature[2:])
         if len(sig) != 65:
             return False
-        digest = hash_eip3009_authorization(
-            ExactEIP3009Authorization(
+        digest = sdk.hash_eip3009_authorization(
+            sdk.ExactEIP3009Authorization(
                 from_address=signed.payer,
                 to=signed.to,
                 value=signed.value,
@@ -104,11 +92,11 @@ def signature_matches(
                 nonce=signed.nonce,
             ),
             chain_id,
-            Web3.to_checksum_address(asset),
+            sdk.Web3.to_checksum_address(asset),
             token_name,
             token_version,
         )
-        return verify_eoa_signature(digest, sig, signed.payer)
+        return sdk.verify_eoa_signature(digest, sig, signed.payer)
     except Exception:  # noqa: BLE001 - unrecoverable: not an EOA's signature of this
         return False
 
@@ -140,7 +128,7 @@ def requirements_for(
     token_name: str,
     token_version: str,
 ) -> dict[str, Any]:
-    return PaymentRequirements(
+    return sdk.PaymentRequirements(
         scheme="exact",
         network=network,
         asset=asset,
@@ -154,14 +142,14 @@ def requirements_for(
 def payment_required(
     *, requirements: dict[str, Any], resource_url: str, description: str, error: str = ""
 ) -> dict[str, Any]:
-    return PaymentRequired(
+    return sdk.PaymentRequired(
         x402_version=2,
         error=error or None,
-        resource=ResourceInfo(
+        resource=sdk.ResourceInfo(
             url=resource_url, description=description, mime_type="application/json"
         ),
-        accepts=[PaymentRequirements.model_validate(requirements)],
-        extensions={PAYMENT_IDENTIFIER: declare_payment_identifier_extension()},
+        accepts=[sdk.PaymentRequirements.model_validate(requirements)],
+        extensions={sdk.PAYMENT_IDENTIFIER: sdk.declare_payment_identifier_extension()},
     ).model_dump(by_alias=True, exclude_none=True)
 
 
@@ -177,7 +165,7 @@ def decode_header(value: str) -> dict[str, Any]:
 def parse_payment_signature(header: str) -> SignedPayment:
     try:
         raw = decode_header(header.strip())
-        payload = PaymentPayload.model_validate(raw)
+        payload = sdk.PaymentPayload.model_validate(raw)
     except Exception as exc:  # noqa: BLE001 - anything undecodable is the sender's error
         raise PaymentSignatureInvalid(
             "PAYMENT-SIGNATURE is not a base64 x402 v2 payment payload"
@@ -196,8 +184,8 @@ def parse_payment_signature(header: str) -> SignedPayment:
             "validBefore, nonce; signature) and nothing else"
         )
     try:
-        payer = Web3.to_checksum_address(auth["from"])
-        to = Web3.to_checksum_address(auth["to"])
+        payer = sdk.Web3.to_checksum_address(auth["from"])
+        to = sdk.Web3.to_checksum_address(auth["to"])
         value = str(_uint256(auth["value"]))
         valid_after = _uint256(auth["validAfter"])
         valid_before = _uint256(auth["validBefore"])
@@ -214,7 +202,7 @@ def parse_payment_signature(header: str) -> SignedPayment:
             "signature)"
         ) from exc
     try:
-        identifier = extract_payment_identifier(payload) or ""
+        identifier = sdk.extract_payment_identifier(payload) or ""
     except Exception:  # noqa: BLE001 - a malformed extension is no identifier
         identifier = ""
     dumped = payload.model_dump(by_alias=True, exclude_none=True)
