@@ -30,6 +30,12 @@ def pytest_configure(config):
         "claims_left_by_the_test: the test leaves an outbox claim no worker handles "
         "(tests/recovery: teardown does not wait for it to lapse)",
     )
+    # Test helpers import web3 and eth-account themselves (tests/x402/chain.py), and py_ecc
+    # raises the recursion limit to 100000 at its import. Loaded first by the rail's own
+    # guard, it never does (tests/api/test_hostile_input.py parses 3000-deep JSON here).
+    from payments.providers.x402 import sdk
+
+    sdk.load()
     global _alone_lock_dir
     if not hasattr(config, "workerinput"):
         import tempfile

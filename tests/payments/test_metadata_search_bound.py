@@ -390,7 +390,7 @@ def test_a_payment_sent_by_a_worker_whose_clock_is_off_is_found(
     assert localstripe.succeeded_charges_for(purchase.id) == []
 
 
-def test_a_payment_sent_by_a_worker_whose_clock_runs_behind_is_found_by_the_sweep(
+def test_the_sweep_reads_back_a_payment_sent_by_a_worker_whose_clock_runs_behind(
     new_purchase, api_client, drill, read_drill, localstripe, settings, monkeypatch
 ):
     """As above, read by the sweep: its reads run on other threads without the database,

@@ -11,7 +11,7 @@ their own import.
 py_ecc (imported by web3/eth-account) raises the interpreter's recursion limit to 100000
 at import. Deeply nested JSON would then overflow the C stack instead of raising
 RecursionError, which the API and webhook parsers turn into a 400
-(tests/api/test_hostile_input.py). `_load` runs in a process already serving requests on
+(tests/api/test_hostile_input.py). `load` runs in a process already serving requests on
 other threads, so the limit is never raised, not even for the length of the import:
 `sys.setrecursionlimit` is refused while it runs (nothing else sets it).
 """
@@ -66,7 +66,10 @@ LAZY = {
 _lock = threading.Lock()
 
 
-def _load() -> None:
+def load() -> None:
+    """Imports the lazy names now (the first `sdk.<name>` read does it otherwise). A
+    process that imports web3 or eth-account elsewhere first (the test suite's chain
+    helpers) calls it before, so py_ecc's import runs here, under the guard."""
     with _lock:
         if "Web3" in globals():
             return
@@ -83,7 +86,7 @@ def _load() -> None:
 def __getattr__(name: str) -> Any:
     if name not in LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    _load()
+    load()
     return globals()[name]
 
 
