@@ -41,7 +41,10 @@ $(X402_FETCH_DIR)/node_modules/.installed: $(X402_FETCH_DIR)/package.json $(X402
 	npm ci --prefix $(X402_FETCH_DIR) --no-audit --no-fund --loglevel error
 	touch $@
 
-deps: $(VENV)/.installed $(if $(HAVE_NPM),$(CHAIN_DIR)/node_modules/.installed $(X402_FETCH_DIR)/node_modules/.installed,)
+# The Python and npm installs run side by side on a fresh clone (a few seconds saved).
+DEPS := $(VENV)/.installed $(if $(HAVE_NPM),$(CHAIN_DIR)/node_modules/.installed $(X402_FETCH_DIR)/node_modules/.installed,)
+deps:
+	@$(MAKE) --no-print-directory -s -j 3 $(DEPS)
 
 # Regenerate both locks from pyproject.toml (after adding or bumping a dependency).
 # The dev lock is solved first; the production lock is constrained to the same pins.
@@ -112,18 +115,31 @@ serve:
 # One test handed out at a time, slowest first (tests/conftest.py SLOWEST_FIRST).
 TEST_WORKERS ?= 3
 # tests/replica runs on a stack with a streaming standby (tests.stack --replica), in its own
-# short invocation (7 tests; 50 s wall on a loaded 2-core machine, most of it starting the
-# stack; docs/scaling.md). Without the standby it is not collected.
+# short invocation (7 tests, docs/scaling.md); without the standby it is not collected.
 # `make test REPLICA_TESTS=` skips it.
 REPLICA_TESTS ?= tests/replica
-# Tests that assert a wall-clock bound (`@pytest.mark.alone`, 4 tests, ~15 s) run by
+# Tests that assert a wall-clock bound (`@pytest.mark.alone`, 5 tests, ~17 s) run by
 # themselves after the parallel run: inside it, each one waited for every running test to
 # end (the soak among them) while it held the other workers back, 1-2 idle minutes a run.
 ALONE_TESTS ?= $(shell grep -rl --include='test_*.py' '@pytest.mark.alone' tests)
-test: deps lint typecheck
-	$(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 -m "not alone" $(PYTEST_ARGS)
-	$(if $(ALONE_TESTS),$(PY) -m tests.stack -- $(PY) -m pytest -q -p no:cacheprovider -m alone $(ALONE_TESTS))
-	$(if $(REPLICA_TESTS),$(PY) -m tests.stack --replica -- $(PY) -m pytest -q $(REPLICA_TESTS))
+TEST_LOG := $(VERITY_VAR_DIR)/log
+# mypy and the replica tests run beside the parallel run (the suite is bound by the
+# machine's CPU, but its last minute leaves cores idle); their output is shown after it,
+# and either failing fails `make test`. Then the `alone` tests, by themselves.
+test: deps lint
+	@set -u; mkdir -p $(TEST_LOG); \
+	echo "mypy$(if $(REPLICA_TESTS), and $(REPLICA_TESTS),) run beside the parallel run (output after it)"; \
+	DEBUG=true $(PY) -m mypy > $(TEST_LOG)/typecheck.txt 2>&1 & typecheck=$$!; \
+	$(if $(REPLICA_TESTS),$(PY) -m tests.stack --replica -- $(PY) -m pytest -q -p no:cacheprovider \
+	  $(REPLICA_TESTS) > $(TEST_LOG)/replica-tests.txt 2>&1 & replica=$$!;) \
+	rc=0; $(PY) -m tests.stack $(X402_STACK) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist load \
+	  --maxschedchunk 1 --durations=25 -m "not alone" $(PYTEST_ARGS) || rc=$$?; \
+	echo "== mypy"; wait $$typecheck || rc=1; cat $(TEST_LOG)/typecheck.txt; \
+	$(if $(REPLICA_TESTS),echo "== $(REPLICA_TESTS)"; wait $$replica || rc=1; \
+	  tail -n 40 $(TEST_LOG)/replica-tests.txt;) \
+	[ $$rc -eq 0 ] || exit $$rc; \
+	$(if $(ALONE_TESTS),echo "== the alone tests"; \
+	  $(PY) -m tests.stack -- $(PY) -m pytest -q -p no:cacheprovider -m alone $(ALONE_TESTS))
 
 # The inner loop: the linter, then the static checks and quick behaviour tests on one
 # stack without the chain (no anvil start), in about a minute. `make test` runs all.
