@@ -548,6 +548,9 @@ def read_together(*calls: tuple[CompiledRead, tuple], using: str = "default") ->
     statements = [read._statement(values, using) for read, values in calls]
     connection = _connections[using]
     if prepared_statements_on(connection):
+        # As Django's own cursors: the CONN_HEALTH_CHECKS probe of a connection reused from
+        # an earlier request first (one the database dropped while idle is replaced).
+        connection.close_if_health_check_failed()
         connection.ensure_connection()
         # Server-side-binding psycopg cursors (Django's are ClientCursors). Errors come out
         # as Django's (an unreachable database is OperationalError: the 503 of

@@ -224,6 +224,31 @@ def test_a_read_whose_provider_clock_disagrees_is_no_verdict(
     assert localstripe.payment_intents_for(purchase.id) == []
 
 
+def test_a_read_whose_answer_reaches_a_loaded_host_late_still_reads_a_verdict(
+    new_purchase, api_client, drill, settings
+):
+    """The provider's clock agrees with ours, but its answer reaches Verity 3 s after it
+    was made (a loaded host): its `Date` is 3 s older than our clock after the answer.
+    Measured against that one reading, the clocks "disagree" by more than the check's
+    2 s and a "none" the provider gave is thrown away; measured against the request's
+    own span (the Date was stamped between the send and the answer), they agree."""
+    from payments.enums import Rail
+    from payments.services import provider_for_rail
+
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 0
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.HTTP_409, step=CallStep.CREATE)  # answered here, never forwarded
+    provider_for_rail(Rail.STRIPE).arm_drill(
+        key_prefix="*", step="read", mode=DrillMode.READ_LATE_ANSWER, times=1
+    )
+    op = services.operation_dispatch(operation_id=op.id)
+
+    reads = ProviderCall.objects.filter(operation_id=op.id, step="list")
+    assert list(reads.values_list("classification", "safe_fields__detail")) == [("not_found", "")]
+
+
 def _wait_past(moment, seconds: float, timeout: float = 30.0) -> None:
     """Wait until `seconds` have passed since `moment` (our clock)."""
     from django.utils import timezone

@@ -73,12 +73,22 @@ class DrillMode:
     # that outlives a request's Idempotency-Key lease).
     READ_SLOW = "read_slow"
     SLOW_READ_SECONDS = 3.0
+    # Reads only (GET): the provider answers at once, the answer reaches Verity
+    # SLOW_READ_SECONDS later (a loaded host: its `Date` is that much older than our clock).
+    READ_LATE_ANSWER = "read_late_answer"
     # A definitive refusal, as Stripe answers a refund of a charge already refunded in
     # the dashboard (localstripe accepts any refund): 400 `charge_already_refunded`,
     # nothing sent on, nothing applied.
     HTTP_400_REFUSED = "http_400_refused"
     WRITES = (DROP_RESPONSE_AFTER_SEND, TIMEOUT_BEFORE_SEND, RESET_AFTER_WRITE, HTTP_500, HTTP_409)
-    ALL = WRITES + (HANG_AFTER_SEND, READ_UNAVAILABLE, READ_SLOW, HTTP_429, HTTP_400_REFUSED)
+    ALL = WRITES + (
+        HANG_AFTER_SEND,
+        READ_UNAVAILABLE,
+        READ_SLOW,
+        READ_LATE_ANSWER,
+        HTTP_429,
+        HTTP_400_REFUSED,
+    )
 
 
 class DrillRefused(Exception):
@@ -228,6 +238,8 @@ class FaultDrillHTTPClient(stripe.HTTPClient):
         if mode == DrillMode.READ_SLOW:
             threading.Event().wait(DrillMode.SLOW_READ_SECONDS)
         body, status, resp_headers = self._inner.request(method, url, headers, post_data)
+        if mode == DrillMode.READ_LATE_ANSWER:
+            threading.Event().wait(DrillMode.SLOW_READ_SECONDS)
         if mode == DrillMode.HANG_AFTER_SEND:
             threading.Event().wait()
         if mode == DrillMode.DROP_RESPONSE_AFTER_SEND:
@@ -267,11 +279,13 @@ def _never_connected(exc: stripe.APIConnectionError) -> bool:
     return False
 
 
-def _clock_skew_seconds(listed: Any, now: Callable[[], datetime]) -> float | None:
-    """How far the provider's clock (its answer's `Date` header, whole seconds) is ahead
-    of `now` (the clock the read's bounds were stamped by), or None when the answer
-    carries none. `now` is read after the answer came, so the figure errs by the answer's
-    latency plus a second."""
+def _clock_skew_seconds(listed: Any, sent: datetime, received: datetime) -> float | None:
+    """How far the provider's clock (its answer's `Date` header) is from the clock the
+    read's bounds were stamped by, or None when the answer carries none. `sent` and
+    `received` are that clock's readings just before the request and just after its
+    answer: with the clocks agreeing, the Date (whole seconds, rounded down) was stamped
+    between them, so the figure is its distance from [sent - 1 s, received] — not from
+    one reading, which a slow answer on a loaded host would push seconds away."""
     response = getattr(listed, "last_response", None)
     headers: Any = getattr(response, "headers", None)
     if not hasattr(headers, "get"):
@@ -283,7 +297,9 @@ def _clock_skew_seconds(listed: Any, now: Callable[[], datetime]) -> float | Non
         return None
     if theirs is None or theirs.tzinfo is None:
         return None
-    return (theirs - now()).total_seconds()
+    if theirs < sent - timedelta(seconds=1):
+        return (theirs - (sent - timedelta(seconds=1))).total_seconds()
+    return max((theirs - received).total_seconds(), 0.0)
 
 
 def _replayed(headers: Any) -> bool:
@@ -731,16 +747,17 @@ class StripeProvider:
                 pages.append(service.list(params=_sdk(dict(params))))
                 return {"object": "list"}
 
+            sent = now()
             result = self._call(fetch, step="list")
             if result.classification != Classification.OK:
                 return result
-            page = pages[0]
+            page, received = pages[0], now()
             for item in map(_as_dict, page.data):
                 if (item.get("metadata") or {}).get("operation_id") == operation_id:
                     found = normalise(item, account=self.account)
                     return CallResult(Classification.OK, http_status=200, object=found)
             if not page.data or not page.has_more:
-                skew = _clock_skew_seconds(page, now)
+                skew = _clock_skew_seconds(page, sent, received)
                 if skew is None:
                     # No clock to check the bounds against: "none" would be a guess.
                     log.warning("read by metadata: the provider's answer has no readable Date")
