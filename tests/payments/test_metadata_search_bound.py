@@ -180,6 +180,9 @@ def test_a_late_read_of_a_create_that_never_arrived_overturns_a_persons_succeede
     settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 0
     resolver, _requester, _approver = people
     purchase = new_purchase()
+    # The provider's `created` counts whole seconds: the lower bound (its second) would also
+    # hold the payments an earlier test on this stack made in that second.
+    time.sleep(1.1)
     op = _start(purchase, api_client)
     drill(op, DrillMode.HTTP_409, step=CallStep.CREATE)  # answered here, never forwarded
     settings.PROVIDER_LIST_MAX_PAGES = 0  # the read at once reads nothing: "not read"
