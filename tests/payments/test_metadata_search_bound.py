@@ -21,6 +21,18 @@ from tests.payments.test_persons_failed_refund_then_follow_up import _paid, _ref
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def _one_intent_is(localstripe, op, outcome, status: str, reference: str | None = None) -> None:
+    """The purchase's one PaymentIntent at the provider has `status`, and the operation has
+    `outcome` and names it (`reference`, when given, is the intent the test saw made)."""
+    [pi] = _intents_of(localstripe, op)
+    assert (op.outcome, op.provider_reference, pi["status"]) == (
+        outcome,
+        reference or pi["id"],
+        status,
+    )
+    assert len(localstripe.payment_intents_for(op.purchase_id)) == 1
+
+
 def _person_says(op, outcome, reason, resolver=None):
     """A person's manual resolution of `op`, as the console records it."""
     return services.operation_resolve_manual(
@@ -100,13 +112,7 @@ def test_a_payment_sent_long_after_its_operation_was_created_is_found(
 
     op = services.operation_dispatch(operation_id=op.id)
 
-    [pi] = _intents_of(localstripe, op)
-    assert (op.outcome, op.provider_reference, pi["status"]) == (
-        Outcome.SUCCEEDED,
-        pi["id"],
-        "succeeded",
-    )
-    assert len(localstripe.payment_intents_for(purchase.id)) == 1
+    _one_intent_is(localstripe, op, Outcome.SUCCEEDED, "succeeded")
 
 
 def test_a_refund_sent_long_after_its_operation_was_created_is_found(
@@ -408,13 +414,7 @@ def test_a_payment_sent_by_a_worker_whose_clock_is_off_is_found(
 
     op = services.operation_reconcile(operation_id=op.id)
 
-    [pi] = _intents_of(localstripe, op)
-    assert (op.outcome, op.provider_reference, pi["status"]) == (
-        Outcome.FAILED,
-        made["id"],
-        "canceled",
-    )
-    assert len(localstripe.payment_intents_for(purchase.id)) == 1
+    _one_intent_is(localstripe, op, Outcome.FAILED, "canceled", made["id"])
     assert localstripe.succeeded_charges_for(purchase.id) == []
 
 
@@ -440,12 +440,7 @@ def test_the_sweep_reads_back_a_payment_sent_by_a_worker_whose_clock_runs_behind
 
     assert (swept.reconciled, swept.failed) == (1, 0)
     op = PaymentOperation.objects.get(pk=op.pk)
-    [pi] = _intents_of(localstripe, op)
-    assert (op.outcome, op.provider_reference, pi["status"]) == (
-        Outcome.FAILED,
-        made["id"],
-        "canceled",
-    )
+    _one_intent_is(localstripe, op, Outcome.FAILED, "canceled", made["id"])
     reads = ProviderCall.objects.filter(operation_id=op.id, purpose="reconcile", step="list")
     # the worker's own read, refused by the drill before it left, then the sweep's
     assert list(reads.values_list("classification", flat=True)) == ["not_sent", "ok"]
