@@ -390,6 +390,23 @@ def test_a_refund_asked_on_a_host_whose_clock_runs_ahead_is_found(
     assert len(localstripe.refunds_for(pay.provider_reference)) == 1
 
 
+def _sent_by_an_off_clock_worker(
+    new_purchase, api_client, drill, read_drill, localstripe, settings, monkeypatch, offset
+):
+    """A payment's create sent by a worker whose clock is `offset` s off, its answer lost
+    and the worker's own read right after refused: (purchase, operation, the intent made)."""
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 60
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.CREATE)
+    read_drill("*")  # the worker's own read right after cannot read the provider
+    with _host_clock(monkeypatch, offset):
+        op = services.operation_dispatch(operation_id=op.id)
+    [made] = _intents_of(localstripe, op)
+    return purchase, op, made
+
+
 @pytest.mark.parametrize("offset", [-90, 90], ids=["behind", "ahead"])
 def test_a_payment_sent_by_a_worker_whose_clock_is_off_is_found(
     new_purchase, api_client, drill, read_drill, localstripe, settings, monkeypatch, offset
@@ -401,15 +418,9 @@ def test_a_payment_sent_by_a_worker_whose_clock_is_off_is_found(
     reader, its clock and the provider's agreeing, would say "none" and settle the payment
     failed beside a PaymentIntent anyone with the key can still pay. The read finds it,
     adopts it and cancels it, and the payment is failed on the provider's record."""
-    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 60
-    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
-    purchase = new_purchase()
-    op = _start(purchase, api_client)
-    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.CREATE)
-    read_drill("*")  # the worker's own read right after cannot read the provider
-    with _host_clock(monkeypatch, offset):
-        op = services.operation_dispatch(operation_id=op.id)
-    [made] = _intents_of(localstripe, op)
+    purchase, op, made = _sent_by_an_off_clock_worker(
+        new_purchase, api_client, drill, read_drill, localstripe, settings, monkeypatch, offset
+    )
     assert op.outcome == Outcome.UNKNOWN
 
     op = services.operation_reconcile(operation_id=op.id)
@@ -425,15 +436,9 @@ def test_the_sweep_reads_back_a_payment_sent_by_a_worker_whose_clock_runs_behind
     on the bounds and the database's clock read once for the batch."""
     from recovery.sweep import reconcile_sweep
 
-    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 60
-    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
-    purchase = new_purchase()
-    op = _start(purchase, api_client)
-    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.CREATE)
-    read_drill("*")  # the worker's own read right after cannot read the provider
-    with _host_clock(monkeypatch, -90):
-        op = services.operation_dispatch(operation_id=op.id)
-    [made] = _intents_of(localstripe, op)
+    purchase, op, made = _sent_by_an_off_clock_worker(
+        new_purchase, api_client, drill, read_drill, localstripe, settings, monkeypatch, -90
+    )
     assert op.outcome == Outcome.UNKNOWN
 
     swept = reconcile_sweep(operation_ids=[op.id], concurrency=2)
