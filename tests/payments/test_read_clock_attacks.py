@@ -1,0 +1,72 @@
+"""The read-back by metadata says "none" only while the provider's clock agrees with the
+database's closely enough that the read's window (the operation's creation and its sends'
+stamps, each widened by the clock margin) holds every object the provider made for it.
+The provider's `Date` is measured against the list request's own span; a slow request
+leaves the clocks' distance uncertain by that span, and "none" must hold for the worst of
+it. Counted at localstripe; faults only through the fault-drill HTTP client."""
+
+from datetime import timedelta
+
+import pytest
+from django.db.models import F
+
+from payments import services
+from payments.enums import CallStep, Outcome, Rail
+from payments.models import PaymentOperation, ProviderCall
+from payments.providers.stripe import DrillMode
+from payments.services import provider_for_rail
+from tests.payments.test_create_answer_lost import _intents_of, _start
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _stamped_ahead(op: PaymentOperation, seconds: int) -> None:
+    """The operation's stamps as a database clock `seconds` ahead of the provider's would
+    have written them (localstripe stamps its objects with the machine's clock)."""
+    PaymentOperation.objects.filter(pk=op.pk).update(
+        created_at=F("created_at") + timedelta(seconds=seconds)
+    )
+    calls = ProviderCall.objects.filter(operation_id=op.id)
+    calls.update(started_at=F("started_at") + timedelta(seconds=seconds))
+    calls.exclude(finished_at=None).update(
+        finished_at=F("finished_at") + timedelta(seconds=seconds)
+    )
+
+
+def test_a_slow_read_does_not_hide_a_provider_clock_past_the_margin(
+    new_purchase, api_client, drill, read_drill, localstripe, settings, monkeypatch
+):
+    """The provider's clock runs 10 s behind the database's, past the 4 s margin: the
+    PaymentIntent a lost create answer made is stamped before the read's lower bound. The
+    list request takes 10 s to reach the provider, so its `Date` lands inside the
+    request's span and, measured against the nearest end of it, the clocks look agreed.
+    They may as well be 10 s apart: the read's "none" is "not read", and the payment stays
+    unknown beside its PaymentIntent, never failed."""
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 4
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.CREATE)
+    read_drill("*")  # the read right after cannot read the provider
+    op = services.operation_dispatch(operation_id=op.id)
+    [made] = _intents_of(localstripe, op)
+    assert op.outcome == Outcome.UNKNOWN
+    _stamped_ahead(op, 10)
+    monkeypatch.setattr(DrillMode, "SLOW_READ_SECONDS", 10.0)
+    provider_for_rail(Rail.STRIPE).arm_drill(
+        key_prefix="*", step="read", mode=DrillMode.READ_SLOW, times=1
+    )
+    localstripe.clock_offset(-10)
+    try:
+        op = services.operation_reconcile(operation_id=op.id)
+    finally:
+        localstripe.clock_offset(0)
+
+    read = ProviderCall.objects.filter(operation_id=op.id, step="list").latest("started_at")
+    assert (read.classification, read.safe_fields.get("detail")) == (
+        "unknown",
+        "provider_clock_skew",
+    )
+    assert op.outcome == Outcome.UNKNOWN
+    [pi] = _intents_of(localstripe, op)
+    assert (pi["id"], pi["status"]) == (made["id"], made["status"])
