@@ -16,6 +16,7 @@ from payments.models import PaymentOperation, ProviderCall
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
 from tests.payments.test_create_answer_lost import _intents_of, _start
+from tests.payments.test_persons_failed_refund_then_follow_up import _paid, _refund
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,6 +32,31 @@ def _stamped_ahead(op: PaymentOperation, seconds: int) -> None:
     calls.exclude(finished_at=None).update(
         finished_at=F("finished_at") + timedelta(seconds=seconds)
     )
+
+
+def _read_slowly_behind(localstripe, monkeypatch, read, *, seconds: int):
+    """`read()` while the provider's clock runs `seconds` behind the database's and the
+    list request takes as long to reach it (its `Date` lands inside the request's span)."""
+    monkeypatch.setattr(DrillMode, "SLOW_READ_SECONDS", float(seconds))
+    provider_for_rail(Rail.STRIPE).arm_drill(
+        key_prefix="*", step="read", mode=DrillMode.READ_SLOW, times=1
+    )
+    localstripe.clock_offset(-seconds)
+    try:
+        return read()
+    finally:
+        localstripe.clock_offset(0)
+
+
+def _reconcile(op_id: str, path: str) -> PaymentOperation:
+    if path == "sweep":
+        from recovery.sweep import reconcile_sweep
+
+        swept = reconcile_sweep(operation_ids=[op_id], concurrency=2)
+        assert swept.failed == 0
+    else:
+        services.operation_reconcile(operation_id=op_id)
+    return PaymentOperation.objects.get(pk=op_id)
 
 
 def test_a_slow_read_does_not_hide_a_provider_clock_past_the_margin(
@@ -67,6 +93,64 @@ def test_a_slow_read_does_not_hide_a_provider_clock_past_the_margin(
         "unknown",
         "provider_clock_skew",
     )
+    assert op.outcome == Outcome.UNKNOWN
+    [pi] = _intents_of(localstripe, op)
+    assert (pi["id"], pi["status"]) == (made["id"], made["status"])
+
+
+@pytest.mark.parametrize("path", ["single", "sweep"])
+def test_a_slow_read_of_a_lost_refund_is_no_verdict_when_the_clocks_may_be_apart(
+    new_purchase, api_client, drill, people, localstripe, settings, monkeypatch, path
+):
+    """As above for a refund the provider made, its answer lost, read back alone or by the
+    sweep (on its threads, with the batch's bounds and the database's clock): the read's
+    "none" would settle the refund failed ("no money moved") and let it be asked again.
+    It stays unknown, and the provider holds the one refund."""
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 4
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    _resolver, requester, approver = people
+    purchase, pay = _paid(new_purchase, api_client)
+    refund = _refund(purchase, requester, approver)
+    drill(refund, DrillMode.DROP_RESPONSE_AFTER_SEND, step="refund")
+    refund = services.operation_dispatch(operation_id=refund.id)
+    assert refund.outcome == Outcome.UNKNOWN
+    [made] = localstripe.refunds_for(pay.provider_reference)
+    _stamped_ahead(refund, 10)
+
+    refund = _read_slowly_behind(
+        localstripe, monkeypatch, lambda: _reconcile(refund.id, path), seconds=10
+    )
+
+    read = ProviderCall.objects.filter(operation_id=refund.id, step="list").latest("started_at")
+    assert (read.classification, read.safe_fields.get("detail")) == (
+        "unknown",
+        "provider_clock_skew",
+    )
+    assert (refund.outcome, refund.provider_reference) == (Outcome.UNKNOWN, "")
+    assert [r["id"] for r in localstripe.refunds_for(pay.provider_reference)] == [made["id"]]
+
+
+def test_the_sweep_reads_a_slow_read_of_a_lost_payment_as_no_verdict(
+    new_purchase, api_client, drill, read_drill, localstripe, settings, monkeypatch
+):
+    """The first case read by the sweep: the payment stays unknown beside its
+    PaymentIntent, which nobody cancelled or charged."""
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 4
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.CREATE)
+    read_drill("*")  # the read right after cannot read the provider
+    op = services.operation_dispatch(operation_id=op.id)
+    [made] = _intents_of(localstripe, op)
+    _stamped_ahead(op, 10)
+
+    op = _read_slowly_behind(
+        localstripe, monkeypatch, lambda: _reconcile(op.id, "sweep"), seconds=10
+    )
+
+    read = ProviderCall.objects.filter(operation_id=op.id, step="list").latest("started_at")
+    assert read.classification == "unknown"
     assert op.outcome == Outcome.UNKNOWN
     [pi] = _intents_of(localstripe, op)
     assert (pi["id"], pi["status"]) == (made["id"], made["status"])
