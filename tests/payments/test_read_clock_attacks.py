@@ -154,3 +154,58 @@ def test_the_sweep_reads_a_slow_read_of_a_lost_payment_as_no_verdict(
     assert op.outcome == Outcome.UNKNOWN
     [pi] = _intents_of(localstripe, op)
     assert (pi["id"], pi["status"]) == (made["id"], made["status"])
+
+
+SQLITE_STAMPS = r"""
+from datetime import timezone as tz
+from django.db import connection
+from django.db.models.functions import Now
+from payments import services
+from payments.enums import Classification
+from payments.providers.base import CallResult
+from payments.enums import CallPurpose, CallStep
+from payments.models import PaymentOperation, ProviderCall
+from payments.services.common import _record_call
+from payments.services.reconcile import _last_send_age, _made_until_of
+from tests.factories import ProductFactory, make_client
+
+assert connection.vendor == "sqlite", connection.vendor
+client, _key = make_client(name="sqlite-shop")
+product = ProductFactory(price=1500)
+quote = services.quote_create(
+    api_client=client, items=[{"sku": product.sku, "quantity": 1}], currency="usd"
+)
+purchase = services.purchase_create(
+    api_client=client, quote_id=quote.id, quote_version=quote.version,
+    customer_reference="cust-sqlite", customer_email="buyer@example.com",
+)
+op = services.payment_create(
+    purchase_id=purchase.id, api_client=client, payment_method="pm_card_visa"
+)
+op = PaymentOperation.objects.get(pk=op.pk)
+assert op.created_at.tzinfo is not None and op.created_at.microsecond % 1000 == 0, op.created_at
+[(_id, db_now)] = PaymentOperation.objects.filter(pk=op.pk).annotate(n=Now()).values_list("id", "n")
+assert db_now.tzinfo is not None and db_now >= op.created_at, (db_now, op.created_at)
+call = ProviderCall.objects.create(
+    operation=op, purpose=CallPurpose.DISPATCH, step=CallStep.CREATE, attempt=1,
+    key=op.provider_key(CallStep.CREATE),
+)
+call.refresh_from_db()
+assert op.created_at <= call.started_at, (op.created_at, call.started_at)
+_record_call(call, CallResult(Classification.UNKNOWN, detail="ReadTimeout"))
+call.refresh_from_db()
+assert call.started_at <= call.finished_at, (call.started_at, call.finished_at)
+made_until, clock = _made_until_of([op.id])
+assert made_until[op.id] >= call.finished_at, (made_until, call.finished_at)
+assert clock is not None and clock.now() >= call.finished_at, (clock, call.finished_at)
+age = _last_send_age(op.provider_calls.filter(purpose=CallPurpose.DISPATCH))
+assert age is not None and age.total_seconds() >= 0, age
+print("SQLITE STAMPS OK", op.created_at.tzinfo == tz.utc or op.created_at.utcoffset())
+"""
+
+
+def test_the_database_stamps_and_clock_work_on_sqlite(embedded_sqlite):
+    """`make run`'s embedded database: an operation's creation, a send's start and its
+    answer are stamped by SQLite's clock, aware and in order, and the read's bounds and
+    the database's clock are read from it."""
+    assert "SQLITE STAMPS OK" in embedded_sqlite.shell(SQLITE_STAMPS)
