@@ -156,6 +156,43 @@ def test_the_sweep_reads_a_slow_read_of_a_lost_payment_as_no_verdict(
     assert (pi["id"], pi["status"]) == (made["id"], made["status"])
 
 
+def _db_clock_past(call: ProviderCall) -> None:
+    """Wait until the database's clock is past the send's answer: the read's window then
+    closes at that answer (its upper bound is set)."""
+    from django.db.models.functions import Now
+
+    for _ in range(200):
+        if ProviderCall.objects.filter(pk=call.pk, finished_at__lt=Now()).exists():
+            return
+    raise AssertionError("the database's clock did not pass the answer")
+
+
+def test_a_refund_made_in_the_second_its_window_closes_is_found(
+    new_purchase, api_client, drill, people, localstripe, settings
+):
+    """No margin and no in-flight window: the read lists only the whole seconds from the
+    refund's creation to its lost answer, both edges stamped by the database, the
+    provider's `created` by a clock that agrees. The refund the provider made in those
+    seconds (the edges included) is found and settled succeeded, never "none"."""
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 0
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    _resolver, requester, approver = people
+    purchase, pay = _paid(new_purchase, api_client)
+    refund = _refund(purchase, requester, approver)
+    drill(refund, DrillMode.DROP_RESPONSE_AFTER_SEND, step="refund")
+    refund = services.operation_dispatch(operation_id=refund.id)
+    assert refund.outcome == Outcome.UNKNOWN
+    [made] = localstripe.refunds_for(pay.provider_reference)
+    send = ProviderCall.objects.get(operation_id=refund.id, purpose="dispatch", step="refund")
+    assert send.finished_at is not None
+    _db_clock_past(send)
+
+    refund = services.operation_reconcile(operation_id=refund.id)
+
+    assert (refund.outcome, refund.provider_reference) == (Outcome.SUCCEEDED, made["id"])
+    assert len(localstripe.refunds_for(pay.provider_reference)) == 1
+
+
 SQLITE_STAMPS = r"""
 from datetime import timezone as tz
 from django.db import connection
