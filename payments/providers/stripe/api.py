@@ -731,8 +731,8 @@ class StripeProvider:
 
         "None" is a verdict a caller acts on (no money moved), and the bounds are `now`'s
         clock's: it is said only while the provider's clock (its `Date` header) agrees
-        with `now` within half the margin; otherwise, or with no `Date` to check, "not
-        read"."""
+        with `now` within half the margin, and a slow request leaves them at most the
+        margin apart; otherwise, or with no `Date` to check, "not read"."""
         service = (
             self.client.v1.payment_intents
             if object_type == "payment_intent"
