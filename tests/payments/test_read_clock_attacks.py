@@ -194,6 +194,36 @@ def test_a_refund_made_in_the_second_its_window_closes_is_found(
     assert len(localstripe.refunds_for(pay.provider_reference)) == 1
 
 
+def test_a_slow_read_of_a_charged_one_call_payment_is_no_verdict(
+    new_purchase, api_client, drill, read_drill, one_call, settings, monkeypatch
+):
+    """A one-call payment (create with confirm=true) the provider charged, its answer
+    lost, its key's window closed for a re-send (so it is read back, not asked again): a
+    "none" would settle it failed while the buyer was charged. Read slowly with the
+    provider's clock past the margin, it stays unknown beside the one charge."""
+    settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 4
+    settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
+    settings.STRIPE_RESEND_MARGIN_SECONDS = settings.STRIPE_IDEMPOTENCY_WINDOW_SECONDS
+    purchase = new_purchase()
+    op = _start(purchase, api_client)
+    drill(op, DrillMode.DROP_RESPONSE_AFTER_SEND, step=CallStep.PAY)
+    read_drill("*")  # the read right after cannot read the provider
+    op = services.operation_dispatch(operation_id=op.id)
+    assert op.outcome == Outcome.UNKNOWN
+    assert len(one_call.succeeded_charges_for(purchase.id)) == 1
+    _stamped_ahead(op, 10)
+
+    op = _read_slowly_behind(one_call, monkeypatch, lambda: _reconcile(op.id, "single"), seconds=10)
+
+    read = ProviderCall.objects.filter(operation_id=op.id, step="list").latest("started_at")
+    assert (read.classification, read.safe_fields.get("detail")) == (
+        "unknown",
+        "provider_clock_skew",
+    )
+    assert op.outcome == Outcome.UNKNOWN
+    assert len(one_call.succeeded_charges_for(purchase.id)) == 1
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="below 4 s the clock check's 2 s floor lets through a skew the window, "
