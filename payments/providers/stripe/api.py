@@ -279,13 +279,18 @@ def _never_connected(exc: stripe.APIConnectionError) -> bool:
     return False
 
 
-def _clock_skew_seconds(listed: Any, sent: datetime, received: datetime) -> float | None:
+def _clock_skew_seconds(
+    listed: Any, sent: datetime, received: datetime
+) -> tuple[float, float] | None:
     """How far the provider's clock (its answer's `Date` header) is from the clock the
-    read's bounds were stamped by, or None when the answer carries none. `sent` and
-    `received` are that clock's readings just before the request and just after its
-    answer: with the clocks agreeing, the Date (whole seconds, rounded down) was stamped
-    between them, so the figure is its distance from [sent - 1 s, received] — not from
-    one reading, which a slow answer on a loaded host would push seconds away."""
+    read's bounds were stamped by: the nearest and the farthest it can be, or None when
+    the answer carries none. `sent` and `received` are that clock's readings just before
+    the request and just after its answer: the Date (whole seconds, rounded down) was
+    stamped somewhere between them, so the clocks are apart by something between the
+    Date's distance from the span [sent - 1 s, received] (nearest: 0 inside it) — not
+    from one reading, which a slow answer on a loaded host would push seconds away — and
+    its distance from the span's far end (farthest: a slow request leaves that much
+    unknown). Signed: positive when the provider's clock runs ahead."""
     response = getattr(listed, "last_response", None)
     headers: Any = getattr(response, "headers", None)
     if not hasattr(headers, "get"):
@@ -297,9 +302,11 @@ def _clock_skew_seconds(listed: Any, sent: datetime, received: datetime) -> floa
         return None
     if theirs is None or theirs.tzinfo is None:
         return None
-    if theirs < sent - timedelta(seconds=1):
-        return (theirs - (sent - timedelta(seconds=1))).total_seconds()
-    return max((theirs - received).total_seconds(), 0.0)
+    early = (theirs - (sent - timedelta(seconds=1))).total_seconds()
+    late = (theirs - received).total_seconds()
+    nearest = early if early < 0 else max(late, 0.0)
+    farthest = early if abs(early) >= abs(late) else late
+    return nearest, farthest
 
 
 def _replayed(headers: Any) -> bool:
@@ -724,8 +731,8 @@ class StripeProvider:
 
         "None" is a verdict a caller acts on (no money moved), and the bounds are `now`'s
         clock's: it is said only while the provider's clock (its `Date` header) agrees
-        with `now` within half the margin; otherwise, or with no `Date` to check, "not
-        read"."""
+        with `now` within half the margin, and a slow request leaves them at most the
+        margin apart; otherwise, or with no `Date` to check, "not read"."""
         service = (
             self.client.v1.payment_intents
             if object_type == "payment_intent"
@@ -762,9 +769,16 @@ class StripeProvider:
                     # No clock to check the bounds against: "none" would be a guess.
                     log.warning("read by metadata: the provider's answer has no readable Date")
                     return CallResult(Classification.UNKNOWN, detail="provider_clock_unknown")
-                if abs(skew) > max(margin.total_seconds() / 2, 2):
+                nearest, farthest = skew
+                tolerance = max(margin.total_seconds() / 2, 2)
+                # The clocks seen apart, or a request so slow that they may be apart by
+                # more than the margin the window was widened by (twice the tolerance):
+                # an object stamped outside the window may exist.
+                if abs(nearest) > tolerance or abs(farthest) > 2 * tolerance:
                     log.warning(
-                        "read by metadata: provider clock %+.0f s from the database's", skew
+                        "read by metadata: provider clock %+.0f to %+.0f s from the database's",
+                        nearest,
+                        farthest,
                     )
                     return CallResult(Classification.UNKNOWN, detail="provider_clock_skew")
                 return CallResult(Classification.NOT_FOUND)  # searched every page
