@@ -9,6 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .base import BASE_DIR, DEBUG, SECRET_KEY
 from .provider import (
+    PROVIDER_READ_CLOCK_MARGIN_SECONDS,
     STRIPE_API_BASE,
     STRIPE_API_KEY,
     STRIPE_DEDUPES_KEYS,
@@ -204,6 +205,24 @@ def idempotency_window_refusals(
     return found
 
 
+# The read by metadata says "none" only while the provider's Date agrees with the
+# database's clock within max(margin / 2, 2 s); below twice that floor the window, widened
+# by the margin alone, cannot hold the skew the check lets through.
+READ_CLOCK_MARGIN_FLOOR_SECONDS = 4
+
+
+def read_margin_refusals(*, margin_seconds: int) -> list[str]:
+    if margin_seconds >= READ_CLOCK_MARGIN_FLOOR_SECONDS:
+        return []
+    return [
+        f"PROVIDER_READ_CLOCK_MARGIN_SECONDS={margin_seconds} is below "
+        f"{READ_CLOCK_MARGIN_FLOOR_SECONDS} s: the provider-clock check (2 s at least) "
+        "would pass clocks the read's window cannot hold, and a read could say 'none' "
+        f"beside an object the provider made; set it to at least {READ_CLOCK_MARGIN_FLOOR_SECONDS} "
+        "(default 60)"
+    ]
+
+
 def refusals(
     *,
     debug: bool,
@@ -259,6 +278,7 @@ _refused += idempotency_window_refusals(
     margin_seconds=STRIPE_RESEND_MARGIN_SECONDS,
     api_base=STRIPE_API_BASE,
 )
+_refused += read_margin_refusals(margin_seconds=PROVIDER_READ_CLOCK_MARGIN_SECONDS)
 _refused += facilitator_credential_refusals(
     token=X402_FACILITATOR_AUTH_TOKEN,
     key_id=X402_FACILITATOR_API_KEY_ID,

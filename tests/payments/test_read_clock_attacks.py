@@ -227,8 +227,9 @@ def test_a_slow_read_of_a_charged_one_call_payment_is_no_verdict(
 @pytest.mark.xfail(
     strict=True,
     reason="below 4 s the clock check's 2 s floor lets through a skew the window, "
-    "widened by the margin alone, cannot hold; the tests that read whole seconds run "
-    "at margin 0",
+    "widened by the margin alone, cannot hold: a deployment cannot set it (refused at "
+    "start, tests/security/test_startup_refusals.py); the tests that read whole seconds "
+    "run at margin 0 through settings",
 )
 def test_a_margin_below_the_checks_floor_says_no_none_for_a_made_payment(
     new_purchase, api_client, drill, read_drill, localstripe, settings
