@@ -205,7 +205,7 @@ def test_a_key_window_longer_than_stripe_keeps_keys_or_no_margin_refuses_to_star
 
 def test_a_read_clock_margin_below_the_checks_floor_refuses_to_start():
     # Below 4 s the clock check's 2 s floor passes a skew the read's window cannot hold
-    # (tests/payments/test_read_clock_attacks.py): refused, in development too.
+    # (tests/payments/test_read_clock_over_a_slow_request.py): refused, in development too.
     refused = _check(DEBUG="true", PROVIDER_READ_CLOCK_MARGIN_SECONDS="3")
     assert refused.returncode != 0 and "PROVIDER_READ_CLOCK_MARGIN_SECONDS" in refused.stderr
     assert _check(DEBUG="true", PROVIDER_READ_CLOCK_MARGIN_SECONDS="4").returncode == 0
