@@ -60,6 +60,19 @@ def _reconcile(op_id: str, path: str) -> PaymentOperation:
     return PaymentOperation.objects.get(pk=op_id)
 
 
+def _refund_answer_lost(new_purchase, api_client, drill, people, localstripe):
+    """A paid purchase's refund the provider made, its answer lost: (refund, the refund
+    at the provider, the payment)."""
+    _resolver, requester, approver = people
+    purchase, pay = _paid(new_purchase, api_client)
+    refund = _refund(purchase, requester, approver)
+    drill(refund, DrillMode.DROP_RESPONSE_AFTER_SEND, step="refund")
+    refund = services.operation_dispatch(operation_id=refund.id)
+    assert refund.outcome == Outcome.UNKNOWN
+    [made] = localstripe.refunds_for(pay.provider_reference)
+    return refund, made, pay
+
+
 def test_a_slow_read_does_not_hide_a_provider_clock_past_the_margin(
     new_purchase, api_client, drill, read_drill, localstripe, settings, monkeypatch
 ):
@@ -109,13 +122,7 @@ def test_a_slow_read_of_a_lost_refund_is_no_verdict_when_the_clocks_may_be_apart
     It stays unknown, and the provider holds the one refund."""
     settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 4
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
-    _resolver, requester, approver = people
-    purchase, pay = _paid(new_purchase, api_client)
-    refund = _refund(purchase, requester, approver)
-    drill(refund, DrillMode.DROP_RESPONSE_AFTER_SEND, step="refund")
-    refund = services.operation_dispatch(operation_id=refund.id)
-    assert refund.outcome == Outcome.UNKNOWN
-    [made] = localstripe.refunds_for(pay.provider_reference)
+    refund, made, pay = _refund_answer_lost(new_purchase, api_client, drill, people, localstripe)
     _stamped_ahead(refund, 10)
 
     refund = _read_slowly_behind(
@@ -177,13 +184,7 @@ def test_a_refund_made_in_the_second_its_window_closes_is_found(
     seconds (the edges included) is found and settled succeeded, never "none"."""
     settings.PROVIDER_READ_CLOCK_MARGIN_SECONDS = 0
     settings.PROVIDER_INFLIGHT_WINDOW_SECONDS = 0
-    _resolver, requester, approver = people
-    purchase, pay = _paid(new_purchase, api_client)
-    refund = _refund(purchase, requester, approver)
-    drill(refund, DrillMode.DROP_RESPONSE_AFTER_SEND, step="refund")
-    refund = services.operation_dispatch(operation_id=refund.id)
-    assert refund.outcome == Outcome.UNKNOWN
-    [made] = localstripe.refunds_for(pay.provider_reference)
+    refund, made, pay = _refund_answer_lost(new_purchase, api_client, drill, people, localstripe)
     send = ProviderCall.objects.get(operation_id=refund.id, purpose="dispatch", step="refund")
     assert send.finished_at is not None
     _db_clock_past(send)
