@@ -190,18 +190,68 @@ def held_purchase():
     held.release()
 
 
+SQLITE_FILE = "verity.sqlite3"
+
+
+def _migrations_digest() -> str:
+    """What the migrated schema depends on: every migration file's name and content."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(ROOT.glob("*/migrations/*.py")):
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _sqlite_copy(source: Path, target: Path) -> None:
+    """SQLite's own backup (the WAL's pages included, whatever was checkpointed)."""
+    import sqlite3
+
+    with sqlite3.connect(source) as src, sqlite3.connect(target) as dst:
+        src.backup(dst)
+    src.close()
+    dst.close()
+
+
 class EmbeddedSqlite:
     """`manage.py` on a fresh SQLite file under a temporary var/, as `make run` uses it:
     the test process's environment less the test stack's database, broker and stack
-    variables. Set more variables in `env` before the first `shell`, which migrates."""
+    variables. Set more variables in `env` before the first `shell`, which migrates.
+
+    The first test of a run migrates a fresh file with `manage.py migrate` (asserted to
+    succeed) into a template shared by the xdist workers (`template_dir`, under a lock);
+    the others start from a copy of it, the schema the same migrations made (about 8 s of
+    CPU saved per test)."""
 
     STACK_VARIABLES = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "VERITY_STACK_DIR")
 
-    def __init__(self, var: Path) -> None:
+    def __init__(self, var: Path, template_dir: Path | None = None) -> None:
         self.var = var
+        self.template_dir = template_dir
         self.env = {k: v for k, v in os.environ.items() if k not in self.STACK_VARIABLES}
         self.env["VERITY_VAR_DIR"] = str(var)
         self._migrated = False
+
+    def _migrate(self) -> None:
+        if self.template_dir is None:
+            self._migrate_here()
+            return
+        import fcntl
+
+        self.template_dir.mkdir(parents=True, exist_ok=True)
+        template = self.template_dir / f"{_migrations_digest()}.sqlite3"
+        with open(self.template_dir / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not template.exists():
+                self._migrate_here()
+                _sqlite_copy(self.var / SQLITE_FILE, template)
+                return
+        self.var.mkdir(parents=True, exist_ok=True)
+        _sqlite_copy(template, self.var / SQLITE_FILE)
+
+    def _migrate_here(self) -> None:
+        migrate = self._manage("migrate", "--noinput", "-v", "0", timeout=300)
+        assert migrate.returncode == 0, migrate.stderr[-3000:]
 
     def _manage(self, *args: str, timeout: int) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -216,8 +266,7 @@ class EmbeddedSqlite:
     def shell(self, script: str) -> str:
         """Runs `script` with `manage.py shell -c`; its standard output (it must exit 0)."""
         if not self._migrated:
-            migrate = self._manage("migrate", "--noinput", "-v", "0", timeout=300)
-            assert migrate.returncode == 0, migrate.stderr[-3000:]
+            self._migrate()
             self._migrated = True
         done = self._manage("shell", "-c", script, timeout=120)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -225,10 +274,13 @@ class EmbeddedSqlite:
 
 
 @pytest.fixture
-def embedded_sqlite(tmp_path) -> EmbeddedSqlite:
+def embedded_sqlite(tmp_path, tmp_path_factory) -> EmbeddedSqlite:
     """Verity on the embedded default database (SQLite) in a subprocess: the suite's own
-    database is PostgreSQL."""
-    return EmbeddedSqlite(tmp_path / "var")
+    database is PostgreSQL. The migrated template lives in the run's temporary root, which
+    the xdist workers share (each worker's own root is under it)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if base.name.startswith("popen-gw") else base
+    return EmbeddedSqlite(tmp_path / "var", template_dir=shared / "sqlite-template")
 
 
 class People(NamedTuple):
