@@ -20,7 +20,15 @@ from audit.services import audit_write
 from events.record import event_batch, event_record_transition
 from recovery.halts import is_halted
 from recovery.models import OutboxCategory
-from recovery.outbox import outbox_batch, outbox_put
+from recovery.outbox import (
+    JoinedWrite,
+    outbox_batch,
+    outbox_joined_name,
+    outbox_joins,
+    outbox_put,
+    outbox_write_joined,
+    rows_insert_sql,
+)
 
 from ..enums import (
     DISPUTE_FUNDS_WITH_BANK_STATUSES,
@@ -88,7 +96,11 @@ def history_batch() -> Iterator[None]:
         yield
         rows = _HISTORY_BATCH.rows
         _HISTORY_BATCH.rows = None
-        if rows:
+        if rows and outbox_joins():
+            # In the change's one statement (change_batch), after the events' view reads.
+            sql, params = rows_insert_sql(rows)
+            outbox_write_joined(JoinedWrite(ctes=((outbox_joined_name("history"), sql, params),)))
+        elif rows:
             OperationTransition.objects.bulk_create(rows)
     finally:
         _HISTORY_BATCH.rows = None
@@ -97,10 +109,12 @@ def history_batch() -> Iterator[None]:
 @contextmanager
 def change_batch() -> Iterator[None]:
     """Inside the caller's transaction, around one service's whole change: its history
-    rows, outbox messages and storefront events are each written in one go when the block
-    ends (discarded if it raises, as the transaction is). The events are written first,
-    with the view the change leaves, and their fan-out messages join the outbox's insert."""
-    with history_batch(), outbox_batch(), event_batch():
+    rows, outbox messages and storefront events are written when the block ends
+    (discarded if it raises, as the transaction is). The events' view is read first (the
+    view the change leaves); then, on PostgreSQL, the events, their fan-out messages, the
+    history rows, the other messages and any other write joined to the batch
+    (recovery.outbox.outbox_write_joined) go in ONE statement."""
+    with outbox_batch(), history_batch(), event_batch():
         yield
 
 
