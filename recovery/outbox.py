@@ -247,9 +247,6 @@ def outbox_write_joined(write: JoinedWrite) -> None:
     if outbox_joins():
         _OUTBOX_BATCH.joined.append(write)
         return
-    if transaction.get_connection().vendor == "postgresql":
-        _joined_write([], [write])
-        return
     assert write.messages is None, "messages from a write's rows join a batch only"
     returned: list[dict[str, Any]] = []
     connection = transaction.get_connection()
@@ -276,6 +273,37 @@ def rows_insert_sql(rows: list[Any]) -> tuple[str, tuple[Any, ...]]:
     )
     table = connection.ops.quote_name(model._meta.db_table)
     return f"INSERT INTO {table} ({columns}) VALUES {', '.join([one] * len(rows))}", params
+
+
+# `row_update_sql`'s value for "the database's clock when the statement runs".
+DATABASE_NOW: Any = object()
+
+
+def row_update_sql(
+    model: Any, pk: Any, values: dict[str, Any], *, where: dict[str, Any] | None = None
+) -> tuple[str, tuple[Any, ...]]:
+    """`UPDATE` of one row of `model` (by primary key, and `where`: more columns it must
+    still have), for a CTE: each value through its field, as the ORM saves it;
+    `DATABASE_NOW` is the database's clock (PostgreSQL)."""
+    connection = transaction.get_connection()
+    qn = connection.ops.quote_name
+    sets, params = [], []
+    for name, value in values.items():
+        field = model._meta.get_field(name)
+        if value is DATABASE_NOW:
+            sets.append(f"{qn(field.column)} = STATEMENT_TIMESTAMP()")
+            continue
+        sets.append(f"{qn(field.column)} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    conditions = [f"{qn(model._meta.pk.column)} = %s"]
+    params.append(model._meta.pk.get_db_prep_save(pk, connection))
+    for name, value in (where or {}).items():
+        field = model._meta.get_field(name)
+        conditions.append(f"{qn(field.column)} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    table = qn(model._meta.db_table)
+    sql = f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}"
+    return sql, tuple(params)
 
 
 def _joined_write(rows: list[OutboxMessage], joined: list[JoinedWrite]) -> None:
