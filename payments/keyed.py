@@ -15,11 +15,14 @@ The ladder, in this order, written once (`keyed_effect`):
 5. create the effect and bind the key in one transaction, fenced: the lease a request was
    granted is its token, and the binding compare-and-sets on it, so a request whose lease
    ran out and whose key was taken over meanwhile creates nothing (its transaction rolls
-   back), however long it stalled;
+   back), however long it stalled (inside the effect's change batch the binding joins the
+   batch's last statement and raises from there);
 6. dispatch the effect's operation when it is pending (no transaction open), or send the
    one the effect created already claimed for its send (`Created.send`: a one-call
    payment, its claim committed with it);
-7. complete the key (done, with the status its effect means), or release it when nothing
+7. complete the key (done, with the status its effect means: in the transaction that
+   applies the answer to the operation this request sent, when one does —
+   `key_complete_with_apply` — else after the send), or release it when nothing
    was created (a refusal before any effect leaves the key free for a corrected request).
    A refusal after the effect exists completes the key (bound to it for good); a crash
    after it keeps the lease, so the same key resumes the effect once the lease expires.
