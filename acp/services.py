@@ -9,6 +9,8 @@ resumed (its payment dispatched when still pending), never run again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -16,6 +18,7 @@ from payments import services
 from payments.enums import Outcome
 from payments.errors import DomainError, ErrorCode
 from payments.keyed import Created, Keyed, KeyedRequest, keyed_effect
+from payments.services.common import change_batch
 from payments.services.requests import checkout_complete
 
 from . import sessions
@@ -178,7 +181,17 @@ def session_complete(
         if purchase_id:
             services.operations_verify_before_follow_up(purchase_id=purchase_id)
 
-    def create() -> Created:
+    def create(bind: Callable[[str, str], None]) -> Created:
+        # The keyed transaction, one change batch around all of it: the purchase's and the
+        # payment's history, events and messages and the key's binding go in its last
+        # statement (payments.services.common.change_batch); a binding refused rolls the
+        # whole transaction back.
+        with transaction.atomic(), change_batch():
+            made = complete_locked()
+            bind(made.resource_type, made.resource_id)
+        return made
+
+    def complete_locked() -> Created:
         s = _locked(session_id)
         if s.canceled_at is not None:
             raise AcpError(
@@ -227,7 +240,12 @@ def session_complete(
         return Created(RESOURCE, s.id, operation_id=new.id, send=send)
 
     return keyed_effect(
-        request, create=create, verify=prepare, operation_for=_session_payment, answer=answer
+        request,
+        create=create,
+        verify=prepare,
+        in_transaction=False,
+        operation_for=_session_payment,
+        answer=answer,
     )
 
 

@@ -61,6 +61,7 @@ from payments.locks import assert_outside_transaction
 from payments.models import ApiClient, PaymentOperation, Purchase, PurchaseChannel
 from payments.money import format_money
 from payments.services.requests import follow_up_request, payment_request
+from payments.view_queries import operation_for_view
 
 READ = "purchases:read"
 WRITE = "purchases:write"
@@ -439,9 +440,12 @@ def _with_tool_action(view: dict, instruction: str, next_tool: NextTool | None) 
 
 
 def _load_op(operation_id: str) -> PaymentOperation:
-    return PaymentOperation.objects.select_related("purchase", "purchase__quote").get(
-        pk=operation_id
-    )
+    # One statement: the operation with what its view shows (its purchase and quote, its
+    # hold, its calls and attempts counted: payments.view_queries), not one read of each.
+    op = operation_for_view(operation_id)
+    if op is None:
+        raise PaymentOperation.DoesNotExist(operation_id)
+    return op
 
 
 def _load_purchase(purchase_id: str) -> Purchase:
@@ -454,8 +458,12 @@ def operation_result(
     replayed: bool = False,
     refusal: Refusal | None = None,
     note: str | None = None,
+    fresh: bool = False,
 ) -> AgentResult:
-    op = _load_op(op.id)
+    """`fresh`: `op` was just read for its view (a keyed request's `Keyed.operation`, read
+    as its send left it); otherwise it is read again, as it is now."""
+    if not fresh:
+        op = _load_op(op.id)
     instruction, next_tool = operation_guidance(op)
     view = _with_tool_action(presenters.operation_view(op), instruction, next_tool)
     return AgentResult(
@@ -851,7 +859,9 @@ def pay_purchase(
                 "pay_purchase", purchase_id=purchase.id, payment_method=payment_method
             ),
         )
-    return operation_result(keyed.operation or _load_op(keyed.resource_id))
+    if keyed.operation is not None:
+        return operation_result(keyed.operation, fresh=True)
+    return operation_result(_load_op(keyed.resource_id))
 
 
 def get_purchase(*, api_client: ApiClient, purchase_id: str) -> AgentResult:

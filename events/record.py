@@ -30,7 +30,14 @@ from django.utils import timezone
 
 from payments.enums import OperationKind, Origin, Outcome, Verification
 from recovery.models import OutboxCategory
-from recovery.outbox import outbox_put
+from recovery.outbox import (
+    JoinedWrite,
+    outbox_joined_name,
+    outbox_joins,
+    outbox_put,
+    outbox_write_joined,
+    relay_kick,
+)
 
 from .models import Event, EventType, PurchaseEventCounter
 
@@ -196,14 +203,18 @@ def event_batch() -> Iterator[None]:
         pending = _BATCH.pending
         _BATCH.pending = None
         if pending:
-            _events_write(pending)
+            if outbox_joins():
+                _events_write_joined(pending)
+            else:
+                _events_write(pending)
     finally:
         _BATCH.pending = None
 
 
-def _events_write(pending: list[_Pending]) -> list[Event]:
-    """The events of `pending`, in their order: each purchase's view built once, as the
-    transaction leaves it, and its sequence numbers taken in recording order."""
+def _events_of(pending: list[_Pending]) -> tuple[list[Event], dict[str, int], dict]:
+    """The events of `pending`, in their order, each carrying its purchase's view (built
+    once, as the transaction leaves it; `sequence`: its place among its purchase's events
+    here), how many each purchase has, and the views."""
     builder = _VIEW[0]
     views: dict[str, tuple[str, dict]] = {}
     counts: dict[str, int] = {}
@@ -228,11 +239,15 @@ def _events_write(pending: list[_Pending]) -> list[Event]:
                 data={"purchase": view, **item.change},
             )
         )
+    return events, counts, views
+
+
+def _events_write(pending: list[_Pending]) -> list[Event]:
+    """The events of `pending`, in their order: each purchase's view built once, as the
+    transaction leaves it, and its sequence numbers taken in recording order."""
+    events, counts, views = _events_of(pending)
     _events_insert_numbered(events, counts)
-    for purchase_id, (_client, view) in views.items():
-        _same_transaction_views(
-            purchase_id, [e.id for e in events if e.purchase_id == purchase_id], view
-        )
+    _events_written(events, views)
     for event in events:
         outbox_put(
             category=OutboxCategory.EVENT_FANOUT,
@@ -240,6 +255,41 @@ def _events_write(pending: list[_Pending]) -> list[Event]:
             dedupe_key=f"event:{event.id}",
         )
     return events
+
+
+def _events_written(events: list[Event], views: dict) -> None:
+    for purchase_id, (_client, view) in views.items():
+        _same_transaction_views(
+            purchase_id, [e.id for e in events if e.purchase_id == purchase_id], view
+        )
+
+
+def _events_write_joined(pending: list[_Pending]) -> None:
+    """`_events_write` inside an outbox batch on PostgreSQL: the numbers taken, the events
+    inserted and their fan-out messages (`event:<id>`, as `_events_write` puts them) go in
+    the batch's one statement (recovery.outbox.outbox_write_joined)."""
+    events, counts, views = _events_of(pending)
+    take, ev = outbox_joined_name("event_numbers"), outbox_joined_name("events")
+    take_sql, take_params, insert_sql, insert_params = _numbered_insert(events, counts, take)
+
+    def after(rows: list[dict]) -> None:
+        _events_numbered(events, counts, [(r["id"], r["purchase_id"], r["sequence"]) for r in rows])
+        _events_written(events, views)
+        relay_kick()  # as outbox_put does for a message due now
+
+    now = timezone.now()
+    fanout = (
+        f"(SELECT %s, jsonb_build_object('event', {ev}.id), 'event:' || {ev}.id, "
+        f"%s::timestamptz, 0, '', %s::timestamptz FROM {ev} ORDER BY {ev}.id)"
+    )
+    outbox_write_joined(
+        JoinedWrite(
+            ctes=((take, take_sql, take_params), (ev, insert_sql, insert_params)),
+            returning=ev,
+            after=after,
+            messages=(fanout, (int(OutboxCategory.EVENT_FANOUT), now, now)),
+        )
+    )
 
 
 _COUNTER = PurchaseEventCounter._meta.db_table
@@ -253,15 +303,15 @@ _TAKE_SQL = (
     "RETURNING purchase_id, last"
 )
 _COLUMNS = ("public_id", "api_client_id", "purchase_id", "type", "data", "created_at")
-# PostgreSQL: the numbers taken and the events inserted in one statement. `back` is how far
-# an event is from its purchase's last number taken here.
+# PostgreSQL: the events inserted with the numbers `_TAKE_SQL` took (the CTE named
+# `{taken}`), in the same statement. `back` is how far an event is from its purchase's last
+# number taken here.
 _INSERT_NUMBERED_SQL = (
-    f"WITH taken AS ({_TAKE_SQL}) "
     f'INSERT INTO "{_EVENT}" ({", ".join(_COLUMNS)}, sequence) '
-    f"SELECT {', '.join('v.' + c for c in _COLUMNS)}, taken.last - v.back "
+    f"SELECT {', '.join('v.' + c for c in _COLUMNS)}, {{taken}}.last - v.back "
     "FROM (VALUES {values}) AS "
     f"v(ord, back, {', '.join(_COLUMNS)}) "
-    "JOIN taken ON taken.purchase_id = v.purchase_id ORDER BY v.ord "
+    "JOIN {taken} ON {taken}.purchase_id = v.purchase_id ORDER BY v.ord "
     "RETURNING id, purchase_id, sequence"
 )
 
@@ -280,26 +330,41 @@ def _events_insert_numbered(events: list[Event], counts: dict[str, int]) -> None
     """Insert `events` (each `sequence` its place, from 1, among its purchase's events
     here; `counts` how many each purchase has) numbered after their purchase's last event,
     in their order; each gets its id and sequence number."""
-    ids = sorted(counts)
-    take_params = [value for pid in ids for value in (pid, counts[pid])]
-    take = _TAKE_SQL.format(rows=", ".join(["(%s, %s)"] * len(ids)))
     if connection.vendor != "postgresql":
+        ids = sorted(counts)
+        take = _TAKE_SQL.format(rows=", ".join(["(%s, %s)"] * len(ids)))
         with connection.cursor() as cursor:
-            cursor.execute(take, take_params)
+            cursor.execute(take, [value for pid in ids for value in (pid, counts[pid])])
             taken = dict(cursor.fetchall())
         for event in events:
             event.sequence = taken[event.purchase_id] - counts[event.purchase_id] + event.sequence
         Event.objects.bulk_create(events)
         return
-    params: list = list(take_params)
+    take_sql, take_params, insert_sql, insert_params = _numbered_insert(events, counts, "taken")
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH taken AS ({take_sql}) {insert_sql}", [*take_params, *insert_params])
+        rows = cursor.fetchall()
+    _events_numbered(events, counts, rows)
+
+
+def _numbered_insert(
+    events: list[Event], counts: dict[str, int], taken: str
+) -> tuple[str, tuple, str, tuple]:
+    """PostgreSQL: the numbers' upsert and the events' insert that reads them (as the CTE
+    named `taken`), each with its params."""
+    ids = sorted(counts)
+    take_params = tuple(value for pid in ids for value in (pid, counts[pid]))
+    take = _TAKE_SQL.format(rows=", ".join(["(%s, %s)"] * len(ids)))
+    params: list = []
     for position, event in enumerate(events):
         params += [position, counts[event.purchase_id] - event.sequence]
         params += [f.get_db_prep_save(f.pre_save(event, True), connection) for f in _FIELDS]
-    sql = _INSERT_NUMBERED_SQL.replace("{rows}", ", ".join(["(%s, %s)"] * len(ids)))
-    sql = sql.replace("{values}", ", ".join([_VALUE] * len(events)))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+    sql = _INSERT_NUMBERED_SQL.replace("{values}", ", ".join([_VALUE] * len(events)))
+    return take, take_params, sql.replace("{taken}", taken), tuple(params)
+
+
+def _events_numbered(events: list[Event], counts: dict[str, int], rows) -> None:
+    """Each event's id and sequence number, from the insert's (id, purchase_id, sequence)."""
     last: dict[str, int] = {}
     numbered: dict[tuple[str, int], int] = {}
     for pk, pid, sequence in rows:

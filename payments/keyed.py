@@ -15,11 +15,14 @@ The ladder, in this order, written once (`keyed_effect`):
 5. create the effect and bind the key in one transaction, fenced: the lease a request was
    granted is its token, and the binding compare-and-sets on it, so a request whose lease
    ran out and whose key was taken over meanwhile creates nothing (its transaction rolls
-   back), however long it stalled;
+   back), however long it stalled (inside the effect's change batch the binding joins the
+   batch's last statement and raises from there);
 6. dispatch the effect's operation when it is pending (no transaction open), or send the
    one the effect created already claimed for its send (`Created.send`: a one-call
    payment, its claim committed with it);
-7. complete the key (done, with the status its effect means), or release it when nothing
+7. complete the key (done, with the status its effect means: in the transaction that
+   applies the answer to the operation this request sent, when one does —
+   `key_complete_with_apply` — else after the send), or release it when nothing
    was created (a refusal before any effect leaves the key free for a corrected request).
    A refusal after the effect exists completes the key (bound to it for good); a crash
    after it keeps the lease, so the same key resumes the effect once the lease expires.
@@ -37,7 +40,9 @@ import hashlib
 import hmac
 import json
 import math
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -45,6 +50,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Subquery
 from django.utils import timezone
+
+from recovery.outbox import JoinedWrite, outbox_joined_name, outbox_write_joined, row_update_sql
 
 from .enums import PAYMENT_KINDS, Outcome, RetryAdvice
 from .errors import DomainError, ErrorCode
@@ -84,6 +91,8 @@ class Claim:
     replay: bool = False  # a finished request: nothing is done again
     taken_over: bool = False  # the previous holder's lease expired; resume its resource
     token: datetime | None = None  # the lease this request was granted: its fencing token
+    # Completed by the transaction that applied its effect's answer (key_complete_with_apply)
+    completed: bool = False
 
     @property
     def resource_id(self) -> str:
@@ -243,22 +252,53 @@ def _held(claim: Claim):
     )
 
 
+def _held_update(claim: Claim, name: str, values: dict, after: Callable[[bool], None]) -> None:
+    """`_held(claim).update(**values)`, then `after(updated)`; inside an outbox batch
+    (PostgreSQL) in the batch's one statement (recovery.outbox.outbox_write_joined), so in
+    the transaction's last statement, `after` raising rolls that transaction back."""
+    if claim.token is None:  # holds nothing (see _held)
+        after(False)
+        return
+    sql, params = row_update_sql(
+        IdempotencyRecord,
+        claim.record.pk,
+        values,
+        where={"state": IdempotencyRecord.State.IN_FLIGHT, "lease_until": claim.token},
+    )
+    cte = outbox_joined_name(name)
+    outbox_write_joined(
+        JoinedWrite(
+            ctes=((cte, f"{sql} RETURNING 1 AS held", params),),
+            returning=cte,
+            after=lambda rows: after(bool(rows)),
+        )
+    )
+
+
 def key_bind(claim: Claim, *, resource_type: str, resource_id: str) -> None:
     """Name the effect. Call in the same transaction that creates it: when another request
-    took the key over meanwhile, this raises and the effect's transaction rolls back."""
-    if not _held(claim).update(resource_type=resource_type, resource_id=resource_id):
-        raise _refusal(
-            ErrorCode.REQUEST_IN_PROGRESS,
-            409,
-            RetryAdvice.SAME_KEY,
-            f"This request's hold on its {HEADER} ran out and a retry took the key over; "
-            "this request did nothing.",
-            "Send the same request with the same key to see the answer of the request that "
-            "holds it; do not use a new key.",
-            retry_after=1,
-        )
-    claim.record.resource_type = resource_type
-    claim.record.resource_id = resource_id
+    took the key over meanwhile, this raises and the effect's transaction rolls back.
+    Inside the effect's change batch (payments.services.common.change_batch) the binding
+    goes in the batch's one statement, and raises from there."""
+
+    def bound(held: bool) -> None:
+        if not held:
+            raise _refusal(
+                ErrorCode.REQUEST_IN_PROGRESS,
+                409,
+                RetryAdvice.SAME_KEY,
+                f"This request's hold on its {HEADER} ran out and a retry took the key "
+                "over; this request did nothing.",
+                "Send the same request with the same key to see the answer of the request "
+                "that holds it; do not use a new key.",
+                retry_after=1,
+            )
+        claim.record.resource_type = resource_type
+        claim.record.resource_id = resource_id
+
+    _held_update(
+        claim, "key_bind", {"resource_type": resource_type, "resource_id": resource_id}, bound
+    )
 
 
 def key_complete(claim: Claim, *, status: int, answer: Answer | None = None) -> None:
@@ -271,6 +311,50 @@ def key_complete(claim: Claim, *, status: int, answer: Answer | None = None) -> 
     claim.record.state = IdempotencyRecord.State.DONE
     claim.record.response_status = status
     claim.record.response_body = stored
+
+
+_COMPLETING = threading.local()
+
+
+@contextmanager
+def _completed_by_apply(claim: Claim, operation_id: str | None) -> Iterator[None]:
+    """While this request sends its effect's operation: the transaction that applies its
+    answer completes the key too (`key_complete_with_apply`), one statement fewer."""
+    if not operation_id:
+        yield
+        return
+    _COMPLETING.pending = (claim, operation_id)
+    try:
+        yield
+    finally:
+        _COMPLETING.pending = None
+
+
+def key_complete_with_apply(op: PaymentOperation) -> None:
+    """Called by the transaction that applied an answer to `op` (moved its outcome),
+    inside its change batch: if the request sending `op` waits to complete its key, the
+    key is completed there, with the status the effect means as that transaction leaves
+    it (`effect_status`) — in its last statement. Once per request."""
+    pending = getattr(_COMPLETING, "pending", None)
+    if pending is None or pending[1] != op.id:
+        return
+    claim = pending[0]
+    _COMPLETING.pending = None
+    status = effect_status(op.id, True, op)
+
+    def completed(_held: bool) -> None:
+        # As key_complete: a request that no longer holds the key changes nothing.
+        claim.record.state = IdempotencyRecord.State.DONE
+        claim.record.response_status = status
+        claim.record.response_body = None
+        claim.completed = True
+
+    _held_update(
+        claim,
+        "key_complete",
+        {"state": IdempotencyRecord.State.DONE, "response_status": status, "response_body": None},
+        completed,
+    )
 
 
 def key_release(claim: Claim) -> None:
@@ -426,9 +510,11 @@ def keyed_effect(
 
     def finish(keyed: Keyed) -> Keyed:
         if answer is None:
-            key_complete(
-                claim, status=effect_status(keyed.operation_id, keyed.created, keyed.operation)
-            )
+            if not claim.completed:  # else: by the transaction that applied the answer
+                key_complete(
+                    claim,
+                    status=effect_status(keyed.operation_id, keyed.created, keyed.operation),
+                )
             return keyed
         keyed.answer = answer(keyed)
         assert keyed.answer is not None  # a face renders every Keyed (None answers a refusal)
@@ -466,16 +552,19 @@ def keyed_effect(
             if not claim.resource_id:
                 key_bind(claim, resource_type=made.resource_type, resource_id=made.resource_id)
         sent = None
+        completes = made.operation_id if answer is None else None
         if made.send is not None:
             # Claimed in the transaction that created it (committed above): send it now.
             assert_outside_transaction()
-            made.send()
+            with _completed_by_apply(claim, completes):
+                made.send()
             if answer is None and made.operation_id:
                 # Read once as the send left it: the status stored on the key and the
                 # face's operation view both come from this row.
                 sent = operation_for_view(made.operation_id)
         elif dispatch:
-            dispatched = dispatch_when_pending(made.operation_id)
+            with _completed_by_apply(claim, completes):
+                dispatched = dispatch_when_pending(made.operation_id)
             if answer is None:
                 sent = dispatched
         return finish(

@@ -116,14 +116,13 @@ def latest_payment(purchase: Purchase) -> PaymentOperation | None:
     loaded = purchase_operations_loaded(purchase)
     if loaded is not None:  # inside purchase_view: the same answer from the one read
         payments = [op for op in loaded if op.kind in PAYMENT_KIND_VALUES]
-        succeeded = [op for op in payments if op.outcome == Outcome.SUCCEEDED]
-        if succeeded:
-            return min(succeeded, key=lambda op: op.pk)
-        return max(payments, key=lambda op: (op.created_at, op.pk)) if payments else None
-    ops = purchase.operations.filter(kind__in=PAYMENT_KIND_VALUES)
-    return (
-        ops.filter(outcome=Outcome.SUCCEEDED).first() or ops.order_by("-created_at", "-id").first()
-    )
+    else:
+        # One read of its payments (a few: PAYMENT_ATTEMPTS_MAX), chosen from below.
+        payments = list(purchase.operations.filter(kind__in=PAYMENT_KIND_VALUES))
+    succeeded = [op for op in payments if op.outcome == Outcome.SUCCEEDED]
+    if succeeded:
+        return min(succeeded, key=lambda op: op.pk)
+    return max(payments, key=lambda op: (op.created_at, op.pk)) if payments else None
 
 
 def _payment_attempts(op: PaymentOperation) -> int:

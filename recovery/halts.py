@@ -6,13 +6,18 @@ one is a manual action: it writes its AuditEntry in the same transaction.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from django.db import connection, transaction
+from django.db.models import Model, QuerySet
 from django.utils import timezone
 
 from audit.services import audit_write
 
 from .models import OutboxCategory, OutboxMessage, StepName, StepRun, StepState, WorkflowHalt
 from .outbox import outbox_put, run_steps_put
+
+_M = TypeVar("_M", bound=Model)
 
 WORKFLOW_HALTS = ("checkout", "refunds", "webhooks")  # webhooks: storefront deliveries wait
 STEP_HALT_PREFIX = "step:"
@@ -29,6 +34,26 @@ def step_halt_name(step: str) -> str:
 def is_halted(name: str) -> bool:
     """`checkout`, `refunds` or `step:<name>`. Read on every call: halts must bite at once."""
     return WorkflowHalt.objects.filter(name=name).exists()
+
+
+def is_halted_with(name: str, rows: QuerySet[_M]) -> tuple[bool, list[_M]]:
+    """`is_halted(name)` and the model instances of `rows` (a plain query of one model, no
+    joins), read in ONE statement: the same snapshot for both, so a caller that must see a
+    halt committed while it waited for a lock reads them after the lock, as it would read
+    the halt alone."""
+    halt_sql, halt_params = (
+        WorkflowHalt.objects.filter(name=name).values("pk").query.sql_with_params()
+    )
+    sql, params = rows.query.sql_with_params()
+    found = list(
+        rows.model._default_manager.raw(
+            f"SELECT h.halt_found, r.* FROM (SELECT EXISTS({halt_sql}) AS halt_found) h "
+            f"LEFT JOIN ({sql}) r ON TRUE",
+            [*halt_params, *params],
+        )
+    )
+    halted = bool(found[0].__dict__["halt_found"])
+    return halted, [row for row in found if row.pk is not None]
 
 
 def valid_halt_names() -> list[str]:

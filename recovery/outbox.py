@@ -10,9 +10,12 @@ reverse.
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -136,9 +139,7 @@ def outbox_handling(message_id: int) -> Iterator[None]:
 def _outbox_insert(rows: list[OutboxMessage]) -> None:
     for hook in _BEFORE_PUT:  # the relay marks its batch's handled messages first
         hook()
-    # One row per key, the first (as DO NOTHING kept): DO UPDATE may not touch a row the
-    # same statement inserted.
-    rows = list({row.dedupe_key: row for row in reversed(rows)}.values())[::-1]
+    rows = _one_per_key(rows)
     if not rows:
         return
     connection = transaction.get_connection()
@@ -159,6 +160,12 @@ def _outbox_insert(rows: list[OutboxMessage]) -> None:
             )
 
 
+def _one_per_key(rows: list[OutboxMessage]) -> list[OutboxMessage]:
+    # One row per key, the first (as DO NOTHING kept): DO UPDATE may not touch a row the
+    # same statement inserted.
+    return list({row.dedupe_key: row for row in reversed(rows)}.values())[::-1]
+
+
 _OUTBOX_BATCH = threading.local()
 
 
@@ -166,19 +173,185 @@ _OUTBOX_BATCH = threading.local()
 def outbox_batch() -> Iterator[None]:
     """Inside the caller's transaction: messages written by `outbox_put` are collected and
     inserted in one `INSERT … ON CONFLICT` when the block ends (discarded if it
-    raises, as the transaction is). For a set-based apply (the reconcile sweep)."""
+    raises, as the transaction is). For a set-based apply (the reconcile sweep).
+
+    Other writes of the same change join that statement (`outbox_write_joined`): each is
+    deferred to the block's end, so the code inside must not read back what it joined."""
     if getattr(_OUTBOX_BATCH, "rows", None) is not None:
         yield  # already collecting: the outer block inserts
         return
     _OUTBOX_BATCH.rows = []
+    _OUTBOX_BATCH.joined = []
     try:
         yield
-        rows = _OUTBOX_BATCH.rows
-        _OUTBOX_BATCH.rows = None
-        if rows:
+        rows, joined = _OUTBOX_BATCH.rows, _OUTBOX_BATCH.joined
+        _OUTBOX_BATCH.rows = _OUTBOX_BATCH.joined = None
+        if joined:
+            _joined_write(rows, joined)
+        elif rows:
             _outbox_insert(rows)
     finally:
-        _OUTBOX_BATCH.rows = None
+        _OUTBOX_BATCH.rows = _OUTBOX_BATCH.joined = None
+
+
+# -- other writes of a change, in the outbox's statement ----------------------------------
+#
+# A change ends with writes that read nothing back before its commit: its history rows,
+# its storefront events, its outbox messages, the answer of the provider call it applies,
+# the idempotency key it binds or completes. On PostgreSQL they go in ONE statement, each
+# a data-modifying CTE (all run, referenced or not, on the statement's one snapshot: none
+# may read another's rows, except through RETURNING), the outbox insert last; a CTE's
+# RETURNING rows come back to its writer. Elsewhere (SQLite) each is its own statement.
+
+_CTE_NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
+_MESSAGES_CTE = "outbox_messages"  # the batch's own insert
+
+
+@dataclass(frozen=True)
+class JoinedWrite:
+    """`ctes`: (name, data-modifying statement, its params), in order; a later one may read
+    an earlier one's RETURNING rows by its name. `after(rows)`: the rows (dicts) that the
+    CTE named `returning` returned, once the statement ran. `messages`: a SELECT of outbox
+    rows (the columns of `_INSERT_FIELDS`, in order) from these CTEs, with its params:
+    messages whose ids come from this write (an event's fan-out), inserted with the batch's
+    own. A CTE's name is unique in its batch (`outbox_joined_name`)."""
+
+    ctes: tuple[tuple[str, str, tuple[Any, ...]], ...]
+    returning: str | None = None
+    after: Callable[[list[dict[str, Any]]], None] | None = None
+    messages: tuple[str, tuple[Any, ...]] | None = None
+
+
+def outbox_joins() -> bool:
+    """Whether a write made now joins an open batch's one statement (PostgreSQL only)."""
+    return (
+        getattr(_OUTBOX_BATCH, "joined", None) is not None
+        and transaction.get_connection().vendor == "postgresql"
+    )
+
+
+def outbox_joined_name(base: str) -> str:
+    """A CTE name not yet taken in the open batch (`base` itself, or numbered)."""
+    joined = getattr(_OUTBOX_BATCH, "joined", None) or ()
+    taken = {name for write in joined for name, *_ in write.ctes}
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    return name
+
+
+def outbox_write_joined(write: JoinedWrite) -> None:
+    """Inside an outbox batch on PostgreSQL: deferred to the batch's one statement. Else
+    written now, each CTE its own statement (`messages` only joins a batch)."""
+    if outbox_joins():
+        _OUTBOX_BATCH.joined.append(write)
+        return
+    assert write.messages is None, "messages from a write's rows join a batch only"
+    returned: list[dict[str, Any]] = []
+    connection = transaction.get_connection()
+    with connection.cursor() as cursor:
+        for name, sql, params in write.ctes:
+            cursor.execute(sql, list(params))
+            if name == write.returning:
+                columns = [c[0] for c in cursor.description or ()]
+                returned = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+    if write.after is not None:
+        write.after(returned)
+
+
+def rows_insert_sql(rows: list[Any]) -> tuple[str, tuple[Any, ...]]:
+    """The INSERT of new model instances of one model (their primary key the database's),
+    for a CTE: what `bulk_create` would insert, without the ids coming back."""
+    model = type(rows[0])
+    connection = transaction.get_connection()
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    one = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    params = tuple(
+        f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows for f in fields
+    )
+    table = connection.ops.quote_name(model._meta.db_table)
+    return f"INSERT INTO {table} ({columns}) VALUES {', '.join([one] * len(rows))}", params
+
+
+# `row_update_sql`'s value for "the database's clock when the statement runs".
+DATABASE_NOW: Any = object()
+
+
+def row_update_sql(
+    model: Any, pk: Any, values: dict[str, Any], *, where: dict[str, Any] | None = None
+) -> tuple[str, tuple[Any, ...]]:
+    """`UPDATE` of one row of `model` (by primary key, and `where`: more columns it must
+    still have), for a CTE: each value through its field, as the ORM saves it;
+    `DATABASE_NOW` is the database's clock (PostgreSQL)."""
+    connection = transaction.get_connection()
+    qn = connection.ops.quote_name
+    sets, params = [], []
+    for name, value in values.items():
+        field = model._meta.get_field(name)
+        if value is DATABASE_NOW:
+            sets.append(f"{qn(field.column)} = STATEMENT_TIMESTAMP()")
+            continue
+        sets.append(f"{qn(field.column)} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    conditions = [f"{qn(model._meta.pk.column)} = %s"]
+    params.append(model._meta.pk.get_db_prep_save(pk, connection))
+    for name, value in (where or {}).items():
+        field = model._meta.get_field(name)
+        conditions.append(f"{qn(field.column)} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    table = qn(model._meta.db_table)
+    sql = f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}"
+    return sql, tuple(params)
+
+
+def _joined_write(rows: list[OutboxMessage], joined: list[JoinedWrite]) -> None:
+    """The batch's messages and its joined writes in one statement (PostgreSQL)."""
+    ctes: list[str] = []
+    params: list[Any] = []
+    for write in joined:
+        for name, sql, values in write.ctes:
+            assert _CTE_NAME.match(name) and name != _MESSAGES_CTE, name
+            ctes.append(f"{name} AS ({sql})")
+            params += values
+    rows = _one_per_key(rows)
+    selects = [write.messages for write in joined if write.messages is not None]
+    if rows or selects:
+        for hook in _BEFORE_PUT:  # the relay marks its batch's handled messages first
+            hook()
+        connection = transaction.get_connection()
+        parts = []
+        if rows:
+            one = "(" + ", ".join(["%s"] * len(_INSERT_FIELDS)) + ")"
+            parts.append("VALUES " + ", ".join([one] * len(rows)))
+            params += [
+                f.get_db_prep_save(f.pre_save(row, True), connection)
+                for row in rows
+                for f in _INSERT_FIELDS
+            ]
+        for sql, values in selects:
+            parts.append(sql)
+            params += values
+        handling = getattr(_HANDLING, "id", None)
+        insert = _INSERT_SQL.replace("VALUES {rows}", " UNION ALL ".join(parts))
+        ctes.append(f"{_MESSAGES_CTE} AS ({insert})")
+        params.append(-1 if handling is None else handling)
+    answers = [w for w in joined if w.returning is not None]
+    final = " UNION ALL ".join(
+        f"SELECT {i}, row_to_json({w.returning}.*)::text FROM {w.returning}"
+        for i, w in enumerate(answers)
+    )
+    sql = f"WITH {', '.join(ctes)} " + (final or "SELECT NULL, NULL WHERE FALSE")
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    for i, write in enumerate(answers):
+        if write.after is not None:
+            write.after([json.loads(text) for part, text in found if part == i])
+    for write in joined:
+        if write.returning is None and write.after is not None:
+            write.after([])
 
 
 # -- the messages several apps write: one helper each owns the dedupe key ---------------

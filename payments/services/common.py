@@ -20,7 +20,17 @@ from audit.services import audit_write
 from events.record import event_batch, event_record_transition
 from recovery.halts import is_halted
 from recovery.models import OutboxCategory
-from recovery.outbox import outbox_batch, outbox_put
+from recovery.outbox import (
+    DATABASE_NOW,
+    JoinedWrite,
+    outbox_batch,
+    outbox_joined_name,
+    outbox_joins,
+    outbox_put,
+    outbox_write_joined,
+    row_update_sql,
+    rows_insert_sql,
+)
 
 from ..enums import (
     DISPUTE_FUNDS_WITH_BANK_STATUSES,
@@ -88,7 +98,11 @@ def history_batch() -> Iterator[None]:
         yield
         rows = _HISTORY_BATCH.rows
         _HISTORY_BATCH.rows = None
-        if rows:
+        if rows and outbox_joins():
+            # In the change's one statement (change_batch), after the events' view reads.
+            sql, params = rows_insert_sql(rows)
+            outbox_write_joined(JoinedWrite(ctes=((outbox_joined_name("history"), sql, params),)))
+        elif rows:
             OperationTransition.objects.bulk_create(rows)
     finally:
         _HISTORY_BATCH.rows = None
@@ -97,10 +111,12 @@ def history_batch() -> Iterator[None]:
 @contextmanager
 def change_batch() -> Iterator[None]:
     """Inside the caller's transaction, around one service's whole change: its history
-    rows, outbox messages and storefront events are each written in one go when the block
-    ends (discarded if it raises, as the transaction is). The events are written first,
-    with the view the change leaves, and their fan-out messages join the outbox's insert."""
-    with history_batch(), outbox_batch(), event_batch():
+    rows, outbox messages and storefront events are written when the block ends
+    (discarded if it raises, as the transaction is). The events' view is read first (the
+    view the change leaves); then, on PostgreSQL, the events, their fan-out messages, the
+    history rows, the other messages and any other write joined to the batch
+    (recovery.outbox.outbox_write_joined) go in ONE statement."""
+    with outbox_batch(), history_batch(), event_batch():
         yield
 
 
@@ -514,15 +530,51 @@ def rail_evidence_for(rail: str) -> RailEvidence | None:
     return _RAIL_EVIDENCE.get(str(rail))
 
 
+def _call_answer(result: CallResult) -> dict[str, Any]:
+    return {
+        "http_status": result.http_status,
+        "classification": result.classification,
+        "request_id": result.request_id[:100],
+        "error_code": result.error_code[:64],
+        "fault_drill": result.fault_drill,
+        "safe_fields": (
+            result.object.safe_fields() if result.object else {"detail": result.detail}
+        ),
+    }
+
+
 def _record_call(call: ProviderCall, result: CallResult) -> None:
     # The answer's time from the database's clock, as the send's own (`started_at`): a
     # send's stamps bound the read by metadata, whichever host sent it.
-    ProviderCall.objects.filter(id=call.id).update(
-        http_status=result.http_status,
-        classification=result.classification,
-        request_id=result.request_id[:100],
-        error_code=result.error_code[:64],
-        fault_drill=result.fault_drill,
-        finished_at=Now(),
-        safe_fields=result.object.safe_fields() if result.object else {"detail": result.detail},
-    )
+    ProviderCall.objects.filter(id=call.id).update(**_call_answer(result), finished_at=Now())
+
+
+@dataclass(frozen=True)
+class CallAnswer:
+    """A provider call's answer that the transaction applying it records
+    (`call_answer_record`), in that transaction's last statement instead of one of its
+    own; if the apply fails, it is recorded on its own all the same
+    (`call_answer_record_alone`): an answer is never lost."""
+
+    call: ProviderCall
+    result: CallResult
+
+
+def call_answer_record(answer: CallAnswer) -> None:
+    """In the applying transaction, inside its change batch: joins the batch's statement
+    (its time is that statement's, on the database's clock: a later bound of when the
+    provider answered, never an earlier one), or is written now outside PostgreSQL."""
+    if not outbox_joins():
+        _record_call(answer.call, answer.result)
+        return
+    values = {**_call_answer(answer.result), "finished_at": DATABASE_NOW}
+    sql, params = row_update_sql(ProviderCall, answer.call.id, values)
+    outbox_write_joined(JoinedWrite(ctes=((outbox_joined_name("call_answer"), sql, params),)))
+
+
+def call_answer_record_alone(answer: CallAnswer) -> None:
+    """The answer of an apply that rolled back, recorded on its own (no transaction)."""
+    try:
+        _record_call(answer.call, answer.result)
+    except Exception:  # noqa: BLE001 - the apply's own error is the one to raise
+        log.exception("provider call %s: its answer could not be recorded", answer.call.id)

@@ -37,6 +37,7 @@ from ..models import PaymentOperation, ProviderCall
 from ..providers.base import CallResult, PaymentProvider, payment_provider
 from ..view_queries import operation_for_view
 from .common import (
+    CallAnswer,
     _halted,
     _op_to,
     _record_call,
@@ -194,17 +195,37 @@ def _send(
 ) -> CallResult:
     """Phase 2, outside any transaction. Resends the same step key only for answers that
     prove nothing was applied (not_sent, 429/should-retry), each resend claimed anew."""
+    return _send_for_apply(operation_id, step, first_call, fn, applied_next=False)[0]
+
+
+def _send_for_apply(
+    operation_id: str,
+    step: str,
+    first_call: ProviderCall,
+    fn: Callable[[], CallResult],
+    *,
+    applied_next: bool = True,
+) -> tuple[CallResult, CallAnswer | None]:
+    """`_send`, for a caller that applies the answer right after
+    (`_outcome_after_call`): an answer with a provider object is left for the applying
+    transaction to record (the CallAnswer returned), every other answer is recorded here."""
     call: ProviderCall | None
     call, attempt = first_call, 1
     while True:
         assert_outside_transaction()
         result = fn()
+        if (
+            applied_next
+            and result.classification == Classification.OK
+            and result.object is not None
+        ):
+            return result, CallAnswer(call, result)  # never resent: recorded by its apply
         _record_call(call, result)
         resend = (
             result.classification == Classification.NOT_SENT and attempt <= NOT_SENT_RESENDS
         ) or (result.classification == Classification.RETRYABLE and attempt <= RETRYABLE_RESENDS)
         if not resend:
-            return result
+            return result, None
         if result.classification == Classification.RETRYABLE:
             # Outside any transaction (phase 2), so the wait holds no lock.
             delay = min(
@@ -214,11 +235,14 @@ def _send(
         attempt += 1
         call = _claim(operation_id, step, attempt=attempt)
         if call is None:
-            return CallResult(Classification.IN_FLIGHT)
+            return CallResult(Classification.IN_FLIGHT), None
 
 
-def _outcome_after_call(op: PaymentOperation, step: str, result: CallResult) -> None:
-    """Phase 3 for a money-moving step's answer."""
+def _outcome_after_call(
+    op: PaymentOperation, step: str, result: CallResult, answer: CallAnswer | None = None
+) -> None:
+    """Phase 3 for a money-moving step's answer. `answer`: the call's answer when its
+    applying transaction records it (`_send_for_apply`)."""
     cls = result.classification
     if cls == Classification.IN_FLIGHT:
         return
@@ -229,6 +253,7 @@ def _outcome_after_call(op: PaymentOperation, step: str, result: CallResult) -> 
             source=Verification.PROVIDER,
             cause=f"{step}_answer",
             purchase_id=op.purchase_id,
+            answer=answer,
         )
         if applied == ApplyResult.APPLIED:
             return  # it left `dispatching` (an applied answer always moves the outcome)
@@ -359,7 +384,7 @@ def payment_send_claimed(
     provider = provider or payment_provider(provider_for(op))
     key = op.provider_key(CallStep.PAY)
     request = payment_request(op)
-    result = _send(
+    result, answer = _send_for_apply(
         op.id,
         CallStep.PAY,
         call,
@@ -377,7 +402,7 @@ def payment_send_claimed(
             evidence={"http_status": result.http_status, "code": result.error_code},
         )
         return
-    _outcome_after_call(op, CallStep.PAY, result)
+    _outcome_after_call(op, CallStep.PAY, result, answer)
     if result.classification == Classification.UNKNOWN and result.http_status != 409:
         # The answer was lost, or told nothing: ask once more now, under the same key, so
         # the buyer hears the provider's own answer instead of "unknown". A 409 is the
@@ -495,7 +520,7 @@ def _dispatch_payment(op: PaymentOperation) -> None:
     if call is None:
         return
     intent_id = result.object.id
-    result = _send(
+    result, answer = _send_for_apply(
         op.id,
         CallStep.CONFIRM,
         call,
@@ -503,7 +528,7 @@ def _dispatch_payment(op: PaymentOperation) -> None:
             key=op.provider_key(CallStep.CONFIRM), intent_id=intent_id
         ),
     )
-    _outcome_after_call(op, CallStep.CONFIRM, result)
+    _outcome_after_call(op, CallStep.CONFIRM, result, answer)
 
 
 _LINKED_STEP: dict[str, str] = {
@@ -536,8 +561,8 @@ def _dispatch_linked(op: PaymentOperation) -> None:
             amount=op.amount,
             metadata=_metadata(op),
         )
-    result = _send(op.id, step, call, fn)
-    _outcome_after_call(op, step, result)
+    result, answer = _send_for_apply(op.id, step, call, fn)
+    _outcome_after_call(op, step, result, answer)
 
 
 def operation_dispatch(*, operation_id: str) -> PaymentOperation:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
@@ -115,21 +116,44 @@ def _hold_reserve(op: PaymentOperation) -> bool:
     if client_id is None:
         return True
     client = lock_client(client_id)
-    if client.spending_limit and _limit_used(client) + op.amount > client.spending_limit:
-        return False
-    Hold.objects.bulk_create(
-        [
-            Hold(
-                api_client=client,
-                operation=op,
-                amount=op.amount,
-                currency=op.currency,
-                period_start=_period_start(client),
-            )
-        ],
-        ignore_conflicts=True,
+    hold = Hold(
+        api_client=client,
+        operation=op,
+        amount=op.amount,
+        currency=op.currency,
+        period_start=_period_start(client),
     )
-    return True
+    if not client.spending_limit:
+        Hold.objects.bulk_create([hold], ignore_conflicts=True)
+        return True
+    if _hold_insert_within_limit(client, hold):
+        return True
+    # Nothing inserted: the limit refused it, or this operation's hold exists already (a
+    # claim made again: it stands, as the insert that ignored it left it).
+    return _limit_used(client) + op.amount <= client.spending_limit
+
+
+def _hold_insert_within_limit(client: ApiClient, hold: Hold) -> bool:
+    """The hold inserted only if the client's limit covers it, its sum (`_limit_used`)
+    read by the INSERT itself: one statement after the client's lock, so it sees every hold
+    the lock's previous holder committed (a sum read in the lock's own statement would
+    not). True when the row was inserted."""
+    holds, consumed, reserved = _counted_holds(client)
+    used = holds.filter(consumed | reserved).values("api_client").annotate(s=Sum("amount"))
+    used_sql, used_params = used.values("s").query.sql_with_params()
+    connection = transaction.get_connection()
+    qn = connection.ops.quote_name
+    fields = [f for f in Hold._meta.concrete_fields if not f.primary_key]
+    values = [f.get_db_prep_save(f.pre_save(hold, True), connection) for f in fields]
+    sql = (
+        f"INSERT INTO {qn(Hold._meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
+        f"SELECT {', '.join(['%s'] * len(fields))} "
+        f"WHERE COALESCE(({used_sql}), 0) + %s <= %s "
+        f"ON CONFLICT DO NOTHING RETURNING {qn('id')}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*values, *used_params, hold.amount, client.spending_limit])
+        return cursor.fetchone() is not None
 
 
 def _duplicate_returned_release(op: PaymentOperation) -> None:

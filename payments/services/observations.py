@@ -36,13 +36,17 @@ from ..enums import (
     Verification,
 )
 from ..errors import ApplyResult, DomainError, ErrorCode
+from ..keyed import key_complete_with_apply
 from ..locks import lock_purchase_and_operation
 from ..models import Dispute, OperationTransition, PaymentOperation, Purchase
 from ..providers.base import ProviderObject, outcome_from_object
 from .common import (
+    CallAnswer,
     _dispatch_backstop,
     _op_to,
     _purchase_to,
+    call_answer_record,
+    call_answer_record_alone,
     change_batch,
     log,
     payment_refund_room,
@@ -710,17 +714,32 @@ def operation_apply_observation(
     cause: str,
     actor: str = "",
     purchase_id: str = "",
+    answer: CallAnswer | None = None,
 ) -> ApplyResult:
     """THE one place a provider observation (sync answer, read-back, webhook) changes an
     operation. Checks that the object is this operation's before anything is applied.
     `purchase_id`: the operation's purchase, when the caller knows it (saves a read).
-    Its history rows and its outbox rows are each written in one statement at the end of
-    the transaction, as the reconcile sweep writes the same apply's."""
-    with transaction.atomic(), change_batch():
-        purchase, op = lock_purchase_and_operation(
-            operation_id, purchase_id=purchase_id, **_other_payment_success_read()
-        )
-        return _apply_observation_locked(purchase, op, obj, source=source, cause=cause, actor=actor)
+    `answer`: the provider call that brought `obj`, recorded in this transaction (on its
+    own if the apply fails). Its history rows, events, outbox rows, the call's answer and
+    a key this apply completes (payments.keyed) go in the transaction's last statement,
+    as the reconcile sweep writes the same apply's."""
+    try:
+        with transaction.atomic(), change_batch():
+            if answer is not None:
+                call_answer_record(answer)
+            purchase, op = lock_purchase_and_operation(
+                operation_id, purchase_id=purchase_id, **_other_payment_success_read()
+            )
+            applied = _apply_observation_locked(
+                purchase, op, obj, source=source, cause=cause, actor=actor
+            )
+            if applied == ApplyResult.APPLIED:
+                key_complete_with_apply(op)
+            return applied
+    except Exception:
+        if answer is not None:
+            call_answer_record_alone(answer)
+        raise
 
 
 def _apply_observation_locked(

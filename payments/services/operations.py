@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q, Sum
+from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
+from recovery.halts import is_halted_with
 from recovery.models import Order, StepRun, StepState
 
 from ..customers import PAYMENT_METHOD_TOKEN
@@ -177,18 +178,23 @@ def _payment_purchase_locked(
     amount: int | None,
     currency: str | None,
     retry_of: str | None,
-) -> Purchase:
+) -> tuple[Purchase, list[PaymentOperation]]:
     """The purchase, locked, and the request's money checked against it: the caller's own
     purchase, its currency, the quote's amount (a retry first asks whether the buyer paid
-    for the same basket elsewhere meanwhile)."""
+    for the same basket elsewhere meanwhile). With its payments and whatever holds its
+    slot, for `_payment_refusal_locked`."""
     if retry_of:
         purchase_bought_elsewhere(purchase_id=purchase_id, api_client=api_client)
     purchase = lock_purchase_or_none(purchase_id, with_quote=True)
-    # Read once the lock is held, in a statement of its own: a halt committed while this
-    # request waited for the purchase binds it (read in the lock's statement, it would be
-    # seen as it was when that statement began, and a one-call payment would be sent).
-    if purchase is not None and _halted("checkout"):
-        _checkout_halted_refusal(purchase_id)
+    # Read once the lock is held, in a statement after the lock's (with the purchase's
+    # payments, `_payment_refusal_locked` reads them): a halt committed while this request
+    # waited for the purchase binds it (read in the lock's statement, it would be seen as
+    # it was when that statement began, and a one-call payment would be sent).
+    ops: list[PaymentOperation] = []
+    if purchase is not None:
+        halted, ops = is_halted_with("checkout", _slot_operations(purchase_id))
+        if halted:
+            _checkout_halted_refusal(purchase_id)
     if purchase is None or (
         api_client is not None and purchase.api_client_id not in (None, api_client.id)
     ):
@@ -208,23 +214,30 @@ def _payment_purchase_locked(
             retry=RetryAdvice.FORBIDDEN,
             purchase=purchase.id,
         )
-    return purchase
+    return purchase, ops
+
+
+def _slot_operations(purchase_id: str) -> QuerySet[PaymentOperation]:
+    """A purchase's payments and whatever holds its slot."""
+    return PaymentOperation.objects.filter(
+        Q(kind__in=PAYMENT_KINDS) | Q(outcome__in=SLOT_HOLDING_OUTCOMES), purchase_id=purchase_id
+    )
 
 
 def _payment_refusal_locked(
-    *, purchase: Purchase, retry_of: str | None, payment_method: str
+    *,
+    purchase: Purchase,
+    ops: list[PaymentOperation],
+    retry_of: str | None,
+    payment_method: str,
 ) -> PaymentOperation | None:
     """Whether the locked purchase may be paid now: not paid, no money movement in flight,
     its quote alive, a failed payment retried only on purpose, once, with something
     changed, and attempts left. Returns the payment a retry names."""
-    # One read: the purchase's payments and whatever holds its slot (no model ordering:
-    # by id, as `.first()` took them).
-    ops = sorted(
-        purchase.operations.filter(
-            Q(kind__in=PAYMENT_KINDS) | Q(outcome__in=SLOT_HOLDING_OUTCOMES)
-        ),
-        key=lambda o: o.id,
-    )
+    # `ops`: the purchase's payments and whatever holds its slot, read with the halt under
+    # the purchase's lock (`_payment_purchase_locked`); no model ordering: by id, as
+    # `.first()` took them.
+    ops = sorted(ops, key=lambda o: o.id)
     payments = [o for o in ops if o.kind in PAYMENT_KINDS]
     paid = next(
         (o for o in payments if o.outcome == Outcome.SUCCEEDED and not o.is_duplicate), None
@@ -494,7 +507,7 @@ def payment_create(
             _checkout_halted_refusal(purchase_id)
         operations_verify_before_follow_up(purchase_id=purchase_id)
     with transaction.atomic(), change_batch():
-        purchase = _payment_purchase_locked(
+        purchase, ops = _payment_purchase_locked(
             purchase_id=purchase_id,
             api_client=api_client,
             amount=amount,
@@ -502,7 +515,7 @@ def payment_create(
             retry_of=retry_of,
         )
         original = _payment_refusal_locked(
-            purchase=purchase, retry_of=retry_of, payment_method=payment_method
+            purchase=purchase, ops=ops, retry_of=retry_of, payment_method=payment_method
         )
         op, _ = _payment_insert_locked(
             purchase=purchase,
@@ -550,7 +563,7 @@ def payment_create_claimed(
         rail=rail,
     )
     with change_batch():
-        purchase = _payment_purchase_locked(
+        purchase, ops = _payment_purchase_locked(
             purchase_id=purchase_id,
             api_client=api_client,
             amount=amount,
@@ -558,7 +571,7 @@ def payment_create_claimed(
             retry_of=retry_of,
         )
         original = _payment_refusal_locked(
-            purchase=purchase, retry_of=retry_of, payment_method=payment_method
+            purchase=purchase, ops=ops, retry_of=retry_of, payment_method=payment_method
         )
         return _payment_insert_locked(
             purchase=purchase,

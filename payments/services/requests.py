@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from django.db import transaction
+
 from ..enums import OperationKind
 from ..keyed import Created, Keyed, KeyedRequest, keyed_effect
 from ..models import ApiClient, PaymentOperation, ProviderCall, Purchase, PurchaseChannel
@@ -53,20 +55,24 @@ def payment_request(
     """`before_send(op)`: called with the new operation in the transaction that creates
     it, before anything is sent (a test-mode fault drill arms itself on its key)."""
 
-    def create() -> Created:
-        # In the keyed transaction: where the rail pays in one call, the operation is
-        # created claimed for its send, which the ladder makes right after commit.
-        op, call = payment_create_claimed(
-            purchase_id=purchase_id,
-            api_client=request.api_client,
-            payment_method=payment_method,
-            capture_method=capture_method,
-            retry_of=retry_of,
-            amount=amount,
-            currency=currency,
-        )
-        if before_send is not None:
-            before_send(op)
+    def create(bind: Callable[[str, str], None]) -> Created:
+        # The keyed transaction: where the rail pays in one call, the operation is created
+        # claimed for its send, which the ladder makes right after commit. The key is
+        # bound in the change's batch, so in its last statement: a binding refused (the
+        # key taken over) rolls the whole transaction back.
+        with transaction.atomic(), change_batch():
+            op, call = payment_create_claimed(
+                purchase_id=purchase_id,
+                api_client=request.api_client,
+                payment_method=payment_method,
+                capture_method=capture_method,
+                retry_of=retry_of,
+                amount=amount,
+                currency=currency,
+            )
+            if before_send is not None:
+                before_send(op)
+            bind("operation", op.id)
         return Created("operation", op.id, operation_id=op.id, send=_sender(op, call))
 
     # The original is read back first if only a person settled it
@@ -74,7 +80,7 @@ def payment_request(
     verify = (
         (lambda: operations_verify_before_follow_up(purchase_id=purchase_id)) if retry_of else None
     )
-    return keyed_effect(request, create=create, verify=verify)
+    return keyed_effect(request, create=create, verify=verify, in_transaction=False)
 
 
 def follow_up_request(

@@ -26,10 +26,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 # One-call mode: the session read and the ladder, one transaction that opens the purchase,
 # creates its payment already claimed and binds the key (one purchase view for both
-# events), the provider call, the answer applied, the session's answer and the key.
-ONE_CALL_STATEMENTS = 60
+# events, its writes and the binding in one last statement), the answer applied (the
+# call's answer recorded in its last statement), the session's answer and the key.
+ONE_CALL_STATEMENTS = 48
 # Two-step mode: create, store the id, confirm.
-TWO_STEP_STATEMENTS = 82
+TWO_STEP_STATEMENTS = 70
 
 
 def _post(client: Client, key: str, path: str, body: dict):

@@ -15,10 +15,11 @@ from tests.payments.one_call_helpers import provider_count
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# The REST payment's figure in the same mode (tests/payments/test_payment_statements.py)
-# plus what the tool reads first: the purchase, whether it already has a payment, and the
-# operation view it answers with.
-MCP_ONE_CALL_STATEMENTS = 60
+# The REST payment's figure in the same mode (tests/payments/test_payment_statements.py),
+# the tool's two reads first (the purchase, whether it already has a payment) in place of
+# the REST replay and purchase reads; it answers with the operation view its keyed request
+# read after the send.
+MCP_ONE_CALL_STATEMENTS = 26
 
 
 def _pay(api_client, purchase_id):

@@ -18,15 +18,18 @@ from .one_call_helpers import provider_count
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# One-call mode (the provider dedupes keys): the ladder (3), one transaction that creates
-# the operation already claimed (19, the checkout halt read once the purchase is locked;
-# its purchase view and event included), the one provider call recorded (1), the answer
-# applied (14, the sibling payments' success read with the operation's lock; the view
-# built once for its two events), the operation read for the answer and the key
-# completed (2).
-ONE_CALL_STATEMENTS = 39
+# One-call mode (the provider dedupes keys): the ladder (3: the replay read, the purchase
+# read, the key claimed); one transaction that creates the operation already claimed (12:
+# the purchase and quote locked, then the checkout halt read with its payments, the
+# operation, its ProviderCall, the client's lock, the hold inserted with the limit's sum,
+# the purchase moved, its event's view in 2, then events, outbox, history and the key's
+# binding in one statement, BEGIN/COMMIT); the answer applied (10: both locks, the sibling
+# payments' success read with the operation's, the operation, hold and purchase moved, the
+# view in 2, then events, outbox, history, the call's answer and the key's completion in
+# one statement, BEGIN/COMMIT); the operation read for the answer (1).
+ONE_CALL_STATEMENTS = 26
 # Two-step mode (create, store the id, confirm): two provider calls and their claims.
-TWO_STEP_STATEMENTS = 60
+TWO_STEP_STATEMENTS = 47
 
 
 def _pay(api, purchase_id: str):
