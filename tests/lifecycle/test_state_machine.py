@@ -485,6 +485,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.web_chain.cookies["machine"] = "1"
         self.x402_purchases: list[str] = []
         self.delivered: set[str] = set()  # provider object ids with an event sent
+        # Provider object id -> the statuses its sent events stated: an event saying a
+        # refund is `pending` tells Verity of the refund, not that the money went back.
+        self.told: dict[str, set[str]] = {}
         self.dashboard_refunds: list[str] = []  # refunds made at the provider directly
         self.disputes: list[str] = []
         self.disputed_charges: set[str] = set()
@@ -1197,6 +1200,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             )
             assert r.status_code == 200, r.content
         self.delivered.add(obj["id"])
+        self.told.setdefault(obj["id"], set()).add(obj.get("status") or "")
         _settle_outbox_quietly()
 
     def _charged_intents(self) -> list[dict]:
@@ -2968,8 +2972,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         localstripe's record: what its PaymentIntents captured, minus its refunds that
         succeeded there, minus its disputes lost there, or an authorization cancelled. Only
         what Verity has been told counts (a refund or dispute Verity has not heard of yet,
-        or whose answer it lost and has not read back, cannot bind it): the provider says
-        what happened; Verity's record only says whether it could know."""
+        or whose answer it lost and has not read back, cannot bind it; nor one it heard of
+        only as `pending`, an earlier state delivered late: it may still fail): the provider
+        says what happened; Verity's record only says whether it could know."""
         from payments.models import Dispute
 
         ids = {p for p, _ in self.purchases}
@@ -3009,7 +3014,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 for pi in intents
                 for r in refunds.get(pi["id"], [])
                 if r["status"] == "succeeded"
-                and (r["id"] in settled_refunds or r["id"] in self.delivered)
+                and (r["id"] in settled_refunds or "succeeded" in self.told.get(r["id"], ()))
             )
             lost = sum(
                 d["amount"]

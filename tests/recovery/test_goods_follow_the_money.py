@@ -395,3 +395,47 @@ def test_a_refund_awaiting_approval_when_the_dispute_is_lost_is_never_paid_on_to
     assert refundable_amount(Purchase.objects.get(pk=purchase_id)) == 0
     settle()
     assert _provider_refunds(purchase_id) == []  # the bank's return only
+
+
+def test_a_full_refund_heard_of_only_as_pending_keeps_the_goods_until_it_succeeds(
+    client, auto_refund_shop
+):
+    """The lifecycle machine's seed 3955478403192537988678844369410925590: a full refund
+    whose answer was a 500 (made at the provider, `unknown` here), then its `pending`
+    state delivered late and twice. Verity has not been told the money went back: the
+    goods stay (purchase `refund_pending`) until the provider's word that it succeeded."""
+    from payments.enums import Outcome, Rail
+    from payments.models import PaymentOperation
+    from payments.providers.stripe import DrillMode
+    from payments.services import provider_for_rail
+
+    # given a fulfilled purchase refunded in full, the provider's answer a 500
+    purchase_id, sku = _buy(auto_refund_shop, stock=10)
+    settle()
+    assert _live_orders(purchase_id) == 1
+    stripe = provider_for_rail(Rail.STRIPE)
+    stripe.arm_drill(key_prefix="*", step="refund", mode=DrillMode.HTTP_500, times=1)
+    try:
+        _refund(auto_refund_shop, purchase_id)
+        settle()
+    finally:
+        stripe.drill_client.disarm_all()
+    refund = PaymentOperation.objects.get(purchase_id=purchase_id, kind="refund")
+    assert refund.outcome == Outcome.UNKNOWN
+    [real] = _provider_refunds(purchase_id)
+    assert real["status"] == "succeeded"  # localstripe makes its refunds succeeded at once
+    # when its earlier `pending` state arrives, twice
+    pending = event_for({**real, "status": "pending"}, "refund.updated")
+    deliver_and_process(client, pending)
+    deliver_and_process(client, {**pending, "id": pending["id"] + "x"})
+    settle()
+    # then the refund is in flight and the goods stay
+    assert PaymentOperation.objects.get(id=refund.id).outcome == Outcome.AWAITING_PROVIDER
+    assert Purchase.objects.get(pk=purchase_id).status == PurchaseStatus.REFUND_PENDING
+    assert _live_orders(purchase_id) == 1 and Product.objects.get(sku=sku).stock == 9
+    # and when the provider says it succeeded, the goods follow the money
+    deliver_and_process(client, event_for(real, "refund.updated"))
+    settle()
+    assert PaymentOperation.objects.get(id=refund.id).outcome == Outcome.SUCCEEDED
+    assert _live_orders(purchase_id) == 0 and Product.objects.get(sku=sku).stock == 10
+    _faces_agree(client, auto_refund_shop, purchase_id, PurchaseStatus.REFUNDED)
