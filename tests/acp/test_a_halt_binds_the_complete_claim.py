@@ -11,14 +11,15 @@ import pytest
 
 from payments.models import PaymentOperation, Purchase
 from recovery.halts import halt_clear, halt_set
-from tests.acp.conftest import issue_spt, new_email
+from tests.acp.agent import new_email
+from tests.acp.tokens import issue_spt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def pay_mode(request, localstripe, settings):
-    from tests.conftest import one_call_off, one_call_on
+    from tests.localstripe import one_call_off, one_call_on
 
     if request.param == "one_call":
         one_call_on(localstripe, settings)

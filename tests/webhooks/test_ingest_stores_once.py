@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 
 from recovery.models import OutboxMessage
-from tests.webhooks.conftest import event_for, intent_object, post
+from tests.webhooks.events import event_for, intent_object, post
 from webhooks.models import ProviderEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
