@@ -1,7 +1,8 @@
-"""A halt binds at claim time (invariant 9) on the ACP face, in both payment modes: after
-a declined complete, checkout is halted while the next complete waits for its purchase's
-lock (its request checks passed). Nothing may leave for the provider while the halt
-stands. Counted at localstripe over plain HTTP."""
+"""A halt binds at claim time (a rule every money movement obeys,
+docs/reliability.md#rules-every-money-movement-obeys) on the ACP face, in both payment
+modes: after a declined complete, checkout is halted while the next complete waits for its
+purchase's lock (its request checks passed). Nothing may leave for the provider while the
+halt stands. Counted at localstripe over plain HTTP."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""A halt binds at claim time (invariant 9), in both payment modes: checkout is halted
-while a REST payment request waits for its purchase's lock, after its request checks and
-before its claim. The halt committed before the claim, so nothing may leave for the
+"""A halt binds at claim time (a rule every money movement obeys,
+docs/reliability.md#rules-every-money-movement-obeys), in both payment modes: checkout is
+halted while a REST payment request waits for its purchase's lock, after its request checks
+and before its claim. The halt committed before the claim, so nothing may leave for the
 provider while it stands: the payment waits (queued), it does not go out. Counted at
 localstripe over plain HTTP."""
 
