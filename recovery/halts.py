@@ -1,7 +1,8 @@
 """Workflow halts: `checkout`, `refunds` and per-step `step:<name>`.
 
-A halt is a row; `recovery.selectors.is_halted` reads it on every use. Setting or clearing
-one is a manual action: it writes its AuditEntry in the same transaction.
+A halt is a row; `is_halted` below reads it on every use (recovery.selectors re-exports
+it for the console). Setting or clearing one is a manual action: it writes its
+AuditEntry in the same transaction.
 """
 
 from __future__ import annotations

@@ -5,14 +5,22 @@ something else somewhere gets a name of its own there."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
+from django.conf import settings
+
+from tests.localstripe import Localstripe, one_call_off, one_call_on
+from tests.waiting import wait_for
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -308,7 +316,7 @@ def resolver(people):
 @pytest.fixture
 def shop(db):
     """A storefront speaking HTTP to the test client: it pays and may request refunds."""
-    from tests.api.conftest import Api
+    from tests.api.client import Api
     from tests.factories import make_client
 
     client, key = make_client(name="shop", limit=10_000_000)
@@ -347,8 +355,9 @@ def product(db):
 def storefront(db):
     """A storefront with every API scope and an automatic-refund allowance, speaking HTTP
     to the test client; its outbox is drained after the test."""
-    from tests.api.conftest import ALL_SCOPES, Api, settle_outbox
+    from tests.api.client import ALL_SCOPES, Api
     from tests.factories import make_client
+    from tests.outbox import settle_outbox
 
     client, key = make_client(
         scopes=ALL_SCOPES, limit=10_000_000, name="storefront", auto_refund_limit=100_000
@@ -368,10 +377,223 @@ def fast_settings(settings):
 @pytest.fixture
 def auto_refund_shop(db):
     """A storefront key with an automatic-refund allowance (no person approves)."""
-    from tests.api.conftest import Api
+    from tests.api.client import Api
     from tests.factories import make_client
 
     client, key = make_client(
         name="storefront-auto-refunds", limit=10_000_000, auto_refund_limit=10_000_000
     )
     return Api(key, client)
+
+
+# -- the provider (localstripe), its fault drills, and a real Celery worker ----------------
+
+
+@pytest.fixture
+def localstripe() -> Localstripe:
+    return Localstripe(settings.STRIPE_API_BASE, settings.STRIPE_API_KEY)
+
+
+@pytest.fixture
+def one_call(localstripe, settings):
+    """Payments in one round trip against a provider that dedupes keys, for one test."""
+    one_call_on(localstripe, settings)
+    yield localstripe
+    one_call_off(localstripe)
+
+
+@pytest.fixture
+def celery_worker(transactional_db):
+    """A real Celery worker process on the throwaway Redis, using the test database.
+
+    Function-scoped on purpose: a worker that outlived its test would drain later tests'
+    outbox rows behind their backs and deadlock the test database flush. The broker is
+    emptied first (other tests' on_commit kicks pile up there), and at teardown the
+    worker is given time to finish what it claimed before it is stopped.
+    """
+    import redis as redis_lib
+
+    from recovery.kick import relay_kick_forget
+
+    redis_lib.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
+    relay_kick_forget()  # the drain this process remembered publishing went with the broker
+    db = settings.DATABASES["default"]
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    env = {**os.environ, "DATABASE_URL": url, "CELERY_DB_REUSE_MAX": "1000"}
+    log = open(Path(os.environ.get("VERITY_STACK_DIR", "/tmp")) / "worker.log", "ab")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--loglevel",
+            "INFO",
+            "--concurrency",
+            "2",
+            "--pool",
+            "threads",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    yield proc
+    _wait_outbox_quiet(timeout=15)
+    os.killpg(proc.pid, signal.SIGTERM)  # warm shutdown: running tasks finish first
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _wait_outbox_quiet(timeout: float) -> None:
+    from django.utils import timezone
+
+    from recovery.models import OutboxMessage
+
+    def quiet():
+        now = timezone.now()
+        return not OutboxMessage.objects.filter(
+            processed_at__isnull=True, claimed_until__gt=now
+        ).exists()
+
+    try:
+        wait_for(quiet, timeout=timeout)
+    except AssertionError:
+        pass  # a handler that hangs: the worker is stopped anyway
+
+
+@pytest.fixture
+def drill():
+    """Arm a fault drill for one operation's step (through the fault-drill HTTP client,
+    never a patched SDK); disarmed after the test."""
+    from payments.enums import Rail
+    from payments.services import provider_for_rail
+
+    provider = provider_for_rail(Rail.STRIPE)
+
+    def arm(op, mode, step="confirm", times=1):
+        provider.arm_drill(key_prefix=op.idempotency_key, step=step, mode=mode, times=times)
+
+    yield arm
+    provider.drill_client.disarm_all()
+
+
+@pytest.fixture
+def read_drill():
+    """Make the provider unreachable for reads: of one object (its id appears in the read's
+    URL) or of anything (`"*"`, lists included), `times` times. Through the fault-drill
+    HTTP client like every drill; disarmed after the test."""
+    from payments.enums import Rail
+    from payments.providers.stripe import DrillMode
+    from payments.services import provider_for_rail
+
+    provider = provider_for_rail(Rail.STRIPE)
+
+    def arm(ref: str = "*", times: int = 1):
+        provider.arm_drill(
+            key_prefix=ref, step="read", mode=DrillMode.READ_UNAVAILABLE, times=times
+        )
+
+    yield arm
+    provider.drill_client.disarm_all()
+
+
+# -- the console's people (support app roles) ---------------------------------------------
+
+
+@pytest.fixture
+def roles(db):
+    from support.access import ensure_groups
+
+    ensure_groups()
+
+
+def _user(username: str, *role_names: str) -> User:
+    from django.contrib.auth.models import Group, User
+
+    user = User.objects.create_user(username=username, password="pw-" + username)
+    for name in role_names:
+        user.groups.add(Group.objects.get(name=name))
+    return user
+
+
+@pytest.fixture
+def users(roles) -> dict[str, User]:
+    from support.access import Role
+
+    return {
+        "nobody": _user("nobody"),
+        "support": _user("sam", Role.SUPPORT),
+        "operator": _user("olga", Role.OPERATOR),
+        "operator2": _user("omar", Role.OPERATOR),
+        "finance": _user("fred", Role.FINANCE),
+        "finance2": _user("fiona", Role.FINANCE),
+    }
+
+
+@pytest.fixture
+def login(client, users):
+    """login("operator") -> the test client signed in as that role's user."""
+
+    def as_role(role: str | None):
+        client.logout()
+        if role is not None:
+            client.force_login(users[role])
+        return client
+
+    return as_role
+
+
+# -- ACP's buyer: an agent platform and what it buys --------------------------------------
+
+
+@pytest.fixture
+def platform(transactional_db):
+    """The agent platform's Verity API client: the `acp` scope only."""
+    from tests.factories import make_client
+
+    return make_client(scopes=("acp",), limit=10_000_000, name="agent-platform")
+
+
+@pytest.fixture
+def acp_agent(live_server, platform):
+    """The agent platform speaking ACP over real HTTP to the live server (tests/acp calls
+    it `agent`; tests/x402's `agent` is a storefront API client)."""
+    from tests.acp.agent import AcpAgent
+
+    return AcpAgent(live_server.url, platform[1])
+
+
+@pytest.fixture
+def tea(transactional_db):
+    """A product an agent buys over ACP."""
+    import uuid
+
+    from tests.factories import ProductFactory
+
+    return ProductFactory(sku=f"TEA-{uuid.uuid4().hex[:6]}", price=1250, stock=100)
+
+
+# -- provider webhooks ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def webhook_secrets(settings):
+    """The endpoint verifies signatures with the current and the previous secret
+    (tests/webhooks/events.py signs with them); autouse in tests/webhooks."""
+    from tests.webhooks.events import OLD_SECRET, SECRET
+
+    settings.STRIPE_WEBHOOK_SECRETS = [SECRET, OLD_SECRET]
+    settings.STRIPE_WEBHOOK_TOLERANCE = 300
+    settings.STRIPE_ACCOUNT = ""
+    return settings.STRIPE_WEBHOOK_SECRETS

@@ -96,9 +96,13 @@ RETURNING id
 def event_ingest(*, event: dict) -> bool:
     """Store a verified event once and queue its processing. True if it was new.
 
-    One `INSERT … ON CONFLICT DO NOTHING RETURNING id` and, only when a row came back,
-    one outbox insert, in one transaction: a duplicate delivery (also concurrent ones)
-    writes nothing, and no check-then-insert window exists (dj-stripe #1239).
+    On PostgreSQL outside a transaction (a webhook request): one statement, the event's
+    `INSERT … ON CONFLICT DO NOTHING RETURNING id` and its outbox row in one data-modifying
+    CTE (`_event_ingest_one_statement`), the relay kicked once it returns. Otherwise
+    (SQLite, or inside a caller's transaction): the same insert and, only when a row came
+    back, one outbox insert, in one transaction. Either way a duplicate delivery (also
+    concurrent ones) writes nothing, a rejected event is stored without an outbox row, and
+    no check-then-insert window exists (dj-stripe #1239).
     """
     rejected = event_shape_problem(event)
     safe = safe_event_payload(event)

@@ -6,7 +6,9 @@ whose adapter implements `payments.providers.base.RailAdapter`, plus one line in
 for an operation's rail through `payments.services.provider_for(operation)`; nothing
 else imports a rail's package to reach its provider. A rail that keeps its own evidence
 in Verity's tables (x402: the authorization and the refund transfer) also registers its
-read-back and refund send in `payments.services.rails`.
+read-back and refund send as a `RailEvidence`
+(`payments.services.common.rail_evidence_register`), from its own services module
+(payments/services/x402_refunds.py), which payments/services/__init__.py imports.
 """
 
 from __future__ import annotations

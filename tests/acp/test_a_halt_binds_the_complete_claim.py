@@ -1,7 +1,8 @@
-"""A halt binds at claim time (invariant 9) on the ACP face, in both payment modes: after
-a declined complete, checkout is halted while the next complete waits for its purchase's
-lock (its request checks passed). Nothing may leave for the provider while the halt
-stands. Counted at localstripe over plain HTTP."""
+"""A halt binds at claim time (a rule every money movement obeys,
+docs/reliability.md#rules-every-money-movement-obeys) on the ACP face, in both payment
+modes: after a declined complete, checkout is halted while the next complete waits for its
+purchase's lock (its request checks passed). Nothing may leave for the provider while the
+halt stands. Counted at localstripe over plain HTTP."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ import pytest
 
 from payments.models import PaymentOperation, Purchase
 from recovery.halts import halt_clear, halt_set
-from tests.acp.conftest import issue_spt, new_email
+from tests.acp.agent import new_email
+from tests.acp.tokens import issue_spt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def pay_mode(request, localstripe, settings):
-    from tests.conftest import one_call_off, one_call_on
+    from tests.localstripe import one_call_off, one_call_on
 
     if request.param == "one_call":
         one_call_on(localstripe, settings)

@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from agents import tools
 from payments.models import Purchase, PurchaseChannel
 from support.access import Role, ensure_groups
-from tests.acp.conftest import issue_spt
+from tests.acp.tokens import issue_spt
 from tests.factories import make_client
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,7 +11,8 @@ import pytest
 from acp.models import CheckoutSession
 from acp.spec import SPEC_PATH
 from payments.models import PaymentOperation, Purchase, PurchaseChannel
-from tests.acp.conftest import issue_spt, new_email, spt_state, valid
+from tests.acp.agent import new_email, valid
+from tests.acp.tokens import issue_spt, spt_state
 from tests.factories import ProductFactory, make_client
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,7 +20,8 @@ from payments.models import Hold, OperationTransition, PaymentOperation
 from recovery.models import OutboxMessage
 from tests.payments.one_call_helpers import provider_count
 
-from .conftest import complete_body, issue_spt, new_email
+from .agent import complete_body, new_email
+from .tokens import issue_spt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,7 +19,7 @@ from django.conf import settings
 
 from acp.models import CheckoutSession
 from payments.models import Purchase, PurchaseChannel
-from tests.acp.conftest import spt_state
+from tests.acp.tokens import spt_state
 from tests.factories import ProductFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

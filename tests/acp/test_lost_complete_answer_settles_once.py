@@ -14,10 +14,12 @@ from payments import services
 from payments.enums import CallStep, Outcome, Rail
 from payments.models import PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
-from tests.acp.conftest import complete_body, issue_spt, new_email
-from tests.api.conftest import settle_outbox
+from tests.acp.agent import complete_body, new_email
+from tests.acp.tokens import issue_spt
 from tests.events.event_judge import event_rows, orphan_fanout, violations
-from tests.webhooks.conftest import event_for, post, provider_object
+from tests.localstripe import provider_object
+from tests.outbox import settle_outbox
+from tests.webhooks.events import event_for, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,7 +28,7 @@ SECRET = "whsec_attack_acp_lost"
 
 @pytest.fixture(params=["two_step", "one_call"])
 def pay_mode(request, localstripe, settings):
-    from tests.conftest import one_call_off, one_call_on
+    from tests.localstripe import one_call_off, one_call_on
 
     if request.param == "one_call":
         one_call_on(localstripe, settings)

@@ -14,7 +14,8 @@ from django.db import connection
 from payments import services
 from payments.enums import Outcome
 from payments.models import Hold, PaymentOperation, Purchase
-from tests.acp.conftest import complete_body, issue_spt, new_email
+from tests.acp.agent import complete_body, new_email
+from tests.acp.tokens import issue_spt
 from tests.events.event_judge import orphan_events, orphan_fanout, violations
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(params=["two_step", "one_call"])
 def mode(request, localstripe, settings):
-    from tests.conftest import one_call_off, one_call_on
+    from tests.localstripe import one_call_off, one_call_on
 
     if request.param == "one_call":
         one_call_on(localstripe, settings)
@@ -198,7 +199,7 @@ def test_a_complete_refused_at_the_limit_leaves_no_purchase_and_no_event(
     operation, no hold, no event, no fan-out; the session is still payable; the same key
     answers the stored refusal; a new key, once the limit allows it, pays once."""
     from payments.client_cache import api_client_cache_clear
-    from tests.acp.conftest import AcpAgent
+    from tests.acp.agent import AcpAgent
     from tests.factories import make_client
 
     client, key = make_client(scopes=("acp",), limit=1000, name="tight-platform")
@@ -260,7 +261,7 @@ def test_a_complete_retried_while_the_first_is_at_the_provider_charges_once(agen
     t.start()
     import time
 
-    from tests.conftest import wait_for
+    from tests.waiting import wait_for
 
     wait_for(lambda: PaymentOperation.objects.exists(), timeout=10, interval=0.02)
     time.sleep(0.2)

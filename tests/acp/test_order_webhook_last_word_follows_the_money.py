@@ -25,10 +25,10 @@ from payments.enums import Outcome, PurchaseStatus
 from payments.models import Purchase
 from recovery.models import OutboxMessage
 from recovery.relay import relay_drain_once
-from tests.acp.conftest import AcpAgent, issue_spt, new_email
+from tests.acp.agent import AcpAgent, new_email
 from tests.acp.test_order_webhooks import _pump, _settled, platform_for, receiver  # noqa: F401
+from tests.acp.tokens import issue_spt
 from tests.factories import make_client
-from tests.support.conftest import login, roles, users  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -36,9 +36,9 @@ from recovery.halts import halt_clear, halt_set
 from recovery.models import OutboxCategory, OutboxMessage
 from recovery.relay import relay_drain_once
 from support.selectors import queue_items
-from tests.acp.conftest import issue_spt, new_email, valid
-from tests.conftest import wait_for
-from tests.support.conftest import login, roles, users  # noqa: F401 (fixtures)
+from tests.acp.agent import new_email, valid
+from tests.acp.tokens import issue_spt
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -28,9 +28,9 @@ from events.delivery import deliveries_send_due
 from events.models import DeliveryState, WebhookDelivery
 from recovery.models import OutboxMessage
 from recovery.relay import relay_drain_once
-from tests.acp.conftest import complete_body, issue_spt, new_email
-from tests.conftest import wait_for
-from tests.support.conftest import login, roles, users  # noqa: F401 (fixtures)
+from tests.acp.agent import complete_body, new_email
+from tests.acp.tokens import issue_spt
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

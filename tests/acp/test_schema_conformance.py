@@ -26,9 +26,9 @@ from schemathesis.specs.openapi.checks import (
 
 from acp.spec import API_VERSION
 from config.wsgi import application
-from tests.acp.conftest import issue_spt
-from tests.api.conftest import settle_outbox
+from tests.acp.tokens import issue_spt
 from tests.factories import ProductFactory, make_client
+from tests.outbox import settle_outbox
 
 CONFIG = schemathesis.Config.from_dict(
     {

@@ -17,8 +17,9 @@ from payments import services
 from payments.models import PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
 from recovery.models import Order, OutboxMessage
-from tests.acp.conftest import complete_body, issue_spt, new_email, spt_state, valid
-from tests.conftest import wait_for
+from tests.acp.agent import complete_body, new_email, valid
+from tests.acp.tokens import issue_spt, spt_state
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -263,7 +264,7 @@ def test_answer_to_complete_lost_by_the_fault_proxy_then_retries_make_one_charge
     import requests
 
     from bench.fault_proxy import FaultProxy
-    from tests.acp.conftest import AcpAgent
+    from tests.acp.agent import AcpAgent
 
     email = new_email()
     sid = agent.create(tea.sku, 2).json()["id"]

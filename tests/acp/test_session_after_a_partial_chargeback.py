@@ -16,8 +16,9 @@ from payments.customer_copy import customer_state
 from payments.enums import PurchaseStatus
 from payments.models import PaymentOperation, Purchase
 from recovery.models import Order
-from tests.acp.conftest import issue_spt, new_email, valid
-from tests.recovery.conftest import settle
+from tests.acp.agent import new_email, valid
+from tests.acp.tokens import issue_spt
+from tests.outbox import settle
 from tests.recovery.test_goods_follow_the_money import _event, _move, webhook_secrets  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)

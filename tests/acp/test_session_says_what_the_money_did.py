@@ -22,7 +22,8 @@ from payments.enums import Grade, Outcome, PurchaseStatus, Rail
 from payments.models import PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
-from tests.acp.conftest import AcpAgent, issue_spt, new_email, valid
+from tests.acp.agent import AcpAgent, new_email, valid
+from tests.acp.tokens import issue_spt
 from tests.factories import make_client
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -21,7 +21,8 @@ from django.utils import timezone
 from acp.models import CheckoutSession
 from payments.models import IdempotencyRecord, PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
-from tests.acp.conftest import complete_body, issue_spt, new_email, valid
+from tests.acp.agent import complete_body, new_email, valid
+from tests.acp.tokens import issue_spt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,7 +23,8 @@ from payments.models import IdempotencyRecord, PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
 from recovery.retention import policy_for, retention_prune_table
-from tests.acp.conftest import issue_spt, new_email
+from tests.acp.agent import new_email
+from tests.acp.tokens import issue_spt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,8 +21,9 @@ from jsonschema import Draft202012Validator
 
 from payments.enums import Rail
 from payments.providers.stripe import DrillMode
-from tests.acp.conftest import complete_body, issue_spt, new_email
+from tests.acp.agent import complete_body, new_email
 from tests.acp.patch_spec import CONTRADICTIONS, UPSTREAM
+from tests.acp.tokens import issue_spt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

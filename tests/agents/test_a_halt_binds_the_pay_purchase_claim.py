@@ -1,6 +1,7 @@
-"""A halt binds at claim time (invariant 9) on the MCP face, where the provider dedupes
-keys (one-call payments): checkout is halted while an agent's `pay_purchase` waits for
-its purchase's lock, after the tool's own reads and before its claim. The halt committed
+"""A halt binds at claim time (a rule every money movement obeys,
+docs/reliability.md#rules-every-money-movement-obeys) on the MCP face, where the provider
+dedupes keys (one-call payments): checkout is halted while an agent's `pay_purchase` waits
+for its purchase's lock, after the tool's own reads and before its claim. The halt committed
 before the claim, so nothing may leave for the provider while it stands, and the agent is
 told that nothing was done. The tool is called through the real MCP client over the
 streamable HTTP transport; the provider is counted at localstripe over plain HTTP."""

@@ -11,7 +11,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from payments.models import PaymentOperation
-from tests.agents.conftest import Transcript
+from tests.agents.mcp_host import Transcript
 from tests.factories import make_client
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -24,7 +24,7 @@ from tests.agents.careless import (
     follow,
     raw,
 )
-from tests.agents.conftest import Transcript, stdio_server_params
+from tests.agents.mcp_host import Transcript, stdio_server_params
 from tests.agents.test_http import run_http_agent
 from tests.agents.test_tools import run_agent
 from tests.factories import ProductFactory, make_client
@@ -237,7 +237,7 @@ def test_the_agent_with_only_its_answers_cannot_get_a_code_the_buyer_still_can(
     mailbox, and with it the buyer's route still opens a new purchase."""
     from django.core import mail
 
-    from tests.api.conftest import Api
+    from tests.api.client import Api
 
     async def script(client, call):
         quote = await _quote(call, product.sku)
@@ -318,7 +318,7 @@ def test_the_agent_with_only_its_answers_cannot_get_a_code_the_buyer_still_can(
 def test_rest_acknowledge_unresolved_counts_only_for_a_storefront_that_asked_the_buyer(
     product, localstripe
 ):
-    from tests.api.conftest import Api
+    from tests.api.client import Api
 
     agentish = Api(make_client(name="agentish")[1])
     shop_obj, shop_key = make_client(name="shop", storefront_confirmation=True)

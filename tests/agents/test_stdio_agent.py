@@ -16,8 +16,8 @@ from mcp import Client
 from payments.enums import PAYMENT_KINDS
 from payments.models import PaymentOperation, Purchase
 from recovery.models import Order
-from tests.agents.conftest import Transcript, stdio_server_params
-from tests.conftest import wait_for
+from tests.agents.mcp_host import Transcript, stdio_server_params
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,7 @@ from mcp import Client
 from agents.server import _ConfirmDrill, build_server
 from agents.tools import TOOL_SCOPES
 from payments.models import IdempotencyRecord, PaymentOperation, Purchase
-from tests.agents.conftest import Transcript
+from tests.agents.mcp_host import Transcript
 from tests.factories import make_client
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 from payments.api.idempotency import request_fingerprint
 from payments.models import IdempotencyRecord, PaymentOperation, Purchase, Quote
 from payments.providers.stripe import DrillMode
-from tests.api.conftest import Api, leave_crashed_payment_request, new_key, payment_body
+from tests.api.client import Api, leave_crashed_payment_request, new_key, payment_body
 from tests.factories import make_client
 
 PROBLEM = "application/problem+json"

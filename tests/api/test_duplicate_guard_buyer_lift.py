@@ -13,7 +13,7 @@ from django.test import Client
 from payments.models import Purchase
 from tests.factories import ProductFactory, make_client
 
-from .conftest import Api
+from .client import Api
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from payments.api.idempotency import request_fingerprint
 from payments.models import IdempotencyRecord
-from tests.api.conftest import Api, new_key
+from tests.api.client import Api, new_key
 from tests.factories import make_client
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]

@@ -8,8 +8,9 @@ and a purchase whose payment is unknown at Verity."""
 import pytest
 
 from payments.models import PaymentOperation
-from tests.api.conftest import new_key, settle_outbox
+from tests.api.client import new_key
 from tests.api.test_fast_path_equivalence import _both, _same
+from tests.outbox import settle_outbox
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 

@@ -14,7 +14,7 @@ from config.redis_client import redis_client
 from payments.api.authentication import ApiClientRateThrottle
 from payments.api.idempotency import request_fingerprint
 from payments.models import ApiClient, IdempotencyRecord, PaymentOperation
-from tests.api.conftest import Api, new_key
+from tests.api.client import Api, new_key
 from tests.api.test_fast_path_equivalence import BODY, _both, _paid
 from tests.factories import make_client
 

@@ -14,7 +14,7 @@ from django.test.utils import override_settings
 from config.redis_client import redis_client
 from payments.api import fast_path
 from payments.api.authentication import ApiClientRateThrottle
-from tests.api.conftest import Api
+from tests.api.client import Api
 from tests.api.test_fast_path_equivalence import BODY, _paid
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]

@@ -6,7 +6,7 @@ Asserted on localstripe's PaymentIntents and on ProviderCall / PaymentOperation 
 import pytest
 
 from payments.models import IdempotencyRecord, PaymentOperation, ProviderCall
-from tests.api.conftest import Api, new_key
+from tests.api.client import Api, new_key
 from tests.api.test_fast_path_equivalence import BODY
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]

@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 
 from config.redis_client import redis_client
 from payments.api.authentication import ApiClientRateThrottle
-from tests.api.conftest import Api, new_key
+from tests.api.client import Api, new_key
 from tests.api.test_fast_path_equivalence import BODY, _paid, _running
 from tests.api.test_rate_limit_script_timeout import _BUSY
 from tests.factories import make_client

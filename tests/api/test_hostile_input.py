@@ -6,7 +6,7 @@ from prometheus_client import REGISTRY
 
 from payments.models import IdempotencyRecord, Purchase, Quote
 from recovery.models import OutboxMessage
-from tests.webhooks.conftest import SECRET, event_for, post
+from tests.webhooks.events import SECRET, event_for, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

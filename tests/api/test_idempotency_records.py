@@ -7,7 +7,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from payments.models import IdempotencyRecord
-from tests.api.conftest import new_key
+from tests.api.client import new_key
 
 pytestmark = pytest.mark.django_db
 

@@ -31,8 +31,9 @@ from payments.keyed import REPLAYED_HEADER, request_fingerprint
 from payments.models import IdempotencyRecord, PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
-from tests.acp.conftest import AcpAgent, complete_body, issue_spt, new_email
-from tests.api.conftest import leave_crashed_payment_request
+from tests.acp.agent import AcpAgent, complete_body, new_email
+from tests.acp.tokens import issue_spt
+from tests.api.client import leave_crashed_payment_request
 from tests.factories import ProductFactory, make_client
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from payments.models import IdempotencyRecord, OperationTransition, Purchase
-from tests.api.conftest import Api
+from tests.api.client import Api
 from tests.events.event_judge import orphan_events, orphan_fanout, violations
 from tests.factories import ProductFactory, make_client
 

@@ -19,8 +19,8 @@ from django.utils import timezone
 from payments.models import PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
 from recovery.models import Order, OutboxMessage
-from tests.api.conftest import leave_crashed_payment_request, payment_body
-from tests.conftest import wait_for
+from tests.api.client import leave_crashed_payment_request, payment_body
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

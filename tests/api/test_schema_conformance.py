@@ -23,8 +23,9 @@ from schemathesis.specs.openapi.checks import (
 
 from config.wsgi import application
 from events.models import WebhookEndpoint
-from tests.api.conftest import ALL_SCOPES, Api, settle_outbox
+from tests.api.client import ALL_SCOPES, Api
 from tests.factories import ProductFactory, make_client
+from tests.outbox import settle_outbox
 
 CONFIG = schemathesis.Config.from_dict(
     {

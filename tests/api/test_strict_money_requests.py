@@ -6,8 +6,9 @@ import pytest
 
 from payments.models import Hold, PaymentOperation, Product, Purchase, Quote
 from recovery.models import InventoryCommit
-from tests.api.conftest import new_key, settle_outbox
+from tests.api.client import new_key
 from tests.factories import ProductFactory
+from tests.outbox import settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,8 +15,8 @@ from django.core import mail
 from payments.enums import Outcome, PurchaseStatus, Stage
 from payments.models import Purchase
 from recovery.models import EmailMessage
-from tests.api.conftest import settle_outbox
 from tests.factories import ProductFactory, make_client
+from tests.outbox import settle_outbox
 from tests.support.builders import UNKNOWN, purchase_in
 
 pytestmark = pytest.mark.django_db(transaction=True)

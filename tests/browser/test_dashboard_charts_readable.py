@@ -12,7 +12,7 @@ from django.core.management import call_command
 from support import charts
 from tests.factories import make_client
 
-from .conftest import log_in, screenshot
+from .pages import log_in, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -26,11 +26,11 @@ from recovery.models import EmailMessage, WorkflowHalt
 from support.customer_copy import customer_state
 from support.demo import DEMO_INCIDENT_TITLE, DEMO_REFUND_CASE, demo_provider_payments_seed
 from support.models import Incident
-from tests.acp.conftest import agent, issue_spt, platform, tea  # noqa: F401 - fixtures
-from tests.api.conftest import settle_outbox
+from tests.acp.tokens import issue_spt
 from tests.factories import ProductFactory, make_client
+from tests.outbox import settle_outbox
 
-from .conftest import log_in, screenshot
+from .pages import log_in, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,7 +77,7 @@ class Shop:
 @pytest.fixture(autouse=True)
 def _outbox_settled():
     """Work the API calls left in the outbox finishes before the tables are emptied (see
-    tests/api/conftest.py settle_outbox)."""
+    tests/outbox.py settle_outbox)."""
     yield
     settle_outbox()
 
@@ -156,10 +156,10 @@ def test_a_customer_told_not_to_pay_again_takes_the_safe_path_then_gets_a_code(
 
 
 def test_support_finds_a_caller_by_name_and_reads_them_what_their_page_says(
-    person_at_desk, live_server, console_people, agent, tea
+    person_at_desk, live_server, console_people, acp_agent, tea
 ):  # noqa: F811
-    session = agent.create(tea.sku).json()
-    done = agent.post(
+    session = acp_agent.create(tea.sku).json()
+    done = acp_agent.post(
         f"checkout_sessions/{session['id']}/complete",
         {
             "buyer": {

@@ -10,7 +10,6 @@ from django.urls import reverse
 from audit.models import AuditEntry
 from events import services
 from events.models import DeliveryState, WebhookDelivery, WebhookEndpoint
-from tests.support.conftest import login, roles, users  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,7 @@ from events.models import DeliveryState, Event, WebhookDelivery
 from events.services import endpoint_create
 from recovery.kick import relay_kick_forget
 from recovery.relay import relay_drain_once
-from tests.conftest import wait_for
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

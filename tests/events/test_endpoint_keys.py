@@ -10,8 +10,7 @@ import pytest
 from events.models import WebhookEndpoint
 from payments.keyed import REPLAYED_HEADER
 from payments.models import IdempotencyRecord
-from tests.api.conftest import new_key
-from tests.events.conftest import body_of
+from tests.api.client import body_of, new_key
 from tests.events.test_webhook_delivery import _pump, _quiet
 
 pytestmark = pytest.mark.django_db(transaction=True)

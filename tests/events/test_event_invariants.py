@@ -15,7 +15,7 @@ from events.delivery import deliveries_send_due
 from events.models import Event, WebhookDelivery, WebhookEndpoint
 from events.services import endpoint_create
 from recovery.relay import relay_drain_once
-from tests.api.conftest import settle_outbox
+from tests.outbox import settle_outbox
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.invariants import INVARIANTS, Report  # noqa: E402

@@ -17,9 +17,10 @@ from events.models import DeliveryState, Event, WebhookDelivery
 from events.services import endpoint_create
 from payments import services
 from payments.models import PaymentOperation
-from tests.conftest import wait_for
 from tests.factories import ProductFactory
-from tests.webhooks.conftest import event_for, post, provider_object
+from tests.localstripe import provider_object
+from tests.waiting import wait_for
+from tests.webhooks.events import event_for, post
 
 from .event_judge import orphan_events, orphan_fanout, violations
 
@@ -30,7 +31,7 @@ SECRET = "whsec_attack_interleave"
 
 @pytest.fixture(params=["two_step", "one_call"])
 def pay_mode(request, localstripe, settings, monkeypatch):
-    from tests.conftest import one_call_off, one_call_on
+    from tests.localstripe import one_call_off, one_call_on
 
     if request.param == "one_call":
         one_call_on(localstripe, settings)

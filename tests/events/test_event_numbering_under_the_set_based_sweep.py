@@ -16,9 +16,10 @@ from payments.enums import CallStep, Outcome
 from payments.models import OperationTransition, PaymentOperation
 from payments.providers.stripe import DrillMode
 from recovery.sweep import reconcile_sweep
-from tests.api.conftest import settle_outbox
+from tests.localstripe import provider_object
+from tests.outbox import settle_outbox
 from tests.payments.one_call_helpers import provider_count, start
-from tests.webhooks.conftest import event_for, post, provider_object
+from tests.webhooks.events import event_for, post
 
 from .event_judge import event_rows, orphan_fanout, violations
 
@@ -29,7 +30,7 @@ SECRET = "whsec_attack_sweep"
 
 @pytest.fixture(params=["two_step", "one_call"])
 def pay_mode(request, localstripe, settings):
-    from tests.conftest import one_call_off, one_call_on
+    from tests.localstripe import one_call_off, one_call_on
 
     if request.param == "one_call":
         one_call_on(localstripe, settings)

@@ -12,7 +12,7 @@ from payments import services
 from payments.enums import Outcome
 from payments.models import OperationTransition, Purchase
 from payments.providers.stripe import DrillMode
-from tests.api.conftest import settle_outbox
+from tests.outbox import settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

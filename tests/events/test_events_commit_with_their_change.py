@@ -11,8 +11,9 @@ from django.db import connection
 from payments import services
 from payments.enums import Outcome
 from payments.models import Hold, IdempotencyRecord, PaymentOperation, ProviderCall
-from tests.api.conftest import Api, new_key, settle_outbox
+from tests.api.client import Api, new_key
 from tests.factories import ProductFactory, make_client
+from tests.outbox import settle_outbox
 
 from .event_judge import event_rows, orphan_events, orphan_fanout, violations
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(params=["two_step", "one_call"])
 def mode(request, localstripe, settings):
-    from tests.conftest import one_call_off, one_call_on
+    from tests.localstripe import one_call_off, one_call_on
 
     if request.param == "one_call":
         one_call_on(localstripe, settings)

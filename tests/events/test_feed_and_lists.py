@@ -12,8 +12,7 @@ from django.db import connection
 from agents import tools
 from events.models import Event
 from payments.models import Purchase
-from tests.api.conftest import ALL_SCOPES, Api
-from tests.events.conftest import body_of
+from tests.api.client import ALL_SCOPES, Api, body_of
 from tests.factories import make_client
 
 pytestmark = pytest.mark.django_db(transaction=True)

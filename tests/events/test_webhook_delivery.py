@@ -13,8 +13,7 @@ from events.delivery import deliveries_send_due
 from events.models import DeliveryState, Event, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from recovery.halts import halt_clear, halt_set
 from recovery.relay import relay_drain_once
-from tests.api.conftest import ALL_SCOPES, Api
-from tests.events.conftest import body_of
+from tests.api.client import ALL_SCOPES, Api, body_of
 from tests.factories import make_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -210,7 +209,7 @@ def test_endpoints_need_their_scope_and_belong_to_their_client(shop, receiver, l
 
 
 def test_a_hanging_receiver_takes_only_its_own_bound(shop, product, loopback_allowed):
-    from tests.events.conftest import Receiver
+    from tests.events.receiver import Receiver
 
     slow, fast = Receiver(), Receiver()
     try:
@@ -244,7 +243,7 @@ def test_a_long_backlog_at_one_endpoint_does_not_starve_another(shop, loopback_a
 
     from django.utils import timezone
 
-    from tests.events.conftest import Receiver
+    from tests.events.receiver import Receiver
 
     slow, fast = Receiver(), Receiver()
     try:

@@ -8,7 +8,7 @@ import pytest
 
 from events.models import DeliveryState, Event, WebhookDelivery
 from events.services import endpoint_create
-from tests.conftest import wait_for
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

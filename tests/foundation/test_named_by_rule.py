@@ -23,6 +23,10 @@ OUTSIDE = re.compile(
 # quote), a link's anchor ("walkthrough.md#7-be-told…"), a Babel pattern ("#,##0") or a
 # count in sample output (docs' code blocks are skipped).
 TRACKER = re.compile(r"(?<![\w&#/\"'=(])#\d+(?:\.\d+)?(?![\w.-])|\(#\d+")
+# An id labelled by a letter and a digit ("evt_a5_warm", "pur_r7"): a round's or a list's
+# label, where the id should say what the test does with it ("evt_on_the_dropped_connection").
+# Only Verity's and the provider's id prefixes: "no_v1" (Stripe's signature scheme) is not one.
+ID_LABEL = re.compile(r"\b(?:evt|pur|op|pi|re|ch|ord|cus|py|acct|spt)_[a-z]\d{1,2}(?![a-z0-9])")
 # An upstream project's public issue, cited for a bug of theirs we work around.
 UPSTREAM = re.compile(r"dj-stripe #\d+")
 # Files another change is editing at the moment; each entry names the one line it allows.
@@ -136,3 +140,21 @@ def test_no_code_comment_or_setting_points_outside_or_at_a_tracker():
             if _outside_or_tracker(rel, prose) or (path.suffix != ".py" and HISTORY.search(prose)):
                 bad.append(f"{rel}:{n}: {line.strip()[:90]}")
     assert bad == [], "\n".join(bad)
+
+
+def test_no_id_is_labelled_by_a_letter_and_a_digit():
+    bad = [
+        f"{path.relative_to(ROOT)}:{n}: {m.group(0)}"
+        for path in _python_files()
+        if path != Path(__file__).resolve()  # its examples below
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        for m in ID_LABEL.finditer(line)
+    ]
+    assert bad == [], "\n".join(bad)
+
+
+def test_an_id_label_is_seen_and_a_plain_id_is_not():
+    for labelled in ('"evt_a5_warm"', '"pur_a5"', 'f"event:evt_r7_{n}"', "'op_q1'"):
+        assert ID_LABEL.search(labelled), labelled
+    for plain in ('"evt_warms_the_connection"', '"no_v1"', '"pi_3abc"', '"pm_card_visa"'):
+        assert not ID_LABEL.search(plain), plain

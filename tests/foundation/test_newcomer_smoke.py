@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import Localstripe
+from tests.localstripe import Localstripe
 from tools import x402_chain
 
 from .serve import ROOT, processes_of, serve_env, stop

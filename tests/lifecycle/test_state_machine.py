@@ -142,9 +142,9 @@ from recovery.models import (
 from recovery.orchestrator import FULFILLABLE_STATUSES, load_context
 from recovery.outbox import run_steps_put
 from recovery.relay import relay_drain, relay_drain_once
-from tests.api.conftest import Api
+from tests.api.client import Api
 from tests.factories import ProductFactory, make_client
-from tests.webhooks.conftest import SECRET, sign
+from tests.webhooks.events import SECRET, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,8 +11,8 @@ from django.utils import timezone
 from config.celery import app
 from payments.enums import PurchaseStatus
 from payments.models import Purchase
-from tests.conftest import wait_for
 from tests.factories import PurchaseFactory, QuoteFactory
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

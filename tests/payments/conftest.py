@@ -6,7 +6,7 @@ DELIVER_SECRET = "whsec_payments_deliver"
 @pytest.fixture
 def deliver(settings, client):
     """Deliver a signed provider event through the real endpoint and process it."""
-    from tests.webhooks.conftest import event_for, post
+    from tests.webhooks.events import event_for, post
     from webhooks.models import ProviderEvent
     from webhooks.services import event_process
 

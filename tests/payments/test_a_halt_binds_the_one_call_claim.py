@@ -1,6 +1,7 @@
-"""A halt binds at claim time (invariant 9), in both payment modes: checkout is halted
-while a REST payment request waits for its purchase's lock, after its request checks and
-before its claim. The halt committed before the claim, so nothing may leave for the
+"""A halt binds at claim time (a rule every money movement obeys,
+docs/reliability.md#rules-every-money-movement-obeys), in both payment modes: checkout is
+halted while a REST payment request waits for its purchase's lock, after its request checks
+and before its claim. The halt committed before the claim, so nothing may leave for the
 provider while it stands: the payment waits (queued), it does not go out. Counted at
 localstripe over plain HTTP."""
 
@@ -14,7 +15,7 @@ from django.db import connection
 from payments.enums import Outcome
 from payments.models import PaymentOperation
 from recovery.halts import halt_clear, halt_set
-from tests.api.conftest import Api, new_key
+from tests.api.client import Api, new_key
 from tests.factories import ProductFactory, make_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(params=["two_step", "one_call"])
 def pay_mode(request, localstripe, settings):
-    from tests.conftest import one_call_off, one_call_on
+    from tests.localstripe import one_call_off, one_call_on
 
     if request.param == "one_call":
         one_call_on(localstripe, settings)

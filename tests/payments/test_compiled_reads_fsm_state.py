@@ -18,7 +18,7 @@ from payments.view_queries import (
     _plans,
     operation_for_view,
 )
-from tests.api.conftest import new_key
+from tests.api.client import new_key
 from tests.api.test_fast_path_equivalence import BODY
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]

@@ -9,7 +9,8 @@ from django.db import connections
 from payments import services
 from payments.enums import Outcome
 from payments.models import PaymentOperation, ProviderCall
-from tests.conftest import start_hanging_dispatch, wait_for
+from tests.hanging_dispatch import start_hanging_dispatch
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

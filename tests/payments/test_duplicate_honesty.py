@@ -18,9 +18,9 @@ from payments.enums import Outcome, PurchaseStatus, Reason
 from payments.models import PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
 from recovery.models import Order
+from tests.localstripe import provider_object
+from tests.outbox import settle
 from tests.payments.test_provider_outranks_people import _charged_twice
-from tests.recovery.conftest import settle
-from tests.webhooks.conftest import provider_object
 from tests.webhooks.test_disputes import ledger_balance, move_dispute, open_dispute, provider_net
 
 pytestmark = pytest.mark.django_db(transaction=True)

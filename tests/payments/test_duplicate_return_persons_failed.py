@@ -11,8 +11,8 @@ from payments.enums import Grade, Outcome, Rail
 from payments.models import PaymentOperation
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
+from tests.outbox import settle
 from tests.payments.test_provider_outranks_people import _charged_twice
-from tests.recovery.conftest import settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

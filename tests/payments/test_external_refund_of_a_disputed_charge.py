@@ -14,7 +14,8 @@ from django.db.models import Sum
 from payments.enums import OperationKind, Origin, Outcome
 from payments.models import PaymentOperation
 from recovery.models import LedgerEntry
-from tests.recovery.conftest import settle
+from tests.localstripe import provider_object
+from tests.outbox import settle
 from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixtures)
     PRICE,
     _buy,
@@ -24,7 +25,7 @@ from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixture
     _move,
     webhook_secrets,
 )
-from tests.webhooks.conftest import deliver_and_process, event_for, provider_object
+from tests.webhooks.events import deliver_and_process, event_for
 from webhooks.models import ProviderEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -19,7 +19,7 @@ from payments.enums import CallStep, Outcome, PurchaseStatus
 from payments.models import ProviderCall, Purchase
 from recovery.models import Order
 from recovery.relay import relay_drain
-from tests.webhooks.conftest import provider_object
+from tests.localstripe import provider_object
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,7 +20,8 @@ from payments.providers.stripe import DrillMode
 from recovery import orchestrator
 from recovery.models import CrmUpdate, EmailMessage, Order, StepRun
 from support.access import Role
-from tests.webhooks.conftest import event_for, post, provider_object
+from tests.localstripe import provider_object
+from tests.webhooks.events import event_for, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

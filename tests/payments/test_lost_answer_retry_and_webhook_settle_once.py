@@ -12,10 +12,12 @@ from payments import services
 from payments.enums import CallStep, HoldState, Outcome, Rail
 from payments.models import Hold, IdempotencyRecord, OperationTransition, PaymentOperation
 from payments.providers.stripe import DrillMode
-from tests.api.conftest import Api, new_key, settle_outbox
+from tests.api.client import Api, new_key
 from tests.events.event_judge import event_rows, orphan_fanout, violations
 from tests.factories import ProductFactory, make_client
-from tests.webhooks.conftest import event_for, post, provider_object
+from tests.localstripe import provider_object
+from tests.outbox import settle_outbox
+from tests.webhooks.events import event_for, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,7 +33,7 @@ MODES = [
 
 @pytest.fixture(params=["two_step", "one_call"])
 def pay_mode(request, localstripe, settings):
-    from tests.conftest import one_call_off, one_call_on
+    from tests.localstripe import one_call_off, one_call_on
 
     if request.param == "one_call":
         one_call_on(localstripe, settings)

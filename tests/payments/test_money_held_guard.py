@@ -13,7 +13,7 @@ from payments import services
 from payments.enums import MONEY_HELD_STATUSES, Outcome, PurchaseStatus
 from payments.models import Purchase
 from tests.factories import ProductFactory
-from tests.webhooks.conftest import provider_object
+from tests.localstripe import provider_object
 from tests.webhooks.test_disputes import move_dispute, open_dispute
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -16,7 +16,8 @@ from payments.enums import CallStep, Grade, HoldState, Outcome, Rail, Verificati
 from payments.models import Hold, PaymentOperation, ProviderCall
 from payments.providers.stripe import DrillMode
 from recovery.halts import halt_clear, halt_set
-from tests.webhooks.conftest import event_for, post, provider_object
+from tests.localstripe import provider_object
+from tests.webhooks.events import event_for, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

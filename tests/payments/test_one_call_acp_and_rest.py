@@ -8,7 +8,8 @@ from payments import services
 from payments.enums import Outcome
 from payments.models import PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
-from tests.acp.conftest import agent, issue_spt, new_email, platform, spt_state, tea  # noqa: F401
+from tests.acp.agent import new_email
+from tests.acp.tokens import issue_spt, spt_state
 
 from .one_call_helpers import provider_count
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_acp_complete_unknown_then_rest_and_a_second_complete(
-    agent,
+    acp_agent,
     tea,
     one_call,
     platform,  # noqa: F811
@@ -26,18 +27,18 @@ def test_acp_complete_unknown_then_rest_and_a_second_complete(
     from payments.services import provider_for_rail
 
     provider = provider_for_rail(Rail.STRIPE)
-    session = agent.create(tea.sku, 1).json()
+    session = acp_agent.create(tea.sku, 1).json()
     provider.arm_drill(key_prefix="*", step="pay", mode=DrillMode.DROP_RESPONSE_AFTER_SEND, times=2)
     read_drill(times=1)
     try:
         token = issue_spt(1250)
-        first = agent.complete(session["id"], token, new_email())
+        first = acp_agent.complete(session["id"], token, new_email())
     finally:
         provider.drill_client.disarm_all()
     op = PaymentOperation.objects.get()  # the test's only operation (tables emptied after each)
     purchase = Purchase.objects.get(id=op.purchase_id)
     assert op.outcome == Outcome.UNKNOWN, (first.status_code, first.text[:300])
-    second = agent.complete(session["id"], issue_spt(1250), new_email())
+    second = acp_agent.complete(session["id"], issue_spt(1250), new_email())
     try:
         services.payment_create(
             purchase_id=purchase.id, api_client=platform[0], payment_method="pm_card_visa"

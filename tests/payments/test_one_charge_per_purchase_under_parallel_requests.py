@@ -14,16 +14,17 @@ import requests
 from payments import services
 from payments.enums import Outcome
 from payments.models import Hold, IdempotencyRecord, PaymentOperation
-from tests.api.conftest import Api, settle_outbox
+from tests.api.client import Api
 from tests.events.event_judge import orphan_events, orphan_fanout, violations
 from tests.factories import ProductFactory, make_client
+from tests.outbox import settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(params=["two_step", "one_call"])
 def pay_mode(request, localstripe, settings):
-    from tests.conftest import one_call_off, one_call_on
+    from tests.localstripe import one_call_off, one_call_on
 
     if request.param == "one_call":
         one_call_on(localstripe, settings)

@@ -16,8 +16,8 @@ from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
 from recovery.models import EmailMessage, Order
 from recovery.relay import relay_drain
+from tests.outbox import settle
 from tests.payments.test_provider_outranks_people import _charged_twice
-from tests.recovery.conftest import settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -71,7 +71,7 @@ class settings_halt_refunds:
         halt_set(name="refunds", reason="fence: the window", actor="test")
 
     def __exit__(self, *exc):
-        from tests.recovery.conftest import lift_halt_quietly
+        from tests.recovery.halt_fence import lift_halt_quietly
 
         lift_halt_quietly("refunds")
 

@@ -14,7 +14,7 @@ from payments.models import Hold, OperationTransition, PaymentOperation, Provide
 from payments.providers.stripe import DrillMode
 from recovery.models import OutboxCategory, OutboxMessage
 from support.models import AuditEntry, Resolution
-from tests.webhooks.conftest import provider_object
+from tests.localstripe import provider_object
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,8 +21,8 @@ from payments.models import OperationTransition, PaymentOperation, ProviderCall
 from payments.providers.stripe import DrillMode
 from recovery.halts import halt_set
 from support.models import Resolution
+from tests.localstripe import provider_object
 from tests.payments.test_provider_outranks_people import _awaiting_buyer
-from tests.webhooks.conftest import provider_object
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,9 +16,9 @@ from payments import services
 from payments.enums import Outcome, PurchaseStatus, Reason
 from payments.models import PaymentOperation, Purchase
 from payments.providers.stripe import DrillMode
+from tests.localstripe import provider_object
+from tests.outbox import settle
 from tests.payments.test_provider_outranks_people import _charged_twice
-from tests.recovery.conftest import settle
-from tests.webhooks.conftest import provider_object
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,7 +12,8 @@ from django.conf import settings
 from payments.enums import PurchaseStatus
 from payments.models import Purchase
 from recovery.halts import halt_set
-from tests.recovery.conftest import lift_halt_quietly, settle
+from tests.outbox import settle
+from tests.recovery.halt_fence import lift_halt_quietly
 from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixtures)
     PRICE,
     _buy,

@@ -14,7 +14,7 @@ import requests
 from payments import services
 from payments.enums import HoldState, Outcome
 from payments.models import Hold, PaymentOperation
-from tests.api.conftest import Api
+from tests.api.client import Api
 from tests.factories import ProductFactory, make_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(params=["two_step", "one_call"])
 def pay_mode(request, localstripe, settings):
-    from tests.conftest import one_call_off, one_call_on
+    from tests.localstripe import one_call_off, one_call_on
 
     if request.param == "one_call":
         one_call_on(localstripe, settings)

@@ -10,12 +10,12 @@ from django.conf import settings
 from payments.enums import PurchaseStatus
 from payments.models import PaymentOperation, Product, Purchase
 from tests.factories import ProductFactory
-from tests.recovery.conftest import settle
+from tests.outbox import settle
 from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixtures)
     _live_orders,
     webhook_secrets,
 )
-from tests.webhooks.conftest import deliver_and_process, event_for
+from tests.webhooks.events import deliver_and_process, event_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

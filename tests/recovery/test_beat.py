@@ -13,7 +13,8 @@ from payments.models import PaymentOperation, Purchase
 from recovery.halts import halt_set
 from recovery.models import Order, OutboxCategory, OutboxMessage
 from recovery.reconciler import expire_stale_purchases, reconcile_due, resume_stalled_fulfilment
-from tests.recovery.conftest import lift_halt_quietly, settle
+from tests.outbox import settle
+from tests.recovery.halt_fence import lift_halt_quietly
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

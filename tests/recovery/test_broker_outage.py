@@ -20,8 +20,8 @@ from django.conf import settings
 from payments.enums import PurchaseStatus
 from payments.models import Purchase
 from recovery.models import EmailMessage, Order, OutboxCategory, OutboxMessage
-from tests.conftest import ROOT, wait_for
-from tests.stack import _wait_port, free_port
+from tests.stack import ROOT, _wait_port, free_port
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

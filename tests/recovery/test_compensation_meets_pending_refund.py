@@ -17,7 +17,8 @@ from recovery.halts import halt_set
 from recovery.models import StepRun, StepState
 from recovery.orchestrator import purchase_fulfil
 from tests.factories import ProductFactory
-from tests.recovery.conftest import lift_halt_quietly, settle
+from tests.outbox import settle
+from tests.recovery.halt_fence import lift_halt_quietly
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

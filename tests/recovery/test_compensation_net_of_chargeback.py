@@ -12,7 +12,7 @@ from payments.models import Product
 from recovery.halts import halt_clear, halt_set
 from recovery.models import StepRun, StepState
 from recovery.orchestrator import purchase_fulfil
-from tests.recovery.conftest import settle
+from tests.outbox import settle
 from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixtures)
     _dispute,
     _event,

@@ -9,7 +9,7 @@ from django.conf import settings
 
 from payments.enums import PurchaseStatus
 from payments.models import PaymentOperation, Product
-from tests.recovery.conftest import settle
+from tests.outbox import settle
 from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixtures)
     PRICE,
     _buy,
@@ -22,7 +22,7 @@ from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixture
     _refunded_at_provider,
     webhook_secrets,
 )
-from tests.webhooks.conftest import deliver_and_process, event_for
+from tests.webhooks.events import deliver_and_process, event_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,7 +67,7 @@ def test_two_dashboard_partial_refunds_making_it_whole_unwind_the_goods(client, 
 
 def test_a_dashboard_refund_during_an_inquiry_then_closed_stays_refunded(client, auto_refund_shop):
     from recovery.halts import halt_set
-    from tests.recovery.conftest import lift_halt_quietly
+    from tests.recovery.halt_fence import lift_halt_quietly
 
     halt_set(name="step:order", reason="fence: before fulfilment", actor="test")
     purchase_id, _ = _buy(auto_refund_shop)
@@ -91,7 +91,7 @@ def test_a_full_dashboard_refund_mid_fulfilment_ships_nothing_more(client, auto_
     from recovery.halts import halt_set
     from recovery.models import EmailMessage
     from recovery.outbox import run_steps_put
-    from tests.recovery.conftest import lift_halt_quietly
+    from tests.recovery.halt_fence import lift_halt_quietly
 
     halt_set(name="step:inventory", reason="fence: fulfilment mid-way", actor="test")
     purchase_id, sku = _buy(auto_refund_shop, stock=10)

@@ -14,8 +14,9 @@ from payments.models import PaymentOperation, Product, Purchase
 from recovery.halts import halt_set
 from recovery.models import RecoveryDecision, StepRun, StepState
 from recovery.orchestrator import purchase_fulfil
+from tests.outbox import settle
 from tests.payments.test_provider_outranks_people import _charged_twice
-from tests.recovery.conftest import lift_halt_quietly, settle
+from tests.recovery.halt_fence import lift_halt_quietly
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,10 +18,12 @@ from payments.models import Product, Purchase
 from recovery.halts import halt_set
 from recovery.models import EmailMessage, InventoryCommit, Order, StepRun
 from recovery.outbox import run_steps_put
-from tests.api.conftest import Api
+from tests.api.client import Api
 from tests.factories import ProductFactory
-from tests.recovery.conftest import lift_halt_quietly, settle
-from tests.webhooks.conftest import SECRET, deliver_and_process, event_for, provider_object
+from tests.localstripe import provider_object
+from tests.outbox import settle
+from tests.recovery.halt_fence import lift_halt_quietly
+from tests.webhooks.events import SECRET, deliver_and_process, event_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

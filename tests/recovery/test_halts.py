@@ -5,9 +5,8 @@ from django.core.management import call_command
 
 from payments import services as pay
 from payments.services import DomainError
-from recovery.halts import HaltError, halt_clear, halt_set
+from recovery.halts import HaltError, halt_clear, halt_set, is_halted
 from recovery.models import WorkflowHalt
-from recovery.selectors import is_halted
 from support.models import AuditEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -15,7 +15,8 @@ from payments.enums import PurchaseStatus
 from payments.models import Product
 from recovery.halts import halt_set
 from recovery.models import EmailMessage, InventoryCommit, StepRun
-from tests.recovery.conftest import lift_halt_quietly, settle
+from tests.outbox import settle
+from tests.recovery.halt_fence import lift_halt_quietly
 from tests.recovery.test_goods_follow_the_money import (  # noqa: F401 (fixtures)
     PRICE,
     _buy,

@@ -34,7 +34,9 @@ from recovery.orchestrator import (
     step_resolve,
 )
 from recovery.selectors import compensation_needed_count, steps_for_purchase
-from tests.recovery.conftest import lift_halt_quietly, run_concurrently, settle
+from tests.outbox import settle
+from tests.recovery.halt_fence import lift_halt_quietly
+from tests.recovery.threads import run_concurrently
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,7 +8,7 @@ import requests
 from django.conf import settings
 
 from payments.models import Purchase
-from tests.recovery.conftest import settle
+from tests.outbox import settle
 from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixtures)
     PRICE,
     _buy,

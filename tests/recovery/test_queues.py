@@ -33,7 +33,7 @@ def test_paid_without_order_and_unknown_queue(new_purchase, pay_now, api_client,
     from payments import services as pay
     from payments.models import Purchase
     from recovery.halts import halt_set
-    from tests.recovery.conftest import settle
+    from tests.outbox import settle
 
     paid = new_purchase()
     halt_set(name="step:order", reason="order writer down", actor="op1")

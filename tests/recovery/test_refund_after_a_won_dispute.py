@@ -6,7 +6,7 @@ import pytest
 
 from payments.enums import PurchaseStatus
 from payments.models import Product, Purchase
-from tests.recovery.conftest import settle
+from tests.outbox import settle
 from tests.recovery.test_goods_follow_the_money import (  # noqa: F401  (fixtures)
     PRICE,
     _buy,
@@ -58,7 +58,7 @@ def test_a_full_refund_after_a_won_chargeback_before_fulfilment_ships_nothing(
 ):
     from recovery.halts import halt_set
     from recovery.models import EmailMessage, Order
-    from tests.recovery.conftest import lift_halt_quietly
+    from tests.recovery.halt_fence import lift_halt_quietly
 
     # given a paid purchase whose fulfilment has not run (the order step is halted), a
     # chargeback opened and won (fulfilment may resume)

@@ -7,7 +7,7 @@ from django.db.models import Sum
 
 from recovery.models import LedgerEntry
 from recovery.relay import relay_drain
-from tests.api.conftest import ALL_SCOPES, Api
+from tests.api.client import ALL_SCOPES, Api
 from tests.factories import ProductFactory, make_client
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,9 +10,9 @@ from payments.models import Purchase
 from recovery.models import OutboxCategory, OutboxMessage
 from recovery.outbox import outbox_put
 from recovery.relay import relay_drain_once
-from tests.conftest import wait_for
 from tests.factories import PurchaseFactory
-from tests.recovery.conftest import run_concurrently
+from tests.recovery.threads import run_concurrently
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,7 +5,7 @@ import pytest
 from recovery.halts import halt_clear, halt_set
 from recovery.models import LedgerEntry, SettlementDiscrepancy
 from recovery.settlement import settlement_compare
-from tests.recovery.conftest import settle
+from tests.outbox import settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

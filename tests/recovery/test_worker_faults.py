@@ -40,9 +40,9 @@ from recovery.models import (
 )
 from recovery.orchestrator import purchase_fulfil
 from recovery.reconciler import reconcile_due
-from tests.conftest import ROOT, wait_for
-from tests.recovery.conftest import settle, wait_outbox_idle
-from tests.stack import free_port
+from tests.outbox import settle, wait_outbox_idle
+from tests.stack import ROOT, free_port
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("worker_logs")]
 

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
 
-from tests.conftest import wait_for
+from tests.waiting import wait_for
 
 if not os.environ.get("DATABASE_REPLICA_URL"):
     collect_ignore_glob = ["test_*.py"]

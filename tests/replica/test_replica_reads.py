@@ -25,10 +25,12 @@ from support import services as console
 from support.access import Role, ensure_groups
 from support.models import Note
 from support.web import PRIMARY_PIN_COOKIE
-from tests.api.conftest import Api, new_key, settle_outbox
+from tests.api.client import Api, new_key
 from tests.factories import ProductFactory, make_client
+from tests.localstripe import provider_object
+from tests.outbox import settle_outbox
 from tests.stack import free_port
-from tests.webhooks.conftest import event_for, post, provider_object
+from tests.webhooks.events import event_for, post
 from webhooks.models import EventResult, ProviderEvent
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", REPLICA])

@@ -21,7 +21,8 @@ from django.utils import timezone
 from payments.enums import OperationKind, Outcome
 from payments.models import IdempotencyRecord, PaymentOperation
 from recovery.retention import policy_for, retention_prune_table
-from tests.api.conftest import new_key, settle_outbox
+from tests.api.client import new_key
+from tests.outbox import settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,7 +5,7 @@ Effects counted: 401/429 answers, and whether a guess was still checked."""
 import pytest
 from rest_framework.test import APIClient
 
-from tests.api.conftest import Api
+from tests.api.client import Api
 from tests.factories import ProductFactory, make_client
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,7 @@ from payments.models import ProviderCall
 from payments.providers.stripe import DrillMode
 from payments.services import provider_for_rail
 from support.models import AuditEntry
-from tests.api.conftest import Api
+from tests.api.client import Api
 from tests.factories import ProductFactory, make_client
 from webhooks.models import ProviderEvent
 

@@ -8,7 +8,7 @@ from django.conf import settings
 
 from payments.enums import CallPurpose, Outcome
 from payments.models import OperationTransition, PaymentOperation, ProviderCall
-from tests.api.conftest import settle_outbox
+from tests.outbox import settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

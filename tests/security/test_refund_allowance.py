@@ -7,8 +7,9 @@ from django.test import override_settings
 
 from payments.enums import OperationKind, Outcome
 from payments.models import PaymentOperation
-from tests.api.conftest import Api, settle_outbox
+from tests.api.client import Api
 from tests.factories import ProductFactory, make_client
+from tests.outbox import settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

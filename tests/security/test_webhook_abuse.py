@@ -7,17 +7,10 @@ import time
 import pytest
 
 from recovery.models import OutboxMessage
-from tests.webhooks.conftest import (
-    OLD_SECRET,
-    SECRET,
-    event_for,
-    intent_object,
-    sign,
-    webhook_secrets,  # noqa: F401  (autouse fixture)
-)
+from tests.webhooks.events import OLD_SECRET, SECRET, event_for, intent_object, sign
 from webhooks.models import ProviderEvent
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("webhook_secrets")]
 
 URL = "/webhooks/stripe/"
 

@@ -1,4 +1,5 @@
-"""Fixtures for the console and the customer page.
+"""Fixtures for the console and the customer page (its people, `users` and `login`, are
+shared: tests/fixtures.py).
 
 Preconditions that no public service can produce quickly (a quarantined event, a stuck
 outbox row, a step that failed) are built with factories and direct model setup; every
@@ -8,46 +9,6 @@ action under test goes through Verity's services or HTTP views.
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Group, User
-
-from support.access import Role, ensure_groups
-
-
-@pytest.fixture
-def roles(db):
-    ensure_groups()
-
-
-def _user(username: str, *role_names: str) -> User:
-    user = User.objects.create_user(username=username, password="pw-" + username)
-    for name in role_names:
-        user.groups.add(Group.objects.get(name=name))
-    return user
-
-
-@pytest.fixture
-def users(roles) -> dict[str, User]:
-    return {
-        "nobody": _user("nobody"),
-        "support": _user("sam", Role.SUPPORT),
-        "operator": _user("olga", Role.OPERATOR),
-        "operator2": _user("omar", Role.OPERATOR),
-        "finance": _user("fred", Role.FINANCE),
-        "finance2": _user("fiona", Role.FINANCE),
-    }
-
-
-@pytest.fixture
-def login(client, users):
-    """login("operator") -> the test client signed in as that role's user."""
-
-    def as_role(role: str | None):
-        client.logout()
-        if role is not None:
-            client.force_login(users[role])
-        return client
-
-    return as_role
 
 
 @pytest.fixture

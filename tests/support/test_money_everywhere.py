@@ -33,7 +33,8 @@ from recovery.halts import halt_set
 from recovery.models import EmailMessage
 from recovery.orchestrator import purchase_fulfil
 from tests.factories import ProductFactory, PurchaseFactory, QuoteFactory, make_client
-from tests.recovery.conftest import lift_halt_quietly, settle
+from tests.outbox import settle
+from tests.recovery.halt_fence import lift_halt_quietly
 
 from .builders import SUCCEEDED
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 from payments.enums import PurchaseStatus
 from payments.models import Purchase
 from support.access import Role, ensure_groups
-from tests.acp.conftest import agent, issue_spt, platform, tea  # noqa: F401,F811 - ACP's buyer, in the console
+from tests.acp.tokens import issue_spt
 from tests.support.builders import purchase_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,10 +36,10 @@ def _rows(response) -> list[str]:
     return [part.split('"', 1)[0] for part in html.split('data-purchase-row="')[1:]]
 
 
-def test_support_finds_an_acp_purchase_by_buyer_name_email_and_provider_id(agent, tea):
+def test_support_finds_an_acp_purchase_by_buyer_name_email_and_provider_id(acp_agent, tea):
     email = f"grace-{uuid.uuid4().hex[:6]}@example.com"
-    session = agent.create(tea.sku).json()
-    r = agent.post(
+    session = acp_agent.create(tea.sku).json()
+    r = acp_agent.post(
         f"checkout_sessions/{session['id']}/complete",
         {
             "buyer": {"first_name": "Grace", "last_name": "Hopperton", "email": email},

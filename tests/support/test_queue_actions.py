@@ -30,7 +30,7 @@ CONFIRM = {"confirm": "yes"}
 
 
 def _manual_ledger_step():
-    purchase = purchase_in(PurchaseStatus.FULFILLING, ops=[SUCCEEDED], order="ord_q1")
+    purchase = purchase_in(PurchaseStatus.FULFILLING, ops=[SUCCEEDED], order="ord_manual_ledger")
     StepRun.objects.create(
         purchase_id=purchase.pk,
         step=StepName.LEDGER,

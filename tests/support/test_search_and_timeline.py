@@ -76,7 +76,7 @@ def test_search_by_each_kind_of_reference(login, paid, query):
 def test_search_by_event_object_and_several_matches(login, paid):
     purchase, charge, _ = paid
     ProviderEvent.objects.create(
-        event_id="evt_s1",
+        event_id="evt_for_py_other",
         type="charge.refunded",
         object_id="py_other",
         operation_id=charge.pk,

@@ -1,126 +1,16 @@
-"""Helpers for webhook tests: sign events ourselves (HMAC-SHA256 over "<t>.<body>",
-exactly what Stripe and localstripe do) and build operations to match against."""
+"""Webhook test fixtures: every test verifies with the shared signing secrets, and builds
+operations to match events against. The events themselves, signed ourselves, are built
+by tests/webhooks/events.py."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
-import secrets
-import time
-
 import pytest
-
-SECRET = "whsec_test_current"
-OLD_SECRET = "whsec_test_previous"
 
 
 @pytest.fixture(autouse=True)
-def webhook_secrets(settings):
-    settings.STRIPE_WEBHOOK_SECRETS = [SECRET, OLD_SECRET]
-    settings.STRIPE_WEBHOOK_TOLERANCE = 300
-    settings.STRIPE_ACCOUNT = ""
-    return settings.STRIPE_WEBHOOK_SECRETS
-
-
-def sign(body: bytes, secret: str = SECRET, ts: int | None = None) -> str:
-    ts = int(time.time()) if ts is None else ts
-    mac = hmac.new(secret.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={ts},v1={mac}"
-
-
-def event_for(
-    obj: dict, type_: str, *, event_id: str | None = None, account: str | None = None
-) -> dict:
-    event = {
-        "id": event_id or f"evt_{secrets.token_hex(8)}",
-        "object": "event",
-        "api_version": "2024-06-20",
-        "created": int(time.time()),
-        "livemode": False,
-        "type": type_,
-        "data": {"object": obj},
-    }
-    if account is not None:
-        event["account"] = account
-    return event
-
-
-def intent_object(
-    *,
-    pi_id: str,
-    status: str,
-    amount: int,
-    currency: str = "usd",
-    metadata: dict | None = None,
-    error_code: str | None = None,
-) -> dict:
-    """A PaymentIntent as Stripe sends it, including the card details we must not keep."""
-    return {
-        "id": pi_id,
-        "object": "payment_intent",
-        "status": status,
-        "amount": amount,
-        "currency": currency,
-        "capture_method": "automatic",
-        "client_secret": f"{pi_id}_secret_xyz",
-        "metadata": {**(metadata or {}), "note": "free text"},
-        "latest_charge": {
-            "id": "ch_embedded",
-            "object": "charge",
-            "billing_details": {"name": "Jane Buyer", "email": "jane@example.com"},
-            "payment_method_details": {
-                "card": {"last4": "4242", "exp_month": 12, "exp_year": 2030, "fingerprint": "fpX"}
-            },
-        },
-        "last_payment_error": (
-            {
-                "code": error_code,
-                "message": "Your card was declined.",
-                "payment_method": {"card": {"last4": "0341"}},
-            }
-            if error_code
-            else None
-        ),
-        "payment_method": "pm_card_visa",
-    }
-
-
-def refund_object(
-    *,
-    re_id: str,
-    status: str,
-    amount: int,
-    pi_id: str,
-    currency: str = "usd",
-    metadata: dict | None = None,
-) -> dict:
-    return {
-        "id": re_id,
-        "object": "refund",
-        "status": status,
-        "amount": amount,
-        "currency": currency,
-        "payment_intent": pi_id,
-        "charge": "ch_x",
-        "metadata": metadata or {},
-    }
-
-
-def post(
-    client,
-    event: dict | bytes,
-    *,
-    secret: str = SECRET,
-    ts: int | None = None,
-    header: str | None = None,
-):
-    body = event if isinstance(event, bytes) else json.dumps(event).encode()
-    headers = {}
-    sig = header if header is not None else sign(body, secret, ts)
-    if sig:
-        headers["HTTP_STRIPE_SIGNATURE"] = sig
-    return client.post("/webhooks/stripe/", data=body, content_type="application/json", **headers)
+def _webhook_secrets(webhook_secrets):
+    """Every webhook test: the endpoint knows the secrets events are signed with."""
+    return webhook_secrets
 
 
 # -- real operations through the payments services -----------------------------------
@@ -145,29 +35,6 @@ def pay(api_client, drill):
         return services.operation_dispatch(operation_id=op.id)
 
     return run
-
-
-def provider_object(resource: str, object_id: str) -> dict:
-    """The object as localstripe holds it right now (plain HTTP, not Verity's adapter)."""
-    import requests
-    from django.conf import settings
-
-    r = requests.get(
-        f"{settings.STRIPE_API_BASE}/v1/{resource}/{object_id}",
-        auth=(settings.STRIPE_API_KEY, ""),
-        timeout=10,
-    )
-    r.raise_for_status()
-    return r.json()
-
-
-def deliver_and_process(client, event: dict, **kw) -> str:
-    from webhooks.models import ProviderEvent
-    from webhooks.services import event_process
-
-    response = post(client, event, **kw)
-    assert response.status_code == 200, response.content
-    return event_process(event_id=ProviderEvent.objects.get(event_id=event["id"]).pk)
 
 
 # -- a relay worker of another test may be alive (the celery_worker fixture is
@@ -203,7 +70,7 @@ def _quiet_worker_before_flush(request):
     from django.utils import timezone
 
     from recovery.models import OutboxMessage
-    from tests.conftest import wait_for
+    from tests.waiting import wait_for
 
     def idle():
         now = timezone.now()

@@ -6,9 +6,9 @@
 import pytest
 
 from events.models import Event
-from tests.recovery.conftest import settle
+from tests.outbox import settle
 
-from .conftest import deliver_and_process
+from .events import deliver_and_process
 from .test_disputes import (  # noqa: F401 (fixtures)
     dispute_event,
     move_dispute,

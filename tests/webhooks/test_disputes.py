@@ -14,10 +14,11 @@ from payments.enums import DisputeStatus, PurchaseStatus
 from payments.models import Dispute, ProviderCall, Purchase
 from recovery.models import LedgerEntry, SettlementDiscrepancy
 from recovery.settlement import settlement_compare
-from tests.recovery.conftest import settle
+from tests.localstripe import provider_object
+from tests.outbox import settle
 from webhooks.models import EventResult, ProviderEvent
 
-from .conftest import deliver_and_process, event_for, provider_object
+from .events import deliver_and_process, event_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -289,7 +290,7 @@ def test_a_won_dispute_resumes_the_fulfilment_it_paused(
     client, api, new_purchase, pay, localstripe, opened
 ):
     from recovery.models import EmailMessage, Order
-    from tests.recovery.conftest import lift_halt_quietly
+    from tests.recovery.halt_fence import lift_halt_quietly
 
     # given a charge disputed before its steps ran, or after the order but before the rest
     purchase = new_purchase()
@@ -335,7 +336,7 @@ def test_a_lost_dispute_mid_fulfilment_ships_nothing_more_and_cancels_the_order(
     client, new_purchase, pay, localstripe
 ):
     from recovery.models import EmailMessage, Order
-    from tests.recovery.conftest import lift_halt_quietly
+    from tests.recovery.halt_fence import lift_halt_quietly
 
     purchase = new_purchase()
     _fence_after_order()

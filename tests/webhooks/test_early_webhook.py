@@ -14,7 +14,7 @@ from recovery.models import OutboxMessage
 from webhooks import views
 from webhooks.models import ProviderEvent
 
-from .conftest import event_for, intent_object, post
+from .events import event_for, intent_object, post
 
 EARLY = "config.early_webhook.EarlyWebhookMiddleware"
 # Headers every answer carries from the middleware above the early one, and the view's own.

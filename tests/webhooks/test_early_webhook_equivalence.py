@@ -11,7 +11,7 @@ from django.test import Client
 from prometheus_client import REGISTRY
 
 from recovery.models import OutboxMessage
-from tests.webhooks.conftest import event_for, intent_object, sign
+from tests.webhooks.events import event_for, intent_object, sign
 from webhooks import views as webhook_views
 from webhooks.models import ProviderEvent
 
@@ -25,7 +25,10 @@ def _event(event_id: str) -> bytes:
     return json.dumps(
         event_for(
             intent_object(
-                pi_id="pi_r7", status="succeeded", amount=1500, metadata={"purchase_id": "pur_r7"}
+                pi_id="pi_early",
+                status="succeeded",
+                amount=1500,
+                metadata={"purchase_id": "pur_early"},
             ),
             "payment_intent.succeeded",
             event_id=event_id,
@@ -49,8 +52,8 @@ def _delta(before: dict, after: dict) -> dict:
 
 def _rows() -> tuple:
     return (
-        ProviderEvent.objects.filter(event_id__startswith="evt_r7").count(),
-        OutboxMessage.objects.filter(dedupe_key__startswith="event:evt_r7").count(),
+        ProviderEvent.objects.filter(event_id__startswith="evt_early").count(),
+        OutboxMessage.objects.filter(dedupe_key__startswith="event:evt_early").count(),
     )
 
 
@@ -109,16 +112,16 @@ def test_the_restore_helper_puts_the_early_middleware_back_where_it_was(settings
 
 def test_a_new_event_then_its_redelivery_answer_and_count_the_same(settings):
     early, chain = _assert_same(
-        settings, _post(_event("evt_r7_new_a")), _post(_event("evt_r7_new_b"))
+        settings, _post(_event("evt_early_new_a")), _post(_event("evt_early_new_b"))
     )
     assert early[0].status_code == 200 and early[2] == (1, 1)
-    _assert_same(settings, _post(_event("evt_r7_new_a")))
-    _assert_same(settings, _post(_event("evt_r7_new_b")))
+    _assert_same(settings, _post(_event("evt_early_new_a")))
+    _assert_same(settings, _post(_event("evt_early_new_b")))
 
 
 @pytest.mark.parametrize("method", ["get", "head", "options", "put", "patch", "delete"])
 def test_other_methods_answer_the_same(settings, method):
-    body = _event("evt_r7_method")
+    body = _event("evt_early_method")
     _assert_same(
         settings,
         lambda c: (
@@ -135,7 +138,7 @@ def test_other_methods_answer_the_same(settings, method):
     "case", ["bad signature", "no signature", "not json", "empty", "stale", "not an event"]
 )
 def test_refused_deliveries_answer_and_count_the_same(settings, case):
-    body = _event("evt_r7_refused")
+    body = _event("evt_early_refused")
     send = {
         "bad signature": lambda c: c.post(
             PATH,
@@ -152,7 +155,7 @@ def test_refused_deliveries_answer_and_count_the_same(settings, case):
             content_type="application/json",
             HTTP_STRIPE_SIGNATURE=sign(body, ts=1_000_000),
         ),
-        "not an event": _post(b'{"id": "evt_r7_x", "object": "charge"}'),
+        "not an event": _post(b'{"id": "evt_early_x", "object": "charge"}'),
     }[case]
     early, _ = _assert_same(settings, send)
     assert early[2] == (0, 0)
@@ -165,7 +168,7 @@ def test_a_signed_event_sent_as_text_plain_answers_the_same(settings):
             PATH, data=body, content_type="text/plain", HTTP_STRIPE_SIGNATURE=sign(body)
         )
 
-    _assert_same(settings, send("evt_r7_text_a"), send("evt_r7_text_b"))
+    _assert_same(settings, send("evt_early_text_a"), send("evt_early_text_b"))
 
 
 @pytest.mark.parametrize(
@@ -183,30 +186,30 @@ def test_a_signed_event_sent_as_text_plain_answers_the_same(settings):
 def test_path_variants_answer_the_same(settings, path):
     _assert_same(
         settings,
-        _post(_event("evt_r7_path_a"), path=path),
-        _post(_event("evt_r7_path_b"), path=path),
+        _post(_event("evt_early_path_a"), path=path),
+        _post(_event("evt_early_path_b"), path=path),
     )
 
 
 def test_a_script_name_answers_the_same(settings):
     _assert_same(
         settings,
-        _post(_event("evt_r7_script_a"), SCRIPT_NAME="/verity"),
-        _post(_event("evt_r7_script_b"), SCRIPT_NAME="/verity"),
+        _post(_event("evt_early_script_a"), SCRIPT_NAME="/verity"),
+        _post(_event("evt_early_script_b"), SCRIPT_NAME="/verity"),
     )
     settings.FORCE_SCRIPT_NAME = "/pay"
-    _assert_same(settings, _post(_event("evt_r7_force_a")), _post(_event("evt_r7_force_b")))
+    _assert_same(settings, _post(_event("evt_early_force_a")), _post(_event("evt_early_force_b")))
 
 
 def test_an_oversized_body_answers_and_counts_the_same(settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 64
-    early, _ = _assert_same(settings, _post(_event("evt_r7_big")))
+    early, _ = _assert_same(settings, _post(_event("evt_early_big")))
     assert early[0].status_code == 400 and early[2] == (0, 0)
 
 
 @pytest.mark.parametrize("length", ["", "0", "abc", "-1", "5"])
 def test_a_missing_or_wrong_content_length_answers_the_same(settings, length):
-    body = _event("evt_r7_len")
+    body = _event("evt_early_len")
     _assert_same(settings, _post(body, CONTENT_LENGTH=length))
     _assert_same(settings, _post(body, CONTENT_LENGTH=length, HTTP_TRANSFER_ENCODING="chunked"))
 
@@ -217,30 +220,30 @@ def test_a_missing_or_wrong_content_length_answers_the_same(settings, length):
 def test_an_empty_or_malformed_cookie_header_answers_the_same(settings, cookie):
     _assert_same(
         settings,
-        _post(_event("evt_r7_cookie_a"), HTTP_COOKIE=cookie),
-        _post(_event("evt_r7_cookie_b"), HTTP_COOKIE=cookie),
+        _post(_event("evt_early_cookie_a"), HTTP_COOKIE=cookie),
+        _post(_event("evt_early_cookie_b"), HTTP_COOKIE=cookie),
     )
 
 
 def test_https_redirect_and_a_disallowed_host_and_forwarded_headers_answer_the_same(settings):
     settings.SECURE_SSL_REDIRECT = True
-    _assert_same(settings, _post(_event("evt_r7_ssl")))
+    _assert_same(settings, _post(_event("evt_early_ssl")))
     settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     _assert_same(
         settings,
-        _post(_event("evt_r7_fwd_a"), HTTP_X_FORWARDED_PROTO="https"),
-        _post(_event("evt_r7_fwd_b"), HTTP_X_FORWARDED_PROTO="https"),
+        _post(_event("evt_early_fwd_a"), HTTP_X_FORWARDED_PROTO="https"),
+        _post(_event("evt_early_fwd_b"), HTTP_X_FORWARDED_PROTO="https"),
     )
     settings.SECURE_SSL_REDIRECT = False
-    _assert_same(settings, _post(_event("evt_r7_host"), HTTP_HOST="evil.example"))
+    _assert_same(settings, _post(_event("evt_early_host"), HTTP_HOST="evil.example"))
     settings.USE_X_FORWARDED_HOST = True
-    _assert_same(settings, _post(_event("evt_r7_xfh"), HTTP_X_FORWARDED_HOST="evil.example"))
+    _assert_same(settings, _post(_event("evt_early_xfh"), HTTP_X_FORWARDED_HOST="evil.example"))
     settings.SECURE_HSTS_SECONDS = 3600
     settings.SECURE_SSL_REDIRECT = False
     _assert_same(
         settings,
-        _post(_event("evt_r7_hsts_a"), secure=True),
-        _post(_event("evt_r7_hsts_b"), secure=True),
+        _post(_event("evt_early_hsts_a"), secure=True),
+        _post(_event("evt_early_hsts_b"), secure=True),
     )
 
 
@@ -249,14 +252,14 @@ def test_under_debug_an_error_page_answers_the_same(settings, case, monkeypatch)
     settings.DEBUG = True
     if case.startswith("oversized"):
         settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 64
-        send, status = _post(_event("evt_r7_dbg")), 400
+        send, status = _post(_event("evt_early_dbg")), 400
     else:  # a bug in the ingest (an impossible `created` was one, now stored rejected)
 
         def unstorable(*, event):
             raise RuntimeError("cannot store")
 
         monkeypatch.setattr(webhook_views, "event_ingest", unstorable)
-        send, status = _post(_event("evt_r7_dbg")), 500
+        send, status = _post(_event("evt_early_dbg")), 500
     early = _send(settings, True, send)
     chain = _send(settings, False, send)
     e, c = early[0], chain[0]

@@ -21,7 +21,7 @@ import requests
 from django.conf import settings
 
 from recovery.models import OutboxMessage
-from tests.webhooks.conftest import event_for, intent_object, sign
+from tests.webhooks.events import event_for, intent_object, sign
 from webhooks.models import ProviderEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,7 +20,8 @@ from payments.enums import Outcome
 from payments.models import PaymentOperation, Purchase
 from recovery.models import LedgerEntry, Order, OutboxCategory, OutboxMessage
 from recovery.relay import relay_drain
-from tests.webhooks.conftest import event_for, provider_object, sign
+from tests.localstripe import provider_object
+from tests.webhooks.events import event_for, sign
 from webhooks.models import ProviderEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,7 +13,7 @@ from django.test import Client
 from prometheus_client import REGISTRY
 
 from recovery.models import OutboxMessage
-from tests.webhooks.conftest import event_for, intent_object, sign
+from tests.webhooks.events import event_for, intent_object, sign
 from webhooks.models import ProviderEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)

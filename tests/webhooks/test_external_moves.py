@@ -14,10 +14,11 @@ from payments.models import Hold, PaymentOperation, Purchase
 from recovery.models import LedgerEntry, SettlementDiscrepancy
 from recovery.settlement import settlement_compare
 from support.models import AuditEntry
-from tests.recovery.conftest import settle
+from tests.localstripe import provider_object
+from tests.outbox import settle
 from webhooks.models import EventResult
 
-from .conftest import deliver_and_process, event_for, provider_object
+from .events import deliver_and_process, event_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 from recovery.models import OutboxMessage
 from webhooks.models import ProviderEvent
 
-from .conftest import SECRET, event_for, intent_object, post, sign
+from .events import SECRET, event_for, intent_object, post, sign
 
 
 def failures(reason: str) -> float:

@@ -16,11 +16,11 @@ from payments import services
 from payments.enums import Grade, Outcome, PurchaseStatus
 from payments.models import Dispute, PaymentOperation, Purchase
 from recovery.models import OutboxCategory, OutboxMessage
-from tests.recovery.conftest import settle
+from tests.outbox import settle
 from tests.webhooks.test_disputes import dispute_event, open_dispute
 from webhooks.models import EventResult, ProviderEvent
 
-from .conftest import deliver_and_process
+from .events import deliver_and_process
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -99,7 +99,7 @@ def test_a_pending_dashboard_refund_held_purchase_busy_is_never_quarantined_by_c
 ):
     from webhooks.services import HELD_MAX_ATTEMPTS, event_process
 
-    from .conftest import event_for, post, refund_object
+    from .events import event_for, post, refund_object
 
     # given a paid purchase whose own refund's answer was lost (it holds the slot)
     purchase = new_purchase()

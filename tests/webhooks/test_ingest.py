@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 from recovery.models import OutboxCategory, OutboxMessage
 from webhooks.models import EventResult, ProviderEvent
 
-from .conftest import OLD_SECRET, SECRET, event_for, intent_object, post, sign
+from .events import OLD_SECRET, SECRET, event_for, intent_object, post, sign
 
 
 def statements(queries) -> list[str]:

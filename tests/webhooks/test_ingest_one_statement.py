@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from recovery.models import OutboxCategory, OutboxMessage
 from webhooks.models import EventResult, ProviderEvent
 
-from .conftest import event_for, intent_object, post, sign
+from .events import event_for, intent_object, post, sign
 
 
 def _event(event_id: str):

@@ -8,7 +8,7 @@ from django.db import connection
 from recovery.models import OutboxCategory, OutboxMessage
 from webhooks.models import EventResult, ProviderEvent
 
-from .conftest import event_for, intent_object, post
+from .events import event_for, intent_object, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,10 +13,10 @@ from django.core.cache import cache
 from config.redis_client import redis_client
 from recovery.kick import relay_kick_forget
 from recovery.models import OutboxMessage
-from tests.conftest import wait_for
+from tests.waiting import wait_for
 from webhooks.models import ProviderEvent
 
-from .conftest import event_for, intent_object, post
+from .events import event_for, intent_object, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,11 +10,11 @@ from django.conf import settings
 from payments.enums import Outcome, PurchaseStatus, Verification
 from payments.models import PaymentOperation, Purchase
 from recovery.models import OutboxCategory, OutboxMessage
-from tests.conftest import wait_for
+from tests.waiting import wait_for
 from webhooks.models import EventResult, ProviderEvent
 from webhooks.services import event_process
 
-from .conftest import SECRET
+from .events import SECRET
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

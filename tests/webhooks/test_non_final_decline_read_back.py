@@ -30,7 +30,8 @@ from payments import services
 from payments.enums import Grade, Outcome, PurchaseStatus, Rail, Verification
 from payments.models import OperationTransition, PaymentOperation, Purchase
 from recovery.models import OutboxCategory, OutboxMessage
-from tests.webhooks.conftest import event_for, post, provider_object
+from tests.localstripe import provider_object
+from tests.webhooks.events import event_for, post
 from webhooks.models import EventResult, ProviderEvent
 from webhooks.services import HELD_MAX_ATTEMPTS, event_process
 
@@ -637,7 +638,8 @@ def test_a_stale_decline_during_the_dispatch_waits_for_it_and_never_fails_the_ch
     # for the answer (then dies). A stale decline of that intent arrives meanwhile.
     import signal
 
-    from tests.conftest import start_hanging_dispatch, wait_for
+    from tests.hanging_dispatch import start_hanging_dispatch
+    from tests.waiting import wait_for
 
     purchase = new_purchase()
     op = services.payment_create(

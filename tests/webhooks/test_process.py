@@ -12,10 +12,11 @@ from payments import services
 from payments.enums import Grade, OperationKind, Outcome, PurchaseStatus, Verification
 from payments.models import OperationTransition, PaymentOperation, Purchase
 from recovery.models import OutboxCategory, OutboxMessage
+from tests.localstripe import provider_object
 from webhooks.models import EventResult, ProviderEvent
 from webhooks.services import event_process
 
-from .conftest import deliver_and_process, event_for, post, provider_object
+from .events import deliver_and_process, event_for, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -532,7 +533,7 @@ def test_same_event_delivered_and_processed_concurrently_applies_once(
     import requests
     from django.db import connection
 
-    from .conftest import sign
+    from .events import sign
 
     purchase = new_purchase()
     op = pay(purchase, drop_response=True)

@@ -10,7 +10,8 @@ from payments.enums import Outcome, PurchaseStatus
 from payments.models import OperationTransition, PaymentOperation, Purchase
 from recovery.models import Order
 from recovery.relay import relay_drain
-from tests.webhooks.conftest import deliver_and_process, event_for, provider_object
+from tests.localstripe import provider_object
+from tests.webhooks.events import deliver_and_process, event_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,7 +21,7 @@ from webhooks.services import (
     event_quarantine_release,
 )
 
-from .conftest import deliver_and_process, event_for
+from .events import deliver_and_process, event_for
 
 pytestmark = pytest.mark.django_db
 

@@ -7,8 +7,7 @@ from web3 import Web3
 
 from payments.models import PaymentOperation, X402Authorization
 from payments.providers.x402 import decode_header
-from tests.x402.chain import ChainJudge
-from tests.x402.conftest import SIGNATURE, sign
+from tests.x402.chain import SIGNATURE, ChainJudge, sign
 
 PRICE_ATOMIC = 1250 * 10**4
 TWA = (

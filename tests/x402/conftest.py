@@ -10,8 +10,9 @@ import os
 
 import pytest
 
-from tests.api.conftest import Api, settle_outbox  # noqa: F401 - re-exported helpers
+from tests.api.client import Api
 from tests.factories import ProductFactory, make_client
+from tests.outbox import settle_outbox
 
 if not os.environ.get("X402_RPC_URL"):
     reason = "needs the chain and facilitator: python -m tests.stack --x402 -- pytest ..."
@@ -19,7 +20,7 @@ if not os.environ.get("X402_RPC_URL"):
         raise RuntimeError(reason)  # CI must run them, never skip them silently
     pytest.skip(reason, allow_module_level=True)
 
-from tests.x402.chain import SIGNATURE, Chain, sign  # noqa: E402,F401
+from tests.x402.chain import Chain  # noqa: E402
 
 
 @pytest.fixture

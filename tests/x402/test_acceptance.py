@@ -14,9 +14,10 @@ from payments import services
 from payments.models import PaymentOperation, ProviderCall, X402Authorization
 from payments.providers.x402 import decode_header
 from support.access import Role, ensure_groups
+from tests.api.client import Api
 from tests.factories import make_client
-from tests.x402.chain import craft
-from tests.x402.conftest import SIGNATURE, Api, settle_outbox, sign
+from tests.outbox import settle_outbox
+from tests.x402.chain import SIGNATURE, craft, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from payments.models import PaymentOperation, X402Authorization
-from tests.api.conftest import Api
+from tests.api.client import Api
 from tests.factories import make_client
+from tests.outbox import settle_outbox
 from tests.x402.chainside import PRICE_ATOMIC, charge, send, signed
-from tests.x402.conftest import settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

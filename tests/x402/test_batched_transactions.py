@@ -17,9 +17,9 @@ from web3 import Web3
 from payments import services
 from payments.models import PaymentOperation, X402Authorization
 from recovery.models import LedgerEntry, StepRun
+from tests.outbox import settle_outbox
 from tests.x402.chain import _assemble
 from tests.x402.chainside import PRICE_ATOMIC, audit, charge, send, signed
-from tests.x402.conftest import settle_outbox
 from tools import x402_chain
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -9,7 +9,7 @@ import pytest
 from payments.models import PaymentOperation
 from payments.providers.x402 import SettleKind, classify_settle
 from tests.stack import free_port
-from tests.x402.conftest import SIGNATURE, sign
+from tests.x402.chain import SIGNATURE, sign
 
 TX = "0x" + "ab" * 32
 

@@ -13,7 +13,7 @@ from payments import services
 from payments.models import PaymentOperation, ProviderCall, Purchase, X402Authorization
 from payments.providers.x402 import parse_payment_signature
 from payments.services.x402_settle import _phase1
-from tests.x402.conftest import sign
+from tests.x402.chain import sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,7 +20,8 @@ from payments import services
 from payments.enums import Grade, Outcome, Verification
 from payments.models import PaymentOperation
 from payments.providers.x402 import DrillMode, get_facilitator
-from tests.x402.conftest import SIGNATURE, settle_outbox, sign
+from tests.outbox import settle_outbox
+from tests.x402.chain import SIGNATURE, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

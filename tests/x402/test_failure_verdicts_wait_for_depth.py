@@ -18,7 +18,8 @@ from payments import services
 from payments.models import PaymentOperation, X402Authorization
 from payments.providers.x402 import decode_header
 from recovery.reconciler import reconcile_due
-from tests.x402.conftest import SIGNATURE, settle_outbox, sign
+from tests.outbox import settle_outbox
+from tests.x402.chain import SIGNATURE, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,9 +6,9 @@ facilitator."""
 import pytest
 
 from payments.models import PaymentOperation
-from tests.api.conftest import settle_outbox
 from tests.api.test_fast_path_equivalence import _both, _same
-from tests.x402.conftest import SIGNATURE, sign
+from tests.outbox import settle_outbox
+from tests.x402.chain import SIGNATURE, sign
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_settings")]
 

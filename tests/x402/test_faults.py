@@ -12,7 +12,7 @@ import pytest
 from payments import services
 from payments.models import PaymentOperation, ProviderCall, X402Authorization
 from payments.providers.x402 import DrillMode, get_facilitator
-from tests.x402.conftest import SIGNATURE, sign
+from tests.x402.chain import SIGNATURE, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -26,7 +26,7 @@ from payments.providers.x402 import (
     classify_settle,
 )
 from payments.providers.x402.auth import mint_cdp_jwt
-from tests.x402.conftest import SIGNATURE, sign
+from tests.x402.chain import SIGNATURE, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,7 +16,7 @@ import pytest
 
 from payments import services
 from payments.models import PaymentOperation, ProviderCall
-from tests.x402.conftest import settle_outbox
+from tests.outbox import settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

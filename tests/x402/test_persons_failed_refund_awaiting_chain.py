@@ -17,7 +17,7 @@ import pytest
 
 from payments import services
 from payments.models import PaymentOperation
-from tests.x402.conftest import settle_outbox
+from tests.outbox import settle_outbox
 from tests.x402.test_refunds import _paid
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,7 +84,7 @@ def test_a_duplicates_compensation_in_the_mempool_called_failed_is_not_sent_agai
     `_duplicate_settled(op.parent)`) makes a NEW compensation for the room the person's
     word freed, and sends it. Both land: the duplicate is returned twice."""
     from payments.providers.x402 import DrillMode, get_facilitator
-    from tests.x402.conftest import SIGNATURE, sign
+    from tests.x402.chain import SIGNATURE, sign
 
     settings.X402_REFUND_RECEIPT_TIMEOUT = 0.5
     resolver, _requester, _approver = people

@@ -10,7 +10,8 @@ import pytest
 from payments import services
 from payments.models import OperationTransition, PaymentOperation, X402Authorization
 from payments.services.x402_reads import PROOF_CLAIM_REFUSED_CAUSE
-from tests.x402.conftest import SIGNATURE, settle_outbox, sign
+from tests.outbox import settle_outbox
+from tests.x402.chain import SIGNATURE, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

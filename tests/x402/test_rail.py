@@ -8,7 +8,8 @@ import pytest
 from payments.models import PaymentOperation, ProviderCall, X402Authorization
 from payments.providers.x402 import decode_header
 from recovery.models import StepRun
-from tests.x402.conftest import SIGNATURE, settle_outbox, sign
+from tests.outbox import settle_outbox
+from tests.x402.chain import SIGNATURE, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,8 +13,10 @@ from django.contrib.auth.models import Group, User
 from payments import services
 from payments.models import PaymentOperation, ProviderCall, X402Authorization, X402RefundTransfer
 from support.access import Role, ensure_groups
+from tests.api.client import Api
 from tests.factories import make_client
-from tests.x402.conftest import SIGNATURE, Api, settle_outbox, sign
+from tests.outbox import settle_outbox
+from tests.x402.chain import SIGNATURE, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

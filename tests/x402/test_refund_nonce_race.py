@@ -39,8 +39,9 @@ from payments.providers.x402 import (
     get_refund_sender,
 )
 from recovery.models import OutboxMessage
-from tests.conftest import ROOT
-from tests.x402.conftest import SIGNATURE, settle_outbox, sign
+from tests.outbox import settle_outbox
+from tests.stack import ROOT
+from tests.x402.chain import SIGNATURE, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -34,7 +34,7 @@ from payments.providers.x402 import get_refund_sender
 from recovery.models import LedgerEntry
 from support.access import Role, ensure_groups
 from support.services import ConsoleError, operation_reconcile_by_user
-from tests.x402.conftest import settle_outbox
+from tests.outbox import settle_outbox
 from tests.x402.test_refund_nonce_race import (
     _outcome_of,
     _pay,

@@ -17,7 +17,7 @@ from bench.fault_proxy import FaultProxy
 from payments import services
 from payments.models import PaymentOperation, X402RefundTransfer
 from payments.providers.x402 import get_refund_sender
-from tests.x402.conftest import settle_outbox
+from tests.outbox import settle_outbox
 from tests.x402.test_refund_nonce_race import (
     FUNDS,
     _mined_nonce,

@@ -9,7 +9,8 @@ import pytest
 from payments import services
 from payments.models import PaymentOperation, ProviderCall, X402RefundTransfer
 from payments.providers.x402 import DrillMode, get_refund_sender
-from tests.x402.conftest import SIGNATURE, settle_outbox, sign
+from tests.outbox import settle_outbox
+from tests.x402.chain import SIGNATURE, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -26,7 +26,8 @@ from payments.services.x402_finality import (
 from recovery.models import EmailMessage, LedgerEntry, StepRun
 from recovery.tasks import x402_finality
 from support.queues import queue_items
-from tests.x402.conftest import SIGNATURE, settle_outbox, sign
+from tests.outbox import settle_outbox
+from tests.x402.chain import SIGNATURE, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,7 @@ from x402.mechanisms.evm.exact import register_exact_evm_client
 from payments import services
 from payments.models import PaymentOperation, ProviderCall
 from payments.providers.x402 import decode_header
-from tests.x402.conftest import settle_outbox
+from tests.outbox import settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,7 +8,7 @@ import pytest
 
 from payments.models import PaymentOperation, ProviderCall
 from payments.providers.x402 import decode_header, encode_header
-from tests.x402.conftest import SIGNATURE, sign
+from tests.x402.chain import SIGNATURE, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

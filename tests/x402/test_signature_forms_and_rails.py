@@ -8,8 +8,8 @@ import pytest
 from payments import services
 from payments.models import PaymentOperation, ProviderCall
 from payments.providers.x402 import decode_header, encode_header
+from tests.outbox import settle_outbox
 from tests.x402.chainside import PRICE_ATOMIC, charge, send, signed
-from tests.x402.conftest import settle_outbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,7 +8,7 @@ from django.contrib.auth.models import Group, User
 
 from payments.models import PaymentOperation, X402Authorization
 from support.access import Role, ensure_groups
-from tests.x402.conftest import SIGNATURE, sign
+from tests.x402.chain import SIGNATURE, sign
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

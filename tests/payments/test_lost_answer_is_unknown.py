@@ -1,4 +1,6 @@
-"""Every fault drill and every row of the outcome table, counted at localstripe."""
+"""A lost answer is `unknown`, then reconciled from the provider's record; an answer never
+sent is sent again with the same key, or fails. Every fault drill and every row of the
+outcome table, counted at localstripe."""
 
 import pytest
 
@@ -172,10 +174,9 @@ def test_provider_calls_under_a_drill_are_labelled(new_purchase, api_client, dri
 
 def test_the_platform_account_is_read_on_each_use_not_kept_from_the_first(settings):
     """The provider is built once per process; the account it labels objects with is the
-    setting of now. Kept from the first build, a test's override (STRIPE_ACCOUNT =
-    "acct_platform") leaked into every later test of the worker: their payments read back
-    with a foreign account and stayed unknown (seen: test_process's account tests, then
-    test_disputes)."""
+    setting of now, read on each use. Kept from the first build, one test's override
+    (STRIPE_ACCOUNT = "acct_platform") would follow every later test of the worker: their
+    payments would read back under a foreign account and stay unknown."""
     from payments.providers import stripe as adapter
 
     adapter.get_provider.cache_clear()

@@ -1,13 +1,14 @@
 """A delivery answered 200 is stored with its
 one outbox row; a redelivery writes nothing — on a connection the database dropped, with
-prepared statements on and off, and with 0005's unique constraint the only dedupe."""
+prepared statements on and off, and with the unique constraint
+`providerevent_event_id_uniq` the only dedupe."""
 
 import psycopg
 import pytest
 from django.db import connection
 
 from recovery.models import OutboxMessage
-from tests.webhooks.conftest import event_for, intent_object, post
+from tests.webhooks.events import event_for, intent_object, post
 from webhooks.models import ProviderEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -20,8 +21,8 @@ def _event(event_id: str) -> dict:
             status="succeeded",
             amount=1500,
             metadata={
-                "purchase_id": "pur_a5",
-                "operation_id": "op_a5",
+                "purchase_id": "pur_stored_once",
+                "operation_id": "op_stored_once",
                 "customer_reference": "c-1",
             },
         ),
@@ -50,18 +51,20 @@ def test_a_delivery_on_a_dropped_connection_is_never_a_200_without_its_rows(
 ):
     settings.DATABASE_PREPARED_STATEMENTS = prepared
     client.raise_request_exception = False
-    assert post(client, _event("evt_a5_warm")).status_code == 200  # prepared on this conn
+    assert (
+        post(client, _event("evt_warms_the_connection")).status_code == 200
+    )  # prepared on this conn
     _kill_this_connection()
 
     answers = []
     for _ in range(3):  # the delivery, then Stripe's redeliveries
-        answers.append(post(client, _event("evt_a5_dropped")).status_code)
+        answers.append(post(client, _event("evt_on_the_dropped_connection")).status_code)
         # What request_finished does in a server (the test client disconnects it).
         connection.close_if_unusable_or_obsolete()
         if answers[-1] == 200:
             break
-    again = post(client, _event("evt_a5_dropped"))
-    stored = _rows("evt_a5_dropped")
+    again = post(client, _event("evt_on_the_dropped_connection"))
+    stored = _rows("evt_on_the_dropped_connection")
     print(
         f"prepared={prepared} answers={answers} redelivery={again.status_code} "
         f"{again.content!r} rows (event, outbox)={stored}"
@@ -72,8 +75,8 @@ def test_a_delivery_on_a_dropped_connection_is_never_a_200_without_its_rows(
 
 
 def test_the_event_id_unique_constraint_alone_keeps_redeliveries_out():
-    # 0005 recreated the dedupe as a named constraint: it is the one unique index on
-    # event_id, and ingestion's ON CONFLICT (event_id) infers it.
+    # The dedupe is the named constraint providerevent_event_id_uniq: it is the one unique
+    # index on event_id, and ingestion's ON CONFLICT (event_id) infers it.
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT indexname FROM pg_indexes WHERE tablename = %s AND indexdef LIKE %s",
