@@ -23,7 +23,7 @@ from tests.webhooks.events import event_for, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SECRET = "whsec_attack_acp_lost"
+SECRET = "whsec_acp_lost_complete"
 
 
 @pytest.fixture(params=["two_step", "one_call"])

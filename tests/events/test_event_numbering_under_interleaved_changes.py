@@ -26,7 +26,7 @@ from .event_judge import orphan_events, orphan_fanout, violations
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SECRET = "whsec_attack_interleave"
+SECRET = "whsec_interleaved_changes"
 
 
 @pytest.fixture(params=["two_step", "one_call"])

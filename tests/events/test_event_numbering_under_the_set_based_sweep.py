@@ -25,7 +25,7 @@ from .event_judge import event_rows, orphan_fanout, violations
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SECRET = "whsec_attack_sweep"
+SECRET = "whsec_set_based_sweep"
 
 
 @pytest.fixture(params=["two_step", "one_call"])

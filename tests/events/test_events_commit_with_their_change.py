@@ -41,19 +41,19 @@ def _fail_inserts(table: str, when: str) -> None:
     """A trigger that makes an INSERT into `table` fail when `when` (SQL on NEW) holds."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "CREATE OR REPLACE FUNCTION attack_fail() RETURNS trigger AS $$ BEGIN "
+            "CREATE OR REPLACE FUNCTION refuse_insert() RETURNS trigger AS $$ BEGIN "
             "RAISE EXCEPTION 'attack: injected failure'; END $$ LANGUAGE plpgsql"
         )
-        cursor.execute(f"DROP TRIGGER IF EXISTS attack_fail ON {table}")
+        cursor.execute(f"DROP TRIGGER IF EXISTS refuse_insert ON {table}")
         cursor.execute(
-            f"CREATE TRIGGER attack_fail BEFORE INSERT ON {table} FOR EACH ROW "
-            f"WHEN ({when}) EXECUTE FUNCTION attack_fail()"
+            f"CREATE TRIGGER refuse_insert BEFORE INSERT ON {table} FOR EACH ROW "
+            f"WHEN ({when}) EXECUTE FUNCTION refuse_insert()"
         )
 
 
 def _drop_trigger(table: str) -> None:
     with connection.cursor() as cursor:
-        cursor.execute(f"DROP TRIGGER IF EXISTS attack_fail ON {table}")
+        cursor.execute(f"DROP TRIGGER IF EXISTS refuse_insert ON {table}")
 
 
 @pytest.fixture

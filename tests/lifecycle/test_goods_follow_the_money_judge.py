@@ -12,7 +12,7 @@ from payments.models import PaymentOperation
 from payments.providers.stripe import DrillMode
 from recovery.models import Order
 from tests.lifecycle.test_state_machine import LifecycleMachine
-from tests.recovery.conftest import settle
+from tests.outbox import settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -25,7 +25,7 @@ from tests.webhooks.events import event_for, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SECRET = "whsec_i15a_edges"
+SECRET = "whsec_lifecycle_edges"
 
 
 @pytest.fixture

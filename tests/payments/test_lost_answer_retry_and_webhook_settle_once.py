@@ -21,7 +21,7 @@ from tests.webhooks.events import event_for, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SECRET = "whsec_attack_lost_answer"
+SECRET = "whsec_lost_answer_retry"
 MODES = [
     DrillMode.DROP_RESPONSE_AFTER_SEND,
     DrillMode.RESET_AFTER_WRITE,

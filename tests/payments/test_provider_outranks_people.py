@@ -18,7 +18,7 @@ from tests.localstripe import provider_object
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SECRET = "whsec_i15a_outranks"
+SECRET = "whsec_provider_outranks"
 
 
 def _unknown_charge(new_purchase, api_client, drill):
