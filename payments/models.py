@@ -472,13 +472,13 @@ class PaymentOperation(ConcurrentTransitionMixin, models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(condition=Q(amount__gt=0), name="op_amount_pos"),
-            # Invariant 1: one money movement at a time per purchase, enforced by PostgreSQL.
+            # One money movement at a time per purchase, enforced by PostgreSQL.
             models.UniqueConstraint(
                 fields=["purchase"],
                 condition=Q(outcome__in=[o.value for o in SLOT_HOLDING_OUTCOMES]),
                 name="op_one_active_per_purchase",
             ),
-            # Invariant 1: at most one successful charge/authorization per purchase.
+            # One charge per purchase: at most one successful charge/authorization per purchase.
             # A provider-confirmed duplicate (is_duplicate) is recorded as what the
             # provider did, and compensated; it never counts as the purchase's payment.
             models.UniqueConstraint(
@@ -717,7 +717,7 @@ class ProviderCall(models.Model):
 
     class Meta:
         constraints = [
-            # Invariant 2: one claim per (operation, write step, attempt); the claim row of
+            # One claim per step: one claim per (operation, write step, attempt); the claim row of
             # attempt 1 is written in the same transaction as the dispatching transition.
             models.UniqueConstraint(
                 fields=["operation", "step", "attempt"],

@@ -134,7 +134,7 @@ def load_context(purchase_id: str) -> PurchaseContext | None:
         kind__in=PAYMENT_KINDS, outcome=Outcome.SUCCEEDED, is_duplicate=False
     ).first()
     if payment is None:
-        return None  # unknown/pending never satisfies a dependency (invariant 5)
+        return None  # unknown/pending never satisfies a dependency (unknown is not success)
     capture = purchase.operations.filter(
         kind=OperationKind.CAPTURE, outcome=Outcome.SUCCEEDED
     ).first()

@@ -77,7 +77,7 @@ class _HaltedAtClaim(Exception):
 
 
 class _StepTaken(Exception):
-    """The step's claim row exists already (invariant 2): the claim rolls back whole."""
+    """The step's claim row exists already (one claim per step): the claim rolls back whole."""
 
 
 def _claim(
@@ -158,7 +158,7 @@ def _claim_in_transaction(
                     key=op.provider_key(step),
                 )
             except IntegrityError as exc:
-                raise _StepTaken from exc  # invariant 2: this step was already claimed
+                raise _StepTaken from exc  # one claim per step: this step was already claimed
         if confirm or (from_pending and op.kind == OperationKind.REFUND):
             if not _hold_reserve(op):
                 outcome_apply_locked(
@@ -185,7 +185,7 @@ def _claim_in_transaction(
 
 def operation_claim_write(*, operation_id: str, step: str) -> ProviderCall | None:
     """Phase 1 for a rail whose one write is made by its own service (x402 settle): the
-    pending operation starts dispatching, the step is claimed once (invariant 2) and the
+    pending operation starts dispatching, the step is claimed once (one claim per step) and the
     hold reserved, in the caller's transaction."""
     return _claim(operation_id, step, from_pending=True, confirm=True)
 

@@ -669,7 +669,7 @@ def outcome_apply_locked(
         op.provider_charge = obj.latest_charge or op.provider_charge
     if target == Outcome.SUCCEEDED and op.kind in PAYMENT_KINDS and _other_payment_success(op):
         # A second confirmed charge on one purchase: the one confirmed later is the
-        # duplicate; it is recorded as the provider did it and compensated (invariant 8).
+        # duplicate; it is recorded as the provider did it and returned by a linked refund.
         op.is_duplicate = True
         fields.append("is_duplicate")
     if target in (Outcome.SUCCEEDED, Outcome.FAILED):

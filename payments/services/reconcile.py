@@ -252,7 +252,7 @@ def _resend_window_open(op: PaymentOperation) -> bool:
 def _one_call_resend(op: PaymentOperation) -> CallResult | None:
     """Re-send a one-call payment's request, byte for byte, under its step key, or None
     when none may leave (not a one-call payment, its window closing, settled meanwhile, or
-    the checkout halted: a re-send is a write, and a halt binds at claim time, invariant 9).
+    the checkout halted: a re-send is a write, and a halt binds at claim time).
     Claimed under the locks and recorded as a `replay` call of the `pay` step.
 
     What comes back is the provider's stored answer for the key (the payment, or its
@@ -1023,7 +1023,8 @@ def operation_cancel_unapplied(*, operation_id: str, reason: str, actor: str) ->
             )
         if _halted(operation_workflow(op.kind)):
             # A cancel is a write to the provider: it honours the halt like every dispatch
-            # (invariant 9); the follow-up reads again later, a person tries again later.
+            # (a halt binds at claim time); the follow-up reads again later, a person tries
+            # again later.
             raise DomainError(
                 ErrorCode.WORKFLOW_HALTED,
                 f"The {operation_workflow(op.kind)} "

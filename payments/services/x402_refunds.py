@@ -37,7 +37,7 @@ from .x402_reads import x402_operation_read_back
 
 
 def _refund_claim(op: PaymentOperation) -> tuple[ProviderCall, X402RefundTransfer] | None:
-    """Phase 1 of an x402 refund: the send is claimed once (invariant 2) and its claim row
+    """Phase 1 of an x402 refund: the send is claimed once (one claim per step) and its claim row
     (one per refund, so never two transfers back) written in the same transaction."""
     with transaction.atomic():
         call = _claim(op.id, CallStep.REFUND, from_pending=True)
