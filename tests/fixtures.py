@@ -325,10 +325,10 @@ def shop(db):
 
 @pytest.fixture(scope="module")
 def chromium():
-    """Debian's Chromium, headless, driven over the DevTools protocol (tests/support/cdp.py).
+    """Debian's Chromium, headless, driven over the DevTools protocol (tests/browser/cdp.py).
     Not skipped when missing: .ci/run installs it, and a browser test that can skip
     cannot fail."""
-    from tests.support import cdp
+    from tests.browser import cdp
 
     browser = cdp.Browser()
     yield browser

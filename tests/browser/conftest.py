@@ -1,7 +1,7 @@
 """The browser suite: Debian's /usr/bin/chromium, headless. Playwright (a dev dependency:
 its Python package ships its own driver, and it launches the system Chromium by path, so
 no browser is downloaded) drives the people's tasks (`person_on_phone`, `person_at_desk`);
-the older tests drive the same Chromium over the DevTools protocol (tests/support/cdp.py).
+the older tests drive the same Chromium over the DevTools protocol (tests/browser/cdp.py).
 Each test plays one person's task against pytest-django's live server and asserts what
 that person sees and what happened (e-mails sent, rows written, provider objects).
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import cdp
 from tests.browser.pages import SHOTS
-from tests.support import cdp
 
 PHONE = {"width": 390, "height": 844, "deviceScaleFactor": 3, "mobile": True}
 

@@ -14,9 +14,9 @@ from payments.enums import Outcome, PurchaseStatus
 from payments.models import PaymentOperation
 from payments.providers.stripe import DrillMode
 from support.models import AuditEntry
+from tests.browser import cdp
 from tests.waiting import wait_for
 
-from . import cdp
 from .test_status_page import CASES, _build
 
 pytestmark = [

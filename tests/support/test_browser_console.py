@@ -17,9 +17,9 @@ from support import selectors
 from support.access import can
 from support.models import Incident
 from support.runbooks import runbooks_all
+from tests.browser import cdp
 from webhooks.models import ProviderEvent
 
-from . import cdp
 from .test_browser import SHOTS
 
 pytestmark = [

@@ -10,9 +10,9 @@ import pytest
 from django.core.management import call_command
 
 from support.customer_copy import WORDS
+from tests.browser import cdp
 from tests.factories import make_client
 
-from . import cdp
 from .test_browser import SHOTS
 
 pytestmark = [
