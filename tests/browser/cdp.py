@@ -20,7 +20,9 @@ import urllib.request
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = [
+# Headless, no network beyond loopback, nothing the browser would fetch on its own: every
+# browser test's Chromium (this driver's and Playwright's, tests/browser/conftest.py).
+HEADLESS_FLAGS = [
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
@@ -29,6 +31,9 @@ FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+]
+FLAGS = [
+    *HEADLESS_FLAGS,
     "--disable-extensions",
     "--disable-default-apps",
     "--mute-audio",

@@ -87,18 +87,8 @@ def phone(chromium) -> Person:
 
 # -- Playwright -------------------------------------------------------------------------
 
-CHROMIUM = "/usr/bin/chromium"
-# No network beyond loopback and nothing the browser would fetch on its own.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+CHROMIUM = cdp.CHROMIUM
+CHROMIUM_ARGS = cdp.HEADLESS_FLAGS
 DESK = {"width": 1440, "height": 900}
 
 
